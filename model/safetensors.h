@@ -1,0 +1,128 @@
+// safetensors files on mmap: validated header parsing, lazy per-tensor access, sharded models
+// through model.safetensors.index.json, and a writer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace exl3 {
+
+enum class DType { kBool, kU8, kI8, kI16, kU16, kF16, kBF16, kI32, kU32, kF32, kI64, kU64, kF64,
+                   kF8E4M3, kF8E5M2 };
+
+size_t DTypeSize(DType d);
+std::string_view DTypeName(DType d);  // safetensors spelling: "F16", "BF16", ...
+bool ParseDType(std::string_view name, DType* out);
+
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;  // byte offsets inside the data section
+  uint64_t end = 0;
+  int64_t num_elements() const;
+  size_t size_bytes() const { return static_cast<size_t>(end - begin); }
+};
+
+// A tensor's bytes, valid while its file stays open.
+struct TensorView {
+  const TensorInfo* info = nullptr;
+  const uint8_t* data = nullptr;
+  std::string file;  // the file it lives in, for messages
+
+  size_t size_bytes() const { return info->size_bytes(); }
+  template <typename T>
+  const T* as() const { return reinterpret_cast<const T*>(data); }
+};
+
+// The parsed header of one file: tensors sorted by offset, metadata.
+struct SafetensorsHeader {
+  std::vector<TensorInfo> tensors;
+  std::map<std::string, std::string> metadata;
+  uint64_t data_offset = 0;  // 8 + header length
+};
+
+// Parses and validates a header against the file size. `path` only names the file in errors.
+// Checks: header length, JSON, dtypes, shapes, offsets inside the file, byte sizes matching
+// shape x dtype, and that tensors neither overlap nor leave holes.
+absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(const uint8_t* bytes, size_t file_size,
+                                                         std::string_view path);
+
+class SafetensorsFile {
+ public:
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::vector<TensorInfo>& tensors() const { return header_.tensors; }
+  const std::map<std::string, std::string>& metadata() const { return header_.metadata; }
+  const TensorInfo* Find(std::string_view name) const;
+  absl::StatusOr<TensorView> Get(std::string_view name) const;
+
+ private:
+  SafetensorsFile() = default;
+  std::string path_;
+  const uint8_t* map_ = nullptr;
+  size_t size_ = 0;
+  SafetensorsHeader header_;
+  std::map<std::string, size_t, std::less<>> by_name_;
+};
+
+// All tensors of a model: one .safetensors file, or a directory with one file or with
+// model.safetensors.index.json naming the shard of every tensor. Files are opened lazily.
+class TensorSource {
+ public:
+  static absl::StatusOr<std::unique_ptr<TensorSource>> Open(const std::string& file_or_dir);
+
+  bool Has(std::string_view name) const;
+  absl::StatusOr<TensorView> Get(std::string_view name) const;
+  std::vector<std::string> Names() const;  // sorted
+  absl::StatusOr<const TensorInfo*> Info(std::string_view name) const;
+
+ private:
+  absl::StatusOr<const SafetensorsFile*> FileFor(std::string_view name) const;
+  std::string dir_;
+  std::map<std::string, std::string, std::less<>> shard_of_;  // tensor -> file path
+  mutable std::map<std::string, std::unique_ptr<SafetensorsFile>> open_;
+  mutable std::unique_ptr<std::mutex> mu_;
+};
+
+// Tensor contents converted to fp32 (F16, BF16, F32, F64 accepted), checking the shape.
+absl::StatusOr<std::vector<float>> ToFloat32(const TensorView& t);
+
+float BFloat16BitsToFloat(uint16_t b);
+uint16_t FloatToBFloat16Bits(float f);  // round to nearest even
+
+// Builds a safetensors file in memory and writes it atomically (temp file, then rename).
+class SafetensorsWriter {
+ public:
+  void Add(std::string name, DType dtype, std::vector<int64_t> shape, const void* data,
+           size_t size_bytes);
+  void AddF32(std::string name, std::vector<int64_t> shape, const float* data);
+  void AddMetadata(std::string key, std::string value);
+  absl::Status Write(const std::string& path) const;
+  size_t num_tensors() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    std::string name;
+    DType dtype;
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<Entry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace exl3

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The project's test command: installs packages, configures, builds and runs every test.
+# Exits non-zero on any failure. Usage: ./scripts/test.sh [--no-deps] [--build-dir DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BUILD_DIR=build
+INSTALL_DEPS=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-deps) INSTALL_DEPS=0 ;;
+    --build-dir) BUILD_DIR="$2"; shift ;;
+    -h|--help) sed -n '2,4p' "$0"; exit 0 ;;
+    *) echo "test.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+step() { printf '\n=== %s (%s)\n' "$1" "$(date +%T)"; }
+
+if [ "$INSTALL_DEPS" = 1 ]; then
+  step "install dependencies"
+  ./scripts/install-deps.sh
+fi
+
+step "configure"
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEXL3_WITH_FUZZ=ON
+
+step "build"
+cmake --build "$BUILD_DIR" -j "$(nproc)"
+
+step "unit and integration tests (ctest)"
+(cd "$BUILD_DIR" && ctest --output-on-failure -j "$(nproc)" --timeout 900)
+
+# Further checks (fuzzing, deployment validation, demo) are added below as scripts/checks/*.sh;
+# each runs with the build directory as its argument and must exit 0.
+for check in scripts/checks/*.sh; do
+  [ -e "$check" ] || continue
+  step "check: $check"
+  "$check" "$BUILD_DIR"
+done
+
+step "all tests passed"

@@ -1,0 +1,124 @@
+#include "model/safetensors.h"
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace exl3 {
+namespace {
+
+std::string TempPath(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("exl3_st_" + name)).string();
+}
+
+void WriteRaw(const std::string& path, const std::string& header, size_t data_bytes) {
+  std::ofstream f(path, std::ios::binary);
+  uint64_t n = header.size();
+  f.write(reinterpret_cast<const char*>(&n), 8);
+  f << header;
+  f << std::string(data_bytes, '\x01');
+}
+
+TEST(Safetensors, WritesAndReadsBack) {
+  SafetensorsWriter w;
+  std::vector<float> a = {1, 2, 3, 4, 5, 6};
+  uint16_t b[3] = {0x3c00, 0x4000, 0xbc00};
+  w.AddF32("a", {2, 3}, a.data());
+  w.Add("b", DType::kF16, {3}, b, sizeof(b));
+  w.AddMetadata("format", "pt");
+  const std::string path = TempPath("roundtrip.safetensors");
+  ASSERT_TRUE(w.Write(path).ok());
+  auto f = SafetensorsFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto ta = (*f)->Get("a");
+  ASSERT_TRUE(ta.ok());
+  EXPECT_EQ(ta->info->shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(std::memcmp(ta->data, a.data(), 24), 0);
+  auto tb = ToFloat32(*(*f)->Get("b"));
+  ASSERT_TRUE(tb.ok());
+  EXPECT_EQ((*tb)[2], -1.0f);
+  EXPECT_EQ((*f)->metadata().at("format"), "pt");
+  EXPECT_EQ((*f)->Get("missing").status().code(), absl::StatusCode::kNotFound);
+  std::remove(path.c_str());
+}
+
+struct BadCase {
+  const char* name;
+  std::string header;
+  size_t data_bytes;
+  const char* expect;  // a fragment of the message
+};
+
+TEST(Safetensors, RejectsCorruptHeadersWithAClearMessage) {
+  const BadCase cases[] = {
+      {"notjson", "{not json", 0, "not a JSON object"},
+      {"baddtype", R"({"t":{"dtype":"F17","shape":[2],"data_offsets":[0,4]}})", 4, "unknown dtype"},
+      {"outside", R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4, "outside"},
+      {"size", R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8, "need"},
+      {"overlap",
+       R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+       8, "overlaps"},
+      {"hole", R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8, "hole"},
+      {"negshape", R"({"t":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4, "negative"},
+      {"offsets", R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", 4, "data_offsets"},
+  };
+  for (const auto& c : cases) {
+    const std::string path = TempPath(std::string(c.name) + ".safetensors");
+    WriteRaw(path, c.header, c.data_bytes);
+    auto f = SafetensorsFile::Open(path);
+    ASSERT_FALSE(f.ok()) << c.name;
+    EXPECT_NE(f.status().message().find(c.expect), std::string::npos)
+        << c.name << ": " << f.status();
+    EXPECT_NE(f.status().message().find(path), std::string::npos) << "message names the file";
+    std::remove(path.c_str());
+  }
+}
+
+TEST(Safetensors, RejectsTruncatedFiles) {
+  SafetensorsWriter w;
+  std::vector<float> a(100, 1.0f);
+  w.AddF32("a", {100}, a.data());
+  const std::string path = TempPath("trunc.safetensors");
+  ASSERT_TRUE(w.Write(path).ok());
+  const auto full = std::filesystem::file_size(path);
+  for (uintmax_t size : {uintmax_t{0}, uintmax_t{5}, uintmax_t{20}, full - 1}) {
+    std::filesystem::resize_file(path, size);
+    auto f = SafetensorsFile::Open(path);
+    EXPECT_FALSE(f.ok()) << "size " << size;
+  }
+  std::remove(path.c_str());
+}
+
+TEST(TensorSource, ReadsShardedModelsThroughTheIndex) {
+  const auto dir = std::filesystem::temp_directory_path() / "exl3_st_sharded";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  float v = 2.0f;
+  SafetensorsWriter s1, s2;
+  s1.AddF32("x", {1}, &v);
+  s2.AddF32("y", {1}, &v);
+  ASSERT_TRUE(s1.Write((dir / "model-00001-of-00002.safetensors").string()).ok());
+  ASSERT_TRUE(s2.Write((dir / "model-00002-of-00002.safetensors").string()).ok());
+  std::ofstream(dir / "model.safetensors.index.json")
+      << R"({"metadata":{},"weight_map":{"x":"model-00001-of-00002.safetensors","y":"model-00002-of-00002.safetensors"}})";
+  auto src = TensorSource::Open(dir.string());
+  ASSERT_TRUE(src.ok()) << src.status();
+  EXPECT_TRUE((*src)->Has("y"));
+  auto y = (*src)->Get("y");
+  ASSERT_TRUE(y.ok());
+  EXPECT_EQ(*y->as<float>(), 2.0f);
+  EXPECT_EQ((*src)->Names().size(), 2u);
+
+  std::ofstream(dir / "model.safetensors.index.json")
+      << R"({"weight_map":{"x":"model-00003-of-00002.safetensors"}})";
+  auto bad = TensorSource::Open(dir.string());
+  EXPECT_FALSE(bad.ok());
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace exl3
