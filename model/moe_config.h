@@ -1,0 +1,114 @@
+// The MoE layout of a model from its config.json, and the tensor key naming of each family.
+//
+// Usage:
+//   absl::StatusOr<MoeConfig> cfg = LoadMoeConfig("/models/GLM-4.5-Air-exl3");  // dir or file
+//   for (int L : cfg->MoeLayers()) {
+//     std::string key = RoutedExpertPrefix(*cfg, L, /*expert=*/3, Projection::kGate);
+//     // "model.layers.L.mlp.experts.3.gate_proj" (+ ".trellis", ".suh", ...)
+//   }
+//
+// Supported architectures (config.json "architectures"[0]):
+//   Glm4MoeForCausalLM, GlmMoeDsaForCausalLM (GLM-5)   -> MoeFamily::kGlm
+//   DeepseekV3ForCausalLM                              -> MoeFamily::kDeepseekV3
+//   DeepseekV4ForCausalLM                              -> MoeFamily::kDeepseekV4
+//   Qwen3MoeForCausalLM                                -> MoeFamily::kQwen3Moe
+//   Qwen3NextForCausalLM                               -> MoeFamily::kQwen3Next
+//   MixtralForCausalLM                                 -> MoeFamily::kMixtral
+// Anything else is refused with a message naming the architecture and this list.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace exl3 {
+
+enum class MoeFamily { kGlm, kDeepseekV3, kDeepseekV4, kQwen3Moe, kQwen3Next, kMixtral };
+
+// How router logits become scores (EXL3_FORMAT.md, "Routing functions").
+enum class ScoringFunc {
+  kSoftmax,       // Qwen3-MoE, Qwen3-Next, Mixtral
+  kSigmoid,       // GLM-4.x/5.x, DeepSeek-V3 (with correction bias, groups)
+  kSqrtSoftplus,  // DeepSeek-V4 (with correction bias; first layers hash-routed)
+};
+
+enum class Projection { kGate, kUp, kDown };
+
+std::string_view MoeFamilyName(MoeFamily f);      // "glm", "deepseek_v3", ...
+std::string_view ScoringFuncName(ScoringFunc s);  // "softmax", "sigmoid", "sqrtsoftplus"
+std::string_view ProjectionName(Projection p);    // "gate", "up", "down"
+std::vector<std::string> SupportedArchitectures();
+
+struct MoeConfig {
+  std::string architecture;  // as written in config.json
+  MoeFamily family = MoeFamily::kGlm;
+  int hidden_size = 0;
+  int num_hidden_layers = 0;
+  std::vector<bool> moe_layers;  // [num_hidden_layers]: true where the layer's MLP is MoE
+
+  int num_experts = 0;             // routed experts per MoE layer
+  int top_k = 0;                   // num_experts_per_tok
+  int moe_intermediate_size = 0;   // routed expert's intermediate size
+
+  // Shared expert: one MLP per MoE layer (DeepSeek/GLM fuse n_shared_experts into one MLP of
+  // n_shared_experts * moe_intermediate_size; Qwen3-Next has one of shared_expert_intermediate_size).
+  int num_shared_experts = 0;        // as configured (0: none)
+  int shared_intermediate_size = 0;  // of the (fused) shared MLP; 0 when there is none
+  bool shared_expert_gated = false;  // Qwen3-Next: output scaled by sigmoid(x · shared_expert_gate)
+
+  // Routing.
+  ScoringFunc scoring = ScoringFunc::kSoftmax;
+  bool norm_topk_prob = false;         // Mixtral: always true
+  float routed_scaling_factor = 1.0f;  // routed_scaling_factor or route_scale; 1 for softmax families
+  int n_group = 1;
+  int topk_group = 1;
+  bool has_correction_bias = false;  // e_score_correction_bias present for routed layers
+  int num_hash_layers = 0;           // DeepSeek-V4: the first MoE layers route by token id
+  float swiglu_limit = 0.0f;         // 0: no clamp
+
+  // quantization_config (empty quant_method when the config has none).
+  std::string quant_method;
+  double bits = 0.0;
+  double head_bits = 0.0;
+
+  bool IsMoeLayer(int layer) const {
+    return layer >= 0 && layer < num_hidden_layers && moe_layers[layer];
+  }
+  // Hash-routed (DeepSeek-V4's first layers): experts come from token ids, not from the router.
+  bool IsHashRoutedLayer(int layer) const { return IsMoeLayer(layer) && layer < num_hash_layers; }
+  bool has_shared_expert() const { return shared_intermediate_size > 0; }
+  std::vector<int> MoeLayers() const;
+};
+
+// Parses config.json text. `source` only names the file in errors. Requires every field the
+// family needs; a missing one is named in the error. Does not require quantization_config.
+absl::StatusOr<MoeConfig> ParseMoeConfig(std::string_view json_text, std::string_view source);
+
+// Reads `path` (a config.json file, or a directory holding one) and parses it.
+absl::StatusOr<MoeConfig> LoadMoeConfig(const std::string& path);
+
+// OK when quantization_config.quant_method is "exl3".
+absl::Status RequireExl3(const MoeConfig& cfg);
+
+// ---- Tensor key naming (prefixes without the ".trellis"/".suh"/... suffix) ----
+
+// Routed expert E's projection of layer L, e.g. "model.layers.3.mlp.experts.17.gate_proj"
+// (Mixtral: "model.layers.3.block_sparse_moe.experts.17.w1").
+std::string RoutedExpertPrefix(const MoeConfig& cfg, int layer, int expert, Projection p);
+// Shared expert's projection ("model.layers.L.mlp.shared_experts.gate_proj", Qwen3-Next
+// "mlp.shared_expert.gate_proj"); empty when the model has no shared expert.
+std::string SharedExpertPrefix(const MoeConfig& cfg, int layer, Projection p);
+// Router weight [num_experts, hidden], e.g. "model.layers.L.mlp.gate.weight".
+std::string RouterWeightKey(const MoeConfig& cfg, int layer);
+// Correction bias [num_experts] ("model.layers.L.mlp.gate.e_score_correction_bias"); empty when
+// the family has none.
+std::string CorrectionBiasKey(const MoeConfig& cfg, int layer);
+// Qwen3-Next's shared expert gate [1, hidden] ("model.layers.L.mlp.shared_expert_gate.weight");
+// empty otherwise.
+std::string SharedExpertGateKey(const MoeConfig& cfg, int layer);
+// DeepSeek-V4 hash table [vocab, top_k] int ("model.layers.L.mlp.gate.tid2eid"); empty otherwise.
+std::string HashTableKey(const MoeConfig& cfg, int layer);
+
+}  // namespace exl3
