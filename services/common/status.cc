@@ -1,0 +1,44 @@
+#include "services/common/status.h"
+
+namespace exl3::svc {
+namespace {
+
+constexpr int kMaxCode = 16;  // UNAUTHENTICATED
+
+int ClampCode(int c) { return (c < 0 || c > kMaxCode) ? 2 /* UNKNOWN */ : c; }
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(ClampCode(static_cast<int>(s.code()))),
+                      std::string(s.message()));
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(ClampCode(static_cast<int>(s.error_code()))),
+                      s.error_message());
+}
+
+void SetRequestStatus(const absl::Status& s, ::exl3serve::v1::RequestStatus* out) {
+  out->set_code(static_cast<::exl3serve::v1::StatusCode>(ClampCode(static_cast<int>(s.code()))));
+  out->set_message(std::string(s.message()));
+}
+
+absl::Status FromRequestStatus(const ::exl3serve::v1::RequestStatus& s) {
+  if (s.code() == ::exl3serve::v1::OK) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(ClampCode(s.code())), s.message());
+}
+
+std::string StatusCodeName(absl::StatusCode code) {
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(ClampCode(static_cast<int>(code))));
+}
+
+std::vector<std::string> AllStatusCodeNames() {
+  std::vector<std::string> names;
+  for (int c = 0; c <= kMaxCode; ++c) names.push_back(StatusCodeName(static_cast<absl::StatusCode>(c)));
+  return names;
+}
+
+}  // namespace exl3::svc

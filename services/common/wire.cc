@@ -1,0 +1,216 @@
+#include "services/common/wire.h"
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/fp16.h"
+
+namespace exl3::svc {
+
+static_assert(std::endian::native == std::endian::little,
+              "the wire format is little-endian; big-endian hosts need byte swapping here");
+
+namespace {
+
+inline float Bf16ToFloat(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline uint16_t FloatToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);  // NaN
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+std::string ShapeString(const pb::Tensor& t) {
+  std::string s = "[";
+  for (int i = 0; i < t.shape_size(); ++i) absl::StrAppend(&s, i ? ", " : "", t.shape(i));
+  return s + "]";
+}
+
+std::string ExpectedString(const std::vector<int64_t>& e) {
+  std::string s = "[";
+  for (size_t i = 0; i < e.size(); ++i) {
+    absl::StrAppend(&s, i ? ", " : "");
+    if (e[i] < 0) {
+      s += "*";
+    } else {
+      absl::StrAppend(&s, e[i]);
+    }
+  }
+  return s + "]";
+}
+
+}  // namespace
+
+size_t WireDTypeSize(int dtype) {
+  switch (dtype) {
+    case pb::DTYPE_FP32: return 4;
+    case pb::DTYPE_FP16: return 2;
+    case pb::DTYPE_BF16: return 2;
+    default: return 0;
+  }
+}
+
+std::string WireDTypeName(int dtype) {
+  switch (dtype) {
+    case pb::DTYPE_FP32: return "fp32";
+    case pb::DTYPE_FP16: return "fp16";
+    case pb::DTYPE_BF16: return "bf16";
+    case pb::DTYPE_UNSPECIFIED: return "unspecified";
+    default: return absl::StrCat("unknown(", dtype, ")");
+  }
+}
+
+absl::Status ResolveOutputDType(int dtype, std::string_view what, pb::DType* out) {
+  if (dtype == pb::DTYPE_UNSPECIFIED) {
+    *out = pb::DTYPE_FP32;
+    return absl::OkStatus();
+  }
+  if (WireDTypeSize(dtype) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": unknown dtype ", dtype,
+                                                   " (expected fp32, fp16 or bf16)"));
+  }
+  *out = static_cast<pb::DType>(dtype);
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTensor(const pb::Tensor& t, std::string_view name,
+                            const std::vector<int64_t>& expected, int64_t max_elements) {
+  const std::string n(name);
+  const size_t esize = WireDTypeSize(t.dtype());
+  if (esize == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(n, ": dtype ", WireDTypeName(t.dtype()),
+                                                   " is not fp32, fp16 or bf16"));
+  }
+  if (t.shape_size() != static_cast<int>(expected.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(n, ": shape ", ShapeString(t), " has rank ",
+                                                   t.shape_size(), ", expected ",
+                                                   ExpectedString(expected)));
+  }
+  int64_t count = 1;
+  for (int i = 0; i < t.shape_size(); ++i) {
+    const int64_t d = t.shape(i);
+    if (d < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(n, ": shape ", ShapeString(t), " has dim ", i,
+                                                     " = ", d, " (every dim must be >= 1)"));
+    }
+    if (expected[i] >= 0 && d != expected[i]) {
+      return absl::InvalidArgumentError(absl::StrCat(n, ": shape ", ShapeString(t), ", expected ",
+                                                     ExpectedString(expected), " (dim ", i, " is ",
+                                                     d, ", must be ", expected[i], ")"));
+    }
+    if (d > max_elements || count > max_elements / d) {
+      return absl::InvalidArgumentError(absl::StrCat(n, ": shape ", ShapeString(t),
+                                                     " has more than ", max_elements, " elements"));
+    }
+    count *= d;
+  }
+  const uint64_t want = static_cast<uint64_t>(count) * esize;
+  if (t.data().size() != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        n, ": data has ", t.data().size(), " bytes, but shape ", ShapeString(t), " of ",
+        WireDTypeName(t.dtype()), " needs ", want));
+  }
+  return absl::OkStatus();
+}
+
+int64_t FirstNonFinite(const float* x, size_t n) {
+  // Branch-free accumulation first (fast path), then locate.
+  bool bad = false;
+  for (size_t i = 0; i < n; ++i) bad |= !std::isfinite(x[i]);
+  if (!bad) return -1;
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i])) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+absl::Status TensorToFloat(const pb::Tensor& t, std::string_view name, bool require_finite,
+                           float* out) {
+  const std::string& d = t.data();
+  const size_t esize = WireDTypeSize(t.dtype());
+  const size_t n = esize ? d.size() / esize : 0;
+  const uint8_t* p = reinterpret_cast<const uint8_t*>(d.data());
+  switch (t.dtype()) {
+    case pb::DTYPE_FP32:
+      std::memcpy(out, p, n * 4);
+      break;
+    case pb::DTYPE_FP16:
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        out[i] = HalfBitsToFloat(h);
+      }
+      break;
+    case pb::DTYPE_BF16:
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        out[i] = Bf16ToFloat(h);
+      }
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(std::string(name), ": dtype ", WireDTypeName(t.dtype()), " is not supported"));
+  }
+  if (require_finite) {
+    const int64_t bad = FirstNonFinite(out, n);
+    if (bad >= 0) {
+      const int64_t cols = t.shape_size() > 0 ? t.shape(t.shape_size() - 1) : 1;
+      return absl::InvalidArgumentError(absl::StrCat(
+          std::string(name), ": non-finite value ", out[bad], " at [", bad / cols, ", ",
+          bad % cols, "] (NaN/Inf inputs are rejected)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeMatrix(const pb::Tensor& t, std::string_view name, int64_t cols,
+                          std::vector<float>* out, int64_t* rows) {
+  if (absl::Status s = ValidateTensor(t, name, {-1, cols}); !s.ok()) return s;
+  *rows = t.shape(0);
+  out->resize(static_cast<size_t>(t.shape(0) * t.shape(1)));
+  return TensorToFloat(t, name, /*require_finite=*/true, out->data());
+}
+
+void EncodeTensor(const float* data, const std::vector<int64_t>& shape, pb::DType dtype,
+                  pb::Tensor* out) {
+  if (dtype == pb::DTYPE_UNSPECIFIED) dtype = pb::DTYPE_FP32;
+  size_t n = 1;
+  out->clear_shape();
+  for (int64_t d : shape) {
+    out->add_shape(d);
+    n *= static_cast<size_t>(d);
+  }
+  out->set_dtype(dtype);
+  std::string* bytes = out->mutable_data();
+  bytes->resize(n * WireDTypeSize(dtype));
+  uint8_t* p = reinterpret_cast<uint8_t*>(bytes->data());
+  switch (dtype) {
+    case pb::DTYPE_FP16:
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t h = FloatToHalfBits(data[i]);
+        std::memcpy(p + 2 * i, &h, 2);
+      }
+      break;
+    case pb::DTYPE_BF16:
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t h = FloatToBf16(data[i]);
+        std::memcpy(p + 2 * i, &h, 2);
+      }
+      break;
+    default:
+      std::memcpy(p, data, n * 4);
+      break;
+  }
+}
+
+}  // namespace exl3::svc
