@@ -1,0 +1,348 @@
+#!/usr/bin/env python3
+"""Writes the Grafana dashboards in deploy/grafana/dashboards/ from the panel lists below.
+
+The JSON files are committed; edit this file and run it again rather than editing the JSON:
+  python3 deploy/grafana/generate_dashboards.py          # rewrite the JSON files
+  python3 deploy/grafana/generate_dashboards.py --check  # exit 1 if they differ (used by CI)
+
+Every dashboard is templated on the Prometheus datasource (`datasource`) and on the router and
+worker instances (`router_instance`, `worker_instance`, label `instance`); the layer dashboards
+also on `layer`. Queries use only the metric names of docs/metrics.md (histograms through
+_bucket/_sum/_count); scripts/checks/deploy.sh checks that against running binaries.
+"""
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT_DIR = os.path.join(HERE, "dashboards")
+DS = {"type": "prometheus", "uid": "${datasource}"}
+
+R = 'instance=~"$router_instance"'
+W = 'instance=~"$worker_instance"'
+RL = R + ', layer=~"$layer"'
+RT = R + ', stage="total"'
+WL = W + ', layer=~"$layer"'
+RATE = "$__rate_interval"
+
+
+def target(expr, legend="", ref="A", fmt=None, instant=False):
+    t = {"datasource": DS, "refId": ref, "expr": expr, "legendFormat": legend or "__auto",
+         "range": not instant, "instant": instant}
+    if fmt:
+        t["format"] = fmt
+    return t
+
+
+def targets(*pairs):
+    """pairs of (expr, legend) -> targets with refIds A, B, C..."""
+    return [target(e, l, ref=chr(ord("A") + i)) for i, (e, l) in enumerate(pairs)]
+
+
+def timeseries(title, tgts, unit="short", desc="", stack=False, min0=True):
+    custom = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10 if stack else 0,
+              "showPoints": "never", "spanNulls": False,
+              "stacking": {"mode": "normal" if stack else "none", "group": "A"}}
+    defaults = {"unit": unit, "custom": custom}
+    if min0:
+        defaults["min"] = 0
+    return {"type": "timeseries", "title": title, "description": desc, "datasource": DS,
+            "targets": tgts, "fieldConfig": {"defaults": defaults, "overrides": []},
+            "options": {"legend": {"displayMode": "table", "placement": "right",
+                                   "calcs": ["lastNotNull", "max"], "showLegend": True},
+                        "tooltip": {"mode": "multi", "sort": "desc"}}}
+
+
+def stat(title, expr, unit="short", desc="", thresholds=None, legend=""):
+    steps = thresholds or [{"color": "green", "value": None}]
+    return {"type": "stat", "title": title, "description": desc, "datasource": DS,
+            "targets": [target(expr, legend)],
+            "fieldConfig": {"defaults": {"unit": unit, "thresholds": {"mode": "absolute",
+                                                                      "steps": steps}},
+                            "overrides": []},
+            "options": {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                        "colorMode": "background", "graphMode": "area", "textMode": "auto",
+                        "justifyMode": "auto", "orientation": "auto"}}
+
+
+def bargauge(title, expr, legend, unit="short", desc="", instant=True):
+    return {"type": "bargauge", "title": title, "description": desc, "datasource": DS,
+            "targets": [target(expr, legend, instant=instant, fmt="time_series")],
+            "fieldConfig": {"defaults": {"unit": unit, "min": 0,
+                                         "thresholds": {"mode": "absolute", "steps": [
+                                             {"color": "green", "value": None}]}},
+                            "overrides": []},
+            "options": {"displayMode": "gradient", "orientation": "horizontal",
+                        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                        "showUnfilled": True, "valueMode": "color"}}
+
+
+def heatmap(title, expr, desc=""):
+    return {"type": "heatmap", "title": title, "description": desc, "datasource": DS,
+            "targets": [target(expr, "{{le}}", fmt="heatmap")],
+            "fieldConfig": {"defaults": {"custom": {"scaleDistribution": {"type": "linear"}}},
+                            "overrides": []},
+            "options": {"calculate": False, "cellGap": 1, "yAxis": {"axisPlacement": "left",
+                                                                    "unit": "s"},
+                        "color": {"mode": "scheme", "scheme": "Spectral", "steps": 64,
+                                  "exponent": 0.5, "fill": "dark-orange", "reverse": False},
+                        "rowsFrame": {"layout": "auto"}, "tooltip": {"show": True,
+                                                                     "yHistogram": True},
+                        "legend": {"show": True}, "exemplars": {"color": "rgba(255,0,255,0.7)"}}}
+
+
+def table(title, expr, desc=""):
+    return {"type": "table", "title": title, "description": desc, "datasource": DS,
+            "targets": [target(expr, "", instant=True, fmt="table")],
+            "fieldConfig": {"defaults": {}, "overrides": []},
+            "options": {"showHeader": True},
+            "transformations": [{"id": "organize", "options": {
+                "excludeByName": {"Time": True, "Value": True, "__name__": True}}}]}
+
+
+def row(title):
+    return {"type": "row", "title": title, "collapsed": False, "panels": []}
+
+
+def quantile(q, metric, sel, by):
+    return (f"histogram_quantile({q}, sum by ({by}, le) "
+            f"(rate({metric}_bucket{{{sel}}}[{RATE}])))")
+
+
+def layout(items):
+    """items: rows (full width) and (panel, width, height) tuples, laid out left to right."""
+    panels, x, y, row_h, pid = [], 0, 0, 0, 1
+    for it in items:
+        if isinstance(it, dict):  # a row
+            if x:
+                y, x = y + row_h, 0
+            it = dict(it, id=pid, gridPos={"h": 1, "w": 24, "x": 0, "y": y})
+            panels.append(it)
+            pid, y, row_h = pid + 1, y + 1, 0
+            continue
+        p, w, h = it
+        if x + w > 24:
+            y, x, row_h = y + row_h, 0, 0
+        panels.append(dict(p, id=pid, gridPos={"h": h, "w": w, "x": x, "y": y}))
+        pid, x, row_h = pid + 1, x + w, max(row_h, h)
+    return panels
+
+
+def variable(name, label, query, multi=True):
+    return {"type": "query", "name": name, "label": label, "datasource": DS,
+            "query": {"query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+            "definition": query, "refresh": 2, "sort": 3, "multi": multi, "includeAll": True,
+            "allValue": ".*", "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+            "options": [], "regex": "", "hide": 0}
+
+
+def templating(with_layer):
+    v = [{"type": "datasource", "name": "datasource", "label": "Data source", "query": "prometheus",
+          "current": {}, "hide": 0, "options": [], "refresh": 1, "regex": ""},
+         variable("router_instance", "Router instance", "label_values(exl3_router_ready, instance)"),
+         variable("worker_instance", "Worker instance", "label_values(exl3_worker_ready, instance)")]
+    if with_layer:
+        v.append(variable("layer", "MoE layer",
+                          "label_values(exl3_router_layer_latency_seconds_count, layer)"))
+    return {"list": v}
+
+
+def dashboard(uid, title, desc, items, with_layer=False):
+    return {
+        "uid": uid, "title": title, "description": desc, "tags": ["exl3serve"],
+        "editable": True, "graphTooltip": 1, "schemaVersion": 39, "version": 1,
+        "time": {"from": "now-30m", "to": "now"}, "refresh": "10s", "timezone": "",
+        "annotations": {"list": [{"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                                  "enable": True, "hide": True, "name": "Annotations & Alerts",
+                                  "type": "dashboard"}]},
+        "links": [{"title": "exl3serve", "type": "dashboards", "tags": ["exl3serve"],
+                   "asDropdown": True, "includeVars": True, "keepTime": True}],
+        "templating": templating(with_layer),
+        "panels": layout(items),
+    }
+
+
+def overview():
+    red = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
+    ready = [{"color": "red", "value": None}, {"color": "green", "value": 1}]
+    return dashboard("exl3-overview", "exl3serve / Overview",
+                     "Throughput, decode step latency, health, errors and queues of the router and its workers.", [
+        row("Service"),
+        (stat("Tokens per second",
+              f"avg(sum by (layer) (rate(exl3_router_tokens_total{{{R}}}[{RATE}])))",
+              desc="Decode tokens per second: every token visits each MoE layer once, so the average over layers of tokens routed per second."), 4, 4),
+        (stat("Decode step (mean)",
+              f"sum(sum by (layer) (rate(exl3_router_layer_latency_seconds_sum{{{R}, stage=\"total\"}}[{RATE}])) "
+              f"/ sum by (layer) (rate(exl3_router_layer_latency_seconds_count{{{R}, stage=\"total\"}}[{RATE}])))",
+              unit="s", desc="Sum over MoE layers of the mean router latency: the MoE part of one decode step."), 4, 4),
+        (stat("Router ready", f"min(exl3_router_ready{{{R}}})", thresholds=ready,
+              desc="1 while every expert has a serving worker."), 4, 4),
+        (stat("Unserved experts", f"max(exl3_router_unserved_experts{{{R}}})", thresholds=red,
+              desc="Routed experts (all layers) with no serving worker."), 4, 4),
+        (stat("Workers up (router view)", f"sum(exl3_router_worker_up{{{R}}})",
+              desc="Workers whose health is SERVING as the router sees them."), 4, 4),
+        (stat("Error ratio",
+              f"sum(rate(exl3_router_errors_total{{{R}}}[{RATE}])) / clamp_min(sum(rate(exl3_router_errors_total{{{R}}}[{RATE}])) "
+              f"+ sum(rate(exl3_router_requests_total{{{R}}}[{RATE}])), 1e-9)",
+              unit="percentunit", thresholds=[{"color": "green", "value": None},
+                                              {"color": "red", "value": 0.01}]), 4, 4),
+        row("End to end per decode step"),
+        (timeseries("MoE time per decode step", targets(
+            (f"sum(sum by (layer) (rate(exl3_router_layer_latency_seconds_sum{{{R}, stage=\"total\"}}[{RATE}])) "
+             f"/ sum by (layer) (rate(exl3_router_layer_latency_seconds_count{{{R}, stage=\"total\"}}[{RATE}])))", "mean"),
+            (f"sum({quantile(0.5, 'exl3_router_layer_latency_seconds', RT, 'layer')})",
+             "sum of per-layer p50"),
+            (f"sum({quantile(0.99, 'exl3_router_layer_latency_seconds', RT, 'layer')})",
+             "sum of per-layer p99")),
+            unit="s", desc="Router time over all MoE layers of one decode step (what the attention engine waits on)."), 12, 8),
+        (timeseries("Tokens per second by layer", targets(
+            (f"sum by (layer) (rate(exl3_router_tokens_total{{{R}}}[{RATE}]))", "layer {{layer}}")),
+            unit="short"), 12, 8),
+        (timeseries("Router stages (mean over layers)", targets(
+            (f"sum by (stage) (rate(exl3_router_layer_latency_seconds_sum{{{R}, stage!=\"total\"}}[{RATE}])) "
+             f"/ sum by (stage) (rate(exl3_router_layer_latency_seconds_count{{{R}, stage!=\"total\"}}[{RATE}]))", "{{stage}}")),
+            unit="s", stack=True, desc="Where a layer request's time goes: gate, dispatch, waiting on workers, combine."), 12, 8),
+        (timeseries("Layer requests per second", targets(
+            (f"sum by (instance) (rate(exl3_router_requests_total{{{R}}}[{RATE}]))", "router {{instance}}"),
+            (f"sum by (instance) (rate(exl3_worker_requests_total{{{W}}}[{RATE}]))", "worker {{instance}}")),
+            unit="reqps"), 12, 8),
+        row("Fan-out and bytes"),
+        (timeseries("Fan-out width", targets(
+            (f"histogram_quantile(0.5, sum by (le) (rate(exl3_router_fanout_width_bucket{{{R}}}[{RATE}])))", "p50"),
+            (f"histogram_quantile(0.99, sum by (le) (rate(exl3_router_fanout_width_bucket{{{R}}}[{RATE}])))", "p99"),
+            (f"sum(rate(exl3_router_fanout_width_sum{{{R}}}[{RATE}])) / sum(rate(exl3_router_fanout_width_count{{{R}}}[{RATE}]))", "mean")),
+            desc="Workers one layer request fans out to."), 12, 8),
+        (timeseries("Bytes to and from workers", targets(
+            (f"sum by (instance) (rate(exl3_router_sent_bytes_total{{{R}}}[{RATE}]))", "sent {{instance}}"),
+            (f"sum by (instance) (rate(exl3_router_received_bytes_total{{{R}}}[{RATE}]))", "received {{instance}}")),
+            unit="Bps"), 12, 8),
+        row("Worker health and failovers"),
+        (timeseries("Worker up (router view)", targets(
+            (f"max by (worker) (exl3_router_worker_up{{{R}}})", "{{worker}}")),
+            desc="1 while the worker's gRPC health is SERVING."), 8, 8),
+        (timeseries("Worker ready and scrape up", targets(
+            (f"exl3_worker_ready{{{W}}}", "ready {{instance}}"),
+            (f"up{{job=\"exl3-worker\", {W}}}", "scraped {{instance}}")),
+            desc="ready: 1 while serving, 0 while loading or draining."), 8, 8),
+        (timeseries("Failovers per second", targets(
+            (f"sum by (worker) (rate(exl3_router_failovers_total{{{R}}}[{RATE}]))", "{{worker}}")),
+            unit="ops", desc="Sub-requests re-sent to a replica after this worker failed."), 8, 8),
+        row("Errors and queues"),
+        (timeseries("Router errors by code", targets(
+            (f"sum by (code) (rate(exl3_router_errors_total{{{R}}}[{RATE}]))", "{{code}}")),
+            unit="reqps", stack=True), 8, 8),
+        (timeseries("Worker errors by code", targets(
+            (f"sum by (code) (rate(exl3_worker_errors_total{{{W}}}[{RATE}]))", "{{code}}")),
+            unit="reqps", stack=True), 8, 8),
+        (timeseries("Queue depth and in flight", targets(
+            (f"exl3_worker_queue_depth{{{W}}}", "queued {{instance}}"),
+            (f"exl3_router_requests_in_flight{{{R}}}", "in flight {{instance}}")),
+            desc="Worker requests waiting to be batched; router layer requests accepted and not yet answered."), 8, 8),
+    ])
+
+
+def layers():
+    def by_layer(metric, sel, q):
+        return quantile(q, metric, sel + ', stage="total"', "layer")
+    return dashboard("exl3-layers", "exl3serve / Per-layer latency",
+                     "Per-MoE-layer latency at the router and the workers, by stage.", [
+        row("Router: whole MoE layer (stage total)"),
+        (heatmap("Router layer latency distribution",
+                 f"sum by (le) (increase(exl3_router_layer_latency_seconds_bucket{{{RL}, stage=\"total\"}}[{RATE}]))",
+                 desc="Distribution of the router's per-layer latency over the selected layers."), 12, 9),
+        (bargauge("p99 by layer (now)", by_layer("exl3_router_layer_latency_seconds", RL, 0.99),
+                  "layer {{layer}}", unit="s"), 12, 9),
+        (timeseries("p50 by layer", targets(
+            (by_layer("exl3_router_layer_latency_seconds", RL, 0.5), "layer {{layer}}")), unit="s"), 12, 8),
+        (timeseries("p99 by layer", targets(
+            (by_layer("exl3_router_layer_latency_seconds", RL, 0.99), "layer {{layer}}")), unit="s"), 12, 8),
+        row("Router: by stage"),
+        (timeseries("p99 by stage", targets(
+            (quantile(0.99, "exl3_router_layer_latency_seconds", RL, "stage"), "{{stage}}")), unit="s"), 12, 8),
+        (timeseries("Worker round trip p99 (router view)", targets(
+            (quantile(0.99, "exl3_router_worker_rpc_latency_seconds", R, "worker"), "{{worker}}")), unit="s",
+            desc="Round trip of one sub-request to each worker."), 12, 8),
+        row("Workers"),
+        (heatmap("Worker layer latency distribution",
+                 f"sum by (le) (increase(exl3_worker_layer_latency_seconds_bucket{{{WL}, stage=\"total\"}}[{RATE}]))"), 12, 9),
+        (timeseries("Worker p99 by stage", targets(
+            (quantile(0.99, "exl3_worker_layer_latency_seconds", WL, "stage"), "{{stage}}")), unit="s",
+            desc="queue: waiting to be batched; compute: the batch's kernel; total: both and the rest."), 12, 9),
+        (timeseries("Worker p50 by layer", targets(
+            (by_layer("exl3_worker_layer_latency_seconds", WL, 0.5), "layer {{layer}}")), unit="s"), 12, 8),
+        (timeseries("Worker p99 by layer", targets(
+            (by_layer("exl3_worker_layer_latency_seconds", WL, 0.99), "layer {{layer}}")), unit="s"), 12, 8),
+    ], with_layer=True)
+
+
+def workers():
+    return dashboard("exl3-workers", "exl3serve / Workers and experts",
+                     "Expert load balance, batching, memory and identity of the expert workers.", [
+        row("Expert load balance"),
+        (bargauge("Hot experts (top 20, tokens/s)",
+                  f"topk(20, sum by (expert) (rate(exl3_worker_expert_tokens_total{{{W}}}[5m])))",
+                  "expert {{expert}}", unit="short", desc="Tokens routed to each expert, all layers; candidates for replicas."), 12, 10),
+        (timeseries("Expert imbalance (max / mean tokens per expert)", targets(
+            (f"max(sum by (expert) (rate(exl3_worker_expert_tokens_total{{{W}}}[{RATE}]))) "
+             f"/ avg(sum by (expert) (rate(exl3_worker_expert_tokens_total{{{W}}}[{RATE}])))", "max / mean")),
+            desc="1 is perfectly even; large values mean a few experts carry the load."), 12, 10),
+        (timeseries("Tokens per second by worker", targets(
+            (f"sum by (instance) (rate(exl3_worker_tokens_total{{{W}}}[{RATE}]))", "{{instance}}")), stack=True), 12, 8),
+        (timeseries("Requests per second by worker", targets(
+            (f"sum by (instance) (rate(exl3_worker_requests_total{{{W}}}[{RATE}]))", "{{instance}}")), unit="reqps"), 12, 8),
+        row("Batching"),
+        (timeseries("Batch size (tokens)", targets(
+            (f"histogram_quantile(0.5, sum by (le) (rate(exl3_worker_batch_tokens_bucket{{{W}}}[{RATE}])))", "p50"),
+            (f"histogram_quantile(0.99, sum by (le) (rate(exl3_worker_batch_tokens_bucket{{{W}}}[{RATE}])))", "p99"),
+            (f"sum(rate(exl3_worker_batch_tokens_sum{{{W}}}[{RATE}])) / sum(rate(exl3_worker_batch_tokens_count{{{W}}}[{RATE}]))", "mean")),
+            desc="Tokens per executed batch."), 12, 8),
+        (timeseries("Batch size (requests)", targets(
+            (f"histogram_quantile(0.5, sum by (le) (rate(exl3_worker_batch_requests_bucket{{{W}}}[{RATE}])))", "p50"),
+            (f"histogram_quantile(0.99, sum by (le) (rate(exl3_worker_batch_requests_bucket{{{W}}}[{RATE}])))", "p99"),
+            (f"sum(rate(exl3_worker_batch_requests_sum{{{W}}}[{RATE}])) / sum(rate(exl3_worker_batch_requests_count{{{W}}}[{RATE}]))", "mean")),
+            desc="Requests merged into one executed batch (continuous batching)."), 12, 8),
+        row("Memory and identity"),
+        (timeseries("Pinned weight memory", targets(
+            (f"exl3_worker_pinned_bytes{{{W}}}", "{{instance}}")), unit="bytes", stack=True,
+            desc="Weight bytes resident: device memory, registered or locked host memory."), 8, 8),
+        (bargauge("Load time", f"exl3_worker_load_seconds{{{W}}}", "{{instance}}", unit="s",
+                  desc="Time each worker took to load its experts (size the startup probe from it)."), 8, 8),
+        (table("Worker build and backend", f"exl3_worker_info{{{W}}}"), 8, 8),
+    ])
+
+
+DASHBOARDS = {"exl3-overview.json": overview, "exl3-layers.json": layers,
+              "exl3-workers.json": workers}
+
+
+def render():
+    return {name: json.dumps(fn(), indent=2, sort_keys=True) + "\n" for name, fn in DASHBOARDS.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if the committed JSON differs")
+    args = ap.parse_args()
+    stale = []
+    for name, text in render().items():
+        path = os.path.join(OUT_DIR, name)
+        old = open(path).read() if os.path.exists(path) else None
+        if old == text:
+            continue
+        if args.check:
+            stale.append(name)
+        else:
+            os.makedirs(OUT_DIR, exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+            print(f"wrote {path}")
+    if stale:
+        print("generate_dashboards: out of date: " + ", ".join(stale) +
+              " (run python3 deploy/grafana/generate_dashboards.py)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
