@@ -1,0 +1,235 @@
+// AVX2 + FMA + F16C decode-and-multiply. This file alone is compiled with -mavx2 -mfma -mf16c;
+// nothing here runs unless Avx2Supported() said yes (no static initialisers use vector code).
+//
+// Per tile: the 16*K words are copied into a small buffer extended by one word on each side so
+// the tail-biting windows never wrap; the 256 elements are decoded 8 at a time (one group = the 8
+// elements of one fragment thread t, e = 8t..8t+7): gather the two 32-bit words under each
+// element's 16-bit window with vpermd from one unaligned 8-word load, funnel-shift, then the
+// codebook in integer/F16C arithmetic (bit-exact with the scalar decoder: both fp16 halves of
+// 3INST/MCG have exponents within 3 of each other, so their fp32 sum is exact and one fp16
+// rounding follows; MUL1's h*scale+bias is exact in fp32 for the same reason).
+// A group's lanes come out in the order of elements {0,1,4,5,2,3,6,7}: tile rows
+// {r0, r0+1, r0, r0+1, r0+8, r0+9, r0+8, r0+9} and columns {c0, c0, c0+8, c0+8, c0, c0, c0+8,
+// c0+8}, r0 = 2(t%4), c0 = t/4. Avx2PrepareX lays x' out in that lane order, so the 4 groups of
+// one c0 accumulate into one register, reduced to columns c0 and c0+8 at the end of the strip.
+#include <cstdint>
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/inner_product.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+namespace exl3::cpu {
+namespace {
+
+struct GroupIndex {
+  alignas(32) int32_t hi[8];
+  alignas(32) int32_t lo[8];
+  alignas(32) int32_t sh[8];
+  alignas(32) int32_t shr[8];
+  int m0;
+};
+
+struct KIndex {
+  GroupIndex g[32];
+};
+
+// Word positions in the extended buffer ext[0] = u32[8K-1], ext[1..8K] = u32[0..8K-1],
+// ext[8K+1] = u32[0]: stream bit b sits at extended bit b + 32.
+const KIndex* IndexFor(int K) {
+  static KIndex* tables = [] {
+    auto* t = new KIndex[9];
+    for (int k = 1; k <= 8; ++k) {
+      for (int grp = 0; grp < 32; ++grp) {
+        GroupIndex& g = t[k].g[grp];
+        for (int j = 0; j < 8; ++j) {
+          const int e = 8 * grp + j;
+          const int s = (e + 1) * k - 16 + 32;
+          const int m = s >> 5;
+          if (j == 0) g.m0 = m;
+          g.hi[j] = m - g.m0;
+          g.lo[j] = m - g.m0 + 1;
+          g.sh[j] = s & 31;
+          g.shr[j] = 32 - (s & 31);
+        }
+      }
+    }
+    return t;
+  }();
+  return &tables[K];
+}
+
+enum { kCb3Inst = 0, kCbMcg = 1, kCbMul1 = 2 };
+
+template <int CB>
+inline __m256 DecodeGroup(const uint32_t* ext, const GroupIndex& g) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ext + g.m0));
+  const __m256i hi = _mm256_permutevar8x32_epi32(v, _mm256_load_si256(reinterpret_cast<const __m256i*>(g.hi)));
+  const __m256i lo = _mm256_permutevar8x32_epi32(v, _mm256_load_si256(reinterpret_cast<const __m256i*>(g.lo)));
+  const __m256i bits =
+      _mm256_or_si256(_mm256_sllv_epi32(hi, _mm256_load_si256(reinterpret_cast<const __m256i*>(g.sh))),
+                      _mm256_srlv_epi32(lo, _mm256_load_si256(reinterpret_cast<const __m256i*>(g.shr))));
+  const __m256i s = _mm256_srli_epi32(bits, 16);
+  __m256 f;
+  if constexpr (CB == kCbMul1) {
+    const __m256i x = _mm256_mullo_epi32(s, _mm256_set1_epi32(static_cast<int>(0x83DCD12Du)));
+    const __m256i m8 = _mm256_set1_epi32(0x00ff00ff);
+    const __m256i t = _mm256_add_epi32(_mm256_and_si256(x, m8),
+                                       _mm256_and_si256(_mm256_srli_epi32(x, 8), m8));
+    const __m256i sum = _mm256_add_epi32(_mm256_and_si256(t, _mm256_set1_epi32(0xffff)),
+                                         _mm256_srli_epi32(t, 16));
+    const __m256 h = _mm256_cvtepi32_ps(_mm256_add_epi32(sum, _mm256_set1_epi32(1024)));
+    // fp16 0x1eee and 0xc931 as floats.
+    const __m256 r = _mm256_fmadd_ps(h, _mm256_set1_ps(0.00676727294921875f),
+                                     _mm256_set1_ps(-10.3828125f));
+    // Natural element order -> the {0,1,4,5,2,3,6,7} lane order the other codebooks produce.
+    f = _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+  } else {
+    __m256i x;
+    if constexpr (CB == kCbMcg) {
+      x = _mm256_mullo_epi32(s, _mm256_set1_epi32(static_cast<int>(0xCBAC1FEDu)));
+    } else {
+      x = _mm256_add_epi32(_mm256_mullo_epi32(s, _mm256_set1_epi32(89226354)),
+                           _mm256_set1_epi32(64248484));
+    }
+    x = _mm256_xor_si256(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0x8fff8fffu))),
+                         _mm256_set1_epi32(0x3b603b60));
+    const __m256 a = _mm256_cvtph_ps(_mm256_castsi256_si128(x));
+    const __m256 b = _mm256_cvtph_ps(_mm256_extracti128_si256(x, 1));
+    f = _mm256_hadd_ps(a, b);
+  }
+  // One rounding to fp16, as the codebook defines the value.
+  return _mm256_cvtph_ps(_mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+inline void LoadTile(const uint16_t* tw, int K, uint32_t* ext) {
+  const int words = 8 * K;
+  std::memcpy(ext + 1, tw, static_cast<size_t>(words) * 4);
+  ext[0] = ext[words];
+  ext[words + 1] = ext[1];
+}
+
+// Lanes {0,1,4,5} belong to column c0, lanes {2,3,6,7} to column c0 + 8.
+inline void ReduceStore(const __m256* acc, float* out16) {
+  for (int c0 = 0; c0 < 8; ++c0) {
+    alignas(32) float l[8];
+    _mm256_store_ps(l, acc[c0]);
+    out16[c0] = (l[0] + l[1]) + (l[4] + l[5]);
+    out16[c0 + 8] = (l[2] + l[3]) + (l[6] + l[7]);
+  }
+}
+
+template <int CB>
+void StripOneToken(const Exl3LinearView& w, const float* xp, int j0, int j1, float* y) {
+  const int K = w.bits, kt = w.in_features / 16;
+  const KIndex& idx = *IndexFor(K);
+  alignas(32) uint32_t ext[8 * 8 + 2 + 8];
+  for (int j = j0; j < j1; ++j) {
+    __m256 acc[8];
+    for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();
+    for (int i = 0; i < kt; ++i) {
+      if (i + 4 < kt) _mm_prefetch(reinterpret_cast<const char*>(w.tile(i + 4, j)), _MM_HINT_T0);
+      LoadTile(w.tile(i, j), K, ext);
+      const float* xi = xp + static_cast<size_t>(i) * 32;
+      const __m256 x0 = _mm256_loadu_ps(xi), x1 = _mm256_loadu_ps(xi + 8);
+      const __m256 x2 = _mm256_loadu_ps(xi + 16), x3 = _mm256_loadu_ps(xi + 24);
+      for (int c0 = 0; c0 < 8; ++c0) {
+        __m256 a = acc[c0];
+        a = _mm256_fmadd_ps(DecodeGroup<CB>(ext, idx.g[4 * c0 + 0]), x0, a);
+        a = _mm256_fmadd_ps(DecodeGroup<CB>(ext, idx.g[4 * c0 + 1]), x1, a);
+        a = _mm256_fmadd_ps(DecodeGroup<CB>(ext, idx.g[4 * c0 + 2]), x2, a);
+        a = _mm256_fmadd_ps(DecodeGroup<CB>(ext, idx.g[4 * c0 + 3]), x3, a);
+        acc[c0] = a;
+      }
+    }
+    ReduceStore(acc, y + 16 * j);
+  }
+}
+
+template <int CB>
+void StripTokens(const Exl3LinearView& w, const float* xp, int T, int j0, int j1, float* y) {
+  const int K = w.bits, kt = w.in_features / 16, n = w.out_features;
+  const KIndex& idx = *IndexFor(K);
+  alignas(32) uint32_t ext[8 * 8 + 2 + 8];
+  thread_local std::vector<float> acc_buf;
+  if (acc_buf.size() < static_cast<size_t>(T) * 64) acc_buf.resize(static_cast<size_t>(T) * 64);
+  float* acc = acc_buf.data();
+  __m256 wv[32];
+  for (int j = j0; j < j1; ++j) {
+    std::fill(acc, acc + static_cast<size_t>(T) * 64, 0.0f);
+    for (int i = 0; i < kt; ++i) {
+      if (i + 4 < kt) _mm_prefetch(reinterpret_cast<const char*>(w.tile(i + 4, j)), _MM_HINT_T0);
+      LoadTile(w.tile(i, j), K, ext);
+      for (int g = 0; g < 32; ++g) wv[g] = DecodeGroup<CB>(ext, idx.g[g]);
+      for (int t = 0; t < T; ++t) {
+        const float* xi = xp + (static_cast<size_t>(t) * kt + i) * 32;
+        const __m256 x0 = _mm256_loadu_ps(xi), x1 = _mm256_loadu_ps(xi + 8);
+        const __m256 x2 = _mm256_loadu_ps(xi + 16), x3 = _mm256_loadu_ps(xi + 24);
+        float* at = acc + t * 64;
+        for (int c0 = 0; c0 < 8; ++c0) {
+          __m256 a = _mm256_loadu_ps(at + 8 * c0);
+          a = _mm256_fmadd_ps(wv[4 * c0 + 0], x0, a);
+          a = _mm256_fmadd_ps(wv[4 * c0 + 1], x1, a);
+          a = _mm256_fmadd_ps(wv[4 * c0 + 2], x2, a);
+          a = _mm256_fmadd_ps(wv[4 * c0 + 3], x3, a);
+          _mm256_storeu_ps(at + 8 * c0, a);
+        }
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      __m256 a8[8];
+      for (int c0 = 0; c0 < 8; ++c0) a8[c0] = _mm256_loadu_ps(acc + t * 64 + 8 * c0);
+      ReduceStore(a8, y + static_cast<size_t>(t) * n + 16 * j);
+    }
+  }
+}
+
+template <int CB>
+void Strip(const Exl3LinearView& w, const float* xp, int T, int j0, int j1, float* y) {
+  if (T == 1) {
+    StripOneToken<CB>(w, xp, j0, j1, y);
+  } else {
+    StripTokens<CB>(w, xp, T, j0, j1, y);
+  }
+}
+
+}  // namespace
+
+size_t Avx2PreparedFloats(int num_tokens, int k) { return static_cast<size_t>(num_tokens) * k * 2; }
+
+void Avx2PrepareX(const float* xt, int num_tokens, int k, float* xp) {
+  static const int kRow[8] = {0, 1, 0, 1, 8, 9, 8, 9};
+  for (int t = 0; t < num_tokens; ++t) {
+    const float* x = xt + static_cast<size_t>(t) * k;
+    float* out = xp + static_cast<size_t>(t) * k * 2;
+    for (int i = 0; i < k / 16; ++i) {
+      for (int q = 0; q < 4; ++q) {
+        for (int l = 0; l < 8; ++l) out[(i * 4 + q) * 8 + l] = x[16 * i + 2 * q + kRow[l]];
+      }
+    }
+  }
+}
+
+void InnerProductAvx2(const Exl3LinearView& w, const float* xp, int num_tokens, int j0, int j1,
+                      float* y) {
+  switch (w.codebook) {
+    case Codebook::k3Inst: Strip<kCb3Inst>(w, xp, num_tokens, j0, j1, y); break;
+    case Codebook::kMcg: Strip<kCbMcg>(w, xp, num_tokens, j0, j1, y); break;
+    case Codebook::kMul1: Strip<kCbMul1>(w, xp, num_tokens, j0, j1, y); break;
+  }
+}
+
+}  // namespace exl3::cpu
+
+#else  // not x86: the AVX2 path does not exist.
+
+namespace exl3::cpu {
+size_t Avx2PreparedFloats(int, int) { return 0; }
+void Avx2PrepareX(const float*, int, int, float*) {}
+void InnerProductAvx2(const Exl3LinearView&, const float*, int, int, int, float*) {}
+}  // namespace exl3::cpu
+
+#endif

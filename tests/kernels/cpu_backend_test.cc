@@ -1,0 +1,127 @@
+// The fast CPU backend against the reference linear and MoE at several K, codebooks and shapes.
+#include "kernels/cpu/cpu_backend.h"
+
+#include <cstdio>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/thread_pool.h"
+#include "tests/kernels/random_layer.h"
+
+namespace exl3 {
+namespace {
+
+using testing::RandomExpert;
+using testing::RandomLinear;
+using testing::RandomVector;
+using testing::RelErr;
+
+struct Shape {
+  int k, n, T;
+};
+
+class CpuLinearTest : public ::testing::TestWithParam<bool> {  // param: force scalar
+ protected:
+  void SetUp() override { prev_ = cpu::ForceScalar(GetParam()); }
+  void TearDown() override { cpu::ForceScalar(prev_); }
+  bool prev_ = false;
+};
+
+TEST_P(CpuLinearTest, MatchesReferenceAllBitWidthsAndCodebooks) {
+  cpu::CpuBackend backend(3);
+  std::printf("isa: %s\n", std::string(cpu::ActiveIsa()).c_str());
+  const Shape shapes[] = {{128, 128, 1}, {256, 384, 3}, {384, 256, 1}, {128, 512, 5}};
+  double worst = 0;
+  uint32_t seed = 1;
+  for (const Shape& s : shapes) {
+    for (int K = 1; K <= 8; ++K) {
+      for (int cb = 0; cb < 3; ++cb) {
+        SCOPED_TRACE(::testing::Message() << s.k << "x" << s.n << " T=" << s.T << " K=" << K << " cb=" << cb);
+        RandomLinear lin(s.k, s.n, K, static_cast<Codebook>(cb), seed++, /*with_bias=*/(K % 2) == 0);
+        const auto x = RandomVector(static_cast<size_t>(s.T) * s.k, seed++);
+        std::vector<float> ref(static_cast<size_t>(s.T) * s.n), out(ref.size(), -7.0f);
+        LinearForwardReference(lin.view, x.data(), s.T, ref.data());
+        ASSERT_TRUE(backend.Linear(lin.view, x.data(), s.T, out.data()).ok());
+        const double e = RelErr(out.data(), ref.data(), ref.size());
+        EXPECT_LT(e, 1e-5);
+        worst = std::max(worst, e);
+      }
+    }
+  }
+  std::printf("worst rel err vs LinearForwardReference: %.3g\n", worst);
+}
+
+TEST_P(CpuLinearTest, LargerTokenCount) {
+  cpu::CpuBackend backend(2);
+  RandomLinear lin(512, 256, 4, Codebook::kMcg, 99);
+  const int T = 33;
+  const auto x = RandomVector(static_cast<size_t>(T) * 512, 7);
+  std::vector<float> ref(static_cast<size_t>(T) * 256), out(ref.size());
+  LinearForwardReference(lin.view, x.data(), T, ref.data());
+  ASSERT_TRUE(backend.Linear(lin.view, x.data(), T, out.data()).ok());
+  EXPECT_LT(RelErr(out.data(), ref.data(), ref.size()), 1e-5);
+}
+
+TEST_P(CpuLinearTest, MoeMatchesReference) {
+  cpu::CpuBackend backend(4);
+  const int H = 256, I = 128, E = 6, T = 5;
+  std::vector<std::unique_ptr<RandomExpert>> experts;
+  for (int e = 0; e < E; ++e) experts.push_back(std::make_unique<RandomExpert>(H, I, 10 + e, 1 + e % 4));
+  RandomExpert shared(H, 2 * I, 77, 3);
+  MoeLayerView layer;
+  layer.hidden_size = H;
+  layer.intermediate_size = I;
+  layer.swiglu_limit = 0.7f;  // small enough that the clamp bites on these inputs
+  layer.shared_swiglu_limit = 0.7f;
+  for (auto& e : experts) layer.experts.push_back(&e->mlp);
+  layer.experts[3] = nullptr;  // not held
+  layer.shared = &shared.mlp;
+  layer.shared_intermediate_size = 2 * I;
+  const auto x = RandomVector(static_cast<size_t>(T) * H, 5, 2.0f);
+  // Ragged per-token lists, a duplicate expert, an empty token.
+  const std::vector<int32_t> offsets = {0, 2, 3, 3, 6, 7};
+  const std::vector<int32_t> ids = {0, 5, 2, 1, 1, 4, 0};
+  const std::vector<float> w = {0.5f, 0.25f, 1.0f, 0.3f, 0.2f, -0.4f, 2.0f};
+  MoeAssignments a{T, ids.data(), w.data(), offsets.data(), 0};
+  for (bool with_shared : {false, true}) {
+    std::vector<float> ref(static_cast<size_t>(T) * H), out(ref.size(), 3.0f);
+    ASSERT_TRUE(MoeForwardReference(layer, x.data(), a, with_shared, ref.data()).ok());
+    ASSERT_TRUE(backend.Moe(layer, x.data(), a, with_shared, out.data()).ok());
+    EXPECT_LT(RelErr(out.data(), ref.data(), ref.size()), 1e-5);
+    for (int h = 0; h < H; ++h) {
+      if (!with_shared) {
+        EXPECT_EQ(out[2 * H + h], 0.0f);  // token 2 has no pairs
+      }
+    }
+  }
+  // Errors: expert not held, out of range, non-finite weight.
+  std::vector<float> y(static_cast<size_t>(T) * H);
+  std::vector<int32_t> bad = ids;
+  bad[1] = 3;
+  EXPECT_EQ(backend.Moe(layer, x.data(), {T, bad.data(), w.data(), offsets.data(), 0}, true, y.data()).code(),
+            absl::StatusCode::kNotFound);
+  bad[1] = 6;
+  EXPECT_EQ(backend.Moe(layer, x.data(), {T, bad.data(), w.data(), offsets.data(), 0}, true, y.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<float> badw = w;
+  badw[4] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(backend.Moe(layer, x.data(), {T, ids.data(), badw.data(), offsets.data(), 0}, true, y.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Isa, CpuLinearTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "scalar" : "dispatch"; });
+
+TEST(ThreadPoolTest, RunsEveryItemOnce) {
+  cpu::ThreadPool pool(4);
+  for (int round = 0; round < 50; ++round) {
+    std::vector<std::atomic<int>> hits(97);
+    pool.ParallelFor(97, [&](int i, int t) {
+      ASSERT_LT(t, pool.size());
+      hits[i]++;
+    });
+    for (auto& h : hits) ASSERT_EQ(h.load(), 1);
+  }
+}
+
+}  // namespace
+}  // namespace exl3

@@ -1,0 +1,140 @@
+// exl3-tool inspect: what an EXL3 MoE model directory holds.
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "model/exl3_model.h"
+#include "tools/exl3_tool/subcommand.h"
+#include "tools/exl3_tool/tool_util.h"
+
+namespace exl3::tool {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: exl3-tool inspect --model DIR\n"
+    "\n"
+    "Prints the architecture, the layers and which are MoE, experts, top-k, routing, the K and\n"
+    "codebook of every expert projection (summarised as counts), and bytes, after validating every\n"
+    "expert tensor against config.json.\n"
+    "\n"
+    "  --model  the model directory (config.json + safetensors)\n";
+
+// "0-2, 5, 7-9"
+std::string Ranges(const std::vector<int>& v) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < v.size();) {
+    size_t j = i;
+    while (j + 1 < v.size() && v[j + 1] == v[j] + 1) ++j;
+    parts.push_back(j == i ? absl::StrCat(v[i]) : absl::StrCat(v[i], "-", v[j]));
+    i = j + 1;
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
+std::string Bytes(uint64_t b) {
+  char buf[64];
+  if (b >= (1ull << 30)) {
+    std::snprintf(buf, sizeof(buf), "%.2f GiB", b / double(1ull << 30));
+  } else if (b >= (1ull << 20)) {
+    std::snprintf(buf, sizeof(buf), "%.2f MiB", b / double(1ull << 20));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.1f KiB", b / 1024.0);
+  }
+  return absl::StrCat(b, " bytes (", buf, ")");
+}
+
+int Run(int argc, char** argv) {
+  ToolArgs args;
+  std::string err;
+  if (!args.Parse(argc, argv, {"model"}, {}, &err)) return Fail("inspect", err);
+  if (args.help) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
+  if (!args.Require({"model"}, &err)) return Fail("inspect", err);
+  Exl3ModelOptions opt;
+  opt.load_routers = false;  // only tensors are checked here; routers are validated by `moe`
+  absl::StatusOr<std::unique_ptr<Exl3Model>> model = Exl3Model::Open(args.Get("model"), opt);
+  if (!model.ok()) return Fail("inspect", std::string(model.status().message()));
+  const Exl3Model& m = **model;
+  const MoeConfig& c = m.config();
+  const std::vector<int> moe = c.MoeLayers();
+  std::printf("model:            %s\n", m.dir().c_str());
+  std::printf("architecture:     %s (family %s)\n", c.architecture.c_str(),
+              std::string(MoeFamilyName(c.family)).c_str());
+  std::printf("fingerprint:      %s\n", m.fingerprint().c_str());
+  std::printf("quantization:     %s, bits %g, head_bits %g\n", c.quant_method.c_str(), c.bits,
+              c.head_bits);
+  std::printf("hidden_size:      %d\n", c.hidden_size);
+  std::printf("layers:           %d, MoE: %zu (%s)\n", c.num_hidden_layers, moe.size(),
+              Ranges(moe).c_str());
+  if (c.num_hash_layers > 0) {
+    std::printf("hash-routed:      the first %d layers (token ids required)\n", c.num_hash_layers);
+  }
+  std::printf("routed experts:   %d per layer, top-k %d, intermediate %d\n", c.num_experts, c.top_k,
+              c.moe_intermediate_size);
+  if (c.has_shared_expert()) {
+    std::printf("shared expert:    %d (intermediate %d)%s\n", c.num_shared_experts,
+                c.shared_intermediate_size, c.shared_expert_gated ? ", sigmoid-gated" : "");
+  } else {
+    std::printf("shared expert:    none\n");
+  }
+  std::printf("routing:          %s, norm_topk_prob %s, scale %g, groups %d (keep %d), "
+              "correction bias %s, swiglu_limit %g\n",
+              std::string(ScoringFuncName(c.scoring)).c_str(), c.norm_topk_prob ? "true" : "false",
+              c.routed_scaling_factor, c.n_group, c.topk_group,
+              c.has_correction_bias ? "yes" : "no", c.swiglu_limit);
+
+  // K and codebook per projection, counted over every expert of every layer.
+  const Projection projs[3] = {Projection::kGate, Projection::kUp, Projection::kDown};
+  for (int shared = 0; shared < 2; ++shared) {
+    if (shared && !c.has_shared_expert()) continue;
+    for (Projection p : projs) {
+      std::map<std::string, int> counts;
+      for (int L : moe) {
+        if (shared) {
+          if (const Exl3Linear* lin = m.Linear(L, -1, p)) {
+            ++counts[absl::StrCat("K", lin->view.bits, " ",
+                                  std::string(CodebookName(lin->view.codebook)))];
+          }
+          continue;
+        }
+        for (int e : m.HeldExperts(L)) {
+          const Exl3Linear* lin = m.Linear(L, e, p);
+          ++counts[absl::StrCat("K", lin->view.bits, " ",
+                                std::string(CodebookName(lin->view.codebook)))];
+        }
+      }
+      std::vector<std::string> parts;
+      for (const auto& [key, n] : counts) parts.push_back(absl::StrCat(key, " x", n));
+      std::printf("%-17s %s\n",
+                  absl::StrCat(shared ? "shared " : "routed ", std::string(ProjectionName(p)), ":")
+                      .c_str(),
+                  absl::StrJoin(parts, ", ").c_str());
+    }
+  }
+  uint64_t routed = 0, shared_bytes = 0;
+  for (int L : moe) {
+    shared_bytes += m.SharedExpertBytes(L);
+    for (int e : m.HeldExperts(L)) routed += m.ExpertBytes(L, e);
+  }
+  std::printf("bytes, routed:    %s", Bytes(routed).c_str());
+  if (!moe.empty() && c.num_experts > 0) {
+    std::printf(", per layer %s, per expert %s",
+                Bytes(routed / moe.size()).c_str(),
+                Bytes(routed / (moe.size() * c.num_experts)).c_str());
+  }
+  std::printf("\nbytes, shared:    %s\n", Bytes(shared_bytes).c_str());
+  std::printf("bytes, total:     %s\n", Bytes(m.TotalBytes()).c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace exl3::tool
+
+EXL3_TOOL_SUBCOMMAND(kInspectRegistered, "inspect",
+                     "architecture, MoE layers, experts, K/codebook per projection, bytes",
+                     exl3::tool::Run);
