@@ -1,0 +1,680 @@
+#include "services/router/moe_router.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "grpcpp/grpcpp.h"
+#include "kernels/moe_cpu.h"
+#include "model/expert_map.h"
+#include "model/routing.h"
+#include "services/common/logging.h"
+#include "services/common/status.h"
+#include "services/common/wire.h"
+
+namespace exl3::router {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+double Secs(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+uint64_t Micros(Clock::time_point a, Clock::time_point b) {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(b - a).count());
+}
+}  // namespace
+
+// ---- DeadlineTimer ----
+
+DeadlineTimer::DeadlineTimer() : thread_([this] { Run(); }) {}
+
+DeadlineTimer::~DeadlineTimer() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void DeadlineTimer::At(Clock::time_point when, std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    q_.emplace(when, std::move(fn));
+  }
+  cv_.notify_all();
+}
+
+void DeadlineTimer::Run() {
+  std::unique_lock<std::mutex> l(mu_);
+  while (!stop_) {
+    if (q_.empty()) {
+      cv_.wait(l);
+      continue;
+    }
+    auto first = q_.begin();
+    if (first->first > Clock::now()) {
+      cv_.wait_until(l, first->first);
+      continue;
+    }
+    std::function<void()> fn = std::move(first->second);
+    q_.erase(first);
+    l.unlock();
+    fn();
+    l.lock();
+  }
+}
+
+// ---- per-stream and per-request state ----
+
+struct StreamState {
+  grpc::ServerReaderWriter<pb::MoeLayerResponse, pb::MoeLayerRequest>* rw = nullptr;
+  std::mutex write_mu;
+  std::atomic<bool> cancelled{false};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::unordered_map<uint64_t, std::shared_ptr<LayerCall>> inflight;  // guarded by mu
+  int writers = 0;  // answers being written after leaving `inflight`; guarded by mu
+
+  void Write(const pb::MoeLayerResponse& r) {
+    if (cancelled) return;
+    std::lock_guard<std::mutex> l(write_mu);
+    rw->Write(r);
+  }
+};
+
+struct LayerCall {
+  std::shared_ptr<StreamState> stream;
+  std::shared_ptr<WorkerPool> pool;
+  uint64_t id = 0;
+  int layer = 0;
+  int64_t T = 0;
+  int H = 0;
+  pb::DType out_dtype = pb::DTYPE_FP32;
+  pb::DType in_dtype = pb::DTYPE_FP32;
+  std::string hidden;  // the request's raw hidden bytes, sliced per worker
+  size_t row_bytes = 0;
+  bool include_shared = false;
+  std::vector<float> x;  // fp32 hidden (gate, shared expert)
+  int k = 0;
+  std::vector<int32_t> ids;  // [T, k]
+  std::vector<float> w;      // [T, k]
+
+  Clock::time_point t_start, t_gate_end, t_dispatch_end, t_first_send, t_last_answer;
+  bool has_deadline = false;
+  Clock::time_point deadline;
+
+  std::mutex mu;
+  bool done = false;
+  int outstanding = 1;  // parts in flight + 1 for the dispatching thread
+  std::vector<float> acc;  // [T, H] fp32
+  std::set<int> failed_workers;
+  std::set<int> fanout;
+  std::string last_failure;
+};
+
+MoeRouterService::MoeRouterService(const Exl3Model& model, const RouterOptions& opt,
+                                   RouterMetrics* metrics)
+    : model_(model), cfg_(model.config()), opt_(opt), metrics_(metrics) {}
+
+MoeRouterService::~MoeRouterService() = default;
+
+void MoeRouterService::SetPool(std::shared_ptr<WorkerPool> pool) {
+  std::lock_guard<std::mutex> l(pool_mu_);
+  pool_ = std::move(pool);
+}
+
+std::shared_ptr<WorkerPool> MoeRouterService::pool() const {
+  std::lock_guard<std::mutex> l(pool_mu_);
+  return pool_;
+}
+
+bool MoeRouterService::WaitIdle(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> l(idle_mu_);
+  return idle_cv_.wait_for(l, timeout, [&] { return in_flight_.load() == 0; });
+}
+
+void MoeRouterService::FillIdentity(pb::ModelIdentity* id) const {
+  id->set_fingerprint(model_.fingerprint());
+  id->set_architecture(cfg_.architecture);
+  id->set_hidden_size(cfg_.hidden_size);
+  id->set_num_layers(cfg_.num_hidden_layers);
+  for (int L : cfg_.MoeLayers()) id->add_moe_layers(L);
+  id->set_num_experts(cfg_.num_experts);
+  id->set_top_k(cfg_.top_k);
+  id->set_moe_intermediate_size(cfg_.moe_intermediate_size);
+  id->set_bits(cfg_.bits);
+}
+
+grpc::Status MoeRouterService::Describe(grpc::ServerContext*, const pb::RouterDescribeRequest*,
+                                        pb::RouterDescribeResponse* resp) {
+  FillIdentity(resp->mutable_model());
+  auto p = pool();
+  if (p) {
+    for (int i = 0; i < p->num_workers(); ++i) {
+      const WorkerConn& w = p->worker(i);
+      pb::WorkerInfo* wi = resp->add_workers();
+      wi->set_name(w.name());
+      wi->set_address(w.address());
+      wi->set_up(w.up());
+      wi->set_backend(w.backend());
+      wi->set_device(w.device());
+      for (int L = 0; L < cfg_.num_hidden_layers; ++L) {
+        if (w.spec().experts[L].empty()) continue;
+        pb::LayerExperts* le = wi->add_experts();
+        le->set_layer(L);
+        for (int e : w.spec().experts[L]) le->add_experts(e);
+      }
+    }
+    resp->set_unserved_experts(p->UnservedExperts());
+  }
+  resp->mutable_versions()->set_server("0.1.0");
+  resp->mutable_versions()->set_protocol("exl3serve.v1");
+  resp->mutable_versions()->set_grpc(grpc::Version());
+  resp->set_state(draining_ ? pb::STATE_DRAINING
+                  : (p && p->UnservedExperts() == 0) ? pb::STATE_SERVING
+                                                     : pb::STATE_LOADING);
+  return grpc::Status::OK;
+}
+
+grpc::Status MoeRouterService::Forward(
+    grpc::ServerContext* ctx,
+    grpc::ServerReaderWriter<pb::MoeLayerResponse, pb::MoeLayerRequest>* rw) {
+  auto s = std::make_shared<StreamState>();
+  s->rw = rw;
+  pb::MoeLayerRequest req;
+  while (rw->Read(&req)) Handle(s, req);
+  if (ctx->IsCancelled()) {
+    // Nobody is left to answer: end this stream's requests now.
+    s->cancelled = true;
+    std::vector<std::shared_ptr<LayerCall>> calls;
+    {
+      std::lock_guard<std::mutex> l(s->mu);
+      for (auto& [id, c] : s->inflight) calls.push_back(c);
+    }
+    for (auto& c : calls) Complete(c, absl::CancelledError("the client cancelled the stream"));
+  }
+  std::unique_lock<std::mutex> l(s->mu);
+  s->cv.wait(l, [&] { return s->inflight.empty() && s->writers == 0; });
+  return grpc::Status::OK;
+}
+
+void MoeRouterService::Handle(const std::shared_ptr<StreamState>& s, pb::MoeLayerRequest& req) {
+  const Clock::time_point t0 = Clock::now();
+  auto reject = [&](const absl::Status& st) {
+    pb::MoeLayerResponse r;
+    r.set_id(req.id());
+    r.set_layer(req.layer());
+    svc::SetRequestStatus(st, r.mutable_status());
+    r.mutable_timings()->set_total_us(Micros(t0, Clock::now()));
+    if (metrics_) metrics_->Error(svc::StatusCodeName(st.code()));
+    s->Write(r);
+  };
+  if (draining_) return reject(absl::UnavailableError("router is draining (shutting down)"));
+  auto c = std::make_shared<LayerCall>();
+  c->stream = s;
+  c->id = req.id();
+  c->layer = req.layer();
+  c->t_start = t0;
+  {
+    std::unique_lock<std::mutex> l(s->mu);
+    if (s->inflight.count(req.id())) {
+      l.unlock();
+      return reject(absl::InvalidArgumentError(
+          absl::StrCat("duplicate in-flight id ", req.id(), " on this stream")));
+    }
+    if (in_flight_.load() >= opt_.max_in_flight) {
+      l.unlock();
+      return reject(absl::ResourceExhaustedError(absl::StrCat(
+          "router has ", opt_.max_in_flight, " layer requests in flight (--max-in-flight)")));
+    }
+    s->inflight[req.id()] = c;
+    in_flight_.fetch_add(1);
+  }
+  if (metrics_) metrics_->in_flight().Increment();
+  c->pool = pool();
+
+  absl::Status st = Route(req, *c);
+  if (!st.ok()) return Complete(c, st);
+  c->t_gate_end = Clock::now();
+  if (metrics_) metrics_->ObserveStage(c->layer, Stage::kGate, Secs(t0, c->t_gate_end));
+
+  if (req.timeout_us() > 0 || opt_.default_deadline_ms > 0) {
+    c->has_deadline = true;
+    c->deadline = t0 + (req.timeout_us() > 0
+                            ? std::chrono::microseconds(req.timeout_us())
+                            : std::chrono::microseconds(opt_.default_deadline_ms * 1000));
+    std::weak_ptr<LayerCall> weak = c;
+    const uint64_t budget_ms = Micros(t0, c->deadline) / 1000;
+    timer_.At(c->deadline, [this, weak, budget_ms] {
+      if (auto cc = weak.lock()) {
+        std::string waiting;
+        {
+          std::lock_guard<std::mutex> l(cc->mu);
+          if (cc->done) return;
+          std::vector<std::string> names;
+          if (cc->pool) {
+            for (int w : cc->fanout) names.push_back(cc->pool->worker(w).name());
+          }
+          waiting = absl::StrJoin(names, ", ");
+        }
+        Complete(cc, absl::DeadlineExceededError(absl::StrCat(
+                         "layer ", cc->layer, " request ", cc->id, " exceeded its deadline of ",
+                         budget_ms, " ms (workers involved: ", waiting.empty() ? "none" : waiting,
+                         ")")));
+      }
+    });
+  }
+
+  c->acc.assign(static_cast<size_t>(c->T) * c->H, 0.0f);
+  {
+    const size_t n = static_cast<size_t>(c->T) * c->k;
+    std::vector<int32_t> rows(n);
+    for (size_t i = 0; i < n; ++i) rows[i] = static_cast<int32_t>(i / c->k);
+    Dispatch(c, std::move(rows), c->ids, c->w);
+  }
+  c->t_dispatch_end = Clock::now();
+  if (metrics_) {
+    metrics_->ObserveStage(c->layer, Stage::kDispatch, Secs(c->t_gate_end, c->t_dispatch_end));
+  }
+
+  // The shared expert runs here while the workers compute.
+  if (c->include_shared && opt_.shared_expert_local) {
+    absl::StatusOr<MoeLayerView> view = model_.LayerView(c->layer);
+    if (view.ok() && view->shared != nullptr) {
+      std::vector<float> y(c->acc.size());
+      const MoeAssignments none = MoeAssignments::Fixed(static_cast<int>(c->T), 0, nullptr, nullptr);
+      absl::Status ss = MoeForwardReference(*view, c->x.data(), none, true, y.data());
+      if (!ss.ok()) return Complete(c, absl::InternalError(absl::StrCat("shared expert: ", ss.message())));
+      std::lock_guard<std::mutex> l(c->mu);
+      for (size_t i = 0; i < y.size(); ++i) c->acc[i] += y[i];
+    }
+  }
+  PartDone(c);
+}
+
+absl::Status MoeRouterService::Route(const pb::MoeLayerRequest& req, LayerCall& c) {
+  if (!cfg_.IsMoeLayer(req.layer())) {
+    const std::vector<int> ml = cfg_.MoeLayers();
+    return absl::NotFoundError(absl::StrCat(
+        "layer ", req.layer(), " is not an MoE layer of this model (MoE layers: ",
+        FormatIndexRanges(std::vector<int32_t>(ml.begin(), ml.end())), ")"));
+  }
+  if (!req.has_hidden()) return absl::InvalidArgumentError("empty request: no hidden tensor");
+  pb::DType out;
+  absl::Status st = svc::ResolveOutputDType(req.output_dtype(), "output_dtype", &out);
+  if (!st.ok()) return st;
+  c.out_dtype = out;
+  int64_t T = 0;
+  st = svc::DecodeMatrix(req.hidden(), "hidden", cfg_.hidden_size, &c.x, &T);
+  if (!st.ok()) return st;
+  if (T > opt_.max_tokens) {
+    return absl::ResourceExhaustedError(absl::StrCat("request has ", T, " tokens; the router accepts at most ",
+                                                     opt_.max_tokens, " (--max-tokens)"));
+  }
+  c.T = T;
+  c.H = cfg_.hidden_size;
+  c.in_dtype = req.hidden().dtype();
+  c.row_bytes = static_cast<size_t>(c.H) * svc::WireDTypeSize(c.in_dtype);
+  c.hidden = req.hidden().data();
+  c.include_shared = req.include_shared_expert();
+
+  const int L = req.layer();
+  const int E = cfg_.num_experts;
+  const bool has_logits = req.has_router_logits();
+  const bool has_topk = req.has_topk();
+  const bool has_tokens = req.token_ids_size() > 0;
+  if (static_cast<int>(has_logits) + has_topk + has_tokens > 1) {
+    return absl::InvalidArgumentError("give at most one of router_logits, topk and token_ids");
+  }
+  if (has_topk) {
+    const pb::TopK& tk = req.topk();
+    if (tk.k() < 1 || tk.k() > std::min(E, 64)) {
+      return absl::InvalidArgumentError(absl::StrCat("topk.k is ", tk.k(), ", not in 1..", std::min(E, 64)));
+    }
+    const int64_t n = T * tk.k();
+    if (tk.ids_size() != n || tk.weights_size() != n) {
+      return absl::InvalidArgumentError(absl::StrCat("topk.ids and topk.weights must have T*k = ", n,
+                                                     " entries (have ", tk.ids_size(), " and ",
+                                                     tk.weights_size(), ")"));
+    }
+    c.k = tk.k();
+    c.ids.assign(tk.ids().begin(), tk.ids().end());
+    c.w.assign(tk.weights().begin(), tk.weights().end());
+    for (int64_t t = 0; t < T; ++t) {
+      for (int j = 0; j < c.k; ++j) {
+        const int32_t e = c.ids[t * c.k + j];
+        if (e < 0 || e >= E) {
+          return absl::InvalidArgumentError(absl::StrCat("topk.ids[", t, ", ", j, "] = ", e,
+                                                         " is not an expert (0..", E - 1, ")"));
+        }
+        for (int j2 = 0; j2 < j; ++j2) {
+          if (c.ids[t * c.k + j2] == e) {
+            return absl::InvalidArgumentError(absl::StrCat("topk.ids: expert ", e,
+                                                           " repeated for token ", t));
+          }
+        }
+        if (!std::isfinite(c.w[t * c.k + j])) {
+          return absl::InvalidArgumentError(absl::StrCat("topk.weights[", t, ", ", j, "] is not finite"));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+  c.k = cfg_.top_k;
+  c.ids.resize(static_cast<size_t>(T) * c.k);
+  c.w.resize(static_cast<size_t>(T) * c.k);
+  const float* bias = model_.CorrectionBias(L);
+  if (has_logits) {
+    std::vector<float> logits;
+    int64_t rows = 0;
+    st = svc::DecodeMatrix(req.router_logits(), "router_logits", E, &logits, &rows);
+    if (!st.ok()) return st;
+    if (rows != T) {
+      return absl::InvalidArgumentError(absl::StrCat("router_logits has ", rows, " rows, hidden has ", T));
+    }
+    return RouteFromLogits(cfg_, L, logits.data(), bias, static_cast<int>(T), c.ids.data(), c.w.data());
+  }
+  const float* router_w = model_.RouterWeight(L);
+  if (router_w == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer ", L, ": the router holds no gate weight; send router_logits or topk"));
+  }
+  if (cfg_.IsHashRoutedLayer(L)) {
+    if (!has_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat("layer ", L, " is hash-routed: token_ids required"));
+    }
+    if (req.token_ids_size() != T) {
+      return absl::InvalidArgumentError(absl::StrCat("token_ids has ", req.token_ids_size(),
+                                                     " entries, hidden has ", T, " rows"));
+    }
+    int64_t vocab = 0;
+    const int32_t* table = model_.HashTable(L, &vocab);
+    if (table == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("layer ", L, ": hash table not loaded"));
+    }
+    std::vector<float> logits(static_cast<size_t>(T) * E);
+    ComputeRouterLogits(router_w, c.x.data(), static_cast<int>(T), E, cfg_.hidden_size, logits.data());
+    std::vector<int64_t> tok(req.token_ids().begin(), req.token_ids().end());
+    return RouteHashed(cfg_, L, logits.data(), table, vocab, tok.data(), static_cast<int>(T),
+                       c.ids.data(), c.w.data());
+  }
+  return RouteTokens(cfg_, L, router_w, bias, c.x.data(), static_cast<int>(T), c.ids.data(),
+                     c.w.data());
+}
+
+void MoeRouterService::Dispatch(const std::shared_ptr<LayerCall>& c, std::vector<int32_t> rows,
+                                std::vector<int32_t> experts, std::vector<float> weights) {
+  WorkerPool& pool = *c->pool;
+  std::set<int> failed, already;
+  {
+    std::lock_guard<std::mutex> l(c->mu);
+    if (c->done) return;
+    failed = c->failed_workers;
+    already = c->fanout;
+  }
+  // Choose one worker per distinct expert: least outstanding among the serving holders, preferring
+  // workers this request already uses (fewer sub-requests).
+  std::map<int32_t, int> choice;
+  std::vector<int32_t> missing;
+  for (int32_t e : experts) {
+    if (choice.count(e)) continue;
+    int best = -1;
+    bool best_used = false;
+    for (int wi : pool.Holders(c->layer, e)) {
+      const WorkerConn& w = pool.worker(wi);
+      if (!w.up() || failed.count(wi)) continue;
+      const bool used = already.count(wi) > 0;
+      if (best < 0 || (used && !best_used) ||
+          (used == best_used && w.outstanding() < pool.worker(best).outstanding())) {
+        best = wi;
+        best_used = used;
+      }
+    }
+    if (best < 0) {
+      missing.push_back(e);
+      continue;
+    }
+    choice[e] = best;
+    already.insert(best);
+  }
+  if (!missing.empty()) {
+    std::sort(missing.begin(), missing.end());
+    missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
+    std::string why;
+    {
+      std::lock_guard<std::mutex> l(c->mu);
+      why = c->last_failure;
+    }
+    std::vector<std::string> down;
+    for (int e : missing) {
+      for (int wi : pool.Holders(c->layer, e)) {
+        const std::string n = pool.worker(wi).name();
+        if (std::find(down.begin(), down.end(), n) == down.end()) down.push_back(n);
+      }
+    }
+    return Complete(c, absl::UnavailableError(absl::StrCat(
+                           why.empty() ? "" : why + "; ", "no serving worker holds layer ", c->layer,
+                           " experts ", FormatIndexRanges(missing), " (held by: ",
+                           down.empty() ? "none" : absl::StrJoin(down, ", "), ")")));
+  }
+  // Group by worker: the rows each needs, and per row its (expert, weight) pairs.
+  struct Part {
+    std::vector<int32_t> rows, experts;
+    std::vector<float> weights;
+  };
+  std::map<int, Part> parts;
+  for (size_t i = 0; i < experts.size(); ++i) {
+    Part& p = parts[choice[experts[i]]];
+    p.rows.push_back(rows[i]);
+    p.experts.push_back(experts[i]);
+    p.weights.push_back(weights[i]);
+  }
+  const auto now = Clock::now();
+  for (auto& [wi, p] : parts) {
+    // Distinct rows in order; slots = most pairs of any row.
+    std::vector<int32_t> urows;
+    std::vector<int> count;
+    for (size_t i = 0; i < p.rows.size(); ++i) {
+      if (urows.empty() || urows.back() != p.rows[i]) {
+        auto it = std::find(urows.begin(), urows.end(), p.rows[i]);
+        if (it == urows.end()) {
+          urows.push_back(p.rows[i]);
+          count.push_back(0);
+        }
+      }
+      ++count[std::find(urows.begin(), urows.end(), p.rows[i]) - urows.begin()];
+    }
+    const int S = *std::max_element(count.begin(), count.end());
+    pb::ExpertRequest req;
+    req.set_layer(c->layer);
+    req.set_slots(S);
+    req.set_output_dtype(pb::DTYPE_FP32);
+    pb::Tensor* h = req.mutable_hidden();
+    h->set_dtype(c->in_dtype);
+    h->add_shape(static_cast<int64_t>(urows.size()));
+    h->add_shape(c->H);
+    std::string* data = h->mutable_data();
+    data->resize(urows.size() * c->row_bytes);
+    for (size_t r = 0; r < urows.size(); ++r) {
+      std::memcpy(data->data() + r * c->row_bytes, c->hidden.data() + urows[r] * c->row_bytes,
+                  c->row_bytes);
+    }
+    std::vector<int32_t> ids(urows.size() * S, -1);
+    std::vector<float> ws(urows.size() * S, 0.0f);
+    std::vector<int> fill(urows.size(), 0);
+    for (size_t i = 0; i < p.rows.size(); ++i) {
+      const size_t r = std::find(urows.begin(), urows.end(), p.rows[i]) - urows.begin();
+      ids[r * S + fill[r]] = p.experts[i];
+      ws[r * S + fill[r]] = p.weights[i];
+      ++fill[r];
+    }
+    *req.mutable_expert_ids() = {ids.begin(), ids.end()};
+    *req.mutable_expert_weights() = {ws.begin(), ws.end()};
+    if (c->has_deadline) {
+      if (c->deadline <= now) {
+        return Complete(c, absl::DeadlineExceededError(absl::StrCat(
+                               "layer ", c->layer, " request ", c->id, ": deadline passed")));
+      }
+      req.set_timeout_us(std::max<uint64_t>(1, Micros(now, c->deadline)));
+    }
+    {
+      std::lock_guard<std::mutex> l(c->mu);
+      if (c->done) return;
+      ++c->outstanding;
+      if (c->fanout.empty()) c->t_first_send = now;
+      c->fanout.insert(wi);
+    }
+    const size_t bytes = req.ByteSizeLong();
+    auto prows = std::make_shared<Part>(std::move(p));
+    std::shared_ptr<LayerCall> cc = c;
+    absl::Status st = pool.worker(wi).Send(
+        &req, bytes, [this, cc, wi, prows](absl::Status s, pb::ExpertResponse* resp) {
+          OnPart(cc, wi, std::move(prows->rows), std::move(prows->experts),
+                 std::move(prows->weights), s, resp);
+        });
+    if (!st.ok()) {
+      OnPart(c, wi, std::move(prows->rows), std::move(prows->experts), std::move(prows->weights),
+             st, nullptr);
+    }
+  }
+}
+
+void MoeRouterService::OnPart(const std::shared_ptr<LayerCall>& c, int wi,
+                              std::vector<int32_t> rows, std::vector<int32_t> experts,
+                              std::vector<float> weights, absl::Status st,
+                              pb::ExpertResponse* resp) {
+  const WorkerConn& w = c->pool->worker(wi);
+  if (st.ok() && resp->status().code() == pb::OK) {
+    // Distinct rows in the order they were sent.
+    std::vector<int32_t> urows;
+    for (int32_t r : rows) {
+      if (std::find(urows.begin(), urows.end(), r) == urows.end()) urows.push_back(r);
+    }
+    absl::Status v = svc::ValidateTensor(resp->output(), "worker output",
+                                         {static_cast<int64_t>(urows.size()), c->H});
+    std::vector<float> out(urows.size() * c->H);
+    if (v.ok()) v = svc::TensorToFloat(resp->output(), "worker output", false, out.data());
+    if (!v.ok()) {
+      return Complete(c, absl::InternalError(absl::StrCat("worker ", w.name(), " sent a bad answer: ",
+                                                          v.message())));
+    }
+    {
+      std::lock_guard<std::mutex> l(c->mu);
+      if (c->done) return;
+      for (size_t r = 0; r < urows.size(); ++r) {
+        float* dst = c->acc.data() + static_cast<size_t>(urows[r]) * c->H;
+        const float* src = out.data() + r * c->H;
+        for (int i = 0; i < c->H; ++i) dst[i] += src[i];
+      }
+      c->t_last_answer = Clock::now();
+    }
+    return PartDone(c);
+  }
+  absl::Status err = st.ok() ? svc::FromRequestStatus(resp->status()) : st;
+  const absl::StatusCode code = err.code();
+  const bool retryable = code == absl::StatusCode::kUnavailable ||
+                         code == absl::StatusCode::kResourceExhausted ||
+                         code == absl::StatusCode::kCancelled || code == absl::StatusCode::kAborted;
+  if (!retryable) {
+    if (code == absl::StatusCode::kDeadlineExceeded) {
+      return Complete(c, absl::DeadlineExceededError(absl::StrCat(
+                             "layer ", c->layer, " request ", c->id, ": worker ", w.name(), ": ",
+                             err.message())));
+    }
+    return Complete(c, absl::Status(code, absl::StrCat("worker ", w.name(), ": ", err.message())));
+  }
+  if (c->has_deadline && Clock::now() >= c->deadline) {
+    return Complete(c, absl::DeadlineExceededError(absl::StrCat(
+                           "layer ", c->layer, " request ", c->id, ": worker ", w.name(),
+                           " failed and the deadline passed: ", err.message())));
+  }
+  {
+    std::lock_guard<std::mutex> l(c->mu);
+    if (c->done) return;
+    c->failed_workers.insert(wi);
+    std::vector<int32_t> ex = experts;
+    std::sort(ex.begin(), ex.end());
+    ex.erase(std::unique(ex.begin(), ex.end()), ex.end());
+    c->last_failure = absl::StrCat("worker ", w.name(), " (", w.address(), ") failed with layer ",
+                                   c->layer, " experts ", FormatIndexRanges(ex), ": ",
+                                   err.message());
+  }
+  if (metrics_) metrics_->Failover(w.name());
+  Dispatch(c, std::move(rows), std::move(experts), std::move(weights));
+  PartDone(c);
+}
+
+void MoeRouterService::PartDone(const std::shared_ptr<LayerCall>& c) {
+  {
+    std::lock_guard<std::mutex> l(c->mu);
+    if (c->done || --c->outstanding > 0) return;
+  }
+  Complete(c, absl::OkStatus());
+}
+
+void MoeRouterService::Complete(const std::shared_ptr<LayerCall>& c, const absl::Status& st) {
+  {
+    std::lock_guard<std::mutex> l(c->mu);
+    if (c->done) return;
+    c->done = true;
+  }
+  const Clock::time_point t_combine = Clock::now();
+  pb::MoeLayerResponse r;
+  r.set_id(c->id);
+  r.set_layer(c->layer);
+  svc::SetRequestStatus(st, r.mutable_status());
+  pb::RouterTimings* tm = r.mutable_timings();
+  if (st.ok()) {
+    svc::EncodeTensor(c->acc.data(), {c->T, c->H}, c->out_dtype, r.mutable_output());
+    pb::TopK* tk = r.mutable_topk();
+    tk->set_k(c->k);
+    *tk->mutable_ids() = {c->ids.begin(), c->ids.end()};
+    *tk->mutable_weights() = {c->w.begin(), c->w.end()};
+    tm->set_gate_us(Micros(c->t_start, c->t_gate_end));
+    tm->set_dispatch_us(Micros(c->t_gate_end, c->t_dispatch_end));
+    if (!c->fanout.empty()) tm->set_workers_us(Micros(c->t_first_send, c->t_last_answer));
+    tm->set_fanout(static_cast<uint32_t>(c->fanout.size()));
+  }
+  const Clock::time_point t_end = Clock::now();
+  tm->set_combine_us(Micros(t_combine, t_end));
+  tm->set_total_us(Micros(c->t_start, t_end));
+  // Leave `inflight` before writing, so the client may reuse the id as soon as it reads the
+  // answer; `writers` keeps the stream (and its ServerReaderWriter) alive until the write ends.
+  {
+    std::lock_guard<std::mutex> l(c->stream->mu);
+    c->stream->inflight.erase(c->id);
+    ++c->stream->writers;
+  }
+  c->stream->Write(r);
+  {
+    std::lock_guard<std::mutex> l(c->stream->mu);
+    --c->stream->writers;
+  }
+  c->stream->cv.notify_all();
+  if (metrics_) {
+    if (st.ok()) {
+      metrics_->RequestOk(c->layer, static_cast<int>(c->T));
+      metrics_->Fanout(static_cast<int>(c->fanout.size()));
+      if (!c->fanout.empty()) {
+        metrics_->ObserveStage(c->layer, Stage::kWorkers, Secs(c->t_first_send, c->t_last_answer));
+      }
+      metrics_->ObserveStage(c->layer, Stage::kCombine, Secs(t_combine, t_end));
+      metrics_->ObserveStage(c->layer, Stage::kTotal, Secs(c->t_start, t_end));
+    } else {
+      metrics_->Error(svc::StatusCodeName(st.code()));
+    }
+    metrics_->in_flight().Decrement();
+  }
+  if (in_flight_.fetch_sub(1) == 1) {
+    std::lock_guard<std::mutex> l(idle_mu_);
+    idle_cv_.notify_all();
+  }
+}
+
+}  // namespace exl3::router

@@ -1,0 +1,99 @@
+// The MoeRouter service: per MoE layer request, gate (or take the caller's logits/top-k), fan out
+// to the workers owning the chosen experts (only the tokens each needs, with their local
+// (expert, weight) pairs), combine the partial sums in fp32, add the shared expert, answer.
+//
+// Many requests are in flight per stream and answered as they complete. A request fails alone
+// (in-band status); a worker that fails mid-request has its share re-sent to a replica within
+// the request's deadline. See docs/expert-map.md and services/router/README.md.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "exl3serve/v1/exl3serve.grpc.pb.h"
+#include "model/exl3_model.h"
+#include "services/router/router_metrics.h"
+#include "services/router/worker_pool.h"
+
+namespace exl3::router {
+
+struct RouterOptions {
+  bool shared_expert_local = true;  // run the shared expert on the router's CPU
+  int64_t default_deadline_ms = 10000;  // for requests with timeout_us == 0 (0: none)
+  int max_in_flight = 1024;             // layer requests across all streams
+  int64_t max_tokens = 65536;           // per request
+};
+
+// Runs callbacks at deadlines on one thread.
+class DeadlineTimer {
+ public:
+  DeadlineTimer();
+  ~DeadlineTimer();
+  void At(std::chrono::steady_clock::time_point when, std::function<void()> fn);
+
+ private:
+  void Run();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::multimap<std::chrono::steady_clock::time_point, std::function<void()>> q_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+struct LayerCall;
+struct StreamState;
+
+class MoeRouterService final : public pb::MoeRouter::Service {
+ public:
+  MoeRouterService(const Exl3Model& model, const RouterOptions& opt, RouterMetrics* metrics);
+  ~MoeRouterService() override;
+
+  void SetPool(std::shared_ptr<WorkerPool> pool);
+  std::shared_ptr<WorkerPool> pool() const;
+  // New requests are refused with UNAVAILABLE; in-flight ones go on.
+  void StartDrain() { draining_ = true; }
+  int in_flight() const { return in_flight_.load(); }
+  // Waits until no request is in flight or the timeout passes; true when idle.
+  bool WaitIdle(std::chrono::milliseconds timeout);
+
+  grpc::Status Forward(grpc::ServerContext* ctx,
+                       grpc::ServerReaderWriter<pb::MoeLayerResponse, pb::MoeLayerRequest>* rw)
+      override;
+  grpc::Status Describe(grpc::ServerContext* ctx, const pb::RouterDescribeRequest* req,
+                        pb::RouterDescribeResponse* resp) override;
+
+  void FillIdentity(pb::ModelIdentity* id) const;
+
+ private:
+  void Handle(const std::shared_ptr<StreamState>& s, pb::MoeLayerRequest& req);
+  absl::Status Route(const pb::MoeLayerRequest& req, LayerCall& c);
+  // Groups (row, expert, weight) triples by chosen worker and sends; failures fail over.
+  void Dispatch(const std::shared_ptr<LayerCall>& c, std::vector<int32_t> rows,
+                std::vector<int32_t> experts, std::vector<float> weights);
+  void OnPart(const std::shared_ptr<LayerCall>& c, int worker, std::vector<int32_t> rows,
+              std::vector<int32_t> experts, std::vector<float> weights, absl::Status st,
+              pb::ExpertResponse* resp);
+  void PartDone(const std::shared_ptr<LayerCall>& c);
+  void Complete(const std::shared_ptr<LayerCall>& c, const absl::Status& st);
+
+  const Exl3Model& model_;
+  const MoeConfig& cfg_;
+  const RouterOptions opt_;
+  RouterMetrics* metrics_;
+  mutable std::mutex pool_mu_;
+  std::shared_ptr<WorkerPool> pool_;
+  std::atomic<bool> draining_{false};
+  std::atomic<int> in_flight_{0};
+  std::mutex idle_mu_;
+  std::condition_variable idle_cv_;
+  DeadlineTimer timer_;
+};
+
+}  // namespace exl3::router

@@ -1,0 +1,130 @@
+// The router's connections to its expert workers: one persistent channel and one long-lived
+// ExpertWorker.Forward stream per worker, followed by the gRPC health Watch, re-established with
+// exponential backoff plus jitter, and checked with Describe (model fingerprint, experts held)
+// before any work is sent.
+//
+//   WorkerPool::Options opt; opt.fingerprint = model.fingerprint(); opt.on_change = [&]{...};
+//   auto pool = WorkerPool::Create(map, cfg, opt, /*reuse=*/nullptr, &metrics);
+//   const std::vector<int>& who = pool->Holders(layer, expert);   // indices into workers
+//   pool->worker(i).Send(request, [](absl::Status s, ExpertResponse* r) {...});
+//
+// A worker is "up" while its Describe matched, its health is SERVING and its Forward stream is
+// open. When the stream breaks, every sub-request in flight on it gets its callback with
+// UNAVAILABLE (the router then fails over).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "exl3serve/v1/exl3serve.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "model/expert_map.h"
+#include "model/moe_config.h"
+#include "services/common/server.h"
+
+namespace exl3::router {
+
+namespace pb = ::exl3serve::v1;
+
+class RouterMetrics;
+
+// Called exactly once per accepted sub-request: OK with the worker's response (whose in-band
+// status may still be an error), or UNAVAILABLE when the stream broke before the answer came.
+using SubCallback = std::function<void(absl::Status, pb::ExpertResponse*)>;
+
+struct WorkerPoolOptions {
+  std::string fingerprint;  // the router's model; empty: not checked
+  svc::ClientTls tls;
+  int max_message_bytes = 64 << 20;
+  int backoff_initial_ms = 100;
+  int backoff_max_ms = 2000;
+  std::function<void()> on_change;  // any worker's up state changed
+};
+
+class WorkerConn {
+ public:
+  WorkerConn(const ExpertMapWorker& w, const MoeConfig& cfg, const WorkerPoolOptions& opt,
+             RouterMetrics* metrics);
+  ~WorkerConn();
+  void Start();
+  void Stop();
+
+  // Sends `req` (its id is overwritten). On OK, `cb` will be called exactly once, from another
+  // thread. On error (worker not up, write failed) `cb` is not called.
+  absl::Status Send(pb::ExpertRequest* req, size_t request_bytes, SubCallback cb);
+
+  const std::string& name() const { return spec_.name; }
+  const std::string& address() const { return spec_.address; }
+  const ExpertMapWorker& spec() const { return spec_; }
+  bool up() const { return up_.load(); }
+  int outstanding() const { return outstanding_.load(); }
+  std::string state_message() const;  // why it is not up, or "" while up
+  std::string backend() const;
+  std::string device() const;
+
+ private:
+  struct Session;
+  void Supervise();
+  absl::Status RunSession();
+  void ReadLoop(std::shared_ptr<Session> s);
+  void SetUp(bool up, const std::string& why);
+  absl::Status CheckDescribe(const pb::DescribeResponse& d) const;
+
+  const ExpertMapWorker spec_;
+  const MoeConfig& cfg_;
+  const WorkerPoolOptions opt_;
+  RouterMetrics* metrics_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<pb::ExpertWorker::Stub> stub_;
+
+  std::atomic<bool> up_{false};
+  std::atomic<int> outstanding_{0};
+  std::atomic<bool> stop_{false};
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::shared_ptr<Session> session_;                 // guarded by mu_
+  std::shared_ptr<grpc::ClientContext> watch_ctx_;   // guarded by mu_
+  std::string why_down_ = "not connected yet";       // guarded by mu_
+  std::string backend_, device_;                     // guarded by mu_
+  std::thread supervisor_;
+};
+
+class WorkerPool {
+ public:
+  // Connections whose name, address and experts are unchanged are taken over from `reuse`
+  // (SIGHUP reload); the others are new and started here.
+  static std::shared_ptr<WorkerPool> Create(const ExpertMap& map, const MoeConfig& cfg,
+                                            const WorkerPoolOptions& opt,
+                                            const WorkerPool* reuse, RouterMetrics* metrics);
+  ~WorkerPool();
+
+  int num_workers() const { return static_cast<int>(workers_.size()); }
+  WorkerConn& worker(int i) const { return *workers_[i]; }
+  std::shared_ptr<WorkerConn> worker_ptr(int i) const { return workers_[i]; }
+  // Workers holding (layer, expert), in map order.
+  const std::vector<int>& Holders(int layer, int expert) const {
+    return holders_[layer][expert];
+  }
+  // Routed experts (all layers) without any up worker.
+  int UnservedExperts() const;
+  // Stops the connections not shared with `next` (after a reload swapped pools).
+  void StopUnshared(const WorkerPool& next);
+
+ private:
+  WorkerPool() = default;
+  std::vector<std::shared_ptr<WorkerConn>> workers_;
+  std::vector<std::vector<std::vector<int>>> holders_;  // [layer][expert] -> worker indices
+  std::vector<int> moe_layers_;
+  int num_experts_ = 0;
+};
+
+}  // namespace exl3::router
