@@ -1,0 +1,261 @@
+#include "model/encoder/trellis_encoder.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <thread>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define EXL3_ENCODER_X86 1
+#endif
+
+namespace exl3 {
+namespace {
+
+constexpr float kBig = 1e30f;  // cost of states excluded by the tail-biting constraint
+constexpr int kPad = 8;  // m_ is read 8 floats at a time from any overlap index
+
+// One Viterbi step, portable version. For every overlap value r (low 16-K bits of the new
+// state s = (h << (16-K)) | r): m_next[r] = min over h of m[s >> K] + (x - cb[s])^2, and the
+// argmin h goes to bp (when recording). While recording, the low 8 mantissa bits of each
+// candidate cost are replaced by h, so that one integer min over the (positive) float bit
+// patterns yields min and argmin together: it costs a relative 2^-15 of precision per step,
+// which changes nothing measurable in the result, and keeps the SIMD loop free of blends.
+void StepScalar(const float* m, float* m_next, uint8_t* bp, const float* cb, float x, int K,
+                int R) {
+  const int H = 1 << K, shift = 16 - K;
+  for (int r = 0; r < R; ++r) {
+    uint32_t best = 0x7f800000u;  // +inf
+    for (int h = 0; h < H; ++h) {
+      const int s = (h << shift) | r;
+      const float d = x - cb[s];
+      const float c = m[s >> K] + d * d;
+      uint32_t ci;
+      std::memcpy(&ci, &c, 4);
+      if (bp) ci = (ci & ~0xffu) | static_cast<uint32_t>(h);
+      best = std::min(best, ci);
+    }
+    std::memcpy(&m_next[r], &best, 4);
+    if (bp) bp[r] = static_cast<uint8_t>(best & 0xffu);
+  }
+}
+
+#ifdef EXL3_ENCODER_X86
+// AVX2 version: kU groups of 8 consecutive overlap values at a time (independent dependency
+// chains). The incoming costs of the 8 states s..s+7 are m[(s >> K) + (i >> K)], i = 0..7:
+// one unaligned load and a lane permute for K < 3, a broadcast for K >= 3. The argmin rides in
+// the low 8 mantissa bits of the cost (see kArgBits), so a plain integer min does min+argmin.
+template <bool kRecord, bool kBroadcast>
+__attribute__((target("avx2,fma"))) void StepAvx2(const float* m, float* m_next, uint8_t* bp,
+                                              const float* cb, float x, int K, int R) {
+  constexpr int kU = 4;
+  const int H = 1 << K, shift = 16 - K;
+  const __m256 vx = _mm256_set1_ps(x);
+  const __m256i idx = _mm256_setr_epi32(0 >> K, 1 >> K, 2 >> K, 3 >> K, 4 >> K, 5 >> K,
+                                        6 >> K, 7 >> K);
+  const __m256i clear = _mm256_set1_epi32(~0xff);
+  const __m256i one = _mm256_set1_epi32(1);
+  for (int r = 0; r < R; r += 8 * kU) {  // R >= 256
+    __m256i best[kU];
+    for (int u = 0; u < kU; ++u) best[u] = _mm256_set1_epi32(0x7f800000);
+    __m256i hv = _mm256_setzero_si256();
+    for (int h = 0; h < H; ++h) {
+      const int s0 = (h << shift) | r;
+      for (int u = 0; u < kU; ++u) {
+        const int s = s0 + 8 * u;
+        __m256 mv;
+        if constexpr (kBroadcast) mv = _mm256_broadcast_ss(m + (s >> K));
+        else mv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(m + (s >> K)), idx);
+        const __m256 d = _mm256_sub_ps(vx, _mm256_loadu_ps(cb + s));
+        const __m256 c = _mm256_fmadd_ps(d, d, mv);
+        if constexpr (kRecord) {
+          const __m256i ci = _mm256_or_si256(_mm256_and_si256(_mm256_castps_si256(c), clear), hv);
+          best[u] = _mm256_min_epi32(best[u], ci);
+        } else {
+          best[u] = _mm256_min_epi32(best[u], _mm256_castps_si256(c));
+        }
+      }
+      if constexpr (kRecord) hv = _mm256_add_epi32(hv, one);
+    }
+    for (int u = 0; u < kU; ++u) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(m_next + r + 8 * u), best[u]);
+      if constexpr (kRecord) {
+        const __m256i a = _mm256_and_si256(best[u], _mm256_set1_epi32(0xff));
+        const __m128i p16 =
+            _mm_packus_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(bp + r + 8 * u), _mm_packus_epi16(p16, p16));
+      }
+    }
+  }
+}
+
+bool CpuHasAvx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#endif
+
+}  // namespace
+
+TileEncoder::TileEncoder(int K, Codebook cb, bool allow_simd)
+    : K_(K), cb_(cb), table_(CodebookTable(cb)), R_(1 << (16 - K)) {
+  m_.assign(R_ + kPad, 0.0f);
+  m_next_.assign(R_ + kPad, 0.0f);
+  bp_.resize(static_cast<size_t>(kTileElems) * R_);
+#ifdef EXL3_ENCODER_X86
+  use_avx2_ = allow_simd && CpuHasAvx2();
+  // Pass 1's half-window: at low K the path's memory is long (the state holds 16/K elements), at
+  // high K short; these were chosen on the quality table (bench/results/encoder.md).
+  window_ = K <= 5 ? 128 : 32;
+  if (const char* w = std::getenv("EXL3_ENCODER_WINDOW")) window_ = std::clamp(std::atoi(w), 8, 128);
+#else
+  use_avx2_ = false;
+#endif
+}
+
+TileEncoder::~TileEncoder() = default;
+
+void TileEncoder::Pass(const float* x, int num, bool record) {
+  for (int i = 0; i < num; ++i) {
+    uint8_t* bp = record ? bp_.data() + static_cast<size_t>(i) * R_ : nullptr;
+#ifdef EXL3_ENCODER_X86
+    if (use_avx2_) {
+      const bool bc = K_ >= 3;
+      if (record && bc) StepAvx2<true, true>(m_.data(), m_next_.data(), bp, table_, x[i], K_, R_);
+      else if (record) StepAvx2<true, false>(m_.data(), m_next_.data(), bp, table_, x[i], K_, R_);
+      else if (bc) StepAvx2<false, true>(m_.data(), m_next_.data(), bp, table_, x[i], K_, R_);
+      else StepAvx2<false, false>(m_.data(), m_next_.data(), bp, table_, x[i], K_, R_);
+    } else {
+      StepScalar(m_.data(), m_next_.data(), bp, table_, x[i], K_, R_);
+    }
+#else
+    StepScalar(m_.data(), m_next_.data(), bp, table_, x[i], K_, R_);
+#endif
+    std::swap(m_, m_next_);
+  }
+}
+
+void TileEncoder::Backtrack(int num, uint32_t last_state, uint32_t* states) const {
+  const int shift = 16 - K_;
+  states[num - 1] = last_state;
+  for (int i = num - 1; i > 0; --i) {
+    const uint32_t r = states[i] >> K_;
+    states[i - 1] = (static_cast<uint32_t>(bp_[static_cast<size_t>(i - 1) * R_ + r]) << shift) | r;
+  }
+}
+
+double TileEncoder::Encode(const float* x_stream, uint16_t* words, float* decoded) {
+  const int shift = 16 - K_;
+  const uint32_t low_mask = static_cast<uint32_t>(R_ - 1);
+  uint32_t states[kTileElems];
+
+  // Pass 1: a window of the tile rotated so that the wrap point sits in its middle (elements
+  // 256-W..255 then 0..W-1), free at both ends; the state it picks at element 255 gives the
+  // overlap. Far elements hardly influence the path at the wrap point, so W < 128 costs little.
+  const int W = window_;
+  float rotated[kTileElems];
+  std::memcpy(rotated, x_stream + kTileElems - W, sizeof(float) * W);
+  std::memcpy(rotated + W, x_stream, sizeof(float) * W);
+  std::fill(m_.begin(), m_.end(), 0.0f);
+  Pass(rotated, 2 * W, /*record=*/true);
+  const uint32_t end_r =
+      static_cast<uint32_t>(std::min_element(m_.begin(), m_.begin() + R_) - m_.begin());
+  Backtrack(2 * W,
+            (static_cast<uint32_t>(bp_[(2 * W - 1) * static_cast<size_t>(R_) + end_r]) << shift) |
+                end_r,
+            states);
+  const uint32_t overlap = states[W - 1] & low_mask;  // rotated index W-1 is element 255
+
+  // Pass 2: elements 0..255 with the overlap bits fixed at the wrap point on both sides.
+  std::fill(m_.begin(), m_.end(), kBig);
+  m_[overlap] = 0.0f;
+  Pass(x_stream, kTileElems, /*record=*/true);
+  const uint32_t last =
+      (static_cast<uint32_t>(bp_[(kTileElems - 1) * static_cast<size_t>(R_) + overlap]) << shift) |
+      overlap;
+  Backtrack(kTileElems, last, states);
+
+  PackTileStates(states, K_, words);
+  double err = 0.0;
+  for (int e = 0; e < kTileElems; ++e) {
+    const float v = table_[states[e]];
+    if (decoded) decoded[e] = v;
+    const double d = static_cast<double>(x_stream[e]) - v;
+    err += d * d;
+  }
+  return err;
+}
+
+void PackTileStates(const uint32_t* states, int K, uint16_t* words) {
+  // Element e contributes its state's low K bits as stream bits eK .. eK+K-1 (first bit most
+  // significant); stream bit b is bit 31 - (b % 32) of u32[b / 32].
+  uint32_t u32[8 * 8] = {};
+  const uint32_t kmask = (1u << K) - 1;
+  for (int e = 0; e < kTileElems; ++e) {
+    const uint32_t v = states[e] & kmask;
+    const int b = e * K;
+    const int m = b >> 5, off = b & 31;  // first bit lands at bit 31 - off
+    const int top = 32 - off - K;        // shift placing the K bits in word m
+    if (top >= 0) {
+      u32[m] |= v << top;
+    } else {  // straddles into the next word
+      u32[m] |= v >> (-top);
+      u32[m + 1] |= v << (32 + top);
+    }
+  }
+  for (int m = 0; m < 8 * K; ++m) {
+    words[2 * m] = static_cast<uint16_t>(u32[m] & 0xffffu);
+    words[2 * m + 1] = static_cast<uint16_t>(u32[m] >> 16);
+  }
+}
+
+void GatherTileStream(const float* matrix, size_t cols, int tile_row, int tile_col,
+                      float out[kTileElems]) {
+  const float* base = matrix + static_cast<size_t>(tile_row) * kTileSize * cols +
+                      static_cast<size_t>(tile_col) * kTileSize;
+  for (int e = 0; e < kTileElems; ++e) {
+    const TilePos p = StreamElementPosition(e);
+    out[e] = base[static_cast<size_t>(p.row) * cols + p.col];
+  }
+}
+
+void ScatterTileStream(const float in[kTileElems], float* matrix, size_t cols, int tile_row,
+                       int tile_col) {
+  float* base = matrix + static_cast<size_t>(tile_row) * kTileSize * cols +
+                static_cast<size_t>(tile_col) * kTileSize;
+  for (int e = 0; e < kTileElems; ++e) {
+    const TilePos p = StreamElementPosition(e);
+    base[static_cast<size_t>(p.row) * cols + p.col] = in[e];
+  }
+}
+
+double EncodeTiles(const float* x_stream, size_t num_tiles, int K, Codebook cb,
+                   uint16_t* words_out, float* decoded_out, int threads) {
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads = static_cast<int>(std::min<size_t>(threads, std::max<size_t>(num_tiles, 1)));
+  std::atomic<size_t> next{0};
+  std::vector<double> errs(threads, 0.0);
+  auto worker = [&](int t) {
+    TileEncoder enc(K, cb);
+    for (size_t i = next.fetch_add(1); i < num_tiles; i = next.fetch_add(1)) {
+      errs[t] += enc.Encode(x_stream + i * kTileElems, words_out + i * 16 * K,
+                            decoded_out ? decoded_out + i * kTileElems : nullptr);
+    }
+  };
+  if (threads == 1) {
+    worker(0);
+  } else {
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) pool.emplace_back(worker, t);
+    for (auto& th : pool) th.join();
+  }
+  double total = 0.0;
+  for (double e : errs) total += e;
+  return total;
+}
+
+}  // namespace exl3

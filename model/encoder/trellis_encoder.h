@@ -1,0 +1,84 @@
+// Viterbi encoder for EXL3 trellis tiles: 256 values (stream order) -> 16*K int16 words that
+// kernels/trellis_tile.h decodes back to the encoder's chosen values, bit for bit.
+//
+// The trellis: stream element e is decoded from the 16-bit state made of stream bits
+// (e+1)K-16 .. (e+1)K-1, so state_e = ((state_{e-1} << K) | next K bits) & 0xffff, and the
+// stream is cyclic (state_0 continues from state_255: tail-biting). Every state has 2^K
+// predecessors (those whose low 16-K bits equal its high 16-K bits).
+//
+// Encoding a tile is two Viterbi passes over all 65536 states:
+//   1. unconstrained, over a window of the tile rotated so that the wrap-around point 255 -> 0
+//      sits in its middle (elements 256-W..255, 0..W-1; W = 128 for K <= 5, 32 above, where
+//      the path's memory is short); backtracking it gives a well-informed guess of the 16-K
+//      overlap bits at the wrap point;
+//   2. the real pass over elements 0..255 with state_0's high bits and state_255's low bits
+//      both fixed to that overlap (the exact optimum under that constraint).
+// Both passes are AVX2-vectorised (runtime dispatch) with a portable fallback. The environment
+// variable EXL3_ENCODER_WINDOW (8..128) overrides W, for experiments.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kernels/codebook.h"
+#include "kernels/trellis_tile.h"
+
+namespace exl3 {
+
+// Per-thread encoder state (scratch buffers). Not thread-safe; make one per thread.
+class TileEncoder {
+ public:
+  // K in 1..8. allow_simd = false forces the portable path (tests compare the two; they give
+  // bit-identical results).
+  explicit TileEncoder(int K, Codebook cb, bool allow_simd = true);
+  ~TileEncoder();
+  TileEncoder(const TileEncoder&) = delete;
+  TileEncoder& operator=(const TileEncoder&) = delete;
+
+  int bits() const { return K_; }
+  Codebook codebook() const { return cb_; }
+
+  // Encodes 256 values given in stream order into 16*K words (the tile's trellis slice).
+  // If `decoded` is non-null it receives the chosen codebook values in stream order (exactly
+  // what the decoder will produce). Returns the sum of squared errors over the tile.
+  double Encode(const float* x_stream, uint16_t* words, float* decoded = nullptr);
+
+ private:
+  // One pass of the Viterbi recursion over `num` values of `x`, starting from incoming costs
+  // m_ (indexed by the overlap bits); leaves the final incoming costs in m_. With `record`,
+  // stores per step the argmin predecessor (high K bits) for every overlap value into bp_.
+  void Pass(const float* x, int num, bool record);
+  // Walks back through bp_ from the state of the last step; fills states[0..num).
+  void Backtrack(int num, uint32_t last_state, uint32_t* states) const;
+
+  int K_;
+  Codebook cb_;
+  const float* table_;
+  int R_;                     // 2^(16-K): number of overlap values
+  std::vector<float> m_;      // incoming cost per overlap value (+ padding)
+  std::vector<float> m_next_;
+  std::vector<uint8_t> bp_;   // [256][R_] argmin high bits
+  bool use_avx2_;
+  int window_ = 128;           // half-width of pass 1's window around the wrap point
+};
+
+// Packs 256 states (stream order) into 16*K words. The states must be consistent: the high
+// 16-K bits of state e equal the low 16-K bits of state e-1 (cyclically).
+void PackTileStates(const uint32_t* states, int K, uint16_t* words);
+
+// Tile (i, j) of a row-major [rows, cols] matrix, gathered into stream order.
+void GatherTileStream(const float* matrix, size_t cols, int tile_row, int tile_col,
+                      float out[kTileElems]);
+// Scatters a stream-order tile back into a row-major matrix.
+void ScatterTileStream(const float in[kTileElems], float* matrix, size_t cols, int tile_row,
+                       int tile_col);
+
+// Encodes `num_tiles` tiles (each 256 floats in stream order, consecutive) on `threads` threads
+// (0: hardware concurrency). words_out gets 16*K words per tile; decoded_out (optional) the
+// chosen values per tile in stream order. Returns the total squared error.
+double EncodeTiles(const float* x_stream, size_t num_tiles, int K, Codebook cb,
+                   uint16_t* words_out, float* decoded_out, int threads);
+
+}  // namespace exl3

@@ -1,0 +1,171 @@
+// exl3-encoder-bench: quality (MSE on i.i.d. unit Gaussian tiles at the best global scale) and
+// speed (tiles/s per core) of the CPU trellis encoder, printed as Markdown for
+// bench/results/encoder.md. See --help.
+#include <time.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "kernels/codebook.h"
+#include "model/encoder/trellis_encoder.h"
+
+ABSL_FLAG(std::string, bits, "1,2,3,4,5,6,7,8", "comma-separated K values for the quality table");
+ABSL_FLAG(std::string, codebooks, "3inst,mcg,mul1", "comma-separated codebooks");
+ABSL_FLAG(int, tiles, 256, "tiles evaluated at the chosen scale (and its two grid neighbours)");
+ABSL_FLAG(int, high_k_tiles, 128, "tiles used instead of --tiles for K >= 6");
+ABSL_FLAG(int, search_tiles, 24, "tiles used for the scale grid search");
+ABSL_FLAG(int, threads, 0, "encoder threads for the quality table (0: all cores)");
+ABSL_FLAG(int, speed_tiles, 48, "tiles encoded single-threaded for the speed figures");
+ABSL_FLAG(std::string, speed_bits, "2,3,4", "K values for the speed figures (empty: skip)");
+ABSL_FLAG(bool, quality, true, "run the quality table");
+ABSL_FLAG(uint32_t, seed, 12345, "random seed for the Gaussian tiles");
+
+namespace {
+
+// exllamav3's own encoder on an H200 (EXL3_FORMAT.md, "Encoder quality anchor"): [K-1][cb].
+constexpr double kAnchor[8][3] = {
+    {2.684e-1, 2.681e-1, 2.738e-1}, {6.910e-2, 6.875e-2, 6.866e-2},
+    {1.781e-2, 1.747e-2, 1.745e-2}, {4.628e-3, 4.541e-3, 4.468e-3},
+    {1.205e-3, 1.193e-3, 1.149e-3}, {3.197e-4, 3.161e-4, 2.993e-4},
+    {8.522e-5, 8.476e-5, 7.981e-5}, {2.293e-5, 2.294e-5, 2.090e-5},
+};
+
+std::vector<float> Gaussian(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (float& v : x) v = nd(rng);
+  return x;
+}
+
+// MSE in unit-Gaussian terms of encoding x * scale (the codebook value v stands for v / scale).
+double MseAtScale(const std::vector<float>& x, size_t tiles, int K, exl3::Codebook cb,
+                  double scale, int threads) {
+  std::vector<float> xs(tiles * exl3::kTileElems);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>(x[i] * scale);
+  std::vector<uint16_t> words(tiles * 16 * K);
+  const double err = exl3::EncodeTiles(xs.data(), tiles, K, cb, words.data(), nullptr, threads);
+  return err / (scale * scale) / static_cast<double>(xs.size());
+}
+
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+std::vector<int> ParseInts(const std::string& s) {
+  std::vector<int> out;
+  for (absl::string_view p : absl::StrSplit(s, ',', absl::SkipEmpty())) {
+    int v;
+    if (!absl::SimpleAtoi(p, &v)) {
+      std::fprintf(stderr, "exl3-encoder-bench: bad integer list '%s'\n", s.c_str());
+      std::exit(2);
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Benchmarks the CPU trellis encoder.\n"
+      "Quality: for each K and codebook, a grid search of the global scale (0.70..1.60 step 0.05,\n"
+      "the tile values x ~ N(0,1) are encoded as x*scale) on --search_tiles tiles, then the best\n"
+      "scale and its two neighbours on --tiles tiles (--high_k_tiles for K >= 6); reports the\n"
+      "best MSE beside exllamav3's, and the ratio to 4^-K.\n"
+      "Speed: single-threaded tiles/s at --speed_bits and the implied time for a 4096x2048 matrix.");
+  absl::ParseCommandLine(argc, argv);
+  const std::vector<int> bits = ParseInts(absl::GetFlag(FLAGS_bits));
+  std::vector<exl3::Codebook> cbs;
+  for (absl::string_view p : absl::StrSplit(absl::GetFlag(FLAGS_codebooks), ',', absl::SkipEmpty())) {
+    exl3::Codebook cb;
+    if (!exl3::ParseCodebook(std::string_view(p.data(), p.size()), &cb)) {
+      std::fprintf(stderr, "exl3-encoder-bench: unknown codebook '%s'\n", std::string(p).c_str());
+      return 2;
+    }
+    cbs.push_back(cb);
+  }
+  const int threads = absl::GetFlag(FLAGS_threads);
+  const size_t max_tiles = std::max(absl::GetFlag(FLAGS_tiles), absl::GetFlag(FLAGS_search_tiles));
+  const std::vector<float> x = Gaussian(max_tiles * exl3::kTileElems, absl::GetFlag(FLAGS_seed));
+
+  if (absl::GetFlag(FLAGS_quality)) {
+    std::printf("| K | codebook | tiles | best scale | MSE (ours) | ours / 4^-K | exllamav3 MSE | "
+                "exllamav3 / 4^-K | ours / exllamav3 |\n");
+    std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    std::fflush(stdout);
+    for (int K : bits) {
+      for (exl3::Codebook cb : cbs) {
+        const size_t search = std::min<size_t>(absl::GetFlag(FLAGS_search_tiles), max_tiles);
+        int best_i = 0;
+        double best = 1e30;
+        for (int i = 0; i <= 18; ++i) {
+          const double mse = MseAtScale(x, search, K, cb, 0.70 + 0.05 * i, threads);
+          if (mse < best) best = mse, best_i = i;
+        }
+        const size_t tiles = std::min<size_t>(
+            K >= 6 ? absl::GetFlag(FLAGS_high_k_tiles) : absl::GetFlag(FLAGS_tiles), max_tiles);
+        double final_mse = 1e30, final_scale = 0;
+        for (int i = std::max(0, best_i - 1); i <= std::min(18, best_i + 1); ++i) {
+          const double s = 0.70 + 0.05 * i;
+          const double mse = MseAtScale(x, tiles, K, cb, s, threads);
+          if (mse < final_mse) final_mse = mse, final_scale = s;
+        }
+        const double bound = std::pow(4.0, -K);
+        const double anchor = kAnchor[K - 1][static_cast<int>(cb)];
+        std::printf("| %d | %s | %zu | %.2f | %.3e | %.3f | %.3e | %.3f | %.3f |\n", K,
+                    std::string(exl3::CodebookName(cb)).c_str(), tiles, final_scale, final_mse,
+                    final_mse / bound, anchor, anchor / bound, final_mse / anchor);
+        std::fflush(stdout);
+      }
+    }
+  }
+
+  const std::vector<int> speed_bits = ParseInts(absl::GetFlag(FLAGS_speed_bits));
+  if (!speed_bits.empty()) {
+    const int n = absl::GetFlag(FLAGS_speed_tiles);
+    const std::vector<float> xs = Gaussian(static_cast<size_t>(n) * exl3::kTileElems, 99);
+    std::printf("\n| K | codebook | tiles | tiles/s per core (best chunk, thread CPU time) | 4096x2048 matrix (32768 tiles), 1 core |\n");
+    std::printf("| --- | --- | --- | --- | --- |\n");
+    for (int K : speed_bits) {
+      for (exl3::Codebook cb : cbs) {
+        exl3::TileEncoder enc(K, cb);
+        std::vector<uint16_t> words(16 * K);
+        std::vector<float> tile(exl3::kTileElems);
+        enc.Encode(xs.data(), words.data());  // warm up (codebook table, caches)
+        // Thread CPU time, so that other processes on a shared machine count less; the figure
+        // is the best of 4 chunks of n/4 tiles (noisy shared machines), the mean is printed too.
+        const int chunk = std::max(1, n / 4);
+        double best_chunk = 1e30, sec = 0;
+        for (int c = 0; c < 4; ++c) {
+          const double t0 = ThreadCpuSeconds();
+          for (int i = c * chunk; i < (c + 1) * chunk && i < n; ++i) {
+            for (int e = 0; e < exl3::kTileElems; ++e) tile[e] = xs[i * exl3::kTileElems + e] * 1.2f;
+            enc.Encode(tile.data(), words.data());
+          }
+          const double dt = ThreadCpuSeconds() - t0;
+          sec += dt;
+          best_chunk = std::min(best_chunk, dt);
+        }
+        const double tps = chunk / best_chunk;
+        std::printf("| %d | %s | %d | %.1f (mean %.1f) | %.0f s |\n", K,
+                    std::string(exl3::CodebookName(cb)).c_str(), 4 * chunk, tps, 4 * chunk / sec,
+                    32768.0 / tps);
+        std::fflush(stdout);
+      }
+    }
+  }
+  return 0;
+}
