@@ -1,0 +1,239 @@
+// Exl3Model on model directories written by the test: all experts or a share, the layer view, the
+// fingerprint, bytes, and the validation errors (missing tensor, wrong shape, config mismatch).
+#include "model/exl3_model.h"
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "model/routing.h"
+#include "tests/kernels/random_layer.h"
+#include "tests/model/test_model_writer.h"
+
+namespace exl3 {
+namespace {
+
+using testing::TestModelSpec;
+using testing::TestModelWriter;
+
+std::string TempDir(const std::string& name) {
+  const std::string d = (std::filesystem::temp_directory_path() /
+                         ("exl3_model_test_" + std::to_string(::getpid()) + "_" + name)).string();
+  std::filesystem::remove_all(d);
+  return d;
+}
+
+std::string Write(const std::string& name, const TestModelSpec& spec,
+                  const nlohmann::json* cfg = nullptr) {
+  const std::string dir = TempDir(name);
+  TestModelWriter w(spec);
+  absl::Status s = w.Write(dir, cfg);
+  EXPECT_TRUE(s.ok()) << s;
+  return dir;
+}
+
+TEST(Exl3ModelTest, OpensEveryExpertAndRunsTheLayer) {
+  TestModelSpec spec;
+  spec.swiglu_limit = 3.0f;
+  const std::string dir = Write("all", spec);
+  absl::StatusOr<std::unique_ptr<Exl3Model>> m = Exl3Model::Open(dir);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const MoeConfig& c = (*m)->config();
+  EXPECT_EQ(c.MoeLayers(), (std::vector<int>{1, 2}));
+  EXPECT_EQ((*m)->HeldExperts(1).size(), 8u);
+  EXPECT_EQ((*m)->HeldExperts(0).size(), 0u);
+  ASSERT_NE((*m)->SharedExpert(2), nullptr);
+  ASSERT_NE((*m)->RouterWeight(1), nullptr);
+  ASSERT_NE((*m)->CorrectionBias(1), nullptr);
+  EXPECT_EQ((*m)->Expert(1, 1)->gate.bits, 3);
+  EXPECT_EQ((*m)->Expert(1, 1)->gate.codebook, Codebook::kMcg);
+  EXPECT_EQ((*m)->Expert(1, 1)->up.codebook, Codebook::k3Inst);
+  EXPECT_EQ((*m)->Expert(1, 1)->down.codebook, Codebook::kMul1);
+  EXPECT_EQ((*m)->Expert(1, 0)->gate.bits, 2);
+  // Bytes: trellis + suh + svh (+ flag) of three projections.
+  const uint64_t gate = 256 / 16 * 128 / 16 * 16 * 2 * 2 + 2 * (256 + 128) + 4;  // K=2 mcg
+  const uint64_t up = 256 / 16 * 128 / 16 * 16 * 3 * 2 + 2 * (256 + 128);       // K=3 3inst
+  const uint64_t down = 128 / 16 * 256 / 16 * 16 * 2 * 2 + 2 * (256 + 128) + 4;  // K=2 mul1
+  EXPECT_EQ((*m)->ExpertBytes(1, 0), gate + up + down);
+  EXPECT_GT((*m)->LayerBytes(1), 8 * (gate + up + down));
+  EXPECT_EQ((*m)->TotalBytes(), (*m)->LayerBytes(1) + (*m)->LayerBytes(2));
+  EXPECT_EQ((*m)->fingerprint().size(), 32u);
+
+  absl::StatusOr<MoeLayerView> view = (*m)->LayerView(2);
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->num_experts(), 8);
+  EXPECT_FLOAT_EQ(view->swiglu_limit, 3.0f);
+  EXPECT_FALSE((*m)->LayerView(0).ok());
+
+  // Route and run layer 2 through the reference and the CPU backend.
+  const int T = 4;
+  const auto x = testing::RandomVector(static_cast<size_t>(T) * 256, 3);
+  std::vector<int32_t> ids(T * 2);
+  std::vector<float> w(T * 2);
+  ASSERT_TRUE(RouteTokens(c, 2, (*m)->RouterWeight(2), (*m)->CorrectionBias(2), x.data(), T,
+                          ids.data(), w.data()).ok());
+  for (int t = 0; t < T; ++t) EXPECT_NEAR(w[2 * t] + w[2 * t + 1], 2.5, 1e-5);
+  std::vector<float> ref(T * 256), out(T * 256);
+  const MoeAssignments a = MoeAssignments::Fixed(T, 2, ids.data(), w.data());
+  ASSERT_TRUE(MoeForwardReference(*view, x.data(), a, true, ref.data()).ok());
+  cpu::CpuBackend cpu(2);
+  ASSERT_TRUE(cpu.Moe(*view, x.data(), a, true, out.data()).ok());
+  EXPECT_LT(testing::RelErr(out.data(), ref.data(), ref.size()), 1e-5);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Exl3ModelTest, HoldsOnlyItsShare) {
+  const std::string dir = Write("share", TestModelSpec{});
+  Exl3ModelOptions opt;
+  opt.experts = std::map<int, std::vector<int>>{{1, {0, 3, 7}}};
+  absl::StatusOr<std::unique_ptr<Exl3Model>> m = Exl3Model::Open(dir, opt);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->HeldExperts(1), (std::vector<int>{0, 3, 7}));
+  EXPECT_TRUE((*m)->HeldExperts(2).empty());
+  EXPECT_TRUE((*m)->HoldsExpert(1, 3));
+  EXPECT_FALSE((*m)->HoldsExpert(1, 4));
+  absl::StatusOr<MoeLayerView> view = (*m)->LayerView(1);
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->experts[4], nullptr);
+  EXPECT_NE(view->experts[7], nullptr);
+  // A worker's share: only its experts' pairs.
+  const auto x = testing::RandomVector(256, 8);
+  const int32_t ids[2] = {3, 7};
+  const float w[2] = {0.6f, 0.4f};
+  std::vector<float> y(256);
+  EXPECT_TRUE(MoeForwardReference(*view, x.data(), MoeAssignments::Fixed(1, 2, ids, w), false, y.data()).ok());
+  const int32_t not_held[1] = {4};
+  EXPECT_EQ(MoeForwardReference(*view, x.data(), MoeAssignments::Fixed(1, 1, not_held, w), false, y.data()).code(),
+            absl::StatusCode::kNotFound);
+
+  opt.experts = std::map<int, std::vector<int>>{{0, {1}}};
+  EXPECT_FALSE(Exl3Model::Open(dir, opt).ok());  // layer 0 is dense
+  opt.experts = std::map<int, std::vector<int>>{{1, {8}}};
+  absl::StatusOr<std::unique_ptr<Exl3Model>> bad = Exl3Model::Open(dir, opt);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("expert 8"), std::string::npos) << bad.status();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Exl3ModelTest, FingerprintTracksConfigAndShapes) {
+  TestModelSpec spec;
+  const std::string a = Write("fp_a", spec);
+  const std::string b = Write("fp_b", spec);
+  spec.scale = 1.0f;
+  const std::string c = Write("fp_c", spec);
+  auto fp = [](const std::string& d) { return (*Exl3Model::Open(d))->fingerprint(); };
+  EXPECT_EQ(fp(a), fp(b));  // same config and shapes (random contents differ)
+  EXPECT_NE(fp(a), fp(c));
+  for (const auto& d : {a, b, c}) std::filesystem::remove_all(d);
+}
+
+TEST(Exl3ModelTest, PackedSignsOpen) {
+  TestModelSpec spec;
+  spec.packed_signs = true;
+  const std::string dir = Write("packed", spec);
+  absl::StatusOr<std::unique_ptr<Exl3Model>> m = Exl3Model::Open(dir);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const Exl3Linear* lin = (*m)->Linear(1, 2, Projection::kUp);
+  ASSERT_NE(lin, nullptr);
+  EXPECT_EQ(lin->owned_suh.size(), 256u);
+  EXPECT_EQ(lin->view.suh, lin->owned_suh.data());
+  for (uint16_t v : lin->owned_suh) EXPECT_TRUE(v == 0x3c00 || v == 0xbc00);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Exl3ModelTest, MissingTensorIsNamed) {
+  TestModelSpec spec;
+  spec.skip = [](const std::string& n) { return n == "model.layers.2.mlp.experts.5.up_proj.svh"; };
+  const std::string dir = Write("missing", spec);
+  absl::StatusOr<std::unique_ptr<Exl3Model>> m = Exl3Model::Open(dir);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("model.layers.2.mlp.experts.5.up_proj.svh"), std::string::npos)
+      << m.status();
+  // A share without that expert opens fine.
+  Exl3ModelOptions opt;
+  opt.experts = std::map<int, std::vector<int>>{{2, {0, 1}}};
+  EXPECT_TRUE(Exl3Model::Open(dir, opt).ok());
+  std::filesystem::remove_all(dir);
+
+  spec.skip = [](const std::string& n) { return n == "model.layers.1.mlp.gate.e_score_correction_bias"; };
+  const std::string dir2 = Write("missing_bias", spec);
+  m = Exl3Model::Open(dir2);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("e_score_correction_bias"), std::string::npos) << m.status();
+  std::filesystem::remove_all(dir2);
+}
+
+TEST(Exl3ModelTest, WrongShapeIsNamed) {
+  TestModelSpec spec;
+  spec.shape_override = [](const std::string& n, std::vector<int64_t>& shape) {
+    if (n != "model.layers.1.mlp.experts.2.down_proj.trellis") return false;
+    shape[1] = 8;  // out 128 instead of hidden 256
+    return true;
+  };
+  const std::string dir = Write("shape", spec);
+  absl::StatusOr<std::unique_ptr<Exl3Model>> m = Exl3Model::Open(dir);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("model.layers.1.mlp.experts.2.down_proj.trellis"), std::string::npos)
+      << m.status();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Exl3ModelTest, ConfigMismatchAndBadConfig) {
+  TestModelSpec spec;
+  const std::string dir = Write("mismatch", spec);
+  // Rewrite config.json claiming a larger intermediate size than the tensors have.
+  nlohmann::json cfg = testing::GlmConfig(spec);
+  cfg["moe_intermediate_size"] = 256;
+  std::ofstream(dir + "/config.json") << cfg.dump();
+  absl::StatusOr<std::unique_ptr<Exl3Model>> m = Exl3Model::Open(dir);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("trellis"), std::string::npos) << m.status();
+  // More experts than stored.
+  cfg = testing::GlmConfig(spec);
+  cfg["n_routed_experts"] = 16;
+  std::ofstream(dir + "/config.json") << cfg.dump();
+  EXPECT_FALSE(Exl3Model::Open(dir).ok());
+  // Not EXL3.
+  cfg = testing::GlmConfig(spec);
+  cfg.erase("quantization_config");
+  std::ofstream(dir + "/config.json") << cfg.dump();
+  m = Exl3Model::Open(dir);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("exl3"), std::string::npos);
+  // Unknown architecture.
+  cfg = testing::GlmConfig(spec);
+  cfg["architectures"] = {"FooForCausalLM"};
+  std::ofstream(dir + "/config.json") << cfg.dump();
+  m = Exl3Model::Open(dir);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("FooForCausalLM"), std::string::npos);
+  std::filesystem::remove(dir + "/config.json");
+  EXPECT_FALSE(Exl3Model::Open(dir).ok());
+  EXPECT_FALSE(Exl3Model::Open(dir + "/nope").ok());
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Exl3ModelTest, WrongCodebookFlagValue) {
+  const std::string dir = TempDir("flag");
+  std::filesystem::create_directories(dir);
+  testing::RandomLinear lin(128, 128, 2, Codebook::kMcg, 1);
+  SafetensorsWriter w;
+  w.Add("l.trellis", DType::kI16, {8, 8, 32}, lin.trellis.data(), lin.trellis.size() * 2);
+  w.Add("l.suh", DType::kF16, {128}, lin.suh.data(), 256);
+  w.Add("l.svh", DType::kF16, {128}, lin.svh.data(), 256);
+  const uint32_t wrong = 12345;
+  w.Add("l.mcg", DType::kI32, {}, &wrong, 4);
+  ASSERT_TRUE(w.Write(dir + "/x.safetensors").ok());
+  auto src = TensorSource::Open(dir + "/x.safetensors");
+  ASSERT_TRUE(src.ok());
+  absl::StatusOr<std::unique_ptr<Exl3Linear>> l = LoadExl3Linear(**src, "l");
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(l.status().message().find("l.mcg"), std::string::npos) << l.status();
+  EXPECT_FALSE(LoadExl3Linear(**src, "other").ok());
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace exl3
