@@ -1,0 +1,125 @@
+// CUDA backend of the worker (compiled only with EXL3_HAVE_CUDA): every MoE layer's held experts
+// uploaded to device memory (kernels/cuda/cuda_backend.h: DeviceMoeLayer, MoeRunner), one
+// workspace per layer, inputs and outputs staged through device buffers.
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "services/common/logging.h"
+#include "services/expert_worker/backend.h"
+#include "services/expert_worker/loader.h"
+
+namespace exl3::worker {
+namespace {
+
+class CudaBackend : public MoeBackend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {}
+  ~CudaBackend() override {
+    runners_.clear();
+    layers_.clear();
+    if (d_x_) cuda::DeviceFree(d_x_);
+    if (d_out_) cuda::DeviceFree(d_out_);
+  }
+  std::string name() const override { return "cuda"; }
+  std::string device() const override { return device_name_; }
+  uint64_t pinned_bytes() const override { return pinned_; }
+
+  absl::Status Prepare(const Exl3Model& model, const PrepareOptions& opt,
+                       PrepareStats* stats) override {
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<cuda::DeviceInfo> info = cuda::QueryDevice(device_);
+    if (!info.ok()) return info.status();
+    device_name_ = absl::StrCat("cuda:", device_, " ", info->name);
+    const MoeConfig& c = model.config();
+    hidden_ = c.hidden_size;
+    top_k_ = c.top_k;
+    max_tokens_ = std::max(1, opt.max_batch_tokens);
+    // Read the held bytes into RAM first (parallel, measured), then upload layer by layer.
+    std::vector<TensorRange> ranges = HeldTensorRanges(model);
+    if (opt.benchmark) {
+      stats->baseline_gbps = BaselineRead(ranges, opt.load_threads).gbps();
+      DropFromPageCache(ranges);
+    }
+    LoadStats ls = MakeResident(ranges, opt.load_threads, /*lock=*/false, opt.progress);
+    stats->bytes = ls.bytes;
+    stats->read_seconds = ls.seconds;
+    for (int layer : c.MoeLayers()) {
+      if (model.HeldExperts(layer).empty()) continue;
+      absl::StatusOr<MoeLayerView> v = model.LayerView(layer);
+      if (!v.ok()) return v.status();
+      v->shared = nullptr;
+      auto dev = cuda::DeviceMoeLayer::Upload(*v);
+      if (!dev.ok()) return dev.status();
+      auto runner = cuda::MoeRunner::Create(**dev, max_tokens_, top_k_);
+      if (!runner.ok()) return runner.status();
+      pinned_ += (*dev)->device_bytes();
+      layers_[layer] = std::move(*dev);
+      runners_[layer] = std::move(*runner);
+    }
+    const size_t bytes = static_cast<size_t>(max_tokens_) * hidden_ * sizeof(float);
+    auto x = cuda::DeviceAlloc(bytes);
+    if (!x.ok()) return x.status();
+    d_x_ = static_cast<float*>(*x);
+    auto o = cuda::DeviceAlloc(bytes);
+    if (!o.ok()) return o.status();
+    d_out_ = static_cast<float*>(*o);
+    stats->pinned_bytes = pinned_;
+    stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return absl::OkStatus();
+  }
+
+  absl::Status Forward(const BatchView& b) override {
+    auto it = runners_.find(b.layer);
+    if (it == runners_.end()) {
+      return absl::InternalError(absl::StrCat("layer ", b.layer, " has no experts on the device"));
+    }
+    if (b.tokens > max_tokens_) {
+      return absl::InternalError(absl::StrCat("batch of ", b.tokens, " tokens over the device workspace (",
+                                              max_tokens_, ")"));
+    }
+    // Compact each token's slots to the runner's width top_k (the worker validated that no token
+    // uses more than top_k slots); unused entries stay -1 and are skipped by the kernel.
+    ids_.assign(static_cast<size_t>(b.tokens) * top_k_, -1);
+    weights_.assign(ids_.size(), 0.0f);
+    for (int t = 0; t < b.tokens; ++t) {
+      int k = 0;
+      for (int s = 0; s < b.slots; ++s) {
+        const size_t i = static_cast<size_t>(t) * b.slots + s;
+        if (b.ids[i] < 0) continue;
+        if (k >= top_k_) return absl::InternalError("more routed slots than top_k in one token");
+        ids_[static_cast<size_t>(t) * top_k_ + k] = b.ids[i];
+        weights_[static_cast<size_t>(t) * top_k_ + k] = b.weights[i];
+        ++k;
+      }
+    }
+    const size_t bytes = static_cast<size_t>(b.tokens) * hidden_ * sizeof(float);
+    if (absl::Status s = cuda::CopyToDevice(d_x_, b.x, bytes); !s.ok()) return s;
+    if (absl::Status s = it->second->ForwardHostRouting(d_x_, b.tokens, ids_.data(), weights_.data(),
+                                                       d_out_, nullptr, /*include_shared=*/false);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = cuda::CopyToHost(b.out, d_out_, bytes); !s.ok()) return s;
+    return cuda::Synchronize(nullptr);
+  }
+
+ private:
+  int device_;
+  std::string device_name_;
+  int hidden_ = 0, top_k_ = 0, max_tokens_ = 0;
+  uint64_t pinned_ = 0;
+  std::map<int, std::unique_ptr<cuda::DeviceMoeLayer>> layers_;
+  std::map<int, std::unique_ptr<cuda::MoeRunner>> runners_;
+  float* d_x_ = nullptr;
+  float* d_out_ = nullptr;
+  std::vector<int32_t> ids_;
+  std::vector<float> weights_;
+};
+
+}  // namespace
+
+std::unique_ptr<MoeBackend> MakeCudaBackend(int device) { return std::make_unique<CudaBackend>(device); }
+
+}  // namespace exl3::worker

@@ -1,0 +1,209 @@
+#include "services/expert_worker/loader.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "services/common/logging.h"
+
+namespace exl3::worker {
+namespace {
+
+constexpr size_t kChunk = 8u << 20;  // unit of work handed to a thread
+
+struct Piece {
+  const TensorRange* r;
+  size_t offset, size;
+};
+
+std::vector<Piece> Split(const std::vector<TensorRange>& ranges) {
+  std::vector<Piece> pieces;
+  for (const auto& r : ranges) {
+    for (size_t o = 0; o < r.size; o += kChunk) pieces.push_back({&r, o, std::min(kChunk, r.size - o)});
+  }
+  return pieces;
+}
+
+// Header length of a safetensors file: the data section starts at 8 + this.
+uint64_t DataOffset(const std::string& file) {
+  const int fd = open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  uint64_t n = 0;
+  if (pread(fd, &n, 8, 0) != 8) n = 0;
+  close(fd);
+  return 8 + n;
+}
+
+void RunParallel(int threads, size_t n, const std::function<void(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> ts;
+  const int nt = std::max(1, std::min<int>(threads, static_cast<int>(n)));
+  for (int i = 0; i < nt; ++i) {
+    ts.emplace_back([&] {
+      for (size_t k; (k = next.fetch_add(1)) < n;) fn(k);
+    });
+  }
+  for (auto& t : ts) t.join();
+}
+
+void DrawBar(uint64_t done, uint64_t total, double secs, bool final) {
+  const int width = 40;
+  const double frac = total ? static_cast<double>(done) / total : 1.0;
+  const int fill = static_cast<int>(frac * width);
+  char bar[width + 1];
+  for (int i = 0; i < width; ++i) bar[i] = i < fill ? '#' : '.';
+  bar[width] = 0;
+  std::fprintf(stderr, "\rloading experts [%s] %5.1f%% %.2f/%.2f GB %.2f GB/s%s", bar, frac * 100,
+               done / 1e9, total / 1e9, secs > 0 ? done / secs / 1e9 : 0.0, final ? "\n" : "");
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+std::vector<TensorRange> HeldTensorRanges(const Exl3Model& model) {
+  std::vector<TensorRange> out;
+  std::map<std::string, uint64_t> data_offset;
+  const MoeConfig& c = model.config();
+  for (int layer : c.MoeLayers()) {
+    for (int e : model.HeldExperts(layer)) {
+      for (Projection p : {Projection::kGate, Projection::kUp, Projection::kDown}) {
+        const Exl3Linear* lin = model.Linear(layer, e, p);
+        if (lin == nullptr) continue;
+        for (const TensorView& t : lin->tensors) {
+          auto it = data_offset.find(t.file);
+          if (it == data_offset.end()) it = data_offset.emplace(t.file, DataOffset(t.file)).first;
+          out.push_back({t.data, t.size_bytes(), t.file, it->second + t.info->begin});
+        }
+      }
+    }
+  }
+  return out;
+}
+
+LoadStats MakeResident(const std::vector<TensorRange>& ranges, int threads, bool lock,
+                       bool progress) {
+  LoadStats st;
+  for (const auto& r : ranges) st.bytes += r.size;
+  const std::vector<Piece> pieces = Split(ranges);
+  const long page = sysconf(_SC_PAGESIZE);
+  std::atomic<uint64_t> done{0}, locked{0};
+  std::atomic<bool> lock_ok{lock};
+  std::mutex err_mu;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto secs = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+
+  std::atomic<bool> finished{false};
+  std::thread bar;
+  if (progress) {
+    bar = std::thread([&] {
+      while (!finished.load()) {
+        DrawBar(done.load(), st.bytes, secs(), false);
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+    });
+  }
+  RunParallel(threads, pieces.size(), [&](size_t k) {
+    const Piece& p = pieces[k];
+    const uint8_t* begin = p.r->data + p.offset;
+    // Page-aligned span covering the piece (for madvise/mlock).
+    const uintptr_t a = reinterpret_cast<uintptr_t>(begin) & ~static_cast<uintptr_t>(page - 1);
+    const uintptr_t b = reinterpret_cast<uintptr_t>(begin) + p.size;
+    madvise(reinterpret_cast<void*>(a), b - a, MADV_WILLNEED);
+    // Touch every page: faults the file in (read-ahead makes this sequential I/O).
+    volatile uint8_t sink = 0;
+    for (const uint8_t* q = begin; q < begin + p.size; q += page) sink ^= *q;
+    sink ^= begin[p.size - 1];
+    if (lock_ok.load(std::memory_order_relaxed)) {
+      if (mlock(reinterpret_cast<void*>(a), b - a) == 0) {
+        locked.fetch_add(p.size);
+      } else {
+        const int e = errno;
+        std::lock_guard<std::mutex> l(err_mu);
+        if (lock_ok.exchange(false)) {
+          st.lock_error = std::strerror(e);
+        }
+      }
+    }
+    done.fetch_add(p.size);
+  });
+  st.seconds = secs();
+  finished.store(true);
+  if (bar.joinable()) bar.join();
+  if (progress) DrawBar(done.load(), st.bytes, st.seconds, true);
+  if (!st.lock_error.empty()) {
+    // Partial locking is worse than none: unlock what was locked so the gauge stays honest.
+    UnlockRanges(ranges);
+    locked.store(0);
+  }
+  st.locked_bytes = locked.load();
+  return st;
+}
+
+void UnlockRanges(const std::vector<TensorRange>& ranges) {
+  const long page = sysconf(_SC_PAGESIZE);
+  for (const auto& r : ranges) {
+    if (r.size == 0) continue;
+    const uintptr_t a = reinterpret_cast<uintptr_t>(r.data) & ~static_cast<uintptr_t>(page - 1);
+    const uintptr_t b = reinterpret_cast<uintptr_t>(r.data) + r.size;
+    munlock(reinterpret_cast<void*>(a), b - a);
+  }
+}
+
+void DropFromPageCache(const std::vector<TensorRange>& ranges) {
+  std::set<std::string> files;
+  for (const auto& r : ranges) files.insert(r.file);
+  for (const auto& f : files) {
+    const int fd = open(f.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    fdatasync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+  }
+}
+
+LoadStats BaselineRead(const std::vector<TensorRange>& ranges, int threads) {
+  DropFromPageCache(ranges);
+  LoadStats st;
+  for (const auto& r : ranges) st.bytes += r.size;
+  const std::vector<Piece> pieces = Split(ranges);
+  std::map<std::string, int> fds;
+  for (const auto& r : ranges) {
+    if (!fds.count(r.file)) fds[r.file] = open(r.file.c_str(), O_RDONLY | O_CLOEXEC);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::atomic<uint64_t> read_bytes{0};
+  RunParallel(threads, pieces.size(), [&](size_t k) {
+    thread_local std::vector<uint8_t> buf;
+    const Piece& p = pieces[k];
+    buf.resize(p.size);
+    const int fd = fds.at(p.r->file);
+    size_t got = 0;
+    while (got < p.size) {
+      const ssize_t n = pread(fd, buf.data() + got, p.size - got, p.r->file_offset + p.offset + got);
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    read_bytes.fetch_add(got);
+  });
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  st.bytes = read_bytes.load();
+  for (auto& [f, fd] : fds) {
+    if (fd >= 0) close(fd);
+  }
+  return st;
+}
+
+}  // namespace exl3::worker

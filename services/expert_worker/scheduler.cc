@@ -1,0 +1,293 @@
+#include "services/expert_worker/scheduler.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "services/common/logging.h"
+
+namespace exl3::worker {
+
+Scheduler::Scheduler(const SchedulerOptions& opt, MoeBackend* backend, WorkerMetrics* metrics,
+                     int hidden)
+    : opt_(opt), backend_(backend), metrics_(metrics), hidden_(hidden) {}
+
+Scheduler::~Scheduler() { Stop(); }
+
+void Scheduler::Start() { thread_ = std::thread([this] { Loop(); }); }
+
+int Scheduler::InFlight() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return in_flight_;
+}
+
+absl::Status Scheduler::Submit(std::shared_ptr<WorkRequest> r) {
+  const int chunk = std::max(1, std::min(opt_.long_prefill_tokens, opt_.max_batch_tokens));
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stopping_) return absl::UnavailableError("worker is shutting down");
+    if (waiting_requests_ >= opt_.max_queue) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "worker queue is full (", waiting_requests_, " requests waiting, --max-queue ",
+          opt_.max_queue, "); retry later or on another replica"));
+    }
+    r->out_bytes.resize(static_cast<size_t>(r->tokens) * hidden_ * sizeof(float));
+    LayerQueue& q = queues_[r->layer];
+    if (r->tokens > chunk) {
+      r->chunks = r->chunks_left = (r->tokens + chunk - 1) / chunk;
+      for (int t0 = 0; t0 < r->tokens; t0 += chunk) {
+        q.chunks.push_back({r, t0, std::min(r->tokens, t0 + chunk)});
+      }
+    } else {
+      r->chunks = r->chunks_left = 1;
+      q.small.push_back({r, 0, r->tokens});
+      q.small_tokens += r->tokens;
+    }
+    ++waiting_requests_;
+    ++in_flight_;
+    if (metrics_) metrics_->queue_depth().Set(waiting_requests_);
+  }
+  cv_.notify_one();
+  return absl::OkStatus();
+}
+
+void Scheduler::Stop() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  // Whatever is still queued is answered, never dropped.
+  std::vector<std::shared_ptr<WorkRequest>> left;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& [layer, q] : queues_) {
+      for (auto* dq : {&q.small, &q.chunks}) {
+        for (Item& it : *dq) {
+          if (!it.r->failed) {
+            it.r->failed = true;
+            left.push_back(it.r);
+          }
+        }
+        dq->clear();
+      }
+      q.small_tokens = 0;
+    }
+    waiting_requests_ = 0;
+  }
+  for (auto& r : left) Finish(r, absl::UnavailableError("worker stopped before computing this request"));
+}
+
+void Scheduler::ExpireLocked(Clock::time_point now, std::vector<Item>* expired) {
+  for (auto& [layer, q] : queues_) {
+    for (auto* dq : {&q.small, &q.chunks}) {
+      auto keep = dq->begin();
+      for (auto it = dq->begin(); it != dq->end(); ++it) {
+        WorkRequest& r = *it->r;
+        const bool drop = r.failed || r.deadline <= now || (r.sink && r.sink->Cancelled());
+        if (!drop) {
+          if (keep != it) *keep = std::move(*it);
+          ++keep;
+          continue;
+        }
+        if (dq == &q.small) q.small_tokens -= it->t1 - it->t0;
+        if (!r.failed) {
+          r.failed = true;
+          if (!r.started) --waiting_requests_;
+          expired->push_back(std::move(*it));
+        }
+      }
+      dq->erase(keep, dq->end());
+    }
+  }
+}
+
+std::vector<Scheduler::Item> Scheduler::NextBatch(Clock::time_point now, Clock::time_point* wake) {
+  *wake = Clock::time_point::max();
+  LayerQueue* small_q = nullptr;
+  LayerQueue* chunk_q = nullptr;
+  for (auto& [layer, q] : queues_) {
+    for (auto* dq : {&q.small, &q.chunks}) {
+      for (const Item& it : *dq) {
+        if (it.r->deadline < *wake) *wake = it.r->deadline;
+      }
+    }
+    if (!q.small.empty() &&
+        (small_q == nullptr || q.small.front().r->received < small_q->small.front().r->received)) {
+      small_q = &q;
+    }
+    if (!q.chunks.empty() &&
+        (chunk_q == nullptr || q.chunks.front().r->received < chunk_q->chunks.front().r->received)) {
+      chunk_q = &q;
+    }
+  }
+  std::vector<Item> batch;
+  int tokens = 0;
+  auto take_small = [&](LayerQueue& q) {
+    while (!q.small.empty()) {
+      const int n = q.small.front().t1 - q.small.front().t0;
+      if (!batch.empty() && tokens + n > opt_.max_batch_tokens) break;
+      tokens += n;
+      q.small_tokens -= n;
+      batch.push_back(std::move(q.small.front()));
+      q.small.pop_front();
+    }
+  };
+  const bool chunk_turn = chunk_q != nullptr && (small_q == nullptr || batches_since_chunk_ >= opt_.chunk_every);
+  if (!chunk_turn && small_q != nullptr) {
+    const Clock::time_point due = small_q->small.front().r->received + opt_.batch_window;
+    if (small_q->small_tokens < opt_.max_batch_tokens && now < due && !stopping_) {
+      *wake = std::min(*wake, due);
+      return batch;
+    }
+    take_small(*small_q);
+    batches_since_chunk_ = chunk_q != nullptr ? batches_since_chunk_ + 1 : 0;
+  } else if (chunk_q != nullptr) {
+    while (!chunk_q->chunks.empty()) {
+      const int n = chunk_q->chunks.front().t1 - chunk_q->chunks.front().t0;
+      if (!batch.empty() && tokens + n > opt_.max_batch_tokens) break;
+      tokens += n;
+      batch.push_back(std::move(chunk_q->chunks.front()));
+      chunk_q->chunks.pop_front();
+    }
+    // Small requests of the same layer ride along when there is room.
+    take_small(*chunk_q);
+    batches_since_chunk_ = 0;
+  }
+  for (Item& it : batch) {
+    if (!it.r->started) {
+      it.r->started = true;
+      it.r->start_time = now;
+      --waiting_requests_;
+    }
+  }
+  if (metrics_) metrics_->queue_depth().Set(waiting_requests_);
+  return batch;
+}
+
+void Scheduler::Loop() {
+  std::unique_lock<std::mutex> l(mu_);
+  while (true) {
+    const Clock::time_point now = Clock::now();
+    std::vector<Item> expired;
+    ExpireLocked(now, &expired);
+    Clock::time_point wake;
+    std::vector<Item> batch = stopping_ ? std::vector<Item>{} : NextBatch(now, &wake);
+    if (!expired.empty()) {
+      if (metrics_) metrics_->queue_depth().Set(waiting_requests_);
+      l.unlock();
+      for (Item& it : expired) {
+        const bool cancelled = it.r->sink && it.r->sink->Cancelled();
+        Finish(it.r, cancelled ? absl::CancelledError("stream cancelled")
+                               : absl::DeadlineExceededError(absl::StrCat(
+                                     "deadline exceeded before request ", it.r->id,
+                                     " was computed (queued for ",
+                                     std::chrono::duration_cast<std::chrono::microseconds>(
+                                         now - it.r->received).count(),
+                                     " us)")));
+      }
+      l.lock();
+    }
+    if (stopping_) return;
+    if (batch.empty()) {
+      if (!expired.empty()) continue;  // state changed: look again
+      if (wake == Clock::time_point::max()) {
+        cv_.wait(l);
+      } else {
+        cv_.wait_until(l, wake);
+      }
+      continue;
+    }
+    l.unlock();
+    RunBatch(batch);
+    l.lock();
+  }
+}
+
+void Scheduler::RunBatch(std::vector<Item>& batch) {
+  const int H = hidden_;
+  int T = 0, S = 1;
+  for (const Item& it : batch) {
+    T += it.t1 - it.t0;
+    S = std::max(S, it.r->slots);
+  }
+  BatchView b;
+  b.layer = batch.front().r->layer;
+  b.tokens = T;
+  const bool single = batch.size() == 1;
+  if (single) {
+    // No gather/scatter: the request's own buffers, offset to the chunk.
+    const Item& it = batch.front();
+    const WorkRequest& r = *it.r;
+    b.slots = r.slots;
+    b.x = r.x + static_cast<size_t>(it.t0) * H;
+    b.ids = r.ids.data() + static_cast<size_t>(it.t0) * r.slots;
+    b.weights = r.weights.data() + static_cast<size_t>(it.t0) * r.slots;
+    b.out = it.r->out() + static_cast<size_t>(it.t0) * H;
+  } else {
+    x_.resize(static_cast<size_t>(T) * H);
+    out_.resize(static_cast<size_t>(T) * H);
+    ids_.assign(static_cast<size_t>(T) * S, -1);
+    w_.assign(static_cast<size_t>(T) * S, 0.0f);
+    int row = 0;
+    for (const Item& it : batch) {
+      const WorkRequest& r = *it.r;
+      const int n = it.t1 - it.t0;
+      std::copy_n(r.x + static_cast<size_t>(it.t0) * H, static_cast<size_t>(n) * H,
+                  x_.data() + static_cast<size_t>(row) * H);
+      for (int t = 0; t < n; ++t) {
+        for (int s = 0; s < r.slots; ++s) {
+          const size_t src = static_cast<size_t>(it.t0 + t) * r.slots + s;
+          const size_t dst = static_cast<size_t>(row + t) * S + s;
+          ids_[dst] = r.ids[src];
+          w_[dst] = r.weights[src];
+        }
+      }
+      row += n;
+    }
+    b.slots = S;
+    b.x = x_.data();
+    b.ids = ids_.data();
+    b.weights = w_.data();
+    b.out = out_.data();
+  }
+  const auto t0 = Clock::now();
+  const absl::Status st = backend_->Forward(b);
+  const int64_t dt = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  if (metrics_) {
+    if (WorkerMetrics::Layer* m = metrics_->layer(b.layer)) {
+      m->batch_tokens->Observe(T);
+      m->batch_requests->Observe(static_cast<double>(batch.size()));
+    }
+  }
+  int row = 0;
+  for (Item& it : batch) {
+    WorkRequest& r = *it.r;
+    const int n = it.t1 - it.t0;
+    if (!single && st.ok()) {
+      std::copy_n(out_.data() + static_cast<size_t>(row) * H, static_cast<size_t>(n) * H,
+                  r.out() + static_cast<size_t>(it.t0) * H);
+    }
+    row += n;
+    r.compute_ns += dt;
+    r.batch_tokens = T;
+    r.batch_requests = static_cast<int>(batch.size());
+    if (r.failed) continue;  // answered already (a previous chunk's batch failed)
+    if (!st.ok()) {
+      r.failed = true;  // its other queued chunks are dropped by ExpireLocked
+      Finish(it.r, absl::InternalError(absl::StrCat("backend ", backend_->name(), " failed: ",
+                                                    std::string(st.message()))));
+      continue;
+    }
+    if (--r.chunks_left == 0) Finish(it.r, absl::OkStatus());
+  }
+}
+
+void Scheduler::Finish(const std::shared_ptr<WorkRequest>& r, absl::Status s) {
+  if (r->sink) r->sink->Complete(r, std::move(s));
+  std::lock_guard<std::mutex> l(mu_);
+  --in_flight_;
+}
+
+}  // namespace exl3::worker

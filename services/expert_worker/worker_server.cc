@@ -1,0 +1,586 @@
+#include "services/expert_worker/worker_server.h"
+
+#include <algorithm>
+#include <deque>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+#include "model/expert_map.h"
+#include "services/common/logging.h"
+#include "services/common/status.h"
+#include "services/common/wire.h"
+
+#ifndef EXL3_VERSION
+#define EXL3_VERSION "0.0.0"
+#endif
+#ifndef EXL3_GIT_DESCRIBE
+#define EXL3_GIT_DESCRIBE ""
+#endif
+
+namespace exl3::worker {
+
+using ResponsePtr = std::unique_ptr<pb::ExpertResponse>;
+
+namespace {
+
+int64_t Micros(Clock::duration d) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
+}
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+// One Forward stream. Reads requests one after another (each validated and queued at once, so many
+// are in flight), writes responses in completion order (one write outstanding at a time, the rest
+// queued). Owned by the server's stream registry until gRPC calls OnDone; requests in flight hold
+// it too (as their RequestSink), so it may outlive OnDone, answering nothing after that.
+class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::ExpertResponse>,
+                      public RequestSink,
+                      public std::enable_shared_from_this<StreamReactor> {
+ public:
+  StreamReactor(WorkerServer* w, grpc::CallbackServerContext* ctx) : w_(w), ctx_(ctx) {}
+
+  void Begin() {
+    w_->Register(shared_from_this());
+    const auto dl = ctx_->deadline();
+    if (dl != std::chrono::system_clock::time_point::max() &&
+        dl < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
+      stream_deadline_ = Clock::now() + (dl - std::chrono::system_clock::now());
+    }
+    StartRead(&req_);
+  }
+
+  // RequestSink
+  bool Cancelled() const override { return cancelled_.load(); }
+  void Complete(std::shared_ptr<WorkRequest> r, absl::Status status) override {
+    auto resp = std::make_unique<pb::ExpertResponse>();
+    resp->set_id(r->id);
+    resp->set_layer(r->layer);
+    svc::SetRequestStatus(status, resp->mutable_status());
+    const Clock::time_point now = Clock::now();
+    pb::WorkerTimings* tm = resp->mutable_timings();
+    tm->set_total_us(Micros(now - r->received));
+    tm->set_chunks(r->chunks);
+    if (r->started) tm->set_queue_us(Micros(r->start_time - r->received));
+    tm->set_compute_us(r->compute_ns / 1000);
+    tm->set_batch_tokens(r->batch_tokens);
+    tm->set_batch_requests(r->batch_requests);
+    WorkerMetrics* m = w_->metrics();
+    if (status.ok()) {
+      const int H = static_cast<int>(r->out_bytes.size() / sizeof(float) / std::max(1, r->tokens));
+      pb::Tensor* out = resp->mutable_output();
+      if (r->output_dtype == pb::DTYPE_FP32) {
+        out->set_dtype(pb::DTYPE_FP32);
+        out->add_shape(r->tokens);
+        out->add_shape(H);
+        out->set_data(std::move(r->out_bytes));
+      } else {
+        svc::EncodeTensor(r->out(), {r->tokens, H}, r->output_dtype, out);
+      }
+      if (m) {
+        if (WorkerMetrics::Layer* lm = m->layer(r->layer)) {
+          lm->queue->Observe(Seconds(r->start_time - r->received));
+          lm->compute->Observe(r->compute_ns * 1e-9);
+          lm->total->Observe(Seconds(now - r->received));
+          lm->requests->Increment();
+          lm->tokens->Increment(r->tokens);
+        }
+        for (const auto& [e, n] : r->expert_tokens) m->CountExpertTokens(e, n);
+      }
+    } else if (m) {
+      m->CountError(status.code());
+    }
+    Send(std::move(resp), /*release_id=*/true);
+  }
+
+  // Answers a request that never reached the scheduler.
+  void SendError(uint64_t id, int layer, const absl::Status& s, Clock::time_point received) {
+    auto resp = std::make_unique<pb::ExpertResponse>();
+    resp->set_id(id);
+    resp->set_layer(layer);
+    svc::SetRequestStatus(s, resp->mutable_status());
+    resp->mutable_timings()->set_total_us(Micros(Clock::now() - received));
+    if (WorkerMetrics* m = w_->metrics()) m->CountError(s.code());
+    Send(std::move(resp), /*release_id=*/false);
+  }
+
+  // Called by the server at the end of a drain: end the stream once its answers are written.
+  void FinishWhenIdle(grpc::Status s) {
+    std::unique_lock<std::mutex> l(mu_);
+    drain_status_ = std::move(s);
+    draining_ = true;
+    MaybeFinish(l);
+  }
+  // Nothing in flight and nothing left to write.
+  bool Idle() {
+    std::lock_guard<std::mutex> l(mu_);
+    return finished_ || (ids_.empty() && queue_.empty() && !writing_);
+  }
+
+  // grpc reactions
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      std::unique_lock<std::mutex> l(mu_);
+      reads_done_ = true;
+      MaybeFinish(l);
+      return;
+    }
+    const Clock::time_point received = Clock::now();
+    const uint64_t id = req_.id();
+    const int layer = req_.layer();
+    bool duplicate;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      duplicate = !ids_.insert(id).second;
+    }
+    if (duplicate) {
+      SendError(id, layer,
+                absl::InvalidArgumentError(absl::StrCat("duplicate in-flight id ", id,
+                                                        " on this stream (the first one is still "
+                                                        "being computed)")),
+                received);
+    } else {
+      absl::Status s = w_->Accept(std::move(req_), shared_from_this(), received, stream_deadline_);
+      if (!s.ok()) {
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          ids_.erase(id);
+        }
+        SendError(id, layer, s, received);
+      }
+    }
+    req_.Clear();
+    // Reads and writes never complete inline (gRPC runs their reactions later), so starting
+    // them under mu_ is safe; it orders them against Finish.
+    std::lock_guard<std::mutex> l(mu_);
+    if (finished_) {
+      reads_done_ = true;
+    } else {
+      StartRead(&req_);
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::unique_lock<std::mutex> l(mu_);
+    queue_.pop_front();
+    if (!ok) {
+      // The peer is gone: nothing more can be delivered.
+      broken_ = true;
+      cancelled_.store(true);
+      queue_.clear();
+      writing_ = false;
+      MaybeFinish(l);
+      return;
+    }
+    if (!queue_.empty() && !finished_) {
+      pb::ExpertResponse* next = queue_.front().get();
+      l.unlock();
+      StartWrite(next);
+      return;
+    }
+    writing_ = false;
+    MaybeFinish(l);
+  }
+
+  void OnCancel() override {
+    std::unique_lock<std::mutex> l(mu_);
+    cancelled_.store(true);
+    MaybeFinish(l);
+  }
+
+  void OnDone() override {
+    std::shared_ptr<StreamReactor> keep = shared_from_this();
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      finished_ = true;
+      done_ = true;
+      queue_.clear();
+    }
+    w_->Unregister(this);
+  }
+
+ private:
+  void Send(ResponsePtr resp, bool release_id) {
+    std::unique_lock<std::mutex> l(mu_);
+    if (release_id) ids_.erase(resp->id());
+    if (finished_ || broken_ || cancelled_.load()) {
+      MaybeFinish(l);
+      return;  // nobody to answer
+    }
+    queue_.push_back(std::move(resp));
+    if (writing_) return;
+    writing_ = true;
+    pb::ExpertResponse* first = queue_.front().get();
+    l.unlock();
+    StartWrite(first);
+  }
+
+  // Calls Finish once the stream has nothing left to do. Unlocks `l` when it finishes.
+  void MaybeFinish(std::unique_lock<std::mutex>& l) {
+    if (finished_ || writing_) return;
+    grpc::Status st;
+    if (cancelled_.load() || broken_) {
+      st = grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled");
+    } else if (!ids_.empty() || !queue_.empty()) {
+      return;  // answers still owed
+    } else if (reads_done_) {
+      st = grpc::Status::OK;
+    } else if (draining_) {
+      st = drain_status_;
+    } else {
+      return;
+    }
+    finished_ = true;
+    l.unlock();
+    Finish(st);
+  }
+
+  WorkerServer* w_;
+  grpc::CallbackServerContext* ctx_;
+  Clock::time_point stream_deadline_ = Clock::time_point::max();
+  pb::ExpertRequest req_;
+
+  std::mutex mu_;
+  std::set<uint64_t> ids_;             // in flight (accepted, not yet answered)
+  std::deque<ResponsePtr> queue_;      // front is being written when writing_
+  bool writing_ = false;
+  bool reads_done_ = false;
+  bool broken_ = false;
+  bool finished_ = false;
+  bool done_ = false;
+  bool draining_ = false;
+  grpc::Status drain_status_;
+  std::atomic<bool> cancelled_{false};
+};
+
+// ------------------------------------------------------------------------------------------------
+class WorkerServer::Service : public pb::ExpertWorker::CallbackService {
+ public:
+  explicit Service(WorkerServer* w) : w_(w) {}
+
+  grpc::ServerBidiReactor<pb::ExpertRequest, pb::ExpertResponse>* Forward(
+      grpc::CallbackServerContext* ctx) override {
+    auto r = std::make_shared<StreamReactor>(w_, ctx);
+    r->Begin();
+    return r.get();
+  }
+
+  grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* ctx, const pb::DescribeRequest*,
+                                     pb::DescribeResponse* resp) override {
+    w_->FillDescribe(resp);
+    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
+
+ private:
+  WorkerServer* w_;
+};
+
+// ------------------------------------------------------------------------------------------------
+absl::StatusOr<std::map<int, std::vector<int>>> ResolveExperts(const WorkerOptions& opt,
+                                                               const MoeConfig& cfg) {
+  std::map<int, std::vector<int>> out;
+  const bool by_ranges = !opt.experts.empty();
+  const bool by_map = !opt.expert_map.empty();
+  if (by_ranges == by_map) {
+    return absl::InvalidArgumentError("give either --experts RANGES or --expert-map FILE --worker NAME");
+  }
+  if (by_ranges) {
+    absl::StatusOr<std::vector<int32_t>> ids = ParseIndexRanges(opt.experts, cfg.num_experts);
+    if (!ids.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--experts '", opt.experts, "': ",
+                                                     std::string(ids.status().message()),
+                                                     " (the model has ", cfg.num_experts,
+                                                     " routed experts per layer, ids 0-",
+                                                     cfg.num_experts - 1, ")"));
+    }
+    for (int layer : cfg.MoeLayers()) out[layer] = std::vector<int>(ids->begin(), ids->end());
+    return out;
+  }
+  if (opt.worker_name.empty()) return absl::InvalidArgumentError("--expert-map needs --worker NAME");
+  absl::StatusOr<ExpertMap> map = LoadExpertMap(opt.expert_map, cfg);
+  if (!map.ok()) return map.status();
+  const ExpertMapWorker* w = map->Find(opt.worker_name);
+  if (w == nullptr) {
+    std::string names;
+    for (const auto& x : map->workers) absl::StrAppend(&names, names.empty() ? "" : ", ", x.name);
+    return absl::NotFoundError(absl::StrCat("--worker '", opt.worker_name, "' is not in ",
+                                            opt.expert_map, " (workers: ", names, ")"));
+  }
+  for (int layer : cfg.MoeLayers()) {
+    if (layer < static_cast<int>(w->experts.size()) && !w->experts[layer].empty()) {
+      out[layer] = std::vector<int>(w->experts[layer].begin(), w->experts[layer].end());
+    }
+  }
+  if (out.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("worker '", opt.worker_name, "' holds no experts in ",
+                                                   opt.expert_map));
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerOptions& opt) {
+  std::unique_ptr<WorkerServer> w(new WorkerServer());
+  w->opt_ = opt;
+  if (opt.model_dir.empty()) return absl::InvalidArgumentError("--model DIR is required");
+  if (opt.max_batch_tokens < 1 || opt.long_prefill_token_threshold < 1 || opt.max_queue < 1 ||
+      opt.batch_window_us < 0 || opt.max_message_bytes < 4096 || opt.load_threads < 1) {
+    return absl::InvalidArgumentError(
+        "--max-batch-tokens, --long-prefill-token-threshold, --max-queue and --load-threads must be "
+        ">= 1, --batch-window-us >= 0, --max-message-bytes >= 4096");
+  }
+  // Opening the model reads config.json and the safetensors headers and checks that every held
+  // expert's tensors exist with the right shapes; the bytes are read by Load.
+  {
+    absl::StatusOr<MoeConfig> cfg = LoadMoeConfig(opt.model_dir);
+    if (!cfg.ok()) return cfg.status();
+    w->config_ = *cfg;
+  }
+  absl::StatusOr<std::map<int, std::vector<int>>> experts = ResolveExperts(opt, w->config_);
+  if (!experts.ok()) return experts.status();
+  w->experts_ = *experts;
+  Exl3ModelOptions mo;
+  mo.experts = w->experts_;
+  mo.load_shared_experts = false;
+  mo.load_routers = false;
+  absl::StatusOr<std::unique_ptr<Exl3Model>> model = Exl3Model::Open(opt.model_dir, mo);
+  if (!model.ok()) {
+    return absl::Status(model.status().code(),
+                        absl::StrCat("model ", opt.model_dir, " does not provide the experts asked for: ",
+                                     std::string(model.status().message())));
+  }
+  w->model_ = std::move(*model);
+  w->fingerprint_ = w->model_->fingerprint();
+
+  const MoeConfig& c = w->config_;
+  ModelShape& sh = w->shape_;
+  sh.hidden_size = c.hidden_size;
+  sh.num_layers = c.num_hidden_layers;
+  sh.num_experts = c.num_experts;
+  sh.top_k = c.top_k;
+  sh.moe_layer = c.moe_layers;
+  sh.held.assign(c.num_hidden_layers, std::vector<bool>(c.num_experts, false));
+  sh.held_ranges.assign(c.num_hidden_layers, "none");
+  std::set<int> all_experts;
+  for (const auto& [layer, ids] : w->experts_) {
+    for (int e : ids) {
+      sh.held[layer][e] = true;
+      all_experts.insert(e);
+    }
+    sh.held_ranges[layer] = FormatIndexRanges(std::vector<int32_t>(ids.begin(), ids.end()));
+  }
+  w->limits_.max_message_bytes = opt.max_message_bytes;
+
+  absl::StatusOr<std::unique_ptr<MoeBackend>> be = CreateBackend(opt.backend, opt.device, opt.threads);
+  if (!be.ok()) return be.status();
+  w->backend_ = std::move(*be);
+
+  absl::StatusOr<std::unique_ptr<svc::MetricsEndpoint>> ep = svc::MetricsEndpoint::Start(opt.metrics_listen);
+  if (!ep.ok()) return ep.status();
+  w->metrics_ = std::move(*ep);
+  w->worker_metrics_ = std::make_unique<WorkerMetrics>(
+      w->metrics_->registry(), c.MoeLayers(), std::vector<int>(all_experts.begin(), all_experts.end()),
+      w->backend_->name(), w->backend_->device(), EXL3_VERSION);
+  w->worker_metrics_->ready().Set(0);
+
+  w->service_ = std::make_unique<Service>(w.get());
+  svc::ServerConfig sc;
+  sc.listen = opt.listen;
+  sc.tls = opt.tls;
+  // gRPC's own limit is twice ours, so requests between the two are answered in-band with
+  // RESOURCE_EXHAUSTED and the stream lives on; only larger ones end the stream.
+  const uint64_t hard = std::min<uint64_t>(2 * opt.max_message_bytes, INT32_MAX);
+  sc.max_receive_bytes = static_cast<int>(hard);
+  sc.max_send_bytes = static_cast<int>(hard);
+  sc.services = {w->service_.get()};
+  sc.health_names = {pb::ExpertWorker::service_full_name()};
+  absl::StatusOr<std::unique_ptr<svc::GrpcServer>> server = svc::GrpcServer::Start(sc);
+  if (!server.ok()) return server.status();
+  w->server_ = std::move(*server);
+  return w;
+}
+
+WorkerServer::~WorkerServer() {
+  if (server_) server_->Shutdown(absl::ZeroDuration());
+  if (scheduler_) scheduler_->Stop();
+  // Reactors unregistered in OnDone during Shutdown; drop any left.
+  std::lock_guard<std::mutex> l(streams_mu_);
+  streams_.clear();
+}
+
+absl::Status WorkerServer::Load() {
+  const auto t0 = Clock::now();
+  PrepareOptions po;
+  po.load_threads = opt_.load_threads;
+  po.lock_memory = opt_.lock_memory;
+  po.progress = opt_.progress;
+  po.benchmark = opt_.load_benchmark;
+  po.max_batch_tokens = opt_.max_batch_tokens;
+  PrepareStats st;
+  if (absl::Status s = backend_->Prepare(*model_, po, &st); !s.ok()) return s;
+  const double secs = Seconds(Clock::now() - t0);
+  size_t held = 0;
+  for (const auto& [l, ids] : experts_) held += ids.size();
+  svc::LogInfo("loaded %zu experts over %zu layers: %.3f GB in %.2f s (%.2f GB/s read%s), "
+               "%.3f GB pinned, backend %s (%s)",
+               held, experts_.size(), st.bytes / 1e9, secs,
+               st.read_seconds > 0 ? st.bytes / st.read_seconds / 1e9 : 0.0,
+               st.baseline_gbps > 0
+                   ? absl::StrCat("; plain parallel read ", st.baseline_gbps, " GB/s, ",
+                                  static_cast<int>(100 * (st.bytes / st.read_seconds / 1e9) / st.baseline_gbps),
+                                  "%").c_str()
+                   : "",
+               st.pinned_bytes / 1e9, backend_->name().c_str(), backend_->device().c_str());
+  if (!st.note.empty()) svc::LogWarning("%s", st.note.c_str());
+  worker_metrics_->pinned_bytes().Set(static_cast<double>(st.pinned_bytes));
+  worker_metrics_->load_seconds().Set(secs);
+
+  SchedulerOptions so;
+  so.batch_window = std::chrono::microseconds(opt_.batch_window_us);
+  so.max_batch_tokens = opt_.max_batch_tokens;
+  so.long_prefill_tokens = opt_.long_prefill_token_threshold;
+  so.max_queue = opt_.max_queue;
+  scheduler_ = std::make_unique<Scheduler>(so, backend_.get(), worker_metrics_.get(), config_.hidden_size);
+  scheduler_->Start();
+  pb::ServingState expected = pb::STATE_LOADING;
+  if (!state_.compare_exchange_strong(expected, pb::STATE_SERVING)) {
+    return absl::UnavailableError("worker started draining while loading");
+  }
+  worker_metrics_->ready().Set(1);
+  server_->SetServing(true);
+  svc::LogInfo("serving on %s", server_->address().c_str());
+  return absl::OkStatus();
+}
+
+absl::Status WorkerServer::Accept(pb::ExpertRequest&& msg, const std::shared_ptr<StreamReactor>& stream,
+                                  Clock::time_point received, Clock::time_point stream_deadline) {
+  const pb::ServingState st = state_.load();
+  if (st == pb::STATE_LOADING) return absl::UnavailableError("worker is still loading its experts");
+  if (st == pb::STATE_DRAINING) return absl::UnavailableError("worker is draining (shutting down)");
+  const size_t bytes = msg.ByteSizeLong();
+  if (bytes > opt_.max_message_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("request ", msg.id(), " is ", bytes,
+                                                     " bytes, over --max-message-bytes ",
+                                                     opt_.max_message_bytes,
+                                                     " (split it into smaller requests)"));
+  }
+  absl::StatusOr<std::shared_ptr<WorkRequest>> r = DecodeExpertRequest(std::move(msg), shape_, limits_, received);
+  if (!r.ok()) return r.status();
+  (*r)->deadline = std::min((*r)->deadline, stream_deadline);
+  (*r)->sink = stream;
+  return scheduler_->Submit(std::move(*r));
+}
+
+void WorkerServer::Register(const std::shared_ptr<StreamReactor>& s) {
+  std::lock_guard<std::mutex> l(streams_mu_);
+  streams_[s.get()] = s;
+}
+
+void WorkerServer::Unregister(StreamReactor* s) {
+  std::shared_ptr<StreamReactor> keep;
+  std::lock_guard<std::mutex> l(streams_mu_);
+  auto it = streams_.find(s);
+  if (it != streams_.end()) {
+    keep = std::move(it->second);  // destroyed after the lock is released
+    streams_.erase(it);
+  }
+}
+
+void WorkerServer::BeginDrain() {
+  const pb::ServingState prev = state_.exchange(pb::STATE_DRAINING);
+  if (prev != pb::STATE_DRAINING) {
+    svc::LogInfo("draining: health NOT_SERVING, new requests answered UNAVAILABLE");
+  }
+  server_->SetServing(false);
+  worker_metrics_->ready().Set(0);
+}
+
+bool WorkerServer::Drain(absl::Duration timeout) {
+  BeginDrain();
+  const absl::Time until = absl::Now() + timeout;
+  auto all_idle = [&] {
+    if (scheduler_ && scheduler_->InFlight() > 0) return false;
+    std::vector<std::shared_ptr<StreamReactor>> ss;
+    {
+      std::lock_guard<std::mutex> l(streams_mu_);
+      for (auto& [p, s] : streams_) ss.push_back(s);
+    }
+    for (auto& s : ss) {
+      if (!s->Idle()) return false;
+    }
+    return true;
+  };
+  bool clean = true;
+  while (!all_idle()) {
+    if (absl::Now() >= until) {
+      clean = false;
+      svc::LogWarning("drain timeout: %d requests still in flight",
+                      scheduler_ ? scheduler_->InFlight() : 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  // Answer whatever is left (only after a timeout), then end the streams.
+  if (scheduler_) scheduler_->Stop();
+  {
+    std::vector<std::shared_ptr<StreamReactor>> ss;
+    {
+      std::lock_guard<std::mutex> l(streams_mu_);
+      for (auto& [p, s] : streams_) ss.push_back(s);
+    }
+    for (auto& s : ss) {
+      s->FinishWhenIdle(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server draining"));
+    }
+  }
+  // Give the final writes and Finish calls a moment, then stop the server.
+  const absl::Time streams_until = std::min(until, absl::Now() + absl::Seconds(5));
+  while (absl::Now() < streams_until) {
+    {
+      std::lock_guard<std::mutex> l(streams_mu_);
+      if (streams_.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  server_->Shutdown(absl::Milliseconds(500));
+  svc::LogInfo("drained%s", clean ? "" : " (timeout)");
+  return clean;
+}
+
+void WorkerServer::FillDescribe(pb::DescribeResponse* out) const {
+  const MoeConfig& c = config_;
+  pb::ModelIdentity* m = out->mutable_model();
+  m->set_fingerprint(fingerprint_);
+  m->set_architecture(c.architecture);
+  m->set_hidden_size(c.hidden_size);
+  m->set_num_layers(c.num_hidden_layers);
+  for (int l : c.MoeLayers()) m->add_moe_layers(l);
+  m->set_num_experts(c.num_experts);
+  m->set_top_k(c.top_k);
+  m->set_moe_intermediate_size(c.moe_intermediate_size);
+  m->set_bits(c.bits);
+  for (const auto& [layer, ids] : experts_) {
+    pb::LayerExperts* le = out->add_experts();
+    le->set_layer(layer);
+    for (int e : ids) le->add_experts(e);
+  }
+  out->set_worker_name(opt_.worker_name);
+  out->set_backend(backend_->name());
+  out->set_device(backend_->device());
+  out->set_pinned_bytes(state_.load() == pb::STATE_LOADING ? 0 : backend_->pinned_bytes());
+  pb::Versions* v = out->mutable_versions();
+  v->set_server(EXL3_VERSION);
+  v->set_protocol("exl3serve.v1");
+  v->set_grpc(grpc::Version());
+  v->set_git(EXL3_GIT_DESCRIBE);
+  out->set_state(state_.load());
+  out->set_max_message_bytes(opt_.max_message_bytes);
+  out->set_max_batch_tokens(opt_.max_batch_tokens);
+  out->set_long_prefill_token_threshold(opt_.long_prefill_token_threshold);
+  out->set_max_queue(opt_.max_queue);
+}
+
+}  // namespace exl3::worker
