@@ -1,0 +1,151 @@
+// Host API of the EXL3 CUDA backend. Includes no CUDA header, so any code (services, tools, the CPU
+// build) can include it; the functions exist only when the library `exl3_cuda` is linked, which
+// CMake builds when a CUDA toolkit is found and then defines EXL3_HAVE_CUDA=1 for its users.
+//
+// Usage (dense layer):
+//   auto dev = exl3::cuda::DeviceLinear::Upload(view);          // or ::Register for host memory
+//   exl3::cuda::Workspace ws;                                     // grows on first use, then reused
+//   exl3::cuda::LinearForward(dev->view(), d_x, m, d_y, &ws, stream);   // x [m, k] fp32 -> y [m, n]
+// Usage (MoE layer):
+//   auto layer = exl3::cuda::DeviceMoeLayer::Upload(moe_view);   // kernels/moe_cpu.h view
+//   auto runner = exl3::cuda::MoeRunner::Create(*layer, max_tokens, top_k);  // workspace, once
+//   runner->Forward(d_x, T, d_ids, d_weights, d_out, stream);    // no host sync, graph-capturable
+//
+// Paths: EXL3_MOE_KERNEL=native|reference (default native) picks the native kernels or the reference
+// (dequantise to fp16, cuBLAS). A device the native kernels do not support (compute capability
+// below 8.0) falls back to the reference by itself; the path taken is logged once on stderr.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/exl3_linear.h"
+#include "kernels/moe_cpu.h"
+
+namespace exl3::cuda {
+
+// cudaStream_t, passed as an opaque pointer (null: the legacy default stream).
+using StreamHandle = void*;
+
+struct DeviceInfo {
+  int device = 0;
+  std::string name;
+  int cc_major = 0, cc_minor = 0;
+  int sm_count = 0;
+  size_t global_mem_bytes = 0;
+  size_t l2_bytes = 0;
+  size_t shared_mem_per_block_optin = 0;
+  bool unified_addressing = false;
+  bool pageable_memory_access = false;  // true on GB10-style unified memory
+};
+
+// Number of visible devices (0 when there is no driver or GPU; never an error).
+int DeviceCount();
+absl::StatusOr<DeviceInfo> QueryDevice(int device = 0);
+
+enum class Path { kAuto, kNative, kReference };
+// The path EXL3_MOE_KERNEL asks for (kNative when unset); an invalid value is an error.
+absl::StatusOr<Path> PathFromEnv();
+const char* PathName(Path p);
+
+// Plain device memory helpers (so callers need no CUDA header).
+absl::StatusOr<void*> DeviceAlloc(size_t bytes);
+void DeviceFree(void* p);
+absl::Status CopyToDevice(void* dst, const void* src, size_t bytes);
+absl::Status CopyToHost(void* dst, const void* src, size_t bytes);
+absl::Status Synchronize(StreamHandle stream = nullptr);
+
+// One linear layer's tensors in GPU-visible memory. view() holds device pointers.
+class DeviceLinear {
+ public:
+  // Copies trellis/suh/svh/bias into one device allocation.
+  static absl::StatusOr<std::unique_ptr<DeviceLinear>> Upload(const Exl3LinearView& host);
+  ~DeviceLinear();
+  DeviceLinear(const DeviceLinear&) = delete;
+  DeviceLinear& operator=(const DeviceLinear&) = delete;
+  const Exl3LinearView& view() const { return view_; }
+
+ private:
+  DeviceLinear() = default;
+  Exl3LinearView view_;
+  void* block_ = nullptr;
+};
+
+// Scratch memory and library handles, allocated on first use and grown when a larger call comes;
+// reused afterwards (call a forward once before capturing a graph).
+class Workspace {
+ public:
+  Workspace();
+  ~Workspace();
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  struct Impl;
+  Impl* impl() { return impl_.get(); }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// y [m, n] fp32 = x [m, k] fp32 · W (+ bias), all pointers device memory, w.view() device pointers.
+// Native: input transform, tensor-core GEMV (m <= 64 per pass of 16-row chunks) or the prefill GEMM
+// (m > 64), output transform. Reference: same transforms, W_inner dequantised to fp16 + cuBLAS.
+absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float* y,
+                           Workspace* ws, StreamHandle stream = nullptr, Path path = Path::kAuto);
+
+// W_inner fp16 [k, n] (bit patterns, row-major) decoded on the device; matches DequantizeInner.
+absl::Status DequantizeInnerDevice(const Exl3LinearView& w, uint16_t* out, StreamHandle stream = nullptr);
+
+// An MoE layer resident on the device: every held expert's gate/up/down plus the shared expert,
+// and per-projection pointer tables the kernels index by expert id.
+class DeviceMoeLayer {
+ public:
+  // Copies every held expert into device memory (one allocation).
+  static absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> Upload(const MoeLayerView& host);
+  ~DeviceMoeLayer();
+  DeviceMoeLayer(const DeviceMoeLayer&) = delete;
+  DeviceMoeLayer& operator=(const DeviceMoeLayer&) = delete;
+  struct Impl;
+  const Impl* impl() const { return impl_.get(); }
+  int hidden_size() const;
+  int num_experts() const;
+  bool has_shared() const;
+  size_t device_bytes() const;
+
+ private:
+  DeviceMoeLayer();
+  std::unique_ptr<Impl> impl_;
+};
+
+// Runs one MoE layer for up to max_tokens tokens. Owns its workspace (allocated in Create).
+// Forward: x [T, hidden] fp32, topk_ids [T, top_k] int32, topk_weights [T, top_k] fp32, out
+// [T, hidden] fp32 (overwritten): out[t] = sum_k w[t,k] * expert_{id[t,k]}(x[t]) + shared(x[t]).
+// Ids that are out of range or name an expert not held are skipped. All device pointers; no host
+// synchronisation and no allocation on the native path, so it can be captured in a CUDA graph.
+class MoeRunner {
+ public:
+  static absl::StatusOr<std::unique_ptr<MoeRunner>> Create(const DeviceMoeLayer& layer, int max_tokens,
+                                                           int top_k, Path path = Path::kAuto);
+  ~MoeRunner();
+  MoeRunner(const MoeRunner&) = delete;
+  MoeRunner& operator=(const MoeRunner&) = delete;
+  absl::Status Forward(const float* x, int num_tokens, const int32_t* topk_ids,
+                       const float* topk_weights, float* out, StreamHandle stream = nullptr,
+                       bool include_shared = true);
+  // Same with routing arrays in host memory (copied into the workspace first).
+  absl::Status ForwardHostRouting(const float* x, int num_tokens, const int32_t* topk_ids,
+                                  const float* topk_weights, float* out,
+                                  StreamHandle stream = nullptr, bool include_shared = true);
+  Path path() const;
+  struct Impl;
+
+ private:
+  MoeRunner();
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace exl3::cuda

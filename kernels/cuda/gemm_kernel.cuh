@@ -1,0 +1,217 @@
+// Chunked prefill GEMM on tensor cores with the trellis decode fused into the register tiles:
+// y[rows, n] = A[rows, k] (fp16, input-transformed) · W_inner[k, n]. Also the expert-grouped MoE
+// prefill: the same problems and row chunks as GroupedGemvKernel, with chunks of up to 128 rows.
+//
+// Block (8 warps) = one unit: a chunk of <= kGemmBM rows x 128 columns (warp w owns 16-column tile
+// 8*cg + w), all of k. A streams through shared memory in stages of 64 k (cp.async, double
+// buffered, rows padded to avoid ldmatrix bank conflicts); each warp decodes one trellis tile per
+// 16 k into mma B fragments once and reuses them for kGemmBM/16 row blocks (2 mma each), so the
+// decode cost is amortised over 128 tokens. Results are stored (not accumulated) into y.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/gemv_kernel.cuh"
+#include "kernels/cuda/trellis_decode.cuh"
+
+namespace exl3::cuda {
+
+inline constexpr int kGemmStageK = 64;    // k per pipeline stage (4 tiles)
+inline constexpr int kGemmLda = kGemmStageK + 8;  // padded smem row (halves)
+
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&a)[4], const void* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(s));
+}
+
+__device__ __forceinline__ int GemmChunks(const GemvProblem& p) {
+  return p.chunk_expert ? *p.num_chunks : (p.rows + kGemmBM - 1) / kGemmBM;
+}
+
+template <int K, int CB>
+__global__ void __launch_bounds__(256, 2) GroupedGemmKernel(const GemvBatch batch) {
+  __shared__ __align__(16) __half smem_a[2][kGemmBM * kGemmLda];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const LaneSlots<K> slots(lane);
+  const int g = lane >> 2, c = lane & 3;
+  constexpr int kTilesPerStage = kGemmStageK / 16;
+  constexpr int NW = LaneSlots<K>::kWords;
+
+  int units[kMaxProblems];
+  int total = 0;
+#pragma unroll
+  for (int q = 0; q < kMaxProblems; ++q) {
+    units[q] = 0;
+    if (q < batch.num_problems) {
+      units[q] = GemmChunks(batch.p[q]) * (batch.p[q].n / 128);
+      total += units[q];
+    }
+  }
+
+  for (int u = blockIdx.x; u < total; u += gridDim.x) {
+    int q = 0, r = u;
+#pragma unroll
+    for (int i = 0; i < kMaxProblems - 1; ++i) {
+      if (q == i && r >= units[i]) {
+        r -= units[i];
+        q = i + 1;
+      }
+    }
+    const GemvProblem& p = batch.p[q];
+    const int col_groups = p.n / 128;
+    const int cg = r % col_groups;
+    const int chunk = r / col_groups;
+    int expert, row0, rows;
+    if (p.chunk_expert) {
+      expert = p.chunk_expert[chunk];
+      row0 = p.chunk_row0[chunk];
+      rows = p.chunk_rows[chunk];
+    } else {
+      expert = 0;
+      row0 = chunk * kGemmBM;
+      rows = min(kGemmBM, p.rows - row0);
+    }
+    const int n_tiles = p.n / 16;
+    const int tile_col = cg * 8 + warp;
+    const uint32_t* wbase = reinterpret_cast<const uint32_t*>(p.chunk_expert ? p.trellis[expert] : p.single) +
+                            static_cast<size_t>(tile_col) * (8 * K);
+    const size_t k_stride = static_cast<size_t>(n_tiles) * (8 * K);
+    const int stages = p.k / kGemmStageK;
+
+    auto load_a = [&](int stage, int buf) {
+      // 128 rows x 64 halves = 1024 16-byte pieces, 4 per thread.
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int piece = threadIdx.x + 256 * i;
+        const int row = piece >> 3, col = (piece & 7) * 8;
+        const bool valid = row < rows;
+        const __half* src = p.a + static_cast<size_t>(row0 + (valid ? row : 0)) * p.k +
+                            stage * kGemmStageK + col;
+        CpAsync16(&smem_a[buf][row * kGemmLda + col], src, valid);
+      }
+      CpAsyncCommit();
+    };
+    auto load_w = [&](int stage, uint32_t (&w)[kTilesPerStage][NW]) {
+#pragma unroll
+      for (int t = 0; t < kTilesPerStage; ++t)
+        LoadLaneWords<K>(wbase + (static_cast<size_t>(stage) * kTilesPerStage + t) * k_stride, slots, w[t]);
+    };
+
+    float acc[kGemmBM / 16][2][4];
+#pragma unroll
+    for (int m = 0; m < kGemmBM / 16; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[m][h][i] = 0.f;
+
+    uint32_t wcur[kTilesPerStage][NW], wnext[kTilesPerStage][NW];
+    load_a(0, 0);
+    load_w(0, wcur);
+    for (int s = 0; s < stages; ++s) {
+      const bool more = s + 1 < stages;
+      if (more) {
+        load_a(s + 1, (s + 1) & 1);
+        load_w(s + 1, wnext);
+        CpAsyncWait<1>();
+      } else {
+        CpAsyncWait<0>();
+      }
+      __syncthreads();
+      const __half* abuf = smem_a[s & 1];
+#pragma unroll
+      for (int kk = 0; kk < kTilesPerStage; ++kk) {
+        uint32_t b[4];
+        DecodeLane<K, CB>(wcur[kk], slots.shift, b);
+#pragma unroll
+        for (int m = 0; m < kGemmBM / 16; ++m) {
+          uint32_t a[4];
+          LdMatrixX4(a, abuf + (m * 16 + (lane & 15)) * kGemmLda + kk * 16 + (lane >> 4) * 8);
+          Mma16816(acc[m][0], a, b[0], b[1]);
+          Mma16816(acc[m][1], a, b[2], b[3]);
+        }
+      }
+      __syncthreads();
+      if (more) {
+#pragma unroll
+        for (int t = 0; t < kTilesPerStage; ++t)
+#pragma unroll
+          for (int i = 0; i < NW; ++i) wcur[t][i] = wnext[t][i];
+      }
+    }
+
+#pragma unroll
+    for (int m = 0; m < kGemmBM / 16; ++m) {
+      const int r_lo = m * 16 + g, r_hi = r_lo + 8;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int col = tile_col * 16 + 8 * h + 2 * c;
+        if (r_lo < rows)
+          *reinterpret_cast<float2*>(p.y + static_cast<size_t>(row0 + r_lo) * p.n + col) =
+              make_float2(acc[m][h][0], acc[m][h][1]);
+        if (r_hi < rows)
+          *reinterpret_cast<float2*>(p.y + static_cast<size_t>(row0 + r_hi) * p.n + col) =
+              make_float2(acc[m][h][2], acc[m][h][3]);
+      }
+    }
+  }
+}
+
+template <int K, int CB>
+void LaunchGroupedGemm(const GemvBatch& batch, int grid, cudaStream_t stream) {
+  GroupedGemmKernel<K, CB><<<grid, 256, 0, stream>>>(batch);
+}
+
+// Dequantisation: W_inner fp16 [k, n] row-major, one warp per tile, staged through shared memory
+// so that global writes are whole 32-byte tile rows.
+template <int K, int CB>
+__global__ void __launch_bounds__(256) DequantKernel(const uint16_t* __restrict__ trellis, int k, int n,
+                                                     uint16_t* __restrict__ out) {
+  __shared__ uint16_t tile_smem[8][256];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const LaneSlots<K> slots(lane);
+  const int n_tiles = n / 16;
+  const long total = static_cast<long>(k / 16) * n_tiles;
+  for (long tile = static_cast<long>(blockIdx.x) * 8 + warp; tile < total;
+       tile += static_cast<long>(gridDim.x) * 8) {
+    uint32_t w[LaneSlots<K>::kWords];
+    LoadLaneWords<K>(reinterpret_cast<const uint32_t*>(trellis) + tile * (8 * K), slots, w);
+    uint32_t b[4];
+    DecodeLane<K, CB>(w, slots.shift, b);
+    const int r0 = 2 * (lane & 3), c0 = lane >> 2;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      // q: (j = 2q, 2q+1): rows r0 + (q&1)*8 + {0,1}, column c0 + (q>>1)*8.
+      const int row = r0 + (q & 1) * 8, col = c0 + (q >> 1) * 8;
+      tile_smem[warp][row * 16 + col] = static_cast<uint16_t>(b[q] & 0xffffu);
+      tile_smem[warp][(row + 1) * 16 + col] = static_cast<uint16_t>(b[q] >> 16);
+    }
+    __syncwarp();
+    const int ti = static_cast<int>(tile / n_tiles), tj = static_cast<int>(tile % n_tiles);
+    // 16 rows x 32 bytes: lane writes 16 bytes (half a row).
+    const int row = lane >> 1, half = lane & 1;
+    const uint4 v = *reinterpret_cast<const uint4*>(&tile_smem[warp][row * 16 + half * 8]);
+    *reinterpret_cast<uint4*>(out + static_cast<size_t>(ti * 16 + row) * n + tj * 16 + half * 8) = v;
+    __syncwarp();
+  }
+}
+
+template <int K, int CB>
+void LaunchDequant(const uint16_t* trellis, int k, int n, uint16_t* out, int grid, cudaStream_t stream) {
+  DequantKernel<K, CB><<<grid, 256, 0, stream>>>(trellis, k, n, out);
+}
+
+}  // namespace exl3::cuda

@@ -1,0 +1,22 @@
+// Template instances for K = 1 and 2, all three codebooks (spread over files for compile time).
+#include "kernels/cuda/decode_ceiling_kernel.cuh"
+#include "kernels/cuda/gemm_kernel.cuh"
+#include "kernels/cuda/gemv_kernel.cuh"
+#include "kernels/cuda/kernel_dispatch.h"
+
+namespace exl3::cuda {
+
+#define EXL3_INSTANCES(K, CB)                                                                      \
+  template void LaunchGroupedGemv<K, CB>(const GemvBatch&, int, cudaStream_t);                     \
+  template void LaunchGroupedGemm<K, CB>(const GemvBatch&, int, cudaStream_t);                     \
+  template void LaunchDequant<K, CB>(const uint16_t*, int, int, uint16_t*, int, cudaStream_t);     \
+  template void LaunchDecodeCeiling<K, CB>(const uint32_t*, float*, int, int, int, cudaStream_t);
+
+EXL3_INSTANCES(1, 0)
+EXL3_INSTANCES(1, 1)
+EXL3_INSTANCES(1, 2)
+EXL3_INSTANCES(2, 0)
+EXL3_INSTANCES(2, 1)
+EXL3_INSTANCES(2, 2)
+
+}  // namespace exl3::cuda

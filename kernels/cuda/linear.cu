@@ -1,0 +1,308 @@
+// Host side of the dense path: device query, memory helpers, DeviceLinear, Workspace, transforms,
+// LinearForward (native and reference), device dequantisation, path selection.
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/backend_internal.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/kernel_dispatch.h"
+#include "kernels/cuda/transform_kernels.cuh"
+
+namespace exl3::cuda {
+
+// ---------------------------------------------------------------------------------------------
+// Kernels
+
+// grid.x = rows, 128 threads: row r of x -> A[r]; zeroes zero_y[r, 0..zero_n).
+__global__ void InputTransformKernel(const float* __restrict__ x, int k, const uint16_t* __restrict__ suh,
+                                     __half* __restrict__ a, float* __restrict__ zero_y, int zero_n) {
+  const int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int b = warp; b < k / 128; b += blockDim.x / 32) {
+    InputBlock(x + static_cast<size_t>(row) * k + 128 * b, suh + 128 * b,
+               a + static_cast<size_t>(row) * k + 128 * b, lane);
+  }
+  if (zero_y) {
+    float* y = zero_y + static_cast<size_t>(row) * zero_n;
+    for (int i = threadIdx.x; i < zero_n; i += blockDim.x) y[i] = 0.f;
+  }
+}
+
+__global__ void OutputTransformKernel(float* __restrict__ y, int n, const uint16_t* __restrict__ svh,
+                                      const uint16_t* __restrict__ bias) {
+  const int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int b = warp; b < n / 128; b += blockDim.x / 32) {
+    float* p = y + static_cast<size_t>(row) * n + 128 * b;
+    float v[4];
+    OutputBlock(p, svh + 128 * b, bias ? bias + 128 * b : nullptr, v, lane);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) p[32 * r + lane] = v[r];
+  }
+}
+
+absl::Status LaunchInputTransform(const float* x, int rows, int k, const uint16_t* suh, __half* a,
+                                  float* zero_y, int zero_n, cudaStream_t stream) {
+  if (rows == 0) return absl::OkStatus();
+  InputTransformKernel<<<rows, 128, 0, stream>>>(x, k, suh, a, zero_y, zero_n);
+  EXL3_CUDA_CHECK_LAUNCH("InputTransformKernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchOutputTransform(float* y, int rows, int n, const uint16_t* svh, const uint16_t* bias,
+                                   cudaStream_t stream) {
+  if (rows == 0) return absl::OkStatus();
+  OutputTransformKernel<<<rows, 128, 0, stream>>>(y, n, svh, bias);
+  EXL3_CUDA_CHECK_LAUNCH("OutputTransformKernel");
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device, memory, paths
+
+int DeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+absl::StatusOr<DeviceInfo> QueryDevice(int device) {
+  cudaDeviceProp p;
+  EXL3_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&p, device));
+  DeviceInfo d;
+  d.device = device;
+  d.name = p.name;
+  d.cc_major = p.major;
+  d.cc_minor = p.minor;
+  d.sm_count = p.multiProcessorCount;
+  d.global_mem_bytes = p.totalGlobalMem;
+  d.l2_bytes = p.l2CacheSize;
+  d.shared_mem_per_block_optin = p.sharedMemPerBlockOptin;
+  d.unified_addressing = p.unifiedAddressing;
+  d.pageable_memory_access = p.pageableMemoryAccess;
+  return d;
+}
+
+const char* PathName(Path p) {
+  switch (p) {
+    case Path::kAuto: return "auto";
+    case Path::kNative: return "native";
+    case Path::kReference: return "reference";
+  }
+  return "?";
+}
+
+absl::StatusOr<Path> PathFromEnv() {
+  const char* v = std::getenv("EXL3_MOE_KERNEL");
+  if (v == nullptr || *v == 0 || std::strcmp(v, "native") == 0) return Path::kNative;
+  if (std::strcmp(v, "reference") == 0) return Path::kReference;
+  return absl::InvalidArgumentError(
+      absl::StrCat("EXL3_MOE_KERNEL=", std::string(v), " is not 'native' or 'reference'"));
+}
+
+Path ResolvePath(Path requested, int cc_major, const char* what) {
+  Path p = requested;
+  const char* why = "requested";
+  if (p == Path::kAuto) {
+    auto env = PathFromEnv();
+    p = env.ok() ? *env : Path::kNative;
+    why = std::getenv("EXL3_MOE_KERNEL") ? "EXL3_MOE_KERNEL" : "default";
+  }
+  if (p == Path::kNative && cc_major < 8) {
+    p = Path::kReference;
+    why = "device below sm_80 (no mma.sync m16n8k16): falling back";
+  }
+  static std::mutex mu;
+  static std::set<std::string> logged;
+  std::lock_guard<std::mutex> lock(mu);
+  const std::string key = absl::StrCat(what, "/", PathName(p));
+  if (logged.insert(key).second) {
+    std::fprintf(stderr, "exl3 cuda: %s uses the %s path (%s)\n", what, PathName(p), why);
+  }
+  return p;
+}
+
+absl::StatusOr<void*> DeviceAlloc(size_t bytes) {
+  void* p = nullptr;
+  EXL3_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
+  return p;
+}
+void DeviceFree(void* p) {
+  if (p) cudaFree(p);
+}
+absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) {
+  EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  return absl::OkStatus();
+}
+absl::Status CopyToHost(void* dst, const void* src, size_t bytes) {
+  EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+  return absl::OkStatus();
+}
+absl::Status Synchronize(StreamHandle stream) {
+  EXL3_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+  return absl::OkStatus();
+}
+
+absl::Status DeviceBuffer::Reserve(size_t want) {
+  if (want <= bytes) return absl::OkStatus();
+  if (ptr) cudaFree(ptr);
+  ptr = nullptr;
+  bytes = 0;
+  EXL3_CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr, want));
+  bytes = want;
+  return absl::OkStatus();
+}
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr) cudaFree(ptr);
+}
+
+absl::Status CublasStatus(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("cuBLAS error ", static_cast<int>(s), " in ", what));
+}
+
+Workspace::Workspace() : impl_(std::make_unique<Impl>()) {}
+Workspace::~Workspace() = default;
+Workspace::Impl::~Impl() {
+  if (cublas) cublasDestroy(cublas);
+}
+absl::Status Workspace::Impl::Init() {
+  if (device >= 0) return absl::OkStatus();
+  int dev = 0;
+  EXL3_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, dev));
+  EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev));
+  device = dev;
+  return absl::OkStatus();
+}
+
+int GemvKTilesPerUnit(int k, int n, int chunks, int sm_count) {
+  const int k_tiles = k / 16;
+  const long col_groups = n / (16 * kGemvNT);
+  const long target = static_cast<long>(sm_count) * 16 * 2;  // ~2 units per resident warp
+  long slices = target / std::max<long>(1, chunks * col_groups);
+  slices = std::clamp<long>(slices, 1, std::max(1, k_tiles / 4));
+  return static_cast<int>((k_tiles + slices - 1) / slices);
+}
+int GemvGrid(int sm_count) { return sm_count * 2; }
+int GemmGrid(int sm_count, long units) { return static_cast<int>(std::min<long>(units, sm_count * 2L)); }
+
+absl::Status ReferenceGemm(cublasHandle_t h, const uint16_t* trellis, int k, int n, int K, int cb,
+                           const __half* a, int rows, float* y, uint16_t* scratch, cudaStream_t stream) {
+  EXL3_RETURN_IF_ERROR(DispatchDequant(K, cb, trellis, k, n, scratch, 264, stream));
+  EXL3_CUDA_CHECK_LAUNCH("DequantKernel");
+  EXL3_RETURN_IF_ERROR(CublasStatus(cublasSetStream(h, stream), "cublasSetStream"));
+  const float alpha = 1.f, beta = 0.f;
+  // Row-major y[rows, n] = A[rows, k] · W[k, n]  <=>  column-major y^T = W^T · A^T.
+  return CublasStatus(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, rows, k, &alpha, scratch, CUDA_R_16F, n,
+                                   a, CUDA_R_16F, k, &beta, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT),
+                      "cublasGemmEx");
+}
+
+// ---------------------------------------------------------------------------------------------
+// DeviceLinear
+
+absl::StatusOr<std::unique_ptr<DeviceLinear>> DeviceLinear::Upload(const Exl3LinearView& host) {
+  EXL3_RETURN_IF_ERROR(ValidateLinear(host));
+  const size_t tb = host.trellis_words() * 2, kb = host.in_features * 2ul, nb = host.out_features * 2ul;
+  auto align = [](size_t x) { return (x + 255) & ~size_t{255}; };
+  const size_t total = align(tb) + align(kb) + 2 * align(nb);
+  std::unique_ptr<DeviceLinear> d(new DeviceLinear());
+  EXL3_CUDA_RETURN_IF_ERROR(cudaMalloc(&d->block_, total));
+  char* base = static_cast<char*>(d->block_);
+  d->view_ = host;
+  auto put = [&](const uint16_t* src, size_t bytes, size_t& off) -> absl::StatusOr<const uint16_t*> {
+    char* dst = base + off;
+    EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    off += align(bytes);
+    return reinterpret_cast<const uint16_t*>(dst);
+  };
+  size_t off = 0;
+  auto t = put(host.trellis, tb, off);
+  if (!t.ok()) return t.status();
+  d->view_.trellis = *t;
+  auto su = put(host.suh, kb, off);
+  if (!su.ok()) return su.status();
+  d->view_.suh = *su;
+  auto sv = put(host.svh, nb, off);
+  if (!sv.ok()) return sv.status();
+  d->view_.svh = *sv;
+  if (host.bias) {
+    auto b = put(host.bias, nb, off);
+    if (!b.ok()) return b.status();
+    d->view_.bias = *b;
+  }
+  return d;
+}
+
+DeviceLinear::~DeviceLinear() {
+  if (block_) cudaFree(block_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward and dequantisation
+
+absl::Status DequantizeInnerDevice(const Exl3LinearView& w, uint16_t* out, StreamHandle stream) {
+  EXL3_RETURN_IF_ERROR(ValidateLinear(w));
+  EXL3_RETURN_IF_ERROR(DispatchDequant(w.bits, static_cast<int>(w.codebook), w.trellis, w.in_features,
+                                       w.out_features, out, 264, static_cast<cudaStream_t>(stream)));
+  EXL3_CUDA_CHECK_LAUNCH("DequantKernel");
+  return absl::OkStatus();
+}
+
+absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float* y, Workspace* ws,
+                           StreamHandle stream_handle, Path path) {
+  EXL3_RETURN_IF_ERROR(ValidateLinear(w));
+  if (m < 0) return absl::InvalidArgumentError("negative row count");
+  if (m == 0) return absl::OkStatus();
+  Workspace::Impl& s = *ws->impl();
+  EXL3_RETURN_IF_ERROR(s.Init());
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  const int k = w.in_features, n = w.out_features;
+  const Path p = ResolvePath(path, s.cc_major, "linear");
+  EXL3_RETURN_IF_ERROR(s.a.Reserve(static_cast<size_t>(m) * k * 2));
+  __half* a = static_cast<__half*>(s.a.ptr);
+  const bool gemv = p == Path::kNative && m <= kGemvMaxRows;
+  EXL3_RETURN_IF_ERROR(LaunchInputTransform(x, m, k, w.suh, a, gemv ? y : nullptr, n, stream));
+  if (p == Path::kReference) {
+    if (!s.cublas) EXL3_RETURN_IF_ERROR(CublasStatus(cublasCreate(&s.cublas), "cublasCreate"));
+    EXL3_RETURN_IF_ERROR(s.dequant.Reserve(static_cast<size_t>(k) * n * 2));
+    EXL3_RETURN_IF_ERROR(ReferenceGemm(s.cublas, w.trellis, k, n, w.bits, static_cast<int>(w.codebook), a,
+                                       m, y, static_cast<uint16_t*>(s.dequant.ptr), stream));
+  } else {
+    GemvBatch batch;
+    batch.num_problems = 1;
+    GemvProblem& q = batch.p[0];
+    q.single = w.trellis;
+    q.a = a;
+    q.y = y;
+    q.rows = m;
+    q.k = k;
+    q.n = n;
+    if (gemv) {
+      q.k_tiles_per_unit = GemvKTilesPerUnit(k, n, (m + 15) / 16, s.sm_count);
+      EXL3_RETURN_IF_ERROR(DispatchGemv(w.bits, static_cast<int>(w.codebook), batch, GemvGrid(s.sm_count), stream));
+      EXL3_CUDA_CHECK_LAUNCH("GroupedGemvKernel");
+    } else {
+      const long units = static_cast<long>((m + kGemmBM - 1) / kGemmBM) * (n / 128);
+      EXL3_RETURN_IF_ERROR(DispatchGemm(w.bits, static_cast<int>(w.codebook), batch, GemmGrid(s.sm_count, units), stream));
+      EXL3_CUDA_CHECK_LAUNCH("GroupedGemmKernel");
+    }
+  }
+  return LaunchOutputTransform(y, m, n, w.svh, w.bias, stream);
+}
+
+}  // namespace exl3::cuda

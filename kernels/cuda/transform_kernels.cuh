@@ -1,0 +1,42 @@
+// Input/output transforms of an EXL3 linear layer on the GPU:
+//   input:  A[r] = fp16( (x[r] ⊙ suh) · H )      x fp32 [rows, k], suh fp16 [k], A fp16 [rows, k]
+//   output: y[r] = (y'[r] · H) ⊙ svh (+ bias)    y fp32 [rows, n] in place, svh/bias fp16 [n]
+// H = block-diagonal Hadamard-128 / sqrt(128). One warp per 128-block.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/hadamard.cuh"
+
+namespace exl3::cuda {
+
+__device__ __forceinline__ float HalfAt(const uint16_t* p, int i) {
+  return __half2float(__ushort_as_half(p[i]));
+}
+
+// Transforms one 128-block: x (fp32, 128) ⊙ suh (fp16) · H -> out (fp16). Warp-cooperative.
+__device__ __forceinline__ void InputBlock(const float* x, const uint16_t* suh, __half* out, int lane) {
+  float v[4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r) v[r] = x[32 * r + lane] * HalfAt(suh, 32 * r + lane);
+  WarpHadamard128(v, lane);
+#pragma unroll
+  for (int r = 0; r < 4; ++r) out[32 * r + lane] = __float2half_rn(v[r]);
+}
+
+// y' block (fp32) -> (y' · H) ⊙ svh (+ bias), returned in v (element 32r + lane).
+__device__ __forceinline__ void OutputBlock(const float* y, const uint16_t* svh, const uint16_t* bias,
+                                            float (&v)[4], int lane) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r) v[r] = y[32 * r + lane];
+  WarpHadamard128(v, lane);
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    v[r] *= HalfAt(svh, 32 * r + lane);
+    if (bias) v[r] += HalfAt(bias, 32 * r + lane);
+  }
+}
+
+}  // namespace exl3::cuda

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds the CUDA tools here (Debian 12, nvcc 13) and collects them with the shared libraries the
+# GPU machine lacks (Debian's abseil etc.; not glibc, not CUDA) into .gpu-deps/ (git-ignored), for
+# the device tool's `carry`. Usage: scripts/gpu/bundle.sh [BUILD_DIR]   (default build-cuda)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=${1:-build-cuda}
+if [ ! -f "$BUILD/build.ninja" ]; then
+  cmake -S . -B "$BUILD" -G Ninja -DEXL3_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc \
+    -DCMAKE_CUDA_ARCHITECTURES="90;121"
+fi
+cmake --build "$BUILD" -j2 --target exl3-bench exl3-cuda-check
+rm -rf .gpu-deps
+mkdir -p .gpu-deps/bin .gpu-deps/lib
+cp "$BUILD"/bin/exl3-bench "$BUILD"/bin/exl3-cuda-check .gpu-deps/bin/
+for bin in .gpu-deps/bin/*; do
+  ldd "$bin" | awk '/=> \// {print $3}' | while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libgcc_s.so*|libstdc++.so*) ;;
+      libcublas*|libcudart*|libcuda.so*) ;;  # the GPU machine's CUDA 13 provides these
+      *) cp -L -n "$lib" .gpu-deps/lib/ ;;
+    esac
+  done
+done
+strip --strip-debug .gpu-deps/bin/* 2>/dev/null || true
+du -sh .gpu-deps

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# On the GPU machine: runs everything in one go and writes logs to $OUT (or ./gpu-out):
+# device facts, the correctness sweep (exl3-cuda-check), compute-sanitizer memcheck + racecheck on
+# a small sweep, SASS instruction counts of the decode loop, and the benchmarks with --json.
+# Binaries come from .gpu-deps/ (scripts/gpu/bundle.sh); with --build they are built here instead.
+# Usage: scripts/gpu/run_all.sh [--build] [--quick] [--only check|bench|sanitize|sass]...
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+BUILD=0; QUICK=0; ONLY=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build) BUILD=1 ;;
+    --quick) QUICK=1 ;;
+    --only) ONLY="$ONLY $2"; shift ;;
+    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    *) echo "run_all.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+want() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
+
+# CUDA's libraries on the GPU machine (cuBLAS), wherever the image keeps them.
+CUDA_LIBS=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+         $(python3 -c 'import nvidia.cublas, os; print(os.path.join(nvidia.cublas.__path__[0], "lib"))' 2>/dev/null); do
+  [ -e "$d/libcublas.so.13" ] && CUDA_LIBS="$CUDA_LIBS:$d"
+done
+export LD_LIBRARY_PATH="$PWD/.gpu-deps/lib$CUDA_LIBS:${LD_LIBRARY_PATH:-}"
+BIN=.gpu-deps/bin
+if [ "$BUILD" = 1 ]; then
+  cmake -S . -B build-gpu -G Ninja -DEXL3_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/build.log" 2>&1 &&
+    cmake --build build-gpu -j16 --target exl3-bench exl3-cuda-check >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  BIN=build-gpu/bin
+fi
+
+{ date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv; } > "$OUT/device.txt" 2>&1
+cat "$OUT/device.txt"
+"$BIN"/exl3-bench --help > /dev/null || { echo "binaries do not run here: ldd follows"; ldd "$BIN"/exl3-bench; exit 1; }
+
+if want sass && command -v cuobjdump > /dev/null; then
+  python3 scripts/gpu/sass_count.py "$BIN"/exl3-bench > "$OUT/sass.txt" 2>&1
+  cat "$OUT/sass.txt"
+fi
+if want check; then
+  echo "=== exl3-cuda-check"
+  ARGS=""; [ "$QUICK" = 1 ] && ARGS="--no-big"
+  timeout 300 "$BIN"/exl3-cuda-check $ARGS > "$OUT/check.log" 2>&1; echo "check exit $?" | tee -a "$OUT/check.log"
+  grep -E "FAIL|error" "$OUT/check.log" | head -20
+  sed -n '/worst/,$p' "$OUT/check.log"
+fi
+if want sanitize && command -v compute-sanitizer > /dev/null; then
+  echo "=== compute-sanitizer"
+  for tool in memcheck racecheck; do
+    timeout 150 compute-sanitizer --tool $tool --error-exitcode 3 "$BIN"/exl3-cuda-check --small > "$OUT/sanitizer-$tool.log" 2>&1
+    echo "$tool exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool.log" | tail -1)"
+  done
+fi
+if want bench; then
+  echo "=== exl3-bench"
+  for b in ceiling gemv moe gemm; do
+    [ "$QUICK" = 1 ] && [ "$b" = gemm ] && continue
+    timeout 240 "$BIN"/exl3-bench $b --json "$OUT/bench-$b.json" > "$OUT/bench-$b.log" 2>&1; echo "$b exit $?"
+    cat "$OUT/bench-$b.log"
+  done
+fi

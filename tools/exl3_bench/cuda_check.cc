@@ -1,0 +1,363 @@
+// exl3-cuda-check: correctness of the CUDA kernels against the CPU reference, on the GPU machine.
+// Fresh random inputs every case, outputs poisoned (NaN) before every run, every K and codebook,
+// shapes on tile edges, many token counts, random and adversarial routing, graph replay.
+// Prints one line per case and the worst ‖out−ref‖/‖ref‖ per kernel; exits 1 on any failure.
+// Not a ctest test: CI builds it but has no GPU.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/exl3_linear.h"
+#include "kernels/moe_cpu.h"
+#include "tools/exl3_bench/random_exl3.h"
+
+namespace exl3 {
+namespace {
+
+using benchutil::ProjSpec;
+using benchutil::RandomLinear;
+using benchutil::RandomMoeLayer;
+using benchutil::RandomVector;
+using benchutil::RelErr;
+
+#define CK(expr)                                                                                  \
+  do {                                                                                            \
+    cudaError_t e_ = (expr);                                                                      \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #expr); \
+      std::exit(2);                                                                               \
+    }                                                                                             \
+  } while (0)
+#define OK(expr)                                                                                  \
+  do {                                                                                            \
+    absl::Status s_ = (expr);                                                                     \
+    if (!s_.ok()) {                                                                               \
+      std::fprintf(stderr, "error at %s:%d: %s\n", __FILE__, __LINE__, s_.ToString().c_str());    \
+      std::exit(2);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+std::map<std::string, double> g_worst;
+std::map<std::string, double> g_limit = {
+    {"gemv", 4e-3}, {"gemm", 4e-3}, {"linear-reference", 4e-3}, {"moe-native", 1e-2},
+    {"moe-native-prefill", 1e-2}, {"moe-reference", 1e-2}, {"moe-graph-replay", 1e-2}};
+int g_failures = 0;
+int g_cases = 0;
+uint64_t g_seed = 1;
+
+void Record(const std::string& kernel, double err, const std::string& what) {
+  ++g_cases;
+  double& w = g_worst[kernel];
+  w = std::max(w, err);
+  const bool ok = err <= g_limit[kernel];
+  if (!ok) ++g_failures;
+  std::printf("%-20s %-60s rel_err %.3e %s\n", kernel.c_str(), what.c_str(), err, ok ? "ok" : "FAIL");
+}
+
+template <typename T>
+T* DevCopy(const std::vector<T>& v) {
+  T* p = nullptr;
+  CK(cudaMalloc(&p, std::max<size_t>(v.size() * sizeof(T), 16)));
+  CK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return p;
+}
+
+std::vector<float> Fetch(const float* d, size_t n) {
+  std::vector<float> v(n);
+  CK(cudaMemcpy(v.data(), d, n * 4, cudaMemcpyDeviceToHost));
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+void CheckLinear(int k, int n, int K, Codebook cb, const std::vector<int>& ms, bool bias,
+                 cuda::Workspace* ws) {
+  RandomLinear L(k, n, K, cb, g_seed++, bias);
+  auto dev = cuda::DeviceLinear::Upload(L.view);
+  OK(dev.status());
+  const std::string shape = std::to_string(k) + "x" + std::to_string(n) + " K" + std::to_string(K) + " " +
+                            std::string(CodebookName(cb)) + (bias ? " bias" : "");
+  // Dequantisation: bit-exact.
+  {
+    std::vector<uint16_t> ref(static_cast<size_t>(k) * n), got(ref.size());
+    DequantizeInner(L.view, ref.data());
+    uint16_t* d = nullptr;
+    CK(cudaMalloc(&d, ref.size() * 2));
+    CK(cudaMemset(d, 0xff, ref.size() * 2));
+    OK(cuda::DequantizeInnerDevice((*dev)->view(), d));
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(got.data(), d, ref.size() * 2, cudaMemcpyDeviceToHost));
+    CK(cudaFree(d));
+    size_t bad = 0;
+    for (size_t i = 0; i < ref.size(); ++i) bad += ref[i] != got[i];
+    ++g_cases;
+    g_worst["dequant-mismatches"] = std::max<double>(g_worst["dequant-mismatches"], bad);
+    if (bad) ++g_failures;
+    std::printf("%-20s %-60s mismatches %zu of %zu %s\n", "dequant", shape.c_str(), bad, ref.size(),
+                bad ? "FAIL" : "ok");
+  }
+  for (int m : ms) {
+    const auto x = RandomVector(static_cast<size_t>(m) * k, g_seed++);
+    std::vector<float> ref(static_cast<size_t>(m) * n);
+    LinearForwardReference(L.view, x.data(), m, ref.data());
+    float* dx = DevCopy(x);
+    float* dy = nullptr;
+    CK(cudaMalloc(&dy, ref.size() * 4));
+    for (cuda::Path p : {cuda::Path::kNative, cuda::Path::kReference}) {
+      CK(cudaMemset(dy, 0xff, ref.size() * 4));
+      OK(cuda::LinearForward((*dev)->view(), dx, m, dy, ws, nullptr, p));
+      CK(cudaDeviceSynchronize());
+      const auto got = Fetch(dy, ref.size());
+      const std::string kernel = p == cuda::Path::kReference ? "linear-reference"
+                                 : m <= 48                   ? "gemv"
+                                                             : "gemm";
+      Record(kernel, RelErr(got.data(), ref.data(), ref.size()), shape + " m=" + std::to_string(m));
+    }
+    CK(cudaFree(dx));
+    CK(cudaFree(dy));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+enum class Routing { kRandom, kAllToOne, kRepeatedWeights, kDuplicatesAndInvalid };
+const char* RoutingName(Routing r) {
+  switch (r) {
+    case Routing::kRandom: return "random";
+    case Routing::kAllToOne: return "all-tokens-same-experts";
+    case Routing::kRepeatedWeights: return "repeated-weights";
+    case Routing::kDuplicatesAndInvalid: return "duplicate+invalid-ids";
+  }
+  return "?";
+}
+
+void MakeRouting(Routing kind, int T, int topk, int E, std::vector<int32_t>* ids, std::vector<float>* w) {
+  benchutil::Rng rng(g_seed++);
+  ids->resize(static_cast<size_t>(T) * topk);
+  w->resize(ids->size());
+  for (int t = 0; t < T; ++t) {
+    std::vector<int> chosen;
+    for (int k = 0; k < topk; ++k) {
+      int e;
+      if (kind == Routing::kAllToOne) {
+        e = k;
+      } else {
+        do {
+          e = static_cast<int>(rng.Next() % E);
+        } while (std::find(chosen.begin(), chosen.end(), e) != chosen.end());
+      }
+      chosen.push_back(e);
+      (*ids)[t * topk + k] = e;
+      (*w)[t * topk + k] = kind == Routing::kRepeatedWeights ? 1.0f / topk : 0.05f + rng.Uniform();
+    }
+    if (kind == Routing::kDuplicatesAndInvalid && topk >= 3) {
+      (*ids)[t * topk + 1] = (*ids)[t * topk];  // same expert twice
+      (*ids)[t * topk + 2] = (t & 1) ? -1 : E + 3;  // out of range: skipped
+    }
+  }
+}
+
+// The CPU judge: drops ids out of range or not held (as the kernels do).
+std::vector<float> MoeReference(const MoeLayerView& layer, const std::vector<float>& x, int T, int topk,
+                                const std::vector<int32_t>& ids, const std::vector<float>& w, bool shared) {
+  std::vector<int32_t> fid, off{0};
+  std::vector<float> fw;
+  for (int t = 0; t < T; ++t) {
+    for (int k = 0; k < topk; ++k) {
+      const int e = ids[t * topk + k];
+      if (e < 0 || e >= layer.num_experts() || layer.experts[e] == nullptr) continue;
+      fid.push_back(e);
+      fw.push_back(w[t * topk + k]);
+    }
+    off.push_back(static_cast<int32_t>(fid.size()));
+  }
+  MoeAssignments a;
+  a.num_tokens = T;
+  a.expert_ids = fid.data();
+  a.weights = fw.data();
+  a.offsets = off.data();
+  std::vector<float> y(static_cast<size_t>(T) * layer.hidden_size);
+  OK(MoeForwardReference(layer, x.data(), a, shared, y.data()));
+  return y;
+}
+
+struct MoeCase {
+  const char* name;
+  int hidden, inter, experts, held_every, topk, shared_inter;
+  ProjSpec g, u, d, sg, su, sd;
+  float limit;
+  bool bias, shared_gate;
+};
+
+void CheckMoe(const MoeCase& c, const std::vector<int>& token_counts, bool with_reference, bool graph) {
+  RandomMoeLayer layer(c.hidden, c.inter, c.experts, c.held_every, c.g, c.u, c.d, c.shared_inter, c.sg, c.su, c.sd,
+                       c.limit, g_seed++, c.bias, c.shared_gate);
+  auto dev = cuda::DeviceMoeLayer::Upload(layer.view);
+  OK(dev.status());
+  const int max_t = *std::max_element(token_counts.begin(), token_counts.end());
+  auto native = cuda::MoeRunner::Create(**dev, max_t, c.topk, cuda::Path::kNative);
+  OK(native.status());
+  std::unique_ptr<cuda::MoeRunner> reference;
+  if (with_reference) {
+    auto r = cuda::MoeRunner::Create(**dev, max_t, c.topk, cuda::Path::kReference);
+    OK(r.status());
+    reference = std::move(*r);
+  }
+  const int H = c.hidden;
+  float* dx = nullptr;
+  float* dout = nullptr;
+  int32_t* dids = nullptr;
+  float* dw = nullptr;
+  CK(cudaMalloc(&dx, static_cast<size_t>(max_t) * H * 4));
+  CK(cudaMalloc(&dout, static_cast<size_t>(max_t) * H * 4));
+  CK(cudaMalloc(&dids, static_cast<size_t>(max_t) * c.topk * 4));
+  CK(cudaMalloc(&dw, static_cast<size_t>(max_t) * c.topk * 4));
+  for (int T : token_counts) {
+    for (Routing kind : {Routing::kRandom, Routing::kAllToOne, Routing::kRepeatedWeights,
+                         Routing::kDuplicatesAndInvalid}) {
+      for (bool shared : {true, false}) {
+        if (!shared && (kind != Routing::kRandom || c.shared_inter == 0)) continue;
+        const auto x = RandomVector(static_cast<size_t>(T) * H, g_seed++);
+        std::vector<int32_t> ids;
+        std::vector<float> w;
+        MakeRouting(kind, T, c.topk, c.experts, &ids, &w);
+        const auto ref = MoeReference(layer.view, x, T, c.topk, ids, w, shared);
+        CK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+        const std::string what = std::string(c.name) + " T=" + std::to_string(T) + " " + RoutingName(kind) +
+                                 (shared ? "" : " no-shared");
+        CK(cudaMemset(dout, 0xff, ref.size() * 4));
+        OK((*native)->Forward(dx, T, dids, dw, dout, nullptr, shared));
+        CK(cudaDeviceSynchronize());
+        auto got = Fetch(dout, ref.size());
+        Record(T > 64 ? "moe-native-prefill" : "moe-native", RelErr(got.data(), ref.data(), ref.size()), what);
+        if (reference) {
+          CK(cudaMemset(dout, 0xff, ref.size() * 4));
+          OK(reference->ForwardHostRouting(dx, T, ids.data(), w.data(), dout, nullptr, shared));
+          CK(cudaDeviceSynchronize());
+          got = Fetch(dout, ref.size());
+          Record("moe-reference", RelErr(got.data(), ref.data(), ref.size()), what);
+        }
+      }
+    }
+    if (graph && T <= 64) {
+      // Capture once, replay with new inputs written into the same device buffers.
+      cudaStream_t s;
+      CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      cudaGraph_t g;
+      cudaGraphExec_t ge;
+      CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+      OK((*native)->Forward(dx, T, dids, dw, dout, s, true));
+      CK(cudaStreamEndCapture(s, &g));
+      CK(cudaGraphInstantiate(&ge, g, 0));
+      for (int rep = 0; rep < 3; ++rep) {
+        const auto x = RandomVector(static_cast<size_t>(T) * H, g_seed++);
+        std::vector<int32_t> ids;
+        std::vector<float> w;
+        MakeRouting(rep == 1 ? Routing::kAllToOne : Routing::kRandom, T, c.topk, c.experts, &ids, &w);
+        const auto ref = MoeReference(layer.view, x, T, c.topk, ids, w, true);
+        CK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemset(dout, 0xff, ref.size() * 4));
+        CK(cudaGraphLaunch(ge, s));
+        CK(cudaStreamSynchronize(s));
+        const auto got = Fetch(dout, ref.size());
+        Record("moe-graph-replay", RelErr(got.data(), ref.data(), ref.size()),
+               std::string(c.name) + " T=" + std::to_string(T) + " replay " + std::to_string(rep));
+      }
+      CK(cudaGraphExecDestroy(ge));
+      CK(cudaGraphDestroy(g));
+      CK(cudaStreamDestroy(s));
+    }
+  }
+  CK(cudaFree(dx));
+  CK(cudaFree(dout));
+  CK(cudaFree(dids));
+  CK(cudaFree(dw));
+}
+
+int Main(int argc, char** argv) {
+  bool small = false, big = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf(
+          "usage: exl3-cuda-check [--small] [--no-big] [--seed N]\n"
+          "Checks the CUDA kernels against the CPU reference on random inputs; exits 1 on failure.\n"
+          "  --small   a short sweep (for compute-sanitizer)\n"
+          "  --no-big  skip the model-sized shapes\n");
+      return 0;
+    } else if (a == "--small") {
+      small = true;
+    } else if (a == "--no-big") {
+      big = false;
+    } else if (a == "--seed" && i + 1 < argc) {
+      g_seed = std::strtoull(argv[++i], nullptr, 10);
+    } else {
+      std::fprintf(stderr, "exl3-cuda-check: unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  if (cuda::DeviceCount() == 0) {
+    std::fprintf(stderr, "exl3-cuda-check: no CUDA device\n");
+    return 2;
+  }
+  auto info = cuda::QueryDevice(0);
+  OK(info.status());
+  std::printf("device: %s, cc %d.%d, %d SMs, L2 %zu MB\n", info->name.c_str(), info->cc_major, info->cc_minor,
+              info->sm_count, info->l2_bytes >> 20);
+  cuda::Workspace ws;
+  const Codebook cbs[] = {Codebook::k3Inst, Codebook::kMcg, Codebook::kMul1};
+  if (small) {
+    for (int K : {2, 5})
+      for (Codebook cb : cbs) CheckLinear(128, 256, K, cb, {1, 17, 130}, K == 5, &ws);
+    MoeCase c{"small", 256, 256, 8, 4, 3, 128, {2, Codebook::kMcg}, {3, Codebook::k3Inst}, {4, Codebook::kMul1},
+              {2, Codebook::kMcg}, {2, Codebook::kMcg}, {3, Codebook::kMul1}, 1.0f, true, false};
+    CheckMoe(c, {3, 70}, true, false);
+  } else {
+    // Every K and codebook on tile-edge shapes and token counts (GEMV <= 48 rows, GEMM above).
+    for (int K = 1; K <= 8; ++K)
+      for (Codebook cb : cbs) {
+        CheckLinear(128, 128, K, cb, {1, 2, 3, 7, 8, 17, 64, 256}, false, &ws);
+        CheckLinear(256, 384, K, cb, {1, 8, 33, 130, 1024}, K % 2 == 1, &ws);
+        CheckLinear(384, 256, K, cb, {5, 16, 48, 49}, false, &ws);
+      }
+    if (big) {
+      for (int K : {2, 3, 4}) {
+        CheckLinear(4096, 14336, K, Codebook::kMcg, {1, 8}, false, &ws);
+        CheckLinear(14336, 4096, K, K == 3 ? Codebook::kMul1 : Codebook::kMcg, {1, 3}, false, &ws);
+      }
+      CheckLinear(2048, 4096, 2, Codebook::k3Inst, {1, 256}, true, &ws);
+      CheckLinear(5120, 2304, 2, Codebook::kMcg, {1, 4}, false, &ws);
+    }
+    MoeCase mixed{"mixed-K/cb+bias+limit", 256, 384, 16, 4, 4, 256, {2, Codebook::kMcg}, {3, Codebook::k3Inst},
+                  {4, Codebook::kMul1}, {5, Codebook::kMcg}, {2, Codebook::kMul1}, {3, Codebook::kMcg}, 0.75f, true,
+                  false};
+    CheckMoe(mixed, {1, 2, 3, 7, 8, 17, 64, 256}, true, true);
+    MoeCase qwen{"qwen-like (shared gate, no limit)", 512, 128, 32, 0, 10, 256, {3, Codebook::kMul1},
+                 {3, Codebook::kMul1}, {3, Codebook::kMul1}, {4, Codebook::k3Inst}, {4, Codebook::k3Inst},
+                 {4, Codebook::k3Inst}, 0.0f, false, true};
+    CheckMoe(qwen, {1, 8, 64, 100}, false, false);
+    if (big) {
+      MoeCase glm{"glm-like 2048/1024 E64 top8 K2 mcg", 2048, 1024, 64, 0, 8, 1024, {2, Codebook::kMcg},
+                  {2, Codebook::kMcg}, {2, Codebook::kMcg}, {2, Codebook::kMcg}, {2, Codebook::kMcg},
+                  {2, Codebook::kMcg}, 10.0f, false, false};
+      CheckMoe(glm, {1, 8, 64}, true, true);
+    }
+  }
+  std::printf("\nworst ‖out−ref‖/‖ref‖ per kernel (%d cases, %d failures):\n", g_cases, g_failures);
+  for (const auto& [k, v] : g_worst) std::printf("  %-22s %.3e%s\n", k.c_str(), v, k == "dequant-mismatches" ? " (count)" : "");
+  return g_failures ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace exl3
+
+int main(int argc, char** argv) { return exl3::Main(argc, argv); }
