@@ -26,6 +26,7 @@
 #include "model/expert_map.h"
 #include "model/routing.h"
 #include "services/client/moe_client.h"
+#include "services/common/flags.h"
 #include "services/common/status.h"
 #include "services/common/wire.h"
 #include "tools/exl3_loadgen/echo_server.h"
@@ -469,6 +470,7 @@ int main(int argc, char** argv) {
       "Closed-loop decode-shaped load on an exl3-router. Ends with one line\n"
       "requests=N ok=N failed=N verified=N mismatched=N; exits 1 when anything failed or\n"
       "mismatched (unless --allow-failures).");
-  absl::ParseCommandLine(argc, argv);
+  std::vector<char*> args = exl3::svc::DashesToUnderscores(argc, argv);
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   return exl3::loadgen::Main();
 }
