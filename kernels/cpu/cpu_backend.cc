@@ -18,10 +18,14 @@ std::atomic<bool> g_force_scalar{false};
 
 bool UseAvx2() { return !g_force_scalar.load(std::memory_order_relaxed) && Avx2Supported(); }
 
-// Column tiles per work item: small enough to spread over the threads, at least one tile.
-int StripTiles(int n_tiles, int threads, int jobs) {
-  const int want_items = std::max(1, threads * 4 / std::max(1, jobs));
-  return std::clamp(n_tiles / want_items, 1, 16);
+// Column tiles per work item: wide strips read the trellis in long contiguous runs (one tile row
+// of a strip is contiguous), but there must be enough items to keep every thread busy; the
+// kernels keep T * strip * 256 B of accumulators, so wide strips are for few tokens.
+int StripTiles(int n_tiles, int threads, int jobs, int tokens) {
+  const int by_acc = std::max(1, 64 / std::max(1, tokens));
+  const int want_items = std::max(1, (threads * 2 + jobs - 1) / std::max(1, jobs));
+  const int by_threads = std::max(1, n_tiles / want_items);
+  return std::clamp(std::min(by_acc, by_threads), 1, 64);
 }
 
 // One projection of the MoE: input rows [T, k] -> output [T, n], with its scratch.
@@ -63,7 +67,7 @@ std::vector<StripItem> MakeStrips(const std::vector<ProjWork*>& projs, int threa
   for (ProjWork* p : projs) {
     if (p->T == 0) continue;
     const int n_tiles = p->w->out_features / 16;
-    const int s = StripTiles(n_tiles, threads, static_cast<int>(projs.size()));
+    const int s = StripTiles(n_tiles, threads, static_cast<int>(projs.size()), p->T);
     for (int j = 0; j < n_tiles; j += s) items.push_back({p, j, std::min(n_tiles, j + s)});
   }
   return items;

@@ -105,13 +105,6 @@ inline __m256 DecodeGroup(const uint32_t* ext, const GroupIndex& g) {
   return _mm256_cvtph_ps(_mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
-inline void LoadTile(const uint16_t* tw, int K, uint32_t* ext) {
-  const int words = 8 * K;
-  std::memcpy(ext + 1, tw, static_cast<size_t>(words) * 4);
-  ext[0] = ext[words];
-  ext[words + 1] = ext[1];
-}
-
 // Lanes {0,1,4,5} belong to column c0, lanes {2,3,6,7} to column c0 + 8.
 inline void ReduceStore(const __m256* acc, float* out16) {
   for (int c0 = 0; c0 < 8; ++c0) {
@@ -122,77 +115,86 @@ inline void ReduceStore(const __m256* acc, float* out16) {
   }
 }
 
-template <int CB>
-void StripOneToken(const Exl3LinearView& w, const float* xp, int j0, int j1, float* y) {
-  const int K = w.bits, kt = w.in_features / 16;
+// One strip of column tiles [j0, j1), all tile rows, T tokens. Tile rows are walked in memory
+// order (row i of the strip is one contiguous run of (j1-j0) tiles), with the next rows
+// prefetched; accumulators for the whole strip live in a small thread-local buffer (L1/L2).
+template <int CB, int K>
+void StripK(const Exl3LinearView& w, const float* xp, int T, int j0, int j1, float* y) {
+  const int kt = w.in_features / 16, n = w.out_features, S = j1 - j0;
   const KIndex& idx = *IndexFor(K);
-  alignas(32) uint32_t ext[8 * 8 + 2 + 8];
-  for (int j = j0; j < j1; ++j) {
-    __m256 acc[8];
-    for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();
-    for (int i = 0; i < kt; ++i) {
-      if (i + 4 < kt) _mm_prefetch(reinterpret_cast<const char*>(w.tile(i + 4, j)), _MM_HINT_T0);
-      LoadTile(w.tile(i, j), K, ext);
-      const float* xi = xp + static_cast<size_t>(i) * 32;
-      const __m256 x0 = _mm256_loadu_ps(xi), x1 = _mm256_loadu_ps(xi + 8);
-      const __m256 x2 = _mm256_loadu_ps(xi + 16), x3 = _mm256_loadu_ps(xi + 24);
-      for (int c0 = 0; c0 < 8; ++c0) {
-        __m256 a = acc[c0];
-        a = _mm256_fmadd_ps(DecodeGroup<CB>(ext, idx.g[4 * c0 + 0]), x0, a);
-        a = _mm256_fmadd_ps(DecodeGroup<CB>(ext, idx.g[4 * c0 + 1]), x1, a);
-        a = _mm256_fmadd_ps(DecodeGroup<CB>(ext, idx.g[4 * c0 + 2]), x2, a);
-        a = _mm256_fmadd_ps(DecodeGroup<CB>(ext, idx.g[4 * c0 + 3]), x3, a);
-        acc[c0] = a;
-      }
-    }
-    ReduceStore(acc, y + 16 * j);
-  }
-}
-
-template <int CB>
-void StripTokens(const Exl3LinearView& w, const float* xp, int T, int j0, int j1, float* y) {
-  const int K = w.bits, kt = w.in_features / 16, n = w.out_features;
-  const KIndex& idx = *IndexFor(K);
-  alignas(32) uint32_t ext[8 * 8 + 2 + 8];
+  constexpr int kWords = 8 * K;  // u32 words per tile
+  alignas(32) uint32_t ext[kWords + 2 + 8];
   thread_local std::vector<float> acc_buf;
-  if (acc_buf.size() < static_cast<size_t>(T) * 64) acc_buf.resize(static_cast<size_t>(T) * 64);
-  float* acc = acc_buf.data();
-  __m256 wv[32];
-  for (int j = j0; j < j1; ++j) {
-    std::fill(acc, acc + static_cast<size_t>(T) * 64, 0.0f);
-    for (int i = 0; i < kt; ++i) {
-      if (i + 4 < kt) _mm_prefetch(reinterpret_cast<const char*>(w.tile(i + 4, j)), _MM_HINT_T0);
-      LoadTile(w.tile(i, j), K, ext);
-      for (int g = 0; g < 32; ++g) wv[g] = DecodeGroup<CB>(ext, idx.g[g]);
-      for (int t = 0; t < T; ++t) {
-        const float* xi = xp + (static_cast<size_t>(t) * kt + i) * 32;
+  const size_t acc_floats = static_cast<size_t>(T) * S * 64;
+  if (acc_buf.size() < acc_floats) acc_buf.resize(acc_floats);
+  float* acc = acc_buf.data();  // [T][S][8 c0][8 lanes]
+  std::fill(acc, acc + acc_floats, 0.0f);
+  constexpr int kLines = (kWords * 4 + 63) / 64;  // cache lines per tile
+  for (int i = 0; i < kt; ++i) {
+    const uint16_t* row = w.tile(i, j0);
+    if (i + 2 < kt) {
+      const char* next = reinterpret_cast<const char*>(w.tile(i + 2, j0));
+      for (int l = 0; l < S * kLines; ++l) _mm_prefetch(next + 64 * l, _MM_HINT_T0);
+    }
+    for (int s = 0; s < S; ++s) {
+      const uint32_t* tw = reinterpret_cast<const uint32_t*>(row) + static_cast<size_t>(s) * kWords;
+      std::memcpy(ext + 1, tw, kWords * 4);
+      ext[0] = ext[kWords];
+      ext[kWords + 1] = ext[1];
+      if (T == 1) {
+        const float* xi = xp + static_cast<size_t>(i) * 32;
         const __m256 x0 = _mm256_loadu_ps(xi), x1 = _mm256_loadu_ps(xi + 8);
         const __m256 x2 = _mm256_loadu_ps(xi + 16), x3 = _mm256_loadu_ps(xi + 24);
-        float* at = acc + t * 64;
+        float* at = acc + static_cast<size_t>(s) * 64;
         for (int c0 = 0; c0 < 8; ++c0) {
           __m256 a = _mm256_loadu_ps(at + 8 * c0);
-          a = _mm256_fmadd_ps(wv[4 * c0 + 0], x0, a);
-          a = _mm256_fmadd_ps(wv[4 * c0 + 1], x1, a);
-          a = _mm256_fmadd_ps(wv[4 * c0 + 2], x2, a);
-          a = _mm256_fmadd_ps(wv[4 * c0 + 3], x3, a);
+          a = _mm256_fmadd_ps(DecodeGroup<CB>(ext, idx.g[4 * c0 + 0]), x0, a);
+          a = _mm256_fmadd_ps(DecodeGroup<CB>(ext, idx.g[4 * c0 + 1]), x1, a);
+          a = _mm256_fmadd_ps(DecodeGroup<CB>(ext, idx.g[4 * c0 + 2]), x2, a);
+          a = _mm256_fmadd_ps(DecodeGroup<CB>(ext, idx.g[4 * c0 + 3]), x3, a);
           _mm256_storeu_ps(at + 8 * c0, a);
+        }
+      } else {
+        __m256 wv[32];
+        for (int g = 0; g < 32; ++g) wv[g] = DecodeGroup<CB>(ext, idx.g[g]);
+        for (int t = 0; t < T; ++t) {
+          const float* xi = xp + (static_cast<size_t>(t) * kt + i) * 32;
+          const __m256 x0 = _mm256_loadu_ps(xi), x1 = _mm256_loadu_ps(xi + 8);
+          const __m256 x2 = _mm256_loadu_ps(xi + 16), x3 = _mm256_loadu_ps(xi + 24);
+          float* at = acc + (static_cast<size_t>(t) * S + s) * 64;
+          for (int c0 = 0; c0 < 8; ++c0) {
+            __m256 a = _mm256_loadu_ps(at + 8 * c0);
+            a = _mm256_fmadd_ps(wv[4 * c0 + 0], x0, a);
+            a = _mm256_fmadd_ps(wv[4 * c0 + 1], x1, a);
+            a = _mm256_fmadd_ps(wv[4 * c0 + 2], x2, a);
+            a = _mm256_fmadd_ps(wv[4 * c0 + 3], x3, a);
+            _mm256_storeu_ps(at + 8 * c0, a);
+          }
         }
       }
     }
-    for (int t = 0; t < T; ++t) {
+  }
+  for (int t = 0; t < T; ++t) {
+    for (int s = 0; s < S; ++s) {
       __m256 a8[8];
-      for (int c0 = 0; c0 < 8; ++c0) a8[c0] = _mm256_loadu_ps(acc + t * 64 + 8 * c0);
-      ReduceStore(a8, y + static_cast<size_t>(t) * n + 16 * j);
+      const float* at = acc + (static_cast<size_t>(t) * S + s) * 64;
+      for (int c0 = 0; c0 < 8; ++c0) a8[c0] = _mm256_loadu_ps(at + 8 * c0);
+      ReduceStore(a8, y + static_cast<size_t>(t) * n + 16 * (j0 + s));
     }
   }
 }
 
 template <int CB>
 void Strip(const Exl3LinearView& w, const float* xp, int T, int j0, int j1, float* y) {
-  if (T == 1) {
-    StripOneToken<CB>(w, xp, j0, j1, y);
-  } else {
-    StripTokens<CB>(w, xp, T, j0, j1, y);
+  switch (w.bits) {
+    case 1: StripK<CB, 1>(w, xp, T, j0, j1, y); break;
+    case 2: StripK<CB, 2>(w, xp, T, j0, j1, y); break;
+    case 3: StripK<CB, 3>(w, xp, T, j0, j1, y); break;
+    case 4: StripK<CB, 4>(w, xp, T, j0, j1, y); break;
+    case 5: StripK<CB, 5>(w, xp, T, j0, j1, y); break;
+    case 6: StripK<CB, 6>(w, xp, T, j0, j1, y); break;
+    case 7: StripK<CB, 7>(w, xp, T, j0, j1, y); break;
+    case 8: StripK<CB, 8>(w, xp, T, j0, j1, y); break;
   }
 }
 
