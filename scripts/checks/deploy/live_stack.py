@@ -1,0 +1,354 @@
+#!/usr/bin/env python3
+"""Runs the compose stack's processes on loopback and checks the observability config against it.
+
+Usage: live_stack.py --build-dir BUILD_DIR --deploy deploy --doc docs/metrics.md [--keep DIR]
+
+What it starts (all on 127.0.0.1, free ports, CPU backend, in a temporary directory):
+  - a generated EXL3 test model (`exl3-tool make-test-model`, or the router tests'
+    `exl3-test-model` where the tool lacks that subcommand), of the shape the CPU compose run uses;
+  - two workers and a router with the exact flags of deploy/compose/docker-compose.yml (paths and
+    addresses rewritten to loopback) and the expert map of deploy/compose/expert-map.cpu.yml;
+  - a real Prometheus (Debian's) with deploy/prometheus/prometheus.yml (targets rewritten,
+    1 s scrape and rule evaluation) and the project's rule files;
+  - load from `exl3-loadgen`.
+What it checks:
+  1. deploy/docker/grpc-health-check.sh reports the workers and then the router SERVING.
+  2. Every metric name used by a dashboard panel, template variable, recording rule or alert
+     exists in the live /metrics of the router and the workers (check_metric_names.py --live).
+  3. Prometheus scrapes all targets; its HTTP API returns non-empty per-layer latency series for
+     every MoE layer (router and workers); every rule group evaluates without error and every
+     recording rule returns data; every dashboard query runs and returns data.
+  4. After `kill -9` of one worker, the router reports it down and its experts unserved, and the
+     alerts Exl3WorkerDown and Exl3ExpertUnserved go pending.
+Everything it started is stopped on exit. Exit status 1 on any failure.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import promql  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
+HEALTH = os.path.join(REPO, "deploy", "docker", "grpc-health-check.sh")
+# Test model shape of the CPU compose run (deploy/compose/docker-compose.cpu.yml).
+TEST_MODEL_EXPERTS = 16
+
+procs = []  # (name, Popen)
+problems = []
+
+
+def log(msg):
+    print(f"live_stack: {msg}", flush=True)
+
+
+def fail(msg):
+    problems.append(msg)
+    print(f"FAIL: {msg}", file=sys.stderr, flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(name, argv, logdir):
+    out = open(os.path.join(logdir, f"{name}.log"), "w")
+    p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    procs.append((name, p))
+    return p
+
+
+def stop_all():
+    for name, p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.time() + 10
+    for name, p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def tail(logdir, name, n=15):
+    try:
+        return "".join(open(os.path.join(logdir, f"{name}.log")).readlines()[-n:])
+    except OSError:
+        return ""
+
+
+def wait_for(what, fn, timeout, logdir=None, name=None):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if fn():
+            return True
+        if name:
+            p = dict(procs)[name]
+            if p.poll() is not None:
+                fail(f"{what}: {name} exited with {p.returncode}:\n{tail(logdir, name)}")
+                return False
+        time.sleep(0.25)
+    fail(f"{what}: not within {timeout} s" + (f"\n{tail(logdir, name)}" if name else ""))
+    return False
+
+
+def healthy(addr):
+    return subprocess.run([HEALTH, addr], capture_output=True).returncode == 0
+
+
+def http_get(url, timeout=5):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def prom_query(base, expr):
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    try:
+        d = json.loads(http_get(url))
+    except urllib.error.HTTPError as e:
+        return "error", e.read().decode()[:300]
+    if d.get("status") != "success":
+        return "error", d.get("error", "")
+    return "ok", d["data"]["result"]
+
+
+def compose_command(svc, subst):
+    out = []
+    for a in svc["command"]:
+        a = re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*:-([^}]*)\}", r"\1", a)
+        for k, v in subst.items():
+            a = a.replace(k, v)
+        out.append(a)
+    return out
+
+
+def make_model(build, model_dir, logdir):
+    tool = os.path.join(build, "bin", "exl3-tool")
+    helptext = subprocess.run([tool, "--help"], capture_output=True, text=True)
+    if "make-test-model" in helptext.stdout + helptext.stderr:
+        argv = [tool, "make-test-model", "--out", model_dir]
+    else:
+        alt = os.path.join(build, "tests", "exl3-test-model")
+        if not os.path.exists(alt):
+            fail("no test model generator: exl3-tool has no make-test-model and "
+                 f"{alt} does not exist")
+            return False
+        log("exl3-tool has no make-test-model yet; using the router tests' exl3-test-model")
+        argv = [alt, model_dir, f"--experts={TEST_MODEL_EXPERTS}", "--top-k=4", "--layers=4"]
+    r = subprocess.run(argv, capture_output=True, text=True)
+    if r.returncode != 0:
+        fail(f"{' '.join(argv)} failed: {r.stderr.strip()}")
+        return False
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    n = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts")
+    if n != TEST_MODEL_EXPERTS:
+        fail(f"the test model has {n} routed experts; deploy/compose/expert-map.cpu.yml is written "
+             f"for {TEST_MODEL_EXPERTS}")
+        return False
+    return True
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--build-dir", required=True)
+    ap.add_argument("--deploy", required=True)
+    ap.add_argument("--doc", required=True)
+    ap.add_argument("--load-seconds", type=float, default=12)
+    ap.add_argument("--keep", help="keep logs and files in this directory")
+    args = ap.parse_args()
+    build = os.path.abspath(args.build_dir)
+    deploy = os.path.abspath(args.deploy)
+    for b in ("exl3-worker", "exl3-router", "exl3-loadgen", "exl3-tool"):
+        if not os.path.exists(os.path.join(build, "bin", b)):
+            fail(f"{build}/bin/{b} is missing: build the whole tree first")
+    if problems:
+        return 1
+    tmp = args.keep or tempfile.mkdtemp(prefix="exl3-deploy-")
+    os.makedirs(tmp, exist_ok=True)
+    t0 = time.time()
+    try:
+        run(args, build, deploy, tmp)
+    finally:
+        stop_all()
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    log(f"done in {time.time() - t0:.1f} s, {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+def run(args, build, deploy, tmp):
+    model = os.path.join(tmp, "model")
+    if not make_model(build, model, tmp):
+        return
+
+    compose = yaml.safe_load(open(os.path.join(deploy, "compose", "docker-compose.yml")))
+    emap = yaml.safe_load(open(os.path.join(deploy, "compose", "expert-map.cpu.yml")))
+    ports = {}
+    for w in emap["workers"]:
+        ports[w["name"]] = (free_port(), free_port())
+        w["address"] = f"127.0.0.1:{ports[w['name']][0]}"
+    map_path = os.path.join(tmp, "expert-map.yaml")
+    yaml.safe_dump(emap, open(map_path, "w"))
+
+    base_subst = {"/models/model": model, "/etc/exl3/expert-map.yaml": map_path,
+                  "--backend=auto": "--backend=cpu"}
+    for name, (gp, mp) in ports.items():
+        argv = [os.path.join(build, "bin", "exl3-worker")] + compose_command(
+            compose["services"][name], dict(base_subst, **{"0.0.0.0:50061": f"127.0.0.1:{gp}",
+                                                            "0.0.0.0:9461": f"127.0.0.1:{mp}"}))
+        argv += ["--threads=1", "--progress=false"]
+        start(name, argv, tmp)
+    for name, (gp, _) in ports.items():
+        if not wait_for(f"{name} SERVING (grpc-health-check)", lambda: healthy(f"127.0.0.1:{gp}"),
+                        60, tmp, name):
+            return
+    rgp, rmp = free_port(), free_port()
+    argv = [os.path.join(build, "bin", "exl3-router")] + compose_command(
+        compose["services"]["router"], dict(base_subst, **{"0.0.0.0:50051": f"127.0.0.1:{rgp}",
+                                                           "0.0.0.0:9451": f"127.0.0.1:{rmp}"}))
+    start("router", argv, tmp)
+    if not wait_for("router SERVING (grpc-health-check)", lambda: healthy(f"127.0.0.1:{rgp}"),
+                    60, tmp, "router"):
+        return
+    log("workers and router SERVING (checked with deploy/docker/grpc-health-check.sh)")
+
+    # Prometheus with the project's config, targets on loopback.
+    cfg = yaml.safe_load(open(os.path.join(deploy, "prometheus", "prometheus.yml")))
+    cfg["global"]["scrape_interval"] = "1s"
+    cfg["global"]["evaluation_interval"] = "1s"
+    cfg["rule_files"] = [os.path.join(deploy, "prometheus", r) for r in cfg["rule_files"]]
+    pport = free_port()
+    for job in cfg["scrape_configs"]:
+        if job["job_name"] == "exl3-router":
+            job["static_configs"] = [{"targets": [f"127.0.0.1:{rmp}"]}]
+        elif job["job_name"] == "exl3-worker":
+            job["static_configs"] = [{"targets": [f"127.0.0.1:{ports[n][1]}" for n in ports]}]
+        elif job["job_name"] == "prometheus":
+            job["static_configs"] = [{"targets": [f"127.0.0.1:{pport}"]}]
+    pcfg = os.path.join(tmp, "prometheus.yml")
+    yaml.safe_dump(cfg, open(pcfg, "w"))
+    start("prometheus", ["prometheus", f"--config.file={pcfg}", f"--storage.tsdb.path={tmp}/tsdb",
+                         f"--web.listen-address=127.0.0.1:{pport}"], tmp)
+    base = f"http://127.0.0.1:{pport}"
+
+    def prom_ready():
+        try:
+            return "Ready" in http_get(f"{base}/-/ready", timeout=1)
+        except OSError:
+            return False
+    if not wait_for("Prometheus ready", prom_ready, 30, tmp, "prometheus"):
+        return
+
+    # Load.
+    lg = start("loadgen", [os.path.join(build, "bin", "exl3-loadgen"), f"--target=127.0.0.1:{rgp}",
+                           f"--model={model}", "--concurrency=2", "--tokens=4",
+                           f"--duration={args.load_seconds}"], tmp)
+    time.sleep(args.load_seconds / 2)
+    # 2. Names against the live /metrics, fetched under load.
+    live = []
+    for name, mp in [("router", rmp)] + [(n, ports[n][1]) for n in ports]:
+        path = os.path.join(tmp, f"{name}.metrics.txt")
+        open(path, "w").write(http_get(f"http://127.0.0.1:{mp}/metrics"))
+        live.append(path)
+    r = subprocess.run([sys.executable, os.path.join(HERE, "check_metric_names.py"), "--deploy", deploy,
+                        "--doc", args.doc, "--live"] + live, capture_output=True, text=True)
+    sys.stdout.write(r.stdout)
+    if r.returncode != 0:
+        fail("metric names against the live /metrics:\n" + r.stderr.strip())
+    try:
+        lg.wait(timeout=args.load_seconds + 60)
+    except subprocess.TimeoutExpired:
+        fail("exl3-loadgen did not finish")
+        return
+    summary = [l for l in tail(tmp, "loadgen", 40).splitlines() if l.startswith("requests=")]
+    log("exl3-loadgen: " + (summary[-1] if summary else "(no summary line)"))
+    if lg.returncode != 0:
+        fail(f"exl3-loadgen exited with {lg.returncode}:\n{tail(tmp, 'loadgen')}")
+    time.sleep(3)  # a few more scrapes and rule evaluations after the load
+
+    # 3. Prometheus: targets, per-layer series, rules, dashboard queries.
+    targets = json.loads(http_get(f"{base}/api/v1/targets"))["data"]["activeTargets"]
+    down = [t["scrapeUrl"] + ": " + t.get("lastError", "") for t in targets if t["health"] != "up"]
+    if down:
+        fail("targets not up: " + "; ".join(down))
+    model_cfg = json.load(open(os.path.join(model, "config.json")))
+    first_dense = model_cfg.get("first_k_dense_replace", 0)
+    moe_layers = {str(i) for i in range(first_dense, model_cfg["num_hidden_layers"])}
+    for metric in ("exl3_router_layer_latency_seconds", "exl3_worker_layer_latency_seconds"):
+        st, res = prom_query(base, f'sum by (layer) (increase({metric}_count{{stage="total"}}[1m])) > 0')
+        layers = {s["metric"].get("layer") for s in res} if st == "ok" else set()
+        if layers != moe_layers:
+            fail(f"{metric}: layers with samples {sorted(layers)}, MoE layers {sorted(moe_layers)} ({res if st != 'ok' else ''})")
+        else:
+            log(f"{metric}: per-layer series with samples for layers {','.join(sorted(layers, key=int))}")
+
+    rules = json.loads(http_get(f"{base}/api/v1/rules"))["data"]["groups"]
+    n_rules = 0
+    for g in rules:
+        for rule in g["rules"]:
+            n_rules += 1
+            if rule.get("health") != "ok" or rule.get("lastError"):
+                fail(f"rule {rule['name']}: health {rule.get('health')} {rule.get('lastError', '')}")
+            if rule["type"] == "recording":
+                st, res = prom_query(base, rule["name"])
+                if st != "ok" or not res:
+                    fail(f"recording rule {rule['name']} has no data ({res if st != 'ok' else 'empty'})")
+    recorded, _ = promql.rule_exprs(deploy)
+    if n_rules == 0 or not recorded:
+        fail("Prometheus loaded no rules")
+    log(f"{n_rules} rules loaded and evaluated, {len(recorded)} recording rules return data")
+
+    n_q, empty = 0, []
+    for e in promql.dashboard_exprs(deploy):
+        q = promql.grafana_to_promql(e.text)
+        st, res = prom_query(base, q)
+        n_q += 1
+        if st != "ok":
+            fail(f"{e.where}: query fails: {res}")
+        elif not res:
+            empty.append(e.where)
+    for w in empty:
+        fail(f"{w}: returns no data under load")
+    log(f"{n_q} dashboard queries run against Prometheus, {n_q - len(empty)} return data")
+
+    firing = [a for a in json.loads(http_get(f"{base}/api/v1/alerts"))["data"]["alerts"]
+              if a["state"] == "firing"]
+    if firing:
+        fail("alerts firing on a healthy stack: " + ", ".join(a["labels"]["alertname"] for a in firing))
+
+    # 4. A worker dies: the router and the alerts see it.
+    victim = list(ports)[-1]
+    p = dict(procs)[victim]
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+
+    def alerts_pending():
+        alerts = json.loads(http_get(f"{base}/api/v1/alerts"))["data"]["alerts"]
+        names = {a["labels"]["alertname"] for a in alerts if a["state"] in ("pending", "firing")
+                 and a["labels"].get("worker", victim) == victim}
+        return {"Exl3WorkerDown", "Exl3ExpertUnserved"} <= names
+    if wait_for(f"Exl3WorkerDown and Exl3ExpertUnserved pending after kill -9 of {victim}",
+                alerts_pending, 20):
+        st, res = prom_query(base, "exl3_router_unserved_experts")
+        log(f"after kill -9 of {victim}: alerts Exl3WorkerDown and Exl3ExpertUnserved pending, "
+            f"unserved experts = {res[0]['value'][1] if st == 'ok' and res else '?'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
