@@ -55,6 +55,7 @@ const KIndex* IndexFor(int K) {
           g.sh[j] = s & 31;
           g.shr[j] = 32 - (s & 31);
         }
+
       }
     }
     return t;
@@ -124,6 +125,7 @@ void StripK(const Exl3LinearView& w, const float* xp, int T, int j0, int j1, flo
   const KIndex& idx = *IndexFor(K);
   constexpr int kWords = 8 * K;  // u32 words per tile
   alignas(32) uint32_t ext[kWords + 2 + 8];
+  auto decode = [&](int g) { return DecodeGroup<CB>(ext, idx.g[g]); };
   thread_local std::vector<float> acc_buf;
   const size_t acc_floats = static_cast<size_t>(T) * S * 64;
   if (acc_buf.size() < acc_floats) acc_buf.resize(acc_floats);
@@ -148,15 +150,15 @@ void StripK(const Exl3LinearView& w, const float* xp, int T, int j0, int j1, flo
         float* at = acc + static_cast<size_t>(s) * 64;
         for (int c0 = 0; c0 < 8; ++c0) {
           __m256 a = _mm256_loadu_ps(at + 8 * c0);
-          a = _mm256_fmadd_ps(DecodeGroup<CB>(ext, idx.g[4 * c0 + 0]), x0, a);
-          a = _mm256_fmadd_ps(DecodeGroup<CB>(ext, idx.g[4 * c0 + 1]), x1, a);
-          a = _mm256_fmadd_ps(DecodeGroup<CB>(ext, idx.g[4 * c0 + 2]), x2, a);
-          a = _mm256_fmadd_ps(DecodeGroup<CB>(ext, idx.g[4 * c0 + 3]), x3, a);
+          a = _mm256_fmadd_ps(decode(4 * c0 + 0), x0, a);
+          a = _mm256_fmadd_ps(decode(4 * c0 + 1), x1, a);
+          a = _mm256_fmadd_ps(decode(4 * c0 + 2), x2, a);
+          a = _mm256_fmadd_ps(decode(4 * c0 + 3), x3, a);
           _mm256_storeu_ps(at + 8 * c0, a);
         }
       } else {
         __m256 wv[32];
-        for (int g = 0; g < 32; ++g) wv[g] = DecodeGroup<CB>(ext, idx.g[g]);
+        for (int g = 0; g < 32; ++g) wv[g] = decode(g);
         for (int t = 0; t < T; ++t) {
           const float* xi = xp + (static_cast<size_t>(t) * kt + i) * 32;
           const __m256 x0 = _mm256_loadu_ps(xi), x1 = _mm256_loadu_ps(xi + 8);
