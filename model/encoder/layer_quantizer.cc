@@ -162,12 +162,14 @@ absl::StatusOr<QuantizedLayer> QuantizeLinear(const float* weight, int out_featu
   // Global scale: W_inner at unit RMS times g, with g searched on a sample of tiles.
   float g = DefaultGlobalScale(opts.bits, opts.codebook);
   std::vector<float> inner, stream;
-  if (opts.scale_search) {
+  // Searched only on layers of at least kMinSearchTiles tiles: at high K the error is dominated by
+  // the few values beyond the codebook's reach (about +-3.95 for 3INST/MCG, +-3.4 for MUL1), so a
+  // small sample says little, and on small layers the search would cost more than it saves.
+  constexpr size_t kMinSearchTiles = 1024;
+  if (opts.scale_search && num_tiles >= kMinSearchTiles) {
     InnerTransform(w, k, n, su, sv0, &inner);
     gather_all(inner, &stream);
-    // At high K the error is dominated by the few values beyond the codebook's reach (about
-    // +-3.95 for 3INST/MCG, +-3.4 for MUL1), so the sample must not be too small.
-    const size_t sample = std::min<size_t>(num_tiles, std::clamp<size_t>(num_tiles / 16, 16, 64));
+    const size_t sample = std::clamp<size_t>(num_tiles / 32, 32, 64);
     std::vector<float> xs(sample * kTileElems);
     std::vector<uint16_t> words(sample * 16 * opts.bits);
     const size_t stride = num_tiles / sample;

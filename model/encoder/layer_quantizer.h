@@ -31,7 +31,8 @@ struct LayerQuantOptions {
   uint64_t seed = 0;                // for the sign vectors
   int threads = 0;                  // 0: all cores
   bool channel_scales = true;       // fold row/column RMS into suh/svh (else signs only)
-  bool scale_search = true;         // search the global scale on a sample (else the default)
+  bool scale_search = true;         // search the global scale on a sample of tiles (only for
+                                    // layers of >= 1024 tiles; else the default)
 };
 
 struct QuantizedLayer {

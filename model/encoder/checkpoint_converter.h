@@ -1,0 +1,54 @@
+// Converts a Hugging Face MoE checkpoint (safetensors, bf16/fp16/fp32) into an EXL3 model
+// directory: every routed expert's gate/up/down projection (and the shared experts') becomes an
+// EXL3 layer (model/encoder/layer_quantizer.h: plain, data-free trellis quantization, no
+// Hessian/LDLQ calibration); every other tensor is copied unchanged; config.json gains
+// "quantization_config"; other files (tokenizer, generation config, ...) are copied.
+//
+// Output shards mirror the input shards (same file names) and are listed in
+// model.safetensors.index.json. Each shard is written atomically and records the conversion
+// options in its metadata, so an interrupted conversion restarted with the same options skips
+// the shards already complete.
+//
+// The architecture comes from config.json through model/moe_config.h (GLM-4.x/5 MoE,
+// DeepSeek-V3, Qwen3-MoE, Qwen3-Next, Mixtral, ...: its key naming); anything else, a missing
+// or mis-shaped expert tensor, an unreadable shard or a non-finite weight is a clear error.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "kernels/codebook.h"
+
+namespace exl3 {
+
+struct ConvertOptions {
+  int bits = 4;                // K of every quantized tensor, unless overridden below
+  int expert_bits = 0;         // routed experts' K (0: bits)
+  int down_bits = 0;           // down projections' K, routed and shared (0: no override)
+  Codebook codebook = Codebook::k3Inst;
+  uint64_t seed = 0;           // sign vectors; per tensor via TensorSeed(seed, name)
+  int threads = 0;             // 0: all cores
+  bool quantize_shared = true; // shared experts quantized (else copied)
+  bool scale_search = true;    // per-tensor global scale search (see layer_quantizer.h)
+  bool progress = true;        // progress bar on stderr
+};
+
+struct ConvertStats {
+  int shards_total = 0;
+  int shards_skipped = 0;       // already complete from an earlier run
+  int tensors_quantized = 0;    // in the shards written by this run
+  int tensors_copied = 0;
+  double mean_relative_mse = 0; // over tensors quantized by this run (W_inner domain)
+  uint64_t output_bytes = 0;    // all shards' data
+};
+
+// Reads `input_dir`, writes `output_dir` (created; must differ from input_dir).
+absl::StatusOr<ConvertStats> ConvertCheckpoint(const std::string& input_dir,
+                                               const std::string& output_dir,
+                                               const ConvertOptions& options);
+
+// The bit width a tensor gets under `options` (routed: a routed expert's projection).
+int BitsFor(const ConvertOptions& options, bool routed, bool down);
+
+}  // namespace exl3

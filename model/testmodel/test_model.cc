@@ -1,0 +1,448 @@
+#include "model/testmodel/test_model.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/fp16.h"
+#include "model/encoder/layer_quantizer.h"
+#include "model/encoder/progress.h"
+#include "model/encoder/safetensors_stream_writer.h"
+#include "model/moe_config.h"
+#include "model/safetensors.h"
+
+namespace exl3 {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+bool IsSigmoidFamily(const std::string& arch) {
+  return arch == "glm4_moe" || arch == "deepseek_v3";
+}
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : s_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (s_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  double Uniform() { return (Next() >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
+  float Gaussian() {
+    if (have_spare_) {
+      have_spare_ = false;
+      return spare_;
+    }
+    const double u1 = 1.0 - Uniform(), u2 = Uniform();
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    spare_ = static_cast<float>(r * std::sin(2 * M_PI * u2));
+    have_spare_ = true;
+    return static_cast<float>(r * std::cos(2 * M_PI * u2));
+  }
+
+ private:
+  uint64_t s_;
+  bool have_spare_ = false;
+  float spare_ = 0;
+};
+
+std::string ShardName(int i, int n) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "model-%05d-of-%05d.safetensors", i + 1, n);
+  return buf;
+}
+
+absl::Status WriteText(const fs::path& p, const std::string& text) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out << text;
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", p.string()));
+  return absl::OkStatus();
+}
+
+// A tensor to generate: name, dtype, shape and how to fill it.
+struct GenTensor {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  enum Kind { kGaussian, kNorm, kBias, kRandomBits, kSigns, kFlag } kind;
+  float scale = 0.02f;  // Gaussian std; kSigns: magnitude; kBias: range
+  int32_t flag = 0;
+};
+
+int64_t NumElements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Generates `t` deterministically from (seed, name) and streams it into `w`.
+absl::Status Generate(const GenTensor& t, uint64_t seed, SafetensorsStreamWriter* w) {
+  Rng rng(TensorSeed(seed, t.name));
+  const int64_t n = NumElements(t.shape);
+  switch (t.kind) {
+    case GenTensor::kRandomBits: {
+      std::vector<uint64_t> buf((static_cast<size_t>(n) * DTypeSize(t.dtype) + 7) / 8);
+      for (uint64_t& v : buf) v = rng.Next();
+      return w->Write(t.name, buf.data(), static_cast<size_t>(n) * DTypeSize(t.dtype));
+    }
+    case GenTensor::kFlag:
+      return w->Write(t.name, &t.flag, 4);
+    case GenTensor::kSigns: {
+      const uint16_t pos = FloatToHalfBits(t.scale), neg = pos | 0x8000u;
+      std::vector<uint16_t> buf(n);
+      for (auto& v : buf) v = (rng.Next() & 1) ? neg : pos;
+      return w->Write(t.name, buf.data(), buf.size() * 2);
+    }
+    default:
+      break;
+  }
+  std::vector<float> f(n);
+  for (float& v : f) {
+    switch (t.kind) {
+      case GenTensor::kGaussian: v = rng.Gaussian() * t.scale; break;
+      case GenTensor::kNorm: v = 1.0f + 0.05f * rng.Gaussian(); break;
+      case GenTensor::kBias: v = static_cast<float>((2 * rng.Uniform() - 1) * t.scale); break;
+      default: break;
+    }
+  }
+  if (t.dtype == DType::kF32) return w->Write(t.name, f.data(), f.size() * 4);
+  std::vector<uint16_t> h(n);
+  for (int64_t i = 0; i < n; ++i) {
+    h[i] = t.dtype == DType::kBF16 ? FloatToBFloat16Bits(f[i]) : FloatToHalfBits(f[i]);
+  }
+  return w->Write(t.name, h.data(), h.size() * 2);
+}
+
+absl::Status WriteShard(const fs::path& path, const std::vector<GenTensor>& tensors, uint64_t seed,
+                        ProgressBar* bar, json* weight_map) {
+  SafetensorsStreamWriter w;
+  w.AddMetadata("format", "pt");
+  for (const GenTensor& t : tensors) w.Declare(t.name, t.dtype, t.shape);
+  absl::Status s = w.Open(path.string());
+  if (!s.ok()) return s;
+  for (const GenTensor& t : tensors) {
+    s = Generate(t, seed, &w);
+    if (!s.ok()) return s;
+    if (bar) bar->Add(static_cast<uint64_t>(NumElements(t.shape)) * DTypeSize(t.dtype));
+    (*weight_map)[t.name] = path.filename().string();
+  }
+  return w.Finish();
+}
+
+absl::Status WriteIndex(const fs::path& dir, const json& weight_map) {
+  uint64_t total = 0;
+  std::error_code ec;
+  std::vector<std::string> seen;
+  for (auto it = weight_map.begin(); it != weight_map.end(); ++it) {
+    const std::string f = it.value().get<std::string>();
+    if (std::find(seen.begin(), seen.end(), f) == seen.end()) {
+      seen.push_back(f);
+      total += fs::file_size(dir / f, ec);
+    }
+  }
+  json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  return WriteText(dir / "model.safetensors.index.json", index.dump(2) + "\n");
+}
+
+// The expert-related tensors of MoE layer L in HF form (bf16 weights) or EXL3 form.
+void AddMoeTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool exl3,
+                   const SyntheticOptions* so, std::vector<GenTensor>* out) {
+  const int H = s.hidden;
+  out->push_back({RouterWeightKey(cfg, L), DType::kBF16, {s.experts, H}, GenTensor::kGaussian, 0.02f});
+  const std::string bias = CorrectionBiasKey(cfg, L);
+  if (!bias.empty()) out->push_back({bias, DType::kF32, {s.experts}, GenTensor::kBias, 0.05f});
+  auto add_linear = [&](const std::string& prefix, int out_f, int in_f, bool down) {
+    if (!exl3) {
+      out->push_back({prefix + ".weight", DType::kBF16, {out_f, in_f}, GenTensor::kGaussian,
+                      0.02f});
+      return;
+    }
+    const int K = down && so->down_bits > 0 ? so->down_bits : so->bits;
+    out->push_back({prefix + ".trellis", DType::kI16, {in_f / 16, out_f / 16, 16 * K},
+                    GenTensor::kRandomBits});
+    out->push_back({prefix + ".suh", DType::kF16, {in_f}, GenTensor::kSigns, 1.0f});
+    // |svh| = 1 / (1.24 sqrt(in)): unit-variance inputs give roughly unit-variance outputs.
+    out->push_back({prefix + ".svh", DType::kF16, {out_f}, GenTensor::kSigns,
+                    static_cast<float>(1.0 / (1.24 * std::sqrt(static_cast<double>(in_f))))});
+    std::string suffix;
+    int32_t flag;
+    if (CodebookFlag(so->codebook, &suffix, &flag)) {
+      GenTensor t{prefix + "." + suffix, DType::kI32, {}, GenTensor::kFlag};
+      t.flag = flag;
+      out->push_back(t);
+    }
+  };
+  const int I = s.intermediate;
+  for (int e = 0; e < s.experts; ++e) {
+    add_linear(RoutedExpertPrefix(cfg, L, e, Projection::kGate), I, H, false);
+    add_linear(RoutedExpertPrefix(cfg, L, e, Projection::kUp), I, H, false);
+    add_linear(RoutedExpertPrefix(cfg, L, e, Projection::kDown), H, I, true);
+  }
+  if (cfg.has_shared_expert()) {
+    const int SI = cfg.shared_intermediate_size;
+    add_linear(SharedExpertPrefix(cfg, L, Projection::kGate), SI, H, false);
+    add_linear(SharedExpertPrefix(cfg, L, Projection::kUp), SI, H, false);
+    add_linear(SharedExpertPrefix(cfg, L, Projection::kDown), H, SI, true);
+  }
+}
+
+absl::StatusOr<MoeConfig> ParsedConfig(const TestModelSpec& s) {
+  return ParseMoeConfig(TestModelConfig(s).dump(), "generated config.json");
+}
+
+}  // namespace
+
+absl::StatusOr<TestModelSpec> ResolveTestModelSpec(const TestModelSpec& in) {
+  TestModelSpec s = in;
+  if (s.arch != "glm4_moe" && s.arch != "deepseek_v3" && s.arch != "qwen3_moe" &&
+      s.arch != "mixtral") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown --arch '", s.arch, "' (glm4_moe, deepseek_v3, qwen3_moe or mixtral)"));
+  }
+  const bool sig = IsSigmoidFamily(s.arch);
+  if (s.shared < 0) s.shared = sig ? 1 : 0;
+  if (s.dense_layers < 0) s.dense_layers = sig ? 1 : 0;
+  if (!sig && s.shared > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(s.arch, " has no shared experts (--shared 0)"));
+  }
+  if (!sig && s.dense_layers > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(s.arch, " has no dense first layers (--dense-layers 0)"));
+  }
+  if (s.dense_intermediate <= 0) s.dense_intermediate = 2 * s.intermediate;
+  if (s.routed_scaling_factor < 0) s.routed_scaling_factor = s.arch == "deepseek_v3" ? 2.5f : 1.0f;
+  if (s.n_group < 0) {
+    s.n_group = 1;
+    if (s.arch == "deepseek_v3") {
+      for (int g : {4, 2}) {
+        if (s.experts % g == 0 && s.experts / g >= 2 && (g / 2) * (s.experts / g) >= s.top_k) {
+          s.n_group = g;
+          break;
+        }
+      }
+    }
+  }
+  if (s.topk_group < 0) s.topk_group = std::max(1, s.n_group / 2);
+  if (s.layers < 1 || s.layers > 4096) return absl::InvalidArgumentError("--layers must be in 1..4096");
+  if (s.dense_layers >= s.layers) {
+    return absl::InvalidArgumentError("--dense-layers leaves no MoE layer (must be < --layers)");
+  }
+  for (auto [v, name] : {std::pair<int, const char*>{s.hidden, "--hidden"},
+                         {s.intermediate, "--intermediate"},
+                         {s.dense_intermediate, "--dense-intermediate"}}) {
+    if (v <= 0 || v % 128 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " must be a positive multiple of 128 (EXL3 layers), got ", v));
+    }
+  }
+  if (s.experts < 1) return absl::InvalidArgumentError("--experts must be >= 1");
+  if (s.top_k < 1 || s.top_k > s.experts) {
+    return absl::InvalidArgumentError("--top-k must be in 1..--experts");
+  }
+  if (s.shared < 0 || s.shared > 16) return absl::InvalidArgumentError("--shared must be in 0..16");
+  if (s.vocab < 16) return absl::InvalidArgumentError("vocab must be >= 16");
+  // Groups and the rest are checked by the config parser.
+  absl::StatusOr<MoeConfig> c = ParsedConfig(s);
+  if (!c.ok()) return c.status();
+  return s;
+}
+
+json TestModelConfig(const TestModelSpec& s) {
+  json j;
+  const int heads = 4;
+  if (s.arch == "glm4_moe") {
+    j = {{"architectures", {"Glm4MoeForCausalLM"}}, {"model_type", "glm4_moe"},
+         {"attention_bias", true}, {"attention_dropout", 0.0}, {"head_dim", s.hidden / heads},
+         {"hidden_act", "silu"}, {"hidden_size", s.hidden}, {"initializer_range", 0.02},
+         {"intermediate_size", s.dense_intermediate}, {"max_position_embeddings", 4096},
+         {"moe_intermediate_size", s.intermediate}, {"norm_topk_prob", true},
+         {"num_attention_heads", heads}, {"num_key_value_heads", 2}, {"n_group", s.n_group},
+         {"topk_group", s.topk_group}, {"n_routed_experts", s.experts},
+         {"n_shared_experts", s.shared}, {"routed_scaling_factor", s.routed_scaling_factor},
+         {"num_experts_per_tok", s.top_k}, {"first_k_dense_replace", s.dense_layers},
+         {"num_hidden_layers", s.layers}, {"num_nextn_predict_layers", 0},
+         {"partial_rotary_factor", 0.5}, {"rms_norm_eps", 1e-5}, {"rope_theta", 1000000.0},
+         {"rope_scaling", nullptr}, {"tie_word_embeddings", false}, {"use_qk_norm", false},
+         {"torch_dtype", "bfloat16"}, {"vocab_size", s.vocab}};
+  } else if (s.arch == "deepseek_v3") {
+    j = {{"architectures", {"DeepseekV3ForCausalLM"}}, {"model_type", "deepseek_v3"},
+         {"hidden_act", "silu"}, {"hidden_size", s.hidden}, {"initializer_range", 0.02},
+         {"intermediate_size", s.dense_intermediate}, {"moe_intermediate_size", s.intermediate},
+         {"n_routed_experts", s.experts}, {"n_shared_experts", s.shared},
+         {"num_experts_per_tok", s.top_k}, {"n_group", s.n_group}, {"topk_group", s.topk_group},
+         {"routed_scaling_factor", s.routed_scaling_factor}, {"scoring_func", "sigmoid"},
+         {"topk_method", "noaux_tc"}, {"norm_topk_prob", true},
+         {"first_k_dense_replace", s.dense_layers}, {"moe_layer_freq", 1},
+         {"num_hidden_layers", s.layers}, {"num_attention_heads", heads},
+         {"num_key_value_heads", heads}, {"q_lora_rank", 64}, {"kv_lora_rank", 32},
+         {"qk_nope_head_dim", 32}, {"qk_rope_head_dim", 16}, {"v_head_dim", 32},
+         {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0},
+         {"num_nextn_predict_layers", 0}, {"ep_size", 1}, {"tie_word_embeddings", false},
+         {"torch_dtype", "bfloat16"}, {"vocab_size", s.vocab}};
+  } else if (s.arch == "qwen3_moe") {
+    j = {{"architectures", {"Qwen3MoeForCausalLM"}}, {"model_type", "qwen3_moe"},
+         {"attention_bias", false}, {"head_dim", s.hidden / heads}, {"hidden_act", "silu"},
+         {"hidden_size", s.hidden}, {"initializer_range", 0.02},
+         {"intermediate_size", s.dense_intermediate}, {"moe_intermediate_size", s.intermediate},
+         {"num_experts", s.experts}, {"num_experts_per_tok", s.top_k}, {"norm_topk_prob", true},
+         {"decoder_sparse_step", 1}, {"mlp_only_layers", json::array()},
+         {"num_hidden_layers", s.layers}, {"num_attention_heads", heads},
+         {"num_key_value_heads", 2}, {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-6},
+         {"rope_theta", 1000000.0}, {"router_aux_loss_coef", 0.001},
+         {"output_router_logits", false}, {"tie_word_embeddings", false},
+         {"torch_dtype", "bfloat16"}, {"vocab_size", s.vocab}};
+  } else {  // mixtral
+    j = {{"architectures", {"MixtralForCausalLM"}}, {"model_type", "mixtral"},
+         {"hidden_act", "silu"}, {"hidden_size", s.hidden}, {"initializer_range", 0.02},
+         {"intermediate_size", s.intermediate}, {"num_local_experts", s.experts},
+         {"num_experts_per_tok", s.top_k}, {"num_hidden_layers", s.layers},
+         {"num_attention_heads", heads}, {"num_key_value_heads", 2},
+         {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-5}, {"rope_theta", 1000000.0},
+         {"router_aux_loss_coef", 0.02}, {"sliding_window", nullptr},
+         {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"}, {"vocab_size", s.vocab}};
+  }
+  if (s.swiglu_limit > 0) j["swiglu_limit"] = s.swiglu_limit;
+  return j;
+}
+
+absl::Status WriteHfTestModel(const TestModelSpec& spec, const std::string& dir_str,
+                              bool progress) {
+  absl::StatusOr<TestModelSpec> rs = ResolveTestModelSpec(spec);
+  if (!rs.ok()) return rs.status();
+  const TestModelSpec& s = *rs;
+  absl::StatusOr<MoeConfig> cfg = ParsedConfig(s);
+  if (!cfg.ok()) return cfg.status();
+  const fs::path dir(dir_str);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir_str, ": ", ec.message()));
+
+  const int H = s.hidden, heads = 4;
+  std::vector<std::vector<GenTensor>> shards(s.layers);
+  auto bf16 = [](std::string name, std::vector<int64_t> shape) {
+    return GenTensor{std::move(name), DType::kBF16, std::move(shape), GenTensor::kGaussian, 0.02f};
+  };
+  auto norm = [](std::string name, int64_t n) {
+    return GenTensor{std::move(name), DType::kBF16, {n}, GenTensor::kNorm};
+  };
+  shards[0].push_back(bf16("model.embed_tokens.weight", {s.vocab, H}));
+  for (int L = 0; L < s.layers; ++L) {
+    std::vector<GenTensor>& t = shards[L];
+    const std::string p = absl::StrCat("model.layers.", L, ".");
+    t.push_back(norm(p + "input_layernorm.weight", H));
+    if (s.arch == "deepseek_v3") {  // MLA
+      t.push_back(bf16(p + "self_attn.q_a_proj.weight", {64, H}));
+      t.push_back(norm(p + "self_attn.q_a_layernorm.weight", 64));
+      t.push_back(bf16(p + "self_attn.q_b_proj.weight", {heads * 48, 64}));
+      t.push_back(bf16(p + "self_attn.kv_a_proj_with_mqa.weight", {48, H}));
+      t.push_back(norm(p + "self_attn.kv_a_layernorm.weight", 32));
+      t.push_back(bf16(p + "self_attn.kv_b_proj.weight", {heads * 64, 32}));
+      t.push_back(bf16(p + "self_attn.o_proj.weight", {H, heads * 32}));
+    } else {
+      const int hd = H / heads, kv = s.arch == "mixtral" || s.arch == "qwen3_moe" || s.arch == "glm4_moe" ? 2 : heads;
+      t.push_back(bf16(p + "self_attn.q_proj.weight", {heads * hd, H}));
+      t.push_back(bf16(p + "self_attn.k_proj.weight", {kv * hd, H}));
+      t.push_back(bf16(p + "self_attn.v_proj.weight", {kv * hd, H}));
+      t.push_back(bf16(p + "self_attn.o_proj.weight", {H, heads * hd}));
+      if (s.arch == "glm4_moe") {
+        t.push_back(bf16(p + "self_attn.q_proj.bias", {heads * hd}));
+        t.push_back(bf16(p + "self_attn.k_proj.bias", {kv * hd}));
+        t.push_back(bf16(p + "self_attn.v_proj.bias", {kv * hd}));
+      }
+      if (s.arch == "qwen3_moe") {
+        t.push_back(norm(p + "self_attn.q_norm.weight", hd));
+        t.push_back(norm(p + "self_attn.k_norm.weight", hd));
+      }
+    }
+    t.push_back(norm(p + "post_attention_layernorm.weight", H));
+    if (cfg->IsMoeLayer(L)) {
+      AddMoeTensors(s, *cfg, L, /*exl3=*/false, nullptr, &t);
+    } else {
+      t.push_back(bf16(p + "mlp.gate_proj.weight", {s.dense_intermediate, H}));
+      t.push_back(bf16(p + "mlp.up_proj.weight", {s.dense_intermediate, H}));
+      t.push_back(bf16(p + "mlp.down_proj.weight", {H, s.dense_intermediate}));
+    }
+  }
+  shards.back().push_back(norm("model.norm.weight", H));
+  shards.back().push_back(bf16("lm_head.weight", {s.vocab, H}));
+
+  uint64_t total = 0;
+  for (const auto& sh : shards)
+    for (const auto& t : sh) total += static_cast<uint64_t>(NumElements(t.shape)) * DTypeSize(t.dtype);
+  ProgressBar bar("exl3-tool make-test-model (hf)", total, progress);
+  json weight_map = json::object();
+  for (int i = 0; i < s.layers; ++i) {
+    absl::Status st = WriteShard(dir / ShardName(i, s.layers), shards[i], s.seed, &bar, &weight_map);
+    if (!st.ok()) return st;
+  }
+  bar.Finish();
+  absl::Status st = WriteIndex(dir, weight_map);
+  if (!st.ok()) return st;
+  json gen = {{"_from_model_config", true}, {"bos_token_id", 0}, {"eos_token_id", 1}};
+  st = WriteText(dir / "generation_config.json", gen.dump(2) + "\n");
+  if (!st.ok()) return st;
+  return WriteText(dir / "config.json", TestModelConfig(s).dump(2) + "\n");
+}
+
+uint64_t SyntheticModelBytes(const TestModelSpec& spec, const SyntheticOptions& opts) {
+  absl::StatusOr<MoeConfig> cfg = ParsedConfig(spec);
+  if (!cfg.ok()) return 0;
+  uint64_t total = 0;
+  for (int L : cfg->MoeLayers()) {
+    std::vector<GenTensor> t;
+    AddMoeTensors(spec, *cfg, L, true, &opts, &t);
+    for (const auto& g : t) total += static_cast<uint64_t>(NumElements(g.shape)) * DTypeSize(g.dtype);
+  }
+  return total;
+}
+
+absl::Status WriteSyntheticExl3Model(const TestModelSpec& spec, const SyntheticOptions& opts,
+                                     const std::string& dir_str) {
+  absl::StatusOr<TestModelSpec> rs = ResolveTestModelSpec(spec);
+  if (!rs.ok()) return rs.status();
+  const TestModelSpec& s = *rs;
+  for (int k : {opts.bits, opts.down_bits}) {
+    if (k != 0 && (k < 1 || k > 8)) return absl::InvalidArgumentError("bit widths must be in 1..8");
+  }
+  if (opts.bits < 1) return absl::InvalidArgumentError("--bits must be in 1..8");
+  absl::StatusOr<MoeConfig> cfg = ParsedConfig(s);
+  if (!cfg.ok()) return cfg.status();
+  const fs::path dir(dir_str);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir_str, ": ", ec.message()));
+
+  const std::vector<int> moe = cfg->MoeLayers();
+  ProgressBar bar("exl3-tool make-test-model (synthetic)", SyntheticModelBytes(s, opts),
+                  opts.progress);
+  json weight_map = json::object();
+  for (size_t i = 0; i < moe.size(); ++i) {
+    std::vector<GenTensor> t;
+    AddMoeTensors(s, *cfg, moe[i], /*exl3=*/true, &opts, &t);
+    bar.SetDetail(absl::StrCat("layer ", moe[i]));
+    absl::Status st = WriteShard(dir / ShardName(static_cast<int>(i), static_cast<int>(moe.size())),
+                                 t, s.seed, &bar, &weight_map);
+    if (!st.ok()) return st;
+  }
+  bar.Finish();
+  absl::Status st = WriteIndex(dir, weight_map);
+  if (!st.ok()) return st;
+  json c = TestModelConfig(s);
+  const int db = opts.down_bits > 0 ? opts.down_bits : opts.bits;
+  const double avg = (2.0 * opts.bits + db) / 3.0;
+  c["quantization_config"] = {{"quant_method", "exl3"},
+                              {"version", "0.0.6"},
+                              {"bits", avg},
+                              {"codebook", std::string(CodebookName(opts.codebook))},
+                              {"expert_bits", opts.bits},
+                              {"synthetic", "random trellis bits, not a quantized model"}};
+  if (opts.down_bits > 0) c["quantization_config"]["down_bits"] = opts.down_bits;
+  return WriteText(dir / "config.json", c.dump(2) + "\n");
+}
+
+}  // namespace exl3
