@@ -9,6 +9,7 @@ packages=(
   nlohmann-json3-dev libyaml-cpp-dev libspdlog-dev libfmt-dev
   clang libclang-rt-14-dev
   prometheus openssl curl ca-certificates
+  python3-grpcio python3-protobuf python3-numpy
 )
 
 missing=()

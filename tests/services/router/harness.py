@@ -1,0 +1,165 @@
+"""Process harness for the router's system tests: a generated test model, exl3-worker and
+exl3-router processes on loopback ports, certificates made with openssl, and helpers to wait for
+readiness. Everything is started as subprocesses of the test and ended by PID."""
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+BUILD = os.environ.get("EXL3_BUILD_DIR", os.path.join(os.path.dirname(__file__), "../../../build"))
+BIN = os.path.join(BUILD, "bin")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(pred, timeout, what, interval=0.05):
+    end = time.time() + timeout
+    last = None
+    while time.time() < end:
+        try:
+            v = pred()
+            if v:
+                return v
+        except Exception as e:  # noqa: BLE001 - retried until the timeout
+            last = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last})")
+
+
+class Proc:
+    """A started binary with its log file; stop() ends it by PID."""
+
+    def __init__(self, name, args, log_dir):
+        self.name = name
+        self.args = args
+        self.log_path = os.path.join(log_dir, f"{name}.log")
+        self.log = open(self.log_path, "ab")
+        self.p = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL)
+
+    @property
+    def pid(self):
+        return self.p.pid
+
+    def alive(self):
+        return self.p.poll() is None
+
+    def signal(self, sig):
+        if self.alive():
+            os.kill(self.p.pid, sig)
+
+    def kill9(self):
+        self.signal(signal.SIGKILL)
+        self.p.wait(timeout=10)
+
+    def stop(self, timeout=10):
+        if self.alive():
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGTERM)
+            try:
+                self.p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+        self.log.close()
+
+    def text(self):
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+
+class Cluster:
+    """Test model + expert map + workers + router. Workers: a (experts 0-3, alone),
+    b (4-7) and b2 (replica_of b)."""
+
+    MAP = """workers:
+  - name: a
+    address: 127.0.0.1:{a}
+    experts: 0-3
+  - name: b
+    address: 127.0.0.1:{b}
+    experts: 4-7
+  - name: b2
+    address: 127.0.0.1:{b2}
+    replica_of: b
+"""
+
+    def __init__(self, worker_tls=None):
+        self.dir = tempfile.mkdtemp(prefix="exl3-router-test-")
+        self.model = os.path.join(self.dir, "model")
+        subprocess.run([os.path.join(BUILD, "tests", "exl3-test-model"), self.model], check=True)
+        self.ports = {n: free_port() for n in ("a", "b", "b2")}
+        self.map_path = os.path.join(self.dir, "map.yaml")
+        self.write_map(self.MAP)
+        self.worker_tls = worker_tls or []
+        self.workers = {}
+        self.routers = []
+
+    def write_map(self, template):
+        with open(self.map_path, "w") as f:
+            f.write(template.format(**self.ports))
+
+    def start_worker(self, name, extra=()):
+        args = [os.path.join(BIN, "exl3-worker"), "--model", self.model, "--expert-map",
+                self.map_path, "--worker", name, "--listen", f"127.0.0.1:{self.ports[name]}",
+                "--metrics-listen", "127.0.0.1:0", "--progress=false", "--mlock=false", "--threads", "1",
+                *self.worker_tls, *extra]
+        w = Proc(f"worker-{name}-{len(self.workers)}-{time.time():.0f}", args, self.dir)
+        self.workers[name] = w
+        return w
+
+    def start_router(self, extra=(), tls=()):
+        port = free_port()
+        metrics = free_port()
+        args = [os.path.join(BIN, "exl3-router"), "--model", self.model, "--expert-map",
+                self.map_path, "--listen", f"127.0.0.1:{port}",
+                "--metrics-listen", f"127.0.0.1:{metrics}", "--reconnect-backoff-max-ms", "300",
+                *tls, *extra]
+        r = Proc(f"router-{len(self.routers)}", args, self.dir)
+        r.address = f"127.0.0.1:{port}"
+        r.metrics = f"127.0.0.1:{metrics}"
+        self.routers.append(r)
+        return r
+
+    def stop(self):
+        for r in self.routers:
+            r.stop()
+        for w in self.workers.values():
+            w.stop()
+
+
+def make_certs(d):
+    """CA, server cert for 127.0.0.1/localhost, a client cert from the CA, and a client cert from
+    another (untrusted) CA. Returns a dict of paths."""
+
+    def run(*a):
+        subprocess.run(a, check=True, cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    for ca in ("ca", "rogue-ca"):
+        run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            "-subj", f"/CN=exl3 test {ca}", "-keyout", f"{ca}.key", "-out", f"{ca}.pem")
+    with open(os.path.join(d, "san.ext"), "w") as f:
+        f.write("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+
+    def leaf(name, ca, ext=True):
+        run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+            "-keyout", f"{name}.key", "-out", f"{name}.csr")
+        args = ["openssl", "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem",
+                "-CAkey", f"{ca}.key", "-CAcreateserial", "-days", "2", "-out", f"{name}.pem"]
+        if ext:
+            args += ["-extfile", "san.ext"]
+        run(*args)
+
+    leaf("server", "ca")
+    leaf("client", "ca")
+    leaf("rogue", "rogue-ca")
+    return {k: os.path.join(d, v) for k, v in {
+        "ca": "ca.pem", "server_cert": "server.pem", "server_key": "server.key",
+        "client_cert": "client.pem", "client_key": "client.key",
+        "rogue_cert": "rogue.pem", "rogue_key": "rogue.key"}.items()}
