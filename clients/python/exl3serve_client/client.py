@@ -177,7 +177,11 @@ class MoeRouterClient:
         opts = [("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", max_message_bytes)]
         if tls_ca or tls_cert:
-            read = lambda p: open(p, "rb").read() if p else None  # noqa: E731
+            def read(path):
+                if not path:
+                    return None
+                with open(path, "rb") as f:
+                    return f.read()
             creds = grpc.ssl_channel_credentials(read(tls_ca), read(tls_key), read(tls_cert))
             if server_name_override:
                 opts.append(("grpc.ssl_target_name_override", server_name_override))
