@@ -425,16 +425,16 @@ absl::Status WorkerServer::Load() {
   const double secs = Seconds(Clock::now() - t0);
   size_t held = 0;
   for (const auto& [l, ids] : experts_) held += ids.size();
-  svc::LogInfo("loaded %zu experts over %zu layers: %.3f GB in %.2f s (%.2f GB/s read%s), "
-               "%.3f GB pinned, backend %s (%s)",
-               held, experts_.size(), st.bytes / 1e9, secs,
+  svc::LogInfo("loaded %zu experts over %zu layers: %.1f MB in %.3f s (%.2f GB/s read%s), "
+               "%.1f MB pinned, backend %s (%s)",
+               held, experts_.size(), st.bytes / 1e6, secs,
                st.read_seconds > 0 ? st.bytes / st.read_seconds / 1e9 : 0.0,
                st.baseline_gbps > 0
                    ? absl::StrCat("; plain parallel read ", st.baseline_gbps, " GB/s, ",
                                   static_cast<int>(100 * (st.bytes / st.read_seconds / 1e9) / st.baseline_gbps),
                                   "%").c_str()
                    : "",
-               st.pinned_bytes / 1e9, backend_->name().c_str(), backend_->device().c_str());
+               st.pinned_bytes / 1e6, backend_->name().c_str(), backend_->device().c_str());
   if (!st.note.empty()) svc::LogWarning("%s", st.note.c_str());
   worker_metrics_->pinned_bytes().Set(static_cast<double>(st.pinned_bytes));
   worker_metrics_->load_seconds().Set(secs);

@@ -1,0 +1,158 @@
+#include "services/common/wire.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "services/common/flags.h"
+#include "services/common/server.h"
+#include "services/common/status.h"
+
+namespace exl3::svc {
+namespace {
+
+std::vector<float> Random(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+TEST(Wire, RoundTripAllDtypes) {
+  const std::vector<float> x = Random(6 * 32, 1);
+  for (pb::DType dt : {pb::DTYPE_FP32, pb::DTYPE_FP16, pb::DTYPE_BF16}) {
+    pb::Tensor t;
+    EncodeTensor(x.data(), {6, 32}, dt, &t);
+    ASSERT_EQ(t.data().size(), x.size() * WireDTypeSize(dt));
+    std::vector<float> back;
+    int64_t rows = 0;
+    ASSERT_TRUE(DecodeMatrix(t, "hidden", 32, &back, &rows).ok());
+    EXPECT_EQ(rows, 6);
+    const float tol = dt == pb::DTYPE_FP32 ? 0.0f : dt == pb::DTYPE_FP16 ? 1.0f / 1024 : 1.0f / 128;
+    for (size_t i = 0; i < x.size(); ++i) {
+      EXPECT_LE(std::fabs(back[i] - x[i]), tol * std::fabs(x[i]) + 1e-7f) << WireDTypeName(dt) << " " << i;
+    }
+  }
+}
+
+TEST(Wire, Bf16RoundsToNearestEven) {
+  // 1 + 2^-8 is halfway between bf16 1.0 and 1 + 2^-7: ties to even -> 1.0.
+  const float x[2] = {1.0f + 1.0f / 256, 1.0f + 3.0f / 256};
+  pb::Tensor t;
+  EncodeTensor(x, {2}, pb::DTYPE_BF16, &t);
+  float back[2];
+  ASSERT_TRUE(TensorToFloat(t, "t", true, back).ok());
+  EXPECT_EQ(back[0], 1.0f);
+  EXPECT_EQ(back[1], 1.0f + 4.0f / 256);
+}
+
+TEST(Wire, RejectsMalformedTensorsNamingTheProblem) {
+  const std::vector<float> x = Random(4 * 8, 2);
+  pb::Tensor good;
+  EncodeTensor(x.data(), {4, 8}, pb::DTYPE_FP32, &good);
+  std::vector<float> out;
+  int64_t rows;
+
+  pb::Tensor t = good;
+  t.set_dtype(static_cast<pb::DType>(9));
+  absl::Status s = DecodeMatrix(t, "hidden", 8, &out, &rows);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("dtype unknown(9)"), std::string::npos) << s;
+
+  t = good;
+  t.set_dtype(pb::DTYPE_UNSPECIFIED);
+  EXPECT_EQ(DecodeMatrix(t, "hidden", 8, &out, &rows).code(), absl::StatusCode::kInvalidArgument);
+
+  t = good;
+  t.clear_shape();
+  t.add_shape(32);
+  s = DecodeMatrix(t, "hidden", 8, &out, &rows);
+  EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s;
+
+  t = good;
+  t.set_shape(1, 16);
+  s = DecodeMatrix(t, "hidden", 8, &out, &rows);
+  EXPECT_NE(s.message().find("dim 1 is 16, must be 8"), std::string::npos) << s;
+
+  t = good;
+  t.set_shape(0, 0);
+  s = DecodeMatrix(t, "hidden", 8, &out, &rows);
+  EXPECT_NE(s.message().find("must be >= 1"), std::string::npos) << s;
+
+  t = good;
+  t.mutable_data()->resize(t.data().size() - 2);
+  s = DecodeMatrix(t, "hidden", 8, &out, &rows);
+  EXPECT_NE(s.message().find("data has 126 bytes"), std::string::npos) << s;
+
+  t = good;
+  t.set_shape(0, int64_t{1} << 62);
+  s = DecodeMatrix(t, "hidden", 8, &out, &rows);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Wire, RejectsNonFiniteWithPosition) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    std::vector<float> x = Random(3 * 8, 3);
+    x[2 * 8 + 5] = bad;
+    for (pb::DType dt : {pb::DTYPE_FP32, pb::DTYPE_FP16, pb::DTYPE_BF16}) {
+      pb::Tensor t;
+      EncodeTensor(x.data(), {3, 8}, dt, &t);
+      std::vector<float> out;
+      int64_t rows;
+      absl::Status s = DecodeMatrix(t, "hidden", 8, &out, &rows);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(s.message().find("at [2, 5]"), std::string::npos) << s;
+    }
+  }
+}
+
+TEST(Wire, OutputDType) {
+  pb::DType d;
+  EXPECT_TRUE(ResolveOutputDType(0, "output_dtype", &d).ok());
+  EXPECT_EQ(d, pb::DTYPE_FP32);
+  EXPECT_TRUE(ResolveOutputDType(pb::DTYPE_BF16, "output_dtype", &d).ok());
+  EXPECT_EQ(d, pb::DTYPE_BF16);
+  EXPECT_EQ(ResolveOutputDType(5, "output_dtype", &d).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Status, OneMappingBothWays) {
+  for (int c = 0; c <= 16; ++c) {
+    const absl::Status a = c == 0 ? absl::OkStatus()
+                                  : absl::Status(static_cast<absl::StatusCode>(c), "msg");
+    const grpc::Status g = ToGrpcStatus(a);
+    EXPECT_EQ(static_cast<int>(g.error_code()), c);
+    EXPECT_EQ(FromGrpcStatus(g), a);
+    pb::RequestStatus rs;
+    SetRequestStatus(a, &rs);
+    EXPECT_EQ(static_cast<int>(rs.code()), c);
+    EXPECT_EQ(FromRequestStatus(rs), a);
+  }
+  EXPECT_EQ(StatusCodeName(absl::StatusCode::kResourceExhausted), "RESOURCE_EXHAUSTED");
+  EXPECT_EQ(AllStatusCodeNames().size(), 17u);
+}
+
+TEST(Server, LoopbackDetection) {
+  EXPECT_TRUE(IsLoopbackAddress("127.0.0.1:50061"));
+  EXPECT_TRUE(IsLoopbackAddress("localhost:1"));
+  EXPECT_TRUE(IsLoopbackAddress("[::1]:5"));
+  EXPECT_TRUE(IsLoopbackAddress("unix:/tmp/x.sock"));
+  EXPECT_FALSE(IsLoopbackAddress("0.0.0.0:50061"));
+  EXPECT_FALSE(IsLoopbackAddress("[::]:50061"));
+  EXPECT_FALSE(IsLoopbackAddress("10.1.2.3:50061"));
+}
+
+TEST(Flags, DashesBecomeUnderscoresInNamesOnly) {
+  const char* argv[] = {"prog", "--max-queue=3", "--tls-cert", "a-b.pem", "-x", "--", "--keep-me"};
+  std::vector<char*> args = DashesToUnderscores(7, const_cast<char**>(argv));
+  ASSERT_EQ(args.size(), 7u);
+  EXPECT_STREQ(args[1], "--max_queue=3");
+  EXPECT_STREQ(args[2], "--tls_cert");
+  EXPECT_STREQ(args[3], "a-b.pem");
+  EXPECT_STREQ(args[6], "--keep-me");
+}
+
+}  // namespace
+}  // namespace exl3::svc
