@@ -1,0 +1,299 @@
+// End to end through the exl3-tool binary: quantize-tensor, make-test-model (HF + conversion for
+// every family, --synthetic), quantize (restart, refusals), and `exl3-tool moe` on a converted
+// test model against the same layer computed in fp32 from the original HF weights.
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/exl3_linear.h"
+#include "kernels/fp16.h"
+#include "model/exl3_model.h"
+#include "model/moe_config.h"
+#include "model/routing.h"
+#include "model/safetensors.h"
+
+namespace exl3 {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string TempDir(const std::string& name) {
+  const fs::path p = fs::path(::testing::TempDir()) / ("encoder_tools_" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+// Runs exl3-tool with `args`; returns the exit status, stderr in *err.
+int Tool(const std::string& args, std::string* err = nullptr) {
+  const std::string errfile = ::testing::TempDir() + "/encoder_tools_stderr.txt";
+  const std::string cmd = std::string(EXL3_TOOL_BINARY) + " " + args + " 2> " + errfile +
+                          " > /dev/null";
+  const int rc = std::system(cmd.c_str());
+  std::ifstream in(errfile);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (err) *err = ss.str();
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+std::vector<float> Load(const TensorSource& src, const std::string& name) {
+  absl::StatusOr<TensorView> t = src.Get(name);
+  EXPECT_TRUE(t.ok()) << t.status();
+  if (!t.ok()) return {};
+  absl::StatusOr<std::vector<float>> f = ToFloat32(*t);
+  EXPECT_TRUE(f.ok()) << f.status();
+  return f.ok() ? *f : std::vector<float>{};
+}
+
+// y[o] = sum_i w[o, i] x[i] (HF orientation [out, in]).
+std::vector<double> MatVec(const std::vector<float>& w, const std::vector<double>& x, int out) {
+  const int in = static_cast<int>(x.size());
+  std::vector<double> y(out, 0.0);
+  for (int o = 0; o < out; ++o)
+    for (int i = 0; i < in; ++i) y[o] += static_cast<double>(w[static_cast<size_t>(o) * in + i]) * x[i];
+  return y;
+}
+
+// down(silu(gate x) * up x) in double from HF-orientation weights.
+std::vector<double> Mlp(const std::vector<float>& g, const std::vector<float>& u,
+                        const std::vector<float>& d, const std::vector<double>& x, int inter) {
+  std::vector<double> a = MatVec(g, x, inter), b = MatVec(u, x, inter);
+  for (int i = 0; i < inter; ++i) a[i] = a[i] / (1.0 + std::exp(-a[i])) * b[i];
+  return MatVec(d, a, static_cast<int>(x.size()));
+}
+
+TEST(EncoderTools, QuantizeTensorWritesAnExl3Layer) {
+  const std::string dir = TempDir("qt");
+  const int out = 256, in = 128;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  std::vector<float> w(static_cast<size_t>(out) * in);
+  std::vector<uint16_t> bf(w.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    bf[i] = FloatToBFloat16Bits(nd(rng));
+    w[i] = BFloat16BitsToFloat(bf[i]);
+  }
+  SafetensorsWriter sw;
+  sw.Add("proj.weight", DType::kBF16, {out, in}, bf.data(), bf.size() * 2);
+  ASSERT_TRUE(sw.Write(dir + "/in.safetensors").ok());
+  ASSERT_EQ(Tool("quantize-tensor --input " + dir + "/in.safetensors --tensor proj.weight --output " +
+                 dir + "/out.safetensors --prefix layer.proj --bits 3 --codebook mul1 --seed 5"),
+            0);
+  auto f = SafetensorsFile::Open(dir + "/out.safetensors");
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto trellis = (*f)->Get("layer.proj.trellis");
+  auto suh = (*f)->Get("layer.proj.suh");
+  auto svh = (*f)->Get("layer.proj.svh");
+  auto flag = (*f)->Get("layer.proj.mul1");
+  ASSERT_TRUE(trellis.ok() && suh.ok() && svh.ok() && flag.ok());
+  EXPECT_EQ(trellis->info->shape, (std::vector<int64_t>{in / 16, out / 16, 48}));
+  EXPECT_EQ(static_cast<uint32_t>(*flag->as<int32_t>()), 0x83DCD12Du);
+  Exl3LinearView v;
+  v.in_features = in;
+  v.out_features = out;
+  v.bits = 3;
+  v.codebook = Codebook::kMul1;
+  v.trellis = trellis->as<uint16_t>();
+  v.suh = suh->as<uint16_t>();
+  v.svh = svh->as<uint16_t>();
+  std::vector<float> dense(w.size());
+  DequantizeDense(v, dense.data());
+  double num = 0, den = 0;
+  for (int o = 0; o < out; ++o)
+    for (int i = 0; i < in; ++i) {
+      const double d = dense[static_cast<size_t>(i) * out + o] - w[static_cast<size_t>(o) * in + i];
+      num += d * d;
+      den += static_cast<double>(w[static_cast<size_t>(o) * in + i]) * w[static_cast<size_t>(o) * in + i];
+    }
+  EXPECT_LT(num / den, 1.3 * std::pow(4.0, -3));
+  EXPECT_GT(num / den, 0.9 * std::pow(4.0, -3));
+
+  std::string err;
+  EXPECT_NE(Tool("quantize-tensor --input " + dir + "/in.safetensors --tensor nope --output " + dir +
+                 "/x.safetensors --prefix p --bits 3", &err), 0);
+  EXPECT_NE(err.find("nope"), std::string::npos) << err;
+  EXPECT_NE(Tool("quantize-tensor --input " + dir + "/in.safetensors --tensor proj.weight --output " +
+                 dir + "/x.safetensors --prefix p --bits 9", &err), 0);
+}
+
+// Every family: the HF checkpoint parses with the family's config, conversion produces a model
+// that model/exl3_model opens with all experts.
+class FamilyTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(FamilyTest, MakeTestModelConvertsAndOpens) {
+  const std::string arch = GetParam();
+  const std::string dir = TempDir("family_" + arch);
+  const bool sig = arch == "glm4_moe" || arch == "deepseek_v3";
+  const std::string layers = sig ? "2" : "1";
+  ASSERT_EQ(Tool("make-test-model --quiet --arch " + arch + " --output " + dir + "/exl3 --hidden 128 " +
+                 "--intermediate 128 --experts 4 --top-k 2 --layers " + layers +
+                 " --bits 2 --down-bits 3 --codebook mcg --seed 7"),
+            0);
+  absl::StatusOr<MoeConfig> hf = LoadMoeConfig(dir + "/exl3-hf");
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  EXPECT_TRUE(hf->quant_method.empty());
+  EXPECT_EQ(hf->has_shared_expert(), sig);
+  EXPECT_EQ(hf->has_correction_bias, sig);
+  EXPECT_EQ(hf->IsMoeLayer(0), !sig);  // dense first layer for GLM/DeepSeek
+  auto model = Exl3Model::Open(dir + "/exl3");
+  ASSERT_TRUE(model.ok()) << model.status();
+  const MoeConfig& c = (*model)->config();
+  EXPECT_EQ(c.quant_method, "exl3");
+  const int L = sig ? 1 : 0;
+  EXPECT_EQ((*model)->HeldExperts(L).size(), 4u);
+  EXPECT_NE((*model)->RouterWeight(L), nullptr);
+  EXPECT_EQ((*model)->CorrectionBias(L) != nullptr, sig);
+  EXPECT_EQ((*model)->SharedExpert(L) != nullptr, sig);
+  // Mixed widths: gate/up K=2, down K=3, MCG.
+  EXPECT_EQ((*model)->tensors().Get(RoutedExpertPrefix(c, L, 2, Projection::kGate) + ".trellis")->info->shape[2], 32);
+  EXPECT_EQ((*model)->tensors().Get(RoutedExpertPrefix(c, L, 2, Projection::kDown) + ".trellis")->info->shape[2], 48);
+  EXPECT_TRUE((*model)->tensors().Has(RoutedExpertPrefix(c, L, 2, Projection::kDown) + ".mcg"));
+  // Non-expert tensors copied unchanged.
+  auto a = TensorSource::Open(dir + "/exl3-hf");
+  ASSERT_TRUE(a.ok());
+  for (const std::string& name : {std::string("model.embed_tokens.weight"), RouterWeightKey(c, L)}) {
+    auto x = (*a)->Get(name);
+    auto y = (*model)->tensors().Get(name);
+    ASSERT_TRUE(x.ok() && y.ok()) << name;
+    ASSERT_EQ(x->size_bytes(), y->size_bytes());
+    EXPECT_EQ(0, std::memcmp(x->data, y->data, x->size_bytes())) << name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, FamilyTest,
+                         ::testing::Values("glm4_moe", "deepseek_v3", "qwen3_moe", "mixtral"));
+
+// exl3-tool moe (the serving path) on a converted GLM test model vs the fp32 layer from the HF
+// weights: same routing, and an output error of the size the weights' quantization error predicts.
+TEST(EncoderTools, MoeOfConvertedModelMatchesFp32Reference) {
+  const std::string dir = TempDir("moe");
+  const int H = 128, I = 128, E = 4, T = 6;
+  ASSERT_EQ(Tool("make-test-model --quiet --arch glm4_moe --output " + dir + "/exl3 --hidden 128 "
+                 "--intermediate 128 --experts 4 --top-k 2 --layers 2 --bits 4 --codebook mcg "
+                 "--routed-scaling-factor 2.5 --seed 11"),
+            0);
+  // Hidden states.
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(T * H);
+  for (float& v : x) v = nd(rng);
+  SafetensorsWriter xw;
+  xw.AddF32("x", {T, H}, x.data());
+  ASSERT_TRUE(xw.Write(dir + "/x.safetensors").ok());
+  std::string err;
+  ASSERT_EQ(Tool("moe --model " + dir + "/exl3 --layer 1 --x " + dir + "/x.safetensors --output " +
+                 dir + "/y.safetensors --backend cpu", &err), 0) << err;
+  auto yf = SafetensorsFile::Open(dir + "/y.safetensors");
+  ASSERT_TRUE(yf.ok());
+  const float* y = (*yf)->Get("y")->as<float>();
+  const int32_t* ids = (*yf)->Get("topk_ids")->as<int32_t>();
+  const float* wts = (*yf)->Get("topk_weights")->as<float>();
+
+  // fp32/double reference from the HF checkpoint, with the family's routing function.
+  absl::StatusOr<MoeConfig> cfg = LoadMoeConfig(dir + "/exl3-hf");
+  ASSERT_TRUE(cfg.ok());
+  auto hf = TensorSource::Open(dir + "/exl3-hf");
+  ASSERT_TRUE(hf.ok());
+  const std::vector<float> router = Load(**hf, RouterWeightKey(*cfg, 1));
+  const std::vector<float> bias = Load(**hf, CorrectionBiasKey(*cfg, 1));
+  std::vector<int32_t> ref_ids(T * 2);
+  std::vector<float> ref_w(T * 2);
+  ASSERT_TRUE(RouteTokens(*cfg, 1, router.data(), bias.data(), x.data(), T, ref_ids.data(),
+                          ref_w.data()).ok());
+  std::vector<std::vector<float>> g(E), u(E), d(E);
+  for (int e = 0; e < E; ++e) {
+    g[e] = Load(**hf, RoutedExpertPrefix(*cfg, 1, e, Projection::kGate) + ".weight");
+    u[e] = Load(**hf, RoutedExpertPrefix(*cfg, 1, e, Projection::kUp) + ".weight");
+    d[e] = Load(**hf, RoutedExpertPrefix(*cfg, 1, e, Projection::kDown) + ".weight");
+  }
+  const std::vector<float> sg = Load(**hf, SharedExpertPrefix(*cfg, 1, Projection::kGate) + ".weight");
+  const std::vector<float> su = Load(**hf, SharedExpertPrefix(*cfg, 1, Projection::kUp) + ".weight");
+  const std::vector<float> sd = Load(**hf, SharedExpertPrefix(*cfg, 1, Projection::kDown) + ".weight");
+  double num = 0, den = 0;
+  for (int t = 0; t < T; ++t) {
+    std::vector<double> xt(x.begin() + t * H, x.begin() + (t + 1) * H);
+    std::vector<double> ref = Mlp(sg, su, sd, xt, I);
+    for (int j = 0; j < 2; ++j) {
+      EXPECT_EQ(ids[t * 2 + j], ref_ids[t * 2 + j]) << "token " << t;
+      EXPECT_NEAR(wts[t * 2 + j], ref_w[t * 2 + j], 1e-6);
+      const int e = ref_ids[t * 2 + j];
+      const std::vector<double> o = Mlp(g[e], u[e], d[e], xt, I);
+      for (int i = 0; i < H; ++i) ref[i] += ref_w[t * 2 + j] * o[i];
+    }
+    for (int i = 0; i < H; ++i) {
+      num += (y[t * H + i] - ref[i]) * (y[t * H + i] - ref[i]);
+      den += ref[i] * ref[i];
+    }
+  }
+  // Each weight carries a relative squared error of about 1.15 * 4^-4 (the tile MSE at K=4);
+  // through gate/up (whose errors add in the product) and down the output's relative squared
+  // error is about 3x that (independent errors add).
+  const double rel = num / den;
+  const double predicted = 3 * 1.15 * std::pow(4.0, -4);
+  std::printf("moe output relative squared error %.3e (predicted %.3e)\n", rel, predicted);
+  EXPECT_LT(rel, 2.0 * predicted) << "relative squared error " << rel;
+  EXPECT_GT(rel, 0.5 * predicted) << "relative squared error " << rel;
+}
+
+TEST(EncoderTools, QuantizeRestartsAndRefusesBadInput) {
+  const std::string dir = TempDir("quantize");
+  ASSERT_EQ(Tool("make-test-model --quiet --arch qwen3_moe --output " + dir + "/hf --hf-only --hidden 128 "
+                 "--intermediate 128 --experts 2 --top-k 1 --layers 2"),
+            0);
+  ASSERT_EQ(Tool("quantize --quiet --input " + dir + "/hf --output " + dir + "/q --bits 2 --threads 2"), 0);
+  const auto mtime = fs::last_write_time(dir + "/q/model-00001-of-00002.safetensors");
+  // Lose one shard: the rerun redoes it and keeps the other.
+  fs::remove(dir + "/q/model-00002-of-00002.safetensors");
+  std::string err;
+  ASSERT_EQ(Tool("quantize --quiet --input " + dir + "/hf --output " + dir + "/q --bits 2", &err), 0);
+  EXPECT_EQ(mtime, fs::last_write_time(dir + "/q/model-00001-of-00002.safetensors"));
+  EXPECT_TRUE(fs::exists(dir + "/q/model-00002-of-00002.safetensors"));
+  ASSERT_TRUE(Exl3Model::Open(dir + "/q").ok());
+
+  // Unsupported architecture.
+  fs::create_directories(dir + "/bad");
+  fs::copy(dir + "/hf/model-00001-of-00002.safetensors", dir + "/bad/");
+  std::ofstream(dir + "/bad/config.json") << R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 128})";
+  EXPECT_NE(Tool("quantize --quiet --input " + dir + "/bad --output " + dir + "/q2 --bits 2", &err), 0);
+  EXPECT_NE(err.find("LlamaForCausalLM"), std::string::npos) << err;
+  // Corrupt shard (truncated).
+  fs::copy(dir + "/hf/config.json", dir + "/bad/config.json", fs::copy_options::overwrite_existing);
+  fs::resize_file(dir + "/bad/model-00001-of-00002.safetensors", 1000);
+  EXPECT_NE(Tool("quantize --quiet --input " + dir + "/bad --output " + dir + "/q3 --bits 2", &err), 0);
+  EXPECT_FALSE(err.empty());
+  // Already quantized.
+  EXPECT_NE(Tool("quantize --quiet --input " + dir + "/q --output " + dir + "/q4 --bits 2", &err), 0);
+  EXPECT_NE(err.find("already quantized"), std::string::npos) << err;
+}
+
+TEST(EncoderTools, SyntheticModelOpensWithRandomTrellis) {
+  const std::string dir = TempDir("synthetic");
+  ASSERT_EQ(Tool("make-test-model --quiet --synthetic --arch deepseek_v3 --output " + dir + "/m --hidden 256 "
+                 "--intermediate 128 --experts 8 --top-k 2 --layers 3 --dense-layers 1 --bits 2 "
+                 "--down-bits 4 --codebook mcg"),
+            0);
+  auto model = Exl3Model::Open(dir + "/m");
+  ASSERT_TRUE(model.ok()) << model.status();
+  const MoeConfig& c = (*model)->config();
+  EXPECT_EQ(c.MoeLayers(), (std::vector<int>{1, 2}));
+  EXPECT_EQ((*model)->HeldExperts(2).size(), 8u);
+  EXPECT_NE((*model)->SharedExpert(1), nullptr);
+  EXPECT_EQ((*model)->tensors().Get(RoutedExpertPrefix(c, 2, 7, Projection::kDown) + ".trellis")->info->shape,
+            (std::vector<int64_t>{8, 16, 64}));
+  EXPECT_TRUE(fs::exists(dir + "/m/model-00002-of-00002.safetensors"));  // a shard per MoE layer
+  std::string err;
+  EXPECT_EQ(Tool("inspect --model " + dir + "/m", &err), 0) << err;
+}
+
+}  // namespace
+}  // namespace exl3
