@@ -83,6 +83,8 @@ struct Totals {
   std::map<std::string, int64_t> by_code;
   std::set<std::string> messages;
   double max_rel_err = 0;
+  // Sums of the router's own timings over OK answers (RouterTimings).
+  double gate_us = 0, dispatch_us = 0, workers_us = 0, combine_us = 0, total_us = 0;
 };
 
 struct Config {
@@ -248,6 +250,12 @@ void RunStream(client::MoeClient& cl, const Config& c, Budget& budget, int warmu
         if (st.ok()) {
           ++tot.ok;
           tot.samples.push_back({layer, s.us});
+          const pb::RouterTimings& tm = s.resp.timings();
+          tot.gate_us += tm.gate_us();
+          tot.dispatch_us += tm.dispatch_us();
+          tot.workers_us += tm.workers_us();
+          tot.combine_us += tm.combine_us();
+          tot.total_us += tm.total_us();
         } else {
           ++tot.failed;
           const std::string code = svc::StatusCodeName(st.code());
@@ -418,6 +426,12 @@ int Main() {
     std::printf("failures by code:");
     for (auto& [code, n] : tot.by_code) std::printf(" %s=%lld", code.c_str(), static_cast<long long>(n));
     std::printf("\n");
+  }
+  if (tot.ok > 0) {
+    const double n = static_cast<double>(tot.ok);
+    std::printf("router stages (mean us, from the answers): gate %.1f dispatch %.1f workers %.1f "
+                "combine %.1f total %.1f\n", tot.gate_us / n, tot.dispatch_us / n,
+                tot.workers_us / n, tot.combine_us / n, tot.total_us / n);
   }
   if (c.ref) std::printf("verify: max relative error %.3g (tolerance %.3g)\n", tot.max_rel_err, c.tol);
 

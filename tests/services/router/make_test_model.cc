@@ -6,6 +6,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "services/common/flags.h"
 #include "tests/model/test_model_writer.h"
 
 ABSL_FLAG(int32_t, hidden, 256, "hidden size (multiple of 128)");
@@ -18,7 +19,8 @@ ABSL_FLAG(int32_t, seed, 1, "random seed");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("exl3-test-model DIR [--hidden H --inter I --layers L --experts E --top-k K]");
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  std::vector<char*> dashed = exl3::svc::DashesToUnderscores(argc, argv);
+  std::vector<char*> args = absl::ParseCommandLine(static_cast<int>(dashed.size()), dashed.data());
   if (args.size() != 2) {
     std::fprintf(stderr, "exl3-test-model: give exactly one output directory\n");
     return 2;

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Service benchmark: exl3-router + one exl3-worker (CPU backend, small experts) on loopback.
+
+Measures, in one run:
+  1. per-layer round trip at T = 1, 8, 64 through router + worker against the transport floor
+     (exl3-loadgen --echo-baseline: a plain gRPC bidi echo of the same payloads; floor = 2 echo
+     round trips, one per hop);
+  2. throughput (layer requests/s) for 1..64 concurrent streams;
+  3. the router's CPU time per layer request (utime+stime from /proc around each throughput run).
+Writes a Markdown report (default bench/results/service.md).
+
+Usage: bench/service_bench.py [--build-dir build] [--out bench/results/service.md] [--quick]
+"""
+
+import argparse
+import datetime
+import os
+import platform
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine():
+    model = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/service.md"))
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--inter", type=int, default=128)
+    ap.add_argument("--requests", type=int, default=600)
+    ap.add_argument("--duration", type=float, default=3.0)
+    ap.add_argument("--worker-threads", type=int, default=1)
+    ap.add_argument("--quick", action="store_true", help="fewer requests (smoke run)")
+    a = ap.parse_args()
+    if a.quick:
+        a.requests, a.duration = 100, 1.0
+    bindir = os.path.join(a.build_dir, "bin")
+    tmp = tempfile.mkdtemp(prefix="exl3-service-bench-")
+    model = os.path.join(tmp, "model")
+    subprocess.run([os.path.join(a.build_dir, "tests", "exl3-test-model"), model, "--hidden",
+                    str(a.hidden), "--inter", str(a.inter), "--layers", "3", "--experts", "8",
+                    "--top-k", "2"], check=True)
+    wport, rport, rmetrics = free_port(), free_port(), free_port()
+    with open(os.path.join(tmp, "map.yaml"), "w") as f:
+        f.write(f"workers:\n  - name: w\n    address: 127.0.0.1:{wport}\n    experts: all\n")
+    log = open(os.path.join(tmp, "procs.log"), "ab")
+    worker = subprocess.Popen([os.path.join(bindir, "exl3-worker"), "--model", model, "--expert-map",
+                               os.path.join(tmp, "map.yaml"), "--worker", "w", "--listen",
+                               f"127.0.0.1:{wport}", "--metrics-listen", "127.0.0.1:0",
+                               "--progress=false", "--mlock=false", "--threads",
+                               str(a.worker_threads)], stdout=log, stderr=log)
+    router = subprocess.Popen([os.path.join(bindir, "exl3-router"), "--model", model, "--expert-map",
+                               os.path.join(tmp, "map.yaml"), "--listen", f"127.0.0.1:{rport}",
+                               "--metrics-listen", f"127.0.0.1:{rmetrics}", "--shared-expert",
+                               "none"], stdout=log, stderr=log)
+    target = f"127.0.0.1:{rport}"
+    loadgen = [os.path.join(bindir, "exl3-loadgen"), "--target", target, "--model", model,
+               "--shared=false"]
+    rows_rt, rows_tp = [], []
+    try:
+        # Wait until the router serves.
+        for _ in range(200):
+            p = subprocess.run(loadgen + ["--requests", "2", "--allow-failures"],
+                               capture_output=True, text=True)
+            if " failed=0 " in p.stdout:
+                break
+            time.sleep(0.1)
+        for T in (1, 8, 64):
+            n = a.requests if T < 64 else max(a.requests // 3, 50)
+            p = subprocess.run(loadgen + ["--tokens", str(T), "--requests", str(n), "--warmup", "20",
+                                          "--echo-baseline"], capture_output=True, text=True,
+                               check=True)
+            m = re.search(r"summary: router_p50_us=([\d.]+) router_p90_us=([\d.]+) "
+                          r"router_p99_us=([\d.]+) router_rps=([\d.]+) echo_p50_us=([\d.]+) "
+                          r"echo_p99_us=([\d.]+)", p.stdout)
+            r50, r90, r99, _, e50, e99 = map(float, m.groups())
+            rows_rt.append((T, n, r50, r90, r99, e50, e99, 2 * e50, r50 / (2 * e50)))
+            print(p.stdout, file=sys.stderr)
+        for C in (1, 2, 4, 8, 16, 32, 64):
+            c0 = cpu_seconds(router.pid)
+            p = subprocess.run(loadgen + ["--tokens", "1", "--concurrency", str(C), "--duration",
+                                          str(a.duration)], capture_output=True, text=True,
+                               check=True)
+            cpu = cpu_seconds(router.pid) - c0
+            m = re.search(r"summary: router_p50_us=([\d.]+) router_p90_us=([\d.]+) "
+                          r"router_p99_us=([\d.]+) router_rps=([\d.]+)", p.stdout)
+            ok = int(re.search(r" ok=(\d+) ", p.stdout).group(1))
+            r50, _, r99, rps = map(float, m.groups())
+            rows_tp.append((C, ok, rps, r50, r99, 1e6 * cpu / max(ok, 1)))
+            print(p.stdout, file=sys.stderr)
+    finally:
+        for proc in (router, worker):
+            proc.send_signal(signal.SIGTERM)
+        for proc in (router, worker):
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    load = open("/proc/loadavg").read().split()[:3]
+    cmd = "bench/service_bench.py " + " ".join(sys.argv[1:])
+    out = [
+        "# Service benchmark: router + one worker vs the transport floor",
+        "",
+        f"- date: {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC",
+        f"- commit: {commit}",
+        f"- machine: {machine()}; load average at the end {' '.join(load)} "
+        "(the development machine is shared: other builds ran at the same time)",
+        f"- command: `{cmd}`",
+        f"- setup: test model (random EXL3 trellis), hidden {a.hidden}, 8 experts x intermediate "
+        f"{a.inter}, top-2, 2 MoE layers; one exl3-worker (CPU backend, --threads "
+        f"{a.worker_threads}) holding all experts; exl3-router with --shared-expert none; "
+        "exl3-loadgen, fp16 in, fp32 out, closed loop, all on loopback",
+        "",
+        "## Per-layer round trip (one stream)",
+        "",
+        "Floor = two echo round trips of the same payloads (engine->router and router->worker), "
+        "measured in the same run by `exl3-loadgen --echo-baseline` against its built-in echo "
+        "server. The router path also contains the worker's expert compute, which the floor does not.",
+        "",
+        "| T | requests | router p50 us | p90 | p99 | echo p50 us | echo p99 | floor (2x echo p50) | router p50 / floor |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows_rt:
+        out.append("| {} | {} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.2f}x |".format(*r))
+    out += [
+        "",
+        "## Throughput (T = 1, closed loop, one request in flight per stream)",
+        "",
+        "| streams | answered | layer-requests/s | p50 us | p99 us | router CPU us / request |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows_tp:
+        out.append("| {} | {} | {:.0f} | {:.0f} | {:.0f} | {:.0f} |".format(*r))
+    out.append("")
+    with open(a.out, "w") as f:
+        f.write("\n".join(out))
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
