@@ -39,6 +39,20 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def worker_compute(metrics_addr):
+    """(sum seconds, count) of the worker's compute stage over all layers, from its /metrics."""
+    import urllib.request
+    text = urllib.request.urlopen(f"http://{metrics_addr}/metrics").read().decode()
+    tot, n = 0.0, 0
+    for m in re.finditer(r'^exl3_worker_layer_latency_seconds_(sum|count)\{[^}]*stage="compute"[^}]*\} '
+                         r'([\d.e+-]+)$', text, re.M):
+        if m.group(1) == "sum":
+            tot += float(m.group(2))
+        else:
+            n += int(float(m.group(2)))
+    return tot, n
+
+
 def machine():
     model = "unknown"
     with open("/proc/cpuinfo") as f:
@@ -68,13 +82,13 @@ def main():
     subprocess.run([os.path.join(a.build_dir, "tests", "exl3-test-model"), model, "--hidden",
                     str(a.hidden), "--inter", str(a.inter), "--layers", "3", "--experts", "8",
                     "--top-k", "2"], check=True)
-    wport, rport, rmetrics = free_port(), free_port(), free_port()
+    wport, rport, rmetrics, wmetrics = free_port(), free_port(), free_port(), free_port()
     with open(os.path.join(tmp, "map.yaml"), "w") as f:
         f.write(f"workers:\n  - name: w\n    address: 127.0.0.1:{wport}\n    experts: all\n")
     log = open(os.path.join(tmp, "procs.log"), "ab")
     worker = subprocess.Popen([os.path.join(bindir, "exl3-worker"), "--model", model, "--expert-map",
                                os.path.join(tmp, "map.yaml"), "--worker", "w", "--listen",
-                               f"127.0.0.1:{wport}", "--metrics-listen", "127.0.0.1:0",
+                               f"127.0.0.1:{wport}", "--metrics-listen", f"127.0.0.1:{wmetrics}",
                                "--progress=false", "--mlock=false", "--threads",
                                str(a.worker_threads)], stdout=log, stderr=log)
     router = subprocess.Popen([os.path.join(bindir, "exl3-router"), "--model", model, "--expert-map",
@@ -95,14 +109,21 @@ def main():
             time.sleep(0.1)
         for T in (1, 8, 64):
             n = a.requests if T < 64 else max(a.requests // 3, 50)
+            w0 = worker_compute(f"127.0.0.1:{wmetrics}")
             p = subprocess.run(loadgen + ["--tokens", str(T), "--requests", str(n), "--warmup", "20",
                                           "--echo-baseline"], capture_output=True, text=True,
                                check=True)
+            w1 = worker_compute(f"127.0.0.1:{wmetrics}")
+            compute_us = 1e6 * (w1[0] - w0[0]) / max(w1[1] - w0[1], 1)
+            st = re.search(r"router stages \(mean us, from the answers\): gate ([\d.]+) dispatch "
+                           r"([\d.]+) workers ([\d.]+) combine ([\d.]+) total ([\d.]+)", p.stdout)
+            gate, disp, _, comb, _ = map(float, st.groups())
             m = re.search(r"summary: router_p50_us=([\d.]+) router_p90_us=([\d.]+) "
                           r"router_p99_us=([\d.]+) router_rps=([\d.]+) echo_p50_us=([\d.]+) "
                           r"echo_p99_us=([\d.]+)", p.stdout)
             r50, r90, r99, _, e50, e99 = map(float, m.groups())
-            rows_rt.append((T, n, r50, r90, r99, e50, e99, 2 * e50, r50 / (2 * e50)))
+            rows_rt.append((T, n, r50, r90, r99, e50, e99, 2 * e50, r50 / (2 * e50), compute_us,
+                            (r50 - compute_us) / (2 * e50), gate + disp + comb))
             print(p.stdout, file=sys.stderr)
         for C in (1, 2, 4, 8, 16, 32, 64):
             c0 = cpu_seconds(router.pid)
@@ -148,11 +169,15 @@ def main():
         "measured in the same run by `exl3-loadgen --echo-baseline` against its built-in echo "
         "server. The router path also contains the worker's expert compute, which the floor does not.",
         "",
-        "| T | requests | router p50 us | p90 | p99 | echo p50 us | echo p99 | floor (2x echo p50) | router p50 / floor |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "Also shown: the worker's mean compute per sub-request (its own metrics), the ratio with "
+        "that compute taken out, and the router's own mean gate + dispatch + combine time "
+        "(RouterTimings).",
+        "",
+        "| T | requests | router p50 us | p90 | p99 | echo p50 us | echo p99 | floor (2x echo p50) | router p50 / floor | worker compute mean us | (p50 - compute) / floor | router gate+dispatch+combine us |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows_rt:
-        out.append("| {} | {} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.2f}x |".format(*r))
+        out.append("| {} | {} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.2f}x | {:.0f} | {:.2f}x | {:.0f} |".format(*r))
     out += [
         "",
         "## Throughput (T = 1, closed loop, one request in flight per stream)",
