@@ -44,8 +44,10 @@ import promql  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
 HEALTH = os.path.join(REPO, "deploy", "docker", "grpc-health-check.sh")
-# Test model shape of the CPU compose run (deploy/compose/docker-compose.cpu.yml).
+# Test model of the CPU compose run (deploy/compose/docker-compose.cpu.yml runs the same).
 TEST_MODEL_EXPERTS = 16
+COMPOSE_MODEL_ARGS = ["--arch", "glm4_moe", "--synthetic", "--layers", "4",
+                      "--experts", str(TEST_MODEL_EXPERTS)]
 
 procs = []  # (name, Popen)
 problems = []
@@ -142,7 +144,7 @@ def make_model(build, model_dir, logdir):
     tool = os.path.join(build, "bin", "exl3-tool")
     helptext = subprocess.run([tool, "--help"], capture_output=True, text=True)
     if "make-test-model" in helptext.stdout + helptext.stderr:
-        argv = [tool, "make-test-model", "--out", model_dir]
+        argv = [tool, "make-test-model"] + COMPOSE_MODEL_ARGS + ["--output", model_dir, "--quiet"]
     else:
         alt = os.path.join(build, "tests", "exl3-test-model")
         if not os.path.exists(alt):
