@@ -33,6 +33,9 @@ for t in promtool prometheus curl; do
 done
 echo "promtool $(promtool --version 2>&1 | head -1 | awk '{print $3}'), kubectl $("$VENV/bin/kubectl" version --client 2>/dev/null | head -1 | awk '{print $3}'), hadolint $("$VENV/bin/hadolint" --version | awk '{print $NF}')"
 
+step "tests of the checkers (each must catch a broken copy of deploy/)"
+run "checker tests" "$PY" $HERE/test_checks.py --kubectl "$VENV/bin/kubectl" --check-jsonschema "$VENV/bin/check-jsonschema"
+
 step "Prometheus: config, rules, rule unit tests"
 run "promtool check config" promtool check config deploy/prometheus/prometheus.yml
 run "promtool test rules" promtool test rules deploy/prometheus/tests/*.yml

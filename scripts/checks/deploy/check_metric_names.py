@@ -25,7 +25,9 @@ import promql  # noqa: E402
 
 def families_from_doc(path):
     fams = {}
-    for line in open(path):
+    with open(path) as f:
+        lines = f.readlines()
+    for line in lines:
         m = re.match(r"\|\s*`(exl3_[a-z0-9_]+)`\s*\|\s*([a-z]+)[^|]*\|([^|]*)\|", line)
         if not m:
             continue

@@ -18,7 +18,7 @@ What it checks:
   3. Prometheus scrapes all targets; its HTTP API returns non-empty per-layer latency series for
      every MoE layer (router and workers); every rule group evaluates without error and every
      recording rule returns data; every dashboard query runs and returns data.
-  4. After `kill -9` of one worker, the router reports it down and its experts unserved, and the
+  4. After `kill -9` of one worker, grpc-health-check reports the router NOT_SERVING, and the
      alerts Exl3WorkerDown and Exl3ExpertUnserved go pending.
 Everything it started is stopped on exit. Exit status 1 on any failure.
 """
@@ -166,6 +166,47 @@ def make_model(build, model_dir, logdir):
     return True
 
 
+def check_tls_health(build, model, tmp):
+    """grpc-health-check's TLS and mutual-TLS modes against a worker serving with TLS."""
+    d = os.path.join(tmp, "tls")
+    os.makedirs(d)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    cmds = [["req", "-x509"] + ec + ["-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=exl3 test CA"]]
+    for name, ext in (("server", "subjectAltName=IP:127.0.0.1"), ("client", "extendedKeyUsage=clientAuth")):
+        open(os.path.join(d, f"{name}.ext"), "w").write(ext + "\n")
+        cmds += [["req"] + ec + ["-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}"],
+                 ["x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                  "-CAcreateserial", "-out", f"{name}.pem", "-days", "1", "-extfile", f"{name}.ext"]]
+    for c in cmds:
+        r = subprocess.run(["openssl"] + c, cwd=d, capture_output=True, text=True)
+        if r.returncode != 0:
+            fail(f"openssl {' '.join(c)}: {r.stderr.strip()}")
+            return
+    gp = free_port()
+    start("worker-tls", [os.path.join(build, "bin", "exl3-worker"), f"--model={model}", "--experts=all",
+                         f"--listen=127.0.0.1:{gp}", "--metrics-listen=", "--backend=cpu",
+                         "--threads=1", "--progress=false", f"--tls-cert={d}/server.pem",
+                         f"--tls-key={d}/server.key", f"--tls-ca={d}/ca.pem",
+                         "--tls-require-client-cert"], tmp)
+    env_mtls = dict(os.environ, GRPC_HEALTH_CA=f"{d}/ca.pem", GRPC_HEALTH_CERT=f"{d}/client.pem",
+                    GRPC_HEALTH_KEY=f"{d}/client.key")
+
+    def ok(env):
+        return subprocess.run([HEALTH, f"127.0.0.1:{gp}"], env=env, capture_output=True).returncode == 0
+    if not wait_for("TLS worker SERVING (grpc-health-check with GRPC_HEALTH_CA/CERT/KEY)",
+                    lambda: ok(env_mtls), 30, tmp, "worker-tls"):
+        return
+    no_cert = dict(os.environ, GRPC_HEALTH_CA=f"{d}/ca.pem")
+    if ok(no_cert):
+        fail("grpc-health-check without a client certificate passed against a mutual-TLS worker")
+    if ok(dict(os.environ)):
+        fail("grpc-health-check in plaintext passed against a TLS worker")
+    p = dict(procs)["worker-tls"]
+    os.killpg(p.pid, signal.SIGTERM)
+    p.wait(timeout=30)
+    log("grpc-health-check: SERVING over mutual TLS; refused without a client certificate and in plaintext")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build-dir", required=True)
@@ -229,6 +270,7 @@ def run(args, build, deploy, tmp):
                     60, tmp, "router"):
         return
     log("workers and router SERVING (checked with deploy/docker/grpc-health-check.sh)")
+    check_tls_health(build, model, tmp)
 
     # Prometheus with the project's config, targets on loopback.
     cfg = yaml.safe_load(open(os.path.join(deploy, "prometheus", "prometheus.yml")))
@@ -345,6 +387,12 @@ def run(args, build, deploy, tmp):
         names = {a["labels"]["alertname"] for a in alerts if a["state"] in ("pending", "firing")
                  and a["labels"].get("worker", victim) == victim}
         return {"Exl3WorkerDown", "Exl3ExpertUnserved"} <= names
+    def router_not_serving():
+        r = subprocess.run([HEALTH, f"127.0.0.1:{rgp}"], capture_output=True, text=True)
+        return r.returncode == 1 and "NOT_SERVING" in r.stderr
+    if wait_for(f"grpc-health-check reports the router NOT_SERVING after kill -9 of {victim}",
+                router_not_serving, 20):
+        log(f"after kill -9 of {victim}: grpc-health-check reports the router NOT_SERVING")
     if wait_for(f"Exl3WorkerDown and Exl3ExpertUnserved pending after kill -9 of {victim}",
                 alerts_pending, 20):
         st, res = prom_query(base, "exl3_router_unserved_experts")
