@@ -1,16 +1,15 @@
 // CPU backend: the held experts stay in the mapped files (locked in RAM where permitted) and are
-// computed with the kernels' CPU MLP over all of a batch's tokens per expert, experts (and large
-// token groups) spread over a thread pool.
+// computed by the fast multithreaded CPU MoE of kernels/cpu/cpu_backend.h.
 #include <algorithm>
 #include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/moe_cpu.h"
 #include "services/common/logging.h"
 #include "services/expert_worker/backend.h"
 #include "services/expert_worker/loader.h"
-#include "services/expert_worker/thread_pool.h"
 
 #if defined(EXL3_HAVE_CUDA)
 #include "kernels/cuda/cuda_backend.h"
@@ -21,12 +20,12 @@ namespace {
 
 class CpuBackend : public MoeBackend {
  public:
-  explicit CpuBackend(int threads) : pool_(threads) {}
+  explicit CpuBackend(int threads) : cpu_(threads) {}
   ~CpuBackend() override {
     if (locked_) UnlockRanges(ranges_);
   }
   std::string name() const override { return "cpu"; }
-  std::string device() const override { return absl::StrCat("cpu (", pool_.size(), " threads)"); }
+  std::string device() const override { return absl::StrCat("cpu (", std::string(cpu::ActiveIsa()), ", ", cpu_.num_threads(), " threads)"); }
   uint64_t pinned_bytes() const override { return pinned_; }
 
   absl::Status Prepare(const Exl3Model& model, const PrepareOptions& opt,
@@ -64,57 +63,31 @@ class CpuBackend : public MoeBackend {
   absl::Status Forward(const BatchView& b) override {
     auto it = layers_.find(b.layer);
     if (it == layers_.end()) return absl::InternalError(absl::StrCat("layer ", b.layer, " not prepared"));
-    const MoeLayerView& L = it->second;
-    const int H = hidden_;
-    // Group (token, weight) by expert; big groups are cut so threads share the work.
-    std::map<int, std::vector<std::pair<int, float>>> by_expert;
+    // Padded [T, S] slots -> per-token (expert, weight) lists without the -1 padding.
+    offsets_.assign(1, 0);
+    ids_.clear();
+    weights_.clear();
     for (int t = 0; t < b.tokens; ++t) {
       for (int s = 0; s < b.slots; ++s) {
-        const int32_t e = b.ids[static_cast<size_t>(t) * b.slots + s];
-        if (e < 0) continue;
-        by_expert[e].push_back({t, b.weights[static_cast<size_t>(t) * b.slots + s]});
+        const size_t i = static_cast<size_t>(t) * b.slots + s;
+        if (b.ids[i] < 0) continue;
+        ids_.push_back(b.ids[i]);
+        weights_.push_back(b.weights[i]);
       }
+      offsets_.push_back(static_cast<int32_t>(ids_.size()));
     }
-    constexpr int kTaskTokens = 32;
-    struct Task {
-      int expert;
-      const std::pair<int, float>* pairs;
-      int n;
-      std::vector<float> y;  // [n, H]
-    };
-    std::vector<Task> tasks;
-    for (auto& [e, v] : by_expert) {
-      if (e >= L.num_experts() || L.experts[e] == nullptr) {
-        return absl::InternalError(absl::StrCat("expert ", e, " of layer ", b.layer, " not held"));
-      }
-      for (size_t i = 0; i < v.size(); i += kTaskTokens) {
-        tasks.push_back({e, v.data() + i, static_cast<int>(std::min<size_t>(kTaskTokens, v.size() - i)), {}});
-      }
-    }
-    pool_.ParallelFor(static_cast<int>(tasks.size()), [&](int k) {
-      Task& task = tasks[k];
-      std::vector<float> xg(static_cast<size_t>(task.n) * H);
-      for (int i = 0; i < task.n; ++i) {
-        std::copy_n(b.x + static_cast<size_t>(task.pairs[i].first) * H, H, xg.data() + static_cast<size_t>(i) * H);
-      }
-      task.y.resize(xg.size());
-      ExpertMlpForwardReference(*L.experts[task.expert], L.swiglu_limit, xg.data(), task.n, task.y.data());
-    });
-    std::fill_n(b.out, static_cast<size_t>(b.tokens) * H, 0.0f);
-    // Fixed order (expert ascending, tokens in slot order): deterministic sums.
-    for (const Task& task : tasks) {
-      for (int i = 0; i < task.n; ++i) {
-        float* o = b.out + static_cast<size_t>(task.pairs[i].first) * H;
-        const float w = task.pairs[i].second;
-        const float* y = task.y.data() + static_cast<size_t>(i) * H;
-        for (int h = 0; h < H; ++h) o[h] += w * y[h];
-      }
-    }
-    return absl::OkStatus();
+    MoeAssignments a;
+    a.num_tokens = b.tokens;
+    a.expert_ids = ids_.data();
+    a.weights = weights_.data();
+    a.offsets = offsets_.data();
+    return cpu_.Moe(it->second, b.x, a, /*include_shared=*/false, b.out);
   }
 
  private:
-  ThreadPool pool_;
+  cpu::CpuBackend cpu_;
+  std::vector<int32_t> offsets_, ids_;
+  std::vector<float> weights_;
   int hidden_ = 0;
   std::map<int, MoeLayerView> layers_;
   std::vector<TensorRange> ranges_;
