@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <random>
 #include <string>
@@ -145,14 +146,26 @@ struct Layer {
   size_t bytes() const { return trellis.size() * 2; }
 };
 
+double CpuSeconds() {  // all threads of this process
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+struct Bandwidth {
+  double wall_gbs = 0;     // best pass, wall clock
+  double per_cpu_gbs = 0;  // bytes per CPU-second: what one core reads when it runs
+};
+
 // Plain read bandwidth: every thread sums its slice with 64-bit loads, repeated.
-double ReadBandwidthGBs(exl3::cpu::ThreadPool& pool, const std::vector<uint64_t>& buf,
+Bandwidth ReadBandwidth(exl3::cpu::ThreadPool& pool, const std::vector<uint64_t>& buf,
                         double seconds) {
   const int T = pool.size();
   const size_t per = buf.size() / T;
   std::vector<uint64_t> sinks(T * 8);
   size_t bytes = 0;
-  double best = 0;
+  double best = 0, total_bytes = 0;
+  const double cpu0 = CpuSeconds();
   const auto end = Clock::now() + std::chrono::duration<double>(seconds);
   do {
     const auto t0 = Clock::now();
@@ -170,24 +183,33 @@ double ReadBandwidthGBs(exl3::cpu::ThreadPool& pool, const std::vector<uint64_t>
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     bytes = per * T * 8;
     best = std::max(best, bytes / dt / 1e9);
+    total_bytes += bytes;
   } while (Clock::now() < end);
+  const double cpu = CpuSeconds() - cpu0;
   volatile uint64_t s = 0;
   for (uint64_t v : sinks) s = s + v;
-  return best;
+  return {best, total_bytes / cpu / 1e9};
 }
 
+struct Timing {
+  double wall = 0;  // median wall seconds per call
+  double cpu = 0;   // mean CPU seconds (all threads) per call
+};
+
 template <typename Fn>
-double TimeIt(double seconds, Fn fn) {  // median seconds per call
+Timing TimeIt(double seconds, Fn fn) {
   fn();  // warm-up
   std::vector<double> times;
+  const double cpu0 = CpuSeconds();
   const auto end = Clock::now() + std::chrono::duration<double>(seconds);
   do {
     const auto t0 = Clock::now();
     fn();
     times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   } while (Clock::now() < end || times.size() < 3);
+  const double cpu = (CpuSeconds() - cpu0) / times.size();
   std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return {times[times.size() / 2], cpu};
 }
 
 }  // namespace
@@ -205,12 +227,13 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < mem.size(); ++i) mem[i] = i * 0x9E3779B97F4A7C15ull;
 
   // Memory-read bandwidth per thread count, measured first.
-  std::vector<double> bw(f.threads.size());
+  std::vector<Bandwidth> bw(f.threads.size());
   std::vector<std::unique_ptr<exl3::cpu::CpuBackend>> backends;
   for (size_t ti = 0; ti < f.threads.size(); ++ti) {
     exl3::cpu::ThreadPool pool(f.threads[ti]);
-    bw[ti] = ReadBandwidthGBs(pool, mem, f.seconds);
-    std::printf("memory read, %d threads: %.1f GB/s\n", f.threads[ti], bw[ti]);
+    bw[ti] = ReadBandwidth(pool, mem, f.seconds);
+    std::printf("memory read, %d threads: %.1f GB/s wall, %.1f GB per CPU-second\n", f.threads[ti],
+                bw[ti].wall_gbs, bw[ti].per_cpu_gbs);
     backends.push_back(std::make_unique<exl3::cpu::CpuBackend>(f.threads[ti]));
   }
   mem.clear();
@@ -231,16 +254,19 @@ int main(int argc, char** argv) {
         const int threads = f.threads[ti];
         exl3::cpu::CpuBackend& cpu = *backends[ti];
         size_t next = 0;
-        const double t = TimeIt(f.seconds, [&] {
+        const Timing t = TimeIt(f.seconds, [&] {
           (void)cpu.Linear(layers[next]->view, x.data(), f.tokens, y.data());
           next = (next + 1) % layers.size();
         });
-        const double weights = static_cast<double>(f.k) * f.n;
-        const double gbs = layers[0]->bytes() / t / 1e9;
-        std::printf("linear %dx%d K=%d %-5s T=%d threads %2d: %8.1f us  %6.2f G weights/s (%.3f per thread)  "
-                    "%6.1f GB/s = %3.0f%% of read bw (%zu layers cycled)\n",
-                    f.k, f.n, K, cbname.c_str(), f.tokens, threads, t * 1e6, weights * f.tokens / t / 1e9,
-                    weights * f.tokens / t / 1e9 / threads, gbs, 100 * gbs / bw[ti], layers.size());
+        const double weights = static_cast<double>(f.k) * f.n * f.tokens;
+        const double gbs = layers[0]->bytes() / t.wall / 1e9;
+        const double per_cpu_gbs = layers[0]->bytes() / t.cpu / 1e9;
+        std::printf("linear %dx%d K=%d %-5s T=%d threads %2d: %9.1f us wall  %6.2f G weights/s wall, "
+                    "%5.2f G weights per CPU-s  %5.2f GB/s wall = %3.0f%% of read bw; per CPU-s %4.1f%% "
+                    "(%zu layers cycled)\n",
+                    f.k, f.n, K, cbname.c_str(), f.tokens, threads, t.wall * 1e6, weights / t.wall / 1e9,
+                    weights / t.cpu / 1e9, gbs, 100 * gbs / bw[ti].wall_gbs,
+                    100 * per_cpu_gbs / bw[ti].per_cpu_gbs, layers.size());
       }
     }
   }
@@ -270,7 +296,7 @@ int main(int argc, char** argv) {
       std::vector<float> w(ids.size(), 1.0f / f.moe_topk);
       int round = 0;
       size_t bytes_per_call = 0;
-      const double t = TimeIt(f.seconds, [&] {
+      const Timing t = TimeIt(f.seconds, [&] {
         // Rotate the experts so consecutive calls read different weights.
         std::vector<bool> used(E, false);
         for (int tok = 0; tok < f.tokens; ++tok) {
@@ -285,9 +311,12 @@ int main(int argc, char** argv) {
         (void)cpu.Moe(layer, x.data(), exl3::MoeAssignments::Fixed(f.tokens, f.moe_topk, ids.data(), w.data()),
                       true, y.data());
       });
-      const double gbs = bytes_per_call / t / 1e9;
-      std::printf("moe H=%d I=%d top-%d+shared of %d experts, T=%d threads %2d: %8.1f us  %6.1f GB/s = %3.0f%% of read bw\n",
-                  H, I, f.moe_topk, E, f.tokens, threads, t * 1e6, gbs, 100 * gbs / bw[ti]);
+      const double gbs = bytes_per_call / t.wall / 1e9;
+      const double weights = 3.0 * H * I * (f.moe_topk + 1) * f.tokens;
+      std::printf("moe H=%d I=%d top-%d+shared of %d experts, T=%d threads %2d: %9.1f us wall  "
+                  "%5.2f G weights per CPU-s  %5.2f GB/s wall = %3.0f%% of read bw; per CPU-s %4.1f%%\n",
+                  H, I, f.moe_topk, E, f.tokens, threads, t.wall * 1e6, weights / t.cpu / 1e9, gbs,
+                  100 * gbs / bw[ti].wall_gbs, 100 * (bytes_per_call / t.cpu / 1e9) / bw[ti].per_cpu_gbs);
     }
   }
   return 0;
