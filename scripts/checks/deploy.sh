@@ -59,7 +59,8 @@ run "Dockerfile sources, targets and packages" "$PY" $HERE/check_dockerfiles.py 
 run "grpc-health-check.sh syntax" bash -n deploy/docker/grpc-health-check.sh
 
 step "live stack: router, workers, load, Prometheus"
-run "live stack" "$PY" $HERE/live_stack.py --build-dir "$BUILD_DIR" --deploy deploy --doc docs/metrics.md
+run "live stack" "$PY" $HERE/live_stack.py --build-dir "$BUILD_DIR" --deploy deploy --doc docs/metrics.md \
+  --kubectl "$VENV/bin/kubectl"
 
 if [ "$failures" -ne 0 ]; then
   echo "deploy.sh: $failures check(s) failed" >&2

@@ -12,6 +12,8 @@ What it starts (all on 127.0.0.1, free ports, CPU backend, in a temporary direct
     1 s scrape and rule evaluation) and the project's rule files;
   - load from `exl3-loadgen`.
 What it checks:
+  0. The real router accepts every example expert map of deploy/ (compose, k8s base and
+     overlays) against a model with GLM-5.3-Flash's expert layout, and refuses one with a gap.
   1. deploy/docker/grpc-health-check.sh reports the workers and then the router SERVING.
   2. Every metric name used by a dashboard panel, template variable, recording rule or alert
      exists in the live /metrics of the router and the workers (check_metric_names.py --live).
@@ -166,6 +168,60 @@ def make_model(build, model_dir, logdir):
     return True
 
 
+def example_maps(deploy, kubectl):
+    """(name, YAML text) of every expert map that deploy/ ships for GLM-5.3-Flash."""
+    out = [("deploy/compose/expert-map.yml", open(os.path.join(deploy, "compose", "expert-map.yml")).read())]
+    k8s = os.path.join(deploy, "k8s")
+    for d in ["base"] + [os.path.join("overlays", o) for o in sorted(os.listdir(os.path.join(k8s, "overlays")))]:
+        r = subprocess.run([kubectl, "kustomize", os.path.join(k8s, d)], capture_output=True, text=True)
+        for doc in yaml.safe_load_all(r.stdout):
+            if doc and doc["kind"] == "ConfigMap" and "expert-map.yaml" in doc.get("data", {}):
+                out.append((f"deploy/k8s/{d}", doc["data"]["expert-map.yaml"]))
+    return out
+
+
+def check_example_maps(build, deploy, kubectl, tmp):
+    """The real router accepts every example expert map against a model of GLM-5.3-Flash's expert
+    layout (288 routed experts, top-8; small hidden size) and refuses one with a gap."""
+    model = os.path.join(tmp, "glm-layout")
+    r = subprocess.run([os.path.join(build, "bin", "exl3-tool"), "make-test-model", "--arch", "glm4_moe",
+                        "--synthetic", "--layers", "4", "--experts", "288", "--top-k", "8",
+                        "--hidden", "128", "--intermediate", "128", "--output", model, "--quiet"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        fail(f"make-test-model (288 experts): {r.stderr.strip()}")
+        return
+    maps = example_maps(deploy, kubectl)
+    gap = maps[0][1].replace("144-287", "144-286")
+    for name, text in maps + [("a map with a gap", gap)]:
+        path = os.path.join(tmp, "map-" + re.sub(r"\W", "_", name) + ".yaml")
+        open(path, "w").write(text)
+        mp = free_port()
+        pname = "router-map-" + re.sub(r"\W", "_", name)
+        p = start(pname, [os.path.join(build, "bin", "exl3-router"), f"--model={model}",
+                          f"--expert-map={path}", "--listen=127.0.0.1:0",
+                          f"--metrics-listen=127.0.0.1:{mp}"], tmp)
+
+        def loaded():
+            try:
+                return re.search(r"^exl3_router_unserved_experts \S+", http_get(f"http://127.0.0.1:{mp}/metrics", 1), re.M)
+            except OSError:
+                return False
+        if name == "a map with a gap":
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                fail("the router accepted an expert map with a gap")
+                continue
+            if p.returncode == 0 or "no worker holds" not in tail(tmp, pname):
+                fail(f"router on a map with a gap: exit {p.returncode}, {tail(tmp, pname, 2)}")
+            continue
+        if wait_for(f"router started with the expert map of {name}", loaded, 20, tmp, pname):
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(timeout=30)
+    log(f"the router accepts the {len(maps)} example expert maps (GLM-5.3-Flash layout) and refuses one with a gap")
+
+
 def check_tls_health(build, model, tmp):
     """grpc-health-check's TLS and mutual-TLS modes against a worker serving with TLS."""
     d = os.path.join(tmp, "tls")
@@ -214,6 +270,7 @@ def main():
     ap.add_argument("--doc", required=True)
     ap.add_argument("--load-seconds", type=float, default=12)
     ap.add_argument("--keep", help="keep logs and files in this directory")
+    ap.add_argument("--kubectl", required=True, help="kubectl with kustomize (renders the k8s maps)")
     args = ap.parse_args()
     build = os.path.abspath(args.build_dir)
     deploy = os.path.abspath(args.deploy)
@@ -236,6 +293,7 @@ def main():
 
 
 def run(args, build, deploy, tmp):
+    check_example_maps(build, deploy, args.kubectl, tmp)
     model = os.path.join(tmp, "model")
     if not make_model(build, model, tmp):
         return
