@@ -14,9 +14,14 @@
 namespace exl3::cpu {
 namespace {
 
-std::atomic<bool> g_force_scalar{false};
+std::atomic<int> g_max_isa{static_cast<int>(Isa::kAvx512)};
 
-bool UseAvx2() { return !g_force_scalar.load(std::memory_order_relaxed) && Avx2Supported(); }
+Isa CurrentIsa() {
+  const int max = g_max_isa.load(std::memory_order_relaxed);
+  if (max >= static_cast<int>(Isa::kAvx512) && Avx512Supported()) return Isa::kAvx512;
+  if (max >= static_cast<int>(Isa::kAvx2) && Avx2Supported()) return Isa::kAvx2;
+  return Isa::kScalar;
+}
 
 // Column tiles per work item: wide strips read the trellis in long contiguous runs (one tile row
 // of a strip is contiguous), but there must be enough items to keep every thread busy; the
@@ -37,7 +42,8 @@ struct ProjWork {
   std::vector<float> out;     // [T, n]
 };
 
-void PrepareInput(ProjWork& p, bool avx2) {
+void PrepareInput(ProjWork& p, Isa isa) {
+  const bool avx2 = isa != Isa::kScalar;
   const int k = p.w->in_features;
   p.xt.resize(static_cast<size_t>(p.T) * k);
   ApplyInputTransform(*p.w, p.in, p.T, p.xt.data());
@@ -48,11 +54,11 @@ void PrepareInput(ProjWork& p, bool avx2) {
   p.out.resize(static_cast<size_t>(p.T) * p.w->out_features);
 }
 
-void RunStrip(ProjWork& p, bool avx2, int j0, int j1) {
-  if (avx2) {
-    InnerProductAvx2(*p.w, p.xp.data(), p.T, j0, j1, p.out.data());
-  } else {
-    InnerProductScalar(*p.w, p.xt.data(), p.T, j0, j1, p.out.data());
+void RunStrip(ProjWork& p, Isa isa, int j0, int j1) {
+  switch (isa) {
+    case Isa::kAvx512: InnerProductAvx512(*p.w, p.xp.data(), p.T, j0, j1, p.out.data()); break;
+    case Isa::kAvx2: InnerProductAvx2(*p.w, p.xp.data(), p.T, j0, j1, p.out.data()); break;
+    case Isa::kScalar: InnerProductScalar(*p.w, p.xt.data(), p.T, j0, j1, p.out.data()); break;
   }
 }
 
@@ -85,9 +91,29 @@ bool Avx2Supported() {
 #endif
 }
 
-std::string_view ActiveIsa() { return UseAvx2() ? "avx2" : "scalar"; }
+bool Avx512Supported() {
+#if defined(__x86_64__)
+  static const bool ok = __builtin_cpu_supports("avx512f") && Avx2Supported();
+  return ok;
+#else
+  return false;
+#endif
+}
 
-bool ForceScalar(bool force) { return g_force_scalar.exchange(force); }
+std::string_view ActiveIsa() {
+  switch (CurrentIsa()) {
+    case Isa::kAvx512: return "avx512";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kScalar: break;
+  }
+  return "scalar";
+}
+
+Isa SetMaxIsa(Isa max) { return static_cast<Isa>(g_max_isa.exchange(static_cast<int>(max))); }
+
+bool ForceScalar(bool force) {
+  return SetMaxIsa(force ? Isa::kScalar : Isa::kAvx512) == Isa::kScalar;
+}
 
 void InnerProductScalar(const Exl3LinearView& w, const float* xt, int num_tokens, int j0, int j1,
                         float* y) {
@@ -126,16 +152,16 @@ absl::Status CpuBackend::Linear(const Exl3LinearView& w, const float* x, int num
   if (num_tokens < 0) return absl::InvalidArgumentError("negative token count");
   if (num_tokens == 0) return absl::OkStatus();
   std::lock_guard<std::mutex> lock(mu_);
-  const bool avx2 = UseAvx2();
+  const Isa isa = CurrentIsa();
   ProjWork p;
   p.w = &w;
   p.in = x;
   p.T = num_tokens;
-  PrepareInput(p, avx2);
+  PrepareInput(p, isa);
   std::vector<ProjWork*> projs = {&p};
   std::vector<StripItem> items = MakeStrips(projs, pool_->size());
   pool_->ParallelFor(static_cast<int>(items.size()), [&](int i, int) {
-    RunStrip(*items[i].p, avx2, items[i].j0, items[i].j1);
+    RunStrip(*items[i].p, isa, items[i].j0, items[i].j1);
   });
   ApplyOutputTransform(w, p.out.data(), num_tokens);
   std::memcpy(y, p.out.data(), p.out.size() * sizeof(float));
@@ -151,7 +177,7 @@ absl::Status CpuBackend::Moe(const MoeLayerView& layer, const float* x, const Mo
   const int T = a.num_tokens, H = layer.hidden_size;
   if (T == 0) return absl::OkStatus();
   std::lock_guard<std::mutex> lock(mu_);
-  const bool avx2 = UseAvx2();
+  const Isa isa = CurrentIsa();
 
   // Jobs: one per routed expert used (every pair is its own row), plus the shared expert.
   struct Job {
@@ -207,7 +233,7 @@ absl::Status CpuBackend::Moe(const MoeLayerView& layer, const float* x, const Mo
     p.w = item % 2 == 0 ? &job.mlp->gate : &job.mlp->up;
     p.in = job.xin.data();
     p.T = static_cast<int>(job.tokens.size());
-    PrepareInput(p, avx2);
+    PrepareInput(p, isa);
   });
   // 2: gate and up middle products.
   std::vector<ProjWork*> projs;
@@ -217,7 +243,7 @@ absl::Status CpuBackend::Moe(const MoeLayerView& layer, const float* x, const Mo
   }
   std::vector<StripItem> items = MakeStrips(projs, threads);
   pool_->ParallelFor(static_cast<int>(items.size()), [&](int i, int) {
-    RunStrip(*items[i].p, avx2, items[i].j0, items[i].j1);
+    RunStrip(*items[i].p, isa, items[i].j0, items[i].j1);
   });
   // 3: output transforms, SwiGLU, down's input transform.
   pool_->ParallelFor(J, [&](int j, int) {
@@ -228,14 +254,14 @@ absl::Status CpuBackend::Moe(const MoeLayerView& layer, const float* x, const Mo
     job.down.w = &job.mlp->down;
     job.down.in = job.gate.out.data();
     job.down.T = job.gate.T;
-    PrepareInput(job.down, avx2);
+    PrepareInput(job.down, isa);
   });
   // 4: down middle products.
   projs.clear();
   for (Job& job : jobs) projs.push_back(&job.down);
   items = MakeStrips(projs, threads);
   pool_->ParallelFor(static_cast<int>(items.size()), [&](int i, int) {
-    RunStrip(*items[i].p, avx2, items[i].j0, items[i].j1);
+    RunStrip(*items[i].p, isa, items[i].j0, items[i].j1);
   });
   // 5: down's output transform.
   pool_->ParallelFor(J, [&](int j, int) {

@@ -1,5 +1,5 @@
 // The fast CPU backend: multithreaded decode-and-multiply EXL3 linear layers and MoE layers, with an
-// AVX2+FMA+F16C inner loop chosen at run time (scalar fallback elsewhere). Same arithmetic as the
+// AVX-512F or AVX2+FMA+F16C inner loop chosen at run time (scalar fallback elsewhere). Same arithmetic as the
 // references in kernels/exl3_linear.h and kernels/moe_cpu.h (results agree to fp32 rounding).
 //
 // Usage:
@@ -25,9 +25,14 @@ namespace exl3::cpu {
 
 class ThreadPool;
 
-// Which inner loop runs: "avx2" (x86 with AVX2, FMA and F16C) or "scalar".
+// Inner loops, best last. The best one the CPU supports (and the limit allows) runs.
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// Which inner loop runs now: "avx512" (AVX-512F), "avx2" (AVX2 + FMA + F16C) or "scalar".
 std::string_view ActiveIsa();
-// Forces the scalar loop (tests compare both); returns the previous setting.
+// Caps the inner loop (tests compare every path); returns the previous cap. Default kAvx512.
+Isa SetMaxIsa(Isa max);
+// Same as SetMaxIsa(kScalar) / SetMaxIsa(kAvx512); returns whether scalar was forced before.
 bool ForceScalar(bool force);
 
 class CpuBackend {

@@ -29,7 +29,7 @@ constexpr char kUsage[] =
     "usage: exl3-cpu-bench [--threads 1,N] [--k 4096] [--n 14336] [--bits 2,3,4]\n"
     "                      [--codebooks 3inst,mcg,mul1] [--tokens 1] [--seconds 1]\n"
     "                      [--moe-hidden 4096] [--moe-inter 2048] [--moe-experts 32] [--moe-topk 8]\n"
-    "                      [--mem-mib 1024]\n"
+    "                      [--mem-mib 1024] [--isa best|avx512|avx2|scalar]\n"
     "\n"
     "Prints the memory-read bandwidth, then EXL3 linear (GEMV) and MoE throughput of the CPU\n"
     "backend (ISA chosen at run time) per thread count.\n";
@@ -42,6 +42,7 @@ struct Flags {
   double seconds = 1.0;
   int moe_hidden = 4096, moe_inter = 2048, moe_experts = 32, moe_topk = 8;
   int mem_mib = 1024;
+  std::string isa = "best";
 };
 
 bool ParseInts(const std::string& s, std::vector<int>* out) {
@@ -84,6 +85,10 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     else if (a == "--moe-experts") single(&f->moe_experts);
     else if (a == "--moe-topk") single(&f->moe_topk);
     else if (a == "--mem-mib") single(&f->mem_mib);
+    else if (a == "--isa") {
+      f->isa = v;
+      ok = v == "best" || v == "avx512" || v == "avx2" || v == "scalar";
+    }
     else {
       std::fprintf(stderr, "exl3-cpu-bench: unknown flag %s (see --help)\n", a.c_str());
       return false;
@@ -218,6 +223,8 @@ int main(int argc, char** argv) {
   Flags f;
   if (!ParseFlags(argc, argv, &f)) return 2;
   const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (f.isa == "avx2") exl3::cpu::SetMaxIsa(exl3::cpu::Isa::kAvx2);
+  if (f.isa == "scalar") exl3::cpu::SetMaxIsa(exl3::cpu::Isa::kScalar);
   if (f.threads.empty()) f.threads = hw > 1 ? std::vector<int>{1, hw} : std::vector<int>{1};
   std::printf("exl3-cpu-bench: isa %s, %d hardware threads\n",
               std::string(exl3::cpu::ActiveIsa()).c_str(), hw);

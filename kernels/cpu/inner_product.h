@@ -20,4 +20,9 @@ void Avx2PrepareX(const float* xt, int num_tokens, int k, float* xp);
 void InnerProductAvx2(const Exl3LinearView& w, const float* xp, int num_tokens, int j0, int j1,
                       float* y);
 
+// AVX-512F path over the same prepared layout; only call when Avx512Supported().
+bool Avx512Supported();
+void InnerProductAvx512(const Exl3LinearView& w, const float* xp, int num_tokens, int j0, int j1,
+                        float* y);
+
 }  // namespace exl3::cpu

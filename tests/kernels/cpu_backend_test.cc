@@ -19,11 +19,12 @@ struct Shape {
   int k, n, T;
 };
 
-class CpuLinearTest : public ::testing::TestWithParam<bool> {  // param: force scalar
+// Param: the highest inner loop allowed (the test runs the best one the CPU has up to it).
+class CpuLinearTest : public ::testing::TestWithParam<cpu::Isa> {
  protected:
-  void SetUp() override { prev_ = cpu::ForceScalar(GetParam()); }
-  void TearDown() override { cpu::ForceScalar(prev_); }
-  bool prev_ = false;
+  void SetUp() override { prev_ = cpu::SetMaxIsa(GetParam()); }
+  void TearDown() override { cpu::SetMaxIsa(prev_); }
+  cpu::Isa prev_ = cpu::Isa::kAvx512;
 };
 
 TEST_P(CpuLinearTest, MatchesReferenceAllBitWidthsAndCodebooks) {
@@ -108,8 +109,13 @@ TEST_P(CpuLinearTest, MoeMatchesReference) {
             absl::StatusCode::kInvalidArgument);
 }
 
-INSTANTIATE_TEST_SUITE_P(Isa, CpuLinearTest, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "scalar" : "dispatch"; });
+INSTANTIATE_TEST_SUITE_P(Isa, CpuLinearTest,
+                         ::testing::Values(cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512),
+                         [](const auto& info) {
+                           return info.param == cpu::Isa::kScalar ? "scalar"
+                                  : info.param == cpu::Isa::kAvx2 ? "upto_avx2"
+                                                                  : "upto_avx512";
+                         });
 
 TEST(ThreadPoolTest, RunsEveryItemOnce) {
   cpu::ThreadPool pool(4);
