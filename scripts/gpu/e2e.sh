@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# On the GPU machine: workers serving from the H200 behind gRPC (issue "GPU end to end").
+# Uses the binaries of scripts/gpu/e2e_bundle.sh (.gpu-e2e/). Writes logs to $OUT (or ./gpu-out).
+#  1. a synthetic GLM-5.3-Flash-shaped model (hidden 4096, 288 experts, top-8, intermediate 2048,
+#     1 shared, K=2 MCG, random trellis bits) with MOE_LAYERS MoE layers (default 12: the disk holds
+#     about 60 GB, the full 42 layers are about 76 GB);
+#  2. one exl3-worker --backend cuda holding every expert, exl3-router beside it (shared expert
+#     off: protocol v1 runs it on the router's CPU, which at these shapes would dominate);
+#  3. exl3-loadgen decode steps (every MoE layer in order) at 1, 8 and 32 streams, with the echo
+#     transport floor measured in the same run, and the worker's own compute time from /metrics;
+#  4. --verify on a small synthetic model: GPU answers against the in-process CPU reference.
+# Usage: scripts/gpu/e2e.sh [--moe-layers N] [--seconds S]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+MOE_LAYERS=12
+SECONDS_PER_RUN=8
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --moe-layers) MOE_LAYERS="$2"; shift ;;
+    --seconds) SECONDS_PER_RUN="$2"; shift ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "e2e.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+CUDA_LIBS=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+         $(python3 -c 'import nvidia.cublas, os; print(os.path.join(nvidia.cublas.__path__[0], "lib"))' 2>/dev/null); do
+  [ -e "$d/libcublas.so.13" ] && CUDA_LIBS="$CUDA_LIBS:$d"
+done
+export LD_LIBRARY_PATH="$PWD/.gpu-e2e/lib$CUDA_LIBS:${LD_LIBRARY_PATH:-}"
+BIN=$PWD/.gpu-e2e/bin
+W=/tmp/exl3-e2e
+rm -rf "$W"; mkdir -p "$W"
+PIDS=()
+trap 'kill -TERM "${PIDS[@]}" 2>/dev/null; sleep 1; kill -KILL "${PIDS[@]}" 2>/dev/null' EXIT
+{ date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; } | tee "$OUT/e2e-machine.txt"
+
+metric_mean() {  # metric_mean URL NAME LABELMATCH -> mean in microseconds of a histogram
+  curl -fsS "$1" | awk -v n="$2" -v m="$3" '
+    index($0, n"_sum{") == 1 && index($0, m) { split($0, a, " "); s += a[2] }
+    index($0, n"_count{") == 1 && index($0, m) { split($0, a, " "); c += a[2] }
+    END { if (c > 0) printf "%.1f", 1e6 * s / c; else printf "nan" }'
+}
+wait_ready() {  # wait_ready URL GAUGE PID
+  for _ in $(seq 1 1500); do
+    kill -0 "$3" 2>/dev/null || return 1
+    curl -fsS "$1" 2>/dev/null | grep -Eq "^$2(\{[^}]*\})? 1" && return 0
+    sleep 0.2
+  done
+  return 1
+}
+
+serve_and_load() {  # serve_and_load NAME MODEL LOADGEN_ARGS...
+  local name=$1 model=$2; shift 2
+  "$BIN/exl3-worker" --model "$model" --experts all --backend cuda --listen 127.0.0.1:50061 \
+    --metrics-listen 127.0.0.1:9461 --progress=false > "$OUT/$name-worker.log" 2>&1 &
+  local wpid=$!; PIDS+=($wpid)
+  cat > "$W/map.yaml" <<YAML
+workers:
+  - name: gpu0
+    address: 127.0.0.1:50061
+    experts: all
+YAML
+  if ! wait_ready http://127.0.0.1:9461/metrics exl3_worker_ready $wpid; then
+    echo "worker did not start"; tail -20 "$OUT/$name-worker.log"; return 1
+  fi
+  grep -iE "loaded|GB/s|pinned" "$OUT/$name-worker.log" | tail -3
+  "$BIN/exl3-router" --model "$model" --expert-map "$W/map.yaml" --listen 127.0.0.1:50051 \
+    --metrics-listen 127.0.0.1:9451 --shared-expert none > "$OUT/$name-router.log" 2>&1 &
+  local rpid=$!; PIDS+=($rpid)
+  wait_ready http://127.0.0.1:9451/metrics exl3_router_ready $rpid || { tail -20 "$OUT/$name-router.log"; return 1; }
+  "$@"
+  kill -TERM $rpid $wpid; wait $rpid $wpid 2>/dev/null
+}
+
+large_runs() {
+  local model=$1
+  for c in 1 8 32; do
+    local before after
+    before=$(metric_mean http://127.0.0.1:9461/metrics exl3_worker_layer_latency_seconds 'stage="compute"')
+    echo "=== streams=$c"
+    local extra=""
+    [ "$c" = 1 ] && extra="--echo-baseline"
+    "$BIN/exl3-loadgen" --target 127.0.0.1:50051 --model "$model" --concurrency $c --tokens 1 \
+      --duration "$SECONDS_PER_RUN" --warmup 20 --shared=false $extra 2>&1 | tee "$OUT/e2e-load-$c.txt" | tail -25
+    echo "worker compute mean (us, cumulative over runs so far): $(metric_mean http://127.0.0.1:9461/metrics exl3_worker_layer_latency_seconds 'stage="compute"')"
+    echo "worker total mean (us, cumulative): $(metric_mean http://127.0.0.1:9461/metrics exl3_worker_layer_latency_seconds 'stage="total"')"
+  done
+  curl -fsS http://127.0.0.1:9461/metrics | grep -E "^exl3_worker_(pinned_bytes|load_seconds)" | tee "$OUT/e2e-worker-memory.txt"
+}
+
+echo "=== generating synthetic GLM-5.3-Flash-shaped model, $MOE_LAYERS MoE layers"
+t0=$(date +%s)
+"$BIN/exl3-tool" make-test-model --synthetic --arch glm4_moe --output "$W/glm" --hidden 4096 \
+  --experts 288 --top-k 8 --intermediate 2048 --shared 1 --layers $((MOE_LAYERS + 3)) \
+  --dense-layers 3 --routed-scaling-factor 2.5 --swiglu-limit 10 --bits 2 --codebook mcg --quiet \
+  > "$OUT/e2e-gen.log" 2>&1 || { tail "$OUT/e2e-gen.log"; exit 1; }
+echo "generated $(du -sh "$W/glm" | cut -f1) in $(( $(date +%s) - t0 )) s"
+serve_and_load large "$W/glm" large_runs "$W/glm"
+rm -rf "$W/glm"
+
+echo "=== verify on a small synthetic model (GPU answers vs the CPU reference)"
+"$BIN/exl3-tool" make-test-model --synthetic --arch glm4_moe --output "$W/small" --hidden 512 \
+  --experts 32 --top-k 8 --intermediate 256 --shared 1 --layers 4 --dense-layers 1 \
+  --swiglu-limit 10 --bits 2 --down-bits 4 --codebook mcg --quiet > /dev/null 2>&1
+verify_run() {
+  "$BIN/exl3-loadgen" --target 127.0.0.1:50051 --model "$W/small" --concurrency 8 --tokens 3 \
+    --requests 600 --verify --shared=false --tolerance 5e-3 2>&1 | tee "$OUT/e2e-verify.txt" | tail -6
+}
+serve_and_load small "$W/small" verify_run
