@@ -5,10 +5,12 @@
 // the tail-biting windows never wrap; the 256 elements are decoded 8 at a time (one group = the 8
 // elements of one fragment thread t, e = 8t..8t+7): gather the two 32-bit words under each
 // element's 16-bit window with vpermd from one unaligned 8-word load, funnel-shift, then the
-// codebook in integer/F16C arithmetic (bit-exact with the scalar decoder: both fp16 halves of
-// 3INST/MCG have exponents within 3 of each other, so their fp32 sum is exact and one fp16
-// rounding follows; MUL1's h*scale+bias is exact in fp32 for the same reason).
-// A group's lanes come out in the order of elements {0,1,4,5,2,3,6,7}: tile rows
+// codebook in integer arithmetic (bit-exact with the scalar decoder: both fp16 halves of
+// 3INST/MCG are normals with exponents within 3 of each other, so they convert to fp32 by bit
+// shifts and their fp32 sum is exact; MUL1's h*scale+bias is exact in fp32 for the same reason;
+// every value is an fp16 normal, so one round-to-nearest-even of the fp32 bits to 10 mantissa
+// bits is the codebook's single fp16 rounding).
+// Lane l of a group decodes element {0,1,4,5,2,3,6,7}[l]: tile rows
 // {r0, r0+1, r0, r0+1, r0+8, r0+9, r0+8, r0+9} and columns {c0, c0, c0+8, c0+8, c0, c0, c0+8,
 // c0+8}, r0 = 2(t%4), c0 = t/4. Avx2PrepareX lays x' out in that lane order, so the 4 groups of
 // one c0 accumulate into one register, reduced to columns c0 and c0+8 at the end of the strip.
@@ -45,17 +47,21 @@ const KIndex* IndexFor(int K) {
     for (int k = 1; k <= 8; ++k) {
       for (int grp = 0; grp < 32; ++grp) {
         GroupIndex& g = t[k].g[grp];
-        for (int j = 0; j < 8; ++j) {
-          const int e = 8 * grp + j;
+        // Lane l decodes element kLaneElem[l] of the group, so that the lanes come out in the
+        // order the accumulation wants (rows r0, r0+1 | r0+8, r0+9 per column pair).
+        static const int kLaneElem[8] = {0, 1, 4, 5, 2, 3, 6, 7};
+        int m0 = 0;
+        for (int l = 0; l < 8; ++l) {
+          const int e = 8 * grp + kLaneElem[l];
           const int s = (e + 1) * k - 16 + 32;
           const int m = s >> 5;
-          if (j == 0) g.m0 = m;
-          g.hi[j] = m - g.m0;
-          g.lo[j] = m - g.m0 + 1;
-          g.sh[j] = s & 31;
-          g.shr[j] = 32 - (s & 31);
+          if (l == 0) m0 = m;  // element 0 of the group has the lowest window
+          g.m0 = m0;
+          g.hi[l] = m - m0;
+          g.lo[l] = m - m0 + 1;
+          g.sh[l] = s & 31;
+          g.shr[l] = 32 - (s & 31);
         }
-
       }
     }
     return t;
@@ -84,10 +90,7 @@ inline __m256 DecodeGroup(const uint32_t* ext, const GroupIndex& g) {
                                          _mm256_srli_epi32(t, 16));
     const __m256 h = _mm256_cvtepi32_ps(_mm256_add_epi32(sum, _mm256_set1_epi32(1024)));
     // fp16 0x1eee and 0xc931 as floats.
-    const __m256 r = _mm256_fmadd_ps(h, _mm256_set1_ps(0.00676727294921875f),
-                                     _mm256_set1_ps(-10.3828125f));
-    // Natural element order -> the {0,1,4,5,2,3,6,7} lane order the other codebooks produce.
-    f = _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+    f = _mm256_fmadd_ps(h, _mm256_set1_ps(0.00676727294921875f), _mm256_set1_ps(-10.3828125f));
   } else {
     __m256i x;
     if constexpr (CB == kCbMcg) {
@@ -98,12 +101,24 @@ inline __m256 DecodeGroup(const uint32_t* ext, const GroupIndex& g) {
     }
     x = _mm256_xor_si256(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0x8fff8fffu))),
                          _mm256_set1_epi32(0x3b603b60));
-    const __m256 a = _mm256_cvtph_ps(_mm256_castsi256_si128(x));
-    const __m256 b = _mm256_cvtph_ps(_mm256_extracti128_si256(x, 1));
-    f = _mm256_hadd_ps(a, b);
+    // Both halves are fp16 normals with exponent fields 12..15: fp16 -> fp32 is a shift of the
+    // magnitude by 13 bits plus the exponent re-bias (112 << 23), the sign moved to bit 31.
+    const __m256i bias = _mm256_set1_epi32(0x38000000);
+    const __m256i lo = _mm256_or_si256(
+        _mm256_add_epi32(_mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fff)), 13), bias),
+        _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x8000)), 16));
+    const __m256i hi = _mm256_or_si256(
+        _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(x, 3), _mm256_set1_epi32(0x0fffe000)), bias),
+        _mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0x80000000u))));
+    f = _mm256_add_ps(_mm256_castsi256_ps(lo), _mm256_castsi256_ps(hi));
   }
-  // One rounding to fp16, as the codebook defines the value.
-  return _mm256_cvtph_ps(_mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  // One rounding to fp16 precision, as the codebook defines the value: the values are fp16
+  // normals (see the file comment), so round-to-nearest-even of the fp32 bits to 10 mantissa
+  // bits is the fp16 rounding, done in integer ops.
+  const __m256i b = _mm256_castps_si256(f);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 13), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x0fff)));
+  return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xffffe000u))));
 }
 
 // Lanes {0,1,4,5} belong to column c0, lanes {2,3,6,7} to column c0 + 8.
