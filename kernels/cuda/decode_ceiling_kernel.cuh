@@ -1,4 +1,4 @@
-// Decode ceiling: the GEMV inner loop (lane words -> align -> states -> codebook -> 2 mma per tile)
+// Decode ceiling: the GEMV inner loop (lane words -> align -> states -> codebook -> 4 mma per tile)
 // with the words already in registers and no memory traffic. Its weights/s is the arithmetic
 // limit every decode kernel is judged against. Each iteration decodes 4 tiles (1024 weights per
 // warp); the words are advanced by an add so that nothing is loop-invariant.
@@ -9,7 +9,8 @@
 namespace exl3::cuda {
 
 template <int K, int CB>
-__global__ void __launch_bounds__(256) DecodeCeilingKernel(const uint32_t* seeds, float* out, int iters) {
+__global__ void __launch_bounds__(256) DecodeCeilingKernel(const uint32_t* seeds, float* out, int iters,
+                                                                 const Pow2Table pw) {
   const int lane = threadIdx.x & 31;
   constexpr int NW = LaneSlots<K>::kWords;
   const LaneSlots<K> slots(lane);
@@ -18,15 +19,16 @@ __global__ void __launch_bounds__(256) DecodeCeilingKernel(const uint32_t* seeds
   for (int t = 0; t < 4; ++t)
 #pragma unroll
     for (int i = 0; i < NW; ++i) w[t][i] = seeds[(threadIdx.x * 7 + t * 3 + i) & 1023];
-  uint32_t a[4] = {0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};
+  const uint32_t even[4] = {0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};
+  const uint32_t odd[4] = {0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};
+  const uint32_t mask = 0x8fff8fffu, flip = 0x3b603b60u;
   float acc[4][2][4] = {};
   for (int it = 0; it < iters; ++it) {
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-      uint32_t b[4];
-      DecodeLane<K, CB>(w[t], slots.shift, b);
-      Mma16816(acc[t][0], a, b[0], b[1]);
-      Mma16816(acc[t][1], a, b[2], b[3]);
+      uint32_t b[8];
+      DecodeLaneRaw<K, CB>(w[t], slots.shift, mask, flip, pw, b);
+      MmaTileRaw(acc[t], even, odd, b);
 #pragma unroll
       for (int i = 0; i < NW; ++i) w[t][i] += 0x9E3779B9u;
     }
@@ -44,7 +46,7 @@ __global__ void __launch_bounds__(256) DecodeCeilingKernel(const uint32_t* seeds
 template <int K, int CB>
 void LaunchDecodeCeiling(const uint32_t* seeds, float* out, int iters, int grid, int block,
                          cudaStream_t stream) {
-  DecodeCeilingKernel<K, CB><<<grid, block, 0, stream>>>(seeds, out, iters);
+  DecodeCeilingKernel<K, CB><<<grid, block, 0, stream>>>(seeds, out, iters, Pow2Table::Make());
 }
 
 }  // namespace exl3::cuda

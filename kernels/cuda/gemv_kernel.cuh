@@ -20,6 +20,7 @@ namespace exl3::cuda {
 
 inline constexpr int kGemvWarps = 8;   // warps per block
 inline constexpr int kGemvNT = 4;      // column tiles per work unit (64 columns)
+inline constexpr int kGemvStages = 4;  // cp.async pipeline depth (k-steps in flight per warp)
 inline constexpr int kMaxProblems = 4;
 inline constexpr int kGemmBM = 128;    // rows per prefill GEMM unit (gemm_kernel.cuh)
 
@@ -41,14 +42,25 @@ struct GemvProblem {
 struct GemvBatch {
   GemvProblem p[kMaxProblems];
   int num_problems = 0;
+  Pow2Table pow2 = Pow2Table::Make();
 };
 
 __device__ __forceinline__ int ProblemChunks(const GemvProblem& p) {
   return p.chunk_expert ? *p.num_chunks : (p.rows + 15) / 16;
 }
 
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void CpAsyncCommitGroup() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWaitGroup() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
 template <int K, int CB>
-__global__ void __launch_bounds__(kGemvWarps * 32) GroupedGemvKernel(const GemvBatch batch) {
+__global__ void __launch_bounds__(kGemvWarps * 32, 3) GroupedGemvKernel(const GemvBatch batch) {
+  constexpr int kStageWords = kGemvNT * 8 * K;
+  __shared__ __align__(16) uint32_t gemv_ring[kGemvWarps * kGemvStages * kStageWords];
   const int lane = threadIdx.x & 31;
   const int warp_global = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
   const int total_warps = gridDim.x * kGemvWarps;
@@ -114,37 +126,66 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GroupedGemvKernel(const GemvB
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[t][h][i] = 0.f;
 
-    uint32_t w[kGemvNT][LaneSlots<K>::kWords];
+    // The unit's trellis words stream through a per-warp shared-memory ring (cp.async, kStages
+    // deep): a k-step's kNT tiles are contiguous (8K * kNT words), so one 16-byte copy per lane
+    // (two at K > 4) fetches them, several steps ahead of the decode.
+    uint32_t* ring = gemv_ring + (threadIdx.x >> 5) * (kGemvStages * kStageWords);
+    auto issue = [&](int kt) {
+      if (kt < kt1) {
+        const uint32_t* src = tiles + static_cast<size_t>(kt - kt0) * k_stride;
+        uint32_t* dst = ring + ((kt - kt0) % kGemvStages) * kStageWords;
 #pragma unroll
-    for (int t = 0; t < kGemvNT; ++t) LoadLaneWords<K>(tiles + t * 8 * K, slots, w[t]);
+        for (int piece = lane; piece < kStageWords / 4; piece += 32) CpAsync16(dst + 4 * piece, src + 4 * piece);
+      }
+      CpAsyncCommitGroup();
+    };
+#pragma unroll
+    for (int s = 0; s < kGemvStages - 1; ++s) issue(kt0 + s);
 
-    for (int kt = kt0; kt < kt1; ++kt) {
-      uint32_t a[4];
+    // MUL1: the raw operand is 1024 + byte sum; weight = scale * raw + bias, so the bias needs
+    // the row sums of A over this k-slice (one extra mma per k-step with B = ones).
+    float rowsum[4] = {0.f, 0.f, 0.f, 0.f};
+    const uint32_t mask = 0x8fff8fffu, flip = 0x3b603b60u;
+    uint32_t a_next[4];
+    auto load_a = [&](int kt, uint32_t (&a)[4]) {
       const int off = kt * 16;
       a[0] = row_lo ? *reinterpret_cast<const uint32_t*>(a_lo + off) : 0u;
       a[1] = row_hi ? *reinterpret_cast<const uint32_t*>(a_hi + off) : 0u;
       a[2] = row_lo ? *reinterpret_cast<const uint32_t*>(a_lo + off + 8) : 0u;
       a[3] = row_hi ? *reinterpret_cast<const uint32_t*>(a_hi + off + 8) : 0u;
-      // Prefetch next k-step's words while this one decodes.
-      uint32_t wn[kGemvNT][LaneSlots<K>::kWords];
-      const bool more = kt + 1 < kt1;
-      const uint32_t* next = tiles + k_stride;
+    };
+    load_a(kt0, a_next);
+    for (int kt = kt0; kt < kt1; ++kt) {
+      uint32_t a[4] = {a_next[0], a_next[1], a_next[2], a_next[3]};
+      if (kt + 1 < kt1) load_a(kt + 1, a_next);
+      uint32_t even[4], odd[4];
+      SplitA(a, even, odd);
+      if constexpr (CB == kCbMul1) Mma16816(rowsum, a, 0x3c003c00u, 0x3c003c00u);
+      CpAsyncWaitGroup<kGemvStages - 2>();
+      __syncwarp();
+      const uint32_t* stage = ring + ((kt - kt0) % kGemvStages) * kStageWords;
 #pragma unroll
       for (int t = 0; t < kGemvNT; ++t) {
-        if (more) LoadLaneWords<K>(next + t * 8 * K, slots, wn[t]);
-      }
+        uint32_t w[LaneSlots<K>::kWords];
 #pragma unroll
-      for (int t = 0; t < kGemvNT; ++t) {
-        uint32_t b[4];
-        DecodeLane<K, CB>(w[t], slots.shift, b);
-        Mma16816(acc[t][0], a, b[0], b[1]);
-        Mma16816(acc[t][1], a, b[2], b[3]);
+        for (int i = 0; i < LaneSlots<K>::kWords; ++i) w[i] = stage[t * 8 * K + slots.idx[i]];
+        uint32_t b[8];
+        DecodeLaneRaw<K, CB>(w, slots.shift, mask, flip, batch.pow2, b);
+        MmaTileRaw(acc[t], even, odd, b);
       }
+      __syncwarp();
+      issue(kt + kGemvStages - 1);
+    }
+    CpAsyncWaitGroup<0>();
+    __syncwarp();
+    if constexpr (CB == kCbMul1) {
+      const float scale = __half2float(__ushort_as_half(0x1eee)), bias = __half2float(__ushort_as_half(0xc931));
 #pragma unroll
       for (int t = 0; t < kGemvNT; ++t)
 #pragma unroll
-        for (int i = 0; i < LaneSlots<K>::kWords; ++i) w[t][i] = wn[t][i];
-      tiles = next;
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[t][h][i] = fmaf(scale, acc[t][h][i], bias * rowsum[i]);
     }
 
     // acc[t][h]: rows g (i=0,1) and g+8 (i=2,3), columns 16*(cg*NT+t) + 8h + 2c + {0,1}.

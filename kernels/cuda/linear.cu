@@ -24,36 +24,46 @@ namespace exl3::cuda {
 // ---------------------------------------------------------------------------------------------
 // Kernels
 
-// grid.x = rows, 128 threads: row r of x -> A[r]; zeroes zero_y[r, 0..zero_n).
-__global__ void InputTransformKernel(const float* __restrict__ x, int k, const uint16_t* __restrict__ suh,
-                                     __half* __restrict__ a, float* __restrict__ zero_y, int zero_n) {
-  const int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int b = warp; b < k / 128; b += blockDim.x / 32) {
+// One warp per (row, 128-block); 4 warps per block. Also zeroes zero_y [rows, zero_n] (grid-stride)
+// for the atomically accumulating GEMV that follows.
+__global__ void __launch_bounds__(128) InputTransformKernel(const float* __restrict__ x, int rows, int k,
+                                                            const uint16_t* __restrict__ suh, __half* __restrict__ a,
+                                                            float* __restrict__ zero_y, int zero_n) {
+  const int lane = threadIdx.x & 31;
+  const int w = blockIdx.x * 4 + (threadIdx.x >> 5);
+  const int per_row = k / 128;
+  if (w < rows * per_row) {
+    const int row = w / per_row, b = w % per_row;
     InputBlock(x + static_cast<size_t>(row) * k + 128 * b, suh + 128 * b,
                a + static_cast<size_t>(row) * k + 128 * b, lane);
   }
   if (zero_y) {
-    float* y = zero_y + static_cast<size_t>(row) * zero_n;
-    for (int i = threadIdx.x; i < zero_n; i += blockDim.x) y[i] = 0.f;
+    const size_t total = static_cast<size_t>(rows) * zero_n / 4;  // float4s (n % 128 == 0)
+    for (size_t i = static_cast<size_t>(blockIdx.x) * 128 + threadIdx.x; i < total; i += gridDim.x * 128ul)
+      reinterpret_cast<float4*>(zero_y)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
 }
 
-__global__ void OutputTransformKernel(float* __restrict__ y, int n, const uint16_t* __restrict__ svh,
-                                      const uint16_t* __restrict__ bias) {
-  const int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int b = warp; b < n / 128; b += blockDim.x / 32) {
-    float* p = y + static_cast<size_t>(row) * n + 128 * b;
-    float v[4];
-    OutputBlock(p, svh + 128 * b, bias ? bias + 128 * b : nullptr, v, lane);
+__global__ void __launch_bounds__(128) OutputTransformKernel(float* __restrict__ y, int rows, int n,
+                                                             const uint16_t* __restrict__ svh,
+                                                             const uint16_t* __restrict__ bias) {
+  const int lane = threadIdx.x & 31;
+  const int w = blockIdx.x * 4 + (threadIdx.x >> 5);
+  const int per_row = n / 128;
+  if (w >= rows * per_row) return;
+  const int row = w / per_row, b = w % per_row;
+  float* p = y + static_cast<size_t>(row) * n + 128 * b;
+  float v[4];
+  OutputBlock(p, svh + 128 * b, bias ? bias + 128 * b : nullptr, v, lane);
 #pragma unroll
-    for (int r = 0; r < 4; ++r) p[32 * r + lane] = v[r];
-  }
+  for (int r = 0; r < 4; ++r) p[32 * r + lane] = v[r];
 }
 
 absl::Status LaunchInputTransform(const float* x, int rows, int k, const uint16_t* suh, __half* a,
                                   float* zero_y, int zero_n, cudaStream_t stream) {
   if (rows == 0) return absl::OkStatus();
-  InputTransformKernel<<<rows, 128, 0, stream>>>(x, k, suh, a, zero_y, zero_n);
+  const int blocks = (rows * (k / 128) + 3) / 4;
+  InputTransformKernel<<<blocks, 128, 0, stream>>>(x, rows, k, suh, a, zero_y, zero_n);
   EXL3_CUDA_CHECK_LAUNCH("InputTransformKernel");
   return absl::OkStatus();
 }
@@ -61,7 +71,8 @@ absl::Status LaunchInputTransform(const float* x, int rows, int k, const uint16_
 absl::Status LaunchOutputTransform(float* y, int rows, int n, const uint16_t* svh, const uint16_t* bias,
                                    cudaStream_t stream) {
   if (rows == 0) return absl::OkStatus();
-  OutputTransformKernel<<<rows, 128, 0, stream>>>(y, n, svh, bias);
+  const int blocks = (rows * (n / 128) + 3) / 4;
+  OutputTransformKernel<<<blocks, 128, 0, stream>>>(y, rows, n, svh, bias);
   EXL3_CUDA_CHECK_LAUNCH("OutputTransformKernel");
   return absl::OkStatus();
 }
@@ -191,12 +202,12 @@ absl::Status Workspace::Impl::Init() {
 int GemvKTilesPerUnit(int k, int n, int chunks, int sm_count) {
   const int k_tiles = k / 16;
   const long col_groups = n / (16 * kGemvNT);
-  const long target = static_cast<long>(sm_count) * 16 * 2;  // ~2 units per resident warp
+  const long target = static_cast<long>(sm_count) * 24 * 2;  // ~2 units per resident warp (3 blocks x 8 warps per SM)
   long slices = target / std::max<long>(1, chunks * col_groups);
   slices = std::clamp<long>(slices, 1, std::max(1, k_tiles / 4));
   return static_cast<int>((k_tiles + slices - 1) / slices);
 }
-int GemvGrid(int sm_count) { return sm_count * 2; }
+int GemvGrid(int sm_count) { return sm_count * 3; }
 int GemmGrid(int sm_count, long units) { return static_cast<int>(std::min<long>(units, sm_count * 2L)); }
 
 absl::Status ReferenceGemm(cublasHandle_t h, const uint16_t* trellis, int k, int n, int K, int cb,

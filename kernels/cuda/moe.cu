@@ -299,19 +299,25 @@ struct MoeDims {
   int with_shared;
 };
 
-// Blocks [0, T*topk): routed slots; [T*topk, T*topk + T): shared-expert token rows. 128 threads.
+// Rows [0, T*topk): routed slots; [T*topk, T*topk + T): shared-expert token rows. One warp per
+// (row, 128-block of hidden); 4 warps per block. Each warp also zeroes its share of the row's
+// accumulators (gate/up: inter / (hidden/128) floats, down: its 128-block).
 __global__ void __launch_bounds__(128) MoeInputKernel(const float* __restrict__ x, MoeDims d, ProjTable gate,
                                                       ProjTable up, ProjTable sgate, ProjTable sup,
                                                       const float* shared_gate_vec, RouteOut r, MoeBuffers b) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int per_row = d.hidden / 128;
+  const int w = blockIdx.x * 4 + (threadIdx.x >> 5);
+  const int row_all = w / per_row, blk = w % per_row;
   const int routed = d.T * d.topk;
+  if (row_all >= routed + (d.with_shared ? d.T : 0)) return;
   int token, row;
   const uint16_t *suh_g, *suh_u;
   __half *ag, *au;
   float *yg, *yu, *yd;
   int n_inter;
-  if (blockIdx.x < routed) {
-    row = blockIdx.x;
+  if (row_all < routed) {
+    row = row_all;
     if (row >= r.counts[0]) return;
     token = r.slot_token[row];
     const int e = r.slot_expert[row];
@@ -320,37 +326,31 @@ __global__ void __launch_bounds__(128) MoeInputKernel(const float* __restrict__ 
     ag = b.a_gate; au = b.a_up; yg = b.y_gate; yu = b.y_up; yd = b.y_down;
     n_inter = d.inter;
   } else {
-    row = token = blockIdx.x - routed;
+    row = token = row_all - routed;
     suh_g = sgate.suh[0];
     suh_u = sup.suh[0];
     ag = b.sa_gate; au = b.sa_up; yg = b.sy_gate; yu = b.sy_up; yd = b.sy_down;
     n_inter = d.shared_inter;
   }
   const float* xr = x + static_cast<size_t>(token) * d.hidden;
-  for (int blk = warp; blk < d.hidden / 128; blk += 4) {
-    InputBlock(xr + 128 * blk, suh_g + 128 * blk, ag + static_cast<size_t>(row) * d.hidden + 128 * blk, lane);
-    InputBlock(xr + 128 * blk, suh_u + 128 * blk, au + static_cast<size_t>(row) * d.hidden + 128 * blk, lane);
-  }
-  for (int i = threadIdx.x; i < n_inter; i += 128) {
+  InputBlock(xr + 128 * blk, suh_g + 128 * blk, ag + static_cast<size_t>(row) * d.hidden + 128 * blk, lane);
+  InputBlock(xr + 128 * blk, suh_u + 128 * blk, au + static_cast<size_t>(row) * d.hidden + 128 * blk, lane);
+  const int share = (n_inter + per_row - 1) / per_row;
+  for (int i = blk * share + lane; i < min(n_inter, (blk + 1) * share); i += 32) {
     yg[static_cast<size_t>(row) * n_inter + i] = 0.f;
     yu[static_cast<size_t>(row) * n_inter + i] = 0.f;
   }
-  for (int i = threadIdx.x; i < d.hidden; i += 128) yd[static_cast<size_t>(row) * d.hidden + i] = 0.f;
-  if (blockIdx.x >= routed) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) yd[static_cast<size_t>(row) * d.hidden + 128 * blk + 32 * q + lane] = 0.f;
+  if (row_all >= routed && blk == 0) {
     // Shared-expert output scale: sigmoid(x · shared_gate) (Qwen3-Next) or 1.
-    __shared__ float partial[4];
     float s = 0.f;
     if (shared_gate_vec) {
-      for (int i = threadIdx.x; i < d.hidden; i += 128) s += xr[i] * shared_gate_vec[i];
+      for (int i = lane; i < d.hidden; i += 32) s += xr[i] * shared_gate_vec[i];
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      if (lane == 0) partial[warp] = s;
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        const float t = partial[0] + partial[1] + partial[2] + partial[3];
-        b.shared_scale[token] = 1.f / (1.f + expf(-t));
-      }
-    } else if (threadIdx.x == 0) {
+      if (lane == 0) b.shared_scale[token] = 1.f / (1.f + expf(-s));
+    } else if (lane == 0) {
       b.shared_scale[token] = 1.f;
     }
   }
@@ -364,18 +364,23 @@ __device__ __forceinline__ float SiluMul(float g, float u, float limit) {
   return g / (1.f + expf(-g)) * u;
 }
 
+// One warp per (row, 128-block of the intermediate); per_row = max(inter, shared_inter) / 128.
 __global__ void __launch_bounds__(128) MoeMidKernel(MoeDims d, ProjTable gate, ProjTable up, ProjTable down,
                                                     ProjTable sgate, ProjTable sup, ProjTable sdown, RouteOut r,
                                                     MoeBuffers b) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int per_row = max(d.inter, d.shared_inter) / 128;
+  const int w = blockIdx.x * 4 + (threadIdx.x >> 5);
+  const int row_all = w / per_row, blk = w % per_row;
   const int routed = d.T * d.topk;
+  if (row_all >= routed + (d.with_shared ? d.T : 0)) return;
   int row, e, n_inter;
   float limit;
   const ProjTable *G, *U, *D;
   const float *yg, *yu;
   __half* ad;
-  if (blockIdx.x < routed) {
-    row = blockIdx.x;
+  if (row_all < routed) {
+    row = row_all;
     if (row >= r.counts[0]) return;
     e = r.slot_expert[row];
     G = &gate; U = &up; D = &down;
@@ -383,63 +388,61 @@ __global__ void __launch_bounds__(128) MoeMidKernel(MoeDims d, ProjTable gate, P
     n_inter = d.inter;
     limit = d.limit;
   } else {
-    row = blockIdx.x - routed;
+    row = row_all - routed;
     e = 0;
     G = &sgate; U = &sup; D = &sdown;
     yg = b.sy_gate; yu = b.sy_up; ad = b.sa_down;
     n_inter = d.shared_inter;
     limit = d.shared_limit;
   }
-  const uint16_t* svh_g = G->svh[e];
-  const uint16_t* svh_u = U->svh[e];
+  if (blk >= n_inter / 128) return;
   const uint16_t* bias_g = G->bias[e];
   const uint16_t* bias_u = U->bias[e];
-  const uint16_t* suh_d = D->suh[e];
-  for (int blk = warp; blk < n_inter / 128; blk += 4) {
-    float g[4], u[4];
-    const size_t off = static_cast<size_t>(row) * n_inter + 128 * blk;
-    OutputBlock(yg + off, svh_g + 128 * blk, bias_g ? bias_g + 128 * blk : nullptr, g, lane);
-    OutputBlock(yu + off, svh_u + 128 * blk, bias_u ? bias_u + 128 * blk : nullptr, u, lane);
-    float h[4];
+  float g[4], u[4];
+  const size_t off = static_cast<size_t>(row) * n_inter + 128 * blk;
+  OutputBlock(yg + off, G->svh[e] + 128 * blk, bias_g ? bias_g + 128 * blk : nullptr, g, lane);
+  OutputBlock(yu + off, U->svh[e] + 128 * blk, bias_u ? bias_u + 128 * blk : nullptr, u, lane);
+  const uint16_t* suh_d = D->suh[e] + 128 * blk;
+  float h[4];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) h[q] = SiluMul(g[q], u[q], limit) * HalfAt(suh_d + 128 * blk, 32 * q + lane);
-    WarpHadamard128(h, lane);
+  for (int q = 0; q < 4; ++q) h[q] = SiluMul(g[q], u[q], limit) * HalfAt(suh_d, 32 * q + lane);
+  WarpHadamard128(h, lane);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) ad[off + 32 * q + lane] = __float2half_rn(h[q]);
-  }
+  for (int q = 0; q < 4; ++q) ad[off + 32 * q + lane] = __float2half_rn(h[q]);
 }
 
-// grid.x = T, 128 threads: out[t] = sum over t's assignments + shared.
+// One warp per (token, 128-block of hidden): out = sum over the token's assignments + shared.
 __global__ void __launch_bounds__(128) MoeCombineKernel(MoeDims d, ProjTable down, ProjTable sdown, RouteOut r,
                                                         MoeBuffers b, float* __restrict__ out) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int t = blockIdx.x;
-  for (int blk = warp; blk < d.hidden / 128; blk += 4) {
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int k = 0; k < d.topk; ++k) {
-      const int s = r.assign_slot[t * d.topk + k];
-      if (s < 0) continue;
-      const int e = r.slot_expert[s];
-      const float w = r.slot_weight[s];
-      const uint16_t* bias = down.bias[e];
-      float v[4];
-      OutputBlock(b.y_down + static_cast<size_t>(s) * d.hidden + 128 * blk, down.svh[e] + 128 * blk,
-                  bias ? bias + 128 * blk : nullptr, v, lane);
+  const int lane = threadIdx.x & 31;
+  const int per_row = d.hidden / 128;
+  const int w = blockIdx.x * 4 + (threadIdx.x >> 5);
+  if (w >= d.T * per_row) return;
+  const int t = w / per_row, blk = w % per_row;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int k = 0; k < d.topk; ++k) {
+    const int s = r.assign_slot[t * d.topk + k];
+    if (s < 0) continue;
+    const int e = r.slot_expert[s];
+    const float wt = r.slot_weight[s];
+    const uint16_t* bias = down.bias[e];
+    float v[4];
+    OutputBlock(b.y_down + static_cast<size_t>(s) * d.hidden + 128 * blk, down.svh[e] + 128 * blk,
+                bias ? bias + 128 * blk : nullptr, v, lane);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) acc[q] += w * v[q];
-    }
-    if (d.with_shared) {
-      const uint16_t* bias = sdown.bias[0];
-      float v[4];
-      OutputBlock(b.sy_down + static_cast<size_t>(t) * d.hidden + 128 * blk, sdown.svh[0] + 128 * blk,
-                  bias ? bias + 128 * blk : nullptr, v, lane);
-      const float sc = b.shared_scale[t];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) acc[q] += sc * v[q];
-    }
-#pragma unroll
-    for (int q = 0; q < 4; ++q) out[static_cast<size_t>(t) * d.hidden + 128 * blk + 32 * q + lane] = acc[q];
+    for (int q = 0; q < 4; ++q) acc[q] += wt * v[q];
   }
+  if (d.with_shared) {
+    const uint16_t* bias = sdown.bias[0];
+    float v[4];
+    OutputBlock(b.sy_down + static_cast<size_t>(t) * d.hidden + 128 * blk, sdown.svh[0] + 128 * blk,
+                bias ? bias + 128 * blk : nullptr, v, lane);
+    const float sc = b.shared_scale[t];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[q] += sc * v[q];
+  }
+#pragma unroll
+  for (int q = 0; q < 4; ++q) out[static_cast<size_t>(t) * d.hidden + 128 * blk + 32 * q + lane] = acc[q];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -615,9 +618,9 @@ absl::Status MoeRunner::Forward(const float* x, int T, const int32_t* ids, const
   RouteKernel<<<1, kRouteThreads, 0, stream>>>(ids, weights, T * R.topk, R.topk, L.num_experts, L.gate.trellis,
                                                chunk, R.route);
   EXL3_CUDA_CHECK_LAUNCH("RouteKernel");
-  MoeDims d{T, R.topk, L.hidden, L.inter, L.shared_inter, L.limit, L.shared_limit, shared ? 1 : 0};
-  const int blocks = T * R.topk + (shared ? T : 0);
-  MoeInputKernel<<<blocks, 128, 0, stream>>>(x, d, L.gate, L.up, L.sgate, L.sup, L.shared_gate_vec, R.route, R.buf);
+  MoeDims d{T, R.topk, L.hidden, L.inter, shared ? L.shared_inter : 0, L.limit, L.shared_limit, shared ? 1 : 0};
+  const int rows = T * R.topk + (shared ? T : 0);
+  MoeInputKernel<<<(rows * (L.hidden / 128) + 3) / 4, 128, 0, stream>>>(x, d, L.gate, L.up, L.sgate, L.sup, L.shared_gate_vec, R.route, R.buf);
   EXL3_CUDA_CHECK_LAUNCH("MoeInputKernel");
 
   auto routed = [&](const ProjTable& t, const __half* a, float* y) {
@@ -653,7 +656,8 @@ absl::Status MoeRunner::Forward(const float* x, int T, const int32_t* ids, const
     probs[np] = shared_prob(L.sup, R.buf.sa_up, R.buf.sy_up); probs[np].single = L.sup.host_trellis[0]; tabs[np++] = &L.sup;
   }
   EXL3_RETURN_IF_ERROR(R.Projections(gemm, probs, tabs, np, T, stream));
-  MoeMidKernel<<<blocks, 128, 0, stream>>>(d, L.gate, L.up, L.down, L.sgate, L.sup, L.sdown, R.route, R.buf);
+  const int mid_per_row = std::max(L.inter, shared ? L.shared_inter : 0) / 128;
+  MoeMidKernel<<<(rows * mid_per_row + 3) / 4, 128, 0, stream>>>(d, L.gate, L.up, L.down, L.sgate, L.sup, L.sdown, R.route, R.buf);
   EXL3_CUDA_CHECK_LAUNCH("MoeMidKernel");
   np = 0;
   probs[np] = routed(L.down, R.buf.a_down, R.buf.y_down); tabs[np++] = &L.down;
@@ -661,7 +665,7 @@ absl::Status MoeRunner::Forward(const float* x, int T, const int32_t* ids, const
     probs[np] = shared_prob(L.sdown, R.buf.sa_down, R.buf.sy_down); probs[np].single = L.sdown.host_trellis[0]; tabs[np++] = &L.sdown;
   }
   EXL3_RETURN_IF_ERROR(R.Projections(gemm, probs, tabs, np, T, stream));
-  MoeCombineKernel<<<T, 128, 0, stream>>>(d, L.down, L.sdown, R.route, R.buf, out);
+  MoeCombineKernel<<<(T * (L.hidden / 128) + 3) / 4, 128, 0, stream>>>(d, L.down, L.sdown, R.route, R.buf, out);
   EXL3_CUDA_CHECK_LAUNCH("MoeCombineKernel");
   return absl::OkStatus();
 }

@@ -113,6 +113,62 @@ __device__ __forceinline__ void DecodeLane(const uint32_t (&w)[LaneSlots<K>::kWo
   for (int q = 0; q < 4; ++q) b[q] = DecodePair<CB>(s[2 * q], s[2 * q + 1]);
 }
 
+// (x & m) ^ c in one LOP3 (the constants in registers: written as two immediates, ptxas emits
+// two LOP3s).
+__device__ __forceinline__ uint32_t AndXor(uint32_t x, uint32_t m, uint32_t c) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6A;\n" : "=r"(r) : "r"(x), "r"(m), "r"(c));
+  return r;
+}
+
+// The lane's 8 states of a tile as raw mma operands, without the final fp16 combine:
+//   3INST/MCG: b[j] = the masked word, a half2 (lo, hi) whose sum is element j's weight;
+//   MUL1:      b[j] = (1024 + byte sum, +0) as half2; the weight is scale * that + bias.
+// The sums are folded into the mma instead (MmaTileRaw): each A value is duplicated into both
+// halves of its register, so the tensor core adds lo + hi (in fp32, no fp16 rounding of the
+// weight). That removes the PRMT + HADD2 / HFMA2 per pair from the ALU/FMA pipes.
+// Powers of two 2^0..2^16 passed as kernel parameters: multiplying by them is a shift that ptxas
+// cannot turn back into SHF, so part of the state extraction runs on the IMAD (FMA) pipe instead
+// of the ALU pipe, which the codebook's LOP3s and the other shifts keep busy.
+struct Pow2Table {
+  uint32_t p[17];
+  __host__ __device__ static Pow2Table Make() {
+    Pow2Table t{};
+    for (int i = 0; i <= 16; ++i) t.p[i] = 1u << i;
+    return t;
+  }
+};
+
+template <int K, int CB>
+__device__ __forceinline__ void DecodeLaneRaw(const uint32_t (&w)[LaneSlots<K>::kWords], int shift,
+                                              uint32_t mask, uint32_t flip, const Pow2Table& pw,
+                                              uint32_t (&b)[8]) {
+  constexpr int NW = LaneSlots<K>::kWords;
+  uint32_t v[NW];
+#pragma unroll
+  for (int i = 0; i < NW; ++i) v[i] = (i + 1 < NW) ? __funnelshift_l(w[i + 1], w[i], shift) : (w[i] << shift);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int p = j * K;
+    const int a = p >> 5, r = p & 31;
+    uint32_t st;
+    if (r <= 16 && CB != kCbMul1 && (j & 1) == 0) {
+      st = __umulhi(v[a] * pw.p[r], pw.p[16]);  // (v << r) >> 16 on the IMAD pipe
+    } else if (r <= 16) {
+      st = (v[a] >> (16 - r)) & 0xffffu;
+    } else {
+      st = __funnelshift_l(v[a + 1], v[a], r) >> 16;
+    }
+    if constexpr (CB == kCbMul1) {
+      b[j] = __dp4a(st * 0x83DCD12Du, 0x01010101u, 0x6400u);
+    } else if constexpr (CB == kCbMcg) {
+      b[j] = AndXor(st * 0xCBAC1FEDu, mask, flip);
+    } else {
+      b[j] = AndXor(st * 89226354u + 64248484u, mask, flip);
+    }
+  }
+}
+
 // m16n8k16 fp16 mma with fp32 accumulate: d += a * b.
 __device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -120,6 +176,29 @@ __device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], 
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+}  // namespace exl3::cuda
+
+namespace exl3::cuda {
+
+// A fragment with each k-column's value duplicated into both halves: even = columns 2c / 2c+8,
+// odd = columns 2c+1 / 2c+9 (see DecodeLaneRaw).
+__device__ __forceinline__ void SplitA(const uint32_t (&a)[4], uint32_t (&even)[4], uint32_t (&odd)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    even[i] = __byte_perm(a[i], a[i], 0x1010);
+    odd[i] = __byte_perm(a[i], a[i], 0x3232);
+  }
+}
+
+// acc[h] (columns 8h..8h+7 of the tile) += A · tile, from raw operands: 4 mma per tile.
+__device__ __forceinline__ void MmaTileRaw(float (&acc)[2][4], const uint32_t (&even)[4], const uint32_t (&odd)[4],
+                                           const uint32_t (&b)[8]) {
+  Mma16816(acc[0], even, b[0], b[2]);
+  Mma16816(acc[0], odd, b[1], b[3]);
+  Mma16816(acc[1], even, b[4], b[6]);
+  Mma16816(acc[1], odd, b[5], b[7]);
 }
 
 }  // namespace exl3::cuda

@@ -46,20 +46,20 @@ fi
 if want check; then
   echo "=== exl3-cuda-check"
   ARGS=""; [ "$QUICK" = 1 ] && ARGS="--no-big"
-  timeout 300 "$BIN"/exl3-cuda-check $ARGS > "$OUT/check.log" 2>&1; echo "check exit $?" | tee -a "$OUT/check.log"
+  timeout 240 "$BIN"/exl3-cuda-check $ARGS > "$OUT/check.log" 2>&1; echo "check exit $?" | tee -a "$OUT/check.log"
   grep -E "FAIL|error" "$OUT/check.log" | head -20
   sed -n '/worst/,$p' "$OUT/check.log"
 fi
 if want sanitize && command -v compute-sanitizer > /dev/null; then
   echo "=== compute-sanitizer"
   for tool in memcheck racecheck; do
-    timeout 150 compute-sanitizer --tool $tool --error-exitcode 3 "$BIN"/exl3-cuda-check --small > "$OUT/sanitizer-$tool.log" 2>&1
+    timeout 100 compute-sanitizer --tool $tool --error-exitcode 3 "$BIN"/exl3-cuda-check --small > "$OUT/sanitizer-$tool.log" 2>&1
     echo "$tool exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool.log" | tail -1)"
   done
 fi
 if want bench; then
   echo "=== exl3-bench"
-  for b in ceiling gemv moe gemm; do
+  for b in ${BENCHES:-ceiling gemv moe gemm}; do
     [ "$QUICK" = 1 ] && [ "$b" = gemm ] && continue
     timeout 240 "$BIN"/exl3-bench $b --json "$OUT/bench-$b.json" > "$OUT/bench-$b.log" 2>&1; echo "$b exit $?"
     cat "$OUT/bench-$b.log"

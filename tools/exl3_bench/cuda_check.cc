@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/cuda/cuda_backend.h"
@@ -75,6 +76,20 @@ std::vector<float> Fetch(const float* d, size_t n) {
   return v;
 }
 
+// Runs fn(begin, end) over [0, n) split across the machine's cores (the CPU references are
+// single-threaded and independent per row/token).
+template <typename F>
+void ParallelRows(int n, F fn) {
+  const int threads = std::max(1, std::min<int>(n, static_cast<int>(std::thread::hardware_concurrency())));
+  std::vector<std::thread> pool;
+  for (int i = 0; i < threads; ++i) {
+    const int b = static_cast<int>(static_cast<long>(n) * i / threads);
+    const int e = static_cast<int>(static_cast<long>(n) * (i + 1) / threads);
+    if (b < e) pool.emplace_back([=] { fn(b, e); });
+  }
+  for (auto& t : pool) t.join();
+}
+
 // ---------------------------------------------------------------------------------------------
 void CheckLinear(int k, int n, int K, Codebook cb, const std::vector<int>& ms, bool bias,
                  cuda::Workspace* ws) {
@@ -105,7 +120,9 @@ void CheckLinear(int k, int n, int K, Codebook cb, const std::vector<int>& ms, b
   for (int m : ms) {
     const auto x = RandomVector(static_cast<size_t>(m) * k, g_seed++);
     std::vector<float> ref(static_cast<size_t>(m) * n);
-    LinearForwardReference(L.view, x.data(), m, ref.data());
+    ParallelRows(m, [&](int b, int e) {
+      LinearForwardReference(L.view, x.data() + static_cast<size_t>(b) * k, e - b, ref.data() + static_cast<size_t>(b) * n);
+    });
     float* dx = DevCopy(x);
     float* dy = nullptr;
     CK(cudaMalloc(&dy, ref.size() * 4));
@@ -176,13 +193,18 @@ std::vector<float> MoeReference(const MoeLayerView& layer, const std::vector<flo
     }
     off.push_back(static_cast<int32_t>(fid.size()));
   }
-  MoeAssignments a;
-  a.num_tokens = T;
-  a.expert_ids = fid.data();
-  a.weights = fw.data();
-  a.offsets = off.data();
   std::vector<float> y(static_cast<size_t>(T) * layer.hidden_size);
-  OK(MoeForwardReference(layer, x.data(), a, shared, y.data()));
+  const int H = layer.hidden_size;
+  ParallelRows(T, [&](int b, int e) {
+    std::vector<int32_t> o(off.begin() + b, off.begin() + e + 1);
+    for (auto& v : o) v -= off[b];
+    MoeAssignments a;
+    a.num_tokens = e - b;
+    a.expert_ids = fid.data() + off[b];
+    a.weights = fw.data() + off[b];
+    a.offsets = o.data();
+    OK(MoeForwardReference(layer, x.data() + static_cast<size_t>(b) * H, a, shared, y.data() + static_cast<size_t>(b) * H));
+  });
   return y;
 }
 
@@ -305,6 +327,7 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (cuda::DeviceCount() == 0) {
     std::fprintf(stderr, "exl3-cuda-check: no CUDA device\n");
     return 2;
