@@ -40,6 +40,9 @@ ABSL_FLAG(int, max_queue, 1024,
 ABSL_FLAG(int, long_prefill_token_threshold, 1024,
           "requests with more tokens are cut into chunks of this many, interleaved with small "
           "requests so prefill never starves decode");
+ABSL_FLAG(int, prefill_chunk_us, 0,
+          "while decode requests are being served, size prefill chunks to take about this much "
+          "compute (0: as long as a recent decode batch took)");
 ABSL_FLAG(uint64_t, max_message_bytes, 64u << 20,
           "largest request/response message; larger requests are answered RESOURCE_EXHAUSTED "
           "(gRPC itself drops the stream above twice this)");
@@ -98,6 +101,7 @@ int main(int argc, char** argv) {
   o.max_queue = absl::GetFlag(FLAGS_max_queue);
   o.long_prefill_token_threshold = absl::GetFlag(FLAGS_long_prefill_token_threshold);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  o.prefill_chunk_us = absl::GetFlag(FLAGS_prefill_chunk_us);
   absl::StatusOr<svc::ServerTls> tls = svc::ServerTlsFromFlags();
   if (!tls.ok()) {
     std::fprintf(stderr, "exl3-worker: %s\n", std::string(tls.status().message()).c_str());

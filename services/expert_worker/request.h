@@ -74,8 +74,8 @@ class WorkRequest {
   std::shared_ptr<RequestSink> sink;
 
   // Scheduling state (owned by the scheduler's executor thread).
-  int chunks = 1;
-  int chunks_left = 1;
+  int chunks = 0;       // batches (chunks) it has run in so far
+  int tokens_done = 0;  // tokens computed so far
   bool failed = false;
   bool started = false;
   Clock::time_point start_time{};

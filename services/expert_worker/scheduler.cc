@@ -1,6 +1,7 @@
 #include "services/expert_worker/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "services/common/logging.h"
@@ -21,7 +22,7 @@ int Scheduler::InFlight() const {
 }
 
 absl::Status Scheduler::Submit(std::shared_ptr<WorkRequest> r) {
-  const int chunk = std::max(1, std::min(opt_.long_prefill_tokens, opt_.max_batch_tokens));
+  const int long_tokens = std::max(1, std::min(opt_.long_prefill_tokens, opt_.max_batch_tokens));
   {
     std::lock_guard<std::mutex> l(mu_);
     if (stopping_) return absl::UnavailableError("worker is shutting down");
@@ -32,13 +33,9 @@ absl::Status Scheduler::Submit(std::shared_ptr<WorkRequest> r) {
     }
     r->out_bytes.resize(static_cast<size_t>(r->tokens) * hidden_ * sizeof(float));
     LayerQueue& q = queues_[r->layer];
-    if (r->tokens > chunk) {
-      r->chunks = r->chunks_left = (r->tokens + chunk - 1) / chunk;
-      for (int t0 = 0; t0 < r->tokens; t0 += chunk) {
-        q.chunks.push_back({r, t0, std::min(r->tokens, t0 + chunk)});
-      }
+    if (r->tokens > long_tokens) {
+      q.chunks.push_back({r, 0, r->tokens});
     } else {
-      r->chunks = r->chunks_left = 1;
       q.small.push_back({r, 0, r->tokens});
       q.small_tokens += r->tokens;
     }
@@ -103,6 +100,13 @@ void Scheduler::ExpireLocked(Clock::time_point now, std::vector<Item>* expired) 
   }
 }
 
+int Scheduler::ChunkTokens(Clock::time_point now) const {
+  const int cap = std::max(1, std::min(opt_.long_prefill_tokens, opt_.max_batch_tokens));
+  const bool decode_active = now - last_small_batch_ < std::chrono::milliseconds(100);
+  if (!decode_active) return cap;
+  return std::clamp(static_cast<int>(chunk_tokens_), 1, cap);
+}
+
 std::vector<Scheduler::Item> Scheduler::NextBatch(Clock::time_point now, Clock::time_point* wake) {
   *wake = Clock::time_point::max();
   LayerQueue* small_q = nullptr;
@@ -144,13 +148,12 @@ std::vector<Scheduler::Item> Scheduler::NextBatch(Clock::time_point now, Clock::
     take_small(*small_q);
     batches_since_chunk_ = chunk_q != nullptr ? batches_since_chunk_ + 1 : 0;
   } else if (chunk_q != nullptr) {
-    while (!chunk_q->chunks.empty()) {
-      const int n = chunk_q->chunks.front().t1 - chunk_q->chunks.front().t0;
-      if (!batch.empty() && tokens + n > opt_.max_batch_tokens) break;
-      tokens += n;
-      batch.push_back(std::move(chunk_q->chunks.front()));
-      chunk_q->chunks.pop_front();
-    }
+    Item& front = chunk_q->chunks.front();
+    const int n = std::min(front.t1 - front.t0, ChunkTokens(now));
+    batch.push_back({front.r, front.t0, front.t0 + n});
+    tokens += n;
+    front.t0 += n;
+    if (front.t0 >= front.t1) chunk_q->chunks.pop_front();
     // Small requests of the same layer ride along when there is room.
     take_small(*chunk_q);
     batches_since_chunk_ = 0;
@@ -255,6 +258,25 @@ void Scheduler::RunBatch(std::vector<Item>& batch) {
   const auto t0 = Clock::now();
   const absl::Status st = backend_->Forward(b);
   const int64_t dt = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  // Chunk sizing feedback: small batches set the time budget, chunk batches are scaled to it.
+  {
+    const double us = dt / 1000.0;
+    int chunk_tokens = 0;
+    for (const Item& it : batch) {
+      if (it.r->tokens > std::min(opt_.long_prefill_tokens, opt_.max_batch_tokens)) chunk_tokens += it.t1 - it.t0;
+    }
+    if (chunk_tokens == 0) {
+      small_batch_us_ = small_batch_us_ == 0 ? us : 0.8 * small_batch_us_ + 0.2 * us;
+      last_small_batch_ = Clock::now();
+    } else if (us > 0) {
+      const double budget = opt_.prefill_chunk_us > 0 ? opt_.prefill_chunk_us
+                                                      : std::max(100.0, small_batch_us_);
+      const double cap = std::max(1, std::min(opt_.long_prefill_tokens, opt_.max_batch_tokens));
+      const double want = std::clamp(chunk_tokens * budget / us, 1.0, cap);
+      // Geometric smoothing: converges to the size whose compute takes about the budget.
+      chunk_tokens_ = std::clamp(std::sqrt(std::min(chunk_tokens_, cap) * want), 1.0, cap);
+    }
+  }
   if (metrics_) {
     if (WorkerMetrics::Layer* m = metrics_->layer(b.layer)) {
       m->batch_tokens->Observe(T);
@@ -271,6 +293,8 @@ void Scheduler::RunBatch(std::vector<Item>& batch) {
     }
     row += n;
     r.compute_ns += dt;
+    r.tokens_done += n;
+    ++r.chunks;
     r.batch_tokens = T;
     r.batch_requests = static_cast<int>(batch.size());
     if (r.failed) continue;  // answered already (a previous chunk's batch failed)
@@ -280,7 +304,7 @@ void Scheduler::RunBatch(std::vector<Item>& batch) {
                                                     std::string(st.message()))));
       continue;
     }
-    if (--r.chunks_left == 0) Finish(it.r, absl::OkStatus());
+    if (r.tokens_done == r.tokens) Finish(it.r, absl::OkStatus());
   }
 }
 

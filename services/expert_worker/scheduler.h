@@ -2,10 +2,13 @@
 // (continuous batching: a batch waits at most `batch_window` for company and holds at most
 // `max_batch_tokens` tokens) and run on the backend by one executor thread.
 //
-// Long prefills never starve decode: a request with more than `long_prefill_tokens` tokens is cut
-// into chunks of that size, queued apart from the small requests; the executor prefers small
-// requests and runs one chunk batch at least every `chunk_every` batches while small ones wait,
-// so a small request waits at most about one chunk's compute. Deadlines are checked while queued
+// Long prefills never starve decode: a request with more than `long_prefill_tokens` tokens is
+// queued apart from the small ones and computed in chunks that alternate with the small
+// (decode) batches (one chunk per `chunk_every` small batches while small requests wait). While
+// decode traffic is present (a small batch ran in the last 100 ms) each chunk is sized to take
+// about `prefill_chunk_us` of compute (0: as long as a recent small batch took, at least 100 µs),
+// so a decode request waits at most about one small batch's time behind a prefill; with no decode
+// traffic chunks grow to `long_prefill_tokens` for throughput. Deadlines are checked while queued
 // and before each batch; requests of cancelled streams are dropped (completed as CANCELLED).
 //
 //   Scheduler sched(opts, backend, metrics, hidden_size);
@@ -33,9 +36,10 @@ namespace exl3::worker {
 struct SchedulerOptions {
   std::chrono::microseconds batch_window{50};
   int max_batch_tokens = 4096;
-  int long_prefill_tokens = 1024;  // requests above this are chunked into pieces of this size
+  int long_prefill_tokens = 1024;  // requests above this are chunked (chunks at most this size)
   int max_queue = 1024;            // requests waiting (not yet started) at most
-  int chunk_every = 2;             // with small requests waiting, 1 chunk batch per this many batches
+  int chunk_every = 1;             // with small requests waiting, 1 chunk batch per this many batches
+  int prefill_chunk_us = 0;        // compute time per chunk under decode load; 0: auto
 };
 
 class Scheduler {
@@ -59,9 +63,12 @@ class Scheduler {
     int t0, t1;  // token range (a chunk or the whole request)
   };
   struct LayerQueue {
-    std::deque<Item> small, chunks;
+    std::deque<Item> small;
+    std::deque<Item> chunks;  // long requests: [t0, t1) is what is left to compute
     int small_tokens = 0;
   };
+  // Tokens for the next chunk (see the class comment).
+  int ChunkTokens(Clock::time_point now) const;
   void Loop();
   // Picks the next batch under mu_; empty when nothing is due yet (then *wake is when to look again).
   std::vector<Item> NextBatch(Clock::time_point now, Clock::time_point* wake);
@@ -80,6 +87,10 @@ class Scheduler {
   int waiting_requests_ = 0;  // requests with no chunk started
   int in_flight_ = 0;
   int batches_since_chunk_ = 0;
+  // Chunk sizing (executor thread): recent small-batch compute and the current chunk size.
+  double small_batch_us_ = 0;
+  double chunk_tokens_ = 64;
+  Clock::time_point last_small_batch_{};
   bool stopping_ = false;
   std::thread thread_;
 

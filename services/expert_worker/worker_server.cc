@@ -328,7 +328,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
   w->opt_ = opt;
   if (opt.model_dir.empty()) return absl::InvalidArgumentError("--model DIR is required");
   if (opt.max_batch_tokens < 1 || opt.long_prefill_token_threshold < 1 || opt.max_queue < 1 ||
-      opt.batch_window_us < 0 || opt.max_message_bytes < 4096 || opt.load_threads < 1) {
+      opt.batch_window_us < 0 || opt.prefill_chunk_us < 0 || opt.max_message_bytes < 4096 || opt.load_threads < 1) {
     return absl::InvalidArgumentError(
         "--max-batch-tokens, --long-prefill-token-threshold, --max-queue and --load-threads must be "
         ">= 1, --batch-window-us >= 0, --max-message-bytes >= 4096");
@@ -444,6 +444,7 @@ absl::Status WorkerServer::Load() {
   so.max_batch_tokens = opt_.max_batch_tokens;
   so.long_prefill_tokens = opt_.long_prefill_token_threshold;
   so.max_queue = opt_.max_queue;
+  so.prefill_chunk_us = opt_.prefill_chunk_us;
   scheduler_ = std::make_unique<Scheduler>(so, backend_.get(), worker_metrics_.get(), config_.hidden_size);
   scheduler_->Start();
   pb::ServingState expected = pb::STATE_LOADING;

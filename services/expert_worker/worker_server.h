@@ -49,6 +49,7 @@ struct WorkerOptions {
   int max_batch_tokens = 4096;
   int max_queue = 1024;
   int long_prefill_token_threshold = 1024;
+  int prefill_chunk_us = 0;  // 0: auto (see scheduler.h)
   uint64_t max_message_bytes = 64u << 20;
   svc::ServerTls tls;
 };

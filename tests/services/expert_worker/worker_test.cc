@@ -114,8 +114,9 @@ TEST(Worker, HalfPrecisionOutputsAndChunkedLongRequests) {
     EXPECT_LT(RelError(OutputAsFloat(r), ref), tol) << "id " << r.id();
   }
   for (const auto& r : got) {
-    if (r.id() == 1) EXPECT_EQ(r.timings().chunks(), 4u);
-    if (r.id() == 4) EXPECT_EQ(r.timings().chunks(), 2u);
+    // Chunks hold at most the threshold's 16 tokens (fewer while decode traffic is present).
+    if (r.id() == 1) EXPECT_GE(r.timings().chunks(), 4u);
+    if (r.id() == 4) EXPECT_GE(r.timings().chunks(), 2u);
     if (r.id() == 2) EXPECT_EQ(r.output().dtype(), pb::DTYPE_FP16);
     if (r.id() == 3) EXPECT_EQ(r.output().dtype(), pb::DTYPE_BF16);
   }
