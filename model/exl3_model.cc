@@ -167,6 +167,13 @@ absl::Status Exl3Model::LoadLayer(int layer, const std::vector<int>& experts,
                 SharedExpertPrefix(c, layer, Projection::kDown), c.shared_intermediate_size);
     if (!h.ok()) return h.status();
     L.shared = std::move(*h);
+    // Qwen3-Next scales its shared expert by sigmoid(x · shared_expert_gate): part of the expert.
+    const std::string gate_key = SharedExpertGateKey(c, layer);
+    if (!gate_key.empty()) {
+      absl::StatusOr<std::vector<float>> g = LoadFloat(*src_, gate_key, {1, c.hidden_size});
+      if (!g.ok()) return g.status();
+      L.shared_gate = std::move(*g);
+    }
   }
   if (opt.load_routers) {
     absl::StatusOr<std::vector<float>> w =
@@ -178,12 +185,6 @@ absl::Status Exl3Model::LoadLayer(int layer, const std::vector<int>& experts,
       absl::StatusOr<std::vector<float>> b = LoadFloat(*src_, bias_key, {c.num_experts});
       if (!b.ok()) return b.status();
       L.bias = std::move(*b);
-    }
-    const std::string gate_key = SharedExpertGateKey(c, layer);
-    if (!gate_key.empty() && opt.load_shared_experts) {
-      absl::StatusOr<std::vector<float>> g = LoadFloat(*src_, gate_key, {1, c.hidden_size});
-      if (!g.ok()) return g.status();
-      L.shared_gate = std::move(*g);
     }
     const std::string hash_key = HashTableKey(c, layer);
     if (!hash_key.empty() && src_->Has(hash_key)) {

@@ -36,7 +36,7 @@ struct Exl3ModelOptions {
   // (layers absent from the map hold none); a non-MoE layer or an expert id out of range is an error.
   std::optional<std::map<int, std::vector<int>>> experts;
   bool load_shared_experts = true;
-  bool load_routers = true;   // router weight, correction bias, shared gate, hash table (fp32/int32)
+  bool load_routers = true;   // router weight, correction bias, hash table (fp32/int32)
   bool require_exl3 = true;   // quantization_config.quant_method must be "exl3"
 };
 

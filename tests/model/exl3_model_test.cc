@@ -84,6 +84,45 @@ TEST(Exl3ModelTest, OpensEveryExpertAndRunsTheLayer) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Exl3ModelTest, OtherFamiliesKeyNaming) {
+  TestModelSpec spec;
+  const nlohmann::json qwen = testing::Qwen3NextConfig(spec);
+  const std::string qdir = Write("qwen3next", spec, &qwen);
+  absl::StatusOr<std::unique_ptr<Exl3Model>> m = Exl3Model::Open(qdir);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->config().family, MoeFamily::kQwen3Next);
+  EXPECT_TRUE((*m)->Linear(1, -1, Projection::kGate) != nullptr);
+  EXPECT_EQ((*m)->Linear(1, -1, Projection::kGate)->prefix, "model.layers.1.mlp.shared_expert.gate_proj");
+  ASSERT_NE((*m)->SharedExpertGate(2), nullptr);
+  EXPECT_EQ((*m)->CorrectionBias(2), nullptr);
+  absl::StatusOr<MoeLayerView> view = (*m)->LayerView(2);
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->shared_gate, (*m)->SharedExpertGate(2));
+  // The gate is part of the shared expert: loaded even without routers.
+  Exl3ModelOptions no_routers;
+  no_routers.load_routers = false;
+  m = Exl3Model::Open(qdir, no_routers);
+  ASSERT_TRUE(m.ok());
+  EXPECT_NE((*m)->SharedExpertGate(2), nullptr);
+  EXPECT_EQ((*m)->RouterWeight(2), nullptr);
+  std::filesystem::remove_all(qdir);
+
+  const nlohmann::json mix = testing::MixtralConfig(spec);
+  const std::string mdir = Write("mixtral", spec, &mix);
+  m = Exl3Model::Open(mdir);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->config().MoeLayers(), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ((*m)->Linear(0, 5, Projection::kUp)->prefix, "model.layers.0.block_sparse_moe.experts.5.w3");
+  EXPECT_EQ((*m)->SharedExpert(0), nullptr);
+  const auto x = testing::RandomVector(2 * 256, 4);
+  std::vector<int32_t> ids(4);
+  std::vector<float> w(4);
+  ASSERT_TRUE(RouteTokens((*m)->config(), 0, (*m)->RouterWeight(0), nullptr, x.data(), 2, ids.data(),
+                          w.data()).ok());
+  EXPECT_NEAR(w[0] + w[1], 1.0, 1e-6);  // Mixtral renormalises
+  std::filesystem::remove_all(mdir);
+}
+
 TEST(Exl3ModelTest, HoldsOnlyItsShare) {
   const std::string dir = Write("share", TestModelSpec{});
   Exl3ModelOptions opt;

@@ -38,6 +38,36 @@ struct TestModelSpec {
   std::function<bool(const std::string&, std::vector<int64_t>&)> shape_override;
 };
 
+// The same layout as other families' config.json (Qwen3-Next: shared expert with gate; Mixtral:
+// block_sparse_moe keys, no shared expert).
+inline nlohmann::json Qwen3NextConfig(const TestModelSpec& s) {
+  nlohmann::json j;
+  j["architectures"] = {"Qwen3NextForCausalLM"};
+  j["hidden_size"] = s.hidden;
+  j["num_hidden_layers"] = s.layers;
+  j["num_experts"] = s.experts;
+  j["num_experts_per_tok"] = s.top_k;
+  j["moe_intermediate_size"] = s.inter;
+  j["shared_expert_intermediate_size"] = s.inter;
+  j["norm_topk_prob"] = true;
+  j["decoder_sparse_step"] = 1;
+  j["mlp_only_layers"] = {0};
+  j["quantization_config"] = {{"quant_method", "exl3"}, {"bits", 3.0}};
+  return j;
+}
+
+inline nlohmann::json MixtralConfig(const TestModelSpec& s) {
+  nlohmann::json j;
+  j["architectures"] = {"MixtralForCausalLM"};
+  j["hidden_size"] = s.hidden;
+  j["num_hidden_layers"] = s.layers;
+  j["num_local_experts"] = s.experts;
+  j["num_experts_per_tok"] = s.top_k;
+  j["intermediate_size"] = s.inter;
+  j["quantization_config"] = {{"quant_method", "exl3"}, {"bits", 4.0}};
+  return j;
+}
+
 inline nlohmann::json GlmConfig(const TestModelSpec& s) {
   nlohmann::json j;
   j["architectures"] = {"Glm4MoeForCausalLM"};
@@ -95,6 +125,11 @@ class TestModelWriter {
       for (auto& v : router) v = FloatToBFloat16Bits(nd(rng_));
       Add(w, RouterWeightKey(*c, L), DType::kBF16, {c->num_experts, s_.hidden}, router.data(),
           router.size() * 2);
+      if (!SharedExpertGateKey(*c, L).empty()) {
+        std::vector<uint16_t> g(s_.hidden);
+        for (auto& v : g) v = FloatToBFloat16Bits(nd(rng_));
+        Add(w, SharedExpertGateKey(*c, L), DType::kBF16, {1, s_.hidden}, g.data(), g.size() * 2);
+      }
       if (!CorrectionBiasKey(*c, L).empty()) {
         std::normal_distribution<float> bd(0.f, 0.05f);
         std::vector<float> bias(c->num_experts);
