@@ -1,6 +1,7 @@
 // exl3-router: the MoE router service (MoeRouter) in front of the expert workers.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -36,6 +37,7 @@ ABSL_FLAG(int64_t, default_deadline_ms, 10000,
           "deadline of a layer request that sets no timeout_us (0: none)");
 ABSL_FLAG(int32_t, max_in_flight, 1024,
           "layer requests in flight across all streams; beyond it RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, shared_expert_threads, 2, "CPU threads running the local shared expert");
 ABSL_FLAG(int64_t, max_tokens, 65536, "most tokens accepted in one layer request");
 ABSL_FLAG(int32_t, max_message_bytes, 64 << 20, "gRPC message size limit (both directions)");
 ABSL_FLAG(int32_t, drain_grace_ms, 10000,
@@ -81,6 +83,7 @@ int Main() {
   ropt.default_deadline_ms = absl::GetFlag(FLAGS_default_deadline_ms);
   ropt.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
   ropt.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  ropt.shared_expert_threads = std::max(1, absl::GetFlag(FLAGS_shared_expert_threads));
   if (ropt.max_in_flight < 1) return Fail("--max-in-flight must be at least 1");
 
   // The model: config, router weights, shared experts; no routed experts.

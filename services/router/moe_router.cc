@@ -120,7 +120,11 @@ struct LayerCall {
 
 MoeRouterService::MoeRouterService(const Exl3Model& model, const RouterOptions& opt,
                                    RouterMetrics* metrics)
-    : model_(model), cfg_(model.config()), opt_(opt), metrics_(metrics) {}
+    : model_(model), cfg_(model.config()), opt_(opt), metrics_(metrics) {
+  if (opt.shared_expert_local && cfg_.has_shared_expert()) {
+    shared_cpu_ = std::make_unique<cpu::CpuBackend>(opt.shared_expert_threads);
+  }
+}
 
 MoeRouterService::~MoeRouterService() = default;
 
@@ -289,7 +293,8 @@ void MoeRouterService::Handle(const std::shared_ptr<StreamState>& s, pb::MoeLaye
     if (view.ok() && view->shared != nullptr) {
       std::vector<float> y(c->acc.size());
       const MoeAssignments none = MoeAssignments::Fixed(static_cast<int>(c->T), 0, nullptr, nullptr);
-      absl::Status ss = MoeForwardReference(*view, c->x.data(), none, true, y.data());
+      absl::Status ss = shared_cpu_ ? shared_cpu_->Moe(*view, c->x.data(), none, true, y.data())
+                                    : MoeForwardReference(*view, c->x.data(), none, true, y.data());
       if (!ss.ok()) return Complete(c, absl::InternalError(absl::StrCat("shared expert: ", ss.message())));
       std::lock_guard<std::mutex> l(c->mu);
       for (size_t i = 0; i < y.size(); ++i) c->acc[i] += y[i];

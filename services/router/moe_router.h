@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "exl3serve/v1/exl3serve.grpc.pb.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "model/exl3_model.h"
 #include "services/router/router_metrics.h"
 #include "services/router/worker_pool.h"
@@ -29,6 +30,7 @@ struct RouterOptions {
   int64_t default_deadline_ms = 10000;  // for requests with timeout_us == 0 (0: none)
   int max_in_flight = 1024;             // layer requests across all streams
   int64_t max_tokens = 65536;           // per request
+  int shared_expert_threads = 2;        // CPU threads of the local shared expert
 };
 
 // Runs callbacks at deadlines on one thread.
@@ -94,6 +96,7 @@ class MoeRouterService final : public pb::MoeRouter::Service {
   std::mutex idle_mu_;
   std::condition_variable idle_cv_;
   DeadlineTimer timer_;
+  std::unique_ptr<cpu::CpuBackend> shared_cpu_;  // local shared expert (fast CPU backend)
 };
 
 }  // namespace exl3::router
