@@ -20,7 +20,7 @@ import grpc
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import BIN, Cluster, wait_for  # noqa: E402
+from harness import BIN, Cluster, Proc, free_port, wait_for  # noqa: E402
 
 from exl3serve.v1 import exl3serve_pb2 as pb  # noqa: E402
 from exl3serve_client import MoeRouterClient, RequestError  # noqa: E402
@@ -377,6 +377,41 @@ class RouterSystemTest(unittest.TestCase):
             a.signal(signal.SIGCONT)
             cl.close()
             r3.stop()
+
+    def test_11_worker_identity_checked(self):
+        # A worker on another model (different shapes: another fingerprint), and a worker holding
+        # fewer experts than the map gives it, are kept out of service with the reason logged.
+        other = os.path.join(self.c.dir, "other-model")
+        subprocess.run([os.path.join(os.path.dirname(BIN), "tests", "exl3-test-model"), other,
+                        "--inter", "256"], check=True)
+        pa, pb_ = free_port(), free_port()
+        wrong_model = Proc("worker-wrong-model", [
+            os.path.join(BIN, "exl3-worker"), "--model", other, "--experts", "all",
+            "--listen", f"127.0.0.1:{pa}", "--metrics-listen", "127.0.0.1:0", "--progress=false",
+            "--mlock=false", "--threads", "1"], self.c.dir)
+        too_few = Proc("worker-too-few", [
+            os.path.join(BIN, "exl3-worker"), "--model", self.c.model, "--experts", "0-5",
+            "--listen", f"127.0.0.1:{pb_}", "--metrics-listen", "127.0.0.1:0", "--progress=false",
+            "--mlock=false", "--threads", "1"], self.c.dir)
+        map_path = os.path.join(self.c.dir, "identity.yaml")
+        with open(map_path, "w") as f:
+            f.write(f"workers:\n  - name: wrong\n    address: 127.0.0.1:{pa}\n    experts: all\n"
+                    f"  - name: few\n    address: 127.0.0.1:{pb_}\n    experts: all\n")
+        r = self.c.start_router(["--expert-map", map_path])
+        try:
+            wait_for(lambda: "differs from the router's" in r.text(), 20, "fingerprint refused")
+            wait_for(lambda: "does not hold experts the map assigns to it: layer 1 experts 6-7"
+                     in r.text(), 20, "missing experts named")
+            cl = MoeRouterClient(r.address)
+            d = cl.describe()
+            self.assertEqual([w.up for w in d.workers], [False, False])
+            self.assertEqual(d.unserved_experts, 16)
+            self.assertNotEqual(d.state, pb.STATE_SERVING)
+            cl.close()
+        finally:
+            r.stop()
+            wrong_model.stop()
+            too_few.stop()
 
 
 if __name__ == "__main__":
