@@ -2,6 +2,7 @@
 #include "kernels/cpu/cpu_backend.h"
 
 #include <cstdio>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/thread_pool.h"
@@ -116,6 +117,44 @@ INSTANTIATE_TEST_SUITE_P(Isa, CpuLinearTest,
                                   : info.param == cpu::Isa::kAvx2 ? "upto_avx2"
                                                                   : "upto_avx512";
                          });
+
+TEST(CpuBackendTest, ConcurrentCallersGetTheirOwnResults) {
+  cpu::CpuBackend backend(2);
+  RandomLinear a(256, 256, 2, Codebook::kMcg, 5), b(256, 384, 3, Codebook::kMul1, 6);
+  const auto xa = RandomVector(2 * 256, 1), xb = RandomVector(3 * 256, 2);
+  std::vector<float> ra(2 * 256), rb(3 * 384);
+  LinearForwardReference(a.view, xa.data(), 2, ra.data());
+  LinearForwardReference(b.view, xb.data(), 3, rb.data());
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      for (int r = 0; r < 10; ++r) {
+        const bool use_a = (i + r) % 2 == 0;
+        std::vector<float> y(use_a ? ra.size() : rb.size());
+        absl::Status s = use_a ? backend.Linear(a.view, xa.data(), 2, y.data())
+                               : backend.Linear(b.view, xb.data(), 3, y.data());
+        const auto& ref = use_a ? ra : rb;
+        if (!s.ok() || RelErr(y.data(), ref.data(), ref.size()) > 1e-5) ++bad;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
+TEST(CpuBackendTest, RejectsBadLayers) {
+  cpu::CpuBackend backend(1);
+  RandomLinear a(256, 256, 2, Codebook::kMcg, 5);
+  Exl3LinearView v = a.view;
+  v.bits = 9;
+  std::vector<float> x(256), y(256);
+  EXPECT_FALSE(backend.Linear(v, x.data(), 1, y.data()).ok());
+  v = a.view;
+  v.in_features = 200;
+  EXPECT_FALSE(backend.Linear(v, x.data(), 1, y.data()).ok());
+  EXPECT_TRUE(backend.Linear(a.view, x.data(), 0, y.data()).ok());
+}
 
 TEST(ThreadPoolTest, RunsEveryItemOnce) {
   cpu::ThreadPool pool(4);
