@@ -1,10 +1,12 @@
 // CPU backend: the held experts stay in the mapped files (locked in RAM where permitted) and are
 // computed by the fast multithreaded CPU MoE of kernels/cpu/cpu_backend.h.
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/moe_cpu.h"
 #include "services/common/logging.h"
@@ -110,10 +112,25 @@ absl::StatusOr<std::unique_ptr<MoeBackend>> CreateBackend(const std::string& kin
     return absl::InvalidArgumentError(absl::StrCat("--backend '", kind, "' is not auto, cpu or cuda"));
   }
 #if defined(EXL3_HAVE_CUDA)
+  if (kind != "cpu" && device != 0) {
+    // The CUDA backend's API has no device selection: before the first CUDA call, narrow the
+    // visible devices to the one asked for, which then is device 0 of this process.
+    std::vector<std::string> visible;
+    if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v != nullptr && *v != 0) {
+      visible = absl::StrSplit(v, ',');
+    }
+    const std::string pick = visible.empty() ? std::to_string(device)
+                             : device < static_cast<int>(visible.size()) ? visible[device] : "";
+    if (pick.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("--device ", device, ": CUDA_VISIBLE_DEVICES lists only ",
+                                                        visible.size(), " devices"));
+    }
+    setenv("CUDA_VISIBLE_DEVICES", pick.c_str(), 1);
+  }
   if (kind == "cuda" || (kind == "auto" && cuda::DeviceCount() > 0)) {
-    if (cuda::DeviceCount() <= device) {
+    if (cuda::DeviceCount() < 1) {
       return absl::FailedPreconditionError(absl::StrCat("--backend cuda: no CUDA device ", device,
-                                                        " (", cuda::DeviceCount(), " visible)"));
+                                                        " is visible"));
     }
     return MakeCudaBackend(device);
   }

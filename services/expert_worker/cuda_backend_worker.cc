@@ -29,7 +29,8 @@ class CudaBackend : public MoeBackend {
   absl::Status Prepare(const Exl3Model& model, const PrepareOptions& opt,
                        PrepareStats* stats) override {
     const auto t0 = std::chrono::steady_clock::now();
-    absl::StatusOr<cuda::DeviceInfo> info = cuda::QueryDevice(device_);
+    // CreateBackend made the chosen device the process's device 0.
+    absl::StatusOr<cuda::DeviceInfo> info = cuda::QueryDevice(0);
     if (!info.ok()) return info.status();
     device_name_ = absl::StrCat("cuda:", device_, " ", info->name);
     const MoeConfig& c = model.config();
