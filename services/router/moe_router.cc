@@ -43,11 +43,14 @@ DeadlineTimer::~DeadlineTimer() {
 }
 
 void DeadlineTimer::At(Clock::time_point when, std::function<void()> fn) {
+  bool earliest;
   {
     std::lock_guard<std::mutex> l(mu_);
+    earliest = q_.empty() || when < q_.begin()->first;
     q_.emplace(when, std::move(fn));
   }
-  cv_.notify_all();
+  // Only a new earliest deadline changes what the timer thread waits for.
+  if (earliest) cv_.notify_all();
 }
 
 void DeadlineTimer::Run() {
@@ -482,18 +485,17 @@ void MoeRouterService::Dispatch(const std::shared_ptr<LayerCall>& c, std::vector
   }
   const auto now = Clock::now();
   for (auto& [wi, p] : parts) {
-    // Distinct rows in order; slots = most pairs of any row.
+    // Distinct rows in order of first use; slots = most pairs of any row.
     std::vector<int32_t> urows;
+    std::vector<int32_t> slot_of(c->T, -1);  // request row -> index in urows
     std::vector<int> count;
-    for (size_t i = 0; i < p.rows.size(); ++i) {
-      if (urows.empty() || urows.back() != p.rows[i]) {
-        auto it = std::find(urows.begin(), urows.end(), p.rows[i]);
-        if (it == urows.end()) {
-          urows.push_back(p.rows[i]);
-          count.push_back(0);
-        }
+    for (int32_t r : p.rows) {
+      if (slot_of[r] < 0) {
+        slot_of[r] = static_cast<int32_t>(urows.size());
+        urows.push_back(r);
+        count.push_back(0);
       }
-      ++count[std::find(urows.begin(), urows.end(), p.rows[i]) - urows.begin()];
+      ++count[slot_of[r]];
     }
     const int S = *std::max_element(count.begin(), count.end());
     pb::ExpertRequest req;
@@ -514,7 +516,7 @@ void MoeRouterService::Dispatch(const std::shared_ptr<LayerCall>& c, std::vector
     std::vector<float> ws(urows.size() * S, 0.0f);
     std::vector<int> fill(urows.size(), 0);
     for (size_t i = 0; i < p.rows.size(); ++i) {
-      const size_t r = std::find(urows.begin(), urows.end(), p.rows[i]) - urows.begin();
+      const size_t r = slot_of[p.rows[i]];
       ids[r * S + fill[r]] = p.experts[i];
       ws[r * S + fill[r]] = p.weights[i];
       ++fill[r];
@@ -556,10 +558,14 @@ void MoeRouterService::OnPart(const std::shared_ptr<LayerCall>& c, int wi,
                               pb::ExpertResponse* resp) {
   const WorkerConn& w = c->pool->worker(wi);
   if (st.ok() && resp->status().code() == pb::OK) {
-    // Distinct rows in the order they were sent.
+    // Distinct rows in order of first use: the order they were sent in.
     std::vector<int32_t> urows;
+    std::vector<bool> seen(c->T, false);
     for (int32_t r : rows) {
-      if (std::find(urows.begin(), urows.end(), r) == urows.end()) urows.push_back(r);
+      if (!seen[r]) {
+        seen[r] = true;
+        urows.push_back(r);
+      }
     }
     absl::Status v = svc::ValidateTensor(resp->output(), "worker output",
                                          {static_cast<int64_t>(urows.size()), c->H});
