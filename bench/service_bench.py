@@ -67,7 +67,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/service.md"))
-    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--inter", type=int, default=128)
     ap.add_argument("--requests", type=int, default=600)
     ap.add_argument("--duration", type=float, default=3.0)

@@ -26,16 +26,13 @@ class LoadgenTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.c = Cluster()
+        cls.addClassCleanup(cls.c.stop)  # also when setUpClass fails
         cls.c.write_map("workers:\n  - name: a\n    address: 127.0.0.1:{a}\n    experts: all\n")
         cls.c.start_worker("a")
         cls.r = cls.c.start_router()
         cl = MoeRouterClient(cls.r.address)
         wait_for(lambda: cl.describe(timeout=2).state == pb.STATE_SERVING, 20, "router ready")
         cl.close()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.c.stop()
 
     def test_bad_arguments(self):
         p = run("--target", self.r.address)

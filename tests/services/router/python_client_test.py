@@ -32,6 +32,7 @@ class PythonClientTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.c = Cluster()
+        cls.addClassCleanup(cls.c.stop)  # also when setUpClass fails
         cls.c.write_map(ONE_WORKER)
         cls.c.start_worker("a")
         cls.r = cls.c.start_router()
@@ -41,7 +42,6 @@ class PythonClientTest(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.client.close()
-        cls.c.stop()
 
     def test_describe(self):
         d = self.client.describe()
@@ -107,15 +107,12 @@ class TlsTest(unittest.TestCase):
         server_mtls = ["--tls-cert", k["server_cert"], "--tls-key", k["server_key"],
                        "--tls-ca", k["ca"], "--tls-require-client-cert"]
         cls.c = Cluster(worker_tls=server_mtls)
+        cls.addClassCleanup(cls.c.stop)  # also when setUpClass fails
         cls.c.write_map(ONE_WORKER)
         cls.c.start_worker("a")
         worker_client = ["--worker-tls-ca", k["ca"], "--worker-tls-cert", k["client_cert"],
                          "--worker-tls-key", k["client_key"]]
         cls.r = cls.c.start_router(worker_client, tls=server_mtls)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.c.stop()
 
     def client(self, cert=None, key=None, ca=None):
         k = self.certs

@@ -66,6 +66,7 @@ class RouterSystemTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.c = Cluster()
+        cls.addClassCleanup(cls.c.stop)  # also when setUpClass fails
         for n in ("a", "b", "b2"):
             cls.c.start_worker(n)
         cls.r = cls.c.start_router(["--default-deadline-ms", "3000"])
@@ -77,7 +78,6 @@ class RouterSystemTest(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.client.close()
-        cls.c.stop()
 
     def restart_worker(self, name):
         old = self.c.workers.get(name)
