@@ -139,7 +139,18 @@ void StripK(const Exl3LinearView& w, const float* xp, int T, int j0, int j1, flo
   const int kt = w.in_features / 16, n = w.out_features, S = j1 - j0;
   const KIndex& idx = *IndexFor(K);
   constexpr int kWords = 8 * K;  // u32 words per tile
-  alignas(32) uint32_t ext[kWords + 2 + 8];
+  // Two extended tile buffers: tile n+1 is copied while tile n is decoded, so the decoder's
+  // unaligned loads never hit stores still in flight (store-to-load forwarding fails on such
+  // partially overlapping loads and stalls for many cycles per group).
+  alignas(32) uint32_t ext_buf[2][kWords + 2 + 8];
+  auto fill = [&](uint32_t* e, int i, int s) {
+    std::memcpy(e + 1, reinterpret_cast<const uint32_t*>(w.tile(i, j0 + s)), kWords * 4);
+    e[0] = e[kWords];
+    e[kWords + 1] = e[1];
+  };
+  fill(ext_buf[0], 0, 0);
+  int cur = 0;
+  const uint32_t* ext = ext_buf[0];
   auto decode = [&](int g) { return DecodeGroup<CB>(ext, idx.g[g]); };
   thread_local std::vector<float> acc_buf;
   const size_t acc_floats = static_cast<size_t>(T) * S * 64;
@@ -148,16 +159,18 @@ void StripK(const Exl3LinearView& w, const float* xp, int T, int j0, int j1, flo
   std::fill(acc, acc + acc_floats, 0.0f);
   constexpr int kLines = (kWords * 4 + 63) / 64;  // cache lines per tile
   for (int i = 0; i < kt; ++i) {
-    const uint16_t* row = w.tile(i, j0);
     if (i + 2 < kt) {
       const char* next = reinterpret_cast<const char*>(w.tile(i + 2, j0));
       for (int l = 0; l < S * kLines; ++l) _mm_prefetch(next + 64 * l, _MM_HINT_T0);
     }
     for (int s = 0; s < S; ++s) {
-      const uint32_t* tw = reinterpret_cast<const uint32_t*>(row) + static_cast<size_t>(s) * kWords;
-      std::memcpy(ext + 1, tw, kWords * 4);
-      ext[0] = ext[kWords];
-      ext[kWords + 1] = ext[1];
+      ext = ext_buf[cur];
+      if (s + 1 < S) {
+        fill(ext_buf[cur ^ 1], i, s + 1);
+      } else if (i + 1 < kt) {
+        fill(ext_buf[cur ^ 1], i + 1, 0);
+      }
+      cur ^= 1;
       if (T == 1) {
         const float* xi = xp + static_cast<size_t>(i) * 32;
         const __m256 x0 = _mm256_loadu_ps(xi), x1 = _mm256_loadu_ps(xi + 8);
