@@ -105,16 +105,12 @@ inline __m512 DecodePair(const uint32_t* ext, const PairIndex& g) {
   return _mm512_cvtph_ps(_mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
-// acc8 (8 floats at `at`) += low half + high half of t.
-inline void Fold(float* at, __m512 t) {
-  const __m256 lo = _mm512_castps512_ps256(t);
-  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t), 1));
-  _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), _mm256_add_ps(lo, hi)));
-}
-
-inline void ReduceStore(const float* acc64, float* out16) {
+// acc128: [8 c0][16 lanes]; lanes l and l + 8 hold the same (row pair, column).
+inline void ReduceStore(const float* acc128, float* out16) {
   for (int c0 = 0; c0 < 8; ++c0) {
-    const float* l = acc64 + 8 * c0;
+    const float* a = acc128 + 16 * c0;
+    float l[8];
+    for (int k = 0; k < 8; ++k) l[k] = a[k] + a[k + 8];
     out16[c0] = (l[0] + l[1]) + (l[4] + l[5]);
     out16[c0 + 8] = (l[2] + l[3]) + (l[6] + l[7]);
   }
@@ -138,9 +134,9 @@ void StripK(const Exl3LinearView& w, const float* xp, int T, int j0, int j1, flo
   int cur = 0;
   const uint32_t* ext = ext_buf[0];
   thread_local std::vector<float> acc_buf;
-  const size_t acc_floats = static_cast<size_t>(T) * S * 64;
+  const size_t acc_floats = static_cast<size_t>(T) * S * 128;
   if (acc_buf.size() < acc_floats) acc_buf.resize(acc_floats);
-  float* acc = acc_buf.data();  // [T][S][8 c0][8 lanes], as the AVX2 path
+  float* acc = acc_buf.data();  // [T][S][8 c0][16 lanes]
   std::fill(acc, acc + acc_floats, 0.0f);
   constexpr int kLines = (kWords * 4 + 63) / 64;
   for (int i = 0; i < kt; ++i) {
@@ -159,11 +155,11 @@ void StripK(const Exl3LinearView& w, const float* xp, int T, int j0, int j1, flo
       if (T == 1) {
         const float* xi = xp + static_cast<size_t>(i) * 32;
         const __m512 x0 = _mm512_loadu_ps(xi), x1 = _mm512_loadu_ps(xi + 16);
-        float* at = acc + static_cast<size_t>(s) * 64;
+        float* at = acc + static_cast<size_t>(s) * 128;
         for (int c0 = 0; c0 < 8; ++c0) {
-          __m512 t = _mm512_mul_ps(DecodePair<CB>(ext, idx.p[2 * c0]), x0);
-          t = _mm512_fmadd_ps(DecodePair<CB>(ext, idx.p[2 * c0 + 1]), x1, t);
-          Fold(at + 8 * c0, t);
+          __m512 a = _mm512_loadu_ps(at + 16 * c0);
+          a = _mm512_fmadd_ps(DecodePair<CB>(ext, idx.p[2 * c0]), x0, a);
+          _mm512_storeu_ps(at + 16 * c0, _mm512_fmadd_ps(DecodePair<CB>(ext, idx.p[2 * c0 + 1]), x1, a));
         }
       } else {
         __m512 wv[16];
@@ -171,9 +167,11 @@ void StripK(const Exl3LinearView& w, const float* xp, int T, int j0, int j1, flo
         for (int t = 0; t < T; ++t) {
           const float* xi = xp + (static_cast<size_t>(t) * kt + i) * 32;
           const __m512 x0 = _mm512_loadu_ps(xi), x1 = _mm512_loadu_ps(xi + 16);
-          float* at = acc + (static_cast<size_t>(t) * S + s) * 64;
+          float* at = acc + (static_cast<size_t>(t) * S + s) * 128;
           for (int c0 = 0; c0 < 8; ++c0) {
-            Fold(at + 8 * c0, _mm512_fmadd_ps(wv[2 * c0 + 1], x1, _mm512_mul_ps(wv[2 * c0], x0)));
+            __m512 a = _mm512_loadu_ps(at + 16 * c0);
+            a = _mm512_fmadd_ps(wv[2 * c0], x0, a);
+            _mm512_storeu_ps(at + 16 * c0, _mm512_fmadd_ps(wv[2 * c0 + 1], x1, a));
           }
         }
       }
@@ -181,7 +179,7 @@ void StripK(const Exl3LinearView& w, const float* xp, int T, int j0, int j1, flo
   }
   for (int t = 0; t < T; ++t) {
     for (int s = 0; s < S; ++s) {
-      ReduceStore(acc + (static_cast<size_t>(t) * S + s) * 64, y + static_cast<size_t>(t) * n + 16 * (j0 + s));
+      ReduceStore(acc + (static_cast<size_t>(t) * S + s) * 128, y + static_cast<size_t>(t) * n + 16 * (j0 + s));
     }
   }
 }
