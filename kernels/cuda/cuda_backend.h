@@ -149,3 +149,15 @@ class MoeRunner {
 };
 
 }  // namespace exl3::cuda
+
+namespace exl3::cuda {
+
+// Conveniences for tools (exl3-tool --backend cuda): everything in host memory; uploads the
+// weights, runs on device 0, copies the result back and synchronises. Not for serving loops.
+absl::Status LinearForwardHost(const Exl3LinearView& host_w, const float* x, int m, float* y,
+                               Path path = Path::kAuto);
+// Assignments with per-token offsets are padded to the longest token's count with skipped ids.
+absl::Status MoeForwardHost(const MoeLayerView& host_layer, const float* x, const MoeAssignments& a,
+                            bool include_shared, float* y, Path path = Path::kAuto);
+
+}  // namespace exl3::cuda

@@ -1,4 +1,4 @@
-// Decode ceiling: the GEMV inner loop (lane words -> align -> states -> codebook -> 4 mma per tile)
+// Decode ceiling: the GEMV inner loop (lane words -> align -> states -> codebook -> 2 mma per tile)
 // with the words already in registers and no memory traffic. Its weights/s is the arithmetic
 // limit every decode kernel is judged against. Each iteration decodes 4 tiles (1024 weights per
 // warp); the words are advanced by an add so that nothing is loop-invariant.
@@ -28,7 +28,11 @@ __global__ void __launch_bounds__(256) DecodeCeilingKernel(const uint32_t* seeds
     for (int t = 0; t < 4; ++t) {
       uint32_t b[8];
       DecodeLaneRaw<K, CB>(w[t], slots.shift, mask, flip, pw, b);
-      MmaTileRaw(acc[t], even, odd, b);
+      // As the GEMV: decoded elements are the A fragment of W^T, 8 tokens on the n side.
+      const uint32_t ae[4] = {b[0], b[4], b[2], b[6]};
+      const uint32_t ao[4] = {b[1], b[5], b[3], b[7]};
+      Mma16816(acc[t][0], ae, even[0], even[1]);
+      Mma16816(acc[t][0], ao, odd[0], odd[1]);
 #pragma unroll
       for (int i = 0; i < NW; ++i) w[t][i] += 0x9E3779B9u;
     }

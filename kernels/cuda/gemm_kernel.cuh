@@ -44,6 +44,7 @@ __device__ __forceinline__ int GemmChunks(const GemvProblem& p) {
 template <int K, int CB>
 __global__ void __launch_bounds__(256, 2) GroupedGemmKernel(const GemvBatch batch) {
   __shared__ __align__(16) __half smem_a[2][kGemmBM * kGemmLda];
+  PdlEnter();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const LaneSlots<K> slots(lane);
   const int g = lane >> 2, c = lane & 3;
@@ -172,7 +173,7 @@ __global__ void __launch_bounds__(256, 2) GroupedGemmKernel(const GemvBatch batc
 
 template <int K, int CB>
 void LaunchGroupedGemm(const GemvBatch& batch, int grid, cudaStream_t stream) {
-  GroupedGemmKernel<K, CB><<<grid, 256, 0, stream>>>(batch);
+  LaunchPdl(GroupedGemmKernel<K, CB>, dim3(grid), dim3(256), stream, batch);
 }
 
 // Dequantisation: W_inner fp16 [k, n] row-major, one warp per tile, staged through shared memory

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/trellis_decode.cuh"
 
 namespace exl3::cuda {
@@ -61,6 +62,7 @@ template <int K, int CB>
 __global__ void __launch_bounds__(kGemvWarps * 32, 3) GroupedGemvKernel(const GemvBatch batch) {
   constexpr int kStageWords = kGemvNT * 8 * K;
   __shared__ __align__(16) uint32_t gemv_ring[kGemvWarps * kGemvStages * kStageWords];
+  PdlEnter();
   const int lane = threadIdx.x & 31;
   const int warp_global = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
   const int total_warps = gridDim.x * kGemvWarps;
@@ -114,10 +116,15 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) GroupedGemvKernel(const Ge
     const uint32_t* tiles = reinterpret_cast<const uint32_t*>(p.chunk_expert ? p.trellis[expert] : p.single) +
                             (static_cast<size_t>(kt0) * n_tiles + cg * kGemvNT) * (8 * K);
     const size_t k_stride = static_cast<size_t>(n_tiles) * (8 * K);  // words per row of tiles
-    const bool row_lo = g < rows, row_hi = g + 8 < rows;
-    const __half* a_lo = p.a + static_cast<size_t>(row0 + (row_lo ? g : 0)) * p.k + 2 * c;
-    const __half* a_hi = p.a + static_cast<size_t>(row0 + (row_hi ? g + 8 : 0)) * p.k + 2 * c;
+    // Operands swapped (y^T = W^T x^T): a lane's 8 decoded elements are exactly the A fragment of
+    // W^T for mma.m16n8k16 (16 output columns x 16 k), and the tokens are the n = 8 side, so one
+    // tile costs 2 mma (raw operands, see DecodeLaneRaw) per 8 tokens instead of 4.
+    const bool two = rows > 8;  // warp-uniform: a second set of 8 tokens
+    const bool tok_lo = g < rows, tok_hi = g + 8 < rows;
+    const __half* x_lo = p.a + static_cast<size_t>(row0 + (tok_lo ? g : 0)) * p.k + 2 * c;
+    const __half* x_hi = p.a + static_cast<size_t>(row0 + (tok_hi ? g + 8 : 0)) * p.k + 2 * c;
 
+    // acc[t][s]: tile t, token set s: {y[2c][g], y[2c+1][g], y[2c][g+8], y[2c+1][g+8]} (token, col).
     float acc[kGemvNT][2][4];
 #pragma unroll
     for (int t = 0; t < kGemvNT; ++t)
@@ -143,24 +150,34 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) GroupedGemvKernel(const Ge
     for (int s = 0; s < kGemvStages - 1; ++s) issue(kt0 + s);
 
     // MUL1: the raw operand is 1024 + byte sum; weight = scale * raw + bias, so the bias needs
-    // the row sums of A over this k-slice (one extra mma per k-step with B = ones).
-    float rowsum[4] = {0.f, 0.f, 0.f, 0.f};
+    // the token sums of x over this k-slice (one extra mma per k-step with A = ones).
+    float rowsum[2][4] = {};
+    const uint32_t ones[4] = {0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};
     const uint32_t mask = 0x8fff8fffu, flip = 0x3b603b60u;
-    uint32_t a_next[4];
-    auto load_a = [&](int kt, uint32_t (&a)[4]) {
+    uint32_t x_next[2][2];
+    auto load_x = [&](int kt, uint32_t (&x)[2][2]) {
       const int off = kt * 16;
-      a[0] = row_lo ? *reinterpret_cast<const uint32_t*>(a_lo + off) : 0u;
-      a[1] = row_hi ? *reinterpret_cast<const uint32_t*>(a_hi + off) : 0u;
-      a[2] = row_lo ? *reinterpret_cast<const uint32_t*>(a_lo + off + 8) : 0u;
-      a[3] = row_hi ? *reinterpret_cast<const uint32_t*>(a_hi + off + 8) : 0u;
+      x[0][0] = tok_lo ? *reinterpret_cast<const uint32_t*>(x_lo + off) : 0u;
+      x[0][1] = tok_lo ? *reinterpret_cast<const uint32_t*>(x_lo + off + 8) : 0u;
+      x[1][0] = tok_hi ? *reinterpret_cast<const uint32_t*>(x_hi + off) : 0u;
+      x[1][1] = tok_hi ? *reinterpret_cast<const uint32_t*>(x_hi + off + 8) : 0u;
     };
-    load_a(kt0, a_next);
+    load_x(kt0, x_next);
     for (int kt = kt0; kt < kt1; ++kt) {
-      uint32_t a[4] = {a_next[0], a_next[1], a_next[2], a_next[3]};
-      if (kt + 1 < kt1) load_a(kt + 1, a_next);
-      uint32_t even[4], odd[4];
-      SplitA(a, even, odd);
-      if constexpr (CB == kCbMul1) Mma16816(rowsum, a, 0x3c003c00u, 0x3c003c00u);
+      uint32_t x[2][2] = {{x_next[0][0], x_next[0][1]}, {x_next[1][0], x_next[1][1]}};
+      if (kt + 1 < kt1) load_x(kt + 1, x_next);
+      uint32_t even[2][2], odd[2][2];
+#pragma unroll
+      for (int s = 0; s < 2; ++s)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          even[s][i] = __byte_perm(x[s][i], x[s][i], 0x1010);
+          odd[s][i] = __byte_perm(x[s][i], x[s][i], 0x3232);
+        }
+      if constexpr (CB == kCbMul1) {
+        Mma16816(rowsum[0], ones, x[0][0], x[0][1]);
+        if (two) Mma16816(rowsum[1], ones, x[1][0], x[1][1]);
+      }
       CpAsyncWaitGroup<kGemvStages - 2>();
       __syncwarp();
       const uint32_t* stage = ring + ((kt - kt0) % kGemvStages) * kStageWords;
@@ -171,7 +188,14 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) GroupedGemvKernel(const Ge
         for (int i = 0; i < LaneSlots<K>::kWords; ++i) w[i] = stage[t * 8 * K + slots.idx[i]];
         uint32_t b[8];
         DecodeLaneRaw<K, CB>(w, slots.shift, mask, flip, batch.pow2, b);
-        MmaTileRaw(acc[t], even, odd, b);
+        const uint32_t ae[4] = {b[0], b[4], b[2], b[6]};
+        const uint32_t ao[4] = {b[1], b[5], b[3], b[7]};
+        Mma16816(acc[t][0], ae, even[0][0], even[0][1]);
+        Mma16816(acc[t][0], ao, odd[0][0], odd[0][1]);
+        if (two) {
+          Mma16816(acc[t][1], ae, even[1][0], even[1][1]);
+          Mma16816(acc[t][1], ao, odd[1][0], odd[1][1]);
+        }
       }
       __syncwarp();
       issue(kt + kGemvStages - 1);
@@ -183,26 +207,27 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) GroupedGemvKernel(const Ge
 #pragma unroll
       for (int t = 0; t < kGemvNT; ++t)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+        for (int s = 0; s < 2; ++s)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) acc[t][h][i] = fmaf(scale, acc[t][h][i], bias * rowsum[i]);
+          for (int i = 0; i < 4; ++i) acc[t][s][i] = fmaf(scale, acc[t][s][i], bias * rowsum[s][i & 1]);
     }
 
-    // acc[t][h]: rows g (i=0,1) and g+8 (i=2,3), columns 16*(cg*NT+t) + 8h + 2c + {0,1}.
-    float* y_lo = p.y + static_cast<size_t>(row0 + g) * p.n;
-    float* y_hi = p.y + static_cast<size_t>(row0 + g + 8) * p.n;
 #pragma unroll
-    for (int t = 0; t < kGemvNT; ++t) {
+    for (int s = 0; s < 2; ++s) {
+      if (s == 1 && !two) break;
+      const int t0 = 8 * s + 2 * c, t1 = t0 + 1;  // token rows inside the chunk
+      float* y0 = p.y + static_cast<size_t>(row0 + t0) * p.n;
+      float* y1 = p.y + static_cast<size_t>(row0 + t1) * p.n;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int col = 16 * (cg * kGemvNT + t) + 8 * h + 2 * c;
-        if (row_lo) {
-          atomicAdd(y_lo + col, acc[t][h][0]);
-          atomicAdd(y_lo + col + 1, acc[t][h][1]);
+      for (int t = 0; t < kGemvNT; ++t) {
+        const int col = 16 * (cg * kGemvNT + t) + g;
+        if (t0 < rows) {
+          atomicAdd(y0 + col, acc[t][s][0]);
+          atomicAdd(y0 + col + 8, acc[t][s][2]);
         }
-        if (row_hi) {
-          atomicAdd(y_hi + col, acc[t][h][2]);
-          atomicAdd(y_hi + col + 1, acc[t][h][3]);
+        if (t1 < rows) {
+          atomicAdd(y1 + col, acc[t][s][1]);
+          atomicAdd(y1 + col + 8, acc[t][s][3]);
         }
       }
     }
@@ -211,7 +236,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) GroupedGemvKernel(const Ge
 
 template <int K, int CB>
 void LaunchGroupedGemv(const GemvBatch& batch, int grid, cudaStream_t stream) {
-  GroupedGemvKernel<K, CB><<<grid, kGemvWarps * 32, 0, stream>>>(batch);
+  LaunchPdl(GroupedGemvKernel<K, CB>, dim3(grid), dim3(kGemvWarps * 32), stream, batch);
 }
 
 }  // namespace exl3::cuda

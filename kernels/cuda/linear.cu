@@ -17,6 +17,7 @@
 #include "kernels/cuda/backend_internal.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/kernel_dispatch.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/transform_kernels.cuh"
 
 namespace exl3::cuda {
@@ -29,6 +30,7 @@ namespace exl3::cuda {
 __global__ void __launch_bounds__(128) InputTransformKernel(const float* __restrict__ x, int rows, int k,
                                                             const uint16_t* __restrict__ suh, __half* __restrict__ a,
                                                             float* __restrict__ zero_y, int zero_n) {
+  PdlEnter();
   const int lane = threadIdx.x & 31;
   const int w = blockIdx.x * 4 + (threadIdx.x >> 5);
   const int per_row = k / 128;
@@ -47,6 +49,7 @@ __global__ void __launch_bounds__(128) InputTransformKernel(const float* __restr
 __global__ void __launch_bounds__(128) OutputTransformKernel(float* __restrict__ y, int rows, int n,
                                                              const uint16_t* __restrict__ svh,
                                                              const uint16_t* __restrict__ bias) {
+  PdlEnter();
   const int lane = threadIdx.x & 31;
   const int w = blockIdx.x * 4 + (threadIdx.x >> 5);
   const int per_row = n / 128;
@@ -63,7 +66,7 @@ absl::Status LaunchInputTransform(const float* x, int rows, int k, const uint16_
                                   float* zero_y, int zero_n, cudaStream_t stream) {
   if (rows == 0) return absl::OkStatus();
   const int blocks = (rows * (k / 128) + 3) / 4;
-  InputTransformKernel<<<blocks, 128, 0, stream>>>(x, rows, k, suh, a, zero_y, zero_n);
+  LaunchPdl(InputTransformKernel, dim3(blocks), dim3(128), stream, x, rows, k, suh, a, zero_y, zero_n);
   EXL3_CUDA_CHECK_LAUNCH("InputTransformKernel");
   return absl::OkStatus();
 }
@@ -72,7 +75,7 @@ absl::Status LaunchOutputTransform(float* y, int rows, int n, const uint16_t* sv
                                    cudaStream_t stream) {
   if (rows == 0) return absl::OkStatus();
   const int blocks = (rows * (n / 128) + 3) / 4;
-  OutputTransformKernel<<<blocks, 128, 0, stream>>>(y, rows, n, svh, bias);
+  LaunchPdl(OutputTransformKernel, dim3(blocks), dim3(128), stream, y, rows, n, svh, bias);
   EXL3_CUDA_CHECK_LAUNCH("OutputTransformKernel");
   return absl::OkStatus();
 }

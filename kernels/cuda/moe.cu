@@ -22,6 +22,7 @@
 #include "kernels/cuda/backend_internal.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/kernel_dispatch.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/transform_kernels.cuh"
 
 namespace exl3::cuda {
@@ -210,6 +211,7 @@ __global__ void __launch_bounds__(kRouteThreads) RouteKernel(const int32_t* __re
   __shared__ int count[kMaxExperts];
   __shared__ unsigned long long scan[kMaxExperts];  // (chunks << 32) | rows, exclusive prefix
   __shared__ unsigned long long warp_tot[32];
+  PdlEnter();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   for (int e = tid; e < num_experts; e += kRouteThreads) count[e] = 0;
   __syncthreads();
@@ -305,6 +307,7 @@ struct MoeDims {
 __global__ void __launch_bounds__(128) MoeInputKernel(const float* __restrict__ x, MoeDims d, ProjTable gate,
                                                       ProjTable up, ProjTable sgate, ProjTable sup,
                                                       const float* shared_gate_vec, RouteOut r, MoeBuffers b) {
+  PdlEnter();
   const int lane = threadIdx.x & 31;
   const int per_row = d.hidden / 128;
   const int w = blockIdx.x * 4 + (threadIdx.x >> 5);
@@ -368,6 +371,7 @@ __device__ __forceinline__ float SiluMul(float g, float u, float limit) {
 __global__ void __launch_bounds__(128) MoeMidKernel(MoeDims d, ProjTable gate, ProjTable up, ProjTable down,
                                                     ProjTable sgate, ProjTable sup, ProjTable sdown, RouteOut r,
                                                     MoeBuffers b) {
+  PdlEnter();
   const int lane = threadIdx.x & 31;
   const int per_row = max(d.inter, d.shared_inter) / 128;
   const int w = blockIdx.x * 4 + (threadIdx.x >> 5);
@@ -414,6 +418,7 @@ __global__ void __launch_bounds__(128) MoeMidKernel(MoeDims d, ProjTable gate, P
 // One warp per (token, 128-block of hidden): out = sum over the token's assignments + shared.
 __global__ void __launch_bounds__(128) MoeCombineKernel(MoeDims d, ProjTable down, ProjTable sdown, RouteOut r,
                                                         MoeBuffers b, float* __restrict__ out) {
+  PdlEnter();
   const int lane = threadIdx.x & 31;
   const int per_row = d.hidden / 128;
   const int w = blockIdx.x * 4 + (threadIdx.x >> 5);
@@ -615,12 +620,13 @@ absl::Status MoeRunner::Forward(const float* x, int T, const int32_t* ids, const
   // Chunks of 16 rows (GEMV) while experts see few tokens; 128-row chunks (prefill GEMM) beyond.
   const bool gemm = R.path == Path::kNative && T > 64;
   const int chunk = gemm ? kGemmBM : 16;
-  RouteKernel<<<1, kRouteThreads, 0, stream>>>(ids, weights, T * R.topk, R.topk, L.num_experts, L.gate.trellis,
-                                               chunk, R.route);
+  LaunchPdl(RouteKernel, dim3(1), dim3(kRouteThreads), stream, ids, weights, T * R.topk, R.topk, L.num_experts,
+            static_cast<const uint16_t* const*>(L.gate.trellis), chunk, R.route);
   EXL3_CUDA_CHECK_LAUNCH("RouteKernel");
   MoeDims d{T, R.topk, L.hidden, L.inter, shared ? L.shared_inter : 0, L.limit, L.shared_limit, shared ? 1 : 0};
   const int rows = T * R.topk + (shared ? T : 0);
-  MoeInputKernel<<<(rows * (L.hidden / 128) + 3) / 4, 128, 0, stream>>>(x, d, L.gate, L.up, L.sgate, L.sup, L.shared_gate_vec, R.route, R.buf);
+  LaunchPdl(MoeInputKernel, dim3((rows * (L.hidden / 128) + 3) / 4), dim3(128), stream, x, d, L.gate, L.up, L.sgate,
+            L.sup, L.shared_gate_vec, R.route, R.buf);
   EXL3_CUDA_CHECK_LAUNCH("MoeInputKernel");
 
   auto routed = [&](const ProjTable& t, const __half* a, float* y) {
@@ -657,7 +663,8 @@ absl::Status MoeRunner::Forward(const float* x, int T, const int32_t* ids, const
   }
   EXL3_RETURN_IF_ERROR(R.Projections(gemm, probs, tabs, np, T, stream));
   const int mid_per_row = std::max(L.inter, shared ? L.shared_inter : 0) / 128;
-  MoeMidKernel<<<(rows * mid_per_row + 3) / 4, 128, 0, stream>>>(d, L.gate, L.up, L.down, L.sgate, L.sup, L.sdown, R.route, R.buf);
+  LaunchPdl(MoeMidKernel, dim3((rows * mid_per_row + 3) / 4), dim3(128), stream, d, L.gate, L.up, L.down, L.sgate,
+            L.sup, L.sdown, R.route, R.buf);
   EXL3_CUDA_CHECK_LAUNCH("MoeMidKernel");
   np = 0;
   probs[np] = routed(L.down, R.buf.a_down, R.buf.y_down); tabs[np++] = &L.down;
@@ -665,7 +672,8 @@ absl::Status MoeRunner::Forward(const float* x, int T, const int32_t* ids, const
     probs[np] = shared_prob(L.sdown, R.buf.sa_down, R.buf.sy_down); probs[np].single = L.sdown.host_trellis[0]; tabs[np++] = &L.sdown;
   }
   EXL3_RETURN_IF_ERROR(R.Projections(gemm, probs, tabs, np, T, stream));
-  MoeCombineKernel<<<(T * (L.hidden / 128) + 3) / 4, 128, 0, stream>>>(d, L.down, L.sdown, R.route, R.buf, out);
+  LaunchPdl(MoeCombineKernel, dim3((T * (L.hidden / 128) + 3) / 4), dim3(128), stream, d, L.down, L.sdown, R.route,
+            R.buf, out);
   EXL3_CUDA_CHECK_LAUNCH("MoeCombineKernel");
   return absl::OkStatus();
 }

@@ -61,7 +61,8 @@ if want bench; then
   echo "=== exl3-bench"
   for b in ${BENCHES:-ceiling gemv moe gemm}; do
     [ "$QUICK" = 1 ] && [ "$b" = gemm ] && continue
-    timeout 240 "$BIN"/exl3-bench $b --json "$OUT/bench-$b.json" > "$OUT/bench-$b.log" 2>&1; echo "$b exit $?"
+    extra=""; [ "$b" = moe ] && extra="--stack ${STACK:-0}"  # STACK=42: the GLM-5.3-Flash layer stack
+    timeout 300 "$BIN"/exl3-bench $b --json "$OUT/bench-$b.json" $extra > "$OUT/bench-$b.log" 2>&1; echo "$b exit $?"
     cat "$OUT/bench-$b.log"
   done
 fi
