@@ -28,7 +28,8 @@ ABSL_FLAG(std::string, target, "127.0.0.1:50061", "worker HOST:PORT");
 ABSL_FLAG(int, requests, 0, "traffic mode: requests to send in total");
 ABSL_FLAG(int, streams, 4, "traffic mode: concurrent streams");
 ABSL_FLAG(int, tokens, 4, "traffic mode: tokens per request (1..tokens)");
-ABSL_FLAG(int, decode_streams, 0, "decode mode: closed-loop T=1 streams");
+ABSL_FLAG(int, decode_streams, 0,
+          "decode mode: closed-loop T=1 streams (0 with --prefill-tokens: time the prefill alone)");
 ABSL_FLAG(double, duration_s, 5, "decode mode: seconds of idle measurement");
 ABSL_FLAG(int, prefill_tokens, 65536, "decode mode: tokens of the concurrent prefill request");
 ABSL_FLAG(int, seed, 1, "random seed");
@@ -170,8 +171,23 @@ int main(int argc, char** argv) {
 
   const int nd = absl::GetFlag(FLAGS_decode_streams);
   if (nd <= 0) {
-    std::fprintf(stderr, "exl3-worker-probe: give --requests N or --decode-streams N\n");
-    return 2;
+    // Prefill alone: the throughput baseline for the decode-under-prefill numbers.
+    std::mt19937 rng(99);
+    const int P = absl::GetFlag(FLAGS_prefill_tokens);
+    const pb::ExpertRequest req = Random(rng, sh, 1, sh.layers[0], P, pb::DTYPE_FP16, pb::DTYPE_FP16);
+    grpc::ClientContext ctx;
+    auto rw = stub->Forward(&ctx);
+    const auto t0 = Clock::now();
+    pb::ExpertResponse r;
+    rw->Write(req);
+    rw->WritesDone();
+    rw->Read(&r);
+    rw->Finish();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::printf("prefill alone: %d tokens on layer %d in %.2f s (%.0f tokens/s), status %s, %u chunks\n",
+                P, sh.layers[0], s, P / s, r.status().code() == pb::OK ? "OK" : r.status().message().c_str(),
+                r.timings().chunks());
+    return r.status().code() == pb::OK ? 0 : 1;
   }
   int errors = 0;
   std::atomic<bool> stop{false};
