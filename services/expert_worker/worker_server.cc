@@ -158,6 +158,9 @@ class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::Expe
     std::lock_guard<std::mutex> l(mu_);
     if (finished_) {
       reads_done_ = true;
+    } else if (ids_.size() + queue_.size() >= kMaxBacklog) {
+      // Backpressure: a client that does not read its answers stops being read from.
+      read_paused_ = true;
     } else {
       StartRead(&req_);
     }
@@ -166,6 +169,10 @@ class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::Expe
   void OnWriteDone(bool ok) override {
     std::unique_lock<std::mutex> l(mu_);
     queue_.pop_front();
+    if (ok && read_paused_ && !finished_ && ids_.size() + queue_.size() < kMaxBacklog / 2) {
+      read_paused_ = false;
+      StartRead(&req_);
+    }
     if (!ok) {
       // The peer is gone: nothing more can be delivered.
       broken_ = true;
@@ -238,6 +245,9 @@ class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::Expe
     Finish(st);
   }
 
+  // Requests in flight plus answers not yet written, per stream, before reading pauses.
+  static constexpr size_t kMaxBacklog = 4096;
+
   WorkerServer* w_;
   grpc::CallbackServerContext* ctx_;
   Clock::time_point stream_deadline_ = Clock::time_point::max();
@@ -248,6 +258,7 @@ class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::Expe
   std::deque<ResponsePtr> queue_;      // front is being written when writing_
   bool writing_ = false;
   bool reads_done_ = false;
+  bool read_paused_ = false;
   bool broken_ = false;
   bool finished_ = false;
   bool done_ = false;
