@@ -110,7 +110,7 @@ TileEncoder::TileEncoder(int K, Codebook cb, bool allow_simd)
   use_avx2_ = allow_simd && CpuHasAvx2();
   // Pass 1's half-window: at low K the path's memory is long (the state holds 16/K elements), at
   // high K short; these were chosen on the quality table (bench/results/encoder.md).
-  window_ = K <= 5 ? 128 : 32;
+  window_ = K <= 5 ? 128 : 64;
   if (const char* w = std::getenv("EXL3_ENCODER_WINDOW")) window_ = std::clamp(std::atoi(w), 8, 128);
 #else
   use_avx2_ = false;
@@ -170,7 +170,15 @@ double TileEncoder::Encode(const float* x_stream, uint16_t* words, float* decode
             states);
   const uint32_t overlap = states[W - 1] & low_mask;  // rotated index W-1 is element 255
 
+  return EncodeWithOverlap(x_stream, overlap, words, decoded);
+}
+
+double TileEncoder::EncodeWithOverlap(const float* x_stream, uint32_t overlap, uint16_t* words,
+                                      float* decoded) {
   // Pass 2: elements 0..255 with the overlap bits fixed at the wrap point on both sides.
+  const int shift = 16 - K_;
+  overlap &= static_cast<uint32_t>(R_ - 1);
+  uint32_t states[kTileElems];
   std::fill(m_.begin(), m_.end(), kBig);
   m_[overlap] = 0.0f;
   Pass(x_stream, kTileElems, /*record=*/true);

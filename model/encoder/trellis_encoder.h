@@ -8,7 +8,7 @@
 //
 // Encoding a tile is two Viterbi passes over all 65536 states:
 //   1. unconstrained, over a window of the tile rotated so that the wrap-around point 255 -> 0
-//      sits in its middle (elements 256-W..255, 0..W-1; W = 128 for K <= 5, 32 above, where
+//      sits in its middle (elements 256-W..255, 0..W-1; W = 128 for K <= 5, 64 above, where
 //      the path's memory is short); backtracking it gives a well-informed guess of the 16-K
 //      overlap bits at the wrap point;
 //   2. the real pass over elements 0..255 with state_0's high bits and state_255's low bits
@@ -44,6 +44,12 @@ class TileEncoder {
   // If `decoded` is non-null it receives the chosen codebook values in stream order (exactly
   // what the decoder will produce). Returns the sum of squared errors over the tile.
   double Encode(const float* x_stream, uint16_t* words, float* decoded = nullptr);
+
+  // Pass 2 alone: the optimal tail-biting path whose wrap-around overlap (the low 16-K bits of
+  // state 255 = the high 16-K bits of state 0) is `overlap`. Encode = this with pass 1's guess;
+  // the minimum over all overlaps is the true optimum (tests check Encode against it at K = 8).
+  double EncodeWithOverlap(const float* x_stream, uint32_t overlap, uint16_t* words,
+                           float* decoded = nullptr);
 
  private:
   // One pass of the Viterbi recursion over `num` values of `x`, starting from incoming costs

@@ -4,6 +4,7 @@
 
 #include "model/encoder/layer_quantizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -81,6 +82,20 @@ TEST(TileEncoder, SimdAndPortablePathsAgree) {
       const TilePos p = StreamElementPosition(e);
       ASSERT_EQ(decoded[p.row * 16 + p.col], chosen[e]);
     }
+  }
+}
+
+// At K = 8 there are only 256 possible wrap-around overlaps, so the true tail-biting optimum is
+// the best of 256 constrained passes: the two-pass encoder should find it (or come within a hair).
+TEST(TileEncoder, FindsTheTailBitingOptimumAtK8) {
+  for (Codebook cb : {Codebook::k3Inst, Codebook::kMul1}) {
+    std::vector<float> x = GaussianTiles(1, DefaultGlobalScale(8, cb), 99 + static_cast<int>(cb));
+    TileEncoder enc(8, cb);
+    std::vector<uint16_t> words(16 * 8);
+    const double ours = enc.Encode(x.data(), words.data());
+    double best = 1e30;
+    for (uint32_t r = 0; r < 256; ++r) best = std::min(best, enc.EncodeWithOverlap(x.data(), r, words.data()));
+    EXPECT_LE(ours, best * 1.002) << CodebookName(cb) << ": ours " << ours << " optimum " << best;
   }
 }
 
