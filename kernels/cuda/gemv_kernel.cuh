@@ -1,9 +1,9 @@
 // Grouped EXL3 GEMV on tensor cores: y[rows, n] += A[rows, k] (fp16, already input-transformed)
 // times W_inner [k, n] decoded in registers from the trellis. Used for dense GEMV (one problem,
 // implicit row chunks), batched active-expert GEMV and the MoE decode projections (chunks of up to
-// 16 rows of one expert, built on the device by the routing kernel).
+// 8 rows of one expert, built on the device by the routing kernel).
 //
-// Work unit (one warp): one row chunk (<= 16 rows: the M of mma.m16n8k16), kNT consecutive 16-wide
+// Work unit (one warp): one row chunk (<= 8 rows: the N of mma.m16n8k16), kNT consecutive 16-wide
 // column tiles, and a slice of k. The warp decodes each tile once into mma B fragments and issues
 // 2 mma per tile; partial sums go to y with fp32 atomics (y is zeroed earlier in the sequence).
 // Units are spread over all warps of the grid by static striding, so any number of active experts
@@ -21,6 +21,7 @@ namespace exl3::cuda {
 
 inline constexpr int kGemvWarps = 8;   // warps per block
 inline constexpr int kGemvNT = 4;      // column tiles per work unit (64 columns)
+inline constexpr int kGemvRows = 8;    // rows (tokens) per chunk: the n = 8 side of the mma
 inline constexpr int kGemvStages = 4;  // cp.async pipeline depth (k-steps in flight per warp)
 inline constexpr int kMaxProblems = 4;
 inline constexpr int kGemmBM = 128;    // rows per prefill GEMM unit (gemm_kernel.cuh)
@@ -47,7 +48,7 @@ struct GemvBatch {
 };
 
 __device__ __forceinline__ int ProblemChunks(const GemvProblem& p) {
-  return p.chunk_expert ? *p.num_chunks : (p.rows + 15) / 16;
+  return p.chunk_expert ? *p.num_chunks : (p.rows + kGemvRows - 1) / kGemvRows;
 }
 
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
@@ -59,7 +60,7 @@ template <int N>
 __device__ __forceinline__ void CpAsyncWaitGroup() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 template <int K, int CB>
-__global__ void __launch_bounds__(kGemvWarps * 32, 3) GroupedGemvKernel(const GemvBatch batch) {
+__global__ void __launch_bounds__(kGemvWarps * 32, 4) GroupedGemvKernel(const GemvBatch batch) {
   constexpr int kStageWords = kGemvNT * 8 * K;
   __shared__ __align__(16) uint32_t gemv_ring[kGemvWarps * kGemvStages * kStageWords];
   PdlEnter();
@@ -107,8 +108,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) GroupedGemvKernel(const Ge
       rows = p.chunk_rows[chunk];
     } else {
       expert = 0;
-      row0 = chunk * 16;
-      rows = min(16, p.rows - row0);
+      row0 = chunk * kGemvRows;
+      rows = min(kGemvRows, p.rows - row0);
     }
     const int kt0 = ks * p.k_tiles_per_unit;
     const int kt1 = min(k_tiles, kt0 + p.k_tiles_per_unit);
@@ -118,20 +119,16 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) GroupedGemvKernel(const Ge
     const size_t k_stride = static_cast<size_t>(n_tiles) * (8 * K);  // words per row of tiles
     // Operands swapped (y^T = W^T x^T): a lane's 8 decoded elements are exactly the A fragment of
     // W^T for mma.m16n8k16 (16 output columns x 16 k), and the tokens are the n = 8 side, so one
-    // tile costs 2 mma (raw operands, see DecodeLaneRaw) per 8 tokens instead of 4.
-    const bool two = rows > 8;  // warp-uniform: a second set of 8 tokens
-    const bool tok_lo = g < rows, tok_hi = g + 8 < rows;
-    const __half* x_lo = p.a + static_cast<size_t>(row0 + (tok_lo ? g : 0)) * p.k + 2 * c;
-    const __half* x_hi = p.a + static_cast<size_t>(row0 + (tok_hi ? g + 8 : 0)) * p.k + 2 * c;
+    // tile costs 2 mma (raw operands, see DecodeLaneRaw) per chunk of up to 8 tokens.
+    const bool tok_ok = g < rows;
+    const __half* x_row = p.a + static_cast<size_t>(row0 + (tok_ok ? g : 0)) * p.k + 2 * c;
 
-    // acc[t][s]: tile t, token set s: {y[2c][g], y[2c+1][g], y[2c][g+8], y[2c+1][g+8]} (token, col).
-    float acc[kGemvNT][2][4];
+    // acc[t]: tile t: {y[2c][g], y[2c+1][g], y[2c][g+8], y[2c+1][g+8]} (token, column).
+    float acc[kGemvNT][4];
 #pragma unroll
     for (int t = 0; t < kGemvNT; ++t)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[t][h][i] = 0.f;
+      for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
 
     // The unit's trellis words stream through a per-warp shared-memory ring (cp.async, kStages
     // deep): a k-step's kNT tiles are contiguous (8K * kNT words), so one 16-byte copy per lane
@@ -151,33 +148,26 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) GroupedGemvKernel(const Ge
 
     // MUL1: the raw operand is 1024 + byte sum; weight = scale * raw + bias, so the bias needs
     // the token sums of x over this k-slice (one extra mma per k-step with A = ones).
-    float rowsum[2][4] = {};
+    float rowsum[4] = {0.f, 0.f, 0.f, 0.f};
     const uint32_t ones[4] = {0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};
     const uint32_t mask = 0x8fff8fffu, flip = 0x3b603b60u;
-    uint32_t x_next[2][2];
-    auto load_x = [&](int kt, uint32_t (&x)[2][2]) {
+    uint32_t x_next[2];
+    auto load_x = [&](int kt, uint32_t (&x)[2]) {
       const int off = kt * 16;
-      x[0][0] = tok_lo ? *reinterpret_cast<const uint32_t*>(x_lo + off) : 0u;
-      x[0][1] = tok_lo ? *reinterpret_cast<const uint32_t*>(x_lo + off + 8) : 0u;
-      x[1][0] = tok_hi ? *reinterpret_cast<const uint32_t*>(x_hi + off) : 0u;
-      x[1][1] = tok_hi ? *reinterpret_cast<const uint32_t*>(x_hi + off + 8) : 0u;
+      x[0] = tok_ok ? *reinterpret_cast<const uint32_t*>(x_row + off) : 0u;
+      x[1] = tok_ok ? *reinterpret_cast<const uint32_t*>(x_row + off + 8) : 0u;
     };
     load_x(kt0, x_next);
     for (int kt = kt0; kt < kt1; ++kt) {
-      uint32_t x[2][2] = {{x_next[0][0], x_next[0][1]}, {x_next[1][0], x_next[1][1]}};
+      const uint32_t x[2] = {x_next[0], x_next[1]};
       if (kt + 1 < kt1) load_x(kt + 1, x_next);
-      uint32_t even[2][2], odd[2][2];
+      uint32_t even[2], odd[2];
 #pragma unroll
-      for (int s = 0; s < 2; ++s)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          even[s][i] = __byte_perm(x[s][i], x[s][i], 0x1010);
-          odd[s][i] = __byte_perm(x[s][i], x[s][i], 0x3232);
-        }
-      if constexpr (CB == kCbMul1) {
-        Mma16816(rowsum[0], ones, x[0][0], x[0][1]);
-        if (two) Mma16816(rowsum[1], ones, x[1][0], x[1][1]);
+      for (int i = 0; i < 2; ++i) {
+        even[i] = __byte_perm(x[i], x[i], 0x1010);
+        odd[i] = __byte_perm(x[i], x[i], 0x3232);
       }
+      if constexpr (CB == kCbMul1) Mma16816(rowsum, ones, x[0], x[1]);
       CpAsyncWaitGroup<kGemvStages - 2>();
       __syncwarp();
       const uint32_t* stage = ring + ((kt - kt0) % kGemvStages) * kStageWords;
@@ -190,12 +180,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) GroupedGemvKernel(const Ge
         DecodeLaneRaw<K, CB>(w, slots.shift, mask, flip, batch.pow2, b);
         const uint32_t ae[4] = {b[0], b[4], b[2], b[6]};
         const uint32_t ao[4] = {b[1], b[5], b[3], b[7]};
-        Mma16816(acc[t][0], ae, even[0][0], even[0][1]);
-        Mma16816(acc[t][0], ao, odd[0][0], odd[0][1]);
-        if (two) {
-          Mma16816(acc[t][1], ae, even[1][0], even[1][1]);
-          Mma16816(acc[t][1], ao, odd[1][0], odd[1][1]);
-        }
+        Mma16816(acc[t], ae, even[0], even[1]);
+        Mma16816(acc[t], ao, odd[0], odd[1]);
       }
       __syncwarp();
       issue(kt + kGemvStages - 1);
@@ -207,28 +193,22 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) GroupedGemvKernel(const Ge
 #pragma unroll
       for (int t = 0; t < kGemvNT; ++t)
 #pragma unroll
-        for (int s = 0; s < 2; ++s)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[t][s][i] = fmaf(scale, acc[t][s][i], bias * rowsum[s][i & 1]);
+        for (int i = 0; i < 4; ++i) acc[t][i] = fmaf(scale, acc[t][i], bias * rowsum[i & 1]);
     }
 
+    const int t0 = 2 * c, t1 = t0 + 1;  // token rows inside the chunk
+    float* y0 = p.y + static_cast<size_t>(row0 + t0) * p.n;
+    float* y1 = p.y + static_cast<size_t>(row0 + t1) * p.n;
 #pragma unroll
-    for (int s = 0; s < 2; ++s) {
-      if (s == 1 && !two) break;
-      const int t0 = 8 * s + 2 * c, t1 = t0 + 1;  // token rows inside the chunk
-      float* y0 = p.y + static_cast<size_t>(row0 + t0) * p.n;
-      float* y1 = p.y + static_cast<size_t>(row0 + t1) * p.n;
-#pragma unroll
-      for (int t = 0; t < kGemvNT; ++t) {
-        const int col = 16 * (cg * kGemvNT + t) + g;
-        if (t0 < rows) {
-          atomicAdd(y0 + col, acc[t][s][0]);
-          atomicAdd(y0 + col + 8, acc[t][s][2]);
-        }
-        if (t1 < rows) {
-          atomicAdd(y1 + col, acc[t][s][1]);
-          atomicAdd(y1 + col + 8, acc[t][s][3]);
-        }
+    for (int t = 0; t < kGemvNT; ++t) {
+      const int col = 16 * (cg * kGemvNT + t) + g;
+      if (t0 < rows) {
+        atomicAdd(y0 + col, acc[t][0]);
+        atomicAdd(y0 + col + 8, acc[t][2]);
+      }
+      if (t1 < rows) {
+        atomicAdd(y1 + col, acc[t][1]);
+        atomicAdd(y1 + col + 8, acc[t][3]);
       }
     }
   }

@@ -2,7 +2,7 @@
 // decode/prefill launch sequence (one CUDA stream, no host synchronisation, no allocation):
 //   1. RouteKernel        top-k ids/weights -> slots grouped by expert, row chunks per expert
 //   2. MoeInputKernel     per slot: x ⊙ suh_gate/up · H -> fp16 A (and the shared expert's rows)
-//   3. gate+up            GroupedGemv (<= 16-row chunks) or GroupedGemm (128-row chunks), all
+//   3. gate+up            GroupedGemv (<= 8-row chunks) or GroupedGemm (128-row chunks), all
 //                         active experts and the shared expert in one launch per (K, codebook)
 //   4. MoeMidKernel       output transforms, SwiGLU (+clamp), down's input transform -> fp16 A
 //   5. down               as 3
@@ -590,7 +590,7 @@ absl::Status MoeRunner::Impl::Projections(bool gemm, const GemvProblem* probs, c
       if (done[j] || tables[j]->bits != tables[i]->bits || tables[j]->cb != tables[i]->cb) continue;
       done[j] = true;
       GemvProblem q = probs[j];
-      const int chunks = q.chunk_expert ? std::min(max_chunks, T * topk) : (q.rows + 15) / 16;
+      const int chunks = q.chunk_expert ? std::min(max_chunks, T * topk) : (q.rows + kGemvRows - 1) / kGemvRows;
       q.k_tiles_per_unit = GemvKTilesPerUnit(q.k, q.n, std::max(1, std::min(chunks, L->held)), sm_count);
       units += static_cast<long>(q.chunk_expert ? std::min(L->held, T * topk) : (q.rows + kGemmBM - 1) / kGemmBM) *
                (q.n / 128);
@@ -617,9 +617,9 @@ absl::Status MoeRunner::Forward(const float* x, int T, const int32_t* ids, const
   if (T == 0) return absl::OkStatus();
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   const bool shared = include_shared && L.has_shared;
-  // Chunks of 16 rows (GEMV) while experts see few tokens; 128-row chunks (prefill GEMM) beyond.
+  // Chunks of 8 rows (GEMV) while experts see few tokens; 128-row chunks (prefill GEMM) beyond.
   const bool gemm = R.path == Path::kNative && T > 64;
-  const int chunk = gemm ? kGemmBM : 16;
+  const int chunk = gemm ? kGemmBM : kGemvRows;
   LaunchPdl(RouteKernel, dim3(1), dim3(kRouteThreads), stream, ids, weights, T * R.topk, R.topk, L.num_experts,
             static_cast<const uint16_t* const*>(L.gate.trellis), chunk, R.route);
   EXL3_CUDA_CHECK_LAUNCH("RouteKernel");

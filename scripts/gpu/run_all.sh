@@ -3,7 +3,7 @@
 # device facts, the correctness sweep (exl3-cuda-check), compute-sanitizer memcheck + racecheck on
 # a small sweep, SASS instruction counts of the decode loop, and the benchmarks with --json.
 # Binaries come from .gpu-deps/ (scripts/gpu/bundle.sh); with --build they are built here instead.
-# Usage: scripts/gpu/run_all.sh [--build] [--quick] [--only check|bench|sanitize|sass]...
+# Usage: scripts/gpu/run_all.sh [--build] [--quick] [--only check|bench|sanitize|sass|ncu]...
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
@@ -56,6 +56,13 @@ if want sanitize && command -v compute-sanitizer > /dev/null; then
     timeout 100 compute-sanitizer --tool $tool --error-exitcode 3 "$BIN"/exl3-cuda-check --small > "$OUT/sanitizer-$tool.log" 2>&1
     echo "$tool exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool.log" | tail -1)"
   done
+fi
+if [[ " $ONLY " == *" ncu "* ]] && command -v ncu > /dev/null; then
+  # Hardware counters for one GEMV launch (m=1 4096x14336 K=2 mcg) and one decode-ceiling launch.
+  NCU="ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis"
+  EXL3_BENCH_FIRST_ONLY=1 timeout 150 $NCU -k regex:GroupedGemv --launch-skip 40 --launch-count 1 "$BIN"/exl3-bench gemv > "$OUT/ncu-gemv.txt" 2>&1
+  timeout 100 $NCU -k regex:DecodeCeiling --launch-skip 3 --launch-count 1 "$BIN"/exl3-bench ceiling > "$OUT/ncu-ceiling.txt" 2>&1
+  grep -E "Duration|Achieved Occupancy|Theoretical Occupancy|Issue Slots Busy|No Eligible|Stall|Compute \(SM\) Throughput|Memory Throughput|Executed Ipc|One or More Eligible" "$OUT/ncu-gemv.txt" "$OUT/ncu-ceiling.txt" | head -60
 fi
 if want bench; then
   echo "=== exl3-bench"

@@ -195,12 +195,15 @@ void BenchGemv(const Ceilings& c) {
   std::printf("\n%-34s %9s %9s %9s %9s %7s %9s\n", "GEMV (LinearForward, all 3 launches)", "native", "floor",
               "bytes-fl", "decode-fl", "x floor", "reference");
   cuda::Workspace ws;
+  // EXL3_BENCH_FIRST_ONLY=1: only m=1 4096x14336 K=2 mcg (for profiling one configuration).
+  const bool first_only = std::getenv("EXL3_BENCH_FIRST_ONLY") != nullptr;
   for (int m : {1, 8}) {
     for (const Shape& s : shapes) {
       for (int K : {2, 3, 4}) {
         for (Codebook cb : {Codebook::kMcg, Codebook::k3Inst, Codebook::kMul1}) {
           if (cb != Codebook::kMcg && !(K == 2 && s.k == 4096 && s.n == 14336)) continue;
           if (m == 8 && K != 2) continue;
+          if (first_only && (m != 1 || s.n != 14336 || s.k != 4096 || K != 2 || cb != Codebook::kMcg)) continue;
           RandomLinear L(s.k, s.n, K, cb, 100 + K);
           // Rotate enough weight copies to exceed 4x the L2 (60 MB).
           const size_t wbytes = L.view.trellis_words() * 2;
