@@ -13,7 +13,8 @@ void InnerProductScalar(const Exl3LinearView& w, const float* xt, int num_tokens
                         float* y);
 
 // AVX2 (+FMA, F16C) path; only call when Avx2Supported(). The input is first rearranged by
-// Avx2PrepareX into Avx2PreparedFloats(T, k) floats (lane order of the decoder).
+// Avx2PrepareX into Avx2PreparedFloats(T, k) floats ([k/16][T][32]: the decoder's lane order,
+// tile row major).
 bool Avx2Supported();
 size_t Avx2PreparedFloats(int num_tokens, int k);
 void Avx2PrepareX(const float* xt, int num_tokens, int k, float* xp);

@@ -188,7 +188,7 @@ void StripK(const Exl3LinearView& w, const float* xp, int T, int j0, int j1, flo
         __m256 wv[32];
         for (int g = 0; g < 32; ++g) wv[g] = decode(g);
         for (int t = 0; t < T; ++t) {
-          const float* xi = xp + (static_cast<size_t>(t) * kt + i) * 32;
+          const float* xi = xp + (static_cast<size_t>(i) * T + t) * 32;
           const __m256 x0 = _mm256_loadu_ps(xi), x1 = _mm256_loadu_ps(xi + 8);
           const __m256 x2 = _mm256_loadu_ps(xi + 16), x3 = _mm256_loadu_ps(xi + 24);
           float* at = acc + (static_cast<size_t>(t) * S + s) * 64;
@@ -234,12 +234,14 @@ size_t Avx2PreparedFloats(int num_tokens, int k) { return static_cast<size_t>(nu
 
 void Avx2PrepareX(const float* xt, int num_tokens, int k, float* xp) {
   static const int kRow[8] = {0, 1, 0, 1, 8, 9, 8, 9};
+  // Layout [k/16 tile rows][T tokens][4 groups][8 lanes]: one tile row's vectors for every token
+  // are contiguous, so the multi-token loop streams through them.
   for (int t = 0; t < num_tokens; ++t) {
     const float* x = xt + static_cast<size_t>(t) * k;
-    float* out = xp + static_cast<size_t>(t) * k * 2;
     for (int i = 0; i < k / 16; ++i) {
+      float* out = xp + (static_cast<size_t>(i) * num_tokens + t) * 32;
       for (int q = 0; q < 4; ++q) {
-        for (int l = 0; l < 8; ++l) out[(i * 4 + q) * 8 + l] = x[16 * i + 2 * q + kRow[l]];
+        for (int l = 0; l < 8; ++l) out[q * 8 + l] = x[16 * i + 2 * q + kRow[l]];
       }
     }
   }

@@ -165,7 +165,7 @@ void StripK(const Exl3LinearView& w, const float* xp, int T, int j0, int j1, flo
         __m512 wv[16];
         for (int p = 0; p < 16; ++p) wv[p] = DecodePair<CB>(ext, idx.p[p]);
         for (int t = 0; t < T; ++t) {
-          const float* xi = xp + (static_cast<size_t>(t) * kt + i) * 32;
+          const float* xi = xp + (static_cast<size_t>(i) * T + t) * 32;
           const __m512 x0 = _mm512_loadu_ps(xi), x1 = _mm512_loadu_ps(xi + 16);
           float* at = acc + (static_cast<size_t>(t) * S + s) * 128;
           for (int c0 = 0; c0 < 8; ++c0) {
