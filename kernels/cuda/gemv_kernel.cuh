@@ -60,7 +60,7 @@ template <int N>
 __device__ __forceinline__ void CpAsyncWaitGroup() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 template <int K, int CB>
-__global__ void __launch_bounds__(kGemvWarps * 32, 4) GroupedGemvKernel(const GemvBatch batch) {
+__global__ void __launch_bounds__(kGemvWarps * 32, 3) GroupedGemvKernel(const GemvBatch batch) {
   constexpr int kStageWords = kGemvNT * 8 * K;
   __shared__ __align__(16) uint32_t gemv_ring[kGemvWarps * kGemvStages * kStageWords];
   PdlEnter();
@@ -134,33 +134,39 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 4) GroupedGemvKernel(const Ge
     // deep): a k-step's kNT tiles are contiguous (8K * kNT words), so one 16-byte copy per lane
     // (two at K > 4) fetches them, several steps ahead of the decode.
     uint32_t* ring = gemv_ring + (threadIdx.x >> 5) * (kGemvStages * kStageWords);
-    auto issue = [&](int kt) {
-      if (kt < kt1) {
-        const uint32_t* src = tiles + static_cast<size_t>(kt - kt0) * k_stride;
-        uint32_t* dst = ring + ((kt - kt0) % kGemvStages) * kStageWords;
+    uint32_t* const ring_end = ring + kGemvStages * kStageWords;
+    // Running pointers (no per-step index arithmetic): the slot to fill next and its source.
+    uint32_t* fill = ring;
+    const uint32_t* src = tiles;
+    auto issue = [&](bool valid) {
+      if (valid) {
 #pragma unroll
-        for (int piece = lane; piece < kStageWords / 4; piece += 32) CpAsync16(dst + 4 * piece, src + 4 * piece);
+        for (int piece = lane; piece < kStageWords / 4; piece += 32) CpAsync16(fill + 4 * piece, src + 4 * piece);
       }
       CpAsyncCommitGroup();
+      src += k_stride;
+      fill = (fill + kStageWords == ring_end) ? ring : fill + kStageWords;
     };
 #pragma unroll
-    for (int s = 0; s < kGemvStages - 1; ++s) issue(kt0 + s);
+    for (int s = 0; s < kGemvStages - 1; ++s) issue(kt0 + s < kt1);
 
     // MUL1: the raw operand is 1024 + byte sum; weight = scale * raw + bias, so the bias needs
     // the token sums of x over this k-slice (one extra mma per k-step with A = ones).
     float rowsum[4] = {0.f, 0.f, 0.f, 0.f};
     const uint32_t ones[4] = {0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};
     const uint32_t mask = 0x8fff8fffu, flip = 0x3b603b60u;
+    const __half* xp = x_row + kt0 * 16;
     uint32_t x_next[2];
-    auto load_x = [&](int kt, uint32_t (&x)[2]) {
-      const int off = kt * 16;
-      x[0] = tok_ok ? *reinterpret_cast<const uint32_t*>(x_row + off) : 0u;
-      x[1] = tok_ok ? *reinterpret_cast<const uint32_t*>(x_row + off + 8) : 0u;
-    };
-    load_x(kt0, x_next);
+    x_next[0] = tok_ok ? *reinterpret_cast<const uint32_t*>(xp) : 0u;
+    x_next[1] = tok_ok ? *reinterpret_cast<const uint32_t*>(xp + 8) : 0u;
+    const uint32_t* stage = ring;
     for (int kt = kt0; kt < kt1; ++kt) {
       const uint32_t x[2] = {x_next[0], x_next[1]};
-      if (kt + 1 < kt1) load_x(kt + 1, x_next);
+      xp += 16;
+      if (kt + 1 < kt1 && tok_ok) {
+        x_next[0] = *reinterpret_cast<const uint32_t*>(xp);
+        x_next[1] = *reinterpret_cast<const uint32_t*>(xp + 8);
+      }
       uint32_t even[2], odd[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -169,8 +175,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 4) GroupedGemvKernel(const Ge
       }
       if constexpr (CB == kCbMul1) Mma16816(rowsum, ones, x[0], x[1]);
       CpAsyncWaitGroup<kGemvStages - 2>();
+      // Makes every lane's copies visible, and guarantees that every lane has finished reading
+      // the slot that the issue below overwrites (it was read in the previous step).
       __syncwarp();
-      const uint32_t* stage = ring + ((kt - kt0) % kGemvStages) * kStageWords;
 #pragma unroll
       for (int t = 0; t < kGemvNT; ++t) {
         uint32_t w[LaneSlots<K>::kWords];
@@ -183,8 +190,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 4) GroupedGemvKernel(const Ge
         Mma16816(acc[t], ae, even[0], even[1]);
         Mma16816(acc[t], ao, odd[0], odd[1]);
       }
-      __syncwarp();
-      issue(kt + kGemvStages - 1);
+      stage = (stage + kStageWords == ring_end) ? ring : stage + kStageWords;
+      issue(kt + kGemvStages - 1 < kt1);
     }
     CpAsyncWaitGroup<0>();
     __syncwarp();

@@ -205,12 +205,12 @@ absl::Status Workspace::Impl::Init() {
 int GemvKTilesPerUnit(int k, int n, int chunks, int sm_count) {
   const int k_tiles = k / 16;
   const long col_groups = n / (16 * kGemvNT);
-  const long target = static_cast<long>(sm_count) * 32 * 2;  // ~2 units per resident warp (4 blocks x 8 warps per SM)
+  const long target = static_cast<long>(sm_count) * 24 * 2;  // ~2 units per resident warp (3 blocks x 8 warps per SM)
   long slices = target / std::max<long>(1, chunks * col_groups);
   slices = std::clamp<long>(slices, 1, std::max(1, k_tiles / 4));
   return static_cast<int>((k_tiles + slices - 1) / slices);
 }
-int GemvGrid(int sm_count) { return sm_count * 4; }
+int GemvGrid(int sm_count) { return sm_count * 3; }
 int GemmGrid(int sm_count, long units) { return static_cast<int>(std::min<long>(units, sm_count * 2L)); }
 
 absl::Status ReferenceGemm(cublasHandle_t h, const uint16_t* trellis, int k, int n, int K, int cb,
