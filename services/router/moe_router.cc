@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <set>
 #include <unordered_map>
 
@@ -75,19 +76,49 @@ void DeadlineTimer::Run() {
 
 // ---- per-stream and per-request state ----
 
+// One engine stream. Answers are written by the stream's own writer thread from a queue, never by
+// the thread that completes a request (often a worker stream's reader): a client that stops
+// reading then only blocks its own writer, and (through the queue bound) its own reads.
 struct StreamState {
+  static constexpr size_t kMaxQueued = 256;  // answers waiting for a slow reader
+
   grpc::ServerReaderWriter<pb::MoeLayerResponse, pb::MoeLayerRequest>* rw = nullptr;
-  std::mutex write_mu;
   std::atomic<bool> cancelled{false};
   std::mutex mu;
-  std::condition_variable cv;
+  std::condition_variable cv;  // inflight, out and writing changes
   std::unordered_map<uint64_t, std::shared_ptr<LayerCall>> inflight;  // guarded by mu
-  int writers = 0;  // answers being written after leaving `inflight`; guarded by mu
+  std::deque<pb::MoeLayerResponse> out;                                // guarded by mu
+  bool writing = false;      // guarded by mu: the writer holds an answer
+  bool stop_writer = false;  // guarded by mu
+  bool broken = false;       // guarded by mu: a write failed; later answers are dropped
+  std::thread writer;
 
-  void Write(const pb::MoeLayerResponse& r) {
-    if (cancelled) return;
-    std::lock_guard<std::mutex> l(write_mu);
-    rw->Write(r);
+  void Write(pb::MoeLayerResponse r) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (cancelled || broken) return;
+      out.push_back(std::move(r));
+    }
+    cv.notify_all();
+  }
+  void RunWriter() {
+    std::unique_lock<std::mutex> l(mu);
+    while (true) {
+      cv.wait(l, [&] { return !out.empty() || stop_writer; });
+      if (out.empty()) return;  // stop_writer and nothing left
+      pb::MoeLayerResponse r = std::move(out.front());
+      out.pop_front();
+      writing = true;
+      l.unlock();
+      const bool ok = !cancelled && rw->Write(r);
+      l.lock();
+      writing = false;
+      if (!ok) {
+        broken = true;
+        out.clear();
+      }
+      cv.notify_all();
+    }
   }
 };
 
@@ -194,8 +225,19 @@ grpc::Status MoeRouterService::Forward(
     grpc::ServerReaderWriter<pb::MoeLayerResponse, pb::MoeLayerRequest>* rw) {
   auto s = std::make_shared<StreamState>();
   s->rw = rw;
+  s->writer = std::thread([s] { s->RunWriter(); });
   pb::MoeLayerRequest req;
-  while (rw->Read(&req)) Handle(s, req);
+  while (true) {
+    {
+      // Backpressure: a client that does not read its answers stops being read from.
+      std::unique_lock<std::mutex> l(s->mu);
+      while (s->out.size() >= StreamState::kMaxQueued && !ctx->IsCancelled() && !s->broken) {
+        s->cv.wait_for(l, std::chrono::milliseconds(100));
+      }
+    }
+    if (!rw->Read(&req)) break;
+    Handle(s, req);
+  }
   if (ctx->IsCancelled()) {
     // Nobody is left to answer: end this stream's requests now.
     s->cancelled = true;
@@ -206,8 +248,13 @@ grpc::Status MoeRouterService::Forward(
     }
     for (auto& c : calls) Complete(c, absl::CancelledError("the client cancelled the stream"));
   }
-  std::unique_lock<std::mutex> l(s->mu);
-  s->cv.wait(l, [&] { return s->inflight.empty() && s->writers == 0; });
+  {
+    std::unique_lock<std::mutex> l(s->mu);
+    s->cv.wait(l, [&] { return s->inflight.empty(); });
+    s->stop_writer = true;  // the writer drains what is queued, then ends
+  }
+  s->cv.notify_all();
+  s->writer.join();
   return grpc::Status::OK;
 }
 
@@ -655,17 +702,12 @@ void MoeRouterService::Complete(const std::shared_ptr<LayerCall>& c, const absl:
   const Clock::time_point t_end = Clock::now();
   tm->set_combine_us(Micros(t_combine, t_end));
   tm->set_total_us(Micros(c->t_start, t_end));
-  // Leave `inflight` before writing, so the client may reuse the id as soon as it reads the
-  // answer; `writers` keeps the stream (and its ServerReaderWriter) alive until the write ends.
+  // Leave `inflight` and queue the answer in one step: the client may reuse the id once it reads
+  // the answer, and the stream's handler sees the answer queued before it stops the writer.
   {
     std::lock_guard<std::mutex> l(c->stream->mu);
     c->stream->inflight.erase(c->id);
-    ++c->stream->writers;
-  }
-  c->stream->Write(r);
-  {
-    std::lock_guard<std::mutex> l(c->stream->mu);
-    --c->stream->writers;
+    if (!c->stream->cancelled && !c->stream->broken) c->stream->out.push_back(std::move(r));
   }
   c->stream->cv.notify_all();
   if (metrics_) {

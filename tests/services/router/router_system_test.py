@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import unittest
 import urllib.request
@@ -412,6 +413,34 @@ class RouterSystemTest(unittest.TestCase):
             r.stop()
             wrong_model.stop()
             too_few.stop()
+
+    def test_12_client_that_stops_reading_stalls_only_itself(self):
+        # A stream whose client never reads its answers (T=64 answers fill the flow-control
+        # window): other streams through the same workers keep being answered.
+        from exl3serve.v1 import exl3serve_pb2_grpc as pb_grpc
+        ch = grpc.insecure_channel(self.r.address)
+        x = np.random.default_rng(2).standard_normal((64, HIDDEN)).astype(np.float32)
+        stop = threading.Event()
+
+        def requests():
+            for i in range(300):
+                r = make_request(LAYER, x)
+                r.id = i + 1
+                yield r
+            stop.wait(30)
+        call = pb_grpc.MoeRouterStub(ch).Forward(requests())  # never read
+        try:
+            time.sleep(2.0)
+            t0 = time.time()
+            with self.client.stream() as s:
+                futs = [s.submit(LAYER, x[:2]) for _ in range(5)]
+                for f in futs:
+                    self.assertEqual(f.result(timeout=10).output.shape, (2, HIDDEN))
+            self.assertLess(time.time() - t0, 5.0)
+        finally:
+            stop.set()
+            call.cancel()
+            ch.close()
 
 
 if __name__ == "__main__":
