@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -19,8 +20,30 @@ using Clock = std::chrono::steady_clock;
 struct WorkerConn::Session {
   std::unique_ptr<grpc::ClientContext> ctx;
   std::unique_ptr<grpc::ClientReaderWriter<pb::ExpertRequest, pb::ExpertResponse>> stream;
+  // Requests are written by the session's writer thread from `outq`, so that no caller (an engine
+  // stream dispatching, a reader failing over) ever blocks on a slow or frozen worker.
   std::mutex write_mu;
+  std::condition_variable write_cv;
   bool open = true;  // guarded by write_mu: writes allowed
+  std::deque<pb::ExpertRequest> outq;  // guarded by write_mu
+  std::thread writer;
+
+  void RunWriter() {
+    std::unique_lock<std::mutex> l(write_mu);
+    while (true) {
+      write_cv.wait(l, [&] { return !outq.empty() || !open; });
+      if (!open) return;
+      pb::ExpertRequest r = std::move(outq.front());
+      outq.pop_front();
+      l.unlock();
+      const bool ok = stream->Write(r);
+      l.lock();
+      if (!ok) {
+        open = false;  // the reader sees the stream end and fails what is pending
+        return;
+      }
+    }
+  }
   std::mutex pending_mu;
   bool closed = false;  // guarded by pending_mu: no new pending entries
   uint64_t next_id = 1;
@@ -195,6 +218,7 @@ absl::Status WorkerConn::RunSession() {
   grpc::health::v1::HealthCheckRequest hreq;  // service "": the whole server
   auto watch = health->Watch(watch_ctx.get(), hreq);
   session->stream = stub_->Forward(session->ctx.get());
+  session->writer = std::thread([session] { session->RunWriter(); });
   {
     std::lock_guard<std::mutex> l(mu_);
     session_ = session;
@@ -251,6 +275,9 @@ void WorkerConn::ReadLoop(std::shared_ptr<Session> s) {
     std::lock_guard<std::mutex> l(s->write_mu);
     s->open = false;
   }
+  s->write_cv.notify_all();
+  s->ctx->TryCancel();  // unblocks a writer stuck in Write; no-op when the call already ended
+  s->writer.join();     // no Write may run concurrently with Finish
   grpc::Status st = s->stream->Finish();
   std::unordered_map<uint64_t, Session::Pending> failed;
   {
@@ -292,9 +319,11 @@ absl::Status WorkerConn::Send(pb::ExpertRequest* req, size_t request_bytes, SubC
   bool ok;
   {
     std::lock_guard<std::mutex> l(s->write_mu);
-    ok = s->open && s->stream->Write(*req);
+    ok = s->open;
+    if (ok) s->outq.push_back(std::move(*req));
   }
   if (ok) {
+    s->write_cv.notify_one();
     if (metrics_) metrics_->Sent(request_bytes);
     return absl::OkStatus();
   }

@@ -442,6 +442,24 @@ class RouterSystemTest(unittest.TestCase):
             call.cancel()
             ch.close()
 
+    def test_13_frozen_worker_does_not_block_dispatch(self):
+        # Enough bytes for a frozen worker (SIGSTOP) to fill its flow-control window: the same
+        # stream still dispatches to the other workers at once.
+        a = self.c.workers["a"]
+        a.signal(signal.SIGSTOP)
+        try:
+            with self.client.stream() as s:
+                stuck = [s.submit_request(topk_req([0, 1], timeout_ms=1500, T=64))
+                         for _ in range(120)]
+                t0 = time.time()
+                ok = s.submit_request(topk_req([4, 5])).result(timeout=10)
+                self.assertEqual(ok.status.code, pb.OK)
+                self.assertLess(time.time() - t0, 1.0)
+                for f in stuck:
+                    self.assertEqual(f.result(timeout=20).status.code, pb.DEADLINE_EXCEEDED)
+        finally:
+            a.signal(signal.SIGCONT)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
