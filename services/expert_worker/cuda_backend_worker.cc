@@ -15,7 +15,11 @@ namespace {
 
 class CudaBackend : public MoeBackend {
  public:
-  explicit CudaBackend(int device) : device_(device) {}
+  explicit CudaBackend(int device) : device_(device) {
+    // Named up front: Describe and the info metric read it while Prepare runs.
+    absl::StatusOr<cuda::DeviceInfo> info = cuda::QueryDevice(0);
+    device_name_ = absl::StrCat("cuda:", device_, info.ok() ? " " + info->name : std::string());
+  }
   ~CudaBackend() override {
     runners_.clear();
     layers_.clear();
@@ -32,7 +36,6 @@ class CudaBackend : public MoeBackend {
     // CreateBackend made the chosen device the process's device 0.
     absl::StatusOr<cuda::DeviceInfo> info = cuda::QueryDevice(0);
     if (!info.ok()) return info.status();
-    device_name_ = absl::StrCat("cuda:", device_, " ", info->name);
     const MoeConfig& c = model.config();
     hidden_ = c.hidden_size;
     top_k_ = c.top_k;

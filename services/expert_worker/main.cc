@@ -1,5 +1,6 @@
 // exl3-worker: serves the routed experts it holds of an EXL3 MoE model over gRPC
 // (exl3serve.v1.ExpertWorker, docs/protocol.md), with Prometheus metrics (docs/metrics.md).
+#include <atomic>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -52,12 +53,16 @@ ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 int main(int argc, char** argv) {
   // Before any thread exists: SIGTERM/SIGINT go to the watcher thread.
   absl::Notification stop;
+  std::atomic<bool> stop_requested{false};
+  auto request_stop = [&] {
+    if (!stop_requested.exchange(true)) stop.Notify();  // Notify must run exactly once
+  };
   auto signals = exl3::svc::ShutdownSignals::Install([&](int, int count) {
     if (count >= 2) {
       std::fprintf(stderr, "exl3-worker: second signal, exiting without draining\n");
       std::_Exit(1);
     }
-    if (!stop.HasBeenNotified()) stop.Notify();
+    request_stop();
   });
 
   absl::SetProgramUsageMessage(
@@ -120,7 +125,7 @@ int main(int argc, char** argv) {
   std::thread loader([&] {
     load_status = (*w)->Load();
     loaded.Notify();
-    if (!load_status.ok() && !stop.HasBeenNotified()) stop.Notify();
+    if (!load_status.ok()) request_stop();
   });
   stop.WaitForNotification();
   if (loaded.HasBeenNotified() && !load_status.ok()) {
