@@ -128,10 +128,14 @@ class Cluster:
         return r
 
     def stop(self):
-        for r in self.routers:
-            r.stop()
-        for w in self.workers.values():
-            w.stop()
+        # Signal everything first, then wait: the processes drain in parallel.
+        procs = self.routers + list(self.workers.values())
+        for p in procs:
+            if p.alive():
+                p.signal(signal.SIGCONT)
+                p.signal(signal.SIGTERM)
+        for p in procs:
+            p.stop()
 
 
 def make_certs(d):

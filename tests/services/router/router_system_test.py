@@ -460,6 +460,22 @@ class RouterSystemTest(unittest.TestCase):
         finally:
             a.signal(signal.SIGCONT)
 
+    def test_14_oversized_message(self):
+        # gRPC refuses a message over --max-message-bytes with RESOURCE_EXHAUSTED, ending that
+        # stream only; the next stream is served.
+        r = self.c.start_router(["--max-message-bytes", "200000"])
+        cl = MoeRouterClient(r.address)
+        try:
+            wait_for(lambda: cl.describe().state == pb.STATE_SERVING, 20, "router ready")
+            big = np.ones((400, HIDDEN), np.float32)  # 400 KB
+            with self.assertRaises(RequestError) as e:
+                cl.forward(LAYER, big)
+            self.assertEqual(e.exception.code, grpc.StatusCode.RESOURCE_EXHAUSTED)
+            self.assertEqual(cl.forward(LAYER, big[:4]).shape, (4, HIDDEN))
+        finally:
+            cl.close()
+            r.stop()
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
