@@ -122,6 +122,48 @@ TEST(Worker, HalfPrecisionOutputsAndChunkedLongRequests) {
   }
 }
 
+TEST(Worker, SmallRequestsAreNotQueuedBehindALongPrefill) {
+  WorkerHarness h;
+  auto o = h.Options();
+  o.long_prefill_token_threshold = 16;
+  h.Start(o);
+  std::mt19937 rng(31);
+  const Sent long_req = RandomRequest(rng, 1, 1, 400, 4);
+  std::atomic<bool> long_done{false};
+  pb::ExpertResponse long_resp;
+  grpc::ClientContext long_ctx;
+  auto long_stream = h.stub->Forward(&long_ctx);
+  ASSERT_TRUE(long_stream->Write(long_req.req));
+  std::thread reader([&] {
+    long_stream->Read(&long_resp);
+    long_done.store(true);
+  });
+  // Closed-loop decode on the same layer while the prefill runs: each must finish long before it.
+  grpc::ClientContext ctx;
+  auto stream = h.stub->Forward(&ctx);
+  int finished_before_long = 0;
+  for (int i = 0; i < 8; ++i) {
+    const Sent q = RandomRequest(rng, 100 + i, 1, 1, 4);
+    ASSERT_TRUE(stream->Write(q.req));
+    pb::ExpertResponse r;
+    ASSERT_TRUE(stream->Read(&r));
+    ASSERT_EQ(r.status().code(), pb::OK) << r.status().message();
+    EXPECT_LT(RelError(OutputAsFloat(r), h.Reference(1, q.x, q.T, q.S, q.ids, q.w)), 1e-5);
+    if (!long_done.load()) ++finished_before_long;
+  }
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  reader.join();
+  long_stream->WritesDone();
+  EXPECT_TRUE(long_stream->Finish().ok());
+  ASSERT_EQ(long_resp.status().code(), pb::OK) << long_resp.status().message();
+  EXPECT_GT(long_resp.timings().chunks(), 400u / 16);
+  EXPECT_LT(RelError(OutputAsFloat(long_resp),
+                     h.Reference(1, long_req.x, long_req.T, long_req.S, long_req.ids, long_req.w)),
+            1e-5);
+  EXPECT_EQ(finished_before_long, 8) << "decode requests waited for the whole prefill";
+}
+
 struct BadCase {
   std::string name;
   pb::ExpertRequest req;
