@@ -106,6 +106,10 @@ class DeviceMoeLayer {
  public:
   // Copies every held expert into device memory (one allocation).
   static absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> Upload(const MoeLayerView& host);
+  // Leaves the weights where they are: registers (pins and maps) the host pages they occupy and
+  // points the tables at them; only the pointer tables go to device memory. For unified-memory
+  // machines (GB10) and for layers too large for the device. The host memory must outlive this.
+  static absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> Register(const MoeLayerView& host);
   ~DeviceMoeLayer();
   DeviceMoeLayer(const DeviceMoeLayer&) = delete;
   DeviceMoeLayer& operator=(const DeviceMoeLayer&) = delete;
@@ -118,6 +122,7 @@ class DeviceMoeLayer {
 
  private:
   DeviceMoeLayer();
+  static absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> Create(const MoeLayerView& host, bool register_host);
   std::unique_ptr<Impl> impl_;
 };
 

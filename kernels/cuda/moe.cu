@@ -49,8 +49,10 @@ struct DeviceMoeLayer::Impl {
   void* block = nullptr;
   size_t bytes = 0;
   std::vector<const void*> host_tables;  // host image of the device pointer tables
+  std::vector<void*> registered;          // page-aligned host ranges registered (Register mode)
   ~Impl() {
     if (block) cudaFree(block);
+    for (void* p : registered) cudaHostUnregister(p);
   }
 };
 
@@ -88,6 +90,57 @@ absl::Status CheckUniform(const Exl3LinearView& v, ProjTable& t, const char* wha
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Upload(const MoeLayerView& host) {
+  return Create(host, /*register_host=*/false);
+}
+
+absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Register(const MoeLayerView& host) {
+  return Create(host, /*register_host=*/true);
+}
+
+namespace {
+
+// Every host range the layer's tensors occupy, as page-aligned, merged [begin, end) intervals.
+std::vector<std::pair<uintptr_t, uintptr_t>> LayerPages(const MoeLayerView& host, size_t page) {
+  std::vector<std::pair<uintptr_t, uintptr_t>> r;
+  auto add = [&](const void* p, size_t bytes) {
+    if (!p || !bytes) return;
+    const uintptr_t b = reinterpret_cast<uintptr_t>(p) / page * page;
+    const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes + page - 1) / page * page;
+    r.emplace_back(b, e);
+  };
+  auto add_linear = [&](const Exl3LinearView& v) {
+    add(v.trellis, v.trellis_words() * 2);
+    add(v.suh, v.in_features * 2ul);
+    add(v.svh, v.out_features * 2ul);
+    add(v.bias, v.out_features * 2ul);
+  };
+  for (const ExpertMlp* e : host.experts) {
+    if (!e) continue;
+    add_linear(e->gate);
+    add_linear(e->up);
+    add_linear(e->down);
+  }
+  if (host.shared) {
+    add_linear(host.shared->gate);
+    add_linear(host.shared->up);
+    add_linear(host.shared->down);
+    add(host.shared_gate, host.hidden_size * 4ul);
+  }
+  std::sort(r.begin(), r.end());
+  std::vector<std::pair<uintptr_t, uintptr_t>> merged;
+  for (const auto& iv : r) {
+    if (!merged.empty() && iv.first <= merged.back().second) {
+      merged.back().second = std::max(merged.back().second, iv.second);
+    } else {
+      merged.push_back(iv);
+    }
+  }
+  return merged;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const MoeLayerView& host, bool register_host) {
   EXL3_RETURN_IF_ERROR(ValidateMoeLayer(host));
   std::unique_ptr<DeviceMoeLayer> layer(new DeviceMoeLayer());
   Impl& L = *layer->impl_;
@@ -108,15 +161,17 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Upload(const Moe
     EXL3_RETURN_IF_ERROR(CheckUniform(e->gate, L.gate, "gate"));
     EXL3_RETURN_IF_ERROR(CheckUniform(e->up, L.up, "up"));
     EXL3_RETURN_IF_ERROR(CheckUniform(e->down, L.down, "down"));
-    total += LinearBytes(e->gate) + LinearBytes(e->up) + LinearBytes(e->down);
+    if (!register_host) total += LinearBytes(e->gate) + LinearBytes(e->up) + LinearBytes(e->down);
   }
   if (L.held == 0) return absl::InvalidArgumentError("CUDA MoE: the layer holds no routed expert");
   if (L.has_shared) {
     EXL3_RETURN_IF_ERROR(CheckUniform(host.shared->gate, L.sgate, "shared gate"));
     EXL3_RETURN_IF_ERROR(CheckUniform(host.shared->up, L.sup, "shared up"));
     EXL3_RETURN_IF_ERROR(CheckUniform(host.shared->down, L.sdown, "shared down"));
-    total += LinearBytes(host.shared->gate) + LinearBytes(host.shared->up) + LinearBytes(host.shared->down);
-    if (host.shared_gate) total += Align(L.hidden * 4ul);
+    if (!register_host) {
+      total += LinearBytes(host.shared->gate) + LinearBytes(host.shared->up) + LinearBytes(host.shared->down);
+      if (host.shared_gate) total += Align(L.hidden * 4ul);
+    }
     if (L.shared_inter == 0) L.shared_inter = host.shared->gate.out_features;
   }
   EXL3_CUDA_RETURN_IF_ERROR(cudaMalloc(&L.block, total));
@@ -133,7 +188,28 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Upload(const Moe
     projs[p]->bias = reinterpret_cast<const uint16_t**>(t + 3 * table_entries);
   }
   size_t off = Align(6 * 4 * table_entries * sizeof(void*));
+  // Register mode: pin and map the host pages the tensors live in (read-only where the device
+  // supports it, e.g. for mmap'd model files); the kernels then read them over the interconnect
+  // (on GB10-style unified memory, at memory speed).
+  int use_host_ptr = 0, read_only_ok = 0, dev = 0;
+  if (register_host) {
+    EXL3_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+    EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&use_host_ptr, cudaDevAttrCanUseHostPointerForRegisteredMem, dev));
+    EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&read_only_ok, cudaDevAttrHostRegisterReadOnlySupported, dev));
+    for (const auto& iv : LayerPages(host, 4096)) {
+      void* p = reinterpret_cast<void*>(iv.first);
+      const unsigned flags = cudaHostRegisterMapped | (read_only_ok ? cudaHostRegisterReadOnly : 0u);
+      EXL3_CUDA_RETURN_IF_ERROR(cudaHostRegister(p, iv.second - iv.first, flags));
+      L.registered.push_back(p);
+    }
+  }
   auto put = [&](const void* src, size_t bytes) -> absl::StatusOr<const void*> {
+    if (register_host) {
+      if (use_host_ptr) return src;
+      void* d = nullptr;
+      EXL3_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&d, const_cast<void*>(src), 0));
+      return static_cast<const void*>(d);
+    }
     char* dst = base + off;
     EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
     off += Align(bytes);
@@ -154,7 +230,7 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Upload(const Moe
       auto b = put(v.bias, v.out_features * 2ul);
       if (!b.ok()) return b.status();
       t[3 * table_entries + index] = *b;
-    } else {
+    } else if (!register_host) {
       off += Align(v.out_features * 2ul);
     }
     return absl::OkStatus();
