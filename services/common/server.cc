@@ -138,6 +138,8 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const ServerConfig
   b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   b.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // No SO_REUSEPORT: a second process on the same port must fail, not silently share traffic.
+  b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   for (grpc::Service* svc : cfg.services) b.RegisterService(svc);
   s->server_ = b.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
@@ -158,6 +160,7 @@ GrpcServer::~GrpcServer() {
 }
 
 void GrpcServer::SetServing(bool serving) {
+  if (server_ == nullptr) return;
   grpc::HealthCheckServiceInterface* h = server_->GetHealthCheckService();
   if (h == nullptr) return;
   h->SetServingStatus(serving);  // overall "" and every registered name
@@ -165,7 +168,7 @@ void GrpcServer::SetServing(bool serving) {
 }
 
 void GrpcServer::Shutdown(absl::Duration grace) {
-  if (shut_down_) return;
+  if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
   if (auto* h = server_->GetHealthCheckService()) h->Shutdown();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));

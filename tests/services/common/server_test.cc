@@ -52,6 +52,18 @@ TEST(Server, RefusesBadListenAndBadTlsFiles) {
   EXPECT_NE(s.status().message().find("/nonexistent/cert.pem"), std::string::npos) << s.status();
 }
 
+TEST(Server, RefusesAPortInUse) {
+  ServerConfig cfg;
+  cfg.listen = "127.0.0.1:0";
+  auto a = GrpcServer::Start(cfg);
+  ASSERT_TRUE(a.ok()) << a.status();
+  cfg.listen = (*a)->address();
+  auto b = GrpcServer::Start(cfg);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("cannot listen on " + cfg.listen), std::string::npos)
+      << b.status();
+}
+
 // A CA, a server certificate for 127.0.0.1/localhost and a client certificate.
 class TlsTest : public ::testing::Test {
  protected:
