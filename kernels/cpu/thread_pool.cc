@@ -17,28 +17,30 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::RunItems(int thread_index) {
+void ThreadPool::RunItems(Job& job, int thread_index) {
   for (;;) {
-    const int i = next_.fetch_add(1, std::memory_order_relaxed);
-    if (i >= n_) break;
-    (*fn_)(i, thread_index);
+    const int i = job.next.fetch_add(1, std::memory_order_relaxed);
+    if (i >= job.n) return;
+    (*job.fn)(i, thread_index);
+    if (job.done.fetch_add(1, std::memory_order_acq_rel) + 1 == job.n) {
+      std::lock_guard<std::mutex> lock(job.mu);
+      job.all_done.notify_all();
+    }
   }
 }
 
 void ThreadPool::WorkerLoop(int index) {
   uint64_t seen = 0;
   for (;;) {
+    std::shared_ptr<Job> job;
     {
       std::unique_lock<std::mutex> lock(mu_);
       wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
       if (stop_) return;
       seen = generation_;
+      job = job_;
     }
-    RunItems(index);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--active_ == 0) done_.notify_one();
-    }
+    if (job) RunItems(*job, index);
   }
 }
 
@@ -48,19 +50,22 @@ void ThreadPool::ParallelFor(int n, const std::function<void(int, int)>& fn) {
     for (int i = 0; i < n; ++i) fn(i, 0);
     return;
   }
+  auto job = std::make_shared<Job>();
+  job->fn = &fn;
+  job->n = n;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    fn_ = &fn;
-    n_ = n;
-    next_.store(0, std::memory_order_relaxed);
-    active_ = static_cast<int>(workers_.size());
+    job_ = job;
     ++generation_;
   }
   wake_.notify_all();
-  RunItems(0);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_.wait(lock, [&] { return active_ == 0; });
-  fn_ = nullptr;
+  RunItems(*job, 0);
+  {
+    std::unique_lock<std::mutex> lock(job->mu);
+    job->all_done.wait(lock, [&] { return job->done.load(std::memory_order_acquire) == n; });
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (job_ == job) job_.reset();
 }
 
 }  // namespace exl3::cpu
