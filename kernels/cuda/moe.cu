@@ -188,8 +188,8 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const Moe
     projs[p]->bias = reinterpret_cast<const uint16_t**>(t + 3 * table_entries);
   }
   size_t off = Align(6 * 4 * table_entries * sizeof(void*));
-  // Register mode: pin and map the host pages the tensors live in (read-only where the device
-  // supports it, e.g. for mmap'd model files); the kernels then read them over the interconnect
+  // Register mode: pin and map the host pages the tensors live in (read-only for read-only
+  // mappings such as mmap'd model files); the kernels then read them over the interconnect
   // (on GB10-style unified memory, at memory speed).
   int use_host_ptr = 0, read_only_ok = 0, dev = 0;
   if (register_host) {
@@ -198,8 +198,15 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const Moe
     EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&read_only_ok, cudaDevAttrHostRegisterReadOnlySupported, dev));
     for (const auto& iv : LayerPages(host, 4096)) {
       void* p = reinterpret_cast<void*>(iv.first);
-      const unsigned flags = cudaHostRegisterMapped | (read_only_ok ? cudaHostRegisterReadOnly : 0u);
-      EXL3_CUDA_RETURN_IF_ERROR(cudaHostRegister(p, iv.second - iv.first, flags));
+      // Writable first: the pages may hold other data (heap memory), which a read-only
+      // registration would make invalid as a copy destination. Read-only mappings (mmap'd model
+      // files) refuse that; they are registered read-only.
+      cudaError_t e = cudaHostRegister(p, iv.second - iv.first, cudaHostRegisterMapped);
+      if (e != cudaSuccess && read_only_ok) {
+        cudaGetLastError();
+        e = cudaHostRegister(p, iv.second - iv.first, cudaHostRegisterMapped | cudaHostRegisterReadOnly);
+      }
+      EXL3_CUDA_RETURN_IF_ERROR(e);
       L.registered.push_back(p);
     }
   }
