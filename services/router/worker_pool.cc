@@ -26,6 +26,7 @@ struct WorkerConn::Session {
   std::condition_variable write_cv;
   bool open = true;  // guarded by write_mu: writes allowed
   std::deque<pb::ExpertRequest> outq;  // guarded by write_mu
+  size_t queued_bytes = 0;             // guarded by write_mu: bytes in outq
   std::thread writer;
 
   void RunWriter() {
@@ -35,6 +36,7 @@ struct WorkerConn::Session {
       if (!open) return;
       pb::ExpertRequest r = std::move(outq.front());
       outq.pop_front();
+      queued_bytes -= std::min(queued_bytes, r.ByteSizeLong());
       l.unlock();
       const bool ok = stream->Write(r);
       l.lock();
@@ -317,10 +319,16 @@ absl::Status WorkerConn::Send(pb::ExpertRequest* req, size_t request_bytes, SubC
   outstanding_.fetch_add(1);
   req->set_id(id);
   bool ok;
+  bool full = false;
   {
     std::lock_guard<std::mutex> l(s->write_mu);
-    ok = s->open;
-    if (ok) s->outq.push_back(std::move(*req));
+    // A worker that stopped reading (frozen) must not grow the router's memory without bound.
+    full = s->queued_bytes + request_bytes > static_cast<size_t>(4) * opt_.max_message_bytes;
+    ok = s->open && !full;
+    if (ok) {
+      s->queued_bytes += request_bytes;
+      s->outq.push_back(std::move(*req));
+    }
   }
   if (ok) {
     s->write_cv.notify_one();
@@ -331,6 +339,11 @@ absl::Status WorkerConn::Send(pb::ExpertRequest* req, size_t request_bytes, SubC
   std::lock_guard<std::mutex> l(s->pending_mu);
   if (s->pending.erase(id) == 1) {
     outstanding_.fetch_sub(1);
+    if (full) {
+      return absl::UnavailableError(absl::StrCat(
+          "worker ", spec_.name, " (", spec_.address, ") is not reading: ",
+          4 * static_cast<int64_t>(opt_.max_message_bytes), " bytes of requests already queued"));
+    }
     return absl::UnavailableError(absl::StrCat("worker ", spec_.name, " (", spec_.address,
                                                "): write to the Forward stream failed"));
   }
