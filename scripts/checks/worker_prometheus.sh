@@ -78,15 +78,17 @@ for r in d["data"]["result"]:
 
 say "per-layer series through the Prometheus API"
 MOE_LAYERS="1 2 3"  # --layers 4 with first_k_dense_replace 1
-ok=0
+# Wait for a scrape taken after the traffic ended (an earlier one may hold partial counts).
+total=""
 for _ in $(seq 60); do
-  out=$(query 'exl3_worker_layer_latency_seconds_count{stage="total"} > 0' || true)
-  n=$(printf '%s\n' "$out" | grep -c 'layer=' || true)
-  if [ "$n" -ge 3 ]; then ok=1; break; fi
+  total=$(query 'sum(exl3_worker_requests_total)' | awk '{print $NF}' || true)
+  [ "${total%.*}" = 300 ] && break
   sleep 0.5
 done
-[ "$ok" = 1 ] || fail "per-layer total latency counts not all > 0: $out"
+[ "${total%.*}" = 300 ] || fail "sum(exl3_worker_requests_total) = $total, expected 300"
+out=$(query 'exl3_worker_layer_latency_seconds_count{stage="total"} > 0')
 printf '%s\n' "$out"
+[ "$(printf '%s\n' "$out" | grep -c 'layer=')" -ge 3 ] || fail "per-layer total latency counts not all > 0"
 for L in $MOE_LAYERS; do
   for S in queue compute total; do
     query "exl3_worker_layer_latency_seconds_bucket{layer=\"$L\",stage=\"$S\",le=\"+Inf\"}" | grep -q . \
@@ -97,8 +99,6 @@ done
 p99=$(query 'histogram_quantile(0.99, sum by (le, layer) (exl3_worker_layer_latency_seconds_bucket{stage="compute"}))')
 echo "compute p99 by layer since start (s):"; printf '%s\n' "$p99"
 [ "$(printf '%s\n' "$p99" | grep 'layer=' | grep -vc NaN)" -ge 3 ] || fail "histogram_quantile by layer"
-total=$(query 'sum(exl3_worker_requests_total)' | awk '{print $NF}')
-[ "${total%.*}" = 300 ] || fail "sum(exl3_worker_requests_total) = $total, expected 300"
 query 'exl3_worker_errors_total{code="INVALID_ARGUMENT"}' | grep -q . || fail "errors series missing at zero"
 
 say "every worker metric of docs/metrics.md is in Prometheus"
