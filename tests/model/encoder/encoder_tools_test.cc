@@ -2,6 +2,7 @@
 // every family, --synthetic), quantize (restart, refusals), and `exl3-tool moe` on a converted
 // test model against the same layer computed in fp32 from the original HF weights.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -35,7 +36,10 @@ std::string TempDir(const std::string& name) {
 
 // Runs exl3-tool with `args`; returns the exit status, stderr in *err.
 int Tool(const std::string& args, std::string* err = nullptr) {
-  const std::string errfile = ::testing::TempDir() + "/encoder_tools_stderr.txt";
+  // One file per test process and call: ctest runs the tests of this binary in parallel.
+  static int calls = 0;
+  const std::string errfile = ::testing::TempDir() + "/encoder_tools_stderr_" +
+                              std::to_string(getpid()) + "_" + std::to_string(calls++) + ".txt";
   const std::string cmd = std::string(EXL3_TOOL_BINARY) + " " + args + " 2> " + errfile +
                           " > /dev/null";
   const int rc = std::system(cmd.c_str());
@@ -43,6 +47,7 @@ int Tool(const std::string& args, std::string* err = nullptr) {
   std::stringstream ss;
   ss << in.rdbuf();
   if (err) *err = ss.str();
+  std::remove(errfile.c_str());
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
