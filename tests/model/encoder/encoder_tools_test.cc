@@ -27,10 +27,22 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// A fresh directory per test process (other builds' ctest runs may share /tmp), removed at exit.
 std::string TempDir(const std::string& name) {
-  const fs::path p = fs::path(::testing::TempDir()) / ("encoder_tools_" + name);
+  const fs::path p = fs::path(::testing::TempDir()) /
+                     ("encoder_tools_" + name + "_" + std::to_string(getpid()));
   fs::remove_all(p);
   fs::create_directories(p);
+  static std::vector<fs::path> made;
+  static const bool registered = [] {
+    std::atexit([] {
+      std::error_code ec;
+      for (const fs::path& d : made) fs::remove_all(d, ec);
+    });
+    return true;
+  }();
+  (void)registered;
+  made.push_back(p);
   return p.string();
 }
 
