@@ -113,15 +113,25 @@ void SoftmaxTopK(const MoeConfig& cfg, const float* logits, int32_t* ids, float*
 
 }  // namespace
 
+// Cloned for AVX2 (chosen at load time where the CPU has it) so the accumulator lanes vectorise.
+__attribute__((target_clones("avx2", "default")))
 void ComputeRouterLogits(const float* router_weight, const float* x, int num_tokens,
                          int num_experts, int hidden, float* logits) {
   for (int t = 0; t < num_tokens; ++t) {
     const float* xt = x + static_cast<size_t>(t) * hidden;
     for (int e = 0; e < num_experts; ++e) {
       const float* we = router_weight + static_cast<size_t>(e) * hidden;
-      double acc = 0.0;
-      for (int i = 0; i < hidden; ++i) acc += static_cast<double>(xt[i]) * we[i];
-      logits[static_cast<size_t>(t) * num_experts + e] = static_cast<float>(acc);
+      // Eight independent double accumulators: exact products, far less rounding than the fp32
+      // the model families use, and no serial add chain (a single accumulator made the gate of a
+      // 288-expert, 4096-wide layer cost 1.6 ms).
+      double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int i = 0;
+      for (; i + 8 <= hidden; i += 8) {
+        for (int j = 0; j < 8; ++j) acc[j] += static_cast<double>(xt[i + j]) * we[i + j];
+      }
+      for (; i < hidden; ++i) acc[0] += static_cast<double>(xt[i]) * we[i];
+      const double sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+      logits[static_cast<size_t>(t) * num_experts + e] = static_cast<float>(sum);
     }
   }
 }

@@ -33,6 +33,8 @@ done
 export LD_LIBRARY_PATH="$PWD/.gpu-e2e/lib$CUDA_LIBS:${LD_LIBRARY_PATH:-}"
 BIN=$PWD/.gpu-e2e/bin
 W=/tmp/exl3-e2e
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+WP=$(free_port); WM=$(free_port); RP=$(free_port); RM=$(free_port)
 rm -rf "$W"; mkdir -p "$W"
 PIDS=()
 trap 'kill -TERM "${PIDS[@]}" 2>/dev/null; sleep 1; kill -KILL "${PIDS[@]}" 2>/dev/null' EXIT
@@ -44,34 +46,38 @@ metric_mean() {  # metric_mean URL NAME LABELMATCH -> mean in microseconds of a 
     index($0, n"_count{") == 1 && index($0, m) { split($0, a, " "); c += a[2] }
     END { if (c > 0) printf "%.1f", 1e6 * s / c; else printf "nan" }'
 }
-wait_ready() {  # wait_ready URL GAUGE PID
+wait_ready() {  # wait_ready LOGFILE PATTERN PID
   for _ in $(seq 1 1500); do
     kill -0 "$3" 2>/dev/null || return 1
-    curl -fsS "$1" 2>/dev/null | grep -Eq "^$2(\{[^}]*\})? 1" && return 0
+    grep -q "$2" "$1" 2>/dev/null && return 0
     sleep 0.2
   done
   return 1
 }
+# On the GPU machine prometheus-cpp's embedded HTTP server (civetweb) fails to start ("null
+# context when constructing CivetServer"), so METRICS=0 there runs without /metrics endpoints.
+METRICS=${METRICS:-0}
+metrics_flag() { [ "$METRICS" = 1 ] && echo "--metrics-listen=127.0.0.1:$1" || echo "--metrics-listen="; }
 
 serve_and_load() {  # serve_and_load NAME MODEL LOADGEN_ARGS...
   local name=$1 model=$2; shift 2
-  "$BIN/exl3-worker" --model "$model" --experts all --backend cuda --listen 127.0.0.1:50061 \
-    --metrics-listen 127.0.0.1:9461 --progress=false > "$OUT/$name-worker.log" 2>&1 &
+  "$BIN/exl3-worker" --model "$model" --experts all --backend cuda --listen 127.0.0.1:$WP \
+    $(metrics_flag $WM) --progress=false > "$OUT/$name-worker.log" 2>&1 &
   local wpid=$!; PIDS+=($wpid)
   cat > "$W/map.yaml" <<YAML
 workers:
   - name: gpu0
-    address: 127.0.0.1:50061
+    address: 127.0.0.1:$WP
     experts: all
 YAML
-  if ! wait_ready http://127.0.0.1:9461/metrics exl3_worker_ready $wpid; then
+  if ! wait_ready "$OUT/$name-worker.log" "serving on" $wpid; then
     echo "worker did not start"; tail -20 "$OUT/$name-worker.log"; return 1
   fi
   grep -iE "loaded|GB/s|pinned" "$OUT/$name-worker.log" | tail -3
-  "$BIN/exl3-router" --model "$model" --expert-map "$W/map.yaml" --listen 127.0.0.1:50051 \
-    --metrics-listen 127.0.0.1:9451 --shared-expert none > "$OUT/$name-router.log" 2>&1 &
+  "$BIN/exl3-router" --model "$model" --expert-map "$W/map.yaml" --listen 127.0.0.1:$RP \
+    $(metrics_flag $RM) --shared-expert none > "$OUT/$name-router.log" 2>&1 &
   local rpid=$!; PIDS+=($rpid)
-  wait_ready http://127.0.0.1:9451/metrics exl3_router_ready $rpid || { tail -20 "$OUT/$name-router.log"; return 1; }
+  wait_ready "$OUT/$name-router.log" "ready: every routed" $rpid || { tail -20 "$OUT/$name-router.log"; return 1; }
   "$@"
   kill -TERM $rpid $wpid; wait $rpid $wpid 2>/dev/null
 }
@@ -80,16 +86,16 @@ large_runs() {
   local model=$1
   for c in 1 8 32; do
     local before after
-    before=$(metric_mean http://127.0.0.1:9461/metrics exl3_worker_layer_latency_seconds 'stage="compute"')
+    before=$(metric_mean http://127.0.0.1:$WM/metrics exl3_worker_layer_latency_seconds 'stage="compute"')
     echo "=== streams=$c"
     local extra=""
     [ "$c" = 1 ] && extra="--echo-baseline"
-    "$BIN/exl3-loadgen" --target 127.0.0.1:50051 --model "$model" --concurrency $c --tokens 1 \
+    "$BIN/exl3-loadgen" --target 127.0.0.1:$RP --model "$model" --concurrency $c --tokens 1 \
       --duration "$SECONDS_PER_RUN" --warmup 20 --shared=false $extra 2>&1 | tee "$OUT/e2e-load-$c.txt" | tail -25
-    echo "worker compute mean (us, cumulative over runs so far): $(metric_mean http://127.0.0.1:9461/metrics exl3_worker_layer_latency_seconds 'stage="compute"')"
-    echo "worker total mean (us, cumulative): $(metric_mean http://127.0.0.1:9461/metrics exl3_worker_layer_latency_seconds 'stage="total"')"
+    echo "worker compute mean (us, cumulative over runs so far): $(metric_mean http://127.0.0.1:$WM/metrics exl3_worker_layer_latency_seconds 'stage="compute"')"
+    echo "worker total mean (us, cumulative): $(metric_mean http://127.0.0.1:$WM/metrics exl3_worker_layer_latency_seconds 'stage="total"')"
   done
-  curl -fsS http://127.0.0.1:9461/metrics | grep -E "^exl3_worker_(pinned_bytes|load_seconds)" | tee "$OUT/e2e-worker-memory.txt"
+  curl -fsS http://127.0.0.1:$WM/metrics | grep -E "^exl3_worker_(pinned_bytes|load_seconds)" | tee "$OUT/e2e-worker-memory.txt"
 }
 
 echo "=== generating synthetic GLM-5.3-Flash-shaped model, $MOE_LAYERS MoE layers"
@@ -107,7 +113,7 @@ echo "=== verify on a small synthetic model (GPU answers vs the CPU reference)"
   --experts 32 --top-k 8 --intermediate 256 --shared 1 --layers 4 --dense-layers 1 \
   --swiglu-limit 10 --bits 2 --down-bits 4 --codebook mcg --quiet > /dev/null 2>&1
 verify_run() {
-  "$BIN/exl3-loadgen" --target 127.0.0.1:50051 --model "$W/small" --concurrency 8 --tokens 3 \
+  "$BIN/exl3-loadgen" --target 127.0.0.1:$RP --model "$W/small" --concurrency 8 --tokens 3 \
     --requests 600 --verify --shared=false --tolerance 5e-3 2>&1 | tee "$OUT/e2e-verify.txt" | tail -6
 }
 serve_and_load small "$W/small" verify_run

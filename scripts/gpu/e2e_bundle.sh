@@ -23,5 +23,8 @@ for bin in .gpu-e2e/bin/*; do
     esac
   done
 done
+# civetweb (prometheus-cpp's HTTP server) dlopens the unversioned libssl.so/libcrypto.so, which
+# only Debian's -dev packages provide; without them the metrics endpoint fails to start.
+for l in libssl libcrypto; do ln -sf "$l.so.3" ".gpu-e2e/lib/$l.so"; done
 strip --strip-debug .gpu-e2e/bin/* .gpu-e2e/lib/* 2>/dev/null || true
 du -sh .gpu-e2e
