@@ -4,6 +4,9 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
+#ifdef EXL3_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 #include "model/exl3_linear_loader.h"
 #include "model/safetensors.h"
 #include "tools/exl3_tool/subcommand.h"
@@ -36,9 +39,13 @@ absl::Status RunLinear(ToolBackend backend, int threads, const Exl3LinearView& w
       return cpu.Linear(w, x, T, y);
     }
     case ToolBackend::kCuda:
+#ifdef EXL3_HAVE_CUDA
+      return cuda::LinearForwardHost(w, x, T, y);
+#else
       break;
+#endif
   }
-  return absl::UnimplementedError("the CUDA backend is not wired into exl3-tool yet");
+  return absl::UnimplementedError("this build has no CUDA backend");
 }
 
 int Run(int argc, char** argv) {

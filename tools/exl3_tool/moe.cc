@@ -6,6 +6,9 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
+#ifdef EXL3_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 #include "kernels/moe_cpu.h"
 #include "model/exl3_model.h"
 #include "model/routing.h"
@@ -42,9 +45,13 @@ absl::Status RunMoe(ToolBackend backend, int threads, const MoeLayerView& layer,
       return cpu.Moe(layer, x, a, include_shared, y);
     }
     case ToolBackend::kCuda:
+#ifdef EXL3_HAVE_CUDA
+      return cuda::MoeForwardHost(layer, x, a, include_shared, y);
+#else
       break;
+#endif
   }
-  return absl::UnimplementedError("the CUDA backend is not wired into exl3-tool yet");
+  return absl::UnimplementedError("this build has no CUDA backend");
 }
 
 absl::StatusOr<std::vector<int64_t>> ReadTokenIds(const std::string& path, int T) {

@@ -10,6 +10,10 @@
 //   std::string dir = args.Get("model");
 #pragma once
 
+#ifdef EXL3_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
+
 #include <cstdint>
 #include <map>
 #include <set>
@@ -114,8 +118,17 @@ class ToolArgs {
 enum class ToolBackend { kCpu, kCuda };
 
 inline bool CudaBackendCompiled() {
-#ifdef EXL3_HAVE_CUDA_BACKEND
+#if defined(EXL3_HAVE_CUDA_BACKEND) || defined(EXL3_HAVE_CUDA)
   return true;
+#else
+  return false;
+#endif
+}
+
+// Compiled in and a device present (auto picks cuda only then; CI builds CUDA without a GPU).
+inline bool CudaBackendUsable() {
+#ifdef EXL3_HAVE_CUDA
+  return cuda::DeviceCount() > 0;
 #else
   return false;
 #endif
@@ -132,7 +145,7 @@ inline bool ParseBackend(const std::string& s, ToolBackend* out, std::string* er
     }
     *out = ToolBackend::kCuda;
   } else if (s == "auto" || s.empty()) {
-    *out = CudaBackendCompiled() ? ToolBackend::kCuda : ToolBackend::kCpu;
+    *out = CudaBackendUsable() ? ToolBackend::kCuda : ToolBackend::kCpu;
   } else {
     *error = absl::StrCat("--backend must be cpu, cuda or auto, got '", s, "'");
     return false;
