@@ -1,7 +1,5 @@
 #include "services/common/metrics.h"
 
-#include <exception>
-
 #include "absl/strings/str_cat.h"
 #include "prometheus/text_serializer.h"
 
@@ -15,26 +13,17 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const st
     return absl::InvalidArgumentError(
         absl::StrCat("--metrics-listen '", listen, "' is not HOST:PORT"));
   }
-  try {
-    // civetweb wants "[::1]:port" for IPv6 and "host:port" otherwise; HOST:PORT passes through.
-    ep->exposer_ = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/2);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on ", listen, ": ", e.what()));
-  }
-  ep->exposer_->RegisterCollectable(ep->registry_);
+  MetricsEndpoint* raw = ep.get();
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
+      MetricsHttpServer::Start(listen, [raw] { return raw->Scrape(); });
+  if (!server.ok()) return server.status();
+  ep->server_ = std::move(*server);
   return ep;
 }
 
-MetricsEndpoint::~MetricsEndpoint() {
-  if (exposer_) exposer_->RemoveCollectable(registry_);
-}
+MetricsEndpoint::~MetricsEndpoint() { server_.reset(); }  // stop scrapes before the registry goes
 
-int MetricsEndpoint::port() const {
-  if (!exposer_) return 0;
-  const auto ports = exposer_->GetListeningPorts();
-  return ports.empty() ? 0 : ports[0];
-}
+int MetricsEndpoint::port() const { return server_ ? server_->port() : 0; }
 
 std::string MetricsEndpoint::Scrape() const {
   prometheus::TextSerializer ser;

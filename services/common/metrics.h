@@ -1,4 +1,4 @@
-// Prometheus helpers shared by the services: an HTTP endpoint (prometheus-cpp Exposer) serving one
+// Prometheus helpers shared by the services: an HTTP endpoint (MetricsHttpServer) serving one
 // registry on --metrics-listen, and the fixed histogram bucket sets. Metric names are a contract
 // (docs/metrics.md): the services define their metrics with exactly those names and pre-register
 // every bounded label value at start so each series exists at zero.
@@ -14,9 +14,9 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "prometheus/exposer.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "services/common/metrics_http_server.h"
 
 namespace exl3::svc {
 
@@ -37,7 +37,7 @@ class MetricsEndpoint {
  private:
   MetricsEndpoint() = default;
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<MetricsHttpServer> server_;
 };
 
 // 10 µs .. ~10 s, roughly x2 per bucket: per-layer latencies span decode (tens of µs on a GPU)
