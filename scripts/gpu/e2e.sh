@@ -34,17 +34,31 @@ export LD_LIBRARY_PATH="$PWD/.gpu-e2e/lib$CUDA_LIBS:${LD_LIBRARY_PATH:-}"
 BIN=$PWD/.gpu-e2e/bin
 W=/tmp/exl3-e2e
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-WP=$(free_port); WM=$(free_port); RP=$(free_port); RM=$(free_port)
+RP=$(free_port); RM=$(free_port)
+declare -a WORKER_METRICS
 rm -rf "$W"; mkdir -p "$W"
 PIDS=()
 trap 'kill -TERM "${PIDS[@]}" 2>/dev/null; sleep 1; kill -KILL "${PIDS[@]}" 2>/dev/null' EXIT
 { date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; } | tee "$OUT/e2e-machine.txt"
 
-metric_mean() {  # metric_mean URL NAME LABELMATCH -> mean in microseconds of a histogram
+metric_sum_count() {  # metric_sum_count URL NAME LABELMATCH -> "sum count" of a histogram
   curl -fsS "$1" | awk -v n="$2" -v m="$3" '
     index($0, n"_sum{") == 1 && index($0, m) { split($0, a, " "); s += a[2] }
     index($0, n"_count{") == 1 && index($0, m) { split($0, a, " "); c += a[2] }
-    END { if (c > 0) printf "%.1f", 1e6 * s / c; else printf "nan" }'
+    END { printf "%.9f %d", s, c }'
+}
+worker_stage_sums() {  # the summed "sum count" of one stage over every worker
+  local s=0 c=0 i out
+  for i in "${!WORKER_METRICS[@]}"; do
+    out=$(metric_sum_count "http://127.0.0.1:${WORKER_METRICS[$i]}/metrics" \
+      exl3_worker_layer_latency_seconds "stage=\"$1\"")
+    s=$(awk -v a=$s -v b="${out% *}" 'BEGIN{print a+b}'); c=$((c + ${out#* }))
+  done
+  echo "$s $c"
+}
+mean_us() {  # mean_us "SUM0 COUNT0" "SUM1 COUNT1" -> mean of the difference in microseconds
+  awk -v a="$1" -v b="$2" 'BEGIN{split(a,x," "); split(b,y," "); n=y[2]-x[2];
+    if (n > 0) printf "%.1f", 1e6*(y[1]-x[1])/n; else printf "nan"}'
 }
 wait_ready() {  # wait_ready LOGFILE PATTERN PID
   for _ in $(seq 1 1500); do
@@ -54,48 +68,54 @@ wait_ready() {  # wait_ready LOGFILE PATTERN PID
   done
   return 1
 }
-# On the GPU machine prometheus-cpp's embedded HTTP server (civetweb) fails to start ("null
-# context when constructing CivetServer"), so METRICS=0 there runs without /metrics endpoints.
-METRICS=${METRICS:-0}
+# METRICS=0 runs without /metrics endpoints.
+METRICS=${METRICS:-1}
 metrics_flag() { [ "$METRICS" = 1 ] && echo "--metrics-listen=127.0.0.1:$1" || echo "--metrics-listen="; }
 
-serve_and_load() {  # serve_and_load NAME MODEL LOADGEN_ARGS...
-  local name=$1 model=$2; shift 2
-  "$BIN/exl3-worker" --model "$model" --experts all --backend cuda --listen 127.0.0.1:$WP \
-    $(metrics_flag $WM) --progress=false > "$OUT/$name-worker.log" 2>&1 &
-  local wpid=$!; PIDS+=($wpid)
-  cat > "$W/map.yaml" <<YAML
-workers:
-  - name: gpu0
-    address: 127.0.0.1:$WP
-    experts: all
-YAML
-  if ! wait_ready "$OUT/$name-worker.log" "serving on" $wpid; then
-    echo "worker did not start"; tail -20 "$OUT/$name-worker.log"; return 1
-  fi
-  grep -iE "loaded|GB/s|pinned" "$OUT/$name-worker.log" | tail -3
+serve_and_load() {  # serve_and_load NAME MODEL NUM_WORKERS NUM_EXPERTS COMMAND...
+  local name=$1 model=$2 nw=$3 ne=$4; shift 4
+  echo "workers:" > "$W/map.yaml"
+  WORKER_METRICS=()
+  local wpids=() wports=()
+  for ((i = 0; i < nw; ++i)); do  # the whole map first: each worker reads its share from it
+    wports[$i]=$(free_port); WORKER_METRICS[$i]=$(free_port)
+    printf '  - name: gpu%d\n    address: 127.0.0.1:%d\n    experts: %d-%d\n' $i ${wports[$i]} \
+      $(( i * ne / nw )) $(( (i + 1) * ne / nw - 1 )) >> "$W/map.yaml"
+  done
+  for ((i = 0; i < nw; ++i)); do
+    "$BIN/exl3-worker" --model "$model" --expert-map "$W/map.yaml" --worker gpu$i --backend cuda \
+      --device $i --listen 127.0.0.1:${wports[$i]} $(metrics_flag ${WORKER_METRICS[$i]}) \
+      --progress=false > "$OUT/$name-worker$i.log" 2>&1 &
+    wpids+=($!); PIDS+=($!)
+  done
+  for ((i = 0; i < nw; ++i)); do
+    if ! wait_ready "$OUT/$name-worker$i.log" "serving on" ${wpids[$i]}; then
+      echo "worker $i did not start"; tail -20 "$OUT/$name-worker$i.log"; return 1
+    fi
+    grep -iE "loaded" "$OUT/$name-worker$i.log" | tail -1
+  done
   "$BIN/exl3-router" --model "$model" --expert-map "$W/map.yaml" --listen 127.0.0.1:$RP \
     $(metrics_flag $RM) --shared-expert none > "$OUT/$name-router.log" 2>&1 &
   local rpid=$!; PIDS+=($rpid)
   wait_ready "$OUT/$name-router.log" "ready: every routed" $rpid || { tail -20 "$OUT/$name-router.log"; return 1; }
   "$@"
-  kill -TERM $rpid $wpid; wait $rpid $wpid 2>/dev/null
+  kill -TERM $rpid "${wpids[@]}"; wait $rpid "${wpids[@]}" 2>/dev/null
 }
 
-large_runs() {
-  local model=$1
-  for c in 1 8 32; do
-    local before after
-    before=$(metric_mean http://127.0.0.1:$WM/metrics exl3_worker_layer_latency_seconds 'stage="compute"')
+large_runs() {  # large_runs MODEL STREAMS...
+  local model=$1; shift
+  for c in "$@"; do
+    local c0 t0
+    c0=$(worker_stage_sums compute); t0=$(worker_stage_sums total)
     echo "=== streams=$c"
     local extra=""
     [ "$c" = 1 ] && extra="--echo-baseline"
     "$BIN/exl3-loadgen" --target 127.0.0.1:$RP --model "$model" --concurrency $c --tokens 1 \
-      --duration "$SECONDS_PER_RUN" --warmup 20 --shared=false $extra 2>&1 | tee "$OUT/e2e-load-$c.txt" | tail -25
-    echo "worker compute mean (us, cumulative over runs so far): $(metric_mean http://127.0.0.1:$WM/metrics exl3_worker_layer_latency_seconds 'stage="compute"')"
-    echo "worker total mean (us, cumulative): $(metric_mean http://127.0.0.1:$WM/metrics exl3_worker_layer_latency_seconds 'stage="total"')"
+      --duration "$SECONDS_PER_RUN" --warmup 20 --shared=false $extra 2>&1 | tail -25
+    echo "worker compute per sub-request batch, mean us: $(mean_us "$c0" "$(worker_stage_sums compute)")"
+    echo "worker total (queue + compute) per sub-request, mean us: $(mean_us "$t0" "$(worker_stage_sums total)")"
   done
-  curl -fsS http://127.0.0.1:$WM/metrics | grep -E "^exl3_worker_(pinned_bytes|load_seconds)" | tee "$OUT/e2e-worker-memory.txt"
+  curl -fsS http://127.0.0.1:${WORKER_METRICS[0]}/metrics | grep -E "^exl3_worker_(pinned_bytes|load_seconds)" | tee "$OUT/e2e-worker-memory.txt"
 }
 
 echo "=== generating synthetic GLM-5.3-Flash-shaped model, $MOE_LAYERS MoE layers"
@@ -105,7 +125,11 @@ t0=$(date +%s)
   --dense-layers 3 --routed-scaling-factor 2.5 --swiglu-limit 10 --bits 2 --codebook mcg --quiet \
   > "$OUT/e2e-gen.log" 2>&1 || { tail "$OUT/e2e-gen.log"; exit 1; }
 echo "generated $(du -sh "$W/glm" | cut -f1) in $(( $(date +%s) - t0 )) s"
-serve_and_load large "$W/glm" large_runs "$W/glm"
+serve_and_load large "$W/glm" 1 288 large_runs "$W/glm" 1 8 32
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+  echo "=== two workers, one GPU each, experts split in halves"
+  serve_and_load large2 "$W/glm" 2 288 large_runs "$W/glm" 1 8 32
+fi
 rm -rf "$W/glm"
 
 echo "=== verify on a small synthetic model (GPU answers vs the CPU reference)"
@@ -116,4 +140,4 @@ verify_run() {
   "$BIN/exl3-loadgen" --target 127.0.0.1:$RP --model "$W/small" --concurrency 8 --tokens 3 \
     --requests 600 --verify --shared=false --tolerance 5e-3 2>&1 | tee "$OUT/e2e-verify.txt" | tail -6
 }
-serve_and_load small "$W/small" verify_run
+serve_and_load small "$W/small" 1 32 verify_run
