@@ -1,4 +1,4 @@
-// Bit-exact IEEE binary16 conversions for the CPU side (round to nearest even).
+// Bit-exact IEEE binary16 and bfloat16 conversions for the CPU side (round to nearest even).
 #pragma once
 
 #include <cstdint>
@@ -70,5 +70,22 @@ inline uint16_t DoubleToHalfBits(double d) {
 }
 
 inline uint16_t FloatToHalfBits(float f) { return DoubleToHalfBits(static_cast<double>(f)); }
+
+// bfloat16: the high half of an fp32.
+inline float BFloat16BitsToFloat(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Rounds to the nearest bfloat16 (ties to even); NaN stays NaN.
+inline uint16_t FloatToBFloat16Bits(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
 
 }  // namespace exl3

@@ -309,21 +309,6 @@ std::vector<std::string> TensorSource::Names() const {
   return names;
 }
 
-float BFloat16BitsToFloat(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-uint16_t FloatToBFloat16Bits(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // NaN
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
 absl::StatusOr<std::vector<float>> ToFloat32(const TensorView& t) {
   const size_t n = static_cast<size_t>(t.info->num_elements());
   std::vector<float> out(n);

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/fp16.h"  // HalfBitsToFloat, BFloat16BitsToFloat, ...
 
 namespace exl3 {
 
@@ -101,8 +102,6 @@ class TensorSource {
 // Tensor contents converted to fp32 (F16, BF16, F32, F64 accepted), checking the shape.
 absl::StatusOr<std::vector<float>> ToFloat32(const TensorView& t);
 
-float BFloat16BitsToFloat(uint16_t b);
-uint16_t FloatToBFloat16Bits(float f);  // round to nearest even
 
 // Builds a safetensors file in memory and writes it atomically (temp file, then rename).
 class SafetensorsWriter {

@@ -13,14 +13,6 @@ cmake --build "$BUILD" -j2 --target exl3-bench exl3-cuda-check
 rm -rf .gpu-deps
 mkdir -p .gpu-deps/bin .gpu-deps/lib
 cp "$BUILD"/bin/exl3-bench "$BUILD"/bin/exl3-cuda-check .gpu-deps/bin/
-for bin in .gpu-deps/bin/*; do
-  ldd "$bin" | awk '/=> \// {print $3}' | while read -r lib; do
-    case "$(basename "$lib")" in
-      libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libgcc_s.so*|libstdc++.so*) ;;
-      libcublas*|libcudart*|libcuda.so*) ;;  # the GPU machine's CUDA 13 provides these
-      *) cp -L -n "$lib" .gpu-deps/lib/ ;;
-    esac
-  done
-done
+scripts/gpu/collect_libs.sh .gpu-deps/lib .gpu-deps/bin/*
 strip --strip-debug .gpu-deps/bin/* 2>/dev/null || true
 du -sh .gpu-deps

@@ -14,17 +14,6 @@ cmake --build "$BUILD" -j2 --target exl3-worker exl3-router exl3-loadgen exl3-to
 rm -rf .gpu-e2e
 mkdir -p .gpu-e2e/bin .gpu-e2e/lib
 for b in exl3-worker exl3-router exl3-loadgen exl3-tool; do cp "$BUILD/bin/$b" .gpu-e2e/bin/; done
-for bin in .gpu-e2e/bin/*; do
-  ldd "$bin" | awk '/=> \// {print $3}' | while read -r lib; do
-    case "$(basename "$lib")" in
-      libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libgcc_s.so*|libstdc++.so*) ;;
-      libcublas*|libcudart*|libcuda.so*) ;;  # the GPU machine's CUDA 13 provides these
-      *) cp -L -n "$lib" .gpu-e2e/lib/ ;;
-    esac
-  done
-done
-# civetweb (prometheus-cpp's HTTP server) dlopens the unversioned libssl.so/libcrypto.so, which
-# only Debian's -dev packages provide; without them the metrics endpoint fails to start.
-for l in libssl libcrypto; do ln -sf "$l.so.3" ".gpu-e2e/lib/$l.so"; done
+scripts/gpu/collect_libs.sh .gpu-e2e/lib .gpu-e2e/bin/*
 strip --strip-debug .gpu-e2e/bin/* .gpu-e2e/lib/* 2>/dev/null || true
 du -sh .gpu-e2e

@@ -3,6 +3,10 @@
 #include <cstring>
 #include <deque>
 
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+
 namespace exl3::svc {
 
 std::vector<char*> DashesToUnderscores(int argc, char** argv) {
@@ -25,6 +29,18 @@ std::vector<char*> DashesToUnderscores(int argc, char** argv) {
     out.push_back(storage.back().data());
   }
   return out;
+}
+
+void ParseServiceFlags(int argc, char** argv, const char* usage) {
+  absl::SetProgramUsageMessage(usage);
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = [](absl::string_view file) {
+    return file.find("services/") != absl::string_view::npos;
+  };
+  config.contains_helpshort_flags = config.contains_help_flags;
+  absl::SetFlagsUsageConfig(config);
+  std::vector<char*> args = DashesToUnderscores(argc, argv);
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
 }
 
 }  // namespace exl3::svc

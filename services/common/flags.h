@@ -15,4 +15,9 @@ namespace exl3::svc {
 // The returned pointers stay valid for the life of the process. Stops at a bare "--".
 std::vector<char*> DashesToUnderscores(int argc, char** argv);
 
+// What the service binaries do with their command line: sets `usage` as the program's usage
+// message, limits --help to the flags defined under services/ (not absl's own), accepts dashed
+// flag names and parses. Exits on --help or a bad flag, as absl does.
+void ParseServiceFlags(int argc, char** argv, const char* usage);
+
 }  // namespace exl3::svc

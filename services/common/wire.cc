@@ -14,21 +14,6 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 
-inline float Bf16ToFloat(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-inline uint16_t FloatToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);  // NaN
-  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(bits >> 16);
-}
-
 std::string ShapeString(const pb::Tensor& t) {
   std::string s = "[";
   for (int i = 0; i < t.shape_size(); ++i) absl::StrAppend(&s, i ? ", " : "", t.shape(i));
@@ -154,7 +139,7 @@ absl::Status TensorToFloat(const pb::Tensor& t, std::string_view name, bool requ
       for (size_t i = 0; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, p + 2 * i, 2);
-        out[i] = Bf16ToFloat(h);
+        out[i] = BFloat16BitsToFloat(h);
       }
       break;
     default:
@@ -203,7 +188,7 @@ void EncodeTensor(const float* data, const std::vector<int64_t>& shape, pb::DTyp
       break;
     case pb::DTYPE_BF16:
       for (size_t i = 0; i < n; ++i) {
-        const uint16_t h = FloatToBf16(data[i]);
+        const uint16_t h = FloatToBFloat16Bits(data[i]);
         std::memcpy(p + 2 * i, &h, 2);
       }
       break;

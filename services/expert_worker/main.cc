@@ -6,9 +6,6 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/synchronization/notification.h"
 #include "services/common/flags.h"
 #include "services/common/logging.h"
@@ -65,20 +62,11 @@ int main(int argc, char** argv) {
     request_stop();
   });
 
-  absl::SetProgramUsageMessage(
+  exl3::svc::ParseServiceFlags(argc, argv,
       "serves the routed experts it holds of an EXL3 MoE model over gRPC.\n"
       "  exl3-worker --model DIR --experts 0-31 [--listen 127.0.0.1:50061]\n"
       "  exl3-worker --model DIR --expert-map map.yaml --worker w0\n"
       "Flags may be written with dashes or underscores (--max-queue = --max_queue).");
-  absl::FlagsUsageConfig usage;
-  // --help lists this binary's flags and the shared server flags (--tls-*), not absl's own.
-  usage.contains_help_flags = [](absl::string_view file) {
-    return file.find("services/") != absl::string_view::npos;
-  };
-  usage.contains_helpshort_flags = usage.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage);
-  std::vector<char*> args = exl3::svc::DashesToUnderscores(argc, argv);
-  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   using namespace exl3;
   svc::LogLevel level;
   if (!svc::ParseLogLevel(absl::GetFlag(FLAGS_log_level).c_str(), &level)) {

@@ -10,9 +10,6 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/strings/str_cat.h"
 #include "model/exl3_model.h"
 #include "model/expert_map.h"
@@ -265,19 +262,10 @@ int main(int argc, char** argv) {
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  absl::SetProgramUsageMessage(
+  exl3::svc::ParseServiceFlags(argc, argv,
       "exl3-router --model DIR --expert-map FILE [--listen HOST:PORT] [flags]\n"
       "The MoE router: gates each MoE layer's tokens, fans out to the expert workers of the map,\n"
       "combines their partial sums with the shared expert. SIGTERM drains, SIGHUP reloads the map.\n"
       "Flags may be written with dashes or underscores (--max-in-flight = --max_in_flight).");
-  absl::FlagsUsageConfig usage;
-  // --help lists the router's flags and the shared server flags (--tls-*), not absl's own.
-  usage.contains_help_flags = [](absl::string_view file) {
-    return file.find("services/") != absl::string_view::npos;
-  };
-  usage.contains_helpshort_flags = usage.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage);
-  std::vector<char*> args = exl3::svc::DashesToUnderscores(argc, argv);
-  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   return exl3::router::Main();
 }

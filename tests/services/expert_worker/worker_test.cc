@@ -128,7 +128,7 @@ TEST(Worker, SmallRequestsAreNotQueuedBehindALongPrefill) {
   o.long_prefill_token_threshold = 16;
   h.Start(o);
   std::mt19937 rng(31);
-  constexpr int kLong = 1600, kChecked = 64;
+  constexpr int kLong = 6400, kChecked = 64;  // long enough that a loaded CI machine still overlaps
   const Sent long_req = RandomRequest(rng, 1, 1, kLong, 4);
   std::atomic<bool> long_done{false};
   pb::ExpertResponse long_resp;
