@@ -35,6 +35,8 @@ ABSL_FLAG(int64_t, default_deadline_ms, 10000,
 ABSL_FLAG(int32_t, max_in_flight, 1024,
           "layer requests in flight across all streams; beyond it RESOURCE_EXHAUSTED");
 ABSL_FLAG(int32_t, shared_expert_threads, 2, "CPU threads running the local shared expert");
+ABSL_FLAG(int32_t, gate_threads, 4,
+          "CPU threads computing router logits (the gate reads the layer's whole router weight)");
 ABSL_FLAG(int64_t, max_tokens, 65536, "most tokens accepted in one layer request");
 ABSL_FLAG(int32_t, max_message_bytes, 64 << 20, "gRPC message size limit (both directions)");
 ABSL_FLAG(int32_t, drain_grace_ms, 10000,
@@ -81,6 +83,7 @@ int Main() {
   ropt.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
   ropt.max_tokens = absl::GetFlag(FLAGS_max_tokens);
   ropt.shared_expert_threads = std::max(1, absl::GetFlag(FLAGS_shared_expert_threads));
+  ropt.gate_threads = std::max(1, absl::GetFlag(FLAGS_gate_threads));
   if (ropt.max_in_flight < 1) return Fail("--max-in-flight must be at least 1");
 
   // The model: config, router weights, shared experts; no routed experts.

@@ -158,9 +158,30 @@ MoeRouterService::MoeRouterService(const Exl3Model& model, const RouterOptions& 
   if (opt.shared_expert_local && cfg_.has_shared_expert()) {
     shared_cpu_ = std::make_unique<cpu::CpuBackend>(opt.shared_expert_threads);
   }
+  if (opt.gate_threads > 1) gate_pool_ = std::make_unique<cpu::ThreadPool>(opt.gate_threads);
 }
 
 MoeRouterService::~MoeRouterService() = default;
+
+void MoeRouterService::ComputeLogits(const float* router_w, const float* x, int num_tokens,
+                                     float* logits) {
+  const int E = cfg_.num_experts, H = cfg_.hidden_size;
+  constexpr int kExpertsPerItem = 16;
+  const int items = (E + kExpertsPerItem - 1) / kExpertsPerItem;
+  if (!gate_pool_ || items < 2) {
+    ComputeRouterLogits(router_w, x, num_tokens, E, H, logits);
+    return;
+  }
+  std::lock_guard<std::mutex> l(gate_mu_);
+  gate_pool_->ParallelFor(items, [&](int item, int) {
+    const int e0 = item * kExpertsPerItem, n = std::min(kExpertsPerItem, E - e0);
+    const float* w = router_w + static_cast<size_t>(e0) * H;
+    for (int t = 0; t < num_tokens; ++t) {  // each token's logits of experts e0..e0+n
+      ComputeRouterLogits(w, x + static_cast<size_t>(t) * H, 1, n, H,
+                          logits + static_cast<size_t>(t) * E + e0);
+    }
+  });
+}
 
 void MoeRouterService::SetPool(std::shared_ptr<WorkerPool> pool) {
   std::lock_guard<std::mutex> l(pool_mu_);
@@ -454,13 +475,15 @@ absl::Status MoeRouterService::Route(const pb::MoeLayerRequest& req, LayerCall& 
       return absl::FailedPreconditionError(absl::StrCat("layer ", L, ": hash table not loaded"));
     }
     std::vector<float> logits(static_cast<size_t>(T) * E);
-    ComputeRouterLogits(router_w, c.x.data(), static_cast<int>(T), E, cfg_.hidden_size, logits.data());
+    ComputeLogits(router_w, c.x.data(), static_cast<int>(T), logits.data());
     std::vector<int64_t> tok(req.token_ids().begin(), req.token_ids().end());
     return RouteHashed(cfg_, L, logits.data(), table, vocab, tok.data(), static_cast<int>(T),
                        c.ids.data(), c.w.data());
   }
-  return RouteTokens(cfg_, L, router_w, bias, c.x.data(), static_cast<int>(T), c.ids.data(),
-                     c.w.data());
+  std::vector<float> logits(static_cast<size_t>(T) * E);  // hidden states were checked finite
+  ComputeLogits(router_w, c.x.data(), static_cast<int>(T), logits.data());
+  return RouteFromLogits(cfg_, L, logits.data(), bias, static_cast<int>(T), c.ids.data(),
+                         c.w.data());
 }
 
 void MoeRouterService::Dispatch(const std::shared_ptr<LayerCall>& c, std::vector<int32_t> rows,

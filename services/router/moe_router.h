@@ -21,6 +21,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "model/exl3_model.h"
 #include "services/router/router_metrics.h"
+#include "kernels/cpu/thread_pool.h"
 #include "services/router/worker_pool.h"
 
 namespace exl3::router {
@@ -31,6 +32,7 @@ struct RouterOptions {
   int max_in_flight = 1024;             // layer requests across all streams
   int64_t max_tokens = 65536;           // per request
   int shared_expert_threads = 2;        // CPU threads of the local shared expert
+  int gate_threads = 4;                 // CPU threads computing router logits (1: inline)
 };
 
 // Runs callbacks at deadlines on one thread.
@@ -76,6 +78,8 @@ class MoeRouterService final : public pb::MoeRouter::Service {
  private:
   void Handle(const std::shared_ptr<StreamState>& s, pb::MoeLayerRequest& req);
   absl::Status Route(const pb::MoeLayerRequest& req, LayerCall& c);
+  // logits [T, E] = x [T, hidden] · router_w^T, split over the gate pool by blocks of experts.
+  void ComputeLogits(const float* router_w, const float* x, int num_tokens, float* logits);
   // Groups (row, expert, weight) triples by chosen worker and sends; failures fail over.
   void Dispatch(const std::shared_ptr<LayerCall>& c, std::vector<int32_t> rows,
                 std::vector<int32_t> experts, std::vector<float> weights);
@@ -97,6 +101,10 @@ class MoeRouterService final : public pb::MoeRouter::Service {
   std::condition_variable idle_cv_;
   DeadlineTimer timer_;
   std::unique_ptr<cpu::CpuBackend> shared_cpu_;  // local shared expert (fast CPU backend)
+  // The gate reads the layer's whole router weight (4.7 MB at 288 x 4096 fp32), usually cold in
+  // cache: one thread is bound by its own memory bandwidth, several split it.
+  std::mutex gate_mu_;  // ThreadPool::ParallelFor takes one call at a time
+  std::unique_ptr<cpu::ThreadPool> gate_pool_;
 };
 
 }  // namespace exl3::router
