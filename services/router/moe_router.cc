@@ -172,7 +172,13 @@ void MoeRouterService::ComputeLogits(const float* router_w, const float* x, int 
     ComputeRouterLogits(router_w, x, num_tokens, E, H, logits);
     return;
   }
-  std::lock_guard<std::mutex> l(gate_mu_);
+  // The pool serves one gate at a time; while it is busy (many streams at once) a gate runs on its
+  // own request thread instead of queueing, so concurrency keeps its throughput.
+  std::unique_lock<std::mutex> l(gate_mu_, std::try_to_lock);
+  if (!l.owns_lock()) {
+    ComputeRouterLogits(router_w, x, num_tokens, E, H, logits);
+    return;
+  }
   gate_pool_->ParallelFor(items, [&](int item, int) {
     const int e0 = item * kExpertsPerItem, n = std::min(kExpertsPerItem, E - e0);
     const float* w = router_w + static_cast<size_t>(e0) * H;

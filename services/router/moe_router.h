@@ -103,7 +103,7 @@ class MoeRouterService final : public pb::MoeRouter::Service {
   std::unique_ptr<cpu::CpuBackend> shared_cpu_;  // local shared expert (fast CPU backend)
   // The gate reads the layer's whole router weight (4.7 MB at 288 x 4096 fp32), usually cold in
   // cache: one thread is bound by its own memory bandwidth, several split it.
-  std::mutex gate_mu_;  // ThreadPool::ParallelFor takes one call at a time
+  std::mutex gate_mu_;  // held while the pool computes one gate (ParallelFor: one call at a time)
   std::unique_ptr<cpu::ThreadPool> gate_pool_;
 };
 
