@@ -16,16 +16,12 @@ if [ -z "$CXX" ]; then
   exit 1
 fi
 
+. scripts/checks/lib/absl_libs.sh
 BIN="$OUT/safetensors_header_fuzz"
 echo "fuzz.sh: building $BIN"
 "$CXX" -std=c++20 -O1 -g -fsanitize=fuzzer,address -I. \
   tools/fuzz/safetensors_header_fuzz.cc model/safetensors.cc \
-  -labsl_statusor -labsl_status -labsl_cord -labsl_cordz_info -labsl_cord_internal \
-  -labsl_cordz_functions -labsl_cordz_handle -labsl_str_format_internal -labsl_strings \
-  -labsl_strings_internal -labsl_int128 -labsl_throw_delegate -labsl_synchronization \
-  -labsl_graphcycles_internal -labsl_stacktrace -labsl_symbolize -labsl_debugging_internal \
-  -labsl_demangle_internal -labsl_malloc_internal -labsl_time -labsl_time_zone -labsl_civil_time \
-  -labsl_base -labsl_spinlock_wait -labsl_raw_logging_internal -labsl_exponential_biased \
+  $ABSL_LIBS \
   -o "$BIN"
 
 # Seed corpus: the golden files' headers (with a little data, so offsets are partly valid) and a

@@ -15,6 +15,7 @@ CXX="$(command -v clang++ || true)"
 [ -n "$CXX" ] || { echo "worker_fuzz: clang++ not found (scripts/install-deps.sh)" >&2; exit 1; }
 [ -f "$GEN/exl3serve/v1/exl3serve.pb.cc" ] || { echo "worker_fuzz: $GEN/exl3serve/v1/exl3serve.pb.cc missing (build exl3_proto first)" >&2; exit 1; }
 
+. scripts/checks/lib/absl_libs.sh
 BIN="$OUT/request_fuzz"
 echo "worker_fuzz: building $BIN"
 "$CXX" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
@@ -22,12 +23,7 @@ echo "worker_fuzz: building $BIN"
   tests/services/expert_worker/request_fuzz.cc services/expert_worker/request.cc \
   services/common/wire.cc "$GEN/exl3serve/v1/exl3serve.pb.cc" \
   $(pkg-config --libs protobuf) \
-  -labsl_statusor -labsl_status -labsl_cord -labsl_cordz_info -labsl_cord_internal \
-  -labsl_cordz_functions -labsl_cordz_handle -labsl_str_format_internal -labsl_strings \
-  -labsl_strings_internal -labsl_int128 -labsl_throw_delegate -labsl_synchronization \
-  -labsl_graphcycles_internal -labsl_stacktrace -labsl_symbolize -labsl_debugging_internal \
-  -labsl_demangle_internal -labsl_malloc_internal -labsl_time -labsl_time_zone -labsl_civil_time \
-  -labsl_base -labsl_spinlock_wait -labsl_raw_logging_internal -labsl_exponential_biased \
+  $ABSL_LIBS \
   -o "$BIN"
 
 # Seed corpus: valid and nearly valid requests, protobuf-encoded by hand.

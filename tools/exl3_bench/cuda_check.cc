@@ -17,6 +17,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/exl3_linear.h"
 #include "kernels/moe_cpu.h"
+#include "tools/exl3_bench/exit_on_error.h"
 #include "tools/exl3_bench/random_exl3.h"
 
 namespace exl3 {
@@ -27,23 +28,6 @@ using benchutil::RandomLinear;
 using benchutil::RandomMoeLayer;
 using benchutil::RandomVector;
 using benchutil::RelErr;
-
-#define CK(expr)                                                                                  \
-  do {                                                                                            \
-    cudaError_t e_ = (expr);                                                                      \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #expr); \
-      std::exit(2);                                                                               \
-    }                                                                                             \
-  } while (0)
-#define OK(expr)                                                                                  \
-  do {                                                                                            \
-    absl::Status s_ = (expr);                                                                     \
-    if (!s_.ok()) {                                                                               \
-      std::fprintf(stderr, "error at %s:%d: %s\n", __FILE__, __LINE__, s_.ToString().c_str());    \
-      std::exit(2);                                                                               \
-    }                                                                                             \
-  } while (0)
 
 std::map<std::string, double> g_worst;
 std::map<std::string, double> g_limit = {

@@ -25,6 +25,7 @@
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/bench_hooks.h"
+#include "tools/exl3_bench/exit_on_error.h"
 #include "tools/exl3_bench/random_exl3.h"
 
 namespace exl3 {
@@ -34,23 +35,6 @@ using benchutil::ProjSpec;
 using benchutil::RandomLinear;
 using benchutil::RandomMoeLayer;
 using benchutil::RandomVector;
-
-#define CK(expr)                                                                                  \
-  do {                                                                                            \
-    cudaError_t e_ = (expr);                                                                      \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #expr); \
-      std::exit(2);                                                                               \
-    }                                                                                             \
-  } while (0)
-#define OK(expr)                                                                                  \
-  do {                                                                                            \
-    absl::Status s_ = (expr);                                                                     \
-    if (!s_.ok()) {                                                                               \
-      std::fprintf(stderr, "error at %s:%d: %s\n", __FILE__, __LINE__, s_.ToString().c_str());    \
-      std::exit(2);                                                                               \
-    }                                                                                             \
-  } while (0)
 
 struct Ceilings {
   double copy_bps = 0;          // bytes/s (read + write)
