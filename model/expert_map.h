@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "model/index_ranges.h"
 #include "model/moe_config.h"
 
 namespace exl3 {
@@ -41,11 +42,6 @@ struct ExpertMap {
 
   const ExpertMapWorker* Find(std::string_view name) const;
 };
-
-// Parses "0-7,12,20-23" into sorted unique indices, each in [0, limit). "all" = [0, limit).
-absl::StatusOr<std::vector<int32_t>> ParseIndexRanges(std::string_view text, int limit);
-// The inverse: sorted indices as "0-7,12,20-23".
-std::string FormatIndexRanges(const std::vector<int32_t>& sorted);
 
 // Parses YAML text and resolves it against the model's MoE layout: layer lists must name MoE
 // layers, expert ids must be < cfg.num_experts, names unique and non-empty, addresses non-empty,

@@ -360,18 +360,27 @@ void SafetensorsWriter::AddMetadata(std::string key, std::string value) {
   metadata_[std::move(key)] = std::move(value);
 }
 
-absl::Status SafetensorsWriter::Write(const std::string& path) const {
+std::string SafetensorsHeaderText(const std::vector<SafetensorsEntry>& entries,
+                                  const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata_.empty()) header["__metadata__"] = metadata_;
+  if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
-  for (const Entry& e : entries_) {
+  for (const SafetensorsEntry& e : entries) {
     header[e.name] = {{"dtype", DTypeName(e.dtype)},
                       {"shape", e.shape},
-                      {"data_offsets", {offset, offset + e.bytes.size()}}};
-    offset += e.bytes.size();
+                      {"data_offsets", {offset, offset + e.bytes}}};
+    offset += e.bytes;
   }
   std::string text = header.dump();
-  while ((text.size() + 8) % 8 != 0) text.push_back(' ');  // align the data section to 8 bytes
+  while ((text.size() + 8) % 8 != 0) text.push_back(' ');
+  return text;
+}
+
+absl::Status SafetensorsWriter::Write(const std::string& path) const {
+  std::vector<SafetensorsEntry> specs;
+  specs.reserve(entries_.size());
+  for (const Entry& e : entries_) specs.push_back({e.name, e.dtype, e.shape, e.bytes.size()});
+  const std::string text = SafetensorsHeaderText(specs, metadata_);
   const std::string tmp = path + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (f == nullptr) {

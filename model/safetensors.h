@@ -103,6 +103,19 @@ class TensorSource {
 absl::StatusOr<std::vector<float>> ToFloat32(const TensorView& t);
 
 
+// One tensor of a file being written: its bytes follow the previous tensor's.
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  uint64_t bytes;
+};
+
+// The header JSON of a file holding `entries` back to back in this order, padded with spaces so
+// that the data section (after the 8-byte length and this text) starts 8-byte aligned.
+std::string SafetensorsHeaderText(const std::vector<SafetensorsEntry>& entries,
+                                  const std::map<std::string, std::string>& metadata);
+
 // Builds a safetensors file in memory and writes it atomically (temp file, then rename).
 class SafetensorsWriter {
  public:

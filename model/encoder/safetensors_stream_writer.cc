@@ -4,7 +4,6 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "nlohmann/json.hpp"
 
 namespace exl3 {
 
@@ -27,23 +26,13 @@ void SafetensorsStreamWriter::AddMetadata(std::string key, std::string value) {
 
 uint64_t SafetensorsStreamWriter::data_bytes() const {
   uint64_t total = 0;
-  for (const Entry& e : entries_) total += e.bytes;
+  for (const SafetensorsEntry& e : entries_) total += e.bytes;
   return total;
 }
 
 absl::Status SafetensorsStreamWriter::Open(const std::string& path) {
   if (file_ != nullptr) return absl::FailedPreconditionError("stream writer already open");
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata_.empty()) header["__metadata__"] = metadata_;
-  uint64_t offset = 0;
-  for (const Entry& e : entries_) {
-    header[e.name] = {{"dtype", DTypeName(e.dtype)},
-                      {"shape", e.shape},
-                      {"data_offsets", {offset, offset + e.bytes}}};
-    offset += e.bytes;
-  }
-  std::string text = header.dump();
-  while ((text.size() + 8) % 8 != 0) text.push_back(' ');  // data section 8-byte aligned
+  const std::string text = SafetensorsHeaderText(entries_, metadata_);
   path_ = path;
   const std::string tmp = path + ".tmp";
   file_ = std::fopen(tmp.c_str(), "wb");
@@ -68,7 +57,7 @@ absl::Status SafetensorsStreamWriter::Write(const std::string& name, const void*
         "stream writer: tensor '", name, "' written out of order (expected '",
         current_ < entries_.size() ? entries_[current_].name : std::string("(none)"), "')"));
   }
-  const Entry& e = entries_[current_];
+  const SafetensorsEntry& e = entries_[current_];
   if (written_ + bytes > e.bytes) {
     return absl::InvalidArgumentError(absl::StrCat("stream writer: tensor '", name, "' takes ",
                                                    e.bytes, " bytes; got more"));

@@ -42,13 +42,7 @@ class SafetensorsStreamWriter {
   absl::Status Finish();
 
  private:
-  struct Entry {
-    std::string name;
-    DType dtype;
-    std::vector<int64_t> shape;
-    uint64_t bytes;
-  };
-  std::vector<Entry> entries_;
+  std::vector<SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
   std::string path_;
   std::FILE* file_ = nullptr;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "model/exl3_model.h"
+#include "model/index_ranges.h"
 #include "tools/exl3_tool/subcommand.h"
 #include "tools/exl3_tool/tool_util.h"
 
@@ -21,18 +22,6 @@ constexpr char kUsage[] =
     "expert tensor against config.json.\n"
     "\n"
     "  --model  the model directory (config.json + safetensors)\n";
-
-// "0-2, 5, 7-9"
-std::string Ranges(const std::vector<int>& v) {
-  std::vector<std::string> parts;
-  for (size_t i = 0; i < v.size();) {
-    size_t j = i;
-    while (j + 1 < v.size() && v[j + 1] == v[j] + 1) ++j;
-    parts.push_back(j == i ? absl::StrCat(v[i]) : absl::StrCat(v[i], "-", v[j]));
-    i = j + 1;
-  }
-  return absl::StrJoin(parts, ", ");
-}
 
 std::string Bytes(uint64_t b) {
   char buf[64];
@@ -70,7 +59,7 @@ int Run(int argc, char** argv) {
               c.head_bits);
   std::printf("hidden_size:      %d\n", c.hidden_size);
   std::printf("layers:           %d, MoE: %zu (%s)\n", c.num_hidden_layers, moe.size(),
-              Ranges(moe).c_str());
+              FormatIndexRanges(std::vector<int32_t>(moe.begin(), moe.end())).c_str());
   if (c.num_hash_layers > 0) {
     std::printf("hash-routed:      the first %d layers (token ids required)\n", c.num_hash_layers);
   }
