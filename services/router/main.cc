@@ -176,10 +176,16 @@ int Main() {
     server_ptr = server->get();
   }
   update_ready();
+  // The bound ports, not the flags: with port 0 the log is how a supervisor finds them.
+  const std::string metrics_flag = absl::GetFlag(FLAGS_metrics_listen);
+  const std::string metrics_at =
+      (*metrics_ep)->port() == 0
+          ? std::string("(none)")
+          : absl::StrCat(metrics_flag.substr(0, metrics_flag.rfind(':')), ":",
+                         (*metrics_ep)->port());
   svc::LogInfo("exl3-router listening on %s (%s), metrics on %s, %d workers in %s",
                (*server)->address().c_str(), scfg.tls.enabled() ? (scfg.tls.require_client_cert ? "mTLS" : "TLS") : "plaintext",
-               absl::GetFlag(FLAGS_metrics_listen).c_str(), static_cast<int>(map->workers.size()),
-               map_path.c_str());
+               metrics_at.c_str(), static_cast<int>(map->workers.size()), map_path.c_str());
   std::printf("listening on %s\n", (*server)->address().c_str());
   std::fflush(stdout);
 

@@ -3,6 +3,7 @@ exl3-router processes on loopback ports, certificates made with openssl, and hel
 readiness. Everything is started as subprocesses of the test and ended by PID."""
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -19,6 +20,10 @@ def free_port():
         return s.getsockname()[1]
 
 
+class ProcessExited(AssertionError):
+    """A process the test waits on has died: waiting longer cannot help."""
+
+
 def wait_for(pred, timeout, what, interval=0.05):
     end = time.time() + timeout
     last = None
@@ -27,6 +32,8 @@ def wait_for(pred, timeout, what, interval=0.05):
             v = pred()
             if v:
                 return v
+        except ProcessExited:
+            raise
         except Exception as e:  # noqa: BLE001 - retried until the timeout
             last = e
         time.sleep(interval)
@@ -73,6 +80,20 @@ class Proc:
         with open(self.log_path, "rb") as f:
             return f.read().decode(errors="replace")
 
+    def wait_for_log(self, pattern, timeout=30):
+        """Waits for `pattern` (a regex) in the log and returns its match; fails at once, with
+        the log, if the process exits first."""
+        rx = re.compile(pattern)
+
+        def seen():
+            m = rx.search(self.text())
+            if m is None and not self.alive():
+                raise ProcessExited(f"{self.name} exited ({self.p.returncode}) before "
+                                    f"logging /{pattern}/:\n{self.text()}")
+            return m
+
+        return wait_for(seen, timeout, f"/{pattern}/ in the log of {self.name}")
+
 
 class Cluster:
     """Test model + expert map + workers + router. Workers: a (experts 0-3, alone),
@@ -102,29 +123,43 @@ class Cluster:
         self.routers = []
 
     def write_map(self, template):
+        self.map_template = template
         with open(self.map_path, "w") as f:
             f.write(template.format(**self.ports))
 
     def start_worker(self, name, extra=()):
-        args = [os.path.join(BIN, "exl3-worker"), "--model", self.model, "--expert-map",
-                self.map_path, "--worker", name, "--listen", f"127.0.0.1:{self.ports[name]}",
-                "--metrics-listen", "127.0.0.1:0", "--progress=false", "--mlock=false", "--threads", "1",
-                *self.worker_tls, *extra]
-        w = Proc(f"worker-{name}-{len(self.workers)}-{time.time():.0f}", args, self.dir)
-        self.workers[name] = w
-        return w
+        """Starts worker `name` on its port from the map and waits until it listens. Before any
+        router has read the map, a port another process took meanwhile is replaced by a fresh
+        one (free_port() cannot reserve it)."""
+        for attempt in range(5):
+            args = [os.path.join(BIN, "exl3-worker"), "--model", self.model, "--expert-map",
+                    self.map_path, "--worker", name, "--listen", f"127.0.0.1:{self.ports[name]}",
+                    "--metrics-listen", "127.0.0.1:0", "--progress=false", "--mlock=false",
+                    "--threads", "1", *self.worker_tls, *extra]
+            w = Proc(f"worker-{name}-{len(self.workers)}-{attempt}-{time.time():.0f}", args,
+                     self.dir)
+            self.workers[name] = w
+            try:
+                w.wait_for_log(r"serving on ")
+                return w
+            except ProcessExited:
+                if "address in use" not in w.text() or self.routers:
+                    raise
+                w.stop()
+                self.ports[name] = free_port()
+                self.write_map(self.map_template)
+        raise AssertionError(f"worker {name}: no free port after 5 attempts")
 
     def start_router(self, extra=(), tls=()):
-        port = free_port()
-        metrics = free_port()
+        """Starts a router on ports the kernel picks and waits until it listens; .address and
+        .metrics are what it logged."""
         args = [os.path.join(BIN, "exl3-router"), "--model", self.model, "--expert-map",
-                self.map_path, "--listen", f"127.0.0.1:{port}",
-                "--metrics-listen", f"127.0.0.1:{metrics}", "--reconnect-backoff-max-ms", "300",
-                *tls, *extra]
+                self.map_path, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+                "--reconnect-backoff-max-ms", "300", *tls, *extra]
         r = Proc(f"router-{len(self.routers)}", args, self.dir)
-        r.address = f"127.0.0.1:{port}"
-        r.metrics = f"127.0.0.1:{metrics}"
         self.routers.append(r)
+        m = r.wait_for_log(r"exl3-router listening on (\S+) .*metrics on (\S+),")
+        r.address, r.metrics = m.group(1), m.group(2)
         return r
 
     def stop(self):
