@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -41,7 +42,8 @@ struct DeviceInfo {
   size_t l2_bytes = 0;
   size_t shared_mem_per_block_optin = 0;
   bool unified_addressing = false;
-  bool pageable_memory_access = false;  // true on GB10-style unified memory
+  bool pageable_memory_access = false;  // the GPU reads pageable host memory (GB10, GH200)
+  bool integrated = false;              // GPU and CPU share one physical memory (GB10)
 };
 
 // Number of visible devices (0 when there is no driver or GPU; never an error).
@@ -100,16 +102,45 @@ absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float
 // W_inner fp16 [k, n] (bit patterns, row-major) decoded on the device; matches DequantizeInner.
 absl::Status DequantizeInnerDevice(const Exl3LinearView& w, uint16_t* out, StreamHandle stream = nullptr);
 
+// Host memory registered with the device (pinned and mapped): the page-aligned union of the given
+// ranges, registered once, unregistered on destruction. Read-only mappings (mmap'd model files) are
+// registered read-only. The memory must outlive the registration.
+struct HostRange {
+  const void* data = nullptr;
+  size_t bytes = 0;
+};
+class HostRegistration {
+ public:
+  static absl::StatusOr<std::unique_ptr<HostRegistration>> Create(const std::vector<HostRange>& ranges);
+  ~HostRegistration();
+  HostRegistration(const HostRegistration&) = delete;
+  HostRegistration& operator=(const HostRegistration&) = delete;
+  // Whether [data, data + bytes) lies inside one registered interval.
+  bool Covers(const void* data, size_t bytes) const;
+  // Bytes registered (whole pages).
+  size_t bytes() const { return bytes_; }
+
+ private:
+  using Interval = std::pair<uintptr_t, uintptr_t>;  // [begin, end), page-aligned, sorted, disjoint
+  HostRegistration() = default;
+  std::vector<Interval> intervals_;
+  size_t bytes_ = 0;
+};
+
 // An MoE layer resident on the device: every held expert's gate/up/down plus the shared expert,
 // and per-projection pointer tables the kernels index by expert id.
 class DeviceMoeLayer {
  public:
   // Copies every held expert into device memory (one allocation).
   static absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> Upload(const MoeLayerView& host);
-  // Leaves the weights where they are: registers (pins and maps) the host pages they occupy and
-  // points the tables at them; only the pointer tables go to device memory. For unified-memory
-  // machines (GB10) and for layers too large for the device. The host memory must outlive this.
-  static absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> Register(const MoeLayerView& host);
+  // Leaves the weights where they are: the kernels read them in place from registered (pinned,
+  // mapped) host memory; only the pointer tables go to device memory. For unified-memory machines
+  // (GB10) and for layers too large for the device. With `pages` null the layer registers the pages
+  // its tensors occupy itself; otherwise `pages` must cover every tensor of the layer (a caller
+  // holding several layers registers them all at once, since neighbouring layers share pages). The
+  // host memory (and `pages`) must outlive the layer.
+  static absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> Register(
+      const MoeLayerView& host, const HostRegistration* pages = nullptr);
   ~DeviceMoeLayer();
   DeviceMoeLayer(const DeviceMoeLayer&) = delete;
   DeviceMoeLayer& operator=(const DeviceMoeLayer&) = delete;
@@ -122,7 +153,8 @@ class DeviceMoeLayer {
 
  private:
   DeviceMoeLayer();
-  static absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> Create(const MoeLayerView& host, bool register_host);
+  static absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> Create(const MoeLayerView& host, bool register_host,
+                                                                 const HostRegistration* pages);
   std::unique_ptr<Impl> impl_;
 };
 

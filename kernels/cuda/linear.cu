@@ -106,6 +106,7 @@ absl::StatusOr<DeviceInfo> QueryDevice(int device) {
   d.shared_mem_per_block_optin = p.sharedMemPerBlockOptin;
   d.unified_addressing = p.unifiedAddressing;
   d.pageable_memory_access = p.pageableMemoryAccess;
+  d.integrated = p.integrated;
   return d;
 }
 

@@ -49,10 +49,9 @@ struct DeviceMoeLayer::Impl {
   void* block = nullptr;
   size_t bytes = 0;
   std::vector<const void*> host_tables;  // host image of the device pointer tables
-  std::vector<void*> registered;          // page-aligned host ranges registered (Register mode)
+  std::unique_ptr<HostRegistration> own_pages;  // Register mode without a caller's registration
   ~Impl() {
     if (block) cudaFree(block);
-    for (void* p : registered) cudaHostUnregister(p);
   }
 };
 
@@ -90,29 +89,24 @@ absl::Status CheckUniform(const Exl3LinearView& v, ProjTable& t, const char* wha
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Upload(const MoeLayerView& host) {
-  return Create(host, /*register_host=*/false);
+  return Create(host, /*register_host=*/false, nullptr);
 }
 
-absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Register(const MoeLayerView& host) {
-  return Create(host, /*register_host=*/true);
+absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Register(const MoeLayerView& host,
+                                                                         const HostRegistration* pages) {
+  return Create(host, /*register_host=*/true, pages);
 }
 
 namespace {
 
-// Every host range the layer's tensors occupy, as page-aligned, merged [begin, end) intervals.
-std::vector<std::pair<uintptr_t, uintptr_t>> LayerPages(const MoeLayerView& host, size_t page) {
-  std::vector<std::pair<uintptr_t, uintptr_t>> r;
-  auto add = [&](const void* p, size_t bytes) {
-    if (!p || !bytes) return;
-    const uintptr_t b = reinterpret_cast<uintptr_t>(p) / page * page;
-    const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes + page - 1) / page * page;
-    r.emplace_back(b, e);
-  };
+// Every host range the layer's tensors occupy.
+std::vector<HostRange> LayerRanges(const MoeLayerView& host) {
+  std::vector<HostRange> r;
   auto add_linear = [&](const Exl3LinearView& v) {
-    add(v.trellis, v.trellis_words() * 2);
-    add(v.suh, v.in_features * 2ul);
-    add(v.svh, v.out_features * 2ul);
-    add(v.bias, v.out_features * 2ul);
+    r.push_back({v.trellis, v.trellis_words() * 2});
+    r.push_back({v.suh, v.in_features * 2ul});
+    r.push_back({v.svh, v.out_features * 2ul});
+    r.push_back({v.bias, v.bias ? v.out_features * 2ul : 0});
   };
   for (const ExpertMlp* e : host.experts) {
     if (!e) continue;
@@ -124,23 +118,15 @@ std::vector<std::pair<uintptr_t, uintptr_t>> LayerPages(const MoeLayerView& host
     add_linear(host.shared->gate);
     add_linear(host.shared->up);
     add_linear(host.shared->down);
-    add(host.shared_gate, host.hidden_size * 4ul);
+    r.push_back({host.shared_gate, host.shared_gate ? host.hidden_size * 4ul : 0});
   }
-  std::sort(r.begin(), r.end());
-  std::vector<std::pair<uintptr_t, uintptr_t>> merged;
-  for (const auto& iv : r) {
-    if (!merged.empty() && iv.first <= merged.back().second) {
-      merged.back().second = std::max(merged.back().second, iv.second);
-    } else {
-      merged.push_back(iv);
-    }
-  }
-  return merged;
+  return r;
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const MoeLayerView& host, bool register_host) {
+absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const MoeLayerView& host, bool register_host,
+                                                                       const HostRegistration* pages) {
   EXL3_RETURN_IF_ERROR(ValidateMoeLayer(host));
   std::unique_ptr<DeviceMoeLayer> layer(new DeviceMoeLayer());
   Impl& L = *layer->impl_;
@@ -188,30 +174,24 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const Moe
     projs[p]->bias = reinterpret_cast<const uint16_t**>(t + 3 * table_entries);
   }
   size_t off = Align(6 * 4 * table_entries * sizeof(void*));
-  // Register mode: pin and map the host pages the tensors live in (read-only for read-only
-  // mappings such as mmap'd model files); the kernels then read them over the interconnect
-  // (on GB10-style unified memory, at memory speed).
-  int use_host_ptr = 0, read_only_ok = 0, dev = 0;
+  // Register mode: the kernels read the tensors in place from pinned, mapped host pages (on
+  // GB10-style unified memory at memory speed, elsewhere over the interconnect).
+  int use_host_ptr = 0, dev = 0;
   if (register_host) {
+    if (pages == nullptr) {
+      absl::StatusOr<std::unique_ptr<HostRegistration>> own = HostRegistration::Create(LayerRanges(host));
+      if (!own.ok()) return own.status();
+      L.own_pages = std::move(*own);
+      pages = L.own_pages.get();
+    }
     EXL3_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
     EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&use_host_ptr, cudaDevAttrCanUseHostPointerForRegisteredMem, dev));
-    EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&read_only_ok, cudaDevAttrHostRegisterReadOnlySupported, dev));
-    for (const auto& iv : LayerPages(host, 4096)) {
-      void* p = reinterpret_cast<void*>(iv.first);
-      // Writable first: the pages may hold other data (heap memory), which a read-only
-      // registration would make invalid as a copy destination. Read-only mappings (mmap'd model
-      // files) refuse that; they are registered read-only.
-      cudaError_t e = cudaHostRegister(p, iv.second - iv.first, cudaHostRegisterMapped);
-      if (e != cudaSuccess && read_only_ok) {
-        cudaGetLastError();
-        e = cudaHostRegister(p, iv.second - iv.first, cudaHostRegisterMapped | cudaHostRegisterReadOnly);
-      }
-      EXL3_CUDA_RETURN_IF_ERROR(e);
-      L.registered.push_back(p);
-    }
   }
   auto put = [&](const void* src, size_t bytes) -> absl::StatusOr<const void*> {
     if (register_host) {
+      if (!pages->Covers(src, bytes)) {
+        return absl::FailedPreconditionError("DeviceMoeLayer::Register: a tensor lies outside the given host registration");
+      }
       if (use_host_ptr) return src;
       void* d = nullptr;
       EXL3_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&d, const_cast<void*>(src), 0));
