@@ -86,7 +86,8 @@ absl::StatusOr<ExpertMap> ParseExpertMap(std::string_view yaml_text, std::string
     w.experts.assign(cfg.num_hidden_layers, {});
     for (const auto& kv : wn) {
       const std::string key = kv.first.Scalar();
-      if (key != "name" && key != "address" && key != "experts" && key != "replica_of") {
+      if (key != "name" && key != "address" && key != "experts" && key != "replica_of" &&
+          key != "shared_expert") {
         return Err(source, absl::StrCat("unknown worker key \"", key, "\"", Where(kv.first)));
       }
     }
@@ -102,6 +103,15 @@ absl::StatusOr<ExpertMap> ParseExpertMap(std::string_view yaml_text, std::string
       return Err(source, absl::StrCat(label, " has no address", Where(wn)));
     }
     w.address = wn["address"].Scalar();
+    if (wn["shared_expert"]) {
+      const YAML::Node sn = wn["shared_expert"];
+      const std::string v = sn.IsScalar() ? sn.Scalar() : "";
+      if (v == "true") {
+        w.shared_expert = true;
+      } else if (v != "false") {
+        return Err(source, absl::StrCat(label, ": shared_expert must be true or false", Where(sn)));
+      }
+    }
     if (wn["replica_of"]) {
       if (wn["experts"]) {
         return Err(source, absl::StrCat(label, " has both experts and replica_of", Where(wn)));
@@ -111,6 +121,10 @@ absl::StatusOr<ExpertMap> ParseExpertMap(std::string_view yaml_text, std::string
       continue;
     }
     const YAML::Node en = wn["experts"];
+    if (!en && w.shared_expert) {  // the shared expert only
+      map.workers.push_back(std::move(w));
+      continue;
+    }
     if (!en) return Err(source, absl::StrCat(label, " has neither experts nor replica_of", Where(wn)));
     const bool per_layer = en.IsSequence() && en.size() > 0 && en[0].IsMap();
     if (!per_layer) {
@@ -174,6 +188,7 @@ absl::StatusOr<ExpertMap> ParseExpertMap(std::string_view yaml_text, std::string
                                       "\" is itself a replica; name the original"));
     }
     w.experts = of->experts;
+    w.shared_expert = w.shared_expert || of->shared_expert;
   }
   return map;
 }

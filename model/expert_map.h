@@ -31,6 +31,9 @@ struct ExpertMapWorker {
   // experts[layer]: sorted, unique routed expert ids held for that layer; empty for layers that
   // are not MoE. Sized cfg.num_hidden_layers.
   std::vector<std::vector<int32_t>> experts;
+  // `shared_expert: true`: also holds the shared expert of every MoE layer (for a router started
+  // with --shared-expert worker:NAME). A replica_of copies it. May be a worker's only share.
+  bool shared_expert = false;
 
   bool Holds(int layer, int expert) const;
   size_t TotalExperts() const;  // sum over layers

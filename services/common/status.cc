@@ -41,4 +41,19 @@ std::vector<std::string> AllStatusCodeNames() {
   return names;
 }
 
+const char* CancelReasonName(int reason) {
+  switch (reason) {
+    case ::exl3serve::v1::CANCEL_REASON_CLIENT: return "client";
+    case ::exl3serve::v1::CANCEL_REASON_DEADLINE: return "deadline";
+    case ::exl3serve::v1::CANCEL_REASON_STREAM_CLOSED: return "stream_closed";
+    case ::exl3serve::v1::CANCEL_REASON_FAILED: return "failed";
+    default: return "unspecified";
+  }
+}
+
+std::vector<int> AllCancelReasons() {
+  return {::exl3serve::v1::CANCEL_REASON_CLIENT, ::exl3serve::v1::CANCEL_REASON_DEADLINE,
+          ::exl3serve::v1::CANCEL_REASON_STREAM_CLOSED, ::exl3serve::v1::CANCEL_REASON_FAILED};
+}
+
 }  // namespace exl3::svc

@@ -28,4 +28,10 @@ std::string StatusCodeName(absl::StatusCode code);
 // All 17 canonical code names, for pre-registering metric series.
 std::vector<std::string> AllStatusCodeNames();
 
+// The label value / message word of a CancelReason: "client", "deadline", "stream_closed",
+// "failed" or "unspecified" (also for values this build does not know).
+const char* CancelReasonName(int reason);
+// The four reasons a caller sets (not "unspecified"), for pre-registering metric series.
+std::vector<int> AllCancelReasons();
+
 }  // namespace exl3::svc

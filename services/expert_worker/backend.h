@@ -5,6 +5,7 @@
 //   be->Prepare(model, opts, &stats);                                // present, else cpu
 //   BatchView b{layer, T, S, x, ids, weights, out};
 //   be->Forward(b);   // out[t] = sum_s weights[t,s] * expert_{ids[t,s]}(x[t]); ids -1 skipped
+//                     // (+ shared(x[t]) when b.shared: exactly the router's local shared expert)
 //
 // Callers validate ids (held by this worker) and weights (finite) before; backends trust them.
 #pragma once
@@ -27,14 +28,22 @@ struct BatchView {
   const int32_t* ids = nullptr;      // [T, S], -1 = empty slot
   const float* weights = nullptr;    // [T, S]
   float* out = nullptr;              // [T, hidden], overwritten
+  bool shared = false;  // also add the shared expert (with its gate) to every token's output
 };
+
+// Where the CUDA backend keeps the weights (--weights-residency). kAuto: in place on integrated
+// GPUs (GB10: one physical memory, a copy would only halve the room), in device memory elsewhere.
+enum class WeightResidency { kAuto, kDevice, kHost };
+absl::StatusOr<WeightResidency> ParseWeightResidency(const std::string& name);
 
 struct PrepareOptions {
   int load_threads = 8;
   bool lock_memory = true;  // CPU: mlock the held tensors
   bool progress = true;     // progress bar on stderr
   bool benchmark = false;   // also time a plain parallel read of the same bytes
+  bool shared_expert = false;  // the model holds the shared experts: make them resident too
   int max_batch_tokens = 4096;  // largest batch Forward will see (device workspaces)
+  WeightResidency residency = WeightResidency::kAuto;  // CUDA only
 };
 
 struct PrepareStats {

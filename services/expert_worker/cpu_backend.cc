@@ -38,10 +38,12 @@ class CpuBackend : public MoeBackend {
     for (int layer : c.MoeLayers()) {
       absl::StatusOr<MoeLayerView> v = model.LayerView(layer);
       if (!v.ok()) return v.status();
-      v->shared = nullptr;  // workers compute routed experts only
+      // The shared expert (when this worker holds it) is only used by batches that ask for it.
+      shared_[layer] = *v;
+      v->shared = nullptr;
       layers_[layer] = *v;
     }
-    ranges_ = HeldTensorRanges(model);
+    ranges_ = HeldTensorRanges(model, opt.shared_expert);
     if (opt.benchmark) {
       LoadStats base = BaselineRead(ranges_, opt.load_threads);
       stats->baseline_gbps = base.gbps();
@@ -63,8 +65,12 @@ class CpuBackend : public MoeBackend {
   }
 
   absl::Status Forward(const BatchView& b) override {
-    auto it = layers_.find(b.layer);
-    if (it == layers_.end()) return absl::InternalError(absl::StrCat("layer ", b.layer, " not prepared"));
+    auto& views = b.shared ? shared_ : layers_;
+    auto it = views.find(b.layer);
+    if (it == views.end()) return absl::InternalError(absl::StrCat("layer ", b.layer, " not prepared"));
+    if (b.shared && it->second.shared == nullptr) {
+      return absl::InternalError(absl::StrCat("layer ", b.layer, ": the shared expert is not loaded"));
+    }
     // Padded [T, S] slots -> per-token (expert, weight) lists without the -1 padding.
     offsets_.assign(1, 0);
     ids_.clear();
@@ -83,7 +89,9 @@ class CpuBackend : public MoeBackend {
     a.expert_ids = ids_.data();
     a.weights = weights_.data();
     a.offsets = offsets_.data();
-    return cpu_.Moe(it->second, b.x, a, /*include_shared=*/false, b.out);
+    // With b.shared this is the same call the router makes for its local shared expert (plus the
+    // routed pairs), so the two give the same sums.
+    return cpu_.Moe(it->second, b.x, a, b.shared, b.out);
   }
 
  private:
@@ -91,7 +99,8 @@ class CpuBackend : public MoeBackend {
   std::vector<int32_t> offsets_, ids_;
   std::vector<float> weights_;
   int hidden_ = 0;
-  std::map<int, MoeLayerView> layers_;
+  std::map<int, MoeLayerView> layers_;  // routed experts only
+  std::map<int, MoeLayerView> shared_;  // with the shared expert (null when not held)
   std::vector<TensorRange> ranges_;
   bool locked_ = false;
   uint64_t pinned_ = 0;
@@ -104,6 +113,14 @@ std::unique_ptr<MoeBackend> MakeCpuBackend(int threads) { return std::make_uniqu
 #if defined(EXL3_HAVE_CUDA)
 std::unique_ptr<MoeBackend> MakeCudaBackend(int device);
 #endif
+
+absl::StatusOr<WeightResidency> ParseWeightResidency(const std::string& name) {
+  if (name == "auto") return WeightResidency::kAuto;
+  if (name == "device") return WeightResidency::kDevice;
+  if (name == "host") return WeightResidency::kHost;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--weights-residency '", name, "' is not auto, device or host"));
+}
 
 absl::StatusOr<std::unique_ptr<MoeBackend>> CreateBackend(const std::string& kind, int device,
                                                           int threads) {

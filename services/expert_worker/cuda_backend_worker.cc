@@ -1,6 +1,7 @@
 // CUDA backend of the worker (compiled only with EXL3_HAVE_CUDA): every MoE layer's held experts
-// uploaded to device memory (kernels/cuda/cuda_backend.h: DeviceMoeLayer, MoeRunner), one
-// workspace per layer, inputs and outputs staged through device buffers.
+// uploaded to device memory, or on unified-memory GPUs used in place from registered host memory
+// (kernels/cuda/cuda_backend.h: DeviceMoeLayer, HostRegistration, MoeRunner), one workspace per
+// layer, inputs and outputs staged through device buffers.
 #include <algorithm>
 #include <map>
 
@@ -23,6 +24,7 @@ class CudaBackend : public MoeBackend {
   ~CudaBackend() override {
     runners_.clear();
     layers_.clear();
+    host_pages_.reset();  // after the layers that point into it
     if (d_x_) cuda::DeviceFree(d_x_);
     if (d_out_) cuda::DeviceFree(d_out_);
   }
@@ -41,7 +43,7 @@ class CudaBackend : public MoeBackend {
     top_k_ = c.top_k;
     max_tokens_ = std::max(1, opt.max_batch_tokens);
     // Read the held bytes into RAM first (parallel, measured), then upload layer by layer.
-    std::vector<TensorRange> ranges = HeldTensorRanges(model);
+    std::vector<TensorRange> ranges = HeldTensorRanges(model, opt.shared_expert);
     if (opt.benchmark) {
       stats->baseline_gbps = BaselineRead(ranges, opt.load_threads).gbps();
       DropFromPageCache(ranges);
@@ -49,12 +51,37 @@ class CudaBackend : public MoeBackend {
     LoadStats ls = MakeResident(ranges, opt.load_threads, /*lock=*/false, opt.progress);
     stats->bytes = ls.bytes;
     stats->read_seconds = ls.seconds;
+    const bool in_place = opt.residency == WeightResidency::kHost ||
+                          (opt.residency == WeightResidency::kAuto && info->integrated);
+    std::map<int, MoeLayerView> views;
+    std::vector<cuda::HostRange> host_ranges;
     for (int layer : c.MoeLayers()) {
-      if (model.HeldExperts(layer).empty()) continue;
       absl::StatusOr<MoeLayerView> v = model.LayerView(layer);
       if (!v.ok()) return v.status();
-      v->shared = nullptr;
-      auto dev = cuda::DeviceMoeLayer::Upload(*v);
+      // The shared expert, when held, is uploaded with the layer and added only by batches that
+      // ask for it (BatchView::shared).
+      if (!opt.shared_expert) v->shared = nullptr;
+      if (model.HeldExperts(layer).empty() && v->shared == nullptr) continue;
+      if (in_place) {
+        const std::vector<cuda::HostRange> r = cuda::MoeLayerHostRanges(*v);
+        host_ranges.insert(host_ranges.end(), r.begin(), r.end());
+      }
+      views.emplace(layer, *v);
+    }
+    if (in_place) {
+      // One registration for all layers: neighbouring layers' tensors share pages.
+      absl::StatusOr<std::unique_ptr<cuda::HostRegistration>> reg =
+          cuda::HostRegistration::Create(host_ranges);
+      if (!reg.ok()) return reg.status();
+      host_pages_ = std::move(*reg);
+      pinned_ += host_pages_->bytes();
+      svc::LogInfo("weights used in place from %.1f MB of registered host memory (%s)",
+                   host_pages_->bytes() / 1e6,
+                   opt.residency == WeightResidency::kHost ? "--weights-residency host" : "integrated GPU");
+    }
+    for (const auto& [layer, v] : views) {
+      auto dev = in_place ? cuda::DeviceMoeLayer::Register(v, host_pages_.get())
+                          : cuda::DeviceMoeLayer::Upload(v);
       if (!dev.ok()) return dev.status();
       auto runner = cuda::MoeRunner::Create(**dev, max_tokens_, top_k_);
       if (!runner.ok()) return runner.status();
@@ -79,6 +106,9 @@ class CudaBackend : public MoeBackend {
     if (it == runners_.end()) {
       return absl::InternalError(absl::StrCat("layer ", b.layer, " has no experts on the device"));
     }
+    if (b.shared && !layers_[b.layer]->has_shared()) {
+      return absl::InternalError(absl::StrCat("layer ", b.layer, ": the shared expert is not on the device"));
+    }
     if (b.tokens > max_tokens_) {
       return absl::InternalError(absl::StrCat("batch of ", b.tokens, " tokens over the device workspace (",
                                               max_tokens_, ")"));
@@ -101,7 +131,7 @@ class CudaBackend : public MoeBackend {
     const size_t bytes = static_cast<size_t>(b.tokens) * hidden_ * sizeof(float);
     if (absl::Status s = cuda::CopyToDevice(d_x_, b.x, bytes); !s.ok()) return s;
     if (absl::Status s = it->second->ForwardHostRouting(d_x_, b.tokens, ids_.data(), weights_.data(),
-                                                       d_out_, nullptr, /*include_shared=*/false);
+                                                       d_out_, nullptr, b.shared);
         !s.ok()) {
       return s;
     }
@@ -114,6 +144,7 @@ class CudaBackend : public MoeBackend {
   std::string device_name_;
   int hidden_ = 0, top_k_ = 0, max_tokens_ = 0;
   uint64_t pinned_ = 0;
+  std::unique_ptr<cuda::HostRegistration> host_pages_;  // --weights-residency host
   std::map<int, std::unique_ptr<cuda::DeviceMoeLayer>> layers_;
   std::map<int, std::unique_ptr<cuda::MoeRunner>> runners_;
   float* d_x_ = nullptr;

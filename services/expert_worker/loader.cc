@@ -71,12 +71,14 @@ void DrawBar(uint64_t done, uint64_t total, double secs, bool final) {
 
 }  // namespace
 
-std::vector<TensorRange> HeldTensorRanges(const Exl3Model& model) {
+std::vector<TensorRange> HeldTensorRanges(const Exl3Model& model, bool shared) {
   std::vector<TensorRange> out;
   std::map<std::string, uint64_t> data_offset;
   const MoeConfig& c = model.config();
   for (int layer : c.MoeLayers()) {
-    for (int e : model.HeldExperts(layer)) {
+    std::vector<int> experts = model.HeldExperts(layer);
+    if (shared && model.SharedExpert(layer) != nullptr) experts.push_back(-1);  // -1: the shared one
+    for (int e : experts) {
       for (Projection p : {Projection::kGate, Projection::kUp, Projection::kDown}) {
         const Exl3Linear* lin = model.Linear(layer, e, p);
         if (lin == nullptr) continue;

@@ -26,8 +26,9 @@ struct TensorRange {
   uint64_t file_offset = 0;  // of data inside `file`
 };
 
-// The ranges of every tensor of every held routed expert (gate, up, down of each).
-std::vector<TensorRange> HeldTensorRanges(const Exl3Model& model);
+// The ranges of every tensor of every held routed expert (gate, up, down of each), and with
+// `shared` those of every MoE layer's shared expert.
+std::vector<TensorRange> HeldTensorRanges(const Exl3Model& model, bool shared = false);
 
 struct LoadStats {
   uint64_t bytes = 0;

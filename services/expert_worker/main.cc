@@ -18,12 +18,20 @@ ABSL_FLAG(std::string, experts, "",
           "experts to hold in every MoE layer: ranges such as \"0-7,12\" or \"all\"");
 ABSL_FLAG(std::string, expert_map, "", "expert map YAML (docs/expert-map.md); needs --worker");
 ABSL_FLAG(std::string, worker, "", "this worker's name in --expert-map");
+ABSL_FLAG(bool, shared_expert, false,
+          "also hold the model's shared expert of every MoE layer, for a router started with "
+          "--shared-expert worker:NAME (the map entry's `shared_expert: true` does the same); "
+          "alone, without --experts/--expert-map: only the shared expert");
 ABSL_FLAG(std::string, listen, "127.0.0.1:50061",
           "gRPC HOST:PORT (plaintext is meant for loopback; use --tls-* elsewhere)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9461",
           "Prometheus /metrics HOST:PORT (empty: no endpoint)");
 ABSL_FLAG(std::string, backend, "auto", "compute backend: auto, cpu or cuda");
 ABSL_FLAG(int, device, 0, "CUDA device index (with --backend cuda/auto)");
+ABSL_FLAG(std::string, weights_residency, "auto",
+          "CUDA backend: where the weights live. device: copied into device memory; host: used in "
+          "place from registered (pinned, mapped) host memory, what unified-memory GPUs (GB10) "
+          "want; auto: host on integrated GPUs, device elsewhere");
 ABSL_FLAG(int, threads, 0, "CPU compute threads (0: all hardware threads)");
 ABSL_FLAG(int, load_threads, 8, "threads reading the experts' bytes at start");
 ABSL_FLAG(bool, mlock, true, "CPU backend: lock the held weights in RAM (needs RLIMIT_MEMLOCK)");
@@ -66,6 +74,7 @@ int main(int argc, char** argv) {
       "serves the routed experts it holds of an EXL3 MoE model over gRPC.\n"
       "  exl3-worker --model DIR --experts 0-31 [--listen 127.0.0.1:50061]\n"
       "  exl3-worker --model DIR --expert-map map.yaml --worker w0\n"
+      "  exl3-worker --model DIR --shared-expert            (the shared expert only)\n"
       "Flags may be written with dashes or underscores (--max-queue = --max_queue).");
   using namespace exl3;
   svc::LogLevel level;
@@ -80,10 +89,12 @@ int main(int argc, char** argv) {
   o.experts = absl::GetFlag(FLAGS_experts);
   o.expert_map = absl::GetFlag(FLAGS_expert_map);
   o.worker_name = absl::GetFlag(FLAGS_worker);
+  o.shared_expert = absl::GetFlag(FLAGS_shared_expert);
   o.listen = absl::GetFlag(FLAGS_listen);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.backend = absl::GetFlag(FLAGS_backend);
   o.device = absl::GetFlag(FLAGS_device);
+  o.weights_residency = absl::GetFlag(FLAGS_weights_residency);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.load_threads = absl::GetFlag(FLAGS_load_threads);
   o.lock_memory = absl::GetFlag(FLAGS_mlock);

@@ -59,9 +59,16 @@ absl::StatusOr<std::shared_ptr<WorkRequest>> DecodeExpertRequest(pb::ExpertReque
     return absl::ResourceExhaustedError(absl::StrCat("request has ", T, " tokens, more than the ",
                                                      limits.max_tokens, " this worker accepts"));
   }
+  if (msg.shared_expert() && !shape.shared_expert) {
+    return absl::NotFoundError(
+        "shared_expert: this worker does not hold the shared expert (start it with "
+        "--shared-expert, or give it shared_expert: true in the expert map)");
+  }
   const int S = msg.slots();
-  if (S < 1 || S > limits.max_slots) {
-    return absl::InvalidArgumentError(absl::StrCat("slots is ", S, ", must be in 1..",
+  // A shared-expert request may carry no routed slots at all.
+  const int min_slots = msg.shared_expert() ? 0 : 1;
+  if (S < min_slots || S > limits.max_slots) {
+    return absl::InvalidArgumentError(absl::StrCat("slots is ", S, ", must be in ", min_slots, "..",
                                                    limits.max_slots));
   }
   const size_t n = static_cast<size_t>(T) * S;
@@ -88,6 +95,7 @@ absl::StatusOr<std::shared_ptr<WorkRequest>> DecodeExpertRequest(pb::ExpertReque
   r->layer = layer;
   r->tokens = static_cast<int>(T);
   r->slots = S;
+  r->shared = msg.shared_expert();
   r->output_dtype = out_dtype;
   r->received = received;
   if (msg.timeout_us() > 0) {

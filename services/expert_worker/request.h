@@ -32,6 +32,7 @@ struct ModelShape {
   std::vector<bool> moe_layer;            // [num_layers]
   std::vector<std::vector<bool>> held;    // [num_layers][num_experts]
   std::vector<std::string> held_ranges;   // [num_layers] "0-7,12" for messages
+  bool shared_expert = false;             // the shared expert is loaded (ExpertRequest.shared_expert)
 };
 
 struct RequestLimits {
@@ -56,7 +57,8 @@ class WorkRequest {
   uint64_t id = 0;
   int layer = 0;
   int tokens = 0;  // T
-  int slots = 0;   // S
+  int slots = 0;   // S (0 only for a shared-expert-only request)
+  bool shared = false;  // add the shared expert for every token (ExpertRequest.shared_expert)
   pb::DType output_dtype = pb::DTYPE_FP32;
   Clock::time_point received{};
   Clock::time_point deadline = Clock::time_point::max();
@@ -72,6 +74,11 @@ class WorkRequest {
   float* out() { return reinterpret_cast<float*>(out_bytes.data()); }
 
   std::shared_ptr<RequestSink> sink;
+
+  // Set (from the stream's reader thread) when the caller cancels this request; the scheduler's
+  // executor drops it at its next look at the queues if it has not finished by then.
+  std::atomic<bool> cancel_requested{false};
+  std::atomic<int> cancel_reason{0};  // pb::CancelReason
 
   // Scheduling state (owned by the scheduler's executor thread).
   int chunks = 0;       // batches (chunks) it has run in so far

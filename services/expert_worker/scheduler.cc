@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/common/logging.h"
+#include "services/common/status.h"
 
 namespace exl3::worker {
 
@@ -32,7 +33,7 @@ absl::Status Scheduler::Submit(std::shared_ptr<WorkRequest> r) {
           opt_.max_queue, "); retry later or on another replica"));
     }
     r->out_bytes.resize(static_cast<size_t>(r->tokens) * hidden_ * sizeof(float));
-    LayerQueue& q = queues_[r->layer];
+    LayerQueue& q = queues_[{r->layer, r->shared}];
     if (r->tokens > long_tokens) {
       q.chunks.push_back({r, 0, r->tokens});
     } else {
@@ -45,6 +46,13 @@ absl::Status Scheduler::Submit(std::shared_ptr<WorkRequest> r) {
   }
   cv_.notify_one();
   return absl::OkStatus();
+}
+
+void Scheduler::Wake() {
+  // Taking the lock orders this wake after the executor's last look at the queues: it is either
+  // before that look (and sees the flag) or already waiting (and is woken).
+  { std::lock_guard<std::mutex> l(mu_); }
+  cv_.notify_all();
 }
 
 void Scheduler::Stop() {
@@ -82,7 +90,8 @@ void Scheduler::ExpireLocked(Clock::time_point now, std::vector<Item>* expired) 
       auto keep = dq->begin();
       for (auto it = dq->begin(); it != dq->end(); ++it) {
         WorkRequest& r = *it->r;
-        const bool drop = r.failed || r.deadline <= now || (r.sink && r.sink->Cancelled());
+        const bool drop = r.failed || r.deadline <= now || (r.sink && r.sink->Cancelled()) ||
+                          r.cancel_requested.load();
         if (!drop) {
           if (keep != it) *keep = std::move(*it);
           ++keep;
@@ -182,6 +191,13 @@ void Scheduler::Loop() {
       l.unlock();
       for (Item& it : expired) {
         const bool cancelled = it.r->sink && it.r->sink->Cancelled();
+        if (!cancelled && it.r->cancel_requested.load()) {
+          Finish(it.r, absl::CancelledError(absl::StrCat(
+                           "request ", it.r->id, " cancelled by the caller (",
+                           svc::CancelReasonName(it.r->cancel_reason.load()), ") before ",
+                           it.r->started ? "its last chunk" : "it was computed")));
+          continue;
+        }
         Finish(it.r, cancelled ? absl::CancelledError("stream cancelled")
                                : absl::DeadlineExceededError(absl::StrCat(
                                      "deadline exceeded before request ", it.r->id,
@@ -217,6 +233,7 @@ void Scheduler::RunBatch(std::vector<Item>& batch) {
   }
   BatchView b;
   b.layer = batch.front().r->layer;
+  b.shared = batch.front().r->shared;  // the same for the whole batch (queued apart)
   b.tokens = T;
   const bool single = batch.size() == 1;
   if (single) {

@@ -9,7 +9,11 @@
 // about `prefill_chunk_us` of compute (0: as long as a recent small batch took, at least 100 µs),
 // so a decode request waits at most about one small batch's time behind a prefill; with no decode
 // traffic chunks grow to `long_prefill_tokens` for throughput. Deadlines are checked while queued
-// and before each batch; requests of cancelled streams are dropped (completed as CANCELLED).
+// and before each batch; requests of cancelled streams, and requests their caller cancelled
+// (WorkRequest::cancel_requested, then Wake), are dropped before their next batch (completed as
+// CANCELLED) without disturbing the other requests they would have been batched with.
+// Shared-expert requests are batched apart from routed-only ones (one batch = one layer, with or
+// without the shared expert for all its tokens).
 //
 //   Scheduler sched(opts, backend, metrics, hidden_size);
 //   sched.Start();
@@ -53,6 +57,8 @@ class Scheduler {
   absl::Status Submit(std::shared_ptr<WorkRequest> r);
   // Requests submitted and not yet completed.
   int InFlight() const;
+  // Makes the executor look at its queues now (after a request's cancel_requested was set).
+  void Wake();
   // Stops the executor after the current batch; completes everything still queued with
   // UNAVAILABLE. Idempotent.
   void Stop();
@@ -83,7 +89,7 @@ class Scheduler {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::map<int, LayerQueue> queues_;
+  std::map<std::pair<int, bool>, LayerQueue> queues_;  // by (layer, shared expert)
   int waiting_requests_ = 0;  // requests with no chunk started
   int in_flight_ = 0;
   int batches_since_chunk_ = 0;

@@ -54,6 +54,19 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const std::vector<int>& la
                             .Register(r);
   for (int e : experts) expert_tokens_[e] = &expert_tokens.Add({{"expert", std::to_string(e)}});
 
+  auto& cancels = prometheus::BuildCounter()
+                      .Name("exl3_worker_cancels_total")
+                      .Help("Cancels received from callers, by reason and what became of the request")
+                      .Register(r);
+  std::vector<int> reasons = svc::AllCancelReasons();
+  reasons.push_back(0);  // unspecified
+  for (int reason : reasons) {
+    for (const char* outcome : {"dropped", "completed", "late"}) {
+      cancels_[{svc::CancelReasonName(reason), outcome}] =
+          &cancels.Add({{"reason", svc::CancelReasonName(reason)}, {"outcome", outcome}});
+    }
+  }
+
   queue_depth_ = &prometheus::BuildGauge()
                       .Name("exl3_worker_queue_depth")
                       .Help("Requests waiting to be batched")
@@ -95,6 +108,11 @@ void WorkerMetrics::CountError(absl::StatusCode code) {
 void WorkerMetrics::CountExpertTokens(int expert, double tokens) {
   auto it = expert_tokens_.find(expert);
   if (it != expert_tokens_.end()) it->second->Increment(tokens);
+}
+
+void WorkerMetrics::CountCancel(int reason, const std::string& outcome) {
+  auto it = cancels_.find({svc::CancelReasonName(reason), outcome});
+  if (it != cancels_.end()) it->second->Increment();
 }
 
 }  // namespace exl3::worker

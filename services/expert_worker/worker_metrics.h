@@ -35,6 +35,10 @@ class WorkerMetrics {
   Layer* layer(int l);
   void CountError(absl::StatusCode code);
   void CountExpertTokens(int expert, double tokens);
+  // A cancel from the caller: `reason` a pb::CancelReason, `outcome` "dropped" (never computed,
+  // or its remaining chunks dropped; answered CANCELLED), "completed" (already computing: answered
+  // with its result) or "late" (not in flight: nothing to do).
+  void CountCancel(int reason, const std::string& outcome);
 
   prometheus::Gauge& queue_depth() { return *queue_depth_; }
   prometheus::Gauge& pinned_bytes() { return *pinned_bytes_; }
@@ -45,6 +49,7 @@ class WorkerMetrics {
   std::map<int, Layer> layers_;
   std::vector<prometheus::Counter*> errors_;  // by code 0..16
   std::map<int, prometheus::Counter*> expert_tokens_;
+  std::map<std::pair<std::string, std::string>, prometheus::Counter*> cancels_;  // (reason, outcome)
   prometheus::Gauge* queue_depth_ = nullptr;
   prometheus::Gauge* pinned_bytes_ = nullptr;
   prometheus::Gauge* load_seconds_ = nullptr;

@@ -69,6 +69,10 @@ class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::Expe
     tm->set_batch_tokens(r->batch_tokens);
     tm->set_batch_requests(r->batch_requests);
     WorkerMetrics* m = w_->metrics();
+    if (m && r->cancel_requested.load()) {
+      m->CountCancel(r->cancel_reason.load(),
+                     status.code() == absl::StatusCode::kCancelled ? "dropped" : "completed");
+    }
     if (status.ok()) {
       const int H = static_cast<int>(r->out_bytes.size() / sizeof(float) / std::max(1, r->tokens));
       pb::Tensor* out = resp->mutable_output();
@@ -131,10 +135,17 @@ class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::Expe
     const Clock::time_point received = Clock::now();
     const uint64_t id = req_.id();
     const int layer = req_.layer();
+    if (req_.has_cancel()) {
+      // A control message, not a request: never answered itself.
+      HandleCancel(id, req_.cancel().reason());
+      req_.Clear();
+      ContinueReading();
+      return;
+    }
     bool duplicate;
     {
       std::lock_guard<std::mutex> l(mu_);
-      duplicate = !ids_.insert(id).second;
+      duplicate = !ids_.emplace(id, std::weak_ptr<WorkRequest>()).second;
     }
     if (duplicate) {
       SendError(id, layer,
@@ -143,16 +154,28 @@ class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::Expe
                                                         "being computed)")),
                 received);
     } else {
-      absl::Status s = w_->Accept(std::move(req_), shared_from_this(), received, stream_deadline_);
+      std::shared_ptr<WorkRequest> accepted;
+      absl::Status s =
+          w_->Accept(std::move(req_), shared_from_this(), received, stream_deadline_, &accepted);
       if (!s.ok()) {
         {
           std::lock_guard<std::mutex> l(mu_);
           ids_.erase(id);
         }
         SendError(id, layer, s, received);
+      } else {
+        // Only while still in flight: it may have been answered already (reads are serialised,
+        // so the id cannot have been taken again meanwhile).
+        std::lock_guard<std::mutex> l(mu_);
+        auto it = ids_.find(id);
+        if (it != ids_.end()) it->second = accepted;
       }
     }
     req_.Clear();
+    ContinueReading();
+  }
+
+  void ContinueReading() {
     // Reads and writes never complete inline (gRPC runs their reactions later), so starting
     // them under mu_ is safe; it orders them against Finish.
     std::lock_guard<std::mutex> l(mu_);
@@ -164,6 +187,22 @@ class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::Expe
     } else {
       StartRead(&req_);
     }
+  }
+
+  // The caller withdraws request `id`: dropped by the scheduler unless already computing.
+  void HandleCancel(uint64_t id, int reason) {
+    std::shared_ptr<WorkRequest> r;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      auto it = ids_.find(id);
+      if (it != ids_.end()) r = it->second.lock();
+    }
+    if (r == nullptr) {
+      // Already answered (or never sent): nothing to do, nothing to answer.
+      if (WorkerMetrics* m = w_->metrics()) m->CountCancel(reason, "late");
+      return;
+    }
+    w_->Cancel(r, reason);
   }
 
   void OnWriteDone(bool ok) override {
@@ -254,7 +293,8 @@ class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::Expe
   pb::ExpertRequest req_;
 
   std::mutex mu_;
-  std::set<uint64_t> ids_;             // in flight (accepted, not yet answered)
+  // In flight (accepted, not yet answered), with the queued request once the scheduler has it.
+  std::map<uint64_t, std::weak_ptr<WorkRequest>> ids_;
   std::deque<ResponsePtr> queue_;      // front is being written when writing_
   bool writing_ = false;
   bool reads_done_ = false;
@@ -292,13 +332,20 @@ class WorkerServer::Service : public pb::ExpertWorker::CallbackService {
 };
 
 // ------------------------------------------------------------------------------------------------
-absl::StatusOr<std::map<int, std::vector<int>>> ResolveExperts(const WorkerOptions& opt,
-                                                               const MoeConfig& cfg) {
-  std::map<int, std::vector<int>> out;
+absl::StatusOr<HeldShare> ResolveExperts(const WorkerOptions& opt, const MoeConfig& cfg) {
+  HeldShare share;
+  share.shared_expert = opt.shared_expert;
+  std::map<int, std::vector<int>>& out = share.experts;
   const bool by_ranges = !opt.experts.empty();
   const bool by_map = !opt.expert_map.empty();
+  if (opt.shared_expert && !cfg.has_shared_expert()) {
+    return absl::InvalidArgumentError(absl::StrCat("--shared-expert: the model (", cfg.architecture,
+                                                   ") has no shared expert"));
+  }
+  if (!by_ranges && !by_map && opt.shared_expert) return share;  // the shared expert alone
   if (by_ranges == by_map) {
-    return absl::InvalidArgumentError("give either --experts RANGES or --expert-map FILE --worker NAME");
+    return absl::InvalidArgumentError(
+        "give either --experts RANGES or --expert-map FILE --worker NAME (or --shared-expert alone)");
   }
   if (by_ranges) {
     absl::StatusOr<std::vector<int32_t>> ids = ParseIndexRanges(opt.experts, cfg.num_experts);
@@ -310,7 +357,7 @@ absl::StatusOr<std::map<int, std::vector<int>>> ResolveExperts(const WorkerOptio
                                                      cfg.num_experts - 1, ")"));
     }
     for (int layer : cfg.MoeLayers()) out[layer] = std::vector<int>(ids->begin(), ids->end());
-    return out;
+    return share;
   }
   if (opt.worker_name.empty()) return absl::InvalidArgumentError("--expert-map needs --worker NAME");
   absl::StatusOr<ExpertMap> map = LoadExpertMap(opt.expert_map, cfg);
@@ -327,11 +374,19 @@ absl::StatusOr<std::map<int, std::vector<int>>> ResolveExperts(const WorkerOptio
       out[layer] = std::vector<int>(w->experts[layer].begin(), w->experts[layer].end());
     }
   }
-  if (out.empty()) {
+  if (w->shared_expert) {
+    if (!cfg.has_shared_expert()) {
+      return absl::InvalidArgumentError(absl::StrCat("worker '", opt.worker_name, "' in ", opt.expert_map,
+                                                     ": shared_expert, but the model (", cfg.architecture,
+                                                     ") has no shared expert"));
+    }
+    share.shared_expert = true;
+  }
+  if (out.empty() && !share.shared_expert) {
     return absl::InvalidArgumentError(absl::StrCat("worker '", opt.worker_name, "' holds no experts in ",
                                                    opt.expert_map));
   }
-  return out;
+  return share;
 }
 
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerOptions& opt) {
@@ -351,12 +406,13 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
     if (!cfg.ok()) return cfg.status();
     w->config_ = *cfg;
   }
-  absl::StatusOr<std::map<int, std::vector<int>>> experts = ResolveExperts(opt, w->config_);
-  if (!experts.ok()) return experts.status();
-  w->experts_ = *experts;
+  absl::StatusOr<HeldShare> share = ResolveExperts(opt, w->config_);
+  if (!share.ok()) return share.status();
+  w->experts_ = share->experts;
+  w->shared_expert_ = share->shared_expert;
   Exl3ModelOptions mo;
   mo.experts = w->experts_;
-  mo.load_shared_experts = false;
+  mo.load_shared_experts = w->shared_expert_;
   mo.load_routers = false;
   absl::StatusOr<std::unique_ptr<Exl3Model>> model = Exl3Model::Open(opt.model_dir, mo);
   if (!model.ok()) {
@@ -376,6 +432,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
   sh.moe_layer = c.moe_layers;
   sh.held.assign(c.num_hidden_layers, std::vector<bool>(c.num_experts, false));
   sh.held_ranges.assign(c.num_hidden_layers, "none");
+  sh.shared_expert = w->shared_expert_;
   std::set<int> all_experts;
   for (const auto& [layer, ids] : w->experts_) {
     for (int e : ids) {
@@ -426,19 +483,23 @@ WorkerServer::~WorkerServer() {
 absl::Status WorkerServer::Load() {
   const auto t0 = Clock::now();
   PrepareOptions po;
+  absl::StatusOr<WeightResidency> residency = ParseWeightResidency(opt_.weights_residency);
+  if (!residency.ok()) return residency.status();
+  po.residency = *residency;
   po.load_threads = opt_.load_threads;
   po.lock_memory = opt_.lock_memory;
   po.progress = opt_.progress;
   po.benchmark = opt_.load_benchmark;
   po.max_batch_tokens = opt_.max_batch_tokens;
+  po.shared_expert = shared_expert_;
   PrepareStats st;
   if (absl::Status s = backend_->Prepare(*model_, po, &st); !s.ok()) return s;
   const double secs = Seconds(Clock::now() - t0);
   size_t held = 0;
   for (const auto& [l, ids] : experts_) held += ids.size();
-  svc::LogInfo("loaded %zu experts over %zu layers: %.1f MB in %.3f s (%.2f GB/s read%s), "
+  svc::LogInfo("loaded %zu experts over %zu layers%s: %.1f MB in %.3f s (%.2f GB/s read%s), "
                "%.1f MB pinned, backend %s (%s)",
-               held, experts_.size(), st.bytes / 1e6, secs,
+               held, experts_.size(), shared_expert_ ? " and the shared experts" : "", st.bytes / 1e6, secs,
                st.read_seconds > 0 ? st.bytes / st.read_seconds / 1e9 : 0.0,
                st.baseline_gbps > 0
                    ? absl::StrCat("; plain parallel read ", st.baseline_gbps, " GB/s, ",
@@ -464,12 +525,18 @@ absl::Status WorkerServer::Load() {
   }
   worker_metrics_->ready().Set(1);
   server_->SetServing(true);
-  svc::LogInfo("serving on %s", server_->address().c_str());
+  // The bound metrics port, not the flag: with port 0 the log is how a supervisor finds it.
+  const std::string metrics_at =
+      metrics_->port() == 0 ? std::string("none")
+                            : absl::StrCat(opt_.metrics_listen.substr(0, opt_.metrics_listen.rfind(':')),
+                                           ":", metrics_->port());
+  svc::LogInfo("serving on %s, metrics on %s", server_->address().c_str(), metrics_at.c_str());
   return absl::OkStatus();
 }
 
 absl::Status WorkerServer::Accept(pb::ExpertRequest&& msg, const std::shared_ptr<StreamReactor>& stream,
-                                  Clock::time_point received, Clock::time_point stream_deadline) {
+                                  Clock::time_point received, Clock::time_point stream_deadline,
+                                  std::shared_ptr<WorkRequest>* accepted) {
   const pb::ServingState st = state_.load();
   if (st == pb::STATE_LOADING) return absl::UnavailableError("worker is still loading its experts");
   if (st == pb::STATE_DRAINING) return absl::UnavailableError("worker is draining (shutting down)");
@@ -484,7 +551,14 @@ absl::Status WorkerServer::Accept(pb::ExpertRequest&& msg, const std::shared_ptr
   if (!r.ok()) return r.status();
   (*r)->deadline = std::min((*r)->deadline, stream_deadline);
   (*r)->sink = stream;
+  *accepted = *r;
   return scheduler_->Submit(std::move(*r));
+}
+
+void WorkerServer::Cancel(const std::shared_ptr<WorkRequest>& r, int reason) {
+  r->cancel_reason.store(reason);
+  r->cancel_requested.store(true);
+  if (scheduler_) scheduler_->Wake();
 }
 
 void WorkerServer::Register(const std::shared_ptr<StreamReactor>& s) {
@@ -593,6 +667,8 @@ void WorkerServer::FillDescribe(pb::DescribeResponse* out) const {
   out->set_max_batch_tokens(opt_.max_batch_tokens);
   out->set_long_prefill_token_threshold(opt_.long_prefill_token_threshold);
   out->set_max_queue(opt_.max_queue);
+  out->set_cancel_supported(true);
+  out->set_holds_shared_expert(shared_expert_);
 }
 
 }  // namespace exl3::worker

@@ -36,9 +36,11 @@ struct WorkerOptions {
   std::string experts;       // ranges for every MoE layer ("0-7,12", "all"); or
   std::string expert_map;    // YAML file (docs/expert-map.md) with
   std::string worker_name;   // this worker's entry
+  bool shared_expert = false;  // also hold the shared expert of every MoE layer (or: the map says so)
   std::string listen = "127.0.0.1:50061";
   std::string metrics_listen = "127.0.0.1:9461";  // "" = no HTTP endpoint
   std::string backend = "auto";
+  std::string weights_residency = "auto";  // CUDA: auto, device or host (ParseWeightResidency)
   int device = 0;
   int threads = 0;        // CPU compute threads (0: all)
   int load_threads = 8;
@@ -54,9 +56,16 @@ struct WorkerOptions {
   svc::ServerTls tls;
 };
 
-// Resolves the experts to hold per MoE layer from `experts` or `expert_map`+`worker_name`.
-absl::StatusOr<std::map<int, std::vector<int>>> ResolveExperts(const WorkerOptions& opt,
-                                                               const MoeConfig& cfg);
+// What a worker holds: routed experts per MoE layer, and whether the shared experts.
+struct HeldShare {
+  std::map<int, std::vector<int>> experts;
+  bool shared_expert = false;
+};
+
+// Resolves the share from `experts` (+ `shared_expert`) or `expert_map`+`worker_name` (the map
+// entry's `shared_expert: true`, or the flag). A worker holding only the shared expert needs no
+// routed experts.
+absl::StatusOr<HeldShare> ResolveExperts(const WorkerOptions& opt, const MoeConfig& cfg);
 
 class StreamReactor;
 
@@ -81,12 +90,17 @@ class WorkerServer {
   pb::ServingState state() const { return state_.load(); }
   const MoeConfig& config() const { return config_; }
   const std::map<int, std::vector<int>>& experts() const { return experts_; }
+  bool holds_shared_expert() const { return shared_expert_; }
   std::string ScrapeMetrics() const { return metrics_->Scrape(); }
 
   // --- used by the stream reactors ---
   // Validates and queues one request of `stream`; on error the caller answers in-band.
+  // On success *accepted is the queued request (for a later cancel).
   absl::Status Accept(pb::ExpertRequest&& msg, const std::shared_ptr<StreamReactor>& stream,
-                      Clock::time_point received, Clock::time_point stream_deadline);
+                      Clock::time_point received, Clock::time_point stream_deadline,
+                      std::shared_ptr<WorkRequest>* accepted);
+  // A cancel for an accepted request: the scheduler drops it if it has not run yet.
+  void Cancel(const std::shared_ptr<WorkRequest>& r, int reason);
   void Register(const std::shared_ptr<StreamReactor>& s);
   void Unregister(StreamReactor* s);
   WorkerMetrics* metrics() { return worker_metrics_.get(); }
@@ -100,6 +114,7 @@ class WorkerServer {
   WorkerOptions opt_;
   MoeConfig config_;
   std::map<int, std::vector<int>> experts_;
+  bool shared_expert_ = false;
   ModelShape shape_;
   RequestLimits limits_;
   std::string fingerprint_;
