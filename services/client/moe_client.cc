@@ -158,6 +158,15 @@ absl::Status MoeStream::Close() {
 
 void MoeStream::Cancel() { ctx_->TryCancel(); }
 
+absl::Status MoeStream::CancelRequest(uint64_t id, pb::CancelReason reason) {
+  pb::MoeLayerRequest c;
+  c.set_id(id);
+  c.mutable_cancel()->set_reason(reason);
+  std::lock_guard<std::mutex> l(write_mu_);
+  if (writes_done_ || !rw_->Write(c)) return absl::UnavailableError("stream closed: write failed");
+  return absl::OkStatus();
+}
+
 pb::MoeLayerRequest MakeLayerRequest(int layer, const float* x, int64_t T, int hidden,
                                      pb::DType dtype, pb::DType output_dtype,
                                      bool include_shared_expert) {

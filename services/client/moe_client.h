@@ -7,6 +7,7 @@
 //   pb::MoeLayerRequest req = MakeLayerRequest(layer, x.data(), T, hidden, pb::DTYPE_FP16);
 //   s->Send(req, [](absl::Status st, const pb::MoeLayerResponse* r) { ... });  // pipelined
 //   absl::StatusOr<pb::MoeLayerResponse> r = s->Call(req);                    // or blocking
+//   s->CancelRequest(req.id());              // withdraw one request (answered CANCELLED)
 //   std::vector<float> y; absl::Status ok = ResponseOutput(*r, hidden, &y);
 //
 // Many requests may be in flight on one stream; each callback runs once, on the stream's reader
@@ -56,6 +57,10 @@ class MoeStream {
   absl::Status Close();
   // Cancels the stream (outstanding callbacks get CANCELLED).
   void Cancel();
+  // Withdraws one request (`id`: req.id() after Send): the router answers it CANCELLED (its
+  // callback runs with that answer) and withdraws its work from the workers, unless it was
+  // answered already. The stream and the other requests go on.
+  absl::Status CancelRequest(uint64_t id, pb::CancelReason reason = pb::CANCEL_REASON_CLIENT);
 
  private:
   friend class MoeClient;

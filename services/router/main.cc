@@ -28,8 +28,8 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "HOST:PORT of the MoeRouter gR
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9451",
           "HOST:PORT of the Prometheus /metrics endpoint (empty: none)");
 ABSL_FLAG(std::string, shared_expert, "local",
-          "where the shared expert runs: local (the router's CPU) or none; worker:NAME is not "
-          "available in protocol v1");
+          "where the shared expert runs: local (the router's CPU), worker:NAME (that worker of "
+          "the expert map, marked shared_expert: true, and its replicas) or none");
 ABSL_FLAG(int64_t, default_deadline_ms, 10000,
           "deadline of a layer request that sets no timeout_us (0: none)");
 ABSL_FLAG(int32_t, max_in_flight, 1024,
@@ -73,11 +73,11 @@ int Main() {
     ropt.shared_expert_local = true;
   } else if (shared == "none") {
     ropt.shared_expert_local = false;
-  } else if (shared.rfind("worker:", 0) == 0) {
-    return Fail("--shared-expert worker:NAME is not available: exl3serve.v1's ExpertWorker has no "
-                "shared-expert operation; use local or none");
+  } else if (shared.rfind("worker:", 0) == 0 && shared.size() > 7) {
+    ropt.shared_expert_local = false;
+    ropt.shared_expert_worker = shared.substr(7);
   } else {
-    return Fail("--shared-expert must be local or none");
+    return Fail("--shared-expert must be local, worker:NAME or none");
   }
   ropt.default_deadline_ms = absl::GetFlag(FLAGS_default_deadline_ms);
   ropt.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
@@ -104,11 +104,22 @@ int Main() {
   if (!map.ok()) return Fail(std::string(map.status().message()));
   absl::Status cover = CheckCoverage(*map, cfg);
   if (!cover.ok()) return Fail(std::string(cover.message()));
+  // The map must name the shared expert's worker (checked again on every reload).
+  auto check_shared = [&](const ExpertMap& m) -> absl::Status {
+    if (ropt.shared_expert_worker.empty()) return absl::OkStatus();
+    if (!cfg.has_shared_expert()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--shared-expert ", shared, ": the model (", cfg.architecture, ") has no shared expert"));
+    }
+    return SharedExpertWorkers(m, ropt.shared_expert_worker).status();
+  };
+  if (absl::Status sh = check_shared(*map); !sh.ok()) return Fail(std::string(sh.message()));
 
   WorkerPoolOptions popt;
   popt.fingerprint = (*model)->fingerprint();
   popt.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   popt.backoff_max_ms = absl::GetFlag(FLAGS_reconnect_backoff_max_ms);
+  popt.shared_expert_worker = ropt.shared_expert_worker;
   popt.tls.ca_file = absl::GetFlag(FLAGS_worker_tls_ca);
   popt.tls.cert_file = absl::GetFlag(FLAGS_worker_tls_cert);
   popt.tls.key_file = absl::GetFlag(FLAGS_worker_tls_key);
@@ -151,9 +162,13 @@ int Main() {
     if (server_ptr) server_ptr->SetServing(ready);
     if (last_ready.exchange(ready ? 1 : 0) != (ready ? 1 : 0)) {
       if (ready) {
-        svc::LogInfo("ready: every routed expert has a serving worker");
+        svc::LogInfo("ready: every routed expert%s has a serving worker",
+                     ropt.shared_expert_worker.empty() ? "" : " and the shared expert");
       } else {
-        svc::LogWarning("not ready: %d routed experts have no serving worker", unserved);
+        svc::LogWarning("not ready: %d %s have no serving worker", unserved,
+                        ropt.shared_expert_worker.empty()
+                            ? "routed experts"
+                            : "routed experts (and per-layer shared experts)");
       }
     }
   };
@@ -205,6 +220,7 @@ int Main() {
       svc::LogInfo("SIGHUP: reloading expert map %s", map_path.c_str());
       auto next = LoadExpertMap(map_path, cfg);
       absl::Status st = next.ok() ? CheckCoverage(*next, cfg) : next.status();
+      if (st.ok()) st = check_shared(*next);
       if (!st.ok()) {
         svc::LogError("reload refused, previous map stays in force: %s",
                       std::string(st.message()).c_str());

@@ -150,6 +150,15 @@ struct LayerCall {
   std::set<int> failed_workers;
   std::set<int> fanout;
   std::string last_failure;
+  // Sub-requests sent and not yet answered (to withdraw them when the request ends early). The
+  // handle's id is 0 while its Send is still running; that Send then checks `done` itself.
+  struct SubRef {
+    std::shared_ptr<WorkerConn> conn;
+    WorkerConn::SubHandle h;
+  };
+  std::map<uint64_t, SubRef> subs;
+  uint64_t next_sub = 0;
+  pb::CancelReason cancel_reason = pb::CANCEL_REASON_FAILED;  // why it ended early
 };
 
 MoeRouterService::MoeRouterService(const Exl3Model& model, const RouterOptions& opt,
@@ -229,6 +238,7 @@ grpc::Status MoeRouterService::Describe(grpc::ServerContext*, const pb::RouterDe
       wi->set_up(w.up());
       wi->set_backend(w.backend());
       wi->set_device(w.device());
+      wi->set_shared_expert(w.serves_shared());
       for (int L = 0; L < cfg_.num_hidden_layers; ++L) {
         if (w.spec().experts[L].empty()) continue;
         pb::LayerExperts* le = wi->add_experts();
@@ -241,6 +251,10 @@ grpc::Status MoeRouterService::Describe(grpc::ServerContext*, const pb::RouterDe
   resp->mutable_versions()->set_server("0.1.0");
   resp->mutable_versions()->set_protocol("exl3serve.v1");
   resp->mutable_versions()->set_grpc(grpc::Version());
+  resp->set_cancel_supported(true);
+  resp->set_shared_expert(!opt_.shared_expert_worker.empty()
+                              ? absl::StrCat("worker:", opt_.shared_expert_worker)
+                              : opt_.shared_expert_local ? "local" : "none");
   resp->set_state(draining_ ? pb::STATE_DRAINING
                   : (p && p->UnservedExperts() == 0) ? pb::STATE_SERVING
                                                      : pb::STATE_LOADING);
@@ -265,20 +279,30 @@ grpc::Status MoeRouterService::Forward(
     if (!rw->Read(&req)) break;
     Handle(s, req);
   }
-  if (ctx->IsCancelled()) {
-    // Nobody is left to answer: end this stream's requests now.
-    s->cancelled = true;
-    std::vector<std::shared_ptr<LayerCall>> calls;
-    {
-      std::lock_guard<std::mutex> l(s->mu);
-      for (auto& [id, c] : s->inflight) calls.push_back(c);
+  // Half-closed (or gone): wait for the requests in flight. When the stream is cancelled (also
+  // after a half-close) nobody is left to answer: end its requests now, which withdraws their
+  // work from the workers.
+  bool ended = false;
+  while (true) {
+    if (!ended && ctx->IsCancelled()) {
+      ended = true;
+      s->cancelled = true;
+      std::vector<std::shared_ptr<LayerCall>> calls;
+      {
+        std::lock_guard<std::mutex> l(s->mu);
+        for (auto& [id, c] : s->inflight) calls.push_back(c);
+      }
+      for (auto& c : calls) {
+        Complete(c, absl::CancelledError("the client cancelled the stream"),
+                 pb::CANCEL_REASON_STREAM_CLOSED);
+      }
     }
-    for (auto& c : calls) Complete(c, absl::CancelledError("the client cancelled the stream"));
-  }
-  {
     std::unique_lock<std::mutex> l(s->mu);
-    s->cv.wait(l, [&] { return s->inflight.empty(); });
-    s->stop_writer = true;  // the writer drains what is queued, then ends
+    if (s->inflight.empty()) {
+      s->stop_writer = true;  // the writer drains what is queued, then ends
+      break;
+    }
+    s->cv.wait_for(l, std::chrono::milliseconds(50));
   }
   s->cv.notify_all();
   s->writer.join();
@@ -296,6 +320,22 @@ void MoeRouterService::Handle(const std::shared_ptr<StreamState>& s, pb::MoeLaye
     if (metrics_) metrics_->Error(svc::StatusCodeName(st.code()));
     s->Write(r);
   };
+  if (req.has_cancel()) {
+    // Not a request: withdraws the in-flight request `id` (answered CANCELLED); an id that is
+    // not in flight is ignored. Never answered itself.
+    std::shared_ptr<LayerCall> c;
+    {
+      std::lock_guard<std::mutex> l(s->mu);
+      auto it = s->inflight.find(req.id());
+      if (it != s->inflight.end()) c = it->second;
+    }
+    if (c) {
+      Complete(c, absl::CancelledError(absl::StrCat("layer ", c->layer, " request ", c->id,
+                                                    " cancelled by the client")),
+               pb::CANCEL_REASON_CLIENT);
+    }
+    return;
+  }
   if (draining_) return reject(absl::UnavailableError("router is draining (shutting down)"));
   auto c = std::make_shared<LayerCall>();
   c->stream = s;
@@ -347,7 +387,8 @@ void MoeRouterService::Handle(const std::shared_ptr<StreamState>& s, pb::MoeLaye
         Complete(cc, absl::DeadlineExceededError(absl::StrCat(
                          "layer ", cc->layer, " request ", cc->id, " exceeded its deadline of ",
                          budget_ms, " ms (workers involved: ", waiting.empty() ? "none" : waiting,
-                         ")")));
+                         ")")),
+                 pb::CANCEL_REASON_DEADLINE);
       }
     });
   }
@@ -357,7 +398,18 @@ void MoeRouterService::Handle(const std::shared_ptr<StreamState>& s, pb::MoeLaye
     const size_t n = static_cast<size_t>(c->T) * c->k;
     std::vector<int32_t> rows(n);
     for (size_t i = 0; i < n; ++i) rows[i] = static_cast<int32_t>(i / c->k);
-    Dispatch(c, std::move(rows), c->ids, c->w);
+    std::vector<int32_t> experts = c->ids;
+    std::vector<float> weights = c->w;
+    if (c->include_shared && c->pool->shared_on_workers() && cfg_.has_shared_expert()) {
+      // --shared-expert worker:NAME: the shared expert is one more (pseudo) expert of every
+      // token, weight 1; its worker applies the family's gate exactly as the local path does.
+      for (int64_t t = 0; t < c->T; ++t) {
+        rows.push_back(static_cast<int32_t>(t));
+        experts.push_back(c->pool->shared_expert_id());
+        weights.push_back(1.0f);
+      }
+    }
+    Dispatch(c, std::move(rows), std::move(experts), std::move(weights));
   }
   c->t_dispatch_end = Clock::now();
   if (metrics_) {
@@ -544,7 +596,7 @@ void MoeRouterService::Dispatch(const std::shared_ptr<LayerCall>& c, std::vector
     }
     return Complete(c, absl::UnavailableError(absl::StrCat(
                            why.empty() ? "" : why + "; ", "no serving worker holds layer ", c->layer,
-                           " experts ", FormatIndexRanges(missing), " (held by: ",
+                           " ", ExpertsText(missing), " (held by: ",
                            down.empty() ? "none" : absl::StrJoin(down, ", "), ")")));
   }
   // Group by worker: the rows each needs, and per row its (expert, weight) pairs.
@@ -560,23 +612,32 @@ void MoeRouterService::Dispatch(const std::shared_ptr<LayerCall>& c, std::vector
     p.weights.push_back(weights[i]);
   }
   const auto now = Clock::now();
+  const int32_t shared_id = pool.shared_expert_id();
   for (auto& [wi, p] : parts) {
-    // Distinct rows in order of first use; slots = most pairs of any row.
+    // Distinct rows in order of first use; slots = most routed pairs of any row (the shared
+    // expert takes no slot: it is a flag of the whole request).
     std::vector<int32_t> urows;
     std::vector<int32_t> slot_of(c->T, -1);  // request row -> index in urows
     std::vector<int> count;
-    for (int32_t r : p.rows) {
+    bool shared = false;
+    for (size_t i = 0; i < p.rows.size(); ++i) {
+      const int32_t r = p.rows[i];
       if (slot_of[r] < 0) {
         slot_of[r] = static_cast<int32_t>(urows.size());
         urows.push_back(r);
         count.push_back(0);
       }
-      ++count[slot_of[r]];
+      if (p.experts[i] == shared_id) {
+        shared = true;
+      } else {
+        ++count[slot_of[r]];
+      }
     }
     const int S = *std::max_element(count.begin(), count.end());
     pb::ExpertRequest req;
     req.set_layer(c->layer);
     req.set_slots(S);
+    req.set_shared_expert(shared);
     req.set_output_dtype(pb::DTYPE_FP32);
     pb::Tensor* h = req.mutable_hidden();
     h->set_dtype(c->in_dtype);
@@ -592,6 +653,7 @@ void MoeRouterService::Dispatch(const std::shared_ptr<LayerCall>& c, std::vector
     std::vector<float> ws(urows.size() * S, 0.0f);
     std::vector<int> fill(urows.size(), 0);
     for (size_t i = 0; i < p.rows.size(); ++i) {
+      if (p.experts[i] == shared_id) continue;
       const size_t r = slot_of[p.rows[i]];
       ids[r * S + fill[r]] = p.experts[i];
       ws[r * S + fill[r]] = p.weights[i];
@@ -601,38 +663,69 @@ void MoeRouterService::Dispatch(const std::shared_ptr<LayerCall>& c, std::vector
     *req.mutable_expert_weights() = {ws.begin(), ws.end()};
     if (c->has_deadline) {
       if (c->deadline <= now) {
-        return Complete(c, absl::DeadlineExceededError(absl::StrCat(
-                               "layer ", c->layer, " request ", c->id, ": deadline passed")));
+        return Complete(c,
+                        absl::DeadlineExceededError(absl::StrCat(
+                            "layer ", c->layer, " request ", c->id, ": deadline passed")),
+                        pb::CANCEL_REASON_DEADLINE);
       }
       req.set_timeout_us(std::max<uint64_t>(1, Micros(now, c->deadline)));
     }
+    uint64_t sub;
     {
       std::lock_guard<std::mutex> l(c->mu);
       if (c->done) return;
       ++c->outstanding;
       if (c->fanout.empty()) c->t_first_send = now;
       c->fanout.insert(wi);
+      sub = c->next_sub++;
+      c->subs[sub] = LayerCall::SubRef{pool.worker_ptr(wi), {}};
     }
     const size_t bytes = req.ByteSizeLong();
     auto prows = std::make_shared<Part>(std::move(p));
     std::shared_ptr<LayerCall> cc = c;
+    WorkerConn::SubHandle handle;
     absl::Status st = pool.worker(wi).Send(
-        &req, bytes, [this, cc, wi, prows](absl::Status s, pb::ExpertResponse* resp) {
-          OnPart(cc, wi, std::move(prows->rows), std::move(prows->experts),
+        &req, bytes,
+        [this, cc, wi, sub, prows](absl::Status s, pb::ExpertResponse* resp) {
+          OnPart(cc, wi, sub, std::move(prows->rows), std::move(prows->experts),
                  std::move(prows->weights), s, resp);
-        });
+        },
+        &handle);
     if (!st.ok()) {
-      OnPart(c, wi, std::move(prows->rows), std::move(prows->experts), std::move(prows->weights),
-             st, nullptr);
+      OnPart(c, wi, sub, std::move(prows->rows), std::move(prows->experts),
+             std::move(prows->weights), st, nullptr);
+      continue;
     }
+    // Record the handle while the part is unanswered; when the request ended meanwhile (with an
+    // error: an OK end needs this part's answer), withdraw it now.
+    bool withdraw = false;
+    pb::CancelReason why = pb::CANCEL_REASON_FAILED;
+    {
+      std::lock_guard<std::mutex> l(c->mu);
+      auto it = c->subs.find(sub);
+      if (it != c->subs.end()) {
+        if (c->done) {
+          c->subs.erase(it);
+          withdraw = true;
+          why = c->cancel_reason;
+        } else {
+          it->second.h = handle;
+        }
+      }
+    }
+    if (withdraw) pool.worker(wi).Cancel(handle, why);
   }
 }
 
-void MoeRouterService::OnPart(const std::shared_ptr<LayerCall>& c, int wi,
+void MoeRouterService::OnPart(const std::shared_ptr<LayerCall>& c, int wi, uint64_t sub,
                               std::vector<int32_t> rows, std::vector<int32_t> experts,
                               std::vector<float> weights, absl::Status st,
                               pb::ExpertResponse* resp) {
   const WorkerConn& w = c->pool->worker(wi);
+  {
+    std::lock_guard<std::mutex> l(c->mu);
+    c->subs.erase(sub);  // answered: nothing to withdraw any more
+  }
   if (st.ok() && resp->status().code() == pb::OK) {
     // Distinct rows in order of first use: the order they were sent in.
     std::vector<int32_t> urows;
@@ -670,27 +763,27 @@ void MoeRouterService::OnPart(const std::shared_ptr<LayerCall>& c, int wi,
                          code == absl::StatusCode::kCancelled || code == absl::StatusCode::kAborted;
   if (!retryable) {
     if (code == absl::StatusCode::kDeadlineExceeded) {
-      return Complete(c, absl::DeadlineExceededError(absl::StrCat(
-                             "layer ", c->layer, " request ", c->id, ": worker ", w.name(), ": ",
-                             err.message())));
+      return Complete(c,
+                      absl::DeadlineExceededError(absl::StrCat("layer ", c->layer, " request ",
+                                                               c->id, ": worker ", w.name(), ": ",
+                                                               err.message())),
+                      pb::CANCEL_REASON_DEADLINE);
     }
     return Complete(c, absl::Status(code, absl::StrCat("worker ", w.name(), ": ", err.message())));
   }
   if (c->has_deadline && Clock::now() >= c->deadline) {
-    return Complete(c, absl::DeadlineExceededError(absl::StrCat(
-                           "layer ", c->layer, " request ", c->id, ": worker ", w.name(),
-                           " failed and the deadline passed: ", err.message())));
+    return Complete(c,
+                    absl::DeadlineExceededError(absl::StrCat(
+                        "layer ", c->layer, " request ", c->id, ": worker ", w.name(),
+                        " failed and the deadline passed: ", err.message())),
+                    pb::CANCEL_REASON_DEADLINE);
   }
   {
     std::lock_guard<std::mutex> l(c->mu);
     if (c->done) return;
     c->failed_workers.insert(wi);
-    std::vector<int32_t> ex = experts;
-    std::sort(ex.begin(), ex.end());
-    ex.erase(std::unique(ex.begin(), ex.end()), ex.end());
     c->last_failure = absl::StrCat("worker ", w.name(), " (", w.address(), ") failed with layer ",
-                                   c->layer, " experts ", FormatIndexRanges(ex), ": ",
-                                   err.message());
+                                   c->layer, " ", ExpertsText(experts), ": ", err.message());
   }
   if (metrics_) metrics_->Failover(w.name());
   Dispatch(c, std::move(rows), std::move(experts), std::move(weights));
@@ -705,11 +798,36 @@ void MoeRouterService::PartDone(const std::shared_ptr<LayerCall>& c) {
   Complete(c, absl::OkStatus());
 }
 
-void MoeRouterService::Complete(const std::shared_ptr<LayerCall>& c, const absl::Status& st) {
+std::string MoeRouterService::ExpertsText(std::vector<int32_t> ex) const {
+  std::sort(ex.begin(), ex.end());
+  ex.erase(std::unique(ex.begin(), ex.end()), ex.end());
+  const bool shared = !ex.empty() && ex.back() == cfg_.num_experts;  // the pseudo id sorts last
+  if (shared) ex.pop_back();
+  if (!shared) return absl::StrCat("experts ", FormatIndexRanges(ex));
+  if (ex.empty()) return "shared expert";
+  return absl::StrCat("experts ", FormatIndexRanges(ex), " and the shared expert");
+}
+
+void MoeRouterService::Complete(const std::shared_ptr<LayerCall>& c, const absl::Status& st,
+                                pb::CancelReason reason) {
+  std::vector<LayerCall::SubRef> withdraw;
   {
     std::lock_guard<std::mutex> l(c->mu);
     if (c->done) return;
     c->done = true;
+    if (!st.ok()) {
+      // The workers' share is no longer needed. Parts whose Send is still running (id 0) are
+      // withdrawn by that Send when it sees `done`.
+      c->cancel_reason = reason;
+      for (auto it = c->subs.begin(); it != c->subs.end();) {
+        if (it->second.h.id != 0) {
+          withdraw.push_back(std::move(it->second));
+          it = c->subs.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
   }
   const Clock::time_point t_combine = Clock::now();
   pb::MoeLayerResponse r;
@@ -753,6 +871,7 @@ void MoeRouterService::Complete(const std::shared_ptr<LayerCall>& c, const absl:
     }
     metrics_->in_flight().Decrement();
   }
+  for (LayerCall::SubRef& sr : withdraw) sr.conn->Cancel(sr.h, reason);
   if (in_flight_.fetch_sub(1) == 1) {
     std::lock_guard<std::mutex> l(idle_mu_);
     idle_cv_.notify_all();

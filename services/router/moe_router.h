@@ -28,6 +28,9 @@ namespace exl3::router {
 
 struct RouterOptions {
   bool shared_expert_local = true;  // run the shared expert on the router's CPU
+  // --shared-expert worker:NAME: the shared expert runs on the workers the pool gives it (NAME and
+  // its replicas), as one more sub-request part; shared_expert_local is then false.
+  std::string shared_expert_worker;
   int64_t default_deadline_ms = 10000;  // for requests with timeout_us == 0 (0: none)
   int max_in_flight = 1024;             // layer requests across all streams
   int64_t max_tokens = 65536;           // per request
@@ -83,11 +86,16 @@ class MoeRouterService final : public pb::MoeRouter::Service {
   // Groups (row, expert, weight) triples by chosen worker and sends; failures fail over.
   void Dispatch(const std::shared_ptr<LayerCall>& c, std::vector<int32_t> rows,
                 std::vector<int32_t> experts, std::vector<float> weights);
-  void OnPart(const std::shared_ptr<LayerCall>& c, int worker, std::vector<int32_t> rows,
-              std::vector<int32_t> experts, std::vector<float> weights, absl::Status st,
-              pb::ExpertResponse* resp);
+  void OnPart(const std::shared_ptr<LayerCall>& c, int worker, uint64_t sub,
+              std::vector<int32_t> rows, std::vector<int32_t> experts,
+              std::vector<float> weights, absl::Status st, pb::ExpertResponse* resp);
   void PartDone(const std::shared_ptr<LayerCall>& c);
-  void Complete(const std::shared_ptr<LayerCall>& c, const absl::Status& st);
+  // Answers the request (once). When it ends with an error, the sub-requests still out at the
+  // workers are withdrawn with `reason`.
+  void Complete(const std::shared_ptr<LayerCall>& c, const absl::Status& st,
+                pb::CancelReason reason = pb::CANCEL_REASON_FAILED);
+  // "experts 1-2", "shared expert", "experts 1-2 and the shared expert" (pseudo id num_experts).
+  std::string ExpertsText(std::vector<int32_t> experts) const;
 
   const Exl3Model& model_;
   const MoeConfig& cfg_;

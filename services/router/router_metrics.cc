@@ -61,7 +61,12 @@ RouterMetrics::RouterMetrics(prometheus::Registry& r, const std::vector<int>& mo
       ready_fam_(prometheus::BuildGauge()
                      .Name("exl3_router_ready")
                      .Help("1 while every expert has a serving worker")
-                     .Register(r)) {
+                     .Register(r)),
+      cancels_fam_(prometheus::BuildCounter()
+                       .Name("exl3_router_worker_cancels_total")
+                       .Help("Worker sub-requests withdrawn because their answer was no longer "
+                             "needed, by reason")
+                       .Register(r)) {
   for (int L : moe_layers) {
     Layer l;
     const std::string ls = std::to_string(L);
@@ -74,6 +79,10 @@ RouterMetrics::RouterMetrics(prometheus::Registry& r, const std::vector<int>& mo
     layers_[L] = l;
   }
   for (const std::string& c : svc::AllStatusCodeNames()) errors_[c] = &errors_fam_.Add({{"code", c}});
+  for (int reason : svc::AllCancelReasons()) {
+    const std::string name = svc::CancelReasonName(reason);
+    cancels_[name] = &cancels_fam_.Add({{"reason", name}});
+  }
   fanout_ = &fanout_fam_.Add({}, svc::CountBuckets());
   sent_ = &sent_fam_.Add({});
   received_ = &received_fam_.Add({});
@@ -125,6 +134,11 @@ void RouterMetrics::WorkerUp(const std::string& worker, bool up) {
 
 void RouterMetrics::Failover(const std::string& worker) {
   if (Worker* w = FindWorker(worker)) w->failovers->Increment();
+}
+
+void RouterMetrics::WorkerCancel(int reason) {
+  auto it = cancels_.find(svc::CancelReasonName(reason));
+  if (it != cancels_.end()) it->second->Increment();
 }
 
 }  // namespace exl3::router

@@ -35,6 +35,8 @@ class RouterMetrics {
   void WorkerRpc(const std::string& worker, double seconds);
   void WorkerUp(const std::string& worker, bool up);
   void Failover(const std::string& worker);
+  // A sub-request withdrawn from a worker (cancel sent, or dropped before it was written).
+  void WorkerCancel(int reason);
   prometheus::Gauge& in_flight() { return *in_flight_; }
   prometheus::Gauge& unserved() { return *unserved_; }
   prometheus::Gauge& ready() { return *ready_; }
@@ -65,9 +67,11 @@ class RouterMetrics {
   prometheus::Family<prometheus::Gauge>& in_flight_fam_;
   prometheus::Family<prometheus::Gauge>& unserved_fam_;
   prometheus::Family<prometheus::Gauge>& ready_fam_;
+  prometheus::Family<prometheus::Counter>& cancels_fam_;
 
   std::map<int, Layer> layers_;  // fixed after construction
   std::map<std::string, prometheus::Counter*> errors_;
+  std::map<std::string, prometheus::Counter*> cancels_;  // by reason name, fixed after construction
   prometheus::Histogram* fanout_;
   prometheus::Counter* sent_;
   prometheus::Counter* received_;

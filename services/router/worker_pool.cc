@@ -36,7 +36,7 @@ struct WorkerConn::Session {
       if (!open) return;
       pb::ExpertRequest r = std::move(outq.front());
       outq.pop_front();
-      queued_bytes -= std::min(queued_bytes, r.ByteSizeLong());
+      if (!r.has_cancel()) queued_bytes -= std::min(queued_bytes, r.ByteSizeLong());
       l.unlock();
       const bool ok = stream->Write(r);
       l.lock();
@@ -56,9 +56,35 @@ struct WorkerConn::Session {
   std::unordered_map<uint64_t, Pending> pending;
 };
 
+absl::StatusOr<std::vector<std::string>> SharedExpertWorkers(const ExpertMap& map,
+                                                             const std::string& name) {
+  const ExpertMapWorker* named = map.Find(name);
+  if (named == nullptr) {
+    std::vector<std::string> names;
+    for (const auto& w : map.workers) names.push_back(w.name);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--shared-expert worker:", name, ": no worker \"", name, "\" in the expert map ", map.source,
+        " (workers: ", absl::StrJoin(names, ", "), ")"));
+  }
+  if (!named->shared_expert) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--shared-expert worker:", name, ": worker \"", name, "\" in ", map.source,
+        " is not marked `shared_expert: true` (it would not load the shared expert)"));
+  }
+  std::vector<std::string> out = {name};
+  for (const auto& w : map.workers) {
+    if (w.shared_expert && w.name != name) out.push_back(w.name);
+  }
+  return out;
+}
+
 WorkerConn::WorkerConn(const ExpertMapWorker& w, const MoeConfig& cfg,
                        const WorkerPoolOptions& opt, RouterMetrics* metrics)
-    : spec_(w), cfg_(cfg), opt_(opt), metrics_(metrics) {
+    : spec_(w),
+      cfg_(cfg),
+      opt_(opt),
+      metrics_(metrics),
+      serves_shared_(!opt.shared_expert_worker.empty() && w.shared_expert) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(opt.max_message_bytes);
   args.SetMaxSendMessageSize(opt.max_message_bytes);
@@ -140,6 +166,11 @@ absl::Status WorkerConn::CheckDescribe(const pb::DescribeResponse& d) const {
         "model fingerprint ", d.model().fingerprint(), " (", d.model().architecture(),
         ") differs from the router's ", opt_.fingerprint, ": not the same model directory"));
   }
+  if (serves_shared_ && !d.holds_shared_expert()) {
+    return absl::FailedPreconditionError(
+        "does not hold the shared expert the router's --shared-expert worker:NAME gives it (start "
+        "it with --shared-expert, or with the expert map entry marked shared_expert: true)");
+  }
   // Every expert the map assigns must be held.
   std::vector<std::vector<int32_t>> held(cfg_.num_hidden_layers);
   for (const auto& le : d.experts()) {
@@ -207,6 +238,7 @@ absl::Status WorkerConn::RunSession() {
     backend_ = d.backend();
     device_ = d.device();
   }
+  cancel_supported_ = d.cancel_supported();
   // 2. Health watch and the Forward stream.
   auto health = grpc::health::v1::Health::NewStub(channel_);
   auto watch_ctx = std::make_shared<grpc::ClientContext>();
@@ -297,7 +329,8 @@ void WorkerConn::ReadLoop(std::shared_ptr<Session> s) {
   }
 }
 
-absl::Status WorkerConn::Send(pb::ExpertRequest* req, size_t request_bytes, SubCallback cb) {
+absl::Status WorkerConn::Send(pb::ExpertRequest* req, size_t request_bytes, SubCallback cb,
+                              SubHandle* handle) {
   std::shared_ptr<Session> s;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -333,6 +366,7 @@ absl::Status WorkerConn::Send(pb::ExpertRequest* req, size_t request_bytes, SubC
   if (ok) {
     s->write_cv.notify_one();
     if (metrics_) metrics_->Sent(request_bytes);
+    if (handle != nullptr) *handle = SubHandle{s, id};
     return absl::OkStatus();
   }
   // Not written: take the entry back unless the stream's teardown already answered it.
@@ -350,6 +384,51 @@ absl::Status WorkerConn::Send(pb::ExpertRequest* req, size_t request_bytes, SubC
   return absl::OkStatus();
 }
 
+void WorkerConn::Cancel(const SubHandle& h, pb::CancelReason reason) {
+  std::shared_ptr<Session> s = h.session.lock();
+  if (!s || h.id == 0) return;
+  {
+    std::lock_guard<std::mutex> l(s->pending_mu);
+    if (s->pending.count(h.id) == 0) return;  // answered (or failed with the stream) already
+  }
+  bool withdrawn = false, sent = false;
+  {
+    std::lock_guard<std::mutex> l(s->write_mu);
+    if (!s->open) return;  // the stream is ending: the reader fails what is pending
+    for (auto it = s->outq.begin(); it != s->outq.end(); ++it) {
+      if (it->id() == h.id && !it->has_cancel()) {
+        s->queued_bytes -= std::min(s->queued_bytes, it->ByteSizeLong());
+        s->outq.erase(it);
+        withdrawn = true;
+        break;
+      }
+    }
+    if (!withdrawn && cancel_supported_) {
+      pb::ExpertRequest c;
+      c.set_id(h.id);
+      c.mutable_cancel()->set_reason(reason);
+      s->outq.push_back(std::move(c));
+      sent = true;
+    }
+  }
+  if (sent) s->write_cv.notify_one();
+  if (withdrawn) {
+    // Never written: the worker knows nothing of it; answer it here.
+    Session::Pending p;
+    {
+      std::lock_guard<std::mutex> l(s->pending_mu);
+      auto it = s->pending.find(h.id);
+      if (it == s->pending.end()) return;
+      p = std::move(it->second);
+      s->pending.erase(it);
+    }
+    outstanding_.fetch_sub(1);
+    p.cb(absl::CancelledError(absl::StrCat("withdrawn before it was sent to worker ", spec_.name)),
+         nullptr);
+  }
+  if ((withdrawn || sent) && metrics_) metrics_->WorkerCancel(reason);
+}
+
 // ---- WorkerPool ----
 
 std::shared_ptr<WorkerPool> WorkerPool::Create(const ExpertMap& map, const MoeConfig& cfg,
@@ -358,13 +437,15 @@ std::shared_ptr<WorkerPool> WorkerPool::Create(const ExpertMap& map, const MoeCo
   std::shared_ptr<WorkerPool> p(new WorkerPool());
   p->moe_layers_ = cfg.MoeLayers();
   p->num_experts_ = cfg.num_experts;
-  p->holders_.assign(cfg.num_hidden_layers, std::vector<std::vector<int>>(cfg.num_experts));
+  // One more holder list per layer: the shared expert's (pseudo expert id num_experts).
+  p->holders_.assign(cfg.num_hidden_layers, std::vector<std::vector<int>>(cfg.num_experts + 1));
+  p->shared_on_workers_ = !opt.shared_expert_worker.empty();
   for (const ExpertMapWorker& w : map.workers) {
     std::shared_ptr<WorkerConn> conn;
     if (reuse) {
       for (const auto& old : reuse->workers_) {
         if (old->name() == w.name && old->address() == w.address &&
-            old->spec().experts == w.experts) {
+            old->spec().experts == w.experts && old->spec().shared_expert == w.shared_expert) {
           conn = old;
         }
       }
@@ -378,6 +459,16 @@ std::shared_ptr<WorkerPool> WorkerPool::Create(const ExpertMap& map, const MoeCo
     p->workers_.push_back(conn);
     for (int L = 0; L < cfg.num_hidden_layers; ++L) {
       for (int e : w.experts[L]) p->holders_[L][e].push_back(idx);
+    }
+  }
+  if (p->shared_on_workers_) {
+    // The named worker first, then its replicas (SharedExpertWorkers' order).
+    auto names = SharedExpertWorkers(map, opt.shared_expert_worker);
+    for (const std::string& n : names.ok() ? *names : std::vector<std::string>{}) {
+      for (int i = 0; i < p->num_workers(); ++i) {
+        if (p->workers_[i]->name() != n) continue;
+        for (int L : p->moe_layers_) p->holders_[L][cfg.num_experts].push_back(i);
+      }
     }
   }
   return p;
@@ -396,7 +487,7 @@ void WorkerPool::StopUnshared(const WorkerPool& next) {
 int WorkerPool::UnservedExperts() const {
   int n = 0;
   for (int L : moe_layers_) {
-    for (int e = 0; e < num_experts_; ++e) {
+    for (int e = 0; e < num_experts_ + (shared_on_workers_ ? 1 : 0); ++e) {
       bool served = false;
       for (int i : holders_[L][e]) served |= workers_[i]->up();
       n += served ? 0 : 1;

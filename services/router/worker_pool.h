@@ -6,11 +6,17 @@
 //   WorkerPool::Options opt; opt.fingerprint = model.fingerprint(); opt.on_change = [&]{...};
 //   auto pool = WorkerPool::Create(map, cfg, opt, /*reuse=*/nullptr, &metrics);
 //   const std::vector<int>& who = pool->Holders(layer, expert);   // indices into workers
-//   pool->worker(i).Send(request, [](absl::Status s, ExpertResponse* r) {...});
+//   WorkerConn::SubHandle h;
+//   pool->worker(i).Send(request, bytes, [](absl::Status s, ExpertResponse* r) {...}, &h);
+//   pool->worker(i).Cancel(h, pb::CANCEL_REASON_DEADLINE);   // no longer needed
 //
 // A worker is "up" while its Describe matched, its health is SERVING and its Forward stream is
 // open. When the stream breaks, every sub-request in flight on it gets its callback with
 // UNAVAILABLE (the router then fails over).
+//
+// With --shared-expert worker:NAME the shared expert is a pseudo expert of every MoE layer, id
+// num_experts (WorkerPool::shared_expert_id), held by NAME and by the other map workers marked
+// shared_expert (replicas).
 #pragma once
 
 #include <atomic>
@@ -38,7 +44,8 @@ namespace pb = ::exl3serve::v1;
 class RouterMetrics;
 
 // Called exactly once per accepted sub-request: OK with the worker's response (whose in-band
-// status may still be an error), or UNAVAILABLE when the stream broke before the answer came.
+// status may still be an error), UNAVAILABLE when the stream broke before the answer came, or
+// CANCELLED when Cancel withdrew it before it was written.
 using SubCallback = std::function<void(absl::Status, pb::ExpertResponse*)>;
 
 struct WorkerPoolOptions {
@@ -48,7 +55,14 @@ struct WorkerPoolOptions {
   int backoff_initial_ms = 100;
   int backoff_max_ms = 2000;
   std::function<void()> on_change;  // any worker's up state changed
+  std::string shared_expert_worker;  // --shared-expert worker:NAME, else empty
 };
+
+// The map's workers that serve the shared expert under --shared-expert worker:NAME: NAME first,
+// then the others marked shared_expert (replicas). Error (naming the problem) when NAME is not in
+// the map or its entry lacks `shared_expert: true`.
+absl::StatusOr<std::vector<std::string>> SharedExpertWorkers(const ExpertMap& map,
+                                                             const std::string& name);
 
 class WorkerConn {
  public:
@@ -58,9 +72,23 @@ class WorkerConn {
   void Start();
   void Stop();
 
+  // Identifies one sent sub-request (its stream and id), for Cancel.
+  struct Session;
+  struct SubHandle {
+    std::weak_ptr<Session> session;
+    uint64_t id = 0;  // 0: none
+  };
+
   // Sends `req` (its id is overwritten). On OK, `cb` will be called exactly once, from another
-  // thread. On error (worker not up, write failed) `cb` is not called.
-  absl::Status Send(pb::ExpertRequest* req, size_t request_bytes, SubCallback cb);
+  // thread, and *handle (when given) identifies the sub-request. On error (worker not up, write
+  // failed) `cb` is not called.
+  absl::Status Send(pb::ExpertRequest* req, size_t request_bytes, SubCallback cb,
+                    SubHandle* handle = nullptr);
+  // Withdraws a sub-request whose answer is no longer needed: one still waiting to be written is
+  // dropped here (its callback runs with CANCELLED); one already written gets a cancel message on
+  // the stream when the worker's Describe says it accepts them (its answer, CANCELLED or the
+  // result, still comes and runs the callback). A sub-request already answered: nothing happens.
+  void Cancel(const SubHandle& h, pb::CancelReason reason);
 
   const std::string& name() const { return spec_.name; }
   const std::string& address() const { return spec_.address; }
@@ -70,9 +98,11 @@ class WorkerConn {
   std::string state_message() const;  // why it is not up, or "" while up
   std::string backend() const;
   std::string device() const;
+  // Serves the shared expert (--shared-expert worker:NAME and the map marks it shared_expert).
+  bool serves_shared() const { return serves_shared_; }
+  bool cancel_supported() const { return cancel_supported_.load(); }
 
  private:
-  struct Session;
   void Supervise();
   absl::Status RunSession();
   void ReadLoop(std::shared_ptr<Session> s);
@@ -86,6 +116,8 @@ class WorkerConn {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::ExpertWorker::Stub> stub_;
 
+  const bool serves_shared_;
+  std::atomic<bool> cancel_supported_{false};  // from Describe
   std::atomic<bool> up_{false};
   std::atomic<int> outstanding_{0};
   std::atomic<bool> stop_{false};
@@ -110,11 +142,15 @@ class WorkerPool {
   int num_workers() const { return static_cast<int>(workers_.size()); }
   WorkerConn& worker(int i) const { return *workers_[i]; }
   std::shared_ptr<WorkerConn> worker_ptr(int i) const { return workers_[i]; }
-  // Workers holding (layer, expert), in map order.
+  // Workers holding (layer, expert), in map order; expert shared_expert_id(): the shared expert's
+  // holders (empty unless it runs on workers).
   const std::vector<int>& Holders(int layer, int expert) const {
     return holders_[layer][expert];
   }
-  // Routed experts (all layers) without any up worker.
+  int shared_expert_id() const { return num_experts_; }
+  bool shared_on_workers() const { return shared_on_workers_; }
+  // Routed experts (all layers) without any up worker, plus one per MoE layer whose shared expert
+  // has none when it runs on workers.
   int UnservedExperts() const;
   // Stops the connections not shared with `next` (after a reload swapped pools).
   void StopUnshared(const WorkerPool& next);
@@ -122,9 +158,10 @@ class WorkerPool {
  private:
   WorkerPool() = default;
   std::vector<std::shared_ptr<WorkerConn>> workers_;
-  std::vector<std::vector<std::vector<int>>> holders_;  // [layer][expert] -> worker indices
+  std::vector<std::vector<std::vector<int>>> holders_;  // [layer][expert or shared] -> workers
   std::vector<int> moe_layers_;
   int num_experts_ = 0;
+  bool shared_on_workers_ = false;
 };
 
 }  // namespace exl3::router

@@ -160,7 +160,13 @@ class MoeStream:
         self._reader.join()
 
     def cancel(self):
+        """Cancels the whole stream."""
         self._call.cancel()
+
+    def cancel_request(self, req_id, reason=pb.CANCEL_REASON_CLIENT):
+        """Withdraws one request (`req_id`: the id submit_request gave it): the router answers it
+        CANCELLED and withdraws its work from the workers, unless it was answered already."""
+        self._outbox.put(pb.MoeLayerRequest(id=req_id, cancel=pb.Cancel(reason=reason)))
 
     def __enter__(self):
         return self
