@@ -120,6 +120,29 @@ TEST(ExpertMapTest, BadMapsNamed) {
   ExpectBad(cfg, "workers: []", "empty");
 }
 
+TEST(ExpertMapTest, SharedExpertWorkersAndTheirReplicas) {
+  const MoeConfig cfg = TestConfig();
+  auto map = ParseExpertMap(R"(
+workers:
+  - {name: a, address: "h:1", experts: all, shared_expert: false}
+  - {name: s, address: "h:2", shared_expert: true}
+  - {name: s2, address: "h:3", replica_of: s}
+  - {name: both, address: "h:4", experts: 0-3, shared_expert: true}
+)", "shared.yaml", cfg);
+  ASSERT_TRUE(map.ok()) << map.status();
+  EXPECT_FALSE(map->Find("a")->shared_expert);
+  EXPECT_TRUE(map->Find("s")->shared_expert);
+  EXPECT_EQ(map->Find("s")->TotalExperts(), 0u);  // the shared expert only
+  EXPECT_TRUE(map->Find("s2")->shared_expert);     // copied by replica_of
+  EXPECT_TRUE(map->Find("both")->shared_expert);
+  EXPECT_EQ(map->Find("both")->TotalExperts(), 20u);
+  EXPECT_TRUE(CheckCoverage(*map, cfg).ok());
+  ExpectBad(cfg, "workers:\n  - {name: a, address: h:1, experts: all, shared_expert: maybe}",
+            "shared_expert must be true or false");
+  ExpectBad(cfg, "workers:\n  - {name: a, address: h:1, shared_expert: false}",
+            "neither experts nor replica_of");
+}
+
 TEST(ExpertMapTest, LoadFromFile) {
   const MoeConfig cfg = TestConfig();
   const std::string path = ::testing::TempDir() + "/expert_map_test.yaml";

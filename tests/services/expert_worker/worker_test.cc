@@ -495,6 +495,53 @@ TEST(Worker, CancelledStreamDoesNotDisturbOthers) {
   EXPECT_LT(RelError(OutputAsFloat(got[0]), h.Reference(2, q.x, q.T, q.S, q.ids, q.w)), 1e-5);
 }
 
+TEST(Worker, CancelDropsAQueuedRequestAndLeavesItsBatchAlone) {
+  WorkerHarness h;
+  auto o = h.Options();
+  o.batch_window_us = 400000;  // the three requests wait together in the queue
+  h.Start(o);
+  pb::DescribeResponse d;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(h.stub->Describe(&ctx, pb::DescribeRequest(), &d).ok());
+  }
+  EXPECT_TRUE(d.cancel_supported());
+  EXPECT_FALSE(d.holds_shared_expert());
+  std::mt19937 rng(31);
+  const Sent a = RandomRequest(rng, 1, 1, 3, 2);
+  const Sent b = RandomRequest(rng, 2, 1, 5, 2);
+  const Sent c = RandomRequest(rng, 3, 1, 2, 2);
+  pb::ExpertRequest cancel_b;
+  cancel_b.set_id(2);
+  cancel_b.mutable_cancel()->set_reason(pb::CANCEL_REASON_CLIENT);
+  pb::ExpertRequest cancel_unknown;  // not in flight: ignored, never answered
+  cancel_unknown.set_id(77);
+  cancel_unknown.mutable_cancel()->set_reason(pb::CANCEL_REASON_DEADLINE);
+  std::vector<pb::ExpertResponse> got;
+  ASSERT_TRUE(RunStream(h.stub.get(), {a.req, b.req, c.req, cancel_b, cancel_unknown}, &got).ok());
+  ASSERT_EQ(got.size(), 3u);  // one answer per request, none for the cancels
+  // The cancelled request is answered at once, before the batch window ends.
+  EXPECT_EQ(got[0].id(), 2u);
+  EXPECT_EQ(got[0].status().code(), pb::CANCELLED) << got[0].status().message();
+  EXPECT_FALSE(got[0].has_output());
+  for (const auto& r : got) {
+    if (r.id() == 2) continue;
+    ASSERT_EQ(r.status().code(), pb::OK) << r.status().message();
+    const Sent& s = r.id() == 1 ? a : c;
+    EXPECT_LT(RelError(OutputAsFloat(r), h.Reference(1, s.x, s.T, s.S, s.ids, s.w)), 1e-5);
+    EXPECT_EQ(r.timings().batch_requests(), 2u);  // its batch held the other survivor only
+  }
+  // Never computed: only a's and c's tokens were.
+  const std::string m = h.server->ScrapeMetrics();
+  EXPECT_NE(m.find("exl3_worker_tokens_total{layer=\"1\"} 5"), std::string::npos) << m;
+  EXPECT_NE(m.find("exl3_worker_cancels_total{outcome=\"dropped\",reason=\"client\"} 1"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("exl3_worker_cancels_total{outcome=\"late\",reason=\"deadline\"} 1"),
+            std::string::npos);
+  EXPECT_NE(m.find("exl3_worker_errors_total{code=\"CANCELLED\"} 1"), std::string::npos);
+}
+
 TEST(Worker, MetricsSeriesExistAtZeroAndCount) {
   WorkerHarness h;
   h.Start(h.Options());
@@ -508,6 +555,7 @@ TEST(Worker, MetricsSeriesExistAtZeroAndCount) {
            "exl3_worker_requests_total{layer=\"1\"} 0",
            "exl3_worker_tokens_total{layer=\"2\"} 0",
            "exl3_worker_errors_total{code=\"DEADLINE_EXCEEDED\"} 0",
+           "exl3_worker_cancels_total{outcome=\"dropped\",reason=\"stream_closed\"} 0",
            "exl3_worker_expert_tokens_total{expert=\"5\"} 0",
            "exl3_worker_queue_depth 0",
            "exl3_worker_ready 1",
