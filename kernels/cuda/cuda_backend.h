@@ -127,6 +127,9 @@ class HostRegistration {
   size_t bytes_ = 0;
 };
 
+// Every host range the tensors of an MoE layer view occupy (what Register needs registered).
+std::vector<HostRange> MoeLayerHostRanges(const MoeLayerView& host);
+
 // An MoE layer resident on the device: every held expert's gate/up/down plus the shared expert,
 // and per-projection pointer tables the kernels index by expert id.
 class DeviceMoeLayer {

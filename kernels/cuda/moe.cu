@@ -97,10 +97,7 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Register(const M
   return Create(host, /*register_host=*/true, pages);
 }
 
-namespace {
-
-// Every host range the layer's tensors occupy.
-std::vector<HostRange> LayerRanges(const MoeLayerView& host) {
+std::vector<HostRange> MoeLayerHostRanges(const MoeLayerView& host) {
   std::vector<HostRange> r;
   auto add_linear = [&](const Exl3LinearView& v) {
     r.push_back({v.trellis, v.trellis_words() * 2});
@@ -122,8 +119,6 @@ std::vector<HostRange> LayerRanges(const MoeLayerView& host) {
   }
   return r;
 }
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const MoeLayerView& host, bool register_host,
                                                                        const HostRegistration* pages) {
@@ -179,7 +174,7 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const Moe
   int use_host_ptr = 0, dev = 0;
   if (register_host) {
     if (pages == nullptr) {
-      absl::StatusOr<std::unique_ptr<HostRegistration>> own = HostRegistration::Create(LayerRanges(host));
+      absl::StatusOr<std::unique_ptr<HostRegistration>> own = HostRegistration::Create(MoeLayerHostRanges(host));
       if (!own.ok()) return own.status();
       L.own_pages = std::move(*own);
       pages = L.own_pages.get();

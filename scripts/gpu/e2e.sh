@@ -9,18 +9,22 @@
 #  3. exl3-loadgen decode steps (every MoE layer in order) at 1, 8 and 32 streams, with the echo
 #     transport floor measured in the same run, and the worker's own compute time from /metrics;
 #  4. --verify on a small synthetic model: GPU answers against the in-process CPU reference.
-# Usage: scripts/gpu/e2e.sh [--moe-layers N] [--seconds S]
+#  5. the same verify with the weights left in registered host memory (--weights-residency host,
+#     the unified-memory path of GB10, here read over PCIe).
+# Usage: scripts/gpu/e2e.sh [--moe-layers N] [--seconds S] [--verify-only]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 MOE_LAYERS=12
 SECONDS_PER_RUN=8
+VERIFY_ONLY=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --moe-layers) MOE_LAYERS="$2"; shift ;;
     --seconds) SECONDS_PER_RUN="$2"; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --verify-only) VERIFY_ONLY=1 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "e2e.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -85,7 +89,7 @@ serve_and_load() {  # serve_and_load NAME MODEL NUM_WORKERS NUM_EXPERTS COMMAND.
   for ((i = 0; i < nw; ++i)); do
     "$BIN/exl3-worker" --model "$model" --expert-map "$W/map.yaml" --worker gpu$i --backend cuda \
       --device $i --listen 127.0.0.1:${wports[$i]} $(metrics_flag ${WORKER_METRICS[$i]}) \
-      --progress=false > "$OUT/$name-worker$i.log" 2>&1 &
+      --progress=false ${WORKER_ARGS:-} > "$OUT/$name-worker$i.log" 2>&1 &
     wpids+=($!); PIDS+=($!)
   done
   for ((i = 0; i < nw; ++i)); do
@@ -118,6 +122,7 @@ large_runs() {  # large_runs MODEL STREAMS...
   curl -fsS http://127.0.0.1:${WORKER_METRICS[0]}/metrics | grep -E "^exl3_worker_(pinned_bytes|load_seconds)" | tee "$OUT/e2e-worker-memory.txt"
 }
 
+if [ "$VERIFY_ONLY" = 0 ]; then
 echo "=== generating synthetic GLM-5.3-Flash-shaped model, $MOE_LAYERS MoE layers"
 t0=$(date +%s)
 "$BIN/exl3-tool" make-test-model --synthetic --arch glm4_moe --output "$W/glm" --hidden 4096 \
@@ -131,6 +136,7 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   serve_and_load large2 "$W/glm" 2 288 large_runs "$W/glm" 1 8 32
 fi
 rm -rf "$W/glm"
+fi
 
 echo "=== verify on a small synthetic model (GPU answers vs the CPU reference)"
 "$BIN/exl3-tool" make-test-model --synthetic --arch glm4_moe --output "$W/small" --hidden 512 \
@@ -141,3 +147,6 @@ verify_run() {
     --requests 600 --verify --shared=false --tolerance 5e-3 2>&1 | tee "$OUT/e2e-verify.txt" | tail -6
 }
 serve_and_load small "$W/small" 1 32 verify_run
+echo "=== the same, weights in place in registered host memory (--weights-residency host)"
+WORKER_ARGS="--weights-residency host" serve_and_load small-host "$W/small" 1 32 verify_run
+grep -h "registered host memory" "$OUT/small-host-worker0.log"
