@@ -17,7 +17,7 @@ namespace exl3 {
 namespace {
 
 constexpr float kBig = 1e30f;  // cost of states excluded by the tail-biting constraint
-constexpr int kPad = 8;  // m_ is read 8 floats at a time from any overlap index
+constexpr int kPad = 16;  // m_ is read up to 16 floats at a time from any overlap index
 
 // One Viterbi step, portable version. For every overlap value r (low 16-K bits of the new
 // state s = (h << (16-K)) | r): m_next[r] = min over h of m[s >> K] + (x - cb[s])^2, and the
@@ -93,48 +93,123 @@ __attribute__((target("avx2,fma"))) void StepAvx2(const float* m, float* m_next,
   }
 }
 
+// AVX-512 version of StepAvx2: 16 overlap values per vector, the same operations in the same
+// order (sub, fma, integer min), so the result is bit-identical to the AVX2 path; vpternlogd does
+// the argmin's and+or in one instruction and vpmovdb narrows the argmins to bytes. The incoming
+// costs of 16 consecutive states share one value for K >= 4 (broadcast); below, a permute.
+// kU vectors in flight: 8 is fastest on Zen 4 except at K = 1 (2 steps per block), where 4 is.
+template <bool kRecord, bool kBroadcast, int kU>
+__attribute__((target("avx512f"))) void StepAvx512(const float* m, float* m_next, uint8_t* bp,
+                                                 const float* cb, float x, int K, int R) {
+  const int H = 1 << K, shift = 16 - K;
+  const __m512 vx = _mm512_set1_ps(x);
+  const __m512i idx = _mm512_setr_epi32(0 >> K, 1 >> K, 2 >> K, 3 >> K, 4 >> K, 5 >> K, 6 >> K,
+                                        7 >> K, 8 >> K, 9 >> K, 10 >> K, 11 >> K, 12 >> K,
+                                        13 >> K, 14 >> K, 15 >> K);
+  const __m512i clear = _mm512_set1_epi32(~0xff);
+  const __m512i one = _mm512_set1_epi32(1);
+  // All-lanes masks: the maskz forms avoid GCC 12's false -Wmaybe-uninitialized on the plain
+  // intrinsics (their undefined pass-through operand); the code generated is the same.
+  constexpr __mmask16 kAll = 0xffff;
+  for (int r = 0; r < R; r += 16 * kU) {  // R >= 256
+    __m512i best[kU];
+    for (int u = 0; u < kU; ++u) best[u] = _mm512_set1_epi32(0x7f800000);
+    __m512i hv = _mm512_setzero_si512();
+    for (int h = 0; h < H; ++h) {
+      const int s0 = (h << shift) | r;
+      for (int u = 0; u < kU; ++u) {
+        const int s = s0 + 16 * u;
+        __m512 mv;
+        if constexpr (kBroadcast) mv = _mm512_set1_ps(m[s >> K]);
+        else mv = _mm512_maskz_permutexvar_ps(kAll, idx, _mm512_loadu_ps(m + (s >> K)));
+        const __m512 d = _mm512_sub_ps(vx, _mm512_loadu_ps(cb + s));
+        const __m512 c = _mm512_fmadd_ps(d, d, mv);
+        if constexpr (kRecord) {
+          // (c & clear) | hv: truth table of (A & B) | C is 0xEA.
+          const __m512i ci = _mm512_ternarylogic_epi32(_mm512_castps_si512(c), clear, hv, 0xEA);
+          best[u] = _mm512_maskz_min_epi32(kAll, best[u], ci);
+        } else {
+          best[u] = _mm512_maskz_min_epi32(kAll, best[u], _mm512_castps_si512(c));
+        }
+      }
+      if constexpr (kRecord) hv = _mm512_add_epi32(hv, one);
+    }
+    for (int u = 0; u < kU; ++u) {
+      _mm512_storeu_si512(m_next + r + 16 * u, best[u]);
+      if constexpr (kRecord) {
+        _mm512_mask_cvtepi32_storeu_epi8(bp + r + 16 * u, kAll, best[u]);
+      }
+    }
+  }
+}
+
 bool CpuHasAvx2() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+bool CpuHasAvx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f");
 }
 #endif
 
 }  // namespace
 
-TileEncoder::TileEncoder(int K, Codebook cb, bool allow_simd)
+TileEncoder::TileEncoder(int K, Codebook cb, Simd simd)
     : K_(K), cb_(cb), table_(CodebookTable(cb)), R_(1 << (16 - K)) {
   m_.assign(R_ + kPad, 0.0f);
   m_next_.assign(R_ + kPad, 0.0f);
   bp_.resize(static_cast<size_t>(kTileElems) * R_);
+  simd_ = Simd::kPortable;
 #ifdef EXL3_ENCODER_X86
-  use_avx2_ = allow_simd && CpuHasAvx2();
-  // Pass 1's half-window: at low K the path's memory is long (the state holds 16/K elements), at
-  // high K short; these were chosen on the quality table (bench/results/encoder.md).
-  window_ = K <= 5 ? 128 : 64;
-  if (const char* w = std::getenv("EXL3_ENCODER_WINDOW")) window_ = std::clamp(std::atoi(w), 8, 128);
+  if (simd != Simd::kPortable && CpuHasAvx2()) simd_ = Simd::kAvx2;
+  if ((simd == Simd::kBest || simd == Simd::kAvx512) && CpuHasAvx512()) simd_ = Simd::kAvx512;
 #else
-  use_avx2_ = false;
+  (void)simd;
 #endif
+  if (const char* w = std::getenv("EXL3_ENCODER_WINDOW")) window_ = std::clamp(std::atoi(w), 8, 128);
 }
 
 TileEncoder::~TileEncoder() = default;
 
+bool TileEncoder::SimdAvailable(Simd simd) {
+#ifdef EXL3_ENCODER_X86
+  if (simd == Simd::kAvx2) return CpuHasAvx2();
+  if (simd == Simd::kAvx512) return CpuHasAvx512();
+#endif
+  return simd == Simd::kPortable || simd == Simd::kBest;
+}
+
 void TileEncoder::Pass(const float* x, int num, bool record) {
   for (int i = 0; i < num; ++i) {
     uint8_t* bp = record ? bp_.data() + static_cast<size_t>(i) * R_ : nullptr;
+    const float* m = m_.data();
+    float* mn = m_next_.data();
+    switch (simd_) {
 #ifdef EXL3_ENCODER_X86
-    if (use_avx2_) {
-      const bool bc = K_ >= 3;
-      if (record && bc) StepAvx2<true, true>(m_.data(), m_next_.data(), bp, table_, x[i], K_, R_);
-      else if (record) StepAvx2<true, false>(m_.data(), m_next_.data(), bp, table_, x[i], K_, R_);
-      else if (bc) StepAvx2<false, true>(m_.data(), m_next_.data(), bp, table_, x[i], K_, R_);
-      else StepAvx2<false, false>(m_.data(), m_next_.data(), bp, table_, x[i], K_, R_);
-    } else {
-      StepScalar(m_.data(), m_next_.data(), bp, table_, x[i], K_, R_);
-    }
-#else
-    StepScalar(m_.data(), m_next_.data(), bp, table_, x[i], K_, R_);
+      case Simd::kAvx512: {
+        const bool bc = K_ >= 4;  // 16 consecutive states share one incoming cost
+        if (record && bc) StepAvx512<true, true, 8>(m, mn, bp, table_, x[i], K_, R_);
+        else if (record && K_ == 1) StepAvx512<true, false, 4>(m, mn, bp, table_, x[i], K_, R_);
+        else if (record) StepAvx512<true, false, 8>(m, mn, bp, table_, x[i], K_, R_);
+        else if (bc) StepAvx512<false, true, 8>(m, mn, bp, table_, x[i], K_, R_);
+        else if (K_ == 1) StepAvx512<false, false, 4>(m, mn, bp, table_, x[i], K_, R_);
+        else StepAvx512<false, false, 8>(m, mn, bp, table_, x[i], K_, R_);
+        break;
+      }
+      case Simd::kAvx2: {
+        const bool bc = K_ >= 3;  // 8 consecutive states share one incoming cost
+        if (record && bc) StepAvx2<true, true>(m, mn, bp, table_, x[i], K_, R_);
+        else if (record) StepAvx2<true, false>(m, mn, bp, table_, x[i], K_, R_);
+        else if (bc) StepAvx2<false, true>(m, mn, bp, table_, x[i], K_, R_);
+        else StepAvx2<false, false>(m, mn, bp, table_, x[i], K_, R_);
+        break;
+      }
 #endif
+      default:
+        StepScalar(m, mn, bp, table_, x[i], K_, R_);
+    }
     std::swap(m_, m_next_);
   }
 }
@@ -196,6 +271,30 @@ double TileEncoder::EncodeWithOverlap(const float* x_stream, uint32_t overlap, u
     err += d * d;
   }
   return err;
+}
+
+double TileEncoder::EncodeOptimal(const float* x_stream, uint16_t* words, float* decoded,
+                                  int* passes) {
+  // Lower bound for overlap o: the best path over elements 0..255 whose last state ends in o,
+  // with a free start (the constraint on state 0's high bits dropped).
+  std::fill(m_.begin(), m_.end(), 0.0f);
+  Pass(x_stream, kTileElems, /*record=*/false);
+  const std::vector<float> bound(m_.begin(), m_.begin() + R_);
+  std::vector<uint32_t> order(R_);
+  for (int r = 0; r < R_; ++r) order[r] = static_cast<uint32_t>(r);
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return bound[a] < bound[b]; });
+  double best = std::numeric_limits<double>::infinity();
+  uint32_t best_overlap = 0;
+  int n = 0;
+  std::vector<uint16_t> scratch(16 * K_);
+  for (uint32_t o : order) {
+    if (bound[o] >= best) break;
+    const double err = EncodeWithOverlap(x_stream, o, scratch.data());
+    ++n;
+    if (err < best) best = err, best_overlap = o;
+  }
+  if (passes) *passes = n;
+  return EncodeWithOverlap(x_stream, best_overlap, words, decoded);
 }
 
 void PackTileStates(const uint32_t* states, int K, uint16_t* words) {

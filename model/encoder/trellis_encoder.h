@@ -7,14 +7,17 @@
 // predecessors (those whose low 16-K bits equal its high 16-K bits).
 //
 // Encoding a tile is two Viterbi passes over all 65536 states:
-//   1. unconstrained, over a window of the tile rotated so that the wrap-around point 255 -> 0
-//      sits in its middle (elements 256-W..255, 0..W-1; W = 128 for K <= 5, 64 above, where
-//      the path's memory is short); backtracking it gives a well-informed guess of the 16-K
-//      overlap bits at the wrap point;
+//   1. unconstrained, over the tile rotated so that the wrap-around point 255 -> 0 sits in its
+//      middle (elements 256-W..255, 0..W-1, W = 128: the whole tile); backtracking it gives a
+//      well-informed guess of the 16-K overlap bits at the wrap point;
 //   2. the real pass over elements 0..255 with state_0's high bits and state_255's low bits
 //      both fixed to that overlap (the exact optimum under that constraint).
-// Both passes are AVX2-vectorised (runtime dispatch) with a portable fallback. The environment
-// variable EXL3_ENCODER_WINDOW (8..128) overrides W, for experiments.
+// On Gaussian tiles this reaches the exact tail-biting optimum (best over all overlaps) on all
+// but a few tiles, losing well under 0.1 % of the error (tests check it at K = 8; see
+// bench/results/encoder.md). A half-window of 64 was tried for K >= 6 (25 % faster) and lost
+// 0.1-0.3 % at K = 6. Both passes are vectorised (AVX-512 or AVX2+FMA, runtime dispatch) with a
+// portable fallback. The environment variable EXL3_ENCODER_WINDOW (8..128) overrides W, for
+// experiments.
 #pragma once
 
 #include <cstddef>
@@ -30,12 +33,20 @@ namespace exl3 {
 // Per-thread encoder state (scratch buffers). Not thread-safe; make one per thread.
 class TileEncoder {
  public:
-  // K in 1..8. allow_simd = false forces the portable path (tests compare the two; they give
-  // bit-identical results).
-  explicit TileEncoder(int K, Codebook cb, bool allow_simd = true);
+  // Which Viterbi step to use. kBest: AVX-512 where the CPU has it, else AVX2+FMA, else portable.
+  // The AVX2 and AVX-512 steps give bit-identical output; the portable one computes d*d + m
+  // without fma, so near-ties may break differently (tests compare the errors).
+  enum class Simd { kBest, kPortable, kAvx2, kAvx512 };
+
+  // K in 1..8. A SIMD level the CPU lacks falls back to the next lower one.
+  explicit TileEncoder(int K, Codebook cb, Simd simd = Simd::kBest);
   ~TileEncoder();
   TileEncoder(const TileEncoder&) = delete;
   TileEncoder& operator=(const TileEncoder&) = delete;
+
+  // Whether this CPU runs `simd` (kPortable and kBest: always).
+  static bool SimdAvailable(Simd simd);
+  Simd simd() const { return simd_; }
 
   int bits() const { return K_; }
   Codebook codebook() const { return cb_; }
@@ -50,6 +61,14 @@ class TileEncoder {
   // the minimum over all overlaps is the true optimum (tests check Encode against it at K = 8).
   double EncodeWithOverlap(const float* x_stream, uint32_t overlap, uint16_t* words,
                            float* decoded = nullptr);
+
+  // The exact tail-biting optimum (up to float rounding), for tests and the bench: the best
+  // EncodeWithOverlap over all 2^(16-K) overlaps, found by branch and bound (an unconstrained
+  // pass gives a lower bound per overlap; overlaps are tried best bound first until the bound
+  // reaches the best error found). Typically tens to a few hundred passes per tile, so 10-100x
+  // the cost of Encode. `passes` (optional) receives the number of constrained passes run.
+  double EncodeOptimal(const float* x_stream, uint16_t* words, float* decoded = nullptr,
+                       int* passes = nullptr);
 
  private:
   // One pass of the Viterbi recursion over `num` values of `x`, starting from incoming costs
@@ -66,8 +85,8 @@ class TileEncoder {
   std::vector<float> m_;      // incoming cost per overlap value (+ padding)
   std::vector<float> m_next_;
   std::vector<uint8_t> bp_;   // [256][R_] argmin high bits
-  bool use_avx2_;
-  int window_ = 128;           // half-width of pass 1's window around the wrap point
+  Simd simd_;                 // the step actually used (never kBest)
+  int window_ = 128;          // half-width of pass 1's window around the wrap point
 };
 
 // Packs 256 states (stream order) into 16*K words. The states must be consistent: the high

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -67,15 +68,15 @@ TEST(TileEncoder, SimdAndPortablePathsAgree) {
   for (int K : {1, 3, 8}) {
     std::vector<float> x = GaussianTiles(1, 1.3f, 77 + K);
     std::vector<uint16_t> a(16 * K), b(16 * K);
-    TileEncoder fast(K, Codebook::kMcg, /*allow_simd=*/true);
-    TileEncoder slow(K, Codebook::kMcg, /*allow_simd=*/false);
+    TileEncoder fast(K, Codebook::kMcg);
+    TileEncoder slow(K, Codebook::kMcg, TileEncoder::Simd::kPortable);
     const double ea = fast.Encode(x.data(), a.data());
     const double eb = slow.Encode(x.data(), b.data());
     // Same algorithm; fma vs mul+add may break near-ties differently, so compare the error
     // and check that the portable result decodes to its own values.
     EXPECT_NEAR(ea, eb, 1e-3 * ea) << "K=" << K;
     float chosen[kTileElems], decoded[kTileElems];
-    TileEncoder slow2(K, Codebook::kMcg, /*allow_simd=*/false);
+    TileEncoder slow2(K, Codebook::kMcg, TileEncoder::Simd::kPortable);
     slow2.Encode(x.data(), b.data(), chosen);
     DecodeTileFloat(b.data(), K, CodebookTable(Codebook::kMcg), decoded);
     for (int e = 0; e < kTileElems; ++e) {
@@ -85,17 +86,62 @@ TEST(TileEncoder, SimdAndPortablePathsAgree) {
   }
 }
 
-// At K = 8 there are only 256 possible wrap-around overlaps, so the true tail-biting optimum is
-// the best of 256 constrained passes: the two-pass encoder should find it (or come within a hair).
-TEST(TileEncoder, FindsTheTailBitingOptimumAtK8) {
-  for (Codebook cb : {Codebook::k3Inst, Codebook::kMul1}) {
-    std::vector<float> x = GaussianTiles(1, DefaultGlobalScale(8, cb), 99 + static_cast<int>(cb));
-    TileEncoder enc(8, cb);
-    std::vector<uint16_t> words(16 * 8);
-    const double ours = enc.Encode(x.data(), words.data());
-    double best = 1e30;
-    for (uint32_t r = 0; r < 256; ++r) best = std::min(best, enc.EncodeWithOverlap(x.data(), r, words.data()));
-    EXPECT_LE(ours, best * 1.002) << CodebookName(cb) << ": ours " << ours << " optimum " << best;
+// The AVX-512 step does the AVX2 step's operations in the same order: identical bits, every K
+// (both broadcast and permute variants) and codebook, including pass 2's constrained start.
+TEST(TileEncoder, Avx512AndAvx2GiveIdenticalBits) {
+  if (!TileEncoder::SimdAvailable(TileEncoder::Simd::kAvx512) ||
+      !TileEncoder::SimdAvailable(TileEncoder::Simd::kAvx2)) {
+    GTEST_SKIP() << "CPU lacks AVX-512 or AVX2";
+  }
+  for (int K = 1; K <= 8; ++K) {
+    for (Codebook cb : {Codebook::k3Inst, Codebook::kMcg, Codebook::kMul1}) {
+      std::vector<float> x = GaussianTiles(1, DefaultGlobalScale(K, cb), 500 + 10 * K + static_cast<int>(cb));
+      TileEncoder a(K, cb, TileEncoder::Simd::kAvx2), b(K, cb, TileEncoder::Simd::kAvx512);
+      ASSERT_EQ(a.simd(), TileEncoder::Simd::kAvx2);
+      ASSERT_EQ(b.simd(), TileEncoder::Simd::kAvx512);
+      std::vector<uint16_t> wa(16 * K), wb(16 * K);
+      float da[kTileElems], db[kTileElems];
+      const double ea = a.Encode(x.data(), wa.data(), da);
+      const double eb = b.Encode(x.data(), wb.data(), db);
+      EXPECT_EQ(wa, wb) << "K=" << K << " cb=" << CodebookName(cb);
+      EXPECT_EQ(ea, eb);
+      EXPECT_EQ(0, std::memcmp(da, db, sizeof(da)));
+    }
+  }
+}
+
+// EncodeOptimal is the true tail-biting optimum: at K = 8 (256 overlaps) it equals the best of
+// all constrained passes.
+TEST(TileEncoder, EncodeOptimalIsTheBestOverlapAtK8) {
+  std::vector<float> x = GaussianTiles(1, DefaultGlobalScale(8, Codebook::kMcg), 4321);
+  TileEncoder enc(8, Codebook::kMcg);
+  std::vector<uint16_t> words(16 * 8);
+  int passes = 0;
+  const double opt = enc.EncodeOptimal(x.data(), words.data(), nullptr, &passes);
+  double best = 1e30;
+  for (uint32_t r = 0; r < 256; ++r) best = std::min(best, enc.EncodeWithOverlap(x.data(), r, words.data()));
+  EXPECT_EQ(opt, best);
+  EXPECT_LT(passes, 256);
+}
+
+// The two-pass encoder reaches the exact tail-biting optimum (or comes within a hair) at high K,
+// where the error is smallest and a wrong overlap guess would show most. Gaussian tiles at the
+// default scales, every codebook.
+TEST(TileEncoder, ReachesTheTailBitingOptimumAtHighK) {
+  for (int K : {6, 7, 8}) {
+    for (Codebook cb : {Codebook::k3Inst, Codebook::kMcg, Codebook::kMul1}) {
+      std::vector<float> x = GaussianTiles(2, DefaultGlobalScale(K, cb), 99 + 10 * K + static_cast<int>(cb));
+      TileEncoder enc(K, cb);
+      std::vector<uint16_t> words(16 * K);
+      double ours = 0, opt = 0;
+      for (int t = 0; t < 2; ++t) {
+        ours += enc.Encode(x.data() + t * kTileElems, words.data());
+        opt += enc.EncodeOptimal(x.data() + t * kTileElems, words.data());
+      }
+      EXPECT_GE(ours, opt * (1 - 1e-5));
+      EXPECT_LE(ours, opt * 1.001) << "K=" << K << " " << CodebookName(cb) << ": ours " << ours
+                                   << " optimum " << opt;
+    }
   }
 }
 
