@@ -10,7 +10,8 @@
 #     transport floor measured in the same run, and the worker's own compute time from /metrics;
 #  4. --verify on a small synthetic model: GPU answers against the in-process CPU reference.
 #  5. the same verify with the weights left in registered host memory (--weights-residency host,
-#     the unified-memory path of GB10, here read over PCIe).
+#     the unified-memory path of GB10, here read over PCIe), and with the shared expert computed
+#     by the worker (--shared-expert worker:gpu0).
 # Usage: scripts/gpu/e2e.sh [--moe-layers N] [--seconds S] [--verify-only]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -85,7 +86,11 @@ serve_and_load() {  # serve_and_load NAME MODEL NUM_WORKERS NUM_EXPERTS COMMAND.
     wports[$i]=$(free_port); WORKER_METRICS[$i]=$(free_port)
     printf '  - name: gpu%d\n    address: 127.0.0.1:%d\n    experts: %d-%d\n' $i ${wports[$i]} \
       $(( i * ne / nw )) $(( (i + 1) * ne / nw - 1 )) >> "$W/map.yaml"
+    # SHARED_ON_WORKER=1: worker 0 also holds the shared expert and the router sends it there.
+    [ "${SHARED_ON_WORKER:-0}" = 1 ] && [ $i = 0 ] && echo "    shared_expert: true" >> "$W/map.yaml"
   done
+  local shared=none
+  [ "${SHARED_ON_WORKER:-0}" = 1 ] && shared=worker:gpu0
   for ((i = 0; i < nw; ++i)); do
     "$BIN/exl3-worker" --model "$model" --expert-map "$W/map.yaml" --worker gpu$i --backend cuda \
       --device $i --listen 127.0.0.1:${wports[$i]} $(metrics_flag ${WORKER_METRICS[$i]}) \
@@ -99,7 +104,7 @@ serve_and_load() {  # serve_and_load NAME MODEL NUM_WORKERS NUM_EXPERTS COMMAND.
     grep -iE "loaded" "$OUT/$name-worker$i.log" | tail -1
   done
   "$BIN/exl3-router" --model "$model" --expert-map "$W/map.yaml" --listen 127.0.0.1:$RP \
-    $(metrics_flag $RM) --shared-expert none > "$OUT/$name-router.log" 2>&1 &
+    $(metrics_flag $RM) --shared-expert $shared > "$OUT/$name-router.log" 2>&1 &
   local rpid=$!; PIDS+=($rpid)
   wait_ready "$OUT/$name-router.log" "ready: every routed" $rpid || { tail -20 "$OUT/$name-router.log"; return 1; }
   "$@"
@@ -144,9 +149,12 @@ echo "=== verify on a small synthetic model (GPU answers vs the CPU reference)"
   --swiglu-limit 10 --bits 2 --down-bits 4 --codebook mcg --quiet > /dev/null 2>&1
 verify_run() {
   "$BIN/exl3-loadgen" --target 127.0.0.1:$RP --model "$W/small" --concurrency 8 --tokens 3 \
-    --requests 600 --verify --shared=false --tolerance 5e-3 2>&1 | tee "$OUT/e2e-verify.txt" | tail -6
+    --requests 600 --verify --shared="${SHARED_ON_WORKER:-0}" --tolerance 5e-3 2>&1 |
+    tee "$OUT/e2e-verify${VERIFY_TAG:-}.txt" | tail -6
 }
 serve_and_load small "$W/small" 1 32 verify_run
 echo "=== the same, weights in place in registered host memory (--weights-residency host)"
-WORKER_ARGS="--weights-residency host" serve_and_load small-host "$W/small" 1 32 verify_run
+WORKER_ARGS="--weights-residency host" VERIFY_TAG=-host serve_and_load small-host "$W/small" 1 32 verify_run
 grep -h "registered host memory" "$OUT/small-host-worker0.log"
+echo "=== the same with the shared expert on the worker (router --shared-expert worker:gpu0)"
+SHARED_ON_WORKER=1 VERIFY_TAG=-shared serve_and_load small-shared "$W/small" 1 32 verify_run
