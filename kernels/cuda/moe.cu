@@ -144,7 +144,9 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const Moe
     EXL3_RETURN_IF_ERROR(CheckUniform(e->down, L.down, "down"));
     if (!register_host) total += LinearBytes(e->gate) + LinearBytes(e->up) + LinearBytes(e->down);
   }
-  if (L.held == 0) return absl::InvalidArgumentError("CUDA MoE: the layer holds no routed expert");
+  if (L.held == 0) return absl::UnimplementedError(
+        "CUDA MoE: the layer holds no routed expert (a worker holding only the shared expert must "
+        "use --backend cpu)");
   if (L.has_shared) {
     EXL3_RETURN_IF_ERROR(CheckUniform(host.shared->gate, L.sgate, "shared gate"));
     EXL3_RETURN_IF_ERROR(CheckUniform(host.shared->up, L.sup, "shared up"));
