@@ -65,6 +65,10 @@ class MoeBackend {
                                PrepareStats* stats) = 0;
   virtual absl::Status Forward(const BatchView& batch) = 0;
   virtual uint64_t pinned_bytes() const = 0;
+  // Forward may be called from any thread (never two at once): the scheduler then runs a lone
+  // small request on the thread that received it. False where a backend is bound to one thread
+  // (e.g. a CUDA context made current there).
+  virtual bool forward_on_any_thread() const { return false; }
 };
 
 // kind: "auto" (cuda when compiled in and a device is present, else cpu), "cpu" or "cuda".

@@ -29,6 +29,7 @@ class CpuBackend : public MoeBackend {
   std::string name() const override { return "cpu"; }
   std::string device() const override { return absl::StrCat("cpu (", std::string(cpu::ActiveIsa()), ", ", cpu_.num_threads(), " threads)"); }
   uint64_t pinned_bytes() const override { return pinned_; }
+  bool forward_on_any_thread() const override { return true; }
 
   absl::Status Prepare(const Exl3Model& model, const PrepareOptions& opt,
                        PrepareStats* stats) override {

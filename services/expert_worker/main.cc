@@ -39,7 +39,13 @@ ABSL_FLAG(bool, progress, true, "progress bar on stderr while loading");
 ABSL_FLAG(bool, load_benchmark, false,
           "before loading, time a plain parallel read of the same bytes (page cache dropped) "
           "and log the load speed as a fraction of it");
-ABSL_FLAG(int, batch_window_us, 50, "how long a batch waits for more requests of its layer");
+ABSL_FLAG(int, batch_window_us, 0,
+          "how long a batch waits for more requests of its layer; 0: work-conserving (a batch "
+          "starts as soon as the backend is free, requests arriving meanwhile form the next)");
+ABSL_FLAG(int, inline_max_tokens, 64,
+          "CPU backend: a request of at most this many tokens that finds the backend idle and "
+          "nothing queued is computed on the thread that received it (0: always hand off to the "
+          "batcher thread); only with --batch-window-us 0");
 ABSL_FLAG(int, max_batch_tokens, 4096, "most tokens in one batch");
 ABSL_FLAG(int, max_queue, 1024,
           "most requests waiting to be batched; more are answered RESOURCE_EXHAUSTED");
@@ -101,6 +107,7 @@ int main(int argc, char** argv) {
   o.progress = absl::GetFlag(FLAGS_progress);
   o.load_benchmark = absl::GetFlag(FLAGS_load_benchmark);
   o.batch_window_us = absl::GetFlag(FLAGS_batch_window_us);
+  o.inline_max_tokens = absl::GetFlag(FLAGS_inline_max_tokens);
   o.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   o.max_queue = absl::GetFlag(FLAGS_max_queue);
   o.long_prefill_token_threshold = absl::GetFlag(FLAGS_long_prefill_token_threshold);

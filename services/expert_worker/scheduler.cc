@@ -11,7 +11,11 @@ namespace exl3::worker {
 
 Scheduler::Scheduler(const SchedulerOptions& opt, MoeBackend* backend, WorkerMetrics* metrics,
                      int hidden)
-    : opt_(opt), backend_(backend), metrics_(metrics), hidden_(hidden) {}
+    : opt_(opt),
+      backend_(backend),
+      metrics_(metrics),
+      hidden_(hidden),
+      inline_ok_(backend != nullptr && backend->forward_on_any_thread()) {}
 
 Scheduler::~Scheduler() { Stop(); }
 
@@ -25,7 +29,7 @@ int Scheduler::InFlight() const {
 absl::Status Scheduler::Submit(std::shared_ptr<WorkRequest> r) {
   const int long_tokens = std::max(1, std::min(opt_.long_prefill_tokens, opt_.max_batch_tokens));
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::unique_lock<std::mutex> l(mu_);
     if (stopping_) return absl::UnavailableError("worker is shutting down");
     if (waiting_requests_ >= opt_.max_queue) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -33,6 +37,26 @@ absl::Status Scheduler::Submit(std::shared_ptr<WorkRequest> r) {
           opt_.max_queue, "); retry later or on another replica"));
     }
     r->out_bytes.resize(static_cast<size_t>(r->tokens) * hidden_ * sizeof(float));
+    const Clock::time_point now = Clock::now();
+    if (inline_ok_ && !running_ && waiting_requests_ == 0 && r->tokens <= opt_.inline_max_tokens &&
+        r->tokens <= long_tokens && opt_.batch_window.count() == 0 && r->deadline > now &&
+        !r->cancel_requested.load() && !(r->sink && r->sink->Cancelled())) {
+      // Nothing to batch with and the backend is idle: compute here, no executor hand-off.
+      // running_ keeps the executor (and other submitters) off the backend meanwhile.
+      running_ = true;
+      r->started = true;
+      r->start_time = now;
+      ++in_flight_;
+      l.unlock();
+      std::vector<Item> batch{{r, 0, r->tokens}};
+      RunBatch(batch);
+      l.lock();
+      running_ = false;
+      const bool more = waiting_requests_ > 0 || stopping_;
+      l.unlock();
+      if (more) cv_.notify_all();  // the executor waited for the backend
+      return absl::OkStatus();
+    }
     LayerQueue& q = queues_[{r->layer, r->shared}];
     if (r->tokens > long_tokens) {
       q.chunks.push_back({r, 0, r->tokens});
@@ -184,8 +208,14 @@ void Scheduler::Loop() {
     const Clock::time_point now = Clock::now();
     std::vector<Item> expired;
     ExpireLocked(now, &expired);
-    Clock::time_point wake;
-    std::vector<Item> batch = stopping_ ? std::vector<Item>{} : NextBatch(now, &wake);
+    Clock::time_point wake = Clock::time_point::max();
+    // While an inline batch computes the backend is busy: its submitter notifies when done.
+    std::vector<Item> batch;
+    if (running_) {
+      wake = Clock::time_point::max();
+    } else if (!stopping_) {
+      batch = NextBatch(now, &wake);
+    }
     if (!expired.empty()) {
       if (metrics_) metrics_->queue_depth().Set(waiting_requests_);
       l.unlock();
@@ -208,7 +238,11 @@ void Scheduler::Loop() {
       }
       l.lock();
     }
-    if (stopping_) return;
+    if (stopping_) {
+      // An inline batch may still be computing on a submitter's thread: Stop returns after it.
+      cv_.wait(l, [&] { return !running_; });
+      return;
+    }
     if (batch.empty()) {
       if (!expired.empty()) continue;  // state changed: look again
       if (wake == Clock::time_point::max()) {
@@ -218,9 +252,11 @@ void Scheduler::Loop() {
       }
       continue;
     }
+    running_ = true;
     l.unlock();
     RunBatch(batch);
     l.lock();
+    running_ = false;
   }
 }
 

@@ -1,6 +1,12 @@
-// The worker's batcher: requests of every stream for the same layer are batched together
-// (continuous batching: a batch waits at most `batch_window` for company and holds at most
-// `max_batch_tokens` tokens) and run on the backend by one executor thread.
+// The worker's batcher: requests of every stream for the same layer are batched together and run
+// on the backend one batch at a time. Batching is work-conserving by default: a batch starts as
+// soon as the backend is free, and the requests that arrive while it computes form the next one
+// (so batches grow with load and a lone request never waits). `batch_window` > 0 (opt-in) makes a
+// batch wait up to that long for company. At most `max_batch_tokens` tokens per batch.
+//
+// Batches run on one executor thread, except that a request of at most `inline_max_tokens` tokens
+// that finds the backend idle and nothing queued runs at once on the thread that submitted it
+// (when the backend allows Forward from any thread): no hand-off to the executor at low load.
 //
 // Long prefills never starve decode: a request with more than `long_prefill_tokens` tokens is
 // queued apart from the small ones and computed in chunks that alternate with the small
@@ -38,7 +44,8 @@
 namespace exl3::worker {
 
 struct SchedulerOptions {
-  std::chrono::microseconds batch_window{50};
+  std::chrono::microseconds batch_window{0};  // 0: work-conserving (see the class comment)
+  int inline_max_tokens = 64;  // run a lone request this small on the submitting thread (0: never)
   int max_batch_tokens = 4096;
   int long_prefill_tokens = 1024;  // requests above this are chunked (chunks at most this size)
   int max_queue = 1024;            // requests waiting (not yet started) at most
@@ -53,7 +60,8 @@ class Scheduler {
 
   void Start();
   // Queues `r` (validated). Fails with RESOURCE_EXHAUSTED when max_queue requests already wait,
-  // UNAVAILABLE after Stop. On failure the caller answers the request itself.
+  // UNAVAILABLE after Stop. On failure the caller answers the request itself. May compute `r` (and
+  // complete it through its sink) before returning: see inline_max_tokens.
   absl::Status Submit(std::shared_ptr<WorkRequest> r);
   // Requests submitted and not yet completed.
   int InFlight() const;
@@ -98,6 +106,8 @@ class Scheduler {
   double chunk_tokens_ = 64;
   Clock::time_point last_small_batch_{};
   bool stopping_ = false;
+  bool running_ = false;  // a batch is computing (executor or an inline submitter)
+  const bool inline_ok_;   // the backend allows Forward from any thread
   std::thread thread_;
 
   // Executor scratch, reused across batches.

@@ -394,10 +394,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
   w->opt_ = opt;
   if (opt.model_dir.empty()) return absl::InvalidArgumentError("--model DIR is required");
   if (opt.max_batch_tokens < 1 || opt.long_prefill_token_threshold < 1 || opt.max_queue < 1 ||
-      opt.batch_window_us < 0 || opt.prefill_chunk_us < 0 || opt.max_message_bytes < 4096 || opt.load_threads < 1) {
+      opt.batch_window_us < 0 || opt.inline_max_tokens < 0 || opt.prefill_chunk_us < 0 || opt.max_message_bytes < 4096 || opt.load_threads < 1) {
     return absl::InvalidArgumentError(
         "--max-batch-tokens, --long-prefill-token-threshold, --max-queue and --load-threads must be "
-        ">= 1, --batch-window-us >= 0, --max-message-bytes >= 4096");
+        ">= 1, --batch-window-us and --inline-max-tokens >= 0, --max-message-bytes >= 4096");
   }
   // Opening the model reads config.json and the safetensors headers and checks that every held
   // expert's tensors exist with the right shapes; the bytes are read by Load.
@@ -513,6 +513,7 @@ absl::Status WorkerServer::Load() {
 
   SchedulerOptions so;
   so.batch_window = std::chrono::microseconds(opt_.batch_window_us);
+  so.inline_max_tokens = opt_.inline_max_tokens;
   so.max_batch_tokens = opt_.max_batch_tokens;
   so.long_prefill_tokens = opt_.long_prefill_token_threshold;
   so.max_queue = opt_.max_queue;

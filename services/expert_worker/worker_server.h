@@ -47,7 +47,8 @@ struct WorkerOptions {
   bool lock_memory = true;
   bool progress = true;
   bool load_benchmark = false;
-  int batch_window_us = 50;
+  int batch_window_us = 0;    // 0: work-conserving batching (scheduler.h)
+  int inline_max_tokens = 64;  // lone small requests computed on the receiving thread (0: never)
   int max_batch_tokens = 4096;
   int max_queue = 1024;
   int long_prefill_token_threshold = 1024;
