@@ -37,6 +37,10 @@ ABSL_FLAG(int32_t, max_in_flight, 1024,
 ABSL_FLAG(int32_t, shared_expert_threads, 2, "CPU threads running the local shared expert");
 ABSL_FLAG(int32_t, gate_threads, 4,
           "CPU threads computing router logits (the gate reads the layer's whole router weight)");
+ABSL_FLAG(int32_t, inline_max_tokens, 64,
+          "requests of at most this many tokens are handled (gate, dispatch, local shared expert) "
+          "on the gRPC thread that read them; larger ones on the handler threads");
+ABSL_FLAG(int32_t, handler_threads, 2, "threads handling requests above --inline-max-tokens");
 ABSL_FLAG(int64_t, max_tokens, 65536, "most tokens accepted in one layer request");
 ABSL_FLAG(int32_t, max_message_bytes, 64 << 20, "gRPC message size limit (both directions)");
 ABSL_FLAG(int32_t, drain_grace_ms, 10000,
@@ -84,6 +88,8 @@ int Main() {
   ropt.max_tokens = absl::GetFlag(FLAGS_max_tokens);
   ropt.shared_expert_threads = std::max(1, absl::GetFlag(FLAGS_shared_expert_threads));
   ropt.gate_threads = std::max(1, absl::GetFlag(FLAGS_gate_threads));
+  ropt.inline_max_tokens = std::max(0, absl::GetFlag(FLAGS_inline_max_tokens));
+  ropt.handler_threads = std::max(1, absl::GetFlag(FLAGS_handler_threads));
   if (ropt.max_in_flight < 1) return Fail("--max-in-flight must be at least 1");
 
   // The model: config, router weights, shared experts; no routed experts.

@@ -74,52 +74,203 @@ void DeadlineTimer::Run() {
   }
 }
 
+// ---- TaskQueue ----
+
+TaskQueue::TaskQueue(int threads) {
+  for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { Run(); });
+}
+
+TaskQueue::~TaskQueue() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+void TaskQueue::Post(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    q_.push_back(std::move(fn));
+  }
+  cv_.notify_one();
+}
+
+void TaskQueue::Run() {
+  std::unique_lock<std::mutex> l(mu_);
+  while (true) {
+    cv_.wait(l, [&] { return stop_ || !q_.empty(); });
+    if (q_.empty()) return;  // stopping and nothing left
+    std::function<void()> fn = std::move(q_.front());
+    q_.pop_front();
+    l.unlock();
+    fn();
+    l.lock();
+  }
+}
+
 // ---- per-stream and per-request state ----
 
-// One engine stream. Answers are written by the stream's own writer thread from a queue, never by
-// the thread that completes a request (often a worker stream's reader): a client that stops
-// reading then only blocks its own writer, and (through the queue bound) its own reads.
-struct StreamState {
+// One engine Forward stream (a gRPC callback reactor). Requests are read one after another and
+// handled as they arrive (many in flight); answers are queued and written one at a time, the next
+// write started by OnWriteDone, so whichever thread completes a request only queues (and at most
+// starts a write), never waits. A client that stops reading its answers stops being read from
+// (kMaxQueued). Owned by the service's registry until OnDone; requests in flight hold it too, and
+// answers completed after the stream ended are dropped.
+//
+// gRPC's Start* calls never run reactions inline, so they are made under `mu`: that orders them
+// against Finish (no operation is started after it).
+class StreamState : public grpc::ServerBidiReactor<pb::MoeLayerRequest, pb::MoeLayerResponse>,
+                    public std::enable_shared_from_this<StreamState> {
+ public:
   static constexpr size_t kMaxQueued = 256;  // answers waiting for a slow reader
 
-  grpc::ServerReaderWriter<pb::MoeLayerResponse, pb::MoeLayerRequest>* rw = nullptr;
-  std::atomic<bool> cancelled{false};
-  std::mutex mu;
-  std::condition_variable cv;  // inflight, out and writing changes
-  std::unordered_map<uint64_t, std::shared_ptr<LayerCall>> inflight;  // guarded by mu
-  std::deque<pb::MoeLayerResponse> out;                                // guarded by mu
-  bool writing = false;      // guarded by mu: the writer holds an answer
-  bool stop_writer = false;  // guarded by mu
-  bool broken = false;       // guarded by mu: a write failed; later answers are dropped
-  std::thread writer;
+  explicit StreamState(MoeRouterService* svc) : svc_(svc) {}
 
-  void Write(pb::MoeLayerResponse r) {
+  void Begin() {
+    std::lock_guard<std::mutex> l(mu);
+    StartRead(&req_);
+  }
+
+  std::atomic<bool> cancelled{false};  // the client cancelled (or left): nothing is written
+  std::mutex mu;
+  std::unordered_map<uint64_t, std::shared_ptr<LayerCall>> inflight;  // guarded by mu
+
+  // Queues an answer (any thread). With `erase_id`, the request also leaves `inflight` in the same
+  // step: the client may reuse the id once it reads the answer.
+  void Answer(pb::MoeLayerResponse r, bool erase_id) {
+    std::unique_lock<std::mutex> l(mu);
+    if (erase_id) inflight.erase(r.id());
+    if (cancelled || broken_ || finished_) {
+      MaybeFinish(l);
+      return;
+    }
+    out_.push_back(std::move(r));
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(&out_.front());
+    }
+  }
+
+  // A request handed to the handler pool: the stream does not end before it is handled.
+  void BeginHandling() {
+    std::lock_guard<std::mutex> l(mu);
+    ++handling_;
+  }
+  void EndHandling() {
+    std::unique_lock<std::mutex> l(mu);
+    --handling_;
+    MaybeFinish(l);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // Half-close (or the stream is gone): answer what is in flight, then end.
+      std::unique_lock<std::mutex> l(mu);
+      reads_done_ = true;
+      MaybeFinish(l);
+      return;
+    }
+    std::shared_ptr<StreamState> self = shared_from_this();
+    int64_t tokens = 0;
+    if (req_.has_hidden() && req_.hidden().shape_size() > 0) tokens = req_.hidden().shape(0);
+    if (!req_.has_cancel() && tokens > svc_->opt_.inline_max_tokens && svc_->handlers_) {
+      // Large: gate, dispatch and the local shared expert run on the handler pool; this gRPC
+      // thread goes back to reading.
+      auto req = std::make_shared<pb::MoeLayerRequest>(std::move(req_));
+      BeginHandling();
+      svc_->handlers_->Post([self, req] {
+        self->svc_->Handle(self, *req);
+        self->EndHandling();
+      });
+    } else {
+      svc_->Handle(self, req_);
+    }
+    req_.Clear();
+    std::lock_guard<std::mutex> l(mu);
+    if (finished_) {
+      reads_done_ = true;
+    } else if (out_.size() >= kMaxQueued) {
+      read_paused_ = true;  // resumed by OnWriteDone
+    } else {
+      StartRead(&req_);
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::unique_lock<std::mutex> l(mu);
+    out_.pop_front();
+    if (!ok) {
+      // The client is gone: later answers are dropped.
+      broken_ = true;
+      out_.clear();
+      writing_ = false;
+      MaybeFinish(l);
+      return;
+    }
+    if (read_paused_ && !finished_ && out_.size() < kMaxQueued / 2) {
+      read_paused_ = false;
+      StartRead(&req_);
+    }
+    if (!out_.empty() && !finished_) {
+      StartWrite(&out_.front());
+      return;
+    }
+    writing_ = false;
+    MaybeFinish(l);
+  }
+
+  void OnCancel() override {
+    // Nobody is left to answer (also after a half-close): end the requests in flight now, which
+    // withdraws their work from the workers.
+    cancelled = true;
+    std::vector<std::shared_ptr<LayerCall>> calls;
     {
       std::lock_guard<std::mutex> l(mu);
-      if (cancelled || broken) return;
-      out.push_back(std::move(r));
+      for (auto& [id, c] : inflight) calls.push_back(c);
     }
-    cv.notify_all();
-  }
-  void RunWriter() {
+    for (auto& c : calls) {
+      svc_->Complete(c, absl::CancelledError("the client cancelled the stream"),
+                     pb::CANCEL_REASON_STREAM_CLOSED);
+    }
     std::unique_lock<std::mutex> l(mu);
-    while (true) {
-      cv.wait(l, [&] { return !out.empty() || stop_writer; });
-      if (out.empty()) return;  // stop_writer and nothing left
-      pb::MoeLayerResponse r = std::move(out.front());
-      out.pop_front();
-      writing = true;
-      l.unlock();
-      const bool ok = !cancelled && rw->Write(r);
-      l.lock();
-      writing = false;
-      if (!ok) {
-        broken = true;
-        out.clear();
-      }
-      cv.notify_all();
-    }
+    MaybeFinish(l);
   }
+
+  void OnDone() override {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      finished_ = true;
+      out_.clear();
+    }
+    svc_->Unregister(this);  // may drop the last reference: nothing after this
+  }
+
+ private:
+  // Calls Finish once nothing is left to do.
+  void MaybeFinish(std::unique_lock<std::mutex>& l) {
+    (void)l;
+    if (finished_ || writing_) return;
+    if (cancelled || broken_) {
+      finished_ = true;
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled"));
+      return;
+    }
+    if (!reads_done_ || handling_ > 0 || !inflight.empty() || !out_.empty()) return;
+    finished_ = true;
+    Finish(grpc::Status::OK);
+  }
+
+  MoeRouterService* const svc_;
+  pb::MoeLayerRequest req_;                  // the read buffer
+  std::deque<pb::MoeLayerResponse> out_;     // guarded by mu: front is being written while writing_
+  bool writing_ = false;                     // guarded by mu
+  bool reads_done_ = false;                  // guarded by mu
+  bool read_paused_ = false;                 // guarded by mu
+  bool broken_ = false;                      // guarded by mu: a write failed
+  bool finished_ = false;                    // guarded by mu: Finish called (or OnDone)
+  int handling_ = 0;                         // guarded by mu: requests on the handler pool
 };
 
 struct LayerCall {
@@ -168,6 +319,7 @@ MoeRouterService::MoeRouterService(const Exl3Model& model, const RouterOptions& 
     shared_cpu_ = std::make_unique<cpu::CpuBackend>(opt.shared_expert_threads);
   }
   if (opt.gate_threads > 1) gate_pool_ = std::make_unique<cpu::ThreadPool>(opt.gate_threads);
+  handlers_ = std::make_unique<TaskQueue>(std::max(1, opt.handler_threads));
 }
 
 MoeRouterService::~MoeRouterService() = default;
@@ -176,8 +328,10 @@ void MoeRouterService::ComputeLogits(const float* router_w, const float* x, int 
                                      float* logits) {
   const int E = cfg_.num_experts, H = cfg_.hidden_size;
   constexpr int kExpertsPerItem = 16;
+  // A small gate (decode on a small model) is cheaper on this thread than the pool's hand-off.
+  constexpr int64_t kPoolMinMacs = 256 * 1024;
   const int items = (E + kExpertsPerItem - 1) / kExpertsPerItem;
-  if (!gate_pool_ || items < 2) {
+  if (!gate_pool_ || items < 2 || static_cast<int64_t>(num_tokens) * E * H < kPoolMinMacs) {
     ComputeRouterLogits(router_w, x, num_tokens, E, H, logits);
     return;
   }
@@ -225,8 +379,9 @@ void MoeRouterService::FillIdentity(pb::ModelIdentity* id) const {
   id->set_bits(cfg_.bits);
 }
 
-grpc::Status MoeRouterService::Describe(grpc::ServerContext*, const pb::RouterDescribeRequest*,
-                                        pb::RouterDescribeResponse* resp) {
+grpc::ServerUnaryReactor* MoeRouterService::Describe(grpc::CallbackServerContext* ctx,
+                                                     const pb::RouterDescribeRequest*,
+                                                     pb::RouterDescribeResponse* resp) {
   FillIdentity(resp->mutable_model());
   auto p = pool();
   if (p) {
@@ -258,55 +413,30 @@ grpc::Status MoeRouterService::Describe(grpc::ServerContext*, const pb::RouterDe
   resp->set_state(draining_ ? pb::STATE_DRAINING
                   : (p && p->UnservedExperts() == 0) ? pb::STATE_SERVING
                                                      : pb::STATE_LOADING);
-  return grpc::Status::OK;
+  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  r->Finish(grpc::Status::OK);
+  return r;
 }
 
-grpc::Status MoeRouterService::Forward(
-    grpc::ServerContext* ctx,
-    grpc::ServerReaderWriter<pb::MoeLayerResponse, pb::MoeLayerRequest>* rw) {
-  auto s = std::make_shared<StreamState>();
-  s->rw = rw;
-  s->writer = std::thread([s] { s->RunWriter(); });
-  pb::MoeLayerRequest req;
-  while (true) {
-    {
-      // Backpressure: a client that does not read its answers stops being read from.
-      std::unique_lock<std::mutex> l(s->mu);
-      while (s->out.size() >= StreamState::kMaxQueued && !ctx->IsCancelled() && !s->broken) {
-        s->cv.wait_for(l, std::chrono::milliseconds(100));
-      }
-    }
-    if (!rw->Read(&req)) break;
-    Handle(s, req);
+grpc::ServerBidiReactor<pb::MoeLayerRequest, pb::MoeLayerResponse>* MoeRouterService::Forward(
+    grpc::CallbackServerContext*) {
+  auto s = std::make_shared<StreamState>(this);
+  {
+    std::lock_guard<std::mutex> l(streams_mu_);
+    streams_[s.get()] = s;
   }
-  // Half-closed (or gone): wait for the requests in flight. When the stream is cancelled (also
-  // after a half-close) nobody is left to answer: end its requests now, which withdraws their
-  // work from the workers.
-  bool ended = false;
-  while (true) {
-    if (!ended && ctx->IsCancelled()) {
-      ended = true;
-      s->cancelled = true;
-      std::vector<std::shared_ptr<LayerCall>> calls;
-      {
-        std::lock_guard<std::mutex> l(s->mu);
-        for (auto& [id, c] : s->inflight) calls.push_back(c);
-      }
-      for (auto& c : calls) {
-        Complete(c, absl::CancelledError("the client cancelled the stream"),
-                 pb::CANCEL_REASON_STREAM_CLOSED);
-      }
-    }
-    std::unique_lock<std::mutex> l(s->mu);
-    if (s->inflight.empty()) {
-      s->stop_writer = true;  // the writer drains what is queued, then ends
-      break;
-    }
-    s->cv.wait_for(l, std::chrono::milliseconds(50));
+  s->Begin();
+  return s.get();
+}
+
+void MoeRouterService::Unregister(StreamState* s) {
+  std::shared_ptr<StreamState> keep;  // destroyed after the lock is released
+  std::lock_guard<std::mutex> l(streams_mu_);
+  auto it = streams_.find(s);
+  if (it != streams_.end()) {
+    keep = std::move(it->second);
+    streams_.erase(it);
   }
-  s->cv.notify_all();
-  s->writer.join();
-  return grpc::Status::OK;
 }
 
 void MoeRouterService::Handle(const std::shared_ptr<StreamState>& s, pb::MoeLayerRequest& req) {
@@ -318,7 +448,7 @@ void MoeRouterService::Handle(const std::shared_ptr<StreamState>& s, pb::MoeLaye
     svc::SetRequestStatus(st, r.mutable_status());
     r.mutable_timings()->set_total_us(Micros(t0, Clock::now()));
     if (metrics_) metrics_->Error(svc::StatusCodeName(st.code()));
-    s->Write(r);
+    s->Answer(std::move(r), /*erase_id=*/false);
   };
   if (req.has_cancel()) {
     // Not a request: withdraws the in-flight request `id` (answered CANCELLED); an id that is
@@ -354,6 +484,7 @@ void MoeRouterService::Handle(const std::shared_ptr<StreamState>& s, pb::MoeLaye
       return reject(absl::ResourceExhaustedError(absl::StrCat(
           "router has ", opt_.max_in_flight, " layer requests in flight (--max-in-flight)")));
     }
+    if (s->cancelled) return;  // the stream ended: nobody to answer
     s->inflight[req.id()] = c;
     in_flight_.fetch_add(1);
   }
@@ -850,13 +981,8 @@ void MoeRouterService::Complete(const std::shared_ptr<LayerCall>& c, const absl:
   tm->set_combine_us(Micros(t_combine, t_end));
   tm->set_total_us(Micros(c->t_start, t_end));
   // Leave `inflight` and queue the answer in one step: the client may reuse the id once it reads
-  // the answer, and the stream's handler sees the answer queued before it stops the writer.
-  {
-    std::lock_guard<std::mutex> l(c->stream->mu);
-    c->stream->inflight.erase(c->id);
-    if (!c->stream->cancelled && !c->stream->broken) c->stream->out.push_back(std::move(r));
-  }
-  c->stream->cv.notify_all();
+  // the answer, and the stream does not end between the two.
+  c->stream->Answer(std::move(r), /*erase_id=*/true);
   if (metrics_) {
     if (st.ok()) {
       metrics_->RequestOk(c->layer, static_cast<int>(c->T));

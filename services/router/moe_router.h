@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -36,6 +37,27 @@ struct RouterOptions {
   int64_t max_tokens = 65536;           // per request
   int shared_expert_threads = 2;        // CPU threads of the local shared expert
   int gate_threads = 4;                 // CPU threads computing router logits (1: inline)
+  // Requests of at most this many tokens are handled (gate, dispatch, local shared expert) on the
+  // gRPC thread that read them; larger ones on the handler pool, so a long prefill never holds a
+  // gRPC callback thread.
+  int inline_max_tokens = 64;
+  int handler_threads = 2;
+};
+
+// A few threads running queued tasks in order of arrival.
+class TaskQueue {
+ public:
+  explicit TaskQueue(int threads);
+  ~TaskQueue();  // runs what is queued, then joins
+  void Post(std::function<void()> fn);
+
+ private:
+  void Run();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> q_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
 };
 
 // Runs callbacks at deadlines on one thread.
@@ -55,9 +77,12 @@ class DeadlineTimer {
 };
 
 struct LayerCall;
-struct StreamState;
+class StreamState;
 
-class MoeRouterService final : public pb::MoeRouter::Service {
+// The MoeRouter service on gRPC's callback API: each Forward stream is a reactor (StreamState) whose
+// requests are handled on the thread that read them and whose answers are written by whichever
+// thread completes them (a worker stream's reaction, the deadline timer), with no thread of its own.
+class MoeRouterService final : public pb::MoeRouter::CallbackService {
  public:
   MoeRouterService(const Exl3Model& model, const RouterOptions& opt, RouterMetrics* metrics);
   ~MoeRouterService() override;
@@ -70,16 +95,20 @@ class MoeRouterService final : public pb::MoeRouter::Service {
   // Waits until no request is in flight or the timeout passes; true when idle.
   bool WaitIdle(std::chrono::milliseconds timeout);
 
-  grpc::Status Forward(grpc::ServerContext* ctx,
-                       grpc::ServerReaderWriter<pb::MoeLayerResponse, pb::MoeLayerRequest>* rw)
-      override;
-  grpc::Status Describe(grpc::ServerContext* ctx, const pb::RouterDescribeRequest* req,
-                        pb::RouterDescribeResponse* resp) override;
+  grpc::ServerBidiReactor<pb::MoeLayerRequest, pb::MoeLayerResponse>* Forward(
+      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* ctx,
+                                     const pb::RouterDescribeRequest* req,
+                                     pb::RouterDescribeResponse* resp) override;
 
   void FillIdentity(pb::ModelIdentity* id) const;
 
  private:
+  friend class StreamState;
+  // One request (or a cancel message) of stream `s`, on the thread that read it (small) or the
+  // handler pool (large).
   void Handle(const std::shared_ptr<StreamState>& s, pb::MoeLayerRequest& req);
+  void Unregister(StreamState* s);
   absl::Status Route(const pb::MoeLayerRequest& req, LayerCall& c);
   // logits [T, E] = x [T, hidden] · router_w^T, split over the gate pool by blocks of experts.
   void ComputeLogits(const float* router_w, const float* x, int num_tokens, float* logits);
@@ -113,6 +142,10 @@ class MoeRouterService final : public pb::MoeRouter::Service {
   // cache: one thread is bound by its own memory bandwidth, several split it.
   std::mutex gate_mu_;  // held while the pool computes one gate (ParallelFor: one call at a time)
   std::unique_ptr<cpu::ThreadPool> gate_pool_;
+  // Streams live here from their start until gRPC's OnDone (requests in flight may hold one longer).
+  std::mutex streams_mu_;
+  std::map<StreamState*, std::shared_ptr<StreamState>> streams_;
+  std::unique_ptr<TaskQueue> handlers_;  // large requests (inline_max_tokens)
 };
 
 }  // namespace exl3::router

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <deque>
+#include <list>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -16,44 +16,147 @@ namespace exl3::router {
 
 using Clock = std::chrono::steady_clock;
 
-// One Forward stream to a worker and the sub-requests waiting for their answers on it.
-struct WorkerConn::Session {
-  std::unique_ptr<grpc::ClientContext> ctx;
-  std::unique_ptr<grpc::ClientReaderWriter<pb::ExpertRequest, pb::ExpertResponse>> stream;
-  // Requests are written by the session's writer thread from `outq`, so that no caller (an engine
-  // stream dispatching, a reader failing over) ever blocks on a slow or frozen worker.
-  std::mutex write_mu;
-  std::condition_variable write_cv;
-  bool open = true;  // guarded by write_mu: writes allowed
-  std::deque<pb::ExpertRequest> outq;  // guarded by write_mu
-  size_t queued_bytes = 0;             // guarded by write_mu: bytes in outq
-  std::thread writer;
+// One Forward stream to a worker (a gRPC callback reactor) and the sub-requests waiting for their
+// answers on it. Requests are queued and written one at a time, the next write started by
+// OnWriteDone, so no caller (an engine stream dispatching, a reaction failing over) ever blocks on a
+// slow or frozen worker, and no thread of the router's own sits between the caller and the socket.
+// Answers run their callbacks on the reaction's thread. The session ends (OnDone) when the stream
+// does: every sub-request still pending then gets its callback with UNAVAILABLE.
+//
+// gRPC's Start* calls never run reactions inline, so they are made under `mu`; `open` (cleared
+// under `mu` by the reaction that sees the stream end) keeps any operation from being started
+// after the last one completed.
+struct WorkerConn::Session : grpc::ClientBidiReactor<pb::ExpertRequest, pb::ExpertResponse> {
+  Session(WorkerConn* c, std::shared_ptr<grpc::ClientContext> watch)
+      : conn(c), watch_ctx(std::move(watch)) {}
 
-  void RunWriter() {
-    std::unique_lock<std::mutex> l(write_mu);
-    while (true) {
-      write_cv.wait(l, [&] { return !outq.empty() || !open; });
-      if (!open) return;
-      pb::ExpertRequest r = std::move(outq.front());
-      outq.pop_front();
-      if (!r.has_cancel()) queued_bytes -= std::min(queued_bytes, r.ByteSizeLong());
-      l.unlock();
-      const bool ok = stream->Write(r);
-      l.lock();
-      if (!ok) {
-        open = false;  // the reader sees the stream end and fails what is pending
-        return;
-      }
-    }
-  }
-  std::mutex pending_mu;
-  bool closed = false;  // guarded by pending_mu: no new pending entries
-  uint64_t next_id = 1;
+  WorkerConn* const conn;  // outlives the session's OnDone (RunSession waits for it)
+  grpc::ClientContext ctx;
+  const std::shared_ptr<grpc::ClientContext> watch_ctx;  // the health watch, woken when we end
+  std::shared_ptr<Session> self;  // keeps the reactor alive until OnDone
+
+  std::mutex mu;
+  bool open = true;  // guarded by mu: writes allowed
+  struct Out {
+    pb::ExpertRequest msg;
+    size_t bytes;  // counted in queued_bytes (0 for cancel messages)
+  };
+  // guarded by mu: the front is being written while `writing`. A list: Cancel erases from the
+  // middle without moving the message being written.
+  std::list<Out> outq;
+  bool writing = false;     // guarded by mu
+  size_t queued_bytes = 0;  // guarded by mu: request bytes in outq
+  bool closed = false;      // guarded by mu: no new pending entries
+  uint64_t next_id = 1;     // guarded by mu
   struct Pending {
     SubCallback cb;
     Clock::time_point sent;
   };
-  std::unordered_map<uint64_t, Pending> pending;
+  std::unordered_map<uint64_t, Pending> pending;  // guarded by mu
+  bool done = false;                              // guarded by mu: OnDone ran
+  std::condition_variable done_cv;
+  pb::ExpertResponse resp;  // the read buffer
+
+  bool IsOpen() {
+    std::lock_guard<std::mutex> l(mu);
+    return open;
+  }
+  // Queues `m` under mu and starts writing when idle.
+  void QueueLocked(pb::ExpertRequest m, size_t bytes) {
+    queued_bytes += bytes;
+    outq.push_back(Out{std::move(m), bytes});
+    if (!writing) {
+      writing = true;
+      StartWrite(&outq.front().msg);
+    }
+  }
+  void WaitDone() {
+    std::unique_lock<std::mutex> l(mu);
+    done_cv.wait(l, [&] { return done; });
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      {
+        std::lock_guard<std::mutex> l(mu);
+        open = false;
+      }
+      ctx.TryCancel();         // the call ends now even if a write is stuck
+      watch_ctx->TryCancel();  // wakes the supervisor's health read
+      return;
+    }
+    Pending p;
+    bool found = false;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      auto it = pending.find(resp.id());
+      if (it != pending.end()) {  // unknown id: ignore (should not happen)
+        p = std::move(it->second);
+        pending.erase(it);
+        found = true;
+      }
+    }
+    if (found) {
+      if (conn->metrics_) {
+        conn->metrics_->Received(resp.ByteSizeLong());
+        conn->metrics_->WorkerRpc(conn->spec_.name,
+                                  std::chrono::duration<double>(Clock::now() - p.sent).count());
+      }
+      conn->outstanding_.fetch_sub(1);
+      p.cb(absl::OkStatus(), &resp);
+    }
+    resp.Clear();
+    std::lock_guard<std::mutex> l(mu);
+    if (open) StartRead(&resp);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> l(mu);
+    queued_bytes -= std::min(queued_bytes, outq.front().bytes);
+    outq.pop_front();
+    if (!ok || !open) {
+      // The stream is ending: what was not written is failed with the pending entries in OnDone.
+      if (!ok) ctx.TryCancel();
+      open = false;
+      writing = false;
+      for (const Out& o : outq) queued_bytes -= std::min(queued_bytes, o.bytes);
+      outq.clear();
+      return;
+    }
+    if (outq.empty()) {
+      writing = false;
+      return;
+    }
+    StartWrite(&outq.front().msg);
+  }
+
+  void OnDone(const grpc::Status& st) override {
+    std::unordered_map<uint64_t, Pending> failed;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      open = false;
+      closed = true;
+      outq.clear();
+      queued_bytes = 0;
+      writing = false;
+      failed.swap(pending);
+    }
+    watch_ctx->TryCancel();
+    conn->SetUp(false, absl::StrCat("Forward stream ended: ", st.error_message()));
+    const absl::Status why = absl::UnavailableError(absl::StrCat(
+        "worker ", conn->spec_.name, " (", conn->spec_.address, ") stream ended: ",
+        st.ok() ? std::string("closed by the worker") : st.error_message()));
+    for (auto& [id, p] : failed) {
+      conn->outstanding_.fetch_sub(1);
+      p.cb(why, nullptr);
+    }
+    std::shared_ptr<Session> keep = std::move(self);  // RunSession still holds one
+    {
+      std::lock_guard<std::mutex> l(mu);
+      done = true;
+    }
+    done_cv.notify_all();
+  }
 };
 
 absl::StatusOr<std::vector<std::string>> SharedExpertWorkers(const ExpertMap& map,
@@ -123,7 +226,7 @@ void WorkerConn::Stop() {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (watch_ctx_) watch_ctx_->TryCancel();
-    if (session_) session_->ctx->TryCancel();
+    if (session_) session_->ctx.TryCancel();
   }
   cv_.notify_all();
   if (supervisor_.joinable()) supervisor_.join();
@@ -239,11 +342,10 @@ absl::Status WorkerConn::RunSession() {
     device_ = d.device();
   }
   cancel_supported_ = d.cancel_supported();
-  // 2. Health watch and the Forward stream.
+  // 2. Health watch and the Forward stream (a reactor: no thread of ours reads or writes it).
   auto health = grpc::health::v1::Health::NewStub(channel_);
   auto watch_ctx = std::make_shared<grpc::ClientContext>();
-  auto session = std::make_shared<Session>();
-  session->ctx = std::make_unique<grpc::ClientContext>();
+  auto session = std::make_shared<Session>(this, watch_ctx);
   {
     std::lock_guard<std::mutex> l(mu_);
     if (stop_) return absl::CancelledError("stopped");
@@ -251,82 +353,33 @@ absl::Status WorkerConn::RunSession() {
   }
   grpc::health::v1::HealthCheckRequest hreq;  // service "": the whole server
   auto watch = health->Watch(watch_ctx.get(), hreq);
-  session->stream = stub_->Forward(session->ctx.get());
-  session->writer = std::thread([session] { session->RunWriter(); });
+  session->self = session;
+  stub_->async()->Forward(&session->ctx, session.get());
+  session->StartRead(&session->resp);
+  session->StartCall();
   {
     std::lock_guard<std::mutex> l(mu_);
     session_ = session;
-    if (stop_) session->ctx->TryCancel();
+    if (stop_) session->ctx.TryCancel();
   }
-  std::thread reader([this, session, watch_ctx] {
-    ReadLoop(session);
-    watch_ctx->TryCancel();  // wakes the health read below
-  });
   grpc::health::v1::HealthCheckResponse h;
   std::string why = "health watch ended";
   while (watch->Read(&h)) {
     const bool serving = h.status() == grpc::health::v1::HealthCheckResponse::SERVING;
-    bool open;
-    {
-      std::lock_guard<std::mutex> l(session->write_mu);
-      open = session->open;
-    }
+    const bool open = session->IsOpen();
     SetUp(serving && open, serving ? "Forward stream closed" : "health NOT_SERVING");
   }
   grpc::Status ws = watch->Finish();
   if (!ws.ok()) why = absl::StrCat("connection lost: ", ws.error_message());
   SetUp(false, why);
-  session->ctx->TryCancel();
-  reader.join();
+  session->ctx.TryCancel();
+  session->WaitDone();  // every pending sub-request has had its callback
   {
     std::lock_guard<std::mutex> l(mu_);
     session_.reset();
     watch_ctx_.reset();
   }
   return absl::UnavailableError(why);
-}
-
-void WorkerConn::ReadLoop(std::shared_ptr<Session> s) {
-  pb::ExpertResponse resp;
-  while (s->stream->Read(&resp)) {
-    Session::Pending p;
-    {
-      std::lock_guard<std::mutex> l(s->pending_mu);
-      auto it = s->pending.find(resp.id());
-      if (it == s->pending.end()) continue;  // unknown id: ignore (should not happen)
-      p = std::move(it->second);
-      s->pending.erase(it);
-    }
-    if (metrics_) {
-      metrics_->Received(resp.ByteSizeLong());
-      metrics_->WorkerRpc(spec_.name,
-                          std::chrono::duration<double>(Clock::now() - p.sent).count());
-    }
-    outstanding_.fetch_sub(1);
-    p.cb(absl::OkStatus(), &resp);
-  }
-  {
-    std::lock_guard<std::mutex> l(s->write_mu);
-    s->open = false;
-  }
-  s->write_cv.notify_all();
-  s->ctx->TryCancel();  // unblocks a writer stuck in Write; no-op when the call already ended
-  s->writer.join();     // no Write may run concurrently with Finish
-  grpc::Status st = s->stream->Finish();
-  std::unordered_map<uint64_t, Session::Pending> failed;
-  {
-    std::lock_guard<std::mutex> l(s->pending_mu);
-    s->closed = true;
-    failed.swap(s->pending);
-  }
-  SetUp(false, absl::StrCat("Forward stream ended: ", st.error_message()));
-  const absl::Status why = absl::UnavailableError(absl::StrCat(
-      "worker ", spec_.name, " (", spec_.address, ") stream ended: ",
-      st.ok() ? std::string("closed by the worker") : st.error_message()));
-  for (auto& [id, p] : failed) {
-    outstanding_.fetch_sub(1);
-    p.cb(why, nullptr);
-  }
 }
 
 absl::Status WorkerConn::Send(pb::ExpertRequest* req, size_t request_bytes, SubCallback cb,
@@ -342,86 +395,60 @@ absl::Status WorkerConn::Send(pb::ExpertRequest* req, size_t request_bytes, SubC
   }
   uint64_t id;
   {
-    std::lock_guard<std::mutex> l(s->pending_mu);
-    if (s->closed) {
+    std::lock_guard<std::mutex> l(s->mu);
+    if (s->closed || !s->open) {
       return absl::UnavailableError(absl::StrCat("worker ", spec_.name, " stream closed"));
     }
-    id = s->next_id++;
-    s->pending[id] = Session::Pending{std::move(cb), Clock::now()};
-  }
-  outstanding_.fetch_add(1);
-  req->set_id(id);
-  bool ok;
-  bool full = false;
-  {
-    std::lock_guard<std::mutex> l(s->write_mu);
     // A worker that stopped reading (frozen) must not grow the router's memory without bound.
-    full = s->queued_bytes + request_bytes > static_cast<size_t>(4) * opt_.max_message_bytes;
-    ok = s->open && !full;
-    if (ok) {
-      s->queued_bytes += request_bytes;
-      s->outq.push_back(std::move(*req));
-    }
-  }
-  if (ok) {
-    s->write_cv.notify_one();
-    if (metrics_) metrics_->Sent(request_bytes);
-    if (handle != nullptr) *handle = SubHandle{s, id};
-    return absl::OkStatus();
-  }
-  // Not written: take the entry back unless the stream's teardown already answered it.
-  std::lock_guard<std::mutex> l(s->pending_mu);
-  if (s->pending.erase(id) == 1) {
-    outstanding_.fetch_sub(1);
-    if (full) {
+    if (s->queued_bytes + request_bytes > static_cast<size_t>(4) * opt_.max_message_bytes) {
       return absl::UnavailableError(absl::StrCat(
           "worker ", spec_.name, " (", spec_.address, ") is not reading: ",
           4 * static_cast<int64_t>(opt_.max_message_bytes), " bytes of requests already queued"));
     }
-    return absl::UnavailableError(absl::StrCat("worker ", spec_.name, " (", spec_.address,
-                                               "): write to the Forward stream failed"));
+    id = s->next_id++;
+    s->pending[id] = Session::Pending{std::move(cb), Clock::now()};
+    outstanding_.fetch_add(1);
+    req->set_id(id);
+    s->QueueLocked(std::move(*req), request_bytes);
   }
+  if (metrics_) metrics_->Sent(request_bytes);
+  if (handle != nullptr) *handle = SubHandle{s, id};
   return absl::OkStatus();
 }
 
 void WorkerConn::Cancel(const SubHandle& h, pb::CancelReason reason) {
   std::shared_ptr<Session> s = h.session.lock();
   if (!s || h.id == 0) return;
-  {
-    std::lock_guard<std::mutex> l(s->pending_mu);
-    if (s->pending.count(h.id) == 0) return;  // answered (or failed with the stream) already
-  }
   bool withdrawn = false, sent = false;
+  Session::Pending p;
   {
-    std::lock_guard<std::mutex> l(s->write_mu);
-    if (!s->open) return;  // the stream is ending: the reader fails what is pending
+    std::lock_guard<std::mutex> l(s->mu);
+    if (!s->open) return;  // the stream is ending: OnDone fails what is pending
+    auto pit = s->pending.find(h.id);
+    if (pit == s->pending.end()) return;  // answered (or failed with the stream) already
+    // Still queued (not the one being written): never reaches the worker.
     for (auto it = s->outq.begin(); it != s->outq.end(); ++it) {
-      if (it->id() == h.id && !it->has_cancel()) {
-        s->queued_bytes -= std::min(s->queued_bytes, it->ByteSizeLong());
+      if (s->writing && it == s->outq.begin()) continue;
+      if (it->msg.id() == h.id && !it->msg.has_cancel()) {
+        s->queued_bytes -= std::min(s->queued_bytes, it->bytes);
         s->outq.erase(it);
         withdrawn = true;
         break;
       }
     }
-    if (!withdrawn && cancel_supported_) {
+    if (withdrawn) {
+      p = std::move(pit->second);
+      s->pending.erase(pit);
+    } else if (cancel_supported_) {
       pb::ExpertRequest c;
       c.set_id(h.id);
       c.mutable_cancel()->set_reason(reason);
-      s->outq.push_back(std::move(c));
+      s->QueueLocked(std::move(c), 0);
       sent = true;
     }
   }
-  if (sent) s->write_cv.notify_one();
   if (withdrawn) {
     // Never written: the worker knows nothing of it; answer it here.
-    Session::Pending p;
-    {
-      std::lock_guard<std::mutex> l(s->pending_mu);
-      auto it = s->pending.find(h.id);
-      if (it == s->pending.end()) return;
-      p = std::move(it->second);
-      s->pending.erase(it);
-    }
     outstanding_.fetch_sub(1);
     p.cb(absl::CancelledError(absl::StrCat("withdrawn before it was sent to worker ", spec_.name)),
          nullptr);

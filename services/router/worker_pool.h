@@ -105,7 +105,6 @@ class WorkerConn {
  private:
   void Supervise();
   absl::Status RunSession();
-  void ReadLoop(std::shared_ptr<Session> s);
   void SetUp(bool up, const std::string& why);
   absl::Status CheckDescribe(const pb::DescribeResponse& d) const;
 
