@@ -121,9 +121,8 @@ class HostRegistration {
   size_t bytes() const { return bytes_; }
 
  private:
-  using Interval = std::pair<uintptr_t, uintptr_t>;  // [begin, end), page-aligned, sorted, disjoint
   HostRegistration() = default;
-  std::vector<Interval> intervals_;
+  std::vector<std::pair<uintptr_t, uintptr_t>> intervals_;  // registered pages (kernels/page_intervals.h)
   size_t bytes_ = 0;
 };
 
