@@ -159,6 +159,47 @@ struct WorkerConn::Session : grpc::ClientBidiReactor<pb::ExpertRequest, pb::Expe
   }
 };
 
+// The worker's gRPC health Watch as a callback reactor: its answers update the worker's up state
+// on gRPC's threads. (A thread blocked in a synchronous Read would take part in gRPC's polling and
+// pass every other stream's events on, one more wake-up per message.)
+struct WorkerConn::HealthWatch : grpc::ClientReadReactor<grpc::health::v1::HealthCheckResponse> {
+  HealthWatch(WorkerConn* c, std::shared_ptr<grpc::ClientContext> context,
+              std::shared_ptr<Session> s)
+      : conn(c), ctx(std::move(context)), session(std::move(s)) {}
+
+  WorkerConn* const conn;  // outlives OnDone (RunSession waits for it)
+  const std::shared_ptr<grpc::ClientContext> ctx;
+  const std::shared_ptr<Session> session;
+  grpc::health::v1::HealthCheckRequest req;  // service "": the whole server
+  grpc::health::v1::HealthCheckResponse resp;
+  std::shared_ptr<HealthWatch> self;  // keeps the reactor alive until OnDone has returned
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;  // guarded by mu
+  std::string why;    // guarded by mu: why the watch ended
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows
+    const bool serving = resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+    conn->SetUp(serving && session->IsOpen(), serving ? "Forward stream closed" : "health NOT_SERVING");
+    StartRead(&resp);
+  }
+  void OnDone(const grpc::Status& st) override {
+    std::shared_ptr<HealthWatch> keep = std::move(self);
+    std::lock_guard<std::mutex> l(mu);
+    why = st.ok() ? std::string("health watch ended")
+                  : absl::StrCat("connection lost: ", st.error_message());
+    done = true;
+    cv.notify_all();
+  }
+  // Returns why the watch ended.
+  std::string Wait() {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return done; });
+    return why;
+  }
+};
+
 absl::StatusOr<std::vector<std::string>> SharedExpertWorkers(const ExpertMap& map,
                                                              const std::string& name) {
   const ExpertMapWorker* named = map.Find(name);
@@ -351,8 +392,6 @@ absl::Status WorkerConn::RunSession() {
     if (stop_) return absl::CancelledError("stopped");
     watch_ctx_ = watch_ctx;
   }
-  grpc::health::v1::HealthCheckRequest hreq;  // service "": the whole server
-  auto watch = health->Watch(watch_ctx.get(), hreq);
   session->self = session;
   stub_->async()->Forward(&session->ctx, session.get());
   session->StartRead(&session->resp);
@@ -362,15 +401,14 @@ absl::Status WorkerConn::RunSession() {
     session_ = session;
     if (stop_) session->ctx.TryCancel();
   }
-  grpc::health::v1::HealthCheckResponse h;
-  std::string why = "health watch ended";
-  while (watch->Read(&h)) {
-    const bool serving = h.status() == grpc::health::v1::HealthCheckResponse::SERVING;
-    const bool open = session->IsOpen();
-    SetUp(serving && open, serving ? "Forward stream closed" : "health NOT_SERVING");
-  }
-  grpc::Status ws = watch->Finish();
-  if (!ws.ok()) why = absl::StrCat("connection lost: ", ws.error_message());
+  // The watch runs until the connection is lost, the stream ends (its OnReadDone cancels the
+  // watch) or Stop cancels it.
+  auto watch = std::make_shared<HealthWatch>(this, watch_ctx, session);
+  watch->self = watch;
+  health->async()->Watch(watch_ctx.get(), &watch->req, watch.get());
+  watch->StartRead(&watch->resp);
+  watch->StartCall();
+  const std::string why = watch->Wait();
   SetUp(false, why);
   session->ctx.TryCancel();
   session->WaitDone();  // every pending sub-request has had its callback

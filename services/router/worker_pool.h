@@ -74,6 +74,7 @@ class WorkerConn {
 
   // Identifies one sent sub-request (its stream and id), for Cancel.
   struct Session;
+  struct HealthWatch;
   struct SubHandle {
     std::weak_ptr<Session> session;
     uint64_t id = 0;  // 0: none
