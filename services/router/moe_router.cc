@@ -43,15 +43,27 @@ DeadlineTimer::~DeadlineTimer() {
   thread_.join();
 }
 
-void DeadlineTimer::At(Clock::time_point when, std::function<void()> fn) {
+DeadlineTimer::Key DeadlineTimer::At(Clock::time_point when, std::function<void()> fn) {
   bool earliest;
+  Key k;
   {
     std::lock_guard<std::mutex> l(mu_);
-    earliest = q_.empty() || when < q_.begin()->first;
-    q_.emplace(when, std::move(fn));
+    k = Key{when, next_seq_++};
+    earliest = q_.empty() || k < q_.begin()->first;
+    q_.emplace(k, std::move(fn));
   }
   // Only a new earliest deadline changes what the timer thread waits for.
   if (earliest) cv_.notify_all();
+  return k;
+}
+
+void DeadlineTimer::Cancel(const Key& k) {
+  std::function<void()> fn;  // destroyed outside the lock
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = q_.find(k);
+  if (it == q_.end()) return;
+  fn = std::move(it->second);
+  q_.erase(it);
 }
 
 void DeadlineTimer::Run() {
@@ -62,8 +74,8 @@ void DeadlineTimer::Run() {
       continue;
     }
     auto first = q_.begin();
-    if (first->first > Clock::now()) {
-      cv_.wait_until(l, first->first);
+    if (first->first.first > Clock::now()) {
+      cv_.wait_until(l, first->first.first);
       continue;
     }
     std::function<void()> fn = std::move(first->second);
@@ -310,6 +322,8 @@ struct LayerCall {
   std::map<uint64_t, SubRef> subs;
   uint64_t next_sub = 0;
   pb::CancelReason cancel_reason = pb::CANCEL_REASON_FAILED;  // why it ended early
+  bool has_timer = false;  // its deadline entry, cancelled when it completes
+  DeadlineTimer::Key timer_key;
 };
 
 MoeRouterService::MoeRouterService(const Exl3Model& model, const RouterOptions& opt,
@@ -503,7 +517,7 @@ void MoeRouterService::Handle(const std::shared_ptr<StreamState>& s, pb::MoeLaye
                             : std::chrono::microseconds(opt_.default_deadline_ms * 1000));
     std::weak_ptr<LayerCall> weak = c;
     const uint64_t budget_ms = Micros(t0, c->deadline) / 1000;
-    timer_.At(c->deadline, [this, weak, budget_ms] {
+    const DeadlineTimer::Key key = timer_.At(c->deadline, [this, weak, budget_ms] {
       if (auto cc = weak.lock()) {
         std::string waiting;
         {
@@ -522,6 +536,16 @@ void MoeRouterService::Handle(const std::shared_ptr<StreamState>& s, pb::MoeLaye
                  pb::CANCEL_REASON_DEADLINE);
       }
     });
+    bool ended;
+    {
+      std::lock_guard<std::mutex> l(c->mu);
+      ended = c->done;
+      if (!ended) {
+        c->timer_key = key;
+        c->has_timer = true;
+      }
+    }
+    if (ended) timer_.Cancel(key);  // completed meanwhile (e.g. the stream was cancelled)
   }
 
   c->acc.assign(static_cast<size_t>(c->T) * c->H, 0.0f);
@@ -942,10 +966,13 @@ std::string MoeRouterService::ExpertsText(std::vector<int32_t> ex) const {
 void MoeRouterService::Complete(const std::shared_ptr<LayerCall>& c, const absl::Status& st,
                                 pb::CancelReason reason) {
   std::vector<LayerCall::SubRef> withdraw;
+  bool cancel_timer;
   {
     std::lock_guard<std::mutex> l(c->mu);
     if (c->done) return;
     c->done = true;
+    cancel_timer = c->has_timer;
+    c->has_timer = false;
     if (!st.ok()) {
       // The workers' share is no longer needed. Parts whose Send is still running (id 0) are
       // withdrawn by that Send when it sees `done`.
@@ -998,6 +1025,8 @@ void MoeRouterService::Complete(const std::shared_ptr<LayerCall>& c, const absl:
     metrics_->in_flight().Decrement();
   }
   for (LayerCall::SubRef& sr : withdraw) sr.conn->Cancel(sr.h, reason);
+  // A no-op when the deadline itself completed it (the entry is gone once it runs).
+  if (cancel_timer) timer_.Cancel(c->timer_key);
   if (in_flight_.fetch_sub(1) == 1) {
     std::lock_guard<std::mutex> l(idle_mu_);
     idle_cv_.notify_all();

@@ -60,18 +60,23 @@ class TaskQueue {
   std::vector<std::thread> threads_;
 };
 
-// Runs callbacks at deadlines on one thread.
+// Runs callbacks at deadlines on one thread. A request that completes in time cancels its entry,
+// so the thread wakes only for deadlines that really pass.
 class DeadlineTimer {
  public:
+  using Key = std::pair<std::chrono::steady_clock::time_point, uint64_t>;
   DeadlineTimer();
   ~DeadlineTimer();
-  void At(std::chrono::steady_clock::time_point when, std::function<void()> fn);
+  Key At(std::chrono::steady_clock::time_point when, std::function<void()> fn);
+  // Drops the entry unless it has run (or is running) already.
+  void Cancel(const Key& k);
 
  private:
   void Run();
   std::mutex mu_;
   std::condition_variable cv_;
-  std::multimap<std::chrono::steady_clock::time_point, std::function<void()>> q_;
+  std::map<Key, std::function<void()>> q_;
+  uint64_t next_seq_ = 0;
   bool stop_ = false;
   std::thread thread_;
 };
