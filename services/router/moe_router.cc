@@ -49,10 +49,10 @@ DeadlineTimer::Key DeadlineTimer::At(Clock::time_point when, std::function<void(
   {
     std::lock_guard<std::mutex> l(mu_);
     k = Key{when, next_seq_++};
-    earliest = q_.empty() || k < q_.begin()->first;
+    earliest = when < wake_at_;
     q_.emplace(k, std::move(fn));
   }
-  // Only a new earliest deadline changes what the timer thread waits for.
+  // Only a deadline before the timer thread's wake-up changes what it waits for.
   if (earliest) cv_.notify_all();
   return k;
 }
@@ -69,13 +69,16 @@ void DeadlineTimer::Cancel(const Key& k) {
 void DeadlineTimer::Run() {
   std::unique_lock<std::mutex> l(mu_);
   while (!stop_) {
-    if (q_.empty()) {
-      cv_.wait(l);
-      continue;
-    }
+    const Clock::time_point now = Clock::now();
     auto first = q_.begin();
-    if (first->first.first > Clock::now()) {
-      cv_.wait_until(l, first->first.first);
+    if (first == q_.end() || first->first.first > now) {
+      // Sleep until the first deadline, or a second at most: most entries are cancelled before
+      // they are due, and At need not wake the thread for one due after wake_at_ (with one request
+      // at a time the queue empties after each, and waking per request would cost a context
+      // switch each).
+      wake_at_ = now + std::chrono::seconds(1);
+      if (first != q_.end()) wake_at_ = std::min(wake_at_, first->first.first);
+      cv_.wait_until(l, wake_at_);
       continue;
     }
     std::function<void()> fn = std::move(first->second);

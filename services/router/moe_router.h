@@ -77,6 +77,8 @@ class DeadlineTimer {
   std::condition_variable cv_;
   std::map<Key, std::function<void()>> q_;
   uint64_t next_seq_ = 0;
+  // When the thread wakes next (guarded by mu_; max until it first sleeps).
+  std::chrono::steady_clock::time_point wake_at_ = std::chrono::steady_clock::time_point::max();
   bool stop_ = false;
   std::thread thread_;
 };
