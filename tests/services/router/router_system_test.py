@@ -96,8 +96,10 @@ class RouterSystemTest(unittest.TestCase):
         n = final_counts(p.stdout)
         self.assertEqual(n, {"requests": 48, "ok": 48, "failed": 0, "verified": 48,
                              "mismatched": 0})
-        # Every dtype combination, one token and many.
-        for dt, out, T in (("fp32", "fp32", 1), ("bf16", "bf16", 16), ("fp16", "fp16", 33)):
+        # Every dtype combination, one token and many; 100 tokens is above --inline-max-tokens of
+        # router (handled on its handler threads) and worker (computed by its batcher thread).
+        for dt, out, T in (("fp32", "fp32", 1), ("bf16", "bf16", 16), ("fp16", "fp16", 33),
+                           ("fp16", "fp32", 100)):
             p = loadgen(self.r, "--verify", "--tokens", str(T), "--requests", "4", "--dtype", dt,
                         "--output-dtype", out)
             self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
