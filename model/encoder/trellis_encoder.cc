@@ -168,8 +168,10 @@ TileEncoder::TileEncoder(int K, Codebook cb, Simd simd)
 #else
   (void)simd;
 #endif
-  if (const char* w = std::getenv("EXL3_ENCODER_WINDOW")) window_ = std::clamp(std::atoi(w), 8, 128);
+  if (const char* w = std::getenv("EXL3_ENCODER_WINDOW")) set_window(std::atoi(w));
 }
+
+void TileEncoder::set_window(int W) { window_ = std::clamp(W, 8, kTileElems); }
 
 TileEncoder::~TileEncoder() = default;
 
@@ -225,25 +227,25 @@ void TileEncoder::Backtrack(int num, uint32_t last_state, uint32_t* states) cons
 
 double TileEncoder::Encode(const float* x_stream, uint16_t* words, float* decoded) {
   const int shift = 16 - K_;
-  const uint32_t low_mask = static_cast<uint32_t>(R_ - 1);
   uint32_t states[kTileElems];
 
-  // Pass 1: a window of the tile rotated so that the wrap point sits in its middle (elements
-  // 256-W..255 then 0..W-1), free at both ends; the state it picks at element 255 gives the
-  // overlap. Far elements hardly influence the path at the wrap point, so W < 128 costs little.
+  // Pass 1: the tile read circularly from element 256-W for 2W elements, so that the wrap point
+  // 255 -> 0 sits in the middle (W > 128 reads some elements twice, like a second lap around the
+  // tail-biting trellis), free at both ends. Only the second half is recorded: backtracking from
+  // the end to the middle gives the state at element 0, whose high bits are the overlap.
   const int W = window_;
-  float rotated[kTileElems];
-  std::memcpy(rotated, x_stream + kTileElems - W, sizeof(float) * W);
-  std::memcpy(rotated + W, x_stream, sizeof(float) * W);
+  float rotated[2 * kTileElems];
+  for (int i = 0; i < 2 * W; ++i) rotated[i] = x_stream[(2 * kTileElems - W + i) % kTileElems];
   std::fill(m_.begin(), m_.end(), 0.0f);
-  Pass(rotated, 2 * W, /*record=*/true);
+  Pass(rotated, W, /*record=*/false);
+  Pass(rotated + W, W, /*record=*/true);
   const uint32_t end_r =
       static_cast<uint32_t>(std::min_element(m_.begin(), m_.begin() + R_) - m_.begin());
-  Backtrack(2 * W,
-            (static_cast<uint32_t>(bp_[(2 * W - 1) * static_cast<size_t>(R_) + end_r]) << shift) |
+  Backtrack(W,
+            (static_cast<uint32_t>(bp_[(W - 1) * static_cast<size_t>(R_) + end_r]) << shift) |
                 end_r,
             states);
-  const uint32_t overlap = states[W - 1] & low_mask;  // rotated index W-1 is element 255
+  const uint32_t overlap = states[0] >> K_;  // state of element 0: its high bits are the overlap
 
   return EncodeWithOverlap(x_stream, overlap, words, decoded);
 }

@@ -7,17 +7,18 @@
 // predecessors (those whose low 16-K bits equal its high 16-K bits).
 //
 // Encoding a tile is two Viterbi passes over all 65536 states:
-//   1. unconstrained, over the tile rotated so that the wrap-around point 255 -> 0 sits in its
-//      middle (elements 256-W..255, 0..W-1, W = 128: the whole tile); backtracking it gives a
-//      well-informed guess of the 16-K overlap bits at the wrap point;
+//   1. unconstrained, from free (zero) costs, over the tile read circularly for 2W elements
+//      with the wrap-around point 255 -> 0 in the middle (W = 256: a full lap before the wrap,
+//      unrecorded, then a full lap after it, recorded); backtracking from the end to the wrap
+//      point gives a well-informed guess of the 16-K overlap bits there;
 //   2. the real pass over elements 0..255 with state_0's high bits and state_255's low bits
 //      both fixed to that overlap (the exact optimum under that constraint).
-// On Gaussian tiles this reaches the exact tail-biting optimum (best over all overlaps) on all
-// but a few tiles, losing well under 0.1 % of the error (tests check it at K = 8; see
-// bench/results/encoder.md). A half-window of 64 was tried for K >= 6 (25 % faster) and lost
-// 0.1-0.3 % at K = 6. Both passes are vectorised (AVX-512 or AVX2+FMA, runtime dispatch) with a
-// portable fallback. The environment variable EXL3_ENCODER_WINDOW (8..128) overrides W, for
-// experiments.
+// On Gaussian tiles this reaches the exact tail-biting optimum (best over all overlaps) on
+// nearly every tile (tests check it at K = 6..8; bench/results/encoder.md measures it). Shorter
+// windows are faster and worse: W = 128 (the tile once, rotated) lost 0.1-0.7 % of MSE at
+// K = 1..4 and up to 0.07 % at K = 6; W = 64 lost 0.1-0.3 % at K = 6. Both passes are
+// vectorised (AVX-512 or AVX2+FMA, runtime dispatch) with a portable fallback. The environment
+// variable EXL3_ENCODER_WINDOW (8..256) overrides W, for experiments.
 #pragma once
 
 #include <cstddef>
@@ -43,6 +44,10 @@ class TileEncoder {
   ~TileEncoder();
   TileEncoder(const TileEncoder&) = delete;
   TileEncoder& operator=(const TileEncoder&) = delete;
+
+  // Pass 1's W (see the top of this file), clamped to 8..256; for experiments and the bench.
+  void set_window(int W);
+  int window() const { return window_; }
 
   // Whether this CPU runs `simd` (kPortable and kBest: always).
   static bool SimdAvailable(Simd simd);
@@ -86,7 +91,7 @@ class TileEncoder {
   std::vector<float> m_next_;
   std::vector<uint8_t> bp_;   // [256][R_] argmin high bits
   Simd simd_;                 // the step actually used (never kBest)
-  int window_ = 128;          // half-width of pass 1's window around the wrap point
+  int window_ = 256;          // pass 1 runs W elements before the wrap point and W after
 };
 
 // Packs 256 states (stream order) into 16*K words. The states must be consistent: the high
