@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "kernels/codebook.h"
 #include "model/encoder/trellis_encoder.h"
+#include "tools/encoder_stats.h"
 
 ABSL_FLAG(std::string, bits, "1,2,3,4,5,6,7,8", "comma-separated K values for the quality table");
 ABSL_FLAG(std::string, codebooks, "3inst,mcg,mul1", "comma-separated codebooks");
@@ -27,8 +28,23 @@ ABSL_FLAG(int, final_grid, 1, "final evaluation at the searched scale +- this ma
 ABSL_FLAG(int, threads, 0, "encoder threads for the quality table (0: all cores)");
 ABSL_FLAG(int, speed_tiles, 48, "tiles encoded single-threaded for the speed figures");
 ABSL_FLAG(std::string, speed_bits, "2,3,4", "K values for the speed figures (empty: skip)");
+ABSL_FLAG(std::string, simd, "best", "Viterbi step for the speed figures: best, avx512, avx2, portable");
 ABSL_FLAG(bool, quality, true, "run the quality table");
 ABSL_FLAG(uint32_t, seed, 12345, "random seed for the Gaussian tiles");
+ABSL_FLAG(bool, stats, false,
+          "statistical comparison with the anchor at --bits/--codebooks (see encoder_stats.h)");
+ABSL_FLAG(int, stats_tiles, 10240, "--stats: tiles encoded at every evaluated scale");
+ABSL_FLAG(int, stats_search_tiles, 0,
+          "--stats: tiles for the grid search of the centre scale (0: the converter's default)");
+ABSL_FLAG(int, stats_half_width, 2, "--stats: grid points each side of the centre evaluated");
+ABSL_FLAG(int, stats_bootstrap, 4000, "--stats: bootstrap replicates of 2048 tiles");
+ABSL_FLAG(int, stats_optimum_tiles, 0, "--stats: tiles compared with the exact optimum (K >= 5)");
+ABSL_FLAG(int, stats_paired_window, 0,
+          "--stats: also compare the default encoder with this pass-1 window, paired, at the best "
+          "scale on --stats_paired_tiles tiles (0: skip)");
+ABSL_FLAG(int, stats_paired_tiles, 512, "--stats: tiles for --stats_paired_window");
+ABSL_FLAG(std::string, stats_cache, "",
+          "--stats: CSV of per-tile MSEs, read (columns present are not encoded again) and written");
 
 namespace {
 
@@ -103,7 +119,9 @@ int main(int argc, char** argv) {
       "scale and its two neighbours on --tiles tiles (--high_k_tiles for K >= 6); reports the\n"
       "best MSE beside exllamav3's, the ratio to 4^-K, and the share of the MSE that comes from\n"
       "values beyond the codebook's range (no encoder can avoid it; it dominates at high K).\n"
-      "Speed: single-threaded tiles/s at --speed_bits and the implied time for a 4096x2048 matrix.");
+      "Speed: single-threaded tiles/s at --speed_bits and the implied time for a 4096x2048 matrix.\n"
+      "--stats: expected MSE with standard errors on --stats_tiles tiles and the sampling\n"
+      "distribution of a 2048-tile result (bootstrap), with the anchor's percentile in it.");
   absl::ParseCommandLine(argc, argv);
   const std::vector<int> bits = ParseInts(absl::GetFlag(FLAGS_bits));
   std::vector<exl3::Codebook> cbs;
@@ -154,15 +172,41 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (absl::GetFlag(FLAGS_stats)) {
+    exl3::EncoderStatsOptions so;
+    so.bits = bits;
+    so.codebooks = cbs;
+    so.tiles = static_cast<size_t>(std::max(1, absl::GetFlag(FLAGS_stats_tiles)));
+    so.search_tiles = static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_stats_search_tiles)));
+    so.half_width = std::max(0, absl::GetFlag(FLAGS_stats_half_width));
+    so.bootstrap = std::max(1, absl::GetFlag(FLAGS_stats_bootstrap));
+    so.optimum_tiles = static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_stats_optimum_tiles)));
+    so.threads = threads > 0 ? threads : 1;
+    so.seed = absl::GetFlag(FLAGS_seed);
+    so.cache = absl::GetFlag(FLAGS_stats_cache);
+    so.paired_window = std::max(0, absl::GetFlag(FLAGS_stats_paired_window));
+    so.paired_tiles = static_cast<size_t>(std::max(2, absl::GetFlag(FLAGS_stats_paired_tiles)));
+    exl3::RunEncoderStats(so, kAnchor);
+  }
+
   const std::vector<int> speed_bits = ParseInts(absl::GetFlag(FLAGS_speed_bits));
   if (!speed_bits.empty()) {
+    using Simd = exl3::TileEncoder::Simd;
+    const std::string simd_name = absl::GetFlag(FLAGS_simd);
+    const Simd simd = simd_name == "avx512" ? Simd::kAvx512
+                      : simd_name == "avx2" ? Simd::kAvx2
+                      : simd_name == "portable" ? Simd::kPortable : Simd::kBest;
+    if (!exl3::TileEncoder::SimdAvailable(simd)) {
+      std::fprintf(stderr, "exl3-encoder-bench: this CPU lacks --simd=%s\n", simd_name.c_str());
+      return 2;
+    }
     const int n = absl::GetFlag(FLAGS_speed_tiles);
     const std::vector<float> xs = Gaussian(static_cast<size_t>(n) * exl3::kTileElems, 99);
     std::printf("\n| K | codebook | tiles | tiles/s per core (best chunk, thread CPU time) | 4096x2048 matrix (32768 tiles), 1 core |\n");
     std::printf("| --- | --- | --- | --- | --- |\n");
     for (int K : speed_bits) {
       for (exl3::Codebook cb : cbs) {
-        exl3::TileEncoder enc(K, cb);
+        exl3::TileEncoder enc(K, cb, simd);
         std::vector<uint16_t> words(16 * K);
         std::vector<float> tile(exl3::kTileElems);
         enc.Encode(xs.data(), words.data());  // warm up (codebook table, caches)
