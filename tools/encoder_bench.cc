@@ -24,7 +24,9 @@ ABSL_FLAG(std::string, codebooks, "3inst,mcg,mul1", "comma-separated codebooks")
 ABSL_FLAG(int, tiles, 256, "tiles evaluated at the chosen scale (and its two grid neighbours)");
 ABSL_FLAG(int, high_k_tiles, 128, "tiles used instead of --tiles for K >= 6");
 ABSL_FLAG(int, search_tiles, 24, "tiles used for the scale grid search");
-ABSL_FLAG(int, final_grid, 1, "final evaluation at the searched scale +- this many grid steps");
+ABSL_FLAG(int, final_grid, 1,
+          "final evaluation at the searched scale +- this many grid steps (extended while the best "
+          "is at an end)");
 ABSL_FLAG(int, threads, 0, "encoder threads for the quality table (0: all cores)");
 ABSL_FLAG(int, speed_tiles, 48, "tiles encoded single-threaded for the speed figures");
 ABSL_FLAG(std::string, speed_bits, "2,3,4", "K values for the speed figures (empty: skip)");
@@ -153,13 +155,22 @@ int main(int argc, char** argv) {
         }
         const size_t tiles = std::min<size_t>(
             K >= 6 ? absl::GetFlag(FLAGS_high_k_tiles) : absl::GetFlag(FLAGS_tiles), max_tiles);
+        // The searched scale +- final_grid on all the tiles, extended while the best is at an
+        // end of that window (a small search sample can centre it badly at high K).
         double final_mse = 1e30, final_scale = 0;
         const int fg = absl::GetFlag(FLAGS_final_grid);
-        for (int i = std::max(0, best_i - fg); i <= std::min(18, best_i + fg); ++i) {
-          const double s = 0.70 + 0.05 * i;
-          const double mse = MseAtScale(x, tiles, K, cb, s, threads);
-          if (mse < final_mse) final_mse = mse, final_scale = s;
+        int lo = std::max(0, best_i - fg), hi = std::min(18, best_i + fg), final_i = lo;
+        std::vector<double> mse_at(19, -1.0);
+        for (;;) {
+          for (int i = lo; i <= hi; ++i) {
+            if (mse_at[i] < 0) mse_at[i] = MseAtScale(x, tiles, K, cb, 0.70 + 0.05 * i, threads);
+            if (mse_at[i] < final_mse) final_mse = mse_at[i], final_i = i;
+          }
+          if (final_i == lo && lo > 0) --lo;
+          else if (final_i == hi && hi < 18) ++hi;
+          else break;
         }
+        final_scale = 0.70 + 0.05 * final_i;
         const double bound = std::pow(4.0, -K);
         const double anchor = kAnchor[K - 1][static_cast<int>(cb)];
         const double clip = ClipFloor(x, tiles, cb, final_scale);
