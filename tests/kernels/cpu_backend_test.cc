@@ -63,6 +63,27 @@ TEST_P(CpuLinearTest, LargerTokenCount) {
   EXPECT_LT(RelErr(out.data(), ref.data(), ref.size()), 1e-5);
 }
 
+// Token blocks (32 tokens) and the one-token path sum in the same order: a token's output is the
+// same to the bit whether it is computed alone or in a batch that spans several blocks.
+TEST_P(CpuLinearTest, BatchedTokensEqualOneAtATime) {
+  cpu::CpuBackend backend(2);
+  const int T = 70, k = 128, n = 256;
+  uint32_t seed = 500;
+  for (int K = 1; K <= 8; ++K) {
+    for (int cb = 0; cb < 3; ++cb) {
+      SCOPED_TRACE(::testing::Message() << "K=" << K << " cb=" << cb);
+      RandomLinear lin(k, n, K, static_cast<Codebook>(cb), seed++);
+      const auto x = RandomVector(static_cast<size_t>(T) * k, seed++);
+      std::vector<float> batched(static_cast<size_t>(T) * n), one(n);
+      ASSERT_TRUE(backend.Linear(lin.view, x.data(), T, batched.data()).ok());
+      for (int t : {0, 31, 32, 69}) {
+        ASSERT_TRUE(backend.Linear(lin.view, x.data() + static_cast<size_t>(t) * k, 1, one.data()).ok());
+        for (int j = 0; j < n; ++j) ASSERT_EQ(batched[static_cast<size_t>(t) * n + j], one[j]) << "t=" << t << " j=" << j;
+      }
+    }
+  }
+}
+
 TEST_P(CpuLinearTest, MoeMatchesReference) {
   cpu::CpuBackend backend(4);
   const int H = 256, I = 128, E = 6, T = 5;
