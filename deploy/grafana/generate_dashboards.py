@@ -239,6 +239,17 @@ def overview():
             (f"exl3_worker_queue_depth{{{W}}}", "queued {{instance}}"),
             (f"exl3_router_requests_in_flight{{{R}}}", "in flight {{instance}}")),
             desc="Worker requests waiting to be batched; router layer requests accepted and not yet answered."), 8, 8),
+        (timeseries("Cancellations sent to workers", targets(
+            (f"sum by (reason) (rate(exl3_router_worker_cancels_total{{{R}}}[{RATE}]))", "{{reason}}")),
+            unit="ops", stack=True,
+            desc="Worker sub-requests the router withdrew because their layer request ended early "
+                 "(client cancel, deadline, stream closed, another part failed)."), 12, 8),
+        (timeseries("Cancellations at the workers", targets(
+            (f"sum by (reason, outcome) (rate(exl3_worker_cancels_total{{{W}}}[{RATE}]))",
+             "{{reason}} {{outcome}}")),
+            unit="ops", stack=True,
+            desc="dropped: removed from the queue, never computed (the saving); completed: already "
+                 "computing, answered normally; late: the request had already been answered."), 12, 8),
     ])
 
 
