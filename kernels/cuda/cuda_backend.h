@@ -104,7 +104,8 @@ absl::Status DequantizeInnerDevice(const Exl3LinearView& w, uint16_t* out, Strea
 
 // Host memory registered with the device (pinned and mapped): the page-aligned union of the given
 // ranges, registered once, unregistered on destruction. Read-only mappings (mmap'd model files) are
-// registered read-only. The memory must outlive the registration.
+// registered read-only. The memory must outlive the registration. Registration pins the pages
+// (they count as the process's resident memory and cannot be swapped).
 struct HostRange {
   const void* data = nullptr;
   size_t bytes = 0;

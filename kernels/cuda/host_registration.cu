@@ -41,7 +41,7 @@ absl::StatusOr<std::unique_ptr<HostRegistration>> HostRegistration::Create(
       cudaGetLastError();
       return absl::ResourceExhaustedError(absl::StrCat(
           "cannot register ", n, " bytes of host memory at ", absl::Hex(iv.first), " for the GPU: ",
-          cudaGetErrorString(e), " (is the memlock limit, ulimit -l, too low?)"));
+          cudaGetErrorString(e)));
     }
     reg->intervals_.push_back(iv);
     reg->bytes_ += n;
