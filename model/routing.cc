@@ -114,7 +114,11 @@ void SoftmaxTopK(const MoeConfig& cfg, const float* logits, int32_t* ids, float*
 }  // namespace
 
 // Cloned for AVX2 (chosen at load time where the CPU has it) so the accumulator lanes vectorise.
+// Not under ThreadSanitizer: GCC instruments the clones' ifunc resolver, which the dynamic loader
+// runs before the TSan runtime is initialised (the binary crashes at startup).
+#ifndef __SANITIZE_THREAD__
 __attribute__((target_clones("avx2", "default")))
+#endif
 void ComputeRouterLogits(const float* router_weight, const float* x, int num_tokens,
                          int num_experts, int hidden, float* logits) {
   for (int t = 0; t < num_tokens; ++t) {
