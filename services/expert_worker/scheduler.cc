@@ -215,6 +215,9 @@ void Scheduler::Loop() {
       wake = Clock::time_point::max();
     } else if (!stopping_) {
       batch = NextBatch(now, &wake);
+      // The backend is this thread's from now on: mu_ is released below to answer the expired
+      // requests, and an inline Submit meanwhile must not start a second batch on the backend.
+      if (!batch.empty()) running_ = true;
     }
     if (!expired.empty()) {
       if (metrics_) metrics_->queue_depth().Set(waiting_requests_);
@@ -238,25 +241,26 @@ void Scheduler::Loop() {
       }
       l.lock();
     }
+    if (!batch.empty()) {
+      // Taken from the queues, so computed and answered even when Stop came meanwhile (Stop
+      // answers only what is still queued).
+      l.unlock();
+      RunBatch(batch);
+      l.lock();
+      running_ = false;
+      continue;
+    }
     if (stopping_) {
       // An inline batch may still be computing on a submitter's thread: Stop returns after it.
       cv_.wait(l, [&] { return !running_; });
       return;
     }
-    if (batch.empty()) {
-      if (!expired.empty()) continue;  // state changed: look again
-      if (wake == Clock::time_point::max()) {
-        cv_.wait(l);
-      } else {
-        cv_.wait_until(l, wake);
-      }
-      continue;
+    if (!expired.empty()) continue;  // state changed: look again
+    if (wake == Clock::time_point::max()) {
+      cv_.wait(l);
+    } else {
+      cv_.wait_until(l, wake);
     }
-    running_ = true;
-    l.unlock();
-    RunBatch(batch);
-    l.lock();
-    running_ = false;
   }
 }
 
