@@ -9,7 +9,13 @@ Measures, in one run:
   3. the router's CPU time per layer request (utime+stime from /proc around each throughput run).
 Writes a Markdown report (default bench/results/service.md).
 
+With --in-process there is no exl3-router process: exl3-loadgen runs the router's logic itself
+(--in-process-router, services/router/in_process_router.h), so the path has one gRPC hop and the
+tables compare against one and two echo round trips; the CPU column is then left out (the router
+shares the loadgen's process).
+
 Usage: bench/service_bench.py [--build-dir build] [--out bench/results/service.md] [--quick]
+                              [--in-process]
 """
 
 import argparse
@@ -63,6 +69,32 @@ def machine():
     return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
 
 
+def InProcessReport(a, commit, load, cmd, rows_rt, rows_tp):
+    out = [
+        "# Service benchmark: in-process router + one worker vs the transport floor",
+        "",
+        f"- date: {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC",
+        f"- commit: {commit}",
+        f"- machine: {machine()}; load average at the end {' '.join(load)}",
+        f"- command: `{cmd}`",
+        f"- setup: test model (random EXL3 trellis), hidden {a.hidden}, 8 experts x intermediate "
+        f"{a.inter}, top-2, 2 MoE layers; one exl3-worker (CPU backend, --threads "
+        f"{a.worker_threads}) holding all experts; the router's logic inside exl3-loadgen "
+        "(--in-process-router; requests without the shared expert), fp16 in, fp32 out, closed "
+        "loop, all on loopback",
+        "",
+        "| T | requests | p50 us | p90 | p99 | echo p50 us | echo p99 | p50 / 1 echo | p50 / 2 echo | worker compute mean us | (p50 - compute) / 1 echo | router gate+dispatch+combine us |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows_rt:
+        out.append("| {} | {} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.2f}x | {:.2f}x | {:.0f} | {:.2f}x | {:.0f} |".format(*r))
+    out += ["", "| streams | answered | layer-requests/s | p50 us | p99 us |", "| --- | --- | --- | --- | --- |"]
+    for r in rows_tp:
+        out.append("| {} | {} | {:.0f} | {:.0f} | {:.0f} |".format(*r[:5]))
+    out.append("")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
@@ -73,6 +105,8 @@ def main():
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--worker-threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="fewer requests (smoke run)")
+    ap.add_argument("--in-process", action="store_true",
+                    help="the router's logic inside exl3-loadgen (--in-process-router)")
     a = ap.parse_args()
     if a.quick:
         a.requests, a.duration = 100, 1.0
@@ -91,13 +125,17 @@ def main():
                                f"127.0.0.1:{wport}", "--metrics-listen", f"127.0.0.1:{wmetrics}",
                                "--progress=false", "--mlock=false", "--threads",
                                str(a.worker_threads)], stdout=log, stderr=log)
-    router = subprocess.Popen([os.path.join(bindir, "exl3-router"), "--model", model, "--expert-map",
-                               os.path.join(tmp, "map.yaml"), "--listen", f"127.0.0.1:{rport}",
-                               "--metrics-listen", f"127.0.0.1:{rmetrics}", "--shared-expert",
-                               "none"], stdout=log, stderr=log)
-    target = f"127.0.0.1:{rport}"
-    loadgen = [os.path.join(bindir, "exl3-loadgen"), "--target", target, "--model", model,
-               "--shared=false"]
+    if a.in_process:
+        router = None
+        where = ["--in-process-router", "--expert-map", os.path.join(tmp, "map.yaml")]
+    else:
+        router = subprocess.Popen([os.path.join(bindir, "exl3-router"), "--model", model,
+                                   "--expert-map", os.path.join(tmp, "map.yaml"), "--listen",
+                                   f"127.0.0.1:{rport}", "--metrics-listen",
+                                   f"127.0.0.1:{rmetrics}", "--shared-expert", "none"],
+                                  stdout=log, stderr=log)
+        where = ["--target", f"127.0.0.1:{rport}"]
+    loadgen = [os.path.join(bindir, "exl3-loadgen"), *where, "--model", model, "--shared=false"]
     rows_rt, rows_tp = [], []
     try:
         # Wait until the router serves.
@@ -122,15 +160,19 @@ def main():
                           r"router_p99_us=([\d.]+) router_rps=([\d.]+) echo_p50_us=([\d.]+) "
                           r"echo_p99_us=([\d.]+)", p.stdout)
             r50, r90, r99, _, e50, e99 = map(float, m.groups())
-            rows_rt.append((T, n, r50, r90, r99, e50, e99, 2 * e50, r50 / (2 * e50), compute_us,
-                            (r50 - compute_us) / (2 * e50), gate + disp + comb))
+            if a.in_process:
+                rows_rt.append((T, n, r50, r90, r99, e50, e99, r50 / e50, r50 / (2 * e50),
+                                compute_us, (r50 - compute_us) / e50, gate + disp + comb))
+            else:
+                rows_rt.append((T, n, r50, r90, r99, e50, e99, 2 * e50, r50 / (2 * e50),
+                                compute_us, (r50 - compute_us) / (2 * e50), gate + disp + comb))
             print(p.stdout, file=sys.stderr)
         for C in (1, 2, 4, 8, 16, 32, 64):
-            c0 = cpu_seconds(router.pid)
+            c0 = cpu_seconds(router.pid) if router else 0
             p = subprocess.run(loadgen + ["--tokens", "1", "--concurrency", str(C), "--duration",
                                           str(a.duration)], capture_output=True, text=True,
                                check=True)
-            cpu = cpu_seconds(router.pid) - c0
+            cpu = cpu_seconds(router.pid) - c0 if router else 0
             m = re.search(r"summary: router_p50_us=([\d.]+) router_p90_us=([\d.]+) "
                           r"router_p99_us=([\d.]+) router_rps=([\d.]+)", p.stdout)
             ok = int(re.search(r" ok=(\d+) ", p.stdout).group(1))
@@ -138,9 +180,10 @@ def main():
             rows_tp.append((C, ok, rps, r50, r99, 1e6 * cpu / max(ok, 1)))
             print(p.stdout, file=sys.stderr)
     finally:
-        for proc in (router, worker):
+        procs = [p for p in (router, worker) if p]
+        for proc in procs:
             proc.send_signal(signal.SIGTERM)
-        for proc in (router, worker):
+        for proc in procs:
             try:
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
@@ -150,6 +193,12 @@ def main():
                             text=True).stdout.strip()
     load = open("/proc/loadavg").read().split()[:3]
     cmd = "bench/service_bench.py " + " ".join(sys.argv[1:])
+    if a.in_process:
+        out = InProcessReport(a, commit, load, cmd, rows_rt, rows_tp)
+        with open(a.out, "w") as f:
+            f.write("\n".join(out))
+        print("\n".join(out))
+        return
     out = [
         "# Service benchmark: router + one worker vs the transport floor",
         "",

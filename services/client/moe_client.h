@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "exl3serve/v1/exl3serve.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "services/client/layer_stream.h"
 #include "services/common/server.h"
 
 namespace exl3::client {
@@ -42,25 +43,24 @@ struct ClientOptions {
   std::string ssl_target_name_override;  // tests: certificate name when dialing an IP
 };
 
-using ResponseCallback = std::function<void(absl::Status, const pb::MoeLayerResponse*)>;
-
-class MoeStream {
+class MoeStream final : public LayerStream {
  public:
-  ~MoeStream();  // Close()
+  ~MoeStream() override;  // Close()
   // Sends `req` with a fresh id (overwriting req.id). `cb` runs exactly once unless Send fails.
-  absl::Status Send(pb::MoeLayerRequest& req, ResponseCallback cb);
+  absl::Status Send(pb::MoeLayerRequest& req, ResponseCallback cb) override;
   // Send and wait for the answer.
   absl::StatusOr<pb::MoeLayerResponse> Call(pb::MoeLayerRequest req);
   // Requests sent and not yet answered.
   int in_flight() const;
   // Half-closes, waits for the outstanding answers and the stream's end; returns its status.
-  absl::Status Close();
+  absl::Status Close() override;
   // Cancels the stream (outstanding callbacks get CANCELLED).
-  void Cancel();
+  void Cancel() override;
   // Withdraws one request (`id`: req.id() after Send): the router answers it CANCELLED (its
   // callback runs with that answer) and withdraws its work from the workers, unless it was
   // answered already. The stream and the other requests go on.
-  absl::Status CancelRequest(uint64_t id, pb::CancelReason reason = pb::CANCEL_REASON_CLIENT);
+  absl::Status CancelRequest(uint64_t id,
+                             pb::CancelReason reason = pb::CANCEL_REASON_CLIENT) override;
 
  private:
   friend class MoeClient;

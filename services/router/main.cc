@@ -18,9 +18,7 @@
 #include "services/common/metrics.h"
 #include "services/common/server.h"
 #include "services/common/signals.h"
-#include "services/router/moe_router.h"
-#include "services/router/router_metrics.h"
-#include "services/router/worker_pool.h"
+#include "services/router/router_core.h"
 
 ABSL_FLAG(std::string, model, "", "model directory (config.json, router weights, shared experts)");
 ABSL_FLAG(std::string, expert_map, "", "expert map YAML (docs/expert-map.md); SIGHUP reloads it");
@@ -92,94 +90,30 @@ int Main() {
   ropt.handler_threads = std::max(1, absl::GetFlag(FLAGS_handler_threads));
   if (ropt.max_in_flight < 1) return Fail("--max-in-flight must be at least 1");
 
-  // The model: config, router weights, shared experts; no routed experts.
-  Exl3ModelOptions mopt;
-  mopt.experts = std::map<int, std::vector<int>>{};
-  mopt.load_shared_experts = ropt.shared_expert_local;
-  mopt.load_routers = true;
-  const auto t0 = std::chrono::steady_clock::now();
-  auto model = Exl3Model::Open(model_dir, mopt);
-  if (!model.ok()) return Fail(std::string(model.status().message()));
-  const MoeConfig& cfg = (*model)->config();
-  svc::LogInfo("model %s: %s, %d MoE layers x %d experts (top-%d), fingerprint %s, loaded in %.2f s",
-               model_dir.c_str(), cfg.architecture.c_str(), static_cast<int>(cfg.MoeLayers().size()),
-               cfg.num_experts, cfg.top_k, (*model)->fingerprint().c_str(),
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-
-  auto map = LoadExpertMap(map_path, cfg);
-  if (!map.ok()) return Fail(std::string(map.status().message()));
-  absl::Status cover = CheckCoverage(*map, cfg);
-  if (!cover.ok()) return Fail(std::string(cover.message()));
-  // The map must name the shared expert's worker (checked again on every reload).
-  auto check_shared = [&](const ExpertMap& m) -> absl::Status {
-    if (ropt.shared_expert_worker.empty()) return absl::OkStatus();
-    if (!cfg.has_shared_expert()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--shared-expert ", shared, ": the model (", cfg.architecture, ") has no shared expert"));
-    }
-    return SharedExpertWorkers(m, ropt.shared_expert_worker).status();
-  };
-  if (absl::Status sh = check_shared(*map); !sh.ok()) return Fail(std::string(sh.message()));
-
-  WorkerPoolOptions popt;
-  popt.fingerprint = (*model)->fingerprint();
-  popt.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
-  popt.backoff_max_ms = absl::GetFlag(FLAGS_reconnect_backoff_max_ms);
-  popt.shared_expert_worker = ropt.shared_expert_worker;
-  popt.tls.ca_file = absl::GetFlag(FLAGS_worker_tls_ca);
-  popt.tls.cert_file = absl::GetFlag(FLAGS_worker_tls_cert);
-  popt.tls.key_file = absl::GetFlag(FLAGS_worker_tls_key);
-  popt.tls.enabled = absl::GetFlag(FLAGS_worker_tls) || !popt.tls.ca_file.empty() ||
-                     !popt.tls.cert_file.empty();
-  if (popt.tls.cert_file.empty() != popt.tls.key_file.empty()) {
-    return Fail("--worker-tls-cert and --worker-tls-key go together");
-  }
-  if (popt.tls.enabled) {
-    auto creds = svc::MakeChannelCredentials(popt.tls);
-    if (!creds.ok()) return Fail(std::string(creds.status().message()));
-  } else {
-    for (const auto& w : map->workers) {
-      if (!svc::IsLoopbackAddress(w.address)) {
-        svc::LogWarning("!!! worker %s at %s is reached WITHOUT TLS: hidden states cross the network "
-                        "in clear text. Use --worker-tls-ca (and --worker-tls-cert/--worker-tls-key "
-                        "for mTLS). !!!", w.name.c_str(), w.address.c_str());
-      }
-    }
-  }
-
+  RouterCoreOptions copt;
+  copt.model_dir = model_dir;
+  copt.expert_map_path = map_path;
+  copt.router = ropt;
+  copt.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  copt.reconnect_backoff_max_ms = absl::GetFlag(FLAGS_reconnect_backoff_max_ms);
+  copt.worker_tls.ca_file = absl::GetFlag(FLAGS_worker_tls_ca);
+  copt.worker_tls.cert_file = absl::GetFlag(FLAGS_worker_tls_cert);
+  copt.worker_tls.key_file = absl::GetFlag(FLAGS_worker_tls_key);
+  copt.worker_tls.enabled = absl::GetFlag(FLAGS_worker_tls) || !copt.worker_tls.ca_file.empty() ||
+                            !copt.worker_tls.cert_file.empty();
   auto metrics_ep = svc::MetricsEndpoint::Start(absl::GetFlag(FLAGS_metrics_listen));
   if (!metrics_ep.ok()) return Fail(std::string(metrics_ep.status().message()));
-  RouterMetrics metrics((*metrics_ep)->registry(), cfg.MoeLayers());
-
-  MoeRouterService service(**model, ropt, &metrics);
+  // Model, expert map, worker pool (connecting in the background), metrics, service.
+  auto core = RouterCore::Create(copt, (*metrics_ep)->registry());
+  if (!core.ok()) return Fail(std::string(core.status().message()));
+  MoeRouterService& service = (*core)->service();
   std::mutex server_mu;
   svc::GrpcServer* server_ptr = nullptr;
-  std::atomic<bool> draining{false};
-  std::atomic<int> last_ready{-1};
-  // Readiness follows the workers: ready only while every routed expert has a serving worker.
-  auto update_ready = [&] {
-    auto p = service.pool();
-    if (!p) return;
-    const int unserved = p->UnservedExperts();
-    const bool ready = unserved == 0 && !draining;
-    metrics.unserved().Set(unserved);
-    metrics.ready().Set(ready ? 1 : 0);
+  // Readiness follows the workers: the health service serves only while the core is ready.
+  (*core)->SetReadyListener([&](bool ready) {
     std::lock_guard<std::mutex> l(server_mu);
     if (server_ptr) server_ptr->SetServing(ready);
-    if (last_ready.exchange(ready ? 1 : 0) != (ready ? 1 : 0)) {
-      if (ready) {
-        svc::LogInfo("ready: every routed expert%s has a serving worker",
-                     ropt.shared_expert_worker.empty() ? "" : " and the shared expert");
-      } else {
-        svc::LogWarning("not ready: %d %s have no serving worker", unserved,
-                        ropt.shared_expert_worker.empty()
-                            ? "routed experts"
-                            : "routed experts (and per-layer shared experts)");
-      }
-    }
-  };
-  popt.on_change = update_ready;
-  service.SetPool(WorkerPool::Create(*map, cfg, popt, nullptr, &metrics));
+  });
 
   svc::ServerConfig scfg;
   scfg.listen = absl::GetFlag(FLAGS_listen);
@@ -196,7 +130,7 @@ int Main() {
     std::lock_guard<std::mutex> l(server_mu);
     server_ptr = server->get();
   }
-  update_ready();
+  (*core)->UpdateReady();
   // The bound ports, not the flags: with port 0 the log is how a supervisor finds them.
   const std::string metrics_flag = absl::GetFlag(FLAGS_metrics_listen);
   const std::string metrics_at =
@@ -206,7 +140,7 @@ int Main() {
                          (*metrics_ep)->port());
   svc::LogInfo("exl3-router listening on %s (%s), metrics on %s, %d workers in %s",
                (*server)->address().c_str(), scfg.tls.enabled() ? (scfg.tls.require_client_cert ? "mTLS" : "TLS") : "plaintext",
-               metrics_at.c_str(), static_cast<int>(map->workers.size()), map_path.c_str());
+               metrics_at.c_str(), static_cast<int>((*core)->map().workers.size()), map_path.c_str());
   std::printf("listening on %s\n", (*server)->address().c_str());
   std::fflush(stdout);
 
@@ -215,7 +149,6 @@ int Main() {
   std::condition_variable cv;
   int shutdown_count = 0;
   std::atomic<bool> stop_hup{false};
-  std::vector<std::shared_ptr<WorkerPool>> retired;  // old pools stay alive until exit
   std::thread hup_thread([&] {
     sigset_t set;
     sigemptyset(&set);
@@ -224,21 +157,13 @@ int Main() {
       timespec ts{0, 200 * 1000 * 1000};
       if (sigtimedwait(&set, nullptr, &ts) != SIGHUP) continue;
       svc::LogInfo("SIGHUP: reloading expert map %s", map_path.c_str());
-      auto next = LoadExpertMap(map_path, cfg);
-      absl::Status st = next.ok() ? CheckCoverage(*next, cfg) : next.status();
-      if (st.ok()) st = check_shared(*next);
+      absl::Status st = (*core)->ReloadMap();
       if (!st.ok()) {
         svc::LogError("reload refused, previous map stays in force: %s",
                       std::string(st.message()).c_str());
         continue;
       }
-      auto old = service.pool();
-      auto fresh = WorkerPool::Create(*next, cfg, popt, old.get(), &metrics);
-      service.SetPool(fresh);
-      old->StopUnshared(*fresh);
-      retired.push_back(old);
-      update_ready();
-      svc::LogInfo("expert map reloaded: %d workers", static_cast<int>(next->workers.size()));
+      svc::LogInfo("expert map reloaded: %d workers", service.pool()->num_workers());
     }
   });
 
@@ -253,9 +178,7 @@ int Main() {
   }
   svc::LogInfo("draining: %d layer requests in flight, grace %d ms", service.in_flight(),
                absl::GetFlag(FLAGS_drain_grace_ms));
-  draining = true;
-  service.StartDrain();
-  update_ready();
+  (*core)->StartDrain();
   const auto grace = std::chrono::milliseconds(absl::GetFlag(FLAGS_drain_grace_ms));
   const auto deadline = std::chrono::steady_clock::now() + grace;
   while (std::chrono::steady_clock::now() < deadline) {
@@ -271,11 +194,8 @@ int Main() {
   }
   stop_hup = true;
   hup_thread.join();
-  auto p = service.pool();
-  for (int i = 0; p && i < p->num_workers(); ++i) p->worker(i).Stop();
-  for (auto& r : retired) {
-    for (int i = 0; i < r->num_workers(); ++i) r->worker(i).Stop();
-  }
+  (*core)->SetReadyListener(nullptr);
+  (*core)->Stop();
   svc::LogInfo("drained (%d requests still in flight at the end); exiting", left);
   return 0;
 }

@@ -137,6 +137,7 @@ void TaskQueue::Run() {
 // gRPC's Start* calls never run reactions inline, so they are made under `mu`: that orders them
 // against Finish (no operation is started after it).
 class StreamState : public grpc::ServerBidiReactor<pb::MoeLayerRequest, pb::MoeLayerResponse>,
+                    public AnswerSink,
                     public std::enable_shared_from_this<StreamState> {
  public:
   static constexpr size_t kMaxQueued = 256;  // answers waiting for a slow reader
@@ -148,13 +149,9 @@ class StreamState : public grpc::ServerBidiReactor<pb::MoeLayerRequest, pb::MoeL
     StartRead(&req_);
   }
 
-  std::atomic<bool> cancelled{false};  // the client cancelled (or left): nothing is written
-  std::mutex mu;
-  std::unordered_map<uint64_t, std::shared_ptr<LayerCall>> inflight;  // guarded by mu
-
   // Queues an answer (any thread). With `erase_id`, the request also leaves `inflight` in the same
   // step: the client may reuse the id once it reads the answer.
-  void Answer(pb::MoeLayerResponse r, bool erase_id) {
+  void Answer(pb::MoeLayerResponse r, bool erase_id) override {
     std::unique_lock<std::mutex> l(mu);
     if (erase_id) inflight.erase(r.id());
     if (cancelled || broken_ || finished_) {
@@ -169,11 +166,11 @@ class StreamState : public grpc::ServerBidiReactor<pb::MoeLayerRequest, pb::MoeL
   }
 
   // A request handed to the handler pool: the stream does not end before it is handled.
-  void BeginHandling() {
+  void BeginHandling() override {
     std::lock_guard<std::mutex> l(mu);
     ++handling_;
   }
-  void EndHandling() {
+  void EndHandling() override {
     std::unique_lock<std::mutex> l(mu);
     --handling_;
     MaybeFinish(l);
@@ -187,21 +184,7 @@ class StreamState : public grpc::ServerBidiReactor<pb::MoeLayerRequest, pb::MoeL
       MaybeFinish(l);
       return;
     }
-    std::shared_ptr<StreamState> self = shared_from_this();
-    int64_t tokens = 0;
-    if (req_.has_hidden() && req_.hidden().shape_size() > 0) tokens = req_.hidden().shape(0);
-    if (!req_.has_cancel() && tokens > svc_->opt_.inline_max_tokens && svc_->handlers_) {
-      // Large: gate, dispatch and the local shared expert run on the handler pool; this gRPC
-      // thread goes back to reading.
-      auto req = std::make_shared<pb::MoeLayerRequest>(std::move(req_));
-      BeginHandling();
-      svc_->handlers_->Post([self, req] {
-        self->svc_->Handle(self, *req);
-        self->EndHandling();
-      });
-    } else {
-      svc_->Handle(self, req_);
-    }
+    svc_->Submit(shared_from_this(), req_);
     req_.Clear();
     std::lock_guard<std::mutex> l(mu);
     if (finished_) {
@@ -239,16 +222,7 @@ class StreamState : public grpc::ServerBidiReactor<pb::MoeLayerRequest, pb::MoeL
   void OnCancel() override {
     // Nobody is left to answer (also after a half-close): end the requests in flight now, which
     // withdraws their work from the workers.
-    cancelled = true;
-    std::vector<std::shared_ptr<LayerCall>> calls;
-    {
-      std::lock_guard<std::mutex> l(mu);
-      for (auto& [id, c] : inflight) calls.push_back(c);
-    }
-    for (auto& c : calls) {
-      svc_->Complete(c, absl::CancelledError("the client cancelled the stream"),
-                     pb::CANCEL_REASON_STREAM_CLOSED);
-    }
+    svc_->CancelStream(*this);
     std::unique_lock<std::mutex> l(mu);
     MaybeFinish(l);
   }
@@ -289,7 +263,7 @@ class StreamState : public grpc::ServerBidiReactor<pb::MoeLayerRequest, pb::MoeL
 };
 
 struct LayerCall {
-  std::shared_ptr<StreamState> stream;
+  std::shared_ptr<AnswerSink> stream;
   std::shared_ptr<WorkerPool> pool;
   uint64_t id = 0;
   int layer = 0;
@@ -456,7 +430,37 @@ void MoeRouterService::Unregister(StreamState* s) {
   }
 }
 
-void MoeRouterService::Handle(const std::shared_ptr<StreamState>& s, pb::MoeLayerRequest& req) {
+void MoeRouterService::Submit(const std::shared_ptr<AnswerSink>& s, pb::MoeLayerRequest& req) {
+  int64_t tokens = 0;
+  if (req.has_hidden() && req.hidden().shape_size() > 0) tokens = req.hidden().shape(0);
+  if (!req.has_cancel() && tokens > opt_.inline_max_tokens && handlers_) {
+    // Large: gate, dispatch and the local shared expert run on the handler pool; the calling
+    // thread (a gRPC thread reading the stream) goes back to its work.
+    auto r = std::make_shared<pb::MoeLayerRequest>(std::move(req));
+    s->BeginHandling();
+    handlers_->Post([this, s, r] {
+      Handle(s, *r);
+      s->EndHandling();
+    });
+  } else {
+    Handle(s, req);
+  }
+}
+
+void MoeRouterService::CancelStream(AnswerSink& s) {
+  s.cancelled = true;
+  std::vector<std::shared_ptr<LayerCall>> calls;
+  {
+    std::lock_guard<std::mutex> l(s.mu);
+    for (auto& [id, c] : s.inflight) calls.push_back(c);
+  }
+  for (auto& c : calls) {
+    Complete(c, absl::CancelledError("the client cancelled the stream"),
+             pb::CANCEL_REASON_STREAM_CLOSED);
+  }
+}
+
+void MoeRouterService::Handle(const std::shared_ptr<AnswerSink>& s, pb::MoeLayerRequest& req) {
   const Clock::time_point t0 = Clock::now();
   auto reject = [&](const absl::Status& st) {
     pb::MoeLayerResponse r;

@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "exl3serve/v1/exl3serve.grpc.pb.h"
@@ -86,6 +87,23 @@ class DeadlineTimer {
 struct LayerCall;
 class StreamState;
 
+// Where the answers of one stream of layer requests go: a gRPC Forward stream (StreamState) or an
+// in-process caller (InProcessRouter). The request path (MoeRouterService::Submit) sees only this.
+class AnswerSink {
+ public:
+  virtual ~AnswerSink() = default;
+  // Queues or delivers an answer (any thread). With `erase_id`, the request also leaves `inflight`
+  // in the same step: the caller may reuse the id once it has the answer.
+  virtual void Answer(pb::MoeLayerResponse r, bool erase_id) = 0;
+  // A request handed to the handler pool: the sink must not end before it is handled.
+  virtual void BeginHandling() {}
+  virtual void EndHandling() {}
+
+  std::atomic<bool> cancelled{false};  // the caller cancelled (or left): nothing is answered
+  std::mutex mu;
+  std::unordered_map<uint64_t, std::shared_ptr<LayerCall>> inflight;  // guarded by mu
+};
+
 // The MoeRouter service on gRPC's callback API: each Forward stream is a reactor (StreamState) whose
 // requests are handled on the thread that read them and whose answers are written by whichever
 // thread completes them (a worker stream's reaction, the deadline timer), with no thread of its own.
@@ -110,11 +128,20 @@ class MoeRouterService final : public pb::MoeRouter::CallbackService {
 
   void FillIdentity(pb::ModelIdentity* id) const;
 
+  // One request (or a cancel message) of the stream whose answers go to `s`: what a Forward stream
+  // does with each message it reads, also usable in-process. Requests of at most
+  // inline_max_tokens tokens are handled on this thread (their answer may be delivered before this
+  // returns), larger ones on the handler pool; `req` may be moved from.
+  void Submit(const std::shared_ptr<AnswerSink>& s, pb::MoeLayerRequest& req);
+  // The stream's caller is gone: marks `s` cancelled and ends its requests in flight (answered
+  // CANCELLED, their work withdrawn from the workers).
+  void CancelStream(AnswerSink& s);
+
  private:
   friend class StreamState;
   // One request (or a cancel message) of stream `s`, on the thread that read it (small) or the
   // handler pool (large).
-  void Handle(const std::shared_ptr<StreamState>& s, pb::MoeLayerRequest& req);
+  void Handle(const std::shared_ptr<AnswerSink>& s, pb::MoeLayerRequest& req);
   void Unregister(StreamState* s);
   absl::Status Route(const pb::MoeLayerRequest& req, LayerCall& c);
   // logits [T, E] = x [T, hidden] · router_w^T, split over the gate pool by blocks of experts.

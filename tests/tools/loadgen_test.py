@@ -73,6 +73,23 @@ class LoadgenTest(unittest.TestCase):
         self.assertIn("transport floor (2 echo round trips)", out)
         self.assertRegex(out, r"summary: router_p50_us=[\d.]+ .* echo_p50_us=[\d.]+")
 
+    def test_in_process_router(self):
+        # The router's logic in exl3-loadgen's process: whole decode steps verified against the
+        # CPU reference, the per-layer table, and the floor of one echo round trip.
+        p = run("--in-process-router", "--expert-map", self.c.map_path, "--model", self.c.model,
+                "--requests", "40", "--concurrency", "2", "--tokens", "4", "--verify",
+                "--echo-baseline")
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        out = p.stdout
+        self.assertIn("in-process router over", out)
+        self.assertEqual(FINAL.search(out).groups(), ("40", "40", "0", "40", "0"))
+        rows = re.findall(r"^\s+(\d+|all)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out, re.M)
+        self.assertEqual([r[0] for r in rows], ["1", "2", "all", "1", "2", "all"])
+        self.assertIn("transport floor (1 echo round trip)", out)
+        p = run("--in-process-router", "--model", self.c.model, "--requests", "1")
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--in-process-router needs --expert-map FILE", p.stderr)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -1,12 +1,14 @@
 // exl3-loadgen: closed-loop load against an exl3-router (MoeRouter.Forward), decode-step shaped:
 // every stream walks the model's MoE layers in order, each layer one (or --pipeline) requests of
-// --tokens tokens. Optionally verifies every answer against the CPU reference MoE of the model
+// --tokens tokens. With --in-process-router the router's logic runs in this process (one gRPC hop,
+// to the workers). Optionally verifies every answer against the CPU reference MoE of the model
 // and measures a plain gRPC echo of the same payloads (--echo-baseline) as the transport floor.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <functional>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -29,9 +31,16 @@
 #include "services/common/flags.h"
 #include "services/common/status.h"
 #include "services/common/wire.h"
+#include "services/router/in_process_router.h"
 #include "tools/exl3_loadgen/echo_server.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "router HOST:PORT");
+ABSL_FLAG(bool, in_process_router, false,
+          "instead of --target: run the router's logic in this process (InProcessRouter) over the "
+          "workers of --expert-map; --model must then hold the router weights and shared experts");
+ABSL_FLAG(std::string, expert_map, "", "--in-process-router: expert map YAML (docs/expert-map.md)");
+ABSL_FLAG(int32_t, ready_timeout_ms, 30000,
+          "--in-process-router: how long to wait for every expert to have a serving worker");
 ABSL_FLAG(std::string, model, "", "model directory (config.json; all weights with --verify)");
 ABSL_FLAG(int32_t, concurrency, 1, "concurrent streams (closed loop each)");
 ABSL_FLAG(int32_t, tokens, 1, "tokens per layer request");
@@ -139,11 +148,14 @@ class Budget {
   bool by_count_;
 };
 
-void RunStream(client::MoeClient& cl, const Config& c, Budget& budget, int warmup, uint32_t seed,
+// Opens a stream to the router: a MoeStream (--target) or an InProcessStream.
+using StreamOpener = std::function<std::unique_ptr<client::LayerStream>()>;
+
+void RunStream(const StreamOpener& open, const Config& c, Budget& budget, int warmup, uint32_t seed,
                Totals& tot) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::unique_ptr<client::MoeStream> stream = cl.OpenStream();
+  std::unique_ptr<client::LayerStream> stream = open();
   const size_t n = static_cast<size_t>(c.T) * c.hidden;
   struct Slot {
     std::vector<float> x;
@@ -278,13 +290,13 @@ void RunStream(client::MoeClient& cl, const Config& c, Budget& budget, int warmu
       if (stream_broken) {
         // The stream ended (router restarted or unreachable): open a new one after a pause.
         stream->Cancel();
-        stream->Close();
+        (void)stream->Close();
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        stream = cl.OpenStream();
+        stream = open();
       }
     }
   }
-  stream->Close();
+  (void)stream->Close();
 }
 
 double Pct(std::vector<double>& v, double p) {
@@ -324,13 +336,13 @@ RunResult PrintTable(const char* title, Totals& tot, double seconds, int T) {
   return r;
 }
 
-void RunLoad(client::MoeClient& cl, const Config& c, int concurrency, int64_t requests,
+void RunLoad(const StreamOpener& open, const Config& c, int concurrency, int64_t requests,
              double duration, int warmup, uint32_t seed, Totals& tot, double* seconds) {
   Budget budget(requests, duration);
   std::vector<std::thread> threads;
   const auto t0 = Clock::now();
   for (int i = 0; i < concurrency; ++i) {
-    threads.emplace_back([&, i] { RunStream(cl, c, budget, warmup, seed * 7919u + i, tot); });
+    threads.emplace_back([&, i] { RunStream(open, c, budget, warmup, seed * 7919u + i, tot); });
   }
   for (auto& t : threads) t.join();
   *seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -401,26 +413,52 @@ int Main() {
   if (requests <= 0 && duration <= 0) duration = 10;
 
   client::ClientOptions o;
-  o.target = absl::GetFlag(FLAGS_target);
-  o.tls.ca_file = absl::GetFlag(FLAGS_target_tls_ca);
-  o.tls.cert_file = absl::GetFlag(FLAGS_target_tls_cert);
-  o.tls.key_file = absl::GetFlag(FLAGS_target_tls_key);
-  o.tls.enabled = !o.tls.ca_file.empty() || !o.tls.cert_file.empty();
-  o.ssl_target_name_override = absl::GetFlag(FLAGS_target_name_override);
-  auto cl = client::MoeClient::Connect(o);
-  if (!cl.ok()) {
-    std::fprintf(stderr, "exl3-loadgen: %s\n", std::string(cl.status().message()).c_str());
-    return 2;
+  std::unique_ptr<client::MoeClient> cl;
+  std::unique_ptr<router::InProcessRouter> inproc;
+  StreamOpener open;
+  std::string target_text;
+  if (absl::GetFlag(FLAGS_in_process_router)) {
+    router::InProcessRouterOptions ro;
+    ro.core.model_dir = model_dir;
+    ro.core.expert_map_path = absl::GetFlag(FLAGS_expert_map);
+    ro.ready_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_ready_timeout_ms));
+    if (ro.core.expert_map_path.empty()) {
+      std::fprintf(stderr, "exl3-loadgen: --in-process-router needs --expert-map FILE\n");
+      return 2;
+    }
+    auto r = router::InProcessRouter::Create(ro);
+    if (!r.ok()) {
+      std::fprintf(stderr, "exl3-loadgen: %s\n", std::string(r.status().message()).c_str());
+      return 2;
+    }
+    inproc = std::move(*r);
+    open = [&] { return std::unique_ptr<client::LayerStream>(inproc->OpenStream()); };
+    target_text = absl::StrCat("in-process router over ", ro.core.expert_map_path);
+  } else {
+    o.target = absl::GetFlag(FLAGS_target);
+    o.tls.ca_file = absl::GetFlag(FLAGS_target_tls_ca);
+    o.tls.cert_file = absl::GetFlag(FLAGS_target_tls_cert);
+    o.tls.key_file = absl::GetFlag(FLAGS_target_tls_key);
+    o.tls.enabled = !o.tls.ca_file.empty() || !o.tls.cert_file.empty();
+    o.ssl_target_name_override = absl::GetFlag(FLAGS_target_name_override);
+    auto c2 = client::MoeClient::Connect(o);
+    if (!c2.ok()) {
+      std::fprintf(stderr, "exl3-loadgen: %s\n", std::string(c2.status().message()).c_str());
+      return 2;
+    }
+    cl = std::move(*c2);
+    open = [&] { return std::unique_ptr<client::LayerStream>(cl->OpenStream()); };
+    target_text = absl::StrCat("target ", o.target);
   }
-  std::printf("exl3-loadgen: target %s, %d streams, T=%d, pipeline %d, %zu MoE layers, %s in, %s out%s\n",
-              o.target.c_str(), concurrency, c.T, c.pipeline, c.layers.size(),
+  std::printf("exl3-loadgen: %s, %d streams, T=%d, pipeline %d, %zu MoE layers, %s in, %s out%s\n",
+              target_text.c_str(), concurrency, c.T, c.pipeline, c.layers.size(),
               absl::GetFlag(FLAGS_dtype).c_str(), absl::GetFlag(FLAGS_output_dtype).c_str(),
               c.ref ? ", verifying" : "");
   const int warmup = absl::GetFlag(FLAGS_warmup);
   const uint32_t seed = static_cast<uint32_t>(absl::GetFlag(FLAGS_seed));
   double secs = 0;
   Totals tot;
-  RunLoad(**cl, c, concurrency, requests, duration, warmup, seed, tot, &secs);
+  RunLoad(open, c, concurrency, requests, duration, warmup, seed, tot, &secs);
   RunResult rr = PrintTable("router", tot, secs, c.T);
   if (!tot.by_code.empty()) {
     std::printf("failures by code:");
@@ -448,10 +486,19 @@ int Main() {
     ec.ref = nullptr;
     double esecs = 0;
     Totals et;
-    RunLoad(**ecl, ec, concurrency, requests, duration, warmup, seed, et, &esecs);
+    if (!ecl.ok()) {
+      std::fprintf(stderr, "exl3-loadgen: %s\n", std::string(ecl.status().message()).c_str());
+      return 2;
+    }
+    StreamOpener eopen = [&] { return std::unique_ptr<client::LayerStream>((*ecl)->OpenStream()); };
+    RunLoad(eopen, ec, concurrency, requests, duration, warmup, seed, et, &esecs);
     RunResult er = PrintTable("echo", et, esecs, c.T);
-    std::printf("transport floor (2 echo round trips) p50 %.1f us; router p50 %.1f us = %.2fx the floor\n",
-                2 * er.p50, rr.p50, er.p50 > 0 ? rr.p50 / (2 * er.p50) : 0.0);
+    // The hops of plain gRPC the router path needs: engine -> router -> worker, or only
+    // engine -> worker with the router in process.
+    const int hops = inproc ? 1 : 2;
+    std::printf("transport floor (%d echo round trip%s) p50 %.1f us; router p50 %.1f us = %.2fx the floor\n",
+                hops, hops == 1 ? "" : "s", hops * er.p50, rr.p50,
+                er.p50 > 0 ? rr.p50 / (hops * er.p50) : 0.0);
     std::printf("summary: router_p50_us=%.1f router_p90_us=%.1f router_p99_us=%.1f router_rps=%.1f "
                 "echo_p50_us=%.1f echo_p99_us=%.1f\n",
                 rr.p50, rr.p90, rr.p99, rr.ok / rr.seconds, er.p50, er.p99);
@@ -479,7 +526,7 @@ int main(int argc, char** argv) {
   uc.contains_helpshort_flags = uc.contains_help_flags;
   absl::SetFlagsUsageConfig(uc);
   absl::SetProgramUsageMessage(
-      "exl3-loadgen --target HOST:PORT --model DIR [--concurrency N] [--tokens T] "
+      "exl3-loadgen (--target HOST:PORT | --in-process-router --expert-map FILE) --model DIR [--concurrency N] [--tokens T] "
       "[--requests N | --duration S] [--pipeline P] [--verify] [--echo-baseline]\n"
       "Closed-loop decode-shaped load on an exl3-router. Ends with one line\n"
       "requests=N ok=N failed=N verified=N mismatched=N; exits 1 when anything failed or\n"

@@ -1,0 +1,89 @@
+// What exl3-router runs, without the gRPC server in front: the model (config, router weights,
+// shared experts), the expert map, the worker pool (channels to the workers, health watching,
+// reconnects), the metrics and the MoeRouterService. Built by exl3-router's main.cc and by
+// InProcessRouter (an engine using the router's logic in its own process).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "model/exl3_model.h"
+#include "model/expert_map.h"
+#include "prometheus/registry.h"
+#include "services/common/server.h"
+#include "services/router/moe_router.h"
+#include "services/router/router_metrics.h"
+#include "services/router/worker_pool.h"
+
+namespace exl3::router {
+
+struct RouterCoreOptions {
+  std::string model_dir;
+  std::string expert_map_path;
+  // shared_expert_local / shared_expert_worker say where the shared expert runs.
+  RouterOptions router;
+  svc::ClientTls worker_tls;  // enabled=false: plaintext (a warning for non-loopback workers)
+  int max_message_bytes = 64 << 20;
+  int reconnect_backoff_max_ms = 2000;
+};
+
+class RouterCore {
+ public:
+  // Loads and checks everything (model, map coverage, the shared expert's workers, worker TLS
+  // files), registers the metrics in `registry` (which must outlive the core) and starts connecting
+  // to the workers in the background. Errors name the problem.
+  static absl::StatusOr<std::unique_ptr<RouterCore>> Create(const RouterCoreOptions& o,
+                                                            prometheus::Registry& registry);
+  ~RouterCore();  // Stop()
+
+  MoeRouterService& service() { return *service_; }
+  RouterMetrics& metrics() { return *metrics_; }
+  const Exl3Model& model() const { return *model_; }
+  const ExpertMap& map() const { return map_; }
+
+  // Ready: every routed expert (and, with --shared-expert worker:NAME, the shared expert) has a
+  // serving worker, and not draining.
+  bool Ready() const { return ready_.load() == 1; }
+  bool WaitReady(std::chrono::milliseconds timeout);
+  // Called (on a worker's thread, or the caller's of StartDrain/ReloadMap) after readiness is
+  // recomputed, with the new value; replaces the previous listener (nullptr: none).
+  void SetReadyListener(std::function<void(bool)> fn);
+  // Recomputes readiness (metrics, log on change, listener).
+  void UpdateReady();
+  // New requests are refused with UNAVAILABLE; readiness drops.
+  void StartDrain();
+  // Reloads the expert map from its file (exl3-router's SIGHUP); on error the previous map stays.
+  absl::Status ReloadMap();
+  // Stops every worker connection (current and retired pools). Requests still in flight fail.
+  void Stop();
+
+ private:
+  RouterCore() = default;
+  absl::Status CheckShared(const ExpertMap& m) const;
+
+  RouterCoreOptions opt_;
+  std::unique_ptr<Exl3Model> model_;
+  ExpertMap map_;  // the map as loaded first (ReloadMap does not update it)
+  std::unique_ptr<RouterMetrics> metrics_;
+  WorkerPoolOptions popt_;
+  std::unique_ptr<MoeRouterService> service_;
+  std::atomic<bool> draining_{false};
+  std::atomic<int> ready_{-1};
+  std::mutex listener_mu_;  // held while the listener runs
+  std::function<void(bool)> listener_;
+  std::mutex ready_mu_;
+  std::condition_variable ready_cv_;
+  std::mutex reload_mu_;
+  std::vector<std::shared_ptr<WorkerPool>> retired_;  // old pools stay alive until Stop
+  bool stopped_ = false;                               // guarded by reload_mu_
+};
+
+}  // namespace exl3::router
