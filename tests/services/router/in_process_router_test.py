@@ -7,7 +7,19 @@ import signal
 import subprocess
 import unittest
 
-from harness import BUILD, Cluster
+from harness import BUILD, Cluster, wait_for
+
+
+def all_stopped(pid):
+    task = f"/proc/{pid}/task"
+    for t in os.listdir(task):
+        try:
+            with open(os.path.join(task, t, "stat")) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "T":
+                    return False
+        except FileNotFoundError:
+            pass  # the thread ended
+    return True
 
 PROBE = os.path.join(BUILD, "tests", "exl3-in-process-probe")
 
@@ -33,6 +45,8 @@ class InProcessRouterTest(unittest.TestCase):
                 lines.append(line.strip())
                 if line.strip() == "paused?":
                     self.w.signal(signal.SIGSTOP)
+                    # SIGSTOP is asynchronous: go on only once every thread of the worker stopped.
+                    wait_for(lambda: all_stopped(self.w.pid), 10, "worker stopped")
                     p.stdin.write("\n")
                     p.stdin.flush()
             p.wait(timeout=60)
