@@ -62,6 +62,24 @@ class Proc:
         if self.alive():
             os.kill(self.p.pid, sig)
 
+    def freeze(self, timeout=10):
+        """SIGSTOP, then waits until every thread has stopped: the signal is asynchronous, and a
+        thread still running could answer a request sent right after."""
+        self.signal(signal.SIGSTOP)
+
+        def all_stopped():
+            task = f"/proc/{self.p.pid}/task"
+            for t in os.listdir(task):
+                try:
+                    with open(os.path.join(task, t, "stat")) as f:
+                        if f.read().rsplit(")", 1)[1].split()[0] != "T":
+                            return False
+                except FileNotFoundError:
+                    pass  # the thread ended
+            return True
+
+        wait_for(all_stopped, timeout, f"{self.name} stopped")
+
     def kill9(self):
         self.signal(signal.SIGKILL)
         self.p.wait(timeout=10)

@@ -178,7 +178,7 @@ class RouterSystemTest(unittest.TestCase):
     def test_05_deadline_exceeded(self):
         # A frozen worker (SIGSTOP) keeps its connection but never answers.
         a = self.c.workers["a"]
-        a.signal(signal.SIGSTOP)
+        a.freeze()
         try:
             with self.client.stream() as s:
                 t0 = time.time()
@@ -203,7 +203,7 @@ class RouterSystemTest(unittest.TestCase):
         try:
             wait_for(lambda: cl.describe().state == pb.STATE_SERVING, 20, "second router ready")
             a = self.c.workers["a"]
-            a.signal(signal.SIGSTOP)
+            a.freeze()
             try:
                 with cl.stream() as s:
                     held = [s.submit_request(topk_req([0, 1], timeout_ms=1500)) for _ in range(2)]
@@ -294,7 +294,7 @@ class RouterSystemTest(unittest.TestCase):
             self.assertEqual(s.submit(LAYER, x).result().output.shape, (2, HIDDEN))
         # Duplicate in-flight id: the second fails, the first is answered.
         a = self.c.workers["a"]
-        a.signal(signal.SIGSTOP)
+        a.freeze()
         try:
             with self.client.stream() as s:
                 first = s.submit_request(topk_req([0, 1], timeout_ms=500))
@@ -361,7 +361,7 @@ class RouterSystemTest(unittest.TestCase):
         a = self.c.workers["a"]
         try:
             wait_for(lambda: cl.describe().state == pb.STATE_SERVING, 20, "router ready")
-            a.signal(signal.SIGSTOP)
+            a.freeze()
             s = cl.stream()
             inflight = [s.submit_request(topk_req([0, 2])) for _ in range(3)]
             time.sleep(0.2)
@@ -448,7 +448,7 @@ class RouterSystemTest(unittest.TestCase):
         # Enough bytes for a frozen worker (SIGSTOP) to fill its flow-control window: the same
         # stream still dispatches to the other workers at once.
         a = self.c.workers["a"]
-        a.signal(signal.SIGSTOP)
+        a.freeze()
         try:
             with self.client.stream() as s:
                 stuck = [s.submit_request(topk_req([0, 1], timeout_ms=1500, T=64))
