@@ -3,10 +3,34 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 
 #include "kernels/exl3_linear.h"
 
 namespace exl3::cpu {
+
+// Both SIMD paths decode a tile from an extended copy of its 8K words with one word of wrap-around
+// on each side: ext[0] = u32[8K-1], ext[1..8K] = u32[0..8K-1], ext[8K+1] = u32[0]. Stream bit b
+// then sits at extended bit b + 32, and every element's 16-bit state window lies in two adjacent
+// words (tail-biting included).
+template <int K>
+inline void FillExtendedTile(const Exl3LinearView& w, int i, int j, uint32_t* ext) {
+  constexpr int kWords = 8 * K;
+  std::memcpy(ext + 1, reinterpret_cast<const uint32_t*>(w.tile(i, j)), kWords * 4);
+  ext[0] = ext[kWords];
+  ext[kWords + 1] = ext[1];
+}
+
+// Where element e's state window starts in the extended buffer: word `word`, bit `shift` (the
+// window is (ext[word] << shift) | (ext[word + 1] >> (32 - shift)), top 16 bits).
+struct StateWindowPos {
+  int word, shift;
+};
+inline StateWindowPos StateWindow(int e, int K) {
+  const int s = (e + 1) * K - 16 + 32;
+  return {s >> 5, s & 31};
+}
 
 // Scalar: xt [T, k] row-major; writes y [T, n] columns 16*j0 .. 16*j1-1 (overwrites them).
 void InnerProductScalar(const Exl3LinearView& w, const float* xt, int num_tokens, int j0, int j1,

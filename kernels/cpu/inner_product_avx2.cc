@@ -39,8 +39,7 @@ struct KIndex {
   GroupIndex g[32];
 };
 
-// Word positions in the extended buffer ext[0] = u32[8K-1], ext[1..8K] = u32[0..8K-1],
-// ext[8K+1] = u32[0]: stream bit b sits at extended bit b + 32.
+// Gather indices into the extended buffer (FillExtendedTile) per group of 8 elements.
 const KIndex* IndexFor(int K) {
   static KIndex* tables = [] {
     auto* t = new KIndex[9];
@@ -53,14 +52,13 @@ const KIndex* IndexFor(int K) {
         int m0 = 0;
         for (int l = 0; l < 8; ++l) {
           const int e = 8 * grp + kLaneElem[l];
-          const int s = (e + 1) * k - 16 + 32;
-          const int m = s >> 5;
-          if (l == 0) m0 = m;  // element 0 of the group has the lowest window
+          const StateWindowPos pos = StateWindow(e, k);
+          if (l == 0) m0 = pos.word;  // element 0 of the group has the lowest window
           g.m0 = m0;
-          g.hi[l] = m - m0;
-          g.lo[l] = m - m0 + 1;
-          g.sh[l] = s & 31;
-          g.shr[l] = 32 - (s & 31);
+          g.hi[l] = pos.word - m0;
+          g.lo[l] = pos.word - m0 + 1;
+          g.sh[l] = pos.shift;
+          g.shr[l] = 32 - pos.shift;
         }
       }
     }
@@ -143,11 +141,7 @@ void StripK(const Exl3LinearView& w, const float* xp, int T, int j0, int j1, flo
   // unaligned loads never hit stores still in flight (store-to-load forwarding fails on such
   // partially overlapping loads and stalls for many cycles per group).
   alignas(32) uint32_t ext_buf[2][kWords + 2 + 8];
-  auto fill = [&](uint32_t* e, int i, int s) {
-    std::memcpy(e + 1, reinterpret_cast<const uint32_t*>(w.tile(i, j0 + s)), kWords * 4);
-    e[0] = e[kWords];
-    e[kWords + 1] = e[1];
-  };
+  auto fill = [&](uint32_t* e, int i, int s) { FillExtendedTile<K>(w, i, j0 + s, e); };
   fill(ext_buf[0], 0, 0);
   int cur = 0;
   const uint32_t* ext = ext_buf[0];

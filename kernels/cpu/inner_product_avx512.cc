@@ -40,13 +40,12 @@ const KPairs* PairsFor(int K) {
         PairIndex& g = t[k].p[p];
         for (int l = 0; l < 16; ++l) {
           const int e = 16 * p + l;
-          const int s = (e + 1) * k - 16 + 32;  // bit position in the extended buffer
-          const int m = s >> 5;
-          if (l == 0) g.m0 = m;
-          g.hi[l] = m - g.m0;
-          g.lo[l] = m - g.m0 + 1;
-          g.sh[l] = s & 31;
-          g.shr[l] = 32 - (s & 31);
+          const StateWindowPos pos = StateWindow(e, k);
+          if (l == 0) g.m0 = pos.word;
+          g.hi[l] = pos.word - g.m0;
+          g.lo[l] = pos.word - g.m0 + 1;
+          g.sh[l] = pos.shift;
+          g.shr[l] = 32 - pos.shift;
         }
       }
     }
@@ -125,11 +124,7 @@ void StripK(const Exl3LinearView& w, const float* xp, int T, int j0, int j1, flo
   // unaligned loads never hit stores still in flight (store-to-load forwarding fails on such
   // partially overlapping loads and stalls for many cycles per group).
   alignas(64) uint32_t ext_buf[2][kWords + 2 + 16];
-  auto fill = [&](uint32_t* e, int i, int s) {
-    std::memcpy(e + 1, reinterpret_cast<const uint32_t*>(w.tile(i, j0 + s)), kWords * 4);
-    e[0] = e[kWords];
-    e[kWords + 1] = e[1];
-  };
+  auto fill = [&](uint32_t* e, int i, int s) { FillExtendedTile<K>(w, i, j0 + s, e); };
   fill(ext_buf[0], 0, 0);
   int cur = 0;
   const uint32_t* ext = ext_buf[0];
