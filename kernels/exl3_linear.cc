@@ -63,24 +63,46 @@ void DequantizeDense(const Exl3LinearView& w, float* out) {
   }
 }
 
+namespace {
+
+// fp32 copies of a layer's fp16 vectors, converted once per call (not per token): per-thread
+// scratch, so the transforms allocate nothing after a thread's first call.
+float* ScaleScratch(size_t floats) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < floats) buf.resize(floats);
+  return buf.data();
+}
+
+}  // namespace
+
 void ApplyInputTransform(const Exl3LinearView& w, const float* x, int num_tokens, float* x_out) {
   const int k = w.in_features;
+  const HadamardKernels& hk = ActiveHadamardKernels();
+  float* suh = ScaleScratch(k);
+  hk.half_to_float(w.suh, suh, k);
+  // Per element: x * suh rounded to fp32, then the Hadamard butterflies (as the scalar code).
   for (int t = 0; t < num_tokens; ++t) {
     const float* src = x + static_cast<size_t>(t) * k;
     float* dst = x_out + static_cast<size_t>(t) * k;
-    for (int i = 0; i < k; ++i) dst[i] = src[i] * HalfBitsToFloat(w.suh[i]);
-    HadamardBlocks(dst, k);
+    for (int b = 0; b < k; b += kHadamardBlock) hk.scale_hadamard128(src + b, suh + b, dst + b);
   }
 }
 
 void ApplyOutputTransform(const Exl3LinearView& w, float* y, int num_tokens) {
   const int n = w.out_features;
+  const HadamardKernels& hk = ActiveHadamardKernels();
+  float* svh = ScaleScratch(2 * static_cast<size_t>(n));
+  float* bias = nullptr;
+  hk.half_to_float(w.svh, svh, n);
+  if (w.bias != nullptr) {
+    bias = svh + n;
+    hk.half_to_float(w.bias, bias, n);
+  }
+  // Per element: Hadamard, times svh (rounded), plus bias (rounded): never one fma.
   for (int t = 0; t < num_tokens; ++t) {
     float* row = y + static_cast<size_t>(t) * n;
-    HadamardBlocks(row, n);
-    for (int c = 0; c < n; ++c) {
-      row[c] *= HalfBitsToFloat(w.svh[c]);
-      if (w.bias != nullptr) row[c] += HalfBitsToFloat(w.bias[c]);
+    for (int b = 0; b < n; b += kHadamardBlock) {
+      hk.hadamard128_scale_bias(row + b, svh + b, bias != nullptr ? bias + b : nullptr);
     }
   }
 }
