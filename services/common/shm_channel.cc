@@ -1,6 +1,7 @@
 #include "services/common/shm_channel.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -9,6 +10,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <fstream>
 #include <chrono>
 #include <cstring>
 #include <random>
@@ -34,6 +36,12 @@ constexpr uint32_t kSkip = 0xffffffffu;  // record header: the rest of the ring 
 constexpr size_t kRecordHeader = 8;      // u32 length, u32 reserved
 
 size_t RoundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 // Shared (not FUTEX_PRIVATE): the waiter and the waker are in different processes.
 void FutexWait(std::atomic<uint32_t>* addr, uint32_t expected, int timeout_ms) {
@@ -217,13 +225,21 @@ bool ShmChannel::TryWrite(size_t len, const std::function<void(uint8_t*)>& fill)
     r.st->seq.fetch_add(1, std::memory_order_seq_cst);
     FutexWakeAll(&r.st->seq);
   }
+  // An answer to what we just wrote is likely soon: our own reader spins for it from now on, and
+  // if it sleeps it is woken to do so (in parallel with the peer's work on our message).
+  last_write_ns_.store(NowNs(), std::memory_order_relaxed);
+  RingState& in = seg_->rings[in_];
+  if (in.waiting.load(std::memory_order_relaxed) != 0) {
+    in.seq.fetch_add(1, std::memory_order_seq_cst);
+    FutexWakeAll(&in.seq);
+  }
   return true;
 }
 
 bool ShmChannel::Read(const std::function<void(const uint8_t*, size_t)>& consume) {
   Ring r = ring(in_);
-  using SteadyClock = std::chrono::steady_clock;
-  SteadyClock::time_point spin_until{};
+  const int64_t spin_ns = static_cast<int64_t>(spin_us_) * 1000;
+  int64_t spin_from = 0;
   bool spinning = false;
   for (;;) {
     if (closed()) return false;
@@ -261,13 +277,20 @@ bool ShmChannel::Read(const std::function<void(const uint8_t*, size_t)>& consume
       r.st->tail.store(tail + rec, std::memory_order_release);
       return true;
     }
-    // Empty: spin a while (the answer to what we just sent is often a few µs away), then sleep.
+    // Empty: spin while anything moved in either direction within spin_us (an answer to what we
+    // sent, or the next request after our answer, is often only µs away), then sleep.
     if (!spinning) {
       spinning = true;
-      spin_until = SteadyClock::now() + std::chrono::microseconds(spin_us_);
+      spin_from = NowNs();
     }
-    if (SteadyClock::now() < spin_until) {
-      for (int i = 0; i < 16; ++i) EXL3_CPU_RELAX();
+    const int64_t now = NowNs();
+    const int64_t since = now - std::max(spin_from, last_write_ns_.load(std::memory_order_relaxed));
+    if (since < spin_ns) {
+      if (since < 10000) {
+        for (int i = 0; i < 16; ++i) EXL3_CPU_RELAX();
+      } else {
+        sched_yield();  // on a busy machine, let the threads that will answer us run
+      }
       continue;
     }
     const uint32_t seq = r.st->seq.load(std::memory_order_acquire);
@@ -280,6 +303,13 @@ bool ShmChannel::Read(const std::function<void(const uint8_t*, size_t)>& consume
     r.st->waiting.store(0, std::memory_order_relaxed);
     spinning = false;
   }
+}
+
+std::string HostId() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(f, id);
+  return id;
 }
 
 }  // namespace exl3::svc

@@ -20,6 +20,7 @@
 // mapping is checked: a peer that writes garbage closes the channel, it cannot crash the reader.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -56,8 +57,10 @@ class ShmChannel {
   // has no room for it now, or the channel is closed.
   bool TryWrite(size_t len, const std::function<void(uint8_t*)>& fill);
 
-  // Waits for the next message and passes it (valid only during the call) to `consume`. Spins for
-  // spin_us, then sleeps on a futex. Returns false once the channel is closed (by either side) or
+  // Waits for the next message and passes it (valid only during the call) to `consume`. Spins
+  // while this side read or wrote a message within spin_us (the first 10 µs busy, then yielding
+  // the core to anything else runnable), then sleeps on a futex; a write on this side wakes it to
+  // spin for the answer. Returns false once the channel is closed (by either side) or
   // the peer wrote a malformed record (then the channel is closed and error() says why).
   bool Read(const std::function<void(const uint8_t*, size_t)>& consume);
 
@@ -83,6 +86,12 @@ class ShmChannel {
   size_t map_bytes_ = 0;
   Segment* seg_ = nullptr;
   absl::Status error_;  // written by the reader only, before it closes the channel
+  std::atomic<int64_t> last_write_ns_{0};  // steady clock of this side's last TryWrite
 };
+
+// This host's identity for deciding whether a peer may share memory with us: the kernel's boot id
+// ("" when unreadable). Containers on one host share it but not always /dev/shm: Attach then fails
+// and the caller keeps using gRPC.
+std::string HostId();
 
 }  // namespace exl3::svc

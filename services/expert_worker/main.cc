@@ -58,6 +58,12 @@ ABSL_FLAG(int, prefill_chunk_us, 0,
 ABSL_FLAG(uint64_t, max_message_bytes, 64u << 20,
           "largest request/response message; larger requests are answered RESOURCE_EXHAUSTED "
           "(gRPC itself drops the stream above twice this)");
+ABSL_FLAG(bool, shm, true,
+          "accept a same-host router's shared-memory channel for its Forward stream (same user, "
+          "same /dev/shm); with false every message goes through gRPC");
+ABSL_FLAG(int, shm_spin_us, 100,
+          "how long the shared-memory reader spins for the next request before sleeping (higher: "
+          "lower latency, more CPU while idle)");
 ABSL_FLAG(double, drain_timeout_s, 30, "on SIGTERM: how long to wait for in-flight requests");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 
@@ -112,6 +118,8 @@ int main(int argc, char** argv) {
   o.max_queue = absl::GetFlag(FLAGS_max_queue);
   o.long_prefill_token_threshold = absl::GetFlag(FLAGS_long_prefill_token_threshold);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  o.shm = absl::GetFlag(FLAGS_shm);
+  o.shm_spin_us = absl::GetFlag(FLAGS_shm_spin_us);
   o.prefill_chunk_us = absl::GetFlag(FLAGS_prefill_chunk_us);
   absl::StatusOr<svc::ServerTls> tls = svc::ServerTlsFromFlags();
   if (!tls.ok()) {

@@ -9,6 +9,7 @@
 #include "grpcpp/grpcpp.h"
 #include "model/expert_map.h"
 #include "services/common/logging.h"
+#include "services/common/shm_channel.h"
 #include "services/common/status.h"
 #include "services/common/wire.h"
 
@@ -37,11 +38,17 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 // are in flight), writes responses in completion order (one write outstanding at a time, the rest
 // queued). Owned by the server's stream registry until gRPC calls OnDone; requests in flight hold
 // it too (as their RequestSink), so it may outlive OnDone, answering nothing after that.
+//
+// When the caller offers a shared-memory channel (ExpertRequest.shm_offer, same host) and the
+// worker accepts it, a reader thread of this stream takes requests from the channel as OnReadDone
+// takes them from gRPC, and their answers go back through the channel when they fit. The channel
+// and the stream share fate: when either ends or breaks, both end.
 class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::ExpertResponse>,
                       public RequestSink,
                       public std::enable_shared_from_this<StreamReactor> {
  public:
   StreamReactor(WorkerServer* w, grpc::CallbackServerContext* ctx) : w_(w), ctx_(ctx) {}
+  ~StreamReactor() override { StopShm(); }
 
   void Begin() {
     w_->Register(shared_from_this());
@@ -101,14 +108,15 @@ class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::Expe
   }
 
   // Answers a request that never reached the scheduler.
-  void SendError(uint64_t id, int layer, const absl::Status& s, Clock::time_point received) {
+  void SendError(uint64_t id, int layer, const absl::Status& s, Clock::time_point received,
+                 bool via_shm) {
     auto resp = std::make_unique<pb::ExpertResponse>();
     resp->set_id(id);
     resp->set_layer(layer);
     svc::SetRequestStatus(s, resp->mutable_status());
     resp->mutable_timings()->set_total_us(Micros(Clock::now() - received));
     if (WorkerMetrics* m = w_->metrics()) m->CountError(s.code());
-    Send(std::move(resp), /*release_id=*/false);
+    Send(std::move(resp), /*release_id=*/false, via_shm);
   }
 
   // Called by the server at the end of a drain: end the stream once its answers are written.
@@ -132,47 +140,132 @@ class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::Expe
       MaybeFinish(l);
       return;
     }
-    const Clock::time_point received = Clock::now();
-    const uint64_t id = req_.id();
-    const int layer = req_.layer();
-    if (req_.has_cancel()) {
+    if (req_.has_shm_offer()) {
+      AttachShm(req_.id(), req_.shm_offer());
+    } else {
+      HandleMessage(std::move(req_), Clock::now(), /*via_shm=*/false);
+    }
+    req_.Clear();
+    ContinueReading();
+  }
+
+  // One message from the caller, from the stream or the shared-memory channel.
+  void HandleMessage(pb::ExpertRequest&& msg, Clock::time_point received, bool via_shm) {
+    const uint64_t id = msg.id();
+    const int layer = msg.layer();
+    if (msg.has_cancel()) {
       // A control message, not a request: never answered itself.
-      HandleCancel(id, req_.cancel().reason());
-      req_.Clear();
-      ContinueReading();
+      HandleCancel(id, msg.cancel().reason());
       return;
     }
     bool duplicate;
     {
       std::lock_guard<std::mutex> l(mu_);
-      duplicate = !ids_.emplace(id, std::weak_ptr<WorkRequest>()).second;
+      duplicate = !ids_.emplace(id, InFlight{{}, via_shm}).second;
     }
     if (duplicate) {
       SendError(id, layer,
                 absl::InvalidArgumentError(absl::StrCat("duplicate in-flight id ", id,
                                                         " on this stream (the first one is still "
                                                         "being computed)")),
-                received);
-    } else {
-      std::shared_ptr<WorkRequest> accepted;
-      absl::Status s =
-          w_->Accept(std::move(req_), shared_from_this(), received, stream_deadline_, &accepted);
-      if (!s.ok()) {
-        {
-          std::lock_guard<std::mutex> l(mu_);
-          ids_.erase(id);
-        }
-        SendError(id, layer, s, received);
-      } else {
-        // Only while still in flight: it may have been answered already (reads are serialised,
-        // so the id cannot have been taken again meanwhile).
+                received, via_shm);
+      return;
+    }
+    std::shared_ptr<WorkRequest> accepted;
+    absl::Status s = w_->Accept(std::move(msg), shared_from_this(), received, stream_deadline_, &accepted);
+    if (!s.ok()) {
+      {
         std::lock_guard<std::mutex> l(mu_);
-        auto it = ids_.find(id);
-        if (it != ids_.end()) it->second = accepted;
+        ids_.erase(id);
+      }
+      SendError(id, layer, s, received, via_shm);
+    } else {
+      // Only while still in flight: it may have been answered already (an id is only taken again
+      // after its answer, by a later message).
+      std::lock_guard<std::mutex> l(mu_);
+      auto it = ids_.find(id);
+      if (it != ids_.end()) it->second.r = accepted;
+    }
+  }
+
+  // The caller's shared-memory offer: attach (same host, same user) and start reading it, or say
+  // why not. Either way the stream goes on.
+  void AttachShm(uint64_t id, const pb::SharedMemoryOffer& offer) {
+    auto resp = std::make_unique<pb::ExpertResponse>();
+    resp->set_id(id);
+    absl::Status st;
+    if (!w_->shm_enabled()) {
+      st = absl::FailedPreconditionError("shared memory is off on this worker (--shm=false)");
+    } else if (shm_ != nullptr) {
+      st = absl::FailedPreconditionError("this stream already has a shared-memory channel");
+    } else {
+      absl::StatusOr<std::unique_ptr<svc::ShmChannel>> ch =
+          svc::ShmChannel::Attach(offer.name(), offer.nonce(), w_->shm_spin_us());
+      if (ch.ok()) {
+        std::lock_guard<std::mutex> l(mu_);
+        if (!finished_) {
+          shm_ = std::move(*ch);
+          shm_thread_ = std::thread([this] { ReadShm(); });
+        } else {
+          st = absl::CancelledError("stream ending");
+        }
+      } else {
+        st = ch.status();
       }
     }
-    req_.Clear();
-    ContinueReading();
+    svc::SetRequestStatus(st, resp->mutable_status());
+    resp->set_shm_attached(st.ok());
+    if (!st.ok()) svc::LogInfo("shared-memory offer declined: %s", std::string(st.message()).c_str());
+    Send(std::move(resp), /*release_id=*/false, /*via_shm=*/false);
+  }
+
+  // The shared-memory reader thread: requests until the channel closes. A channel that breaks
+  // (corrupt record) ends the stream, so the caller fails over what it had sent through it.
+  void ReadShm() {
+    pb::ExpertRequest msg;
+    for (;;) {
+      bool parsed = false;
+      Clock::time_point received;
+      if (!shm_->Read([&](const uint8_t* p, size_t n) {
+            received = Clock::now();
+            parsed = msg.ParseFromArray(p, static_cast<int>(n));
+          })) {
+        break;
+      }
+      if (!parsed) {
+        shm_->Close();
+        svc::LogWarning("shared-memory channel: a message that does not parse; ending the stream");
+        break;
+      }
+      if (msg.has_shm_offer()) {
+        msg.Clear();
+        continue;  // only valid on the stream
+      }
+      HandleMessage(std::move(msg), received, /*via_shm=*/true);
+      msg.Clear();
+    }
+    if (!shm_->error().ok()) {
+      svc::LogWarning("shared-memory channel: %s; ending the stream",
+                      std::string(shm_->error().message()).c_str());
+    }
+    // Whoever closed it, the stream ends too (unless it is ending already: OnDone closed it).
+    if (!shm_stopping_.load()) ctx_->TryCancel();
+  }
+
+  void StopShm() {
+    std::thread t;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      shm_stopping_.store(true);
+      if (shm_) shm_->Close();
+      t = std::move(shm_thread_);
+    }
+    if (!t.joinable()) return;
+    if (t.get_id() == std::this_thread::get_id()) {
+      t.detach();  // the reader itself dropped the last reference: it is returning
+    } else {
+      t.join();
+    }
   }
 
   void ContinueReading() {
@@ -195,7 +288,7 @@ class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::Expe
     {
       std::lock_guard<std::mutex> l(mu_);
       auto it = ids_.find(id);
-      if (it != ids_.end()) r = it->second.lock();
+      if (it != ids_.end()) r = it->second.r.lock();
     }
     if (r == nullptr) {
       // Already answered (or never sent): nothing to do, nothing to answer.
@@ -245,16 +338,32 @@ class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::Expe
       done_ = true;
       queue_.clear();
     }
+    StopShm();
     w_->Unregister(this);
   }
 
  private:
-  void Send(ResponsePtr resp, bool release_id) {
+  // `via_shm`: the request came through the shared-memory channel (release_id: taken from ids_).
+  void Send(ResponsePtr resp, bool release_id, bool via_shm = false) {
     std::unique_lock<std::mutex> l(mu_);
-    if (release_id) ids_.erase(resp->id());
+    if (release_id) {
+      auto it = ids_.find(resp->id());
+      if (it != ids_.end()) {
+        via_shm = it->second.shm;
+        ids_.erase(it);
+      }
+    }
     if (finished_ || broken_ || cancelled_.load()) {
       MaybeFinish(l);
       return;  // nobody to answer
+    }
+    if (via_shm && shm_ != nullptr) {
+      // Under mu_: the one writer of the channel's answer ring. What does not fit goes by gRPC.
+      const size_t n = resp->ByteSizeLong();
+      if (shm_->TryWrite(n, [&](uint8_t* dst) { resp->SerializeWithCachedSizesToArray(dst); })) {
+        MaybeFinish(l);
+        return;
+      }
     }
     queue_.push_back(std::move(resp));
     if (writing_) return;
@@ -294,7 +403,14 @@ class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::Expe
 
   std::mutex mu_;
   // In flight (accepted, not yet answered), with the queued request once the scheduler has it.
-  std::map<uint64_t, std::weak_ptr<WorkRequest>> ids_;
+  struct InFlight {
+    std::weak_ptr<WorkRequest> r;
+    bool shm = false;  // came through the shared-memory channel
+  };
+  std::map<uint64_t, InFlight> ids_;
+  std::unique_ptr<svc::ShmChannel> shm_;  // guarded by mu_ (set once; its reader: shm_thread_)
+  std::thread shm_thread_;
+  std::atomic<bool> shm_stopping_{false};  // OnDone (or the destructor) is closing the channel
   std::deque<ResponsePtr> queue_;      // front is being written when writing_
   bool writing_ = false;
   bool reads_done_ = false;
@@ -670,6 +786,8 @@ void WorkerServer::FillDescribe(pb::DescribeResponse* out) const {
   out->set_max_queue(opt_.max_queue);
   out->set_cancel_supported(true);
   out->set_holds_shared_expert(shared_expert_);
+  out->set_shm_supported(opt_.shm);
+  out->set_host_id(svc::HostId());
 }
 
 }  // namespace exl3::worker

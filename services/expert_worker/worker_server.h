@@ -55,6 +55,8 @@ struct WorkerOptions {
   int prefill_chunk_us = 0;  // 0: auto (see scheduler.h)
   uint64_t max_message_bytes = 64u << 20;
   svc::ServerTls tls;
+  bool shm = true;      // accept a same-host caller's shared-memory channel (SharedMemoryOffer)
+  int shm_spin_us = 100;  // how long its reader spins before sleeping
 };
 
 // What a worker holds: routed experts per MoE layer, and whether the shared experts.
@@ -106,6 +108,8 @@ class WorkerServer {
   void Unregister(StreamReactor* s);
   WorkerMetrics* metrics() { return worker_metrics_.get(); }
   uint64_t max_message_bytes() const { return opt_.max_message_bytes; }
+  bool shm_enabled() const { return opt_.shm; }
+  int shm_spin_us() const { return opt_.shm_spin_us; }
   void FillDescribe(pb::DescribeResponse* out) const;
 
  private:

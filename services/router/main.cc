@@ -49,6 +49,12 @@ ABSL_FLAG(bool, worker_tls, false,
 ABSL_FLAG(std::string, worker_tls_ca, "", "PEM CA bundle that signed the workers' certificates");
 ABSL_FLAG(std::string, worker_tls_cert, "", "PEM client certificate for mutual TLS to workers");
 ABSL_FLAG(std::string, worker_tls_key, "", "PEM private key of --worker-tls-cert");
+ABSL_FLAG(int, worker_shm_mb, 8,
+          "workers on this host (same boot id, same user, same /dev/shm): carry the Forward stream "
+          "through a shared-memory channel of this many MiB per direction (messages over a quarter "
+          "of it still go by gRPC); 0: gRPC only");
+ABSL_FLAG(int, shm_spin_us, 100,
+          "how long a shared-memory reader spins for the worker's answer before sleeping");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 
 namespace exl3::router {
@@ -96,6 +102,11 @@ int Main() {
   copt.router = ropt;
   copt.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   copt.reconnect_backoff_max_ms = absl::GetFlag(FLAGS_reconnect_backoff_max_ms);
+  if (absl::GetFlag(FLAGS_worker_shm_mb) < 0 || absl::GetFlag(FLAGS_shm_spin_us) < 0) {
+    return Fail("--worker-shm-mb and --shm-spin-us must be >= 0");
+  }
+  copt.worker_shm_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_worker_shm_mb)) << 20;
+  copt.shm_spin_us = absl::GetFlag(FLAGS_shm_spin_us);
   copt.worker_tls.ca_file = absl::GetFlag(FLAGS_worker_tls_ca);
   copt.worker_tls.cert_file = absl::GetFlag(FLAGS_worker_tls_cert);
   copt.worker_tls.key_file = absl::GetFlag(FLAGS_worker_tls_key);

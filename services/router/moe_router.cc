@@ -385,6 +385,7 @@ grpc::ServerUnaryReactor* MoeRouterService::Describe(grpc::CallbackServerContext
       wi->set_backend(w.backend());
       wi->set_device(w.device());
       wi->set_shared_expert(w.serves_shared());
+      wi->set_transport(w.transport());
       for (int L = 0; L < cfg_.num_hidden_layers; ++L) {
         if (w.spec().experts[L].empty()) continue;
         pb::LayerExperts* le = wi->add_experts();

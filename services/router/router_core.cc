@@ -41,6 +41,8 @@ absl::StatusOr<std::unique_ptr<RouterCore>> RouterCore::Create(const RouterCoreO
   popt.max_message_bytes = o.max_message_bytes;
   popt.backoff_max_ms = o.reconnect_backoff_max_ms;
   popt.shared_expert_worker = ropt.shared_expert_worker;
+  popt.shm_ring_bytes = o.worker_shm_bytes;
+  popt.shm_spin_us = o.shm_spin_us;
   popt.tls = o.worker_tls;
   if (popt.tls.cert_file.empty() != popt.tls.key_file.empty()) {
     return absl::InvalidArgumentError("--worker-tls-cert and --worker-tls-key go together");

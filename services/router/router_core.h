@@ -33,6 +33,9 @@ struct RouterCoreOptions {
   svc::ClientTls worker_tls;  // enabled=false: plaintext (a warning for non-loopback workers)
   int max_message_bytes = 64 << 20;
   int reconnect_backoff_max_ms = 2000;
+  // Same-host workers: shared-memory channel per direction (0: gRPC only), its reader's spin.
+  size_t worker_shm_bytes = 8 << 20;
+  int shm_spin_us = 100;
 };
 
 class RouterCore {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "services/common/logging.h"
+#include "services/common/shm_channel.h"
 #include "services/common/status.h"
 #include "services/router/health_v1.grpc.pb.h"
 #include "services/router/router_metrics.h"
@@ -26,6 +27,11 @@ using Clock = std::chrono::steady_clock;
 // gRPC's Start* calls never run reactions inline, so they are made under `mu`; `open` (cleared
 // under `mu` by the reaction that sees the stream end) keeps any operation from being started
 // after the last one completed.
+//
+// With a shared-memory channel attached (same-host worker, OfferShm), messages that fit go through
+// it instead of the stream and a reader thread of the session takes the answers from it, running
+// their callbacks there. The stream stays open as the channel's lifeline: the session ends when
+// either ends or breaks.
 struct WorkerConn::Session : grpc::ClientBidiReactor<pb::ExpertRequest, pb::ExpertResponse> {
   Session(WorkerConn* c, std::shared_ptr<grpc::ClientContext> watch)
       : conn(c), watch_ctx(std::move(watch)) {}
@@ -56,13 +62,21 @@ struct WorkerConn::Session : grpc::ClientBidiReactor<pb::ExpertRequest, pb::Expe
   bool done = false;                              // guarded by mu: OnDone ran
   std::condition_variable done_cv;
   pb::ExpertResponse resp;  // the read buffer
+  std::shared_ptr<svc::ShmChannel> shm;  // guarded by mu: set once attached
+  std::thread shm_reader;                // joined by RunSession after WaitDone
+  std::atomic<bool> ending{false};       // OnDone ran or is running
 
   bool IsOpen() {
     std::lock_guard<std::mutex> l(mu);
     return open;
   }
-  // Queues `m` under mu and starts writing when idle.
+  // Queues `m` under mu and starts writing when idle; through the shared-memory channel instead
+  // when one is attached and has room (under mu: its one writer).
   void QueueLocked(pb::ExpertRequest m, size_t bytes) {
+    if (shm != nullptr) {
+      const size_t n = m.ByteSizeLong();
+      if (shm->TryWrite(n, [&](uint8_t* dst) { m.SerializeWithCachedSizesToArray(dst); })) return;
+    }
     queued_bytes += bytes;
     outq.push_back(Out{std::move(m), bytes});
     if (!writing) {
@@ -85,29 +99,53 @@ struct WorkerConn::Session : grpc::ClientBidiReactor<pb::ExpertRequest, pb::Expe
       watch_ctx->TryCancel();  // wakes the supervisor's health read
       return;
     }
-    Pending p;
-    bool found = false;
-    {
-      std::lock_guard<std::mutex> l(mu);
-      auto it = pending.find(resp.id());
-      if (it != pending.end()) {  // unknown id: ignore (should not happen)
-        p = std::move(it->second);
-        pending.erase(it);
-        found = true;
-      }
-    }
-    if (found) {
-      if (conn->metrics_) {
-        conn->metrics_->Received(resp.ByteSizeLong());
-        conn->metrics_->WorkerRpc(conn->spec_.name,
-                                  std::chrono::duration<double>(Clock::now() - p.sent).count());
-      }
-      conn->outstanding_.fetch_sub(1);
-      p.cb(absl::OkStatus(), &resp);
-    }
+    Deliver(resp);
     resp.Clear();
     std::lock_guard<std::mutex> l(mu);
     if (open) StartRead(&resp);
+  }
+
+  // One answer, from the stream or the channel: runs its sub-request's callback.
+  void Deliver(pb::ExpertResponse& r) {
+    Pending p;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      auto it = pending.find(r.id());
+      if (it == pending.end()) return;  // unknown id: ignore (should not happen)
+      p = std::move(it->second);
+      pending.erase(it);
+    }
+    if (conn->metrics_) {
+      conn->metrics_->Received(r.ByteSizeLong());
+      conn->metrics_->WorkerRpc(conn->spec_.name,
+                                std::chrono::duration<double>(Clock::now() - p.sent).count());
+    }
+    conn->outstanding_.fetch_sub(1);
+    p.cb(absl::OkStatus(), &r);
+  }
+
+  // The channel's reader thread: answers until the channel closes; then the session ends too.
+  void ReadShm(std::shared_ptr<svc::ShmChannel> ch) {
+    pb::ExpertResponse r;
+    for (;;) {
+      bool parsed = false;
+      if (!ch->Read([&](const uint8_t* p, size_t n) { parsed = r.ParseFromArray(p, static_cast<int>(n)); })) {
+        break;
+      }
+      if (!parsed) {
+        ch->Close();
+        svc::LogWarning("worker %s: an answer in shared memory does not parse; ending the session",
+                        conn->spec_.name.c_str());
+        break;
+      }
+      Deliver(r);
+      r.Clear();
+    }
+    if (!ch->error().ok()) {
+      svc::LogWarning("worker %s: shared-memory channel: %s; ending the session",
+                      conn->spec_.name.c_str(), std::string(ch->error().message()).c_str());
+    }
+    if (!ending.load()) ctx.TryCancel();  // pending answers fail over with the stream's end
   }
 
   void OnWriteDone(bool ok) override {
@@ -131,9 +169,11 @@ struct WorkerConn::Session : grpc::ClientBidiReactor<pb::ExpertRequest, pb::Expe
   }
 
   void OnDone(const grpc::Status& st) override {
+    ending.store(true);
     std::unordered_map<uint64_t, Pending> failed;
     {
       std::lock_guard<std::mutex> l(mu);
+      if (shm) shm->Close();  // wakes its reader, which returns
       open = false;
       closed = true;
       outq.clear();
@@ -401,6 +441,7 @@ absl::Status WorkerConn::RunSession() {
     session_ = session;
     if (stop_) session->ctx.TryCancel();
   }
+  OfferShm(session, d);
   // The watch runs until the connection is lost, the stream ends (its OnReadDone cancels the
   // watch) or Stop cancels it.
   auto watch = std::make_shared<HealthWatch>(this, watch_ctx, session);
@@ -412,12 +453,64 @@ absl::Status WorkerConn::RunSession() {
   SetUp(false, why);
   session->ctx.TryCancel();
   session->WaitDone();  // every pending sub-request has had its callback
+  if (session->shm_reader.joinable()) session->shm_reader.join();
   {
     std::lock_guard<std::mutex> l(mu_);
     session_.reset();
     watch_ctx_.reset();
   }
   return absl::UnavailableError(why);
+}
+
+void WorkerConn::OfferShm(const std::shared_ptr<Session>& s, const pb::DescribeResponse& d) {
+  const std::string host = svc::HostId();
+  if (opt_.shm_ring_bytes == 0 || !d.shm_supported() || host.empty() || d.host_id() != host) return;
+  absl::StatusOr<std::unique_ptr<svc::ShmChannel>> made =
+      svc::ShmChannel::Create(opt_.shm_ring_bytes, opt_.shm_spin_us);
+  if (!made.ok()) {
+    svc::LogWarning("worker %s: no shared-memory channel (%s); using gRPC",
+                    spec_.name.c_str(), std::string(made.status().message()).c_str());
+    return;
+  }
+  std::shared_ptr<svc::ShmChannel> ch = std::move(*made);
+  pb::ExpertRequest offer;
+  offer.mutable_shm_offer()->set_name(ch->name());
+  offer.mutable_shm_offer()->set_nonce(ch->nonce());
+  Session* sp = s.get();  // alive until OnDone has run every pending callback
+  const std::string name = spec_.name;
+  SubCallback on_answer = [sp, ch, name](absl::Status st, pb::ExpertResponse* r) {
+    ch->Unlink();  // both sides have it mapped, or the worker declined: the name is not needed
+    if (st.ok() && r != nullptr && r->shm_attached()) {
+      std::lock_guard<std::mutex> l(sp->mu);
+      if (!sp->open) return;
+      sp->shm = ch;
+      sp->shm_reader = std::thread([sp, ch] { sp->ReadShm(ch); });
+      svc::LogInfo("worker %s: shared-memory channel attached (%zu KiB each way)", name.c_str(),
+                   ch->ring_bytes() >> 10);
+      return;
+    }
+    svc::LogInfo("worker %s: shared memory not used (%s); using gRPC", name.c_str(),
+                 !st.ok() ? std::string(st.message()).c_str()
+                 : r != nullptr ? r->status().message().c_str() : "no answer");
+  };
+  std::lock_guard<std::mutex> l(s->mu);
+  if (s->closed || !s->open) return;
+  const uint64_t id = s->next_id++;
+  s->pending[id] = Session::Pending{std::move(on_answer), Clock::now()};
+  outstanding_.fetch_add(1);
+  offer.set_id(id);
+  s->QueueLocked(std::move(offer), 0);
+}
+
+std::string WorkerConn::transport() const {
+  std::shared_ptr<Session> s;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    s = session_;
+  }
+  if (!s) return "grpc";
+  std::lock_guard<std::mutex> l(s->mu);
+  return s->shm != nullptr && !s->shm->closed() ? "shm" : "grpc";
 }
 
 absl::Status WorkerConn::Send(pb::ExpertRequest* req, size_t request_bytes, SubCallback cb,

@@ -56,6 +56,10 @@ struct WorkerPoolOptions {
   int backoff_max_ms = 2000;
   std::function<void()> on_change;  // any worker's up state changed
   std::string shared_expert_worker;  // --shared-expert worker:NAME, else empty
+  // Same-host workers: a shared-memory channel (services/common/shm_channel.h) of this many bytes
+  // per direction carries the Forward stream's messages; 0: gRPC only.
+  size_t shm_ring_bytes = 8 << 20;
+  int shm_spin_us = 100;  // how long the channel's reader spins for an answer before sleeping
 };
 
 // The map's workers that serve the shared expert under --shared-expert worker:NAME: NAME first,
@@ -102,12 +106,17 @@ class WorkerConn {
   // Serves the shared expert (--shared-expert worker:NAME and the map marks it shared_expert).
   bool serves_shared() const { return serves_shared_; }
   bool cancel_supported() const { return cancel_supported_.load(); }
+  // "shm" while the current session's messages go through shared memory, else "grpc".
+  std::string transport() const;
 
  private:
   void Supervise();
   absl::Status RunSession();
   void SetUp(bool up, const std::string& why);
   absl::Status CheckDescribe(const pb::DescribeResponse& d) const;
+  // Offers `s` a shared-memory channel when the worker is on this host and takes it (see
+  // SharedMemoryOffer); the stream works the same either way.
+  void OfferShm(const std::shared_ptr<Session>& s, const pb::DescribeResponse& d);
 
   const ExpertMapWorker spec_;
   const MoeConfig& cfg_;
