@@ -63,6 +63,34 @@ def topk_req(ids, weights=None, timeout_ms=0, T=1):
                         timeout_ms=timeout_ms)
 
 
+class GrpcTransportTest(unittest.TestCase):
+    """--worker-shm-mb 0: every message through gRPC, also with the workers on this host; and a
+    ring too small for the big messages: those go by gRPC, the small ones through the channel."""
+
+    def test_decode_steps_match_reference_on_either_transport(self):
+        c = Cluster()
+        self.addCleanup(c.stop)
+        for n in ("a", "b", "b2"):
+            c.start_worker(n)
+        for extra, transport in ((["--worker-shm-mb", "0"], "grpc"),
+                                 (["--worker-shm-mb", "1"], "shm")):
+            r = c.start_router(extra)
+            r.cluster = c
+            client = MoeRouterClient(r.address)
+            try:
+                wait_for(lambda: all(workers_up(client).values()), 20, "all workers up")
+                self.assertEqual({w.transport for w in client.describe().workers}, {transport})
+                # 40 tokens of fp32 out (40 KB) fit a quarter of 1 MiB; 300 (300 KB) do not.
+                for T in (1, 40, 300):
+                    p = loadgen(r, "--verify", "--tokens", str(T), "--requests", "6",
+                                "--concurrency", "2")
+                    self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+                    self.assertEqual(final_counts(p.stdout)["verified"], 6)
+            finally:
+                client.close()
+                r.stop()
+
+
 class RouterSystemTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -96,6 +124,9 @@ class RouterSystemTest(unittest.TestCase):
         n = final_counts(p.stdout)
         self.assertEqual(n, {"requests": 48, "ok": 48, "failed": 0, "verified": 48,
                              "mismatched": 0})
+        # Same host, same user: every worker's stream runs over shared memory.
+        self.assertEqual({w.name: w.transport for w in self.client.describe().workers},
+                         {"a": "shm", "b": "shm", "b2": "shm"})
         # Every dtype combination, one token and many; 100 tokens is above --inline-max-tokens of
         # router (handled on its handler threads) and worker (computed by its batcher thread).
         for dt, out, T in (("fp32", "fp32", 1), ("bf16", "bf16", 16), ("fp16", "fp16", 33),
