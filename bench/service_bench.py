@@ -14,8 +14,12 @@ With --in-process there is no exl3-router process: exl3-loadgen runs the router'
 tables compare against one and two echo round trips; the CPU column is then left out (the router
 shares the loadgen's process).
 
+By default the two-hop path is measured twice, one router per router->worker transport against
+the same worker: `shm` (same-host shared memory, the router's default) and `grpc`
+(--worker-shm-mb 0).
+
 Usage: bench/service_bench.py [--build-dir build] [--out bench/results/service.md] [--quick]
-                              [--in-process]
+                              [--in-process] [--transports shm,grpc]
 """
 
 import argparse
@@ -95,6 +99,50 @@ def InProcessReport(a, commit, load, cmd, rows_rt, rows_tp):
     return out
 
 
+def measure(loadgen, a, wmetrics, router):
+    """Per-layer round trips at T = 1, 8, 64 (with the echo floor) and the throughput sweep for one
+    router configuration. Returns (rows_rt, rows_tp); rows_rt entries are
+    (T, n, p50, p90, p99, echo p50, echo p99, worker compute mean, gate+dispatch+combine)."""
+    # Wait until the router serves.
+    for _ in range(200):
+        p = subprocess.run(loadgen + ["--requests", "2", "--allow-failures"],
+                           capture_output=True, text=True)
+        if " failed=0 " in p.stdout:
+            break
+        time.sleep(0.1)
+    rows_rt, rows_tp = [], []
+    for T in (1, 8, 64):
+        n = a.requests if T < 64 else max(a.requests // 3, 50)
+        w0 = worker_compute(f"127.0.0.1:{wmetrics}")
+        p = subprocess.run(loadgen + ["--tokens", str(T), "--requests", str(n), "--warmup", "20",
+                                      "--echo-baseline"], capture_output=True, text=True,
+                           check=True)
+        w1 = worker_compute(f"127.0.0.1:{wmetrics}")
+        compute_us = 1e6 * (w1[0] - w0[0]) / max(w1[1] - w0[1], 1)
+        st = re.search(r"router stages \(mean us, from the answers\): gate ([\d.]+) dispatch "
+                       r"([\d.]+) workers ([\d.]+) combine ([\d.]+) total ([\d.]+)", p.stdout)
+        gate, disp, _, comb, _ = map(float, st.groups())
+        m = re.search(r"summary: router_p50_us=([\d.]+) router_p90_us=([\d.]+) "
+                      r"router_p99_us=([\d.]+) router_rps=([\d.]+) echo_p50_us=([\d.]+) "
+                      r"echo_p99_us=([\d.]+)", p.stdout)
+        r50, r90, r99, _, e50, e99 = map(float, m.groups())
+        rows_rt.append((T, n, r50, r90, r99, e50, e99, compute_us, gate + disp + comb))
+        print(p.stdout, file=sys.stderr)
+    for C in (1, 2, 4, 8, 16, 32, 64):
+        c0 = cpu_seconds(router.pid) if router else 0
+        p = subprocess.run(loadgen + ["--tokens", "1", "--concurrency", str(C), "--duration",
+                                      str(a.duration)], capture_output=True, text=True,
+                           check=True)
+        cpu = cpu_seconds(router.pid) - c0 if router else 0
+        m = re.search(r"summary: router_p50_us=([\d.]+) router_p90_us=([\d.]+) "
+                      r"router_p99_us=([\d.]+) router_rps=([\d.]+)", p.stdout)
+        ok = int(re.search(r" ok=(\d+) ", p.stdout).group(1))
+        r50, _, r99, rps = map(float, m.groups())
+        rows_tp.append((C, ok, rps, r50, r99, 1e6 * cpu / max(ok, 1)))
+        print(p.stdout, file=sys.stderr)
+    return rows_rt, rows_tp
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
@@ -104,6 +152,9 @@ def main():
     ap.add_argument("--requests", type=int, default=600)
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--worker-threads", type=int, default=1)
+    ap.add_argument("--transports", default="shm,grpc",
+                    help="router->worker transports to measure, in this order: shm (same-host "
+                         "shared memory, the default) and/or grpc (--worker-shm-mb 0)")
     ap.add_argument("--quick", action="store_true", help="fewer requests (smoke run)")
     ap.add_argument("--in-process", action="store_true",
                     help="the router's logic inside exl3-loadgen (--in-process-router)")
@@ -116,7 +167,7 @@ def main():
     subprocess.run([os.path.join(a.build_dir, "tests", "exl3-test-model"), model, "--hidden",
                     str(a.hidden), "--inter", str(a.inter), "--layers", "3", "--experts", "8",
                     "--top-k", "2"], check=True)
-    wport, rport, rmetrics, wmetrics = free_port(), free_port(), free_port(), free_port()
+    wport, wmetrics = free_port(), free_port()
     with open(os.path.join(tmp, "map.yaml"), "w") as f:
         f.write(f"workers:\n  - name: w\n    address: 127.0.0.1:{wport}\n    experts: all\n")
     log = open(os.path.join(tmp, "procs.log"), "ab")
@@ -125,76 +176,48 @@ def main():
                                f"127.0.0.1:{wport}", "--metrics-listen", f"127.0.0.1:{wmetrics}",
                                "--progress=false", "--mlock=false", "--threads",
                                str(a.worker_threads)], stdout=log, stderr=log)
-    if a.in_process:
-        router = None
-        where = ["--in-process-router", "--expert-map", os.path.join(tmp, "map.yaml")]
-    else:
-        router = subprocess.Popen([os.path.join(bindir, "exl3-router"), "--model", model,
-                                   "--expert-map", os.path.join(tmp, "map.yaml"), "--listen",
-                                   f"127.0.0.1:{rport}", "--metrics-listen",
-                                   f"127.0.0.1:{rmetrics}", "--shared-expert", "none"],
-                                  stdout=log, stderr=log)
-        where = ["--target", f"127.0.0.1:{rport}"]
-    loadgen = [os.path.join(bindir, "exl3-loadgen"), *where, "--model", model, "--shared=false"]
-    rows_rt, rows_tp = [], []
+    results = {}  # transport -> (rows_rt, rows_tp)
     try:
-        # Wait until the router serves.
-        for _ in range(200):
-            p = subprocess.run(loadgen + ["--requests", "2", "--allow-failures"],
-                               capture_output=True, text=True)
-            if " failed=0 " in p.stdout:
-                break
-            time.sleep(0.1)
-        for T in (1, 8, 64):
-            n = a.requests if T < 64 else max(a.requests // 3, 50)
-            w0 = worker_compute(f"127.0.0.1:{wmetrics}")
-            p = subprocess.run(loadgen + ["--tokens", str(T), "--requests", str(n), "--warmup", "20",
-                                          "--echo-baseline"], capture_output=True, text=True,
-                               check=True)
-            w1 = worker_compute(f"127.0.0.1:{wmetrics}")
-            compute_us = 1e6 * (w1[0] - w0[0]) / max(w1[1] - w0[1], 1)
-            st = re.search(r"router stages \(mean us, from the answers\): gate ([\d.]+) dispatch "
-                           r"([\d.]+) workers ([\d.]+) combine ([\d.]+) total ([\d.]+)", p.stdout)
-            gate, disp, _, comb, _ = map(float, st.groups())
-            m = re.search(r"summary: router_p50_us=([\d.]+) router_p90_us=([\d.]+) "
-                          r"router_p99_us=([\d.]+) router_rps=([\d.]+) echo_p50_us=([\d.]+) "
-                          r"echo_p99_us=([\d.]+)", p.stdout)
-            r50, r90, r99, _, e50, e99 = map(float, m.groups())
-            if a.in_process:
-                rows_rt.append((T, n, r50, r90, r99, e50, e99, r50 / e50, r50 / (2 * e50),
-                                compute_us, (r50 - compute_us) / e50, gate + disp + comb))
-            else:
-                rows_rt.append((T, n, r50, r90, r99, e50, e99, 2 * e50, r50 / (2 * e50),
-                                compute_us, (r50 - compute_us) / (2 * e50), gate + disp + comb))
-            print(p.stdout, file=sys.stderr)
-        for C in (1, 2, 4, 8, 16, 32, 64):
-            c0 = cpu_seconds(router.pid) if router else 0
-            p = subprocess.run(loadgen + ["--tokens", "1", "--concurrency", str(C), "--duration",
-                                          str(a.duration)], capture_output=True, text=True,
-                               check=True)
-            cpu = cpu_seconds(router.pid) - c0 if router else 0
-            m = re.search(r"summary: router_p50_us=([\d.]+) router_p90_us=([\d.]+) "
-                          r"router_p99_us=([\d.]+) router_rps=([\d.]+)", p.stdout)
-            ok = int(re.search(r" ok=(\d+) ", p.stdout).group(1))
-            r50, _, r99, rps = map(float, m.groups())
-            rows_tp.append((C, ok, rps, r50, r99, 1e6 * cpu / max(ok, 1)))
-            print(p.stdout, file=sys.stderr)
+        if a.in_process:
+            where = ["--in-process-router", "--expert-map", os.path.join(tmp, "map.yaml")]
+            loadgen = [os.path.join(bindir, "exl3-loadgen"), *where, "--model", model,
+                       "--shared=false"]
+            results["in-process"] = measure(loadgen, a, wmetrics, None)
+        else:
+            for transport in a.transports.split(","):
+                rport, rmetrics = free_port(), free_port()
+                router = subprocess.Popen(
+                    [os.path.join(bindir, "exl3-router"), "--model", model, "--expert-map",
+                     os.path.join(tmp, "map.yaml"), "--listen", f"127.0.0.1:{rport}",
+                     "--metrics-listen", f"127.0.0.1:{rmetrics}", "--shared-expert", "none",
+                     "--worker-shm-mb", "8" if transport == "shm" else "0"],
+                    stdout=log, stderr=log)
+                loadgen = [os.path.join(bindir, "exl3-loadgen"), "--target", f"127.0.0.1:{rport}",
+                           "--model", model, "--shared=false"]
+                try:
+                    results[transport] = measure(loadgen, a, wmetrics, router)
+                finally:
+                    router.send_signal(signal.SIGTERM)
+                    try:
+                        router.wait(timeout=15)
+                    except subprocess.TimeoutExpired:
+                        router.kill()
     finally:
-        procs = [p for p in (router, worker) if p]
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            worker.kill()
 
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     load = open("/proc/loadavg").read().split()[:3]
     cmd = "bench/service_bench.py " + " ".join(sys.argv[1:])
     if a.in_process:
-        out = InProcessReport(a, commit, load, cmd, rows_rt, rows_tp)
+        rows_rt, rows_tp = results["in-process"]
+        rows = [(T, n, r50, r90, r99, e50, e99, r50 / e50, r50 / (2 * e50), c, (r50 - c) / e50, g)
+                for (T, n, r50, r90, r99, e50, e99, c, g) in rows_rt]
+        out = InProcessReport(a, commit, load, cmd, rows, rows_tp)
         with open(a.out, "w") as f:
             f.write("\n".join(out))
         print("\n".join(out))
@@ -210,7 +233,10 @@ def main():
         f"- setup: test model (random EXL3 trellis), hidden {a.hidden}, 8 experts x intermediate "
         f"{a.inter}, top-2, 2 MoE layers; one exl3-worker (CPU backend, --threads "
         f"{a.worker_threads}) holding all experts; exl3-router with --shared-expert none; "
-        "exl3-loadgen, fp16 in, fp32 out, closed loop, all on loopback",
+        "exl3-loadgen, fp16 in, fp32 out, closed loop, all on loopback. One router per transport, "
+        "measured one after the other against the same worker: `shm` = the router->worker stream "
+        "through same-host shared memory (the default, `--worker-shm-mb 8`), `grpc` = "
+        "`--worker-shm-mb 0`. The engine->router hop is gRPC in both.",
         "",
         "## Per-layer round trip (one stream)",
         "",
@@ -222,20 +248,24 @@ def main():
         "that compute taken out, and the router's own mean gate + dispatch + combine time "
         "(RouterTimings).",
         "",
-        "| T | requests | router p50 us | p90 | p99 | echo p50 us | echo p99 | floor (2x echo p50) | router p50 / floor | worker compute mean us | (p50 - compute) / floor | router gate+dispatch+combine us |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| transport | T | requests | router p50 us | p90 | p99 | echo p50 us | echo p99 | floor (2x echo p50) | router p50 / floor | worker compute mean us | (p50 - compute) / floor | router gate+dispatch+combine us |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for r in rows_rt:
-        out.append("| {} | {} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.2f}x | {:.0f} | {:.2f}x | {:.0f} |".format(*r))
+    for transport, (rows_rt, _) in results.items():
+        for (T, n, r50, r90, r99, e50, e99, c, g) in rows_rt:
+            out.append(f"| {transport} | {T} | {n} | {r50:.0f} | {r90:.0f} | {r99:.0f} | {e50:.0f} | "
+                       f"{e99:.0f} | {2 * e50:.0f} | {r50 / (2 * e50):.2f}x | {c:.0f} | "
+                       f"{(r50 - c) / (2 * e50):.2f}x | {g:.0f} |")
     out += [
         "",
         "## Throughput (T = 1, closed loop, one request in flight per stream)",
         "",
-        "| streams | answered | layer-requests/s | p50 us | p99 us | router CPU us / request |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| transport | streams | answered | layer-requests/s | p50 us | p99 us | router CPU us / request |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for r in rows_tp:
-        out.append("| {} | {} | {:.0f} | {:.0f} | {:.0f} | {:.0f} |".format(*r))
+    for transport, (_, rows_tp) in results.items():
+        for (C, ok, rps, r50, r99, cpu) in rows_tp:
+            out.append(f"| {transport} | {C} | {ok} | {rps:.0f} | {r50:.0f} | {r99:.0f} | {cpu:.0f} |")
     out.append("")
     with open(a.out, "w") as f:
         f.write("\n".join(out))
