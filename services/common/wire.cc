@@ -7,12 +7,46 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/fp16.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace exl3::svc {
 
 static_assert(std::endian::native == std::endian::little,
               "the wire format is little-endian; big-endian hosts need byte swapping here");
 
 namespace {
+
+#if defined(__x86_64__)
+// F16C's conversion is exact for every finite half, like HalfBitsToFloat (non-finite inputs are
+// rejected by the callers that care), at 8 values per instruction.
+__attribute__((target("avx,f16c"))) void HalfRowF16c(const uint8_t* p, size_t n, float* out) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i));
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * i, 2);
+    out[i] = HalfBitsToFloat(h);
+  }
+}
+#endif
+
+// fp16 wire bytes -> fp32.
+void HalfRow(const uint8_t* p, size_t n, float* out) {
+#if defined(__x86_64__)
+  static const bool f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  if (f16c) return HalfRowF16c(p, n, out);
+#endif
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * i, 2);
+    out[i] = HalfBitsToFloat(h);
+  }
+}
 
 std::string ShapeString(const pb::Tensor& t) {
   std::string s = "[";
@@ -129,11 +163,7 @@ absl::Status TensorToFloat(const pb::Tensor& t, std::string_view name, bool requ
       std::memcpy(out, p, n * 4);
       break;
     case pb::DTYPE_FP16:
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, p + 2 * i, 2);
-        out[i] = HalfBitsToFloat(h);
-      }
+      HalfRow(p, n, out);
       break;
     case pb::DTYPE_BF16:
       for (size_t i = 0; i < n; ++i) {
