@@ -1,3 +1,4 @@
+#include <random>
 // Routing functions against hand-computed cases for every family: softmax (+norm, Mixtral),
 // sigmoid + bias (groups, the 0.0 mask, scaling), sqrt-softplus, hash routing, ties, bad input.
 #include "model/routing.h"
@@ -183,6 +184,40 @@ TEST(RoutingTest, RejectsBadInput) {
   EXPECT_FALSE(RouteTokens(c, 0, rw.data(), nullptr, inf_x.data(), 1, ids.data(), w.data()).ok());
   const std::vector<float> ok = {0, 1, 2, 3};
   EXPECT_FALSE(RouteFromLogits(c, 5, ok.data(), nullptr, 1, ids.data(), w.data()).ok());  // not MoE
+}
+
+}  // namespace
+}  // namespace exl3
+
+namespace exl3 {
+namespace {
+
+// The gate's dot products (SIMD where the CPU has it) equal, bit for bit, the documented order:
+// eight double lanes (lane j takes elements i + j), then ((0+1)+(2+3))+((4+5)+(6+7)); hidden sizes
+// with and without a tail.
+TEST(RouterLogits, BitIdenticalToTheDocumentedDoubleOrder) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int hidden : {8, 128, 200, 4096}) {
+    const int T = 3, E = 5;
+    std::vector<float> x(T * hidden), w(E * hidden), got(T * E);
+    for (float& v : x) v = nd(rng);
+    for (float& v : w) v = nd(rng);
+    ComputeRouterLogits(w.data(), x.data(), T, E, hidden, got.data());
+    for (int t = 0; t < T; ++t) {
+      for (int e = 0; e < E; ++e) {
+        double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int i = 0;
+        for (; i + 8 <= hidden; i += 8) {
+          for (int j = 0; j < 8; ++j) acc[j] += double(x[t * hidden + i + j]) * w[e * hidden + i + j];
+        }
+        for (; i < hidden; ++i) acc[0] += double(x[t * hidden + i]) * w[e * hidden + i];
+        const float ref = static_cast<float>(((acc[0] + acc[1]) + (acc[2] + acc[3])) +
+                                             ((acc[4] + acc[5]) + (acc[6] + acc[7])));
+        EXPECT_EQ(got[t * E + e], ref) << "hidden " << hidden << " t " << t << " e " << e;
+      }
+    }
+  }
 }
 
 }  // namespace
