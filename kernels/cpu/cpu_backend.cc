@@ -14,51 +14,65 @@
 namespace exl3::cpu {
 namespace {
 
-std::atomic<int> g_max_isa{static_cast<int>(Isa::kAvx512)};
+std::atomic<int> g_max_isa{static_cast<int>(Isa::kAvx512Vbmi)};
 
 Isa CurrentIsa() {
   const int max = g_max_isa.load(std::memory_order_relaxed);
+  if (max >= static_cast<int>(Isa::kAvx512Vbmi) && Avx512VbmiSupported()) return Isa::kAvx512Vbmi;
   if (max >= static_cast<int>(Isa::kAvx512) && Avx512Supported()) return Isa::kAvx512;
   if (max >= static_cast<int>(Isa::kAvx2) && Avx2Supported()) return Isa::kAvx2;
   return Isa::kScalar;
 }
 
 // Column tiles per work item: wide strips read the trellis in long contiguous runs (one tile row
-// of a strip is contiguous), but there must be enough items to keep every thread busy; the
-// kernels keep T * strip * 256 B of accumulators, so wide strips are for few tokens.
-int StripTiles(int n_tiles, int threads, int jobs, int tokens) {
-  const int by_acc = std::max(1, 64 / std::max(1, tokens));
+// of a strip is contiguous), but there must be enough items to keep every thread busy. The
+// one-token kernels and the AVX2 multi-token kernel keep T * strip * 256 B of accumulators, so
+// wide strips are for few tokens. The AVX-512 multi-token kernel decodes chunks of at most
+// kAvx512BufferTiles tiles (strip width x rows): strips of kAvx512BufferTiles / (k / 16) tiles
+// make short layers (k < 256) one chunk, whose accumulators never leave the registers.
+int StripTiles(int n_tiles, int k_tiles, int threads, int jobs, int tokens, Isa isa) {
   const int want_items = std::max(1, (threads * 2 + jobs - 1) / std::max(1, jobs));
   const int by_threads = std::max(1, n_tiles / want_items);
-  return std::clamp(std::min(by_acc, by_threads), 1, 64);
+  int by_size = std::max(1, 64 / std::max(1, tokens));
+  if ((isa == Isa::kAvx512 || isa == Isa::kAvx512Vbmi) && tokens > 1) {
+    by_size = std::max(1, kAvx512BufferTiles / std::max(1, k_tiles));
+  }
+  return std::clamp(std::min(by_size, by_threads), 1, 64);
 }
 
-// One projection of the MoE: input rows [T, k] -> output [T, n], with its scratch.
+// Grows a scratch buffer (never shrinks, so the hot path neither allocates nor zero-fills once
+// warm) and returns its data.
+float* Grow(std::vector<float>& v, size_t floats) {
+  if (v.size() < floats) v.resize(floats);
+  return v.data();
+}
+
+// One projection of the MoE: input rows [T, k] -> output [T, n], with its scratch. The vectors
+// are reused from call to call; their sizes are capacities, T and the layer give the used part.
 struct ProjWork {
   const Exl3LinearView* w = nullptr;
   const float* in = nullptr;  // [T, k]
   int T = 0;
-  std::vector<float> xt, xp;  // transformed input, and the AVX2 lane layout of it
-  std::vector<float> out;     // [T, n]
+  float* out = nullptr;       // [T, n]: out_buf, or the caller's output
+  std::vector<float> xt, xp;  // transformed input, and the SIMD lane layout of it
+  std::vector<float> out_buf;
 };
 
+// Input transform (and SIMD layout) of p.in, and p.out pointed at its scratch unless set.
 void PrepareInput(ProjWork& p, Isa isa) {
-  const bool avx2 = isa != Isa::kScalar;
   const int k = p.w->in_features;
-  p.xt.resize(static_cast<size_t>(p.T) * k);
-  ApplyInputTransform(*p.w, p.in, p.T, p.xt.data());
-  if (avx2) {
-    p.xp.resize(Avx2PreparedFloats(p.T, k));
-    Avx2PrepareX(p.xt.data(), p.T, k, p.xp.data());
-  }
-  p.out.resize(static_cast<size_t>(p.T) * p.w->out_features);
+  float* xt = Grow(p.xt, static_cast<size_t>(p.T) * k);
+  ApplyInputTransform(*p.w, p.in, p.T, xt);
+  if (isa != Isa::kScalar) Avx2PrepareX(xt, p.T, k, Grow(p.xp, Avx2PreparedFloats(p.T, k)));
+  if (p.out == nullptr) p.out = Grow(p.out_buf, static_cast<size_t>(p.T) * p.w->out_features);
 }
 
 void RunStrip(ProjWork& p, Isa isa, int j0, int j1) {
   switch (isa) {
-    case Isa::kAvx512: InnerProductAvx512(*p.w, p.xp.data(), p.T, j0, j1, p.out.data()); break;
-    case Isa::kAvx2: InnerProductAvx2(*p.w, p.xp.data(), p.T, j0, j1, p.out.data()); break;
-    case Isa::kScalar: InnerProductScalar(*p.w, p.xt.data(), p.T, j0, j1, p.out.data()); break;
+    case Isa::kAvx512Vbmi: InnerProductAvx512Vbmi(*p.w, p.xp.data(), p.T, j0, j1, p.out); break;
+    case Isa::kAvx512: InnerProductAvx512(*p.w, p.xp.data(), p.T, j0, j1, p.out); break;
+    case Isa::kAvx2: InnerProductAvx2(*p.w, p.xp.data(), p.T, j0, j1, p.out); break;
+    case Isa::kScalar: InnerProductScalar(*p.w, p.xt.data(), p.T, j0, j1, p.out); break;
   }
 }
 
@@ -68,16 +82,26 @@ struct StripItem {
   int j0, j1;
 };
 
-std::vector<StripItem> MakeStrips(const std::vector<ProjWork*>& projs, int threads) {
-  std::vector<StripItem> items;
+void MakeStrips(const std::vector<ProjWork*>& projs, int threads, Isa isa,
+                std::vector<StripItem>* items) {
+  items->clear();
   for (ProjWork* p : projs) {
     if (p->T == 0) continue;
     const int n_tiles = p->w->out_features / 16;
-    const int s = StripTiles(n_tiles, threads, static_cast<int>(projs.size()), p->T);
-    for (int j = 0; j < n_tiles; j += s) items.push_back({p, j, std::min(n_tiles, j + s)});
+    const int s = StripTiles(n_tiles, p->w->in_features / 16, threads,
+                             static_cast<int>(projs.size()), p->T, isa);
+    for (int j = 0; j < n_tiles; j += s) items->push_back({p, j, std::min(n_tiles, j + s)});
   }
-  return items;
 }
+
+// One routed expert used by the batch (or the shared expert): its rows and projections.
+struct MoeJob {
+  const ExpertMlp* mlp = nullptr;
+  float limit = 0.0f;
+  std::vector<int> tokens;  // row -> token
+  std::vector<float> xin;   // [rows, H] gathered hidden states
+  ProjWork gate, up, down;
+};
 
 }  // namespace
 
@@ -100,8 +124,19 @@ bool Avx512Supported() {
 #endif
 }
 
+bool Avx512VbmiSupported() {
+#if defined(__x86_64__)
+  static const bool ok = __builtin_cpu_supports("avx512vbmi") &&
+                         __builtin_cpu_supports("avx512bw") && Avx512Supported();
+  return ok;
+#else
+  return false;
+#endif
+}
+
 std::string_view ActiveIsa() {
   switch (CurrentIsa()) {
+    case Isa::kAvx512Vbmi: return "avx512vbmi";
     case Isa::kAvx512: return "avx512";
     case Isa::kAvx2: return "avx2";
     case Isa::kScalar: break;
@@ -112,7 +147,7 @@ std::string_view ActiveIsa() {
 Isa SetMaxIsa(Isa max) { return static_cast<Isa>(g_max_isa.exchange(static_cast<int>(max))); }
 
 bool ForceScalar(bool force) {
-  return SetMaxIsa(force ? Isa::kScalar : Isa::kAvx512) == Isa::kScalar;
+  return SetMaxIsa(force ? Isa::kScalar : Isa::kAvx512Vbmi) == Isa::kScalar;
 }
 
 void InnerProductScalar(const Exl3LinearView& w, const float* xt, int num_tokens, int j0, int j1,
@@ -140,7 +175,17 @@ void InnerProductScalar(const Exl3LinearView& w, const float* xt, int num_tokens
   }
 }
 
-CpuBackend::CpuBackend(int num_threads) : pool_(std::make_unique<ThreadPool>(num_threads)) {}
+// Everything a call needs besides the weights and the caller's buffers, kept between calls.
+struct CpuBackend::Scratch {
+  ProjWork linear;
+  std::vector<MoeJob> jobs;  // the first num_jobs are this call's
+  std::vector<int> job_of_expert, pair_job, pair_row;
+  std::vector<ProjWork*> projs;
+  std::vector<StripItem> items;
+};
+
+CpuBackend::CpuBackend(int num_threads)
+    : pool_(std::make_unique<ThreadPool>(num_threads)), scratch_(std::make_unique<Scratch>()) {}
 CpuBackend::~CpuBackend() = default;
 
 int CpuBackend::num_threads() const { return pool_->size(); }
@@ -153,18 +198,19 @@ absl::Status CpuBackend::Linear(const Exl3LinearView& w, const float* x, int num
   if (num_tokens == 0) return absl::OkStatus();
   std::lock_guard<std::mutex> lock(mu_);
   const Isa isa = CurrentIsa();
-  ProjWork p;
+  Scratch& sc = *scratch_;
+  ProjWork& p = sc.linear;
   p.w = &w;
   p.in = x;
   p.T = num_tokens;
+  p.out = y;  // the strips write y directly (the input was copied into p.xt first)
   PrepareInput(p, isa);
-  std::vector<ProjWork*> projs = {&p};
-  std::vector<StripItem> items = MakeStrips(projs, pool_->size());
-  pool_->ParallelFor(static_cast<int>(items.size()), [&](int i, int) {
-    RunStrip(*items[i].p, isa, items[i].j0, items[i].j1);
+  sc.projs.assign(1, &p);
+  MakeStrips(sc.projs, pool_->size(), isa, &sc.items);
+  pool_->ParallelFor(static_cast<int>(sc.items.size()), [&](int i, int) {
+    RunStrip(*sc.items[i].p, isa, sc.items[i].j0, sc.items[i].j1);
   });
-  ApplyOutputTransform(w, p.out.data(), num_tokens);
-  std::memcpy(y, p.out.data(), p.out.size() * sizeof(float));
+  ApplyOutputTransform(w, y, num_tokens);
   return absl::OkStatus();
 }
 
@@ -178,107 +224,110 @@ absl::Status CpuBackend::Moe(const MoeLayerView& layer, const float* x, const Mo
   if (T == 0) return absl::OkStatus();
   std::lock_guard<std::mutex> lock(mu_);
   const Isa isa = CurrentIsa();
+  Scratch& sc = *scratch_;
 
   // Jobs: one per routed expert used (every pair is its own row), plus the shared expert.
-  struct Job {
-    const ExpertMlp* mlp;
-    float limit;
-    std::vector<int> tokens;  // row -> token
-    std::vector<float> xin;   // [rows, H] gathered hidden states
-    ProjWork gate, up, down;
+  int num_jobs = 0;
+  auto new_job = [&](const ExpertMlp* mlp, float limit) -> int {
+    if (num_jobs == static_cast<int>(sc.jobs.size())) sc.jobs.emplace_back();
+    MoeJob& job = sc.jobs[num_jobs];
+    job.mlp = mlp;
+    job.limit = limit;
+    job.tokens.clear();
+    for (ProjWork* p : {&job.gate, &job.up, &job.down}) {
+      p->T = 0;
+      p->out = nullptr;
+    }
+    return num_jobs++;
   };
-  std::vector<Job> jobs;
-  std::vector<int> job_of_expert(layer.num_experts(), -1);
-  const int num_pairs = T > 0 ? a.end(T - 1) - a.begin(0) : 0;
-  std::vector<int> pair_job(std::max(0, num_pairs)), pair_row(std::max(0, num_pairs));
+  sc.job_of_expert.assign(layer.num_experts(), -1);
   const int base = a.begin(0);
-  jobs.reserve(layer.num_experts() + 1);
+  const int num_pairs = a.end(T - 1) - base;
+  sc.pair_job.resize(std::max(0, num_pairs));
+  sc.pair_row.resize(std::max(0, num_pairs));
   for (int t = 0; t < T; ++t) {
     for (int i = a.begin(t); i < a.end(t); ++i) {
       const int e = a.expert_ids[i];
-      if (job_of_expert[e] < 0) {
-        job_of_expert[e] = static_cast<int>(jobs.size());
-        jobs.push_back(Job{layer.experts[e], layer.swiglu_limit, {}, {}, {}, {}, {}});
-      }
-      Job& job = jobs[job_of_expert[e]];
-      pair_job[i - base] = job_of_expert[e];
-      pair_row[i - base] = static_cast<int>(job.tokens.size());
+      if (sc.job_of_expert[e] < 0) sc.job_of_expert[e] = new_job(layer.experts[e], layer.swiglu_limit);
+      MoeJob& job = sc.jobs[sc.job_of_expert[e]];
+      sc.pair_job[i - base] = sc.job_of_expert[e];
+      sc.pair_row[i - base] = static_cast<int>(job.tokens.size());
       job.tokens.push_back(t);
     }
   }
   int shared_job = -1;
   if (include_shared && layer.shared != nullptr) {
-    shared_job = static_cast<int>(jobs.size());
-    jobs.push_back(Job{layer.shared, layer.shared_swiglu_limit, {}, {}, {}, {}, {}});
-    for (int t = 0; t < T; ++t) jobs.back().tokens.push_back(t);
+    shared_job = new_job(layer.shared, layer.shared_swiglu_limit);
+    for (int t = 0; t < T; ++t) sc.jobs[shared_job].tokens.push_back(t);
   }
-  const int J = static_cast<int>(jobs.size());
+  const int J = num_jobs;
+  std::vector<MoeJob>& jobs = sc.jobs;
   const int threads = pool_->size();
 
-  // 1: gather rows, input transforms of gate and up.
-  pool_->ParallelFor(2 * J, [&](int item, int) {
-    Job& job = jobs[item / 2];
+  // 1: gather rows (the shared expert reads x itself), input transforms of gate and up.
+  pool_->ParallelFor(J, [&](int j, int) {
+    if (j == shared_job) return;
+    MoeJob& job = jobs[j];
     const int rows = static_cast<int>(job.tokens.size());
-    if (item % 2 == 0) {
-      job.xin.resize(static_cast<size_t>(rows) * H);
-      for (int r = 0; r < rows; ++r) {
-        std::memcpy(job.xin.data() + static_cast<size_t>(r) * H,
-                    x + static_cast<size_t>(job.tokens[r]) * H, H * sizeof(float));
-      }
+    float* xin = Grow(job.xin, static_cast<size_t>(rows) * H);
+    for (int r = 0; r < rows; ++r) {
+      std::memcpy(xin + static_cast<size_t>(r) * H, x + static_cast<size_t>(job.tokens[r]) * H,
+                  H * sizeof(float));
     }
   });
   pool_->ParallelFor(2 * J, [&](int item, int) {
-    Job& job = jobs[item / 2];
+    MoeJob& job = jobs[item / 2];
     ProjWork& p = item % 2 == 0 ? job.gate : job.up;
     p.w = item % 2 == 0 ? &job.mlp->gate : &job.mlp->up;
-    p.in = job.xin.data();
+    p.in = item / 2 == shared_job ? x : job.xin.data();
     p.T = static_cast<int>(job.tokens.size());
     PrepareInput(p, isa);
   });
   // 2: gate and up middle products.
-  std::vector<ProjWork*> projs;
-  for (Job& job : jobs) {
-    projs.push_back(&job.gate);
-    projs.push_back(&job.up);
+  sc.projs.clear();
+  for (int j = 0; j < J; ++j) {
+    sc.projs.push_back(&jobs[j].gate);
+    sc.projs.push_back(&jobs[j].up);
   }
-  std::vector<StripItem> items = MakeStrips(projs, threads);
-  pool_->ParallelFor(static_cast<int>(items.size()), [&](int i, int) {
-    RunStrip(*items[i].p, isa, items[i].j0, items[i].j1);
+  MakeStrips(sc.projs, threads, isa, &sc.items);
+  pool_->ParallelFor(static_cast<int>(sc.items.size()), [&](int i, int) {
+    RunStrip(*sc.items[i].p, isa, sc.items[i].j0, sc.items[i].j1);
   });
   // 3: output transforms, SwiGLU, down's input transform.
   pool_->ParallelFor(J, [&](int j, int) {
-    Job& job = jobs[j];
-    ApplyOutputTransform(*job.gate.w, job.gate.out.data(), job.gate.T);
-    ApplyOutputTransform(*job.up.w, job.up.out.data(), job.up.T);
-    SwiGlu(job.gate.out.data(), job.up.out.data(), job.gate.out.size(), job.limit);
+    MoeJob& job = jobs[j];
+    ApplyOutputTransform(*job.gate.w, job.gate.out, job.gate.T);
+    ApplyOutputTransform(*job.up.w, job.up.out, job.up.T);
+    SwiGlu(job.gate.out, job.up.out, static_cast<size_t>(job.gate.T) * job.gate.w->out_features,
+           job.limit);
     job.down.w = &job.mlp->down;
-    job.down.in = job.gate.out.data();
+    job.down.in = job.gate.out;
     job.down.T = job.gate.T;
     PrepareInput(job.down, isa);
   });
   // 4: down middle products.
-  projs.clear();
-  for (Job& job : jobs) projs.push_back(&job.down);
-  items = MakeStrips(projs, threads);
-  pool_->ParallelFor(static_cast<int>(items.size()), [&](int i, int) {
-    RunStrip(*items[i].p, isa, items[i].j0, items[i].j1);
+  sc.projs.clear();
+  for (int j = 0; j < J; ++j) sc.projs.push_back(&jobs[j].down);
+  MakeStrips(sc.projs, threads, isa, &sc.items);
+  pool_->ParallelFor(static_cast<int>(sc.items.size()), [&](int i, int) {
+    RunStrip(*sc.items[i].p, isa, sc.items[i].j0, sc.items[i].j1);
   });
   // 5: down's output transform.
   pool_->ParallelFor(J, [&](int j, int) {
-    ApplyOutputTransform(*jobs[j].down.w, jobs[j].down.out.data(), jobs[j].down.T);
+    ApplyOutputTransform(*jobs[j].down.w, jobs[j].down.out, jobs[j].down.T);
   });
   // 6: weighted sum per token, pairs in the order given, then the shared expert.
   pool_->ParallelFor(T, [&](int t, int) {
     float* yt = y + static_cast<size_t>(t) * H;
     std::fill(yt, yt + H, 0.0f);
     for (int i = a.begin(t); i < a.end(t); ++i) {
-      const Job& job = jobs[pair_job[i - base]];
-      const float* d = job.down.out.data() + static_cast<size_t>(pair_row[i - base]) * H;
+      const MoeJob& job = jobs[sc.pair_job[i - base]];
+      const float* d = job.down.out + static_cast<size_t>(sc.pair_row[i - base]) * H;
       const float wgt = a.weights[i];
       for (int h = 0; h < H; ++h) yt[h] += wgt * d[h];
     }
     if (shared_job >= 0) {
-      const float* d = jobs[shared_job].down.out.data() + static_cast<size_t>(t) * H;
+      const float* d = jobs[shared_job].down.out + static_cast<size_t>(t) * H;
       float wgt = 1.0f;
       if (layer.shared_gate != nullptr) {
         const float* xt = x + static_cast<size_t>(t) * H;

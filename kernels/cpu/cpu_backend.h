@@ -1,5 +1,6 @@
 // The fast CPU backend: multithreaded decode-and-multiply EXL3 linear layers and MoE layers, with an
-// AVX-512F or AVX2+FMA+F16C inner loop chosen at run time (scalar fallback elsewhere). Same arithmetic as the
+// AVX-512 (F, or F + VBMI) or AVX2+FMA+F16C inner loop chosen at run time (scalar fallback
+// elsewhere). Same arithmetic as the
 // references in kernels/exl3_linear.h and kernels/moe_cpu.h (results agree to fp32 rounding).
 //
 // Usage:
@@ -8,8 +9,8 @@
 //   absl::Status s = cpu.Moe(layer_view, x, assignments, /*include_shared=*/true, y);
 //
 // One CpuBackend owns a persistent thread pool; calls on one instance are serialised by a mutex
-// (use one instance per concurrent caller, or batch). Threads never allocate on the hot path
-// beyond per-call scratch.
+// (use one instance per concurrent caller, or batch). Scratch buffers are kept between calls, so a
+// warm instance does not allocate on the hot path.
 #pragma once
 
 #include <cstdint>
@@ -25,14 +26,16 @@ namespace exl3::cpu {
 
 class ThreadPool;
 
-// Inner loops, best last. The best one the CPU supports (and the limit allows) runs.
-enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+// Inner loops, best last. The best one the CPU supports (and the limit allows) runs. All give
+// the same results to the bit.
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vbmi = 3 };
 
-// Which inner loop runs now: "avx512" (AVX-512F), "avx2" (AVX2 + FMA + F16C) or "scalar".
+// Which inner loop runs now: "avx512vbmi" (AVX-512F + VBMI), "avx512" (AVX-512F), "avx2"
+// (AVX2 + FMA + F16C) or "scalar".
 std::string_view ActiveIsa();
-// Caps the inner loop (tests compare every path); returns the previous cap. Default kAvx512.
+// Caps the inner loop (tests compare every path); returns the previous cap. Default kAvx512Vbmi.
 Isa SetMaxIsa(Isa max);
-// Same as SetMaxIsa(kScalar) / SetMaxIsa(kAvx512); returns whether scalar was forced before.
+// Same as SetMaxIsa(kScalar) / SetMaxIsa(kAvx512Vbmi); returns whether scalar was forced before.
 bool ForceScalar(bool force);
 
 class CpuBackend {
@@ -52,7 +55,9 @@ class CpuBackend {
                    bool include_shared, float* y);
 
  private:
+  struct Scratch;
   std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<Scratch> scratch_;  // per-call buffers, reused (guarded by mu_)
   std::mutex mu_;
 };
 

@@ -29,7 +29,7 @@ constexpr char kUsage[] =
     "usage: exl3-cpu-bench [--threads 1,N] [--k 4096] [--n 14336] [--bits 2,3,4]\n"
     "                      [--codebooks 3inst,mcg,mul1] [--tokens 1] [--seconds 1]\n"
     "                      [--moe-hidden 4096] [--moe-inter 2048] [--moe-experts 32] [--moe-topk 8]\n"
-    "                      [--mem-mib 1024] [--isa best|avx512|avx2|scalar]\n"
+    "                      [--mem-mib 1024] [--isa best|avx512vbmi|avx512|avx2|scalar]\n"
     "\n"
     "Prints the memory-read bandwidth, then EXL3 linear (GEMV) and MoE throughput of the CPU\n"
     "backend (ISA chosen at run time) per thread count.\n";
@@ -87,7 +87,7 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     else if (a == "--mem-mib") single(&f->mem_mib);
     else if (a == "--isa") {
       f->isa = v;
-      ok = v == "best" || v == "avx512" || v == "avx2" || v == "scalar";
+      ok = v == "best" || v == "avx512vbmi" || v == "avx512" || v == "avx2" || v == "scalar";
     }
     else {
       std::fprintf(stderr, "exl3-cpu-bench: unknown flag %s (see --help)\n", a.c_str());
@@ -223,6 +223,7 @@ int main(int argc, char** argv) {
   Flags f;
   if (!ParseFlags(argc, argv, &f)) return 2;
   const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (f.isa == "avx512") exl3::cpu::SetMaxIsa(exl3::cpu::Isa::kAvx512);
   if (f.isa == "avx2") exl3::cpu::SetMaxIsa(exl3::cpu::Isa::kAvx2);
   if (f.isa == "scalar") exl3::cpu::SetMaxIsa(exl3::cpu::Isa::kScalar);
   if (f.threads.empty()) f.threads = hw > 1 ? std::vector<int>{1, hw} : std::vector<int>{1};

@@ -45,9 +45,18 @@ void Avx2PrepareX(const float* xt, int num_tokens, int k, float* xp);
 void InnerProductAvx2(const Exl3LinearView& w, const float* xp, int num_tokens, int j0, int j1,
                       float* y);
 
-// AVX-512F path over the same prepared layout; only call when Avx512Supported().
+// AVX-512F path over the same prepared layout; only call when Avx512Supported(). With several
+// tokens it decodes chunks of up to kAvx512BufferTiles tiles of the strip at once (rows of all its
+// column tiles) and keeps accumulators in registers over a chunk's rows.
+inline constexpr int kAvx512BufferTiles = 16;
 bool Avx512Supported();
 void InnerProductAvx512(const Exl3LinearView& w, const float* xp, int num_tokens, int j0, int j1,
                         float* y);
+
+// The same with AVX512-VBMI (byte permutes cut the states); only call when
+// Avx512VbmiSupported(). Same results to the bit.
+bool Avx512VbmiSupported();
+void InnerProductAvx512Vbmi(const Exl3LinearView& w, const float* xp, int num_tokens, int j0,
+                            int j1, float* y);
 
 }  // namespace exl3::cpu

@@ -227,15 +227,20 @@ void Strip(const Exl3LinearView& w, const float* xp, int T, int j0, int j1, floa
 size_t Avx2PreparedFloats(int num_tokens, int k) { return static_cast<size_t>(num_tokens) * k * 2; }
 
 void Avx2PrepareX(const float* xt, int num_tokens, int k, float* xp) {
-  static const int kRow[8] = {0, 1, 0, 1, 8, 9, 8, 9};
   // Layout [k/16 tile rows][T tokens][4 groups][8 lanes]: one tile row's vectors for every token
-  // are contiguous, so the multi-token loop streams through them.
+  // are contiguous, so the multi-token loop streams through them. Group q of tile row i holds
+  // x[16i + 2q + {0, 1, 0, 1, 8, 9, 8, 9}]: lanes 0-3 from the row's first 8 values, lanes 4-7
+  // from its last 8, each picked by one permute.
+  const __m256i idx[4] = {_mm256_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1), _mm256_setr_epi32(2, 3, 2, 3, 2, 3, 2, 3),
+                          _mm256_setr_epi32(4, 5, 4, 5, 4, 5, 4, 5), _mm256_setr_epi32(6, 7, 6, 7, 6, 7, 6, 7)};
   for (int t = 0; t < num_tokens; ++t) {
     const float* x = xt + static_cast<size_t>(t) * k;
     for (int i = 0; i < k / 16; ++i) {
       float* out = xp + (static_cast<size_t>(i) * num_tokens + t) * 32;
+      const __m256 lo = _mm256_loadu_ps(x + 16 * i), hi = _mm256_loadu_ps(x + 16 * i + 8);
       for (int q = 0; q < 4; ++q) {
-        for (int l = 0; l < 8; ++l) out[q * 8 + l] = x[16 * i + 2 * q + kRow[l]];
+        _mm256_storeu_ps(out + 8 * q, _mm256_blend_ps(_mm256_permutevar8x32_ps(lo, idx[q]),
+                                                      _mm256_permutevar8x32_ps(hi, idx[q]), 0xF0));
       }
     }
   }

@@ -1,11 +1,15 @@
 // The fast CPU backend against the reference linear and MoE at several K, codebooks and shapes.
 #include "kernels/cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/inner_product.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/trellis_tile.h"
 #include "tests/kernels/random_layer.h"
 
 namespace exl3 {
@@ -25,7 +29,7 @@ class CpuLinearTest : public ::testing::TestWithParam<cpu::Isa> {
  protected:
   void SetUp() override { prev_ = cpu::SetMaxIsa(GetParam()); }
   void TearDown() override { cpu::SetMaxIsa(prev_); }
-  cpu::Isa prev_ = cpu::Isa::kAvx512;
+  cpu::Isa prev_ = cpu::Isa::kAvx512Vbmi;
 };
 
 TEST_P(CpuLinearTest, MatchesReferenceAllBitWidthsAndCodebooks) {
@@ -132,12 +136,92 @@ TEST_P(CpuLinearTest, MoeMatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Isa, CpuLinearTest,
-                         ::testing::Values(cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512),
+                         ::testing::Values(cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512,
+                                           cpu::Isa::kAvx512Vbmi),
                          [](const auto& info) {
                            return info.param == cpu::Isa::kScalar ? "scalar"
                                   : info.param == cpu::Isa::kAvx2 ? "upto_avx2"
-                                                                  : "upto_avx512";
+                                  : info.param == cpu::Isa::kAvx512 ? "upto_avx512"
+                                                                    : "upto_avx512vbmi";
                          });
+
+// Every 16-bit state of every codebook decodes to the scalar decoder's value, to the bit, in
+// every inner loop this CPU has: a K = 8 layer whose 512 tiles hold every state (tile (a, h) has
+// stream bytes a, 128h, a, 128h + 1, ..., so its states are (a, x) and (x, a) for x in
+// [128h, 128h + 128)), multiplied by the identity (x' row t one-hot at t), gives W_inner exactly.
+TEST(CpuBackendTest, EveryStateDecodesBitExactInEveryInnerLoop) {
+  const int k = 128, n = 1024, K = 8;
+  std::vector<uint16_t> trellis(static_cast<size_t>(k / 16) * (n / 16) * 16 * K);
+  for (int tile = 0; tile < 512; ++tile) {
+    const int a = tile / 2, h = tile % 2;
+    uint8_t b[256];
+    for (int i = 0; i < 128; ++i) {
+      b[2 * i] = static_cast<uint8_t>(a);
+      b[2 * i + 1] = static_cast<uint8_t>(128 * h + i);
+    }
+    // Stream byte m is byte 3 - m % 4 of u32 word m / 4; u32[j] = u16[2j] | u16[2j + 1] << 16.
+    uint16_t* w = trellis.data() + static_cast<size_t>(tile) * 16 * K;
+    for (int j = 0; j < 64; ++j) {
+      w[2 * j + 1] = static_cast<uint16_t>(b[4 * j] << 8 | b[4 * j + 1]);
+      w[2 * j] = static_cast<uint16_t>(b[4 * j + 2] << 8 | b[4 * j + 3]);
+    }
+  }
+  std::vector<bool> seen(65536, false);
+  for (int tile = 0; tile < 512; ++tile) {
+    for (int e = 0; e < kTileElems; ++e) seen[TileState(trellis.data() + static_cast<size_t>(tile) * 16 * K, K, e)] = true;
+  }
+  ASSERT_EQ(std::count(seen.begin(), seen.end(), true), 65536);
+  const std::vector<uint16_t> ones(1024, 0x3c00);
+  std::vector<float> xt(static_cast<size_t>(k) * k, 0.0f);
+  for (int t = 0; t < k; ++t) xt[static_cast<size_t>(t) * k + t] = 1.0f;
+  std::vector<float> xp(cpu::Avx2PreparedFloats(k, k));
+  const bool avx2 = cpu::Avx2Supported();
+  if (avx2) cpu::Avx2PrepareX(xt.data(), k, k, xp.data());
+  for (int cb = 0; cb < 3; ++cb) {
+    Exl3LinearView v;
+    v.in_features = k;
+    v.out_features = n;
+    v.bits = K;
+    v.codebook = static_cast<Codebook>(cb);
+    v.trellis = trellis.data();
+    v.suh = ones.data();
+    v.svh = ones.data();
+    std::vector<uint16_t> inner(static_cast<size_t>(k) * n);
+    DequantizeInner(v, inner.data());
+    struct Loop {
+      const char* name;
+      bool ok;
+      void (*fn)(const Exl3LinearView&, const float*, int, int, int, float*);
+      bool prepared;
+    };
+    const Loop loops[] = {{"scalar", true, cpu::InnerProductScalar, false},
+                          {"avx2", avx2, cpu::InnerProductAvx2, true},
+                          {"avx512", cpu::Avx512Supported(), cpu::InnerProductAvx512, true},
+                          {"avx512vbmi", cpu::Avx512VbmiSupported(), cpu::InnerProductAvx512Vbmi, true}};
+    for (const Loop& l : loops) {
+      if (!l.ok) continue;
+      SCOPED_TRACE(::testing::Message() << l.name << " cb=" << cb);
+      std::vector<float> y(static_cast<size_t>(k) * n, -1.0f);
+      l.fn(v, l.prepared ? xp.data() : xt.data(), k, 0, n / 16, y.data());
+      for (size_t i = 0; i < y.size(); ++i) {
+        const float want = HalfBitsToFloat(inner[i]);
+        uint32_t a, b;
+        std::memcpy(&a, &y[i], 4);
+        std::memcpy(&b, &want, 4);
+        ASSERT_EQ(a, b) << "row " << i / n << " col " << i % n;
+      }
+      // One token at a time (the one-token loop) gives the same rows.
+      std::vector<float> one(n);
+      for (int t : {0, 77}) {
+        std::vector<float> x1(xt.begin() + static_cast<size_t>(t) * k, xt.begin() + static_cast<size_t>(t + 1) * k);
+        std::vector<float> xp1(cpu::Avx2PreparedFloats(1, k));
+        if (l.prepared) cpu::Avx2PrepareX(x1.data(), 1, k, xp1.data());
+        l.fn(v, l.prepared ? xp1.data() : x1.data(), 1, 0, n / 16, one.data());
+        for (int c = 0; c < n; ++c) ASSERT_EQ(one[c], y[static_cast<size_t>(t) * n + c]) << "t=" << t << " c=" << c;
+      }
+    }
+  }
+}
 
 TEST(CpuBackendTest, ConcurrentCallersGetTheirOwnResults) {
   cpu::CpuBackend backend(2);
