@@ -154,15 +154,27 @@ inline __m512 DecodePair(const uint32_t* ext, const PairCut& c) {
   return _mm512_add_ps(split, _mm512_sub_ps(f, split));
 }
 
-// acc128: [8 c0][16 lanes]; lanes l and l + 8 hold the same (row pair, column).
+// acc128: [8 c0][16 lanes]; lanes l and l + 8 hold the same (row pair, column). Per column, in
+// this order: l_k = a_k + a_(k+8), then out[c0] = (l0 + l1) + (l4 + l5) and
+// out[c0 + 8] = (l2 + l3) + (l6 + l7), done for two c0 per register (the same additions, lane
+// by lane, as the scalar statement of it).
 inline void ReduceStore(const float* acc128, float* out16) {
-  for (int c0 = 0; c0 < 8; ++c0) {
-    const float* a = acc128 + 16 * c0;
-    float l[8];
-    for (int k = 0; k < 8; ++k) l[k] = a[k] + a[k + 8];
-    out16[c0] = (l[0] + l[1]) + (l[4] + l[5]);
-    out16[c0 + 8] = (l[2] + l[3]) + (l[6] + l[7]);
+  __m512 r[4];
+  for (int q = 0; q < 4; ++q) {  // c0 = 2q in lanes 0-7, c0 = 2q + 1 in lanes 8-15
+    const __m512 a = _mm512_loadu_ps(acc128 + 32 * q), b = _mm512_loadu_ps(acc128 + 32 * q + 16);
+    const __m512 l = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+    // Lane 2i: l_2i + l_(2i+1).
+    const __m512 m = _mm512_add_ps(l, _mm512_permute_ps(l, _MM_SHUFFLE(2, 3, 0, 1)));
+    // Lane j: m_j + m_(j^4); lanes 0, 2 (8, 10) hold out[c0], out[c0 + 8] of the first (second) c0.
+    r[q] = _mm512_add_ps(m, _mm512_shuffle_f32x4(m, m, _MM_SHUFFLE(2, 3, 0, 1)));
   }
+  // out[0..3] and out[8..11] from r[0], r[1]; out[4..7] and out[12..15] from r[2], r[3].
+  const __m512i pick = _mm512_setr_epi32(0, 8, 16, 24, 0, 0, 0, 0, 2, 10, 18, 26, 0, 0, 0, 0);
+  const __m512 lo = _mm512_permutex2var_ps(r[0], pick, r[1]);
+  const __m512 hi = _mm512_permutex2var_ps(r[2], pick, r[3]);
+  const __m512i join = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+  _mm512_storeu_ps(out16, _mm512_permutex2var_ps(lo, join, hi));
 }
 
 // Decoded tiles a multi-token strip keeps at once (16 zmm = 1 KiB each): 16 KiB, half of L1.
@@ -175,7 +187,7 @@ constexpr int kWbufTiles = kAvx512BufferTiles;
 // row, the pair 2 c0 with x0, then 2 c0 + 1 with x1), so the sums are the same to the bit.
 // acc: [TB][8 c0][16 lanes], read first unless `first` (then zero), written at the end.
 template <int TB>
-inline void TokenBlock(const float* wtile, int rows, const float* xp, int T, int t0, int h,
+__attribute__((always_inline)) inline void TokenBlock(const float* wtile, int rows, const float* xp, int T, int t0, int h,
                        bool first, float* acc) {
   __m512 a[TB][4];
   for (int t = 0; t < TB; ++t) {
@@ -202,62 +214,144 @@ inline void TokenBlock(const float* wtile, int rows, const float* xp, int T, int
   }
 }
 
+// Two tokens over the strip's column tiles, one column at a time: tile (i, j) for i = 0 .. k/16 - 1
+// is decoded pair by pair straight into FMAs on [2][8 c0] register accumulators (no decoded-tile
+// buffer, no accumulators in memory; measured faster than both other loops at T = 2, while one
+// token is a little faster with the row-major loop). Per lane the FMAs run in the same order as in
+// the other loops (row by row, pair 2 c0 with x0, then 2 c0 + 1 with x1).
 template <int CB, int K, bool kVbmi>
-void StripK(const Exl3LinearView& w, const float* xp, int T, int j0, int j1, float* y) {
-  const int kt = w.in_features / 16, n = w.out_features, S = j1 - j0;
+__attribute__((noinline)) void TwoTokenStrip(const Exl3LinearView& w, const float* xp, int j0, int j1, float* y) {
+  constexpr int TB = 2;
+  const int kt = w.in_features / 16, n = w.out_features;
   const KCuts& idx = *CutsFor(K);
   constexpr int kWords = 8 * K;
+  constexpr int kLines = (kWords * 4 + 63) / 64;  // cache lines per tile
+  constexpr int kAhead = 4;                        // tiles prefetched ahead, down the column
   // Two extended tile buffers: tile n+1 is copied while tile n is decoded, so the decoder's
   // unaligned loads never hit stores still in flight (store-to-load forwarding fails on such
-  // partially overlapping loads and stalls for many cycles per group).
+  // partially overlapping loads and stalls for many cycles per pair).
   alignas(64) uint32_t ext_buf[2][kWords + 2 + 16];
-  auto fill = [&](uint32_t* e, int i, int s) { FillExtendedTile<K>(w, i, j0 + s, e); };
-  fill(ext_buf[0], 0, 0);
   int cur = 0;
-  const uint32_t* ext = ext_buf[0];
-  constexpr int kLines = (kWords * 4 + 63) / 64;
-  // Decodes tile (i, j0 + s) from ext_buf[cur] while the next tile in memory order (the strip's
-  // tile rows, each a contiguous run of S tiles) is copied into the other buffer.
-  auto advance = [&](int i, int s) {
-    ext = ext_buf[cur];
-    if (s + 1 < S) {
-      fill(ext_buf[cur ^ 1], i, s + 1);
-    } else if (i + 1 < kt) {
-      fill(ext_buf[cur ^ 1], i + 1, 0);
+  FillExtendedTile<K>(w, 0, j0, ext_buf[0]);
+  for (int j = j0; j < j1; ++j) {
+    __m512 acc[TB][8];
+    for (int t = 0; t < TB; ++t) {
+      for (int c0 = 0; c0 < 8; ++c0) acc[t][c0] = _mm512_setzero_ps();
     }
-    cur ^= 1;
-  };
-  auto prefetch_row = [&](int i) {
-    const char* next = reinterpret_cast<const char*>(w.tile(i, j0));
-    for (int l = 0; l < S * kLines; ++l) _mm_prefetch(next + 64 * l, _MM_HINT_T0);
-  };
-  if (T == 1) {
-    // One token: decode and multiply at once; accumulators [S][8 c0][16 lanes] in memory.
-    thread_local std::vector<float> acc_buf;
-    const size_t acc_floats = static_cast<size_t>(S) * 128;
-    if (acc_buf.size() < acc_floats) acc_buf.resize(acc_floats);
-    float* acc = acc_buf.data();
-    std::fill(acc, acc + acc_floats, 0.0f);
     for (int i = 0; i < kt; ++i) {
-      if (i + 2 < kt) prefetch_row(i + 2);
-      for (int s = 0; s < S; ++s) {
-        advance(i, s);
-        const float* xi = xp + static_cast<size_t>(i) * 32;
-        const __m512 x0 = _mm512_loadu_ps(xi), x1 = _mm512_loadu_ps(xi + 16);
-        float* at = acc + static_cast<size_t>(s) * 128;
-        for (int c0 = 0; c0 < 8; ++c0) {
-          __m512 a = _mm512_loadu_ps(at + 16 * c0);
-          a = _mm512_fmadd_ps(DecodePair<CB, kVbmi>(ext, idx.p[2 * c0]), x0, a);
-          _mm512_storeu_ps(at + 16 * c0, _mm512_fmadd_ps(DecodePair<CB, kVbmi>(ext, idx.p[2 * c0 + 1]), x1, a));
+      const uint32_t* ext = ext_buf[cur];
+      if (i + 1 < kt) {
+        FillExtendedTile<K>(w, i + 1, j, ext_buf[cur ^ 1]);
+      } else if (j + 1 < j1) {
+        FillExtendedTile<K>(w, 0, j + 1, ext_buf[cur ^ 1]);
+      }
+      cur ^= 1;
+      {
+        const int ia = i + kAhead < kt ? i + kAhead : i + kAhead - kt;
+        const int ja = i + kAhead < kt ? j : j + 1;
+        if (ja < j1) {
+          const char* next = reinterpret_cast<const char*>(w.tile(ia, ja));
+          for (int l = 0; l < kLines; ++l) _mm_prefetch(next + 64 * l, _MM_HINT_T0);
+        }
+      }
+      __m512 x0[TB], x1[TB];
+      for (int t = 0; t < TB; ++t) {
+        const float* xi = xp + (static_cast<size_t>(i) * TB + t) * 32;
+        x0[t] = _mm512_loadu_ps(xi);
+        x1[t] = _mm512_loadu_ps(xi + 16);
+      }
+      for (int c0 = 0; c0 < 8; ++c0) {
+        const __m512 w0 = DecodePair<CB, kVbmi>(ext, idx.p[2 * c0]);
+        const __m512 w1 = DecodePair<CB, kVbmi>(ext, idx.p[2 * c0 + 1]);
+        for (int t = 0; t < TB; ++t) {
+          acc[t][c0] = _mm512_fmadd_ps(w0, x0[t], acc[t][c0]);
+          acc[t][c0] = _mm512_fmadd_ps(w1, x1[t], acc[t][c0]);
         }
       }
     }
-    for (int s = 0; s < S; ++s) ReduceStore(acc + static_cast<size_t>(s) * 128, y + 16 * (j0 + s));
-    return;
+    for (int t = 0; t < TB; ++t) {
+      alignas(64) float red[128];
+      for (int c0 = 0; c0 < 8; ++c0) _mm512_store_ps(red + 16 * c0, acc[t][c0]);
+      ReduceStore(red, y + static_cast<size_t>(t) * n + 16 * j);
+    }
   }
-  // Several tokens: chunks of tile rows are decoded once into wbuf ([S][rows][16 pairs]), then
-  // multiplied by blocks of up to 4 tokens with register accumulators. Between chunks the
-  // accumulators wait in acc ([T][S][8 c0][16 lanes]); the last chunk reduces them into y.
+}
+
+// Walks a strip's tiles in memory order (tile row by tile row, each row a contiguous run of the
+// strip's S tiles), giving each tile's extended copy (FillExtendedTile) while the next one is
+// copied into a second buffer: the decoder's unaligned loads never hit stores still in flight
+// (store-to-load forwarding fails on such partially overlapping loads and stalls for many cycles).
+template <int K>
+struct RowMajorWalk {
+  static constexpr int kWords = 8 * K;
+  static constexpr int kLines = (kWords * 4 + 63) / 64;  // cache lines per tile
+  const Exl3LinearView& w;
+  int j0, S, kt;
+  alignas(64) uint32_t ext_buf[2][kWords + 2 + 16];
+  int cur = 0;
+
+  RowMajorWalk(const Exl3LinearView& w_, int j0_, int j1_)
+      : w(w_), j0(j0_), S(j1_ - j0_), kt(w_.in_features / 16) {
+    FillExtendedTile<K>(w, 0, j0, ext_buf[0]);
+  }
+  // Tile (i, j0 + s), the next one in the walk; also prefetches row i + 2 at each row's start.
+  const uint32_t* Next(int i, int s) {
+    if (s == 0 && i + 2 < kt) {
+      const char* next = reinterpret_cast<const char*>(w.tile(i + 2, j0));
+      for (int l = 0; l < S * kLines; ++l) _mm_prefetch(next + 64 * l, _MM_HINT_T0);
+    }
+    const uint32_t* ext = ext_buf[cur];
+    if (s + 1 < S) {
+      FillExtendedTile<K>(w, i, j0 + s + 1, ext_buf[cur ^ 1]);
+    } else if (i + 1 < kt) {
+      FillExtendedTile<K>(w, i + 1, j0, ext_buf[cur ^ 1]);
+    }
+    cur ^= 1;
+    return ext;
+  }
+};
+
+// The three loops below are kept out of line: inlined together into one function they measured
+// up to 8 % slower (register allocation of the decode shared between them).
+
+// One token: decode and multiply at once, walking the strip row by row in memory order;
+// accumulators [S][8 c0][16 lanes] in memory (L1).
+template <int CB, int K, bool kVbmi>
+__attribute__((noinline)) void OneTokenStrip(const Exl3LinearView& w, const float* xp, int j0,
+                                             int j1, float* y) {
+  const int kt = w.in_features / 16, S = j1 - j0;
+  const KCuts& idx = *CutsFor(K);
+  RowMajorWalk<K> walk(w, j0, j1);
+  thread_local std::vector<float> acc_buf;
+  const size_t acc_floats = static_cast<size_t>(S) * 128;
+  if (acc_buf.size() < acc_floats) acc_buf.resize(acc_floats);
+  float* acc = acc_buf.data();
+  std::fill(acc, acc + acc_floats, 0.0f);
+  for (int i = 0; i < kt; ++i) {
+    const float* xi = xp + static_cast<size_t>(i) * 32;
+    const __m512 x0 = _mm512_loadu_ps(xi), x1 = _mm512_loadu_ps(xi + 16);
+    for (int s = 0; s < S; ++s) {
+      const uint32_t* ext = walk.Next(i, s);
+      float* at = acc + static_cast<size_t>(s) * 128;
+      for (int c0 = 0; c0 < 8; ++c0) {
+        __m512 a = _mm512_loadu_ps(at + 16 * c0);
+        a = _mm512_fmadd_ps(DecodePair<CB, kVbmi>(ext, idx.p[2 * c0]), x0, a);
+        _mm512_storeu_ps(at + 16 * c0, _mm512_fmadd_ps(DecodePair<CB, kVbmi>(ext, idx.p[2 * c0 + 1]), x1, a));
+      }
+    }
+  }
+  for (int s = 0; s < S; ++s) ReduceStore(acc + static_cast<size_t>(s) * 128, y + 16 * (j0 + s));
+}
+
+// Several tokens: chunks of tile rows are decoded once into wbuf ([S][rows][16 pairs]), then
+// multiplied by blocks of up to 4 tokens with register accumulators. Between chunks the
+// accumulators wait in acc ([T][S][8 c0][16 lanes]); the last chunk reduces them into y.
+template <int CB, int K, bool kVbmi>
+__attribute__((noinline)) void MultiTokenStrip(const Exl3LinearView& w, const float* xp, int T,
+                                               int j0, int j1, float* y) {
+  const int kt = w.in_features / 16, n = w.out_features, S = j1 - j0;
+  const KCuts& idx = *CutsFor(K);
+  RowMajorWalk<K> walk(w, j0, j1);
   const int rows_per_chunk = std::clamp(kWbufTiles / S, 1, kt);
   thread_local std::vector<float> wbuf_store;
   thread_local std::vector<float> acc_buf;
@@ -274,9 +368,8 @@ void StripK(const Exl3LinearView& w, const float* xp, int T, int j0, int j1, flo
     const int rows = std::min(rows_per_chunk, kt - i0);
     for (int r = 0; r < rows; ++r) {
       const int i = i0 + r;
-      if (i + 2 < kt) prefetch_row(i + 2);
       for (int s = 0; s < S; ++s) {
-        advance(i, s);
+        const uint32_t* ext = walk.Next(i, s);
         float* wt = wbuf + (static_cast<size_t>(s) * rows_per_chunk + r) * 256;
         for (int p = 0; p < 16; ++p) _mm512_store_ps(wt + 16 * p, DecodePair<CB, kVbmi>(ext, idx.p[p]));
       }
@@ -313,6 +406,18 @@ void StripK(const Exl3LinearView& w, const float* xp, int T, int j0, int j1, flo
         }
       }
     }
+  }
+}
+
+
+template <int CB, int K, bool kVbmi>
+void StripK(const Exl3LinearView& w, const float* xp, int T, int j0, int j1, float* y) {
+  if (T == 1) {
+    OneTokenStrip<CB, K, kVbmi>(w, xp, j0, j1, y);
+  } else if (T == 2) {
+    TwoTokenStrip<CB, K, kVbmi>(w, xp, j0, j1, y);
+  } else {
+    MultiTokenStrip<CB, K, kVbmi>(w, xp, T, j0, j1, y);
   }
 }
 
