@@ -61,7 +61,7 @@ ABSL_FLAG(uint64_t, max_message_bytes, 64u << 20,
 ABSL_FLAG(bool, shm, true,
           "accept a same-host router's shared-memory channel for its Forward stream (same user, "
           "same /dev/shm); with false every message goes through gRPC");
-ABSL_FLAG(int, shm_spin_us, 100,
+ABSL_FLAG(int, shm_spin_us, 500,
           "how long the shared-memory reader spins for the next request before sleeping (higher: "
           "lower latency, more CPU while idle)");
 ABSL_FLAG(double, drain_timeout_s, 30, "on SIGTERM: how long to wait for in-flight requests");

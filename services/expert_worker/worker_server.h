@@ -56,7 +56,7 @@ struct WorkerOptions {
   uint64_t max_message_bytes = 64u << 20;
   svc::ServerTls tls;
   bool shm = true;      // accept a same-host caller's shared-memory channel (SharedMemoryOffer)
-  int shm_spin_us = 100;  // how long its reader spins before sleeping
+  int shm_spin_us = 500;  // how long its reader spins before sleeping
 };
 
 // What a worker holds: routed experts per MoE layer, and whether the shared experts.

@@ -53,7 +53,7 @@ ABSL_FLAG(int, worker_shm_mb, 8,
           "workers on this host (same boot id, same user, same /dev/shm): carry the Forward stream "
           "through a shared-memory channel of this many MiB per direction (messages over a quarter "
           "of it still go by gRPC); 0: gRPC only");
-ABSL_FLAG(int, shm_spin_us, 100,
+ABSL_FLAG(int, shm_spin_us, 200,
           "how long a shared-memory reader spins for the worker's answer before sleeping");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 

@@ -35,7 +35,7 @@ struct RouterCoreOptions {
   int reconnect_backoff_max_ms = 2000;
   // Same-host workers: shared-memory channel per direction (0: gRPC only), its reader's spin.
   size_t worker_shm_bytes = 8 << 20;
-  int shm_spin_us = 100;
+  int shm_spin_us = 200;
 };
 
 class RouterCore {

@@ -59,7 +59,7 @@ struct WorkerPoolOptions {
   // Same-host workers: a shared-memory channel (services/common/shm_channel.h) of this many bytes
   // per direction carries the Forward stream's messages; 0: gRPC only.
   size_t shm_ring_bytes = 8 << 20;
-  int shm_spin_us = 100;  // how long the channel's reader spins for an answer before sleeping
+  int shm_spin_us = 200;  // how long the channel's reader spins for an answer before sleeping
 };
 
 // The map's workers that serve the shared expert under --shared-expert worker:NAME: NAME first,
