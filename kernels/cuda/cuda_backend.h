@@ -127,7 +127,8 @@ class HostRegistration {
   size_t bytes_ = 0;
 };
 
-// Every host range the tensors of an MoE layer view occupy (what Register needs registered).
+// The host ranges of an MoE layer view's tensors that Register reads in place and so needs
+// registered: the 16-byte-aligned ones (it copies the others to the device).
 std::vector<HostRange> MoeLayerHostRanges(const MoeLayerView& host);
 
 // An MoE layer resident on the device: every held expert's gate/up/down plus the shared expert,
@@ -153,6 +154,9 @@ class DeviceMoeLayer {
   int num_experts() const;
   bool has_shared() const;
   size_t device_bytes() const;
+  // Register mode: bytes of tensors not 16-byte aligned in host memory (the kernels' widest
+  // loads), which were copied into device memory instead of being read in place.
+  size_t copied_bytes() const;
 
  private:
   DeviceMoeLayer();

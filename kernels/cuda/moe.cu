@@ -50,6 +50,7 @@ struct DeviceMoeLayer::Impl {
   size_t bytes = 0;
   std::vector<const void*> host_tables;  // host image of the device pointer tables
   std::unique_ptr<HostRegistration> own_pages;  // Register mode without a caller's registration
+  size_t copied_bytes = 0;  // Register mode: misaligned tensors copied into `block` instead
   ~Impl() {
     if (block) cudaFree(block);
   }
@@ -61,6 +62,7 @@ int DeviceMoeLayer::hidden_size() const { return impl_->hidden; }
 int DeviceMoeLayer::num_experts() const { return impl_->num_experts; }
 bool DeviceMoeLayer::has_shared() const { return impl_->has_shared; }
 size_t DeviceMoeLayer::device_bytes() const { return impl_->bytes; }
+size_t DeviceMoeLayer::copied_bytes() const { return impl_->copied_bytes; }
 
 namespace {
 
@@ -68,6 +70,23 @@ size_t Align(size_t x) { return (x + 255) & ~size_t{255}; }
 
 size_t LinearBytes(const Exl3LinearView& v) {
   return Align(v.trellis_words() * 2) + Align(v.in_features * 2ul) + 2 * Align(v.out_features * 2ul);
+}
+
+// The kernels read tensors with loads of up to 16 bytes. A safetensors file only places tensor data
+// at multiples of 8 from its header's end, so a tensor used in place from a file mapping may not be
+// 16-byte aligned: those are copied into the layer's device block instead (Create's `put`).
+constexpr uintptr_t kInPlaceAlign = 16;
+bool Misaligned(const void* p) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % kInPlaceAlign != 0; }
+
+// Device bytes one linear needs: all of it when uploaded; in register mode its misaligned tensors.
+size_t LinearDeviceBytes(const Exl3LinearView& v, bool register_host) {
+  if (!register_host) return LinearBytes(v);
+  size_t n = 0;
+  if (Misaligned(v.trellis)) n += Align(v.trellis_words() * 2);
+  if (Misaligned(v.suh)) n += Align(v.in_features * 2ul);
+  if (Misaligned(v.svh)) n += Align(v.out_features * 2ul);
+  if (Misaligned(v.bias)) n += Align(v.out_features * 2ul);
+  return n;
 }
 
 absl::Status CheckUniform(const Exl3LinearView& v, ProjTable& t, const char* what) {
@@ -99,11 +118,15 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Register(const M
 
 std::vector<HostRange> MoeLayerHostRanges(const MoeLayerView& host) {
   std::vector<HostRange> r;
+  // Misaligned tensors are copied to the device by Register, not read in place: not registered.
+  auto add = [&](const void* p, size_t bytes) {
+    if (p != nullptr && !Misaligned(p)) r.push_back({p, bytes});
+  };
   auto add_linear = [&](const Exl3LinearView& v) {
-    r.push_back({v.trellis, v.trellis_words() * 2});
-    r.push_back({v.suh, v.in_features * 2ul});
-    r.push_back({v.svh, v.out_features * 2ul});
-    r.push_back({v.bias, v.bias ? v.out_features * 2ul : 0});
+    add(v.trellis, v.trellis_words() * 2);
+    add(v.suh, v.in_features * 2ul);
+    add(v.svh, v.out_features * 2ul);
+    add(v.bias, v.out_features * 2ul);
   };
   for (const ExpertMlp* e : host.experts) {
     if (!e) continue;
@@ -115,7 +138,7 @@ std::vector<HostRange> MoeLayerHostRanges(const MoeLayerView& host) {
     add_linear(host.shared->gate);
     add_linear(host.shared->up);
     add_linear(host.shared->down);
-    r.push_back({host.shared_gate, host.shared_gate ? host.hidden_size * 4ul : 0});
+    add(host.shared_gate, host.hidden_size * 4ul);
   }
   return r;
 }
@@ -142,7 +165,8 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const Moe
     EXL3_RETURN_IF_ERROR(CheckUniform(e->gate, L.gate, "gate"));
     EXL3_RETURN_IF_ERROR(CheckUniform(e->up, L.up, "up"));
     EXL3_RETURN_IF_ERROR(CheckUniform(e->down, L.down, "down"));
-    if (!register_host) total += LinearBytes(e->gate) + LinearBytes(e->up) + LinearBytes(e->down);
+    total += LinearDeviceBytes(e->gate, register_host) + LinearDeviceBytes(e->up, register_host) +
+             LinearDeviceBytes(e->down, register_host);
   }
   if (L.held == 0) return absl::UnimplementedError(
         "CUDA MoE: the layer holds no routed expert (a worker holding only the shared expert must "
@@ -151,10 +175,10 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const Moe
     EXL3_RETURN_IF_ERROR(CheckUniform(host.shared->gate, L.sgate, "shared gate"));
     EXL3_RETURN_IF_ERROR(CheckUniform(host.shared->up, L.sup, "shared up"));
     EXL3_RETURN_IF_ERROR(CheckUniform(host.shared->down, L.sdown, "shared down"));
-    if (!register_host) {
-      total += LinearBytes(host.shared->gate) + LinearBytes(host.shared->up) + LinearBytes(host.shared->down);
-      if (host.shared_gate) total += Align(L.hidden * 4ul);
-    }
+    total += LinearDeviceBytes(host.shared->gate, register_host) +
+             LinearDeviceBytes(host.shared->up, register_host) +
+             LinearDeviceBytes(host.shared->down, register_host);
+    if (host.shared_gate && (!register_host || Misaligned(host.shared_gate))) total += Align(L.hidden * 4ul);
     if (L.shared_inter == 0) L.shared_inter = host.shared->gate.out_features;
   }
   EXL3_CUDA_RETURN_IF_ERROR(cudaMalloc(&L.block, total));
@@ -185,7 +209,7 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const Moe
     EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&use_host_ptr, cudaDevAttrCanUseHostPointerForRegisteredMem, dev));
   }
   auto put = [&](const void* src, size_t bytes) -> absl::StatusOr<const void*> {
-    if (register_host) {
+    if (register_host && !Misaligned(src)) {
       if (!pages->Covers(src, bytes)) {
         return absl::FailedPreconditionError("DeviceMoeLayer::Register: a tensor lies outside the given host registration");
       }
@@ -197,6 +221,7 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const Moe
     char* dst = base + off;
     EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
     off += Align(bytes);
+    L.copied_bytes += register_host ? bytes : 0;
     return static_cast<const void*>(dst);
   };
   auto put_linear = [&](const Exl3LinearView& v, int proj, int index) -> absl::Status {

@@ -69,6 +69,10 @@ class MoeBackend {
   // small request on the thread that received it. False where a backend is bound to one thread
   // (e.g. a CUDA context made current there).
   virtual bool forward_on_any_thread() const { return false; }
+  // Asked after a failed Forward: OK when the backend can take more batches, otherwise why it
+  // cannot (a GPU whose context a sticky error lost: every later call would fail too). The
+  // worker then stops serving and exits so that it is restarted.
+  virtual absl::Status Health() { return absl::OkStatus(); }
 };
 
 // kind: "auto" (cuda when compiled in and a device is present, else cpu), "cpu" or "cuda".

@@ -79,15 +79,21 @@ class CudaBackend : public MoeBackend {
                    host_pages_->bytes() / 1e6,
                    opt.residency == WeightResidency::kHost ? "--weights-residency host" : "integrated GPU");
     }
+    size_t copied = 0;
     for (const auto& [layer, v] : views) {
       auto dev = in_place ? cuda::DeviceMoeLayer::Register(v, host_pages_.get())
                           : cuda::DeviceMoeLayer::Upload(v);
       if (!dev.ok()) return dev.status();
+      copied += (*dev)->copied_bytes();
       auto runner = cuda::MoeRunner::Create(**dev, max_tokens_, top_k_);
       if (!runner.ok()) return runner.status();
       pinned_ += (*dev)->device_bytes();
       layers_[layer] = std::move(*dev);
       runners_[layer] = std::move(*runner);
+    }
+    if (copied > 0) {
+      svc::LogInfo("%.1f MB of tensors not 16-byte aligned in the model files were copied to device "
+                   "memory instead of being read in place", copied / 1e6);
     }
     const size_t bytes = static_cast<size_t>(max_tokens_) * hidden_ * sizeof(float);
     auto x = cuda::DeviceAlloc(bytes);
@@ -99,6 +105,12 @@ class CudaBackend : public MoeBackend {
     stats->pinned_bytes = pinned_;
     stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return absl::OkStatus();
+  }
+
+  absl::Status Health() override {
+    // Sticky errors (illegal or misaligned address, launch failure, ECC) are returned by every
+    // later call on the context.
+    return cuda::Synchronize();
   }
 
   absl::Status Forward(const BatchView& b) override {

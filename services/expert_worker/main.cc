@@ -118,6 +118,11 @@ int main(int argc, char** argv) {
   o.max_queue = absl::GetFlag(FLAGS_max_queue);
   o.long_prefill_token_threshold = absl::GetFlag(FLAGS_long_prefill_token_threshold);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  std::atomic<bool> backend_lost{false};
+  o.on_fatal = [&](const absl::Status&) {
+    backend_lost = true;
+    request_stop();
+  };
   o.shm = absl::GetFlag(FLAGS_shm);
   o.shm_spin_us = absl::GetFlag(FLAGS_shm_spin_us);
   o.prefill_chunk_us = absl::GetFlag(FLAGS_prefill_chunk_us);
@@ -152,5 +157,6 @@ int main(int argc, char** argv) {
   loader.join();  // loading is not interruptible; it ends with the worker draining
   const bool clean = (*w)->Drain(absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s)));
   w->reset();
+  if (backend_lost) return 3;  // restart me: the device is unusable from this process
   return clean ? 0 : 1;
 }

@@ -31,6 +31,11 @@ absl::Status Scheduler::Submit(std::shared_ptr<WorkRequest> r) {
   {
     std::unique_lock<std::mutex> l(mu_);
     if (stopping_) return absl::UnavailableError("worker is shutting down");
+    if (!lost_.ok()) {
+      return absl::UnavailableError(absl::StrCat("the worker's ", backend_->name(),
+                                                 " backend failed and cannot compute: ",
+                                                 std::string(lost_.message())));
+    }
     if (waiting_requests_ >= opt_.max_queue) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "worker queue is full (", waiting_requests_, " requests waiting, --max-queue ",
@@ -315,6 +320,16 @@ void Scheduler::RunBatch(std::vector<Item>& batch) {
   const auto t0 = Clock::now();
   const absl::Status st = backend_->Forward(b);
   const int64_t dt = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  if (!st.ok()) {
+    absl::Status health = backend_->Health();
+    bool first = false;
+    if (!health.ok()) {
+      std::lock_guard<std::mutex> l(mu_);
+      first = lost_.ok();
+      if (first) lost_ = health;
+    }
+    if (first && opt_.on_backend_lost) opt_.on_backend_lost(health);
+  }
   // Chunk sizing feedback: small batches set the time budget, chunk batches are scaled to it.
   {
     const double us = dt / 1000.0;

@@ -30,6 +30,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -51,6 +52,9 @@ struct SchedulerOptions {
   int max_queue = 1024;            // requests waiting (not yet started) at most
   int chunk_every = 1;             // with small requests waiting, 1 chunk batch per this many batches
   int prefill_chunk_us = 0;        // compute time per chunk under decode load; 0: auto
+  // Called once (from the thread that ran the batch) when a failed batch left the backend
+  // unusable (MoeBackend::Health); afterwards Submit fails with UNAVAILABLE.
+  std::function<void(const absl::Status&)> on_backend_lost;
 };
 
 class Scheduler {
@@ -106,6 +110,7 @@ class Scheduler {
   double chunk_tokens_ = 64;
   Clock::time_point last_small_batch_{};
   bool stopping_ = false;
+  absl::Status lost_;  // guarded by mu_: not OK once the backend is unusable
   bool running_ = false;  // a batch is computing (executor or an inline submitter)
   const bool inline_ok_;   // the backend allows Forward from any thread
   std::thread thread_;

@@ -634,6 +634,13 @@ absl::Status WorkerServer::Load() {
   so.long_prefill_tokens = opt_.long_prefill_token_threshold;
   so.max_queue = opt_.max_queue;
   so.prefill_chunk_us = opt_.prefill_chunk_us;
+  so.on_backend_lost = [this](const absl::Status& why) {
+    svc::LogError("the %s backend cannot compute any more (%s): not serving; the process exits "
+                  "after answering what it holds", backend_->name().c_str(),
+                  std::string(why.message()).c_str());
+    BeginDrain();
+    if (opt_.on_fatal) opt_.on_fatal(why);
+  };
   scheduler_ = std::make_unique<Scheduler>(so, backend_.get(), worker_metrics_.get(), config_.hidden_size);
   scheduler_->Start();
   pb::ServingState expected = pb::STATE_LOADING;

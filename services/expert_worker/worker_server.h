@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -55,6 +56,9 @@ struct WorkerOptions {
   int prefill_chunk_us = 0;  // 0: auto (see scheduler.h)
   uint64_t max_message_bytes = 64u << 20;
   svc::ServerTls tls;
+  // Called once when the backend can no longer compute (MoeBackend::Health after a failed batch),
+  // after the worker stopped serving; the binary then drains and exits non-zero.
+  std::function<void(const absl::Status&)> on_fatal;
   bool shm = true;      // accept a same-host caller's shared-memory channel (SharedMemoryOffer)
   int shm_spin_us = 500;  // how long its reader spins before sleeping
 };

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <string>
 #include <thread>
@@ -201,13 +202,51 @@ struct MoeCase {
   bool bias, shared_gate;
 };
 
+// A copy of `v` whose every tensor starts 8 bytes past a 16-byte boundary, as tensors of a
+// safetensors file mapped in place may (the format aligns data to 8 bytes only).
+struct MisalignedCopy {
+  std::vector<std::unique_ptr<uint8_t[]>> buffers;
+  std::deque<ExpertMlp> mlps;
+  MoeLayerView view;
+  explicit MisalignedCopy(const MoeLayerView& v) : view(v) {
+    auto copy = [&](const void* src, size_t bytes) -> const void* {
+      if (src == nullptr) return nullptr;
+      buffers.emplace_back(new uint8_t[bytes + 32]);
+      uint8_t* p = buffers.back().get();
+      p += (24 - reinterpret_cast<uintptr_t>(p) % 16) % 16;  // p % 16 == 8
+      std::memcpy(p, src, bytes);
+      return p;
+    };
+    auto linear = [&](Exl3LinearView l) {
+      l.trellis = static_cast<const uint16_t*>(copy(l.trellis, l.trellis_words() * 2));
+      l.suh = static_cast<const uint16_t*>(copy(l.suh, l.in_features * 2ul));
+      l.svh = static_cast<const uint16_t*>(copy(l.svh, l.out_features * 2ul));
+      l.bias = static_cast<const uint16_t*>(copy(l.bias, l.out_features * 2ul));
+      return l;
+    };
+    auto mlp = [&](const ExpertMlp* m) -> const ExpertMlp* {
+      if (m == nullptr) return nullptr;
+      mlps.push_back(ExpertMlp{linear(m->gate), linear(m->up), linear(m->down)});
+      return &mlps.back();
+    };
+    for (auto& e : view.experts) e = mlp(e);
+    view.shared = mlp(view.shared);
+    view.shared_gate = static_cast<const float*>(copy(view.shared_gate, v.hidden_size * 4ul));
+  }
+};
+
+// registered: the weights stay in (pinned, mapped) host memory, only the tables go to the device;
+// misaligned: and those host tensors are 8 but not 16-byte aligned (copied to the device instead).
 void CheckMoe(const MoeCase& c, const std::vector<int>& token_counts, bool with_reference, bool graph,
-              bool registered = false) {
+              bool registered = false, bool misaligned = false) {
   RandomMoeLayer layer(c.hidden, c.inter, c.experts, c.held_every, c.g, c.u, c.d, c.shared_inter, c.sg, c.su, c.sd,
                        c.limit, g_seed++, c.bias, c.shared_gate);
-  // registered: the weights stay in (pinned, mapped) host memory; only the tables are on the device.
-  auto dev = registered ? cuda::DeviceMoeLayer::Register(layer.view) : cuda::DeviceMoeLayer::Upload(layer.view);
+  std::unique_ptr<MisalignedCopy> shifted;
+  if (misaligned) shifted = std::make_unique<MisalignedCopy>(layer.view);
+  auto dev = !registered ? cuda::DeviceMoeLayer::Upload(layer.view)
+                         : cuda::DeviceMoeLayer::Register(misaligned ? shifted->view : layer.view);
   OK(dev.status());
+  if (misaligned) OK((*dev)->copied_bytes() > 0 ? absl::OkStatus() : absl::InternalError("nothing copied"));
   const int max_t = *std::max_element(token_counts.begin(), token_counts.end());
   auto native = cuda::MoeRunner::Create(**dev, max_t, c.topk, cuda::Path::kNative);
   OK(native.status());
@@ -354,6 +393,7 @@ int Main(int argc, char** argv) {
                   false};
     CheckMoe(mixed, {1, 2, 3, 7, 8, 17, 64, 256}, true, true);
     CheckMoe(mixed, {1, 8, 70}, false, false, /*registered=*/true);
+    CheckMoe(mixed, {1, 8, 70}, false, false, /*registered=*/true, /*misaligned=*/true);
     MoeCase qwen{"qwen-like (shared gate, no limit)", 512, 128, 32, 0, 10, 256, {3, Codebook::kMul1},
                  {3, Codebook::kMul1}, {3, Codebook::kMul1}, {4, Codebook::k3Inst}, {4, Codebook::k3Inst},
                  {4, Codebook::k3Inst}, 0.0f, false, true};
