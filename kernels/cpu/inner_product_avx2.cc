@@ -5,11 +5,11 @@
 // the tail-biting windows never wrap; the 256 elements are decoded 8 at a time (one group = the 8
 // elements of one fragment thread t, e = 8t..8t+7): gather the two 32-bit words under each
 // element's 16-bit window with vpermd from one unaligned 8-word load, funnel-shift, then the
-// codebook in integer arithmetic (bit-exact with the scalar decoder: both fp16 halves of
-// 3INST/MCG are normals with exponents within 3 of each other, so they convert to fp32 by bit
-// shifts and their fp32 sum is exact; MUL1's h*scale+bias is exact in fp32 for the same reason;
-// every value is an fp16 normal, so one round-to-nearest-even of the fp32 bits to 10 mantissa
-// bits is the codebook's single fp16 rounding).
+// codebook exactly as the AVX-512 loop does it (inner_product_avx512_impl.h explains it): the
+// fp16 halves of 3INST/MCG by arithmetic shifts as fp32 times 2^-112, their exact sum times
+// 2^112 (MUL1: h*scale+bias, exact), then the single fp16 rounding by Veltkamp's split.
+// Bit-exact with the scalar decoder (every state of every codebook is checked by
+// kernels_cpu_backend_test). Built without fp contraction: f - f * C must stay two roundings.
 // Lane l of a group decodes element {0,1,4,5,2,3,6,7}[l]: tile rows
 // {r0, r0+1, r0, r0+1, r0+8, r0+9, r0+8, r0+9} and columns {c0, c0, c0+8, c0+8, c0, c0, c0+8,
 // c0+8}, r0 = 2(t%4), c0 = t/4. Avx2PrepareX lays x' out in that lane order, so the 4 groups of
@@ -99,24 +99,14 @@ inline __m256 DecodeGroup(const uint32_t* ext, const GroupIndex& g) {
     }
     x = _mm256_xor_si256(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0x8fff8fffu))),
                          _mm256_set1_epi32(0x3b603b60));
-    // Both halves are fp16 normals with exponent fields 12..15: fp16 -> fp32 is a shift of the
-    // magnitude by 13 bits plus the exponent re-bias (112 << 23), the sign moved to bit 31.
-    const __m256i bias = _mm256_set1_epi32(0x38000000);
-    const __m256i lo = _mm256_or_si256(
-        _mm256_add_epi32(_mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fff)), 13), bias),
-        _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x8000)), 16));
-    const __m256i hi = _mm256_or_si256(
-        _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(x, 3), _mm256_set1_epi32(0x0fffe000)), bias),
-        _mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0x80000000u))));
-    f = _mm256_add_ps(_mm256_castsi256_ps(lo), _mm256_castsi256_ps(hi));
+    const __m256i m = _mm256_set1_epi32(static_cast<int>(0x8fffe000u));
+    const __m256i lo = _mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(x, 16), 3), m);
+    const __m256i hi = _mm256_and_si256(_mm256_srai_epi32(x, 3), m);
+    f = _mm256_mul_ps(_mm256_add_ps(_mm256_castsi256_ps(lo), _mm256_castsi256_ps(hi)),
+                      _mm256_set1_ps(0x1p112f));
   }
-  // One rounding to fp16 precision, as the codebook defines the value: the values are fp16
-  // normals (see the file comment), so round-to-nearest-even of the fp32 bits to 10 mantissa
-  // bits is the fp16 rounding, done in integer ops.
-  const __m256i b = _mm256_castps_si256(f);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 13), _mm256_set1_epi32(1));
-  const __m256i r = _mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x0fff)));
-  return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xffffe000u))));
+  const __m256 split = _mm256_mul_ps(f, _mm256_set1_ps(8193.0f));
+  return _mm256_add_ps(split, _mm256_sub_ps(f, split));
 }
 
 // Lanes {0,1,4,5} belong to column c0, lanes {2,3,6,7} to column c0 + 8.
