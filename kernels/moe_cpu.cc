@@ -3,22 +3,28 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
 namespace exl3 {
 namespace {
 
-absl::Status CheckMlp(const ExpertMlp& m, int hidden, int inter, const std::string& what) {
+// `expert` < 0: the shared expert. The name is only built for an error (this runs on every call,
+// for every held expert).
+absl::Status CheckMlp(const ExpertMlp& m, int hidden, int inter, int expert) {
+  auto what = [expert] {
+    return expert < 0 ? std::string("shared expert") : absl::StrCat("expert ", expert);
+  };
   const Exl3LinearView* lins[3] = {&m.gate, &m.up, &m.down};
   const char* names[3] = {"gate", "up", "down"};
   for (int i = 0; i < 3; ++i) {
     absl::Status s = ValidateLinear(*lins[i]);
-    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(what, " ", names[i], ": ", s.message()));
+    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(what(), " ", names[i], ": ", s.message()));
     const int want_in = i < 2 ? hidden : inter, want_out = i < 2 ? inter : hidden;
     if (lins[i]->in_features != want_in || lins[i]->out_features != want_out) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, " ", names[i], " is ", lins[i]->in_features, "x", lins[i]->out_features,
+          what(), " ", names[i], " is ", lins[i]->in_features, "x", lins[i]->out_features,
           ", expected ", want_in, "x", want_out));
     }
   }
@@ -34,13 +40,11 @@ absl::Status ValidateMoeLayer(const MoeLayerView& layer) {
   if (!(layer.swiglu_limit >= 0.0f) || !(layer.shared_swiglu_limit >= 0.0f)) return absl::InvalidArgumentError("swiglu_limit must be >= 0");
   for (int e = 0; e < layer.num_experts(); ++e) {
     if (layer.experts[e] == nullptr) continue;
-    absl::Status s = CheckMlp(*layer.experts[e], layer.hidden_size, layer.intermediate_size,
-                              absl::StrCat("expert ", e));
+    absl::Status s = CheckMlp(*layer.experts[e], layer.hidden_size, layer.intermediate_size, e);
     if (!s.ok()) return s;
   }
   if (layer.shared != nullptr) {
-    absl::Status s = CheckMlp(*layer.shared, layer.hidden_size, layer.shared_intermediate_size,
-                              "shared expert");
+    absl::Status s = CheckMlp(*layer.shared, layer.hidden_size, layer.shared_intermediate_size, -1);
     if (!s.ok()) return s;
   }
   return absl::OkStatus();

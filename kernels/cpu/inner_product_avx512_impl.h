@@ -326,7 +326,6 @@ __attribute__((noinline)) void OneTokenStrip(const Exl3LinearView& w, const floa
   const size_t acc_floats = static_cast<size_t>(S) * 128;
   if (acc_buf.size() < acc_floats) acc_buf.resize(acc_floats);
   float* acc = acc_buf.data();
-  std::fill(acc, acc + acc_floats, 0.0f);
   for (int i = 0; i < kt; ++i) {
     const float* xi = xp + static_cast<size_t>(i) * 32;
     const __m512 x0 = _mm512_loadu_ps(xi), x1 = _mm512_loadu_ps(xi + 16);
@@ -334,7 +333,7 @@ __attribute__((noinline)) void OneTokenStrip(const Exl3LinearView& w, const floa
       const uint32_t* ext = walk.Next(i, s);
       float* at = acc + static_cast<size_t>(s) * 128;
       for (int c0 = 0; c0 < 8; ++c0) {
-        __m512 a = _mm512_loadu_ps(at + 16 * c0);
+        __m512 a = i == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(at + 16 * c0);
         a = _mm512_fmadd_ps(DecodePair<CB, kVbmi>(ext, idx.p[2 * c0]), x0, a);
         _mm512_storeu_ps(at + 16 * c0, _mm512_fmadd_ps(DecodePair<CB, kVbmi>(ext, idx.p[2 * c0 + 1]), x1, a));
       }
