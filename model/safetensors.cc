@@ -372,7 +372,7 @@ std::string SafetensorsHeaderText(const std::vector<SafetensorsEntry>& entries,
     offset += e.bytes;
   }
   std::string text = header.dump();
-  while ((text.size() + 8) % 8 != 0) text.push_back(' ');
+  while ((text.size() + 8) % 64 != 0) text.push_back(' ');
   return text;
 }
 

@@ -112,7 +112,9 @@ struct SafetensorsEntry {
 };
 
 // The header JSON of a file holding `entries` back to back in this order, padded with spaces so
-// that the data section (after the 8-byte length and this text) starts 8-byte aligned.
+// that the data section (after the 8-byte length and this text) starts 64-byte aligned: tensors
+// whose predecessors' sizes are multiples of 16 (all EXL3 tensors) can then be read in place by
+// the GPU's 16-byte loads (--weights-residency host). The format itself promises only 8.
 std::string SafetensorsHeaderText(const std::vector<SafetensorsEntry>& entries,
                                   const std::map<std::string, std::string>& metadata);
 

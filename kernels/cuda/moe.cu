@@ -208,6 +208,7 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const Moe
     EXL3_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
     EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&use_host_ptr, cudaDevAttrCanUseHostPointerForRegisteredMem, dev));
   }
+  std::vector<char> staging;
   auto put = [&](const void* src, size_t bytes) -> absl::StatusOr<const void*> {
     if (register_host && !Misaligned(src)) {
       if (!pages->Covers(src, bytes)) {
@@ -219,9 +220,15 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const Moe
       return static_cast<const void*>(d);
     }
     char* dst = base + off;
+    if (register_host) {
+      // Staged through plain heap memory: the source may straddle the edge of a registered range
+      // (its page shared with an aligned neighbour), which cudaMemcpy refuses.
+      staging.assign(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
+      src = staging.data();
+      L.copied_bytes += bytes;
+    }
     EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
     off += Align(bytes);
-    L.copied_bytes += register_host ? bytes : 0;
     return static_cast<const void*>(dst);
   };
   auto put_linear = [&](const Exl3LinearView& v, int proj, int index) -> absl::Status {
