@@ -5,7 +5,8 @@
 #     1 shared, K=2 MCG, random trellis bits) with MOE_LAYERS MoE layers (default 12: the disk holds
 #     about 60 GB, the full 42 layers are about 76 GB);
 #  2. one exl3-worker --backend cuda holding every expert, exl3-router beside it (shared expert
-#     off: protocol v1 runs it on the router's CPU, which at these shapes would dominate);
+#     off: protocol v1 runs it on the router's CPU, which at these shapes would dominate); the
+#     router->worker hop in shared memory (same host: the default), then again on gRPC;
 #  3. exl3-loadgen decode steps (every MoE layer in order) at 1, 8 and 32 streams, with the echo
 #     transport floor measured in the same run, and the worker's own compute time from /metrics;
 #  4. --verify on a small synthetic model: GPU answers against the in-process CPU reference.
@@ -104,7 +105,7 @@ serve_and_load() {  # serve_and_load NAME MODEL NUM_WORKERS NUM_EXPERTS COMMAND.
     grep -iE "loaded" "$OUT/$name-worker$i.log" | tail -1
   done
   "$BIN/exl3-router" --model "$model" --expert-map "$W/map.yaml" --listen 127.0.0.1:$RP \
-    $(metrics_flag $RM) --shared-expert $shared > "$OUT/$name-router.log" 2>&1 &
+    $(metrics_flag $RM) --shared-expert $shared ${ROUTER_ARGS:-} > "$OUT/$name-router.log" 2>&1 &
   local rpid=$!; PIDS+=($rpid)
   wait_ready "$OUT/$name-router.log" "ready: every routed" $rpid || { tail -20 "$OUT/$name-router.log"; return 1; }
   "$@"
@@ -136,6 +137,8 @@ t0=$(date +%s)
   > "$OUT/e2e-gen.log" 2>&1 || { tail "$OUT/e2e-gen.log"; exit 1; }
 echo "generated $(du -sh "$W/glm" | cut -f1) in $(( $(date +%s) - t0 )) s"
 serve_and_load large "$W/glm" 1 288 large_runs "$W/glm" 1 8 32
+echo "=== the same with the router->worker hop on gRPC instead of shared memory (--worker-shm-mb 0)"
+ROUTER_ARGS="--worker-shm-mb 0" serve_and_load large-grpc "$W/glm" 1 288 large_runs "$W/glm" 1 8 32
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   echo "=== two workers, one GPU each, experts split in halves"
   serve_and_load large2 "$W/glm" 2 288 large_runs "$W/glm" 1 8 32
