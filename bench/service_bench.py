@@ -44,6 +44,15 @@ def free_port():
         return s.getsockname()[1]
 
 
+def stop(proc):
+    """SIGTERM (the services drain), then SIGKILL if it takes over 15 s."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def cpu_seconds(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -206,17 +215,9 @@ def main():
                 try:
                     results[transport] = measure(loadgen, a, wmetrics, router)
                 finally:
-                    router.send_signal(signal.SIGTERM)
-                    try:
-                        router.wait(timeout=15)
-                    except subprocess.TimeoutExpired:
-                        router.kill()
+                    stop(router)
     finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+        stop(worker)
 
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()

@@ -48,6 +48,23 @@ bool ShmReceive(svc::ShmChannel& ch, pb::ExpertResponse* r) {
   return parsed;
 }
 
+// A worker on loopback, a fresh channel of `ring_bytes` and one Forward stream to the worker.
+struct ShmSetup {
+  explicit ShmSetup(size_t ring_bytes, bool worker_shm = true, int spin_us = 0) {
+    auto o = h.Options();
+    o.shm = worker_shm;
+    h.Start(o);
+    auto c = svc::ShmChannel::Create(ring_bytes, spin_us);
+    EXPECT_TRUE(c.ok()) << c.status();
+    ch = std::move(*c);
+    s = h.stub->Forward(&ctx);
+  }
+  WorkerHarness h;
+  std::unique_ptr<svc::ShmChannel> ch;
+  grpc::ClientContext ctx;
+  std::unique_ptr<Stream> s;
+};
+
 // Offers `ch` on `s` and returns the worker's answer.
 pb::ExpertResponse Offer(Stream& s, const std::string& name, uint64_t nonce) {
   pb::ExpertRequest offer;
@@ -62,8 +79,9 @@ pb::ExpertResponse Offer(Stream& s, const std::string& name, uint64_t nonce) {
 }
 
 TEST(WorkerShm, RequestsThroughTheChannelMatchGrpcAndTheReference) {
-  WorkerHarness h;
-  h.Start(h.Options());
+  ShmSetup t(256 << 10, /*worker_shm=*/true, /*spin_us=*/50);
+  WorkerHarness& h = t.h;
+  auto& s = t.s;
   pb::DescribeResponse d;
   {
     grpc::ClientContext ctx;
@@ -71,20 +89,16 @@ TEST(WorkerShm, RequestsThroughTheChannelMatchGrpcAndTheReference) {
   }
   EXPECT_TRUE(d.shm_supported());
   EXPECT_EQ(d.host_id(), svc::HostId());
-  auto ch = svc::ShmChannel::Create(256 << 10, 50);
-  ASSERT_TRUE(ch.ok()) << ch.status();
-  grpc::ClientContext ctx;
-  auto s = h.stub->Forward(&ctx);
-  pb::ExpertResponse ack = Offer(*s, (*ch)->name(), (*ch)->nonce());
+  pb::ExpertResponse ack = Offer(*s, t.ch->name(), t.ch->nonce());
   ASSERT_TRUE(ack.shm_attached()) << ack.status().message();
-  (*ch)->Unlink();
+  t.ch->Unlink();
 
   std::mt19937 rng(5);
   for (int T : {1, 8, 17}) {
     Request q = Random(rng, 100 + T, T);
-    ASSERT_TRUE(ShmSend(**ch, q.msg));
+    ASSERT_TRUE(ShmSend(*t.ch, q.msg));
     pb::ExpertResponse by_shm;
-    ASSERT_TRUE(ShmReceive(**ch, &by_shm));
+    ASSERT_TRUE(ShmReceive(*t.ch, &by_shm));
     ASSERT_EQ(by_shm.status().code(), pb::OK) << by_shm.status().message();
     EXPECT_EQ(by_shm.id(), q.msg.id());
     ASSERT_TRUE(s->Write(q.msg));  // the same request through gRPC, same id (the first is answered)
@@ -97,7 +111,7 @@ TEST(WorkerShm, RequestsThroughTheChannelMatchGrpcAndTheReference) {
   // An answer larger than the channel takes comes back through gRPC.
   Request big = Random(rng, 500, 96);  // 96 KiB of fp32 output > a quarter of 256 KiB,
   svc::EncodeTensor(big.x.data(), {96, kH}, pb::DTYPE_FP16, big.msg.mutable_hidden());  // 48 in
-  ASSERT_TRUE(ShmSend(**ch, big.msg));
+  ASSERT_TRUE(ShmSend(*t.ch, big.msg));
   pb::ExpertResponse r;
   ASSERT_TRUE(s->Read(&r));
   EXPECT_EQ(r.id(), 500u);
@@ -105,24 +119,20 @@ TEST(WorkerShm, RequestsThroughTheChannelMatchGrpcAndTheReference) {
   // Bad input through the channel gets the same in-band error as through gRPC.
   pb::ExpertRequest bad = Random(rng, 600, 2).msg;
   bad.set_layer(99);
-  ASSERT_TRUE(ShmSend(**ch, bad));
-  ASSERT_TRUE(ShmReceive(**ch, &r));
+  ASSERT_TRUE(ShmSend(*t.ch, bad));
+  ASSERT_TRUE(ShmReceive(*t.ch, &r));
   EXPECT_EQ(r.id(), 600u);
   EXPECT_EQ(r.status().code(), pb::NOT_FOUND) << r.status().message();
   // Half-closing the stream ends it and the channel with it.
   s->WritesDone();
   EXPECT_TRUE(s->Finish().ok());
-  EXPECT_FALSE(ShmReceive(**ch, &r));
+  EXPECT_FALSE(ShmReceive(*t.ch, &r));
 }
 
 TEST(WorkerShm, BadOffersAreDeclinedAndTheStreamGoesOn) {
-  WorkerHarness h;
-  h.Start(h.Options());
-  auto ch = svc::ShmChannel::Create(64 << 10, 0);
-  ASSERT_TRUE(ch.ok());
-  grpc::ClientContext ctx;
-  auto s = h.stub->Forward(&ctx);
-  pb::ExpertResponse r = Offer(*s, (*ch)->name(), (*ch)->nonce() ^ 1);
+  ShmSetup t(64 << 10);
+  auto& s = t.s;
+  pb::ExpertResponse r = Offer(*s, t.ch->name(), t.ch->nonce() ^ 1);
   EXPECT_FALSE(r.shm_attached());
   EXPECT_EQ(r.status().code(), pb::FAILED_PRECONDITION) << r.status().message();
   r = Offer(*s, "/exl3-missing", 1);
@@ -138,15 +148,9 @@ TEST(WorkerShm, BadOffersAreDeclinedAndTheStreamGoesOn) {
 }
 
 TEST(WorkerShm, OffWhenDisabled) {
-  WorkerHarness h;
-  auto o = h.Options();
-  o.shm = false;
-  h.Start(o);
-  auto ch = svc::ShmChannel::Create(64 << 10, 0);
-  ASSERT_TRUE(ch.ok());
-  grpc::ClientContext ctx;
-  auto s = h.stub->Forward(&ctx);
-  pb::ExpertResponse r = Offer(*s, (*ch)->name(), (*ch)->nonce());
+  ShmSetup t(64 << 10, /*worker_shm=*/false);
+  auto& s = t.s;
+  pb::ExpertResponse r = Offer(*s, t.ch->name(), t.ch->nonce());
   EXPECT_FALSE(r.shm_attached());
   EXPECT_EQ(r.status().code(), pb::FAILED_PRECONDITION);
   s->WritesDone();
@@ -154,15 +158,11 @@ TEST(WorkerShm, OffWhenDisabled) {
 }
 
 TEST(WorkerShm, GarbageInTheChannelEndsTheStreamNotTheWorker) {
-  WorkerHarness h;
-  h.Start(h.Options());
-  auto ch = svc::ShmChannel::Create(64 << 10, 0);
-  ASSERT_TRUE(ch.ok());
-  grpc::ClientContext ctx;
-  auto s = h.stub->Forward(&ctx);
-  ASSERT_TRUE(Offer(*s, (*ch)->name(), (*ch)->nonce()).shm_attached());
+  ShmSetup t(64 << 10);
+  auto& s = t.s;
+  ASSERT_TRUE(Offer(*s, t.ch->name(), t.ch->nonce()).shm_attached());
   // Bytes that are not an ExpertRequest.
-  ASSERT_TRUE((*ch)->TryWrite(9, [](uint8_t* dst) { std::memset(dst, 0xff, 9); }));
+  ASSERT_TRUE(t.ch->TryWrite(9, [](uint8_t* dst) { std::memset(dst, 0xff, 9); }));
   pb::ExpertResponse r;
   while (s->Read(&r)) {
   }
@@ -170,7 +170,7 @@ TEST(WorkerShm, GarbageInTheChannelEndsTheStreamNotTheWorker) {
   // The worker still serves other streams.
   std::mt19937 rng(9);
   std::vector<pb::ExpertResponse> got;
-  ASSERT_TRUE(RunStream(h.stub.get(), {Random(rng, 1, 1).msg}, &got).ok());
+  ASSERT_TRUE(RunStream(t.h.stub.get(), {Random(rng, 1, 1).msg}, &got).ok());
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].status().code(), pb::OK);
 }
