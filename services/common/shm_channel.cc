@@ -180,7 +180,7 @@ ShmChannel::~ShmChannel() {
 }
 
 void ShmChannel::Unlink() {
-  if (!creator_ || unlinked_) return;
+  if (unlinked_) return;
   unlinked_ = true;
   shm_unlink(name_.c_str());
 }

@@ -49,7 +49,9 @@ class ShmChannel {
   // The largest message TryWrite takes (a quarter of the ring).
   size_t max_message_bytes() const { return ring_bytes_ / 4; }
 
-  // Removes the name (the mapping stays valid for both sides). Creator only; idempotent.
+  // Removes the name (the mapping stays valid for both sides). Either side; idempotent. The peer
+  // calls it as soon as it has attached, so a creator that dies right after its offer leaves
+  // nothing behind in /dev/shm; the creator calls it too once answered (the peer may have refused).
   void Unlink();
 
   // Writes one message of `len` bytes, filled in place by `fill`, and wakes the reader if it

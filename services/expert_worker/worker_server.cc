@@ -202,6 +202,7 @@ class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::Expe
       absl::StatusOr<std::unique_ptr<svc::ShmChannel>> ch =
           svc::ShmChannel::Attach(offer.name(), offer.nonce(), w_->shm_spin_us());
       if (ch.ok()) {
+        (*ch)->Unlink();  // mapped: the name is no longer needed (nothing leaks if the router dies)
         std::lock_guard<std::mutex> l(mu_);
         if (!finished_) {
           shm_ = std::move(*ch);

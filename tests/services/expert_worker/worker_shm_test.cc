@@ -91,7 +91,9 @@ TEST(WorkerShm, RequestsThroughTheChannelMatchGrpcAndTheReference) {
   EXPECT_EQ(d.host_id(), svc::HostId());
   pb::ExpertResponse ack = Offer(*s, t.ch->name(), t.ch->nonce());
   ASSERT_TRUE(ack.shm_attached()) << ack.status().message();
-  t.ch->Unlink();
+  // The worker removed the name once it had the channel mapped.
+  EXPECT_EQ(svc::ShmChannel::Attach(t.ch->name(), t.ch->nonce(), 0).status().code(),
+            absl::StatusCode::kNotFound);
 
   std::mt19937 rng(5);
   for (int T : {1, 8, 17}) {
