@@ -219,8 +219,9 @@ def overview():
             unit="Bps"), 12, 8),
         row("Worker health and failovers"),
         (timeseries("Worker up (router view)", targets(
-            (f"max by (worker) (exl3_router_worker_up{{{R}}})", "{{worker}}")),
-            desc="1 while the worker's gRPC health is SERVING."), 8, 8),
+            (f"max by (worker) (exl3_router_worker_up{{{R}}})", "{{worker}}"),
+            (f"max by (worker) (exl3_router_worker_shm{{{R}}})", "shared memory {{worker}}")),
+            desc="up: 1 while the worker's gRPC health is SERVING. shared memory: 1 while the router's stream to it runs over same-host shared memory (0: gRPC)."), 8, 8),
         (timeseries("Worker ready and scrape up", targets(
             (f"exl3_worker_ready{{{W}}}", "ready {{instance}}"),
             (f"up{{job=\"exl3-worker\", {W}}}", "scraped {{instance}}")),

@@ -42,6 +42,10 @@ RouterMetrics::RouterMetrics(prometheus::Registry& r, const std::vector<int>& mo
                   .Name("exl3_router_worker_up")
                   .Help("1 while the worker's health is SERVING (and its model matches)")
                   .Register(r)),
+      shm_fam_(prometheus::BuildGauge()
+                   .Name("exl3_router_worker_shm")
+                   .Help("1 while the stream to the worker runs over same-host shared memory")
+                   .Register(r)),
       failovers_fam_(prometheus::BuildCounter()
                          .Name("exl3_router_failovers_total")
                          .Help("Sub-requests re-sent to a replica after that worker failed")
@@ -97,6 +101,7 @@ void RouterMetrics::AddWorker(const std::string& name) {
   Worker w;
   w.rpc = &rpc_fam_.Add({{"worker", name}}, svc::LatencyBuckets());
   w.up = &up_fam_.Add({{"worker", name}});
+  w.shm = &shm_fam_.Add({{"worker", name}});
   w.failovers = &failovers_fam_.Add({{"worker", name}});
   workers_[name] = w;
 }
@@ -130,6 +135,10 @@ void RouterMetrics::WorkerRpc(const std::string& worker, double seconds) {
 
 void RouterMetrics::WorkerUp(const std::string& worker, bool up) {
   if (Worker* w = FindWorker(worker)) w->up->Set(up ? 1 : 0);
+}
+
+void RouterMetrics::WorkerShm(const std::string& worker, bool shm) {
+  if (Worker* w = FindWorker(worker)) w->shm->Set(shm ? 1 : 0);
 }
 
 void RouterMetrics::Failover(const std::string& worker) {

@@ -34,6 +34,8 @@ class RouterMetrics {
   void Received(size_t bytes) { received_->Increment(static_cast<double>(bytes)); }
   void WorkerRpc(const std::string& worker, double seconds);
   void WorkerUp(const std::string& worker, bool up);
+  // Whether the stream to `worker` runs over same-host shared memory (else gRPC).
+  void WorkerShm(const std::string& worker, bool shm);
   void Failover(const std::string& worker);
   // A sub-request withdrawn from a worker (cancel sent, or dropped before it was written).
   void WorkerCancel(int reason);
@@ -45,6 +47,7 @@ class RouterMetrics {
   struct Worker {
     prometheus::Histogram* rpc;
     prometheus::Gauge* up;
+    prometheus::Gauge* shm;
     prometheus::Counter* failovers;
   };
   struct Layer {
@@ -62,6 +65,7 @@ class RouterMetrics {
   prometheus::Family<prometheus::Counter>& received_fam_;
   prometheus::Family<prometheus::Histogram>& rpc_fam_;
   prometheus::Family<prometheus::Gauge>& up_fam_;
+  prometheus::Family<prometheus::Gauge>& shm_fam_;
   prometheus::Family<prometheus::Counter>& failovers_fam_;
   prometheus::Family<prometheus::Counter>& errors_fam_;
   prometheus::Family<prometheus::Gauge>& in_flight_fam_;

@@ -182,6 +182,7 @@ struct WorkerConn::Session : grpc::ClientBidiReactor<pb::ExpertRequest, pb::Expe
       failed.swap(pending);
     }
     watch_ctx->TryCancel();
+    if (conn->metrics_) conn->metrics_->WorkerShm(conn->spec_.name, false);
     conn->SetUp(false, absl::StrCat("Forward stream ended: ", st.error_message()));
     const absl::Status why = absl::UnavailableError(absl::StrCat(
         "worker ", conn->spec_.name, " (", conn->spec_.address, ") stream ended: ",
@@ -485,6 +486,7 @@ void WorkerConn::OfferShm(const std::shared_ptr<Session>& s, const pb::DescribeR
       if (!sp->open) return;
       sp->shm = ch;
       sp->shm_reader = std::thread([sp, ch] { sp->ReadShm(ch); });
+      if (sp->conn->metrics_) sp->conn->metrics_->WorkerShm(name, true);
       svc::LogInfo("worker %s: shared-memory channel attached (%zu KiB each way)", name.c_str(),
                    ch->ring_bytes() >> 10);
       return;

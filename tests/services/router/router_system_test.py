@@ -360,6 +360,7 @@ class RouterSystemTest(unittest.TestCase):
         self.assertEqual(names, exposed)
         self.assertIn('exl3_router_layer_latency_seconds_count{layer="2",stage="gate"}', metrics)
         self.assertIn("exl3_router_ready 1", metrics)
+        self.assertIn('exl3_router_worker_shm{worker="a"} 1', metrics)  # same host: shared memory
 
     def test_09_sighup_reload(self):
         with open(self.c.map_path) as f:
