@@ -179,3 +179,32 @@ TEST(WorkerShm, GarbageInTheChannelEndsTheStreamNotTheWorker) {
 
 }  // namespace
 }  // namespace exl3::testing
+
+namespace exl3::testing {
+namespace {
+
+// The router vanishing (its stream cancelled, no half-close) with a request of its still in the
+// channel: the worker ends that stream and its channel reader, and serves the next stream.
+TEST(WorkerShm, CallerThatVanishesLeavesTheWorkerServing) {
+  ShmSetup t(256 << 10, /*worker_shm=*/true, /*spin_us=*/50);
+  ASSERT_TRUE(Offer(*t.s, t.ch->name(), t.ch->nonce()).shm_attached());
+  std::mt19937 rng(21);
+  ASSERT_TRUE(ShmSend(*t.ch, Random(rng, 1, 8).msg));
+  t.ctx.TryCancel();
+  EXPECT_FALSE(t.s->Finish().ok());
+  std::vector<pb::ExpertResponse> got;
+  ASSERT_TRUE(RunStream(t.h.stub.get(), {Random(rng, 2, 3).msg}, &got).ok());
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].status().code(), pb::OK);
+  // A fresh channel on a fresh stream attaches as the first did.
+  auto ch2 = svc::ShmChannel::Create(64 << 10, 0);
+  ASSERT_TRUE(ch2.ok());
+  grpc::ClientContext ctx2;
+  auto s2 = t.h.stub->Forward(&ctx2);
+  EXPECT_TRUE(Offer(*s2, (*ch2)->name(), (*ch2)->nonce()).shm_attached());
+  s2->WritesDone();
+  EXPECT_TRUE(s2->Finish().ok());
+}
+
+}  // namespace
+}  // namespace exl3::testing
