@@ -100,6 +100,15 @@ absl::StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Create(size_t ring_bytes
     return absl::UnavailableError(absl::StrCat("shm_open ", c->name_, ": ", std::strerror(errno)));
   }
   c->map_bytes_ = RoundUp(sizeof(Segment), 4096) + 2 * c->ring_bytes_;
+  // Allocated now, not on first touch: a full /dev/shm (a container's 64 MB default) must fail
+  // here, not kill the process with SIGBUS when a ring page is first written.
+  if (const int e = posix_fallocate(fd, 0, static_cast<off_t>(c->map_bytes_)); e != 0) {
+    close(fd);
+    shm_unlink(c->name_.c_str());
+    return absl::ResourceExhaustedError(absl::StrCat("allocating ", c->map_bytes_,
+                                                     " bytes of shared memory for ", c->name_,
+                                                     ": ", std::strerror(e), " (is /dev/shm full?)"));
+  }
   if (ftruncate(fd, static_cast<off_t>(c->map_bytes_)) != 0) {
     const int e = errno;
     close(fd);
