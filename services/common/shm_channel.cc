@@ -174,6 +174,7 @@ absl::StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Attach(const std::string
   if (c->seg_->magic != kMagic || c->seg_->version != kVersion || c->seg_->nonce != nonce ||
       rb < (64 << 10) || rb % 4096 != 0 ||
       c->map_bytes_ != RoundUp(sizeof(Segment), 4096) + 2 * rb) {
+    c->seg_ = nullptr;  // not ours: the destructor must not close it, only unmap it
     return absl::FailedPreconditionError(absl::StrCat(
         "shared memory ", name, " is not the offered channel (magic, version, nonce or size differ)"));
   }

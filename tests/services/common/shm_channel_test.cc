@@ -75,6 +75,7 @@ TEST(ShmChannel, AttachChecksNameAndNonce) {
   ASSERT_TRUE(a.ok());
   auto wrong = ShmChannel::Attach((*a)->name(), (*a)->nonce() + 1, 0);
   EXPECT_EQ(wrong.status().code(), absl::StatusCode::kFailedPrecondition) << wrong.status();
+  EXPECT_FALSE((*a)->closed());  // a refused attach leaves the creator's channel alone
   EXPECT_EQ(ShmChannel::Attach("/exl3-no-such-channel", 1, 0).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_EQ(ShmChannel::Attach("../etc/passwd", 1, 0).status().code(),
