@@ -1,0 +1,85 @@
+// The seam between the scheduler (which sequences run this step, which KV blocks they own) and the
+// model (which runs the step's tokens through every layer). The scheduler side never sees a tensor;
+// the model side never sees a request.
+//
+//   std::unique_ptr<ModelRunner> runner = ...;              // CPU model, CUDA model, or a test fake
+//   const ModelInfo& info = runner->info();
+//   EXL3_RETURN_IF_ERROR(runner->AllocateKvCache({/*num_blocks=*/512, /*block_size=*/16}));
+//   StepBatch batch;                                         // filled by the scheduler
+//   std::vector<float> logits(batch.NumLogitRows() * info.vocab_size);
+//   EXL3_RETURN_IF_ERROR(runner->Forward(batch, logits.data()));
+//
+// A step is a list of chunks, one per sequence: a prompt chunk (prefill) or the one token sampled
+// last step (decode). Chunk c runs tokens [start_position, start_position + num_tokens) of its
+// sequence; the keys and values of positions [0, start_position) are already in the cache blocks
+// its block table names (block b holds positions [b * block_size, (b + 1) * block_size)), and the
+// step writes those of its own tokens there too. The block table covers every position up to
+// start_position + num_tokens.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace exl3::engine {
+
+// What the scheduler needs to know of the model.
+struct ModelInfo {
+  std::string name;                  // served model name (the directory's base name by default)
+  std::string architecture;          // config.json "architectures"[0]
+  int vocab_size = 0;
+  int max_context = 0;               // max_position_embeddings
+  std::vector<int32_t> eos_token_ids;  // config.json / generation_config.json eos_token_id
+  // Bytes of KV cache one token takes over all layers (the cache's unit of capacity).
+  int64_t kv_bytes_per_token = 0;
+};
+
+struct KvCacheShape {
+  int num_blocks = 0;
+  int block_size = 16;  // tokens per block
+};
+
+struct SequenceChunk {
+  int64_t sequence_id = 0;
+  std::vector<int32_t> tokens;        // the tokens to run (prompt chunk, or the last sampled token)
+  int start_position = 0;             // position of tokens[0] in its sequence
+  std::vector<int32_t> block_table;   // cache blocks of positions [0, start_position + tokens.size())
+  bool wants_logits = false;          // logits of the chunk's last token are wanted
+};
+
+struct StepBatch {
+  std::vector<SequenceChunk> chunks;
+
+  int NumTokens() const {
+    int n = 0;
+    for (const SequenceChunk& c : chunks) n += static_cast<int>(c.tokens.size());
+    return n;
+  }
+  int NumLogitRows() const {
+    int n = 0;
+    for (const SequenceChunk& c : chunks) n += c.wants_logits ? 1 : 0;
+    return n;
+  }
+};
+
+// Time spent per phase in the last Forward, for the engine's step metrics.
+struct StepPhaseTimes {
+  double embed_s = 0, attention_s = 0, moe_s = 0, dense_mlp_s = 0, head_s = 0;
+};
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+  virtual const ModelInfo& info() const = 0;
+  // Allocates the cache once (every block of every layer); called before the first Forward.
+  virtual absl::Status AllocateKvCache(const KvCacheShape& shape) = 0;
+  // Runs one step. `logits` receives [batch.NumLogitRows(), vocab_size] fp32, one row per chunk
+  // that wants logits, in chunk order. An error fails the whole step (the engine then fails the
+  // step's sequences and goes on).
+  virtual absl::Status Forward(const StepBatch& batch, float* logits) = 0;
+  virtual StepPhaseTimes LastPhaseTimes() const { return {}; }
+};
+
+}  // namespace exl3::engine
