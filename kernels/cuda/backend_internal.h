@@ -18,12 +18,18 @@ struct DeviceBuffer {
   void* ptr = nullptr;
   size_t bytes = 0;
   absl::Status Reserve(size_t want);
+  // Reserve, and a newly allocated buffer is zeroed (on `stream`).
+  absl::Status ReserveZeroed(size_t want, cudaStream_t stream);
   ~DeviceBuffer();
 };
 
 struct Workspace::Impl {
   DeviceBuffer a;        // fp16 transformed input
   DeviceBuffer dequant;  // fp16 W_inner (reference path)
+  // The one-launch GEMV's accumulator and arrival counts (dense_gemv_kernel.cuh): zeroed when
+  // allocated, left zero by every launch.
+  DeviceBuffer gemv_acc;
+  DeviceBuffer gemv_arrivals;
   cublasHandle_t cublas = nullptr;
   int device = -1;
   int sm_count = 0;
@@ -44,6 +50,9 @@ inline constexpr int kGemvMaxRows = 48;
 // Picks the k-slice length for a GEMV problem so that about `target_units` warp units exist.
 int GemvKTilesPerUnit(int k, int n, int chunks, int sm_count);
 int GemvGrid(int sm_count);
+// k-slice length (16-row tiles) of the one-launch GEMV (dense_gemv_kernel.cuh) for `base_units`
+// (row chunks x column blocks) over k/16 tiles on sm_count SMs.
+int DenseGemvSliceTiles(int k_tiles, long base_units, int sm_count);
 int GemmGrid(int sm_count, long units);
 
 // Reference GEMM on one expert/linear: y[rows, n] (+)= A[rows, k] fp16 · W_inner (dequantised into

@@ -13,4 +13,8 @@ namespace exl3::cuda {
 absl::Status RunDecodeCeiling(int K, int cb, const uint32_t* seeds, float* out, int iters, int grid, int block,
                               StreamHandle stream);
 
+// Forces the k-slice length (16-row tiles, clamped to 1..24) of the one-launch GEMV that
+// LinearForward uses for m <= 48 (dense_gemv_kernel.cuh); 0 restores the cost model's choice.
+void SetDenseGemvSliceOverride(int tiles);
+
 }  // namespace exl3::cuda

@@ -59,9 +59,134 @@ __device__ __forceinline__ void CpAsyncCommitGroup() { asm volatile("cp.async.co
 template <int N>
 __device__ __forceinline__ void CpAsyncWaitGroup() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+// One warp's share of a work unit: `steps` k-steps of kGemvNT consecutive 16x16 tiles, the first
+// at `tiles` (uint32 trellis words; the next k-step k_stride words further), times the lane's token
+// row of x (fp16, global or shared memory). acc[t]: tile t: {y[2c][g], y[2c+1][g], y[2c][g+8],
+// y[2c+1][g+8]} (token, column), g = lane / 4, c = lane % 4. Start() issues the first copies
+// (so a caller can do other work while they fly); Run() is the k-loop.
+template <int K, int CB>
+struct GemvWarpSlice {
+  static constexpr int kStageWords = kGemvNT * 8 * K;
+  // The unit's trellis words stream through a per-warp shared-memory ring (cp.async, kStages
+  // deep): a k-step's kNT tiles are contiguous (8K * kNT words), so one 16-byte copy per lane
+  // (two at K > 4) fetches them, several steps ahead of the decode. Running pointers (no per-step
+  // index arithmetic): the slot to fill next and its source.
+  uint32_t* ring;
+  uint32_t* ring_end;
+  uint32_t* fill;
+  const uint32_t* src;
+  size_t k_stride;
+  int steps;
+  int lane;
+
+  __device__ __forceinline__ void Issue(bool valid) {
+    if (valid) {
+#pragma unroll
+      for (int piece = lane; piece < kStageWords / 4; piece += 32) CpAsync16(fill + 4 * piece, src + 4 * piece);
+    }
+    CpAsyncCommitGroup();
+    src += k_stride;
+    fill = (fill + kStageWords == ring_end) ? ring : fill + kStageWords;
+  }
+
+  // ring_base: this warp's kGemvStages * kStageWords words of shared memory.
+  __device__ __forceinline__ void Start(uint32_t* ring_base, const uint32_t* tiles, size_t stride, int n_steps,
+                                        int lane_id) {
+    ring = ring_base;
+    ring_end = ring_base + kGemvStages * kStageWords;
+    fill = ring_base;
+    src = tiles;
+    k_stride = stride;
+    steps = n_steps;
+    lane = lane_id;
+#pragma unroll
+    for (int s = 0; s < kGemvStages - 1; ++s) Issue(s < steps);
+  }
+
+  // xp: the lane's token row of x at this slice's first k, plus 2c (read only when tok_ok).
+  __device__ __forceinline__ void Run(const __half* xp, bool tok_ok, const LaneSlots<K>& slots, const Pow2Table& pow2,
+                                      float (&acc)[kGemvNT][4]) {
+#pragma unroll
+    for (int t = 0; t < kGemvNT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
+    // MUL1: the raw operand is 1024 + byte sum; weight = scale * raw + bias, so the bias needs
+    // the token sums of x over this k-slice (one extra mma per k-step with A = ones).
+    float rowsum[4] = {0.f, 0.f, 0.f, 0.f};
+    const uint32_t ones[4] = {0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};
+    const uint32_t mask = 0x8fff8fffu, flip = 0x3b603b60u;
+    uint32_t x_next[2];
+    x_next[0] = tok_ok ? *reinterpret_cast<const uint32_t*>(xp) : 0u;
+    x_next[1] = tok_ok ? *reinterpret_cast<const uint32_t*>(xp + 8) : 0u;
+    const uint32_t* stage = ring;
+    for (int i = 0; i < steps; ++i) {
+      const uint32_t x[2] = {x_next[0], x_next[1]};
+      xp += 16;
+      if (i + 1 < steps && tok_ok) {
+        x_next[0] = *reinterpret_cast<const uint32_t*>(xp);
+        x_next[1] = *reinterpret_cast<const uint32_t*>(xp + 8);
+      }
+      uint32_t even[2], odd[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        even[j] = __byte_perm(x[j], x[j], 0x1010);
+        odd[j] = __byte_perm(x[j], x[j], 0x3232);
+      }
+      if constexpr (CB == kCbMul1) Mma16816(rowsum, ones, x[0], x[1]);
+      CpAsyncWaitGroup<kGemvStages - 2>();
+      // Makes every lane's copies visible, and guarantees that every lane has finished reading
+      // the slot that the issue below overwrites (it was read in the previous step).
+      __syncwarp();
+#pragma unroll
+      for (int t = 0; t < kGemvNT; ++t) {
+        uint32_t w[LaneSlots<K>::kWords];
+#pragma unroll
+        for (int j = 0; j < LaneSlots<K>::kWords; ++j) w[j] = stage[t * 8 * K + slots.idx[j]];
+        uint32_t b[8];
+        DecodeLaneRaw<K, CB>(w, slots.shift, mask, flip, pow2, b);
+        const uint32_t ae[4] = {b[0], b[4], b[2], b[6]};
+        const uint32_t ao[4] = {b[1], b[5], b[3], b[7]};
+        Mma16816(acc[t], ae, even[0], even[1]);
+        Mma16816(acc[t], ao, odd[0], odd[1]);
+      }
+      stage = (stage + kStageWords == ring_end) ? ring : stage + kStageWords;
+      Issue(i + kGemvStages - 1 < steps);
+    }
+    CpAsyncWaitGroup<0>();
+    __syncwarp();
+    if constexpr (CB == kCbMul1) {
+      const float scale = __half2float(__ushort_as_half(0x1eee)), bias = __half2float(__ushort_as_half(0xc931));
+#pragma unroll
+      for (int t = 0; t < kGemvNT; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[t][i] = fmaf(scale, acc[t][i], bias * rowsum[i & 1]);
+    }
+  }
+};
+
+// y[row0 + token, col0 + 16t + ...] += acc[t] (GemvWarpSlice's layout) for the chunk's `rows` tokens.
+__device__ __forceinline__ void AtomicAddTiles(const float (&acc)[kGemvNT][4], float* y, int n, int row0, int rows,
+                                               int col0, int lane) {
+  const int g = lane >> 2, c = lane & 3;
+  const int t0 = 2 * c, t1 = t0 + 1;  // token rows inside the chunk
+  float* y0 = y + static_cast<size_t>(row0 + t0) * n + col0 + g;
+  float* y1 = y + static_cast<size_t>(row0 + t1) * n + col0 + g;
+#pragma unroll
+  for (int t = 0; t < kGemvNT; ++t) {
+    if (t0 < rows) {
+      atomicAdd(y0 + 16 * t, acc[t][0]);
+      atomicAdd(y0 + 16 * t + 8, acc[t][2]);
+    }
+    if (t1 < rows) {
+      atomicAdd(y1 + 16 * t, acc[t][1]);
+      atomicAdd(y1 + 16 * t + 8, acc[t][3]);
+    }
+  }
+}
+
 template <int K, int CB>
 __global__ void __launch_bounds__(kGemvWarps * 32, 3) GroupedGemvKernel(const GemvBatch batch) {
-  constexpr int kStageWords = kGemvNT * 8 * K;
+  constexpr int kStageWords = GemvWarpSlice<K, CB>::kStageWords;
   __shared__ __align__(16) uint32_t gemv_ring[kGemvWarps * kGemvStages * kStageWords];
   PdlEnter();
   const int lane = threadIdx.x & 31;
@@ -123,101 +248,12 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) GroupedGemvKernel(const Ge
     const bool tok_ok = g < rows;
     const __half* x_row = p.a + static_cast<size_t>(row0 + (tok_ok ? g : 0)) * p.k + 2 * c;
 
-    // acc[t]: tile t: {y[2c][g], y[2c+1][g], y[2c][g+8], y[2c+1][g+8]} (token, column).
     float acc[kGemvNT][4];
-#pragma unroll
-    for (int t = 0; t < kGemvNT; ++t)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
+    GemvWarpSlice<K, CB> slice;
+    slice.Start(gemv_ring + (threadIdx.x >> 5) * (kGemvStages * kStageWords), tiles, k_stride, kt1 - kt0, lane);
+    slice.Run(x_row + kt0 * 16, tok_ok, slots, batch.pow2, acc);
 
-    // The unit's trellis words stream through a per-warp shared-memory ring (cp.async, kStages
-    // deep): a k-step's kNT tiles are contiguous (8K * kNT words), so one 16-byte copy per lane
-    // (two at K > 4) fetches them, several steps ahead of the decode.
-    uint32_t* ring = gemv_ring + (threadIdx.x >> 5) * (kGemvStages * kStageWords);
-    uint32_t* const ring_end = ring + kGemvStages * kStageWords;
-    // Running pointers (no per-step index arithmetic): the slot to fill next and its source.
-    uint32_t* fill = ring;
-    const uint32_t* src = tiles;
-    auto issue = [&](bool valid) {
-      if (valid) {
-#pragma unroll
-        for (int piece = lane; piece < kStageWords / 4; piece += 32) CpAsync16(fill + 4 * piece, src + 4 * piece);
-      }
-      CpAsyncCommitGroup();
-      src += k_stride;
-      fill = (fill + kStageWords == ring_end) ? ring : fill + kStageWords;
-    };
-#pragma unroll
-    for (int s = 0; s < kGemvStages - 1; ++s) issue(kt0 + s < kt1);
-
-    // MUL1: the raw operand is 1024 + byte sum; weight = scale * raw + bias, so the bias needs
-    // the token sums of x over this k-slice (one extra mma per k-step with A = ones).
-    float rowsum[4] = {0.f, 0.f, 0.f, 0.f};
-    const uint32_t ones[4] = {0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};
-    const uint32_t mask = 0x8fff8fffu, flip = 0x3b603b60u;
-    const __half* xp = x_row + kt0 * 16;
-    uint32_t x_next[2];
-    x_next[0] = tok_ok ? *reinterpret_cast<const uint32_t*>(xp) : 0u;
-    x_next[1] = tok_ok ? *reinterpret_cast<const uint32_t*>(xp + 8) : 0u;
-    const uint32_t* stage = ring;
-    for (int kt = kt0; kt < kt1; ++kt) {
-      const uint32_t x[2] = {x_next[0], x_next[1]};
-      xp += 16;
-      if (kt + 1 < kt1 && tok_ok) {
-        x_next[0] = *reinterpret_cast<const uint32_t*>(xp);
-        x_next[1] = *reinterpret_cast<const uint32_t*>(xp + 8);
-      }
-      uint32_t even[2], odd[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        even[i] = __byte_perm(x[i], x[i], 0x1010);
-        odd[i] = __byte_perm(x[i], x[i], 0x3232);
-      }
-      if constexpr (CB == kCbMul1) Mma16816(rowsum, ones, x[0], x[1]);
-      CpAsyncWaitGroup<kGemvStages - 2>();
-      // Makes every lane's copies visible, and guarantees that every lane has finished reading
-      // the slot that the issue below overwrites (it was read in the previous step).
-      __syncwarp();
-#pragma unroll
-      for (int t = 0; t < kGemvNT; ++t) {
-        uint32_t w[LaneSlots<K>::kWords];
-#pragma unroll
-        for (int i = 0; i < LaneSlots<K>::kWords; ++i) w[i] = stage[t * 8 * K + slots.idx[i]];
-        uint32_t b[8];
-        DecodeLaneRaw<K, CB>(w, slots.shift, mask, flip, batch.pow2, b);
-        const uint32_t ae[4] = {b[0], b[4], b[2], b[6]};
-        const uint32_t ao[4] = {b[1], b[5], b[3], b[7]};
-        Mma16816(acc[t], ae, even[0], even[1]);
-        Mma16816(acc[t], ao, odd[0], odd[1]);
-      }
-      stage = (stage + kStageWords == ring_end) ? ring : stage + kStageWords;
-      issue(kt + kGemvStages - 1 < kt1);
-    }
-    CpAsyncWaitGroup<0>();
-    __syncwarp();
-    if constexpr (CB == kCbMul1) {
-      const float scale = __half2float(__ushort_as_half(0x1eee)), bias = __half2float(__ushort_as_half(0xc931));
-#pragma unroll
-      for (int t = 0; t < kGemvNT; ++t)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[t][i] = fmaf(scale, acc[t][i], bias * rowsum[i & 1]);
-    }
-
-    const int t0 = 2 * c, t1 = t0 + 1;  // token rows inside the chunk
-    float* y0 = p.y + static_cast<size_t>(row0 + t0) * p.n;
-    float* y1 = p.y + static_cast<size_t>(row0 + t1) * p.n;
-#pragma unroll
-    for (int t = 0; t < kGemvNT; ++t) {
-      const int col = 16 * (cg * kGemvNT + t) + g;
-      if (t0 < rows) {
-        atomicAdd(y0 + col, acc[t][0]);
-        atomicAdd(y0 + col + 8, acc[t][2]);
-      }
-      if (t1 < rows) {
-        atomicAdd(y1 + col, acc[t][1]);
-        atomicAdd(y1 + col + 8, acc[t][3]);
-      }
-    }
+    AtomicAddTiles(acc, p.y, p.n, row0, rows, 16 * cg * kGemvNT, lane);
   }
 }
 

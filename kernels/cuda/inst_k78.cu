@@ -1,5 +1,6 @@
 // Template instances for K = 7 and 8, all three codebooks (spread over files for compile time).
 #include "kernels/cuda/decode_ceiling_kernel.cuh"
+#include "kernels/cuda/dense_gemv_kernel.cuh"
 #include "kernels/cuda/gemm_kernel.cuh"
 #include "kernels/cuda/gemv_kernel.cuh"
 #include "kernels/cuda/kernel_dispatch.h"
@@ -8,6 +9,7 @@ namespace exl3::cuda {
 
 #define EXL3_INSTANCES(K, CB)                                                                      \
   template void LaunchGroupedGemv<K, CB>(const GemvBatch&, int, cudaStream_t);                     \
+  template void LaunchDenseGemv<K, CB>(const DenseGemvArgs&, int, cudaStream_t);                   \
   template void LaunchGroupedGemm<K, CB>(const GemvBatch&, int, cudaStream_t);                     \
   template void LaunchDequant<K, CB>(const uint16_t*, int, int, uint16_t*, int, cudaStream_t);     \
   template void LaunchDecodeCeiling<K, CB>(const uint32_t*, float*, int, int, int, cudaStream_t);

@@ -27,6 +27,10 @@ struct GemvF {
   template <int K, int CB>
   static void Run(const GemvBatch& b, int grid, cudaStream_t s) { LaunchGroupedGemv<K, CB>(b, grid, s); }
 };
+struct DenseGemvF {
+  template <int K, int CB>
+  static void Run(const DenseGemvArgs& a, int grid, cudaStream_t s) { LaunchDenseGemv<K, CB>(a, grid, s); }
+};
 struct GemmF {
   template <int K, int CB>
   static void Run(const GemvBatch& b, int grid, cudaStream_t s) { LaunchGroupedGemm<K, CB>(b, grid, s); }
@@ -48,6 +52,9 @@ struct CeilingF {
 
 absl::Status DispatchGemv(int K, int cb, const GemvBatch& batch, int grid, cudaStream_t stream) {
   return Dispatch<GemvF>(K, cb, batch, grid, stream);
+}
+absl::Status DispatchDenseGemv(int K, int cb, const DenseGemvArgs& args, int grid, cudaStream_t stream) {
+  return Dispatch<DenseGemvF>(K, cb, args, grid, stream);
 }
 absl::Status DispatchGemm(int K, int cb, const GemvBatch& batch, int grid, cudaStream_t stream) {
   return Dispatch<GemmF>(K, cb, batch, grid, stream);

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/backend_internal.h"
+#include "kernels/cuda/bench_hooks.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/kernel_dispatch.h"
 #include "kernels/cuda/launch.cuh"
@@ -179,6 +180,12 @@ absl::Status DeviceBuffer::Reserve(size_t want) {
   bytes = want;
   return absl::OkStatus();
 }
+absl::Status DeviceBuffer::ReserveZeroed(size_t want, cudaStream_t stream) {
+  if (want <= bytes) return absl::OkStatus();
+  EXL3_RETURN_IF_ERROR(Reserve(want));
+  EXL3_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ptr, 0, bytes, stream));
+  return absl::OkStatus();
+}
 DeviceBuffer::~DeviceBuffer() {
   if (ptr) cudaFree(ptr);
 }
@@ -212,6 +219,35 @@ int GemvKTilesPerUnit(int k, int n, int chunks, int sm_count) {
   return static_cast<int>((k_tiles + slices - 1) / slices);
 }
 int GemvGrid(int sm_count) { return sm_count * 3; }
+
+namespace {
+std::atomic<int> g_dense_slice_override{0};
+}  // namespace
+void SetDenseGemvSliceOverride(int tiles) { g_dense_slice_override.store(tiles); }
+
+// Cost model, in block k-steps (a block k-step is kGemvWarps warps x kGemvNT tiles): blocks are
+// spread evenly over the SMs; an SM holding one block (8 warps) decodes at about half its rate with
+// three (24 warps); each round of the persistent grid adds a fixed latency (x load, barriers,
+// atomics, arrival), about 5 k-steps. The k-slice with the lowest cost wins.
+int DenseGemvSliceTiles(int k_tiles, long base_units, int sm_count) {
+  const int forced = g_dense_slice_override.load();
+  if (forced > 0) return std::min({forced, k_tiles, kDenseMaxSliceTiles});
+  const long grid = GemvGrid(sm_count);
+  const double efficiency[4] = {1.0, 0.5, 0.85, 1.0};  // by resident blocks per SM
+  int best = 1;
+  double best_cost = -1;
+  for (int t = 1; t <= std::min(k_tiles, kDenseMaxSliceTiles); ++t) {
+    const long units = base_units * ((k_tiles + t - 1) / t);
+    const long rounds = (units + grid - 1) / grid;
+    const long per_sm = (units + sm_count - 1) / sm_count;
+    const double cost = per_sm * t / efficiency[std::min<long>(per_sm, 3)] + 5.0 * rounds;
+    if (best_cost < 0 || cost < best_cost) {
+      best = t;
+      best_cost = cost;
+    }
+  }
+  return best;
+}
 int GemmGrid(int sm_count, long units) { return static_cast<int>(std::min<long>(units, sm_count * 2L)); }
 
 absl::Status ReferenceGemm(cublasHandle_t h, const uint16_t* trellis, int k, int n, int K, int cb,
@@ -288,10 +324,34 @@ absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   const int k = w.in_features, n = w.out_features;
   const Path p = ResolvePath(path, s.cc_major, "linear");
+  if (p == Path::kNative && m <= kGemvMaxRows) {
+    // One launch: input transform, GEMV and output transform (dense_gemv_kernel.cuh).
+    const int chunks = (m + kGemvRows - 1) / kGemvRows;
+    const int col_blocks = (n + kDenseBlockCols - 1) / kDenseBlockCols;
+    EXL3_RETURN_IF_ERROR(s.gemv_acc.ReserveZeroed(static_cast<size_t>(m) * n * 4, stream));
+    EXL3_RETURN_IF_ERROR(s.gemv_arrivals.ReserveZeroed(static_cast<size_t>(chunks) * col_blocks * 4, stream));
+    DenseGemvArgs args;
+    args.trellis = w.trellis;
+    args.x = x;
+    args.suh = w.suh;
+    args.svh = w.svh;
+    args.bias = w.bias;
+    args.y = y;
+    args.acc = static_cast<float*>(s.gemv_acc.ptr);
+    args.arrivals = static_cast<int*>(s.gemv_arrivals.ptr);
+    args.rows = m;
+    args.k = k;
+    args.n = n;
+    args.k_tiles_per_unit = DenseGemvSliceTiles(k / 16, static_cast<long>(chunks) * col_blocks, s.sm_count);
+    const long units = static_cast<long>(chunks) * col_blocks * ((k / 16 + args.k_tiles_per_unit - 1) / args.k_tiles_per_unit);
+    const int grid = static_cast<int>(std::min<long>(units, GemvGrid(s.sm_count)));
+    EXL3_RETURN_IF_ERROR(DispatchDenseGemv(w.bits, static_cast<int>(w.codebook), args, grid, stream));
+    EXL3_CUDA_CHECK_LAUNCH("DenseGemvKernel");
+    return absl::OkStatus();
+  }
   EXL3_RETURN_IF_ERROR(s.a.Reserve(static_cast<size_t>(m) * k * 2));
   __half* a = static_cast<__half*>(s.a.ptr);
-  const bool gemv = p == Path::kNative && m <= kGemvMaxRows;
-  EXL3_RETURN_IF_ERROR(LaunchInputTransform(x, m, k, w.suh, a, gemv ? y : nullptr, n, stream));
+  EXL3_RETURN_IF_ERROR(LaunchInputTransform(x, m, k, w.suh, a, nullptr, n, stream));
   if (p == Path::kReference) {
     if (!s.cublas) EXL3_RETURN_IF_ERROR(CublasStatus(cublasCreate(&s.cublas), "cublasCreate"));
     EXL3_RETURN_IF_ERROR(s.dequant.Reserve(static_cast<size_t>(k) * n * 2));
@@ -307,15 +367,9 @@ absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float
     q.rows = m;
     q.k = k;
     q.n = n;
-    if (gemv) {
-      q.k_tiles_per_unit = GemvKTilesPerUnit(k, n, (m + kGemvRows - 1) / kGemvRows, s.sm_count);
-      EXL3_RETURN_IF_ERROR(DispatchGemv(w.bits, static_cast<int>(w.codebook), batch, GemvGrid(s.sm_count), stream));
-      EXL3_CUDA_CHECK_LAUNCH("GroupedGemvKernel");
-    } else {
-      const long units = static_cast<long>((m + kGemmBM - 1) / kGemmBM) * (n / 128);
-      EXL3_RETURN_IF_ERROR(DispatchGemm(w.bits, static_cast<int>(w.codebook), batch, GemmGrid(s.sm_count, units), stream));
-      EXL3_CUDA_CHECK_LAUNCH("GroupedGemmKernel");
-    }
+    const long units = static_cast<long>((m + kGemmBM - 1) / kGemmBM) * (n / 128);
+    EXL3_RETURN_IF_ERROR(DispatchGemm(w.bits, static_cast<int>(w.codebook), batch, GemmGrid(s.sm_count, units), stream));
+    EXL3_CUDA_CHECK_LAUNCH("GroupedGemmKernel");
   }
   return LaunchOutputTransform(y, m, n, w.svh, w.bias, stream);
 }

@@ -26,17 +26,22 @@ __device__ __forceinline__ void InputBlock(const float* x, const uint16_t* suh, 
   for (int r = 0; r < 4; ++r) out[32 * r + lane] = __float2half_rn(v[r]);
 }
 
-// y' block (fp32) -> (y' · H) ⊙ svh (+ bias), returned in v (element 32r + lane).
-__device__ __forceinline__ void OutputBlock(const float* y, const uint16_t* svh, const uint16_t* bias,
-                                            float (&v)[4], int lane) {
-#pragma unroll
-  for (int r = 0; r < 4; ++r) v[r] = y[32 * r + lane];
+// v (element 32r + lane of a y' block, fp32) -> (v · H) ⊙ svh (+ bias), in place.
+__device__ __forceinline__ void OutputValues(float (&v)[4], const uint16_t* svh, const uint16_t* bias, int lane) {
   WarpHadamard128(v, lane);
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     v[r] *= HalfAt(svh, 32 * r + lane);
     if (bias) v[r] += HalfAt(bias, 32 * r + lane);
   }
+}
+
+// y' block (fp32) -> (y' · H) ⊙ svh (+ bias), returned in v (element 32r + lane).
+__device__ __forceinline__ void OutputBlock(const float* y, const uint16_t* svh, const uint16_t* bias,
+                                            float (&v)[4], int lane) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r) v[r] = y[32 * r + lane];
+  OutputValues(v, svh, bias, lane);
 }
 
 }  // namespace exl3::cuda

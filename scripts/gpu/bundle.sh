@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the CUDA tools here (Debian 12, nvcc 13) and collects them with the shared libraries the
 # GPU machine lacks (Debian's abseil etc.; not glibc, not CUDA) into .gpu-deps/ (git-ignored), for
-# the device tool's `carry`. Usage: scripts/gpu/bundle.sh [BUILD_DIR]   (default build-cuda)
+# the device tool's `carry`, and packs them into .gpu-check/gpu-deps.tar.xz (git-ignored, ~6 MB: the
+# unpacked binaries with sm_90 + sm_121 code are ~44 MB, too much beside the working tree for the
+# 64 MiB a call carries; run_all.sh unpacks it). Usage: scripts/gpu/bundle.sh [BUILD_DIR]   (default build-cuda)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build-cuda}
@@ -15,4 +17,6 @@ mkdir -p .gpu-deps/bin .gpu-deps/lib
 cp "$BUILD"/bin/exl3-bench "$BUILD"/bin/exl3-cuda-check .gpu-deps/bin/
 scripts/gpu/collect_libs.sh .gpu-deps/lib .gpu-deps/bin/*
 strip --strip-debug .gpu-deps/bin/* 2>/dev/null || true
-du -sh .gpu-deps
+mkdir -p .gpu-check
+tar -cJf .gpu-check/gpu-deps.tar.xz .gpu-deps
+du -sh .gpu-deps .gpu-check/gpu-deps.tar.xz

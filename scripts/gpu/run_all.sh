@@ -2,7 +2,8 @@
 # On the GPU machine: runs everything in one go and writes logs to $OUT (or ./gpu-out):
 # device facts, the correctness sweep (exl3-cuda-check), compute-sanitizer memcheck + racecheck on
 # a small sweep, SASS instruction counts of the decode loop, and the benchmarks with --json.
-# Binaries come from .gpu-deps/ (scripts/gpu/bundle.sh); with --build they are built here instead.
+# Binaries come from .gpu-deps/ or its packed copy .gpu-check/gpu-deps.tar.xz (scripts/gpu/bundle.sh;
+# carry one of the two); with --build they are built here instead.
 # Usage: scripts/gpu/run_all.sh [--build] [--quick] [--only check|bench|sanitize|sass|ncu]...
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,6 +30,9 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
 done
 export LD_LIBRARY_PATH="$PWD/.gpu-deps/lib$CUDA_LIBS:${LD_LIBRARY_PATH:-}"
 BIN=.gpu-deps/bin
+if [ ! -x "$BIN/exl3-bench" ] && [ -f .gpu-check/gpu-deps.tar.xz ]; then
+  python3 -c 'import tarfile; tarfile.open(".gpu-check/gpu-deps.tar.xz").extractall()'
+fi
 if [ "$BUILD" = 1 ]; then
   cmake -S . -B build-gpu -G Ninja -DEXL3_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/build.log" 2>&1 &&
     cmake --build build-gpu -j16 --target exl3-bench exl3-cuda-check >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }

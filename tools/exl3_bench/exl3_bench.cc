@@ -176,7 +176,7 @@ void BenchGemv(const Ceilings& c) {
     int k, n;
   };
   const Shape shapes[] = {{4096, 14336}, {14336, 4096}, {4096, 2048}, {2048, 4096}, {5120, 2304}};
-  std::printf("\n%-34s %9s %9s %9s %9s %7s %9s\n", "GEMV (LinearForward, all 3 launches)", "native", "floor",
+  std::printf("\n%-34s %9s %9s %9s %9s %7s %9s\n", "GEMV (LinearForward, one launch)", "native", "floor",
               "bytes-fl", "decode-fl", "x floor", "reference");
   cuda::Workspace ws;
   // EXL3_BENCH_FIRST_ONLY=1: only m=1 4096x14336 K=2 mcg (for profiling one configuration).
@@ -229,6 +229,23 @@ void BenchGemv(const Ceilings& c) {
                         m, s.k, s.n, K, std::string(CodebookName(cb)).c_str(), t * 1e6, floor * 1e6, fb * 1e6,
                         fd * 1e6, tr * 1e6);
           Json(js);
+          // m = 1, K = 2 MCG: the one-launch GEMV at forced k-slice lengths (the cost model's
+          // choice is the row above), to check the model against the device.
+          if (m == 1 && K == 2 && cb == Codebook::kMcg && !first_only) {
+            std::printf("  k-slice sweep:");
+            for (int slice : {1, 2, 3, 4, 6, 8, 12, 16, 20, 24}) {
+              cuda::SetDenseGemvSliceOverride(slice);
+              const double ts = TimeMedian(call(cuda::Path::kNative), copies, 30);
+              std::printf(" %d:%.1fus", slice, ts * 1e6);
+              std::snprintf(js, sizeof js,
+                            "{\"bench\":\"gemv-slice\",\"m\":%d,\"k\":%d,\"n\":%d,\"K\":%d,\"slice\":%d,"
+                            "\"native_us\":%.2f}",
+                            m, s.k, s.n, K, slice, ts * 1e6);
+              Json(js);
+            }
+            cuda::SetDenseGemvSliceOverride(0);
+            std::printf("\n");
+          }
           CK(cudaFree(dx));
           CK(cudaFree(dy));
         }
