@@ -1,0 +1,41 @@
+// One layer's attention on the CPU: the family's projections, positions and cache layout behind
+// one interface, so the model's layer loop is the same for every family.
+//
+//   EXL3_ASSIGN_OR_RETURN(std::unique_ptr<Attention> a, LoadAttention(cfg, src, /*layer=*/3));
+//   EXL3_RETURN_IF_ERROR(a->Forward(x_normed /*[T, hidden]*/, tokens, cache, out /*[T, hidden]*/, cpu));
+//
+// Forward writes the step's keys and values into the cache first, then attends each token to the
+// positions it may see (causal; within the sliding window when the model has one).
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "engine/cpu_compute.h"
+#include "engine/model_config.h"
+#include "engine/paged_kv_cache.h"
+#include "engine/step_tokens.h"
+#include "model/safetensors.h"
+
+namespace exl3::engine {
+
+class Attention {
+ public:
+  virtual ~Attention() = default;
+  virtual absl::Status Forward(const float* x, const StepTokens& tokens, PagedKvCache& cache,
+                               float* out, CpuCompute& compute) = 0;
+};
+
+// GQA (Glm4Moe, Qwen3Moe, Mixtral) or MLA (DeepseekV3) per cfg.attention, weights of `layer`.
+absl::StatusOr<std::unique_ptr<Attention>> LoadAttention(const ModelConfig& cfg,
+                                                         const TensorSource& src, int layer);
+
+// softmax(scores[0..n)) in place (fp32, max subtracted).
+void SoftmaxInPlace(float* scores, int n);
+
+// First position token t of a sequence may attend to (0, or the sliding window's start).
+inline int FirstVisiblePosition(int position, int sliding_window) {
+  return sliding_window > 0 && position - sliding_window + 1 > 0 ? position - sliding_window + 1 : 0;
+}
+
+}  // namespace exl3::engine

@@ -1,0 +1,191 @@
+#include "engine/cpu_model.h"
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "engine/local_moe.h"
+#include "engine/rms_norm.h"
+#include "engine/step_tokens.h"
+#include "kernels/fp16.h"
+#include "kernels/moe_cpu.h"
+
+namespace exl3::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+void AddInPlace(float* h, const float* d, size_t n) {
+  for (size_t i = 0; i < n; ++i) h[i] += d[i];
+}
+
+absl::Status CheckEmbedding(const TensorView& t, int vocab, int hidden) {
+  if (t.info->shape != std::vector<int64_t>{vocab, hidden})
+    return absl::InvalidArgumentError(absl::StrCat(t.info->name, ": expected shape [", vocab, ", ",
+                                                   hidden, "]"));
+  switch (t.info->dtype) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+      return absl::OkStatus();
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(t.info->name, ": embeddings of dtype ",
+                                                     std::string(DTypeName(t.info->dtype)), " are not supported"));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CpuModel>> CpuModel::Open(const std::string& dir,
+                                                         const CpuModelOptions& options,
+                                                         std::unique_ptr<MoeExecutor> moe) {
+  EXL3_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(dir));
+  std::unique_ptr<CpuModel> m(new CpuModel(std::move(cfg), options.num_threads));
+  EXL3_ASSIGN_OR_RETURN(m->src_, TensorSource::Open(dir));
+  EXL3_RETURN_IF_ERROR(m->LoadWeights(*m->src_));
+  if (moe == nullptr) {
+    EXL3_ASSIGN_OR_RETURN(std::unique_ptr<LocalMoe> local, LocalMoe::Open(dir, m->compute_));
+    moe = std::move(local);
+  }
+  m->moe_ = std::move(moe);
+
+  ModelInfo& info = m->info_;
+  info.name = options.served_name.empty()
+                  ? std::filesystem::path(dir).lexically_normal().filename().string()
+                  : options.served_name;
+  if (info.name.empty()) info.name = std::filesystem::path(dir).parent_path().filename().string();
+  info.architecture = m->cfg_.architecture();
+  info.vocab_size = m->cfg_.vocab_size;
+  info.max_context = m->cfg_.max_position_embeddings;
+  info.eos_token_ids = m->cfg_.eos_token_ids;
+  info.kv_bytes_per_token =
+      static_cast<int64_t>(m->cfg_.num_layers) * m->cfg_.KvWidth() * static_cast<int64_t>(sizeof(float));
+  return m;
+}
+
+absl::Status CpuModel::LoadWeights(const TensorSource& src) {
+  const int H = cfg_.hidden_size;
+  EXL3_ASSIGN_OR_RETURN(embedding_, src.Get("model.embed_tokens.weight"));
+  EXL3_RETURN_IF_ERROR(CheckEmbedding(embedding_, cfg_.vocab_size, H));
+  layers_.resize(cfg_.num_layers);
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    Layer& L = layers_[l];
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    EXL3_ASSIGN_OR_RETURN(L.input_norm, LoadVector(src, p + "input_layernorm.weight", H));
+    EXL3_ASSIGN_OR_RETURN(L.post_attention_norm,
+                          LoadVector(src, p + "post_attention_layernorm.weight", H));
+    EXL3_ASSIGN_OR_RETURN(L.attention, LoadAttention(cfg_, src, l));
+    if (!cfg_.IsMoeLayer(l)) {
+      const int I = cfg_.intermediate_size;
+      DenseMlp mlp;
+      EXL3_ASSIGN_OR_RETURN(mlp.gate, Linear::Load(src, p + "mlp.gate_proj", H, I));
+      EXL3_ASSIGN_OR_RETURN(mlp.up, Linear::Load(src, p + "mlp.up_proj", H, I));
+      EXL3_ASSIGN_OR_RETURN(mlp.down, Linear::Load(src, p + "mlp.down_proj", I, H));
+      L.dense_mlp = std::move(mlp);
+    }
+  }
+  EXL3_ASSIGN_OR_RETURN(final_norm_, LoadVector(src, "model.norm.weight", H));
+  const bool has_head = src.Has("lm_head.weight") || src.Has("lm_head.trellis");
+  if (has_head) {
+    EXL3_ASSIGN_OR_RETURN(head_, Linear::Load(src, "lm_head", H, cfg_.vocab_size));
+  } else if (cfg_.tie_word_embeddings) {
+    EXL3_ASSIGN_OR_RETURN(std::vector<float> w, ToFloat32(embedding_));
+    head_ = Linear::FromDense(std::move(w), H, cfg_.vocab_size);
+  } else {
+    return absl::NotFoundError("lm_head: no lm_head.weight or lm_head.trellis, and the "
+                               "embeddings are not tied (tie_word_embeddings false)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuModel::AllocateKvCache(const KvCacheShape& shape) {
+  if (shape.num_blocks <= 0 || shape.block_size <= 0)
+    return absl::InvalidArgumentError(absl::StrCat("KV cache of ", shape.num_blocks, " blocks of ",
+                                                   shape.block_size, " tokens"));
+  cache_ = std::make_unique<PagedKvCache>(cfg_.num_layers, cfg_.KvWidth(), shape);
+  return absl::OkStatus();
+}
+
+void CpuModel::Embed(const std::vector<int32_t>& ids, float* h) const {
+  const int H = cfg_.hidden_size;
+  for (size_t t = 0; t < ids.size(); ++t) {
+    float* row = h + t * H;
+    const size_t base = static_cast<size_t>(ids[t]) * H;
+    switch (embedding_.info->dtype) {
+      case DType::kF32:
+        std::memcpy(row, embedding_.as<float>() + base, H * sizeof(float));
+        break;
+      case DType::kF16:
+        for (int i = 0; i < H; ++i) row[i] = HalfBitsToFloat(embedding_.as<uint16_t>()[base + i]);
+        break;
+      default:  // kBF16 (CheckEmbedding refused the rest)
+        for (int i = 0; i < H; ++i) row[i] = BFloat16BitsToFloat(embedding_.as<uint16_t>()[base + i]);
+        break;
+    }
+  }
+}
+
+absl::Status CpuModel::RunDenseMlp(const DenseMlp& mlp, const float* x, int T, float* y) {
+  const size_t n = static_cast<size_t>(T) * cfg_.intermediate_size;
+  std::vector<float> gate(n), up(n);
+  EXL3_RETURN_IF_ERROR(mlp.gate.Forward(x, T, gate.data(), compute_));
+  EXL3_RETURN_IF_ERROR(mlp.up.Forward(x, T, up.data(), compute_));
+  SwiGlu(gate.data(), up.data(), n, /*limit=*/0.0f);
+  return mlp.down.Forward(gate.data(), T, y, compute_);
+}
+
+absl::Status CpuModel::Forward(const StepBatch& batch, float* logits) {
+  if (cache_ == nullptr) return absl::FailedPreconditionError("KV cache not allocated");
+  times_ = StepPhaseTimes{};
+  StepTokens tokens;
+  EXL3_RETURN_IF_ERROR(
+      FlattenStep(batch, cfg_.vocab_size, cache_->shape(), cfg_.max_position_embeddings, &tokens));
+  const int T = tokens.num_tokens, H = cfg_.hidden_size;
+  const size_t n = static_cast<size_t>(T) * H;
+  std::vector<float> h(n), x(n), d(n);
+
+  Clock::time_point t0 = Clock::now();
+  Embed(tokens.token_ids, h.data());
+  times_.embed_s = Seconds(t0);
+
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    Layer& L = layers_[l];
+    t0 = Clock::now();
+    for (int t = 0; t < T; ++t)
+      RmsNorm(&h[static_cast<size_t>(t) * H], L.input_norm.data(), H, cfg_.rms_norm_eps,
+              &x[static_cast<size_t>(t) * H]);
+    EXL3_RETURN_IF_ERROR(L.attention->Forward(x.data(), tokens, *cache_, d.data(), compute_));
+    AddInPlace(h.data(), d.data(), n);
+    for (int t = 0; t < T; ++t)
+      RmsNorm(&h[static_cast<size_t>(t) * H], L.post_attention_norm.data(), H, cfg_.rms_norm_eps,
+              &x[static_cast<size_t>(t) * H]);
+    times_.attention_s += Seconds(t0);
+    t0 = Clock::now();
+    if (L.dense_mlp) {
+      EXL3_RETURN_IF_ERROR(RunDenseMlp(*L.dense_mlp, x.data(), T, d.data()));
+      times_.dense_mlp_s += Seconds(t0);
+    } else {
+      EXL3_RETURN_IF_ERROR(moe_->Forward(l, x.data(), T, tokens.token_ids.data(), d.data()));
+      times_.moe_s += Seconds(t0);
+    }
+    AddInPlace(h.data(), d.data(), n);
+  }
+
+  t0 = Clock::now();
+  const int rows = static_cast<int>(tokens.logit_tokens.size());
+  std::vector<float> last(static_cast<size_t>(rows) * H);
+  for (int r = 0; r < rows; ++r)
+    RmsNorm(&h[static_cast<size_t>(tokens.logit_tokens[r]) * H], final_norm_.data(), H,
+            cfg_.rms_norm_eps, &last[static_cast<size_t>(r) * H]);
+  EXL3_RETURN_IF_ERROR(head_.Forward(last.data(), rows, logits, compute_));
+  times_.head_s = Seconds(t0);
+  return absl::OkStatus();
+}
+
+}  // namespace exl3::engine

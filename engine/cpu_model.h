@@ -1,0 +1,77 @@
+// A whole model's forward pass on the CPU, in fp32: embeddings; per layer input norm → attention
+// → residual → post-attention norm → MoE block or dense MLP → residual; final norm; head. The
+// engine's ModelRunner for machines without a GPU (and the reference the GPU runner is checked
+// against).
+//
+//   CpuModelOptions o;                               // o.num_threads = 0: every hardware thread
+//   EXL3_ASSIGN_OR_RETURN(auto model, CpuModel::Open("/models/glm-exl3", o));   // experts here
+//   // or CpuModel::Open(dir, o, std::move(remote_moe)) with the experts on workers
+//
+// Linear layers are EXL3 or dense as the files store them (engine/linear.h); embeddings and norms
+// as stored, converted to fp32; a tied head reuses the embedding matrix.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/attention.h"
+#include "engine/cpu_compute.h"
+#include "engine/linear.h"
+#include "engine/model_config.h"
+#include "engine/model_runner.h"
+#include "engine/moe_executor.h"
+#include "engine/paged_kv_cache.h"
+#include "model/safetensors.h"
+
+namespace exl3::engine {
+
+struct CpuModelOptions {
+  int num_threads = 0;       // 0: every hardware thread
+  std::string served_name;   // empty: the directory's base name
+};
+
+class CpuModel final : public ModelRunner {
+ public:
+  // `moe` null: the experts are loaded from `dir` and run in this process (engine/local_moe.h).
+  static absl::StatusOr<std::unique_ptr<CpuModel>> Open(const std::string& dir,
+                                                        const CpuModelOptions& options,
+                                                        std::unique_ptr<MoeExecutor> moe = nullptr);
+
+  const ModelInfo& info() const override { return info_; }
+  const ModelConfig& config() const { return cfg_; }
+  absl::Status AllocateKvCache(const KvCacheShape& shape) override;
+  absl::Status Forward(const StepBatch& batch, float* logits) override;
+  StepPhaseTimes LastPhaseTimes() const override { return times_; }
+
+ private:
+  struct DenseMlp {
+    Linear gate, up, down;
+  };
+  struct Layer {
+    std::vector<float> input_norm, post_attention_norm;
+    std::unique_ptr<Attention> attention;
+    std::optional<DenseMlp> dense_mlp;  // unset on MoE layers
+  };
+
+  CpuModel(ModelConfig cfg, int num_threads) : cfg_(std::move(cfg)), compute_(num_threads) {}
+  absl::Status LoadWeights(const TensorSource& src);
+  void Embed(const std::vector<int32_t>& token_ids, float* h) const;
+  absl::Status RunDenseMlp(const DenseMlp& mlp, const float* x, int num_tokens, float* y);
+
+  ModelConfig cfg_;
+  ModelInfo info_;
+  CpuCompute compute_;
+  std::unique_ptr<TensorSource> src_;
+  TensorView embedding_;  // [vocab, hidden] as stored (rows converted on gather)
+  std::vector<Layer> layers_;
+  std::vector<float> final_norm_;
+  Linear head_;
+  std::unique_ptr<MoeExecutor> moe_;
+  std::unique_ptr<PagedKvCache> cache_;
+  StepPhaseTimes times_;
+};
+
+}  // namespace exl3::engine

@@ -1,0 +1,33 @@
+#include "engine/local_moe.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "model/routing.h"
+
+namespace exl3::engine {
+
+absl::StatusOr<std::unique_ptr<LocalMoe>> LocalMoe::Open(const std::string& dir, CpuCompute& compute) {
+  Exl3ModelOptions opt;
+  opt.require_exl3 = false;  // experts may be EXL3 in an otherwise unquantized checkpoint's layout
+  EXL3_ASSIGN_OR_RETURN(std::unique_ptr<Exl3Model> m, Exl3Model::Open(dir, opt));
+  return std::unique_ptr<LocalMoe>(new LocalMoe(std::move(m), compute));
+}
+
+absl::Status LocalMoe::Forward(int layer, const float* x, int T, const int32_t* token_ids, float* y) {
+  const MoeConfig& cfg = model_->config();
+  if (cfg.IsHashRoutedLayer(layer))
+    return absl::UnimplementedError(absl::StrCat("layer ", layer, " is hash-routed"));
+  (void)token_ids;
+  const int k = cfg.top_k;
+  std::vector<int32_t> ids(static_cast<size_t>(T) * k);
+  std::vector<float> weights(static_cast<size_t>(T) * k);
+  EXL3_RETURN_IF_ERROR(RouteTokens(cfg, layer, model_->RouterWeight(layer),
+                                   model_->CorrectionBias(layer), x, T, ids.data(), weights.data()));
+  EXL3_ASSIGN_OR_RETURN(MoeLayerView view, model_->LayerView(layer));
+  return compute_.exl3().Moe(view, x, MoeAssignments::Fixed(T, k, ids.data(), weights.data()),
+                             /*include_shared=*/true, y);
+}
+
+}  // namespace exl3::engine

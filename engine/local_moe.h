@@ -1,0 +1,30 @@
+// MoE blocks run in this process on the CPU: the model's gate (model/routing.h), then the CPU
+// backend's expert MLPs and shared expert (kernels/cpu/cpu_backend.h) on every expert of the model.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/cpu_compute.h"
+#include "engine/moe_executor.h"
+#include "model/exl3_model.h"
+
+namespace exl3::engine {
+
+class LocalMoe final : public MoeExecutor {
+ public:
+  // Loads every routed and shared expert of `dir`. `compute` must outlive this.
+  static absl::StatusOr<std::unique_ptr<LocalMoe>> Open(const std::string& dir, CpuCompute& compute);
+  absl::Status Forward(int layer, const float* x, int num_tokens, const int32_t* token_ids,
+                       float* y) override;
+  const Exl3Model& model() const { return *model_; }
+
+ private:
+  LocalMoe(std::unique_ptr<Exl3Model> model, CpuCompute& compute)
+      : model_(std::move(model)), compute_(compute) {}
+  std::unique_ptr<Exl3Model> model_;
+  CpuCompute& compute_;
+};
+
+}  // namespace exl3::engine

@@ -1,0 +1,249 @@
+#include "engine/model_config.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace exl3::engine {
+namespace {
+
+using nlohmann::json;
+
+absl::Status Missing(const std::string& source, const std::string& field) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(source, ": required field '", field, "' is missing or not a number"));
+}
+
+absl::StatusOr<int> RequireInt(const json& j, const std::string& source, const char* field) {
+  auto it = j.find(field);
+  if (it == j.end() || !it->is_number_integer()) return Missing(source, field);
+  return it->get<int>();
+}
+
+int IntOr(const json& j, const char* field, int fallback) {
+  auto it = j.find(field);
+  return it != j.end() && it->is_number_integer() ? it->get<int>() : fallback;
+}
+
+double NumberOr(const json& j, const char* field, double fallback) {
+  auto it = j.find(field);
+  return it != j.end() && it->is_number() ? it->get<double>() : fallback;
+}
+
+// YaRN's magnitude correction: 0.1 * m * ln(scale) + 1 for scale > 1.
+double YarnMscale(double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; }
+
+// The rope parameters: transformers 5.x writes `rope_parameters` {rope_type, rope_theta, ...};
+// older files write `rope_theta` and `partial_rotary_factor` at the top level and the scaling in
+// `rope_scaling` {type or rope_type, factor, ...}. Fields in the newer place win.
+json MergedRopeParameters(const json& j) {
+  json p = json::object();
+  for (const char* k : {"rope_theta", "partial_rotary_factor"})
+    if (j.contains(k) && !j[k].is_null()) p[k] = j[k];
+  if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) p.update(j["rope_scaling"]);
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object())
+    p.update(j["rope_parameters"]);
+  if (!p.contains("rope_type") && p.contains("type")) p["rope_type"] = p["type"];
+  return p;
+}
+
+absl::Status ParseRope(const json& j, const ModelConfig& cfg, const std::string& source,
+                       double default_partial, RopeConfig* rope) {
+  const json p = MergedRopeParameters(j);
+  rope->theta = NumberOr(p, "rope_theta", 10000.0);
+  const std::string type = p.value("rope_type", std::string("default"));
+  if (type == "default") {
+    rope->type = RopeType::kDefault;
+  } else if (type == "linear") {
+    rope->type = RopeType::kLinear;
+  } else if (type == "dynamic") {
+    rope->type = RopeType::kDynamic;
+  } else if (type == "yarn") {
+    rope->type = RopeType::kYarn;
+  } else {
+    return absl::UnimplementedError(absl::StrCat(
+        source, ": rope type '", type, "' is not supported (default, linear, dynamic, yarn)"));
+  }
+  // The rotating part of a head: DeepSeek's rope head; else head_dim * partial_rotary_factor.
+  const int head = cfg.attention == AttentionKind::kMla ? cfg.qk_rope_head_dim : cfg.head_dim;
+  const double partial = NumberOr(p, "partial_rotary_factor", default_partial);
+  rope->rotary_dim = static_cast<int>(head * partial);
+  if (rope->rotary_dim <= 0 || rope->rotary_dim % 2 != 0 || rope->rotary_dim > head)
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": rotary dimension ", rope->rotary_dim, " of a head of ", head,
+                     " (partial_rotary_factor ", partial, ") must be even and in (0, head]"));
+  if (rope->type == RopeType::kDefault) return absl::OkStatus();
+
+  rope->factor = NumberOr(p, "factor", 0.0);
+  if (rope->type != RopeType::kYarn && rope->factor <= 0.0) return Missing(source, "rope factor");
+  if (rope->type == RopeType::kYarn) {
+    rope->original_max_position = IntOr(p, "original_max_position_embeddings", 0);
+    if (rope->original_max_position <= 0)
+      return Missing(source, "rope original_max_position_embeddings");
+    if (rope->factor <= 0.0)
+      rope->factor = static_cast<double>(cfg.max_position_embeddings) / rope->original_max_position;
+    const double mscale = NumberOr(p, "mscale", 0.0);
+    const double mscale_all_dim = NumberOr(p, "mscale_all_dim", 0.0);
+    if (p.contains("attention_factor") && p["attention_factor"].is_number()) {
+      rope->attention_factor = p["attention_factor"].get<double>();
+    } else if (mscale != 0.0 && mscale_all_dim != 0.0) {
+      rope->attention_factor =
+          YarnMscale(rope->factor, mscale) / YarnMscale(rope->factor, mscale_all_dim);
+    } else {
+      rope->attention_factor = YarnMscale(rope->factor, 1.0);
+    }
+    // transformers treats 0 / null like absent here.
+    if (NumberOr(p, "beta_fast", 0.0) != 0.0) rope->beta_fast = p["beta_fast"].get<double>();
+    if (NumberOr(p, "beta_slow", 0.0) != 0.0) rope->beta_slow = p["beta_slow"].get<double>();
+    if (p.contains("truncate") && p["truncate"].is_boolean()) rope->truncate = p["truncate"];
+  }
+  rope->original_max_position =
+      rope->original_max_position > 0 ? rope->original_max_position : cfg.max_position_embeddings;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int32_t>> EosIds(const json& j) {
+  std::vector<int32_t> ids;
+  auto it = j.find("eos_token_id");
+  if (it == j.end() || it->is_null()) return ids;
+  if (it->is_number_integer()) {
+    ids.push_back(it->get<int32_t>());
+  } else if (it->is_array()) {
+    for (const json& v : *it)
+      if (v.is_number_integer()) ids.push_back(v.get<int32_t>());
+  }
+  return ids;
+}
+
+absl::Status RefuseUnbuilt(const MoeConfig& moe, const std::string& source) {
+  const char* missing = nullptr;
+  switch (moe.family) {
+    case MoeFamily::kGlm:
+      if (moe.architecture == "GlmMoeDsaForCausalLM")
+        missing = "the DSA sparse attention with its lightning indexer";
+      break;
+    case MoeFamily::kDeepseekV4:
+      missing = "compressed sparse attention, hyper-connections and hash-routed layers fed token ids";
+      break;
+    case MoeFamily::kQwen3Next:
+      missing = "gated DeltaNet linear attention and gated full attention";
+      break;
+    default:
+      break;
+  }
+  if (missing == nullptr) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      source, ": the engine cannot run ", moe.architecture, " yet: missing ", missing,
+      ". Its MoE layers can still be served by exl3-worker / exl3-router."));
+}
+
+}  // namespace
+
+int ModelConfig::KvWidth() const {
+  if (attention == AttentionKind::kMla) return kv_lora_rank + qk_rope_head_dim;
+  return 2 * num_kv_heads * head_dim;
+}
+
+absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json,
+                                             std::string_view source_name,
+                                             std::string_view generation_config_json) {
+  const std::string source(source_name);
+  ModelConfig cfg;
+  EXL3_ASSIGN_OR_RETURN(cfg.moe, ParseMoeConfig(config_json, source));
+  EXL3_RETURN_IF_ERROR(RefuseUnbuilt(cfg.moe, source));
+  const json j = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+
+  cfg.hidden_size = cfg.moe.hidden_size;
+  cfg.num_layers = cfg.moe.num_hidden_layers;
+  EXL3_ASSIGN_OR_RETURN(cfg.vocab_size, RequireInt(j, source, "vocab_size"));
+  EXL3_ASSIGN_OR_RETURN(cfg.num_heads, RequireInt(j, source, "num_attention_heads"));
+  EXL3_ASSIGN_OR_RETURN(cfg.max_position_embeddings,
+                        RequireInt(j, source, "max_position_embeddings"));
+  cfg.num_kv_heads = IntOr(j, "num_key_value_heads", cfg.num_heads);
+  cfg.head_dim = IntOr(j, "head_dim", 0);
+  if (cfg.head_dim <= 0 && cfg.num_heads > 0) cfg.head_dim = cfg.hidden_size / cfg.num_heads;
+  cfg.intermediate_size = IntOr(j, "intermediate_size", 0);
+  cfg.rms_norm_eps = static_cast<float>(NumberOr(j, "rms_norm_eps", 1e-6));
+  cfg.tie_word_embeddings = j.value("tie_word_embeddings", false);
+  if (cfg.num_heads <= 0 || cfg.num_kv_heads <= 0 || cfg.num_heads % cfg.num_kv_heads != 0)
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", cfg.num_heads, " heads cannot be grouped over ",
+                                                   cfg.num_kv_heads, " KV heads"));
+
+  double default_partial = 1.0;
+  switch (cfg.moe.family) {
+    case MoeFamily::kGlm:
+      cfg.qk_norm = j.value("use_qk_norm", false);
+      default_partial = 0.5;  // Glm4MoeConfig's default when the file names none
+      break;
+    case MoeFamily::kQwen3Moe:
+      cfg.qk_norm = true;
+      if (j.value("use_sliding_window", false)) cfg.sliding_window = IntOr(j, "sliding_window", 0);
+      break;
+    case MoeFamily::kMixtral:
+      cfg.sliding_window = IntOr(j, "sliding_window", 0);
+      break;
+    case MoeFamily::kDeepseekV3: {
+      cfg.attention = AttentionKind::kMla;
+      cfg.q_lora_rank = IntOr(j, "q_lora_rank", 0);
+      EXL3_ASSIGN_OR_RETURN(cfg.kv_lora_rank, RequireInt(j, source, "kv_lora_rank"));
+      EXL3_ASSIGN_OR_RETURN(cfg.qk_nope_head_dim, RequireInt(j, source, "qk_nope_head_dim"));
+      EXL3_ASSIGN_OR_RETURN(cfg.qk_rope_head_dim, RequireInt(j, source, "qk_rope_head_dim"));
+      EXL3_ASSIGN_OR_RETURN(cfg.v_head_dim, RequireInt(j, source, "v_head_dim"));
+      break;
+    }
+    default:
+      break;
+  }
+  EXL3_RETURN_IF_ERROR(ParseRope(j, cfg, source, default_partial, &cfg.rope));
+  if (cfg.attention == AttentionKind::kMla) {
+    cfg.rope.layout = j.value("rope_interleave", true) ? RopeLayout::kInterleaved
+                                                       : RopeLayout::kHalfSplit;
+    // DeepSeek scales the softmax by mscale(factor, mscale_all_dim)^2 under a scaled rope.
+    double scale = 1.0 / std::sqrt(static_cast<double>(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim));
+    const json p = MergedRopeParameters(j);
+    const double mscale_all_dim = NumberOr(p, "mscale_all_dim", 0.0);
+    if (cfg.rope.type != RopeType::kDefault && mscale_all_dim != 0.0) {
+      const double m = YarnMscale(NumberOr(p, "factor", 1.0), mscale_all_dim);
+      scale *= m * m;
+    }
+    cfg.attention_scale = static_cast<float>(scale);
+  } else {
+    cfg.attention_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(cfg.head_dim)));
+  }
+  if (cfg.num_layers > 0 && cfg.intermediate_size <= 0) {
+    for (int l = 0; l < cfg.num_layers; ++l)
+      if (!cfg.IsMoeLayer(l)) return Missing(source, "intermediate_size (a dense MLP layer exists)");
+  }
+
+  EXL3_ASSIGN_OR_RETURN(cfg.eos_token_ids, EosIds(j));
+  if (!generation_config_json.empty()) {
+    const json g = json::parse(generation_config_json, nullptr, false);
+    if (g.is_object() && g.contains("eos_token_id")) {
+      EXL3_ASSIGN_OR_RETURN(cfg.eos_token_ids, EosIds(g));
+    }
+  }
+  return cfg;
+}
+
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {
+  auto read = [](const std::string& path, std::string* out) {
+    std::ifstream f(path);
+    if (!f) return false;
+    std::stringstream ss;
+    ss << f.rdbuf();
+    *out = ss.str();
+    return true;
+  };
+  std::string config, generation;
+  const std::string path = dir + "/config.json";
+  if (!read(path, &config)) return absl::NotFoundError(absl::StrCat(path, ": cannot be read"));
+  read(dir + "/generation_config.json", &generation);
+  return ParseModelConfig(config, path, generation);
+}
+
+}  // namespace exl3::engine

@@ -1,0 +1,89 @@
+// The whole-model configuration the engine runs: attention, positions, norms, head, and the MoE
+// layout (model/moe_config.h), read from a model directory's config.json as transformers 5.x
+// writes it (`rope_parameters`) and as older files do (`rope_theta`, `rope_scaling`,
+// `partial_rotary_factor` at the top level).
+//
+//   absl::StatusOr<ModelConfig> cfg = LoadModelConfig("/models/glm-exl3");
+//   cfg->attention == AttentionKind::kGqa;  cfg->rope.rotary_dim == 32;
+//
+// Families run by the engine: Glm4MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM (GQA
+// attention) and DeepseekV3ForCausalLM (multi-head latent attention). GlmMoeDsaForCausalLM,
+// DeepseekV4ForCausalLM and Qwen3NextForCausalLM have MoE layers the expert side serves, but their
+// attention is not built yet: loading one for generation fails naming what is missing.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/moe_config.h"
+
+namespace exl3::engine {
+
+enum class AttentionKind {
+  kGqa,  // q/k/v/o projections, grouped KV heads (Glm4Moe, Qwen3Moe, Mixtral)
+  kMla,  // DeepSeek multi-head latent attention (q/kv low-rank, shared rope key)
+};
+
+enum class RopeType { kDefault, kLinear, kDynamic, kYarn };
+
+// How the rotary dimensions pair up.
+enum class RopeLayout {
+  kHalfSplit,    // dimension i pairs with i + rotary_dim/2 (transformers' rotate_half)
+  kInterleaved,  // dimension 2i pairs with 2i+1; the output is de-interleaved (DeepSeek)
+};
+
+struct RopeConfig {
+  RopeType type = RopeType::kDefault;
+  RopeLayout layout = RopeLayout::kHalfSplit;
+  double theta = 10000.0;
+  int rotary_dim = 0;  // leading dimensions of each head that rotate (even)
+  double factor = 1.0;  // linear / dynamic / yarn
+  int original_max_position = 0;  // yarn (and the dynamic threshold: max_position_embeddings)
+  // yarn: scale of cos/sin (attention_factor given, or from factor, mscale, mscale_all_dim).
+  double attention_factor = 1.0;
+  double beta_fast = 32.0, beta_slow = 1.0;
+  bool truncate = true;
+};
+
+struct ModelConfig {
+  MoeConfig moe;  // architecture, family, hidden size, layers, which layers are MoE, routing
+  AttentionKind attention = AttentionKind::kGqa;
+  int vocab_size = 0;
+  int hidden_size = 0;
+  int num_layers = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;            // GQA: per head, for q, k and v
+  int intermediate_size = 0;   // dense MLP layers
+  float rms_norm_eps = 1e-6f;
+  bool qk_norm = false;        // RMSNorm over each head's q and k before RoPE
+  int sliding_window = 0;      // 0: full causal attention; else key j visible to query i iff i - j < window
+  bool tie_word_embeddings = false;
+  int max_position_embeddings = 0;
+  // MLA (attention == kMla).
+  int q_lora_rank = 0;  // 0: a plain q_proj
+  int kv_lora_rank = 0;
+  int qk_nope_head_dim = 0;
+  int qk_rope_head_dim = 0;
+  int v_head_dim = 0;
+  RopeConfig rope;
+  float attention_scale = 0.0f;  // softmax scale of q·k
+  std::vector<int32_t> eos_token_ids;
+
+  const std::string& architecture() const { return moe.architecture; }
+  bool IsMoeLayer(int layer) const { return moe.IsMoeLayer(layer); }
+  // Floats one token's keys and values take in one layer's cache (GQA: k and v of every KV head;
+  // MLA: the normalised latent and the rotated shared key).
+  int KvWidth() const;
+};
+
+// Parses config.json text (`source` names it in errors); generation_config.json's eos_token_id,
+// when given, replaces config.json's.
+absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json, std::string_view source,
+                                             std::string_view generation_config_json = {});
+// Reads DIR/config.json (and DIR/generation_config.json when present).
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir);
+
+}  // namespace exl3::engine

@@ -1,0 +1,22 @@
+// Where a model's MoE blocks run: in this process (engine/local_moe.h, the embedded default), or on
+// expert workers through the router core (services/router/router_moe_executor.h). The engine's
+// layer loop calls it once per MoE layer per step with all of the step's tokens.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace exl3::engine {
+
+class MoeExecutor {
+ public:
+  virtual ~MoeExecutor() = default;
+  // y [T, hidden] = layer `layer`'s MoE block on x [T, hidden] (fp32): the router's choice of
+  // experts, their weighted sum and the shared expert. token_ids [T]: the step's tokens (for
+  // hash-routed layers).
+  virtual absl::Status Forward(int layer, const float* x, int num_tokens, const int32_t* token_ids,
+                               float* y) = 0;
+};
+
+}  // namespace exl3::engine

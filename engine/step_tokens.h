@@ -1,0 +1,29 @@
+// A step's tokens laid out flat, in chunk order, with what each layer needs to know per token.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/model_runner.h"
+
+namespace exl3::engine {
+
+struct StepTokens {
+  const StepBatch* batch = nullptr;
+  int num_tokens = 0;
+  std::vector<int32_t> token_ids;      // [num_tokens]
+  std::vector<int32_t> positions;      // [num_tokens]
+  std::vector<int32_t> chunk_of;       // [num_tokens]: index into batch->chunks
+  std::vector<int32_t> seq_len_after;  // [num_tokens]: its sequence's length after this step
+  std::vector<int32_t> logit_tokens;   // tokens whose logits are wanted, in chunk order
+
+  const std::vector<int32_t>& block_table(int t) const { return batch->chunks[chunk_of[t]].block_table; }
+};
+
+// Flattens `batch`, checking what the model relies on: token ids in [0, vocab), a block table
+// covering every position, block ids in [0, num_blocks), positions within max_context.
+absl::Status FlattenStep(const StepBatch& batch, int vocab_size, const KvCacheShape& cache,
+                         int max_context, StepTokens* out);
+
+}  // namespace exl3::engine
