@@ -1,0 +1,211 @@
+#include "services/router/generator_service.h"
+
+#include <memory>
+#include <mutex>
+
+#include "services/common/status.h"
+
+namespace exl3::router {
+namespace {
+
+namespace pb = ::exl3serve::v1;
+using SteadyClock = std::chrono::steady_clock;
+
+pb::FinishReason ToProto(engine::FinishReason r) {
+  switch (r) {
+    case engine::FinishReason::kStop:
+      return pb::FINISH_REASON_STOP;
+    case engine::FinishReason::kLength:
+      return pb::FINISH_REASON_LENGTH;
+    case engine::FinishReason::kAbort:
+      return pb::FINISH_REASON_ABORT;
+    case engine::FinishReason::kError:
+      return pb::FINISH_REASON_ERROR;
+  }
+  return pb::FINISH_REASON_ERROR;
+}
+
+void AddTokens(const std::vector<engine::SampledToken>& tokens, pb::GenerateResponse* out) {
+  for (const engine::SampledToken& t : tokens) {
+    pb::GeneratedToken* g = out->add_tokens();
+    g->set_token_id(t.token);
+    if (t.logprob) g->set_logprob(*t.logprob);
+    for (const engine::TokenLogprob& lp : t.top_logprobs) {
+      pb::TokenLogprob* e = g->add_top_logprobs();
+      e->set_token_id(lp.token);
+      e->set_logprob(lp.logprob);
+    }
+  }
+}
+
+void SetFinish(const engine::FinishInfo& f, pb::GenerateResponse* out) {
+  out->set_finish_reason(ToProto(f.reason));
+  pb::Usage* u = out->mutable_usage();
+  u->set_prompt_tokens(f.usage.prompt_tokens);
+  u->set_completion_tokens(f.usage.completion_tokens);
+  u->set_cached_tokens(f.usage.cached_tokens);
+  pb::GenerateTimings* t = out->mutable_timings();
+  t->set_queue_seconds(f.timings.queue_s.value_or(0));
+  t->set_prefill_seconds(f.timings.prefill_s.value_or(0));
+  t->set_first_token_seconds(f.timings.time_to_first_token_s.value_or(0));
+  t->set_mean_inter_token_seconds(f.timings.mean_inter_token_s.value_or(0));
+  t->set_total_seconds(f.timings.total_s);
+}
+
+// One Generate call. Lives until OnDone, which comes after Finish, which is called only once the
+// engine's final event for the request has arrived (or the request was never accepted), so the
+// engine never calls back into a deleted reactor.
+class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateResponse> {
+ public:
+  GenerateReactor(engine::Engine& engine, grpc::CallbackServerContext* ctx,
+                  const pb::GenerateRequest& req, std::chrono::milliseconds default_timeout)
+      : engine_(engine) {
+    SteadyClock::time_point deadline = SteadyClock::now() + default_timeout;
+    if (req.timeout_us() > 0) {
+      // Clamped to a day: larger values mean "no deadline" in practice and must not overflow.
+      const uint64_t us = std::min<uint64_t>(req.timeout_us(), 86400ull * 1000000);
+      deadline = SteadyClock::now() + std::chrono::microseconds(us);
+    }
+    const auto call_left = ctx->deadline() - std::chrono::system_clock::now();
+    if (call_left < std::chrono::hours(24 * 365)) deadline = std::min(deadline, SteadyClock::now() + call_left);
+
+    auto id = engine_.Submit(ToGenerateParams(req, deadline),
+                             [this](const engine::GenerateEvent& e) { OnEvent(e); });
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!id.ok()) {
+      finished_ = true;
+      Finish(svc::ToGrpcStatus(id.status()));
+      return;
+    }
+    request_id_ = *id;
+    accepted_ = true;
+    if (cancel_requested_) (void)engine_.Cancel(request_id_);
+  }
+
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancel_requested_ = true;
+    if (accepted_) (void)engine_.Cancel(request_id_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+    if (!ok) client_gone_ = true;
+    if (!ok && accepted_ && !final_seen_) (void)engine_.Cancel(request_id_);
+    Advance();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  // On the engine's loop thread.
+  void OnEvent(const engine::GenerateEvent& e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    AddTokens(e.tokens, &pending_);
+    has_pending_ = has_pending_ || !e.tokens.empty();
+    if (e.finish) {
+      final_seen_ = true;
+      SetFinish(*e.finish, &pending_);
+      has_pending_ = true;
+      switch (e.finish->reason) {
+        case engine::FinishReason::kStop:
+        case engine::FinishReason::kLength:
+          final_status_ = grpc::Status::OK;
+          break;
+        case engine::FinishReason::kAbort:
+          final_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled");
+          break;
+        case engine::FinishReason::kError:
+          final_status_ = svc::ToGrpcStatus(e.finish->status);
+          break;
+      }
+    }
+    Advance();
+  }
+
+  // Under mu_: starts the next write, or finishes once the final event has been written.
+  void Advance() {
+    if (writing_ || finished_) return;
+    if (has_pending_ && !client_gone_) {
+      current_.Swap(&pending_);
+      pending_.Clear();
+      has_pending_ = false;
+      writing_ = true;
+      StartWrite(&current_);
+      return;
+    }
+    if (final_seen_) {
+      finished_ = true;
+      Finish(client_gone_ ? grpc::Status(grpc::StatusCode::CANCELLED, "client went away")
+                          : final_status_);
+    }
+  }
+
+  engine::Engine& engine_;
+  std::mutex mu_;
+  uint64_t request_id_ = 0;
+  bool accepted_ = false;
+  bool cancel_requested_ = false;
+  bool writing_ = false;
+  bool final_seen_ = false;
+  bool finished_ = false;
+  bool client_gone_ = false;
+  bool has_pending_ = false;
+  pb::GenerateResponse pending_, current_;
+  grpc::Status final_status_;
+};
+
+}  // namespace
+
+engine::GenerateParams ToGenerateParams(const pb::GenerateRequest& req,
+                                        SteadyClock::time_point deadline) {
+  engine::GenerateParams p;
+  p.prompt.assign(req.prompt_token_ids().begin(), req.prompt_token_ids().end());
+  const pb::SamplingParams& s = req.sampling();
+  p.sampling.temperature = s.temperature();
+  p.sampling.top_k = s.top_k();
+  p.sampling.top_p = s.top_p() == 0.0f ? 1.0f : s.top_p();
+  p.sampling.min_p = s.min_p();
+  p.sampling.repetition_penalty = s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty();
+  p.sampling.presence_penalty = s.presence_penalty();
+  p.sampling.frequency_penalty = s.frequency_penalty();
+  if (s.has_seed()) p.sampling.seed = s.seed();
+  p.sampling.logprobs = s.logprobs();
+  p.max_tokens = req.max_tokens();
+  p.min_tokens = req.min_tokens();
+  p.stop_token_ids.assign(req.stop_token_ids().begin(), req.stop_token_ids().end());
+  p.ignore_eos = req.ignore_eos();
+  p.deadline = deadline;
+  p.tag = req.request_id();
+  return p;
+}
+
+GeneratorService::GeneratorService(engine::Engine& engine, GeneratorOptions options)
+    : engine_(engine), options_(std::move(options)) {}
+
+grpc::ServerWriteReactor<pb::GenerateResponse>* GeneratorService::Generate(
+    grpc::CallbackServerContext* ctx, const pb::GenerateRequest* req) {
+  return new GenerateReactor(engine_, ctx, *req, options_.default_timeout);
+}
+
+grpc::ServerUnaryReactor* GeneratorService::DescribeModel(grpc::CallbackServerContext* ctx,
+                                                          const pb::DescribeModelRequest*,
+                                                          pb::DescribeModelResponse* resp) {
+  const engine::ModelInfo& info = engine_.model_info();
+  const engine::KvCacheShape shape = engine_.kv_cache_shape();
+  resp->set_model(info.name);
+  resp->set_architecture(info.architecture);
+  resp->set_vocab_size(info.vocab_size);
+  resp->set_max_context(info.max_context);
+  for (int32_t e : info.eos_token_ids) resp->add_eos_token_ids(e);
+  resp->set_kv_capacity_tokens(static_cast<uint64_t>(shape.num_blocks) * shape.block_size);
+  resp->set_kv_block_size(shape.block_size);
+  resp->set_experts(options_.experts);
+  resp->set_state(draining_ ? pb::STATE_DRAINING : pb::STATE_SERVING);
+  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  r->Finish(grpc::Status::OK);
+  return r;
+}
+
+}  // namespace exl3::router

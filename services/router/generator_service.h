@@ -1,0 +1,44 @@
+// The Generator gRPC service (proto/exl3serve/v1/exl3serve.proto): Generate streams one request's
+// tokens from the engine (engine/engine.h); DescribeModel states the served model and the KV
+// capacity. One write in flight per call: tokens sampled while a write is pending are sent
+// together in the next message, so a slow client never holds the engine's loop.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "engine/engine.h"
+#include "exl3serve/v1/exl3serve.grpc.pb.h"
+
+namespace exl3::router {
+
+struct GeneratorOptions {
+  std::chrono::milliseconds default_timeout{600000};  // requests without timeout_us or deadline
+  std::string experts;  // "local" or "workers", for DescribeModel
+};
+
+class GeneratorService final : public ::exl3serve::v1::Generator::CallbackService {
+ public:
+  // `engine` must outlive the service (and be started).
+  GeneratorService(engine::Engine& engine, GeneratorOptions options);
+
+  grpc::ServerWriteReactor<::exl3serve::v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* ctx, const ::exl3serve::v1::GenerateRequest* req) override;
+  grpc::ServerUnaryReactor* DescribeModel(grpc::CallbackServerContext* ctx,
+                                          const ::exl3serve::v1::DescribeModelRequest* req,
+                                          ::exl3serve::v1::DescribeModelResponse* resp) override;
+
+  // Set once draining starts (DescribeModel's state).
+  void SetDraining() { draining_ = true; }
+
+ private:
+  engine::Engine& engine_;
+  GeneratorOptions options_;
+  std::atomic<bool> draining_{false};
+};
+
+// The request's parameters in the engine's terms (no validation: Engine::Submit validates).
+engine::GenerateParams ToGenerateParams(const ::exl3serve::v1::GenerateRequest& req,
+                                        std::chrono::steady_clock::time_point deadline);
+
+}  // namespace exl3::router

@@ -1,0 +1,29 @@
+// The engine's MoE blocks on expert workers: each call is one request through the router core in
+// this process (services/router/in_process_router.h: gate, dispatch to the workers that own the
+// chosen experts, failover, combine, shared expert), with the step's hidden states in fp32 (no
+// serialisation in process) and the answer awaited within `timeout`.
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+#include "engine/moe_executor.h"
+#include "services/router/in_process_router.h"
+
+namespace exl3::router {
+
+class RouterMoeExecutor final : public engine::MoeExecutor {
+ public:
+  // `router` must outlive this executor.
+  RouterMoeExecutor(InProcessRouter& router, int hidden_size, std::chrono::milliseconds timeout);
+  ~RouterMoeExecutor() override;
+  absl::Status Forward(int layer, const float* x, int num_tokens, const int32_t* token_ids,
+                       float* y) override;
+
+ private:
+  std::unique_ptr<InProcessStream> stream_;
+  int hidden_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace exl3::router
