@@ -1,0 +1,234 @@
+// The generation engine: requests in, token events out, one loop thread that schedules a step
+// (engine/scheduler.h), runs it on the model (engine/model_runner.h), samples and reports.
+//
+//   EngineOptions opt;
+//   opt.kv_capacity = {KvCacheCapacity::Unit::kBytes, 8ll << 30};
+//   Engine engine(opt, std::move(runner));
+//   EXL3_RETURN_IF_ERROR(engine.Start());                  // allocates the KV cache, starts the loop
+//   GenerateParams p; p.prompt = ids; p.max_tokens = 128; p.sampling.temperature = 0.7f;
+//   EXL3_ASSIGN_OR_RETURN(uint64_t id, engine.Submit(std::move(p), [](const GenerateEvent& e) {
+//     // on the loop thread; must not block: hand e.tokens / e.finish to the caller's stream
+//   }));
+//   engine.Cancel(id);                                       // final event kAbort within a step
+//   engine.Drain();                                          // refuse new work, finish what runs
+//   engine.Stop();                                           // abort the rest, join the loop
+//
+// Every accepted request gets exactly one final event (GenerateEvent::finish set), after which
+// its callback is never called again. Submit's errors are the request's alone:
+//   INVALID_ARGUMENT    empty prompt, token id outside [0, vocab), prompt longer than
+//                       max_context or than the whole KV cache, max_tokens <= 0 or prompt +
+//                       max_tokens > max_context, min_tokens outside [0, max_tokens],
+//                       temperature < 0, top_k < 0, top_p outside (0, 1], min_p outside [0, 1],
+//                       repetition_penalty <= 0, logprobs outside [0, vocab], no callback;
+//   RESOURCE_EXHAUSTED  max_pending_requests requests already in the engine;
+//   UNAVAILABLE         draining or stopped;
+//   FAILED_PRECONDITION Start has not succeeded.
+// Final events with kError carry DEADLINE_EXCEEDED (the request's deadline passed; checked at
+// every step), the runner's status (the step that held the request failed; the engine goes on
+// with the other requests), or RESOURCE_EXHAUSTED (the sequence outgrew the whole KV cache).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/model_runner.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+
+namespace exl3::engine {
+
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+struct GenerateParams {
+  std::vector<int32_t> prompt;  // token ids
+  SamplingParams sampling;
+  int max_tokens = 16;
+  int min_tokens = 0;                   // EOS and stop tokens are suppressed before this many
+  std::vector<int32_t> stop_token_ids;  // end the request like EOS
+  bool ignore_eos = false;              // ModelInfo::eos_token_ids do not end the request
+  std::optional<SteadyTime> deadline;
+  std::string tag;                      // the caller's label (e.g. the gRPC request id), echoed
+};
+
+struct Usage {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;  // includes the EOS / stop token that ended the request
+  int cached_tokens = 0;      // prompt tokens served by the prefix cache
+};
+
+// Seconds. Phases the request never reached are unset.
+struct RequestTimings {
+  std::optional<double> queue_s;              // Submit to first scheduled step
+  std::optional<double> prefill_s;            // first scheduled step to first token
+  std::optional<double> time_to_first_token_s;  // Submit to first token
+  std::optional<double> mean_inter_token_s;   // between consecutive tokens (two or more tokens)
+  std::optional<double> max_inter_token_s;
+  double total_s = 0;                         // Submit to the final event
+};
+
+struct FinishInfo {
+  FinishReason reason = FinishReason::kStop;
+  absl::Status status;  // OK unless reason is kError
+  Usage usage;
+  RequestTimings timings;
+};
+
+struct GenerateEvent {
+  uint64_t request_id = 0;
+  std::string_view tag;
+  std::vector<SampledToken> tokens;  // new tokens (with logprobs when asked); may be empty
+  std::optional<FinishInfo> finish;  // set on the request's last event
+};
+
+// Called on the engine's loop thread; must not block (queue the event and return).
+using EventCallback = std::function<void(const GenerateEvent&)>;
+
+// One step, for metrics.
+struct StepMetrics {
+  StepPhaseTimes phases;  // ModelRunner::LastPhaseTimes of this step's Forward
+  int num_sequences = 0;
+  int num_tokens = 0;
+  int num_prefill_tokens = 0;  // tokens of chunks that sample nothing or start a sequence
+  int num_decode_tokens = 0;   // one per sequence that had a token sampled last step
+  int num_preempted = 0;
+  bool failed = false;     // Forward returned an error
+  double schedule_s = 0;   // Scheduler::Schedule
+  double forward_s = 0;    // ModelRunner::Forward
+  double sample_s = 0;     // sampling and sequence updates (Scheduler::CompleteStep)
+  double bookkeeping_s = 0;  // intake, cancels, deadlines, events
+};
+
+// Hooks for the service's metrics; called on the loop thread, must not block.
+class EngineObserver {
+ public:
+  virtual ~EngineObserver() = default;
+  virtual void OnStep(const StepMetrics& /*step*/) {}
+  virtual void OnRequestFinished(std::string_view /*tag*/, const RequestTimings& /*timings*/,
+                                 const Usage& /*usage*/, FinishReason /*reason*/) {}
+};
+
+struct KvCacheCapacity {
+  enum class Unit { kBytes, kTokens, kBlocks };
+  Unit unit = Unit::kBlocks;
+  int64_t amount = 0;
+};
+
+struct EngineOptions {
+  SchedulerOptions scheduler;
+  int block_size = 16;  // tokens per KV block
+  // Bytes use ModelInfo::kv_bytes_per_token; the count is rounded down to whole blocks.
+  KvCacheCapacity kv_capacity;
+  int max_pending_requests = 1024;   // accepted and not yet finished
+  EngineObserver* observer = nullptr;  // not owned; must outlive the engine
+};
+
+struct EngineStats {
+  int running = 0;
+  int waiting = 0;
+  int64_t preemptions = 0;  // total
+  double kv_usage = 0;      // fraction of blocks in use
+  int64_t prefix_cache_queried_tokens = 0;
+  int64_t prefix_cache_hit_tokens = 0;
+  double prefix_cache_hit_rate = 0;  // hit / queried tokens; 0 before any query
+  int64_t steps = 0;
+  int64_t failed_steps = 0;
+  int64_t requests_finished = 0;
+};
+
+class Engine {
+ public:
+  Engine(EngineOptions options, std::unique_ptr<ModelRunner> runner);
+  ~Engine();  // Stop()
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Checks the options, sizes and allocates the KV cache, starts the loop thread. Once.
+  absl::Status Start();
+  absl::StatusOr<uint64_t> Submit(GenerateParams params, EventCallback on_event);
+  // Ends a request: its final event (kAbort) and the release of its KV blocks happen at the next
+  // step boundary (at once when idle, else when the running step returns). NOT_FOUND when the
+  // request is unknown or already finished.
+  absl::Status Cancel(uint64_t request_id);
+  // Refuses new requests from now on and returns once every accepted request has finished.
+  void Drain();
+  // Refuses new requests, ends those left with kAbort and joins the loop thread. Idempotent.
+  void Stop();
+
+  EngineStats Stats() const;
+  const ModelInfo& model_info() const { return info_; }
+  KvCacheShape kv_cache_shape() const { return shape_; }  // valid after Start
+
+ private:
+  struct Request {
+    uint64_t id = 0;
+    std::string tag;
+    EventCallback on_event;
+    std::optional<SteadyTime> deadline;
+    SteadyTime arrival;
+    std::optional<SteadyTime> first_scheduled;
+    std::optional<SteadyTime> first_token;
+    SteadyTime last_token;
+    double inter_token_sum_s = 0;
+    double inter_token_max_s = 0;
+    SequenceProgress progress;
+  };
+  struct Incoming {
+    Request request;
+    SequenceRequest sequence;
+  };
+
+  absl::Status Validate(const GenerateParams& params) const;
+  void Loop();
+  // Takes new requests and cancels from the submitting threads. False once Stop was called.
+  bool Intake();
+  void RunStep();
+  void ApplyCancels(std::vector<uint64_t> cancels);
+  void ExpireDeadlines(SteadyTime now);
+  // Removes the request everywhere and sends its final event.
+  void Finish(uint64_t id, FinishReason reason, absl::Status status,
+              std::vector<SampledToken> last_tokens = {});
+  void PublishStats();
+
+  const EngineOptions options_;
+  const std::unique_ptr<ModelRunner> runner_;
+  const ModelInfo info_;
+  KvCacheShape shape_;
+
+  // Loop thread only.
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unordered_map<uint64_t, Request> requests_;
+  std::vector<float> logits_;
+  int64_t steps_ = 0;
+  int64_t failed_steps_ = 0;
+  int64_t requests_finished_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable wake_;     // new work, cancels, Stop
+  std::condition_variable drained_;  // live_ became empty
+  bool started_ = false;
+  bool draining_ = false;
+  bool stopping_ = false;
+  uint64_t next_id_ = 1;
+  std::mt19937_64 seed_source_;  // seeds requests that bring none; seeded from a random device
+  std::vector<Incoming> incoming_;
+  std::vector<uint64_t> cancels_;
+  std::unordered_set<uint64_t> live_;  // accepted and not finished
+  EngineStats stats_;
+  std::thread loop_;
+};
+
+}  // namespace exl3::engine

@@ -1,0 +1,87 @@
+// Turns one row of model logits into the next token of a sequence.
+//
+//   Sampler sampler(vocab_size);                       // holds scratch buffers: one per thread
+//   SamplingParams p; p.temperature = 0.7f; p.top_p = 0.9f; p.logprobs = 5;
+//   SequenceHistory h{prompt_tokens, output_tokens, /*banned_tokens=*/{}};
+//   SampledToken t = sampler.Sample(row, p, seed, h);  // row: vocab_size floats, overwritten
+//
+// Processing order: banned tokens (-inf) → repetition, presence and frequency penalties →
+// temperature → top-k → top-p → min-p → draw. Temperature 0 is greedy: the arg max after the
+// penalties, the lowest token id on ties.
+//
+// Logprobs are the log_softmax of the RAW model logits (before penalties, temperature and
+// truncation), as the model's own distribution: the chosen token's logprob and the top-N tokens
+// by raw logit.
+//
+// Randomness is counter-based: the draw for a sequence's output token i is a pure function of
+// (seed, i), so the same seed gives the same tokens whatever else runs in the batch, and also
+// after the sequence was preempted and recomputed.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+namespace exl3::engine {
+
+struct SamplingParams {
+  float temperature = 1.0f;         // 0: greedy
+  int top_k = 0;                    // 0: off
+  float top_p = 1.0f;               // 1: off; in (0, 1]
+  float min_p = 0.0f;               // 0: off; in [0, 1]
+  // HF semantics: the logit of every token seen in the prompt or the output is divided by it when
+  // positive, multiplied when negative. 1: off.
+  float repetition_penalty = 1.0f;
+  // OpenAI semantics over the output tokens: logit -= presence * (count > 0) + frequency * count.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  std::optional<uint64_t> seed;     // unset: the engine seeds the request from a random device
+  std::optional<int> logprobs;      // unset: none; N: the chosen token's logprob and the top N
+};
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+};
+
+struct SampledToken {
+  int32_t token = 0;
+  // Set when SamplingParams::logprobs is: the chosen token's logprob, then the top N.
+  std::optional<float> logprob;
+  std::vector<TokenLogprob> top_logprobs;  // highest first, lowest token id first on ties
+};
+
+// What the penalties and bans look at.
+struct SequenceHistory {
+  std::span<const int32_t> prompt;
+  std::span<const int32_t> output;         // tokens generated so far; its size is the draw index
+  std::span<const int32_t> banned_tokens;  // get -inf (e.g. EOS before min_tokens)
+};
+
+class Sampler {
+ public:
+  explicit Sampler(int vocab_size);
+
+  // Picks the next token from `logits` (vocab_size floats, overwritten as scratch).
+  SampledToken Sample(std::span<float> logits, const SamplingParams& params, uint64_t seed,
+                      const SequenceHistory& history);
+
+  // The uniform draw in [0, 1) of a sequence's output token `draw_index` (exposed for tests).
+  static double UniformDraw(uint64_t seed, uint64_t draw_index);
+
+ private:
+  void ApplyPenalties(std::span<float> logits, const SamplingParams& params,
+                      const SequenceHistory& history);
+  // Draws from the candidates in candidates_ after top-k / top-p / min-p.
+  int32_t Draw(std::span<const float> logits, const SamplingParams& params, double uniform);
+
+  const int vocab_size_;
+  std::vector<float> raw_;                  // the raw row, kept when logprobs are wanted
+  std::vector<int32_t> candidates_;         // token ids still in the running
+  std::vector<int32_t> output_counts_;      // per token, zero between calls
+  std::vector<uint8_t> seen_;               // per token, zero between calls
+  std::vector<int32_t> touched_;            // tokens whose counts / seen flags to reset
+};
+
+}  // namespace exl3::engine

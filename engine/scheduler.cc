@@ -1,0 +1,218 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace exl3::engine {
+
+const char* FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kError: return "error";
+  }
+  return "unknown";
+}
+
+Scheduler::Scheduler(const SchedulerOptions& options, const ModelInfo& model,
+                     const KvCacheShape& cache)
+    : options_(options),
+      model_(model),
+      kv_(cache.num_blocks, cache.block_size, options.enable_prefix_caching),
+      sampler_(model.vocab_size) {}
+
+void Scheduler::Add(int64_t sequence_id, SequenceRequest request) {
+  Sequence seq;
+  seq.tokens = request.prompt;
+  seq.tokens.reserve(request.prompt.size() + request.max_tokens);
+  if (request.min_tokens > 0) {
+    seq.min_tokens_banned = request.stop_token_ids;
+    if (!request.ignore_eos) {
+      seq.min_tokens_banned.insert(seq.min_tokens_banned.end(), model_.eos_token_ids.begin(),
+                                   model_.eos_token_ids.end());
+    }
+  }
+  seq.request = std::move(request);
+  sequences_.emplace(sequence_id, std::move(seq));
+  waiting_.push_back(sequence_id);
+}
+
+bool Scheduler::Abort(int64_t sequence_id) {
+  if (!sequences_.contains(sequence_id)) return false;
+  Remove(sequence_id);
+  return true;
+}
+
+void Scheduler::Remove(int64_t sequence_id) {
+  auto it = sequences_.find(sequence_id);
+  if (it->second.state == SequenceState::kRunning) {
+    running_.erase(std::find(running_.begin(), running_.end(), sequence_id));
+  } else {
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), sequence_id));
+  }
+  kv_.Free(sequence_id);
+  sequences_.erase(it);
+}
+
+int Scheduler::ChunkSize(const Sequence& seq, int budget) const {
+  int n = std::min(seq.NumUncomputed(), budget);
+  if (options_.long_prefill_token_threshold.has_value()) {
+    n = std::min(n, *options_.long_prefill_token_threshold);
+  }
+  return n;
+}
+
+void Scheduler::AddChunk(int64_t id, const Sequence& seq, int num_tokens,
+                         StepBatch& batch) const {
+  SequenceChunk& chunk = batch.chunks.emplace_back();
+  chunk.sequence_id = id;
+  chunk.start_position = seq.num_computed;
+  chunk.tokens.assign(seq.tokens.begin() + seq.num_computed,
+                      seq.tokens.begin() + seq.num_computed + num_tokens);
+  std::span<const int32_t> table = kv_.BlockTable(id);
+  chunk.block_table.assign(table.begin(), table.end());
+  // Only a chunk that reaches the end of the history produces the next token.
+  chunk.wants_logits = seq.num_computed + num_tokens == static_cast<int>(seq.tokens.size());
+}
+
+int64_t Scheduler::PreemptNewest() {
+  const int64_t id = running_.back();
+  running_.pop_back();
+  Sequence& seq = sequences_.at(id);
+  kv_.Free(id);
+  seq.num_computed = 0;
+  seq.state = SequenceState::kWaiting;
+  waiting_.push_front(id);
+  ++num_preemptions_;
+  return id;
+}
+
+ScheduledStep Scheduler::Schedule() {
+  ScheduledStep step;
+  int budget = options_.max_num_batched_tokens;
+
+  // 1. Running sequences, oldest first. Preemption takes the newest, which are not scheduled yet.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    const int64_t id = running_[i];
+    Sequence& seq = sequences_.at(id);
+    const int n = ChunkSize(seq, budget);
+    bool scheduled = true;
+    while (!kv_.Allocate(id, seq.num_computed + n)) {
+      if (running_.size() == 1) {
+        // Alone with the whole cache and still short of blocks: it can never run.
+        Remove(id);
+        step.dropped.push_back(id);
+        scheduled = false;
+        break;
+      }
+      const int64_t victim = PreemptNewest();
+      step.preempted.push_back(victim);
+      if (victim == id) {
+        scheduled = false;
+        break;
+      }
+    }
+    if (!scheduled) continue;  // running_[i] is now the next sequence, or past the end
+    AddChunk(id, seq, n, step.batch);
+    budget -= n;
+    ++i;
+  }
+
+  // 2. Waiting sequences, front first, unless this step had to preempt.
+  while (step.preempted.empty() && !waiting_.empty() && budget > 0 &&
+         static_cast<int>(running_.size()) < options_.max_num_seqs) {
+    const int64_t id = waiting_.front();
+    Sequence& seq = sequences_.at(id);
+    const PrefixMatch hit = kv_.FindCachedPrefix(seq.tokens);
+    seq.num_computed = hit.num_tokens;
+    const int n = ChunkSize(seq, budget);
+    if (!kv_.Allocate(id, seq.num_computed + n, hit)) {
+      seq.num_computed = 0;
+      if (running_.empty()) {
+        // Nothing running will free blocks: it does not fit the whole cache.
+        Remove(id);
+        step.dropped.push_back(id);
+        continue;
+      }
+      break;  // wait for running sequences to free blocks; keep the queue's order
+    }
+    waiting_.pop_front();
+    seq.state = SequenceState::kRunning;
+    running_.push_back(id);
+    if (!seq.admitted_before) {
+      seq.admitted_before = true;
+      seq.cached_prompt_tokens = std::min<int>(hit.num_tokens, seq.request.prompt.size());
+    }
+    AddChunk(id, seq, n, step.batch);
+    budget -= n;
+  }
+  return step;
+}
+
+std::optional<FinishReason> Scheduler::CheckStop(const Sequence& seq, int32_t token) const {
+  const auto& eos = model_.eos_token_ids;
+  const auto& stop = seq.request.stop_token_ids;
+  if (!seq.request.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end()) {
+    return FinishReason::kStop;
+  }
+  if (std::find(stop.begin(), stop.end(), token) != stop.end()) return FinishReason::kStop;
+  if (seq.NumOutput() >= seq.request.max_tokens) return FinishReason::kLength;
+  if (static_cast<int>(seq.tokens.size()) >= model_.max_context) return FinishReason::kLength;
+  return std::nullopt;
+}
+
+std::vector<SequenceUpdate> Scheduler::CompleteStep(const ScheduledStep& step,
+                                                    std::span<float> logits) {
+  std::vector<SequenceUpdate> updates;
+  const size_t vocab = model_.vocab_size;
+  size_t row = 0;
+  for (const SequenceChunk& chunk : step.batch.chunks) {
+    const size_t this_row = chunk.wants_logits ? row++ : 0;
+    auto it = sequences_.find(chunk.sequence_id);
+    if (it == sequences_.end()) continue;  // aborted during the step
+    Sequence& seq = it->second;
+    seq.num_computed += static_cast<int>(chunk.tokens.size());
+    kv_.CacheFullBlocks(chunk.sequence_id, seq.tokens, seq.num_computed);
+    if (!chunk.wants_logits) continue;
+
+    const std::span<const int32_t> history(seq.tokens);
+    const size_t prompt_len = seq.request.prompt.size();
+    SequenceHistory h;
+    h.prompt = history.first(prompt_len);
+    h.output = history.subspan(prompt_len);
+    if (seq.NumOutput() < seq.request.min_tokens) h.banned_tokens = seq.min_tokens_banned;
+    SequenceUpdate& u = updates.emplace_back();
+    u.sequence_id = chunk.sequence_id;
+    u.token = sampler_.Sample(logits.subspan(this_row * vocab, vocab), seq.request.sampling,
+                              seq.request.seed, h);
+    seq.tokens.push_back(u.token.token);
+    u.finish = CheckStop(seq, u.token.token);
+    u.progress = ProgressOf(seq);
+    if (u.finish.has_value()) Remove(chunk.sequence_id);
+  }
+  return updates;
+}
+
+std::vector<int64_t> Scheduler::FailStep(const ScheduledStep& step) {
+  std::vector<int64_t> failed;
+  for (const SequenceChunk& chunk : step.batch.chunks) {
+    if (!sequences_.contains(chunk.sequence_id)) continue;
+    Remove(chunk.sequence_id);
+    failed.push_back(chunk.sequence_id);
+  }
+  return failed;
+}
+
+SequenceProgress Scheduler::ProgressOf(const Sequence& seq) {
+  return SequenceProgress{static_cast<int>(seq.request.prompt.size()), seq.NumOutput(),
+                          seq.cached_prompt_tokens};
+}
+
+std::optional<SequenceProgress> Scheduler::Progress(int64_t sequence_id) const {
+  auto it = sequences_.find(sequence_id);
+  if (it == sequences_.end()) return std::nullopt;
+  return ProgressOf(it->second);
+}
+
+}  // namespace exl3::engine

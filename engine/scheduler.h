@@ -1,0 +1,153 @@
+// Continuous batching: which tokens of which sequences run in the next step, and what the step's
+// logits make of them. Pure logic, no threads, no clocks: the engine (engine/engine.h) owns the
+// requests, this class owns their token histories, KV blocks and stop conditions.
+//
+//   Scheduler sched(options, runner.info(), {/*num_blocks=*/1024, /*block_size=*/16});
+//   sched.Add(id, std::move(sequence_request));
+//   ScheduledStep step = sched.Schedule();                    // step.batch goes to Forward
+//   std::vector<float> logits(step.batch.NumLogitRows() * vocab);
+//   if (runner.Forward(step.batch, logits.data()).ok()) {
+//     for (const SequenceUpdate& u : sched.CompleteStep(step, logits)) ...  // tokens, finishes
+//   } else {
+//     for (int64_t id : sched.FailStep(step)) ...                            // removed sequences
+//   }
+//
+// Each step, as vLLM's v1 scheduler does it:
+//   1. every running sequence, oldest first, gets its uncomputed tokens: one decode token, or the
+//      next chunk of a partially computed prompt (capped by long_prefill_token_threshold), while
+//      the token budget (max_num_batched_tokens) lasts;
+//   2. when a running sequence's KV blocks cannot grow, the NEWEST running sequence is preempted:
+//      its blocks are freed and it goes back to the front of the waiting queue, to be recomputed
+//      later from its prompt plus the tokens generated so far (its output is unaffected: the
+//      recomputation samples nothing until it reaches the end of what it had);
+//   3. if nothing was preempted, waiting sequences are admitted in order (up to max_num_seqs
+//      running) with a first chunk each; a prefix-cache hit skips the prompt's cached blocks.
+// A sequence's uncomputed tokens are always its history from num_computed on: a prompt (chunk),
+// a recomputation after preemption, or the one token sampled last step (decode).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/kv_block_manager.h"
+#include "engine/model_runner.h"
+#include "engine/sampler.h"
+
+namespace exl3::engine {
+
+enum class FinishReason {
+  kStop,    // an EOS token (ModelInfo::eos_token_ids) or one of the request's stop tokens
+  kLength,  // max_tokens generated
+  kAbort,   // cancelled
+  kError,   // see the accompanying status
+};
+
+const char* FinishReasonName(FinishReason reason);
+
+struct SchedulerOptions {
+  int max_num_batched_tokens = 2048;  // tokens of all chunks of one step
+  int max_num_seqs = 256;             // sequences running at once
+  // The largest chunk one prompt gets in a step; unset: only the token budget limits it.
+  std::optional<int> long_prefill_token_threshold;
+  bool enable_prefix_caching = true;
+};
+
+// What the scheduler keeps of a request.
+struct SequenceRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  uint64_t seed = 0;  // the sampler's counter-based stream (engine/sampler.h)
+  int max_tokens = 1;
+  int min_tokens = 0;  // EOS and stop tokens cannot be sampled before this many tokens
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+};
+
+struct ScheduledStep {
+  StepBatch batch;
+  std::vector<int64_t> preempted;  // sequences preempted while building this step
+  // Sequences removed because they alone do not fit in the whole KV cache (RESOURCE_EXHAUSTED).
+  std::vector<int64_t> dropped;
+};
+
+struct SequenceProgress {
+  int prompt_tokens = 0;
+  int output_tokens = 0;
+  int cached_prompt_tokens = 0;  // prefix-cache hit at its first admission
+};
+
+// What one step did to one sequence.
+struct SequenceUpdate {
+  int64_t sequence_id = 0;
+  SampledToken token;                  // the token sampled this step
+  std::optional<FinishReason> finish;  // kStop or kLength: the sequence is gone
+  SequenceProgress progress;           // after this step
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerOptions& options, const ModelInfo& model, const KvCacheShape& cache);
+
+  // The request must be valid (the engine checks): non-empty prompt of in-vocabulary tokens that
+  // fits in the cache, max_tokens >= 1.
+  void Add(int64_t sequence_id, SequenceRequest request);
+  // Removes a sequence, waiting or running, and frees its blocks. False when unknown.
+  bool Abort(int64_t sequence_id);
+
+  ScheduledStep Schedule();
+  // Consumes the step's logits ([NumLogitRows, vocab], rows overwritten as scratch): advances
+  // every sequence of the step, samples where the chunk wanted logits, and removes finished
+  // sequences. Sequences aborted since Schedule are skipped.
+  std::vector<SequenceUpdate> CompleteStep(const ScheduledStep& step, std::span<float> logits);
+  // The step failed: removes its sequences (those still present) and returns them.
+  std::vector<int64_t> FailStep(const ScheduledStep& step);
+
+  std::optional<SequenceProgress> Progress(int64_t sequence_id) const;
+  bool Contains(int64_t sequence_id) const { return sequences_.contains(sequence_id); }
+  int NumRunning() const { return static_cast<int>(running_.size()); }
+  int NumWaiting() const { return static_cast<int>(waiting_.size()); }
+  bool Empty() const { return sequences_.empty(); }
+  int64_t NumPreemptions() const { return num_preemptions_; }
+  const KvBlockManager& kv() const { return kv_; }
+
+ private:
+  enum class SequenceState { kWaiting, kRunning };
+  struct Sequence {
+    SequenceRequest request;
+    std::vector<int32_t> tokens;  // prompt, then output
+    int num_computed = 0;         // tokens whose keys and values are in the cache
+    SequenceState state = SequenceState::kWaiting;
+    bool admitted_before = false;
+    int cached_prompt_tokens = 0;
+    std::vector<int32_t> min_tokens_banned;  // EOS (unless ignored) and stop tokens
+
+    int NumOutput() const { return static_cast<int>(tokens.size() - request.prompt.size()); }
+    int NumUncomputed() const { return static_cast<int>(tokens.size()) - num_computed; }
+  };
+
+  // Uncomputed tokens of `seq` to run this step, within `budget`.
+  int ChunkSize(const Sequence& seq, int budget) const;
+  void AddChunk(int64_t id, const Sequence& seq, int num_tokens, StepBatch& batch) const;
+  // Frees the newest running sequence's blocks and puts it at the front of the waiting queue.
+  int64_t PreemptNewest();
+  std::optional<FinishReason> CheckStop(const Sequence& seq, int32_t token) const;
+  static SequenceProgress ProgressOf(const Sequence& seq);
+  void Remove(int64_t sequence_id);
+
+  const SchedulerOptions options_;
+  const ModelInfo model_;
+  KvBlockManager kv_;
+  Sampler sampler_;
+  std::unordered_map<int64_t, Sequence> sequences_;
+  std::deque<int64_t> waiting_;
+  std::vector<int64_t> running_;  // admission order: oldest first
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace exl3::engine

@@ -1,0 +1,125 @@
+#include "tests/engine/fake_model_runner.h"
+
+#include <algorithm>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "engine/mix64.h"
+
+namespace exl3::engine::testing {
+
+FakeModelRunner::FakeModelRunner(FakeModelOptions options) : options_(std::move(options)) {
+  info_.name = "fake";
+  info_.architecture = "FakeForCausalLM";
+  info_.vocab_size = options_.vocab_size;
+  info_.max_context = options_.max_context;
+  info_.eos_token_ids = options_.eos_token_ids;
+  info_.kv_bytes_per_token = options_.kv_bytes_per_token;
+}
+
+void FakeModelRunner::HistoryLogits(std::span<const int32_t> history, float* row,
+                                    int vocab_size) {
+  uint64_t h = Mix64(history.size() + kGoldenGamma);
+  for (int32_t t : history) h = Mix64(h ^ (static_cast<uint64_t>(t) + kGoldenGamma));
+  for (int v = 0; v < vocab_size; ++v) {
+    const uint64_t bits = Mix64(h ^ Mix64(static_cast<uint64_t>(v) * kGoldenGamma + 7));
+    row[v] = static_cast<float>(bits >> 40) * (8.0f / (1 << 24)) - 4.0f;
+  }
+}
+
+absl::Status FakeModelRunner::AllocateKvCache(const KvCacheShape& shape) {
+  if (shape.num_blocks < 1 || shape.block_size < 1) {
+    return absl::InvalidArgumentError("bad KV cache shape");
+  }
+  shape_ = shape;
+  slots_.assign(static_cast<size_t>(shape.num_blocks) * shape.block_size, Slot{});
+  slot_written_in_step_.assign(slots_.size(), 0);
+  return absl::OkStatus();
+}
+
+void FakeModelRunner::SetFault(Fault fault) {
+  std::lock_guard<std::mutex> lock(fault_mu_);
+  fault_ = std::move(fault);
+}
+
+absl::Status FakeModelRunner::CheckFailed(std::string message) {
+  ++num_check_failures_;
+  return absl::InternalError(absl::StrCat("fake runner check failed: ", message));
+}
+
+StepPhaseTimes FakeModelRunner::LastPhaseTimes() const {
+  StepPhaseTimes t;
+  t.attention_s = 1e-6;
+  return t;
+}
+
+absl::Status FakeModelRunner::Forward(const StepBatch& batch, float* logits) {
+  const int call = num_forward_calls_++;
+  const int step_mark = call + 1;
+  {
+    std::lock_guard<std::mutex> lock(fault_mu_);
+    if (fault_) {
+      absl::Status s = fault_(call, batch);
+      if (!s.ok()) return s;
+    }
+  }
+  if (slots_.empty()) return CheckFailed("Forward before AllocateKvCache");
+  if (options_.step_delay.count() > 0) std::this_thread::sleep_for(options_.step_delay);
+  max_tokens_in_a_step_ = std::max(max_tokens_in_a_step_.load(), batch.NumTokens());
+
+  const int bs = shape_.block_size;
+  std::vector<int32_t> history;
+  int row = 0;
+  for (const SequenceChunk& c : batch.chunks) {
+    const int end = c.start_position + static_cast<int>(c.tokens.size());
+    if (c.tokens.empty()) return CheckFailed(absl::StrCat("seq ", c.sequence_id, ": empty chunk"));
+    if (static_cast<int64_t>(c.block_table.size()) * bs < end) {
+      return CheckFailed(absl::StrCat("seq ", c.sequence_id, ": block table of ",
+                                      c.block_table.size(), " blocks does not cover ", end));
+    }
+    auto slot_of = [&](int p) -> int64_t {
+      const int32_t block = c.block_table[p / bs];
+      if (block < 0 || block >= shape_.num_blocks) return -1;
+      return static_cast<int64_t>(block) * bs + p % bs;
+    };
+    history.clear();
+    for (int p = 0; p < c.start_position; ++p) {
+      const int64_t s = slot_of(p);
+      if (s < 0) return CheckFailed(absl::StrCat("seq ", c.sequence_id, ": bad block id"));
+      const Slot& slot = slots_[s];
+      if (!slot.written || slot.position != p) {
+        return CheckFailed(absl::StrCat("seq ", c.sequence_id, ": position ", p,
+                                        " read before it was written"));
+      }
+      if (slot_written_in_step_[s] == step_mark) {
+        return CheckFailed(absl::StrCat("seq ", c.sequence_id, ": position ", p,
+                                        " read in the step that writes it"));
+      }
+      history.push_back(slot.token);
+    }
+    for (int i = 0; i < static_cast<int>(c.tokens.size()); ++i) {
+      const int p = c.start_position + i;
+      const int64_t s = slot_of(p);
+      if (s < 0) return CheckFailed(absl::StrCat("seq ", c.sequence_id, ": bad block id"));
+      if (slot_written_in_step_[s] == step_mark) {
+        return CheckFailed(absl::StrCat("seq ", c.sequence_id, ": slot ", s,
+                                        " written twice in one step"));
+      }
+      if (c.tokens[i] < 0 || c.tokens[i] >= info_.vocab_size) {
+        return CheckFailed(absl::StrCat("seq ", c.sequence_id, ": token out of range"));
+      }
+      slots_[s] = Slot{true, c.tokens[i], p};
+      slot_written_in_step_[s] = step_mark;
+      history.push_back(c.tokens[i]);
+    }
+    if (c.wants_logits) {
+      HistoryLogits(history, logits + static_cast<size_t>(row) * info_.vocab_size,
+                    info_.vocab_size);
+      ++row;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace exl3::engine::testing

@@ -1,0 +1,81 @@
+// A ModelRunner for the scheduling tests: no model, but logits that are a pure function of the
+// sequence's token history read back from its KV cache, so any scheduling or block-table mistake
+// changes the generated tokens or fails the step.
+//
+//   FakeModelOptions opt; opt.vocab_size = 64;
+//   auto runner = std::make_unique<FakeModelRunner>(opt);
+//   FakeModelRunner* fake = runner.get();                  // keep for fault injection, counters
+//   fake->SetFault([](int call, const StepBatch&) { return call == 3 ? absl::InternalError("x") : absl::OkStatus(); });
+//   std::vector<float> row(64);
+//   FakeModelRunner::HistoryLogits(tokens, row.data(), 64);  // what a sequence's last token gives
+//
+// The "cache" keeps, per slot (block * block_size + offset), the token and position written
+// there. Forward checks, for every chunk, that the block table covers the chunk, that every
+// earlier position's slot holds that position (written by an earlier step), and that no two
+// chunks of one step write the same slot; it then writes the chunk's tokens and returns, per
+// chunk that wants logits, HistoryLogits of the history it read plus the chunk's tokens. A
+// failed check is an INTERNAL error naming it (and is counted in num_check_failures).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/model_runner.h"
+
+namespace exl3::engine::testing {
+
+struct FakeModelOptions {
+  int vocab_size = 64;
+  int max_context = 4096;
+  std::vector<int32_t> eos_token_ids = {1};
+  int64_t kv_bytes_per_token = 256;
+  std::chrono::microseconds step_delay{0};  // sleep in every Forward
+};
+
+class FakeModelRunner : public ModelRunner {
+ public:
+  // Called at the start of each Forward (call index from 0); an error fails that step.
+  using Fault = std::function<absl::Status(int call, const StepBatch& batch)>;
+
+  explicit FakeModelRunner(FakeModelOptions options);
+
+  const ModelInfo& info() const override { return info_; }
+  absl::Status AllocateKvCache(const KvCacheShape& shape) override;
+  absl::Status Forward(const StepBatch& batch, float* logits) override;
+  StepPhaseTimes LastPhaseTimes() const override;
+
+  void SetFault(Fault fault);
+  int num_forward_calls() const { return num_forward_calls_.load(); }
+  int num_check_failures() const { return num_check_failures_.load(); }
+  int max_tokens_in_a_step() const { return max_tokens_in_a_step_.load(); }
+
+  // Pseudo-random logits in [-4, 4) that depend on every token of `history` and its length.
+  static void HistoryLogits(std::span<const int32_t> history, float* row, int vocab_size);
+
+ private:
+  struct Slot {
+    bool written = false;
+    int32_t token = 0;
+    int position = 0;
+  };
+  absl::Status CheckFailed(std::string message);
+
+  const FakeModelOptions options_;
+  ModelInfo info_;
+  KvCacheShape shape_;
+  std::vector<Slot> slots_;
+  std::vector<int> slot_written_in_step_;  // step index + 1 of the last write
+  std::mutex fault_mu_;
+  Fault fault_;
+  std::atomic<int> num_forward_calls_{0};
+  std::atomic<int> num_check_failures_{0};
+  std::atomic<int> max_tokens_in_a_step_{0};
+};
+
+}  // namespace exl3::engine::testing

@@ -1,0 +1,241 @@
+#include "engine/sampler.h"
+
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <set>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace exl3::engine {
+namespace {
+
+using V = std::vector<int32_t>;
+
+SampledToken SampleCopy(Sampler& s, std::vector<float> logits, const SamplingParams& p,
+                        uint64_t seed, const SequenceHistory& h = {}) {
+  return s.Sample(logits, p, seed, h);
+}
+
+// Token frequencies over `n` seeds.
+std::map<int32_t, double> Frequencies(const std::vector<float>& logits, const SamplingParams& p,
+                                      int n, const SequenceHistory& h = {}) {
+  Sampler s(static_cast<int>(logits.size()));
+  std::map<int32_t, double> freq;
+  for (int seed = 0; seed < n; ++seed) freq[SampleCopy(s, logits, p, seed, h).token] += 1.0 / n;
+  return freq;
+}
+
+std::vector<double> Softmax(const std::vector<float>& logits) {
+  double m = -INFINITY, z = 0;
+  for (float l : logits) m = std::max<double>(m, l);
+  std::vector<double> p;
+  for (float l : logits) z += std::exp(l - m);
+  for (float l : logits) p.push_back(std::exp(l - m) / z);
+  return p;
+}
+
+std::vector<float> LogProbs(std::initializer_list<double> probs) {
+  std::vector<float> l;
+  for (double p : probs) l.push_back(static_cast<float>(std::log(p)));
+  return l;
+}
+
+TEST(Sampler, GreedyTakesTheMaxLowestIdOnTies) {
+  Sampler s(5);
+  SamplingParams p;
+  p.temperature = 0;
+  EXPECT_EQ(SampleCopy(s, {0, 3, 1, 3, 2}, p, 0).token, 1);
+  EXPECT_EQ(SampleCopy(s, {5, 3, 1, 3, 2}, p, 0).token, 0);
+  // Greedy does not depend on the seed.
+  for (uint64_t seed = 0; seed < 20; ++seed) EXPECT_EQ(SampleCopy(s, {0, 1, 4, 2, 3}, p, seed).token, 2);
+}
+
+TEST(Sampler, BannedTokensAreNeverChosen) {
+  Sampler s(4);
+  SamplingParams p;
+  p.temperature = 0;
+  const V banned = {2};
+  SequenceHistory h;
+  h.banned_tokens = banned;
+  EXPECT_EQ(SampleCopy(s, {0, 1, 9, 2}, p, 0, h).token, 3);
+  p.temperature = 1;
+  for (uint64_t seed = 0; seed < 200; ++seed) EXPECT_NE(SampleCopy(s, {0, 1, 9, 2}, p, seed, h).token, 2);
+}
+
+TEST(Sampler, SameSeedAndIndexGiveTheSameToken) {
+  std::vector<float> logits(100);
+  for (int i = 0; i < 100; ++i) logits[i] = std::sin(i * 0.7f) * 2;
+  Sampler a(100), b(100);
+  SamplingParams p;
+  p.temperature = 0.9f;
+  p.top_p = 0.95f;
+  std::set<int32_t> distinct;
+  const V output = {3, 4, 5};
+  for (uint64_t seed = 0; seed < 50; ++seed) {
+    SequenceHistory h;
+    h.output = output;
+    const int32_t t = SampleCopy(a, logits, p, seed, h).token;
+    EXPECT_EQ(SampleCopy(b, logits, p, seed, h).token, t);
+    distinct.insert(t);
+  }
+  EXPECT_GT(distinct.size(), 5u);  // seeds matter
+  // The draw depends on the output position too.
+  EXPECT_NE(Sampler::UniformDraw(7, 0), Sampler::UniformDraw(7, 1));
+  EXPECT_EQ(Sampler::UniformDraw(7, 3), Sampler::UniformDraw(7, 3));
+  for (uint64_t i = 0; i < 1000; ++i) {
+    const double u = Sampler::UniformDraw(i, i * 3);
+    EXPECT_GE(u, 0.0);
+    EXPECT_LT(u, 1.0);
+  }
+}
+
+TEST(Sampler, TemperatureSamplingFollowsTheSoftmax) {
+  const std::vector<float> logits = {1.0f, 2.0f, 0.5f, -1.0f};
+  SamplingParams p;
+  p.temperature = 2.0f;
+  const std::map<int32_t, double> freq = Frequencies(logits, p, 20000);
+  const std::vector<double> want = Softmax({0.5f, 1.0f, 0.25f, -0.5f});
+  for (int t = 0; t < 4; ++t) EXPECT_NEAR(freq.count(t) ? freq.at(t) : 0.0, want[t], 0.015) << t;
+}
+
+TEST(Sampler, TopKTopPMinPRestrictTheSupport) {
+  const std::vector<float> logits = LogProbs({0.5, 0.3, 0.15, 0.05});
+  auto support = [&](const SamplingParams& p) {
+    std::set<int32_t> s;
+    for (const auto& [t, f] : Frequencies(logits, p, 4000)) s.insert(t);
+    return s;
+  };
+  SamplingParams p;
+  EXPECT_EQ(support(p), (std::set<int32_t>{0, 1, 2, 3}));
+  p.top_k = 2;
+  EXPECT_EQ(support(p), (std::set<int32_t>{0, 1}));
+  p = {};
+  p.top_p = 0.79f;  // 0.5 + 0.3 reaches it
+  EXPECT_EQ(support(p), (std::set<int32_t>{0, 1}));
+  p.top_p = 0.81f;
+  EXPECT_EQ(support(p), (std::set<int32_t>{0, 1, 2}));
+  p = {};
+  p.min_p = 0.2f;  // keeps p >= 0.1
+  EXPECT_EQ(support(p), (std::set<int32_t>{0, 1, 2}));
+  p.min_p = 0.7f;  // keeps p >= 0.35
+  EXPECT_EQ(support(p), (std::set<int32_t>{0}));
+  // top-k first, then top-p over the renormalized top 3: 0.5/0.95 + 0.3/0.95 = 0.84 < 0.85.
+  p = {};
+  p.top_k = 3;
+  p.top_p = 0.85f;
+  EXPECT_EQ(support(p), (std::set<int32_t>{0, 1, 2}));
+  p.top_p = 0.83f;
+  EXPECT_EQ(support(p), (std::set<int32_t>{0, 1}));
+  // Within the support the proportions stay those of the model.
+  p = {};
+  p.top_k = 2;
+  const auto freq = Frequencies(logits, p, 20000);
+  EXPECT_NEAR(freq.at(0), 0.5 / 0.8, 0.015);
+}
+
+TEST(Sampler, TopPOverALargeVocabulary) {
+  // Exercises the incremental sort past its first 64 candidates.
+  std::vector<float> logits(5000, 0.0f);
+  SamplingParams p;
+  p.top_p = 0.5f;
+  std::set<int32_t> seen;
+  for (const auto& [t, f] : Frequencies(logits, p, 1000)) seen.insert(t);
+  // Equal logits: the support is the lowest 2500 ids.
+  EXPECT_LT(*seen.rbegin(), 2500);
+  EXPECT_GT(seen.size(), 500u);
+}
+
+TEST(Sampler, RepetitionPenaltyFollowsHfSemantics) {
+  Sampler s(3);
+  SamplingParams p;
+  p.temperature = 0;
+  p.repetition_penalty = 2.0f;
+  const V prompt = {0};
+  SequenceHistory h;
+  h.prompt = prompt;
+  // Positive logit divided: 2.0 -> 1.0 < 1.5.
+  EXPECT_EQ(SampleCopy(s, {2.0f, 1.5f, 0.0f}, p, 0, h).token, 1);
+  // 2.0 -> 1.0 > 0.9.
+  EXPECT_EQ(SampleCopy(s, {2.0f, 0.9f, 0.0f}, p, 0, h).token, 0);
+  // Negative logit multiplied: -1 -> -2 < -1.5.
+  EXPECT_EQ(SampleCopy(s, {-1.0f, -1.5f, -9.0f}, p, 0, h).token, 1);
+  // Output tokens count too.
+  const V output = {1};
+  h.prompt = {};
+  h.output = output;
+  EXPECT_EQ(SampleCopy(s, {1.0f, 1.5f, 0.0f}, p, 0, h).token, 0);
+  // Scratch state is reset between calls: no penalty without history.
+  EXPECT_EQ(SampleCopy(s, {1.0f, 1.5f, 0.0f}, p, 0, {}).token, 1);
+}
+
+TEST(Sampler, PresenceAndFrequencyPenaltiesCountOutputTokensOnly) {
+  Sampler s(3);
+  SamplingParams p;
+  p.temperature = 0;
+  const V output = {0, 0, 2};
+  const V prompt = {1, 1, 1};
+  SequenceHistory h;
+  h.output = output;
+  h.prompt = prompt;
+  p.frequency_penalty = 0.3f;  // 3 - 0.6 = 2.4 < 2.5
+  EXPECT_EQ(SampleCopy(s, {3.0f, 2.5f, 0.0f}, p, 0, h).token, 1);
+  p.frequency_penalty = 0.2f;  // 2.6 > 2.5
+  EXPECT_EQ(SampleCopy(s, {3.0f, 2.5f, 0.0f}, p, 0, h).token, 0);
+  p.frequency_penalty = 0;
+  p.presence_penalty = 0.6f;  // once, whatever the count: 2.4
+  EXPECT_EQ(SampleCopy(s, {3.0f, 2.5f, 0.0f}, p, 0, h).token, 1);
+  // The prompt's tokens are not penalized: token 1 keeps 2.9 > 3 - 0.6.
+  EXPECT_EQ(SampleCopy(s, {3.0f, 2.9f, 0.0f}, p, 0, h).token, 1);
+  p.presence_penalty = 0.05f;
+  EXPECT_EQ(SampleCopy(s, {3.0f, 2.9f, 0.0f}, p, 0, h).token, 0);
+  // The distribution moves as defined: softmax of the penalized logits.
+  p = {};
+  p.frequency_penalty = 0.5f;
+  const auto freq = Frequencies({1.0f, 1.0f, 1.0f}, p, 20000, h);
+  const std::vector<double> want = Softmax({0.0f, 1.0f, 0.5f});
+  for (int t = 0; t < 3; ++t) EXPECT_NEAR(freq.at(t), want[t], 0.015) << t;
+}
+
+TEST(Sampler, LogprobsAreTheRawLogSoftmax) {
+  std::vector<float> logits(50);
+  for (int i = 0; i < 50; ++i) logits[i] = std::cos(i * 1.3f) * 3;
+  logits[17] = logits[4];  // a tie in the top list
+  std::vector<double> want(50);
+  double m = -INFINITY, z = 0;
+  for (float l : logits) m = std::max<double>(m, l);
+  for (float l : logits) z += std::exp(l - m);
+  for (int i = 0; i < 50; ++i) want[i] = logits[i] - m - std::log(z);
+
+  Sampler s(50);
+  SamplingParams p;
+  p.temperature = 0.5f;
+  p.top_k = 3;
+  p.repetition_penalty = 1.5f;  // processing does not change the reported logprobs
+  p.logprobs = 5;
+  const V prompt = {0, 1, 2};
+  SequenceHistory h;
+  h.prompt = prompt;
+  const SampledToken t = SampleCopy(s, logits, p, 42, h);
+  ASSERT_TRUE(t.logprob.has_value());
+  EXPECT_NEAR(*t.logprob, want[t.token], 1e-5);
+  ASSERT_EQ(t.top_logprobs.size(), 5u);
+  std::vector<int> order(50);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(t.top_logprobs[i].token, order[i]);
+    EXPECT_NEAR(t.top_logprobs[i].logprob, want[order[i]], 1e-5);
+  }
+  // logprobs = 0: the chosen token's only; unset: none.
+  p.logprobs = 0;
+  const SampledToken zero = SampleCopy(s, logits, p, 42, h);
+  EXPECT_TRUE(zero.logprob.has_value());
+  EXPECT_TRUE(zero.top_logprobs.empty());
+  p.logprobs.reset();
+  EXPECT_FALSE(SampleCopy(s, logits, p, 42, h).logprob.has_value());
+}
+
+}  // namespace
+}  // namespace exl3::engine

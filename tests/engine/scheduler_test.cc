@@ -1,0 +1,266 @@
+#include "engine/scheduler.h"
+
+#include <map>
+#include <numeric>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/engine/fake_model_runner.h"
+
+namespace exl3::engine {
+namespace {
+
+using testing::FakeModelOptions;
+using testing::FakeModelRunner;
+
+std::vector<int32_t> Prompt(int n, int salt) {
+  std::vector<int32_t> p(n);
+  for (int i = 0; i < n; ++i) p[i] = 2 + (i * 7 + salt * 13) % 60;
+  return p;
+}
+
+SequenceRequest Request(int prompt_len, int salt, int max_tokens) {
+  SequenceRequest r;
+  r.prompt = Prompt(prompt_len, salt);
+  r.sampling.temperature = 0;
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  return r;
+}
+
+// Runs the scheduler against the fake runner, step by step.
+class Driver {
+ public:
+  Driver(const SchedulerOptions& options, KvCacheShape cache)
+      : runner_(FakeModelOptions{}), sched_(options, runner_.info(), cache) {
+    EXPECT_TRUE(runner_.AllocateKvCache(cache).ok());
+  }
+  Scheduler& sched() { return sched_; }
+
+  ScheduledStep Step() {
+    ScheduledStep step = sched_.Schedule();
+    logits_.assign(static_cast<size_t>(step.batch.NumLogitRows()) * runner_.info().vocab_size, 0);
+    const absl::Status s = runner_.Forward(step.batch, logits_.data());
+    EXPECT_TRUE(s.ok()) << s;
+    for (const SequenceUpdate& u : sched_.CompleteStep(step, logits_)) {
+      outputs[u.sequence_id].push_back(u.token.token);
+      if (u.finish.has_value()) finished[u.sequence_id] = *u.finish;
+    }
+    return step;
+  }
+  void RunToEnd() {
+    for (int i = 0; i < 10000 && !sched_.Empty(); ++i) Step();
+    EXPECT_TRUE(sched_.Empty());
+  }
+
+  std::map<int64_t, std::vector<int32_t>> outputs;
+  std::map<int64_t, FinishReason> finished;
+
+ private:
+  FakeModelRunner runner_;
+  Scheduler sched_;
+  std::vector<float> logits_;
+};
+
+std::vector<int> ChunkSizes(const ScheduledStep& step) {
+  std::vector<int> sizes;
+  for (const SequenceChunk& c : step.batch.chunks) sizes.push_back(static_cast<int>(c.tokens.size()));
+  return sizes;
+}
+
+const KvCacheShape kLargeCache{4096, 16};
+
+TEST(Scheduler, TokenBudgetSplitsPromptsIntoChunks) {
+  Driver d(SchedulerOptions{}, kLargeCache);  // 2048 tokens a step
+  for (int i = 1; i <= 3; ++i) d.sched().Add(i, Request(1000, i, 4));
+  ScheduledStep s1 = d.Step();
+  EXPECT_EQ(ChunkSizes(s1), (std::vector<int>{1000, 1000, 48}));
+  EXPECT_TRUE(s1.batch.chunks[0].wants_logits);
+  EXPECT_FALSE(s1.batch.chunks[2].wants_logits);
+  EXPECT_EQ(s1.batch.NumLogitRows(), 2);
+  // Then the two decodes first, and the rest of the third prompt.
+  ScheduledStep s2 = d.Step();
+  EXPECT_EQ(ChunkSizes(s2), (std::vector<int>{1, 1, 952}));
+  EXPECT_EQ(s2.batch.chunks[2].start_position, 48);
+  d.RunToEnd();
+  for (int i = 1; i <= 3; ++i) EXPECT_EQ(d.outputs[i].size(), 4u);
+}
+
+TEST(Scheduler, LongPrefillThresholdCapsEachPromptsChunk) {
+  SchedulerOptions opt;
+  opt.long_prefill_token_threshold = 256;
+  Driver d(opt, kLargeCache);
+  for (int i = 1; i <= 10; ++i) d.sched().Add(i, Request(1000, i, 2));
+  ScheduledStep s1 = d.Step();
+  EXPECT_EQ(ChunkSizes(s1), std::vector<int>(8, 256));  // 8 * 256 = the whole budget
+  EXPECT_EQ(d.sched().NumWaiting(), 2);
+  d.RunToEnd();
+  EXPECT_EQ(d.finished.size(), 10u);
+}
+
+TEST(Scheduler, DecodeIsNotStarvedByALongPrompt) {
+  SchedulerOptions opt;
+  opt.max_num_batched_tokens = 512;
+  opt.long_prefill_token_threshold = 128;
+  Driver d(opt, kLargeCache);
+  d.sched().Add(1, Request(10, 1, 40));
+  d.Step();  // prefill of 1
+  d.sched().Add(2, Request(3000, 2, 1));
+  d.sched().Add(3, Request(3000, 3, 1));
+  for (int step = 0; step < 30; ++step) {
+    const size_t before = d.outputs[1].size();
+    ScheduledStep s = d.Step();
+    ASSERT_GE(s.batch.chunks.size(), 1u);
+    EXPECT_EQ(s.batch.chunks[0].sequence_id, 1);
+    EXPECT_EQ(s.batch.chunks[0].tokens.size(), 1u);
+    EXPECT_EQ(d.outputs[1].size(), before + 1);  // a token every step
+    for (const SequenceChunk& c : s.batch.chunks) EXPECT_LE(c.tokens.size(), 128u);
+    EXPECT_LE(s.batch.NumTokens(), 512);
+  }
+}
+
+TEST(Scheduler, MaxNumSeqsLimitsRunning) {
+  SchedulerOptions opt;
+  opt.max_num_seqs = 2;
+  Driver d(opt, kLargeCache);
+  for (int i = 1; i <= 3; ++i) d.sched().Add(i, Request(5, i, 3));
+  d.Step();
+  EXPECT_EQ(d.sched().NumRunning(), 2);
+  EXPECT_EQ(d.sched().NumWaiting(), 1);
+  d.RunToEnd();
+  EXPECT_EQ(d.finished.size(), 3u);
+}
+
+TEST(Scheduler, FullCachePreemptsTheNewestAndItResumesWithTheSameTokens) {
+  // Solo reference outputs.
+  std::map<int64_t, std::vector<int32_t>> want;
+  for (int i = 1; i <= 3; ++i) {
+    Driver solo(SchedulerOptions{}, kLargeCache);
+    solo.sched().Add(i, Request(7, i, 12));
+    solo.RunToEnd();
+    want[i] = solo.outputs[i];
+  }
+  // 6 blocks of 4: three 7-token prompts fill them; growing to 9 tokens needs a third block.
+  Driver d(SchedulerOptions{}, KvCacheShape{6, 4});
+  for (int i = 1; i <= 3; ++i) d.sched().Add(i, Request(7, i, 12));
+  EXPECT_EQ(d.Step().preempted.size(), 0u);  // prefill: 7 tokens, 2 blocks each
+  EXPECT_EQ(d.Step().preempted.size(), 0u);  // position 7 still in block 1
+  ScheduledStep s3 = d.Step();                // position 8 needs block 2: the newest goes
+  EXPECT_EQ(s3.preempted, std::vector<int64_t>{3});
+  EXPECT_EQ(ChunkSizes(s3), (std::vector<int>{1, 1}));
+  EXPECT_EQ(d.sched().NumWaiting(), 1);
+  EXPECT_EQ(d.sched().NumPreemptions(), 1);
+  d.RunToEnd();
+  for (int i = 1; i <= 3; ++i) EXPECT_EQ(d.outputs[i], want[i]) << "sequence " << i;
+  EXPECT_GE(d.sched().NumPreemptions(), 1);
+}
+
+TEST(Scheduler, NoAdmissionInAStepThatPreempted) {
+  Driver d(SchedulerOptions{}, KvCacheShape{4, 4});
+  d.sched().Add(1, Request(7, 1, 10));
+  d.sched().Add(2, Request(7, 2, 10));
+  d.Step();
+  d.Step();
+  d.sched().Add(3, Request(2, 3, 1));
+  ScheduledStep s = d.Step();
+  EXPECT_EQ(s.preempted, std::vector<int64_t>{2});
+  for (const SequenceChunk& c : s.batch.chunks) EXPECT_NE(c.sequence_id, 3);
+  // The preempted sequence is first in line again.
+  d.RunToEnd();
+  EXPECT_EQ(d.finished.size(), 3u);
+}
+
+TEST(Scheduler, ASequenceThatOutgrowsTheWholeCacheIsDropped) {
+  Driver d(SchedulerOptions{}, KvCacheShape{2, 4});
+  d.sched().Add(1, Request(7, 1, 5));
+  d.Step();
+  d.Step();
+  ScheduledStep s = d.Step();  // position 8 would need a third block
+  EXPECT_EQ(s.dropped, std::vector<int64_t>{1});
+  EXPECT_TRUE(d.sched().Empty());
+  EXPECT_EQ(d.sched().kv().NumFreeBlocks(), 2);
+}
+
+TEST(Scheduler, StopConditions) {
+  Driver d(SchedulerOptions{}, kLargeCache);
+  // Greedy output of this prompt, to pick a stop token from.
+  d.sched().Add(1, Request(5, 1, 6));
+  d.RunToEnd();
+  const std::vector<int32_t> free_run = d.outputs[1];
+  ASSERT_EQ(free_run.size(), 6u);
+  EXPECT_EQ(d.finished[1], FinishReason::kLength);
+
+  SequenceRequest stop = Request(5, 1, 6);
+  stop.stop_token_ids = {free_run[2]};
+  d.sched().Add(2, stop);
+  d.RunToEnd();
+  EXPECT_EQ(d.finished[2], FinishReason::kStop);
+  const size_t first = std::find(free_run.begin(), free_run.end(), free_run[2]) - free_run.begin();
+  EXPECT_EQ(d.outputs[2].size(), first + 1);  // the stop token is the last output token
+
+  // min_tokens bans the stop token before that many tokens: the output changes.
+  SequenceRequest min = stop;
+  min.min_tokens = 6;
+  d.sched().Add(3, min);
+  d.RunToEnd();
+  EXPECT_EQ(d.outputs[3].size(), 6u);
+  for (int32_t t : d.outputs[3]) EXPECT_NE(t, free_run[2]);
+}
+
+TEST(Scheduler, EosEndsUnlessIgnored) {
+  // Find a prompt whose greedy output hits EOS (token 1) within 64 tokens.
+  for (int salt = 0; salt < 200; ++salt) {
+    Driver d(SchedulerOptions{}, kLargeCache);
+    SequenceRequest r = Request(6, salt, 64);
+    r.ignore_eos = false;
+    d.sched().Add(1, r);
+    d.RunToEnd();
+    if (d.finished[1] != FinishReason::kStop) continue;
+    EXPECT_EQ(d.outputs[1].back(), 1);
+    r.ignore_eos = true;
+    d.sched().Add(2, r);
+    d.RunToEnd();
+    EXPECT_EQ(d.finished[2], FinishReason::kLength);
+    EXPECT_EQ(d.outputs[2].size(), 64u);
+    return;
+  }
+  FAIL() << "no prompt reached EOS";
+}
+
+TEST(Scheduler, AbortDuringAStepAndFailedSteps) {
+  Driver d(SchedulerOptions{}, kLargeCache);
+  for (int i = 1; i <= 3; ++i) d.sched().Add(i, Request(5, i, 5));
+  d.Step();
+  ScheduledStep step = d.sched().Schedule();
+  EXPECT_TRUE(d.sched().Abort(2));
+  EXPECT_FALSE(d.sched().Abort(2));
+  std::vector<float> logits(static_cast<size_t>(step.batch.NumLogitRows()) * 64, 0.0f);
+  const std::vector<SequenceUpdate> updates = d.sched().CompleteStep(step, logits);
+  ASSERT_EQ(updates.size(), 2u);
+  EXPECT_EQ(updates[0].sequence_id, 1);
+  EXPECT_EQ(updates[1].sequence_id, 3);
+
+  d.sched().Add(4, Request(5, 4, 5));  // waiting, not in the failed step
+  ScheduledStep failing = d.sched().Schedule();
+  d.sched().Add(5, Request(5, 5, 5));
+  EXPECT_EQ(d.sched().FailStep(failing), (std::vector<int64_t>{1, 3, 4}));
+  EXPECT_TRUE(d.sched().Contains(5));
+  EXPECT_EQ(d.sched().NumRunning(), 0);
+  EXPECT_EQ(d.sched().kv().Usage(), 0.0);
+}
+
+TEST(Scheduler, PrefixHitSkipsCachedBlocksAndReportsCachedTokens) {
+  Driver d(SchedulerOptions{}, kLargeCache);
+  d.sched().Add(1, Request(40, 1, 3));
+  d.RunToEnd();
+  d.sched().Add(2, Request(40, 1, 3));
+  ScheduledStep s = d.Step();
+  ASSERT_EQ(s.batch.chunks.size(), 1u);
+  EXPECT_EQ(s.batch.chunks[0].start_position, 32);  // two blocks of 16 cached; 39 is the cap
+  EXPECT_EQ(s.batch.chunks[0].tokens.size(), 8u);
+  d.RunToEnd();
+  EXPECT_EQ(d.outputs[2], d.outputs[1]);
+}
+
+}  // namespace
+}  // namespace exl3::engine
