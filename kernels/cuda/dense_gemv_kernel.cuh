@@ -29,6 +29,11 @@ inline constexpr int kDenseBlockCols = kGemvWarps * 16 * kGemvNT;  // columns pe
 inline constexpr int kDenseMaxSliceTiles = 24;                      // k-slice length limit, 16-row tiles
 // 128-blocks of k a slice of up to kDenseMaxSliceTiles tiles can touch (it may start mid-block).
 inline constexpr int kDenseMaxCover = (kDenseMaxSliceTiles + 6) / 8 + 1;
+// 128-block jobs per warp of the input transform (rows x covered blocks) and of the output
+// transform (rows x 4 blocks of a column block), at most.
+inline constexpr int kDenseJobsPerWarp = kGemvRows * kDenseMaxCover / kGemvWarps;
+inline constexpr int kDenseJobBatch = 2;  // jobs whose loads are in flight together (registers)
+static_assert(kDenseBlockCols / 128 <= kDenseMaxCover, "output jobs must fit kDenseJobsPerWarp");
 
 struct DenseGemvArgs {
   const uint16_t* trellis = nullptr;  // [k/16, n/16, 16K] packed trellis words (uint16)
@@ -88,12 +93,23 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) DenseGemvKernel(const Dens
       waited = true;
     }
 
-    // Input transform of the 128-blocks [b0, b0 + nb) of the chunk's rows, shared by the warps.
+    // Input transform of the 128-blocks [b0, b0 + nb) of the chunk's rows, shared by the warps
+    // (job j = row * nb + block; kDenseJobBatch jobs load together, so their latencies overlap).
     const int b0 = kt0 / 8, nb = (kt1 - 1) / 8 - b0 + 1;
-    for (int j = warp; j < rows * nb; j += kGemvWarps) {
-      const int r = j / nb, b = j % nb;
-      InputBlock(a.x + static_cast<size_t>(row0 + r) * a.k + 128 * (b0 + b), a.suh + 128 * (b0 + b),
-                 xs + r * kXStride + 128 * b, lane);
+#pragma unroll 1
+    for (int i0 = 0; i0 < kDenseJobsPerWarp; i0 += kDenseJobBatch) {
+      float v[kDenseJobBatch][4];
+#pragma unroll
+      for (int i = 0; i < kDenseJobBatch; ++i) {
+        const int j = warp + kGemvWarps * (i0 + i), r = j / nb, b = j % nb;
+        if (j < rows * nb)
+          InputLoad(a.x + static_cast<size_t>(row0 + r) * a.k + 128 * (b0 + b), a.suh + 128 * (b0 + b), v[i], lane);
+      }
+#pragma unroll
+      for (int i = 0; i < kDenseJobBatch; ++i) {
+        const int j = warp + kGemvWarps * (i0 + i), r = j / nb, b = j % nb;
+        if (j < rows * nb) InputFinish(v[i], xs + r * kXStride + 128 * b, lane);
+      }
     }
     __syncthreads();
 
@@ -104,33 +120,50 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) DenseGemvKernel(const Dens
       AtomicAddTiles(acc, a.acc, a.n, row0, rows, 16 * kGemvNT * cg, lane);
     }
 
-    // Arrival (the fence orders this block's atomics before its count); the block that completes
-    // the (chunk, column block) finishes it.
-    __threadfence();
+    // Arrival, ordered as a grid barrier orders it: the block barrier, then one thread's fence and
+    // count. The block that completes the (chunk, column block) finishes it: per warp, up to
+    // kDenseJobsPerWarp 128-blocks of y' (job j = row * nbo + block), kDenseJobBatch at a time
+    // loaded (and cleared) first.
     __syncthreads();
     if (threadIdx.x == 0) {
+      __threadfence();
       int* count = a.arrivals + chunk * col_blocks + cb;
       const bool last = atomicAdd(count, 1) == k_slices - 1;
-      if (last) *count = 0;  // every k-slice has arrived: nothing else touches it in this launch
+      if (last) {
+        *count = 0;  // every k-slice has arrived: nothing else touches it in this launch
+        __threadfence();
+      }
       completes = last;
     }
     __syncthreads();
     if (completes) {
-      __threadfence();
       const int col0 = cb * kDenseBlockCols;
       const int nbo = min(kDenseBlockCols, a.n - col0) / 128;
-      for (int j = warp; j < rows * nbo; j += kGemvWarps) {
-        const int r = j / nbo, b = j % nbo;
-        const size_t off = static_cast<size_t>(row0 + r) * a.n + col0 + 128 * b;
-        float v[4];
+#pragma unroll 1
+      for (int i0 = 0; i0 < kDenseJobsPerWarp; i0 += kDenseJobBatch) {
+        float v[kDenseJobBatch][4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          v[i] = __ldcg(a.acc + off + 32 * i + lane);
-          __stcg(a.acc + off + 32 * i + lane, 0.f);
+        for (int i = 0; i < kDenseJobBatch; ++i) {
+          const int j = warp + kGemvWarps * (i0 + i), r = j / nbo, b = j % nbo;
+          const size_t off = static_cast<size_t>(row0 + r) * a.n + col0 + 128 * b;
+          if (j < rows * nbo) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              v[i][e] = __ldcg(a.acc + off + 32 * e + lane);
+              __stcg(a.acc + off + 32 * e + lane, 0.f);
+            }
+          }
         }
-        OutputValues(v, a.svh + col0 + 128 * b, a.bias ? a.bias + col0 + 128 * b : nullptr, lane);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) a.y[off + 32 * i + lane] = v[i];
+        for (int i = 0; i < kDenseJobBatch; ++i) {
+          const int j = warp + kGemvWarps * (i0 + i), r = j / nbo, b = j % nbo;
+          const size_t off = static_cast<size_t>(row0 + r) * a.n + col0 + 128 * b;
+          if (j < rows * nbo) {
+            OutputValues(v[i], a.svh + col0 + 128 * b, a.bias ? a.bias + col0 + 128 * b : nullptr, lane);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) a.y[off + 32 * e + lane] = v[i][e];
+          }
+        }
       }
     }
     // The next unit's writes of xs and `completes` come after every warp has passed the barrier

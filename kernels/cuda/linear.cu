@@ -63,6 +63,15 @@ __global__ void __launch_bounds__(128) OutputTransformKernel(float* __restrict__
   for (int r = 0; r < 4; ++r) p[32 * r + lane] = v[r];
 }
 
+// exl3-bench's launch floor: a kernel that only takes part in the PDL sequence.
+__global__ void __launch_bounds__(256) EmptyPdlKernel() { PdlEnter(); }
+
+absl::Status RunEmptyLaunch(int grid, StreamHandle stream) {
+  LaunchPdl(EmptyPdlKernel, dim3(grid), dim3(256), static_cast<cudaStream_t>(stream));
+  EXL3_CUDA_CHECK_LAUNCH("EmptyPdlKernel");
+  return absl::OkStatus();
+}
+
 absl::Status LaunchInputTransform(const float* x, int rows, int k, const uint16_t* suh, __half* a,
                                   float* zero_y, int zero_n, cudaStream_t stream) {
   if (rows == 0) return absl::OkStatus();

@@ -58,7 +58,9 @@ if want sanitize && command -v compute-sanitizer > /dev/null; then
   echo "=== compute-sanitizer"
   for tool in memcheck racecheck; do
     timeout 100 compute-sanitizer --tool $tool --error-exitcode 3 "$BIN"/exl3-cuda-check --small > "$OUT/sanitizer-$tool.log" 2>&1
-    echo "$tool exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool.log" | tail -1)"
+    rc=$?
+    echo "$tool exit $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool.log" | tail -1)"
+    [ "$rc" = 0 ] || grep -E "error|Error|ERROR|FAIL" "$OUT/sanitizer-$tool.log" | grep -v "SUMMARY" | head -8
   done
 fi
 if [[ " $ONLY " == *" ncu "* ]] && command -v ncu > /dev/null; then

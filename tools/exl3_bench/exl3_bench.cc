@@ -178,6 +178,15 @@ void BenchGemv(const Ceilings& c) {
   const Shape shapes[] = {{4096, 14336}, {14336, 4096}, {4096, 2048}, {2048, 4096}, {5120, 2304}};
   std::printf("\n%-34s %9s %9s %9s %9s %7s %9s\n", "GEMV (LinearForward, one launch)", "native", "floor",
               "bytes-fl", "decode-fl", "x floor", "reference");
+  {
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const double t = TimeMedian([&](int) { OK(cuda::RunEmptyLaunch(3 * sms, g_stream)); }, 64, 30);
+    std::printf("launch floor: an empty PDL kernel (%d x 256 threads), 64 per graph: %.2f us per launch\n", 3 * sms,
+                t * 1e6);
+    Json("{\"bench\":\"launch-floor\",\"grid\":" + std::to_string(3 * sms) + ",\"us\":" + std::to_string(t * 1e6) +
+         "}");
+  }
   cuda::Workspace ws;
   // EXL3_BENCH_FIRST_ONLY=1: only m=1 4096x14336 K=2 mcg (for profiling one configuration).
   const bool first_only = std::getenv("EXL3_BENCH_FIRST_ONLY") != nullptr;
