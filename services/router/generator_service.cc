@@ -3,6 +3,7 @@
 #include <memory>
 #include <mutex>
 
+#include "grpcpp/grpcpp.h"
 #include "services/common/status.h"
 
 namespace exl3::router {
@@ -202,6 +203,9 @@ grpc::ServerUnaryReactor* GeneratorService::DescribeModel(grpc::CallbackServerCo
   resp->set_kv_capacity_tokens(static_cast<uint64_t>(shape.num_blocks) * shape.block_size);
   resp->set_kv_block_size(shape.block_size);
   resp->set_experts(options_.experts);
+  resp->set_max_num_seqs(options_.max_num_seqs);
+  resp->mutable_versions()->set_protocol("exl3serve.v1");
+  resp->mutable_versions()->set_grpc(grpc::Version());
   resp->set_state(draining_ ? pb::STATE_DRAINING : pb::STATE_SERVING);
   grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
   r->Finish(grpc::Status::OK);

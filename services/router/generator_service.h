@@ -15,6 +15,7 @@ namespace exl3::router {
 struct GeneratorOptions {
   std::chrono::milliseconds default_timeout{600000};  // requests without timeout_us or deadline
   std::string experts;  // "local" or "workers", for DescribeModel
+  int max_num_seqs = 0;  // for DescribeModel
 };
 
 class GeneratorService final : public ::exl3serve::v1::Generator::CallbackService {

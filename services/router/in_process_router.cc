@@ -99,6 +99,10 @@ InProcessStream::InProcessStream(MoeRouterService& svc, int inline_max_tokens)
 
 InProcessStream::~InProcessStream() { (void)Close(); }
 
+std::unique_ptr<InProcessStream> InProcessStream::Open(MoeRouterService& svc, int inline_max_tokens) {
+  return std::unique_ptr<InProcessStream>(new InProcessStream(svc, inline_max_tokens));
+}
+
 absl::Status InProcessStream::Send(pb::MoeLayerRequest& req, client::ResponseCallback cb) {
   const uint64_t id = sink_->Add(std::move(cb));
   if (id == 0) return absl::UnavailableError("stream closed");
@@ -159,7 +163,7 @@ InProcessRouter::~InProcessRouter() {
 }
 
 std::unique_ptr<InProcessStream> InProcessRouter::OpenStream() {
-  return std::unique_ptr<InProcessStream>(new InProcessStream(core_->service(), inline_max_tokens_));
+  return InProcessStream::Open(core_->service(), inline_max_tokens_);
 }
 
 }  // namespace exl3::router

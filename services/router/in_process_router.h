@@ -39,6 +39,9 @@ class InProcessSink;
 
 class InProcessStream final : public client::LayerStream {
  public:
+  // A stream straight into a router service that this process runs (exl3-router's engine uses
+  // the service it also serves over gRPC).
+  static std::unique_ptr<InProcessStream> Open(MoeRouterService& svc, int inline_max_tokens);
   ~InProcessStream() override;  // Close()
   absl::Status Send(pb::MoeLayerRequest& req, client::ResponseCallback cb) override;
   absl::Status CancelRequest(uint64_t id,

@@ -1,4 +1,7 @@
-// exl3-router: the MoE router service (MoeRouter) in front of the expert workers.
+// exl3-router: the attention/router service. It runs the whole model (Generator: token ids in,
+// tokens out) with its experts held in this process, or, with an expert map, on the expert workers
+// through the router core, which it also serves to engines that run their own attention
+// (MoeRouter).
 #include <signal.h>
 
 #include <algorithm>
@@ -18,6 +21,7 @@
 #include "services/common/metrics.h"
 #include "services/common/server.h"
 #include "services/common/signals.h"
+#include "services/router/generation.h"
 #include "services/router/router_core.h"
 
 ABSL_FLAG(std::string, model, "", "model directory (config.json, router weights, shared experts)");
@@ -56,6 +60,23 @@ ABSL_FLAG(int, worker_shm_mb, 8,
 ABSL_FLAG(int, shm_spin_us, 200,
           "how long a shared-memory reader spins for the worker's answer before sleeping");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+// The engine (Generator service).
+ABSL_FLAG(bool, generate, true,
+          "run the whole model and serve Generator (with an expert map: false serves MoeRouter only)");
+ABSL_FLAG(std::string, served_model_name, "", "model name in DescribeModel (default: the directory's name)");
+ABSL_FLAG(int32_t, engine_threads, 0, "CPU threads of the model's forward pass (0: all)");
+ABSL_FLAG(int64_t, kv_cache_tokens, 65536, "KV cache capacity in tokens (allocated at start)");
+ABSL_FLAG(int64_t, kv_cache_bytes, 0, "KV cache capacity in bytes (overrides --kv-cache-tokens)");
+ABSL_FLAG(int32_t, block_size, 16, "tokens per KV cache block");
+ABSL_FLAG(int32_t, max_num_batched_tokens, 2048, "tokens of one engine step (decode + prefill chunks)");
+ABSL_FLAG(int32_t, max_num_seqs, 256, "sequences running at once");
+ABSL_FLAG(int32_t, long_prefill_token_threshold, 0,
+          "largest prompt chunk of one step, so long prompts cannot starve decode (0: the token budget)");
+ABSL_FLAG(bool, enable_prefix_caching, true, "share full KV blocks between prompts with the same prefix");
+ABSL_FLAG(int32_t, max_pending_requests, 1024,
+          "Generate requests accepted and unfinished; beyond it RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, generate_timeout_ms, 600000,
+          "deadline of a Generate request that sets no timeout_us and no gRPC deadline");
 
 namespace exl3::router {
 namespace {
@@ -63,6 +84,32 @@ namespace {
 int Fail(const std::string& msg) {
   std::fprintf(stderr, "exl3-router: %s\n", msg.c_str());
   return 2;
+}
+
+absl::StatusOr<std::unique_ptr<Generation>> StartGeneration(const std::string& model_dir,
+                                                           MoeRouterService* router,
+                                                           int inline_max_tokens,
+                                                           prometheus::Registry& registry) {
+  GenerationOptions g;
+  g.model_dir = model_dir;
+  g.served_model_name = absl::GetFlag(FLAGS_served_model_name);
+  g.threads = absl::GetFlag(FLAGS_engine_threads);
+  g.inline_max_tokens = inline_max_tokens;
+  g.default_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_generate_timeout_ms));
+  engine::EngineOptions& e = g.engine;
+  e.block_size = absl::GetFlag(FLAGS_block_size);
+  if (absl::GetFlag(FLAGS_kv_cache_bytes) > 0) {
+    e.kv_capacity = {engine::KvCacheCapacity::Unit::kBytes, absl::GetFlag(FLAGS_kv_cache_bytes)};
+  } else {
+    e.kv_capacity = {engine::KvCacheCapacity::Unit::kTokens, absl::GetFlag(FLAGS_kv_cache_tokens)};
+  }
+  e.scheduler.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
+  e.scheduler.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
+  if (absl::GetFlag(FLAGS_long_prefill_token_threshold) > 0)
+    e.scheduler.long_prefill_token_threshold = absl::GetFlag(FLAGS_long_prefill_token_threshold);
+  e.scheduler.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
+  e.max_pending_requests = absl::GetFlag(FLAGS_max_pending_requests);
+  return Generation::Start(g, router, registry);
 }
 
 int Main() {
@@ -74,7 +121,8 @@ int Main() {
   const std::string model_dir = absl::GetFlag(FLAGS_model);
   const std::string map_path = absl::GetFlag(FLAGS_expert_map);
   if (model_dir.empty()) return Fail("--model DIR is required");
-  if (map_path.empty()) return Fail("--expert-map FILE is required");
+  const bool generate = absl::GetFlag(FLAGS_generate);
+  if (map_path.empty() && !generate) return Fail("--generate=false needs --expert-map FILE");
   const std::string shared = absl::GetFlag(FLAGS_shared_expert);
   RouterOptions ropt;
   if (shared == "local") {
@@ -114,17 +162,29 @@ int Main() {
                             !copt.worker_tls.cert_file.empty();
   auto metrics_ep = svc::MetricsEndpoint::Start(absl::GetFlag(FLAGS_metrics_listen));
   if (!metrics_ep.ok()) return Fail(std::string(metrics_ep.status().message()));
-  // Model, expert map, worker pool (connecting in the background), metrics, service.
-  auto core = RouterCore::Create(copt, (*metrics_ep)->registry());
-  if (!core.ok()) return Fail(std::string(core.status().message()));
-  MoeRouterService& service = (*core)->service();
+  // With a map: model, expert map, worker pool (connecting in the background), metrics, service.
+  std::unique_ptr<RouterCore> core;
+  if (!map_path.empty()) {
+    auto created = RouterCore::Create(copt, (*metrics_ep)->registry());
+    if (!created.ok()) return Fail(std::string(created.status().message()));
+    core = std::move(*created);
+  }
   std::mutex server_mu;
   svc::GrpcServer* server_ptr = nullptr;
   // Readiness follows the workers: the health service serves only while the core is ready.
-  (*core)->SetReadyListener([&](bool ready) {
-    std::lock_guard<std::mutex> l(server_mu);
-    if (server_ptr) server_ptr->SetServing(ready);
-  });
+  if (core) {
+    core->SetReadyListener([&](bool ready) {
+      std::lock_guard<std::mutex> l(server_mu);
+      if (server_ptr) server_ptr->SetServing(ready);
+    });
+  }
+  std::unique_ptr<Generation> generation;
+  if (generate) {
+    auto started = StartGeneration(model_dir, core ? &core->service() : nullptr,
+                                   ropt.inline_max_tokens, (*metrics_ep)->registry());
+    if (!started.ok()) return Fail(std::string(started.status().message()));
+    generation = std::move(*started);
+  }
 
   svc::ServerConfig scfg;
   scfg.listen = absl::GetFlag(FLAGS_listen);
@@ -133,15 +193,25 @@ int Main() {
   scfg.tls = *tls;
   scfg.max_receive_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   scfg.max_send_bytes = absl::GetFlag(FLAGS_max_message_bytes);
-  scfg.services = {&service};
-  scfg.health_names = {"exl3serve.v1.MoeRouter"};
+  if (core) {
+    scfg.services.push_back(&core->service());
+    scfg.health_names.push_back("exl3serve.v1.MoeRouter");
+  }
+  if (generation) {
+    scfg.services.push_back(&generation->service());
+    scfg.health_names.push_back("exl3serve.v1.Generator");
+  }
   auto server = svc::GrpcServer::Start(scfg);
   if (!server.ok()) return Fail(std::string(server.status().message()));
   {
     std::lock_guard<std::mutex> l(server_mu);
     server_ptr = server->get();
   }
-  (*core)->UpdateReady();
+  if (core) {
+    core->UpdateReady();
+  } else {
+    (*server)->SetServing(true);  // experts held here: ready once loaded
+  }
   // The bound ports, not the flags: with port 0 the log is how a supervisor finds them.
   const std::string metrics_flag = absl::GetFlag(FLAGS_metrics_listen);
   const std::string metrics_at =
@@ -149,9 +219,11 @@ int Main() {
           ? std::string("(none)")
           : absl::StrCat(metrics_flag.substr(0, metrics_flag.rfind(':')), ":",
                          (*metrics_ep)->port());
-  svc::LogInfo("exl3-router listening on %s (%s), metrics on %s, %d workers in %s",
+  svc::LogInfo("exl3-router listening on %s (%s), metrics on %s, %s",
                (*server)->address().c_str(), scfg.tls.enabled() ? (scfg.tls.require_client_cert ? "mTLS" : "TLS") : "plaintext",
-               metrics_at.c_str(), static_cast<int>((*core)->map().workers.size()), map_path.c_str());
+               metrics_at.c_str(),
+               core ? absl::StrCat(core->map().workers.size(), " workers in ", map_path).c_str()
+                    : "experts held in this process");
   std::printf("listening on %s\n", (*server)->address().c_str());
   std::fflush(stdout);
 
@@ -167,14 +239,18 @@ int Main() {
     while (!stop_hup) {
       timespec ts{0, 200 * 1000 * 1000};
       if (sigtimedwait(&set, nullptr, &ts) != SIGHUP) continue;
+      if (!core) {
+        svc::LogInfo("SIGHUP: no expert map to reload");
+        continue;
+      }
       svc::LogInfo("SIGHUP: reloading expert map %s", map_path.c_str());
-      absl::Status st = (*core)->ReloadMap();
+      absl::Status st = core->ReloadMap();
       if (!st.ok()) {
         svc::LogError("reload refused, previous map stays in force: %s",
                       std::string(st.message()).c_str());
         continue;
       }
-      svc::LogInfo("expert map reloaded: %d workers", service.pool()->num_workers());
+      svc::LogInfo("expert map reloaded: %d workers", core->service().pool()->num_workers());
     }
   });
 
@@ -187,17 +263,22 @@ int Main() {
     std::unique_lock<std::mutex> l(mu);
     cv.wait(l, [&] { return shutdown_count > 0; });
   }
-  svc::LogInfo("draining: %d layer requests in flight, grace %d ms", service.in_flight(),
-               absl::GetFlag(FLAGS_drain_grace_ms));
-  (*core)->StartDrain();
   const auto grace = std::chrono::milliseconds(absl::GetFlag(FLAGS_drain_grace_ms));
   const auto deadline = std::chrono::steady_clock::now() + grace;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (service.WaitIdle(std::chrono::milliseconds(50))) break;
-    std::lock_guard<std::mutex> l(mu);
-    if (shutdown_count > 1) break;  // second signal: stop now
+  svc::LogInfo("draining, grace %d ms", absl::GetFlag(FLAGS_drain_grace_ms));
+  (*server)->SetServing(false);
+  // Generation first: its requests still need the router core's MoE layers.
+  if (generation) generation->Drain(grace);
+  int left = 0;
+  if (core) {
+    core->StartDrain();
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (core->service().WaitIdle(std::chrono::milliseconds(50))) break;
+      std::lock_guard<std::mutex> l(mu);
+      if (shutdown_count > 1) break;  // second signal: stop now
+    }
+    left = core->service().in_flight();
   }
-  const int left = service.in_flight();
   (*server)->Shutdown(absl::Milliseconds(500));
   {
     std::lock_guard<std::mutex> l(server_mu);
@@ -205,8 +286,11 @@ int Main() {
   }
   stop_hup = true;
   hup_thread.join();
-  (*core)->SetReadyListener(nullptr);
-  (*core)->Stop();
+  generation.reset();
+  if (core) {
+    core->SetReadyListener(nullptr);
+    core->Stop();
+  }
   svc::LogInfo("drained (%d requests still in flight at the end); exiting", left);
   return 0;
 }
@@ -225,9 +309,12 @@ int main(int argc, char** argv) {
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   exl3::svc::ParseServiceFlags(argc, argv,
-      "exl3-router --model DIR --expert-map FILE [--listen HOST:PORT] [flags]\n"
-      "The MoE router: gates each MoE layer's tokens, fans out to the expert workers of the map,\n"
-      "combines their partial sums with the shared expert. SIGTERM drains, SIGHUP reloads the map.\n"
+      "exl3-router --model DIR [--expert-map FILE] [--listen HOST:PORT] [flags]\n"
+      "The attention/router service: runs the whole model (Generator: token ids in, tokens out),\n"
+      "with the experts held in this process, or with --expert-map on the expert workers: it then\n"
+      "gates each MoE layer's tokens, fans out to the workers, combines their partial sums with the\n"
+      "shared expert, and serves the same per layer (MoeRouter) to engines with their own attention.\n"
+      "SIGTERM drains, SIGHUP reloads the map.\n"
       "Flags may be written with dashes or underscores (--max-in-flight = --max_in_flight).");
   return exl3::router::Main();
 }

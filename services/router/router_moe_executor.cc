@@ -10,9 +10,11 @@
 
 namespace exl3::router {
 
-RouterMoeExecutor::RouterMoeExecutor(InProcessRouter& router, int hidden_size,
-                                     std::chrono::milliseconds timeout)
-    : stream_(router.OpenStream()), hidden_(hidden_size), timeout_(timeout) {}
+RouterMoeExecutor::RouterMoeExecutor(MoeRouterService& service, int inline_max_tokens,
+                                     int hidden_size, std::chrono::milliseconds timeout)
+    : stream_(InProcessStream::Open(service, inline_max_tokens)),
+      hidden_(hidden_size),
+      timeout_(timeout) {}
 
 RouterMoeExecutor::~RouterMoeExecutor() { (void)stream_->Close(); }
 

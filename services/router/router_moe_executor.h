@@ -14,8 +14,9 @@ namespace exl3::router {
 
 class RouterMoeExecutor final : public engine::MoeExecutor {
  public:
-  // `router` must outlive this executor.
-  RouterMoeExecutor(InProcessRouter& router, int hidden_size, std::chrono::milliseconds timeout);
+  // `service` must outlive this executor.
+  RouterMoeExecutor(MoeRouterService& service, int inline_max_tokens, int hidden_size,
+                    std::chrono::milliseconds timeout);
   ~RouterMoeExecutor() override;
   absl::Status Forward(int layer, const float* x, int num_tokens, const int32_t* token_ids,
                        float* y) override;

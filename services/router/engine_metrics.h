@@ -1,0 +1,49 @@
+// The engine's Prometheus metrics (docs/metrics.md, "Engine"), fed by the engine's observer hooks
+// (engine/engine.h) on its loop thread, and its gauges refreshed from Engine::Stats by Refresh().
+// Names follow vLLM's where users know them (time to first token, inter-token latency, end-to-end
+// latency, queue time, prompt/generation tokens, running/waiting, KV usage, prefix cache).
+#pragma once
+
+#include <string>
+
+#include "engine/engine.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace exl3::router {
+
+class EngineMetrics final : public engine::EngineObserver {
+ public:
+  explicit EngineMetrics(prometheus::Registry& registry);
+  void OnStep(const engine::StepMetrics& step) override;
+  void OnRequestFinished(std::string_view tag, const engine::RequestTimings& timings,
+                         const engine::Usage& usage, engine::FinishReason reason) override;
+  // Gauges from the engine's snapshot (call before each scrape or periodically).
+  void Refresh(const engine::EngineStats& stats);
+
+ private:
+  prometheus::Histogram& ttft_;
+  prometheus::Histogram& itl_;
+  prometheus::Histogram& e2e_;
+  prometheus::Histogram& queue_;
+  prometheus::Histogram& prefill_;
+  prometheus::Counter& prompt_tokens_;
+  prometheus::Counter& generation_tokens_;
+  prometheus::Counter& cached_tokens_;
+  prometheus::Family<prometheus::Counter>& finished_fam_;
+  prometheus::Family<prometheus::Histogram>& phase_fam_;
+  prometheus::Histogram* phase_[9];
+  prometheus::Histogram& step_tokens_;
+  prometheus::Counter& failed_steps_;
+  prometheus::Gauge& running_;
+  prometheus::Gauge& waiting_;
+  prometheus::Gauge& kv_usage_;
+  prometheus::Counter& preemptions_;
+  prometheus::Counter& prefix_queries_;
+  prometheus::Counter& prefix_hits_;
+  engine::EngineStats last_{};
+};
+
+}  // namespace exl3::router

@@ -1,0 +1,69 @@
+#include "services/router/generation.h"
+
+#include "base/status_macros.h"
+#include "engine/cpu_model.h"
+#include "services/common/logging.h"
+#include "services/router/router_moe_executor.h"
+
+namespace exl3::router {
+
+absl::StatusOr<std::unique_ptr<Generation>> Generation::Start(const GenerationOptions& o,
+                                                              MoeRouterService* router,
+                                                              prometheus::Registry& registry) {
+  engine::CpuModelOptions mo;
+  mo.num_threads = o.threads;
+  mo.served_name = o.served_model_name;
+  std::unique_ptr<engine::MoeExecutor> moe;
+  if (router != nullptr) {
+    EXL3_ASSIGN_OR_RETURN(engine::ModelConfig cfg, engine::LoadModelConfig(o.model_dir));
+    moe = std::make_unique<RouterMoeExecutor>(*router, o.inline_max_tokens, cfg.hidden_size,
+                                              o.moe_timeout);
+  }
+  EXL3_ASSIGN_OR_RETURN(std::unique_ptr<engine::CpuModel> model,
+                        engine::CpuModel::Open(o.model_dir, mo, std::move(moe)));
+  std::unique_ptr<Generation> g(new Generation());
+  g->metrics_ = std::make_unique<EngineMetrics>(registry);
+  engine::EngineOptions eo = o.engine;
+  eo.observer = g->metrics_.get();
+  g->engine_ = std::make_unique<engine::Engine>(eo, std::move(model));
+  EXL3_RETURN_IF_ERROR(g->engine_->Start());
+  GeneratorOptions go;
+  go.default_timeout = o.default_timeout;
+  go.experts = router != nullptr ? "workers" : "local";
+  go.max_num_seqs = o.engine.scheduler.max_num_seqs;
+  g->service_ = std::make_unique<GeneratorService>(*g->engine_, go);
+  g->refresh_ = std::thread([gp = g.get()] {
+    while (!gp->stop_refresh_) {
+      gp->metrics_->Refresh(gp->engine_->Stats());
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+  });
+  const engine::KvCacheShape shape = g->engine_->kv_cache_shape();
+  svc::LogInfo("engine: %s (%s), KV cache %d blocks x %d tokens, experts %s",
+               g->engine_->model_info().name.c_str(), g->engine_->model_info().architecture.c_str(),
+               shape.num_blocks, shape.block_size, go.experts.c_str());
+  return g;
+}
+
+void Generation::Drain(std::chrono::milliseconds grace) {
+  service_->SetDraining();
+  std::thread drain([this] { engine_->Drain(); });
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const engine::EngineStats s = engine_->Stats();
+    if (s.running == 0 && s.waiting == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  engine_->Stop();  // aborts what is left; Drain then returns
+  drain.join();
+}
+
+void Generation::Stop() {
+  if (engine_) engine_->Stop();
+  stop_refresh_ = true;
+  if (refresh_.joinable()) refresh_.join();
+}
+
+Generation::~Generation() { Stop(); }
+
+}  // namespace exl3::router

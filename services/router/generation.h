@@ -1,0 +1,61 @@
+// What exl3-router adds to run the whole model (the attention/router service): the CPU model
+// (engine/cpu_model.h) whose MoE blocks run in this process (no expert map) or on the workers
+// through this process's router core, the engine (engine/engine.h), its metrics and the Generator
+// gRPC service.
+//
+//   GenerationOptions o; o.model_dir = dir;                   // flags of exl3-router
+//   auto gen = Generation::Start(o, /*router=*/nullptr, registry);   // experts held here
+//   scfg.services.push_back(&(*gen)->service());
+//   ... on SIGTERM: (*gen)->Drain(grace);
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "engine/engine.h"
+#include "prometheus/registry.h"
+#include "services/router/engine_metrics.h"
+#include "services/router/generator_service.h"
+#include "services/router/moe_router.h"
+
+namespace exl3::router {
+
+struct GenerationOptions {
+  std::string model_dir;
+  std::string served_model_name;  // empty: the directory's base name
+  int threads = 0;                // CPU threads of the model (0: all)
+  engine::EngineOptions engine;
+  std::chrono::milliseconds default_timeout{600000};
+  std::chrono::milliseconds moe_timeout{30000};  // one MoE layer through the router core
+  int inline_max_tokens = 64;
+};
+
+class Generation {
+ public:
+  // `router` null: the experts are loaded and run in this process. Else MoE layers go through
+  // it (it must outlive this object). Loads the model, allocates the KV cache, starts the engine.
+  static absl::StatusOr<std::unique_ptr<Generation>> Start(const GenerationOptions& options,
+                                                           MoeRouterService* router,
+                                                           prometheus::Registry& registry);
+  ~Generation();  // Stop()
+
+  GeneratorService& service() { return *service_; }
+  engine::Engine& engine() { return *engine_; }
+  // Refuses new requests and waits up to `grace` for those running; the rest are aborted.
+  void Drain(std::chrono::milliseconds grace);
+  void Stop();
+
+ private:
+  Generation() = default;
+  std::unique_ptr<EngineMetrics> metrics_;
+  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<GeneratorService> service_;
+  std::atomic<bool> stop_refresh_{false};
+  std::thread refresh_;
+};
+
+}  // namespace exl3::router
