@@ -61,11 +61,13 @@ ABSL_FLAG(int, shm_spin_us, 200,
           "how long a shared-memory reader spins for the worker's answer before sleeping");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 // The engine (Generator service).
-ABSL_FLAG(bool, generate, true,
-          "run the whole model and serve Generator (with an expert map: false serves MoeRouter only)");
+ABSL_FLAG(std::string, generate, "auto",
+          "run the whole model and serve Generator: true, false (needs --expert-map: MoeRouter "
+          "only) or auto (true when the model directory holds the whole model; with an expert map "
+          "and only MoE layers in the directory, MoeRouter only)");
 ABSL_FLAG(std::string, served_model_name, "", "model name in DescribeModel (default: the directory's name)");
 ABSL_FLAG(int32_t, engine_threads, 0, "CPU threads of the model's forward pass (0: all)");
-ABSL_FLAG(int64_t, kv_cache_tokens, 65536, "KV cache capacity in tokens (allocated at start)");
+ABSL_FLAG(int64_t, kv_cache_tokens, 16384, "KV cache capacity in tokens (allocated at start)");
 ABSL_FLAG(int64_t, kv_cache_bytes, 0, "KV cache capacity in bytes (overrides --kv-cache-tokens)");
 ABSL_FLAG(int32_t, block_size, 16, "tokens per KV cache block");
 ABSL_FLAG(int32_t, max_num_batched_tokens, 2048, "tokens of one engine step (decode + prefill chunks)");
@@ -121,8 +123,10 @@ int Main() {
   const std::string model_dir = absl::GetFlag(FLAGS_model);
   const std::string map_path = absl::GetFlag(FLAGS_expert_map);
   if (model_dir.empty()) return Fail("--model DIR is required");
-  const bool generate = absl::GetFlag(FLAGS_generate);
-  if (map_path.empty() && !generate) return Fail("--generate=false needs --expert-map FILE");
+  const std::string generate = absl::GetFlag(FLAGS_generate);
+  if (generate != "auto" && generate != "true" && generate != "false")
+    return Fail("--generate must be auto, true or false");
+  if (map_path.empty() && generate == "false") return Fail("--generate=false needs --expert-map FILE");
   const std::string shared = absl::GetFlag(FLAGS_shared_expert);
   RouterOptions ropt;
   if (shared == "local") {
@@ -179,11 +183,17 @@ int Main() {
     });
   }
   std::unique_ptr<Generation> generation;
-  if (generate) {
+  if (generate != "false") {
     auto started = StartGeneration(model_dir, core ? &core->service() : nullptr,
                                    ropt.inline_max_tokens, (*metrics_ep)->registry());
-    if (!started.ok()) return Fail(std::string(started.status().message()));
-    generation = std::move(*started);
+    if (started.ok()) {
+      generation = std::move(*started);
+    } else if (generate == "auto" && core) {
+      svc::LogInfo("not running the model (serving MoeRouter only): %s",
+                   std::string(started.status().message()).c_str());
+    } else {
+      return Fail(std::string(started.status().message()));
+    }
   }
 
   svc::ServerConfig scfg;
