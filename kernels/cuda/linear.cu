@@ -238,15 +238,16 @@ void SetDenseGemvSliceOverride(int tiles) { g_dense_slice_override.store(tiles);
 // spread evenly over the SMs; an SM holding one block (8 warps) decodes at about half its rate with
 // three (24 warps); each round of the persistent grid adds a fixed latency (x load, barriers,
 // atomics, arrival), about 5 k-steps. The k-slice with the lowest cost wins.
-int DenseGemvSliceTiles(int k_tiles, long base_units, int sm_count) {
+int DenseGemvSliceTiles(int K, int k_tiles, long base_units, int sm_count) {
+  const int most = std::min(k_tiles, DenseMaxSliceTiles(K));
   const int forced = g_dense_slice_override.load();
-  if (forced > 0) return std::min({forced, k_tiles, kDenseMaxSliceTiles});
+  if (forced > 0) return std::min(forced, most);
   const long grid = GemvGrid(sm_count);
   const double efficiency[4] = {1.0, 0.5, 0.85, 1.0};  // by resident blocks per SM
   int best = 1;
   double best_cost = -1;
-  for (int t = 1; t <= std::min(k_tiles, kDenseMaxSliceTiles); ++t) {
-    const long units = base_units * ((k_tiles + t - 1) / t);
+  for (int t = 1; t <= most; ++t) {
+    const long units = base_units * ((k_tiles + kDenseWarpsK * t - 1) / (kDenseWarpsK * t));
     const long rounds = (units + grid - 1) / grid;
     const long per_sm = (units + sm_count - 1) / sm_count;
     const double cost = per_sm * t / efficiency[std::min<long>(per_sm, 3)] + 5.0 * rounds;
@@ -336,7 +337,7 @@ absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float
   if (p == Path::kNative && m <= kGemvMaxRows) {
     // One launch: input transform, GEMV and output transform (dense_gemv_kernel.cuh).
     const int chunks = (m + kGemvRows - 1) / kGemvRows;
-    const int col_blocks = (n + kDenseBlockCols - 1) / kDenseBlockCols;
+    const int col_blocks = n / kDenseBlockCols;
     EXL3_RETURN_IF_ERROR(s.gemv_acc.ReserveZeroed(static_cast<size_t>(m) * n * 4, stream));
     EXL3_RETURN_IF_ERROR(s.gemv_arrivals.ReserveZeroed(static_cast<size_t>(chunks) * col_blocks * 4, stream));
     DenseGemvArgs args;
@@ -351,8 +352,9 @@ absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float
     args.rows = m;
     args.k = k;
     args.n = n;
-    args.k_tiles_per_unit = DenseGemvSliceTiles(k / 16, static_cast<long>(chunks) * col_blocks, s.sm_count);
-    const long units = static_cast<long>(chunks) * col_blocks * ((k / 16 + args.k_tiles_per_unit - 1) / args.k_tiles_per_unit);
+    args.k_slice_tiles = DenseGemvSliceTiles(w.bits, k / 16, static_cast<long>(chunks) * col_blocks, s.sm_count);
+    const int range = kDenseWarpsK * args.k_slice_tiles;
+    const long units = static_cast<long>(chunks) * col_blocks * ((k / 16 + range - 1) / range);
     const int grid = static_cast<int>(std::min<long>(units, GemvGrid(s.sm_count)));
     EXL3_RETURN_IF_ERROR(DispatchDenseGemv(w.bits, static_cast<int>(w.codebook), args, grid, stream));
     EXL3_CUDA_CHECK_LAUNCH("DenseGemvKernel");

@@ -242,7 +242,7 @@ void BenchGemv(const Ceilings& c) {
           // choice is the row above), to check the model against the device.
           if (m == 1 && K == 2 && cb == Codebook::kMcg && !first_only) {
             std::printf("  k-slice sweep:");
-            for (int slice : {1, 2, 3, 4, 6, 8, 12, 16, 20, 24}) {
+            for (int slice : {1, 2, 3, 4, 5, 6, 8, 10, 12, 16}) {
               cuda::SetDenseGemvSliceOverride(slice);
               const double ts = TimeMedian(call(cuda::Path::kNative), copies, 30);
               std::printf(" %d:%.1fus", slice, ts * 1e6);
