@@ -129,10 +129,18 @@ class Cluster:
     replica_of: b
 """
 
-    def __init__(self, worker_tls=None):
+    def __init__(self, worker_tls=None, whole_model=False):
+        """whole_model: a complete glm4_moe model (attention, embeddings, head; 8 experts) from
+        exl3-tool make-test-model, so the router runs the engine; else MoE layers only."""
         self.dir = tempfile.mkdtemp(prefix="exl3-router-test-")
         self.model = os.path.join(self.dir, "model")
-        subprocess.run([os.path.join(BUILD, "tests", "exl3-test-model"), self.model], check=True)
+        if whole_model:
+            subprocess.run([os.path.join(BIN, "exl3-tool"), "make-test-model", "--arch", "glm4_moe",
+                            "--output", self.model, "--layers", "3", "--experts", "8", "--top-k",
+                            "2", "--quiet"], check=True)
+        else:
+            subprocess.run([os.path.join(BUILD, "tests", "exl3-test-model"), self.model],
+                           check=True)
         self.ports = {n: free_port() for n in ("a", "b", "b2")}
         self.map_path = os.path.join(self.dir, "map.yaml")
         self.write_map(self.MAP)
@@ -168,11 +176,12 @@ class Cluster:
                 self.write_map(self.map_template)
         raise AssertionError(f"worker {name}: no free port after 5 attempts")
 
-    def start_router(self, extra=(), tls=()):
+    def start_router(self, extra=(), tls=(), with_map=True):
         """Starts a router on ports the kernel picks and waits until it listens; .address and
-        .metrics are what it logged."""
-        args = [os.path.join(BIN, "exl3-router"), "--model", self.model, "--expert-map",
-                self.map_path, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+        .metrics are what it logged. with_map False: the experts are held by the router."""
+        args = [os.path.join(BIN, "exl3-router"), "--model", self.model,
+                *(["--expert-map", self.map_path] if with_map else []),
+                "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
                 "--reconnect-backoff-max-ms", "300", *tls, *extra]
         r = Proc(f"router-{len(self.routers)}", args, self.dir)
         self.routers.append(r)
