@@ -378,6 +378,13 @@ def run(args, build, deploy, tmp):
     except subprocess.TimeoutExpired:
         fail("exl3-loadgen did not finish")
         return
+    # Generation through the engine, so the engine's series carry data too.
+    gen = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "generate_load.py"),
+                          f"--target=127.0.0.1:{rgp}"], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=os.path.join(build, "python")))
+    log("generate load: " + (gen.stdout.strip() or gen.stderr.strip()[-400:]))
+    if gen.returncode != 0:
+        fail(f"generate load failed:\n{gen.stderr[-2000:]}")
     summary = [l for l in tail(tmp, "loadgen", 40).splitlines() if l.startswith("requests=")]
     log("exl3-loadgen: " + (summary[-1] if summary else "(no summary line)"))
     if lg.returncode != 0:
