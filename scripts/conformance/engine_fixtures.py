@@ -66,7 +66,7 @@ def gqa_attention(**extra):
 FAMILIES = {
     "glm4_moe": dict(
         config="Glm4MoeConfig",
-        seed=1, head_mix=0.6,
+        seed=2, head_mix=0.6,
         fields=dict(
             vocab_size=VOCAB, num_hidden_layers=2, intermediate_size=128,
             moe_intermediate_size=128, n_routed_experts=EXPERTS, num_experts_per_tok=TOP_K,
@@ -84,7 +84,7 @@ FAMILIES = {
                   "norm_topk_prob, routed_scaling_factor 2.0", "n_shared_experts 1"]),
     "qwen3_moe": dict(
         config="Qwen3MoeConfig",
-        seed=1, head_mix=0.6,
+        seed=4, head_mix=0.6,
         fields=dict(
             vocab_size=VOCAB, num_hidden_layers=2, intermediate_size=128,
             moe_intermediate_size=128, num_experts=EXPERTS, num_experts_per_tok=TOP_K,
