@@ -110,7 +110,7 @@ FAMILIES = {
                   "every layer MoE, no shared expert"]),
     "deepseek_v3": dict(
         config="DeepseekV3Config",
-        seed=1, head_mix=0.6,
+        seed=7, head_mix=0.6,
         fields=dict(
             vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, intermediate_size=128,
             moe_intermediate_size=128, n_routed_experts=EXPERTS, num_experts_per_tok=TOP_K,
