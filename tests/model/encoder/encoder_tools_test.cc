@@ -91,6 +91,22 @@ std::vector<double> Mlp(const std::vector<float>& g, const std::vector<float>& u
   return MatVec(d, a, static_cast<int>(x.size()));
 }
 
+// ‖W − Ŵ‖² / ‖W‖²: `v` dequantized ([in, out]) against `w_hf` ([out, in]).
+double DequantRelativeError(const Exl3LinearView& v, const std::vector<float>& w_hf) {
+  const int in = v.in_features, out = v.out_features;
+  std::vector<float> dense(static_cast<size_t>(in) * out);
+  DequantizeDense(v, dense.data());
+  double num = 0, den = 0;
+  for (int o = 0; o < out; ++o)
+    for (int i = 0; i < in; ++i) {
+      const double ref = w_hf[static_cast<size_t>(o) * in + i];
+      const double d = dense[static_cast<size_t>(i) * out + o] - ref;
+      num += d * d;
+      den += ref * ref;
+    }
+  return num / den;
+}
+
 TEST(EncoderTools, QuantizeTensorWritesAnExl3Layer) {
   const std::string dir = TempDir("qt");
   const int out = 256, in = 128;
@@ -125,17 +141,9 @@ TEST(EncoderTools, QuantizeTensorWritesAnExl3Layer) {
   v.trellis = trellis->as<uint16_t>();
   v.suh = suh->as<uint16_t>();
   v.svh = svh->as<uint16_t>();
-  std::vector<float> dense(w.size());
-  DequantizeDense(v, dense.data());
-  double num = 0, den = 0;
-  for (int o = 0; o < out; ++o)
-    for (int i = 0; i < in; ++i) {
-      const double d = dense[static_cast<size_t>(i) * out + o] - w[static_cast<size_t>(o) * in + i];
-      num += d * d;
-      den += static_cast<double>(w[static_cast<size_t>(o) * in + i]) * w[static_cast<size_t>(o) * in + i];
-    }
-  EXPECT_LT(num / den, 1.3 * std::pow(4.0, -3));
-  EXPECT_GT(num / den, 0.9 * std::pow(4.0, -3));
+  const double rel = DequantRelativeError(v, w);
+  EXPECT_LT(rel, 1.3 * std::pow(4.0, -3));
+  EXPECT_GT(rel, 0.9 * std::pow(4.0, -3));
 
   std::string err;
   EXPECT_NE(Tool("quantize-tensor --input " + dir + "/in.safetensors --tensor nope --output " + dir +
@@ -310,19 +318,7 @@ double RelativeError(const std::string& hf_dir, const std::string& exl3_dir, con
   absl::StatusOr<std::unique_ptr<Exl3Linear>> lin = LoadExl3Linear(**q, prefix);
   EXPECT_TRUE(lin.ok()) << lin.status();
   if (!lin.ok()) return -1;
-  const std::vector<float> w = Load(**hf, prefix + ".weight");  // [out, in]
-  const int in = (*lin)->view.in_features, out = (*lin)->view.out_features;
-  std::vector<float> dense(static_cast<size_t>(in) * out);     // [in, out]
-  DequantizeDense((*lin)->view, dense.data());
-  double num = 0, den = 0;
-  for (int o = 0; o < out; ++o)
-    for (int i = 0; i < in; ++i) {
-      const double ref = w[static_cast<size_t>(o) * in + i];
-      const double d = dense[static_cast<size_t>(i) * out + o] - ref;
-      num += d * d;
-      den += ref * ref;
-    }
-  return num / den;
+  return DequantRelativeError((*lin)->view, Load(**hf, prefix + ".weight"));
 }
 
 int BitsOf(const std::string& dir, const std::string& prefix) {
