@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace exl3 {
@@ -57,6 +58,21 @@ class Reader {
     *out = static_cast<int>(x);
     return absl::OkStatus();
   }
+  // A field that has two names: either may be present; both must then agree.
+  absl::Status OneOfInt(const char* f, const char* alt, int* out) const {
+    if (!Has(f) && !Has(alt)) {
+      return absl::InvalidArgumentError(absl::StrCat(source_, ": required field '", f, "' (or '",
+                                                     alt, "') is missing (", arch_, ")"));
+    }
+    int a = -1, b = -1;
+    EXL3_RETURN_IF_ERROR(OptInt(f, &a));
+    EXL3_RETURN_IF_ERROR(OptInt(alt, &b));
+    if (a >= 0 && b >= 0 && a != b) {
+      return Bad(f, absl::StrCat("is ", a, " but '", alt, "' is ", b));
+    }
+    *out = a >= 0 ? a : b;
+    return absl::OkStatus();
+  }
   absl::Status OptFloat(const char* f, float* out) const {
     if (!Has(f)) return absl::OkStatus();
     const json& v = j_[f];
@@ -94,12 +110,6 @@ class Reader {
   std::string source_;
   std::string arch_;
 };
-
-#define EXL3_RETURN_IF_ERROR(expr)         \
-  do {                                     \
-    const absl::Status _st = (expr);       \
-    if (!_st.ok()) return _st;             \
-  } while (0)
 
 std::string LayerPrefix(int layer) { return absl::StrCat("model.layers.", layer, "."); }
 
@@ -232,7 +242,9 @@ absl::StatusOr<MoeConfig> ParseMoeConfig(std::string_view json_text, std::string
     }
     case MoeFamily::kQwen3Moe:
     case MoeFamily::kQwen3Next: {
-      EXL3_RETURN_IF_ERROR(r.Int("num_experts", &c.num_experts));
+      // transformers 5.x writes Qwen3-MoE's expert count as num_local_experts (its
+      // Qwen3MoeConfig maps num_experts onto it); older files and Qwen3-Next say num_experts.
+      EXL3_RETURN_IF_ERROR(r.OneOfInt("num_local_experts", "num_experts", &c.num_experts));
       EXL3_RETURN_IF_ERROR(r.Int("moe_intermediate_size", &c.moe_intermediate_size));
       int step = 1;
       std::vector<int> mlp_only;

@@ -5,9 +5,12 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "model/encoder/layer_quantizer.h"
@@ -91,6 +94,21 @@ absl::StatusOr<std::vector<std::string>> ListShards(const fs::path& dir) {
   return shards;
 }
 
+// "model.layers.L.REST" -> L and REST.
+bool SplitLayerKey(const std::string& name, int* layer, std::string* rest) {
+  const std::string prefix = "model.layers.";
+  if (name.compare(0, prefix.size(), prefix) != 0) return false;
+  const size_t dot = name.find('.', prefix.size());
+  if (dot == std::string::npos ||
+      !absl::SimpleAtoi(name.substr(prefix.size(), dot - prefix.size()), layer)) {
+    return false;
+  }
+  *rest = name.substr(dot + 1);
+  return true;
+}
+
+bool IsFloatWeight(DType d) { return d == DType::kF16 || d == DType::kBF16 || d == DType::kF32; }
+
 std::string BitsJson(double v) {
   return v == static_cast<int>(v) ? std::to_string(static_cast<int>(v)) : absl::StrCat(v);
 }
@@ -107,7 +125,7 @@ int BitsFor(const ConvertOptions& o, bool routed, bool down) {
 absl::StatusOr<ConvertStats> ConvertCheckpoint(const std::string& input_dir,
                                                const std::string& output_dir,
                                                const ConvertOptions& options) {
-  for (int k : {options.bits, options.expert_bits, options.down_bits}) {
+  for (int k : {options.bits, options.expert_bits, options.down_bits, options.head_bits}) {
     if (k != 0 && (k < 1 || k > 8)) {
       return absl::InvalidArgumentError(absl::StrCat("bit width ", k, " is not in 1..8"));
     }
@@ -175,7 +193,7 @@ absl::StatusOr<ConvertStats> ConvertCheckpoint(const std::string& input_dir,
           ": EXL3 needs both dimensions to be multiples of 128"));
     }
     const DType d = it->second->dtype;
-    if (d != DType::kF16 && d != DType::kBF16 && d != DType::kF32) {
+    if (!IsFloatWeight(d)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor '", name, "' has dtype ", std::string(DTypeName(d)),
           "; the converter reads BF16, F16 or F32 weights (dequantize FP8 checkpoints first)"));
@@ -205,6 +223,55 @@ absl::StatusOr<ConvertStats> ConvertCheckpoint(const std::string& input_dir,
     }
   }
 
+  // The other linears, as exllamav3 quantizes them: attention projections and dense MLPs at
+  // `bits` (dense down projections at `down_bits` when set), the head at `head_bits`. A linear
+  // EXL3 cannot hold (a dimension not a multiple of 128, a non-float dtype) stays as stored.
+  ConvertStats stats;
+  std::set<std::string> modules;  // of these three kinds, those with a quantized tensor
+  std::vector<std::string> kept_names;  // asked for, but not EXL3-able
+  auto optional_linear = [&](const std::string& name, int bits, const char* module) {
+    const TensorInfo& t = *info.at(name);
+    const bool shape_ok = t.shape[0] % 128 == 0 && t.shape[1] % 128 == 0;
+    if (!shape_ok || !IsFloatWeight(t.dtype)) {
+      stats.kept_linears.push_back(absl::StrCat(
+          name, " ", ShapeString(t.shape), " ", std::string(DTypeName(t.dtype)), ": ",
+          shape_ok ? "not BF16/F16/F32" : "dimensions not both multiples of 128",
+          ", kept as stored"));
+      kept_names.push_back(name);
+      return;
+    }
+    plan[name] = {bits, static_cast<int>(t.shape[0]), static_cast<int>(t.shape[1])};
+    modules.insert(module);
+  };
+  for (const auto& [name, t] : info) {
+    if (t->shape.size() != 2) continue;
+    if (name == "lm_head.weight") {
+      if (options.head_bits > 0) optional_linear(name, options.head_bits, "head");
+      continue;
+    }
+    int layer = 0;
+    std::string rest;
+    if (!SplitLayerKey(name, &layer, &rest) || layer >= cfg->num_hidden_layers ||
+        !absl::EndsWith(rest, ".weight")) {
+      continue;
+    }
+    if (absl::StartsWith(rest, "self_attn.") || absl::StartsWith(rest, "linear_attn.")) {
+      if (options.quantize_attention) optional_linear(name, options.bits, "attention");
+    } else if (!cfg->IsMoeLayer(layer) &&
+               (rest == "mlp.gate_proj.weight" || rest == "mlp.up_proj.weight" ||
+                rest == "mlp.down_proj.weight")) {
+      if (options.quantize_dense_mlp) {
+        optional_linear(name, BitsFor(options, false, rest == "mlp.down_proj.weight"), "dense_mlp");
+      }
+    }
+  }
+  const bool tied = cfg_json.value("tie_word_embeddings", false) == true;
+  if (options.head_bits > 0 && info.count("lm_head.weight") == 0) {
+    stats.kept_linears.push_back(
+        tied ? "lm_head: none (tie_word_embeddings: the head is model.embed_tokens, kept as stored)"
+             : "lm_head: no lm_head.weight tensor, no head quantized");
+  }
+
   // What identifies this conversion: a shard written under other options is redone.
   json fp = {{"bits", options.bits},
              {"expert_bits", options.expert_bits},
@@ -212,6 +279,9 @@ absl::StatusOr<ConvertStats> ConvertCheckpoint(const std::string& input_dir,
              {"codebook", std::string(CodebookName(options.codebook))},
              {"seed", options.seed},
              {"quantize_shared", options.quantize_shared},
+             {"quantize_attention", options.quantize_attention},
+             {"quantize_dense_mlp", options.quantize_dense_mlp},
+             {"head_bits", options.head_bits},
              {"scale_search", options.scale_search}};
 
   fs::create_directories(out_dir, ec);
@@ -220,7 +290,6 @@ absl::StatusOr<ConvertStats> ConvertCheckpoint(const std::string& input_dir,
   uint64_t total_tiles = 0;
   for (const auto& [name, p] : plan) total_tiles += static_cast<uint64_t>(p.out / 16) * (p.in / 16);
   ProgressBar bar("exl3-tool quantize", total_tiles, options.progress);
-  ConvertStats stats;
   stats.shards_total = static_cast<int>(files.size());
   double mse_sum = 0;
   json weight_map = json::object();
@@ -339,19 +408,25 @@ absl::StatusOr<ConvertStats> ConvertCheckpoint(const std::string& input_dir,
 
   // config.json last: its quantization_config marks a finished conversion.
   const int eb = BitsFor(options, true, false), db = BitsFor(options, true, true);
+  const bool shared = options.quantize_shared && cfg->has_shared_expert();
+  std::vector<std::string> quantized = {"routed_experts"};
+  if (shared) quantized.push_back("shared_experts");
+  for (const char* m : {"attention", "dense_mlp", "head"}) {
+    if (modules.count(m)) quantized.push_back(m);
+  }
   json q = {{"quant_method", "exl3"},
             {"version", kVersion},
             {"bits", json::parse(BitsJson((2.0 * eb + db) / 3.0))},
             {"codebook", std::string(CodebookName(options.codebook))},
             {"expert_bits", eb},
             {"calibration", "none (data-free trellis quantization, no Hessian/LDLQ)"},
-            {"quantized_modules", options.quantize_shared && cfg->has_shared_expert()
-                                      ? "routed_experts,shared_experts"
-                                      : "routed_experts"}};
+            {"quantized_modules", absl::StrJoin(quantized, ",")}};
   if (options.down_bits > 0) q["down_bits"] = options.down_bits;
-  if (cfg->has_shared_expert() && options.quantize_shared) {
-    q["shared_expert_bits"] = BitsFor(options, false, false);
-  }
+  if (shared) q["shared_expert_bits"] = BitsFor(options, false, false);
+  if (modules.count("attention")) q["attention_bits"] = options.bits;
+  if (modules.count("dense_mlp")) q["dense_mlp_bits"] = BitsFor(options, false, false);
+  if (modules.count("head")) q["head_bits"] = options.head_bits;
+  if (!kept_names.empty()) q["unquantized_linears"] = kept_names;
   cfg_json["quantization_config"] = q;
   s = WriteTextAtomic(out_dir / "config.json", cfg_json.dump(2) + "\n");
   if (!s.ok()) return s;

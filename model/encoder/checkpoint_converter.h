@@ -1,8 +1,14 @@
 // Converts a Hugging Face MoE checkpoint (safetensors, bf16/fp16/fp32) into an EXL3 model
 // directory: every routed expert's gate/up/down projection (and the shared experts') becomes an
 // EXL3 layer (model/encoder/layer_quantizer.h: plain, data-free trellis quantization, no
-// Hessian/LDLQ calibration); every other tensor is copied unchanged; config.json gains
-// "quantization_config"; other files (tokenizer, generation config, ...) are copied.
+// Hessian/LDLQ calibration). As exllamav3 does, by default the other linear layers are quantized
+// too: the attention projections (every 2-D `self_attn.*.weight` / `linear_attn.*.weight` of the
+// decoder layers) and the dense layers' `mlp.{gate,up,down}_proj` at `bits`, `lm_head` at
+// `head_bits`; a linear whose dimensions are not both multiples of 128 (or whose dtype is not
+// BF16/F16/F32) stays as stored and is listed in ConvertStats::kept_linears. Biases, embeddings,
+// norms and routers are copied unchanged; a tied head (tie_word_embeddings, no lm_head tensor)
+// stays the embedding. config.json gains "quantization_config" (what was quantized, with which
+// K); other files (tokenizer, generation config, ...) are copied.
 //
 // Output shards mirror the input shards (same file names) and are listed in
 // model.safetensors.index.json. Each shard is written atomically and records the conversion
@@ -16,6 +22,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/codebook.h"
@@ -30,6 +37,9 @@ struct ConvertOptions {
   uint64_t seed = 0;           // sign vectors; per tensor via TensorSeed(seed, name)
   int threads = 0;             // 0: all cores
   bool quantize_shared = true; // shared experts quantized (else copied)
+  bool quantize_attention = true;  // attention projections at `bits` (else copied)
+  bool quantize_dense_mlp = true;  // dense layers' MLP at `bits`, down at `down_bits` (else copied)
+  int head_bits = 6;               // lm_head's K; 0: copied
   bool scale_search = true;    // per-tensor global scale search (see layer_quantizer.h)
   bool progress = true;        // progress bar on stderr
 };
@@ -41,6 +51,9 @@ struct ConvertStats {
   int tensors_copied = 0;
   double mean_relative_mse = 0; // over tensors quantized by this run (W_inner domain)
   uint64_t output_bytes = 0;    // all shards' data
+  // Linears that were asked for but stay as stored: "NAME [out, in] dtype: why" (EXL3 needs both
+  // dimensions to be multiples of 128), and a note for a tied head.
+  std::vector<std::string> kept_linears;
 };
 
 // Reads `input_dir`, writes `output_dir` (created; must differ from input_dir).

@@ -2,6 +2,7 @@
 #include "model/moe_config.h"
 
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -155,6 +156,40 @@ TEST(MoeConfigTest, Qwen3MoeAndNext) {
   c = Parse(j);
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("shared_expert_intermediate_size"), std::string::npos);
+}
+
+// transformers 5.x's Qwen3MoeConfig saves the expert count as num_local_experts (its attribute_map
+// sends num_experts there); the rope settings move into rope_parameters. This is the config.json
+// transformers 5.24 writes for a tiny Qwen3-MoE, trimmed to the fields the reader looks at.
+TEST(MoeConfigTest, Qwen3MoeAsTransformers5WritesIt) {
+  json j = json::parse(R"({
+    "architectures": ["Qwen3MoeForCausalLM"], "decoder_sparse_step": 1, "hidden_size": 256,
+    "mlp_only_layers": [1], "moe_intermediate_size": 128, "norm_topk_prob": true,
+    "num_experts_per_tok": 2, "num_hidden_layers": 3, "num_local_experts": 8,
+    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}
+  })");
+  absl::StatusOr<MoeConfig> c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_experts, 8);
+  EXPECT_EQ(c->MoeLayers(), (std::vector<int>{0, 2}));
+  EXPECT_TRUE(c->norm_topk_prob);
+
+  j["num_experts"] = 8;  // both names, agreeing
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_experts, 8);
+
+  j["num_experts"] = 16;  // both names, disagreeing
+  c = Parse(j);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("num_experts"), std::string::npos) << c.status();
+
+  j.erase("num_experts");
+  j.erase("num_local_experts");
+  c = Parse(j);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("num_local_experts"), std::string::npos) << c.status();
+  EXPECT_NE(c.status().message().find("num_experts"), std::string::npos) << c.status();
 }
 
 TEST(MoeConfigTest, Mixtral) {

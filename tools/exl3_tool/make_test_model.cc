@@ -153,6 +153,11 @@ int Run(int argc, char** argv) {
   co.seed = spec.seed;
   co.threads = threads;
   co.progress = progress;
+  // Test models serve experts: only the routed and shared experts are quantized, as before
+  // `exl3-tool quantize` quantized every linear by default.
+  co.quantize_attention = false;
+  co.quantize_dense_mlp = false;
+  co.head_bits = 0;
   absl::StatusOr<ConvertStats> st = ConvertCheckpoint(hf_dir, out, co);
   if (!st.ok()) return Fail(kName, std::string(st.status().message()));
   if (progress) {

@@ -13,15 +13,21 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: exl3-tool quantize --input HF_DIR --output DIR --bits K [--codebook 3inst|mcg|mul1]\n"
-    "                          [--expert-bits K] [--down-bits K] [--seed S] [--threads N]\n"
-    "                          [--no-shared] [--no-scale-search] [--quiet]\n"
+    "                          [--expert-bits K] [--down-bits K] [--head-bits K] [--seed S]\n"
+    "                          [--threads N] [--no-quantize-attention] [--no-quantize-dense-mlp]\n"
+    "                          [--no-quantize-head] [--no-shared] [--no-scale-search] [--quiet]\n"
     "\n"
     "Converts a Hugging Face MoE checkpoint (safetensors shards, BF16/F16/F32) into an EXL3\n"
-    "model directory. The routed experts' gate/up/down projections and the shared experts'\n"
-    "become EXL3 layers (.trellis/.suh/.svh/.mcg|.mul1); every other tensor (attention, norms,\n"
-    "embeddings, routers, correction biases) is copied unchanged; config.json gains\n"
-    "quantization_config {quant_method: exl3, version, bits, codebook, ...}; other files are\n"
-    "copied. Output shards mirror the input shards and are indexed in\n"
+    "model directory. Like exllamav3, it quantizes every linear layer: the routed experts'\n"
+    "gate/up/down projections, the shared experts', the attention projections (2-D\n"
+    "self_attn.* / linear_attn.* weights) and the dense layers' MLP at --bits, lm_head at\n"
+    "--head-bits (default 6). They become EXL3 layers (.trellis/.suh/.svh/.mcg|.mul1). A linear\n"
+    "whose dimensions are not both multiples of 128 stays as stored (one log line each, and\n"
+    "quantization_config.unquantized_linears); biases, embeddings, norms, routers and\n"
+    "correction biases are copied unchanged; a tied head (tie_word_embeddings, no lm_head) stays\n"
+    "the embedding. config.json gains quantization_config {quant_method: exl3, version, bits,\n"
+    "codebook, expert_bits, quantized_modules, attention_bits, dense_mlp_bits, head_bits, ...};\n"
+    "other files are copied. Output shards mirror the input shards and are indexed in\n"
     "model.safetensors.index.json.\n"
     "\n"
     "This is plain, data-free trellis quantization (random signs and channel scales, Hadamard\n"
@@ -38,10 +44,17 @@ constexpr char kUsage[] =
     "  --output       the EXL3 model directory to write (created)\n"
     "  --bits         K (1..8) of every quantized tensor unless overridden\n"
     "  --expert-bits  K of the routed experts (default: --bits); shared experts keep --bits\n"
-    "  --down-bits    K of all down projections, routed and shared (default: no override)\n"
+    "  --down-bits    K of all down projections, routed, shared and dense (default: no override)\n"
+    "  --head-bits    K of lm_head (default 6; 0: copy it unquantized)\n"
     "  --codebook     3inst (default), mcg or mul1\n"
     "  --seed         seed of the random sign vectors (default 0)\n"
     "  --threads      encoder threads (default: all cores)\n"
+    "  --quantize-attention / --no-quantize-attention  quantize (default) or copy the\n"
+    "                 attention projections\n"
+    "  --quantize-dense-mlp / --no-quantize-dense-mlp  quantize (default) or copy the dense\n"
+    "                 (non-MoE) layers' MLPs\n"
+    "  --no-quantize-head       copy lm_head unquantized (same as --head-bits 0)\n"
+    "                 (all three: the experts-only conversion of earlier versions)\n"
     "  --no-shared    copy shared experts unquantized\n"
     "  --no-scale-search  use the default global scale (faster, slightly worse)\n"
     "  --quiet        no progress bar\n";
@@ -51,8 +64,12 @@ int Run(int argc, char** argv) {
   ToolArgs args;
   std::string err;
   if (!args.Parse(argc, argv,
-                  {"input", "output", "bits", "codebook", "expert-bits", "down-bits", "seed", "threads"},
-                  {"no-shared", "no-scale-search", "quiet"}, &err)) {
+                  {"input", "output", "bits", "codebook", "expert-bits", "down-bits", "head-bits",
+                   "seed", "threads"},
+                  {"no-shared", "no-scale-search", "quiet", "quantize-attention",
+                   "no-quantize-attention", "quantize-dense-mlp", "no-quantize-dense-mlp",
+                   "no-quantize-head"},
+                  &err)) {
     return Fail(kName, err);
   }
   if (args.help) {
@@ -64,7 +81,14 @@ int Run(int argc, char** argv) {
   if (!args.GetInt("bits", &o.bits, &err)) return Fail(kName, err);
   if (args.Has("expert-bits") && !args.GetInt("expert-bits", &o.expert_bits, &err)) return Fail(kName, err);
   if (args.Has("down-bits") && !args.GetInt("down-bits", &o.down_bits, &err)) return Fail(kName, err);
-  for (int k : {o.bits, o.expert_bits, o.down_bits}) {
+  if (args.Has("head-bits") && !args.GetInt("head-bits", &o.head_bits, &err)) return Fail(kName, err);
+  if (args.Bool("no-quantize-head")) {
+    if (args.Has("head-bits") && o.head_bits != 0) {
+      return Fail(kName, "--no-quantize-head contradicts --head-bits " + args.Get("head-bits"));
+    }
+    o.head_bits = 0;
+  }
+  for (int k : {o.bits, o.expert_bits, o.down_bits, o.head_bits}) {
     if (k != 0 && (k < 1 || k > 8)) return Fail(kName, "bit widths must be in 1..8");
   }
   if (o.bits < 1) return Fail(kName, "--bits must be in 1..8");
@@ -78,10 +102,18 @@ int Run(int argc, char** argv) {
     return Fail(kName, err.empty() ? "--threads must be >= 0" : err);
   }
   o.quantize_shared = !args.Bool("no-shared");
+  for (const char* m : {"attention", "dense-mlp"}) {
+    if (args.Bool(std::string("quantize-") + m) && args.Bool(std::string("no-quantize-") + m)) {
+      return Fail(kName, std::string("--quantize-") + m + " contradicts --no-quantize-" + m);
+    }
+  }
+  o.quantize_attention = !args.Bool("no-quantize-attention");
+  o.quantize_dense_mlp = !args.Bool("no-quantize-dense-mlp");
   o.scale_search = !args.Bool("no-scale-search");
   o.progress = !args.Bool("quiet");
   absl::StatusOr<ConvertStats> st = ConvertCheckpoint(args.Get("input"), args.Get("output"), o);
   if (!st.ok()) return Fail(kName, std::string(st.status().message()));
+  for (const std::string& k : st->kept_linears) std::fprintf(stderr, "exl3-tool quantize: %s\n", k.c_str());
   std::fprintf(stderr,
                "exl3-tool quantize: %s: %d shards (%d already complete), %d tensors quantized "
                "(mean relative error %.3e), %d copied, %.1f MB\n",

@@ -17,10 +17,12 @@
 #include "gtest/gtest.h"
 #include "kernels/exl3_linear.h"
 #include "kernels/fp16.h"
+#include "model/exl3_linear_loader.h"
 #include "model/exl3_model.h"
 #include "model/moe_config.h"
 #include "model/routing.h"
 #include "model/safetensors.h"
+#include "nlohmann/json.hpp"
 
 namespace exl3 {
 namespace {
@@ -89,6 +91,22 @@ std::vector<double> Mlp(const std::vector<float>& g, const std::vector<float>& u
   return MatVec(d, a, static_cast<int>(x.size()));
 }
 
+// ‖W − Ŵ‖² / ‖W‖²: `v` dequantized ([in, out]) against `w_hf` ([out, in]).
+double DequantRelativeError(const Exl3LinearView& v, const std::vector<float>& w_hf) {
+  const int in = v.in_features, out = v.out_features;
+  std::vector<float> dense(static_cast<size_t>(in) * out);
+  DequantizeDense(v, dense.data());
+  double num = 0, den = 0;
+  for (int o = 0; o < out; ++o)
+    for (int i = 0; i < in; ++i) {
+      const double ref = w_hf[static_cast<size_t>(o) * in + i];
+      const double d = dense[static_cast<size_t>(i) * out + o] - ref;
+      num += d * d;
+      den += ref * ref;
+    }
+  return num / den;
+}
+
 TEST(EncoderTools, QuantizeTensorWritesAnExl3Layer) {
   const std::string dir = TempDir("qt");
   const int out = 256, in = 128;
@@ -123,17 +141,9 @@ TEST(EncoderTools, QuantizeTensorWritesAnExl3Layer) {
   v.trellis = trellis->as<uint16_t>();
   v.suh = suh->as<uint16_t>();
   v.svh = svh->as<uint16_t>();
-  std::vector<float> dense(w.size());
-  DequantizeDense(v, dense.data());
-  double num = 0, den = 0;
-  for (int o = 0; o < out; ++o)
-    for (int i = 0; i < in; ++i) {
-      const double d = dense[static_cast<size_t>(i) * out + o] - w[static_cast<size_t>(o) * in + i];
-      num += d * d;
-      den += static_cast<double>(w[static_cast<size_t>(o) * in + i]) * w[static_cast<size_t>(o) * in + i];
-    }
-  EXPECT_LT(num / den, 1.3 * std::pow(4.0, -3));
-  EXPECT_GT(num / den, 0.9 * std::pow(4.0, -3));
+  const double rel = DequantRelativeError(v, w);
+  EXPECT_LT(rel, 1.3 * std::pow(4.0, -3));
+  EXPECT_GT(rel, 0.9 * std::pow(4.0, -3));
 
   std::string err;
   EXPECT_NE(Tool("quantize-tensor --input " + dir + "/in.safetensors --tensor nope --output " + dir +
@@ -291,6 +301,154 @@ TEST(EncoderTools, QuantizeRestartsAndRefusesBadInput) {
   // Already quantized.
   EXPECT_NE(Tool("quantize --quiet --input " + dir + "/q --output " + dir + "/q4 --bits 2", &err), 0);
   EXPECT_NE(err.find("already quantized"), std::string::npos) << err;
+}
+
+nlohmann::json QuantizationConfig(const std::string& dir) {
+  std::ifstream in(dir + "/config.json");
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() && j.contains("quantization_config") ? j["quantization_config"] : nlohmann::json();
+}
+
+// ‖W − Ŵ‖² / ‖W‖² of the EXL3 layer at `prefix` of `exl3_dir` against `prefix`.weight of `hf_dir`.
+double RelativeError(const std::string& hf_dir, const std::string& exl3_dir, const std::string& prefix) {
+  auto hf = TensorSource::Open(hf_dir);
+  auto q = TensorSource::Open(exl3_dir);
+  EXPECT_TRUE(hf.ok() && q.ok());
+  if (!hf.ok() || !q.ok()) return -1;
+  absl::StatusOr<std::unique_ptr<Exl3Linear>> lin = LoadExl3Linear(**q, prefix);
+  EXPECT_TRUE(lin.ok()) << lin.status();
+  if (!lin.ok()) return -1;
+  return DequantRelativeError((*lin)->view, Load(**hf, prefix + ".weight"));
+}
+
+int BitsOf(const std::string& dir, const std::string& prefix) {
+  auto src = TensorSource::Open(dir);
+  if (!src.ok()) return -1;
+  absl::StatusOr<std::unique_ptr<Exl3Linear>> lin = LoadExl3Linear(**src, prefix);
+  return lin.ok() ? (*lin)->view.bits : 0;
+}
+
+// exllamav3's default: attention, dense MLPs and the head are quantized too (head at 6 bits);
+// --no-quantize-* keeps the experts-only conversion; unfit shapes stay dense; a tied head works.
+TEST(EncoderTools, QuantizeCoversAttentionDenseMlpAndHead) {
+  const std::string dir = TempDir("linears");
+  ASSERT_EQ(Tool("make-test-model --quiet --arch glm4_moe --output " + dir + "/hf --hf-only --hidden 256 "
+                 "--intermediate 128 --experts 2 --top-k 1 --layers 2 --n-group 1 --topk-group 1"),
+            0);
+  std::string err;
+  ASSERT_EQ(Tool("quantize --quiet --input " + dir + "/hf --output " + dir + "/all --bits 4 --threads 2", &err),
+            0) << err;
+  const std::string l0 = "model.layers.0.", l1 = "model.layers.1.";
+  for (const char* proj : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
+    EXPECT_EQ(BitsOf(dir + "/all", l0 + "self_attn." + proj), 4) << proj;
+    EXPECT_EQ(BitsOf(dir + "/all", l1 + "self_attn." + proj), 4) << proj;
+  }
+  for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
+    EXPECT_EQ(BitsOf(dir + "/all", l0 + "mlp." + proj), 4) << proj;
+  }
+  EXPECT_EQ(BitsOf(dir + "/all", "lm_head"), 6);
+  EXPECT_EQ(BitsOf(dir + "/all", l1 + "mlp.experts.1.down_proj"), 4);
+  const double head_err = RelativeError(dir + "/hf", dir + "/all", "lm_head");
+  EXPECT_LT(head_err, 1.5 * std::pow(4.0, -6));
+  EXPECT_GT(head_err, 0.8 * std::pow(4.0, -6));
+  EXPECT_LT(RelativeError(dir + "/hf", dir + "/all", l0 + "self_attn.q_proj"), 1.5 * std::pow(4.0, -4));
+  {
+    auto src = TensorSource::Open(dir + "/all");
+    ASSERT_TRUE(src.ok());
+    for (const std::string& kept : {"model.embed_tokens.weight", "model.norm.weight",
+                                    "model.layers.0.self_attn.q_proj.bias", "model.layers.1.mlp.gate.weight",
+                                    "model.layers.1.mlp.gate.e_score_correction_bias"}) {
+      EXPECT_TRUE((*src)->Has(kept)) << kept;
+    }
+    EXPECT_FALSE((*src)->Has("lm_head.weight"));
+    EXPECT_FALSE((*src)->Has(l0 + "self_attn.q_proj.weight"));
+  }
+  nlohmann::json q = QuantizationConfig(dir + "/all");
+  EXPECT_EQ(q.value("quantized_modules", ""), "routed_experts,shared_experts,attention,dense_mlp,head");
+  EXPECT_EQ(q.value("head_bits", 0), 6);
+  EXPECT_EQ(q.value("attention_bits", 0), 4);
+  EXPECT_EQ(q.value("dense_mlp_bits", 0), 4);
+  EXPECT_FALSE(q.contains("unquantized_linears"));
+  absl::StatusOr<MoeConfig> cfg = LoadMoeConfig(dir + "/all");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_DOUBLE_EQ(cfg->head_bits, 6.0);
+  ASSERT_TRUE(Exl3Model::Open(dir + "/all").ok());
+
+  // The experts-only conversion, and --head-bits.
+  ASSERT_EQ(Tool("quantize --quiet --input " + dir + "/hf --output " + dir + "/experts --bits 4 "
+                 "--no-quantize-attention --no-quantize-dense-mlp --no-quantize-head", &err),
+            0) << err;
+  EXPECT_EQ(BitsOf(dir + "/experts", l0 + "self_attn.q_proj"), 0);
+  EXPECT_EQ(BitsOf(dir + "/experts", l0 + "mlp.gate_proj"), 0);
+  EXPECT_EQ(BitsOf(dir + "/experts", "lm_head"), 0);
+  EXPECT_EQ(BitsOf(dir + "/experts", l1 + "mlp.experts.0.gate_proj"), 4);
+  q = QuantizationConfig(dir + "/experts");
+  EXPECT_EQ(q.value("quantized_modules", ""), "routed_experts,shared_experts");
+  EXPECT_FALSE(q.contains("head_bits"));
+  EXPECT_FALSE(q.contains("attention_bits"));
+  ASSERT_EQ(Tool("quantize --quiet --input " + dir + "/hf --output " + dir + "/head5 --bits 3 "
+                 "--head-bits 5 --no-quantize-attention --quantize-dense-mlp", &err),
+            0) << err;
+  EXPECT_EQ(BitsOf(dir + "/head5", "lm_head"), 5);
+  EXPECT_EQ(BitsOf(dir + "/head5", l0 + "mlp.down_proj"), 3);
+  EXPECT_EQ(BitsOf(dir + "/head5", l0 + "self_attn.o_proj"), 0);
+  EXPECT_NE(Tool("quantize --quiet --input " + dir + "/hf --output " + dir + "/x --bits 3 --head-bits 9", &err), 0);
+  EXPECT_NE(Tool("quantize --quiet --input " + dir + "/hf --output " + dir + "/x --bits 3 "
+                 "--quantize-attention --no-quantize-attention", &err), 0);
+  EXPECT_NE(err.find("contradicts"), std::string::npos) << err;
+
+  // Tied embeddings: no lm_head tensor; the head stays the (unquantized) embedding.
+  fs::create_directories(dir + "/tied");
+  for (const auto& e : fs::directory_iterator(dir + "/hf")) {
+    const std::string name = e.path().filename().string();
+    if (e.path().extension() != ".safetensors") continue;
+    auto f = SafetensorsFile::Open(e.path().string());
+    ASSERT_TRUE(f.ok());
+    SafetensorsWriter w;
+    for (const TensorInfo& t : (*f)->tensors()) {
+      if (t.name == "lm_head.weight") continue;
+      auto v = (*f)->Get(t.name);
+      ASSERT_TRUE(v.ok());
+      w.Add(t.name, t.dtype, t.shape, v->data, v->size_bytes());
+    }
+    ASSERT_TRUE(w.Write(dir + "/tied/" + name).ok());
+  }
+  {
+    std::ifstream in(dir + "/hf/config.json");
+    nlohmann::json c = nlohmann::json::parse(in);
+    c["tie_word_embeddings"] = true;
+    std::ofstream(dir + "/tied/config.json") << c.dump(2);
+  }
+  ASSERT_EQ(Tool("quantize --input " + dir + "/tied --output " + dir + "/tied-q --bits 4 --threads 2", &err),
+            0) << err;
+  EXPECT_NE(err.find("tie_word_embeddings"), std::string::npos) << err;
+  EXPECT_EQ(BitsOf(dir + "/tied-q", l0 + "self_attn.q_proj"), 4);
+  q = QuantizationConfig(dir + "/tied-q");
+  EXPECT_FALSE(q.contains("head_bits"));
+  EXPECT_EQ(q.value("quantized_modules", ""), "routed_experts,shared_experts,attention,dense_mlp");
+
+  // DeepSeek-V3's MLA test layout has projections of 48 and 64 rows: they stay as stored.
+  ASSERT_EQ(Tool("make-test-model --quiet --arch deepseek_v3 --output " + dir + "/ds --hf-only --hidden 256 "
+                 "--intermediate 128 --experts 4 --top-k 2 --layers 2 --n-group 2 --topk-group 1"),
+            0);
+  ASSERT_EQ(Tool("quantize --input " + dir + "/ds --output " + dir + "/ds-q --bits 4 --threads 2", &err), 0)
+      << err;
+  EXPECT_NE(err.find("model.layers.0.self_attn.kv_a_proj_with_mqa.weight [48, 256] BF16: dimensions not "
+                     "both multiples of 128, kept as stored"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(BitsOf(dir + "/ds-q", l0 + "self_attn.o_proj"), 4);  // [256, 128]
+  {
+    auto src = TensorSource::Open(dir + "/ds-q");
+    ASSERT_TRUE(src.ok());
+    EXPECT_TRUE((*src)->Has(l0 + "self_attn.kv_a_proj_with_mqa.weight"));
+    EXPECT_TRUE((*src)->Has(l0 + "self_attn.q_a_proj.weight"));
+  }
+  q = QuantizationConfig(dir + "/ds-q");
+  ASSERT_TRUE(q.contains("unquantized_linears"));
+  EXPECT_NE(std::find(q["unquantized_linears"].begin(), q["unquantized_linears"].end(),
+                      "model.layers.1.self_attn.kv_b_proj.weight"),
+            q["unquantized_linears"].end());
 }
 
 TEST(EncoderTools, SyntheticModelOpensWithRandomTrellis) {

@@ -1,0 +1,512 @@
+#!/usr/bin/env python3
+"""Reference fixtures for the attention engine, with transformers as the judge.
+
+Run with a Python that has torch and transformers (5.17 or later):
+
+    /opt/hfref/bin/python scripts/conformance/engine_fixtures.py \
+        --exl3-tool build/bin/exl3-tool --out tests/fixtures/engine
+
+For each family (Glm4MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM,
+DeepseekV3ForCausalLM) it builds a tiny random model with transformers' own classes, saves it
+(bf16, save_pretrained), converts it with `exl3-tool quantize` in two variants:
+
+    <family>_experts : routed/shared experts at K=4; attention, dense MLPs, head as stored
+    <family>_all     : everything EXL3 can hold at K=4, the head at K=6
+
+reads every EXL3 layer back (`exl3-tool dequant`), loads the dequantized weights into the
+transformers model (fp32) and records greedy continuations, teacher-forced logits and, for one
+prompt, each MoE layer's input and output. Self-checks (the script fails when one does not hold):
+
+  * greedy tokens are stable: at every greedy step the top1 - top2 logit gap is at least
+    --min-gap times the logits' scale (their standard deviation);
+  * routing is stable: at every token of every MoE layer, the chosen experts (and groups) lead
+    the first one left out by at least --min-route-margin;
+  * generate() (KV cache) and the teacher-forced forward pass agree on every greedy token;
+  * `exl3-tool moe` on the recorded MoE inputs reproduces the recorded MoE outputs within
+    --moe-tol relative (the expert and routing side, through the repository's own kernels).
+
+The layout of what it writes is described in tests/fixtures/engine/README.md.
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+import transformers
+from transformers import AutoModelForCausalLM
+
+SEED = 20261201
+PROMPT_LENGTHS = (5, 13, 29, 40)
+NEW_TOKENS = 32
+MOE_PROMPT = 1  # the prompt whose MoE layer inputs/outputs are recorded
+VOCAB = 128
+HIDDEN = 256
+EXPERTS = 8
+TOP_K = 2
+EXPERT_BITS = 4
+HEAD_BITS = 6
+
+
+def gqa_attention(**extra):
+    return dict(hidden_size=HIDDEN, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                **extra)
+
+
+# Each family: its config class, the config fields (transformers 5.x names), the seed that passes
+# the stability checks, and the features it exercises (written to reference.json).
+FAMILIES = {
+    "glm4_moe": dict(
+        config="Glm4MoeConfig",
+        seed=2, head_mix=0.6,
+        fields=dict(
+            vocab_size=VOCAB, num_hidden_layers=2, intermediate_size=128,
+            moe_intermediate_size=128, n_routed_experts=EXPERTS, num_experts_per_tok=TOP_K,
+            n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+            norm_topk_prob=True, routed_scaling_factor=2.0, use_qk_norm=True,
+            attention_bias=True, max_position_embeddings=256, rms_norm_eps=1e-5,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                 partial_rotary_factor=0.5),
+            **gqa_attention()),
+        features=["partial_rotary_factor 0.5 (rotary on the first half of each head)",
+                  "use_qk_norm (RMSNorm over head_dim on q and k)",
+                  "attention_bias (q/k/v biases; o_proj none)",
+                  "first_k_dense_replace 1 (layer 0 dense MLP)",
+                  "sigmoid routing with e_score_correction_bias (random), n_group 2 / topk_group 1",
+                  "norm_topk_prob, routed_scaling_factor 2.0", "n_shared_experts 1"]),
+    "qwen3_moe": dict(
+        config="Qwen3MoeConfig",
+        seed=4, head_mix=0.6,
+        fields=dict(
+            vocab_size=VOCAB, num_hidden_layers=2, intermediate_size=128,
+            moe_intermediate_size=128, num_experts=EXPERTS, num_experts_per_tok=TOP_K,
+            decoder_sparse_step=1, mlp_only_layers=[1], norm_topk_prob=True,
+            max_position_embeddings=256, rms_norm_eps=1e-6,
+            rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+            **gqa_attention()),
+        features=["q_norm/k_norm (RMSNorm over head_dim)",
+                  "mlp_only_layers [1]: layer 0 MoE, layer 1 dense",
+                  "softmax routing, top-k then norm_topk_prob",
+                  "config names the expert count num_local_experts (transformers 5.x)"]),
+    "mixtral": dict(
+        config="MixtralConfig",
+        seed=1, head_mix=0.6,
+        fields=dict(
+            vocab_size=VOCAB, num_hidden_layers=2, intermediate_size=128,
+            num_local_experts=EXPERTS, num_experts_per_tok=TOP_K, sliding_window=16,
+            max_position_embeddings=256, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
+            rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+            **gqa_attention()),
+        features=["sliding_window 16 (each query sees itself and the 15 tokens before it)",
+                  "softmax routing over block_sparse_moe.gate, top-k renormalised",
+                  "every layer MoE, no shared expert"]),
+    "deepseek_v3": dict(
+        config="DeepseekV3Config",
+        seed=7, head_mix=0.6,
+        fields=dict(
+            vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, intermediate_size=128,
+            moe_intermediate_size=128, n_routed_experts=EXPERTS, num_experts_per_tok=TOP_K,
+            n_shared_experts=1, first_k_dense_replace=1, n_group=4, topk_group=2,
+            norm_topk_prob=True, routed_scaling_factor=2.5, num_attention_heads=4,
+            num_key_value_heads=4, q_lora_rank=128, kv_lora_rank=128, qk_nope_head_dim=64,
+            qk_rope_head_dim=32, v_head_dim=96, max_position_embeddings=128,
+            rms_norm_eps=1e-6, bos_token_id=0, eos_token_id=1,
+            rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                 original_max_position_embeddings=32, mscale=1.0,
+                                 mscale_all_dim=0.8, beta_fast=32.0, beta_slow=1.0)),
+        features=["MLA: q_lora_rank 128 (q_a_proj, q_a_layernorm, q_b_proj), kv_lora_rank 128 "
+                  "(kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj)",
+                  "qk_nope_head_dim 64, qk_rope_head_dim 32, v_head_dim 96",
+                  "rope_interleave (transformers' default for DeepSeek-V3)",
+                  "YaRN: factor 4, original_max_position_embeddings 32, mscale 1.0, "
+                  "mscale_all_dim 0.8 (softmax scale and cos/sin scale)",
+                  "first_k_dense_replace 1", "sigmoid routing with random e_score_correction_bias, "
+                  "n_group 4 / topk_group 2", "routed_scaling_factor 2.5", "n_shared_experts 1",
+                  "kv_a_proj_with_mqa [160, 256] is not EXL3-able: stored as is in both variants"]),
+}
+
+VARIANTS = {
+    "experts": ["--no-quantize-attention", "--no-quantize-dense-mlp", "--no-quantize-head"],
+    "all": ["--head-bits", str(HEAD_BITS)],
+}
+
+
+def log(msg):
+    print(f"engine_fixtures: {msg}", file=sys.stderr, flush=True)
+
+
+class Unstable(Exception):
+    """A stability check failed: the seed does not give a usable fixture."""
+
+
+def fail(msg):
+    log(f"FAILED: {msg}")
+    sys.exit(1)
+
+
+def run(cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        fail(f"{' '.join(cmd)}\n{r.stdout}{r.stderr}")
+    return r
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+
+
+def build_config(family):
+    spec = FAMILIES[family]
+    cls = getattr(transformers, spec["config"])
+    cfg = cls(**spec["fields"])
+    cfg.architectures = [cls.__name__.replace("Config", "ForCausalLM")]
+    return cfg
+
+
+def init_weights(model, gen, head_mix):
+    """Weights whose logits are peaky but depend on the context. Embeddings are N(0, 1); every
+    linear is N(0, 1/in_features), so each layer's output is of the residual's size and attention
+    and MoE move the logits a lot; norm weights 1 + N(0, 0.01), biases N(0, 0.01), correction
+    biases N(0, 0.0025). lm_head = head_mix * embed[perm] + N(0, 1): the final hidden state still
+    carries the current token's embedding, so each token leans towards a successor, by an amount
+    (head_mix, per family) tuned with the seed so that the greedy tokens keep a clear top1-top2
+    gap while many of them (reference.json: non_successor_steps) follow from the context."""
+    sd = dict(model.named_parameters())
+    sd.update(dict(model.named_buffers()))
+
+    def normal(shape, std):
+        return torch.randn(shape, generator=gen, dtype=torch.float32) * std
+
+    embed = sd["model.embed_tokens.weight"]
+    with torch.no_grad():
+        embed.copy_(normal(embed.shape, 1.0))
+        for name, p in sorted(sd.items()):
+            if name == "model.embed_tokens.weight" or "rotary" in name or "inv_freq" in name:
+                continue
+            if name == "lm_head.weight":
+                perm = torch.randperm(p.shape[0], generator=gen)
+                p.copy_(head_mix * embed[perm] + normal(p.shape, 1.0))
+                successor = perm.argsort()  # token t's successor: the lm_head row holding embed[t]
+            elif name.endswith("e_score_correction_bias"):
+                p.copy_(normal(p.shape, 0.05))
+            elif p.dim() == 1 and name.endswith(".bias"):
+                p.copy_(normal(p.shape, 0.1))
+            elif p.dim() == 1:  # norm weights
+                p.copy_(1.0 + normal(p.shape, 0.1))
+            else:  # linear weights [out, in] or fused experts [E, out, in]
+                p.copy_(normal(p.shape, 1.0 / math.sqrt(p.shape[-1])))
+    return successor
+
+
+def make_model(family, seed):
+    cfg = build_config(family)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
+    gen = torch.Generator().manual_seed(SEED + seed)
+    successor = init_weights(model, gen, FAMILIES[family]["head_mix"])
+    return model.eval(), successor
+
+
+# ---------------------------------------------------------------------------------------------
+# EXL3 round trip
+
+
+def tensor_names(directory):
+    names = {}
+    for f in sorted(os.listdir(directory)):
+        if f.endswith(".safetensors"):
+            with safe_open(os.path.join(directory, f), "pt") as st:
+                for k in st.keys():
+                    names[k] = os.path.join(directory, f)
+    return names
+
+
+def dequantized_checkpoint(exl3_tool, exl3_dir, out_dir, work):
+    """An fp32 HF checkpoint of what the EXL3 directory holds: EXL3 layers dequantized
+    (`exl3-tool dequant`, W [in, out] -> Linear weight [out, in]), every other tensor as stored."""
+    os.makedirs(out_dir, exist_ok=True)
+    names = tensor_names(exl3_dir)
+    tensors = {}
+    exl3_prefixes = sorted(k[: -len(".trellis")] for k in names if k.endswith(".trellis"))
+    suffixes = (".trellis", ".suh", ".svh", ".su", ".sv", ".mcg", ".mul1")
+    for prefix in exl3_prefixes:
+        w_file = os.path.join(work, "w.safetensors")
+        run([exl3_tool, "dequant", "--input", exl3_dir, "--prefix", prefix, "--output", w_file])
+        with safe_open(w_file, "pt") as st:
+            tensors[prefix + ".weight"] = st.get_tensor("weight").t().contiguous()
+    for k, path in names.items():
+        if any(k.endswith(s) for s in suffixes) and k.rsplit(".", 1)[0] in exl3_prefixes:
+            continue
+        with safe_open(path, "pt") as st:
+            tensors[k] = st.get_tensor(k).to(torch.float32).contiguous()
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(exl3_dir, "config.json")) as f:
+        cfg = json.load(f)
+    cfg.pop("quantization_config", None)
+    cfg["dtype"] = "float32"
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    return exl3_prefixes
+
+
+def load_reference_model(directory):
+    model, info = AutoModelForCausalLM.from_pretrained(
+        directory, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if bad:
+        fail(f"{directory}: loading the dequantized checkpoint: {bad}")
+    model.generation_config.eos_token_id = None
+    model.generation_config.bos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+# ---------------------------------------------------------------------------------------------
+# Recording and checks
+
+
+def moe_layers(model):
+    out = []
+    for i, layer in enumerate(model.model.layers):
+        if hasattr(layer.mlp, "gate") and hasattr(layer.mlp, "experts"):
+            out.append(i)
+    return out
+
+
+def route_margin(family, cfg, gate, x):
+    """The smallest lead of a chosen expert (or group) over the first one left out, over the
+    tokens of x [T, H], in the units the router compares (softmax families: probabilities;
+    sigmoid families: biased sigmoid scores)."""
+    logits = torch.nn.functional.linear(x.float(), gate.weight.float())
+    k = cfg.num_experts_per_tok
+    if family in ("qwen3_moe", "mixtral"):
+        probs = logits.softmax(-1).sort(-1, descending=True).values
+        return (probs[:, k - 1] - probs[:, k]).min().item()
+    s = logits.sigmoid() + gate.e_score_correction_bias.float()
+    g, tg = cfg.n_group, cfg.topk_group
+    margins = []
+    grouped = s.view(s.shape[0], g, -1)
+    group_scores = grouped.topk(2, dim=-1).values.sum(-1)
+    if tg < g:
+        gs = group_scores.sort(-1, descending=True).values
+        margins.append((gs[:, tg - 1] - gs[:, tg]).min().item())
+    keep = torch.zeros_like(group_scores, dtype=torch.bool)
+    keep.scatter_(1, group_scores.topk(tg, dim=-1).indices, True)
+    masked = s.masked_fill(~keep.unsqueeze(-1).expand_as(grouped).reshape(s.shape), float("-inf"))
+    ms = masked.sort(-1, descending=True).values
+    margins.append((ms[:, k - 1] - ms[:, k]).min().item())
+    return min(margins)
+
+
+def record(family, model, prompts, successor, args, slack=1.0):
+    cfg = model.config
+    layers = moe_layers(model)
+    out, info = {}, {"prompts": [], "moe_layers": layers, "moe_prompt": MOE_PROMPT}
+    min_gap_ratio, min_margin, non_successor = float("inf"), float("inf"), 0
+    for i, prompt in enumerate(prompts):
+        ids = prompt.unsqueeze(0)
+        with torch.no_grad():
+            gen = model.generate(ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                                 do_sample=False, eos_token_id=None, pad_token_id=0)
+        greedy = gen[0, len(prompt):]
+        if len(greedy) != NEW_TOKENS:
+            fail(f"{family}: generate gave {len(greedy)} tokens")
+        full = torch.cat([prompt, greedy]).unsqueeze(0)
+        captured = {}
+        hooks = []
+        if i == MOE_PROMPT:
+            for L in layers:
+                def hook(mod, inp, outp, L=L):
+                    captured[L] = (inp[0].detach().reshape(-1, inp[0].shape[-1]).clone(),
+                                   (outp[0] if isinstance(outp, tuple) else outp).detach()
+                                   .reshape(-1, inp[0].shape[-1]).clone())
+                hooks.append(model.model.layers[L].mlp.register_forward_hook(hook))
+        margin_hooks = []
+        margins = []
+        for L in layers:
+            def mhook(mod, inp, outp, L=L):
+                x = inp[0].reshape(-1, inp[0].shape[-1])
+                margins.append(route_margin(family, cfg, mod.gate, x))
+            margin_hooks.append(model.model.layers[L].mlp.register_forward_hook(mhook))
+        with torch.no_grad():
+            logits = model(full, use_cache=False).logits[0].float()
+        for h in hooks + margin_hooks:
+            h.remove()
+        min_margin = min(min_margin, min(margins))
+        # Greedy tokens against the teacher-forced logits; their stability.
+        steps = logits[len(prompt) - 1: len(prompt) - 1 + NEW_TOKENS]
+        if not torch.equal(steps.argmax(-1), greedy):
+            raise Unstable(f"{family}: prompt {i}: generate() and the teacher-forced forward disagree "
+                 f"({greedy.tolist()} vs {steps.argmax(-1).tolist()})")
+        non_successor += (successor[full[0, len(prompt) - 1:-1]] != greedy).sum().item()
+        top2 = steps.topk(2, dim=-1).values
+        gaps = top2[:, 0] - top2[:, 1]
+        scale = logits.std(dim=-1).mean().item()
+        min_gap_ratio = min(min_gap_ratio, (gaps.min() / scale).item())
+        out[f"prompt.{i}"] = prompt.to(torch.int32)
+        out[f"greedy.{i}"] = greedy.to(torch.int32)
+        out[f"logits.{i}"] = logits.contiguous()
+        info["prompts"].append({"index": i, "prompt_len": len(prompt), "greedy_len": NEW_TOKENS,
+                                "logits_rows": full.shape[1],
+                                "min_top1_top2_gap": round(gaps.min().item(), 4),
+                                "logit_std": round(scale, 4)})
+        for L, (x, y) in captured.items():
+            out[f"moe_in.{L}"] = x.float().contiguous()
+            out[f"moe_out.{L}"] = y.float().contiguous()
+    info["min_gap_over_logit_std"] = round(min_gap_ratio, 5)
+    info["min_route_margin"] = float(f"{min_margin:.3e}")
+    info["non_successor_steps"] = f"{non_successor}/{NEW_TOKENS * len(prompts)}"
+    if min_gap_ratio < slack * args.min_gap:
+        raise Unstable(f"smallest top1-top2 gap is {min_gap_ratio:.2e} x the logit std "
+                       f"(< {slack * args.min_gap})")
+    if min_margin < args.min_route_margin:
+        raise Unstable(f"smallest routing margin {min_margin:.2e} < {args.min_route_margin}")
+    return out, info
+
+
+def check_moe(exl3_tool, exl3_dir, ref, layers, work, tol):
+    errs = {}
+    for L in layers:
+        x_file = os.path.join(work, f"x{L}.safetensors")
+        y_file = os.path.join(work, f"y{L}.safetensors")
+        save_file({"x": ref[f"moe_in.{L}"]}, x_file)
+        run([exl3_tool, "moe", "--model", exl3_dir, "--layer", str(L), "--x", x_file,
+             "--output", y_file, "--backend", "cpu", "--threads", "1"])
+        with safe_open(y_file, "pt") as st:
+            y = st.get_tensor("y").double()
+        want = ref[f"moe_out.{L}"].double()
+        errs[L] = ((y - want).norm() / want.norm()).item()
+        if not errs[L] <= tol:
+            fail(f"{exl3_dir}: exl3-tool moe layer {L}: |out-ref|/|ref| = {errs[L]:.3e} > {tol}")
+    return errs
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def make_family(family, args, work_root):
+    """Tries seeds from the family's own until one passes every check in both variants (with the
+    committed seeds the first one does; --search-seeds N allows N tries), then writes the
+    fixtures."""
+    gen = torch.Generator().manual_seed(SEED)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=gen) for n in PROMPT_LENGTHS]
+    first = FAMILIES[family]["seed"]
+    seeds = args.seeds or list(range(first, first + args.search_seeds))
+    for seed in seeds:
+        work = os.path.join(work_root, f"{family}-seed{seed}")
+        os.makedirs(work, exist_ok=True)
+        model, successor = make_model(family, seed)
+        hf_dir = os.path.join(work, "hf")
+        model.to(torch.bfloat16).save_pretrained(hf_dir)
+        try:
+            # Cheap first: the unquantized bf16 model's greedy gaps must pass with room to spare.
+            record(family, load_reference_model(hf_dir), prompts, successor, args, slack=4.0)
+            results = [make_variant(family, variant, flags, hf_dir, work, prompts, successor, args)
+                       for variant, flags in VARIANTS.items()]
+        except Unstable as e:
+            log(f"{family}: seed {seed}: {e}; next seed")
+            continue
+        for name, exl3_dir, tensors, reference in results:
+            reference["seed"] = seed
+            write_fixture(args.out, name, exl3_dir, tensors, reference)
+        return
+    fail(f"{family}: no seed of {seeds} passes the checks (raise --search-seeds)")
+
+
+def make_variant(family, variant, flags, hf_dir, work, prompts, successor, args):
+    name = f"{family}_{variant}"
+    exl3_dir = os.path.join(work, name)
+    run([args.exl3_tool, "quantize", "--input", hf_dir, "--output", exl3_dir, "--bits",
+         str(EXPERT_BITS), "--threads", str(args.threads), "--quiet"] + flags)
+    deq_dir = os.path.join(work, name + "-dequant")
+    prefixes = dequantized_checkpoint(args.exl3_tool, exl3_dir, deq_dir, work)
+    ref_model = load_reference_model(deq_dir)
+    tensors, info = record(family, ref_model, prompts, successor, args)
+    errs = check_moe(args.exl3_tool, exl3_dir, tensors, info["moe_layers"], work, args.moe_tol)
+    info["moe_check_rel_err"] = {str(k): float(f"{v:.3e}") for k, v in errs.items()}
+    log(f"{name}: {len(prefixes)} EXL3 layers; min gap/std {info['min_gap_over_logit_std']}, "
+        f"min route margin {info['min_route_margin']}, non-successor greedy steps "
+        f"{info['non_successor_steps']}, exl3-tool moe rel err "
+        + ", ".join(f"L{k} {v:.2e}" for k, v in errs.items()))
+    reference = {
+        "family": family,
+        "architecture": ref_model.config.architectures[0],
+        "variant": variant,
+        "quantize_flags": ["--bits", str(EXPERT_BITS)] + flags,
+        "generated_with": {"transformers": transformers.__version__,
+                           "torch": torch.__version__.split("+")[0],
+                           "script": "scripts/conformance/engine_fixtures.py"},
+        "features": FAMILIES[family]["features"],
+        "exl3_layers": prefixes,
+        "reference_model": "transformers' model in fp32 with the EXL3 layers dequantized "
+                           "(exl3-tool dequant) and every other tensor as stored (bf16 -> fp32), "
+                           "attn_implementation eager",
+        "greedy": f"model.generate(prompt, max_new_tokens={NEW_TOKENS}, do_sample=False), "
+                  "eos disabled, KV cache on",
+        "logits": "one teacher-forced forward pass over prompt + greedy (no cache), fp32, "
+                  "row r = logits predicting token r+1",
+        **info,
+        "tensors": {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
+                    for k, v in sorted(tensors.items())},
+    }
+    return name, exl3_dir, tensors, reference
+
+
+def write_fixture(out, name, exl3_dir, tensors, reference):
+    dest = os.path.join(out, name)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.makedirs(dest)
+    for f in sorted(os.listdir(exl3_dir)):
+        if f.endswith(".safetensors") or f in ("config.json", "generation_config.json",
+                                               "model.safetensors.index.json"):
+            shutil.copy(os.path.join(exl3_dir, f), os.path.join(dest, f))
+    save_file(tensors, os.path.join(dest, "reference.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(dest, "reference.json"), "w") as f:
+        json.dump(reference, f, indent=2)
+        f.write("\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--exl3-tool", required=True, help="the exl3-tool binary")
+    ap.add_argument("--out", required=True, help="directory of the fixtures (one per family/variant)")
+    ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated subset")
+    ap.add_argument("--threads", type=int, default=2, help="exl3-tool quantize threads")
+    ap.add_argument("--work", help="keep the intermediate checkpoints here (default: a temp dir)")
+    ap.add_argument("--search-seeds", type=int, default=1,
+                    help="seeds to try per family when the committed one fails the checks")
+    ap.add_argument("--seeds", type=lambda v: [int(x) for x in v.split(",")],
+                    help="comma-separated seeds to try instead (when searching for new ones)")
+    ap.add_argument("--min-gap", type=float, default=1e-2,
+                    help="smallest allowed top1-top2 greedy gap, in units of the logits' std")
+    ap.add_argument("--min-route-margin", type=float, default=1e-4,
+                    help="smallest allowed lead of a chosen expert/group over the next")
+    ap.add_argument("--moe-tol", type=float, default=1e-5,
+                    help="exl3-tool moe against transformers' MoE block, relative L2")
+    args = ap.parse_args()
+    args.exl3_tool = os.path.abspath(args.exl3_tool)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    os.makedirs(args.out, exist_ok=True)
+    work_root = args.work or tempfile.mkdtemp(prefix="engine_fixtures_")
+    try:
+        for family in args.families.split(","):
+            if family not in FAMILIES:
+                fail(f"unknown family {family} (known: {', '.join(FAMILIES)})")
+            make_family(family, args, work_root)
+    finally:
+        if not args.work:
+            shutil.rmtree(work_root, ignore_errors=True)
+    log("done")
+
+
+if __name__ == "__main__":
+    main()
