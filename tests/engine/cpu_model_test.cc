@@ -1,16 +1,13 @@
-// The CPU model's own consistency on generated models of a GQA family and an MLA family: the
+// The CPU model's own consistency on a model of each family: the
 // same logits whether a prompt runs at once, in chunks or token by token, and whether sequences
 // run alone or batched together. (Agreement with transformers: transformers_conformance_test.cc.)
 #include "engine/cpu_model.h"
 
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <random>
 
 #include "gtest/gtest.h"
-#include "model/encoder/checkpoint_converter.h"
-#include "model/testmodel/test_model.h"
 #include "tests/engine/model_harness.h"
 
 namespace exl3::engine {
@@ -36,23 +33,9 @@ std::vector<int32_t> RandomPrompt(int n, int vocab, uint32_t seed) {
 
 class CpuModelTest : public ::testing::TestWithParam<std::string> {
  protected:
-  static std::string ModelDir(const std::string& arch) {
-    const fs::path dir = fs::temp_directory_path() / ("exl3_engine_cpu_model_test_" + arch);
-    if (!fs::exists(dir / "config.json")) {
-      TestModelSpec spec;
-      spec.arch = arch;
-      spec.layers = 3;
-      spec.experts = 8;
-      spec.top_k = 2;
-      const fs::path hf = dir.string() + "-hf";
-      EXPECT_TRUE(WriteHfTestModel(spec, hf.string()).ok());
-      ConvertOptions opt;
-      opt.bits = 4;
-      opt.progress = false;
-      auto st = ConvertCheckpoint(hf.string(), dir.string(), opt);
-      EXPECT_TRUE(st.ok()) << st.status();
-    }
-    return dir.string();
+  // The transformers fixtures' models (tests/fixtures/engine/README.md).
+  static std::string ModelDir(const std::string& fixture) {
+    return (fs::path("tests/fixtures/engine") / fixture).string();
   }
 };
 
@@ -79,7 +62,8 @@ TEST_P(CpuModelTest, ChunkedPrefillBatchingAndDecodeAgree) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CpuModelTest,
-                         ::testing::Values("glm4_moe", "deepseek_v3", "qwen3_moe", "mixtral"));
+                         ::testing::Values("glm4_moe_all", "deepseek_v3_all", "qwen3_moe_experts",
+                                           "mixtral_all"));
 
 }  // namespace
 }  // namespace exl3::engine
