@@ -21,10 +21,43 @@ int32_t ArgMax(std::span<const float> logits) {
   return best;
 }
 
+// The smallest head of candidates[0, n) in `higher` order whose weight reaches `target`; it is
+// moved to the front (in no particular order) and its size returned. Halving selection: O(n)
+// expected, where sorting would cost O(n log n) on flat distributions.
+template <typename Higher, typename Weight>
+size_t TopPCount(std::vector<int32_t>& candidates, size_t n, double target, Higher higher,
+                 Weight weight) {
+  size_t lo = 0, hi = n;  // the boundary is in [lo, hi); everything before lo is kept
+  double mass_before = 0;
+  constexpr size_t kSortBelow = 64;
+  while (hi - lo > kSortBelow) {
+    const size_t mid = lo + (hi - lo) / 2;
+    std::nth_element(candidates.begin() + lo, candidates.begin() + mid, candidates.begin() + hi,
+                     higher);
+    double upper = 0;
+    for (size_t i = lo; i < mid; ++i) upper += weight(candidates[i]);
+    if (mass_before + upper >= target) {
+      hi = mid;
+    } else {
+      mass_before += upper;
+      lo = mid;
+    }
+  }
+  std::sort(candidates.begin() + lo, candidates.begin() + hi, higher);
+  for (size_t i = lo; i < hi; ++i) {
+    mass_before += weight(candidates[i]);
+    if (mass_before >= target) return i + 1;
+  }
+  return hi;  // rounding: keep what is there
+}
+
 }  // namespace
 
 Sampler::Sampler(int vocab_size)
-    : vocab_size_(vocab_size), output_counts_(vocab_size, 0), seen_(vocab_size, 0) {
+    : vocab_size_(vocab_size),
+      weights_(vocab_size, 0.0f),
+      output_counts_(vocab_size, 0),
+      seen_(vocab_size, 0) {
   candidates_.reserve(vocab_size);
 }
 
@@ -113,7 +146,9 @@ int32_t Sampler::Draw(std::span<const float> logits, const SamplingParams& param
   auto higher = [&](int32_t a, int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   };
-  auto weight = [&](int32_t t) { return std::exp(static_cast<double>(logits[t] - max_logit)); };
+  // Unnormalized probabilities, computed once.
+  for (int32_t t : candidates_) weights_[t] = std::exp(logits[t] - max_logit);
+  auto weight = [&](int32_t t) { return static_cast<double>(weights_[t]); };
 
   // Each filter keeps a head of the candidates in `higher` order (the top token always stays),
   // so they apply one after another to a shrinking count n.
@@ -126,25 +161,7 @@ int32_t Sampler::Draw(std::span<const float> logits, const SamplingParams& param
   if (params.top_p < 1.0f) {
     double total = 0;
     for (size_t i = 0; i < n; ++i) total += weight(candidates_[i]);
-    const double target = params.top_p * total;
-    // Sort only as far as the mass reaches top_p: a few hundred tokens for usual distributions.
-    double cumulative = 0;
-    size_t sorted = 0, i = 0;
-    bool reached = false;
-    while (!reached && sorted < n) {
-      const size_t next = std::min(n, std::max<size_t>(64, 2 * sorted));
-      std::partial_sort(candidates_.begin() + sorted, candidates_.begin() + next,
-                        candidates_.begin() + n, higher);
-      sorted = next;
-      for (; i < sorted; ++i) {
-        cumulative += weight(candidates_[i]);
-        if (cumulative >= target) {
-          reached = true;
-          n = i + 1;
-          break;
-        }
-      }
-    }
+    n = TopPCount(candidates_, n, params.top_p * total, higher, weight);
   }
   if (params.min_p > 0.0f) {
     // p / p_max >= min_p, and the ratio does not depend on the normalization.

@@ -79,6 +79,7 @@ class Sampler {
   const int vocab_size_;
   std::vector<float> raw_;                  // the raw row, kept when logprobs are wanted
   std::vector<int32_t> candidates_;         // token ids still in the running
+  std::vector<float> weights_;              // per token: exp(logit - max) of candidates
   std::vector<int32_t> output_counts_;      // per token, zero between calls
   std::vector<uint8_t> seen_;               // per token, zero between calls
   std::vector<int32_t> touched_;            // tokens whose counts / seen flags to reset
