@@ -12,44 +12,28 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// The lowest index of the largest value.
-int32_t ArgMax(std::span<const float> logits) {
-  int32_t best = 0;
-  for (int32_t t = 1; t < static_cast<int32_t>(logits.size()); ++t) {
-    if (logits[t] > logits[best]) best = t;
+// The largest value; eight running maxima keep the loop free of one long dependency chain.
+float MaxValue(std::span<const float> v) {
+  float m[8];
+  std::fill(m, m + 8, kNegInf);
+  size_t i = 0;
+  for (; i + 8 <= v.size(); i += 8) {
+    for (int j = 0; j < 8; ++j) m[j] = v[i + j] > m[j] ? v[i + j] : m[j];
   }
-  return best;
+  for (; i < v.size(); ++i) m[0] = v[i] > m[0] ? v[i] : m[0];
+  return *std::max_element(m, m + 8);
 }
 
-// The smallest head of candidates[0, n) in `higher` order whose weight reaches `target`; it is
-// moved to the front (in no particular order) and its size returned. Halving selection: O(n)
-// expected, where sorting would cost O(n log n) on flat distributions.
-template <typename Higher, typename Weight>
-size_t TopPCount(std::vector<int32_t>& candidates, size_t n, double target, Higher higher,
-                 Weight weight) {
-  size_t lo = 0, hi = n;  // the boundary is in [lo, hi); everything before lo is kept
-  double mass_before = 0;
-  constexpr size_t kSortBelow = 64;
-  while (hi - lo > kSortBelow) {
-    const size_t mid = lo + (hi - lo) / 2;
-    std::nth_element(candidates.begin() + lo, candidates.begin() + mid, candidates.begin() + hi,
-                     higher);
-    double upper = 0;
-    for (size_t i = lo; i < mid; ++i) upper += weight(candidates[i]);
-    if (mass_before + upper >= target) {
-      hi = mid;
-    } else {
-      mass_before += upper;
-      lo = mid;
-    }
+// The lowest index of the largest value.
+int32_t ArgMax(std::span<const float> logits) {
+  const float m = MaxValue(logits);
+  for (size_t t = 0; t < logits.size(); ++t) {
+    if (logits[t] == m) return static_cast<int32_t>(t);
   }
-  std::sort(candidates.begin() + lo, candidates.begin() + hi, higher);
-  for (size_t i = lo; i < hi; ++i) {
-    mass_before += weight(candidates[i]);
-    if (mass_before >= target) return i + 1;
-  }
-  return hi;  // rounding: keep what is there
+  return 0;  // NaN logits: nothing compares equal
 }
+
+constexpr size_t kMaxBuckets = 2048;
 
 }  // namespace
 
@@ -76,28 +60,32 @@ SampledToken Sampler::Sample(std::span<float> logits, const SamplingParams& para
   if (params.temperature == 0.0f) {
     out.token = ArgMax(logits);
   } else {
-    const float inv_temperature = 1.0f / params.temperature;
-    for (float& l : logits) l *= inv_temperature;
     out.token = Draw(logits, params, UniformDraw(seed, history.output.size()));
   }
 
   if (params.logprobs.has_value()) {
-    const float max_raw = *std::max_element(raw_.begin(), raw_.end());
+    const float max_raw = MaxValue(raw_);
     double sum = 0;
-    for (float l : raw_) sum += std::exp(static_cast<double>(l - max_raw));
+    for (float l : raw_) sum += std::exp(l - max_raw);
     const float log_normalizer = max_raw + static_cast<float>(std::log(sum));
     out.logprob = raw_[out.token] - log_normalizer;
-    const int top_n = std::clamp(*params.logprobs, 0, vocab_size_);
-    candidates_.resize(vocab_size_);
-    std::iota(candidates_.begin(), candidates_.end(), 0);
-    std::partial_sort(candidates_.begin(), candidates_.begin() + top_n, candidates_.end(),
-                      [&](int32_t a, int32_t b) {
-                        return raw_[a] > raw_[b] || (raw_[a] == raw_[b] && a < b);
-                      });
-    out.top_logprobs.reserve(top_n);
-    for (int i = 0; i < top_n; ++i) {
-      out.top_logprobs.push_back({candidates_[i], raw_[candidates_[i]] - log_normalizer});
+    // The top N in one pass: a heap whose front is the lowest of the best N so far.
+    const size_t top_n = std::clamp(*params.logprobs, 0, vocab_size_);
+    auto higher = [&](int32_t a, int32_t b) { return Higher(raw_, a, b); };
+    candidates_.clear();
+    for (int32_t t = 0; t < vocab_size_ && top_n > 0; ++t) {
+      if (candidates_.size() < top_n) {
+        candidates_.push_back(t);
+        std::push_heap(candidates_.begin(), candidates_.end(), higher);
+      } else if (higher(t, candidates_.front())) {
+        std::pop_heap(candidates_.begin(), candidates_.end(), higher);
+        candidates_.back() = t;
+        std::push_heap(candidates_.begin(), candidates_.end(), higher);
+      }
     }
+    std::sort_heap(candidates_.begin(), candidates_.end(), higher);
+    out.top_logprobs.reserve(top_n);
+    for (int32_t t : candidates_) out.top_logprobs.push_back({t, raw_[t] - log_normalizer});
   }
   return out;
 }
@@ -135,48 +123,101 @@ void Sampler::ApplyPenalties(std::span<float> logits, const SamplingParams& para
   }
 }
 
-int32_t Sampler::Draw(std::span<const float> logits, const SamplingParams& params,
+bool Sampler::Higher(std::span<const float> logits, int32_t a, int32_t b) {
+  return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+}
+
+size_t Sampler::SelectHead(std::span<const float> logits, size_t n, float highest,
+                           size_t max_count, double mass_fraction) {
+  // Buckets by logit, highest first; bucket order agrees with Higher, so every bucket before the
+  // one where the head ends is kept whole and only that one is sorted. O(n) plus one bucket's
+  // sort, where sorting everything would cost O(n log n) on flat distributions.
+  float lowest = highest;
+  for (size_t i = 0; i < n; ++i) lowest = std::min(lowest, logits[candidates_[i]]);
+  const size_t num_buckets = std::clamp<size_t>(n / 16, 1, kMaxBuckets);
+  const float scale = highest > lowest ? (num_buckets - 1) / (highest - lowest) : 0.0f;
+  auto bucket = [&](int32_t t) {
+    return std::min(num_buckets - 1, static_cast<size_t>((highest - logits[t]) * scale));
+  };
+  bucket_count_.assign(num_buckets, 0);
+  bucket_mass_.assign(num_buckets, 0.0);
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const size_t b = bucket(candidates_[i]);
+    ++bucket_count_[b];
+    bucket_mass_[b] += weights_[candidates_[i]];
+    total += weights_[candidates_[i]];
+  }
+  const double target_mass = mass_fraction * total;
+  size_t count_before = 0;
+  double mass_before = 0;
+  size_t last = 0;
+  for (; last < num_buckets; ++last) {
+    if (count_before + bucket_count_[last] >= max_count ||
+        mass_before + bucket_mass_[last] >= target_mass) {
+      break;
+    }
+    count_before += bucket_count_[last];
+    mass_before += bucket_mass_[last];
+  }
+  if (last == num_buckets) return n;  // rounding: keep everything
+  // Compacts the kept buckets to the front without branches (random data would mispredict
+  // them), setting the last bucket's tokens aside; the lower buckets are dropped.
+  boundary_.clear();
+  size_t count = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t t = candidates_[i];
+    const size_t b = bucket(t);
+    candidates_[count] = t;
+    count += b < last;
+    if (b == last) boundary_.push_back(t);
+  }
+  std::sort(boundary_.begin(), boundary_.end(),
+            [&](int32_t a, int32_t b) { return Higher(logits, a, b); });
+  for (int32_t t : boundary_) {
+    candidates_[count++] = t;
+    mass_before += weights_[t];
+    if (count >= max_count || mass_before >= target_mass) break;
+  }
+  return count;
+}
+
+int32_t Sampler::Draw(std::span<float> logits, const SamplingParams& params,
                       double uniform) {
+  // Temperature, and the tokens still possible (banned ones are -inf), in one pass.
+  const float inv_temperature = 1.0f / params.temperature;
   candidates_.clear();
   for (int32_t t = 0; t < vocab_size_; ++t) {
+    logits[t] *= inv_temperature;
     if (logits[t] != kNegInf) candidates_.push_back(t);
   }
-  if (candidates_.empty()) return ArgMax(logits);  // everything banned: nothing sensible left
-  const float max_logit = logits[ArgMax(logits)];
-  auto higher = [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  };
+  if (candidates_.empty()) return 0;  // everything banned: nothing sensible left
+  const float max_logit = MaxValue(logits);
   // Unnormalized probabilities, computed once.
   for (int32_t t : candidates_) weights_[t] = std::exp(logits[t] - max_logit);
-  auto weight = [&](int32_t t) { return static_cast<double>(weights_[t]); };
 
-  // Each filter keeps a head of the candidates in `higher` order (the top token always stays),
-  // so they apply one after another to a shrinking count n.
+  // Each filter keeps a head of the candidates in Higher order (the top token always stays), so
+  // they apply one after another to a shrinking count n.
+  constexpr double kNoMassLimit = std::numeric_limits<double>::infinity();
   size_t n = candidates_.size();
   if (params.top_k > 0 && static_cast<size_t>(params.top_k) < n) {
-    std::nth_element(candidates_.begin(), candidates_.begin() + params.top_k, candidates_.end(),
-                     higher);
-    n = params.top_k;
+    n = SelectHead(logits, n, max_logit, params.top_k, kNoMassLimit);
   }
-  if (params.top_p < 1.0f) {
-    double total = 0;
-    for (size_t i = 0; i < n; ++i) total += weight(candidates_[i]);
-    n = TopPCount(candidates_, n, params.top_p * total, higher, weight);
-  }
+  if (params.top_p < 1.0f) n = SelectHead(logits, n, max_logit, n, params.top_p);
   if (params.min_p > 0.0f) {
     // p / p_max >= min_p, and the ratio does not depend on the normalization.
     const float threshold = max_logit + std::log(params.min_p);
-    auto end = std::stable_partition(candidates_.begin(), candidates_.begin() + n,
-                                     [&](int32_t t) { return logits[t] >= threshold; });
+    auto end = std::partition(candidates_.begin(), candidates_.begin() + n,
+                              [&](int32_t t) { return logits[t] >= threshold; });
     n = end - candidates_.begin();
   }
 
   double total = 0;
-  for (size_t i = 0; i < n; ++i) total += weight(candidates_[i]);
+  for (size_t i = 0; i < n; ++i) total += weights_[candidates_[i]];
   const double target = uniform * total;
   double cumulative = 0;
   for (size_t i = 0; i < n; ++i) {
-    cumulative += weight(candidates_[i]);
+    cumulative += weights_[candidates_[i]];
     if (target < cumulative) return candidates_[i];
   }
   return candidates_[n - 1];  // rounding at the top end
