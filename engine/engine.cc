@@ -337,6 +337,9 @@ void Engine::RunStep() {
   }
   m.sample_s = sample_s;
   m.bookkeeping_s = Seconds(Clock::now() - t0) - m.schedule_s - m.forward_s - m.sample_s;
+  m.num_running = scheduler_->NumRunning();
+  m.num_waiting = scheduler_->NumWaiting();
+  m.kv_usage = scheduler_->kv().Usage();
   if (options_.observer != nullptr) options_.observer->OnStep(m);
 }
 
@@ -372,9 +375,7 @@ void Engine::Finish(uint64_t id, FinishReason reason, absl::Status status,
     }
   }
   r.on_event(e);
-  if (options_.observer != nullptr) {
-    options_.observer->OnRequestFinished(r.tag, t, f.usage, reason);
-  }
+  if (options_.observer != nullptr) options_.observer->OnRequestFinished(r.tag, f);
   requests_.erase(it);
   ++requests_finished_;
   std::lock_guard<std::mutex> lock(mu_);

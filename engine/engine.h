@@ -89,7 +89,7 @@ struct FinishInfo {
 
 struct GenerateEvent {
   uint64_t request_id = 0;
-  std::string_view tag;
+  std::string_view tag;              // GenerateParams::tag; valid during the callback only
   std::vector<SampledToken> tokens;  // new tokens (with logprobs when asked); may be empty
   std::optional<FinishInfo> finish;  // set on the request's last event
 };
@@ -110,6 +110,10 @@ struct StepMetrics {
   double forward_s = 0;    // ModelRunner::Forward
   double sample_s = 0;     // sampling and sequence updates (Scheduler::CompleteStep)
   double bookkeeping_s = 0;  // intake, cancels, deadlines, events
+  // The engine after the step.
+  int num_running = 0;
+  int num_waiting = 0;
+  double kv_usage = 0;
 };
 
 // Hooks for the service's metrics; called on the loop thread, must not block.
@@ -117,8 +121,8 @@ class EngineObserver {
  public:
   virtual ~EngineObserver() = default;
   virtual void OnStep(const StepMetrics& /*step*/) {}
-  virtual void OnRequestFinished(std::string_view /*tag*/, const RequestTimings& /*timings*/,
-                                 const Usage& /*usage*/, FinishReason /*reason*/) {}
+  // After the request's final event, with the same FinishInfo.
+  virtual void OnRequestFinished(std::string_view /*tag*/, const FinishInfo& /*finish*/) {}
 };
 
 struct KvCacheCapacity {

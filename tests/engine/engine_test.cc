@@ -187,7 +187,9 @@ void ExpectBatchMatchesSolo(EngineOptions options, const std::vector<int>& lengt
   }
   EXPECT_EQ(t->fake->num_check_failures(), 0);
   EXPECT_EQ(t->events.events_after_finish(), 0);
-  if (expect_preemption) EXPECT_GT(t->engine->Stats().preemptions, 0);
+  if (expect_preemption) {
+    EXPECT_GT(t->engine->Stats().preemptions, 0);
+  }
 }
 
 TEST(Engine, BatchGivesTheSameTokensAsEachPromptAlone) {
@@ -520,11 +522,10 @@ class CountingObserver : public EngineObserver {
     overhead_s += m.schedule_s + m.sample_s + m.bookkeeping_s;
     forward_s += m.forward_s;
   }
-  void OnRequestFinished(std::string_view, const RequestTimings&, const Usage& usage,
-                         FinishReason reason) override {
+  void OnRequestFinished(std::string_view, const FinishInfo& finish) override {
     ++finished;
-    completion_tokens += usage.completion_tokens;
-    if (reason == FinishReason::kLength) ++length;
+    completion_tokens += finish.usage.completion_tokens;
+    if (finish.reason == FinishReason::kLength) ++length;
   }
   std::atomic<int> steps{0}, tokens{0}, finished{0}, completion_tokens{0}, length{0};
   double overhead_s = 0, forward_s = 0;  // loop thread only until the engine stops
