@@ -143,6 +143,19 @@ GenerateParams Params(int prompt_len, int salt, int max_tokens, bool seeded_samp
   return p;
 }
 
+// Greedy, running to max_tokens.
+GenerateParams LongRun(int prompt_len, int salt, int max_tokens) {
+  GenerateParams p = Params(prompt_len, salt, max_tokens, /*seeded_sampling=*/false);
+  p.ignore_eos = true;
+  return p;
+}
+
+FakeModelOptions SlowModel(std::chrono::microseconds step_delay) {
+  FakeModelOptions model;
+  model.step_delay = step_delay;
+  return model;
+}
+
 uint64_t SubmitOk(TestEngine& t, GenerateParams p) {
   absl::StatusOr<uint64_t> id = t.engine->Submit(std::move(p), t.events.Callback());
   EXPECT_TRUE(id.ok()) << id.status();
@@ -238,11 +251,9 @@ TEST(Engine, PrefixCacheHitGivesTheSameTokensAndReportsCachedTokens) {
 }
 
 TEST(Engine, CancelEndsTheRequestAndFreesItsBlocksAtOnce) {
-  FakeModelOptions model;
-  model.step_delay = 2ms;
+  const FakeModelOptions model = SlowModel(2ms);
   auto t = StartEngine(Options(), model);
-  GenerateParams p = Params(100, 1, 1000, false);
-  p.ignore_eos = true;
+  GenerateParams p = LongRun(100, 1, 1000);
   const uint64_t id = SubmitOk(*t, p);
   ASSERT_TRUE(t->events.WaitTokens(id, 3));
   EXPECT_GT(t->engine->Stats().kv_usage, 0.0);
@@ -263,13 +274,11 @@ TEST(Engine, CancelEndsTheRequestAndFreesItsBlocksAtOnce) {
 }
 
 TEST(Engine, CancelOfAWaitingRequest) {
-  FakeModelOptions model;
-  model.step_delay = 1ms;
+  const FakeModelOptions model = SlowModel(1ms);
   EngineOptions o = Options();
   o.scheduler.max_num_seqs = 1;
   auto t = StartEngine(o, model);
-  GenerateParams p = Params(10, 1, 200, false);
-  p.ignore_eos = true;
+  GenerateParams p = LongRun(10, 1, 200);
   const uint64_t running = SubmitOk(*t, p);
   const uint64_t waiting = SubmitOk(*t, p);
   ASSERT_TRUE(t->events.WaitTokens(running, 1));
@@ -283,16 +292,13 @@ TEST(Engine, CancelOfAWaitingRequest) {
 }
 
 TEST(Engine, DeadlineExpiry) {
-  FakeModelOptions model;
-  model.step_delay = 1ms;
+  const FakeModelOptions model = SlowModel(1ms);
   auto t = StartEngine(Options(), model);
-  GenerateParams slow = Params(10, 1, 2000, false);
-  slow.ignore_eos = true;
+  GenerateParams slow = LongRun(10, 1, 2000);
   slow.deadline = std::chrono::steady_clock::now() + 30ms;
   GenerateParams past = Params(10, 2, 10, false);
   past.deadline = std::chrono::steady_clock::now() - 1ms;
-  GenerateParams fine = Params(10, 3, 20, false);
-  fine.ignore_eos = true;
+  GenerateParams fine = LongRun(10, 3, 20);
   const uint64_t a = SubmitOk(*t, slow), b = SubmitOk(*t, past), c = SubmitOk(*t, fine);
   ASSERT_TRUE(t->events.WaitFinished(a));
   ASSERT_TRUE(t->events.WaitFinished(b));
@@ -393,13 +399,11 @@ TEST(Engine, NotStartedAndBadOptions) {
 }
 
 TEST(Engine, TooManyPendingRequestsIsResourceExhausted) {
-  FakeModelOptions model;
-  model.step_delay = 1ms;
+  const FakeModelOptions model = SlowModel(1ms);
   EngineOptions o = Options();
   o.max_pending_requests = 2;
   auto t = StartEngine(o, model);
-  GenerateParams p = Params(10, 1, 30, false);
-  p.ignore_eos = true;
+  GenerateParams p = LongRun(10, 1, 30);
   const uint64_t a = SubmitOk(*t, p), b = SubmitOk(*t, p);
   EXPECT_EQ(t->engine->Submit(p, t->events.Callback()).status().code(),
             absl::StatusCode::kResourceExhausted);
@@ -453,11 +457,9 @@ TEST(Engine, DrainFinishesWhatRunsAndRefusesNewWork) {
 }
 
 TEST(Engine, StopAbortsWhatIsLeft) {
-  FakeModelOptions model;
-  model.step_delay = 1ms;
+  const FakeModelOptions model = SlowModel(1ms);
   auto t = StartEngine(Options(), model);
-  GenerateParams p = Params(10, 1, 3000, false);
-  p.ignore_eos = true;
+  GenerateParams p = LongRun(10, 1, 3000);
   const uint64_t a = SubmitOk(*t, p), b = SubmitOk(*t, p);
   ASSERT_TRUE(t->events.WaitTokens(a, 2));
   t->engine->Stop();
