@@ -24,6 +24,20 @@ float MaxValue(std::span<const float> v) {
   return *std::max_element(m, m + 8);
 }
 
+// The smallest value above -inf (-inf when there is none), with eight running minima.
+float MinFiniteValue(std::span<const float> v) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  float m[8];
+  std::fill(m, m + 8, kInf);
+  size_t i = 0;
+  for (; i + 8 <= v.size(); i += 8) {
+    for (int j = 0; j < 8; ++j) m[j] = v[i + j] > kNegInf && v[i + j] < m[j] ? v[i + j] : m[j];
+  }
+  for (; i < v.size(); ++i) m[0] = v[i] > kNegInf && v[i] < m[0] ? v[i] : m[0];
+  const float lowest = *std::min_element(m, m + 8);
+  return lowest == kInf ? kNegInf : lowest;
+}
+
 // The lowest index of the largest value.
 int32_t ArgMax(std::span<const float> logits) {
   const float m = MaxValue(logits);
@@ -128,12 +142,10 @@ bool Sampler::Higher(std::span<const float> logits, int32_t a, int32_t b) {
 }
 
 size_t Sampler::SelectHead(std::span<const float> logits, size_t n, float highest,
-                           size_t max_count, double mass_fraction) {
+                           float lowest, size_t max_count, double mass_fraction) {
   // Buckets by logit, highest first; bucket order agrees with Higher, so every bucket before the
   // one where the head ends is kept whole and only that one is sorted. O(n) plus one bucket's
   // sort, where sorting everything would cost O(n log n) on flat distributions.
-  float lowest = highest;
-  for (size_t i = 0; i < n; ++i) lowest = std::min(lowest, logits[candidates_[i]]);
   const size_t num_buckets = std::clamp<size_t>(n / 16, 1, kMaxBuckets);
   const float scale = highest > lowest ? (num_buckets - 1) / (highest - lowest) : 0.0f;
   auto bucket = [&](int32_t t) {
@@ -193,6 +205,7 @@ int32_t Sampler::Draw(std::span<float> logits, const SamplingParams& params,
   }
   if (candidates_.empty()) return 0;  // everything banned: nothing sensible left
   const float max_logit = MaxValue(logits);
+  const float min_logit = MinFiniteValue(logits);
   // Unnormalized probabilities, computed once.
   for (int32_t t : candidates_) weights_[t] = std::exp(logits[t] - max_logit);
 
@@ -201,9 +214,9 @@ int32_t Sampler::Draw(std::span<float> logits, const SamplingParams& params,
   constexpr double kNoMassLimit = std::numeric_limits<double>::infinity();
   size_t n = candidates_.size();
   if (params.top_k > 0 && static_cast<size_t>(params.top_k) < n) {
-    n = SelectHead(logits, n, max_logit, params.top_k, kNoMassLimit);
+    n = SelectHead(logits, n, max_logit, min_logit, params.top_k, kNoMassLimit);
   }
-  if (params.top_p < 1.0f) n = SelectHead(logits, n, max_logit, n, params.top_p);
+  if (params.top_p < 1.0f) n = SelectHead(logits, n, max_logit, min_logit, n, params.top_p);
   if (params.min_p > 0.0f) {
     // p / p_max >= min_p, and the ratio does not depend on the normalization.
     const float threshold = max_logit + std::log(params.min_p);

@@ -77,9 +77,9 @@ class Sampler {
   int32_t Draw(std::span<float> logits, const SamplingParams& params, double uniform);
   // Moves to the front of candidates_[0, n) its smallest head in Higher order that holds
   // max_count tokens or mass_fraction of their mass (weights_), and returns the head's size.
-  // `highest` is the largest of their logits.
-  size_t SelectHead(std::span<const float> logits, size_t n, float highest, size_t max_count,
-                    double mass_fraction);
+  // Their logits lie in [lowest, highest], highest being the largest.
+  size_t SelectHead(std::span<const float> logits, size_t n, float highest, float lowest,
+                    size_t max_count, double mass_fraction);
   // Higher logit first, lower token id first on ties.
   static bool Higher(std::span<const float> logits, int32_t a, int32_t b);
 
