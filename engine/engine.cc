@@ -67,6 +67,9 @@ absl::Status Engine::Start() {
     return absl::InvalidArgumentError(
         "max_num_batched_tokens, max_num_seqs and long_prefill_token_threshold must be >= 1");
   }
+  if (options_.sampling_threads < 1) {
+    return absl::InvalidArgumentError("sampling_threads must be >= 1");
+  }
   if (info_.vocab_size < 1 || info_.max_context < 1) {
     return absl::InvalidArgumentError("the model reports no vocabulary or no context length");
   }
@@ -80,7 +83,8 @@ absl::Status Engine::Start() {
   const KvCacheShape shape{num_blocks, options_.block_size};
   EXL3_RETURN_IF_ERROR(runner_->AllocateKvCache(shape));
   shape_ = shape;
-  scheduler_ = std::make_unique<Scheduler>(s, info_, shape_);
+  scheduler_ = std::make_unique<Scheduler>(s, info_, shape_, options_.sampling_threads);
+  sampling_pool_ = std::make_unique<ParallelFor>(options_.sampling_threads);
   {
     std::lock_guard<std::mutex> lock(mu_);
     started_ = true;
@@ -306,7 +310,7 @@ void Engine::RunStep() {
 
   double sample_s = 0;
   if (forward.ok()) {
-    const std::vector<SequenceUpdate> updates = scheduler_->CompleteStep(step, logits_);
+    const std::vector<SequenceUpdate> updates = scheduler_->CompleteStep(step, logits_, sampling_pool_.get());
     const SteadyTime t4 = Clock::now();
     sample_s = Seconds(t4 - t3);
     for (const SequenceUpdate& u : updates) {

@@ -46,6 +46,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/model_runner.h"
+#include "engine/parallel_for.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 
@@ -137,6 +138,9 @@ struct EngineOptions {
   // Bytes use ModelInfo::kv_bytes_per_token; the count is rounded down to whole blocks.
   KvCacheCapacity kv_capacity;
   int max_pending_requests = 1024;   // accepted and not yet finished
+  // Threads that sample a step's rows (the loop thread is one of them); sampling reads the whole
+  // vocabulary per row, so large batches want several.
+  int sampling_threads = 1;
   EngineObserver* observer = nullptr;  // not owned; must outlive the engine
 };
 
@@ -214,6 +218,7 @@ class Engine {
 
   // Loop thread only.
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<ParallelFor> sampling_pool_;
   std::unordered_map<uint64_t, Request> requests_;
   std::vector<float> logits_;
   int64_t steps_ = 0;

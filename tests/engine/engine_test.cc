@@ -216,6 +216,12 @@ TEST(Engine, SmallChunksGiveTheSameTokens) {
   ExpectBatchMatchesSolo(o, kLengths, /*expect_preemption=*/false);
 }
 
+TEST(Engine, ParallelSamplingGivesTheSameTokens) {
+  EngineOptions o = Options();
+  o.sampling_threads = 3;
+  ExpectBatchMatchesSolo(o, kLengths, /*expect_preemption=*/false);
+}
+
 TEST(Engine, PreemptedSequencesResumeWithTheSameTokens) {
   ExpectBatchMatchesSolo(Options(/*num_blocks=*/100, /*block_size=*/4), kPreemptionLengths,
                          /*expect_preemption=*/true);
@@ -533,10 +539,11 @@ class CountingObserver : public EngineObserver {
   double overhead_s = 0, forward_s = 0;  // loop thread only until the engine stops
 };
 
-TEST(Engine, ObserverHooksAndEngineOverhead) {
+void RunObservedLoad(int sampling_threads) {
   CountingObserver observer;
   EngineOptions o = Options(/*num_blocks=*/8192);
   o.observer = &observer;
+  o.sampling_threads = sampling_threads;
   FakeModelOptions model;
   model.vocab_size = 32000;
   auto t = StartEngine(o, model);
@@ -555,11 +562,17 @@ TEST(Engine, ObserverHooksAndEngineOverhead) {
   EXPECT_EQ(observer.length.load(), kRequests);
   EXPECT_EQ(observer.completion_tokens.load(), kRequests * kTokens);
   EXPECT_EQ(observer.steps.load(), t->engine->Stats().steps);
-  std::printf("[engine overhead] %d steps, %d tokens, 64 sequences, vocab 32000: %.1f us/step "
-              "scheduling+sampling+bookkeeping (%.1f us/step in the fake Forward)\n",
-              observer.steps.load(), observer.tokens.load(),
+  std::printf("[engine overhead] %d steps, %d tokens, 64 sequences, vocab 32000, %d sampling "
+              "thread(s): %.1f us/step scheduling+sampling+bookkeeping (%.1f us/step in the fake "
+              "Forward)\n",
+              observer.steps.load(), observer.tokens.load(), sampling_threads,
               1e6 * observer.overhead_s / observer.steps.load(),
               1e6 * observer.forward_s / observer.steps.load());
+}
+
+TEST(Engine, ObserverHooksAndEngineOverhead) {
+  RunObservedLoad(/*sampling_threads=*/1);
+  RunObservedLoad(/*sampling_threads=*/2);
 }
 
 }  // namespace
