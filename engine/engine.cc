@@ -151,7 +151,7 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerateParams params, EventCallback on_
   if (!on_event) return absl::InvalidArgumentError("no event callback");
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ || draining_) return absl::UnavailableError("the engine is draining");
+    if (stopping_ || draining_) return absl::UnavailableError("the engine is draining or stopped");
     if (!started_) return absl::FailedPreconditionError("the engine is not started");
   }
   EXL3_RETURN_IF_ERROR(Validate(params));
@@ -169,7 +169,7 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerateParams params, EventCallback on_
   in.sequence.ignore_eos = params.ignore_eos;
 
   std::lock_guard<std::mutex> lock(mu_);
-  if (stopping_ || draining_) return absl::UnavailableError("the engine is draining");
+  if (stopping_ || draining_) return absl::UnavailableError("the engine is draining or stopped");
   if (static_cast<int>(live_.size()) >= options_.max_pending_requests) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the engine already holds ", live_.size(), " requests (max_pending_requests)"));

@@ -172,6 +172,7 @@ class Engine {
   // request is unknown or already finished.
   absl::Status Cancel(uint64_t request_id);
   // Refuses new requests from now on and returns once every accepted request has finished.
+  // Not from an event callback (it would wait for itself); likewise Stop.
   void Drain();
   // Refuses new requests, ends those left with kAbort and joins the loop thread. Idempotent.
   void Stop();
