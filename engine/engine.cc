@@ -52,7 +52,9 @@ absl::StatusOr<int> NumKvBlocks(const KvCacheCapacity& capacity, int block_size,
 }  // namespace
 
 Engine::Engine(EngineOptions options, std::unique_ptr<ModelRunner> runner)
-    : options_(std::move(options)), runner_(std::move(runner)), info_(runner_->info()) {
+    : options_(std::move(options)),
+      runner_(std::move(runner)),
+      info_(runner_ != nullptr ? runner_->info() : ModelInfo{}) {
   std::random_device device;
   seed_source_.seed((static_cast<uint64_t>(device()) << 32) ^ device());
 }
@@ -60,6 +62,7 @@ Engine::Engine(EngineOptions options, std::unique_ptr<ModelRunner> runner)
 Engine::~Engine() { Stop(); }
 
 absl::Status Engine::Start() {
+  if (runner_ == nullptr) return absl::InvalidArgumentError("no model runner");
   const SchedulerOptions& s = options_.scheduler;
   if (options_.block_size < 1) return absl::InvalidArgumentError("block_size must be >= 1");
   if (s.max_num_batched_tokens < 1 || s.max_num_seqs < 1 ||

@@ -402,6 +402,8 @@ TEST(Engine, NotStartedAndBadOptions) {
   ASSERT_TRUE(by_bytes.Start().ok());
   EXPECT_EQ(by_bytes.kv_cache_shape().num_blocks, 256);
   EXPECT_EQ(by_bytes.Start().code(), absl::StatusCode::kFailedPrecondition);
+  Engine no_runner(Options(), nullptr);
+  EXPECT_EQ(no_runner.Start().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(Engine, TooManyPendingRequestsIsResourceExhausted) {
