@@ -5,6 +5,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -188,8 +189,17 @@ void ExpectBatchMatchesSolo(EngineOptions options, const std::vector<int>& lengt
                             bool expect_preemption) {
   const std::vector<GenerateParams> batch = MixedBatch(lengths);
   auto t = StartEngine(options);
+  // The first step waits until every request is in, so that the batch (and its preemptions) does
+  // not depend on how fast the loop picks up submissions.
+  std::promise<void> all_submitted;
+  std::shared_future<void> gate = all_submitted.get_future().share();
+  t->fake->SetFault([gate](int call, const StepBatch&) {
+    if (call == 0) gate.wait();
+    return absl::OkStatus();
+  });
   std::vector<uint64_t> ids;
   for (const GenerateParams& p : batch) ids.push_back(SubmitOk(*t, p));
+  all_submitted.set_value();
   for (size_t i = 0; i < batch.size(); ++i) {
     ASSERT_TRUE(t->events.WaitFinished(ids[i]));
     EXPECT_EQ(t->events.Tokens(ids[i]), RunAlone(batch[i])) << "prompt " << i;
