@@ -539,7 +539,9 @@ class CountingObserver : public EngineObserver {
   void OnStep(const StepMetrics& m) override {
     ++steps;
     tokens += m.num_tokens;
-    overhead_s += m.schedule_s + m.sample_s + m.bookkeeping_s;
+    schedule_s += m.schedule_s;
+    sample_s += m.sample_s;
+    bookkeeping_s += m.bookkeeping_s;
     forward_s += m.forward_s;
   }
   void OnRequestFinished(std::string_view, const FinishInfo& finish) override {
@@ -548,7 +550,8 @@ class CountingObserver : public EngineObserver {
     if (finish.reason == FinishReason::kLength) ++length;
   }
   std::atomic<int> steps{0}, tokens{0}, finished{0}, completion_tokens{0}, length{0};
-  double overhead_s = 0, forward_s = 0;  // loop thread only until the engine stops
+  // Loop thread only until the engine stops.
+  double schedule_s = 0, sample_s = 0, bookkeeping_s = 0, forward_s = 0;
 };
 
 void RunObservedLoad(int sampling_threads) {
@@ -574,12 +577,13 @@ void RunObservedLoad(int sampling_threads) {
   EXPECT_EQ(observer.length.load(), kRequests);
   EXPECT_EQ(observer.completion_tokens.load(), kRequests * kTokens);
   EXPECT_EQ(observer.steps.load(), t->engine->Stats().steps);
+  const double steps = observer.steps.load();
   std::printf("[engine overhead] %d steps, %d tokens, 64 sequences, vocab 32000, %d sampling "
-              "thread(s): %.1f us/step scheduling+sampling+bookkeeping (%.1f us/step in the fake "
-              "Forward)\n",
+              "thread(s), us/step: scheduling %.0f, sampling %.0f, bookkeeping %.0f (the fake "
+              "Forward %.0f)\n",
               observer.steps.load(), observer.tokens.load(), sampling_threads,
-              1e6 * observer.overhead_s / observer.steps.load(),
-              1e6 * observer.forward_s / observer.steps.load());
+              1e6 * observer.schedule_s / steps, 1e6 * observer.sample_s / steps,
+              1e6 * observer.bookkeeping_s / steps, 1e6 * observer.forward_s / steps);
 }
 
 TEST(Engine, ObserverHooksAndEngineOverhead) {
