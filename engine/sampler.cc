@@ -1,6 +1,7 @@
 #include "engine/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -36,6 +37,30 @@ float MinFiniteValue(std::span<const float> v) {
   for (; i < v.size(); ++i) m[0] = v[i] > kNegInf && v[i] < m[0] ? v[i] : m[0];
   const float lowest = *std::min_element(m, m + 8);
   return lowest == kInf ? kNegInf : lowest;
+}
+
+// exp(x) for x <= 0 within about 1e-7 relative (x below -87 gives exp(-87)), from plain float
+// arithmetic that the compiler vectorizes: 2^(x log2 e) split into 2^n 2^f, |f| <= 1/2, with
+// 2^f from its degree-7 Taylor polynomial. The sampler's cost is mostly this exponential.
+inline float ExpNonPositive(float x) {
+  // The clamp in integers: a float select would stop vectorization (it may trap). For x <= 0,
+  // the bit patterns of +0, then -0 to -inf, grow with the magnitude.
+  constexpr uint32_t kMinus87 = std::bit_cast<uint32_t>(-87.0f);
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  x = std::bit_cast<float>(bits < kMinus87 ? bits : kMinus87);
+  const float t = x * 1.44269504f;
+  const float n = (t + 12582912.0f) - 12582912.0f;  // round to nearest: 1.5 * 2^23 trick
+  const float f = t - n;
+  float p = 1.52527338e-5f;
+  p = p * f + 1.54035304e-4f;
+  p = p * f + 1.33335581e-3f;
+  p = p * f + 9.61812911e-3f;
+  p = p * f + 5.55041087e-2f;
+  p = p * f + 2.40226507e-1f;
+  p = p * f + 6.93147181e-1f;
+  p = p * f + 1.0f;
+  const int32_t biased = static_cast<int32_t>(n) + 127;  // in [1, 127]
+  return p * std::bit_cast<float>(biased << 23);
 }
 
 // The lowest index of the largest value.
@@ -79,8 +104,15 @@ SampledToken Sampler::Sample(std::span<float> logits, const SamplingParams& para
 
   if (params.logprobs.has_value()) {
     const float max_raw = MaxValue(raw_);
-    double sum = 0;
-    for (float l : raw_) sum += std::exp(l - max_raw);
+    // weights_ is free again: the exponentials in a loop that vectorizes, then four partial sums.
+    for (int32_t t = 0; t < vocab_size_; ++t) weights_[t] = ExpNonPositive(raw_[t] - max_raw);
+    double partial[4] = {0, 0, 0, 0};
+    int32_t t = 0;
+    for (; t + 4 <= vocab_size_; t += 4) {
+      for (int j = 0; j < 4; ++j) partial[j] += weights_[t + j];
+    }
+    for (; t < vocab_size_; ++t) partial[0] += weights_[t];
+    const double sum = partial[0] + partial[1] + partial[2] + partial[3];
     const float log_normalizer = max_raw + static_cast<float>(std::log(sum));
     out.logprob = raw_[out.token] - log_normalizer;
     // The top N in one pass: a heap whose front is the lowest of the best N so far.
@@ -206,8 +238,9 @@ int32_t Sampler::Draw(std::span<float> logits, const SamplingParams& params,
   if (candidates_.empty()) return 0;  // everything banned: nothing sensible left
   const float max_logit = MaxValue(logits);
   const float min_logit = MinFiniteValue(logits);
-  // Unnormalized probabilities, computed once.
-  for (int32_t t : candidates_) weights_[t] = std::exp(logits[t] - max_logit);
+  // Unnormalized probabilities, computed once, over the whole row (a loop that vectorizes; the
+  // -inf tokens are never read).
+  for (int32_t t = 0; t < vocab_size_; ++t) weights_[t] = ExpNonPositive(logits[t] - max_logit);
 
   // Each filter keeps a head of the candidates in Higher order (the top token always stays), so
   // they apply one after another to a shrinking count n.
