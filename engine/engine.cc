@@ -52,7 +52,9 @@ absl::StatusOr<int> NumKvBlocks(const KvCacheCapacity& capacity, int block_size,
 }  // namespace
 
 Engine::Engine(EngineOptions options, std::unique_ptr<ModelRunner> runner)
-    : options_(std::move(options)), runner_(std::move(runner)), info_(runner_->info()) {
+    : options_(std::move(options)),
+      runner_(std::move(runner)),
+      info_(runner_ != nullptr ? runner_->info() : ModelInfo{}) {
   std::random_device device;
   seed_source_.seed((static_cast<uint64_t>(device()) << 32) ^ device());
 }
@@ -60,12 +62,16 @@ Engine::Engine(EngineOptions options, std::unique_ptr<ModelRunner> runner)
 Engine::~Engine() { Stop(); }
 
 absl::Status Engine::Start() {
+  if (runner_ == nullptr) return absl::InvalidArgumentError("no model runner");
   const SchedulerOptions& s = options_.scheduler;
   if (options_.block_size < 1) return absl::InvalidArgumentError("block_size must be >= 1");
   if (s.max_num_batched_tokens < 1 || s.max_num_seqs < 1 ||
       (s.long_prefill_token_threshold.has_value() && *s.long_prefill_token_threshold < 1)) {
     return absl::InvalidArgumentError(
         "max_num_batched_tokens, max_num_seqs and long_prefill_token_threshold must be >= 1");
+  }
+  if (options_.sampling_threads < 1) {
+    return absl::InvalidArgumentError("sampling_threads must be >= 1");
   }
   if (info_.vocab_size < 1 || info_.max_context < 1) {
     return absl::InvalidArgumentError("the model reports no vocabulary or no context length");
@@ -80,7 +86,8 @@ absl::Status Engine::Start() {
   const KvCacheShape shape{num_blocks, options_.block_size};
   EXL3_RETURN_IF_ERROR(runner_->AllocateKvCache(shape));
   shape_ = shape;
-  scheduler_ = std::make_unique<Scheduler>(s, info_, shape_);
+  scheduler_ = std::make_unique<Scheduler>(s, info_, shape_, options_.sampling_threads);
+  sampling_pool_ = std::make_unique<ParallelFor>(options_.sampling_threads);
   {
     std::lock_guard<std::mutex> lock(mu_);
     started_ = true;
@@ -147,7 +154,7 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerateParams params, EventCallback on_
   if (!on_event) return absl::InvalidArgumentError("no event callback");
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ || draining_) return absl::UnavailableError("the engine is draining");
+    if (stopping_ || draining_) return absl::UnavailableError("the engine is draining or stopped");
     if (!started_) return absl::FailedPreconditionError("the engine is not started");
   }
   EXL3_RETURN_IF_ERROR(Validate(params));
@@ -165,7 +172,7 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerateParams params, EventCallback on_
   in.sequence.ignore_eos = params.ignore_eos;
 
   std::lock_guard<std::mutex> lock(mu_);
-  if (stopping_ || draining_) return absl::UnavailableError("the engine is draining");
+  if (stopping_ || draining_) return absl::UnavailableError("the engine is draining or stopped");
   if (static_cast<int>(live_.size()) >= options_.max_pending_requests) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the engine already holds ", live_.size(), " requests (max_pending_requests)"));
@@ -306,7 +313,7 @@ void Engine::RunStep() {
 
   double sample_s = 0;
   if (forward.ok()) {
-    const std::vector<SequenceUpdate> updates = scheduler_->CompleteStep(step, logits_);
+    const std::vector<SequenceUpdate> updates = scheduler_->CompleteStep(step, logits_, sampling_pool_.get());
     const SteadyTime t4 = Clock::now();
     sample_s = Seconds(t4 - t3);
     for (const SequenceUpdate& u : updates) {
@@ -337,6 +344,9 @@ void Engine::RunStep() {
   }
   m.sample_s = sample_s;
   m.bookkeeping_s = Seconds(Clock::now() - t0) - m.schedule_s - m.forward_s - m.sample_s;
+  m.num_running = scheduler_->NumRunning();
+  m.num_waiting = scheduler_->NumWaiting();
+  m.kv_usage = scheduler_->kv().Usage();
   if (options_.observer != nullptr) options_.observer->OnStep(m);
 }
 
@@ -372,9 +382,7 @@ void Engine::Finish(uint64_t id, FinishReason reason, absl::Status status,
     }
   }
   r.on_event(e);
-  if (options_.observer != nullptr) {
-    options_.observer->OnRequestFinished(r.tag, t, f.usage, reason);
-  }
+  if (options_.observer != nullptr) options_.observer->OnRequestFinished(r.tag, f);
   requests_.erase(it);
   ++requests_finished_;
   std::lock_guard<std::mutex> lock(mu_);

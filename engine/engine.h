@@ -46,6 +46,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/model_runner.h"
+#include "engine/parallel_for.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 
@@ -89,7 +90,7 @@ struct FinishInfo {
 
 struct GenerateEvent {
   uint64_t request_id = 0;
-  std::string_view tag;
+  std::string_view tag;              // GenerateParams::tag; valid during the callback only
   std::vector<SampledToken> tokens;  // new tokens (with logprobs when asked); may be empty
   std::optional<FinishInfo> finish;  // set on the request's last event
 };
@@ -110,6 +111,10 @@ struct StepMetrics {
   double forward_s = 0;    // ModelRunner::Forward
   double sample_s = 0;     // sampling and sequence updates (Scheduler::CompleteStep)
   double bookkeeping_s = 0;  // intake, cancels, deadlines, events
+  // The engine after the step.
+  int num_running = 0;
+  int num_waiting = 0;
+  double kv_usage = 0;
 };
 
 // Hooks for the service's metrics; called on the loop thread, must not block.
@@ -117,8 +122,8 @@ class EngineObserver {
  public:
   virtual ~EngineObserver() = default;
   virtual void OnStep(const StepMetrics& /*step*/) {}
-  virtual void OnRequestFinished(std::string_view /*tag*/, const RequestTimings& /*timings*/,
-                                 const Usage& /*usage*/, FinishReason /*reason*/) {}
+  // After the request's final event, with the same FinishInfo.
+  virtual void OnRequestFinished(std::string_view /*tag*/, const FinishInfo& /*finish*/) {}
 };
 
 struct KvCacheCapacity {
@@ -133,6 +138,9 @@ struct EngineOptions {
   // Bytes use ModelInfo::kv_bytes_per_token; the count is rounded down to whole blocks.
   KvCacheCapacity kv_capacity;
   int max_pending_requests = 1024;   // accepted and not yet finished
+  // Threads that sample a step's rows (the loop thread is one of them); sampling reads the whole
+  // vocabulary per row, so large batches want several.
+  int sampling_threads = 1;
   EngineObserver* observer = nullptr;  // not owned; must outlive the engine
 };
 
@@ -164,6 +172,7 @@ class Engine {
   // request is unknown or already finished.
   absl::Status Cancel(uint64_t request_id);
   // Refuses new requests from now on and returns once every accepted request has finished.
+  // Not from an event callback (it would wait for itself); likewise Stop.
   void Drain();
   // Refuses new requests, ends those left with kAbort and joins the loop thread. Idempotent.
   void Stop();
@@ -210,6 +219,7 @@ class Engine {
 
   // Loop thread only.
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<ParallelFor> sampling_pool_;
   std::unordered_map<uint64_t, Request> requests_;
   std::vector<float> logits_;
   int64_t steps_ = 0;

@@ -1,6 +1,7 @@
 #include "engine/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -12,19 +13,74 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// The largest value; eight running maxima keep the loop free of one long dependency chain.
+float MaxValue(std::span<const float> v) {
+  float m[8];
+  std::fill(m, m + 8, kNegInf);
+  size_t i = 0;
+  for (; i + 8 <= v.size(); i += 8) {
+    for (int j = 0; j < 8; ++j) m[j] = v[i + j] > m[j] ? v[i + j] : m[j];
+  }
+  for (; i < v.size(); ++i) m[0] = v[i] > m[0] ? v[i] : m[0];
+  return *std::max_element(m, m + 8);
+}
+
+// The smallest value above -inf (-inf when there is none), with eight running minima.
+float MinFiniteValue(std::span<const float> v) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  float m[8];
+  std::fill(m, m + 8, kInf);
+  size_t i = 0;
+  for (; i + 8 <= v.size(); i += 8) {
+    for (int j = 0; j < 8; ++j) m[j] = v[i + j] > kNegInf && v[i + j] < m[j] ? v[i + j] : m[j];
+  }
+  for (; i < v.size(); ++i) m[0] = v[i] > kNegInf && v[i] < m[0] ? v[i] : m[0];
+  const float lowest = *std::min_element(m, m + 8);
+  return lowest == kInf ? kNegInf : lowest;
+}
+
+// exp(x) for x <= 0 within about 1e-7 relative (x below -87 gives exp(-87)), from plain float
+// arithmetic that the compiler vectorizes: 2^(x log2 e) split into 2^n 2^f, |f| <= 1/2, with
+// 2^f from its degree-7 Taylor polynomial. The sampler's cost is mostly this exponential.
+inline float ExpNonPositive(float x) {
+  // The clamp in integers: a float select would stop vectorization (it may trap). For x <= 0,
+  // the bit patterns of +0, then -0 to -inf, grow with the magnitude.
+  constexpr uint32_t kMinus87 = std::bit_cast<uint32_t>(-87.0f);
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  x = std::bit_cast<float>(bits < kMinus87 ? bits : kMinus87);
+  const float t = x * 1.44269504f;
+  const float n = (t + 12582912.0f) - 12582912.0f;  // round to nearest: 1.5 * 2^23 trick
+  const float f = t - n;
+  float p = 1.52527338e-5f;
+  p = p * f + 1.54035304e-4f;
+  p = p * f + 1.33335581e-3f;
+  p = p * f + 9.61812911e-3f;
+  p = p * f + 5.55041087e-2f;
+  p = p * f + 2.40226507e-1f;
+  p = p * f + 6.93147181e-1f;
+  p = p * f + 1.0f;
+  const int32_t biased = static_cast<int32_t>(n) + 127;  // in [1, 127]
+  return p * std::bit_cast<float>(biased << 23);
+}
+
 // The lowest index of the largest value.
 int32_t ArgMax(std::span<const float> logits) {
-  int32_t best = 0;
-  for (int32_t t = 1; t < static_cast<int32_t>(logits.size()); ++t) {
-    if (logits[t] > logits[best]) best = t;
+  const float m = MaxValue(logits);
+  for (size_t t = 0; t < logits.size(); ++t) {
+    if (logits[t] == m) return static_cast<int32_t>(t);
   }
-  return best;
+  return 0;  // NaN logits: nothing compares equal
 }
+
+constexpr size_t kMaxBuckets = 2048;
 
 }  // namespace
 
 Sampler::Sampler(int vocab_size)
-    : vocab_size_(vocab_size), output_counts_(vocab_size, 0), seen_(vocab_size, 0) {
+    : vocab_size_(vocab_size),
+      weights_(vocab_size, 0.0f),
+      output_counts_(vocab_size, 0),
+      seen_(vocab_size, 0) {
   candidates_.reserve(vocab_size);
 }
 
@@ -43,28 +99,39 @@ SampledToken Sampler::Sample(std::span<float> logits, const SamplingParams& para
   if (params.temperature == 0.0f) {
     out.token = ArgMax(logits);
   } else {
-    const float inv_temperature = 1.0f / params.temperature;
-    for (float& l : logits) l *= inv_temperature;
     out.token = Draw(logits, params, UniformDraw(seed, history.output.size()));
   }
 
   if (params.logprobs.has_value()) {
-    const float max_raw = *std::max_element(raw_.begin(), raw_.end());
-    double sum = 0;
-    for (float l : raw_) sum += std::exp(static_cast<double>(l - max_raw));
+    const float max_raw = MaxValue(raw_);
+    // weights_ is free again: the exponentials in a loop that vectorizes, then four partial sums.
+    for (int32_t t = 0; t < vocab_size_; ++t) weights_[t] = ExpNonPositive(raw_[t] - max_raw);
+    double partial[4] = {0, 0, 0, 0};
+    int32_t t = 0;
+    for (; t + 4 <= vocab_size_; t += 4) {
+      for (int j = 0; j < 4; ++j) partial[j] += weights_[t + j];
+    }
+    for (; t < vocab_size_; ++t) partial[0] += weights_[t];
+    const double sum = partial[0] + partial[1] + partial[2] + partial[3];
     const float log_normalizer = max_raw + static_cast<float>(std::log(sum));
     out.logprob = raw_[out.token] - log_normalizer;
-    const int top_n = std::clamp(*params.logprobs, 0, vocab_size_);
-    candidates_.resize(vocab_size_);
-    std::iota(candidates_.begin(), candidates_.end(), 0);
-    std::partial_sort(candidates_.begin(), candidates_.begin() + top_n, candidates_.end(),
-                      [&](int32_t a, int32_t b) {
-                        return raw_[a] > raw_[b] || (raw_[a] == raw_[b] && a < b);
-                      });
-    out.top_logprobs.reserve(top_n);
-    for (int i = 0; i < top_n; ++i) {
-      out.top_logprobs.push_back({candidates_[i], raw_[candidates_[i]] - log_normalizer});
+    // The top N in one pass: a heap whose front is the lowest of the best N so far.
+    const size_t top_n = std::clamp(*params.logprobs, 0, vocab_size_);
+    auto higher = [&](int32_t a, int32_t b) { return Higher(raw_, a, b); };
+    candidates_.clear();
+    for (int32_t t = 0; t < vocab_size_ && top_n > 0; ++t) {
+      if (candidates_.size() < top_n) {
+        candidates_.push_back(t);
+        std::push_heap(candidates_.begin(), candidates_.end(), higher);
+      } else if (higher(t, candidates_.front())) {
+        std::pop_heap(candidates_.begin(), candidates_.end(), higher);
+        candidates_.back() = t;
+        std::push_heap(candidates_.begin(), candidates_.end(), higher);
+      }
     }
+    std::sort_heap(candidates_.begin(), candidates_.end(), higher);
+    out.top_logprobs.reserve(top_n);
+    for (int32_t t : candidates_) out.top_logprobs.push_back({t, raw_[t] - log_normalizer});
   }
   return out;
 }
@@ -102,64 +169,101 @@ void Sampler::ApplyPenalties(std::span<float> logits, const SamplingParams& para
   }
 }
 
-int32_t Sampler::Draw(std::span<const float> logits, const SamplingParams& params,
+bool Sampler::Higher(std::span<const float> logits, int32_t a, int32_t b) {
+  return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+}
+
+size_t Sampler::SelectHead(std::span<const float> logits, size_t n, float highest,
+                           float lowest, size_t max_count, double mass_fraction) {
+  // Buckets by logit, highest first; bucket order agrees with Higher, so every bucket before the
+  // one where the head ends is kept whole and only that one is sorted. O(n) plus one bucket's
+  // sort, where sorting everything would cost O(n log n) on flat distributions.
+  const size_t num_buckets = std::clamp<size_t>(n / 16, 1, kMaxBuckets);
+  const float scale = highest > lowest ? (num_buckets - 1) / (highest - lowest) : 0.0f;
+  auto bucket = [&](int32_t t) {
+    return std::min(num_buckets - 1, static_cast<size_t>((highest - logits[t]) * scale));
+  };
+  bucket_count_.assign(num_buckets, 0);
+  bucket_mass_.assign(num_buckets, 0.0);
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const size_t b = bucket(candidates_[i]);
+    ++bucket_count_[b];
+    bucket_mass_[b] += weights_[candidates_[i]];
+    total += weights_[candidates_[i]];
+  }
+  const double target_mass = mass_fraction * total;
+  size_t count_before = 0;
+  double mass_before = 0;
+  size_t last = 0;
+  for (; last < num_buckets; ++last) {
+    if (count_before + bucket_count_[last] >= max_count ||
+        mass_before + bucket_mass_[last] >= target_mass) {
+      break;
+    }
+    count_before += bucket_count_[last];
+    mass_before += bucket_mass_[last];
+  }
+  if (last == num_buckets) return n;  // rounding: keep everything
+  // Compacts the kept buckets to the front without branches (random data would mispredict
+  // them), setting the last bucket's tokens aside; the lower buckets are dropped.
+  boundary_.clear();
+  size_t count = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t t = candidates_[i];
+    const size_t b = bucket(t);
+    candidates_[count] = t;
+    count += b < last;
+    if (b == last) boundary_.push_back(t);
+  }
+  std::sort(boundary_.begin(), boundary_.end(),
+            [&](int32_t a, int32_t b) { return Higher(logits, a, b); });
+  for (int32_t t : boundary_) {
+    candidates_[count++] = t;
+    mass_before += weights_[t];
+    if (count >= max_count || mass_before >= target_mass) break;
+  }
+  return count;
+}
+
+int32_t Sampler::Draw(std::span<float> logits, const SamplingParams& params,
                       double uniform) {
+  // Temperature, and the tokens still possible (banned ones are -inf), in one pass.
+  const float inv_temperature = 1.0f / params.temperature;
   candidates_.clear();
   for (int32_t t = 0; t < vocab_size_; ++t) {
+    logits[t] *= inv_temperature;
     if (logits[t] != kNegInf) candidates_.push_back(t);
   }
-  if (candidates_.empty()) return ArgMax(logits);  // everything banned: nothing sensible left
-  const float max_logit = logits[ArgMax(logits)];
-  auto higher = [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  };
-  auto weight = [&](int32_t t) { return std::exp(static_cast<double>(logits[t] - max_logit)); };
+  if (candidates_.empty()) return 0;  // everything banned: nothing sensible left
+  const float max_logit = MaxValue(logits);
+  const float min_logit = MinFiniteValue(logits);
+  // Unnormalized probabilities, computed once, over the whole row (a loop that vectorizes; the
+  // -inf tokens are never read).
+  for (int32_t t = 0; t < vocab_size_; ++t) weights_[t] = ExpNonPositive(logits[t] - max_logit);
 
-  // Each filter keeps a head of the candidates in `higher` order (the top token always stays),
-  // so they apply one after another to a shrinking count n.
+  // Each filter keeps a head of the candidates in Higher order (the top token always stays), so
+  // they apply one after another to a shrinking count n.
+  constexpr double kNoMassLimit = std::numeric_limits<double>::infinity();
   size_t n = candidates_.size();
   if (params.top_k > 0 && static_cast<size_t>(params.top_k) < n) {
-    std::nth_element(candidates_.begin(), candidates_.begin() + params.top_k, candidates_.end(),
-                     higher);
-    n = params.top_k;
+    n = SelectHead(logits, n, max_logit, min_logit, params.top_k, kNoMassLimit);
   }
-  if (params.top_p < 1.0f) {
-    double total = 0;
-    for (size_t i = 0; i < n; ++i) total += weight(candidates_[i]);
-    const double target = params.top_p * total;
-    // Sort only as far as the mass reaches top_p: a few hundred tokens for usual distributions.
-    double cumulative = 0;
-    size_t sorted = 0, i = 0;
-    bool reached = false;
-    while (!reached && sorted < n) {
-      const size_t next = std::min(n, std::max<size_t>(64, 2 * sorted));
-      std::partial_sort(candidates_.begin() + sorted, candidates_.begin() + next,
-                        candidates_.begin() + n, higher);
-      sorted = next;
-      for (; i < sorted; ++i) {
-        cumulative += weight(candidates_[i]);
-        if (cumulative >= target) {
-          reached = true;
-          n = i + 1;
-          break;
-        }
-      }
-    }
-  }
+  if (params.top_p < 1.0f) n = SelectHead(logits, n, max_logit, min_logit, n, params.top_p);
   if (params.min_p > 0.0f) {
     // p / p_max >= min_p, and the ratio does not depend on the normalization.
     const float threshold = max_logit + std::log(params.min_p);
-    auto end = std::stable_partition(candidates_.begin(), candidates_.begin() + n,
-                                     [&](int32_t t) { return logits[t] >= threshold; });
+    auto end = std::partition(candidates_.begin(), candidates_.begin() + n,
+                              [&](int32_t t) { return logits[t] >= threshold; });
     n = end - candidates_.begin();
   }
 
   double total = 0;
-  for (size_t i = 0; i < n; ++i) total += weight(candidates_[i]);
+  for (size_t i = 0; i < n; ++i) total += weights_[candidates_[i]];
   const double target = uniform * total;
   double cumulative = 0;
   for (size_t i = 0; i < n; ++i) {
-    cumulative += weight(candidates_[i]);
+    cumulative += weights_[candidates_[i]];
     if (target < cumulative) return candidates_[i];
   }
   return candidates_[n - 1];  // rounding at the top end

@@ -73,12 +73,23 @@ class Sampler {
  private:
   void ApplyPenalties(std::span<float> logits, const SamplingParams& params,
                       const SequenceHistory& history);
-  // Draws from the candidates in candidates_ after top-k / top-p / min-p.
-  int32_t Draw(std::span<const float> logits, const SamplingParams& params, double uniform);
+  // Applies temperature, top-k, top-p and min-p, and draws.
+  int32_t Draw(std::span<float> logits, const SamplingParams& params, double uniform);
+  // Moves to the front of candidates_[0, n) its smallest head in Higher order that holds
+  // max_count tokens or mass_fraction of their mass (weights_), and returns the head's size.
+  // Their logits lie in [lowest, highest], highest being the largest.
+  size_t SelectHead(std::span<const float> logits, size_t n, float highest, float lowest,
+                    size_t max_count, double mass_fraction);
+  // Higher logit first, lower token id first on ties.
+  static bool Higher(std::span<const float> logits, int32_t a, int32_t b);
 
   const int vocab_size_;
   std::vector<float> raw_;                  // the raw row, kept when logprobs are wanted
   std::vector<int32_t> candidates_;         // token ids still in the running
+  std::vector<float> weights_;              // per token: exp(logit - max) of candidates
+  std::vector<int> bucket_count_;           // SelectHead's histogram
+  std::vector<double> bucket_mass_;
+  std::vector<int32_t> boundary_;           // SelectHead's last bucket
   std::vector<int32_t> output_counts_;      // per token, zero between calls
   std::vector<uint8_t> seen_;               // per token, zero between calls
   std::vector<int32_t> touched_;            // tokens whose counts / seen flags to reset

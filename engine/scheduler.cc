@@ -16,11 +16,13 @@ const char* FinishReasonName(FinishReason reason) {
 }
 
 Scheduler::Scheduler(const SchedulerOptions& options, const ModelInfo& model,
-                     const KvCacheShape& cache)
+                     const KvCacheShape& cache, int num_samplers)
     : options_(options),
       model_(model),
-      kv_(cache.num_blocks, cache.block_size, options.enable_prefix_caching),
-      sampler_(model.vocab_size) {}
+      kv_(cache.num_blocks, cache.block_size, options.enable_prefix_caching) {
+  samplers_.reserve(std::max(1, num_samplers));
+  for (int i = 0; i < std::max(1, num_samplers); ++i) samplers_.emplace_back(model.vocab_size);
+}
 
 void Scheduler::Add(int64_t sequence_id, SequenceRequest request) {
   Sequence seq;
@@ -163,8 +165,15 @@ std::optional<FinishReason> Scheduler::CheckStop(const Sequence& seq, int32_t to
 }
 
 std::vector<SequenceUpdate> Scheduler::CompleteStep(const ScheduledStep& step,
-                                                    std::span<float> logits) {
-  std::vector<SequenceUpdate> updates;
+                                                    std::span<float> logits,
+                                                    ParallelFor* parallel) {
+  // 1. Advance every chunk's sequence; collect the rows to sample.
+  struct Row {
+    int64_t id;
+    Sequence* seq;
+    std::span<float> logits;
+  };
+  std::vector<Row> rows;
   const size_t vocab = model_.vocab_size;
   size_t row = 0;
   for (const SequenceChunk& chunk : step.batch.chunks) {
@@ -174,22 +183,39 @@ std::vector<SequenceUpdate> Scheduler::CompleteStep(const ScheduledStep& step,
     Sequence& seq = it->second;
     seq.num_computed += static_cast<int>(chunk.tokens.size());
     kv_.CacheFullBlocks(chunk.sequence_id, seq.tokens, seq.num_computed);
-    if (!chunk.wants_logits) continue;
+    if (chunk.wants_logits) {
+      rows.push_back({chunk.sequence_id, &seq, logits.subspan(this_row * vocab, vocab)});
+    }
+  }
 
+  // 2. Sample; rows are independent and only read the sequences.
+  std::vector<SequenceUpdate> updates(rows.size());
+  auto sample = [&](int worker, int i) {
+    const Sequence& seq = *rows[i].seq;
     const std::span<const int32_t> history(seq.tokens);
     const size_t prompt_len = seq.request.prompt.size();
     SequenceHistory h;
     h.prompt = history.first(prompt_len);
     h.output = history.subspan(prompt_len);
     if (seq.NumOutput() < seq.request.min_tokens) h.banned_tokens = seq.min_tokens_banned;
-    SequenceUpdate& u = updates.emplace_back();
-    u.sequence_id = chunk.sequence_id;
-    u.token = sampler_.Sample(logits.subspan(this_row * vocab, vocab), seq.request.sampling,
-                              seq.request.seed, h);
+    updates[i].token = samplers_[worker].Sample(rows[i].logits, seq.request.sampling,
+                                                seq.request.seed, h);
+  };
+  if (parallel != nullptr && parallel->num_workers() <= static_cast<int>(samplers_.size())) {
+    parallel->Run(static_cast<int>(rows.size()), sample);
+  } else {
+    for (int i = 0; i < static_cast<int>(rows.size()); ++i) sample(0, i);
+  }
+
+  // 3. Append the tokens and end the sequences that stop.
+  for (size_t i = 0; i < rows.size(); ++i) {
+    SequenceUpdate& u = updates[i];
+    Sequence& seq = *rows[i].seq;
+    u.sequence_id = rows[i].id;
     seq.tokens.push_back(u.token.token);
     u.finish = CheckStop(seq, u.token.token);
     u.progress = ProgressOf(seq);
-    if (u.finish.has_value()) Remove(chunk.sequence_id);
+    if (u.finish.has_value()) Remove(rows[i].id);
   }
   return updates;
 }

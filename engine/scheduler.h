@@ -1,5 +1,6 @@
 // Continuous batching: which tokens of which sequences run in the next step, and what the step's
-// logits make of them. Pure logic, no threads, no clocks: the engine (engine/engine.h) owns the
+// logits make of them. Pure logic, no clocks, no threads of its own (CompleteStep may sample on
+// a caller's ParallelFor): the engine (engine/engine.h) owns the
 // requests, this class owns their token histories, KV blocks and stop conditions.
 //
 //   Scheduler sched(options, runner.info(), {/*num_blocks=*/1024, /*block_size=*/16});
@@ -37,6 +38,7 @@
 #include "absl/status/status.h"
 #include "engine/kv_block_manager.h"
 #include "engine/model_runner.h"
+#include "engine/parallel_for.h"
 #include "engine/sampler.h"
 
 namespace exl3::engine {
@@ -92,7 +94,9 @@ struct SequenceUpdate {
 
 class Scheduler {
  public:
-  Scheduler(const SchedulerOptions& options, const ModelInfo& model, const KvCacheShape& cache);
+  // num_samplers: how many rows CompleteStep may sample at once (one Sampler each).
+  Scheduler(const SchedulerOptions& options, const ModelInfo& model, const KvCacheShape& cache,
+            int num_samplers = 1);
 
   // The request must be valid (the engine checks): non-empty prompt of in-vocabulary tokens that
   // fits in the cache, max_tokens >= 1.
@@ -103,8 +107,10 @@ class Scheduler {
   ScheduledStep Schedule();
   // Consumes the step's logits ([NumLogitRows, vocab], rows overwritten as scratch): advances
   // every sequence of the step, samples where the chunk wanted logits, and removes finished
-  // sequences. Sequences aborted since Schedule are skipped.
-  std::vector<SequenceUpdate> CompleteStep(const ScheduledStep& step, std::span<float> logits);
+  // sequences. Sequences aborted since Schedule are skipped. With `parallel` (at most
+  // num_samplers workers) the rows are sampled on its workers; the result does not depend on it.
+  std::vector<SequenceUpdate> CompleteStep(const ScheduledStep& step, std::span<float> logits,
+                                           ParallelFor* parallel = nullptr);
   // The step failed: removes its sequences (those still present) and returns them.
   std::vector<int64_t> FailStep(const ScheduledStep& step);
 
@@ -143,7 +149,7 @@ class Scheduler {
   const SchedulerOptions options_;
   const ModelInfo model_;
   KvBlockManager kv_;
-  Sampler sampler_;
+  std::vector<Sampler> samplers_;
   std::unordered_map<int64_t, Sequence> sequences_;
   std::deque<int64_t> waiting_;
   std::vector<int64_t> running_;  // admission order: oldest first

@@ -1,7 +1,10 @@
 #include "engine/scheduler.h"
 
+#include <cstdio>
 #include <map>
 #include <numeric>
+#include <random>
+#include <set>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -260,6 +263,79 @@ TEST(Scheduler, PrefixHitSkipsCachedBlocksAndReportsCachedTokens) {
   EXPECT_EQ(s.batch.chunks[0].tokens.size(), 8u);
   d.RunToEnd();
   EXPECT_EQ(d.outputs[2], d.outputs[1]);
+}
+
+// Random arrivals, aborts, shared prefixes, small caches and budgets: every sequence that was
+// not aborted ends with the tokens it gets alone, and the cache ends empty.
+TEST(Scheduler, RandomizedWorkloadsMatchSoloRuns) {
+  std::mt19937 rng(12345);
+  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  int64_t preemptions = 0, prefix_hit_tokens = 0;
+  for (int round = 0; round < 30; ++round) {
+    SchedulerOptions opt;
+    opt.max_num_batched_tokens = uniform(8, 64);
+    opt.max_num_seqs = uniform(1, 8);
+    if (uniform(0, 1) == 1) opt.long_prefill_token_threshold = uniform(1, 16);
+    opt.enable_prefix_caching = uniform(0, 3) != 0;
+    const KvCacheShape cache{uniform(24, 64), 4};
+    Driver d(opt, cache);
+
+    std::vector<std::vector<int32_t>> prefixes;
+    for (int i = 0; i < 3; ++i) prefixes.push_back(Prompt(uniform(1, 24), 100 * round + i));
+    std::map<int64_t, SequenceRequest> requests;
+    std::set<int64_t> aborted;
+    int64_t next_id = 1;
+    for (int step = 0; step < 400 && (next_id <= 25 || !d.sched().Empty()); ++step) {
+      if (next_id <= 25 && uniform(0, 2) == 0) {
+        SequenceRequest r;
+        r.prompt = prefixes[uniform(0, 2)];
+        const std::vector<int32_t> suffix = Prompt(uniform(0, 20), next_id + 1000 * round);
+        r.prompt.insert(r.prompt.end(), suffix.begin(), suffix.end());
+        r.max_tokens = uniform(1, 30);
+        r.ignore_eos = uniform(0, 1) == 1;
+        r.min_tokens = uniform(0, 1) == 1 ? uniform(0, r.max_tokens) : 0;
+        if (uniform(0, 1) == 1) {
+          r.sampling.temperature = 1.0f;
+          r.sampling.top_k = uniform(0, 10);
+          r.sampling.top_p = uniform(0, 1) == 1 ? 0.8f : 1.0f;
+          r.sampling.seed = next_id;
+        } else {
+          r.sampling.temperature = 0;
+        }
+        r.seed = next_id;
+        if (static_cast<int>(r.prompt.size()) + r.max_tokens > cache.num_blocks * cache.block_size) {
+          continue;  // the engine would refuse it
+        }
+        requests[next_id] = r;
+        d.sched().Add(next_id, r);
+        ++next_id;
+      }
+      if (!d.sched().Empty() && uniform(0, 15) == 0) {
+        const int64_t victim = uniform(1, static_cast<int>(next_id - 1));
+        if (d.sched().Abort(victim)) aborted.insert(victim);
+      }
+      if (!d.sched().Empty()) d.Step();
+    }
+    d.RunToEnd();
+    EXPECT_EQ(d.sched().kv().NumFreeBlocks(), cache.num_blocks) << "round " << round;
+    preemptions += d.sched().NumPreemptions();
+    prefix_hit_tokens += d.sched().kv().counters().hit_tokens;
+    for (const auto& [id, r] : requests) {
+      if (aborted.contains(id)) continue;
+      Driver solo(SchedulerOptions{}, kLargeCache);
+      solo.sched().Add(id, r);
+      solo.RunToEnd();
+      // Prompt + max_tokens fits the cache, so nothing is dropped.
+      ASSERT_TRUE(d.finished.contains(id)) << "round " << round << " sequence " << id;
+      EXPECT_EQ(d.outputs[id], solo.outputs[id]) << "round " << round << " sequence " << id;
+      EXPECT_EQ(d.finished[id], solo.finished[id]) << "round " << round << " sequence " << id;
+    }
+  }
+  // The workloads did exercise preemption and the prefix cache.
+  EXPECT_GT(preemptions, 0);
+  EXPECT_GT(prefix_hit_tokens, 0);
+  std::printf("[randomized] %lld preemptions, %lld prefix-hit tokens over 30 rounds\n",
+              static_cast<long long>(preemptions), static_cast<long long>(prefix_hit_tokens));
 }
 
 }  // namespace
