@@ -49,17 +49,41 @@ void Record(const std::string& kernel, double err, const std::string& what) {
   std::printf("%-20s %-60s rel_err %.3e %s\n", kernel.c_str(), what.c_str(), err, ok ? "ok" : "FAIL");
 }
 
+// Host <-> device copies through a pinned staging buffer: a heap vector can share a page with the
+// layer tensors of a registered-host case (DeviceMoeLayer::Register pins whole pages), and
+// cudaMemcpy refuses (cudaErrorInvalidValue) a pageable range that straddles a registered one.
+void Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  static void* stage = nullptr;
+  static size_t cap = 0;
+  if (bytes > cap) {
+    if (stage) CK(cudaFreeHost(stage));
+    CK(cudaMallocHost(&stage, bytes));
+    cap = bytes;
+  }
+  if (kind == cudaMemcpyHostToDevice) {
+    std::memcpy(stage, src, bytes);
+    CK(cudaMemcpy(dst, stage, bytes, kind));
+  } else {
+    CK(cudaMemcpy(stage, src, bytes, kind));
+    std::memcpy(dst, stage, bytes);
+  }
+}
+template <typename T>
+void Upload(T* dst, const std::vector<T>& v) {
+  Copy(dst, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+}
+
 template <typename T>
 T* DevCopy(const std::vector<T>& v) {
   T* p = nullptr;
   CK(cudaMalloc(&p, std::max<size_t>(v.size() * sizeof(T), 16)));
-  CK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  Upload(p, v);
   return p;
 }
 
 std::vector<float> Fetch(const float* d, size_t n) {
   std::vector<float> v(n);
-  CK(cudaMemcpy(v.data(), d, n * 4, cudaMemcpyDeviceToHost));
+  Copy(v.data(), d, n * 4, cudaMemcpyDeviceToHost);
   return v;
 }
 
@@ -78,11 +102,11 @@ void ParallelRows(int n, F fn) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// slice > 0 forces the one-launch GEMV's k-slice length (16-row tiles; bench_hooks.h).
+// grid > 0 forces the one-launch GEMV's grid (bench_hooks.h): other shares and segment splits.
 void CheckLinear(int k, int n, int K, Codebook cb, const std::vector<int>& ms, bool bias,
-                 cuda::Workspace* ws, int slice = 0) {
-  cuda::SetDenseGemvSliceOverride(slice);
-  const std::string slice_note = slice > 0 ? " slice=" + std::to_string(slice) : "";
+                 cuda::Workspace* ws, int grid = 0) {
+  cuda::SetDenseGemvGridOverride(grid);
+  const std::string grid_note = grid > 0 ? " grid=" + std::to_string(grid) : "";
   RandomLinear L(k, n, K, cb, g_seed++, bias);
   auto dev = cuda::DeviceLinear::Upload(L.view);
   OK(dev.status());
@@ -97,7 +121,7 @@ void CheckLinear(int k, int n, int K, Codebook cb, const std::vector<int>& ms, b
     CK(cudaMemset(d, 0xff, ref.size() * 2));
     OK(cuda::DequantizeInnerDevice((*dev)->view(), d));
     CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(got.data(), d, ref.size() * 2, cudaMemcpyDeviceToHost));
+    Copy(got.data(), d, ref.size() * 2, cudaMemcpyDeviceToHost);
     CK(cudaFree(d));
     size_t bad = 0;
     for (size_t i = 0; i < ref.size(); ++i) bad += ref[i] != got[i];
@@ -128,13 +152,13 @@ void CheckLinear(int k, int n, int K, Codebook cb, const std::vector<int>& ms, b
                                    : m <= 48                   ? "gemv"
                                                                : "gemm";
         Record(kernel, RelErr(got.data(), ref.data(), ref.size()),
-               shape + slice_note + " m=" + std::to_string(m) + (run ? " again" : ""));
+               shape + grid_note + " m=" + std::to_string(m) + (run ? " again" : ""));
       }
     }
     CK(cudaFree(dx));
     CK(cudaFree(dy));
   }
-  cuda::SetDenseGemvSliceOverride(0);
+  cuda::SetDenseGemvGridOverride(0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -285,9 +309,9 @@ void CheckMoe(const MoeCase& c, const std::vector<int>& token_counts, bool with_
         std::vector<float> w;
         MakeRouting(kind, T, c.topk, c.experts, &ids, &w);
         const auto ref = MoeReference(layer.view, x, T, c.topk, ids, w, shared);
-        CK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+        Upload(dx, x);
+        Upload(dids, ids);
+        Upload(dw, w);
         const std::string what = std::string(c.name) + " T=" + std::to_string(T) + " " + RoutingName(kind) +
                                  (shared ? "" : " no-shared");
         CK(cudaMemset(dout, 0xff, ref.size() * 4));
@@ -321,9 +345,9 @@ void CheckMoe(const MoeCase& c, const std::vector<int>& token_counts, bool with_
         std::vector<float> w;
         MakeRouting(rep == 1 ? Routing::kAllToOne : Routing::kRandom, T, c.topk, c.experts, &ids, &w);
         const auto ref = MoeReference(layer.view, x, T, c.topk, ids, w, true);
-        CK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+        Upload(dx, x);
+        Upload(dids, ids);
+        Upload(dw, w);
         CK(cudaMemset(dout, 0xff, ref.size() * 4));
         CK(cudaGraphLaunch(ge, s));
         CK(cudaStreamSynchronize(s));
@@ -378,7 +402,7 @@ int Main(int argc, char** argv) {
   if (small) {
     for (int K : {2, 5})
       for (Codebook cb : cbs) CheckLinear(128, 256, K, cb, {1, 17, 130}, K == 5, &ws);
-    CheckLinear(384, 640, 3, Codebook::kMcg, {1, 8, 20}, true, &ws, 3);  // slices across 128-blocks
+    CheckLinear(384, 640, 3, Codebook::kMcg, {1, 8, 20}, true, &ws, 7);  // shares across 128-blocks
     MoeCase c{"small", 256, 256, 8, 4, 3, 128, {2, Codebook::kMcg}, {3, Codebook::k3Inst}, {4, Codebook::kMul1},
               {2, Codebook::kMcg}, {2, Codebook::kMcg}, {3, Codebook::kMul1}, 1.0f, true, false};
     CheckMoe(c, {3, 70}, true, false);
@@ -390,7 +414,7 @@ int Main(int argc, char** argv) {
         CheckLinear(128, 128, K, cb, {1, 2, 3, 7, 8, 17, 64, 256}, false, &ws);
         CheckLinear(256, 384, K, cb, {1, 8, 33, 130, 1024}, K % 2 == 1, &ws);
         CheckLinear(384, 256, K, cb, {5, 16, 48, 49}, false, &ws);
-        CheckLinear(640, 1152, K, cb, {1, 3, 9}, K == 2, &ws, 1 + (K * 5) % 24);
+        CheckLinear(640, 1152, K, cb, {1, 3, 9}, K == 2, &ws, 1 + (K * 37) % 200);
       }
     if (big) {
       for (int K : {2, 3, 4}) {
@@ -399,14 +423,14 @@ int Main(int argc, char** argv) {
       }
       CheckLinear(2048, 4096, 2, Codebook::k3Inst, {1, 256}, true, &ws);
       CheckLinear(5120, 2304, 2, Codebook::kMcg, {1, 4}, false, &ws);
-      // The small decode shapes of the one-launch GEMV, and forced k-slices (uneven, across
-      // 128-blocks, the longest) at a partial last column block.
+      // The small decode shapes of the one-launch GEMV, and forced grids (one block: segments at
+      // their longest; uneven shares; more blocks than tiles).
       for (int K : {2, 3, 4}) {
         CheckLinear(4096, 2048, K, Codebook::kMcg, {1, 2, 5, 8}, false, &ws);
         CheckLinear(2048, 4096, K, K == 4 ? Codebook::kMul1 : Codebook::kMcg, {1, 8}, K == 3, &ws);
         CheckLinear(5120, 2304, K, K == 3 ? Codebook::k3Inst : Codebook::kMcg, {1, 8, 40}, false, &ws);
       }
-      for (int slice : {1, 3, 7, 13, 24}) CheckLinear(5120, 2304, 2, Codebook::kMcg, {1, 6, 48}, true, &ws, slice);
+      for (int grid : {1, 7, 131, 397, 6000}) CheckLinear(5120, 2304, 2, Codebook::kMcg, {1, 6, 48}, true, &ws, grid);
     }
     MoeCase mixed{"mixed-K/cb+bias+limit", 256, 384, 16, 4, 4, 256, {2, Codebook::kMcg}, {3, Codebook::k3Inst},
                   {4, Codebook::kMul1}, {5, Codebook::kMcg}, {2, Codebook::kMul1}, {3, Codebook::kMcg}, 0.75f, true,
