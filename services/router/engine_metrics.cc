@@ -96,8 +96,9 @@ void EngineMetrics::OnStep(const engine::StepMetrics& s) {
   if (s.failed) failed_steps_.Increment();
 }
 
-void EngineMetrics::OnRequestFinished(std::string_view, const engine::RequestTimings& t,
-                                      const engine::Usage& u, engine::FinishReason reason) {
+void EngineMetrics::OnRequestFinished(std::string_view, const engine::FinishInfo& finish) {
+  const engine::RequestTimings& t = finish.timings;
+  const engine::Usage& u = finish.usage;
   if (t.time_to_first_token_s) ttft_.Observe(*t.time_to_first_token_s);
   if (t.mean_inter_token_s) itl_.Observe(*t.mean_inter_token_s);
   if (t.queue_s) queue_.Observe(*t.queue_s);
@@ -106,7 +107,7 @@ void EngineMetrics::OnRequestFinished(std::string_view, const engine::RequestTim
   prompt_tokens_.Increment(u.prompt_tokens);
   generation_tokens_.Increment(u.completion_tokens);
   cached_tokens_.Increment(u.cached_tokens);
-  finished_fam_.Add({{"finish_reason", ReasonName(reason)}}).Increment();
+  finished_fam_.Add({{"finish_reason", ReasonName(finish.reason)}}).Increment();
 }
 
 void EngineMetrics::Refresh(const engine::EngineStats& s) {

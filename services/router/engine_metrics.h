@@ -18,8 +18,7 @@ class EngineMetrics final : public engine::EngineObserver {
  public:
   explicit EngineMetrics(prometheus::Registry& registry);
   void OnStep(const engine::StepMetrics& step) override;
-  void OnRequestFinished(std::string_view tag, const engine::RequestTimings& timings,
-                         const engine::Usage& usage, engine::FinishReason reason) override;
+  void OnRequestFinished(std::string_view tag, const engine::FinishInfo& finish) override;
   // Gauges from the engine's snapshot (call before each scrape or periodically).
   void Refresh(const engine::EngineStats& stats);
 
