@@ -50,9 +50,9 @@ inline constexpr int kGemvMaxRows = 48;
 // Picks the k-slice length for a GEMV problem so that about `target_units` warp units exist.
 int GemvKTilesPerUnit(int k, int n, int chunks, int sm_count);
 int GemvGrid(int sm_count);
-// Grid of the one-launch GEMV (dense_gemv_kernel.cuh) for work_tiles (row chunks x 128-column
-// blocks x k/16) on sm_count SMs.
-int DenseGemvGrid(long work_tiles, int sm_count);
+// k-slice length (16-row tiles) of the one-launch GEMV (dense_gemv_kernel.cuh) at bit width K for
+// `base_units` (row chunks x 128-column blocks) over k/16 tiles on sm_count SMs.
+int DenseGemvSliceTiles(int K, int k_tiles, long base_units, int sm_count);
 int GemmGrid(int sm_count, long units);
 
 // Reference GEMM on one expert/linear: y[rows, n] (+)= A[rows, k] fp16 · W_inner (dequantised into

@@ -17,8 +17,8 @@ absl::Status RunDecodeCeiling(int K, int cb, const uint32_t* seeds, float* out, 
 // graph of many, its time per launch is the fixed cost any one-launch kernel pays.
 absl::Status RunEmptyLaunch(int grid, StreamHandle stream);
 
-// Forces the grid (blocks) of the one-launch GEMV that LinearForward uses for m <= 48
-// (dense_gemv_kernel.cuh); 0 restores the default (DenseGemvGrid in linear.cu).
-void SetDenseGemvGridOverride(int blocks);
+// Forces the k-slice length (16-row tiles, clamped to DenseMaxSliceTiles(K)) of the one-launch GEMV that
+// LinearForward uses for m <= 48 (dense_gemv_kernel.cuh); 0 restores the cost model's choice.
+void SetDenseGemvSliceOverride(int tiles);
 
 }  // namespace exl3::cuda

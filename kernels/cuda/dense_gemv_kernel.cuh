@@ -5,18 +5,16 @@
 // layer costs one launch instead of three (linear.cu's InputTransformKernel / OutputTransformKernel
 // remain for the prefill GEMM and the reference path).
 //
-// Work split ("stream-K"): the work is the list of (row chunk of <= 8 rows, 128-column block, k-tile)
-// items, 128-column blocks being the output Hadamard blocks; each block of the grid takes an equal
-// contiguous share of it, so every SM gets the same number of tiles whatever the shape. A block
-// walks its share in segments (one row chunk and column block, at most max_range k-tiles, as much
-// as its shared memory holds of transformed x). Per segment: the block transforms the x rows of
-// the 128-blocks the segment touches into shared memory (fp16, the warps splitting the blocks);
-// warp w runs 64-column group w % 2 over a quarter w / 2 of the segment's k-tiles; the four partial
-// sums of a column group are added in shared memory, and one warp per column group adds the
-// result into the fp32 accumulator with atomics; the block then adds the segment's tile count to
-// the column block's arrival count. The block whose count completes k/16 tiles applies the output
-// transform, writes y, and zeroes the accumulator and the count again, so both workspaces are all
-// zero between calls and nothing clears them.
+// Work unit (one block of kGemvWarps = 8 warps): one chunk of <= 8 rows, one 128-column block (one
+// output Hadamard block: two 64-column groups) and a k-range of kDenseWarpsK k-slices. The block
+// transforms the x rows of the 128-blocks its k-range touches into shared memory (fp16, the warps
+// splitting the blocks); warp w runs column group w % 2 over k-slice w / 2; the four partial sums
+// of a column group are added in shared memory, and one warp per column group adds the result into
+// the fp32 accumulator with atomics (a quarter of the atomics, and of the partial sums per output,
+// that one k-slice per atomic add would cost). The block whose arrival completes a (chunk, column
+// block) — the last of its k-ranges — applies the output transform to it, writes y, and zeroes the
+// accumulator and the arrival count again, so both workspaces are all zero between calls and
+// nothing clears them.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -35,15 +33,11 @@ inline constexpr int kDenseWarpsN = kGemvWarps / kDenseWarpsK;  // 64-column gro
 inline constexpr int kDenseBlockCols = kDenseWarpsN * 16 * kGemvNT;  // columns per unit (128)
 static_assert(kDenseBlockCols == 128, "a unit's columns are one output Hadamard block");
 
-// Halves of shared memory for the transformed x of a segment (rows x covered 128-blocks, each row
-// padded by 8 halves) at bit width K: what the 48 KB of static shared memory leaves beside the
-// cp.async ring, and at least the partial sums' 12 KB that reuse it.
-__host__ __device__ constexpr int DenseXsHalves(int K) { return K >= 7 ? 6144 : 9280; }
-// The most k-tiles a segment may span for chunks of `rows` rows: a range of L tiles touches at most
-// (L + 6) / 8 + 1 128-blocks, each row holds stride = blocks * 128 + 8 halves.
-__host__ __device__ constexpr int DenseMaxRange(int K, int rows) {
-  return 8 * ((DenseXsHalves(K) / rows - 8) / 128) - 7;
-}
+// k-slice length limit (16-row tiles) for bit width K: a unit's k-range (kDenseWarpsK slices) and
+// its transformed x must fit the 48 KB of static shared memory beside the cp.async ring.
+__host__ __device__ constexpr int DenseMaxSliceTiles(int K) { return K >= 7 ? 8 : 16; }
+// 128-blocks of k that a unit's k-range can touch (it may start mid-block).
+__host__ __device__ constexpr int DenseMaxCover(int K) { return (kDenseWarpsK * DenseMaxSliceTiles(K) + 6) / 8 + 1; }
 
 struct DenseGemvArgs {
   const uint16_t* trellis = nullptr;  // [k/16, n/16, 16K] packed trellis words (uint16)
@@ -55,50 +49,48 @@ struct DenseGemvArgs {
   float* acc = nullptr;               // [rows, n] fp32 workspace: all zero on entry, left all zero
   int* arrivals = nullptr;            // [ceil(rows/8), n/128] int32 workspace: likewise
   int rows = 0, k = 0, n = 0;         // rows <= kGemvMaxRows; k, n multiples of 128
-  int max_range = 0;                  // segment length limit in k-tiles: <= DenseMaxRange(K, min(rows, 8))
+  int k_slice_tiles = 0;              // k-slice length in 16-row tiles, 1..DenseMaxSliceTiles(K)
   Pow2Table pow2 = Pow2Table::Make();
 };
 
-// DenseGemvArgs above gives every tensor's shape and dtype. Any grid size (a multiple of the SM
-// count balances it), kGemvWarps * 32 threads per block.
+// DenseGemvArgs above gives every tensor's shape and dtype. Grid: at most the number of units
+// (ceil(rows/8) * n/128 * ceil(k/16 / (kDenseWarpsK * k_slice_tiles))), kGemvWarps * 32 threads.
 template <int K, int CB>
 __global__ void __launch_bounds__(kGemvWarps * 32, 3) DenseGemvKernel(const DenseGemvArgs a) {
   constexpr int kStageWords = GemvWarpSlice<K, CB>::kStageWords;
-  // After the k-loop the same shared memory holds the partial sums of the warps of k-quarters
+  // Row stride of the transformed x in halves: 4 words of padding put the 8 token rows that a
+  // warp's lanes read at once (word offset c + stride * g) in distinct banks.
+  constexpr int kXStride = DenseMaxCover(K) * 128 + 8;
+  // After the k-loop the same shared memory holds the partial sums of the warps of k-slices
   // 1..3: [slot][16 values][32 lanes] fp32 (lane-minor: no bank conflicts).
   constexpr int kPartialFloats = (kDenseWarpsK - 1) * kDenseWarpsN * 16 * 32;
-  static_assert(DenseXsHalves(K) / 2 >= kPartialFloats, "the partial sums reuse the x buffer");
+  constexpr int kXWords = (kGemvRows * kXStride) / 2;
   __shared__ __align__(16) uint32_t ring[kGemvWarps * kGemvStages * kStageWords];
-  __shared__ __align__(16) uint32_t scratch[DenseXsHalves(K) / 2];
+  __shared__ __align__(16) uint32_t scratch[kXWords > kPartialFloats ? kXWords : kPartialFloats];
   __shared__ int completes;
   __half* const xs = reinterpret_cast<__half*>(scratch);
   float* const partial = reinterpret_cast<float*>(scratch);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int wn = warp % kDenseWarpsN, wk = warp / kDenseWarpsN;  // column group, k-quarter
+  const int wn = warp % kDenseWarpsN, wk = warp / kDenseWarpsN;  // column group, k-slice
   const LaneSlots<K> slots(lane);
   const int g = lane >> 2, c = lane & 3;
   const int k_tiles = a.k / 16, n_tiles = a.n / 16;
   const int col_blocks = a.n / kDenseBlockCols;
-  // Row stride of the transformed x in halves: 8 halves of padding put the 8 token rows that a
-  // warp's lanes read at once (word offset c + stride / 2 * g, stride / 2 = 4 mod 32) in distinct banks.
-  const int x_stride = ((a.max_range + 6) / 8 + 1) * 128 + 8;
+  const int range_tiles = kDenseWarpsK * a.k_slice_tiles;
+  const int k_ranges = (k_tiles + range_tiles - 1) / range_tiles;
+  const int total = (a.rows + kGemvRows - 1) / kGemvRows * col_blocks * k_ranges;
   const size_t k_stride = static_cast<size_t>(n_tiles) * (8 * K);  // words per row of tiles
-  const long long work = static_cast<long long>((a.rows + kGemvRows - 1) / kGemvRows) * col_blocks * k_tiles;
-  long long item = work * blockIdx.x / gridDim.x;
-  const long long share_end = work * (blockIdx.x + 1) / gridDim.x;
   bool waited = false;
 
-  while (item < share_end) {
-    const int kt0 = static_cast<int>(item % k_tiles);
-    const int cb = static_cast<int>(item / k_tiles % col_blocks);
-    const int chunk = static_cast<int>(item / k_tiles / col_blocks);
-    const int kt1 = static_cast<int>(min(static_cast<long long>(min(k_tiles, kt0 + a.max_range)),
-                                         kt0 + (share_end - item)));  // the segment's k-range
-    item += kt1 - kt0;
+  for (int u = blockIdx.x; u < total; u += gridDim.x) {
+    const int kr = u % k_ranges;
+    const int cb = (u / k_ranges) % col_blocks;
+    const int chunk = u / (k_ranges * col_blocks);
     const int row0 = chunk * kGemvRows, rows = min(kGemvRows, a.rows - row0);
-    const int quarter = (kt1 - kt0 + kDenseWarpsK - 1) / kDenseWarpsK;
-    const int ks0 = min(kt1, kt0 + wk * quarter), ks1 = min(kt1, ks0 + quarter);  // this warp's k-tiles
-    const int cg = cb * kDenseWarpsN + wn;                                        // its 64-column group
+    const int kt0 = kr * range_tiles, kt1 = min(k_tiles, kt0 + range_tiles);   // the unit's k-range
+    const int ks0 = min(kt1, kt0 + wk * a.k_slice_tiles);                      // this warp's k-slice
+    const int ks1 = min(kt1, ks0 + a.k_slice_tiles);
+    const int cg = cb * kDenseWarpsN + wn;                                     // its 64-column group
 
     // The trellis is not written by the previous kernel of the stream: its first copies start
     // before the PDL wait, overlapping that kernel's tail.
@@ -122,18 +114,18 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) DenseGemvKernel(const Dens
       if (j1 < rows * nb)
         InputLoad(a.x + static_cast<size_t>(row0 + j1 / nb) * a.k + 128 * (b0 + j1 % nb),
                   a.suh + 128 * (b0 + j1 % nb), v1, lane);
-      InputFinish(v0, xs + (j0 / nb) * x_stride + 128 * (j0 % nb), lane);
-      if (j1 < rows * nb) InputFinish(v1, xs + (j1 / nb) * x_stride + 128 * (j1 % nb), lane);
+      InputFinish(v0, xs + (j0 / nb) * kXStride + 128 * (j0 % nb), lane);
+      if (j1 < rows * nb) InputFinish(v1, xs + (j1 / nb) * kXStride + 128 * (j1 % nb), lane);
     }
     __syncthreads();
 
     float acc[kGemvNT][4];
-    const bool tok_ok = g < rows && ks1 > ks0;  // a short segment's last quarters may be empty
-    slice.Run(xs + (tok_ok ? g : 0) * x_stride + 16 * (ks0 - 8 * b0) + 2 * c, tok_ok, slots, a.pow2, acc);
+    const bool tok_ok = g < rows && ks1 > ks0;  // a k-range's last slices may be empty
+    slice.Run(xs + (tok_ok ? g : 0) * kXStride + 16 * (ks0 - 8 * b0) + 2 * c, tok_ok, slots, a.pow2, acc);
     __syncthreads();  // every warp is done with xs: it now holds the partial sums
 
-    // k-quarters 1..3 hand their sums to k-quarter 0's warp of the same column group, which adds
-    // the total into the accumulator.
+    // k-slices 1..3 hand their sums to k-slice 0's warp of the same column group, which adds the
+    // total into the accumulator.
     if (wk > 0) {
       float* slot = partial + ((wk - 1) * kDenseWarpsN + wn) * (16 * 32) + lane;
 #pragma unroll
@@ -155,13 +147,13 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) DenseGemvKernel(const Dens
       __threadfence();  // the atomics, before this block's arrival
     }
 
-    // Arrival, counted in k-tiles. The block that completes the (chunk, column block) finishes
-    // it: warp r the 128-block of row r.
+    // Arrival. The block that completes the (chunk, column block) finishes it: warp r the
+    // 128-block of row r.
     __syncthreads();
     if (threadIdx.x == 0) {
       int* count = a.arrivals + chunk * col_blocks + cb;
-      const bool last = atomicAdd(count, kt1 - kt0) + (kt1 - kt0) == k_tiles;
-      if (last) *count = 0;  // every k-tile has arrived: nothing else touches it in this launch
+      const bool last = atomicAdd(count, 1) == k_ranges - 1;
+      if (last) *count = 0;  // every k-range has arrived: nothing else touches it in this launch
       completes = last;
     }
     __syncthreads();
@@ -179,8 +171,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) DenseGemvKernel(const Dens
 #pragma unroll
       for (int e = 0; e < 4; ++e) a.y[off + 32 * e + lane] = v[e];
     }
-    // The next segment writes xs only after every warp has passed the barrier above (this
-    // segment's reads of the partial sums are done), and `completes` only after its arrival barrier.
+    // The next unit writes xs only after every warp has passed the barrier above (this unit's
+    // reads of the partial sums are done), and `completes` only after the next arrival barrier.
   }
   if (!waited) PdlEnter();
 }

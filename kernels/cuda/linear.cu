@@ -230,19 +230,33 @@ int GemvKTilesPerUnit(int k, int n, int chunks, int sm_count) {
 int GemvGrid(int sm_count) { return sm_count * 3; }
 
 namespace {
-std::atomic<int> g_dense_grid_override{0};
+std::atomic<int> g_dense_slice_override{0};
 }  // namespace
-void SetDenseGemvGridOverride(int blocks) { g_dense_grid_override.store(blocks); }
+void SetDenseGemvSliceOverride(int tiles) { g_dense_slice_override.store(tiles); }
 
-// One, two or three blocks per SM (the most that fit), so that each block's share is at most
-// about 64 k-tiles (16 k-steps per warp): exl3-bench's grid sweep on an H200 found an SM about as
-// fast with one block as with three, and fewer, longer shares pay the per-segment cost
-// (x transform, barriers, partial sums, atomics, arrival) less often.
-int DenseGemvGrid(long work_tiles, int sm_count) {
-  const int forced = g_dense_grid_override.load();
-  if (forced > 0) return forced;
-  const long per_sm = (work_tiles + 64L * sm_count - 1) / (64L * sm_count);
-  return static_cast<int>(std::min<long>(work_tiles, sm_count * std::clamp<long>(per_sm, 1, 3)));
+// Cost model, in warp k-steps, fitted to exl3-bench's k-slice sweep on an H200 (bench/results/h200.md):
+// an SM decodes at about the same rate with one block (8 warps) as with three, so a layer costs
+// the most units any SM runs times (the slice + about 3 k-steps of per-unit overhead: x load,
+// barriers, partial sums, atomics, arrival), plus about 3 per extra round of the persistent grid.
+// Ties go to the longer slice (fewer partial sums per output).
+int DenseGemvSliceTiles(int K, int k_tiles, long base_units, int sm_count) {
+  const int most = std::min(k_tiles, DenseMaxSliceTiles(K));
+  const int forced = g_dense_slice_override.load();
+  if (forced > 0) return std::min(forced, most);
+  const long grid = GemvGrid(sm_count);
+  int best = 1;
+  long best_cost = -1;
+  for (int t = 1; t <= most; ++t) {
+    const long units = base_units * ((k_tiles + kDenseWarpsK * t - 1) / (kDenseWarpsK * t));
+    const long rounds = (units + grid - 1) / grid;
+    const long per_sm = (units + sm_count - 1) / sm_count;
+    const long cost = per_sm * (t + 3) + 3 * (rounds - 1);
+    if (best_cost < 0 || cost <= best_cost) {
+      best = t;
+      best_cost = cost;
+    }
+  }
+  return best;
 }
 int GemmGrid(int sm_count, long units) { return static_cast<int>(std::min<long>(units, sm_count * 2L)); }
 
@@ -338,8 +352,10 @@ absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float
     args.rows = m;
     args.k = k;
     args.n = n;
-    args.max_range = DenseMaxRange(w.bits, std::min(m, kGemvRows));
-    const int grid = DenseGemvGrid(static_cast<long>(chunks) * col_blocks * (k / 16), s.sm_count);
+    args.k_slice_tiles = DenseGemvSliceTiles(w.bits, k / 16, static_cast<long>(chunks) * col_blocks, s.sm_count);
+    const int range = kDenseWarpsK * args.k_slice_tiles;
+    const long units = static_cast<long>(chunks) * col_blocks * ((k / 16 + range - 1) / range);
+    const int grid = static_cast<int>(std::min<long>(units, GemvGrid(s.sm_count)));
     EXL3_RETURN_IF_ERROR(DispatchDenseGemv(w.bits, static_cast<int>(w.codebook), args, grid, stream));
     EXL3_CUDA_CHECK_LAUNCH("DenseGemvKernel");
     return absl::OkStatus();

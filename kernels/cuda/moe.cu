@@ -208,7 +208,28 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const Moe
     EXL3_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
     EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&use_host_ptr, cudaDevAttrCanUseHostPointerForRegisteredMem, dev));
   }
-  std::vector<char> staging;
+  // Copies in the registered case go through pinned memory of their own (cudaMallocHost): a
+  // pageable source, heap memory too, can share a page with a registered range (when the
+  // registered tensors themselves live on the heap), and cudaMemcpy refuses one that straddles it.
+  struct PinnedStage {
+    void* p = nullptr;
+    size_t cap = 0;
+    ~PinnedStage() {
+      if (p) cudaFreeHost(p);
+    }
+  } stage;
+  auto staged_copy = [&](void* dst, const void* src, size_t bytes) -> absl::Status {
+    if (bytes > stage.cap) {
+      if (stage.p) cudaFreeHost(stage.p);
+      stage.p = nullptr;
+      stage.cap = 0;
+      EXL3_CUDA_RETURN_IF_ERROR(cudaMallocHost(&stage.p, bytes));
+      stage.cap = bytes;
+    }
+    std::memcpy(stage.p, src, bytes);
+    EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, stage.p, bytes, cudaMemcpyHostToDevice));
+    return absl::OkStatus();
+  };
   auto put = [&](const void* src, size_t bytes) -> absl::StatusOr<const void*> {
     if (register_host && !Misaligned(src)) {
       if (!pages->Covers(src, bytes)) {
@@ -221,13 +242,13 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const Moe
     }
     char* dst = base + off;
     if (register_host) {
-      // Staged through plain heap memory: the source may straddle the edge of a registered range
-      // (its page shared with an aligned neighbour), which cudaMemcpy refuses.
-      staging.assign(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
-      src = staging.data();
+      // The source may straddle the edge of a registered range (its page shared with an aligned
+      // neighbour).
+      EXL3_RETURN_IF_ERROR(staged_copy(dst, src, bytes));
       L.copied_bytes += bytes;
+    } else {
+      EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
     }
-    EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
     off += Align(bytes);
     return static_cast<const void*>(dst);
   };
@@ -268,7 +289,11 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const Moe
       L.shared_gate_vec = static_cast<const float*>(*g);
     }
   }
-  EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpy(base, tables.data(), tables.size() * sizeof(void*), cudaMemcpyHostToDevice));
+  if (register_host) {
+    EXL3_RETURN_IF_ERROR(staged_copy(base, tables.data(), tables.size() * sizeof(void*)));
+  } else {
+    EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpy(base, tables.data(), tables.size() * sizeof(void*), cudaMemcpyHostToDevice));
+  }
   L.host_tables = std::move(tables);
   for (int p = 0; p < 6; ++p) {
     projs[p]->host_trellis = reinterpret_cast<const uint16_t* const*>(L.host_tables.data() + p * 4 * table_entries);

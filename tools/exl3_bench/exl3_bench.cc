@@ -238,23 +238,21 @@ void BenchGemv(const Ceilings& c) {
                         m, s.k, s.n, K, std::string(CodebookName(cb)).c_str(), t * 1e6, floor * 1e6, fb * 1e6,
                         fd * 1e6, tr * 1e6);
           Json(js);
-          // m = 1, K = 2 MCG: the one-launch GEMV at forced grid sizes (the default is the row
-          // above), to check linear.cu's DenseGemvGrid against the device.
-          if (m == 1 && K == 2 && cb == Codebook::kMcg && !first_only) {
-            std::printf("  grid sweep (blocks:time):");
-            int sms = 0;
-            CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-            for (int blocks : {sms / 2, sms, sms * 3 / 2, sms * 2, sms * 3}) {
-              cuda::SetDenseGemvGridOverride(blocks);
+          // K = 2 MCG: the one-launch GEMV at forced k-slice lengths (the cost model's
+          // choice is the row above), to check the model against the device.
+          if (K == 2 && cb == Codebook::kMcg && !first_only) {
+            std::printf("  k-slice sweep:");
+            for (int slice : {2, 3, 4, 6, 8, 10, 12, 14, 16}) {
+              cuda::SetDenseGemvSliceOverride(slice);
               const double ts = TimeMedian(call(cuda::Path::kNative), copies, 30);
-              std::printf(" %d:%.1fus", blocks, ts * 1e6);
+              std::printf(" %d:%.1fus", slice, ts * 1e6);
               std::snprintf(js, sizeof js,
-                            "{\"bench\":\"gemv-grid\",\"m\":%d,\"k\":%d,\"n\":%d,\"K\":%d,\"grid\":%d,"
+                            "{\"bench\":\"gemv-slice\",\"m\":%d,\"k\":%d,\"n\":%d,\"K\":%d,\"slice\":%d,"
                             "\"native_us\":%.2f}",
-                            m, s.k, s.n, K, blocks, ts * 1e6);
+                            m, s.k, s.n, K, slice, ts * 1e6);
               Json(js);
             }
-            cuda::SetDenseGemvGridOverride(0);
+            cuda::SetDenseGemvSliceOverride(0);
             std::printf("\n");
           }
           CK(cudaFree(dx));
