@@ -46,7 +46,10 @@ absl::StatusOr<std::unique_ptr<CpuModel>> CpuModel::Open(const std::string& dir,
                                                          const CpuModelOptions& options,
                                                          std::unique_ptr<MoeExecutor> moe) {
   EXL3_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(dir));
+  if (options.micro_batches < 1 || options.micro_batches > 2)
+    return absl::InvalidArgumentError("micro_batches must be 1 or 2");
   std::unique_ptr<CpuModel> m(new CpuModel(std::move(cfg), options.num_threads));
+  m->micro_batches_ = options.micro_batches;
   EXL3_ASSIGN_OR_RETURN(m->src_, TensorSource::Open(dir));
   EXL3_RETURN_IF_ERROR(m->LoadWeights(*m->src_));
   if (moe == nullptr) {
@@ -140,50 +143,103 @@ absl::Status CpuModel::RunDenseMlp(const DenseMlp& mlp, const float* x, int T, f
   return mlp.down.Forward(gate.data(), T, y, compute_);
 }
 
+absl::Status CpuModel::RunLayer(int l, MicroBatch& mb) {
+  Layer& L = layers_[l];
+  const int T = mb.tokens.num_tokens, H = cfg_.hidden_size;
+  const size_t n = static_cast<size_t>(T) * H;
+  Clock::time_point t0 = Clock::now();
+  for (int t = 0; t < T; ++t)
+    RmsNorm(&mb.h[static_cast<size_t>(t) * H], L.input_norm.data(), H, cfg_.rms_norm_eps,
+            &mb.x[static_cast<size_t>(t) * H]);
+  EXL3_RETURN_IF_ERROR(L.attention->Forward(mb.x.data(), mb.tokens, *cache_, mb.d.data(), compute_));
+  AddInPlace(mb.h.data(), mb.d.data(), n);
+  for (int t = 0; t < T; ++t)
+    RmsNorm(&mb.h[static_cast<size_t>(t) * H], L.post_attention_norm.data(), H, cfg_.rms_norm_eps,
+            &mb.x[static_cast<size_t>(t) * H]);
+  times_.attention_s += Seconds(t0);
+  t0 = Clock::now();
+  if (L.dense_mlp) {
+    EXL3_RETURN_IF_ERROR(RunDenseMlp(*L.dense_mlp, mb.x.data(), T, mb.d.data()));
+    AddInPlace(mb.h.data(), mb.d.data(), n);
+    times_.dense_mlp_s += Seconds(t0);
+    return absl::OkStatus();
+  }
+  mb.pending = moe_->Start(l, mb.x.data(), T, mb.tokens.token_ids.data(), mb.d.data());
+  times_.moe_s += Seconds(t0);
+  return absl::OkStatus();
+}
+
+absl::Status CpuModel::FinishMoe(MicroBatch& mb) {
+  if (mb.pending == nullptr) return absl::OkStatus();
+  const Clock::time_point t0 = Clock::now();
+  const absl::Status st = mb.pending->Wait();
+  mb.pending.reset();
+  times_.moe_s += Seconds(t0);
+  EXL3_RETURN_IF_ERROR(st);
+  AddInPlace(mb.h.data(), mb.d.data(), mb.h.size());
+  return absl::OkStatus();
+}
+
+namespace {
+
+// The step's chunks in two contiguous groups (logit rows stay in chunk order): the longest
+// prefix of at most half the tokens, at least one chunk, and the rest.
+std::vector<StepBatch> SplitChunks(const StepBatch& batch, int parts) {
+  if (parts <= 1 || batch.chunks.size() < 2) return {batch};
+  const int total = batch.NumTokens();
+  size_t split = 1;
+  int prefix = 0;
+  for (size_t i = 0; i + 1 < batch.chunks.size(); ++i) {
+    prefix += static_cast<int>(batch.chunks[i].tokens.size());
+    if (2 * prefix <= total) split = i + 1;
+  }
+  std::vector<StepBatch> out(2);
+  out[0].chunks.assign(batch.chunks.begin(), batch.chunks.begin() + split);
+  out[1].chunks.assign(batch.chunks.begin() + split, batch.chunks.end());
+  return out;
+}
+
+}  // namespace
+
 absl::Status CpuModel::Forward(const StepBatch& batch, float* logits) {
   if (cache_ == nullptr) return absl::FailedPreconditionError("KV cache not allocated");
   times_ = StepPhaseTimes{};
-  StepTokens tokens;
-  EXL3_RETURN_IF_ERROR(
-      FlattenStep(batch, cfg_.vocab_size, cache_->shape(), cfg_.max_position_embeddings, &tokens));
-  const int T = tokens.num_tokens, H = cfg_.hidden_size;
-  const size_t n = static_cast<size_t>(T) * H;
-  std::vector<float> h(n), x(n), d(n);
-
+  const int H = cfg_.hidden_size;
+  const std::vector<StepBatch> parts = SplitChunks(batch, micro_batches_);
+  std::vector<MicroBatch> mbs(parts.size());
   Clock::time_point t0 = Clock::now();
-  Embed(tokens.token_ids, h.data());
+  for (size_t i = 0; i < parts.size(); ++i) {
+    MicroBatch& mb = mbs[i];
+    EXL3_RETURN_IF_ERROR(FlattenStep(parts[i], cfg_.vocab_size, cache_->shape(),
+                                     cfg_.max_position_embeddings, &mb.tokens));
+    const size_t n = static_cast<size_t>(mb.tokens.num_tokens) * H;
+    mb.h.resize(n);
+    mb.x.resize(n);
+    mb.d.resize(n);
+    Embed(mb.tokens.token_ids, mb.h.data());
+  }
   times_.embed_s = Seconds(t0);
 
+  // Ping-pong: micro-batch i's layer l waits for its own MoE call of layer l - 1 only.
   for (int l = 0; l < cfg_.num_layers; ++l) {
-    Layer& L = layers_[l];
-    t0 = Clock::now();
-    for (int t = 0; t < T; ++t)
-      RmsNorm(&h[static_cast<size_t>(t) * H], L.input_norm.data(), H, cfg_.rms_norm_eps,
-              &x[static_cast<size_t>(t) * H]);
-    EXL3_RETURN_IF_ERROR(L.attention->Forward(x.data(), tokens, *cache_, d.data(), compute_));
-    AddInPlace(h.data(), d.data(), n);
-    for (int t = 0; t < T; ++t)
-      RmsNorm(&h[static_cast<size_t>(t) * H], L.post_attention_norm.data(), H, cfg_.rms_norm_eps,
-              &x[static_cast<size_t>(t) * H]);
-    times_.attention_s += Seconds(t0);
-    t0 = Clock::now();
-    if (L.dense_mlp) {
-      EXL3_RETURN_IF_ERROR(RunDenseMlp(*L.dense_mlp, x.data(), T, d.data()));
-      times_.dense_mlp_s += Seconds(t0);
-    } else {
-      EXL3_RETURN_IF_ERROR(moe_->Forward(l, x.data(), T, tokens.token_ids.data(), d.data()));
-      times_.moe_s += Seconds(t0);
+    for (MicroBatch& mb : mbs) {
+      EXL3_RETURN_IF_ERROR(FinishMoe(mb));
+      EXL3_RETURN_IF_ERROR(RunLayer(l, mb));
     }
-    AddInPlace(h.data(), d.data(), n);
   }
+  for (MicroBatch& mb : mbs) EXL3_RETURN_IF_ERROR(FinishMoe(mb));
 
   t0 = Clock::now();
-  const int rows = static_cast<int>(tokens.logit_tokens.size());
-  std::vector<float> last(static_cast<size_t>(rows) * H);
-  for (int r = 0; r < rows; ++r)
-    RmsNorm(&h[static_cast<size_t>(tokens.logit_tokens[r]) * H], final_norm_.data(), H,
-            cfg_.rms_norm_eps, &last[static_cast<size_t>(r) * H]);
-  EXL3_RETURN_IF_ERROR(head_.Forward(last.data(), rows, logits, compute_));
+  float* out = logits;
+  for (MicroBatch& mb : mbs) {
+    const int rows = static_cast<int>(mb.tokens.logit_tokens.size());
+    std::vector<float> last(static_cast<size_t>(rows) * H);
+    for (int r = 0; r < rows; ++r)
+      RmsNorm(&mb.h[static_cast<size_t>(mb.tokens.logit_tokens[r]) * H], final_norm_.data(), H,
+              cfg_.rms_norm_eps, &last[static_cast<size_t>(r) * H]);
+    EXL3_RETURN_IF_ERROR(head_.Forward(last.data(), rows, out, compute_));
+    out += static_cast<size_t>(rows) * cfg_.vocab_size;
+  }
   times_.head_s = Seconds(t0);
   return absl::OkStatus();
 }

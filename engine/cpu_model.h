@@ -31,6 +31,10 @@ namespace exl3::engine {
 struct CpuModelOptions {
   int num_threads = 0;       // 0: every hardware thread
   std::string served_name;   // empty: the directory's base name
+  // A step of two or more sequences runs as this many micro-batches (1 or 2) whose layers
+  // alternate: one's attention runs while the other's MoE call is out (MegaScale-Infer's
+  // ping-pong). It pays when the MoE runs elsewhere (workers); the tokens are the same either way.
+  int micro_batches = 1;
 };
 
 class CpuModel final : public ModelRunner {
@@ -56,10 +60,21 @@ class CpuModel final : public ModelRunner {
     std::optional<DenseMlp> dense_mlp;  // unset on MoE layers
   };
 
+  // One micro-batch's tokens and activations through the layers.
+  struct MicroBatch {
+    StepTokens tokens;
+    std::vector<float> h, x, d;       // residual stream, normed input, block output [T, hidden]
+    std::unique_ptr<MoeCall> pending;  // its MoE call in flight (declared last: waited first)
+  };
+
   CpuModel(ModelConfig cfg, int num_threads) : cfg_(std::move(cfg)), compute_(num_threads) {}
   absl::Status LoadWeights(const TensorSource& src);
   void Embed(const std::vector<int32_t>& token_ids, float* h) const;
   absl::Status RunDenseMlp(const DenseMlp& mlp, const float* x, int num_tokens, float* y);
+  // Attention half of layer l (norm, attention, residual, post-attention norm into mb.x), then
+  // the dense MLP, or the MoE call started (its result added by FinishMoe).
+  absl::Status RunLayer(int l, MicroBatch& mb);
+  absl::Status FinishMoe(MicroBatch& mb);
 
   ModelConfig cfg_;
   ModelInfo info_;
@@ -71,6 +86,7 @@ class CpuModel final : public ModelRunner {
   Linear head_;
   std::unique_ptr<MoeExecutor> moe_;
   std::unique_ptr<PagedKvCache> cache_;
+  int micro_batches_ = 1;
   StepPhaseTimes times_;
 };
 

@@ -4,10 +4,19 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "absl/status/status.h"
 
 namespace exl3::engine {
+
+// One MoE call in flight (MoeExecutor::Start). Wait returns its status once y holds the answer;
+// the caller waits before reading y or reusing x. Destroying a call waits for it too.
+class MoeCall {
+ public:
+  virtual ~MoeCall() = default;
+  virtual absl::Status Wait() = 0;
+};
 
 class MoeExecutor {
  public:
@@ -17,6 +26,11 @@ class MoeExecutor {
   // hash-routed layers).
   virtual absl::Status Forward(int layer, const float* x, int num_tokens, const int32_t* token_ids,
                                float* y) = 0;
+  // Starts the same call and returns before its answer where the work is elsewhere (workers),
+  // so the engine can run another micro-batch's attention meanwhile (engine/cpu_model.h). The
+  // default runs Forward at once.
+  virtual std::unique_ptr<MoeCall> Start(int layer, const float* x, int num_tokens,
+                                         const int32_t* token_ids, float* y);
 };
 
 }  // namespace exl3::engine

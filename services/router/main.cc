@@ -67,6 +67,9 @@ ABSL_FLAG(std::string, generate, "auto",
           "and only MoE layers in the directory, MoeRouter only)");
 ABSL_FLAG(std::string, served_model_name, "", "model name in DescribeModel (default: the directory's name)");
 ABSL_FLAG(int32_t, engine_threads, 0, "CPU threads of the model's forward pass (0: all)");
+ABSL_FLAG(int32_t, micro_batches, 0,
+          "run a step of two or more sequences as 1 or 2 micro-batches whose attention and MoE "
+          "calls alternate (2 hides the workers' round trip); 0: 2 with an expert map, else 1");
 ABSL_FLAG(int64_t, kv_cache_tokens, 16384, "KV cache capacity in tokens (allocated at start)");
 ABSL_FLAG(int64_t, kv_cache_bytes, 0, "KV cache capacity in bytes (overrides --kv-cache-tokens)");
 ABSL_FLAG(int32_t, block_size, 16, "tokens per KV cache block");
@@ -96,6 +99,7 @@ absl::StatusOr<std::unique_ptr<Generation>> StartGeneration(const std::string& m
   g.model_dir = model_dir;
   g.served_model_name = absl::GetFlag(FLAGS_served_model_name);
   g.threads = absl::GetFlag(FLAGS_engine_threads);
+  g.micro_batches = absl::GetFlag(FLAGS_micro_batches);
   g.inline_max_tokens = inline_max_tokens;
   g.default_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_generate_timeout_ms));
   engine::EngineOptions& e = g.engine;

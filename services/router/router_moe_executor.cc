@@ -9,6 +9,40 @@
 #include "services/client/moe_client.h"
 
 namespace exl3::router {
+namespace {
+
+// The router answers every request by its deadline at the latest, so Wait is bounded.
+class RouterMoeCall final : public engine::MoeCall {
+ public:
+  RouterMoeCall(float* y, size_t floats) : y_(y), floats_(floats) {}
+  absl::Status Wait() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+    return status_;
+  }
+  // On the thread that completes the request.
+  void Complete(absl::Status st, const pb::MoeLayerResponse* r, int hidden) {
+    std::vector<float> out;
+    if (st.ok() && r == nullptr) st = absl::InternalError("MoE request ended without an answer");
+    if (st.ok()) st = client::ResponseOutput(*r, hidden, &out);
+    if (st.ok() && out.size() != floats_) st = absl::InternalError("MoE answer of the wrong size");
+    if (st.ok()) std::memcpy(y_, out.data(), floats_ * sizeof(float));
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = st;
+    done_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  float* y_;
+  size_t floats_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  absl::Status status_;
+};
+
+}  // namespace
 
 RouterMoeExecutor::RouterMoeExecutor(MoeRouterService& service, int inline_max_tokens,
                                      int hidden_size, std::chrono::milliseconds timeout)
@@ -18,41 +52,33 @@ RouterMoeExecutor::RouterMoeExecutor(MoeRouterService& service, int inline_max_t
 
 RouterMoeExecutor::~RouterMoeExecutor() { (void)stream_->Close(); }
 
-absl::Status RouterMoeExecutor::Forward(int layer, const float* x, int T, const int32_t* token_ids,
-                                        float* y) {
+std::unique_ptr<engine::MoeCall> RouterMoeExecutor::Start(int layer, const float* x, int T,
+                                                          const int32_t* token_ids, float* y) {
   pb::MoeLayerRequest req = client::MakeLayerRequest(layer, x, T, hidden_, pb::DTYPE_FP32);
   // token_ids route hash-routed layers only (a routing source of their own); the families the
   // engine runs have none, so the router gates from the hidden states.
   (void)token_ids;
   req.set_timeout_us(static_cast<uint64_t>(timeout_.count()) * 1000);
-
-  struct Answer {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    absl::Status status;
-    std::vector<float> output;
-  };
-  auto answer = std::make_shared<Answer>();
+  auto call = std::make_shared<RouterMoeCall>(y, static_cast<size_t>(T) * hidden_);
   const int hidden = hidden_;
-  EXL3_RETURN_IF_ERROR(stream_->Send(req, [answer, hidden](absl::Status st,
-                                                           const pb::MoeLayerResponse* r) {
-    std::vector<float> out;
-    if (st.ok() && r != nullptr) st = client::ResponseOutput(*r, hidden, &out);
-    std::lock_guard<std::mutex> lock(answer->mu);
-    answer->status = st;
-    answer->output = std::move(out);
-    answer->done = true;
-    answer->cv.notify_one();
-  }));
-  // The router answers every request by its deadline at the latest.
-  std::unique_lock<std::mutex> lock(answer->mu);
-  answer->cv.wait(lock, [&] { return answer->done; });
-  EXL3_RETURN_IF_ERROR(answer->status);
-  if (answer->output.size() != static_cast<size_t>(T) * hidden_)
-    return absl::InternalError("MoE answer of the wrong size");
-  std::memcpy(y, answer->output.data(), answer->output.size() * sizeof(float));
-  return absl::OkStatus();
+  const absl::Status sent = stream_->Send(
+      req, [call, hidden](absl::Status st, const pb::MoeLayerResponse* r) { call->Complete(st, r, hidden); });
+  if (!sent.ok()) call->Complete(sent, nullptr, hidden);
+  // The callback holds the call too; a handle dropped unwaited still waits, so the answer never
+  // lands in a buffer its caller has freed.
+  struct Handle final : engine::MoeCall {
+    std::shared_ptr<RouterMoeCall> call;
+    ~Handle() override { (void)call->Wait(); }
+    absl::Status Wait() override { return call->Wait(); }
+  };
+  auto h = std::make_unique<Handle>();
+  h->call = std::move(call);
+  return h;
+}
+
+absl::Status RouterMoeExecutor::Forward(int layer, const float* x, int T, const int32_t* token_ids,
+                                        float* y) {
+  return Start(layer, x, T, token_ids, y)->Wait();
 }
 
 }  // namespace exl3::router

@@ -20,6 +20,9 @@ class RouterMoeExecutor final : public engine::MoeExecutor {
   ~RouterMoeExecutor() override;
   absl::Status Forward(int layer, const float* x, int num_tokens, const int32_t* token_ids,
                        float* y) override;
+  // Returns once the request is sent: the answer comes on the router's threads.
+  std::unique_ptr<engine::MoeCall> Start(int layer, const float* x, int num_tokens,
+                                         const int32_t* token_ids, float* y) override;
 
  private:
   std::unique_ptr<InProcessStream> stream_;

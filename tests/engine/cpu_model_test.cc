@@ -1,6 +1,6 @@
 // The CPU model's own consistency on a model of each family: the
-// same logits whether a prompt runs at once, in chunks or token by token, and whether sequences
-// run alone or batched together. (Agreement with transformers: transformers_conformance_test.cc.)
+// same logits whether a prompt runs at once, in chunks or token by token, whether sequences run
+// alone or batched together, and bit for bit the same when a step runs as two micro-batches. (Agreement with transformers: transformers_conformance_test.cc.)
 #include "engine/cpu_model.h"
 
 #include <cmath>
@@ -39,7 +39,7 @@ class CpuModelTest : public ::testing::TestWithParam<std::string> {
   }
 };
 
-TEST_P(CpuModelTest, ChunkedPrefillBatchingAndDecodeAgree) {
+TEST_P(CpuModelTest, ChunkedPrefillBatchingMicroBatchesAndDecodeAgree) {
   CpuModelOptions o;
   o.num_threads = 2;
   auto model = CpuModel::Open(ModelDir(GetParam()), o);
@@ -54,7 +54,17 @@ TEST_P(CpuModelTest, ChunkedPrefillBatchingAndDecodeAgree) {
   auto batched = testing::RunGreedy(**model, {b, a}, 8, /*chunk=*/7);
   ASSERT_TRUE(batched.ok()) << batched.status();
 
+  // The same step as two ping-pong micro-batches (in-process MoE: the same arithmetic per token).
+  CpuModelOptions two = o;
+  two.micro_batches = 2;
+  auto split_model = CpuModel::Open(ModelDir(GetParam()), two);
+  ASSERT_TRUE(split_model.ok()) << split_model.status();
+  auto split = testing::RunGreedy(**split_model, {b, a}, 8, /*chunk=*/7);
+  ASSERT_TRUE(split.ok()) << split.status();
+
   for (int i = 0; i <= 8; ++i) {
+    EXPECT_EQ((*split)[1][i], (*batched)[1][i]) << "step " << i;
+    EXPECT_EQ((*split)[0][i], (*batched)[0][i]) << "step " << i;
     for (float v : (*whole)[0][i]) ASSERT_TRUE(std::isfinite(v));
     EXPECT_LT(RelativeError((*by_token)[0][i], (*whole)[0][i]), 1e-5) << "step " << i;
     EXPECT_LT(RelativeError((*batched)[1][i], (*whole)[0][i]), 1e-5) << "step " << i;
