@@ -98,7 +98,9 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--engine-threads", type=int, default=0)
-    ap.add_argument("--modes", default="local,workers")
+    ap.add_argument("--modes", default="local,workers",
+                    help="local (experts in the router), workers (one exl3-worker), "
+                         "workers-mb1 (workers without the micro-batch ping-pong)")
     a = ap.parse_args()
     sys.path.insert(0, os.path.join(a.build, "python"))
     from exl3serve.v1 import exl3serve_pb2 as pb, exl3serve_pb2_grpc as pbg
@@ -114,7 +116,7 @@ def main():
     try:
         for mode in a.modes.split(","):
             extra = []
-            if mode == "workers":
+            if mode.startswith("workers"):
                 port = 50000 + os.getpid() % 10000
                 mp = os.path.join(work, "map.yaml")
                 with open(mp, "w") as f:
@@ -126,7 +128,7 @@ def main():
                      "--progress=false", "--mlock=false"], stdout=open(wlog, "w"),
                     stderr=subprocess.STDOUT))
                 wait_log(wlog, r"serving on ")
-                extra = ["--expert-map", mp]
+                extra = ["--expert-map", mp] + (["--micro-batches", "1"] if mode == "workers-mb1" else [])
             rlog = os.path.join(work, f"router-{mode}.log")
             procs.append(subprocess.Popen(
                 [os.path.join(a.build, "bin", "exl3-router"), "--model", model, "--listen",
@@ -145,8 +147,10 @@ def main():
                 overhead = d["schedule"] + d["sample"] + d["bookkeeping"]
                 step = d["forward"] + overhead
                 rows.append((mode, c, r, d, overhead / step if step else 0.0))
-            procs[-1].terminate()
-            procs[-1].wait(timeout=30)
+            for p in procs:
+                p.terminate()
+                p.wait(timeout=30)
+            procs = []
     finally:
         for p in procs:
             if p.poll() is None:
