@@ -55,6 +55,9 @@ ABSL_FLAG(int, worker_shm_mb, 8,
           "of it still go by gRPC); 0: gRPC only");
 ABSL_FLAG(int, shm_spin_us, 200,
           "how long a shared-memory reader spins for the worker's answer before sleeping");
+ABSL_FLAG(int32_t, worker_liveness_ms, 1500,
+          "a worker that answers no liveness probe (sent every quarter of this) and no request "
+          "for this long is marked down and its requests failed over (0: no probes)");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 
 namespace exl3::router {
@@ -107,6 +110,8 @@ int Main() {
   }
   copt.worker_shm_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_worker_shm_mb)) << 20;
   copt.shm_spin_us = absl::GetFlag(FLAGS_shm_spin_us);
+  copt.worker_liveness_ms = absl::GetFlag(FLAGS_worker_liveness_ms);
+  if (copt.worker_liveness_ms < 0) return Fail("--worker-liveness-ms must be >= 0");
   copt.worker_tls.ca_file = absl::GetFlag(FLAGS_worker_tls_ca);
   copt.worker_tls.cert_file = absl::GetFlag(FLAGS_worker_tls_cert);
   copt.worker_tls.key_file = absl::GetFlag(FLAGS_worker_tls_key);

@@ -43,6 +43,7 @@ absl::StatusOr<std::unique_ptr<RouterCore>> RouterCore::Create(const RouterCoreO
   popt.shared_expert_worker = ropt.shared_expert_worker;
   popt.shm_ring_bytes = o.worker_shm_bytes;
   popt.shm_spin_us = o.shm_spin_us;
+  popt.liveness_ms = o.worker_liveness_ms;
   popt.tls = o.worker_tls;
   if (popt.tls.cert_file.empty() != popt.tls.key_file.empty()) {
     return absl::InvalidArgumentError("--worker-tls-cert and --worker-tls-key go together");
