@@ -40,7 +40,9 @@ ABSL_FLAG(int32_t, inline_max_tokens, 64,
           "on the gRPC thread that read them; larger ones on the handler threads");
 ABSL_FLAG(int32_t, handler_threads, 2, "threads handling requests above --inline-max-tokens");
 ABSL_FLAG(int64_t, max_tokens, 65536, "most tokens accepted in one layer request");
-ABSL_FLAG(int32_t, max_message_bytes, 64 << 20, "gRPC message size limit (both directions)");
+ABSL_FLAG(int32_t, max_message_bytes, 64 << 20,
+          "largest request or answer, engine and worker side (above: RESOURCE_EXHAUSTED in-band; "
+          "gRPC's own limit on the engine stream is twice this)");
 ABSL_FLAG(int32_t, drain_grace_ms, 10000,
           "on SIGTERM: how long in-flight requests may take before the server stops");
 ABSL_FLAG(int32_t, reconnect_backoff_max_ms, 2000, "longest wait between worker reconnects");
@@ -136,8 +138,13 @@ int Main() {
   auto tls = svc::ServerTlsFromFlags();
   if (!tls.ok()) return Fail(std::string(tls.status().message()));
   scfg.tls = *tls;
-  scfg.max_receive_bytes = absl::GetFlag(FLAGS_max_message_bytes);
-  scfg.max_send_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  // gRPC's own limit is twice --max-message-bytes: a request (or answer) between the two is
+  // answered in-band with RESOURCE_EXHAUSTED by the service and the stream goes on
+  // (docs/protocol.md, "Streams, ids and errors").
+  const int hard = static_cast<int>(
+      std::min<int64_t>(2 * static_cast<int64_t>(absl::GetFlag(FLAGS_max_message_bytes)), INT32_MAX));
+  scfg.max_receive_bytes = hard;
+  scfg.max_send_bytes = hard;
   scfg.services = {&service};
   scfg.health_names = {"exl3serve.v1.MoeRouter"};
   auto server = svc::GrpcServer::Start(scfg);

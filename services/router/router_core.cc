@@ -13,6 +13,7 @@ absl::StatusOr<std::unique_ptr<RouterCore>> RouterCore::Create(const RouterCoreO
   if (o.expert_map_path.empty()) return absl::InvalidArgumentError("--expert-map FILE is required");
   std::unique_ptr<RouterCore> core(new RouterCore());
   core->opt_ = o;
+  core->opt_.router.max_message_bytes = o.max_message_bytes;
   const RouterOptions& ropt = core->opt_.router;
 
   // The model: config, router weights, shared experts; no routed experts.

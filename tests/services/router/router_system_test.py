@@ -495,8 +495,9 @@ class RouterSystemTest(unittest.TestCase):
             a.signal(signal.SIGCONT)
 
     def test_14_oversized_message(self):
-        # gRPC refuses a message over --max-message-bytes with RESOURCE_EXHAUSTED, ending that
-        # stream only; the next stream is served.
+        # gRPC refuses a message over twice --max-message-bytes with RESOURCE_EXHAUSTED, ending
+        # that stream only; the next stream is served. (Between the two limits the router answers
+        # in-band: router_protocol_test.)
         r = self.c.start_router(["--max-message-bytes", "200000"])
         cl = MoeRouterClient(r.address)
         try:
