@@ -569,7 +569,7 @@ void MoeRouterService::Handle(const std::shared_ptr<AnswerSink>& s, pb::MoeLayer
   if (req.timeout_us() > 0 || opt_.default_deadline_ms > 0) {
     c->has_deadline = true;
     c->deadline = t0 + (req.timeout_us() > 0
-                            ? std::chrono::microseconds(req.timeout_us())
+                            ? svc::RequestTimeout(req.timeout_us())
                             : std::chrono::microseconds(opt_.default_deadline_ms * 1000));
     std::weak_ptr<LayerCall> weak = c;
     const uint64_t budget_ms = Micros(t0, c->deadline) / 1000;
@@ -682,10 +682,16 @@ absl::Status MoeRouterService::Route(const pb::MoeLayerRequest& req, LayerCall& 
   if (static_cast<int>(has_logits) + has_topk + has_tokens > 1) {
     return absl::InvalidArgumentError("give at most one of router_logits, topk and token_ids");
   }
+  if (has_tokens && req.token_ids_size() != T) {
+    return absl::InvalidArgumentError(absl::StrCat("token_ids has ", req.token_ids_size(),
+                                                   " entries, hidden has ", T, " rows"));
+  }
   if (has_topk) {
     const pb::TopK& tk = req.topk();
-    if (tk.k() < 1 || tk.k() > std::min(E, 64)) {
-      return absl::InvalidArgumentError(absl::StrCat("topk.k is ", tk.k(), ", not in 1..", std::min(E, 64)));
+    // A token may use at most the model's top_k experts (the workers refuse more).
+    if (tk.k() < 1 || tk.k() > cfg_.top_k) {
+      return absl::InvalidArgumentError(absl::StrCat("topk.k is ", tk.k(), ", not in 1..",
+                                                     cfg_.top_k, " (the model's top_k)"));
     }
     const int64_t n = T * tk.k();
     if (tk.ids_size() != n || tk.weights_size() != n) {
@@ -738,10 +744,6 @@ absl::Status MoeRouterService::Route(const pb::MoeLayerRequest& req, LayerCall& 
   if (cfg_.IsHashRoutedLayer(L)) {
     if (!has_tokens) {
       return absl::InvalidArgumentError(absl::StrCat("layer ", L, " is hash-routed: token_ids required"));
-    }
-    if (req.token_ids_size() != T) {
-      return absl::InvalidArgumentError(absl::StrCat("token_ids has ", req.token_ids_size(),
-                                                     " entries, hidden has ", T, " rows"));
     }
     int64_t vocab = 0;
     const int32_t* table = model_.HashTable(L, &vocab);

@@ -4,12 +4,15 @@ own cluster (harness.Cluster: a holds experts 0-3 alone, b holds 4-7 with b2 its
 - a message that does not parse ends the Forward stream with INVALID_ARGUMENT saying why (router
   and worker), and a Describe request that does not parse is answered INVALID_ARGUMENT;
 - a request above --max-message-bytes (below gRPC's limit, twice that) and a request whose answer
-  would be above it are answered in-band with RESOURCE_EXHAUSTED, and the stream goes on.
+  would be above it are answered in-band with RESOURCE_EXHAUSTED, and the stream goes on;
+- timeout_us of 2^60 and more is clamped, not taken as expired;
+- topk.k above the model's top_k and token_ids of the wrong length are refused by the router.
 Run by ctest (EXL3_BUILD_DIR set)."""
 
 import os
 import sys
 import threading
+import time
 import unittest
 
 import grpc
@@ -126,6 +129,31 @@ class ProtocolTest(unittest.TestCase):
             self.assertEqual(s.submit_request(req).result(timeout=10).status.code, pb.OK)
             self.assertEqual(s.submit_request(topk_req([1, 5])).result(timeout=10).status.code,
                              pb.OK)
+
+    # ---- request fields ----
+
+    def test_huge_timeout_is_clamped(self):
+        _, _, client = self.cluster()
+        with client.stream() as s:
+            for t in (2 ** 60, 2 ** 63, 2 ** 64 - 1):
+                req = topk_req([0, 4])
+                req.timeout_us = t
+                r = s.submit_request(req).result(timeout=10)
+                self.assertEqual(r.status.code, pb.OK, f"timeout_us {t}: {r.status.message}")
+
+    def test_routing_fields_checked_by_router(self):
+        _, _, client = self.cluster()
+        with client.stream() as s:
+            r = s.submit_request(topk_req([0, 4, 5])).result(timeout=10)  # the model's top_k is 2
+            self.assertEqual(r.status.code, pb.INVALID_ARGUMENT, r.status.message)
+            self.assertIn("top_k", r.status.message)
+            self.assertNotIn("worker", r.status.message)
+            x = np.random.default_rng(4).standard_normal((2, HIDDEN)).astype(np.float32)
+            for n in (1, 3):  # layer 1 is not hash-routed: token_ids are still checked
+                r = s.submit_request(make_request(LAYER, x, token_ids=list(range(n)))) \
+                    .result(timeout=10)
+                self.assertEqual(r.status.code, pb.INVALID_ARGUMENT, r.status.message)
+                self.assertIn("token_ids", r.status.message)
 
 
 if __name__ == "__main__":
