@@ -763,7 +763,8 @@ absl::Status MoeRouterService::Route(const pb::MoeLayerRequest& req, LayerCall& 
 }
 
 void MoeRouterService::Dispatch(const std::shared_ptr<LayerCall>& c, std::vector<int32_t> rows,
-                                std::vector<int32_t> experts, std::vector<float> weights) {
+                                std::vector<int32_t> experts, std::vector<float> weights,
+                                int failed_worker) {
   WorkerPool& pool = *c->pool;
   std::set<int> failed, already;
   {
@@ -817,6 +818,8 @@ void MoeRouterService::Dispatch(const std::shared_ptr<LayerCall>& c, std::vector
                            " ", ExpertsText(missing), " (held by: ",
                            down.empty() ? "none" : absl::StrJoin(down, ", "), ")")));
   }
+  // Every expert of the failed share has another serving holder: a failover.
+  if (failed_worker >= 0 && metrics_) metrics_->Failover(pool.worker(failed_worker).name());
   // Group by worker: the rows each needs, and per row its (expert, weight) pairs.
   struct Part {
     std::vector<int32_t> rows, experts;
@@ -976,10 +979,7 @@ void MoeRouterService::OnPart(const std::shared_ptr<LayerCall>& c, int wi, uint6
   }
   absl::Status err = st.ok() ? svc::FromRequestStatus(resp->status()) : st;
   const absl::StatusCode code = err.code();
-  const bool retryable = code == absl::StatusCode::kUnavailable ||
-                         code == absl::StatusCode::kResourceExhausted ||
-                         code == absl::StatusCode::kCancelled || code == absl::StatusCode::kAborted;
-  if (!retryable) {
+  if (!svc::IsRetryable(code)) {
     if (code == absl::StatusCode::kDeadlineExceeded) {
       return Complete(c,
                       absl::DeadlineExceededError(absl::StrCat("layer ", c->layer, " request ",
@@ -1003,8 +1003,7 @@ void MoeRouterService::OnPart(const std::shared_ptr<LayerCall>& c, int wi, uint6
     c->last_failure = absl::StrCat("worker ", w.name(), " (", w.address(), ") failed with layer ",
                                    c->layer, " ", ExpertsText(experts), ": ", err.message());
   }
-  if (metrics_) metrics_->Failover(w.name());
-  Dispatch(c, std::move(rows), std::move(experts), std::move(weights));
+  Dispatch(c, std::move(rows), std::move(experts), std::move(weights), wi);
   PartDone(c);
 }
 

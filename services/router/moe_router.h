@@ -158,8 +158,10 @@ class MoeRouterService final
   // logits [T, E] = x [T, hidden] · router_w^T, split over the gate pool by blocks of experts.
   void ComputeLogits(const float* router_w, const float* x, int num_tokens, float* logits);
   // Groups (row, expert, weight) triples by chosen worker and sends; failures fail over.
+  // `failed_worker` >= 0: the triples are the share that worker failed (a failover, counted when
+  // other workers take all of it).
   void Dispatch(const std::shared_ptr<LayerCall>& c, std::vector<int32_t> rows,
-                std::vector<int32_t> experts, std::vector<float> weights);
+                std::vector<int32_t> experts, std::vector<float> weights, int failed_worker = -1);
   void OnPart(const std::shared_ptr<LayerCall>& c, int worker, uint64_t sub,
               std::vector<int32_t> rows, std::vector<int32_t> experts,
               std::vector<float> weights, absl::Status st, pb::ExpertResponse* resp);

@@ -103,6 +103,8 @@ void RouterCore::UpdateReady() {
     if (ready) {
       svc::LogInfo("ready: every routed expert%s has a serving worker",
                    shared_on_workers ? " and the shared expert" : "");
+    } else if (draining_) {
+      svc::LogWarning("not ready: draining (new requests are refused)");
     } else {
       svc::LogWarning("not ready: %d %s have no serving worker", unserved,
                       shared_on_workers ? "routed experts (and per-layer shared experts)"

@@ -6,14 +6,18 @@ own cluster (harness.Cluster: a holds experts 0-3 alone, b holds 4-7 with b2 its
 - a request above --max-message-bytes (below gRPC's limit, twice that) and a request whose answer
   would be above it are answered in-band with RESOURCE_EXHAUSTED, and the stream goes on;
 - timeout_us of 2^60 and more is clamped, not taken as expired;
-- topk.k above the model's top_k and token_ids of the wrong length are refused by the router.
-Run by ctest (EXL3_BUILD_DIR set)."""
+- topk.k above the model's top_k and token_ids of the wrong length are refused by the router;
+- exl3_router_failovers_total counts only failovers that happened, and the drain's log line says
+  it drains. Run by ctest (EXL3_BUILD_DIR set)."""
 
 import os
+import re
+import signal
 import sys
 import threading
 import time
 import unittest
+import urllib.request
 
 import grpc
 import numpy as np
@@ -34,6 +38,12 @@ def topk_req(ids, T=1, **kw):
     x = np.random.default_rng(T).standard_normal((T, HIDDEN)).astype(np.float32)
     return make_request(LAYER, x, topk_ids=np.array([ids] * T),
                         topk_weights=np.array([[0.5] * len(ids)] * T), **kw)
+
+
+def counter(text, name, **labels):
+    sel = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    m = re.search(rf"^{name}\{{{sel}\}} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
 
 
 class ProtocolTest(unittest.TestCase):
@@ -154,6 +164,32 @@ class ProtocolTest(unittest.TestCase):
                     .result(timeout=10)
                 self.assertEqual(r.status.code, pb.INVALID_ARGUMENT, r.status.message)
                 self.assertIn("token_ids", r.status.message)
+
+    # ---- metrics and logs ----
+
+    def test_failover_counted_only_when_it_happens(self):
+        c, r, client = self.cluster()
+        with client.stream() as s:
+            # Sub-requests in flight on a (no replica) and on b (b2 replicates it) when each dies.
+            for name, ids, code in (("a", [0, 1], pb.UNAVAILABLE), ("b", [4, 5], pb.OK)):
+                w = c.workers[name]
+                w.freeze()
+                futs = [s.submit_request(topk_req(ids)) for _ in range(4)]
+                time.sleep(0.3)
+                w.kill9()
+                for f in futs:
+                    self.assertEqual(f.result(timeout=10).status.code, code, name)
+        metrics = urllib.request.urlopen(f"http://{r.metrics}/metrics").read().decode()
+        self.assertEqual(counter(metrics, "exl3_router_failovers_total", worker="a"), 0)
+        self.assertGreaterEqual(counter(metrics, "exl3_router_failovers_total", worker="b"), 1)
+        # Drain: the log says so (not "0 routed experts have no serving worker").
+        c.start_worker("a")
+        c.start_worker("b")
+        wait_for(lambda: client.describe().state == pb.STATE_SERVING, 20, "router SERVING")
+        r.signal(signal.SIGTERM)
+        r.p.wait(timeout=20)
+        self.assertIn("not ready: draining", r.text())
+        self.assertNotIn("not ready: 0 ", r.text())
 
 
 if __name__ == "__main__":
