@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace exl3 {
@@ -94,12 +95,6 @@ class Reader {
   std::string source_;
   std::string arch_;
 };
-
-#define EXL3_RETURN_IF_ERROR(expr)         \
-  do {                                     \
-    const absl::Status _st = (expr);       \
-    if (!_st.ok()) return _st;             \
-  } while (0)
 
 std::string LayerPrefix(int layer) { return absl::StrCat("model.layers.", layer, "."); }
 
