@@ -567,6 +567,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
   }
   w->model_ = std::move(*model);
   w->fingerprint_ = w->model_->fingerprint();
+  if (!w->model_->fingerprint_covers_weights()) {
+    svc::LogWarning("%s", w->model_->UncoveredWeightsWarning().c_str());
+  }
 
   const MoeConfig& c = w->config_;
   ModelShape& sh = w->shape_;

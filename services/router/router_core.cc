@@ -26,6 +26,9 @@ absl::StatusOr<std::unique_ptr<RouterCore>> RouterCore::Create(const RouterCoreO
   if (!model.ok()) return model.status();
   core->model_ = std::move(*model);
   const MoeConfig& cfg = core->model_->config();
+  if (!core->model_->fingerprint_covers_weights()) {
+    svc::LogWarning("%s", core->model_->UncoveredWeightsWarning().c_str());
+  }
   svc::LogInfo("model %s: %s, %d MoE layers x %d experts (top-%d), fingerprint %s, loaded in %.2f s",
                o.model_dir.c_str(), cfg.architecture.c_str(), static_cast<int>(cfg.MoeLayers().size()),
                cfg.num_experts, cfg.top_k, core->model_->fingerprint().c_str(),
