@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
+#include "model/weight_digest.h"
 
 namespace exl3 {
 namespace {
@@ -77,15 +79,19 @@ absl::StatusOr<std::unique_ptr<Exl3Model>> Exl3Model::Open(const std::string& di
   if (!src.ok()) return src.status();
   m->src_ = std::move(*src);
 
-  // Fingerprint: config bytes, then every tensor's name, dtype and shape in name order.
+  // Fingerprint: config bytes, then every tensor's name, dtype and shape in name order, with the
+  // content digest recorded for it when the directory has them (model/weight_digest.h).
+  const std::vector<std::string> names = m->src_->Names();
+  EXL3_ASSIGN_OR_RETURN(std::optional<WeightDigests> digests, ReadWeightDigests(dir, names));
   Fnv a{0xcbf29ce484222325ull}, b{0x84222325cbf29ce4ull};
   a.Add(cfg_text);
   b.Add(cfg_text);
-  for (const std::string& name : m->src_->Names()) {
+  for (const std::string& name : names) {
     absl::StatusOr<const TensorInfo*> info = m->src_->Info(name);
     if (!info.ok()) return info.status();
-    const std::string line = absl::StrCat(name, " ", std::string(DTypeName((*info)->dtype)), " ",
-                                          ShapeStr((*info)->shape));
+    std::string line = absl::StrCat(name, " ", std::string(DTypeName((*info)->dtype)), " ",
+                                    ShapeStr((*info)->shape));
+    if (digests) absl::StrAppend(&line, " ", digests->find(name)->second);
     a.Add(line);
     b.Add(line);
   }
@@ -93,6 +99,9 @@ absl::StatusOr<std::unique_ptr<Exl3Model>> Exl3Model::Open(const std::string& di
   std::snprintf(hex, sizeof(hex), "%016llx%016llx", static_cast<unsigned long long>(a.h),
                 static_cast<unsigned long long>(b.h));
   m->fingerprint_ = hex;
+  m->fingerprint_covers_weights_ = digests.has_value();
+  // Every tensor this process reads from now on is checked against its recorded digest.
+  if (digests) m->src_->VerifyWith(std::move(*digests));
 
   const MoeConfig& c = m->config_;
   std::map<int, std::vector<int>> want;
@@ -125,6 +134,12 @@ absl::StatusOr<std::unique_ptr<Exl3Model>> Exl3Model::Open(const std::string& di
     if (!s.ok()) return s;
   }
   return m;
+}
+
+std::string Exl3Model::UncoveredWeightsWarning() const {
+  return absl::StrCat("model ", dir_, " records no weight digests (", kWeightDigestFile,
+                      "): its fingerprint does not tell other weights with the same config apart; "
+                      "run `exl3-tool digest --model ", dir_, "`");
 }
 
 absl::StatusOr<std::unique_ptr<Exl3Model::HeldExpert>> Exl3Model::LoadMlp(const std::string& gate,

@@ -7,7 +7,7 @@
 //   absl::StatusOr<std::unique_ptr<Exl3Model>> m = Exl3Model::Open("/models/glm-exl3", opt);
 //   absl::StatusOr<MoeLayerView> layer = (*m)->LayerView(3);
 //   MoeForwardReference(*layer, x, assignments, /*include_shared=*/true, y);
-//   (*m)->fingerprint();   // for Describe: identifies config + tensor names/shapes/dtypes
+//   (*m)->fingerprint();   // for Describe: config + tensor names/shapes/dtypes (+ content digests)
 //
 // Every held expert's gate/up/down and the shared expert are checked against the config
 // (hidden_size x moe_intermediate_size, down transposed); a missing tensor or a wrong shape gives an
@@ -48,8 +48,14 @@ class Exl3Model {
   const std::string& dir() const { return dir_; }
   const MoeConfig& config() const { return config_; }
   const TensorSource& tensors() const { return *src_; }
-  // Hex digest over config.json's bytes and every tensor's name, dtype and shape.
+  // Hex digest over config.json's bytes and every tensor's name, dtype and shape, and its content
+  // digest when the directory records them (weights.digest.json, model/weight_digest.h; each
+  // tensor read is then checked against its digest).
   const std::string& fingerprint() const { return fingerprint_; }
+  // The directory records content digests: the fingerprint tells other weights apart.
+  bool fingerprint_covers_weights() const { return fingerprint_covers_weights_; }
+  // What to log when it does not: the problem and the command that records the digests.
+  std::string UncoveredWeightsWarning() const;
 
   bool HoldsExpert(int layer, int expert) const { return Expert(layer, expert) != nullptr; }
   const ExpertMlp* Expert(int layer, int expert) const;  // null when not held
@@ -101,6 +107,7 @@ class Exl3Model {
   MoeConfig config_;
   std::unique_ptr<TensorSource> src_;
   std::string fingerprint_;
+  bool fingerprint_covers_weights_ = false;
   std::map<int, Layer> layers_;
 };
 

@@ -285,21 +285,52 @@ absl::StatusOr<const SafetensorsFile*> TensorSource::FileFor(std::string_view na
 
 bool TensorSource::Has(std::string_view name) const { return shard_of_.count(std::string(name)) > 0; }
 
+namespace {
+absl::Status NotInShard(std::string_view name, const std::string& path) {
+  return absl::DataLossError(absl::StrCat("the index places tensor '", std::string(name), "' in ",
+                                          path, ", which does not hold it"));
+}
+}  // namespace
+
 absl::StatusOr<TensorView> TensorSource::Get(std::string_view name) const {
   absl::StatusOr<const SafetensorsFile*> f = FileFor(name);
   if (!f.ok()) return f.status();
   absl::StatusOr<TensorView> v = (*f)->Get(name);
-  if (!v.ok()) {
-    return absl::DataLossError(absl::StrCat("the index places tensor '", std::string(name), "' in ",
-                                            (*f)->path(), ", which does not hold it"));
+  if (!v.ok()) return NotInShard(name, (*f)->path());
+  if (digests_) {
+    if (absl::Status st = Verify(*v); !st.ok()) return st;
   }
   return v;
 }
 
+absl::Status TensorSource::Verify(const TensorView& v) const {
+  const std::string& name = v.info->name;
+  {
+    std::lock_guard<std::mutex> lock(*mu_);
+    if (verified_.count(name)) return absl::OkStatus();
+  }
+  // Hashed outside the lock: loader threads read different tensors at once.
+  const std::string got = DigestBytes(v.data, v.size_bytes());
+  const auto want = digests_->find(name);
+  if (want == digests_->end() || want->second != got) {
+    return absl::DataLossError(absl::StrCat(
+        "tensor '", name, "' in ", v.file, " has content digest ", got, ", but ",
+        kWeightDigestFile, " records ", want == digests_->end() ? "none" : want->second,
+        ": the file changed after the model was written"));
+  }
+  std::lock_guard<std::mutex> lock(*mu_);
+  verified_.insert(name);
+  return absl::OkStatus();
+}
+
+void TensorSource::VerifyWith(WeightDigests digests) { digests_ = std::move(digests); }
+
 absl::StatusOr<const TensorInfo*> TensorSource::Info(std::string_view name) const {
-  absl::StatusOr<TensorView> v = Get(name);
-  if (!v.ok()) return v.status();
-  return v->info;
+  absl::StatusOr<const SafetensorsFile*> f = FileFor(name);
+  if (!f.ok()) return f.status();
+  const TensorInfo* info = (*f)->Find(name);
+  if (info == nullptr) return NotInShard(name, (*f)->path());
+  return info;
 }
 
 std::vector<std::string> TensorSource::Names() const {

@@ -7,6 +7,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/fp16.h"  // HalfBitsToFloat, BFloat16BitsToFloat, ...
+#include "model/weight_digest.h"
 
 namespace exl3 {
 
@@ -89,14 +92,22 @@ class TensorSource {
   bool Has(std::string_view name) const;
   absl::StatusOr<TensorView> Get(std::string_view name) const;
   std::vector<std::string> Names() const;  // sorted
+  // Name, dtype, shape and offsets; reads no tensor data.
   absl::StatusOr<const TensorInfo*> Info(std::string_view name) const;
+  // From now on Get checks each tensor's bytes, the first time it is read, against `digests`
+  // (model/weight_digest.h, one per tensor): DATA_LOSS naming the tensor, its file and both
+  // digests when they differ (the file changed after it was written).
+  void VerifyWith(WeightDigests digests);
 
  private:
   absl::StatusOr<const SafetensorsFile*> FileFor(std::string_view name) const;
+  absl::Status Verify(const TensorView& v) const;
   std::string dir_;
   std::map<std::string, std::string, std::less<>> shard_of_;  // tensor -> file path
   mutable std::map<std::string, std::unique_ptr<SafetensorsFile>> open_;
   mutable std::unique_ptr<std::mutex> mu_;
+  std::optional<WeightDigests> digests_;
+  mutable std::set<std::string, std::less<>> verified_;  // guarded by *mu_
 };
 
 // Tensor contents converted to fp32 (F16, BF16, F32, F64 accepted), checking the shape.

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"  // EXL3_RETURN_IF_ERROR, used with the CUDA macros below
 
 namespace exl3::cuda {
 
@@ -29,9 +30,3 @@ inline absl::Status CudaStatus(cudaError_t e, const char* what, const char* file
 
 // After a kernel launch: reports launch-configuration errors (not asynchronous faults).
 #define EXL3_CUDA_CHECK_LAUNCH(name) EXL3_CUDA_RETURN_IF_ERROR(cudaPeekAtLastError())
-
-#define EXL3_RETURN_IF_ERROR(expr)             \
-  do {                                         \
-    const absl::Status exl3_st_ = (expr);      \
-    if (!exl3_st_.ok()) return exl3_st_;       \
-  } while (0)

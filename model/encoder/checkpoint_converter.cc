@@ -18,6 +18,7 @@
 #include "model/encoder/safetensors_stream_writer.h"
 #include "model/moe_config.h"
 #include "model/safetensors.h"
+#include "model/weight_digest.h"
 #include "nlohmann/json.hpp"
 
 namespace exl3 {
@@ -405,6 +406,11 @@ absl::StatusOr<ConvertStats> ConvertCheckpoint(const std::string& input_dir,
     fs::copy_file(e.path(), out_dir / name, fs::copy_options::overwrite_existing, ec);
     if (ec) return absl::InternalError(absl::StrCat("cannot copy ", name, ": ", ec.message()));
   }
+
+  // The content digest of every output tensor (model/weight_digest.h): the model fingerprint
+  // covers the weights, and a loader finds a file changed after conversion.
+  s = WriteWeightDigests(out_dir.string());
+  if (!s.ok()) return s;
 
   // config.json last: its quantization_config marks a finished conversion.
   const int eb = BitsFor(options, true, false), db = BitsFor(options, true, true);

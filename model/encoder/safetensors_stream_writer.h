@@ -7,9 +7,9 @@
 //   SafetensorsStreamWriter w;
 //   w.Declare("a.trellis", DType::kI16, {8, 8, 32});
 //   w.AddMetadata("format", "pt");
-//   RETURN_IF_ERROR(w.Open(path));
-//   RETURN_IF_ERROR(w.Write("a.trellis", data, bytes));   // may be split over several calls
-//   RETURN_IF_ERROR(w.Finish());
+//   EXL3_RETURN_IF_ERROR(w.Open(path));
+//   EXL3_RETURN_IF_ERROR(w.Write("a.trellis", data, bytes));   // may be split over several calls
+//   EXL3_RETURN_IF_ERROR(w.Finish());
 #pragma once
 
 #include <cstdint>

@@ -31,6 +31,18 @@ absl::Status FromRequestStatus(const ::exl3serve::v1::RequestStatus& s) {
   return absl::Status(static_cast<absl::StatusCode>(ClampCode(s.code())), s.message());
 }
 
+bool IsRetryable(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kAborted:
+      return true;
+    default:
+      return false;
+  }
+}
+
 std::string StatusCodeName(absl::StatusCode code) {
   return absl::StatusCodeToString(static_cast<absl::StatusCode>(ClampCode(static_cast<int>(code))));
 }

@@ -23,6 +23,12 @@ absl::Status FromGrpcStatus(const grpc::Status& s);
 void SetRequestStatus(const absl::Status& s, ::exl3serve::v1::RequestStatus* out);
 absl::Status FromRequestStatus(const ::exl3serve::v1::RequestStatus& s);
 
+// Whether a sub-request that failed with `code` is sent again to another worker holding the same
+// experts (the router's failover): the worker could not take it (UNAVAILABLE: down, draining,
+// loading; RESOURCE_EXHAUSTED: queue full; ABORTED) or the stream to it was cut (CANCELLED).
+// Any other code is the request's own outcome and is returned as is.
+bool IsRetryable(absl::StatusCode code);
+
 // "OK", "CANCELLED", ..., "UNAUTHENTICATED" (the label value of the `code` metric label).
 std::string StatusCodeName(absl::StatusCode code);
 // All 17 canonical code names, for pre-registering metric series.

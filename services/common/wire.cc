@@ -1,5 +1,6 @@
 #include "services/common/wire.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -227,6 +228,11 @@ void EncodeTensor(const float* data, const std::vector<int64_t>& shape, pb::DTyp
       std::memcpy(p, data, n * 4);
       break;
   }
+}
+
+std::chrono::microseconds RequestTimeout(uint64_t timeout_us) {
+  constexpr uint64_t kYearUs = 365ull * 24 * 3600 * 1000000;
+  return std::chrono::microseconds(std::min(timeout_us, kYearUs));
 }
 
 }  // namespace exl3::svc

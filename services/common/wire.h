@@ -13,6 +13,7 @@
 // Policy (docs/protocol.md): non-finite inputs are rejected, never propagated.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -54,6 +55,10 @@ absl::Status DecodeMatrix(const pb::Tensor& t, std::string_view name, int64_t co
 // UNSPECIFIED means FP32).
 void EncodeTensor(const float* data, const std::vector<int64_t>& shape, pb::DType dtype,
                   pb::Tensor* out);
+
+// A request's timeout_us (> 0) as a duration, clamped to a year: a larger value (up to 2^64 - 1)
+// would overflow the steady clock's time_point and pass for a deadline already gone.
+std::chrono::microseconds RequestTimeout(uint64_t timeout_us);
 
 // Index of the first non-finite value among n floats, or -1.
 int64_t FirstNonFinite(const float* x, size_t n);

@@ -99,8 +99,7 @@ absl::StatusOr<std::shared_ptr<WorkRequest>> DecodeExpertRequest(pb::ExpertReque
   r->output_dtype = out_dtype;
   r->received = received;
   if (msg.timeout_us() > 0) {
-    const uint64_t us = std::min<uint64_t>(msg.timeout_us(), 365ull * 24 * 3600 * 1000000);
-    r->deadline = received + std::chrono::microseconds(us);
+    r->deadline = received + svc::RequestTimeout(msg.timeout_us());
   }
   r->ids.assign(msg.expert_ids().begin(), msg.expert_ids().end());
   r->weights.assign(msg.expert_weights().begin(), msg.expert_weights().end());

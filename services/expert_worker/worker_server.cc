@@ -9,6 +9,7 @@
 #include "grpcpp/grpcpp.h"
 #include "model/expert_map.h"
 #include "services/common/logging.h"
+#include "services/common/raw_message.h"
 #include "services/common/shm_channel.h"
 #include "services/common/status.h"
 #include "services/common/wire.h"
@@ -43,7 +44,7 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 // worker accepts it, a reader thread of this stream takes requests from the channel as OnReadDone
 // takes them from gRPC, and their answers go back through the channel when they fit. The channel
 // and the stream share fate: when either ends or breaks, both end.
-class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::ExpertResponse>,
+class StreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
                       public RequestSink,
                       public std::enable_shared_from_this<StreamReactor> {
  public:
@@ -57,7 +58,7 @@ class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::Expe
         dl < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
       stream_deadline_ = Clock::now() + (dl - std::chrono::system_clock::now());
     }
-    StartRead(&req_);
+    StartRead(&in_);
   }
 
   // RequestSink
@@ -137,6 +138,17 @@ class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::Expe
     if (!ok) {
       std::unique_lock<std::mutex> l(mu_);
       reads_done_ = true;
+      MaybeFinish(l);
+      return;
+    }
+    if (absl::Status st = svc::ParseRaw(&in_, &req_); !st.ok()) {
+      // Not a request: the stream is unusable. What it has in flight is dropped (the scheduler
+      // sees Cancelled()) and the stream ends with the reason.
+      std::unique_lock<std::mutex> l(mu_);
+      reads_done_ = true;
+      end_status_ = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 absl::StrCat(st.message(), "; the stream ends"));
+      cancelled_.store(true);
       MaybeFinish(l);
       return;
     }
@@ -279,7 +291,7 @@ class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::Expe
       // Backpressure: a client that does not read its answers stops being read from.
       read_paused_ = true;
     } else {
-      StartRead(&req_);
+      StartRead(&in_);
     }
   }
 
@@ -304,7 +316,7 @@ class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::Expe
     queue_.pop_front();
     if (ok && read_paused_ && !finished_ && ids_.size() + queue_.size() < kMaxBacklog / 2) {
       read_paused_ = false;
-      StartRead(&req_);
+      StartRead(&in_);
     }
     if (!ok) {
       // The peer is gone: nothing more can be delivered.
@@ -318,7 +330,7 @@ class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::Expe
     if (!queue_.empty() && !finished_) {
       pb::ExpertResponse* next = queue_.front().get();
       l.unlock();
-      StartWrite(next);
+      WriteOne(*next);
       return;
     }
     writing_ = false;
@@ -371,14 +383,23 @@ class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::Expe
     writing_ = true;
     pb::ExpertResponse* first = queue_.front().get();
     l.unlock();
-    StartWrite(first);
+    WriteOne(*first);
+  }
+
+  // Starts writing `r`, the front of queue_ (by the one thread that set writing_).
+  void WriteOne(const pb::ExpertResponse& r) {
+    absl::Status st = svc::SerializeRaw(r, &wbuf_);
+    if (!st.ok()) svc::LogError("answer not sent: %s", std::string(st.message()).c_str());
+    StartWrite(&wbuf_);
   }
 
   // Calls Finish once the stream has nothing left to do. Unlocks `l` when it finishes.
   void MaybeFinish(std::unique_lock<std::mutex>& l) {
     if (finished_ || writing_) return;
     grpc::Status st;
-    if (cancelled_.load() || broken_) {
+    if (!end_status_.ok()) {
+      st = end_status_;
+    } else if (cancelled_.load() || broken_) {
       st = grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled");
     } else if (!ids_.empty() || !queue_.empty()) {
       return;  // answers still owed
@@ -400,7 +421,10 @@ class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::Expe
   WorkerServer* w_;
   grpc::CallbackServerContext* ctx_;
   Clock::time_point stream_deadline_ = Clock::time_point::max();
-  pb::ExpertRequest req_;
+  grpc::ByteBuffer in_;     // the read buffer
+  pb::ExpertRequest req_;   // in_ parsed
+  grpc::ByteBuffer wbuf_;   // the answer being written (queue_'s front), serialized
+  grpc::Status end_status_;  // guarded by mu_: why the stream ends early (a bad message), or OK
 
   std::mutex mu_;
   // In flight (accepted, not yet answered), with the queued request once the scheduler has it.
@@ -425,23 +449,27 @@ class StreamReactor : public grpc::ServerBidiReactor<pb::ExpertRequest, pb::Expe
 };
 
 // ------------------------------------------------------------------------------------------------
-class WorkerServer::Service : public pb::ExpertWorker::CallbackService {
+// Both methods read and write raw bytes (services/common/raw_message.h): a message that does not
+// parse is answered INVALID_ARGUMENT instead of passing for the end of the stream.
+class WorkerServer::Service
+    : public pb::ExpertWorker::WithRawCallbackMethod_Forward<
+          pb::ExpertWorker::WithRawCallbackMethod_Describe<pb::ExpertWorker::Service>> {
  public:
   explicit Service(WorkerServer* w) : w_(w) {}
 
-  grpc::ServerBidiReactor<pb::ExpertRequest, pb::ExpertResponse>* Forward(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Forward(
       grpc::CallbackServerContext* ctx) override {
     auto r = std::make_shared<StreamReactor>(w_, ctx);
     r->Begin();
     return r.get();
   }
 
-  grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* ctx, const pb::DescribeRequest*,
-                                     pb::DescribeResponse* resp) override {
-    w_->FillDescribe(resp);
-    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
-    r->Finish(grpc::Status::OK);
-    return r;
+  grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                     grpc::ByteBuffer* out) override {
+    return svc::AnswerUnaryRaw<pb::DescribeRequest, pb::DescribeResponse>(
+        ctx, in, out, [this](const pb::DescribeRequest&, pb::DescribeResponse* r) {
+          w_->FillDescribe(r);
+        });
   }
 
  private:
@@ -539,6 +567,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
   }
   w->model_ = std::move(*model);
   w->fingerprint_ = w->model_->fingerprint();
+  if (!w->model_->fingerprint_covers_weights()) {
+    svc::LogWarning("%s", w->model_->UncoveredWeightsWarning().c_str());
+  }
 
   const MoeConfig& c = w->config_;
   ModelShape& sh = w->shape_;

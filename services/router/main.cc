@@ -44,7 +44,9 @@ ABSL_FLAG(int32_t, inline_max_tokens, 64,
           "on the gRPC thread that read them; larger ones on the handler threads");
 ABSL_FLAG(int32_t, handler_threads, 2, "threads handling requests above --inline-max-tokens");
 ABSL_FLAG(int64_t, max_tokens, 65536, "most tokens accepted in one layer request");
-ABSL_FLAG(int32_t, max_message_bytes, 64 << 20, "gRPC message size limit (both directions)");
+ABSL_FLAG(int32_t, max_message_bytes, 64 << 20,
+          "largest request or answer, engine and worker side (above: RESOURCE_EXHAUSTED in-band; "
+          "gRPC's own limit on the engine stream is twice this)");
 ABSL_FLAG(int32_t, drain_grace_ms, 10000,
           "on SIGTERM: how long in-flight requests may take before the server stops");
 ABSL_FLAG(int32_t, reconnect_backoff_max_ms, 2000, "longest wait between worker reconnects");
@@ -59,6 +61,9 @@ ABSL_FLAG(int, worker_shm_mb, 8,
           "of it still go by gRPC); 0: gRPC only");
 ABSL_FLAG(int, shm_spin_us, 200,
           "how long a shared-memory reader spins for the worker's answer before sleeping");
+ABSL_FLAG(int32_t, worker_liveness_ms, 1500,
+          "a worker that answers no liveness probe (sent every quarter of this) and no request "
+          "for this long is marked down and its requests failed over (0: no probes)");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 // The engine (Generator service).
 ABSL_FLAG(std::string, generate, "auto",
@@ -163,6 +168,8 @@ int Main() {
   }
   copt.worker_shm_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_worker_shm_mb)) << 20;
   copt.shm_spin_us = absl::GetFlag(FLAGS_shm_spin_us);
+  copt.worker_liveness_ms = absl::GetFlag(FLAGS_worker_liveness_ms);
+  if (copt.worker_liveness_ms < 0) return Fail("--worker-liveness-ms must be >= 0");
   copt.worker_tls.ca_file = absl::GetFlag(FLAGS_worker_tls_ca);
   copt.worker_tls.cert_file = absl::GetFlag(FLAGS_worker_tls_cert);
   copt.worker_tls.key_file = absl::GetFlag(FLAGS_worker_tls_key);
@@ -205,8 +212,13 @@ int Main() {
   auto tls = svc::ServerTlsFromFlags();
   if (!tls.ok()) return Fail(std::string(tls.status().message()));
   scfg.tls = *tls;
-  scfg.max_receive_bytes = absl::GetFlag(FLAGS_max_message_bytes);
-  scfg.max_send_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  // gRPC's own limit is twice --max-message-bytes: a request (or answer) between the two is
+  // answered in-band with RESOURCE_EXHAUSTED by the service and the stream goes on
+  // (docs/protocol.md, "Streams, ids and errors").
+  const int hard = static_cast<int>(
+      std::min<int64_t>(2 * static_cast<int64_t>(absl::GetFlag(FLAGS_max_message_bytes)), INT32_MAX));
+  scfg.max_receive_bytes = hard;
+  scfg.max_send_bytes = hard;
   if (core) {
     scfg.services.push_back(&core->service());
     scfg.health_names.push_back("exl3serve.v1.MoeRouter");

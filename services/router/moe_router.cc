@@ -14,6 +14,7 @@
 #include "model/expert_map.h"
 #include "model/routing.h"
 #include "services/common/logging.h"
+#include "services/common/raw_message.h"
 #include "services/common/status.h"
 #include "services/common/wire.h"
 
@@ -136,7 +137,7 @@ void TaskQueue::Run() {
 //
 // gRPC's Start* calls never run reactions inline, so they are made under `mu`: that orders them
 // against Finish (no operation is started after it).
-class StreamState : public grpc::ServerBidiReactor<pb::MoeLayerRequest, pb::MoeLayerResponse>,
+class StreamState : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
                     public AnswerSink,
                     public std::enable_shared_from_this<StreamState> {
  public:
@@ -146,7 +147,7 @@ class StreamState : public grpc::ServerBidiReactor<pb::MoeLayerRequest, pb::MoeL
 
   void Begin() {
     std::lock_guard<std::mutex> l(mu);
-    StartRead(&req_);
+    StartRead(&in_);
   }
 
   // Queues an answer (any thread). With `erase_id`, the request also leaves `inflight` in the same
@@ -158,10 +159,18 @@ class StreamState : public grpc::ServerBidiReactor<pb::MoeLayerRequest, pb::MoeL
       MaybeFinish(l);
       return;
     }
+    // gRPC would end the whole stream for an answer over its send limit.
+    if (const size_t n = r.ByteSizeLong(); n > svc_->max_message_bytes()) {
+      pb::MoeLayerResponse e;
+      e.set_id(r.id());
+      e.set_layer(r.layer());
+      svc::SetRequestStatus(svc_->AnswerTooLarge(n), e.mutable_status());
+      r = std::move(e);
+    }
     out_.push_back(std::move(r));
     if (!writing_) {
       writing_ = true;
-      StartWrite(&out_.front());
+      WriteFrontLocked();
     }
   }
 
@@ -184,6 +193,20 @@ class StreamState : public grpc::ServerBidiReactor<pb::MoeLayerRequest, pb::MoeL
       MaybeFinish(l);
       return;
     }
+    if (absl::Status st = svc::ParseRaw(&in_, &req_); !st.ok()) {
+      // Not a request: the stream is unusable (its ids can no longer be trusted). Its requests in
+      // flight end (their work withdrawn) and the stream ends with the reason.
+      {
+        std::lock_guard<std::mutex> l(mu);
+        reads_done_ = true;
+        end_status_ = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                   absl::StrCat(st.message(), "; the stream ends"));
+      }
+      svc_->CancelStream(*this);
+      std::unique_lock<std::mutex> l(mu);
+      MaybeFinish(l);
+      return;
+    }
     svc_->Submit(shared_from_this(), req_);
     req_.Clear();
     std::lock_guard<std::mutex> l(mu);
@@ -192,7 +215,7 @@ class StreamState : public grpc::ServerBidiReactor<pb::MoeLayerRequest, pb::MoeL
     } else if (out_.size() >= kMaxQueued) {
       read_paused_ = true;  // resumed by OnWriteDone
     } else {
-      StartRead(&req_);
+      StartRead(&in_);
     }
   }
 
@@ -209,10 +232,10 @@ class StreamState : public grpc::ServerBidiReactor<pb::MoeLayerRequest, pb::MoeL
     }
     if (read_paused_ && !finished_ && out_.size() < kMaxQueued / 2) {
       read_paused_ = false;
-      StartRead(&req_);
+      StartRead(&in_);
     }
     if (!out_.empty() && !finished_) {
-      StartWrite(&out_.front());
+      WriteFrontLocked();
       return;
     }
     writing_ = false;
@@ -243,7 +266,8 @@ class StreamState : public grpc::ServerBidiReactor<pb::MoeLayerRequest, pb::MoeL
     if (finished_ || writing_) return;
     if (cancelled || broken_) {
       finished_ = true;
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled"));
+      Finish(!end_status_.ok() ? end_status_
+                               : grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled"));
       return;
     }
     if (!reads_done_ || handling_ > 0 || !inflight.empty() || !out_.empty()) return;
@@ -251,8 +275,18 @@ class StreamState : public grpc::ServerBidiReactor<pb::MoeLayerRequest, pb::MoeL
     Finish(grpc::Status::OK);
   }
 
+  // Starts writing out_.front() (under mu, writing_ set).
+  void WriteFrontLocked() {
+    absl::Status st = svc::SerializeRaw(out_.front(), &wbuf_);
+    if (!st.ok()) svc::LogError("answer not sent: %s", std::string(st.message()).c_str());
+    StartWrite(&wbuf_);
+  }
+
   MoeRouterService* const svc_;
-  pb::MoeLayerRequest req_;                  // the read buffer
+  grpc::ByteBuffer in_;                      // the read buffer
+  pb::MoeLayerRequest req_;                  // in_ parsed
+  grpc::ByteBuffer wbuf_;                    // guarded by mu: out_.front() serialized
+  grpc::Status end_status_;                  // guarded by mu: why the stream ends early, or OK
   std::deque<pb::MoeLayerResponse> out_;     // guarded by mu: front is being written while writing_
   bool writing_ = false;                     // guarded by mu
   bool reads_done_ = false;                  // guarded by mu
@@ -371,8 +405,14 @@ void MoeRouterService::FillIdentity(pb::ModelIdentity* id) const {
 }
 
 grpc::ServerUnaryReactor* MoeRouterService::Describe(grpc::CallbackServerContext* ctx,
-                                                     const pb::RouterDescribeRequest*,
-                                                     pb::RouterDescribeResponse* resp) {
+                                                     const grpc::ByteBuffer* req,
+                                                     grpc::ByteBuffer* out) {
+  return svc::AnswerUnaryRaw<pb::RouterDescribeRequest, pb::RouterDescribeResponse>(
+      ctx, req, out,
+      [this](const pb::RouterDescribeRequest&, pb::RouterDescribeResponse* r) { FillDescribe(r); });
+}
+
+void MoeRouterService::FillDescribe(pb::RouterDescribeResponse* resp) const {
   FillIdentity(resp->mutable_model());
   auto p = pool();
   if (p) {
@@ -405,12 +445,15 @@ grpc::ServerUnaryReactor* MoeRouterService::Describe(grpc::CallbackServerContext
   resp->set_state(draining_ ? pb::STATE_DRAINING
                   : (p && p->UnservedExperts() == 0) ? pb::STATE_SERVING
                                                      : pb::STATE_LOADING);
-  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
-  r->Finish(grpc::Status::OK);
-  return r;
 }
 
-grpc::ServerBidiReactor<pb::MoeLayerRequest, pb::MoeLayerResponse>* MoeRouterService::Forward(
+absl::Status MoeRouterService::AnswerTooLarge(size_t bytes) const {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the answer (up to ", bytes, " bytes) is over --max-message-bytes ", opt_.max_message_bytes,
+      ": split the request (fewer tokens) or ask for fp16/bf16 output"));
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MoeRouterService::Forward(
     grpc::CallbackServerContext*) {
   auto s = std::make_shared<StreamState>(this);
   {
@@ -515,13 +558,18 @@ void MoeRouterService::Handle(const std::shared_ptr<AnswerSink>& s, pb::MoeLayer
 
   absl::Status st = Route(req, *c);
   if (!st.ok()) return Complete(c, st);
+  // An upper bound of the answer's size: output, top-k ids (varints of at most 5 bytes) and
+  // weights, and 256 bytes for id, layer, status and timings.
+  const size_t answer_bytes = static_cast<size_t>(c->T) * c->H * svc::WireDTypeSize(c->out_dtype) +
+                              static_cast<size_t>(c->T) * c->k * 9 + 256;
+  if (answer_bytes > max_message_bytes()) return Complete(c, AnswerTooLarge(answer_bytes));
   c->t_gate_end = Clock::now();
   if (metrics_) metrics_->ObserveStage(c->layer, Stage::kGate, Secs(t0, c->t_gate_end));
 
   if (req.timeout_us() > 0 || opt_.default_deadline_ms > 0) {
     c->has_deadline = true;
     c->deadline = t0 + (req.timeout_us() > 0
-                            ? std::chrono::microseconds(req.timeout_us())
+                            ? svc::RequestTimeout(req.timeout_us())
                             : std::chrono::microseconds(opt_.default_deadline_ms * 1000));
     std::weak_ptr<LayerCall> weak = c;
     const uint64_t budget_ms = Micros(t0, c->deadline) / 1000;
@@ -596,6 +644,11 @@ void MoeRouterService::Handle(const std::shared_ptr<AnswerSink>& s, pb::MoeLayer
 }
 
 absl::Status MoeRouterService::Route(const pb::MoeLayerRequest& req, LayerCall& c) {
+  if (const size_t n = req.ByteSizeLong(); n > max_message_bytes()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the request is ", n, " bytes, over --max-message-bytes ", opt_.max_message_bytes,
+        ": split it into requests of fewer tokens"));
+  }
   if (!cfg_.IsMoeLayer(req.layer())) {
     const std::vector<int> ml = cfg_.MoeLayers();
     return absl::NotFoundError(absl::StrCat(
@@ -629,10 +682,16 @@ absl::Status MoeRouterService::Route(const pb::MoeLayerRequest& req, LayerCall& 
   if (static_cast<int>(has_logits) + has_topk + has_tokens > 1) {
     return absl::InvalidArgumentError("give at most one of router_logits, topk and token_ids");
   }
+  if (has_tokens && req.token_ids_size() != T) {
+    return absl::InvalidArgumentError(absl::StrCat("token_ids has ", req.token_ids_size(),
+                                                   " entries, hidden has ", T, " rows"));
+  }
   if (has_topk) {
     const pb::TopK& tk = req.topk();
-    if (tk.k() < 1 || tk.k() > std::min(E, 64)) {
-      return absl::InvalidArgumentError(absl::StrCat("topk.k is ", tk.k(), ", not in 1..", std::min(E, 64)));
+    // A token may use at most the model's top_k experts (the workers refuse more).
+    if (tk.k() < 1 || tk.k() > cfg_.top_k) {
+      return absl::InvalidArgumentError(absl::StrCat("topk.k is ", tk.k(), ", not in 1..",
+                                                     cfg_.top_k, " (the model's top_k)"));
     }
     const int64_t n = T * tk.k();
     if (tk.ids_size() != n || tk.weights_size() != n) {
@@ -686,10 +745,6 @@ absl::Status MoeRouterService::Route(const pb::MoeLayerRequest& req, LayerCall& 
     if (!has_tokens) {
       return absl::InvalidArgumentError(absl::StrCat("layer ", L, " is hash-routed: token_ids required"));
     }
-    if (req.token_ids_size() != T) {
-      return absl::InvalidArgumentError(absl::StrCat("token_ids has ", req.token_ids_size(),
-                                                     " entries, hidden has ", T, " rows"));
-    }
     int64_t vocab = 0;
     const int32_t* table = model_.HashTable(L, &vocab);
     if (table == nullptr) {
@@ -708,7 +763,8 @@ absl::Status MoeRouterService::Route(const pb::MoeLayerRequest& req, LayerCall& 
 }
 
 void MoeRouterService::Dispatch(const std::shared_ptr<LayerCall>& c, std::vector<int32_t> rows,
-                                std::vector<int32_t> experts, std::vector<float> weights) {
+                                std::vector<int32_t> experts, std::vector<float> weights,
+                                int failed_worker) {
   WorkerPool& pool = *c->pool;
   std::set<int> failed, already;
   {
@@ -762,6 +818,8 @@ void MoeRouterService::Dispatch(const std::shared_ptr<LayerCall>& c, std::vector
                            " ", ExpertsText(missing), " (held by: ",
                            down.empty() ? "none" : absl::StrJoin(down, ", "), ")")));
   }
+  // Every expert of the failed share has another serving holder: a failover.
+  if (failed_worker >= 0 && metrics_) metrics_->Failover(pool.worker(failed_worker).name());
   // Group by worker: the rows each needs, and per row its (expert, weight) pairs.
   struct Part {
     std::vector<int32_t> rows, experts;
@@ -921,10 +979,7 @@ void MoeRouterService::OnPart(const std::shared_ptr<LayerCall>& c, int wi, uint6
   }
   absl::Status err = st.ok() ? svc::FromRequestStatus(resp->status()) : st;
   const absl::StatusCode code = err.code();
-  const bool retryable = code == absl::StatusCode::kUnavailable ||
-                         code == absl::StatusCode::kResourceExhausted ||
-                         code == absl::StatusCode::kCancelled || code == absl::StatusCode::kAborted;
-  if (!retryable) {
+  if (!svc::IsRetryable(code)) {
     if (code == absl::StatusCode::kDeadlineExceeded) {
       return Complete(c,
                       absl::DeadlineExceededError(absl::StrCat("layer ", c->layer, " request ",
@@ -948,8 +1003,7 @@ void MoeRouterService::OnPart(const std::shared_ptr<LayerCall>& c, int wi, uint6
     c->last_failure = absl::StrCat("worker ", w.name(), " (", w.address(), ") failed with layer ",
                                    c->layer, " ", ExpertsText(experts), ": ", err.message());
   }
-  if (metrics_) metrics_->Failover(w.name());
-  Dispatch(c, std::move(rows), std::move(experts), std::move(weights));
+  Dispatch(c, std::move(rows), std::move(experts), std::move(weights), wi);
   PartDone(c);
 }
 

@@ -43,6 +43,9 @@ struct RouterOptions {
   // gRPC callback thread.
   int inline_max_tokens = 64;
   int handler_threads = 2;
+  // --max-message-bytes: a request above it, or one whose answer would be, is refused in-band
+  // with RESOURCE_EXHAUSTED (gRPC's own limit on the engine stream is twice this).
+  int64_t max_message_bytes = 64 << 20;
 };
 
 // A few threads running queued tasks in order of arrival.
@@ -107,7 +110,11 @@ class AnswerSink {
 // The MoeRouter service on gRPC's callback API: each Forward stream is a reactor (StreamState) whose
 // requests are handled on the thread that read them and whose answers are written by whichever
 // thread completes them (a worker stream's reaction, the deadline timer), with no thread of its own.
-class MoeRouterService final : public pb::MoeRouter::CallbackService {
+// Both methods read and write raw bytes (services/common/raw_message.h), so a message that does
+// not parse is answered with INVALID_ARGUMENT instead of passing for the end of the stream.
+class MoeRouterService final
+    : public pb::MoeRouter::WithRawCallbackMethod_Forward<
+          pb::MoeRouter::WithRawCallbackMethod_Describe<pb::MoeRouter::Service>> {
  public:
   MoeRouterService(const Exl3Model& model, const RouterOptions& opt, RouterMetrics* metrics);
   ~MoeRouterService() override;
@@ -120,13 +127,17 @@ class MoeRouterService final : public pb::MoeRouter::CallbackService {
   // Waits until no request is in flight or the timeout passes; true when idle.
   bool WaitIdle(std::chrono::milliseconds timeout);
 
-  grpc::ServerBidiReactor<pb::MoeLayerRequest, pb::MoeLayerResponse>* Forward(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Forward(
       grpc::CallbackServerContext* ctx) override;
-  grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* ctx,
-                                     const pb::RouterDescribeRequest* req,
-                                     pb::RouterDescribeResponse* resp) override;
+  grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                     grpc::ByteBuffer* resp) override;
+  // What Describe answers.
+  void FillDescribe(pb::RouterDescribeResponse* resp) const;
 
   void FillIdentity(pb::ModelIdentity* id) const;
+  size_t max_message_bytes() const { return static_cast<size_t>(opt_.max_message_bytes); }
+  // RESOURCE_EXHAUSTED for an answer of `bytes` bytes (over max_message_bytes()).
+  absl::Status AnswerTooLarge(size_t bytes) const;
 
   // One request (or a cancel message) of the stream whose answers go to `s`: what a Forward stream
   // does with each message it reads, also usable in-process. Requests of at most
@@ -147,8 +158,10 @@ class MoeRouterService final : public pb::MoeRouter::CallbackService {
   // logits [T, E] = x [T, hidden] · router_w^T, split over the gate pool by blocks of experts.
   void ComputeLogits(const float* router_w, const float* x, int num_tokens, float* logits);
   // Groups (row, expert, weight) triples by chosen worker and sends; failures fail over.
+  // `failed_worker` >= 0: the triples are the share that worker failed (a failover, counted when
+  // other workers take all of it).
   void Dispatch(const std::shared_ptr<LayerCall>& c, std::vector<int32_t> rows,
-                std::vector<int32_t> experts, std::vector<float> weights);
+                std::vector<int32_t> experts, std::vector<float> weights, int failed_worker = -1);
   void OnPart(const std::shared_ptr<LayerCall>& c, int worker, uint64_t sub,
               std::vector<int32_t> rows, std::vector<int32_t> experts,
               std::vector<float> weights, absl::Status st, pb::ExpertResponse* resp);

@@ -13,6 +13,7 @@ absl::StatusOr<std::unique_ptr<RouterCore>> RouterCore::Create(const RouterCoreO
   if (o.expert_map_path.empty()) return absl::InvalidArgumentError("--expert-map FILE is required");
   std::unique_ptr<RouterCore> core(new RouterCore());
   core->opt_ = o;
+  core->opt_.router.max_message_bytes = o.max_message_bytes;
   const RouterOptions& ropt = core->opt_.router;
 
   // The model: config, router weights, shared experts; no routed experts.
@@ -25,6 +26,9 @@ absl::StatusOr<std::unique_ptr<RouterCore>> RouterCore::Create(const RouterCoreO
   if (!model.ok()) return model.status();
   core->model_ = std::move(*model);
   const MoeConfig& cfg = core->model_->config();
+  if (!core->model_->fingerprint_covers_weights()) {
+    svc::LogWarning("%s", core->model_->UncoveredWeightsWarning().c_str());
+  }
   svc::LogInfo("model %s: %s, %d MoE layers x %d experts (top-%d), fingerprint %s, loaded in %.2f s",
                o.model_dir.c_str(), cfg.architecture.c_str(), static_cast<int>(cfg.MoeLayers().size()),
                cfg.num_experts, cfg.top_k, core->model_->fingerprint().c_str(),
@@ -43,6 +47,7 @@ absl::StatusOr<std::unique_ptr<RouterCore>> RouterCore::Create(const RouterCoreO
   popt.shared_expert_worker = ropt.shared_expert_worker;
   popt.shm_ring_bytes = o.worker_shm_bytes;
   popt.shm_spin_us = o.shm_spin_us;
+  popt.liveness_ms = o.worker_liveness_ms;
   popt.tls = o.worker_tls;
   if (popt.tls.cert_file.empty() != popt.tls.key_file.empty()) {
     return absl::InvalidArgumentError("--worker-tls-cert and --worker-tls-key go together");
@@ -101,6 +106,8 @@ void RouterCore::UpdateReady() {
     if (ready) {
       svc::LogInfo("ready: every routed expert%s has a serving worker",
                    shared_on_workers ? " and the shared expert" : "");
+    } else if (draining_) {
+      svc::LogWarning("not ready: draining (new requests are refused)");
     } else {
       svc::LogWarning("not ready: %d %s have no serving worker", unserved,
                       shared_on_workers ? "routed experts (and per-layer shared experts)"

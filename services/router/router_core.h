@@ -36,6 +36,9 @@ struct RouterCoreOptions {
   // Same-host workers: shared-memory channel per direction (0: gRPC only), its reader's spin.
   size_t worker_shm_bytes = 8 << 20;
   int shm_spin_us = 200;
+  // A worker silent this long (no liveness probe reply, no answer) is marked down and its
+  // sub-requests failed over (WorkerPoolOptions::liveness_ms); 0: no probes.
+  int worker_liveness_ms = 1500;
 };
 
 class RouterCore {

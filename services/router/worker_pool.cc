@@ -65,6 +65,16 @@ struct WorkerConn::Session : grpc::ClientBidiReactor<pb::ExpertRequest, pb::Expe
   std::shared_ptr<svc::ShmChannel> shm;  // guarded by mu: set once attached
   std::thread shm_reader;                // joined by RunSession after WaitDone
   std::atomic<bool> ending{false};       // OnDone ran or is running
+  std::string end_reason;                // guarded by mu: why the router ended it (End), or ""
+
+  // The router ends the session (the worker is silent): the pending sub-requests fail with `why`.
+  void End(const std::string& why) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (end_reason.empty()) end_reason = why;
+    }
+    ctx.TryCancel();
+  }
 
   bool IsOpen() {
     std::lock_guard<std::mutex> l(mu);
@@ -115,6 +125,7 @@ struct WorkerConn::Session : grpc::ClientBidiReactor<pb::ExpertRequest, pb::Expe
       p = std::move(it->second);
       pending.erase(it);
     }
+    conn->Heard();
     if (conn->metrics_) {
       conn->metrics_->Received(r.ByteSizeLong());
       conn->metrics_->WorkerRpc(conn->spec_.name,
@@ -171,8 +182,10 @@ struct WorkerConn::Session : grpc::ClientBidiReactor<pb::ExpertRequest, pb::Expe
   void OnDone(const grpc::Status& st) override {
     ending.store(true);
     std::unordered_map<uint64_t, Pending> failed;
+    std::string reason;
     {
       std::lock_guard<std::mutex> l(mu);
+      reason = end_reason;
       if (shm) shm->Close();  // wakes its reader, which returns
       open = false;
       closed = true;
@@ -183,10 +196,12 @@ struct WorkerConn::Session : grpc::ClientBidiReactor<pb::ExpertRequest, pb::Expe
     }
     watch_ctx->TryCancel();
     if (conn->metrics_) conn->metrics_->WorkerShm(conn->spec_.name, false);
-    conn->SetUp(false, absl::StrCat("Forward stream ended: ", st.error_message()));
+    if (reason.empty()) {
+      reason = st.ok() ? std::string("closed by the worker") : st.error_message();
+    }
+    conn->SetUp(false, absl::StrCat("Forward stream ended: ", reason));
     const absl::Status why = absl::UnavailableError(absl::StrCat(
-        "worker ", conn->spec_.name, " (", conn->spec_.address, ") stream ended: ",
-        st.ok() ? std::string("closed by the worker") : st.error_message()));
+        "worker ", conn->spec_.name, " (", conn->spec_.address, ") stream ended: ", reason));
     for (auto& [id, p] : failed) {
       conn->outstanding_.fetch_sub(1);
       p.cb(why, nullptr);
@@ -238,6 +253,58 @@ struct WorkerConn::HealthWatch : grpc::ClientReadReactor<grpc::health::v1::Healt
     std::unique_lock<std::mutex> l(mu);
     cv.wait(l, [&] { return done; });
     return why;
+  }
+  // Waits at most `d` for the watch to end: true (and *out = why) when it has.
+  bool WaitFor(Clock::duration d, std::string* out) {
+    std::unique_lock<std::mutex> l(mu);
+    if (!cv.wait_for(l, d, [&] { return done; })) return false;
+    *out = why;
+    return true;
+  }
+};
+
+// The liveness probe of one session: at most one grpc.health.v1 Check out at a time, on the
+// worker's channel (the connection the Forward stream uses), with the liveness bound as its
+// deadline. Any reply, SERVING or not, shows the worker's process runs and its connection carries
+// data; a frozen process or a lost network answers nothing.
+struct WorkerConn::Probe {
+  struct Call {
+    grpc::ClientContext ctx;
+    grpc::health::v1::HealthCheckRequest req;  // service "": the whole server
+    grpc::health::v1::HealthCheckResponse resp;
+  };
+  Probe(WorkerConn* c, grpc::health::v1::Health::Stub* h) : conn(c), health(h) {}
+  WorkerConn* const conn;  // outlives the probe's callback (Finish waits for it)
+  grpc::health::v1::Health::Stub* const health;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::shared_ptr<Call> out;  // guarded by mu: the Check in flight, or null
+  bool finished = false;      // guarded by mu: no new Check
+
+  // Sends a Check unless one is still out.
+  void Start(Clock::duration bound) {
+    std::shared_ptr<Call> call;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (finished || out) return;
+      out = call = std::make_shared<Call>();
+    }
+    call->ctx.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::duration_cast<std::chrono::system_clock::duration>(bound));
+    // Outside mu: the callback takes it (and a context cancelled before its call starts ends it).
+    health->async()->Check(&call->ctx, &call->req, &call->resp, [this, call](grpc::Status st) {
+      if (st.ok()) conn->Heard();
+      std::lock_guard<std::mutex> l2(mu);
+      out.reset();
+      cv.notify_all();
+    });
+  }
+  // Withdraws the Check out, if any, and waits for its callback.
+  void Finish() {
+    std::unique_lock<std::mutex> l(mu);
+    finished = true;
+    if (out) out->ctx.TryCancel();
+    cv.wait(l, [&] { return out == nullptr; });
   }
 };
 
@@ -450,7 +517,7 @@ absl::Status WorkerConn::RunSession() {
   health->async()->Watch(watch_ctx.get(), &watch->req, watch.get());
   watch->StartRead(&watch->resp);
   watch->StartCall();
-  const std::string why = watch->Wait();
+  const std::string why = opt_.liveness_ms > 0 ? WatchLiveness(*session, *watch) : watch->Wait();
   SetUp(false, why);
   session->ctx.TryCancel();
   session->WaitDone();  // every pending sub-request has had its callback
@@ -461,6 +528,34 @@ absl::Status WorkerConn::RunSession() {
     watch_ctx_.reset();
   }
   return absl::UnavailableError(why);
+}
+
+std::string WorkerConn::WatchLiveness(Session& s, HealthWatch& watch) {
+  const auto bound = std::chrono::milliseconds(opt_.liveness_ms);
+  const auto tick = std::max<Clock::duration>(bound / 4, std::chrono::milliseconds(5));
+  auto health = grpc::health::v1::Health::NewStub(channel_);
+  Probe probe(this, health.get());
+  Heard();  // Describe has just answered
+  std::string why;
+  while (!watch.WaitFor(tick, &why)) {
+    const Clock::duration silent =
+        Clock::now() - Clock::time_point(Clock::duration(last_heard_ns_.load()));
+    if (silent > bound) {
+      why = absl::StrCat("no answer to liveness probes or requests for ",
+                         std::chrono::duration_cast<std::chrono::milliseconds>(silent).count(),
+                         " ms (worker frozen or unreachable; --worker-liveness-ms ",
+                         opt_.liveness_ms, ")");
+      // Down before the stream ends: the failovers of its sub-requests must not choose it again.
+      SetUp(false, why);
+      s.End(why);
+      watch.ctx->TryCancel();
+      watch.Wait();
+      break;
+    }
+    probe.Start(bound);
+  }
+  probe.Finish();
+  return why;
 }
 
 void WorkerConn::OfferShm(const std::shared_ptr<Session>& s, const pb::DescribeResponse& d) {

@@ -10,9 +10,13 @@
 //   pool->worker(i).Send(request, bytes, [](absl::Status s, ExpertResponse* r) {...}, &h);
 //   pool->worker(i).Cancel(h, pb::CANCEL_REASON_DEADLINE);   // no longer needed
 //
-// A worker is "up" while its Describe matched, its health is SERVING and its Forward stream is
-// open. When the stream breaks, every sub-request in flight on it gets its callback with
-// UNAVAILABLE (the router then fails over).
+// A worker is "up" while its Describe matched, its health is SERVING, its Forward stream is open
+// and it keeps answering: a liveness probe (a grpc.health.v1 Check with a short deadline, on the
+// worker's channel) runs every liveness_ms / 4 whatever the traffic and the transport, and a
+// worker from which neither a probe reply nor an answer came for liveness_ms (a frozen process, a
+// lost network) is marked down and its session ended. When the session ends, every sub-request
+// in flight on it gets its callback with UNAVAILABLE (the router then fails over); the worker
+// rejoins once its Describe answers again.
 //
 // With --shared-expert worker:NAME the shared expert is a pseudo expert of every MoE layer, id
 // num_experts (WorkerPool::shared_expert_id), held by NAME and by the other map workers marked
@@ -20,6 +24,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -60,6 +65,9 @@ struct WorkerPoolOptions {
   // per direction carries the Forward stream's messages; 0: gRPC only.
   size_t shm_ring_bytes = 8 << 20;
   int shm_spin_us = 200;  // how long the channel's reader spins for an answer before sleeping
+  // A worker silent this long (no liveness probe reply, no answer) is marked down; 0: no probes
+  // (only the stream, the health watch and gRPC keepalive detect a lost worker).
+  int liveness_ms = 1500;
 };
 
 // The map's workers that serve the shared expert under --shared-expert worker:NAME: NAME first,
@@ -79,6 +87,7 @@ class WorkerConn {
   // Identifies one sent sub-request (its stream and id), for Cancel.
   struct Session;
   struct HealthWatch;
+  struct Probe;
   struct SubHandle {
     std::weak_ptr<Session> session;
     uint64_t id = 0;  // 0: none
@@ -110,9 +119,15 @@ class WorkerConn {
   std::string transport() const;
 
  private:
+  using Clock = std::chrono::steady_clock;
   void Supervise();
   absl::Status RunSession();
   void SetUp(bool up, const std::string& why);
+  // While the health watch runs: probes the worker every liveness_ms / 4 and ends `s` when it has
+  // been silent for liveness_ms. Returns why the session ended.
+  std::string WatchLiveness(Session& s, HealthWatch& watch);
+  // The worker answered something (a probe, a sub-request): it is alive now.
+  void Heard() { last_heard_ns_.store(Clock::now().time_since_epoch().count()); }
   absl::Status CheckDescribe(const pb::DescribeResponse& d) const;
   // Offers `s` a shared-memory channel when the worker is on this host and takes it (see
   // SharedMemoryOffer); the stream works the same either way.
@@ -129,6 +144,7 @@ class WorkerConn {
   std::atomic<bool> cancel_supported_{false};  // from Describe
   std::atomic<bool> up_{false};
   std::atomic<int> outstanding_{0};
+  std::atomic<Clock::rep> last_heard_ns_{0};  // Heard(): steady clock ticks
   std::atomic<bool> stop_{false};
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -168,6 +168,65 @@ TEST(Exl3ModelTest, FingerprintTracksConfigAndShapes) {
   for (const auto& d : {a, b, c}) std::filesystem::remove_all(d);
 }
 
+TEST(Exl3ModelTest, FingerprintCoversRecordedWeightDigests) {
+  TestModelSpec spec;
+  spec.weight_digests = true;
+  const std::string a = Write("wd_a", spec);
+  const std::string a2 = Write("wd_a2", spec);
+  spec.seed = 2;  // same config and shapes, other weights
+  const std::string b = Write("wd_b", spec);
+  auto open = [](const std::string& d, Exl3ModelOptions o = {}) { return Exl3Model::Open(d, o); };
+  absl::StatusOr<std::unique_ptr<Exl3Model>> ma = open(a), ma2 = open(a2), mb = open(b);
+  ASSERT_TRUE(ma.ok() && ma2.ok() && mb.ok());
+  EXPECT_TRUE((*ma)->fingerprint_covers_weights());
+  EXPECT_EQ((*ma)->fingerprint(), (*ma2)->fingerprint());
+  EXPECT_NE((*ma)->fingerprint(), (*mb)->fingerprint());
+  // A share (a worker's) and no share (the router's) agree without reading each other's tensors.
+  Exl3ModelOptions share;
+  share.experts = std::map<int, std::vector<int>>{{1, {0}}};
+  share.load_routers = false;
+  EXPECT_EQ((*open(a, share))->fingerprint(), (*ma)->fingerprint());
+  // Without weights.digest.json: the shape-only fingerprint of before.
+  std::filesystem::remove(a2 + "/" + kWeightDigestFile);
+  absl::StatusOr<std::unique_ptr<Exl3Model>> legacy = open(a2);
+  ASSERT_TRUE(legacy.ok()) << legacy.status();
+  EXPECT_FALSE((*legacy)->fingerprint_covers_weights());
+  EXPECT_NE((*legacy)->fingerprint(), (*ma)->fingerprint());
+  // Another directory's digests: refused, the file named.
+  std::filesystem::copy_file(b + "/" + kWeightDigestFile, a2 + "/" + kWeightDigestFile);
+  {
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(a2 + "/" + kWeightDigestFile));
+    j["tensors"].erase(j["tensors"].begin());
+    std::ofstream(a2 + "/" + kWeightDigestFile) << j.dump();
+  }
+  absl::StatusOr<std::unique_ptr<Exl3Model>> other = open(a2);
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find(kWeightDigestFile), std::string::npos) << other.status();
+  for (const auto& d : {a, a2, b}) std::filesystem::remove_all(d);
+}
+
+TEST(Exl3ModelTest, ChangedWeightFailsItsDigestCheckWhenRead) {
+  TestModelSpec spec;
+  spec.weight_digests = true;
+  const std::string dir = Write("wd_changed", spec);
+  // b's digests over a's tensors: every tensor read is refused, naming it and both digests.
+  spec.seed = 2;
+  const std::string other = Write("wd_other", spec);
+  std::filesystem::copy_file(other + "/" + kWeightDigestFile, dir + "/" + kWeightDigestFile,
+                             std::filesystem::copy_options::overwrite_existing);
+  Exl3ModelOptions share;
+  share.experts = std::map<int, std::vector<int>>{{1, {3}}};
+  share.load_routers = false;
+  share.load_shared_experts = false;
+  absl::StatusOr<std::unique_ptr<Exl3Model>> m = Exl3Model::Open(dir, share);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kDataLoss) << m.status();
+  EXPECT_NE(m.status().message().find("model.layers.1.mlp.experts.3."), std::string::npos)
+      << m.status();
+  EXPECT_NE(m.status().message().find("content digest"), std::string::npos) << m.status();
+  for (const auto& d : {dir, other}) std::filesystem::remove_all(d);
+}
+
 TEST(Exl3ModelTest, PackedSignsOpen) {
   TestModelSpec spec;
   spec.packed_signs = true;

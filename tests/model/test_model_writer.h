@@ -36,6 +36,8 @@ struct TestModelSpec {
   // trellis shape of one layer (return true after editing `shape`).
   std::function<bool(const std::string&)> skip;
   std::function<bool(const std::string&, std::vector<int64_t>&)> shape_override;
+  // Also write weights.digest.json (model/weight_digest.h), as exl3-tool quantize does.
+  bool weight_digests = false;
 };
 
 // The same layout as other families' config.json (Qwen3-Next: shared expert with gate; Mixtral:
@@ -143,6 +145,7 @@ class TestModelWriter {
       if (!st.ok()) return st;
     }
     std::ofstream(dir + "/model.safetensors.index.json") << index.dump(1);
+    if (s_.weight_digests) return WriteWeightDigests(dir);
     return absl::OkStatus();
   }
 

@@ -176,6 +176,7 @@ TEST_P(FamilyTest, MakeTestModelConvertsAndOpens) {
   ASSERT_TRUE(model.ok()) << model.status();
   const MoeConfig& c = (*model)->config();
   EXPECT_EQ(c.quant_method, "exl3");
+  EXPECT_TRUE((*model)->fingerprint_covers_weights());  // quantize recorded the digests
   const int L = sig ? 1 : 0;
   EXPECT_EQ((*model)->HeldExperts(L).size(), 4u);
   EXPECT_NE((*model)->RouterWeight(L), nullptr);
@@ -285,7 +286,10 @@ TEST(EncoderTools, QuantizeRestartsAndRefusesBadInput) {
   ASSERT_EQ(Tool("quantize --quiet --input " + dir + "/hf --output " + dir + "/q --bits 2", &err), 0);
   EXPECT_EQ(mtime, fs::last_write_time(dir + "/q/model-00001-of-00002.safetensors"));
   EXPECT_TRUE(fs::exists(dir + "/q/model-00002-of-00002.safetensors"));
-  ASSERT_TRUE(Exl3Model::Open(dir + "/q").ok());
+  // The digests cover the redone shard: every tensor reads back (a full open checks them all).
+  absl::StatusOr<std::unique_ptr<Exl3Model>> q = Exl3Model::Open(dir + "/q");
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_TRUE((*q)->fingerprint_covers_weights());
 
   // Unsupported architecture.
   fs::create_directories(dir + "/bad");
@@ -468,6 +472,13 @@ TEST(EncoderTools, SyntheticModelOpensWithRandomTrellis) {
   EXPECT_TRUE(fs::exists(dir + "/m/model-00002-of-00002.safetensors"));  // a shard per MoE layer
   std::string err;
   EXPECT_EQ(Tool("inspect --model " + dir + "/m", &err), 0) << err;
+  // Written without the converter: no digests until exl3-tool digest records them.
+  EXPECT_FALSE((*model)->fingerprint_covers_weights());
+  ASSERT_EQ(Tool("digest --model " + dir + "/m", &err), 0) << err;
+  auto digested = Exl3Model::Open(dir + "/m");
+  ASSERT_TRUE(digested.ok()) << digested.status();
+  EXPECT_TRUE((*digested)->fingerprint_covers_weights());
+  EXPECT_NE((*digested)->fingerprint(), (*model)->fingerprint());
 }
 
 }  // namespace

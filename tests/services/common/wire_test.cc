@@ -159,6 +159,29 @@ TEST(Status, OneMappingBothWays) {
   EXPECT_EQ(AllStatusCodeNames().size(), 17u);
 }
 
+TEST(Status, RetryableCodesAreTheWorkersRefusals) {
+  int retryable = 0;
+  for (int c = 0; c <= 16; ++c) retryable += IsRetryable(static_cast<absl::StatusCode>(c)) ? 1 : 0;
+  EXPECT_EQ(retryable, 4);
+  for (absl::StatusCode c : {absl::StatusCode::kUnavailable, absl::StatusCode::kResourceExhausted,
+                             absl::StatusCode::kCancelled, absl::StatusCode::kAborted}) {
+    EXPECT_TRUE(IsRetryable(c)) << StatusCodeName(c);
+  }
+  // The request's own outcome: the same answer from any worker.
+  EXPECT_FALSE(IsRetryable(absl::StatusCode::kInvalidArgument));
+  EXPECT_FALSE(IsRetryable(absl::StatusCode::kDeadlineExceeded));
+}
+
+TEST(Wire, RequestTimeoutIsClampedToAYear) {
+  EXPECT_EQ(RequestTimeout(1500).count(), 1500);
+  const int64_t year_us = 365ll * 24 * 3600 * 1000000;
+  for (uint64_t t : {uint64_t{1} << 60, ~uint64_t{0}}) {
+    EXPECT_EQ(RequestTimeout(t).count(), year_us);
+    // Added to now, it stays in the future (an overflow wrapped into the past).
+    EXPECT_GT(std::chrono::steady_clock::now() + RequestTimeout(t), std::chrono::steady_clock::now());
+  }
+}
+
 TEST(Server, LoopbackDetection) {
   EXPECT_TRUE(IsLoopbackAddress("127.0.0.1:50061"));
   EXPECT_TRUE(IsLoopbackAddress("localhost:1"));

@@ -16,6 +16,8 @@ ABSL_FLAG(int32_t, experts, 8, "routed experts per MoE layer");
 ABSL_FLAG(int32_t, top_k, 2, "experts per token");
 ABSL_FLAG(int32_t, shared, 1, "shared experts (0: none)");
 ABSL_FLAG(int32_t, seed, 1, "random seed");
+ABSL_FLAG(bool, weight_digests, true,
+          "write weights.digest.json (model/weight_digest.h): the fingerprint covers the weights");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("exl3-test-model DIR [--hidden H --inter I --layers L --experts E --top-k K]");
@@ -33,6 +35,7 @@ int main(int argc, char** argv) {
   s.top_k = absl::GetFlag(FLAGS_top_k);
   s.shared = absl::GetFlag(FLAGS_shared);
   s.seed = static_cast<uint32_t>(absl::GetFlag(FLAGS_seed));
+  s.weight_digests = absl::GetFlag(FLAGS_weight_digests);
   absl::Status st = exl3::testing::TestModelWriter(s).Write(args[1]);
   if (!st.ok()) {
     std::fprintf(stderr, "exl3-test-model: %s\n", std::string(st.message()).c_str());

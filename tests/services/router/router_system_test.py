@@ -98,7 +98,10 @@ class RouterSystemTest(unittest.TestCase):
         cls.addClassCleanup(cls.c.stop)  # also when setUpClass fails
         for n in ("a", "b", "b2"):
             cls.c.start_worker(n)
-        cls.r = cls.c.start_router(["--default-deadline-ms", "3000"])
+        # Tests here freeze worker a (SIGSTOP) to stall requests for their deadlines, drain and
+        # admission: a liveness bound above those stalls keeps a up meanwhile (a frozen worker
+        # marked down is router_liveness_test's subject).
+        cls.r = cls.c.start_router(["--default-deadline-ms", "3000", "--worker-liveness-ms", "6000"])
         cls.r.cluster = cls.c
         cls.client = MoeRouterClient(cls.r.address)
         wait_for(lambda: all(workers_up(cls.client).values()), 20, "all workers up")
@@ -107,6 +110,14 @@ class RouterSystemTest(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.client.close()
+
+    def thaw(self, w):
+        """SIGCONT for a worker frozen by a test, then waits until the router has it up again: one
+        frozen for longer than the router's liveness bound (--worker-liveness-ms) was marked down
+        and rejoins on its next Describe."""
+        w.signal(signal.SIGCONT)
+        name = next(n for n, p in self.c.workers.items() if p is w)
+        wait_for(lambda: workers_up(self.client)[name], 20, f"worker {name} up again")
 
     def restart_worker(self, name):
         old = self.c.workers.get(name)
@@ -225,10 +236,10 @@ class RouterSystemTest(unittest.TestCase):
                 r = s.submit_request(topk_req([5, 6], timeout_ms=0.001)).result(timeout=10)
                 self.assertEqual(r.status.code, pb.DEADLINE_EXCEEDED)
         finally:
-            a.signal(signal.SIGCONT)
+            self.thaw(a)
 
     def test_06_admission_control(self):
-        r2 = self.c.start_router(["--max-in-flight", "2"])
+        r2 = self.c.start_router(["--max-in-flight", "2", "--worker-liveness-ms", "6000"])
         r2.cluster = self.c
         cl = MoeRouterClient(r2.address)
         try:
@@ -248,7 +259,7 @@ class RouterSystemTest(unittest.TestCase):
                     self.assertEqual(s.submit_request(topk_req([4, 5])).result(timeout=10)
                                      .status.code, pb.OK)
             finally:
-                a.signal(signal.SIGCONT)
+                self.thaw(a)
         finally:
             cl.close()
             r2.stop()
@@ -343,7 +354,7 @@ class RouterSystemTest(unittest.TestCase):
                 if r.status.code == pb.INVALID_ARGUMENT:
                     self.assertIn("duplicate in-flight id 1", r.status.message)
         finally:
-            a.signal(signal.SIGCONT)
+            self.thaw(a)
         metrics = urllib.request.urlopen(f"http://{self.r.metrics}/metrics").read().decode()
         self.assertRegex(metrics, r'exl3_router_errors_total\{code="INVALID_ARGUMENT"\} [1-9]')
 
@@ -388,7 +399,7 @@ class RouterSystemTest(unittest.TestCase):
             wait_for(lambda: len(self.client.describe().workers) == 3, 5, "map restored")
 
     def test_10_drain_on_sigterm(self):
-        r3 = self.c.start_router(["--drain-grace-ms", "5000"])
+        r3 = self.c.start_router(["--drain-grace-ms", "5000", "--worker-liveness-ms", "6000"])
         cl = MoeRouterClient(r3.address)
         a = self.c.workers["a"]
         try:
@@ -409,7 +420,7 @@ class RouterSystemTest(unittest.TestCase):
             r3.p.wait(timeout=10)
             self.assertEqual(r3.p.returncode, 0, r3.text())
         finally:
-            a.signal(signal.SIGCONT)
+            self.thaw(a)
             cl.close()
             r3.stop()
 
@@ -492,11 +503,12 @@ class RouterSystemTest(unittest.TestCase):
                 for f in stuck:
                     self.assertEqual(f.result(timeout=20).status.code, pb.DEADLINE_EXCEEDED)
         finally:
-            a.signal(signal.SIGCONT)
+            self.thaw(a)
 
     def test_14_oversized_message(self):
-        # gRPC refuses a message over --max-message-bytes with RESOURCE_EXHAUSTED, ending that
-        # stream only; the next stream is served.
+        # gRPC refuses a message over twice --max-message-bytes with RESOURCE_EXHAUSTED, ending
+        # that stream only; the next stream is served. (Between the two limits the router answers
+        # in-band: router_protocol_test.)
         r = self.c.start_router(["--max-message-bytes", "200000"])
         cl = MoeRouterClient(r.address)
         try:
