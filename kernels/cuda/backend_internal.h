@@ -51,8 +51,9 @@ inline constexpr int kGemvMaxRows = 48;
 int GemvKTilesPerUnit(int k, int n, int chunks, int sm_count);
 int GemvGrid(int sm_count);
 // k-slice length (16-row tiles) of the one-launch GEMV (dense_gemv_kernel.cuh) at bit width K for
-// `base_units` (row chunks x 128-column blocks) over k/16 tiles on sm_count SMs.
-int DenseGemvSliceTiles(int K, int k_tiles, long base_units, int sm_count);
+// chunks of `rows` rows (<= 8), `base_units` (row chunks x 128-column blocks) over k/16 tiles on
+// sm_count SMs.
+int DenseGemvSliceTiles(int K, int rows, int k_tiles, long base_units, int sm_count);
 int GemmGrid(int sm_count, long units);
 
 // Reference GEMM on one expert/linear: y[rows, n] (+)= A[rows, k] fp16 · W_inner (dequantised into

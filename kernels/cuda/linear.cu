@@ -234,23 +234,32 @@ std::atomic<int> g_dense_slice_override{0};
 }  // namespace
 void SetDenseGemvSliceOverride(int tiles) { g_dense_slice_override.store(tiles); }
 
-// Cost model, in warp k-steps, fitted to exl3-bench's k-slice sweep on an H200 (bench/results/h200.md):
-// an SM decodes at about the same rate with one block (8 warps) as with three, so a layer costs
-// the most units any SM runs times (the slice + about 3 k-steps of per-unit overhead: x load,
-// barriers, partial sums, atomics, arrival), plus about 3 per extra round of the persistent grid.
-// Ties go to the longer slice (fewer partial sums per output).
-int DenseGemvSliceTiles(int K, int k_tiles, long base_units, int sm_count) {
+// Cost models, in warp k-steps, fitted to exl3-bench's k-slice sweep on an H200 (bench/results/h200.md,
+// m = 1 and 8). A unit costs its slice plus about 3 k-steps (x transform, barriers, partial sums,
+// atomics, arrival). With one or two rows an SM decodes about as fast with one block (8 warps) as
+// with three, so a layer costs the most units any SM runs times that (plus about 3 per extra round
+// of the persistent grid); with more rows the per-unit chain is longer and three blocks per SM hide
+// it, so a layer costs the waves of three blocks per SM. Ties go to the longer slice (fewer partial
+// sums per output).
+int DenseGemvSliceTiles(int K, int rows, int k_tiles, long base_units, int sm_count) {
   const int most = std::min(k_tiles, DenseMaxSliceTiles(K));
   const int forced = g_dense_slice_override.load();
   if (forced > 0) return std::min(forced, most);
   const long grid = GemvGrid(sm_count);
+  // Work that fills every block slot even at the longest slice takes it: the sweep's best (or
+  // within 2 %) at all large shapes, where the models below rank the neighbours poorly.
+  const auto units_at = [&](int t) { return base_units * ((k_tiles + kDenseWarpsK * t - 1) / (kDenseWarpsK * t)); };
+  if (units_at(most) >= grid) return most;
   int best = 1;
   long best_cost = -1;
-  for (int t = 1; t <= most; ++t) {
-    const long units = base_units * ((k_tiles + kDenseWarpsK * t - 1) / (kDenseWarpsK * t));
+  // The lengths exl3-bench sweeps (1 for tiny k); 14 was slower than both 12 and 16 at every large
+  // shape of the sweep (not understood), 5, 7, 9, 11, 13 and 15 are unmeasured.
+  for (int t : {1, 2, 3, 4, 6, 8, 10, 12, 16}) {
+    if (t > most) break;
+    const long units = units_at(t);
     const long rounds = (units + grid - 1) / grid;
     const long per_sm = (units + sm_count - 1) / sm_count;
-    const long cost = per_sm * (t + 3) + 3 * (rounds - 1);
+    const long cost = rows <= 2 ? per_sm * (t + 3) + 3 * (rounds - 1) : (per_sm + 2) / 3 * (t + 3);
     if (best_cost < 0 || cost <= best_cost) {
       best = t;
       best_cost = cost;
@@ -352,7 +361,7 @@ absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float
     args.rows = m;
     args.k = k;
     args.n = n;
-    args.k_slice_tiles = DenseGemvSliceTiles(w.bits, k / 16, static_cast<long>(chunks) * col_blocks, s.sm_count);
+    args.k_slice_tiles = DenseGemvSliceTiles(w.bits, std::min(m, kGemvRows), k / 16, static_cast<long>(chunks) * col_blocks, s.sm_count);
     const int range = kDenseWarpsK * args.k_slice_tiles;
     const long units = static_cast<long>(chunks) * col_blocks * ((k / 16 + range - 1) / range);
     const int grid = static_cast<int>(std::min<long>(units, GemvGrid(s.sm_count)));
