@@ -4,6 +4,7 @@
 // preemption gives the same tokens; a prefix-cache hit gives the same tokens and reports them.
 #include <condition_variable>
 #include <map>
+#include <memory>
 #include <mutex>
 
 #include "engine/cpu_model.h"
@@ -46,6 +47,23 @@ std::vector<std::vector<int32_t>> Ints(const TensorSource& src, const char* pref
   return out;
 }
 
+GenerateParams Greedy32(const std::vector<int32_t>& prompt) {
+  GenerateParams g;
+  g.prompt = prompt;
+  g.max_tokens = 32;
+  g.ignore_eos = true;
+  g.sampling.temperature = 0;
+  return g;
+}
+
+std::unique_ptr<CpuModel> OpenFixtureModel() {
+  CpuModelOptions mo;
+  mo.num_threads = 2;
+  auto model = CpuModel::Open(kFixture, mo);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? std::move(*model) : nullptr;
+}
+
 class EngineCpuModelTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -58,25 +76,16 @@ class EngineCpuModelTest : public ::testing::Test {
   // each request's tokens in prompt order.
   std::vector<std::vector<int32_t>> RunAll(int kv_blocks, int64_t* preemptions,
                                            const std::vector<std::vector<int32_t>>& prompts) {
-    CpuModelOptions mo;
-    mo.num_threads = 2;
-    auto model = CpuModel::Open(kFixture, mo);
-    EXPECT_TRUE(model.ok()) << model.status();
     EngineOptions eo;
     eo.block_size = 4;
     eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, kv_blocks};
     eo.scheduler.max_num_batched_tokens = 24;  // several steps of chunked prefill
-    Engine engine(eo, std::move(*model));
+    Engine engine(eo, OpenFixtureModel());
     EXPECT_TRUE(engine.Start().ok());
     Results r;
     std::vector<uint64_t> ids;
     for (const std::vector<int32_t>& p : prompts) {
-      GenerateParams g;
-      g.prompt = p;
-      g.max_tokens = 32;
-      g.ignore_eos = true;
-      g.sampling.temperature = 0;
-      auto id = engine.Submit(g, r.Callback());
+      auto id = engine.Submit(Greedy32(p), r.Callback());
       EXPECT_TRUE(id.ok()) << id.status();
       ids.push_back(*id);
     }
@@ -110,21 +119,13 @@ TEST_F(EngineCpuModelTest, PreemptedSequencesGiveTheSameTokens) {
 }
 
 TEST_F(EngineCpuModelTest, PrefixCacheHitGivesTheSameTokens) {
-  CpuModelOptions mo;
-  mo.num_threads = 2;
-  auto model = CpuModel::Open(kFixture, mo);
-  ASSERT_TRUE(model.ok()) << model.status();
   EngineOptions eo;
   eo.block_size = 4;
   eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 256};
-  Engine engine(eo, std::move(*model));
+  Engine engine(eo, OpenFixtureModel());
   ASSERT_TRUE(engine.Start().ok());
   Results r;
-  GenerateParams g;
-  g.prompt = prompts_[3];  // 40 tokens
-  g.max_tokens = 32;
-  g.ignore_eos = true;
-  g.sampling.temperature = 0;
+  const GenerateParams g = Greedy32(prompts_[3]);  // 40 tokens
   auto first = engine.Submit(g, r.Callback());
   ASSERT_TRUE(first.ok());
   r.Wait(1);
