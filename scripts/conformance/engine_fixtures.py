@@ -177,8 +177,10 @@ def init_weights(model, gen, head_mix):
     and MoE move the logits a lot; norm weights 1 + N(0, 0.01), biases N(0, 0.01), correction
     biases N(0, 0.0025). lm_head = head_mix * embed[perm] + N(0, 1): the final hidden state still
     carries the current token's embedding, so each token leans towards a successor, by an amount
-    (head_mix, per family) tuned with the seed so that the greedy tokens keep a clear top1-top2
-    gap while many of them (reference.json: non_successor_steps) follow from the context."""
+    (head_mix, per family) tuned with the seed so that every greedy step keeps a clear top1-top2
+    gap in both variants. The price: few greedy tokens are decided by the context rather than by
+    the current token (reference.json: non_successor_steps); the logits of every position still
+    depend strongly on attention and MoE."""
     sd = dict(model.named_parameters())
     sd.update(dict(model.named_buffers()))
 
@@ -314,7 +316,9 @@ def record(family, model, prompts, successor, args, slack=1.0):
     for i, prompt in enumerate(prompts):
         ids = prompt.unsqueeze(0)
         with torch.no_grad():
-            gen = model.generate(ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+            # An explicit mask: generate() would otherwise mask prompt tokens equal to pad_token_id.
+            gen = model.generate(ids, attention_mask=torch.ones_like(ids),
+                                 max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
                                  do_sample=False, eos_token_id=None, pad_token_id=0)
         greedy = gen[0, len(prompt):]
         if len(greedy) != NEW_TOKENS:
