@@ -266,7 +266,9 @@ absl::StatusOr<ConvertStats> ConvertCheckpoint(const std::string& input_dir,
       }
     }
   }
-  const bool tied = cfg_json.value("tie_word_embeddings", false) == true;
+  const bool tied = cfg_json.contains("tie_word_embeddings") &&
+                    cfg_json["tie_word_embeddings"].is_boolean() &&
+                    cfg_json["tie_word_embeddings"].get<bool>();
   if (options.head_bits > 0 && info.count("lm_head.weight") == 0) {
     stats.kept_linears.push_back(
         tied ? "lm_head: none (tie_word_embeddings: the head is model.embed_tokens, kept as stored)"

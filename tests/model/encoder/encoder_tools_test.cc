@@ -23,11 +23,13 @@
 #include "model/routing.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "tests/model/encoder/relative_error.h"
 
 namespace exl3 {
 namespace {
 
 namespace fs = std::filesystem;
+using ::exl3::testing::DequantRelativeError;
 
 // A fresh directory per test process (other builds' ctest runs may share /tmp), removed at exit.
 std::string TempDir(const std::string& name) {
@@ -89,22 +91,6 @@ std::vector<double> Mlp(const std::vector<float>& g, const std::vector<float>& u
   std::vector<double> a = MatVec(g, x, inter), b = MatVec(u, x, inter);
   for (int i = 0; i < inter; ++i) a[i] = a[i] / (1.0 + std::exp(-a[i])) * b[i];
   return MatVec(d, a, static_cast<int>(x.size()));
-}
-
-// ‖W − Ŵ‖² / ‖W‖²: `v` dequantized ([in, out]) against `w_hf` ([out, in]).
-double DequantRelativeError(const Exl3LinearView& v, const std::vector<float>& w_hf) {
-  const int in = v.in_features, out = v.out_features;
-  std::vector<float> dense(static_cast<size_t>(in) * out);
-  DequantizeDense(v, dense.data());
-  double num = 0, den = 0;
-  for (int o = 0; o < out; ++o)
-    for (int i = 0; i < in; ++i) {
-      const double ref = w_hf[static_cast<size_t>(o) * in + i];
-      const double d = dense[static_cast<size_t>(i) * out + o] - ref;
-      num += d * d;
-      den += ref * ref;
-    }
-  return num / den;
 }
 
 TEST(EncoderTools, QuantizeTensorWritesAnExl3Layer) {
@@ -359,7 +345,7 @@ TEST(EncoderTools, QuantizeCoversAttentionDenseMlpAndHead) {
   {
     auto src = TensorSource::Open(dir + "/all");
     ASSERT_TRUE(src.ok());
-    for (const std::string& kept : {"model.embed_tokens.weight", "model.norm.weight",
+    for (const char* kept : {"model.embed_tokens.weight", "model.norm.weight",
                                     "model.layers.0.self_attn.q_proj.bias", "model.layers.1.mlp.gate.weight",
                                     "model.layers.1.mlp.gate.e_score_correction_bias"}) {
       EXPECT_TRUE((*src)->Has(kept)) << kept;

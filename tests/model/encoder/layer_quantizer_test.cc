@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "kernels/exl3_linear.h"
 #include "kernels/fp16.h"
+#include "tests/model/encoder/relative_error.h"
 
 namespace exl3 {
 namespace {
@@ -31,18 +32,8 @@ std::vector<float> RandomWeight(int out, int in, bool uneven, uint32_t seed) {
   return w;
 }
 
-double RelativeError(const std::vector<float>& w_hf, int out, int in, const QuantizedLayer& q) {
-  std::vector<float> dense(static_cast<size_t>(in) * out);
-  DequantizeDense(q.view(), dense.data());  // [in, out]
-  double num = 0, den = 0;
-  for (int o = 0; o < out; ++o)
-    for (int i = 0; i < in; ++i) {
-      const double ref = w_hf[static_cast<size_t>(o) * in + i];
-      const double d = dense[static_cast<size_t>(i) * out + o] - ref;
-      num += d * d;
-      den += ref * ref;
-    }
-  return num / den;
+double RelativeError(const std::vector<float>& w_hf, const QuantizedLayer& q) {
+  return ::exl3::testing::DequantRelativeError(q.view(), w_hf);
 }
 
 struct Case {
@@ -66,7 +57,7 @@ TEST_P(LayerQuantizerError, MatchesTilePrediction) {
   ASSERT_TRUE(q.ok()) << q.status();
   ASSERT_TRUE(ValidateLinear(q->view()).ok());
   EXPECT_EQ(q->trellis.size(), static_cast<size_t>(in / 16) * (out / 16) * 16 * c.bits);
-  const double rel = RelativeError(w, out, in, *q);
+  const double rel = RelativeError(w, *q);
   // The prediction: the tile MSE at unit scale, close to the Gaussian table's value.
   const double bound = std::pow(4.0, -c.bits);
   // (At high K the few values clipped by the codebook's range dominate, and vary with the
