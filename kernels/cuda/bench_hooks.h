@@ -21,4 +21,9 @@ absl::Status RunEmptyLaunch(int grid, StreamHandle stream);
 // LinearForward uses for m <= 48 (dense_gemv_kernel.cuh); 0 restores the cost model's choice.
 void SetDenseGemvSliceOverride(int tiles);
 
+// Forces the GEMV LinearForward runs for m <= 48 on the native path: 1 the one-launch
+// DenseGemvKernel, 2 the three launches (input transform, GroupedGemvKernel, output transform);
+// 0 restores the shape rule (UseDenseGemv, linear.cu).
+void SetGemvPathOverride(int path);
+
 }  // namespace exl3::cuda

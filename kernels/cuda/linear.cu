@@ -231,8 +231,31 @@ int GemvGrid(int sm_count) { return sm_count * 3; }
 
 namespace {
 std::atomic<int> g_dense_slice_override{0};
+std::atomic<int> g_gemv_path_override{0};
 }  // namespace
 void SetDenseGemvSliceOverride(int tiles) { g_dense_slice_override.store(tiles); }
+void SetGemvPathOverride(int path) { g_gemv_path_override.store(path); }
+
+// Which GEMV LinearForward runs for m <= kGemvMaxRows rows (native path): the one-launch
+// DenseGemvKernel or the three launches (input transform, GroupedGemvKernel, output transform).
+// Measured on an H200 (bench/results/h200.md, 2026-12-01, exl3-bench gemv): one launch wins at
+// m = 1 at every shape and at m = 8 at 4096x2048, 2048x4096 and 5120x2304 (k*n <= 11.8 M weights:
+// 9.3-11.9 against 11.2-14.6 us), and loses at m = 8 at 4096x14336 and 14336x4096 (58.7 M weights:
+// 35.2 / 37.9 against 30.0 / 31.1 us). Small layers are latency chains, where saving two launches
+// and the y round trip pays; at large ones with several rows the one-launch kernel's longer unit
+// (x transform and Hadamard per unit, shared-memory partial sums, atomics, arrival) costs more than
+// that saves (the cause is not measured apart). The crossing at several rows lies between those two
+// sizes (log-linear interpolation of the time ratios puts it near 29 M weights); the threshold sits
+// below it, at 4096x4096 (16.8 M), so that shapes near the crossing take the three launches, which
+// are never far behind there. m = 1 always takes the one launch.
+inline constexpr long kDenseGemvMaxWeightsMultiRow = 4096L * 4096L;
+
+static bool UseDenseGemv(int m, int k, int n) {
+  const int forced = g_gemv_path_override.load();
+  if (forced == 1) return true;
+  if (forced == 2) return false;
+  return m == 1 || static_cast<long>(k) * n <= kDenseGemvMaxWeightsMultiRow;
+}
 
 // Cost models, in warp k-steps, fitted to exl3-bench's k-slice sweep on an H200 (bench/results/h200.md,
 // m = 1 and 8). A unit costs its slice plus about 3 k-steps (x transform, barriers, partial sums,
@@ -343,7 +366,8 @@ absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   const int k = w.in_features, n = w.out_features;
   const Path p = ResolvePath(path, s.cc_major, "linear");
-  if (p == Path::kNative && m <= kGemvMaxRows) {
+  const bool gemv = p == Path::kNative && m <= kGemvMaxRows;
+  if (gemv && UseDenseGemv(m, k, n)) {
     // One launch: input transform, GEMV and output transform (dense_gemv_kernel.cuh).
     const int chunks = (m + kGemvRows - 1) / kGemvRows;
     const int col_blocks = n / kDenseBlockCols;
@@ -371,7 +395,8 @@ absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float
   }
   EXL3_RETURN_IF_ERROR(s.a.Reserve(static_cast<size_t>(m) * k * 2));
   __half* a = static_cast<__half*>(s.a.ptr);
-  EXL3_RETURN_IF_ERROR(LaunchInputTransform(x, m, k, w.suh, a, nullptr, n, stream));
+  // The three-launch GEMV accumulates into y with atomics: the input transform zeroes it.
+  EXL3_RETURN_IF_ERROR(LaunchInputTransform(x, m, k, w.suh, a, gemv ? y : nullptr, n, stream));
   if (p == Path::kReference) {
     if (!s.cublas) EXL3_RETURN_IF_ERROR(CublasStatus(cublasCreate(&s.cublas), "cublasCreate"));
     EXL3_RETURN_IF_ERROR(s.dequant.Reserve(static_cast<size_t>(k) * n * 2));
@@ -387,9 +412,15 @@ absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float
     q.rows = m;
     q.k = k;
     q.n = n;
-    const long units = static_cast<long>((m + kGemmBM - 1) / kGemmBM) * (n / 128);
-    EXL3_RETURN_IF_ERROR(DispatchGemm(w.bits, static_cast<int>(w.codebook), batch, GemmGrid(s.sm_count, units), stream));
-    EXL3_CUDA_CHECK_LAUNCH("GroupedGemmKernel");
+    if (gemv) {
+      q.k_tiles_per_unit = GemvKTilesPerUnit(k, n, (m + kGemvRows - 1) / kGemvRows, s.sm_count);
+      EXL3_RETURN_IF_ERROR(DispatchGemv(w.bits, static_cast<int>(w.codebook), batch, GemvGrid(s.sm_count), stream));
+      EXL3_CUDA_CHECK_LAUNCH("GroupedGemvKernel");
+    } else {
+      const long units = static_cast<long>((m + kGemmBM - 1) / kGemmBM) * (n / 128);
+      EXL3_RETURN_IF_ERROR(DispatchGemm(w.bits, static_cast<int>(w.codebook), batch, GemmGrid(s.sm_count, units), stream));
+      EXL3_CUDA_CHECK_LAUNCH("GroupedGemmKernel");
+    }
   }
   return LaunchOutputTransform(y, m, n, w.svh, w.bias, stream);
 }

@@ -102,11 +102,14 @@ void ParallelRows(int n, F fn) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// slice > 0 forces the one-launch GEMV's k-slice length (16-row tiles; bench_hooks.h).
+// slice > 0 forces the one-launch GEMV's k-slice length (16-row tiles; bench_hooks.h); gemv_path
+// 1 / 2 forces the one-launch / three-launch GEMV for m <= 48 (0: LinearForward's shape rule).
 void CheckLinear(int k, int n, int K, Codebook cb, const std::vector<int>& ms, bool bias,
-                 cuda::Workspace* ws, int slice = 0) {
+                 cuda::Workspace* ws, int slice = 0, int gemv_path = 0) {
   cuda::SetDenseGemvSliceOverride(slice);
-  const std::string slice_note = slice > 0 ? " slice=" + std::to_string(slice) : "";
+  cuda::SetGemvPathOverride(gemv_path);
+  const std::string slice_note = (slice > 0 ? " slice=" + std::to_string(slice) : "") +
+                                 (gemv_path == 1 ? " 1-launch" : gemv_path == 2 ? " 3-launch" : "");
   RandomLinear L(k, n, K, cb, g_seed++, bias);
   auto dev = cuda::DeviceLinear::Upload(L.view);
   OK(dev.status());
@@ -159,6 +162,7 @@ void CheckLinear(int k, int n, int K, Codebook cb, const std::vector<int>& ms, b
     CK(cudaFree(dy));
   }
   cuda::SetDenseGemvSliceOverride(0);
+  cuda::SetGemvPathOverride(0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -415,6 +419,9 @@ int Main(int argc, char** argv) {
         CheckLinear(256, 384, K, cb, {1, 8, 33, 130, 1024}, K % 2 == 1, &ws);
         CheckLinear(384, 256, K, cb, {5, 16, 48, 49}, false, &ws);
         CheckLinear(640, 1152, K, cb, {1, 3, 9}, K == 2, &ws, 1 + (K * 5) % 24);
+        // The three-launch GEMV (the shape rule's choice at large layers with m >= 2) at every K
+        // and codebook.
+        CheckLinear(640, 1152, K, cb, {1, 2, 9, 48}, K == 3, &ws, 0, 2);
       }
     if (big) {
       for (int K : {2, 3, 4}) {
@@ -431,6 +438,12 @@ int Main(int argc, char** argv) {
         CheckLinear(5120, 2304, K, K == 3 ? Codebook::k3Inst : Codebook::kMcg, {1, 8, 40}, false, &ws);
       }
       for (int slice : {1, 3, 7, 13, 24}) CheckLinear(5120, 2304, 2, Codebook::kMcg, {1, 6, 48}, true, &ws, slice);
+      // Both sides of the shape rule's threshold (4096x4096: one launch; 5120x5120: three at
+      // m >= 2), and the one-launch kernel forced where the rule now takes the three launches.
+      CheckLinear(4096, 4096, 2, Codebook::kMcg, {1, 2, 8, 32}, true, &ws);
+      CheckLinear(5120, 5120, 3, Codebook::kMcg, {1, 2, 8, 32}, false, &ws);
+      CheckLinear(4096, 14336, 2, Codebook::kMcg, {2, 8}, false, &ws, 0, 1);
+      CheckLinear(14336, 4096, 4, Codebook::kMul1, {8}, true, &ws, 0, 1);
     }
     MoeCase mixed{"mixed-K/cb+bias+limit", 256, 384, 16, 4, 4, 256, {2, Codebook::kMcg}, {3, Codebook::k3Inst},
                   {4, Codebook::kMul1}, {5, Codebook::kMcg}, {2, Codebook::kMul1}, {3, Codebook::kMcg}, 0.75f, true,

@@ -1,6 +1,6 @@
 // exl3-bench: speed of the EXL3 CUDA kernels against their floors, on the GPU machine.
 //   exl3-bench ceiling [--json FILE]   copy bandwidth, decode ceiling per codebook, cuBLAS fp16 rate
-//   exl3-bench gemv    [--json FILE]   dense GEMV (m = 1, 8) at model shapes, K = 2..4
+//   exl3-bench gemv    [--json FILE]   dense GEMV (m = 1..32; both paths) at model shapes, K = 2..4
 //   exl3-bench moe     [--json FILE] [--stack N]   fused MoE decode at GLM-5.3-Flash etc. shapes
 //   exl3-bench gemm    [--json FILE]   prefill GEMM and expert-grouped MoE prefill vs cuBLAS
 // Every figure: median over many timed replays (CUDA events, CUDA graphs of several calls on
@@ -175,9 +175,12 @@ void BenchGemv(const Ceilings& c) {
   struct Shape {
     int k, n;
   };
-  const Shape shapes[] = {{4096, 14336}, {14336, 4096}, {4096, 2048}, {2048, 4096}, {5120, 2304}};
-  std::printf("\n%-34s %9s %9s %9s %9s %7s %9s\n", "GEMV (LinearForward, one launch)", "native", "floor",
-              "bytes-fl", "decode-fl", "x floor", "reference");
+  // 4096x4096 and 5120x5120 bracket the shape rule's threshold (UseDenseGemv, kernels/cuda/linear.cu).
+  const Shape shapes[] = {{4096, 14336}, {14336, 4096}, {4096, 2048}, {2048, 4096},
+                          {5120, 2304},  {4096, 4096},  {5120, 5120}};
+  // native: what LinearForward chooses; 1-launch / 3-launch: each GEMV path forced (bench_hooks.h).
+  std::printf("\n%-34s %9s %9s %9s %9s %9s %9s %7s %9s\n", "GEMV (LinearForward)", "native", "1-launch",
+              "3-launch", "floor", "bytes-fl", "decode-fl", "x floor", "reference");
   {
     int sms = 0;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -190,12 +193,12 @@ void BenchGemv(const Ceilings& c) {
   cuda::Workspace ws;
   // EXL3_BENCH_FIRST_ONLY=1: only m=1 4096x14336 K=2 mcg (for profiling one configuration).
   const bool first_only = std::getenv("EXL3_BENCH_FIRST_ONLY") != nullptr;
-  for (int m : {1, 8}) {
+  for (int m : {1, 2, 4, 8, 16, 32}) {
     for (const Shape& s : shapes) {
       for (int K : {2, 3, 4}) {
         for (Codebook cb : {Codebook::kMcg, Codebook::k3Inst, Codebook::kMul1}) {
-          if (cb != Codebook::kMcg && !(K == 2 && s.k == 4096 && s.n == 14336)) continue;
-          if (m == 8 && K != 2) continue;
+          if (cb != Codebook::kMcg && !(K == 2 && s.k == 4096 && s.n == 14336 && (m == 1 || m == 8))) continue;
+          if (m != 1 && K != 2) continue;
           if (first_only && (m != 1 || s.n != 14336 || s.k != 4096 || K != 2 || cb != Codebook::kMcg)) continue;
           RandomLinear L(s.k, s.n, K, cb, 100 + K);
           // Rotate enough weight copies to exceed 4x the L2 (60 MB).
@@ -222,6 +225,15 @@ void BenchGemv(const Ceilings& c) {
           call(cuda::Path::kReference)(0);
           CK(cudaStreamSynchronize(g_stream));
           const double t = TimeMedian(call(cuda::Path::kNative), copies, 30);
+          cuda::SetGemvPathOverride(1);
+          call(cuda::Path::kNative)(0);  // grow the one-launch workspace outside capture
+          CK(cudaStreamSynchronize(g_stream));
+          const double t1 = TimeMedian(call(cuda::Path::kNative), copies, 30);
+          cuda::SetGemvPathOverride(2);
+          call(cuda::Path::kNative)(0);  // grow the three-launch workspace outside capture
+          CK(cudaStreamSynchronize(g_stream));
+          const double t3 = TimeMedian(call(cuda::Path::kNative), copies, 30);
+          cuda::SetGemvPathOverride(0);
           const double tr = TimeMedian(call(cuda::Path::kReference), copies, 10);
           const double bytes = wbytes + (s.k + s.n) * 2.0 + m * (s.k + s.n) * 4.0;
           const double fb = bytes / c.copy_bps, fd = double(s.k) * s.n / DecodeWps(c, cb);
@@ -229,18 +241,20 @@ void BenchGemv(const Ceilings& c) {
           char name[96];
           std::snprintf(name, sizeof name, "m=%d %5dx%-5d K=%d %-5s", m, s.k, s.n, K,
                         std::string(CodebookName(cb)).c_str());
-          std::printf("%-34s %7.1fus %7.1fus %7.1fus %7.1fus %6.2fx %7.1fus\n", name, t * 1e6, floor * 1e6, fb * 1e6,
-                      fd * 1e6, t / floor, tr * 1e6);
-          char js[512];
+          std::printf("%-34s %7.1fus %7.1fus %7.1fus %7.1fus %7.1fus %7.1fus %6.2fx %7.1fus\n", name, t * 1e6,
+                      t1 * 1e6, t3 * 1e6, floor * 1e6, fb * 1e6, fd * 1e6, t / floor, tr * 1e6);
+          char js[640];
           std::snprintf(js, sizeof js,
                         "{\"bench\":\"gemv\",\"m\":%d,\"k\":%d,\"n\":%d,\"K\":%d,\"codebook\":\"%s\",\"native_us\":%.2f,"
+                        "\"one_launch_us\":%.2f,\"three_launch_us\":%.2f,"
                         "\"floor_us\":%.2f,\"bytes_floor_us\":%.2f,\"decode_floor_us\":%.2f,\"reference_us\":%.2f}",
-                        m, s.k, s.n, K, std::string(CodebookName(cb)).c_str(), t * 1e6, floor * 1e6, fb * 1e6,
-                        fd * 1e6, tr * 1e6);
+                        m, s.k, s.n, K, std::string(CodebookName(cb)).c_str(), t * 1e6, t1 * 1e6, t3 * 1e6,
+                        floor * 1e6, fb * 1e6, fd * 1e6, tr * 1e6);
           Json(js);
-          // K = 2 MCG: the one-launch GEMV at forced k-slice lengths (the cost model's
-          // choice is the row above), to check the model against the device.
-          if (K == 2 && cb == Codebook::kMcg && !first_only) {
+          // K = 2 MCG, m = 1 and 8: the one-launch GEMV (forced) at forced k-slice lengths (the cost
+          // model's choice is the 1-launch column above), to check the model against the device.
+          if (K == 2 && cb == Codebook::kMcg && (m == 1 || m == 8) && !first_only) {
+            cuda::SetGemvPathOverride(1);
             std::printf("  k-slice sweep:");
             for (int slice : {2, 3, 4, 6, 8, 10, 12, 14, 16}) {
               cuda::SetDenseGemvSliceOverride(slice);
@@ -253,6 +267,7 @@ void BenchGemv(const Ceilings& c) {
               Json(js);
             }
             cuda::SetDenseGemvSliceOverride(0);
+            cuda::SetGemvPathOverride(0);
             std::printf("\n");
           }
           CK(cudaFree(dx));
