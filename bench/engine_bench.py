@@ -39,7 +39,8 @@ def wait_log(path, pattern, timeout=120):
 
 def phase_sums(metrics):
     text = urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5).read().decode()
-    out = {}
+    m = re.search(r'^exl3_engine_step_phase_seconds_count{phase="forward"} (\S+)$', text, re.M)
+    out = {"steps": float(m.group(1)) if m else 0.0}
     for p in PHASES:
         m = re.search(rf'^exl3_engine_step_phase_seconds_sum{{phase="{p}"}} (\S+)$', text, re.M)
         out[p] = float(m.group(1)) if m else 0.0
@@ -100,7 +101,7 @@ def main():
     ap.add_argument("--engine-threads", type=int, default=0)
     ap.add_argument("--modes", default="local,workers",
                     help="local (experts in the router), workers (one exl3-worker), "
-                         "workers-mb1 (workers without the micro-batch ping-pong)")
+                         "workers-mb2 (workers with the micro-batch ping-pong)")
     a = ap.parse_args()
     sys.path.insert(0, os.path.join(a.build, "python"))
     from exl3serve.v1 import exl3serve_pb2 as pb, exl3serve_pb2_grpc as pbg
@@ -128,7 +129,7 @@ def main():
                      "--progress=false", "--mlock=false"], stdout=open(wlog, "w"),
                     stderr=subprocess.STDOUT))
                 wait_log(wlog, r"serving on ")
-                extra = ["--expert-map", mp] + (["--micro-batches", "1"] if mode == "workers-mb1" else [])
+                extra = ["--expert-map", mp] + (["--micro-batches", "2"] if mode == "workers-mb2" else [])
             rlog = os.path.join(work, f"router-{mode}.log")
             procs.append(subprocess.Popen(
                 [os.path.join(a.build, "bin", "exl3-router"), "--model", model, "--listen",
@@ -143,7 +144,7 @@ def main():
                 before = phase_sums(metrics)
                 r = run_load(pb, stub, c, a.requests_per_stream, a.prompt_len, a.max_tokens, vocab)
                 after = phase_sums(metrics)
-                d = {p: after[p] - before[p] for p in PHASES}
+                d = {p: after[p] - before[p] for p in PHASES + ["steps"]}
                 overhead = d["schedule"] + d["sample"] + d["bookkeeping"]
                 step = d["forward"] + overhead
                 rows.append((mode, c, r, d, overhead / step if step else 0.0))
@@ -158,14 +159,16 @@ def main():
                 p.wait(timeout=30)
 
     print("| experts | streams | decode tok/s | TTFT p50 ms | ITL p50 ms | failed | attention | moe "
-          "| dense mlp | head | engine overhead |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| dense mlp | head | step µs | schedule / sample / bookkeeping µs | engine overhead |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for mode, c, r, d, ov in rows:
         fwd = d["forward"] or 1.0
         pct = lambda k: f"{100 * d[k] / fwd:.0f} %"  # noqa: E731
         print(f"| {mode} | {c} | {r['tok_s']:.1f} | {r['ttft_ms']:.1f} | {r['itl_ms']:.2f} | "
               f"{r['failed']} | {pct('attention')} | {pct('moe')} | {pct('dense_mlp')} | "
-              f"{pct('head')} | {100 * ov:.1f} % |")
+              f"{pct('head')} | {1e6 * (d['forward'] + d['schedule'] + d['sample'] + d['bookkeeping']) / max(d['steps'], 1):.0f} | "
+              f"{1e6 * d['schedule'] / max(d['steps'], 1):.0f} / {1e6 * d['sample'] / max(d['steps'], 1):.0f} / "
+              f"{1e6 * d['bookkeeping'] / max(d['steps'], 1):.0f} | {100 * ov:.1f} % |")
 
 
 if __name__ == "__main__":

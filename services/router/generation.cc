@@ -13,7 +13,10 @@ absl::StatusOr<std::unique_ptr<Generation>> Generation::Start(const GenerationOp
   engine::CpuModelOptions mo;
   mo.num_threads = o.threads;
   mo.served_name = o.served_model_name;
-  mo.micro_batches = o.micro_batches > 0 ? o.micro_batches : (router != nullptr ? 2 : 1);
+  // The CPU model shares its cores with the router's threads (and, on one host, the workers):
+  // measured on 2 cores, two micro-batches did not pay (bench/results/engine-cpu.md), so 1
+  // unless asked.
+  mo.micro_batches = o.micro_batches > 0 ? o.micro_batches : 1;
   std::unique_ptr<engine::MoeExecutor> moe;
   if (router != nullptr) {
     EXL3_ASSIGN_OR_RETURN(engine::ModelConfig cfg, engine::LoadModelConfig(o.model_dir));

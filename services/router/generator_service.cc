@@ -58,9 +58,9 @@ void SetFinish(const engine::FinishInfo& f, pb::GenerateResponse* out) {
 // engine never calls back into a deleted reactor.
 class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateResponse> {
  public:
-  GenerateReactor(engine::Engine& engine, grpc::CallbackServerContext* ctx,
+  GenerateReactor(engine::Engine& engine, TaskQueue& writer, grpc::CallbackServerContext* ctx,
                   const pb::GenerateRequest& req, std::chrono::milliseconds default_timeout)
-      : engine_(engine) {
+      : engine_(engine), writer_(writer) {
     SteadyClock::time_point deadline = SteadyClock::now() + default_timeout;
     if (req.timeout_us() > 0) {
       // Clamped to a day: larger values mean "no deadline" in practice and must not overflow.
@@ -122,12 +122,21 @@ class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateRespon
           break;
       }
     }
-    Advance();
+    // The write starts on the writer thread; Advance waits for that task (write_scheduled_), so
+    // the call cannot finish (and be deleted) while it is queued.
+    if (!writing_ && !write_scheduled_ && !finished_) {
+      write_scheduled_ = true;
+      writer_.Post([this] {
+        std::lock_guard<std::mutex> lock(mu_);
+        write_scheduled_ = false;
+        Advance();
+      });
+    }
   }
 
   // Under mu_: starts the next write, or finishes once the final event has been written.
   void Advance() {
-    if (writing_ || finished_) return;
+    if (writing_ || finished_ || write_scheduled_) return;
     if (has_pending_ && !client_gone_) {
       current_.Swap(&pending_);
       pending_.Clear();
@@ -144,8 +153,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateRespon
   }
 
   engine::Engine& engine_;
+  TaskQueue& writer_;
   std::mutex mu_;
   uint64_t request_id_ = 0;
+  bool write_scheduled_ = false;
   bool accepted_ = false;
   bool cancel_requested_ = false;
   bool writing_ = false;
@@ -187,7 +198,7 @@ GeneratorService::GeneratorService(engine::Engine& engine, GeneratorOptions opti
 
 grpc::ServerWriteReactor<pb::GenerateResponse>* GeneratorService::Generate(
     grpc::CallbackServerContext* ctx, const pb::GenerateRequest* req) {
-  return new GenerateReactor(engine_, ctx, *req, options_.default_timeout);
+  return new GenerateReactor(engine_, writer_, ctx, *req, options_.default_timeout);
 }
 
 grpc::ServerUnaryReactor* GeneratorService::DescribeModel(grpc::CallbackServerContext* ctx,

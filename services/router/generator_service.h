@@ -1,7 +1,9 @@
 // The Generator gRPC service (proto/exl3serve/v1/exl3serve.proto): Generate streams one request's
 // tokens from the engine (engine/engine.h); DescribeModel states the served model and the KV
 // capacity. One write in flight per call: tokens sampled while a write is pending are sent
-// together in the next message, so a slow client never holds the engine's loop.
+// together in the next message, so a slow client never holds the engine's loop; and writes are
+// started on the service's own writer thread, not on the engine's loop (a gRPC write costs tens
+// of microseconds, which the loop would otherwise pay per sequence per step).
 #pragma once
 
 #include <chrono>
@@ -9,6 +11,7 @@
 
 #include "engine/engine.h"
 #include "exl3serve/v1/exl3serve.grpc.pb.h"
+#include "services/router/moe_router.h"  // TaskQueue
 
 namespace exl3::router {
 
@@ -36,6 +39,7 @@ class GeneratorService final : public ::exl3serve::v1::Generator::CallbackServic
   engine::Engine& engine_;
   GeneratorOptions options_;
   std::atomic<bool> draining_{false};
+  TaskQueue writer_{1};  // starts the calls' writes
 };
 
 // The request's parameters in the engine's terms (no validation: Engine::Submit validates).

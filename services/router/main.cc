@@ -74,7 +74,8 @@ ABSL_FLAG(std::string, served_model_name, "", "model name in DescribeModel (defa
 ABSL_FLAG(int32_t, engine_threads, 0, "CPU threads of the model's forward pass (0: all)");
 ABSL_FLAG(int32_t, micro_batches, 0,
           "run a step of two or more sequences as 1 or 2 micro-batches whose attention and MoE "
-          "calls alternate (2 hides the workers' round trip); 0: 2 with an expert map, else 1");
+          "calls alternate (2 overlaps attention with the workers' round trip; it pays where "
+          "attention does not share cores with the workers); 0: 1");
 ABSL_FLAG(int64_t, kv_cache_tokens, 16384, "KV cache capacity in tokens (allocated at start)");
 ABSL_FLAG(int64_t, kv_cache_bytes, 0, "KV cache capacity in bytes (overrides --kv-cache-tokens)");
 ABSL_FLAG(int32_t, block_size, 16, "tokens per KV cache block");

@@ -1,6 +1,7 @@
 """The attention/router service end to end: exl3-router running a whole generated glm4_moe model
 and serving Generator, with the experts in its own process and with the experts on exl3-worker
-processes (a: experts 0-3 alone, b: 4-7, b2 a replica of b). Greedy tokens agree between the two,
+processes (a: experts 0-3 alone, b: 4-7, b2 a replica of b; two ping-pong micro-batches per step).
+Greedy tokens agree between the two,
 concurrent requests agree with requests alone, bad input gets its status, a cancelled call frees
 its sequence, a replicated worker killed mid-generation costs nothing and the only holder of
 experts killed fails the requests UNAVAILABLE without a hang."""
@@ -125,7 +126,8 @@ class GenerateSystemTest(unittest.TestCase):
         # One test: the workers are started once, and the faults run last.
         for name in ("a", "b", "b2"):
             self.c.start_worker(name)
-        r = self.c.start_router()
+        # Two micro-batches: the MoE calls of one go out while the other's attention runs.
+        r = self.c.start_router(extra=["--micro-batches", "2"])
         stub = pbg.GeneratorStub(grpc.insecure_channel(r.address))
         wait_for(lambda: stub.DescribeModel(pb.DescribeModelRequest(), timeout=2).experts ==
                  "workers" and generate(stub, [1], max_tokens=1), 30, "router with workers ready")
