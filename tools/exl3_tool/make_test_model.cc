@@ -19,7 +19,8 @@ constexpr char kUsage[] =
     "         [--shared S] [--dense-layers D] [--dense-intermediate I2] [--n-group G]\n"
     "         [--topk-group G2] [--routed-scaling-factor F] [--swiglu-limit L] [--vocab V]\n"
     "         [--bits K] [--expert-bits K] [--down-bits K] [--codebook 3inst|mcg|mul1]\n"
-    "         [--seed S] [--threads N] [--hf-only] [--hf-output DIR2] [--synthetic] [--quiet]\n"
+    "         [--quantize-all [--head-bits K]] [--seed S] [--threads N] [--hf-only]\n"
+    "         [--hf-output DIR2] [--synthetic] [--quiet]\n"
     "\n"
     "Writes a MoE model with random weights in the family's real tensor names and config.json\n"
     "(router weight, e_score_correction_bias for glm4_moe/deepseek_v3, shared experts, dense\n"
@@ -48,6 +49,8 @@ constexpr char kUsage[] =
     "  --down-bits     K of down projections (default: no override). Mixed widths, e.g. the\n"
     "                  demo's K=2 MCG with K=4 down: --bits 2 --down-bits 4 --codebook mcg\n"
     "  --codebook      3inst (default), mcg or mul1\n"
+    "  --quantize-all  quantize attention, dense MLPs (at --bits) and lm_head (at --head-bits,\n"
+    "                  default 6) too, as exl3-tool quantize does (default: experts only)\n"
     "  --seed          weights' seed (also the sign vectors'); default 1\n"
     "  --threads       encoder threads (default: all cores)\n"
     "  --quiet         no progress bar\n"
@@ -72,8 +75,8 @@ int Run(int argc, char** argv) {
                   {"arch", "output", "hf-output", "layers", "hidden", "experts", "top-k",
                    "intermediate", "shared", "dense-layers", "dense-intermediate", "n-group",
                    "topk-group", "routed-scaling-factor", "swiglu-limit", "vocab", "bits",
-                   "expert-bits", "down-bits", "codebook", "seed", "threads"},
-                  {"hf-only", "synthetic", "quiet"}, &err)) {
+                   "expert-bits", "down-bits", "codebook", "seed", "threads", "head-bits"},
+                  {"hf-only", "synthetic", "quiet", "quantize-all"}, &err)) {
     return Fail(kName, err);
   }
   if (args.help) {
@@ -87,7 +90,7 @@ int Run(int argc, char** argv) {
     const char* name;
     int* out;
   };
-  int bits = 4, expert_bits = 0, down_bits = 0, threads = 0;
+  int bits = 4, expert_bits = 0, down_bits = 0, threads = 0, head_bits = 6;
   for (IntFlag f : {IntFlag{"layers", &spec.layers}, {"hidden", &spec.hidden},
                     {"experts", &spec.experts}, {"top-k", &spec.top_k},
                     {"intermediate", &spec.intermediate}, {"shared", &spec.shared},
@@ -95,7 +98,7 @@ int Run(int argc, char** argv) {
                     {"dense-intermediate", &spec.dense_intermediate}, {"n-group", &spec.n_group},
                     {"topk-group", &spec.topk_group}, {"vocab", &spec.vocab}, {"bits", &bits},
                     {"expert-bits", &expert_bits}, {"down-bits", &down_bits},
-                    {"threads", &threads}}) {
+                    {"threads", &threads}, {"head-bits", &head_bits}}) {
     if (args.Has(f.name) && !args.GetInt(f.name, f.out, &err)) return Fail(kName, err);
   }
   for (auto [name, out] : {std::pair<const char*, float*>{"routed-scaling-factor", &spec.routed_scaling_factor},
@@ -107,7 +110,7 @@ int Run(int argc, char** argv) {
   if (args.Has("seed") && !absl::SimpleAtoi(args.Get("seed"), &spec.seed)) {
     return Fail(kName, "--seed must be a non-negative integer");
   }
-  for (int k : {bits, expert_bits, down_bits}) {
+  for (int k : {bits, expert_bits, down_bits, head_bits}) {
     if (k != 0 && (k < 1 || k > 8)) return Fail(kName, "bit widths must be in 1..8");
   }
   if (bits < 1) return Fail(kName, "--bits must be in 1..8");
@@ -153,11 +156,12 @@ int Run(int argc, char** argv) {
   co.seed = spec.seed;
   co.threads = threads;
   co.progress = progress;
-  // Test models serve experts: only the routed and shared experts are quantized, as before
-  // `exl3-tool quantize` quantized every linear by default.
-  co.quantize_attention = false;
-  co.quantize_dense_mlp = false;
-  co.head_bits = 0;
+  // By default only the routed and shared experts are quantized (the expert side's tests and the
+  // demo keep their models); --quantize-all converts every linear as `exl3-tool quantize` does.
+  const bool all = args.Bool("quantize-all");
+  co.quantize_attention = all;
+  co.quantize_dense_mlp = all;
+  co.head_bits = all ? head_bits : 0;
   absl::StatusOr<ConvertStats> st = ConvertCheckpoint(hf_dir, out, co);
   if (!st.ok()) return Fail(kName, std::string(st.status().message()));
   if (progress) {
