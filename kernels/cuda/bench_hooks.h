@@ -23,7 +23,11 @@ void SetDenseGemvSliceOverride(int tiles);
 
 // Forces the GEMV LinearForward runs for m <= 48 on the native path: 1 the one-launch
 // DenseGemvKernel, 2 the three launches (input transform, GroupedGemvKernel, output transform);
-// 0 restores the shape rule (UseDenseGemv, linear.cu).
+// 0 restores the rule (PlanDenseGemv, linear.cu).
 void SetGemvPathOverride(int path);
+
+// The GEMV path LinearForward's native path takes for m rows of a k x n layer of bit width K on
+// sm_count SMs: 1 one launch, 2 three launches, 0 neither (m > 48: the prefill GEMM). Overrides apply.
+int GemvPathFor(int m, int k, int n, int K, int sm_count);
 
 }  // namespace exl3::cuda

@@ -236,27 +236,6 @@ std::atomic<int> g_gemv_path_override{0};
 void SetDenseGemvSliceOverride(int tiles) { g_dense_slice_override.store(tiles); }
 void SetGemvPathOverride(int path) { g_gemv_path_override.store(path); }
 
-// Which GEMV LinearForward runs for m <= kGemvMaxRows rows (native path): the one-launch
-// DenseGemvKernel or the three launches (input transform, GroupedGemvKernel, output transform).
-// Measured on an H200 (bench/results/h200.md, 2026-12-01, exl3-bench gemv): one launch wins at
-// m = 1 at every shape and at m = 8 at 4096x2048, 2048x4096 and 5120x2304 (k*n <= 11.8 M weights:
-// 9.3-11.9 against 11.2-14.6 us), and loses at m = 8 at 4096x14336 and 14336x4096 (58.7 M weights:
-// 35.2 / 37.9 against 30.0 / 31.1 us). Small layers are latency chains, where saving two launches
-// and the y round trip pays; at large ones with several rows the one-launch kernel's longer unit
-// (x transform and Hadamard per unit, shared-memory partial sums, atomics, arrival) costs more than
-// that saves (the cause is not measured apart). The crossing at several rows lies between those two
-// sizes (log-linear interpolation of the time ratios puts it near 29 M weights); the threshold sits
-// below it, at 4096x4096 (16.8 M), so that shapes near the crossing take the three launches, which
-// are never far behind there. m = 1 always takes the one launch.
-inline constexpr long kDenseGemvMaxWeightsMultiRow = 4096L * 4096L;
-
-static bool UseDenseGemv(int m, int k, int n) {
-  const int forced = g_gemv_path_override.load();
-  if (forced == 1) return true;
-  if (forced == 2) return false;
-  return m == 1 || static_cast<long>(k) * n <= kDenseGemvMaxWeightsMultiRow;
-}
-
 // Cost models, in warp k-steps, fitted to exl3-bench's k-slice sweep on an H200 (bench/results/h200.md,
 // m = 1 and 8). A unit costs its slice plus about 3 k-steps (x transform, barriers, partial sums,
 // atomics, arrival). With one or two rows an SM decodes about as fast with one block (8 warps) as
@@ -290,6 +269,60 @@ int DenseGemvSliceTiles(int K, int rows, int k_tiles, long base_units, int sm_co
   }
   return best;
 }
+// Which GEMV LinearForward runs for m <= kGemvMaxRows rows (native path): the one-launch
+// DenseGemvKernel or the three launches (input transform, GroupedGemvKernel, output transform).
+// Read from exl3-bench gemv on an H200 (bench/results/h200.md, 2026-12-01, both paths forced in the
+// same run; m = 1, 2, 4, 8, 16, 32 at seven shapes), in terms of the one-launch configuration that
+// DenseGemvSliceTiles picks (slice t, units = row chunks x 128-column blocks x k-ranges):
+// - units <= SMs (one unit per SM: a latency chain): the one launch wins, 18-28 % (it saves two
+//   launches and the round trip of y through memory);
+// - t shorter than the longest slice (the cost model spread the work over more block slots): the
+//   one launch wins (0.70-0.98 of the three launches' time) or ties (1.01) in every measured case;
+// - otherwise, the longest slice with more units than SMs, the SMs run several of the longest
+//   units each: with up to kDenseGemvFullMachineMaxRows rows and every block slot filled (units >=
+//   the grid of 3 blocks per SM: 4096x14336 and 14336x4096 at m = 1, 2) the one launch still wins
+//   or ties (0.94-1.01); with more rows (m = 4-32 at those shapes,
+//   5120x5120 at m = 16, 32, 5120x2304 and 4096x4096 at m = 32: 1.01-1.38) or with units between the
+//   SM count and the grid (5120x5120 at m = 1, 2: 200 units on 132 SMs, 1.17-1.23) the three launches
+//   win. Why the longest units lose there is not measured apart (per unit: the x transform of 8 rows
+//   x 1024 k, shared-memory partial sums, atomics, arrival).
+// Unmeasured: K >= 7 (longest slice 8), other SM counts. A forced k-slice (SetDenseGemvSliceOverride)
+// or path (SetGemvPathOverride) overrides the rule.
+inline constexpr int kDenseGemvFullMachineMaxRows = 2;
+
+namespace {
+struct DenseGemvPlan {
+  int slice_tiles = 0;
+  long units = 0;
+  bool one_launch = false;
+};
+DenseGemvPlan PlanDenseGemv(int m, int k, int n, int K, int sm_count) {
+  const int chunks = (m + kGemvRows - 1) / kGemvRows;
+  const long base_units = static_cast<long>(chunks) * (n / kDenseBlockCols);
+  const int k_tiles = k / 16;
+  DenseGemvPlan p;
+  p.slice_tiles = DenseGemvSliceTiles(K, std::min(m, kGemvRows), k_tiles, base_units, sm_count);
+  const int range = kDenseWarpsK * p.slice_tiles;
+  p.units = base_units * ((k_tiles + range - 1) / range);
+  const int longest = std::min(k_tiles, DenseMaxSliceTiles(K));
+  const int forced = g_gemv_path_override.load();
+  if (forced == 1 || forced == 2) {
+    p.one_launch = forced == 1;
+  } else if (g_dense_slice_override.load() > 0) {
+    p.one_launch = true;
+  } else {
+    p.one_launch = p.slice_tiles < longest || p.units <= sm_count ||
+                   (m <= kDenseGemvFullMachineMaxRows && p.units >= GemvGrid(sm_count));
+  }
+  return p;
+}
+}  // namespace
+
+int GemvPathFor(int m, int k, int n, int K, int sm_count) {
+  if (m > kGemvMaxRows) return 0;
+  return PlanDenseGemv(m, k, n, K, sm_count).one_launch ? 1 : 2;
+}
+
 int GemmGrid(int sm_count, long units) { return static_cast<int>(std::min<long>(units, sm_count * 2L)); }
 
 absl::Status ReferenceGemm(cublasHandle_t h, const uint16_t* trellis, int k, int n, int K, int cb,
@@ -367,7 +400,8 @@ absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float
   const int k = w.in_features, n = w.out_features;
   const Path p = ResolvePath(path, s.cc_major, "linear");
   const bool gemv = p == Path::kNative && m <= kGemvMaxRows;
-  if (gemv && UseDenseGemv(m, k, n)) {
+  const DenseGemvPlan plan = gemv ? PlanDenseGemv(m, k, n, w.bits, s.sm_count) : DenseGemvPlan{};
+  if (gemv && plan.one_launch) {
     // One launch: input transform, GEMV and output transform (dense_gemv_kernel.cuh).
     const int chunks = (m + kGemvRows - 1) / kGemvRows;
     const int col_blocks = n / kDenseBlockCols;
@@ -385,10 +419,8 @@ absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float
     args.rows = m;
     args.k = k;
     args.n = n;
-    args.k_slice_tiles = DenseGemvSliceTiles(w.bits, std::min(m, kGemvRows), k / 16, static_cast<long>(chunks) * col_blocks, s.sm_count);
-    const int range = kDenseWarpsK * args.k_slice_tiles;
-    const long units = static_cast<long>(chunks) * col_blocks * ((k / 16 + range - 1) / range);
-    const int grid = static_cast<int>(std::min<long>(units, GemvGrid(s.sm_count)));
+    args.k_slice_tiles = plan.slice_tiles;
+    const int grid = static_cast<int>(std::min<long>(plan.units, GemvGrid(s.sm_count)));
     EXL3_RETURN_IF_ERROR(DispatchDenseGemv(w.bits, static_cast<int>(w.codebook), args, grid, stream));
     EXL3_CUDA_CHECK_LAUNCH("DenseGemvKernel");
     return absl::OkStatus();

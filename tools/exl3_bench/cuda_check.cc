@@ -438,8 +438,8 @@ int Main(int argc, char** argv) {
         CheckLinear(5120, 2304, K, K == 3 ? Codebook::k3Inst : Codebook::kMcg, {1, 8, 40}, false, &ws);
       }
       for (int slice : {1, 3, 7, 13, 24}) CheckLinear(5120, 2304, 2, Codebook::kMcg, {1, 6, 48}, true, &ws, slice);
-      // Both sides of the shape rule's threshold (4096x4096: one launch; 5120x5120: three at
-      // m >= 2), and the one-launch kernel forced where the rule now takes the three launches.
+      // Shapes where the path rule (PlanDenseGemv, kernels/cuda/linear.cu) takes either path by m,
+      // and the one-launch kernel forced where the rule takes the three launches.
       CheckLinear(4096, 4096, 2, Codebook::kMcg, {1, 2, 8, 32}, true, &ws);
       CheckLinear(5120, 5120, 3, Codebook::kMcg, {1, 2, 8, 32}, false, &ws);
       CheckLinear(4096, 14336, 2, Codebook::kMcg, {2, 8}, false, &ws, 0, 1);

@@ -175,10 +175,12 @@ void BenchGemv(const Ceilings& c) {
   struct Shape {
     int k, n;
   };
-  // 4096x4096 and 5120x5120 bracket the shape rule's threshold (UseDenseGemv, kernels/cuda/linear.cu).
+  // 4096x4096 and 5120x5120: shapes where the path rule (PlanDenseGemv, kernels/cuda/linear.cu)
+  // takes either path by m.
   const Shape shapes[] = {{4096, 14336}, {14336, 4096}, {4096, 2048}, {2048, 4096},
                           {5120, 2304},  {4096, 4096},  {5120, 5120}};
-  // native: what LinearForward chooses; 1-launch / 3-launch: each GEMV path forced (bench_hooks.h).
+  // native: what LinearForward chooses (path: 1 or 3 launches); 1-launch / 3-launch: each GEMV path
+  // forced (bench_hooks.h).
   std::printf("\n%-34s %9s %9s %9s %9s %9s %9s %7s %9s\n", "GEMV (LinearForward)", "native", "1-launch",
               "3-launch", "floor", "bytes-fl", "decode-fl", "x floor", "reference");
   {
@@ -190,6 +192,8 @@ void BenchGemv(const Ceilings& c) {
     Json("{\"bench\":\"launch-floor\",\"grid\":" + std::to_string(3 * sms) + ",\"us\":" + std::to_string(t * 1e6) +
          "}");
   }
+  int sm_count = 0;
+  CK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
   cuda::Workspace ws;
   // EXL3_BENCH_FIRST_ONLY=1: only m=1 4096x14336 K=2 mcg (for profiling one configuration).
   const bool first_only = std::getenv("EXL3_BENCH_FIRST_ONLY") != nullptr;
@@ -239,16 +243,17 @@ void BenchGemv(const Ceilings& c) {
           const double fb = bytes / c.copy_bps, fd = double(s.k) * s.n / DecodeWps(c, cb);
           const double floor = std::max(fb, fd);
           char name[96];
-          std::snprintf(name, sizeof name, "m=%d %5dx%-5d K=%d %-5s", m, s.k, s.n, K,
-                        std::string(CodebookName(cb)).c_str());
+          const int path = cuda::GemvPathFor(m, s.k, s.n, K, sm_count) == 1 ? 1 : 3;
+          std::snprintf(name, sizeof name, "m=%d %5dx%-5d K=%d %-5s (%dL)", m, s.k, s.n, K,
+                        std::string(CodebookName(cb)).c_str(), path);
           std::printf("%-34s %7.1fus %7.1fus %7.1fus %7.1fus %7.1fus %7.1fus %6.2fx %7.1fus\n", name, t * 1e6,
                       t1 * 1e6, t3 * 1e6, floor * 1e6, fb * 1e6, fd * 1e6, t / floor, tr * 1e6);
           char js[640];
           std::snprintf(js, sizeof js,
-                        "{\"bench\":\"gemv\",\"m\":%d,\"k\":%d,\"n\":%d,\"K\":%d,\"codebook\":\"%s\",\"native_us\":%.2f,"
-                        "\"one_launch_us\":%.2f,\"three_launch_us\":%.2f,"
+                        "{\"bench\":\"gemv\",\"m\":%d,\"k\":%d,\"n\":%d,\"K\":%d,\"codebook\":\"%s\",\"launches\":%d,"
+                        "\"native_us\":%.2f,\"one_launch_us\":%.2f,\"three_launch_us\":%.2f,"
                         "\"floor_us\":%.2f,\"bytes_floor_us\":%.2f,\"decode_floor_us\":%.2f,\"reference_us\":%.2f}",
-                        m, s.k, s.n, K, std::string(CodebookName(cb)).c_str(), t * 1e6, t1 * 1e6, t3 * 1e6,
+                        m, s.k, s.n, K, std::string(CodebookName(cb)).c_str(), path, t * 1e6, t1 * 1e6, t3 * 1e6,
                         floor * 1e6, fb * 1e6, fd * 1e6, tr * 1e6);
           Json(js);
           // K = 2 MCG, m = 1 and 8: the one-launch GEMV (forced) at forced k-slice lengths (the cost
