@@ -160,11 +160,15 @@ class AsyncGenerateClient:
         except grpc.RpcError as e:
             raise request_error(e) from None
 
+    def call(self, request: pb.GenerateRequest, timeout: Optional[float] = None) -> grpc.aio.UnaryStreamCall:
+        """The raw call of one request (read() each message, cancel() to free the sequence)."""
+        return self._stub.Generate(request, timeout=timeout)
+
     async def stream(self, prompt_token_ids, *, timeout: Optional[float] = None,
                      **kw) -> AsyncIterator[pb.GenerateResponse]:
         """As GenerateClient.stream; the call is cancelled when the generator is closed or its task
         cancelled."""
-        call = self._stub.Generate(_request(prompt_token_ids, kw), timeout=timeout)
+        call = self.call(_request(prompt_token_ids, kw), timeout=timeout)
         try:
             async for resp in call:
                 yield resp
