@@ -98,6 +98,7 @@ class Job:
     stream: bool
     include_usage: bool
     logprobs: Optional[int]          # top-N asked (0: the chosen token's only); None: none
+    ids_as_tokens: bool = False      # logprobs name tokens "token_id:ID" (vLLM's extension)
     started: float = field(default_factory=time.monotonic)
     rid: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
@@ -185,7 +186,8 @@ class Frontend:
                    request=req, stops=self._stops(body), stream=bool(body.stream),
                    include_usage=bool(body.stream and body.stream_options and
                                       body.stream_options.include_usage),
-                   logprobs=logprobs, rid=rid)
+                   logprobs=logprobs, rid=rid,
+                   ids_as_tokens=bool(body.return_tokens_as_token_ids))
 
     def completion_job(self, body: CompletionRequest) -> Job:
         self._common(body, "completions")
@@ -266,13 +268,19 @@ class Frontend:
             resp = await call.read()
         raise APIError(500, "the engine's stream ended without a finish reason")
 
+    def _token_text(self, job: Job, token_id: int) -> tuple[str, bytes]:
+        if job.ids_as_tokens:
+            s = f"token_id:{token_id}"
+            return s, s.encode()
+        return self.tok.token_text(token_id)
+
     def _logprobs_entries(self, job: Job, tokens: list[Any]) -> list[dict[str, Any]]:
         entries = []
         for t in tokens:
-            text, b = self.tok.token_text(t.token_id)
+            text, b = self._token_text(job, t.token_id)
             tops = []
             for e in t.top_logprobs[:job.logprobs or 0]:
-                et, eb = self.tok.token_text(e.token_id)
+                et, eb = self._token_text(job, e.token_id)
                 tops.append({"token": et, "logprob": e.logprob, "bytes": list(eb)})
             entries.append({"token": text, "logprob": t.logprob, "bytes": list(b),
                             "top_logprobs": tops})

@@ -35,6 +35,7 @@ class _Sampling(BaseModel):
     min_tokens: Optional[int] = Field(default=0, ge=0)
     stop_token_ids: Optional[list[int]] = None
     ignore_eos: Optional[bool] = False
+    return_tokens_as_token_ids: Optional[bool] = False  # logprobs' tokens as "token_id:ID"
 
 
 class CompletionRequest(_Sampling):
