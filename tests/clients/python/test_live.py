@@ -295,3 +295,30 @@ def _post(live, path: str, body: str) -> tuple[int, str]:
         return r.status, r.read().decode()
     finally:
         conn.close()
+
+
+def test_overload_429_and_timeout_504(build_dir, model, tmp_path):
+    """An engine that refuses more requests makes the front end answer 429; a request past the
+    front end's --request-timeout is answered 504 (in-stream as an error event once streaming)."""
+    router, engine, _ = stack.start_router(build_dir, model, tmp_path,
+                                           extra=("--max-pending-requests", "1"))
+    fe, url = stack.start_frontend(engine, model, tmp_path, extra=("--request-timeout", "1.5"))
+    c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=30)
+    long = dict(model=model.name, prompt="long", max_tokens=3500, temperature=0,
+                extra_body={"ignore_eos": True})
+    try:
+        held = c.completions.create(stream=True, **long)
+        first = next(iter(held))          # the engine holds this one now
+        assert first.choices
+        with pytest.raises(openai.RateLimitError):
+            c.completions.create(model=model.name, prompt="b", max_tokens=2)
+        with pytest.raises(openai.APIError) as e:  # the held stream hits the deadline
+            for _ in held:
+                pass
+        assert "timed out" in str(e.value)
+        with pytest.raises(openai.APIStatusError) as e:
+            c.completions.create(**long)
+        assert e.value.status_code == 504
+    finally:
+        fe.stop()
+        router.stop()

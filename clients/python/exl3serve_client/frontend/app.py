@@ -261,6 +261,8 @@ class Frontend:
                 return
             finish = FINISH_REASONS.get(resp.finish_reason) if ended else None
             if finish in ("abort", "error"):
+                # The call's status says why (deadline, lost experts): read() raises it.
+                await call.read()
                 raise APIError(500, f"the engine ended the request ({finish})")
             yield Piece(text, list(resp.tokens), finish)
             if ended:
