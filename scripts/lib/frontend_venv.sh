@@ -15,6 +15,7 @@ if [ "$(cat "$VENV/.requirements" 2>/dev/null)" != "$req_hash" ]; then
   "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$REQ" >&2
   echo "$req_hash" > "$VENV/.requirements"
 fi
+rm -rf clients/python/build  # setuptools' in-tree build output: no stale module may ship
 "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall ./clients/python >&2
 "$VENV/bin/pip" check --disable-pip-version-check >&2
 echo "$VENV"
