@@ -53,7 +53,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                                     served_model_name=args.served_model_name,
                                     request_timeout_s=args.request_timeout))
     host, port = args.listen
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY on accepted connections only for sockets that
+    # say so, and without it small SSE writes wait for the client's delayed ACK (about 40 ms).
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM,
+                         socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     bound = sock.getsockname()[1]
