@@ -40,6 +40,22 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK  # utime, stime
 
 
+def hist_totals(addr: str, name: str) -> tuple[float, float]:
+    """(sum, count) of a histogram over all its series, from a /metrics endpoint."""
+    total = count = 0.0
+    for line in stack.get(f"http://{addr}/metrics")[1].splitlines():
+        if line.startswith(name + "_sum"):
+            total += float(line.rsplit(" ", 1)[1])
+        elif line.startswith(name + "_count"):
+            count += float(line.rsplit(" ", 1)[1])
+    return total, count
+
+
+def mean_between(before: tuple[float, float], after: tuple[float, float]) -> float:
+    n = after[1] - before[1]
+    return (after[0] - before[0]) / n if n else float("nan")
+
+
 def p50(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
@@ -117,22 +133,32 @@ def main() -> int:
     build = args.build_dir.resolve()
     work = Path(tempfile.mkdtemp(prefix="exl3-fe-bench."))
     model = stack.make_model(build, work / "model")
-    router, engine, _ = stack.start_router(build, model, work / "logs")
+    router, engine, engine_metrics = stack.start_router(build, model, work / "logs")
     fe, url = stack.start_frontend(engine, model, work / "logs")
     tok = ModelTokenizer(model)
     rows = []
     try:
         name = openai.OpenAI(base_url=url, api_key="none").models.list().data[0].id
+        warm = [[{"role": "user", "content": "warm-up"}]] * 4
+        asyncio.run(direct_pass(engine, [tok.encode_chat(m) for m in warm], 2, 8))
+        asyncio.run(frontend_pass(url, name, warm, 2, 8))
         for conc in [int(x) for x in args.levels.split(",")]:
-            n = max(conc * args.requests_per_stream, 8)
+            n = max(conc * args.requests_per_stream, 32)
             msgs = [[{"role": "user", "content": f"Request {i}: tell me about experts."}]
                     for i in range(n)]
             ids = [tok.encode_chat(m) for m in msgs]
             d = asyncio.run(direct_pass(engine, ids, conc, args.max_tokens))
+            fe_addr = url[len("http://"):-len("/v1")]
+            e0 = hist_totals(engine_metrics, "exl3_engine_time_to_first_token_seconds")
+            s0 = hist_totals(fe_addr, "exl3_frontend_time_to_first_token_seconds")
             c0 = cpu_seconds(fe.p.pid)
             f = asyncio.run(frontend_pass(url, name, msgs, conc, args.max_tokens))
             cpu = cpu_seconds(fe.p.pid) - c0
-            rows.append((conc, n, d, f, cpu))
+            # Server side, same requests: the front end's TTFT (request in -> first token out)
+            # against the engine's own (accepted -> first token), means over the pass.
+            added = mean_between(s0, hist_totals(fe_addr, "exl3_frontend_time_to_first_token_seconds")) - \
+                mean_between(e0, hist_totals(engine_metrics, "exl3_engine_time_to_first_token_seconds"))
+            rows.append((conc, n, d, f, cpu, added))
             print(f"c={conc:3d}: direct TTFT p50 {p50(d[0]) * 1e3:7.2f} ms, front end "
                   f"{p50(f[0]) * 1e3:7.2f} ms; front end CPU {cpu / max(f[2], 1) * 1e6:6.1f} us/token",
                   flush=True)
@@ -144,13 +170,14 @@ def main() -> int:
     lines = [f"machine: {platform.node()} ({os.cpu_count()} CPUs), commit {commit}, "
              f"{args.max_tokens} tokens per request, {args.requests_per_stream} requests per stream",
              "",
-             "| streams | requests | TTFT p50 direct ms | TTFT p50 front end ms | TTFT added ms | "
+             "| streams | requests | TTFT p50 direct ms | TTFT p50 via SDK ms | difference ms | "
+             "front end's own TTFT over the engine's, mean ms | "
              "ITL p50 direct ms | ITL p50 front end ms | tok/s direct | tok/s front end | "
              "front end CPU µs/token |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for conc, n, d, f, cpu in rows:
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for conc, n, d, f, cpu, added in rows:
         lines.append(f"| {conc} | {n} | {p50(d[0]) * 1e3:.2f} | {p50(f[0]) * 1e3:.2f} | "
-                     f"{(p50(f[0]) - p50(d[0])) * 1e3:.2f} | {p50(d[1]) * 1e3:.2f} | "
+                     f"{(p50(f[0]) - p50(d[0])) * 1e3:.2f} | {added * 1e3:.2f} | {p50(d[1]) * 1e3:.2f} | "
                      f"{p50(f[1]) * 1e3:.2f} | {d[2] / d[3]:.0f} | {f[2] / f[3]:.0f} | "
                      f"{cpu / max(f[2], 1) * 1e6:.1f} |")
     table = "\n".join(lines)
