@@ -322,3 +322,16 @@ def test_overload_429_and_timeout_504(build_dir, model, tmp_path):
     finally:
         fe.stop()
         router.stop()
+
+
+def test_two_front_ends_one_engine(live, tmp_path):
+    """Front ends keep no state of their own: a second one on the same engine answers the same
+    greedy text."""
+    fe, url = stack.start_frontend(live.engine, live.model, tmp_path)
+    try:
+        texts = [openai.OpenAI(base_url=u, api_key="none", max_retries=0, timeout=60)
+                 .completions.create(model=live.name, prompt="Same", max_tokens=10,
+                                     temperature=0).choices[0].text for u in (live.url, url)]
+        assert texts[0] == texts[1]
+    finally:
+        fe.stop()
