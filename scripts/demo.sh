@@ -12,7 +12,7 @@
 #                          [--concurrency N] [--build-dir DIR] [--no-deps] [--no-build]
 #   --short         fewer requests (used by ./scripts/test.sh)
 #   --keep-running  leave the stack up after the load (Ctrl-C stops it cleanly)
-#   --model DIR     serve a real EXL3 model instead of generating one
+#   --model DIR     serve a real EXL3 model (with its tokenizer.json) instead of generating one
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -102,7 +102,9 @@ wait_ready() {
   return 1
 }
 
+GENERATED=0
 if [ -z "$MODEL" ]; then
+  GENERATED=1
   say "generating a GLM-style EXL3 MoE test model (gate/up K=2 MCG, down K=4)"
   MODEL="$WORK/model"
   "$BIN/exl3-tool" make-test-model --arch glm4_moe --output "$MODEL" --layers 3 --hidden 256 \
@@ -112,8 +114,11 @@ fi
 
 say "Python package and front end (venv $BUILD_DIR/frontend-venv)"
 VENV=$(scripts/lib/frontend_venv.sh "$BUILD_DIR" | tail -1)
-if [ ! -e "$MODEL/tokenizer.json" ]; then
+if [ "$GENERATED" = 1 ]; then  # a real model directory is used as it comes
   "$VENV/bin/exl3serve-make-tokenizer" --model "$MODEL"
+elif [ ! -e "$MODEL/tokenizer.json" ]; then
+  echo "demo.sh: $MODEL has no tokenizer.json (the front end needs one)" >&2
+  exit 2
 fi
 
 say "model"

@@ -135,8 +135,8 @@ def main() -> int:
     model = client.models.list().data[0].id
     tok = ModelTokenizer(args.model_dir)
 
-    print(f"\n\033[1m== chat through the OpenAI API ({args.url}, model {model!r}; random weights, "
-          "so the text is noise)\033[0m")
+    print(f"\n\033[1m== chat through the OpenAI API ({args.url}, model {model!r}; a generated "
+          "test model has random weights: its text is noise)\033[0m")
     stream_one(client, model, 48)
     sent = 1
 
