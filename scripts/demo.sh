@@ -11,7 +11,7 @@
 # usage: ./scripts/demo.sh [--short] [--keep-running] [--model DIR] [--requests N]
 #                          [--concurrency N] [--build-dir DIR] [--no-deps] [--no-build]
 #   --short         fewer requests (used by ./scripts/test.sh)
-#   --keep-running  leave the stack up after the load (Ctrl-C stops it cleanly)
+#   --keep-running  leave the stack up after the load, print `openai: http://HOST:PORT/v1` (Ctrl-C stops it)
 #   --model DIR     serve a real EXL3 model (with its tokenizer.json) instead of generating one
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +35,7 @@ while [ $# -gt 0 ]; do
     --build-dir) BUILD_DIR="$2"; shift ;;
     --no-deps) DEPS=0 ;;
     --no-build) BUILD=0 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "demo.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
