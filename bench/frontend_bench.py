@@ -27,7 +27,9 @@ import openai
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests/clients/python"))
+sys.path.insert(0, str(ROOT / "scripts/lib"))
 import stack  # noqa: E402
+from generate_demo import chat_load, run_pool  # noqa: E402
 
 from exl3serve_client import AsyncGenerateClient  # noqa: E402
 from exl3serve_client.frontend.text import ModelTokenizer  # noqa: E402
@@ -61,8 +63,8 @@ def p50(xs: list[float]) -> float:
 
 
 async def direct_pass(engine: str, prompts: list[list[int]], conc: int, max_tokens: int):
+    """The same load straight to the engine: (ttft list, itl list, tokens, wall seconds)."""
     ttft, itl, ntok = [], [], [0]
-    todo = list(range(len(prompts)))
     async with AsyncGenerateClient(engine) as g:
         async def one(i: int) -> None:
             t0 = time.monotonic()
@@ -78,48 +80,16 @@ async def direct_pass(engine: str, prompts: list[list[int]], conc: int, max_toke
             ttft.append(first - t0)
             if n > 1:
                 itl.append((last - first) / (n - 1))
-
-        async def worker() -> None:
-            while todo:
-                await one(todo.pop())
-        t0 = time.monotonic()
-        await asyncio.wait_for(asyncio.gather(*[worker() for _ in range(conc)]), 600)
-    return ttft, itl, ntok[0], time.monotonic() - t0
+        wall = await run_pool(one, len(prompts), conc)
+    return ttft, itl, ntok[0], wall
 
 
 async def frontend_pass(url: str, model: str, messages: list[list[dict]], conc: int,
                         max_tokens: int):
-    client = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=300)
-    ttft, itl, ntok = [], [], [0]
-    todo = list(range(len(messages)))
-
-    async def one(i: int) -> None:
-        t0 = time.monotonic()
-        first = last = None
-        n = 0
-        stream = await client.chat.completions.create(
-            model=model, messages=messages[i], max_tokens=max_tokens, temperature=0.8, seed=i,
-            stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
-        async for chunk in stream:
-            if chunk.choices and chunk.choices[0].delta.content:
-                last = time.monotonic()
-                first = first or last
-            if chunk.usage:
-                n = chunk.usage.completion_tokens
-        ntok[0] += n
-        if first is not None:
-            ttft.append(first - t0)
-            if n > 1:
-                itl.append((last - first) / (n - 1))
-
-    async def worker() -> None:
-        while todo:
-            await one(todo.pop())
-    t0 = time.monotonic()
-    await asyncio.wait_for(asyncio.gather(*[worker() for _ in range(conc)]), 600)
-    wall = time.monotonic() - t0
-    await client.close()
-    return ttft, itl, ntok[0], wall
+    ttft, itl, ntok, failed, wall = await chat_load(url, model, messages, conc, max_tokens)
+    if failed:
+        raise RuntimeError(f"{failed} requests through the front end failed")
+    return ttft, itl, ntok, wall
 
 
 def main() -> int:

@@ -76,24 +76,37 @@ def reference(client: openai.OpenAI, model: str, engine: str, tok: ModelTokenize
     return matched, len(prompts)
 
 
-async def load(url: str, model: str, requests: int, concurrency: int, max_tokens: int):
+async def run_pool(one, n: int, concurrency: int, timeout: float = 600.0) -> float:
+    """Runs one(0..n-1) with `concurrency` at a time; returns the wall time."""
+    todo = list(range(n))
+
+    async def worker() -> None:
+        while todo:
+            await one(todo.pop())
+    t0 = time.monotonic()
+    await asyncio.wait_for(asyncio.gather(*[worker() for _ in range(concurrency)]), timeout)
+    return time.monotonic() - t0
+
+
+async def chat_load(url: str, model: str, messages: list[list[dict]], concurrency: int,
+                    max_tokens: int):
+    """Streamed chat completions through the openai SDK. TTFT: request sent -> first text; ITL:
+    (last text - first text) / (tokens - 1), the request's mean gap between tokens (chunks may carry
+    several). Returns (ttft list, itl list, tokens, failed, wall seconds)."""
     client = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
     ttft, itl, tokens, failed = [], [], [0], [0]
-    queue = list(range(requests))
 
     async def one(i: int) -> None:
-        """TTFT: request sent -> first text; ITL: (last text - first text) / (tokens - 1), the
-        request's mean gap between tokens (chunks may carry several tokens)."""
         t0 = time.monotonic()
         first = last = None
         n = 0
         try:
             stream = await client.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
-                max_tokens=max_tokens, temperature=0.8, seed=i, stream=True,
-                stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+                model=model, messages=messages[i], max_tokens=max_tokens, temperature=0.8,
+                seed=i, stream=True, stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True})
             async for chunk in stream:
-                if chunk.choices and (chunk.choices[0].delta.content or "") != "":
+                if chunk.choices and chunk.choices[0].delta.content:
                     last = time.monotonic()
                     first = first or last
                 if chunk.usage:
@@ -108,13 +121,7 @@ async def load(url: str, model: str, requests: int, concurrency: int, max_tokens
             if n > 1:
                 itl.append((last - first) / (n - 1))
 
-    async def worker() -> None:
-        while queue:
-            await one(queue.pop())
-
-    t0 = time.monotonic()
-    await asyncio.wait_for(asyncio.gather(*[worker() for _ in range(concurrency)]), 600)
-    wall = time.monotonic() - t0
+    wall = await run_pool(one, len(messages), concurrency)
     await client.close()
     return ttft, itl, tokens[0], failed[0], wall
 
@@ -148,8 +155,10 @@ def main() -> int:
 
     print(f"\n\033[1m== load: {args.requests} streamed chat completions, {args.concurrency} at once, "
           f"{args.max_tokens} tokens each (openai.AsyncOpenAI)\033[0m")
-    ttft, itl, ntok, failed, wall = asyncio.run(load(args.url, model, args.requests,
-                                                     args.concurrency, args.max_tokens))
+    messages = [[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]
+                for i in range(args.requests)]
+    ttft, itl, ntok, failed, wall = asyncio.run(chat_load(args.url, model, messages,
+                                                          args.concurrency, args.max_tokens))
     sent += args.requests
     tok_s = ntok / wall if wall > 0 else 0.0
     print(f"  {'':14} {'p50':>9} {'p90':>9} {'p99':>9}")
