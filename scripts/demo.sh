@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# The main job in one command: builds the project, generates a small GLM-style EXL3 MoE model,
-# starts two expert workers splitting its experts plus a replica of the hottest ones, the router
-# and a Prometheus server (all on loopback, CPU backend; CUDA where a GPU is present), then drives
-# decode steps through the router with `exl3-loadgen --verify` and prints per-layer latency.
+# The main job in one command: builds the project, generates a small GLM-style EXL3 MoE model with
+# a tokenizer, starts two expert workers splitting its experts plus a replica of the hottest ones,
+# the router (which also runs the rest of the model: the Generator service), the OpenAI-compatible
+# front end and a Prometheus server (all on loopback, CPU backend; CUDA where a GPU is present);
+# drives decode steps through the router with `exl3-loadgen --verify` (per-layer latency), then
+# chat completions through the front end with the openai SDK (one streamed, greedy ids checked
+# against a direct Generate call, a short concurrent load: TTFT, inter-token latency, tokens/s).
+# Python parts run in BUILD_DIR/frontend-venv (scripts/lib/frontend_venv.sh, pinned, from PyPI).
 #
 # usage: ./scripts/demo.sh [--short] [--keep-running] [--model DIR] [--requests N]
 #                          [--concurrency N] [--build-dir DIR] [--no-deps] [--no-build]
 #   --short         fewer requests (used by ./scripts/test.sh)
-#   --keep-running  leave the stack up after the load (Ctrl-C stops it cleanly)
-#   --model DIR     serve a real EXL3 model instead of generating one
+#   --keep-running  leave the stack up after the load, print `openai: http://HOST:PORT/v1` (Ctrl-C stops it)
+#   --model DIR     serve a real EXL3 model (with its tokenizer.json) instead of generating one
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -31,12 +35,14 @@ while [ $# -gt 0 ]; do
     --build-dir) BUILD_DIR="$2"; shift ;;
     --no-deps) DEPS=0 ;;
     --no-build) BUILD=0 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "demo.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 [ -n "$REQUESTS" ] || REQUESTS=$([ "$SHORT" = 1 ] && echo 240 || echo 2400)
+GEN_REQUESTS=$([ "$SHORT" = 1 ] && echo 12 || echo 48)
+GEN_CONCURRENCY=$([ "$SHORT" = 1 ] && echo 4 || echo 8)
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
@@ -71,6 +77,8 @@ cleanup() {
     wait 2>/dev/null || true
   fi
   echo "logs: $WORK/logs"
+  # The run's last line: the generation summary (scripts/lib/generate_demo.py).
+  [ -s "$WORK/generate-summary.txt" ] && cat "$WORK/generate-summary.txt"
   exit $status
 }
 trap cleanup EXIT
@@ -94,12 +102,23 @@ wait_ready() {
   return 1
 }
 
+GENERATED=0
 if [ -z "$MODEL" ]; then
+  GENERATED=1
   say "generating a GLM-style EXL3 MoE test model (gate/up K=2 MCG, down K=4)"
   MODEL="$WORK/model"
   "$BIN/exl3-tool" make-test-model --arch glm4_moe --output "$MODEL" --layers 3 --hidden 256 \
     --experts 16 --top-k 4 --intermediate 128 --shared 1 --bits 2 --down-bits 4 --codebook mcg \
     --routed-scaling-factor 2.5 --seed 11 --quiet
+fi
+
+say "Python package and front end (venv $BUILD_DIR/frontend-venv)"
+VENV=$(scripts/lib/frontend_venv.sh "$BUILD_DIR" | tail -1)
+if [ "$GENERATED" = 1 ]; then  # a real model directory is used as it comes
+  "$VENV/bin/exl3serve-make-tokenizer" --model "$MODEL"
+elif [ ! -e "$MODEL/tokenizer.json" ]; then
+  echo "demo.sh: $MODEL has no tokenizer.json (the front end needs one)" >&2
+  exit 2
 fi
 
 say "model"
@@ -109,7 +128,7 @@ NUM_EXPERTS=$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); print
 HALF=$((NUM_EXPERTS / 2))
 HOT=$(python3 scripts/lib/hot_experts.py "$BIN/exl3-tool" "$MODEL" "$WORK" 4)
 
-WA=$(free_port); WB=$(free_port); WH=$(free_port); RP=$(free_port)
+WA=$(free_port); WB=$(free_port); WH=$(free_port); RP=$(free_port); OP=$(free_port)
 MA=$(free_port); MB=$(free_port); MH=$(free_port); MR=$(free_port); PP=$(free_port)
 cat > "$WORK/expert-map.yaml" <<YAML
 workers:
@@ -130,7 +149,7 @@ printf '  %-11s %-17s %s\n' worker-a "127.0.0.1:$WA" "0-$((HALF - 1)) (every MoE
 printf '  %-11s %-17s %s\n' worker-b "127.0.0.1:$WB" "$HALF-$((NUM_EXPERTS - 1)) (every MoE layer)"
 printf '  %-11s %-17s %s\n' worker-hot "127.0.0.1:$WH" "$HOT (replicas of the most-routed experts)"
 
-say "starting workers, router and Prometheus"
+say "starting workers, router (with the Generator service), front end and Prometheus"
 THREADS=$(( $(nproc) / 4 > 0 ? $(nproc) / 4 : 1 ))  # three workers share the machine
 start_worker() {
   local name=$1 port=$2 mport=$3
@@ -145,10 +164,22 @@ start_worker worker-a "$WA" "$MA"
 start_worker worker-b "$WB" "$MB"
 start_worker worker-hot "$WH" "$MH"
 "$BIN/exl3-router" --model "$MODEL" --expert-map "$WORK/expert-map.yaml" \
-  --listen "127.0.0.1:$RP" --metrics-listen "127.0.0.1:$MR" >"$WORK/logs/router.log" 2>&1 &
+  --listen "127.0.0.1:$RP" --metrics-listen "127.0.0.1:$MR" --kv-cache-tokens 16384 \
+  >"$WORK/logs/router.log" 2>&1 &
 PIDS+=($!)
 wait_ready router "http://127.0.0.1:$MR/metrics" exl3_router_ready $!
-echo "  router ready (gRPC 127.0.0.1:$RP, metrics 127.0.0.1:$MR)"
+echo "  router ready (gRPC 127.0.0.1:$RP: MoeRouter and Generator, metrics 127.0.0.1:$MR)"
+"$VENV/bin/exl3serve-openai" --engine "127.0.0.1:$RP" --model "$MODEL" --listen "127.0.0.1:$OP" \
+  >"$WORK/logs/frontend.log" 2>&1 &
+PIDS+=($!)
+OPENAI_URL="http://127.0.0.1:$OP/v1"
+for _ in $(seq 1 300); do
+  curl -fsS "http://127.0.0.1:$OP/health" >/dev/null 2>&1 && break
+  kill -0 "${PIDS[-1]}" 2>/dev/null || { echo "front end exited; its log:" >&2; tail -20 "$WORK/logs/frontend.log" >&2; exit 1; }
+  sleep 0.2
+done
+curl -fsS "http://127.0.0.1:$OP/health" >/dev/null || { echo "front end not healthy within 60 s" >&2; exit 1; }
+echo "  front end ready ($OPENAI_URL, metrics http://127.0.0.1:$OP/metrics)"
 
 PROM_URL=""
 if command -v prometheus >/dev/null; then
@@ -162,6 +193,8 @@ scrape_configs:
     static_configs: [{targets: ["127.0.0.1:$MR"]}]
   - job_name: exl3-worker
     static_configs: [{targets: ["127.0.0.1:$MA", "127.0.0.1:$MB", "127.0.0.1:$MH"]}]
+  - job_name: exl3serve-openai
+    static_configs: [{targets: ["127.0.0.1:$OP"]}]
 rule_files: ["$ROOT/deploy/prometheus/rules/*.yml"]
 YAML
   prometheus --config.file="$WORK/prometheus/prometheus.yml" \
@@ -196,8 +229,23 @@ if [ "$LOAD_STATUS" -ne 0 ]; then
   say "FAILED: exl3-loadgen exited with $LOAD_STATUS"
   exit "$LOAD_STATUS"
 fi
-say "verification passed"
+say "layer verification passed"
+
+set +e
+"$VENV/bin/python" scripts/lib/generate_demo.py --url "$OPENAI_URL" --engine "127.0.0.1:$RP" \
+  --model-dir "$MODEL" --requests "$GEN_REQUESTS" --concurrency "$GEN_CONCURRENCY" \
+  --max-tokens 32 --summary "$WORK/generate-summary.txt"
+GEN_STATUS=$?
+set -e
+if [ "$GEN_STATUS" -ne 0 ]; then
+  say "FAILED: generation through the front end (exit $GEN_STATUS)"
+  exit "$GEN_STATUS"
+fi
+say "generation passed"
 if [ "$KEEP" = 1 ]; then
+  echo "openai: $OPENAI_URL"
+  echo "  curl $OPENAI_URL/chat/completions -H 'Content-Type: application/json' \\"
+  echo "    -d '{\"model\": \"$(basename "$MODEL")\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}'"
   echo "stack left running (router 127.0.0.1:$RP${PROM_URL:+, Prometheus $PROM_URL}); Ctrl-C stops it"
   while true; do sleep 3600; done
 fi

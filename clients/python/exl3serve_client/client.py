@@ -16,6 +16,26 @@ _NP_OF = {pb.DTYPE_FP32: np.dtype("<f4"), pb.DTYPE_FP16: np.dtype("<f2")}
 _CODE_OF = {c.value[0]: c for c in grpc.StatusCode}
 
 
+def open_channel(module, target, *, tls_ca=None, tls_cert=None, tls_key=None,
+                 server_name_override=None, max_message_bytes=64 << 20, options=()):
+    """A channel of `module` (grpc or grpc.aio) to target: TLS when tls_ca or tls_cert is given,
+    mutual TLS with tls_cert + tls_key; `options` are added to the message-size limits."""
+    opts = [("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes), *options]
+    if not (tls_ca or tls_cert):
+        return module.insecure_channel(target, options=opts)
+
+    def read(path):
+        if not path:
+            return None
+        with open(path, "rb") as f:
+            return f.read()
+    creds = grpc.ssl_channel_credentials(read(tls_ca), read(tls_key), read(tls_cert))
+    if server_name_override:
+        opts.append(("grpc.ssl_target_name_override", server_name_override))
+    return module.secure_channel(target, creds, options=opts)
+
+
 class RequestError(Exception):
     """One request failed; `code` is a grpc.StatusCode, `message` the server's explanation."""
 
@@ -180,20 +200,9 @@ class MoeRouterClient:
 
     def __init__(self, target, *, tls_ca=None, tls_cert=None, tls_key=None,
                  server_name_override=None, max_message_bytes=64 << 20):
-        opts = [("grpc.max_receive_message_length", max_message_bytes),
-                ("grpc.max_send_message_length", max_message_bytes)]
-        if tls_ca or tls_cert:
-            def read(path):
-                if not path:
-                    return None
-                with open(path, "rb") as f:
-                    return f.read()
-            creds = grpc.ssl_channel_credentials(read(tls_ca), read(tls_key), read(tls_cert))
-            if server_name_override:
-                opts.append(("grpc.ssl_target_name_override", server_name_override))
-            self._channel = grpc.secure_channel(target, creds, options=opts)
-        else:
-            self._channel = grpc.insecure_channel(target, options=opts)
+        self._channel = open_channel(grpc, target, tls_ca=tls_ca, tls_cert=tls_cert,
+                                     tls_key=tls_key, server_name_override=server_name_override,
+                                     max_message_bytes=max_message_bytes)
         self._stub = pb_grpc.MoeRouterStub(self._channel)
 
     def wait_ready(self, timeout=10.0):

@@ -1,0 +1,161 @@
+"""Benchmark of the OpenAI-compatible front end (bench/results/frontend.md): a generated test model,
+exl3-router (experts in its process) and exl3serve-openai on loopback; at each concurrency, the same
+streamed requests go once straight to the engine (Generate over grpc.aio) and once through the front
+end (openai.AsyncOpenAI, chat completions), and it reports TTFT, inter-token latency and output
+tokens/s of both, the TTFT the front end adds (p50 through it minus p50 direct) and the front end's
+CPU time per streamed token (its process's utime + stime over the pass / tokens).
+
+    BUILD_DIR/frontend-venv/bin/python bench/frontend_bench.py --build-dir build [--levels 1,8,32,64]
+
+Every pass is bounded by its request count and a timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import openai
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests/clients/python"))
+sys.path.insert(0, str(ROOT / "scripts/lib"))
+import stack  # noqa: E402
+from generate_demo import chat_load, run_pool  # noqa: E402
+
+from exl3serve_client import AsyncGenerateClient  # noqa: E402
+from exl3serve_client.frontend.text import ModelTokenizer  # noqa: E402
+
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK  # utime, stime
+
+
+def hist_totals(addr: str, name: str) -> tuple[float, float]:
+    """(sum, count) of a histogram over all its series, from a /metrics endpoint."""
+    total = count = 0.0
+    for line in stack.get(f"http://{addr}/metrics")[1].splitlines():
+        if line.startswith(name + "_sum"):
+            total += float(line.rsplit(" ", 1)[1])
+        elif line.startswith(name + "_count"):
+            count += float(line.rsplit(" ", 1)[1])
+    return total, count
+
+
+def mean_between(before: tuple[float, float], after: tuple[float, float]) -> float:
+    n = after[1] - before[1]
+    return (after[0] - before[0]) / n if n else float("nan")
+
+
+def p50(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+async def direct_pass(engine: str, prompts: list[list[int]], conc: int, max_tokens: int):
+    """The same load straight to the engine: (ttft list, itl list, tokens, wall seconds)."""
+    ttft, itl, ntok = [], [], [0]
+    async with AsyncGenerateClient(engine) as g:
+        async def one(i: int) -> None:
+            t0 = time.monotonic()
+            first = last = None
+            n = 0
+            async for resp in g.stream(prompts[i], max_tokens=max_tokens, temperature=0.8, seed=i,
+                                       ignore_eos=True, timeout=300):
+                if resp.tokens:
+                    last = time.monotonic()
+                    first = first or last
+                    n += len(resp.tokens)
+            ntok[0] += n
+            ttft.append(first - t0)
+            if n > 1:
+                itl.append((last - first) / (n - 1))
+        wall = await run_pool(one, len(prompts), conc)
+    return ttft, itl, ntok[0], wall
+
+
+async def frontend_pass(url: str, model: str, messages: list[list[dict]], conc: int,
+                        max_tokens: int):
+    ttft, itl, ntok, failed, wall = await chat_load(url, model, messages, conc, max_tokens)
+    if failed:
+        raise RuntimeError(f"{failed} requests through the front end failed")
+    return ttft, itl, ntok, wall
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build-dir", default="build", type=Path)
+    ap.add_argument("--levels", default="1,8,32,64")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--requests-per-stream", type=int, default=2)
+    ap.add_argument("--output", type=Path, help="also write the markdown table here")
+    args = ap.parse_args()
+    build = args.build_dir.resolve()
+    work = Path(tempfile.mkdtemp(prefix="exl3-fe-bench."))
+    model = stack.make_model(build, work / "model")
+    router, engine, engine_metrics = stack.start_router(build, model, work / "logs")
+    fe, url = stack.start_frontend(engine, model, work / "logs")
+    tok = ModelTokenizer(model)
+    rows = []
+    try:
+        name = openai.OpenAI(base_url=url, api_key="none").models.list().data[0].id
+        warm = [[{"role": "user", "content": "warm-up"}]] * 4
+        asyncio.run(direct_pass(engine, [tok.encode_chat(m) for m in warm], 2, 8))
+        asyncio.run(frontend_pass(url, name, warm, 2, 8))
+        for conc in [int(x) for x in args.levels.split(",")]:
+            n = max(conc * args.requests_per_stream, 32)
+            msgs = [[{"role": "user", "content": f"Request {i}: tell me about experts."}]
+                    for i in range(n)]
+            ids = [tok.encode_chat(m) for m in msgs]
+            d = asyncio.run(direct_pass(engine, ids, conc, args.max_tokens))
+            fe_addr = url[len("http://"):-len("/v1")]
+            e0 = hist_totals(engine_metrics, "exl3_engine_time_to_first_token_seconds")
+            s0 = hist_totals(fe_addr, "exl3_frontend_time_to_first_token_seconds")
+            c0 = cpu_seconds(fe.p.pid)
+            f = asyncio.run(frontend_pass(url, name, msgs, conc, args.max_tokens))
+            cpu = cpu_seconds(fe.p.pid) - c0
+            # Server side, same requests: the front end's TTFT (request in -> first token out)
+            # against the engine's own (accepted -> first token), means over the pass.
+            added = mean_between(s0, hist_totals(fe_addr, "exl3_frontend_time_to_first_token_seconds")) - \
+                mean_between(e0, hist_totals(engine_metrics, "exl3_engine_time_to_first_token_seconds"))
+            rows.append((conc, n, d, f, cpu, added))
+            print(f"c={conc:3d}: direct TTFT p50 {p50(d[0]) * 1e3:7.2f} ms, front end "
+                  f"{p50(f[0]) * 1e3:7.2f} ms; front end CPU {cpu / max(f[2], 1) * 1e6:6.1f} us/token",
+                  flush=True)
+    finally:
+        fe.stop()
+        router.stop()
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    lines = [f"machine: {platform.node()} ({os.cpu_count()} CPUs), commit {commit}, "
+             f"{args.max_tokens} tokens per request, {args.requests_per_stream} requests per stream",
+             "",
+             "| streams | requests | TTFT p50 direct ms | TTFT p50 via SDK ms | difference ms | "
+             "front end's own TTFT over the engine's, mean ms | "
+             "ITL p50 direct ms | ITL p50 front end ms | tok/s direct | tok/s front end | "
+             "front end CPU µs/token |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for conc, n, d, f, cpu, added in rows:
+        lines.append(f"| {conc} | {n} | {p50(d[0]) * 1e3:.2f} | {p50(f[0]) * 1e3:.2f} | "
+                     f"{(p50(f[0]) - p50(d[0])) * 1e3:.2f} | {added * 1e3:.2f} | {p50(d[1]) * 1e3:.2f} | "
+                     f"{p50(f[1]) * 1e3:.2f} | {d[2] / d[3]:.0f} | {f[2] / f[3]:.0f} | "
+                     f"{cpu / max(f[2], 1) * 1e6:.1f} |")
+    table = "\n".join(lines)
+    print(table)
+    if args.output:
+        args.output.write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

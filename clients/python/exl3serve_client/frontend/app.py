@@ -1,0 +1,560 @@
+"""The OpenAI-compatible HTTP front end over an exl3serve Generator (exl3-router): FastAPI app.
+
+Text in, text out: prompts are tokenized (and chat messages rendered with the model's chat
+template) here, token ids go to the engine over gRPC, and its tokens come back as text, streamed
+as server-sent events the way OpenAI's API sends them. Nothing is kept beyond the open requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Optional
+
+import grpc
+import grpc.aio
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from exl3serve.v1 import exl3serve_pb2 as pb
+
+from ..generate import FINISH_REASONS, AsyncGenerateClient, make_generate_request
+from .metrics import FrontendMetrics
+from .protocol import APIError, ChatCompletionRequest, CompletionRequest, _Sampling
+from .text import ChatTemplateError, ModelTokenizer, StopMatcher
+
+# gRPC status -> HTTP status of the answer.
+_HTTP_OF = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.CANCELLED: 499,
+}
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+@dataclass
+class FrontendConfig:
+    engine: str                       # HOST:PORT of the Generator service
+    model_dir: Path                   # tokenizer.json, tokenizer_config.json, config.json
+    served_model_name: Optional[str] = None  # default: the engine's model name
+    request_timeout_s: float = 600.0
+    health_cache_s: float = 1.0
+
+
+class Engine:
+    """The engine's channel and what DescribeModel said; refreshed while the engine is away."""
+
+    def __init__(self, cfg: FrontendConfig, metrics: FrontendMetrics) -> None:
+        self.cfg = cfg
+        self.metrics = metrics
+        self.client: Optional[AsyncGenerateClient] = None
+        self.info: Optional[pb.DescribeModelResponse] = None
+        self.up = False
+        self._checked = 0.0
+
+    async def open(self) -> None:
+        self.client = AsyncGenerateClient(self.cfg.engine)
+
+    def mark(self, up: bool) -> None:
+        self.up = up
+        self.metrics.engine_up.set(1 if up else 0)
+
+    async def check(self, force: bool = False) -> bool:
+        now = time.monotonic()
+        if not force and now - self._checked < self.cfg.health_cache_s:
+            return self.up
+        self._checked = now
+        try:
+            self.info = await self.client.describe(timeout=2.0)
+            self.mark(self.info.state != pb.STATE_DRAINING)
+        except Exception:  # any failure to answer is "away"
+            self.mark(False)
+        return self.up
+
+
+@dataclass
+class Job:
+    """One request, prepared: the engine request and what the answer needs."""
+    endpoint: str                    # completions | chat_completions
+    chat: bool
+    model: str
+    prompt_ids: list[int]
+    request: pb.GenerateRequest
+    stops: list[str]
+    stream: bool
+    include_usage: bool
+    logprobs: Optional[int]          # top-N asked (0: the chosen token's only); None: none
+    ids_as_tokens: bool = False      # logprobs name tokens "token_id:ID" (vLLM's extension)
+    started: float = field(default_factory=time.monotonic)
+    rid: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass
+class Piece:
+    """What one engine message adds to the answer."""
+    text: str
+    tokens: list[Any]
+    finish: Optional[str]
+
+
+class Frontend:
+    def __init__(self, cfg: FrontendConfig) -> None:
+        self.cfg = cfg
+        self.metrics = FrontendMetrics()
+        self.engine = Engine(cfg, self.metrics)
+        self.tok = ModelTokenizer(cfg.model_dir)
+        model_cfg_path = cfg.model_dir / "config.json"
+        model_cfg = json.loads(model_cfg_path.read_text()) if model_cfg_path.exists() else {}
+        self.config_max_context = int(model_cfg.get("max_position_embeddings") or 0)
+        self.started = int(time.time())
+
+    # ---- what the engine says --------------------------------------------------------------
+    def model_name(self) -> str:
+        if self.cfg.served_model_name:
+            return self.cfg.served_model_name
+        if self.engine.info is not None and self.engine.info.model:
+            return self.engine.info.model
+        return self.cfg.model_dir.resolve().name
+
+    def max_context(self) -> int:
+        if self.engine.info is not None and self.engine.info.max_context:
+            return int(self.engine.info.max_context)
+        return self.config_max_context or 4096
+
+    # ---- preparing a request ---------------------------------------------------------------
+    def _common(self, body: _Sampling, endpoint: str) -> None:
+        if body.model != self.model_name():
+            raise APIError(404, f"The model `{body.model}` does not exist.", param="model",
+                           code="model_not_found")
+        if body.n not in (None, 1):
+            raise APIError(400, "n must be 1: one choice per request is supported", param="n")
+        if body.logit_bias:
+            raise APIError(400, "logit_bias is not supported", param="logit_bias")
+
+    def _stops(self, body: _Sampling) -> list[str]:
+        stop = body.stop
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if len(stops) > 16:
+            raise APIError(400, "at most 16 stop strings", param="stop")
+        return [s for s in stops if s]
+
+    def _job(self, body: _Sampling, endpoint: str, chat: bool, prompt_ids: list[int],
+             max_tokens: Optional[int], logprobs: Optional[int]) -> Job:
+        if not prompt_ids:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        ctx = self.max_context()
+        if len(prompt_ids) >= ctx:
+            raise APIError(400, f"This model's maximum context length is {ctx} tokens. However, "
+                           f"your prompt has {len(prompt_ids)} tokens.", param="messages" if chat
+                           else "prompt", code="context_length_exceeded")
+        if max_tokens is None:
+            max_tokens = ctx - len(prompt_ids)
+        elif len(prompt_ids) + max_tokens > ctx:
+            raise APIError(400, f"This model's maximum context length is {ctx} tokens. However, "
+                           f"you requested {len(prompt_ids) + max_tokens} tokens "
+                           f"({len(prompt_ids)} in the prompt, {max_tokens} for the completion). "
+                           "Please reduce the length of the prompt or the completion.",
+                           param="max_tokens", code="context_length_exceeded")
+        temperature = 1.0 if body.temperature is None else body.temperature
+        seed = None if body.seed is None else body.seed & 0xFFFFFFFFFFFFFFFF
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        req = make_generate_request(
+            prompt_ids, max_tokens=max_tokens, temperature=temperature,
+            top_p=body.top_p or 0.0, top_k=max(body.top_k or 0, 0), min_p=body.min_p or 0.0,
+            repetition_penalty=body.repetition_penalty or 0.0,
+            presence_penalty=body.presence_penalty or 0.0,
+            frequency_penalty=body.frequency_penalty or 0.0, seed=seed,
+            logprobs=logprobs or 0, min_tokens=body.min_tokens or 0,
+            stop_token_ids=body.stop_token_ids or (), ignore_eos=bool(body.ignore_eos),
+            timeout_us=int(self.cfg.request_timeout_s * 1e6), request_id=rid)
+        return Job(endpoint=endpoint, chat=chat, model=self.model_name(), prompt_ids=prompt_ids,
+                   request=req, stops=self._stops(body), stream=bool(body.stream),
+                   include_usage=bool(body.stream and body.stream_options and
+                                      body.stream_options.include_usage),
+                   logprobs=logprobs, rid=rid,
+                   ids_as_tokens=bool(body.return_tokens_as_token_ids))
+
+    def completion_job(self, body: CompletionRequest) -> Job:
+        self._common(body, "completions")
+        if body.echo:
+            raise APIError(400, "echo is not supported", param="echo")
+        if body.best_of not in (None, 1):
+            raise APIError(400, "best_of must be 1", param="best_of")
+        if body.suffix:
+            raise APIError(400, "suffix is not supported", param="suffix")
+        p = body.prompt
+        if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+            p = p[0]
+        if isinstance(p, str):
+            ids = self.tok.encode(p, add_special_tokens=True)
+        elif isinstance(p, list) and all(isinstance(t, int) for t in p):
+            ids = list(p)
+        else:
+            raise APIError(400, "one prompt per request: a string or a list of token ids",
+                           param="prompt")
+        return self._job(body, "completions", False, ids, body.max_tokens, body.logprobs)
+
+    def chat_job(self, body: ChatCompletionRequest) -> Job:
+        self._common(body, "chat_completions")
+        if body.tools:
+            raise APIError(400, "tools are not supported", param="tools")
+        if body.response_format and body.response_format.get("type") not in (None, "text"):
+            raise APIError(400, "response_format other than text is not supported",
+                           param="response_format")
+        if body.top_logprobs and not body.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        messages = []
+        for m in body.messages:
+            msg = m.model_dump(exclude_none=True)
+            if isinstance(m.content, list):  # content parts: their text, in order
+                parts = []
+                for part in m.content:
+                    if part.get("type") != "text":
+                        raise APIError(400, f"content part of type {part.get('type')!r} is not "
+                                       "supported", param="messages")
+                    parts.append(part.get("text", ""))
+                msg["content"] = "".join(parts)
+            msg.setdefault("content", "")
+            messages.append(msg)
+        try:
+            ids = self.tok.encode_chat(messages, body.add_generation_prompt,
+                                       **(body.chat_template_kwargs or {}))
+        except ChatTemplateError as e:
+            raise APIError(400, f"chat template: {e}", param="messages") from None
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        return self._job(body, "chat_completions", True, ids, max_tokens, logprobs)
+
+    # ---- running it ------------------------------------------------------------------------
+    async def pieces(self, job: Job, call: grpc.aio.UnaryStreamCall,
+                     first: Any) -> AsyncIterator[Piece]:
+        """The answer's text as the engine's messages arrive; stops at a stop string (cancelling the
+        engine request) or at the engine's finish."""
+        detok = self.tok.detokenizer()
+        stop = StopMatcher(job.stops)
+        resp = first
+        while resp is not grpc.aio.EOF:
+            ended = resp.finish_reason != pb.FINISH_REASON_UNSPECIFIED
+            text = detok.add(t.token_id for t in resp.tokens)
+            if ended:
+                text += detok.finish()
+            text = stop.push(text, final=ended)
+            self.metrics.generation_tokens.inc(len(resp.tokens))
+            if stop.stopped:
+                call.cancel()
+                yield Piece(text, list(resp.tokens), "stop")
+                return
+            finish = FINISH_REASONS.get(resp.finish_reason) if ended else None
+            if finish in ("abort", "error"):
+                # The call's status says why (deadline, lost experts): read() raises it.
+                await call.read()
+                raise APIError(500, f"the engine ended the request ({finish})")
+            yield Piece(text, list(resp.tokens), finish)
+            if ended:
+                return
+            resp = await call.read()
+        raise APIError(500, "the engine's stream ended without a finish reason")
+
+    def _token_text(self, job: Job, token_id: int) -> tuple[str, bytes]:
+        if job.ids_as_tokens:
+            s = f"token_id:{token_id}"
+            return s, s.encode()
+        return self.tok.token_text(token_id)
+
+    def _logprobs_entries(self, job: Job, tokens: list[Any]) -> list[dict[str, Any]]:
+        entries = []
+        for t in tokens:
+            text, b = self._token_text(job, t.token_id)
+            tops = []
+            for e in t.top_logprobs[:job.logprobs or 0]:
+                et, eb = self._token_text(job, e.token_id)
+                tops.append({"token": et, "logprob": e.logprob, "bytes": list(eb)})
+            entries.append({"token": text, "logprob": t.logprob, "bytes": list(b),
+                            "top_logprobs": tops})
+        return entries
+
+    @staticmethod
+    def _completion_logprobs(entries: list[dict[str, Any]], offset: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+                               "text_offset": []}
+        for e in entries:
+            out["tokens"].append(e["token"])
+            out["token_logprobs"].append(e["logprob"])
+            out["top_logprobs"].append({t["token"]: t["logprob"] for t in e["top_logprobs"]})
+            out["text_offset"].append(offset)
+            offset += len(e["token"])
+        return out
+
+    @staticmethod
+    def _usage(job: Job, completion_tokens: int) -> dict[str, Any]:
+        return {"prompt_tokens": len(job.prompt_ids), "completion_tokens": completion_tokens,
+                "total_tokens": len(job.prompt_ids) + completion_tokens}
+
+    def _choice(self, job: Job, text: str, entries: Optional[list[dict[str, Any]]],
+                finish: Optional[str], offset: int, *, delta: bool, first: bool = False) -> dict:
+        choice: dict[str, Any] = {"index": 0}
+        if job.chat:
+            if delta:
+                d: dict[str, Any] = {"role": "assistant", "content": text} if first else \
+                    ({"content": text} if text else {})
+                choice["delta"] = d
+            else:
+                choice["message"] = {"role": "assistant", "content": text}
+            choice["logprobs"] = None if entries is None else {"content": entries, "refusal": None}
+        else:
+            choice["text"] = text
+            choice["logprobs"] = None if entries is None else self._completion_logprobs(entries, offset)
+        choice["finish_reason"] = finish
+        return choice
+
+    def _envelope(self, job: Job, choices: list[dict], chunk: bool) -> dict[str, Any]:
+        obj = ("chat.completion.chunk" if chunk else "chat.completion") if job.chat else "text_completion"
+        return {"id": job.rid, "object": obj, "created": job.created, "model": job.model,
+                "choices": choices}
+
+    def _observe_tokens(self, job: Job, state: dict[str, Any], n: int) -> None:
+        """TTFT at the first token handed to the client, then inter-token gaps (a message of n
+        tokens: n gaps of 1/n of the time since the previous one)."""
+        if n <= 0:
+            return
+        now = time.monotonic()
+        last = state.get("last")
+        if last is None:
+            self.metrics.ttft.labels(job.endpoint).observe(now - job.started)
+            n -= 1
+            if n > 0:
+                for _ in range(n):
+                    self.metrics.itl.labels(job.endpoint).observe(0.0)
+        else:
+            gap = (now - last) / n
+            h = self.metrics.itl.labels(job.endpoint)
+            for _ in range(n):
+                h.observe(gap)
+        state["last"] = now
+
+    async def start(self, job: Job, request: Request) -> tuple[grpc.aio.UnaryStreamCall, Any, asyncio.Task]:
+        """Sends the request to the engine and waits for its first message, so that a refusal
+        becomes the HTTP status. A task watching the client cancels the call if it goes away."""
+        if self.engine.client is None:
+            raise APIError(503, "the engine is not connected")
+        call = self.engine.client.call(job.request, timeout=self.cfg.request_timeout_s)
+        watcher = asyncio.ensure_future(_watch_disconnect(request, call))
+        try:
+            first = await call.read()
+        except grpc.aio.AioRpcError as e:
+            watcher.cancel()
+            raise self._rpc_error(e) from None
+        except BaseException:
+            watcher.cancel()
+            call.cancel()
+            raise
+        self.engine.mark(True)
+        return call, first, watcher
+
+    def _rpc_error(self, e: grpc.aio.AioRpcError) -> APIError:
+        status = _HTTP_OF.get(e.code(), 500)
+        if status == 503:
+            self.engine.mark(False)
+            return APIError(503, f"the engine is unavailable: {e.details()}", code="engine_unavailable")
+        if status == 504:
+            return APIError(504, f"the request timed out: {e.details()}", code="timeout")
+        if status == 429:
+            return APIError(429, f"the engine is overloaded: {e.details()}", code="overloaded")
+        return APIError(status, e.details() or e.code().name)
+
+    async def answer(self, job: Job, request: Request) -> Response:
+        self.metrics.running.inc()
+        self.metrics.prompt_tokens.inc(len(job.prompt_ids))
+        try:
+            call, first, watcher = await self.start(job, request)
+        except BaseException as e:
+            self.metrics.running.dec()
+            self._done(job, e.status if isinstance(e, APIError) else 500)
+            raise
+        if job.stream:
+            return StreamingResponse(self._sse(job, call, first, watcher),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Request-Id": job.rid})
+        status = 500
+        try:
+            text, entries, n, finish = [], [], 0, None
+            state: dict[str, Any] = {}
+            async for p in self.pieces(job, call, first):
+                self._observe_tokens(job, state, len(p.tokens))
+                text.append(p.text)
+                n += len(p.tokens)
+                if job.logprobs is not None:
+                    entries.extend(self._logprobs_entries(job, p.tokens))
+                finish = p.finish
+            body = self._envelope(job, [self._choice(job, "".join(text), entries if job.logprobs
+                                                     is not None else None, finish, 0,
+                                                     delta=False)], chunk=False)
+            body["usage"] = self._usage(job, n)
+            status = 200
+            return JSONResponse(body, headers={"X-Request-Id": job.rid})
+        except grpc.aio.AioRpcError as e:
+            err = self._rpc_error(e)
+            status = err.status
+            raise err from None
+        except APIError as e:
+            status = e.status
+            raise
+        finally:
+            watcher.cancel()
+            call.cancel()
+            self.metrics.running.dec()
+            self._done(job, 499 if watcher.done() and not watcher.cancelled() else status)
+
+    async def _sse(self, job: Job, call: grpc.aio.UnaryStreamCall, first: Any,
+                   watcher: asyncio.Task) -> AsyncIterator[str]:
+        status = 499  # until the answer is complete, a closing client is why it stops
+        usage_null = {"usage": None} if job.include_usage else {}
+        try:
+            if job.chat:  # the role comes first, as OpenAI sends it
+                yield "data: " + _dumps({**self._envelope(job, [self._choice(
+                    job, "", None, None, 0, delta=True, first=True)], chunk=True),
+                    **usage_null}) + "\n\n"
+            n, offset = 0, 0
+            state: dict[str, Any] = {}
+            try:
+                async for p in self.pieces(job, call, first):
+                    n += len(p.tokens)
+                    entries = self._logprobs_entries(job, p.tokens) if job.logprobs is not None \
+                        else None
+                    if not p.text and p.finish is None and not entries:
+                        continue
+                    choice = self._choice(job, p.text, entries, None, offset, delta=True)
+                    offset += len(p.text)
+                    if p.text or entries:
+                        yield "data: " + _dumps({**self._envelope(job, [choice], chunk=True),
+                                                 **usage_null}) + "\n\n"
+                        self._observe_tokens(job, state, len(p.tokens))
+                    if p.finish is not None:
+                        end = self._choice(job, "", None, p.finish, offset, delta=True)
+                        if job.chat:
+                            end["delta"] = {}
+                        yield "data: " + _dumps({**self._envelope(job, [end], chunk=True),
+                                                 **usage_null}) + "\n\n"
+            except grpc.aio.AioRpcError as e:
+                if watcher.done() and not watcher.cancelled():
+                    return  # the client went away; nobody to tell
+                err = self._rpc_error(e)
+                status = err.status
+                yield "data: " + _dumps(err.body()) + "\n\n"
+                yield "data: [DONE]\n\n"
+                return
+            except APIError as err:
+                status = err.status
+                yield "data: " + _dumps(err.body()) + "\n\n"
+                yield "data: [DONE]\n\n"
+                return
+            if job.include_usage:
+                yield "data: " + _dumps({**self._envelope(job, [], chunk=True),
+                                         "usage": self._usage(job, n)}) + "\n\n"
+            yield "data: [DONE]\n\n"
+            status = 200
+        finally:
+            watcher.cancel()
+            call.cancel()
+            self.metrics.running.dec()
+            self._done(job, status)
+
+    def _done(self, job: Job, status: int) -> None:
+        self.metrics.requests.labels(job.endpoint, str(status)).inc()
+        self.metrics.e2e.labels(job.endpoint).observe(time.monotonic() - job.started)
+
+
+async def _watch_disconnect(request: Request, call: grpc.aio.UnaryStreamCall) -> None:
+    """Cancels the engine call as soon as the client disconnects (the body is already read, so the
+    next ASGI message is the disconnect)."""
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            call.cancel()
+            return
+
+
+def create_app(cfg: FrontendConfig) -> FastAPI:
+    fe = Frontend(cfg)
+
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await fe.engine.open()
+        await fe.engine.check(force=True)
+        yield
+        await fe.engine.client.close()
+
+    app = FastAPI(title="exl3serve OpenAI-compatible front end", lifespan=lifespan)
+    app.state.frontend = fe
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, e: APIError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+        errs = e.errors()
+        first = errs[0] if errs else {}
+        loc = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        msg = f"{loc}: {first.get('msg', 'invalid request')}" if loc else first.get("msg", "invalid request")
+        return JSONResponse(APIError(400, msg, param=loc or None).body(), status_code=400)
+
+    async def _need_engine() -> None:
+        if not fe.engine.up and not await fe.engine.check(force=True):
+            raise APIError(503, "the engine is unavailable", code="engine_unavailable")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        await _need_engine()
+        return await fe.answer(fe.completion_job(body), request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        await _need_engine()
+        return await fe.answer(fe.chat_job(body), request)
+
+    def _model_card() -> dict[str, Any]:
+        return {"id": fe.model_name(), "object": "model", "created": fe.started,
+                "owned_by": "exl3serve", "root": str(cfg.model_dir), "max_model_len": fe.max_context()}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        await fe.engine.check()
+        return {"object": "list", "data": [_model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        await fe.engine.check()
+        if model_id != fe.model_name():
+            raise APIError(404, f"The model `{model_id}` does not exist.", param="model",
+                           code="model_not_found")
+        return _model_card()
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        up = await fe.engine.check()
+        return JSONResponse({"status": "ok" if up else "engine unavailable",
+                             "engine": cfg.engine}, status_code=200 if up else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(fe.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,208 @@
+"""Gives a generated test model (exl3-tool make-test-model) a tokenizer: tokenizer.json, a byte-level
+BPE trained with Hugging Face `tokenizers` on a small built-in text, its vocabulary exactly the
+model's vocab_size with the family's special tokens inside it, and tokenizer_config.json with a chat
+template in the family's style (picked from config.json's architectures).
+
+    exl3serve-make-tokenizer --model DIR [--force]
+
+The special tokens take the lowest ids, placed so that the ids of generation_config.json's
+bos_token_id / eos_token_id are the family's begin / end tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+# Templates use the names transformers' apply_chat_template passes (messages, add_generation_prompt,
+# bos_token, eos_token, raise_exception) and are rendered with its jinja2 settings
+# (trim_blocks, lstrip_blocks): they are kept on one line so that no newline depends on those.
+_GLM_TEMPLATE = (
+    "[gMASK]<sop>{% for m in messages %}"
+    "{% if m['role'] == 'system' %}<|system|>\n{{ m['content'] }}"
+    "{% elif m['role'] == 'user' %}<|user|>\n{{ m['content'] }}"
+    "{% elif m['role'] == 'assistant' %}<|assistant|>\n{{ m['content'] }}"
+    "{% else %}{{ raise_exception('unknown role: ' + m['role']) }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+_QWEN_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role: ' + m['role']) }}{% endif %}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_MIXTRAL_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{% if m['role'] == 'system' %}{{ m['content'] }}\n\n"
+    "{% elif m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
+    "{% elif m['role'] == 'assistant' %}{{ m['content'] }}{{ eos_token }}"
+    "{% else %}{{ raise_exception('unknown role: ' + m['role']) }}{% endif %}"
+    "{% endfor %}"
+)
+_DEEPSEEK_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{% if m['role'] == 'system' %}{{ m['content'] }}"
+    "{% elif m['role'] == 'user' %}<｜User｜>{{ m['content'] }}"
+    "{% elif m['role'] == 'assistant' %}<｜Assistant｜>{{ m['content'] }}<｜end▁of▁sentence｜>"
+    "{% else %}{{ raise_exception('unknown role: ' + m['role']) }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<｜Assistant｜>{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    specials: tuple[str, ...]  # [0]: begin token, [1]: end token (end of text / turn)
+    template: str
+    bos_token: Optional[str]   # tokenizer_config's bos_token (None: the family has none)
+    add_bos: bool              # the post-processor puts bos_token before every encoded text
+
+
+FAMILIES = {
+    "Glm4MoeForCausalLM": Family(
+        "glm4_moe", ("<sop>", "<|endoftext|>", "[gMASK]", "<|system|>", "<|user|>",
+                     "<|assistant|>", "<|observation|>"), _GLM_TEMPLATE, None, False),
+    "Qwen3MoeForCausalLM": Family(
+        "qwen3_moe", ("<|endoftext|>", "<|im_end|>", "<|im_start|>", "<think>", "</think>"),
+        _QWEN_TEMPLATE, None, False),
+    "MixtralForCausalLM": Family(
+        "mixtral", ("<s>", "</s>", "<unk>", "[INST]", "[/INST]"), _MIXTRAL_TEMPLATE, "<s>", True),
+    "DeepseekV3ForCausalLM": Family(
+        "deepseek_v3", ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>",
+                        "<｜Assistant｜>"), _DEEPSEEK_TEMPLATE, "<｜begin▁of▁sentence｜>", True),
+}
+
+_TEXT = """\
+A mixture of experts model sends every token to a few of its experts. The router picks them,
+the workers hold them, and the answers come back as partial sums that are added in order.
+Attention reads its weights densely; the experts are read sparsely, a few at a time.
+The quick brown fox jumps over the lazy dog, and then it runs back again over the hill.
+Numbers matter too: 0 1 2 3 4 5 6 7 8 9 10 16 32 64 128 256 512 1024 2048 4096 3.14 2.718.
+Punctuation (brackets), [lists], {braces}, "quotes", 'apostrophes', semi-colons; colons: dashes -
+slashes / back\\slashes * stars & ampersands % percent # hash @ at = equals + plus ? question!
+def forward(self, x): return self.down(self.act(self.gate(x)) * self.up(x))
+for i in range(10): print(i, i * i)
+Il était une fois un petit chat qui aimait le café crème. Größe, Straße, naïve, déjà vu, señor.
+日本語の文章も少し入れておく。中文也有一点。한국어도 조금. Ελληνικά, русский текст, עברית, العربية.
+Emoji: 🙂 🚀 👍🏽 🧪 ❤️ 🇫🇷 — and symbols: € £ ¥ © ® ™ ° ± × ÷ ≤ ≥ ≠ ∞ √ π Ω.
+Tabs\tand  double  spaces,   triple   spaces, and
+newlines
+
+
+and blank lines are text as well.
+"""
+
+_SYLLABLES = ("ka", "lo", "mi", "ne", "su", "ta", "ri", "po", "an", "el", "or", "is", "um",
+              "ba", "de", "fu", "gi", "ho", "ju", "ze", "qu", "xy", "wo", "va")
+
+
+def _corpus(extra_words: int) -> list[str]:
+    """The built-in text plus `extra_words` made-up words (a fixed seed: the same tokenizer every run)."""
+    rng = random.Random(1234)
+    words = [" " + "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 4)))
+             for _ in range(extra_words)]
+    lines = _TEXT.splitlines(keepends=True)
+    return lines + ["".join(words[i:i + 12]) for i in range(0, len(words), 12)]
+
+
+def _place(specials: tuple[str, ...], bos_id: Optional[int], eos_id: Optional[int]) -> list[str]:
+    """Orders the special tokens so that bos_id holds specials[0] and eos_id specials[1]."""
+    out = list(specials)
+    for want, tok in ((eos_id, specials[1]), (bos_id, specials[0])):
+        if isinstance(want, int) and 0 <= want < len(out):
+            j = out.index(tok)
+            out[want], out[j] = out[j], out[want]
+    return out
+
+
+def build_tokenizer(family: Family, vocab_size: int, bos_id: Optional[int] = None,
+                    eos_id: Optional[int] = None) -> tuple[Tokenizer, list[str]]:
+    """A byte-level BPE whose vocabulary is exactly vocab_size; returns it and its special tokens."""
+    specials = _place(family.specials, bos_id, eos_id)
+    floor = 256 + len(specials)
+    if vocab_size < floor:
+        raise ValueError(f"vocab_size {vocab_size} is below {floor} (256 bytes + special tokens)")
+    extra = 0
+    for _ in range(12):  # each round doubles the made-up words: bounded
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=1,
+                                      special_tokens=specials, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tok.train_from_iterator(_corpus(extra), trainer=trainer)
+        if tok.get_vocab_size(with_added_tokens=True) == vocab_size:
+            break
+        extra = max(2 * extra, 2048)
+    else:
+        raise ValueError(f"could not train a vocabulary of {vocab_size} tokens")
+    if family.add_bos:
+        bos = family.bos_token
+        bid = tok.token_to_id(bos)
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bid)])
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    return tok, specials
+
+
+def tokenizer_config(family: Family, max_length: int) -> dict:
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": family.bos_token,
+        "eos_token": family.specials[1],
+        "pad_token": family.specials[1],
+        "unk_token": None,
+        "add_bos_token": family.add_bos,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": max_length,
+        "chat_template": family.template,
+    }
+
+
+def write_tokenizer(model_dir: Path, force: bool = False) -> Path:
+    cfg = json.loads((model_dir / "config.json").read_text())
+    arch = (cfg.get("architectures") or [""])[0]
+    if arch not in FAMILIES:
+        raise ValueError(f"{model_dir}/config.json: architecture {arch!r} is not one of "
+                         f"{', '.join(sorted(FAMILIES))}")
+    out = model_dir / "tokenizer.json"
+    if out.exists() and not force:
+        raise FileExistsError(f"{out} exists (--force replaces it)")
+    gen_path = model_dir / "generation_config.json"
+    gen = json.loads(gen_path.read_text()) if gen_path.exists() else {}
+    eos = gen.get("eos_token_id", cfg.get("eos_token_id"))
+    eos = eos[0] if isinstance(eos, list) and eos else eos
+    family = FAMILIES[arch]
+    tok, _ = build_tokenizer(family, int(cfg["vocab_size"]), gen.get("bos_token_id"), eos)
+    tok.save(str(out))
+    conf = tokenizer_config(family, int(cfg.get("max_position_embeddings", 4096)))
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(conf, indent=2, ensure_ascii=False) + "\n")
+    return out
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="exl3serve-make-tokenizer", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, type=Path, help="model directory with config.json")
+    ap.add_argument("--force", action="store_true", help="replace an existing tokenizer.json")
+    args = ap.parse_args(argv)
+    try:
+        out = write_tokenizer(args.model, args.force)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"exl3serve-make-tokenizer: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {out} and {out.parent / 'tokenizer_config.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

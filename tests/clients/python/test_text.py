@@ -1,0 +1,191 @@
+"""Tokenizers of test models, chat templates, incremental detokenization and stop strings, without
+servers; and the package itself (version, stubs in step with the proto)."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import exl3serve_client
+from exl3serve_client.frontend.text import ModelTokenizer, StopMatcher
+from exl3serve_client.make_tokenizer import FAMILIES, write_tokenizer
+
+ROOT = Path(__file__).resolve().parents[3]
+
+ARCHS = {f.name: arch for arch, f in FAMILIES.items()}
+
+# Strings of the kinds the tokenizer must round-trip: Unicode, emoji, runs of whitespace, special
+# tokens written in text.
+SAMPLES = [
+    "Hello, world!", "  leading and trailing  ", "tabs\tand\nnewlines\n\n\n", "a" * 300,
+    "naïve café — déjà vu", "日本語のテキスト", "😀👍🏽🇫🇷❤️‍🔥", "mixed 123 4.56e7 -0x1F",
+    "\u00a0non-breaking\u2009thin", "    code:\n        return x * 2\n", "", " ", "\n",
+    "<|user|> written in text", "<|im_start|>user\nhi<|im_end|>", "[INST] x [/INST]</s>",
+    "<｜User｜>question<｜Assistant｜>", "\u200bzero\u200dwidth", "Ωμέγα", "emoji 🧪🧪🧪 run",
+]
+
+
+def _samples(n: int = 300) -> list[str]:
+    rng = random.Random(7)
+    alphabet = "abc XYZ 0123 \n\t é ß ж 中 文 😀 🚀 👍🏽 <|>[]{} \u00a0\u200d"
+    out = list(SAMPLES)
+    while len(out) < n:
+        out.append("".join(rng.choice(alphabet) for _ in range(rng.randint(1, 60))))
+    return out
+
+
+def _model_dir(tmp: Path, family: str, vocab: int = 512) -> Path:
+    d = tmp / family
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"architectures": [ARCHS[family]],
+                                               "vocab_size": vocab,
+                                               "max_position_embeddings": 4096}))
+    (d / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
+    write_tokenizer(d)
+    return d
+
+
+@pytest.fixture(scope="module", params=sorted(ARCHS))
+def family_dir(request, tmp_path_factory) -> Path:
+    return _model_dir(tmp_path_factory.mktemp("tok"), request.param)
+
+
+def test_package_version():
+    assert exl3serve_client.__version__ == "0.1.0"
+
+
+def test_stubs_in_step_with_proto(tmp_path):
+    """The stubs shipped in exl3serve/v1 are what clients/python/generate_stubs.sh makes of the proto."""
+    if not shutil.which("grpc_python_plugin") or not shutil.which("protoc"):
+        pytest.skip("protoc / grpc_python_plugin not installed (scripts/install-deps.sh)")
+    subprocess.run([str(ROOT / "clients/python/generate_stubs.sh"), str(tmp_path)], check=True,
+                   timeout=60)
+    for name in ("exl3serve_pb2.py", "exl3serve_pb2_grpc.py"):
+        assert filecmp.cmp(tmp_path / "exl3serve/v1" / name,
+                           ROOT / "clients/python/exl3serve/v1" / name, shallow=False), name
+
+
+def test_vocab_and_special_tokens(family_dir):
+    tok = ModelTokenizer(family_dir)
+    family = FAMILIES[ARCHS[family_dir.name]]
+    assert tok.vocab_size == 512
+    assert tok.tokenizer.id_to_token(0) == family.specials[0]
+    assert tok.tokenizer.id_to_token(1) == family.specials[1]
+    for s in family.specials:
+        assert tok.tokenizer.token_to_id(s) < len(family.specials)
+
+
+def test_round_trip(family_dir):
+    tok = ModelTokenizer(family_dir)
+    for s in _samples():
+        ids = tok.encode(s, add_special_tokens=False)
+        assert all(0 <= i < 512 for i in ids)
+        assert tok.tokenizer.decode(ids, skip_special_tokens=False) == s
+
+
+def test_incremental_detokenization_equals_decode(family_dir):
+    """Pieces joined equal decode of the whole output, for any split of random token ids (random
+    ids are what a random model emits: broken UTF-8 included), and no piece ends in a character
+    that later bytes would change."""
+    tok = ModelTokenizer(family_dir)
+    rng = random.Random(3)
+    for _ in range(1500):
+        ids = [rng.randrange(512) for _ in range(rng.randint(1, 50))]
+        d = tok.detokenizer()
+        pieces, i = [], 0
+        while i < len(ids):
+            k = rng.randint(1, 4)
+            pieces.append(d.add(ids[i:i + k]))
+            i += k
+        pieces.append(d.finish())
+        assert "".join(pieces) == tok.decode(ids), ids
+
+
+def test_multibyte_character_held_until_complete(family_dir):
+    tok = ModelTokenizer(family_dir)
+    ids = tok.encode("🚀ok", add_special_tokens=False)
+    d = tok.detokenizer()
+    pieces = [d.add([i]) for i in ids] + [d.finish()]
+    assert "".join(pieces) == "🚀ok"
+    assert all("\ufffd" not in p for p in pieces)
+
+
+EXPECTED_CHAT = {
+    "glm4_moe": "[gMASK]<sop><|system|>\nBe brief.<|user|>\nHi there<|assistant|>\nHello!"
+                "<|user|>\nAnd now?<|assistant|>\n",
+    "qwen3_moe": "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n"
+                 "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nAnd now?<|im_end|>\n"
+                 "<|im_start|>assistant\n",
+    "mixtral": "<s>Be brief.\n\n[INST] Hi there [/INST]Hello!</s>[INST] And now? [/INST]",
+    "deepseek_v3": "<｜begin▁of▁sentence｜>Be brief.<｜User｜>Hi there<｜Assistant｜>Hello!"
+                   "<｜end▁of▁sentence｜><｜User｜>And now?<｜Assistant｜>",
+}
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "And now?"}]
+
+
+def test_chat_template_rendering(family_dir):
+    tok = ModelTokenizer(family_dir)
+    assert tok.render_chat(CHAT) == EXPECTED_CHAT[family_dir.name]
+    ids = tok.encode_chat(CHAT)
+    assert ids == tok.encode(EXPECTED_CHAT[family_dir.name], add_special_tokens=False)
+    assert tok.decode(ids, skip_special_tokens=False) == EXPECTED_CHAT[family_dir.name]
+
+
+def test_chat_template_refuses_unknown_role(family_dir):
+    from exl3serve_client.frontend.text import ChatTemplateError
+    with pytest.raises(ChatTemplateError):
+        ModelTokenizer(family_dir).render_chat([{"role": "wizard", "content": "x"}])
+
+
+def test_transformers_environment_features(tmp_path):
+    """The template environment is transformers': trim_blocks/lstrip_blocks, loopcontrols,
+    tojson without ASCII escapes, the generation tag."""
+    d = _model_dir(tmp_path, "qwen3_moe")
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = (
+        "{% for m in messages %}\n"
+        "  {% if loop.index > 2 %}{% break %}{% endif %}\n"
+        "{% generation %}{{ m | tojson }}{% endgeneration %}\n"
+        "{% endfor %}")
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    out = ModelTokenizer(d).render_chat([{"role": "user", "content": "é"}] * 3)
+    assert out == '{"role": "user", "content": "é"}' * 2
+
+
+def test_same_as_transformers(family_dir):
+    """Tokenization and chat rendering equal transformers' AutoTokenizer on the same files."""
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(family_dir))
+    tok = ModelTokenizer(family_dir)
+    for s in _samples():
+        assert hf(s)["input_ids"] == tok.encode(s), s
+        ids = tok.encode(s, add_special_tokens=False)
+        assert hf.decode(ids, skip_special_tokens=True) == tok.decode(ids), s
+    assert hf.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True) == \
+        tok.render_chat(CHAT)
+    rendered = hf.apply_chat_template(CHAT, tokenize=True, add_generation_prompt=True)
+    if isinstance(rendered, dict) or hasattr(rendered, "keys"):
+        rendered = rendered["input_ids"]
+    assert list(rendered) == tok.encode_chat(CHAT)
+
+
+@pytest.mark.parametrize("stops,pieces,want,stopped", [
+    (["STOP"], ["ab", "cS", "TO", "Pz"], "abc", True),
+    (["STOP"], ["ab", "cS", "TO", "x"], "abcSTOx", False),
+    (["\n\n", "END"], ["line\n", "\nnext"], "line", True),
+    (["xy", "abc"], ["zab", "cxy"], "z", True),         # the earlier match wins
+    ([], ["a", "b"], "ab", False),
+    (["é!"], ["caf", "é", "!", "more"], "caf", True),
+])
+def test_stop_strings_across_pieces(stops, pieces, want, stopped):
+    m = StopMatcher(stops)
+    out = "".join(m.push(p, final=(i == len(pieces) - 1)) for i, p in enumerate(pieces))
+    assert out == want
+    assert m.stopped == stopped
