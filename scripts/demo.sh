@@ -169,6 +169,14 @@ start_worker worker-hot "$WH" "$MH"
 PIDS+=($!)
 wait_ready router "http://127.0.0.1:$MR/metrics" exl3_router_ready $!
 echo "  router ready (gRPC 127.0.0.1:$RP: MoeRouter and Generator, metrics 127.0.0.1:$MR)"
+# A second router, experts in process, serving a transformers fixture's model: its greedy tokens
+# are checked against transformers' own.
+FIXTURE="$ROOT/tests/fixtures/engine/glm4_moe_all"
+FP=$(free_port); FM=$(free_port)
+"$BIN/exl3-router" --model "$FIXTURE" --listen "127.0.0.1:$FP" --metrics-listen "127.0.0.1:$FM" \
+  --kv-cache-tokens 2048 >"$WORK/logs/router-fixture.log" 2>&1 &
+PIDS+=($!)
+echo "  router on the transformers fixture $FIXTURE (127.0.0.1:$FP)"
 "$VENV/bin/exl3serve-openai" --engine "127.0.0.1:$RP" --model "$MODEL" --listen "127.0.0.1:$OP" \
   >"$WORK/logs/frontend.log" 2>&1 &
 PIDS+=($!)
@@ -234,7 +242,8 @@ say "layer verification passed"
 set +e
 "$VENV/bin/python" scripts/lib/generate_demo.py --url "$OPENAI_URL" --engine "127.0.0.1:$RP" \
   --model-dir "$MODEL" --requests "$GEN_REQUESTS" --concurrency "$GEN_CONCURRENCY" \
-  --max-tokens 32 --summary "$WORK/generate-summary.txt"
+  --max-tokens 32 --summary "$WORK/generate-summary.txt" \
+  --fixture "$FIXTURE" --fixture-engine "127.0.0.1:$FP"
 GEN_STATUS=$?
 set -e
 if [ "$GEN_STATUS" -ne 0 ]; then

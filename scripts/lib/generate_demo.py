@@ -1,7 +1,8 @@
 """The generation half of scripts/demo.sh, run with BUILD_DIR/frontend-venv's Python: chat
 completions through the OpenAI-compatible front end with the official openai SDK (one streaming,
 printed as it arrives), greedy token ids through the front end checked against a direct Generate
-call, a short concurrent streaming load, and the summary line
+call, greedy token ids of the transformers fixture (tests/fixtures/engine/README.md) through a
+second router serving that model, a short concurrent streaming load, and the summary line
 
     generate: requests=R ok=R failed=0 reference_match=M/M ttft_p50_ms=X itl_p50_ms=Y tok_s=Z
 
@@ -13,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
+import struct
 import sys
 import time
 from pathlib import Path
@@ -76,6 +79,39 @@ def reference(client: openai.OpenAI, model: str, engine: str, tok: ModelTokenize
     return matched, len(prompts)
 
 
+def read_int_tensors(path: Path) -> dict[str, list[int]]:
+    """The int32 tensors of a safetensors file (8-byte little-endian header size, JSON header,
+    then the data)."""
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    data = raw[8 + n:]
+    out = {}
+    for name, t in header.items():
+        if name != "__metadata__" and t["dtype"] == "I32":
+            b, e = t["data_offsets"]
+            out[name] = list(struct.unpack(f"<{(e - b) // 4}i", data[b:e]))
+    return out
+
+
+def transformers_reference(engine: str, fixture: Path) -> tuple[int, int]:
+    """Greedy ids through a router serving the fixture's model against transformers' own."""
+    ref = read_int_tensors(fixture / "reference.safetensors")
+    matched, total = 0, 0
+    with GenerateClient(engine) as g:
+        g.wait_ready(timeout=60)  # the router listens once its model is loaded
+        while f"prompt.{total}" in ref:
+            prompt, want = ref[f"prompt.{total}"], ref[f"greedy.{total}"]
+            got = g.generate(prompt, max_tokens=len(want), temperature=0, ignore_eos=True,
+                             timeout=120).token_ids
+            ok = got == want
+            matched += ok
+            print(f"  {'match' if ok else 'MISMATCH'}  prompt of {len(prompt)} tokens: "
+                  f"{len(want)} greedy tokens{'' if ok else f': {got} vs transformers {want}'}")
+            total += 1
+    return matched, total
+
+
 async def run_pool(one, n: int, concurrency: int, timeout: float = 600.0) -> float:
     """Runs one(0..n-1) with `concurrency` at a time; returns the wall time."""
     todo = list(range(n))
@@ -136,6 +172,8 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--reference-prompts", type=int, default=3)
     ap.add_argument("--summary", type=Path, required=True, help="file for the summary line")
+    ap.add_argument("--fixture", type=Path, help="a transformers fixture's model directory")
+    ap.add_argument("--fixture-engine", help="HOST:PORT of a router serving --fixture")
     args = ap.parse_args()
 
     client = openai.OpenAI(base_url=args.url, api_key="none", max_retries=0, timeout=120)
@@ -152,6 +190,11 @@ def main() -> int:
     matched, total = reference(client, model, args.engine, tok,
                                PROMPTS[:args.reference_prompts], args.max_tokens)
     sent += total
+    if args.fixture and args.fixture_engine:
+        print(f"\n\033[1m== reference: greedy token ids of {args.fixture} against transformers' "
+              "own (recorded by scripts/conformance/engine_fixtures.py)\033[0m")
+        m, t = transformers_reference(args.fixture_engine, args.fixture)
+        matched, total, sent = matched + m, total + t, sent + t
 
     print(f"\n\033[1m== load: {args.requests} streamed chat completions, {args.concurrency} at once, "
           f"{args.max_tokens} tokens each (openai.AsyncOpenAI)\033[0m")
