@@ -254,6 +254,48 @@ bool Engine::Intake() {
   return !stopping;
 }
 
+void Engine::Deliver(const std::vector<SequenceUpdate>& updates, SteadyTime now) {
+  for (const SequenceUpdate& u : updates) {
+    Request& r = requests_.at(u.sequence_id);
+    r.progress = u.progress;
+    if (!r.first_token.has_value()) {
+      r.first_token = now;
+    } else {
+      const double gap = Seconds(now - r.last_token);
+      r.inter_token_sum_s += gap;
+      r.inter_token_max_s = std::max(r.inter_token_max_s, gap);
+    }
+    r.last_token = now;
+    if (u.finish.has_value()) {
+      Finish(u.sequence_id, *u.finish, absl::OkStatus(), {u.token});
+    } else {
+      GenerateEvent e;
+      e.request_id = u.sequence_id;
+      e.tag = r.tag;
+      e.tokens.push_back(u.token);
+      r.on_event(e);
+    }
+  }
+}
+
+// A failed step of several sequences: each chunk runs again alone, so only the sequences whose
+// own tokens fail (e.g. routed to experts no worker serves) fail. The chunks' earlier writes to
+// the cache are rewritten with the same values.
+void Engine::RetryChunksAlone(const ScheduledStep& step) {
+  for (const SequenceChunk& chunk : step.batch.chunks) {
+    if (!requests_.contains(chunk.sequence_id)) continue;  // cancelled during the step
+    ScheduledStep alone;
+    alone.batch.chunks.push_back(chunk);
+    std::vector<float> logits(static_cast<size_t>(alone.batch.NumLogitRows()) * info_.vocab_size);
+    const absl::Status st = runner_->Forward(alone.batch, logits.data());
+    if (st.ok()) {
+      Deliver(scheduler_->CompleteStep(alone, logits, sampling_pool_.get()), Clock::now());
+    } else {
+      for (int64_t id : scheduler_->FailStep(alone)) Finish(id, FinishReason::kError, st);
+    }
+  }
+}
+
 void Engine::ApplyCancels(std::vector<uint64_t> cancels) {
   if (cancels.empty()) return;
   for (uint64_t id : cancels) {
@@ -313,34 +355,19 @@ void Engine::RunStep() {
 
   double sample_s = 0;
   if (forward.ok()) {
-    const std::vector<SequenceUpdate> updates = scheduler_->CompleteStep(step, logits_, sampling_pool_.get());
+    const std::vector<SequenceUpdate> updates =
+        scheduler_->CompleteStep(step, logits_, sampling_pool_.get());
     const SteadyTime t4 = Clock::now();
     sample_s = Seconds(t4 - t3);
-    for (const SequenceUpdate& u : updates) {
-      Request& r = requests_.at(u.sequence_id);
-      r.progress = u.progress;
-      if (!r.first_token.has_value()) {
-        r.first_token = t4;
-      } else {
-        const double gap = Seconds(t4 - r.last_token);
-        r.inter_token_sum_s += gap;
-        r.inter_token_max_s = std::max(r.inter_token_max_s, gap);
-      }
-      r.last_token = t4;
-      if (u.finish.has_value()) {
-        Finish(u.sequence_id, *u.finish, absl::OkStatus(), {u.token});
-      } else {
-        GenerateEvent e;
-        e.request_id = u.sequence_id;
-        e.tag = r.tag;
-        e.tokens.push_back(u.token);
-        r.on_event(e);
-      }
-    }
+    Deliver(updates, t4);
   } else {
     m.failed = true;
     ++failed_steps_;
-    for (int64_t id : scheduler_->FailStep(step)) Finish(id, FinishReason::kError, forward);
+    if (step.batch.chunks.size() > 1) {
+      RetryChunksAlone(step);
+    } else {
+      for (int64_t id : scheduler_->FailStep(step)) Finish(id, FinishReason::kError, forward);
+    }
   }
   m.sample_s = sample_s;
   m.bookkeeping_s = Seconds(Clock::now() - t0) - m.schedule_s - m.forward_s - m.sample_s;

@@ -25,7 +25,9 @@
 //   FAILED_PRECONDITION Start has not succeeded.
 // Final events with kError carry DEADLINE_EXCEEDED (the request's deadline passed; checked at
 // every step), the runner's status (the step that held the request failed; the engine goes on
-// with the other requests), or RESOURCE_EXHAUSTED (the sequence outgrew the whole KV cache).
+// with the other requests; a failed step of several sequences runs each alone once more, so only
+// the sequences whose own tokens fail end), or RESOURCE_EXHAUSTED (the sequence outgrew the whole
+// KV cache).
 #pragma once
 
 #include <chrono>
@@ -205,6 +207,9 @@ class Engine {
   // Takes new requests and cancels from the submitting threads. False once Stop was called.
   bool Intake();
   void RunStep();
+  // Tokens of a completed step (or chunk) to their requests: events, finishes, timings.
+  void Deliver(const std::vector<SequenceUpdate>& updates, SteadyTime now);
+  void RetryChunksAlone(const ScheduledStep& step);
   void ApplyCancels(std::vector<uint64_t> cancels);
   void ExpireDeadlines(SteadyTime now);
   // Removes the request everywhere and sends its final event.

@@ -454,6 +454,31 @@ TEST(Engine, RunnerErrorFailsOnlyThatStepsSequences) {
   EXPECT_EQ(s.kv_usage, 0.0);
 }
 
+TEST(Engine, AFailedStepOfSeveralSequencesFailsOnlyTheSequenceThatFailsAlone) {
+  // The runner fails every step holding sequence a's chunks (as a MoE call fails for tokens
+  // routed to experts no worker serves); b shares the first failing step and goes on.
+  auto t = StartEngine();
+  std::atomic<int64_t> poisoned{-1};
+  t->fake->SetFault([&](int, const StepBatch& batch) {
+    for (const SequenceChunk& c : batch.chunks)
+      if (c.sequence_id == poisoned.load() && c.start_position >= 14)
+        return absl::UnavailableError("no serving worker holds layer 1 experts 0-3");
+    return absl::OkStatus();
+  });
+  GenerateParams a = Params(10, 1, 20, false), b = Params(12, 2, 20, true);
+  a.ignore_eos = b.ignore_eos = true;
+  const uint64_t ia = SubmitOk(*t, a);
+  poisoned = static_cast<int64_t>(ia);
+  const uint64_t ib = SubmitOk(*t, b);
+  ASSERT_TRUE(t->events.WaitFinished(ia));
+  ASSERT_TRUE(t->events.WaitFinished(ib));
+  EXPECT_EQ(t->events.Finish(ia).reason, FinishReason::kError);
+  EXPECT_EQ(t->events.Finish(ia).status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(t->events.Finish(ib).reason, FinishReason::kLength);
+  EXPECT_EQ(t->events.Tokens(ib), RunAlone(b));
+  EXPECT_EQ(IdleStats(*t).kv_usage, 0.0);
+}
+
 TEST(Engine, DrainFinishesWhatRunsAndRefusesNewWork) {
   auto t = StartEngine();
   std::vector<uint64_t> ids;
