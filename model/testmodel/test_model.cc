@@ -150,6 +150,30 @@ absl::Status WriteIndex(const fs::path& dir, const json& weight_map) {
   return WriteText(dir / "model.safetensors.index.json", index.dump(2) + "\n");
 }
 
+// One linear layer [out_f, in_f]: EXL3 with random trellis bits (exl3, both dimensions multiples
+// of 128) or an HF bf16 weight.
+void AddLinear(const std::string& prefix, int out_f, int in_f, bool down, bool exl3,
+               const SyntheticOptions* so, std::vector<GenTensor>* out) {
+  if (!exl3 || out_f % 128 != 0 || in_f % 128 != 0) {
+    out->push_back({prefix + ".weight", DType::kBF16, {out_f, in_f}, GenTensor::kGaussian, 0.02f});
+    return;
+  }
+  const int K = down && so->down_bits > 0 ? so->down_bits : so->bits;
+  out->push_back({prefix + ".trellis", DType::kI16, {in_f / 16, out_f / 16, 16 * K},
+                  GenTensor::kRandomBits});
+  out->push_back({prefix + ".suh", DType::kF16, {in_f}, GenTensor::kSigns, 1.0f});
+  // |svh| = 1 / (1.24 sqrt(in)): unit-variance inputs give roughly unit-variance outputs.
+  out->push_back({prefix + ".svh", DType::kF16, {out_f}, GenTensor::kSigns,
+                  static_cast<float>(1.0 / (1.24 * std::sqrt(static_cast<double>(in_f))))});
+  std::string suffix;
+  int32_t flag;
+  if (CodebookFlag(so->codebook, &suffix, &flag)) {
+    GenTensor t{prefix + "." + suffix, DType::kI32, {}, GenTensor::kFlag};
+    t.flag = flag;
+    out->push_back(t);
+  }
+}
+
 // The expert-related tensors of MoE layer L in HF form (bf16 weights) or EXL3 form.
 void AddMoeTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool exl3,
                    const SyntheticOptions* so, std::vector<GenTensor>* out) {
@@ -157,39 +181,98 @@ void AddMoeTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool exl
   out->push_back({RouterWeightKey(cfg, L), DType::kBF16, {s.experts, H}, GenTensor::kGaussian, 0.02f});
   const std::string bias = CorrectionBiasKey(cfg, L);
   if (!bias.empty()) out->push_back({bias, DType::kF32, {s.experts}, GenTensor::kBias, 0.05f});
-  auto add_linear = [&](const std::string& prefix, int out_f, int in_f, bool down) {
-    if (!exl3) {
-      out->push_back({prefix + ".weight", DType::kBF16, {out_f, in_f}, GenTensor::kGaussian,
-                      0.02f});
-      return;
-    }
-    const int K = down && so->down_bits > 0 ? so->down_bits : so->bits;
-    out->push_back({prefix + ".trellis", DType::kI16, {in_f / 16, out_f / 16, 16 * K},
-                    GenTensor::kRandomBits});
-    out->push_back({prefix + ".suh", DType::kF16, {in_f}, GenTensor::kSigns, 1.0f});
-    // |svh| = 1 / (1.24 sqrt(in)): unit-variance inputs give roughly unit-variance outputs.
-    out->push_back({prefix + ".svh", DType::kF16, {out_f}, GenTensor::kSigns,
-                    static_cast<float>(1.0 / (1.24 * std::sqrt(static_cast<double>(in_f))))});
-    std::string suffix;
-    int32_t flag;
-    if (CodebookFlag(so->codebook, &suffix, &flag)) {
-      GenTensor t{prefix + "." + suffix, DType::kI32, {}, GenTensor::kFlag};
-      t.flag = flag;
-      out->push_back(t);
-    }
-  };
   const int I = s.intermediate;
   for (int e = 0; e < s.experts; ++e) {
-    add_linear(RoutedExpertPrefix(cfg, L, e, Projection::kGate), I, H, false);
-    add_linear(RoutedExpertPrefix(cfg, L, e, Projection::kUp), I, H, false);
-    add_linear(RoutedExpertPrefix(cfg, L, e, Projection::kDown), H, I, true);
+    AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kGate), I, H, false, exl3, so, out);
+    AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kUp), I, H, false, exl3, so, out);
+    AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kDown), H, I, true, exl3, so, out);
   }
   if (cfg.has_shared_expert()) {
     const int SI = cfg.shared_intermediate_size;
-    add_linear(SharedExpertPrefix(cfg, L, Projection::kGate), SI, H, false);
-    add_linear(SharedExpertPrefix(cfg, L, Projection::kUp), SI, H, false);
-    add_linear(SharedExpertPrefix(cfg, L, Projection::kDown), H, SI, true);
+    AddLinear(SharedExpertPrefix(cfg, L, Projection::kGate), SI, H, false, exl3, so, out);
+    AddLinear(SharedExpertPrefix(cfg, L, Projection::kUp), SI, H, false, exl3, so, out);
+    AddLinear(SharedExpertPrefix(cfg, L, Projection::kDown), H, SI, true, exl3, so, out);
   }
+}
+
+GenTensor NormTensor(std::string name, int64_t n) {
+  return GenTensor{std::move(name), DType::kBF16, {n}, GenTensor::kNorm};
+}
+
+// Every tensor of decoder layer L: norms, attention (the family's), dense MLP or MoE block.
+void AddLayerTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool exl3,
+                     const SyntheticOptions* so, std::vector<GenTensor>* t) {
+  const int H = s.hidden, heads = s.heads;
+  const std::string p = absl::StrCat("model.layers.", L, ".");
+  auto linear = [&](const std::string& name, int out_f, int in_f, bool down = false) {
+    AddLinear(p + name, out_f, in_f, down, exl3, so, t);
+  };
+  t->push_back(NormTensor(p + "input_layernorm.weight", H));
+  if (s.arch == "deepseek_v3") {  // MLA
+    const int qd = s.qk_nope_head_dim + s.qk_rope_head_dim;
+    linear("self_attn.q_a_proj", s.q_lora_rank, H);
+    t->push_back(NormTensor(p + "self_attn.q_a_layernorm.weight", s.q_lora_rank));
+    linear("self_attn.q_b_proj", heads * qd, s.q_lora_rank);
+    linear("self_attn.kv_a_proj_with_mqa", s.kv_lora_rank + s.qk_rope_head_dim, H);
+    t->push_back(NormTensor(p + "self_attn.kv_a_layernorm.weight", s.kv_lora_rank));
+    linear("self_attn.kv_b_proj", heads * (s.qk_nope_head_dim + s.v_head_dim), s.kv_lora_rank);
+    linear("self_attn.o_proj", H, heads * s.v_head_dim);
+  } else {
+    const int hd = s.head_dim, kv = s.kv_heads;
+    linear("self_attn.q_proj", heads * hd, H);
+    linear("self_attn.k_proj", kv * hd, H);
+    linear("self_attn.v_proj", kv * hd, H);
+    linear("self_attn.o_proj", H, heads * hd);
+    if (s.arch == "glm4_moe") {  // attention_bias
+      t->push_back({p + "self_attn.q_proj.bias", DType::kBF16, {heads * hd}, GenTensor::kGaussian, 0.02f});
+      t->push_back({p + "self_attn.k_proj.bias", DType::kBF16, {kv * hd}, GenTensor::kGaussian, 0.02f});
+      t->push_back({p + "self_attn.v_proj.bias", DType::kBF16, {kv * hd}, GenTensor::kGaussian, 0.02f});
+    }
+    if (s.arch == "qwen3_moe") {
+      t->push_back(NormTensor(p + "self_attn.q_norm.weight", hd));
+      t->push_back(NormTensor(p + "self_attn.k_norm.weight", hd));
+    }
+  }
+  t->push_back(NormTensor(p + "post_attention_layernorm.weight", H));
+  if (cfg.IsMoeLayer(L)) {
+    AddMoeTensors(s, cfg, L, exl3, so, t);
+  } else {
+    linear("mlp.gate_proj", s.dense_intermediate, H);
+    linear("mlp.up_proj", s.dense_intermediate, H);
+    linear("mlp.down_proj", H, s.dense_intermediate, /*down=*/true);
+  }
+}
+
+// The whole model's tensors, one shard per layer; embeddings with the first, the final norm and
+// the head with the last.
+std::vector<std::vector<GenTensor>> WholeModelShards(const TestModelSpec& s, const MoeConfig& cfg,
+                                                     bool exl3, const SyntheticOptions* so) {
+  std::vector<std::vector<GenTensor>> shards(s.layers);
+  shards[0].push_back({"model.embed_tokens.weight", DType::kBF16, {s.vocab, s.hidden},
+                       GenTensor::kGaussian, 0.02f});
+  for (int L = 0; L < s.layers; ++L) AddLayerTensors(s, cfg, L, exl3, so, &shards[L]);
+  shards.back().push_back(NormTensor("model.norm.weight", s.hidden));
+  AddLinear("lm_head", s.vocab, s.hidden, false, exl3, so, &shards.back());
+  return shards;
+}
+
+// The synthetic model's shards: the whole model, or one shard per MoE layer.
+std::vector<std::vector<GenTensor>> SyntheticShards(const TestModelSpec& s, const MoeConfig& cfg,
+                                                    const SyntheticOptions& so) {
+  if (so.whole_model) return WholeModelShards(s, cfg, /*exl3=*/true, &so);
+  std::vector<std::vector<GenTensor>> shards;
+  for (int L : cfg.MoeLayers()) {
+    shards.emplace_back();
+    AddMoeTensors(s, cfg, L, /*exl3=*/true, &so, &shards.back());
+  }
+  return shards;
+}
+
+uint64_t ShardsBytes(const std::vector<std::vector<GenTensor>>& shards) {
+  uint64_t total = 0;
+  for (const auto& sh : shards)
+    for (const auto& t : sh) total += static_cast<uint64_t>(NumElements(t.shape)) * DTypeSize(t.dtype);
+  return total;
 }
 
 absl::StatusOr<MoeConfig> ParsedConfig(const TestModelSpec& s) {
@@ -229,6 +312,14 @@ absl::StatusOr<TestModelSpec> ResolveTestModelSpec(const TestModelSpec& in) {
     }
   }
   if (s.topk_group < 0) s.topk_group = std::max(1, s.n_group / 2);
+  if (s.kv_heads <= 0) s.kv_heads = s.arch == "deepseek_v3" ? s.heads : 2;
+  if (s.head_dim <= 0 && s.heads > 0) s.head_dim = s.hidden / s.heads;
+  if (s.heads < 1 || s.kv_heads < 1 || s.heads % s.kv_heads != 0 || s.head_dim < 2 ||
+      s.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--heads ", s.heads, " must be a multiple of --kv-heads ", s.kv_heads,
+        " and the head dimension (", s.head_dim, ") even"));
+  }
   if (s.layers < 1 || s.layers > 4096) return absl::InvalidArgumentError("--layers must be in 1..4096");
   if (s.dense_layers >= s.layers) {
     return absl::InvalidArgumentError("--dense-layers leaves no MoE layer (must be < --layers)");
@@ -254,14 +345,14 @@ absl::StatusOr<TestModelSpec> ResolveTestModelSpec(const TestModelSpec& in) {
 
 json TestModelConfig(const TestModelSpec& s) {
   json j;
-  const int heads = 4;
+  const int heads = s.heads;
   if (s.arch == "glm4_moe") {
     j = {{"architectures", {"Glm4MoeForCausalLM"}}, {"model_type", "glm4_moe"},
-         {"attention_bias", true}, {"attention_dropout", 0.0}, {"head_dim", s.hidden / heads},
+         {"attention_bias", true}, {"attention_dropout", 0.0}, {"head_dim", s.head_dim},
          {"hidden_act", "silu"}, {"hidden_size", s.hidden}, {"initializer_range", 0.02},
          {"intermediate_size", s.dense_intermediate}, {"max_position_embeddings", 4096},
          {"moe_intermediate_size", s.intermediate}, {"norm_topk_prob", true},
-         {"num_attention_heads", heads}, {"num_key_value_heads", 2}, {"n_group", s.n_group},
+         {"num_attention_heads", heads}, {"num_key_value_heads", s.kv_heads}, {"n_group", s.n_group},
          {"topk_group", s.topk_group}, {"n_routed_experts", s.experts},
          {"n_shared_experts", s.shared}, {"routed_scaling_factor", s.routed_scaling_factor},
          {"num_experts_per_tok", s.top_k}, {"first_k_dense_replace", s.dense_layers},
@@ -279,20 +370,21 @@ json TestModelConfig(const TestModelSpec& s) {
          {"topk_method", "noaux_tc"}, {"norm_topk_prob", true},
          {"first_k_dense_replace", s.dense_layers}, {"moe_layer_freq", 1},
          {"num_hidden_layers", s.layers}, {"num_attention_heads", heads},
-         {"num_key_value_heads", heads}, {"q_lora_rank", 64}, {"kv_lora_rank", 32},
-         {"qk_nope_head_dim", 32}, {"qk_rope_head_dim", 16}, {"v_head_dim", 32},
+         {"num_key_value_heads", s.kv_heads}, {"q_lora_rank", s.q_lora_rank},
+         {"kv_lora_rank", s.kv_lora_rank}, {"qk_nope_head_dim", s.qk_nope_head_dim},
+         {"qk_rope_head_dim", s.qk_rope_head_dim}, {"v_head_dim", s.v_head_dim},
          {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0},
          {"num_nextn_predict_layers", 0}, {"ep_size", 1}, {"tie_word_embeddings", false},
          {"torch_dtype", "bfloat16"}, {"vocab_size", s.vocab}};
   } else if (s.arch == "qwen3_moe") {
     j = {{"architectures", {"Qwen3MoeForCausalLM"}}, {"model_type", "qwen3_moe"},
-         {"attention_bias", false}, {"head_dim", s.hidden / heads}, {"hidden_act", "silu"},
+         {"attention_bias", false}, {"head_dim", s.head_dim}, {"hidden_act", "silu"},
          {"hidden_size", s.hidden}, {"initializer_range", 0.02},
          {"intermediate_size", s.dense_intermediate}, {"moe_intermediate_size", s.intermediate},
          {"num_experts", s.experts}, {"num_experts_per_tok", s.top_k}, {"norm_topk_prob", true},
          {"decoder_sparse_step", 1}, {"mlp_only_layers", json::array()},
          {"num_hidden_layers", s.layers}, {"num_attention_heads", heads},
-         {"num_key_value_heads", 2}, {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-6},
+         {"num_key_value_heads", s.kv_heads}, {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-6},
          {"rope_theta", 1000000.0}, {"router_aux_loss_coef", 0.001},
          {"output_router_logits", false}, {"tie_word_embeddings", false},
          {"torch_dtype", "bfloat16"}, {"vocab_size", s.vocab}};
@@ -301,9 +393,9 @@ json TestModelConfig(const TestModelSpec& s) {
          {"hidden_act", "silu"}, {"hidden_size", s.hidden}, {"initializer_range", 0.02},
          {"intermediate_size", s.intermediate}, {"num_local_experts", s.experts},
          {"num_experts_per_tok", s.top_k}, {"num_hidden_layers", s.layers},
-         {"num_attention_heads", heads}, {"num_key_value_heads", 2},
-         {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-5}, {"rope_theta", 1000000.0},
-         {"router_aux_loss_coef", 0.02}, {"sliding_window", nullptr},
+         {"num_attention_heads", heads}, {"num_key_value_heads", s.kv_heads},
+         {"head_dim", s.head_dim}, {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-5},
+         {"rope_theta", 1000000.0}, {"router_aux_loss_coef", 0.02}, {"sliding_window", nullptr},
          {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"}, {"vocab_size", s.vocab}};
   }
   if (s.swiglu_limit > 0) j["swiglu_limit"] = s.swiglu_limit;
@@ -322,58 +414,9 @@ absl::Status WriteHfTestModel(const TestModelSpec& spec, const std::string& dir_
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir_str, ": ", ec.message()));
 
-  const int H = s.hidden, heads = 4;
-  std::vector<std::vector<GenTensor>> shards(s.layers);
-  auto bf16 = [](std::string name, std::vector<int64_t> shape) {
-    return GenTensor{std::move(name), DType::kBF16, std::move(shape), GenTensor::kGaussian, 0.02f};
-  };
-  auto norm = [](std::string name, int64_t n) {
-    return GenTensor{std::move(name), DType::kBF16, {n}, GenTensor::kNorm};
-  };
-  shards[0].push_back(bf16("model.embed_tokens.weight", {s.vocab, H}));
-  for (int L = 0; L < s.layers; ++L) {
-    std::vector<GenTensor>& t = shards[L];
-    const std::string p = absl::StrCat("model.layers.", L, ".");
-    t.push_back(norm(p + "input_layernorm.weight", H));
-    if (s.arch == "deepseek_v3") {  // MLA
-      t.push_back(bf16(p + "self_attn.q_a_proj.weight", {64, H}));
-      t.push_back(norm(p + "self_attn.q_a_layernorm.weight", 64));
-      t.push_back(bf16(p + "self_attn.q_b_proj.weight", {heads * 48, 64}));
-      t.push_back(bf16(p + "self_attn.kv_a_proj_with_mqa.weight", {48, H}));
-      t.push_back(norm(p + "self_attn.kv_a_layernorm.weight", 32));
-      t.push_back(bf16(p + "self_attn.kv_b_proj.weight", {heads * 64, 32}));
-      t.push_back(bf16(p + "self_attn.o_proj.weight", {H, heads * 32}));
-    } else {
-      const int hd = H / heads, kv = s.arch == "mixtral" || s.arch == "qwen3_moe" || s.arch == "glm4_moe" ? 2 : heads;
-      t.push_back(bf16(p + "self_attn.q_proj.weight", {heads * hd, H}));
-      t.push_back(bf16(p + "self_attn.k_proj.weight", {kv * hd, H}));
-      t.push_back(bf16(p + "self_attn.v_proj.weight", {kv * hd, H}));
-      t.push_back(bf16(p + "self_attn.o_proj.weight", {H, heads * hd}));
-      if (s.arch == "glm4_moe") {
-        t.push_back(bf16(p + "self_attn.q_proj.bias", {heads * hd}));
-        t.push_back(bf16(p + "self_attn.k_proj.bias", {kv * hd}));
-        t.push_back(bf16(p + "self_attn.v_proj.bias", {kv * hd}));
-      }
-      if (s.arch == "qwen3_moe") {
-        t.push_back(norm(p + "self_attn.q_norm.weight", hd));
-        t.push_back(norm(p + "self_attn.k_norm.weight", hd));
-      }
-    }
-    t.push_back(norm(p + "post_attention_layernorm.weight", H));
-    if (cfg->IsMoeLayer(L)) {
-      AddMoeTensors(s, *cfg, L, /*exl3=*/false, nullptr, &t);
-    } else {
-      t.push_back(bf16(p + "mlp.gate_proj.weight", {s.dense_intermediate, H}));
-      t.push_back(bf16(p + "mlp.up_proj.weight", {s.dense_intermediate, H}));
-      t.push_back(bf16(p + "mlp.down_proj.weight", {H, s.dense_intermediate}));
-    }
-  }
-  shards.back().push_back(norm("model.norm.weight", H));
-  shards.back().push_back(bf16("lm_head.weight", {s.vocab, H}));
-
-  uint64_t total = 0;
-  for (const auto& sh : shards)
-    for (const auto& t : sh) total += static_cast<uint64_t>(NumElements(t.shape)) * DTypeSize(t.dtype);
+  const std::vector<std::vector<GenTensor>> shards =
+      WholeModelShards(s, *cfg, /*exl3=*/false, /*so=*/nullptr);
+  const uint64_t total = ShardsBytes(shards);
   ProgressBar bar("exl3-tool make-test-model (hf)", total, progress);
   json weight_map = json::object();
   for (int i = 0; i < s.layers; ++i) {
@@ -390,15 +433,11 @@ absl::Status WriteHfTestModel(const TestModelSpec& spec, const std::string& dir_
 }
 
 uint64_t SyntheticModelBytes(const TestModelSpec& spec, const SyntheticOptions& opts) {
-  absl::StatusOr<MoeConfig> cfg = ParsedConfig(spec);
+  absl::StatusOr<TestModelSpec> rs = ResolveTestModelSpec(spec);
+  if (!rs.ok()) return 0;
+  absl::StatusOr<MoeConfig> cfg = ParsedConfig(*rs);
   if (!cfg.ok()) return 0;
-  uint64_t total = 0;
-  for (int L : cfg->MoeLayers()) {
-    std::vector<GenTensor> t;
-    AddMoeTensors(spec, *cfg, L, true, &opts, &t);
-    for (const auto& g : t) total += static_cast<uint64_t>(NumElements(g.shape)) * DTypeSize(g.dtype);
-  }
-  return total;
+  return ShardsBytes(SyntheticShards(*rs, *cfg, opts));
 }
 
 absl::Status WriteSyntheticExl3Model(const TestModelSpec& spec, const SyntheticOptions& opts,
@@ -417,16 +456,13 @@ absl::Status WriteSyntheticExl3Model(const TestModelSpec& spec, const SyntheticO
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir_str, ": ", ec.message()));
 
-  const std::vector<int> moe = cfg->MoeLayers();
-  ProgressBar bar("exl3-tool make-test-model (synthetic)", SyntheticModelBytes(s, opts),
-                  opts.progress);
+  const std::vector<std::vector<GenTensor>> shards = SyntheticShards(s, *cfg, opts);
+  ProgressBar bar("exl3-tool make-test-model (synthetic)", ShardsBytes(shards), opts.progress);
   json weight_map = json::object();
-  for (size_t i = 0; i < moe.size(); ++i) {
-    std::vector<GenTensor> t;
-    AddMoeTensors(s, *cfg, moe[i], /*exl3=*/true, &opts, &t);
-    bar.SetDetail(absl::StrCat("layer ", moe[i]));
-    absl::Status st = WriteShard(dir / ShardName(static_cast<int>(i), static_cast<int>(moe.size())),
-                                 t, s.seed, &bar, &weight_map);
+  for (size_t i = 0; i < shards.size(); ++i) {
+    bar.SetDetail(absl::StrCat("shard ", i + 1, " of ", shards.size()));
+    absl::Status st = WriteShard(dir / ShardName(static_cast<int>(i), static_cast<int>(shards.size())),
+                                 shards[i], s.seed, &bar, &weight_map);
     if (!st.ok()) return st;
   }
   bar.Finish();
@@ -441,6 +477,11 @@ absl::Status WriteSyntheticExl3Model(const TestModelSpec& spec, const SyntheticO
                               {"codebook", std::string(CodebookName(opts.codebook))},
                               {"expert_bits", opts.bits},
                               {"synthetic", "random trellis bits, not a quantized model"}};
+  if (opts.whole_model) {
+    json gen = {{"_from_model_config", true}, {"bos_token_id", 0}, {"eos_token_id", 1}};
+    absl::Status gs = WriteText(dir / "generation_config.json", gen.dump(2) + "\n");
+    if (!gs.ok()) return gs;
+  }
   if (opts.down_bits > 0) c["quantization_config"]["down_bits"] = opts.down_bits;
   return WriteText(dir / "config.json", c.dump(2) + "\n");
 }

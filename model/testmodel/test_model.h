@@ -11,8 +11,9 @@
 // one shard per layer with model.safetensors.index.json); convert it with
 // model/encoder/checkpoint_converter.h.
 // WriteSyntheticExl3Model writes an EXL3 model directly, with random trellis bits (valid EXL3,
-// no encoding): for benchmarks at real shapes. Only MoE layers' tensors are written (router,
-// correction bias, routed and shared experts), one shard per MoE layer, streamed to disk.
+// no encoding): for benchmarks at real shapes. By default only MoE layers' tensors are written
+// (router, correction bias, routed and shared experts), one shard per MoE layer, streamed to
+// disk; with SyntheticOptions::whole_model every layer and the embeddings and head too.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +43,16 @@ struct TestModelSpec {
   float swiglu_limit = 0;       // written to config.json when > 0
   int vocab = 512;
   uint64_t seed = 1;
+  // Attention. GQA families: heads x head_dim queries, kv_heads x head_dim keys and values.
+  int heads = 4;
+  int kv_heads = 0;   // 0: family default (2; DeepSeek-V3: heads)
+  int head_dim = 0;   // 0: hidden / heads
+  // DeepSeek-V3's multi-head latent attention.
+  int q_lora_rank = 64;
+  int kv_lora_rank = 32;
+  int qk_nope_head_dim = 32;
+  int qk_rope_head_dim = 16;
+  int v_head_dim = 32;
 };
 
 // Fills the family defaults (-1 fields) and checks the spec (multiples of 128 for hidden and
@@ -56,7 +67,10 @@ absl::Status WriteHfTestModel(const TestModelSpec& spec, const std::string& dir,
                               bool progress = false);
 
 struct SyntheticOptions {
-  int bits = 2;          // experts' K
+  // Also attention, norms, dense MLPs, embeddings and the head (linears EXL3 where both
+  // dimensions are multiples of 128, else bf16), so the engine can run it; else MoE layers only.
+  bool whole_model = false;
+  int bits = 2;          // experts' K (and every other EXL3 linear's)
   int down_bits = 0;     // down projections' K (0: bits)
   Codebook codebook = Codebook::kMcg;
   bool progress = true;

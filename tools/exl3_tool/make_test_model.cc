@@ -20,7 +20,9 @@ constexpr char kUsage[] =
     "         [--topk-group G2] [--routed-scaling-factor F] [--swiglu-limit L] [--vocab V]\n"
     "         [--bits K] [--expert-bits K] [--down-bits K] [--codebook 3inst|mcg|mul1]\n"
     "         [--quantize-all [--head-bits K]] [--seed S] [--threads N] [--hf-only]\n"
-    "         [--hf-output DIR2] [--synthetic] [--quiet]\n"
+    "         [--hf-output DIR2] [--synthetic [--whole-model]] [--quiet]\n"
+    "         [--heads N] [--kv-heads N] [--head-dim D] [--q-lora-rank R] [--kv-lora-rank R]\n"
+    "         [--qk-nope-head-dim D] [--qk-rope-head-dim D] [--v-head-dim D]\n"
     "\n"
     "Writes a MoE model with random weights in the family's real tensor names and config.json\n"
     "(router weight, e_score_correction_bias for glm4_moe/deepseek_v3, shared experts, dense\n"
@@ -55,6 +57,13 @@ constexpr char kUsage[] =
     "  --threads       encoder threads (default: all cores)\n"
     "  --quiet         no progress bar\n"
     "\n"
+    "  --heads, --kv-heads, --head-dim  attention shape (default 4 heads, 2 KV heads, DeepSeek-V3:\n"
+    "                  KV heads = heads; head dim hidden / heads)\n"
+    "  --q-lora-rank, --kv-lora-rank, --qk-nope-head-dim, --qk-rope-head-dim, --v-head-dim\n"
+    "                  DeepSeek-V3's latent attention (default 64, 32, 32, 16, 32)\n"
+    "  --whole-model   with --synthetic: also attention, norms, dense MLPs, embeddings and the\n"
+    "                  head (EXL3 where both dimensions are multiples of 128), so exl3-router runs\n"
+    "                  it: engine benchmarks at real shapes\n"
     "  --synthetic     write an EXL3 model directly, without an HF checkpoint or encoding: every\n"
     "                  expert's trellis bits random (valid EXL3), suh = +-1, svh = +-1/(1.24\n"
     "                  sqrt(in)); only MoE layers' tensors (router, bias, experts, shared);\n"
@@ -75,8 +84,10 @@ int Run(int argc, char** argv) {
                   {"arch", "output", "hf-output", "layers", "hidden", "experts", "top-k",
                    "intermediate", "shared", "dense-layers", "dense-intermediate", "n-group",
                    "topk-group", "routed-scaling-factor", "swiglu-limit", "vocab", "bits",
-                   "expert-bits", "down-bits", "codebook", "seed", "threads", "head-bits"},
-                  {"hf-only", "synthetic", "quiet", "quantize-all"}, &err)) {
+                   "expert-bits", "down-bits", "codebook", "seed", "threads", "head-bits",
+                   "heads", "kv-heads", "head-dim", "q-lora-rank", "kv-lora-rank",
+                   "qk-nope-head-dim", "qk-rope-head-dim", "v-head-dim"},
+                  {"hf-only", "synthetic", "quiet", "quantize-all", "whole-model"}, &err)) {
     return Fail(kName, err);
   }
   if (args.help) {
@@ -98,7 +109,12 @@ int Run(int argc, char** argv) {
                     {"dense-intermediate", &spec.dense_intermediate}, {"n-group", &spec.n_group},
                     {"topk-group", &spec.topk_group}, {"vocab", &spec.vocab}, {"bits", &bits},
                     {"expert-bits", &expert_bits}, {"down-bits", &down_bits},
-                    {"threads", &threads}, {"head-bits", &head_bits}}) {
+                    {"threads", &threads}, {"head-bits", &head_bits}, {"heads", &spec.heads},
+                    {"kv-heads", &spec.kv_heads}, {"head-dim", &spec.head_dim},
+                    {"q-lora-rank", &spec.q_lora_rank}, {"kv-lora-rank", &spec.kv_lora_rank},
+                    {"qk-nope-head-dim", &spec.qk_nope_head_dim},
+                    {"qk-rope-head-dim", &spec.qk_rope_head_dim},
+                    {"v-head-dim", &spec.v_head_dim}}) {
     if (args.Has(f.name) && !args.GetInt(f.name, f.out, &err)) return Fail(kName, err);
   }
   for (auto [name, out] : {std::pair<const char*, float*>{"routed-scaling-factor", &spec.routed_scaling_factor},
@@ -123,11 +139,15 @@ int Run(int argc, char** argv) {
   const std::string out = args.Get("output");
   const bool progress = !args.Bool("quiet");
 
+  if (args.Bool("whole-model") && !args.Bool("synthetic")) {
+    return Fail(kName, "--whole-model goes with --synthetic (the HF path always writes whole models)");
+  }
   if (args.Bool("synthetic")) {
     if (args.Bool("hf-only") || args.Has("hf-output") || args.Has("expert-bits")) {
       return Fail(kName, "--synthetic writes EXL3 directly: --hf-only, --hf-output and --expert-bits do not apply");
     }
     SyntheticOptions so;
+    so.whole_model = args.Bool("whole-model");
     so.bits = bits;
     so.down_bits = down_bits;
     so.codebook = cb;
