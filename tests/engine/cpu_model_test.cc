@@ -5,9 +5,12 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "gtest/gtest.h"
+#include "model/safetensors.h"
+#include "nlohmann/json.hpp"
 #include "tests/engine/model_harness.h"
 
 namespace exl3::engine {
@@ -74,6 +77,52 @@ TEST_P(CpuModelTest, ChunkedPrefillBatchingMicroBatchesAndDecodeAgree) {
 INSTANTIATE_TEST_SUITE_P(Families, CpuModelTest,
                          ::testing::Values("glm4_moe_all", "deepseek_v3_all", "qwen3_moe_experts",
                                            "mixtral_all"));
+
+}  // namespace
+}  // namespace exl3::engine
+
+namespace exl3::engine {
+namespace {
+
+// A tied head (no lm_head, tie_word_embeddings) is the embedding matrix: the same logits as the
+// model whose lm_head holds a copy of the embeddings.
+TEST(CpuModelTiedHead, EqualsAnExplicitCopyOfTheEmbeddings) {
+  const fs::path fixture = "tests/fixtures/engine/glm4_moe_experts";
+  auto src = TensorSource::Open(fixture.string());
+  ASSERT_TRUE(src.ok()) << src.status();
+  std::ifstream in(fixture / "config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  const fs::path base = fs::temp_directory_path() / "exl3_engine_tied_head";
+  for (bool tied : {true, false}) {
+    const fs::path dir = base / (tied ? "tied" : "copy");
+    fs::create_directories(dir);
+    SafetensorsWriter w;
+    for (const std::string& name : (*src)->Names()) {
+      if (name == "lm_head.weight") continue;
+      TensorView t = *(*src)->Get(name);
+      w.Add(name, t.info->dtype, t.info->shape, t.data, t.size_bytes());
+    }
+    if (!tied) {
+      TensorView e = *(*src)->Get("model.embed_tokens.weight");
+      w.Add("lm_head.weight", e.info->dtype, e.info->shape, e.data, e.size_bytes());
+    }
+    ASSERT_TRUE(w.Write((dir / "model.safetensors").string()).ok());
+    config["tie_word_embeddings"] = tied;
+    std::ofstream(dir / "config.json") << config.dump();
+  }
+  CpuModelOptions o;
+  o.num_threads = 2;
+  auto tied = CpuModel::Open((base / "tied").string(), o);
+  auto copy = CpuModel::Open((base / "copy").string(), o);
+  ASSERT_TRUE(tied.ok()) << tied.status();
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  const std::vector<int32_t> prompt = RandomPrompt(11, (*tied)->info().vocab_size, 3);
+  auto a = testing::RunGreedy(**tied, {prompt}, 4, 100);
+  auto b = testing::RunGreedy(**copy, {prompt}, 4, 100);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(*a, *b);
+  fs::remove_all(base);
+}
 
 }  // namespace
 }  // namespace exl3::engine
