@@ -163,11 +163,59 @@ def dashboard(uid, title, desc, items, with_layer=False):
     }
 
 
+def engine_row():
+    """The attention/router service's generation (exl3_engine_*, docs/metrics.md "Engine")."""
+    def q(quant, metric):
+        return f"histogram_quantile({quant}, sum by (le) (rate({metric}_bucket{{{R}}}[{RATE}])))"
+    return [
+        row("Engine (generation)"),
+        (stat("Output tokens per second", f"sum(rate(exl3_engine_generation_tokens_total{{{R}}}[{RATE}]))",
+              desc="Tokens generated per second by the engine (finished requests)."), 4, 4),
+        (stat("Time to first token p50", q(0.5, "exl3_engine_time_to_first_token_seconds"), unit="s",
+              desc="Median time from a request's acceptance to its first token."), 4, 4),
+        (stat("Inter-token latency p50", q(0.5, "exl3_engine_inter_token_latency_seconds"), unit="s",
+              desc="Median of the requests' mean time between tokens."), 4, 4),
+        (stat("Sequences running", f"sum(exl3_engine_num_requests_running{{{R}}})",
+              desc="Sequences running in the engine (waiting ones: the panel below)."), 4, 4),
+        (stat("KV cache usage", f"max(exl3_engine_kv_cache_usage_ratio{{{R}}})", unit="percentunit",
+              desc="Fraction of KV cache blocks in use (near 1: preemptions follow)."), 4, 4),
+        (stat("Prefix cache hit rate",
+              f"sum(rate(exl3_engine_prefix_cache_hits_total{{{R}}}[{RATE}])) / "
+              f"clamp_min(sum(rate(exl3_engine_prefix_cache_queries_total{{{R}}}[{RATE}])), 1e-9)",
+              unit="percentunit", desc="Prompt tokens found in the prefix cache over those looked up."), 4, 4),
+        (timeseries("Request latency", targets(
+            (q(0.5, "exl3_engine_time_to_first_token_seconds"), "TTFT p50"),
+            (q(0.99, "exl3_engine_time_to_first_token_seconds"), "TTFT p99"),
+            (q(0.5, "exl3_engine_inter_token_latency_seconds"), "ITL p50"),
+            (q(0.5, "exl3_engine_e2e_request_latency_seconds"), "end to end p50"),
+            (q(0.5, "exl3_engine_request_queue_time_seconds"), "queue p50")),
+            unit="s", desc="Time to first token, inter-token latency, end-to-end and queue time."), 12, 8),
+        (timeseries("Engine step by phase (mean)", targets(
+            (f"sum by (phase) (rate(exl3_engine_step_phase_seconds_sum{{{R}, phase!=\"forward\"}}[{RATE}])) "
+             f"/ sum by (phase) (rate(exl3_engine_step_phase_seconds_count{{{R}, phase!=\"forward\"}}[{RATE}]))",
+             "{{phase}}")),
+            unit="s", desc="Mean time of one engine step in each phase: the model's parts and the engine's own work around them."), 12, 8),
+        (timeseries("Requests finished by reason", targets(
+            (f"sum by (finish_reason) (rate(exl3_engine_requests_finished_total{{{R}}}[{RATE}]))",
+             "{{finish_reason}}"),
+            (f"sum(rate(exl3_engine_failed_steps_total{{{R}}}[{RATE}]))", "failed steps")),
+            desc="Finished requests per second by reason (stop, length, abort, error), and failed steps."), 12, 8),
+        (timeseries("Tokens, sequences and preemptions", targets(
+            (f"sum(rate(exl3_engine_prompt_tokens_total{{{R}}}[{RATE}]))", "prompt tokens/s"),
+            (f"sum(rate(exl3_engine_prompt_tokens_cached_total{{{R}}}[{RATE}]))", "cached prompt tokens/s"),
+            (f"sum(rate(exl3_engine_generation_tokens_total{{{R}}}[{RATE}]))", "generated tokens/s"),
+            (f"sum(exl3_engine_num_requests_waiting{{{R}}})", "waiting"),
+            (f"sum(rate(exl3_engine_num_preemptions_total{{{R}}}[{RATE}]))", "preemptions/s")),
+            desc="Prompt, cached and generated tokens per second; waiting sequences; preemptions per second."), 12, 8),
+    ]
+
+
 def overview():
     red = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
     ready = [{"color": "red", "value": None}, {"color": "green", "value": 1}]
     return dashboard("exl3-overview", "exl3serve / Overview",
-                     "Throughput, decode step latency, health, errors and queues of the router and its workers.", [
+                     "Generation, throughput, decode step latency, health, errors and queues of the router and its workers.", [
+        *engine_row(),
         row("Service"),
         (stat("Tokens per second",
               f"avg(sum by (layer) (rate(exl3_router_tokens_total{{{R}}}[{RATE}])))",

@@ -48,7 +48,7 @@ REPO = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
 HEALTH = os.path.join(REPO, "deploy", "docker", "grpc-health-check.sh")
 # Test model of the CPU compose run (deploy/compose/docker-compose.cpu.yml runs the same).
 TEST_MODEL_EXPERTS = 16
-COMPOSE_MODEL_ARGS = ["--arch", "glm4_moe", "--synthetic", "--layers", "4",
+COMPOSE_MODEL_ARGS = ["--arch", "glm4_moe", "--synthetic", "--whole-model", "--layers", "4",
                       "--experts", str(TEST_MODEL_EXPERTS)]
 
 procs = []  # (name, Popen)
