@@ -2,8 +2,9 @@
 # The Python package and the OpenAI-compatible front end: installs clients/python into
 # BUILD_DIR/frontend-venv (scripts/lib/frontend_venv.sh, pinned versions from PyPI), then runs
 # tests/clients/python with pytest: offline tests of tokenizers, chat templates, detokenization and
-# stop strings, and a live stack (a generated test model with a tokenizer, exl3-router, the
-# exl3serve-openai process) driven by the openai SDK and curl. Run by scripts/test.sh.
+# stop strings (against transformers' recorded outputs in tests/fixtures/tokenizer), and a live
+# stack (a generated test model with a tokenizer, exl3-router, the exl3serve-openai process)
+# driven by the openai SDK and curl. Run by scripts/test.sh.
 # Usage: scripts/checks/frontend.sh BUILD_DIR
 set -euo pipefail
 cd "$(dirname "$0")/../.."
