@@ -20,7 +20,7 @@ fi
 BIN="$OUT/safetensors_header_fuzz"
 echo "fuzz.sh: building $BIN"
 "$CXX" -std=c++20 -O1 -g -fsanitize=fuzzer,address -I. \
-  tools/fuzz/safetensors_header_fuzz.cc model/safetensors.cc \
+  tools/fuzz/safetensors_header_fuzz.cc model/safetensors.cc model/weight_digest.cc \
   $ABSL_LIBS \
   -o "$BIN"
 
