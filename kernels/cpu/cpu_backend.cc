@@ -40,8 +40,9 @@ int StripTiles(int n_tiles, int k_tiles, int threads, int jobs, int tokens, Isa 
   return std::clamp(std::min(by_size, by_threads), 1, 64);
 }
 
-// Grows a scratch buffer (never shrinks, so the hot path neither allocates nor zero-fills once
-// warm) and returns its data.
+// Grows a scratch buffer (kept between calls, so the hot path neither allocates nor zero-fills
+// once warm; ReleaseLargeScratch gives back what one long call grew past kKeepScratchBytes) and
+// returns its data.
 float* Grow(std::vector<float>& v, size_t floats) {
   if (v.size() < floats) v.resize(floats);
   return v.data();
@@ -182,6 +183,23 @@ struct CpuBackend::Scratch {
   std::vector<int> job_of_expert, pair_job, pair_row;
   std::vector<ProjWork*> projs;
   std::vector<StripItem> items;
+
+  // After a call: buffers a long prefill grew past kKeepScratchBytes go back to the allocator.
+  void ReleaseLarge() {
+    auto release = [](ProjWork& p) {
+      ReleaseScratchIfLarge(p.xt);
+      ReleaseScratchIfLarge(p.xp);
+      ReleaseScratchIfLarge(p.out_buf);
+    };
+    release(linear);
+    for (MoeJob& job : jobs) {
+      ReleaseScratchIfLarge(job.tokens);
+      ReleaseScratchIfLarge(job.xin);
+      for (ProjWork* p : {&job.gate, &job.up, &job.down}) release(*p);
+    }
+    ReleaseScratchIfLarge(pair_job);
+    ReleaseScratchIfLarge(pair_row);
+  }
 };
 
 CpuBackend::CpuBackend(int num_threads)
@@ -211,6 +229,7 @@ absl::Status CpuBackend::Linear(const Exl3LinearView& w, const float* x, int num
     RunStrip(*sc.items[i].p, isa, sc.items[i].j0, sc.items[i].j1);
   });
   ApplyOutputTransform(w, y, num_tokens);
+  sc.ReleaseLarge();
   return absl::OkStatus();
 }
 
@@ -338,6 +357,7 @@ absl::Status CpuBackend::Moe(const MoeLayerView& layer, const float* x, const Mo
       for (int h = 0; h < H; ++h) yt[h] += wgt * d[h];
     }
   });
+  sc.ReleaseLarge();
   return absl::OkStatus();
 }
 

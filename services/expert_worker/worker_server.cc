@@ -314,6 +314,7 @@ class StreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::Byt
   void OnWriteDone(bool ok) override {
     std::unique_lock<std::mutex> l(mu_);
     queue_.pop_front();
+    wbuf_.Clear();  // its slices: a large answer's bytes would otherwise live until the next write
     if (ok && read_paused_ && !finished_ && ids_.size() + queue_.size() < kMaxBacklog / 2) {
       read_paused_ = false;
       StartRead(&in_);

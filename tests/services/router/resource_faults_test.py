@@ -110,5 +110,48 @@ class ModelFileTruncatedTest(ClusterCase):
               f"{time.time() - t0:.2f}s", file=sys.stderr)
 
 
+class LargeRequestMemoryTest(ClusterCase):
+    TOKENS = (32768, 49152, 40960, 49152, 32768, 49152)  # 20-48 MB in (fp32, fp16), 32-48 MB out
+    BOUND_MB = 64      # RSS may stay this far above the pre-burst value ...
+    WITHIN_S = 5.0     # ... once this long has passed after the burst
+
+    def test_rss_returns_after_a_burst_of_large_requests(self):
+        c, r, client = self.cluster(router_extra=["--max-message-bytes", str(160 << 20)])
+        procs = {"router": r, "a": c.workers["a"], "b": c.workers["b"]}
+        for _ in range(3):  # warm up: first-use allocations are not the burst's
+            self.assertEqual(answer(client, [0, 4], tokens=64).status.code, pb.OK)
+        time.sleep(0.5)
+        base = {n: vm_rss_mb(p.pid) for n, p in procs.items()}
+        peak = dict(base)
+        t0 = time.time()
+        with client.stream() as s:
+            futs = [s.submit_request(topk_req([0, 4], tokens=t, seed=i,
+                                              dtype=np.float16 if i % 2 else np.float32))
+                    for i, t in enumerate(self.TOKENS)]
+            while not all(f.done() for f in futs):
+                for n, p in procs.items():
+                    peak[n] = max(peak[n], vm_rss_mb(p.pid))
+                time.sleep(0.05)
+            for f in futs:
+                res = f.result(timeout=1)
+                self.assertEqual(res.status.code, pb.OK, res.status.message)
+        burst_s = time.time() - t0
+        t_end = time.time()
+        after = {}
+        while True:
+            after = {n: vm_rss_mb(p.pid) for n, p in procs.items()}
+            if all(after[n] - base[n] < self.BOUND_MB for n in procs) or time.time() - t_end > self.WITHIN_S:
+                break
+            time.sleep(0.1)
+        settle_s = time.time() - t_end
+        summary = ", ".join(f"{n} {base[n]:.0f} -> peak {peak[n]:.0f} -> {after[n]:.0f} MB" for n in procs)
+        print(f"VmRSS around a burst of {len(self.TOKENS)} requests of 20-48 MB ({burst_s:.1f}s): "
+              f"{summary}; settled {settle_s:.2f}s after the burst", file=sys.stderr)
+        for n in procs:
+            self.assertLess(after[n] - base[n], self.BOUND_MB,
+                            f"{n}: VmRSS {base[n]:.0f} MB before the burst, {after[n]:.0f} MB "
+                            f"{self.WITHIN_S}s after ({summary})")
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
