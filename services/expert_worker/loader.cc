@@ -81,7 +81,7 @@ std::vector<Span> SplitSpans(const std::vector<Span>& spans, size_t chunk) {
 // same addresses, owned by the process.
 absl::Status ReplaceWithOwnedCopy(const Span& s) {
   void* at = reinterpret_cast<void*>(s.begin);
-  void* copy = mmap(nullptr, s.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* copy = mmap(nullptr, s.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (copy == MAP_FAILED) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", s.size, " bytes for the weights: ",
                                                      std::strerror(errno)));
