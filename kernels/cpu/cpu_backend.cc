@@ -41,8 +41,8 @@ int StripTiles(int n_tiles, int k_tiles, int threads, int jobs, int tokens, Isa 
 }
 
 // Grows a scratch buffer (kept between calls, so the hot path neither allocates nor zero-fills
-// once warm; ReleaseLargeScratch gives back what one long call grew past kKeepScratchBytes) and
-// returns its data.
+// once warm; Scratch::ReleaseLarge gives back what one long call grew past kKeepScratchBytes,
+// base/scratch.h) and returns its data.
 float* Grow(std::vector<float>& v, size_t floats) {
   if (v.size() < floats) v.resize(floats);
   return v.data();
@@ -184,21 +184,35 @@ struct CpuBackend::Scratch {
   std::vector<ProjWork*> projs;
   std::vector<StripItem> items;
 
-  // After a call: buffers a long prefill grew past kKeepScratchBytes go back to the allocator.
+  // After a call: buffers a long prefill grew past kKeepScratchBytes go back to the allocator,
+  // and all of them when together they hold more than kKeepScratchTotalBytes (a prefill over
+  // many experts grows one set of mid-sized buffers per expert: hundreds of MB in all).
   void ReleaseLarge() {
-    auto release = [](ProjWork& p) {
-      ReleaseScratchIfLarge(p.xt);
-      ReleaseScratchIfLarge(p.xp);
-      ReleaseScratchIfLarge(p.out_buf);
-    };
-    release(linear);
-    for (MoeJob& job : jobs) {
-      ReleaseScratchIfLarge(job.tokens);
-      ReleaseScratchIfLarge(job.xin);
-      for (ProjWork* p : {&job.gate, &job.up, &job.down}) release(*p);
+    size_t total = 0;
+    ForEach([&](auto& v) { total += ScratchBytes(v); });
+    if (total > kKeepScratchTotalBytes) {
+      ForEach([](auto& v) { ReleaseScratch(v); });
+    } else {
+      ForEach([](auto& v) { ReleaseScratchIfLarge(v); });
     }
-    ReleaseScratchIfLarge(pair_job);
-    ReleaseScratchIfLarge(pair_row);
+  }
+
+  // fn(vector&) for every buffer that grows with the tokens of a call.
+  template <class Fn>
+  void ForEach(Fn fn) {
+    auto proj = [&](ProjWork& p) {
+      fn(p.xt);
+      fn(p.xp);
+      fn(p.out_buf);
+    };
+    proj(linear);
+    for (MoeJob& job : jobs) {
+      fn(job.tokens);
+      fn(job.xin);
+      for (ProjWork* p : {&job.gate, &job.up, &job.down}) proj(*p);
+    }
+    fn(pair_job);
+    fn(pair_row);
   }
 };
 

@@ -4,6 +4,8 @@
 
 #include <cstddef>
 #include <vector>
+
+#include "base/scratch.h"
 #include <cstdint>
 #include <cstring>
 
@@ -57,16 +59,8 @@ void InnerProductAvx512(const Exl3LinearView& w, const float* xp, int num_tokens
 // The same with AVX512-VBMI (byte permutes cut the states); only call when
 // Avx512VbmiSupported(). Same results to the bit.
 bool Avx512VbmiSupported();
-
-// The kernels' per-thread accumulators grow with the tokens of a call ([T][S][...] floats); one
-// that grew past this for a long prefill is given back after that call, so a burst of large
-// requests does not leave T-sized buffers in every compute thread (hundreds of MB in the router,
-// resource_faults_test); below it the buffer is kept for the next call.
-inline constexpr size_t kKeepScratchBytes = 8u << 20;
-template <class T>
-void ReleaseScratchIfLarge(std::vector<T>& v) {
-  if (v.capacity() * sizeof(T) > kKeepScratchBytes) std::vector<T>().swap(v);
-}
+// (The kernels' per-thread accumulators grow with the tokens of a call, [T][S][...] floats; each
+// kernel gives them back after a call that grew them past kKeepScratchBytes, base/scratch.h.)
 void InnerProductAvx512Vbmi(const Exl3LinearView& w, const float* xp, int num_tokens, int j0,
                             int j1, float* y);
 

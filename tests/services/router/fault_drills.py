@@ -172,11 +172,11 @@ def drill_sigterm_drain():
                     try:
                         r = s.submit_request(sized_req([0, 4], tokens=256))
                         resp = r.result(timeout=30)
-                        outcome = resp.status.code
+                        outcome, msg = resp.status.code, resp.status.message
                     except Exception as e:  # noqa: BLE001 - a lost answer is what is counted
-                        outcome = f"lost: {e}"
+                        outcome, msg = "lost", str(e)
                     with lock:
-                        records.append((sent, time.time(), outcome))
+                        records.append((sent, time.time(), outcome, msg))
                     if not isinstance(outcome, int) or outcome != pb.OK:
                         return
 
@@ -197,8 +197,14 @@ def drill_sigterm_drain():
         assert rc == 0, f"router exited {rc}"
         assert not lost, f"{len(lost)} requests sent before SIGTERM got no answer: {lost[:3]}"
         assert "drained" in d.r.text(), "no drain in the router's log"
-        return (f"SIGTERM of the router under 8 streams: {len(in_flight)} in flight answered "
-                f"({sum(1 for r in in_flight if r[2] == pb.OK)} ok), {len(before)} sent before it, 0 lost; "
+        # In flight at the signal: computed and answered OK, or (still on the wire when the drain
+        # began) refused in-band UNAVAILABLE saying so.
+        refused = [r for r in in_flight if r[2] != pb.OK]
+        for r in refused:
+            assert r[2] == pb.UNAVAILABLE and "drain" in r[3], r
+        return (f"SIGTERM of the router under 8 streams: {len(in_flight)} in flight answered in-band "
+                f"({len(in_flight) - len(refused)} ok, {len(refused)} UNAVAILABLE 'draining': reached the "
+                f"router after the signal), {len(before)} sent before it, 0 lost; "
                 f"exit {rc} after {drained_s:.2f}s",
                 {"drain_in_flight": len(in_flight), "drain_exit": rc})
     finally:
