@@ -242,6 +242,8 @@ def corrupt_variants(model, root):
     with open(os.path.join(d, shards[0]), "r+b") as f:
         f.write((1 << 62).to_bytes(8, "little"))
     out.append(("header length past the file", d, "header length"))
+    assert os.path.exists(os.path.join(model, "weights.digest.json")), \
+        "the test model records no weight digests: a flipped byte could not be found"
     d = copy("flipped-weight-byte")
     path, off, size = expert_tensor(d)
     with open(path, "r+b") as f:

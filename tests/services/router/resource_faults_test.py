@@ -98,7 +98,8 @@ class ModelFileTruncatedTest(ClusterCase):
 
         for i, ids in enumerate([(0, 1), (2, 3), (4, 5)]):
             r = answer(client, list(ids), seed=i)
-            self.assertTrue(a.alive(), f"worker a died after its files were truncated:\n{a.text()[-2000:]}")
+            self.assertTrue(a.alive(), f"worker a died (exit status {a.p.poll()}) after its files were "
+                                       f"truncated:\n{a.text()[-2000:]}")
             self.assertEqual(r.status.code, pb.OK, f"{ids}: {r.status.message}")
             self.assertEqual(r.output.data, before[ids].output.data, f"{ids}: another answer after the truncation")
         a.wait_for_log(r"model file \S+model-00001-of-00002\.safetensors changed after the load: "
