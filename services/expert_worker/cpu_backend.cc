@@ -59,6 +59,8 @@ class CpuBackend : public MoeBackend {
       return absl::ResourceExhaustedError(absl::StrCat("cannot hold the experts in memory of the worker: ",
                                                        ls.own_error));
     }
+    svc::LogInfo("%.1f MB of weights copied into memory of the worker (changes to the model files no "
+                 "longer reach them)", ls.owned_bytes / 1e6);
     locked_ = ls.locked_bytes > 0;
     pinned_ = ls.locked_bytes;
     stats->bytes = ls.bytes;
