@@ -40,8 +40,9 @@ int StripTiles(int n_tiles, int k_tiles, int threads, int jobs, int tokens, Isa 
   return std::clamp(std::min(by_size, by_threads), 1, 64);
 }
 
-// Grows a scratch buffer (never shrinks, so the hot path neither allocates nor zero-fills once
-// warm) and returns its data.
+// Grows a scratch buffer (kept between calls, so the hot path neither allocates nor zero-fills
+// once warm; Scratch::ReleaseLarge gives back what one long call grew past kKeepScratchBytes,
+// base/scratch.h) and returns its data.
 float* Grow(std::vector<float>& v, size_t floats) {
   if (v.size() < floats) v.resize(floats);
   return v.data();
@@ -182,6 +183,37 @@ struct CpuBackend::Scratch {
   std::vector<int> job_of_expert, pair_job, pair_row;
   std::vector<ProjWork*> projs;
   std::vector<StripItem> items;
+
+  // After a call: buffers a long prefill grew past kKeepScratchBytes go back to the allocator,
+  // and all of them when together they hold more than kKeepScratchTotalBytes (a prefill over
+  // many experts grows one set of mid-sized buffers per expert: hundreds of MB in all).
+  void ReleaseLarge() {
+    size_t total = 0;
+    ForEach([&](auto& v) { total += ScratchBytes(v); });
+    if (total > kKeepScratchTotalBytes) {
+      ForEach([](auto& v) { ReleaseScratch(v); });
+    } else {
+      ForEach([](auto& v) { ReleaseScratchIfLarge(v); });
+    }
+  }
+
+  // fn(vector&) for every buffer that grows with the tokens of a call.
+  template <class Fn>
+  void ForEach(Fn fn) {
+    auto proj = [&](ProjWork& p) {
+      fn(p.xt);
+      fn(p.xp);
+      fn(p.out_buf);
+    };
+    proj(linear);
+    for (MoeJob& job : jobs) {
+      fn(job.tokens);
+      fn(job.xin);
+      for (ProjWork* p : {&job.gate, &job.up, &job.down}) proj(*p);
+    }
+    fn(pair_job);
+    fn(pair_row);
+  }
 };
 
 CpuBackend::CpuBackend(int num_threads)
@@ -211,6 +243,7 @@ absl::Status CpuBackend::Linear(const Exl3LinearView& w, const float* x, int num
     RunStrip(*sc.items[i].p, isa, sc.items[i].j0, sc.items[i].j1);
   });
   ApplyOutputTransform(w, y, num_tokens);
+  sc.ReleaseLarge();
   return absl::OkStatus();
 }
 
@@ -338,6 +371,7 @@ absl::Status CpuBackend::Moe(const MoeLayerView& layer, const float* x, const Mo
       for (int h = 0; h < H; ++h) yt[h] += wgt * d[h];
     }
   });
+  sc.ReleaseLarge();
   return absl::OkStatus();
 }
 

@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
+
+#include "base/scratch.h"
 #include <cstdint>
 #include <cstring>
 
@@ -56,6 +59,8 @@ void InnerProductAvx512(const Exl3LinearView& w, const float* xp, int num_tokens
 // The same with AVX512-VBMI (byte permutes cut the states); only call when
 // Avx512VbmiSupported(). Same results to the bit.
 bool Avx512VbmiSupported();
+// (The kernels' per-thread accumulators grow with the tokens of a call, [T][S][...] floats; each
+// kernel gives them back after a call that grew them past kKeepScratchBytes, base/scratch.h.)
 void InnerProductAvx512Vbmi(const Exl3LinearView& w, const float* xp, int num_tokens, int j0,
                             int j1, float* y);
 

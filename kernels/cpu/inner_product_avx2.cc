@@ -196,6 +196,7 @@ void StripK(const Exl3LinearView& w, const float* xp, int T, int j0, int j1, flo
       ReduceStore(a8, y + static_cast<size_t>(t) * n + 16 * (j0 + s));
     }
   }
+  ReleaseScratchIfLarge(acc_buf);
 }
 
 template <int CB>

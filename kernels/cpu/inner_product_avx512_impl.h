@@ -406,6 +406,7 @@ __attribute__((noinline)) void MultiTokenStrip(const Exl3LinearView& w, const fl
       }
     }
   }
+  ReleaseScratchIfLarge(acc_buf);
 }
 
 

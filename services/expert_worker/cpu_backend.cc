@@ -1,5 +1,7 @@
-// CPU backend: the held experts stay in the mapped files (locked in RAM where permitted) and are
-// computed by the fast multithreaded CPU MoE of kernels/cpu/cpu_backend.h.
+// CPU backend: the held experts are copied at load into memory the process owns, at the addresses
+// of the mapped files (Residency::kOwned, services/expert_worker/loader.h; locked in RAM where
+// permitted), so changes to the files after the load cannot reach them, and are computed by the
+// fast multithreaded CPU MoE of kernels/cpu/cpu_backend.h.
 #include <algorithm>
 #include <cstdlib>
 #include <map>
@@ -50,7 +52,15 @@ class CpuBackend : public MoeBackend {
       stats->baseline_gbps = base.gbps();
       DropFromPageCache(ranges_);
     }
-    LoadStats ls = MakeResident(ranges_, opt.load_threads, opt.lock_memory, opt.progress);
+    LoadStats ls = MakeResident(ranges_, opt.load_threads, opt.lock_memory, opt.progress,
+                                Residency::kOwned);
+    if (!ls.own_error.empty()) {
+      if (ls.locked_bytes > 0) UnlockRanges(ranges_);
+      return absl::ResourceExhaustedError(absl::StrCat("cannot hold the experts in memory of the worker: ",
+                                                       ls.own_error));
+    }
+    svc::LogInfo("%.1f MB of weights copied into memory of the worker (changes to the model files no "
+                 "longer reach them)", ls.owned_bytes / 1e6);
     locked_ = ls.locked_bytes > 0;
     pinned_ = ls.locked_bytes;
     stats->bytes = ls.bytes;

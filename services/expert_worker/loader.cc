@@ -1,6 +1,7 @@
 #include "services/expert_worker/loader.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -15,6 +16,8 @@
 #include <set>
 #include <thread>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "services/common/logging.h"
 
 namespace exl3::worker {
@@ -33,6 +36,64 @@ std::vector<Piece> Split(const std::vector<TensorRange>& ranges) {
     for (size_t o = 0; o < r.size; o += kChunk) pieces.push_back({&r, o, std::min(kChunk, r.size - o)});
   }
   return pieces;
+}
+
+// A page-aligned address range.
+struct Span {
+  uintptr_t begin = 0;
+  size_t size = 0;
+};
+
+// The page-aligned spans covering `ranges`, sorted, overlapping and touching ones merged (each
+// range lies in one mapping, and merged spans cover only mapped pages).
+std::vector<Span> PageSpans(const std::vector<TensorRange>& ranges, size_t page) {
+  std::vector<Span> spans;
+  for (const auto& r : ranges) {
+    if (r.size == 0) continue;
+    const uintptr_t a = reinterpret_cast<uintptr_t>(r.data) & ~(page - 1);
+    const uintptr_t b = (reinterpret_cast<uintptr_t>(r.data) + r.size + page - 1) & ~(page - 1);
+    spans.push_back({a, b - a});
+  }
+  std::sort(spans.begin(), spans.end(), [](const Span& x, const Span& y) { return x.begin < y.begin; });
+  std::vector<Span> merged;
+  for (const Span& s : spans) {
+    if (!merged.empty() && s.begin <= merged.back().begin + merged.back().size) {
+      const uintptr_t end = std::max(merged.back().begin + merged.back().size, s.begin + s.size);
+      merged.back().size = end - merged.back().begin;
+    } else {
+      merged.push_back(s);
+    }
+  }
+  return merged;
+}
+
+// Cuts spans into pieces of at most `chunk` bytes (a multiple of the page size).
+std::vector<Span> SplitSpans(const std::vector<Span>& spans, size_t chunk) {
+  std::vector<Span> out;
+  for (const Span& s : spans) {
+    for (size_t o = 0; o < s.size; o += chunk) out.push_back({s.begin + o, std::min(chunk, s.size - o)});
+  }
+  return out;
+}
+
+// Copies the pages of `s` into fresh anonymous memory, makes it read-only and moves it over `s`
+// (mremap with MREMAP_FIXED replaces the file mapping there in one step): the same bytes at the
+// same addresses, owned by the process.
+absl::Status ReplaceWithOwnedCopy(const Span& s) {
+  void* at = reinterpret_cast<void*>(s.begin);
+  void* copy = mmap(nullptr, s.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (copy == MAP_FAILED) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", s.size, " bytes for the weights: ",
+                                                     std::strerror(errno)));
+  }
+  std::memcpy(copy, at, s.size);
+  if (mprotect(copy, s.size, PROT_READ) != 0 ||
+      mremap(copy, s.size, s.size, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED) {
+    const int e = errno;
+    munmap(copy, s.size);
+    return absl::InternalError(absl::StrCat("cannot move the weights' copy into place: ", std::strerror(e)));
+  }
+  return absl::OkStatus();
 }
 
 // Header length of a safetensors file: the data section starts at 8 + this.
@@ -94,14 +155,18 @@ std::vector<TensorRange> HeldTensorRanges(const Exl3Model& model, bool shared) {
 }
 
 LoadStats MakeResident(const std::vector<TensorRange>& ranges, int threads, bool lock,
-                       bool progress) {
+                       bool progress, Residency residency) {
   LoadStats st;
   for (const auto& r : ranges) st.bytes += r.size;
-  const std::vector<Piece> pieces = Split(ranges);
-  const long page = sysconf(_SC_PAGESIZE);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  // Page-aligned spans: disjoint, so that each page is copied (kOwned) or locked by one thread.
+  const std::vector<Span> pieces = SplitSpans(PageSpans(ranges, page), kChunk);
+  uint64_t span_bytes = 0;
+  for (const Span& p : pieces) span_bytes += p.size;
   std::atomic<uint64_t> done{0}, locked{0};
   std::atomic<bool> lock_ok{lock};
   std::mutex err_mu;
+  std::string own_error;
   const auto t0 = std::chrono::steady_clock::now();
   auto secs = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -112,24 +177,28 @@ LoadStats MakeResident(const std::vector<TensorRange>& ranges, int threads, bool
   if (progress) {
     bar = std::thread([&] {
       while (!finished.load()) {
-        DrawBar(done.load(), st.bytes, secs(), false);
+        DrawBar(done.load(), span_bytes, secs(), false);
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
       }
     });
   }
   RunParallel(threads, pieces.size(), [&](size_t k) {
-    const Piece& p = pieces[k];
-    const uint8_t* begin = p.r->data + p.offset;
-    // Page-aligned span covering the piece (for madvise/mlock).
-    const uintptr_t a = reinterpret_cast<uintptr_t>(begin) & ~static_cast<uintptr_t>(page - 1);
-    const uintptr_t b = reinterpret_cast<uintptr_t>(begin) + p.size;
-    madvise(reinterpret_cast<void*>(a), b - a, MADV_WILLNEED);
-    // Touch every page: faults the file in (read-ahead makes this sequential I/O).
-    volatile uint8_t sink = 0;
-    for (const uint8_t* q = begin; q < begin + p.size; q += page) sink ^= *q;
-    sink ^= begin[p.size - 1];
+    const Span& p = pieces[k];
+    void* at = reinterpret_cast<void*>(p.begin);
+    madvise(at, p.size, MADV_WILLNEED);
+    if (residency == Residency::kOwned) {
+      if (absl::Status s = ReplaceWithOwnedCopy(p); !s.ok()) {
+        std::lock_guard<std::mutex> l(err_mu);
+        if (own_error.empty()) own_error = std::string(s.message());
+      }
+    } else {
+      // Touch every page: faults the file in (read-ahead makes this sequential I/O).
+      volatile uint8_t sink = 0;
+      const uint8_t* q = reinterpret_cast<const uint8_t*>(p.begin);
+      for (size_t o = 0; o < p.size; o += page) sink ^= q[o];
+    }
     if (lock_ok.load(std::memory_order_relaxed)) {
-      if (mlock(reinterpret_cast<void*>(a), b - a) == 0) {
+      if (mlock(at, p.size) == 0) {
         locked.fetch_add(p.size);
       } else {
         const int e = errno;
@@ -144,13 +213,15 @@ LoadStats MakeResident(const std::vector<TensorRange>& ranges, int threads, bool
   st.seconds = secs();
   finished.store(true);
   if (bar.joinable()) bar.join();
-  if (progress) DrawBar(done.load(), st.bytes, st.seconds, true);
+  if (progress) DrawBar(done.load(), span_bytes, st.seconds, true);
   if (!st.lock_error.empty()) {
     // Partial locking is worse than none: unlock what was locked so the gauge stays honest.
     UnlockRanges(ranges);
     locked.store(0);
   }
   st.locked_bytes = locked.load();
+  st.own_error = own_error;
+  if (residency == Residency::kOwned && own_error.empty()) st.owned_bytes = span_bytes;
   return st;
 }
 
@@ -206,6 +277,49 @@ LoadStats BaselineRead(const std::vector<TensorRange>& ranges, int threads) {
     if (fd >= 0) close(fd);
   }
   return st;
+}
+
+ModelFileWatch::Stat ModelFileWatch::StatOf(const std::string& file) {
+  struct stat sb;
+  Stat s;
+  if (stat(file.c_str(), &sb) != 0) return s;
+  s.exists = true;
+  s.dev = sb.st_dev;
+  s.ino = sb.st_ino;
+  s.size = static_cast<uint64_t>(sb.st_size);
+  s.mtime_ns = static_cast<int64_t>(sb.st_mtim.tv_sec) * 1000000000 + sb.st_mtim.tv_nsec;
+  return s;
+}
+
+ModelFileWatch::ModelFileWatch(const std::vector<TensorRange>& ranges) {
+  for (const auto& r : ranges) {
+    if (!loaded_.count(r.file)) loaded_[r.file] = StatOf(r.file);
+  }
+  last_ = loaded_;
+}
+
+std::vector<ModelFileWatch::Change> ModelFileWatch::Check() {
+  std::vector<Change> changes;
+  int changed = 0;
+  for (auto& [file, last] : last_) {
+    const Stat now = StatOf(file);
+    if (!(now == loaded_.at(file))) ++changed;
+    if (now == last) continue;
+    std::string what;
+    if (!now.exists) {
+      what = "removed";
+    } else if (!last.exists || now.dev != last.dev || now.ino != last.ino) {
+      what = absl::StrCat("replaced by another file of ", now.size, " bytes");
+    } else if (now.size != last.size) {
+      what = absl::StrCat("size ", last.size, " -> ", now.size, " bytes");
+    } else {
+      what = "rewritten (modification time changed)";
+    }
+    changes.push_back({file, what});
+    last = now;
+  }
+  changed_ = changed;
+  return changes;
 }
 
 }  // namespace exl3::worker

@@ -1,10 +1,17 @@
 // Making a worker's expert tensors resident: every byte range of the held experts' tensors is
-// read in parallel threads (page by page from the mapped files) and, where permitted, locked in
+// read in parallel threads (page by page from the mapped files), with Residency::kOwned moved
+// into anonymous memory of the process at the same addresses, and, where permitted, locked in
 // RAM (mlock), with a progress bar on stderr and the achieved GB/s.
 //
 //   std::vector<TensorRange> ranges = HeldTensorRanges(model);
-//   LoadStats s = MakeResident(ranges, /*threads=*/8, /*lock=*/true, /*progress=*/true);
+//   LoadStats s = MakeResident(ranges, /*threads=*/8, /*lock=*/true, /*progress=*/true,
+//                              Residency::kOwned);
 //   // s.bytes, s.seconds, s.locked_bytes (0 where mlock is not permitted: RLIMIT_MEMLOCK)
+//
+// Owned weights survive changes to the model files after the load: a file truncated, rewritten
+// or replaced under a running worker no longer backs the pages it computes from (with kMapped a
+// truncated file turns the next read of a page past its new end into SIGBUS).
+// ModelFileWatch tells the operator when that happened.
 //
 // BaselineRead does a plain parallel pread of the same file ranges (after dropping them from the
 // page cache) so the load speed can be compared with what the disk gives in the same run.
@@ -12,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -35,11 +43,20 @@ struct LoadStats {
   double seconds = 0;
   uint64_t locked_bytes = 0;
   std::string lock_error;  // why mlock failed, when it did
+  uint64_t owned_bytes = 0;  // Residency::kOwned: bytes now in anonymous memory (page-rounded)
+  std::string own_error;     // why a span could not be moved into owned memory, when one could not
   double gbps() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
 };
 
+// kMapped: the pages stay those of the mapped files (page cache). kOwned: each page-aligned span
+// holding a range is copied into anonymous memory, read-only, that then replaces the file mapping
+// at the same addresses (mremap), so every pointer into the model stays valid and no longer
+// depends on the file. Costs one memcpy of the held bytes at load; the file's page cache is left
+// to the kernel to reclaim.
+enum class Residency { kMapped, kOwned };
+
 LoadStats MakeResident(const std::vector<TensorRange>& ranges, int threads, bool lock,
-                       bool progress);
+                       bool progress, Residency residency = Residency::kMapped);
 
 // Drops the files' pages from the page cache (POSIX_FADV_DONTNEED: only pages not mapped-in or
 // locked go), then preads every range in parallel into scratch buffers. Returns bytes/seconds.
@@ -48,5 +65,29 @@ void DropFromPageCache(const std::vector<TensorRange>& ranges);
 
 // Unlocks what MakeResident locked (the model's mapping must still be alive).
 void UnlockRanges(const std::vector<TensorRange>& ranges);
+
+// The files `ranges` come from as they are after the load (device, inode, size, mtime); Check()
+// names those that changed since, each change once.
+class ModelFileWatch {
+ public:
+  explicit ModelFileWatch(const std::vector<TensorRange>& ranges);
+  struct Change {
+    std::string file;
+    std::string what;  // e.g. "size 1048576 -> 4096 bytes"
+  };
+  std::vector<Change> Check();
+  int changed_files() const { return changed_; }  // files that differ from the load now
+
+ private:
+  struct Stat {
+    bool exists = false;
+    uint64_t dev = 0, ino = 0, size = 0;
+    int64_t mtime_ns = 0;
+    bool operator==(const Stat&) const = default;
+  };
+  static Stat StatOf(const std::string& file);
+  std::map<std::string, Stat> loaded_, last_;
+  int changed_ = 0;
+};
 
 }  // namespace exl3::worker

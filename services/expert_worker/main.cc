@@ -9,6 +9,7 @@
 #include "absl/synchronization/notification.h"
 #include "services/common/flags.h"
 #include "services/common/logging.h"
+#include "services/common/memory_return.h"
 #include "services/common/server.h"
 #include "services/common/signals.h"
 #include "services/expert_worker/worker_server.h"
@@ -132,6 +133,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.tls = *tls;
+  // Large requests' buffers go back to the kernel after them (services/common/memory_return.h).
+  svc::MemoryReturner memory_returner(svc::MemoryReturnOptions{});
 
   absl::StatusOr<std::unique_ptr<worker::WorkerServer>> w = worker::WorkerServer::Create(o);
   if (!w.ok()) {

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "base/scratch.h"
 #include "services/common/logging.h"
 #include "services/common/status.h"
 
@@ -378,6 +379,11 @@ void Scheduler::RunBatch(std::vector<Item>& batch) {
     }
     if (r.tokens_done == r.tokens) Finish(it.r, absl::OkStatus());
   }
+  // A batch of --max-batch-tokens at a large hidden size grows these to 100+ MB each.
+  ReleaseScratchIfLarge(x_);
+  ReleaseScratchIfLarge(out_);
+  ReleaseScratchIfLarge(w_);
+  ReleaseScratchIfLarge(ids_);
 }
 
 void Scheduler::Finish(const std::shared_ptr<WorkRequest>& r, absl::Status s) {

@@ -82,6 +82,12 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const std::vector<int>& la
                        .Help("Time the model took to load")
                        .Register(r)
                        .Add({});
+  model_files_changed_ = &prometheus::BuildGauge()
+                              .Name("exl3_worker_model_files_changed")
+                              .Help("Model files of held experts that changed on disk since the load "
+                                    "(the weights served are the copy made at load)")
+                              .Register(r)
+                              .Add({});
   ready_ = &prometheus::BuildGauge()
                 .Name("exl3_worker_ready")
                 .Help("1 while serving, 0 while loading or draining")

@@ -44,6 +44,7 @@ class WorkerMetrics {
   prometheus::Gauge& pinned_bytes() { return *pinned_bytes_; }
   prometheus::Gauge& load_seconds() { return *load_seconds_; }
   prometheus::Gauge& ready() { return *ready_; }
+  prometheus::Gauge& model_files_changed() { return *model_files_changed_; }
 
  private:
   std::map<int, Layer> layers_;
@@ -54,6 +55,7 @@ class WorkerMetrics {
   prometheus::Gauge* pinned_bytes_ = nullptr;
   prometheus::Gauge* load_seconds_ = nullptr;
   prometheus::Gauge* ready_ = nullptr;
+  prometheus::Gauge* model_files_changed_ = nullptr;
 };
 
 }  // namespace exl3::worker

@@ -314,6 +314,7 @@ class StreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::Byt
   void OnWriteDone(bool ok) override {
     std::unique_lock<std::mutex> l(mu_);
     queue_.pop_front();
+    wbuf_.Clear();  // its slices: a large answer's bytes would otherwise live until the next write
     if (ok && read_paused_ && !finished_ && ids_.size() + queue_.size() < kMaxBacklog / 2) {
       read_paused_ = false;
       StartRead(&in_);
@@ -621,6 +622,12 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
 }
 
 WorkerServer::~WorkerServer() {
+  {
+    std::lock_guard<std::mutex> l(watch_mu_);
+    watch_stop_ = true;
+  }
+  watch_cv_.notify_all();
+  if (watch_thread_.joinable()) watch_thread_.join();
   if (server_) server_->Shutdown(absl::ZeroDuration());
   if (scheduler_) scheduler_->Stop();
   // Reactors unregistered in OnDone during Shutdown; drop any left.
@@ -658,6 +665,8 @@ absl::Status WorkerServer::Load() {
   if (!st.note.empty()) svc::LogWarning("%s", st.note.c_str());
   worker_metrics_->pinned_bytes().Set(static_cast<double>(st.pinned_bytes));
   worker_metrics_->load_seconds().Set(secs);
+  file_watch_ = std::make_unique<ModelFileWatch>(HeldTensorRanges(*model_, shared_expert_));
+  watch_thread_ = std::thread([this] { WatchModelFiles(); });
 
   SchedulerOptions so;
   so.batch_window = std::chrono::microseconds(opt_.batch_window_us);
@@ -688,6 +697,20 @@ absl::Status WorkerServer::Load() {
                                            ":", metrics_->port());
   svc::LogInfo("serving on %s, metrics on %s", server_->address().c_str(), metrics_at.c_str());
   return absl::OkStatus();
+}
+
+void WorkerServer::WatchModelFiles() {
+  std::unique_lock<std::mutex> l(watch_mu_);
+  while (!watch_cv_.wait_for(l, std::chrono::seconds(1), [this] { return watch_stop_; })) {
+    for (const ModelFileWatch::Change& c : file_watch_->Check()) {
+      svc::LogWarning("model file %s changed after the load: %s; %s", c.file.c_str(), c.what.c_str(),
+                      backend_->name() == "cpu"
+                          ? "the experts are served from the copy made at load (restart the worker "
+                            "to load the new file)"
+                          : "restart the worker to load the new file");
+    }
+    worker_metrics_->model_files_changed().Set(file_watch_->changed_files());
+  }
 }
 
 absl::Status WorkerServer::Accept(pb::ExpertRequest&& msg, const std::shared_ptr<StreamReactor>& stream,

@@ -10,12 +10,14 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -26,6 +28,7 @@
 #include "services/common/metrics.h"
 #include "services/common/server.h"
 #include "services/expert_worker/backend.h"
+#include "services/expert_worker/loader.h"
 #include "services/expert_worker/request.h"
 #include "services/expert_worker/scheduler.h"
 #include "services/expert_worker/worker_metrics.h"
@@ -139,6 +142,15 @@ class WorkerServer {
 
   std::mutex streams_mu_;
   std::map<StreamReactor*, std::shared_ptr<StreamReactor>> streams_;
+
+  // Watches the held experts' files after the load (ModelFileWatch): logs each change, sets
+  // exl3_worker_model_files_changed.
+  void WatchModelFiles();
+  std::unique_ptr<ModelFileWatch> file_watch_;
+  std::thread watch_thread_;
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  bool watch_stop_ = false;  // guarded by watch_mu_
 };
 
 }  // namespace exl3::worker

@@ -18,6 +18,7 @@
 #include "model/expert_map.h"
 #include "services/common/flags.h"
 #include "services/common/logging.h"
+#include "services/common/memory_return.h"
 #include "services/common/metrics.h"
 #include "services/common/server.h"
 #include "services/common/signals.h"
@@ -253,6 +254,8 @@ int Main() {
                     : "experts held in this process");
   std::printf("listening on %s\n", (*server)->address().c_str());
   std::fflush(stdout);
+  // Large requests' buffers go back to the kernel after them (services/common/memory_return.h).
+  svc::MemoryReturner memory_returner(svc::MemoryReturnOptions{});
 
   // Signals: SIGTERM/SIGINT drain (ShutdownSignals); SIGHUP reloads the expert map.
   std::mutex mu;

@@ -153,12 +153,13 @@ class Cluster:
         with open(self.map_path, "w") as f:
             f.write(template.format(**self.ports))
 
-    def start_worker(self, name, extra=()):
-        """Starts worker `name` on its port from the map and waits until it listens. Before any
-        router has read the map, a port another process took meanwhile is replaced by a fresh
-        one (free_port() cannot reserve it)."""
+    def start_worker(self, name, extra=(), model=None):
+        """Starts worker `name` on its port from the map and waits until it listens (model: a
+        model directory other than the cluster's, e.g. a copy of it). Before any router has
+        read the map, a port another process took meanwhile is replaced by a fresh one
+        (free_port() cannot reserve it)."""
         for attempt in range(5):
-            args = [os.path.join(BIN, "exl3-worker"), "--model", self.model, "--expert-map",
+            args = [os.path.join(BIN, "exl3-worker"), "--model", model or self.model, "--expert-map",
                     self.map_path, "--worker", name, "--listen", f"127.0.0.1:{self.ports[name]}",
                     "--metrics-listen", "127.0.0.1:0", "--progress=false", "--mlock=false",
                     "--threads", "1", *self.worker_tls, *extra]
