@@ -215,6 +215,7 @@ grpc::ServerUnaryReactor* GeneratorService::DescribeModel(grpc::CallbackServerCo
   resp->set_kv_block_size(shape.block_size);
   resp->set_experts(options_.experts);
   resp->set_max_num_seqs(options_.max_num_seqs);
+  resp->mutable_versions()->set_server(EXL3_VERSION);
   resp->mutable_versions()->set_protocol("exl3serve.v1");
   resp->mutable_versions()->set_grpc(grpc::Version());
   resp->set_state(draining_ ? pb::STATE_DRAINING : pb::STATE_SERVING);

@@ -435,7 +435,7 @@ void MoeRouterService::FillDescribe(pb::RouterDescribeResponse* resp) const {
     }
     resp->set_unserved_experts(p->UnservedExperts());
   }
-  resp->mutable_versions()->set_server("0.1.0");
+  resp->mutable_versions()->set_server(EXL3_VERSION);
   resp->mutable_versions()->set_protocol("exl3serve.v1");
   resp->mutable_versions()->set_grpc(grpc::Version());
   resp->set_cancel_supported(true);

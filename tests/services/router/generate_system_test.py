@@ -60,6 +60,7 @@ class GenerateSystemTest(unittest.TestCase):
         self.assertEqual(d.experts, "local")
         self.assertEqual(d.vocab_size, 512)
         self.assertGreater(d.kv_capacity_tokens, 0)
+        self.assertTrue(d.versions.server)  # the project version, not a literal
         tokens, finish, usage, _ = self.expected[1]
         self.assertEqual(len(tokens), 12)
         self.assertEqual(finish, pb.FINISH_REASON_LENGTH)
