@@ -183,9 +183,8 @@ absl::Status CpuModel::FinishMoe(MicroBatch& mb) {
 namespace {
 
 // The step's chunks in two contiguous groups (logit rows stay in chunk order): the longest
-// prefix of at most half the tokens, at least one chunk, and the rest.
-std::vector<StepBatch> SplitChunks(const StepBatch& batch, int parts) {
-  if (parts <= 1 || batch.chunks.size() < 2) return {batch};
+// prefix of at most half the tokens, at least one chunk, and the rest. Needs two chunks or more.
+std::vector<StepBatch> SplitInTwo(const StepBatch& batch) {
   const int total = batch.NumTokens();
   size_t split = 1;
   int prefix = 0;
@@ -205,12 +204,20 @@ absl::Status CpuModel::Forward(const StepBatch& batch, float* logits) {
   if (cache_ == nullptr) return absl::FailedPreconditionError("KV cache not allocated");
   times_ = StepPhaseTimes{};
   const int H = cfg_.hidden_size;
-  const std::vector<StepBatch> parts = SplitChunks(batch, micro_batches_);
+  // One micro-batch reads the step as it is; two need their own chunk lists.
+  std::vector<StepBatch> split;
+  if (micro_batches_ == 2 && batch.chunks.size() >= 2) split = SplitInTwo(batch);
+  std::vector<const StepBatch*> parts;
+  if (split.empty()) {
+    parts.push_back(&batch);
+  } else {
+    for (const StepBatch& b : split) parts.push_back(&b);
+  }
   std::vector<MicroBatch> mbs(parts.size());
   Clock::time_point t0 = Clock::now();
   for (size_t i = 0; i < parts.size(); ++i) {
     MicroBatch& mb = mbs[i];
-    EXL3_RETURN_IF_ERROR(FlattenStep(parts[i], cfg_.vocab_size, cache_->shape(),
+    EXL3_RETURN_IF_ERROR(FlattenStep(*parts[i], cfg_.vocab_size, cache_->shape(),
                                      cfg_.max_position_embeddings, &mb.tokens));
     const size_t n = static_cast<size_t>(mb.tokens.num_tokens) * H;
     mb.h.resize(n);

@@ -42,9 +42,11 @@ absl::Status GqaAttention::Forward(const float* x, const StepTokens& tokens, Pag
     RmsNormRows(q.data(), q_norm_.data(), T * NH, D, cfg_.rms_norm_eps);
     RmsNormRows(k.data(), k_norm_.data(), T * KV, D, cfg_.rms_norm_eps);
   }
+  RopeAngles angles;
   for (int t = 0; t < T; ++t) {
-    rope_.Apply(&q[static_cast<size_t>(t) * NH * D], NH, D, tokens.positions[t], tokens.seq_len_after[t]);
-    rope_.Apply(&k[static_cast<size_t>(t) * KV * D], KV, D, tokens.positions[t], tokens.seq_len_after[t]);
+    rope_.Angles(tokens.positions[t], tokens.seq_len_after[t], &angles);
+    rope_.Apply(angles, &q[static_cast<size_t>(t) * NH * D], NH, D);
+    rope_.Apply(angles, &k[static_cast<size_t>(t) * KV * D], KV, D);
     float* slot = cache.Slot(layer_, tokens.block_table(t), tokens.positions[t]);
     std::copy_n(&k[static_cast<size_t>(t) * KV * D], KV * D, slot);
     std::copy_n(&v[static_cast<size_t>(t) * KV * D], KV * D, slot + KV * D);

@@ -53,12 +53,13 @@ absl::Status MlaAttention::Forward(const float* x, const StepTokens& tokens, Pag
   std::vector<float> q(static_cast<size_t>(T) * NH * qd), ckv(static_cast<size_t>(T) * W);
   EXL3_RETURN_IF_ERROR(Queries(x, T, q.data(), compute));
   EXL3_RETURN_IF_ERROR(kv_a_.Forward(x, T, ckv.data(), compute));
+  RopeAngles angles;
   for (int t = 0; t < T; ++t) {
     float* c = &ckv[static_cast<size_t>(t) * W];
     RmsNorm(c, kv_a_norm_.data(), R, cfg_.rms_norm_eps, c);
-    rope_.Apply(c + R, 1, rope_d, tokens.positions[t], tokens.seq_len_after[t]);
-    rope_.Apply(&q[static_cast<size_t>(t) * NH * qd] + nope, NH, qd, tokens.positions[t],
-                tokens.seq_len_after[t]);
+    rope_.Angles(tokens.positions[t], tokens.seq_len_after[t], &angles);
+    rope_.Apply(angles, c + R, 1, rope_d);
+    rope_.Apply(angles, &q[static_cast<size_t>(t) * NH * qd] + nope, NH, qd);
     std::copy_n(c, W, cache.Slot(layer_, tokens.block_table(t), tokens.positions[t]));
   }
 

@@ -71,23 +71,28 @@ Rope::Rope(const RopeConfig& cfg, int max_position_embeddings)
       max_position_(max_position_embeddings),
       inv_freq_(RopeInverseFrequencies(cfg, max_position_embeddings, max_position_embeddings)) {}
 
-const std::vector<float>& Rope::InvFreq(int seq_len, std::vector<float>* scratch) const {
-  if (cfg_.type != RopeType::kDynamic || seq_len <= max_position_) return inv_freq_;
-  *scratch = RopeInverseFrequencies(cfg_, max_position_, seq_len);
-  return *scratch;
-}
-
-void Rope::Apply(float* x, int num_heads, int head_stride, int position, int seq_len) const {
-  std::vector<float> scratch;
-  const std::vector<float>& inv_freq = InvFreq(seq_len, &scratch);
+void Rope::Angles(int position, int seq_len, RopeAngles* out) const {
+  std::vector<float> dynamic;
+  if (cfg_.type == RopeType::kDynamic && seq_len > max_position_)
+    dynamic = RopeInverseFrequencies(cfg_, max_position_, seq_len);
+  const std::vector<float>& inv_freq = dynamic.empty() ? inv_freq_ : dynamic;
   const int half = cfg_.rotary_dim / 2;
   const float scale = static_cast<float>(cfg_.attention_factor);
-  std::vector<float> cs(half), sn(half), t(cfg_.rotary_dim);
+  out->cos.resize(half);
+  out->sin.resize(half);
+  out->scratch.resize(cfg_.rotary_dim);
   for (int i = 0; i < half; ++i) {
     const float angle = static_cast<float>(position) * inv_freq[i];
-    cs[i] = static_cast<float>(std::cos(static_cast<double>(angle))) * scale;
-    sn[i] = static_cast<float>(std::sin(static_cast<double>(angle))) * scale;
+    out->cos[i] = static_cast<float>(std::cos(static_cast<double>(angle))) * scale;
+    out->sin[i] = static_cast<float>(std::sin(static_cast<double>(angle))) * scale;
   }
+}
+
+void Rope::Apply(RopeAngles& angles, float* x, int num_heads, int head_stride) const {
+  const int half = cfg_.rotary_dim / 2;
+  const float* cs = angles.cos.data();
+  const float* sn = angles.sin.data();
+  float* t = angles.scratch.data();
   for (int h = 0; h < num_heads; ++h) {
     float* v = x + static_cast<size_t>(h) * head_stride;
     if (cfg_.layout == RopeLayout::kHalfSplit) {
@@ -102,9 +107,15 @@ void Rope::Apply(float* x, int num_heads, int head_stride, int position, int seq
         t[i] = a * cs[i] - b * sn[i];
         t[i + half] = b * cs[i] + a * sn[i];
       }
-      std::copy(t.begin(), t.end(), v);
+      std::copy(t, t + cfg_.rotary_dim, v);
     }
   }
+}
+
+void Rope::Apply(float* x, int num_heads, int head_stride, int position, int seq_len) const {
+  RopeAngles angles;
+  Angles(position, seq_len, &angles);
+  Apply(angles, x, num_heads, head_stride);
 }
 
 }  // namespace exl3::engine

@@ -16,17 +16,26 @@
 
 namespace exl3::engine {
 
+// cos and sin of one position's angles (scaled by the attention factor), computed once to rotate
+// every tensor at that position (queries and keys).
+struct RopeAngles {
+  std::vector<float> cos, sin;  // [rotary_dim / 2]
+  std::vector<float> scratch;   // [rotary_dim]: the interleaved layout's output
+};
+
 class Rope {
  public:
   Rope(const RopeConfig& cfg, int max_position_embeddings);
 
   int rotary_dim() const { return cfg_.rotary_dim; }
-  // Rotates `num_heads` heads starting at x, head h at x + h * head_stride, for `position`.
-  // seq_len: the sequence's length after this step (used by dynamic NTK only).
+  // The angles of `position`; seq_len: the sequence's length after this step (dynamic NTK only).
+  void Angles(int position, int seq_len, RopeAngles* out) const;
+  // Rotates `num_heads` heads starting at x, head h at x + h * head_stride.
+  void Apply(RopeAngles& angles, float* x, int num_heads, int head_stride) const;
+  // Both at once, for a single tensor.
   void Apply(float* x, int num_heads, int head_stride, int position, int seq_len) const;
 
  private:
-  const std::vector<float>& InvFreq(int seq_len, std::vector<float>* scratch) const;
 
   RopeConfig cfg_;
   int max_position_ = 0;
