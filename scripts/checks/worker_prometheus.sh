@@ -36,11 +36,18 @@ say "exl3-worker on 127.0.0.1:$GP, metrics on :$MP"
 "$BIN/exl3-worker" --model "$WORK/model" --experts 0-5 --listen "127.0.0.1:$GP" \
   --metrics-listen "127.0.0.1:$MP" --threads 2 --progress=false > "$WORK/worker.log" 2>&1 &
 WORKER_PID=$!
+# The page is read whole before grep sees it: `curl | grep -q` under pipefail fails when grep
+# exits at its first match and curl can no longer write (curl exit 23).
+worker_ready() {
+  local page
+  page=$(curl -fsS "http://127.0.0.1:$MP/metrics" 2>/dev/null) || return 1
+  grep -q '^exl3_worker_ready 1' <<<"$page"
+}
 for _ in $(seq 100); do
-  curl -fsS "http://127.0.0.1:$MP/metrics" 2>/dev/null | grep -q '^exl3_worker_ready 1' && break
+  worker_ready && break
   sleep 0.1
 done
-curl -fsS "http://127.0.0.1:$MP/metrics" | grep -q '^exl3_worker_ready 1' || fail "worker not ready"
+worker_ready || fail "worker not ready"
 
 say "prometheus on :$PP"
 cat > "$WORK/prometheus.yml" <<YAML
