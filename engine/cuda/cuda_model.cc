@@ -1,0 +1,390 @@
+#include "engine/cuda/cuda_model.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "engine/attention.h"
+#include "model/exl3_model.h"
+#include "model/safetensors.h"
+
+namespace exl3::engine::cuda {
+namespace {
+
+cudaStream_t Stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+absl::Status CudaStatus(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+}
+
+absl::StatusOr<DeviceArray<float>> UploadVector(const TensorSource& src, const std::string& name,
+                                                int64_t length) {
+  EXL3_ASSIGN_OR_RETURN(std::vector<float> v, LoadVector(src, name, length));
+  DeviceArray<float> d;
+  EXL3_RETURN_IF_ERROR(d.Upload(v));
+  return d;
+}
+
+absl::StatusOr<CudaLinear> LoadLinear(const TensorSource& src, const std::string& prefix, int in,
+                                      int out) {
+  EXL3_ASSIGN_OR_RETURN(Linear host, Linear::Load(src, prefix, in, out));
+  return CudaLinear::Upload(host);
+}
+
+GateConfig GateOf(const MoeConfig& m) {
+  GateConfig g;
+  g.scoring = m.scoring == ScoringFunc::kSoftmax   ? GateConfig::Scoring::kSoftmax
+              : m.scoring == ScoringFunc::kSigmoid ? GateConfig::Scoring::kSigmoid
+                                                   : GateConfig::Scoring::kSqrtSoftplus;
+  g.num_experts = m.num_experts;
+  g.top_k = m.top_k;
+  g.n_group = m.n_group;
+  g.topk_group = m.topk_group;
+  g.norm_topk_prob = m.norm_topk_prob;
+  g.routed_scaling_factor = m.routed_scaling_factor;
+  return g;
+}
+
+}  // namespace
+
+CudaModel::CudaModel(ModelConfig cfg)
+    : cfg_(std::move(cfg)), rope_(cfg_.rope, cfg_.max_position_embeddings) {}
+
+CudaModel::~CudaModel() {
+  if (stream_ != nullptr) cudaStreamSynchronize(Stream(stream_));
+  if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
+  if (stream_ != nullptr) cudaStreamDestroy(Stream(stream_));
+}
+
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Open(const std::string& dir,
+                                                           const CudaModelOptions& options,
+                                                           std::unique_ptr<MoeExecutor> remote_moe) {
+  if (exl3::cuda::DeviceCount() == 0)
+    return absl::FailedPreconditionError("the CUDA engine needs a GPU and none is visible");
+  EXL3_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(dir));
+  if (cfg.attention != AttentionKind::kGqa)
+    return absl::UnimplementedError(absl::StrCat(
+        cfg.architecture(), ": multi-head latent attention runs on the CPU engine only so far"));
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    if (cfg.moe.IsHashRoutedLayer(l))
+      return absl::UnimplementedError(absl::StrCat("layer ", l, " is hash-routed: not on the GPU engine"));
+  }
+  if (options.max_moe_tokens < 1) return absl::InvalidArgumentError("max_moe_tokens must be positive");
+  std::unique_ptr<CudaModel> m(new CudaModel(std::move(cfg)));
+  m->remote_moe_ = std::move(remote_moe);
+  m->max_moe_tokens_ = options.max_moe_tokens;
+  EXL3_RETURN_IF_ERROR(m->Load(dir));
+
+  ModelInfo& info = m->info_;
+  info.name = options.served_name.empty()
+                  ? std::filesystem::path(dir).lexically_normal().filename().string()
+                  : options.served_name;
+  if (info.name.empty()) info.name = std::filesystem::path(dir).parent_path().filename().string();
+  info.architecture = m->cfg_.architecture();
+  info.vocab_size = m->cfg_.vocab_size;
+  info.max_context = m->cfg_.max_position_embeddings;
+  info.eos_token_ids = m->cfg_.eos_token_ids;
+  info.kv_bytes_per_token =
+      static_cast<int64_t>(m->cfg_.num_layers) * m->cfg_.KvWidth() * static_cast<int64_t>(sizeof(float));
+  return m;
+}
+
+absl::Status CudaModel::Load(const std::string& dir) {
+  cudaStream_t stream;
+  EXL3_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream"));
+  stream_ = stream;
+  cublasHandle_t handle;
+  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) return absl::InternalError("cublasCreate failed");
+  cublas_ = handle;
+  cublasSetStream(handle, stream);
+  workspace_ = std::make_unique<exl3::cuda::Workspace>();
+  ctx_ = CudaLinearContext{cublas_, workspace_.get(), stream_};
+  int dev = 0;
+  EXL3_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&dev), "device"));
+  EXL3_RETURN_IF_ERROR(CudaStatus(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, dev), "device"));
+
+  EXL3_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, TensorSource::Open(dir));
+  const int H = cfg_.hidden_size;
+  EXL3_ASSIGN_OR_RETURN(TensorView emb, src->Get("model.embed_tokens.weight"));
+  if (emb.info->shape != std::vector<int64_t>{cfg_.vocab_size, H})
+    return absl::InvalidArgumentError(absl::StrCat(emb.info->name, ": expected shape [", cfg_.vocab_size, ", ", H, "]"));
+  switch (emb.info->dtype) {
+    case DType::kF32: embedding_dtype_ = EmbeddingDType::kF32; break;
+    case DType::kF16: embedding_dtype_ = EmbeddingDType::kF16; break;
+    case DType::kBF16: embedding_dtype_ = EmbeddingDType::kBF16; break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(emb.info->name, ": embeddings of dtype ",
+                                                     std::string(DTypeName(emb.info->dtype)), " are not supported"));
+  }
+  EXL3_RETURN_IF_ERROR(embedding_.Upload(emb.data, emb.size_bytes()));
+  weight_bytes_.embedding_row = static_cast<int64_t>(emb.size_bytes() / cfg_.vocab_size);
+
+  // In-process experts: every routed and shared expert and the routers (the gate runs here).
+  std::unique_ptr<Exl3Model> experts;
+  if (remote_moe_ == nullptr) {
+    Exl3ModelOptions opt;
+    opt.require_exl3 = false;
+    EXL3_ASSIGN_OR_RETURN(experts, Exl3Model::Open(dir, opt));
+  }
+  const MoeConfig& mc = cfg_.moe;
+  const int q_out = cfg_.num_heads * cfg_.head_dim, kv_out = cfg_.num_kv_heads * cfg_.head_dim;
+  layers_.resize(cfg_.num_layers);
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    Layer& L = layers_[l];
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    EXL3_ASSIGN_OR_RETURN(L.input_norm, UploadVector(*src, p + "input_layernorm.weight", H));
+    EXL3_ASSIGN_OR_RETURN(L.post_attention_norm, UploadVector(*src, p + "post_attention_layernorm.weight", H));
+    const std::string a = p + "self_attn.";
+    EXL3_ASSIGN_OR_RETURN(L.q, LoadLinear(*src, a + "q_proj", H, q_out));
+    EXL3_ASSIGN_OR_RETURN(L.k, LoadLinear(*src, a + "k_proj", H, kv_out));
+    EXL3_ASSIGN_OR_RETURN(L.v, LoadLinear(*src, a + "v_proj", H, kv_out));
+    EXL3_ASSIGN_OR_RETURN(L.o, LoadLinear(*src, a + "o_proj", q_out, H));
+    weight_bytes_.attention += L.q.weight_bytes() + L.k.weight_bytes() + L.v.weight_bytes() + L.o.weight_bytes();
+    if (cfg_.qk_norm) {
+      EXL3_ASSIGN_OR_RETURN(L.q_norm, UploadVector(*src, a + "q_norm.weight", cfg_.head_dim));
+      EXL3_ASSIGN_OR_RETURN(L.k_norm, UploadVector(*src, a + "k_norm.weight", cfg_.head_dim));
+    }
+    if (!cfg_.IsMoeLayer(l)) {
+      const int I = cfg_.intermediate_size;
+      DenseMlp mlp;
+      EXL3_ASSIGN_OR_RETURN(mlp.gate, LoadLinear(*src, p + "mlp.gate_proj", H, I));
+      EXL3_ASSIGN_OR_RETURN(mlp.up, LoadLinear(*src, p + "mlp.up_proj", H, I));
+      EXL3_ASSIGN_OR_RETURN(mlp.down, LoadLinear(*src, p + "mlp.down_proj", I, H));
+      weight_bytes_.dense_mlp += mlp.gate.weight_bytes() + mlp.up.weight_bytes() + mlp.down.weight_bytes();
+      L.dense_mlp = std::move(mlp);
+      continue;
+    }
+    MoeBlock moe;
+    if (experts != nullptr) {
+      EXL3_ASSIGN_OR_RETURN(moe.router, CudaLinear::UploadDense(experts->RouterWeight(l), H, mc.num_experts));
+      weight_bytes_.router += moe.router.weight_bytes();
+      if (const float* bias = experts->CorrectionBias(l)) EXL3_RETURN_IF_ERROR(moe.bias.Upload(bias, mc.num_experts));
+      EXL3_ASSIGN_OR_RETURN(MoeLayerView view, experts->LayerView(l));
+      EXL3_ASSIGN_OR_RETURN(moe.experts, exl3::cuda::DeviceMoeLayer::Upload(view));
+      weight_bytes_.experts_resident += static_cast<int64_t>(moe.experts->device_bytes());
+      if (moe_runner_ == nullptr) {
+        EXL3_ASSIGN_OR_RETURN(moe_runner_, exl3::cuda::MoeRunner::Create(*moe.experts, max_moe_tokens_, mc.top_k));
+      }
+    }
+    L.moe = std::move(moe);
+  }
+  EXL3_ASSIGN_OR_RETURN(final_norm_, UploadVector(*src, "model.norm.weight", H));
+  if (src->Has("lm_head.weight") || src->Has("lm_head.trellis")) {
+    EXL3_ASSIGN_OR_RETURN(head_, LoadLinear(*src, "lm_head", H, cfg_.vocab_size));
+  } else if (cfg_.tie_word_embeddings) {
+    EXL3_ASSIGN_OR_RETURN(std::vector<float> w, ToFloat32(emb));
+    EXL3_ASSIGN_OR_RETURN(head_, CudaLinear::UploadDense(w.data(), H, cfg_.vocab_size));
+  } else {
+    return absl::NotFoundError("lm_head: no lm_head.weight or lm_head.trellis, and the "
+                               "embeddings are not tied (tie_word_embeddings false)");
+  }
+  weight_bytes_.head = head_.weight_bytes();
+  // The uploads ran on the legacy stream, which the engine's non-blocking stream does not wait for.
+  return CudaStatus(cudaDeviceSynchronize(), "weights upload");
+}
+
+absl::Status CudaModel::AllocateKvCache(const KvCacheShape& shape) {
+  if (shape.num_blocks <= 0 || shape.block_size <= 0)
+    return absl::InvalidArgumentError(absl::StrCat("KV cache of ", shape.num_blocks, " blocks of ",
+                                                   shape.block_size, " tokens"));
+  layer_cache_floats_ = static_cast<size_t>(shape.num_blocks) * shape.block_size * cfg_.KvWidth();
+  cache_ = DeviceArray<float>();
+  EXL3_RETURN_IF_ERROR(cache_.Reserve(layer_cache_floats_ * cfg_.num_layers));
+  cache_shape_ = shape;
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::Reserve(int T, int R) {
+  const size_t t = static_cast<size_t>(T), H = cfg_.hidden_size;
+  const size_t q = t * cfg_.num_heads * cfg_.head_dim, kv = t * cfg_.num_kv_heads * cfg_.head_dim;
+  EXL3_RETURN_IF_ERROR(act_.h.Reserve(t * H));
+  EXL3_RETURN_IF_ERROR(act_.x.Reserve(t * H));
+  EXL3_RETURN_IF_ERROR(act_.d.Reserve(t * H));
+  EXL3_RETURN_IF_ERROR(act_.q.Reserve(q));
+  EXL3_RETURN_IF_ERROR(act_.k.Reserve(kv));
+  EXL3_RETURN_IF_ERROR(act_.v.Reserve(kv));
+  EXL3_RETURN_IF_ERROR(act_.attn.Reserve(q));
+  EXL3_RETURN_IF_ERROR(act_.gate.Reserve(t * cfg_.intermediate_size));
+  EXL3_RETURN_IF_ERROR(act_.up.Reserve(t * cfg_.intermediate_size));
+  EXL3_RETURN_IF_ERROR(act_.router_logits.Reserve(t * std::max(cfg_.moe.num_experts, 1)));
+  EXL3_RETURN_IF_ERROR(act_.topk_ids.Reserve(t * std::max(cfg_.moe.top_k, 1)));
+  EXL3_RETURN_IF_ERROR(act_.topk_weights.Reserve(t * std::max(cfg_.moe.top_k, 1)));
+  EXL3_RETURN_IF_ERROR(act_.head_in.Reserve(static_cast<size_t>(std::max(R, 1)) * H));
+  EXL3_RETURN_IF_ERROR(act_.logits.Reserve(static_cast<size_t>(std::max(R, 1)) * cfg_.vocab_size));
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::PrepareStep(const StepTokens& tokens) {
+  const int T = tokens.num_tokens, R = static_cast<int>(tokens.logit_tokens.size());
+  const int half = rope_.rotary_dim() / 2, bs = cache_shape_.block_size;
+  const StepBatch& batch = *tokens.batch;
+  int table_ints = 0;
+  for (const SequenceChunk& c : batch.chunks) table_ints += static_cast<int>(c.block_table.size());
+  // Layout: ids, position, first_visible, slot, table_offset [T] | logit_rows [R] | tables |
+  // cos, sin [T, half] (float bits).
+  std::vector<int32_t>& h = meta_.host;
+  h.assign(5 * static_cast<size_t>(T) + R + table_ints + 2 * static_cast<size_t>(T) * half, 0);
+  int32_t* ids = h.data();
+  int32_t* position = ids + T;
+  int32_t* first = position + T;
+  int32_t* slot = first + T;
+  int32_t* table_offset = slot + T;
+  int32_t* logit_rows = table_offset + T;
+  int32_t* tables = logit_rows + R;
+  float* cos = reinterpret_cast<float*>(tables + table_ints);
+  float* sin = cos + static_cast<size_t>(T) * half;
+  std::vector<int32_t> chunk_offset(batch.chunks.size());
+  int off = 0;
+  for (size_t c = 0; c < batch.chunks.size(); ++c) {
+    chunk_offset[c] = off;
+    std::copy(batch.chunks[c].block_table.begin(), batch.chunks[c].block_table.end(), tables + off);
+    off += static_cast<int>(batch.chunks[c].block_table.size());
+  }
+  meta_.max_span = 0;
+  RopeAngles angles;
+  for (int t = 0; t < T; ++t) {
+    const int pos = tokens.positions[t];
+    ids[t] = tokens.token_ids[t];
+    position[t] = pos;
+    first[t] = FirstVisiblePosition(pos, cfg_.sliding_window);
+    const std::vector<int32_t>& table = tokens.block_table(t);
+    slot[t] = table[pos / bs] * bs + pos % bs;
+    table_offset[t] = chunk_offset[tokens.chunk_of[t]];
+    meta_.max_span = std::max(meta_.max_span, pos - first[t] + 1);
+    rope_.Angles(pos, tokens.seq_len_after[t], &angles);
+    std::copy(angles.cos.begin(), angles.cos.end(), cos + static_cast<size_t>(t) * half);
+    std::copy(angles.sin.begin(), angles.sin.end(), sin + static_cast<size_t>(t) * half);
+  }
+  std::copy(tokens.logit_tokens.begin(), tokens.logit_tokens.end(), logit_rows);
+
+  EXL3_RETURN_IF_ERROR(meta_.device.Reserve(h.size()));
+  EXL3_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(meta_.device.get(), h.data(), h.size() * sizeof(int32_t),
+                                                  cudaMemcpyHostToDevice, Stream(stream_)),
+                                  "step upload"));
+  int32_t* d = meta_.device.get();
+  meta_.ids = d;
+  meta_.position = d + T;
+  meta_.first_visible = d + 2 * T;
+  meta_.slot = d + 3 * T;
+  meta_.table_offset = d + 4 * T;
+  meta_.logit_rows = d + 5 * T;
+  meta_.tables = meta_.logit_rows + R;
+  meta_.cos = reinterpret_cast<const float*>(meta_.tables + table_ints);
+  meta_.sin = meta_.cos + static_cast<size_t>(T) * half;
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::RunAttention(int l, const StepTokens& tokens) {
+  Layer& L = layers_[l];
+  const int T = tokens.num_tokens, D = cfg_.head_dim, NH = cfg_.num_heads, KV = cfg_.num_kv_heads;
+  EXL3_RETURN_IF_ERROR(L.q.Forward(act_.x.get(), T, act_.q.get(), ctx_));
+  EXL3_RETURN_IF_ERROR(L.k.Forward(act_.x.get(), T, act_.k.get(), ctx_));
+  EXL3_RETURN_IF_ERROR(L.v.Forward(act_.x.get(), T, act_.v.get(), ctx_));
+  if (!L.q_norm.empty()) {
+    EXL3_RETURN_IF_ERROR(RmsNorm(act_.q.get(), L.q_norm.get(), T * NH, D, cfg_.rms_norm_eps, act_.q.get(), stream_));
+    EXL3_RETURN_IF_ERROR(RmsNorm(act_.k.get(), L.k_norm.get(), T * KV, D, cfg_.rms_norm_eps, act_.k.get(), stream_));
+  }
+  const bool interleaved = cfg_.rope.layout == RopeLayout::kInterleaved;
+  EXL3_RETURN_IF_ERROR(ApplyRope(act_.q.get(), T, NH, NH * D, D, rope_.rotary_dim(), interleaved, meta_.cos,
+                                 meta_.sin, stream_));
+  EXL3_RETURN_IF_ERROR(ApplyRope(act_.k.get(), T, KV, KV * D, D, rope_.rotary_dim(), interleaved, meta_.cos,
+                                 meta_.sin, stream_));
+  float* cache_layer = cache_.get() + l * layer_cache_floats_;
+  EXL3_RETURN_IF_ERROR(WriteKv(act_.k.get(), act_.v.get(), meta_.slot, T, KV * D, cache_layer, stream_));
+
+  // Split-K: enough blocks to fill the GPU twice, each split at least 64 positions long.
+  const int blocks = T * KV;
+  int splits = std::max(1, std::min((2 * sm_count_ + blocks - 1) / blocks, (meta_.max_span + 63) / 64));
+  const int split_positions = (meta_.max_span + splits - 1) / splits;
+  splits = (meta_.max_span + split_positions - 1) / split_positions;
+  EXL3_RETURN_IF_ERROR(act_.scratch.Reserve(AttentionScratchFloats(T, NH, D, splits)));
+  AttentionTokens at;
+  at.position = meta_.position;
+  at.first_visible = meta_.first_visible;
+  at.table_offset = meta_.table_offset;
+  at.tables = meta_.tables;
+  at.block_size = cache_shape_.block_size;
+  EXL3_RETURN_IF_ERROR(PagedAttention(act_.q.get(), cache_layer, at, T, NH, KV, D, cfg_.attention_scale, splits,
+                                      split_positions, act_.scratch.get(), act_.attn.get(), stream_));
+  return L.o.Forward(act_.attn.get(), T, act_.d.get(), ctx_);
+}
+
+absl::Status CudaModel::RunMoe(int l, const StepTokens& tokens) {
+  MoeBlock& moe = *layers_[l].moe;
+  const int T = tokens.num_tokens, H = cfg_.hidden_size;
+  if (remote_moe_ != nullptr) {
+    // Remote experts: the engine's MoE executor works on host memory.
+    const size_t n = static_cast<size_t>(T) * H;
+    remote_x_.resize(n);
+    remote_y_.resize(n);
+    EXL3_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(remote_x_.data(), act_.x.get(), n * 4, cudaMemcpyDeviceToHost,
+                                                    Stream(stream_)), "MoE input to host"));
+    EXL3_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(Stream(stream_)), "MoE input to host"));
+    EXL3_RETURN_IF_ERROR(remote_moe_->Forward(l, remote_x_.data(), T, tokens.token_ids.data(), remote_y_.data()));
+    return CudaStatus(cudaMemcpyAsync(act_.d.get(), remote_y_.data(), n * 4, cudaMemcpyHostToDevice, Stream(stream_)),
+                      "MoE output to device");
+  }
+  const int k = cfg_.moe.top_k;
+  EXL3_RETURN_IF_ERROR(moe.router.Forward(act_.x.get(), T, act_.router_logits.get(), ctx_));
+  EXL3_RETURN_IF_ERROR(RouteOnDevice(GateOf(cfg_.moe), act_.router_logits.get(),
+                                     moe.bias.empty() ? nullptr : moe.bias.get(), T, act_.topk_ids.get(),
+                                     act_.topk_weights.get(), stream_));
+  EXL3_RETURN_IF_ERROR(moe_runner_->Rebind(*moe.experts));
+  for (int t0 = 0; t0 < T; t0 += max_moe_tokens_) {
+    const int n = std::min(max_moe_tokens_, T - t0);
+    const size_t row = static_cast<size_t>(t0);
+    EXL3_RETURN_IF_ERROR(moe_runner_->Forward(act_.x.get() + row * H, n, act_.topk_ids.get() + row * k,
+                                              act_.topk_weights.get() + row * k, act_.d.get() + row * H, stream_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::Forward(const StepBatch& batch, float* logits) {
+  if (cache_.empty()) return absl::FailedPreconditionError("KV cache not allocated");
+  StepTokens tokens;
+  EXL3_RETURN_IF_ERROR(FlattenStep(batch, cfg_.vocab_size, cache_shape_, cfg_.max_position_embeddings, &tokens));
+  const int T = tokens.num_tokens, R = static_cast<int>(tokens.logit_tokens.size()), H = cfg_.hidden_size;
+  if (T == 0) return absl::OkStatus();
+  EXL3_RETURN_IF_ERROR(Reserve(T, R));
+  EXL3_RETURN_IF_ERROR(PrepareStep(tokens));
+  EXL3_RETURN_IF_ERROR(EmbedRows(embedding_.get(), embedding_dtype_, meta_.ids, T, H, act_.h.get(), stream_));
+  const float eps = cfg_.rms_norm_eps;
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    Layer& L = layers_[l];
+    if (l == 0) {
+      EXL3_RETURN_IF_ERROR(RmsNorm(act_.h.get(), L.input_norm.get(), T, H, eps, act_.x.get(), stream_));
+    } else {  // the previous layer's MLP output joins the residual stream here
+      EXL3_RETURN_IF_ERROR(AddRmsNorm(act_.h.get(), act_.d.get(), L.input_norm.get(), T, H, eps, act_.x.get(), stream_));
+    }
+    EXL3_RETURN_IF_ERROR(RunAttention(l, tokens));
+    EXL3_RETURN_IF_ERROR(AddRmsNorm(act_.h.get(), act_.d.get(), L.post_attention_norm.get(), T, H, eps,
+                                    act_.x.get(), stream_));
+    if (L.dense_mlp) {
+      const DenseMlp& mlp = *L.dense_mlp;
+      EXL3_RETURN_IF_ERROR(mlp.gate.Forward(act_.x.get(), T, act_.gate.get(), ctx_));
+      EXL3_RETURN_IF_ERROR(mlp.up.Forward(act_.x.get(), T, act_.up.get(), ctx_));
+      EXL3_RETURN_IF_ERROR(SiluMul(act_.gate.get(), act_.up.get(), static_cast<int64_t>(T) * cfg_.intermediate_size,
+                                   stream_));
+      EXL3_RETURN_IF_ERROR(mlp.down.Forward(act_.gate.get(), T, act_.d.get(), ctx_));
+    } else {
+      EXL3_RETURN_IF_ERROR(RunMoe(l, tokens));
+    }
+  }
+  EXL3_RETURN_IF_ERROR(AddInPlace(act_.h.get(), act_.d.get(), static_cast<int64_t>(T) * H, stream_));
+  EXL3_RETURN_IF_ERROR(GatherRmsNorm(act_.h.get(), meta_.logit_rows, R, final_norm_.get(), H, eps,
+                                     act_.head_in.get(), stream_));
+  EXL3_RETURN_IF_ERROR(head_.Forward(act_.head_in.get(), R, act_.logits.get(), ctx_));
+  EXL3_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(logits, act_.logits.get(),
+                                                  static_cast<size_t>(R) * cfg_.vocab_size * sizeof(float),
+                                                  cudaMemcpyDeviceToHost, Stream(stream_)),
+                                  "logits to host"));
+  return CudaStatus(cudaStreamSynchronize(Stream(stream_)), "step");
+}
+
+}  // namespace exl3::engine::cuda
