@@ -152,13 +152,26 @@ absl::Status WriteIndex(const fs::path& dir, const json& weight_map) {
 
 // One linear layer [out_f, in_f]: EXL3 with random trellis bits (exl3, both dimensions multiples
 // of 128) or an HF bf16 weight.
-void AddLinear(const std::string& prefix, int out_f, int in_f, bool down, bool exl3,
+// Which bit width of SyntheticOptions a linear takes.
+enum class LinearRole { kExpert, kExpertDown, kAttentionOrDense, kHead };
+
+int BitsOf(const SyntheticOptions& so, LinearRole role) {
+  switch (role) {
+    case LinearRole::kExpertDown: return so.down_bits > 0 ? so.down_bits : so.bits;
+    case LinearRole::kAttentionOrDense: return so.attention_bits > 0 ? so.attention_bits : so.bits;
+    case LinearRole::kHead: return so.head_bits > 0 ? so.head_bits : so.bits;
+    case LinearRole::kExpert: break;
+  }
+  return so.bits;
+}
+
+void AddLinear(const std::string& prefix, int out_f, int in_f, LinearRole role, bool exl3,
                const SyntheticOptions* so, std::vector<GenTensor>* out) {
   if (!exl3 || out_f % 128 != 0 || in_f % 128 != 0) {
     out->push_back({prefix + ".weight", DType::kBF16, {out_f, in_f}, GenTensor::kGaussian, 0.02f});
     return;
   }
-  const int K = down && so->down_bits > 0 ? so->down_bits : so->bits;
+  const int K = BitsOf(*so, role);
   out->push_back({prefix + ".trellis", DType::kI16, {in_f / 16, out_f / 16, 16 * K},
                   GenTensor::kRandomBits});
   out->push_back({prefix + ".suh", DType::kF16, {in_f}, GenTensor::kSigns, 1.0f});
@@ -183,15 +196,15 @@ void AddMoeTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool exl
   if (!bias.empty()) out->push_back({bias, DType::kF32, {s.experts}, GenTensor::kBias, 0.05f});
   const int I = s.intermediate;
   for (int e = 0; e < s.experts; ++e) {
-    AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kGate), I, H, false, exl3, so, out);
-    AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kUp), I, H, false, exl3, so, out);
-    AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kDown), H, I, true, exl3, so, out);
+    AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kGate), I, H, LinearRole::kExpert, exl3, so, out);
+    AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kUp), I, H, LinearRole::kExpert, exl3, so, out);
+    AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kDown), H, I, LinearRole::kExpertDown, exl3, so, out);
   }
   if (cfg.has_shared_expert()) {
     const int SI = cfg.shared_intermediate_size;
-    AddLinear(SharedExpertPrefix(cfg, L, Projection::kGate), SI, H, false, exl3, so, out);
-    AddLinear(SharedExpertPrefix(cfg, L, Projection::kUp), SI, H, false, exl3, so, out);
-    AddLinear(SharedExpertPrefix(cfg, L, Projection::kDown), H, SI, true, exl3, so, out);
+    AddLinear(SharedExpertPrefix(cfg, L, Projection::kGate), SI, H, LinearRole::kExpert, exl3, so, out);
+    AddLinear(SharedExpertPrefix(cfg, L, Projection::kUp), SI, H, LinearRole::kExpert, exl3, so, out);
+    AddLinear(SharedExpertPrefix(cfg, L, Projection::kDown), H, SI, LinearRole::kExpertDown, exl3, so, out);
   }
 }
 
@@ -204,8 +217,8 @@ void AddLayerTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool e
                      const SyntheticOptions* so, std::vector<GenTensor>* t) {
   const int H = s.hidden, heads = s.heads;
   const std::string p = absl::StrCat("model.layers.", L, ".");
-  auto linear = [&](const std::string& name, int out_f, int in_f, bool down = false) {
-    AddLinear(p + name, out_f, in_f, down, exl3, so, t);
+  auto linear = [&](const std::string& name, int out_f, int in_f) {
+    AddLinear(p + name, out_f, in_f, LinearRole::kAttentionOrDense, exl3, so, t);
   };
   t->push_back(NormTensor(p + "input_layernorm.weight", H));
   if (s.arch == "deepseek_v3") {  // MLA
@@ -239,7 +252,7 @@ void AddLayerTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool e
   } else {
     linear("mlp.gate_proj", s.dense_intermediate, H);
     linear("mlp.up_proj", s.dense_intermediate, H);
-    linear("mlp.down_proj", H, s.dense_intermediate, /*down=*/true);
+    linear("mlp.down_proj", H, s.dense_intermediate);
   }
 }
 
@@ -252,7 +265,7 @@ std::vector<std::vector<GenTensor>> WholeModelShards(const TestModelSpec& s, con
                        GenTensor::kGaussian, 0.02f});
   for (int L = 0; L < s.layers; ++L) AddLayerTensors(s, cfg, L, exl3, so, &shards[L]);
   shards.back().push_back(NormTensor("model.norm.weight", s.hidden));
-  AddLinear("lm_head", s.vocab, s.hidden, false, exl3, so, &shards.back());
+  AddLinear("lm_head", s.vocab, s.hidden, LinearRole::kHead, exl3, so, &shards.back());
   return shards;
 }
 
@@ -445,7 +458,7 @@ absl::Status WriteSyntheticExl3Model(const TestModelSpec& spec, const SyntheticO
   absl::StatusOr<TestModelSpec> rs = ResolveTestModelSpec(spec);
   if (!rs.ok()) return rs.status();
   const TestModelSpec& s = *rs;
-  for (int k : {opts.bits, opts.down_bits}) {
+  for (int k : {opts.bits, opts.down_bits, opts.attention_bits, opts.head_bits}) {
     if (k != 0 && (k < 1 || k > 8)) return absl::InvalidArgumentError("bit widths must be in 1..8");
   }
   if (opts.bits < 1) return absl::InvalidArgumentError("--bits must be in 1..8");
@@ -483,6 +496,10 @@ absl::Status WriteSyntheticExl3Model(const TestModelSpec& spec, const SyntheticO
     if (!gs.ok()) return gs;
   }
   if (opts.down_bits > 0) c["quantization_config"]["down_bits"] = opts.down_bits;
+  if (opts.whole_model) {
+    c["quantization_config"]["attention_bits"] = BitsOf(opts, LinearRole::kAttentionOrDense);
+    c["quantization_config"]["head_bits"] = BitsOf(opts, LinearRole::kHead);
+  }
   return WriteText(dir / "config.json", c.dump(2) + "\n");
 }
 

@@ -70,8 +70,10 @@ struct SyntheticOptions {
   // Also attention, norms, dense MLPs, embeddings and the head (linears EXL3 where both
   // dimensions are multiples of 128, else bf16), so the engine can run it; else MoE layers only.
   bool whole_model = false;
-  int bits = 2;          // experts' K (and every other EXL3 linear's)
-  int down_bits = 0;     // down projections' K (0: bits)
+  int bits = 2;            // experts' K (and every other EXL3 linear's unless set below)
+  int down_bits = 0;       // routed and shared experts' down projections' K (0: bits)
+  int attention_bits = 0;  // attention and dense MLP linears' K (0: bits)
+  int head_bits = 0;       // lm_head's K (0: bits)
   Codebook codebook = Codebook::kMcg;
   bool progress = true;
 };

@@ -19,7 +19,7 @@ constexpr char kUsage[] =
     "         [--shared S] [--dense-layers D] [--dense-intermediate I2] [--n-group G]\n"
     "         [--topk-group G2] [--routed-scaling-factor F] [--swiglu-limit L] [--vocab V]\n"
     "         [--bits K] [--expert-bits K] [--down-bits K] [--codebook 3inst|mcg|mul1]\n"
-    "         [--quantize-all [--head-bits K]] [--seed S] [--threads N] [--hf-only]\n"
+    "         [--quantize-all [--head-bits K]] [--attention-bits K] [--seed S] [--threads N] [--hf-only]\n"
     "         [--hf-output DIR2] [--synthetic [--whole-model]] [--quiet]\n"
     "         [--heads N] [--kv-heads N] [--head-dim D] [--q-lora-rank R] [--kv-lora-rank R]\n"
     "         [--qk-nope-head-dim D] [--qk-rope-head-dim D] [--v-head-dim D]\n"
@@ -64,6 +64,8 @@ constexpr char kUsage[] =
     "  --whole-model   with --synthetic: also attention, norms, dense MLPs, embeddings and the\n"
     "                  head (EXL3 where both dimensions are multiples of 128), so exl3-router runs\n"
     "                  it: engine benchmarks at real shapes\n"
+    "  --attention-bits  with --synthetic --whole-model: K of attention and dense MLP linears\n"
+    "                  (default --bits); --head-bits there sets lm_head's K (default --bits)\n"
     "  --synthetic     write an EXL3 model directly, without an HF checkpoint or encoding: every\n"
     "                  expert's trellis bits random (valid EXL3), suh = +-1, svh = +-1/(1.24\n"
     "                  sqrt(in)); only MoE layers' tensors (router, bias, experts, shared);\n"
@@ -84,7 +86,7 @@ int Run(int argc, char** argv) {
                   {"arch", "output", "hf-output", "layers", "hidden", "experts", "top-k",
                    "intermediate", "shared", "dense-layers", "dense-intermediate", "n-group",
                    "topk-group", "routed-scaling-factor", "swiglu-limit", "vocab", "bits",
-                   "expert-bits", "down-bits", "codebook", "seed", "threads", "head-bits",
+                   "expert-bits", "down-bits", "codebook", "seed", "threads", "head-bits", "attention-bits",
                    "heads", "kv-heads", "head-dim", "q-lora-rank", "kv-lora-rank",
                    "qk-nope-head-dim", "qk-rope-head-dim", "v-head-dim"},
                   {"hf-only", "synthetic", "quiet", "quantize-all", "whole-model"}, &err)) {
@@ -101,7 +103,7 @@ int Run(int argc, char** argv) {
     const char* name;
     int* out;
   };
-  int bits = 4, expert_bits = 0, down_bits = 0, threads = 0, head_bits = 6;
+  int bits = 4, expert_bits = 0, down_bits = 0, threads = 0, head_bits = 6, attention_bits = 0;
   for (IntFlag f : {IntFlag{"layers", &spec.layers}, {"hidden", &spec.hidden},
                     {"experts", &spec.experts}, {"top-k", &spec.top_k},
                     {"intermediate", &spec.intermediate}, {"shared", &spec.shared},
@@ -109,7 +111,8 @@ int Run(int argc, char** argv) {
                     {"dense-intermediate", &spec.dense_intermediate}, {"n-group", &spec.n_group},
                     {"topk-group", &spec.topk_group}, {"vocab", &spec.vocab}, {"bits", &bits},
                     {"expert-bits", &expert_bits}, {"down-bits", &down_bits},
-                    {"threads", &threads}, {"head-bits", &head_bits}, {"heads", &spec.heads},
+                    {"threads", &threads}, {"head-bits", &head_bits},
+                    {"attention-bits", &attention_bits}, {"heads", &spec.heads},
                     {"kv-heads", &spec.kv_heads}, {"head-dim", &spec.head_dim},
                     {"q-lora-rank", &spec.q_lora_rank}, {"kv-lora-rank", &spec.kv_lora_rank},
                     {"qk-nope-head-dim", &spec.qk_nope_head_dim},
@@ -126,7 +129,7 @@ int Run(int argc, char** argv) {
   if (args.Has("seed") && !absl::SimpleAtoi(args.Get("seed"), &spec.seed)) {
     return Fail(kName, "--seed must be a non-negative integer");
   }
-  for (int k : {bits, expert_bits, down_bits, head_bits}) {
+  for (int k : {bits, expert_bits, down_bits, head_bits, attention_bits}) {
     if (k != 0 && (k < 1 || k > 8)) return Fail(kName, "bit widths must be in 1..8");
   }
   if (bits < 1) return Fail(kName, "--bits must be in 1..8");
@@ -142,6 +145,10 @@ int Run(int argc, char** argv) {
   if (args.Bool("whole-model") && !args.Bool("synthetic")) {
     return Fail(kName, "--whole-model goes with --synthetic (the HF path always writes whole models)");
   }
+  if (args.Has("attention-bits") && !args.Bool("whole-model")) {
+    return Fail(kName, "--attention-bits goes with --synthetic --whole-model (exl3-tool quantize's converter sets the "
+                       "attention's K from --bits otherwise)");
+  }
   if (args.Bool("synthetic")) {
     if (args.Bool("hf-only") || args.Has("hf-output") || args.Has("expert-bits")) {
       return Fail(kName, "--synthetic writes EXL3 directly: --hf-only, --hf-output and --expert-bits do not apply");
@@ -150,6 +157,8 @@ int Run(int argc, char** argv) {
     so.whole_model = args.Bool("whole-model");
     so.bits = bits;
     so.down_bits = down_bits;
+    so.attention_bits = attention_bits;
+    so.head_bits = args.Has("head-bits") ? head_bits : 0;
     so.codebook = cb;
     so.progress = progress;
     if (progress) {
