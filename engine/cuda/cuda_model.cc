@@ -58,6 +58,7 @@ CudaModel::CudaModel(ModelConfig cfg)
 
 CudaModel::~CudaModel() {
   if (stream_ != nullptr) cudaStreamSynchronize(Stream(stream_));
+  for (void* e : event_pool_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
   if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
   if (stream_ != nullptr) cudaStreamDestroy(Stream(stream_));
 }
@@ -345,6 +346,38 @@ absl::Status CudaModel::RunMoe(int l, const StepTokens& tokens) {
   return absl::OkStatus();
 }
 
+absl::Status CudaModel::Mark(Phase phase) {
+  if (marks_.size() == event_pool_.size()) {
+    cudaEvent_t e;
+    EXL3_RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&e), "event"));
+    event_pool_.push_back(e);
+  }
+  void* e = event_pool_[marks_.size()];
+  marks_.push_back({e, phase});
+  return CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>(e), Stream(stream_)), "event");
+}
+
+absl::Status CudaModel::CollectPhaseTimes() {
+  times_ = StepPhaseTimes{};
+  for (size_t i = 1; i < marks_.size(); ++i) {
+    float ms = 0;
+    EXL3_RETURN_IF_ERROR(CudaStatus(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(marks_[i - 1].event),
+                                                         static_cast<cudaEvent_t>(marks_[i].event)),
+                                    "event timing"));
+    const double s = ms * 1e-3;
+    switch (marks_[i].phase) {
+      case Phase::kEmbed: times_.embed_s += s; break;
+      case Phase::kAttention: times_.attention_s += s; break;
+      case Phase::kDenseMlp: times_.dense_mlp_s += s; break;
+      case Phase::kMoe: times_.moe_s += s; break;
+      case Phase::kHead: times_.head_s += s; break;
+      case Phase::kStart: break;
+    }
+  }
+  marks_.clear();
+  return absl::OkStatus();
+}
+
 absl::Status CudaModel::Forward(const StepBatch& batch, float* logits) {
   if (cache_.empty()) return absl::FailedPreconditionError("KV cache not allocated");
   StepTokens tokens;
@@ -352,8 +385,11 @@ absl::Status CudaModel::Forward(const StepBatch& batch, float* logits) {
   const int T = tokens.num_tokens, R = static_cast<int>(tokens.logit_tokens.size()), H = cfg_.hidden_size;
   if (T == 0) return absl::OkStatus();
   EXL3_RETURN_IF_ERROR(Reserve(T, R));
+  marks_.clear();
+  EXL3_RETURN_IF_ERROR(Mark(Phase::kStart));
   EXL3_RETURN_IF_ERROR(PrepareStep(tokens));
   EXL3_RETURN_IF_ERROR(EmbedRows(embedding_.get(), embedding_dtype_, meta_.ids, T, H, act_.h.get(), stream_));
+  EXL3_RETURN_IF_ERROR(Mark(Phase::kEmbed));
   const float eps = cfg_.rms_norm_eps;
   for (int l = 0; l < cfg_.num_layers; ++l) {
     Layer& L = layers_[l];
@@ -365,6 +401,7 @@ absl::Status CudaModel::Forward(const StepBatch& batch, float* logits) {
     EXL3_RETURN_IF_ERROR(RunAttention(l, tokens));
     EXL3_RETURN_IF_ERROR(AddRmsNorm(act_.h.get(), act_.d.get(), L.post_attention_norm.get(), T, H, eps,
                                     act_.x.get(), stream_));
+    EXL3_RETURN_IF_ERROR(Mark(Phase::kAttention));  // norms with it, as the CPU model counts them
     if (L.dense_mlp) {
       const DenseMlp& mlp = *L.dense_mlp;
       EXL3_RETURN_IF_ERROR(mlp.gate.Forward(act_.x.get(), T, act_.gate.get(), ctx_));
@@ -372,8 +409,10 @@ absl::Status CudaModel::Forward(const StepBatch& batch, float* logits) {
       EXL3_RETURN_IF_ERROR(SiluMul(act_.gate.get(), act_.up.get(), static_cast<int64_t>(T) * cfg_.intermediate_size,
                                    stream_));
       EXL3_RETURN_IF_ERROR(mlp.down.Forward(act_.gate.get(), T, act_.d.get(), ctx_));
+      EXL3_RETURN_IF_ERROR(Mark(Phase::kDenseMlp));
     } else {
       EXL3_RETURN_IF_ERROR(RunMoe(l, tokens));
+      EXL3_RETURN_IF_ERROR(Mark(Phase::kMoe));
     }
   }
   EXL3_RETURN_IF_ERROR(AddInPlace(act_.h.get(), act_.d.get(), static_cast<int64_t>(T) * H, stream_));
@@ -384,7 +423,9 @@ absl::Status CudaModel::Forward(const StepBatch& batch, float* logits) {
                                                   static_cast<size_t>(R) * cfg_.vocab_size * sizeof(float),
                                                   cudaMemcpyDeviceToHost, Stream(stream_)),
                                   "logits to host"));
-  return CudaStatus(cudaStreamSynchronize(Stream(stream_)), "step");
+  EXL3_RETURN_IF_ERROR(Mark(Phase::kHead));
+  EXL3_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(Stream(stream_)), "step"));
+  return CollectPhaseTimes();
 }
 
 }  // namespace exl3::engine::cuda

@@ -56,6 +56,8 @@ class CudaModel final : public ModelRunner {
   absl::Status AllocateKvCache(const KvCacheShape& shape) override;
   absl::Status Forward(const StepBatch& batch, float* logits) override;
   const CudaWeightBytes& weight_bytes() const { return weight_bytes_; }
+  // GPU time of the last Forward by phase (device events between the phases' launches).
+  StepPhaseTimes LastPhaseTimes() const override { return times_; }
 
  private:
   struct DenseMlp {
@@ -88,7 +90,16 @@ class CudaModel final : public ModelRunner {
     int max_span = 0;  // longest visible context of any token
   };
 
+  // Device events marking where each phase's work ends on the stream.
+  enum class Phase { kStart, kEmbed, kAttention, kDenseMlp, kMoe, kHead };
+  struct PhaseMark {
+    void* event;  // cudaEvent_t
+    Phase phase;  // of the work between the previous mark and this one
+  };
+
   CudaModel(ModelConfig cfg);
+  absl::Status Mark(Phase phase);
+  absl::Status CollectPhaseTimes();  // after the step's synchronisation
   absl::Status Load(const std::string& dir);
   absl::Status PrepareStep(const StepTokens& tokens);
   absl::Status Reserve(int num_tokens, int num_logit_rows);
@@ -117,6 +128,9 @@ class CudaModel final : public ModelRunner {
   Activations act_;
   StepMeta meta_;
   CudaWeightBytes weight_bytes_;
+  std::vector<void*> event_pool_;  // cudaEvent_t, created as needed, reused every step
+  std::vector<PhaseMark> marks_;
+  StepPhaseTimes times_;
   int sm_count_ = 0;
 };
 

@@ -7,6 +7,8 @@
 //
 //   exl3-engine-bench --model DIR [--context 1024,8192] [--batch 1,8,32,64] [--steps 16]
 //                     [--prefill-chunk 2048] [--json FILE]
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -75,6 +77,35 @@ double CopyBandwidth() {
   return 2.0 * bytes / Median(t);
 }
 
+// cuBLAS fp16 GEMM (fp32 accumulate) on 8192^3, FLOP/s: the prefill floor's rate.
+double CublasFp16Rate() {
+  const int n = 8192;
+  __half *a = nullptr, *b = nullptr;
+  float* c = nullptr;
+  if (cudaMalloc(&a, size_t(n) * n * 2) != cudaSuccess || cudaMalloc(&b, size_t(n) * n * 2) != cudaSuccess ||
+      cudaMalloc(&c, size_t(n) * n * 4) != cudaSuccess)
+    return 0;
+  cudaMemset(a, 0x3c, size_t(n) * n * 2);  // 0x3c3c: about 1.06, finite
+  cudaMemset(b, 0x3c, size_t(n) * n * 2);
+  cublasHandle_t h;
+  cublasCreate(&h);
+  const float alpha = 1.0f, beta = 0.0f;
+  std::vector<double> t;
+  for (int i = 0; i < 8; ++i) {
+    cudaDeviceSynchronize();
+    const double t0 = Now();
+    cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16F, n, b, CUDA_R_16F, n, &beta, c,
+                 CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cudaDeviceSynchronize();
+    if (i >= 2) t.push_back(Now() - t0);
+  }
+  cublasDestroy(h);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  return 2.0 * n * n * double(n) / Median(t);
+}
+
 int Fail(const std::string& m) {
   std::fprintf(stderr, "exl3-engine-bench: %s\n", m.c_str());
   return 1;
@@ -122,7 +153,9 @@ int main(int argc, char** argv) {
   FILE* jf = json.empty() ? nullptr : std::fopen(json.c_str(), "a");
 
   const double copy_bps = CopyBandwidth();
-  std::printf("copy bandwidth: %.2f TB/s (device-to-device, read + write)\n", copy_bps * 1e-12);
+  const double gemm_flops = CublasFp16Rate();
+  std::printf("copy bandwidth: %.2f TB/s (device-to-device, read + write); cuBLAS fp16 GEMM 8192^3: %.0f TFLOP/s\n",
+              copy_bps * 1e-12, gemm_flops * 1e-12);
   const double t_load = Now();
   auto opened = CudaModel::Open(model, CudaModelOptions{});
   if (!opened.ok()) return Fail(opened.status().ToString());
@@ -148,6 +181,18 @@ int main(int argc, char** argv) {
   const double per_expert = moe_layers > 0 ? double(wb.experts_resident) / moe_layers / (E + shared) : 0;
   const double kv_bytes_per_position = double(cfg.num_layers) * cfg.KvWidth() * 4;
 
+  // FLOPs of a prefill of C tokens: every linear's 2 x params per token (the experts a token is routed
+  // to and the shared one; the head for the last token only) plus causal attention's 2 x 2 x heads x
+  // head_dim per (query, visible key) pair.
+  const double H = cfg.hidden_size, NHD = double(cfg.num_heads) * cfg.head_dim, KVD = double(cfg.num_kv_heads) * cfg.head_dim;
+  const double attn_params = 2 * H * NHD + 2 * H * KVD;
+  const double expert_params = 3 * H * cfg.moe.moe_intermediate_size;
+  const double dense_params = 3 * H * cfg.intermediate_size;
+  auto prefill_flops = [&](double C) {
+    double per_token = cfg.num_layers * attn_params + (cfg.num_layers - moe_layers) * dense_params +
+                       moe_layers * ((k + shared) * expert_params + E * H);
+    return 2 * C * per_token + 2 * H * cfg.vocab_size + cfg.num_layers * 4 * NHD * C * (C + 1) / 2;
+  };
   std::mt19937 rng(5);
   std::vector<float> logits;
   for (int context : contexts) {
@@ -172,10 +217,15 @@ int main(int argc, char** argv) {
       ttft += Now() - t0;
       if (!st.ok()) return Fail("prefill: " + st.ToString());
     }
-    std::printf("prefill %5d tokens: time to first token %.1f ms, %.0f tokens/s\n", context, ttft * 1e3,
-                context / ttft);
-    if (jf) std::fprintf(jf, "{\"bench\":\"engine_prefill\",\"context\":%d,\"ttft_s\":%.6f,\"tokens_per_s\":%.1f}\n",
-                         context, ttft, context / ttft);
+    const exl3::engine::StepPhaseTimes pp = m->LastPhaseTimes();
+    std::printf("prefill %5d tokens: time to first token %.1f ms, %.0f tokens/s (last chunk: attention %.1f ms, "
+                "MoE %.1f ms, dense MLP %.1f ms, head %.1f ms)\n", context, ttft * 1e3, context / ttft,
+                pp.attention_s * 1e3, pp.moe_s * 1e3, pp.dense_mlp_s * 1e3, pp.head_s * 1e3);
+    const double prefill_floor = prefill_flops(context) / gemm_flops;
+    std::printf("    floor (FLOPs at the cuBLAS fp16 rate) %.1f ms -> %.2fx floor\n", prefill_floor * 1e3,
+                ttft / prefill_floor);
+    if (jf) std::fprintf(jf, "{\"bench\":\"engine_prefill\",\"context\":%d,\"ttft_s\":%.6f,\"tokens_per_s\":%.1f,"
+                         "\"floor_s\":%.6f}\n", context, ttft, context / ttft, prefill_floor);
 
     for (int B : batches) {
       std::vector<double> times;
@@ -204,6 +254,10 @@ int main(int argc, char** argv) {
       const double floor_s = bytes / copy_bps;
       std::printf("decode context %5d batch %3d: %.3f ms/step, %.0f tokens/s; floor %.3f ms (%.2f GB/step) -> %.2fx floor\n",
                   context, B, step * 1e3, B / step, floor_s * 1e3, bytes * 1e-9, step / floor_s);
+      const exl3::engine::StepPhaseTimes ph = m->LastPhaseTimes();
+      std::printf("    GPU time of the last step: attention %.3f ms, MoE %.3f ms, dense MLP %.3f ms, head %.3f ms, "
+                  "embed %.3f ms\n", ph.attention_s * 1e3, ph.moe_s * 1e3, ph.dense_mlp_s * 1e3, ph.head_s * 1e3,
+                  ph.embed_s * 1e3);
       if (jf)
         std::fprintf(jf,
                      "{\"bench\":\"engine_decode\",\"context\":%d,\"batch\":%d,\"step_s\":%.6f,\"tokens_per_s\":%.1f,"
