@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <cstdio>
 #include <filesystem>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -58,6 +60,7 @@ CudaModel::CudaModel(ModelConfig cfg)
 
 CudaModel::~CudaModel() {
   if (stream_ != nullptr) cudaStreamSynchronize(Stream(stream_));
+  DropGraphs();
   for (void* e : event_pool_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
   if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
   if (stream_ != nullptr) cudaStreamDestroy(Stream(stream_));
@@ -80,6 +83,7 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Open(const std::string& di
   std::unique_ptr<CudaModel> m(new CudaModel(std::move(cfg)));
   m->remote_moe_ = std::move(remote_moe);
   m->max_moe_tokens_ = options.max_moe_tokens;
+  m->graphs_enabled_ = options.cuda_graphs;
   EXL3_RETURN_IF_ERROR(m->Load(dir));
 
   ModelInfo& info = m->info_;
@@ -104,6 +108,10 @@ absl::Status CudaModel::Load(const std::string& dir) {
   if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) return absl::InternalError("cublasCreate failed");
   cublas_ = handle;
   cublasSetStream(handle, stream);
+  constexpr size_t kCublasWorkspace = 32 << 20;
+  EXL3_RETURN_IF_ERROR(cublas_workspace_.Reserve(kCublasWorkspace));
+  if (cublasSetWorkspace(handle, cublas_workspace_.get(), kCublasWorkspace) != CUBLAS_STATUS_SUCCESS)
+    return absl::InternalError("cublasSetWorkspace failed");
   workspace_ = std::make_unique<exl3::cuda::Workspace>();
   ctx_ = CudaLinearContext{cublas_, workspace_.get(), stream_};
   int dev = 0;
@@ -194,96 +202,130 @@ absl::Status CudaModel::AllocateKvCache(const KvCacheShape& shape) {
   if (shape.num_blocks <= 0 || shape.block_size <= 0)
     return absl::InvalidArgumentError(absl::StrCat("KV cache of ", shape.num_blocks, " blocks of ",
                                                    shape.block_size, " tokens"));
-  layer_cache_floats_ = static_cast<size_t>(shape.num_blocks) * shape.block_size * cfg_.KvWidth();
+  // One block more than asked: the padding rows of decode graphs write their keys there.
+  layer_cache_floats_ = static_cast<size_t>(shape.num_blocks + 1) * shape.block_size * cfg_.KvWidth();
+  DropGraphs();
   cache_ = DeviceArray<float>();
   EXL3_RETURN_IF_ERROR(cache_.Reserve(layer_cache_floats_ * cfg_.num_layers));
   cache_shape_ = shape;
+  padding_block_ = shape.num_blocks;
   return absl::OkStatus();
 }
 
-absl::Status CudaModel::Reserve(int T, int R) {
+absl::Status CudaModel::Reserve(int T, int R, int splits) {
   const size_t t = static_cast<size_t>(T), H = cfg_.hidden_size;
   const size_t q = t * cfg_.num_heads * cfg_.head_dim, kv = t * cfg_.num_kv_heads * cfg_.head_dim;
-  EXL3_RETURN_IF_ERROR(act_.h.Reserve(t * H));
-  EXL3_RETURN_IF_ERROR(act_.x.Reserve(t * H));
-  EXL3_RETURN_IF_ERROR(act_.d.Reserve(t * H));
-  EXL3_RETURN_IF_ERROR(act_.q.Reserve(q));
-  EXL3_RETURN_IF_ERROR(act_.k.Reserve(kv));
-  EXL3_RETURN_IF_ERROR(act_.v.Reserve(kv));
-  EXL3_RETURN_IF_ERROR(act_.attn.Reserve(q));
-  EXL3_RETURN_IF_ERROR(act_.gate.Reserve(t * cfg_.intermediate_size));
-  EXL3_RETURN_IF_ERROR(act_.up.Reserve(t * cfg_.intermediate_size));
-  EXL3_RETURN_IF_ERROR(act_.router_logits.Reserve(t * std::max(cfg_.moe.num_experts, 1)));
-  EXL3_RETURN_IF_ERROR(act_.topk_ids.Reserve(t * std::max(cfg_.moe.top_k, 1)));
-  EXL3_RETURN_IF_ERROR(act_.topk_weights.Reserve(t * std::max(cfg_.moe.top_k, 1)));
-  EXL3_RETURN_IF_ERROR(act_.head_in.Reserve(static_cast<size_t>(std::max(R, 1)) * H));
-  EXL3_RETURN_IF_ERROR(act_.logits.Reserve(static_cast<size_t>(std::max(R, 1)) * cfg_.vocab_size));
-  return absl::OkStatus();
+  const size_t k = std::max(cfg_.moe.top_k, 1), r = std::max(R, 1);
+  struct Need {
+    DeviceArray<float>* a;
+    size_t n;
+  };
+  const Need needs[] = {{&act_.h, t * H}, {&act_.x, t * H}, {&act_.d, t * H}, {&act_.q, q}, {&act_.k, kv},
+                        {&act_.v, kv}, {&act_.attn, q}, {&act_.gate, t * cfg_.intermediate_size},
+                        {&act_.up, t * cfg_.intermediate_size},
+                        {&act_.router_logits, t * std::max(cfg_.moe.num_experts, 1)}, {&act_.topk_weights, t * k},
+                        {&act_.head_in, r * H}, {&act_.logits, r * cfg_.vocab_size},
+                        {&act_.scratch, static_cast<size_t>(AttentionScratchFloats(T, cfg_.num_heads, cfg_.head_dim, splits))}};
+  bool moved = act_.topk_ids.size() < t * k;
+  for (const Need& n : needs) moved |= n.a->size() < n.n;
+  if (!moved) return absl::OkStatus();
+  DropGraphs();  // they hold the old addresses
+  for (const Need& n : needs) EXL3_RETURN_IF_ERROR(n.a->Reserve(n.n));
+  return act_.topk_ids.Reserve(t * k);
 }
 
-absl::Status CudaModel::PrepareStep(const StepTokens& tokens) {
-  const int T = tokens.num_tokens, R = static_cast<int>(tokens.logit_tokens.size());
+int CudaModel::SplitsFor(int T, int span) const {
+  // Split-K: enough blocks to fill the GPU twice, each split at least 64 positions long.
+  const int blocks = T * cfg_.num_kv_heads;
+  const int splits = std::max(1, std::min((2 * sm_count_ + blocks - 1) / blocks, (span + 63) / 64));
+  const int per = (span + splits - 1) / splits;
+  return (span + per - 1) / per;
+}
+
+absl::Status CudaModel::PrepareStep(const StepTokens& tokens, const StepLayout& layout, DeviceArray<int32_t>* device) {
+  const int T = tokens.num_tokens, Tp = layout.tokens;
+  const bool padded = layout.table_stride > 0;
+  const int R = padded ? Tp : static_cast<int>(tokens.logit_tokens.size());
   const int half = rope_.rotary_dim() / 2, bs = cache_shape_.block_size;
   const StepBatch& batch = *tokens.batch;
   int table_ints = 0;
-  for (const SequenceChunk& c : batch.chunks) table_ints += static_cast<int>(c.block_table.size());
-  // Layout: ids, position, first_visible, slot, table_offset [T] | logit_rows [R] | tables |
-  // cos, sin [T, half] (float bits).
+  if (padded) {
+    table_ints = Tp * layout.table_stride;
+  } else {
+    for (const SequenceChunk& c : batch.chunks) table_ints += static_cast<int>(c.block_table.size());
+  }
+  // Layout: ids, position, first_visible, slot, table_offset [Tp] | logit_rows [R] |
+  // split_positions [1] | tables | cos, sin [Tp, half] (float bits).
   std::vector<int32_t>& h = meta_.host;
-  h.assign(5 * static_cast<size_t>(T) + R + table_ints + 2 * static_cast<size_t>(T) * half, 0);
+  h.assign(5 * static_cast<size_t>(Tp) + R + 1 + table_ints + 2 * static_cast<size_t>(Tp) * half, 0);
   int32_t* ids = h.data();
-  int32_t* position = ids + T;
-  int32_t* first = position + T;
-  int32_t* slot = first + T;
-  int32_t* table_offset = slot + T;
-  int32_t* logit_rows = table_offset + T;
-  int32_t* tables = logit_rows + R;
+  int32_t* position = ids + Tp;
+  int32_t* first = position + Tp;
+  int32_t* slot = first + Tp;
+  int32_t* table_offset = slot + Tp;
+  int32_t* logit_rows = table_offset + Tp;
+  int32_t* split_positions = logit_rows + R;
+  int32_t* tables = split_positions + 1;
   float* cos = reinterpret_cast<float*>(tables + table_ints);
-  float* sin = cos + static_cast<size_t>(T) * half;
+  float* sin = cos + static_cast<size_t>(Tp) * half;
   std::vector<int32_t> chunk_offset(batch.chunks.size());
   int off = 0;
   for (size_t c = 0; c < batch.chunks.size(); ++c) {
-    chunk_offset[c] = off;
-    std::copy(batch.chunks[c].block_table.begin(), batch.chunks[c].block_table.end(), tables + off);
+    chunk_offset[c] = padded ? static_cast<int>(c) * layout.table_stride : off;
+    std::copy(batch.chunks[c].block_table.begin(), batch.chunks[c].block_table.end(), tables + chunk_offset[c]);
     off += static_cast<int>(batch.chunks[c].block_table.size());
   }
-  meta_.max_span = 0;
+  int span = 1;
   RopeAngles angles;
-  for (int t = 0; t < T; ++t) {
-    const int pos = tokens.positions[t];
-    ids[t] = tokens.token_ids[t];
+  for (int t = 0; t < Tp; ++t) {
+    const bool real = t < T;
+    const int pos = real ? tokens.positions[t] : 0;
+    ids[t] = real ? tokens.token_ids[t] : 0;
     position[t] = pos;
     first[t] = FirstVisiblePosition(pos, cfg_.sliding_window);
-    const std::vector<int32_t>& table = tokens.block_table(t);
-    slot[t] = table[pos / bs] * bs + pos % bs;
-    table_offset[t] = chunk_offset[tokens.chunk_of[t]];
-    meta_.max_span = std::max(meta_.max_span, pos - first[t] + 1);
-    rope_.Angles(pos, tokens.seq_len_after[t], &angles);
+    if (real) {
+      const std::vector<int32_t>& table = tokens.block_table(t);
+      slot[t] = table[pos / bs] * bs + pos % bs;
+      table_offset[t] = chunk_offset[tokens.chunk_of[t]];
+      span = std::max(span, pos - first[t] + 1);
+    } else {  // a padding row of a decode graph: position 0 of the spare block
+      slot[t] = padding_block_ * bs;
+      table_offset[t] = t * layout.table_stride;
+      tables[table_offset[t]] = padding_block_;
+    }
+    rope_.Angles(pos, real ? tokens.seq_len_after[t] : 1, &angles);
     std::copy(angles.cos.begin(), angles.cos.end(), cos + static_cast<size_t>(t) * half);
     std::copy(angles.sin.begin(), angles.sin.end(), sin + static_cast<size_t>(t) * half);
   }
-  std::copy(tokens.logit_tokens.begin(), tokens.logit_tokens.end(), logit_rows);
+  if (padded) {
+    for (int r = 0; r < R; ++r) logit_rows[r] = r;  // one token per chunk: row r is token r
+  } else {
+    std::copy(tokens.logit_tokens.begin(), tokens.logit_tokens.end(), logit_rows);
+  }
+  step_splits_ = layout.splits > 0 ? layout.splits : SplitsFor(Tp, span);
+  *split_positions = (span + step_splits_ - 1) / step_splits_;
 
-  EXL3_RETURN_IF_ERROR(meta_.device.Reserve(h.size()));
-  EXL3_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(meta_.device.get(), h.data(), h.size() * sizeof(int32_t),
+  EXL3_RETURN_IF_ERROR(device->Reserve(h.size()));
+  EXL3_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(device->get(), h.data(), h.size() * sizeof(int32_t),
                                                   cudaMemcpyHostToDevice, Stream(stream_)),
                                   "step upload"));
-  int32_t* d = meta_.device.get();
+  int32_t* d = device->get();
   meta_.ids = d;
-  meta_.position = d + T;
-  meta_.first_visible = d + 2 * T;
-  meta_.slot = d + 3 * T;
-  meta_.table_offset = d + 4 * T;
-  meta_.logit_rows = d + 5 * T;
-  meta_.tables = meta_.logit_rows + R;
+  meta_.position = d + Tp;
+  meta_.first_visible = d + 2 * Tp;
+  meta_.slot = d + 3 * Tp;
+  meta_.table_offset = d + 4 * Tp;
+  meta_.logit_rows = d + 5 * Tp;
+  meta_.split_positions = meta_.logit_rows + R;
+  meta_.tables = meta_.split_positions + 1;
   meta_.cos = reinterpret_cast<const float*>(meta_.tables + table_ints);
-  meta_.sin = meta_.cos + static_cast<size_t>(T) * half;
+  meta_.sin = meta_.cos + static_cast<size_t>(Tp) * half;
   return absl::OkStatus();
 }
 
-absl::Status CudaModel::RunAttention(int l, const StepTokens& tokens) {
+absl::Status CudaModel::RunAttention(int l, int T) {
   Layer& L = layers_[l];
-  const int T = tokens.num_tokens, D = cfg_.head_dim, NH = cfg_.num_heads, KV = cfg_.num_kv_heads;
+  const int D = cfg_.head_dim, NH = cfg_.num_heads, KV = cfg_.num_kv_heads;
   EXL3_RETURN_IF_ERROR(L.q.Forward(act_.x.get(), T, act_.q.get(), ctx_));
   EXL3_RETURN_IF_ERROR(L.k.Forward(act_.x.get(), T, act_.k.get(), ctx_));
   EXL3_RETURN_IF_ERROR(L.v.Forward(act_.x.get(), T, act_.v.get(), ctx_));
@@ -298,27 +340,21 @@ absl::Status CudaModel::RunAttention(int l, const StepTokens& tokens) {
                                  meta_.sin, stream_));
   float* cache_layer = cache_.get() + l * layer_cache_floats_;
   EXL3_RETURN_IF_ERROR(WriteKv(act_.k.get(), act_.v.get(), meta_.slot, T, KV * D, cache_layer, stream_));
-
-  // Split-K: enough blocks to fill the GPU twice, each split at least 64 positions long.
-  const int blocks = T * KV;
-  int splits = std::max(1, std::min((2 * sm_count_ + blocks - 1) / blocks, (meta_.max_span + 63) / 64));
-  const int split_positions = (meta_.max_span + splits - 1) / splits;
-  splits = (meta_.max_span + split_positions - 1) / split_positions;
-  EXL3_RETURN_IF_ERROR(act_.scratch.Reserve(AttentionScratchFloats(T, NH, D, splits)));
   AttentionTokens at;
   at.position = meta_.position;
   at.first_visible = meta_.first_visible;
   at.table_offset = meta_.table_offset;
   at.tables = meta_.tables;
   at.block_size = cache_shape_.block_size;
-  EXL3_RETURN_IF_ERROR(PagedAttention(act_.q.get(), cache_layer, at, T, NH, KV, D, cfg_.attention_scale, splits,
-                                      split_positions, act_.scratch.get(), act_.attn.get(), stream_));
+  EXL3_RETURN_IF_ERROR(PagedAttention(act_.q.get(), cache_layer, at, T, NH, KV, D, cfg_.attention_scale,
+                                      step_splits_, meta_.split_positions, act_.scratch.get(), act_.attn.get(),
+                                      stream_));
   return L.o.Forward(act_.attn.get(), T, act_.d.get(), ctx_);
 }
 
-absl::Status CudaModel::RunMoe(int l, const StepTokens& tokens) {
+absl::Status CudaModel::RunMoe(int l, int T, const int32_t* host_token_ids) {
   MoeBlock& moe = *layers_[l].moe;
-  const int T = tokens.num_tokens, H = cfg_.hidden_size;
+  const int H = cfg_.hidden_size;
   if (remote_moe_ != nullptr) {
     // Remote experts: the engine's MoE executor works on host memory.
     const size_t n = static_cast<size_t>(T) * H;
@@ -327,7 +363,7 @@ absl::Status CudaModel::RunMoe(int l, const StepTokens& tokens) {
     EXL3_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(remote_x_.data(), act_.x.get(), n * 4, cudaMemcpyDeviceToHost,
                                                     Stream(stream_)), "MoE input to host"));
     EXL3_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(Stream(stream_)), "MoE input to host"));
-    EXL3_RETURN_IF_ERROR(remote_moe_->Forward(l, remote_x_.data(), T, tokens.token_ids.data(), remote_y_.data()));
+    EXL3_RETURN_IF_ERROR(remote_moe_->Forward(l, remote_x_.data(), T, host_token_ids, remote_y_.data()));
     return CudaStatus(cudaMemcpyAsync(act_.d.get(), remote_y_.data(), n * 4, cudaMemcpyHostToDevice, Stream(stream_)),
                       "MoE output to device");
   }
@@ -347,6 +383,7 @@ absl::Status CudaModel::RunMoe(int l, const StepTokens& tokens) {
 }
 
 absl::Status CudaModel::Mark(Phase phase) {
+  if (!marking_) return absl::OkStatus();
   if (marks_.size() == event_pool_.size()) {
     cudaEvent_t e;
     EXL3_RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&e), "event"));
@@ -378,19 +415,11 @@ absl::Status CudaModel::CollectPhaseTimes() {
   return absl::OkStatus();
 }
 
-absl::Status CudaModel::Forward(const StepBatch& batch, float* logits) {
-  if (cache_.empty()) return absl::FailedPreconditionError("KV cache not allocated");
-  StepTokens tokens;
-  EXL3_RETURN_IF_ERROR(FlattenStep(batch, cfg_.vocab_size, cache_shape_, cfg_.max_position_embeddings, &tokens));
-  const int T = tokens.num_tokens, R = static_cast<int>(tokens.logit_tokens.size()), H = cfg_.hidden_size;
-  if (T == 0) return absl::OkStatus();
-  EXL3_RETURN_IF_ERROR(Reserve(T, R));
-  marks_.clear();
-  EXL3_RETURN_IF_ERROR(Mark(Phase::kStart));
-  EXL3_RETURN_IF_ERROR(PrepareStep(tokens));
+absl::Status CudaModel::RunLayers(int T, int R, const int32_t* host_token_ids) {
+  const int H = cfg_.hidden_size;
+  const float eps = cfg_.rms_norm_eps;
   EXL3_RETURN_IF_ERROR(EmbedRows(embedding_.get(), embedding_dtype_, meta_.ids, T, H, act_.h.get(), stream_));
   EXL3_RETURN_IF_ERROR(Mark(Phase::kEmbed));
-  const float eps = cfg_.rms_norm_eps;
   for (int l = 0; l < cfg_.num_layers; ++l) {
     Layer& L = layers_[l];
     if (l == 0) {
@@ -398,7 +427,7 @@ absl::Status CudaModel::Forward(const StepBatch& batch, float* logits) {
     } else {  // the previous layer's MLP output joins the residual stream here
       EXL3_RETURN_IF_ERROR(AddRmsNorm(act_.h.get(), act_.d.get(), L.input_norm.get(), T, H, eps, act_.x.get(), stream_));
     }
-    EXL3_RETURN_IF_ERROR(RunAttention(l, tokens));
+    EXL3_RETURN_IF_ERROR(RunAttention(l, T));
     EXL3_RETURN_IF_ERROR(AddRmsNorm(act_.h.get(), act_.d.get(), L.post_attention_norm.get(), T, H, eps,
                                     act_.x.get(), stream_));
     EXL3_RETURN_IF_ERROR(Mark(Phase::kAttention));  // norms with it, as the CPU model counts them
@@ -411,21 +440,130 @@ absl::Status CudaModel::Forward(const StepBatch& batch, float* logits) {
       EXL3_RETURN_IF_ERROR(mlp.down.Forward(act_.gate.get(), T, act_.d.get(), ctx_));
       EXL3_RETURN_IF_ERROR(Mark(Phase::kDenseMlp));
     } else {
-      EXL3_RETURN_IF_ERROR(RunMoe(l, tokens));
+      EXL3_RETURN_IF_ERROR(RunMoe(l, T, host_token_ids));
       EXL3_RETURN_IF_ERROR(Mark(Phase::kMoe));
     }
   }
   EXL3_RETURN_IF_ERROR(AddInPlace(act_.h.get(), act_.d.get(), static_cast<int64_t>(T) * H, stream_));
   EXL3_RETURN_IF_ERROR(GatherRmsNorm(act_.h.get(), meta_.logit_rows, R, final_norm_.get(), H, eps,
                                      act_.head_in.get(), stream_));
-  EXL3_RETURN_IF_ERROR(head_.Forward(act_.head_in.get(), R, act_.logits.get(), ctx_));
+  return head_.Forward(act_.head_in.get(), R, act_.logits.get(), ctx_);
+}
+
+absl::Status CudaModel::FinishStep(int rows, float* logits) {
   EXL3_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(logits, act_.logits.get(),
-                                                  static_cast<size_t>(R) * cfg_.vocab_size * sizeof(float),
+                                                  static_cast<size_t>(rows) * cfg_.vocab_size * sizeof(float),
                                                   cudaMemcpyDeviceToHost, Stream(stream_)),
                                   "logits to host"));
   EXL3_RETURN_IF_ERROR(Mark(Phase::kHead));
   EXL3_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(Stream(stream_)), "step"));
   return CollectPhaseTimes();
+}
+
+namespace {
+
+// Batch sizes decode graphs are captured for; a step runs in the smallest that holds it.
+constexpr int kGraphBuckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64};
+
+bool IsDecodeStep(const StepBatch& batch) {
+  for (const SequenceChunk& c : batch.chunks)
+    if (c.tokens.size() != 1 || !c.wants_logits) return false;
+  return true;
+}
+
+}  // namespace
+
+void CudaModel::DropGraphs() {
+  for (std::unique_ptr<DecodeGraph>& g : graphs_) {
+    if (g != nullptr && g->exec != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g->exec));
+    g.reset();
+  }
+}
+
+absl::Status CudaModel::ForwardDecodeGraph(const StepTokens& tokens, float* logits) {
+  const int B = tokens.num_tokens;
+  size_t bucket_index = 0;
+  while (kGraphBuckets[bucket_index] < B) ++bucket_index;
+  const int Tp = kGraphBuckets[bucket_index];
+  int stride = 16;
+  for (const SequenceChunk& c : tokens.batch->chunks)
+    while (stride < static_cast<int>(c.block_table.size())) stride *= 2;
+  if (graphs_.size() <= bucket_index) graphs_.resize(bucket_index + 1);
+  std::unique_ptr<DecodeGraph>& slot = graphs_[bucket_index];
+  if (slot != nullptr && slot->table_stride < stride) {  // a longer context than it was made for
+    if (slot->exec != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(slot->exec));
+    slot.reset();
+  }
+  const int splits = std::max(1, std::min(64, (2 * sm_count_ + Tp * cfg_.num_kv_heads - 1) / (Tp * cfg_.num_kv_heads)));
+  EXL3_RETURN_IF_ERROR(Reserve(Tp, Tp, splits));  // may drop every graph
+  if (slot == nullptr) {
+    slot = std::make_unique<DecodeGraph>();
+    slot->table_stride = stride;
+  }
+  DecodeGraph& g = *slot;
+  EXL3_RETURN_IF_ERROR(PrepareStep(tokens, StepLayout{Tp, g.table_stride, splits}, &g.meta));
+  if (g.exec == nullptr) {
+    // Run the step eagerly first (it sizes every workspace, so capture allocates nothing, and its
+    // phase times apportion the graph's), then capture the same launches for the next steps.
+    marking_ = true;
+    marks_.clear();
+    EXL3_RETURN_IF_ERROR(Mark(Phase::kStart));
+    EXL3_RETURN_IF_ERROR(RunLayers(Tp, Tp, nullptr));
+    EXL3_RETURN_IF_ERROR(FinishStep(B, logits));
+    g.phases = times_;
+    cudaStream_t stream = Stream(stream_);
+    EXL3_RETURN_IF_ERROR(CudaStatus(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "graph capture"));
+    marking_ = false;
+    const absl::Status run = RunLayers(Tp, Tp, nullptr);
+    marking_ = true;
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+    cudaGraphExec_t exec = nullptr;
+    cudaError_t inst = cudaErrorUnknown;
+    if (run.ok() && end == cudaSuccess) inst = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();  // a failed capture leaves its error behind
+    if (!run.ok() || end != cudaSuccess || inst != cudaSuccess) {
+      std::fprintf(stderr, "W CUDA engine: decode graph capture for batch %d failed (%s); running without graphs\n",
+                   Tp, !run.ok() ? std::string(run.message()).c_str()
+                                 : cudaGetErrorString(end != cudaSuccess ? end : inst));
+      graphs_enabled_ = false;
+      return absl::OkStatus();
+    }
+    g.exec = exec;
+    return absl::OkStatus();
+  }
+  marks_.clear();
+  EXL3_RETURN_IF_ERROR(Mark(Phase::kStart));
+  EXL3_RETURN_IF_ERROR(CudaStatus(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g.exec), Stream(stream_)), "graph launch"));
+  EXL3_RETURN_IF_ERROR(FinishStep(B, logits));
+  // The graph's GPU time, apportioned as its eager run spent it.
+  const double total = times_.head_s;
+  const StepPhaseTimes& w = g.phases;
+  const double eager = w.embed_s + w.attention_s + w.moe_s + w.dense_mlp_s + w.head_s;
+  if (eager > 0) {
+    const double f = total / eager;
+    times_ = StepPhaseTimes{w.embed_s * f, w.attention_s * f, w.moe_s * f, w.dense_mlp_s * f, w.head_s * f};
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::Forward(const StepBatch& batch, float* logits) {
+  if (cache_.empty()) return absl::FailedPreconditionError("KV cache not allocated");
+  StepTokens tokens;
+  EXL3_RETURN_IF_ERROR(FlattenStep(batch, cfg_.vocab_size, cache_shape_, cfg_.max_position_embeddings, &tokens));
+  const int T = tokens.num_tokens, R = static_cast<int>(tokens.logit_tokens.size());
+  if (T == 0) return absl::OkStatus();
+  if (graphs_enabled_ && remote_moe_ == nullptr && T <= kGraphBuckets[std::size(kGraphBuckets) - 1] &&
+      IsDecodeStep(batch))
+    return ForwardDecodeGraph(tokens, logits);
+  marking_ = true;
+  marks_.clear();
+  EXL3_RETURN_IF_ERROR(Mark(Phase::kStart));
+  EXL3_RETURN_IF_ERROR(PrepareStep(tokens, StepLayout{T, 0, 0}, &meta_.device));
+  EXL3_RETURN_IF_ERROR(Reserve(T, R, step_splits_));
+  EXL3_RETURN_IF_ERROR(RunLayers(T, R, tokens.token_ids.data()));
+  return FinishStep(R, logits);
 }
 
 }  // namespace exl3::engine::cuda

@@ -35,6 +35,10 @@ struct CudaModelOptions {
   // Token rows of the MoE kernels' workspace (one workspace serves every layer); a step with more
   // tokens runs its MoE layers in pieces of this many.
   int max_moe_tokens = 512;
+  // Decode steps (one token per sequence, up to 64 sequences, experts on this GPU) replay a CUDA
+  // graph captured per batch-size bucket (1, 2, 4, 8, 16, 24, 32, 48, 64; padded to the bucket):
+  // one launch instead of a few hundred. A capture that fails turns graphs off with a warning.
+  bool cuda_graphs = true;
 };
 
 // Bytes of weights, by part, that a forward reads (for the benchmarks' floors).
@@ -83,11 +87,24 @@ class CudaModel final : public ModelRunner {
   // The step's per-token facts, packed on the host and copied to the device in one transfer.
   struct StepMeta {
     std::vector<int32_t> host;
-    DeviceArray<int32_t> device;
+    DeviceArray<int32_t> device;  // eager steps'; a decode graph has its own (its addresses are fixed)
     const int32_t *ids = nullptr, *position = nullptr, *first_visible = nullptr, *slot = nullptr,
-                  *table_offset = nullptr, *tables = nullptr, *logit_rows = nullptr;
+                  *table_offset = nullptr, *tables = nullptr, *logit_rows = nullptr,
+                  *split_positions = nullptr;
     const float *cos = nullptr, *sin = nullptr;
-    int max_span = 0;  // longest visible context of any token
+  };
+  // How PrepareStep lays the step out.
+  struct StepLayout {
+    int tokens = 0;        // rows run: the step's tokens, or a decode graph's bucket (padded)
+    int table_stride = 0;  // 0: the chunks' block tables packed; else chunk c's at c * stride
+    int splits = 0;        // attention splits; 0: chosen from the step's longest context
+  };
+  // A captured decode step for one batch-size bucket.
+  struct DecodeGraph {
+    int table_stride = 0;
+    DeviceArray<int32_t> meta;  // the step's facts, rewritten before each replay
+    void* exec = nullptr;       // cudaGraphExec_t; null until captured
+    StepPhaseTimes phases;      // of the eager run before the capture, to apportion replays' time
   };
 
   // Device events marking where each phase's work ends on the stream.
@@ -101,10 +118,20 @@ class CudaModel final : public ModelRunner {
   absl::Status Mark(Phase phase);
   absl::Status CollectPhaseTimes();  // after the step's synchronisation
   absl::Status Load(const std::string& dir);
-  absl::Status PrepareStep(const StepTokens& tokens);
-  absl::Status Reserve(int num_tokens, int num_logit_rows);
-  absl::Status RunAttention(int l, const StepTokens& tokens);
-  absl::Status RunMoe(int l, const StepTokens& tokens);
+  // Grows the activations for a step (dropping every decode graph when an address changes).
+  absl::Status Reserve(int num_tokens, int num_logit_rows, int attention_splits);
+  int SplitsFor(int num_tokens, int longest_context) const;
+  // Packs the step's facts as `layout` says, copies them into `device` and points meta_ there.
+  absl::Status PrepareStep(const StepTokens& tokens, const StepLayout& layout, DeviceArray<int32_t>* device);
+  // Every launch of a step from the embeddings to the head's logits on the device. host_token_ids:
+  // for remote experts (hash routing), null otherwise.
+  absl::Status RunLayers(int num_tokens, int num_logit_rows, const int32_t* host_token_ids);
+  absl::Status RunAttention(int l, int num_tokens);
+  absl::Status RunMoe(int l, int num_tokens, const int32_t* host_token_ids);
+  // Copies the first `rows` logit rows to the host, waits for the step, collects its phase times.
+  absl::Status FinishStep(int rows, float* logits);
+  absl::Status ForwardDecodeGraph(const StepTokens& tokens, float* logits);
+  void DropGraphs();
 
   ModelConfig cfg_;
   ModelInfo info_;
@@ -128,6 +155,12 @@ class CudaModel final : public ModelRunner {
   Activations act_;
   StepMeta meta_;
   CudaWeightBytes weight_bytes_;
+  int padding_block_ = 0;   // the cache's spare block (decode graphs' padding rows)
+  int step_splits_ = 1;     // attention splits of the step being run
+  bool graphs_enabled_ = true;
+  std::vector<std::unique_ptr<DecodeGraph>> graphs_;  // by bucket index
+  DeviceArray<uint8_t> cublas_workspace_;  // set on the handle, so cuBLAS allocates nothing in a capture
+  bool marking_ = true;     // phase events are recorded (not while capturing)
   std::vector<void*> event_pool_;  // cudaEvent_t, created as needed, reused every step
   std::vector<PhaseMark> marks_;
   StepPhaseTimes times_;

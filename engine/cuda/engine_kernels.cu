@@ -154,7 +154,9 @@ __global__ void WriteKvKernel(const float* k, const float* v, const int32_t* slo
 constexpr int kAttentionThreads = 128;
 
 struct AttentionShape {
-  int num_heads, num_kv_heads, head_dim, group, splits, split_positions, tile;
+  int num_heads, num_kv_heads, head_dim, group, splits;
+  const int32_t* split_positions;  // device memory
+  int tile;
   float scale;
 };
 
@@ -187,9 +189,9 @@ __global__ void AttentionPartialKernel(const float* q, const float* cache, Atten
   float* l_s = m_s + G;
   float* c_s = l_s + G;
 
-  const int pos = tok.position[t], first = tok.first_visible[t];
-  const int begin = first + s * a.split_positions;
-  const int end = min(pos + 1, begin + a.split_positions);
+  const int pos = tok.position[t], first = tok.first_visible[t], split_positions = *a.split_positions;
+  const int begin = first + s * split_positions;
+  const int end = min(pos + 1, begin + split_positions);
   const float* qt = q + (static_cast<size_t>(t) * a.num_heads + g * G) * D;
   for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
     q_s[i] = qt[i] * a.scale;
@@ -492,11 +494,11 @@ int64_t AttentionScratchFloats(int T, int num_heads, int head_dim, int splits) {
 
 absl::Status PagedAttention(const float* q, const float* cache_layer, const AttentionTokens& tokens,
                             int T, int num_heads, int num_kv_heads, int head_dim, float scale,
-                            int splits, int split_positions, float* scratch, float* out,
+                            int splits, const int32_t* split_positions, float* scratch, float* out,
                             StreamHandle stream) {
   if (T == 0) return absl::OkStatus();
   if (head_dim % 4 != 0 || head_dim > 256 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0 ||
-      splits < 1 || split_positions < 1)
+      splits < 1 || split_positions == nullptr)
     return absl::InvalidArgumentError(absl::StrCat("paged attention: unsupported shape: ", num_heads,
                                                    " heads, ", num_kv_heads, " KV heads of ", head_dim,
                                                    ", ", splits, " splits"));

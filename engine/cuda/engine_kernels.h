@@ -65,12 +65,13 @@ int64_t AttentionScratchFloats(int num_tokens, int num_heads, int head_dim, int 
 // keys of KV head g = h / (num_heads / num_kv_heads) (each block reads its KV head once for the
 // whole group). q [T, num_heads * head_dim]; cache_layer as WriteKv wrote it (k of every KV head,
 // then v of every KV head, head_dim each); out [T, num_heads * head_dim]. Positions are split
-// into `splits` ranges of `split_positions` (split-K flash-decoding; splits * split_positions must
+// into `splits` ranges of *split_positions (split-K flash-decoding; splits * split_positions must
 // cover the longest context), combined in a second kernel through `scratch`
-// (AttentionScratchFloats). head_dim a multiple of 4, at most 256.
+// (AttentionScratchFloats). split_positions: one int32 in device memory (so a captured graph reads
+// each step's). head_dim a multiple of 4, at most 256.
 absl::Status PagedAttention(const float* q, const float* cache_layer, const AttentionTokens& tokens,
                             int num_tokens, int num_heads, int num_kv_heads, int head_dim,
-                            float scale, int splits, int split_positions, float* scratch,
+                            float scale, int splits, const int32_t* split_positions, float* scratch,
                             float* out, StreamHandle stream);
 
 // gate[i] = silu(gate[i]) * up[i] over n floats (the dense MLP's SwiGLU, no clamp).

@@ -64,4 +64,9 @@ if want bench; then
     --batch ${BATCHES:-1,8,32,64} --steps ${STEPS:-12} --json "$OUT/engine-bench.json" > "$OUT/engine-bench.log" 2>&1
   echo "bench exit $?"
   cat "$OUT/engine-bench.log"
+  echo "--- the same decode steps launched eagerly (no CUDA graphs)"
+  timeout ${EAGER_TIMEOUT:-60} "$BIN"/exl3-engine-bench --model "$MODEL" --context 1024 --batch 1,8,64 --steps 8 \
+    --no-graphs --json "$OUT/engine-bench.json" > "$OUT/engine-bench-eager.log" 2>&1
+  echo "eager bench exit $?"
+  grep -E "^decode|GPU time" "$OUT/engine-bench-eager.log"
 fi

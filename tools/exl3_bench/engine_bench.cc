@@ -6,7 +6,7 @@
 // uniform routing, the KV cache) over the device's copy bandwidth.
 //
 //   exl3-engine-bench --model DIR [--context 1024,8192] [--batch 1,8,32,64] [--steps 16]
-//                     [--prefill-chunk 2048] [--json FILE]
+//                     [--prefill-chunk 2048] [--no-graphs] [--json FILE]
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -33,12 +33,13 @@ using exl3::engine::cuda::CudaModelOptions;
 
 constexpr char kUsage[] =
     "usage: exl3-engine-bench --model DIR [--context 1024,8192] [--batch 1,8,32,64] [--steps 16]\n"
-    "                         [--prefill-chunk 2048] [--json FILE]\n"
+    "                         [--prefill-chunk 2048] [--no-graphs] [--json FILE]\n"
     "\n"
     "Runs the GPU engine directly on DIR (an EXL3 model of a GQA family, experts on this GPU):\n"
     "time to first token and prefill tokens/s of one prompt of each --context length, then decode\n"
     "tokens/s at each --batch size continuing it, each against its floor (bytes read per step over\n"
-    "the copy bandwidth measured in the same run). --json appends one JSON object per result.\n";
+    "the copy bandwidth measured in the same run). --no-graphs: decode steps launch eagerly instead of\n"
+    "replaying CUDA graphs. --json appends one JSON object per result.\n";
 
 std::vector<int> IntList(const char* s) {
   std::vector<int> v;
@@ -117,6 +118,7 @@ int main(int argc, char** argv) {
   std::string model, json;
   std::vector<int> contexts = {1024, 8192}, batches = {1, 8, 32, 64};
   int steps = 16, chunk = 2048;
+  bool graphs = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> const char* {
@@ -139,6 +141,8 @@ int main(int argc, char** argv) {
       steps = std::atoi(value());
     } else if (a == "--prefill-chunk") {
       chunk = std::atoi(value());
+    } else if (a == "--no-graphs") {
+      graphs = false;
     } else if (a == "--json") {
       json = value();
     } else {
@@ -157,7 +161,9 @@ int main(int argc, char** argv) {
   std::printf("copy bandwidth: %.2f TB/s (device-to-device, read + write); cuBLAS fp16 GEMM 8192^3: %.0f TFLOP/s\n",
               copy_bps * 1e-12, gemm_flops * 1e-12);
   const double t_load = Now();
-  auto opened = CudaModel::Open(model, CudaModelOptions{});
+  CudaModelOptions options;
+  options.cuda_graphs = graphs;
+  auto opened = CudaModel::Open(model, options);
   if (!opened.ok()) return Fail(opened.status().ToString());
   std::unique_ptr<CudaModel> m = std::move(*opened);
   const auto& cfg = m->config();
@@ -252,17 +258,18 @@ int main(int argc, char** argv) {
       const double bytes = wb.attention + wb.dense_mlp + wb.router + wb.head + B * double(wb.embedding_row) +
                            moe_layers * touched * per_expert + B * (context + warmup + steps / 2.0) * kv_bytes_per_position;
       const double floor_s = bytes / copy_bps;
-      std::printf("decode context %5d batch %3d: %.3f ms/step, %.0f tokens/s; floor %.3f ms (%.2f GB/step) -> %.2fx floor\n",
-                  context, B, step * 1e3, B / step, floor_s * 1e3, bytes * 1e-9, step / floor_s);
+      std::printf("decode%s context %5d batch %3d: %.3f ms/step, %.0f tokens/s; floor %.3f ms (%.2f GB/step) -> %.2fx floor\n",
+                  graphs ? "" : " (eager)", context, B, step * 1e3, B / step, floor_s * 1e3, bytes * 1e-9,
+                  step / floor_s);
       const exl3::engine::StepPhaseTimes ph = m->LastPhaseTimes();
       std::printf("    GPU time of the last step: attention %.3f ms, MoE %.3f ms, dense MLP %.3f ms, head %.3f ms, "
                   "embed %.3f ms\n", ph.attention_s * 1e3, ph.moe_s * 1e3, ph.dense_mlp_s * 1e3, ph.head_s * 1e3,
                   ph.embed_s * 1e3);
       if (jf)
         std::fprintf(jf,
-                     "{\"bench\":\"engine_decode\",\"context\":%d,\"batch\":%d,\"step_s\":%.6f,\"tokens_per_s\":%.1f,"
+                     "{\"bench\":\"engine_decode\",\"graphs\":%s,\"context\":%d,\"batch\":%d,\"step_s\":%.6f,\"tokens_per_s\":%.1f,"
                      "\"floor_s\":%.6f,\"bytes_per_step\":%.0f}\n",
-                     context, B, step, B / step, floor_s, bytes);
+                     graphs ? "true" : "false", context, B, step, B / step, floor_s, bytes);
     }
   }
   if (jf) std::fclose(jf);

@@ -132,10 +132,10 @@ void CheckAttention(const AttentionCase& c) {
   for (int t = 0; t < T; ++t) span = std::max(span, pos[t] - first[t] + 1);
   // One split, the split count the model picks, and splits that do not divide the span evenly.
   for (int splits : {1, 3, 8}) {
-    const int sp = (span + splits - 1) / splits;
+    DeviceArray<int32_t> sp = ToDevice(std::vector<int32_t>{(span + splits - 1) / splits});
     DeviceArray<float> scratch;
     ASSERT_TRUE(scratch.Reserve(AttentionScratchFloats(T, NH, D, splits)).ok());
-    ASSERT_TRUE(PagedAttention(d_q.get(), d_cache.get(), at, T, NH, KV, D, scale, splits, sp, scratch.get(),
+    ASSERT_TRUE(PagedAttention(d_q.get(), d_cache.get(), at, T, NH, KV, D, scale, splits, sp.get(), scratch.get(),
                                d_out.get(), nullptr).ok());
     const double rel = RelativeError(ToHost(d_out, q.size()), ref);
     std::printf("attention %-28s splits %d: rel %.2e\n", c.name, splits, rel);
@@ -287,38 +287,43 @@ TEST_P(CudaModelFixtureTest, MatchesCpuModelAndTransformers) {
 
   auto cpu = CpuModel::Open(dir, CpuModelOptions{});
   ASSERT_TRUE(cpu.ok()) << cpu.status();
-  auto gpu = CudaModel::Open(dir, CudaModelOptions{});
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
   auto cpu_rows = testing::RunGreedy(**cpu, prompts, steps, /*chunk=*/7);
   ASSERT_TRUE(cpu_rows.ok()) << cpu_rows.status();
-  auto gpu_rows = testing::RunGreedy(**gpu, prompts, steps, /*chunk=*/7);
-  ASSERT_TRUE(gpu_rows.ok()) << gpu_rows.status();
+  // Decode steps eagerly, then replaying CUDA graphs (the default).
+  for (bool graphs : {false, true}) {
+    CudaModelOptions options;
+    options.cuda_graphs = graphs;
+    auto gpu = CudaModel::Open(dir, options);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    auto gpu_rows = testing::RunGreedy(**gpu, prompts, steps, /*chunk=*/7);
+    ASSERT_TRUE(gpu_rows.ok()) << gpu_rows.status();
 
-  double worst = 0;
-  int same_tokens = 0, transformers_same = 0, total = 0;
-  for (size_t s = 0; s < prompts.size(); ++s) {
-    for (size_t r = 0; r < (*gpu_rows)[s].size(); ++r) {
-      const std::vector<float>& g = (*gpu_rows)[s][r];
-      const std::vector<float>& c = (*cpu_rows)[s][r];
-      const int gt = static_cast<int>(std::max_element(g.begin(), g.end()) - g.begin());
-      const int ct = static_cast<int>(std::max_element(c.begin(), c.end()) - c.begin());
-      worst = std::max(worst, RelativeError(g, c));
-      ++total;
-      transformers_same += r < greedy[s].size() && gt == greedy[s][r];
-      if (gt != ct) {
-        std::vector<float> sorted = c;
-        std::sort(sorted.rbegin(), sorted.rend());
-        ADD_FAILURE() << GetParam() << ": sequence " << s << " step " << r << ": GPU token " << gt << ", CPU "
-                      << ct << " (CPU top1-top2 margin " << sorted[0] - sorted[1] << ")";
-        break;  // later rows continue from different tokens
+    double worst = 0;
+    int same_tokens = 0, transformers_same = 0, total = 0;
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      for (size_t r = 0; r < (*gpu_rows)[s].size(); ++r) {
+        const std::vector<float>& g = (*gpu_rows)[s][r];
+        const std::vector<float>& c = (*cpu_rows)[s][r];
+        const int gt = static_cast<int>(std::max_element(g.begin(), g.end()) - g.begin());
+        const int ct = static_cast<int>(std::max_element(c.begin(), c.end()) - c.begin());
+        worst = std::max(worst, RelativeError(g, c));
+        ++total;
+        transformers_same += r < greedy[s].size() && gt == greedy[s][r];
+        if (gt != ct) {
+          std::vector<float> sorted = c;
+          std::sort(sorted.rbegin(), sorted.rend());
+          ADD_FAILURE() << GetParam() << ": sequence " << s << " step " << r << ": GPU token " << gt << ", CPU "
+                        << ct << " (CPU top1-top2 margin " << sorted[0] - sorted[1] << ")";
+          break;  // later rows continue from different tokens
+        }
+        ++same_tokens;
       }
-      ++same_tokens;
     }
+    std::printf("model %-22s %s logits rel (worst row) %.2e, tokens GPU=CPU %d/%d, GPU=transformers %d/%d\n",
+                GetParam(), graphs ? "graphs" : "eager ", worst, same_tokens, total, transformers_same, total);
+    EXPECT_LT(worst, 5e-3);
+    EXPECT_EQ(transformers_same, total);
   }
-  std::printf("model %-22s logits rel (worst row) %.2e, tokens GPU=CPU %d/%d, GPU=transformers %d/%d\n", GetParam(),
-              worst, same_tokens, total, transformers_same, total);
-  EXPECT_LT(worst, 5e-3);
-  EXPECT_EQ(transformers_same, total);
 }
 
 INSTANTIATE_TEST_SUITE_P(GqaFamilies, CudaModelFixtureTest,
