@@ -358,13 +358,15 @@ absl::Status CudaModel::RunMoe(int l, int T, const int32_t* host_token_ids) {
   if (remote_moe_ != nullptr) {
     // Remote experts: the engine's MoE executor works on host memory.
     const size_t n = static_cast<size_t>(T) * H;
-    remote_x_.resize(n);
-    remote_y_.resize(n);
-    EXL3_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(remote_x_.data(), act_.x.get(), n * 4, cudaMemcpyDeviceToHost,
+    EXL3_RETURN_IF_ERROR(remote_x_.Reserve(n));
+    EXL3_RETURN_IF_ERROR(remote_y_.Reserve(n));
+    EXL3_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(remote_x_.get(), act_.x.get(), n * 4, cudaMemcpyDeviceToHost,
                                                     Stream(stream_)), "MoE input to host"));
     EXL3_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(Stream(stream_)), "MoE input to host"));
-    EXL3_RETURN_IF_ERROR(remote_moe_->Forward(l, remote_x_.data(), T, host_token_ids, remote_y_.data()));
-    return CudaStatus(cudaMemcpyAsync(act_.d.get(), remote_y_.data(), n * 4, cudaMemcpyHostToDevice, Stream(stream_)),
+    EXL3_RETURN_IF_ERROR(remote_moe_->Forward(l, remote_x_.get(), T, host_token_ids, remote_y_.get()));
+    // remote_y_ is read by the copy engine after this returns: the next layer's exchange waits for
+    // the stream (above) before it writes remote_y_ again.
+    return CudaStatus(cudaMemcpyAsync(act_.d.get(), remote_y_.get(), n * 4, cudaMemcpyHostToDevice, Stream(stream_)),
                       "MoE output to device");
   }
   const int k = cfg_.moe.top_k;

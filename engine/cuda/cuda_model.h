@@ -22,6 +22,7 @@
 #include "engine/cuda/cuda_linear.h"
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/engine_kernels.h"
+#include "engine/cuda/pinned_buffer.h"
 #include "engine/model_config.h"
 #include "engine/model_runner.h"
 #include "engine/moe_executor.h"
@@ -148,7 +149,7 @@ class CudaModel final : public ModelRunner {
   std::unique_ptr<exl3::cuda::MoeRunner> moe_runner_;  // in-process experts
   int max_moe_tokens_ = 0;
   std::unique_ptr<MoeExecutor> remote_moe_;
-  std::vector<float> remote_x_, remote_y_;  // host copies for remote experts
+  PinnedBuffer remote_x_, remote_y_;  // staging of the remote experts' exchange
   DeviceArray<float> cache_;
   KvCacheShape cache_shape_;
   size_t layer_cache_floats_ = 0;

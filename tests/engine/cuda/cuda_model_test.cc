@@ -14,6 +14,7 @@
 
 #include "engine/attention.h"
 #include "engine/cpu_model.h"
+#include "engine/local_moe.h"
 #include "engine/cuda/cuda_model.h"
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/engine_kernels.h"
@@ -329,6 +330,38 @@ TEST_P(CudaModelFixtureTest, MatchesCpuModelAndTransformers) {
 INSTANTIATE_TEST_SUITE_P(GqaFamilies, CudaModelFixtureTest,
                          ::testing::Values("glm4_moe_experts", "glm4_moe_all", "qwen3_moe_experts", "qwen3_moe_all",
                                            "mixtral_experts", "mixtral_all"));
+
+// The experts behind a MoeExecutor (as with workers): each MoE layer's hidden states go to the host
+// and back. The CPU's LocalMoe stands in for the workers.
+TEST(CudaModelTest, ExpertsThroughAnExecutorMatchTheCpuModel) {
+  REQUIRE_GPU();
+  const std::string dir = "tests/fixtures/engine/glm4_moe_all";
+  const std::vector<std::vector<int32_t>> prompts = {{3, 14, 15, 92, 65, 35, 89, 79, 32}, {38, 46, 26}};
+  auto cpu = CpuModel::Open(dir, CpuModelOptions{});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto cpu_rows = testing::RunGreedy(**cpu, prompts, 12, /*chunk=*/4);
+  ASSERT_TRUE(cpu_rows.ok()) << cpu_rows.status();
+  CpuCompute compute(2);
+  auto local = LocalMoe::Open(dir, compute);
+  ASSERT_TRUE(local.ok()) << local.status();
+  auto gpu = CudaModel::Open(dir, CudaModelOptions{}, std::move(*local));
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  auto gpu_rows = testing::RunGreedy(**gpu, prompts, 12, /*chunk=*/4);
+  ASSERT_TRUE(gpu_rows.ok()) << gpu_rows.status();
+  double worst = 0;
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    ASSERT_EQ((*gpu_rows)[s].size(), (*cpu_rows)[s].size());
+    for (size_t r = 0; r < (*gpu_rows)[s].size(); ++r) {
+      const std::vector<float>& g = (*gpu_rows)[s][r];
+      const std::vector<float>& c = (*cpu_rows)[s][r];
+      worst = std::max(worst, RelativeError(g, c));
+      ASSERT_EQ(std::max_element(g.begin(), g.end()) - g.begin(), std::max_element(c.begin(), c.end()) - c.begin())
+          << "sequence " << s << " step " << r;
+    }
+  }
+  std::printf("model glm4_moe_all, experts through an executor: logits rel (worst row) %.2e\n", worst);
+  EXPECT_LT(worst, 5e-3);
+}
 
 TEST(CudaModelTest, LatentAttentionSaysItRunsOnTheCpu) {
   REQUIRE_GPU();
