@@ -74,7 +74,8 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Open(const std::string& di
   EXL3_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(dir));
   if (cfg.attention != AttentionKind::kGqa)
     return absl::UnimplementedError(absl::StrCat(
-        cfg.architecture(), ": multi-head latent attention runs on the CPU engine only so far"));
+        cfg.architecture(), ": its attention (latent, or latent with the sparse indexer) runs on the CPU "
+        "engine only so far (--engine-device cpu)"));
   for (int l = 0; l < cfg.num_layers; ++l) {
     if (cfg.moe.IsHashRoutedLayer(l))
       return absl::UnimplementedError(absl::StrCat("layer ", l, " is hash-routed: not on the GPU engine"));
@@ -96,7 +97,7 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Open(const std::string& di
   info.max_context = m->cfg_.max_position_embeddings;
   info.eos_token_ids = m->cfg_.eos_token_ids;
   info.kv_bytes_per_token =
-      static_cast<int64_t>(m->cfg_.num_layers) * m->cfg_.KvWidth() * static_cast<int64_t>(sizeof(float));
+      m->cfg_.KvFloatsPerToken() * static_cast<int64_t>(sizeof(float));
   return m;
 }
 
@@ -203,7 +204,8 @@ absl::Status CudaModel::AllocateKvCache(const KvCacheShape& shape) {
     return absl::InvalidArgumentError(absl::StrCat("KV cache of ", shape.num_blocks, " blocks of ",
                                                    shape.block_size, " tokens"));
   // One block more than asked: the padding rows of decode graphs write their keys there.
-  layer_cache_floats_ = static_cast<size_t>(shape.num_blocks + 1) * shape.block_size * cfg_.KvWidth();
+  // GQA: every layer's slot has the same width.
+  layer_cache_floats_ = static_cast<size_t>(shape.num_blocks + 1) * shape.block_size * cfg_.KvWidth(0);
   DropGraphs();
   cache_ = DeviceArray<float>();
   EXL3_RETURN_IF_ERROR(cache_.Reserve(layer_cache_floats_ * cfg_.num_layers));

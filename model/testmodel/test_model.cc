@@ -21,7 +21,11 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 bool IsSigmoidFamily(const std::string& arch) {
-  return arch == "glm4_moe" || arch == "deepseek_v3";
+  return arch == "glm4_moe" || arch == "deepseek_v3" || arch == "glm_moe_dsa";
+}
+
+bool IsLatentAttention(const std::string& arch) {
+  return arch == "deepseek_v3" || arch == "glm_moe_dsa";
 }
 
 class Rng {
@@ -221,7 +225,7 @@ void AddLayerTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool e
     AddLinear(p + name, out_f, in_f, LinearRole::kAttentionOrDense, exl3, so, t);
   };
   t->push_back(NormTensor(p + "input_layernorm.weight", H));
-  if (s.arch == "deepseek_v3") {  // MLA
+  if (IsLatentAttention(s.arch)) {  // MLA
     const int qd = s.qk_nope_head_dim + s.qk_rope_head_dim;
     linear("self_attn.q_a_proj", s.q_lora_rank, H);
     t->push_back(NormTensor(p + "self_attn.q_a_layernorm.weight", s.q_lora_rank));
@@ -230,6 +234,16 @@ void AddLayerTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool e
     t->push_back(NormTensor(p + "self_attn.kv_a_layernorm.weight", s.kv_lora_rank));
     linear("self_attn.kv_b_proj", heads * (s.qk_nope_head_dim + s.v_head_dim), s.kv_lora_rank);
     linear("self_attn.o_proj", H, heads * s.v_head_dim);
+    if (s.arch == "glm_moe_dsa") {  // the lightning indexer
+      linear("self_attn.indexer.wq_b", s.index_heads * s.index_head_dim, s.q_lora_rank);
+      linear("self_attn.indexer.wk", s.index_head_dim, H);
+      t->push_back(NormTensor(p + "self_attn.indexer.k_norm.weight", s.index_head_dim));
+      t->push_back({p + "self_attn.indexer.k_norm.bias", DType::kBF16, {s.index_head_dim},
+                    GenTensor::kBias, 0.05f});
+      // Router-like: kept dense (as the converter keeps it), never EXL3.
+      t->push_back({p + "self_attn.indexer.weights_proj.weight", DType::kBF16,
+                    {s.index_heads, H}, GenTensor::kGaussian, 0.02f});
+    }
   } else {
     const int hd = s.head_dim, kv = s.kv_heads;
     linear("self_attn.q_proj", heads * hd, H);
@@ -297,9 +311,16 @@ absl::StatusOr<MoeConfig> ParsedConfig(const TestModelSpec& s) {
 absl::StatusOr<TestModelSpec> ResolveTestModelSpec(const TestModelSpec& in) {
   TestModelSpec s = in;
   if (s.arch != "glm4_moe" && s.arch != "deepseek_v3" && s.arch != "qwen3_moe" &&
-      s.arch != "mixtral") {
+      s.arch != "mixtral" && s.arch != "glm_moe_dsa") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "unknown --arch '", s.arch, "' (glm4_moe, deepseek_v3, qwen3_moe or mixtral)"));
+        "unknown --arch '", s.arch, "' (glm4_moe, deepseek_v3, qwen3_moe, mixtral or glm_moe_dsa)"));
+  }
+  if (s.arch == "glm_moe_dsa" &&
+      (s.index_heads < 1 || s.index_topk < 1 || s.index_head_dim < s.qk_rope_head_dim)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--index-heads ", s.index_heads, " and --index-topk ", s.index_topk,
+        " must be >= 1 and --index-head-dim ", s.index_head_dim, " >= --qk-rope-head-dim ",
+        s.qk_rope_head_dim));
   }
   const bool sig = IsSigmoidFamily(s.arch);
   if (s.shared < 0) s.shared = sig ? 1 : 0;
@@ -325,7 +346,7 @@ absl::StatusOr<TestModelSpec> ResolveTestModelSpec(const TestModelSpec& in) {
     }
   }
   if (s.topk_group < 0) s.topk_group = std::max(1, s.n_group / 2);
-  if (s.kv_heads <= 0) s.kv_heads = s.arch == "deepseek_v3" ? s.heads : 2;
+  if (s.kv_heads <= 0) s.kv_heads = IsLatentAttention(s.arch) ? s.heads : 2;
   if (s.head_dim <= 0 && s.heads > 0) s.head_dim = s.hidden / s.heads;
   if (s.heads < 1 || s.kv_heads < 1 || s.heads % s.kv_heads != 0 || s.head_dim < 2 ||
       s.head_dim % 2 != 0) {
@@ -389,6 +410,27 @@ json TestModelConfig(const TestModelSpec& s) {
          {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0},
          {"num_nextn_predict_layers", 0}, {"ep_size", 1}, {"tie_word_embeddings", false},
          {"torch_dtype", "bfloat16"}, {"vocab_size", s.vocab}};
+  } else if (s.arch == "glm_moe_dsa") {
+    std::vector<std::string> mlp_types(s.layers, "sparse");
+    for (int l = 0; l < s.dense_layers && l < s.layers; ++l) mlp_types[l] = "dense";
+    j = {{"architectures", {"GlmMoeDsaForCausalLM"}}, {"model_type", "glm_moe_dsa"},
+         {"attention_bias", false}, {"hidden_act", "silu"}, {"hidden_size", s.hidden},
+         {"initializer_range", 0.02}, {"intermediate_size", s.dense_intermediate},
+         {"moe_intermediate_size", s.intermediate}, {"n_routed_experts", s.experts},
+         {"n_shared_experts", s.shared}, {"num_experts_per_tok", s.top_k},
+         {"n_group", s.n_group}, {"topk_group", s.topk_group},
+         {"routed_scaling_factor", s.routed_scaling_factor}, {"norm_topk_prob", true},
+         {"first_k_dense_replace", s.dense_layers}, {"mlp_layer_types", mlp_types},
+         {"num_hidden_layers", s.layers}, {"num_attention_heads", heads},
+         {"num_key_value_heads", s.kv_heads}, {"q_lora_rank", s.q_lora_rank},
+         {"kv_lora_rank", s.kv_lora_rank}, {"qk_nope_head_dim", s.qk_nope_head_dim},
+         {"qk_rope_head_dim", s.qk_rope_head_dim}, {"v_head_dim", s.v_head_dim},
+         {"head_dim", s.qk_rope_head_dim}, {"index_n_heads", s.index_heads},
+         {"index_head_dim", s.index_head_dim}, {"index_topk", s.index_topk},
+         {"indexer_types", std::vector<std::string>(s.layers, "full")},
+         {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-5},
+         {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1000000.0}}},
+         {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"}, {"vocab_size", s.vocab}};
   } else if (s.arch == "qwen3_moe") {
     j = {{"architectures", {"Qwen3MoeForCausalLM"}}, {"model_type", "qwen3_moe"},
          {"attention_bias", false}, {"head_dim", s.head_dim}, {"hidden_act", "silu"},

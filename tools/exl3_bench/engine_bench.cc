@@ -185,7 +185,7 @@ int main(int argc, char** argv) {
   for (int l = 0; l < cfg.num_layers; ++l) moe_layers += cfg.IsMoeLayer(l) ? 1 : 0;
   const int E = cfg.moe.num_experts, k = cfg.moe.top_k, shared = cfg.moe.has_shared_expert() ? 1 : 0;
   const double per_expert = moe_layers > 0 ? double(wb.experts_resident) / moe_layers / (E + shared) : 0;
-  const double kv_bytes_per_position = double(cfg.num_layers) * cfg.KvWidth() * 4;
+  const double kv_bytes_per_position = double(cfg.KvFloatsPerToken()) * 4;
 
   // FLOPs of a prefill of C tokens: every linear's 2 x params per token (the experts a token is routed
   // to and the shared one; the head for the last token only) plus causal attention's 2 x 2 x heads x

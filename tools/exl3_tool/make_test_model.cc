@@ -14,7 +14,8 @@ namespace exl3::tool {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: exl3-tool make-test-model --arch glm4_moe|deepseek_v3|qwen3_moe|mixtral --output DIR\n"
+    "usage: exl3-tool make-test-model --arch glm4_moe|deepseek_v3|qwen3_moe|mixtral|glm_moe_dsa\n"
+    "         --output DIR\n"
     "         [--layers N] [--hidden H] [--experts E] [--top-k K] [--intermediate I]\n"
     "         [--shared S] [--dense-layers D] [--dense-intermediate I2] [--n-group G]\n"
     "         [--topk-group G2] [--routed-scaling-factor F] [--swiglu-limit L] [--vocab V]\n"
@@ -23,6 +24,7 @@ constexpr char kUsage[] =
     "         [--hf-output DIR2] [--synthetic [--whole-model]] [--quiet]\n"
     "         [--heads N] [--kv-heads N] [--head-dim D] [--q-lora-rank R] [--kv-lora-rank R]\n"
     "         [--qk-nope-head-dim D] [--qk-rope-head-dim D] [--v-head-dim D]\n"
+    "         [--index-heads N] [--index-head-dim D] [--index-topk K]\n"
     "\n"
     "Writes a MoE model with random weights in the family's real tensor names and config.json\n"
     "(router weight, e_score_correction_bias for glm4_moe/deepseek_v3, shared experts, dense\n"
@@ -30,7 +32,7 @@ constexpr char kUsage[] =
     "norm and embedding tensors), first as a Hugging Face checkpoint (bf16, one shard per layer)\n"
     "in DIR2, then converted to EXL3 into DIR with `exl3-tool quantize`'s converter.\n"
     "\n"
-    "  --arch          glm4_moe, deepseek_v3, qwen3_moe or mixtral (required)\n"
+    "  --arch          glm4_moe, deepseek_v3, qwen3_moe, mixtral or glm_moe_dsa (required)\n"
     "  --output        the EXL3 model directory (with --hf-only: the HF checkpoint)\n"
     "  --hf-output     where the HF checkpoint goes (default: DIR-hf)\n"
     "  --hf-only       write only the HF checkpoint, into DIR\n"
@@ -60,7 +62,11 @@ constexpr char kUsage[] =
     "  --heads, --kv-heads, --head-dim  attention shape (default 4 heads, 2 KV heads, DeepSeek-V3:\n"
     "                  KV heads = heads; head dim hidden / heads)\n"
     "  --q-lora-rank, --kv-lora-rank, --qk-nope-head-dim, --qk-rope-head-dim, --v-head-dim\n"
-    "                  DeepSeek-V3's latent attention (default 64, 32, 32, 16, 32)\n"
+    "                  DeepSeek-V3's and GLM-MoE-DSA's latent attention (default 64, 32, 32,\n"
+    "                  16, 32)\n"
+    "  --index-heads, --index-head-dim, --index-topk  GLM-MoE-DSA's lightning indexer\n"
+    "                  (index_n_heads, index_head_dim, index_topk; default 4, 32, 64; every\n"
+    "                  layer runs its own; weights_proj stays bf16)\n"
     "  --whole-model   with --synthetic: also attention, norms, dense MLPs, embeddings and the\n"
     "                  head (EXL3 where both dimensions are multiples of 128), so exl3-router runs\n"
     "                  it: engine benchmarks at real shapes\n"
@@ -88,7 +94,8 @@ int Run(int argc, char** argv) {
                    "topk-group", "routed-scaling-factor", "swiglu-limit", "vocab", "bits",
                    "expert-bits", "down-bits", "codebook", "seed", "threads", "head-bits", "attention-bits",
                    "heads", "kv-heads", "head-dim", "q-lora-rank", "kv-lora-rank",
-                   "qk-nope-head-dim", "qk-rope-head-dim", "v-head-dim"},
+                   "qk-nope-head-dim", "qk-rope-head-dim", "v-head-dim", "index-heads",
+                   "index-head-dim", "index-topk"},
                   {"hf-only", "synthetic", "quiet", "quantize-all", "whole-model"}, &err)) {
     return Fail(kName, err);
   }
@@ -117,7 +124,8 @@ int Run(int argc, char** argv) {
                     {"q-lora-rank", &spec.q_lora_rank}, {"kv-lora-rank", &spec.kv_lora_rank},
                     {"qk-nope-head-dim", &spec.qk_nope_head_dim},
                     {"qk-rope-head-dim", &spec.qk_rope_head_dim},
-                    {"v-head-dim", &spec.v_head_dim}}) {
+                    {"v-head-dim", &spec.v_head_dim}, {"index-heads", &spec.index_heads},
+                    {"index-head-dim", &spec.index_head_dim}, {"index-topk", &spec.index_topk}}) {
     if (args.Has(f.name) && !args.GetInt(f.name, f.out, &err)) return Fail(kName, err);
   }
   for (auto [name, out] : {std::pair<const char*, float*>{"routed-scaling-factor", &spec.routed_scaling_factor},
