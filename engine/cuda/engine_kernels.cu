@@ -378,9 +378,9 @@ __global__ void RouteKernel(GateConfig cfg, const float* logits, const float* bi
       for (int g = 0; g < G; ++g) group_score[g] = (kept >> g & 1ull) ? 1.0f : 0.0f;
     }
     __syncthreads();
-    // As Hugging Face: experts of the dropped groups get choice 0.0, not -inf.
+    // Experts of the dropped groups cannot be chosen (-inf, as transformers 5.x and model/routing.cc).
     for (int e = threadIdx.x; e < E; e += blockDim.x)
-      if (group_score[e / per] == 0.0f) choice[e] = 0.0f;
+      if (group_score[e / per] == 0.0f) choice[e] = -INFINITY;
     __syncthreads();
   }
   __shared__ int chosen[64];
