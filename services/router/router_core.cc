@@ -147,7 +147,7 @@ absl::Status RouterCore::ReloadMap() {
     auto fresh = WorkerPool::Create(*next, cfg, popt_, old.get(), metrics_.get());
     service_->SetPool(fresh);
     old->StopUnshared(*fresh);
-    retired_.push_back(old);
+    retired_.Retire(std::move(old));
   }
   UpdateReady();
   return absl::OkStatus();
@@ -157,11 +157,8 @@ void RouterCore::Stop() {
   std::lock_guard<std::mutex> l(reload_mu_);
   if (stopped_ || !service_) return;
   stopped_ = true;
-  auto p = service_->pool();
-  for (int i = 0; p && i < p->num_workers(); ++i) p->worker(i).Stop();
-  for (auto& r : retired_) {
-    for (int i = 0; i < r->num_workers(); ++i) r->worker(i).Stop();
-  }
+  if (auto p = service_->pool()) p->StopAll();
+  retired_.StopAll();
 }
 
 }  // namespace exl3::router

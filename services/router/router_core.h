@@ -20,6 +20,7 @@
 #include "prometheus/registry.h"
 #include "services/common/server.h"
 #include "services/router/moe_router.h"
+#include "services/router/retired_pools.h"
 #include "services/router/router_metrics.h"
 #include "services/router/worker_pool.h"
 
@@ -67,7 +68,11 @@ class RouterCore {
   // New requests are refused with UNAVAILABLE; readiness drops.
   void StartDrain();
   // Reloads the expert map from its file (exl3-router's SIGHUP); on error the previous map stays.
+  // Connections to workers that left the map are stopped; the old pool is freed once the
+  // requests that started on it have ended.
   absl::Status ReloadMap();
+  // Old pools not freed yet (requests that started on them still running).
+  int retired_pools() const { return retired_.size(); }
   // Stops every worker connection (current and retired pools). Requests still in flight fail.
   void Stop();
 
@@ -88,8 +93,8 @@ class RouterCore {
   std::mutex ready_mu_;
   std::condition_variable ready_cv_;
   std::mutex reload_mu_;
-  std::vector<std::shared_ptr<WorkerPool>> retired_;  // old pools stay alive until Stop
-  bool stopped_ = false;                               // guarded by reload_mu_
+  bool stopped_ = false;  // guarded by reload_mu_
+  RetiredPools retired_;  // old pools, freed once unused
 };
 
 }  // namespace exl3::router
