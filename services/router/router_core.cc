@@ -100,8 +100,8 @@ void RouterCore::UpdateReady() {
     std::lock_guard<std::mutex> l(listener_mu_);
     if (listener_) listener_(ready);
   }
-  const int now = ready ? 1 : 0;
-  if (ready_.exchange(now) != now) {
+  const Readiness now = ready ? Readiness::kReady : Readiness::kNotReady;
+  if (readiness_.exchange(now) != now) {
     const bool shared_on_workers = !opt_.router.shared_expert_worker.empty();
     if (ready) {
       svc::LogInfo("ready: every routed expert%s has a serving worker",

@@ -58,7 +58,7 @@ class RouterCore {
 
   // Ready: every routed expert (and, with --shared-expert worker:NAME, the shared expert) has a
   // serving worker, and not draining.
-  bool Ready() const { return ready_.load() == 1; }
+  bool Ready() const { return readiness_.load() == Readiness::kReady; }
   bool WaitReady(std::chrono::milliseconds timeout);
   // Called (on a worker's thread, or the caller's of StartDrain/ReloadMap) after readiness is
   // recomputed, with the new value; replaces the previous listener (nullptr: none).
@@ -87,7 +87,9 @@ class RouterCore {
   WorkerPoolOptions popt_;
   std::unique_ptr<MoeRouterService> service_;
   std::atomic<bool> draining_{false};
-  std::atomic<int> ready_{-1};
+  // kUnknown until UpdateReady first runs, so its first result is always logged.
+  enum class Readiness { kUnknown, kReady, kNotReady };
+  std::atomic<Readiness> readiness_{Readiness::kUnknown};
   std::mutex listener_mu_;  // held while the listener runs
   std::function<void(bool)> listener_;
   std::mutex ready_mu_;
