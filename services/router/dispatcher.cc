@@ -174,12 +174,14 @@ void Dispatcher::ArmDeadline(const std::shared_ptr<LayerCall>& c) {
 }
 
 void Dispatcher::OnDeadline(const std::shared_ptr<LayerCall>& c) {
-  std::vector<std::string> waiting;
+  std::set<int> fanout;
   {
     std::lock_guard<std::mutex> l(c->mu);
     if (c->ended) return;
-    for (int w : c->fanout) waiting.push_back(c->workers->link(w).name());
+    fanout = c->fanout;
   }
+  std::vector<std::string> waiting;
+  for (int w : fanout) waiting.push_back(c->workers->link(w).name());
   const uint64_t budget_ms = Micros(c->t_start, *c->deadline) / 1000;
   End(c,
       absl::DeadlineExceededError(absl::StrCat(
