@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -15,7 +16,7 @@ Gate::Gate(const Exl3Model& model, int threads) : model_(model), cfg_(model.conf
 
 Gate::~Gate() = default;
 
-absl::StatusOr<Routing> Gate::Route(const GateInput& in, const float* hidden) {
+absl::StatusOr<Routing> Gate::Route(GateInput in, const float* hidden) {
   if (!in.token_ids.empty() && static_cast<int64_t>(in.token_ids.size()) != in.num_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("token_ids has ", in.token_ids.size(),
                                                    " entries, hidden has ", in.num_tokens, " rows"));
@@ -43,7 +44,7 @@ absl::StatusOr<Routing> Gate::Route(const GateInput& in, const float* hidden) {
   return absl::InternalError("unknown routing source");
 }
 
-absl::StatusOr<Routing> Gate::CheckTopK(const GateInput& in) const {
+absl::StatusOr<Routing> Gate::CheckTopK(GateInput& in) const {
   const int64_t T = in.num_tokens;
   // A token may use at most the model's top_k experts (the workers refuse more).
   if (in.topk_k < 1 || in.topk_k > cfg_.top_k) {
@@ -75,7 +76,7 @@ absl::StatusOr<Routing> Gate::CheckTopK(const GateInput& in) const {
       }
     }
   }
-  return Routing{k, in.topk_ids, in.topk_weights};
+  return Routing{k, std::move(in.topk_ids), std::move(in.topk_weights)};
 }
 
 absl::StatusOr<Routing> Gate::FromGateWeights(const GateInput& in, const float* hidden) {

@@ -5,7 +5,7 @@
 //
 //   Gate gate(model, /*threads=*/4);
 //   GateInput in; in.layer = 3; in.num_tokens = T;            // source: kGateWeights
-//   absl::StatusOr<Routing> r = gate.Route(in, hidden_fp32);  // r->ids, r->weights: [T, r->k]
+//   absl::StatusOr<Routing> r = gate.Route(std::move(in), hidden);  // r->ids, r->weights: [T, k]
 #pragma once
 
 #include <cstdint>
@@ -55,11 +55,12 @@ class Gate {
   ~Gate();
 
   // `hidden`: [in.num_tokens, hidden_size] fp32, finite (read for kGateWeights only). Errors
-  // (INVALID_ARGUMENT, FAILED_PRECONDITION) name the field and the problem.
-  absl::StatusOr<Routing> Route(const GateInput& in, const float* hidden);
+  // (INVALID_ARGUMENT, FAILED_PRECONDITION) name the field and the problem. A given top-k is
+  // moved into the answer.
+  absl::StatusOr<Routing> Route(GateInput in, const float* hidden);
 
  private:
-  absl::StatusOr<Routing> CheckTopK(const GateInput& in) const;
+  absl::StatusOr<Routing> CheckTopK(GateInput& in) const;
   absl::StatusOr<Routing> FromGateWeights(const GateInput& in, const float* hidden);
   // logits [T, E] = x [T, hidden] · router_w^T, split over the pool by blocks of experts.
   void ComputeLogits(const float* router_w, const float* x, int num_tokens, float* logits);

@@ -268,7 +268,7 @@ absl::Status MoeRouterService::Prepare(const pb::MoeLayerRequest& req, LayerCall
   c.row_bytes = r.row_bytes;
   c.hidden = std::move(r.hidden);
   c.include_shared_expert = r.include_shared_expert;
-  EXL3_ASSIGN_OR_RETURN(c.routing, gate_.Route(r.gate, c.hidden.data()));
+  EXL3_ASSIGN_OR_RETURN(c.routing, gate_.Route(std::move(r.gate), c.hidden.data()));
   const size_t answer_bytes = AnswerBytesBound(c.num_tokens, c.hidden_size, c.out_dtype, c.routing.k);
   if (answer_bytes > max_message_bytes()) return AnswerTooLarge(answer_bytes);
   if (!c.workers) return absl::UnavailableError("the router has no worker pool yet");
