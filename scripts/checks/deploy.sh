@@ -47,7 +47,8 @@ step "compose"
 run "compose files" "$PY" $HERE/check_compose.py --check-jsonschema "$VENV/bin/check-jsonschema" deploy
 
 step "Dockerfiles"
-run "hadolint" "$VENV/bin/hadolint" deploy/docker/Dockerfile deploy/docker/Dockerfile.cpu
+run "hadolint" "$VENV/bin/hadolint" deploy/docker/Dockerfile deploy/docker/Dockerfile.cpu \
+  deploy/docker/Dockerfile.frontend scripts/checks/containers/Dockerfile.prometheus
 run "Dockerfile sources, targets and packages" "$PY" $HERE/check_dockerfiles.py --build-dir "$BUILD_DIR" .
 run "grpc-health-check.sh syntax" bash -n deploy/docker/grpc-health-check.sh
 
