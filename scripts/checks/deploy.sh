@@ -10,8 +10,6 @@ cd "$(dirname "$0")/../.."
 BUILD_DIR=${1:?usage: scripts/checks/deploy.sh BUILD_DIR}
 BUILD_DIR=$(cd "$BUILD_DIR" && pwd)
 HERE=scripts/checks/deploy
-VENV=$BUILD_DIR/deploy-venv
-PY=$VENV/bin/python
 failures=0
 
 step() { printf -- '--- deploy: %s\n' "$1"; }
@@ -21,13 +19,8 @@ run() {  # run NAME CMD...: runs a check, counts a failure without stopping the 
 }
 
 step "tools"
-req_hash=$(sha256sum $HERE/requirements.txt | cut -c1-16)
-if [ "$(cat "$VENV/.requirements" 2>/dev/null)" != "$req_hash" ]; then
-  rm -rf "$VENV"
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check -r $HERE/requirements.txt
-  echo "$req_hash" > "$VENV/.requirements"
-fi
+VENV=$(scripts/lib/deploy_venv.sh "$BUILD_DIR" | tail -1)
+PY=$VENV/bin/python
 for t in promtool prometheus curl; do
   command -v $t >/dev/null || { echo "deploy.sh: $t not found (scripts/install-deps.sh installs it)" >&2; exit 1; }
 done
@@ -54,7 +47,8 @@ step "compose"
 run "compose files" "$PY" $HERE/check_compose.py --check-jsonschema "$VENV/bin/check-jsonschema" deploy
 
 step "Dockerfiles"
-run "hadolint" "$VENV/bin/hadolint" deploy/docker/Dockerfile deploy/docker/Dockerfile.cpu
+run "hadolint" "$VENV/bin/hadolint" deploy/docker/Dockerfile deploy/docker/Dockerfile.cpu \
+  deploy/docker/Dockerfile.frontend scripts/checks/containers/Dockerfile.prometheus
 run "Dockerfile sources, targets and packages" "$PY" $HERE/check_dockerfiles.py --build-dir "$BUILD_DIR" .
 run "grpc-health-check.sh syntax" bash -n deploy/docker/grpc-health-check.sh
 

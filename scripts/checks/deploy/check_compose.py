@@ -7,12 +7,16 @@ Usage: check_compose.py --check-jsonschema PATH deploy
    check-jsonschema ships, offline).
 2. The base file and each override are merged the way `docker compose -f a -f b` merges them
    (mappings merged, command/entrypoint replaced, volumes and ports merged by container path),
-   and the result must have: the router, worker-0 and worker-1, Prometheus and Grafana, the named
-   volumes, bind mounts whose sources exist, worker names and addresses that match the expert map,
-   Prometheus scrape targets that match the services' metrics ports, health checks that call
-   grpc-health-check on the gRPC port, build targets that exist in the Dockerfiles; the GPU
+   and the result must have: the router (with --generate=true), worker-0 and worker-1, the front
+   end, Prometheus and Grafana, the named volumes, bind mounts whose sources exist; host
+   networking for every long-running service, each listening on 127.0.0.1 on ports of its own;
+   worker names and addresses (127.0.0.1:PORT) that match the expert map, the front end's engine
+   the router's address, Prometheus scrape targets that match the services' metrics ports,
+   Grafana's datasource Prometheus' address; health checks on the right ports (grpc-health-check
+   for gRPC, /health for the front end); build targets that exist in the Dockerfiles; the GPU
    override reserves an NVIDIA device for each worker; the CPU override builds Dockerfile.cpu and
-   starts the workers only after the test model is written.
+   starts the workers only after the test model, and the front end only after its tokenizer, is
+   written.
 Prints one line per problem; exit status 1 if there is any.
 """
 import argparse
@@ -24,7 +28,9 @@ import sys
 
 import yaml
 
-REQUIRED_SERVICES = ["router", "worker-0", "worker-1", "prometheus", "grafana"]
+REQUIRED_SERVICES = ["router", "worker-0", "worker-1", "frontend", "prometheus", "grafana"]
+# Services that stay up (the init services of the CPU override run once, without a network).
+LONG_RUNNING = REQUIRED_SERVICES
 REQUIRED_VOLUMES = ["prometheus-data", "grafana-data"]
 WORKERS = ["worker-0", "worker-1"]
 
@@ -131,8 +137,30 @@ def check_merged(name, doc, compose_dir, deploy_dir, problems):
             df = os.path.normpath(os.path.join(compose_dir, b["context"], b["dockerfile"]))
             if not os.path.exists(df):
                 fail(f"{sname}: Dockerfile {df} does not exist")
-            elif b.get("target") not in dockerfile_targets(df):
+            elif "target" in b and b["target"] not in dockerfile_targets(df):
                 fail(f"{sname}: {os.path.basename(df)} has no target {b.get('target')}")
+
+    # Host networking on loopback: every long-running service binds 127.0.0.1, on its own ports.
+    listen_flags = {"router": ("--listen", "--metrics-listen"), "worker-0": ("--listen", "--metrics-listen"),
+                    "worker-1": ("--listen", "--metrics-listen"), "frontend": ("--listen",),
+                    "prometheus": ("--web.listen-address",)}
+    taken = {}
+    for sname in LONG_RUNNING:
+        svc = services[sname]
+        if svc.get("network_mode") != "host":
+            fail(f"{sname}: network_mode must be host (the stack binds 127.0.0.1, no container network)")
+        if svc.get("ports"):
+            fail(f"{sname}: ports: has no meaning with host networking (and docker-compose 1.29 refuses it)")
+        for f in listen_flags.get(sname, ()):
+            addr = flag(svc.get("command"), f) or ""
+            if not addr.startswith("127.0.0.1:"):
+                fail(f"{sname}: {f}={addr or '(unset)'} must bind 127.0.0.1")
+            port = addr.rsplit(":", 1)[-1]
+            if port in taken:
+                fail(f"{sname}: {f} port {port} is taken by {taken[port]} (host networking: one port each)")
+            taken[port] = sname
+    if services["grafana"].get("environment", {}).get("GF_SERVER_HTTP_ADDR") != "127.0.0.1":
+        fail("grafana: GF_SERVER_HTTP_ADDR must be 127.0.0.1")
 
     # Workers and the expert map.
     if len(set(maps.values())) != 1:
@@ -147,14 +175,27 @@ def check_merged(name, doc, compose_dir, deploy_dir, problems):
             port = (flag(cmd, "--listen") or "").rsplit(":", 1)[-1]
             if w not in names:
                 fail(f"expert map has no worker {w}")
-            elif names[w]["address"] != f"{w}:{port}":
-                fail(f"expert map address of {w} is {names[w]['address']}, service listens on {w}:{port}")
+            elif names[w]["address"] != f"127.0.0.1:{port}":
+                fail(f"expert map address of {w} is {names[w]['address']}, service listens on 127.0.0.1:{port}")
             hc = services[w].get("healthcheck", {}).get("test", [])
             if hc[:2] != ["CMD", "grpc-health-check"] or hc[2:3] != [f"127.0.0.1:{port}"]:
                 fail(f"{w}: healthcheck must run grpc-health-check 127.0.0.1:{port}")
     rport = (flag(services["router"].get("command"), "--listen") or "").rsplit(":", 1)[-1]
     if services["router"].get("healthcheck", {}).get("test", [])[2:3] != [f"127.0.0.1:{rport}"]:
         fail(f"router: healthcheck must run grpc-health-check 127.0.0.1:{rport}")
+    if flag(services["router"].get("command"), "--generate") != "true":
+        fail("router: must run --generate=true (the front end's engine)")
+
+    # The front end talks to the router's Generator and is healthy when /health answers.
+    fe = services["frontend"].get("command")
+    if flag(fe, "--engine") != f"127.0.0.1:{rport}":
+        fail(f"frontend: --engine={flag(fe, '--engine')}, the router listens on 127.0.0.1:{rport}")
+    fport = (flag(fe, "--listen") or "").rsplit(":", 1)[-1]
+    if f"http://127.0.0.1:{fport}/health" not in services["frontend"].get("healthcheck", {}).get("test", []):
+        fail(f"frontend: healthcheck must ask http://127.0.0.1:{fport}/health")
+    fmodel = {_mount_target(v): v for v in services["frontend"].get("volumes", [])}
+    if flag(fe, "--model") not in fmodel:
+        fail(f"frontend: --model={flag(fe, '--model')} is not a mounted volume")
 
     # Prometheus scrapes what the services expose.
     prom = services["prometheus"]
@@ -166,9 +207,10 @@ def check_merged(name, doc, compose_dir, deploy_dir, problems):
     cfg = yaml.safe_load(open(os.path.join(deploy_dir, "prometheus", "prometheus.yml")))
     jobs = {j["job_name"]: [t for sc in j.get("static_configs", []) for t in sc["targets"]]
             for j in cfg["scrape_configs"]}
-    want = {"exl3-router": [f"router:{(flag(services['router'].get('command'), '--metrics-listen') or '').rsplit(':', 1)[-1]}"],
-            "exl3-worker": [f"{w}:{(flag(services[w].get('command'), '--metrics-listen') or '').rsplit(':', 1)[-1]}"
-                            for w in WORKERS]}
+    want = {"exl3-router": [flag(services["router"].get("command"), "--metrics-listen")],
+            "exl3-worker": [flag(services[w].get("command"), "--metrics-listen") for w in WORKERS],
+            "exl3serve-openai": [flag(fe, "--listen")],
+            "prometheus": [flag(prom.get("command"), "--web.listen-address")]}
     for job, targets in want.items():
         if sorted(jobs.get(job, [])) != sorted(targets):
             fail(f"prometheus.yml job {job} scrapes {jobs.get(job)}, the services expose {targets}")
@@ -183,6 +225,10 @@ def check_merged(name, doc, compose_dir, deploy_dir, problems):
         got = gmounts.get(tgt)
         if not got or os.path.normpath(os.path.join(compose_dir, got)) != os.path.join(deploy_dir, src):
             fail(f"grafana must mount deploy/{src} at {tgt}")
+    ds = yaml.safe_load(open(os.path.join(deploy_dir, "grafana", "provisioning", "datasources", "prometheus.yml")))
+    url = ds["datasources"][0]["url"]
+    if url != f"http://{flag(prom.get('command'), '--web.listen-address')}":
+        fail(f"grafana datasource {url} is not Prometheus' --web.listen-address")
     home = services["grafana"].get("environment", {}).get("GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH")
     if home and not os.path.exists(os.path.join(deploy_dir, "grafana", "dashboards", os.path.basename(home))):
         fail(f"grafana home dashboard {home} does not exist")
@@ -229,6 +275,14 @@ def main():
                     problems.append(f"{name}: {s} must build deploy/docker/Dockerfile.cpu")
             if "make-test-model" not in " ".join(services["model-init"].get("command", [])):
                 problems.append(f"{name}: model-init must run exl3-tool make-test-model")
+            tok = services.get("tokenizer-init", {})
+            if "exl3serve-make-tokenizer" not in " ".join(tok.get("command", [])):
+                problems.append(f"{name}: tokenizer-init must run exl3serve-make-tokenizer")
+            if tok.get("depends_on", {}).get("model-init", {}).get("condition") != "service_completed_successfully":
+                problems.append(f"{name}: tokenizer-init must wait for model-init to complete")
+            fdep = services["frontend"].get("depends_on", {})
+            if not isinstance(fdep, dict) or fdep.get("tokenizer-init", {}).get("condition") != "service_completed_successfully":
+                problems.append(f"{name}: frontend must wait for tokenizer-init to complete")
         print(f"check_compose: {name}: services " + ", ".join(sorted(services)))
     for p in problems:
         print("FAIL: " + p, file=sys.stderr)

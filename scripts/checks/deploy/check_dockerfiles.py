@@ -3,9 +3,13 @@
 
 Usage: check_dockerfiles.py --build-dir BUILD_DIR REPO_ROOT
 
-- every COPY source outside --from exists in the repository (the build context);
+- every COPY source outside --from exists in the repository (the build context), except in the
+  stages that read a staged context instead (`prebuilt`, `wheels-context`: what
+  scripts/checks/containers.sh stages, and builds for real);
 - both Dockerfiles have the stages `router` and `worker`, each with a HEALTHCHECK that runs
-  grpc-health-check, an ENTRYPOINT, and a non-root USER in force;
+  grpc-health-check, an ENTRYPOINT, and a non-root USER in force; Dockerfile.frontend's stage
+  `frontend` has a HEALTHCHECK asking /health, a non-root USER and the package's
+  `exl3serve-openai` script as ENTRYPOINT;
 - the CMake targets they build are defined by the project (add_executable);
 - the build stage installs exactly the -dev packages of scripts/install-deps.sh;
 - the runtime-package step (ldd -> realpath -> dpkg -S) run here on the binaries of BUILD_DIR,
@@ -18,6 +22,9 @@ import subprocess
 import sys
 
 DOCKERFILES = ["deploy/docker/Dockerfile", "deploy/docker/Dockerfile.cpu"]
+FRONTEND_DOCKERFILE = "deploy/docker/Dockerfile.frontend"
+# Stages whose COPY sources are a staging directory's, not the repository's (see the docstring).
+STAGED_CONTEXT_STAGES = {"prebuilt", "wheels-context"}
 BINARIES = ["exl3-router", "exl3-worker", "exl3-tool", "exl3-loadgen"]
 
 
@@ -42,6 +49,39 @@ def stages(lines):
     return out
 
 
+def copy_problems(df, lines, root):
+    out, stage = [], None
+    for line in lines:
+        m = re.match(r"\s*FROM\s+\S+(?:\s+AS\s+(\S+))?", line, re.I)
+        if m:
+            stage = m.group(1)
+            continue
+        m = re.match(r"\s*COPY\s+(.*)", line, re.I)
+        if m and "--from" not in m.group(1) and stage not in STAGED_CONTEXT_STAGES:
+            for src in m.group(1).split()[:-1]:
+                if not os.path.exists(os.path.join(root, src)):
+                    out.append(f"{df}: COPY source {src} does not exist")
+    return out
+
+
+def frontend_problems(root):
+    df = FRONTEND_DOCKERFILE
+    lines = logical_lines(open(os.path.join(root, df)).read())
+    out = copy_problems(df, lines, root)
+    s = stages(lines).get("frontend")
+    if not s:
+        return out + [f"{df}: no stage frontend"]
+    if not s["user"] or s["user"].split(":")[0] in ("root", "0"):
+        out.append(f"{df}: stage frontend runs as root")
+    if not s["health"] or "/health" not in s["health"]:
+        out.append(f"{df}: stage frontend has no HEALTHCHECK asking /health")
+    scripts = re.findall(r"^([\w-]+)\s*=", open(os.path.join(root, "clients/python/pyproject.toml")).read().split(
+        "[project.scripts]", 1)[-1].split("[", 1)[0], re.M)
+    if not s["entry"] or "exl3serve-openai" not in s["entry"] or "exl3serve-openai" not in scripts:
+        out.append(f"{df}: ENTRYPOINT {s['entry']} is not the package's exl3serve-openai script ({scripts})")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build-dir", required=True)
@@ -62,12 +102,7 @@ def main():
     for df in DOCKERFILES:
         text = open(os.path.join(root, df)).read()
         lines = logical_lines(text)
-        for line in lines:
-            m = re.match(r"\s*COPY\s+(.*)", line, re.I)
-            if m and "--from" not in m.group(1):
-                for src in m.group(1).split()[:-1]:
-                    if not os.path.exists(os.path.join(root, src)):
-                        problems.append(f"{df}: COPY source {src} does not exist")
+        problems += copy_problems(df, lines, root)
         st = stages(lines)
         for target in ("router", "worker"):
             s = st.get(target)
@@ -95,6 +130,8 @@ def main():
             problems.append(f"{df}: build packages differ from scripts/install-deps.sh: "
                             f"missing {sorted(dev_pkgs - installed)}, extra {sorted(installed - dev_pkgs)}")
 
+    problems += frontend_problems(root)
+
     # The runtime-package step, on this machine's binaries.
     bins = [os.path.join(args.build_dir, "bin", b) for b in BINARIES]
     present = [b for b in bins if os.path.exists(b)]
@@ -114,7 +151,7 @@ def main():
                 if not re.search(rf"^{re.escape(p)}:", known, re.M):
                     problems.append(f"runtime package {p} unknown to apt")
             print("check_dockerfiles: runtime packages for the CPU image: " + " ".join(pkgs))
-    print(f"check_dockerfiles: {len(DOCKERFILES)} Dockerfiles")
+    print(f"check_dockerfiles: {len(DOCKERFILES) + 1} Dockerfiles")
     for p in problems:
         print("FAIL: " + p, file=sys.stderr)
     return 1 if problems else 0

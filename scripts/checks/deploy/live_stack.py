@@ -142,6 +142,14 @@ def compose_command(svc, subst):
     return out
 
 
+def listen_flag(svc, name):
+    """The HOST:PORT a compose service's command gives to --listen / --metrics-listen."""
+    for a in svc["command"]:
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    raise KeyError(f"no {name} in {svc['command']}")
+
+
 def make_model(build, model_dir, logdir):
     tool = os.path.join(build, "bin", "exl3-tool")
     helptext = subprocess.run([tool, "--help"], capture_output=True, text=True)
@@ -310,9 +318,10 @@ def run(args, build, deploy, tmp):
     base_subst = {"/models/model": model, "/etc/exl3/expert-map.yaml": map_path,
                   "--backend=auto": "--backend=cpu"}
     for name, (gp, mp) in ports.items():
+        svc = compose["services"][name]
         argv = [os.path.join(build, "bin", "exl3-worker")] + compose_command(
-            compose["services"][name], dict(base_subst, **{"0.0.0.0:50061": f"127.0.0.1:{gp}",
-                                                            "0.0.0.0:9461": f"127.0.0.1:{mp}"}))
+            svc, dict(base_subst, **{listen_flag(svc, "--listen"): f"127.0.0.1:{gp}",
+                                     listen_flag(svc, "--metrics-listen"): f"127.0.0.1:{mp}"}))
         argv += ["--threads=1", "--progress=false"]
         start(name, argv, tmp)
     for name, (gp, _) in ports.items():
@@ -320,9 +329,10 @@ def run(args, build, deploy, tmp):
                         60, tmp, name):
             return
     rgp, rmp = free_port(), free_port()
+    svc = compose["services"]["router"]
     argv = [os.path.join(build, "bin", "exl3-router")] + compose_command(
-        compose["services"]["router"], dict(base_subst, **{"0.0.0.0:50051": f"127.0.0.1:{rgp}",
-                                                           "0.0.0.0:9451": f"127.0.0.1:{rmp}"}))
+        svc, dict(base_subst, **{listen_flag(svc, "--listen"): f"127.0.0.1:{rgp}",
+                                 listen_flag(svc, "--metrics-listen"): f"127.0.0.1:{rmp}"}))
     start("router", argv, tmp)
     if not wait_for("router SERVING (grpc-health-check)", lambda: healthy(f"127.0.0.1:{rgp}"),
                     60, tmp, "router"):
@@ -336,6 +346,8 @@ def run(args, build, deploy, tmp):
     cfg["global"]["evaluation_interval"] = "1s"
     cfg["rule_files"] = [os.path.join(deploy, "prometheus", r) for r in cfg["rule_files"]]
     pport = free_port()
+    # The front end does not run here (scripts/checks/frontend.sh and containers.sh run it).
+    cfg["scrape_configs"] = [j for j in cfg["scrape_configs"] if j["job_name"] != "exl3serve-openai"]
     for job in cfg["scrape_configs"]:
         if job["job_name"] == "exl3-router":
             job["static_configs"] = [{"targets": [f"127.0.0.1:{rmp}"]}]

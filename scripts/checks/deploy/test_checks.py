@@ -139,7 +139,8 @@ class CheckersOnBrokenCopiesTest(unittest.TestCase):
             self.assertEqual(rc, 0, out)
             c.edit("deploy/compose/docker-compose.yml", "--worker=worker-1", "--worker=worker-2")
             c.edit("deploy/compose/docker-compose.yml", "    restart: unless-stopped", "    restrt: unless-stopped")
-            c.edit("deploy/prometheus/prometheus.yml", '"worker-1:9461"', '"worker-1:9999"')
+            c.edit("deploy/prometheus/prometheus.yml", '"127.0.0.1:9462"', '"127.0.0.1:9999"')
+            c.edit("deploy/compose/docker-compose.yml", "--listen=127.0.0.1:8000", "--listen=0.0.0.0:8000")
             c.edit("deploy/compose/docker-compose.cpu.yml", "service_completed_successfully", "service_started")
             rc, out = run_checker("check_compose.py", *args)
             self.assertEqual(rc, 1)
@@ -147,6 +148,7 @@ class CheckersOnBrokenCopiesTest(unittest.TestCase):
             self.assertIn("must run with --worker=worker-1", out)
             self.assertIn("the services expose", out)
             self.assertIn("must wait for model-init", out)
+            self.assertIn("frontend: --listen=0.0.0.0:8000 must bind 127.0.0.1", out)
 
     def test_runbooks(self):
         with BrokenCopy() as c:
