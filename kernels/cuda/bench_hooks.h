@@ -23,7 +23,7 @@ void SetDenseGemvSliceOverride(int tiles);
 
 // Forces the GEMV LinearForward runs for m <= 48 on the native path: 1 the one-launch
 // DenseGemvKernel, 2 the three launches (input transform, GroupedGemvKernel, output transform);
-// 0 restores the rule (PlanDenseGemv, linear.cu).
+// 0 restores the rule (PlanDenseGemv, gemv_plan.cu).
 void SetGemvPathOverride(int path);
 
 // The GEMV path LinearForward's native path takes for m rows of a k x n layer of bit width K on

@@ -1,8 +1,8 @@
-// One-launch EXL3 linear layer for decode-sized inputs (rows <= kGemvMaxRows, backend_internal.h):
+// One-launch EXL3 linear layer for decode-sized inputs (rows <= kGemvMaxRows, gemv_plan.h):
 //   y[r] = ((fp16((x[r] ⊙ suh) · H) · W_inner) · H) ⊙ svh (+ bias)
 // with H the block-diagonal Hadamard-128 / sqrt(128) (transform_kernels.cuh). The input transform,
 // the trellis GEMV (GemvWarpSlice, gemv_kernel.cuh) and the output transform run in one kernel, so a
-// layer costs one launch instead of three (linear.cu's InputTransformKernel / OutputTransformKernel
+// layer costs one launch instead of three (linear_kernels.cu's InputTransformKernel / OutputTransformKernel
 // remain for the prefill GEMM and the reference path).
 //
 // Work unit (one block of kGemvWarps = 8 warps): one chunk of <= 8 rows, one 128-column block (one

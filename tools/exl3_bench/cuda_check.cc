@@ -442,7 +442,7 @@ int Main(int argc, char** argv) {
         CheckLinear(5120, 2304, K, K == 3 ? Codebook::k3Inst : Codebook::kMcg, {1, 8, 40}, false, &ws);
       }
       for (int slice : {1, 3, 7, 13, 24}) CheckLinear(5120, 2304, 2, Codebook::kMcg, {1, 6, 48}, true, &ws, slice);
-      // Shapes where the path rule (PlanDenseGemv, kernels/cuda/linear.cu) takes either path by m,
+      // Shapes where the path rule (PlanDenseGemv, kernels/cuda/gemv_plan.cu) takes either path by m,
       // and the one-launch kernel forced where the rule takes the three launches.
       CheckLinear(4096, 4096, 2, Codebook::kMcg, {1, 2, 8, 32}, true, &ws);
       CheckLinear(5120, 5120, 3, Codebook::kMcg, {1, 2, 8, 32}, false, &ws);
