@@ -25,30 +25,18 @@
 #include "kernels/cuda/moe_kernels.h"
 #include "kernels/cuda/moe_layer.h"
 #include "kernels/cuda/moe_reference.h"
+#include "kernels/cuda/moe_workspace.h"
 #include "kernels/cuda/workspace.h"
 
 namespace exl3::cuda {
 
-namespace {
-
-size_t Align(size_t x) { return (x + 255) & ~size_t{255}; }
-
-}  // namespace
-
 struct MoeRunner::Impl {
   const DeviceMoeLayer::Impl* L = nullptr;
-  int max_tokens = 0, topk = 0, max_chunks = 0;
+  int max_tokens = 0, topk = 0;
   Path path = Path::kNative;
   int sm_count = 0;
-  void* block = nullptr;
-  RouteOut route{};
-  MoeBuffers buf{};
-  int32_t* ids = nullptr;  // host-routing staging
-  float* weights = nullptr;
-  Workspace ref_ws;        // reference path: cuBLAS handle and dequant scratch
-  ~Impl() {
-    if (block) cudaFree(block);
-  }
+  MoeWorkspace ws;   // routing, activations, host-routing staging
+  Workspace ref_ws;  // reference path: cuBLAS handle and dequant scratch
   absl::Status Projections(bool first, const GemvProblem* probs, const ProjTable* const* tables, int count,
                            int T, cudaStream_t stream);
 };
@@ -70,51 +58,15 @@ absl::StatusOr<std::unique_ptr<MoeRunner>> MoeRunner::Create(const DeviceMoeLaye
   EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&R.sm_count, cudaDevAttrMultiProcessorCount, dev));
   EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev));
   R.path = ResolvePath(path, cc, "moe");
-  const size_t A = static_cast<size_t>(max_tokens) * top_k;  // routed slots
-  const size_t T = max_tokens;
   const int H = R.L->hidden, I = R.L->inter, SI = std::max(R.L->shared_inter, 128);
-  R.max_chunks = static_cast<int>(A) + R.L->num_experts;
-  size_t sizes[] = {
-      A * 4, A * 4, A * 4, A * 4,                                // slot_token, expert, weight, assign_slot
-      size_t(R.max_chunks) * 4 * 3, 64,                          // chunks, counts
-      A * H * 2, A * H * 2, A * I * 4, A * I * 4, A * I * 2, A * H * 4,          // routed
-      T * H * 2, T * H * 2, T * SI * 4, T * SI * 4, T * SI * 2, T * H * 4, T * 4,  // shared
-      A * 4, A * 4,                                              // host-routing staging
-  };
-  size_t total = 0;
-  for (size_t s : sizes) total += Align(s);
-  EXL3_CUDA_RETURN_IF_ERROR(cudaMalloc(&R.block, total));
-  char* p = static_cast<char*>(R.block);
-  int i = 0;
-  auto next = [&]() {
-    char* q = p;
-    p += Align(sizes[i++]);
-    return q;
-  };
-  R.route.slot_token = reinterpret_cast<int*>(next());
-  R.route.slot_expert = reinterpret_cast<int*>(next());
-  R.route.slot_weight = reinterpret_cast<float*>(next());
-  R.route.assign_slot = reinterpret_cast<int*>(next());
-  R.route.chunk_expert = reinterpret_cast<int*>(next());
-  R.route.chunk_row0 = R.route.chunk_expert + R.max_chunks;
-  R.route.chunk_rows = R.route.chunk_row0 + R.max_chunks;
-  R.route.counts = reinterpret_cast<int*>(next());
-  R.buf.a_gate = reinterpret_cast<__half*>(next());
-  R.buf.a_up = reinterpret_cast<__half*>(next());
-  R.buf.y_gate = reinterpret_cast<float*>(next());
-  R.buf.y_up = reinterpret_cast<float*>(next());
-  R.buf.a_down = reinterpret_cast<__half*>(next());
-  R.buf.y_down = reinterpret_cast<float*>(next());
-  R.buf.sa_gate = reinterpret_cast<__half*>(next());
-  R.buf.sa_up = reinterpret_cast<__half*>(next());
-  R.buf.sy_gate = reinterpret_cast<float*>(next());
-  R.buf.sy_up = reinterpret_cast<float*>(next());
-  R.buf.sa_down = reinterpret_cast<__half*>(next());
-  R.buf.sy_down = reinterpret_cast<float*>(next());
-  R.buf.shared_scale = reinterpret_cast<float*>(next());
-  R.ids = reinterpret_cast<int32_t*>(next());
-  R.weights = reinterpret_cast<float*>(next());
-  EXL3_CUDA_RETURN_IF_ERROR(cudaMemset(R.block, 0, total));
+  MoeWorkspaceShape shape;
+  shape.max_tokens = max_tokens;
+  shape.top_k = top_k;
+  shape.hidden = H;
+  shape.inter = I;
+  shape.shared_inter = SI;
+  shape.num_experts = R.L->num_experts;
+  EXL3_RETURN_IF_ERROR(R.ws.Allocate(shape));
   if (R.path == Path::kReference) {
     EXL3_RETURN_IF_ERROR(PrepareReferenceWorkspace(*R.ref_ws.impl(), H, I, SI));
   }
@@ -126,7 +78,7 @@ absl::StatusOr<std::unique_ptr<MoeRunner>> MoeRunner::Create(const DeviceMoeLaye
 // ReferenceProjections (moe_reference.h).
 absl::Status MoeRunner::Impl::Projections(bool gemm, const GemvProblem* probs, const ProjTable* const* tables,
                                           int count, int T, cudaStream_t stream) {
-  if (path == Path::kReference) return ReferenceProjections(*ref_ws.impl(), route, probs, tables, count, stream);
+  if (path == Path::kReference) return ReferenceProjections(*ref_ws.impl(), ws.route, probs, tables, count, stream);
   std::vector<bool> done(count, false);
   for (int i = 0; i < count; ++i) {
     if (done[i]) continue;
@@ -136,7 +88,7 @@ absl::Status MoeRunner::Impl::Projections(bool gemm, const GemvProblem* probs, c
       if (done[j] || tables[j]->bits != tables[i]->bits || tables[j]->cb != tables[i]->cb) continue;
       done[j] = true;
       GemvProblem q = probs[j];
-      const int chunks = q.chunk_expert ? std::min(max_chunks, T * topk) : (q.rows + kGemvRows - 1) / kGemvRows;
+      const int chunks = q.chunk_expert ? std::min(ws.max_chunks, T * topk) : (q.rows + kGemvRows - 1) / kGemvRows;
       q.k_tiles_per_unit = GemvKTilesPerUnit(q.k, q.n, std::max(1, std::min(chunks, L->held)), sm_count);
       units += static_cast<long>(q.chunk_expert ? std::min(L->held, T * topk) : (q.rows + kGemmBM - 1) / kGemmBM) *
                (q.n / 128);
@@ -167,10 +119,10 @@ absl::Status MoeRunner::Forward(const float* x, int T, const int32_t* ids, const
   const bool gemm = R.path == Path::kNative && T > 64;
   const int chunk = gemm ? kGemmBM : kGemvRows;
   EXL3_RETURN_IF_ERROR(LaunchRoute(ids, weights, T * R.topk, R.topk, L.num_experts,
-                                   static_cast<const uint16_t* const*>(L.gate.trellis), chunk, R.route, stream));
+                                   static_cast<const uint16_t* const*>(L.gate.trellis), chunk, R.ws.route, stream));
   MoeDims d{T, R.topk, L.hidden, L.inter, shared ? L.shared_inter : 0, L.limit, L.shared_limit, shared ? 1 : 0};
   const int rows = T * R.topk + (shared ? T : 0);
-  EXL3_RETURN_IF_ERROR(LaunchMoeInput(rows, x, d, L.gate, L.up, L.sgate, L.sup, L.shared_gate_vec, R.route, R.buf,
+  EXL3_RETURN_IF_ERROR(LaunchMoeInput(rows, x, d, L.gate, L.up, L.sgate, L.sup, L.shared_gate_vec, R.ws.route, R.ws.buf,
                                       stream));
 
   auto routed = [&](const ProjTable& t, const __half* a, float* y) {
@@ -178,10 +130,10 @@ absl::Status MoeRunner::Forward(const float* x, int T, const int32_t* ids, const
     q.trellis = t.trellis;
     q.a = a;
     q.y = y;
-    q.chunk_expert = R.route.chunk_expert;
-    q.chunk_row0 = R.route.chunk_row0;
-    q.chunk_rows = R.route.chunk_rows;
-    q.num_chunks = R.route.counts + 1;
+    q.chunk_expert = R.ws.route.chunk_expert;
+    q.chunk_row0 = R.ws.route.chunk_row0;
+    q.chunk_rows = R.ws.route.chunk_rows;
+    q.num_chunks = R.ws.route.counts + 1;
     q.k = t.k;
     q.n = t.n;
     return q;
@@ -199,21 +151,21 @@ absl::Status MoeRunner::Forward(const float* x, int T, const int32_t* ids, const
   GemvProblem probs[4];
   const ProjTable* tabs[4];
   int np = 0;
-  probs[np] = routed(L.gate, R.buf.a_gate, R.buf.y_gate); tabs[np++] = &L.gate;
-  probs[np] = routed(L.up, R.buf.a_up, R.buf.y_up); tabs[np++] = &L.up;
+  probs[np] = routed(L.gate, R.ws.buf.a_gate, R.ws.buf.y_gate); tabs[np++] = &L.gate;
+  probs[np] = routed(L.up, R.ws.buf.a_up, R.ws.buf.y_up); tabs[np++] = &L.up;
   if (shared) {
-    probs[np] = shared_prob(L.sgate, R.buf.sa_gate, R.buf.sy_gate); probs[np].single = L.sgate.host_trellis[0]; tabs[np++] = &L.sgate;
-    probs[np] = shared_prob(L.sup, R.buf.sa_up, R.buf.sy_up); probs[np].single = L.sup.host_trellis[0]; tabs[np++] = &L.sup;
+    probs[np] = shared_prob(L.sgate, R.ws.buf.sa_gate, R.ws.buf.sy_gate); probs[np].single = L.sgate.host_trellis[0]; tabs[np++] = &L.sgate;
+    probs[np] = shared_prob(L.sup, R.ws.buf.sa_up, R.ws.buf.sy_up); probs[np].single = L.sup.host_trellis[0]; tabs[np++] = &L.sup;
   }
   EXL3_RETURN_IF_ERROR(R.Projections(gemm, probs, tabs, np, T, stream));
-  EXL3_RETURN_IF_ERROR(LaunchMoeMid(rows, d, L.gate, L.up, L.down, L.sgate, L.sup, L.sdown, R.route, R.buf, stream));
+  EXL3_RETURN_IF_ERROR(LaunchMoeMid(rows, d, L.gate, L.up, L.down, L.sgate, L.sup, L.sdown, R.ws.route, R.ws.buf, stream));
   np = 0;
-  probs[np] = routed(L.down, R.buf.a_down, R.buf.y_down); tabs[np++] = &L.down;
+  probs[np] = routed(L.down, R.ws.buf.a_down, R.ws.buf.y_down); tabs[np++] = &L.down;
   if (shared) {
-    probs[np] = shared_prob(L.sdown, R.buf.sa_down, R.buf.sy_down); probs[np].single = L.sdown.host_trellis[0]; tabs[np++] = &L.sdown;
+    probs[np] = shared_prob(L.sdown, R.ws.buf.sa_down, R.ws.buf.sy_down); probs[np].single = L.sdown.host_trellis[0]; tabs[np++] = &L.sdown;
   }
   EXL3_RETURN_IF_ERROR(R.Projections(gemm, probs, tabs, np, T, stream));
-  EXL3_RETURN_IF_ERROR(LaunchMoeCombine(d, L.down, L.sdown, R.route, R.buf, out, stream));
+  EXL3_RETURN_IF_ERROR(LaunchMoeCombine(d, L.down, L.sdown, R.ws.route, R.ws.buf, out, stream));
   return absl::OkStatus();
 }
 
@@ -225,9 +177,9 @@ absl::Status MoeRunner::ForwardHostRouting(const float* x, int T, const int32_t*
   }
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   const size_t n = static_cast<size_t>(T) * R.topk;
-  EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(R.ids, ids, n * 4, cudaMemcpyHostToDevice, stream));
-  EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(R.weights, weights, n * 4, cudaMemcpyHostToDevice, stream));
-  return Forward(x, T, R.ids, R.weights, out, stream_handle, include_shared);
+  EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(R.ws.ids, ids, n * 4, cudaMemcpyHostToDevice, stream));
+  EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(R.ws.weights, weights, n * 4, cudaMemcpyHostToDevice, stream));
+  return Forward(x, T, R.ws.ids, R.ws.weights, out, stream_handle, include_shared);
 }
 
 }  // namespace exl3::cuda
