@@ -14,12 +14,12 @@ namespace exl3::cuda {
 int GemvKTilesPerUnit(int k, int n, int chunks, int sm_count) {
   const int k_tiles = k / 16;
   const long col_groups = n / (16 * kGemvNT);
-  const long target = static_cast<long>(sm_count) * 24 * 2;  // ~2 units per resident warp (3 blocks x 8 warps per SM)
+  const long target = static_cast<long>(sm_count) * kGemvBlocksPerSm * kGemvWarps * kGemvUnitsPerWarp;
   long slices = target / std::max<long>(1, chunks * col_groups);
   slices = std::clamp<long>(slices, 1, std::max(1, k_tiles / 4));
   return static_cast<int>((k_tiles + slices - 1) / slices);
 }
-int GemvGrid(int sm_count) { return sm_count * 3; }
+int GemvGrid(int sm_count) { return sm_count * kGemvBlocksPerSm; }
 
 namespace {
 std::atomic<int> g_dense_slice_override{0};
@@ -61,7 +61,7 @@ int DenseGemvSliceTiles(int K, int rows, int k_tiles, long base_units, int sm_co
   }
   return best;
 }
-// Which GEMV LinearForward runs for m <= kGemvMaxRows rows (native path): the one-launch
+// Which GEMV LinearForward runs for m <= kLinearGemvMaxRows rows (native path): the one-launch
 // DenseGemvKernel or the three launches (input transform, GroupedGemvKernel, output transform).
 // Read from exl3-bench gemv on an H200 (bench/results/h200.md, 2026-12-01, both paths forced in the
 // same run; m = 1, 2, 4, 8, 16, 32 at seven shapes), in terms of the one-launch configuration that
@@ -104,10 +104,12 @@ DenseGemvPlan PlanDenseGemv(int m, int k, int n, int K, int sm_count) {
 }
 
 int GemvPathFor(int m, int k, int n, int K, int sm_count) {
-  if (m > kGemvMaxRows) return 0;
+  if (m > kLinearGemvMaxRows) return 0;
   return PlanDenseGemv(m, k, n, K, sm_count).one_launch ? 1 : 2;
 }
 
-int GemmGrid(int sm_count, long units) { return static_cast<int>(std::min<long>(units, sm_count * 2L)); }
+int GemmGrid(int sm_count, long units) {
+  return static_cast<int>(std::min<long>(units, static_cast<long>(sm_count) * kGemmBlocksPerSm));
+}
 
 }  // namespace exl3::cuda

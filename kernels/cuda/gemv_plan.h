@@ -4,10 +4,26 @@
 
 namespace exl3::cuda {
 
-// Rows at or below which the native path uses the 16-row GEMV rather than the prefill GEMM.
-inline constexpr int kGemvMaxRows = 48;
+// Which kernel the native path runs by row count. The GEMVs work in chunks of kGemvRows (8) rows,
+// the prefill GEMM in chunks of kGemmBM (128) rows (gemv_kernel.cuh).
+// LinearForward: m <= kLinearGemvMaxRows rows -> a GEMV (one launch or three: PlanDenseGemv),
+// more -> the prefill GEMM.
+inline constexpr int kLinearGemvMaxRows = 48;
+// MoeRunner: T <= kMoeGemvMaxTokens tokens -> the grouped GEMV (experts see few rows each), more
+// -> the grouped GEMM.
+inline constexpr int kMoeGemvMaxTokens = 64;
 
-// Picks the k-slice length for a GEMV problem so that about `target_units` warp units exist.
+// Persistent grids: blocks per SM (the kernels' __launch_bounds__ minimum blocks: 3 for
+// GroupedGemvKernel and DenseGemvKernel, 2 for GroupedGemmKernel).
+inline constexpr int kGemvBlocksPerSm = 3;
+inline constexpr int kGemmBlocksPerSm = 2;
+// GEMV work units wanted per resident warp when choosing the k-slice length.
+inline constexpr int kGemvUnitsPerWarp = 2;
+// DequantKernel's grid (grid-stride over tiles): twice the 132 SMs of an H100/H200.
+inline constexpr int kDequantGrid = 264;
+
+// Picks the k-slice length (16-row tiles) for a GEMV problem of `chunks` row chunks so that about
+// kGemvUnitsPerWarp work units exist per resident warp of the grid.
 int GemvKTilesPerUnit(int k, int n, int chunks, int sm_count);
 int GemvGrid(int sm_count);
 // k-slice length (16-row tiles) of the one-launch GEMV (dense_gemv_kernel.cuh) at bit width K for

@@ -22,7 +22,7 @@ namespace exl3::cuda {
 absl::Status DequantizeInnerDevice(const Exl3LinearView& w, uint16_t* out, StreamHandle stream) {
   EXL3_RETURN_IF_ERROR(ValidateLinear(w));
   EXL3_RETURN_IF_ERROR(DispatchDequant(w.bits, static_cast<int>(w.codebook), w.trellis, w.in_features,
-                                       w.out_features, out, 264, static_cast<cudaStream_t>(stream)));
+                                       w.out_features, out, kDequantGrid, static_cast<cudaStream_t>(stream)));
   EXL3_CUDA_CHECK_LAUNCH("DequantKernel");
   return absl::OkStatus();
 }
@@ -37,7 +37,7 @@ absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   const int k = w.in_features, n = w.out_features;
   const Path p = ResolvePath(path, s.cc_major, "linear");
-  const bool gemv = p == Path::kNative && m <= kGemvMaxRows;
+  const bool gemv = p == Path::kNative && m <= kLinearGemvMaxRows;
   const DenseGemvPlan plan = gemv ? PlanDenseGemv(m, k, n, w.bits, s.sm_count) : DenseGemvPlan{};
   if (gemv && plan.one_launch) {
     // One launch: input transform, GEMV and output transform (dense_gemv_kernel.cuh).

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/moe_kernels.h"
 
 namespace exl3::cuda {
 
@@ -110,7 +111,9 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const Moe
   L.has_shared = host.shared != nullptr;
   L.shared_inter = host.shared_intermediate_size;
   L.shared_limit = host.shared_swiglu_limit;
-  if (L.num_experts > 2048) return absl::UnimplementedError("CUDA MoE supports at most 2048 experts");
+  if (L.num_experts > kMaxExperts) {
+    return absl::UnimplementedError(absl::StrCat("CUDA MoE supports at most ", kMaxExperts, " experts"));
+  }
   // Sizes: tables (3 proj x 4 arrays x (E + 1) pointers), expert tensors, shared gate vector.
   const size_t table_entries = static_cast<size_t>(L.num_experts) + 1;
   size_t total = Align(6 * 4 * table_entries * sizeof(void*));

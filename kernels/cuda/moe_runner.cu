@@ -37,7 +37,7 @@ struct MoeRunner::Impl {
   int sm_count = 0;
   MoeWorkspace ws;   // routing, activations, host-routing staging
   Workspace ref_ws;  // reference path: cuBLAS handle and dequant scratch
-  absl::Status Projections(bool first, const GemvProblem* probs, const ProjTable* const* tables, int count,
+  absl::Status Projections(bool gemm, const GemvProblem* probs, const ProjTable* const* tables, int count,
                            int T, cudaStream_t stream);
 };
 
@@ -116,7 +116,7 @@ absl::Status MoeRunner::Forward(const float* x, int T, const int32_t* ids, const
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   const bool shared = include_shared && L.has_shared;
   // Chunks of 8 rows (GEMV) while experts see few tokens; 128-row chunks (prefill GEMM) beyond.
-  const bool gemm = R.path == Path::kNative && T > 64;
+  const bool gemm = R.path == Path::kNative && T > kMoeGemvMaxTokens;
   const int chunk = gemm ? kGemmBM : kGemvRows;
   EXL3_RETURN_IF_ERROR(LaunchRoute(ids, weights, T * R.topk, R.topk, L.num_experts,
                                    static_cast<const uint16_t* const*>(L.gate.trellis), chunk, R.ws.route, stream));

@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/gemv_plan.h"
 #include "kernels/cuda/kernel_dispatch.h"
 
 namespace exl3::cuda {
@@ -14,7 +15,7 @@ absl::Status CublasStatus(cublasStatus_t s, const char* what) {
 
 absl::Status ReferenceGemm(cublasHandle_t h, const uint16_t* trellis, int k, int n, int K, int cb,
                            const __half* a, int rows, float* y, uint16_t* scratch, cudaStream_t stream) {
-  EXL3_RETURN_IF_ERROR(DispatchDequant(K, cb, trellis, k, n, scratch, 264, stream));
+  EXL3_RETURN_IF_ERROR(DispatchDequant(K, cb, trellis, k, n, scratch, kDequantGrid, stream));
   EXL3_CUDA_CHECK_LAUNCH("DequantKernel");
   EXL3_RETURN_IF_ERROR(CublasStatus(cublasSetStream(h, stream), "cublasSetStream"));
   const float alpha = 1.f, beta = 0.f;
