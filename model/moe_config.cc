@@ -212,6 +212,19 @@ absl::StatusOr<MoeConfig> ParseMoeConfig(std::string_view json_text, std::string
       for (int l = 0; l < c.num_hidden_layers; ++l) {
         c.moe_layers[l] = l >= first_dense && l % freq == 0;
       }
+      // GlmMoeDsaConfig writes the layout per layer ("dense" / "sparse"); transformers builds
+      // the layers from it, so it wins over first_k_dense_replace.
+      if (r.Has("mlp_layer_types")) {
+        const json& types = j["mlp_layer_types"];
+        if (!types.is_array() || types.size() != static_cast<size_t>(c.num_hidden_layers))
+          return r.Bad("mlp_layer_types", "is not a list of one entry per layer");
+        for (int l = 0; l < c.num_hidden_layers; ++l) {
+          const json& t = types[l];
+          if (!t.is_string() || (t != "dense" && t != "sparse"))
+            return r.Bad("mlp_layer_types", "holds an entry other than \"dense\" or \"sparse\"");
+          c.moe_layers[l] = t == "sparse";
+        }
+      }
       c.norm_topk_prob = true;
       EXL3_RETURN_IF_ERROR(r.OptBool("norm_topk_prob", &c.norm_topk_prob));
       EXL3_RETURN_IF_ERROR(r.OptFloat("routed_scaling_factor", &c.routed_scaling_factor));
