@@ -27,7 +27,7 @@ namespace exl3 {
 
 enum class MoeFamily { kGlm, kDeepseekV3, kDeepseekV4, kQwen3Moe, kQwen3Next, kMixtral };
 
-// How router logits become scores (EXL3_FORMAT.md, "Routing functions").
+// How router logits become scores (docs/format.md, "Routing functions").
 enum class ScoringFunc {
   kSoftmax,       // Qwen3-MoE, Qwen3-Next, Mixtral
   kSigmoid,       // GLM-4.x/5.x, DeepSeek-V3 (with correction bias, groups)

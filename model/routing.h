@@ -1,4 +1,4 @@
-// Expert routing exactly as the model families define it (EXL3_FORMAT.md, "Routing functions").
+// Expert routing exactly as the model families define it (docs/format.md, "Routing functions").
 //
 // Usage:
 //   std::vector<int32_t> ids(T * cfg.top_k);

@@ -50,7 +50,7 @@ ABSL_FLAG(std::string, stats_cache, "",
 
 namespace {
 
-// exllamav3's own encoder on an H200 (EXL3_FORMAT.md, "Encoder quality anchor"): [K-1][cb].
+// exllamav3's own encoder on an H200 (docs/format.md, "Encoder quality anchor"): [K-1][cb].
 constexpr double kAnchor[8][3] = {
     {2.684e-1, 2.681e-1, 2.738e-1}, {6.910e-2, 6.875e-2, 6.866e-2},
     {1.781e-2, 1.747e-2, 1.745e-2}, {4.628e-3, 4.541e-3, 4.468e-3},

@@ -1,5 +1,5 @@
 // Statistical comparison of the trellis encoder with a one-sample quality anchor (exllamav3's
-// MSE on 2048 Gaussian tiles, EXL3_FORMAT.md): per-tile errors on many tiles, the expected MSE with
+// MSE on 2048 Gaussian tiles, docs/format.md): per-tile errors on many tiles, the expected MSE with
 // a standard error (control variates on the sample's extreme values, whose expectations are known
 // in closed form), and the sampling distribution of "best-of-grid MSE on 2048 tiles" by bootstrap,
 // with the anchor's percentile in it. Part of exl3-encoder-bench (--stats).

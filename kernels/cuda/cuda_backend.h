@@ -94,8 +94,10 @@ class Workspace {
 };
 
 // y [m, n] fp32 = x [m, k] fp32 · W (+ bias), all pointers device memory, w.view() device pointers.
-// Native: input transform, tensor-core GEMV (m <= 64 per pass of 16-row chunks) or the prefill GEMM
-// (m > 64), output transform. Reference: same transforms, W_inner dequantised to fp16 + cuBLAS.
+// Native: m <= 48 rows: tensor-core GEMV in chunks of 8 rows, as one launch (DenseGemvKernel) or as
+// input transform, GEMV and output transform, whichever measured faster for the shape; m > 48:
+// input transform, prefill GEMM (128-row chunks), output transform. Reference: the same
+// transforms, W_inner dequantised to fp16 + cuBLAS. (Thresholds: gemv_plan.h.)
 absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float* y,
                            Workspace* ws, StreamHandle stream = nullptr, Path path = Path::kAuto);
 

@@ -31,7 +31,7 @@ struct GemvProblem {
   const uint16_t* single = nullptr;          // the trellis when chunks are implicit (one expert)
   const __half* a = nullptr;                 // [rows, k] fp16, transformed input
   float* y = nullptr;                        // [rows, n] fp32, accumulated atomically
-  // Row chunks. With chunk_expert null: implicit chunks of 16 rows over `rows`, expert 0.
+  // Row chunks. With chunk_expert null: implicit chunks of kGemvRows rows over `rows`, expert 0.
   const int* chunk_expert = nullptr;
   const int* chunk_row0 = nullptr;
   const int* chunk_rows = nullptr;

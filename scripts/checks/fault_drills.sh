@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fault drills of issue 13 end to end (tests/services/router/fault_drills.py): kill -9 of a
+# The fault drills end to end (tests/services/router/fault_drills.py): kill -9 of a
 # replicated worker under exl3-loadgen load, kill -9 of the only holder of some experts and its
 # restart, SIGSTOP of a worker over shared memory and over gRPC, SIGTERM drain of the router under
 # load, corrupt models refused at load, model files truncated under a serving worker. Real

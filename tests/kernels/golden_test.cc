@@ -1,4 +1,4 @@
-// The CPU decoder against exllamav3's own CUDA decode (tests/golden, copied from shared/golden).
+// The CPU decoder against exllamav3's own CUDA decode (tests/golden; docs/format.md, "Golden vectors").
 #include <cmath>
 #include <cstdio>
 #include <string>

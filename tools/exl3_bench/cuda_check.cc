@@ -17,6 +17,7 @@
 
 #include "kernels/cuda/bench_hooks.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/gemv_plan.h"
 #include "kernels/exl3_linear.h"
 #include "kernels/moe_cpu.h"
 #include "tools/exl3_bench/exit_on_error.h"
@@ -106,7 +107,8 @@ void ParallelRows(int n, F fn) {
 
 // ---------------------------------------------------------------------------------------------
 // slice > 0 forces the one-launch GEMV's k-slice length (16-row tiles; bench_hooks.h); gemv_path
-// 1 / 2 forces the one-launch / three-launch GEMV for m <= 48 (0: LinearForward's shape rule).
+// 1 / 2 forces the one-launch / three-launch GEMV for m <= kLinearGemvMaxRows (0: LinearForward's
+// shape rule).
 void CheckLinear(int k, int n, int K, Codebook cb, const std::vector<int>& ms, bool bias,
                  cuda::Workspace* ws, int slice = 0, int gemv_path = 0) {
   cuda::SetDenseGemvSliceOverride(slice);
@@ -147,7 +149,7 @@ void CheckLinear(int k, int n, int K, Codebook cb, const std::vector<int>& ms, b
     float* dy = nullptr;
     CK(cudaMalloc(&dy, ref.size() * 4));
     // The native GEMV runs twice: its workspace must be left zero for the next call.
-    const int native_runs = m <= 48 ? 2 : 1;
+    const int native_runs = m <= cuda::kLinearGemvMaxRows ? 2 : 1;
     for (cuda::Path p : {cuda::Path::kNative, cuda::Path::kReference}) {
       for (int run = 0; run < (p == cuda::Path::kNative ? native_runs : 1); ++run) {
         CK(cudaMemset(dy, 0xff, ref.size() * 4));
@@ -155,8 +157,8 @@ void CheckLinear(int k, int n, int K, Codebook cb, const std::vector<int>& ms, b
         CK(cudaDeviceSynchronize());
         const auto got = Fetch(dy, ref.size());
         const std::string kernel = p == cuda::Path::kReference ? "linear-reference"
-                                   : m <= 48                   ? "gemv"
-                                                               : "gemm";
+                                   : m <= cuda::kLinearGemvMaxRows ? "gemv"
+                                                                   : "gemm";
         Record(kernel, RelErr(got.data(), ref.data(), ref.size()),
                shape + slice_note + " m=" + std::to_string(m) + (run ? " again" : ""));
       }
@@ -325,7 +327,9 @@ void CheckMoe(const MoeCase& c, const std::vector<int>& token_counts, bool with_
         OK((*native)->Forward(dx, T, dids, dw, dout, nullptr, shared));
         CK(cudaDeviceSynchronize());
         auto got = Fetch(dout, ref.size());
-        Record(registered ? "moe-registered-host" : T > 64 ? "moe-native-prefill" : "moe-native",
+        Record(registered                     ? "moe-registered-host"
+               : T > cuda::kMoeGemvMaxTokens ? "moe-native-prefill"
+                                             : "moe-native",
                RelErr(got.data(), ref.data(), ref.size()), what);
         if (reference) {
           CK(cudaMemset(dout, 0xff, ref.size() * 4));
@@ -336,7 +340,7 @@ void CheckMoe(const MoeCase& c, const std::vector<int>& token_counts, bool with_
         }
       }
     }
-    if (graph && T <= 64) {
+    if (graph && T <= cuda::kMoeGemvMaxTokens) {
       // Capture once, replay with new inputs written into the same device buffers.
       cudaStream_t s;
       CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -442,7 +446,7 @@ int Main(int argc, char** argv) {
         CheckLinear(5120, 2304, K, K == 3 ? Codebook::k3Inst : Codebook::kMcg, {1, 8, 40}, false, &ws);
       }
       for (int slice : {1, 3, 7, 13, 24}) CheckLinear(5120, 2304, 2, Codebook::kMcg, {1, 6, 48}, true, &ws, slice);
-      // Shapes where the path rule (PlanDenseGemv, kernels/cuda/linear.cu) takes either path by m,
+      // Shapes where the path rule (PlanDenseGemv, kernels/cuda/gemv_plan.cu) takes either path by m,
       // and the one-launch kernel forced where the rule takes the three launches.
       CheckLinear(4096, 4096, 2, Codebook::kMcg, {1, 2, 8, 32}, true, &ws);
       CheckLinear(5120, 5120, 3, Codebook::kMcg, {1, 2, 8, 32}, false, &ws);

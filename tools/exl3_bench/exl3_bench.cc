@@ -175,7 +175,7 @@ void BenchGemv(const Ceilings& c) {
   struct Shape {
     int k, n;
   };
-  // 4096x4096 and 5120x5120: shapes where the path rule (PlanDenseGemv, kernels/cuda/linear.cu)
+  // 4096x4096 and 5120x5120: shapes where the path rule (PlanDenseGemv, kernels/cuda/gemv_plan.cu)
   // takes either path by m.
   const Shape shapes[] = {{4096, 14336}, {14336, 4096}, {4096, 2048}, {2048, 4096},
                           {5120, 2304},  {4096, 4096},  {5120, 5120}};

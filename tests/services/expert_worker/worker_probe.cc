@@ -2,7 +2,7 @@
 // Describe answer. Two uses:
 //   traffic:  exl3-worker-probe --target 127.0.0.1:50061 --requests 200 --streams 4
 //             (every answer must be OK; exit 1 otherwise)
-//   decode p99 under a long prefill (issue 5's starvation check):
+//   decode p99 under a long prefill (the batcher's starvation check):
 //             exl3-worker-probe --target ... --decode-streams 4 --duration-s 5 --prefill-tokens 65536
 //             measures per-layer decode (T=1) round trips on an idle worker, then again while one
 //             request of --prefill-tokens tokens runs through the same worker, and prints both.

@@ -1,6 +1,7 @@
-"""The fault drills of issue 13, end to end, with real processes on loopback (harness.Cluster: a
-test model; worker a holds experts 0-3 alone, b holds 4-7 with b2 its replica; a router), each
-drill on a fresh cluster, every wait bounded. Run by scripts/checks/fault_drills.sh:
+"""The fault drills (their figures: bench/results/faults.md), end to end, with real processes on
+loopback (harness.Cluster: a test model; worker a holds experts 0-3 alone, b holds 4-7 with b2 its
+replica; a router), each drill on a fresh cluster, every wait bounded. Run by
+scripts/checks/fault_drills.sh:
 
     python3 tests/services/router/fault_drills.py   (EXL3_BUILD_DIR, PYTHONPATH as for ctest)
 

@@ -10,6 +10,7 @@ import concurrent.futures
 import os
 import re
 import sys
+import tempfile
 import time
 import unittest
 import urllib.request
@@ -17,7 +18,7 @@ import urllib.request
 import grpc
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import Cluster, wait_for  # noqa: E402
+from harness import Cluster, make_test_model, wait_for  # noqa: E402
 
 from exl3serve.v1 import exl3serve_pb2 as pb  # noqa: E402
 from exl3serve.v1 import exl3serve_pb2_grpc as pbg  # noqa: E402
@@ -46,13 +47,30 @@ def scrape(metrics, name):
 
 
 class GenerateSystemTest(unittest.TestCase):
+    """Each case runs on a fresh cluster (setUp: a router holding the experts itself). The model
+    (seconds of CPU to make) and the expected answers to PROMPTS are made once, the answers by
+    a router of their own that is stopped before the first case."""
+
     @classmethod
     def setUpClass(cls):
-        cls.c = Cluster(whole_model=True)
-        cls.addClassCleanup(cls.c.stop)  # also when setUpClass fails
-        cls.embedded = cls.c.start_router(with_map=False)
-        cls.stub = pbg.GeneratorStub(grpc.insecure_channel(cls.embedded.address))
-        cls.expected = [generate(cls.stub, p) for p in PROMPTS]
+        cls.model_dir = tempfile.mkdtemp(prefix="exl3-generate-model-")
+        cls.model = os.path.join(cls.model_dir, "model")
+        make_test_model(cls.model, whole_model=True)
+        c = Cluster(model=cls.model)
+        try:
+            r = c.start_router(with_map=False)
+            with grpc.insecure_channel(r.address) as ch:
+                cls.expected = [generate(pbg.GeneratorStub(ch), p) for p in PROMPTS]
+        finally:
+            c.stop()
+
+    def setUp(self):
+        self.c = Cluster(model=self.model)
+        self.addCleanup(self.c.stop)
+        self.embedded = self.c.start_router(with_map=False)
+        channel = grpc.insecure_channel(self.embedded.address)
+        self.addCleanup(channel.close)
+        self.stub = pbg.GeneratorStub(channel)
 
     def test_describe_and_usage(self):
         d = self.stub.DescribeModel(pb.DescribeModelRequest(), timeout=5)
@@ -124,9 +142,8 @@ class GenerateSystemTest(unittest.TestCase):
         self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
 
     def test_workers_give_the_same_tokens_and_survive_faults(self):
-        # One test: the workers are started once, and the faults run last.
-        for name in ("a", "b", "b2"):
-            self.c.start_worker(name)
+        # One case: the workers are started once, and the faults run last.
+        self.c.start_workers(("a", "b", "b2"))
         # Two micro-batches: the MoE calls of one go out while the other's attention runs.
         r = self.c.start_router(extra=["--micro-batches", "2"])
         stub = pbg.GeneratorStub(grpc.insecure_channel(r.address))

@@ -113,6 +113,18 @@ class Proc:
         return wait_for(seen, timeout, f"/{pattern}/ in the log of {self.name}")
 
 
+def make_test_model(path, whole_model=False):
+    """Writes a test model directory at `path`. whole_model: a complete glm4_moe model (attention,
+    embeddings, head; 8 experts) from exl3-tool make-test-model, so a router runs the engine
+    (seconds of CPU: quantized at generation); else MoE layers only (exl3-test-model, instant)."""
+    if whole_model:
+        subprocess.run([os.path.join(BIN, "exl3-tool"), "make-test-model", "--arch", "glm4_moe",
+                        "--output", path, "--layers", "3", "--experts", "8", "--top-k", "2",
+                        "--quiet"], check=True)
+    else:
+        subprocess.run([os.path.join(BUILD, "tests", "exl3-test-model"), path], check=True)
+
+
 class Cluster:
     """Test model + expert map + workers + router. Workers: a (experts 0-3, alone),
     b (4-7) and b2 (replica_of b)."""
@@ -129,18 +141,16 @@ class Cluster:
     replica_of: b
 """
 
-    def __init__(self, worker_tls=None, whole_model=False):
-        """whole_model: a complete glm4_moe model (attention, embeddings, head; 8 experts) from
-        exl3-tool make-test-model, so the router runs the engine; else MoE layers only."""
+    def __init__(self, worker_tls=None, whole_model=False, model=None):
+        """A new test model (make_test_model, whole_model as there), or `model`: an existing
+        model directory that the cluster serves and leaves as it is (several clusters may share
+        one made once)."""
         self.dir = tempfile.mkdtemp(prefix="exl3-router-test-")
-        self.model = os.path.join(self.dir, "model")
-        if whole_model:
-            subprocess.run([os.path.join(BIN, "exl3-tool"), "make-test-model", "--arch", "glm4_moe",
-                            "--output", self.model, "--layers", "3", "--experts", "8", "--top-k",
-                            "2", "--quiet"], check=True)
+        if model is not None:
+            self.model = model
         else:
-            subprocess.run([os.path.join(BUILD, "tests", "exl3-test-model"), self.model],
-                           check=True)
+            self.model = os.path.join(self.dir, "model")
+            make_test_model(self.model, whole_model)
         self.ports = {n: free_port() for n in ("a", "b", "b2")}
         self.map_path = os.path.join(self.dir, "map.yaml")
         self.write_map(self.MAP)
@@ -153,29 +163,48 @@ class Cluster:
         with open(self.map_path, "w") as f:
             f.write(template.format(**self.ports))
 
+    def _spawn_worker(self, name, extra, model, attempt):
+        args = [os.path.join(BIN, "exl3-worker"), "--model", model or self.model, "--expert-map",
+                self.map_path, "--worker", name, "--listen", f"127.0.0.1:{self.ports[name]}",
+                "--metrics-listen", "127.0.0.1:0", "--progress=false", "--mlock=false",
+                "--threads", "1", *self.worker_tls, *extra]
+        w = Proc(f"worker-{name}-{len(self.workers)}-{attempt}-{time.time():.0f}", args, self.dir)
+        self.workers[name] = w
+        return w
+
+    def _listening(self, name, w):
+        """Waits until worker process `w` listens; False when its port was taken meanwhile by
+        another process and may be replaced (no router has read the map yet): the caller
+        retries on a fresh port."""
+        try:
+            w.wait_for_log(r"serving on ")
+            return True
+        except ProcessExited:
+            if "address in use" not in w.text() or self.routers:
+                raise
+            w.stop()
+            self.ports[name] = free_port()
+            self.write_map(self.map_template)
+            return False
+
     def start_worker(self, name, extra=(), model=None):
         """Starts worker `name` on its port from the map and waits until it listens (model: a
         model directory other than the cluster's, e.g. a copy of it). Before any router has
         read the map, a port another process took meanwhile is replaced by a fresh one
         (free_port() cannot reserve it)."""
         for attempt in range(5):
-            args = [os.path.join(BIN, "exl3-worker"), "--model", model or self.model, "--expert-map",
-                    self.map_path, "--worker", name, "--listen", f"127.0.0.1:{self.ports[name]}",
-                    "--metrics-listen", "127.0.0.1:0", "--progress=false", "--mlock=false",
-                    "--threads", "1", *self.worker_tls, *extra]
-            w = Proc(f"worker-{name}-{len(self.workers)}-{attempt}-{time.time():.0f}", args,
-                     self.dir)
-            self.workers[name] = w
-            try:
-                w.wait_for_log(r"serving on ")
+            w = self._spawn_worker(name, extra, model, attempt)
+            if self._listening(name, w):
                 return w
-            except ProcessExited:
-                if "address in use" not in w.text() or self.routers:
-                    raise
-                w.stop()
-                self.ports[name] = free_port()
-                self.write_map(self.map_template)
         raise AssertionError(f"worker {name}: no free port after 5 attempts")
+
+    def start_workers(self, names=("a", "b", "b2")):
+        """start_worker for several workers at once: all are started before the first is
+        waited for, so their model loads overlap."""
+        started = {n: self._spawn_worker(n, (), None, 0) for n in names}
+        for n, w in started.items():
+            if not self._listening(n, w):
+                self.start_worker(n)
 
     def start_router(self, extra=(), tls=(), with_map=True):
         """Starts a router on ports the kernel picks and waits until it listens; .address and

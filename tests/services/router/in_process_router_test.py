@@ -14,14 +14,14 @@ PROBE = os.path.join(BUILD, "tests", "exl3-in-process-probe")
 
 
 class InProcessRouterTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.c = Cluster()
-        cls.addClassCleanup(cls.c.stop)  # also when setUpClass fails
-        cls.c.write_map("workers:\n  - name: a\n    address: 127.0.0.1:{a}\n    experts: all\n")
-        cls.w = cls.c.start_worker("a")
+    def setUp(self):
+        """A fresh cluster per case (test model and map); the first case starts its worker."""
+        self.c = Cluster()
+        self.addCleanup(self.c.stop)
+        self.c.write_map("workers:\n  - name: a\n    address: 127.0.0.1:{a}\n    experts: all\n")
 
     def test_bad_input_in_band_and_cancel(self):
+        self.w = self.c.start_worker("a")
         p = subprocess.Popen([PROBE, self.c.model, self.c.map_path, "--cancel"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)

@@ -29,19 +29,16 @@ def ready(client):
 
 
 class PythonClientTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.c = Cluster()
-        cls.addClassCleanup(cls.c.stop)  # also when setUpClass fails
-        cls.c.write_map(ONE_WORKER)
-        cls.c.start_worker("a")
-        cls.r = cls.c.start_router()
-        cls.client = MoeRouterClient(cls.r.address)
-        wait_for(lambda: ready(cls.client), 20, "router ready")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.client.close()
+    def setUp(self):
+        """A fresh cluster per case: worker a holding every expert and a router."""
+        self.c = Cluster()
+        self.addCleanup(self.c.stop)
+        self.c.write_map(ONE_WORKER)
+        self.c.start_worker("a")
+        self.r = self.c.start_router()
+        self.client = MoeRouterClient(self.r.address)
+        self.addCleanup(self.client.close)
+        wait_for(lambda: ready(self.client), 20, "router ready")
 
     def test_describe(self):
         d = self.client.describe()
@@ -102,17 +99,22 @@ class PythonClientTest(unittest.TestCase):
 class TlsTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
+        # Certificates are files, made once; every case starts its own processes (setUp).
         cls.certs = make_certs(tempfile.mkdtemp(prefix="exl3-certs-"))
-        k = cls.certs
+
+    def setUp(self):
+        """A fresh cluster per case: worker a (mTLS server) and a router serving mTLS, with a
+        client certificate for the worker."""
+        k = self.certs
         server_mtls = ["--tls-cert", k["server_cert"], "--tls-key", k["server_key"],
                        "--tls-ca", k["ca"], "--tls-require-client-cert"]
-        cls.c = Cluster(worker_tls=server_mtls)
-        cls.addClassCleanup(cls.c.stop)  # also when setUpClass fails
-        cls.c.write_map(ONE_WORKER)
-        cls.c.start_worker("a")
+        self.c = Cluster(worker_tls=server_mtls)
+        self.addCleanup(self.c.stop)
+        self.c.write_map(ONE_WORKER)
+        self.c.start_worker("a")
         worker_client = ["--worker-tls-ca", k["ca"], "--worker-tls-cert", k["client_cert"],
                          "--worker-tls-key", k["client_key"]]
-        cls.r = cls.c.start_router(worker_client, tls=server_mtls)
+        self.r = self.c.start_router(worker_client, tls=server_mtls)
 
     def client(self, cert=None, key=None, ca=None):
         k = self.certs

@@ -1,4 +1,4 @@
-"""Faults of the resources under the services (issue 13, faults 9 and 10), with real processes on
+"""Faults of the resources under the services (model files, memory), with real processes on
 loopback (harness.Cluster: worker a holds experts 0-3 alone, b holds 4-7 with b2 its replica):
 
 - a worker whose model files are truncated while it serves does not die (its weights were read

@@ -9,7 +9,7 @@
   the named worker's replica takes over when it dies; without any, only UNAVAILABLE naming it.
 
 Workers are started on kernel-picked ports (parsed from their logs) and the expert maps written
-afterwards. Run by ctest (EXL3_BUILD_DIR set)."""
+afterwards; each case on a cluster of its own. Run by ctest (EXL3_BUILD_DIR set)."""
 
 import os
 import re
@@ -66,71 +66,35 @@ def final_counts(out):
 
 
 class CancelAndSharedExpertTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.c = Cluster()
-        cls.addClassCleanup(cls.c.stop)
-        # Routed experts on a (0-3) and b (4-7); the shared expert on s, s2 its replica; slow holds
-        # experts 0-3 with a long batch window (only in the cancel map).
-        cls.w = {}
-        cls.w["a"] = cls.start_worker("a", ["--experts", "0-3"])
-        cls.w["b"] = cls.start_worker("b", ["--experts", "4-7"])
-        cls.w["s"] = cls.start_worker("s", ["--shared-expert"])
-        cls.w["s2"] = cls.start_worker("s2", ["--shared-expert"])
-        cls.w["slow"] = cls.start_worker("slow", ["--experts", "0-3", "--batch-window-us",
-                                                  str(SLOW_WINDOW_US)])
-        cls.shared_map = cls.write_map("shared.yaml", f"""workers:
-  - name: a
-    address: {cls.w['a'].address}
-    experts: 0-3
-  - name: b
-    address: {cls.w['b'].address}
-    experts: 4-7
-  - name: s
-    address: {cls.w['s'].address}
-    shared_expert: true
-  - name: s2
-    address: {cls.w['s2'].address}
-    replica_of: s
-""")
-        cls.cancel_map = cls.write_map("cancel.yaml", f"""workers:
-  - name: slow
-    address: {cls.w['slow'].address}
-    experts: 0-3
-  - name: b
-    address: {cls.w['b'].address}
-    experts: 4-7
-""")
-        cls.local = cls.start_router(["--expert-map", cls.shared_map])
-        cls.remote = cls.start_router(["--expert-map", cls.shared_map,
-                                       "--shared-expert", "worker:s"])
-        cls.canc = cls.start_router(["--expert-map", cls.cancel_map, "--default-deadline-ms",
-                                     "20000"])
+    """Each case starts the workers and routers it needs on a fresh cluster (its test model only:
+    the workers here are started on kernel-picked ports, not from the cluster's map)."""
 
-    @classmethod
-    def start_worker(cls, name, args):
+    def setUp(self):
+        self.c = Cluster()
+        self.addCleanup(self.c.stop)
+        self.w = {}
+
+    def start_worker(self, name, args):
         p = Proc(f"worker-{name}-{time.time():.0f}", [
-            os.path.join(BIN, "exl3-worker"), "--model", cls.c.model, "--listen", "127.0.0.1:0",
+            os.path.join(BIN, "exl3-worker"), "--model", self.c.model, "--listen", "127.0.0.1:0",
             "--metrics-listen", "127.0.0.1:0", "--progress=false", "--mlock=false",
-            "--threads", "1", *args], cls.c.dir)
-        cls.c.workers[f"x-{name}-{len(cls.c.workers)}"] = p  # stopped with the cluster
+            "--threads", "1", *args], self.c.dir)
+        self.c.workers[f"x-{name}-{len(self.c.workers)}"] = p  # stopped with the cluster
         m = p.wait_for_log(r"serving on (\S+), metrics on (\S+)")
         p.address, p.metrics = m.group(1), m.group(2)
         return p
 
-    @classmethod
-    def write_map(cls, name, text):
-        path = os.path.join(cls.c.dir, name)
+    def write_map(self, name, text):
+        path = os.path.join(self.c.dir, name)
         with open(path, "w") as f:
             f.write(text)
         return path
 
-    @classmethod
-    def start_router(cls, extra):
-        r = cls.c.start_router(extra)
-        r.cluster = cls.c
+    def start_router(self, extra):
+        r = self.c.start_router(extra)
+        r.cluster = self.c
         r.client = MoeRouterClient(r.address)
-        cls.addClassCleanup(r.client.close)
+        self.addCleanup(r.client.close)
         wait_for(lambda: r.client.describe(timeout=2).state == pb.STATE_SERVING, 30,
                  f"router {r.name} ready")
         return r
@@ -139,9 +103,57 @@ class CancelAndSharedExpertTest(unittest.TestCase):
         self.w[name] = self.start_worker(name, args)
         return self.w[name]
 
+    def start_shared_workers(self):
+        """Routed experts on a (0-3) and b (4-7); the shared expert on s, s2 its replica; their
+        map in self.shared_map."""
+        self.w["a"] = self.start_worker("a", ["--experts", "0-3"])
+        self.w["b"] = self.start_worker("b", ["--experts", "4-7"])
+        self.w["s"] = self.start_worker("s", ["--shared-expert"])
+        self.w["s2"] = self.start_worker("s2", ["--shared-expert"])
+        self.shared_map = self.write_map("shared.yaml", f"""workers:
+  - name: a
+    address: {self.w['a'].address}
+    experts: 0-3
+  - name: b
+    address: {self.w['b'].address}
+    experts: 4-7
+  - name: s
+    address: {self.w['s'].address}
+    shared_expert: true
+  - name: s2
+    address: {self.w['s2'].address}
+    replica_of: s
+""")
+
+    def start_shared_routers(self):
+        """Over start_shared_workers' workers: self.local (the router computes the shared expert)
+        and self.remote (--shared-expert worker:s)."""
+        self.local = self.start_router(["--expert-map", self.shared_map])
+        self.remote = self.start_router(["--expert-map", self.shared_map,
+                                         "--shared-expert", "worker:s"])
+
+    def start_cancel_cluster(self):
+        """slow holds experts 0-3 with a long batch window, b holds 4-7; self.canc routes to
+        them."""
+        self.w["slow"] = self.start_worker("slow", ["--experts", "0-3", "--batch-window-us",
+                                                    str(SLOW_WINDOW_US)])
+        self.w["b"] = self.start_worker("b", ["--experts", "4-7"])
+        cancel_map = self.write_map("cancel.yaml", f"""workers:
+  - name: slow
+    address: {self.w['slow'].address}
+    experts: 0-3
+  - name: b
+    address: {self.w['b'].address}
+    experts: 4-7
+""")
+        self.canc = self.start_router(["--expert-map", cancel_map, "--default-deadline-ms",
+                                       "20000"])
+
     # ---- the shared expert on a worker ----
 
-    def test_01_shared_expert_worker_matches_reference_and_local(self):
+    def test_shared_expert_worker_matches_reference_and_local(self):
+        self.start_shared_workers()
+        self.start_shared_routers()
         d = self.remote.client.describe()
         self.assertEqual(d.shared_expert, "worker:s")
         self.assertTrue(d.cancel_supported)
@@ -169,7 +181,9 @@ class CancelAndSharedExpertTest(unittest.TestCase):
         self.assertGreater(counter(scrape(self.w["s"].metrics) + scrape(self.w["s2"].metrics),
                                    "exl3_worker_tokens_total", layer=str(LAYER)), 0)
 
-    def test_02_shared_expert_worker_failover_and_failure(self):
+    def test_shared_expert_worker_failover_and_failure(self):
+        self.start_shared_workers()
+        self.start_shared_routers()
         x = np.random.default_rng(3).standard_normal((2, HIDDEN)).astype(np.float32)
         want = self.local.client.forward(LAYER, x)
         try:
@@ -201,7 +215,8 @@ class CancelAndSharedExpertTest(unittest.TestCase):
         got = self.remote.client.forward(LAYER, x)
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
-    def test_03_shared_expert_worker_checked_at_start(self):
+    def test_shared_expert_worker_checked_at_start(self):
+        self.start_shared_workers()
         base = [os.path.join(BIN, "exl3-router"), "--model", self.c.model, "--expert-map",
                 self.shared_map, "--listen", "127.0.0.1:0", "--metrics-listen", ""]
         for name, needle in (("a", "not marked `shared_expert: true`"),
@@ -232,7 +247,8 @@ class CancelAndSharedExpertTest(unittest.TestCase):
         wait_for(lambda: counter(scrape(self.w["slow"].metrics), "exl3_worker_queue_depth") == n,
                  10, f"{n} requests queued at the slow worker")
 
-    def test_10_engine_cancel_reaches_the_queued_worker_request(self):
+    def test_engine_cancel_reaches_the_queued_worker_request(self):
+        self.start_cancel_cluster()
         before = scrape(self.w["slow"].metrics)
         with self.canc.client.stream() as s, self.canc.client.stream() as other:
             t0 = time.time()
@@ -264,7 +280,8 @@ class CancelAndSharedExpertTest(unittest.TestCase):
         self.assertGreaterEqual(counter(scrape(self.canc.metrics),
                                         "exl3_router_worker_cancels_total", reason="client"), 1)
 
-    def test_11_stream_closed_withdraws_worker_requests(self):
+    def test_stream_closed_withdraws_worker_requests(self):
+        self.start_cancel_cluster()
         before = scrape(self.w["slow"].metrics)
         # An engine stream that goes away with a request queued at the worker.
         ch = grpc.insecure_channel(self.canc.address)
@@ -297,7 +314,8 @@ class CancelAndSharedExpertTest(unittest.TestCase):
                          counter(before, "exl3_worker_tokens_total", layer=str(LAYER)))
         self.assertEqual(counter(after, "exl3_worker_queue_depth"), 0)
 
-    def test_12_deadline_passes_while_queued_at_the_worker(self):
+    def test_deadline_passes_while_queued_at_the_worker(self):
+        self.start_cancel_cluster()
         before = scrape(self.w["slow"].metrics)
         with self.canc.client.stream() as s:
             late = s.submit_request(topk_req([1, 3], timeout_ms=300, seed=5))

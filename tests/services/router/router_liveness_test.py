@@ -69,8 +69,7 @@ class FrozenWorkerTest(unittest.TestCase):
     def cluster(self, transport):
         c = Cluster()
         self.addCleanup(c.stop)
-        for n in ("a", "b", "b2"):
-            c.start_worker(n)
+        c.start_workers(("a", "b", "b2"))
         r = c.start_router(["--worker-shm-mb", "0"] if transport == "grpc" else [])
         client = MoeRouterClient(r.address)
         self.addCleanup(client.close)

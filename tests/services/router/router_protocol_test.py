@@ -50,8 +50,7 @@ class ProtocolTest(unittest.TestCase):
     def cluster(self, workers=("a", "b", "b2"), router_args=(), router=True):
         c = Cluster()
         self.addCleanup(c.stop)
-        for n in workers:
-            c.start_worker(n)
+        c.start_workers(workers)
         if not router:
             return c, None, None
         r = c.start_router(list(router_args))

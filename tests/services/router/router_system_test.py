@@ -5,7 +5,8 @@ Covers: whole decode steps equal the CPU reference (exl3-loadgen --verify); kill
 worker under load (no failed request); kill -9 of an unreplicated worker (only requests needing its
 experts fail, with UNAVAILABLE naming worker and experts, within the deadline) and its restart
 (served again without restarting the router); bad inputs; deadlines; admission control; drain on
-SIGTERM; SIGHUP reload; the router's metric names. Run by ctest (EXL3_BUILD_DIR set)."""
+SIGTERM; SIGHUP reload; the router's metric names. Each case starts a cluster of its own. Run by
+ctest (EXL3_BUILD_DIR set)."""
 
 import os
 import re
@@ -70,8 +71,7 @@ class GrpcTransportTest(unittest.TestCase):
     def test_decode_steps_match_reference_on_either_transport(self):
         c = Cluster()
         self.addCleanup(c.stop)
-        for n in ("a", "b", "b2"):
-            c.start_worker(n)
+        c.start_workers(("a", "b", "b2"))
         for extra, transport in ((["--worker-shm-mb", "0"], "grpc"),
                                  (["--worker-shm-mb", "1"], "shm")):
             r = c.start_router(extra)
@@ -92,24 +92,26 @@ class GrpcTransportTest(unittest.TestCase):
 
 
 class RouterSystemTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.c = Cluster()
-        cls.addClassCleanup(cls.c.stop)  # also when setUpClass fails
-        for n in ("a", "b", "b2"):
-            cls.c.start_worker(n)
-        # Tests here freeze worker a (SIGSTOP) to stall requests for their deadlines, drain and
-        # admission: a liveness bound above those stalls keeps a up meanwhile (a frozen worker
-        # marked down is router_liveness_test's subject).
-        cls.r = cls.c.start_router(["--default-deadline-ms", "3000", "--worker-liveness-ms", "6000"])
-        cls.r.cluster = cls.c
-        cls.client = MoeRouterClient(cls.r.address)
-        wait_for(lambda: all(workers_up(cls.client).values()), 20, "all workers up")
-        wait_for(lambda: cls.client.describe().state == pb.STATE_SERVING, 10, "router SERVING")
+    """Each case starts its own cluster (start()): no case sees what another did to workers,
+    maps or routers, and any one runs alone."""
 
-    @classmethod
-    def tearDownClass(cls):
-        cls.client.close()
+    # Cases here freeze worker a (SIGSTOP) to stall requests for their deadlines, drain and
+    # admission: a liveness bound above those stalls keeps a up meanwhile (a frozen worker marked
+    # down is router_liveness_test's subject).
+    ROUTER_ARGS = ("--default-deadline-ms", "3000", "--worker-liveness-ms", "6000")
+
+    def start(self, router_args=ROUTER_ARGS):
+        """Workers a, b, b2 and a router with `router_args`; returns when every worker is up and
+        the router SERVING. Sets self.c, self.r and self.client."""
+        self.c = Cluster()
+        self.addCleanup(self.c.stop)
+        self.c.start_workers(("a", "b", "b2"))
+        self.r = self.c.start_router(list(router_args))
+        self.r.cluster = self.c
+        self.client = MoeRouterClient(self.r.address)
+        self.addCleanup(self.client.close)
+        wait_for(lambda: all(workers_up(self.client).values()), 20, "all workers up")
+        wait_for(lambda: self.client.describe().state == pb.STATE_SERVING, 10, "router SERVING")
 
     def thaw(self, w):
         """SIGCONT for a worker frozen by a test, then waits until the router has it up again: one
@@ -128,7 +130,8 @@ class RouterSystemTest(unittest.TestCase):
 
     # ---- correctness ----
 
-    def test_01_decode_steps_match_reference(self):
+    def test_decode_steps_match_reference(self):
+        self.start()
         p = loadgen(self.r, "--verify", "--concurrency", "3", "--tokens", "4", "--requests", "48",
                     "--pipeline", "2")
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
@@ -147,7 +150,8 @@ class RouterSystemTest(unittest.TestCase):
             self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
             self.assertEqual(final_counts(p.stdout)["verified"], 4)
 
-    def test_02_routing_sources(self):
+    def test_routing_sources(self):
+        self.start()
         with self.client.stream() as s:
             x = np.random.default_rng(5).standard_normal((3, HIDDEN)).astype(np.float32)
             gated = s.submit(LAYER, x).result()
@@ -163,7 +167,8 @@ class RouterSystemTest(unittest.TestCase):
 
     # ---- faults ----
 
-    def test_03_kill_replicated_worker_under_load(self):
+    def test_kill_replicated_worker_under_load(self):
+        self.start()
         lg = loadgen_bg(self.r, "--concurrency", "4", "--tokens", "2", "--duration", "3",
                         "--timeout-ms", "3000")
         time.sleep(1.0)
@@ -178,7 +183,8 @@ class RouterSystemTest(unittest.TestCase):
         self.assertIn('exl3_router_worker_up{worker="b"} 0', metrics)
         self.restart_worker("b")
 
-    def test_04_kill_unreplicated_worker(self):
+    def test_kill_unreplicated_worker(self):
+        self.start()
         # Under load: the only failures are UNAVAILABLE.
         lg = loadgen_bg(self.r, "--concurrency", "2", "--tokens", "1", "--duration", "2.5",
                         "--allow-failures")
@@ -217,7 +223,8 @@ class RouterSystemTest(unittest.TestCase):
         print(f"unreplicated kill: {n['failed']} failed of {n['requests']}, "
               f"restart served after {time.time() - t_kill:.1f}s", file=sys.stderr)
 
-    def test_05_deadline_exceeded(self):
+    def test_deadline_exceeded(self):
+        self.start()
         # A frozen worker (SIGSTOP) keeps its connection but never answers.
         a = self.c.workers["a"]
         a.freeze()
@@ -238,35 +245,29 @@ class RouterSystemTest(unittest.TestCase):
         finally:
             self.thaw(a)
 
-    def test_06_admission_control(self):
-        r2 = self.c.start_router(["--max-in-flight", "2", "--worker-liveness-ms", "6000"])
-        r2.cluster = self.c
-        cl = MoeRouterClient(r2.address)
+    def test_admission_control(self):
+        self.start(["--max-in-flight", "2", "--worker-liveness-ms", "6000"])
+        a = self.c.workers["a"]
+        a.freeze()
         try:
-            wait_for(lambda: cl.describe().state == pb.STATE_SERVING, 20, "second router ready")
-            a = self.c.workers["a"]
-            a.freeze()
-            try:
-                with cl.stream() as s:
-                    held = [s.submit_request(topk_req([0, 1], timeout_ms=1500)) for _ in range(2)]
-                    time.sleep(0.2)
-                    over = s.submit_request(topk_req([4, 5])).result(timeout=10)
-                    self.assertEqual(over.status.code, pb.RESOURCE_EXHAUSTED, over.status.message)
-                    self.assertIn("--max-in-flight", over.status.message)
-                    for h in held:
-                        self.assertEqual(h.result(timeout=10).status.code, pb.DEADLINE_EXCEEDED)
-                    # Room again.
-                    self.assertEqual(s.submit_request(topk_req([4, 5])).result(timeout=10)
-                                     .status.code, pb.OK)
-            finally:
-                self.thaw(a)
+            with self.client.stream() as s:
+                held = [s.submit_request(topk_req([0, 1], timeout_ms=1500)) for _ in range(2)]
+                time.sleep(0.2)
+                over = s.submit_request(topk_req([4, 5])).result(timeout=10)
+                self.assertEqual(over.status.code, pb.RESOURCE_EXHAUSTED, over.status.message)
+                self.assertIn("--max-in-flight", over.status.message)
+                for h in held:
+                    self.assertEqual(h.result(timeout=10).status.code, pb.DEADLINE_EXCEEDED)
+                # Room again.
+                self.assertEqual(s.submit_request(topk_req([4, 5])).result(timeout=10)
+                                 .status.code, pb.OK)
         finally:
-            cl.close()
-            r2.stop()
+            self.thaw(a)
 
     # ---- bad input ----
 
-    def test_07_bad_inputs_fail_alone(self):
+    def test_bad_inputs_fail_alone(self):
+        self.start()
         x = np.random.default_rng(1).standard_normal((2, HIDDEN)).astype(np.float32)
         cases = []
 
@@ -360,7 +361,8 @@ class RouterSystemTest(unittest.TestCase):
 
     # ---- operations ----
 
-    def test_08_metric_names_match_docs(self):
+    def test_metric_names_match_docs(self):
+        self.start()
         with open(os.path.join(os.path.dirname(__file__), "../../../docs/metrics.md")) as f:
             doc = f.read()
         section = doc.split("## Router", 1)[1]
@@ -373,7 +375,8 @@ class RouterSystemTest(unittest.TestCase):
         self.assertIn("exl3_router_ready 1", metrics)
         self.assertIn('exl3_router_worker_shm{worker="a"} 1', metrics)  # same host: shared memory
 
-    def test_09_sighup_reload(self):
+    def test_sighup_reload(self):
+        self.start()
         with open(self.c.map_path) as f:
             good = f.read()
         try:
@@ -398,12 +401,11 @@ class RouterSystemTest(unittest.TestCase):
             self.r.signal(signal.SIGHUP)
             wait_for(lambda: len(self.client.describe().workers) == 3, 5, "map restored")
 
-    def test_10_drain_on_sigterm(self):
-        r3 = self.c.start_router(["--drain-grace-ms", "5000", "--worker-liveness-ms", "6000"])
-        cl = MoeRouterClient(r3.address)
+    def test_drain_on_sigterm(self):
+        self.start(["--drain-grace-ms", "5000", "--worker-liveness-ms", "6000"])
+        r3, cl = self.r, self.client
         a = self.c.workers["a"]
         try:
-            wait_for(lambda: cl.describe().state == pb.STATE_SERVING, 20, "router ready")
             a.freeze()
             s = cl.stream()
             inflight = [s.submit_request(topk_req([0, 2])) for _ in range(3)]
@@ -420,13 +422,14 @@ class RouterSystemTest(unittest.TestCase):
             r3.p.wait(timeout=10)
             self.assertEqual(r3.p.returncode, 0, r3.text())
         finally:
-            self.thaw(a)
-            cl.close()
-            r3.stop()
+            a.signal(signal.SIGCONT)  # the router is gone: nobody to wait for
 
-    def test_11_worker_identity_checked(self):
+    def test_worker_identity_checked(self):
         # A worker on another model (different shapes: another fingerprint), and a worker holding
         # fewer experts than the map gives it, are kept out of service with the reason logged.
+        # Only the cluster's test model is used: its workers are these two.
+        self.c = Cluster()
+        self.addCleanup(self.c.stop)
         other = os.path.join(self.c.dir, "other-model")
         subprocess.run([os.path.join(os.path.dirname(BIN), "tests", "exl3-test-model"), other,
                         "--inter", "256"], check=True)
@@ -459,7 +462,8 @@ class RouterSystemTest(unittest.TestCase):
             wrong_model.stop()
             too_few.stop()
 
-    def test_12_client_that_stops_reading_stalls_only_itself(self):
+    def test_client_that_stops_reading_stalls_only_itself(self):
+        self.start()
         # A stream whose client never reads its answers (T=64 answers fill the flow-control
         # window): other streams through the same workers keep being answered.
         from exl3serve.v1 import exl3serve_pb2_grpc as pb_grpc
@@ -487,7 +491,8 @@ class RouterSystemTest(unittest.TestCase):
             call.cancel()
             ch.close()
 
-    def test_13_frozen_worker_does_not_block_dispatch(self):
+    def test_frozen_worker_does_not_block_dispatch(self):
+        self.start()
         # Enough bytes for a frozen worker (SIGSTOP) to fill its flow-control window: the same
         # stream still dispatches to the other workers at once.
         a = self.c.workers["a"]
@@ -505,22 +510,16 @@ class RouterSystemTest(unittest.TestCase):
         finally:
             self.thaw(a)
 
-    def test_14_oversized_message(self):
+    def test_oversized_message(self):
         # gRPC refuses a message over twice --max-message-bytes with RESOURCE_EXHAUSTED, ending
         # that stream only; the next stream is served. (Between the two limits the router answers
         # in-band: router_protocol_test.)
-        r = self.c.start_router(["--max-message-bytes", "200000"])
-        cl = MoeRouterClient(r.address)
-        try:
-            wait_for(lambda: cl.describe().state == pb.STATE_SERVING, 20, "router ready")
-            big = np.ones((400, HIDDEN), np.float32)  # 400 KB
-            with self.assertRaises(RequestError) as e:
-                cl.forward(LAYER, big)
-            self.assertEqual(e.exception.code, grpc.StatusCode.RESOURCE_EXHAUSTED)
-            self.assertEqual(cl.forward(LAYER, big[:4]).shape, (4, HIDDEN))
-        finally:
-            cl.close()
-            r.stop()
+        self.start(["--max-message-bytes", "200000"])
+        big = np.ones((400, HIDDEN), np.float32)  # 400 KB
+        with self.assertRaises(RequestError) as e:
+            self.client.forward(LAYER, big)
+        self.assertEqual(e.exception.code, grpc.StatusCode.RESOURCE_EXHAUSTED)
+        self.assertEqual(self.client.forward(LAYER, big[:4]).shape, (4, HIDDEN))
 
 
 if __name__ == "__main__":

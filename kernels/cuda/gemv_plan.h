@@ -1,0 +1,44 @@
+// Launch shapes of the GEMV and GEMM kernels: grids, k-slice lengths, and which GEMV a dense layer
+// runs (the one-launch DenseGemvKernel or the three launches). Host code only.
+#pragma once
+
+namespace exl3::cuda {
+
+// Which kernel the native path runs by row count. The GEMVs work in chunks of kGemvRows (8) rows,
+// the prefill GEMM in chunks of kGemmBM (128) rows (gemv_kernel.cuh).
+// LinearForward: m <= kLinearGemvMaxRows rows -> a GEMV (one launch or three: PlanDenseGemv),
+// more -> the prefill GEMM.
+inline constexpr int kLinearGemvMaxRows = 48;
+// MoeRunner: T <= kMoeGemvMaxTokens tokens -> the grouped GEMV (experts see few rows each), more
+// -> the grouped GEMM.
+inline constexpr int kMoeGemvMaxTokens = 64;
+
+// Persistent grids: blocks per SM (the kernels' __launch_bounds__ minimum blocks: 3 for
+// GroupedGemvKernel and DenseGemvKernel, 2 for GroupedGemmKernel).
+inline constexpr int kGemvBlocksPerSm = 3;
+inline constexpr int kGemmBlocksPerSm = 2;
+// GEMV work units wanted per resident warp when choosing the k-slice length.
+inline constexpr int kGemvUnitsPerWarp = 2;
+// DequantKernel's grid (grid-stride over tiles): twice the 132 SMs of an H100/H200.
+inline constexpr int kDequantGrid = 264;
+
+// Picks the k-slice length (16-row tiles) for a GEMV problem of `chunks` row chunks so that about
+// kGemvUnitsPerWarp work units exist per resident warp of the grid.
+int GemvKTilesPerUnit(int k, int n, int chunks, int sm_count);
+int GemvGrid(int sm_count);
+// k-slice length (16-row tiles) of the one-launch GEMV (dense_gemv_kernel.cuh) at bit width K for
+// chunks of `rows` rows (<= 8), `base_units` (row chunks x 128-column blocks) over k/16 tiles on
+// sm_count SMs.
+int DenseGemvSliceTiles(int K, int rows, int k_tiles, long base_units, int sm_count);
+int GemmGrid(int sm_count, long units);
+
+// The one-launch GEMV's configuration for m rows of a k x n layer of bit width K, and whether
+// LinearForward runs it (rather than the three launches); the rule is written at its definition.
+struct DenseGemvPlan {
+  int slice_tiles = 0;
+  long units = 0;
+  bool one_launch = false;
+};
+DenseGemvPlan PlanDenseGemv(int m, int k, int n, int K, int sm_count);
+
+}  // namespace exl3::cuda

@@ -1,0 +1,285 @@
+// The MoE layer's kernels and their launchers (moe_kernels.h).
+#include "kernels/cuda/moe_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/transform_kernels.cuh"
+
+namespace exl3::cuda {
+
+constexpr int kRouteThreads = 1024;
+
+// One block: groups T*topk assignments by expert (ranks within an expert in arrival order of a
+// shared-memory atomic), prefix sums of counts and chunk counts, chunk list.
+__global__ void __launch_bounds__(kRouteThreads) RouteKernel(const int32_t* __restrict__ ids,
+                                                             const float* __restrict__ weights, int num_assign,
+                                                             int topk, int num_experts,
+                                                             const uint16_t* const* __restrict__ held,
+                                                             int chunk_size, RouteOut o) {
+  __shared__ int count[kMaxExperts];
+  __shared__ unsigned long long scan[kMaxExperts];  // (chunks << 32) | rows, exclusive prefix
+  __shared__ unsigned long long warp_tot[32];
+  PdlEnter();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int e = tid; e < num_experts; e += kRouteThreads) count[e] = 0;
+  __syncthreads();
+  for (int i = tid; i < num_assign; i += kRouteThreads) {
+    const int e = ids[i];
+    int rank = -1;
+    if (e >= 0 && e < num_experts && held[e] != nullptr) rank = atomicAdd(&count[e], 1);
+    o.assign_slot[i] = rank;  // temporarily the rank
+  }
+  __syncthreads();
+  // Block exclusive scan over experts; thread tid owns experts [tid*per, (tid+1)*per).
+  const int per = (num_experts + kRouteThreads - 1) / kRouteThreads;
+  unsigned long long local = 0;
+  for (int j = 0; j < per; ++j) {
+    const int e = tid * per + j;
+    if (e < num_experts) {
+      const unsigned long long c = count[e];
+      local += (((c + chunk_size - 1) / chunk_size) << 32) | c;
+    }
+  }
+  unsigned long long incl = local;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const unsigned long long v = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += v;
+  }
+  if (lane == 31) warp_tot[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    unsigned long long w = warp_tot[lane];
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const unsigned long long v = __shfl_up_sync(0xffffffffu, w, d);
+      if (lane >= d) w += v;
+    }
+    warp_tot[lane] = w;  // inclusive
+  }
+  __syncthreads();
+  unsigned long long run = incl - local + (warp > 0 ? warp_tot[warp - 1] : 0ull);
+  for (int j = 0; j < per; ++j) {
+    const int e = tid * per + j;
+    if (e < num_experts) {
+      scan[e] = run;
+      const unsigned long long c = count[e];
+      run += (((c + chunk_size - 1) / chunk_size) << 32) | c;
+    }
+  }
+  if (tid == kRouteThreads - 1) {
+    o.counts[0] = static_cast<int>(run & 0xffffffffu);
+    o.counts[1] = static_cast<int>(run >> 32);
+  }
+  __syncthreads();
+  for (int i = tid; i < num_assign; i += kRouteThreads) {
+    const int rank = o.assign_slot[i];
+    if (rank < 0) continue;
+    const int e = ids[i];
+    const int slot = static_cast<int>(scan[e] & 0xffffffffu) + rank;
+    o.slot_token[slot] = i / topk;
+    o.slot_expert[slot] = e;
+    o.slot_weight[slot] = weights[i];
+    o.assign_slot[i] = slot;
+  }
+  for (int e = tid; e < num_experts; e += kRouteThreads) {
+    const int c = count[e];
+    if (c == 0) continue;
+    const int row0 = static_cast<int>(scan[e] & 0xffffffffu);
+    const int ch0 = static_cast<int>(scan[e] >> 32);
+    for (int j = 0; j * chunk_size < c; ++j) {
+      o.chunk_expert[ch0 + j] = e;
+      o.chunk_row0[ch0 + j] = row0 + j * chunk_size;
+      o.chunk_rows[ch0 + j] = min(chunk_size, c - j * chunk_size);
+    }
+  }
+}
+
+// Rows [0, T*topk): routed slots; [T*topk, T*topk + T): shared-expert token rows. One warp per
+// (row, 128-block of hidden); 4 warps per block. Each warp also zeroes its share of the row's
+// accumulators (gate/up: inter / (hidden/128) floats, down: its 128-block).
+__global__ void __launch_bounds__(128) MoeInputKernel(const float* __restrict__ x, MoeDims d, ProjTable gate,
+                                                      ProjTable up, ProjTable sgate, ProjTable sup,
+                                                      const float* shared_gate_vec, RouteOut r, MoeBuffers b) {
+  PdlEnter();
+  const int lane = threadIdx.x & 31;
+  const int per_row = d.hidden / 128;
+  const int w = blockIdx.x * 4 + (threadIdx.x >> 5);
+  const int row_all = w / per_row, blk = w % per_row;
+  const int routed = d.T * d.topk;
+  if (row_all >= routed + (d.with_shared ? d.T : 0)) return;
+  int token, row;
+  const uint16_t *suh_g, *suh_u;
+  __half *ag, *au;
+  float *yg, *yu, *yd;
+  int n_inter;
+  if (row_all < routed) {
+    row = row_all;
+    if (row >= r.counts[0]) return;
+    token = r.slot_token[row];
+    const int e = r.slot_expert[row];
+    suh_g = gate.suh[e];
+    suh_u = up.suh[e];
+    ag = b.a_gate; au = b.a_up; yg = b.y_gate; yu = b.y_up; yd = b.y_down;
+    n_inter = d.inter;
+  } else {
+    row = token = row_all - routed;
+    suh_g = sgate.suh[0];
+    suh_u = sup.suh[0];
+    ag = b.sa_gate; au = b.sa_up; yg = b.sy_gate; yu = b.sy_up; yd = b.sy_down;
+    n_inter = d.shared_inter;
+  }
+  const float* xr = x + static_cast<size_t>(token) * d.hidden;
+  InputBlock(xr + 128 * blk, suh_g + 128 * blk, ag + static_cast<size_t>(row) * d.hidden + 128 * blk, lane);
+  InputBlock(xr + 128 * blk, suh_u + 128 * blk, au + static_cast<size_t>(row) * d.hidden + 128 * blk, lane);
+  const int share = (n_inter + per_row - 1) / per_row;
+  for (int i = blk * share + lane; i < min(n_inter, (blk + 1) * share); i += 32) {
+    yg[static_cast<size_t>(row) * n_inter + i] = 0.f;
+    yu[static_cast<size_t>(row) * n_inter + i] = 0.f;
+  }
+#pragma unroll
+  for (int q = 0; q < 4; ++q) yd[static_cast<size_t>(row) * d.hidden + 128 * blk + 32 * q + lane] = 0.f;
+  if (row_all >= routed && blk == 0) {
+    // Shared-expert output scale: sigmoid(x · shared_gate) (Qwen3-Next) or 1.
+    float s = 0.f;
+    if (shared_gate_vec) {
+      for (int i = lane; i < d.hidden; i += 32) s += xr[i] * shared_gate_vec[i];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (lane == 0) b.shared_scale[token] = 1.f / (1.f + expf(-s));
+    } else if (lane == 0) {
+      b.shared_scale[token] = 1.f;
+    }
+  }
+}
+
+__device__ __forceinline__ float SiluMul(float g, float u, float limit) {
+  if (limit > 0.f) {
+    g = fminf(g, limit);
+    u = fminf(fmaxf(u, -limit), limit);
+  }
+  return g / (1.f + expf(-g)) * u;
+}
+
+// One warp per (row, 128-block of the intermediate); per_row = max(inter, shared_inter) / 128.
+__global__ void __launch_bounds__(128) MoeMidKernel(MoeDims d, ProjTable gate, ProjTable up, ProjTable down,
+                                                    ProjTable sgate, ProjTable sup, ProjTable sdown, RouteOut r,
+                                                    MoeBuffers b) {
+  PdlEnter();
+  const int lane = threadIdx.x & 31;
+  const int per_row = max(d.inter, d.shared_inter) / 128;
+  const int w = blockIdx.x * 4 + (threadIdx.x >> 5);
+  const int row_all = w / per_row, blk = w % per_row;
+  const int routed = d.T * d.topk;
+  if (row_all >= routed + (d.with_shared ? d.T : 0)) return;
+  int row, e, n_inter;
+  float limit;
+  const ProjTable *G, *U, *D;
+  const float *yg, *yu;
+  __half* ad;
+  if (row_all < routed) {
+    row = row_all;
+    if (row >= r.counts[0]) return;
+    e = r.slot_expert[row];
+    G = &gate; U = &up; D = &down;
+    yg = b.y_gate; yu = b.y_up; ad = b.a_down;
+    n_inter = d.inter;
+    limit = d.limit;
+  } else {
+    row = row_all - routed;
+    e = 0;
+    G = &sgate; U = &sup; D = &sdown;
+    yg = b.sy_gate; yu = b.sy_up; ad = b.sa_down;
+    n_inter = d.shared_inter;
+    limit = d.shared_limit;
+  }
+  if (blk >= n_inter / 128) return;
+  const uint16_t* bias_g = G->bias[e];
+  const uint16_t* bias_u = U->bias[e];
+  float g[4], u[4];
+  const size_t off = static_cast<size_t>(row) * n_inter + 128 * blk;
+  OutputBlock(yg + off, G->svh[e] + 128 * blk, bias_g ? bias_g + 128 * blk : nullptr, g, lane);
+  OutputBlock(yu + off, U->svh[e] + 128 * blk, bias_u ? bias_u + 128 * blk : nullptr, u, lane);
+  const uint16_t* suh_d = D->suh[e] + 128 * blk;
+  float h[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) h[q] = SiluMul(g[q], u[q], limit) * HalfAt(suh_d, 32 * q + lane);
+  WarpHadamard128(h, lane);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) ad[off + 32 * q + lane] = __float2half_rn(h[q]);
+}
+
+// One warp per (token, 128-block of hidden): out = sum over the token's assignments + shared.
+__global__ void __launch_bounds__(128) MoeCombineKernel(MoeDims d, ProjTable down, ProjTable sdown, RouteOut r,
+                                                        MoeBuffers b, float* __restrict__ out) {
+  PdlEnter();
+  const int lane = threadIdx.x & 31;
+  const int per_row = d.hidden / 128;
+  const int w = blockIdx.x * 4 + (threadIdx.x >> 5);
+  if (w >= d.T * per_row) return;
+  const int t = w / per_row, blk = w % per_row;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int k = 0; k < d.topk; ++k) {
+    const int s = r.assign_slot[t * d.topk + k];
+    if (s < 0) continue;
+    const int e = r.slot_expert[s];
+    const float wt = r.slot_weight[s];
+    const uint16_t* bias = down.bias[e];
+    float v[4];
+    OutputBlock(b.y_down + static_cast<size_t>(s) * d.hidden + 128 * blk, down.svh[e] + 128 * blk,
+                bias ? bias + 128 * blk : nullptr, v, lane);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[q] += wt * v[q];
+  }
+  if (d.with_shared) {
+    const uint16_t* bias = sdown.bias[0];
+    float v[4];
+    OutputBlock(b.sy_down + static_cast<size_t>(t) * d.hidden + 128 * blk, sdown.svh[0] + 128 * blk,
+                bias ? bias + 128 * blk : nullptr, v, lane);
+    const float sc = b.shared_scale[t];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[q] += sc * v[q];
+  }
+#pragma unroll
+  for (int q = 0; q < 4; ++q) out[static_cast<size_t>(t) * d.hidden + 128 * blk + 32 * q + lane] = acc[q];
+}
+
+absl::Status LaunchRoute(const int32_t* ids, const float* weights, int num_assign, int topk, int num_experts,
+                         const uint16_t* const* held, int chunk_size, const RouteOut& o, cudaStream_t stream) {
+  LaunchPdl(RouteKernel, dim3(1), dim3(kRouteThreads), stream, ids, weights, num_assign, topk, num_experts, held,
+            chunk_size, o);
+  EXL3_CUDA_CHECK_LAUNCH("RouteKernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchMoeInput(int rows, const float* x, const MoeDims& d, const ProjTable& gate, const ProjTable& up,
+                            const ProjTable& sgate, const ProjTable& sup, const float* shared_gate_vec,
+                            const RouteOut& r, const MoeBuffers& b, cudaStream_t stream) {
+  LaunchPdl(MoeInputKernel, dim3((rows * (d.hidden / 128) + 3) / 4), dim3(128), stream, x, d, gate, up, sgate,
+            sup, shared_gate_vec, r, b);
+  EXL3_CUDA_CHECK_LAUNCH("MoeInputKernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchMoeMid(int rows, const MoeDims& d, const ProjTable& gate, const ProjTable& up,
+                          const ProjTable& down, const ProjTable& sgate, const ProjTable& sup,
+                          const ProjTable& sdown, const RouteOut& r, const MoeBuffers& b, cudaStream_t stream) {
+  const int mid_per_row = std::max(d.inter, d.shared_inter) / 128;
+  LaunchPdl(MoeMidKernel, dim3((rows * mid_per_row + 3) / 4), dim3(128), stream, d, gate, up, down, sgate, sup,
+            sdown, r, b);
+  EXL3_CUDA_CHECK_LAUNCH("MoeMidKernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchMoeCombine(const MoeDims& d, const ProjTable& down, const ProjTable& sdown, const RouteOut& r,
+                              const MoeBuffers& b, float* out, cudaStream_t stream) {
+  LaunchPdl(MoeCombineKernel, dim3((d.T * (d.hidden / 128) + 3) / 4), dim3(128), stream, d, down, sdown, r, b,
+            out);
+  EXL3_CUDA_CHECK_LAUNCH("MoeCombineKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace exl3::cuda

@@ -1,0 +1,198 @@
+// MoeRunner (cuda_backend.h): the MoE layer's decode/prefill launch sequence on one CUDA stream,
+// with no host synchronisation and no allocation on the native path:
+//   1. RouteKernel        top-k ids/weights -> slots grouped by expert, row chunks per expert
+//   2. MoeInputKernel     per slot: x ⊙ suh_gate/up · H -> fp16 A (and the shared expert's rows)
+//   3. gate+up            GroupedGemv (<= 8-row chunks) or GroupedGemm (128-row chunks), all
+//                         active experts and the shared expert in one launch per (K, codebook)
+//   4. MoeMidKernel       output transforms, SwiGLU (+clamp), down's input transform -> fp16 A
+//   5. down               as 3
+//   6. MoeCombineKernel   per token: sum_k w * ((y·H) ⊙ svh + bias) + shared -> out fp32
+// The kernels of 1, 2, 4 and 6 are in moe_kernels.cu, the reference path's projections in
+// moe_reference.cu.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/gemv_kernel.cuh"
+#include "kernels/cuda/gemv_plan.h"
+#include "kernels/cuda/kernel_dispatch.h"
+#include "kernels/cuda/moe_kernels.h"
+#include "kernels/cuda/moe_layer.h"
+#include "kernels/cuda/moe_reference.h"
+#include "kernels/cuda/moe_workspace.h"
+#include "kernels/cuda/workspace.h"
+
+namespace exl3::cuda {
+
+struct MoeRunner::Impl {
+  const DeviceMoeLayer::Impl* L = nullptr;
+  int max_tokens = 0, topk = 0;
+  Path path = Path::kNative;
+  int sm_count = 0;
+  MoeWorkspace ws;   // routing, activations, host-routing staging
+  Workspace ref_ws;  // reference path: cuBLAS handle and dequant scratch
+  absl::Status Projections(bool gemm, const GemvProblem* probs, const ProjTable* const* tables, int count,
+                           int T, cudaStream_t stream);
+};
+
+MoeRunner::MoeRunner() : impl_(std::make_unique<Impl>()) {}
+MoeRunner::~MoeRunner() = default;
+Path MoeRunner::path() const { return impl_->path; }
+
+absl::StatusOr<std::unique_ptr<MoeRunner>> MoeRunner::Create(const DeviceMoeLayer& layer, int max_tokens, int top_k,
+                                                             Path path) {
+  if (max_tokens <= 0 || top_k <= 0) return absl::InvalidArgumentError("max_tokens and top_k must be positive");
+  std::unique_ptr<MoeRunner> r(new MoeRunner());
+  Impl& R = *r->impl_;
+  R.L = layer.impl();
+  R.max_tokens = max_tokens;
+  R.topk = top_k;
+  int dev = 0, cc = 0;
+  EXL3_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&R.sm_count, cudaDevAttrMultiProcessorCount, dev));
+  EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev));
+  R.path = ResolvePath(path, cc, "moe");
+  const int H = R.L->hidden, I = R.L->inter, SI = std::max(R.L->shared_inter, 128);
+  MoeWorkspaceShape shape;
+  shape.max_tokens = max_tokens;
+  shape.top_k = top_k;
+  shape.hidden = H;
+  shape.inter = I;
+  shape.shared_inter = SI;
+  shape.num_experts = R.L->num_experts;
+  EXL3_RETURN_IF_ERROR(R.ws.Allocate(shape));
+  if (R.path == Path::kReference) {
+    EXL3_RETURN_IF_ERROR(PrepareReferenceWorkspace(*R.ref_ws.impl(), H, I, SI));
+  }
+  return r;
+}
+
+// Runs `count` projection problems (tables[i] describes probs[i]) grouped by (K, codebook): one
+// launch per distinct pair. Native: GEMV for small chunks, GEMM for 128-row chunks. Reference:
+// ReferenceProjections (moe_reference.h).
+absl::Status MoeRunner::Impl::Projections(bool gemm, const GemvProblem* probs, const ProjTable* const* tables,
+                                          int count, int T, cudaStream_t stream) {
+  if (path == Path::kReference) return ReferenceProjections(*ref_ws.impl(), ws.route, probs, tables, count, stream);
+  std::vector<bool> done(count, false);
+  for (int i = 0; i < count; ++i) {
+    if (done[i]) continue;
+    GemvBatch batch;
+    long units = 0;
+    for (int j = i; j < count; ++j) {
+      if (done[j] || tables[j]->bits != tables[i]->bits || tables[j]->cb != tables[i]->cb) continue;
+      done[j] = true;
+      GemvProblem q = probs[j];
+      const int chunks = q.chunk_expert ? std::min(ws.max_chunks, T * topk) : (q.rows + kGemvRows - 1) / kGemvRows;
+      q.k_tiles_per_unit = GemvKTilesPerUnit(q.k, q.n, std::max(1, std::min(chunks, L->held)), sm_count);
+      units += static_cast<long>(q.chunk_expert ? std::min(L->held, T * topk) : (q.rows + kGemmBM - 1) / kGemmBM) *
+               (q.n / 128);
+      batch.p[batch.num_problems++] = q;
+    }
+    if (gemm) {
+      EXL3_RETURN_IF_ERROR(DispatchGemm(tables[i]->bits, tables[i]->cb, batch, GemmGrid(sm_count, std::max(1L, units)), stream));
+      EXL3_CUDA_CHECK_LAUNCH("GroupedGemmKernel");
+    } else {
+      EXL3_RETURN_IF_ERROR(DispatchGemv(tables[i]->bits, tables[i]->cb, batch, GemvGrid(sm_count), stream));
+      EXL3_CUDA_CHECK_LAUNCH("GroupedGemvKernel");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeRunner::Forward(const float* x, int T, const int32_t* ids, const float* weights, float* out,
+                                StreamHandle stream_handle, bool include_shared) {
+  Impl& R = *impl_;
+  const DeviceMoeLayer::Impl& L = *R.L;
+  if (T < 0 || T > R.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("token count ", T, " outside 0..", R.max_tokens));
+  }
+  if (T == 0) return absl::OkStatus();
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  const bool shared = include_shared && L.has_shared;
+  // Chunks of 8 rows (GEMV) while experts see few tokens; 128-row chunks (prefill GEMM) beyond.
+  const bool gemm = R.path == Path::kNative && T > kMoeGemvMaxTokens;
+  const int chunk = gemm ? kGemmBM : kGemvRows;
+  EXL3_RETURN_IF_ERROR(LaunchRoute(ids, weights, T * R.topk, R.topk, L.num_experts,
+                                   static_cast<const uint16_t* const*>(L.gate.trellis), chunk, R.ws.route, stream));
+  MoeDims d{T, R.topk, L.hidden, L.inter, shared ? L.shared_inter : 0, L.limit, L.shared_limit, shared ? 1 : 0};
+  const int rows = T * R.topk + (shared ? T : 0);
+  EXL3_RETURN_IF_ERROR(LaunchMoeInput(rows, x, d, L.gate, L.up, L.sgate, L.sup, L.shared_gate_vec, R.ws.route, R.ws.buf,
+                                      stream));
+
+  auto routed = [&](const ProjTable& t, const __half* a, float* y) {
+    GemvProblem q;
+    q.trellis = t.trellis;
+    q.a = a;
+    q.y = y;
+    q.chunk_expert = R.ws.route.chunk_expert;
+    q.chunk_row0 = R.ws.route.chunk_row0;
+    q.chunk_rows = R.ws.route.chunk_rows;
+    q.num_chunks = R.ws.route.counts + 1;
+    q.k = t.k;
+    q.n = t.n;
+    return q;
+  };
+  auto shared_prob = [&](const ProjTable& t, const __half* a, float* y) {
+    GemvProblem q;
+    std::memset(&q, 0, sizeof(q));
+    q.a = a;
+    q.y = y;
+    q.rows = T;
+    q.k = t.k;
+    q.n = t.n;
+    return q;
+  };
+  GemvProblem probs[4];
+  const ProjTable* tabs[4];
+  int np = 0;
+  probs[np] = routed(L.gate, R.ws.buf.a_gate, R.ws.buf.y_gate); tabs[np++] = &L.gate;
+  probs[np] = routed(L.up, R.ws.buf.a_up, R.ws.buf.y_up); tabs[np++] = &L.up;
+  if (shared) {
+    probs[np] = shared_prob(L.sgate, R.ws.buf.sa_gate, R.ws.buf.sy_gate); probs[np].single = L.sgate.host_trellis[0]; tabs[np++] = &L.sgate;
+    probs[np] = shared_prob(L.sup, R.ws.buf.sa_up, R.ws.buf.sy_up); probs[np].single = L.sup.host_trellis[0]; tabs[np++] = &L.sup;
+  }
+  EXL3_RETURN_IF_ERROR(R.Projections(gemm, probs, tabs, np, T, stream));
+  EXL3_RETURN_IF_ERROR(LaunchMoeMid(rows, d, L.gate, L.up, L.down, L.sgate, L.sup, L.sdown, R.ws.route, R.ws.buf, stream));
+  np = 0;
+  probs[np] = routed(L.down, R.ws.buf.a_down, R.ws.buf.y_down); tabs[np++] = &L.down;
+  if (shared) {
+    probs[np] = shared_prob(L.sdown, R.ws.buf.sa_down, R.ws.buf.sy_down); probs[np].single = L.sdown.host_trellis[0]; tabs[np++] = &L.sdown;
+  }
+  EXL3_RETURN_IF_ERROR(R.Projections(gemm, probs, tabs, np, T, stream));
+  EXL3_RETURN_IF_ERROR(LaunchMoeCombine(d, L.down, L.sdown, R.ws.route, R.ws.buf, out, stream));
+  return absl::OkStatus();
+}
+
+absl::Status MoeRunner::Rebind(const DeviceMoeLayer& layer) {
+  Impl& R = *impl_;
+  const DeviceMoeLayer::Impl& N = *layer.impl();
+  if (N.hidden != R.L->hidden || N.inter != R.L->inter || N.shared_inter != R.L->shared_inter ||
+      N.num_experts != R.L->num_experts || N.has_shared != R.L->has_shared) {
+    return absl::InvalidArgumentError(
+        "MoeRunner::Rebind: the layer's shape (hidden, intermediate, experts, shared expert) differs "
+        "from the one the workspace was sized for");
+  }
+  R.L = &N;  // kernels take the layer's tables as launch arguments: earlier launches are unaffected
+  return absl::OkStatus();
+}
+
+absl::Status MoeRunner::ForwardHostRouting(const float* x, int T, const int32_t* ids, const float* weights,
+                                           float* out, StreamHandle stream_handle, bool include_shared) {
+  Impl& R = *impl_;
+  if (T < 0 || T > R.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("token count ", T, " outside 0..", R.max_tokens));
+  }
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  const size_t n = static_cast<size_t>(T) * R.topk;
+  EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(R.ws.ids, ids, n * 4, cudaMemcpyHostToDevice, stream));
+  EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(R.ws.weights, weights, n * 4, cudaMemcpyHostToDevice, stream));
+  return Forward(x, T, R.ws.ids, R.ws.weights, out, stream_handle, include_shared);
+}
+
+}  // namespace exl3::cuda
