@@ -223,6 +223,16 @@ absl::StatusOr<MoeConfig> ParseMoeConfig(std::string_view json_text, std::string
   switch (c.family) {
     case MoeFamily::kGlm:
     case MoeFamily::kDeepseekV3: {
+      // Where a field is absent, the default of the family's transformers config class:
+      // n_shared_experts 1, norm_topk_prob true; routed_scaling_factor 1.0 (Glm4Moe) or 2.5
+      // (GlmMoeDsa, DeepseekV3); n_group / topk_group 1 / 1, DeepSeek-V3 8 / 4.
+      const bool glm4 = c.architecture == "Glm4MoeForCausalLM";
+      c.num_shared_experts = 1;
+      c.routed_scaling_factor = glm4 ? 1.0f : 2.5f;
+      if (c.family == MoeFamily::kDeepseekV3) {
+        c.n_group = 8;
+        c.topk_group = 4;
+      }
       EXL3_RETURN_IF_ERROR(r.Int("n_routed_experts", &c.num_experts));
       EXL3_RETURN_IF_ERROR(r.Int("moe_intermediate_size", &c.moe_intermediate_size));
       EXL3_RETURN_IF_ERROR(r.OptInt("n_shared_experts", &c.num_shared_experts));
@@ -350,6 +360,8 @@ absl::StatusOr<MoeConfig> ParseMoeConfig(std::string_view json_text, std::string
         for (int m : mlp_only) only |= (m == l);
         c.moe_layers[l] = !only && c.num_experts > 0 && (l + 1) % step == 0;
       }
+      // transformers' defaults: Qwen3MoeConfig norm_topk_prob false, Qwen3NextConfig true.
+      c.norm_topk_prob = c.family == MoeFamily::kQwen3Next;
       EXL3_RETURN_IF_ERROR(r.OptBool("norm_topk_prob", &c.norm_topk_prob));
       c.scoring = ScoringFunc::kSoftmax;
       if (c.family == MoeFamily::kQwen3Next) {

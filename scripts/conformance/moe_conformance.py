@@ -40,12 +40,15 @@ import sys
 import tempfile
 import time
 
-import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+try:
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
 
-import transformers
-from transformers import AutoModelForCausalLM
+    import transformers
+    from transformers import AutoModelForCausalLM
+except ImportError as e:  # the script is only useful where the judge is installed
+    sys.exit(f"moe_conformance: needs torch, safetensors and transformers 5.x ({e})")
 
 SEED = 20261201
 HIDDEN = 128
@@ -394,7 +397,7 @@ def git_commit():
         return "unknown"
 
 
-def markdown(results, args, backends, tol, command):
+def markdown(results, args, backends, tol, command, wall_s):
     all_backends = ["cpu", "cuda"]
     lines = [
         "# MoE conformance: exl3-tool moe against transformers' own MoE blocks",
@@ -412,9 +415,12 @@ def markdown(results, args, backends, tol, command):
         f"Python {platform.python_version()}, {platform.machine()}",
         f"- commit {git_commit()}",
         f"- command: `{command}`",
+        f"- {os.cpu_count()} CPU threads visible, load average {os.getloadavg()[0]:.1f} at the end; "
+        f"{wall_s:.0f} s in all (the seconds column: the family's whole check, of which "
+        "`exl3-tool quantize`)",
         "",
-        "| family | architecture | MoE layers (kind) | CPU rel err | CUDA rel err | result | layout exercised |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| family | architecture | MoE layers (kind) | CPU rel err | CUDA rel err | result | seconds (quantize) | layout exercised |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         cols = []
@@ -433,7 +439,8 @@ def markdown(results, args, backends, tol, command):
             cols.append(f"{worst:.2e} ({', '.join(f'{e:.1e}' for e in errs)})")
         verdict = "pass" if ok else (f"FAIL: {r['failure']}" if r["failure"] else "FAIL")
         lines.append(f"| {r['family']} | {r['architecture'] or '?'} | {', '.join(r['layers'])} | "
-                     f"{cols[0]} | {cols[1]} | {verdict} | {r['notes']} |")
+                     f"{cols[0]} | {cols[1]} | {verdict} | "
+                     f"{r['seconds']:.0f} ({r.get('quantize_s', 0):.0f}) | {r['notes']} |")
     lines.append("")
     return "\n".join(lines), all(
         r["failure"] is None and all(len(r["errors"][b]) == len(r["layers"]) and
@@ -468,6 +475,7 @@ def main():
     tol = {"cpu": args.cpu_tol, "cuda": args.cuda_tol}
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
     results = []
+    t0 = time.time()
     for key in families:
         r = check_family(key, args, backends)
         errs = "; ".join(f"{b} {max(r['errors'][b]):.2e}" for b in backends if r["errors"][b])
@@ -475,7 +483,7 @@ def main():
             f"{r.get('quantize_s', 0):.1f} s, dequantize and load {r.get('dequant_s', 0):.1f} s)")
         results.append(r)
     command = " ".join(["python3", "scripts/conformance/moe_conformance.py"] + sys.argv[1:])
-    text, ok = markdown(results, args, backends, tol, command)
+    text, ok = markdown(results, args, backends, tol, command, time.time() - t0)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         f.write(text)

@@ -299,6 +299,46 @@ TEST(MoeConfigTest, Qwen3MoeAsTransformers5WritesIt) {
   EXPECT_NE(c.status().message().find("num_experts"), std::string::npos) << c.status();
 }
 
+// Fields a config.json leaves out take the defaults of the family's transformers 5.x config class.
+TEST(MoeConfigTest, AbsentFieldsTakeTransformersDefaults) {
+  json j = json::parse(R"({
+    "architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 1024, "num_hidden_layers": 4,
+    "first_k_dense_replace": 1, "n_routed_experts": 64, "num_experts_per_tok": 4,
+    "moe_intermediate_size": 256
+  })");
+  absl::StatusOr<MoeConfig> c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_shared_experts, 1);
+  EXPECT_EQ(c->shared_intermediate_size, 256);
+  EXPECT_FLOAT_EQ(c->routed_scaling_factor, 2.5f);
+  EXPECT_EQ(c->n_group, 8);
+  EXPECT_EQ(c->topk_group, 4);
+  EXPECT_TRUE(c->norm_topk_prob);
+  j["architectures"] = {"GlmMoeDsaForCausalLM"};
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FLOAT_EQ(c->routed_scaling_factor, 2.5f);
+  EXPECT_EQ(c->n_group, 1);
+  j["architectures"] = {"Glm4MoeForCausalLM"};
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FLOAT_EQ(c->routed_scaling_factor, 1.0f);
+  EXPECT_EQ(c->num_shared_experts, 1);
+
+  j = json::parse(R"({
+    "architectures": ["Qwen3NextForCausalLM"], "hidden_size": 1024, "num_hidden_layers": 4,
+    "num_experts": 64, "num_experts_per_tok": 4, "moe_intermediate_size": 256,
+    "shared_expert_intermediate_size": 256
+  })");
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->norm_topk_prob);
+  j["architectures"] = {"Qwen3MoeForCausalLM"};
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->norm_topk_prob);
+}
+
 TEST(MoeConfigTest, Mixtral) {
   json j = json::parse(R"({
     "architectures": ["MixtralForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 32,
