@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/dsa_attention.h"
 #include "engine/gqa_attention.h"
 #include "engine/mla_attention.h"
 
@@ -10,6 +11,11 @@ namespace exl3::engine {
 
 absl::StatusOr<std::unique_ptr<Attention>> LoadAttention(const ModelConfig& cfg,
                                                          const TensorSource& src, int layer) {
+  if (cfg.attention == AttentionKind::kDsa) {
+    auto a = DsaAttention::Load(cfg, src, layer);
+    if (!a.ok()) return a.status();
+    return std::unique_ptr<Attention>(std::move(*a));
+  }
   if (cfg.attention == AttentionKind::kMla) {
     auto a = MlaAttention::Load(cfg, src, layer);
     if (!a.ok()) return a.status();

@@ -2,13 +2,17 @@
 // one interface, so the model's layer loop is the same for every family.
 //
 //   EXL3_ASSIGN_OR_RETURN(std::unique_ptr<Attention> a, LoadAttention(cfg, src, /*layer=*/3));
-//   EXL3_RETURN_IF_ERROR(a->Forward(x_normed /*[T, hidden]*/, tokens, cache, out /*[T, hidden]*/, cpu));
+//   AttentionCarry carry;   // one per micro-batch and step, handed to every layer in order
+//   EXL3_RETURN_IF_ERROR(a->Forward(x_normed /*[T, hidden]*/, tokens, cache, carry, out /*[T, hidden]*/, cpu));
 //
 // Forward writes the step's keys and values into the cache first, then attends each token to the
-// positions it may see (causal; within the sliding window when the model has one).
+// positions it may see (causal; within the sliding window when the model has one; DSA: the top-k
+// of those its indexer picks).
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/cpu_compute.h"
@@ -19,14 +23,27 @@
 
 namespace exl3::engine {
 
+// The positions each token of a step attends to, as DSA's indexer chose them: positions[t]
+// ascending, all ≤ the token's own position.
+struct TopkSelection {
+  std::vector<std::vector<int32_t>> positions;  // [num_tokens]
+};
+
+// What one layer's attention leaves for the later layers of the same step (and micro-batch).
+struct AttentionCarry {
+  // Set by each DSA layer that runs its own indexer; read by the "shared" layers after it.
+  std::optional<TopkSelection> topk;
+};
+
 class Attention {
  public:
   virtual ~Attention() = default;
   virtual absl::Status Forward(const float* x, const StepTokens& tokens, PagedKvCache& cache,
-                               float* out, CpuCompute& compute) = 0;
+                               AttentionCarry& carry, float* out, CpuCompute& compute) = 0;
 };
 
-// GQA (Glm4Moe, Qwen3Moe, Mixtral) or MLA (DeepseekV3) per cfg.attention, weights of `layer`.
+// GQA (Glm4Moe, Qwen3Moe, Mixtral), MLA (DeepseekV3) or DSA (GlmMoeDsa) per cfg.attention,
+// weights of `layer`.
 absl::StatusOr<std::unique_ptr<Attention>> LoadAttention(const ModelConfig& cfg,
                                                          const TensorSource& src, int layer);
 

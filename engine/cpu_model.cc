@@ -67,8 +67,7 @@ absl::StatusOr<std::unique_ptr<CpuModel>> CpuModel::Open(const std::string& dir,
   info.vocab_size = m->cfg_.vocab_size;
   info.max_context = m->cfg_.max_position_embeddings;
   info.eos_token_ids = m->cfg_.eos_token_ids;
-  info.kv_bytes_per_token =
-      static_cast<int64_t>(m->cfg_.num_layers) * m->cfg_.KvWidth() * static_cast<int64_t>(sizeof(float));
+  info.kv_bytes_per_token = m->cfg_.KvFloatsPerToken() * static_cast<int64_t>(sizeof(float));
   return m;
 }
 
@@ -111,7 +110,9 @@ absl::Status CpuModel::AllocateKvCache(const KvCacheShape& shape) {
   if (shape.num_blocks <= 0 || shape.block_size <= 0)
     return absl::InvalidArgumentError(absl::StrCat("KV cache of ", shape.num_blocks, " blocks of ",
                                                    shape.block_size, " tokens"));
-  cache_ = std::make_unique<PagedKvCache>(cfg_.num_layers, cfg_.KvWidth(), shape);
+  std::vector<int> widths(cfg_.num_layers);
+  for (int l = 0; l < cfg_.num_layers; ++l) widths[l] = cfg_.KvWidth(l);
+  cache_ = std::make_unique<PagedKvCache>(std::move(widths), shape);
   return absl::OkStatus();
 }
 
@@ -151,7 +152,7 @@ absl::Status CpuModel::RunLayer(int l, MicroBatch& mb) {
   for (int t = 0; t < T; ++t)
     RmsNorm(&mb.h[static_cast<size_t>(t) * H], L.input_norm.data(), H, cfg_.rms_norm_eps,
             &mb.x[static_cast<size_t>(t) * H]);
-  EXL3_RETURN_IF_ERROR(L.attention->Forward(mb.x.data(), mb.tokens, *cache_, mb.d.data(), compute_));
+  EXL3_RETURN_IF_ERROR(L.attention->Forward(mb.x.data(), mb.tokens, *cache_, mb.carry, mb.d.data(), compute_));
   AddInPlace(mb.h.data(), mb.d.data(), n);
   for (int t = 0; t < T; ++t)
     RmsNorm(&mb.h[static_cast<size_t>(t) * H], L.post_attention_norm.data(), H, cfg_.rms_norm_eps,

@@ -64,6 +64,7 @@ class CpuModel final : public ModelRunner {
   struct MicroBatch {
     StepTokens tokens;
     std::vector<float> h, x, d;       // residual stream, normed input, block output [T, hidden]
+    AttentionCarry carry;             // what a layer's attention leaves for later layers
     std::unique_ptr<MoeCall> pending;  // its MoE call in flight (declared last: waited first)
   };
 

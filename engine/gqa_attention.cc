@@ -30,7 +30,7 @@ absl::StatusOr<std::unique_ptr<GqaAttention>> GqaAttention::Load(const ModelConf
 }
 
 absl::Status GqaAttention::Forward(const float* x, const StepTokens& tokens, PagedKvCache& cache,
-                                   float* out, CpuCompute& compute) {
+                                   AttentionCarry& /*carry*/, float* out, CpuCompute& compute) {
   const int T = tokens.num_tokens, D = cfg_.head_dim, NH = cfg_.num_heads, KV = cfg_.num_kv_heads;
   const int group = NH / KV;
   std::vector<float> q(static_cast<size_t>(T) * NH * D), k(static_cast<size_t>(T) * KV * D),

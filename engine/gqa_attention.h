@@ -16,7 +16,8 @@ class GqaAttention final : public Attention {
  public:
   static absl::StatusOr<std::unique_ptr<GqaAttention>> Load(const ModelConfig& cfg,
                                                             const TensorSource& src, int layer);
-  absl::Status Forward(const float* x, const StepTokens& tokens, PagedKvCache& cache, float* out,
+  absl::Status Forward(const float* x, const StepTokens& tokens, PagedKvCache& cache,
+                       AttentionCarry& carry, float* out,
                        CpuCompute& compute) override;
 
  private:

@@ -37,6 +37,11 @@ class Linear {
   // (MLA's absorbed kv_b_proj). Bias not included.
   std::vector<float> DenseWeight() const;
   bool has_bias() const;
+  // What a device copy is made from (engine/cuda/cuda_linear.h): the EXL3 tensors (host memory;
+  // null for a dense layer), or the dense weight [out, in] and bias [out] (empty: none).
+  const Exl3LinearView* exl3_view() const { return exl3_ ? &exl3_->view : nullptr; }
+  const std::vector<float>& stored_dense_weight() const { return weight_; }
+  const std::vector<float>& stored_dense_bias() const { return bias_; }
 
  private:
   Storage storage_ = Storage::kDense;

@@ -7,6 +7,13 @@
 #include "engine/rms_norm.h"
 
 namespace exl3::engine {
+namespace {
+
+// transformers builds q_a_layernorm and kv_a_layernorm with the RMSNorm's default eps, not the
+// config's rms_norm_eps (DeepseekV3Attention and GlmMoeDsaAttention alike).
+constexpr float kLatentNormEps = 1e-6f;
+
+}  // namespace
 
 MlaAttention::MlaAttention(const ModelConfig& cfg, int layer)
     : cfg_(cfg), layer_(layer), rope_(cfg.rope, cfg.max_position_embeddings) {}
@@ -37,58 +44,79 @@ absl::StatusOr<std::unique_ptr<MlaAttention>> MlaAttention::Load(const ModelConf
   return a;
 }
 
-absl::Status MlaAttention::Queries(const float* x, int T, float* q, CpuCompute& compute) const {
-  if (!q_low_rank_) return q_.Forward(x, T, q, compute);
-  std::vector<float> qa(static_cast<size_t>(T) * cfg_.q_lora_rank);
-  EXL3_RETURN_IF_ERROR(q_a_.Forward(x, T, qa.data(), compute));
-  RmsNormRows(qa.data(), q_a_norm_.data(), T, cfg_.q_lora_rank, cfg_.rms_norm_eps);
-  return q_b_.Forward(qa.data(), T, q, compute);
+absl::Status MlaAttention::Forward(const float* x, const StepTokens& tokens, PagedKvCache& cache,
+                                   AttentionCarry& /*carry*/, float* out, CpuCompute& compute) {
+  std::vector<float> q, q_resid;
+  EXL3_RETURN_IF_ERROR(ProjectAndCache(x, tokens, cache, &q, &q_resid, compute));
+  return AttendAndProject(q, tokens, cache, /*selection=*/nullptr, out, compute);
 }
 
-absl::Status MlaAttention::Forward(const float* x, const StepTokens& tokens, PagedKvCache& cache,
-                                   float* out, CpuCompute& compute) {
+absl::Status MlaAttention::ProjectAndCache(const float* x, const StepTokens& tokens,
+                                           PagedKvCache& cache, std::vector<float>* q,
+                                           std::vector<float>* q_resid, CpuCompute& compute) const {
   const int T = tokens.num_tokens, NH = cfg_.num_heads, R = cfg_.kv_lora_rank;
-  const int nope = cfg_.qk_nope_head_dim, rope_d = cfg_.qk_rope_head_dim, vd = cfg_.v_head_dim;
+  const int nope = cfg_.qk_nope_head_dim, rope_d = cfg_.qk_rope_head_dim;
   const int qd = nope + rope_d, W = R + rope_d;
-  std::vector<float> q(static_cast<size_t>(T) * NH * qd), ckv(static_cast<size_t>(T) * W);
-  EXL3_RETURN_IF_ERROR(Queries(x, T, q.data(), compute));
+  q->assign(static_cast<size_t>(T) * NH * qd, 0.0f);
+  q_resid->clear();
+  if (q_low_rank_) {
+    q_resid->resize(static_cast<size_t>(T) * cfg_.q_lora_rank);
+    EXL3_RETURN_IF_ERROR(q_a_.Forward(x, T, q_resid->data(), compute));
+    RmsNormRows(q_resid->data(), q_a_norm_.data(), T, cfg_.q_lora_rank, kLatentNormEps);
+    EXL3_RETURN_IF_ERROR(q_b_.Forward(q_resid->data(), T, q->data(), compute));
+  } else {
+    EXL3_RETURN_IF_ERROR(q_.Forward(x, T, q->data(), compute));
+  }
+  std::vector<float> ckv(static_cast<size_t>(T) * W);
   EXL3_RETURN_IF_ERROR(kv_a_.Forward(x, T, ckv.data(), compute));
   RopeAngles angles;
   for (int t = 0; t < T; ++t) {
     float* c = &ckv[static_cast<size_t>(t) * W];
-    RmsNorm(c, kv_a_norm_.data(), R, cfg_.rms_norm_eps, c);
+    RmsNorm(c, kv_a_norm_.data(), R, kLatentNormEps, c);
     rope_.Angles(tokens.positions[t], tokens.seq_len_after[t], &angles);
     rope_.Apply(angles, c + R, 1, rope_d);
-    rope_.Apply(angles, &q[static_cast<size_t>(t) * NH * qd] + nope, NH, qd);
+    rope_.Apply(angles, &(*q)[static_cast<size_t>(t) * NH * qd] + nope, NH, qd);
     std::copy_n(c, W, cache.Slot(layer_, tokens.block_table(t), tokens.positions[t]));
   }
+  return absl::OkStatus();
+}
 
+absl::Status MlaAttention::AttendAndProject(const std::vector<float>& q, const StepTokens& tokens,
+                                            PagedKvCache& cache, const TopkSelection* selection,
+                                            float* out, CpuCompute& compute) const {
+  const int T = tokens.num_tokens, NH = cfg_.num_heads, R = cfg_.kv_lora_rank;
+  const int nope = cfg_.qk_nope_head_dim, rope_d = cfg_.qk_rope_head_dim, vd = cfg_.v_head_dim;
+  const int qd = nope + rope_d;
   std::vector<float> attn(static_cast<size_t>(T) * NH * vd);
   const float scale = cfg_.attention_scale;
   compute.ParallelFor(T * NH, [&](int item) {
     const int t = item / NH, h = item % NH;
     const int pos = tokens.positions[t];
     const std::vector<int32_t>& table = tokens.block_table(t);
+    // The positions seen: the causal range [first, pos], or the selection's list.
+    const int32_t* list = selection != nullptr ? selection->positions[t].data() : nullptr;
+    const int first = FirstVisiblePosition(pos, cfg_.sliding_window);
+    const int n = list != nullptr ? static_cast<int>(selection->positions[t].size()) : pos - first + 1;
+    auto position = [&](int i) { return list != nullptr ? list[i] : first + i; };
     const float* qh = &q[(static_cast<size_t>(t) * NH + h) * qd];
     const float* w_uk = &kv_b_[static_cast<size_t>(h) * (nope + vd) * R];  // [nope, R]
     const float* w_uv = w_uk + static_cast<size_t>(nope) * R;             // [vd, R]
     std::vector<float> q_latent(R, 0.0f);
     for (int d = 0; d < nope; ++d)
       for (int r = 0; r < R; ++r) q_latent[r] += qh[d] * w_uk[static_cast<size_t>(d) * R + r];
-    const int first = FirstVisiblePosition(pos, cfg_.sliding_window);
-    std::vector<float> scores(pos - first + 1);
-    for (int j = first; j <= pos; ++j) {
-      const float* slot = cache.Slot(layer_, table, j);
+    std::vector<float> scores(n);
+    for (int i = 0; i < n; ++i) {
+      const float* slot = cache.Slot(layer_, table, position(i));
       float s = 0.0f;
       for (int r = 0; r < R; ++r) s += q_latent[r] * slot[r];
       for (int d = 0; d < rope_d; ++d) s += qh[nope + d] * slot[R + d];
-      scores[j - first] = s * scale;
+      scores[i] = s * scale;
     }
-    SoftmaxInPlace(scores.data(), static_cast<int>(scores.size()));
+    SoftmaxInPlace(scores.data(), n);
     std::vector<float> o_latent(R, 0.0f);
-    for (int j = first; j <= pos; ++j) {
-      const float* slot = cache.Slot(layer_, table, j);
-      const float p = scores[j - first];
+    for (int i = 0; i < n; ++i) {
+      const float* slot = cache.Slot(layer_, table, position(i));
+      const float p = scores[i];
       for (int r = 0; r < R; ++r) o_latent[r] += p * slot[r];
     }
     float* o = &attn[(static_cast<size_t>(t) * NH + h) * vd];

@@ -1,5 +1,6 @@
 #include "engine/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -69,8 +70,12 @@ absl::Status ParseRope(const json& j, const ModelConfig& cfg, const std::string&
         source, ": rope type '", type, "' is not supported (default, linear, dynamic, yarn)"));
   }
   // The rotating part of a head: DeepSeek's rope head; else head_dim * partial_rotary_factor.
-  const int head = cfg.attention == AttentionKind::kMla ? cfg.qk_rope_head_dim : cfg.head_dim;
-  const double partial = NumberOr(p, "partial_rotary_factor", default_partial);
+  // GLM-MoE-DSA's rotary embedding covers its whole rope head (transformers points head_dim at
+  // qk_rope_head_dim and reads no partial factor for it).
+  const int head = cfg.IsLatentAttention() ? cfg.qk_rope_head_dim : cfg.head_dim;
+  const double partial = cfg.attention == AttentionKind::kDsa
+                             ? 1.0
+                             : NumberOr(p, "partial_rotary_factor", default_partial);
   rope->rotary_dim = static_cast<int>(head * partial);
   if (rope->rotary_dim <= 0 || rope->rotary_dim % 2 != 0 || rope->rotary_dim > head)
     return absl::InvalidArgumentError(
@@ -122,10 +127,6 @@ absl::StatusOr<std::vector<int32_t>> EosIds(const json& j) {
 absl::Status RefuseUnbuilt(const MoeConfig& moe, const std::string& source) {
   const char* missing = nullptr;
   switch (moe.family) {
-    case MoeFamily::kGlm:
-      if (moe.architecture == "GlmMoeDsaForCausalLM")
-        missing = "the DSA sparse attention with its lightning indexer";
-      break;
     case MoeFamily::kDeepseekV4:
       missing = "compressed sparse attention, hyper-connections and hash-routed layers fed token ids";
       break;
@@ -141,11 +142,107 @@ absl::Status RefuseUnbuilt(const MoeConfig& moe, const std::string& source) {
       ". Its MoE layers can still be served by exl3-worker / exl3-router."));
 }
 
+// The MLA shape (DeepSeek-V3 and GLM-MoE-DSA name it alike).
+absl::Status ParseLatentAttention(const json& j, const std::string& source, ModelConfig* cfg) {
+  cfg->q_lora_rank = IntOr(j, "q_lora_rank", 0);
+  EXL3_ASSIGN_OR_RETURN(cfg->kv_lora_rank, RequireInt(j, source, "kv_lora_rank"));
+  EXL3_ASSIGN_OR_RETURN(cfg->qk_nope_head_dim, RequireInt(j, source, "qk_nope_head_dim"));
+  EXL3_ASSIGN_OR_RETURN(cfg->qk_rope_head_dim, RequireInt(j, source, "qk_rope_head_dim"));
+  EXL3_ASSIGN_OR_RETURN(cfg->v_head_dim, RequireInt(j, source, "v_head_dim"));
+  if (cfg->q_lora_rank < 0 || cfg->kv_lora_rank <= 0 || cfg->qk_nope_head_dim < 0 ||
+      cfg->qk_rope_head_dim <= 0 || cfg->v_head_dim <= 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": q_lora_rank ", cfg->q_lora_rank, ", kv_lora_rank ", cfg->kv_lora_rank,
+        ", qk_nope_head_dim ", cfg->qk_nope_head_dim, ", qk_rope_head_dim ",
+        cfg->qk_rope_head_dim, ", v_head_dim ", cfg->v_head_dim, " are not a valid MLA shape"));
+  return absl::OkStatus();
+}
+
+// Which layers run their own indexer, as GlmMoeDsaConfig decides it: `indexer_types` ("full" /
+// "shared" per layer) when given; else `index_topk_pattern` (a string of F / S, or such a list);
+// else layer i is full when max(i - index_skip_topk_offset + 1, 0) is a multiple of
+// index_topk_freq (defaults 2 and 1: every layer full).
+absl::StatusOr<std::vector<IndexerMode>> IndexerModes(const json& j, int num_layers,
+                                                      const std::string& source) {
+  std::vector<IndexerMode> modes;
+  auto bad = [&](const char* field, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", field, " ", why));
+  };
+  auto add = [&](const std::string& v, const char* field) -> absl::Status {
+    if (v == "full" || v == "F") {
+      modes.push_back(IndexerMode::kFull);
+    } else if (v == "shared" || v == "S") {
+      modes.push_back(IndexerMode::kShared);
+    } else {
+      return bad(field, absl::StrCat("holds '", v, "' (full / shared, or F / S)"));
+    }
+    return absl::OkStatus();
+  };
+  const char* field = nullptr;
+  if (j.contains("indexer_types") && !j["indexer_types"].is_null()) {
+    field = "indexer_types";
+  } else if (j.contains("index_topk_pattern") && !j["index_topk_pattern"].is_null()) {
+    field = "index_topk_pattern";
+  }
+  if (field != nullptr) {
+    const json& v = j[field];
+    if (v.is_string()) {
+      for (char c : v.get<std::string>()) EXL3_RETURN_IF_ERROR(add(std::string(1, c), field));
+    } else if (v.is_array()) {
+      for (const json& e : v) {
+        if (!e.is_string()) return bad(field, "holds a non-string");
+        EXL3_RETURN_IF_ERROR(add(e.get<std::string>(), field));
+      }
+    } else {
+      return bad(field, "is neither a list nor a string");
+    }
+    if (static_cast<int>(modes.size()) < num_layers)
+      return bad(field, absl::StrCat("names ", modes.size(), " layers of ", num_layers));
+    modes.resize(num_layers);
+  } else {
+    const int freq = std::max(IntOr(j, "index_topk_freq", 1), 1);
+    const int offset = IntOr(j, "index_skip_topk_offset", 2);
+    for (int i = 0; i < num_layers; ++i)
+      modes.push_back(std::max(i - offset + 1, 0) % freq == 0 ? IndexerMode::kFull
+                                                              : IndexerMode::kShared);
+  }
+  if (num_layers > 0 && modes[0] != IndexerMode::kFull)
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": layer 0 shares the top-k selection of an earlier layer, and there is none "
+                "(its indexer type must be full)"));
+  return modes;
+}
+
+absl::Status ParseIndexer(const json& j, const ModelConfig& cfg, const std::string& source,
+                          IndexerConfig* ix) {
+  // transformers' GlmMoeDsaConfig defaults when a file leaves them out.
+  ix->num_heads = IntOr(j, "index_n_heads", 32);
+  ix->head_dim = IntOr(j, "index_head_dim", 128);
+  ix->topk = IntOr(j, "index_topk", 2048);
+  if (ix->num_heads <= 0 || ix->topk <= 0 || ix->head_dim < cfg.qk_rope_head_dim)
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": indexer of ", ix->num_heads, " heads of ", ix->head_dim, " (index_topk ",
+        ix->topk, "): needs heads > 0, top-k > 0 and index_head_dim >= qk_rope_head_dim ",
+        cfg.qk_rope_head_dim));
+  if (cfg.q_lora_rank <= 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": GlmMoeDsaForCausalLM needs q_lora_rank > 0 (the indexer's queries start from "
+                "the normalised q_a_proj output)"));
+  EXL3_ASSIGN_OR_RETURN(ix->layer_modes, IndexerModes(j, cfg.num_layers, source));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-int ModelConfig::KvWidth() const {
-  if (attention == AttentionKind::kMla) return kv_lora_rank + qk_rope_head_dim;
-  return 2 * num_kv_heads * head_dim;
+int ModelConfig::KvWidth(int layer) const {
+  if (!IsLatentAttention()) return 2 * num_kv_heads * head_dim;
+  return kv_lora_rank + qk_rope_head_dim + (HasOwnIndexer(layer) ? indexer.head_dim : 0);
+}
+
+int64_t ModelConfig::KvFloatsPerToken() const {
+  int64_t n = 0;
+  for (int l = 0; l < num_layers; ++l) n += KvWidth(l);
+  return n;
 }
 
 absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json,
@@ -177,6 +274,12 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json,
   double default_partial = 1.0;
   switch (cfg.moe.family) {
     case MoeFamily::kGlm:
+      if (cfg.architecture() == "GlmMoeDsaForCausalLM") {
+        cfg.attention = AttentionKind::kDsa;
+        EXL3_RETURN_IF_ERROR(ParseLatentAttention(j, source, &cfg));
+        EXL3_RETURN_IF_ERROR(ParseIndexer(j, cfg, source, &cfg.indexer));
+        break;
+      }
       cfg.qk_norm = j.value("use_qk_norm", false);
       default_partial = 0.5;  // Glm4MoeConfig's default when the file names none
       break;
@@ -187,22 +290,20 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json,
     case MoeFamily::kMixtral:
       cfg.sliding_window = IntOr(j, "sliding_window", 0);
       break;
-    case MoeFamily::kDeepseekV3: {
+    case MoeFamily::kDeepseekV3:
       cfg.attention = AttentionKind::kMla;
-      cfg.q_lora_rank = IntOr(j, "q_lora_rank", 0);
-      EXL3_ASSIGN_OR_RETURN(cfg.kv_lora_rank, RequireInt(j, source, "kv_lora_rank"));
-      EXL3_ASSIGN_OR_RETURN(cfg.qk_nope_head_dim, RequireInt(j, source, "qk_nope_head_dim"));
-      EXL3_ASSIGN_OR_RETURN(cfg.qk_rope_head_dim, RequireInt(j, source, "qk_rope_head_dim"));
-      EXL3_ASSIGN_OR_RETURN(cfg.v_head_dim, RequireInt(j, source, "v_head_dim"));
+      EXL3_RETURN_IF_ERROR(ParseLatentAttention(j, source, &cfg));
       break;
-    }
     default:
       break;
   }
   EXL3_RETURN_IF_ERROR(ParseRope(j, cfg, source, default_partial, &cfg.rope));
-  if (cfg.attention == AttentionKind::kMla) {
-    cfg.rope.layout = j.value("rope_interleave", true) ? RopeLayout::kInterleaved
-                                                       : RopeLayout::kHalfSplit;
+  if (cfg.IsLatentAttention()) {
+    // DeepSeek-V3 follows rope_interleave (default true); GLM-MoE-DSA always interleaves (MLA
+    // and indexer alike).
+    const bool interleave =
+        cfg.attention == AttentionKind::kDsa || j.value("rope_interleave", true);
+    cfg.rope.layout = interleave ? RopeLayout::kInterleaved : RopeLayout::kHalfSplit;
     // DeepSeek scales the softmax by mscale(factor, mscale_all_dim)^2 under a scaled rope.
     double scale = 1.0 / std::sqrt(static_cast<double>(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim));
     const json p = MergedRopeParameters(j);

@@ -7,9 +7,10 @@
 //   cfg->attention == AttentionKind::kGqa;  cfg->rope.rotary_dim == 32;
 //
 // Families run by the engine: Glm4MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM (GQA
-// attention) and DeepseekV3ForCausalLM (multi-head latent attention). GlmMoeDsaForCausalLM,
-// DeepseekV4ForCausalLM and Qwen3NextForCausalLM have MoE layers the expert side serves, but their
-// attention is not built yet: loading one for generation fails naming what is missing.
+// attention), DeepseekV3ForCausalLM (multi-head latent attention) and GlmMoeDsaForCausalLM (MLA
+// with DeepSeek sparse attention's lightning indexer). DeepseekV4ForCausalLM and
+// Qwen3NextForCausalLM have MoE layers the expert side serves, but their attention is not built
+// yet: loading one for generation fails naming what is missing.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,21 @@ namespace exl3::engine {
 enum class AttentionKind {
   kGqa,  // q/k/v/o projections, grouped KV heads (Glm4Moe, Qwen3Moe, Mixtral)
   kMla,  // DeepSeek multi-head latent attention (q/kv low-rank, shared rope key)
+  kDsa,  // MLA whose queries see only the top-k positions a lightning indexer picks (GLM-MoE-DSA)
+};
+
+// Whether a DSA layer runs its own indexer or reuses the selection of the last layer that did
+// (GlmMoeDsaConfig's indexer_types "full" / "shared").
+enum class IndexerMode { kFull, kShared };
+
+// The lightning indexer of DSA layers: per query, index_n_heads heads of index_head_dim score
+// every visible position; the query attends to the index_topk highest (all of them while it sees
+// no more than index_topk). Its keys are cached beside the MLA latent of layers that run it.
+struct IndexerConfig {
+  int num_heads = 0;  // index_n_heads
+  int head_dim = 0;   // index_head_dim: the first qk_rope_head_dim dimensions rotate
+  int topk = 0;       // index_topk
+  std::vector<IndexerMode> layer_modes;  // [num_layers]; layer 0 is kFull
 };
 
 enum class RopeType { kDefault, kLinear, kDynamic, kYarn };
@@ -68,15 +84,25 @@ struct ModelConfig {
   int qk_nope_head_dim = 0;
   int qk_rope_head_dim = 0;
   int v_head_dim = 0;
+  IndexerConfig indexer;  // attention == kDsa
   RopeConfig rope;
   float attention_scale = 0.0f;  // softmax scale of q·k
   std::vector<int32_t> eos_token_ids;
 
   const std::string& architecture() const { return moe.architecture; }
   bool IsMoeLayer(int layer) const { return moe.IsMoeLayer(layer); }
-  // Floats one token's keys and values take in one layer's cache (GQA: k and v of every KV head;
-  // MLA: the normalised latent and the rotated shared key).
-  int KvWidth() const;
+  // MLA proper or DSA: latent attention with q/kv low-rank projections.
+  bool IsLatentAttention() const { return attention == AttentionKind::kMla || attention == AttentionKind::kDsa; }
+  // Whether DSA layer `layer` runs its own indexer (and caches its keys).
+  bool HasOwnIndexer(int layer) const {
+    return attention == AttentionKind::kDsa && indexer.layer_modes[layer] == IndexerMode::kFull;
+  }
+  // Floats one token's keys and values take in layer `layer`'s cache (GQA: k and v of every KV
+  // head; MLA: the normalised latent and the rotated shared key; DSA: those, then the rotated
+  // indexer key on layers that run their own indexer).
+  int KvWidth(int layer) const;
+  // The same summed over the layers: one token's cache footprint in floats.
+  int64_t KvFloatsPerToken() const;
 };
 
 // Parses config.json text (`source` names it in errors); generation_config.json's eos_token_id,

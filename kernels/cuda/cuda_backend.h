@@ -184,6 +184,9 @@ class MoeRunner {
   absl::Status ForwardHostRouting(const float* x, int num_tokens, const int32_t* topk_ids,
                                   const float* topk_weights, float* out,
                                   StreamHandle stream = nullptr, bool include_shared = true);
+  // Points the runner (and its workspace) at another layer of the same shape, so one workspace
+  // serves every MoE layer of a model. Launches already made keep their layer.
+  absl::Status Rebind(const DeviceMoeLayer& layer);
   Path path() const;
   struct Impl;
 

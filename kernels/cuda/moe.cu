@@ -795,6 +795,19 @@ absl::Status MoeRunner::Forward(const float* x, int T, const int32_t* ids, const
   return absl::OkStatus();
 }
 
+absl::Status MoeRunner::Rebind(const DeviceMoeLayer& layer) {
+  Impl& R = *impl_;
+  const DeviceMoeLayer::Impl& N = *layer.impl();
+  if (N.hidden != R.L->hidden || N.inter != R.L->inter || N.shared_inter != R.L->shared_inter ||
+      N.num_experts != R.L->num_experts || N.has_shared != R.L->has_shared) {
+    return absl::InvalidArgumentError(
+        "MoeRunner::Rebind: the layer's shape (hidden, intermediate, experts, shared expert) differs "
+        "from the one the workspace was sized for");
+  }
+  R.L = &N;  // kernels take the layer's tables as launch arguments: earlier launches are unaffected
+  return absl::OkStatus();
+}
+
 absl::Status MoeRunner::ForwardHostRouting(const float* x, int T, const int32_t* ids, const float* weights,
                                            float* out, StreamHandle stream_handle, bool include_shared) {
   Impl& R = *impl_;

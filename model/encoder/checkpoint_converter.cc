@@ -257,6 +257,11 @@ absl::StatusOr<ConvertStats> ConvertCheckpoint(const std::string& input_dir,
         !absl::EndsWith(rest, ".weight")) {
       continue;
     }
+    if (rest == "self_attn.indexer.weights_proj.weight") {
+      // DSA's per-head indexer weights: a router-like [heads, hidden] projection that exllamav3
+      // keeps unquantized (and transformers in fp32), like the MoE routers.
+      continue;
+    }
     if (absl::StartsWith(rest, "self_attn.") || absl::StartsWith(rest, "linear_attn.")) {
       if (options.quantize_attention) optional_linear(name, options.bits, "attention");
     } else if (!cfg->IsMoeLayer(layer) &&

@@ -8,7 +8,9 @@
 // `head_bits` (DeepSeek-V4's `attn.*` attention, with its grouped output projection, is copied
 // as stored: nothing here reads it yet); a linear whose dimensions are not both multiples of 128
 // (or whose dtype is not BF16/F16/F32) stays as stored and is listed in
-// ConvertStats::kept_linears. Biases, embeddings, norms and routers are copied unchanged; a tied head (tie_word_embeddings, no lm_head tensor)
+// ConvertStats::kept_linears. Biases, embeddings, norms, routers and DSA's indexer head weights
+// (`self_attn.indexer.weights_proj`, a router-like projection exllamav3 keeps unquantized) are
+// copied unchanged; a tied head (tie_word_embeddings, no lm_head tensor)
 // stays the embedding. config.json gains "quantization_config" (what was quantized, with which
 // K); other files (tokenizer, generation config, ...) are copied.
 //

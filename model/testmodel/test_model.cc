@@ -21,7 +21,11 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 bool IsSigmoidFamily(const std::string& arch) {
-  return arch == "glm4_moe" || arch == "deepseek_v3";
+  return arch == "glm4_moe" || arch == "deepseek_v3" || arch == "glm_moe_dsa";
+}
+
+bool IsLatentAttention(const std::string& arch) {
+  return arch == "deepseek_v3" || arch == "glm_moe_dsa";
 }
 
 class Rng {
@@ -152,13 +156,26 @@ absl::Status WriteIndex(const fs::path& dir, const json& weight_map) {
 
 // One linear layer [out_f, in_f]: EXL3 with random trellis bits (exl3, both dimensions multiples
 // of 128) or an HF bf16 weight.
-void AddLinear(const std::string& prefix, int out_f, int in_f, bool down, bool exl3,
+// Which bit width of SyntheticOptions a linear takes.
+enum class LinearRole { kExpert, kExpertDown, kAttentionOrDense, kHead };
+
+int BitsOf(const SyntheticOptions& so, LinearRole role) {
+  switch (role) {
+    case LinearRole::kExpertDown: return so.down_bits > 0 ? so.down_bits : so.bits;
+    case LinearRole::kAttentionOrDense: return so.attention_bits > 0 ? so.attention_bits : so.bits;
+    case LinearRole::kHead: return so.head_bits > 0 ? so.head_bits : so.bits;
+    case LinearRole::kExpert: break;
+  }
+  return so.bits;
+}
+
+void AddLinear(const std::string& prefix, int out_f, int in_f, LinearRole role, bool exl3,
                const SyntheticOptions* so, std::vector<GenTensor>* out) {
   if (!exl3 || out_f % 128 != 0 || in_f % 128 != 0) {
     out->push_back({prefix + ".weight", DType::kBF16, {out_f, in_f}, GenTensor::kGaussian, 0.02f});
     return;
   }
-  const int K = down && so->down_bits > 0 ? so->down_bits : so->bits;
+  const int K = BitsOf(*so, role);
   out->push_back({prefix + ".trellis", DType::kI16, {in_f / 16, out_f / 16, 16 * K},
                   GenTensor::kRandomBits});
   out->push_back({prefix + ".suh", DType::kF16, {in_f}, GenTensor::kSigns, 1.0f});
@@ -183,15 +200,15 @@ void AddMoeTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool exl
   if (!bias.empty()) out->push_back({bias, DType::kF32, {s.experts}, GenTensor::kBias, 0.05f});
   const int I = s.intermediate;
   for (int e = 0; e < s.experts; ++e) {
-    AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kGate), I, H, false, exl3, so, out);
-    AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kUp), I, H, false, exl3, so, out);
-    AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kDown), H, I, true, exl3, so, out);
+    AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kGate), I, H, LinearRole::kExpert, exl3, so, out);
+    AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kUp), I, H, LinearRole::kExpert, exl3, so, out);
+    AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kDown), H, I, LinearRole::kExpertDown, exl3, so, out);
   }
   if (cfg.has_shared_expert()) {
     const int SI = cfg.shared_intermediate_size;
-    AddLinear(SharedExpertPrefix(cfg, L, Projection::kGate), SI, H, false, exl3, so, out);
-    AddLinear(SharedExpertPrefix(cfg, L, Projection::kUp), SI, H, false, exl3, so, out);
-    AddLinear(SharedExpertPrefix(cfg, L, Projection::kDown), H, SI, true, exl3, so, out);
+    AddLinear(SharedExpertPrefix(cfg, L, Projection::kGate), SI, H, LinearRole::kExpert, exl3, so, out);
+    AddLinear(SharedExpertPrefix(cfg, L, Projection::kUp), SI, H, LinearRole::kExpert, exl3, so, out);
+    AddLinear(SharedExpertPrefix(cfg, L, Projection::kDown), H, SI, LinearRole::kExpertDown, exl3, so, out);
   }
 }
 
@@ -204,11 +221,11 @@ void AddLayerTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool e
                      const SyntheticOptions* so, std::vector<GenTensor>* t) {
   const int H = s.hidden, heads = s.heads;
   const std::string p = absl::StrCat("model.layers.", L, ".");
-  auto linear = [&](const std::string& name, int out_f, int in_f, bool down = false) {
-    AddLinear(p + name, out_f, in_f, down, exl3, so, t);
+  auto linear = [&](const std::string& name, int out_f, int in_f) {
+    AddLinear(p + name, out_f, in_f, LinearRole::kAttentionOrDense, exl3, so, t);
   };
   t->push_back(NormTensor(p + "input_layernorm.weight", H));
-  if (s.arch == "deepseek_v3") {  // MLA
+  if (IsLatentAttention(s.arch)) {  // MLA
     const int qd = s.qk_nope_head_dim + s.qk_rope_head_dim;
     linear("self_attn.q_a_proj", s.q_lora_rank, H);
     t->push_back(NormTensor(p + "self_attn.q_a_layernorm.weight", s.q_lora_rank));
@@ -217,6 +234,16 @@ void AddLayerTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool e
     t->push_back(NormTensor(p + "self_attn.kv_a_layernorm.weight", s.kv_lora_rank));
     linear("self_attn.kv_b_proj", heads * (s.qk_nope_head_dim + s.v_head_dim), s.kv_lora_rank);
     linear("self_attn.o_proj", H, heads * s.v_head_dim);
+    if (s.arch == "glm_moe_dsa") {  // the lightning indexer
+      linear("self_attn.indexer.wq_b", s.index_heads * s.index_head_dim, s.q_lora_rank);
+      linear("self_attn.indexer.wk", s.index_head_dim, H);
+      t->push_back(NormTensor(p + "self_attn.indexer.k_norm.weight", s.index_head_dim));
+      t->push_back({p + "self_attn.indexer.k_norm.bias", DType::kBF16, {s.index_head_dim},
+                    GenTensor::kBias, 0.05f});
+      // Router-like: kept dense (as the converter keeps it), never EXL3.
+      t->push_back({p + "self_attn.indexer.weights_proj.weight", DType::kBF16,
+                    {s.index_heads, H}, GenTensor::kGaussian, 0.02f});
+    }
   } else {
     const int hd = s.head_dim, kv = s.kv_heads;
     linear("self_attn.q_proj", heads * hd, H);
@@ -239,7 +266,7 @@ void AddLayerTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool e
   } else {
     linear("mlp.gate_proj", s.dense_intermediate, H);
     linear("mlp.up_proj", s.dense_intermediate, H);
-    linear("mlp.down_proj", H, s.dense_intermediate, /*down=*/true);
+    linear("mlp.down_proj", H, s.dense_intermediate);
   }
 }
 
@@ -252,7 +279,7 @@ std::vector<std::vector<GenTensor>> WholeModelShards(const TestModelSpec& s, con
                        GenTensor::kGaussian, 0.02f});
   for (int L = 0; L < s.layers; ++L) AddLayerTensors(s, cfg, L, exl3, so, &shards[L]);
   shards.back().push_back(NormTensor("model.norm.weight", s.hidden));
-  AddLinear("lm_head", s.vocab, s.hidden, false, exl3, so, &shards.back());
+  AddLinear("lm_head", s.vocab, s.hidden, LinearRole::kHead, exl3, so, &shards.back());
   return shards;
 }
 
@@ -284,9 +311,16 @@ absl::StatusOr<MoeConfig> ParsedConfig(const TestModelSpec& s) {
 absl::StatusOr<TestModelSpec> ResolveTestModelSpec(const TestModelSpec& in) {
   TestModelSpec s = in;
   if (s.arch != "glm4_moe" && s.arch != "deepseek_v3" && s.arch != "qwen3_moe" &&
-      s.arch != "mixtral") {
+      s.arch != "mixtral" && s.arch != "glm_moe_dsa") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "unknown --arch '", s.arch, "' (glm4_moe, deepseek_v3, qwen3_moe or mixtral)"));
+        "unknown --arch '", s.arch, "' (glm4_moe, deepseek_v3, qwen3_moe, mixtral or glm_moe_dsa)"));
+  }
+  if (s.arch == "glm_moe_dsa" &&
+      (s.index_heads < 1 || s.index_topk < 1 || s.index_head_dim < s.qk_rope_head_dim)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--index-heads ", s.index_heads, " and --index-topk ", s.index_topk,
+        " must be >= 1 and --index-head-dim ", s.index_head_dim, " >= --qk-rope-head-dim ",
+        s.qk_rope_head_dim));
   }
   const bool sig = IsSigmoidFamily(s.arch);
   if (s.shared < 0) s.shared = sig ? 1 : 0;
@@ -312,7 +346,7 @@ absl::StatusOr<TestModelSpec> ResolveTestModelSpec(const TestModelSpec& in) {
     }
   }
   if (s.topk_group < 0) s.topk_group = std::max(1, s.n_group / 2);
-  if (s.kv_heads <= 0) s.kv_heads = s.arch == "deepseek_v3" ? s.heads : 2;
+  if (s.kv_heads <= 0) s.kv_heads = IsLatentAttention(s.arch) ? s.heads : 2;
   if (s.head_dim <= 0 && s.heads > 0) s.head_dim = s.hidden / s.heads;
   if (s.heads < 1 || s.kv_heads < 1 || s.heads % s.kv_heads != 0 || s.head_dim < 2 ||
       s.head_dim % 2 != 0) {
@@ -376,6 +410,27 @@ json TestModelConfig(const TestModelSpec& s) {
          {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0},
          {"num_nextn_predict_layers", 0}, {"ep_size", 1}, {"tie_word_embeddings", false},
          {"torch_dtype", "bfloat16"}, {"vocab_size", s.vocab}};
+  } else if (s.arch == "glm_moe_dsa") {
+    std::vector<std::string> mlp_types(s.layers, "sparse");
+    for (int l = 0; l < s.dense_layers && l < s.layers; ++l) mlp_types[l] = "dense";
+    j = {{"architectures", {"GlmMoeDsaForCausalLM"}}, {"model_type", "glm_moe_dsa"},
+         {"attention_bias", false}, {"hidden_act", "silu"}, {"hidden_size", s.hidden},
+         {"initializer_range", 0.02}, {"intermediate_size", s.dense_intermediate},
+         {"moe_intermediate_size", s.intermediate}, {"n_routed_experts", s.experts},
+         {"n_shared_experts", s.shared}, {"num_experts_per_tok", s.top_k},
+         {"n_group", s.n_group}, {"topk_group", s.topk_group},
+         {"routed_scaling_factor", s.routed_scaling_factor}, {"norm_topk_prob", true},
+         {"first_k_dense_replace", s.dense_layers}, {"mlp_layer_types", mlp_types},
+         {"num_hidden_layers", s.layers}, {"num_attention_heads", heads},
+         {"num_key_value_heads", s.kv_heads}, {"q_lora_rank", s.q_lora_rank},
+         {"kv_lora_rank", s.kv_lora_rank}, {"qk_nope_head_dim", s.qk_nope_head_dim},
+         {"qk_rope_head_dim", s.qk_rope_head_dim}, {"v_head_dim", s.v_head_dim},
+         {"head_dim", s.qk_rope_head_dim}, {"index_n_heads", s.index_heads},
+         {"index_head_dim", s.index_head_dim}, {"index_topk", s.index_topk},
+         {"indexer_types", std::vector<std::string>(s.layers, "full")},
+         {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-5},
+         {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1000000.0}}},
+         {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"}, {"vocab_size", s.vocab}};
   } else if (s.arch == "qwen3_moe") {
     j = {{"architectures", {"Qwen3MoeForCausalLM"}}, {"model_type", "qwen3_moe"},
          {"attention_bias", false}, {"head_dim", s.head_dim}, {"hidden_act", "silu"},
@@ -445,7 +500,7 @@ absl::Status WriteSyntheticExl3Model(const TestModelSpec& spec, const SyntheticO
   absl::StatusOr<TestModelSpec> rs = ResolveTestModelSpec(spec);
   if (!rs.ok()) return rs.status();
   const TestModelSpec& s = *rs;
-  for (int k : {opts.bits, opts.down_bits}) {
+  for (int k : {opts.bits, opts.down_bits, opts.attention_bits, opts.head_bits}) {
     if (k != 0 && (k < 1 || k > 8)) return absl::InvalidArgumentError("bit widths must be in 1..8");
   }
   if (opts.bits < 1) return absl::InvalidArgumentError("--bits must be in 1..8");
@@ -483,6 +538,10 @@ absl::Status WriteSyntheticExl3Model(const TestModelSpec& spec, const SyntheticO
     if (!gs.ok()) return gs;
   }
   if (opts.down_bits > 0) c["quantization_config"]["down_bits"] = opts.down_bits;
+  if (opts.whole_model) {
+    c["quantization_config"]["attention_bits"] = BitsOf(opts, LinearRole::kAttentionOrDense);
+    c["quantization_config"]["head_bits"] = BitsOf(opts, LinearRole::kHead);
+  }
   return WriteText(dir / "config.json", c.dump(2) + "\n");
 }
 

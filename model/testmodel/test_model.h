@@ -5,6 +5,9 @@
 //                                       attention tensors
 //   qwen3_moe    Qwen3MoeForCausalLM    softmax router, norm_topk_prob, no shared expert
 //   mixtral      MixtralForCausalLM     softmax router, block_sparse_moe.experts.E.w1/w2/w3
+//   glm_moe_dsa  GlmMoeDsaForCausalLM   as GLM (sigmoid router, shared expert, dense first
+//                                       layers) with MLA attention plus DSA's lightning indexer
+//                                       (self_attn.indexer.wq_b / wk / k_norm / weights_proj)
 //
 // WriteHfTestModel writes a Hugging Face checkpoint (bf16 weights with random values, fp32
 // correction biases, tiny attention/norm/embedding tensors so that the checkpoint is complete,
@@ -28,7 +31,7 @@
 namespace exl3 {
 
 struct TestModelSpec {
-  std::string arch = "glm4_moe";  // glm4_moe | deepseek_v3 | qwen3_moe | mixtral
+  std::string arch = "glm4_moe";  // glm4_moe | deepseek_v3 | qwen3_moe | mixtral | glm_moe_dsa
   int layers = 3;
   int hidden = 256;
   int experts = 16;
@@ -47,12 +50,16 @@ struct TestModelSpec {
   int heads = 4;
   int kv_heads = 0;   // 0: family default (2; DeepSeek-V3: heads)
   int head_dim = 0;   // 0: hidden / heads
-  // DeepSeek-V3's multi-head latent attention.
+  // DeepSeek-V3's (and GLM-MoE-DSA's) multi-head latent attention.
   int q_lora_rank = 64;
   int kv_lora_rank = 32;
   int qk_nope_head_dim = 32;
   int qk_rope_head_dim = 16;
   int v_head_dim = 32;
+  // GLM-MoE-DSA's lightning indexer (every layer runs its own).
+  int index_heads = 4;
+  int index_head_dim = 32;  // >= qk_rope_head_dim
+  int index_topk = 64;
 };
 
 // Fills the family defaults (-1 fields) and checks the spec (multiples of 128 for hidden and
@@ -70,8 +77,10 @@ struct SyntheticOptions {
   // Also attention, norms, dense MLPs, embeddings and the head (linears EXL3 where both
   // dimensions are multiples of 128, else bf16), so the engine can run it; else MoE layers only.
   bool whole_model = false;
-  int bits = 2;          // experts' K (and every other EXL3 linear's)
-  int down_bits = 0;     // down projections' K (0: bits)
+  int bits = 2;            // experts' K (and every other EXL3 linear's unless set below)
+  int down_bits = 0;       // routed and shared experts' down projections' K (0: bits)
+  int attention_bits = 0;  // attention and dense MLP linears' K (0: bits)
+  int head_bits = 0;       // lm_head's K (0: bits)
   Codebook codebook = Codebook::kMcg;
   bool progress = true;
 };

@@ -7,7 +7,7 @@ Run with a Python that has torch and transformers (5.17 or later):
         --exl3-tool build/bin/exl3-tool --out tests/fixtures/engine
 
 For each family (Glm4MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM,
-DeepseekV3ForCausalLM) it builds a tiny random model with transformers' own classes, saves it
+DeepseekV3ForCausalLM, GlmMoeDsaForCausalLM) it builds a tiny random model with transformers' own classes, saves it
 (bf16, save_pretrained), converts it with `exl3-tool quantize` in two variants:
 
     <family>_experts : routed/shared experts at K=4; attention, dense MLPs, head as stored
@@ -21,6 +21,9 @@ prompt, each MoE layer's input and output. Self-checks (the script fails when on
     --min-gap times the logits' scale (their standard deviation);
   * routing is stable: at every token of every MoE layer, the chosen experts (and groups) lead
     the first one left out by at least --min-route-margin;
+  * DSA's selection is stable: at every query of every layer that runs a lightning indexer and
+    sees more than index_topk positions, the index_topk-th highest index score leads the next by
+    at least --min-index-margin times the spread (standard deviation) of that query's scores;
   * generate() (KV cache) and the teacher-forced forward pass agree on every greedy token;
   * `exl3-tool moe` on the recorded MoE inputs reproduces the recorded MoE outputs within
     --moe-tol relative (the expert and routing side, through the repository's own kernels).
@@ -128,6 +131,32 @@ FAMILIES = {
                   "first_k_dense_replace 1", "sigmoid routing with random e_score_correction_bias, "
                   "n_group 4 / topk_group 2", "routed_scaling_factor 2.5", "n_shared_experts 1",
                   "kv_a_proj_with_mqa [160, 256] is not EXL3-able: stored as is in both variants"]),
+    "glm_moe_dsa": dict(
+        config="GlmMoeDsaConfig",
+        seed=1, head_mix=0.6,
+        fields=shape(
+            max_position_embeddings=128, moe_intermediate_size=128, n_routed_experts=EXPERTS,
+            n_shared_experts=1, first_k_dense_replace=1, mlp_layer_types=["sparse", "dense"],
+            n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+            num_attention_heads=4, num_key_value_heads=4, q_lora_rank=128, kv_lora_rank=128,
+            qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=96, index_n_heads=8,
+            index_head_dim=128, index_topk=8, indexer_types=["full", "shared"],
+            rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=1,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+        features=["MLA: q_lora_rank 128, kv_lora_rank 128, qk_nope_head_dim 64, "
+                  "qk_rope_head_dim 32, v_head_dim 96, interleaved rope (always, for this family)",
+                  "DSA lightning indexer (self_attn.indexer.wq_b/wk/k_norm/weights_proj): "
+                  "index_n_heads 8, index_head_dim 128 (rope on its first 32 dims), index_topk 8: "
+                  "positions 0..7 attend densely, later ones to the 8 positions the indexer picks",
+                  "indexer_types [full, shared]: layer 1 has no indexer and reuses layer 0's "
+                  "selection",
+                  "mlp_layer_types [sparse, dense] (layer 0 MoE, layer 1 dense) over "
+                  "first_k_dense_replace 1",
+                  "sigmoid routing with random e_score_correction_bias, n_group 2 / topk_group 1",
+                  "routed_scaling_factor 2.5", "n_shared_experts 1",
+                  "indexer.weights_proj [8, 256] kept as stored in both variants (exllamav3 keeps "
+                  "it unquantized); kv_a_proj_with_mqa [160, 256] likewise (160 not a multiple "
+                  "of 128)"]),
 }
 
 VARIANTS = {
@@ -305,11 +334,54 @@ def route_margin(family, cfg, gate, x):
     return min(margins)
 
 
+def indexers(model):
+    """The lightning indexers of a DSA model (layers whose indexer type is "full"), by layer."""
+    out = {}
+    for i, layer in enumerate(model.model.layers):
+        ix = getattr(layer.self_attn, "indexer", None)
+        if ix is not None:
+            out[i] = ix
+    return out
+
+
+def index_margin(mod, args, kwargs, selected):
+    """The smallest lead of the index_topk-th index score over the next, in units of that
+    query's score spread, over the queries that see more than index_topk positions; the scores
+    recomputed from the indexer's own submodules (and checked to give its selection)."""
+    from transformers.models.glm_moe_dsa.modeling_glm_moe_dsa import apply_rotary_pos_emb_interleave
+    hidden, q_resid, (cos, sin) = args[0], args[1], args[2]
+    b, s, _ = hidden.shape
+    q = mod.wq_b(q_resid).view(b, s, mod.n_heads, mod.head_dim)
+    k = mod.k_norm(mod.wk(hidden)).unsqueeze(2)
+    r = mod.qk_rope_head_dim
+    q_rot, k_rot = apply_rotary_pos_emb_interleave(q[..., :r], k[..., :r], cos, sin, unsqueeze_dim=2)
+    q = torch.cat([q_rot, q[..., r:]], dim=-1)
+    k = torch.cat([k_rot, k[..., r:]], dim=-1).squeeze(2)
+    scores = torch.relu(torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)) * mod.softmax_scale)
+    weights = mod.weights_proj(hidden).float() * mod.n_heads ** -0.5
+    index = torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2)[0]  # [S, S]
+    topk = mod.index_topk
+    worst = float("inf")
+    for t in range(topk, s):  # query position t sees t + 1 > topk positions
+        row = index[t, : t + 1]
+        top = row.topk(topk + 1)
+        gap = (top.values[topk - 1] - top.values[topk]).item()
+        spread = row.std().item()
+        margin = gap / spread if spread > 0 else 0.0
+        worst = min(worst, margin)
+        # A tie (or near one) leaves the choice to torch's topk: that seed is refused by the
+        # margin; with a clear margin the recomputed scores must give the indexer's choice.
+        if margin > 1e-5 and set(top.indices[:topk].tolist()) != set(selected[0, t].tolist()):
+            fail(f"the indexer's selection at position {t} differs from its recomputed scores")
+    return worst
+
+
 def record(family, model, prompts, successor, args, slack=1.0):
     cfg = model.config
     layers = moe_layers(model)
     out, info = {}, {"prompts": [], "moe_layers": layers, "moe_prompt": MOE_PROMPT}
     min_gap_ratio, min_margin, non_successor = float("inf"), float("inf"), 0
+    min_index_margin, min_sparse_effect = float("inf"), float("inf")
     for i, prompt in enumerate(prompts):
         ids = prompt.unsqueeze(0)
         with torch.no_grad():
@@ -331,17 +403,35 @@ def record(family, model, prompts, successor, args, slack=1.0):
                                    .reshape(-1, inp[0].shape[-1]).clone())
                 hooks.append(model.model.layers[L].mlp.register_forward_hook(hook))
         margin_hooks = []
-        margins = []
+        margins, index_margins = [], []
         for L in layers:
             def mhook(mod, inp, outp, L=L):
                 x = inp[0].reshape(-1, inp[0].shape[-1])
                 margins.append(route_margin(family, cfg, mod.gate, x))
             margin_hooks.append(model.model.layers[L].mlp.register_forward_hook(mhook))
+        for ix in indexers(model).values():
+            def ihook(mod, a, kw, outp):
+                index_margins.append(index_margin(mod, a, kw, outp))
+            margin_hooks.append(ix.register_forward_hook(ihook, with_kwargs=True))
         with torch.no_grad():
             logits = model(full, use_cache=False).logits[0].float()
         for h in hooks + margin_hooks:
             h.remove()
         min_margin = min(min_margin, min(margins))
+        prompt_info = {}
+        if index_margins:
+            min_index_margin = min(min_index_margin, min(index_margins))
+            # How much the selection matters: the same pass with every position selected.
+            topk = cfg.index_topk
+            for ix in indexers(model).values():
+                ix.index_topk = 1 << 30
+            with torch.no_grad():
+                dense = model(full, use_cache=False).logits[0].float()
+            for ix in indexers(model).values():
+                ix.index_topk = topk
+            diff = ((dense[topk:] - logits[topk:]).norm() / logits[topk:].norm()).item()
+            prompt_info["sparse_vs_dense_rel_diff"] = float(f"{diff:.3e}")
+            min_sparse_effect = min(min_sparse_effect, diff)
         # Greedy tokens against the teacher-forced logits; their stability.
         steps = logits[len(prompt) - 1: len(prompt) - 1 + NEW_TOKENS]
         if not torch.equal(steps.argmax(-1), greedy):
@@ -358,7 +448,7 @@ def record(family, model, prompts, successor, args, slack=1.0):
         info["prompts"].append({"index": i, "prompt_len": len(prompt), "greedy_len": NEW_TOKENS,
                                 "logits_rows": full.shape[1],
                                 "min_top1_top2_gap": round(gaps.min().item(), 4),
-                                "logit_std": round(scale, 4)})
+                                "logit_std": round(scale, 4), **prompt_info})
         for L, (x, y) in captured.items():
             out[f"moe_in.{L}"] = x.float().contiguous()
             out[f"moe_out.{L}"] = y.float().contiguous()
@@ -370,6 +460,14 @@ def record(family, model, prompts, successor, args, slack=1.0):
                        f"(< {slack * args.min_gap})")
     if min_margin < args.min_route_margin:
         raise Unstable(f"smallest routing margin {min_margin:.2e} < {args.min_route_margin}")
+    if min_index_margin != float("inf"):
+        info["index_topk"] = cfg.index_topk
+        info["indexer_layers"] = sorted(indexers(model))
+        info["min_index_margin"] = float(f"{min_index_margin:.3e}")
+        info["min_sparse_vs_dense_rel_diff"] = float(f"{min_sparse_effect:.3e}")
+        if min_index_margin < args.min_index_margin:
+            raise Unstable(f"smallest index-score margin {min_index_margin:.2e} x the score spread "
+                           f"(< {args.min_index_margin})")
     return out, info
 
 
@@ -433,6 +531,9 @@ def make_variant(family, variant, flags, hf_dir, work, prompts, successor, args)
     tensors, info = record(family, ref_model, prompts, successor, args)
     errs = check_moe(args.exl3_tool, exl3_dir, tensors, info["moe_layers"], work, args.moe_tol)
     info["moe_check_rel_err"] = {str(k): float(f"{v:.3e}") for k, v in errs.items()}
+    if "min_index_margin" in info:
+        log(f"{name}: min index-score margin/spread {info['min_index_margin']}, logits with "
+            f"every position selected differ by >= {info['min_sparse_vs_dense_rel_diff']} relative")
     log(f"{name}: {len(prefixes)} EXL3 layers; min gap/std {info['min_gap_over_logit_std']}, "
         f"min route margin {info['min_route_margin']}, non-successor greedy steps "
         f"{info['non_successor_steps']}, exl3-tool moe rel err "
@@ -490,6 +591,9 @@ def main():
                     help="smallest allowed top1-top2 greedy gap, in units of the logits' std")
     ap.add_argument("--min-route-margin", type=float, default=1e-4,
                     help="smallest allowed lead of a chosen expert/group over the next")
+    ap.add_argument("--min-index-margin", type=float, default=1e-4,
+                    help="smallest allowed lead of DSA's top-k-th index score over the next, in "
+                         "units of the query's score standard deviation")
     ap.add_argument("--moe-tol", type=float, default=1e-5,
                     help="exl3-tool moe against transformers' MoE block, relative L2")
     args = ap.parse_args()

@@ -1,15 +1,32 @@
 #include "services/router/generation.h"
 
+#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/cpu_model.h"
 #include "services/common/logging.h"
 #include "services/router/router_moe_executor.h"
 
-namespace exl3::router {
+#if EXL3_HAVE_CUDA
+#include "engine/cuda/cuda_model.h"
+#endif
 
-absl::StatusOr<std::unique_ptr<Generation>> Generation::Start(const GenerationOptions& o,
-                                                              MoeRouterService* router,
-                                                              prometheus::Registry& registry) {
+namespace exl3::router {
+namespace {
+
+absl::StatusOr<std::unique_ptr<engine::ModelRunner>> OpenModel(const GenerationOptions& o,
+                                                               std::unique_ptr<engine::MoeExecutor> moe) {
+  if (o.device == EngineDevice::kCuda) {
+#if EXL3_HAVE_CUDA
+    engine::cuda::CudaModelOptions co;
+    co.served_name = o.served_model_name;
+    EXL3_ASSIGN_OR_RETURN(std::unique_ptr<engine::cuda::CudaModel> m,
+                          engine::cuda::CudaModel::Open(o.model_dir, co, std::move(moe)));
+    return std::unique_ptr<engine::ModelRunner>(std::move(m));
+#else
+    return absl::FailedPreconditionError(
+        "--engine-device cuda: this build has no CUDA backend (configure with a CUDA toolkit)");
+#endif
+  }
   engine::CpuModelOptions mo;
   mo.num_threads = o.threads;
   mo.served_name = o.served_model_name;
@@ -17,14 +34,28 @@ absl::StatusOr<std::unique_ptr<Generation>> Generation::Start(const GenerationOp
   // measured on 2 cores, two micro-batches did not pay (bench/results/engine-cpu.md), so 1
   // unless asked.
   mo.micro_batches = o.micro_batches > 0 ? o.micro_batches : 1;
+  EXL3_ASSIGN_OR_RETURN(std::unique_ptr<engine::CpuModel> m, engine::CpuModel::Open(o.model_dir, mo, std::move(moe)));
+  return std::unique_ptr<engine::ModelRunner>(std::move(m));
+}
+
+}  // namespace
+
+absl::StatusOr<EngineDevice> ParseEngineDevice(std::string_view name) {
+  if (name == "cpu") return EngineDevice::kCpu;
+  if (name == "cuda") return EngineDevice::kCuda;
+  return absl::InvalidArgumentError(absl::StrCat("engine device '", std::string(name), "': expected cpu or cuda"));
+}
+
+absl::StatusOr<std::unique_ptr<Generation>> Generation::Start(const GenerationOptions& o,
+                                                              MoeRouterService* router,
+                                                              prometheus::Registry& registry) {
   std::unique_ptr<engine::MoeExecutor> moe;
   if (router != nullptr) {
     EXL3_ASSIGN_OR_RETURN(engine::ModelConfig cfg, engine::LoadModelConfig(o.model_dir));
     moe = std::make_unique<RouterMoeExecutor>(*router, o.inline_max_tokens, cfg.hidden_size,
                                               o.moe_timeout);
   }
-  EXL3_ASSIGN_OR_RETURN(std::unique_ptr<engine::CpuModel> model,
-                        engine::CpuModel::Open(o.model_dir, mo, std::move(moe)));
+  EXL3_ASSIGN_OR_RETURN(std::unique_ptr<engine::ModelRunner> model, OpenModel(o, std::move(moe)));
   std::unique_ptr<Generation> g(new Generation());
   g->metrics_ = std::make_unique<EngineMetrics>(registry);
   engine::EngineOptions eo = o.engine;
@@ -43,9 +74,10 @@ absl::StatusOr<std::unique_ptr<Generation>> Generation::Start(const GenerationOp
     }
   });
   const engine::KvCacheShape shape = g->engine_->kv_cache_shape();
-  svc::LogInfo("engine: %s (%s), KV cache %d blocks x %d tokens, experts %s",
+  svc::LogInfo("engine: %s (%s) on the %s, KV cache %d blocks x %d tokens, experts %s",
                g->engine_->model_info().name.c_str(), g->engine_->model_info().architecture.c_str(),
-               shape.num_blocks, shape.block_size, go.experts.c_str());
+               o.device == EngineDevice::kCuda ? "GPU" : "CPU", shape.num_blocks, shape.block_size,
+               go.experts.c_str());
   return g;
 }
 

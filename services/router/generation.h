@@ -13,6 +13,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "absl/status/statusor.h"
@@ -24,8 +25,13 @@
 
 namespace exl3::router {
 
+enum class EngineDevice { kCpu, kCuda };
+// "cpu" or "cuda"; anything else is an InvalidArgument naming both.
+absl::StatusOr<EngineDevice> ParseEngineDevice(std::string_view name);
+
 struct GenerationOptions {
   std::string model_dir;
+  EngineDevice device = EngineDevice::kCpu;  // where the forward pass runs
   std::string served_model_name;  // empty: the directory's base name
   int threads = 0;                // CPU threads of the model (0: all)
   int micro_batches = 0;          // 1 or 2 (engine/cpu_model.h); 0: 1

@@ -58,7 +58,7 @@ void SetFinish(const engine::FinishInfo& f, pb::GenerateResponse* out) {
 // engine never calls back into a deleted reactor.
 class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateResponse> {
  public:
-  GenerateReactor(engine::Engine& engine, TaskQueue& writer, grpc::CallbackServerContext* ctx,
+  GenerateReactor(engine::Engine& engine, svc::TaskQueue& writer, grpc::CallbackServerContext* ctx,
                   const pb::GenerateRequest& req, std::chrono::milliseconds default_timeout)
       : engine_(engine), writer_(writer) {
     SteadyClock::time_point deadline = SteadyClock::now() + default_timeout;
@@ -153,7 +153,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateRespon
   }
 
   engine::Engine& engine_;
-  TaskQueue& writer_;
+  svc::TaskQueue& writer_;
   std::mutex mu_;
   uint64_t request_id_ = 0;
   bool write_scheduled_ = false;

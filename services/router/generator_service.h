@@ -6,12 +6,13 @@
 // of microseconds, which the loop would otherwise pay per sequence per step).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <string>
 
 #include "engine/engine.h"
 #include "exl3serve/v1/exl3serve.grpc.pb.h"
-#include "services/router/moe_router.h"  // TaskQueue
+#include "services/common/task_queue.h"
 
 namespace exl3::router {
 
@@ -39,7 +40,7 @@ class GeneratorService final : public ::exl3serve::v1::Generator::CallbackServic
   engine::Engine& engine_;
   GeneratorOptions options_;
   std::atomic<bool> draining_{false};
-  TaskQueue writer_{1};  // starts the calls' writes
+  svc::TaskQueue writer_{1};  // starts the calls' writes
 };
 
 // The request's parameters in the engine's terms (no validation: Engine::Submit validates).

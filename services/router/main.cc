@@ -14,6 +14,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "model/exl3_model.h"
 #include "model/expert_map.h"
 #include "services/common/flags.h"
@@ -72,6 +73,9 @@ ABSL_FLAG(std::string, generate, "auto",
           "only) or auto (true when the model directory holds the whole model; with an expert map "
           "and only MoE layers in the directory, MoeRouter only)");
 ABSL_FLAG(std::string, served_model_name, "", "model name in DescribeModel (default: the directory's name)");
+ABSL_FLAG(std::string, engine_device, "cpu",
+          "where the model's forward pass runs: cpu, or cuda (GPU 0; GQA families; experts on the GPU "
+          "without --expert-map; needs a build with the CUDA toolkit)");
 ABSL_FLAG(int32_t, engine_threads, 0, "CPU threads of the model's forward pass (0: all)");
 ABSL_FLAG(int32_t, micro_batches, 0,
           "run a step of two or more sequences as 1 or 2 micro-batches whose attention and MoE "
@@ -105,6 +109,7 @@ absl::StatusOr<std::unique_ptr<Generation>> StartGeneration(const std::string& m
   GenerationOptions g;
   g.model_dir = model_dir;
   g.served_model_name = absl::GetFlag(FLAGS_served_model_name);
+  EXL3_ASSIGN_OR_RETURN(g.device, ParseEngineDevice(absl::GetFlag(FLAGS_engine_device)));
   g.threads = absl::GetFlag(FLAGS_engine_threads);
   g.micro_batches = absl::GetFlag(FLAGS_micro_batches);
   g.inline_max_tokens = inline_max_tokens;

@@ -100,8 +100,8 @@ void RouterCore::UpdateReady() {
     std::lock_guard<std::mutex> l(listener_mu_);
     if (listener_) listener_(ready);
   }
-  const int now = ready ? 1 : 0;
-  if (ready_.exchange(now) != now) {
+  const Readiness now = ready ? Readiness::kReady : Readiness::kNotReady;
+  if (readiness_.exchange(now) != now) {
     const bool shared_on_workers = !opt_.router.shared_expert_worker.empty();
     if (ready) {
       svc::LogInfo("ready: every routed expert%s has a serving worker",
@@ -147,7 +147,7 @@ absl::Status RouterCore::ReloadMap() {
     auto fresh = WorkerPool::Create(*next, cfg, popt_, old.get(), metrics_.get());
     service_->SetPool(fresh);
     old->StopUnshared(*fresh);
-    retired_.push_back(old);
+    retired_.Retire(std::move(old));
   }
   UpdateReady();
   return absl::OkStatus();
@@ -157,11 +157,8 @@ void RouterCore::Stop() {
   std::lock_guard<std::mutex> l(reload_mu_);
   if (stopped_ || !service_) return;
   stopped_ = true;
-  auto p = service_->pool();
-  for (int i = 0; p && i < p->num_workers(); ++i) p->worker(i).Stop();
-  for (auto& r : retired_) {
-    for (int i = 0; i < r->num_workers(); ++i) r->worker(i).Stop();
-  }
+  if (auto p = service_->pool()) p->StopAll();
+  retired_.StopAll();
 }
 
 }  // namespace exl3::router

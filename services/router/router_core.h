@@ -20,6 +20,7 @@
 #include "prometheus/registry.h"
 #include "services/common/server.h"
 #include "services/router/moe_router.h"
+#include "services/router/retired_pools.h"
 #include "services/router/router_metrics.h"
 #include "services/router/worker_pool.h"
 
@@ -57,7 +58,7 @@ class RouterCore {
 
   // Ready: every routed expert (and, with --shared-expert worker:NAME, the shared expert) has a
   // serving worker, and not draining.
-  bool Ready() const { return ready_.load() == 1; }
+  bool Ready() const { return readiness_.load() == Readiness::kReady; }
   bool WaitReady(std::chrono::milliseconds timeout);
   // Called (on a worker's thread, or the caller's of StartDrain/ReloadMap) after readiness is
   // recomputed, with the new value; replaces the previous listener (nullptr: none).
@@ -67,7 +68,11 @@ class RouterCore {
   // New requests are refused with UNAVAILABLE; readiness drops.
   void StartDrain();
   // Reloads the expert map from its file (exl3-router's SIGHUP); on error the previous map stays.
+  // Connections to workers that left the map are stopped; the old pool is freed once the
+  // requests that started on it have ended.
   absl::Status ReloadMap();
+  // Old pools not freed yet (requests that started on them still running).
+  int retired_pools() const { return retired_.size(); }
   // Stops every worker connection (current and retired pools). Requests still in flight fail.
   void Stop();
 
@@ -82,14 +87,16 @@ class RouterCore {
   WorkerPoolOptions popt_;
   std::unique_ptr<MoeRouterService> service_;
   std::atomic<bool> draining_{false};
-  std::atomic<int> ready_{-1};
+  // kUnknown until UpdateReady first runs, so its first result is always logged.
+  enum class Readiness { kUnknown, kReady, kNotReady };
+  std::atomic<Readiness> readiness_{Readiness::kUnknown};
   std::mutex listener_mu_;  // held while the listener runs
   std::function<void(bool)> listener_;
   std::mutex ready_mu_;
   std::condition_variable ready_cv_;
   std::mutex reload_mu_;
-  std::vector<std::shared_ptr<WorkerPool>> retired_;  // old pools stay alive until Stop
-  bool stopped_ = false;                               // guarded by reload_mu_
+  bool stopped_ = false;  // guarded by reload_mu_
+  RetiredPools retired_;  // old pools, freed once unused
 };
 
 }  // namespace exl3::router

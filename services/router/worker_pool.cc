@@ -610,8 +610,8 @@ std::string WorkerConn::transport() const {
   return s->shm != nullptr && !s->shm->closed() ? "shm" : "grpc";
 }
 
-absl::Status WorkerConn::Send(pb::ExpertRequest* req, size_t request_bytes, SubCallback cb,
-                              SubHandle* handle) {
+absl::StatusOr<WorkerLink::Ticket> WorkerConn::Send(pb::ExpertRequest req, size_t request_bytes,
+                                                    SubCallback cb) {
   std::shared_ptr<Session> s;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -636,28 +636,29 @@ absl::Status WorkerConn::Send(pb::ExpertRequest* req, size_t request_bytes, SubC
     id = s->next_id++;
     s->pending[id] = Session::Pending{std::move(cb), Clock::now()};
     outstanding_.fetch_add(1);
-    req->set_id(id);
-    s->QueueLocked(std::move(*req), request_bytes);
+    req.set_id(id);
+    s->QueueLocked(std::move(req), request_bytes);
   }
   if (metrics_) metrics_->Sent(request_bytes);
-  if (handle != nullptr) *handle = SubHandle{s, id};
-  return absl::OkStatus();
+  return Ticket{s, id};
 }
 
-void WorkerConn::Cancel(const SubHandle& h, pb::CancelReason reason) {
-  std::shared_ptr<Session> s = h.session.lock();
-  if (!s || h.id == 0) return;
+void WorkerConn::Cancel(const Ticket& ticket, pb::CancelReason reason) {
+  // Tickets of this link name its sessions.
+  std::shared_ptr<Session> s = std::static_pointer_cast<Session>(ticket.session.lock());
+  if (!s) return;  // the session ended: its pending sub-requests have had their callbacks
+  const uint64_t id = ticket.id;
   bool withdrawn = false, sent = false;
   Session::Pending p;
   {
     std::lock_guard<std::mutex> l(s->mu);
     if (!s->open) return;  // the stream is ending: OnDone fails what is pending
-    auto pit = s->pending.find(h.id);
+    auto pit = s->pending.find(id);
     if (pit == s->pending.end()) return;  // answered (or failed with the stream) already
     // Still queued (not the one being written): never reaches the worker.
     for (auto it = s->outq.begin(); it != s->outq.end(); ++it) {
       if (s->writing && it == s->outq.begin()) continue;
-      if (it->msg.id() == h.id && !it->msg.has_cancel()) {
+      if (it->msg.id() == id && !it->msg.has_cancel()) {
         s->queued_bytes -= std::min(s->queued_bytes, it->bytes);
         s->outq.erase(it);
         withdrawn = true;
@@ -669,7 +670,7 @@ void WorkerConn::Cancel(const SubHandle& h, pb::CancelReason reason) {
       s->pending.erase(pit);
     } else if (cancel_supported_) {
       pb::ExpertRequest c;
-      c.set_id(h.id);
+      c.set_id(id);
       c.mutable_cancel()->set_reason(reason);
       s->QueueLocked(std::move(c), 0);
       sent = true;
@@ -689,16 +690,11 @@ void WorkerConn::Cancel(const SubHandle& h, pb::CancelReason reason) {
 std::shared_ptr<WorkerPool> WorkerPool::Create(const ExpertMap& map, const MoeConfig& cfg,
                                                const WorkerPoolOptions& opt,
                                                const WorkerPool* reuse, RouterMetrics* metrics) {
-  std::shared_ptr<WorkerPool> p(new WorkerPool());
-  p->moe_layers_ = cfg.MoeLayers();
-  p->num_experts_ = cfg.num_experts;
-  // One more holder list per layer: the shared expert's (pseudo expert id num_experts).
-  p->holders_.assign(cfg.num_hidden_layers, std::vector<std::vector<int>>(cfg.num_experts + 1));
-  p->shared_on_workers_ = !opt.shared_expert_worker.empty();
+  std::vector<std::shared_ptr<WorkerConn>> conns;
   for (const ExpertMapWorker& w : map.workers) {
     std::shared_ptr<WorkerConn> conn;
     if (reuse) {
-      for (const auto& old : reuse->workers_) {
+      for (const auto& old : reuse->conns_) {
         if (old->name() == w.name && old->address() == w.address &&
             old->spec().experts == w.experts && old->spec().shared_expert == w.shared_expert) {
           conn = old;
@@ -710,45 +706,30 @@ std::shared_ptr<WorkerPool> WorkerPool::Create(const ExpertMap& map, const MoeCo
       conn = std::make_shared<WorkerConn>(w, cfg, opt, metrics);
       conn->Start();
     }
-    const int idx = static_cast<int>(p->workers_.size());
-    p->workers_.push_back(conn);
-    for (int L = 0; L < cfg.num_hidden_layers; ++L) {
-      for (int e : w.experts[L]) p->holders_[L][e].push_back(idx);
-    }
+    conns.push_back(std::move(conn));
   }
-  if (p->shared_on_workers_) {
-    // The named worker first, then its replicas (SharedExpertWorkers' order).
-    auto names = SharedExpertWorkers(map, opt.shared_expert_worker);
-    for (const std::string& n : names.ok() ? *names : std::vector<std::string>{}) {
-      for (int i = 0; i < p->num_workers(); ++i) {
-        if (p->workers_[i]->name() != n) continue;
-        for (int L : p->moe_layers_) p->holders_[L][cfg.num_experts].push_back(i);
-      }
-    }
+  const bool shared_on_workers = !opt.shared_expert_worker.empty();
+  std::vector<std::string> shared_names;
+  if (shared_on_workers) {
+    // The router checked the map (SharedExpertWorkers) before building the pool; a map that fails
+    // it here leaves the shared expert without holders (every request asking for it fails).
+    absl::StatusOr<std::vector<std::string>> names =
+        SharedExpertWorkers(map, opt.shared_expert_worker);
+    if (names.ok()) shared_names = std::move(*names);
   }
-  return p;
+  return std::shared_ptr<WorkerPool>(new WorkerPool(
+      std::move(conns), ExpertHolders::FromMap(map, cfg, shared_on_workers, shared_names)));
 }
+
+namespace {
+std::vector<std::shared_ptr<WorkerLink>> AsLinks(const std::vector<std::shared_ptr<WorkerConn>>& c) {
+  return std::vector<std::shared_ptr<WorkerLink>>(c.begin(), c.end());
+}
+}  // namespace
+
+WorkerPool::WorkerPool(std::vector<std::shared_ptr<WorkerConn>> conns, ExpertHolders holders)
+    : WorkerSet(AsLinks(conns), std::move(holders)), conns_(std::move(conns)) {}
 
 WorkerPool::~WorkerPool() = default;
-
-void WorkerPool::StopUnshared(const WorkerPool& next) {
-  for (const auto& w : workers_) {
-    bool shared = false;
-    for (const auto& n : next.workers_) shared |= n == w;
-    if (!shared) w->Stop();
-  }
-}
-
-int WorkerPool::UnservedExperts() const {
-  int n = 0;
-  for (int L : moe_layers_) {
-    for (int e = 0; e < num_experts_ + (shared_on_workers_ ? 1 : 0); ++e) {
-      bool served = false;
-      for (int i : holders_[L][e]) served |= workers_[i]->up();
-      n += served ? 0 : 1;
-    }
-  }
-  return n;
-}
 
 }  // namespace exl3::router

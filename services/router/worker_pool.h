@@ -1,14 +1,15 @@
 // The router's connections to its expert workers: one persistent channel and one long-lived
 // ExpertWorker.Forward stream per worker, followed by the gRPC health Watch, re-established with
 // exponential backoff plus jitter, and checked with Describe (model fingerprint, experts held)
-// before any work is sent.
+// before any work is sent. WorkerConn is the real WorkerLink (services/router/worker_link.h);
+// WorkerPool is the WorkerSet (services/router/worker_set.h) of one expert map's connections.
 //
-//   WorkerPool::Options opt; opt.fingerprint = model.fingerprint(); opt.on_change = [&]{...};
+//   WorkerPoolOptions opt; opt.fingerprint = model.fingerprint(); opt.on_change = [&]{...};
 //   auto pool = WorkerPool::Create(map, cfg, opt, /*reuse=*/nullptr, &metrics);
-//   const std::vector<int>& who = pool->Holders(layer, expert);   // indices into workers
-//   WorkerConn::SubHandle h;
-//   pool->worker(i).Send(request, bytes, [](absl::Status s, ExpertResponse* r) {...}, &h);
-//   pool->worker(i).Cancel(h, pb::CANCEL_REASON_DEADLINE);   // no longer needed
+//   const std::vector<int>& who = pool->holders().Routed(layer, expert);  // indices into workers
+//   absl::StatusOr<WorkerLink::Ticket> t =
+//       pool->link(i).Send(std::move(request), bytes, [](absl::Status s, ExpertResponse* r) {...});
+//   pool->link(i).Cancel(*t, pb::CANCEL_REASON_DEADLINE);   // no longer needed
 //
 // A worker is "up" while its Describe matched, its health is SERVING, its Forward stream is open
 // and it keeps answering: a liveness probe (a grpc.health.v1 Check with a short deadline, on the
@@ -18,9 +19,8 @@
 // in flight on it gets its callback with UNAVAILABLE (the router then fails over); the worker
 // rejoins once its Describe answers again.
 //
-// With --shared-expert worker:NAME the shared expert is a pseudo expert of every MoE layer, id
-// num_experts (WorkerPool::shared_expert_id), held by NAME and by the other map workers marked
-// shared_expert (replicas).
+// With --shared-expert worker:NAME the shared expert of every MoE layer is held by NAME and by the
+// other map workers marked shared_expert (replicas): ExpertHolders::Shared.
 #pragma once
 
 #include <atomic>
@@ -41,17 +41,14 @@
 #include "model/expert_map.h"
 #include "model/moe_config.h"
 #include "services/common/server.h"
+#include "services/router/worker_link.h"
+#include "services/router/worker_set.h"
 
 namespace exl3::router {
 
 namespace pb = ::exl3serve::v1;
 
 class RouterMetrics;
-
-// Called exactly once per accepted sub-request: OK with the worker's response (whose in-band
-// status may still be an error), UNAVAILABLE when the stream broke before the answer came, or
-// CANCELLED when Cancel withdrew it before it was written.
-using SubCallback = std::function<void(absl::Status, pb::ExpertResponse*)>;
 
 struct WorkerPoolOptions {
   std::string fingerprint;  // the router's model; empty: not checked
@@ -76,39 +73,33 @@ struct WorkerPoolOptions {
 absl::StatusOr<std::vector<std::string>> SharedExpertWorkers(const ExpertMap& map,
                                                              const std::string& name);
 
-class WorkerConn {
+class WorkerConn final : public WorkerLink {
  public:
   WorkerConn(const ExpertMapWorker& w, const MoeConfig& cfg, const WorkerPoolOptions& opt,
              RouterMetrics* metrics);
-  ~WorkerConn();
+  ~WorkerConn() override;
   void Start();
-  void Stop();
+  void Stop() override;
 
-  // Identifies one sent sub-request (its stream and id), for Cancel.
   struct Session;
   struct HealthWatch;
   struct Probe;
-  struct SubHandle {
-    std::weak_ptr<Session> session;
-    uint64_t id = 0;  // 0: none
-  };
 
-  // Sends `req` (its id is overwritten). On OK, `cb` will be called exactly once, from another
-  // thread, and *handle (when given) identifies the sub-request. On error (worker not up, write
-  // failed) `cb` is not called.
-  absl::Status Send(pb::ExpertRequest* req, size_t request_bytes, SubCallback cb,
-                    SubHandle* handle = nullptr);
-  // Withdraws a sub-request whose answer is no longer needed: one still waiting to be written is
-  // dropped here (its callback runs with CANCELLED); one already written gets a cancel message on
-  // the stream when the worker's Describe says it accepts them (its answer, CANCELLED or the
-  // result, still comes and runs the callback). A sub-request already answered: nothing happens.
-  void Cancel(const SubHandle& h, pb::CancelReason reason);
+  // WorkerLink. Send queues the request on the session's stream (or its shared-memory channel);
+  // UNAVAILABLE when the worker is not up or has 4 x max_message_bytes of requests unwritten.
+  absl::StatusOr<Ticket> Send(pb::ExpertRequest req, size_t request_bytes,
+                              SubCallback cb) override;
+  // A sub-request still waiting to be written is dropped here (its callback runs with
+  // CANCELLED); one already written gets a cancel message on the stream when the worker's
+  // Describe says it accepts them (its answer, CANCELLED or the result, still comes and runs the
+  // callback).
+  void Cancel(const Ticket& ticket, pb::CancelReason reason) override;
+  const std::string& name() const override { return spec_.name; }
+  const std::string& address() const override { return spec_.address; }
+  bool up() const override { return up_.load(); }
+  int outstanding() const override { return outstanding_.load(); }
 
-  const std::string& name() const { return spec_.name; }
-  const std::string& address() const { return spec_.address; }
   const ExpertMapWorker& spec() const { return spec_; }
-  bool up() const { return up_.load(); }
-  int outstanding() const { return outstanding_.load(); }
   std::string state_message() const;  // why it is not up, or "" while up
   std::string backend() const;
   std::string device() const;
@@ -155,38 +146,22 @@ class WorkerConn {
   std::thread supervisor_;
 };
 
-class WorkerPool {
+// One expert map's worker connections (worker i is map.workers[i]).
+class WorkerPool final : public WorkerSet {
  public:
   // Connections whose name, address and experts are unchanged are taken over from `reuse`
   // (SIGHUP reload); the others are new and started here.
   static std::shared_ptr<WorkerPool> Create(const ExpertMap& map, const MoeConfig& cfg,
                                             const WorkerPoolOptions& opt,
                                             const WorkerPool* reuse, RouterMetrics* metrics);
-  ~WorkerPool();
+  ~WorkerPool() override;
 
-  int num_workers() const { return static_cast<int>(workers_.size()); }
-  WorkerConn& worker(int i) const { return *workers_[i]; }
-  std::shared_ptr<WorkerConn> worker_ptr(int i) const { return workers_[i]; }
-  // Workers holding (layer, expert), in map order; expert shared_expert_id(): the shared expert's
-  // holders (empty unless it runs on workers).
-  const std::vector<int>& Holders(int layer, int expert) const {
-    return holders_[layer][expert];
-  }
-  int shared_expert_id() const { return num_experts_; }
-  bool shared_on_workers() const { return shared_on_workers_; }
-  // Routed experts (all layers) without any up worker, plus one per MoE layer whose shared expert
-  // has none when it runs on workers.
-  int UnservedExperts() const;
-  // Stops the connections not shared with `next` (after a reload swapped pools).
-  void StopUnshared(const WorkerPool& next);
+  // What Describe reports of worker i.
+  const WorkerConn& conn(int i) const { return *conns_[i]; }
 
  private:
-  WorkerPool() = default;
-  std::vector<std::shared_ptr<WorkerConn>> workers_;
-  std::vector<std::vector<std::vector<int>>> holders_;  // [layer][expert or shared] -> workers
-  std::vector<int> moe_layers_;
-  int num_experts_ = 0;
-  bool shared_on_workers_ = false;
+  WorkerPool(std::vector<std::shared_ptr<WorkerConn>> conns, ExpertHolders holders);
+  const std::vector<std::shared_ptr<WorkerConn>> conns_;  // the same objects as links()
 };
 
 }  // namespace exl3::router

@@ -76,13 +76,25 @@ TEST_P(CpuModelTest, ChunkedPrefillBatchingMicroBatchesAndDecodeAgree) {
 
 INSTANTIATE_TEST_SUITE_P(Families, CpuModelTest,
                          ::testing::Values("glm4_moe_all", "deepseek_v3_all", "qwen3_moe_experts",
-                                           "mixtral_all"));
+                                           "mixtral_all", "glm_moe_dsa_all"));
 
 }  // namespace
 }  // namespace exl3::engine
 
 namespace exl3::engine {
 namespace {
+
+// GLM-MoE-DSA's cache: every layer holds the MLA latent and rope key (128 + 32 floats), the
+// layer that runs its own indexer also its key (128); the "shared" layer does not.
+TEST(CpuModelKvFootprint, CountsTheIndexerKeysOfLayersThatRunAnIndexer) {
+  CpuModelOptions o;
+  o.num_threads = 1;
+  auto model = CpuModel::Open("tests/fixtures/engine/glm_moe_dsa_experts", o);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->config().KvWidth(0), 128 + 32 + 128);
+  EXPECT_EQ((*model)->config().KvWidth(1), 128 + 32);
+  EXPECT_EQ((*model)->info().kv_bytes_per_token, static_cast<int64_t>(sizeof(float)) * (288 + 160));
+}
 
 // A tied head (no lm_head, tie_word_embeddings) is the embedding matrix: the same logits as the
 // model whose lm_head holds a copy of the embeddings.

@@ -30,6 +30,9 @@ TEST_P(SyntheticWholeModelTest, LoadsAndDecodes) {
   spec.qk_rope_head_dim = 64;
   spec.qk_nope_head_dim = 64;
   spec.v_head_dim = 64;
+  spec.index_heads = 2;      // GLM-MoE-DSA: wq_b 256 x 128, wk 128 x 256 (EXL3)
+  spec.index_head_dim = 128;
+  spec.index_topk = 3;       // 9 positions below: the later ones attend sparsely
   spec.vocab = 256;
   SyntheticOptions so;
   so.whole_model = true;
@@ -42,6 +45,11 @@ TEST_P(SyntheticWholeModelTest, LoadsAndDecodes) {
   ASSERT_TRUE(src.ok()) << src.status();
   EXPECT_TRUE((*src)->Has("lm_head.trellis"));
   EXPECT_TRUE((*src)->Has("model.layers.0.self_attn.o_proj.trellis"));
+  if (spec.arch == "glm_moe_dsa") {
+    EXPECT_TRUE((*src)->Has("model.layers.1.self_attn.indexer.wq_b.trellis"));
+    EXPECT_TRUE((*src)->Has("model.layers.1.self_attn.indexer.wk.trellis"));
+    EXPECT_TRUE((*src)->Has("model.layers.1.self_attn.indexer.weights_proj.weight"));
+  }
 
   CpuModelOptions o;
   o.num_threads = 2;
@@ -55,7 +63,8 @@ TEST_P(SyntheticWholeModelTest, LoadsAndDecodes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, SyntheticWholeModelTest,
-                         ::testing::Values("glm4_moe", "deepseek_v3", "qwen3_moe", "mixtral"));
+                         ::testing::Values("glm4_moe", "deepseek_v3", "qwen3_moe", "mixtral",
+                                           "glm_moe_dsa"));
 
 }  // namespace
 }  // namespace exl3::engine

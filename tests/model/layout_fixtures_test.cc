@@ -5,7 +5,8 @@
 // top-k, each layer's kind (dense / moe / hash_moe) and the shared expert, every tensor name it
 // produces exists with the shape the config implies, and every tensor of a MoE layer's MLP is one
 // the reader knows (none is silently ignored). For the families the engine runs,
-// engine/model_config.h parses the same config.json. No torch needed.
+// engine/model_config.h parses the same config.json and the attention weights it reads exist.
+// No torch needed.
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -181,8 +182,9 @@ TEST_P(EngineLayoutFixture, EngineConfigAndAttentionNames) {
   EXPECT_EQ(m->num_heads, j["num_attention_heads"].get<int>());
   EXPECT_EQ(m->num_layers, j["num_hidden_layers"].get<int>());
   for (int L = 0; L < m->num_layers; ++L) EXPECT_EQ(m->IsMoeLayer(L), cfg_.IsMoeLayer(L));
-  if (cfg_.family == MoeFamily::kDeepseekV3) {
-    EXPECT_EQ(m->attention, engine::AttentionKind::kMla);
+  if (cfg_.family == MoeFamily::kDeepseekV3 || cfg_.architecture == "GlmMoeDsaForCausalLM") {
+    EXPECT_EQ(m->attention, cfg_.family == MoeFamily::kDeepseekV3 ? engine::AttentionKind::kMla
+                                                                  : engine::AttentionKind::kDsa);
     EXPECT_EQ(m->kv_lora_rank, j["kv_lora_rank"].get<int>());
     // The MLA projections the engine reads, with the shapes the config implies.
     const int heads = m->num_heads, qk = m->qk_nope_head_dim + m->qk_rope_head_dim;
@@ -194,6 +196,15 @@ TEST_P(EngineLayoutFixture, EngineConfigAndAttentionNames) {
       ExpectTensor(a + "kv_b_proj.weight",
                    {heads * (m->qk_nope_head_dim + m->v_head_dim), m->kv_lora_rank});
       ExpectTensor(a + "o_proj.weight", {m->hidden_size, heads * m->v_head_dim});
+      if (m->HasOwnIndexer(L)) {
+        // DSA's lightning indexer: queries from the q latent, one key head, per-head weights.
+        const engine::IndexerConfig& ix = m->indexer;
+        ExpectTensor(a + "indexer.wq_b.weight", {ix.num_heads * ix.head_dim, m->q_lora_rank});
+        ExpectTensor(a + "indexer.wk.weight", {ix.head_dim, m->hidden_size});
+        ExpectTensor(a + "indexer.k_norm.weight", {ix.head_dim});
+        ExpectTensor(a + "indexer.k_norm.bias", {ix.head_dim});
+        ExpectTensor(a + "indexer.weights_proj.weight", {ix.num_heads, m->hidden_size});
+      }
     }
   } else {
     EXPECT_EQ(m->attention, engine::AttentionKind::kGqa);
@@ -209,7 +220,8 @@ TEST_P(EngineLayoutFixture, EngineConfigAndAttentionNames) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EngineFamilies, EngineLayoutFixture,
-                         ::testing::Values("mixtral", "qwen3_moe", "glm4_moe", "deepseek_v3"),
+                         ::testing::Values("mixtral", "qwen3_moe", "glm4_moe", "deepseek_v3",
+                                           "glm_moe_dsa"),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 }  // namespace

@@ -62,6 +62,27 @@ TEST(MoeConfigTest, Glm) {
   EXPECT_FLOAT_EQ(c->routed_scaling_factor, 2.5f);
 }
 
+// GlmMoeDsaConfig's mlp_layer_types decides each layer's MLP (as transformers builds them), over
+// first_k_dense_replace; a list of the wrong length or with other entries is refused.
+TEST(MoeConfigTest, GlmMoeDsaMlpLayerTypes) {
+  json j = Glm45Air();
+  j["architectures"] = {"GlmMoeDsaForCausalLM"};
+  j["num_hidden_layers"] = 3;
+  j["first_k_dense_replace"] = 1;
+  j["mlp_layer_types"] = {"sparse", "dense", "sparse"};
+  absl::StatusOr<MoeConfig> c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->IsMoeLayer(0));
+  EXPECT_FALSE(c->IsMoeLayer(1));
+  EXPECT_TRUE(c->IsMoeLayer(2));
+  j["mlp_layer_types"] = {"sparse", "dense"};
+  EXPECT_FALSE(Parse(j).ok());
+  j["mlp_layer_types"] = {"sparse", "moe", "dense"};
+  c = Parse(j);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("mlp_layer_types"), std::string::npos);
+}
+
 TEST(MoeConfigTest, DeepseekV3) {
   json j = Glm45Air();
   j["architectures"] = {"DeepseekV3ForCausalLM"};
@@ -193,8 +214,9 @@ TEST(MoeConfigTest, DeepseekV4AsTransformers5WritesIt) {
 }
 
 // GLM-MoE-DSA (GLM-5) names each layer's MLP in mlp_layer_types; it wins over
-// first_k_dense_replace (from which transformers derives the list when it is absent).
-TEST(MoeConfigTest, GlmMoeDsaMlpLayerTypes) {
+// first_k_dense_replace (from which transformers derives the list when it is absent); the
+// other GLM/DeepSeek-V3 configs have no such field (transformers does not read it there).
+TEST(MoeConfigTest, MlpLayerTypesAreGlmMoeDsas) {
   json j = Glm45Air();
   j["architectures"] = {"GlmMoeDsaForCausalLM"};
   j["num_hidden_layers"] = 4;

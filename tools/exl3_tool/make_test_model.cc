@@ -14,15 +14,17 @@ namespace exl3::tool {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: exl3-tool make-test-model --arch glm4_moe|deepseek_v3|qwen3_moe|mixtral --output DIR\n"
+    "usage: exl3-tool make-test-model --arch glm4_moe|deepseek_v3|qwen3_moe|mixtral|glm_moe_dsa\n"
+    "         --output DIR\n"
     "         [--layers N] [--hidden H] [--experts E] [--top-k K] [--intermediate I]\n"
     "         [--shared S] [--dense-layers D] [--dense-intermediate I2] [--n-group G]\n"
     "         [--topk-group G2] [--routed-scaling-factor F] [--swiglu-limit L] [--vocab V]\n"
     "         [--bits K] [--expert-bits K] [--down-bits K] [--codebook 3inst|mcg|mul1]\n"
-    "         [--quantize-all [--head-bits K]] [--seed S] [--threads N] [--hf-only]\n"
+    "         [--quantize-all [--head-bits K]] [--attention-bits K] [--seed S] [--threads N] [--hf-only]\n"
     "         [--hf-output DIR2] [--synthetic [--whole-model]] [--quiet]\n"
     "         [--heads N] [--kv-heads N] [--head-dim D] [--q-lora-rank R] [--kv-lora-rank R]\n"
     "         [--qk-nope-head-dim D] [--qk-rope-head-dim D] [--v-head-dim D]\n"
+    "         [--index-heads N] [--index-head-dim D] [--index-topk K]\n"
     "\n"
     "Writes a MoE model with random weights in the family's real tensor names and config.json\n"
     "(router weight, e_score_correction_bias for glm4_moe/deepseek_v3, shared experts, dense\n"
@@ -30,7 +32,7 @@ constexpr char kUsage[] =
     "norm and embedding tensors), first as a Hugging Face checkpoint (bf16, one shard per layer)\n"
     "in DIR2, then converted to EXL3 into DIR with `exl3-tool quantize`'s converter.\n"
     "\n"
-    "  --arch          glm4_moe, deepseek_v3, qwen3_moe or mixtral (required)\n"
+    "  --arch          glm4_moe, deepseek_v3, qwen3_moe, mixtral or glm_moe_dsa (required)\n"
     "  --output        the EXL3 model directory (with --hf-only: the HF checkpoint)\n"
     "  --hf-output     where the HF checkpoint goes (default: DIR-hf)\n"
     "  --hf-only       write only the HF checkpoint, into DIR\n"
@@ -60,10 +62,16 @@ constexpr char kUsage[] =
     "  --heads, --kv-heads, --head-dim  attention shape (default 4 heads, 2 KV heads, DeepSeek-V3:\n"
     "                  KV heads = heads; head dim hidden / heads)\n"
     "  --q-lora-rank, --kv-lora-rank, --qk-nope-head-dim, --qk-rope-head-dim, --v-head-dim\n"
-    "                  DeepSeek-V3's latent attention (default 64, 32, 32, 16, 32)\n"
+    "                  DeepSeek-V3's and GLM-MoE-DSA's latent attention (default 64, 32, 32,\n"
+    "                  16, 32)\n"
+    "  --index-heads, --index-head-dim, --index-topk  GLM-MoE-DSA's lightning indexer\n"
+    "                  (index_n_heads, index_head_dim, index_topk; default 4, 32, 64; every\n"
+    "                  layer runs its own; weights_proj stays bf16)\n"
     "  --whole-model   with --synthetic: also attention, norms, dense MLPs, embeddings and the\n"
     "                  head (EXL3 where both dimensions are multiples of 128), so exl3-router runs\n"
     "                  it: engine benchmarks at real shapes\n"
+    "  --attention-bits  with --synthetic --whole-model: K of attention and dense MLP linears\n"
+    "                  (default --bits); --head-bits there sets lm_head's K (default --bits)\n"
     "  --synthetic     write an EXL3 model directly, without an HF checkpoint or encoding: every\n"
     "                  expert's trellis bits random (valid EXL3), suh = +-1, svh = +-1/(1.24\n"
     "                  sqrt(in)); only MoE layers' tensors (router, bias, experts, shared);\n"
@@ -84,9 +92,10 @@ int Run(int argc, char** argv) {
                   {"arch", "output", "hf-output", "layers", "hidden", "experts", "top-k",
                    "intermediate", "shared", "dense-layers", "dense-intermediate", "n-group",
                    "topk-group", "routed-scaling-factor", "swiglu-limit", "vocab", "bits",
-                   "expert-bits", "down-bits", "codebook", "seed", "threads", "head-bits",
+                   "expert-bits", "down-bits", "codebook", "seed", "threads", "head-bits", "attention-bits",
                    "heads", "kv-heads", "head-dim", "q-lora-rank", "kv-lora-rank",
-                   "qk-nope-head-dim", "qk-rope-head-dim", "v-head-dim"},
+                   "qk-nope-head-dim", "qk-rope-head-dim", "v-head-dim", "index-heads",
+                   "index-head-dim", "index-topk"},
                   {"hf-only", "synthetic", "quiet", "quantize-all", "whole-model"}, &err)) {
     return Fail(kName, err);
   }
@@ -101,7 +110,7 @@ int Run(int argc, char** argv) {
     const char* name;
     int* out;
   };
-  int bits = 4, expert_bits = 0, down_bits = 0, threads = 0, head_bits = 6;
+  int bits = 4, expert_bits = 0, down_bits = 0, threads = 0, head_bits = 6, attention_bits = 0;
   for (IntFlag f : {IntFlag{"layers", &spec.layers}, {"hidden", &spec.hidden},
                     {"experts", &spec.experts}, {"top-k", &spec.top_k},
                     {"intermediate", &spec.intermediate}, {"shared", &spec.shared},
@@ -109,12 +118,14 @@ int Run(int argc, char** argv) {
                     {"dense-intermediate", &spec.dense_intermediate}, {"n-group", &spec.n_group},
                     {"topk-group", &spec.topk_group}, {"vocab", &spec.vocab}, {"bits", &bits},
                     {"expert-bits", &expert_bits}, {"down-bits", &down_bits},
-                    {"threads", &threads}, {"head-bits", &head_bits}, {"heads", &spec.heads},
+                    {"threads", &threads}, {"head-bits", &head_bits},
+                    {"attention-bits", &attention_bits}, {"heads", &spec.heads},
                     {"kv-heads", &spec.kv_heads}, {"head-dim", &spec.head_dim},
                     {"q-lora-rank", &spec.q_lora_rank}, {"kv-lora-rank", &spec.kv_lora_rank},
                     {"qk-nope-head-dim", &spec.qk_nope_head_dim},
                     {"qk-rope-head-dim", &spec.qk_rope_head_dim},
-                    {"v-head-dim", &spec.v_head_dim}}) {
+                    {"v-head-dim", &spec.v_head_dim}, {"index-heads", &spec.index_heads},
+                    {"index-head-dim", &spec.index_head_dim}, {"index-topk", &spec.index_topk}}) {
     if (args.Has(f.name) && !args.GetInt(f.name, f.out, &err)) return Fail(kName, err);
   }
   for (auto [name, out] : {std::pair<const char*, float*>{"routed-scaling-factor", &spec.routed_scaling_factor},
@@ -126,7 +137,7 @@ int Run(int argc, char** argv) {
   if (args.Has("seed") && !absl::SimpleAtoi(args.Get("seed"), &spec.seed)) {
     return Fail(kName, "--seed must be a non-negative integer");
   }
-  for (int k : {bits, expert_bits, down_bits, head_bits}) {
+  for (int k : {bits, expert_bits, down_bits, head_bits, attention_bits}) {
     if (k != 0 && (k < 1 || k > 8)) return Fail(kName, "bit widths must be in 1..8");
   }
   if (bits < 1) return Fail(kName, "--bits must be in 1..8");
@@ -142,6 +153,10 @@ int Run(int argc, char** argv) {
   if (args.Bool("whole-model") && !args.Bool("synthetic")) {
     return Fail(kName, "--whole-model goes with --synthetic (the HF path always writes whole models)");
   }
+  if (args.Has("attention-bits") && !args.Bool("whole-model")) {
+    return Fail(kName, "--attention-bits goes with --synthetic --whole-model (exl3-tool quantize's converter sets the "
+                       "attention's K from --bits otherwise)");
+  }
   if (args.Bool("synthetic")) {
     if (args.Bool("hf-only") || args.Has("hf-output") || args.Has("expert-bits")) {
       return Fail(kName, "--synthetic writes EXL3 directly: --hf-only, --hf-output and --expert-bits do not apply");
@@ -150,6 +165,8 @@ int Run(int argc, char** argv) {
     so.whole_model = args.Bool("whole-model");
     so.bits = bits;
     so.down_bits = down_bits;
+    so.attention_bits = attention_bits;
+    so.head_bits = args.Has("head-bits") ? head_bits : 0;
     so.codebook = cb;
     so.progress = progress;
     if (progress) {

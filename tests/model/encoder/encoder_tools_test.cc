@@ -146,7 +146,7 @@ class FamilyTest : public ::testing::TestWithParam<const char*> {};
 TEST_P(FamilyTest, MakeTestModelConvertsAndOpens) {
   const std::string arch = GetParam();
   const std::string dir = TempDir("family_" + arch);
-  const bool sig = arch == "glm4_moe" || arch == "deepseek_v3";
+  const bool sig = arch == "glm4_moe" || arch == "deepseek_v3" || arch == "glm_moe_dsa";
   const std::string layers = sig ? "2" : "1";
   ASSERT_EQ(Tool("make-test-model --quiet --arch " + arch + " --output " + dir + "/exl3 --hidden 128 " +
                  "--intermediate 128 --experts 4 --top-k 2 --layers " + layers +
@@ -185,7 +185,8 @@ TEST_P(FamilyTest, MakeTestModelConvertsAndOpens) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyTest,
-                         ::testing::Values("glm4_moe", "deepseek_v3", "qwen3_moe", "mixtral"));
+                         ::testing::Values("glm4_moe", "deepseek_v3", "qwen3_moe", "mixtral",
+                                           "glm_moe_dsa"));
 
 // exl3-tool moe (the serving path) on a converted GLM test model vs the fp32 layer from the HF
 // weights: same routing, and an output error of the size the weights' quantization error predicts.
@@ -439,6 +440,31 @@ TEST(EncoderTools, QuantizeCoversAttentionDenseMlpAndHead) {
   EXPECT_NE(std::find(q["unquantized_linears"].begin(), q["unquantized_linears"].end(),
                       "model.layers.1.self_attn.kv_b_proj.weight"),
             q["unquantized_linears"].end());
+
+  // GLM-MoE-DSA's indexer: wq_b and wk quantized like the attention; weights_proj (router-like)
+  // copied as stored without being asked for (not listed among the linears EXL3 cannot hold).
+  ASSERT_EQ(Tool("make-test-model --quiet --arch glm_moe_dsa --output " + dir + "/dsa --hf-only "
+                 "--hidden 256 --intermediate 128 --dense-intermediate 128 --experts 2 --top-k 1 "
+                 "--layers 2 --heads 4 --q-lora-rank 128 --index-heads 2 --index-head-dim 128"),
+            0);
+  ASSERT_EQ(Tool("quantize --quiet --input " + dir + "/dsa --output " + dir + "/dsa-q --bits 2 --threads 2 "
+                 "--no-quantize-dense-mlp --no-quantize-head", &err), 0)
+      << err;
+  EXPECT_EQ(BitsOf(dir + "/dsa-q", l0 + "self_attn.indexer.wq_b"), 2);  // [256, 128]
+  EXPECT_EQ(BitsOf(dir + "/dsa-q", l0 + "self_attn.indexer.wk"), 2);    // [128, 256]
+  {
+    auto src = TensorSource::Open(dir + "/dsa-q");
+    ASSERT_TRUE(src.ok());
+    EXPECT_TRUE((*src)->Has(l0 + "self_attn.indexer.weights_proj.weight"));  // [2, 256]
+    EXPECT_FALSE((*src)->Has(l0 + "self_attn.indexer.weights_proj.trellis"));
+    EXPECT_TRUE((*src)->Has(l0 + "self_attn.indexer.k_norm.bias"));
+  }
+  q = QuantizationConfig(dir + "/dsa-q");
+  if (q.contains("unquantized_linears")) {
+    EXPECT_EQ(std::find(q["unquantized_linears"].begin(), q["unquantized_linears"].end(),
+                        l0 + "self_attn.indexer.weights_proj.weight"),
+              q["unquantized_linears"].end());
+  }
 }
 
 TEST(EncoderTools, SyntheticModelOpensWithRandomTrellis) {

@@ -1,0 +1,48 @@
+// One linear layer of the model in device memory, y [T, out] = x [T, in] · Wᵀ + b (fp32 in and
+// out): EXL3 through the project's kernels (kernels/cuda/cuda_backend.h: GEMV for decode rows,
+// the GEMM for prefill chunks), dense through cuBLAS on an fp32 copy of the weight.
+//
+//   EXL3_ASSIGN_OR_RETURN(CudaLinear q, CudaLinear::Upload(host_linear));   // engine/linear.h
+//   CudaLinearContext ctx{cublas, &workspace, stream};
+//   EXL3_RETURN_IF_ERROR(q.Forward(d_x, T, d_y, ctx));
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "engine/cuda/device_array.h"
+#include "engine/linear.h"
+#include "kernels/cuda/cuda_backend.h"
+
+namespace exl3::engine::cuda {
+
+// What every Forward of one stream shares.
+struct CudaLinearContext {
+  void* cublas = nullptr;             // cublasHandle_t, bound to `stream`
+  exl3::cuda::Workspace* workspace = nullptr;
+  StreamHandle stream = nullptr;
+};
+
+class CudaLinear {
+ public:
+  static absl::StatusOr<CudaLinear> Upload(const Linear& host);
+  // A dense layer from an fp32 weight [out, in] in host memory (the MoE router).
+  static absl::StatusOr<CudaLinear> UploadDense(const float* weight_out_in, int in_features,
+                                                int out_features);
+
+  absl::Status Forward(const float* x, int num_tokens, float* y, const CudaLinearContext& ctx) const;
+  int in_features() const { return in_; }
+  int out_features() const { return out_; }
+  // Bytes a forward reads of the weights (trellis + sign vectors + bias, or the fp32 matrix).
+  int64_t weight_bytes() const { return weight_bytes_; }
+
+ private:
+  int in_ = 0, out_ = 0;
+  int64_t weight_bytes_ = 0;
+  std::shared_ptr<exl3::cuda::DeviceLinear> exl3_;  // EXL3, or null
+  DeviceArray<float> dense_;                       // dense: [out, in]
+  DeviceArray<float> bias_;                        // dense: [out] or empty
+};
+
+}  // namespace exl3::engine::cuda

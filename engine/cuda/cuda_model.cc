@@ -1,0 +1,573 @@
+#include "engine/cuda/cuda_model.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <cstdio>
+#include <filesystem>
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "engine/attention.h"
+#include "model/exl3_model.h"
+#include "model/safetensors.h"
+
+namespace exl3::engine::cuda {
+namespace {
+
+cudaStream_t Stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+absl::Status CudaStatus(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+}
+
+absl::StatusOr<DeviceArray<float>> UploadVector(const TensorSource& src, const std::string& name,
+                                                int64_t length) {
+  EXL3_ASSIGN_OR_RETURN(std::vector<float> v, LoadVector(src, name, length));
+  DeviceArray<float> d;
+  EXL3_RETURN_IF_ERROR(d.Upload(v));
+  return d;
+}
+
+absl::StatusOr<CudaLinear> LoadLinear(const TensorSource& src, const std::string& prefix, int in,
+                                      int out) {
+  EXL3_ASSIGN_OR_RETURN(Linear host, Linear::Load(src, prefix, in, out));
+  return CudaLinear::Upload(host);
+}
+
+GateConfig GateOf(const MoeConfig& m) {
+  GateConfig g;
+  g.scoring = m.scoring == ScoringFunc::kSoftmax   ? GateConfig::Scoring::kSoftmax
+              : m.scoring == ScoringFunc::kSigmoid ? GateConfig::Scoring::kSigmoid
+                                                   : GateConfig::Scoring::kSqrtSoftplus;
+  g.num_experts = m.num_experts;
+  g.top_k = m.top_k;
+  g.n_group = m.n_group;
+  g.topk_group = m.topk_group;
+  g.norm_topk_prob = m.norm_topk_prob;
+  g.routed_scaling_factor = m.routed_scaling_factor;
+  return g;
+}
+
+}  // namespace
+
+CudaModel::CudaModel(ModelConfig cfg)
+    : cfg_(std::move(cfg)), rope_(cfg_.rope, cfg_.max_position_embeddings) {}
+
+CudaModel::~CudaModel() {
+  if (stream_ != nullptr) cudaStreamSynchronize(Stream(stream_));
+  DropGraphs();
+  for (void* e : event_pool_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
+  if (stream_ != nullptr) cudaStreamDestroy(Stream(stream_));
+}
+
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Open(const std::string& dir,
+                                                           const CudaModelOptions& options,
+                                                           std::unique_ptr<MoeExecutor> remote_moe) {
+  if (exl3::cuda::DeviceCount() == 0)
+    return absl::FailedPreconditionError("the CUDA engine needs a GPU and none is visible");
+  EXL3_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(dir));
+  if (cfg.attention != AttentionKind::kGqa)
+    return absl::UnimplementedError(absl::StrCat(
+        cfg.architecture(), ": its attention (latent, or latent with the sparse indexer) runs on the CPU "
+        "engine only so far (--engine-device cpu)"));
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    if (cfg.moe.IsHashRoutedLayer(l))
+      return absl::UnimplementedError(absl::StrCat("layer ", l, " is hash-routed: not on the GPU engine"));
+  }
+  if (options.max_moe_tokens < 1) return absl::InvalidArgumentError("max_moe_tokens must be positive");
+  std::unique_ptr<CudaModel> m(new CudaModel(std::move(cfg)));
+  m->remote_moe_ = std::move(remote_moe);
+  m->max_moe_tokens_ = options.max_moe_tokens;
+  m->graphs_enabled_ = options.cuda_graphs;
+  EXL3_RETURN_IF_ERROR(m->Load(dir));
+
+  ModelInfo& info = m->info_;
+  info.name = options.served_name.empty()
+                  ? std::filesystem::path(dir).lexically_normal().filename().string()
+                  : options.served_name;
+  if (info.name.empty()) info.name = std::filesystem::path(dir).parent_path().filename().string();
+  info.architecture = m->cfg_.architecture();
+  info.vocab_size = m->cfg_.vocab_size;
+  info.max_context = m->cfg_.max_position_embeddings;
+  info.eos_token_ids = m->cfg_.eos_token_ids;
+  info.kv_bytes_per_token =
+      m->cfg_.KvFloatsPerToken() * static_cast<int64_t>(sizeof(float));
+  return m;
+}
+
+absl::Status CudaModel::Load(const std::string& dir) {
+  cudaStream_t stream;
+  EXL3_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream"));
+  stream_ = stream;
+  cublasHandle_t handle;
+  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) return absl::InternalError("cublasCreate failed");
+  cublas_ = handle;
+  cublasSetStream(handle, stream);
+  constexpr size_t kCublasWorkspace = 32 << 20;
+  EXL3_RETURN_IF_ERROR(cublas_workspace_.Reserve(kCublasWorkspace));
+  if (cublasSetWorkspace(handle, cublas_workspace_.get(), kCublasWorkspace) != CUBLAS_STATUS_SUCCESS)
+    return absl::InternalError("cublasSetWorkspace failed");
+  workspace_ = std::make_unique<exl3::cuda::Workspace>();
+  ctx_ = CudaLinearContext{cublas_, workspace_.get(), stream_};
+  int dev = 0;
+  EXL3_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&dev), "device"));
+  EXL3_RETURN_IF_ERROR(CudaStatus(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, dev), "device"));
+
+  EXL3_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, TensorSource::Open(dir));
+  const int H = cfg_.hidden_size;
+  EXL3_ASSIGN_OR_RETURN(TensorView emb, src->Get("model.embed_tokens.weight"));
+  if (emb.info->shape != std::vector<int64_t>{cfg_.vocab_size, H})
+    return absl::InvalidArgumentError(absl::StrCat(emb.info->name, ": expected shape [", cfg_.vocab_size, ", ", H, "]"));
+  switch (emb.info->dtype) {
+    case DType::kF32: embedding_dtype_ = EmbeddingDType::kF32; break;
+    case DType::kF16: embedding_dtype_ = EmbeddingDType::kF16; break;
+    case DType::kBF16: embedding_dtype_ = EmbeddingDType::kBF16; break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(emb.info->name, ": embeddings of dtype ",
+                                                     std::string(DTypeName(emb.info->dtype)), " are not supported"));
+  }
+  EXL3_RETURN_IF_ERROR(embedding_.Upload(emb.data, emb.size_bytes()));
+  weight_bytes_.embedding_row = static_cast<int64_t>(emb.size_bytes() / cfg_.vocab_size);
+
+  // In-process experts: every routed and shared expert and the routers (the gate runs here).
+  std::unique_ptr<Exl3Model> experts;
+  if (remote_moe_ == nullptr) {
+    Exl3ModelOptions opt;
+    opt.require_exl3 = false;
+    EXL3_ASSIGN_OR_RETURN(experts, Exl3Model::Open(dir, opt));
+  }
+  const MoeConfig& mc = cfg_.moe;
+  const int q_out = cfg_.num_heads * cfg_.head_dim, kv_out = cfg_.num_kv_heads * cfg_.head_dim;
+  layers_.resize(cfg_.num_layers);
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    Layer& L = layers_[l];
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    EXL3_ASSIGN_OR_RETURN(L.input_norm, UploadVector(*src, p + "input_layernorm.weight", H));
+    EXL3_ASSIGN_OR_RETURN(L.post_attention_norm, UploadVector(*src, p + "post_attention_layernorm.weight", H));
+    const std::string a = p + "self_attn.";
+    EXL3_ASSIGN_OR_RETURN(L.q, LoadLinear(*src, a + "q_proj", H, q_out));
+    EXL3_ASSIGN_OR_RETURN(L.k, LoadLinear(*src, a + "k_proj", H, kv_out));
+    EXL3_ASSIGN_OR_RETURN(L.v, LoadLinear(*src, a + "v_proj", H, kv_out));
+    EXL3_ASSIGN_OR_RETURN(L.o, LoadLinear(*src, a + "o_proj", q_out, H));
+    weight_bytes_.attention += L.q.weight_bytes() + L.k.weight_bytes() + L.v.weight_bytes() + L.o.weight_bytes();
+    if (cfg_.qk_norm) {
+      EXL3_ASSIGN_OR_RETURN(L.q_norm, UploadVector(*src, a + "q_norm.weight", cfg_.head_dim));
+      EXL3_ASSIGN_OR_RETURN(L.k_norm, UploadVector(*src, a + "k_norm.weight", cfg_.head_dim));
+    }
+    if (!cfg_.IsMoeLayer(l)) {
+      const int I = cfg_.intermediate_size;
+      DenseMlp mlp;
+      EXL3_ASSIGN_OR_RETURN(mlp.gate, LoadLinear(*src, p + "mlp.gate_proj", H, I));
+      EXL3_ASSIGN_OR_RETURN(mlp.up, LoadLinear(*src, p + "mlp.up_proj", H, I));
+      EXL3_ASSIGN_OR_RETURN(mlp.down, LoadLinear(*src, p + "mlp.down_proj", I, H));
+      weight_bytes_.dense_mlp += mlp.gate.weight_bytes() + mlp.up.weight_bytes() + mlp.down.weight_bytes();
+      L.dense_mlp = std::move(mlp);
+      continue;
+    }
+    MoeBlock moe;
+    if (experts != nullptr) {
+      EXL3_ASSIGN_OR_RETURN(moe.router, CudaLinear::UploadDense(experts->RouterWeight(l), H, mc.num_experts));
+      weight_bytes_.router += moe.router.weight_bytes();
+      if (const float* bias = experts->CorrectionBias(l)) EXL3_RETURN_IF_ERROR(moe.bias.Upload(bias, mc.num_experts));
+      EXL3_ASSIGN_OR_RETURN(MoeLayerView view, experts->LayerView(l));
+      EXL3_ASSIGN_OR_RETURN(moe.experts, exl3::cuda::DeviceMoeLayer::Upload(view));
+      weight_bytes_.experts_resident += static_cast<int64_t>(moe.experts->device_bytes());
+      if (moe_runner_ == nullptr) {
+        EXL3_ASSIGN_OR_RETURN(moe_runner_, exl3::cuda::MoeRunner::Create(*moe.experts, max_moe_tokens_, mc.top_k));
+      }
+    }
+    L.moe = std::move(moe);
+  }
+  EXL3_ASSIGN_OR_RETURN(final_norm_, UploadVector(*src, "model.norm.weight", H));
+  if (src->Has("lm_head.weight") || src->Has("lm_head.trellis")) {
+    EXL3_ASSIGN_OR_RETURN(head_, LoadLinear(*src, "lm_head", H, cfg_.vocab_size));
+  } else if (cfg_.tie_word_embeddings) {
+    EXL3_ASSIGN_OR_RETURN(std::vector<float> w, ToFloat32(emb));
+    EXL3_ASSIGN_OR_RETURN(head_, CudaLinear::UploadDense(w.data(), H, cfg_.vocab_size));
+  } else {
+    return absl::NotFoundError("lm_head: no lm_head.weight or lm_head.trellis, and the "
+                               "embeddings are not tied (tie_word_embeddings false)");
+  }
+  weight_bytes_.head = head_.weight_bytes();
+  // The uploads ran on the legacy stream, which the engine's non-blocking stream does not wait for.
+  return CudaStatus(cudaDeviceSynchronize(), "weights upload");
+}
+
+absl::Status CudaModel::AllocateKvCache(const KvCacheShape& shape) {
+  if (shape.num_blocks <= 0 || shape.block_size <= 0)
+    return absl::InvalidArgumentError(absl::StrCat("KV cache of ", shape.num_blocks, " blocks of ",
+                                                   shape.block_size, " tokens"));
+  // One block more than asked: the padding rows of decode graphs write their keys there.
+  // GQA: every layer's slot has the same width.
+  layer_cache_floats_ = static_cast<size_t>(shape.num_blocks + 1) * shape.block_size * cfg_.KvWidth(0);
+  DropGraphs();
+  cache_ = DeviceArray<float>();
+  EXL3_RETURN_IF_ERROR(cache_.Reserve(layer_cache_floats_ * cfg_.num_layers));
+  cache_shape_ = shape;
+  padding_block_ = shape.num_blocks;
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::Reserve(int T, int R, int splits) {
+  const size_t t = static_cast<size_t>(T), H = cfg_.hidden_size;
+  const size_t q = t * cfg_.num_heads * cfg_.head_dim, kv = t * cfg_.num_kv_heads * cfg_.head_dim;
+  const size_t k = std::max(cfg_.moe.top_k, 1), r = std::max(R, 1);
+  struct Need {
+    DeviceArray<float>* a;
+    size_t n;
+  };
+  const Need needs[] = {{&act_.h, t * H}, {&act_.x, t * H}, {&act_.d, t * H}, {&act_.q, q}, {&act_.k, kv},
+                        {&act_.v, kv}, {&act_.attn, q}, {&act_.gate, t * cfg_.intermediate_size},
+                        {&act_.up, t * cfg_.intermediate_size},
+                        {&act_.router_logits, t * std::max(cfg_.moe.num_experts, 1)}, {&act_.topk_weights, t * k},
+                        {&act_.head_in, r * H}, {&act_.logits, r * cfg_.vocab_size},
+                        {&act_.scratch, static_cast<size_t>(AttentionScratchFloats(T, cfg_.num_heads, cfg_.head_dim, splits))}};
+  bool moved = act_.topk_ids.size() < t * k;
+  for (const Need& n : needs) moved |= n.a->size() < n.n;
+  if (!moved) return absl::OkStatus();
+  DropGraphs();  // they hold the old addresses
+  for (const Need& n : needs) EXL3_RETURN_IF_ERROR(n.a->Reserve(n.n));
+  return act_.topk_ids.Reserve(t * k);
+}
+
+int CudaModel::SplitsFor(int T, int span) const {
+  // Split-K: enough blocks to fill the GPU twice, each split at least 64 positions long.
+  const int blocks = T * cfg_.num_kv_heads;
+  const int splits = std::max(1, std::min((2 * sm_count_ + blocks - 1) / blocks, (span + 63) / 64));
+  const int per = (span + splits - 1) / splits;
+  return (span + per - 1) / per;
+}
+
+absl::Status CudaModel::PrepareStep(const StepTokens& tokens, const StepLayout& layout, DeviceArray<int32_t>* device) {
+  const int T = tokens.num_tokens, Tp = layout.tokens;
+  const bool padded = layout.table_stride > 0;
+  const int R = padded ? Tp : static_cast<int>(tokens.logit_tokens.size());
+  const int half = rope_.rotary_dim() / 2, bs = cache_shape_.block_size;
+  const StepBatch& batch = *tokens.batch;
+  int table_ints = 0;
+  if (padded) {
+    table_ints = Tp * layout.table_stride;
+  } else {
+    for (const SequenceChunk& c : batch.chunks) table_ints += static_cast<int>(c.block_table.size());
+  }
+  // Layout: ids, position, first_visible, slot, table_offset [Tp] | logit_rows [R] |
+  // split_positions [1] | tables | cos, sin [Tp, half] (float bits).
+  std::vector<int32_t>& h = meta_.host;
+  h.assign(5 * static_cast<size_t>(Tp) + R + 1 + table_ints + 2 * static_cast<size_t>(Tp) * half, 0);
+  int32_t* ids = h.data();
+  int32_t* position = ids + Tp;
+  int32_t* first = position + Tp;
+  int32_t* slot = first + Tp;
+  int32_t* table_offset = slot + Tp;
+  int32_t* logit_rows = table_offset + Tp;
+  int32_t* split_positions = logit_rows + R;
+  int32_t* tables = split_positions + 1;
+  float* cos = reinterpret_cast<float*>(tables + table_ints);
+  float* sin = cos + static_cast<size_t>(Tp) * half;
+  std::vector<int32_t> chunk_offset(batch.chunks.size());
+  int off = 0;
+  for (size_t c = 0; c < batch.chunks.size(); ++c) {
+    chunk_offset[c] = padded ? static_cast<int>(c) * layout.table_stride : off;
+    std::copy(batch.chunks[c].block_table.begin(), batch.chunks[c].block_table.end(), tables + chunk_offset[c]);
+    off += static_cast<int>(batch.chunks[c].block_table.size());
+  }
+  int span = 1;
+  RopeAngles angles;
+  for (int t = 0; t < Tp; ++t) {
+    const bool real = t < T;
+    const int pos = real ? tokens.positions[t] : 0;
+    ids[t] = real ? tokens.token_ids[t] : 0;
+    position[t] = pos;
+    first[t] = FirstVisiblePosition(pos, cfg_.sliding_window);
+    if (real) {
+      const std::vector<int32_t>& table = tokens.block_table(t);
+      slot[t] = table[pos / bs] * bs + pos % bs;
+      table_offset[t] = chunk_offset[tokens.chunk_of[t]];
+      span = std::max(span, pos - first[t] + 1);
+    } else {  // a padding row of a decode graph: position 0 of the spare block
+      slot[t] = padding_block_ * bs;
+      table_offset[t] = t * layout.table_stride;
+      tables[table_offset[t]] = padding_block_;
+    }
+    rope_.Angles(pos, real ? tokens.seq_len_after[t] : 1, &angles);
+    std::copy(angles.cos.begin(), angles.cos.end(), cos + static_cast<size_t>(t) * half);
+    std::copy(angles.sin.begin(), angles.sin.end(), sin + static_cast<size_t>(t) * half);
+  }
+  if (padded) {
+    for (int r = 0; r < R; ++r) logit_rows[r] = r;  // one token per chunk: row r is token r
+  } else {
+    std::copy(tokens.logit_tokens.begin(), tokens.logit_tokens.end(), logit_rows);
+  }
+  step_splits_ = layout.splits > 0 ? layout.splits : SplitsFor(Tp, span);
+  *split_positions = (span + step_splits_ - 1) / step_splits_;
+
+  EXL3_RETURN_IF_ERROR(device->Reserve(h.size()));
+  EXL3_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(device->get(), h.data(), h.size() * sizeof(int32_t),
+                                                  cudaMemcpyHostToDevice, Stream(stream_)),
+                                  "step upload"));
+  int32_t* d = device->get();
+  meta_.ids = d;
+  meta_.position = d + Tp;
+  meta_.first_visible = d + 2 * Tp;
+  meta_.slot = d + 3 * Tp;
+  meta_.table_offset = d + 4 * Tp;
+  meta_.logit_rows = d + 5 * Tp;
+  meta_.split_positions = meta_.logit_rows + R;
+  meta_.tables = meta_.split_positions + 1;
+  meta_.cos = reinterpret_cast<const float*>(meta_.tables + table_ints);
+  meta_.sin = meta_.cos + static_cast<size_t>(Tp) * half;
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::RunAttention(int l, int T) {
+  Layer& L = layers_[l];
+  const int D = cfg_.head_dim, NH = cfg_.num_heads, KV = cfg_.num_kv_heads;
+  EXL3_RETURN_IF_ERROR(L.q.Forward(act_.x.get(), T, act_.q.get(), ctx_));
+  EXL3_RETURN_IF_ERROR(L.k.Forward(act_.x.get(), T, act_.k.get(), ctx_));
+  EXL3_RETURN_IF_ERROR(L.v.Forward(act_.x.get(), T, act_.v.get(), ctx_));
+  if (!L.q_norm.empty()) {
+    EXL3_RETURN_IF_ERROR(RmsNorm(act_.q.get(), L.q_norm.get(), T * NH, D, cfg_.rms_norm_eps, act_.q.get(), stream_));
+    EXL3_RETURN_IF_ERROR(RmsNorm(act_.k.get(), L.k_norm.get(), T * KV, D, cfg_.rms_norm_eps, act_.k.get(), stream_));
+  }
+  const bool interleaved = cfg_.rope.layout == RopeLayout::kInterleaved;
+  EXL3_RETURN_IF_ERROR(ApplyRope(act_.q.get(), T, NH, NH * D, D, rope_.rotary_dim(), interleaved, meta_.cos,
+                                 meta_.sin, stream_));
+  EXL3_RETURN_IF_ERROR(ApplyRope(act_.k.get(), T, KV, KV * D, D, rope_.rotary_dim(), interleaved, meta_.cos,
+                                 meta_.sin, stream_));
+  float* cache_layer = cache_.get() + l * layer_cache_floats_;
+  EXL3_RETURN_IF_ERROR(WriteKv(act_.k.get(), act_.v.get(), meta_.slot, T, KV * D, cache_layer, stream_));
+  AttentionTokens at;
+  at.position = meta_.position;
+  at.first_visible = meta_.first_visible;
+  at.table_offset = meta_.table_offset;
+  at.tables = meta_.tables;
+  at.block_size = cache_shape_.block_size;
+  EXL3_RETURN_IF_ERROR(PagedAttention(act_.q.get(), cache_layer, at, T, NH, KV, D, cfg_.attention_scale,
+                                      step_splits_, meta_.split_positions, act_.scratch.get(), act_.attn.get(),
+                                      stream_));
+  return L.o.Forward(act_.attn.get(), T, act_.d.get(), ctx_);
+}
+
+absl::Status CudaModel::RunMoe(int l, int T, const int32_t* host_token_ids) {
+  MoeBlock& moe = *layers_[l].moe;
+  const int H = cfg_.hidden_size;
+  if (remote_moe_ != nullptr) {
+    // Remote experts: the engine's MoE executor works on host memory.
+    const size_t n = static_cast<size_t>(T) * H;
+    EXL3_RETURN_IF_ERROR(remote_x_.Reserve(n));
+    EXL3_RETURN_IF_ERROR(remote_y_.Reserve(n));
+    EXL3_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(remote_x_.get(), act_.x.get(), n * 4, cudaMemcpyDeviceToHost,
+                                                    Stream(stream_)), "MoE input to host"));
+    EXL3_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(Stream(stream_)), "MoE input to host"));
+    EXL3_RETURN_IF_ERROR(remote_moe_->Forward(l, remote_x_.get(), T, host_token_ids, remote_y_.get()));
+    // remote_y_ is read by the copy engine after this returns: the next layer's exchange waits for
+    // the stream (above) before it writes remote_y_ again.
+    return CudaStatus(cudaMemcpyAsync(act_.d.get(), remote_y_.get(), n * 4, cudaMemcpyHostToDevice, Stream(stream_)),
+                      "MoE output to device");
+  }
+  const int k = cfg_.moe.top_k;
+  EXL3_RETURN_IF_ERROR(moe.router.Forward(act_.x.get(), T, act_.router_logits.get(), ctx_));
+  EXL3_RETURN_IF_ERROR(RouteOnDevice(GateOf(cfg_.moe), act_.router_logits.get(),
+                                     moe.bias.empty() ? nullptr : moe.bias.get(), T, act_.topk_ids.get(),
+                                     act_.topk_weights.get(), stream_));
+  EXL3_RETURN_IF_ERROR(moe_runner_->Rebind(*moe.experts));
+  for (int t0 = 0; t0 < T; t0 += max_moe_tokens_) {
+    const int n = std::min(max_moe_tokens_, T - t0);
+    const size_t row = static_cast<size_t>(t0);
+    EXL3_RETURN_IF_ERROR(moe_runner_->Forward(act_.x.get() + row * H, n, act_.topk_ids.get() + row * k,
+                                              act_.topk_weights.get() + row * k, act_.d.get() + row * H, stream_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::Mark(Phase phase) {
+  if (!marking_) return absl::OkStatus();
+  if (marks_.size() == event_pool_.size()) {
+    cudaEvent_t e;
+    EXL3_RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&e), "event"));
+    event_pool_.push_back(e);
+  }
+  void* e = event_pool_[marks_.size()];
+  marks_.push_back({e, phase});
+  return CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>(e), Stream(stream_)), "event");
+}
+
+absl::Status CudaModel::CollectPhaseTimes() {
+  times_ = StepPhaseTimes{};
+  for (size_t i = 1; i < marks_.size(); ++i) {
+    float ms = 0;
+    EXL3_RETURN_IF_ERROR(CudaStatus(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(marks_[i - 1].event),
+                                                         static_cast<cudaEvent_t>(marks_[i].event)),
+                                    "event timing"));
+    const double s = ms * 1e-3;
+    switch (marks_[i].phase) {
+      case Phase::kEmbed: times_.embed_s += s; break;
+      case Phase::kAttention: times_.attention_s += s; break;
+      case Phase::kDenseMlp: times_.dense_mlp_s += s; break;
+      case Phase::kMoe: times_.moe_s += s; break;
+      case Phase::kHead: times_.head_s += s; break;
+      case Phase::kStart: break;
+    }
+  }
+  marks_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::RunLayers(int T, int R, const int32_t* host_token_ids) {
+  const int H = cfg_.hidden_size;
+  const float eps = cfg_.rms_norm_eps;
+  EXL3_RETURN_IF_ERROR(EmbedRows(embedding_.get(), embedding_dtype_, meta_.ids, T, H, act_.h.get(), stream_));
+  EXL3_RETURN_IF_ERROR(Mark(Phase::kEmbed));
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    Layer& L = layers_[l];
+    if (l == 0) {
+      EXL3_RETURN_IF_ERROR(RmsNorm(act_.h.get(), L.input_norm.get(), T, H, eps, act_.x.get(), stream_));
+    } else {  // the previous layer's MLP output joins the residual stream here
+      EXL3_RETURN_IF_ERROR(AddRmsNorm(act_.h.get(), act_.d.get(), L.input_norm.get(), T, H, eps, act_.x.get(), stream_));
+    }
+    EXL3_RETURN_IF_ERROR(RunAttention(l, T));
+    EXL3_RETURN_IF_ERROR(AddRmsNorm(act_.h.get(), act_.d.get(), L.post_attention_norm.get(), T, H, eps,
+                                    act_.x.get(), stream_));
+    EXL3_RETURN_IF_ERROR(Mark(Phase::kAttention));  // norms with it, as the CPU model counts them
+    if (L.dense_mlp) {
+      const DenseMlp& mlp = *L.dense_mlp;
+      EXL3_RETURN_IF_ERROR(mlp.gate.Forward(act_.x.get(), T, act_.gate.get(), ctx_));
+      EXL3_RETURN_IF_ERROR(mlp.up.Forward(act_.x.get(), T, act_.up.get(), ctx_));
+      EXL3_RETURN_IF_ERROR(SiluMul(act_.gate.get(), act_.up.get(), static_cast<int64_t>(T) * cfg_.intermediate_size,
+                                   stream_));
+      EXL3_RETURN_IF_ERROR(mlp.down.Forward(act_.gate.get(), T, act_.d.get(), ctx_));
+      EXL3_RETURN_IF_ERROR(Mark(Phase::kDenseMlp));
+    } else {
+      EXL3_RETURN_IF_ERROR(RunMoe(l, T, host_token_ids));
+      EXL3_RETURN_IF_ERROR(Mark(Phase::kMoe));
+    }
+  }
+  EXL3_RETURN_IF_ERROR(AddInPlace(act_.h.get(), act_.d.get(), static_cast<int64_t>(T) * H, stream_));
+  EXL3_RETURN_IF_ERROR(GatherRmsNorm(act_.h.get(), meta_.logit_rows, R, final_norm_.get(), H, eps,
+                                     act_.head_in.get(), stream_));
+  return head_.Forward(act_.head_in.get(), R, act_.logits.get(), ctx_);
+}
+
+absl::Status CudaModel::FinishStep(int rows, float* logits) {
+  EXL3_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(logits, act_.logits.get(),
+                                                  static_cast<size_t>(rows) * cfg_.vocab_size * sizeof(float),
+                                                  cudaMemcpyDeviceToHost, Stream(stream_)),
+                                  "logits to host"));
+  EXL3_RETURN_IF_ERROR(Mark(Phase::kHead));
+  EXL3_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(Stream(stream_)), "step"));
+  return CollectPhaseTimes();
+}
+
+namespace {
+
+// Batch sizes decode graphs are captured for; a step runs in the smallest that holds it.
+constexpr int kGraphBuckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64};
+
+bool IsDecodeStep(const StepBatch& batch) {
+  for (const SequenceChunk& c : batch.chunks)
+    if (c.tokens.size() != 1 || !c.wants_logits) return false;
+  return true;
+}
+
+}  // namespace
+
+void CudaModel::DropGraphs() {
+  for (std::unique_ptr<DecodeGraph>& g : graphs_) {
+    if (g != nullptr && g->exec != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g->exec));
+    g.reset();
+  }
+}
+
+absl::Status CudaModel::ForwardDecodeGraph(const StepTokens& tokens, float* logits) {
+  const int B = tokens.num_tokens;
+  size_t bucket_index = 0;
+  while (kGraphBuckets[bucket_index] < B) ++bucket_index;
+  const int Tp = kGraphBuckets[bucket_index];
+  int stride = 16;
+  for (const SequenceChunk& c : tokens.batch->chunks)
+    while (stride < static_cast<int>(c.block_table.size())) stride *= 2;
+  if (graphs_.size() <= bucket_index) graphs_.resize(bucket_index + 1);
+  std::unique_ptr<DecodeGraph>& slot = graphs_[bucket_index];
+  if (slot != nullptr && slot->table_stride < stride) {  // a longer context than it was made for
+    if (slot->exec != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(slot->exec));
+    slot.reset();
+  }
+  const int splits = std::max(1, std::min(64, (2 * sm_count_ + Tp * cfg_.num_kv_heads - 1) / (Tp * cfg_.num_kv_heads)));
+  EXL3_RETURN_IF_ERROR(Reserve(Tp, Tp, splits));  // may drop every graph
+  if (slot == nullptr) {
+    slot = std::make_unique<DecodeGraph>();
+    slot->table_stride = stride;
+  }
+  DecodeGraph& g = *slot;
+  EXL3_RETURN_IF_ERROR(PrepareStep(tokens, StepLayout{Tp, g.table_stride, splits}, &g.meta));
+  if (g.exec == nullptr) {
+    // Run the step eagerly first (it sizes every workspace, so capture allocates nothing, and its
+    // phase times apportion the graph's), then capture the same launches for the next steps.
+    marking_ = true;
+    marks_.clear();
+    EXL3_RETURN_IF_ERROR(Mark(Phase::kStart));
+    EXL3_RETURN_IF_ERROR(RunLayers(Tp, Tp, nullptr));
+    EXL3_RETURN_IF_ERROR(FinishStep(B, logits));
+    g.phases = times_;
+    cudaStream_t stream = Stream(stream_);
+    EXL3_RETURN_IF_ERROR(CudaStatus(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "graph capture"));
+    marking_ = false;
+    const absl::Status run = RunLayers(Tp, Tp, nullptr);
+    marking_ = true;
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+    cudaGraphExec_t exec = nullptr;
+    cudaError_t inst = cudaErrorUnknown;
+    if (run.ok() && end == cudaSuccess) inst = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();  // a failed capture leaves its error behind
+    if (!run.ok() || end != cudaSuccess || inst != cudaSuccess) {
+      std::fprintf(stderr, "W CUDA engine: decode graph capture for batch %d failed (%s); running without graphs\n",
+                   Tp, !run.ok() ? std::string(run.message()).c_str()
+                                 : cudaGetErrorString(end != cudaSuccess ? end : inst));
+      graphs_enabled_ = false;
+      return absl::OkStatus();
+    }
+    g.exec = exec;
+    return absl::OkStatus();
+  }
+  marks_.clear();
+  EXL3_RETURN_IF_ERROR(Mark(Phase::kStart));
+  EXL3_RETURN_IF_ERROR(CudaStatus(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g.exec), Stream(stream_)), "graph launch"));
+  EXL3_RETURN_IF_ERROR(FinishStep(B, logits));
+  // The graph's GPU time, apportioned as its eager run spent it.
+  const double total = times_.head_s;
+  const StepPhaseTimes& w = g.phases;
+  const double eager = w.embed_s + w.attention_s + w.moe_s + w.dense_mlp_s + w.head_s;
+  if (eager > 0) {
+    const double f = total / eager;
+    times_ = StepPhaseTimes{w.embed_s * f, w.attention_s * f, w.moe_s * f, w.dense_mlp_s * f, w.head_s * f};
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::Forward(const StepBatch& batch, float* logits) {
+  if (cache_.empty()) return absl::FailedPreconditionError("KV cache not allocated");
+  StepTokens tokens;
+  EXL3_RETURN_IF_ERROR(FlattenStep(batch, cfg_.vocab_size, cache_shape_, cfg_.max_position_embeddings, &tokens));
+  const int T = tokens.num_tokens, R = static_cast<int>(tokens.logit_tokens.size());
+  if (T == 0) return absl::OkStatus();
+  if (graphs_enabled_ && remote_moe_ == nullptr && T <= kGraphBuckets[std::size(kGraphBuckets) - 1] &&
+      IsDecodeStep(batch))
+    return ForwardDecodeGraph(tokens, logits);
+  marking_ = true;
+  marks_.clear();
+  EXL3_RETURN_IF_ERROR(Mark(Phase::kStart));
+  EXL3_RETURN_IF_ERROR(PrepareStep(tokens, StepLayout{T, 0, 0}, &meta_.device));
+  EXL3_RETURN_IF_ERROR(Reserve(T, R, step_splits_));
+  EXL3_RETURN_IF_ERROR(RunLayers(T, R, tokens.token_ids.data()));
+  return FinishStep(R, logits);
+}
+
+}  // namespace exl3::engine::cuda

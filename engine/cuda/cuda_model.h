@@ -1,0 +1,171 @@
+// A whole model's forward pass on one NVIDIA GPU: the CUDA backend of the engine's ModelRunner
+// (engine/model_runner.h), the same layer loop as the CPU model (engine/cpu_model.h) with every
+// tensor in device memory: embedding gather, RMSNorm fused with the residual add, RoPE, the paged
+// KV cache and split-K paged attention (engine/cuda/engine_kernels.h), EXL3 linear layers through
+// the project's kernels and dense ones through cuBLAS (engine/cuda/cuda_linear.h), the MoE gate on
+// the device and the experts through the fused MoE kernels (kernels/cuda/cuda_backend.h), or on
+// expert workers through a MoeExecutor (one device-to-host and one host-to-device copy per MoE
+// layer). The head's logits are copied to the host for the engine's sampler.
+//
+//   EXL3_ASSIGN_OR_RETURN(auto model, CudaModel::Open("/models/glm-exl3", CudaModelOptions{}));
+//
+// Families: the GQA ones (Glm4Moe, Qwen3Moe, Mixtral). DeepSeek-V3's latent attention runs on the
+// CPU model only for now; Open says so. Activations and the KV cache are fp32.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/cuda/cuda_linear.h"
+#include "engine/cuda/device_array.h"
+#include "engine/cuda/engine_kernels.h"
+#include "engine/cuda/pinned_buffer.h"
+#include "engine/model_config.h"
+#include "engine/model_runner.h"
+#include "engine/moe_executor.h"
+#include "engine/rope.h"
+#include "engine/step_tokens.h"
+
+namespace exl3::engine::cuda {
+
+struct CudaModelOptions {
+  std::string served_name;  // empty: the directory's base name
+  // Token rows of the MoE kernels' workspace (one workspace serves every layer); a step with more
+  // tokens runs its MoE layers in pieces of this many.
+  int max_moe_tokens = 512;
+  // Decode steps (one token per sequence, up to 64 sequences, experts on this GPU) replay a CUDA
+  // graph captured per batch-size bucket (1, 2, 4, 8, 16, 24, 32, 48, 64; padded to the bucket):
+  // one launch instead of a few hundred. A capture that fails turns graphs off with a warning.
+  bool cuda_graphs = true;
+};
+
+// Bytes of weights, by part, that a forward reads (for the benchmarks' floors).
+struct CudaWeightBytes {
+  int64_t attention = 0, dense_mlp = 0, router = 0, head = 0, embedding_row = 0;
+  int64_t experts_resident = 0;  // routed and shared experts held on this GPU
+};
+
+class CudaModel final : public ModelRunner {
+ public:
+  // `remote_moe` null: every expert is loaded from `dir` onto the GPU.
+  static absl::StatusOr<std::unique_ptr<CudaModel>> Open(const std::string& dir,
+                                                         const CudaModelOptions& options,
+                                                         std::unique_ptr<MoeExecutor> remote_moe = nullptr);
+  ~CudaModel() override;
+
+  const ModelInfo& info() const override { return info_; }
+  const ModelConfig& config() const { return cfg_; }
+  absl::Status AllocateKvCache(const KvCacheShape& shape) override;
+  absl::Status Forward(const StepBatch& batch, float* logits) override;
+  const CudaWeightBytes& weight_bytes() const { return weight_bytes_; }
+  // GPU time of the last Forward by phase (device events between the phases' launches).
+  StepPhaseTimes LastPhaseTimes() const override { return times_; }
+
+ private:
+  struct DenseMlp {
+    CudaLinear gate, up, down;
+  };
+  struct MoeBlock {
+    CudaLinear router;                 // [E, hidden] fp32
+    DeviceArray<float> bias;           // correction bias [E] or empty
+    std::unique_ptr<exl3::cuda::DeviceMoeLayer> experts;  // null with remote experts
+  };
+  struct Layer {
+    DeviceArray<float> input_norm, post_attention_norm, q_norm, k_norm;
+    CudaLinear q, k, v, o;
+    std::optional<DenseMlp> dense_mlp;
+    std::optional<MoeBlock> moe;
+  };
+  // Device activations, grown to the largest step seen.
+  struct Activations {
+    DeviceArray<float> h, x, d, q, k, v, attn, gate, up, router_logits, topk_weights, scratch,
+        head_in, logits;
+    DeviceArray<int32_t> topk_ids;
+  };
+  // The step's per-token facts, packed on the host and copied to the device in one transfer.
+  struct StepMeta {
+    std::vector<int32_t> host;
+    DeviceArray<int32_t> device;  // eager steps'; a decode graph has its own (its addresses are fixed)
+    const int32_t *ids = nullptr, *position = nullptr, *first_visible = nullptr, *slot = nullptr,
+                  *table_offset = nullptr, *tables = nullptr, *logit_rows = nullptr,
+                  *split_positions = nullptr;
+    const float *cos = nullptr, *sin = nullptr;
+  };
+  // How PrepareStep lays the step out.
+  struct StepLayout {
+    int tokens = 0;        // rows run: the step's tokens, or a decode graph's bucket (padded)
+    int table_stride = 0;  // 0: the chunks' block tables packed; else chunk c's at c * stride
+    int splits = 0;        // attention splits; 0: chosen from the step's longest context
+  };
+  // A captured decode step for one batch-size bucket.
+  struct DecodeGraph {
+    int table_stride = 0;
+    DeviceArray<int32_t> meta;  // the step's facts, rewritten before each replay
+    void* exec = nullptr;       // cudaGraphExec_t; null until captured
+    StepPhaseTimes phases;      // of the eager run before the capture, to apportion replays' time
+  };
+
+  // Device events marking where each phase's work ends on the stream.
+  enum class Phase { kStart, kEmbed, kAttention, kDenseMlp, kMoe, kHead };
+  struct PhaseMark {
+    void* event;  // cudaEvent_t
+    Phase phase;  // of the work between the previous mark and this one
+  };
+
+  CudaModel(ModelConfig cfg);
+  absl::Status Mark(Phase phase);
+  absl::Status CollectPhaseTimes();  // after the step's synchronisation
+  absl::Status Load(const std::string& dir);
+  // Grows the activations for a step (dropping every decode graph when an address changes).
+  absl::Status Reserve(int num_tokens, int num_logit_rows, int attention_splits);
+  int SplitsFor(int num_tokens, int longest_context) const;
+  // Packs the step's facts as `layout` says, copies them into `device` and points meta_ there.
+  absl::Status PrepareStep(const StepTokens& tokens, const StepLayout& layout, DeviceArray<int32_t>* device);
+  // Every launch of a step from the embeddings to the head's logits on the device. host_token_ids:
+  // for remote experts (hash routing), null otherwise.
+  absl::Status RunLayers(int num_tokens, int num_logit_rows, const int32_t* host_token_ids);
+  absl::Status RunAttention(int l, int num_tokens);
+  absl::Status RunMoe(int l, int num_tokens, const int32_t* host_token_ids);
+  // Copies the first `rows` logit rows to the host, waits for the step, collects its phase times.
+  absl::Status FinishStep(int rows, float* logits);
+  absl::Status ForwardDecodeGraph(const StepTokens& tokens, float* logits);
+  void DropGraphs();
+
+  ModelConfig cfg_;
+  ModelInfo info_;
+  Rope rope_;
+  void* stream_ = nullptr;  // cudaStream_t
+  void* cublas_ = nullptr;  // cublasHandle_t
+  std::unique_ptr<exl3::cuda::Workspace> workspace_;
+  CudaLinearContext ctx_;
+  EmbeddingDType embedding_dtype_ = EmbeddingDType::kF32;
+  DeviceArray<uint8_t> embedding_;  // [vocab, hidden] as stored
+  std::vector<Layer> layers_;
+  DeviceArray<float> final_norm_;
+  CudaLinear head_;
+  std::unique_ptr<exl3::cuda::MoeRunner> moe_runner_;  // in-process experts
+  int max_moe_tokens_ = 0;
+  std::unique_ptr<MoeExecutor> remote_moe_;
+  PinnedBuffer remote_x_, remote_y_;  // staging of the remote experts' exchange
+  DeviceArray<float> cache_;
+  KvCacheShape cache_shape_;
+  size_t layer_cache_floats_ = 0;
+  Activations act_;
+  StepMeta meta_;
+  CudaWeightBytes weight_bytes_;
+  int padding_block_ = 0;   // the cache's spare block (decode graphs' padding rows)
+  int step_splits_ = 1;     // attention splits of the step being run
+  bool graphs_enabled_ = true;
+  std::vector<std::unique_ptr<DecodeGraph>> graphs_;  // by bucket index
+  DeviceArray<uint8_t> cublas_workspace_;  // set on the handle, so cuBLAS allocates nothing in a capture
+  bool marking_ = true;     // phase events are recorded (not while capturing)
+  std::vector<void*> event_pool_;  // cudaEvent_t, created as needed, reused every step
+  std::vector<PhaseMark> marks_;
+  StepPhaseTimes times_;
+  int sm_count_ = 0;
+};
+
+}  // namespace exl3::engine::cuda

@@ -1,0 +1,538 @@
+#include "engine/cuda/engine_kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace exl3::engine::cuda {
+namespace {
+
+cudaStream_t S(StreamHandle s) { return static_cast<cudaStream_t>(s); }
+
+absl::Status LaunchStatus(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+}
+
+constexpr int kThreads = 256;
+
+// Sum over the block of a double held by every thread (blockDim.x a multiple of 32, ≤ 1024).
+__device__ double BlockSum(double v) {
+  __shared__ double partial[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+  double total = 0.0;
+  for (int w = 0; w < warps; ++w) total += partial[w];
+  return total;
+}
+
+__device__ float BlockMax(float v) {
+  __shared__ float partial[32];
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  float m = -INFINITY;
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) m = fmaxf(m, partial[w]);
+  return m;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Embeddings, norms, elementwise.
+
+template <typename T>
+__device__ float ToFloat(T v);
+template <>
+__device__ float ToFloat<float>(float v) { return v; }
+template <>
+__device__ float ToFloat<__half>(__half v) { return __half2float(v); }
+template <>
+__device__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// grid T, block kThreads. table [vocab, hidden] of T; ids [T]; out [T, hidden] fp32.
+template <typename T>
+__global__ void EmbedKernel(const T* table, const int32_t* ids, int hidden, float* out) {
+  const size_t base = static_cast<size_t>(ids[blockIdx.x]) * hidden;
+  float* row = out + static_cast<size_t>(blockIdx.x) * hidden;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) row[i] = ToFloat(table[base + i]);
+}
+
+// grid rows, block kThreads. Row r of the output is rmsnorm(x[src_row]) * w with src_row =
+// row_map ? row_map[r] : r; with `residual`, x[src_row] += residual[src_row] first (x written).
+// x, residual [*, n]; w [n]; y [rows, n] (may alias x when row_map is null).
+__global__ void RmsNormKernel(float* x, const float* residual, const int32_t* row_map,
+                              const float* w, int n, float eps, float* y) {
+  const int src = row_map != nullptr ? row_map[blockIdx.x] : blockIdx.x;
+  float* xr = x + static_cast<size_t>(src) * n;
+  float* yr = y + static_cast<size_t>(blockIdx.x) * n;
+  double ss = 0.0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    float v = xr[i];
+    if (residual != nullptr) {
+      v += residual[static_cast<size_t>(src) * n + i];
+      xr[i] = v;
+    }
+    ss += static_cast<double>(v) * v;
+  }
+  ss = BlockSum(ss);
+  const float inv = static_cast<float>(1.0 / sqrt(ss / n + eps));
+  for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv);
+}
+
+__global__ void AddKernel(float* h, const float* d, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    h[i] += d[i];
+}
+
+__global__ void SiluMulKernel(float* gate, const float* up, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    gate[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+// grid T, block kThreads. y [T, out] += bias [out].
+__global__ void AddBiasKernel(float* y, const float* bias, int out_features) {
+  float* row = y + static_cast<size_t>(blockIdx.x) * out_features;
+  for (int i = threadIdx.x; i < out_features; i += blockDim.x) row[i] += bias[i];
+}
+
+int ElementwiseBlocks(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(blocks < 4096 ? (blocks > 0 ? blocks : 1) : 4096);
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE and the KV cache.
+
+// grid (T, heads), block min(rotary_dim / 2, 128); dynamic shared: rotary_dim floats.
+__global__ void RopeKernel(float* x, int row_stride, int head_stride, int rotary_dim,
+                           bool interleaved, const float* cos, const float* sin) {
+  extern __shared__ float rotated[];
+  const int t = blockIdx.x, half = rotary_dim / 2;
+  float* v = x + static_cast<size_t>(t) * row_stride + static_cast<size_t>(blockIdx.y) * head_stride;
+  const float* c = cos + static_cast<size_t>(t) * half;
+  const float* s = sin + static_cast<size_t>(t) * half;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const float a = interleaved ? v[2 * i] : v[i];
+    const float b = interleaved ? v[2 * i + 1] : v[i + half];
+    rotated[i] = a * c[i] - b * s[i];
+    rotated[i + half] = b * c[i] + a * s[i];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < rotary_dim; i += blockDim.x) v[i] = rotated[i];
+}
+
+// grid T, block kThreads.
+__global__ void WriteKvKernel(const float* k, const float* v, const int32_t* slot, int kv_floats,
+                              float* cache_layer) {
+  const int t = blockIdx.x;
+  float* dst = cache_layer + static_cast<size_t>(slot[t]) * 2 * kv_floats;
+  const float* kt = k + static_cast<size_t>(t) * kv_floats;
+  const float* vt = v + static_cast<size_t>(t) * kv_floats;
+  for (int j = threadIdx.x; j < kv_floats; j += blockDim.x) {
+    dst[j] = kt[j];
+    dst[kv_floats + j] = vt[j];
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Paged attention (split-K flash-decoding, GQA-aware).
+
+constexpr int kAttentionThreads = 128;
+
+struct AttentionShape {
+  int num_heads, num_kv_heads, head_dim, group, splits;
+  const int32_t* split_positions;  // device memory
+  int tile;
+  float scale;
+};
+
+// Floats of shared memory one block uses (rows padded to head_dim + 1 against bank conflicts).
+__host__ __device__ inline int AttentionSharedFloats(const AttentionShape& a) {
+  const int row = a.head_dim + 1;
+  return a.group * a.head_dim       // q of the group (scaled)
+         + 2 * a.tile * row          // K and V of the tile
+         + a.group * a.tile          // scores, then probabilities
+         + a.group * a.head_dim      // running output
+         + 3 * a.group;              // running max, sum, correction
+}
+
+// grid (T, num_kv_heads, splits), block kAttentionThreads. Block (t, g, s) runs the query heads
+// of KV head g for token t over positions [first + s * SP, first + (s + 1) * SP) ∩ [first, pos]
+// and writes, per head, (max, sum, unnormalised output [head_dim]) to scratch
+// [T, num_heads, splits, head_dim + 2].
+__global__ void AttentionPartialKernel(const float* q, const float* cache, AttentionTokens tok,
+                                       AttentionShape a, float* scratch) {
+  extern __shared__ float smem[];
+  const int t = blockIdx.x, g = blockIdx.y, s = blockIdx.z;
+  const int D = a.head_dim, G = a.group, row = D + 1, P = a.tile;
+  const int kv_floats = a.num_kv_heads * D, width = 2 * kv_floats;
+  float* q_s = smem;
+  float* k_s = q_s + G * D;
+  float* v_s = k_s + P * row;
+  float* p_s = v_s + P * row;
+  float* acc = p_s + G * P;
+  float* m_s = acc + G * D;
+  float* l_s = m_s + G;
+  float* c_s = l_s + G;
+
+  const int pos = tok.position[t], first = tok.first_visible[t], split_positions = *a.split_positions;
+  const int begin = first + s * split_positions;
+  const int end = min(pos + 1, begin + split_positions);
+  const float* qt = q + (static_cast<size_t>(t) * a.num_heads + g * G) * D;
+  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+    q_s[i] = qt[i] * a.scale;
+    acc[i] = 0.0f;
+  }
+  for (int h = threadIdx.x; h < G; h += blockDim.x) {
+    m_s[h] = -INFINITY;
+    l_s[h] = 0.0f;
+  }
+  const int32_t* table = tok.tables + tok.table_offset[t];
+  for (int j0 = begin; j0 < end; j0 += P) {
+    const int n = min(P, end - j0);
+    __syncthreads();  // the previous tile's readers are done
+    for (int item = threadIdx.x; item < n * (D / 4); item += blockDim.x) {
+      const int p = item / (D / 4), d = (item % (D / 4)) * 4;
+      const int j = j0 + p;
+      const size_t slot = static_cast<size_t>(table[j / tok.block_size]) * tok.block_size + j % tok.block_size;
+      const float4 kv = *reinterpret_cast<const float4*>(cache + slot * width + g * D + d);
+      const float4 vv = *reinterpret_cast<const float4*>(cache + slot * width + kv_floats + g * D + d);
+      float* kr = k_s + p * row + d;
+      float* vr = v_s + p * row + d;
+      kr[0] = kv.x, kr[1] = kv.y, kr[2] = kv.z, kr[3] = kv.w;
+      vr[0] = vv.x, vr[1] = vv.y, vr[2] = vv.z, vr[3] = vv.w;
+    }
+    __syncthreads();
+    for (int item = threadIdx.x; item < G * n; item += blockDim.x) {
+      const int h = item / n, p = item % n;
+      const float* qh = q_s + h * D;
+      const float* kr = k_s + p * row;
+      float dot = 0.0f;
+      for (int d = 0; d < D; ++d) dot += qh[d] * kr[d];
+      p_s[h * P + p] = dot;
+    }
+    __syncthreads();
+    for (int h = threadIdx.x; h < G; h += blockDim.x) {
+      float mx = m_s[h];
+      for (int p = 0; p < n; ++p) mx = fmaxf(mx, p_s[h * P + p]);
+      const float corr = m_s[h] == -INFINITY ? 0.0f : expf(m_s[h] - mx);
+      float sum = 0.0f;
+      for (int p = 0; p < n; ++p) {
+        const float e = expf(p_s[h * P + p] - mx);
+        p_s[h * P + p] = e;
+        sum += e;
+      }
+      l_s[h] = l_s[h] * corr + sum;
+      m_s[h] = mx;
+      c_s[h] = corr;
+    }
+    __syncthreads();
+    for (int item = threadIdx.x; item < G * D; item += blockDim.x) {
+      const int h = item / D, d = item % D;
+      float o = acc[item] * c_s[h];
+      for (int p = 0; p < n; ++p) o += p_s[h * P + p] * v_s[p * row + d];
+      acc[item] = o;
+    }
+  }
+  __syncthreads();
+  for (int item = threadIdx.x; item < G * (D + 2); item += blockDim.x) {
+    const int h = item / (D + 2), i = item % (D + 2);
+    const int head = g * G + h;
+    float* dst = scratch + ((static_cast<size_t>(t) * a.num_heads + head) * a.splits + s) * (D + 2);
+    dst[i] = i == 0 ? m_s[h] : i == 1 ? l_s[h] : acc[h * D + i - 2];
+  }
+}
+
+// grid (T, num_heads), block kAttentionThreads. out [T, num_heads * head_dim].
+__global__ void AttentionCombineKernel(const float* scratch, AttentionShape a, float* out) {
+  const int t = blockIdx.x, head = blockIdx.y, D = a.head_dim;
+  const float* part = scratch + (static_cast<size_t>(t) * a.num_heads + head) * a.splits * (D + 2);
+  float M = -INFINITY;
+  for (int s = 0; s < a.splits; ++s) M = fmaxf(M, part[s * (D + 2)]);
+  float L = 0.0f;
+  for (int s = 0; s < a.splits; ++s) {
+    const float m = part[s * (D + 2)];
+    if (m != -INFINITY) L += expf(m - M) * part[s * (D + 2) + 1];
+  }
+  float* o = out + (static_cast<size_t>(t) * a.num_heads + head) * D;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float v = 0.0f;
+    for (int s = 0; s < a.splits; ++s) {
+      const float m = part[s * (D + 2)];
+      if (m != -INFINITY) v += expf(m - M) * part[s * (D + 2) + 2 + d];
+    }
+    o[d] = L > 0.0f ? v / L : 0.0f;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The MoE gate.
+
+// The better of two (score, expert) candidates: higher score, then lower index.
+__device__ inline bool Better(float v, int i, float bv, int bi) {
+  return bi < 0 || v > bv || (v == bv && i < bi);
+}
+
+// Block-wide best candidate over `choice` [n] skipping taken[]; every thread gets the answer.
+__device__ int BlockArgMax(const float* choice, const unsigned char* taken, int n) {
+  __shared__ float wv[32];
+  __shared__ int wi[32];
+  float bv = -INFINITY;
+  int bi = -1;
+  for (int e = threadIdx.x; e < n; e += blockDim.x)
+    if (!taken[e] && Better(choice[e], e, bv, bi)) bv = choice[e], bi = e;
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (oi >= 0 && Better(ov, oi, bv, bi)) bv = ov, bi = oi;
+  }
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) wv[threadIdx.x / 32] = bv, wi[threadIdx.x / 32] = bi;
+  __syncthreads();
+  float best_v = -INFINITY;
+  int best_i = -1;
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w)
+    if (wi[w] >= 0 && Better(wv[w], wi[w], best_v, best_i)) best_v = wv[w], best_i = wi[w];
+  return best_i;
+}
+
+__device__ inline float Softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// grid T, block kThreads; dynamic shared: 2 * E floats + E bytes (+ groups). logits [T, E];
+// ids, weights [T, k].
+__global__ void RouteKernel(GateConfig cfg, const float* logits, const float* bias, int32_t* ids,
+                            float* weights) {
+  extern __shared__ float gate_smem[];
+  const int E = cfg.num_experts, k = cfg.top_k;
+  float* score = gate_smem;          // what the weights are taken from
+  float* choice = score + E;         // what the experts are chosen by
+  float* group_score = choice + E;   // [n_group]
+  unsigned char* taken = reinterpret_cast<unsigned char*>(group_score + cfg.n_group);
+  const float* l = logits + static_cast<size_t>(blockIdx.x) * E;
+
+  if (cfg.scoring == GateConfig::Scoring::kSoftmax) {
+    float mx = -INFINITY;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, l[e]);
+    mx = BlockMax(mx);
+    double sum = 0.0;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+      const float p = expf(l[e] - mx);
+      score[e] = p;
+      sum += p;
+    }
+    sum = BlockSum(sum);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+      score[e] = static_cast<float>(score[e] / sum);
+      choice[e] = score[e];
+      taken[e] = 0;
+    }
+  } else {
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+      const float v = cfg.scoring == GateConfig::Scoring::kSigmoid ? 1.0f / (1.0f + expf(-l[e]))
+                                                                   : sqrtf(Softplus(l[e]));
+      score[e] = v;
+      choice[e] = v + (bias != nullptr ? bias[e] : 0.0f);
+      taken[e] = 0;
+    }
+  }
+  __syncthreads();
+  if (cfg.scoring != GateConfig::Scoring::kSoftmax && cfg.n_group > 1 && cfg.topk_group < cfg.n_group) {
+    const int G = cfg.n_group, per = E / G;
+    for (int g = threadIdx.x; g < G; g += blockDim.x) {
+      float a = -INFINITY, b = -INFINITY;
+      for (int e = g * per; e < (g + 1) * per; ++e) {
+        const float v = choice[e];
+        if (v > a) {
+          b = a;
+          a = v;
+        } else if (v > b) {
+          b = v;
+        }
+      }
+      group_score[g] = a + b;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      // Groups kept: the topk_group best (ties: lower group), marked in taken[] temporarily.
+      unsigned long long kept = 0;
+      for (int r = 0; r < cfg.topk_group; ++r) {
+        int best = -1;
+        for (int g = 0; g < G; ++g)
+          if (!(kept >> g & 1ull) && Better(group_score[g], g, best >= 0 ? group_score[best] : 0.0f, best)) best = g;
+        kept |= 1ull << best;
+      }
+      for (int g = 0; g < G; ++g) group_score[g] = (kept >> g & 1ull) ? 1.0f : 0.0f;
+    }
+    __syncthreads();
+    // Experts of the dropped groups cannot be chosen (-inf, as transformers 5.x and model/routing.cc).
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+      if (group_score[e / per] == 0.0f) choice[e] = -INFINITY;
+    __syncthreads();
+  }
+  __shared__ int chosen[64];
+  for (int r = 0; r < k; ++r) {
+    const int best = BlockArgMax(choice, taken, E);
+    if (threadIdx.x == 0) {
+      chosen[r] = best;
+      taken[best] = 1;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    int32_t* out_ids = ids + static_cast<size_t>(blockIdx.x) * k;
+    float* out_w = weights + static_cast<size_t>(blockIdx.x) * k;
+    float sum = 0.0f;
+    for (int r = 0; r < k; ++r) {
+      out_ids[r] = chosen[r];
+      out_w[r] = score[chosen[r]];
+      sum += out_w[r];
+    }
+    const float denom = cfg.scoring == GateConfig::Scoring::kSoftmax ? sum : sum + 1e-20f;
+    for (int r = 0; r < k; ++r) {
+      if (cfg.norm_topk_prob) out_w[r] /= denom;
+      out_w[r] *= cfg.routed_scaling_factor;
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status EmbedRows(const void* table, EmbeddingDType dtype, const int32_t* ids, int T,
+                       int hidden, float* out, StreamHandle stream) {
+  if (T == 0) return absl::OkStatus();
+  switch (dtype) {
+    case EmbeddingDType::kF32:
+      EmbedKernel<<<T, kThreads, 0, S(stream)>>>(static_cast<const float*>(table), ids, hidden, out);
+      break;
+    case EmbeddingDType::kF16:
+      EmbedKernel<<<T, kThreads, 0, S(stream)>>>(static_cast<const __half*>(table), ids, hidden, out);
+      break;
+    case EmbeddingDType::kBF16:
+      EmbedKernel<<<T, kThreads, 0, S(stream)>>>(static_cast<const __nv_bfloat16*>(table), ids,
+                                                 hidden, out);
+      break;
+  }
+  return LaunchStatus("embedding gather");
+}
+
+absl::Status RmsNorm(const float* x, const float* w, int rows, int n, float eps, float* y,
+                     StreamHandle stream) {
+  if (rows == 0) return absl::OkStatus();
+  // x is only read without a residual.
+  RmsNormKernel<<<rows, kThreads, 0, S(stream)>>>(const_cast<float*>(x), nullptr, nullptr, w, n,
+                                                 eps, y);
+  return LaunchStatus("rmsnorm");
+}
+
+absl::Status AddRmsNorm(float* h, const float* d, const float* w, int rows, int n, float eps,
+                        float* y, StreamHandle stream) {
+  if (rows == 0) return absl::OkStatus();
+  RmsNormKernel<<<rows, kThreads, 0, S(stream)>>>(h, d, nullptr, w, n, eps, y);
+  return LaunchStatus("residual add + rmsnorm");
+}
+
+absl::Status GatherRmsNorm(const float* h, const int32_t* rows, int num_rows, const float* w,
+                           int n, float eps, float* out, StreamHandle stream) {
+  if (num_rows == 0) return absl::OkStatus();
+  RmsNormKernel<<<num_rows, kThreads, 0, S(stream)>>>(const_cast<float*>(h), nullptr, rows, w, n,
+                                                     eps, out);
+  return LaunchStatus("final rmsnorm");
+}
+
+absl::Status AddInPlace(float* h, const float* d, int64_t n, StreamHandle stream) {
+  if (n == 0) return absl::OkStatus();
+  AddKernel<<<ElementwiseBlocks(n), kThreads, 0, S(stream)>>>(h, d, n);
+  return LaunchStatus("residual add");
+}
+
+absl::Status SiluMul(float* gate, const float* up, int64_t n, StreamHandle stream) {
+  if (n == 0) return absl::OkStatus();
+  SiluMulKernel<<<ElementwiseBlocks(n), kThreads, 0, S(stream)>>>(gate, up, n);
+  return LaunchStatus("swiglu");
+}
+
+absl::Status AddBias(float* y, const float* bias, int T, int out_features, StreamHandle stream) {
+  if (T == 0) return absl::OkStatus();
+  AddBiasKernel<<<T, kThreads, 0, S(stream)>>>(y, bias, out_features);
+  return LaunchStatus("bias");
+}
+
+absl::Status ApplyRope(float* x, int T, int num_heads, int row_stride, int head_stride,
+                       int rotary_dim, bool interleaved, const float* cos, const float* sin,
+                       StreamHandle stream) {
+  if (T == 0 || rotary_dim == 0) return absl::OkStatus();
+  const int threads = rotary_dim / 2 < 128 ? ((rotary_dim / 2 + 31) / 32) * 32 : 128;
+  RopeKernel<<<dim3(T, num_heads), threads, rotary_dim * sizeof(float), S(stream)>>>(
+      x, row_stride, head_stride, rotary_dim, interleaved, cos, sin);
+  return LaunchStatus("rope");
+}
+
+absl::Status WriteKv(const float* k, const float* v, const int32_t* slot, int T, int kv_floats,
+                     float* cache_layer, StreamHandle stream) {
+  if (T == 0) return absl::OkStatus();
+  WriteKvKernel<<<T, kThreads, 0, S(stream)>>>(k, v, slot, kv_floats, cache_layer);
+  return LaunchStatus("kv cache write");
+}
+
+int64_t AttentionScratchFloats(int T, int num_heads, int head_dim, int splits) {
+  return static_cast<int64_t>(T) * num_heads * splits * (head_dim + 2);
+}
+
+absl::Status PagedAttention(const float* q, const float* cache_layer, const AttentionTokens& tokens,
+                            int T, int num_heads, int num_kv_heads, int head_dim, float scale,
+                            int splits, const int32_t* split_positions, float* scratch, float* out,
+                            StreamHandle stream) {
+  if (T == 0) return absl::OkStatus();
+  if (head_dim % 4 != 0 || head_dim > 256 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0 ||
+      splits < 1 || split_positions == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat("paged attention: unsupported shape: ", num_heads,
+                                                   " heads, ", num_kv_heads, " KV heads of ", head_dim,
+                                                   ", ", splits, " splits"));
+  AttentionShape a{num_heads, num_kv_heads, head_dim, num_heads / num_kv_heads, splits,
+                   split_positions, 32, scale};
+  // The largest tile whose block fits the shared memory every Hopper/Ampere part offers (99 KB).
+  while (a.tile > 4 && AttentionSharedFloats(a) * sizeof(float) > 99 * 1024) a.tile /= 2;
+  const size_t smem = AttentionSharedFloats(a) * sizeof(float);
+  if (smem > 99 * 1024)
+    return absl::InvalidArgumentError(absl::StrCat("paged attention: a group of ", a.group,
+                                                   " heads of ", head_dim, " needs too much shared memory"));
+  static size_t configured = 48 * 1024;  // the default limit
+  if (smem > configured) {
+    if (cudaFuncSetAttribute(AttentionPartialKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             99 * 1024) != cudaSuccess)
+      return LaunchStatus("paged attention: shared memory limit");
+    configured = 99 * 1024;
+  }
+  AttentionPartialKernel<<<dim3(T, num_kv_heads, splits), kAttentionThreads, smem, S(stream)>>>(
+      q, cache_layer, tokens, a, scratch);
+  AttentionCombineKernel<<<dim3(T, num_heads), kAttentionThreads, 0, S(stream)>>>(scratch, a, out);
+  return LaunchStatus("paged attention");
+}
+
+absl::Status RouteOnDevice(const GateConfig& cfg, const float* logits, const float* bias, int T,
+                           int32_t* ids, float* weights, StreamHandle stream) {
+  if (T == 0) return absl::OkStatus();
+  if (cfg.top_k < 1 || cfg.top_k > 64 || cfg.top_k > cfg.num_experts || cfg.n_group < 1 ||
+      cfg.n_group > 64 || cfg.num_experts % cfg.n_group != 0)
+    return absl::InvalidArgumentError(absl::StrCat("device gate: unsupported routing (", cfg.num_experts,
+                                                   " experts, top-", cfg.top_k, ", ", cfg.n_group, " groups)"));
+  const size_t smem = (2 * cfg.num_experts + cfg.n_group) * sizeof(float) + cfg.num_experts;
+  RouteKernel<<<T, kThreads, smem, S(stream)>>>(cfg, logits, bias, ids, weights);
+  return LaunchStatus("device gate");
+}
+
+}  // namespace exl3::engine::cuda

@@ -1,0 +1,104 @@
+// The CUDA engine's own kernels (everything of a forward pass that is not an EXL3 or dense linear
+// layer nor the experts): embedding gather, RMSNorm fused with the residual add, RoPE, the paged
+// KV cache write, paged attention, SwiGLU, the MoE gate and the row gather of the head. Host
+// launchers only: this header includes no CUDA header. Every pointer is device memory, every
+// launch goes on `stream` and none synchronises, so a step can be captured in a CUDA graph.
+//
+// Activations are fp32 throughout; the KV cache is fp32 (the CPU engine's layout,
+// engine/paged_kv_cache.h: per layer [num_blocks * block_size slots, width]).
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace exl3::engine::cuda {
+
+using StreamHandle = void*;  // cudaStream_t
+
+enum class EmbeddingDType { kF32, kF16, kBF16 };
+
+// out [T, hidden] fp32 = table[ids[t]] converted; table [vocab, hidden] of `dtype`; ids [T] int32
+// (checked on the host before: every id in [0, vocab)).
+absl::Status EmbedRows(const void* table, EmbeddingDType dtype, const int32_t* ids, int num_tokens,
+                       int hidden, float* out, StreamHandle stream);
+
+// y[r] = rmsnorm(x[r]) * w for `rows` rows of n floats; x [rows, n], w [n], y [rows, n] (y may be
+// x). The mean of squares is accumulated in double, as the CPU engine does.
+absl::Status RmsNorm(const float* x, const float* w, int rows, int n, float eps, float* y,
+                     StreamHandle stream);
+
+// Residual add fused with the next norm: h[r] += d[r]; y[r] = rmsnorm(h[r]) * w. h, d, y
+// [rows, n], w [n].
+absl::Status AddRmsNorm(float* h, const float* d, const float* w, int rows, int n, float eps,
+                        float* y, StreamHandle stream);
+
+// h += d over n floats.
+absl::Status AddInPlace(float* h, const float* d, int64_t n, StreamHandle stream);
+
+// Rotates the first rotary_dim dimensions of `num_heads` heads per token in place: x [T, row
+// stride floats], head h of token t at x + t * row_stride + h * head_stride; cos/sin [T,
+// rotary_dim / 2] (already scaled by the attention factor, engine/rope.h). interleaved: pairs
+// (2i, 2i+1) and the output de-interleaved (DeepSeek); else pairs (i, i + rotary_dim / 2).
+absl::Status ApplyRope(float* x, int num_tokens, int num_heads, int row_stride, int head_stride,
+                       int rotary_dim, bool interleaved, const float* cos, const float* sin,
+                       StreamHandle stream);
+
+// cache_layer[slot[t] * width + j] = j < kv_floats ? k[t, j] : v[t, j - kv_floats], with
+// width = 2 * kv_floats; k, v [T, kv_floats]; slot [T] int32.
+absl::Status WriteKv(const float* k, const float* v, const int32_t* slot, int num_tokens,
+                     int kv_floats, float* cache_layer, StreamHandle stream);
+
+// What paged attention reads of each query token (all [T] int32 unless said).
+struct AttentionTokens {
+  const int32_t* position = nullptr;      // its position in its sequence
+  const int32_t* first_visible = nullptr;  // first position it may see (sliding window; else 0)
+  const int32_t* table_offset = nullptr;  // where its sequence's block table starts in `tables`
+  const int32_t* tables = nullptr;        // every chunk's block table, concatenated
+  int block_size = 16;
+};
+
+// Scratch for the split-K partials: floats for T tokens, num_heads heads, head_dim, splits.
+int64_t AttentionScratchFloats(int num_tokens, int num_heads, int head_dim, int splits);
+
+// out[t, h] = softmax(scale * q[t, h] · K[first..pos]) · V[first..pos] over the paged cache,
+// keys of KV head g = h / (num_heads / num_kv_heads) (each block reads its KV head once for the
+// whole group). q [T, num_heads * head_dim]; cache_layer as WriteKv wrote it (k of every KV head,
+// then v of every KV head, head_dim each); out [T, num_heads * head_dim]. Positions are split
+// into `splits` ranges of *split_positions (split-K flash-decoding; splits * split_positions must
+// cover the longest context), combined in a second kernel through `scratch`
+// (AttentionScratchFloats). split_positions: one int32 in device memory (so a captured graph reads
+// each step's). head_dim a multiple of 4, at most 256.
+absl::Status PagedAttention(const float* q, const float* cache_layer, const AttentionTokens& tokens,
+                            int num_tokens, int num_heads, int num_kv_heads, int head_dim,
+                            float scale, int splits, const int32_t* split_positions, float* scratch,
+                            float* out, StreamHandle stream);
+
+// gate[i] = silu(gate[i]) * up[i] over n floats (the dense MLP's SwiGLU, no clamp).
+absl::Status SiluMul(float* gate, const float* up, int64_t n, StreamHandle stream);
+
+// The MoE gate's choice from router logits [T, E] fp32, as model/routing.h's RouteFromLogits
+// does it (softmax, or sigmoid / sqrt-softplus with the correction bias and grouped selection):
+// ids [T, k] int32 in descending choice score (lower index first on ties), weights [T, k] fp32.
+// bias [E] or null.
+struct GateConfig {
+  enum class Scoring { kSoftmax, kSigmoid, kSqrtSoftplus };
+  Scoring scoring = Scoring::kSoftmax;
+  int num_experts = 0, top_k = 0;
+  int n_group = 1, topk_group = 1;
+  bool norm_topk_prob = false;
+  float routed_scaling_factor = 1.0f;
+};
+absl::Status RouteOnDevice(const GateConfig& cfg, const float* logits, const float* bias,
+                           int num_tokens, int32_t* ids, float* weights, StreamHandle stream);
+
+// out[r] = rmsnorm(h[rows[r]]) * w: the final norm of the rows whose logits are wanted. h [T, n],
+// rows [R] int32, out [R, n].
+absl::Status GatherRmsNorm(const float* h, const int32_t* rows, int num_rows, const float* w,
+                           int n, float eps, float* out, StreamHandle stream);
+
+// y[t, o] += bias[o] for y [T, out] (dense layers' fp32 bias).
+absl::Status AddBias(float* y, const float* bias, int num_tokens, int out_features,
+                     StreamHandle stream);
+
+}  // namespace exl3::engine::cuda

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# On the GPU machine: the GPU engine (engine/cuda/) in one go. Writes logs to $OUT (or ./gpu-out):
+#   1. engine_cuda_model_test: its kernels against the CPU references and whole models
+#      (tests/fixtures/engine) against the CPU engine and transformers;
+#   2. compute-sanitizer memcheck and racecheck on one fixture's generation;
+#   3. a synthetic model with GLM-4.5-Air's shapes (ENGINE_LAYERS layers, default 6: the first
+#      dense) and exl3-engine-bench on it: time to first token, decode tokens/s at batch 1..64
+#      against the floor measured in the same run.
+# Binaries come from .gpu-deps/ or its packed copy .gpu-check/gpu-deps.tar.xz (scripts/gpu/bundle.sh;
+# carry one of the two). Usage: scripts/gpu/engine.sh [--only test|sanitize|bench]...
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+ONLY=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --only) ONLY="$ONLY $2"; shift ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "engine.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+want() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
+
+CUDA_LIBS=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+         $(python3 -c 'import nvidia.cublas, os; print(os.path.join(nvidia.cublas.__path__[0], "lib"))' 2>/dev/null); do
+  [ -e "$d/libcublas.so.13" ] && CUDA_LIBS="$CUDA_LIBS:$d"
+done
+export LD_LIBRARY_PATH="$PWD/.gpu-deps/lib$CUDA_LIBS:${LD_LIBRARY_PATH:-}"
+BIN=.gpu-deps/bin
+if [ ! -x "$BIN/exl3-engine-bench" ] && [ -f .gpu-check/gpu-deps.tar.xz ]; then
+  python3 -c 'import tarfile; tarfile.open(".gpu-check/gpu-deps.tar.xz").extractall()'
+fi
+"$BIN"/exl3-engine-bench --help > /dev/null || { echo "binaries do not run here: ldd follows"; ldd "$BIN"/exl3-engine-bench; exit 1; }
+
+if want test; then
+  echo "=== engine_cuda_model_test"
+  timeout ${TEST_TIMEOUT:-150} "$BIN"/engine_cuda_model_test > "$OUT/engine-test.log" 2>&1
+  echo "test exit $?"
+  grep -E "^(attention|gate|rope|add\+rmsnorm|model) |FAILED|Failure|error|PASSED" "$OUT/engine-test.log" | head -60
+fi
+if want sanitize && command -v compute-sanitizer > /dev/null; then
+  echo "=== compute-sanitizer (one fixture's generation)"
+  for tool in memcheck racecheck; do
+    timeout ${SANITIZE_TIMEOUT:-60} compute-sanitizer --tool $tool --error-exitcode 3 "$BIN"/engine_cuda_model_test \
+      --gtest_filter='GqaFamilies/CudaModelFixtureTest.MatchesCpuModelAndTransformers/1' > "$OUT/engine-sanitizer-$tool.log" 2>&1
+    rc=$?
+    echo "$tool exit $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/engine-sanitizer-$tool.log" | tail -1)"
+    [ "$rc" = 0 ] || grep -E "error|Error|ERROR|FAIL|Invalid" "$OUT/engine-sanitizer-$tool.log" | grep -v SUMMARY | head -8
+  done
+fi
+if want bench; then
+  echo "=== exl3-engine-bench (GLM-4.5-Air shapes, ${ENGINE_LAYERS:-6} layers)"
+  MODEL=${ENGINE_MODEL_DIR:-/tmp/glm45-air-synthetic}
+  if [ ! -f "$MODEL/config.json" ]; then
+    timeout 200 "$BIN"/exl3-tool make-test-model --arch glm4_moe --synthetic --whole-model --output "$MODEL" \
+      --hidden 4096 --experts 128 --top-k 8 --intermediate 1408 --shared 1 --layers ${ENGINE_LAYERS:-6} \
+      --dense-layers 1 --dense-intermediate 10944 --vocab 151552 --heads 96 --kv-heads 8 --head-dim 128 \
+      --bits 2 --attention-bits 4 --head-bits 6 --codebook mcg --quiet > "$OUT/engine-model.log" 2>&1 || { echo "model generation failed"; tail -5 "$OUT/engine-model.log"; }
+  fi
+  timeout ${BENCH_TIMEOUT:-200} "$BIN"/exl3-engine-bench --model "$MODEL" --context ${CONTEXTS:-1024,8192} \
+    --batch ${BATCHES:-1,8,32,64} --steps ${STEPS:-12} --json "$OUT/engine-bench.json" > "$OUT/engine-bench.log" 2>&1
+  echo "bench exit $?"
+  cat "$OUT/engine-bench.log"
+  echo "--- the same decode steps launched eagerly (no CUDA graphs)"
+  timeout ${EAGER_TIMEOUT:-60} "$BIN"/exl3-engine-bench --model "$MODEL" --context 1024 --batch 1,8,64 --steps 8 \
+    --no-graphs --json "$OUT/engine-bench.json" > "$OUT/engine-bench-eager.log" 2>&1
+  echo "eager bench exit $?"
+  grep -E "^decode|GPU time" "$OUT/engine-bench-eager.log"
+fi

@@ -1,0 +1,277 @@
+// exl3-engine-bench: what users compare of the GPU engine (engine/cuda/cuda_model.h) on one model,
+// with no scheduler or gRPC in the way: time to first token and prefill tokens/s of one prompt,
+// then decode tokens/s at several batch sizes with every sequence continuing that prompt (its
+// blocks shared, as prefix caching shares them), each beside its floor measured in the same run:
+// the bytes a step must read (every non-expert weight once, the experts B tokens touch under
+// uniform routing, the KV cache) over the device's copy bandwidth.
+//
+//   exl3-engine-bench --model DIR [--context 1024,8192] [--batch 1,8,32,64] [--steps 16]
+//                     [--prefill-chunk 2048] [--no-graphs] [--json FILE]
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/cuda/cuda_model.h"
+
+namespace {
+
+using exl3::engine::KvCacheShape;
+using exl3::engine::SequenceChunk;
+using exl3::engine::StepBatch;
+using exl3::engine::cuda::CudaModel;
+using exl3::engine::cuda::CudaModelOptions;
+
+constexpr char kUsage[] =
+    "usage: exl3-engine-bench --model DIR [--context 1024,8192] [--batch 1,8,32,64] [--steps 16]\n"
+    "                         [--prefill-chunk 2048] [--no-graphs] [--json FILE]\n"
+    "\n"
+    "Runs the GPU engine directly on DIR (an EXL3 model of a GQA family, experts on this GPU):\n"
+    "time to first token and prefill tokens/s of one prompt of each --context length, then decode\n"
+    "tokens/s at each --batch size continuing it, each against its floor (bytes read per step over\n"
+    "the copy bandwidth measured in the same run). --no-graphs: decode steps launch eagerly instead of\n"
+    "replaying CUDA graphs. --json appends one JSON object per result.\n";
+
+std::vector<int> IntList(const char* s) {
+  std::vector<int> v;
+  for (const char* p = s; *p;) {
+    v.push_back(std::atoi(p));
+    while (*p && *p != ',') ++p;
+    if (*p == ',') ++p;
+  }
+  return v;
+}
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double CopyBandwidth() {
+  const size_t bytes = size_t(1) << 30;
+  void *src = nullptr, *dst = nullptr;
+  if (cudaMalloc(&src, bytes) != cudaSuccess || cudaMalloc(&dst, bytes) != cudaSuccess) return 0;
+  cudaMemset(src, 0x5a, bytes);
+  std::vector<double> t;
+  for (int i = 0; i < 12; ++i) {
+    cudaDeviceSynchronize();
+    const double t0 = Now();
+    cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice);
+    cudaDeviceSynchronize();
+    if (i >= 2) t.push_back(Now() - t0);
+  }
+  cudaFree(src);
+  cudaFree(dst);
+  return 2.0 * bytes / Median(t);
+}
+
+// cuBLAS fp16 GEMM (fp32 accumulate) on 8192^3, FLOP/s: the prefill floor's rate.
+double CublasFp16Rate() {
+  const int n = 8192;
+  __half *a = nullptr, *b = nullptr;
+  float* c = nullptr;
+  if (cudaMalloc(&a, size_t(n) * n * 2) != cudaSuccess || cudaMalloc(&b, size_t(n) * n * 2) != cudaSuccess ||
+      cudaMalloc(&c, size_t(n) * n * 4) != cudaSuccess)
+    return 0;
+  cudaMemset(a, 0x3c, size_t(n) * n * 2);  // 0x3c3c: about 1.06, finite
+  cudaMemset(b, 0x3c, size_t(n) * n * 2);
+  cublasHandle_t h;
+  cublasCreate(&h);
+  const float alpha = 1.0f, beta = 0.0f;
+  std::vector<double> t;
+  for (int i = 0; i < 8; ++i) {
+    cudaDeviceSynchronize();
+    const double t0 = Now();
+    cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16F, n, b, CUDA_R_16F, n, &beta, c,
+                 CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cudaDeviceSynchronize();
+    if (i >= 2) t.push_back(Now() - t0);
+  }
+  cublasDestroy(h);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  return 2.0 * n * n * double(n) / Median(t);
+}
+
+int Fail(const std::string& m) {
+  std::fprintf(stderr, "exl3-engine-bench: %s\n", m.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model, json;
+  std::vector<int> contexts = {1024, 8192}, batches = {1, 8, 32, 64};
+  int steps = 16, chunk = 2048;
+  bool graphs = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "exl3-engine-bench: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--model") {
+      model = value();
+    } else if (a == "--context") {
+      contexts = IntList(value());
+    } else if (a == "--batch") {
+      batches = IntList(value());
+    } else if (a == "--steps") {
+      steps = std::atoi(value());
+    } else if (a == "--prefill-chunk") {
+      chunk = std::atoi(value());
+    } else if (a == "--no-graphs") {
+      graphs = false;
+    } else if (a == "--json") {
+      json = value();
+    } else {
+      std::fprintf(stderr, "exl3-engine-bench: unknown argument %s\n%s", a.c_str(), kUsage);
+      return 2;
+    }
+  }
+  if (model.empty() || steps < 1 || chunk < 1 || contexts.empty() || batches.empty()) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  FILE* jf = json.empty() ? nullptr : std::fopen(json.c_str(), "a");
+
+  const double copy_bps = CopyBandwidth();
+  const double gemm_flops = CublasFp16Rate();
+  std::printf("copy bandwidth: %.2f TB/s (device-to-device, read + write); cuBLAS fp16 GEMM 8192^3: %.0f TFLOP/s\n",
+              copy_bps * 1e-12, gemm_flops * 1e-12);
+  const double t_load = Now();
+  CudaModelOptions options;
+  options.cuda_graphs = graphs;
+  auto opened = CudaModel::Open(model, options);
+  if (!opened.ok()) return Fail(opened.status().ToString());
+  std::unique_ptr<CudaModel> m = std::move(*opened);
+  const auto& cfg = m->config();
+  const auto& wb = m->weight_bytes();
+  std::printf("model %s: %d layers, hidden %d, %d/%d heads of %d, %d experts top-%d; loaded in %.1f s\n",
+              model.c_str(), cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+              cfg.moe.num_experts, cfg.moe.top_k, Now() - t_load);
+  std::printf("weights on the GPU: attention %.2f GB, dense MLP %.2f GB, routers %.2f GB, head %.2f GB, experts %.2f GB\n",
+              wb.attention * 1e-9, wb.dense_mlp * 1e-9, wb.router * 1e-9, wb.head * 1e-9, wb.experts_resident * 1e-9);
+
+  const int bs = 16, vocab = cfg.vocab_size;
+  const int max_batch = *std::max_element(batches.begin(), batches.end());
+  const int max_context = *std::max_element(contexts.begin(), contexts.end());
+  const int warmup = 2, private_blocks = (warmup + steps) / bs + 2;
+  const int prefix_blocks = max_context / bs + 1;
+  if (!m->AllocateKvCache({prefix_blocks + max_batch * private_blocks, bs}).ok()) return Fail("KV cache allocation");
+
+  int moe_layers = 0;
+  for (int l = 0; l < cfg.num_layers; ++l) moe_layers += cfg.IsMoeLayer(l) ? 1 : 0;
+  const int E = cfg.moe.num_experts, k = cfg.moe.top_k, shared = cfg.moe.has_shared_expert() ? 1 : 0;
+  const double per_expert = moe_layers > 0 ? double(wb.experts_resident) / moe_layers / (E + shared) : 0;
+  const double kv_bytes_per_position = double(cfg.KvFloatsPerToken()) * 4;
+
+  // FLOPs of a prefill of C tokens: every linear's 2 x params per token (the experts a token is routed
+  // to and the shared one; the head for the last token only) plus causal attention's 2 x 2 x heads x
+  // head_dim per (query, visible key) pair.
+  const double H = cfg.hidden_size, NHD = double(cfg.num_heads) * cfg.head_dim, KVD = double(cfg.num_kv_heads) * cfg.head_dim;
+  const double attn_params = 2 * H * NHD + 2 * H * KVD;
+  const double expert_params = 3 * H * cfg.moe.moe_intermediate_size;
+  const double dense_params = 3 * H * cfg.intermediate_size;
+  auto prefill_flops = [&](double C) {
+    double per_token = cfg.num_layers * attn_params + (cfg.num_layers - moe_layers) * dense_params +
+                       moe_layers * ((k + shared) * expert_params + E * H);
+    return 2 * C * per_token + 2 * H * cfg.vocab_size + cfg.num_layers * 4 * NHD * C * (C + 1) / 2;
+  };
+  std::mt19937 rng(5);
+  std::vector<float> logits;
+  for (int context : contexts) {
+    context = context / bs * bs;  // decode sequences share whole blocks of the prompt
+    std::vector<int32_t> prefix_table(prefix_blocks);
+    for (int b = 0; b < prefix_blocks; ++b) prefix_table[b] = b;
+    // Prefill: the prompt in chunks; time to first token includes the head and the copy of its logits.
+    double ttft = 0;
+    for (int start = 0; start < context; start += chunk) {
+      SequenceChunk c;
+      c.sequence_id = 0;
+      const int n = std::min(chunk, context - start);
+      for (int i = 0; i < n; ++i) c.tokens.push_back(static_cast<int32_t>(rng() % vocab));
+      c.start_position = start;
+      c.block_table = prefix_table;
+      c.wants_logits = start + n == context;
+      StepBatch batch;
+      batch.chunks.push_back(std::move(c));
+      logits.resize(static_cast<size_t>(vocab));
+      const double t0 = Now();
+      const absl::Status st = m->Forward(batch, logits.data());
+      ttft += Now() - t0;
+      if (!st.ok()) return Fail("prefill: " + st.ToString());
+    }
+    const exl3::engine::StepPhaseTimes pp = m->LastPhaseTimes();
+    std::printf("prefill %5d tokens: time to first token %.1f ms, %.0f tokens/s (last chunk: attention %.1f ms, "
+                "MoE %.1f ms, dense MLP %.1f ms, head %.1f ms)\n", context, ttft * 1e3, context / ttft,
+                pp.attention_s * 1e3, pp.moe_s * 1e3, pp.dense_mlp_s * 1e3, pp.head_s * 1e3);
+    const double prefill_floor = prefill_flops(context) / gemm_flops;
+    std::printf("    floor (FLOPs at the cuBLAS fp16 rate) %.1f ms -> %.2fx floor\n", prefill_floor * 1e3,
+                ttft / prefill_floor);
+    if (jf) std::fprintf(jf, "{\"bench\":\"engine_prefill\",\"context\":%d,\"ttft_s\":%.6f,\"tokens_per_s\":%.1f,"
+                         "\"floor_s\":%.6f}\n", context, ttft, context / ttft, prefill_floor);
+
+    for (int B : batches) {
+      std::vector<double> times;
+      for (int s = 0; s < warmup + steps; ++s) {
+        StepBatch batch;
+        for (int b = 0; b < B; ++b) {
+          SequenceChunk c;
+          c.sequence_id = b + 1;
+          c.tokens = {static_cast<int32_t>(rng() % vocab)};
+          c.start_position = context + s;
+          c.block_table.assign(prefix_table.begin(), prefix_table.begin() + context / bs);
+          for (int p = 0; p < private_blocks; ++p) c.block_table.push_back(prefix_blocks + b * private_blocks + p);
+          c.wants_logits = true;
+          batch.chunks.push_back(std::move(c));
+        }
+        logits.resize(static_cast<size_t>(B) * vocab);
+        const double t0 = Now();
+        const absl::Status st = m->Forward(batch, logits.data());
+        if (s >= warmup) times.push_back(Now() - t0);
+        if (!st.ok()) return Fail("decode: " + st.ToString());
+      }
+      const double step = Median(times);
+      const double touched = E > 0 ? E * (1.0 - std::pow(1.0 - double(k) / E, B)) + shared : 0;
+      const double bytes = wb.attention + wb.dense_mlp + wb.router + wb.head + B * double(wb.embedding_row) +
+                           moe_layers * touched * per_expert + B * (context + warmup + steps / 2.0) * kv_bytes_per_position;
+      const double floor_s = bytes / copy_bps;
+      std::printf("decode%s context %5d batch %3d: %.3f ms/step, %.0f tokens/s; floor %.3f ms (%.2f GB/step) -> %.2fx floor\n",
+                  graphs ? "" : " (eager)", context, B, step * 1e3, B / step, floor_s * 1e3, bytes * 1e-9,
+                  step / floor_s);
+      const exl3::engine::StepPhaseTimes ph = m->LastPhaseTimes();
+      std::printf("    GPU time of the last step: attention %.3f ms, MoE %.3f ms, dense MLP %.3f ms, head %.3f ms, "
+                  "embed %.3f ms\n", ph.attention_s * 1e3, ph.moe_s * 1e3, ph.dense_mlp_s * 1e3, ph.head_s * 1e3,
+                  ph.embed_s * 1e3);
+      if (jf)
+        std::fprintf(jf,
+                     "{\"bench\":\"engine_decode\",\"graphs\":%s,\"context\":%d,\"batch\":%d,\"step_s\":%.6f,\"tokens_per_s\":%.1f,"
+                     "\"floor_s\":%.6f,\"bytes_per_step\":%.0f}\n",
+                     graphs ? "true" : "false", context, B, step, B / step, floor_s, bytes);
+    }
+  }
+  if (jf) std::fclose(jf);
+  return 0;
+}
