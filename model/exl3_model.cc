@@ -274,7 +274,7 @@ absl::StatusOr<MoeLayerView> Exl3Model::LayerView(int layer) const {
   v.hidden_size = config_.hidden_size;
   v.intermediate_size = config_.moe_intermediate_size;
   v.swiglu_limit = config_.swiglu_limit;
-  v.shared_swiglu_limit = config_.swiglu_limit;
+  v.shared_swiglu_limit = config_.shared_swiglu_limit;
   v.experts.assign(config_.num_experts, nullptr);
   for (const auto& [e, h] : L->experts) v.experts[e] = &h->mlp;
   if (L->shared) {

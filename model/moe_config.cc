@@ -1,5 +1,6 @@
 #include "model/moe_config.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -94,6 +95,16 @@ class Reader {
     *out = v.get<std::string>();
     return absl::OkStatus();
   }
+  absl::Status OptStringList(const char* f, std::vector<std::string>* out) const {
+    if (!Has(f)) return absl::OkStatus();
+    const json& v = j_[f];
+    if (!v.is_array()) return Bad(f, "is not a list");
+    for (const auto& e : v) {
+      if (!e.is_string()) return Bad(f, "holds a non-string");
+      out->push_back(e.get<std::string>());
+    }
+    return absl::OkStatus();
+  }
   absl::Status OptIntList(const char* f, std::vector<int>* out) const {
     if (!Has(f)) return absl::OkStatus();
     const json& v = j_[f];
@@ -112,6 +123,11 @@ class Reader {
 };
 
 std::string LayerPrefix(int layer) { return absl::StrCat("model.layers.", layer, "."); }
+
+// The w1/w2/w3 naming of Mixtral and DeepSeek-V4: w1 gate, w3 up, w2 down.
+const char* W123(Projection p) {
+  return p == Projection::kGate ? "w1" : p == Projection::kUp ? "w3" : "w2";
+}
 
 }  // namespace
 
@@ -141,6 +157,15 @@ std::string_view ProjectionName(Projection p) {
     case Projection::kGate: return "gate";
     case Projection::kUp: return "up";
     case Projection::kDown: return "down";
+  }
+  return "?";
+}
+
+std::string_view MlpKindName(MlpKind k) {
+  switch (k) {
+    case MlpKind::kDense: return "dense";
+    case MlpKind::kMoe: return "moe";
+    case MlpKind::kHashMoe: return "hash_moe";
   }
   return "?";
 }
@@ -193,64 +218,130 @@ absl::StatusOr<MoeConfig> ParseMoeConfig(std::string_view json_text, std::string
   EXL3_RETURN_IF_ERROR(r.OptFloat("swiglu_limit", &c.swiglu_limit));
   c.moe_layers.assign(c.num_hidden_layers, false);
 
+  c.hash_routed_layers.assign(c.num_hidden_layers, false);
+
   switch (c.family) {
     case MoeFamily::kGlm:
-    case MoeFamily::kDeepseekV3:
-    case MoeFamily::kDeepseekV4: {
+    case MoeFamily::kDeepseekV3: {
+      // Where a field is absent, the default of the family's transformers config class:
+      // n_shared_experts 1, norm_topk_prob true; routed_scaling_factor 1.0 (Glm4Moe) or 2.5
+      // (GlmMoeDsa, DeepseekV3); n_group / topk_group 1 / 1, DeepSeek-V3 8 / 4.
+      const bool glm4 = c.architecture == "Glm4MoeForCausalLM";
+      c.num_shared_experts = 1;
+      c.routed_scaling_factor = glm4 ? 1.0f : 2.5f;
+      if (c.family == MoeFamily::kDeepseekV3) {
+        c.n_group = 8;
+        c.topk_group = 4;
+      }
       EXL3_RETURN_IF_ERROR(r.Int("n_routed_experts", &c.num_experts));
       EXL3_RETURN_IF_ERROR(r.Int("moe_intermediate_size", &c.moe_intermediate_size));
       EXL3_RETURN_IF_ERROR(r.OptInt("n_shared_experts", &c.num_shared_experts));
       c.shared_intermediate_size = c.num_shared_experts * c.moe_intermediate_size;
-      int first_dense = 0, freq = 1;
-      if (c.family != MoeFamily::kDeepseekV4) {
-        EXL3_RETURN_IF_ERROR(r.Int("first_k_dense_replace", &first_dense));
-      } else {
-        EXL3_RETURN_IF_ERROR(r.OptInt("first_k_dense_replace", &first_dense));
+      // GLM-MoE-DSA (GLM-5) names each layer's MLP in mlp_layer_types ("dense" / "sparse"; its
+      // transformers config derives the list from first_k_dense_replace when absent); GLM-4.x MoE
+      // and DeepSeek-V3 use first_k_dense_replace (and DeepSeek-V2-era files moe_layer_freq).
+      std::vector<std::string> kinds;
+      if (c.architecture == "GlmMoeDsaForCausalLM") {
+        EXL3_RETURN_IF_ERROR(r.OptStringList("mlp_layer_types", &kinds));
       }
-      EXL3_RETURN_IF_ERROR(r.OptInt("moe_layer_freq", &freq));
-      if (freq < 1) return r.Bad("moe_layer_freq", "must be at least 1");
-      for (int l = 0; l < c.num_hidden_layers; ++l) {
-        c.moe_layers[l] = l >= first_dense && l % freq == 0;
-      }
-      // GlmMoeDsaConfig writes the layout per layer ("dense" / "sparse"); transformers builds
-      // the layers from it, so it wins over first_k_dense_replace.
-      if (r.Has("mlp_layer_types")) {
-        const json& types = j["mlp_layer_types"];
-        if (!types.is_array() || types.size() != static_cast<size_t>(c.num_hidden_layers))
-          return r.Bad("mlp_layer_types", "is not a list of one entry per layer");
+      if (!kinds.empty()) {
+        if (static_cast<int>(kinds.size()) != c.num_hidden_layers) {
+          return r.Bad("mlp_layer_types", absl::StrCat("has ", kinds.size(), " entries for ",
+                                                       c.num_hidden_layers, " layers"));
+        }
         for (int l = 0; l < c.num_hidden_layers; ++l) {
-          const json& t = types[l];
-          if (!t.is_string() || (t != "dense" && t != "sparse"))
-            return r.Bad("mlp_layer_types", "holds an entry other than \"dense\" or \"sparse\"");
-          c.moe_layers[l] = t == "sparse";
+          if (kinds[l] != "dense" && kinds[l] != "sparse") {
+            return r.Bad("mlp_layer_types", absl::StrCat("entry ", l, " is '", kinds[l],
+                                                         "', not 'dense' or 'sparse'"));
+          }
+          c.moe_layers[l] = kinds[l] == "sparse";
+        }
+      } else {
+        int first_dense = 0, freq = 1;
+        EXL3_RETURN_IF_ERROR(r.Int("first_k_dense_replace", &first_dense));
+        EXL3_RETURN_IF_ERROR(r.OptInt("moe_layer_freq", &freq));
+        if (freq < 1) return r.Bad("moe_layer_freq", "must be at least 1");
+        for (int l = 0; l < c.num_hidden_layers; ++l) {
+          c.moe_layers[l] = l >= first_dense && l % freq == 0;
         }
       }
       c.norm_topk_prob = true;
       EXL3_RETURN_IF_ERROR(r.OptBool("norm_topk_prob", &c.norm_topk_prob));
       EXL3_RETURN_IF_ERROR(r.OptFloat("routed_scaling_factor", &c.routed_scaling_factor));
-      if (r.Has("route_scale")) EXL3_RETURN_IF_ERROR(r.OptFloat("route_scale", &c.routed_scaling_factor));
       EXL3_RETURN_IF_ERROR(r.OptInt("n_group", &c.n_group));
       EXL3_RETURN_IF_ERROR(r.OptInt("topk_group", &c.topk_group));
       c.has_correction_bias = true;
-      std::string scoring = c.family == MoeFamily::kDeepseekV4 ? "sqrtsoftplus" : "sigmoid";
-      if (c.family != MoeFamily::kGlm) EXL3_RETURN_IF_ERROR(r.OptString("scoring_func", &scoring));
-      if (scoring == "sigmoid") {
-        c.scoring = ScoringFunc::kSigmoid;
-      } else if (scoring == "sqrtsoftplus") {
-        c.scoring = ScoringFunc::kSqrtSoftplus;
-      } else {
-        return r.Bad("scoring_func", absl::StrCat("is '", scoring, "'; ", c.architecture,
-                                                  " is supported with sigmoid or sqrtsoftplus"));
+      c.scoring = ScoringFunc::kSigmoid;
+      if (c.family == MoeFamily::kDeepseekV3) {
+        std::string scoring = "sigmoid";
+        EXL3_RETURN_IF_ERROR(r.OptString("scoring_func", &scoring));
+        if (scoring != "sigmoid") {
+          return r.Bad("scoring_func", absl::StrCat("is '", scoring, "'; ", c.architecture,
+                                                    " is supported with sigmoid"));
+        }
       }
       std::string topk_method = "noaux_tc";
       EXL3_RETURN_IF_ERROR(r.OptString("topk_method", &topk_method));
       if (topk_method != "noaux_tc") {
         return r.Bad("topk_method", absl::StrCat("is '", topk_method, "'; only noaux_tc is supported"));
       }
-      if (c.family == MoeFamily::kDeepseekV4) {
-        EXL3_RETURN_IF_ERROR(r.OptInt("num_hash_layers", &c.num_hash_layers));
-        EXL3_RETURN_IF_ERROR(r.OptInt("n_hash_layers", &c.num_hash_layers));
+      break;
+    }
+    case MoeFamily::kDeepseekV4: {
+      // Facts from transformers 5.24's DeepseekV4Config / modeling_deepseek_v4: every layer is
+      // MoE; mlp_layer_types names each "hash_moe" or "moe" (older files: the first
+      // num_hash_layers layers, 3 when neither is given); one shared expert of
+      // moe_intermediate_size; no grouped routing; the chosen weights are always renormalised
+      // (norm_topk_prob is not read) and scaled by routed_scaling_factor (default 1.5; older
+      // files: route_scale); swiglu_limit defaults to 10.
+      EXL3_RETURN_IF_ERROR(r.Int("n_routed_experts", &c.num_experts));
+      EXL3_RETURN_IF_ERROR(r.Int("moe_intermediate_size", &c.moe_intermediate_size));
+      int shared = 1;
+      EXL3_RETURN_IF_ERROR(r.OptInt("n_shared_experts", &shared));
+      if (shared != 1) {
+        return r.Bad("n_shared_experts", absl::StrCat("is ", shared, "; ", c.architecture,
+                                                      " has exactly one shared expert"));
       }
+      c.num_shared_experts = 1;
+      c.shared_intermediate_size = c.moe_intermediate_size;
+      for (int l = 0; l < c.num_hidden_layers; ++l) c.moe_layers[l] = true;
+      std::vector<std::string> kinds;
+      EXL3_RETURN_IF_ERROR(r.OptStringList("mlp_layer_types", &kinds));
+      if (!kinds.empty()) {
+        if (static_cast<int>(kinds.size()) != c.num_hidden_layers) {
+          return r.Bad("mlp_layer_types", absl::StrCat("has ", kinds.size(), " entries for ",
+                                                       c.num_hidden_layers, " layers"));
+        }
+        for (int l = 0; l < c.num_hidden_layers; ++l) {
+          if (kinds[l] != "hash_moe" && kinds[l] != "moe") {
+            return r.Bad("mlp_layer_types", absl::StrCat("entry ", l, " is '", kinds[l],
+                                                         "', not 'hash_moe' or 'moe'"));
+          }
+          c.hash_routed_layers[l] = kinds[l] == "hash_moe";
+        }
+      } else {
+        int n_hash = 3;
+        EXL3_RETURN_IF_ERROR(r.OptInt("num_hash_layers", &n_hash));
+        EXL3_RETURN_IF_ERROR(r.OptInt("n_hash_layers", &n_hash));
+        for (int l = 0; l < c.num_hidden_layers; ++l) c.hash_routed_layers[l] = l < n_hash;
+      }
+      c.norm_topk_prob = true;
+      c.routed_scaling_factor = 1.5f;
+      EXL3_RETURN_IF_ERROR(r.OptFloat("route_scale", &c.routed_scaling_factor));
+      EXL3_RETURN_IF_ERROR(r.OptFloat("routed_scaling_factor", &c.routed_scaling_factor));
+      c.has_correction_bias = true;
+      std::string scoring = "sqrtsoftplus";
+      EXL3_RETURN_IF_ERROR(r.OptString("scoring_func", &scoring));
+      if (scoring == "sqrtsoftplus") {
+        c.scoring = ScoringFunc::kSqrtSoftplus;
+      } else if (scoring == "sigmoid") {
+        c.scoring = ScoringFunc::kSigmoid;
+      } else {
+        return r.Bad("scoring_func", absl::StrCat("is '", scoring, "'; ", c.architecture,
+                                                  " is supported with sqrtsoftplus or sigmoid"));
+      }
+      c.swiglu_limit = 10.0f;
+      EXL3_RETURN_IF_ERROR(r.OptFloat("swiglu_limit", &c.swiglu_limit));
       break;
     }
     case MoeFamily::kQwen3Moe:
@@ -269,6 +360,8 @@ absl::StatusOr<MoeConfig> ParseMoeConfig(std::string_view json_text, std::string
         for (int m : mlp_only) only |= (m == l);
         c.moe_layers[l] = !only && c.num_experts > 0 && (l + 1) % step == 0;
       }
+      // transformers' defaults: Qwen3MoeConfig norm_topk_prob false, Qwen3NextConfig true.
+      c.norm_topk_prob = c.family == MoeFamily::kQwen3Next;
       EXL3_RETURN_IF_ERROR(r.OptBool("norm_topk_prob", &c.norm_topk_prob));
       c.scoring = ScoringFunc::kSoftmax;
       if (c.family == MoeFamily::kQwen3Next) {
@@ -287,6 +380,8 @@ absl::StatusOr<MoeConfig> ParseMoeConfig(std::string_view json_text, std::string
       break;
     }
   }
+
+  c.shared_swiglu_limit = c.swiglu_limit;
 
   // Consistency.
   if (c.hidden_size <= 0) return r.Bad("hidden_size", "must be positive");
@@ -307,7 +402,9 @@ absl::StatusOr<MoeConfig> ParseMoeConfig(std::string_view json_text, std::string
   if (c.topk_group * (c.num_experts / c.n_group) < c.top_k) {
     return r.Bad("topk_group", "keeps fewer experts than num_experts_per_tok");
   }
-  if (!(c.swiglu_limit >= 0.0f)) return r.Bad("swiglu_limit", "must be >= 0");
+  if (!(c.swiglu_limit >= 0.0f) || !std::isfinite(c.swiglu_limit)) {
+    return r.Bad("swiglu_limit", "must be finite and >= 0");
+  }
   if (!(c.routed_scaling_factor > 0.0f)) return r.Bad("routed_scaling_factor", "must be > 0");
 
   if (j.contains("quantization_config") && j["quantization_config"].is_object()) {
@@ -347,8 +444,10 @@ absl::Status RequireExl3(const MoeConfig& cfg) {
 
 std::string RoutedExpertPrefix(const MoeConfig& cfg, int layer, int expert, Projection p) {
   if (cfg.family == MoeFamily::kMixtral) {
-    const char* w = p == Projection::kGate ? "w1" : p == Projection::kUp ? "w3" : "w2";
-    return absl::StrCat(LayerPrefix(layer), "block_sparse_moe.experts.", expert, ".", w);
+    return absl::StrCat(LayerPrefix(layer), "block_sparse_moe.experts.", expert, ".", W123(p));
+  }
+  if (cfg.family == MoeFamily::kDeepseekV4) {
+    return absl::StrCat(LayerPrefix(layer), "ffn.experts.", expert, ".", W123(p));
   }
   return absl::StrCat(LayerPrefix(layer), "mlp.experts.", expert, ".",
                       std::string(ProjectionName(p)), "_proj");
@@ -356,6 +455,9 @@ std::string RoutedExpertPrefix(const MoeConfig& cfg, int layer, int expert, Proj
 
 std::string SharedExpertPrefix(const MoeConfig& cfg, int layer, Projection p) {
   if (!cfg.has_shared_expert()) return "";
+  if (cfg.family == MoeFamily::kDeepseekV4) {
+    return absl::StrCat(LayerPrefix(layer), "ffn.shared_experts.", W123(p));
+  }
   const char* sub = cfg.family == MoeFamily::kQwen3Next ? "mlp.shared_expert." : "mlp.shared_experts.";
   return absl::StrCat(LayerPrefix(layer), sub, std::string(ProjectionName(p)), "_proj");
 }
@@ -364,11 +466,13 @@ std::string RouterWeightKey(const MoeConfig& cfg, int layer) {
   if (cfg.family == MoeFamily::kMixtral) {
     return absl::StrCat(LayerPrefix(layer), "block_sparse_moe.gate.weight");
   }
+  if (cfg.family == MoeFamily::kDeepseekV4) return absl::StrCat(LayerPrefix(layer), "ffn.gate.weight");
   return absl::StrCat(LayerPrefix(layer), "mlp.gate.weight");
 }
 
 std::string CorrectionBiasKey(const MoeConfig& cfg, int layer) {
   if (!cfg.has_correction_bias || cfg.IsHashRoutedLayer(layer)) return "";
+  if (cfg.family == MoeFamily::kDeepseekV4) return absl::StrCat(LayerPrefix(layer), "ffn.gate.bias");
   return absl::StrCat(LayerPrefix(layer), "mlp.gate.e_score_correction_bias");
 }
 
@@ -379,7 +483,11 @@ std::string SharedExpertGateKey(const MoeConfig& cfg, int layer) {
 
 std::string HashTableKey(const MoeConfig& cfg, int layer) {
   if (!cfg.IsHashRoutedLayer(layer)) return "";
-  return absl::StrCat(LayerPrefix(layer), "mlp.gate.tid2eid");
+  return absl::StrCat(LayerPrefix(layer), "ffn.gate.tid2eid");
+}
+
+std::string HeadWeightKey(const MoeConfig& cfg) {
+  return cfg.family == MoeFamily::kDeepseekV4 ? "head.weight" : "lm_head.weight";
 }
 
 }  // namespace exl3

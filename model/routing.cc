@@ -73,7 +73,9 @@ void ScoreBiasTopK(const MoeConfig& cfg, const float* logits, const float* bias,
     std::vector<bool> keep(G, false);
     for (int32_t g : kept) keep[g] = true;
     for (int e = 0; e < E; ++e) {
-      if (!keep[e / per]) choice[e] = 0.0f;  // as Hugging Face: masked with 0.0, not -inf
+      // transformers 5.x masks dropped groups with -inf (4.x used 0.0, which let a dropped
+      // expert win whenever every kept biased score was negative).
+      if (!keep[e / per]) choice[e] = -INFINITY;
     }
   }
   TopK(choice.data(), E, k, ids);

@@ -12,8 +12,9 @@
 //   norm_topk_prob (Mixtral always).
 // Sigmoid (GLM, DeepSeek-V3) and sqrt-softplus (DeepSeek-V4): s = score(logits); choose by
 //   s + bias, grouped (groups scored by the sum of their top-2 biased scores, best topk_group
-//   kept, other experts' choice scores set to 0.0, not -inf); weights = unbiased s of the chosen,
-//   divided by (sum + 1e-20) when norm_topk_prob, times routed_scaling_factor.
+//   kept, the other groups' experts never chosen: transformers 5.x masks them with -inf);
+//   weights = unbiased s of the chosen, divided by (sum + 1e-20) when norm_topk_prob, times
+//   routed_scaling_factor (DeepSeek-V4: always renormalised, no groups).
 // Hash-routed layers (DeepSeek-V4's first layers) need token ids: RouteTokens refuses them;
 //   use RouteHashed.
 #pragma once

@@ -244,9 +244,10 @@ absl::StatusOr<ConvertStats> ConvertCheckpoint(const std::string& input_dir,
     plan[name] = {bits, static_cast<int>(t.shape[0]), static_cast<int>(t.shape[1])};
     modules.insert(module);
   };
+  const std::string head_key = HeadWeightKey(*cfg);
   for (const auto& [name, t] : info) {
     if (t->shape.size() != 2) continue;
-    if (name == "lm_head.weight") {
+    if (name == head_key) {
       if (options.head_bits > 0) optional_linear(name, options.head_bits, "head");
       continue;
     }
@@ -274,10 +275,10 @@ absl::StatusOr<ConvertStats> ConvertCheckpoint(const std::string& input_dir,
   const bool tied = cfg_json.contains("tie_word_embeddings") &&
                     cfg_json["tie_word_embeddings"].is_boolean() &&
                     cfg_json["tie_word_embeddings"].get<bool>();
-  if (options.head_bits > 0 && info.count("lm_head.weight") == 0) {
+  if (options.head_bits > 0 && info.count(head_key) == 0) {
     stats.kept_linears.push_back(
         tied ? "lm_head: none (tie_word_embeddings: the head is model.embed_tokens, kept as stored)"
-             : "lm_head: no lm_head.weight tensor, no head quantized");
+             : absl::StrCat("lm_head: no ", head_key, " tensor, no head quantized"));
   }
 
   // What identifies this conversion: a shard written under other options is redone.

@@ -115,7 +115,8 @@ TEST(MoeConfigTest, DeepseekV3) {
   EXPECT_FALSE(Parse(j).ok());
 }
 
-TEST(MoeConfigTest, DeepseekV4HashLayers) {
+// An older DeepSeek-V4 config.json: num_hash_layers and route_scale at the top level.
+TEST(MoeConfigTest, DeepseekV4LegacyFields) {
   json j = json::parse(R"({
     "architectures": ["DeepseekV4ForCausalLM"], "hidden_size": 5120, "num_hidden_layers": 40,
     "n_routed_experts": 384, "num_experts_per_tok": 6, "moe_intermediate_size": 2304,
@@ -130,9 +131,116 @@ TEST(MoeConfigTest, DeepseekV4HashLayers) {
   EXPECT_EQ(c->MoeLayers().size(), 40u);
   EXPECT_TRUE(c->IsHashRoutedLayer(2));
   EXPECT_FALSE(c->IsHashRoutedLayer(3));
+  EXPECT_EQ(c->LayerKind(2), MlpKind::kHashMoe);
+  EXPECT_EQ(c->LayerKind(3), MlpKind::kMoe);
+  EXPECT_EQ(c->shared_intermediate_size, 2304);
+  EXPECT_FLOAT_EQ(c->swiglu_limit, 10.0f);
+  EXPECT_FLOAT_EQ(c->shared_swiglu_limit, 10.0f);
   EXPECT_EQ(CorrectionBiasKey(*c, 2), "");
-  EXPECT_EQ(CorrectionBiasKey(*c, 3), "model.layers.3.mlp.gate.e_score_correction_bias");
-  EXPECT_EQ(HashTableKey(*c, 0), "model.layers.0.mlp.gate.tid2eid");
+  EXPECT_EQ(CorrectionBiasKey(*c, 3), "model.layers.3.ffn.gate.bias");
+  EXPECT_EQ(HashTableKey(*c, 0), "model.layers.0.ffn.gate.tid2eid");
+  EXPECT_EQ(HashTableKey(*c, 3), "");
+}
+
+// The config.json transformers 5.24 writes for DeepSeek-V4 (trimmed to the fields the reader
+// looks at) and the checkpoint names it saves (tests/fixtures/layouts/deepseek_v4 has all).
+TEST(MoeConfigTest, DeepseekV4AsTransformers5WritesIt) {
+  json j = json::parse(R"({
+    "architectures": ["DeepseekV4ForCausalLM"], "hidden_size": 128, "num_hidden_layers": 4,
+    "mlp_layer_types": ["hash_moe", "moe", "hash_moe", "moe"], "moe_intermediate_size": 256,
+    "n_routed_experts": 8, "n_shared_experts": 1, "norm_topk_prob": false,
+    "num_experts_per_tok": 2, "routed_scaling_factor": 2.0, "scoring_func": "sqrtsoftplus",
+    "swiglu_limit": 0.75, "vocab_size": 96
+  })");
+  absl::StatusOr<MoeConfig> c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->MoeLayers(), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(c->LayerKind(0), MlpKind::kHashMoe);
+  EXPECT_EQ(c->LayerKind(1), MlpKind::kMoe);
+  EXPECT_EQ(c->LayerKind(2), MlpKind::kHashMoe);
+  EXPECT_EQ(c->LayerKind(3), MlpKind::kMoe);
+  EXPECT_TRUE(c->norm_topk_prob);  // DeepSeek-V4 always renormalises; the field is not read
+  EXPECT_FLOAT_EQ(c->routed_scaling_factor, 2.0f);
+  EXPECT_EQ(c->n_group, 1);
+  EXPECT_FLOAT_EQ(c->swiglu_limit, 0.75f);
+  EXPECT_FLOAT_EQ(c->shared_swiglu_limit, 0.75f);
+  EXPECT_EQ(RoutedExpertPrefix(*c, 1, 5, Projection::kGate), "model.layers.1.ffn.experts.5.w1");
+  EXPECT_EQ(RoutedExpertPrefix(*c, 1, 5, Projection::kUp), "model.layers.1.ffn.experts.5.w3");
+  EXPECT_EQ(RoutedExpertPrefix(*c, 1, 5, Projection::kDown), "model.layers.1.ffn.experts.5.w2");
+  EXPECT_EQ(SharedExpertPrefix(*c, 2, Projection::kGate), "model.layers.2.ffn.shared_experts.w1");
+  EXPECT_EQ(SharedExpertPrefix(*c, 2, Projection::kUp), "model.layers.2.ffn.shared_experts.w3");
+  EXPECT_EQ(SharedExpertPrefix(*c, 2, Projection::kDown), "model.layers.2.ffn.shared_experts.w2");
+  EXPECT_EQ(RouterWeightKey(*c, 2), "model.layers.2.ffn.gate.weight");
+  EXPECT_EQ(CorrectionBiasKey(*c, 1), "model.layers.1.ffn.gate.bias");
+  EXPECT_EQ(CorrectionBiasKey(*c, 2), "");  // hash layers have no correction bias
+  EXPECT_EQ(HashTableKey(*c, 2), "model.layers.2.ffn.gate.tid2eid");
+  EXPECT_EQ(HeadWeightKey(*c), "head.weight");
+
+  // transformers' defaults where the file names none: sqrtsoftplus, scale 1.5, limit 10, the
+  // first 3 layers hash-routed.
+  for (const char* f : {"mlp_layer_types", "routed_scaling_factor", "scoring_func", "swiglu_limit"}) {
+    j.erase(f);
+  }
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->scoring, ScoringFunc::kSqrtSoftplus);
+  EXPECT_FLOAT_EQ(c->routed_scaling_factor, 1.5f);
+  EXPECT_FLOAT_EQ(c->swiglu_limit, 10.0f);
+  EXPECT_EQ(c->LayerKind(2), MlpKind::kHashMoe);
+  EXPECT_EQ(c->LayerKind(3), MlpKind::kMoe);
+
+  j["scoring_func"] = "sigmoid";
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->scoring, ScoringFunc::kSigmoid);
+  j["scoring_func"] = "softmax";  // transformers' ACT2FN has no softmax: not a working model
+  c = Parse(j);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("scoring_func"), std::string::npos);
+  j["scoring_func"] = "sqrtsoftplus";
+
+  json bad = j;
+  bad["mlp_layer_types"] = {"hash_moe", "moe", "dense", "moe"};
+  c = Parse(bad);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("mlp_layer_types"), std::string::npos) << c.status();
+  bad["mlp_layer_types"] = {"hash_moe", "moe"};  // 2 entries for 4 layers
+  EXPECT_FALSE(Parse(bad).ok());
+  bad = j;
+  bad["n_shared_experts"] = 2;
+  c = Parse(bad);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("n_shared_experts"), std::string::npos) << c.status();
+}
+
+// GLM-MoE-DSA (GLM-5) names each layer's MLP in mlp_layer_types; it wins over
+// first_k_dense_replace (from which transformers derives the list when it is absent); the
+// other GLM/DeepSeek-V3 configs have no such field (transformers does not read it there).
+TEST(MoeConfigTest, MlpLayerTypesAreGlmMoeDsas) {
+  json j = Glm45Air();
+  j["architectures"] = {"GlmMoeDsaForCausalLM"};
+  j["num_hidden_layers"] = 4;
+  j["first_k_dense_replace"] = 1;
+  j["mlp_layer_types"] = {"dense", "sparse", "dense", "sparse"};
+  absl::StatusOr<MoeConfig> c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->MoeLayers(), (std::vector<int>{1, 3}));
+  EXPECT_EQ(c->LayerKind(2), MlpKind::kDense);
+  EXPECT_EQ(RoutedExpertPrefix(*c, 1, 0, Projection::kGate), "model.layers.1.mlp.experts.0.gate_proj");
+  EXPECT_EQ(HeadWeightKey(*c), "lm_head.weight");
+  j.erase("mlp_layer_types");
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->MoeLayers(), (std::vector<int>{1, 2, 3}));
+  j["mlp_layer_types"] = {"dense", "moe", "dense", "sparse"};
+  c = Parse(j);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("mlp_layer_types"), std::string::npos) << c.status();
+  // Glm4Moe has no mlp_layer_types: first_k_dense_replace decides.
+  j["architectures"] = {"Glm4MoeForCausalLM"};
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->MoeLayers(), (std::vector<int>{1, 2, 3}));
 }
 
 TEST(MoeConfigTest, Qwen3MoeAndNext) {
@@ -211,6 +319,46 @@ TEST(MoeConfigTest, Qwen3MoeAsTransformers5WritesIt) {
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("num_local_experts"), std::string::npos) << c.status();
   EXPECT_NE(c.status().message().find("num_experts"), std::string::npos) << c.status();
+}
+
+// Fields a config.json leaves out take the defaults of the family's transformers 5.x config class.
+TEST(MoeConfigTest, AbsentFieldsTakeTransformersDefaults) {
+  json j = json::parse(R"({
+    "architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 1024, "num_hidden_layers": 4,
+    "first_k_dense_replace": 1, "n_routed_experts": 64, "num_experts_per_tok": 4,
+    "moe_intermediate_size": 256
+  })");
+  absl::StatusOr<MoeConfig> c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_shared_experts, 1);
+  EXPECT_EQ(c->shared_intermediate_size, 256);
+  EXPECT_FLOAT_EQ(c->routed_scaling_factor, 2.5f);
+  EXPECT_EQ(c->n_group, 8);
+  EXPECT_EQ(c->topk_group, 4);
+  EXPECT_TRUE(c->norm_topk_prob);
+  j["architectures"] = {"GlmMoeDsaForCausalLM"};
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FLOAT_EQ(c->routed_scaling_factor, 2.5f);
+  EXPECT_EQ(c->n_group, 1);
+  j["architectures"] = {"Glm4MoeForCausalLM"};
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FLOAT_EQ(c->routed_scaling_factor, 1.0f);
+  EXPECT_EQ(c->num_shared_experts, 1);
+
+  j = json::parse(R"({
+    "architectures": ["Qwen3NextForCausalLM"], "hidden_size": 1024, "num_hidden_layers": 4,
+    "num_experts": 64, "num_experts_per_tok": 4, "moe_intermediate_size": 256,
+    "shared_expert_intermediate_size": 256
+  })");
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->norm_topk_prob);
+  j["architectures"] = {"Qwen3MoeForCausalLM"};
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->norm_topk_prob);
 }
 
 TEST(MoeConfigTest, Mixtral) {

@@ -1,6 +1,6 @@
 #include <random>
 // Routing functions against hand-computed cases for every family: softmax (+norm, Mixtral),
-// sigmoid + bias (groups, the 0.0 mask, scaling), sqrt-softplus, hash routing, ties, bad input.
+// sigmoid + bias (groups, the -inf mask, scaling), sqrt-softplus, hash routing, ties, bad input.
 #include "model/routing.h"
 
 #include <cmath>
@@ -111,14 +111,18 @@ TEST(RoutingTest, GroupsKeepTheBestGroupsByTopTwoSum) {
   EXPECT_NEAR(o.w[0], sig(3) / (sig(3) + sig(2)), 1e-6);
 }
 
-TEST(RoutingTest, MaskedGroupsScoreZeroNotMinusInfinity) {
-  // All biased scores negative (bias -2): the experts of dropped groups sit at 0.0 and beat every
-  // kept expert, exactly as the Hugging Face implementations behave.
+TEST(RoutingTest, MaskedGroupsAreNeverChosen) {
+  // All biased scores negative (bias -2): transformers 5.x masks the dropped groups' experts with
+  // -inf, so the top-k still comes from the kept groups (4.x's 0.0 mask chose experts 2 and 3).
   const std::vector<float> logits = {1, 1, -3, 2, 0.5, 0.5, -4, 3};
   const std::vector<float> bias(8, -2.0f);
   Out o = Route(Sigmoid(8, 2, 1.0f, 4, 2), logits, &bias);
-  // Kept groups g0, g2 (same order as without bias); masked: experts 2, 3, 6, 7 at 0.0.
-  EXPECT_EQ(o.ids, (std::vector<int32_t>{2, 3}));
+  // Kept groups g0, g2 (same order as without bias); experts 0 and 1 lead them.
+  EXPECT_EQ(o.ids, (std::vector<int32_t>{0, 1}));
+  // top-k larger than one kept group: the rest comes from the other kept group.
+  MoeConfig c = Sigmoid(8, 3, 1.0f, 4, 2);
+  o = Route(c, logits, &bias);
+  EXPECT_EQ(o.ids, (std::vector<int32_t>{0, 1, 4}));
 }
 
 TEST(RoutingTest, SqrtSoftplus) {
@@ -139,7 +143,7 @@ TEST(RoutingTest, HashRoutedLayers) {
   MoeConfig c = Sigmoid(4, 2, 1.5f);
   c.family = MoeFamily::kDeepseekV4;
   c.scoring = ScoringFunc::kSqrtSoftplus;
-  c.num_hash_layers = 1;
+  c.hash_routed_layers = {true, false};
   const std::vector<float> logits = {0, 1, 2, -1};
   std::vector<int32_t> ids(2);
   std::vector<float> w(2);

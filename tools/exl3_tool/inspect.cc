@@ -60,8 +60,12 @@ int Run(int argc, char** argv) {
   std::printf("hidden_size:      %d\n", c.hidden_size);
   std::printf("layers:           %d, MoE: %zu (%s)\n", c.num_hidden_layers, moe.size(),
               FormatIndexRanges(std::vector<int32_t>(moe.begin(), moe.end())).c_str());
-  if (c.num_hash_layers > 0) {
-    std::printf("hash-routed:      the first %d layers (token ids required)\n", c.num_hash_layers);
+  std::vector<int32_t> hashed;
+  for (int L : moe) {
+    if (c.IsHashRoutedLayer(L)) hashed.push_back(L);
+  }
+  if (!hashed.empty()) {
+    std::printf("hash-routed:      %s (token ids required)\n", FormatIndexRanges(hashed).c_str());
   }
   std::printf("routed experts:   %d per layer, top-k %d, intermediate %d\n", c.num_experts, c.top_k,
               c.moe_intermediate_size);
