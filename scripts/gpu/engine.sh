@@ -23,16 +23,7 @@ while [ $# -gt 0 ]; do
 done
 want() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
 
-CUDA_LIBS=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-         $(python3 -c 'import nvidia.cublas, os; print(os.path.join(nvidia.cublas.__path__[0], "lib"))' 2>/dev/null); do
-  [ -e "$d/libcublas.so.13" ] && CUDA_LIBS="$CUDA_LIBS:$d"
-done
-export LD_LIBRARY_PATH="$PWD/.gpu-deps/lib$CUDA_LIBS:${LD_LIBRARY_PATH:-}"
-BIN=.gpu-deps/bin
-if [ ! -x "$BIN/exl3-engine-bench" ] && [ -f .gpu-check/gpu-deps.tar.xz ]; then
-  python3 -c 'import tarfile; tarfile.open(".gpu-check/gpu-deps.tar.xz").extractall()'
-fi
+. scripts/gpu/env.sh
 "$BIN"/exl3-engine-bench --help > /dev/null || { echo "binaries do not run here: ldd follows"; ldd "$BIN"/exl3-engine-bench; exit 1; }
 
 if want test; then
