@@ -3,7 +3,8 @@
 #   1. engine_cuda_model_test: its kernels against the CPU references and whole models
 #      (tests/fixtures/engine) against the CPU engine and transformers;
 #   2. compute-sanitizer memcheck and racecheck on one fixture's generation;
-#   3. a synthetic model with GLM-4.5-Air's shapes (ENGINE_LAYERS layers, default 6: the first
+#   3. a synthetic model with GLM-4.5-Air's shapes (dense intermediate 11008: 10944 rounded up to EXL3's
+#      multiple of 128; ENGINE_LAYERS layers, default 6: the first
 #      dense) and exl3-engine-bench on it: time to first token, decode tokens/s at batch 1..64
 #      against the floor measured in the same run.
 # Binaries come from .gpu-deps/ or its packed copy .gpu-check/gpu-deps.tar.xz (scripts/gpu/bundle.sh;
@@ -48,7 +49,7 @@ if want bench; then
   if [ ! -f "$MODEL/config.json" ]; then
     timeout 200 "$BIN"/exl3-tool make-test-model --arch glm4_moe --synthetic --whole-model --output "$MODEL" \
       --hidden 4096 --experts 128 --top-k 8 --intermediate 1408 --shared 1 --layers ${ENGINE_LAYERS:-6} \
-      --dense-layers 1 --dense-intermediate 10944 --vocab 151552 --heads 96 --kv-heads 8 --head-dim 128 \
+      --dense-layers 1 --dense-intermediate 11008 --vocab 151552 --heads 96 --kv-heads 8 --head-dim 128 \
       --bits 2 --attention-bits 4 --head-bits 6 --codebook mcg --quiet > "$OUT/engine-model.log" 2>&1 || { echo "model generation failed"; tail -5 "$OUT/engine-model.log"; }
   fi
   timeout ${BENCH_TIMEOUT:-200} "$BIN"/exl3-engine-bench --model "$MODEL" --context ${CONTEXTS:-1024,8192} \
