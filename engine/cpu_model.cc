@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <cstring>
-#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -58,16 +57,7 @@ absl::StatusOr<std::unique_ptr<CpuModel>> CpuModel::Open(const std::string& dir,
   }
   m->moe_ = std::move(moe);
 
-  ModelInfo& info = m->info_;
-  info.name = options.served_name.empty()
-                  ? std::filesystem::path(dir).lexically_normal().filename().string()
-                  : options.served_name;
-  if (info.name.empty()) info.name = std::filesystem::path(dir).parent_path().filename().string();
-  info.architecture = m->cfg_.architecture();
-  info.vocab_size = m->cfg_.vocab_size;
-  info.max_context = m->cfg_.max_position_embeddings;
-  info.eos_token_ids = m->cfg_.eos_token_ids;
-  info.kv_bytes_per_token = m->cfg_.KvFloatsPerToken() * static_cast<int64_t>(sizeof(float));
+  m->info_ = ModelInfoFor(m->cfg_, dir, options.served_name);
   return m;
 }
 

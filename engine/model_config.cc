@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -345,6 +346,18 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {
   if (!read(path, &config)) return absl::NotFoundError(absl::StrCat(path, ": cannot be read"));
   read(dir + "/generation_config.json", &generation);
   return ParseModelConfig(config, path, generation);
+}
+
+ModelInfo ModelInfoFor(const ModelConfig& cfg, const std::string& dir, const std::string& served_name) {
+  ModelInfo info;
+  info.name = served_name.empty() ? std::filesystem::path(dir).lexically_normal().filename().string() : served_name;
+  if (info.name.empty()) info.name = std::filesystem::path(dir).parent_path().filename().string();
+  info.architecture = cfg.architecture();
+  info.vocab_size = cfg.vocab_size;
+  info.max_context = cfg.max_position_embeddings;
+  info.eos_token_ids = cfg.eos_token_ids;
+  info.kv_bytes_per_token = cfg.KvFloatsPerToken() * static_cast<int64_t>(sizeof(float));
+  return info;
 }
 
 }  // namespace exl3::engine

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/model_runner.h"
 #include "model/moe_config.h"
 
 namespace exl3::engine {
@@ -111,5 +112,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json, std::
                                              std::string_view generation_config_json = {});
 // Reads DIR/config.json (and DIR/generation_config.json when present).
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir);
+
+// What the scheduler knows of a model in `dir`: its name (`served_name`, else the directory's
+// base name), architecture, vocabulary, context, EOS ids and KV bytes per token.
+ModelInfo ModelInfoFor(const ModelConfig& cfg, const std::string& dir, const std::string& served_name);
 
 }  // namespace exl3::engine

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstring>
 #include <cstdio>
-#include <filesystem>
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
@@ -87,17 +86,7 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Open(const std::string& di
   m->graphs_enabled_ = options.cuda_graphs;
   EXL3_RETURN_IF_ERROR(m->Load(dir));
 
-  ModelInfo& info = m->info_;
-  info.name = options.served_name.empty()
-                  ? std::filesystem::path(dir).lexically_normal().filename().string()
-                  : options.served_name;
-  if (info.name.empty()) info.name = std::filesystem::path(dir).parent_path().filename().string();
-  info.architecture = m->cfg_.architecture();
-  info.vocab_size = m->cfg_.vocab_size;
-  info.max_context = m->cfg_.max_position_embeddings;
-  info.eos_token_ids = m->cfg_.eos_token_ids;
-  info.kv_bytes_per_token =
-      m->cfg_.KvFloatsPerToken() * static_cast<int64_t>(sizeof(float));
+  m->info_ = ModelInfoFor(m->cfg_, dir, options.served_name);
   return m;
 }
 

@@ -8,6 +8,6 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
 done
 export LD_LIBRARY_PATH="$PWD/.gpu-deps/lib$CUDA_LIBS:${LD_LIBRARY_PATH:-}"
 BIN=.gpu-deps/bin
-if [ ! -x "$BIN/exl3-engine-bench" ] && [ -f .gpu-check/gpu-deps.tar.xz ]; then
+if [ ! -d "$BIN" ] && [ -f .gpu-check/gpu-deps.tar.xz ]; then
   python3 -c 'import tarfile; tarfile.open(".gpu-check/gpu-deps.tar.xz").extractall()'
 fi

@@ -22,17 +22,7 @@ while [ $# -gt 0 ]; do
 done
 want() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
 
-# CUDA's libraries on the GPU machine (cuBLAS), wherever the image keeps them.
-CUDA_LIBS=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-         $(python3 -c 'import nvidia.cublas, os; print(os.path.join(nvidia.cublas.__path__[0], "lib"))' 2>/dev/null); do
-  [ -e "$d/libcublas.so.13" ] && CUDA_LIBS="$CUDA_LIBS:$d"
-done
-export LD_LIBRARY_PATH="$PWD/.gpu-deps/lib$CUDA_LIBS:${LD_LIBRARY_PATH:-}"
-BIN=.gpu-deps/bin
-if [ ! -x "$BIN/exl3-bench" ] && [ -f .gpu-check/gpu-deps.tar.xz ]; then
-  python3 -c 'import tarfile; tarfile.open(".gpu-check/gpu-deps.tar.xz").extractall()'
-fi
+. scripts/gpu/env.sh
 if [ "$BUILD" = 1 ]; then
   cmake -S . -B build-gpu -G Ninja -DEXL3_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/build.log" 2>&1 &&
     cmake --build build-gpu -j16 --target exl3-bench exl3-cuda-check >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
