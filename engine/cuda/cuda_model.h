@@ -115,7 +115,7 @@ class CudaModel final : public ModelRunner {
     Phase phase;  // of the work between the previous mark and this one
   };
 
-  CudaModel(ModelConfig cfg);
+  explicit CudaModel(ModelConfig cfg);
   absl::Status Mark(Phase phase);
   absl::Status CollectPhaseTimes();  // after the step's synchronisation
   absl::Status Load(const std::string& dir);
