@@ -9,6 +9,7 @@ experts killed fails the requests UNAVAILABLE without a hang."""
 import concurrent.futures
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -18,7 +19,7 @@ import urllib.request
 import grpc
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import Cluster, make_test_model, wait_for  # noqa: E402
+from harness import BIN, Cluster, make_test_model, wait_for  # noqa: E402
 
 from exl3serve.v1 import exl3serve_pb2 as pb  # noqa: E402
 from exl3serve.v1 import exl3serve_pb2_grpc as pbg  # noqa: E402
@@ -44,6 +45,29 @@ def scrape(metrics, name):
     text = urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5).read().decode()
     m = re.search(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)
     return float(m.group(1)) if m else None
+
+
+class EngineDeviceTest(unittest.TestCase):
+    """--engine-device: a name it does not know, or cuda where no GPU is (or the build has no
+    CUDA backend), ends the router at start with a message saying why, never a hang."""
+
+    FIXTURE = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "engine", "glm4_moe_all")
+
+    def start(self, device):
+        return subprocess.run([os.path.join(BIN, "exl3-router"), "--model", self.FIXTURE, "--listen",
+                               "127.0.0.1:0", "--engine-device", device], capture_output=True, text=True,
+                              timeout=60)
+
+    def test_unknown_device(self):
+        r = self.start("tpu")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("expected cpu or cuda", r.stderr)
+
+    @unittest.skipIf(os.path.exists("/dev/nvidia0"), "a GPU is here: the CUDA engine would start")
+    def test_cuda_without_a_gpu(self):
+        r = self.start("cuda")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertRegex(r.stderr, r"needs a GPU|no CUDA backend")
 
 
 class GenerateSystemTest(unittest.TestCase):
