@@ -105,6 +105,25 @@ class Reader {
     }
     return absl::OkStatus();
   }
+  // A list of per-layer names, each `unset` or `set`, as a flag per layer (true where `set`):
+  // the wrong length or another name is an error. Absent: *present is false, *flags untouched.
+  absl::Status OptLayerFlags(const char* f, int num_layers, const std::string& unset, const std::string& set,
+                             std::vector<bool>* flags, bool* present) const {
+    std::vector<std::string> kinds;
+    EXL3_RETURN_IF_ERROR(OptStringList(f, &kinds));
+    *present = !kinds.empty();
+    if (!*present) return absl::OkStatus();
+    if (static_cast<int>(kinds.size()) != num_layers) {
+      return Bad(f, absl::StrCat("has ", kinds.size(), " entries for ", num_layers, " layers"));
+    }
+    for (int l = 0; l < num_layers; ++l) {
+      if (kinds[l] != unset && kinds[l] != set) {
+        return Bad(f, absl::StrCat("entry ", l, " is '", kinds[l], "', not '", unset, "' or '", set, "'"));
+      }
+      (*flags)[l] = kinds[l] == set;
+    }
+    return absl::OkStatus();
+  }
   absl::Status OptIntList(const char* f, std::vector<int>* out) const {
     if (!Has(f)) return absl::OkStatus();
     const json& v = j_[f];
@@ -240,23 +259,12 @@ absl::StatusOr<MoeConfig> ParseMoeConfig(std::string_view json_text, std::string
       // GLM-MoE-DSA (GLM-5) names each layer's MLP in mlp_layer_types ("dense" / "sparse"; its
       // transformers config derives the list from first_k_dense_replace when absent); GLM-4.x MoE
       // and DeepSeek-V3 use first_k_dense_replace (and DeepSeek-V2-era files moe_layer_freq).
-      std::vector<std::string> kinds;
+      bool listed = false;
       if (c.architecture == "GlmMoeDsaForCausalLM") {
-        EXL3_RETURN_IF_ERROR(r.OptStringList("mlp_layer_types", &kinds));
+        EXL3_RETURN_IF_ERROR(r.OptLayerFlags("mlp_layer_types", c.num_hidden_layers, "dense", "sparse",
+                                             &c.moe_layers, &listed));
       }
-      if (!kinds.empty()) {
-        if (static_cast<int>(kinds.size()) != c.num_hidden_layers) {
-          return r.Bad("mlp_layer_types", absl::StrCat("has ", kinds.size(), " entries for ",
-                                                       c.num_hidden_layers, " layers"));
-        }
-        for (int l = 0; l < c.num_hidden_layers; ++l) {
-          if (kinds[l] != "dense" && kinds[l] != "sparse") {
-            return r.Bad("mlp_layer_types", absl::StrCat("entry ", l, " is '", kinds[l],
-                                                         "', not 'dense' or 'sparse'"));
-          }
-          c.moe_layers[l] = kinds[l] == "sparse";
-        }
-      } else {
+      if (!listed) {
         int first_dense = 0, freq = 1;
         EXL3_RETURN_IF_ERROR(r.Int("first_k_dense_replace", &first_dense));
         EXL3_RETURN_IF_ERROR(r.OptInt("moe_layer_freq", &freq));
@@ -305,21 +313,10 @@ absl::StatusOr<MoeConfig> ParseMoeConfig(std::string_view json_text, std::string
       c.num_shared_experts = 1;
       c.shared_intermediate_size = c.moe_intermediate_size;
       for (int l = 0; l < c.num_hidden_layers; ++l) c.moe_layers[l] = true;
-      std::vector<std::string> kinds;
-      EXL3_RETURN_IF_ERROR(r.OptStringList("mlp_layer_types", &kinds));
-      if (!kinds.empty()) {
-        if (static_cast<int>(kinds.size()) != c.num_hidden_layers) {
-          return r.Bad("mlp_layer_types", absl::StrCat("has ", kinds.size(), " entries for ",
-                                                       c.num_hidden_layers, " layers"));
-        }
-        for (int l = 0; l < c.num_hidden_layers; ++l) {
-          if (kinds[l] != "hash_moe" && kinds[l] != "moe") {
-            return r.Bad("mlp_layer_types", absl::StrCat("entry ", l, " is '", kinds[l],
-                                                         "', not 'hash_moe' or 'moe'"));
-          }
-          c.hash_routed_layers[l] = kinds[l] == "hash_moe";
-        }
-      } else {
+      bool listed = false;
+      EXL3_RETURN_IF_ERROR(r.OptLayerFlags("mlp_layer_types", c.num_hidden_layers, "moe", "hash_moe",
+                                           &c.hash_routed_layers, &listed));
+      if (!listed) {
         int n_hash = 3;
         EXL3_RETURN_IF_ERROR(r.OptInt("num_hash_layers", &n_hash));
         EXL3_RETURN_IF_ERROR(r.OptInt("n_hash_layers", &n_hash));

@@ -4,13 +4,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstring>
 #include <cstdio>
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/attention.h"
+#include "kernels/cuda/cuda_status.h"
 #include "model/exl3_model.h"
 #include "model/safetensors.h"
 
@@ -18,11 +18,6 @@ namespace exl3::engine::cuda {
 namespace {
 
 cudaStream_t Stream(void* s) { return static_cast<cudaStream_t>(s); }
-
-absl::Status CudaStatus(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
-}
 
 absl::StatusOr<DeviceArray<float>> UploadVector(const TensorSource& src, const std::string& name,
                                                 int64_t length) {
@@ -38,19 +33,6 @@ absl::StatusOr<CudaLinear> LoadLinear(const TensorSource& src, const std::string
   return CudaLinear::Upload(host);
 }
 
-GateConfig GateOf(const MoeConfig& m) {
-  GateConfig g;
-  g.scoring = m.scoring == ScoringFunc::kSoftmax   ? GateConfig::Scoring::kSoftmax
-              : m.scoring == ScoringFunc::kSigmoid ? GateConfig::Scoring::kSigmoid
-                                                   : GateConfig::Scoring::kSqrtSoftplus;
-  g.num_experts = m.num_experts;
-  g.top_k = m.top_k;
-  g.n_group = m.n_group;
-  g.topk_group = m.topk_group;
-  g.norm_topk_prob = m.norm_topk_prob;
-  g.routed_scaling_factor = m.routed_scaling_factor;
-  return g;
-}
 
 }  // namespace
 
@@ -92,7 +74,7 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Open(const std::string& di
 
 absl::Status CudaModel::Load(const std::string& dir) {
   cudaStream_t stream;
-  EXL3_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream"));
+  EXL3_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   stream_ = stream;
   cublasHandle_t handle;
   if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) return absl::InternalError("cublasCreate failed");
@@ -105,8 +87,8 @@ absl::Status CudaModel::Load(const std::string& dir) {
   workspace_ = std::make_unique<exl3::cuda::Workspace>();
   ctx_ = CudaLinearContext{cublas_, workspace_.get(), stream_};
   int dev = 0;
-  EXL3_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&dev), "device"));
-  EXL3_RETURN_IF_ERROR(CudaStatus(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, dev), "device"));
+  EXL3_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, dev));
 
   EXL3_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, TensorSource::Open(dir));
   const int H = cfg_.hidden_size;
@@ -132,6 +114,7 @@ absl::Status CudaModel::Load(const std::string& dir) {
     EXL3_ASSIGN_OR_RETURN(experts, Exl3Model::Open(dir, opt));
   }
   const MoeConfig& mc = cfg_.moe;
+  gate_ = GateConfigFor(mc);
   const int q_out = cfg_.num_heads * cfg_.head_dim, kv_out = cfg_.num_kv_heads * cfg_.head_dim;
   layers_.resize(cfg_.num_layers);
   for (int l = 0; l < cfg_.num_layers; ++l) {
@@ -185,7 +168,8 @@ absl::Status CudaModel::Load(const std::string& dir) {
   }
   weight_bytes_.head = head_.weight_bytes();
   // The uploads ran on the legacy stream, which the engine's non-blocking stream does not wait for.
-  return CudaStatus(cudaDeviceSynchronize(), "weights upload");
+  EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  return absl::OkStatus();
 }
 
 absl::Status CudaModel::AllocateKvCache(const KvCacheShape& shape) {
@@ -297,9 +281,8 @@ absl::Status CudaModel::PrepareStep(const StepTokens& tokens, const StepLayout& 
   *split_positions = (span + step_splits_ - 1) / step_splits_;
 
   EXL3_RETURN_IF_ERROR(device->Reserve(h.size()));
-  EXL3_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(device->get(), h.data(), h.size() * sizeof(int32_t),
-                                                  cudaMemcpyHostToDevice, Stream(stream_)),
-                                  "step upload"));
+  EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device->get(), h.data(), h.size() * sizeof(int32_t),
+                                            cudaMemcpyHostToDevice, Stream(stream_)));
   int32_t* d = device->get();
   meta_.ids = d;
   meta_.position = d + Tp;
@@ -351,18 +334,19 @@ absl::Status CudaModel::RunMoe(int l, int T, const int32_t* host_token_ids) {
     const size_t n = static_cast<size_t>(T) * H;
     EXL3_RETURN_IF_ERROR(remote_x_.Reserve(n));
     EXL3_RETURN_IF_ERROR(remote_y_.Reserve(n));
-    EXL3_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(remote_x_.get(), act_.x.get(), n * 4, cudaMemcpyDeviceToHost,
-                                                    Stream(stream_)), "MoE input to host"));
-    EXL3_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(Stream(stream_)), "MoE input to host"));
+    EXL3_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(remote_x_.get(), act_.x.get(), n * 4, cudaMemcpyDeviceToHost, Stream(stream_)));
+    EXL3_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(Stream(stream_)));
     EXL3_RETURN_IF_ERROR(remote_moe_->Forward(l, remote_x_.get(), T, host_token_ids, remote_y_.get()));
     // remote_y_ is read by the copy engine after this returns: the next layer's exchange waits for
     // the stream (above) before it writes remote_y_ again.
-    return CudaStatus(cudaMemcpyAsync(act_.d.get(), remote_y_.get(), n * 4, cudaMemcpyHostToDevice, Stream(stream_)),
-                      "MoE output to device");
+    EXL3_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(act_.d.get(), remote_y_.get(), n * 4, cudaMemcpyHostToDevice, Stream(stream_)));
+    return absl::OkStatus();
   }
   const int k = cfg_.moe.top_k;
   EXL3_RETURN_IF_ERROR(moe.router.Forward(act_.x.get(), T, act_.router_logits.get(), ctx_));
-  EXL3_RETURN_IF_ERROR(RouteOnDevice(GateOf(cfg_.moe), act_.router_logits.get(),
+  EXL3_RETURN_IF_ERROR(RouteOnDevice(gate_, act_.router_logits.get(),
                                      moe.bias.empty() ? nullptr : moe.bias.get(), T, act_.topk_ids.get(),
                                      act_.topk_weights.get(), stream_));
   EXL3_RETURN_IF_ERROR(moe_runner_->Rebind(*moe.experts));
@@ -379,21 +363,21 @@ absl::Status CudaModel::Mark(Phase phase) {
   if (!marking_) return absl::OkStatus();
   if (marks_.size() == event_pool_.size()) {
     cudaEvent_t e;
-    EXL3_RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&e), "event"));
+    EXL3_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
     event_pool_.push_back(e);
   }
   void* e = event_pool_[marks_.size()];
   marks_.push_back({e, phase});
-  return CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>(e), Stream(stream_)), "event");
+  EXL3_CUDA_RETURN_IF_ERROR(cudaEventRecord(static_cast<cudaEvent_t>(e), Stream(stream_)));
+  return absl::OkStatus();
 }
 
 absl::Status CudaModel::CollectPhaseTimes() {
   times_ = StepPhaseTimes{};
   for (size_t i = 1; i < marks_.size(); ++i) {
     float ms = 0;
-    EXL3_RETURN_IF_ERROR(CudaStatus(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(marks_[i - 1].event),
-                                                         static_cast<cudaEvent_t>(marks_[i].event)),
-                                    "event timing"));
+    EXL3_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(marks_[i - 1].event),
+                                                   static_cast<cudaEvent_t>(marks_[i].event)));
     const double s = ms * 1e-3;
     switch (marks_[i].phase) {
       case Phase::kEmbed: times_.embed_s += s; break;
@@ -444,12 +428,11 @@ absl::Status CudaModel::RunLayers(int T, int R, const int32_t* host_token_ids) {
 }
 
 absl::Status CudaModel::FinishStep(int rows, float* logits) {
-  EXL3_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(logits, act_.logits.get(),
-                                                  static_cast<size_t>(rows) * cfg_.vocab_size * sizeof(float),
-                                                  cudaMemcpyDeviceToHost, Stream(stream_)),
-                                  "logits to host"));
+  EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits, act_.logits.get(),
+                                            static_cast<size_t>(rows) * cfg_.vocab_size * sizeof(float),
+                                            cudaMemcpyDeviceToHost, Stream(stream_)));
   EXL3_RETURN_IF_ERROR(Mark(Phase::kHead));
-  EXL3_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(Stream(stream_)), "step"));
+  EXL3_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(Stream(stream_)));
   return CollectPhaseTimes();
 }
 
@@ -505,7 +488,7 @@ absl::Status CudaModel::ForwardDecodeGraph(const StepTokens& tokens, float* logi
     EXL3_RETURN_IF_ERROR(FinishStep(B, logits));
     g.phases = times_;
     cudaStream_t stream = Stream(stream_);
-    EXL3_RETURN_IF_ERROR(CudaStatus(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), "graph capture"));
+    EXL3_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
     marking_ = false;
     const absl::Status run = RunLayers(Tp, Tp, nullptr);
     marking_ = true;
@@ -528,7 +511,7 @@ absl::Status CudaModel::ForwardDecodeGraph(const StepTokens& tokens, float* logi
   }
   marks_.clear();
   EXL3_RETURN_IF_ERROR(Mark(Phase::kStart));
-  EXL3_RETURN_IF_ERROR(CudaStatus(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g.exec), Stream(stream_)), "graph launch"));
+  EXL3_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g.exec), Stream(stream_)));
   EXL3_RETURN_IF_ERROR(FinishStep(B, logits));
   // The graph's GPU time, apportioned as its eager run spent it.
   const double total = times_.head_s;

@@ -146,6 +146,7 @@ class CudaModel final : public ModelRunner {
   std::vector<Layer> layers_;
   DeviceArray<float> final_norm_;
   CudaLinear head_;
+  GateConfig gate_;  // the MoE layers' routing, as the device gate takes it
   std::unique_ptr<exl3::cuda::MoeRunner> moe_runner_;  // in-process experts
   int max_moe_tokens_ = 0;
   std::unique_ptr<MoeExecutor> remote_moe_;

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_status.h"
 
 namespace exl3::engine::cuda {
 namespace {
@@ -14,9 +15,7 @@ namespace {
 cudaStream_t S(StreamHandle s) { return static_cast<cudaStream_t>(s); }
 
 absl::Status LaunchStatus(const char* what) {
-  const cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+  return exl3::cuda::CudaStatus(cudaGetLastError(), what, __FILE__, __LINE__);
 }
 
 constexpr int kThreads = 256;
@@ -324,7 +323,7 @@ __global__ void RouteKernel(GateConfig cfg, const float* logits, const float* bi
   unsigned char* taken = reinterpret_cast<unsigned char*>(group_score + cfg.n_group);
   const float* l = logits + static_cast<size_t>(blockIdx.x) * E;
 
-  if (cfg.scoring == GateConfig::Scoring::kSoftmax) {
+  if (cfg.scoring == ScoringFunc::kSoftmax) {
     float mx = -INFINITY;
     for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, l[e]);
     mx = BlockMax(mx);
@@ -342,7 +341,7 @@ __global__ void RouteKernel(GateConfig cfg, const float* logits, const float* bi
     }
   } else {
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
-      const float v = cfg.scoring == GateConfig::Scoring::kSigmoid ? 1.0f / (1.0f + expf(-l[e]))
+      const float v = cfg.scoring == ScoringFunc::kSigmoid ? 1.0f / (1.0f + expf(-l[e]))
                                                                    : sqrtf(Softplus(l[e]));
       score[e] = v;
       choice[e] = v + (bias != nullptr ? bias[e] : 0.0f);
@@ -350,7 +349,7 @@ __global__ void RouteKernel(GateConfig cfg, const float* logits, const float* bi
     }
   }
   __syncthreads();
-  if (cfg.scoring != GateConfig::Scoring::kSoftmax && cfg.n_group > 1 && cfg.topk_group < cfg.n_group) {
+  if (cfg.scoring != ScoringFunc::kSoftmax && cfg.n_group > 1 && cfg.topk_group < cfg.n_group) {
     const int G = cfg.n_group, per = E / G;
     for (int g = threadIdx.x; g < G; g += blockDim.x) {
       float a = -INFINITY, b = -INFINITY;
@@ -401,7 +400,7 @@ __global__ void RouteKernel(GateConfig cfg, const float* logits, const float* bi
       out_w[r] = score[chosen[r]];
       sum += out_w[r];
     }
-    const float denom = cfg.scoring == GateConfig::Scoring::kSoftmax ? sum : sum + 1e-20f;
+    const float denom = cfg.scoring == ScoringFunc::kSoftmax ? sum : sum + 1e-20f;
     for (int r = 0; r < k; ++r) {
       if (cfg.norm_topk_prob) out_w[r] /= denom;
       out_w[r] *= cfg.routed_scaling_factor;
@@ -521,6 +520,18 @@ absl::Status PagedAttention(const float* q, const float* cache_layer, const Atte
       q, cache_layer, tokens, a, scratch);
   AttentionCombineKernel<<<dim3(T, num_heads), kAttentionThreads, 0, S(stream)>>>(scratch, a, out);
   return LaunchStatus("paged attention");
+}
+
+GateConfig GateConfigFor(const MoeConfig& m) {
+  GateConfig g;
+  g.scoring = m.scoring;
+  g.num_experts = m.num_experts;
+  g.top_k = m.top_k;
+  g.n_group = m.n_group;
+  g.topk_group = m.topk_group;
+  g.norm_topk_prob = m.norm_topk_prob;
+  g.routed_scaling_factor = m.routed_scaling_factor;
+  return g;
 }
 
 absl::Status RouteOnDevice(const GateConfig& cfg, const float* logits, const float* bias, int T,

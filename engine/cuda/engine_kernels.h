@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "model/moe_config.h"
 
 namespace exl3::engine::cuda {
 
@@ -82,13 +83,14 @@ absl::Status SiluMul(float* gate, const float* up, int64_t n, StreamHandle strea
 // ids [T, k] int32 in descending choice score (lower index first on ties), weights [T, k] fp32.
 // bias [E] or null.
 struct GateConfig {
-  enum class Scoring { kSoftmax, kSigmoid, kSqrtSoftplus };
-  Scoring scoring = Scoring::kSoftmax;
+  ScoringFunc scoring = ScoringFunc::kSoftmax;
   int num_experts = 0, top_k = 0;
   int n_group = 1, topk_group = 1;
   bool norm_topk_prob = false;
   float routed_scaling_factor = 1.0f;
 };
+// The routing facts of a model's MoE layers (a kernel argument: no vectors).
+GateConfig GateConfigFor(const MoeConfig& moe);
 absl::Status RouteOnDevice(const GateConfig& cfg, const float* logits, const float* bias,
                            int num_tokens, int32_t* ids, float* weights, StreamHandle stream);
 

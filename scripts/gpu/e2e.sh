@@ -31,13 +31,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-CUDA_LIBS=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-         $(python3 -c 'import nvidia.cublas, os; print(os.path.join(nvidia.cublas.__path__[0], "lib"))' 2>/dev/null); do
-  [ -e "$d/libcublas.so.13" ] && CUDA_LIBS="$CUDA_LIBS:$d"
-done
-export LD_LIBRARY_PATH="$PWD/.gpu-e2e/lib$CUDA_LIBS:${LD_LIBRARY_PATH:-}"
-BIN=$PWD/.gpu-e2e/bin
+GPU_BUNDLE=.gpu-e2e . scripts/gpu/env.sh
 W=/tmp/exl3-e2e
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 RP=$(free_port); RM=$(free_port)

@@ -5,16 +5,8 @@
 # Prints the venv's path on its last line. Usage: scripts/lib/frontend_venv.sh BUILD_DIR
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-BUILD_DIR=$(cd "${1:?usage: frontend_venv.sh BUILD_DIR}" && pwd)
-VENV=$BUILD_DIR/frontend-venv
-REQ=scripts/checks/frontend/requirements.txt
-req_hash=$(sha256sum "$REQ" | cut -c1-16)
-if [ "$(cat "$VENV/.requirements" 2>/dev/null)" != "$req_hash" ]; then
-  rm -rf "$VENV"
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$REQ" >&2
-  echo "$req_hash" > "$VENV/.requirements"
-fi
+VENV=$(scripts/lib/pinned_venv.sh "${1:?usage: frontend_venv.sh BUILD_DIR}" frontend-venv \
+  scripts/checks/frontend/requirements.txt | tail -1)
 rm -rf clients/python/build  # setuptools' in-tree build output: no stale module may ship
 "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall ./clients/python >&2
 "$VENV/bin/pip" check --disable-pip-version-check >&2

@@ -181,16 +181,7 @@ void CheckGate(const char* name, ScoringFunc scoring, int E, int k, int n_group,
   std::vector<float> ref_w(ref_ids.size());
   ASSERT_TRUE(RouteFromLogits(m, 0, logits.data(), with_bias ? bias.data() : nullptr, T, ref_ids.data(),
                               ref_w.data()).ok());
-  GateConfig g;
-  g.scoring = scoring == ScoringFunc::kSoftmax   ? GateConfig::Scoring::kSoftmax
-              : scoring == ScoringFunc::kSigmoid ? GateConfig::Scoring::kSigmoid
-                                                 : GateConfig::Scoring::kSqrtSoftplus;
-  g.num_experts = E;
-  g.top_k = k;
-  g.n_group = n_group;
-  g.topk_group = topk_group;
-  g.norm_topk_prob = norm;
-  g.routed_scaling_factor = scaling;
+  const GateConfig g = GateConfigFor(m);
   DeviceArray<float> d_logits = ToDevice(logits), d_bias = with_bias ? ToDevice(bias) : DeviceArray<float>(), d_w;
   DeviceArray<int32_t> d_ids;
   ASSERT_TRUE(d_ids.Reserve(ref_ids.size()).ok());
