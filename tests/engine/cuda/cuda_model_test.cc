@@ -368,7 +368,7 @@ TEST(CudaModelTest, LatentAttentionSaysItRunsOnTheCpu) {
 }
 
 TEST(CudaModelTest, OpenWithoutGpuFailsCleanly) {
-  if (exl3::cuda::DeviceCount() != 0) GTEST_SKIP() << "a GPU is visible";
+  if (exl3::cuda::DeviceCount() != 0) GTEST_SKIP() << "checks the error where no GPU is, and a GPU is visible here";
   auto gpu = CudaModel::Open("tests/fixtures/engine/glm4_moe_all", CudaModelOptions{});
   ASSERT_FALSE(gpu.ok());
   EXPECT_EQ(gpu.status().code(), absl::StatusCode::kFailedPrecondition) << gpu.status();
