@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_status.h"
@@ -60,15 +61,17 @@ __device__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162flo
 
 // grid T, block kThreads. table [vocab, hidden] of T; ids [T]; out [T, hidden] fp32.
 template <typename T>
-__global__ void EmbedKernel(const T* table, const int32_t* ids, int hidden, float* out) {
+__global__ void EmbedKernel(const T* __restrict__ table, const int32_t* ids, int hidden,
+                            float* __restrict__ out) {
   const size_t base = static_cast<size_t>(ids[blockIdx.x]) * hidden;
   float* row = out + static_cast<size_t>(blockIdx.x) * hidden;
+#pragma unroll 8
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) row[i] = ToFloat(table[base + i]);
 }
 
 // grid rows, block kThreads. Row r of the output is rmsnorm(x[src_row]) * w with src_row =
 // row_map ? row_map[r] : r; with `residual`, x[src_row] += residual[src_row] first (x written).
-// x, residual [*, n]; w [n]; y [rows, n] (may alias x when row_map is null).
+// x, residual [*, n]; w [n]; y [rows, n] (may alias x when row_map is null). The general case.
 __global__ void RmsNormKernel(float* x, const float* residual, const int32_t* row_map,
                               const float* w, int n, float eps, float* y) {
   const int src = row_map != nullptr ? row_map[blockIdx.x] : blockIdx.x;
@@ -86,6 +89,72 @@ __global__ void RmsNormKernel(float* x, const float* residual, const int32_t* ro
   ss = BlockSum(ss);
   const float inv = static_cast<float>(1.0 / sqrt(ss / n + eps));
   for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv);
+}
+
+// The same for rows of n = 4 * j floats, j <= V * kThreads, 16-byte aligned: each thread holds its
+// V float4 of the row in registers, so every load of the row is issued before the first store
+// (the general kernel's loop waits on memory once per element: ~13 us for one 4096-float row).
+template <int V>
+__global__ void RmsNormVecKernel(float* x, const float* residual, const int32_t* row_map,
+                                 const float* w, int n, float eps, float* y) {
+  const int src = row_map != nullptr ? row_map[blockIdx.x] : blockIdx.x;
+  const int n4 = n / 4;
+  float4* xr = reinterpret_cast<float4*>(x + static_cast<size_t>(src) * n);
+  float4 v[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int i = threadIdx.x + j * kThreads;
+    v[j] = i < n4 ? xr[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  if (residual != nullptr) {
+    const float4* rr = reinterpret_cast<const float4*>(residual + static_cast<size_t>(src) * n);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int i = threadIdx.x + j * kThreads;
+      if (i < n4) {
+        const float4 r = rr[i];
+        v[j] = make_float4(v[j].x + r.x, v[j].y + r.y, v[j].z + r.z, v[j].w + r.w);
+        xr[i] = v[j];
+      }
+    }
+  }
+  double ss = 0.0;
+#pragma unroll
+  for (int j = 0; j < V; ++j)
+    ss += static_cast<double>(v[j].x) * v[j].x + static_cast<double>(v[j].y) * v[j].y +
+          static_cast<double>(v[j].z) * v[j].z + static_cast<double>(v[j].w) * v[j].w;
+  ss = BlockSum(ss);
+  const float inv = static_cast<float>(1.0 / sqrt(ss / n + eps));
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  float4* yr = reinterpret_cast<float4*>(y + static_cast<size_t>(blockIdx.x) * n);
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int i = threadIdx.x + j * kThreads;
+    if (i < n4) {
+      const float4 g = w4[i];
+      yr[i] = make_float4(g.x * (v[j].x * inv), g.y * (v[j].y * inv), g.z * (v[j].z * inv),
+                          g.w * (v[j].w * inv));
+    }
+  }
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The norm of `rows` rows (RmsNormKernel's arguments), vectorised where the shape allows.
+void LaunchRmsNorm(float* x, const float* residual, const int32_t* row_map, const float* w, int rows,
+                   int n, float eps, float* y, cudaStream_t stream) {
+  const bool vec = n % 4 == 0 && Aligned16(x) && Aligned16(w) && Aligned16(y) &&
+                   (residual == nullptr || Aligned16(residual));
+  const int per_thread = (n / 4 + kThreads - 1) / kThreads;
+  if (vec && per_thread <= 1) {
+    RmsNormVecKernel<1><<<rows, kThreads, 0, stream>>>(x, residual, row_map, w, n, eps, y);
+  } else if (vec && per_thread <= 4) {
+    RmsNormVecKernel<4><<<rows, kThreads, 0, stream>>>(x, residual, row_map, w, n, eps, y);
+  } else if (vec && per_thread <= 8) {
+    RmsNormVecKernel<8><<<rows, kThreads, 0, stream>>>(x, residual, row_map, w, n, eps, y);
+  } else {
+    RmsNormKernel<<<rows, kThreads, 0, stream>>>(x, residual, row_map, w, n, eps, y);
+  }
 }
 
 __global__ void AddKernel(float* h, const float* d, int64_t n) {
@@ -432,23 +501,21 @@ absl::Status RmsNorm(const float* x, const float* w, int rows, int n, float eps,
                      StreamHandle stream) {
   if (rows == 0) return absl::OkStatus();
   // x is only read without a residual.
-  RmsNormKernel<<<rows, kThreads, 0, S(stream)>>>(const_cast<float*>(x), nullptr, nullptr, w, n,
-                                                 eps, y);
+  LaunchRmsNorm(const_cast<float*>(x), nullptr, nullptr, w, rows, n, eps, y, S(stream));
   return LaunchStatus("rmsnorm");
 }
 
 absl::Status AddRmsNorm(float* h, const float* d, const float* w, int rows, int n, float eps,
                         float* y, StreamHandle stream) {
   if (rows == 0) return absl::OkStatus();
-  RmsNormKernel<<<rows, kThreads, 0, S(stream)>>>(h, d, nullptr, w, n, eps, y);
+  LaunchRmsNorm(h, d, nullptr, w, rows, n, eps, y, S(stream));
   return LaunchStatus("residual add + rmsnorm");
 }
 
 absl::Status GatherRmsNorm(const float* h, const int32_t* rows, int num_rows, const float* w,
                            int n, float eps, float* out, StreamHandle stream) {
   if (num_rows == 0) return absl::OkStatus();
-  RmsNormKernel<<<num_rows, kThreads, 0, S(stream)>>>(const_cast<float*>(h), nullptr, rows, w, n,
-                                                     eps, out);
+  LaunchRmsNorm(const_cast<float*>(h), nullptr, rows, w, num_rows, n, eps, out, S(stream));
   return LaunchStatus("final rmsnorm");
 }
 

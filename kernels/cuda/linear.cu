@@ -37,9 +37,12 @@ absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   const int k = w.in_features, n = w.out_features;
   const Path p = ResolvePath(path, s.cc_major, "linear");
-  const bool gemv = p == Path::kNative && m <= kLinearGemvMaxRows;
-  const DenseGemvPlan plan = gemv ? PlanDenseGemv(m, k, n, w.bits, s.sm_count) : DenseGemvPlan{};
-  if (gemv && plan.one_launch) {
+  const int gemv_path = p == Path::kNative ? GemvPathFor(m, k, n, w.bits, s.sm_count) : 0;
+  const bool gemv = gemv_path != 0;
+  // The prefill GEMM in k-slices when its units alone would leave SMs idle (gemv_plan.h).
+  const int gemm_k_stages = p == Path::kNative && !gemv ? GemmKStages(m, k, n, s.sm_count) : 0;
+  if (gemv_path == 1) {
+    const DenseGemvPlan plan = PlanDenseGemv(m, k, n, w.bits, s.sm_count);
     // One launch: input transform, GEMV and output transform (dense_gemv_kernel.cuh).
     const int chunks = (m + kGemvRows - 1) / kGemvRows;
     const int col_blocks = n / kDenseBlockCols;
@@ -65,8 +68,10 @@ absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float
   }
   EXL3_RETURN_IF_ERROR(s.a.Reserve(static_cast<size_t>(m) * k * 2));
   __half* a = static_cast<__half*>(s.a.ptr);
-  // The three-launch GEMV accumulates into y with atomics: the input transform zeroes it.
-  EXL3_RETURN_IF_ERROR(LaunchInputTransform(x, m, k, w.suh, a, gemv ? y : nullptr, n, stream));
+  // The three-launch GEMV and the k-sliced GEMM accumulate into y with atomics: the input
+  // transform zeroes it.
+  const bool accumulate = gemv || gemm_k_stages > 0;
+  EXL3_RETURN_IF_ERROR(LaunchInputTransform(x, m, k, w.suh, a, accumulate ? y : nullptr, n, stream));
   if (p == Path::kReference) {
     if (!s.cublas) EXL3_RETURN_IF_ERROR(CublasStatus(cublasCreate(&s.cublas), "cublasCreate"));
     EXL3_RETURN_IF_ERROR(s.dequant.Reserve(static_cast<size_t>(k) * n * 2));
@@ -87,7 +92,9 @@ absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float
       EXL3_RETURN_IF_ERROR(DispatchGemv(w.bits, static_cast<int>(w.codebook), batch, GemvGrid(s.sm_count), stream));
       EXL3_CUDA_CHECK_LAUNCH("GroupedGemvKernel");
     } else {
-      const long units = static_cast<long>((m + kGemmBM - 1) / kGemmBM) * (n / 128);
+      q.gemm_k_stages = gemm_k_stages;
+      const int k_slices = gemm_k_stages > 0 ? (k / kGemmStageK + gemm_k_stages - 1) / gemm_k_stages : 1;
+      const long units = static_cast<long>((m + kGemmBM - 1) / kGemmBM) * (n / 128) * k_slices;
       EXL3_RETURN_IF_ERROR(DispatchGemm(w.bits, static_cast<int>(w.codebook), batch, GemmGrid(s.sm_count, units), stream));
       EXL3_CUDA_CHECK_LAUNCH("GroupedGemmKernel");
     }
