@@ -140,39 +140,44 @@ __global__ void __launch_bounds__(256, 2) GroupedGemmKernel(const GemvBatch batc
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[m][h][i] = 0.f;
 
-    uint32_t wcur[kTilesPerStage][NW], wnext[kTilesPerStage][NW];
+    // The weights stream through a ring of kWStages stages in registers, loaded kWStages - 1
+    // stages ahead of their decode (one stage ahead left a unit waiting on memory at every stage
+    // when the chunk has few rows: little mma work per weight to hide the load behind).
+    constexpr int kWStages = K <= 4 ? 3 : 2;
+    uint32_t wring[kWStages][kTilesPerStage][NW];
     load_a(0, 0);
-    load_w(0, wcur);
-    for (int s = 0; s < stages; ++s) {
-      const bool more = s + 1 < stages;
-      if (more) {
-        load_a(s + 1, (s + 1) & 1);
-        load_w(s + 1, wnext);
-        CpAsyncWait<1>();
-      } else {
-        CpAsyncWait<0>();
-      }
-      __syncthreads();
-      const __half* abuf = smem_a[s & 1];
 #pragma unroll
-      for (int kk = 0; kk < kTilesPerStage; ++kk) {
-        uint32_t b[4];
-        DecodeLane<K, CB>(wcur[kk], slots.shift, b);
+    for (int r = 0; r < kWStages - 1; ++r)
+      if (r < stages) load_w(r, wring[r]);
+    for (int s0 = 0; s0 < stages; s0 += kWStages) {
 #pragma unroll
-        for (int m = 0; m < MB; ++m) {
-          if (m >= row_blocks) break;
-          uint32_t a[4];
-          LdMatrixX4(a, abuf + (m * 16 + (lane & 15)) * kGemmLda + kk * 16 + (lane >> 4) * 8);
-          Mma16816(acc[m][0], a, b[0], b[1]);
-          Mma16816(acc[m][1], a, b[2], b[3]);
+      for (int r = 0; r < kWStages; ++r) {
+        const int s = s0 + r;
+        if (s >= stages) break;
+        // Into the slot stage s - 1 used (its decode is done).
+        if (s + kWStages - 1 < stages) load_w(s + kWStages - 1, wring[(r + kWStages - 1) % kWStages]);
+        if (s + 1 < stages) {
+          load_a(s + 1, (s + 1) & 1);
+          CpAsyncWait<1>();
+        } else {
+          CpAsyncWait<0>();
         }
-      }
-      __syncthreads();
-      if (more) {
+        __syncthreads();
+        const __half* abuf = smem_a[s & 1];
 #pragma unroll
-        for (int t = 0; t < kTilesPerStage; ++t)
+        for (int kk = 0; kk < kTilesPerStage; ++kk) {
+          uint32_t b[4];
+          DecodeLane<K, CB>(wring[r][kk], slots.shift, b);
 #pragma unroll
-          for (int i = 0; i < NW; ++i) wcur[t][i] = wnext[t][i];
+          for (int m = 0; m < MB; ++m) {
+            if (m >= row_blocks) break;
+            uint32_t a[4];
+            LdMatrixX4(a, abuf + (m * 16 + (lane & 15)) * kGemmLda + kk * 16 + (lane >> 4) * 8);
+            Mma16816(acc[m][0], a, b[0], b[1]);
+            Mma16816(acc[m][1], a, b[2], b[3]);
+          }
+        }
+        __syncthreads();
       }
     }
 
