@@ -355,27 +355,19 @@ __device__ inline bool Better(float v, int i, float bv, int bi) {
   return bi < 0 || v > bv || (v == bv && i < bi);
 }
 
-// Block-wide best candidate over `choice` [n] skipping taken[]; every thread gets the answer.
-__device__ int BlockArgMax(const float* choice, const unsigned char* taken, int n) {
-  __shared__ float wv[32];
-  __shared__ int wi[32];
+// Best candidate over `choice` [n] skipping taken[], by one warp; every lane gets the answer.
+__device__ int WarpArgMax(const float* choice, const unsigned char* taken, int n) {
+  const int lane = threadIdx.x % 32;
   float bv = -INFINITY;
   int bi = -1;
-  for (int e = threadIdx.x; e < n; e += blockDim.x)
+  for (int e = lane; e < n; e += 32)
     if (!taken[e] && Better(choice[e], e, bv, bi)) bv = choice[e], bi = e;
   for (int o = 16; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
     const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
     if (oi >= 0 && Better(ov, oi, bv, bi)) bv = ov, bi = oi;
   }
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) wv[threadIdx.x / 32] = bv, wi[threadIdx.x / 32] = bi;
-  __syncthreads();
-  float best_v = -INFINITY;
-  int best_i = -1;
-  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w)
-    if (wi[w] >= 0 && Better(wv[w], wi[w], best_v, best_i)) best_v = wv[w], best_i = wi[w];
-  return best_i;
+  return bi;
 }
 
 __device__ inline float Softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
@@ -451,14 +443,17 @@ __global__ void RouteKernel(GateConfig cfg, const float* logits, const float* bi
       if (group_score[e / per] == 0.0f) choice[e] = -INFINITY;
     __syncthreads();
   }
+  // The top k by the first warp alone: k rounds of a warp argmax over shared memory, with no
+  // block barrier per round (k block-wide rounds cost ~1 us each).
+  if (threadIdx.x >= 32) return;
   __shared__ int chosen[64];
   for (int r = 0; r < k; ++r) {
-    const int best = BlockArgMax(choice, taken, E);
+    const int best = WarpArgMax(choice, taken, E);
     if (threadIdx.x == 0) {
       chosen[r] = best;
       taken[best] = 1;
     }
-    __syncthreads();
+    __syncwarp();
   }
   if (threadIdx.x == 0) {
     int32_t* out_ids = ids + static_cast<size_t>(blockIdx.x) * k;
