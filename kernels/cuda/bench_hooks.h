@@ -25,7 +25,8 @@ void SetDenseGemvSliceOverride(int tiles);
 
 // Forces the kernel LinearForward runs for m <= kGemvMaxRows (gemv_plan.h) on the native path: 1 the one-launch
 // DenseGemvKernel, 2 the three launches (input transform, GroupedGemvKernel, output transform), 3 the
-// prefill GEMM (k-sliced as GemmKStages says); 0 restores the rule (PlanDenseGemv, gemv_plan.cu).
+// prefill GEMM (k-sliced as GemmKStages says; at any m, also where the rule dequantises and calls
+// cuBLAS: UseDequantGemm); 0 restores the rule (PlanDenseGemv, gemv_plan.cu).
 void SetGemvPathOverride(int path);
 
 }  // namespace exl3::cuda

@@ -111,6 +111,8 @@ int GemvPathFor(int m, int k, int n, int K, int sm_count) {
   return PlanDenseGemv(m, k, n, K, sm_count).one_launch ? 1 : 2;
 }
 
+bool UseDequantGemm(int m) { return m >= kLinearDequantGemmMinRows && g_gemv_path_override.load() != 3; }
+
 int GemmKStages(int m, int k, int n, int sm_count) {
   const long base_units = static_cast<long>((m + kGemmBM - 1) / kGemmBM) * (n / 128);
   const long target = static_cast<long>(kGemmSplitWaves) * sm_count * kGemmBlocksPerSm;

@@ -43,6 +43,15 @@ inline constexpr int kGemmSplitWaves = 2;
 inline constexpr int kGemmMinSliceStages = 4;
 int GemmKStages(int m, int k, int n, int sm_count);
 
+// From kLinearDequantGemmMinRows rows LinearForward's native path dequantises the layer into the
+// workspace (k x n fp16) and multiplies with cuBLAS instead of running the fused GEMM: on an H200
+// that was 2.0-2.8x faster at m = 512..8192 (exl3-bench gemm, bench/results/h200.md: the fused
+// mma.sync GEMM reaches ~22 % of cuBLAS fp16, while one dequantisation costs about as much as a
+// GEMV). Below it (decode batches, short chunks) the fused kernels read the trellis only.
+// Forcing the GEMM (bench_hooks.h, path 3) turns it off.
+inline constexpr int kLinearDequantGemmMinRows = 512;
+bool UseDequantGemm(int m);
+
 // The one-launch GEMV's configuration for m rows of a k x n layer of bit width K, and whether
 // LinearForward runs it (rather than the three launches); the rule is written at its definition.
 struct DenseGemvPlan {

@@ -37,10 +37,13 @@ absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   const int k = w.in_features, n = w.out_features;
   const Path p = ResolvePath(path, s.cc_major, "linear");
-  const int gemv_path = p == Path::kNative ? GemvPathFor(m, k, n, w.bits, s.sm_count) : 0;
+  // Large prefill chunks: dequantise once and multiply with cuBLAS, as the reference path does
+  // (gemv_plan.h says why).
+  const bool dequant_gemm = p == Path::kReference || UseDequantGemm(m);
+  const int gemv_path = dequant_gemm ? 0 : GemvPathFor(m, k, n, w.bits, s.sm_count);
   const bool gemv = gemv_path != 0;
   // The prefill GEMM in k-slices when its units alone would leave SMs idle (gemv_plan.h).
-  const int gemm_k_stages = p == Path::kNative && !gemv ? GemmKStages(m, k, n, s.sm_count) : 0;
+  const int gemm_k_stages = !dequant_gemm && !gemv ? GemmKStages(m, k, n, s.sm_count) : 0;
   if (gemv_path == 1) {
     const DenseGemvPlan plan = PlanDenseGemv(m, k, n, w.bits, s.sm_count);
     // One launch: input transform, GEMV and output transform (dense_gemv_kernel.cuh).
@@ -72,7 +75,7 @@ absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float
   // transform zeroes it.
   const bool accumulate = gemv || gemm_k_stages > 0;
   EXL3_RETURN_IF_ERROR(LaunchInputTransform(x, m, k, w.suh, a, accumulate ? y : nullptr, n, stream));
-  if (p == Path::kReference) {
+  if (dequant_gemm) {
     if (!s.cublas) EXL3_RETURN_IF_ERROR(CublasStatus(cublasCreate(&s.cublas), "cublasCreate"));
     EXL3_RETURN_IF_ERROR(s.dequant.Reserve(static_cast<size_t>(k) * n * 2));
     EXL3_RETURN_IF_ERROR(ReferenceGemm(s.cublas, w.trellis, k, n, w.bits, static_cast<int>(w.codebook), a,

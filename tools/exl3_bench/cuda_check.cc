@@ -37,7 +37,7 @@ using benchutil::RelErr;
 
 std::map<std::string, double> g_worst;
 std::map<std::string, double> g_limit = {
-    {"gemv", 4e-3}, {"gemm", 4e-3}, {"linear-reference", 4e-3}, {"moe-native", 1e-2},
+    {"gemv", 4e-3}, {"gemm", 4e-3}, {"dequant-gemm", 4e-3}, {"linear-reference", 4e-3}, {"moe-native", 1e-2},
     {"moe-native-prefill", 1e-2}, {"moe-reference", 1e-2}, {"moe-graph-replay", 1e-2},
     {"moe-registered-host", 1e-2}};
 int g_failures = 0;
@@ -157,7 +157,10 @@ void CheckLinear(int k, int n, int K, Codebook cb, const std::vector<int>& ms, b
         OK(cuda::LinearForward((*dev)->view(), dx, m, dy, ws, nullptr, p));
         CK(cudaDeviceSynchronize());
         const auto got = Fetch(dy, ref.size());
-        const std::string kernel = p == cuda::Path::kReference ? "linear-reference" : gemm ? "gemm" : "gemv";
+        const std::string kernel = p == cuda::Path::kReference                      ? "linear-reference"
+                                   : gemv_path != 3 && cuda::UseDequantGemm(m) ? "dequant-gemm"
+                                   : gemm                                       ? "gemm"
+                                                                                : "gemv";
         Record(kernel, RelErr(got.data(), ref.data(), ref.size()),
                shape + slice_note + " m=" + std::to_string(m) + (run ? " again" : ""));
       }
@@ -433,6 +436,8 @@ int Main(int argc, char** argv) {
         // chosen above kLinearGemvMaxRows, with partial 16-row blocks.
         CheckLinear(640, 1152, K, cb, {1, 9, 30, 48}, K == 4, &ws, 0, 3);
         CheckLinear(640, 1152, K, cb, {49, 64, 100}, false, &ws);
+        // The fused GEMM where the rule dequantises and calls cuBLAS (UseDequantGemm).
+        CheckLinear(256, 384, K, cb, {1024}, K == 6, &ws, 0, 3);
       }
     if (big) {
       for (int K : {2, 3, 4}) {

@@ -454,10 +454,12 @@ void BenchMoe(const Ceilings& c, int stack) {
 
 // ---------------------------------------------------------------------------------------------
 void BenchGemm(const Ceilings& c) {
-  std::printf("\n%-40s %10s %10s %10s %8s %10s\n", "prefill GEMM (dequant fused)", "native", "TFLOP/s", "cuBLAS*",
-              "ratio", "reference");
-  std::printf("(cuBLAS* = cublasGemmEx fp16 on the already-dequantised W_inner, same shape; reference = dequant + "
-              "cuBLAS)\n");
+  std::printf("\n%-40s %10s %10s %10s %8s %10s %10s\n", "prefill GEMM (dequant fused)", "fused", "TFLOP/s",
+              "cuBLAS*", "ratio", "reference", "native");
+  std::printf("(fused = the fused GEMM kernel, forced; cuBLAS* = cublasGemmEx fp16 on the already-dequantised "
+              "W_inner, same shape; reference = dequant + cuBLAS; native = LinearForward's rule: the fused GEMM "
+              "below kLinearDequantGemmMinRows = %d rows, dequant + cuBLAS from there)\n",
+              cuda::kLinearDequantGemmMinRows);
   cuda::Workspace ws;
   cublasHandle_t h;
   cublasCreate(&h);
@@ -470,7 +472,7 @@ void BenchGemm(const Ceilings& c) {
     __half* wd;
     CK(cudaMalloc(&wd, size_t(k) * n * 2));
     OK(cuda::DequantizeInnerDevice((*dev)->view(), reinterpret_cast<uint16_t*>(wd), g_stream));
-    for (int m : {512, 1024, 2048, 4096, 8192}) {
+    for (int m : {128, 256, 512, 1024, 2048, 4096, 8192}) {
       const auto x = RandomVector(size_t(m) * k, 21);
       float *dx, *dy;
       __half* da;
@@ -484,7 +486,10 @@ void BenchGemm(const Ceilings& c) {
       call(cuda::Path::kNative)(0);
       call(cuda::Path::kReference)(0);
       CK(cudaStreamSynchronize(g_stream));
+      const double tn = TimeMedian(call(cuda::Path::kNative), 1, 10);
+      cuda::SetGemvPathOverride(3);
       const double t = TimeMedian(call(cuda::Path::kNative), 1, 10);
+      cuda::SetGemvPathOverride(0);
       const double tr = TimeMedian(call(cuda::Path::kReference), 1, 5);
       const float al = 1, be = 0;
       const double tc = TimeMedian(
@@ -496,13 +501,13 @@ void BenchGemm(const Ceilings& c) {
       const double flops = 2.0 * m * k * n;
       char name[96];
       std::snprintf(name, sizeof name, "m=%d %dx%d K=%d mcg", m, k, n, K);
-      std::printf("%-40s %8.1fus %10.1f %8.1fus %7.0f%% %8.1fus\n", name, t * 1e6, flops / t * 1e-12, tc * 1e6,
-                  100.0 * tc / t, tr * 1e6);
+      std::printf("%-40s %8.1fus %10.1f %8.1fus %7.0f%% %8.1fus %8.1fus\n", name, t * 1e6, flops / t * 1e-12,
+                  tc * 1e6, 100.0 * tc / t, tr * 1e6, tn * 1e6);
       char js[384];
       std::snprintf(js, sizeof js,
-                    "{\"bench\":\"gemm\",\"m\":%d,\"k\":%d,\"n\":%d,\"K\":%d,\"native_us\":%.2f,\"tflops\":%.2f,"
-                    "\"cublas_us\":%.2f,\"reference_us\":%.2f}",
-                    m, k, n, K, t * 1e6, flops / t * 1e-12, tc * 1e6, tr * 1e6);
+                    "{\"bench\":\"gemm\",\"m\":%d,\"k\":%d,\"n\":%d,\"K\":%d,\"fused_us\":%.2f,\"tflops\":%.2f,"
+                    "\"cublas_us\":%.2f,\"reference_us\":%.2f,\"native_us\":%.2f}",
+                    m, k, n, K, t * 1e6, flops / t * 1e-12, tc * 1e6, tr * 1e6, tn * 1e6);
       Json(js);
       CK(cudaFree(dx));
       CK(cudaFree(dy));
