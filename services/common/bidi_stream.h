@@ -69,14 +69,16 @@ struct BidiStreamOptions {
   std::string name = "stream";
 };
 
-// The two ends' gRPC reactions, passed on to BidiStream under one set of names.
+// The two ends' gRPC reactions, passed on to BidiStream under one set of names: PeerCancelled
+// (a server end's OnCancel) and Done (OnDone, with gRPC's final status of a client end's call; a
+// server end passes OK, its status being the one it finished with).
 class ServerSide : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   static constexpr bool kServer = true;
 
  protected:
   virtual void PeerCancelled() = 0;
-  virtual void Done(const grpc::Status& client_status) = 0;
+  virtual void Done(const grpc::Status& status) = 0;
 
  private:
   void OnCancel() final { PeerCancelled(); }

@@ -42,8 +42,6 @@ class WorkerStream
   bool Cancelled() const override { return cancelled_.load(); }
   void Complete(std::shared_ptr<WorkRequest> r, absl::Status status) override;
 
-  // The end of a drain: the stream ends with `s` once its answers are written.
-  void FinishWhenIdle(const grpc::Status& s) { BidiStream::FinishWhenIdle(s); }
   // Nothing in flight and nothing left to write.
   bool Idle() {
     std::lock_guard<std::mutex> l(mutex());

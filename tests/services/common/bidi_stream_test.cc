@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "exl3serve/v1/exl3serve.grpc.pb.h"
@@ -280,33 +281,57 @@ TEST(BidiStreamTest, UnparsableMessageEndsTheStream) {
   }
 }
 
+// A fresh shared-memory channel whose peer end is attached to `s` as its side channel; the
+// test's end, or null (with a failure) when that did not work.
+std::unique_ptr<ShmChannel> AttachSideChannel(TestStream& s) {
+  auto mine = ShmChannel::Create(1 << 20, 0);
+  EXPECT_TRUE(mine.ok()) << mine.status();
+  if (!mine.ok()) return nullptr;
+  auto theirs = ShmChannel::Attach((*mine)->name(), (*mine)->nonce(), 0);
+  EXPECT_TRUE(theirs.ok()) << theirs.status();
+  if (!theirs.ok()) return nullptr;
+  std::lock_guard<std::mutex> l(s.mutex());
+  if (!s.AttachSideChannelLocked(std::move(*theirs))) {
+    ADD_FAILURE() << "the stream took no side channel";
+    return nullptr;
+  }
+  return std::move(*mine);
+}
+
+// A loopback server, a call on it with one request written, and the server end it made (null
+// when none came).
+struct StreamWithOneRequest {
+  StreamWithOneRequest() {
+    lb.Start();
+    stub = lb.stub();
+    call = stub->Forward(&ctx);
+    EXPECT_TRUE(call->Write(Request(1)));
+    s = lb.stream();
+  }
+  auto parts() { return std::tie(ctx, call, s); }
+  Loopback lb;
+  std::unique_ptr<pb::ExpertWorker::Stub> stub;
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReaderWriter<pb::ExpertRequest, pb::ExpertResponse>> call;
+  std::shared_ptr<TestStream> s;
+};
+
 // A side channel attached to a server end: messages through it are read and answered through it;
 // the stream's end closes it (the peer sees it closed).
 TEST(BidiStreamTest, SideChannelCarriesMessagesAndClosesWithTheStream) {
-  Loopback lb;
-  lb.Start();
-  auto stub = lb.stub();
-  grpc::ClientContext ctx;
-  auto call = stub->Forward(&ctx);
-  ASSERT_TRUE(call->Write(Request(1)));
-  std::shared_ptr<TestStream> s = lb.stream();
+  StreamWithOneRequest one;
+  auto [ctx, call, s] = one.parts();
   ASSERT_NE(s, nullptr);
   pb::ExpertResponse r;
   ASSERT_TRUE(call->Read(&r));  // the stream is up
-  auto mine = ShmChannel::Create(1 << 20, 0);
-  ASSERT_TRUE(mine.ok()) << mine.status();
-  auto theirs = ShmChannel::Attach((*mine)->name(), (*mine)->nonce(), 0);
-  ASSERT_TRUE(theirs.ok()) << theirs.status();
-  {
-    std::lock_guard<std::mutex> l(s->mutex());
-    ASSERT_TRUE(s->AttachSideChannelLocked(std::move(*theirs)));
-  }
+  std::unique_ptr<ShmChannel> mine = AttachSideChannel(*s);
+  ASSERT_NE(mine, nullptr);
   const pb::ExpertRequest req = Request(7);
-  ASSERT_TRUE((*mine)->TryWrite(req.ByteSizeLong(), [&](uint8_t* dst) {
+  ASSERT_TRUE(mine->TryWrite(req.ByteSizeLong(), [&](uint8_t* dst) {
     req.SerializeWithCachedSizesToArray(dst);
   }));
   bool parsed = false;
-  ASSERT_TRUE((*mine)->Read([&](const uint8_t* p, size_t n) {
+  ASSERT_TRUE(mine->Read([&](const uint8_t* p, size_t n) {
     parsed = r.ParseFromArray(p, static_cast<int>(n));
   }));
   ASSERT_TRUE(parsed);
@@ -314,29 +339,18 @@ TEST(BidiStreamTest, SideChannelCarriesMessagesAndClosesWithTheStream) {
   EXPECT_EQ(s->read_on_side.load(), 1);
   ctx.TryCancel();
   ASSERT_TRUE(WaitFor([&] { return s->ended.load(); }));
-  EXPECT_TRUE((*mine)->closed()) << "the stream ended but its side channel stayed open";
+  EXPECT_TRUE(mine->closed()) << "the stream ended but its side channel stayed open";
   call->Finish();
 }
 
 // The side channel's end (closed by the peer) ends the stream.
 TEST(BidiStreamTest, StreamEndsWhenItsSideChannelCloses) {
-  Loopback lb;
-  lb.Start();
-  auto stub = lb.stub();
-  grpc::ClientContext ctx;
-  auto call = stub->Forward(&ctx);
-  ASSERT_TRUE(call->Write(Request(1)));
-  std::shared_ptr<TestStream> s = lb.stream();
+  StreamWithOneRequest one;
+  auto [ctx, call, s] = one.parts();
   ASSERT_NE(s, nullptr);
-  auto mine = ShmChannel::Create(1 << 20, 0);
-  ASSERT_TRUE(mine.ok()) << mine.status();
-  auto theirs = ShmChannel::Attach((*mine)->name(), (*mine)->nonce(), 0);
-  ASSERT_TRUE(theirs.ok()) << theirs.status();
-  {
-    std::lock_guard<std::mutex> l(s->mutex());
-    ASSERT_TRUE(s->AttachSideChannelLocked(std::move(*theirs)));
-  }
-  (*mine)->Close();
+  std::unique_ptr<ShmChannel> mine = AttachSideChannel(*s);
+  ASSERT_NE(mine, nullptr);
+  mine->Close();
   ASSERT_TRUE(WaitFor([&] { return s->ended.load(); }));
   EXPECT_TRUE(s->abandoned.load());
   EXPECT_EQ(s->end_status.error_code(), grpc::StatusCode::UNAVAILABLE);
