@@ -144,39 +144,40 @@ struct TileShape {
   float scale_log2;                // softmax scale × log2(e)
 };
 
-// Shared memory of one block: the query tile and two stages of key and value tiles, rows padded by
-// 16 bytes so the 8 rows an ldmatrix reads fall on distinct banks.
-template <int D, int Warps, int KeyTile>
+// Shared memory of one block: the query tile and `Stages` key and value tiles (a ring the loads run
+// ahead in), rows padded by 16 bytes so the 8 rows an ldmatrix reads fall on distinct banks.
+template <int D, int Warps, int KeyTile, int Stages>
 constexpr size_t TensorCoreSharedBytes() {
-  return static_cast<size_t>(16 * Warps + 4 * KeyTile) * (D + 8) * sizeof(__half);
+  return static_cast<size_t>(16 * Warps + 2 * Stages * KeyTile) * (D + 8) * sizeof(__half);
 }
 
 // grid (spans * tiles_per_span, num_kv_heads, splits), block 32 * Warps; dynamic shared memory
 // TensorCoreSharedBytes. q [T, num_heads * D] fp32 (token t's head h at (t * num_heads + h) * D);
 // cache [slots, 2 * num_kv_heads * D] fp16 (keys of every KV head, then values); tok as
 // AttentionTokens (a span's block table is its first token's). Block (x, g, s) takes rows
-// [r0, r0 + 16 * Warps) of span x / tiles_per_span (r0 = (x % tiles_per_span) * 16 * Warps; row r
-// is token r / group of the span and query head g * group + r % group), every warp 16 of them,
+// [r0, r0 + 16 * Warps) of span x / tiles_per_span (r0 = (tiles_per_span - 1 - x % tiles_per_span)
+// * 16 * Warps: a span's last tiles, which see the most keys, start first; row r is token r / group
+// of the span and query head g * group + r % group), every warp 16 of them,
 // over key positions [lo, hi): lo the least first_visible of the tile's tokens, hi one past their
 // greatest position, split s of that range when splits > 1 (split_positions each, the last split
 // to hi). Each row sees [first_visible, position] of its token. splits == 1: out [T, num_heads *
 // D] fp32 written; else scratch [T, num_heads, splits, D + 2] (CombineSplitsKernel's partials).
-template <int D, int Warps, int KeyTile>
+template <int D, int Warps, int KeyTile, int Stages>
 __global__ void __launch_bounds__(32 * Warps)
     TensorCoreAttentionKernel(const float* q, const __half* cache, AttentionTokens tok, TileShape a,
                               float* scratch, float* out) {
   constexpr int M = 16 * Warps, STRIDE = D + 8;
-  static_assert(D % 16 == 0 && KeyTile % 16 == 0, "mma tiles");
+  static_assert(D % 16 == 0 && KeyTile % 16 == 0 && Stages >= 2, "mma tiles, a load ahead");
   extern __shared__ __align__(16) unsigned char attention_smem[];
   __half* q_s = reinterpret_cast<__half*>(attention_smem);  // [M][STRIDE]
-  __half* k_s = q_s + M * STRIDE;                            // [2][KeyTile][STRIDE]
-  __half* v_s = k_s + 2 * KeyTile * STRIDE;                  // [2][KeyTile][STRIDE]
+  __half* k_s = q_s + M * STRIDE;                            // [Stages][KeyTile][STRIDE]
+  __half* v_s = k_s + Stages * KeyTile * STRIDE;             // [Stages][KeyTile][STRIDE]
   __shared__ int row_first[M], row_last[M];
   __shared__ int key_lo, key_hi;
 
   const int G = a.group, g = blockIdx.y, s = blockIdx.z;
   const int span = blockIdx.x / a.tiles_per_span;
-  const int row_begin = (blockIdx.x % a.tiles_per_span) * M;
+  const int row_begin = (a.tiles_per_span - 1 - static_cast<int>(blockIdx.x % a.tiles_per_span)) * M;
   const int token0 = span * a.span_tokens, span_rows = a.span_tokens * G;
   const int kv_floats = a.num_kv_heads * D, width = 2 * kv_floats, bs = tok.block_size;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -223,7 +224,8 @@ __global__ void __launch_bounds__(32 * Warps)
   const int num_tiles = hi > lo ? (hi - lo + KeyTile - 1) / KeyTile : 0;
   const int32_t* table = tok.tables + tok.table_offset[token0];
 
-  // Keys and values of positions [key0, key0 + KeyTile) of KV head g into a stage (zeros past hi).
+  // Keys and values of positions [key0, key0 + KeyTile) of KV head g into a stage (zeros past hi),
+  // asynchronously; the caller commits the group.
   auto load_tile = [&](int tile, int stage) {
     const int key0 = lo + tile * KeyTile;
     __half* ks = k_s + stage * KeyTile * STRIDE;
@@ -239,7 +241,6 @@ __global__ void __launch_bounds__(32 * Warps)
       CopyAsync16(ks + p * STRIDE + c, src, valid);
       CopyAsync16(vs + p * STRIDE + c, valid ? src + kv_floats : cache, valid);
     }
-    CopyAsyncCommit();
   };
 
   // This lane's two rows of the warp's 16: lane / 4 and lane / 4 + 8.
@@ -252,16 +253,22 @@ __global__ void __launch_bounds__(32 * Warps)
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
 
-  if (num_tiles > 0) load_tile(0, 0);
+  // Tiles 0 .. Stages - 2 in flight first; one commit group per tile (empty past the last), so
+  // waiting for all but Stages - 2 groups waits for exactly tile `it`.
+#pragma unroll
+  for (int st = 0; st < Stages - 1; ++st) {
+    if (st < num_tiles) load_tile(st, st);
+    CopyAsyncCommit();
+  }
   for (int it = 0; it < num_tiles; ++it) {
-    const int stage = it & 1;
-    if (it + 1 < num_tiles) {
-      load_tile(it + 1, stage ^ 1);
-      CopyAsyncWait<1>();
-    } else {
-      CopyAsyncWait<0>();
+    CopyAsyncWait<Stages - 2>();
+    __syncthreads();  // tile `it` visible to all; every warp done with tile it - 1
+    {
+      const int ahead = it + Stages - 1;  // into the stage tile it - 1 used
+      if (ahead < num_tiles) load_tile(ahead, ahead % Stages);
+      CopyAsyncCommit();
     }
-    __syncthreads();
+    const int stage = it % Stages;
     const __half* ks = k_s + stage * KeyTile * STRIDE;
     const __half* vs = v_s + stage * KeyTile * STRIDE;
 
@@ -338,8 +345,8 @@ __global__ void __launch_bounds__(32 * Warps)
         Mma(o[dt + 1], pa, vb[2], vb[3]);
       }
     }
-    __syncthreads();  // the stage is refilled two tiles on
   }
+  CopyAsyncWait<0>();  // nothing left in flight into shared memory at exit (empty groups only)
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -374,32 +381,34 @@ __global__ void __launch_bounds__(32 * Warps)
   }
 }
 
-template <int D, int Warps, int KeyTile>
+template <int D, int Warps, int KeyTile, int Stages>
 absl::Status LaunchTensorCore(const float* q, const __half* cache, const AttentionTokens& tok, TileShape a,
                               int num_spans, float* scratch, float* out, StreamHandle stream) {
   constexpr int M = 16 * Warps;
-  constexpr size_t smem = TensorCoreSharedBytes<D, Warps, KeyTile>();
+  constexpr size_t smem = TensorCoreSharedBytes<D, Warps, KeyTile, Stages>();
   static size_t configured = 0;
-  EXL3_RETURN_IF_ERROR(AllowSharedMemory(TensorCoreAttentionKernel<D, Warps, KeyTile>, smem, &configured));
+  EXL3_RETURN_IF_ERROR(AllowSharedMemory(TensorCoreAttentionKernel<D, Warps, KeyTile, Stages>, smem, &configured));
   a.tiles_per_span = (a.span_tokens * a.group + M - 1) / M;
   const dim3 grid(num_spans * a.tiles_per_span, a.num_kv_heads, a.splits);
-  TensorCoreAttentionKernel<D, Warps, KeyTile><<<grid, 32 * Warps, smem, S(stream)>>>(q, cache, tok, a, scratch, out);
+  TensorCoreAttentionKernel<D, Warps, KeyTile, Stages><<<grid, 32 * Warps, smem, S(stream)>>>(q, cache, tok, a, scratch, out);
   return LaunchStatus("attention (tensor cores)");
 }
 
-// Decode blocks take one token's group (16 rows: 1 warp, key tiles of 32, so several blocks share
-// an SM and keep enough loads in flight); groups over 16 heads and prefill tiles take 64 rows (4
-// warps, key tiles of 64; 32 for heads of 256, whose accumulators need the registers).
+// Decode blocks take one token's group (16 rows: 1 warp) with key tiles of 16 in a ring of 4 (3
+// tiles in flight per block; 39 KB for heads of 128, so 5 blocks share an SM and batch 64 × 8 KV
+// heads runs in one wave; heads of 256: a ring of 2). Groups over 16 heads and prefill tiles take
+// 64 rows (4 warps) with key tiles of 64 in a ring of 2 (16 for heads of 256, whose accumulators
+// need the registers).
 enum class TileKind { kDecode, kWide };
 
 template <int D>
 absl::Status LaunchForHeadDim(TileKind kind, const float* q, const __half* cache, const AttentionTokens& tok,
                               const TileShape& a, int num_spans, float* scratch, float* out,
                               StreamHandle stream) {
-  constexpr int kDecodeKeys = D == 256 ? 16 : 32, kWideKeys = D == 256 ? 32 : 64;
+  constexpr int kDecodeStages = D == 256 ? 2 : 4, kWideKeys = D == 256 ? 16 : 64;
   if (kind == TileKind::kDecode)
-    return LaunchTensorCore<D, 1, kDecodeKeys>(q, cache, tok, a, num_spans, scratch, out, stream);
-  return LaunchTensorCore<D, 4, kWideKeys>(q, cache, tok, a, num_spans, scratch, out, stream);
+    return LaunchTensorCore<D, 1, 16, kDecodeStages>(q, cache, tok, a, num_spans, scratch, out, stream);
+  return LaunchTensorCore<D, 4, kWideKeys, 2>(q, cache, tok, a, num_spans, scratch, out, stream);
 }
 
 absl::Status LaunchTensorCoreAttention(TileKind kind, const float* q, const __half* cache,

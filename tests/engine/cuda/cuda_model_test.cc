@@ -155,27 +155,30 @@ void CheckAttention(const AttentionCase& c, AttentionKernel kernel) {
   std::vector<float> q = Random(static_cast<size_t>(T) * NH * D, rng, c.q_scale);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   std::vector<float> ref(q.size());
+  std::vector<double> s, o(D);
   for (int t = 0; t < T; ++t) {
     for (int h = 0; h < NH; ++h) {
       const int g = h / (NH / KV);
-      std::vector<double> s;
+      const float* qh = &q[(static_cast<size_t>(t) * NH + h) * D];
+      s.clear();
       for (int j = first[t]; j <= pos[t]; ++j) {
         const size_t slot = static_cast<size_t>(tables[offset[t] + j / bs]) * bs + j % bs;
+        const float* kj = &cache[slot * width + g * D];
         double dot = 0;
-        for (int d = 0; d < D; ++d) dot += static_cast<double>(q[(static_cast<size_t>(t) * NH + h) * D + d]) * cache[slot * width + g * D + d];
+        for (int d = 0; d < D; ++d) dot += static_cast<double>(qh[d]) * kj[d];
         s.push_back(dot * scale);
       }
       const double mx = *std::max_element(s.begin(), s.end());
       double sum = 0;
       for (double& e : s) sum += (e = std::exp(e - mx));
-      for (int d = 0; d < D; ++d) {
-        double o = 0;
-        for (int j = first[t]; j <= pos[t]; ++j) {
-          const size_t slot = static_cast<size_t>(tables[offset[t] + j / bs]) * bs + j % bs;
-          o += s[j - first[t]] / sum * cache[slot * width + kv_floats + g * D + d];
-        }
-        ref[(static_cast<size_t>(t) * NH + h) * D + d] = static_cast<float>(o);
+      std::fill(o.begin(), o.end(), 0.0);
+      for (int j = first[t]; j <= pos[t]; ++j) {
+        const size_t slot = static_cast<size_t>(tables[offset[t] + j / bs]) * bs + j % bs;
+        const float* vj = &cache[slot * width + kv_floats + g * D];
+        const double p = s[j - first[t]] / sum;
+        for (int d = 0; d < D; ++d) o[d] += p * vj[d];
       }
+      for (int d = 0; d < D; ++d) ref[(static_cast<size_t>(t) * NH + h) * D + d] = static_cast<float>(o[d]);
     }
   }
 
