@@ -1,8 +1,9 @@
 // The CUDA engine against the CPU engine: its kernels on fresh random inputs (the fp16 KV cache
-// write, decode and prefill attention at tile and split edges, the device gate for every scoring function, RoPE in both layouts, the
-// norms), and whole models (tests/fixtures/engine, the GQA families) through chunked prefill and
-// greedy decode: logits within 5e-3 relative of the CPU model's while the tokens agree, and the
-// greedy tokens against transformers'. Skipped where no GPU is visible (ctest label gpu).
+// write; decode and prefill attention at tile and split edges against a reference reading the same
+// fp16 cache; the device gate for every scoring function; RoPE in both layouts; the norms), and
+// whole models (tests/fixtures/engine, the GQA families) through chunked prefill and greedy
+// decode: logits within 5e-3 relative of the CPU model's while the tokens agree, and the greedy
+// tokens against transformers'. Skipped where no GPU is visible (ctest label gpu).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
