@@ -98,6 +98,10 @@ int RunAttentionBench(const AttentionBenchOptions& o, double copy_bps, double ge
     std::fprintf(stderr, "exl3-engine-bench --attention-only: bad shape or counts\n");
     return 2;
   }
+  if (exl3::cuda::DeviceCount() == 0) {
+    std::fprintf(stderr, "exl3-engine-bench --attention-only: no GPU visible\n");
+    return 1;
+  }
   int dev = 0, sms = 0;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
