@@ -183,7 +183,7 @@ int ElementwiseBlocks(int64_t n) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// RoPE and the KV cache.
+// RoPE.
 
 // grid (T, heads), block min(rotary_dim / 2, 128); dynamic shared: rotary_dim floats.
 __global__ void RopeKernel(float* x, int row_stride, int head_stride, int rotary_dim,
@@ -201,150 +201,6 @@ __global__ void RopeKernel(float* x, int row_stride, int head_stride, int rotary
   }
   __syncthreads();
   for (int i = threadIdx.x; i < rotary_dim; i += blockDim.x) v[i] = rotated[i];
-}
-
-// grid T, block kThreads.
-__global__ void WriteKvKernel(const float* k, const float* v, const int32_t* slot, int kv_floats,
-                              float* cache_layer) {
-  const int t = blockIdx.x;
-  float* dst = cache_layer + static_cast<size_t>(slot[t]) * 2 * kv_floats;
-  const float* kt = k + static_cast<size_t>(t) * kv_floats;
-  const float* vt = v + static_cast<size_t>(t) * kv_floats;
-  for (int j = threadIdx.x; j < kv_floats; j += blockDim.x) {
-    dst[j] = kt[j];
-    dst[kv_floats + j] = vt[j];
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Paged attention (split-K flash-decoding, GQA-aware).
-
-constexpr int kAttentionThreads = 128;
-
-struct AttentionShape {
-  int num_heads, num_kv_heads, head_dim, group, splits;
-  const int32_t* split_positions;  // device memory
-  int tile;
-  float scale;
-};
-
-// Floats of shared memory one block uses (rows padded to head_dim + 1 against bank conflicts).
-__host__ __device__ inline int AttentionSharedFloats(const AttentionShape& a) {
-  const int row = a.head_dim + 1;
-  return a.group * a.head_dim       // q of the group (scaled)
-         + 2 * a.tile * row          // K and V of the tile
-         + a.group * a.tile          // scores, then probabilities
-         + a.group * a.head_dim      // running output
-         + 3 * a.group;              // running max, sum, correction
-}
-
-// grid (T, num_kv_heads, splits), block kAttentionThreads. Block (t, g, s) runs the query heads
-// of KV head g for token t over positions [first + s * SP, first + (s + 1) * SP) ∩ [first, pos]
-// and writes, per head, (max, sum, unnormalised output [head_dim]) to scratch
-// [T, num_heads, splits, head_dim + 2].
-__global__ void AttentionPartialKernel(const float* q, const float* cache, AttentionTokens tok,
-                                       AttentionShape a, float* scratch) {
-  extern __shared__ float smem[];
-  const int t = blockIdx.x, g = blockIdx.y, s = blockIdx.z;
-  const int D = a.head_dim, G = a.group, row = D + 1, P = a.tile;
-  const int kv_floats = a.num_kv_heads * D, width = 2 * kv_floats;
-  float* q_s = smem;
-  float* k_s = q_s + G * D;
-  float* v_s = k_s + P * row;
-  float* p_s = v_s + P * row;
-  float* acc = p_s + G * P;
-  float* m_s = acc + G * D;
-  float* l_s = m_s + G;
-  float* c_s = l_s + G;
-
-  const int pos = tok.position[t], first = tok.first_visible[t], split_positions = *a.split_positions;
-  const int begin = first + s * split_positions;
-  const int end = min(pos + 1, begin + split_positions);
-  const float* qt = q + (static_cast<size_t>(t) * a.num_heads + g * G) * D;
-  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-    q_s[i] = qt[i] * a.scale;
-    acc[i] = 0.0f;
-  }
-  for (int h = threadIdx.x; h < G; h += blockDim.x) {
-    m_s[h] = -INFINITY;
-    l_s[h] = 0.0f;
-  }
-  const int32_t* table = tok.tables + tok.table_offset[t];
-  for (int j0 = begin; j0 < end; j0 += P) {
-    const int n = min(P, end - j0);
-    __syncthreads();  // the previous tile's readers are done
-    for (int item = threadIdx.x; item < n * (D / 4); item += blockDim.x) {
-      const int p = item / (D / 4), d = (item % (D / 4)) * 4;
-      const int j = j0 + p;
-      const size_t slot = static_cast<size_t>(table[j / tok.block_size]) * tok.block_size + j % tok.block_size;
-      const float4 kv = *reinterpret_cast<const float4*>(cache + slot * width + g * D + d);
-      const float4 vv = *reinterpret_cast<const float4*>(cache + slot * width + kv_floats + g * D + d);
-      float* kr = k_s + p * row + d;
-      float* vr = v_s + p * row + d;
-      kr[0] = kv.x, kr[1] = kv.y, kr[2] = kv.z, kr[3] = kv.w;
-      vr[0] = vv.x, vr[1] = vv.y, vr[2] = vv.z, vr[3] = vv.w;
-    }
-    __syncthreads();
-    for (int item = threadIdx.x; item < G * n; item += blockDim.x) {
-      const int h = item / n, p = item % n;
-      const float* qh = q_s + h * D;
-      const float* kr = k_s + p * row;
-      float dot = 0.0f;
-      for (int d = 0; d < D; ++d) dot += qh[d] * kr[d];
-      p_s[h * P + p] = dot;
-    }
-    __syncthreads();
-    for (int h = threadIdx.x; h < G; h += blockDim.x) {
-      float mx = m_s[h];
-      for (int p = 0; p < n; ++p) mx = fmaxf(mx, p_s[h * P + p]);
-      const float corr = m_s[h] == -INFINITY ? 0.0f : expf(m_s[h] - mx);
-      float sum = 0.0f;
-      for (int p = 0; p < n; ++p) {
-        const float e = expf(p_s[h * P + p] - mx);
-        p_s[h * P + p] = e;
-        sum += e;
-      }
-      l_s[h] = l_s[h] * corr + sum;
-      m_s[h] = mx;
-      c_s[h] = corr;
-    }
-    __syncthreads();
-    for (int item = threadIdx.x; item < G * D; item += blockDim.x) {
-      const int h = item / D, d = item % D;
-      float o = acc[item] * c_s[h];
-      for (int p = 0; p < n; ++p) o += p_s[h * P + p] * v_s[p * row + d];
-      acc[item] = o;
-    }
-  }
-  __syncthreads();
-  for (int item = threadIdx.x; item < G * (D + 2); item += blockDim.x) {
-    const int h = item / (D + 2), i = item % (D + 2);
-    const int head = g * G + h;
-    float* dst = scratch + ((static_cast<size_t>(t) * a.num_heads + head) * a.splits + s) * (D + 2);
-    dst[i] = i == 0 ? m_s[h] : i == 1 ? l_s[h] : acc[h * D + i - 2];
-  }
-}
-
-// grid (T, num_heads), block kAttentionThreads. out [T, num_heads * head_dim].
-__global__ void AttentionCombineKernel(const float* scratch, AttentionShape a, float* out) {
-  const int t = blockIdx.x, head = blockIdx.y, D = a.head_dim;
-  const float* part = scratch + (static_cast<size_t>(t) * a.num_heads + head) * a.splits * (D + 2);
-  float M = -INFINITY;
-  for (int s = 0; s < a.splits; ++s) M = fmaxf(M, part[s * (D + 2)]);
-  float L = 0.0f;
-  for (int s = 0; s < a.splits; ++s) {
-    const float m = part[s * (D + 2)];
-    if (m != -INFINITY) L += expf(m - M) * part[s * (D + 2) + 1];
-  }
-  float* o = out + (static_cast<size_t>(t) * a.num_heads + head) * D;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float v = 0.0f;
-    for (int s = 0; s < a.splits; ++s) {
-      const float m = part[s * (D + 2)];
-      if (m != -INFINITY) v += expf(m - M) * part[s * (D + 2) + 2 + d];
-    }
-    o[d] = L > 0.0f ? v / L : 0.0f;
-  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -540,48 +396,6 @@ absl::Status ApplyRope(float* x, int T, int num_heads, int row_stride, int head_
   RopeKernel<<<dim3(T, num_heads), threads, rotary_dim * sizeof(float), S(stream)>>>(
       x, row_stride, head_stride, rotary_dim, interleaved, cos, sin);
   return LaunchStatus("rope");
-}
-
-absl::Status WriteKv(const float* k, const float* v, const int32_t* slot, int T, int kv_floats,
-                     float* cache_layer, StreamHandle stream) {
-  if (T == 0) return absl::OkStatus();
-  WriteKvKernel<<<T, kThreads, 0, S(stream)>>>(k, v, slot, kv_floats, cache_layer);
-  return LaunchStatus("kv cache write");
-}
-
-int64_t AttentionScratchFloats(int T, int num_heads, int head_dim, int splits) {
-  return static_cast<int64_t>(T) * num_heads * splits * (head_dim + 2);
-}
-
-absl::Status PagedAttention(const float* q, const float* cache_layer, const AttentionTokens& tokens,
-                            int T, int num_heads, int num_kv_heads, int head_dim, float scale,
-                            int splits, const int32_t* split_positions, float* scratch, float* out,
-                            StreamHandle stream) {
-  if (T == 0) return absl::OkStatus();
-  if (head_dim % 4 != 0 || head_dim > 256 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0 ||
-      splits < 1 || split_positions == nullptr)
-    return absl::InvalidArgumentError(absl::StrCat("paged attention: unsupported shape: ", num_heads,
-                                                   " heads, ", num_kv_heads, " KV heads of ", head_dim,
-                                                   ", ", splits, " splits"));
-  AttentionShape a{num_heads, num_kv_heads, head_dim, num_heads / num_kv_heads, splits,
-                   split_positions, 32, scale};
-  // The largest tile whose block fits the shared memory every Hopper/Ampere part offers (99 KB).
-  while (a.tile > 4 && AttentionSharedFloats(a) * sizeof(float) > 99 * 1024) a.tile /= 2;
-  const size_t smem = AttentionSharedFloats(a) * sizeof(float);
-  if (smem > 99 * 1024)
-    return absl::InvalidArgumentError(absl::StrCat("paged attention: a group of ", a.group,
-                                                   " heads of ", head_dim, " needs too much shared memory"));
-  static size_t configured = 48 * 1024;  // the default limit
-  if (smem > configured) {
-    if (cudaFuncSetAttribute(AttentionPartialKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             99 * 1024) != cudaSuccess)
-      return LaunchStatus("paged attention: shared memory limit");
-    configured = 99 * 1024;
-  }
-  AttentionPartialKernel<<<dim3(T, num_kv_heads, splits), kAttentionThreads, smem, S(stream)>>>(
-      q, cache_layer, tokens, a, scratch);
-  AttentionCombineKernel<<<dim3(T, num_heads), kAttentionThreads, 0, S(stream)>>>(scratch, a, out);
-  return LaunchStatus("paged attention");
 }
 
 GateConfig GateConfigFor(const MoeConfig& m) {

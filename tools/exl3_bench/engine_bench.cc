@@ -3,10 +3,14 @@
 // then decode tokens/s at several batch sizes with every sequence continuing that prompt (its
 // blocks shared, as prefix caching shares them), each beside its floor measured in the same run:
 // the bytes a step must read (every non-expert weight once, the experts B tokens touch under
-// uniform routing, the KV cache) over the device's copy bandwidth.
+// uniform routing, the fp16 KV cache) over the device's copy bandwidth.
 //
 //   exl3-engine-bench --model DIR [--context 1024,8192] [--batch 1,8,32,64] [--steps 16]
 //                     [--prefill-chunk 2048] [--no-graphs] [--json FILE]
+//   exl3-engine-bench --attention-only [--attention-shape 96,8,128] [--context 1024,8192]
+//                     [--batch 1,8,64] [--prefill-chunk 2048] [--runs 30] [--json FILE]
+//
+// --attention-only times the attention kernels alone (tools/exl3_bench/attention_bench.h).
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -23,6 +27,7 @@
 
 #include "base/status_macros.h"
 #include "engine/cuda/cuda_model.h"
+#include "tools/exl3_bench/attention_bench.h"
 
 namespace {
 
@@ -35,12 +40,18 @@ using exl3::engine::cuda::CudaModelOptions;
 constexpr char kUsage[] =
     "usage: exl3-engine-bench --model DIR [--context 1024,8192] [--batch 1,8,32,64] [--steps 16]\n"
     "                         [--prefill-chunk 2048] [--no-graphs] [--json FILE]\n"
+    "       exl3-engine-bench --attention-only [--attention-shape 96,8,128] [--context 1024,8192]\n"
+    "                         [--batch 1,8,64] [--prefill-chunk 2048] [--runs 30] [--json FILE]\n"
     "\n"
     "Runs the GPU engine directly on DIR (an EXL3 model of a GQA family, experts on this GPU):\n"
     "time to first token and prefill tokens/s of one prompt of each --context length, then decode\n"
     "tokens/s at each --batch size continuing it, each against its floor (bytes read per step over\n"
     "the copy bandwidth measured in the same run). --no-graphs: decode steps launch eagerly instead of\n"
-    "replaying CUDA graphs. --json appends one JSON object per result.\n";
+    "replaying CUDA graphs. --json appends one JSON object per result.\n"
+    "\n"
+    "--attention-only: no model; the attention kernels alone on random inputs of --attention-shape\n"
+    "(query heads, KV heads, head dim): decode at each --batch and --context against the KV-read\n"
+    "floor, prefill of each --context prompt in --prefill-chunk chunks against the FLOP floor.\n";
 
 std::vector<int> IntList(const char* s) {
   std::vector<int> v;
@@ -118,8 +129,9 @@ int Fail(const std::string& m) {
 int main(int argc, char** argv) {
   std::string model, json;
   std::vector<int> contexts = {1024, 8192}, batches = {1, 8, 32, 64};
-  int steps = 16, chunk = 2048;
-  bool graphs = true;
+  int steps = 16, chunk = 2048, runs = 30;
+  bool graphs = true, attention_only = false, batches_given = false;
+  std::vector<int> attention_shape = {96, 8, 128};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> const char* {
@@ -138,6 +150,13 @@ int main(int argc, char** argv) {
       contexts = IntList(value());
     } else if (a == "--batch") {
       batches = IntList(value());
+      batches_given = true;
+    } else if (a == "--attention-only") {
+      attention_only = true;
+    } else if (a == "--attention-shape") {
+      attention_shape = IntList(value());
+    } else if (a == "--runs") {
+      runs = std::atoi(value());
     } else if (a == "--steps") {
       steps = std::atoi(value());
     } else if (a == "--prefill-chunk") {
@@ -150,6 +169,26 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "exl3-engine-bench: unknown argument %s\n%s", a.c_str(), kUsage);
       return 2;
     }
+  }
+  if (attention_only) {
+    if (attention_shape.size() != 3 || contexts.empty() || chunk < 1 || runs < 1) {
+      std::fputs(kUsage, stderr);
+      return 2;
+    }
+    exl3::bench::AttentionBenchOptions ao;
+    ao.num_heads = attention_shape[0];
+    ao.num_kv_heads = attention_shape[1];
+    ao.head_dim = attention_shape[2];
+    if (batches_given) ao.batches = batches;
+    ao.contexts = contexts;
+    ao.prefill_chunk = chunk;
+    ao.runs = runs;
+    ao.json = json.empty() ? nullptr : std::fopen(json.c_str(), "a");
+    const double copy_bps = CopyBandwidth();
+    const double gemm_flops = CublasFp16Rate();
+    const int rc = exl3::bench::RunAttentionBench(ao, copy_bps, gemm_flops);
+    if (ao.json) std::fclose(ao.json);
+    return rc;
   }
   if (model.empty() || steps < 1 || chunk < 1 || contexts.empty() || batches.empty()) {
     std::fputs(kUsage, stderr);
@@ -186,7 +225,7 @@ int main(int argc, char** argv) {
   for (int l = 0; l < cfg.num_layers; ++l) moe_layers += cfg.IsMoeLayer(l) ? 1 : 0;
   const int E = cfg.moe.num_experts, k = cfg.moe.top_k, shared = cfg.moe.has_shared_expert() ? 1 : 0;
   const double per_expert = moe_layers > 0 ? double(wb.experts_resident) / moe_layers / (E + shared) : 0;
-  const double kv_bytes_per_position = double(cfg.KvFloatsPerToken()) * 4;
+  const double kv_bytes_per_position = double(cfg.KvFloatsPerToken()) * 2;  // the fp16 cache
 
   // FLOPs of a prefill of C tokens: every linear's 2 x params per token (the experts a token is routed
   // to and the shared one; the head for the last token only) plus causal attention's 2 x 2 x heads x
