@@ -130,6 +130,8 @@ absl::Status CudaModel::Load(const std::string& dir) {
     EXL3_ASSIGN_OR_RETURN(L.v, LoadLinear(*src, a + "v_proj", H, kv_out));
     EXL3_ASSIGN_OR_RETURN(L.o, LoadLinear(*src, a + "o_proj", q_out, H));
     weight_bytes_.attention += L.q.weight_bytes() + L.k.weight_bytes() + L.v.weight_bytes() + L.o.weight_bytes();
+    for (const CudaLinear* lin : {&L.q, &L.k, &L.v, &L.o})
+      if (const Exl3LinearView* v = lin->exl3_view()) weight_bytes_.attention_decoded.Add(*v);
     if (cfg_.qk_norm) {
       EXL3_ASSIGN_OR_RETURN(L.q_norm, UploadVector(*src, a + "q_norm.weight", cfg_.head_dim));
       EXL3_ASSIGN_OR_RETURN(L.k_norm, UploadVector(*src, a + "k_norm.weight", cfg_.head_dim));
@@ -141,6 +143,8 @@ absl::Status CudaModel::Load(const std::string& dir) {
       EXL3_ASSIGN_OR_RETURN(mlp.up, LoadLinear(*src, p + "mlp.up_proj", H, I));
       EXL3_ASSIGN_OR_RETURN(mlp.down, LoadLinear(*src, p + "mlp.down_proj", I, H));
       weight_bytes_.dense_mlp += mlp.gate.weight_bytes() + mlp.up.weight_bytes() + mlp.down.weight_bytes();
+      for (const CudaLinear* lin : {&mlp.gate, &mlp.up, &mlp.down})
+        if (const Exl3LinearView* v = lin->exl3_view()) weight_bytes_.dense_mlp_decoded.Add(*v);
       L.dense_mlp = std::move(mlp);
       continue;
     }
@@ -152,6 +156,11 @@ absl::Status CudaModel::Load(const std::string& dir) {
       EXL3_ASSIGN_OR_RETURN(MoeLayerView view, experts->LayerView(l));
       EXL3_ASSIGN_OR_RETURN(moe.experts, exl3::cuda::DeviceMoeLayer::Upload(view));
       weight_bytes_.experts_resident += static_cast<int64_t>(moe.experts->device_bytes());
+      for (const ExpertMlp* e : view.experts)
+        if (e != nullptr) for (const Exl3LinearView* v : {&e->gate, &e->up, &e->down}) weight_bytes_.experts_decoded.Add(*v);
+      if (view.shared != nullptr)
+        for (const Exl3LinearView* v : {&view.shared->gate, &view.shared->up, &view.shared->down})
+          weight_bytes_.experts_decoded.Add(*v);
       if (moe_runner_ == nullptr) {
         EXL3_ASSIGN_OR_RETURN(moe_runner_, exl3::cuda::MoeRunner::Create(*moe.experts, max_moe_tokens_, mc.top_k));
       }
@@ -169,6 +178,7 @@ absl::Status CudaModel::Load(const std::string& dir) {
                                "embeddings are not tied (tie_word_embeddings false)");
   }
   weight_bytes_.head = head_.weight_bytes();
+  if (const Exl3LinearView* v = head_.exl3_view()) weight_bytes_.head_decoded.Add(*v);
   // The uploads ran on the legacy stream, which the engine's non-blocking stream does not wait for.
   EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return absl::OkStatus();

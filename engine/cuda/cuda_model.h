@@ -47,10 +47,22 @@ struct CudaModelOptions {
   bool tensor_core_prefill = true;
 };
 
-// Bytes of weights, by part, that a forward reads (for the benchmarks' floors).
+// EXL3 weights a forward decodes, by bit width and codebook (the benchmarks' decode floor: the
+// trellis decode, not the bytes, bounds an EXL3 layer below K of about 7 on an H200).
+struct DecodedWeights {
+  int64_t count[9][3] = {};  // [K][codebook]
+  void Add(const Exl3LinearView& v) {
+    count[v.bits][static_cast<int>(v.codebook)] += static_cast<int64_t>(v.in_features) * v.out_features;
+  }
+};
+
+// Bytes of weights, by part, that a forward reads, and the EXL3 weights it decodes (for the
+// benchmarks' floors).
 struct CudaWeightBytes {
   int64_t attention = 0, dense_mlp = 0, router = 0, head = 0, embedding_row = 0;
   int64_t experts_resident = 0;  // routed and shared experts held on this GPU
+  DecodedWeights attention_decoded, dense_mlp_decoded, head_decoded;
+  DecodedWeights experts_decoded;  // every resident expert
 };
 
 class CudaModel final : public ModelRunner {

@@ -305,6 +305,7 @@ __global__ void RouteKernel(GateConfig cfg, const float* logits, const float* bi
   __shared__ int chosen[64];
   for (int r = 0; r < k; ++r) {
     const int best = WarpArgMax(choice, taken, E);
+    __syncwarp();  // every lane's reads of taken[] are done before lane 0 writes it
     if (threadIdx.x == 0) {
       chosen[r] = best;
       taken[best] = 1;
