@@ -155,6 +155,21 @@ int RunAttentionBench(const AttentionBenchOptions& o, double copy_bps, double ge
       if (o.json)
         std::fprintf(o.json, "{\"bench\":\"attention_decode\",\"batch\":%d,\"context\":%d,\"splits\":%d,\"time_s\":%.9f,"
                      "\"floor_s\":%.9f,\"kv_bytes\":%.0f}\n", B, context, splits, t, floor_s, bytes);
+      // Other split counts (to check the engine's choice), at batches where several fill the GPU.
+      if (B <= 8) {
+        std::printf("%-8s   splits:", "");
+        for (int sweep : {2, 4, 8, 16, 32, 64}) {
+          if (sweep == splits || !d_sp.Upload(std::vector<int32_t>{(span + sweep - 1) / sweep}).ok() ||
+              !scratch.Reserve(AttentionScratchFloats(B, NH, D, sweep)).ok())
+            continue;
+          const double ts = TimeKernel(o.runs, flush, [&] {
+            return engine::cuda::PagedAttention(q.get(), cache.get(), at, B, NH, KV, D, scale, sweep, d_sp.get(),
+                                                scratch.get(), out.get(), nullptr).ok();
+          }, &ok);
+          std::printf(" %d:%.1fus", sweep, ts * 1e6);
+        }
+        std::printf("\n");
+      }
     }
   }
 
