@@ -166,7 +166,8 @@ TEST_P(ResumeTest, PrefillDecodePrefillDecode) {
   // prefill 19, 32 greedy steps (tests/fixtures/engine/README.md).
   const int first = 21, decode = 6, second = 19;
   ASSERT_EQ(tokens.size(), static_cast<size_t>(first + decode + second + 32));
-  ASSERT_TRUE((*model)->AllocateKvCache({8, 16}).ok());
+  const absl::Status allocated = (*model)->AllocateKvCache({8, 16});
+  ASSERT_TRUE(allocated.ok()) << allocated;
   std::vector<int32_t> table = {0, 1, 2, 3, 4, 5, 6, 7};
   int computed = 0, compared = 0, greedy = 0;
   double worst = 0;
@@ -182,7 +183,8 @@ TEST_P(ResumeTest, PrefillDecodePrefillDecode) {
       sc.block_table = table;
       sc.wants_logits = done + c == n;
       batch.chunks.push_back(sc);
-      ASSERT_TRUE((*model)->Forward(batch, row.data()).ok());
+      const absl::Status st = (*model)->Forward(batch, row.data());
+      ASSERT_TRUE(st.ok()) << st;
       computed += c;
       done += c;
     }

@@ -254,7 +254,9 @@ TEST_P(EngineLayoutFixture, EngineConfigAndAttentionNames) {
         ExpectTensor(a + "indexer.compressor.norm.weight", {DI});
       }
       for (const auto& [name, t] : tensors_) {
-        if (absl::StartsWith(name, a)) EXPECT_TRUE(claimed_.count(name)) << name << " is not read";
+        if (absl::StartsWith(name, a)) {
+          EXPECT_TRUE(claimed_.count(name)) << name << " is not read";
+        }
       }
     }
   } else {
