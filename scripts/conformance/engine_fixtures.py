@@ -463,6 +463,28 @@ def first_sparse_row(cfg):
     return cfg.index_topk
 
 
+def without_compressed_entries(model, layer_type, ids):
+    """DeepSeek-V4: the uncached pass over `ids` with the compressed entries of every
+    `layer_type` layer left out of its attention (its queries see their sliding window only)."""
+    patched = []
+    for layer in model.model.layers:
+        comp = layer.self_attn.compressor
+        if comp is None or layer.self_attn.layer_type != layer_type:
+            continue
+
+        def forward(*a, orig=comp.forward, **kw):
+            kv, bias = orig(*a, **kw)
+            return kv[:, :, :0], None if bias is None else bias[..., :0]
+        comp.forward = forward
+        patched.append(comp)
+    try:
+        with torch.no_grad():
+            return model(ids, use_cache=False).logits[0].float()
+    finally:
+        for comp in patched:
+            del comp.forward  # the class's forward again
+
+
 def record_resume(model, prompt, first, decode):
     """DeepSeek-V4's compressors across a resume, with transformers' own cache: `prompt[:first]`
     as a prefill, `decode` greedy steps, the rest of the prompt as a second prefill, then
@@ -567,6 +589,15 @@ def record(family, model, prompts, successor, args, slack=1.0):
             diff = ((dense[r0:] - logits[r0:]).norm() / logits[r0:].norm()).item()
             prompt_info["sparse_vs_dense_rel_diff"] = float(f"{diff:.3e}")
             min_sparse_effect = min(min_sparse_effect, diff)
+        if family == "deepseek_v4":
+            # How much each compressed layer type's entries move the logits (the positions that
+            # see one: from the end of the first window on).
+            for layer_type, short in (("compressed_sparse_attention", "csa"),
+                                      ("heavily_compressed_attention", "hca")):
+                r0 = cfg.compress_rates[layer_type] - 1
+                alone = without_compressed_entries(model, layer_type, full)
+                diff = ((alone[r0:] - logits[r0:]).norm() / logits[r0:].norm()).item()
+                prompt_info[f"without_{short}_entries_rel_diff"] = float(f"{diff:.3e}")
         # Greedy tokens against the teacher-forced logits; their stability.
         steps = logits[len(prompt) - 1: len(prompt) - 1 + NEW_TOKENS]
         if not torch.equal(steps.argmax(-1), greedy):
