@@ -7,13 +7,15 @@
 //   cfg->attention == AttentionKind::kGqa;  cfg->rope.rotary_dim == 32;
 //
 // Families run by the engine: Glm4MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM (GQA
-// attention), DeepseekV3ForCausalLM (multi-head latent attention) and GlmMoeDsaForCausalLM (MLA
-// with DeepSeek sparse attention's lightning indexer). DeepseekV4ForCausalLM and
-// Qwen3NextForCausalLM have MoE layers the expert side serves, but their attention is not built
+// attention), DeepseekV3ForCausalLM (multi-head latent attention), GlmMoeDsaForCausalLM (MLA
+// with DeepSeek sparse attention's lightning indexer) and DeepseekV4ForCausalLM (shared-KV
+// attention with compressors and hyper-connections; engine/dsv4_config.h).
+// Qwen3NextForCausalLM has MoE layers the expert side serves, but its attention is not built
 // yet: loading one for generation fails naming what is missing.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,7 +29,10 @@ enum class AttentionKind {
   kGqa,  // q/k/v/o projections, grouped KV heads (Glm4Moe, Qwen3Moe, Mixtral)
   kMla,  // DeepSeek multi-head latent attention (q/kv low-rank, shared rope key)
   kDsa,  // MLA whose queries see only the top-k positions a lightning indexer picks (GLM-MoE-DSA)
+  kDsv4,  // DeepSeek-V4: shared-KV MQA over a sliding window plus compressed entries
 };
+
+struct Dsv4Config;  // engine/dsv4_config.h
 
 // Whether a DSA layer runs its own indexer or reuses the selection of the last layer that did
 // (GlmMoeDsaConfig's indexer_types "full" / "shared").
@@ -86,6 +91,7 @@ struct ModelConfig {
   int qk_rope_head_dim = 0;
   int v_head_dim = 0;
   IndexerConfig indexer;  // attention == kDsa
+  std::shared_ptr<const Dsv4Config> dsv4;  // attention == kDsv4 (layer types, compressors, mHC)
   RopeConfig rope;
   float attention_scale = 0.0f;  // softmax scale of q·k
   std::vector<int32_t> eos_token_ids;
@@ -100,7 +106,8 @@ struct ModelConfig {
   }
   // Floats one token's keys and values take in layer `layer`'s cache (GQA: k and v of every KV
   // head; MLA: the normalised latent and the rotated shared key; DSA: those, then the rotated
-  // indexer key on layers that run their own indexer).
+  // indexer key on layers that run their own indexer; DeepSeek-V4: engine/dsv4_config.h's
+  // slot layout).
   int KvWidth(int layer) const;
   // The same summed over the layers: one token's cache footprint in floats.
   int64_t KvFloatsPerToken() const;
