@@ -12,6 +12,7 @@
 #                      the openai SDK; not pytest) with everything they pull in, except IMAGE_HAS
 #                      below
 #   .gpu-front/IMAGE_HAS, .gpu-front/MANIFEST  the names left out; the files packed
+# (.gpu-front/ is staged in the repository root, git-ignored, and removed once packed.)
 # Size: a call carries at most 64 MiB with the working tree, which is ~41 MB of tracked files, so the
 # archive has ~22 MB. The full wheelhouse is ~45 MB (numpy alone 17 MB), so the big binary packages
 # that the GPU machine's python3 already has are left out (IMAGE_HAS; frontend.sh takes them from
@@ -91,8 +92,11 @@ echo "$IMAGE_HAS" > "$STAGE/IMAGE_HAS"
 (cd "$STAGE" && find . -type f | sort > MANIFEST)
 mkdir -p .gpu-check
 tar -cf - "$STAGE" | xz -6 -T2 > .gpu-check/frontend.tar.xz
+unpacked=$(du -sh "$STAGE" | cut -f1)
+nwheels=$(ls "$STAGE/wheels" | wc -l)
+rm -rf "$STAGE"  # only the archive travels
 tree_bytes=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s}')
 archive_bytes=$(stat -c %s .gpu-check/frontend.tar.xz)
-echo "$(ls "$STAGE/wheels" | wc -l) wheels, $(du -sh "$STAGE" | cut -f1) unpacked; left out: ${IMAGE_HAS:-nothing}"
+echo "$nwheels wheels, $unpacked unpacked; left out: ${IMAGE_HAS:-nothing}"
 echo "archive .gpu-check/frontend.tar.xz: $((archive_bytes / 1000000)) MB; with the tracked tree" \
   "($((tree_bytes / 1000000)) MB): $(((archive_bytes + tree_bytes) / 1048576)) MiB of the 64 MiB a call carries"
