@@ -6,8 +6,9 @@
 #  1. unpacks it into WORK (default /tmp/exl3-frontbench);
 #  2. makes a Python environment from its wheelhouse alone (pip --no-index): a venv that also sees
 #     python3's own packages (the archive leaves out the big ones that python3 has: its IMAGE_HAS),
-#     or, where `python3 -m venv` is missing, `pip install --no-deps --target WORK/site` with
-#     PYTHONPATH (FRONT_PY_MODE=venv|target forces one);
+#     or `pip install --no-deps --target WORK/site` with PYTHONPATH where python3 is itself a venv
+#     (the GPU machine's is /opt/torch/.venv: a venv made from it would not see its packages) or
+#     `python3 -m venv` is missing (FRONT_PY_MODE=venv|target forces one);
 #  3. runs the benchmark (it generates the test model with the archive's exl3-tool) at 1, 8, 32
 #     and 64 streams. Cores, of the N this process may use (16 on the GPU machine):
 #       engine (exl3-router)          the first 3N/8 (0-5): the CPU engine's forward pass, with as
@@ -50,6 +51,10 @@ missing=$(ldd "$B/bin/exl3-router" "$B/bin/exl3-tool" | grep "not found" | sort 
 
 echo "=== Python environment from $B/wheels ($(ls "$B/wheels" | wc -l) wheels; python3's own: $(cat "$B/IMAGE_HAS"))"
 PYBIN=""
+if [ "$MODE" = auto ] && "$PY" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
+  echo "$PY is a venv ($("$PY" -c 'import sys; print(sys.prefix)')): pip --target"
+  MODE=target
+fi
 if [ "$MODE" != target ] && "$PY" -m venv --system-site-packages "$WORK/venv" > "$WORK/venv.log" 2>&1 &&
    "$WORK/venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-index \
      --find-links "$B/wheels" "$B"/wheels/*.whl >> "$WORK/venv.log" 2>&1; then
