@@ -17,10 +17,9 @@
 # archive has ~22 MB. The full wheelhouse is ~45 MB (numpy alone 17 MB), so the big binary packages
 # that the GPU machine's python3 already has are left out (IMAGE_HAS; frontend.sh takes them from
 # that python3 and prints their versions) and every wheel is re-zipped uncompressed (same files, same
-# names) so that xz compresses across them: ~6 MB of wheels, ~12 MB of binaries.
+# names) so that xz compresses across them: about 11 MB in all (~6 MB of it the wheels).
 # Usage: scripts/gpu/frontend_bundle.sh [--no-build] [BUILD_DIR]   (default build-front)
-#   --no-build: pack BUILD_DIR/bin's binaries as they are. FULL=1 leaves nothing out (a wheelhouse
-#   for a python3 without those packages, e.g. to rehearse frontend.sh here; too large to carry).
+#   --no-build: pack BUILD_DIR/bin's binaries as they are.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=build-front
@@ -28,7 +27,7 @@ NO_BUILD=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-build) NO_BUILD=1 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) BUILD=$1 ;;
   esac
   shift
@@ -36,7 +35,6 @@ done
 # The GPU machine's python3 has these (with their own dependencies); the front end needs only
 # numpy>=1.24, grpcio>=1.51, tokenizers>=0.15, uvloop>=0.17 (clients/python/pyproject.toml).
 IMAGE_HAS="numpy grpcio tokenizers huggingface_hub hf_xet uvloop pyyaml"
-[ "${FULL:-0}" = 1 ] && IMAGE_HAS=""
 PYTAGS=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312
         --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64
         --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64
@@ -97,6 +95,6 @@ nwheels=$(ls "$STAGE/wheels" | wc -l)
 rm -rf "$STAGE"  # only the archive travels
 tree_bytes=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s}')
 archive_bytes=$(stat -c %s .gpu-check/frontend.tar.xz)
-echo "$nwheels wheels, $unpacked unpacked; left out: ${IMAGE_HAS:-nothing}"
+echo "$nwheels wheels, $unpacked unpacked; left out: $IMAGE_HAS"
 echo "archive .gpu-check/frontend.tar.xz: $((archive_bytes / 1000000)) MB; with the tracked tree" \
   "($((tree_bytes / 1000000)) MB): $(((archive_bytes + tree_bytes) / 1048576)) MiB of the 64 MiB a call carries"
