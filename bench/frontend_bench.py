@@ -6,8 +6,12 @@ tokens/s of both, the TTFT the front end adds (p50 through it minus p50 direct) 
 CPU time per streamed token (its process's utime + stime over the pass / tokens).
 
     BUILD_DIR/frontend-venv/bin/python bench/frontend_bench.py --build-dir build [--levels 1,8,32,64]
+        [--engine-cpus 0-5 --frontend-cpus 6-9 --client-cpus 10-15]
 
-Every pass is bounded by its request count and a timeout.
+The --*-cpus options put the three processes on separate cores (CPU affinity, inherited by each
+process's threads; the engine then runs as many forward-pass threads as it has cores):
+scripts/gpu/frontend.sh runs it so on the GPU machine's 16 cores. Without them all three share
+every core. Every pass is bounded by its request count and a timeout.
 """
 
 from __future__ import annotations
@@ -58,6 +62,28 @@ def mean_between(before: tuple[float, float], after: tuple[float, float]) -> flo
     return (after[0] - before[0]) / n if n else float("nan")
 
 
+def cpu_list(text: str) -> set[int]:
+    """A CPU list as taskset -c takes it (0-5,8) -> {0, 1, 2, 3, 4, 5, 8}."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def pin(cpus: str | None) -> None:
+    """Sets this (main) thread's CPU affinity; processes started after it inherit it."""
+    if cpus:
+        os.sched_setaffinity(0, cpu_list(cpus))
+
+
+def affinity(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    return "?"
+
+
 def p50(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
@@ -99,12 +125,22 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--requests-per-stream", type=int, default=2)
     ap.add_argument("--output", type=Path, help="also write the markdown table here")
+    ap.add_argument("--engine-cpus", help="CPU list (taskset -c style) of exl3-router")
+    ap.add_argument("--frontend-cpus", help="CPU list of exl3serve-openai")
+    ap.add_argument("--client-cpus", help="CPU list of this process (the load clients)")
     args = ap.parse_args()
     build = args.build_dir.resolve()
     work = Path(tempfile.mkdtemp(prefix="exl3-fe-bench."))
     model = stack.make_model(build, work / "model")
-    router, engine, engine_metrics = stack.start_router(build, model, work / "logs")
+    pin(args.engine_cpus)
+    engine_args = ("--engine-threads", str(len(cpu_list(args.engine_cpus)))) if args.engine_cpus else ()
+    router, engine, engine_metrics = stack.start_router(build, model, work / "logs", extra=engine_args)
+    pin(args.frontend_cpus)
     fe, url = stack.start_frontend(engine, model, work / "logs")
+    pin(args.client_cpus)
+    placement = (f"CPUs: engine {affinity(router.p.pid)}, front end {affinity(fe.p.pid)}, "
+                 f"client {affinity(os.getpid())}")
+    print(placement, flush=True)
     tok = ModelTokenizer(model)
     rows = []
     try:
@@ -138,7 +174,8 @@ def main() -> int:
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     lines = [f"machine: {platform.node()} ({os.cpu_count()} CPUs), commit {commit}, "
-             f"{args.max_tokens} tokens per request, {args.requests_per_stream} requests per stream",
+             f"{args.max_tokens} tokens per request, {args.requests_per_stream} requests per stream; "
+             f"{placement}",
              "",
              "| streams | requests | TTFT p50 direct ms | TTFT p50 via SDK ms | difference ms | "
              "front end's own TTFT over the engine's, mean ms | "
