@@ -7,7 +7,7 @@
 // weights at the measured decode ceiling, plus the routers, embeddings and fp16 KV cache read.
 //
 //   exl3-engine-bench --model DIR [--context 1024,8192] [--batch 1,8,32,64] [--steps 16]
-//                     [--prefill-chunk 2048] [--no-graphs] [--json FILE]
+//                     [--prefill-chunk 2048] [--no-graphs] [--max-moe-tokens N] [--json FILE]
 //   exl3-engine-bench --attention-only [--attention-shape 96,8,128] [--context 1024,8192]
 //                     [--batch 1,8,64] [--prefill-chunk 2048] [--runs 30] [--json FILE]
 //
@@ -43,7 +43,7 @@ using exl3::engine::cuda::DecodedWeights;
 
 constexpr char kUsage[] =
     "usage: exl3-engine-bench --model DIR [--context 1024,8192] [--batch 1,8,32,64] [--steps 16]\n"
-    "                         [--prefill-chunk 2048] [--no-graphs] [--json FILE]\n"
+    "                         [--prefill-chunk 2048] [--no-graphs] [--max-moe-tokens N] [--json FILE]\n"
     "       exl3-engine-bench --attention-only [--attention-shape 96,8,128] [--context 1024,8192]\n"
     "                         [--batch 1,8,64] [--prefill-chunk 2048] [--runs 30] [--json FILE]\n"
     "\n"
@@ -52,7 +52,8 @@ constexpr char kUsage[] =
     "tokens/s at each --batch size continuing it, each against its floor (per part, the slower of\n"
     "its bytes over the copy bandwidth and its EXL3 weights over the decode ceiling, both measured\n"
     "in the same run). --no-graphs: decode steps launch eagerly instead of\n"
-    "replaying CUDA graphs. --json appends one JSON object per result.\n"
+    "replaying CUDA graphs. --max-moe-tokens: the MoE workspace's token rows (CudaModelOptions).\n"
+    "--json appends one JSON object per result.\n"
     "\n"
     "--attention-only: no model; the attention kernels alone on random inputs of --attention-shape\n"
     "(query heads, KV heads, head dim): decode at each --batch and --context against the KV-read\n"
@@ -180,7 +181,7 @@ int Fail(const std::string& m) {
 int main(int argc, char** argv) {
   std::string model, json;
   std::vector<int> contexts = {1024, 8192}, batches = {1, 8, 32, 64};
-  int steps = 16, chunk = 2048, runs = 30;
+  int steps = 16, chunk = 2048, runs = 30, max_moe_tokens = 0;
   bool graphs = true, attention_only = false, batches_given = false;
   std::vector<int> attention_shape = {96, 8, 128};
   for (int i = 1; i < argc; ++i) {
@@ -214,6 +215,8 @@ int main(int argc, char** argv) {
       chunk = std::atoi(value());
     } else if (a == "--no-graphs") {
       graphs = false;
+    } else if (a == "--max-moe-tokens") {
+      max_moe_tokens = std::atoi(value());
     } else if (a == "--json") {
       json = value();
     } else {
@@ -254,6 +257,7 @@ int main(int argc, char** argv) {
   const double t_load = Now();
   CudaModelOptions options;
   options.cuda_graphs = graphs;
+  if (max_moe_tokens > 0) options.max_moe_tokens = max_moe_tokens;
   auto opened = CudaModel::Open(model, options);
   if (!opened.ok()) return Fail(opened.status().ToString());
   std::unique_ptr<CudaModel> m = std::move(*opened);
