@@ -37,7 +37,9 @@ while [ $# -gt 0 ]; do
 done
 . scripts/gpu/env.sh
 for b in exl3-worker exl3-loadgen exl3-tool; do
-  "$BIN/$b" --help > /dev/null 2>&1 || { echo "$BIN/$b does not run here: ldd follows"; ldd "$BIN/$b"; exit 1; }
+  if [ ! -x "$BIN/$b" ] || ldd "$BIN/$b" | grep -q "not found"; then
+    echo "$BIN/$b is missing or lacks libraries here (scripts/gpu/bundle.sh bundles it)"; ldd "$BIN/$b" 2>&1 | grep "not found"; exit 1
+  fi
 done
 W=${UM_DIR:-/tmp/exl3-unified-memory}
 rm -rf "$W"; mkdir -p "$W"
@@ -50,7 +52,11 @@ PIDS=()
 trap 'kill -TERM "${PIDS[@]}" 2>/dev/null; sleep 1; kill -KILL "${PIDS[@]}" 2>/dev/null; rm -rf "$W"' EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 status_bytes() { awk -v f="$2:" '$1 == f { print $2 * 1024 }' "/proc/$1/status"; }   # status_bytes PID FIELD
-gpu_used_bytes() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 | awk '{ print $1 * 1048576 }'; }
+gpu_used_bytes() {  # device 0's used memory (0 without nvidia-smi)
+  local v
+  v=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null | awk '{ printf "%.0f", $1 * 1048576 }')
+  echo "${v:-0}"
+}
 gb() { awk -v b="$1" 'BEGIN { printf "%.3f GB", b / 1e9 }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", (b > 0 ? a / b : 0) }'; }
 wait_ready() {  # wait_ready LOGFILE PID
@@ -86,7 +92,7 @@ printf 'workers:\n  - name: w0\n    address: 127.0.0.1:%s\n    experts: 0-127\n'
 PORT=$(awk '/address:/ { split($2, a, ":"); print a[2] }' "$W/map.yaml")
 
 start_worker() {  # start_worker NAME EXPERTS METRICS_PORT -> sets WPID
-  "$BIN/exl3-worker" --model "$W/model" --experts "$2" --backend cuda --weights-residency host \
+  "$BIN/exl3-worker" --model "$W/model" --experts "$2" --backend ${UM_BACKEND:-cuda} --weights-residency host \
     --listen 127.0.0.1:$PORT --metrics-listen 127.0.0.1:$3 --load-threads 16 --progress=false \
     > "$OUT/um-$1-worker.log" 2>&1 &
   WPID=$!; PIDS+=($WPID)
@@ -129,7 +135,7 @@ say "=== 4. answers against the CPU reference"
 "$BIN/exl3-loadgen" --in-process-router --expert-map "$W/map.yaml" --model "$W/model" --concurrency 4 \
   --tokens 2 --requests ${UM_REQUESTS:-48} --verify --shared=false --tolerance 5e-3 > "$OUT/um-verify.txt" 2>&1
 VRC=$?
-tail -4 "$OUT/um-verify.txt" | tee -a "$SUMMARY"
+grep -E "^(verify|summary|requests)" "$OUT/um-verify.txt" | tee -a "$SUMMARY"
 [ $VRC = 0 ] || fail "exl3-loadgen --verify exit $VRC"
 HWM_AFTER=$(status_bytes $WPID VmHWM)
 say "peak resident after serving: $(gb "$HWM_AFTER") = $(ratio "$HWM_AFTER" "$SHARE") x share"
