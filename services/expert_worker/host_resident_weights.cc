@@ -163,9 +163,9 @@ absl::StatusOr<std::unique_ptr<HostResidentWeights>> HostResidentWeights::Load(
   bar.Finish();
   if (!error.empty()) return absl::InternalError(error);
 
-  std::map<std::string, std::pair<uint64_t, uint64_t>> cached;  // file -> copied byte span
   for (const HostPlacementPlan::Group& g : plan.groups) {
     if (g.placement != Placement::kRealignedCopy) continue;
+    std::map<std::string, std::pair<uint64_t, uint64_t>> cached;  // file -> the group's byte span
     // Again over the whole span: a neighbouring chunk's page faults may have mapped a few pages
     // of an already dropped chunk back in (fault-around).
     madvise(reinterpret_cast<void*>(g.begin), g.end - g.begin, MADV_DONTNEED);
@@ -179,8 +179,8 @@ absl::StatusOr<std::unique_ptr<HostResidentWeights>> HostResidentWeights::Load(
         it->second.second = std::max(it->second.second, r.file_offset + r.size);
       }
     }
+    DropCachedFileRanges(cached);
   }
-  DropCachedFileRanges(cached);
   w->stats_.dropped_bytes = dropped.load();
   std::sort(w->moved_.begin(), w->moved_.end(), [](const Moved& a, const Moved& b) { return a.from < b.from; });
   return w;
