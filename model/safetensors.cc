@@ -392,7 +392,8 @@ void SafetensorsWriter::AddMetadata(std::string key, std::string value) {
 }
 
 std::string SafetensorsHeaderText(const std::vector<SafetensorsEntry>& entries,
-                                  const std::map<std::string, std::string>& metadata) {
+                                  const std::map<std::string, std::string>& metadata,
+                                  DataSectionStart start) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
@@ -403,7 +404,14 @@ std::string SafetensorsHeaderText(const std::vector<SafetensorsEntry>& entries,
     offset += e.bytes;
   }
   std::string text = header.dump();
-  while ((text.size() + 8) % 64 != 0) text.push_back(' ');
+  switch (start) {
+    case DataSectionStart::k64ByteAligned:
+      while ((text.size() + 8) % 64 != 0) text.push_back(' ');
+      break;
+    case DataSectionStart::k8PastA16ByteBoundary:
+      while ((text.size() + 8) % 16 != 8) text.push_back(' ');
+      break;
+  }
   return text;
 }
 

@@ -122,12 +122,23 @@ struct SafetensorsEntry {
   uint64_t bytes;
 };
 
+// Where a written file's data section (after the 8-byte length and the header text) starts,
+// which sets every tensor's alignment in the file and in its (page-aligned) mapping.
+enum class DataSectionStart {
+  // At a multiple of 64: tensors whose predecessors' sizes are multiples of 16 (all EXL3 tensors
+  // but the 4-byte mcg / mul1 scalars) are 16-byte aligned, read in place by the GPU's 16-byte
+  // loads (--weights-residency host).
+  k64ByteAligned,
+  // 8 bytes past a multiple of 16, as a header padded to 8 bytes (what the format promises, and
+  // what Python's safetensors writes) can leave it: those tensors are 8- but not 16-byte aligned.
+  k8PastA16ByteBoundary,
+};
+
 // The header JSON of a file holding `entries` back to back in this order, padded with spaces so
-// that the data section (after the 8-byte length and this text) starts 64-byte aligned: tensors
-// whose predecessors' sizes are multiples of 16 (all EXL3 tensors) can then be read in place by
-// the GPU's 16-byte loads (--weights-residency host). The format itself promises only 8.
+// that the data section starts as `start` says.
 std::string SafetensorsHeaderText(const std::vector<SafetensorsEntry>& entries,
-                                  const std::map<std::string, std::string>& metadata);
+                                  const std::map<std::string, std::string>& metadata,
+                                  DataSectionStart start = DataSectionStart::k64ByteAligned);
 
 // Builds a safetensors file in memory and writes it atomically (temp file, then rename).
 class SafetensorsWriter {

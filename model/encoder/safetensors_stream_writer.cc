@@ -32,7 +32,7 @@ uint64_t SafetensorsStreamWriter::data_bytes() const {
 
 absl::Status SafetensorsStreamWriter::Open(const std::string& path) {
   if (file_ != nullptr) return absl::FailedPreconditionError("stream writer already open");
-  const std::string text = SafetensorsHeaderText(entries_, metadata_);
+  const std::string text = SafetensorsHeaderText(entries_, metadata_, data_start_);
   path_ = path;
   const std::string tmp = path + ".tmp";
   file_ = std::fopen(tmp.c_str(), "wb");

@@ -32,6 +32,8 @@ class SafetensorsStreamWriter {
 
   void Declare(std::string name, DType dtype, std::vector<int64_t> shape);
   void AddMetadata(std::string key, std::string value);
+  // Before Open: where the data section starts (default: 64-byte aligned).
+  void SetDataSectionStart(DataSectionStart start) { data_start_ = start; }
   size_t num_tensors() const { return entries_.size(); }
   uint64_t data_bytes() const;  // total of all declared tensors
 
@@ -44,6 +46,7 @@ class SafetensorsStreamWriter {
  private:
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
+  DataSectionStart data_start_ = DataSectionStart::k64ByteAligned;
   std::string path_;
   std::FILE* file_ = nullptr;
   size_t current_ = 0;         // index of the tensor being written

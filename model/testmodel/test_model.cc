@@ -124,9 +124,11 @@ absl::Status Generate(const GenTensor& t, uint64_t seed, SafetensorsStreamWriter
 }
 
 absl::Status WriteShard(const fs::path& path, const std::vector<GenTensor>& tensors, uint64_t seed,
-                        ProgressBar* bar, json* weight_map) {
+                        ProgressBar* bar, json* weight_map,
+                        DataSectionStart data_start = DataSectionStart::k64ByteAligned) {
   SafetensorsStreamWriter w;
   w.AddMetadata("format", "pt");
+  w.SetDataSectionStart(data_start);
   for (const GenTensor& t : tensors) w.Declare(t.name, t.dtype, t.shape);
   absl::Status s = w.Open(path.string());
   if (!s.ok()) return s;
@@ -518,7 +520,7 @@ absl::Status WriteSyntheticExl3Model(const TestModelSpec& spec, const SyntheticO
   for (size_t i = 0; i < shards.size(); ++i) {
     bar.SetDetail(absl::StrCat("shard ", i + 1, " of ", shards.size()));
     absl::Status st = WriteShard(dir / ShardName(static_cast<int>(i), static_cast<int>(shards.size())),
-                                 shards[i], s.seed, &bar, &weight_map);
+                                 shards[i], s.seed, &bar, &weight_map, opts.data_start);
     if (!st.ok()) return st;
   }
   bar.Finish();

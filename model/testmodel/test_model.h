@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/codebook.h"
+#include "model/safetensors.h"
 #include "nlohmann/json.hpp"
 
 namespace exl3 {
@@ -84,6 +85,10 @@ struct SyntheticOptions {
   int head_bits = 0;       // lm_head's K (0: bits)
   Codebook codebook = Codebook::kMcg;
   bool progress = true;
+  // Where each shard's data section starts. k8PastA16ByteBoundary with the 3INST codebook (no
+  // 4-byte flag scalars) leaves every tensor 8- but not 16-byte aligned, as in files Python's
+  // safetensors writes: the case --weights-residency host realigns.
+  DataSectionStart data_start = DataSectionStart::k64ByteAligned;
 };
 
 // Bytes the synthetic model's shards will take.

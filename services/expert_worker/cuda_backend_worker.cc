@@ -1,7 +1,9 @@
 // CUDA backend of the worker (compiled only with EXL3_HAVE_CUDA): every MoE layer's held experts
 // uploaded to device memory, or on unified-memory GPUs used in place from registered host memory
 // (kernels/cuda/cuda_backend.h: DeviceMoeLayer, HostRegistration, MoeRunner), one workspace per
-// layer, inputs and outputs staged through device buffers.
+// layer, inputs and outputs staged through device buffers. In place, tensors the files leave
+// less than 16-byte aligned are read from one realigned host copy that replaces their file pages
+// (services/expert_worker/host_resident_weights.h), never from a second copy in device memory.
 #include <algorithm>
 #include <map>
 
@@ -9,6 +11,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "services/common/logging.h"
 #include "services/expert_worker/backend.h"
+#include "services/expert_worker/host_resident_weights.h"
 #include "services/expert_worker/loader.h"
 
 namespace exl3::worker {
@@ -25,6 +28,8 @@ class CudaBackend : public MoeBackend {
     runners_.clear();
     layers_.clear();
     host_pages_.reset();  // after the layers that point into it
+    placed_.clear();       // then the memory it registered
+    host_weights_.reset();
     if (d_x_) cuda::DeviceFree(d_x_);
     if (d_out_) cuda::DeviceFree(d_out_);
   }
@@ -42,17 +47,29 @@ class CudaBackend : public MoeBackend {
     hidden_ = c.hidden_size;
     top_k_ = c.top_k;
     max_tokens_ = std::max(1, opt.max_batch_tokens);
-    // Read the held bytes into RAM first (parallel, measured), then upload layer by layer.
+    // Read the held bytes into RAM first (parallel, measured), then upload layer by layer; or,
+    // in place, place them where the kernels read them (the file pages, or the realigned copy).
     std::vector<TensorRange> ranges = HeldTensorRanges(model, opt.shared_expert);
     if (opt.benchmark) {
       stats->baseline_gbps = BaselineRead(ranges, opt.load_threads).gbps();
       DropFromPageCache(ranges);
     }
-    LoadStats ls = MakeResident(ranges, opt.load_threads, /*lock=*/false, opt.progress);
-    stats->bytes = ls.bytes;
-    stats->read_seconds = ls.seconds;
     const bool in_place = opt.residency == WeightResidency::kHost ||
                           (opt.residency == WeightResidency::kAuto && info->integrated);
+    if (in_place) {
+      HostLoadOptions ho;
+      ho.threads = opt.load_threads;
+      ho.progress = opt.progress;
+      absl::StatusOr<std::unique_ptr<HostResidentWeights>> w = HostResidentWeights::Load(ranges, ho);
+      if (!w.ok()) return w.status();
+      host_weights_ = std::move(*w);
+      stats->bytes = host_weights_->stats().bytes;
+      stats->read_seconds = host_weights_->stats().seconds;
+    } else {
+      LoadStats ls = MakeResident(ranges, opt.load_threads, /*lock=*/false, opt.progress);
+      stats->bytes = ls.bytes;
+      stats->read_seconds = ls.seconds;
+    }
     std::map<int, MoeLayerView> views;
     std::vector<cuda::HostRange> host_ranges;
     for (int layer : c.MoeLayers()) {
@@ -63,6 +80,8 @@ class CudaBackend : public MoeBackend {
       if (!opt.shared_expert) v->shared = nullptr;
       if (model.HeldExperts(layer).empty() && v->shared == nullptr) continue;
       if (in_place) {
+        placed_.push_back(host_weights_->Place(*v));
+        *v = placed_.back()->view();
         const std::vector<cuda::HostRange> r = cuda::MoeLayerHostRanges(*v);
         host_ranges.insert(host_ranges.end(), r.begin(), r.end());
       }
@@ -75,9 +94,13 @@ class CudaBackend : public MoeBackend {
       if (!reg.ok()) return reg.status();
       host_pages_ = std::move(*reg);
       pinned_ += host_pages_->bytes();
-      svc::LogInfo("weights used in place from %.1f MB of registered host memory (%s)",
+      const HostLoadStats& hs = host_weights_->stats();
+      svc::LogInfo("weights used in place from %.1f MB of registered host memory (%s): %.1f MB of "
+                   "tensors in the files' pages, %.1f MB of tensors not 16-byte aligned in the files "
+                   "in one realigned copy of %.1f MB (%.1f MB of their file pages dropped)",
                    host_pages_->bytes() / 1e6,
-                   opt.residency == WeightResidency::kHost ? "--weights-residency host" : "integrated GPU");
+                   opt.residency == WeightResidency::kHost ? "--weights-residency host" : "integrated GPU",
+                   hs.in_place_bytes / 1e6, hs.copied_bytes / 1e6, hs.copy_bytes / 1e6, hs.dropped_bytes / 1e6);
     }
     size_t copied = 0;
     for (const auto& [layer, v] : views) {
@@ -92,7 +115,7 @@ class CudaBackend : public MoeBackend {
       runners_[layer] = std::move(*runner);
     }
     if (copied > 0) {
-      svc::LogInfo("%.1f MB of tensors not 16-byte aligned in the model files were copied to device "
+      svc::LogInfo("%.1f MB of tensors not 16-byte aligned in host memory were copied to device "
                    "memory instead of being read in place", copied / 1e6);
     }
     const size_t bytes = static_cast<size_t>(max_tokens_) * hidden_ * sizeof(float);
@@ -156,7 +179,11 @@ class CudaBackend : public MoeBackend {
   std::string device_name_;
   int hidden_ = 0, top_k_ = 0, max_tokens_ = 0;
   uint64_t pinned_ = 0;
-  std::unique_ptr<cuda::HostRegistration> host_pages_;  // --weights-residency host
+  // In place (--weights-residency host, integrated GPUs): where the tensors are held, the
+  // layer views pointing there, and the registration of their pages.
+  std::unique_ptr<HostResidentWeights> host_weights_;
+  std::vector<std::unique_ptr<PlacedMoeLayer>> placed_;
+  std::unique_ptr<cuda::HostRegistration> host_pages_;
   std::map<int, std::unique_ptr<cuda::DeviceMoeLayer>> layers_;
   std::map<int, std::unique_ptr<cuda::MoeRunner>> runners_;
   float* d_x_ = nullptr;

@@ -106,7 +106,16 @@ uint64_t DataOffset(const std::string& file) {
   return 8 + n;
 }
 
-void RunParallel(int threads, size_t n, const std::function<void(size_t)>& fn) {
+}  // namespace
+
+void TouchPages(uintptr_t begin, size_t size, size_t page) {
+  // Faults the file in (read-ahead makes this sequential I/O).
+  volatile uint8_t sink = 0;
+  const uint8_t* q = reinterpret_cast<const uint8_t*>(begin);
+  for (size_t o = 0; o < size; o += page) sink = static_cast<uint8_t>(sink ^ q[o]);
+}
+
+void ParallelFor(int threads, size_t n, const std::function<void(size_t)>& fn) {
   std::atomic<size_t> next{0};
   std::vector<std::thread> ts;
   const int nt = std::max(1, std::min<int>(threads, static_cast<int>(n)));
@@ -118,19 +127,50 @@ void RunParallel(int threads, size_t n, const std::function<void(size_t)>& fn) {
   for (auto& t : ts) t.join();
 }
 
-void DrawBar(uint64_t done, uint64_t total, double secs, bool final) {
+LoadProgressBar::LoadProgressBar(uint64_t total, bool show) : total_(total), show_(show) {
+  if (show_) {
+    thread_ = std::thread([this] {
+      std::unique_lock<std::mutex> l(mu_);
+      while (!finished_) {
+        l.unlock();
+        Draw(false);
+        l.lock();
+        cv_.wait_for(l, std::chrono::milliseconds(200));
+      }
+    });
+  }
+}
+
+LoadProgressBar::~LoadProgressBar() { Finish(); }
+
+void LoadProgressBar::Finish() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (finished_) return;
+    finished_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (show_) Draw(true);
+}
+
+double LoadProgressBar::seconds() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+}
+
+void LoadProgressBar::Draw(bool final) const {
   const int width = 40;
-  const double frac = total ? static_cast<double>(done) / total : 1.0;
+  const uint64_t done = done_.load();
+  const double secs = seconds();
+  const double frac = total_ ? static_cast<double>(done) / total_ : 1.0;
   const int fill = static_cast<int>(frac * width);
   char bar[width + 1];
   for (int i = 0; i < width; ++i) bar[i] = i < fill ? '#' : '.';
   bar[width] = 0;
   std::fprintf(stderr, "\rloading experts [%s] %5.1f%% %.2f/%.2f GB %.2f GB/s%s", bar, frac * 100,
-               done / 1e9, total / 1e9, secs > 0 ? done / secs / 1e9 : 0.0, final ? "\n" : "");
+               done / 1e9, total_ / 1e9, secs > 0 ? done / secs / 1e9 : 0.0, final ? "\n" : "");
   std::fflush(stderr);
 }
-
-}  // namespace
 
 std::vector<TensorRange> HeldTensorRanges(const Exl3Model& model, bool shared) {
   std::vector<TensorRange> out;
@@ -163,26 +203,12 @@ LoadStats MakeResident(const std::vector<TensorRange>& ranges, int threads, bool
   const std::vector<Span> pieces = SplitSpans(PageSpans(ranges, page), kChunk);
   uint64_t span_bytes = 0;
   for (const Span& p : pieces) span_bytes += p.size;
-  std::atomic<uint64_t> done{0}, locked{0};
+  std::atomic<uint64_t> locked{0};
   std::atomic<bool> lock_ok{lock};
   std::mutex err_mu;
   std::string own_error;
-  const auto t0 = std::chrono::steady_clock::now();
-  auto secs = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-
-  std::atomic<bool> finished{false};
-  std::thread bar;
-  if (progress) {
-    bar = std::thread([&] {
-      while (!finished.load()) {
-        DrawBar(done.load(), span_bytes, secs(), false);
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      }
-    });
-  }
-  RunParallel(threads, pieces.size(), [&](size_t k) {
+  LoadProgressBar bar(span_bytes, progress);
+  ParallelFor(threads, pieces.size(), [&](size_t k) {
     const Span& p = pieces[k];
     void* at = reinterpret_cast<void*>(p.begin);
     madvise(at, p.size, MADV_WILLNEED);
@@ -192,10 +218,7 @@ LoadStats MakeResident(const std::vector<TensorRange>& ranges, int threads, bool
         if (own_error.empty()) own_error = std::string(s.message());
       }
     } else {
-      // Touch every page: faults the file in (read-ahead makes this sequential I/O).
-      volatile uint8_t sink = 0;
-      const uint8_t* q = reinterpret_cast<const uint8_t*>(p.begin);
-      for (size_t o = 0; o < p.size; o += page) sink ^= q[o];
+      TouchPages(p.begin, p.size, page);
     }
     if (lock_ok.load(std::memory_order_relaxed)) {
       if (mlock(at, p.size) == 0) {
@@ -208,12 +231,10 @@ LoadStats MakeResident(const std::vector<TensorRange>& ranges, int threads, bool
         }
       }
     }
-    done.fetch_add(p.size);
+    bar.Add(p.size);
   });
-  st.seconds = secs();
-  finished.store(true);
-  if (bar.joinable()) bar.join();
-  if (progress) DrawBar(done.load(), span_bytes, st.seconds, true);
+  st.seconds = bar.seconds();
+  bar.Finish();
   if (!st.lock_error.empty()) {
     // Partial locking is worse than none: unlock what was locked so the gauge stays honest.
     UnlockRanges(ranges);
@@ -258,7 +279,7 @@ LoadStats BaselineRead(const std::vector<TensorRange>& ranges, int threads) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   std::atomic<uint64_t> read_bytes{0};
-  RunParallel(threads, pieces.size(), [&](size_t k) {
+  ParallelFor(threads, pieces.size(), [&](size_t k) {
     thread_local std::vector<uint8_t> buf;
     const Piece& p = pieces[k];
     buf.resize(p.size);

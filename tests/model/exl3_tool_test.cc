@@ -185,6 +185,24 @@ TEST_F(ToolTest, MoeAndInspectOnATestModel) {
   EXPECT_LT(testing::RelErr(y.data(), ref.data(), ref.size()), 1e-5);
 }
 
+TEST_F(ToolTest, MisalignedSyntheticModelAndInspectedAlignment) {
+  const std::string common = " --synthetic --arch qwen3_moe --layers 1 --hidden 256 --experts 4 --top-k 2"
+                             " --intermediate 128 --bits 2 --codebook 3inst --quiet --output ";
+  std::string out;
+  ASSERT_EQ(Tool("make-test-model" + common + dir_ + "/aligned"), 0);
+  ASSERT_EQ(Tool("inspect --model " + dir_ + "/aligned", &out), 0);
+  // 4 experts x 3 projections x (trellis, suh, svh).
+  EXPECT_NE(out.find("alignment:        36 of 36 expert tensors 16-byte aligned"), std::string::npos) << out;
+  ASSERT_EQ(Tool("make-test-model --misaligned-data" + common + dir_ + "/misaligned"), 0);
+  ASSERT_EQ(Tool("inspect --model " + dir_ + "/misaligned", &out), 0);
+  EXPECT_NE(out.find("alignment:        0 of 36 expert tensors 16-byte aligned in the files (0 bytes"),
+            std::string::npos) << out;
+  EXPECT_NE(out.find("8-byte only 36, 4-byte only 0, less 0"), std::string::npos) << out;
+  std::string err;
+  EXPECT_EQ(Tool("make-test-model --misaligned-data --arch qwen3_moe --output " + dir_ + "/x", nullptr, &err), 1);
+  EXPECT_NE(err.find("--misaligned-data goes with --synthetic"), std::string::npos) << err;
+}
+
 TEST_F(ToolTest, BadArgumentsAndFilesGiveOneLineAndNonZeroExit) {
   testing::TestModelSpec spec;
   const std::string model = dir_ + "/model";

@@ -4,7 +4,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -44,6 +46,32 @@ TEST(Safetensors, WritesAndReadsBack) {
   EXPECT_EQ((*f)->metadata().at("format"), "pt");
   EXPECT_EQ((*f)->Get("missing").status().code(), absl::StatusCode::kNotFound);
   std::remove(path.c_str());
+}
+
+TEST(Safetensors, HeaderPaddingSetsWhereTheDataSectionStarts) {
+  const std::vector<SafetensorsEntry> entries = {{"a.trellis", DType::kI16, {4, 8}, 64},
+                                                 {"a.suh", DType::kF16, {128}, 256}};
+  for (size_t extra = 0; extra < 20; ++extra) {  // metadata of every length mod 16
+    const std::map<std::string, std::string> meta = {{"format", "pt" + std::string(extra, 'x')}};
+    const std::string aligned = SafetensorsHeaderText(entries, meta);
+    EXPECT_EQ((aligned.size() + 8) % 64, 0u);
+    const std::string shifted = SafetensorsHeaderText(entries, meta, DataSectionStart::k8PastA16ByteBoundary);
+    EXPECT_EQ((shifted.size() + 8) % 16, 8u) << extra;
+    // Still a valid file: the header parses, the tensors read back.
+    const std::string path = TempPath("shifted.safetensors");
+    {
+      std::ofstream f(path, std::ios::binary);
+      const uint64_t n = shifted.size();
+      f.write(reinterpret_cast<const char*>(&n), 8);
+      f << shifted << std::string(320, '\x02');
+    }
+    auto f = SafetensorsFile::Open(path);
+    ASSERT_TRUE(f.ok()) << f.status();
+    auto t = (*f)->Get("a.suh");
+    ASSERT_TRUE(t.ok());
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t->data) % 16, 8u);  // mappings are page-aligned
+    std::remove(path.c_str());
+  }
 }
 
 struct BadCase {

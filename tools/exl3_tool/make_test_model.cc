@@ -22,7 +22,7 @@ constexpr char kUsage[] =
     "         [--max-position N]\n"
     "         [--bits K] [--expert-bits K] [--down-bits K] [--codebook 3inst|mcg|mul1]\n"
     "         [--quantize-all [--head-bits K]] [--attention-bits K] [--seed S] [--threads N] [--hf-only]\n"
-    "         [--hf-output DIR2] [--synthetic [--whole-model]] [--quiet]\n"
+    "         [--hf-output DIR2] [--synthetic [--whole-model] [--misaligned-data]] [--quiet]\n"
     "         [--heads N] [--kv-heads N] [--head-dim D] [--q-lora-rank R] [--kv-lora-rank R]\n"
     "         [--qk-nope-head-dim D] [--qk-rope-head-dim D] [--v-head-dim D]\n"
     "         [--index-heads N] [--index-head-dim D] [--index-topk K]\n"
@@ -82,6 +82,11 @@ constexpr char kUsage[] =
     "                  --top-k 8 --intermediate 2048 --shared 1 --layers 45 --dense-layers 3\n"
     "                  --routed-scaling-factor 2.5 --swiglu-limit 10 --bits 2 --codebook mcg\n"
     "                  (about 76 GB). Uses --bits/--down-bits/--codebook, not --expert-bits.\n"
+    "  --misaligned-data  with --synthetic: start each shard's data section 8 bytes past a 16-byte\n"
+    "                  boundary (the header padded to 8 bytes, as the format allows and Python's\n"
+    "                  safetensors does) instead of at a 64-byte one: with --codebook 3inst every\n"
+    "                  tensor is then 8- but not 16-byte aligned (mcg/mul1 flags shift later ones\n"
+    "                  by 4 more), to test --weights-residency host on such files\n"
     "\n"
     "Generation with the defaults takes about half a minute on a 2-core machine (most of it the\n"
     "Viterbi encoding of 13k tiles); smaller shapes are proportionally faster.\n";
@@ -98,7 +103,7 @@ int Run(int argc, char** argv) {
                    "heads", "kv-heads", "head-dim", "q-lora-rank", "kv-lora-rank",
                    "qk-nope-head-dim", "qk-rope-head-dim", "v-head-dim", "index-heads",
                    "index-head-dim", "index-topk", "max-position"},
-                  {"hf-only", "synthetic", "quiet", "quantize-all", "whole-model"}, &err)) {
+                  {"hf-only", "synthetic", "quiet", "quantize-all", "whole-model", "misaligned-data"}, &err)) {
     return Fail(kName, err);
   }
   if (args.help) {
@@ -160,6 +165,9 @@ int Run(int argc, char** argv) {
     return Fail(kName, "--attention-bits goes with --synthetic --whole-model (exl3-tool quantize's converter sets the "
                        "attention's K from --bits otherwise)");
   }
+  if (args.Bool("misaligned-data") && !args.Bool("synthetic")) {
+    return Fail(kName, "--misaligned-data goes with --synthetic");
+  }
   if (args.Bool("synthetic")) {
     if (args.Bool("hf-only") || args.Has("hf-output") || args.Has("expert-bits")) {
       return Fail(kName, "--synthetic writes EXL3 directly: --hf-only, --hf-output and --expert-bits do not apply");
@@ -172,6 +180,7 @@ int Run(int argc, char** argv) {
     so.head_bits = args.Has("head-bits") ? head_bits : 0;
     so.codebook = cb;
     so.progress = progress;
+    if (args.Bool("misaligned-data")) so.data_start = DataSectionStart::k8PastA16ByteBoundary;
     if (progress) {
       std::fprintf(stderr, "exl3-tool make-test-model: writing %.2f GB of synthetic EXL3 shards to %s\n",
                    SyntheticModelBytes(*resolved, so) / 1e9, out.c_str());
