@@ -8,16 +8,10 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/cuda_status.h"
+#include "engine/cuda/launch_status.cuh"
 
 namespace exl3::engine::cuda {
 namespace {
-
-cudaStream_t S(StreamHandle s) { return static_cast<cudaStream_t>(s); }
-
-absl::Status LaunchStatus(const char* what) {
-  return exl3::cuda::CudaStatus(cudaGetLastError(), what, __FILE__, __LINE__);
-}
 
 constexpr int kThreads = 256;
 
