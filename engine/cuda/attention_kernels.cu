@@ -3,6 +3,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 
@@ -568,6 +569,12 @@ absl::Status WriteKv(const float* k, const float* v, const int32_t* slot, int T,
 
 int64_t AttentionScratchFloats(int T, int num_heads, int head_dim, int splits) {
   return static_cast<int64_t>(T) * num_heads * splits * (head_dim + 2);
+}
+
+int DecodeAttentionSplits(int num_tokens, int num_kv_heads, int sm_count) {
+  const int blocks = std::max(1, num_tokens * num_kv_heads);
+  if (blocks >= 2 * sm_count) return 1;
+  return std::clamp((4 * sm_count + blocks - 1) / blocks, 1, 32);
 }
 
 bool PrefillAttentionSupports(int head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }

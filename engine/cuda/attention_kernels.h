@@ -45,6 +45,14 @@ struct AttentionTokens {
 // Scratch for the split-K partials: floats for T tokens, num_heads heads, head_dim, splits.
 int64_t AttentionScratchFloats(int num_tokens, int num_heads, int head_dim, int splits);
 
+// Splits of a decode step's attention (CUDA graphs fix them at capture; the positions per split
+// follow each step's context): about four (token, KV head, split) blocks per SM, at most 32, and
+// one split once the tokens alone give two blocks per SM. From exl3-engine-bench --attention-only's
+// sweep on an H200 (96/8 heads of 128; bench/results/engine-h200.md): batch 8, context 8192:
+// 8 splits 155 us against 236 us with the two blocks per SM chosen before; batch 1: 32 splits
+// 25.0 us at 1k (33: 24.2), 55.9 us at 8k (64: 45.3, but 30 against 24 us at 1k).
+int DecodeAttentionSplits(int num_tokens, int num_kv_heads, int sm_count);
+
 // Decode attention, each of the T query tokens of its own sequence (or of one sequence, each
 // token then still run on its own: the path for a few tokens):
 // out[t, h] = softmax(scale * q[t, h] · K[first..pos]) · V[first..pos] over the paged cache, keys

@@ -514,7 +514,7 @@ absl::Status CudaModel::ForwardDecodeGraph(const StepTokens& tokens, float* logi
     if (slot->exec != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(slot->exec));
     slot.reset();
   }
-  const int splits = std::max(1, std::min(64, (2 * sm_count_ + Tp * cfg_.num_kv_heads - 1) / (Tp * cfg_.num_kv_heads)));
+  const int splits = DecodeAttentionSplits(Tp, cfg_.num_kv_heads, sm_count_);
   EXL3_RETURN_IF_ERROR(Reserve(Tp, Tp, splits));  // may drop every graph
   if (slot == nullptr) {
     slot = std::make_unique<DecodeGraph>();

@@ -133,7 +133,7 @@ int RunAttentionBench(const AttentionBenchOptions& o, double copy_bps, double ge
       for (int b = 0; b < B; ++b) offset[b] = b * bps;
       std::iota(tables.begin(), tables.end(), 0);
       // The split count the engine's decode graphs choose (engine/cuda/cuda_model.cc).
-      const int splits = std::max(1, std::min(64, (2 * sms + B * KV - 1) / (B * KV)));
+      const int splits = engine::cuda::DecodeAttentionSplits(B, KV, sms);
       const int span = context + 1;
       DeviceArray<int32_t> d_pos, d_first, d_offset, d_tables, d_sp;
       DeviceArray<float> q, out, scratch;
