@@ -22,7 +22,7 @@ namespace fs = std::filesystem;
 const char* const kFixtures[] = {"glm4_moe_experts",    "glm4_moe_all",    "qwen3_moe_experts",
                                  "qwen3_moe_all",       "mixtral_experts", "mixtral_all",
                                  "deepseek_v3_experts", "deepseek_v3_all", "glm_moe_dsa_experts",
-                                 "glm_moe_dsa_all"};
+                                 "glm_moe_dsa_all",     "qwen3_next_experts", "qwen3_next_all"};
 
 double RelativeError(const float* a, const float* ref, size_t n) {
   double num = 0, den = 0;
