@@ -140,7 +140,8 @@ std::string FixtureDir(const std::string& name) { return "tests/fixtures/engine/
 class Qwen3NextFixtureTest : public ::testing::TestWithParam<const char*> {};
 
 // All four prompts in the same steps: prefill chunks of 7 beside other sequences' decode tokens
-// (the shorter prompts start decoding while the longer ones still prefill), then decode together.
+// (the shorter prompts start decoding while the longer ones still prefill), then decode together;
+// each sequence's first 32 tokens and their logits against transformers'.
 TEST_P(Qwen3NextFixtureTest, BatchedSequencesGiveTransformersTokensAndLogits) {
   const std::string dir = FixtureDir(GetParam());
   auto ref = TensorSource::Open(dir + "/reference.safetensors");
@@ -157,7 +158,8 @@ TEST_P(Qwen3NextFixtureTest, BatchedSequencesGiveTransformersTokensAndLogits) {
   ASSERT_TRUE(rows.ok()) << rows.status();
   for (size_t i = 0; i < prompts.size(); ++i) {
     const std::vector<float> logits = *ToFloat32(*(*ref)->Get("logits." + std::to_string(i)));
-    ASSERT_EQ((*rows)[i].size(), greedy[i].size());
+    // The shorter prompts decode on while the longer ones prefill: their first rows are compared.
+    ASSERT_GE((*rows)[i].size(), greedy[i].size());
     double worst = 0;
     for (int j = 0; j < steps; ++j) {
       const std::vector<float>& got = (*rows)[i][j];
@@ -179,24 +181,27 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Qwen3NextFixtureTest,
 
 constexpr char kFixture[] = "tests/fixtures/engine/qwen3_next_all";
 
-// In-process experts whose `fail_call`-th call (from 0) fails.
+// In-process experts whose first call of `fail_tokens` tokens fails.
 class FailingOnceMoe final : public MoeExecutor {
  public:
-  FailingOnceMoe(const std::string& dir, int fail_call) : compute_(2), fail_call_(fail_call) {
+  FailingOnceMoe(const std::string& dir, int fail_tokens) : compute_(2), fail_tokens_(fail_tokens) {
     auto local = LocalMoe::Open(dir, compute_);
     EXPECT_TRUE(local.ok()) << local.status();
     local_ = std::move(*local);
   }
   absl::Status Forward(int layer, const float* x, int T, const int32_t* ids, float* y) override {
-    if (calls_++ == fail_call_) return absl::UnavailableError("injected: the experts' worker is gone");
+    if (T == fail_tokens_ && !failed_) {
+      failed_ = true;
+      return absl::UnavailableError("injected: the experts' worker is gone");
+    }
     return local_->Forward(layer, x, T, ids, y);
   }
 
  private:
   CpuCompute compute_;
   std::unique_ptr<LocalMoe> local_;
-  int fail_call_;
-  int calls_ = 0;
+  int fail_tokens_;
+  bool failed_ = false;
 };
 
 struct Results {
@@ -291,11 +296,11 @@ TEST_F(Qwen3NextEngineTest, PreemptedSequencesRebuildTheirStateAndGiveTheSameTok
 }
 
 TEST_F(Qwen3NextEngineTest, AFailedStepRunsAgainFromTheStateBeforeIt) {
-  // The 4th MoE call (the 4th step: several prompts' chunks) fails after layer 0's DeltaNet has
-  // written its new state; the engine runs each chunk again alone, which must start from the
-  // state before the failed step.
+  // The first full step (24 tokens: prompt chunks beside the decode tokens of sequences already
+  // running) fails in layer 0's MoE, after layer 0's DeltaNet has written the new states; the
+  // engine runs each chunk again alone, which must start from the states before the failed step.
   EngineStats stats;
-  const auto got = RunAll(/*kv_blocks=*/256, Model(std::make_unique<FailingOnceMoe>(kFixture, 3)), &stats);
+  const auto got = RunAll(/*kv_blocks=*/256, Model(std::make_unique<FailingOnceMoe>(kFixture, 24)), &stats);
   EXPECT_EQ(stats.failed_steps, 1);
   for (size_t i = 0; i < prompts_.size(); ++i) EXPECT_EQ(got[i], greedy_[i]) << "prompt " << i;
 }
