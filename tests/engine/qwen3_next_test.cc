@@ -4,7 +4,7 @@
 // engine's handling of the per-sequence recurrent state: batching and preemption give
 // transformers' tokens, prefix caching is off, and a failed step's chunks run again from the
 // state before it.
-#include <atomic>
+#include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <map>
@@ -207,12 +207,12 @@ class FailingOnceMoe final : public MoeExecutor {
 struct Results {
   std::mutex mu;
   std::condition_variable cv;
-  std::map<uint64_t, std::vector<int32_t>> tokens;
+  std::map<uint64_t, std::vector<SampledToken>> sampled;  // with their logprobs
   std::map<uint64_t, FinishInfo> finish;
   EventCallback Callback() {
     return [this](const GenerateEvent& e) {
       std::lock_guard<std::mutex> lock(mu);
-      for (const SampledToken& t : e.tokens) tokens[e.request_id].push_back(t.token);
+      for (const SampledToken& t : e.tokens) sampled[e.request_id].push_back(t);
       if (e.finish) {
         finish[e.request_id] = *e.finish;
         cv.notify_all();
@@ -231,6 +231,7 @@ GenerateParams Greedy32(const std::vector<int32_t>& prompt) {
   g.max_tokens = 32;
   g.ignore_eos = true;
   g.sampling.temperature = 0;
+  g.sampling.logprobs = 5;  // the top 5: checks the logits, not only their argmax
   return g;
 }
 
@@ -241,6 +242,37 @@ class Qwen3NextEngineTest : public ::testing::Test {
     ASSERT_TRUE(ref.ok()) << ref.status();
     prompts_ = Ints(**ref, "prompt.");
     greedy_ = Ints(**ref, "greedy.");
+    // transformers' log-probabilities at each greedy step.
+    const int vocab = 128;  // the fixtures' vocabulary
+    for (size_t i = 0; i < prompts_.size(); ++i) {
+      const std::vector<float> logits = *ToFloat32(*(*ref)->Get("logits." + std::to_string(i)));
+      std::vector<std::vector<double>>& steps = want_logprobs_.emplace_back();
+      for (size_t j = 0; j < greedy_[i].size(); ++j) {
+        const float* row = &logits[(prompts_[i].size() - 1 + j) * vocab];
+        const float m = *std::max_element(row, row + vocab);
+        double sum = 0;
+        for (int v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - m);
+        std::vector<double>& lp = steps.emplace_back();
+        for (int v = 0; v < vocab; ++v) lp.push_back(row[v] - m - std::log(sum));
+      }
+    }
+  }
+  // A request's tokens are transformers' greedy ones, with transformers' logprobs for each and
+  // for the top 5 beside it: a wrong state moves the logits long before it changes a greedy
+  // token of these models.
+  void ExpectTransformers(size_t prompt, const std::vector<SampledToken>& got) {
+    std::vector<int32_t> tokens;
+    for (const SampledToken& t : got) tokens.push_back(t.token);
+    EXPECT_EQ(tokens, greedy_[prompt]) << "prompt " << prompt;
+    ASSERT_EQ(got.size(), want_logprobs_[prompt].size());
+    for (size_t j = 0; j < got.size(); ++j) {
+      const std::vector<double>& want = want_logprobs_[prompt][j];
+      EXPECT_NEAR(*got[j].logprob, want[got[j].token], 2e-4) << "prompt " << prompt << " token " << j;
+      EXPECT_EQ(got[j].top_logprobs.size(), 5u);
+      for (const TokenLogprob& top : got[j].top_logprobs)
+        EXPECT_NEAR(top.logprob, want[top.token], 2e-4)
+            << "prompt " << prompt << " token " << j << " top " << top.token;
+    }
   }
   std::unique_ptr<CpuModel> Model(std::unique_ptr<MoeExecutor> moe = nullptr) {
     CpuModelOptions mo;
@@ -251,8 +283,8 @@ class Qwen3NextEngineTest : public ::testing::Test {
   }
   // Every prompt at once through an engine with `kv_blocks` blocks of 4 tokens; each request's
   // tokens in prompt order.
-  std::vector<std::vector<int32_t>> RunAll(int kv_blocks, std::unique_ptr<CpuModel> model,
-                                           EngineStats* stats) {
+  std::vector<std::vector<SampledToken>> RunAll(int kv_blocks, std::unique_ptr<CpuModel> model,
+                                                EngineStats* stats) {
     EngineOptions eo;
     eo.block_size = 4;
     eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, kv_blocks};
@@ -267,22 +299,23 @@ class Qwen3NextEngineTest : public ::testing::Test {
       ids.push_back(*id);
     }
     r.Wait(ids.size());
-    std::vector<std::vector<int32_t>> out;
+    std::vector<std::vector<SampledToken>> out;
     for (uint64_t id : ids) {
       EXPECT_TRUE(r.finish[id].status.ok()) << r.finish[id].status;
-      out.push_back(r.tokens[id]);
+      out.push_back(r.sampled[id]);
     }
     *stats = engine.Stats();
     engine.Stop();
     return out;
   }
   std::vector<std::vector<int32_t>> prompts_, greedy_;
+  std::vector<std::vector<std::vector<double>>> want_logprobs_;  // [prompt][step][vocab]
 };
 
 TEST_F(Qwen3NextEngineTest, BatchedPromptsGiveTransformersTokens) {
   EngineStats stats;
   const auto got = RunAll(/*kv_blocks=*/256, Model(), &stats);
-  for (size_t i = 0; i < prompts_.size(); ++i) EXPECT_EQ(got[i], greedy_[i]) << "prompt " << i;
+  for (size_t i = 0; i < prompts_.size(); ++i) ExpectTransformers(i, got[i]);
   EXPECT_EQ(stats.preemptions, 0);
 }
 
@@ -292,7 +325,7 @@ TEST_F(Qwen3NextEngineTest, PreemptedSequencesRebuildTheirStateAndGiveTheSameTok
   EngineStats stats;
   const auto got = RunAll(/*kv_blocks=*/40, Model(), &stats);
   EXPECT_GT(stats.preemptions, 0);
-  for (size_t i = 0; i < prompts_.size(); ++i) EXPECT_EQ(got[i], greedy_[i]) << "prompt " << i;
+  for (size_t i = 0; i < prompts_.size(); ++i) ExpectTransformers(i, got[i]);
 }
 
 TEST_F(Qwen3NextEngineTest, AFailedStepRunsAgainFromTheStateBeforeIt) {
@@ -300,9 +333,10 @@ TEST_F(Qwen3NextEngineTest, AFailedStepRunsAgainFromTheStateBeforeIt) {
   // running) fails in layer 0's MoE, after layer 0's DeltaNet has written the new states; the
   // engine runs each chunk again alone, which must start from the states before the failed step.
   EngineStats stats;
-  const auto got = RunAll(/*kv_blocks=*/256, Model(std::make_unique<FailingOnceMoe>(kFixture, 24)), &stats);
+  const auto got = RunAll(/*kv_blocks=*/256, Model(std::make_unique<FailingOnceMoe>(kFixture, 24)),
+                          &stats);
   EXPECT_EQ(stats.failed_steps, 1);
-  for (size_t i = 0; i < prompts_.size(); ++i) EXPECT_EQ(got[i], greedy_[i]) << "prompt " << i;
+  for (size_t i = 0; i < prompts_.size(); ++i) ExpectTransformers(i, got[i]);
 }
 
 TEST_F(Qwen3NextEngineTest, PrefixCachingIsOffForRecurrentLayers) {
@@ -321,8 +355,8 @@ TEST_F(Qwen3NextEngineTest, PrefixCachingIsOffForRecurrentLayers) {
   auto second = engine.Submit(g, r.Callback());
   ASSERT_TRUE(second.ok());
   r.Wait(2);
-  EXPECT_EQ(r.tokens[*first], greedy_[3]);
-  EXPECT_EQ(r.tokens[*second], greedy_[3]);
+  ExpectTransformers(3, r.sampled[*first]);
+  ExpectTransformers(3, r.sampled[*second]);
   EXPECT_EQ(r.finish[*second].usage.cached_tokens, 0);
   EXPECT_EQ(engine.Stats().prefix_cache_hit_tokens, 0);
 }
