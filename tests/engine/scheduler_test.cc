@@ -339,7 +339,9 @@ TEST(Scheduler, RandomizedWorkloadsMatchSoloRuns) {
     EXPECT_EQ(d.sched().kv().NumFreeBlocks(), cache.num_blocks) << "round " << round;
     preemptions += d.sched().NumPreemptions();
     prefix_hit_tokens += d.sched().kv().counters().hit_tokens;
-    if (round % 4 == 3) EXPECT_EQ(d.sched().kv().counters().hit_tokens, 0) << "round " << round;
+    if (round % 4 == 3) {
+      EXPECT_EQ(d.sched().kv().counters().hit_tokens, 0) << "round " << round;
+    }
     for (const auto& [id, r] : requests) {
       if (aborted.contains(id)) continue;
       Driver solo(SchedulerOptions{}, kLargeCache);
