@@ -273,7 +273,15 @@ absl::Status ParseQwen3NextLayers(const json& j, const std::string& source, Mode
                             la.key_head_dim, ", ", la.num_value_heads, " value heads of ",
                             la.value_head_dim, ", conv kernel ", la.conv_kernel,
                             ": needs positive sizes and value heads a multiple of key heads"));
-  const std::string act = j.value("hidden_act", std::string("silu"));
+  // Channel counts stay well inside int (2 * key_dim + 2 * value_dim is in_proj_qkvz's width).
+  const int64_t widest = 2 * static_cast<int64_t>(la.num_key_heads) * la.key_head_dim +
+                         2 * static_cast<int64_t>(la.num_value_heads) * la.value_head_dim;
+  if (widest > (int64_t{1} << 24) || la.conv_kernel > 1024)
+    return bad(absl::StrCat("linear attention projections of ", widest,
+                            " outputs or a conv kernel of ", la.conv_kernel, " are not a real shape"));
+  std::string act = "silu";  // Qwen3NextConfig's default
+  if (j.contains("hidden_act"))
+    act = j["hidden_act"].is_string() ? j["hidden_act"].get<std::string>() : j["hidden_act"].dump();
   if (act != "silu")
     return absl::UnimplementedError(
         absl::StrCat(source, ": hidden_act '", act, "' (Qwen3-Next runs with silu)"));

@@ -112,6 +112,11 @@ TEST(Qwen3NextConfig, RefusesBadLayerTypesAndShapes) {
   j = Qwen3Next();
   j["hidden_act"] = "gelu";
   refused(j, "hidden_act");
+  j["hidden_act"] = 7;
+  refused(j, "hidden_act '7'");
+  j = Qwen3Next();
+  j["linear_key_head_dim"] = 1 << 22;
+  refused(j, "not a real shape");
 }
 
 // ---------------------------------------------------------------------------------------------
