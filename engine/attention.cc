@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "engine/dsa_attention.h"
+#include "engine/dsv4_attention.h"
 #include "engine/gqa_attention.h"
 #include "engine/mla_attention.h"
 
@@ -11,6 +12,11 @@ namespace exl3::engine {
 
 absl::StatusOr<std::unique_ptr<Attention>> LoadAttention(const ModelConfig& cfg,
                                                          const TensorSource& src, int layer) {
+  if (cfg.attention == AttentionKind::kDsv4) {
+    auto a = Dsv4Attention::Load(cfg, src, layer);
+    if (!a.ok()) return a.status();
+    return std::unique_ptr<Attention>(std::move(*a));
+  }
   if (cfg.attention == AttentionKind::kDsa) {
     auto a = DsaAttention::Load(cfg, src, layer);
     if (!a.ok()) return a.status();

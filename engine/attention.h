@@ -42,7 +42,8 @@ class Attention {
                                AttentionCarry& carry, float* out, CpuCompute& compute) = 0;
 };
 
-// GQA (Glm4Moe, Qwen3Moe, Mixtral), MLA (DeepseekV3) or DSA (GlmMoeDsa) per cfg.attention,
+// GQA (Glm4Moe, Qwen3Moe, Mixtral), MLA (DeepseekV3), DSA (GlmMoeDsa) or DeepSeek-V4's
+// (engine/dsv4_attention.h) per cfg.attention,
 // weights of `layer`.
 absl::StatusOr<std::unique_ptr<Attention>> LoadAttention(const ModelConfig& cfg,
                                                          const TensorSource& src, int layer);

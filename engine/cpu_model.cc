@@ -2,9 +2,11 @@
 
 #include <chrono>
 #include <cstring>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "engine/dsv4_config.h"
 #include "engine/local_moe.h"
 #include "engine/rms_norm.h"
 #include "engine/step_tokens.h"
@@ -66,14 +68,29 @@ absl::Status CpuModel::LoadWeights(const TensorSource& src) {
   EXL3_ASSIGN_OR_RETURN(embedding_, src.Get("model.embed_tokens.weight"));
   EXL3_RETURN_IF_ERROR(CheckEmbedding(embedding_, cfg_.vocab_size, H));
   layers_.resize(cfg_.num_layers);
+  // DeepSeek-V4's checkpoints keep the original names: attn_norm / ffn_norm, head.
+  const bool v4 = cfg_.attention == AttentionKind::kDsv4;
+  HyperConnectionShape hc;
+  if (v4) {
+    hc = {H, cfg_.dsv4->hc_mult, cfg_.dsv4->hc_sinkhorn_iters, cfg_.dsv4->hc_eps, cfg_.rms_norm_eps};
+    streams_ = hc.streams;
+    EXL3_ASSIGN_OR_RETURN(hc_head_, HyperHead::Load(src, "model.hc_head.", hc));
+  }
   for (int l = 0; l < cfg_.num_layers; ++l) {
     Layer& L = layers_[l];
     const std::string p = absl::StrCat("model.layers.", l, ".");
-    EXL3_ASSIGN_OR_RETURN(L.input_norm, LoadNormWeight(src, p + "input_layernorm.weight", H,
-                                                       cfg_.norm_weights));
-    EXL3_ASSIGN_OR_RETURN(L.post_attention_norm,
-                          LoadNormWeight(src, p + "post_attention_layernorm.weight", H,
+    // Norm weights by the family's convention (Qwen3-Next: zero-centred; DeepSeek-V4 keeps
+    // kScale under its original names).
+    EXL3_ASSIGN_OR_RETURN(L.input_norm,
+                          LoadNormWeight(src, p + (v4 ? "attn_norm.weight" : "input_layernorm.weight"), H,
                                          cfg_.norm_weights));
+    EXL3_ASSIGN_OR_RETURN(L.post_attention_norm,
+                          LoadNormWeight(src, p + (v4 ? "ffn_norm.weight" : "post_attention_layernorm.weight"),
+                                         H, cfg_.norm_weights));
+    if (v4) {
+      EXL3_ASSIGN_OR_RETURN(L.attn_hc, HyperConnection::Load(src, p + "hc_attn_", hc));
+      EXL3_ASSIGN_OR_RETURN(L.ffn_hc, HyperConnection::Load(src, p + "hc_ffn_", hc));
+    }
     if (cfg_.IsLinearAttentionLayer(l)) {
       EXL3_ASSIGN_OR_RETURN(L.linear_attention, GatedDeltaNet::Load(cfg_, src, l));
     } else {
@@ -90,9 +107,10 @@ absl::Status CpuModel::LoadWeights(const TensorSource& src) {
   }
   EXL3_ASSIGN_OR_RETURN(final_norm_,
                         LoadNormWeight(src, "model.norm.weight", H, cfg_.norm_weights));
-  const bool has_head = src.Has("lm_head.weight") || src.Has("lm_head.trellis");
+  const std::string head = v4 ? "head" : "lm_head";
+  const bool has_head = src.Has(head + ".weight") || src.Has(head + ".trellis");
   if (has_head) {
-    EXL3_ASSIGN_OR_RETURN(head_, Linear::Load(src, "lm_head", H, cfg_.vocab_size));
+    EXL3_ASSIGN_OR_RETURN(head_, Linear::Load(src, head, H, cfg_.vocab_size));
   } else if (cfg_.tie_word_embeddings) {
     EXL3_ASSIGN_OR_RETURN(std::vector<float> w, ToFloat32(embedding_));
     head_ = Linear::FromDense(std::move(w), H, cfg_.vocab_size);
@@ -125,7 +143,7 @@ absl::Status CpuModel::AllocateKvCache(const KvCacheShape& shape) {
 void CpuModel::Embed(const std::vector<int32_t>& ids, float* h) const {
   const int H = cfg_.hidden_size;
   for (size_t t = 0; t < ids.size(); ++t) {
-    float* row = h + t * H;
+    float* row = h + t * H * streams_;
     const size_t base = static_cast<size_t>(ids[t]) * H;
     switch (embedding_.info->dtype) {
       case DType::kF32:
@@ -138,6 +156,7 @@ void CpuModel::Embed(const std::vector<int32_t>& ids, float* h) const {
         for (int i = 0; i < H; ++i) row[i] = BFloat16BitsToFloat(embedding_.as<uint16_t>()[base + i]);
         break;
     }
+    for (int k = 1; k < streams_; ++k) std::copy_n(row, H, row + static_cast<size_t>(k) * H);  // every stream
   }
 }
 
@@ -150,8 +169,37 @@ absl::Status CpuModel::RunDenseMlp(const DenseMlp& mlp, const float* x, int T, f
   return mlp.down.Forward(gate.data(), T, y, compute_);
 }
 
+absl::Status CpuModel::RunHyperConnectedLayer(int l, MicroBatch& mb) {
+  Layer& L = layers_[l];
+  const int T = mb.tokens.num_tokens, H = cfg_.hidden_size;
+  Clock::time_point t0 = Clock::now();
+  L.attn_hc->Collapse(mb.h.data(), T, mb.d.data(), &mb.mix, compute_);
+  for (int t = 0; t < T; ++t)
+    RmsNorm(&mb.d[static_cast<size_t>(t) * H], L.input_norm.data(), H, cfg_.rms_norm_eps,
+            &mb.x[static_cast<size_t>(t) * H]);
+  EXL3_RETURN_IF_ERROR(L.attention->Forward(mb.x.data(), mb.tokens, *cache_, mb.carry, mb.d.data(), compute_));
+  L.attn_hc->Expand(mb.mix, mb.d.data(), T, mb.h.data(), compute_);
+  L.ffn_hc->Collapse(mb.h.data(), T, mb.d.data(), &mb.mix, compute_);
+  for (int t = 0; t < T; ++t)
+    RmsNorm(&mb.d[static_cast<size_t>(t) * H], L.post_attention_norm.data(), H, cfg_.rms_norm_eps,
+            &mb.x[static_cast<size_t>(t) * H]);
+  times_.attention_s += Seconds(t0);
+  t0 = Clock::now();
+  if (L.dense_mlp) {
+    EXL3_RETURN_IF_ERROR(RunDenseMlp(*L.dense_mlp, mb.x.data(), T, mb.d.data()));
+    L.ffn_hc->Expand(mb.mix, mb.d.data(), T, mb.h.data(), compute_);
+    times_.dense_mlp_s += Seconds(t0);
+    return absl::OkStatus();
+  }
+  mb.pending_layer = l;
+  mb.pending = moe_->Start(l, mb.x.data(), T, mb.tokens.token_ids.data(), mb.d.data());
+  times_.moe_s += Seconds(t0);
+  return absl::OkStatus();
+}
+
 absl::Status CpuModel::RunLayer(int l, MicroBatch& mb) {
   Layer& L = layers_[l];
+  if (L.attn_hc) return RunHyperConnectedLayer(l, mb);
   const int T = mb.tokens.num_tokens, H = cfg_.hidden_size;
   const size_t n = static_cast<size_t>(T) * H;
   Clock::time_point t0 = Clock::now();
@@ -175,6 +223,7 @@ absl::Status CpuModel::RunLayer(int l, MicroBatch& mb) {
     times_.dense_mlp_s += Seconds(t0);
     return absl::OkStatus();
   }
+  mb.pending_layer = l;
   mb.pending = moe_->Start(l, mb.x.data(), T, mb.tokens.token_ids.data(), mb.d.data());
   times_.moe_s += Seconds(t0);
   return absl::OkStatus();
@@ -187,7 +236,13 @@ absl::Status CpuModel::FinishMoe(MicroBatch& mb) {
   mb.pending.reset();
   times_.moe_s += Seconds(t0);
   EXL3_RETURN_IF_ERROR(st);
-  AddInPlace(mb.h.data(), mb.d.data(), mb.h.size());
+  const int layer = mb.pending_layer;
+  mb.pending_layer = -1;
+  if (layer >= 0 && layers_[layer].ffn_hc) {
+    layers_[layer].ffn_hc->Expand(mb.mix, mb.d.data(), mb.tokens.num_tokens, mb.h.data(), compute_);
+  } else {
+    AddInPlace(mb.h.data(), mb.d.data(), mb.h.size());
+  }
   return absl::OkStatus();
 }
 
@@ -234,7 +289,7 @@ absl::Status CpuModel::Forward(const StepBatch& batch, float* logits) {
     EXL3_RETURN_IF_ERROR(FlattenStep(*parts[i], cfg_.vocab_size, cache_->shape(),
                                      cfg_.max_position_embeddings, &mb.tokens));
     const size_t n = static_cast<size_t>(mb.tokens.num_tokens) * H;
-    mb.h.resize(n);
+    mb.h.resize(n * streams_);
     mb.x.resize(n);
     mb.d.resize(n);
     Embed(mb.tokens.token_ids, mb.h.data());
@@ -255,8 +310,17 @@ absl::Status CpuModel::Forward(const StepBatch& batch, float* logits) {
   for (MicroBatch& mb : mbs) {
     const int rows = static_cast<int>(mb.tokens.logit_tokens.size());
     std::vector<float> last(static_cast<size_t>(rows) * H);
+    const float* final_h = mb.h.data();
+    std::vector<int> row_tokens(mb.tokens.logit_tokens.begin(), mb.tokens.logit_tokens.end());
+    std::vector<float> collapsed;
+    if (hc_head_) {  // the streams of each logit row, collapsed
+      collapsed.resize(static_cast<size_t>(rows) * H);
+      hc_head_->Collapse(mb.h.data(), row_tokens, collapsed.data());
+      final_h = collapsed.data();
+      std::iota(row_tokens.begin(), row_tokens.end(), 0);
+    }
     for (int r = 0; r < rows; ++r)
-      RmsNorm(&mb.h[static_cast<size_t>(mb.tokens.logit_tokens[r]) * H], final_norm_.data(), H,
+      RmsNorm(&final_h[static_cast<size_t>(row_tokens[r]) * H], final_norm_.data(), H,
               cfg_.rms_norm_eps, &last[static_cast<size_t>(r) * H]);
     EXL3_RETURN_IF_ERROR(head_.Forward(last.data(), rows, out, compute_));
     out += static_cast<size_t>(rows) * cfg_.vocab_size;

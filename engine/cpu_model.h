@@ -8,7 +8,9 @@
 //   // or CpuModel::Open(dir, o, std::move(remote_moe)) with the experts on workers
 //
 // Linear layers are EXL3 or dense as the files store them (engine/linear.h); embeddings and norms
-// as stored, converted to fp32; a tied head reuses the embedding matrix.
+// as stored, converted to fp32; a tied head reuses the embedding matrix. DeepSeek-V4 keeps
+// hc_mult residual streams per token instead of one, mixed around each block by its
+// hyper-connections (engine/hyper_connections.h) and collapsed by hc_head before the final norm.
 #pragma once
 
 #include <memory>
@@ -20,6 +22,7 @@
 #include "engine/attention.h"
 #include "engine/cpu_compute.h"
 #include "engine/gated_deltanet.h"
+#include "engine/hyper_connections.h"
 #include "engine/linear.h"
 #include "engine/model_config.h"
 #include "engine/model_runner.h"
@@ -63,13 +66,17 @@ class CpuModel final : public ModelRunner {
     std::unique_ptr<Attention> attention;
     std::unique_ptr<GatedDeltaNet> linear_attention;
     std::optional<DenseMlp> dense_mlp;  // unset on MoE layers
+    std::optional<HyperConnection> attn_hc, ffn_hc;  // DeepSeek-V4 only
   };
 
   // One micro-batch's tokens and activations through the layers.
   struct MicroBatch {
     StepTokens tokens;
     std::vector<float> h, x, d;       // residual stream, normed input, block output [T, hidden]
+                                      // (h: [T, hc_mult, hidden] with hyper-connections)
     AttentionCarry carry;             // what a layer's attention leaves for later layers
+    HyperConnectionMix mix;           // hyper-connections: the open block's post / comb weights
+    int pending_layer = -1;           // the layer whose MoE call is in flight
     std::unique_ptr<MoeCall> pending;  // its MoE call in flight (declared last: waited first)
   };
 
@@ -80,6 +87,9 @@ class CpuModel final : public ModelRunner {
   // Attention half of layer l (norm, attention, residual, post-attention norm into mb.x), then
   // the dense MLP, or the MoE call started (its result added by FinishMoe).
   absl::Status RunLayer(int l, MicroBatch& mb);
+  // RunLayer with hyper-connections: each block's input is its streams collapsed, its output
+  // expanded back into them (the MoE's by FinishMoe).
+  absl::Status RunHyperConnectedLayer(int l, MicroBatch& mb);
   absl::Status FinishMoe(MicroBatch& mb);
 
   ModelConfig cfg_;
@@ -89,6 +99,8 @@ class CpuModel final : public ModelRunner {
   TensorView embedding_;  // [vocab, hidden] as stored (rows converted on gather)
   std::vector<Layer> layers_;
   std::vector<float> final_norm_;
+  int streams_ = 1;                  // residual streams per token (DeepSeek-V4: hc_mult)
+  std::optional<HyperHead> hc_head_;  // DeepSeek-V4: collapses the streams before the final norm
   Linear head_;
   std::unique_ptr<MoeExecutor> moe_;
   std::unique_ptr<PagedKvCache> cache_;

@@ -17,14 +17,27 @@ absl::StatusOr<std::unique_ptr<LocalMoe>> LocalMoe::Open(const std::string& dir,
 
 absl::Status LocalMoe::Forward(int layer, const float* x, int T, const int32_t* token_ids, float* y) {
   const MoeConfig& cfg = model_->config();
-  if (cfg.IsHashRoutedLayer(layer))
-    return absl::UnimplementedError(absl::StrCat("layer ", layer, " is hash-routed"));
-  (void)token_ids;
   const int k = cfg.top_k;
   std::vector<int32_t> ids(static_cast<size_t>(T) * k);
   std::vector<float> weights(static_cast<size_t>(T) * k);
-  EXL3_RETURN_IF_ERROR(RouteTokens(cfg, layer, model_->RouterWeight(layer),
-                                   model_->CorrectionBias(layer), x, T, ids.data(), weights.data()));
+  if (cfg.IsHashRoutedLayer(layer)) {
+    // DeepSeek-V4's hash_moe layers: the experts from tid2eid[token id], weighted by the gate.
+    int64_t vocab = 0;
+    const int32_t* table = model_->HashTable(layer, &vocab);
+    if (table == nullptr)
+      return absl::NotFoundError(absl::StrCat("layer ", layer, " is hash-routed but the model has no ",
+                                              HashTableKey(cfg, layer)));
+    if (token_ids == nullptr)
+      return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " is hash-routed: token ids required"));
+    std::vector<int64_t> tokens(token_ids, token_ids + T);
+    std::vector<float> logits(static_cast<size_t>(T) * cfg.num_experts);
+    ComputeRouterLogits(model_->RouterWeight(layer), x, T, cfg.num_experts, cfg.hidden_size, logits.data());
+    EXL3_RETURN_IF_ERROR(RouteHashed(cfg, layer, logits.data(), table, vocab, tokens.data(), T,
+                                     ids.data(), weights.data()));
+  } else {
+    EXL3_RETURN_IF_ERROR(RouteTokens(cfg, layer, model_->RouterWeight(layer),
+                                     model_->CorrectionBias(layer), x, T, ids.data(), weights.data()));
+  }
   EXL3_ASSIGN_OR_RETURN(MoeLayerView view, model_->LayerView(layer));
   return compute_.exl3().Moe(view, x, MoeAssignments::Fixed(T, k, ids.data(), weights.data()),
                              /*include_shared=*/true, y);

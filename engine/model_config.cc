@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/sequence_state.h"
+#include "engine/dsv4_config.h"
+#include "engine/rope_parameters.h"
 #include "nlohmann/json.hpp"
 
 namespace exl3::engine {
@@ -57,20 +59,6 @@ json MergedRopeParameters(const json& j) {
 absl::Status ParseRope(const json& j, const ModelConfig& cfg, const std::string& source,
                        double default_partial, RopeConfig* rope) {
   const json p = MergedRopeParameters(j);
-  rope->theta = NumberOr(p, "rope_theta", 10000.0);
-  const std::string type = p.value("rope_type", std::string("default"));
-  if (type == "default") {
-    rope->type = RopeType::kDefault;
-  } else if (type == "linear") {
-    rope->type = RopeType::kLinear;
-  } else if (type == "dynamic") {
-    rope->type = RopeType::kDynamic;
-  } else if (type == "yarn") {
-    rope->type = RopeType::kYarn;
-  } else {
-    return absl::UnimplementedError(absl::StrCat(
-        source, ": rope type '", type, "' is not supported (default, linear, dynamic, yarn)"));
-  }
   // The rotating part of a head: DeepSeek's rope head; else head_dim * partial_rotary_factor.
   // GLM-MoE-DSA's rotary embedding covers its whole rope head (transformers points head_dim at
   // qk_rope_head_dim and reads no partial factor for it).
@@ -78,39 +66,7 @@ absl::Status ParseRope(const json& j, const ModelConfig& cfg, const std::string&
   const double partial = cfg.attention == AttentionKind::kDsa
                              ? 1.0
                              : NumberOr(p, "partial_rotary_factor", default_partial);
-  rope->rotary_dim = static_cast<int>(head * partial);
-  if (rope->rotary_dim <= 0 || rope->rotary_dim % 2 != 0 || rope->rotary_dim > head)
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": rotary dimension ", rope->rotary_dim, " of a head of ", head,
-                     " (partial_rotary_factor ", partial, ") must be even and in (0, head]"));
-  if (rope->type == RopeType::kDefault) return absl::OkStatus();
-
-  rope->factor = NumberOr(p, "factor", 0.0);
-  if (rope->type != RopeType::kYarn && rope->factor <= 0.0) return Missing(source, "rope factor");
-  if (rope->type == RopeType::kYarn) {
-    rope->original_max_position = IntOr(p, "original_max_position_embeddings", 0);
-    if (rope->original_max_position <= 0)
-      return Missing(source, "rope original_max_position_embeddings");
-    if (rope->factor <= 0.0)
-      rope->factor = static_cast<double>(cfg.max_position_embeddings) / rope->original_max_position;
-    const double mscale = NumberOr(p, "mscale", 0.0);
-    const double mscale_all_dim = NumberOr(p, "mscale_all_dim", 0.0);
-    if (p.contains("attention_factor") && p["attention_factor"].is_number()) {
-      rope->attention_factor = p["attention_factor"].get<double>();
-    } else if (mscale != 0.0 && mscale_all_dim != 0.0) {
-      rope->attention_factor =
-          YarnMscale(rope->factor, mscale) / YarnMscale(rope->factor, mscale_all_dim);
-    } else {
-      rope->attention_factor = YarnMscale(rope->factor, 1.0);
-    }
-    // transformers treats 0 / null like absent here.
-    if (NumberOr(p, "beta_fast", 0.0) != 0.0) rope->beta_fast = p["beta_fast"].get<double>();
-    if (NumberOr(p, "beta_slow", 0.0) != 0.0) rope->beta_slow = p["beta_slow"].get<double>();
-    if (p.contains("truncate") && p["truncate"].is_boolean()) rope->truncate = p["truncate"];
-  }
-  rope->original_max_position =
-      rope->original_max_position > 0 ? rope->original_max_position : cfg.max_position_embeddings;
-  return absl::OkStatus();
+  return ParseRopeParameters(p, head, partial, cfg.max_position_embeddings, source, rope);
 }
 
 absl::StatusOr<std::vector<int32_t>> EosIds(const json& j) {
@@ -124,21 +80,6 @@ absl::StatusOr<std::vector<int32_t>> EosIds(const json& j) {
       if (v.is_number_integer()) ids.push_back(v.get<int32_t>());
   }
   return ids;
-}
-
-absl::Status RefuseUnbuilt(const MoeConfig& moe, const std::string& source) {
-  const char* missing = nullptr;
-  switch (moe.family) {
-    case MoeFamily::kDeepseekV4:
-      missing = "compressed sparse attention, hyper-connections and hash-routed layers fed token ids";
-      break;
-    default:
-      break;
-  }
-  if (missing == nullptr) return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrCat(
-      source, ": the engine cannot run ", moe.architecture, " yet: missing ", missing,
-      ". Its MoE layers can still be served by exl3-worker / exl3-router."));
 }
 
 // The MLA shape (DeepSeek-V3 and GLM-MoE-DSA name it alike).
@@ -290,6 +231,58 @@ absl::Status ParseQwen3NextLayers(const json& j, const std::string& source, Mode
 
 }  // namespace
 
+absl::Status ParseRopeParameters(const json& p, int head, double partial,
+                                 int max_position_embeddings, const std::string& source,
+                                 RopeConfig* rope) {
+  rope->theta = NumberOr(p, "rope_theta", 10000.0);
+  const std::string type = p.value("rope_type", std::string("default"));
+  if (type == "default") {
+    rope->type = RopeType::kDefault;
+  } else if (type == "linear") {
+    rope->type = RopeType::kLinear;
+  } else if (type == "dynamic") {
+    rope->type = RopeType::kDynamic;
+  } else if (type == "yarn") {
+    rope->type = RopeType::kYarn;
+  } else {
+    return absl::UnimplementedError(absl::StrCat(
+        source, ": rope type '", type, "' is not supported (default, linear, dynamic, yarn)"));
+  }
+  rope->rotary_dim = static_cast<int>(head * partial);
+  if (rope->rotary_dim <= 0 || rope->rotary_dim % 2 != 0 || rope->rotary_dim > head)
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": rotary dimension ", rope->rotary_dim, " of a head of ", head,
+                     " (partial_rotary_factor ", partial, ") must be even and in (0, head]"));
+  if (rope->type == RopeType::kDefault) return absl::OkStatus();
+
+  rope->factor = NumberOr(p, "factor", 0.0);
+  if (rope->type != RopeType::kYarn && rope->factor <= 0.0) return Missing(source, "rope factor");
+  if (rope->type == RopeType::kYarn) {
+    rope->original_max_position = IntOr(p, "original_max_position_embeddings", 0);
+    if (rope->original_max_position <= 0)
+      return Missing(source, "rope original_max_position_embeddings");
+    if (rope->factor <= 0.0)
+      rope->factor = static_cast<double>(max_position_embeddings) / rope->original_max_position;
+    const double mscale = NumberOr(p, "mscale", 0.0);
+    const double mscale_all_dim = NumberOr(p, "mscale_all_dim", 0.0);
+    if (p.contains("attention_factor") && p["attention_factor"].is_number()) {
+      rope->attention_factor = p["attention_factor"].get<double>();
+    } else if (mscale != 0.0 && mscale_all_dim != 0.0) {
+      rope->attention_factor =
+          YarnMscale(rope->factor, mscale) / YarnMscale(rope->factor, mscale_all_dim);
+    } else {
+      rope->attention_factor = YarnMscale(rope->factor, 1.0);
+    }
+    // transformers treats 0 / null like absent here.
+    if (NumberOr(p, "beta_fast", 0.0) != 0.0) rope->beta_fast = p["beta_fast"].get<double>();
+    if (NumberOr(p, "beta_slow", 0.0) != 0.0) rope->beta_slow = p["beta_slow"].get<double>();
+    if (p.contains("truncate") && p["truncate"].is_boolean()) rope->truncate = p["truncate"];
+  }
+  rope->original_max_position =
+      rope->original_max_position > 0 ? rope->original_max_position : max_position_embeddings;
+  return absl::OkStatus();
+}
+
 bool ModelConfig::HasRecurrentLayers() const {
   return std::find(layer_mixers.begin(), layer_mixers.end(), TokenMixer::kLinearAttention) !=
          layer_mixers.end();
@@ -308,6 +301,7 @@ int64_t ModelConfig::StateFloatsPerSequence() const {
 
 int ModelConfig::KvWidth(int layer) const {
   if (IsLinearAttentionLayer(layer)) return 0;
+  if (attention == AttentionKind::kDsv4) return SlotLayoutFor(*dsv4, dsv4->layer_types[layer]).width;
   if (!IsLatentAttention()) return 2 * num_kv_heads * head_dim;
   return kv_lora_rank + qk_rope_head_dim + (HasOwnIndexer(layer) ? indexer.head_dim : 0);
 }
@@ -324,7 +318,6 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json,
   const std::string source(source_name);
   ModelConfig cfg;
   EXL3_ASSIGN_OR_RETURN(cfg.moe, ParseMoeConfig(config_json, source));
-  EXL3_RETURN_IF_ERROR(RefuseUnbuilt(cfg.moe, source));
   const json j = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
 
@@ -375,11 +368,21 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json,
       cfg.attention = AttentionKind::kMla;
       EXL3_RETURN_IF_ERROR(ParseLatentAttention(j, source, &cfg));
       break;
+    case MoeFamily::kDeepseekV4:
+      cfg.attention = AttentionKind::kDsv4;
+      EXL3_RETURN_IF_ERROR(ParseDsv4Config(j, source, &cfg));
+      break;
     default:
       break;
   }
-  EXL3_RETURN_IF_ERROR(ParseRope(j, cfg, source, default_partial, &cfg.rope));
-  if (cfg.IsLatentAttention()) {
+  if (cfg.attention == AttentionKind::kDsv4) {
+    cfg.rope = cfg.dsv4->main_rope;  // per layer type: engine/dsv4_config.h
+  } else {
+    EXL3_RETURN_IF_ERROR(ParseRope(j, cfg, source, default_partial, &cfg.rope));
+  }
+  if (cfg.attention == AttentionKind::kDsv4) {
+    cfg.attention_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(cfg.head_dim)));
+  } else if (cfg.IsLatentAttention()) {
     // DeepSeek-V3 follows rope_interleave (default true); GLM-MoE-DSA always interleaves (MLA
     // and indexer alike).
     const bool interleave =

@@ -8,13 +8,13 @@
 //
 // Families run by the engine: Glm4MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM (GQA
 // attention), DeepseekV3ForCausalLM (multi-head latent attention), GlmMoeDsaForCausalLM (MLA
-// with DeepSeek sparse attention's lightning indexer) and Qwen3NextForCausalLM (per layer_types,
-// gated DeltaNet linear attention or gated GQA). DeepseekV4ForCausalLM has MoE layers the expert
-// side serves, but its attention is not built yet: loading one for generation fails naming what
-// is missing.
+// with DeepSeek sparse attention's lightning indexer), DeepseekV4ForCausalLM (shared-KV
+// attention with compressors and hyper-connections; engine/dsv4_config.h) and
+// Qwen3NextForCausalLM (per layer_types, gated DeltaNet linear attention or gated GQA).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -28,7 +28,10 @@ enum class AttentionKind {
   kGqa,  // q/k/v/o projections, grouped KV heads (Glm4Moe, Qwen3Moe, Mixtral)
   kMla,  // DeepSeek multi-head latent attention (q/kv low-rank, shared rope key)
   kDsa,  // MLA whose queries see only the top-k positions a lightning indexer picks (GLM-MoE-DSA)
+  kDsv4,  // DeepSeek-V4: shared-KV MQA over a sliding window plus compressed entries
 };
+
+struct Dsv4Config;  // engine/dsv4_config.h
 
 // Whether a DSA layer runs its own indexer or reuses the selection of the last layer that did
 // (GlmMoeDsaConfig's indexer_types "full" / "shared").
@@ -129,6 +132,7 @@ struct ModelConfig {
   // of the same size; the attention output is multiplied by sigmoid(gate) before o_proj.
   bool attention_output_gate = false;
   NormWeightConvention norm_weights = NormWeightConvention::kScale;
+  std::shared_ptr<const Dsv4Config> dsv4;  // attention == kDsv4 (layer types, compressors, mHC)
   RopeConfig rope;
   float attention_scale = 0.0f;  // softmax scale of q·k
   std::vector<int32_t> eos_token_ids;
@@ -152,7 +156,8 @@ struct ModelConfig {
   }
   // Floats one token's keys and values take in layer `layer`'s cache (GQA: k and v of every KV
   // head; MLA: the normalised latent and the rotated shared key; DSA: those, then the rotated
-  // indexer key on layers that run their own indexer; linear attention: none).
+  // indexer key on layers that run their own indexer; DeepSeek-V4: engine/dsv4_config.h's
+  // slot layout; linear attention: none).
   int KvWidth(int layer) const;
   // The same summed over the layers: one token's cache footprint in floats.
   int64_t KvFloatsPerToken() const;

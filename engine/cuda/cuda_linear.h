@@ -36,6 +36,8 @@ class CudaLinear {
   int out_features() const { return out_; }
   // Bytes a forward reads of the weights (trellis + sign vectors + bias, or the fp32 matrix).
   int64_t weight_bytes() const { return weight_bytes_; }
+  // The EXL3 layer's view (device pointers), or null for a dense layer.
+  const Exl3LinearView* exl3_view() const { return exl3_ != nullptr ? &exl3_->view() : nullptr; }
 
  private:
   int in_ = 0, out_ = 0;

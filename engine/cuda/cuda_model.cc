@@ -73,9 +73,11 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Open(const std::string& di
   m->remote_moe_ = std::move(remote_moe);
   m->max_moe_tokens_ = options.max_moe_tokens;
   m->graphs_enabled_ = options.cuda_graphs;
+  m->tensor_core_prefill_ = options.tensor_core_prefill;
   EXL3_RETURN_IF_ERROR(m->Load(dir));
 
   m->info_ = ModelInfoFor(m->cfg_, dir, options.served_name);
+  m->info_.kv_bytes_per_token = m->cfg_.KvFloatsPerToken() * static_cast<int64_t>(sizeof(KvHalf));  // fp16 cache
   return m;
 }
 
@@ -135,6 +137,8 @@ absl::Status CudaModel::Load(const std::string& dir) {
     EXL3_ASSIGN_OR_RETURN(L.v, LoadLinear(*src, a + "v_proj", H, kv_out));
     EXL3_ASSIGN_OR_RETURN(L.o, LoadLinear(*src, a + "o_proj", q_out, H));
     weight_bytes_.attention += L.q.weight_bytes() + L.k.weight_bytes() + L.v.weight_bytes() + L.o.weight_bytes();
+    for (const CudaLinear* lin : {&L.q, &L.k, &L.v, &L.o})
+      if (const Exl3LinearView* v = lin->exl3_view()) weight_bytes_.attention_decoded.Add(*v);
     if (cfg_.qk_norm) {
       EXL3_ASSIGN_OR_RETURN(L.q_norm, UploadVector(*src, a + "q_norm.weight", cfg_.head_dim));
       EXL3_ASSIGN_OR_RETURN(L.k_norm, UploadVector(*src, a + "k_norm.weight", cfg_.head_dim));
@@ -146,6 +150,8 @@ absl::Status CudaModel::Load(const std::string& dir) {
       EXL3_ASSIGN_OR_RETURN(mlp.up, LoadLinear(*src, p + "mlp.up_proj", H, I));
       EXL3_ASSIGN_OR_RETURN(mlp.down, LoadLinear(*src, p + "mlp.down_proj", I, H));
       weight_bytes_.dense_mlp += mlp.gate.weight_bytes() + mlp.up.weight_bytes() + mlp.down.weight_bytes();
+      for (const CudaLinear* lin : {&mlp.gate, &mlp.up, &mlp.down})
+        if (const Exl3LinearView* v = lin->exl3_view()) weight_bytes_.dense_mlp_decoded.Add(*v);
       L.dense_mlp = std::move(mlp);
       continue;
     }
@@ -157,6 +163,11 @@ absl::Status CudaModel::Load(const std::string& dir) {
       EXL3_ASSIGN_OR_RETURN(MoeLayerView view, experts->LayerView(l));
       EXL3_ASSIGN_OR_RETURN(moe.experts, exl3::cuda::DeviceMoeLayer::Upload(view));
       weight_bytes_.experts_resident += static_cast<int64_t>(moe.experts->device_bytes());
+      for (const ExpertMlp* e : view.experts)
+        if (e != nullptr) for (const Exl3LinearView* v : {&e->gate, &e->up, &e->down}) weight_bytes_.experts_decoded.Add(*v);
+      if (view.shared != nullptr)
+        for (const Exl3LinearView* v : {&view.shared->gate, &view.shared->up, &view.shared->down})
+          weight_bytes_.experts_decoded.Add(*v);
       if (moe_runner_ == nullptr) {
         EXL3_ASSIGN_OR_RETURN(moe_runner_, exl3::cuda::MoeRunner::Create(*moe.experts, max_moe_tokens_, mc.top_k));
       }
@@ -174,6 +185,7 @@ absl::Status CudaModel::Load(const std::string& dir) {
                                "embeddings are not tied (tie_word_embeddings false)");
   }
   weight_bytes_.head = head_.weight_bytes();
+  if (const Exl3LinearView* v = head_.exl3_view()) weight_bytes_.head_decoded.Add(*v);
   // The uploads ran on the legacy stream, which the engine's non-blocking stream does not wait for.
   EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return absl::OkStatus();
@@ -185,10 +197,10 @@ absl::Status CudaModel::AllocateKvCache(const KvCacheShape& shape) {
                                                    shape.block_size, " tokens"));
   // One block more than asked: the padding rows of decode graphs write their keys there.
   // GQA: every layer's slot has the same width.
-  layer_cache_floats_ = static_cast<size_t>(shape.num_blocks + 1) * shape.block_size * cfg_.KvWidth(0);
+  layer_cache_halves_ = static_cast<size_t>(shape.num_blocks + 1) * shape.block_size * cfg_.KvWidth(0);
   DropGraphs();
-  cache_ = DeviceArray<float>();
-  EXL3_RETURN_IF_ERROR(cache_.Reserve(layer_cache_floats_ * cfg_.num_layers));
+  cache_ = DeviceArray<KvHalf>();
+  EXL3_RETURN_IF_ERROR(cache_.Reserve(layer_cache_halves_ * cfg_.num_layers));
   cache_shape_ = shape;
   padding_block_ = shape.num_blocks;
   return absl::OkStatus();
@@ -286,6 +298,7 @@ absl::Status CudaModel::PrepareStep(const StepTokens& tokens, const StepLayout& 
   }
   step_splits_ = layout.splits > 0 ? layout.splits : SplitsFor(Tp, span);
   *split_positions = (span + step_splits_ - 1) / step_splits_;
+  PlanAttention(tokens, Tp);
 
   EXL3_RETURN_IF_ERROR(device->Reserve(h.size()));
   EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device->get(), h.data(), h.size() * sizeof(int32_t),
@@ -304,6 +317,31 @@ absl::Status CudaModel::PrepareStep(const StepTokens& tokens, const StepLayout& 
   return absl::OkStatus();
 }
 
+void CudaModel::PlanAttention(const StepTokens& tokens, int num_rows) {
+  attention_runs_.clear();
+  const bool prefill_kernel = tensor_core_prefill_ && PrefillAttentionSupports(cfg_.head_dim);
+  int t = 0;
+  for (const SequenceChunk& c : tokens.batch->chunks) {  // tokens are flattened chunk by chunk
+    const int n = static_cast<int>(c.tokens.size());
+    if (n == 0) continue;
+    const bool prefill = prefill_kernel && n >= kPrefillMinTokens;
+    if (!prefill && !attention_runs_.empty() && !attention_runs_.back().prefill) {
+      attention_runs_.back().num_tokens += n;  // decode-like tokens of consecutive chunks: one launch
+    } else {
+      attention_runs_.push_back({t, n, prefill});
+    }
+    t += n;
+  }
+  // A decode graph's padding rows (each its own one-position sequence) join the last decode run.
+  if (num_rows > t) {
+    if (!attention_runs_.empty() && !attention_runs_.back().prefill) {
+      attention_runs_.back().num_tokens += num_rows - t;
+    } else {
+      attention_runs_.push_back({t, num_rows - t, false});
+    }
+  }
+}
+
 absl::Status CudaModel::RunAttention(int l, int T) {
   Layer& L = layers_[l];
   const int D = cfg_.head_dim, NH = cfg_.num_heads, KV = cfg_.num_kv_heads;
@@ -319,17 +357,23 @@ absl::Status CudaModel::RunAttention(int l, int T) {
                                  meta_.sin, stream_));
   EXL3_RETURN_IF_ERROR(ApplyRope(act_.k.get(), T, KV, KV * D, D, rope_.rotary_dim(), interleaved, meta_.cos,
                                  meta_.sin, stream_));
-  float* cache_layer = cache_.get() + l * layer_cache_floats_;
+  KvHalf* cache_layer = cache_.get() + l * layer_cache_halves_;
   EXL3_RETURN_IF_ERROR(WriteKv(act_.k.get(), act_.v.get(), meta_.slot, T, KV * D, cache_layer, stream_));
-  AttentionTokens at;
-  at.position = meta_.position;
-  at.first_visible = meta_.first_visible;
-  at.table_offset = meta_.table_offset;
-  at.tables = meta_.tables;
-  at.block_size = cache_shape_.block_size;
-  EXL3_RETURN_IF_ERROR(PagedAttention(act_.q.get(), cache_layer, at, T, NH, KV, D, cfg_.attention_scale,
-                                      step_splits_, meta_.split_positions, act_.scratch.get(), act_.attn.get(),
-                                      stream_));
+  for (const AttentionRun& run : attention_runs_) {
+    const size_t t0 = static_cast<size_t>(run.first_token);
+    AttentionTokens at;
+    at.position = meta_.position + t0;
+    at.first_visible = meta_.first_visible + t0;
+    at.table_offset = meta_.table_offset + t0;
+    at.tables = meta_.tables;
+    at.block_size = cache_shape_.block_size;
+    const float* q = act_.q.get() + t0 * NH * D;
+    float* out = act_.attn.get() + t0 * NH * D;
+    float* scratch = act_.scratch.get() + AttentionScratchFloats(run.first_token, NH, D, step_splits_);
+    EXL3_RETURN_IF_ERROR((run.prefill ? PrefillAttention : PagedAttention)(
+        q, cache_layer, at, run.num_tokens, NH, KV, D, cfg_.attention_scale, step_splits_, meta_.split_positions,
+        scratch, out, stream_));
+  }
   return L.o.Forward(act_.attn.get(), T, act_.d.get(), ctx_);
 }
 

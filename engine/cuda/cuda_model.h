@@ -1,7 +1,8 @@
 // A whole model's forward pass on one NVIDIA GPU: the CUDA backend of the engine's ModelRunner
 // (engine/model_runner.h), the same layer loop as the CPU model (engine/cpu_model.h) with every
 // tensor in device memory: embedding gather, RMSNorm fused with the residual add, RoPE, the paged
-// KV cache and split-K paged attention (engine/cuda/engine_kernels.h), EXL3 linear layers through
+// fp16 KV cache, split-K decode attention and tensor-core prefill attention
+// (engine/cuda/attention_kernels.h), EXL3 linear layers through
 // the project's kernels and dense ones through cuBLAS (engine/cuda/cuda_linear.h), the MoE gate on
 // the device and the experts through the fused MoE kernels (kernels/cuda/cuda_backend.h), or on
 // expert workers through a MoeExecutor (one device-to-host and one host-to-device copy per MoE
@@ -10,7 +11,7 @@
 //   EXL3_ASSIGN_OR_RETURN(auto model, CudaModel::Open("/models/glm-exl3", CudaModelOptions{}));
 //
 // Families: the GQA ones (Glm4Moe, Qwen3Moe, Mixtral). DeepSeek-V3's latent attention runs on the
-// CPU model only for now; Open says so. Activations and the KV cache are fp32.
+// CPU model only for now; Open says so. Activations are fp32, the KV cache fp16.
 #pragma once
 
 #include <memory>
@@ -20,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/cuda/cuda_linear.h"
+#include "engine/cuda/attention_kernels.h"
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/engine_kernels.h"
 #include "engine/cuda/pinned_buffer.h"
@@ -40,12 +42,27 @@ struct CudaModelOptions {
   // graph captured per batch-size bucket (1, 2, 4, 8, 16, 24, 32, 48, 64; padded to the bucket):
   // one launch instead of a few hundred. A capture that fails turns graphs off with a warning.
   bool cuda_graphs = true;
+  // Chunks of at least kPrefillMinTokens tokens of one sequence (head dims 64, 128, 256) run
+  // attention on the tensor-core prefill kernel; off: every token through the decode kernel.
+  bool tensor_core_prefill = true;
 };
 
-// Bytes of weights, by part, that a forward reads (for the benchmarks' floors).
+// EXL3 weights a forward decodes, by bit width and codebook (the benchmarks' decode floor: the
+// trellis decode, not the bytes, bounds an EXL3 layer below K of about 7 on an H200).
+struct DecodedWeights {
+  int64_t count[9][3] = {};  // [K][codebook]
+  void Add(const Exl3LinearView& v) {
+    count[v.bits][static_cast<int>(v.codebook)] += static_cast<int64_t>(v.in_features) * v.out_features;
+  }
+};
+
+// Bytes of weights, by part, that a forward reads, and the EXL3 weights it decodes (for the
+// benchmarks' floors).
 struct CudaWeightBytes {
   int64_t attention = 0, dense_mlp = 0, router = 0, head = 0, embedding_row = 0;
   int64_t experts_resident = 0;  // routed and shared experts held on this GPU
+  DecodedWeights attention_decoded, dense_mlp_decoded, head_decoded;
+  DecodedWeights experts_decoded;  // every resident expert
 };
 
 class CudaModel final : public ModelRunner {
@@ -127,6 +144,8 @@ class CudaModel final : public ModelRunner {
   // Every launch of a step from the embeddings to the head's logits on the device. host_token_ids:
   // for remote experts (hash routing), null otherwise.
   absl::Status RunLayers(int num_tokens, int num_logit_rows, const int32_t* host_token_ids);
+  // attention_runs_ for the step's `num_rows` rows (its tokens, then a decode graph's padding).
+  void PlanAttention(const StepTokens& tokens, int num_rows);
   absl::Status RunAttention(int l, int num_tokens);
   absl::Status RunMoe(int l, int num_tokens, const int32_t* host_token_ids);
   // Copies the first `rows` logit rows to the host, waits for the step, collects its phase times.
@@ -151,9 +170,17 @@ class CudaModel final : public ModelRunner {
   int max_moe_tokens_ = 0;
   std::unique_ptr<MoeExecutor> remote_moe_;
   PinnedBuffer remote_x_, remote_y_;  // staging of the remote experts' exchange
-  DeviceArray<float> cache_;
+  DeviceArray<KvHalf> cache_;  // fp16, per layer [slots, 2 * kv_floats]
   KvCacheShape cache_shape_;
-  size_t layer_cache_floats_ = 0;
+  size_t layer_cache_halves_ = 0;
+  // The step's tokens as attention runs them: consecutive ranges, each a prefill chunk (one
+  // sequence, PrefillAttention) or decode-like tokens (PagedAttention).
+  struct AttentionRun {
+    int first_token = 0, num_tokens = 0;
+    bool prefill = false;
+  };
+  std::vector<AttentionRun> attention_runs_;
+  bool tensor_core_prefill_ = true;
   Activations act_;
   StepMeta meta_;
   CudaWeightBytes weight_bytes_;

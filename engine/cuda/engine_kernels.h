@@ -1,11 +1,9 @@
 // The CUDA engine's own kernels (everything of a forward pass that is not an EXL3 or dense linear
-// layer nor the experts): embedding gather, RMSNorm fused with the residual add, RoPE, the paged
-// KV cache write, paged attention, SwiGLU, the MoE gate and the row gather of the head. Host
-// launchers only: this header includes no CUDA header. Every pointer is device memory, every
+// layer nor the experts, nor attention): embedding gather, RMSNorm fused with the residual add,
+// RoPE, SwiGLU, the MoE gate and the row gather of the head. Host launchers only: this header includes no CUDA header. Every pointer is device memory, every
 // launch goes on `stream` and none synchronises, so a step can be captured in a CUDA graph.
 //
-// Activations are fp32 throughout; the KV cache is fp32 (the CPU engine's layout,
-// engine/paged_kv_cache.h: per layer [num_blocks * block_size slots, width]).
+// Activations are fp32 throughout. The KV cache and attention are engine/cuda/attention_kernels.h's.
 #pragma once
 
 #include <cstdint>
@@ -44,36 +42,6 @@ absl::Status AddInPlace(float* h, const float* d, int64_t n, StreamHandle stream
 absl::Status ApplyRope(float* x, int num_tokens, int num_heads, int row_stride, int head_stride,
                        int rotary_dim, bool interleaved, const float* cos, const float* sin,
                        StreamHandle stream);
-
-// cache_layer[slot[t] * width + j] = j < kv_floats ? k[t, j] : v[t, j - kv_floats], with
-// width = 2 * kv_floats; k, v [T, kv_floats]; slot [T] int32.
-absl::Status WriteKv(const float* k, const float* v, const int32_t* slot, int num_tokens,
-                     int kv_floats, float* cache_layer, StreamHandle stream);
-
-// What paged attention reads of each query token (all [T] int32 unless said).
-struct AttentionTokens {
-  const int32_t* position = nullptr;      // its position in its sequence
-  const int32_t* first_visible = nullptr;  // first position it may see (sliding window; else 0)
-  const int32_t* table_offset = nullptr;  // where its sequence's block table starts in `tables`
-  const int32_t* tables = nullptr;        // every chunk's block table, concatenated
-  int block_size = 16;
-};
-
-// Scratch for the split-K partials: floats for T tokens, num_heads heads, head_dim, splits.
-int64_t AttentionScratchFloats(int num_tokens, int num_heads, int head_dim, int splits);
-
-// out[t, h] = softmax(scale * q[t, h] · K[first..pos]) · V[first..pos] over the paged cache,
-// keys of KV head g = h / (num_heads / num_kv_heads) (each block reads its KV head once for the
-// whole group). q [T, num_heads * head_dim]; cache_layer as WriteKv wrote it (k of every KV head,
-// then v of every KV head, head_dim each); out [T, num_heads * head_dim]. Positions are split
-// into `splits` ranges of *split_positions (split-K flash-decoding; splits * split_positions must
-// cover the longest context), combined in a second kernel through `scratch`
-// (AttentionScratchFloats). split_positions: one int32 in device memory (so a captured graph reads
-// each step's). head_dim a multiple of 4, at most 256.
-absl::Status PagedAttention(const float* q, const float* cache_layer, const AttentionTokens& tokens,
-                            int num_tokens, int num_heads, int num_kv_heads, int head_dim,
-                            float scale, int splits, const int32_t* split_positions, float* scratch,
-                            float* out, StreamHandle stream);
 
 // gate[i] = silu(gate[i]) * up[i] over n floats (the dense MLP's SwiGLU, no clamp).
 absl::Status SiluMul(float* gate, const float* up, int64_t n, StreamHandle stream);

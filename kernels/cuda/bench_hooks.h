@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/gemv_plan.h"  // GemvPathFor
 
 namespace exl3::cuda {
 
@@ -18,17 +19,14 @@ absl::Status RunDecodeCeiling(int K, int cb, const uint32_t* seeds, float* out, 
 absl::Status RunEmptyLaunch(int grid, StreamHandle stream);
 
 // Forces the k-slice length (16-row tiles, clamped to DenseMaxSliceTiles(K)) of the one-launch GEMV that
-// LinearForward uses for m <= kLinearGemvMaxRows = 48 (dense_gemv_kernel.cuh); 0 restores the cost
+// LinearForward uses (dense_gemv_kernel.cuh); 0 restores the cost
 // model's choice.
 void SetDenseGemvSliceOverride(int tiles);
 
-// Forces the GEMV LinearForward runs for m <= kLinearGemvMaxRows on the native path: 1 the one-launch
-// DenseGemvKernel, 2 the three launches (input transform, GroupedGemvKernel, output transform);
-// 0 restores the rule (PlanDenseGemv, gemv_plan.cu).
+// Forces the kernel LinearForward runs for m <= kGemvMaxRows (gemv_plan.h) on the native path: 1 the one-launch
+// DenseGemvKernel, 2 the three launches (input transform, GroupedGemvKernel, output transform), 3 the
+// prefill GEMM (k-sliced as GemmKStages says; at any m, also where the rule dequantises and calls
+// cuBLAS: UseDequantGemm); 0 restores the rule (PlanDenseGemv, gemv_plan.cu).
 void SetGemvPathOverride(int path);
-
-// The GEMV path LinearForward's native path takes for m rows of a k x n layer of bit width K on
-// sm_count SMs: 1 one launch, 2 three launches, 0 neither (m > kLinearGemvMaxRows: the prefill GEMM). Overrides apply.
-int GemvPathFor(int m, int k, int n, int K, int sm_count);
 
 }  // namespace exl3::cuda

@@ -1,4 +1,4 @@
-// One-launch EXL3 linear layer for decode-sized inputs (rows <= kLinearGemvMaxRows, gemv_plan.h):
+// One-launch EXL3 linear layer for decode-sized inputs (rows <= kGemvMaxRows, gemv_plan.h):
 //   y[r] = ((fp16((x[r] ⊙ suh) · H) · W_inner) · H) ⊙ svh (+ bias)
 // with H the block-diagonal Hadamard-128 / sqrt(128) (transform_kernels.cuh). The input transform,
 // the trellis GEMV (GemvWarpSlice, gemv_kernel.cuh) and the output transform run in one kernel, so a
@@ -48,7 +48,7 @@ struct DenseGemvArgs {
   float* y = nullptr;                 // [rows, n] fp32 output (overwritten)
   float* acc = nullptr;               // [rows, n] fp32 workspace: all zero on entry, left all zero
   int* arrivals = nullptr;            // [ceil(rows/8), n/128] int32 workspace: likewise
-  int rows = 0, k = 0, n = 0;         // rows <= kLinearGemvMaxRows; k, n multiples of 128
+  int rows = 0, k = 0, n = 0;         // rows <= kGemvMaxRows; k, n multiples of 128
   int k_slice_tiles = 0;              // k-slice length in 16-row tiles, 1..DenseMaxSliceTiles(K)
   Pow2Table pow2 = Pow2Table::Make();
 };

@@ -2,11 +2,15 @@
 // y[rows, n] = A[rows, k] (fp16, input-transformed) · W_inner[k, n]. Also the expert-grouped MoE
 // prefill: the same problems and row chunks as GroupedGemvKernel, with chunks of up to 128 rows.
 //
-// Block (8 warps) = one unit: a chunk of <= kGemmBM rows x 128 columns (warp w owns 16-column tile
-// 8*cg + w), all of k. A streams through shared memory in stages of 64 k (cp.async, double
+// Block (8 warps) = one unit: a chunk of <= BM = kGemmBM rows x 128 columns (warp w owns 16-column tile
+// 8*cg + w) x a k-slice of gemm_k_stages stages of 64 k (all of k when 0). A streams through shared memory in stages of 64 k (cp.async, double
 // buffered, rows padded to avoid ldmatrix bank conflicts); each warp decodes one trellis tile per
-// 16 k into mma B fragments once and reuses them for kGemmBM/16 row blocks (2 mma each), so the
-// decode cost is amortised over 128 tokens. Results are stored (not accumulated) into y.
+// 16 k into mma B fragments once and reuses them for BM/16 row blocks (2 mma each), so the
+// decode cost is amortised over up to 128 tokens; 16-row blocks past the chunk's rows are skipped
+// (warp-uniform), so a chunk of 16 rows costs 2 mma per tile, not 16. Results are stored into y
+// when one unit covers all of k; with k-slices (split-K: decode-sized row counts, where chunks x
+// column groups alone leave most SMs idle) they are added into y with atomics, and y must be zero
+// on entry.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -18,7 +22,6 @@
 
 namespace exl3::cuda {
 
-inline constexpr int kGemmStageK = 64;    // k per pipeline stage (4 tiles)
 inline constexpr int kGemmLda = kGemmStageK + 8;  // padded smem row (halves)
 
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
@@ -37,13 +40,21 @@ __device__ __forceinline__ void LdMatrixX4(uint32_t (&a)[4], const void* smem) {
                : "r"(s));
 }
 
+template <int BM>
 __device__ __forceinline__ int GemmChunks(const GemvProblem& p) {
-  return p.chunk_expert ? *p.num_chunks : (p.rows + kGemmBM - 1) / kGemmBM;
+  return p.chunk_expert ? *p.num_chunks : (p.rows + BM - 1) / BM;
+}
+__device__ __forceinline__ int GemmKSlices(const GemvProblem& p) {
+  const int stages = p.k / kGemmStageK;
+  return p.gemm_k_stages > 0 ? (stages + p.gemm_k_stages - 1) / p.gemm_k_stages : 1;
 }
 
 template <int K, int CB>
 __global__ void __launch_bounds__(256, 2) GroupedGemmKernel(const GemvBatch batch) {
-  __shared__ __align__(16) __half smem_a[2][kGemmBM * kGemmLda];
+  // A 64-row variant with 3 blocks per SM was slower at m = 32..64 on an H200 (exl3-bench gemv,
+  // 2026-12-01: 83 against 72 us at m = 32, 111 against 100 us at m = 64, 4096x14336 K=2).
+  constexpr int BM = kGemmBM, MB = BM / 16;
+  __shared__ __align__(16) __half smem_a[2][BM * kGemmLda];
   PdlEnter();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const LaneSlots<K> slots(lane);
@@ -57,7 +68,7 @@ __global__ void __launch_bounds__(256, 2) GroupedGemmKernel(const GemvBatch batc
   for (int q = 0; q < kMaxProblems; ++q) {
     units[q] = 0;
     if (q < batch.num_problems) {
-      units[q] = GemmChunks(batch.p[q]) * (batch.p[q].n / 128);
+      units[q] = GemmChunks<BM>(batch.p[q]) * (batch.p[q].n / 128) * GemmKSlices(batch.p[q]);
       total += units[q];
     }
   }
@@ -73,6 +84,9 @@ __global__ void __launch_bounds__(256, 2) GroupedGemmKernel(const GemvBatch batc
     }
     const GemvProblem& p = batch.p[q];
     const int col_groups = p.n / 128;
+    const int k_slices = GemmKSlices(p);
+    const int slice = r % k_slices;
+    r /= k_slices;
     const int cg = r % col_groups;
     const int chunk = r / col_groups;
     int expert, row0, rows;
@@ -82,25 +96,31 @@ __global__ void __launch_bounds__(256, 2) GroupedGemmKernel(const GemvBatch batc
       rows = p.chunk_rows[chunk];
     } else {
       expert = 0;
-      row0 = chunk * kGemmBM;
-      rows = min(kGemmBM, p.rows - row0);
+      row0 = chunk * BM;
+      rows = min(BM, p.rows - row0);
     }
     const int n_tiles = p.n / 16;
     const int tile_col = cg * 8 + warp;
     const uint32_t* wbase = reinterpret_cast<const uint32_t*>(p.chunk_expert ? p.trellis[expert] : p.single) +
                             static_cast<size_t>(tile_col) * (8 * K);
     const size_t k_stride = static_cast<size_t>(n_tiles) * (8 * K);
-    const int stages = p.k / kGemmStageK;
+    const int all_stages = p.k / kGemmStageK;
+    const int first_stage = k_slices > 1 ? slice * p.gemm_k_stages : 0;
+    const int stages = k_slices > 1 ? min(p.gemm_k_stages, all_stages - first_stage) : all_stages;
+    const int row_blocks = (rows + 15) / 16;
 
+    // stage: relative to the unit's first.
     auto load_a = [&](int stage, int buf) {
-      // 128 rows x 64 halves = 1024 16-byte pieces, 4 per thread.
+      // BM rows x 64 halves = 8 * BM 16-byte pieces, MB / 2 per thread; rows of skipped row blocks
+      // are not loaded, rows past the chunk inside its last row block are zero-filled.
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < MB / 2; ++i) {
         const int piece = threadIdx.x + 256 * i;
         const int row = piece >> 3, col = (piece & 7) * 8;
+        if (row >= row_blocks * 16) continue;
         const bool valid = row < rows;
         const __half* src = p.a + static_cast<size_t>(row0 + (valid ? row : 0)) * p.k +
-                            stage * kGemmStageK + col;
+                            (first_stage + stage) * kGemmStageK + col;
         CpAsync16(&smem_a[buf][row * kGemmLda + col], src, valid);
       }
       CpAsyncCommit();
@@ -108,64 +128,80 @@ __global__ void __launch_bounds__(256, 2) GroupedGemmKernel(const GemvBatch batc
     auto load_w = [&](int stage, uint32_t (&w)[kTilesPerStage][NW]) {
 #pragma unroll
       for (int t = 0; t < kTilesPerStage; ++t)
-        LoadLaneWords<K>(wbase + (static_cast<size_t>(stage) * kTilesPerStage + t) * k_stride, slots, w[t]);
+        LoadLaneWords<K>(wbase + (static_cast<size_t>(first_stage + stage) * kTilesPerStage + t) * k_stride, slots,
+                         w[t]);
     };
 
-    float acc[kGemmBM / 16][2][4];
+    float acc[MB][2][4];
 #pragma unroll
-    for (int m = 0; m < kGemmBM / 16; ++m)
+    for (int m = 0; m < MB; ++m)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[m][h][i] = 0.f;
 
-    uint32_t wcur[kTilesPerStage][NW], wnext[kTilesPerStage][NW];
+    // The weights stream through a ring of kWStages stages in registers, loaded kWStages - 1
+    // stages ahead of their decode (one stage ahead left a unit waiting on memory at every stage
+    // when the chunk has few rows: little mma work per weight to hide the load behind).
+    constexpr int kWStages = K <= 4 ? 3 : 2;
+    uint32_t wring[kWStages][kTilesPerStage][NW];
     load_a(0, 0);
-    load_w(0, wcur);
-    for (int s = 0; s < stages; ++s) {
-      const bool more = s + 1 < stages;
-      if (more) {
-        load_a(s + 1, (s + 1) & 1);
-        load_w(s + 1, wnext);
-        CpAsyncWait<1>();
-      } else {
-        CpAsyncWait<0>();
-      }
-      __syncthreads();
-      const __half* abuf = smem_a[s & 1];
 #pragma unroll
-      for (int kk = 0; kk < kTilesPerStage; ++kk) {
-        uint32_t b[4];
-        DecodeLane<K, CB>(wcur[kk], slots.shift, b);
+    for (int r = 0; r < kWStages - 1; ++r)
+      if (r < stages) load_w(r, wring[r]);
+    for (int s0 = 0; s0 < stages; s0 += kWStages) {
 #pragma unroll
-        for (int m = 0; m < kGemmBM / 16; ++m) {
-          uint32_t a[4];
-          LdMatrixX4(a, abuf + (m * 16 + (lane & 15)) * kGemmLda + kk * 16 + (lane >> 4) * 8);
-          Mma16816(acc[m][0], a, b[0], b[1]);
-          Mma16816(acc[m][1], a, b[2], b[3]);
+      for (int r = 0; r < kWStages; ++r) {
+        const int s = s0 + r;
+        if (s >= stages) break;
+        // Into the slot stage s - 1 used (its decode is done).
+        if (s + kWStages - 1 < stages) load_w(s + kWStages - 1, wring[(r + kWStages - 1) % kWStages]);
+        if (s + 1 < stages) {
+          load_a(s + 1, (s + 1) & 1);
+          CpAsyncWait<1>();
+        } else {
+          CpAsyncWait<0>();
         }
-      }
-      __syncthreads();
-      if (more) {
+        __syncthreads();
+        const __half* abuf = smem_a[s & 1];
 #pragma unroll
-        for (int t = 0; t < kTilesPerStage; ++t)
+        for (int kk = 0; kk < kTilesPerStage; ++kk) {
+          uint32_t b[4];
+          DecodeLane<K, CB>(wring[r][kk], slots.shift, b);
 #pragma unroll
-          for (int i = 0; i < NW; ++i) wcur[t][i] = wnext[t][i];
+          for (int m = 0; m < MB; ++m) {
+            if (m >= row_blocks) break;
+            uint32_t a[4];
+            LdMatrixX4(a, abuf + (m * 16 + (lane & 15)) * kGemmLda + kk * 16 + (lane >> 4) * 8);
+            Mma16816(acc[m][0], a, b[0], b[1]);
+            Mma16816(acc[m][1], a, b[2], b[3]);
+          }
+        }
+        __syncthreads();
       }
     }
 
 #pragma unroll
-    for (int m = 0; m < kGemmBM / 16; ++m) {
+    for (int m = 0; m < MB; ++m) {
       const int r_lo = m * 16 + g, r_hi = r_lo + 8;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int col = tile_col * 16 + 8 * h + 2 * c;
-        if (r_lo < rows)
-          *reinterpret_cast<float2*>(p.y + static_cast<size_t>(row0 + r_lo) * p.n + col) =
-              make_float2(acc[m][h][0], acc[m][h][1]);
-        if (r_hi < rows)
-          *reinterpret_cast<float2*>(p.y + static_cast<size_t>(row0 + r_hi) * p.n + col) =
-              make_float2(acc[m][h][2], acc[m][h][3]);
+        float* y_lo = p.y + static_cast<size_t>(row0 + r_lo) * p.n + col;
+        float* y_hi = p.y + static_cast<size_t>(row0 + r_hi) * p.n + col;
+        if (k_slices > 1) {
+          if (r_lo < rows) {
+            atomicAdd(y_lo, acc[m][h][0]);
+            atomicAdd(y_lo + 1, acc[m][h][1]);
+          }
+          if (r_hi < rows) {
+            atomicAdd(y_hi, acc[m][h][2]);
+            atomicAdd(y_hi + 1, acc[m][h][3]);
+          }
+        } else {
+          if (r_lo < rows) *reinterpret_cast<float2*>(y_lo) = make_float2(acc[m][h][0], acc[m][h][1]);
+          if (r_hi < rows) *reinterpret_cast<float2*>(y_hi) = make_float2(acc[m][h][2], acc[m][h][3]);
+        }
       }
     }
   }

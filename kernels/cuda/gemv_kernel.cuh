@@ -25,6 +25,7 @@ inline constexpr int kGemvRows = 8;    // rows (tokens) per chunk: the n = 8 sid
 inline constexpr int kGemvStages = 4;  // cp.async pipeline depth (k-steps in flight per warp)
 inline constexpr int kMaxProblems = 4;
 inline constexpr int kGemmBM = 128;    // rows per prefill GEMM unit (gemm_kernel.cuh)
+inline constexpr int kGemmStageK = 64;  // k per GEMM pipeline stage (4 tiles)
 
 struct GemvProblem {
   const uint16_t* const* trellis = nullptr;  // device array: per-expert trellis [k/16, n/16, 16K]
@@ -38,7 +39,9 @@ struct GemvProblem {
   const int* num_chunks = nullptr;  // device count (with chunk arrays)
   int rows = 0;                     // implicit chunks: total rows
   int k = 0, n = 0;
-  int k_tiles_per_unit = 0;  // k-slice length in 16-row tiles
+  int k_tiles_per_unit = 0;  // GEMV: k-slice length in 16-row tiles
+  // GEMM (gemm_kernel.cuh): k-slice length in stages of 64 k; 0: all of k (y stored, not added to).
+  int gemm_k_stages = 0;
 };
 
 struct GemvBatch {

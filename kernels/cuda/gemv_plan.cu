@@ -104,8 +104,22 @@ DenseGemvPlan PlanDenseGemv(int m, int k, int n, int K, int sm_count) {
 }
 
 int GemvPathFor(int m, int k, int n, int K, int sm_count) {
+  const int forced = g_gemv_path_override.load();
+  if (forced == 3 || m > kGemvMaxRows) return 0;
+  if (forced == 1 || forced == 2) return forced;
   if (m > kLinearGemvMaxRows) return 0;
   return PlanDenseGemv(m, k, n, K, sm_count).one_launch ? 1 : 2;
+}
+
+bool UseDequantGemm(int m) { return m >= kLinearDequantGemmMinRows && g_gemv_path_override.load() != 3; }
+
+int GemmKStages(int m, int k, int n, int sm_count) {
+  const long base_units = static_cast<long>((m + kGemmBM - 1) / kGemmBM) * (n / 128);
+  const long target = static_cast<long>(kGemmSplitWaves) * sm_count * kGemmBlocksPerSm;
+  const int stages = k / kGemmStageK;
+  const long slices = std::min<long>((target + base_units - 1) / base_units, stages / kGemmMinSliceStages);
+  if (slices <= 1) return 0;
+  return static_cast<int>((stages + slices - 1) / slices);
 }
 
 int GemmGrid(int sm_count, long units) {

@@ -7,8 +7,13 @@ namespace exl3::cuda {
 // Which kernel the native path runs by row count. The GEMVs work in chunks of kGemvRows (8) rows,
 // the prefill GEMM in chunks of kGemmBM (128) rows (gemv_kernel.cuh).
 // LinearForward: m <= kLinearGemvMaxRows rows -> a GEMV (one launch or three: PlanDenseGemv),
-// more -> the prefill GEMM.
-inline constexpr int kLinearGemvMaxRows = 48;
+// more -> the prefill GEMM (in k-slices at decode-sized row counts: GemmKStages). The GEMVs decode
+// every weight once per 8-row chunk, the GEMM once: read from exl3-bench gemv on an H200
+// (bench/results/h200.md, 2026-12-01, every path forced in the same run at seven shapes), the GEMV
+// is faster at m = 16 at all seven and the k-sliced GEMM at m = 32 at six (one tie); m = 17..31 is
+// unmeasured. The GEMV kernels take up to kGemvMaxRows rows (bench_hooks.h's forced paths).
+inline constexpr int kLinearGemvMaxRows = 16;
+inline constexpr int kGemvMaxRows = 48;
 // MoeRunner: T <= kMoeGemvMaxTokens tokens -> the grouped GEMV (experts see few rows each), more
 // -> the grouped GEMM.
 inline constexpr int kMoeGemvMaxTokens = 64;
@@ -31,6 +36,21 @@ int GemvGrid(int sm_count);
 // sm_count SMs.
 int DenseGemvSliceTiles(int K, int rows, int k_tiles, long base_units, int sm_count);
 int GemmGrid(int sm_count, long units);
+// k-slice length (stages of 64 k) of LinearForward's GEMM for m rows of a k x n layer: 0 (one unit
+// per chunk and column group covers all of k) when those units fill the grid kGemmSplitWaves
+// times, else the length that makes about that many units, at least kGemmMinSliceStages stages.
+inline constexpr int kGemmSplitWaves = 2;
+inline constexpr int kGemmMinSliceStages = 4;
+int GemmKStages(int m, int k, int n, int sm_count);
+
+// From kLinearDequantGemmMinRows rows LinearForward's native path dequantises the layer into the
+// workspace (k x n fp16) and multiplies with cuBLAS instead of running the fused GEMM: on an H200
+// that was 2.0-2.8x faster at m = 512..8192 (exl3-bench gemm, bench/results/h200.md: the fused
+// mma.sync GEMM reaches ~22 % of cuBLAS fp16, while one dequantisation costs about as much as a
+// GEMV). Below it (decode batches, short chunks) the fused kernels read the trellis only.
+// Forcing the GEMM (bench_hooks.h, path 3) turns it off.
+inline constexpr int kLinearDequantGemmMinRows = 512;
+bool UseDequantGemm(int m);
 
 // The one-launch GEMV's configuration for m rows of a k x n layer of bit width K, and whether
 // LinearForward runs it (rather than the three launches); the rule is written at its definition.
@@ -40,5 +60,10 @@ struct DenseGemvPlan {
   bool one_launch = false;
 };
 DenseGemvPlan PlanDenseGemv(int m, int k, int n, int K, int sm_count);
+
+// The GEMV path LinearForward's native path takes for m rows of a k x n layer of bit width K on
+// sm_count SMs: 1 one launch, 2 three launches, 0 neither: the prefill GEMM (m > kLinearGemvMaxRows,
+// or forced). Overrides (bench_hooks.h) apply.
+int GemvPathFor(int m, int k, int n, int K, int sm_count);
 
 }  // namespace exl3::cuda

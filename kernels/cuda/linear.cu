@@ -37,9 +37,15 @@ absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   const int k = w.in_features, n = w.out_features;
   const Path p = ResolvePath(path, s.cc_major, "linear");
-  const bool gemv = p == Path::kNative && m <= kLinearGemvMaxRows;
-  const DenseGemvPlan plan = gemv ? PlanDenseGemv(m, k, n, w.bits, s.sm_count) : DenseGemvPlan{};
-  if (gemv && plan.one_launch) {
+  // Large prefill chunks: dequantise once and multiply with cuBLAS, as the reference path does
+  // (gemv_plan.h says why).
+  const bool dequant_gemm = p == Path::kReference || UseDequantGemm(m);
+  const int gemv_path = dequant_gemm ? 0 : GemvPathFor(m, k, n, w.bits, s.sm_count);
+  const bool gemv = gemv_path != 0;
+  // The prefill GEMM in k-slices when its units alone would leave SMs idle (gemv_plan.h).
+  const int gemm_k_stages = !dequant_gemm && !gemv ? GemmKStages(m, k, n, s.sm_count) : 0;
+  if (gemv_path == 1) {
+    const DenseGemvPlan plan = PlanDenseGemv(m, k, n, w.bits, s.sm_count);
     // One launch: input transform, GEMV and output transform (dense_gemv_kernel.cuh).
     const int chunks = (m + kGemvRows - 1) / kGemvRows;
     const int col_blocks = n / kDenseBlockCols;
@@ -65,9 +71,11 @@ absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float
   }
   EXL3_RETURN_IF_ERROR(s.a.Reserve(static_cast<size_t>(m) * k * 2));
   __half* a = static_cast<__half*>(s.a.ptr);
-  // The three-launch GEMV accumulates into y with atomics: the input transform zeroes it.
-  EXL3_RETURN_IF_ERROR(LaunchInputTransform(x, m, k, w.suh, a, gemv ? y : nullptr, n, stream));
-  if (p == Path::kReference) {
+  // The three-launch GEMV and the k-sliced GEMM accumulate into y with atomics: the input
+  // transform zeroes it.
+  const bool accumulate = gemv || gemm_k_stages > 0;
+  EXL3_RETURN_IF_ERROR(LaunchInputTransform(x, m, k, w.suh, a, accumulate ? y : nullptr, n, stream));
+  if (dequant_gemm) {
     if (!s.cublas) EXL3_RETURN_IF_ERROR(CublasStatus(cublasCreate(&s.cublas), "cublasCreate"));
     EXL3_RETURN_IF_ERROR(s.dequant.Reserve(static_cast<size_t>(k) * n * 2));
     EXL3_RETURN_IF_ERROR(ReferenceGemm(s.cublas, w.trellis, k, n, w.bits, static_cast<int>(w.codebook), a,
@@ -87,7 +95,9 @@ absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float
       EXL3_RETURN_IF_ERROR(DispatchGemv(w.bits, static_cast<int>(w.codebook), batch, GemvGrid(s.sm_count), stream));
       EXL3_CUDA_CHECK_LAUNCH("GroupedGemvKernel");
     } else {
-      const long units = static_cast<long>((m + kGemmBM - 1) / kGemmBM) * (n / 128);
+      q.gemm_k_stages = gemm_k_stages;
+      const int k_slices = gemm_k_stages > 0 ? (k / kGemmStageK + gemm_k_stages - 1) / gemm_k_stages : 1;
+      const long units = static_cast<long>((m + kGemmBM - 1) / kGemmBM) * (n / 128) * k_slices;
       EXL3_RETURN_IF_ERROR(DispatchGemm(w.bits, static_cast<int>(w.codebook), batch, GemmGrid(s.sm_count, units), stream));
       EXL3_CUDA_CHECK_LAUNCH("GroupedGemmKernel");
     }

@@ -222,17 +222,42 @@ __global__ void __launch_bounds__(128) MoeCombineKernel(MoeDims d, ProjTable dow
   if (w >= d.T * per_row) return;
   const int t = w / per_row, blk = w % per_row;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  for (int k = 0; k < d.topk; ++k) {
-    const int s = r.assign_slot[t * d.topk + k];
-    if (s < 0) continue;
-    const int e = r.slot_expert[s];
-    const float wt = r.slot_weight[s];
-    const uint16_t* bias = down.bias[e];
-    float v[4];
-    OutputBlock(b.y_down + static_cast<size_t>(s) * d.hidden + 128 * blk, down.svh[e] + 128 * blk,
-                bias ? bias + 128 * blk : nullptr, v, lane);
+  // The assignments in batches of kCombineBatch, each level of the slot -> expert -> scales ->
+  // values chain loaded for the whole batch before the next (one assignment at a time waited on
+  // four dependent loads per assignment); the sum keeps the assignments' order.
+  constexpr int kCombineBatch = 8;
+  for (int k0 = 0; k0 < d.topk; k0 += kCombineBatch) {
+    int slot[kCombineBatch];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) acc[q] += wt * v[q];
+    for (int j = 0; j < kCombineBatch; ++j) slot[j] = k0 + j < d.topk ? r.assign_slot[t * d.topk + k0 + j] : -1;
+    int e[kCombineBatch];
+    float wt[kCombineBatch];
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {
+      e[j] = slot[j] >= 0 ? r.slot_expert[slot[j]] : 0;
+      wt[j] = slot[j] >= 0 ? r.slot_weight[slot[j]] : 0.f;
+    }
+    const uint16_t *svh[kCombineBatch], *bias[kCombineBatch];
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {
+      svh[j] = slot[j] >= 0 ? down.svh[e[j]] + 128 * blk : nullptr;
+      bias[j] = slot[j] >= 0 ? down.bias[e[j]] : nullptr;
+    }
+    float v[kCombineBatch][4];
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j)
+      if (slot[j] >= 0) {
+        const float* y = b.y_down + static_cast<size_t>(slot[j]) * d.hidden + 128 * blk;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) v[j][q] = y[32 * q + lane];
+      }
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {
+      if (slot[j] < 0) continue;
+      OutputValues(v[j], svh[j], bias[j] ? bias[j] + 128 * blk : nullptr, lane);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[q] += wt[j] * v[j][q];
+    }
   }
   if (d.with_shared) {
     const uint16_t* bias = sdown.bias[0];

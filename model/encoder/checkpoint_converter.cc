@@ -257,12 +257,16 @@ absl::StatusOr<ConvertStats> ConvertCheckpoint(const std::string& input_dir,
         !absl::EndsWith(rest, ".weight")) {
       continue;
     }
-    if (rest == "self_attn.indexer.weights_proj.weight") {
-      // DSA's per-head indexer weights: a router-like [heads, hidden] projection that exllamav3
-      // keeps unquantized (and transformers in fp32), like the MoE routers.
+    if (rest == "self_attn.indexer.weights_proj.weight" || rest == "attn.indexer.weights_proj.weight") {
+      // DSA's and DeepSeek-V4's per-head indexer weights: a router-like [heads, hidden]
+      // projection that exllamav3 keeps unquantized (and transformers in fp32), like the routers.
       continue;
     }
-    if (absl::StartsWith(rest, "self_attn.") || absl::StartsWith(rest, "linear_attn.")) {
+    // DeepSeek-V4 names its attention `attn.` (wq_a, wq_b, wkv, wo_a, wo_b, the compressors'
+    // wkv / wgate, the indexer's wq_b); its grouped wo_a [groups * o_lora_rank, in / groups] is
+    // one EXL3 linear, applied group by group (engine/dsv4_attention.h).
+    const bool v4_attention = cfg->family == MoeFamily::kDeepseekV4 && absl::StartsWith(rest, "attn.");
+    if (absl::StartsWith(rest, "self_attn.") || absl::StartsWith(rest, "linear_attn.") || v4_attention) {
       if (options.quantize_attention) optional_linear(name, options.bits, "attention");
     } else if (!cfg->IsMoeLayer(layer) &&
                (rest == "mlp.gate_proj.weight" || rest == "mlp.up_proj.weight" ||

@@ -5,14 +5,15 @@
 // too: the attention projections (every 2-D `self_attn.*.weight` / `linear_attn.*.weight` of the
 // decoder layers) and the dense layers' `mlp.{gate,up,down}_proj` at `bits`, the head
 // (model/moe_config.h HeadWeightKey: `lm_head.weight`, DeepSeek-V4 `head.weight`) at
-// `head_bits` (DeepSeek-V4's `attn.*` attention, with its grouped output projection, is copied
-// as stored: nothing here reads it yet); a linear whose dimensions are not both multiples of 128
+// `head_bits` (DeepSeek-V4 names its attention `attn.*`: projections, compressors and indexer
+// quantized alike); a linear whose dimensions are not both multiples of 128
 // (or whose dtype is not BF16/F16/F32) stays as stored and is listed in
-// ConvertStats::kept_linears. Biases, embeddings, norms, routers and DSA's indexer head weights
-// (`self_attn.indexer.weights_proj`, a router-like projection exllamav3 keeps unquantized) are
-// copied unchanged; a tied head (tie_word_embeddings, no lm_head tensor)
-// stays the embedding. config.json gains "quantization_config" (what was quantized, with which
-// K); other files (tokenizer, generation config, ...) are copied.
+// ConvertStats::kept_linears. Biases, embeddings, norms, routers and the indexers' head weights
+// (`self_attn.indexer.weights_proj`, DeepSeek-V4's `attn.indexer.weights_proj`: router-like
+// projections exllamav3 keeps unquantized) are copied unchanged; a tied head
+// (tie_word_embeddings, no lm_head tensor) stays the embedding. config.json gains
+// "quantization_config" (what was quantized, with which K); other files (tokenizer, generation
+// config, ...) are copied.
 //
 // Output shards mirror the input shards (same file names) and are listed in
 // model.safetensors.index.json. Each shard is written atomically and records the conversion

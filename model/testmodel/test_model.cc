@@ -371,6 +371,7 @@ absl::StatusOr<TestModelSpec> ResolveTestModelSpec(const TestModelSpec& in) {
   }
   if (s.shared < 0 || s.shared > 16) return absl::InvalidArgumentError("--shared must be in 0..16");
   if (s.vocab < 16) return absl::InvalidArgumentError("vocab must be >= 16");
+  if (s.max_position < 16) return absl::InvalidArgumentError("max_position must be >= 16");
   // Groups and the rest are checked by the config parser.
   absl::StatusOr<MoeConfig> c = ParsedConfig(s);
   if (!c.ok()) return c.status();
@@ -384,7 +385,7 @@ json TestModelConfig(const TestModelSpec& s) {
     j = {{"architectures", {"Glm4MoeForCausalLM"}}, {"model_type", "glm4_moe"},
          {"attention_bias", true}, {"attention_dropout", 0.0}, {"head_dim", s.head_dim},
          {"hidden_act", "silu"}, {"hidden_size", s.hidden}, {"initializer_range", 0.02},
-         {"intermediate_size", s.dense_intermediate}, {"max_position_embeddings", 4096},
+         {"intermediate_size", s.dense_intermediate}, {"max_position_embeddings", s.max_position},
          {"moe_intermediate_size", s.intermediate}, {"norm_topk_prob", true},
          {"num_attention_heads", heads}, {"num_key_value_heads", s.kv_heads}, {"n_group", s.n_group},
          {"topk_group", s.topk_group}, {"n_routed_experts", s.experts},
@@ -407,7 +408,7 @@ json TestModelConfig(const TestModelSpec& s) {
          {"num_key_value_heads", s.kv_heads}, {"q_lora_rank", s.q_lora_rank},
          {"kv_lora_rank", s.kv_lora_rank}, {"qk_nope_head_dim", s.qk_nope_head_dim},
          {"qk_rope_head_dim", s.qk_rope_head_dim}, {"v_head_dim", s.v_head_dim},
-         {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0},
+         {"max_position_embeddings", s.max_position}, {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0},
          {"num_nextn_predict_layers", 0}, {"ep_size", 1}, {"tie_word_embeddings", false},
          {"torch_dtype", "bfloat16"}, {"vocab_size", s.vocab}};
   } else if (s.arch == "glm_moe_dsa") {
@@ -428,7 +429,7 @@ json TestModelConfig(const TestModelSpec& s) {
          {"head_dim", s.qk_rope_head_dim}, {"index_n_heads", s.index_heads},
          {"index_head_dim", s.index_head_dim}, {"index_topk", s.index_topk},
          {"indexer_types", std::vector<std::string>(s.layers, "full")},
-         {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-5},
+         {"max_position_embeddings", s.max_position}, {"rms_norm_eps", 1e-5},
          {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1000000.0}}},
          {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"}, {"vocab_size", s.vocab}};
   } else if (s.arch == "qwen3_moe") {
@@ -439,7 +440,7 @@ json TestModelConfig(const TestModelSpec& s) {
          {"num_experts", s.experts}, {"num_experts_per_tok", s.top_k}, {"norm_topk_prob", true},
          {"decoder_sparse_step", 1}, {"mlp_only_layers", json::array()},
          {"num_hidden_layers", s.layers}, {"num_attention_heads", heads},
-         {"num_key_value_heads", s.kv_heads}, {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-6},
+         {"num_key_value_heads", s.kv_heads}, {"max_position_embeddings", s.max_position}, {"rms_norm_eps", 1e-6},
          {"rope_theta", 1000000.0}, {"router_aux_loss_coef", 0.001},
          {"output_router_logits", false}, {"tie_word_embeddings", false},
          {"torch_dtype", "bfloat16"}, {"vocab_size", s.vocab}};
@@ -449,7 +450,7 @@ json TestModelConfig(const TestModelSpec& s) {
          {"intermediate_size", s.intermediate}, {"num_local_experts", s.experts},
          {"num_experts_per_tok", s.top_k}, {"num_hidden_layers", s.layers},
          {"num_attention_heads", heads}, {"num_key_value_heads", s.kv_heads},
-         {"head_dim", s.head_dim}, {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-5},
+         {"head_dim", s.head_dim}, {"max_position_embeddings", s.max_position}, {"rms_norm_eps", 1e-5},
          {"rope_theta", 1000000.0}, {"router_aux_loss_coef", 0.02}, {"sliding_window", nullptr},
          {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"}, {"vocab_size", s.vocab}};
   }

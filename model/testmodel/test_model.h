@@ -45,6 +45,7 @@ struct TestModelSpec {
   float routed_scaling_factor = -1;  // -1: family default (GLM 1.0, DeepSeek 2.5, others 1)
   float swiglu_limit = 0;       // written to config.json when > 0
   int vocab = 512;
+  int max_position = 4096;  // max_position_embeddings
   uint64_t seed = 1;
   // Attention. GQA families: heads x head_dim queries, kv_heads x head_dim keys and values.
   int heads = 4;

@@ -7,7 +7,8 @@ Run with a Python that has torch and transformers (5.17 or later):
         --exl3-tool build/bin/exl3-tool --out tests/fixtures/engine
 
 For each family (Glm4MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM,
-DeepseekV3ForCausalLM, GlmMoeDsaForCausalLM, Qwen3NextForCausalLM) it builds a tiny random model with transformers' own classes, saves it
+DeepseekV3ForCausalLM, GlmMoeDsaForCausalLM, DeepseekV4ForCausalLM, Qwen3NextForCausalLM) it
+builds a tiny random model with transformers' own classes, saves it
 (bf16, save_pretrained), converts it with `exl3-tool quantize` in two variants:
 
     <family>_experts : routed/shared experts at K=4; attention, dense MLPs, head as stored
@@ -51,6 +52,8 @@ SEED = 20261201
 PROMPT_LENGTHS = (5, 13, 29, 40)
 NEW_TOKENS = 32
 MOE_PROMPT = 1  # the prompt whose MoE layer inputs/outputs are recorded
+RESUME_PROMPT = 3  # DeepSeek-V4: the prompt run as prefill, decode, prefill, decode
+RESUME_SPLIT = (21, 6)  # its first prefill's length and the greedy steps before the second
 VOCAB = 128
 HIDDEN = 256
 EXPERTS = 8
@@ -158,6 +161,48 @@ FAMILIES = {
                   "indexer.weights_proj [8, 256] kept as stored in both variants (exllamav3 keeps "
                   "it unquantized); kv_a_proj_with_mqa [160, 256] likewise (160 not a multiple "
                   "of 128)"]),
+    "deepseek_v4": dict(
+        config="DeepseekV4Config",
+        seed=9, head_mix=1.0, block_scale=0.5,
+        # Its own, smaller shape: every layer is MoE and every layer carries compressors, so at
+        # the common hidden size the fixture would pass 2 MB.
+        fields=dict(
+            vocab_size=VOCAB, hidden_size=128, num_hidden_layers=3, moe_intermediate_size=128,
+            num_experts_per_tok=TOP_K, n_routed_experts=EXPERTS, n_shared_experts=1,
+            max_position_embeddings=128, num_attention_heads=2, num_key_value_heads=1,
+            head_dim=128, partial_rotary_factor=0.25, q_lora_rank=128, o_groups=2,
+            o_lora_rank=128, index_n_heads=8, index_head_dim=64, index_topk=4, sliding_window=8,
+            hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6,
+            layer_types=["sliding_attention", "compressed_sparse_attention",
+                         "heavily_compressed_attention"],
+            compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
+            mlp_layer_types=["hash_moe", "moe", "moe"], swiglu_limit=10.0,
+            routed_scaling_factor=1.5, rms_norm_eps=1e-6, bos_token_id=0, eos_token_id=1,
+            rope_theta=10000.0, compress_rope_theta=160000.0,
+            rope_parameters=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=32,
+                                 beta_fast=32.0, beta_slow=1.0)),
+        features=["layer_types [sliding_attention, compressed_sparse_attention, "
+                  "heavily_compressed_attention]: layer 0 sees its sliding window only (8 "
+                  "positions), layer 1 also the CSA entries its indexer picks, layer 2 every HCA "
+                  "entry",
+                  "shared-KV MQA: 2 heads x head_dim 128, one KV head read as key and value, "
+                  "q_lora_rank 128 (q_a_proj, q_a_norm, q_b_proj, unweighted per-head q norm)",
+                  "partial interleaved rope on the last 32 dims of each head (partial_rotary_factor "
+                  "0.25); the output's rope slice de-rotated at the query's position",
+                  "rope 'main' (default, theta 1e4) on sliding layers, 'compress' (yarn factor 4, "
+                  "original_max_position_embeddings 32, attention_factor 1, theta 1.6e5) on "
+                  "compressed layers, their compressors and the indexer",
+                  "attention sinks (per head), grouped output projection o_groups 2 x o_lora_rank 128",
+                  "CSA: compress_rate 4 with overlapping windows (Ca of window w-1 + Cb of window "
+                  "w); indexer: index_n_heads 8, index_head_dim 64, its own compressor, "
+                  "index_topk 4 (positions >= 19 see more than 4 entries: the selection matters)",
+                  "HCA: compress_rate 16, non-overlapping windows (entries at positions 15, 31, ...)",
+                  "hyper-connections: hc_mult 4, Sinkhorn 20 iterations, hc_head",
+                  "mlp_layer_types [hash_moe, moe, moe]: layer 0 routed by tid2eid[token id]",
+                  "sqrtsoftplus routing with random correction bias (moe layers), "
+                  "routed_scaling_factor 1.5, swiglu_limit 10, one shared expert",
+                  "resume: prompt 3 run as a prefill of 21 tokens, 6 greedy steps, a second "
+                  "prefill of its remaining 19 tokens, then 32 greedy steps (resume.*)"]),
 }
 
 FAMILIES["qwen3_next"] = dict(
@@ -229,7 +274,7 @@ def build_config(family):
     return cfg
 
 
-def init_weights(model, gen, head_mix, zero_centred=frozenset()):
+def init_weights(model, gen, head_mix, zero_centred=frozenset(), block_scale=1.0):
     """Weights whose logits are peaky but depend on the context. Embeddings are N(0, 1); every
     linear is N(0, 1/in_features), so each layer's output is of the residual's size and attention
     and MoE move the logits a lot; norm weights 1 + N(0, 0.01), biases N(0, 0.01), correction
@@ -240,7 +285,9 @@ def init_weights(model, gen, head_mix, zero_centred=frozenset()):
     the current token (reference.json: non_successor_steps); the logits of every position still
     depend strongly on attention and MoE. Norms whose weight is zero-centred (`zero_centred`,
     Qwen3-Next's x * (1 + w)) get N(0, 0.1); DeltaNet decay rates exp(A_log) are U(0.02, 0.5), so
-    its state remembers from a few tokens to a few hundred."""
+    its state remembers from a few tokens to a few hundred. block_scale (DeepSeek-V4: its
+    hyper-connections add each block's output to every stream) shrinks the blocks' output
+    projections so the current token's embedding still shows in the final state."""
     sd = dict(model.named_parameters())
     sd.update(dict(model.named_buffers()))
 
@@ -253,7 +300,10 @@ def init_weights(model, gen, head_mix, zero_centred=frozenset()):
         for name, p in sorted(sd.items()):
             if name == "model.embed_tokens.weight" or "rotary" in name or "inv_freq" in name:
                 continue
-            if name == "lm_head.weight":
+            if name.endswith("tid2eid"):  # DeepSeek-V4 hash table: distinct experts per token
+                rows = [torch.randperm(EXPERTS, generator=gen)[: p.shape[1]] for _ in range(p.shape[0])]
+                p.copy_(torch.stack(rows).to(p.dtype))
+            elif name == "lm_head.weight":
                 perm = torch.randperm(p.shape[0], generator=gen)
                 p.copy_(head_mix * embed[perm] + normal(p.shape, 1.0))
                 successor = perm.argsort()  # token t's successor: the lm_head row holding embed[t]
@@ -268,7 +318,10 @@ def init_weights(model, gen, head_mix, zero_centred=frozenset()):
             elif p.dim() == 1:  # norm weights
                 p.copy_(1.0 + normal(p.shape, 0.1))
             else:  # linear weights [out, in] or fused experts [E, out, in]
-                p.copy_(normal(p.shape, 1.0 / math.sqrt(p.shape[-1])))
+                std = 1.0 / math.sqrt(p.shape[-1])
+                if name.endswith(("o_b_proj.weight", "down_proj", "down_proj.weight")):
+                    std *= block_scale
+                p.copy_(normal(p.shape, std))
     return successor
 
 
@@ -279,7 +332,8 @@ def make_model(family, seed):
     gen = torch.Generator().manual_seed(SEED + seed)
     zero_centred = frozenset(f"{n}.weight" for n, m in model.named_modules()
                              if type(m).__name__ == "Qwen3NextRMSNorm")
-    successor = init_weights(model, gen, FAMILIES[family]["head_mix"], zero_centred)
+    successor = init_weights(model, gen, FAMILIES[family]["head_mix"], zero_centred,
+                             FAMILIES[family].get("block_scale", 1.0))
     return model.eval(), successor
 
 
@@ -358,6 +412,12 @@ def route_margin(family, cfg, gate, x):
     if family in ("qwen3_moe", "mixtral", "qwen3_next"):
         probs = logits.softmax(-1).sort(-1, descending=True).values
         return (probs[:, k - 1] - probs[:, k]).min().item()
+    if family == "deepseek_v4":
+        if hasattr(gate, "tid2eid"):
+            return float("inf")  # hash-routed: the token id chooses, no score decides
+        s = torch.sqrt(torch.nn.functional.softplus(logits)) + gate.e_score_correction_bias.float()
+        ms = s.sort(-1, descending=True).values
+        return (ms[:, k - 1] - ms[:, k]).min().item()
     s = logits.sigmoid() + gate.e_score_correction_bias.float()
     g, tg = cfg.n_group, cfg.topk_group
     margins = []
@@ -375,10 +435,15 @@ def route_margin(family, cfg, gate, x):
 
 
 def indexers(model):
-    """The lightning indexers of a DSA model (layers whose indexer type is "full"), by layer."""
+    """The lightning indexers of a DSA model (layers whose indexer type is "full"), or of a
+    DeepSeek-V4 model (its compressed sparse attention layers), by layer."""
     out = {}
     for i, layer in enumerate(model.model.layers):
-        ix = getattr(getattr(layer, "self_attn", None), "indexer", None)
+        attn = getattr(layer, "self_attn", None)  # Qwen3-Next's DeltaNet layers have none
+        ix = getattr(attn, "indexer", None)
+        compressor = getattr(attn, "compressor", None)
+        if ix is None and compressor is not None:
+            ix = getattr(compressor, "indexer", None)
         if ix is not None:
             out[i] = ix
     return out
@@ -416,6 +481,94 @@ def index_margin(mod, args, kwargs, selected):
     return worst
 
 
+def v4_index_margin(compress_rate, topk, scores):
+    """DeepSeek-V4's indexer: the smallest lead of the index_topk-th index score over the next,
+    over the queries of a teacher-forced pass (positions 0..S-1) that see more than index_topk
+    compressed entries (query t sees the entries w < (t + 1) // compress_rate), in units of the
+    query's score spread. `scores` [S, T] is the scorer's output before the causal mask."""
+    worst = float("inf")
+    for t in range(scores.shape[0]):
+        visible = (t + 1) // compress_rate
+        if visible <= topk:
+            continue
+        row = scores[t, :visible]
+        top = row.topk(topk + 1).values
+        spread = row.std().item()
+        worst = min(worst, (top[topk - 1] - top[topk]).item() / spread if spread > 0 else 0.0)
+    return worst
+
+
+def first_sparse_row(cfg):
+    """The first position whose attention the top-k selection can change."""
+    if getattr(cfg, "model_type", "") == "deepseek_v4":
+        return (cfg.index_topk + 1) * cfg.compress_rates["compressed_sparse_attention"] - 1
+    return cfg.index_topk
+
+
+def without_compressed_entries(model, layer_type, ids):
+    """DeepSeek-V4: the uncached pass over `ids` with the compressed entries of every
+    `layer_type` layer left out of its attention (its queries see their sliding window only)."""
+    patched = []
+    for layer in model.model.layers:
+        comp = layer.self_attn.compressor
+        if comp is None or layer.self_attn.layer_type != layer_type:
+            continue
+
+        def forward(*a, orig=comp.forward, **kw):
+            kv, bias = orig(*a, **kw)
+            return kv[:, :, :0], None if bias is None else bias[..., :0]
+        comp.forward = forward
+        patched.append(comp)
+    try:
+        with torch.no_grad():
+            return model(ids, use_cache=False).logits[0].float()
+    finally:
+        for comp in patched:
+            del comp.forward  # the class's forward again
+
+
+def record_resume(model, prompt, first, decode):
+    """DeepSeek-V4's compressors across a resume, with transformers' own cache: `prompt[:first]`
+    as a prefill, `decode` greedy steps, the rest of the prompt as a second prefill, then
+    NEW_TOKENS greedy steps. Returns the tokens, the cached pass's logits (one row per position),
+    the rows whose argmax became the next token, and the relative difference from one uncached
+    teacher-forced pass over the same tokens."""
+    from transformers import DynamicCache
+    cache = DynamicCache(config=model.config)
+    tokens = prompt[:first].tolist()
+    rows, greedy_rows = [], []
+
+    def step(chunk):
+        start = len(tokens) - len(chunk)
+        ids = torch.tensor([chunk])
+        pos = torch.arange(start, start + len(chunk)).unsqueeze(0)
+        with torch.no_grad():
+            out = model(ids, position_ids=pos, cache=cache, use_cache=True)
+        rows.append(out.logits[0].float())
+        return int(out.logits[0, -1].argmax())
+
+    def take(token):
+        greedy_rows.append(len(tokens) - 1)  # the row of the last token predicted it
+        tokens.append(token)
+
+    nxt = step(tokens)
+    for _ in range(decode):
+        take(nxt)
+        nxt = step([nxt])
+    rest = prompt[first:].tolist()
+    tokens += rest
+    nxt = step(rest)
+    for _ in range(NEW_TOKENS - 1):
+        take(nxt)
+        nxt = step([nxt])
+    take(nxt)
+    logits = torch.cat(rows)  # row r predicts token r + 1
+    with torch.no_grad():
+        full = model(torch.tensor([tokens[:-1]]), use_cache=False).logits[0].float()
+    diff = ((full - logits).norm() / full.norm()).item()
+    return torch.tensor(tokens, dtype=torch.int32), logits.contiguous(), greedy_rows, diff
+
+
 def record(family, model, prompts, successor, args, slack=1.0):
     cfg = model.config
     layers = moe_layers(model)
@@ -450,6 +603,11 @@ def record(family, model, prompts, successor, args, slack=1.0):
                 margins.append(route_margin(family, cfg, mod.gate, x))
             margin_hooks.append(model.model.layers[L].mlp.register_forward_hook(mhook))
         for ix in indexers(model).values():
+            if family == "deepseek_v4":
+                def shook(mod, a, outp, ix=ix):
+                    index_margins.append(v4_index_margin(ix.compress_rate, ix.index_topk, outp[0]))
+                margin_hooks.append(ix.scorer.register_forward_hook(shook))
+                continue
             def ihook(mod, a, kw, outp):
                 index_margins.append(index_margin(mod, a, kw, outp))
             margin_hooks.append(ix.register_forward_hook(ihook, with_kwargs=True))
@@ -469,9 +627,19 @@ def record(family, model, prompts, successor, args, slack=1.0):
                 dense = model(full, use_cache=False).logits[0].float()
             for ix in indexers(model).values():
                 ix.index_topk = topk
-            diff = ((dense[topk:] - logits[topk:]).norm() / logits[topk:].norm()).item()
+            r0 = first_sparse_row(cfg)
+            diff = ((dense[r0:] - logits[r0:]).norm() / logits[r0:].norm()).item()
             prompt_info["sparse_vs_dense_rel_diff"] = float(f"{diff:.3e}")
             min_sparse_effect = min(min_sparse_effect, diff)
+        if family == "deepseek_v4":
+            # How much each compressed layer type's entries move the logits (the positions that
+            # see one: from the end of the first window on).
+            for layer_type, short in (("compressed_sparse_attention", "csa"),
+                                      ("heavily_compressed_attention", "hca")):
+                r0 = cfg.compress_rates[layer_type] - 1
+                alone = without_compressed_entries(model, layer_type, full)
+                diff = ((alone[r0:] - logits[r0:]).norm() / logits[r0:].norm()).item()
+                prompt_info[f"without_{short}_entries_rel_diff"] = float(f"{diff:.3e}")
         # Greedy tokens against the teacher-forced logits; their stability.
         steps = logits[len(prompt) - 1: len(prompt) - 1 + NEW_TOKENS]
         if not torch.equal(steps.argmax(-1), greedy):
@@ -500,6 +668,24 @@ def record(family, model, prompts, successor, args, slack=1.0):
                        f"(< {slack * args.min_gap})")
     if min_margin < args.min_route_margin:
         raise Unstable(f"smallest routing margin {min_margin:.2e} < {args.min_route_margin}")
+    if family == "deepseek_v4":
+        # Stop and resume inside the compressors' windows: 21 = 5*4 + 1 = 16 + 5.
+        first, decode = RESUME_SPLIT
+        tokens, rlogits, greedy_rows, rdiff = record_resume(model, prompts[RESUME_PROMPT], first,
+                                                            decode)
+        out["resume.tokens"] = tokens
+        out["resume.logits"] = rlogits
+        info["resume"] = {"prompt": RESUME_PROMPT, "first_prefill": first, "decode_steps": decode,
+                          "second_prefill": len(prompts[RESUME_PROMPT]) - first,
+                          "greedy_steps": NEW_TOKENS,
+                          "cached_vs_uncached_rel_diff": float(f"{rdiff:.3e}")}
+        if not rdiff <= 1e-4:
+            fail(f"{family}: transformers' cached resume differs from its uncached pass by {rdiff:.2e}")
+        rgaps = rlogits[greedy_rows].topk(2, dim=-1).values
+        rgap = ((rgaps[:, 0] - rgaps[:, 1]).min() / rlogits.std(dim=-1).mean()).item()
+        info["resume"]["min_gap_over_logit_std"] = round(rgap, 5)
+        if rgap < slack * args.min_gap:
+            raise Unstable(f"resume: smallest top1-top2 gap {rgap:.2e} x the logit std")
     if min_index_margin != float("inf"):
         info["index_topk"] = cfg.index_topk
         info["indexer_layers"] = sorted(indexers(model))
@@ -513,10 +699,12 @@ def record(family, model, prompts, successor, args, slack=1.0):
 
 def check_moe(exl3_tool, exl3_dir, ref, layers, work, tol):
     errs = {}
+    # Hash-routed layers (DeepSeek-V4) choose experts by token id: the moe prompt's tokens.
+    token_ids = torch.cat([ref[f"prompt.{MOE_PROMPT}"], ref[f"greedy.{MOE_PROMPT}"]]).to(torch.int32)
     for L in layers:
         x_file = os.path.join(work, f"x{L}.safetensors")
         y_file = os.path.join(work, f"y{L}.safetensors")
-        save_file({"x": ref[f"moe_in.{L}"]}, x_file)
+        save_file({"x": ref[f"moe_in.{L}"], "token_ids": token_ids.contiguous()}, x_file)
         run([exl3_tool, "moe", "--model", exl3_dir, "--layer", str(L), "--x", x_file,
              "--output", y_file, "--backend", "cpu", "--threads", "1"])
         with safe_open(y_file, "pt") as st:

@@ -6,9 +6,12 @@
 #   3. a synthetic model with GLM-4.5-Air's shapes (dense intermediate 11008: 10944 rounded up to EXL3's
 #      multiple of 128; ENGINE_LAYERS layers, default 6: the first
 #      dense) and exl3-engine-bench on it: time to first token, decode tokens/s at batch 1..64
-#      against the floor measured in the same run.
+#      against the floor measured in the same run;
+#   4. exl3-engine-bench --attention-only: the attention kernels alone (GLM-4.5-Air's 96/8 heads of
+#      128; decode at batch 1/8/64 x context 1k/8k, prefill of 1k/8k prompts in chunks of 2048)
+#      against the KV-read and FLOP floors.
 # Binaries come from .gpu-deps/ or its packed copy .gpu-check/gpu-deps.tar.xz (scripts/gpu/bundle.sh;
-# carry one of the two). Usage: scripts/gpu/engine.sh [--only test|sanitize|bench]...
+# carry one of the two). Usage: scripts/gpu/engine.sh [--only test|sanitize|bench|attention]...
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
@@ -17,7 +20,7 @@ ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY="$ONLY $2"; shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "engine.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -29,9 +32,9 @@ want() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
 
 if want test; then
   echo "=== engine_cuda_model_test"
-  timeout ${TEST_TIMEOUT:-150} "$BIN"/engine_cuda_model_test > "$OUT/engine-test.log" 2>&1
+  timeout ${TEST_TIMEOUT:-300} "$BIN"/engine_cuda_model_test > "$OUT/engine-test.log" 2>&1
   echo "test exit $?"
-  grep -E "^(attention|gate|rope|add\+rmsnorm|model) |FAILED|Failure|error|PASSED" "$OUT/engine-test.log" | head -60
+  grep -E "^(attention|gate|rope|add\+rmsnorm|model) |FAILED|Failure|error|PASSED" "$OUT/engine-test.log" | head -400
 fi
 if want sanitize && command -v compute-sanitizer > /dev/null; then
   echo "=== compute-sanitizer (one fixture's generation)"
@@ -45,12 +48,12 @@ if want sanitize && command -v compute-sanitizer > /dev/null; then
 fi
 if want bench; then
   echo "=== exl3-engine-bench (GLM-4.5-Air shapes, ${ENGINE_LAYERS:-6} layers)"
-  MODEL=${ENGINE_MODEL_DIR:-/tmp/glm45-air-synthetic}
+  MODEL=${ENGINE_MODEL_DIR:-/tmp/glm45-air-synthetic-${ENGINE_LAYERS:-6}}
   if [ ! -f "$MODEL/config.json" ]; then
     timeout 200 "$BIN"/exl3-tool make-test-model --arch glm4_moe --synthetic --whole-model --output "$MODEL" \
       --hidden 4096 --experts 128 --top-k 8 --intermediate 1408 --shared 1 --layers ${ENGINE_LAYERS:-6} \
       --dense-layers 1 --dense-intermediate 11008 --vocab 151552 --heads 96 --kv-heads 8 --head-dim 128 \
-      --bits 2 --attention-bits 4 --head-bits 6 --codebook mcg --quiet > "$OUT/engine-model.log" 2>&1 || { echo "model generation failed"; tail -5 "$OUT/engine-model.log"; }
+      --bits 2 --attention-bits 4 --head-bits 6 --codebook mcg --max-position 16384 --quiet > "$OUT/engine-model.log" 2>&1 || { echo "model generation failed"; tail -5 "$OUT/engine-model.log"; }
   fi
   timeout ${BENCH_TIMEOUT:-200} "$BIN"/exl3-engine-bench --model "$MODEL" --context ${CONTEXTS:-1024,8192} \
     --batch ${BATCHES:-1,8,32,64} --steps ${STEPS:-12} --json "$OUT/engine-bench.json" > "$OUT/engine-bench.log" 2>&1
@@ -61,4 +64,11 @@ if want bench; then
     --no-graphs --json "$OUT/engine-bench.json" > "$OUT/engine-bench-eager.log" 2>&1
   echo "eager bench exit $?"
   grep -E "^decode|GPU time" "$OUT/engine-bench-eager.log"
+fi
+if want attention; then
+  echo "=== exl3-engine-bench --attention-only (GLM-4.5-Air's attention shape)"
+  timeout ${ATTENTION_TIMEOUT:-150} "$BIN"/exl3-engine-bench --attention-only --json "$OUT/engine-bench.json" \
+    > "$OUT/attention-bench.log" 2>&1
+  echo "attention bench exit $?"
+  cat "$OUT/attention-bench.log"
 fi

@@ -1,7 +1,6 @@
 #include "services/expert_worker/worker_server.h"
 
 #include <algorithm>
-#include <deque>
 #include <set>
 #include <thread>
 
@@ -11,6 +10,7 @@
 #include "services/common/logging.h"
 #include "services/common/raw_message.h"
 #include "services/common/shm_channel.h"
+#include "services/expert_worker/worker_stream.h"
 #include "services/common/status.h"
 #include "services/common/wire.h"
 
@@ -23,431 +23,11 @@
 
 namespace exl3::worker {
 
-using ResponsePtr = std::unique_ptr<pb::ExpertResponse>;
-
 namespace {
 
-int64_t Micros(Clock::duration d) {
-  return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
-}
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 }  // namespace
-
-// ------------------------------------------------------------------------------------------------
-// One Forward stream. Reads requests one after another (each validated and queued at once, so many
-// are in flight), writes responses in completion order (one write outstanding at a time, the rest
-// queued). Owned by the server's stream registry until gRPC calls OnDone; requests in flight hold
-// it too (as their RequestSink), so it may outlive OnDone, answering nothing after that.
-//
-// When the caller offers a shared-memory channel (ExpertRequest.shm_offer, same host) and the
-// worker accepts it, a reader thread of this stream takes requests from the channel as OnReadDone
-// takes them from gRPC, and their answers go back through the channel when they fit. The channel
-// and the stream share fate: when either ends or breaks, both end.
-class StreamReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
-                      public RequestSink,
-                      public std::enable_shared_from_this<StreamReactor> {
- public:
-  StreamReactor(WorkerServer* w, grpc::CallbackServerContext* ctx) : w_(w), ctx_(ctx) {}
-  ~StreamReactor() override { StopShm(); }
-
-  void Begin() {
-    w_->Register(shared_from_this());
-    const auto dl = ctx_->deadline();
-    if (dl != std::chrono::system_clock::time_point::max() &&
-        dl < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
-      stream_deadline_ = Clock::now() + (dl - std::chrono::system_clock::now());
-    }
-    StartRead(&in_);
-  }
-
-  // RequestSink
-  bool Cancelled() const override { return cancelled_.load(); }
-  void Complete(std::shared_ptr<WorkRequest> r, absl::Status status) override {
-    auto resp = std::make_unique<pb::ExpertResponse>();
-    resp->set_id(r->id);
-    resp->set_layer(r->layer);
-    svc::SetRequestStatus(status, resp->mutable_status());
-    const Clock::time_point now = Clock::now();
-    pb::WorkerTimings* tm = resp->mutable_timings();
-    tm->set_total_us(Micros(now - r->received));
-    tm->set_chunks(r->chunks);
-    if (r->started) tm->set_queue_us(Micros(r->start_time - r->received));
-    tm->set_compute_us(r->compute_ns / 1000);
-    tm->set_batch_tokens(r->batch_tokens);
-    tm->set_batch_requests(r->batch_requests);
-    WorkerMetrics* m = w_->metrics();
-    if (m && r->cancel_requested.load()) {
-      m->CountCancel(r->cancel_reason.load(),
-                     status.code() == absl::StatusCode::kCancelled ? "dropped" : "completed");
-    }
-    if (status.ok()) {
-      const int H = static_cast<int>(r->out_bytes.size() / sizeof(float) / std::max(1, r->tokens));
-      pb::Tensor* out = resp->mutable_output();
-      if (r->output_dtype == pb::DTYPE_FP32) {
-        out->set_dtype(pb::DTYPE_FP32);
-        out->add_shape(r->tokens);
-        out->add_shape(H);
-        out->set_data(std::move(r->out_bytes));
-      } else {
-        svc::EncodeTensor(r->out(), {r->tokens, H}, r->output_dtype, out);
-      }
-      if (m) {
-        if (WorkerMetrics::Layer* lm = m->layer(r->layer)) {
-          lm->queue->Observe(Seconds(r->start_time - r->received));
-          lm->compute->Observe(r->compute_ns * 1e-9);
-          lm->total->Observe(Seconds(now - r->received));
-          lm->requests->Increment();
-          lm->tokens->Increment(r->tokens);
-        }
-        for (const auto& [e, n] : r->expert_tokens) m->CountExpertTokens(e, n);
-      }
-    } else if (m) {
-      m->CountError(status.code());
-    }
-    Send(std::move(resp), /*release_id=*/true);
-  }
-
-  // Answers a request that never reached the scheduler.
-  void SendError(uint64_t id, int layer, const absl::Status& s, Clock::time_point received,
-                 bool via_shm) {
-    auto resp = std::make_unique<pb::ExpertResponse>();
-    resp->set_id(id);
-    resp->set_layer(layer);
-    svc::SetRequestStatus(s, resp->mutable_status());
-    resp->mutable_timings()->set_total_us(Micros(Clock::now() - received));
-    if (WorkerMetrics* m = w_->metrics()) m->CountError(s.code());
-    Send(std::move(resp), /*release_id=*/false, via_shm);
-  }
-
-  // Called by the server at the end of a drain: end the stream once its answers are written.
-  void FinishWhenIdle(grpc::Status s) {
-    std::unique_lock<std::mutex> l(mu_);
-    drain_status_ = std::move(s);
-    draining_ = true;
-    MaybeFinish(l);
-  }
-  // Nothing in flight and nothing left to write.
-  bool Idle() {
-    std::lock_guard<std::mutex> l(mu_);
-    return finished_ || (ids_.empty() && queue_.empty() && !writing_);
-  }
-
-  // grpc reactions
-  void OnReadDone(bool ok) override {
-    if (!ok) {
-      std::unique_lock<std::mutex> l(mu_);
-      reads_done_ = true;
-      MaybeFinish(l);
-      return;
-    }
-    if (absl::Status st = svc::ParseRaw(&in_, &req_); !st.ok()) {
-      // Not a request: the stream is unusable. What it has in flight is dropped (the scheduler
-      // sees Cancelled()) and the stream ends with the reason.
-      std::unique_lock<std::mutex> l(mu_);
-      reads_done_ = true;
-      end_status_ = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                 absl::StrCat(st.message(), "; the stream ends"));
-      cancelled_.store(true);
-      MaybeFinish(l);
-      return;
-    }
-    if (req_.has_shm_offer()) {
-      AttachShm(req_.id(), req_.shm_offer());
-    } else {
-      HandleMessage(std::move(req_), Clock::now(), /*via_shm=*/false);
-    }
-    req_.Clear();
-    ContinueReading();
-  }
-
-  // One message from the caller, from the stream or the shared-memory channel.
-  void HandleMessage(pb::ExpertRequest&& msg, Clock::time_point received, bool via_shm) {
-    const uint64_t id = msg.id();
-    const int layer = msg.layer();
-    if (msg.has_cancel()) {
-      // A control message, not a request: never answered itself.
-      HandleCancel(id, msg.cancel().reason());
-      return;
-    }
-    bool duplicate;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      duplicate = !ids_.emplace(id, InFlight{{}, via_shm}).second;
-    }
-    if (duplicate) {
-      SendError(id, layer,
-                absl::InvalidArgumentError(absl::StrCat("duplicate in-flight id ", id,
-                                                        " on this stream (the first one is still "
-                                                        "being computed)")),
-                received, via_shm);
-      return;
-    }
-    std::shared_ptr<WorkRequest> accepted;
-    absl::Status s = w_->Accept(std::move(msg), shared_from_this(), received, stream_deadline_, &accepted);
-    if (!s.ok()) {
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        ids_.erase(id);
-      }
-      SendError(id, layer, s, received, via_shm);
-    } else {
-      // Only while still in flight: it may have been answered already (an id is only taken again
-      // after its answer, by a later message).
-      std::lock_guard<std::mutex> l(mu_);
-      auto it = ids_.find(id);
-      if (it != ids_.end()) it->second.r = accepted;
-    }
-  }
-
-  // The caller's shared-memory offer: attach (same host, same user) and start reading it, or say
-  // why not. Either way the stream goes on.
-  void AttachShm(uint64_t id, const pb::SharedMemoryOffer& offer) {
-    auto resp = std::make_unique<pb::ExpertResponse>();
-    resp->set_id(id);
-    absl::Status st;
-    if (!w_->shm_enabled()) {
-      st = absl::FailedPreconditionError("shared memory is off on this worker (--shm=false)");
-    } else if (shm_ != nullptr) {
-      st = absl::FailedPreconditionError("this stream already has a shared-memory channel");
-    } else {
-      absl::StatusOr<std::unique_ptr<svc::ShmChannel>> ch =
-          svc::ShmChannel::Attach(offer.name(), offer.nonce(), w_->shm_spin_us());
-      if (ch.ok()) {
-        (*ch)->Unlink();  // mapped: the name is no longer needed (nothing leaks if the router dies)
-        std::lock_guard<std::mutex> l(mu_);
-        if (!finished_) {
-          shm_ = std::move(*ch);
-          shm_thread_ = std::thread([this] { ReadShm(); });
-        } else {
-          st = absl::CancelledError("stream ending");
-        }
-      } else {
-        st = ch.status();
-      }
-    }
-    svc::SetRequestStatus(st, resp->mutable_status());
-    resp->set_shm_attached(st.ok());
-    if (!st.ok()) svc::LogInfo("shared-memory offer declined: %s", std::string(st.message()).c_str());
-    Send(std::move(resp), /*release_id=*/false, /*via_shm=*/false);
-  }
-
-  // The shared-memory reader thread: requests until the channel closes. A channel that breaks
-  // (corrupt record) ends the stream, so the caller fails over what it had sent through it.
-  void ReadShm() {
-    pb::ExpertRequest msg;
-    for (;;) {
-      bool parsed = false;
-      Clock::time_point received;
-      if (!shm_->Read([&](const uint8_t* p, size_t n) {
-            received = Clock::now();
-            parsed = msg.ParseFromArray(p, static_cast<int>(n));
-          })) {
-        break;
-      }
-      if (!parsed) {
-        shm_->Close();
-        svc::LogWarning("shared-memory channel: a message that does not parse; ending the stream");
-        break;
-      }
-      if (msg.has_shm_offer()) {
-        msg.Clear();
-        continue;  // only valid on the stream
-      }
-      HandleMessage(std::move(msg), received, /*via_shm=*/true);
-      msg.Clear();
-    }
-    if (!shm_->error().ok()) {
-      svc::LogWarning("shared-memory channel: %s; ending the stream",
-                      std::string(shm_->error().message()).c_str());
-    }
-    // Whoever closed it, the stream ends too (unless it is ending already: OnDone closed it).
-    if (!shm_stopping_.load()) ctx_->TryCancel();
-  }
-
-  void StopShm() {
-    std::thread t;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      shm_stopping_.store(true);
-      if (shm_) shm_->Close();
-      t = std::move(shm_thread_);
-    }
-    if (!t.joinable()) return;
-    if (t.get_id() == std::this_thread::get_id()) {
-      t.detach();  // the reader itself dropped the last reference: it is returning
-    } else {
-      t.join();
-    }
-  }
-
-  void ContinueReading() {
-    // Reads and writes never complete inline (gRPC runs their reactions later), so starting
-    // them under mu_ is safe; it orders them against Finish.
-    std::lock_guard<std::mutex> l(mu_);
-    if (finished_) {
-      reads_done_ = true;
-    } else if (ids_.size() + queue_.size() >= kMaxBacklog) {
-      // Backpressure: a client that does not read its answers stops being read from.
-      read_paused_ = true;
-    } else {
-      StartRead(&in_);
-    }
-  }
-
-  // The caller withdraws request `id`: dropped by the scheduler unless already computing.
-  void HandleCancel(uint64_t id, int reason) {
-    std::shared_ptr<WorkRequest> r;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      auto it = ids_.find(id);
-      if (it != ids_.end()) r = it->second.r.lock();
-    }
-    if (r == nullptr) {
-      // Already answered (or never sent): nothing to do, nothing to answer.
-      if (WorkerMetrics* m = w_->metrics()) m->CountCancel(reason, "late");
-      return;
-    }
-    w_->Cancel(r, reason);
-  }
-
-  void OnWriteDone(bool ok) override {
-    std::unique_lock<std::mutex> l(mu_);
-    queue_.pop_front();
-    wbuf_.Clear();  // its slices: a large answer's bytes would otherwise live until the next write
-    if (ok && read_paused_ && !finished_ && ids_.size() + queue_.size() < kMaxBacklog / 2) {
-      read_paused_ = false;
-      StartRead(&in_);
-    }
-    if (!ok) {
-      // The peer is gone: nothing more can be delivered.
-      broken_ = true;
-      cancelled_.store(true);
-      queue_.clear();
-      writing_ = false;
-      MaybeFinish(l);
-      return;
-    }
-    if (!queue_.empty() && !finished_) {
-      pb::ExpertResponse* next = queue_.front().get();
-      l.unlock();
-      WriteOne(*next);
-      return;
-    }
-    writing_ = false;
-    MaybeFinish(l);
-  }
-
-  void OnCancel() override {
-    std::unique_lock<std::mutex> l(mu_);
-    cancelled_.store(true);
-    MaybeFinish(l);
-  }
-
-  void OnDone() override {
-    std::shared_ptr<StreamReactor> keep = shared_from_this();
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      finished_ = true;
-      done_ = true;
-      queue_.clear();
-    }
-    StopShm();
-    w_->Unregister(this);
-  }
-
- private:
-  // `via_shm`: the request came through the shared-memory channel (release_id: taken from ids_).
-  void Send(ResponsePtr resp, bool release_id, bool via_shm = false) {
-    std::unique_lock<std::mutex> l(mu_);
-    if (release_id) {
-      auto it = ids_.find(resp->id());
-      if (it != ids_.end()) {
-        via_shm = it->second.shm;
-        ids_.erase(it);
-      }
-    }
-    if (finished_ || broken_ || cancelled_.load()) {
-      MaybeFinish(l);
-      return;  // nobody to answer
-    }
-    if (via_shm && shm_ != nullptr) {
-      // Under mu_: the one writer of the channel's answer ring. What does not fit goes by gRPC.
-      const size_t n = resp->ByteSizeLong();
-      if (shm_->TryWrite(n, [&](uint8_t* dst) { resp->SerializeWithCachedSizesToArray(dst); })) {
-        MaybeFinish(l);
-        return;
-      }
-    }
-    queue_.push_back(std::move(resp));
-    if (writing_) return;
-    writing_ = true;
-    pb::ExpertResponse* first = queue_.front().get();
-    l.unlock();
-    WriteOne(*first);
-  }
-
-  // Starts writing `r`, the front of queue_ (by the one thread that set writing_).
-  void WriteOne(const pb::ExpertResponse& r) {
-    absl::Status st = svc::SerializeRaw(r, &wbuf_);
-    if (!st.ok()) svc::LogError("answer not sent: %s", std::string(st.message()).c_str());
-    StartWrite(&wbuf_);
-  }
-
-  // Calls Finish once the stream has nothing left to do. Unlocks `l` when it finishes.
-  void MaybeFinish(std::unique_lock<std::mutex>& l) {
-    if (finished_ || writing_) return;
-    grpc::Status st;
-    if (!end_status_.ok()) {
-      st = end_status_;
-    } else if (cancelled_.load() || broken_) {
-      st = grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled");
-    } else if (!ids_.empty() || !queue_.empty()) {
-      return;  // answers still owed
-    } else if (reads_done_) {
-      st = grpc::Status::OK;
-    } else if (draining_) {
-      st = drain_status_;
-    } else {
-      return;
-    }
-    finished_ = true;
-    l.unlock();
-    Finish(st);
-  }
-
-  // Requests in flight plus answers not yet written, per stream, before reading pauses.
-  static constexpr size_t kMaxBacklog = 4096;
-
-  WorkerServer* w_;
-  grpc::CallbackServerContext* ctx_;
-  Clock::time_point stream_deadline_ = Clock::time_point::max();
-  grpc::ByteBuffer in_;     // the read buffer
-  pb::ExpertRequest req_;   // in_ parsed
-  grpc::ByteBuffer wbuf_;   // the answer being written (queue_'s front), serialized
-  grpc::Status end_status_;  // guarded by mu_: why the stream ends early (a bad message), or OK
-
-  std::mutex mu_;
-  // In flight (accepted, not yet answered), with the queued request once the scheduler has it.
-  struct InFlight {
-    std::weak_ptr<WorkRequest> r;
-    bool shm = false;  // came through the shared-memory channel
-  };
-  std::map<uint64_t, InFlight> ids_;
-  std::unique_ptr<svc::ShmChannel> shm_;  // guarded by mu_ (set once; its reader: shm_thread_)
-  std::thread shm_thread_;
-  std::atomic<bool> shm_stopping_{false};  // OnDone (or the destructor) is closing the channel
-  std::deque<ResponsePtr> queue_;      // front is being written when writing_
-  bool writing_ = false;
-  bool reads_done_ = false;
-  bool read_paused_ = false;
-  bool broken_ = false;
-  bool finished_ = false;
-  bool done_ = false;
-  bool draining_ = false;
-  grpc::Status drain_status_;
-  std::atomic<bool> cancelled_{false};
-};
 
 // ------------------------------------------------------------------------------------------------
 // Both methods read and write raw bytes (services/common/raw_message.h): a message that does not
@@ -460,8 +40,8 @@ class WorkerServer::Service
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Forward(
       grpc::CallbackServerContext* ctx) override {
-    auto r = std::make_shared<StreamReactor>(w_, ctx);
-    r->Begin();
+    auto r = std::make_shared<WorkerStream>(w_, ctx);
+    r->Start();
     return r.get();
   }
 
@@ -713,7 +293,7 @@ void WorkerServer::WatchModelFiles() {
   }
 }
 
-absl::Status WorkerServer::Accept(pb::ExpertRequest&& msg, const std::shared_ptr<StreamReactor>& stream,
+absl::Status WorkerServer::Accept(pb::ExpertRequest&& msg, const std::shared_ptr<WorkerStream>& stream,
                                   Clock::time_point received, Clock::time_point stream_deadline,
                                   std::shared_ptr<WorkRequest>* accepted) {
   const pb::ServingState st = state_.load();
@@ -740,13 +320,13 @@ void WorkerServer::Cancel(const std::shared_ptr<WorkRequest>& r, int reason) {
   if (scheduler_) scheduler_->Wake();
 }
 
-void WorkerServer::Register(const std::shared_ptr<StreamReactor>& s) {
+void WorkerServer::Register(const std::shared_ptr<WorkerStream>& s) {
   std::lock_guard<std::mutex> l(streams_mu_);
   streams_[s.get()] = s;
 }
 
-void WorkerServer::Unregister(StreamReactor* s) {
-  std::shared_ptr<StreamReactor> keep;
+void WorkerServer::Unregister(WorkerStream* s) {
+  std::shared_ptr<WorkerStream> keep;
   std::lock_guard<std::mutex> l(streams_mu_);
   auto it = streams_.find(s);
   if (it != streams_.end()) {
@@ -769,7 +349,7 @@ bool WorkerServer::Drain(absl::Duration timeout) {
   const absl::Time until = absl::Now() + timeout;
   auto all_idle = [&] {
     if (scheduler_ && scheduler_->InFlight() > 0) return false;
-    std::vector<std::shared_ptr<StreamReactor>> ss;
+    std::vector<std::shared_ptr<WorkerStream>> ss;
     {
       std::lock_guard<std::mutex> l(streams_mu_);
       for (auto& [p, s] : streams_) ss.push_back(s);
@@ -792,7 +372,7 @@ bool WorkerServer::Drain(absl::Duration timeout) {
   // Answer whatever is left (only after a timeout), then end the streams.
   if (scheduler_) scheduler_->Stop();
   {
-    std::vector<std::shared_ptr<StreamReactor>> ss;
+    std::vector<std::shared_ptr<WorkerStream>> ss;
     {
       std::lock_guard<std::mutex> l(streams_mu_);
       for (auto& [p, s] : streams_) ss.push_back(s);

@@ -77,7 +77,7 @@ struct HeldShare {
 // routed experts.
 absl::StatusOr<HeldShare> ResolveExperts(const WorkerOptions& opt, const MoeConfig& cfg);
 
-class StreamReactor;
+class WorkerStream;
 
 class WorkerServer {
  public:
@@ -103,16 +103,16 @@ class WorkerServer {
   bool holds_shared_expert() const { return shared_expert_; }
   std::string ScrapeMetrics() const { return metrics_->Scrape(); }
 
-  // --- used by the stream reactors ---
+  // --- used by the streams (services/expert_worker/worker_stream.h) ---
   // Validates and queues one request of `stream`; on error the caller answers in-band.
   // On success *accepted is the queued request (for a later cancel).
-  absl::Status Accept(pb::ExpertRequest&& msg, const std::shared_ptr<StreamReactor>& stream,
+  absl::Status Accept(pb::ExpertRequest&& msg, const std::shared_ptr<WorkerStream>& stream,
                       Clock::time_point received, Clock::time_point stream_deadline,
                       std::shared_ptr<WorkRequest>* accepted);
   // A cancel for an accepted request: the scheduler drops it if it has not run yet.
   void Cancel(const std::shared_ptr<WorkRequest>& r, int reason);
-  void Register(const std::shared_ptr<StreamReactor>& s);
-  void Unregister(StreamReactor* s);
+  void Register(const std::shared_ptr<WorkerStream>& s);
+  void Unregister(WorkerStream* s);
   WorkerMetrics* metrics() { return worker_metrics_.get(); }
   uint64_t max_message_bytes() const { return opt_.max_message_bytes; }
   bool shm_enabled() const { return opt_.shm; }
@@ -141,7 +141,7 @@ class WorkerServer {
   std::atomic<pb::ServingState> state_{pb::STATE_LOADING};
 
   std::mutex streams_mu_;
-  std::map<StreamReactor*, std::shared_ptr<StreamReactor>> streams_;
+  std::map<WorkerStream*, std::shared_ptr<WorkerStream>> streams_;
 
   // Watches the held experts' files after the load (ModelFileWatch): logs each change, sets
   // exl3_worker_model_files_changed.

@@ -55,9 +55,13 @@ RouterMoeExecutor::~RouterMoeExecutor() { (void)stream_->Close(); }
 std::unique_ptr<engine::MoeCall> RouterMoeExecutor::Start(int layer, const float* x, int T,
                                                           const int32_t* token_ids, float* y) {
   pb::MoeLayerRequest req = client::MakeLayerRequest(layer, x, T, hidden_, pb::DTYPE_FP32);
-  // token_ids route hash-routed layers only (a routing source of their own); the families the
-  // engine runs have none, so the router gates from the hidden states.
-  (void)token_ids;
+  // The router gates from the hidden states; token ids choose the experts of hash-routed layers
+  // (DeepSeek-V4's hash_moe) and are ignored on the others, so they always travel (T int64s
+  // beside T x hidden floats).
+  if (token_ids != nullptr) {
+    req.mutable_token_ids()->Reserve(T);
+    for (int t = 0; t < T; ++t) req.add_token_ids(token_ids[t]);
+  }
   req.set_timeout_us(static_cast<uint64_t>(timeout_.count()) * 1000);
   auto call = std::make_shared<RouterMoeCall>(y, static_cast<size_t>(T) * hidden_);
   const int hidden = hidden_;

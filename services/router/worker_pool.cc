@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <list>
+#include <optional>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
+#include "services/common/bidi_stream.h"
 #include "services/common/logging.h"
 #include "services/common/shm_channel.h"
 #include "services/common/status.h"
@@ -17,109 +19,78 @@ namespace exl3::router {
 
 using Clock = std::chrono::steady_clock;
 
-// One Forward stream to a worker (a gRPC callback reactor) and the sub-requests waiting for their
-// answers on it. Requests are queued and written one at a time, the next write started by
-// OnWriteDone, so no caller (an engine stream dispatching, a reaction failing over) ever blocks on a
-// slow or frozen worker, and no thread of the router's own sits between the caller and the socket.
-// Answers run their callbacks on the reaction's thread. The session ends (OnDone) when the stream
-// does: every sub-request still pending then gets its callback with UNAVAILABLE.
-//
-// gRPC's Start* calls never run reactions inline, so they are made under `mu`; `open` (cleared
-// under `mu` by the reaction that sees the stream end) keeps any operation from being started
-// after the last one completed.
+// One Forward stream to a worker (the client end of services/common/bidi_stream.h) and the
+// sub-requests waiting for their answers on it. Requests are queued and written one at a time, so
+// no caller (an engine stream dispatching, a reaction failing over) ever blocks on a slow or frozen
+// worker, and no thread of the router's own sits between the caller and the socket. Answers run
+// their callbacks on the thread that read them (a gRPC reaction, or the shared-memory channel's
+// reader). When the session ends, every sub-request still pending gets its callback with
+// UNAVAILABLE.
 //
 // With a shared-memory channel attached (same-host worker, OfferShm), messages that fit go through
-// it instead of the stream and a reader thread of the session takes the answers from it, running
-// their callbacks there. The stream stays open as the channel's lifeline: the session ends when
+// it instead of the stream; the stream stays open as the channel's lifeline: the session ends when
 // either ends or breaks.
-struct WorkerConn::Session : grpc::ClientBidiReactor<pb::ExpertRequest, pb::ExpertResponse> {
-  Session(WorkerConn* c, std::shared_ptr<grpc::ClientContext> watch)
-      : conn(c), watch_ctx(std::move(watch)) {}
-
-  WorkerConn* const conn;  // outlives the session's OnDone (RunSession waits for it)
-  grpc::ClientContext ctx;
-  const std::shared_ptr<grpc::ClientContext> watch_ctx;  // the health watch, woken when we end
-  std::shared_ptr<Session> self;  // keeps the reactor alive until OnDone
-
-  std::mutex mu;
-  bool open = true;  // guarded by mu: writes allowed
-  struct Out {
-    pb::ExpertRequest msg;
-    size_t bytes;  // counted in queued_bytes (0 for cancel messages)
-  };
-  // guarded by mu: the front is being written while `writing`. A list: Cancel erases from the
-  // middle without moving the message being written.
-  std::list<Out> outq;
-  bool writing = false;     // guarded by mu
-  size_t queued_bytes = 0;  // guarded by mu: request bytes in outq
-  bool closed = false;      // guarded by mu: no new pending entries
-  uint64_t next_id = 1;     // guarded by mu
+struct WorkerConn::Session
+    : svc::BidiStream<svc::ClientSide, pb::ExpertResponse, pb::ExpertRequest> {
   struct Pending {
     SubCallback cb;
     Clock::time_point sent;
   };
-  std::unordered_map<uint64_t, Pending> pending;  // guarded by mu
-  bool done = false;                              // guarded by mu: OnDone ran
-  std::condition_variable done_cv;
-  pb::ExpertResponse resp;  // the read buffer
-  std::shared_ptr<svc::ShmChannel> shm;  // guarded by mu: set once attached
-  std::thread shm_reader;                // joined by RunSession after WaitDone
-  std::atomic<bool> ending{false};       // OnDone ran or is running
-  std::string end_reason;                // guarded by mu: why the router ended it (End), or ""
 
-  // The router ends the session (the worker is silent): the pending sub-requests fail with `why`.
-  void End(const std::string& why) {
-    {
-      std::lock_guard<std::mutex> l(mu);
-      if (end_reason.empty()) end_reason = why;
-    }
-    ctx.TryCancel();
+  Session(WorkerConn* c, std::shared_ptr<grpc::ClientContext> watch)
+      : BidiStream(SessionOptions(*c)), conn(c), watch_ctx(std::move(watch)) {}
+
+  WorkerConn* const conn;  // outlives the session's end (RunSession waits for it)
+  const std::shared_ptr<grpc::ClientContext> watch_ctx;  // the health watch, woken when we end
+  std::shared_ptr<Session> self;  // keeps the reactor alive until OnEnded
+  uint64_t next_id = 1;                           // guarded by mutex()
+  std::unordered_map<uint64_t, Pending> pending;  // guarded by mutex()
+  bool done = false;  // guarded by mutex(): OnEnded ran (every pending callback has run)
+  std::condition_variable done_cv;
+
+  static svc::BidiStreamOptions SessionOptions(const WorkerConn& c) {
+    svc::BidiStreamOptions o;
+    // A worker that stopped reading (frozen) must not grow the router's memory without bound.
+    o.max_unwritten_bytes = static_cast<size_t>(4) * c.opt_.max_message_bytes;
+    o.name = absl::StrCat("worker ", c.spec_.name);
+    return o;
   }
 
   bool IsOpen() {
-    std::lock_guard<std::mutex> l(mu);
-    return open;
-  }
-  // Queues `m` under mu and starts writing when idle; through the shared-memory channel instead
-  // when one is attached and has room (under mu: its one writer).
-  void QueueLocked(pb::ExpertRequest m, size_t bytes) {
-    if (shm != nullptr) {
-      const size_t n = m.ByteSizeLong();
-      if (shm->TryWrite(n, [&](uint8_t* dst) { m.SerializeWithCachedSizesToArray(dst); })) return;
-    }
-    queued_bytes += bytes;
-    outq.push_back(Out{std::move(m), bytes});
-    if (!writing) {
-      writing = true;
-      StartWrite(&outq.front().msg);
-    }
+    std::lock_guard<std::mutex> l(mutex());
+    return WritableLocked();
   }
   void WaitDone() {
-    std::unique_lock<std::mutex> l(mu);
+    std::unique_lock<std::mutex> l(mutex());
     done_cv.wait(l, [&] { return done; });
   }
 
-  void OnReadDone(bool ok) override {
-    if (!ok) {
-      {
-        std::lock_guard<std::mutex> l(mu);
-        open = false;
-      }
-      ctx.TryCancel();         // the call ends now even if a write is stuck
-      watch_ctx->TryCancel();  // wakes the supervisor's health read
-      return;
-    }
-    Deliver(resp);
-    resp.Clear();
-    std::lock_guard<std::mutex> l(mu);
-    if (open) StartRead(&resp);
+  // Sends `m` under a new id whose answer goes to `cb` (mutex() held, the stream writable).
+  uint64_t SendLocked(pb::ExpertRequest m, SubCallback cb) {
+    const uint64_t id = next_id++;
+    pending[id] = Pending{std::move(cb), Clock::now()};
+    conn->outstanding_.fetch_add(1);
+    m.set_id(id);
+    WriteLocked(std::move(m), svc::Path::kSideChannel);
+    return id;
+  }
+  // Takes sub-request `id` back if it is still waiting to be written (mutex() held).
+  std::optional<Pending> TakeUnsentLocked(uint64_t id) {
+    auto pit = pending.find(id);
+    if (pit == pending.end()) return std::nullopt;
+    const bool unsent = WithdrawLocked(
+        [id](const pb::ExpertRequest& m) { return m.id() == id && !m.has_cancel(); });
+    if (!unsent) return std::nullopt;
+    Pending p = std::move(pit->second);
+    pending.erase(pit);
+    return p;
   }
 
   // One answer, from the stream or the channel: runs its sub-request's callback.
-  void Deliver(pb::ExpertResponse& r) {
+  void OnMessage(pb::ExpertResponse& r, svc::Path) override {
     Pending p;
     {
-      std::lock_guard<std::mutex> l(mu);
+      std::lock_guard<std::mutex> l(mutex());
       auto it = pending.find(r.id());
       if (it == pending.end()) return;  // unknown id: ignore (should not happen)
       p = std::move(it->second);
@@ -135,70 +106,15 @@ struct WorkerConn::Session : grpc::ClientBidiReactor<pb::ExpertRequest, pb::Expe
     p.cb(absl::OkStatus(), &r);
   }
 
-  // The channel's reader thread: answers until the channel closes; then the session ends too.
-  void ReadShm(std::shared_ptr<svc::ShmChannel> ch) {
-    pb::ExpertResponse r;
-    for (;;) {
-      bool parsed = false;
-      if (!ch->Read([&](const uint8_t* p, size_t n) { parsed = r.ParseFromArray(p, static_cast<int>(n)); })) {
-        break;
-      }
-      if (!parsed) {
-        ch->Close();
-        svc::LogWarning("worker %s: an answer in shared memory does not parse; ending the session",
-                        conn->spec_.name.c_str());
-        break;
-      }
-      Deliver(r);
-      r.Clear();
-    }
-    if (!ch->error().ok()) {
-      svc::LogWarning("worker %s: shared-memory channel: %s; ending the session",
-                      conn->spec_.name.c_str(), std::string(ch->error().message()).c_str());
-    }
-    if (!ending.load()) ctx.TryCancel();  // pending answers fail over with the stream's end
-  }
-
-  void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> l(mu);
-    queued_bytes -= std::min(queued_bytes, outq.front().bytes);
-    outq.pop_front();
-    if (!ok || !open) {
-      // The stream is ending: what was not written is failed with the pending entries in OnDone.
-      if (!ok) ctx.TryCancel();
-      open = false;
-      writing = false;
-      for (const Out& o : outq) queued_bytes -= std::min(queued_bytes, o.bytes);
-      outq.clear();
-      return;
-    }
-    if (outq.empty()) {
-      writing = false;
-      return;
-    }
-    StartWrite(&outq.front().msg);
-  }
-
-  void OnDone(const grpc::Status& st) override {
-    ending.store(true);
+  void OnEnded(const grpc::Status& st) override {
     std::unordered_map<uint64_t, Pending> failed;
-    std::string reason;
     {
-      std::lock_guard<std::mutex> l(mu);
-      reason = end_reason;
-      if (shm) shm->Close();  // wakes its reader, which returns
-      open = false;
-      closed = true;
-      outq.clear();
-      queued_bytes = 0;
-      writing = false;
+      std::lock_guard<std::mutex> l(mutex());
       failed.swap(pending);
     }
     watch_ctx->TryCancel();
     if (conn->metrics_) conn->metrics_->WorkerShm(conn->spec_.name, false);
-    if (reason.empty()) {
-      reason = st.ok() ? std::string("closed by the worker") : st.error_message();
-    }
+    const std::string reason = st.ok() ? std::string("closed by the worker") : st.error_message();
     conn->SetUp(false, absl::StrCat("Forward stream ended: ", reason));
     const absl::Status why = absl::UnavailableError(absl::StrCat(
         "worker ", conn->spec_.name, " (", conn->spec_.address, ") stream ended: ", reason));
@@ -208,7 +124,7 @@ struct WorkerConn::Session : grpc::ClientBidiReactor<pb::ExpertRequest, pb::Expe
     }
     std::shared_ptr<Session> keep = std::move(self);  // RunSession still holds one
     {
-      std::lock_guard<std::mutex> l(mu);
+      std::lock_guard<std::mutex> l(mutex());
       done = true;
     }
     done_cv.notify_all();
@@ -330,13 +246,12 @@ absl::StatusOr<std::vector<std::string>> SharedExpertWorkers(const ExpertMap& ma
   return out;
 }
 
-WorkerConn::WorkerConn(const ExpertMapWorker& w, const MoeConfig& cfg,
-                       const WorkerPoolOptions& opt, RouterMetrics* metrics)
-    : spec_(w),
-      cfg_(cfg),
-      opt_(opt),
-      metrics_(metrics),
-      serves_shared_(!opt.shared_expert_worker.empty() && w.shared_expert) {
+namespace {
+
+// The worker's channel: its own connection (even when two workers share an address: tests,
+// replicas), reconnecting quickly, with keepalive.
+std::shared_ptr<grpc::Channel> MakeWorkerChannel(const ExpertMapWorker& w,
+                                                 const WorkerPoolOptions& opt) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(opt.max_message_bytes);
   args.SetMaxSendMessageSize(opt.max_message_bytes);
@@ -348,7 +263,6 @@ WorkerConn::WorkerConn(const ExpertMapWorker& w, const MoeConfig& cfg,
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  // Each worker gets its own connection even when two share an address (tests, replicas).
   args.SetInt("exl3.worker_channel", static_cast<int>(std::hash<std::string>()(w.name) & 0x7fffffff));
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (opt.tls.enabled) {
@@ -359,9 +273,35 @@ WorkerConn::WorkerConn(const ExpertMapWorker& w, const MoeConfig& cfg,
       svc::LogError("worker %s: %s", w.name.c_str(), std::string(c.status().message()).c_str());
     }
   }
-  channel_ = grpc::CreateCustomChannel(w.address, creds, args);
-  stub_ = pb::ExpertWorker::NewStub(channel_);
+  return grpc::CreateCustomChannel(w.address, creds, args);
 }
+
+// The worker's Forward method, called through the generic stub: the session reads and writes raw
+// bytes (services/common/bidi_stream.h).
+const std::string& ForwardMethod() {
+  static const std::string m = absl::StrCat("/", pb::ExpertWorker::service_full_name(), "/Forward");
+  return m;
+}
+
+pb::ExpertRequest CancelMessage(uint64_t id, pb::CancelReason reason) {
+  pb::ExpertRequest c;
+  c.set_id(id);
+  c.mutable_cancel()->set_reason(reason);
+  return c;
+}
+
+}  // namespace
+
+WorkerConn::WorkerConn(const ExpertMapWorker& w, const MoeConfig& cfg,
+                       const WorkerPoolOptions& opt, RouterMetrics* metrics)
+    : spec_(w),
+      cfg_(cfg),
+      opt_(opt),
+      metrics_(metrics),
+      channel_(MakeWorkerChannel(w, opt)),
+      stub_(pb::ExpertWorker::NewStub(channel_)),
+      forward_stub_(std::make_unique<grpc::GenericStub>(channel_)),
+      serves_shared_(!opt.shared_expert_worker.empty() && w.shared_expert) {}
 
 WorkerConn::~WorkerConn() { Stop(); }
 
@@ -375,7 +315,7 @@ void WorkerConn::Stop() {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (watch_ctx_) watch_ctx_->TryCancel();
-    if (session_) session_->ctx.TryCancel();
+    if (session_) session_->context().TryCancel();
   }
   cv_.notify_all();
   if (supervisor_.joinable()) supervisor_.join();
@@ -392,6 +332,11 @@ std::string WorkerConn::backend() const {
 std::string WorkerConn::device() const {
   std::lock_guard<std::mutex> l(mu_);
   return device_;
+}
+
+std::shared_ptr<WorkerConn::Session> WorkerConn::current_session() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return session_;
 }
 
 void WorkerConn::SetUp(bool up, const std::string& why) {
@@ -423,7 +368,10 @@ absl::Status WorkerConn::CheckDescribe(const pb::DescribeResponse& d) const {
         "does not hold the shared expert the router's --shared-expert worker:NAME gives it (start "
         "it with --shared-expert, or with the expert map entry marked shared_expert: true)");
   }
-  // Every expert the map assigns must be held.
+  return CheckExpertsHeld(d);
+}
+
+absl::Status WorkerConn::CheckExpertsHeld(const pb::DescribeResponse& d) const {
   std::vector<std::vector<int32_t>> held(cfg_.num_hidden_layers);
   for (const auto& le : d.experts()) {
     if (le.layer() >= 0 && le.layer() < cfg_.num_hidden_layers) {
@@ -432,19 +380,16 @@ absl::Status WorkerConn::CheckDescribe(const pb::DescribeResponse& d) const {
     }
   }
   std::vector<std::string> gaps;
-  for (int L = 0; L < cfg_.num_hidden_layers; ++L) {
+  for (int L = 0; L < cfg_.num_hidden_layers && gaps.size() < 4; ++L) {
     std::vector<int32_t> missing;
     for (int e : spec_.experts[L]) {
       if (!std::binary_search(held[L].begin(), held[L].end(), e)) missing.push_back(e);
     }
     if (!missing.empty()) gaps.push_back(absl::StrCat("layer ", L, " experts ", FormatIndexRanges(missing)));
-    if (gaps.size() >= 4) break;
   }
-  if (!gaps.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "does not hold experts the map assigns to it: ", absl::StrJoin(gaps, "; ")));
-  }
-  return absl::OkStatus();
+  if (gaps.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("does not hold experts the map assigns to it: ", absl::StrJoin(gaps, "; ")));
 }
 
 void WorkerConn::Supervise() {
@@ -475,25 +420,33 @@ void WorkerConn::Supervise() {
 }
 
 absl::Status WorkerConn::RunSession() {
-  // 1. Identity.
+  EXL3_ASSIGN_OR_RETURN(const pb::DescribeResponse d, Identify());
+  auto watch_ctx = std::make_shared<grpc::ClientContext>();
+  EXL3_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, OpenSession(watch_ctx));
+  OfferShm(session, d);
+  const std::string why = WatchSession(session, watch_ctx);
+  CloseSession(*session, why);
+  return absl::UnavailableError(why);
+}
+
+absl::StatusOr<pb::DescribeResponse> WorkerConn::Identify() {
   pb::DescribeResponse d;
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
-    grpc::Status gs = stub_->Describe(&ctx, pb::DescribeRequest(), &d);
-    if (!gs.ok()) return absl::UnavailableError(absl::StrCat("Describe failed: ", gs.error_message()));
-  }
-  absl::Status ident = CheckDescribe(d);
-  if (!ident.ok()) return ident;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  grpc::Status gs = stub_->Describe(&ctx, pb::DescribeRequest(), &d);
+  if (!gs.ok()) return absl::UnavailableError(absl::StrCat("Describe failed: ", gs.error_message()));
+  EXL3_RETURN_IF_ERROR(CheckDescribe(d));
   {
     std::lock_guard<std::mutex> l(mu_);
     backend_ = d.backend();
     device_ = d.device();
   }
   cancel_supported_ = d.cancel_supported();
-  // 2. Health watch and the Forward stream (a reactor: no thread of ours reads or writes it).
-  auto health = grpc::health::v1::Health::NewStub(channel_);
-  auto watch_ctx = std::make_shared<grpc::ClientContext>();
+  return d;
+}
+
+absl::StatusOr<std::shared_ptr<WorkerConn::Session>> WorkerConn::OpenSession(
+    const std::shared_ptr<grpc::ClientContext>& watch_ctx) {
   auto session = std::make_shared<Session>(this, watch_ctx);
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -501,33 +454,34 @@ absl::Status WorkerConn::RunSession() {
     watch_ctx_ = watch_ctx;
   }
   session->self = session;
-  stub_->async()->Forward(&session->ctx, session.get());
-  session->StartRead(&session->resp);
-  session->StartCall();
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    session_ = session;
-    if (stop_) session->ctx.TryCancel();
-  }
-  OfferShm(session, d);
-  // The watch runs until the connection is lost, the stream ends (its OnReadDone cancels the
-  // watch) or Stop cancels it.
-  auto watch = std::make_shared<HealthWatch>(this, watch_ctx, session);
+  session->BeginCall(*forward_stub_, ForwardMethod());
+  std::lock_guard<std::mutex> l(mu_);
+  session_ = session;
+  if (stop_) session->context().TryCancel();  // Stop ran in between: it did not see the session
+  return session;
+}
+
+std::string WorkerConn::WatchSession(const std::shared_ptr<Session>& s,
+                                     const std::shared_ptr<grpc::ClientContext>& watch_ctx) {
+  // The watch runs until the connection is lost, the stream ends (its end cancels the watch) or
+  // Stop cancels it.
+  auto health = grpc::health::v1::Health::NewStub(channel_);
+  auto watch = std::make_shared<HealthWatch>(this, watch_ctx, s);
   watch->self = watch;
   health->async()->Watch(watch_ctx.get(), &watch->req, watch.get());
   watch->StartRead(&watch->resp);
   watch->StartCall();
-  const std::string why = opt_.liveness_ms > 0 ? WatchLiveness(*session, *watch) : watch->Wait();
+  return opt_.liveness_ms > 0 ? WatchLiveness(*s, *watch) : watch->Wait();
+}
+
+void WorkerConn::CloseSession(Session& s, const std::string& why) {
   SetUp(false, why);
-  session->ctx.TryCancel();
-  session->WaitDone();  // every pending sub-request has had its callback
-  if (session->shm_reader.joinable()) session->shm_reader.join();
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    session_.reset();
-    watch_ctx_.reset();
-  }
-  return absl::UnavailableError(why);
+  s.context().TryCancel();
+  // Every pending sub-request has had its callback, and the channel's reader has returned.
+  s.WaitDone();
+  std::lock_guard<std::mutex> l(mu_);
+  session_.reset();
+  watch_ctx_.reset();
 }
 
 std::string WorkerConn::WatchLiveness(Session& s, HealthWatch& watch) {
@@ -547,7 +501,7 @@ std::string WorkerConn::WatchLiveness(Session& s, HealthWatch& watch) {
                          opt_.liveness_ms, ")");
       // Down before the stream ends: the failovers of its sub-requests must not choose it again.
       SetUp(false, why);
-      s.End(why);
+      s.End(grpc::Status(grpc::StatusCode::UNAVAILABLE, why));
       watch.ctx->TryCancel();
       watch.Wait();
       break;
@@ -572,117 +526,91 @@ void WorkerConn::OfferShm(const std::shared_ptr<Session>& s, const pb::DescribeR
   pb::ExpertRequest offer;
   offer.mutable_shm_offer()->set_name(ch->name());
   offer.mutable_shm_offer()->set_nonce(ch->nonce());
-  Session* sp = s.get();  // alive until OnDone has run every pending callback
-  const std::string name = spec_.name;
-  SubCallback on_answer = [sp, ch, name](absl::Status st, pb::ExpertResponse* r) {
-    ch->Unlink();  // both sides have it mapped, or the worker declined: the name is not needed
-    if (st.ok() && r != nullptr && r->shm_attached()) {
-      std::lock_guard<std::mutex> l(sp->mu);
-      if (!sp->open) return;
-      sp->shm = ch;
-      sp->shm_reader = std::thread([sp, ch] { sp->ReadShm(ch); });
-      if (sp->conn->metrics_) sp->conn->metrics_->WorkerShm(name, true);
-      svc::LogInfo("worker %s: shared-memory channel attached (%zu KiB each way)", name.c_str(),
-                   ch->ring_bytes() >> 10);
-      return;
-    }
-    svc::LogInfo("worker %s: shared memory not used (%s); using gRPC", name.c_str(),
+  Session* sp = s.get();  // alive until its end has run every pending callback
+  SubCallback on_answer = [this, sp, ch](absl::Status st, pb::ExpertResponse* r) {
+    ShmOfferAnswered(*sp, ch, st, r);
+  };
+  std::lock_guard<std::mutex> l(s->mutex());
+  if (s->WritableLocked()) s->SendLocked(std::move(offer), std::move(on_answer));
+}
+
+void WorkerConn::ShmOfferAnswered(Session& s, const std::shared_ptr<svc::ShmChannel>& ch,
+                                  const absl::Status& st, const pb::ExpertResponse* r) {
+  ch->Unlink();  // both sides have it mapped, or the worker declined: the name is not needed
+  if (!st.ok() || r == nullptr || !r->shm_attached()) {
+    svc::LogInfo("worker %s: shared memory not used (%s); using gRPC", spec_.name.c_str(),
                  !st.ok() ? std::string(st.message()).c_str()
                  : r != nullptr ? r->status().message().c_str() : "no answer");
-  };
-  std::lock_guard<std::mutex> l(s->mu);
-  if (s->closed || !s->open) return;
-  const uint64_t id = s->next_id++;
-  s->pending[id] = Session::Pending{std::move(on_answer), Clock::now()};
-  outstanding_.fetch_add(1);
-  offer.set_id(id);
-  s->QueueLocked(std::move(offer), 0);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> l(s.mutex());
+    if (!s.AttachSideChannelLocked(ch)) return;  // the session is ending
+  }
+  if (metrics_) metrics_->WorkerShm(spec_.name, true);
+  svc::LogInfo("worker %s: shared-memory channel attached (%zu KiB each way)", spec_.name.c_str(),
+               ch->ring_bytes() >> 10);
 }
 
 std::string WorkerConn::transport() const {
-  std::shared_ptr<Session> s;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    s = session_;
-  }
+  std::shared_ptr<Session> s = current_session();
   if (!s) return "grpc";
-  std::lock_guard<std::mutex> l(s->mu);
-  return s->shm != nullptr && !s->shm->closed() ? "shm" : "grpc";
+  std::lock_guard<std::mutex> l(s->mutex());
+  return s->SideChannelOpenLocked() ? "shm" : "grpc";
 }
 
 absl::StatusOr<WorkerLink::Ticket> WorkerConn::Send(pb::ExpertRequest req, size_t request_bytes,
                                                     SubCallback cb) {
-  std::shared_ptr<Session> s;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    s = session_;
-  }
+  std::shared_ptr<Session> s = current_session();
   if (!up_ || !s) {
     return absl::UnavailableError(absl::StrCat("worker ", spec_.name, " (", spec_.address,
                                                ") is not serving: ", state_message()));
   }
   uint64_t id;
   {
-    std::lock_guard<std::mutex> l(s->mu);
-    if (s->closed || !s->open) {
-      return absl::UnavailableError(absl::StrCat("worker ", spec_.name, " stream closed"));
-    }
-    // A worker that stopped reading (frozen) must not grow the router's memory without bound.
-    if (s->queued_bytes + request_bytes > static_cast<size_t>(4) * opt_.max_message_bytes) {
-      return absl::UnavailableError(absl::StrCat(
-          "worker ", spec_.name, " (", spec_.address, ") is not reading: ",
-          4 * static_cast<int64_t>(opt_.max_message_bytes), " bytes of requests already queued"));
-    }
-    id = s->next_id++;
-    s->pending[id] = Session::Pending{std::move(cb), Clock::now()};
-    outstanding_.fetch_add(1);
-    req.set_id(id);
-    s->QueueLocked(std::move(req), request_bytes);
+    std::lock_guard<std::mutex> l(s->mutex());
+    EXL3_RETURN_IF_ERROR(CanSendLocked(*s, request_bytes));
+    id = s->SendLocked(std::move(req), std::move(cb));
   }
   if (metrics_) metrics_->Sent(request_bytes);
   return Ticket{s, id};
+}
+
+absl::Status WorkerConn::CanSendLocked(const Session& s, size_t request_bytes) const {
+  if (!s.WritableLocked()) {
+    return absl::UnavailableError(absl::StrCat("worker ", spec_.name, " stream closed"));
+  }
+  if (!s.HasRoomLocked(request_bytes)) {
+    return absl::UnavailableError(absl::StrCat(
+        "worker ", spec_.name, " (", spec_.address, ") is not reading: ",
+        4 * static_cast<int64_t>(opt_.max_message_bytes), " bytes of requests already queued"));
+  }
+  return absl::OkStatus();
 }
 
 void WorkerConn::Cancel(const Ticket& ticket, pb::CancelReason reason) {
   // Tickets of this link name its sessions.
   std::shared_ptr<Session> s = std::static_pointer_cast<Session>(ticket.session.lock());
   if (!s) return;  // the session ended: its pending sub-requests have had their callbacks
-  const uint64_t id = ticket.id;
-  bool withdrawn = false, sent = false;
-  Session::Pending p;
+  std::optional<Session::Pending> unsent;
+  bool cancel_sent = false;
   {
-    std::lock_guard<std::mutex> l(s->mu);
-    if (!s->open) return;  // the stream is ending: OnDone fails what is pending
-    auto pit = s->pending.find(id);
-    if (pit == s->pending.end()) return;  // answered (or failed with the stream) already
-    // Still queued (not the one being written): never reaches the worker.
-    for (auto it = s->outq.begin(); it != s->outq.end(); ++it) {
-      if (s->writing && it == s->outq.begin()) continue;
-      if (it->msg.id() == id && !it->msg.has_cancel()) {
-        s->queued_bytes -= std::min(s->queued_bytes, it->bytes);
-        s->outq.erase(it);
-        withdrawn = true;
-        break;
-      }
-    }
-    if (withdrawn) {
-      p = std::move(pit->second);
-      s->pending.erase(pit);
-    } else if (cancel_supported_) {
-      pb::ExpertRequest c;
-      c.set_id(id);
-      c.mutable_cancel()->set_reason(reason);
-      s->QueueLocked(std::move(c), 0);
-      sent = true;
+    std::lock_guard<std::mutex> l(s->mutex());
+    // Ending: its end fails what is pending. Not pending: answered (or failed) already.
+    if (!s->WritableLocked() || s->pending.count(ticket.id) == 0) return;
+    unsent = s->TakeUnsentLocked(ticket.id);
+    if (!unsent && cancel_supported_) {
+      s->WriteLocked(CancelMessage(ticket.id, reason), svc::Path::kSideChannel);
+      cancel_sent = true;
     }
   }
-  if (withdrawn) {
+  if (unsent) {
     // Never written: the worker knows nothing of it; answer it here.
     outstanding_.fetch_sub(1);
-    p.cb(absl::CancelledError(absl::StrCat("withdrawn before it was sent to worker ", spec_.name)),
-         nullptr);
+    unsent->cb(absl::CancelledError(absl::StrCat("withdrawn before it was sent to worker ", spec_.name)),
+               nullptr);
   }
-  if ((withdrawn || sent) && metrics_) metrics_->WorkerCancel(reason);
+  if ((unsent || cancel_sent) && metrics_) metrics_->WorkerCancel(reason);
 }
 
 // ---- WorkerPool ----

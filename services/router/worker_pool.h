@@ -37,12 +37,17 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "exl3serve/v1/exl3serve.grpc.pb.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "model/expert_map.h"
 #include "model/moe_config.h"
 #include "services/common/server.h"
 #include "services/router/worker_link.h"
 #include "services/router/worker_set.h"
+
+namespace exl3::svc {
+class ShmChannel;
+}  // namespace exl3::svc
 
 namespace exl3::router {
 
@@ -112,7 +117,20 @@ class WorkerConn final : public WorkerLink {
  private:
   using Clock = std::chrono::steady_clock;
   void Supervise();
+  // One session: Identify, OpenSession, OfferShm, WatchSession until it ends, CloseSession.
+  // Returns why it ended.
   absl::Status RunSession();
+  // Describe, checked (CheckDescribe); records the backend, device and cancel support.
+  absl::StatusOr<pb::DescribeResponse> Identify();
+  // Starts the Forward stream; the health watch's context is cancelled when the session ends.
+  absl::StatusOr<std::shared_ptr<Session>> OpenSession(
+      const std::shared_ptr<grpc::ClientContext>& watch_ctx);
+  // Runs the health watch (and the liveness probes) until the session or the watch ends.
+  std::string WatchSession(const std::shared_ptr<Session>& s,
+                           const std::shared_ptr<grpc::ClientContext>& watch_ctx);
+  // Ends `s` and waits until every sub-request pending on it has had its callback.
+  void CloseSession(Session& s, const std::string& why);
+  std::shared_ptr<Session> current_session() const;
   void SetUp(bool up, const std::string& why);
   // While the health watch runs: probes the worker every liveness_ms / 4 and ends `s` when it has
   // been silent for liveness_ms. Returns why the session ended.
@@ -120,9 +138,16 @@ class WorkerConn final : public WorkerLink {
   // The worker answered something (a probe, a sub-request): it is alive now.
   void Heard() { last_heard_ns_.store(Clock::now().time_since_epoch().count()); }
   absl::Status CheckDescribe(const pb::DescribeResponse& d) const;
+  // Every expert the map assigns is held.
+  absl::Status CheckExpertsHeld(const pb::DescribeResponse& d) const;
   // Offers `s` a shared-memory channel when the worker is on this host and takes it (see
   // SharedMemoryOffer); the stream works the same either way.
   void OfferShm(const std::shared_ptr<Session>& s, const pb::DescribeResponse& d);
+  // The worker's answer to the offer of `ch`: attached to `s`, or declined.
+  void ShmOfferAnswered(Session& s, const std::shared_ptr<svc::ShmChannel>& ch,
+                        const absl::Status& st, const pb::ExpertResponse* r);
+  // Send's refusals: the stream is ending, or the worker is not reading (s's mutex held).
+  absl::Status CanSendLocked(const Session& s, size_t request_bytes) const;
 
   const ExpertMapWorker spec_;
   const MoeConfig& cfg_;
@@ -130,6 +155,7 @@ class WorkerConn final : public WorkerLink {
   RouterMetrics* metrics_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::ExpertWorker::Stub> stub_;
+  std::unique_ptr<grpc::GenericStub> forward_stub_;  // Forward, as raw bytes
 
   const bool serves_shared_;
   std::atomic<bool> cancel_supported_{false};  // from Describe

@@ -2,10 +2,13 @@
 // transformers fixture (tests/fixtures/engine): a batch of prompts of different lengths gives the
 // same tokens as each prompt alone and as transformers; a KV cache small enough to force
 // preemption gives the same tokens; a prefix-cache hit gives the same tokens and reports them.
+// On GLM-4 MoE (KV per token) and DeepSeek-V4 (sliding window and compressor state in the same
+// paged slots).
 #include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "engine/cpu_model.h"
 #include "engine/engine.h"
@@ -15,7 +18,8 @@
 namespace exl3::engine {
 namespace {
 
-constexpr char kFixture[] = "tests/fixtures/engine/glm4_moe_all";
+const char* const kFixtures[] = {"tests/fixtures/engine/glm4_moe_all",
+                                 "tests/fixtures/engine/deepseek_v4_all"};
 
 struct Results {
   std::mutex mu;
@@ -56,18 +60,18 @@ GenerateParams Greedy32(const std::vector<int32_t>& prompt) {
   return g;
 }
 
-std::unique_ptr<CpuModel> OpenFixtureModel() {
+std::unique_ptr<CpuModel> OpenFixtureModel(const std::string& dir) {
   CpuModelOptions mo;
   mo.num_threads = 2;
-  auto model = CpuModel::Open(kFixture, mo);
+  auto model = CpuModel::Open(dir, mo);
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? std::move(*model) : nullptr;
 }
 
-class EngineCpuModelTest : public ::testing::Test {
+class EngineCpuModelTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    auto ref = TensorSource::Open(std::string(kFixture) + "/reference.safetensors");
+    auto ref = TensorSource::Open(std::string(GetParam()) + "/reference.safetensors");
     ASSERT_TRUE(ref.ok()) << ref.status();
     prompts_ = Ints(**ref, "prompt.");
     greedy_ = Ints(**ref, "greedy.");
@@ -80,7 +84,7 @@ class EngineCpuModelTest : public ::testing::Test {
     eo.block_size = 4;
     eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, kv_blocks};
     eo.scheduler.max_num_batched_tokens = 24;  // several steps of chunked prefill
-    Engine engine(eo, OpenFixtureModel());
+    Engine engine(eo, OpenFixtureModel(GetParam()));
     EXPECT_TRUE(engine.Start().ok());
     Results r;
     std::vector<uint64_t> ids;
@@ -102,14 +106,14 @@ class EngineCpuModelTest : public ::testing::Test {
   std::vector<std::vector<int32_t>> prompts_, greedy_;
 };
 
-TEST_F(EngineCpuModelTest, BatchedPromptsGiveTransformersTokens) {
+TEST_P(EngineCpuModelTest, BatchedPromptsGiveTransformersTokens) {
   int64_t preemptions = 0;
   const auto got = RunAll(/*kv_blocks=*/256, &preemptions, prompts_);
   for (size_t i = 0; i < prompts_.size(); ++i) EXPECT_EQ(got[i], greedy_[i]) << "prompt " << i;
   EXPECT_EQ(preemptions, 0);
 }
 
-TEST_F(EngineCpuModelTest, PreemptedSequencesGiveTheSameTokens) {
+TEST_P(EngineCpuModelTest, PreemptedSequencesGiveTheSameTokens) {
   // 40 blocks of 4 = 160 tokens for prompts + continuations of 215 tokens: sequences are preempted
   // and recomputed.
   int64_t preemptions = 0;
@@ -118,11 +122,11 @@ TEST_F(EngineCpuModelTest, PreemptedSequencesGiveTheSameTokens) {
   for (size_t i = 0; i < prompts_.size(); ++i) EXPECT_EQ(got[i], greedy_[i]) << "prompt " << i;
 }
 
-TEST_F(EngineCpuModelTest, PrefixCacheHitGivesTheSameTokens) {
+TEST_P(EngineCpuModelTest, PrefixCacheHitGivesTheSameTokens) {
   EngineOptions eo;
   eo.block_size = 4;
   eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 256};
-  Engine engine(eo, OpenFixtureModel());
+  Engine engine(eo, OpenFixtureModel(GetParam()));
   ASSERT_TRUE(engine.Start().ok());
   Results r;
   const GenerateParams g = Greedy32(prompts_[3]);  // 40 tokens
@@ -137,6 +141,8 @@ TEST_F(EngineCpuModelTest, PrefixCacheHitGivesTheSameTokens) {
   EXPECT_EQ(r.finish[*first].usage.cached_tokens, 0);
   EXPECT_EQ(r.finish[*second].usage.cached_tokens, 36);  // 9 full blocks; the last token runs
 }
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, EngineCpuModelTest, ::testing::ValuesIn(kFixtures));
 
 }  // namespace
 }  // namespace exl3::engine

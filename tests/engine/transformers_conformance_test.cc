@@ -3,8 +3,11 @@
 // transformers' outputs on the dequantized weights; tests/fixtures/engine/README.md) must give
 // the same greedy tokens and logits within 1e-3 relative, and each MoE layer inside the engine
 // must see the hidden states transformers' MoE block saw and answer as exl3-tool moe does.
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -22,7 +25,10 @@ namespace fs = std::filesystem;
 const char* const kFixtures[] = {"glm4_moe_experts",    "glm4_moe_all",    "qwen3_moe_experts",
                                  "qwen3_moe_all",       "mixtral_experts", "mixtral_all",
                                  "deepseek_v3_experts", "deepseek_v3_all", "glm_moe_dsa_experts",
-                                 "glm_moe_dsa_all",     "qwen3_next_experts", "qwen3_next_all"};
+                                 "glm_moe_dsa_all",     "deepseek_v4_experts", "deepseek_v4_all",
+                                 "qwen3_next_experts",  "qwen3_next_all"};
+// The fixtures whose reference has a stop-and-resume run (resume.*: DeepSeek-V4's compressors).
+const char* const kResumeFixtures[] = {"deepseek_v4_experts", "deepseek_v4_all"};
 
 double RelativeError(const float* a, const float* ref, size_t n) {
   double num = 0, den = 0;
@@ -142,6 +148,66 @@ TEST_P(TransformersConformanceTest, MoeLayersInsideTheEngine) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TransformersConformanceTest, ::testing::ValuesIn(kFixtures));
+
+// prefill → decode → prefill → decode in one sequence, as transformers ran it with its own cache
+// (reference.json "resume"): resume.tokens are the first prompt chunk, the greedy tokens, the
+// second prompt chunk and the greedy tokens after it; resume.logits row r predicts token r + 1.
+class ResumeTest : public TransformersConformanceTest {};
+
+TEST_P(ResumeTest, PrefillDecodePrefillDecode) {
+  CpuModelOptions o;
+  o.num_threads = 2;
+  auto model = CpuModel::Open(dir_, o);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const int vocab = (*model)->info().vocab_size;
+  const std::vector<int32_t> tokens = ref_.Ints("resume.tokens");
+  const std::vector<float> logits = ref_.Floats("resume.logits");
+  ASSERT_EQ(logits.size(), (tokens.size() - 1) * vocab);
+  // The run's shape, from reference.json: first prefill 21 tokens, 6 greedy steps, second
+  // prefill 19, 32 greedy steps (tests/fixtures/engine/README.md).
+  const int first = 21, decode = 6, second = 19;
+  ASSERT_EQ(tokens.size(), static_cast<size_t>(first + decode + second + 32));
+  const absl::Status allocated = (*model)->AllocateKvCache({8, 16});
+  ASSERT_TRUE(allocated.ok()) << allocated;
+  std::vector<int32_t> table = {0, 1, 2, 3, 4, 5, 6, 7};
+  int computed = 0, compared = 0, greedy = 0;
+  double worst = 0;
+  // Runs tokens [computed, computed + n) in chunks of at most `chunk`; checks the last row.
+  auto run = [&](int n, int chunk, bool next_is_greedy) {
+    std::vector<float> row(vocab);
+    for (int done = 0; done < n;) {
+      const int c = std::min(chunk, n - done);
+      StepBatch batch;
+      SequenceChunk sc;
+      sc.tokens.assign(tokens.begin() + computed, tokens.begin() + computed + c);
+      sc.start_position = computed;
+      sc.block_table = table;
+      sc.wants_logits = done + c == n;
+      batch.chunks.push_back(sc);
+      const absl::Status st = (*model)->Forward(batch, row.data());
+      ASSERT_TRUE(st.ok()) << st;
+      computed += c;
+      done += c;
+    }
+    const float* want = &logits[static_cast<size_t>(computed - 1) * vocab];
+    worst = std::max(worst, RelativeError(row.data(), want, vocab));
+    ++compared;
+    if (next_is_greedy) {
+      EXPECT_EQ(std::max_element(row.begin(), row.end()) - row.begin(), tokens[computed])
+          << "position " << computed;
+      ++greedy;
+    }
+  };
+  run(first, 5, true);  // chunks of 5: windows of 4 and 16 left open across steps
+  for (int i = 0; i < decode; ++i) run(1, 1, i + 1 < decode);
+  run(second, 1000, true);
+  for (int i = 0; i < 31; ++i) run(1, 1, true);
+  EXPECT_LT(worst, 1e-3);
+  std::printf("%s resume: %d logits rows compared (worst rel err %.2e), %d greedy tokens equal\n",
+              GetParam(), compared, worst, greedy);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ResumeTest, ::testing::ValuesIn(kResumeFixtures));
 
 }  // namespace
 }  // namespace exl3::engine

@@ -41,7 +41,8 @@ std::vector<std::string> FixtureNames() {
 TEST(EngineFixtures, AllFamiliesAndVariantsArePresent) {
   const std::vector<std::string> names = FixtureNames();
   for (const char* family :
-       {"glm4_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm_moe_dsa", "qwen3_next"}) {
+       {"glm4_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm_moe_dsa", "deepseek_v4",
+        "qwen3_next"}) {
     for (const char* variant : {"experts", "all"}) {
       const std::string n = std::string(family) + "_" + variant;
       EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
@@ -137,9 +138,27 @@ TEST_P(EngineFixture, MoeLayersMatchTransformers) {
     const int T = static_cast<int>(shape[0]);
     std::vector<int32_t> ids(static_cast<size_t>(T) * c.top_k);
     std::vector<float> weights(ids.size());
-    ASSERT_TRUE(RouteTokens(c, L, (*model)->RouterWeight(L), (*model)->CorrectionBias(L), x.data(), T,
-                            ids.data(), weights.data())
-                    .ok());
+    if (c.IsHashRoutedLayer(L)) {
+      // DeepSeek-V4's hash_moe layers: experts by the moe prompt's token ids.
+      const std::string m = std::to_string(ref_json_["moe_prompt"].get<int>());
+      std::vector<int64_t> tokens;
+      for (float v : Get("prompt." + m)) tokens.push_back(static_cast<int64_t>(v));
+      for (float v : Get("greedy." + m)) tokens.push_back(static_cast<int64_t>(v));
+      ASSERT_EQ(tokens.size(), static_cast<size_t>(T));
+      int64_t vocab = 0;
+      const int32_t* table = (*model)->HashTable(L, &vocab);
+      ASSERT_NE(table, nullptr);
+      std::vector<float> logits(static_cast<size_t>(T) * c.num_experts);
+      ComputeRouterLogits((*model)->RouterWeight(L), x.data(), T, c.num_experts, c.hidden_size,
+                          logits.data());
+      ASSERT_TRUE(RouteHashed(c, L, logits.data(), table, vocab, tokens.data(), T, ids.data(),
+                              weights.data())
+                      .ok());
+    } else {
+      ASSERT_TRUE(RouteTokens(c, L, (*model)->RouterWeight(L), (*model)->CorrectionBias(L), x.data(),
+                              T, ids.data(), weights.data())
+                      .ok());
+    }
     absl::StatusOr<MoeLayerView> view = (*model)->LayerView(L);
     ASSERT_TRUE(view.ok()) << view.status();
     std::vector<float> y(x.size());

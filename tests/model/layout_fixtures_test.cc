@@ -17,6 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "engine/dsv4_config.h"
 #include "engine/model_config.h"
 #include "gtest/gtest.h"
 #include "model/moe_config.h"
@@ -206,6 +207,58 @@ TEST_P(EngineLayoutFixture, EngineConfigAndAttentionNames) {
         ExpectTensor(a + "indexer.weights_proj.weight", {ix.num_heads, m->hidden_size});
       }
     }
+  } else if (cfg_.family == MoeFamily::kDeepseekV4) {
+    // Shared-KV attention, compressors, indexer and hyper-connections under the original names.
+    EXPECT_EQ(m->attention, engine::AttentionKind::kDsv4);
+    const engine::Dsv4Config& v = *m->dsv4;
+    const int H = m->hidden_size, NH = m->num_heads, D = v.head_dim, N = v.hc_mult;
+    const int GR = v.o_groups * v.o_lora_rank;
+    EXPECT_EQ(v.rope_dim, j["qk_rope_head_dim"].get<int>());
+    ExpectTensor("model.hc_head.hc_fn", {N, N * H});
+    ExpectTensor("model.hc_head.hc_base", {N});
+    ExpectTensor("model.hc_head.hc_scale", {1});
+    for (int L = 0; L < m->num_layers; ++L) {
+      const std::string l = absl::StrCat("model.layers.", L, ".");
+      ExpectTensor(l + "attn_norm.weight", {H});
+      ExpectTensor(l + "ffn_norm.weight", {H});
+      for (const char* hc : {"hc_attn_", "hc_ffn_"}) {
+        ExpectTensor(l + hc + "fn", {(2 + N) * N, N * H});
+        ExpectTensor(l + hc + "base", {(2 + N) * N});
+        ExpectTensor(l + hc + "scale", {3});
+      }
+      const std::string a = l + "attn.";
+      ExpectTensor(a + "wq_a.weight", {v.q_lora_rank, H});
+      ExpectTensor(a + "q_norm.weight", {v.q_lora_rank});
+      ExpectTensor(a + "wq_b.weight", {NH * D, v.q_lora_rank});
+      ExpectTensor(a + "wkv.weight", {D, H});
+      ExpectTensor(a + "norm.weight", {D});
+      ExpectTensor(a + "wo_a.weight", {GR, NH * D / v.o_groups});
+      ExpectTensor(a + "wo_b.weight", {H, GR});
+      ExpectTensor(a + "attn_sink", {NH});
+      const engine::Dsv4LayerType type = v.layer_types[L];
+      if (type != engine::Dsv4LayerType::kSlidingWindow) {
+        const int rate = v.CompressRate(L);
+        const int width = (type == engine::Dsv4LayerType::kCompressedSparse ? 2 : 1) * D;
+        ExpectTensor(a + "compressor.wkv.weight", {width, H});
+        ExpectTensor(a + "compressor.wgate.weight", {width, H});
+        ExpectTensor(a + "compressor.ape", {rate, width});
+        ExpectTensor(a + "compressor.norm.weight", {D});
+      }
+      if (type == engine::Dsv4LayerType::kCompressedSparse) {
+        const int DI = v.index_head_dim;
+        ExpectTensor(a + "indexer.wq_b.weight", {v.index_heads * DI, v.q_lora_rank});
+        ExpectTensor(a + "indexer.weights_proj.weight", {v.index_heads, H});
+        ExpectTensor(a + "indexer.compressor.wkv.weight", {2 * DI, H});
+        ExpectTensor(a + "indexer.compressor.wgate.weight", {2 * DI, H});
+        ExpectTensor(a + "indexer.compressor.ape", {v.CompressRate(L), 2 * DI});
+        ExpectTensor(a + "indexer.compressor.norm.weight", {DI});
+      }
+      for (const auto& [name, t] : tensors_) {
+        if (absl::StartsWith(name, a)) {
+          EXPECT_TRUE(claimed_.count(name)) << name << " is not read";
+        }
+      }
+    }
   } else {
     EXPECT_EQ(m->attention, engine::AttentionKind::kGqa);
     const int q = m->num_heads * m->head_dim, kv = m->num_kv_heads * m->head_dim;
@@ -221,7 +274,7 @@ TEST_P(EngineLayoutFixture, EngineConfigAndAttentionNames) {
 
 INSTANTIATE_TEST_SUITE_P(EngineFamilies, EngineLayoutFixture,
                          ::testing::Values("mixtral", "qwen3_moe", "glm4_moe", "deepseek_v3",
-                                           "glm_moe_dsa"),
+                                           "glm_moe_dsa", "deepseek_v4"),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 }  // namespace

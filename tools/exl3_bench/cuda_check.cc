@@ -37,7 +37,7 @@ using benchutil::RelErr;
 
 std::map<std::string, double> g_worst;
 std::map<std::string, double> g_limit = {
-    {"gemv", 4e-3}, {"gemm", 4e-3}, {"linear-reference", 4e-3}, {"moe-native", 1e-2},
+    {"gemv", 4e-3}, {"gemm", 4e-3}, {"dequant-gemm", 4e-3}, {"linear-reference", 4e-3}, {"moe-native", 1e-2},
     {"moe-native-prefill", 1e-2}, {"moe-reference", 1e-2}, {"moe-graph-replay", 1e-2},
     {"moe-registered-host", 1e-2}};
 int g_failures = 0;
@@ -107,14 +107,14 @@ void ParallelRows(int n, F fn) {
 
 // ---------------------------------------------------------------------------------------------
 // slice > 0 forces the one-launch GEMV's k-slice length (16-row tiles; bench_hooks.h); gemv_path
-// 1 / 2 forces the one-launch / three-launch GEMV for m <= kLinearGemvMaxRows (0: LinearForward's
-// shape rule).
+// 1 / 2 / 3 forces the one-launch GEMV / the three-launch GEMV / the GEMM for m <= kGemvMaxRows
+// (0: LinearForward's shape rule).
 void CheckLinear(int k, int n, int K, Codebook cb, const std::vector<int>& ms, bool bias,
                  cuda::Workspace* ws, int slice = 0, int gemv_path = 0) {
   cuda::SetDenseGemvSliceOverride(slice);
   cuda::SetGemvPathOverride(gemv_path);
   const std::string slice_note = (slice > 0 ? " slice=" + std::to_string(slice) : "") +
-                                 (gemv_path == 1 ? " 1-launch" : gemv_path == 2 ? " 3-launch" : "");
+                                 (gemv_path == 1 ? " 1-launch" : gemv_path == 2 ? " 3-launch" : gemv_path == 3 ? " gemm" : "");
   RandomLinear L(k, n, K, cb, g_seed++, bias);
   auto dev = cuda::DeviceLinear::Upload(L.view);
   OK(dev.status());
@@ -149,16 +149,18 @@ void CheckLinear(int k, int n, int K, Codebook cb, const std::vector<int>& ms, b
     float* dy = nullptr;
     CK(cudaMalloc(&dy, ref.size() * 4));
     // The native GEMV runs twice: its workspace must be left zero for the next call.
-    const int native_runs = m <= cuda::kLinearGemvMaxRows ? 2 : 1;
+    const bool gemm = gemv_path == 3 || m > cuda::kGemvMaxRows || (gemv_path == 0 && m > cuda::kLinearGemvMaxRows);
+    const int native_runs = gemm ? 1 : 2;
     for (cuda::Path p : {cuda::Path::kNative, cuda::Path::kReference}) {
       for (int run = 0; run < (p == cuda::Path::kNative ? native_runs : 1); ++run) {
         CK(cudaMemset(dy, 0xff, ref.size() * 4));
         OK(cuda::LinearForward((*dev)->view(), dx, m, dy, ws, nullptr, p));
         CK(cudaDeviceSynchronize());
         const auto got = Fetch(dy, ref.size());
-        const std::string kernel = p == cuda::Path::kReference ? "linear-reference"
-                                   : m <= cuda::kLinearGemvMaxRows ? "gemv"
-                                                                   : "gemm";
+        const std::string kernel = p == cuda::Path::kReference                      ? "linear-reference"
+                                   : gemv_path != 3 && cuda::UseDequantGemm(m) ? "dequant-gemm"
+                                   : gemm                                       ? "gemm"
+                                                                                : "gemv";
         Record(kernel, RelErr(got.data(), ref.data(), ref.size()),
                shape + slice_note + " m=" + std::to_string(m) + (run ? " again" : ""));
       }
@@ -430,6 +432,12 @@ int Main(int argc, char** argv) {
         // The three-launch GEMV (the shape rule's choice at large layers with m >= 2) at every K
         // and codebook.
         CheckLinear(640, 1152, K, cb, {1, 2, 9, 48}, K == 3, &ws, 0, 2);
+        // The GEMM in k-slices (GemmKStages: 9 units alone here), forced at decode row counts and
+        // chosen above kLinearGemvMaxRows, with partial 16-row blocks.
+        CheckLinear(640, 1152, K, cb, {1, 9, 30, 48}, K == 4, &ws, 0, 3);
+        CheckLinear(640, 1152, K, cb, {49, 64, 100}, false, &ws);
+        // The fused GEMM where the rule dequantises and calls cuBLAS (UseDequantGemm).
+        CheckLinear(256, 384, K, cb, {1024}, K == 6, &ws, 0, 3);
       }
     if (big) {
       for (int K : {2, 3, 4}) {
@@ -452,6 +460,10 @@ int Main(int argc, char** argv) {
       CheckLinear(5120, 5120, 3, Codebook::kMcg, {1, 2, 8, 32}, false, &ws);
       CheckLinear(4096, 14336, 2, Codebook::kMcg, {2, 8}, false, &ws, 0, 1);
       CheckLinear(14336, 4096, 4, Codebook::kMul1, {8}, true, &ws, 0, 1);
+      // The GLM-4.5-Air attention projections at decode batches: the k-sliced GEMM, forced and chosen.
+      CheckLinear(4096, 12288, 4, Codebook::kMcg, {16, 33}, true, &ws, 0, 3);
+      CheckLinear(4096, 12288, 4, Codebook::kMcg, {64}, true, &ws);
+      CheckLinear(12288, 4096, 4, Codebook::kMcg, {64}, false, &ws);
     }
     MoeCase mixed{"mixed-K/cb+bias+limit", 256, 384, 16, 4, 4, 256, {2, Codebook::kMcg}, {3, Codebook::k3Inst},
                   {4, Codebook::kMul1}, {5, Codebook::kMcg}, {2, Codebook::kMul1}, {3, Codebook::kMcg}, 0.75f, true,

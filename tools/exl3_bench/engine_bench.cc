@@ -2,11 +2,16 @@
 // with no scheduler or gRPC in the way: time to first token and prefill tokens/s of one prompt,
 // then decode tokens/s at several batch sizes with every sequence continuing that prompt (its
 // blocks shared, as prefix caching shares them), each beside its floor measured in the same run:
-// the bytes a step must read (every non-expert weight once, the experts B tokens touch under
-// uniform routing, the KV cache) over the device's copy bandwidth.
+// per part of the step (attention, dense MLPs, head, the experts B tokens touch under uniform
+// routing) the slower of reading its bytes at the device's copy bandwidth and decoding its EXL3
+// weights at the measured decode ceiling, plus the routers, embeddings and fp16 KV cache read.
 //
 //   exl3-engine-bench --model DIR [--context 1024,8192] [--batch 1,8,32,64] [--steps 16]
 //                     [--prefill-chunk 2048] [--no-graphs] [--json FILE]
+//   exl3-engine-bench --attention-only [--attention-shape 96,8,128] [--context 1024,8192]
+//                     [--batch 1,8,64] [--prefill-chunk 2048] [--runs 30] [--json FILE]
+//
+// --attention-only times the attention kernels alone (tools/exl3_bench/attention_bench.h).
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -17,11 +22,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "base/status_macros.h"
 #include "engine/cuda/cuda_model.h"
+#include "kernels/cuda/bench_hooks.h"
+#include "tools/exl3_bench/attention_bench.h"
 
 namespace {
 
@@ -30,16 +39,24 @@ using exl3::engine::SequenceChunk;
 using exl3::engine::StepBatch;
 using exl3::engine::cuda::CudaModel;
 using exl3::engine::cuda::CudaModelOptions;
+using exl3::engine::cuda::DecodedWeights;
 
 constexpr char kUsage[] =
     "usage: exl3-engine-bench --model DIR [--context 1024,8192] [--batch 1,8,32,64] [--steps 16]\n"
     "                         [--prefill-chunk 2048] [--no-graphs] [--json FILE]\n"
+    "       exl3-engine-bench --attention-only [--attention-shape 96,8,128] [--context 1024,8192]\n"
+    "                         [--batch 1,8,64] [--prefill-chunk 2048] [--runs 30] [--json FILE]\n"
     "\n"
     "Runs the GPU engine directly on DIR (an EXL3 model of a GQA family, experts on this GPU):\n"
     "time to first token and prefill tokens/s of one prompt of each --context length, then decode\n"
-    "tokens/s at each --batch size continuing it, each against its floor (bytes read per step over\n"
-    "the copy bandwidth measured in the same run). --no-graphs: decode steps launch eagerly instead of\n"
-    "replaying CUDA graphs. --json appends one JSON object per result.\n";
+    "tokens/s at each --batch size continuing it, each against its floor (per part, the slower of\n"
+    "its bytes over the copy bandwidth and its EXL3 weights over the decode ceiling, both measured\n"
+    "in the same run). --no-graphs: decode steps launch eagerly instead of\n"
+    "replaying CUDA graphs. --json appends one JSON object per result.\n"
+    "\n"
+    "--attention-only: no model; the attention kernels alone on random inputs of --attention-shape\n"
+    "(query heads, KV heads, head dim): decode at each --batch and --context against the KV-read\n"
+    "floor, prefill of each --context prompt in --prefill-chunk chunks against the FLOP floor.\n";
 
 std::vector<int> IntList(const char* s) {
   std::vector<int> v;
@@ -76,6 +93,52 @@ double CopyBandwidth() {
   cudaFree(src);
   cudaFree(dst);
   return 2.0 * bytes / Median(t);
+}
+
+// The EXL3 decode ceiling (weights/s) of every bit width and codebook the parts decode, measured
+// as exl3-bench measures it (kernels/cuda/bench_hooks.h: each warp decodes register-resident
+// words, nothing read from memory); 0 where no part has that width.
+struct DecodeCeilings {
+  double weights_per_s[9][3] = {};
+};
+DecodeCeilings MeasureDecodeCeilings(std::initializer_list<const DecodedWeights*> parts) {
+  DecodeCeilings c;
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  const int grid = sms * 8, block = 256, iters = 2048;
+  uint32_t* seeds = nullptr;
+  float* out = nullptr;
+  if (cudaMalloc(&seeds, 1024 * 4) != cudaSuccess || cudaMalloc(&out, size_t(grid) * block * 4) != cudaSuccess) return c;
+  std::vector<uint32_t> host_seeds(1024);
+  std::mt19937 rng(11);
+  for (auto& s : host_seeds) s = static_cast<uint32_t>(rng());
+  cudaMemcpy(seeds, host_seeds.data(), 4096, cudaMemcpyHostToDevice);
+  for (int K = 1; K <= 8; ++K)
+    for (int cb = 0; cb < 3; ++cb) {
+      bool used = false;
+      for (const DecodedWeights* p : parts) used |= p->count[K][cb] > 0;
+      if (!used) continue;
+      std::vector<double> t;
+      for (int i = 0; i < 6; ++i) {
+        cudaDeviceSynchronize();
+        const double t0 = Now();
+        if (!exl3::cuda::RunDecodeCeiling(K, cb, seeds, out, iters, grid, block, nullptr).ok()) break;
+        cudaDeviceSynchronize();
+        if (i >= 1) t.push_back(Now() - t0);
+      }
+      if (!t.empty()) c.weights_per_s[K][cb] = double(grid) * (block / 32) * iters * 4 * 256 / Median(t);
+    }
+  cudaFree(seeds);
+  cudaFree(out);
+  return c;
+}
+// Seconds to decode `w` at the ceilings.
+double DecodeSeconds(const DecodedWeights& w, const DecodeCeilings& c) {
+  double s = 0;
+  for (int K = 1; K <= 8; ++K)
+    for (int cb = 0; cb < 3; ++cb)
+      if (w.count[K][cb] > 0 && c.weights_per_s[K][cb] > 0) s += w.count[K][cb] / c.weights_per_s[K][cb];
+  return s;
 }
 
 // cuBLAS fp16 GEMM (fp32 accumulate) on 8192^3, FLOP/s: the prefill floor's rate.
@@ -117,8 +180,9 @@ int Fail(const std::string& m) {
 int main(int argc, char** argv) {
   std::string model, json;
   std::vector<int> contexts = {1024, 8192}, batches = {1, 8, 32, 64};
-  int steps = 16, chunk = 2048;
-  bool graphs = true;
+  int steps = 16, chunk = 2048, runs = 30;
+  bool graphs = true, attention_only = false, batches_given = false;
+  std::vector<int> attention_shape = {96, 8, 128};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> const char* {
@@ -137,6 +201,13 @@ int main(int argc, char** argv) {
       contexts = IntList(value());
     } else if (a == "--batch") {
       batches = IntList(value());
+      batches_given = true;
+    } else if (a == "--attention-only") {
+      attention_only = true;
+    } else if (a == "--attention-shape") {
+      attention_shape = IntList(value());
+    } else if (a == "--runs") {
+      runs = std::atoi(value());
     } else if (a == "--steps") {
       steps = std::atoi(value());
     } else if (a == "--prefill-chunk") {
@@ -149,6 +220,26 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "exl3-engine-bench: unknown argument %s\n%s", a.c_str(), kUsage);
       return 2;
     }
+  }
+  if (attention_only) {
+    if (attention_shape.size() != 3 || contexts.empty() || chunk < 1 || runs < 1) {
+      std::fputs(kUsage, stderr);
+      return 2;
+    }
+    exl3::bench::AttentionBenchOptions ao;
+    ao.num_heads = attention_shape[0];
+    ao.num_kv_heads = attention_shape[1];
+    ao.head_dim = attention_shape[2];
+    if (batches_given) ao.batches = batches;
+    ao.contexts = contexts;
+    ao.prefill_chunk = chunk;
+    ao.runs = runs;
+    ao.json = json.empty() ? nullptr : std::fopen(json.c_str(), "a");
+    const double copy_bps = CopyBandwidth();
+    const double gemm_flops = CublasFp16Rate();
+    const int rc = exl3::bench::RunAttentionBench(ao, copy_bps, gemm_flops);
+    if (ao.json) std::fclose(ao.json);
+    return rc;
   }
   if (model.empty() || steps < 1 || chunk < 1 || contexts.empty() || batches.empty()) {
     std::fputs(kUsage, stderr);
@@ -185,7 +276,20 @@ int main(int argc, char** argv) {
   for (int l = 0; l < cfg.num_layers; ++l) moe_layers += cfg.IsMoeLayer(l) ? 1 : 0;
   const int E = cfg.moe.num_experts, k = cfg.moe.top_k, shared = cfg.moe.has_shared_expert() ? 1 : 0;
   const double per_expert = moe_layers > 0 ? double(wb.experts_resident) / moe_layers / (E + shared) : 0;
-  const double kv_bytes_per_position = double(cfg.KvFloatsPerToken()) * 4;
+  const DecodeCeilings ceilings =
+      MeasureDecodeCeilings({&wb.attention_decoded, &wb.dense_mlp_decoded, &wb.head_decoded, &wb.experts_decoded});
+  // Decode seconds of the non-expert parts per step, and of one expert (all resident experts'
+  // time over their count: the layers' experts share one shape).
+  const double decode_attention_s = DecodeSeconds(wb.attention_decoded, ceilings);
+  const double decode_dense_s = DecodeSeconds(wb.dense_mlp_decoded, ceilings);
+  const double decode_head_s = DecodeSeconds(wb.head_decoded, ceilings);
+  const double decode_per_expert_s =
+      moe_layers > 0 ? DecodeSeconds(wb.experts_decoded, ceilings) / moe_layers / (E + shared) : 0;
+  for (int K = 1; K <= 8; ++K)
+    for (int cb = 0; cb < 3; ++cb)
+      if (ceilings.weights_per_s[K][cb] > 0)
+        std::printf("decode ceiling K=%d codebook %d: %.2f T weights/s\n", K, cb, ceilings.weights_per_s[K][cb] * 1e-12);
+  const double kv_bytes_per_position = double(cfg.KvFloatsPerToken()) * 2;  // the fp16 cache
 
   // FLOPs of a prefill of C tokens: every linear's 2 x params per token (the experts a token is routed
   // to and the shared one; the head for the last token only) plus causal attention's 2 x 2 x heads x
@@ -201,41 +305,36 @@ int main(int argc, char** argv) {
   };
   std::mt19937 rng(5);
   std::vector<float> logits;
-  {
-    // One short prefill first: the first step of a process pays the kernels' one-time set-up
-    // (workspaces, attributes), which is not time to first token. Its keys are overwritten below.
-    SequenceChunk c;
-    for (int i = 0; i < std::min(256, max_context); ++i) c.tokens.push_back(static_cast<int32_t>(rng() % vocab));
-    for (int b = 0; b < prefix_blocks; ++b) c.block_table.push_back(b);
-    c.wants_logits = true;
-    StepBatch warm;
-    warm.chunks.push_back(std::move(c));
-    logits.resize(static_cast<size_t>(vocab));
-    const absl::Status st = m->Forward(warm, logits.data());
-    if (!st.ok()) return Fail("warm-up prefill: " + st.ToString());
-  }
+  logits.resize(static_cast<size_t>(vocab));
   for (int context : contexts) {
     context = context / bs * bs;  // decode sequences share whole blocks of the prompt
     std::vector<int32_t> prefix_table(prefix_blocks);
     for (int b = 0; b < prefix_blocks; ++b) prefix_table[b] = b;
-    // Prefill: the prompt in chunks; time to first token includes the head and the copy of its logits.
-    double ttft = 0;
-    for (int start = 0; start < context; start += chunk) {
-      SequenceChunk c;
-      c.sequence_id = 0;
-      const int n = std::min(chunk, context - start);
-      for (int i = 0; i < n; ++i) c.tokens.push_back(static_cast<int32_t>(rng() % vocab));
-      c.start_position = start;
-      c.block_table = prefix_table;
-      c.wants_logits = start + n == context;
-      StepBatch batch;
-      batch.chunks.push_back(std::move(c));
-      logits.resize(static_cast<size_t>(vocab));
-      const double t0 = Now();
-      const absl::Status st = m->Forward(batch, logits.data());
-      ttft += Now() - t0;
-      if (!st.ok()) return Fail("prefill: " + st.ToString());
-    }
+    // Prefill: the prompt in chunks; time to first token includes the head and the copy of its
+    // logits. Timed on the second of two runs: the first prefill of a length pays one-time set-up
+    // (workspaces and activations grown), which is not time to first token.
+    auto prefill = [&]() -> absl::StatusOr<double> {
+      double seconds = 0;
+      for (int start = 0; start < context; start += chunk) {
+        SequenceChunk c;
+        c.sequence_id = 0;
+        const int n = std::min(chunk, context - start);
+        for (int i = 0; i < n; ++i) c.tokens.push_back(static_cast<int32_t>(rng() % vocab));
+        c.start_position = start;
+        c.block_table = prefix_table;
+        c.wants_logits = start + n == context;
+        StepBatch batch;
+        batch.chunks.push_back(std::move(c));
+        const double t0 = Now();
+        EXL3_RETURN_IF_ERROR(m->Forward(batch, logits.data()));
+        seconds += Now() - t0;
+      }
+      return seconds;
+    };
+    absl::StatusOr<double> ttft_or = prefill();
+    if (ttft_or.ok()) ttft_or = prefill();
+    if (!ttft_or.ok()) return Fail("prefill: " + ttft_or.status().ToString());
+    const double ttft = *ttft_or;
     const exl3::engine::StepPhaseTimes pp = m->LastPhaseTimes();
     std::printf("prefill %5d tokens: time to first token %.1f ms, %.0f tokens/s (last chunk: attention %.1f ms, "
                 "MoE %.1f ms, dense MLP %.1f ms, head %.1f ms)\n", context, ttft * 1e3, context / ttft,
@@ -268,9 +367,16 @@ int main(int argc, char** argv) {
       }
       const double step = Median(times);
       const double touched = E > 0 ? E * (1.0 - std::pow(1.0 - double(k) / E, B)) + shared : 0;
+      const double kv_bytes = B * (context + warmup + steps / 2.0) * kv_bytes_per_position;
+      const double expert_bytes = moe_layers * touched * per_expert;
       const double bytes = wb.attention + wb.dense_mlp + wb.router + wb.head + B * double(wb.embedding_row) +
-                           moe_layers * touched * per_expert + B * (context + warmup + steps / 2.0) * kv_bytes_per_position;
-      const double floor_s = bytes / copy_bps;
+                           expert_bytes + kv_bytes;
+      // Each part at the slower of reading its bytes and decoding its EXL3 weights.
+      const double floor_s = std::max(wb.attention / copy_bps, decode_attention_s) +
+                             std::max(wb.dense_mlp / copy_bps, decode_dense_s) +
+                             std::max(wb.head / copy_bps, decode_head_s) +
+                             std::max(expert_bytes / copy_bps, moe_layers * touched * decode_per_expert_s) +
+                             (wb.router + B * double(wb.embedding_row) + kv_bytes) / copy_bps;
       std::printf("decode%s context %5d batch %3d: %.3f ms/step, %.0f tokens/s; floor %.3f ms (%.2f GB/step) -> %.2fx floor\n",
                   graphs ? "" : " (eager)", context, B, step * 1e3, B / step, floor_s * 1e3, bytes * 1e-9,
                   step / floor_s);

@@ -179,10 +179,10 @@ void BenchGemv(const Ceilings& c) {
   // takes either path by m.
   const Shape shapes[] = {{4096, 14336}, {14336, 4096}, {4096, 2048}, {2048, 4096},
                           {5120, 2304},  {4096, 4096},  {5120, 5120}};
-  // native: what LinearForward chooses (path: 1 or 3 launches); 1-launch / 3-launch: each GEMV path
-  // forced (bench_hooks.h).
-  std::printf("\n%-34s %9s %9s %9s %9s %9s %9s %7s %9s\n", "GEMV (LinearForward)", "native", "1-launch",
-              "3-launch", "floor", "bytes-fl", "decode-fl", "x floor", "reference");
+  // native: what LinearForward chooses (path: 1 or 3 launches, G the GEMM); 1-launch / 3-launch /
+  // gemm: each path forced (bench_hooks.h; above kGemvMaxRows rows every column is the GEMM).
+  std::printf("\n%-34s %9s %9s %9s %9s %9s %9s %9s %7s %9s\n", "GEMV (LinearForward)", "native", "1-launch",
+              "3-launch", "gemm", "floor", "bytes-fl", "decode-fl", "x floor", "reference");
   {
     int sms = 0;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -197,7 +197,7 @@ void BenchGemv(const Ceilings& c) {
   cuda::Workspace ws;
   // EXL3_BENCH_FIRST_ONLY=1: only m=1 4096x14336 K=2 mcg (for profiling one configuration).
   const bool first_only = std::getenv("EXL3_BENCH_FIRST_ONLY") != nullptr;
-  for (int m : {1, 2, 4, 8, 16, 32}) {
+  for (int m : {1, 2, 4, 8, 16, 32, 48, 64}) {
     for (const Shape& s : shapes) {
       for (int K : {2, 3, 4}) {
         for (Codebook cb : {Codebook::kMcg, Codebook::k3Inst, Codebook::kMul1}) {
@@ -237,24 +237,29 @@ void BenchGemv(const Ceilings& c) {
           call(cuda::Path::kNative)(0);  // grow the three-launch workspace outside capture
           CK(cudaStreamSynchronize(g_stream));
           const double t3 = TimeMedian(call(cuda::Path::kNative), copies, 30);
+          cuda::SetGemvPathOverride(3);
+          call(cuda::Path::kNative)(0);
+          CK(cudaStreamSynchronize(g_stream));
+          const double tg = TimeMedian(call(cuda::Path::kNative), copies, 30);
           cuda::SetGemvPathOverride(0);
           const double tr = TimeMedian(call(cuda::Path::kReference), copies, 10);
           const double bytes = wbytes + (s.k + s.n) * 2.0 + m * (s.k + s.n) * 4.0;
           const double fb = bytes / c.copy_bps, fd = double(s.k) * s.n / DecodeWps(c, cb);
           const double floor = std::max(fb, fd);
           char name[96];
-          const int path = cuda::GemvPathFor(m, s.k, s.n, K, sm_count) == 1 ? 1 : 3;
-          std::snprintf(name, sizeof name, "m=%d %5dx%-5d K=%d %-5s (%dL)", m, s.k, s.n, K,
-                        std::string(CodebookName(cb)).c_str(), path);
-          std::printf("%-34s %7.1fus %7.1fus %7.1fus %7.1fus %7.1fus %7.1fus %6.2fx %7.1fus\n", name, t * 1e6,
-                      t1 * 1e6, t3 * 1e6, floor * 1e6, fb * 1e6, fd * 1e6, t / floor, tr * 1e6);
+          const int chosen = cuda::GemvPathFor(m, s.k, s.n, K, sm_count);
+          const int path = chosen == 1 ? 1 : chosen == 2 ? 3 : 0;  // launches; 0: the GEMM
+          std::snprintf(name, sizeof name, "m=%d %5dx%-5d K=%d %-5s (%s)", m, s.k, s.n, K,
+                        std::string(CodebookName(cb)).c_str(), path == 1 ? "1L" : path == 3 ? "3L" : "G");
+          std::printf("%-34s %7.1fus %7.1fus %7.1fus %7.1fus %7.1fus %7.1fus %7.1fus %6.2fx %7.1fus\n", name,
+                      t * 1e6, t1 * 1e6, t3 * 1e6, tg * 1e6, floor * 1e6, fb * 1e6, fd * 1e6, t / floor, tr * 1e6);
           char js[640];
           std::snprintf(js, sizeof js,
                         "{\"bench\":\"gemv\",\"m\":%d,\"k\":%d,\"n\":%d,\"K\":%d,\"codebook\":\"%s\",\"launches\":%d,"
                         "\"native_us\":%.2f,\"one_launch_us\":%.2f,\"three_launch_us\":%.2f,"
-                        "\"floor_us\":%.2f,\"bytes_floor_us\":%.2f,\"decode_floor_us\":%.2f,\"reference_us\":%.2f}",
+                        "\"gemm_us\":%.2f,\"floor_us\":%.2f,\"bytes_floor_us\":%.2f,\"decode_floor_us\":%.2f,\"reference_us\":%.2f}",
                         m, s.k, s.n, K, std::string(CodebookName(cb)).c_str(), path, t * 1e6, t1 * 1e6, t3 * 1e6,
-                        floor * 1e6, fb * 1e6, fd * 1e6, tr * 1e6);
+                        tg * 1e6, floor * 1e6, fb * 1e6, fd * 1e6, tr * 1e6);
           Json(js);
           // K = 2 MCG, m = 1 and 8: the one-launch GEMV (forced) at forced k-slice lengths (the cost
           // model's choice is the 1-launch column above), to check the model against the device.
@@ -449,10 +454,12 @@ void BenchMoe(const Ceilings& c, int stack) {
 
 // ---------------------------------------------------------------------------------------------
 void BenchGemm(const Ceilings& c) {
-  std::printf("\n%-40s %10s %10s %10s %8s %10s\n", "prefill GEMM (dequant fused)", "native", "TFLOP/s", "cuBLAS*",
-              "ratio", "reference");
-  std::printf("(cuBLAS* = cublasGemmEx fp16 on the already-dequantised W_inner, same shape; reference = dequant + "
-              "cuBLAS)\n");
+  std::printf("\n%-40s %10s %10s %10s %8s %10s %10s\n", "prefill GEMM (dequant fused)", "fused", "TFLOP/s",
+              "cuBLAS*", "ratio", "reference", "native");
+  std::printf("(fused = the fused GEMM kernel, forced; cuBLAS* = cublasGemmEx fp16 on the already-dequantised "
+              "W_inner, same shape; reference = dequant + cuBLAS; native = LinearForward's rule: the fused GEMM "
+              "below kLinearDequantGemmMinRows = %d rows, dequant + cuBLAS from there)\n",
+              cuda::kLinearDequantGemmMinRows);
   cuda::Workspace ws;
   cublasHandle_t h;
   cublasCreate(&h);
@@ -465,7 +472,7 @@ void BenchGemm(const Ceilings& c) {
     __half* wd;
     CK(cudaMalloc(&wd, size_t(k) * n * 2));
     OK(cuda::DequantizeInnerDevice((*dev)->view(), reinterpret_cast<uint16_t*>(wd), g_stream));
-    for (int m : {512, 1024, 2048, 4096, 8192}) {
+    for (int m : {128, 256, 512, 1024, 2048, 4096, 8192}) {
       const auto x = RandomVector(size_t(m) * k, 21);
       float *dx, *dy;
       __half* da;
@@ -479,7 +486,10 @@ void BenchGemm(const Ceilings& c) {
       call(cuda::Path::kNative)(0);
       call(cuda::Path::kReference)(0);
       CK(cudaStreamSynchronize(g_stream));
+      const double tn = TimeMedian(call(cuda::Path::kNative), 1, 10);
+      cuda::SetGemvPathOverride(3);
       const double t = TimeMedian(call(cuda::Path::kNative), 1, 10);
+      cuda::SetGemvPathOverride(0);
       const double tr = TimeMedian(call(cuda::Path::kReference), 1, 5);
       const float al = 1, be = 0;
       const double tc = TimeMedian(
@@ -491,13 +501,13 @@ void BenchGemm(const Ceilings& c) {
       const double flops = 2.0 * m * k * n;
       char name[96];
       std::snprintf(name, sizeof name, "m=%d %dx%d K=%d mcg", m, k, n, K);
-      std::printf("%-40s %8.1fus %10.1f %8.1fus %7.0f%% %8.1fus\n", name, t * 1e6, flops / t * 1e-12, tc * 1e6,
-                  100.0 * tc / t, tr * 1e6);
+      std::printf("%-40s %8.1fus %10.1f %8.1fus %7.0f%% %8.1fus %8.1fus\n", name, t * 1e6, flops / t * 1e-12,
+                  tc * 1e6, 100.0 * tc / t, tr * 1e6, tn * 1e6);
       char js[384];
       std::snprintf(js, sizeof js,
-                    "{\"bench\":\"gemm\",\"m\":%d,\"k\":%d,\"n\":%d,\"K\":%d,\"native_us\":%.2f,\"tflops\":%.2f,"
-                    "\"cublas_us\":%.2f,\"reference_us\":%.2f}",
-                    m, k, n, K, t * 1e6, flops / t * 1e-12, tc * 1e6, tr * 1e6);
+                    "{\"bench\":\"gemm\",\"m\":%d,\"k\":%d,\"n\":%d,\"K\":%d,\"fused_us\":%.2f,\"tflops\":%.2f,"
+                    "\"cublas_us\":%.2f,\"reference_us\":%.2f,\"native_us\":%.2f}",
+                    m, k, n, K, t * 1e6, flops / t * 1e-12, tc * 1e6, tr * 1e6, tn * 1e6);
       Json(js);
       CK(cudaFree(dx));
       CK(cudaFree(dy));

@@ -19,6 +19,7 @@ constexpr char kUsage[] =
     "         [--layers N] [--hidden H] [--experts E] [--top-k K] [--intermediate I]\n"
     "         [--shared S] [--dense-layers D] [--dense-intermediate I2] [--n-group G]\n"
     "         [--topk-group G2] [--routed-scaling-factor F] [--swiglu-limit L] [--vocab V]\n"
+    "         [--max-position N]\n"
     "         [--bits K] [--expert-bits K] [--down-bits K] [--codebook 3inst|mcg|mul1]\n"
     "         [--quantize-all [--head-bits K]] [--attention-bits K] [--seed S] [--threads N] [--hf-only]\n"
     "         [--hf-output DIR2] [--synthetic [--whole-model]] [--quiet]\n"
@@ -48,6 +49,7 @@ constexpr char kUsage[] =
     "  --routed-scaling-factor  (default 1.0; deepseek_v3 2.5)\n"
     "  --swiglu-limit  written to config.json when > 0 (default: none)\n"
     "  --vocab         vocab_size of the tiny embeddings (default 512)\n"
+    "  --max-position  max_position_embeddings (default 4096)\n"
     "  --bits          K of every quantized tensor (default 4)\n"
     "  --expert-bits   K of routed experts (default --bits); shared experts keep --bits\n"
     "  --down-bits     K of down projections (default: no override). Mixed widths, e.g. the\n"
@@ -95,7 +97,7 @@ int Run(int argc, char** argv) {
                    "expert-bits", "down-bits", "codebook", "seed", "threads", "head-bits", "attention-bits",
                    "heads", "kv-heads", "head-dim", "q-lora-rank", "kv-lora-rank",
                    "qk-nope-head-dim", "qk-rope-head-dim", "v-head-dim", "index-heads",
-                   "index-head-dim", "index-topk"},
+                   "index-head-dim", "index-topk", "max-position"},
                   {"hf-only", "synthetic", "quiet", "quantize-all", "whole-model"}, &err)) {
     return Fail(kName, err);
   }
@@ -125,7 +127,8 @@ int Run(int argc, char** argv) {
                     {"qk-nope-head-dim", &spec.qk_nope_head_dim},
                     {"qk-rope-head-dim", &spec.qk_rope_head_dim},
                     {"v-head-dim", &spec.v_head_dim}, {"index-heads", &spec.index_heads},
-                    {"index-head-dim", &spec.index_head_dim}, {"index-topk", &spec.index_topk}}) {
+                    {"index-head-dim", &spec.index_head_dim}, {"index-topk", &spec.index_topk},
+                    {"max-position", &spec.max_position}}) {
     if (args.Has(f.name) && !args.GetInt(f.name, f.out, &err)) return Fail(kName, err);
   }
   for (auto [name, out] : {std::pair<const char*, float*>{"routed-scaling-factor", &spec.routed_scaling_factor},

@@ -1,8 +1,9 @@
-// The CUDA engine against the CPU engine: its kernels on fresh random inputs (paged attention at
-// tile and split edges, the device gate for every scoring function, RoPE in both layouts, the
-// norms), and whole models (tests/fixtures/engine, the GQA families) through chunked prefill and
-// greedy decode: logits within 5e-3 relative of the CPU model's while the tokens agree, and the
-// greedy tokens against transformers'. Skipped where no GPU is visible (ctest label gpu).
+// The CUDA engine against the CPU engine: its kernels on fresh random inputs (the fp16 KV cache
+// write; decode and prefill attention at tile and split edges against a reference reading the same
+// fp16 cache; the device gate for every scoring function; RoPE in both layouts; the norms), and
+// whole models (tests/fixtures/engine, the GQA families) through chunked prefill and greedy
+// decode: logits within 5e-3 relative of the CPU model's while the tokens agree, and the greedy
+// tokens against transformers'. Skipped where no GPU is visible (ctest label gpu).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -10,12 +11,14 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/attention.h"
 #include "engine/cpu_model.h"
 #include "engine/local_moe.h"
 #include "engine/cuda/cuda_model.h"
+#include "engine/cuda/attention_kernels.h"
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/engine_kernels.h"
 #include "engine/rms_norm.h"
@@ -68,25 +71,48 @@ std::vector<T> ToHost(const DeviceArray<T>& d, size_t n) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Paged attention against a double-precision loop over the same cache.
+// Attention against a double-precision loop over the same fp16 cache.
+
+// IEEE binary16 bits to float (the reference reads the values the kernels read).
+float HalfToFloat(KvHalf h) {
+  const int exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+  float v;
+  if (exponent == 0) {
+    v = std::ldexp(static_cast<float>(mantissa), -24);
+  } else if (exponent == 31) {
+    v = mantissa != 0 ? NAN : INFINITY;
+  } else {
+    v = std::ldexp(static_cast<float>(mantissa | 0x400), exponent - 25);
+  }
+  return (h & 0x8000) != 0 ? -v : v;
+}
+
+enum class AttentionKernel { kDecode, kPrefill };
 
 struct AttentionCase {
-  const char* name;
+  std::string name;
   int num_heads, num_kv_heads, head_dim;
   std::vector<int> positions;  // query tokens, each its own sequence unless `one_sequence`
-  int sliding_window;
-  bool one_sequence;           // a prefill chunk: all tokens of one sequence
+  int sliding_window = 0;
+  bool one_sequence = false;   // a prefill chunk: all tokens of one sequence
+  float q_scale = 1.0f;        // larger: sharper softmax (the online rescaling matters more)
 };
 
-void CheckAttention(const AttentionCase& c) {
+// The positions of a prefill chunk of n tokens after `cached` positions.
+std::vector<int> Chunk(int cached, int n) {
+  std::vector<int> p(n);
+  std::iota(p.begin(), p.end(), cached);
+  return p;
+}
+
+void CheckAttention(const AttentionCase& c, AttentionKernel kernel) {
   SCOPED_TRACE(c.name);
   std::mt19937 rng(1234);
   const int T = static_cast<int>(c.positions.size()), NH = c.num_heads, KV = c.num_kv_heads, D = c.head_dim;
   const int bs = 16, max_pos = *std::max_element(c.positions.begin(), c.positions.end());
   const int blocks_per_seq = max_pos / bs + 1, seqs = c.one_sequence ? 1 : T;
   const int num_blocks = blocks_per_seq * seqs;
-  const int width = 2 * KV * D;
-  std::vector<float> cache = Random(static_cast<size_t>(num_blocks) * bs * width, rng);
+  const int kv_floats = KV * D, width = 2 * kv_floats;
   // Blocks handed out shuffled, as a block manager does after a while.
   std::vector<int32_t> perm(num_blocks);
   std::iota(perm.begin(), perm.end(), 0);
@@ -96,63 +122,137 @@ void CheckAttention(const AttentionCase& c) {
     offset[t] = c.one_sequence ? 0 : t * blocks_per_seq;
     first[t] = FirstVisiblePosition(pos[t], c.sliding_window);
   }
-  std::vector<float> q = Random(static_cast<size_t>(T) * NH * D, rng);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  // Keys and values of every position of every sequence up to its last query, written by WriteKv
+  // into a cache of NaNs (a read of any other slot would show in the output).
+  std::vector<int32_t> slots;
+  for (int q = 0; q < seqs; ++q) {
+    const int last = c.one_sequence ? max_pos : pos[q];
+    for (int j = 0; j <= last; ++j) slots.push_back(tables[q * blocks_per_seq + j / bs] * bs + j % bs);
+  }
+  const int written = static_cast<int>(slots.size());
+  std::vector<float> k = Random(static_cast<size_t>(written) * kv_floats, rng), v = Random(k.size(), rng);
+  DeviceArray<KvHalf> d_cache = ToDevice(std::vector<KvHalf>(static_cast<size_t>(num_blocks) * bs * width, 0xffff));
+  {
+    DeviceArray<float> d_k = ToDevice(k), d_v = ToDevice(v);
+    DeviceArray<int32_t> d_slots = ToDevice(slots);
+    ASSERT_TRUE(WriteKv(d_k.get(), d_v.get(), d_slots.get(), written, kv_floats, d_cache.get(), nullptr).ok());
+  }
+  const std::vector<KvHalf> cache_bits = ToHost(d_cache, static_cast<size_t>(num_blocks) * bs * width);
+  std::vector<float> cache(cache_bits.size());
+  for (size_t i = 0; i < cache.size(); ++i) cache[i] = HalfToFloat(cache_bits[i]);
+  // WriteKv rounds to the nearest fp16: within half an ulp (2^-11 relative; subnormals 2^-25).
+  int misrounded = 0;
+  for (int i = 0; i < written; ++i) {
+    for (int j = 0; j < kv_floats; ++j) {
+      const float kf = k[static_cast<size_t>(i) * kv_floats + j], vf = v[static_cast<size_t>(i) * kv_floats + j];
+      const float kc = cache[static_cast<size_t>(slots[i]) * width + j];
+      const float vc = cache[static_cast<size_t>(slots[i]) * width + kv_floats + j];
+      misrounded += std::fabs(kc - kf) > std::ldexp(std::fabs(kf), -11) + std::ldexp(1.0f, -25);
+      misrounded += std::fabs(vc - vf) > std::ldexp(std::fabs(vf), -11) + std::ldexp(1.0f, -25);
+    }
+  }
+  EXPECT_EQ(misrounded, 0) << "WriteKv: values not rounded to the nearest fp16";
 
+  std::vector<float> q = Random(static_cast<size_t>(T) * NH * D, rng, c.q_scale);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   std::vector<float> ref(q.size());
+  std::vector<double> s, o(D);
   for (int t = 0; t < T; ++t) {
     for (int h = 0; h < NH; ++h) {
       const int g = h / (NH / KV);
-      std::vector<double> s;
+      const float* qh = &q[(static_cast<size_t>(t) * NH + h) * D];
+      s.clear();
       for (int j = first[t]; j <= pos[t]; ++j) {
         const size_t slot = static_cast<size_t>(tables[offset[t] + j / bs]) * bs + j % bs;
+        const float* kj = &cache[slot * width + g * D];
         double dot = 0;
-        for (int d = 0; d < D; ++d) dot += static_cast<double>(q[(static_cast<size_t>(t) * NH + h) * D + d]) * cache[slot * width + g * D + d];
+        for (int d = 0; d < D; ++d) dot += static_cast<double>(qh[d]) * kj[d];
         s.push_back(dot * scale);
       }
       const double mx = *std::max_element(s.begin(), s.end());
       double sum = 0;
-      for (double& v : s) sum += (v = std::exp(v - mx));
-      for (int d = 0; d < D; ++d) {
-        double o = 0;
-        for (int j = first[t]; j <= pos[t]; ++j) {
-          const size_t slot = static_cast<size_t>(tables[offset[t] + j / bs]) * bs + j % bs;
-          o += s[j - first[t]] / sum * cache[slot * width + KV * D + g * D + d];
-        }
-        ref[(static_cast<size_t>(t) * NH + h) * D + d] = static_cast<float>(o);
+      for (double& e : s) sum += (e = std::exp(e - mx));
+      std::fill(o.begin(), o.end(), 0.0);
+      for (int j = first[t]; j <= pos[t]; ++j) {
+        const size_t slot = static_cast<size_t>(tables[offset[t] + j / bs]) * bs + j % bs;
+        const float* vj = &cache[slot * width + kv_floats + g * D];
+        const double p = s[j - first[t]] / sum;
+        for (int d = 0; d < D; ++d) o[d] += p * vj[d];
       }
+      for (int d = 0; d < D; ++d) ref[(static_cast<size_t>(t) * NH + h) * D + d] = static_cast<float>(o[d]);
     }
   }
 
-  DeviceArray<float> d_cache = ToDevice(cache), d_q = ToDevice(q), d_out;
+  DeviceArray<float> d_q = ToDevice(q), d_out;
   DeviceArray<int32_t> d_tables = ToDevice(tables), d_offset = ToDevice(offset), d_first = ToDevice(first),
                        d_pos = ToDevice(pos);
   ASSERT_TRUE(d_out.Reserve(q.size()).ok());
   AttentionTokens at{d_pos.get(), d_first.get(), d_offset.get(), d_tables.get(), bs};
   int span = 0;
   for (int t = 0; t < T; ++t) span = std::max(span, pos[t] - first[t] + 1);
+  // fp16 queries and probabilities on tensor cores; the CUDA-core fallback is fp32 throughout.
+  const bool tensor_cores = PrefillAttentionSupports(D);
+  const double tolerance = tensor_cores ? 2e-3 : 1e-5;
   // One split, the split count the model picks, and splits that do not divide the span evenly.
-  for (int splits : {1, 3, 8}) {
+  const std::vector<int> split_counts = kernel == AttentionKernel::kDecode ? std::vector<int>{1, 3, 8}
+                                                                           : std::vector<int>{1, 3};
+  for (int splits : split_counts) {
     DeviceArray<int32_t> sp = ToDevice(std::vector<int32_t>{(span + splits - 1) / splits});
     DeviceArray<float> scratch;
     ASSERT_TRUE(scratch.Reserve(AttentionScratchFloats(T, NH, D, splits)).ok());
-    ASSERT_TRUE(PagedAttention(d_q.get(), d_cache.get(), at, T, NH, KV, D, scale, splits, sp.get(), scratch.get(),
-                               d_out.get(), nullptr).ok());
+    ASSERT_TRUE(d_out.Upload(std::vector<float>(q.size(), NAN)).ok());  // every output must be written
+    const auto run = kernel == AttentionKernel::kDecode ? PagedAttention : PrefillAttention;
+    const absl::Status st = run(d_q.get(), d_cache.get(), at, T, NH, KV, D, scale, splits, sp.get(), scratch.get(),
+                                d_out.get(), nullptr);
+    ASSERT_TRUE(st.ok()) << st;
     const double rel = RelativeError(ToHost(d_out, q.size()), ref);
-    std::printf("attention %-28s splits %d: rel %.2e\n", c.name, splits, rel);
-    EXPECT_LT(rel, 1e-5) << "splits " << splits;
+    std::printf("attention %-7s %-44s splits %d: rel %.2e (tolerance %.0e)\n",
+                kernel == AttentionKernel::kDecode ? "decode" : "prefill", c.name.c_str(), splits, rel, tolerance);
+    EXPECT_LT(rel, tolerance) << "splits " << splits;  // NaN fails too
   }
 }
 
 TEST(CudaKernelsTest, PagedAttentionMatchesReference) {
   REQUIRE_GPU();
-  CheckAttention({"decode gqa 4/2x64", 4, 2, 64, {0, 1, 15, 16, 33, 700}, 0, false});
-  CheckAttention({"decode glm-air 96/8x128", 96, 8, 128, {0, 31, 32, 1029, 3000}, 0, false});
-  CheckAttention({"decode sliding window 100", 8, 4, 64, {5, 99, 100, 101, 517}, 100, false});
-  CheckAttention({"decode mha 4/4x256", 4, 4, 256, {3, 64, 200}, 0, false});
-  std::vector<int> chunk(45);
-  std::iota(chunk.begin(), chunk.end(), 20);  // a prefill chunk after 20 cached positions
-  CheckAttention({"prefill chunk 8/2x128", 8, 2, 128, chunk, 0, true});
+  const AttentionKernel decode = AttentionKernel::kDecode;
+  CheckAttention({"gqa 4/2x64", 4, 2, 64, {0, 1, 15, 16, 33, 700}}, decode);
+  CheckAttention({"glm-air 96/8x128", 96, 8, 128, {0, 31, 32, 1029, 3000}}, decode);
+  CheckAttention({"glm-air 96/8x128 sharp softmax", 96, 8, 128, {0, 17, 700}, 0, false, 3.0f}, decode);
+  CheckAttention({"sliding window 100, 8/4x64", 8, 4, 64, {5, 99, 100, 101, 517}, 100}, decode);
+  CheckAttention({"mha 4/4x256", 4, 4, 256, {3, 64, 200}}, decode);
+  CheckAttention({"group of 16, 32/2x128", 32, 2, 128, {0, 15, 16, 333}}, decode);
+  CheckAttention({"group of 24 (64-row tiles), 48/2x128", 48, 2, 128, {0, 40, 1000}}, decode);
+  CheckAttention({"CUDA-core fallback 8/2x96", 8, 2, 96, {0, 1, 16, 33, 700}}, decode);
+  CheckAttention({"CUDA-core fallback 4/1x40", 4, 1, 40, {0, 15, 16, 200}}, decode);
+  CheckAttention({"prefill chunk 8/2x128", 8, 2, 128, Chunk(20, 45), 0, true}, decode);
+}
+
+TEST(CudaKernelsTest, PrefillAttentionMatchesReference) {
+  REQUIRE_GPU();
+  const AttentionKernel prefill = AttentionKernel::kPrefill;
+  auto name = [](const char* shape, int n, int cached, int window) {
+    std::string s = std::string(shape) + " chunk " + std::to_string(n) + " after " + std::to_string(cached);
+    return window > 0 ? s + ", window " + std::to_string(window) : s;
+  };
+  for (int cached : {0, 20, 1000}) {
+    for (int n : {1, 15, 16, 17, 64, 100, 300}) {
+      CheckAttention({name("4/2x64", n, cached, 0), 4, 2, 64, Chunk(cached, n), 0, true}, prefill);
+      CheckAttention({name("4/2x128", n, cached, 0), 4, 2, 128, Chunk(cached, n), 0, true}, prefill);
+      // GLM-4.5-Air's shape: the reference's cost limits the long-context cases.
+      if (cached < 1000 ? n != 15 && n != 64 : n == 17 || n == 100)
+        CheckAttention({name("96/8x128", n, cached, 0), 96, 8, 128, Chunk(cached, n), 0, true}, prefill);
+    }
+  }
+  for (int cached : {0, 1000}) {
+    for (int n : {17, 300})
+      CheckAttention({name("8/2x64", n, cached, 100), 8, 2, 64, Chunk(cached, n), 100, true}, prefill);
+  }
+  CheckAttention({name("96/8x128", 100, 1000, 64), 96, 8, 128, Chunk(1000, 100), 64, true}, prefill);
+  CheckAttention({name("4/2x256", 100, 20, 0), 4, 2, 256, Chunk(20, 100), 0, true}, prefill);
+  CheckAttention({name("mha 4/4x64", 70, 5, 0), 4, 4, 64, Chunk(5, 70), 0, true}, prefill);
+  CheckAttention({name("96/8x128 sharp softmax", 64, 20, 0), 96, 8, 128, Chunk(20, 64), 0, true, 3.0f}, prefill);
+  // Head dims off the tensor-core kernel are refused (the model runs them through PagedAttention).
+  EXPECT_FALSE(PrefillAttentionSupports(96));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -281,13 +381,26 @@ TEST_P(CudaModelFixtureTest, MatchesCpuModelAndTransformers) {
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   auto cpu_rows = testing::RunGreedy(**cpu, prompts, steps, /*chunk=*/7);
   ASSERT_TRUE(cpu_rows.ok()) << cpu_rows.status();
-  // Decode steps eagerly, then replaying CUDA graphs (the default).
-  for (bool graphs : {false, true}) {
+  // Decode steps eagerly, then replaying CUDA graphs (the default); prompts in chunks of 7 (below
+  // kPrefillMinTokens: every token through the decode kernel), then of 24 (the longer prompts'
+  // first chunks through the tensor-core prefill kernel, beside the short prompts' tokens in the
+  // same steps), and of 24 with that kernel off.
+  struct Variant {
+    const char* name;
+    bool graphs;
+    int chunk;
+    bool tensor_core_prefill;
+  };
+  for (const Variant& variant : {Variant{"eager, chunks of 7", false, 7, true}, Variant{"graphs, chunks of 7", true, 7, true},
+                                 Variant{"graphs, chunks of 24", true, 24, true},
+                                 Variant{"chunks of 24, no prefill kernel", true, 24, false}}) {
+    SCOPED_TRACE(variant.name);
     CudaModelOptions options;
-    options.cuda_graphs = graphs;
+    options.cuda_graphs = variant.graphs;
+    options.tensor_core_prefill = variant.tensor_core_prefill;
     auto gpu = CudaModel::Open(dir, options);
     ASSERT_TRUE(gpu.ok()) << gpu.status();
-    auto gpu_rows = testing::RunGreedy(**gpu, prompts, steps, /*chunk=*/7);
+    auto gpu_rows = testing::RunGreedy(**gpu, prompts, steps, variant.chunk);
     ASSERT_TRUE(gpu_rows.ok()) << gpu_rows.status();
 
     double worst = 0;
@@ -316,9 +429,8 @@ TEST_P(CudaModelFixtureTest, MatchesCpuModelAndTransformers) {
         ++same_tokens;
       }
     }
-    std::printf("model %-22s %s logits rel (worst row) %.2e, tokens GPU=CPU %d/%d, GPU=transformers %d/%d\n",
-                GetParam(), graphs ? "graphs" : "eager ", worst, same_tokens, total, transformers_same,
-                transformers_rows);
+    std::printf("model %-22s %-32s logits rel (worst row) %.2e, tokens GPU=CPU %d/%d, GPU=transformers %d/%d\n",
+                GetParam(), variant.name, worst, same_tokens, total, transformers_same, transformers_rows);
     EXPECT_LT(worst, 5e-3);
     EXPECT_EQ(transformers_same, transformers_rows);
   }

@@ -1,0 +1,101 @@
+// DeepSeek-V4's attention (transformers 5.24's DeepseekV4Attention with its compressors and
+// indexer), one layer, on the CPU.
+//
+// Per token (x: the collapsed, input-normalised hidden state):
+//   q_resid = q_norm(wq_a · x)                                          [q_lora_rank]
+//   q       = per-head unweighted RMS norm of wq_b · q_resid             [heads, head_dim]
+//   kv      = norm(wkv · x)                                              [head_dim]
+//   q and kv rotated on their LAST rope_dim dimensions, pairs (2i, 2i+1) interleaved, at the
+//   token's position (rope "main" on sliding layers, "compress" on compressed ones).
+// One key/value head serves every query head (kv is the key and the value). A query attends
+// to the kv of its last sliding_window positions (itself included) and, on compressed layers,
+// to compressed entries: scores q·k / sqrt(head_dim), a per-head sink logit (attn_sink) joins
+// the softmax and is dropped; the output's rope slice is rotated back (the conjugate angles of
+// the query's position); then the grouped output projection: heads split into o_groups groups,
+// group g through its own o_lora_rank rows of wo_a, the concatenation through wo_b.
+//
+// Compressed entries. A window of m consecutive positions [w m, (w + 1) m) becomes entry w once
+// its last position is in the cache: per channel, softmax over the window of (wgate · x +
+// ape[position % m]) weighs (wkv · x); the sum goes through the compressor's norm and is rotated
+// at position w m (rope "compress"). HCA (m = compress_rates' heavily_compressed_attention) uses
+// non-overlapping windows and every entry the query may see (w < (position + 1) / m). CSA (m =
+// compressed_sparse_attention) projects twice the width: the first half of window w - 1 and the
+// second half of window w form entry w (2 m terms; m for entry 0); its indexer runs the same
+// compressor at index_head_dim over the same windows (keys), scores each visible entry as
+// Σ_h w_h relu(q_h · key) / sqrt(index_head_dim) with q = indexer.wq_b · q_resid rotated at
+// the query's position and w = indexer.weights_proj · x / sqrt(index_n_heads), and the query
+// attends to the index_topk best (all while it sees no more).
+//
+// Where the state lives: every token's slot in the paged KV cache holds its kv, its
+// compressors' raw projections and, at the last position of a window, that window's entries
+// (engine/dsv4_config.h Dsv4SlotLayout). The sliding window is read from the slots of the last
+// positions, a compressor's open window ("buffer") and CSA's overlap from the slots of the
+// window's positions, the pools from the slots of each window's last position. Nothing is kept
+// per sequence outside the cache, so a sequence stops and resumes at any token (prefill,
+// decode, prefill again), a preempted one is recomputed like any other, and full blocks can be
+// shared by prefix caching: a slot depends only on the tokens up to its position. The price is
+// memory: a CSA slot is 6 head_dim + 5 index_head_dim floats where the entries alone would
+// need head_dim / m; a per-sequence store would save that but lose prefix sharing and force
+// its own preemption bookkeeping.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "engine/attention.h"
+#include "engine/dsv4_config.h"
+#include "engine/linear.h"
+#include "engine/rope.h"
+
+namespace exl3::engine {
+
+class Dsv4Attention final : public Attention {
+ public:
+  static absl::StatusOr<std::unique_ptr<Dsv4Attention>> Load(const ModelConfig& cfg,
+                                                             const TensorSource& src, int layer);
+  absl::Status Forward(const float* x, const StepTokens& tokens, PagedKvCache& cache,
+                       AttentionCarry& carry, float* out, CpuCompute& compute) override;
+
+ private:
+  // A window compressor: `compressor.*` of the layer or `indexer.compressor.*` of CSA's indexer.
+  struct Compressor {
+    Linear wkv, wgate;         // hidden → width
+    std::vector<float> ape;    // [m, width]: position_bias
+    std::vector<float> norm;   // [dim]
+    int dim = 0;               // of an entry
+    int width = 0;             // dim, or 2 dim (overlapping windows)
+    int kv_offset = 0, gate_offset = 0, entry_offset = 0;  // in the slot
+  };
+  struct Indexer {
+    Linear wq_b, weights_proj;
+    Compressor compressor;
+  };
+
+  Dsv4Attention(const ModelConfig& cfg, int layer);
+  // Writes token t's projections (gate + ape) of `c` into its slot.
+  absl::Status Project(const Compressor& c, const float* x, const StepTokens& tokens,
+                       PagedKvCache& cache, CpuCompute& compute) const;
+  // Entry w of `c` from its window's slots, into the slot of the window's last position.
+  void CompressWindow(const Compressor& c, PagedKvCache& cache, const std::vector<int32_t>& table,
+                      int w) const;
+  // The compressed entries token t attends to (CSA: its indexer's choice).
+  absl::Status SelectEntries(const float* x, const std::vector<float>& q_resid,
+                             const StepTokens& tokens, PagedKvCache& cache,
+                             std::vector<std::vector<int32_t>>* entries, CpuCompute& compute) const;
+
+  const ModelConfig& cfg_;
+  const Dsv4Config& v4_;
+  int layer_;
+  Dsv4LayerType type_;
+  int rate_ = 0;  // m (0: sliding only)
+  Dsv4SlotLayout slot_;
+  Rope rope_;     // main or compress, by layer type
+  Linear wq_a_, wq_b_, wkv_, wo_b_;
+  std::vector<Linear> wo_a_;  // one per group: [o_lora_rank] from [heads * head_dim / o_groups]
+  std::vector<float> q_norm_, kv_norm_, sinks_;
+  std::optional<Compressor> compressor_;
+  std::optional<Indexer> indexer_;
+};
+
+}  // namespace exl3::engine

@@ -1,0 +1,89 @@
+// One ExpertWorker.Forward stream of the worker, on the stream plumbing of
+// services/common/bidi_stream.h (one write outstanding, back-pressure, finish when idle, the
+// shared-memory side channel). Requests are read one after another, each validated and queued at
+// once (many in flight), and answered in completion order. Owned by the server's stream registry
+// until the stream ends; requests in flight hold it too (as their RequestSink), so it may outlive
+// the end, answering nothing after that.
+//
+// When the caller offers a shared-memory channel (ExpertRequest.shm_offer, same host) and the
+// worker accepts it, requests read from the channel are handled like the stream's, and their
+// answers go back through the channel when they fit.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "exl3serve/v1/exl3serve.pb.h"
+#include "grpcpp/support/server_callback.h"
+#include "services/common/bidi_stream.h"
+#include "services/expert_worker/request.h"
+
+namespace exl3::worker {
+
+class WorkerServer;
+
+class WorkerStream
+    : public svc::BidiStream<svc::ServerSide, pb::ExpertRequest, pb::ExpertResponse>,
+      public RequestSink,
+      public std::enable_shared_from_this<WorkerStream> {
+ public:
+  // Answers not yet written, per stream, before reading pauses.
+  static constexpr size_t kMaxBacklog = 4096;
+
+  WorkerStream(WorkerServer* w, grpc::CallbackServerContext* ctx);
+
+  // Registers with the server and starts reading.
+  void Start();
+
+  // RequestSink
+  bool Cancelled() const override { return cancelled_.load(); }
+  void Complete(std::shared_ptr<WorkRequest> r, absl::Status status) override;
+
+  // Nothing in flight and nothing left to write.
+  bool Idle() {
+    std::lock_guard<std::mutex> l(mutex());
+    return IdleLocked();
+  }
+
+ private:
+  // A request in flight (accepted, not yet answered), with the queued request once the scheduler
+  // has it, and where its answer goes.
+  struct InFlight {
+    std::weak_ptr<WorkRequest> r;
+    svc::Path path = svc::Path::kStream;
+  };
+
+  // The plumbing's hooks.
+  void OnMessage(pb::ExpertRequest& m, svc::Path from) override;
+  bool OwesAnswersLocked() const override { return !ids_.empty(); }
+  void OnAbandoned() override { cancelled_.store(true); }  // the scheduler drops what it holds
+  void OnEnded(const grpc::Status& st) override;
+
+  // One request: registered under its id, then validated and queued; answered in-band when that
+  // fails.
+  void HandleRequest(pb::ExpertRequest&& msg, Clock::time_point received, svc::Path from);
+  // The caller withdraws request `id`: dropped by the scheduler unless already computing.
+  void HandleCancel(uint64_t id, int reason);
+  // The caller's shared-memory offer: attach (same host, same user) or say why not. Either way
+  // the stream goes on.
+  void AttachShm(uint64_t id, const pb::SharedMemoryOffer& offer);
+  absl::Status TryAttachShm(const pb::SharedMemoryOffer& offer);
+  // Answers a request that never reached the scheduler.
+  void SendError(uint64_t id, int layer, const absl::Status& s, Clock::time_point received,
+                 svc::Path path);
+  // Queues `resp`; with `release_id` its id leaves ids_ and the answer takes the path its request
+  // came by.
+  void Send(pb::ExpertResponse resp, bool release_id, svc::Path path);
+  void RecordMetrics(const WorkRequest& r, const absl::Status& status, Clock::time_point now);
+
+  WorkerServer* const w_;
+  grpc::CallbackServerContext* const ctx_;
+  Clock::time_point stream_deadline_ = Clock::time_point::max();
+  std::map<uint64_t, InFlight> ids_;  // guarded by mutex()
+  std::atomic<bool> cancelled_{false};
+};
+
+}  // namespace exl3::worker
