@@ -79,15 +79,23 @@ absl::Status CpuModel::LoadWeights(const TensorSource& src) {
   for (int l = 0; l < cfg_.num_layers; ++l) {
     Layer& L = layers_[l];
     const std::string p = absl::StrCat("model.layers.", l, ".");
+    // Norm weights by the family's convention (Qwen3-Next: zero-centred; DeepSeek-V4 keeps
+    // kScale under its original names).
     EXL3_ASSIGN_OR_RETURN(L.input_norm,
-                          LoadVector(src, p + (v4 ? "attn_norm.weight" : "input_layernorm.weight"), H));
+                          LoadNormWeight(src, p + (v4 ? "attn_norm.weight" : "input_layernorm.weight"), H,
+                                         cfg_.norm_weights));
     EXL3_ASSIGN_OR_RETURN(L.post_attention_norm,
-                          LoadVector(src, p + (v4 ? "ffn_norm.weight" : "post_attention_layernorm.weight"), H));
+                          LoadNormWeight(src, p + (v4 ? "ffn_norm.weight" : "post_attention_layernorm.weight"),
+                                         H, cfg_.norm_weights));
     if (v4) {
       EXL3_ASSIGN_OR_RETURN(L.attn_hc, HyperConnection::Load(src, p + "hc_attn_", hc));
       EXL3_ASSIGN_OR_RETURN(L.ffn_hc, HyperConnection::Load(src, p + "hc_ffn_", hc));
     }
-    EXL3_ASSIGN_OR_RETURN(L.attention, LoadAttention(cfg_, src, l));
+    if (cfg_.IsLinearAttentionLayer(l)) {
+      EXL3_ASSIGN_OR_RETURN(L.linear_attention, GatedDeltaNet::Load(cfg_, src, l));
+    } else {
+      EXL3_ASSIGN_OR_RETURN(L.attention, LoadAttention(cfg_, src, l));
+    }
     if (!cfg_.IsMoeLayer(l)) {
       const int I = cfg_.intermediate_size;
       DenseMlp mlp;
@@ -97,7 +105,8 @@ absl::Status CpuModel::LoadWeights(const TensorSource& src) {
       L.dense_mlp = std::move(mlp);
     }
   }
-  EXL3_ASSIGN_OR_RETURN(final_norm_, LoadVector(src, "model.norm.weight", H));
+  EXL3_ASSIGN_OR_RETURN(final_norm_,
+                        LoadNormWeight(src, "model.norm.weight", H, cfg_.norm_weights));
   const std::string head = v4 ? "head" : "lm_head";
   const bool has_head = src.Has(head + ".weight") || src.Has(head + ".trellis");
   if (has_head) {
@@ -119,6 +128,15 @@ absl::Status CpuModel::AllocateKvCache(const KvCacheShape& shape) {
   std::vector<int> widths(cfg_.num_layers);
   for (int l = 0; l < cfg_.num_layers; ++l) widths[l] = cfg_.KvWidth(l);
   cache_ = std::make_unique<PagedKvCache>(std::move(widths), shape);
+  if (cfg_.HasRecurrentLayers()) {
+    if (shape.num_sequence_slots <= 0)
+      return absl::InvalidArgumentError(absl::StrCat(
+          cfg_.architecture(), " keeps a recurrent state per sequence: the cache needs state "
+                               "slots (num_sequence_slots ", shape.num_sequence_slots, ")"));
+    std::vector<int64_t> floats(cfg_.num_layers);
+    for (int l = 0; l < cfg_.num_layers; ++l) floats[l] = cfg_.StateFloats(l);
+    EXL3_ASSIGN_OR_RETURN(states_, SequenceStateStore::Create(std::move(floats), shape.num_sequence_slots));
+  }
   return absl::OkStatus();
 }
 
@@ -188,7 +206,11 @@ absl::Status CpuModel::RunLayer(int l, MicroBatch& mb) {
   for (int t = 0; t < T; ++t)
     RmsNorm(&mb.h[static_cast<size_t>(t) * H], L.input_norm.data(), H, cfg_.rms_norm_eps,
             &mb.x[static_cast<size_t>(t) * H]);
-  EXL3_RETURN_IF_ERROR(L.attention->Forward(mb.x.data(), mb.tokens, *cache_, mb.carry, mb.d.data(), compute_));
+  if (L.linear_attention != nullptr) {
+    EXL3_RETURN_IF_ERROR(L.linear_attention->Forward(mb.x.data(), mb.tokens, *states_, mb.d.data(), compute_));
+  } else {
+    EXL3_RETURN_IF_ERROR(L.attention->Forward(mb.x.data(), mb.tokens, *cache_, mb.carry, mb.d.data(), compute_));
+  }
   AddInPlace(mb.h.data(), mb.d.data(), n);
   for (int t = 0; t < T; ++t)
     RmsNorm(&mb.h[static_cast<size_t>(t) * H], L.post_attention_norm.data(), H, cfg_.rms_norm_eps,
@@ -247,6 +269,9 @@ std::vector<StepBatch> SplitInTwo(const StepBatch& batch) {
 absl::Status CpuModel::Forward(const StepBatch& batch, float* logits) {
   if (cache_ == nullptr) return absl::FailedPreconditionError("KV cache not allocated");
   times_ = StepPhaseTimes{};
+  // Recurrent layers read each chunk's state as the last successful step left it and write the
+  // other copy; only the commit below, after every layer, makes those current.
+  if (states_ != nullptr) EXL3_RETURN_IF_ERROR(states_->BeginStep(batch));
   const int H = cfg_.hidden_size;
   // One micro-batch reads the step as it is; two need their own chunk lists.
   std::vector<StepBatch> split;
@@ -301,6 +326,7 @@ absl::Status CpuModel::Forward(const StepBatch& batch, float* logits) {
     out += static_cast<size_t>(rows) * cfg_.vocab_size;
   }
   times_.head_s = Seconds(t0);
+  if (states_ != nullptr) states_->CommitStep(batch);
   return absl::OkStatus();
 }
 

@@ -21,12 +21,14 @@
 #include "absl/status/statusor.h"
 #include "engine/attention.h"
 #include "engine/cpu_compute.h"
+#include "engine/gated_deltanet.h"
 #include "engine/hyper_connections.h"
 #include "engine/linear.h"
 #include "engine/model_config.h"
 #include "engine/model_runner.h"
 #include "engine/moe_executor.h"
 #include "engine/paged_kv_cache.h"
+#include "engine/sequence_state.h"
 #include "model/safetensors.h"
 
 namespace exl3::engine {
@@ -59,7 +61,10 @@ class CpuModel final : public ModelRunner {
   };
   struct Layer {
     std::vector<float> input_norm, post_attention_norm;
+    // The token mixer: attention over the KV cache, or (Qwen3-Next's linear_attention layers)
+    // the gated DeltaNet over the per-sequence state; exactly one is set.
     std::unique_ptr<Attention> attention;
+    std::unique_ptr<GatedDeltaNet> linear_attention;
     std::optional<DenseMlp> dense_mlp;  // unset on MoE layers
     std::optional<HyperConnection> attn_hc, ffn_hc;  // DeepSeek-V4 only
   };
@@ -99,6 +104,7 @@ class CpuModel final : public ModelRunner {
   Linear head_;
   std::unique_ptr<MoeExecutor> moe_;
   std::unique_ptr<PagedKvCache> cache_;
+  std::unique_ptr<SequenceStateStore> states_;  // models with recurrent layers only
   int micro_batches_ = 1;
   StepPhaseTimes times_;
 };

@@ -83,7 +83,8 @@ absl::Status Engine::Start() {
     std::lock_guard<std::mutex> lock(mu_);
     if (started_ || stopping_) return absl::FailedPreconditionError("the engine was started");
   }
-  const KvCacheShape shape{num_blocks, options_.block_size};
+  // One state slot per sequence that may run (models with recurrent layers use them).
+  const KvCacheShape shape{num_blocks, options_.block_size, s.max_num_seqs};
   EXL3_RETURN_IF_ERROR(runner_->AllocateKvCache(shape));
   shape_ = shape;
   scheduler_ = std::make_unique<Scheduler>(s, info_, shape_, options_.sampling_threads);

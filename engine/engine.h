@@ -166,7 +166,9 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Checks the options, sizes and allocates the KV cache, starts the loop thread. Once.
+  // Checks the options, sizes and allocates the KV cache (and, for models with recurrent layers,
+  // max_num_seqs per-sequence state slots; their prefix caching is off: PrefixCachingUsable),
+  // starts the loop thread. Once.
   absl::Status Start();
   absl::StatusOr<uint64_t> Submit(GenerateParams params, EventCallback on_event);
   // Ends a request: its final event (kAbort) and the release of its KV blocks happen at the next

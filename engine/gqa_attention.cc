@@ -1,6 +1,7 @@
 #include "engine/gqa_attention.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -18,13 +19,16 @@ absl::StatusOr<std::unique_ptr<GqaAttention>> GqaAttention::Load(const ModelConf
   const std::string p = absl::StrCat("model.layers.", layer, ".self_attn.");
   const int H = cfg.hidden_size, q_out = cfg.num_heads * cfg.head_dim,
             kv_out = cfg.num_kv_heads * cfg.head_dim;
-  EXL3_ASSIGN_OR_RETURN(a->q_, Linear::Load(src, p + "q_proj", H, q_out));
+  a->output_gate_ = cfg.attention_output_gate;
+  EXL3_ASSIGN_OR_RETURN(a->q_, Linear::Load(src, p + "q_proj", H, a->output_gate_ ? 2 * q_out : q_out));
   EXL3_ASSIGN_OR_RETURN(a->k_, Linear::Load(src, p + "k_proj", H, kv_out));
   EXL3_ASSIGN_OR_RETURN(a->v_, Linear::Load(src, p + "v_proj", H, kv_out));
   EXL3_ASSIGN_OR_RETURN(a->o_, Linear::Load(src, p + "o_proj", q_out, H));
   if (cfg.qk_norm) {
-    EXL3_ASSIGN_OR_RETURN(a->q_norm_, LoadVector(src, p + "q_norm.weight", cfg.head_dim));
-    EXL3_ASSIGN_OR_RETURN(a->k_norm_, LoadVector(src, p + "k_norm.weight", cfg.head_dim));
+    EXL3_ASSIGN_OR_RETURN(a->q_norm_, LoadNormWeight(src, p + "q_norm.weight", cfg.head_dim,
+                                                     cfg.norm_weights));
+    EXL3_ASSIGN_OR_RETURN(a->k_norm_, LoadNormWeight(src, p + "k_norm.weight", cfg.head_dim,
+                                                     cfg.norm_weights));
   }
   return a;
 }
@@ -35,7 +39,19 @@ absl::Status GqaAttention::Forward(const float* x, const StepTokens& tokens, Pag
   const int group = NH / KV;
   std::vector<float> q(static_cast<size_t>(T) * NH * D), k(static_cast<size_t>(T) * KV * D),
       v(static_cast<size_t>(T) * KV * D);
-  EXL3_RETURN_IF_ERROR(q_.Forward(x, T, q.data(), compute));
+  std::vector<float> gate;  // [T, NH * D] with the output gate
+  if (output_gate_) {
+    // q_proj's row: per head, the query then its gate.
+    std::vector<float> qg(static_cast<size_t>(T) * NH * 2 * D);
+    EXL3_RETURN_IF_ERROR(q_.Forward(x, T, qg.data(), compute));
+    gate.resize(q.size());
+    for (size_t th = 0; th < static_cast<size_t>(T) * NH; ++th) {
+      std::copy_n(&qg[th * 2 * D], D, &q[th * D]);
+      std::copy_n(&qg[th * 2 * D + D], D, &gate[th * D]);
+    }
+  } else {
+    EXL3_RETURN_IF_ERROR(q_.Forward(x, T, q.data(), compute));
+  }
   EXL3_RETURN_IF_ERROR(k_.Forward(x, T, k.data(), compute));
   EXL3_RETURN_IF_ERROR(v_.Forward(x, T, v.data(), compute));
   if (!q_norm_.empty()) {
@@ -76,6 +92,8 @@ absl::Status GqaAttention::Forward(const float* x, const StepTokens& tokens, Pag
       for (int d = 0; d < D; ++d) o[d] += p * vj[d];
     }
   });
+  if (output_gate_)
+    for (size_t i = 0; i < attn.size(); ++i) attn[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
   return o_.Forward(attn.data(), T, out, compute);
 }
 

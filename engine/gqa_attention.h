@@ -1,6 +1,9 @@
-// Grouped-query attention (Glm4Moe, Qwen3Moe, Mixtral): q/k/v projections (optional bias),
-// optional per-head q/k RMSNorm, RoPE on each head's leading rotary_dim dimensions, softmax over
-// the visible cached positions, o_proj. A cache slot holds [k of every KV head, v of every KV head].
+// Grouped-query attention (Glm4Moe, Qwen3Moe, Mixtral, Qwen3-Next's full-attention layers): q/k/v
+// projections (optional bias), optional per-head q/k RMSNorm, RoPE on each head's leading
+// rotary_dim dimensions, softmax over the visible cached positions, o_proj. With an output gate
+// (Qwen3-Next), q_proj gives each head's query followed by a gate of head_dim, and the attention
+// output is multiplied by sigmoid(gate) before o_proj. A cache slot holds [k of every KV head,
+// v of every KV head].
 #pragma once
 
 #include <memory>
@@ -28,6 +31,7 @@ class GqaAttention final : public Attention {
   Rope rope_;
   Linear q_, k_, v_, o_;
   std::vector<float> q_norm_, k_norm_;  // [head_dim] each, empty without qk norm
+  bool output_gate_ = false;
 };
 
 }  // namespace exl3::engine

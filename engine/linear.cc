@@ -16,6 +16,14 @@ absl::StatusOr<std::vector<float>> LoadVector(const TensorSource& src, const std
   return ToFloat32(t);
 }
 
+absl::StatusOr<std::vector<float>> LoadNormWeight(const TensorSource& src, const std::string& name,
+                                                  int64_t length, NormWeightConvention convention) {
+  EXL3_ASSIGN_OR_RETURN(std::vector<float> w, LoadVector(src, name, length));
+  if (convention == NormWeightConvention::kOffsetFromOne)
+    for (float& v : w) v = 1.0f + v;
+  return w;
+}
+
 absl::StatusOr<Linear> Linear::Load(const TensorSource& src, const std::string& prefix,
                                     int in_features, int out_features) {
   Linear l;

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/cpu_compute.h"
+#include "engine/model_config.h"
 #include "model/exl3_linear_loader.h"
 #include "model/safetensors.h"
 
@@ -58,5 +59,10 @@ void DenseProduct(const float* w, const std::vector<float>& bias, int in, int ou
 // A vector tensor (norm weights, biases) as fp32, checking its length.
 absl::StatusOr<std::vector<float>> LoadVector(const TensorSource& src, const std::string& name,
                                               int64_t length);
+
+// An RMSNorm weight as the factor engine/rms_norm.h multiplies by: as stored (kScale), or 1 + w
+// for zero-centred weights (kOffsetFromOne, Qwen3-Next).
+absl::StatusOr<std::vector<float>> LoadNormWeight(const TensorSource& src, const std::string& name,
+                                                  int64_t length, NormWeightConvention convention);
 
 }  // namespace exl3::engine

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "engine/sequence_state.h"
 #include "engine/dsv4_config.h"
 #include "engine/rope_parameters.h"
 #include "nlohmann/json.hpp"
@@ -79,21 +80,6 @@ absl::StatusOr<std::vector<int32_t>> EosIds(const json& j) {
       if (v.is_number_integer()) ids.push_back(v.get<int32_t>());
   }
   return ids;
-}
-
-absl::Status RefuseUnbuilt(const MoeConfig& moe, const std::string& source) {
-  const char* missing = nullptr;
-  switch (moe.family) {
-    case MoeFamily::kQwen3Next:
-      missing = "gated DeltaNet linear attention and gated full attention";
-      break;
-    default:
-      break;
-  }
-  if (missing == nullptr) return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrCat(
-      source, ": the engine cannot run ", moe.architecture, " yet: missing ", missing,
-      ". Its MoE layers can still be served by exl3-worker / exl3-router."));
 }
 
 // The MLA shape (DeepSeek-V3 and GLM-MoE-DSA name it alike).
@@ -186,6 +172,63 @@ absl::Status ParseIndexer(const json& j, const ModelConfig& cfg, const std::stri
   return absl::OkStatus();
 }
 
+// Qwen3NextConfig's layer_types ("linear_attention" / "full_attention" per layer; when absent,
+// every full_attention_interval-th layer (default 4) is full attention) and its DeltaNet shape.
+absl::Status ParseQwen3NextLayers(const json& j, const std::string& source, ModelConfig* cfg) {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", why));
+  };
+  cfg->layer_mixers.clear();
+  if (j.contains("layer_types") && !j["layer_types"].is_null()) {
+    const json& types = j["layer_types"];
+    if (!types.is_array() || static_cast<int>(types.size()) != cfg->num_layers)
+      return bad(absl::StrCat("layer_types must list the ", cfg->num_layers, " layers"));
+    for (const json& t : types) {
+      const std::string v = t.is_string() ? t.get<std::string>() : "";
+      if (v == "linear_attention") {
+        cfg->layer_mixers.push_back(TokenMixer::kLinearAttention);
+      } else if (v == "full_attention") {
+        cfg->layer_mixers.push_back(TokenMixer::kAttention);
+      } else {
+        return bad(absl::StrCat("layer_types holds '", t.dump(),
+                                "' (linear_attention or full_attention)"));
+      }
+    }
+  } else {
+    const int interval = IntOr(j, "full_attention_interval", 4);
+    if (interval < 1) return bad("full_attention_interval must be at least 1");
+    for (int l = 0; l < cfg->num_layers; ++l)
+      cfg->layer_mixers.push_back((l + 1) % interval != 0 ? TokenMixer::kLinearAttention
+                                                          : TokenMixer::kAttention);
+  }
+  // Qwen3NextConfig's defaults when a file leaves them out.
+  LinearAttentionConfig& la = cfg->linear_attention;
+  la.num_key_heads = IntOr(j, "linear_num_key_heads", 16);
+  la.num_value_heads = IntOr(j, "linear_num_value_heads", 32);
+  la.key_head_dim = IntOr(j, "linear_key_head_dim", 128);
+  la.value_head_dim = IntOr(j, "linear_value_head_dim", 128);
+  la.conv_kernel = IntOr(j, "linear_conv_kernel_dim", 4);
+  if (la.num_key_heads <= 0 || la.num_value_heads <= 0 || la.key_head_dim <= 0 ||
+      la.value_head_dim <= 0 || la.conv_kernel < 1 || la.num_value_heads % la.num_key_heads != 0)
+    return bad(absl::StrCat("linear attention of ", la.num_key_heads, " key heads of ",
+                            la.key_head_dim, ", ", la.num_value_heads, " value heads of ",
+                            la.value_head_dim, ", conv kernel ", la.conv_kernel,
+                            ": needs positive sizes and value heads a multiple of key heads"));
+  // Channel counts stay well inside int (2 * key_dim + 2 * value_dim is in_proj_qkvz's width).
+  const int64_t widest = 2 * static_cast<int64_t>(la.num_key_heads) * la.key_head_dim +
+                         2 * static_cast<int64_t>(la.num_value_heads) * la.value_head_dim;
+  if (widest > (int64_t{1} << 24) || la.conv_kernel > 1024)
+    return bad(absl::StrCat("linear attention projections of ", widest,
+                            " outputs or a conv kernel of ", la.conv_kernel, " are not a real shape"));
+  std::string act = "silu";  // Qwen3NextConfig's default
+  if (j.contains("hidden_act"))
+    act = j["hidden_act"].is_string() ? j["hidden_act"].get<std::string>() : j["hidden_act"].dump();
+  if (act != "silu")
+    return absl::UnimplementedError(
+        absl::StrCat(source, ": hidden_act '", act, "' (Qwen3-Next runs with silu)"));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ParseRopeParameters(const json& p, int head, double partial,
@@ -240,8 +283,24 @@ absl::Status ParseRopeParameters(const json& p, int head, double partial,
   return absl::OkStatus();
 }
 
+bool ModelConfig::HasRecurrentLayers() const {
+  return std::find(layer_mixers.begin(), layer_mixers.end(), TokenMixer::kLinearAttention) !=
+         layer_mixers.end();
+}
+
+int64_t ModelConfig::StateFloats(int layer) const {
+  if (!IsLinearAttentionLayer(layer)) return 0;
+  return linear_attention.ConvStateFloats() + linear_attention.RecurrentStateFloats();
+}
+
+int64_t ModelConfig::StateFloatsPerSequence() const {
+  int64_t n = 0;
+  for (int l = 0; l < num_layers; ++l) n += StateFloats(l);
+  return n;
+}
 
 int ModelConfig::KvWidth(int layer) const {
+  if (IsLinearAttentionLayer(layer)) return 0;
   if (attention == AttentionKind::kDsv4) return SlotLayoutFor(*dsv4, dsv4->layer_types[layer]).width;
   if (!IsLatentAttention()) return 2 * num_kv_heads * head_dim;
   return kv_lora_rank + qk_rope_head_dim + (HasOwnIndexer(layer) ? indexer.head_dim : 0);
@@ -259,12 +318,12 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json,
   const std::string source(source_name);
   ModelConfig cfg;
   EXL3_ASSIGN_OR_RETURN(cfg.moe, ParseMoeConfig(config_json, source));
-  EXL3_RETURN_IF_ERROR(RefuseUnbuilt(cfg.moe, source));
   const json j = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
 
   cfg.hidden_size = cfg.moe.hidden_size;
   cfg.num_layers = cfg.moe.num_hidden_layers;
+  cfg.layer_mixers.assign(cfg.num_layers, TokenMixer::kAttention);
   EXL3_ASSIGN_OR_RETURN(cfg.vocab_size, RequireInt(j, source, "vocab_size"));
   EXL3_ASSIGN_OR_RETURN(cfg.num_heads, RequireInt(j, source, "num_attention_heads"));
   EXL3_ASSIGN_OR_RETURN(cfg.max_position_embeddings,
@@ -297,6 +356,13 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json,
       break;
     case MoeFamily::kMixtral:
       cfg.sliding_window = IntOr(j, "sliding_window", 0);
+      break;
+    case MoeFamily::kQwen3Next:
+      cfg.qk_norm = true;
+      cfg.attention_output_gate = true;
+      cfg.norm_weights = NormWeightConvention::kOffsetFromOne;
+      default_partial = 0.25;  // Qwen3NextConfig's default when the file names none
+      EXL3_RETURN_IF_ERROR(ParseQwen3NextLayers(j, source, &cfg));
       break;
     case MoeFamily::kDeepseekV3:
       cfg.attention = AttentionKind::kMla;
@@ -374,6 +440,8 @@ ModelInfo ModelInfoFor(const ModelConfig& cfg, const std::string& dir, const std
   info.max_context = cfg.max_position_embeddings;
   info.eos_token_ids = cfg.eos_token_ids;
   info.kv_bytes_per_token = cfg.KvFloatsPerToken() * static_cast<int64_t>(sizeof(float));
+  info.state_bytes_per_sequence = SequenceStateStore::kCopies * cfg.StateFloatsPerSequence() *
+                                  static_cast<int64_t>(sizeof(float));
   return info;
 }
 

@@ -8,10 +8,9 @@
 //
 // Families run by the engine: Glm4MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM (GQA
 // attention), DeepseekV3ForCausalLM (multi-head latent attention), GlmMoeDsaForCausalLM (MLA
-// with DeepSeek sparse attention's lightning indexer) and DeepseekV4ForCausalLM (shared-KV
-// attention with compressors and hyper-connections; engine/dsv4_config.h).
-// Qwen3NextForCausalLM has MoE layers the expert side serves, but its attention is not built
-// yet: loading one for generation fails naming what is missing.
+// with DeepSeek sparse attention's lightning indexer), DeepseekV4ForCausalLM (shared-KV
+// attention with compressors and hyper-connections; engine/dsv4_config.h) and
+// Qwen3NextForCausalLM (per layer_types, gated DeltaNet linear attention or gated GQA).
 #pragma once
 
 #include <cstdint>
@@ -46,6 +45,40 @@ struct IndexerConfig {
   int head_dim = 0;   // index_head_dim: the first qk_rope_head_dim dimensions rotate
   int topk = 0;       // index_topk
   std::vector<IndexerMode> layer_modes;  // [num_layers]; layer 0 is kFull
+};
+
+// What mixes a layer's tokens.
+enum class TokenMixer {
+  kAttention,        // cfg.attention over the paged KV cache
+  kLinearAttention,  // Qwen3-Next's gated DeltaNet: a fixed-size recurrent state per sequence
+};
+
+// Qwen3-Next's gated DeltaNet layers (`linear_attn.*`): num_key_heads query/key heads of
+// key_head_dim, num_value_heads value heads of value_head_dim (each key head serves
+// num_value_heads / num_key_heads consecutive value heads), a causal depthwise convolution of
+// conv_kernel taps over q, k and v.
+struct LinearAttentionConfig {
+  int num_key_heads = 0;    // linear_num_key_heads
+  int num_value_heads = 0;  // linear_num_value_heads
+  int key_head_dim = 0;     // linear_key_head_dim
+  int value_head_dim = 0;   // linear_value_head_dim
+  int conv_kernel = 0;      // linear_conv_kernel_dim
+
+  int key_dim() const { return num_key_heads * key_head_dim; }
+  int value_dim() const { return num_value_heads * value_head_dim; }
+  int conv_channels() const { return 2 * key_dim() + value_dim(); }  // q, k, v
+  // One sequence's state in one layer: the last conv_kernel - 1 inputs of every conv channel,
+  // then a [key_head_dim, value_head_dim] matrix per value head.
+  int64_t ConvStateFloats() const { return static_cast<int64_t>(conv_kernel - 1) * conv_channels(); }
+  int64_t RecurrentStateFloats() const {
+    return static_cast<int64_t>(num_value_heads) * key_head_dim * value_head_dim;
+  }
+};
+
+// How an RMSNorm's stored weight scales the normalised input.
+enum class NormWeightConvention {
+  kScale,          // y = x̂ · w (most families)
+  kOffsetFromOne,  // y = x̂ · (1 + w): zero-centred weights (Qwen3-Next)
 };
 
 enum class RopeType { kDefault, kLinear, kDynamic, kYarn };
@@ -91,6 +124,14 @@ struct ModelConfig {
   int qk_rope_head_dim = 0;
   int v_head_dim = 0;
   IndexerConfig indexer;  // attention == kDsa
+  // Qwen3-Next: the layers' token mixers (layer_types) and the DeltaNet shape; every other
+  // family has only kAttention layers.
+  std::vector<TokenMixer> layer_mixers;  // [num_layers]
+  LinearAttentionConfig linear_attention;
+  // Qwen3-Next's full attention: q_proj is twice as wide, each head's query followed by a gate
+  // of the same size; the attention output is multiplied by sigmoid(gate) before o_proj.
+  bool attention_output_gate = false;
+  NormWeightConvention norm_weights = NormWeightConvention::kScale;
   std::shared_ptr<const Dsv4Config> dsv4;  // attention == kDsv4 (layer types, compressors, mHC)
   RopeConfig rope;
   float attention_scale = 0.0f;  // softmax scale of q·k
@@ -100,6 +141,15 @@ struct ModelConfig {
   bool IsMoeLayer(int layer) const { return moe.IsMoeLayer(layer); }
   // MLA proper or DSA: latent attention with q/kv low-rank projections.
   bool IsLatentAttention() const { return attention == AttentionKind::kMla || attention == AttentionKind::kDsa; }
+  bool IsLinearAttentionLayer(int layer) const {
+    return layer_mixers[layer] == TokenMixer::kLinearAttention;
+  }
+  // Whether any layer keeps a recurrent state per sequence (instead of, or beside, KV blocks).
+  bool HasRecurrentLayers() const;
+  // Floats of fixed-size state one sequence holds in layer `layer` (linear attention: its conv
+  // and recurrent state; else 0), and over all layers.
+  int64_t StateFloats(int layer) const;
+  int64_t StateFloatsPerSequence() const;
   // Whether DSA layer `layer` runs its own indexer (and caches its keys).
   bool HasOwnIndexer(int layer) const {
     return attention == AttentionKind::kDsa && indexer.layer_modes[layer] == IndexerMode::kFull;
@@ -107,7 +157,7 @@ struct ModelConfig {
   // Floats one token's keys and values take in layer `layer`'s cache (GQA: k and v of every KV
   // head; MLA: the normalised latent and the rotated shared key; DSA: those, then the rotated
   // indexer key on layers that run their own indexer; DeepSeek-V4: engine/dsv4_config.h's
-  // slot layout).
+  // slot layout; linear attention: none).
   int KvWidth(int layer) const;
   // The same summed over the layers: one token's cache footprint in floats.
   int64_t KvFloatsPerToken() const;
@@ -121,7 +171,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json, std::
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir);
 
 // What the scheduler knows of a model in `dir`: its name (`served_name`, else the directory's
-// base name), architecture, vocabulary, context, EOS ids and KV bytes per token.
+// base name), architecture, vocabulary, context, EOS ids, KV bytes per token and state bytes per
+// sequence (engine/sequence_state.h: twice StateFloatsPerSequence, the store's two copies).
 ModelInfo ModelInfoFor(const ModelConfig& cfg, const std::string& dir, const std::string& served_name);
 
 }  // namespace exl3::engine

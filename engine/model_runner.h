@@ -15,6 +15,13 @@
 // its block table names (block b holds positions [b * block_size, (b + 1) * block_size)), and the
 // step writes those of its own tokens there too. The block table covers every position up to
 // start_position + num_tokens.
+//
+// Models with recurrent layers (Qwen3-Next's gated DeltaNet) also keep a fixed-size state per
+// sequence (ModelInfo::state_bytes_per_sequence > 0): every running sequence holds one state slot
+// of [0, num_sequence_slots) from admission to finish or preemption (SequenceChunk::state_slot).
+// A chunk starting at position 0 starts its state afresh; any later chunk continues the state its
+// slot holds, which must cover exactly positions [0, start_position) of that sequence. A state
+// cannot be rebuilt from cached KV blocks, so such models run without prefix-cache hits.
 #pragma once
 
 #include <cstdint>
@@ -34,11 +41,17 @@ struct ModelInfo {
   std::vector<int32_t> eos_token_ids;  // config.json / generation_config.json eos_token_id
   // Bytes of KV cache one token takes over all layers (the cache's unit of capacity).
   int64_t kv_bytes_per_token = 0;
+  // Bytes of fixed-size state one running sequence holds beside its KV blocks (recurrent layers;
+  // 0 for models without them), allocated once per state slot.
+  int64_t state_bytes_per_sequence = 0;
 };
 
 struct KvCacheShape {
   int num_blocks = 0;
   int block_size = 16;  // tokens per block
+  // Per-sequence state slots (the most sequences running at once); used by models whose
+  // state_bytes_per_sequence > 0.
+  int num_sequence_slots = 0;
 };
 
 struct SequenceChunk {
@@ -47,6 +60,7 @@ struct SequenceChunk {
   int start_position = 0;             // position of tokens[0] in its sequence
   std::vector<int32_t> block_table;   // cache blocks of positions [0, start_position + tokens.size())
   bool wants_logits = false;          // logits of the chunk's last token are wanted
+  int state_slot = 0;                 // the sequence's state slot, in [0, num_sequence_slots)
 };
 
 struct StepBatch {
@@ -77,7 +91,8 @@ class ModelRunner {
   virtual absl::Status AllocateKvCache(const KvCacheShape& shape) = 0;
   // Runs one step. `logits` receives [batch.NumLogitRows(), vocab_size] fp32, one row per chunk
   // that wants logits, in chunk order. An error fails the whole step (the engine then fails the
-  // step's sequences and goes on).
+  // step's sequences and goes on) and leaves every sequence's state slot as it was before it, so
+  // the step's chunks may run again.
   virtual absl::Status Forward(const StepBatch& batch, float* logits) = 0;
   virtual StepPhaseTimes LastPhaseTimes() const { return {}; }
 };

@@ -15,11 +15,17 @@ const char* FinishReasonName(FinishReason reason) {
   return "unknown";
 }
 
+bool PrefixCachingUsable(const ModelInfo& model) { return model.state_bytes_per_sequence == 0; }
+
 Scheduler::Scheduler(const SchedulerOptions& options, const ModelInfo& model,
                      const KvCacheShape& cache, int num_samplers)
     : options_(options),
       model_(model),
-      kv_(cache.num_blocks, cache.block_size, options.enable_prefix_caching) {
+      kv_(cache.num_blocks, cache.block_size,
+          options.enable_prefix_caching && PrefixCachingUsable(model)) {
+  // Highest first, so slot 0 is handed out first.
+  for (int slot = std::max(1, options.max_num_seqs) - 1; slot >= 0; --slot)
+    free_state_slots_.push_back(slot);
   samplers_.reserve(std::max(1, num_samplers));
   for (int i = 0; i < std::max(1, num_samplers); ++i) samplers_.emplace_back(model.vocab_size);
 }
@@ -50,6 +56,7 @@ void Scheduler::Remove(int64_t sequence_id) {
   auto it = sequences_.find(sequence_id);
   if (it->second.state == SequenceState::kRunning) {
     running_.erase(std::find(running_.begin(), running_.end(), sequence_id));
+    free_state_slots_.push_back(it->second.state_slot);
   } else {
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), sequence_id));
   }
@@ -76,6 +83,7 @@ void Scheduler::AddChunk(int64_t id, const Sequence& seq, int num_tokens,
   chunk.block_table.assign(table.begin(), table.end());
   // Only a chunk that reaches the end of the history produces the next token.
   chunk.wants_logits = seq.num_computed + num_tokens == static_cast<int>(seq.tokens.size());
+  chunk.state_slot = seq.state_slot;
 }
 
 int64_t Scheduler::PreemptNewest() {
@@ -83,6 +91,7 @@ int64_t Scheduler::PreemptNewest() {
   running_.pop_back();
   Sequence& seq = sequences_.at(id);
   kv_.Free(id);
+  free_state_slots_.push_back(seq.state_slot);
   seq.num_computed = 0;
   seq.state = SequenceState::kWaiting;
   waiting_.push_front(id);
@@ -142,6 +151,9 @@ ScheduledStep Scheduler::Schedule() {
     waiting_.pop_front();
     seq.state = SequenceState::kRunning;
     running_.push_back(id);
+    // Fewer than max_num_seqs run, so a slot is free.
+    seq.state_slot = free_state_slots_.back();
+    free_state_slots_.pop_back();
     if (!seq.admitted_before) {
       seq.admitted_before = true;
       seq.cached_prompt_tokens = std::min<int>(hit.num_tokens, seq.request.prompt.size());

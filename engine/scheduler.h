@@ -23,6 +23,9 @@
 //      recomputation samples nothing until it reaches the end of what it had);
 //   3. if nothing was preempted, waiting sequences are admitted in order (up to max_num_seqs
 //      running) with a first chunk each; a prefix-cache hit skips the prompt's cached blocks.
+// Every running sequence also holds a state slot of [0, max_num_seqs) (engine/model_runner.h),
+// taken at admission and given back when it finishes or is preempted; a preempted sequence's
+// recomputation starts at position 0, so its model state is rebuilt with its KV blocks.
 // A sequence's uncomputed tokens are always its history from num_computed on: a prompt (chunk),
 // a recomputation after preemption, or the one token sampled last step (decode).
 #pragma once
@@ -57,8 +60,13 @@ struct SchedulerOptions {
   int max_num_seqs = 256;             // sequences running at once
   // The largest chunk one prompt gets in a step; unset: only the token budget limits it.
   std::optional<int> long_prefill_token_threshold;
+  // Applies only where PrefixCachingUsable(model) holds.
   bool enable_prefix_caching = true;
 };
+
+// Whether a model can resume a sequence from cached KV blocks: not when it keeps a recurrent
+// state per sequence (ModelInfo::state_bytes_per_sequence > 0), which no block holds.
+bool PrefixCachingUsable(const ModelInfo& model);
 
 // What the scheduler keeps of a request.
 struct SequenceRequest {
@@ -131,6 +139,7 @@ class Scheduler {
     SequenceState state = SequenceState::kWaiting;
     bool admitted_before = false;
     int cached_prompt_tokens = 0;
+    int state_slot = 0;  // while running
     std::vector<int32_t> min_tokens_banned;  // EOS (unless ignored) and stop tokens
 
     int NumOutput() const { return static_cast<int>(tokens.size() - request.prompt.size()); }
@@ -153,6 +162,7 @@ class Scheduler {
   std::unordered_map<int64_t, Sequence> sequences_;
   std::deque<int64_t> waiting_;
   std::vector<int64_t> running_;  // admission order: oldest first
+  std::vector<int> free_state_slots_;  // state slots no running sequence holds
   int64_t num_preemptions_ = 0;
 };
 

@@ -57,6 +57,13 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Open(const std::string& di
     return absl::UnimplementedError(absl::StrCat(
         cfg.architecture(), ": its attention (latent, or latent with the sparse indexer) runs on the CPU "
         "engine only so far (--engine-device cpu)"));
+  // Qwen3-Next: gated DeltaNet layers (a per-sequence state store, engine/sequence_state.h),
+  // the gated attention output and zero-centred norms exist on the CPU engine only.
+  if (cfg.HasRecurrentLayers() || cfg.attention_output_gate ||
+      cfg.norm_weights != NormWeightConvention::kScale)
+    return absl::UnimplementedError(absl::StrCat(
+        cfg.architecture(), ": its gated DeltaNet linear attention and gated full attention run "
+        "on the CPU engine only so far (--engine-device cpu)"));
   for (int l = 0; l < cfg.num_layers; ++l) {
     if (cfg.moe.IsHashRoutedLayer(l))
       return absl::UnimplementedError(absl::StrCat("layer ", l, " is hash-routed: not on the GPU engine"));

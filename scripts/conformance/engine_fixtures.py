@@ -7,7 +7,8 @@ Run with a Python that has torch and transformers (5.17 or later):
         --exl3-tool build/bin/exl3-tool --out tests/fixtures/engine
 
 For each family (Glm4MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM,
-DeepseekV3ForCausalLM, GlmMoeDsaForCausalLM) it builds a tiny random model with transformers' own classes, saves it
+DeepseekV3ForCausalLM, GlmMoeDsaForCausalLM, DeepseekV4ForCausalLM, Qwen3NextForCausalLM) it
+builds a tiny random model with transformers' own classes, saves it
 (bf16, save_pretrained), converts it with `exl3-tool quantize` in two variants:
 
     <family>_experts : routed/shared experts at K=4; attention, dense MLPs, head as stored
@@ -61,9 +62,10 @@ EXPERT_BITS = 4
 HEAD_BITS = 6
 
 
-def shape(max_position_embeddings=256, **family_fields):
+def shape(max_position_embeddings=256, num_hidden_layers=2, **family_fields):
     """The fields every family shares (vocab, layers, sizes, top-k) plus the family's own."""
-    return dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, intermediate_size=128,
+    return dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=num_hidden_layers,
+                intermediate_size=128,
                 num_experts_per_tok=TOP_K, max_position_embeddings=max_position_embeddings,
                 **family_fields)
 
@@ -203,6 +205,37 @@ FAMILIES = {
                   "prefill of its remaining 19 tokens, then 32 greedy steps (resume.*)"]),
 }
 
+FAMILIES["qwen3_next"] = dict(
+    config="Qwen3NextConfig",
+    seed=6, head_mix=0.6,
+    # Three layers: two gated DeltaNet layers (so each layer's recurrent state is its own) and
+    # one gated full-attention layer; layer 0 MoE with the gated shared expert, 1 and 2 dense.
+    # Key heads of 64 and value heads of 32, so a transposed [key, value] state shows; 2 value
+    # heads per key head. Full attention: 2 heads of 64 over 1 KV head.
+    fields=shape(
+        num_hidden_layers=3, layer_types=["linear_attention", "linear_attention", "full_attention"],
+        mlp_only_layers=[1, 2], decoder_sparse_step=1, moe_intermediate_size=128,
+        num_experts=EXPERTS, shared_expert_intermediate_size=128, norm_topk_prob=True,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64,
+        linear_value_head_dim=32, linear_conv_kernel_dim=4, rms_norm_eps=1e-6,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25)),
+    features=["layer_types [linear_attention, linear_attention, full_attention]",
+              "gated DeltaNet (linear_attn.*): linear_num_key_heads 2 x linear_key_head_dim 64, "
+              "linear_num_value_heads 4 x linear_value_head_dim 32 (2 value heads per key head), "
+              "causal depthwise conv1d of 4 taps, A_log (decay rates 0.02..0.5), dt_bias, gated "
+              "RMSNorm, out_proj; transformers' chunked delta rule (chunks of 64) in the "
+              "teacher-forced pass, its recurrent form in generate()",
+              "gated full attention: q_proj twice as wide (query, then its sigmoid output gate), "
+              "q_norm/k_norm, partial_rotary_factor 0.25 (rotary on 16 of 64 dims), 2 heads over "
+              "1 KV head",
+              "zero-centred RMSNorm weights (x * (1 + w)): input/post-attention/final norms, "
+              "q_norm, k_norm (initialised N(0, 0.1))",
+              "layer 0 MoE: softmax top-2 of 8 renormalised, shared expert scaled by "
+              "sigmoid(shared_expert_gate); mlp_only_layers [1, 2] dense",
+              "in_proj_ba [8, 256] and the full attention's k_proj/v_proj [64, 256] are not "
+              "EXL3-able: stored as is in both variants"])
+
 VARIANTS = {
     "experts": ["--no-quantize-attention", "--no-quantize-dense-mlp", "--no-quantize-head"],
     "all": ["--head-bits", str(HEAD_BITS)],
@@ -241,7 +274,7 @@ def build_config(family):
     return cfg
 
 
-def init_weights(model, gen, head_mix, block_scale=1.0):
+def init_weights(model, gen, head_mix, zero_centred=frozenset(), block_scale=1.0):
     """Weights whose logits are peaky but depend on the context. Embeddings are N(0, 1); every
     linear is N(0, 1/in_features), so each layer's output is of the residual's size and attention
     and MoE move the logits a lot; norm weights 1 + N(0, 0.01), biases N(0, 0.01), correction
@@ -250,9 +283,11 @@ def init_weights(model, gen, head_mix, block_scale=1.0):
     (head_mix, per family) tuned with the seed so that every greedy step keeps a clear top1-top2
     gap in both variants. The price: few greedy tokens are decided by the context rather than by
     the current token (reference.json: non_successor_steps); the logits of every position still
-    depend strongly on attention and MoE. block_scale (DeepSeek-V4: its hyper-connections add
-    each block's output to every stream) shrinks the blocks' output projections so the current
-    token's embedding still shows in the final state."""
+    depend strongly on attention and MoE. Norms whose weight is zero-centred (`zero_centred`,
+    Qwen3-Next's x * (1 + w)) get N(0, 0.1); DeltaNet decay rates exp(A_log) are U(0.02, 0.5), so
+    its state remembers from a few tokens to a few hundred. block_scale (DeepSeek-V4: its
+    hyper-connections add each block's output to every stream) shrinks the blocks' output
+    projections so the current token's embedding still shows in the final state."""
     sd = dict(model.named_parameters())
     sd.update(dict(model.named_buffers()))
 
@@ -272,6 +307,10 @@ def init_weights(model, gen, head_mix, block_scale=1.0):
                 perm = torch.randperm(p.shape[0], generator=gen)
                 p.copy_(head_mix * embed[perm] + normal(p.shape, 1.0))
                 successor = perm.argsort()  # token t's successor: the lm_head row holding embed[t]
+            elif name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape).uniform_(0.02, 0.5, generator=gen).log())
+            elif name in zero_centred:
+                p.copy_(normal(p.shape, 0.1))
             elif name.endswith("e_score_correction_bias"):
                 p.copy_(normal(p.shape, 0.05))
             elif p.dim() == 1 and name.endswith(".bias"):
@@ -291,7 +330,9 @@ def make_model(family, seed):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
     gen = torch.Generator().manual_seed(SEED + seed)
-    successor = init_weights(model, gen, FAMILIES[family]["head_mix"],
+    zero_centred = frozenset(f"{n}.weight" for n, m in model.named_modules()
+                             if type(m).__name__ == "Qwen3NextRMSNorm")
+    successor = init_weights(model, gen, FAMILIES[family]["head_mix"], zero_centred,
                              FAMILIES[family].get("block_scale", 1.0))
     return model.eval(), successor
 
@@ -368,7 +409,7 @@ def route_margin(family, cfg, gate, x):
     sigmoid families: biased sigmoid scores)."""
     logits = torch.nn.functional.linear(x.float(), gate.weight.float())
     k = cfg.num_experts_per_tok
-    if family in ("qwen3_moe", "mixtral"):
+    if family in ("qwen3_moe", "mixtral", "qwen3_next"):
         probs = logits.softmax(-1).sort(-1, descending=True).values
         return (probs[:, k - 1] - probs[:, k]).min().item()
     if family == "deepseek_v4":
@@ -398,8 +439,9 @@ def indexers(model):
     DeepSeek-V4 model (its compressed sparse attention layers), by layer."""
     out = {}
     for i, layer in enumerate(model.model.layers):
-        ix = getattr(layer.self_attn, "indexer", None)
-        compressor = getattr(layer.self_attn, "compressor", None)
+        attn = getattr(layer, "self_attn", None)  # Qwen3-Next's DeltaNet layers have none
+        ix = getattr(attn, "indexer", None)
+        compressor = getattr(attn, "compressor", None)
         if ix is None and compressor is not None:
             ix = getattr(compressor, "indexer", None)
         if ix is not None:

@@ -78,6 +78,15 @@ absl::StatusOr<std::unique_ptr<Generation>> Generation::Start(const GenerationOp
                g->engine_->model_info().name.c_str(), g->engine_->model_info().architecture.c_str(),
                o.device == EngineDevice::kCuda ? "GPU" : "CPU", shape.num_blocks, shape.block_size,
                go.experts.c_str());
+  const engine::ModelInfo& info = g->engine_->model_info();
+  if (info.state_bytes_per_sequence > 0) {
+    svc::LogInfo("engine: %s keeps a recurrent state per sequence (%.1f MiB each, %d slots)%s",
+                 info.architecture.c_str(), info.state_bytes_per_sequence / 1048576.0,
+                 shape.num_sequence_slots,
+                 o.engine.scheduler.enable_prefix_caching && !engine::PrefixCachingUsable(info)
+                     ? "; prefix caching is off: a cached prefix cannot restore that state"
+                     : "");
+  }
   return g;
 }
 

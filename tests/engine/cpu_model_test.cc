@@ -76,7 +76,8 @@ TEST_P(CpuModelTest, ChunkedPrefillBatchingMicroBatchesAndDecodeAgree) {
 
 INSTANTIATE_TEST_SUITE_P(Families, CpuModelTest,
                          ::testing::Values("glm4_moe_all", "deepseek_v3_all", "qwen3_moe_experts",
-                                           "mixtral_all", "glm_moe_dsa_all", "deepseek_v4_all"));
+                                           "mixtral_all", "glm_moe_dsa_all", "deepseek_v4_all",
+                                           "qwen3_next_all"));
 
 }  // namespace
 }  // namespace exl3::engine

@@ -1,5 +1,6 @@
 // Drives a ModelRunner directly (no scheduler) for the model-side tests: each sequence gets its
-// own consecutive cache blocks, prompts run in chunks of a chosen size, then greedy decode.
+// own consecutive cache blocks (and state slot s), prompts run in chunks of a chosen size, then
+// greedy decode.
 #pragma once
 
 #include <algorithm>
@@ -30,8 +31,8 @@ inline absl::StatusOr<std::vector<std::vector<std::vector<float>>>> RunGreedy(
     for (int b = 0; b < blocks_per_sequence; ++b)
       seqs[s].block_table.push_back(static_cast<int32_t>(s * blocks_per_sequence + b));
   }
-  absl::Status st = runner.AllocateKvCache(
-      {static_cast<int>(prompts.size()) * blocks_per_sequence, block_size});
+  absl::Status st = runner.AllocateKvCache({static_cast<int>(prompts.size()) * blocks_per_sequence,
+                                            block_size, static_cast<int>(prompts.size())});
   if (!st.ok()) return st;
   std::vector<std::vector<std::vector<float>>> out(prompts.size());
   auto run = [&](bool decode) -> absl::Status {
@@ -48,6 +49,7 @@ inline absl::StatusOr<std::vector<std::vector<std::vector<float>>>> RunGreedy(
       c.start_position = q.computed;
       c.block_table = q.block_table;
       c.wants_logits = q.computed + n == static_cast<int>(q.tokens.size());
+      c.state_slot = static_cast<int>(s);
       if (c.wants_logits) owner.push_back(s);
       q.computed += n;
       batch.chunks.push_back(std::move(c));

@@ -7,6 +7,7 @@
 #include <set>
 #include <vector>
 
+#include "engine/sequence_state.h"
 #include "gtest/gtest.h"
 #include "tests/engine/fake_model_runner.h"
 
@@ -34,8 +35,11 @@ SequenceRequest Request(int prompt_len, int salt, int max_tokens) {
 // Runs the scheduler against the fake runner, step by step.
 class Driver {
  public:
-  Driver(const SchedulerOptions& options, KvCacheShape cache)
-      : runner_(FakeModelOptions{}), sched_(options, runner_.info(), cache) {
+  // `recurrent`: the scheduler sees a model with per-sequence state (no prefix-cache hits), and
+  // every step's state slots are checked as such a model checks them.
+  Driver(const SchedulerOptions& options, KvCacheShape cache, bool recurrent = false)
+      : runner_(FakeModelOptions{}), sched_(options, Info(runner_, recurrent), cache),
+        recurrent_(recurrent), state_slots_(options.max_num_seqs) {
     EXPECT_TRUE(runner_.AllocateKvCache(cache).ok());
   }
   Scheduler& sched() { return sched_; }
@@ -45,6 +49,12 @@ class Driver {
     logits_.assign(static_cast<size_t>(step.batch.NumLogitRows()) * runner_.info().vocab_size, 0);
     const absl::Status s = runner_.Forward(step.batch, logits_.data());
     EXPECT_TRUE(s.ok()) << s;
+    if (recurrent_) {
+      // Each chunk continues what its state slot holds, or starts at position 0.
+      const absl::StatusOr<std::vector<int>> fresh = state_slots_.BeginStep(step.batch);
+      EXPECT_TRUE(fresh.ok()) << fresh.status();
+      state_slots_.CommitStep(step.batch);
+    }
     for (const SequenceUpdate& u : sched_.CompleteStep(step, logits_)) {
       outputs[u.sequence_id].push_back(u.token.token);
       if (u.finish.has_value()) finished[u.sequence_id] = *u.finish;
@@ -60,8 +70,16 @@ class Driver {
   std::map<int64_t, FinishReason> finished;
 
  private:
+  static ModelInfo Info(const FakeModelRunner& runner, bool recurrent) {
+    ModelInfo info = runner.info();
+    if (recurrent) info.state_bytes_per_sequence = 4096;
+    return info;
+  }
+
   FakeModelRunner runner_;
   Scheduler sched_;
+  bool recurrent_;
+  SequenceStateSlots state_slots_;
   std::vector<float> logits_;
 };
 
@@ -278,7 +296,8 @@ TEST(Scheduler, RandomizedWorkloadsMatchSoloRuns) {
     if (uniform(0, 1) == 1) opt.long_prefill_token_threshold = uniform(1, 16);
     opt.enable_prefix_caching = uniform(0, 3) != 0;
     const KvCacheShape cache{uniform(24, 64), 4};
-    Driver d(opt, cache);
+    // Every 4th round as a model with recurrent layers: state slots checked, no prefix hits.
+    Driver d(opt, cache, /*recurrent=*/round % 4 == 3);
 
     std::vector<std::vector<int32_t>> prefixes;
     for (int i = 0; i < 3; ++i) prefixes.push_back(Prompt(uniform(1, 24), 100 * round + i));
@@ -320,6 +339,9 @@ TEST(Scheduler, RandomizedWorkloadsMatchSoloRuns) {
     EXPECT_EQ(d.sched().kv().NumFreeBlocks(), cache.num_blocks) << "round " << round;
     preemptions += d.sched().NumPreemptions();
     prefix_hit_tokens += d.sched().kv().counters().hit_tokens;
+    if (round % 4 == 3) {
+      EXPECT_EQ(d.sched().kv().counters().hit_tokens, 0) << "round " << round;
+    }
     for (const auto& [id, r] : requests) {
       if (aborted.contains(id)) continue;
       Driver solo(SchedulerOptions{}, kLargeCache);

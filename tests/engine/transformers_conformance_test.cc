@@ -25,7 +25,8 @@ namespace fs = std::filesystem;
 const char* const kFixtures[] = {"glm4_moe_experts",    "glm4_moe_all",    "qwen3_moe_experts",
                                  "qwen3_moe_all",       "mixtral_experts", "mixtral_all",
                                  "deepseek_v3_experts", "deepseek_v3_all", "glm_moe_dsa_experts",
-                                 "glm_moe_dsa_all",     "deepseek_v4_experts", "deepseek_v4_all"};
+                                 "glm_moe_dsa_all",     "deepseek_v4_experts", "deepseek_v4_all",
+                                 "qwen3_next_experts",  "qwen3_next_all"};
 // The fixtures whose reference has a stop-and-resume run (resume.*: DeepSeek-V4's compressors).
 const char* const kResumeFixtures[] = {"deepseek_v4_experts", "deepseek_v4_all"};
 

@@ -4,16 +4,14 @@ greedy continuations equal transformers' (the fixture's greedy.i), with the expe
 router's process and on two exl3-worker processes, whose hash-routed layer is routed by the
 token ids the engine sends with each MoE call."""
 
-import json
 import os
-import struct
 import sys
 import unittest
 
 import grpc
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import Cluster, wait_for  # noqa: E402
+from harness import Cluster, int32_tensors, wait_for  # noqa: E402
 
 from exl3serve.v1 import exl3serve_pb2 as pb  # noqa: E402
 from exl3serve.v1 import exl3serve_pb2_grpc as pbg  # noqa: E402
@@ -29,23 +27,6 @@ MAP = """workers:
     address: 127.0.0.1:{b}
     experts: 4-7
 """
-
-
-def int32_tensors(path, prefix):
-    """The int32 tensors named prefix + i of a safetensors file, as lists (no torch here)."""
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = []
-    i = 0
-    while f"{prefix}{i}" in header:
-        t = header[f"{prefix}{i}"]
-        assert t["dtype"] == "I32", t
-        b, e = t["data_offsets"]
-        out.append(list(struct.unpack(f"<{(e - b) // 4}i", data[b:e])))
-        i += 1
-    return out
 
 
 def greedy(stub, prompt, max_tokens):

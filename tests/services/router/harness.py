@@ -2,10 +2,12 @@
 exl3-router processes on loopback ports, certificates made with openssl, and helpers to wait for
 readiness. Everything is started as subprocesses of the test and ended by PID."""
 
+import json
 import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import tempfile
 import time
@@ -111,6 +113,23 @@ class Proc:
             return m
 
         return wait_for(seen, timeout, f"/{pattern}/ in the log of {self.name}")
+
+
+def int32_tensors(path, prefix):
+    """The int32 tensors named prefix + "0", prefix + "1", ... of a safetensors file (an engine
+    fixture's reference.safetensors: prompt.i, greedy.i), as lists; no torch here."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = []
+    while f"{prefix}{len(out)}" in header:
+        t = header[f"{prefix}{len(out)}"]
+        if t["dtype"] != "I32":
+            raise ValueError(f"{path}: {prefix}{len(out)} is {t['dtype']}, not I32")
+        b, e = t["data_offsets"]
+        out.append(list(struct.unpack(f"<{(e - b) // 4}i", data[b:e])))
+    return out
 
 
 def make_test_model(path, whole_model=False):

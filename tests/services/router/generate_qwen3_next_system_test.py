@@ -1,0 +1,92 @@
+"""exl3-router serving Qwen3-Next (tests/fixtures/engine/qwen3_next_all: two gated DeltaNet layers
+with their per-sequence recurrent state, a gated full-attention layer, a MoE layer with the gated
+shared expert): concurrent greedy requests give transformers' continuations (the fixture's
+greedy.i) with the experts in the router's process and on two exl3-worker processes; the router
+says at start that prefix caching is off, and a repeated prompt is served without cached tokens
+(and the same tokens)."""
+
+import concurrent.futures
+import os
+import sys
+import unittest
+
+import grpc
+
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import Cluster, int32_tensors, wait_for  # noqa: E402
+
+from exl3serve.v1 import exl3serve_pb2 as pb  # noqa: E402
+from exl3serve.v1 import exl3serve_pb2_grpc as pbg  # noqa: E402
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "engine", "qwen3_next_all")
+
+# Two workers only: a holds experts 0-3, b 4-7.
+MAP = """workers:
+  - name: a
+    address: 127.0.0.1:{a}
+    experts: 0-3
+  - name: b
+    address: 127.0.0.1:{b}
+    experts: 4-7
+"""
+
+
+def greedy(stub, prompt, max_tokens):
+    """(tokens, usage) of one greedy request."""
+    req = pb.GenerateRequest(prompt_token_ids=prompt, max_tokens=max_tokens, ignore_eos=True,
+                             sampling=pb.SamplingParams(temperature=0))
+    tokens, usage = [], None
+    for r in stub.Generate(req, timeout=120):
+        tokens += [t.token_id for t in r.tokens]
+        if r.finish_reason:
+            usage = r.usage
+    return tokens, usage
+
+
+class GenerateQwen3NextTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        ref = os.path.join(FIXTURE, "reference.safetensors")
+        cls.prompts = int32_tensors(ref, "prompt.")
+        cls.greedy = int32_tensors(ref, "greedy.")
+
+    def setUp(self):
+        self.c = Cluster(model=FIXTURE)
+        self.addCleanup(self.c.stop)
+        self.c.write_map(MAP)
+
+    def check_concurrent(self, stub):
+        """Every prompt at once (their chunks and decode tokens share steps), twice over."""
+        jobs = [(p, w) for p, w in zip(self.prompts, self.greedy)] * 2
+        with concurrent.futures.ThreadPoolExecutor(len(jobs)) as ex:
+            got = list(ex.map(lambda j: greedy(stub, j[0], len(j[1]))[0], jobs))
+        for i, ((_, want), tokens) in enumerate(zip(jobs, got)):
+            self.assertEqual(tokens, want, f"request {i}")
+
+    def test_experts_in_process(self):
+        r = self.c.start_router(with_map=False)
+        r.wait_for_log(r"Qwen3NextForCausalLM keeps a recurrent state per sequence .*prefix caching "
+                       r"is off")
+        with grpc.insecure_channel(r.address) as ch:
+            stub = pbg.GeneratorStub(ch)
+            self.check_concurrent(stub)
+            # The longest prompt twice: its full blocks would be a prefix-cache hit for a model
+            # without recurrent layers.
+            p, want = self.prompts[3], self.greedy[3]
+            for _ in range(2):
+                tokens, usage = greedy(stub, p, len(want))
+                self.assertEqual(tokens, want)
+                self.assertEqual(usage.cached_tokens, 0)
+
+    def test_experts_on_workers(self):
+        self.c.start_workers(("a", "b"))
+        r = self.c.start_router()
+        with grpc.insecure_channel(r.address) as ch:
+            stub = pbg.GeneratorStub(ch)
+            wait_for(lambda: stub.DescribeModel(pb.DescribeModelRequest(), timeout=2).experts ==
+                     "workers" and greedy(stub, [1], 1)[0], 30, "router with workers ready")
+            self.check_concurrent(stub)
+
+
+if __name__ == "__main__":
+    unittest.main()
