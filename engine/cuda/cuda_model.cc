@@ -53,10 +53,13 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Open(const std::string& di
   if (exl3::cuda::DeviceCount() == 0)
     return absl::FailedPreconditionError("the CUDA engine needs a GPU and none is visible");
   EXL3_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(dir));
-  if (cfg.attention != AttentionKind::kGqa)
-    return absl::UnimplementedError(absl::StrCat(
-        cfg.architecture(), ": its attention (latent, or latent with the sparse indexer) runs on the CPU "
-        "engine only so far (--engine-device cpu)"));
+  if (cfg.attention != AttentionKind::kGqa) {
+    const char* what = cfg.attention == AttentionKind::kMla   ? "multi-head latent attention"
+                       : cfg.attention == AttentionKind::kDsa ? "latent attention with the sparse indexer"
+                                                              : "compressed sparse attention with hyper-connections";
+    return absl::UnimplementedError(absl::StrCat(cfg.architecture(), ": its ", what,
+                                                 " runs on the CPU engine only so far (--engine-device cpu)"));
+  }
   // Qwen3-Next: gated DeltaNet layers (a per-sequence state store, engine/sequence_state.h),
   // the gated attention output and zero-centred norms exist on the CPU engine only.
   if (cfg.HasRecurrentLayers() || cfg.attention_output_gate ||

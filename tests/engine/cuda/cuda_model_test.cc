@@ -472,11 +472,14 @@ TEST(CudaModelTest, ExpertsThroughAnExecutorMatchTheCpuModel) {
   EXPECT_LT(worst, 5e-3);
 }
 
-TEST(CudaModelTest, LatentAttentionSaysItRunsOnTheCpu) {
+TEST(CudaModelTest, FamiliesOnlyTheCpuEngineRunsSaySo) {
   REQUIRE_GPU();
-  auto gpu = CudaModel::Open("tests/fixtures/engine/deepseek_v3_all", CudaModelOptions{});
-  ASSERT_FALSE(gpu.ok());
-  EXPECT_EQ(gpu.status().code(), absl::StatusCode::kUnimplemented) << gpu.status();
+  for (const char* fixture : {"deepseek_v3_all", "glm_moe_dsa_all", "deepseek_v4_all", "qwen3_next_all"}) {
+    auto gpu = CudaModel::Open(std::string("tests/fixtures/engine/") + fixture, CudaModelOptions{});
+    ASSERT_FALSE(gpu.ok()) << fixture;
+    EXPECT_EQ(gpu.status().code(), absl::StatusCode::kUnimplemented) << fixture << ": " << gpu.status();
+    EXPECT_NE(gpu.status().message().find("--engine-device cpu"), std::string::npos) << gpu.status();
+  }
 }
 
 TEST(CudaModelTest, OpenWithoutGpuFailsCleanly) {
