@@ -573,8 +573,8 @@ int64_t AttentionScratchFloats(int T, int num_heads, int head_dim, int splits) {
 
 int DecodeAttentionSplits(int num_tokens, int num_kv_heads, int sm_count) {
   const int blocks = std::max(1, num_tokens * num_kv_heads);
-  if (blocks >= 2 * sm_count) return 1;
-  return std::clamp((4 * sm_count + blocks - 1) / blocks, 1, 32);
+  if (2 * blocks <= sm_count) return std::clamp((4 * sm_count + blocks - 1) / blocks, 1, 32);
+  return std::max(1, (2 * sm_count + blocks - 1) / blocks);
 }
 
 bool PrefillAttentionSupports(int head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }

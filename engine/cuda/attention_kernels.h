@@ -46,11 +46,12 @@ struct AttentionTokens {
 int64_t AttentionScratchFloats(int num_tokens, int num_heads, int head_dim, int splits);
 
 // Splits of a decode step's attention (CUDA graphs fix them at capture; the positions per split
-// follow each step's context): about four (token, KV head, split) blocks per SM, at most 32, and
-// one split once the tokens alone give two blocks per SM. From exl3-engine-bench --attention-only's
-// sweep on an H200 (96/8 heads of 128; bench/results/engine-h200.md): batch 8, context 8192:
-// 8 splits 155 us against 236 us with the two blocks per SM chosen before; batch 1: 32 splits
-// 25.0 us at 1k (33: 24.2), 55.9 us at 8k (64: 45.3, but 30 against 24 us at 1k).
+// follow each step's context): where the tokens give at most one (token, KV head) block per two
+// SMs, about four blocks per SM (at most 32 splits); otherwise about two per SM (one split from
+// two blocks per SM). From exl3-engine-bench on an H200 (96/8 heads of 128; bench/results/
+// engine-h200.md): batch 8 at context 8192, 9 splits 154 us against 236 us with 5 (46 layers:
+// 28.4 -> 23.7 ms per step); batch 1, 32 splits 25.2 us at 1k (33: 24.2), 56 us at 8k; batch 32
+// at 8192, 3 splits made the 46-layer step slower than 2 (67.2 against 59.9 ms).
 int DecodeAttentionSplits(int num_tokens, int num_kv_heads, int sm_count);
 
 // Decode attention, each of the T query tokens of its own sequence (or of one sequence, each
