@@ -45,11 +45,12 @@ int GemmKStages(int m, int k, int n, int sm_count);
 
 // From kLinearDequantGemmMinRows rows LinearForward's native path dequantises the layer into the
 // workspace (k x n fp16) and multiplies with cuBLAS instead of running the fused GEMM: on an H200
-// that was 2.0-2.8x faster at m = 512..8192 (exl3-bench gemm, bench/results/h200.md: the fused
-// mma.sync GEMM reaches ~22 % of cuBLAS fp16, while one dequantisation costs about as much as a
-// GEMV). Below it (decode batches, short chunks) the fused kernels read the trellis only.
+// (exl3-bench gemm, 4096x14336, bench/results/h200.md) that was 1.46x faster at m = 256 and
+// 2.0-3.0x at 512..8192 (the fused mma.sync GEMM reaches ~22 % of cuBLAS fp16, while one
+// dequantisation costs about as much as a GEMV); at m = 128 the two were within 8 % (136 against
+// 146 us). Below it (decode batches, short chunks) the fused kernels read the trellis only.
 // Forcing the GEMM (bench_hooks.h, path 3) turns it off.
-inline constexpr int kLinearDequantGemmMinRows = 512;
+inline constexpr int kLinearDequantGemmMinRows = 256;
 bool UseDequantGemm(int m);
 
 // The one-launch GEMV's configuration for m rows of a k x n layer of bit width K, and whether
