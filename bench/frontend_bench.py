@@ -3,7 +3,10 @@ exl3-router (experts in its process) and exl3serve-openai on loopback; at each c
 streamed requests go once straight to the engine (Generate over grpc.aio) and once through the front
 end (openai.AsyncOpenAI, chat completions), and it reports TTFT, inter-token latency and output
 tokens/s of both, the TTFT the front end adds (p50 through it minus p50 direct) and the front end's
-CPU time per streamed token (its process's utime + stime over the pass / tokens).
+CPU time per streamed token (its process's utime + stime over the pass / tokens), the same for the
+load client (this process: when it is near one core per wall second, the client, not the front
+end, sets the tokens/s), and the tokens per engine message of the direct pass (1: every token is
+its own gRPC message and SSE event).
 
     BUILD_DIR/frontend-venv/bin/python bench/frontend_bench.py --build-dir build [--levels 1,8,32,64]
         [--engine-cpus 0-5 --frontend-cpus 6-9 --client-cpus 10-15]
@@ -89,8 +92,9 @@ def p50(xs: list[float]) -> float:
 
 
 async def direct_pass(engine: str, prompts: list[list[int]], conc: int, max_tokens: int):
-    """The same load straight to the engine: (ttft list, itl list, tokens, wall seconds)."""
-    ttft, itl, ntok = [], [], [0]
+    """The same load straight to the engine: (ttft list, itl list, tokens, wall seconds, messages
+    that carried tokens)."""
+    ttft, itl, ntok, nmsg = [], [], [0], [0]
     async with AsyncGenerateClient(engine) as g:
         async def one(i: int) -> None:
             t0 = time.monotonic()
@@ -102,12 +106,13 @@ async def direct_pass(engine: str, prompts: list[list[int]], conc: int, max_toke
                     last = time.monotonic()
                     first = first or last
                     n += len(resp.tokens)
+                    nmsg[0] += 1
             ntok[0] += n
             ttft.append(first - t0)
             if n > 1:
                 itl.append((last - first) / (n - 1))
         wall = await run_pool(one, len(prompts), conc)
-    return ttft, itl, ntok[0], wall
+    return ttft, itl, ntok[0], wall, nmsg[0]
 
 
 async def frontend_pass(url: str, model: str, messages: list[list[dict]], conc: int,
@@ -158,13 +163,15 @@ def main() -> int:
             e0 = hist_totals(engine_metrics, "exl3_engine_time_to_first_token_seconds")
             s0 = hist_totals(fe_addr, "exl3_frontend_time_to_first_token_seconds")
             c0 = cpu_seconds(fe.p.pid)
+            k0 = cpu_seconds(os.getpid())
             f = asyncio.run(frontend_pass(url, name, msgs, conc, args.max_tokens))
             cpu = cpu_seconds(fe.p.pid) - c0
+            client_cpu = cpu_seconds(os.getpid()) - k0
             # Server side, same requests: the front end's TTFT (request in -> first token out)
             # against the engine's own (accepted -> first token), means over the pass.
             added = mean_between(s0, hist_totals(fe_addr, "exl3_frontend_time_to_first_token_seconds")) - \
                 mean_between(e0, hist_totals(engine_metrics, "exl3_engine_time_to_first_token_seconds"))
-            rows.append((conc, n, d, f, cpu, added))
+            rows.append((conc, n, d, f, cpu, added, client_cpu))
             print(f"c={conc:3d}: direct TTFT p50 {p50(d[0]) * 1e3:7.2f} ms, front end "
                   f"{p50(f[0]) * 1e3:7.2f} ms; front end CPU {cpu / max(f[2], 1) * 1e6:6.1f} us/token",
                   flush=True)
@@ -180,13 +187,14 @@ def main() -> int:
              "| streams | requests | TTFT p50 direct ms | TTFT p50 via SDK ms | difference ms | "
              "front end's own TTFT over the engine's, mean ms | "
              "ITL p50 direct ms | ITL p50 front end ms | tok/s direct | tok/s front end | "
-             "front end CPU µs/token |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for conc, n, d, f, cpu, added in rows:
+             "front end CPU µs/token | client CPU µs/token | tokens per engine message |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for conc, n, d, f, cpu, added, client_cpu in rows:
         lines.append(f"| {conc} | {n} | {p50(d[0]) * 1e3:.2f} | {p50(f[0]) * 1e3:.2f} | "
                      f"{(p50(f[0]) - p50(d[0])) * 1e3:.2f} | {added * 1e3:.2f} | {p50(d[1]) * 1e3:.2f} | "
                      f"{p50(f[1]) * 1e3:.2f} | {d[2] / d[3]:.0f} | {f[2] / f[3]:.0f} | "
-                     f"{cpu / max(f[2], 1) * 1e6:.1f} |")
+                     f"{cpu / max(f[2], 1) * 1e6:.1f} | {client_cpu / max(f[2], 1) * 1e6:.1f} | "
+                     f"{d[2] / max(d[4], 1):.2f} |")
     table = "\n".join(lines)
     print(table)
     if args.output:
