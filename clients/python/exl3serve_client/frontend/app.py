@@ -19,7 +19,8 @@ import grpc
 import grpc.aio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from exl3serve.v1 import exl3serve_pb2 as pb
@@ -83,6 +84,48 @@ class ChunkRenderer:
 
     def usage(self, usage: dict[str, Any]) -> str:
         return self.head + '],"usage":' + _dumps(usage) + "}\n\n"
+
+
+# Where the ASGI server's own send travels in the scope (put there by _App).
+_SERVER_SEND = "exl3serve.server_send"
+
+
+class _App(FastAPI):
+    """FastAPI, keeping the server's own `send` in the scope so that SSEResponse can write the events
+    of a stream without Starlette's per-message middleware wrappers."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        scope[_SERVER_SEND] = send
+        await super().__call__(scope, receive, send)
+
+
+class SSEResponse(Response):
+    """A streamed answer: its events (bytes) written as they come. Starlette's StreamingResponse
+    does the same through the middlewares' send wrappers, and runs a task group listening for the
+    client's disconnect; here the response start (and end) still go through the wrappers, so that
+    they know the response began, the events go to the server's send directly, and the disconnect
+    is Frontend.start's watcher's (it cancels the engine call, which ends the events)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[bytes], headers: dict[str, str]) -> None:
+        self.events = events
+        self.status_code = 200
+        self.background = None
+        self.init_headers(headers)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+        out = scope.get(_SERVER_SEND) or send
+        try:
+            async for event in self.events:
+                await out({"type": "http.response.body", "body": event, "more_body": True})
+        except OSError:
+            raise ClientDisconnect() from None
+        finally:
+            await self.events.aclose()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 @dataclass
@@ -424,9 +467,8 @@ class Frontend:
             self._done(job, e.status if isinstance(e, APIError) else 500)
             raise
         if job.stream:
-            return StreamingResponse(self._sse(job, call, first, watcher),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Request-Id": job.rid})
+            return SSEResponse(self._sse(job, call, first, watcher),
+                               headers={"Cache-Control": "no-cache", "X-Request-Id": job.rid})
         status = 500
         try:
             text, entries, n, finish = [], [], 0, None
@@ -583,7 +625,7 @@ def create_app(cfg: FrontendConfig) -> FastAPI:
         yield
         await fe.engine.client.close()
 
-    app = FastAPI(title="exl3serve OpenAI-compatible front end", lifespan=lifespan)
+    app = _App(title="exl3serve OpenAI-compatible front end", lifespan=lifespan)
     app.state.frontend = fe
 
     @app.exception_handler(APIError)
