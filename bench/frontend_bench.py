@@ -3,21 +3,26 @@ exl3-router (experts in its process) and exl3serve-openai on loopback; at each c
 streamed requests go once straight to the engine (Generate over grpc.aio) and once through the front
 end (openai.AsyncOpenAI, chat completions), and it reports TTFT, inter-token latency and output
 tokens/s of both, the TTFT the front end adds (p50 through it minus p50 direct) and the front end's
-CPU time per streamed token (its process's utime + stime over the pass / tokens).
+CPU time per streamed token (its process's utime + stime over the pass / tokens), the same for the
+load client (this process: when it is near one core per wall second, the client, not the front
+end, sets the tokens/s), and the tokens per engine message of the direct pass (1: every token is
+its own gRPC message and SSE event).
 
     BUILD_DIR/frontend-venv/bin/python bench/frontend_bench.py --build-dir build [--levels 1,8,32,64]
-        [--engine-cpus 0-5 --frontend-cpus 6-9 --client-cpus 10-15]
+        [--engine-cpus 0-5 --frontend-cpus 6-9 --client-cpus 10-15] [--client-procs N]
 
 The --*-cpus options put the three processes on separate cores (CPU affinity, inherited by each
 process's threads; the engine then runs as many forward-pass threads as it has cores):
 scripts/gpu/frontend.sh runs it so on the GPU machine's 16 cores. Without them all three share
-every core. Every pass is bounded by its request count and a timeout.
+every core. The load clients of each pass are --client-procs processes (default: one per client
+CPU, at most 4; one when unpinned), the streams shared among them. Every pass is bounded by its request count and a timeout.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import os
 import platform
 import statistics
@@ -89,8 +94,9 @@ def p50(xs: list[float]) -> float:
 
 
 async def direct_pass(engine: str, prompts: list[list[int]], conc: int, max_tokens: int):
-    """The same load straight to the engine: (ttft list, itl list, tokens, wall seconds)."""
-    ttft, itl, ntok = [], [], [0]
+    """The same load straight to the engine: (ttft list, itl list, tokens, wall seconds, messages
+    that carried tokens)."""
+    ttft, itl, ntok, nmsg = [], [], [0], [0]
     async with AsyncGenerateClient(engine) as g:
         async def one(i: int) -> None:
             t0 = time.monotonic()
@@ -102,12 +108,13 @@ async def direct_pass(engine: str, prompts: list[list[int]], conc: int, max_toke
                     last = time.monotonic()
                     first = first or last
                     n += len(resp.tokens)
+                    nmsg[0] += 1
             ntok[0] += n
             ttft.append(first - t0)
             if n > 1:
                 itl.append((last - first) / (n - 1))
         wall = await run_pool(one, len(prompts), conc)
-    return ttft, itl, ntok[0], wall
+    return ttft, itl, ntok[0], wall, nmsg[0]
 
 
 async def frontend_pass(url: str, model: str, messages: list[list[dict]], conc: int,
@@ -116,6 +123,39 @@ async def frontend_pass(url: str, model: str, messages: list[list[dict]], conc: 
     if failed:
         raise RuntimeError(f"{failed} requests through the front end failed")
     return ttft, itl, ntok, wall
+
+
+def _client_job(job: tuple) -> tuple[tuple, float]:
+    """One client process's share of a pass: (the pass's result, its CPU seconds)."""
+    kind, target, items, conc, max_tokens = job
+    t0 = time.process_time()
+    if kind == "direct":
+        r = asyncio.run(direct_pass(target[0], items, conc, max_tokens))
+    else:
+        r = asyncio.run(frontend_pass(target[0], target[1], items, conc, max_tokens))
+    return r, time.process_time() - t0
+
+
+def client_pass(pool, procs: int, kind: str, target: tuple, items: list, conc: int,
+                max_tokens: int) -> tuple[tuple, float]:
+    """A pass split over `procs` client processes (one Python process reads about 7k events/s, less
+    than the front end can send): each gets conc/procs of the streams and as large a share of the
+    requests. Returns the merged result (lists joined, counts summed, the longest wall time) and the
+    client processes' CPU seconds."""
+    p = max(1, min(procs, conc))
+    jobs = [(kind, target, items[i::p], conc // p + (i < conc % p), max_tokens) for i in range(p)]
+    parts = [_client_job(jobs[0])] if pool is None or p == 1 else pool.map(_client_job, jobs)
+    results = [r for r, _ in parts]
+    merged = []
+    for i in range(len(results[0])):
+        vals = [r[i] for r in results]
+        if isinstance(vals[0], list):
+            merged.append([x for v in vals for x in v])
+        elif i == 3:  # wall seconds
+            merged.append(max(vals))
+        else:
+            merged.append(sum(vals))
+    return tuple(merged), sum(c for _, c in parts)
 
 
 def main() -> int:
@@ -128,7 +168,11 @@ def main() -> int:
     ap.add_argument("--engine-cpus", help="CPU list (taskset -c style) of exl3-router")
     ap.add_argument("--frontend-cpus", help="CPU list of exl3serve-openai")
     ap.add_argument("--client-cpus", help="CPU list of this process (the load clients)")
+    ap.add_argument("--client-procs", type=int,
+                    help="load client processes that share each pass's streams (default: as many "
+                         "as --client-cpus names, at most 4; 1 without it)")
     args = ap.parse_args()
+    procs = args.client_procs or (min(4, len(cpu_list(args.client_cpus))) if args.client_cpus else 1)
     build = args.build_dir.resolve()
     work = Path(tempfile.mkdtemp(prefix="exl3-fe-bench."))
     model = stack.make_model(build, work / "model")
@@ -140,9 +184,12 @@ def main() -> int:
     pin(args.client_cpus)
     placement = (f"CPUs: engine {affinity(router.p.pid)}, front end {affinity(fe.p.pid)}, "
                  f"client {affinity(os.getpid())}")
+    placement += f", {procs} client process{'es' if procs > 1 else ''}"
     print(placement, flush=True)
     tok = ModelTokenizer(model)
     rows = []
+    # spawn: the children start clean of this process's gRPC and event-loop state.
+    pool = multiprocessing.get_context("spawn").Pool(procs) if procs > 1 else None
     try:
         name = openai.OpenAI(base_url=url, api_key="none").models.list().data[0].id
         warm = [[{"role": "user", "content": "warm-up"}]] * 4
@@ -153,22 +200,25 @@ def main() -> int:
             msgs = [[{"role": "user", "content": f"Request {i}: tell me about experts."}]
                     for i in range(n)]
             ids = [tok.encode_chat(m) for m in msgs]
-            d = asyncio.run(direct_pass(engine, ids, conc, args.max_tokens))
+            d, _ = client_pass(pool, procs, "direct", (engine,), ids, conc, args.max_tokens)
             fe_addr = url[len("http://"):-len("/v1")]
             e0 = hist_totals(engine_metrics, "exl3_engine_time_to_first_token_seconds")
             s0 = hist_totals(fe_addr, "exl3_frontend_time_to_first_token_seconds")
             c0 = cpu_seconds(fe.p.pid)
-            f = asyncio.run(frontend_pass(url, name, msgs, conc, args.max_tokens))
+            f, client_cpu = client_pass(pool, procs, "frontend", (url, name), msgs, conc,
+                                        args.max_tokens)
             cpu = cpu_seconds(fe.p.pid) - c0
             # Server side, same requests: the front end's TTFT (request in -> first token out)
             # against the engine's own (accepted -> first token), means over the pass.
             added = mean_between(s0, hist_totals(fe_addr, "exl3_frontend_time_to_first_token_seconds")) - \
                 mean_between(e0, hist_totals(engine_metrics, "exl3_engine_time_to_first_token_seconds"))
-            rows.append((conc, n, d, f, cpu, added))
+            rows.append((conc, n, d, f, cpu, added, client_cpu))
             print(f"c={conc:3d}: direct TTFT p50 {p50(d[0]) * 1e3:7.2f} ms, front end "
                   f"{p50(f[0]) * 1e3:7.2f} ms; front end CPU {cpu / max(f[2], 1) * 1e6:6.1f} us/token",
                   flush=True)
     finally:
+        if pool is not None:
+            pool.terminate()
         fe.stop()
         router.stop()
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
@@ -180,13 +230,14 @@ def main() -> int:
              "| streams | requests | TTFT p50 direct ms | TTFT p50 via SDK ms | difference ms | "
              "front end's own TTFT over the engine's, mean ms | "
              "ITL p50 direct ms | ITL p50 front end ms | tok/s direct | tok/s front end | "
-             "front end CPU µs/token |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for conc, n, d, f, cpu, added in rows:
+             "front end CPU µs/token | client CPU µs/token | tokens per engine message (direct) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for conc, n, d, f, cpu, added, client_cpu in rows:
         lines.append(f"| {conc} | {n} | {p50(d[0]) * 1e3:.2f} | {p50(f[0]) * 1e3:.2f} | "
                      f"{(p50(f[0]) - p50(d[0])) * 1e3:.2f} | {added * 1e3:.2f} | {p50(d[1]) * 1e3:.2f} | "
                      f"{p50(f[1]) * 1e3:.2f} | {d[2] / d[3]:.0f} | {f[2] / f[3]:.0f} | "
-                     f"{cpu / max(f[2], 1) * 1e6:.1f} |")
+                     f"{cpu / max(f[2], 1) * 1e6:.1f} | {client_cpu / max(f[2], 1) * 1e6:.1f} | "
+                     f"{d[2] / max(d[4], 1):.2f} |")
     table = "\n".join(lines)
     print(table)
     if args.output:

@@ -16,8 +16,11 @@
 #       front end (exl3serve-openai)  the next N/4 (6-9): one asyncio event loop (Python holds one
 #                                     core) plus gRPC's and uvicorn's native threads beside it
 #       client (the benchmark itself) the rest (10-15): the 64-stream openai SDK client and the
-#                                     direct grpc.aio pass, Python too; given as many cores as the
-#                                     engine so that reading chunks never queues behind the others
+#                                     direct grpc.aio pass, Python too, split over one process per
+#                                     core (at most 4: frontend_bench.py --client-procs; one
+#                                     Python SDK process reads fewer tokens/s than the front end
+#                                     sends); given as many cores as the engine so that reading
+#                                     chunks never queues behind the others
 #     so the TTFT the front end adds is its own, not time waiting for a core shared with the
 #     engine or the client (the 2-core measurement's problem, bench/results/frontend.md).
 # Writes to $OUT (default ./gpu-out): frontend-table.md (the table), frontend-bench.log,

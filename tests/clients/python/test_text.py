@@ -189,3 +189,38 @@ def test_stop_strings_across_pieces(stops, pieces, want, stopped):
     out = "".join(m.push(p, final=(i == len(pieces) - 1)) for i, p in enumerate(pieces))
     assert out == want
     assert m.stopped == stopped
+
+
+@pytest.mark.parametrize("chat", [True, False])
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_chunk_renderer_equals_json_dumps(chat, include_usage):
+    """The streaming loop's pre-rendered SSE events are byte for byte what json.dumps of the
+    answer's objects (Frontend._envelope / _choice, the non-streaming path's) gives."""
+    from exl3serve_client.frontend.app import ChunkRenderer, Frontend, Job, _dumps
+    fe = object.__new__(Frontend)  # _envelope and _choice use no state of the instance
+    job = Job(endpoint="chat_completions" if chat else "completions", chat=chat,
+              model='mod"el/é ✓', prompt_ids=[1, 2, 3], request=None, stops=[], stream=True,
+              include_usage=include_usage, logprobs=None, rid="chatcmpl-ab\\c", created=1764600000)
+    out = ChunkRenderer(job)
+    extra = {"usage": None} if include_usage else {}
+
+    def ref(choices):
+        return "data: " + _dumps({**fe._envelope(job, choices, chunk=True), **extra}) + "\n\n"
+
+    if chat:
+        assert out.role() == ref([fe._choice(job, "", None, None, 0, delta=True, first=True)])
+    for text in ["hi", "", " \"quoted\" \\ back\nslash\t", "é 中文 😀 \u2028 \x00\x1f", "</s>"]:
+        for entries in [None, [], [{"token": "a\"", "logprob": -0.5, "bytes": [97, 34],
+                                    "top_logprobs": [{"token": "b", "logprob": -1.25e-07,
+                                                      "bytes": [98]}]}]]:
+            choice = fe._choice(job, text, entries, None, 3, delta=True)
+            lp = None if entries is None else _dumps(choice["logprobs"])
+            assert out.text(text, lp) == ref([choice]), (text, entries)
+    for reason in ["stop", "length"]:
+        end = fe._choice(job, "", None, reason, 0, delta=True)
+        if chat:
+            end["delta"] = {}
+        assert out.finish(reason) == ref([end])
+    usage = fe._usage(job, 64)
+    assert out.usage(usage) == "data: " + _dumps({**fe._envelope(job, [], chunk=True),
+                                                  "usage": usage}) + "\n\n"

@@ -19,7 +19,8 @@ import grpc
 import grpc.aio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from exl3serve.v1 import exl3serve_pb2 as pb
@@ -44,6 +45,87 @@ _HTTP_OF = {
 
 def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+# A str as _dumps writes it (json's C encoder of ensure_ascii=False), without json.dumps' dispatch.
+_jstr = json.encoder.encode_basestring
+
+
+class ChunkRenderer:
+    """The SSE events of one streamed answer, as _dumps of Frontend._envelope / _choice renders
+    them, byte for byte, but from strings made once per request: the per-token event is then a
+    few concatenations and one string escape (tests/clients/python/test_text.py compares the two)."""
+
+    def __init__(self, job: "Job") -> None:
+        obj = "chat.completion.chunk" if job.chat else "text_completion"
+        self.chat = job.chat
+        self.head = (f'data: {{"id":{_jstr(job.rid)},"object":"{obj}","created":{int(job.created)},'
+                     f'"model":{_jstr(job.model)},"choices":[')
+        self.tail = (',"usage":null}\n\n' if job.include_usage else '}\n\n')
+        self.open = self.head + ('{"index":0,"delta":' if job.chat else '{"index":0,"text":')
+
+    def role(self) -> str:
+        """Chat's first event: the assistant's role and empty content."""
+        return self.open + '{"role":"assistant","content":""},"logprobs":null,' \
+            '"finish_reason":null}]' + self.tail
+
+    def text(self, text: str, logprobs: Optional[str] = None) -> str:
+        """An event with text (and logprobs, already rendered; None: null)."""
+        lp = "null" if logprobs is None else logprobs
+        if self.chat:
+            delta = '{"content":' + _jstr(text) + "}" if text else "{}"
+            return self.open + delta + ',"logprobs":' + lp + ',"finish_reason":null}]' + self.tail
+        return self.open + _jstr(text) + ',"logprobs":' + lp + ',"finish_reason":null}]' + self.tail
+
+    def finish(self, reason: str) -> str:
+        if self.chat:
+            return self.open + '{},"logprobs":null,"finish_reason":' + _jstr(reason) + "}]" + self.tail
+        return self.open + '"","logprobs":null,"finish_reason":' + _jstr(reason) + "}]" + self.tail
+
+    def usage(self, usage: dict[str, Any]) -> str:
+        return self.head + '],"usage":' + _dumps(usage) + "}\n\n"
+
+
+# Where the ASGI server's own send travels in the scope (put there by _App).
+_SERVER_SEND = "exl3serve.server_send"
+
+
+class _App(FastAPI):
+    """FastAPI, keeping the server's own `send` in the scope so that SSEResponse can write the events
+    of a stream without Starlette's per-message middleware wrappers."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        scope[_SERVER_SEND] = send
+        await super().__call__(scope, receive, send)
+
+
+class SSEResponse(Response):
+    """A streamed answer: its events (bytes) written as they come. Starlette's StreamingResponse
+    does the same through the middlewares' send wrappers, and runs a task group listening for the
+    client's disconnect; here the response start (and end) still go through the wrappers, so that
+    they know the response began, the events go to the server's send directly, and the disconnect
+    is Frontend.start's watcher's (it cancels the engine call, which ends the events)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[bytes], headers: dict[str, str]) -> None:
+        self.events = events
+        self.status_code = 200
+        self.background = None
+        self.init_headers(headers)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+        out = scope.get(_SERVER_SEND) or send
+        try:
+            async for event in self.events:
+                await out({"type": "http.response.body", "body": event, "more_body": True})
+        except OSError:
+            raise ClientDisconnect() from None
+        finally:
+            await self.events.aclose()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 @dataclass
@@ -334,17 +416,15 @@ class Frontend:
             return
         now = time.monotonic()
         last = state.get("last")
+        itl = self.metrics.itl_of[job.endpoint]
         if last is None:
-            self.metrics.ttft.labels(job.endpoint).observe(now - job.started)
-            n -= 1
-            if n > 0:
-                for _ in range(n):
-                    self.metrics.itl.labels(job.endpoint).observe(0.0)
+            self.metrics.ttft_of[job.endpoint].observe(now - job.started)
+            for _ in range(n - 1):
+                itl.observe(0.0)
         else:
             gap = (now - last) / n
-            h = self.metrics.itl.labels(job.endpoint)
             for _ in range(n):
-                h.observe(gap)
+                itl.observe(gap)
         state["last"] = now
 
     async def start(self, job: Job, request: Request) -> tuple[grpc.aio.UnaryStreamCall, Any, asyncio.Task]:
@@ -387,9 +467,8 @@ class Frontend:
             self._done(job, e.status if isinstance(e, APIError) else 500)
             raise
         if job.stream:
-            return StreamingResponse(self._sse(job, call, first, watcher),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Request-Id": job.rid})
+            return SSEResponse(self._sse(job, call, first, watcher),
+                               headers={"Cache-Control": "no-cache", "X-Request-Id": job.rid})
         status = 500
         try:
             text, entries, n, finish = [], [], 0, None
@@ -421,62 +500,107 @@ class Frontend:
             self._done(job, 499 if watcher.done() and not watcher.cancelled() else status)
 
     async def _sse(self, job: Job, call: grpc.aio.UnaryStreamCall, first: Any,
-                   watcher: asyncio.Task) -> AsyncIterator[str]:
+                   watcher: asyncio.Task) -> AsyncIterator[bytes]:
+        """The streamed answer: one SSE event per engine message that adds text (a message carries
+        every token the engine had ready for the request), as pieces() would give them, with the
+        events pre-rendered (ChunkRenderer) and the per-token work inline: this loop is the front
+        end's hot path."""
         status = 499  # until the answer is complete, a closing client is why it stops
-        usage_null = {"usage": None} if job.include_usage else {}
+        out = ChunkRenderer(job)
+        m = self.metrics
+        gen_tokens = m.generation_tokens
+        ttft = m.ttft_of[job.endpoint]
+        itl = m.itl_of[job.endpoint]
+        detok = self.tok.detokenizer()
+        add_bytes = getattr(detok, "add_bytes", None)  # byte-level BPE: the tokens' bytes
+        token_bytes = self.tok.token_bytes
+        stop = StopMatcher(job.stops) if job.stops else None
+        want_lp = job.logprobs is not None
+        unspecified = pb.FINISH_REASON_UNSPECIFIED
+        monotonic = time.monotonic
         try:
             if job.chat:  # the role comes first, as OpenAI sends it
-                yield "data: " + _dumps({**self._envelope(job, [self._choice(
-                    job, "", None, None, 0, delta=True, first=True)], chunk=True),
-                    **usage_null}) + "\n\n"
+                yield out.role().encode()
             n, offset = 0, 0
-            state: dict[str, Any] = {}
+            last: Optional[float] = None
+            resp = first
             try:
-                async for p in self.pieces(job, call, first):
-                    n += len(p.tokens)
-                    entries = self._logprobs_entries(job, p.tokens) if job.logprobs is not None \
-                        else None
-                    if not p.text and p.finish is None and not entries:
-                        continue
-                    choice = self._choice(job, p.text, entries, None, offset, delta=True)
-                    offset += len(p.text)
-                    if p.text or entries:
-                        yield "data: " + _dumps({**self._envelope(job, [choice], chunk=True),
-                                                 **usage_null}) + "\n\n"
-                        self._observe_tokens(job, state, len(p.tokens))
-                    if p.finish is not None:
-                        end = self._choice(job, "", None, p.finish, offset, delta=True)
-                        if job.chat:
-                            end["delta"] = {}
-                        yield "data: " + _dumps({**self._envelope(job, [end], chunk=True),
-                                                 **usage_null}) + "\n\n"
+                while True:
+                    if resp is grpc.aio.EOF:
+                        raise APIError(500, "the engine's stream ended without a finish reason")
+                    tokens = resp.tokens
+                    k = len(tokens)
+                    ended = resp.finish_reason != unspecified
+                    if add_bytes is not None:
+                        if k == 1:
+                            text = add_bytes(token_bytes(tokens[0].token_id))
+                        else:
+                            text = add_bytes(b"".join([token_bytes(t.token_id) for t in tokens]))
+                    else:
+                        text = detok.add([t.token_id for t in tokens])
+                    if ended:
+                        text += detok.finish()
+                    if stop is not None:
+                        text = stop.push(text, final=ended)
+                    gen_tokens.inc(k)
+                    finish: Optional[str] = None
+                    if stop is not None and stop.stopped:
+                        call.cancel()
+                        finish = "stop"
+                    elif ended:
+                        finish = FINISH_REASONS.get(resp.finish_reason)
+                        if finish in ("abort", "error"):
+                            # The call's status says why (deadline, lost experts): read() raises it.
+                            await call.read()
+                            raise APIError(500, f"the engine ended the request ({finish})")
+                    n += k
+                    entries = self._logprobs_entries(job, list(tokens)) if want_lp else None
+                    if text or entries:
+                        lp = None if entries is None else _dumps(
+                            {"content": entries, "refusal": None} if job.chat else
+                            self._completion_logprobs(entries, offset))
+                        offset += len(text)
+                        yield out.text(text, lp).encode()
+                        if k > 0:  # as _observe_tokens: TTFT, then k gaps of 1/k each
+                            now = monotonic()
+                            if last is None:
+                                ttft.observe(now - job.started)
+                                for _ in range(k - 1):
+                                    itl.observe(0.0)
+                            else:
+                                gap = (now - last) / k
+                                for _ in range(k):
+                                    itl.observe(gap)
+                            last = now
+                    if finish is not None:
+                        yield out.finish(finish).encode()
+                        break
+                    resp = await call.read()
             except grpc.aio.AioRpcError as e:
                 if watcher.done() and not watcher.cancelled():
                     return  # the client went away; nobody to tell
                 err = self._rpc_error(e)
                 status = err.status
-                yield "data: " + _dumps(err.body()) + "\n\n"
-                yield "data: [DONE]\n\n"
+                yield ("data: " + _dumps(err.body()) + "\n\ndata: [DONE]\n\n").encode()
                 return
             except APIError as err:
                 status = err.status
-                yield "data: " + _dumps(err.body()) + "\n\n"
-                yield "data: [DONE]\n\n"
+                yield ("data: " + _dumps(err.body()) + "\n\ndata: [DONE]\n\n").encode()
                 return
             if job.include_usage:
-                yield "data: " + _dumps({**self._envelope(job, [], chunk=True),
-                                         "usage": self._usage(job, n)}) + "\n\n"
-            yield "data: [DONE]\n\n"
+                yield (out.usage(self._usage(job, n)) + "data: [DONE]\n\n").encode()
+            else:
+                yield b"data: [DONE]\n\n"
             status = 200
         finally:
             watcher.cancel()
             call.cancel()
-            self.metrics.running.dec()
+            m.running.dec()
             self._done(job, status)
 
     def _done(self, job: Job, status: int) -> None:
         self.metrics.requests.labels(job.endpoint, str(status)).inc()
-        self.metrics.e2e.labels(job.endpoint).observe(time.monotonic() - job.started)
+        self.metrics.e2e_of[job.endpoint].observe(time.monotonic() - job.started)
 
 
 async def _watch_disconnect(request: Request, call: grpc.aio.UnaryStreamCall) -> None:
@@ -501,7 +625,7 @@ def create_app(cfg: FrontendConfig) -> FastAPI:
         yield
         await fe.engine.client.close()
 
-    app = FastAPI(title="exl3serve OpenAI-compatible front end", lifespan=lifespan)
+    app = _App(title="exl3serve OpenAI-compatible front end", lifespan=lifespan)
     app.state.frontend = fe
 
     @app.exception_handler(APIError)

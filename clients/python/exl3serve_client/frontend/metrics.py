@@ -36,9 +36,11 @@ class FrontendMetrics:
                              registry=r)
         self.engine_up = Gauge("exl3_frontend_engine_up", "1 while the engine answered the last "
                                "DescribeModel or request, 0 after it was unreachable", registry=r)
-        for ep in ENDPOINTS:  # series exist at zero from the start
-            self.ttft.labels(ep)
-            self.itl.labels(ep)
-            self.e2e.labels(ep)
+        # The series of each endpoint, looked up once (labels() per token costs a lock and a
+        # dict lookup); they exist at zero from the start.
+        self.ttft_of = {ep: self.ttft.labels(ep) for ep in ENDPOINTS}
+        self.itl_of = {ep: self.itl.labels(ep) for ep in ENDPOINTS}
+        self.e2e_of = {ep: self.e2e.labels(ep) for ep in ENDPOINTS}
+        for ep in ENDPOINTS:
             for status in ("200", "400", "404", "429", "499", "500", "503", "504"):
                 self.requests.labels(ep, status)

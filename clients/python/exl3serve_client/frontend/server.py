@@ -30,6 +30,30 @@ def _split(hostport: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _run(coro, config: uvicorn.Config) -> None:
+    """Runs the server on the event loop uvicorn picks (uvloop when installed, as uvicorn.run does):
+    a bare asyncio.run would run it on asyncio's pure-Python selector loop."""
+    get_factory = getattr(config, "get_loop_factory", None)  # uvicorn >= 0.36
+    if get_factory is None:
+        config.setup_event_loop()  # older uvicorn: sets the event loop policy
+        asyncio.run(coro)
+        return
+    factory = get_factory()
+    if factory is None:
+        asyncio.run(coro)
+    elif sys.version_info >= (3, 11):
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(coro)
+    else:
+        loop = factory()
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(coro)
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="exl3serve-openai",
                                  description="OpenAI-compatible HTTP front end of an exl3serve "
@@ -58,6 +82,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM,
                          socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # uvloop does not set it on accepted connections; Linux copies it from the listening socket.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
     bound = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False,
@@ -74,7 +100,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         await task
 
     try:
-        asyncio.run(serve())
+        _run(serve(), config)
     except KeyboardInterrupt:
         pass
     return 0 if server.started else 1

@@ -18,6 +18,9 @@ from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+# The UTF-8 step of codecs' incremental decoder (its BufferedIncrementalDecoder), called directly.
+_utf8_decode = codecs.utf_8_decode
+
 
 class ChatTemplateError(ValueError):
     """The template refused the messages (raise_exception) or could not be rendered."""
@@ -178,13 +181,24 @@ class ByteDetokenizer(Detokenizer):
 
     def __init__(self, tok: ModelTokenizer) -> None:
         self._tok = tok
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._held = b""  # an unfinished character's bytes (what codecs' incremental decoder buffers)
 
     def add(self, token_ids: Iterable[int]) -> str:
-        return self._utf8.decode(b"".join(self._tok.token_bytes(t) for t in token_ids))
+        tb = self._tok.token_bytes
+        return self.add_bytes(b"".join([tb(t) for t in token_ids]))
+
+    def add_bytes(self, data: bytes) -> str:
+        """The text of the next tokens' bytes (the front end's streaming loop calls this directly)."""
+        if self._held:
+            data = self._held + data
+        text, used = _utf8_decode(data, "replace", False)
+        self._held = data[used:] if used < len(data) else b""
+        return text
 
     def finish(self) -> str:
-        return self._utf8.decode(b"", final=True)
+        text, _ = _utf8_decode(self._held, "replace", True)
+        self._held = b""
+        return text
 
 
 class DecodeDetokenizer(Detokenizer):
