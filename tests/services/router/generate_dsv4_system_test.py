@@ -11,31 +11,16 @@ import unittest
 import grpc
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import Cluster, int32_tensors, wait_for  # noqa: E402
+from harness import TWO_WORKER_MAP, Cluster, greedy_generate, int32_tensors, wait_for  # noqa: E402
 
 from exl3serve.v1 import exl3serve_pb2 as pb  # noqa: E402
 from exl3serve.v1 import exl3serve_pb2_grpc as pbg  # noqa: E402
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "engine", "deepseek_v4_all")
 
-# Two workers only: a holds experts 0-3, b 4-7.
-MAP = """workers:
-  - name: a
-    address: 127.0.0.1:{a}
-    experts: 0-3
-  - name: b
-    address: 127.0.0.1:{b}
-    experts: 4-7
-"""
-
 
 def greedy(stub, prompt, max_tokens):
-    req = pb.GenerateRequest(prompt_token_ids=prompt, max_tokens=max_tokens, ignore_eos=True,
-                             sampling=pb.SamplingParams(temperature=0))
-    tokens = []
-    for r in stub.Generate(req, timeout=120):
-        tokens += [t.token_id for t in r.tokens]
-    return tokens
+    return greedy_generate(stub, prompt, max_tokens, pb)[0]
 
 
 class GenerateDeepseekV4Test(unittest.TestCase):
@@ -48,7 +33,7 @@ class GenerateDeepseekV4Test(unittest.TestCase):
     def setUp(self):
         self.c = Cluster(model=FIXTURE)
         self.addCleanup(self.c.stop)
-        self.c.write_map(MAP)
+        self.c.write_map(TWO_WORKER_MAP)
 
     def check(self, stub):
         for p, want in zip(self.prompts, self.greedy):

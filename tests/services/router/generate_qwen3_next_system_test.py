@@ -13,34 +13,17 @@ import unittest
 import grpc
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import Cluster, int32_tensors, wait_for  # noqa: E402
+from harness import TWO_WORKER_MAP, Cluster, greedy_generate, int32_tensors, wait_for  # noqa: E402
 
 from exl3serve.v1 import exl3serve_pb2 as pb  # noqa: E402
 from exl3serve.v1 import exl3serve_pb2_grpc as pbg  # noqa: E402
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "engine", "qwen3_next_all")
 
-# Two workers only: a holds experts 0-3, b 4-7.
-MAP = """workers:
-  - name: a
-    address: 127.0.0.1:{a}
-    experts: 0-3
-  - name: b
-    address: 127.0.0.1:{b}
-    experts: 4-7
-"""
-
 
 def greedy(stub, prompt, max_tokens):
     """(tokens, usage) of one greedy request."""
-    req = pb.GenerateRequest(prompt_token_ids=prompt, max_tokens=max_tokens, ignore_eos=True,
-                             sampling=pb.SamplingParams(temperature=0))
-    tokens, usage = [], None
-    for r in stub.Generate(req, timeout=120):
-        tokens += [t.token_id for t in r.tokens]
-        if r.finish_reason:
-            usage = r.usage
-    return tokens, usage
+    return greedy_generate(stub, prompt, max_tokens, pb)
 
 
 class GenerateQwen3NextTest(unittest.TestCase):
@@ -53,7 +36,7 @@ class GenerateQwen3NextTest(unittest.TestCase):
     def setUp(self):
         self.c = Cluster(model=FIXTURE)
         self.addCleanup(self.c.stop)
-        self.c.write_map(MAP)
+        self.c.write_map(TWO_WORKER_MAP)
 
     def check_concurrent(self, stub):
         """Every prompt at once (their chunks and decode tokens share steps), twice over."""

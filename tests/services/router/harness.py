@@ -115,6 +115,29 @@ class Proc:
         return wait_for(seen, timeout, f"/{pattern}/ in the log of {self.name}")
 
 
+# An expert map of two workers with no replica: a holds experts 0-3, b 4-7 (format with a=, b=).
+TWO_WORKER_MAP = """workers:
+  - name: a
+    address: 127.0.0.1:{a}
+    experts: 0-3
+  - name: b
+    address: 127.0.0.1:{b}
+    experts: 4-7
+"""
+
+
+def greedy_generate(stub, prompt, max_tokens, pb):
+    """(token ids, usage) of one greedy Generate request (pb: the exl3serve.v1 messages module)."""
+    req = pb.GenerateRequest(prompt_token_ids=prompt, max_tokens=max_tokens, ignore_eos=True,
+                             sampling=pb.SamplingParams(temperature=0))
+    tokens, usage = [], None
+    for r in stub.Generate(req, timeout=120):
+        tokens += [t.token_id for t in r.tokens]
+        if r.finish_reason:
+            usage = r.usage
+    return tokens, usage
+
+
 def int32_tensors(path, prefix):
     """The int32 tensors named prefix + "0", prefix + "1", ... of a safetensors file (an engine
     fixture's reference.safetensors: prompt.i, greedy.i), as lists; no torch here."""
