@@ -4,61 +4,24 @@
 // preemption gives the same tokens; a prefix-cache hit gives the same tokens and reports them.
 // On GLM-4 MoE (KV per token) and DeepSeek-V4 (sliding window and compressor state in the same
 // paged slots).
-#include <condition_variable>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "engine/cpu_model.h"
 #include "engine/engine.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
+#include "tests/engine/engine_requests.h"
 
 namespace exl3::engine {
 namespace {
 
+using testing::Greedy32;
+using testing::Int32Rows;
+using testing::RequestResults;
+
 const char* const kFixtures[] = {"tests/fixtures/engine/glm4_moe_all",
                                  "tests/fixtures/engine/deepseek_v4_all"};
-
-struct Results {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::map<uint64_t, std::vector<int32_t>> tokens;
-  std::map<uint64_t, FinishInfo> finish;
-  EventCallback Callback() {
-    return [this](const GenerateEvent& e) {
-      std::lock_guard<std::mutex> lock(mu);
-      for (const SampledToken& t : e.tokens) tokens[e.request_id].push_back(t.token);
-      if (e.finish) {
-        finish[e.request_id] = *e.finish;
-        cv.notify_all();
-      }
-    };
-  }
-  void Wait(size_t n) {
-    std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(120), [&] { return finish.size() >= n; }));
-  }
-};
-
-std::vector<std::vector<int32_t>> Ints(const TensorSource& src, const char* prefix) {
-  std::vector<std::vector<int32_t>> out;
-  for (int i = 0; src.Has(prefix + std::to_string(i)); ++i) {
-    TensorView t = *src.Get(prefix + std::to_string(i));
-    out.emplace_back(t.as<int32_t>(), t.as<int32_t>() + t.info->num_elements());
-  }
-  return out;
-}
-
-GenerateParams Greedy32(const std::vector<int32_t>& prompt) {
-  GenerateParams g;
-  g.prompt = prompt;
-  g.max_tokens = 32;
-  g.ignore_eos = true;
-  g.sampling.temperature = 0;
-  return g;
-}
 
 std::unique_ptr<CpuModel> OpenFixtureModel(const std::string& dir) {
   CpuModelOptions mo;
@@ -73,8 +36,8 @@ class EngineCpuModelTest : public ::testing::TestWithParam<const char*> {
   void SetUp() override {
     auto ref = TensorSource::Open(std::string(GetParam()) + "/reference.safetensors");
     ASSERT_TRUE(ref.ok()) << ref.status();
-    prompts_ = Ints(**ref, "prompt.");
-    greedy_ = Ints(**ref, "greedy.");
+    prompts_ = Int32Rows(**ref, "prompt.");
+    greedy_ = Int32Rows(**ref, "greedy.");
   }
   // Runs every prompt at once through an engine with `kv_blocks` blocks of 4 tokens; returns
   // each request's tokens in prompt order.
@@ -86,18 +49,12 @@ class EngineCpuModelTest : public ::testing::TestWithParam<const char*> {
     eo.scheduler.max_num_batched_tokens = 24;  // several steps of chunked prefill
     Engine engine(eo, OpenFixtureModel(GetParam()));
     EXPECT_TRUE(engine.Start().ok());
-    Results r;
-    std::vector<uint64_t> ids;
-    for (const std::vector<int32_t>& p : prompts) {
-      auto id = engine.Submit(Greedy32(p), r.Callback());
-      EXPECT_TRUE(id.ok()) << id.status();
-      ids.push_back(*id);
-    }
-    r.Wait(ids.size());
+    std::vector<GenerateParams> params;
+    for (const std::vector<int32_t>& p : prompts) params.push_back(Greedy32(p));
     std::vector<std::vector<int32_t>> out;
-    for (uint64_t id : ids) {
-      EXPECT_TRUE(r.finish[id].status.ok()) << r.finish[id].status;
-      out.push_back(r.tokens[id]);
+    for (const std::vector<SampledToken>& sampled : testing::RunAllAtOnce(engine, params)) {
+      out.emplace_back();
+      for (const SampledToken& t : sampled) out.back().push_back(t.token);
     }
     *preemptions = engine.Stats().preemptions;
     engine.Stop();
@@ -128,7 +85,7 @@ TEST_P(EngineCpuModelTest, PrefixCacheHitGivesTheSameTokens) {
   eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 256};
   Engine engine(eo, OpenFixtureModel(GetParam()));
   ASSERT_TRUE(engine.Start().ok());
-  Results r;
+  RequestResults r;
   const GenerateParams g = Greedy32(prompts_[3]);  // 40 tokens
   auto first = engine.Submit(g, r.Callback());
   ASSERT_TRUE(first.ok());
@@ -136,8 +93,8 @@ TEST_P(EngineCpuModelTest, PrefixCacheHitGivesTheSameTokens) {
   auto second = engine.Submit(g, r.Callback());
   ASSERT_TRUE(second.ok());
   r.Wait(2);
-  EXPECT_EQ(r.tokens[*first], greedy_[3]);
-  EXPECT_EQ(r.tokens[*second], greedy_[3]);
+  EXPECT_EQ(r.TokenIds(*first), greedy_[3]);
+  EXPECT_EQ(r.TokenIds(*second), greedy_[3]);
   EXPECT_EQ(r.finish[*first].usage.cached_tokens, 0);
   EXPECT_EQ(r.finish[*second].usage.cached_tokens, 36);  // 9 full blocks; the last token runs
 }

@@ -6,10 +6,8 @@
 // state before it.
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
 
 #include "engine/cpu_model.h"
 #include "engine/engine.h"
@@ -18,12 +16,16 @@
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "tests/engine/engine_requests.h"
 #include "tests/engine/model_harness.h"
 
 namespace exl3::engine {
 namespace {
 
 using nlohmann::json;
+using testing::Greedy32;
+using testing::Int32Rows;
+using testing::RequestResults;
 
 // A small Qwen3NextConfig().to_dict() (field names as transformers 5.24 writes them).
 json Qwen3Next() {
@@ -131,15 +133,6 @@ double RelativeError(const float* a, const float* ref, size_t n) {
   return std::sqrt(num / den);
 }
 
-std::vector<std::vector<int32_t>> Ints(const TensorSource& src, const std::string& prefix) {
-  std::vector<std::vector<int32_t>> out;
-  for (int i = 0; src.Has(prefix + std::to_string(i)); ++i) {
-    TensorView t = *src.Get(prefix + std::to_string(i));
-    out.emplace_back(t.as<int32_t>(), t.as<int32_t>() + t.info->num_elements());
-  }
-  return out;
-}
-
 std::string FixtureDir(const std::string& name) { return "tests/fixtures/engine/" + name; }
 
 class Qwen3NextFixtureTest : public ::testing::TestWithParam<const char*> {};
@@ -151,7 +144,7 @@ TEST_P(Qwen3NextFixtureTest, BatchedSequencesGiveTransformersTokensAndLogits) {
   const std::string dir = FixtureDir(GetParam());
   auto ref = TensorSource::Open(dir + "/reference.safetensors");
   ASSERT_TRUE(ref.ok()) << ref.status();
-  const auto prompts = Ints(**ref, "prompt."), greedy = Ints(**ref, "greedy.");
+  const auto prompts = Int32Rows(**ref, "prompt."), greedy = Int32Rows(**ref, "greedy.");
   ASSERT_EQ(prompts.size(), 4u);
   CpuModelOptions o;
   o.num_threads = 2;
@@ -209,44 +202,16 @@ class FailingOnceMoe final : public MoeExecutor {
   bool failed_ = false;
 };
 
-struct Results {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::map<uint64_t, std::vector<SampledToken>> sampled;  // with their logprobs
-  std::map<uint64_t, FinishInfo> finish;
-  EventCallback Callback() {
-    return [this](const GenerateEvent& e) {
-      std::lock_guard<std::mutex> lock(mu);
-      for (const SampledToken& t : e.tokens) sampled[e.request_id].push_back(t);
-      if (e.finish) {
-        finish[e.request_id] = *e.finish;
-        cv.notify_all();
-      }
-    };
-  }
-  void Wait(size_t n) {
-    std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(120), [&] { return finish.size() >= n; }));
-  }
-};
-
-GenerateParams Greedy32(const std::vector<int32_t>& prompt) {
-  GenerateParams g;
-  g.prompt = prompt;
-  g.max_tokens = 32;
-  g.ignore_eos = true;
-  g.sampling.temperature = 0;
-  g.sampling.logprobs = 5;  // the top 5: checks the logits, not only their argmax
-  return g;
-}
+// 32 greedy tokens with the top 5 logprobs of each: checks the logits, not only their argmax.
+GenerateParams Greedy32Top5(const std::vector<int32_t>& prompt) { return Greedy32(prompt, 5); }
 
 class Qwen3NextEngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
     auto ref = TensorSource::Open(std::string(kFixture) + "/reference.safetensors");
     ASSERT_TRUE(ref.ok()) << ref.status();
-    prompts_ = Ints(**ref, "prompt.");
-    greedy_ = Ints(**ref, "greedy.");
+    prompts_ = Int32Rows(**ref, "prompt.");
+    greedy_ = Int32Rows(**ref, "greedy.");
     // transformers' log-probabilities at each greedy step.
     const int vocab = 128;  // the fixtures' vocabulary
     for (size_t i = 0; i < prompts_.size(); ++i) {
@@ -296,19 +261,9 @@ class Qwen3NextEngineTest : public ::testing::Test {
     eo.scheduler.max_num_batched_tokens = 24;  // several steps of chunked prefill
     Engine engine(eo, std::move(model));
     EXPECT_TRUE(engine.Start().ok());
-    Results r;
-    std::vector<uint64_t> ids;
-    for (const std::vector<int32_t>& p : prompts_) {
-      auto id = engine.Submit(Greedy32(p), r.Callback());
-      EXPECT_TRUE(id.ok()) << id.status();
-      ids.push_back(*id);
-    }
-    r.Wait(ids.size());
-    std::vector<std::vector<SampledToken>> out;
-    for (uint64_t id : ids) {
-      EXPECT_TRUE(r.finish[id].status.ok()) << r.finish[id].status;
-      out.push_back(r.sampled[id]);
-    }
+    std::vector<GenerateParams> params;
+    for (const std::vector<int32_t>& p : prompts_) params.push_back(Greedy32Top5(p));
+    std::vector<std::vector<SampledToken>> out = testing::RunAllAtOnce(engine, params);
     *stats = engine.Stats();
     engine.Stop();
     return out;
@@ -352,8 +307,8 @@ TEST_F(Qwen3NextEngineTest, PrefixCachingIsOffForRecurrentLayers) {
   Engine engine(eo, Model());
   ASSERT_TRUE(engine.Start().ok());
   EXPECT_FALSE(PrefixCachingUsable(engine.model_info()));
-  Results r;
-  const GenerateParams g = Greedy32(prompts_[3]);  // 40 tokens
+  RequestResults r;
+  const GenerateParams g = Greedy32Top5(prompts_[3]);  // 40 tokens
   auto first = engine.Submit(g, r.Callback());
   ASSERT_TRUE(first.ok());
   r.Wait(1);

@@ -1,0 +1,90 @@
+// Submitting requests to an Engine (engine/engine.h) and collecting their answers, for the tests
+// that run the engine over a real model: fixture prompts read from a reference file, greedy
+// requests, every event's tokens (with their logprobs) and finish per request id.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "gtest/gtest.h"
+#include "model/safetensors.h"
+
+namespace exl3::engine::testing {
+
+// Int32 tensors prefix0, prefix1, ... of a reference file (the fixtures' prompts and tokens).
+inline std::vector<std::vector<int32_t>> Int32Rows(const TensorSource& src, const std::string& prefix) {
+  std::vector<std::vector<int32_t>> out;
+  for (int i = 0; src.Has(prefix + std::to_string(i)); ++i) {
+    TensorView t = *src.Get(prefix + std::to_string(i));
+    out.emplace_back(t.as<int32_t>(), t.as<int32_t>() + t.info->num_elements());
+  }
+  return out;
+}
+
+// 32 greedy tokens (ignoring end of sequence) of `prompt`, with the top `logprobs` of each.
+inline GenerateParams Greedy32(const std::vector<int32_t>& prompt, int logprobs = 0) {
+  GenerateParams g;
+  g.prompt = prompt;
+  g.max_tokens = 32;
+  g.ignore_eos = true;
+  g.sampling.temperature = 0;
+  g.sampling.logprobs = logprobs;
+  return g;
+}
+
+// What the engine sent for each request, by request id.
+struct RequestResults {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<uint64_t, std::vector<SampledToken>> sampled;
+  std::map<uint64_t, FinishInfo> finish;
+
+  EventCallback Callback() {
+    return [this](const GenerateEvent& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      for (const SampledToken& t : e.tokens) sampled[e.request_id].push_back(t);
+      if (e.finish) {
+        finish[e.request_id] = *e.finish;
+        cv.notify_all();
+      }
+    };
+  }
+  // Until n requests have finished (a test failure after 120 s).
+  void Wait(size_t n) {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(120), [&] { return finish.size() >= n; }));
+  }
+  std::vector<int32_t> TokenIds(uint64_t id) {
+    std::vector<int32_t> ids;
+    for (const SampledToken& t : sampled[id]) ids.push_back(t.token);
+    return ids;
+  }
+};
+
+// Submits every params at once to a started engine, waits for all, expects each to finish OK;
+// returns each request's sampled tokens in submission order.
+inline std::vector<std::vector<SampledToken>> RunAllAtOnce(Engine& engine,
+                                                           const std::vector<GenerateParams>& params) {
+  RequestResults r;
+  std::vector<uint64_t> ids;
+  for (const GenerateParams& p : params) {
+    auto id = engine.Submit(p, r.Callback());
+    EXPECT_TRUE(id.ok()) << id.status();
+    if (id.ok()) ids.push_back(*id);
+  }
+  r.Wait(ids.size());
+  std::vector<std::vector<SampledToken>> out;
+  for (uint64_t id : ids) {
+    EXPECT_TRUE(r.finish[id].status.ok()) << r.finish[id].status;
+    out.push_back(r.sampled[id]);
+  }
+  return out;
+}
+
+}  // namespace exl3::engine::testing
