@@ -174,15 +174,11 @@ absl::Status CpuModel::RunHyperConnectedLayer(int l, MicroBatch& mb) {
   const int T = mb.tokens.num_tokens, H = cfg_.hidden_size;
   Clock::time_point t0 = Clock::now();
   L.attn_hc->Collapse(mb.h.data(), T, mb.d.data(), &mb.mix, compute_);
-  for (int t = 0; t < T; ++t)
-    RmsNorm(&mb.d[static_cast<size_t>(t) * H], L.input_norm.data(), H, cfg_.rms_norm_eps,
-            &mb.x[static_cast<size_t>(t) * H]);
+  RmsNormRows(mb.d.data(), L.input_norm.data(), T, H, cfg_.rms_norm_eps, mb.x.data());
   EXL3_RETURN_IF_ERROR(L.attention->Forward(mb.x.data(), mb.tokens, *cache_, mb.carry, mb.d.data(), compute_));
   L.attn_hc->Expand(mb.mix, mb.d.data(), T, mb.h.data(), compute_);
   L.ffn_hc->Collapse(mb.h.data(), T, mb.d.data(), &mb.mix, compute_);
-  for (int t = 0; t < T; ++t)
-    RmsNorm(&mb.d[static_cast<size_t>(t) * H], L.post_attention_norm.data(), H, cfg_.rms_norm_eps,
-            &mb.x[static_cast<size_t>(t) * H]);
+  RmsNormRows(mb.d.data(), L.post_attention_norm.data(), T, H, cfg_.rms_norm_eps, mb.x.data());
   times_.attention_s += Seconds(t0);
   t0 = Clock::now();
   if (L.dense_mlp) {
@@ -203,18 +199,14 @@ absl::Status CpuModel::RunLayer(int l, MicroBatch& mb) {
   const int T = mb.tokens.num_tokens, H = cfg_.hidden_size;
   const size_t n = static_cast<size_t>(T) * H;
   Clock::time_point t0 = Clock::now();
-  for (int t = 0; t < T; ++t)
-    RmsNorm(&mb.h[static_cast<size_t>(t) * H], L.input_norm.data(), H, cfg_.rms_norm_eps,
-            &mb.x[static_cast<size_t>(t) * H]);
+  RmsNormRows(mb.h.data(), L.input_norm.data(), T, H, cfg_.rms_norm_eps, mb.x.data());
   if (L.linear_attention != nullptr) {
     EXL3_RETURN_IF_ERROR(L.linear_attention->Forward(mb.x.data(), mb.tokens, *states_, mb.d.data(), compute_));
   } else {
     EXL3_RETURN_IF_ERROR(L.attention->Forward(mb.x.data(), mb.tokens, *cache_, mb.carry, mb.d.data(), compute_));
   }
   AddInPlace(mb.h.data(), mb.d.data(), n);
-  for (int t = 0; t < T; ++t)
-    RmsNorm(&mb.h[static_cast<size_t>(t) * H], L.post_attention_norm.data(), H, cfg_.rms_norm_eps,
-            &mb.x[static_cast<size_t>(t) * H]);
+  RmsNormRows(mb.h.data(), L.post_attention_norm.data(), T, H, cfg_.rms_norm_eps, mb.x.data());
   times_.attention_s += Seconds(t0);
   t0 = Clock::now();
   if (L.dense_mlp) {

@@ -224,10 +224,10 @@ absl::Status Dsv4Attention::Forward(const float* x, const StepTokens& tokens, Pa
   std::vector<float> q_resid(static_cast<size_t>(T) * v4_.q_lora_rank), q(static_cast<size_t>(T) * NH * D),
       kv(static_cast<size_t>(T) * D);
   EXL3_RETURN_IF_ERROR(wq_a_.Forward(x, T, q_resid.data(), compute));
-  RmsNormRows(q_resid.data(), q_norm_.data(), T, v4_.q_lora_rank, eps);
+  RmsNormRows(q_resid.data(), q_norm_.data(), T, v4_.q_lora_rank, eps, q_resid.data());
   EXL3_RETURN_IF_ERROR(wq_b_.Forward(q_resid.data(), T, q.data(), compute));
   EXL3_RETURN_IF_ERROR(wkv_.Forward(x, T, kv.data(), compute));
-  RmsNormRows(kv.data(), kv_norm_.data(), T, D, eps);
+  RmsNormRows(kv.data(), kv_norm_.data(), T, D, eps, kv.data());
   std::vector<RopeAngles> angles(T);
   for (int t = 0; t < T; ++t) {
     rope_.Angles(tokens.positions[t], tokens.seq_len_after[t], &angles[t]);

@@ -55,8 +55,8 @@ absl::Status GqaAttention::Forward(const float* x, const StepTokens& tokens, Pag
   EXL3_RETURN_IF_ERROR(k_.Forward(x, T, k.data(), compute));
   EXL3_RETURN_IF_ERROR(v_.Forward(x, T, v.data(), compute));
   if (!q_norm_.empty()) {
-    RmsNormRows(q.data(), q_norm_.data(), T * NH, D, cfg_.rms_norm_eps);
-    RmsNormRows(k.data(), k_norm_.data(), T * KV, D, cfg_.rms_norm_eps);
+    RmsNormRows(q.data(), q_norm_.data(), T * NH, D, cfg_.rms_norm_eps, q.data());
+    RmsNormRows(k.data(), k_norm_.data(), T * KV, D, cfg_.rms_norm_eps, k.data());
   }
   RopeAngles angles;
   for (int t = 0; t < T; ++t) {

@@ -62,7 +62,7 @@ absl::Status MlaAttention::ProjectAndCache(const float* x, const StepTokens& tok
   if (q_low_rank_) {
     q_resid->resize(static_cast<size_t>(T) * cfg_.q_lora_rank);
     EXL3_RETURN_IF_ERROR(q_a_.Forward(x, T, q_resid->data(), compute));
-    RmsNormRows(q_resid->data(), q_a_norm_.data(), T, cfg_.q_lora_rank, kLatentNormEps);
+    RmsNormRows(q_resid->data(), q_a_norm_.data(), T, cfg_.q_lora_rank, kLatentNormEps, q_resid->data());
     EXL3_RETURN_IF_ERROR(q_b_.Forward(q_resid->data(), T, q->data(), compute));
   } else {
     EXL3_RETURN_IF_ERROR(q_.Forward(x, T, q->data(), compute));

@@ -13,9 +13,9 @@ inline void RmsNorm(const float* x, const float* w, int n, float eps, float* y) 
   for (int i = 0; i < n; ++i) y[i] = w[i] * (x[i] * inv);
 }
 
-// Each of `rows` rows of n values, in place.
-inline void RmsNormRows(float* x, const float* w, int rows, int n, float eps) {
-  for (int r = 0; r < rows; ++r) RmsNorm(x + static_cast<size_t>(r) * n, w, n, eps, x + static_cast<size_t>(r) * n);
+// Each of `rows` rows of n values: x [rows, n] -> y [rows, n] (y may be x).
+inline void RmsNormRows(const float* x, const float* w, int rows, int n, float eps, float* y) {
+  for (int r = 0; r < rows; ++r) RmsNorm(x + static_cast<size_t>(r) * n, w, n, eps, y + static_cast<size_t>(r) * n);
 }
 
 }  // namespace exl3::engine

@@ -11,7 +11,7 @@ import unittest
 import grpc
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import TWO_WORKER_MAP, Cluster, greedy_generate, int32_tensors, wait_for  # noqa: E402
+from harness import FixtureGenerateTest, greedy_generate  # noqa: E402
 
 from exl3serve.v1 import exl3serve_pb2 as pb  # noqa: E402
 from exl3serve.v1 import exl3serve_pb2_grpc as pbg  # noqa: E402
@@ -23,17 +23,8 @@ def greedy(stub, prompt, max_tokens):
     return greedy_generate(stub, prompt, max_tokens, pb)[0]
 
 
-class GenerateDeepseekV4Test(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        ref = os.path.join(FIXTURE, "reference.safetensors")
-        cls.prompts = int32_tensors(ref, "prompt.")
-        cls.greedy = int32_tensors(ref, "greedy.")
-
-    def setUp(self):
-        self.c = Cluster(model=FIXTURE)
-        self.addCleanup(self.c.stop)
-        self.c.write_map(TWO_WORKER_MAP)
+class GenerateDeepseekV4Test(FixtureGenerateTest):
+    FIXTURE = FIXTURE
 
     def check(self, stub):
         for p, want in zip(self.prompts, self.greedy):
@@ -49,8 +40,7 @@ class GenerateDeepseekV4Test(unittest.TestCase):
         r = self.c.start_router()
         with grpc.insecure_channel(r.address) as ch:
             stub = pbg.GeneratorStub(ch)
-            wait_for(lambda: stub.DescribeModel(pb.DescribeModelRequest(), timeout=2).experts ==
-                     "workers" and greedy(stub, [1], 1), 30, "router with workers ready")
+            self.wait_for_workers(stub, pb)
             self.check(stub)
 
 

@@ -11,6 +11,7 @@ import struct
 import subprocess
 import tempfile
 import time
+import unittest
 
 BUILD = os.environ.get("EXL3_BUILD_DIR", os.path.join(os.path.dirname(__file__), "../../../build"))
 BIN = os.path.join(BUILD, "bin")
@@ -153,6 +154,29 @@ def int32_tensors(path, prefix):
         b, e = t["data_offsets"]
         out.append(list(struct.unpack(f"<{(e - b) // 4}i", data[b:e])))
     return out
+
+
+class FixtureGenerateTest(unittest.TestCase):
+    """Generate through exl3-router on an engine fixture (tests/fixtures/engine/<FIXTURE>): its
+    prompts and transformers' greedy tokens, a fresh cluster per case with TWO_WORKER_MAP."""
+
+    FIXTURE = None  # the fixture directory; set by the subclass
+
+    @classmethod
+    def setUpClass(cls):
+        ref = os.path.join(cls.FIXTURE, "reference.safetensors")
+        cls.prompts = int32_tensors(ref, "prompt.")
+        cls.greedy = int32_tensors(ref, "greedy.")
+
+    def setUp(self):
+        self.c = Cluster(model=self.FIXTURE)
+        self.addCleanup(self.c.stop)
+        self.c.write_map(TWO_WORKER_MAP)
+
+    def wait_for_workers(self, stub, pb):
+        """Until the router says its experts are on workers and answers a one-token request."""
+        wait_for(lambda: stub.DescribeModel(pb.DescribeModelRequest(), timeout=2).experts == "workers"
+                 and greedy_generate(stub, [1], 1, pb)[0], 30, "router with workers ready")
 
 
 def make_test_model(path, whole_model=False):
