@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine (repository root, the bundle carried: scripts/gpu/bundle.sh): where one decode
 # step's GPU time goes, kernel by kernel, under Nsight Compute (ncu; the machine has no nsys).
-#  1. makes a model of GLM-4.5-Air's shapes with LAYERS layers (default 4: the first dense) unless
+#  1. makes a model of GLM-4.5-Air's shapes (dense intermediate 11008: 10944 is no multiple of 128)
+#     with LAYERS layers (default 4: the first dense) unless
 #     MODEL exists;
 #  2. runs `exl3-engine-bench --no-graphs --steps 1` at each BATCH (default 1) and CONTEXT under ncu,
 #     timing every kernel (gpu__time_duration, each kernel replayed alone, L2 not flushed between
@@ -23,7 +24,7 @@ NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 if [ ! -f "$MODEL/config.json" ]; then
   "$BIN/exl3-tool" make-test-model --arch glm4_moe --synthetic --whole-model --output "$MODEL" \
     --hidden 4096 --experts 128 --top-k 8 --intermediate 1408 --shared 1 --layers "$LAYERS" \
-    --dense-layers 1 --dense-intermediate 10944 --vocab 151552 --heads 96 --kv-heads 8 --head-dim 128 \
+    --dense-layers 1 --dense-intermediate 11008 --vocab 151552 --heads 96 --kv-heads 8 --head-dim 128 \
     --bits 2 --attention-bits 4 --head-bits 6 --codebook mcg --max-position 16384 --quiet
 fi
 for B in ${BATCH:-1} ; do
