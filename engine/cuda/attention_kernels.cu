@@ -15,6 +15,9 @@ namespace exl3::engine::cuda {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
+// Warps per decode block sharing one token's query rows, each on its own share of the keys
+// (heads of 64 and 128; heads of 256 take 2): DecodeAttentionSplits counts blocks of this many.
+constexpr int kDecodeKeyWarps = 4;
 
 // Opts a kernel into more than the default 48 KB of dynamic shared memory (once per kernel).
 template <typename Kernel>
@@ -139,15 +142,16 @@ struct TileShape {
   float scale_log2;                // softmax scale × log2(e)
 };
 
-// Shared memory of one block: the query tile and `Stages` key and value tiles (a ring the loads run
-// ahead in), rows padded by 16 bytes so the 8 rows an ldmatrix reads fall on distinct banks.
-template <int D, int Warps, int KeyTile, int Stages>
+// Shared memory of one block: the query tile and, per key warp, `Stages` key and value tiles (a
+// ring the loads run ahead in), rows padded by 16 bytes so the 8 rows an ldmatrix reads fall on
+// distinct banks. After the key loop the rings hold the key warps' partials (KeyWarps > 1).
+template <int D, int Warps, int KeyWarps, int KeyTile, int Stages>
 constexpr size_t TensorCoreSharedBytes() {
-  return static_cast<size_t>(16 * Warps + 2 * Stages * KeyTile) * (D + 8) * sizeof(__half);
+  return static_cast<size_t>(16 * Warps + 2 * KeyWarps * Stages * KeyTile) * (D + 8) * sizeof(__half);
 }
 
-// grid (spans * tiles_per_span, num_kv_heads, splits), block 32 * Warps; dynamic shared memory
-// TensorCoreSharedBytes. q [T, num_heads * D] fp32 (token t's head h at (t * num_heads + h) * D);
+// grid (spans * tiles_per_span, num_kv_heads, splits), block 32 * Warps * KeyWarps; dynamic shared
+// memory TensorCoreSharedBytes. q [T, num_heads * D] fp32 (token t's head h at (t * num_heads + h) * D);
 // cache [slots, 2 * num_kv_heads * D] fp16 (keys of every KV head, then values); tok as
 // AttentionTokens (a span's block table is its first token's). Block (x, g, s) takes rows
 // [r0, r0 + 16 * Warps) of span x / tiles_per_span (r0 = (tiles_per_span - 1 - x % tiles_per_span)
@@ -157,16 +161,28 @@ constexpr size_t TensorCoreSharedBytes() {
 // greatest position, split s of that range when splits > 1 (split_positions each, the last split
 // to hi). Each row sees [first_visible, position] of its token. splits == 1: out [T, num_heads *
 // D] fp32 written; else scratch [T, num_heads, splits, D + 2] (CombineSplitsKernel's partials).
-template <int D, int Warps, int KeyTile, int Stages>
-__global__ void __launch_bounds__(32 * Warps)
+// KeyWarps > 1 (decode: Warps == 1): that many warps share the 16 rows, key warp w taking the
+// range's key tiles w, w + KeyWarps, ... through its own ring; their partials are merged in shared
+// memory at the end. A block then has KeyWarps times the loads in flight and the prologue (the
+// query tile, the rows' bounds) once for all of them: one warp per block waited on every step
+// of its few tiles (ncu: one instruction issued per 6 cycles, 3 % occupancy at batch 1).
+template <int D, int Warps, int KeyWarps, int KeyTile, int Stages>
+__global__ void __launch_bounds__(32 * Warps * KeyWarps)
     TensorCoreAttentionKernel(const float* q, const __half* cache, AttentionTokens tok, TileShape a,
                               float* scratch, float* out) {
   constexpr int M = 16 * Warps, STRIDE = D + 8;
   static_assert(D % 16 == 0 && KeyTile % 16 == 0 && Stages >= 2, "mma tiles, a load ahead");
+  static_assert(KeyWarps == 1 || Warps == 1, "key warps share one warp's 16 rows");
+  // The key warps' partials [KeyWarps][16][D + 1] fp32 (+ max and sum per row) fit in the rings.
+  static_assert(KeyWarps == 1 || KeyWarps * 16 * (D + 3) * 4 <= 2 * KeyWarps * Stages * KeyTile * STRIDE * 2,
+                "partials fit the rings");
   extern __shared__ __align__(16) unsigned char attention_smem[];
   __half* q_s = reinterpret_cast<__half*>(attention_smem);  // [M][STRIDE]
-  __half* k_s = q_s + M * STRIDE;                            // [Stages][KeyTile][STRIDE]
-  __half* v_s = k_s + Stages * KeyTile * STRIDE;             // [Stages][KeyTile][STRIDE]
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int row_warp = warp % Warps, key_warp = warp / Warps;
+  // This key warp's ring: [Stages][KeyTile][STRIDE] keys, then as many values.
+  __half* k_s = q_s + M * STRIDE + key_warp * 2 * Stages * KeyTile * STRIDE;
+  __half* v_s = k_s + Stages * KeyTile * STRIDE;
   __shared__ int row_first[M], row_last[M];
   __shared__ int key_lo, key_hi;
 
@@ -175,7 +191,6 @@ __global__ void __launch_bounds__(32 * Warps)
   const int row_begin = (a.tiles_per_span - 1 - static_cast<int>(blockIdx.x % a.tiles_per_span)) * M;
   const int token0 = span * a.span_tokens, span_rows = a.span_tokens * G;
   const int kv_floats = a.num_kv_heads * D, width = 2 * kv_floats, bs = tok.block_size;
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
 
   if (tid == 0) {
     key_lo = INT_MAX;
@@ -217,15 +232,23 @@ __global__ void __launch_bounds__(32 * Warps)
     lo = begin;
   }
   const int num_tiles = hi > lo ? (hi - lo + KeyTile - 1) / KeyTile : 0;
+  // This warp's tiles: every KeyWarps-th from key_warp (all of them with one key warp).
+  const int my_tiles = num_tiles > key_warp ? (num_tiles - key_warp + KeyWarps - 1) / KeyWarps : 0;
   const int32_t* table = tok.tables + tok.table_offset[token0];
+  // Who fills a ring: the whole block (one key warp), else the key warp's own lanes.
+  const int loader = KeyWarps == 1 ? tid : lane, loaders = KeyWarps == 1 ? 32 * Warps : 32;
+  auto ring_sync = [] {
+    if constexpr (KeyWarps == 1) __syncthreads();
+    else __syncwarp();
+  };
 
   // Keys and values of positions [key0, key0 + KeyTile) of KV head g into a stage (zeros past hi),
-  // asynchronously; the caller commits the group.
-  auto load_tile = [&](int tile, int stage) {
-    const int key0 = lo + tile * KeyTile;
+  // asynchronously; the caller commits the group. `it`: the warp's own tile count.
+  auto load_tile = [&](int it, int stage) {
+    const int key0 = lo + (it * KeyWarps + key_warp) * KeyTile;
     __half* ks = k_s + stage * KeyTile * STRIDE;
     __half* vs = v_s + stage * KeyTile * STRIDE;
-    for (int i = tid; i < KeyTile * (D / 8); i += blockDim.x) {
+    for (int i = loader; i < KeyTile * (D / 8); i += loaders) {
       const int p = i / (D / 8), c = (i % (D / 8)) * 8, j = key0 + p;
       const bool valid = j < hi;
       const __half* src = cache;  // read nothing from it when not valid
@@ -239,7 +262,7 @@ __global__ void __launch_bounds__(32 * Warps)
   };
 
   // This lane's two rows of the warp's 16: lane / 4 and lane / 4 + 8.
-  const int my_row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};
+  const int my_row[2] = {row_warp * 16 + lane / 4, row_warp * 16 + lane / 4 + 8};
   const int first[2] = {row_first[my_row[0]], row_first[my_row[1]]};
   const int last[2] = {row_last[my_row[0]], row_last[my_row[1]]};
   float m[2] = {-INFINITY, -INFINITY};  // running maximum (log2 units)
@@ -252,15 +275,15 @@ __global__ void __launch_bounds__(32 * Warps)
   // waiting for all but Stages - 2 groups waits for exactly tile `it`.
 #pragma unroll
   for (int st = 0; st < Stages - 1; ++st) {
-    if (st < num_tiles) load_tile(st, st);
+    if (st < my_tiles) load_tile(st, st);
     CopyAsyncCommit();
   }
-  for (int it = 0; it < num_tiles; ++it) {
+  for (int it = 0; it < my_tiles; ++it) {
     CopyAsyncWait<Stages - 2>();
-    __syncthreads();  // tile `it` visible to all; every warp done with tile it - 1
+    ring_sync();  // tile `it` visible to the ring's readers; all of them done with tile it - 1
     {
       const int ahead = it + Stages - 1;  // into the stage tile it - 1 used
-      if (ahead < num_tiles) load_tile(ahead, ahead % Stages);
+      if (ahead < my_tiles) load_tile(ahead, ahead % Stages);
       CopyAsyncCommit();
     }
     const int stage = it % Stages;
@@ -274,7 +297,7 @@ __global__ void __launch_bounds__(32 * Warps)
 #pragma unroll
     for (int kk = 0; kk < D; kk += 16) {
       uint32_t qa[4];
-      LoadMatrices(qa, q_s + (warp * 16 + lane % 16) * STRIDE + kk + (lane / 16) * 8);
+      LoadMatrices(qa, q_s + (row_warp * 16 + lane % 16) * STRIDE + kk + (lane / 16) * 8);
 #pragma unroll
       for (int nt = 0; nt < KeyTile / 8; nt += 2) {
         uint32_t kb[4];
@@ -284,7 +307,7 @@ __global__ void __launch_bounds__(32 * Warps)
       }
     }
     // Scale, mask, online softmax.
-    const int key0 = lo + it * KeyTile;
+    const int key0 = lo + (it * KeyWarps + key_warp) * KeyTile;
     float mx[2] = {m[0], m[1]};
 #pragma unroll
     for (int nt = 0; nt < KeyTile / 8; ++nt) {
@@ -348,62 +371,118 @@ __global__ void __launch_bounds__(32 * Warps)
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
   }
+  if constexpr (KeyWarps > 1) {
+    // Merge the key warps' partials: each writes its rows' (max, sum, output) into the rings'
+    // space, then the block combines them as CombineSplitsKernel combines splits.
+    __syncthreads();  // every warp is past its last tile: the rings are free
+    float* part = reinterpret_cast<float*>(q_s + M * STRIDE);  // [KeyWarps][16][D + 3]
+    constexpr int PS = D + 3;
+    float* mine = part + key_warp * 16 * PS;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row_begin + my_row[r];
-    if (row >= span_rows) continue;
-    const int t = token0 + row / G, head = g * G + row % G;
-    const size_t out_row = static_cast<size_t>(t) * a.num_heads + head;
-    const int d0 = (lane % 4) * 2;
-    if (a.splits == 1) {
-      const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-      float* dst = out + out_row * D;
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i)
-        *reinterpret_cast<float2*>(dst + i * 8 + d0) = make_float2(o[i][2 * r] * inv, o[i][2 * r + 1] * inv);
-    } else {
-      float* dst = scratch + (out_row * a.splits + s) * (D + 2);
+    for (int r = 0; r < 2; ++r) {
+      float* row = mine + (lane / 4 + 8 * r) * PS;
       if (lane % 4 == 0) {
-        dst[0] = m[r];
-        dst[1] = l[r];
+        row[D] = m[r];
+        row[D + 1] = l[r];
       }
 #pragma unroll
       for (int i = 0; i < D / 8; ++i) {
-        dst[2 + i * 8 + d0] = o[i][2 * r];
-        dst[2 + i * 8 + d0 + 1] = o[i][2 * r + 1];
+        row[i * 8 + (lane % 4) * 2] = o[i][2 * r];
+        row[i * 8 + (lane % 4) * 2 + 1] = o[i][2 * r + 1];
+      }
+    }
+    __syncthreads();
+    for (int idx = tid; idx < 16 * D; idx += blockDim.x) {
+      const int r = idx / D, d = idx % D, row = row_begin + r;
+      if (row >= span_rows) continue;
+      float M_ = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < KeyWarps; ++w) M_ = fmaxf(M_, part[(w * 16 + r) * PS + D]);
+      float L = 0.0f, O = 0.0f;
+      if (M_ != -INFINITY) {
+#pragma unroll
+        for (int w = 0; w < KeyWarps; ++w) {
+          const float* pw = part + (w * 16 + r) * PS;
+          if (pw[D] == -INFINITY) continue;
+          const float f = exp2f(pw[D] - M_);
+          L += f * pw[D + 1];
+          O += f * pw[d];
+        }
+      }
+      const int t = token0 + row / G, head = g * G + row % G;
+      const size_t out_row = static_cast<size_t>(t) * a.num_heads + head;
+      if (a.splits == 1) {
+        out[out_row * D + d] = L > 0.0f ? O / L : 0.0f;
+      } else {
+        float* dst = scratch + (out_row * a.splits + s) * (D + 2);
+        if (d == 0) {
+          dst[0] = M_;
+          dst[1] = L;
+        }
+        dst[2 + d] = O;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row_begin + my_row[r];
+      if (row >= span_rows) continue;
+      const int t = token0 + row / G, head = g * G + row % G;
+      const size_t out_row = static_cast<size_t>(t) * a.num_heads + head;
+      const int d0 = (lane % 4) * 2;
+      if (a.splits == 1) {
+        const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        float* dst = out + out_row * D;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i)
+          *reinterpret_cast<float2*>(dst + i * 8 + d0) = make_float2(o[i][2 * r] * inv, o[i][2 * r + 1] * inv);
+      } else {
+        float* dst = scratch + (out_row * a.splits + s) * (D + 2);
+        if (lane % 4 == 0) {
+          dst[0] = m[r];
+          dst[1] = l[r];
+        }
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+          dst[2 + i * 8 + d0] = o[i][2 * r];
+          dst[2 + i * 8 + d0 + 1] = o[i][2 * r + 1];
+        }
       }
     }
   }
 }
 
-template <int D, int Warps, int KeyTile, int Stages>
+template <int D, int Warps, int KeyWarps, int KeyTile, int Stages>
 absl::Status LaunchTensorCore(const float* q, const __half* cache, const AttentionTokens& tok, TileShape a,
                               int num_spans, float* scratch, float* out, StreamHandle stream) {
   constexpr int M = 16 * Warps;
-  constexpr size_t smem = TensorCoreSharedBytes<D, Warps, KeyTile, Stages>();
+  constexpr size_t smem = TensorCoreSharedBytes<D, Warps, KeyWarps, KeyTile, Stages>();
   static size_t configured = 0;
-  EXL3_RETURN_IF_ERROR(AllowSharedMemory(TensorCoreAttentionKernel<D, Warps, KeyTile, Stages>, smem, &configured));
+  EXL3_RETURN_IF_ERROR(
+      AllowSharedMemory(TensorCoreAttentionKernel<D, Warps, KeyWarps, KeyTile, Stages>, smem, &configured));
   a.tiles_per_span = (a.span_tokens * a.group + M - 1) / M;
   const dim3 grid(num_spans * a.tiles_per_span, a.num_kv_heads, a.splits);
-  TensorCoreAttentionKernel<D, Warps, KeyTile, Stages><<<grid, 32 * Warps, smem, S(stream)>>>(q, cache, tok, a, scratch, out);
+  TensorCoreAttentionKernel<D, Warps, KeyWarps, KeyTile, Stages>
+      <<<grid, 32 * Warps * KeyWarps, smem, S(stream)>>>(q, cache, tok, a, scratch, out);
   return LaunchStatus("attention (tensor cores)");
 }
 
-// Decode blocks take one token's group (16 rows: 1 warp) with key tiles of 16 in a ring of 4 (3
-// tiles in flight per block; 39 KB for heads of 128, so 5 blocks share an SM and batch 64 × 8 KV
-// heads runs in one wave; heads of 256: a ring of 2). Groups over 16 heads and prefill tiles take
-// 64 rows (4 warps) with key tiles of 64 in a ring of 2 (16 for heads of 256, whose accumulators
-// need the registers).
+// Decode blocks take one token's group (16 rows) with kDecodeKeyWarps warps over its keys, each
+// with key tiles of 16 in its own ring of 3 (2 tiles in flight per warp; 106 KB for heads of 128,
+// two blocks per SM; heads of 256: 2 key warps, a ring of 2). Groups over 16 heads and prefill
+// tiles take 64 rows (4 warps) with key tiles of 64 in a ring of 2 (16 for heads of 256, whose
+// accumulators need the registers).
 enum class TileKind { kDecode, kWide };
 
 template <int D>
 absl::Status LaunchForHeadDim(TileKind kind, const float* q, const __half* cache, const AttentionTokens& tok,
                               const TileShape& a, int num_spans, float* scratch, float* out,
                               StreamHandle stream) {
-  constexpr int kDecodeStages = D == 256 ? 2 : 4, kWideKeys = D == 256 ? 16 : 64;
+  constexpr int kDecodeStages = D == 256 ? 2 : 3, kDecodeWarps = D == 256 ? 2 : kDecodeKeyWarps;
+  constexpr int kWideKeys = D == 256 ? 16 : 64;
   if (kind == TileKind::kDecode)
-    return LaunchTensorCore<D, 1, 16, kDecodeStages>(q, cache, tok, a, num_spans, scratch, out, stream);
-  return LaunchTensorCore<D, 4, kWideKeys, 2>(q, cache, tok, a, num_spans, scratch, out, stream);
+    return LaunchTensorCore<D, 1, kDecodeWarps, 16, kDecodeStages>(q, cache, tok, a, num_spans, scratch, out, stream);
+  return LaunchTensorCore<D, 4, 1, kWideKeys, 2>(q, cache, tok, a, num_spans, scratch, out, stream);
 }
 
 absl::Status LaunchTensorCoreAttention(TileKind kind, const float* q, const __half* cache,
@@ -573,8 +652,8 @@ int64_t AttentionScratchFloats(int T, int num_heads, int head_dim, int splits) {
 
 int DecodeAttentionSplits(int num_tokens, int num_kv_heads, int sm_count) {
   const int blocks = std::max(1, num_tokens * num_kv_heads);
-  if (2 * blocks <= sm_count) return std::clamp((4 * sm_count + blocks - 1) / blocks, 1, 32);
-  return std::max(1, (2 * sm_count + blocks - 1) / blocks);
+  if (2 * blocks <= sm_count) return std::clamp((3 * sm_count + 2 * blocks - 1) / (2 * blocks), 1, 32);
+  return 1;
 }
 
 bool PrefillAttentionSupports(int head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }

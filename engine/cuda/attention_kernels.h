@@ -46,12 +46,12 @@ struct AttentionTokens {
 int64_t AttentionScratchFloats(int num_tokens, int num_heads, int head_dim, int splits);
 
 // Splits of a decode step's attention (CUDA graphs fix them at capture; the positions per split
-// follow each step's context): where the tokens give at most one (token, KV head) block per two
-// SMs, about four blocks per SM (at most 32 splits); otherwise about two per SM (one split from
-// two blocks per SM). From exl3-engine-bench on an H200 (96/8 heads of 128; bench/results/
-// engine-h200.md): batch 8 at context 8192, 9 splits 154 us against 236 us with 5 (46 layers:
-// 28.4 -> 23.7 ms per step); batch 1, 32 splits 25.2 us at 1k (33: 24.2), 56 us at 8k; batch 32
-// at 8192, 3 splits made the 46-layer step slower than 2 (67.2 against 59.9 ms).
+// follow each step's context). A decode block has four warps on its token's keys; where the
+// tokens give at most one (token, KV head) block per two SMs, about 1.5 blocks per SM (at most 32
+// splits), else one split. From exl3-engine-bench's sweep on an H200 (96/8 heads of 128;
+// bench/results/engine-h200.md): batch 1, 8-16 splits best at 1k (20.0 us), 16-32 at 8k (34.8);
+// batch 8, 4 splits at 8k (100 us; 2: 150, 8: 109), 3-4 at 1k; batch 32 and 64 one split (8k × 64:
+// 644 us, 1.25× the KV-read floor).
 int DecodeAttentionSplits(int num_tokens, int num_kv_heads, int sm_count);
 
 // Decode attention, each of the T query tokens of its own sequence (or of one sequence, each
