@@ -49,4 +49,18 @@ absl::Status CudaLinear::Forward(const float* x, int T, float* y, const CudaLine
   return absl::OkStatus();
 }
 
+absl::Status CudaLinear::ForwardShared(const CudaLinear* const* layers, int count, const float* x, int T,
+                                       float* const* y, const CudaLinearContext& ctx) {
+  if (T == 0) return absl::OkStatus();
+  const Exl3LinearView* views[4];
+  bool all_exl3 = count >= 1 && count <= 4;
+  for (int i = 0; i < count && all_exl3; ++i) {
+    all_exl3 = layers[i]->exl3_ != nullptr;
+    if (all_exl3) views[i] = &layers[i]->exl3_->view();
+  }
+  if (all_exl3) return exl3::cuda::LinearForwardShared(views, count, x, T, y, ctx.workspace, ctx.stream);
+  for (int i = 0; i < count; ++i) EXL3_RETURN_IF_ERROR(layers[i]->Forward(x, T, y[i], ctx));
+  return absl::OkStatus();
+}
+
 }  // namespace exl3::engine::cuda

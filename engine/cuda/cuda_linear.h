@@ -32,6 +32,10 @@ class CudaLinear {
                                                 int out_features);
 
   absl::Status Forward(const float* x, int num_tokens, float* y, const CudaLinearContext& ctx) const;
+  // y[i] = layers[i]'s Forward of the same x, for up to 4 layers (q, k, v): EXL3 layers together
+  // through exl3::cuda::LinearForwardShared (fewer launches at decode sizes), others one by one.
+  static absl::Status ForwardShared(const CudaLinear* const* layers, int count, const float* x, int num_tokens,
+                                    float* const* y, const CudaLinearContext& ctx);
   int in_features() const { return in_; }
   int out_features() const { return out_; }
   // Bytes a forward reads of the weights (trellis + sign vectors + bias, or the fp32 matrix).

@@ -348,9 +348,9 @@ void CudaModel::PlanAttention(const StepTokens& tokens, int num_rows) {
 absl::Status CudaModel::RunAttention(int l, int T) {
   Layer& L = layers_[l];
   const int D = cfg_.head_dim, NH = cfg_.num_heads, KV = cfg_.num_kv_heads;
-  EXL3_RETURN_IF_ERROR(L.q.Forward(act_.x.get(), T, act_.q.get(), ctx_));
-  EXL3_RETURN_IF_ERROR(L.k.Forward(act_.x.get(), T, act_.k.get(), ctx_));
-  EXL3_RETURN_IF_ERROR(L.v.Forward(act_.x.get(), T, act_.v.get(), ctx_));
+  const CudaLinear* qkv[3] = {&L.q, &L.k, &L.v};
+  float* const qkv_out[3] = {act_.q.get(), act_.k.get(), act_.v.get()};
+  EXL3_RETURN_IF_ERROR(CudaLinear::ForwardShared(qkv, 3, act_.x.get(), T, qkv_out, ctx_));
   if (!L.q_norm.empty()) {
     EXL3_RETURN_IF_ERROR(RmsNorm(act_.q.get(), L.q_norm.get(), T * NH, D, cfg_.rms_norm_eps, act_.q.get(), stream_));
     EXL3_RETURN_IF_ERROR(RmsNorm(act_.k.get(), L.k_norm.get(), T * KV, D, cfg_.rms_norm_eps, act_.k.get(), stream_));
@@ -520,7 +520,10 @@ absl::Status CudaModel::ForwardDecodeGraph(const StepTokens& tokens, float* logi
     while (stride < static_cast<int>(c.block_table.size())) stride *= 2;
   if (graphs_.size() <= bucket_index) graphs_.resize(bucket_index + 1);
   std::unique_ptr<DecodeGraph>& slot = graphs_[bucket_index];
-  if (slot != nullptr && slot->table_stride < stride) {  // a longer context than it was made for
+  // A longer context than it was made for, or a step since its capture grew the kernels'
+  // workspace (a long prompt's chunk): its launches would use the freed buffers.
+  if (slot != nullptr &&
+      (slot->table_stride < stride || slot->workspace_allocations != workspace_->allocations())) {
     if (slot->exec != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(slot->exec));
     slot.reset();
   }
@@ -541,6 +544,7 @@ absl::Status CudaModel::ForwardDecodeGraph(const StepTokens& tokens, float* logi
     EXL3_RETURN_IF_ERROR(RunLayers(Tp, Tp, nullptr));
     EXL3_RETURN_IF_ERROR(FinishStep(B, logits));
     g.phases = times_;
+    g.workspace_allocations = workspace_->allocations();  // as the eager run left it
     cudaStream_t stream = Stream(stream_);
     EXL3_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
     marking_ = false;

@@ -126,6 +126,7 @@ class CudaModel final : public ModelRunner {
     DeviceArray<int32_t> meta;  // the step's facts, rewritten before each replay
     void* exec = nullptr;       // cudaGraphExec_t; null until captured
     StepPhaseTimes phases;      // of the eager run before the capture, to apportion replays' time
+    uint64_t workspace_allocations = 0;  // the kernels' workspace it was captured with
   };
 
   // Device events marking where each phase's work ends on the stream.

@@ -88,6 +88,9 @@ class Workspace {
   Workspace& operator=(const Workspace&) = delete;
   struct Impl;
   Impl* impl() { return impl_.get(); }
+  // How many times its buffers have been (re)allocated: a CUDA graph captured with the workspace
+  // is stale once this changes (its launches hold the old addresses).
+  uint64_t allocations() const;
 
  private:
   std::unique_ptr<Impl> impl_;
@@ -100,6 +103,16 @@ class Workspace {
 // transforms, W_inner dequantised to fp16 + cuBLAS. (Thresholds: gemv_plan.h.)
 absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float* y,
                            Workspace* ws, StreamHandle stream = nullptr, Path path = Path::kAuto);
+
+// y_i [m, n_i] = x [m, k] · W_i (+ bias_i) for up to 4 layers of one input (an attention layer's q,
+// k and v projections), each result as LinearForward gives it. Where every layer takes the GEMV
+// path (m <= 16 rows, gemv_plan.h) with the same bit width, codebook and k, they run as one input
+// transform, one GEMV over all of them and one output transform: 3 launches instead of 3 to 9,
+// and the small layers' columns fill the SMs beside the large one's. Otherwise one LinearForward
+// each.
+absl::Status LinearForwardShared(const Exl3LinearView* const* w, int count, const float* x, int m,
+                                 float* const* y, Workspace* ws, StreamHandle stream = nullptr,
+                                 Path path = Path::kAuto);
 
 // W_inner fp16 [k, n] (bit patterns, row-major) decoded on the device; matches DequantizeInner.
 absl::Status DequantizeInnerDevice(const Exl3LinearView& w, uint16_t* out, StreamHandle stream = nullptr);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/dense_gemv_kernel.cuh"
@@ -103,6 +104,57 @@ absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float
     }
   }
   return LaunchOutputTransform(y, m, n, w.svh, w.bias, stream);
+}
+
+static_assert(kMaxProblems == kMaxTransformJobs, "a shared forward's layers: one GEMV problem and two transform jobs each");
+
+absl::Status LinearForwardShared(const Exl3LinearView* const* w, int count, const float* x, int m, float* const* y,
+                                 Workspace* ws, StreamHandle stream_handle, Path path) {
+  if (count < 1 || count > kMaxProblems)
+    return absl::InvalidArgumentError(absl::StrCat("LinearForwardShared: ", count, " layers (1..", kMaxProblems, ")"));
+  if (m < 0) return absl::InvalidArgumentError("negative row count");
+  if (m == 0) return absl::OkStatus();
+  Workspace::Impl& s = *ws->impl();
+  EXL3_RETURN_IF_ERROR(s.Init());
+  const int k = w[0]->in_features;
+  bool grouped = count > 1 && ResolvePath(path, s.cc_major, "linear") == Path::kNative && !UseDequantGemm(m);
+  for (int i = 0; i < count && grouped; ++i) {
+    EXL3_RETURN_IF_ERROR(ValidateLinear(*w[i]));
+    grouped = w[i]->in_features == k && w[i]->bits == w[0]->bits && w[i]->codebook == w[0]->codebook &&
+              GemvPathFor(m, k, w[i]->out_features, w[i]->bits, s.sm_count) != 0;
+  }
+  if (!grouped) {
+    for (int i = 0; i < count; ++i) EXL3_RETURN_IF_ERROR(LinearForward(*w[i], x, m, y[i], ws, stream_handle, path));
+    return absl::OkStatus();
+  }
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  EXL3_RETURN_IF_ERROR(s.a.Reserve(static_cast<size_t>(count) * m * k * 2));
+  __half* a = static_cast<__half*>(s.a.ptr);
+  InputTransformJobs in;
+  OutputTransformJobs out;
+  GemvBatch batch;
+  int total_n = 0;
+  for (int i = 0; i < count; ++i) total_n += w[i]->out_features;
+  // One k-slice length for all: the slices that fill the SMs with every layer's columns.
+  const int k_tiles_per_unit = GemvKTilesPerUnit(k, total_n, (m + kGemvRows - 1) / kGemvRows, s.sm_count);
+  for (int i = 0; i < count; ++i) {
+    __half* ai = a + static_cast<size_t>(i) * m * k;
+    in.job[i] = {w[i]->suh, ai, y[i], w[i]->out_features};  // the GEMV adds into y: zeroed first
+    out.job[i] = {y[i], w[i]->out_features, w[i]->svh, w[i]->bias};
+    GemvProblem& q = batch.p[i];
+    q.single = w[i]->trellis;
+    q.a = ai;
+    q.y = y[i];
+    q.rows = m;
+    q.k = k;
+    q.n = w[i]->out_features;
+    q.k_tiles_per_unit = k_tiles_per_unit;
+  }
+  in.count = out.count = batch.num_problems = count;
+  EXL3_RETURN_IF_ERROR(LaunchInputTransforms(x, m, k, in, stream));
+  EXL3_RETURN_IF_ERROR(DispatchGemv(w[0]->bits, static_cast<int>(w[0]->codebook), batch, GemvGrid(s.sm_count), stream));
+  EXL3_CUDA_CHECK_LAUNCH("GroupedGemvKernel");
+  return LaunchOutputTransforms(m, out, stream);
 }
 
 }  // namespace exl3::cuda

@@ -12,6 +12,7 @@ absl::Status DeviceBuffer::Reserve(size_t want) {
   bytes = 0;
   EXL3_CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr, want));
   bytes = want;
+  ++allocations;
   return absl::OkStatus();
 }
 absl::Status DeviceBuffer::ReserveZeroed(size_t want, cudaStream_t stream) {
@@ -26,6 +27,10 @@ DeviceBuffer::~DeviceBuffer() {
 
 Workspace::Workspace() : impl_(std::make_unique<Impl>()) {}
 Workspace::~Workspace() = default;
+uint64_t Workspace::allocations() const {
+  return impl_->a.allocations + impl_->dequant.allocations + impl_->gemv_acc.allocations +
+         impl_->gemv_arrivals.allocations;
+}
 Workspace::Impl::~Impl() {
   if (cublas) cublasDestroy(cublas);
 }

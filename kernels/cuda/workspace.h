@@ -15,6 +15,7 @@ namespace exl3::cuda {
 struct DeviceBuffer {
   void* ptr = nullptr;
   size_t bytes = 0;
+  uint64_t allocations = 0;  // times Reserve allocated
   absl::Status Reserve(size_t want);
   // Reserve, and a newly allocated buffer is zeroed (on `stream`).
   absl::Status ReserveZeroed(size_t want, cudaStream_t stream);

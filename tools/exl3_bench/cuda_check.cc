@@ -172,6 +172,48 @@ void CheckLinear(int k, int n, int K, Codebook cb, const std::vector<int>& ms, b
   cuda::SetGemvPathOverride(0);
 }
 
+// LinearForwardShared: layers of one input (an attention layer's q, k, v) against the CPU
+// reference of each. ns: their output widths; ks: their bit widths (different ones take the
+// one-by-one path); biases on the second.
+void CheckLinearShared(int k, const std::vector<int>& ns, const std::vector<int>& ks, Codebook cb,
+                       const std::vector<int>& ms, cuda::Workspace* ws) {
+  const int count = static_cast<int>(ns.size());
+  std::vector<std::unique_ptr<RandomLinear>> layers;
+  std::vector<std::unique_ptr<cuda::DeviceLinear>> devs;
+  std::vector<const Exl3LinearView*> views;
+  std::string shape = std::to_string(k) + "x{";
+  for (int i = 0; i < count; ++i) {
+    layers.push_back(std::make_unique<RandomLinear>(k, ns[i], ks[i], cb, g_seed++, i == 1));
+    auto dev = cuda::DeviceLinear::Upload(layers.back()->view);
+    OK(dev.status());
+    devs.push_back(std::move(*dev));
+    views.push_back(&devs.back()->view());
+    shape += (i ? "," : "") + std::to_string(ns[i]) + " K" + std::to_string(ks[i]);
+  }
+  shape += "} " + std::string(CodebookName(cb));
+  for (int m : ms) {
+    const auto x = RandomVector(static_cast<size_t>(m) * k, g_seed++);
+    float* dx = DevCopy(x);
+    std::vector<float*> dy(count);
+    std::vector<std::vector<float>> ref(count);
+    for (int i = 0; i < count; ++i) {
+      ref[i].resize(static_cast<size_t>(m) * ns[i]);
+      LinearForwardReference(layers[i]->view, x.data(), m, ref[i].data());
+      CK(cudaMalloc(&dy[i], ref[i].size() * 4));
+      CK(cudaMemset(dy[i], 0xff, ref[i].size() * 4));
+    }
+    OK(cuda::LinearForwardShared(views.data(), count, dx, m, dy.data(), ws));
+    CK(cudaDeviceSynchronize());
+    for (int i = 0; i < count; ++i) {
+      const auto got = Fetch(dy[i], ref[i].size());
+      Record("linear-shared", RelErr(got.data(), ref[i].data(), ref[i].size()),
+             shape + " layer " + std::to_string(i) + " m=" + std::to_string(m));
+      CK(cudaFree(dy[i]));
+    }
+    CK(cudaFree(dx));
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 enum class Routing { kRandom, kAllToOne, kRepeatedWeights, kDuplicatesAndInvalid };
 const char* RoutingName(Routing r) {
@@ -417,6 +459,7 @@ int Main(int argc, char** argv) {
     for (int K : {2, 5})
       for (Codebook cb : cbs) CheckLinear(128, 256, K, cb, {1, 17, 130}, K == 5, &ws);
     CheckLinear(384, 640, 3, Codebook::kMcg, {1, 8, 20}, true, &ws, 3);  // slices across 128-blocks
+    CheckLinearShared(256, {512, 128, 128}, {4, 4, 4}, Codebook::kMcg, {1, 8}, &ws);
     MoeCase c{"small", 256, 256, 8, 4, 3, 128, {2, Codebook::kMcg}, {3, Codebook::k3Inst}, {4, Codebook::kMul1},
               {2, Codebook::kMcg}, {2, Codebook::kMcg}, {3, Codebook::kMul1}, 1.0f, true, false};
     CheckMoe(c, {3, 70}, true, false);
@@ -439,7 +482,11 @@ int Main(int argc, char** argv) {
         // The fused GEMM where the rule dequantises and calls cuBLAS (UseDequantGemm).
         CheckLinear(256, 384, K, cb, {1024}, K == 6, &ws, 0, 3);
       }
+    // Layers of one input, together (same K) and one by one (mixed K), at GEMV and GEMM sizes.
+    for (Codebook cb : cbs) CheckLinearShared(256, {512, 128, 128}, {4, 4, 4}, cb, {1, 2, 8, 16, 17, 300}, &ws);
+    CheckLinearShared(384, {256, 128}, {2, 3}, Codebook::kMcg, {1, 8}, &ws);
     if (big) {
+      CheckLinearShared(4096, {12288, 1024, 1024}, {4, 4, 4}, Codebook::kMcg, {1, 8, 16, 32}, &ws);
       for (int K : {2, 3, 4}) {
         CheckLinear(4096, 14336, K, Codebook::kMcg, {1, 8}, false, &ws);
         CheckLinear(14336, 4096, K, K == 3 ? Codebook::kMul1 : Codebook::kMcg, {1, 3}, false, &ws);
