@@ -223,6 +223,7 @@ void Engine::Loop() {
     ExpireDeadlines(Clock::now());
     if (!scheduler_->Empty()) RunStep();
     PublishStats();
+    AfterEvents();
   }
   // Stop: every request left ends with kAbort.
   std::vector<uint64_t> left;
@@ -230,6 +231,13 @@ void Engine::Loop() {
   std::sort(left.begin(), left.end());
   for (uint64_t id : left) Finish(id, FinishReason::kAbort, absl::OkStatus());
   PublishStats();
+  AfterEvents();
+}
+
+void Engine::AfterEvents() {
+  if (!events_since_after_events_) return;
+  events_since_after_events_ = false;
+  if (options_.after_events) options_.after_events();
 }
 
 bool Engine::Intake() {
@@ -275,6 +283,7 @@ void Engine::Deliver(const std::vector<SequenceUpdate>& updates, SteadyTime now)
       e.tag = r.tag;
       e.tokens.push_back(u.token);
       r.on_event(e);
+      events_since_after_events_ = true;
     }
   }
 }
@@ -410,6 +419,7 @@ void Engine::Finish(uint64_t id, FinishReason reason, absl::Status status,
     }
   }
   r.on_event(e);
+  events_since_after_events_ = true;
   if (options_.observer != nullptr) options_.observer->OnRequestFinished(r.tag, f);
   requests_.erase(it);
   ++requests_finished_;

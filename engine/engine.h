@@ -144,6 +144,11 @@ struct EngineOptions {
   // vocabulary per row, so large batches want several.
   int sampling_threads = 1;
   EngineObserver* observer = nullptr;  // not owned; must outlive the engine
+  // Called on the loop thread after each pass of the loop that delivered request events (a
+  // step's tokens, cancels, expired deadlines, the aborts of Stop), once for all of them: a
+  // consumer that hands events to its own threads can wake them once per step instead of once
+  // per event (services/router/generator_service.h). Empty: not called.
+  std::function<void()> after_events;
 };
 
 struct EngineStats {
@@ -218,6 +223,8 @@ class Engine {
   void Finish(uint64_t id, FinishReason reason, absl::Status status,
               std::vector<SampledToken> last_tokens = {});
   void PublishStats();
+  // Calls options_.after_events if events were delivered since the last call.
+  void AfterEvents();
 
   const EngineOptions options_;
   const std::unique_ptr<ModelRunner> runner_;
@@ -232,6 +239,7 @@ class Engine {
   int64_t steps_ = 0;
   int64_t failed_steps_ = 0;
   int64_t requests_finished_ = 0;
+  bool events_since_after_events_ = false;  // a request event was delivered since AfterEvents
 
   mutable std::mutex mu_;
   std::condition_variable wake_;     // new work, cancels, Stop

@@ -26,6 +26,13 @@ void TaskQueue::Post(std::function<void()> fn) {
   cv_.notify_one();
 }
 
+void TaskQueue::PostQuietly(std::function<void()> fn) {
+  std::lock_guard<std::mutex> l(mu_);
+  queue_.push_back(std::move(fn));
+}
+
+void TaskQueue::Wake() { cv_.notify_all(); }
+
 void TaskQueue::Run() {
   std::unique_lock<std::mutex> l(mu_);
   while (true) {

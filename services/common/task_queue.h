@@ -3,6 +3,7 @@
 //
 //   svc::TaskQueue q(2);
 //   q.Post([] { ... });   // runs on one of q's threads
+//   q.PostQuietly(a); q.PostQuietly(b); q.Wake();   // a burst, one wake-up
 //   // ~TaskQueue runs what is still queued, then joins.
 #pragma once
 
@@ -23,6 +24,11 @@ class TaskQueue {
   TaskQueue& operator=(const TaskQueue&) = delete;
 
   void Post(std::function<void()> fn);
+  // Queues fn without waking a thread: it runs once a thread looks at the queue (one still busy
+  // with earlier tasks, or one woken by a later Post or Wake). For a producer that queues a burst
+  // of tasks and then wakes the threads once, so that they do not compete with it mid-burst.
+  void PostQuietly(std::function<void()> fn);
+  void Wake();  // wakes the threads for what PostQuietly queued
 
  private:
   void Run();

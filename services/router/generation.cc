@@ -57,16 +57,18 @@ absl::StatusOr<std::unique_ptr<Generation>> Generation::Start(const GenerationOp
   }
   EXL3_ASSIGN_OR_RETURN(std::unique_ptr<engine::ModelRunner> model, OpenModel(o, std::move(moe)));
   std::unique_ptr<Generation> g(new Generation());
+  g->writer_ = std::make_unique<svc::TaskQueue>(1);
   g->metrics_ = std::make_unique<EngineMetrics>(registry);
   engine::EngineOptions eo = o.engine;
   eo.observer = g->metrics_.get();
+  eo.after_events = [writer = g->writer_.get()] { writer->Wake(); };
   g->engine_ = std::make_unique<engine::Engine>(eo, std::move(model));
   EXL3_RETURN_IF_ERROR(g->engine_->Start());
   GeneratorOptions go;
   go.default_timeout = o.default_timeout;
   go.experts = router != nullptr ? "workers" : "local";
   go.max_num_seqs = o.engine.scheduler.max_num_seqs;
-  g->service_ = std::make_unique<GeneratorService>(*g->engine_, go);
+  g->service_ = std::make_unique<GeneratorService>(*g->engine_, go, *g->writer_);
   g->refresh_ = std::thread([gp = g.get()] {
     while (!gp->stop_refresh_) {
       gp->metrics_->Refresh(gp->engine_->Stats());

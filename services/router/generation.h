@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "engine/engine.h"
 #include "prometheus/registry.h"
+#include "services/common/task_queue.h"
 #include "services/router/engine_metrics.h"
 #include "services/router/generator_service.h"
 #include "services/router/moe_router.h"
@@ -58,6 +59,9 @@ class Generation {
 
  private:
   Generation() = default;
+  // The Generator's writer thread, woken by the engine after each pass's events; declared first,
+  // so that it outlives the engine and the service.
+  std::unique_ptr<svc::TaskQueue> writer_;
   std::unique_ptr<EngineMetrics> metrics_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<GeneratorService> service_;

@@ -122,11 +122,12 @@ class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateRespon
           break;
       }
     }
-    // The write starts on the writer thread; Advance waits for that task (write_scheduled_), so
-    // the call cannot finish (and be deleted) while it is queued.
+    // The write starts on the writer thread, woken once the engine has delivered all of this
+    // pass's events (after_events); Advance waits for that task (write_scheduled_), so the call
+    // cannot finish (and be deleted) while it is queued.
     if (!writing_ && !write_scheduled_ && !finished_) {
       write_scheduled_ = true;
-      writer_.Post([this] {
+      writer_.PostQuietly([this] {
         std::lock_guard<std::mutex> lock(mu_);
         write_scheduled_ = false;
         Advance();
@@ -193,8 +194,9 @@ engine::GenerateParams ToGenerateParams(const pb::GenerateRequest& req,
   return p;
 }
 
-GeneratorService::GeneratorService(engine::Engine& engine, GeneratorOptions options)
-    : engine_(engine), options_(std::move(options)) {}
+GeneratorService::GeneratorService(engine::Engine& engine, GeneratorOptions options,
+                                   svc::TaskQueue& writer)
+    : engine_(engine), options_(std::move(options)), writer_(writer) {}
 
 grpc::ServerWriteReactor<pb::GenerateResponse>* GeneratorService::Generate(
     grpc::CallbackServerContext* ctx, const pb::GenerateRequest* req) {

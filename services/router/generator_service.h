@@ -2,8 +2,13 @@
 // tokens from the engine (engine/engine.h); DescribeModel states the served model and the KV
 // capacity. One write in flight per call: tokens sampled while a write is pending are sent
 // together in the next message, so a slow client never holds the engine's loop; and writes are
-// started on the service's own writer thread, not on the engine's loop (a gRPC write costs tens
-// of microseconds, which the loop would otherwise pay per sequence per step).
+// started on a writer thread (`writer`), not on the engine's loop (a gRPC write costs tens of
+// microseconds, which the loop would otherwise pay per sequence per step). The calls' writes are
+// queued on it quietly (TaskQueue::PostQuietly) as the engine delivers a step's events; the
+// engine's EngineOptions::after_events wakes it once for all of them (services/router/generation.cc).
+// Woken per event instead, the writer took the loop's core and the calls' locks in the middle
+// of each step's delivery: on the 2-core development VM, 100-200 µs of a 3 ms step at 8 streams
+// in which the loop thread ran for about 10 (bench/results/engine-cpu.md).
 #pragma once
 
 #include <atomic>
@@ -24,8 +29,10 @@ struct GeneratorOptions {
 
 class GeneratorService final : public ::exl3serve::v1::Generator::CallbackService {
  public:
-  // `engine` must outlive the service (and be started).
-  GeneratorService(engine::Engine& engine, GeneratorOptions options);
+  // `engine` must outlive the service (and be started); `writer`, the thread that starts the
+  // calls' writes, must outlive the service and be woken after each batch of the engine's events
+  // (TaskQueue::Wake from EngineOptions::after_events).
+  GeneratorService(engine::Engine& engine, GeneratorOptions options, svc::TaskQueue& writer);
 
   grpc::ServerWriteReactor<::exl3serve::v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* ctx, const ::exl3serve::v1::GenerateRequest* req) override;
@@ -40,7 +47,7 @@ class GeneratorService final : public ::exl3serve::v1::Generator::CallbackServic
   engine::Engine& engine_;
   GeneratorOptions options_;
   std::atomic<bool> draining_{false};
-  svc::TaskQueue writer_{1};  // starts the calls' writes
+  svc::TaskQueue& writer_;  // starts the calls' writes
 };
 
 // The request's parameters in the engine's terms (no validation: Engine::Submit validates).

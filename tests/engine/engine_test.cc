@@ -544,6 +544,59 @@ TEST(Engine, EventsCarryLogprobsUsageTimingsAndTag) {
   EXPECT_GE(f.timings.total_s, *f.timings.time_to_first_token_s);
 }
 
+TEST(Engine, AfterEventsComesOncePerPassAfterItsEvents) {
+  // Each event records how many after_events calls preceded it; every event must be followed by
+  // a call (the consumer's wake-up), and one call serves all the events of a step.
+  std::atomic<int> calls{0};
+  EngineOptions o = Options();
+  o.after_events = [&] { calls.fetch_add(1); };
+  std::mutex mu;
+  std::vector<int> calls_at_event;
+  int finished = 0;
+  auto t = StartEngine(o, SlowModel(200us));
+  // The first step waits until every request is in, so that the four decode together.
+  std::promise<void> all_submitted;
+  std::shared_future<void> gate = all_submitted.get_future().share();
+  t->fake->SetFault([gate](int call, const StepBatch&) {
+    if (call == 0) gate.wait();
+    return absl::OkStatus();
+  });
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 4; ++i) {
+    auto id = t->engine->Submit(LongRun(8, i, 20), [&](const GenerateEvent& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      calls_at_event.push_back(calls.load());
+      if (e.finish.has_value()) ++finished;
+    });
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+  }
+  all_submitted.set_value();
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (std::chrono::steady_clock::now() < until) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (finished == 4 && calls.load() > calls_at_event.back()) break;
+    }
+    std::this_thread::sleep_for(200us);
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(finished, 4);
+  EXPECT_EQ(calls_at_event.size(), 80u);  // 4 x 20 tokens, one event each
+  EXPECT_GT(calls.load(), calls_at_event.back()) << "no after_events after the last event";
+  // Batched: about one call per step of four tokens, never one per event.
+  EXPECT_LE(calls.load(), 30);
+  EXPECT_GE(calls.load(), 20);
+  // A cancel delivers its abort outside a step: a call follows it too.
+  const uint64_t late = SubmitOk(*t, LongRun(8, 9, 2000));
+  ASSERT_TRUE(t->events.WaitTokens(late, 1));
+  const int before = calls.load();
+  ASSERT_TRUE(t->engine->Cancel(late).ok());
+  ASSERT_TRUE(t->events.WaitFinished(late));
+  for (int i = 0; i < 1000 && calls.load() == before; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_GT(calls.load(), before);
+}
+
 TEST(Engine, MinTokensSuppressesEos) {
   // A greedy prompt that reaches EOS (token 1) early.
   for (int salt = 0; salt < 200; ++salt) {

@@ -129,6 +129,94 @@ def test_stop_string_not_returned(client, live):
         assert got == want, (stream, stop, text)
 
 
+def _sampled(client, live, tok, **kw):
+    """A seeded sampled completion: its text, its token ids and each token's text."""
+    r = client.completions.create(model=live.name, prompt="Once upon a time", max_tokens=32,
+                                  temperature=1.0, seed=7, logprobs=0,
+                                  extra_body={"ignore_eos": True,
+                                              "return_tokens_as_token_ids": True, **kw})
+    ids = [int(t.split(":", 1)[1]) for t in r.choices[0].logprobs.tokens]
+    return r.choices[0].text, ids, [tok.decode([i]) for i in ids]
+
+
+def test_stop_string_across_token_boundaries(client, live, tok):
+    """A stop string made of the end of one token, (a whole token,) and the start of the next is
+    found, cut with what follows, and not returned; streamed and not."""
+    text, ids, pieces = _sampled(client, live, tok)
+    cases = []
+    for span in (2, 3):  # across one boundary; across a whole token in between
+        for i in range(len(ids) - span):
+            before = tok.decode(ids[:i + 1])  # the text up to the boundary after token i
+            after = "".join(pieces[i + 1:i + span])
+            if not before or not text.startswith(before) or \
+                    not text[len(before):].startswith(after) or "\ufffd" in before[-1] + after:
+                continue
+            stop = before[-1] + "".join(pieces[i + 1:i + span - 1]) + pieces[i + span - 1][:1]
+            if all(pieces[i + 1:i + span]) and text.find(stop) == len(before) - 1:  # first seen there
+                cases.append(stop)
+                break
+    assert len(cases) == 2, (pieces, cases)
+    for stop in cases:
+        want = text[: text.index(stop)]
+        kw = dict(model=live.name, prompt="Once upon a time", max_tokens=32, temperature=1.0,
+                  seed=7, stop=[stop], extra_body={"ignore_eos": True})
+        r = client.completions.create(**kw)
+        assert (r.choices[0].text, r.choices[0].finish_reason) == (want, "stop"), (stop, pieces)
+        chunks = list(client.completions.create(stream=True, **kw))
+        got = "".join(c.choices[0].text for c in chunks if c.choices)
+        assert got == want, (stop, pieces)
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+        chat = client.chat.completions.create(
+            model=live.name, messages=HI, max_tokens=16, temperature=0, stop=stop)
+        assert stop not in (chat.choices[0].message.content or "")
+
+
+def test_stop_token_ids_min_tokens_ignore_eos(client, live, tok):
+    """vLLM's extras over HTTP: stop_token_ids end the answer at the first such token
+    (finish_reason stop), min_tokens holds it back, ignore_eos runs to max_tokens."""
+    text, ids, pieces = _sampled(client, live, tok)
+    stop_id = ids[5]
+    first = ids.index(stop_id)
+    r = client.completions.create(model=live.name, prompt="Once upon a time", max_tokens=32,
+                                  temperature=1.0, seed=7,
+                                  extra_body={"ignore_eos": True, "stop_token_ids": [stop_id]})
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage.completion_tokens == first + 1
+    assert text.startswith(r.choices[0].text)
+    r = client.completions.create(model=live.name, prompt="Once upon a time", max_tokens=32,
+                                  temperature=1.0, seed=7,
+                                  extra_body={"ignore_eos": True, "stop_token_ids": [stop_id],
+                                              "min_tokens": 32})
+    assert r.usage.completion_tokens == 32 and r.choices[0].finish_reason == "length"
+    eos = client.completions.create(model=live.name, prompt="Once upon a time", max_tokens=32,
+                                    temperature=1.0, seed=7,
+                                    extra_body={"ignore_eos": False, "stop_token_ids": [1]})
+    assert eos.usage.completion_tokens <= 32  # the test model's eos (1) may or may not come
+
+
+def test_streamed_logprobs(client, live):
+    """logprobs / top_logprobs in streamed chunks, chat and completions: one entry per token, as
+    the same request not streamed gives them."""
+    kw = dict(model=live.name, messages=HI, max_tokens=8, temperature=0, logprobs=True,
+              top_logprobs=2)
+    whole = client.chat.completions.create(**kw).choices[0].logprobs.content
+    streamed = [e for c in client.chat.completions.create(stream=True, **kw)
+                if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.bytes, len(e.top_logprobs)) for e in streamed] == \
+        [(e.token, e.bytes, 2) for e in whole]
+    for a, b in zip(streamed, whole):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-5)
+    kw = dict(model=live.name, prompt="x", max_tokens=6, temperature=0, logprobs=3)
+    whole = client.completions.create(**kw).choices[0].logprobs
+    tokens, offsets = [], []
+    for c in client.completions.create(stream=True, **kw):
+        if c.choices and c.choices[0].logprobs:
+            tokens += c.choices[0].logprobs.tokens
+            offsets += c.choices[0].logprobs.text_offset
+            assert all(len(t) == 3 for t in c.choices[0].logprobs.top_logprobs)
+    assert tokens == whole.tokens and offsets == whole.text_offset
+
+
 def test_seed_and_sampling_fields(client, live):
     kw = dict(model=live.name, prompt="seeded", max_tokens=12, temperature=1.0, top_p=0.9,
               seed=1234, presence_penalty=0.5, frequency_penalty=0.5,
@@ -182,6 +270,22 @@ def test_bad_bodies(live):
     assert s == 400
 
 
+@pytest.mark.parametrize("extra,param", [
+    ({"prompt": [1, 99999]}, "prompt"),
+    ({"min_tokens": 9}, "min_tokens"),
+    ({"stop_token_ids": [99999]}, "stop_token_ids"),
+])
+def test_engine_refusals_name_the_field(live, extra, param):
+    """What only the engine checks (the vocabulary, min_tokens against max_tokens) comes back as a
+    400 whose OpenAI error names the field, with the engine's message."""
+    body = {"model": live.name, "prompt": "x", "max_tokens": 4, **extra}
+    s, text = _post(live, "/v1/completions", json.dumps(body))
+    err = json.loads(text)["error"]
+    assert s == 400, text
+    assert err["param"] == param and err["type"] == "invalid_request_error", text
+    assert param.split("_")[0] in err["message"], text
+
+
 def test_sdk_raises_on_errors(client, live):
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="other", messages=HI)
@@ -213,6 +317,7 @@ def test_disconnect_cancels_engine_request(live):
     aborted = lambda: stack.metric(live.engine_metrics,  # noqa: E731
                                    'exl3_engine_requests_finished_total{finish_reason="abort"}')
     running = lambda: stack.metric(live.engine_metrics, "exl3_engine_num_requests_running")  # noqa: E731
+    kv = lambda: stack.metric(live.engine_metrics, "exl3_engine_kv_cache_usage_ratio")  # noqa: E731
     for streaming in (True, False):
         before = aborted()
         body = json.dumps({"model": live.name, "prompt": "long", "max_tokens": 3000,
@@ -226,12 +331,13 @@ def test_disconnect_cancels_engine_request(live):
             assert resp.readline().startswith(b"data: ")
         else:
             assert stack.wait_until(lambda: (running() or 0) >= 1, 10)
+        assert stack.wait_until(lambda: (kv() or 0) > 0, 5), "no KV blocks in use"
         t0 = time.monotonic()
         conn.sock.close()
         conn.close()
         assert stack.wait_until(lambda: aborted() > before, 5), "engine request not aborted"
         assert time.monotonic() - t0 < 5
-        assert stack.wait_until(lambda: running() == 0, 5)
+        assert stack.wait_until(lambda: running() == 0 and kv() == 0, 5), "KV blocks not freed"
 
 
 def test_health_and_metrics(live, client):

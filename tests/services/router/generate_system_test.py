@@ -7,6 +7,7 @@ its sequence, a replicated worker killed mid-generation costs nothing and the on
 experts killed fails the requests UNAVAILABLE without a hang."""
 
 import concurrent.futures
+import math
 import os
 import re
 import subprocess
@@ -27,10 +28,12 @@ from exl3serve.v1 import exl3serve_pb2_grpc as pbg  # noqa: E402
 PROMPTS = [[5, 9, 17, 33, 65], list(range(40, 71)), [3] * 12, [200, 100, 50, 25]]
 
 
-def generate(stub, prompt, max_tokens=12, timeout=60, **sampling):
+def generate(stub, prompt, max_tokens=12, timeout=60, stop_token_ids=(), min_tokens=0,
+             **sampling):
     """(tokens, finish_reason, usage, logprobs) of one greedy (by default) request."""
     sampling = {"temperature": 0, "logprobs": 0, **sampling}
     req = pb.GenerateRequest(prompt_token_ids=prompt, max_tokens=max_tokens, ignore_eos=True,
+                             stop_token_ids=list(stop_token_ids), min_tokens=min_tokens,
                              sampling=pb.SamplingParams(**sampling))
     tokens, logprobs, finish, usage = [], [], None, None
     for r in stub.Generate(req, timeout=timeout):
@@ -101,7 +104,9 @@ class GenerateSystemTest(unittest.TestCase):
         self.assertEqual(d.architecture, "Glm4MoeForCausalLM")
         self.assertEqual(d.experts, "local")
         self.assertEqual(d.vocab_size, 512)
-        self.assertGreater(d.kv_capacity_tokens, 0)
+        self.assertEqual(d.max_context, 4096)  # the model's max_position_embeddings
+        self.assertEqual(d.kv_capacity_tokens, 16384)  # --kv-cache-tokens' default
+        self.assertEqual(d.kv_block_size, 16)
         self.assertTrue(d.versions.server)  # the project version, not a literal
         tokens, finish, usage, _ = self.expected[1]
         self.assertEqual(len(tokens), 12)
@@ -128,35 +133,198 @@ class GenerateSystemTest(unittest.TestCase):
         self.assertEqual(a[0], b[0])
 
     def test_bad_input(self):
+        """Every refused field: INVALID_ARGUMENT naming it, at once, alone."""
+        def req(prompt=(1,), max_tokens=4, **kw):
+            sampling = kw.pop("sampling", {})
+            return pb.GenerateRequest(prompt_token_ids=list(prompt), max_tokens=max_tokens,
+                                      sampling=pb.SamplingParams(**sampling), **kw)
         cases = [
-            (pb.GenerateRequest(prompt_token_ids=[], max_tokens=4), grpc.StatusCode.INVALID_ARGUMENT),
-            (pb.GenerateRequest(prompt_token_ids=[512], max_tokens=4), grpc.StatusCode.INVALID_ARGUMENT),
-            (pb.GenerateRequest(prompt_token_ids=[1], max_tokens=0), grpc.StatusCode.INVALID_ARGUMENT),
-            (pb.GenerateRequest(prompt_token_ids=[1], max_tokens=5000), grpc.StatusCode.INVALID_ARGUMENT),
-            (pb.GenerateRequest(prompt_token_ids=[1], max_tokens=4,
-                                sampling=pb.SamplingParams(temperature=-1)),
-             grpc.StatusCode.INVALID_ARGUMENT),
-            (pb.GenerateRequest(prompt_token_ids=[1], max_tokens=4,
-                                sampling=pb.SamplingParams(top_p=1.5)),
-             grpc.StatusCode.INVALID_ARGUMENT),
-            (pb.GenerateRequest(prompt_token_ids=[1], max_tokens=4,
-                                sampling=pb.SamplingParams(top_k=-2)),
-             grpc.StatusCode.INVALID_ARGUMENT),
+            (req(prompt=()), "empty"),
+            (req(prompt=(512,)), "vocabulary"),
+            (req(prompt=(-1,)), "vocabulary"),
+            (req(prompt=[1] * 4096), "context"),  # a prompt as long as the context
+            (req(max_tokens=0), "max_tokens"),
+            (req(max_tokens=-1), "max_tokens"),
+            (req(max_tokens=5000), "context"),
+            (req(max_tokens=4, min_tokens=5), "min_tokens"),
+            (req(stop_token_ids=[512]), "stop_token_ids"),
+            (req(sampling={"temperature": -1}), "temperature"),
+            (req(sampling={"temperature": float("nan")}), "temperature"),
+            (req(sampling={"top_p": 1.5}), "top_p"),
+            (req(sampling={"top_p": -0.5}), "top_p"),
+            (req(sampling={"top_k": -2}), "top_k"),
+            (req(sampling={"min_p": -0.1}), "min_p"),
+            (req(sampling={"min_p": 1.5}), "min_p"),
+            (req(sampling={"repetition_penalty": -1}), "repetition_penalty"),
+            (req(sampling={"logprobs": -1}), "logprobs"),
+            (req(sampling={"logprobs": 513}), "logprobs"),
         ]
-        for req, code in cases:
+        for r, word in cases:
+            t0 = time.monotonic()
             with self.assertRaises(grpc.RpcError) as e:
-                list(self.stub.Generate(req, timeout=10))
-            self.assertEqual(e.exception.code(), code, str(req))
+                list(self.stub.Generate(r, timeout=10))
+            self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, str(r)[:200])
+            self.assertIn(word, e.exception.details(), str(r)[:200])
+            self.assertLess(time.monotonic() - t0, 2)
         # The service goes on.
         self.assertEqual(generate(self.stub, PROMPTS[0])[0], self.expected[0][0])
 
+    def test_stop_tokens_min_tokens_and_top_logprobs(self):
+        """stop_token_ids end a request at the first such token (returned, finish STOP); min_tokens
+        holds them back until that many tokens; logprobs=N gives the top N, best first, the
+        chosen (greedy) token's among them."""
+        free = self.expected[0][0]  # 12 greedy tokens
+        stop = free[3]
+        first = free.index(stop)
+        tokens, finish, usage, _ = generate(self.stub, PROMPTS[0], stop_token_ids=[stop])
+        self.assertEqual(tokens, free[:first + 1])
+        self.assertEqual(finish, pb.FINISH_REASON_STOP)
+        self.assertEqual(usage.completion_tokens, first + 1)
+        tokens, finish, _, _ = generate(self.stub, PROMPTS[0], stop_token_ids=[stop],
+                                        min_tokens=12)
+        self.assertEqual(len(tokens), 12)
+        self.assertNotIn(stop, tokens)
+        self.assertEqual(finish, pb.FINISH_REASON_LENGTH)
+
+        req = pb.GenerateRequest(prompt_token_ids=PROMPTS[1], max_tokens=6, ignore_eos=True,
+                                 sampling=pb.SamplingParams(temperature=0, logprobs=5))
+        got = [t for r in self.stub.Generate(req, timeout=60) for t in r.tokens]
+        self.assertEqual([t.token_id for t in got], self.expected[1][0][:6])
+        for t in got:
+            self.assertEqual(len(t.top_logprobs), 5)
+            lps = [e.logprob for e in t.top_logprobs]
+            self.assertEqual(lps, sorted(lps, reverse=True))
+            self.assertEqual(t.top_logprobs[0].token_id, t.token_id)
+            self.assertAlmostEqual(t.top_logprobs[0].logprob, t.logprob, places=5)
+            self.assertLessEqual(t.logprob, 0.0)
+            self.assertLess(sum(math.exp(x) for x in lps), 1.0 + 1e-5)
+
     def test_cancel_frees_the_sequence(self):
-        call = self.stub.Generate(pb.GenerateRequest(prompt_token_ids=PROMPTS[1], max_tokens=3000,
-                                                     ignore_eos=True), timeout=60)
+        """A cancelled call (and one whose client closes its channel) leaves the engine and gives
+        back its KV blocks at once (the KV usage metric returns to 0)."""
+        kv = lambda: scrape(self.embedded.metrics, "exl3_engine_kv_cache_usage_ratio")  # noqa: E731
+        running = lambda: scrape(self.embedded.metrics, "exl3_engine_num_requests_running")  # noqa: E731
+        long = pb.GenerateRequest(prompt_token_ids=PROMPTS[1], max_tokens=3000, ignore_eos=True)
+        call = self.stub.Generate(long, timeout=60)
         next(call)  # the first token has been sampled: the sequence runs
+        wait_for(lambda: kv() > 0, 5, "the sequence's blocks in the KV usage metric")
+        t0 = time.monotonic()
         call.cancel()
-        wait_for(lambda: scrape(self.embedded.metrics, "exl3_engine_num_requests_running") == 0, 10,
-                 "the cancelled sequence to leave the engine")
+        wait_for(lambda: running() == 0 and kv() == 0, 10,
+                 "the cancelled sequence to leave the engine and free its blocks")
+        self.assertLess(time.monotonic() - t0, 2)
+        # A client whose channel goes away without a cancel.
+        channel = grpc.insecure_channel(self.embedded.address)
+        call = pbg.GeneratorStub(channel).Generate(long, timeout=60)
+        next(call)
+        wait_for(lambda: kv() > 0, 5, "the second sequence's blocks")
+        channel.close()
+        wait_for(lambda: running() == 0 and kv() == 0, 10,
+                 "the closed channel's sequence to leave the engine and free its blocks")
+
+    def test_kv_capacity_and_request_limit(self):
+        """A prompt beyond the whole KV cache is INVALID_ARGUMENT; more unfinished requests than
+        --max-pending-requests is RESOURCE_EXHAUSTED, at once, and the held requests go on."""
+        r = self.c.start_router(with_map=False, extra=["--kv-cache-tokens", "64",
+                                                        "--max-pending-requests", "2"])
+        channel = grpc.insecure_channel(r.address)
+        self.addCleanup(channel.close)
+        stub = pbg.GeneratorStub(channel)
+        with self.assertRaises(grpc.RpcError) as e:
+            list(stub.Generate(pb.GenerateRequest(prompt_token_ids=[7] * 65, max_tokens=1),
+                               timeout=10))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("KV cache (64 tokens)", e.exception.details())
+        held = [stub.Generate(pb.GenerateRequest(prompt_token_ids=PROMPTS[0], max_tokens=50,
+                                                 ignore_eos=True), timeout=60) for _ in range(2)]
+        for call in held:
+            next(call)  # both accepted and running
+        t0 = time.monotonic()
+        with self.assertRaises(grpc.RpcError) as e:
+            list(stub.Generate(pb.GenerateRequest(prompt_token_ids=[1], max_tokens=2), timeout=10))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+        self.assertIn("max_pending_requests", e.exception.details())
+        self.assertLess(time.monotonic() - t0, 2)
+        for call in held:
+            self.assertEqual(1 + sum(len(m.tokens) for m in call), 50)
+
+    def test_engine_metrics_exist_and_move(self):
+        """Every engine metric of docs/metrics.md is exported, and a load with a prefix-cache
+        hit, a full KV cache (preemption) and more sequences than --max-num-seqs moves each one
+        that such a load can move."""
+        with open(os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs",
+                               "metrics.md")) as f:
+            doc = f.read()
+        section = doc[doc.index("## Engine"):]
+        names = re.findall(r"^\| `(exl3_engine_[a-z0-9_]+)` \| (\w+)", section, re.M)
+        self.assertGreaterEqual(len(names), 18)
+        # 64 blocks of 16: two sequences of 20 + 600 tokens (39 blocks each) cannot both fit, and
+        # the third waits for one of them (long enough for the gauges, refreshed every 250 ms).
+        r = self.c.start_router(with_map=False, extra=["--kv-cache-tokens", "1024",
+                                                        "--max-num-seqs", "2"])
+        channel = grpc.insecure_channel(r.address)
+        self.addCleanup(channel.close)
+        stub = pbg.GeneratorStub(channel)
+
+        def text():
+            return urllib.request.urlopen(f"http://{r.metrics}/metrics", timeout=5).read().decode()
+
+        def value(t, series):
+            m = re.search(rf"^{re.escape(series)} (\S+)$", t, re.M)
+            return float(m.group(1)) if m else None
+
+        def series_of(name, kind):
+            if kind == "histogram":
+                return [f"{name}_count"] if name != "exl3_engine_step_phase_seconds" else [
+                    f'{name}_count{{phase="{p}"}}' for p in
+                    ("embed", "attention", "moe", "dense_mlp", "head", "forward", "schedule",
+                     "sample", "bookkeeping")]
+            if name == "exl3_engine_requests_finished_total":
+                return [f'{name}{{finish_reason="{f}"}}' for f in ("stop", "length", "abort",
+                                                                   "error")]
+            return [name]
+
+        before = text()
+        for name, kind in names:
+            for series in series_of(name, kind):
+                self.assertIsNotNone(value(before, series), series)
+
+        seen = {"exl3_engine_num_requests_running": 0.0, "exl3_engine_num_requests_waiting": 0.0,
+                "exl3_engine_kv_cache_usage_ratio": 0.0}
+        done = []
+
+        def watch():
+            while not done:
+                t = text()
+                for g in seen:
+                    seen[g] = max(seen[g], value(t, g) or 0.0)
+                time.sleep(0.01)
+        watcher = concurrent.futures.ThreadPoolExecutor(1).submit(watch)
+        try:
+            shared = list(range(100, 140))  # 2 full blocks, cached after the first request
+            generate(stub, shared, max_tokens=4)
+            generate(stub, shared, max_tokens=4)
+            with concurrent.futures.ThreadPoolExecutor(3) as ex:
+                outs = list(ex.map(lambda i: generate(stub, [10 + i] * 20, max_tokens=600),
+                                   range(3)))
+        finally:
+            done.append(True)
+            watcher.result(timeout=10)
+        self.assertTrue(all(len(o[0]) == 600 for o in outs))
+        after = text()
+        static = {"exl3_engine_failed_steps_total", "exl3_engine_num_requests_running",
+                  "exl3_engine_num_requests_waiting", "exl3_engine_kv_cache_usage_ratio"}
+        for name, kind in names:
+            if name in static:
+                continue
+            for series in series_of(name, kind):
+                if 'finish_reason="length"' not in series and "finish_reason" in series:
+                    continue
+                self.assertGreater(value(after, series), value(before, series), series)
+        for g, v in seen.items():
+            self.assertGreater(v, 0.0, f"{g} never above 0 during the load")
+        wait_for(lambda: value(text(), "exl3_engine_kv_cache_usage_ratio") == 0.0, 5,
+                 "the KV usage metric back to 0")
 
     def test_deadline(self):
         with self.assertRaises(grpc.RpcError) as e:
@@ -187,13 +355,27 @@ class GenerateSystemTest(unittest.TestCase):
             got = [f.result(timeout=120) for f in futs]
         self.assertTrue(all(len(g[0]) == 40 for g in got))
 
-        # a (the only holder of experts 0-3) killed: requests fail UNAVAILABLE, none hangs.
-        self.c.workers["a"].kill9()
-        t0 = time.time()
-        with self.assertRaises(grpc.RpcError) as e:
-            generate(stub, PROMPTS[0], timeout=30)
-        self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE)
+        # a (the only holder of experts 0-3) killed mid-generation: the running requests fail
+        # UNAVAILABLE naming the experts and their worker, none hangs; so does a new one.
+        def fails(i):
+            with self.assertRaises(grpc.RpcError) as e:
+                generate(stub, PROMPTS[i % 4], 3000, timeout=60)
+            return e.exception
+        with concurrent.futures.ThreadPoolExecutor(4) as ex:
+            futs = [ex.submit(fails, i) for i in range(4)]
+            wait_for(lambda: scrape(r.metrics, "exl3_engine_num_requests_running") == 4, 10,
+                     "four sequences running")
+            self.c.workers["a"].kill9()
+            t0 = time.time()
+            errors = [f.result(timeout=30) for f in futs]
+        errors.append(fails(0))
         self.assertLess(time.time() - t0, 15)
+        for err in errors:
+            self.assertEqual(err.code(), grpc.StatusCode.UNAVAILABLE, err.details())
+            self.assertRegex(err.details(), r"experts [0-9]")
+            self.assertIn("held by: a", err.details())
+        wait_for(lambda: scrape(r.metrics, "exl3_engine_kv_cache_usage_ratio") == 0, 5,
+                 "the failed sequences' blocks freed")
         # Restarted, it serves again without a router restart.
         self.c.start_worker("a")
         wait_for(lambda: generate(stub, PROMPTS[0])[0] == self.expected[0][0], 30,

@@ -43,6 +43,22 @@ _HTTP_OF = {
 }
 
 
+# The request fields the engine's refusals name first (engine/engine.cc, Engine::Validate:
+# "min_tokens must be in [0, max_tokens], not 9", "stop_token_ids token 0 is 999, outside ...").
+_ENGINE_FIELDS = ("max_tokens", "min_tokens", "stop_token_ids", "temperature", "top_p", "top_k",
+                  "min_p", "repetition_penalty", "presence_penalty", "logprobs")
+
+
+def _engine_param(details: str) -> Optional[str]:
+    """The OpenAI error's `param` for an engine refusal: the field its message starts with."""
+    for name in _ENGINE_FIELDS:
+        if details.startswith(name + " "):
+            return name
+    if details.startswith(("the prompt ", "prompt token ", "prompt (")):
+        return "prompt"
+    return None
+
+
 def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
@@ -455,7 +471,8 @@ class Frontend:
             return APIError(504, f"the request timed out: {e.details()}", code="timeout")
         if status == 429:
             return APIError(429, f"the engine is overloaded: {e.details()}", code="overloaded")
-        return APIError(status, e.details() or e.code().name)
+        details = e.details() or e.code().name
+        return APIError(status, details, param=_engine_param(details) if status == 400 else None)
 
     async def answer(self, job: Job, request: Request) -> Response:
         self.metrics.running.inc()
