@@ -6,6 +6,10 @@
 #include <fstream>
 #include <functional>
 #include <numeric>
+#include <thread>
+#include <atomic>
+#include <cstring>
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -95,42 +99,68 @@ int64_t NumElements(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// Generates `t` deterministically from (seed, name) and streams it into `w`.
-absl::Status Generate(const GenTensor& t, uint64_t seed, SafetensorsStreamWriter* w) {
-  Rng rng(TensorSeed(seed, t.name));
+// A tensor of more than kElementsPerPart elements is drawn in parts of that many elements, part p
+// from its own random stream (seeded by the tensor's name and p), so that the parts of one large
+// tensor (an embedding table) generate in parallel; smaller tensors are one stream.
+int DefaultThreads() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+constexpr int64_t kElementsPerPart = int64_t{1} << 24;
+
+int64_t NumParts(const GenTensor& t) {
+  if (t.kind == GenTensor::kFlag || t.kind == GenTensor::kHashTable) return 1;
+  return std::max<int64_t>(1, (NumElements(t.shape) + kElementsPerPart - 1) / kElementsPerPart);
+}
+
+uint64_t PartSeed(uint64_t seed, const std::string& name, int64_t part) {
+  const uint64_t s = TensorSeed(seed, name);
+  return part == 0 ? s : Rng(s ^ (0xd1b54a32d192ed03ull * static_cast<uint64_t>(part))).Next();
+}
+
+// Writes part `part` of `t` (deterministic in (seed, name, part)) into `out`, the whole
+// tensor's bytes.
+void GeneratePart(const GenTensor& t, uint64_t seed, int64_t part, uint8_t* out) {
+  Rng rng(PartSeed(seed, t.name, part));
   const int64_t n = NumElements(t.shape);
+  const int64_t first = part * kElementsPerPart, count = std::min(n - first, kElementsPerPart);
+  const size_t esize = DTypeSize(t.dtype);
+  uint8_t* dst = out + static_cast<size_t>(first) * esize;
   switch (t.kind) {
     case GenTensor::kRandomBits: {
-      std::vector<uint64_t> buf((static_cast<size_t>(n) * DTypeSize(t.dtype) + 7) / 8);
-      for (uint64_t& v : buf) v = rng.Next();
-      return w->Write(t.name, buf.data(), static_cast<size_t>(n) * DTypeSize(t.dtype));
+      const size_t bytes = static_cast<size_t>(count) * esize;
+      for (size_t at = 0; at < bytes; at += 8) {
+        const uint64_t v = rng.Next();
+        std::memcpy(dst + at, &v, std::min<size_t>(8, bytes - at));
+      }
+      return;
     }
     case GenTensor::kFlag:
-      return w->Write(t.name, &t.flag, 4);
+      std::memcpy(dst, &t.flag, 4);
+      return;
     case GenTensor::kHashTable: {  // per row (token id): t.flag distinct experts, partial shuffle
       const int64_t rows = t.shape[0], cols = t.shape[1], n_ids = static_cast<int64_t>(t.high);
-      std::vector<int64_t> ids(n_ids), out(static_cast<size_t>(rows * cols));
+      std::vector<int64_t> ids(n_ids);
+      int64_t* o = reinterpret_cast<int64_t*>(dst);
       for (int64_t r = 0; r < rows; ++r) {
         std::iota(ids.begin(), ids.end(), 0);
         for (int64_t c = 0; c < cols; ++c) {
           const int64_t j = c + static_cast<int64_t>(rng.Next() % static_cast<uint64_t>(n_ids - c));
           std::swap(ids[c], ids[j]);
-          out[static_cast<size_t>(r * cols + c)] = ids[c];
+          o[r * cols + c] = ids[c];
         }
       }
-      return w->Write(t.name, out.data(), out.size() * 8);
+      return;
     }
     case GenTensor::kSigns: {
       const uint16_t pos = FloatToHalfBits(t.scale), neg = pos | 0x8000u;
-      std::vector<uint16_t> buf(n);
-      for (auto& v : buf) v = (rng.Next() & 1) ? neg : pos;
-      return w->Write(t.name, buf.data(), buf.size() * 2);
+      uint16_t* o = reinterpret_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < count; ++i) o[i] = (rng.Next() & 1) ? neg : pos;
+      return;
     }
     default:
       break;
   }
-  std::vector<float> f(n);
-  for (float& v : f) {
+  for (int64_t i = 0; i < count; ++i) {
+    float v = 0.0f;
     switch (t.kind) {
       case GenTensor::kGaussian: v = rng.Gaussian() * t.scale; break;
       case GenTensor::kNorm: v = 1.0f + 0.05f * rng.Gaussian(); break;
@@ -141,17 +171,43 @@ absl::Status Generate(const GenTensor& t, uint64_t seed, SafetensorsStreamWriter
         break;
       default: break;
     }
+    if (t.dtype == DType::kF32) {
+      std::memcpy(dst + 4 * i, &v, 4);
+    } else {
+      const uint16_t h = t.dtype == DType::kBF16 ? FloatToBFloat16Bits(v) : FloatToHalfBits(v);
+      std::memcpy(dst + 2 * i, &h, 2);
+    }
   }
-  if (t.dtype == DType::kF32) return w->Write(t.name, f.data(), f.size() * 4);
-  std::vector<uint16_t> h(n);
-  for (int64_t i = 0; i < n; ++i) {
-    h[i] = t.dtype == DType::kBF16 ? FloatToBFloat16Bits(f[i]) : FloatToHalfBits(f[i]);
-  }
-  return w->Write(t.name, h.data(), h.size() * 2);
 }
 
+// Generates `batch` (every part of every tensor) on `threads` threads.
+std::vector<std::vector<uint8_t>> GenerateTensors(const std::vector<const GenTensor*>& batch, uint64_t seed,
+                                                  int threads) {
+  std::vector<std::vector<uint8_t>> out(batch.size());
+  std::vector<std::pair<size_t, int64_t>> work;  // (tensor, part)
+  for (size_t i = 0; i < batch.size(); ++i) {
+    out[i].resize(static_cast<size_t>(NumElements(batch[i]->shape)) * DTypeSize(batch[i]->dtype));
+    for (int64_t p = 0; p < NumParts(*batch[i]); ++p) work.emplace_back(i, p);
+  }
+  std::atomic<size_t> next{0};
+  auto run = [&] {
+    for (size_t w; (w = next.fetch_add(1)) < work.size();)
+      GeneratePart(*batch[work[w].first], seed, work[w].second, out[work[w].first].data());
+  };
+  const int n = std::max(1, std::min<int>(threads, static_cast<int>(work.size())));
+  std::vector<std::thread> pool;
+  for (int i = 1; i < n; ++i) pool.emplace_back(run);
+  run();
+  for (std::thread& t : pool) t.join();
+  return out;
+}
+
+// Tensors are generated in batches of about this many bytes (bounding the memory held), each
+// batch's tensors in parallel, and written in order.
+constexpr uint64_t kBatchBytes = uint64_t{512} << 20;
+
 absl::Status WriteShard(const fs::path& path, const std::vector<GenTensor>& tensors, uint64_t seed,
-                        ProgressBar* bar, json* weight_map,
+                        int threads, ProgressBar* bar, json* weight_map,
                         DataSectionStart data_start = DataSectionStart::k64ByteAligned) {
   SafetensorsStreamWriter w;
   w.AddMetadata("format", "pt");
@@ -159,11 +215,20 @@ absl::Status WriteShard(const fs::path& path, const std::vector<GenTensor>& tens
   for (const GenTensor& t : tensors) w.Declare(t.name, t.dtype, t.shape);
   absl::Status s = w.Open(path.string());
   if (!s.ok()) return s;
-  for (const GenTensor& t : tensors) {
-    s = Generate(t, seed, &w);
-    if (!s.ok()) return s;
-    if (bar) bar->Add(static_cast<uint64_t>(NumElements(t.shape)) * DTypeSize(t.dtype));
-    (*weight_map)[t.name] = path.filename().string();
+  for (size_t i = 0; i < tensors.size();) {
+    std::vector<const GenTensor*> batch;
+    uint64_t bytes = 0;
+    for (; i < tensors.size() && (batch.empty() || bytes < kBatchBytes); ++i) {
+      batch.push_back(&tensors[i]);
+      bytes += static_cast<uint64_t>(NumElements(tensors[i].shape)) * DTypeSize(tensors[i].dtype);
+    }
+    const std::vector<std::vector<uint8_t>> data = GenerateTensors(batch, seed, threads);
+    for (size_t k = 0; k < batch.size(); ++k) {
+      s = w.Write(batch[k]->name, data[k].data(), data[k].size());
+      if (!s.ok()) return s;
+      if (bar) bar->Add(data[k].size());
+      (*weight_map)[batch[k]->name] = path.filename().string();
+    }
   }
   return w.Finish();
 }
@@ -743,7 +808,8 @@ absl::Status WriteHfTestModel(const TestModelSpec& spec, const std::string& dir_
   ProgressBar bar("exl3-tool make-test-model (hf)", total, progress);
   json weight_map = json::object();
   for (int i = 0; i < s.layers; ++i) {
-    absl::Status st = WriteShard(dir / ShardName(i, s.layers), shards[i], s.seed, &bar, &weight_map);
+    absl::Status st = WriteShard(dir / ShardName(i, s.layers), shards[i], s.seed, DefaultThreads(), &bar,
+                                 &weight_map);
     if (!st.ok()) return st;
   }
   bar.Finish();
@@ -785,7 +851,8 @@ absl::Status WriteSyntheticExl3Model(const TestModelSpec& spec, const SyntheticO
   for (size_t i = 0; i < shards.size(); ++i) {
     bar.SetDetail(absl::StrCat("shard ", i + 1, " of ", shards.size()));
     absl::Status st = WriteShard(dir / ShardName(static_cast<int>(i), static_cast<int>(shards.size())),
-                                 shards[i], s.seed, &bar, &weight_map, opts.data_start);
+                                 shards[i], s.seed, opts.threads > 0 ? opts.threads : DefaultThreads(), &bar,
+                                 &weight_map, opts.data_start);
     if (!st.ok()) return st;
   }
   bar.Finish();

@@ -112,6 +112,7 @@ struct SyntheticOptions {
   int head_bits = 0;       // lm_head's K (0: bits)
   Codebook codebook = Codebook::kMcg;
   bool progress = true;
+  int threads = 0;  // generating threads (0: every core); the output does not depend on it
   // Where each shard's data section starts. k8PastA16ByteBoundary with the 3INST codebook (no
   // 4-byte flag scalars) leaves every tensor 8- but not 16-byte aligned, as in files Python's
   // safetensors writes: the case --weights-residency host realigns.

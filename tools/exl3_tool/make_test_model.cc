@@ -69,7 +69,7 @@ constexpr char kUsage[] =
     "  --quantize-all  quantize attention, dense MLPs (at --bits) and lm_head (at --head-bits,\n"
     "                  default 6) too, as exl3-tool quantize does (default: experts only)\n"
     "  --seed          weights' seed (also the sign vectors'); default 1\n"
-    "  --threads       encoder threads (default: all cores)\n"
+    "  --threads       encoder threads, or with --synthetic generating threads (default: all cores)\n"
     "  --quiet         no progress bar\n"
     "\n"
     "  --heads, --kv-heads, --head-dim  attention shape (default 4 heads, 2 KV heads, DeepSeek-V3:\n"
@@ -230,6 +230,7 @@ int Run(int argc, char** argv) {
     so.head_bits = args.Has("head-bits") ? head_bits : 0;
     so.codebook = cb;
     so.progress = progress;
+    so.threads = threads;
     if (args.Bool("misaligned-data")) so.data_start = DataSectionStart::k8PastA16ByteBoundary;
     if (progress) {
       std::fprintf(stderr, "exl3-tool make-test-model: writing %.2f GB of synthetic EXL3 shards to %s\n",
