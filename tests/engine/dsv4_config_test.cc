@@ -86,6 +86,29 @@ TEST(Dsv4Config, ReadsWhatTransformersWrites) {
   EXPECT_EQ(sliding.block_width, 0);
 }
 
+// The cache per token at DeepSeek-V4-Flash's attention shape (head_dim 512, index_head_dim 128,
+// compress rates 4 / 128, rope 64), blocks of 16: the slot's kv plus the block area's share.
+// Keeping every token's raw compressor projections (the earlier layout) took 6 x 512 + 5 x 128 =
+// 3712 floats on a CSA layer and 4 x 512 = 2048 on an HCA layer.
+TEST(Dsv4Config, CachePerTokenAtFlashShapes) {
+  json j = DeepseekV4();
+  j["head_dim"] = 512;
+  j["index_head_dim"] = 128;
+  j["compress_rates"] = {{"compressed_sparse_attention", 4}, {"heavily_compressed_attention", 128}};
+  for (const char* k : {"main", "compress"}) j["rope_parameters"][k]["partial_rotary_factor"] = 0.125;
+  j["partial_rotary_factor"] = 0.125;
+  j["qk_rope_head_dim"] = 64;
+  j["o_lora_rank"] = 512;
+  auto cfg = Parse(j);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  auto per_token = [&](int layer) {
+    return (16 * cfg->KvWidth(layer) + cfg->KvBlockFloats(layer, 16) + 15) / 16;
+  };
+  EXPECT_EQ(per_token(0), 512);  // sliding window
+  EXPECT_EQ(per_token(1), 833);  // CSA: 512 + (1 + 4 x 512 + 4 x 128 + 4 x (512 + 128)) / 16, up
+  EXPECT_EQ(per_token(2), 609);  // HCA: 512 + (1 + 2 x 512 + 512) / 16, rounded up
+}
+
 // An older config.json (as DeepSeek's own files): compress_ratios, qk_rope_head_dim, top-level
 // yarn rope_scaling that applies to the compressed layers only.
 TEST(Dsv4Config, ReadsOlderFields) {
