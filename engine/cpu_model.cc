@@ -125,9 +125,10 @@ absl::Status CpuModel::AllocateKvCache(const KvCacheShape& shape) {
   if (shape.num_blocks <= 0 || shape.block_size <= 0)
     return absl::InvalidArgumentError(absl::StrCat("KV cache of ", shape.num_blocks, " blocks of ",
                                                    shape.block_size, " tokens"));
-  std::vector<int> widths(cfg_.num_layers);
-  for (int l = 0; l < cfg_.num_layers; ++l) widths[l] = cfg_.KvWidth(l);
-  cache_ = std::make_unique<PagedKvCache>(std::move(widths), shape);
+  std::vector<KvLayerShape> layers(cfg_.num_layers);
+  for (int l = 0; l < cfg_.num_layers; ++l)
+    layers[l] = {cfg_.KvWidth(l), cfg_.KvBlockFloats(l, shape.block_size)};
+  cache_ = std::make_unique<PagedKvCache>(std::move(layers), shape);
   if (cfg_.HasRecurrentLayers()) {
     if (shape.num_sequence_slots <= 0)
       return absl::InvalidArgumentError(absl::StrCat(

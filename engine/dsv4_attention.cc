@@ -47,7 +47,6 @@ Dsv4Attention::Dsv4Attention(const ModelConfig& cfg, int layer)
       layer_(layer),
       type_(cfg.dsv4->layer_types[layer]),
       rate_(cfg.dsv4->CompressRate(layer)),
-      slot_(SlotLayoutFor(*cfg.dsv4, cfg.dsv4->layer_types[layer])),
       rope_(cfg.dsv4->layer_types[layer] == Dsv4LayerType::kSlidingWindow ? cfg.dsv4->main_rope
                                                                           : cfg.dsv4->compress_rope,
             cfg.max_position_embeddings) {}
@@ -83,88 +82,148 @@ absl::StatusOr<std::unique_ptr<Dsv4Attention>> Dsv4Attention::Load(const ModelCo
           "sliding_attention"));
     return a;
   }
-  auto load_compressor = [&](const std::string& q, int dim, int width, int kv_offset,
-                             int gate_offset, int entry_offset) -> absl::StatusOr<Compressor> {
+  auto load_compressor = [&](const std::string& q, int dim, int width) -> absl::StatusOr<Compressor> {
     Compressor c;
     c.dim = dim;
     c.width = width;
-    c.kv_offset = kv_offset;
-    c.gate_offset = gate_offset;
-    c.entry_offset = entry_offset;
     EXL3_ASSIGN_OR_RETURN(c.wkv, Linear::Load(src, q + "wkv", H, width));
     EXL3_ASSIGN_OR_RETURN(c.wgate, Linear::Load(src, q + "wgate", H, width));
     EXL3_ASSIGN_OR_RETURN(c.ape, LoadMatrix(src, q + "ape", a->rate_, width));
     EXL3_ASSIGN_OR_RETURN(c.norm, LoadVector(src, q + "norm.weight", dim));
     return c;
   };
-  const Dsv4SlotLayout& s = a->slot_;
-  EXL3_ASSIGN_OR_RETURN(a->compressor_, load_compressor(p + "compressor.", D, s.comp_width,
-                                                        s.comp_kv, s.comp_gate, s.comp_entry));
+  const bool overlapping = a->type_ == Dsv4LayerType::kCompressedSparse;
+  EXL3_ASSIGN_OR_RETURN(a->compressor_, load_compressor(p + "compressor.", D, (overlapping ? 2 : 1) * D));
   if (a->type_ == Dsv4LayerType::kCompressedSparse) {
     Indexer ix;
     EXL3_ASSIGN_OR_RETURN(ix.wq_b, Linear::Load(src, p + "indexer.wq_b", v.q_lora_rank,
                                                 v.index_heads * v.index_head_dim));
     EXL3_ASSIGN_OR_RETURN(ix.weights_proj, Linear::Load(src, p + "indexer.weights_proj", H, v.index_heads));
     EXL3_ASSIGN_OR_RETURN(ix.compressor,
-                          load_compressor(p + "indexer.compressor.", v.index_head_dim, s.ix_width,
-                                          s.ix_kv, s.ix_gate, s.ix_entry));
+                          load_compressor(p + "indexer.compressor.", v.index_head_dim, 2 * v.index_head_dim));
     a->indexer_ = std::move(ix);
   }
   return a;
 }
 
 absl::Status Dsv4Attention::Project(const Compressor& c, const float* x, const StepTokens& tokens,
-                                    PagedKvCache& cache, CpuCompute& compute) const {
+                                    Projections* out, CpuCompute& compute) const {
   const int T = tokens.num_tokens, W = c.width;
-  std::vector<float> kv(static_cast<size_t>(T) * W), gate(static_cast<size_t>(T) * W);
-  EXL3_RETURN_IF_ERROR(c.wkv.Forward(x, T, kv.data(), compute));
-  EXL3_RETURN_IF_ERROR(c.wgate.Forward(x, T, gate.data(), compute));
+  out->kv.resize(static_cast<size_t>(T) * W);
+  out->gate.resize(static_cast<size_t>(T) * W);
+  EXL3_RETURN_IF_ERROR(c.wkv.Forward(x, T, out->kv.data(), compute));
+  EXL3_RETURN_IF_ERROR(c.wgate.Forward(x, T, out->gate.data(), compute));
   for (int t = 0; t < T; ++t) {
-    float* slot = cache.Slot(layer_, tokens.block_table(t), tokens.positions[t]);
     const float* ape = &c.ape[static_cast<size_t>(tokens.positions[t] % rate_) * W];
-    std::copy_n(&kv[static_cast<size_t>(t) * W], W, slot + c.kv_offset);
-    for (int i = 0; i < W; ++i) slot[c.gate_offset + i] = gate[static_cast<size_t>(t) * W + i] + ape[i];
+    float* g = &out->gate[static_cast<size_t>(t) * W];
+    for (int i = 0; i < W; ++i) g[i] += ape[i];
   }
   return absl::OkStatus();
 }
 
-void Dsv4Attention::CompressWindow(const Compressor& c, PagedKvCache& cache,
-                                   const std::vector<int32_t>& table, int w) const {
-  const int m = rate_, dim = c.dim;
-  const bool overlapping = c.width == 2 * dim;
-  // The window's terms per channel: (slot, channel offset) of window w - 1's first half
-  // (overlapping windows, w > 0), then window w (its second half when overlapping).
-  std::vector<const float*> slots;
-  std::vector<int> channel;
-  if (overlapping && w > 0) {
-    for (int j = 0; j < m; ++j) {
-      slots.push_back(cache.Slot(layer_, table, (w - 1) * m + j));
-      channel.push_back(0);
+namespace {
+
+// A running softmax over `n` channels: log-sum-exp of the logits seen, then the softmax-weighted
+// mean of the values seen ([2, n]). Empty: log-sum-exp -inf, mean 0.
+void ClearAccumulator(float* acc, int n) {
+  std::fill_n(acc, n, -INFINITY);
+  std::fill_n(acc + n, n, 0.0f);
+}
+
+void FoldIntoAccumulator(float* acc, int n, const float* value, const float* logit) {
+  float* lse = acc;
+  float* mean = acc + n;
+  for (int i = 0; i < n; ++i) {
+    const float g = logit[i], old = lse[i];
+    if (old == -INFINITY) {
+      lse[i] = g;
+      mean[i] = value[i];
+      continue;
     }
+    const float hi = std::max(old, g), lo = std::min(old, g);
+    const float merged = hi + std::log1p(std::exp(lo - hi));
+    mean[i] = mean[i] * std::exp(old - merged) + value[i] * std::exp(g - merged);
+    lse[i] = merged;
   }
-  for (int j = 0; j < m; ++j) {
-    slots.push_back(cache.Slot(layer_, table, w * m + j));
-    channel.push_back(overlapping ? dim : 0);
-  }
-  const int n = static_cast<int>(slots.size());
-  std::vector<float> entry(dim), weight(n);
-  for (int d = 0; d < dim; ++d) {
-    float mx = -INFINITY;
-    for (int i = 0; i < n; ++i) {
-      weight[i] = slots[i][c.gate_offset + channel[i] + d];
-      mx = std::max(mx, weight[i]);
+}
+
+}  // namespace
+
+void Dsv4Attention::FoldPosition(const Compressor& c, const Projections& proj, int t, int position,
+                                 float* area) const {
+  const int d = c.dim, W = c.width, m = rate_, j = position % m;
+  const float* kv = &proj.kv[static_cast<size_t>(t) * W];
+  const float* gate = &proj.gate[static_cast<size_t>(t) * W];
+  float* current = area + c.cache.current;
+  if (c.cache.overlapping) {
+    // The first half of window w's channels starts entry w + 1, the second half ends entry w
+    // (which window w - 1's first half started).
+    float* next = area + c.cache.next;
+    if (j == 0) {
+      std::copy_n(next, 2 * d, current);
+      ClearAccumulator(next, d);
     }
-    float sum = 0.0f;
-    for (int i = 0; i < n; ++i) sum += (weight[i] = std::exp(weight[i] - mx));
-    float acc = 0.0f;
-    for (int i = 0; i < n; ++i) acc += slots[i][c.kv_offset + channel[i] + d] * (weight[i] / sum);
-    entry[d] = acc;
+    FoldIntoAccumulator(current, d, kv + d, gate + d);
+    FoldIntoAccumulator(next, d, kv, gate);
+  } else {
+    if (j == 0) ClearAccumulator(current, d);
+    FoldIntoAccumulator(current, d, kv, gate);
   }
-  float* dest = cache.Slot(layer_, table, w * m + m - 1) + c.entry_offset;
-  RmsNorm(entry.data(), c.norm.data(), dim, cfg_.rms_norm_eps, dest);
+  if (j != m - 1) return;
+  const int w = position / m, block_size = layout_block_size_;
+  float* dest = area + c.cache.entries + static_cast<size_t>((position % block_size) / m) * d;
+  RmsNorm(current + d, c.norm.data(), d, cfg_.rms_norm_eps, dest);
   RopeAngles angles;
   rope_.Angles(w * m, w * m + 1, &angles);
-  RotateTail(angles, dest, dim, v4_.rope_dim, 1.0f);
+  RotateTail(angles, dest, d, v4_.rope_dim, 1.0f);
+}
+
+absl::Status Dsv4Attention::Fold(int t0, int t1, const StepTokens& tokens, PagedKvCache& cache,
+                                 const Projections& comp, const Projections* ix) const {
+  const int B = layout_block_size_;
+  const std::vector<int32_t>& table = tokens.block_table(t0);
+  for (int t = t0; t < t1; ++t) {
+    const int pos = tokens.positions[t], local = pos % B;
+    float* area = cache.BlockArea(layer_, table, pos);
+    const int folded = static_cast<int>(area[layout_.folded]);
+    if (local == 0) {
+      // A block starts from its predecessor's state after that block's last position (from
+      // empty accumulators at position 0); whatever the block held before is overwritten.
+      if (pos == 0) {
+        ClearAccumulator(area + compressor_->cache.current, compressor_->dim);
+        if (compressor_->cache.overlapping) ClearAccumulator(area + compressor_->cache.next, compressor_->dim);
+        if (indexer_) {
+          const Compressor& k = indexer_->compressor;
+          ClearAccumulator(area + k.cache.current, k.dim);
+          ClearAccumulator(area + k.cache.next, k.dim);
+        }
+      } else {
+        const float* prev = cache.BlockArea(layer_, table, pos - 1);
+        if (static_cast<int>(prev[layout_.folded]) != B)
+          return absl::InternalError(absl::StrCat(
+              "layer ", layer_, ": the cache block of positions [", pos - B, ", ", pos, ") holds ",
+              static_cast<int>(prev[layout_.folded]), " folded positions, not ", B,
+              ": its compressor state cannot be continued"));
+        std::copy(prev + layout_.folded + 1, prev + layout_.accumulators_end, area + layout_.folded + 1);
+      }
+    } else if (local < folded) {
+      continue;  // folded by an earlier run of the same step (a failed step run again)
+    } else if (local > folded) {
+      return absl::InternalError(absl::StrCat("layer ", layer_, ": position ", pos, " follows only ",
+                                              folded, " folded positions of its cache block"));
+    }
+    FoldPosition(*compressor_, comp, t, pos, area);
+    if (indexer_) FoldPosition(indexer_->compressor, *ix, t, pos, area);
+    area[layout_.folded] = static_cast<float>(local + 1);
+  }
+  return absl::OkStatus();
+}
+
+const float* Dsv4Attention::Entry(const Compressor& c, PagedKvCache& cache,
+                                  const std::vector<int32_t>& table, int w) const {
+  const int last = w * rate_ + rate_ - 1;
+  return cache.BlockArea(layer_, table, last) + c.cache.entries +
+         static_cast<size_t>((last % layout_block_size_) / rate_) * c.dim;
 }
 
 absl::Status Dsv4Attention::SelectEntries(const float* x, const std::vector<float>& q_resid,
@@ -197,8 +256,7 @@ absl::Status Dsv4Attention::SelectEntries(const float* x, const std::vector<floa
     const std::vector<int32_t>& table = tokens.block_table(t);
     std::vector<float> score(chosen.size());
     for (size_t e = 0; e < chosen.size(); ++e) {
-      const float* k = cache.Slot(layer_, table, static_cast<int>(e) * rate_ + rate_ - 1) +
-                       ix.compressor.entry_offset;
+      const float* k = Entry(ix.compressor, cache, table, static_cast<int>(e));
       float s = 0.0f;
       for (int h = 0; h < NI; ++h) {
         const float* qh = qt + static_cast<size_t>(h) * DI;
@@ -221,6 +279,12 @@ absl::Status Dsv4Attention::Forward(const float* x, const StepTokens& tokens, Pa
                                     AttentionCarry& /*carry*/, float* out, CpuCompute& compute) {
   const int T = tokens.num_tokens, NH = cfg_.num_heads, D = v4_.head_dim, RD = v4_.rope_dim;
   const float eps = cfg_.rms_norm_eps;
+  if (layout_block_size_ != cache.shape().block_size) {  // the cache's blocks decide the areas
+    layout_block_size_ = cache.shape().block_size;
+    layout_ = CacheLayoutFor(v4_, type_, layout_block_size_);
+    if (compressor_) compressor_->cache = layout_.compressor;
+    if (indexer_) indexer_->compressor.cache = layout_.indexer;
+  }
   std::vector<float> q_resid(static_cast<size_t>(T) * v4_.q_lora_rank), q(static_cast<size_t>(T) * NH * D),
       kv(static_cast<size_t>(T) * D);
   EXL3_RETURN_IF_ERROR(wq_a_.Forward(x, T, q_resid.data(), compute));
@@ -238,24 +302,26 @@ absl::Status Dsv4Attention::Forward(const float* x, const StepTokens& tokens, Pa
     }
     float* k = &kv[static_cast<size_t>(t) * D];
     RotateTail(angles[t], k, D, RD, 1.0f);
-    std::copy_n(k, D, cache.Slot(layer_, tokens.block_table(t), tokens.positions[t]) + slot_.kv);
+    std::copy_n(k, D, cache.Slot(layer_, tokens.block_table(t), tokens.positions[t]));
   }
 
-  // Compressors: every token's projections first, then the entries of the windows this step
-  // closes (a window's earlier positions may be in this step too), then the indexer.
+  // Compressors: every token's projections, folded chunk by chunk in position order (the
+  // chunks in parallel), closing windows on the way; then the indexer.
   std::vector<std::vector<int32_t>> entries(T);
   if (compressor_) {
-    EXL3_RETURN_IF_ERROR(Project(*compressor_, x, tokens, cache, compute));
-    if (indexer_) EXL3_RETURN_IF_ERROR(Project(indexer_->compressor, x, tokens, cache, compute));
-    std::vector<int> closing;
+    Projections comp, ix;
+    EXL3_RETURN_IF_ERROR(Project(*compressor_, x, tokens, &comp, compute));
+    if (indexer_) EXL3_RETURN_IF_ERROR(Project(indexer_->compressor, x, tokens, &ix, compute));
+    std::vector<int> chunk_start;  // first token of each chunk, then T
     for (int t = 0; t < T; ++t)
-      if (tokens.positions[t] % rate_ == rate_ - 1) closing.push_back(t);
-    compute.ParallelFor(static_cast<int>(closing.size()), [&](int i) {
-      const int t = closing[i];
-      const int w = tokens.positions[t] / rate_;
-      CompressWindow(*compressor_, cache, tokens.block_table(t), w);
-      if (indexer_) CompressWindow(indexer_->compressor, cache, tokens.block_table(t), w);
+      if (t == 0 || tokens.chunk_of[t] != tokens.chunk_of[t - 1]) chunk_start.push_back(t);
+    chunk_start.push_back(T);
+    const int chunks = static_cast<int>(chunk_start.size()) - 1;
+    std::vector<absl::Status> folded(chunks);
+    compute.ParallelFor(chunks, [&](int c) {
+      folded[c] = Fold(chunk_start[c], chunk_start[c + 1], tokens, cache, comp, indexer_ ? &ix : nullptr);
     });
+    for (const absl::Status& st : folded) EXL3_RETURN_IF_ERROR(st);
     EXL3_RETURN_IF_ERROR(SelectEntries(x, q_resid, tokens, cache, &entries, compute));
   }
 
@@ -268,9 +334,8 @@ absl::Status Dsv4Attention::Forward(const float* x, const StepTokens& tokens, Pa
     const std::vector<int32_t>& table = tokens.block_table(t);
     // The keys (= values) it sees: its window's kv, then its compressed entries.
     std::vector<const float*> keys;
-    for (int j = first; j <= pos; ++j) keys.push_back(cache.Slot(layer_, table, j) + slot_.kv);
-    for (int32_t e : entries[t])
-      keys.push_back(cache.Slot(layer_, table, e * rate_ + rate_ - 1) + slot_.comp_entry);
+    for (int j = first; j <= pos; ++j) keys.push_back(cache.Slot(layer_, table, j));
+    for (int32_t e : entries[t]) keys.push_back(Entry(*compressor_, cache, table, e));
     const float* qh = &q[(static_cast<size_t>(t) * NH + h) * D];
     const int n = static_cast<int>(keys.size());
     std::vector<float> p(n + 1);

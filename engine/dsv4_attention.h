@@ -26,17 +26,17 @@
 // the query's position and w = indexer.weights_proj · x / sqrt(index_n_heads), and the query
 // attends to the index_topk best (all while it sees no more).
 //
-// Where the state lives: every token's slot in the paged KV cache holds its kv, its
-// compressors' raw projections and, at the last position of a window, that window's entries
-// (engine/dsv4_config.h Dsv4SlotLayout). The sliding window is read from the slots of the last
-// positions, a compressor's open window ("buffer") and CSA's overlap from the slots of the
-// window's positions, the pools from the slots of each window's last position. Nothing is kept
-// per sequence outside the cache, so a sequence stops and resumes at any token (prefill,
-// decode, prefill again), a preempted one is recomputed like any other, and full blocks can be
-// shared by prefix caching: a slot depends only on the tokens up to its position. The price is
-// memory: a CSA slot is 6 head_dim + 5 index_head_dim floats where the entries alone would
-// need head_dim / m; a per-sequence store would save that but lose prefix sharing and force
-// its own preemption bookkeeping.
+// Where the state lives (engine/dsv4_config.h's Dsv4CacheLayout): every token's slot in the
+// paged KV cache holds its kv, which the sliding window reads. A compressor folds each token's
+// projections, in position order, into a running softmax per open window kept in the area of
+// the token's cache block (log-sum-exp and weighted mean per channel: the entry is that mean);
+// when a window closes, its entry goes into the area of the block holding its last position.
+// A block's first position starts from the previous block's accumulators, so nothing is kept
+// per sequence outside the cache: a sequence stops and resumes at any token (prefill, decode,
+// prefill again), a preempted one is recomputed like any other, and full blocks can be shared by
+// prefix caching (a block depends only on the tokens up to its end). Per token that is head_dim
+// floats plus, on compressed layers, the block's accumulators and entries shared out over its
+// slots (instead of the raw projections of every token, which the windows need only while open).
 #pragma once
 
 #include <memory>
@@ -65,7 +65,11 @@ class Dsv4Attention final : public Attention {
     std::vector<float> norm;   // [dim]
     int dim = 0;               // of an entry
     int width = 0;             // dim, or 2 dim (overlapping windows)
-    int kv_offset = 0, gate_offset = 0, entry_offset = 0;  // in the slot
+    Dsv4CompressorCache cache;  // where its accumulators and entries lie in a block area
+  };
+  // One compressor's projections of the step's tokens: kv and gate (+ position bias) [T, width].
+  struct Projections {
+    std::vector<float> kv, gate;
   };
   struct Indexer {
     Linear wq_b, weights_proj;
@@ -73,12 +77,18 @@ class Dsv4Attention final : public Attention {
   };
 
   Dsv4Attention(const ModelConfig& cfg, int layer);
-  // Writes token t's projections (gate + ape) of `c` into its slot.
   absl::Status Project(const Compressor& c, const float* x, const StepTokens& tokens,
-                       PagedKvCache& cache, CpuCompute& compute) const;
-  // Entry w of `c` from its window's slots, into the slot of the window's last position.
-  void CompressWindow(const Compressor& c, PagedKvCache& cache, const std::vector<int32_t>& table,
-                      int w) const;
+                       Projections* out, CpuCompute& compute) const;
+  // Folds tokens [t0, t1) (one chunk, consecutive positions) into their blocks' accumulators,
+  // writing the entries of the windows they close.
+  absl::Status Fold(int t0, int t1, const StepTokens& tokens, PagedKvCache& cache,
+                    const Projections& comp, const Projections* ix) const;
+  // Folds one position's projections (row `t`) of `c` into `area`; at a window's last position
+  // writes its entry (normalised, rotated) into the area's entries.
+  void FoldPosition(const Compressor& c, const Projections& proj, int t, int position, float* area) const;
+  // Entry w of `c` (its window's last position is in the cache).
+  const float* Entry(const Compressor& c, PagedKvCache& cache, const std::vector<int32_t>& table,
+                     int w) const;
   // The compressed entries token t attends to (CSA: its indexer's choice).
   absl::Status SelectEntries(const float* x, const std::vector<float>& q_resid,
                              const StepTokens& tokens, PagedKvCache& cache,
@@ -89,7 +99,8 @@ class Dsv4Attention final : public Attention {
   int layer_;
   Dsv4LayerType type_;
   int rate_ = 0;  // m (0: sliding only)
-  Dsv4SlotLayout slot_;
+  Dsv4CacheLayout layout_;  // at the cache's block size (set by the first Forward)
+  int layout_block_size_ = 0;
   Rope rope_;     // main or compress, by layer type
   Linear wq_a_, wq_b_, wkv_, wo_b_;
   std::vector<Linear> wo_a_;  // one per group: [o_lora_rank] from [heads * head_dim / o_groups]

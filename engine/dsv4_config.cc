@@ -127,34 +127,36 @@ int Dsv4Config::CompressRate(int layer) const {
   }
 }
 
-Dsv4SlotLayout SlotLayoutFor(const Dsv4Config& cfg, Dsv4LayerType type) {
-  Dsv4SlotLayout s;
-  int at = 0;
-  s.kv = at;
-  at += cfg.head_dim;
-  if (type == Dsv4LayerType::kSlidingWindow) {
-    s.width = at;
-    return s;
-  }
+Dsv4CacheLayout CacheLayoutFor(const Dsv4Config& cfg, Dsv4LayerType type, int block_size) {
+  Dsv4CacheLayout c;
+  c.token_width = cfg.head_dim;
+  if (type == Dsv4LayerType::kSlidingWindow) return c;
   const bool overlapping = type == Dsv4LayerType::kCompressedSparse;
-  s.comp_width = (overlapping ? 2 : 1) * cfg.head_dim;
-  s.comp_kv = at;
-  at += s.comp_width;
-  s.comp_gate = at;
-  at += s.comp_width;
-  s.comp_entry = at;
-  at += cfg.head_dim;
+  const int m = overlapping ? cfg.csa_compress_rate : cfg.hca_compress_rate;
+  c.entries_per_block = (block_size + m - 1) / m;
+  int at = 0;
+  c.folded = at++;
+  auto accumulators = [&](Dsv4CompressorCache* k, int dim) {
+    k->dim = dim;
+    k->overlapping = overlapping;
+    k->current = at;
+    at += 2 * dim;
+    if (overlapping) {
+      k->next = at;
+      at += 2 * dim;
+    }
+  };
+  accumulators(&c.compressor, cfg.head_dim);
+  if (overlapping) accumulators(&c.indexer, cfg.index_head_dim);
+  c.accumulators_end = at;
+  c.compressor.entries = at;
+  at += c.entries_per_block * cfg.head_dim;
   if (overlapping) {
-    s.ix_width = 2 * cfg.index_head_dim;
-    s.ix_kv = at;
-    at += s.ix_width;
-    s.ix_gate = at;
-    at += s.ix_width;
-    s.ix_entry = at;
-    at += cfg.index_head_dim;
+    c.indexer.entries = at;
+    at += c.entries_per_block * cfg.index_head_dim;
   }
-  s.width = at;
-  return s;
+  c.block_width = at;
+  return c;
 }
 
 absl::Status ParseDsv4Config(const json& j, const std::string& source, ModelConfig* cfg) {

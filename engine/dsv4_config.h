@@ -49,23 +49,41 @@ struct Dsv4Config {
   int CompressRate(int layer) const;
 };
 
-// Where each part of one token's cache slot lies in a layer of type `type` (offsets in floats;
-// 0 width: absent). Every part is a pure function of the tokens up to the slot's position, so
-// a slot never changes once written and full blocks can be shared between sequences (prefix
-// caching) and recomputed after preemption like any other KV block.
-//   kv:          the normalised, rotated shared key/value [head_dim]
-//   comp_kv/gate: the compressor's projections of this token ([2 head_dim] CSA, [head_dim] HCA),
-//                the gate with position_bias[position % m] added
-//   comp_entry:  the compressed entry of the window this token closes [head_dim]; written only
-//                where position % m == m - 1
-//   ix_*:        the same for the CSA indexer's compressor, at index_head_dim
-struct Dsv4SlotLayout {
-  int kv = 0;
-  int comp_kv = 0, comp_gate = 0, comp_entry = 0, comp_width = 0;  // comp_width: of kv and gate
-  int ix_kv = 0, ix_gate = 0, ix_entry = 0, ix_width = 0;
-  int width = 0;
+// What a layer of type `type` keeps in the paged KV cache (offsets in floats).
+//
+// Per token slot: its normalised, rotated shared key/value [head_dim] (the sliding window reads
+// the last sliding_window of them). Sliding-window layers keep nothing else.
+//
+// Per block, on compressed layers (the block area, engine/paged_kv_cache.h):
+//   folded:   how many of the block's positions are folded into its accumulators (one float);
+//   per compressor (the layer's own at head_dim; CSA's indexer's at index_head_dim), the running
+//   softmax of its open window(s) after the block's last folded position, per channel a
+//   log-sum-exp of the gate logits and the softmax-weighted mean of the kv projections
+//   ([2, dim] each): `current` for the entry the open window closes, and on CSA (overlapping
+//   windows) `next` for the entry after it, which the open window's first half starts;
+//   then the entries of the windows whose last position lies in the block
+//   ([entries_per_block, dim]; entries_per_block = ceil(block_size / m)).
+// Everything in a block is a function of the tokens up to the block's end, written by the one
+// sequence that fills it, and never written again once the block is full: full blocks can be
+// shared between sequences (prefix caching), a sequence resumes at any position (the first
+// position of a block starts from the previous block's accumulators), and a preempted one is
+// recomputed like any other. A position folded twice (a failed step run again) is skipped by
+// the count.
+struct Dsv4CompressorCache {
+  int dim = 0;               // of an entry; 0: the layer has no such compressor
+  bool overlapping = false;  // CSA: two accumulators
+  int current = 0, next = 0;  // accumulators [2, dim]: log-sum-exp, then the weighted mean
+  int entries = 0;            // [entries_per_block, dim]
 };
-Dsv4SlotLayout SlotLayoutFor(const Dsv4Config& cfg, Dsv4LayerType type);
+struct Dsv4CacheLayout {
+  int token_width = 0;  // the token's kv [head_dim] at offset 0 of its slot
+  int entries_per_block = 0;
+  int folded = 0;
+  Dsv4CompressorCache compressor, indexer;
+  int accumulators_end = 0;  // the accumulators are [folded + 1, accumulators_end)
+  int block_width = 0;       // 0 on sliding-window layers
+};
+Dsv4CacheLayout CacheLayoutFor(const Dsv4Config& cfg, Dsv4LayerType type, int block_size);
 
 // Fills cfg->dsv4 (and the attention fields of cfg it shares: head_dim, sliding_window,
 // attention_scale) from config.json.

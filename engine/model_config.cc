@@ -301,15 +301,21 @@ int64_t ModelConfig::StateFloatsPerSequence() const {
 
 int ModelConfig::KvWidth(int layer) const {
   if (IsLinearAttentionLayer(layer)) return 0;
-  if (attention == AttentionKind::kDsv4) return SlotLayoutFor(*dsv4, dsv4->layer_types[layer]).width;
+  if (attention == AttentionKind::kDsv4) return CacheLayoutFor(*dsv4, dsv4->layer_types[layer], 1).token_width;
   if (!IsLatentAttention()) return 2 * num_kv_heads * head_dim;
   return kv_lora_rank + qk_rope_head_dim + (HasOwnIndexer(layer) ? indexer.head_dim : 0);
 }
 
-int64_t ModelConfig::KvFloatsPerToken() const {
-  int64_t n = 0;
-  for (int l = 0; l < num_layers; ++l) n += KvWidth(l);
-  return n;
+int ModelConfig::KvBlockFloats(int layer, int block_size) const {
+  if (attention != AttentionKind::kDsv4) return 0;
+  return CacheLayoutFor(*dsv4, dsv4->layer_types[layer], block_size).block_width;
+}
+
+int64_t ModelConfig::KvFloatsPerToken(int block_size) const {
+  int64_t per_block = 0;
+  for (int l = 0; l < num_layers; ++l)
+    per_block += static_cast<int64_t>(block_size) * KvWidth(l) + KvBlockFloats(l, block_size);
+  return (per_block + block_size - 1) / block_size;
 }
 
 absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json,

@@ -154,13 +154,18 @@ struct ModelConfig {
   bool HasOwnIndexer(int layer) const {
     return attention == AttentionKind::kDsa && indexer.layer_modes[layer] == IndexerMode::kFull;
   }
-  // Floats one token's keys and values take in layer `layer`'s cache (GQA: k and v of every KV
-  // head; MLA: the normalised latent and the rotated shared key; DSA: those, then the rotated
-  // indexer key on layers that run their own indexer; DeepSeek-V4: engine/dsv4_config.h's
-  // slot layout; linear attention: none).
+  // Floats one token's keys and values take in layer `layer`'s cache slot (GQA: k and v of every
+  // KV head; MLA: the normalised latent and the rotated shared key; DSA: those, then the rotated
+  // indexer key on layers that run their own indexer; DeepSeek-V4: the shared key/value;
+  // linear attention: none).
   int KvWidth(int layer) const;
-  // The same summed over the layers: one token's cache footprint in floats.
-  int64_t KvFloatsPerToken() const;
+  // Floats one cache block of `block_size` slots keeps beside its slots in layer `layer`
+  // (DeepSeek-V4's compressed layers: compressor state and compressed entries,
+  // engine/dsv4_config.h's Dsv4CacheLayout; every other layer: none).
+  int KvBlockFloats(int layer, int block_size) const;
+  // One token's cache footprint over all layers in floats, the block areas shared out over
+  // the block's slots (rounded up), for blocks of `block_size` (KvCacheShape's default).
+  int64_t KvFloatsPerToken(int block_size = KvCacheShape{}.block_size) const;
 };
 
 // Parses config.json text (`source` names it in errors); generation_config.json's eos_token_id,

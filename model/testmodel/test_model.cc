@@ -5,8 +5,14 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <numeric>
+#include <thread>
+#include <atomic>
+#include <cstring>
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/fp16.h"
 #include "model/encoder/layer_quantizer.h"
 #include "model/encoder/progress.h"
@@ -27,6 +33,12 @@ bool IsSigmoidFamily(const std::string& arch) {
 bool IsLatentAttention(const std::string& arch) {
   return arch == "deepseek_v3" || arch == "glm_moe_dsa";
 }
+
+constexpr char kSliding[] = "sliding_attention";
+constexpr char kCsa[] = "compressed_sparse_attention";
+constexpr char kHca[] = "heavily_compressed_attention";
+constexpr char kLinear[] = "linear_attention";
+constexpr char kFull[] = "full_attention";
 
 class Rng {
  public:
@@ -74,9 +86,11 @@ struct GenTensor {
   std::string name;
   DType dtype;
   std::vector<int64_t> shape;
-  enum Kind { kGaussian, kNorm, kBias, kRandomBits, kSigns, kFlag } kind;
-  float scale = 0.02f;  // Gaussian std; kSigns: magnitude; kBias: range
+  // kUniform: U(scale, high); kHashTable: int64 rows of `flag` distinct ids in [0, high).
+  enum Kind { kGaussian, kNorm, kBias, kUniform, kLogUniform, kRandomBits, kSigns, kFlag, kHashTable } kind;
+  float scale = 0.02f;  // Gaussian std; kSigns: magnitude; kBias: range; k(Log)Uniform: low
   int32_t flag = 0;
+  float high = 0.0f;    // k(Log)Uniform: the upper bound (kLogUniform: log of U(scale, high))
 };
 
 int64_t NumElements(const std::vector<int64_t>& shape) {
@@ -85,46 +99,115 @@ int64_t NumElements(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// Generates `t` deterministically from (seed, name) and streams it into `w`.
-absl::Status Generate(const GenTensor& t, uint64_t seed, SafetensorsStreamWriter* w) {
-  Rng rng(TensorSeed(seed, t.name));
+// A tensor of more than kElementsPerPart elements is drawn in parts of that many elements, part p
+// from its own random stream (seeded by the tensor's name and p), so that the parts of one large
+// tensor (an embedding table) generate in parallel; smaller tensors are one stream.
+int DefaultThreads() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+constexpr int64_t kElementsPerPart = int64_t{1} << 24;
+
+int64_t NumParts(const GenTensor& t) {
+  if (t.kind == GenTensor::kFlag || t.kind == GenTensor::kHashTable) return 1;
+  return std::max<int64_t>(1, (NumElements(t.shape) + kElementsPerPart - 1) / kElementsPerPart);
+}
+
+uint64_t PartSeed(uint64_t seed, const std::string& name, int64_t part) {
+  const uint64_t s = TensorSeed(seed, name);
+  return part == 0 ? s : Rng(s ^ (0xd1b54a32d192ed03ull * static_cast<uint64_t>(part))).Next();
+}
+
+// Writes part `part` of `t` (deterministic in (seed, name, part)) into `out`, the whole
+// tensor's bytes.
+void GeneratePart(const GenTensor& t, uint64_t seed, int64_t part, uint8_t* out) {
+  Rng rng(PartSeed(seed, t.name, part));
   const int64_t n = NumElements(t.shape);
+  const int64_t first = part * kElementsPerPart, count = std::min(n - first, kElementsPerPart);
+  const size_t esize = DTypeSize(t.dtype);
+  uint8_t* dst = out + static_cast<size_t>(first) * esize;
   switch (t.kind) {
     case GenTensor::kRandomBits: {
-      std::vector<uint64_t> buf((static_cast<size_t>(n) * DTypeSize(t.dtype) + 7) / 8);
-      for (uint64_t& v : buf) v = rng.Next();
-      return w->Write(t.name, buf.data(), static_cast<size_t>(n) * DTypeSize(t.dtype));
+      const size_t bytes = static_cast<size_t>(count) * esize;
+      for (size_t at = 0; at < bytes; at += 8) {
+        const uint64_t v = rng.Next();
+        std::memcpy(dst + at, &v, std::min<size_t>(8, bytes - at));
+      }
+      return;
     }
     case GenTensor::kFlag:
-      return w->Write(t.name, &t.flag, 4);
+      std::memcpy(dst, &t.flag, 4);
+      return;
+    case GenTensor::kHashTable: {  // per row (token id): t.flag distinct experts, partial shuffle
+      const int64_t rows = t.shape[0], cols = t.shape[1], n_ids = static_cast<int64_t>(t.high);
+      std::vector<int64_t> ids(n_ids);
+      int64_t* o = reinterpret_cast<int64_t*>(dst);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::iota(ids.begin(), ids.end(), 0);
+        for (int64_t c = 0; c < cols; ++c) {
+          const int64_t j = c + static_cast<int64_t>(rng.Next() % static_cast<uint64_t>(n_ids - c));
+          std::swap(ids[c], ids[j]);
+          o[r * cols + c] = ids[c];
+        }
+      }
+      return;
+    }
     case GenTensor::kSigns: {
       const uint16_t pos = FloatToHalfBits(t.scale), neg = pos | 0x8000u;
-      std::vector<uint16_t> buf(n);
-      for (auto& v : buf) v = (rng.Next() & 1) ? neg : pos;
-      return w->Write(t.name, buf.data(), buf.size() * 2);
+      uint16_t* o = reinterpret_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < count; ++i) o[i] = (rng.Next() & 1) ? neg : pos;
+      return;
     }
     default:
       break;
   }
-  std::vector<float> f(n);
-  for (float& v : f) {
+  for (int64_t i = 0; i < count; ++i) {
+    float v = 0.0f;
     switch (t.kind) {
       case GenTensor::kGaussian: v = rng.Gaussian() * t.scale; break;
       case GenTensor::kNorm: v = 1.0f + 0.05f * rng.Gaussian(); break;
       case GenTensor::kBias: v = static_cast<float>((2 * rng.Uniform() - 1) * t.scale); break;
+      case GenTensor::kUniform: v = static_cast<float>(t.scale + (t.high - t.scale) * rng.Uniform()); break;
+      case GenTensor::kLogUniform:
+        v = static_cast<float>(std::log(t.scale + (t.high - t.scale) * rng.Uniform()));
+        break;
       default: break;
     }
+    if (t.dtype == DType::kF32) {
+      std::memcpy(dst + 4 * i, &v, 4);
+    } else {
+      const uint16_t h = t.dtype == DType::kBF16 ? FloatToBFloat16Bits(v) : FloatToHalfBits(v);
+      std::memcpy(dst + 2 * i, &h, 2);
+    }
   }
-  if (t.dtype == DType::kF32) return w->Write(t.name, f.data(), f.size() * 4);
-  std::vector<uint16_t> h(n);
-  for (int64_t i = 0; i < n; ++i) {
-    h[i] = t.dtype == DType::kBF16 ? FloatToBFloat16Bits(f[i]) : FloatToHalfBits(f[i]);
-  }
-  return w->Write(t.name, h.data(), h.size() * 2);
 }
 
+// Generates `batch` (every part of every tensor) on `threads` threads.
+std::vector<std::vector<uint8_t>> GenerateTensors(const std::vector<const GenTensor*>& batch, uint64_t seed,
+                                                  int threads) {
+  std::vector<std::vector<uint8_t>> out(batch.size());
+  std::vector<std::pair<size_t, int64_t>> work;  // (tensor, part)
+  for (size_t i = 0; i < batch.size(); ++i) {
+    out[i].resize(static_cast<size_t>(NumElements(batch[i]->shape)) * DTypeSize(batch[i]->dtype));
+    for (int64_t p = 0; p < NumParts(*batch[i]); ++p) work.emplace_back(i, p);
+  }
+  std::atomic<size_t> next{0};
+  auto run = [&] {
+    for (size_t w; (w = next.fetch_add(1)) < work.size();)
+      GeneratePart(*batch[work[w].first], seed, work[w].second, out[work[w].first].data());
+  };
+  const int n = std::max(1, std::min<int>(threads, static_cast<int>(work.size())));
+  std::vector<std::thread> pool;
+  for (int i = 1; i < n; ++i) pool.emplace_back(run);
+  run();
+  for (std::thread& t : pool) t.join();
+  return out;
+}
+
+// Tensors are generated in batches of about this many bytes (bounding the memory held), each
+// batch's tensors in parallel, and written in order.
+constexpr uint64_t kBatchBytes = uint64_t{512} << 20;
+
 absl::Status WriteShard(const fs::path& path, const std::vector<GenTensor>& tensors, uint64_t seed,
-                        ProgressBar* bar, json* weight_map,
+                        int threads, ProgressBar* bar, json* weight_map,
                         DataSectionStart data_start = DataSectionStart::k64ByteAligned) {
   SafetensorsStreamWriter w;
   w.AddMetadata("format", "pt");
@@ -132,11 +215,20 @@ absl::Status WriteShard(const fs::path& path, const std::vector<GenTensor>& tens
   for (const GenTensor& t : tensors) w.Declare(t.name, t.dtype, t.shape);
   absl::Status s = w.Open(path.string());
   if (!s.ok()) return s;
-  for (const GenTensor& t : tensors) {
-    s = Generate(t, seed, &w);
-    if (!s.ok()) return s;
-    if (bar) bar->Add(static_cast<uint64_t>(NumElements(t.shape)) * DTypeSize(t.dtype));
-    (*weight_map)[t.name] = path.filename().string();
+  for (size_t i = 0; i < tensors.size();) {
+    std::vector<const GenTensor*> batch;
+    uint64_t bytes = 0;
+    for (; i < tensors.size() && (batch.empty() || bytes < kBatchBytes); ++i) {
+      batch.push_back(&tensors[i]);
+      bytes += static_cast<uint64_t>(NumElements(tensors[i].shape)) * DTypeSize(tensors[i].dtype);
+    }
+    const std::vector<std::vector<uint8_t>> data = GenerateTensors(batch, seed, threads);
+    for (size_t k = 0; k < batch.size(); ++k) {
+      s = w.Write(batch[k]->name, data[k].data(), data[k].size());
+      if (!s.ok()) return s;
+      if (bar) bar->Add(data[k].size());
+      (*weight_map)[batch[k]->name] = path.filename().string();
+    }
   }
   return w.Finish();
 }
@@ -200,6 +292,17 @@ void AddMoeTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool exl
   out->push_back({RouterWeightKey(cfg, L), DType::kBF16, {s.experts, H}, GenTensor::kGaussian, 0.02f});
   const std::string bias = CorrectionBiasKey(cfg, L);
   if (!bias.empty()) out->push_back({bias, DType::kF32, {s.experts}, GenTensor::kBias, 0.05f});
+  const std::string hash = HashTableKey(cfg, L);
+  if (!hash.empty()) {  // DeepSeek-V4's hash-routed layers: top_k distinct experts per token id
+    GenTensor t{hash, DType::kI64, {s.vocab, s.top_k}, GenTensor::kHashTable};
+    t.flag = s.top_k;
+    t.high = static_cast<float>(s.experts);
+    out->push_back(t);
+  }
+  const std::string shared_gate = SharedExpertGateKey(cfg, L);
+  if (!shared_gate.empty()) {
+    out->push_back({shared_gate, DType::kBF16, {1, H}, GenTensor::kGaussian, 0.02f});
+  }
   const int I = s.intermediate;
   for (int e = 0; e < s.experts; ++e) {
     AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kGate), I, H, LinearRole::kExpert, exl3, so, out);
@@ -218,6 +321,73 @@ GenTensor NormTensor(std::string name, int64_t n) {
   return GenTensor{std::move(name), DType::kBF16, {n}, GenTensor::kNorm};
 }
 
+// A decoder norm of the family's convention: Qwen3-Next stores zero-centred weights (x · (1 + w)).
+GenTensor FamilyNormTensor(const TestModelSpec& s, std::string name, int64_t n) {
+  if (s.arch == "qwen3_next") return GenTensor{std::move(name), DType::kBF16, {n}, GenTensor::kGaussian, 0.1f};
+  return NormTensor(std::move(name), n);
+}
+
+// DeepSeek-V4's manifold-constrained hyper-connection of one sublayer (`prefix` hc_attn_ or
+// hc_ffn_): fn [(2 + hc) hc, hc hidden], base [(2 + hc) hc], scale [3].
+void AddHyperConnection(const TestModelSpec& s, const std::string& prefix, std::vector<GenTensor>* t) {
+  const int64_t hc = s.hc_mult, mixes = (2 + hc) * hc;
+  t->push_back({prefix + "fn", DType::kBF16, {mixes, hc * s.hidden}, GenTensor::kGaussian, 0.02f});
+  t->push_back({prefix + "base", DType::kBF16, {mixes}, GenTensor::kGaussian, 0.1f});
+  t->push_back({prefix + "scale", DType::kBF16, {3}, GenTensor::kUniform, 0.5f, 0, 1.5f});
+}
+
+// DeepSeek-V4's attention of layer L (`attn.*`, engine/dsv4_attention.h): the shared-KV
+// projections, the grouped output projection, sinks, and per layer type its compressor and the
+// CSA indexer.
+void AddDsv4Attention(const TestModelSpec& s, int L, const std::string& p,
+                      const std::function<void(const std::string&, int, int)>& linear,
+                      std::vector<GenTensor>* t) {
+  const int H = s.hidden, NH = s.heads, D = s.head_dim, G = s.o_groups, R = s.o_lora_rank;
+  linear("attn.wq_a", s.q_lora_rank, H);
+  t->push_back(NormTensor(p + "attn.q_norm.weight", s.q_lora_rank));
+  linear("attn.wq_b", NH * D, s.q_lora_rank);
+  linear("attn.wkv", D, H);
+  t->push_back(NormTensor(p + "attn.norm.weight", D));
+  linear("attn.wo_a", G * R, NH * D / G);
+  linear("attn.wo_b", H, G * R);
+  t->push_back({p + "attn.attn_sink", DType::kBF16, {NH}, GenTensor::kGaussian, 0.5f});
+  const std::string& type = s.layer_types[L];
+  if (type == kSliding) return;
+  const bool csa = type == kCsa;
+  const int m = csa ? s.csa_compress_rate : s.hca_compress_rate;
+  auto compressor = [&](const std::string& q, int dim) {
+    const int width = (csa ? 2 : 1) * dim;  // CSA's overlapping windows: twice the width
+    linear(q + "wkv", width, H);
+    linear(q + "wgate", width, H);
+    t->push_back({p + q + "ape", DType::kBF16, {m, width}, GenTensor::kGaussian, 0.1f});
+    t->push_back(NormTensor(p + q + "norm.weight", dim));
+  };
+  compressor("attn.compressor.", D);
+  if (!csa) return;
+  linear("attn.indexer.wq_b", s.index_heads * s.index_head_dim, s.q_lora_rank);
+  // Router-like: kept dense (as the converter keeps it), never EXL3.
+  t->push_back({p + "attn.indexer.weights_proj.weight", DType::kBF16, {s.index_heads, H},
+                GenTensor::kGaussian, 0.02f});
+  compressor("attn.indexer.compressor.", s.index_head_dim);
+}
+
+// Qwen3-Next's gated DeltaNet of one layer (`linear_attn.*`, engine/gated_deltanet.h).
+void AddGatedDeltaNet(const TestModelSpec& s, const std::string& p,
+                      const std::function<void(const std::string&, int, int)>& linear,
+                      std::vector<GenTensor>* t) {
+  const int H = s.hidden, kd = s.linear_key_heads * s.linear_key_head_dim,
+            vd = s.linear_value_heads * s.linear_value_head_dim, nv = s.linear_value_heads;
+  linear("linear_attn.in_proj_qkvz", 2 * kd + 2 * vd, H);
+  linear("linear_attn.in_proj_ba", 2 * nv, H);
+  t->push_back({p + "linear_attn.conv1d.weight", DType::kBF16, {2 * kd + vd, 1, s.linear_conv_kernel},
+                GenTensor::kGaussian, 0.3f});
+  // Decay rates exp(A_log) in [0.02, 0.5]: the state remembers a few to a few hundred tokens.
+  t->push_back({p + "linear_attn.A_log", DType::kBF16, {nv}, GenTensor::kLogUniform, 0.02f, 0, 0.5f});
+  t->push_back({p + "linear_attn.dt_bias", DType::kBF16, {nv}, GenTensor::kBias, 0.5f});
+  t->push_back(NormTensor(p + "linear_attn.norm.weight", s.linear_value_head_dim));  // used as stored
+  linear("linear_attn.out_proj", H, vd);
+}
+
 // Every tensor of decoder layer L: norms, attention (the family's), dense MLP or MoE block.
 void AddLayerTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool exl3,
                      const SyntheticOptions* so, std::vector<GenTensor>* t) {
@@ -226,8 +396,27 @@ void AddLayerTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool e
   auto linear = [&](const std::string& name, int out_f, int in_f) {
     AddLinear(p + name, out_f, in_f, LinearRole::kAttentionOrDense, exl3, so, t);
   };
-  t->push_back(NormTensor(p + "input_layernorm.weight", H));
-  if (IsLatentAttention(s.arch)) {  // MLA
+  if (s.arch == "deepseek_v4") {  // its original names; every layer MoE
+    t->push_back(NormTensor(p + "attn_norm.weight", H));
+    t->push_back(NormTensor(p + "ffn_norm.weight", H));
+    AddHyperConnection(s, p + "hc_attn_", t);
+    AddHyperConnection(s, p + "hc_ffn_", t);
+    AddDsv4Attention(s, L, p, linear, t);
+    AddMoeTensors(s, cfg, L, exl3, so, t);
+    return;
+  }
+  t->push_back(FamilyNormTensor(s, p + "input_layernorm.weight", H));
+  if (s.arch == "qwen3_next" && s.layer_types[L] == kLinear) {
+    AddGatedDeltaNet(s, p, linear, t);
+  } else if (s.arch == "qwen3_next") {  // gated full attention: q_proj holds query and gate
+    const int hd = s.head_dim, kv = s.kv_heads;
+    linear("self_attn.q_proj", 2 * heads * hd, H);
+    linear("self_attn.k_proj", kv * hd, H);
+    linear("self_attn.v_proj", kv * hd, H);
+    linear("self_attn.o_proj", H, heads * hd);
+    t->push_back(FamilyNormTensor(s, p + "self_attn.q_norm.weight", hd));
+    t->push_back(FamilyNormTensor(s, p + "self_attn.k_norm.weight", hd));
+  } else if (IsLatentAttention(s.arch)) {  // MLA
     const int qd = s.qk_nope_head_dim + s.qk_rope_head_dim;
     linear("self_attn.q_a_proj", s.q_lora_rank, H);
     t->push_back(NormTensor(p + "self_attn.q_a_layernorm.weight", s.q_lora_rank));
@@ -262,7 +451,7 @@ void AddLayerTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool e
       t->push_back(NormTensor(p + "self_attn.k_norm.weight", hd));
     }
   }
-  t->push_back(NormTensor(p + "post_attention_layernorm.weight", H));
+  t->push_back(FamilyNormTensor(s, p + "post_attention_layernorm.weight", H));
   if (cfg.IsMoeLayer(L)) {
     AddMoeTensors(s, cfg, L, exl3, so, t);
   } else {
@@ -280,8 +469,16 @@ std::vector<std::vector<GenTensor>> WholeModelShards(const TestModelSpec& s, con
   shards[0].push_back({"model.embed_tokens.weight", DType::kBF16, {s.vocab, s.hidden},
                        GenTensor::kGaussian, 0.02f});
   for (int L = 0; L < s.layers; ++L) AddLayerTensors(s, cfg, L, exl3, so, &shards[L]);
-  shards.back().push_back(NormTensor("model.norm.weight", s.hidden));
-  AddLinear("lm_head", s.vocab, s.hidden, LinearRole::kHead, exl3, so, &shards.back());
+  std::vector<GenTensor>& last = shards.back();
+  last.push_back(FamilyNormTensor(s, "model.norm.weight", s.hidden));
+  if (s.arch == "deepseek_v4") {  // hc_head collapses the streams before the final norm
+    const int64_t hc = s.hc_mult;
+    last.push_back({"model.hc_head.hc_fn", DType::kBF16, {hc, hc * s.hidden}, GenTensor::kGaussian, 0.02f});
+    last.push_back({"model.hc_head.hc_base", DType::kBF16, {hc}, GenTensor::kGaussian, 0.1f});
+    last.push_back({"model.hc_head.hc_scale", DType::kBF16, {1}, GenTensor::kUniform, 0.5f, 0, 1.5f});
+  }
+  AddLinear(s.arch == "deepseek_v4" ? "head" : "lm_head", s.vocab, s.hidden, LinearRole::kHead, exl3,
+            so, &last);
   return shards;
 }
 
@@ -308,14 +505,89 @@ absl::StatusOr<MoeConfig> ParsedConfig(const TestModelSpec& s) {
   return ParseMoeConfig(TestModelConfig(s).dump(), "generated config.json");
 }
 
+// DeepSeek-V4's and Qwen3-Next's per-layer layer_types: the family default when none are
+// given, else checked.
+absl::Status ResolveLayerTypes(TestModelSpec& s) {
+  if (s.arch != "deepseek_v4" && s.arch != "qwen3_next") {
+    if (!s.layer_types.empty())
+      return absl::InvalidArgumentError(absl::StrCat("--layer-types applies to deepseek_v4 and qwen3_next, not ", s.arch));
+    return absl::OkStatus();
+  }
+  const bool v4 = s.arch == "deepseek_v4";
+  if (s.layer_types.empty()) {
+    // DeepSeek-V4: layer 0 sliding window, then CSA and HCA alternating (every kind present from
+    // three layers on). Qwen3-Next: every full_attention_interval-th layer full attention.
+    int interval = s.full_attention_interval > 0 ? s.full_attention_interval : std::min(4, std::max(s.layers, 1));
+    for (int l = 0; l < s.layers; ++l) {
+      if (v4) {
+        s.layer_types.push_back(l == 0 ? kSliding : (l % 2 == 1 ? kCsa : kHca));
+      } else {
+        s.layer_types.push_back((l + 1) % interval == 0 ? kFull : kLinear);
+      }
+    }
+  } else if (s.full_attention_interval > 0) {
+    return absl::InvalidArgumentError("--layer-types and --full-attention-interval both name the layer kinds");
+  }
+  if (static_cast<int>(s.layer_types.size()) != s.layers)
+    return absl::InvalidArgumentError(absl::StrCat("--layer-types names ", s.layer_types.size(),
+                                                   " layers; the model has ", s.layers));
+  for (const std::string& t : s.layer_types) {
+    const bool ok = v4 ? (t == kSliding || t == kCsa || t == kHca) : (t == kLinear || t == kFull);
+    if (!ok)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--layer-types holds '", t, "' (", s.arch, ": ",
+          v4 ? absl::StrCat(kSliding, ", ", kCsa, " or ", kHca) : absl::StrCat(kLinear, " or ", kFull), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDsv4Shape(const TestModelSpec& s) {
+  auto bad = [](const std::string& why) { return absl::InvalidArgumentError(why); };
+  if (s.kv_heads != 1) return bad("deepseek_v4 has one shared key/value head (--kv-heads 1)");
+  if (s.shared != 1) return bad("deepseek_v4 has exactly one shared expert (--shared 1)");
+  if (s.dense_layers != 0) return bad("deepseek_v4 has no dense layers (--dense-layers 0)");
+  if (s.qk_rope_head_dim < 2 || s.qk_rope_head_dim % 2 != 0 || s.qk_rope_head_dim > s.head_dim)
+    return bad(absl::StrCat("--qk-rope-head-dim ", s.qk_rope_head_dim, " must be even and within --head-dim ",
+                            s.head_dim));
+  if (s.q_lora_rank < 1 || s.sliding_window < 1 || s.csa_compress_rate < 1 || s.hca_compress_rate < 1 ||
+      s.hc_mult < 1 || s.hc_sinkhorn_iters < 1 || s.o_groups < 1 || s.o_lora_rank < 1)
+    return bad("--q-lora-rank, --sliding-window, --compress-rates, --hc-mult, --hc-sinkhorn-iters, --o-groups "
+               "and --o-lora-rank must be positive");
+  if ((s.heads * s.head_dim) % s.o_groups != 0)
+    return bad(absl::StrCat("--o-groups ", s.o_groups, " must divide heads x head_dim (", s.heads * s.head_dim, ")"));
+  if (s.hash_layers < 0 || s.hash_layers > s.layers)
+    return bad(absl::StrCat("--hash-layers must be in 0..", s.layers));
+  if (std::find(s.layer_types.begin(), s.layer_types.end(), kCsa) != s.layer_types.end() &&
+      (s.index_heads < 1 || s.index_topk < 1 || s.index_head_dim < s.qk_rope_head_dim))
+    return bad(absl::StrCat("--index-heads ", s.index_heads, " and --index-topk ", s.index_topk,
+                            " must be >= 1 and --index-head-dim ", s.index_head_dim, " >= --qk-rope-head-dim ",
+                            s.qk_rope_head_dim, " (a compressed_sparse_attention layer exists)"));
+  return absl::OkStatus();
+}
+
+absl::Status CheckQwen3NextShape(const TestModelSpec& s) {
+  if (s.linear_key_heads < 1 || s.linear_value_heads < 1 || s.linear_key_head_dim < 1 ||
+      s.linear_value_head_dim < 1 || s.linear_conv_kernel < 1 ||
+      s.linear_value_heads % s.linear_key_heads != 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--linear-key-heads ", s.linear_key_heads, ", --linear-value-heads ", s.linear_value_heads,
+        ", --linear-key-head-dim ", s.linear_key_head_dim, ", --linear-value-head-dim ",
+        s.linear_value_head_dim, ", --linear-conv-kernel ", s.linear_conv_kernel,
+        ": sizes must be positive and value heads a multiple of key heads"));
+  if (s.shared > 1) return absl::InvalidArgumentError("qwen3_next has at most one (gated) shared expert (--shared 0 or 1)");
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<TestModelSpec> ResolveTestModelSpec(const TestModelSpec& in) {
   TestModelSpec s = in;
   if (s.arch != "glm4_moe" && s.arch != "deepseek_v3" && s.arch != "qwen3_moe" &&
-      s.arch != "mixtral" && s.arch != "glm_moe_dsa") {
+      s.arch != "mixtral" && s.arch != "glm_moe_dsa" && s.arch != "deepseek_v4" &&
+      s.arch != "qwen3_next") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "unknown --arch '", s.arch, "' (glm4_moe, deepseek_v3, qwen3_moe, mixtral or glm_moe_dsa)"));
+        "unknown --arch '", s.arch,
+        "' (glm4_moe, deepseek_v3, qwen3_moe, mixtral, glm_moe_dsa, deepseek_v4 or qwen3_next)"));
   }
   if (s.arch == "glm_moe_dsa" &&
       (s.index_heads < 1 || s.index_topk < 1 || s.index_head_dim < s.qk_rope_head_dim)) {
@@ -324,18 +596,22 @@ absl::StatusOr<TestModelSpec> ResolveTestModelSpec(const TestModelSpec& in) {
         " must be >= 1 and --index-head-dim ", s.index_head_dim, " >= --qk-rope-head-dim ",
         s.qk_rope_head_dim));
   }
+  if (s.layers < 1 || s.layers > 4096) return absl::InvalidArgumentError("--layers must be in 1..4096");
+  EXL3_RETURN_IF_ERROR(ResolveLayerTypes(s));
+  const bool v4 = s.arch == "deepseek_v4", next = s.arch == "qwen3_next";
   const bool sig = IsSigmoidFamily(s.arch);
-  if (s.shared < 0) s.shared = sig ? 1 : 0;
+  if (s.shared < 0) s.shared = sig || v4 || next ? 1 : 0;
   if (s.dense_layers < 0) s.dense_layers = sig ? 1 : 0;
-  if (!sig && s.shared > 0) {
+  if (!sig && !v4 && !next && s.shared > 0) {
     return absl::InvalidArgumentError(absl::StrCat(s.arch, " has no shared experts (--shared 0)"));
   }
-  if (!sig && s.dense_layers > 0) {
+  // Qwen3-Next's dense layers are mlp_only_layers (here its first --dense-layers).
+  if (!sig && !next && !v4 && s.dense_layers > 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(s.arch, " has no dense first layers (--dense-layers 0)"));
   }
   if (s.dense_intermediate <= 0) s.dense_intermediate = 2 * s.intermediate;
-  if (s.routed_scaling_factor < 0) s.routed_scaling_factor = s.arch == "deepseek_v3" ? 2.5f : 1.0f;
+  if (s.routed_scaling_factor < 0) s.routed_scaling_factor = s.arch == "deepseek_v3" ? 2.5f : v4 ? 1.5f : 1.0f;
   if (s.n_group < 0) {
     s.n_group = 1;
     if (s.arch == "deepseek_v3") {
@@ -348,15 +624,17 @@ absl::StatusOr<TestModelSpec> ResolveTestModelSpec(const TestModelSpec& in) {
     }
   }
   if (s.topk_group < 0) s.topk_group = std::max(1, s.n_group / 2);
-  if (s.kv_heads <= 0) s.kv_heads = IsLatentAttention(s.arch) ? s.heads : 2;
+  if (s.kv_heads <= 0) s.kv_heads = IsLatentAttention(s.arch) ? s.heads : v4 ? 1 : 2;
   if (s.head_dim <= 0 && s.heads > 0) s.head_dim = s.hidden / s.heads;
+  if (v4 && s.o_lora_rank <= 0 && s.o_groups > 0) s.o_lora_rank = s.heads * s.head_dim / s.o_groups;
   if (s.heads < 1 || s.kv_heads < 1 || s.heads % s.kv_heads != 0 || s.head_dim < 2 ||
       s.head_dim % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--heads ", s.heads, " must be a multiple of --kv-heads ", s.kv_heads,
         " and the head dimension (", s.head_dim, ") even"));
   }
-  if (s.layers < 1 || s.layers > 4096) return absl::InvalidArgumentError("--layers must be in 1..4096");
+  if (v4) EXL3_RETURN_IF_ERROR(CheckDsv4Shape(s));
+  if (next) EXL3_RETURN_IF_ERROR(CheckQwen3NextShape(s));
   if (s.dense_layers >= s.layers) {
     return absl::InvalidArgumentError("--dense-layers leaves no MoE layer (must be < --layers)");
   }
@@ -434,6 +712,58 @@ json TestModelConfig(const TestModelSpec& s) {
          {"max_position_embeddings", s.max_position}, {"rms_norm_eps", 1e-5},
          {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1000000.0}}},
          {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"}, {"vocab_size", s.vocab}};
+  } else if (s.arch == "deepseek_v4") {
+    // DeepseekV4Config's names (transformers 5.24); the rope part is the last qk_rope_head_dim
+    // dimensions of each head (partial_rotary_factor), "main" on sliding layers, "compress" on
+    // the compressed ones.
+    std::vector<std::string> mlp_types(s.layers, "moe");
+    for (int l = 0; l < s.hash_layers && l < s.layers; ++l) mlp_types[l] = "hash_moe";
+    const double partial = static_cast<double>(s.qk_rope_head_dim) / s.head_dim;
+    j = {{"architectures", {"DeepseekV4ForCausalLM"}}, {"model_type", "deepseek_v4"},
+         {"vocab_size", s.vocab}, {"hidden_size", s.hidden}, {"moe_intermediate_size", s.intermediate},
+         {"num_hidden_layers", s.layers}, {"num_attention_heads", heads}, {"num_key_value_heads", 1},
+         {"head_dim", s.head_dim}, {"q_lora_rank", s.q_lora_rank}, {"num_experts_per_tok", s.top_k},
+         {"n_routed_experts", s.experts}, {"n_shared_experts", 1}, {"scoring_func", "sqrtsoftplus"},
+         {"norm_topk_prob", true}, {"routed_scaling_factor", s.routed_scaling_factor},
+         {"max_position_embeddings", s.max_position}, {"rope_theta", 10000.0},
+         {"layer_types", s.layer_types},
+         {"compress_rates", {{kCsa, s.csa_compress_rate}, {kHca, s.hca_compress_rate}}},
+         {"compress_rope_theta", 160000.0}, {"hc_mult", s.hc_mult},
+         {"hc_sinkhorn_iters", s.hc_sinkhorn_iters}, {"hc_eps", 1e-6}, {"mlp_layer_types", mlp_types},
+         {"swiglu_limit", s.swiglu_limit > 0 ? s.swiglu_limit : 10.0f},
+         {"sliding_window", s.sliding_window}, {"o_groups", s.o_groups}, {"o_lora_rank", s.o_lora_rank},
+         {"index_n_heads", s.index_heads}, {"index_head_dim", s.index_head_dim},
+         {"index_topk", s.index_topk}, {"num_nextn_predict_layers", 0}, {"hidden_act", "silu"},
+         {"initializer_range", 0.02}, {"rms_norm_eps", 1e-6}, {"bos_token_id", 0}, {"eos_token_id", 1},
+         {"tie_word_embeddings", false},
+         {"rope_parameters",
+          {{"main", {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", partial}}},
+           {"compress",
+            {{"rope_type", "default"}, {"rope_theta", 160000.0}, {"partial_rotary_factor", partial}}}}},
+         {"partial_rotary_factor", partial}, {"qk_rope_head_dim", s.qk_rope_head_dim},
+         {"attention_bias", false}, {"mlp_bias", false}, {"attention_dropout", 0.0},
+         {"torch_dtype", "bfloat16"}};
+  } else if (s.arch == "qwen3_next") {
+    // Qwen3NextConfig's names (transformers 5.24); --dense-layers become mlp_only_layers.
+    std::vector<int> mlp_only;
+    for (int l = 0; l < s.dense_layers && l < s.layers; ++l) mlp_only.push_back(l);
+    j = {{"architectures", {"Qwen3NextForCausalLM"}}, {"model_type", "qwen3_next"},
+         {"vocab_size", s.vocab}, {"hidden_size", s.hidden},
+         {"intermediate_size", s.dense_intermediate}, {"num_hidden_layers", s.layers},
+         {"num_attention_heads", heads}, {"num_key_value_heads", s.kv_heads}, {"head_dim", s.head_dim},
+         {"hidden_act", "silu"}, {"max_position_embeddings", s.max_position},
+         {"initializer_range", 0.02}, {"rms_norm_eps", 1e-6}, {"tie_word_embeddings", false},
+         {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.25}}},
+         {"attention_bias", false}, {"attention_dropout", 0.0},
+         {"linear_conv_kernel_dim", s.linear_conv_kernel}, {"linear_key_head_dim", s.linear_key_head_dim},
+         {"linear_value_head_dim", s.linear_value_head_dim}, {"linear_num_key_heads", s.linear_key_heads},
+         {"linear_num_value_heads", s.linear_value_heads}, {"decoder_sparse_step", 1},
+         {"moe_intermediate_size", s.intermediate},
+         {"shared_expert_intermediate_size", s.shared > 0 ? s.intermediate : 0},
+         {"num_experts_per_tok", s.top_k}, {"num_experts", s.experts}, {"norm_topk_prob", true},
+         {"router_aux_loss_coef", 0.001}, {"output_router_logits", false}, {"mlp_only_layers", mlp_only},
+         {"layer_types", s.layer_types}, {"bos_token_id", 0}, {"eos_token_id", 1},
+         {"torch_dtype", "bfloat16"}};
   } else if (s.arch == "qwen3_moe") {
     j = {{"architectures", {"Qwen3MoeForCausalLM"}}, {"model_type", "qwen3_moe"},
          {"attention_bias", false}, {"head_dim", s.head_dim}, {"hidden_act", "silu"},
@@ -478,7 +808,8 @@ absl::Status WriteHfTestModel(const TestModelSpec& spec, const std::string& dir_
   ProgressBar bar("exl3-tool make-test-model (hf)", total, progress);
   json weight_map = json::object();
   for (int i = 0; i < s.layers; ++i) {
-    absl::Status st = WriteShard(dir / ShardName(i, s.layers), shards[i], s.seed, &bar, &weight_map);
+    absl::Status st = WriteShard(dir / ShardName(i, s.layers), shards[i], s.seed, DefaultThreads(), &bar,
+                                 &weight_map);
     if (!st.ok()) return st;
   }
   bar.Finish();
@@ -520,7 +851,8 @@ absl::Status WriteSyntheticExl3Model(const TestModelSpec& spec, const SyntheticO
   for (size_t i = 0; i < shards.size(); ++i) {
     bar.SetDetail(absl::StrCat("shard ", i + 1, " of ", shards.size()));
     absl::Status st = WriteShard(dir / ShardName(static_cast<int>(i), static_cast<int>(shards.size())),
-                                 shards[i], s.seed, &bar, &weight_map, opts.data_start);
+                                 shards[i], s.seed, opts.threads > 0 ? opts.threads : DefaultThreads(), &bar,
+                                 &weight_map, opts.data_start);
     if (!st.ok()) return st;
   }
   bar.Finish();

@@ -1,4 +1,4 @@
-// Generated MoE test models in the real key layout and config.json of four families:
+// Generated MoE test models in the real key layout and config.json of seven families:
 //   glm4_moe     Glm4MoeForCausalLM     sigmoid router + e_score_correction_bias, shared experts,
 //                                       dense first layers (first_k_dense_replace)
 //   deepseek_v3  DeepseekV3ForCausalLM  as GLM plus grouped routing (n_group/topk_group), MLA
@@ -8,6 +8,12 @@
 //   glm_moe_dsa  GlmMoeDsaForCausalLM   as GLM (sigmoid router, shared expert, dense first
 //                                       layers) with MLA attention plus DSA's lightning indexer
 //                                       (self_attn.indexer.wq_b / wk / k_norm / weights_proj)
+//   deepseek_v4  DeepseekV4ForCausalLM  sqrt-softplus router + bias, first layers hash-routed
+//                                       (ffn.gate.tid2eid), one shared expert, every layer MoE;
+//                                       shared-KV attention per layer_types (sliding window,
+//                                       compressor, CSA indexer), hyper-connections (hc_*)
+//   qwen3_next   Qwen3NextForCausalLM   softmax router, gated shared expert; gated DeltaNet
+//                                       (linear_attn.*) and gated full attention per layer_types
 //
 // WriteHfTestModel writes a Hugging Face checkpoint (bf16 weights with random values, fp32
 // correction biases, tiny attention/norm/embedding tensors so that the checkpoint is complete,
@@ -32,13 +38,14 @@
 namespace exl3 {
 
 struct TestModelSpec {
-  std::string arch = "glm4_moe";  // glm4_moe | deepseek_v3 | qwen3_moe | mixtral | glm_moe_dsa
+  std::string arch = "glm4_moe";  // glm4_moe | deepseek_v3 | qwen3_moe | mixtral | glm_moe_dsa |
+                                  // deepseek_v4 | qwen3_next
   int layers = 3;
   int hidden = 256;
   int experts = 16;
   int top_k = 4;
   int intermediate = 128;       // routed expert's intermediate size
-  int shared = -1;              // n_shared_experts; -1: family default (1 GLM/DeepSeek, 0 others)
+  int shared = -1;              // n_shared_experts; -1: family default (1 GLM/DeepSeek/Qwen3-Next, 0 others)
   int dense_layers = -1;        // first_k_dense_replace; -1: family default (1 GLM/DeepSeek, 0)
   int dense_intermediate = 0;   // dense MLP's intermediate_size; 0: 2 * intermediate
   int n_group = -1;             // -1: family default (GLM 1; DeepSeek up to 4 groups)
@@ -62,6 +69,26 @@ struct TestModelSpec {
   int index_heads = 4;
   int index_head_dim = 32;  // >= qk_rope_head_dim
   int index_topk = 64;
+  // DeepSeek-V4 (DeepseekV4Config's names). Its attention: heads x head_dim queries over one
+  // shared key/value of head_dim, the last qk_rope_head_dim dimensions rotated; q_lora_rank and
+  // the index_* fields above are shared with MLA / DSA.
+  std::vector<std::string> layer_types;  // empty: family default (below); else one per layer
+  int sliding_window = 8;
+  int csa_compress_rate = 4;    // compress_rates.compressed_sparse_attention
+  int hca_compress_rate = 16;   // compress_rates.heavily_compressed_attention (transformers: 128)
+  int o_groups = 2;
+  int o_lora_rank = 0;          // 0: heads * head_dim / o_groups
+  int hc_mult = 4;
+  int hc_sinkhorn_iters = 20;
+  int hash_layers = 1;          // mlp_layer_types: the first hash_layers "hash_moe", the rest "moe"
+  // Qwen3-Next's gated DeltaNet (linear_* of Qwen3NextConfig) and its layer_types default: every
+  // full_attention_interval-th layer full attention (0: 4, or the last layer of a smaller model).
+  int linear_key_heads = 2;
+  int linear_value_heads = 4;
+  int linear_key_head_dim = 64;
+  int linear_value_head_dim = 64;
+  int linear_conv_kernel = 4;
+  int full_attention_interval = 0;
 };
 
 // Fills the family defaults (-1 fields) and checks the spec (multiples of 128 for hidden and
@@ -85,6 +112,7 @@ struct SyntheticOptions {
   int head_bits = 0;       // lm_head's K (0: bits)
   Codebook codebook = Codebook::kMcg;
   bool progress = true;
+  int threads = 0;  // generating threads (0: every core); the output does not depend on it
   // Where each shard's data section starts. k8PastA16ByteBoundary with the 3INST codebook (no
   // 4-byte flag scalars) leaves every tensor 8- but not 16-byte aligned, as in files Python's
   // safetensors writes: the case --weights-residency host realigns.

@@ -67,15 +67,46 @@ TEST(Dsv4Config, ReadsWhatTransformersWrites) {
   EXPECT_EQ(cfg->sliding_window, 8);
   EXPECT_FLOAT_EQ(cfg->attention_scale, 1.0f / std::sqrt(128.0f));
   EXPECT_TRUE(cfg->IsMoeLayer(0));
-  // Slots: sliding kv; HCA kv + compressor kv/gate + entry; CSA twice-wide compressor plus the
-  // indexer's at index_head_dim.
-  EXPECT_EQ(cfg->KvWidth(0), 128);
-  EXPECT_EQ(cfg->KvWidth(1), 128 + 2 * 256 + 128 + 2 * 128 + 64);
-  EXPECT_EQ(cfg->KvWidth(2), 128 + 2 * 128 + 128);
-  EXPECT_EQ(cfg->KvFloatsPerToken(), cfg->KvWidth(0) + cfg->KvWidth(1) + cfg->KvWidth(2));
-  const Dsv4SlotLayout csa = SlotLayoutFor(v, Dsv4LayerType::kCompressedSparse);
-  EXPECT_EQ(csa.comp_entry, 128 + 512);
-  EXPECT_EQ(csa.ix_entry, csa.width - 64);
+  // Slots: the shared kv on every layer. Block areas (blocks of 16): CSA m 4 the count, two
+  // [2, 128] and two [2, 64] accumulators, 4 entries of 128 and 4 of 64; HCA one accumulator
+  // [2, 128] and ceil(16 / m) entries of 128.
+  for (int l = 0; l < 3; ++l) EXPECT_EQ(cfg->KvWidth(l), 128);
+  EXPECT_EQ(cfg->KvBlockFloats(0, 16), 0);
+  EXPECT_EQ(cfg->KvBlockFloats(1, 16), 1 + 4 * 128 + 4 * 64 + 4 * 128 + 4 * 64);
+  const int hca_m = v.CompressRate(2);
+  EXPECT_EQ(cfg->KvBlockFloats(2, 16), 1 + 2 * 128 + (16 + hca_m - 1) / hca_m * 128);
+  EXPECT_EQ(cfg->KvFloatsPerToken(16),
+            (16 * 3 * 128 + cfg->KvBlockFloats(1, 16) + cfg->KvBlockFloats(2, 16) + 15) / 16);
+  const Dsv4CacheLayout csa = CacheLayoutFor(v, Dsv4LayerType::kCompressedSparse, 16);
+  EXPECT_EQ(csa.entries_per_block, 4);
+  EXPECT_EQ(csa.compressor.next, csa.compressor.current + 256);
+  EXPECT_EQ(csa.accumulators_end, csa.compressor.entries);
+  EXPECT_EQ(csa.indexer.entries, csa.block_width - 4 * 64);
+  const Dsv4CacheLayout sliding = CacheLayoutFor(v, Dsv4LayerType::kSlidingWindow, 16);
+  EXPECT_EQ(sliding.block_width, 0);
+}
+
+// The cache per token at DeepSeek-V4-Flash's attention shape (head_dim 512, index_head_dim 128,
+// compress rates 4 / 128, rope 64), blocks of 16: the slot's kv plus the block area's share.
+// Keeping every token's raw compressor projections (the earlier layout) took 6 x 512 + 5 x 128 =
+// 3712 floats on a CSA layer and 4 x 512 = 2048 on an HCA layer.
+TEST(Dsv4Config, CachePerTokenAtFlashShapes) {
+  json j = DeepseekV4();
+  j["head_dim"] = 512;
+  j["index_head_dim"] = 128;
+  j["compress_rates"] = {{"compressed_sparse_attention", 4}, {"heavily_compressed_attention", 128}};
+  for (const char* k : {"main", "compress"}) j["rope_parameters"][k]["partial_rotary_factor"] = 0.125;
+  j["partial_rotary_factor"] = 0.125;
+  j["qk_rope_head_dim"] = 64;
+  j["o_lora_rank"] = 512;
+  auto cfg = Parse(j);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  auto per_token = [&](int layer) {
+    return (16 * cfg->KvWidth(layer) + cfg->KvBlockFloats(layer, 16) + 15) / 16;
+  };
+  EXPECT_EQ(per_token(0), 512);  // sliding window
+  EXPECT_EQ(per_token(1), 833);  // CSA: 512 + (1 + 4 x 512 + 4 x 128 + 4 x (512 + 128)) / 16, up
+  EXPECT_EQ(per_token(2), 609);  // HCA: 512 + (1 + 2 x 512 + 512) / 16, rounded up
 }
 
 // An older config.json (as DeepSeek's own files): compress_ratios, qk_rope_head_dim, top-level

@@ -1,6 +1,7 @@
 // Synthetic whole models (exl3-tool make-test-model --synthetic --whole-model): every family's
 // layout at a chosen attention shape loads in the CPU model and decodes finite logits, with the
-// linears EXL3 where both dimensions are multiples of 128.
+// linears EXL3 where both dimensions are multiples of 128 (DeepSeek-V4 and Qwen3-Next included:
+// their compressors, indexer, hyper-connections, DeltaNet and hash table as stored).
 #include <cmath>
 #include <filesystem>
 
@@ -34,6 +35,14 @@ TEST_P(SyntheticWholeModelTest, LoadsAndDecodes) {
   spec.index_head_dim = 128;
   spec.index_topk = 3;       // 9 positions below: the later ones attend sparsely
   spec.vocab = 256;
+  if (spec.arch == "deepseek_v4") {  // [sliding, CSA, HCA]: 2 heads of 128, all EXL3
+    spec.layers = 3;
+    spec.heads = 2;
+    spec.head_dim = 128;
+    spec.sliding_window = 4;
+    spec.hca_compress_rate = 4;
+    spec.index_topk = 1;  // the later positions see more compressed entries than that
+  }
   SyntheticOptions so;
   so.whole_model = true;
   so.bits = 3;
@@ -43,8 +52,23 @@ TEST_P(SyntheticWholeModelTest, LoadsAndDecodes) {
   ASSERT_TRUE(WriteSyntheticExl3Model(spec, so, dir.string()).ok());
   auto src = TensorSource::Open(dir.string());
   ASSERT_TRUE(src.ok()) << src.status();
-  EXPECT_TRUE((*src)->Has("lm_head.trellis"));
-  EXPECT_TRUE((*src)->Has("model.layers.0.self_attn.o_proj.trellis"));
+  if (spec.arch == "deepseek_v4") {
+    EXPECT_TRUE((*src)->Has("head.trellis"));
+    EXPECT_TRUE((*src)->Has("model.layers.0.attn.wkv.trellis"));
+    EXPECT_TRUE((*src)->Has("model.layers.1.attn.indexer.compressor.wgate.trellis"));
+    EXPECT_TRUE((*src)->Has("model.layers.2.attn.compressor.ape"));
+    EXPECT_TRUE((*src)->Has("model.layers.0.ffn.gate.tid2eid"));
+    EXPECT_TRUE((*src)->Has("model.hc_head.hc_fn"));
+  } else if (spec.arch == "qwen3_next") {
+    EXPECT_TRUE((*src)->Has("lm_head.trellis"));
+    EXPECT_TRUE((*src)->Has("model.layers.0.linear_attn.in_proj_qkvz.trellis"));
+    EXPECT_TRUE((*src)->Has("model.layers.0.linear_attn.A_log"));
+    EXPECT_TRUE((*src)->Has("model.layers.1.self_attn.q_proj.trellis"));
+    EXPECT_TRUE((*src)->Has("model.layers.1.mlp.shared_expert_gate.weight"));
+  } else {
+    EXPECT_TRUE((*src)->Has("lm_head.trellis"));
+    EXPECT_TRUE((*src)->Has("model.layers.0.self_attn.o_proj.trellis"));
+  }
   if (spec.arch == "glm_moe_dsa") {
     EXPECT_TRUE((*src)->Has("model.layers.1.self_attn.indexer.wq_b.trellis"));
     EXPECT_TRUE((*src)->Has("model.layers.1.self_attn.indexer.wk.trellis"));
@@ -64,7 +88,7 @@ TEST_P(SyntheticWholeModelTest, LoadsAndDecodes) {
 
 INSTANTIATE_TEST_SUITE_P(Families, SyntheticWholeModelTest,
                          ::testing::Values("glm4_moe", "deepseek_v3", "qwen3_moe", "mixtral",
-                                           "glm_moe_dsa"));
+                                           "glm_moe_dsa", "deepseek_v4", "qwen3_next"));
 
 }  // namespace
 }  // namespace exl3::engine

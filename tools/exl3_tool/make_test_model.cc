@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "kernels/codebook.h"
 #include "model/encoder/checkpoint_converter.h"
 #include "model/testmodel/test_model.h"
@@ -14,7 +15,8 @@ namespace exl3::tool {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: exl3-tool make-test-model --arch glm4_moe|deepseek_v3|qwen3_moe|mixtral|glm_moe_dsa\n"
+    "usage: exl3-tool make-test-model\n"
+    "         --arch glm4_moe|deepseek_v3|qwen3_moe|mixtral|glm_moe_dsa|deepseek_v4|qwen3_next\n"
     "         --output DIR\n"
     "         [--layers N] [--hidden H] [--experts E] [--top-k K] [--intermediate I]\n"
     "         [--shared S] [--dense-layers D] [--dense-intermediate I2] [--n-group G]\n"
@@ -26,6 +28,11 @@ constexpr char kUsage[] =
     "         [--heads N] [--kv-heads N] [--head-dim D] [--q-lora-rank R] [--kv-lora-rank R]\n"
     "         [--qk-nope-head-dim D] [--qk-rope-head-dim D] [--v-head-dim D]\n"
     "         [--index-heads N] [--index-head-dim D] [--index-topk K]\n"
+    "         [--layer-types T1,T2,...] [--sliding-window W] [--csa-compress-rate M]\n"
+    "         [--hca-compress-rate M] [--o-groups G] [--o-lora-rank R] [--hc-mult N]\n"
+    "         [--hc-sinkhorn-iters N] [--hash-layers N]\n"
+    "         [--linear-key-heads N] [--linear-value-heads N] [--linear-key-head-dim D]\n"
+    "         [--linear-value-head-dim D] [--linear-conv-kernel K] [--full-attention-interval N]\n"
     "\n"
     "Writes a MoE model with random weights in the family's real tensor names and config.json\n"
     "(router weight, e_score_correction_bias for glm4_moe/deepseek_v3, shared experts, dense\n"
@@ -33,7 +40,8 @@ constexpr char kUsage[] =
     "norm and embedding tensors), first as a Hugging Face checkpoint (bf16, one shard per layer)\n"
     "in DIR2, then converted to EXL3 into DIR with `exl3-tool quantize`'s converter.\n"
     "\n"
-    "  --arch          glm4_moe, deepseek_v3, qwen3_moe, mixtral or glm_moe_dsa (required)\n"
+    "  --arch          glm4_moe, deepseek_v3, qwen3_moe, mixtral, glm_moe_dsa, deepseek_v4 or\n"
+    "                  qwen3_next (required)\n"
     "  --output        the EXL3 model directory (with --hf-only: the HF checkpoint)\n"
     "  --hf-output     where the HF checkpoint goes (default: DIR-hf)\n"
     "  --hf-only       write only the HF checkpoint, into DIR\n"
@@ -42,12 +50,15 @@ constexpr char kUsage[] =
     "  --experts       routed experts per MoE layer (default 16)\n"
     "  --top-k         num_experts_per_tok (default 4)\n"
     "  --intermediate  routed expert intermediate size, multiple of 128 (default 128)\n"
-    "  --shared        n_shared_experts (default 1 for glm4_moe/deepseek_v3, 0 otherwise)\n"
-    "  --dense-layers  first_k_dense_replace (default 1 for glm4_moe/deepseek_v3, 0 otherwise)\n"
+    "  --shared        n_shared_experts (default 1 for glm4_moe, deepseek_v3, glm_moe_dsa,\n"
+    "                  deepseek_v4 (always 1) and qwen3_next (0 or 1: its gated shared expert,\n"
+    "                  shared_expert_intermediate_size = --intermediate); 0 otherwise)\n"
+    "  --dense-layers  first_k_dense_replace (default 1 for glm4_moe/deepseek_v3/glm_moe_dsa, 0\n"
+    "                  otherwise; qwen3_next: its first N layers as mlp_only_layers)\n"
     "  --dense-intermediate  dense MLP intermediate_size (default 2 x --intermediate)\n"
     "  --n-group, --topk-group  grouped routing (default 1/1; deepseek_v3: up to 4 groups)\n"
-    "  --routed-scaling-factor  (default 1.0; deepseek_v3 2.5)\n"
-    "  --swiglu-limit  written to config.json when > 0 (default: none)\n"
+    "  --routed-scaling-factor  (default 1.0; deepseek_v3 2.5, deepseek_v4 1.5)\n"
+    "  --swiglu-limit  written to config.json when > 0 (default: none; deepseek_v4 10)\n"
     "  --vocab         vocab_size of the tiny embeddings (default 512)\n"
     "  --max-position  max_position_embeddings (default 4096)\n"
     "  --bits          K of every quantized tensor (default 4)\n"
@@ -58,17 +69,37 @@ constexpr char kUsage[] =
     "  --quantize-all  quantize attention, dense MLPs (at --bits) and lm_head (at --head-bits,\n"
     "                  default 6) too, as exl3-tool quantize does (default: experts only)\n"
     "  --seed          weights' seed (also the sign vectors'); default 1\n"
-    "  --threads       encoder threads (default: all cores)\n"
+    "  --threads       encoder threads, or with --synthetic generating threads (default: all cores)\n"
     "  --quiet         no progress bar\n"
     "\n"
     "  --heads, --kv-heads, --head-dim  attention shape (default 4 heads, 2 KV heads, DeepSeek-V3:\n"
-    "                  KV heads = heads; head dim hidden / heads)\n"
+    "                  KV heads = heads, DeepSeek-V4: 1; head dim hidden / heads)\n"
     "  --q-lora-rank, --kv-lora-rank, --qk-nope-head-dim, --qk-rope-head-dim, --v-head-dim\n"
     "                  DeepSeek-V3's and GLM-MoE-DSA's latent attention (default 64, 32, 32,\n"
     "                  16, 32)\n"
     "  --index-heads, --index-head-dim, --index-topk  GLM-MoE-DSA's lightning indexer\n"
     "                  (index_n_heads, index_head_dim, index_topk; default 4, 32, 64; every\n"
-    "                  layer runs its own; weights_proj stays bf16)\n"
+    "                  layer runs its own; weights_proj stays bf16); DeepSeek-V4's CSA indexer\n"
+    "                  reads the same three\n"
+    "\n"
+    "  DeepSeek-V4 (DeepseekV4Config's names; --head-dim, --q-lora-rank and --qk-rope-head-dim,\n"
+    "  the rotated tail of each head, shape its attention):\n"
+    "  --layer-types   one per layer, comma-separated: sliding_attention,\n"
+    "                  compressed_sparse_attention, heavily_compressed_attention (default: layer 0\n"
+    "                  sliding, then compressed sparse and heavily compressed alternating);\n"
+    "                  qwen3_next: linear_attention, full_attention\n"
+    "  --sliding-window  (default 8)    --csa-compress-rate  (default 4)\n"
+    "  --hca-compress-rate  (default 16; the real models 128)\n"
+    "  --o-groups, --o-lora-rank  grouped output projection (default 2, heads x head-dim / groups)\n"
+    "  --hc-mult, --hc-sinkhorn-iters  hyper-connection streams and Sinkhorn steps (default 4, 20)\n"
+    "  --hash-layers   the first N layers hash-routed (ffn.gate.tid2eid; default 1)\n"
+    "\n"
+    "  Qwen3-Next (Qwen3NextConfig's names; full attention layers take --heads, --kv-heads,\n"
+    "  --head-dim):\n"
+    "  --linear-key-heads, --linear-value-heads, --linear-key-head-dim, --linear-value-head-dim,\n"
+    "  --linear-conv-kernel  gated DeltaNet shape (default 2, 4, 64, 64, 4)\n"
+    "  --full-attention-interval  every N-th layer full attention (default 4, or the last layer of\n"
+    "                  a model of fewer layers); --layer-types lists them instead\n"
     "  --whole-model   with --synthetic: also attention, norms, dense MLPs, embeddings and the\n"
     "                  head (EXL3 where both dimensions are multiples of 128), so exl3-router runs\n"
     "                  it: engine benchmarks at real shapes\n"
@@ -78,10 +109,18 @@ constexpr char kUsage[] =
     "                  expert's trellis bits random (valid EXL3), suh = +-1, svh = +-1/(1.24\n"
     "                  sqrt(in)); only MoE layers' tensors (router, bias, experts, shared);\n"
     "                  one shard per MoE layer, streamed to disk; for benchmarks at real shapes,\n"
-    "                  e.g. GLM-5.3-Flash: --arch glm4_moe --synthetic --hidden 4096 --experts 288\n"
-    "                  --top-k 8 --intermediate 2048 --shared 1 --layers 45 --dense-layers 3\n"
-    "                  --routed-scaling-factor 2.5 --swiglu-limit 10 --bits 2 --codebook mcg\n"
-    "                  (about 76 GB). Uses --bits/--down-bits/--codebook, not --expert-bits.\n"
+    "                  e.g. GLM-5.3-Flash's experts: --arch glm4_moe --synthetic --hidden 4096\n"
+    "                  --experts 288 --top-k 8 --intermediate 2048 --shared 1 --layers 45\n"
+    "                  --dense-layers 3 --routed-scaling-factor 2.5 --swiglu-limit 10 --bits 2\n"
+    "                  --codebook mcg (about 76 GB). Uses --bits/--down-bits/--codebook, not\n"
+    "                  --expert-bits. The whole GLM-5.3-Flash-shaped model the engine runs (82 GB,\n"
+    "                  docs/engine.md): --arch glm_moe_dsa --synthetic --whole-model with the\n"
+    "                  above and --heads 64 --q-lora-rank 2048 --kv-lora-rank 512\n"
+    "                  --qk-nope-head-dim 192 --qk-rope-head-dim 64 --v-head-dim 256\n"
+    "                  --index-heads 32 --index-head-dim 128 --index-topk 2048\n"
+    "                  --dense-intermediate 12288 --vocab 154880 --max-position 202752\n"
+    "                  --attention-bits 4 --head-bits 6. Tensors are generated on --threads\n"
+    "                  threads (all cores by default), so the disk sets the pace.\n"
     "  --misaligned-data  with --synthetic: start each shard's data section 8 bytes past a 16-byte\n"
     "                  boundary (the header padded to 8 bytes, as the format allows and Python's\n"
     "                  safetensors does) instead of at a 64-byte one: with --codebook 3inst every\n"
@@ -102,7 +141,11 @@ int Run(int argc, char** argv) {
                    "expert-bits", "down-bits", "codebook", "seed", "threads", "head-bits", "attention-bits",
                    "heads", "kv-heads", "head-dim", "q-lora-rank", "kv-lora-rank",
                    "qk-nope-head-dim", "qk-rope-head-dim", "v-head-dim", "index-heads",
-                   "index-head-dim", "index-topk", "max-position"},
+                   "index-head-dim", "index-topk", "max-position", "layer-types", "sliding-window",
+                   "csa-compress-rate", "hca-compress-rate", "o-groups", "o-lora-rank", "hc-mult",
+                   "hc-sinkhorn-iters", "hash-layers", "linear-key-heads", "linear-value-heads",
+                   "linear-key-head-dim", "linear-value-head-dim", "linear-conv-kernel",
+                   "full-attention-interval"},
                   {"hf-only", "synthetic", "quiet", "quantize-all", "whole-model", "misaligned-data"}, &err)) {
     return Fail(kName, err);
   }
@@ -133,8 +176,23 @@ int Run(int argc, char** argv) {
                     {"qk-rope-head-dim", &spec.qk_rope_head_dim},
                     {"v-head-dim", &spec.v_head_dim}, {"index-heads", &spec.index_heads},
                     {"index-head-dim", &spec.index_head_dim}, {"index-topk", &spec.index_topk},
-                    {"max-position", &spec.max_position}}) {
+                    {"max-position", &spec.max_position},
+                    {"sliding-window", &spec.sliding_window},
+                    {"csa-compress-rate", &spec.csa_compress_rate},
+                    {"hca-compress-rate", &spec.hca_compress_rate}, {"o-groups", &spec.o_groups},
+                    {"o-lora-rank", &spec.o_lora_rank}, {"hc-mult", &spec.hc_mult},
+                    {"hc-sinkhorn-iters", &spec.hc_sinkhorn_iters},
+                    {"hash-layers", &spec.hash_layers},
+                    {"linear-key-heads", &spec.linear_key_heads},
+                    {"linear-value-heads", &spec.linear_value_heads},
+                    {"linear-key-head-dim", &spec.linear_key_head_dim},
+                    {"linear-value-head-dim", &spec.linear_value_head_dim},
+                    {"linear-conv-kernel", &spec.linear_conv_kernel},
+                    {"full-attention-interval", &spec.full_attention_interval}}) {
     if (args.Has(f.name) && !args.GetInt(f.name, f.out, &err)) return Fail(kName, err);
+  }
+  if (args.Has("layer-types")) {
+    spec.layer_types = absl::StrSplit(args.Get("layer-types"), ',', absl::SkipEmpty());
   }
   for (auto [name, out] : {std::pair<const char*, float*>{"routed-scaling-factor", &spec.routed_scaling_factor},
                            {"swiglu-limit", &spec.swiglu_limit}}) {
@@ -180,6 +238,7 @@ int Run(int argc, char** argv) {
     so.head_bits = args.Has("head-bits") ? head_bits : 0;
     so.codebook = cb;
     so.progress = progress;
+    so.threads = threads;
     if (args.Bool("misaligned-data")) so.data_start = DataSectionStart::k8PastA16ByteBoundary;
     if (progress) {
       std::fprintf(stderr, "exl3-tool make-test-model: writing %.2f GB of synthetic EXL3 shards to %s\n",

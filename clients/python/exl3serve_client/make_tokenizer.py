@@ -66,18 +66,28 @@ class Family:
     add_bos: bool              # the post-processor puts bos_token before every encoded text
 
 
+_GLM = Family(
+    "glm4_moe", ("<sop>", "<|endoftext|>", "[gMASK]", "<|system|>", "<|user|>", "<|assistant|>",
+                 "<|observation|>"), _GLM_TEMPLATE, None, False)
+_QWEN = Family(
+    "qwen3_moe", ("<|endoftext|>", "<|im_end|>", "<|im_start|>", "<think>", "</think>"),
+    _QWEN_TEMPLATE, None, False)
+_MIXTRAL = Family(
+    "mixtral", ("<s>", "</s>", "<unk>", "[INST]", "[/INST]"), _MIXTRAL_TEMPLATE, "<s>", True)
+_DEEPSEEK = Family(
+    "deepseek_v3", ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"),
+    _DEEPSEEK_TEMPLATE, "<｜begin▁of▁sentence｜>", True)
+
+# By config.json's architectures[0]. The newer families speak their predecessors' chat format
+# (GLM-MoE-DSA: GLM's, DeepSeek-V4: DeepSeek's, Qwen3-Next: Qwen's) and get the same tokenizer.
 FAMILIES = {
-    "Glm4MoeForCausalLM": Family(
-        "glm4_moe", ("<sop>", "<|endoftext|>", "[gMASK]", "<|system|>", "<|user|>",
-                     "<|assistant|>", "<|observation|>"), _GLM_TEMPLATE, None, False),
-    "Qwen3MoeForCausalLM": Family(
-        "qwen3_moe", ("<|endoftext|>", "<|im_end|>", "<|im_start|>", "<think>", "</think>"),
-        _QWEN_TEMPLATE, None, False),
-    "MixtralForCausalLM": Family(
-        "mixtral", ("<s>", "</s>", "<unk>", "[INST]", "[/INST]"), _MIXTRAL_TEMPLATE, "<s>", True),
-    "DeepseekV3ForCausalLM": Family(
-        "deepseek_v3", ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>",
-                        "<｜Assistant｜>"), _DEEPSEEK_TEMPLATE, "<｜begin▁of▁sentence｜>", True),
+    "Glm4MoeForCausalLM": _GLM,
+    "GlmMoeDsaForCausalLM": _GLM,
+    "Qwen3MoeForCausalLM": _QWEN,
+    "Qwen3NextForCausalLM": _QWEN,
+    "MixtralForCausalLM": _MIXTRAL,
+    "DeepseekV3ForCausalLM": _DEEPSEEK,
+    "DeepseekV4ForCausalLM": _DEEPSEEK,
 }
 
 _TEXT = """\

@@ -224,3 +224,18 @@ def test_chunk_renderer_equals_json_dumps(chat, include_usage):
     usage = fe._usage(job, 64)
     assert out.usage(usage) == "data: " + _dumps({**fe._envelope(job, [], chunk=True),
                                                   "usage": usage}) + "\n\n"
+
+
+def test_every_architecture_gets_its_familys_tokenizer(tmp_path):
+    """Each architecture make-test-model writes (GLM-MoE-DSA, DeepSeek-V4 and Qwen3-Next too) gets
+    a tokenizer and its family's chat template."""
+    for arch, family in FAMILIES.items():
+        d = tmp_path / arch
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"architectures": [arch], "vocab_size": 512,
+                                                   "max_position_embeddings": 4096}))
+        (d / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
+        write_tokenizer(d)
+        conf = json.loads((d / "tokenizer_config.json").read_text())
+        assert conf["chat_template"] == family.template, arch
+        assert ModelTokenizer(d).tokenizer.id_to_token(1) == family.specials[1], arch

@@ -1,0 +1,141 @@
+// Models of the newest families as exl3-tool make-test-model writes them (a Hugging Face
+// checkpoint with random weights, converted with --quantize-all: experts, attention, dense MLPs
+// and the head EXL3): each loads in the CPU engine and generates, and every MoE layer inside the
+// engine answers as `exl3-tool moe` does on the hidden states (and token ids) the engine gave it.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "engine/cpu_model.h"
+#include "engine/local_moe.h"
+#include "gtest/gtest.h"
+#include "model/safetensors.h"
+#include "tests/engine/model_harness.h"
+
+namespace exl3::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Records each MoE call of the engine (input, token ids, output) while running it in process.
+class RecordingMoe final : public MoeExecutor {
+ public:
+  struct Call {
+    std::vector<float> x, y;
+    std::vector<int32_t> ids;
+  };
+  explicit RecordingMoe(std::unique_ptr<LocalMoe> local, int hidden) : local_(std::move(local)), hidden_(hidden) {}
+  absl::Status Forward(int layer, const float* x, int T, const int32_t* ids, float* y) override {
+    absl::Status st = local_->Forward(layer, x, T, ids, y);
+    Call& c = calls[layer];  // the last call of each layer
+    c.x.assign(x, x + static_cast<size_t>(T) * hidden_);
+    c.y.assign(y, y + static_cast<size_t>(T) * hidden_);
+    c.ids.assign(ids, ids + T);
+    return st;
+  }
+  std::map<int, Call> calls;
+
+ private:
+  std::unique_ptr<LocalMoe> local_;
+  int hidden_;
+};
+
+int Tool(const std::string& args) {
+  return std::system((std::string(EXL3_TOOL_BINARY) + " " + args + " > /dev/null").c_str());
+}
+
+double RelativeError(const float* a, const float* ref, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    num += (static_cast<double>(a[i]) - ref[i]) * (static_cast<double>(a[i]) - ref[i]);
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / den);
+}
+
+struct Case {
+  const char* arch;
+  const char* flags;  // beyond the common tiny shape
+  size_t moe_layers;
+};
+
+class GeneratedModelTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GeneratedModelTest, LoadsGeneratesAndItsMoeLayersMatchTheTool) {
+  const Case& c = GetParam();
+  const fs::path dir = fs::temp_directory_path() /
+                       (std::string("exl3_generated_") + c.arch + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string model = (dir / "exl3").string();
+  ASSERT_EQ(Tool(std::string("make-test-model --quiet --arch ") + c.arch + " --output " + model +
+                 " --hidden 128 --intermediate 128 --experts 4 --top-k 2 --layers 3 --vocab 64"
+                 " --bits 4 --quantize-all --threads 2 --seed 5 " + c.flags),
+            0);
+
+  CpuCompute compute(2);
+  auto local = LocalMoe::Open(model, compute);
+  ASSERT_TRUE(local.ok()) << local.status();
+  auto cfg = LoadModelConfig(model);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  auto recording = std::make_unique<RecordingMoe>(std::move(*local), cfg->hidden_size);
+  RecordingMoe* rec = recording.get();
+  CpuModelOptions o;
+  o.num_threads = 2;
+  auto m = CpuModel::Open(model, o, std::move(recording));
+  ASSERT_TRUE(m.ok()) << m.status();
+  // 13 prompt tokens in chunks of 5, then 6 decode steps: every compressor window kind closes.
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 13; ++i) prompt.push_back((i * 7 + 3) % 64);
+  auto rows = testing::RunGreedy(**m, {prompt}, 6, /*chunk=*/5);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ((*rows)[0].size(), 7u);
+  for (const std::vector<float>& row : (*rows)[0])
+    for (float v : row) ASSERT_TRUE(std::isfinite(v));
+
+  // The last call of every MoE layer (a decode step) through `exl3-tool moe`.
+  ASSERT_EQ(rec->calls.size(), c.moe_layers);
+  for (const auto& [layer, call] : rec->calls) {
+    const int T = static_cast<int>(call.ids.size());
+    const std::string x = (dir / ("x" + std::to_string(layer) + ".safetensors")).string();
+    const std::string y = (dir / ("y" + std::to_string(layer) + ".safetensors")).string();
+    SafetensorsWriter w;
+    w.AddF32("x", {T, cfg->hidden_size}, call.x.data());
+    w.Add("token_ids", DType::kI32, {T}, call.ids.data(), call.ids.size() * sizeof(int32_t));
+    ASSERT_TRUE(w.Write(x).ok());
+    ASSERT_EQ(Tool("moe --model " + model + " --layer " + std::to_string(layer) + " --x " + x +
+                   " --output " + y + " --backend cpu --threads 2"),
+              0);
+    auto out = SafetensorsFile::Open(y);
+    ASSERT_TRUE(out.ok()) << out.status();
+    const float* tool_y = (*out)->Get("y")->as<float>();
+    const double err = RelativeError(call.y.data(), tool_y, call.y.size());
+    EXPECT_LT(err, 1e-5) << c.arch << " layer " << layer;
+    std::printf("%s MoE layer %d: engine vs exl3-tool moe rel err %.2e\n", c.arch, layer, err);
+  }
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Families, GeneratedModelTest,
+    ::testing::Values(
+        // Layers [sliding, CSA, HCA], the first hash-routed; EXL3 attention at head_dim 128.
+        Case{"deepseek_v4",
+             "--heads 2 --head-dim 128 --q-lora-rank 128 --qk-rope-head-dim 32 --index-heads 2 "
+             "--index-head-dim 64 --index-topk 2 --sliding-window 4 --hca-compress-rate 8",
+             3},
+        // Layers [linear, linear, full] (DeltaNet q/k 2 x 64, v 4 x 64), the first dense.
+        Case{"qwen3_next", "--heads 2 --kv-heads 1 --head-dim 64 --layer-types "
+                           "linear_attention,linear_attention,full_attention --dense-layers 1",
+             2}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.arch); });
+
+}  // namespace
+}  // namespace exl3::engine
