@@ -121,7 +121,7 @@ def test_sigterm_drains_open_stream_and_leaves_nothing(live, tmp_path, monkeypat
     fe, url = stack.start_frontend(live.engine, live.model, tmp_path / "logs", extra=WORKERS)
     workers = children(fe.p.pid)
     assert len(workers) == 2 and list(tmp_path.glob("exl3serve-openai-metrics.*"))
-    resp = _post_stream(url, {"model": live.name, "prompt": "drain", "max_tokens": 1500,
+    resp = _post_stream(url, {"model": live.name, "prompt": "drain", "max_tokens": 1000,
                               "temperature": 0, "stream": True, "ignore_eos": True})
     assert resp.readline().startswith(b"data: ")
     t0 = time.monotonic()
@@ -145,6 +145,12 @@ def test_no_worker_outlives_a_killed_parent(live, tmp_path):
     fe.stop()
 
 
-def test_bad_worker_count(live, tmp_path):
+def test_bad_worker_count_and_taken_address(live, tmp_path):
     with pytest.raises(RuntimeError, match="workers"):
         stack.start_frontend(live.engine, live.model, tmp_path, extra=("--workers", "0"))
+    # The workers' SO_REUSEPORT sockets must not join those of a front end already on the port.
+    port = urlparse(live.url).port
+    for workers in ("1", "2"):
+        with pytest.raises(RuntimeError, match="cannot listen on 127.0.0.1:%d" % port):
+            stack.start_frontend(live.engine, live.model, tmp_path, port=port,
+                                 extra=("--workers", workers))

@@ -5,7 +5,7 @@
 Serves /v1/models, /v1/completions, /v1/chat/completions (streaming and not), /health and /metrics.
 Prints `openai front end listening on http://HOST:PORT/v1` once it accepts connections (with
 --listen HOST:0 the port is the one the system picked). With --workers N it is N processes on
-one listening socket under a supervising parent (frontend/workers.py); SIGTERM or SIGINT drains
+the address under a supervising parent (frontend/workers.py); SIGTERM or SIGINT drains
 them (or the one process) and exits 0.
 """
 
@@ -100,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _listening_socket(host: str, port: int) -> socket.socket:
+def _listening_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     # IPPROTO_TCP named: asyncio sets TCP_NODELAY on accepted connections only for sockets that
     # say so, and without it small SSE writes wait for the client's delayed ACK (about 40 ms).
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM,
@@ -108,8 +108,24 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # uvloop does not set it on accepted connections; Linux copies it from the listening socket.
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     return sock
+
+
+def _worker_sockets(host: str, port: int, count: int) -> list[socket.socket]:
+    """count listening sockets on one address, sharing it with SO_REUSEPORT (frontend/workers.py
+    says why). A plain socket is bound first and closed: it fails as one process's would if the
+    address is taken (sockets with SO_REUSEPORT would instead join another such group on it), and
+    with port 0 it picks the port."""
+    probe = _listening_socket(host, port)
+    port = probe.getsockname()[1]
+    probe.close()
+    sockets = [_listening_socket(host, port, reuse_port=True) for _ in range(count)]
+    for sock in sockets:
+        sock.listen(2048)  # uvicorn's default backlog
+    return sockets
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
@@ -171,14 +187,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         sock = socket.socket(fileno=args.worker_socket_fd)
         return _serve(args, sock, lambda: say_serving(args.worker_ready_fd), args.model_created)
     host, port = args.listen
-    sock = _listening_socket(host, port)
     shown = f"[{host}]" if ":" in host else host
-    url = f"http://{shown}:{sock.getsockname()[1]}/v1"
+    try:
+        sockets = [_listening_socket(host, port)] if args.workers == 1 else \
+            _worker_sockets(host, port, args.workers)
+    except OSError as e:
+        print(f"exl3serve-openai: cannot listen on {shown}:{port}: {e}", file=sys.stderr)
+        return 1
     if args.workers == 1:
-        return _serve(args, sock, lambda: print(f"openai front end listening on {url}", flush=True))
-    sock.listen(2048)  # uvicorn's default backlog; the workers accept from it
+        url = f"http://{shown}:{sockets[0].getsockname()[1]}/v1"
+        return _serve(args, sockets[0],
+                      lambda: print(f"openai front end listening on {url}", flush=True))
+    url = f"http://{shown}:{sockets[0].getsockname()[1]}/v1"
     supervisor = Supervisor(
-        sock, args.workers, _worker_argv(args, int(time.time())),
+        sockets, _worker_argv(args, int(time.time())),
         on_serving=lambda: print(f"openai front end listening on {url} ({args.workers} workers)",
                                  flush=True),
         # A worker's graceful shutdown, then its lifespan's end and the process's exit.
