@@ -116,7 +116,10 @@ def _post_stream(url: str, body: dict) -> http.client.HTTPResponse:
     return resp
 
 
-def test_sigterm_drains_open_stream_and_leaves_nothing(live, tmp_path, monkeypatch):
+@pytest.mark.parametrize("how", ["SIGTERM to the parent", "SIGINT to its process group"])
+def test_a_signal_drains_open_stream_and_leaves_nothing(live, tmp_path, monkeypatch, how):
+    """The second is what a terminal's Ctrl-C does: every worker gets the SIGINT, and then the
+    parent's SIGTERM, which must not make uvicorn cut the stream (a second SIGINT would)."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the parent makes its metrics directory
     fe, url = stack.start_frontend(live.engine, live.model, tmp_path / "logs", extra=WORKERS)
     workers = children(fe.p.pid)
@@ -125,7 +128,10 @@ def test_sigterm_drains_open_stream_and_leaves_nothing(live, tmp_path, monkeypat
                               "temperature": 0, "stream": True, "ignore_eos": True})
     assert resp.readline().startswith(b"data: ")
     t0 = time.monotonic()
-    fe.p.send_signal(signal.SIGTERM)
+    if how.startswith("SIGTERM"):
+        fe.p.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(fe.p.pid, signal.SIGINT)  # stack.Proc starts it as a session leader
     rest = resp.read().decode()  # the open stream runs to its end
     assert rest.endswith("data: [DONE]\n\n"), rest[-300:]
     assert fe.p.wait(30) == 0

@@ -158,6 +158,9 @@ class Supervisor:
         env[MULTIPROC_DIR_ENV] = self.metrics_dir
         fd = self.sockets[index].fileno()
         try:
+            # In the parent's process group: a terminal's Ctrl-C reaches every worker at once
+            # (each drains; the parent's SIGTERM after it changes nothing), and a second Ctrl-C
+            # makes uvicorn cut the open streams, as with one process.
             proc = subprocess.Popen(self.worker_argv(index, fd, ready_w), env=env,
                                     pass_fds=(fd, ready_w), stdin=subprocess.DEVNULL)
         finally:
