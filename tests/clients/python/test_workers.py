@@ -10,6 +10,7 @@ import copy
 import http.client
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -151,9 +152,16 @@ def test_no_worker_outlives_a_killed_parent(live, tmp_path):
     fe.stop()
 
 
-def test_bad_worker_count_and_taken_address(live, tmp_path):
+def test_bad_worker_count_taken_address_and_workers_that_cannot_start(live, tmp_path):
     with pytest.raises(RuntimeError, match="workers"):
         stack.start_frontend(live.engine, live.model, tmp_path, extra=("--workers", "0"))
+    # Workers that fail before they serve (here: a tokenizer.json that is no JSON) are not
+    # restarted: the parent stops the others and exits 1.
+    broken = tmp_path / "broken"
+    shutil.copytree(live.model, broken)
+    (broken / "tokenizer.json").write_text("{not json")
+    with pytest.raises(RuntimeError, match=r"exited \(1\)(.|\n)*before it served; stopping"):
+        stack.start_frontend(live.engine, broken, tmp_path, extra=WORKERS)
     # The workers' SO_REUSEPORT sockets must not join those of a front end already on the port.
     port = urlparse(live.url).port
     for workers in ("1", "2"):
