@@ -95,7 +95,6 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--worker-socket-fd", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--worker-ready-fd", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--worker-of", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--model-created", type=int, help=argparse.SUPPRESS)
     return ap
 
@@ -161,13 +160,13 @@ def _serve(args: argparse.Namespace, sock: socket.socket, on_serving: Callable[[
 
 
 def _worker_argv(args: argparse.Namespace, created: int) -> WorkerArgv:
-    """The command line of worker `index` of this process (server.py run as a module)."""
-    def argv(index: int, sock_fd: int, ready_fd: int) -> list[str]:
+    """A worker's command line (server.py run as a module) for this process's arguments."""
+    def argv(sock_fd: int, ready_fd: int) -> list[str]:
         out = [sys.executable, "-m", "exl3serve_client.frontend.server",
                "--engine", args.engine, "--model", str(args.model),
                "--request-timeout", repr(args.request_timeout), "--log-level", args.log_level,
                "--worker-socket-fd", str(sock_fd), "--worker-ready-fd", str(ready_fd),
-               "--worker-of", str(os.getpid()), "--worker-index", str(index),
+               "--worker-of", str(os.getpid()),
                "--model-created", str(created)]
         if args.served_model_name is not None:
             out += ["--served-model-name", args.served_model_name]

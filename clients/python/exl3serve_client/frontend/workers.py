@@ -71,8 +71,8 @@ class Worker:
     started: float = field(default_factory=time.monotonic)
 
 
-# A worker's command line: (its index, the listening socket's descriptor, its ready pipe's write end).
-WorkerArgv = Callable[[int, int, int], list[str]]
+# A worker's command line: (its listening socket's descriptor, its ready pipe's write end) -> argv.
+WorkerArgv = Callable[[int, int], list[str]]
 
 
 class Supervisor:
@@ -127,8 +127,8 @@ class Supervisor:
                         log.error("not every worker served within %.0f s", self.start_timeout_s)
                         rc = 1
                         break
-            self._drain()
         finally:
+            self._drain()  # also when the loop failed (a worker that could not be started)
             signal.set_wakeup_fd(old_wakeup)
             for s, h in old_handlers.items():
                 signal.signal(s, h)
@@ -161,7 +161,7 @@ class Supervisor:
             # In the parent's process group: a terminal's Ctrl-C reaches every worker at once
             # (each drains; the parent's SIGTERM after it changes nothing), and a second Ctrl-C
             # makes uvicorn cut the open streams, as with one process.
-            proc = subprocess.Popen(self.worker_argv(index, fd, ready_w), env=env,
+            proc = subprocess.Popen(self.worker_argv(fd, ready_w), env=env,
                                     pass_fds=(fd, ready_w), stdin=subprocess.DEVNULL)
         finally:
             os.close(ready_w)
