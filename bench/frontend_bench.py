@@ -3,19 +3,23 @@ exl3-router (experts in its process) and exl3serve-openai on loopback; at each c
 streamed requests go once straight to the engine (Generate over grpc.aio) and once through the front
 end (openai.AsyncOpenAI, chat completions), and it reports TTFT, inter-token latency and output
 tokens/s of both, the TTFT the front end adds (p50 through it minus p50 direct) and the front end's
-CPU time per streamed token (its process's utime + stime over the pass / tokens), the same for the
-load client (this process: when it is near one core per wall second, the client, not the front
+CPU time per streamed token (utime + stime of its processes, the workers' with the parent's, over
+the pass / tokens), the same for the load client (this process: when it is near one core per wall second, the client, not the front
 end, sets the tokens/s), and the tokens per engine message of the direct pass (1: every token is
 its own gRPC message and SSE event).
 
     BUILD_DIR/frontend-venv/bin/python bench/frontend_bench.py --build-dir build [--levels 1,8,32,64]
         [--engine-cpus 0-5 --frontend-cpus 6-9 --client-cpus 10-15] [--client-procs N]
+        [--frontend-workers 1,3]
 
 The --*-cpus options put the three processes on separate cores (CPU affinity, inherited by each
 process's threads; the engine then runs as many forward-pass threads as it has cores):
 scripts/gpu/frontend.sh runs it so on the GPU machine's 16 cores. Without them all three share
 every core. The load clients of each pass are --client-procs processes (default: one per client
-CPU, at most 4; one when unpinned), the streams shared among them. Every pass is bounded by its request count and a timeout.
+CPU, at most 4; one when unpinned), the streams shared among them. --frontend-workers lists front
+end worker counts (exl3serve-openai --workers N): the whole set of levels runs once per count, each
+with a front end of its own on the same engine, all in one table. Every pass is bounded by its
+request count and a timeout.
 """
 
 from __future__ import annotations
@@ -49,6 +53,28 @@ CLK = os.sysconf("SC_CLK_TCK")
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK  # utime, stime
+
+
+def tree_cpu_seconds(pid: int) -> dict[int, float]:
+    """CPU seconds of pid and of each of its descendants (a front end's workers), by pid."""
+    parent = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            continue
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo.extend(c for c, pp in parent.items() if pp == p)
+    out = {}
+    for p in tree:
+        try:
+            out[p] = cpu_seconds(p)
+        except OSError:  # exited meanwhile
+            pass
+    return out
 
 
 def hist_totals(addr: str, name: str) -> tuple[float, float]:
@@ -158,6 +184,44 @@ def client_pass(pool, procs: int, kind: str, target: tuple, items: list, conc: i
     return tuple(merged), sum(c for _, c in parts)
 
 
+def run_levels(args, pool, procs: int, engine: str, engine_metrics: str, fe, url: str,
+               tok: ModelTokenizer, workers: int) -> list[tuple]:
+    """Every level of --levels against one front end: a warm-up, then per level the direct pass and
+    the pass through the front end. Returns the table's rows."""
+    rows = []
+    name = openai.OpenAI(base_url=url, api_key="none").models.list().data[0].id
+    warm = [[{"role": "user", "content": "warm-up"}]] * 4 * workers
+    asyncio.run(direct_pass(engine, [tok.encode_chat(m) for m in warm], 2, 8))
+    asyncio.run(frontend_pass(url, name, warm, 2 * workers, 8))
+    fe_addr = url[len("http://"):-len("/v1")]
+    for conc in [int(x) for x in args.levels.split(",")]:
+        n = max(conc * args.requests_per_stream, 32)
+        msgs = [[{"role": "user", "content": f"Request {i}: tell me about experts."}]
+                for i in range(n)]
+        ids = [tok.encode_chat(m) for m in msgs]
+        d, _ = client_pass(pool, procs, "direct", (engine,), ids, conc, args.max_tokens)
+        e0 = hist_totals(engine_metrics, "exl3_engine_time_to_first_token_seconds")
+        s0 = hist_totals(fe_addr, "exl3_frontend_time_to_first_token_seconds")
+        c0 = tree_cpu_seconds(fe.p.pid)
+        f, client_cpu = client_pass(pool, procs, "frontend", (url, name), msgs, conc,
+                                    args.max_tokens)
+        c1 = tree_cpu_seconds(fe.p.pid)
+        per_process = {p: c1[p] - c0.get(p, 0.0) for p in c1}
+        cpu = sum(per_process.values())
+        # Server side, same requests: the front end's TTFT (request in -> first token out)
+        # against the engine's own (accepted -> first token), means over the pass.
+        added = mean_between(s0, hist_totals(fe_addr, "exl3_frontend_time_to_first_token_seconds")) - \
+            mean_between(e0, hist_totals(engine_metrics, "exl3_engine_time_to_first_token_seconds"))
+        rows.append((workers, conc, n, d, f, cpu, added, client_cpu))
+        shares = ", ".join(f"{per_process[p]:.2f}" for p in sorted(per_process) if p != fe.p.pid)
+        print(f"workers={workers} c={conc:3d}: direct TTFT p50 {p50(d[0]) * 1e3:7.2f} ms, front end "
+              f"{p50(f[0]) * 1e3:7.2f} ms; own TTFT over the engine's {added * 1e3:6.2f} ms; front end "
+              f"CPU {cpu / max(f[2], 1) * 1e6:6.1f} us/token"
+              + (f" (workers' CPU s: {shares}; parent {per_process.get(fe.p.pid, 0.0):.2f})"
+                 if shares else ""), flush=True)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build-dir", default="build", type=Path)
@@ -168,6 +232,8 @@ def main() -> int:
     ap.add_argument("--engine-cpus", help="CPU list (taskset -c style) of exl3-router")
     ap.add_argument("--frontend-cpus", help="CPU list of exl3serve-openai")
     ap.add_argument("--client-cpus", help="CPU list of this process (the load clients)")
+    ap.add_argument("--frontend-workers", default="1",
+                    help="exl3serve-openai --workers counts, comma-separated: all levels for each")
     ap.add_argument("--client-procs", type=int,
                     help="load client processes that share each pass's streams (default: as many "
                          "as --client-cpus names, at most 4; 1 without it)")
@@ -179,47 +245,32 @@ def main() -> int:
     pin(args.engine_cpus)
     engine_args = ("--engine-threads", str(len(cpu_list(args.engine_cpus)))) if args.engine_cpus else ()
     router, engine, engine_metrics = stack.start_router(build, model, work / "logs", extra=engine_args)
-    pin(args.frontend_cpus)
-    fe, url = stack.start_frontend(engine, model, work / "logs")
-    pin(args.client_cpus)
-    placement = (f"CPUs: engine {affinity(router.p.pid)}, front end {affinity(fe.p.pid)}, "
-                 f"client {affinity(os.getpid())}")
-    placement += f", {procs} client process{'es' if procs > 1 else ''}"
-    print(placement, flush=True)
+    worker_counts = [int(x) for x in args.frontend_workers.split(",")]
     tok = ModelTokenizer(model)
     rows = []
+    placement = ""
     # spawn: the children start clean of this process's gRPC and event-loop state.
-    pool = multiprocessing.get_context("spawn").Pool(procs) if procs > 1 else None
+    pool = None
     try:
-        name = openai.OpenAI(base_url=url, api_key="none").models.list().data[0].id
-        warm = [[{"role": "user", "content": "warm-up"}]] * 4
-        asyncio.run(direct_pass(engine, [tok.encode_chat(m) for m in warm], 2, 8))
-        asyncio.run(frontend_pass(url, name, warm, 2, 8))
-        for conc in [int(x) for x in args.levels.split(",")]:
-            n = max(conc * args.requests_per_stream, 32)
-            msgs = [[{"role": "user", "content": f"Request {i}: tell me about experts."}]
-                    for i in range(n)]
-            ids = [tok.encode_chat(m) for m in msgs]
-            d, _ = client_pass(pool, procs, "direct", (engine,), ids, conc, args.max_tokens)
-            fe_addr = url[len("http://"):-len("/v1")]
-            e0 = hist_totals(engine_metrics, "exl3_engine_time_to_first_token_seconds")
-            s0 = hist_totals(fe_addr, "exl3_frontend_time_to_first_token_seconds")
-            c0 = cpu_seconds(fe.p.pid)
-            f, client_cpu = client_pass(pool, procs, "frontend", (url, name), msgs, conc,
-                                        args.max_tokens)
-            cpu = cpu_seconds(fe.p.pid) - c0
-            # Server side, same requests: the front end's TTFT (request in -> first token out)
-            # against the engine's own (accepted -> first token), means over the pass.
-            added = mean_between(s0, hist_totals(fe_addr, "exl3_frontend_time_to_first_token_seconds")) - \
-                mean_between(e0, hist_totals(engine_metrics, "exl3_engine_time_to_first_token_seconds"))
-            rows.append((conc, n, d, f, cpu, added, client_cpu))
-            print(f"c={conc:3d}: direct TTFT p50 {p50(d[0]) * 1e3:7.2f} ms, front end "
-                  f"{p50(f[0]) * 1e3:7.2f} ms; front end CPU {cpu / max(f[2], 1) * 1e6:6.1f} us/token",
-                  flush=True)
+        for workers in worker_counts:
+            pin(args.frontend_cpus)
+            fe, url = stack.start_frontend(engine, model, work / "logs",
+                                           extra=("--workers", str(workers)))
+            pin(args.client_cpus)
+            try:
+                if pool is None and procs > 1:
+                    pool = multiprocessing.get_context("spawn").Pool(procs)
+                placement = (f"CPUs: engine {affinity(router.p.pid)}, front end {affinity(fe.p.pid)}, "
+                             f"client {affinity(os.getpid())}")
+                placement += f", {procs} client process{'es' if procs > 1 else ''}"
+                print(f"front end with {workers} worker{'s' if workers > 1 else ''}; {placement}",
+                      flush=True)
+                rows += run_levels(args, pool, procs, engine, engine_metrics, fe, url, tok, workers)
+            finally:
+                fe.stop()
     finally:
         if pool is not None:
             pool.terminate()
-        fe.stop()
         router.stop()
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
@@ -227,13 +278,13 @@ def main() -> int:
              f"{args.max_tokens} tokens per request, {args.requests_per_stream} requests per stream; "
              f"{placement}",
              "",
-             "| streams | requests | TTFT p50 direct ms | TTFT p50 via SDK ms | difference ms | "
+             "| front-end workers | streams | requests | TTFT p50 direct ms | TTFT p50 via SDK ms | difference ms | "
              "front end's own TTFT over the engine's, mean ms | "
              "ITL p50 direct ms | ITL p50 front end ms | tok/s direct | tok/s front end | "
              "front end CPU µs/token | client CPU µs/token | tokens per engine message (direct) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for conc, n, d, f, cpu, added, client_cpu in rows:
-        lines.append(f"| {conc} | {n} | {p50(d[0]) * 1e3:.2f} | {p50(f[0]) * 1e3:.2f} | "
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for workers, conc, n, d, f, cpu, added, client_cpu in rows:
+        lines.append(f"| {workers} | {conc} | {n} | {p50(d[0]) * 1e3:.2f} | {p50(f[0]) * 1e3:.2f} | "
                      f"{(p50(f[0]) - p50(d[0])) * 1e3:.2f} | {added * 1e3:.2f} | {p50(d[1]) * 1e3:.2f} | "
                      f"{p50(f[1]) * 1e3:.2f} | {d[2] / d[3]:.0f} | {f[2] / f[3]:.0f} | "
                      f"{cpu / max(f[2], 1) * 1e6:.1f} | {client_cpu / max(f[2], 1) * 1e6:.1f} | "

@@ -10,11 +10,14 @@
 #     (the GPU machine's is /opt/torch/.venv: a venv made from it would not see its packages) or
 #     `python3 -m venv` is missing (FRONT_PY_MODE=venv|target forces one);
 #  3. runs the benchmark (it generates the test model with the archive's exl3-tool) at 1, 8, 32
-#     and 64 streams. Cores, of the N this process may use (16 on the GPU machine):
+#     and 64 streams, once with a one-process front end and once with N/4 - 1 workers
+#     (exl3serve-openai --workers, 3 on the GPU machine; frontend_bench.py --frontend-workers 1,3),
+#     both in one table. Cores, of the N this process may use (16 on the GPU machine):
 #       engine (exl3-router)          the first 3N/8 (0-5): the CPU engine's forward pass, with as
 #                                     many threads, plus its gRPC threads; the baseline both paths share
-#       front end (exl3serve-openai)  the next N/4 (6-9): one asyncio event loop (Python holds one
-#                                     core) plus gRPC's and uvicorn's native threads beside it
+#       front end (exl3serve-openai)  the next N/4 (6-9): one asyncio event loop per worker (Python
+#                                     holds one core each) plus gRPC's and uvicorn's native threads
+#                                     beside them: N/4 - 1 workers leave them a core
 #       client (the benchmark itself) the rest (10-15): the 64-stream openai SDK client and the
 #                                     direct grpc.aio pass, Python too, split over one process per
 #                                     core (at most 4: frontend_bench.py --client-procs; one
@@ -25,7 +28,7 @@
 #     engine or the client (the 2-core measurement's problem, bench/results/frontend.md).
 # Writes to $OUT (default ./gpu-out): frontend-table.md (the table), frontend-bench.log,
 # frontend-env.txt (machine, Python, package versions), frontend-logs.txt (the processes' logs).
-# Usage: scripts/gpu/frontend.sh [LEVELS]   (default 1,8,32,64)
+# Usage: scripts/gpu/frontend.sh [LEVELS [WORKER_COUNTS]]   (default 1,8,32,64 and 1,N/4-1)
 # Env: PYTHON (default python3), FRONT_ARCHIVE, FRONT_PY_MODE, WORK.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -34,6 +37,7 @@ OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 LEVELS=${1:-1,8,32,64}
+WORKER_COUNTS=${2:-}
 PY=${PYTHON:-python3}
 ARCHIVE=${FRONT_ARCHIVE:-.gpu-check/frontend.tar.xz}
 MODE=${FRONT_PY_MODE:-auto}
@@ -100,18 +104,21 @@ command -v exl3serve-openai > /dev/null || [ -x "$(dirname "$PYBIN")/exl3serve-o
 read -r -a CPUS <<< "$("$PY" -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
 N=${#CPUS[@]}
 PIN=()
+nf=$((N / 4))
+[ -n "$WORKER_COUNTS" ] || WORKER_COUNTS=1,$((nf > 2 ? nf - 1 : 2))
 if [ "$N" -ge 8 ]; then
-  ne=$((3 * N / 8)); nf=$((N / 4))
+  ne=$((3 * N / 8))
   join() { local IFS=,; echo "$*"; }
   PIN=(--engine-cpus "$(join "${CPUS[@]:0:ne}")" --frontend-cpus "$(join "${CPUS[@]:ne:nf}")"
        --client-cpus "$(join "${CPUS[@]:ne+nf}")")
 else
   echo "only $N cores: the three processes share them (no pinning)"
 fi
-echo "=== bench/frontend_bench.py --levels $LEVELS ${PIN[*]}"
+echo "=== bench/frontend_bench.py --levels $LEVELS --frontend-workers $WORKER_COUNTS ${PIN[*]}"
 mkdir -p "$WORK/tmp"
 TMPDIR=$WORK/tmp timeout 480 "$PYBIN" bench/frontend_bench.py --build-dir "$B" --levels "$LEVELS" \
-  "${PIN[@]}" --output "$OUT/frontend-table.md" 2>&1 | tee -a "$OUT/frontend-bench.log"
+  --frontend-workers "$WORKER_COUNTS" "${PIN[@]}" --output "$OUT/frontend-table.md" 2>&1 |
+  tee -a "$OUT/frontend-bench.log"
 rc=${PIPESTATUS[0]}
 for f in "$WORK"/tmp/exl3-fe-bench.*/logs/*.log; do
   [ -f "$f" ] && { echo "--- $(basename "$f") (last 40 lines)"; tail -40 "$f"; }

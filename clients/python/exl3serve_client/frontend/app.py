@@ -151,6 +151,7 @@ class FrontendConfig:
     served_model_name: Optional[str] = None  # default: the engine's model name
     request_timeout_s: float = 600.0
     health_cache_s: float = 1.0
+    created: Optional[int] = None     # /v1/models' `created` (--workers: the parent's, in every worker)
 
 
 class Engine:
@@ -219,7 +220,7 @@ class Frontend:
         model_cfg_path = cfg.model_dir / "config.json"
         model_cfg = json.loads(model_cfg_path.read_text()) if model_cfg_path.exists() else {}
         self.config_max_context = int(model_cfg.get("max_position_embeddings") or 0)
-        self.started = int(time.time())
+        self.started = cfg.created if cfg.created is not None else int(time.time())
 
     # ---- what the engine says --------------------------------------------------------------
     def model_name(self) -> str:

@@ -4,7 +4,9 @@
 
 Serves /v1/models, /v1/completions, /v1/chat/completions (streaming and not), /health and /metrics.
 Prints `openai front end listening on http://HOST:PORT/v1` once it accepts connections (with
---listen HOST:0 the port is the one the system picked).
+--listen HOST:0 the port is the one the system picked). With --workers N it is N processes on
+the address under a supervising parent (frontend/workers.py); SIGTERM or SIGINT drains
+them (or the one process) and exits 0.
 """
 
 from __future__ import annotations
@@ -12,15 +14,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import uvicorn
 
 from .app import FrontendConfig, create_app
+from .workers import Supervisor, WorkerArgv, exit_with_parent, say_serving
 
 
 def _split(hostport: str) -> tuple[str, int]:
@@ -54,7 +59,18 @@ def _run(coro, config: uvicorn.Config) -> None:
             loop.close()
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+# uvicorn's graceful shutdown: on SIGTERM/SIGINT open streams get this long to finish.
+GRACEFUL_SHUTDOWN_S = 5
+
+
+def _workers(text: str) -> int:
+    n = int(text) if text.isdigit() else 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of processes >= 1, got {text!r}")
+    return n
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="exl3serve-openai",
                                  description="OpenAI-compatible HTTP front end of an exl3serve "
                                              "engine (exl3-router's Generator service)")
@@ -66,17 +82,24 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="the model's name in the API (default: the engine's)")
     ap.add_argument("--request-timeout", type=float, default=600.0,
                     help="seconds a request may take before it is answered 504")
+    ap.add_argument("--workers", type=_workers, default=1,
+                    help="front-end processes serving --listen, each with its own event loop and "
+                         "gRPC channel, supervised by this one (restarted if one dies; /metrics "
+                         "sums them all). Default 1: one process, no supervisor; the front end "
+                         "shares its host with the engine, and one event loop keeps up to about "
+                         "8 concurrent streams with no queueing of their first tokens. At 32 and "
+                         "more concurrent streams a new request's first token waits behind the "
+                         "other streams' chunks: give 2-4 (bench/results/frontend.md)")
     ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
-    args = ap.parse_args(argv)
-    if not (args.model / "tokenizer.json").exists():
-        print(f"exl3serve-openai: {args.model}/tokenizer.json not found (a test model gets one from "
-              "exl3serve-make-tokenizer --model DIR)", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=args.log_level.upper())
-    app = create_app(FrontendConfig(engine=args.engine, model_dir=args.model,
-                                    served_model_name=args.served_model_name,
-                                    request_timeout_s=args.request_timeout))
-    host, port = args.listen
+    # A worker's side of --workers (frontend/workers.py starts it so): not for users.
+    ap.add_argument("--worker-socket-fd", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--worker-ready-fd", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--worker-of", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--model-created", type=int, help=argparse.SUPPRESS)
+    return ap
+
+
+def _listening_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     # IPPROTO_TCP named: asyncio sets TCP_NODELAY on accepted connections only for sockets that
     # say so, and without it small SSE writes wait for the client's delayed ACK (about 40 ms).
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM,
@@ -84,10 +107,40 @@ def main(argv: Optional[list[str]] = None) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # uvloop does not set it on accepted connections; Linux copies it from the listening socket.
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
-    bound = sock.getsockname()[1]
+    return sock
+
+
+def _worker_sockets(host: str, port: int, count: int) -> list[socket.socket]:
+    """count listening sockets on one address, sharing it with SO_REUSEPORT (frontend/workers.py
+    says why). A plain socket is bound first and closed: it fails as one process's would if the
+    address is taken (sockets with SO_REUSEPORT would instead join another such group on it), and
+    with port 0 it picks the port."""
+    probe = _listening_socket(host, port)
+    port = probe.getsockname()[1]
+    probe.close()
+    sockets = [_listening_socket(host, port, reuse_port=True) for _ in range(count)]
+    for sock in sockets:
+        sock.listen(2048)  # uvicorn's default backlog
+    return sockets
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    """SIGTERM handled as SIGINT: uvicorn drains on either and, once done, raises the signal it
+    caught again; this turns that into KeyboardInterrupt (a clean exit), not death by SIGTERM."""
+    raise KeyboardInterrupt
+
+
+def _serve(args: argparse.Namespace, sock: socket.socket, on_serving: Callable[[], None],
+           created: Optional[int] = None) -> int:
+    """Serves on sock until SIGTERM/SIGINT (0 once drained) or a failure to start (1)."""
+    app = create_app(FrontendConfig(engine=args.engine, model_dir=args.model,
+                                    served_model_name=args.served_model_name,
+                                    request_timeout_s=args.request_timeout, created=created))
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False,
-                            timeout_graceful_shutdown=5, lifespan="on")
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on")
     server = uvicorn.Server(config)
 
     async def serve() -> None:
@@ -95,10 +148,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         while not server.started and not task.done():
             await asyncio.sleep(0.02)
         if server.started:
-            shown = f"[{host}]" if ":" in host else host
-            print(f"openai front end listening on http://{shown}:{bound}/v1", flush=True)
+            on_serving()
         await task
 
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         _run(serve(), config)
     except KeyboardInterrupt:
@@ -106,6 +159,53 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 0 if server.started else 1
 
 
+def _worker_argv(args: argparse.Namespace, created: int) -> WorkerArgv:
+    """A worker's command line (server.py run as a module) for this process's arguments."""
+    def argv(sock_fd: int, ready_fd: int) -> list[str]:
+        out = [sys.executable, "-m", "exl3serve_client.frontend.server",
+               "--engine", args.engine, "--model", str(args.model),
+               "--request-timeout", repr(args.request_timeout), "--log-level", args.log_level,
+               "--worker-socket-fd", str(sock_fd), "--worker-ready-fd", str(ready_fd),
+               "--worker-of", str(os.getpid()),
+               "--model-created", str(created)]
+        if args.served_model_name is not None:
+            out += ["--served-model-name", args.served_model_name]
+        return out
+    return argv
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    if not (args.model / "tokenizer.json").exists():
+        print(f"exl3serve-openai: {args.model}/tokenizer.json not found (a test model gets one from "
+              "exl3serve-make-tokenizer --model DIR)", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper())
+    if args.worker_socket_fd is not None:  # one of a supervisor's workers
+        exit_with_parent(args.worker_of)
+        sock = socket.socket(fileno=args.worker_socket_fd)
+        return _serve(args, sock, lambda: say_serving(args.worker_ready_fd), args.model_created)
+    host, port = args.listen
+    shown = f"[{host}]" if ":" in host else host
+    try:
+        sockets = [_listening_socket(host, port)] if args.workers == 1 else \
+            _worker_sockets(host, port, args.workers)
+    except OSError as e:
+        print(f"exl3serve-openai: cannot listen on {shown}:{port}: {e}", file=sys.stderr)
+        return 1
+    if args.workers == 1:
+        url = f"http://{shown}:{sockets[0].getsockname()[1]}/v1"
+        return _serve(args, sockets[0],
+                      lambda: print(f"openai front end listening on {url}", flush=True))
+    url = f"http://{shown}:{sockets[0].getsockname()[1]}/v1"
+    supervisor = Supervisor(
+        sockets, _worker_argv(args, int(time.time())),
+        on_serving=lambda: print(f"openai front end listening on {url} ({args.workers} workers)",
+                                 flush=True),
+        # A worker's graceful shutdown, then its lifespan's end and the process's exit.
+        drain_timeout_s=GRACEFUL_SHUTDOWN_S + 10)
+    return supervisor.run()
+
+
 if __name__ == "__main__":
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     sys.exit(main())
