@@ -183,12 +183,27 @@ __device__ Selected RadixSelect(const Item& item, int vocab, int k, double targe
       // Lanes of one digit add once, through their lowest lane: few atomics on peaked rows.
       const unsigned peers = __match_any_sync(kFull, digit);
       if (kMass) {
-        double sum = 0;
-        for (int j = 0; j < 32; ++j) {
-          const float wj = __shfl_sync(kFull, w, j);
-          if ((peers >> j) & 1u) sum += wj;
+        const bool leader = digit != kNoDigit && Lane() == __ffs(peers) - 1;
+        const unsigned leaders = __ballot_sync(kFull, leader);
+        if (leaders != 0) {  // later passes: most warps hold nothing of the selected prefix
+          double sum = 0;
+          if (__popc(leaders) <= 4) {
+            // Few digits (the first pass: sign and exponent): one butterfly sum per digit.
+            for (unsigned pending = leaders; pending != 0; pending &= pending - 1) {
+              const int l = __ffs(pending) - 1;
+              const unsigned group = __shfl_sync(kFull, peers, l);
+              double v = (group >> Lane()) & 1u ? static_cast<double>(w) : 0.0;
+              for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+              if (Lane() == l) sum = v;
+            }
+          } else {
+            for (int j = 0; j < 32; ++j) {
+              const float wj = __shfl_sync(kFull, w, j);
+              if ((peers >> j) & 1u) sum += wj;
+            }
+          }
+          if (leader) atomicAdd(&sh.hist.mass[Warp()][digit], sum);
         }
-        if (digit != kNoDigit && Lane() == __ffs(peers) - 1) atomicAdd(&sh.hist.mass[Warp()][digit], sum);
       } else {
         if (digit != kNoDigit && Lane() == __ffs(peers) - 1)
           atomicAdd(&sh.hist.count[Warp()][digit], static_cast<uint32_t>(__popc(peers)));

@@ -504,10 +504,11 @@ TEST(Engine, RunnerErrorFailsOnlyThatStepsSequences) {
   EXPECT_EQ(s.kv_usage, 0.0);
 }
 
-TEST(Engine, AFailedStepOfSeveralSequencesFailsOnlyTheSequenceThatFailsAlone) {
-  // The runner fails every step holding sequence a's chunks (as a MoE call fails for tokens
-  // routed to experts no worker serves); b shares the first failing step and goes on.
-  auto t = StartEngine();
+// The runner fails every step holding sequence a's chunks (as a MoE call fails for tokens routed
+// to experts no worker serves); b shares the first failing step and goes on. Also with a runner
+// that samples: the chunks run again alone through ForwardSampled.
+void ExpectAFailedStepFailsOnlyTheSequenceThatFailsAlone(FakeModelOptions model) {
+  auto t = StartEngine(Options(), model);
   std::atomic<int64_t> poisoned{-1};
   t->fake->SetFault([&](int, const StepBatch& batch) {
     for (const SequenceChunk& c : batch.chunks)
@@ -527,6 +528,15 @@ TEST(Engine, AFailedStepOfSeveralSequencesFailsOnlyTheSequenceThatFailsAlone) {
   EXPECT_EQ(t->events.Finish(ib).reason, FinishReason::kLength);
   EXPECT_EQ(t->events.Tokens(ib), RunAlone(b));
   EXPECT_EQ(IdleStats(*t).kv_usage, 0.0);
+  EXPECT_EQ(t->fake->num_check_failures(), 0);
+  if (model.samples_rows_up_to_logprobs.has_value()) EXPECT_GT(t->fake->num_sampled_rows(), 0);
+}
+
+TEST(Engine, AFailedStepOfSeveralSequencesFailsOnlyTheSequenceThatFailsAlone) {
+  ExpectAFailedStepFailsOnlyTheSequenceThatFailsAlone({});
+  FakeModelOptions sampling;
+  sampling.samples_rows_up_to_logprobs = 0;
+  ExpectAFailedStepFailsOnlyTheSequenceThatFailsAlone(sampling);
 }
 
 TEST(Engine, DrainFinishesWhatRunsAndRefusesNewWork) {
