@@ -193,7 +193,7 @@ int main(int argc, char** argv) {
   std::vector<int> contexts = {1024, 8192}, batches = {1, 8, 32, 64};
   int steps = 16, chunk = 2048, runs = 30, max_moe_tokens = 0;
   bool graphs = true, attention_only = false, sampling_only = false, batches_given = false;
-  int vocab = 151552;
+  int sampling_vocab = 151552;
   std::vector<int> attention_shape = {96, 8, 128};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -219,7 +219,7 @@ int main(int argc, char** argv) {
     } else if (a == "--sampling-only") {
       sampling_only = true;
     } else if (a == "--vocab") {
-      vocab = std::atoi(value());
+      sampling_vocab = std::atoi(value());
     } else if (a == "--attention-shape") {
       attention_shape = IntList(value());
     } else if (a == "--runs") {
@@ -241,7 +241,7 @@ int main(int argc, char** argv) {
   }
   if (sampling_only) {
     exl3::bench::SamplingBenchOptions so;
-    so.vocab = vocab;
+    so.vocab = sampling_vocab;
     if (batches_given) so.batches = batches;
     so.runs = runs;
     so.json = json.empty() ? nullptr : std::fopen(json.c_str(), "a");

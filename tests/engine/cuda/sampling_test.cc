@@ -242,6 +242,20 @@ TEST(DeviceSamplerTest, MatchesTheCpuSampler) {
   }
 }
 
+// Every path of the kernel once, small enough for compute-sanitizer (scripts/gpu/engine.sh).
+TEST(DeviceSamplerTest, EveryPathOnce) {
+  REQUIRE_GPU();
+  Counts counts;
+  uint64_t seed = 77;
+  for (const SamplingCase& c : Cases(5000)) {
+    if (c.name.find("everything") == std::string::npos && c.name.find("mixed") == std::string::npos &&
+        c.name != "logprobs")
+      continue;
+    CheckCase(c, 5000, 4, seed++, &counts);
+  }
+  EXPECT_EQ(counts.token_mismatches, 0);
+}
+
 TEST(DeviceSamplerTest, SameSeedSameTokensAndEveryTokenBannedGivesZero) {
   REQUIRE_GPU();
   const int vocab = 7;
