@@ -340,6 +340,162 @@ __device__ int TieCut(const Item& item, int vocab, const Selected& s, double tar
   return id;
 }
 
+// The draw over the candidates `item` admits when they are at most kMaxDeviceTopLogprobs (what
+// top-k left): gathered into shared memory, sorted into Higher order for top-p (the shortest
+// head holding top_p of their mass, summed in that order) and min-p (a head too), then into id
+// order for the draw, whose sums run serially in id order as the CPU sampler's do. Returns the
+// token, on every thread.
+template <typename Item>
+__device__ int DrawListed(const Item& item, int vocab, const PackedSamplingRow& p, float max_x, float threshold,
+                          bool min_p, Shared& sh);
+
+// Sorts sh.top_key / sh.top_id [0, n) (n <= kMaxDeviceTopLogprobs) in place: by_id, ascending
+// ids; else Higher order (key descending, lower id first). A bitonic sort over the next power of
+// two, padded with entries that sort last; every thread calls it, and reads the result after it.
+__device__ void SortListed(int n, bool by_id, Shared& sh) {
+  int size = 1;
+  while (size < n) size <<= 1;
+  for (int i = n + threadIdx.x; i < size; i += kThreads) {
+    sh.top_key[i] = 0;
+    sh.top_id[i] = INT_MAX;
+  }
+  for (int block = 2; block <= size; block <<= 1) {
+    for (int stride = block / 2; stride > 0; stride >>= 1) {
+      __syncthreads();
+      const int i = threadIdx.x, j = i ^ stride;
+      if (i < size && j > i) {
+        const bool i_first = by_id ? sh.top_id[i] < sh.top_id[j]
+                                   : sh.top_key[i] > sh.top_key[j] ||
+                                         (sh.top_key[i] == sh.top_key[j] && sh.top_id[i] < sh.top_id[j]);
+        if ((i & block) == 0 ? !i_first : i_first) {
+          const uint32_t k = sh.top_key[i];
+          sh.top_key[i] = sh.top_key[j];
+          sh.top_key[j] = k;
+          const int32_t id = sh.top_id[i];
+          sh.top_id[i] = sh.top_id[j];
+          sh.top_id[j] = id;
+        }
+      }
+    }
+  }
+  __syncthreads();
+}
+
+template <typename Item>
+__device__ int DrawListed(const Item& item, int vocab, const PackedSamplingRow& p, float max_x, float threshold,
+                          bool min_p, Shared& sh) {
+  if (threadIdx.x == 0) sh.top_count = 0;
+  __syncthreads();
+  for (int t = threadIdx.x; t < vocab; t += kThreads) {
+    uint32_t key;
+    float w;
+    if (item(t, &key, &w)) {
+      const int i = atomicAdd(&sh.top_count, 1);
+      if (i < kMaxDeviceTopLogprobs) {
+        sh.top_key[i] = key;
+        sh.top_id[i] = t;
+      }
+    }
+  }
+  __syncthreads();
+  const int n = min(sh.top_count, kMaxDeviceTopLogprobs);
+  SortListed(n, /*by_id=*/false, sh);
+  auto weight = [&](int i) {
+    uint32_t key;
+    float w;
+    item(sh.top_id[i], &key, &w);
+    return static_cast<double>(w);
+  };
+  if (threadIdx.x == 0) {
+    int keep = n;
+    if ((p.flags & kPackedTopP) != 0) {
+      double total = 0;
+      for (int i = 0; i < n; ++i) total += weight(i);
+      const double target = static_cast<double>(p.top_p) * total;
+      double cum = 0;
+      for (int i = 0; i < n; ++i) {
+        cum += weight(i);
+        if (cum >= target) {
+          keep = i + 1;
+          break;
+        }
+      }
+    }
+    if (min_p) {
+      // x >= threshold, on the ordered keys (the list is in descending x: a head).
+      const uint32_t threshold_key = OrderedKey(threshold);
+      int m = 0;
+      while (m < keep && sh.top_key[m] >= threshold_key) ++m;
+      keep = m;
+    }
+    sh.top_count = keep;
+  }
+  __syncthreads();
+  const int keep = sh.top_count;
+  SortListed(keep, /*by_id=*/true, sh);
+  if (threadIdx.x == 0) {
+    double total = 0;
+    for (int i = 0; i < keep; ++i) total += weight(i);
+    const double target = p.uniform * total;
+    double cum = 0;
+    int chosen = keep > 0 ? sh.top_id[keep - 1] : 0;  // rounding at the top end
+    for (int i = 0; i < keep; ++i) {
+      cum += weight(i);
+      if (target < cum) {
+        chosen = sh.top_id[i];
+        break;
+      }
+    }
+    sh.claim_id = chosen;
+  }
+  __syncthreads();
+  const int chosen = sh.claim_id;
+  __syncthreads();
+  return chosen;
+}
+
+// The draw over the whole row: the first token, in ascending id order, whose running mass of the
+// tokens kept(t, &w) admits exceeds uniform * their mass (the highest kept id when rounding
+// leaves none); a block-wide prefix sum over contiguous chunks. Returns it on every thread.
+template <typename Kept>
+__device__ int DrawOverRow(const Kept& kept, int vocab, double uniform, Shared& sh) {
+  const Chunk c = MyChunk(vocab);
+  double own = 0;
+  int last = -1;
+  for (int t = c.begin; t < c.end; ++t) {
+    float w;
+    if (kept(t, &w)) {
+      own += w;
+      last = t;
+    }
+  }
+  const double target = uniform * BlockSum(own, sh);
+  const double before = BlockExclusiveSum<double>(own, sh.reduce_d);
+  if (threadIdx.x == 0) {
+    sh.claim_id = INT_MAX;
+    sh.last_id = -1;
+  }
+  __syncthreads();
+  if (last >= 0) {
+    atomicMax(&sh.last_id, last);
+    double cum = before;
+    for (int t = c.begin; t < c.end; ++t) {
+      float w;
+      if (kept(t, &w)) {
+        cum += w;
+        if (target < cum) {
+          atomicMin(&sh.claim_id, t);
+          break;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  const int chosen = sh.claim_id != INT_MAX ? sh.claim_id : max(sh.last_id, 0);
+  __syncthreads();
+  return chosen;
+}
+
 // grid num_rows, block kThreads, dynamic shared memory sizeof(Shared).
 __global__ void __launch_bounds__(kThreads) SampleRowsKernel(float* logits, int vocab,
                                                              const PackedSamplingRow* rows,
@@ -384,32 +540,7 @@ __global__ void __launch_bounds__(kThreads) SampleRowsKernel(float* logits, int 
         }
       }
       __syncthreads();
-      // Bitonic sort of the n into Higher order, padded to a power of two with the lowest keys.
-      int size = 1;
-      while (size < n) size <<= 1;
-      for (int i = n + threadIdx.x; i < size; i += kThreads) {
-        sh.top_key[i] = 0;
-        sh.top_id[i] = INT_MAX;
-      }
-      for (int block = 2; block <= size; block <<= 1) {
-        for (int stride = block / 2; stride > 0; stride >>= 1) {
-          __syncthreads();
-          const int i = threadIdx.x, j = i ^ stride;
-          if (i < size && j > i) {
-            const bool i_higher = sh.top_key[i] > sh.top_key[j] ||
-                                  (sh.top_key[i] == sh.top_key[j] && sh.top_id[i] < sh.top_id[j]);
-            if ((i & block) == 0 ? !i_higher : i_higher) {
-              const uint32_t k = sh.top_key[i];
-              sh.top_key[i] = sh.top_key[j];
-              sh.top_key[j] = k;
-              const int32_t id = sh.top_id[i];
-              sh.top_id[i] = sh.top_id[j];
-              sh.top_id[j] = id;
-            }
-          }
-        }
-      }
-      __syncthreads();
+      SortListed(n, /*by_id=*/false, sh);
       for (int i = threadIdx.x; i < n; i += kThreads) {
         const int t = sh.top_id[i];
         result[kSampledTopBegin + 2 * i] = static_cast<uint32_t>(t);
@@ -496,67 +627,38 @@ __global__ void __launch_bounds__(kThreads) SampleRowsKernel(float* logits, int 
         *w = ExpNonPositive(__fsub_rn(x, max_x));
         return x != -INFINITY && cut.Keeps(*key, t);
       };
+      const bool min_p = (p.flags & kPackedMinP) != 0;
+      const float threshold = __fadd_rn(max_x, p.log_min_p);
       if (p.top_k > 0 && p.top_k < num_finite) {
         const Selected s = RadixSelect<false>(candidate, vocab, p.top_k, 0.0, sh);
         const int id = TieCut<false>(candidate, vocab, s, 0.0, sh);
         cut = Cut{true, s.key, id};
       }
-      if ((p.flags & kPackedTopP) != 0) {
-        double own = 0;
-        for (int t = threadIdx.x; t < vocab; t += kThreads) {
-          uint32_t key;
-          float w;
-          if (candidate(t, &key, &w)) own += w;
-        }
-        const double target = static_cast<double>(p.top_p) * BlockSum(own, sh);
-        const Selected s = RadixSelect<true>(candidate, vocab, 0, target, sh);
-        if (s.found) {
-          const int id = TieCut<true>(candidate, vocab, s, target, sh);
-          cut = Cut{true, s.key, id};
-        }
-      }
-      const bool min_p = (p.flags & kPackedMinP) != 0;
-      const float threshold = __fadd_rn(max_x, p.log_min_p);
-      auto kept = [&](int t, float* w) {
-        uint32_t key;
-        const bool in = candidate(t, &key, w);
-        return in && (!min_p || __fmul_rn(row[t], inv_t) >= threshold);
-      };
-      // The draw, in ascending id order over contiguous chunks.
-      const Chunk c = MyChunk(vocab);
-      double own = 0;
-      int last = -1;
-      for (int t = c.begin; t < c.end; ++t) {
-        float w;
-        if (kept(t, &w)) {
-          own += w;
-          last = t;
-        }
-      }
-      const double target = p.uniform * BlockSum(own, sh);
-      const double before = BlockExclusiveSum<double>(own, sh.reduce_d);
-      if (threadIdx.x == 0) {
-        sh.claim_id = INT_MAX;
-        sh.last_id = -1;
-      }
-      __syncthreads();
-      if (last >= 0) {
-        atomicMax(&sh.last_id, last);
-        double cum = before;
-        for (int t = c.begin; t < c.end; ++t) {
-          float w;
-          if (kept(t, &w)) {
-            cum += w;
-            if (target < cum) {
-              atomicMin(&sh.claim_id, t);
-              break;
-            }
+      if (cut.active && p.top_k <= kMaxDeviceTopLogprobs) {
+        // Few candidates left: the rest in shared memory, serially as the CPU sampler does it.
+        chosen = DrawListed(candidate, vocab, p, max_x, threshold, min_p, sh);
+      } else {
+        if ((p.flags & kPackedTopP) != 0) {
+          double own = 0;
+          for (int t = threadIdx.x; t < vocab; t += kThreads) {
+            uint32_t key;
+            float w;
+            if (candidate(t, &key, &w)) own += w;
+          }
+          const double target = static_cast<double>(p.top_p) * BlockSum(own, sh);
+          const Selected s = RadixSelect<true>(candidate, vocab, 0, target, sh);
+          if (s.found) {
+            const int id = TieCut<true>(candidate, vocab, s, target, sh);
+            cut = Cut{true, s.key, id};
           }
         }
+        auto kept = [&](int t, float* w) {
+          uint32_t key;
+          const bool in = candidate(t, &key, w);
+          return in && (!min_p || __fmul_rn(row[t], inv_t) >= threshold);
+        };
+        chosen = DrawOverRow(kept, vocab, p.uniform, sh);
       }
-      __syncthreads();
-      chosen = sh.claim_id != INT_MAX ? sh.claim_id : max(sh.last_id, 0);
-      __syncthreads();
     }
   }
 
