@@ -376,6 +376,12 @@ void Engine::RunStep() {
     const std::vector<SequenceUpdate> updates = CompleteStep(step);
     const SteadyTime t4 = Clock::now();
     sample_s = Seconds(t4 - t3);
+    if (runner_sampled_) {
+      // The runner sampled inside its forward pass: that time counts as sampling.
+      const double device_sample_s = std::min(m.phases.sample_s, m.forward_s);
+      m.forward_s -= device_sample_s;
+      sample_s += device_sample_s;
+    }
     Deliver(updates, t4);
   } else {
     m.failed = true;

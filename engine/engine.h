@@ -110,8 +110,8 @@ struct StepMetrics {
   int num_preempted = 0;
   bool failed = false;     // Forward returned an error
   double schedule_s = 0;   // Scheduler::Schedule
-  double forward_s = 0;    // ModelRunner::Forward (or ForwardSampled: with the sampling)
-  double sample_s = 0;     // sampling and sequence updates (Scheduler::CompleteStep)
+  double forward_s = 0;    // ModelRunner::Forward (ForwardSampled: less its phases.sample_s)
+  double sample_s = 0;     // sampling (host, or the runner's phases.sample_s), sequence updates
   double bookkeeping_s = 0;  // intake, cancels, deadlines, events
   // The engine after the step.
   int num_running = 0;
