@@ -296,14 +296,32 @@ void Engine::RetryChunksAlone(const ScheduledStep& step) {
     if (!requests_.contains(chunk.sequence_id)) continue;  // cancelled during the step
     ScheduledStep alone;
     alone.batch.chunks.push_back(chunk);
-    std::vector<float> logits(static_cast<size_t>(alone.batch.NumLogitRows()) * info_.vocab_size);
-    const absl::Status st = runner_->Forward(alone.batch, logits.data());
+    const absl::Status st = RunForward(alone);
     if (st.ok()) {
-      Deliver(scheduler_->CompleteStep(alone, logits, sampling_pool_.get()), Clock::now());
+      Deliver(CompleteStep(alone), Clock::now());
     } else {
       for (int64_t id : scheduler_->FailStep(alone)) Finish(id, FinishReason::kError, st);
     }
   }
+}
+
+absl::Status Engine::RunForward(const ScheduledStep& step) {
+  const std::vector<RowSampling> rows = scheduler_->SamplingRows(step);
+  // A step without logit rows (prompt chunks only) has nothing to sample: plain Forward.
+  runner_sampled_ = !rows.empty() && std::all_of(rows.begin(), rows.end(), [&](const RowSampling& r) {
+    return runner_->SamplesRows(r.params);
+  });
+  if (runner_sampled_) {
+    sampled_.assign(rows.size(), SampledToken{});
+    return runner_->ForwardSampled(step.batch, rows, std::span<SampledToken>(sampled_));
+  }
+  logits_.resize(static_cast<size_t>(step.batch.NumLogitRows()) * info_.vocab_size);
+  return runner_->Forward(step.batch, logits_.data());
+}
+
+std::vector<SequenceUpdate> Engine::CompleteStep(const ScheduledStep& step) {
+  if (runner_sampled_) return scheduler_->CompleteSampledStep(step, sampled_);
+  return scheduler_->CompleteStep(step, logits_, sampling_pool_.get());
 }
 
 void Engine::ApplyCancels(std::vector<uint64_t> cancels) {
@@ -346,10 +364,9 @@ void Engine::RunStep() {
   }
   m.num_sequences = static_cast<int>(step.batch.chunks.size());
   m.num_tokens = step.batch.NumTokens();
-  logits_.resize(static_cast<size_t>(step.batch.NumLogitRows()) * info_.vocab_size);
 
   const SteadyTime t2 = Clock::now();
-  const absl::Status forward = runner_->Forward(step.batch, logits_.data());
+  const absl::Status forward = RunForward(step);
   const SteadyTime t3 = Clock::now();
   m.forward_s = Seconds(t3 - t2);
   m.phases = runner_->LastPhaseTimes();
@@ -365,10 +382,15 @@ void Engine::RunStep() {
 
   double sample_s = 0;
   if (forward.ok()) {
-    const std::vector<SequenceUpdate> updates =
-        scheduler_->CompleteStep(step, logits_, sampling_pool_.get());
+    const std::vector<SequenceUpdate> updates = CompleteStep(step);
     const SteadyTime t4 = Clock::now();
     sample_s = Seconds(t4 - t3);
+    if (runner_sampled_) {
+      // The runner sampled inside its forward pass: that time counts as sampling.
+      const double device_sample_s = std::min(m.phases.sample_s, m.forward_s);
+      m.forward_s -= device_sample_s;
+      sample_s += device_sample_s;
+    }
     Deliver(updates, t4);
   } else {
     m.failed = true;

@@ -110,8 +110,8 @@ struct StepMetrics {
   int num_preempted = 0;
   bool failed = false;     // Forward returned an error
   double schedule_s = 0;   // Scheduler::Schedule
-  double forward_s = 0;    // ModelRunner::Forward
-  double sample_s = 0;     // sampling and sequence updates (Scheduler::CompleteStep)
+  double forward_s = 0;    // ModelRunner::Forward (ForwardSampled: less its phases.sample_s)
+  double sample_s = 0;     // sampling (host, or the runner's phases.sample_s), sequence updates
   double bookkeeping_s = 0;  // intake, cancels, deadlines, events
   // The engine after the step.
   int num_running = 0;
@@ -217,6 +217,12 @@ class Engine {
   // Tokens of a completed step (or chunk) to their requests: events, finishes, timings.
   void Deliver(const std::vector<SequenceUpdate>& updates, SteadyTime now);
   void RetryChunksAlone(const ScheduledStep& step);
+  // Runs the step's forward pass. The one place that decides where its rows are sampled: on the
+  // runner (ModelRunner::ForwardSampled, into sampled_) when it can sample every one of them,
+  // else here (the logits into logits_, sampled by CompleteStep).
+  absl::Status RunForward(const ScheduledStep& step);
+  // The scheduler's CompleteStep for what the last RunForward left.
+  std::vector<SequenceUpdate> CompleteStep(const ScheduledStep& step);
   void ApplyCancels(std::vector<uint64_t> cancels);
   void ExpireDeadlines(SteadyTime now);
   // Removes the request everywhere and sends its final event.
@@ -236,6 +242,8 @@ class Engine {
   std::unique_ptr<ParallelFor> sampling_pool_;
   std::unordered_map<uint64_t, Request> requests_;
   std::vector<float> logits_;
+  std::vector<SampledToken> sampled_;
+  bool runner_sampled_ = false;  // the last RunForward sampled on the runner
   int64_t steps_ = 0;
   int64_t failed_steps_ = 0;
   int64_t requests_finished_ = 0;

@@ -8,6 +8,8 @@
 //   StepBatch batch;                                         // filled by the scheduler
 //   std::vector<float> logits(batch.NumLogitRows() * info.vocab_size);
 //   EXL3_RETURN_IF_ERROR(runner->Forward(batch, logits.data()));
+//   // or, where runner->SamplesRows(params) for every row's params (the CUDA model):
+//   EXL3_RETURN_IF_ERROR(runner->ForwardSampled(batch, rows, tokens));
 //
 // A step is a list of chunks, one per sequence: a prompt chunk (prefill) or the one token sampled
 // last step (decode). Chunk c runs tokens [start_position, start_position + num_tokens) of its
@@ -25,10 +27,12 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/sampler.h"
 
 namespace exl3::engine {
 
@@ -81,6 +85,7 @@ struct StepBatch {
 // Time spent per phase in the last Forward, for the engine's step metrics.
 struct StepPhaseTimes {
   double embed_s = 0, attention_s = 0, moe_s = 0, dense_mlp_s = 0, head_s = 0;
+  double sample_s = 0;  // sampling on the runner's device (ForwardSampled)
 };
 
 class ModelRunner {
@@ -95,6 +100,20 @@ class ModelRunner {
   // the step's chunks may run again.
   virtual absl::Status Forward(const StepBatch& batch, float* logits) = 0;
   virtual StepPhaseTimes LastPhaseTimes() const { return {}; }
+
+  // Sampling where the logits are (the GPU), so that only tokens come back to the host. A runner
+  // that can sample rows of `params` itself says so here; the engine then runs every step whose
+  // rows it can all sample through ForwardSampled, and any other step through Forward and the
+  // host's Sampler (engine/engine.cc Engine::RunForward is the one place that decides).
+  virtual bool SamplesRows(const SamplingParams& /*params*/) const { return false; }
+  // Runs one step as Forward does, then samples logit row i as Sampler::Sample would with
+  // rows[i] (the same tokens for the same logits, and the logprobs it reports) into tokens[i];
+  // rows.size() == tokens.size() == batch.NumLogitRows().
+  virtual absl::Status ForwardSampled(const StepBatch& /*batch*/,
+                                      std::span<const RowSampling> /*rows*/,
+                                      std::span<SampledToken> /*tokens*/) {
+    return absl::UnimplementedError("this model runner does not sample");
+  }
 };
 
 }  // namespace exl3::engine

@@ -219,12 +219,24 @@ size_t Sampler::SelectHead(std::span<const float> logits, size_t n, float highes
   }
   std::sort(boundary_.begin(), boundary_.end(),
             [&](int32_t a, int32_t b) { return Higher(logits, a, b); });
-  for (int32_t t : boundary_) {
-    candidates_[count++] = t;
-    mass_before += weights_[t];
-    if (count >= max_count || mass_before >= target_mass) break;
+  size_t taken = 0;
+  while (taken < boundary_.size()) {
+    mass_before += weights_[boundary_[taken++]];
+    if (count + taken >= max_count || mass_before >= target_mass) break;
   }
-  return count;
+  // The head stays in ascending token id order (the draw walks it so, engine/sampler.h): the
+  // taken boundary tokens, sorted by id, merge into the kept ones from the back.
+  const size_t head = count + taken;
+  std::sort(boundary_.begin(), boundary_.begin() + taken);
+  size_t kept = count, out = head;
+  while (taken > 0) {
+    if (kept > 0 && candidates_[kept - 1] > boundary_[taken - 1]) {
+      candidates_[--out] = candidates_[--kept];
+    } else {
+      candidates_[--out] = boundary_[--taken];
+    }
+  }
+  return head;
 }
 
 int32_t Sampler::Draw(std::span<float> logits, const SamplingParams& params,
@@ -244,7 +256,8 @@ int32_t Sampler::Draw(std::span<float> logits, const SamplingParams& params,
   for (int32_t t = 0; t < vocab_size_; ++t) weights_[t] = ExpNonPositive(logits[t] - max_logit);
 
   // Each filter keeps a head of the candidates in Higher order (the top token always stays), so
-  // they apply one after another to a shrinking count n.
+  // they apply one after another to a shrinking count n; candidates_[0, n) stays in ascending
+  // token id order throughout.
   constexpr double kNoMassLimit = std::numeric_limits<double>::infinity();
   size_t n = candidates_.size();
   if (params.top_k > 0 && static_cast<size_t>(params.top_k) < n) {
@@ -254,8 +267,9 @@ int32_t Sampler::Draw(std::span<float> logits, const SamplingParams& params,
   if (params.min_p > 0.0f) {
     // p / p_max >= min_p, and the ratio does not depend on the normalization.
     const float threshold = max_logit + std::log(params.min_p);
-    auto end = std::partition(candidates_.begin(), candidates_.begin() + n,
-                              [&](int32_t t) { return logits[t] >= threshold; });
+    // remove_if keeps the order of what stays (ascending token ids).
+    auto end = std::remove_if(candidates_.begin(), candidates_.begin() + n,
+                              [&](int32_t t) { return !(logits[t] >= threshold); });
     n = end - candidates_.begin();
   }
 

@@ -15,7 +15,13 @@
 //
 // Randomness is counter-based: the draw for a sequence's output token i is a pure function of
 // (seed, i), so the same seed gives the same tokens whatever else runs in the batch, and also
-// after the sequence was preempted and recomputed.
+// after the sequence was preempted and recomputed. The draw is defined so that another
+// implementation (the GPU's, engine/cuda/sampling_kernels.h) can match it token for token: the
+// kept tokens are a head of the candidates in Higher order (top-k: the k first; top-p: the
+// shortest head holding top_p of the mass, in double; min-p: logit >= max + log(min_p), in
+// float); u = UniformDraw(seed, i); the chosen token is the first kept token in ASCENDING TOKEN
+// ID order whose running mass (double sums of the float weights exp(logit - max)) exceeds
+// u * the kept mass, the highest kept id when rounding leaves none.
 #pragma once
 
 #include <cstdint>
@@ -57,6 +63,15 @@ struct SequenceHistory {
   std::span<const int32_t> prompt;
   std::span<const int32_t> output;         // tokens generated so far; its size is the draw index
   std::span<const int32_t> banned_tokens;  // get -inf (e.g. EOS before min_tokens)
+};
+
+// Everything Sampler::Sample takes besides the logits: one logit row's sampling, as the
+// scheduler hands it to a runner that samples on its own device (engine/model_runner.h). The
+// history's spans point into the caller's token histories.
+struct RowSampling {
+  SamplingParams params;
+  uint64_t seed = 0;
+  SequenceHistory history;
 };
 
 class Sampler {

@@ -176,50 +176,47 @@ std::optional<FinishReason> Scheduler::CheckStop(const Sequence& seq, int32_t to
   return std::nullopt;
 }
 
-std::vector<SequenceUpdate> Scheduler::CompleteStep(const ScheduledStep& step,
-                                                    std::span<float> logits,
-                                                    ParallelFor* parallel) {
-  // 1. Advance every chunk's sequence; collect the rows to sample.
-  struct Row {
-    int64_t id;
-    Sequence* seq;
-    std::span<float> logits;
-  };
-  std::vector<Row> rows;
-  const size_t vocab = model_.vocab_size;
-  size_t row = 0;
+RowSampling Scheduler::RowSamplingOf(const Sequence& seq) const {
+  RowSampling r;
+  r.params = seq.request.sampling;
+  r.seed = seq.request.seed;
+  const std::span<const int32_t> history(seq.tokens);
+  const size_t prompt_len = seq.request.prompt.size();
+  r.history.prompt = history.first(prompt_len);
+  r.history.output = history.subspan(prompt_len);
+  if (seq.NumOutput() < seq.request.min_tokens) r.history.banned_tokens = seq.min_tokens_banned;
+  return r;
+}
+
+std::vector<RowSampling> Scheduler::SamplingRows(const ScheduledStep& step) const {
+  std::vector<RowSampling> rows;
   for (const SequenceChunk& chunk : step.batch.chunks) {
-    const size_t this_row = chunk.wants_logits ? row++ : 0;
+    if (!chunk.wants_logits) continue;
+    auto it = sequences_.find(chunk.sequence_id);
+    // Schedule only names present sequences; an absent one (aborted since) samples defaults,
+    // which CompleteStep then skips.
+    rows.push_back(it != sequences_.end() ? RowSamplingOf(it->second) : RowSampling{});
+  }
+  return rows;
+}
+
+std::vector<Scheduler::SampledRow> Scheduler::AdvanceStep(const ScheduledStep& step) {
+  std::vector<SampledRow> rows;
+  int row = 0;
+  for (const SequenceChunk& chunk : step.batch.chunks) {
+    const int this_row = chunk.wants_logits ? row++ : 0;
     auto it = sequences_.find(chunk.sequence_id);
     if (it == sequences_.end()) continue;  // aborted during the step
     Sequence& seq = it->second;
     seq.num_computed += static_cast<int>(chunk.tokens.size());
     kv_.CacheFullBlocks(chunk.sequence_id, seq.tokens, seq.num_computed);
-    if (chunk.wants_logits) {
-      rows.push_back({chunk.sequence_id, &seq, logits.subspan(this_row * vocab, vocab)});
-    }
+    if (chunk.wants_logits) rows.push_back({chunk.sequence_id, &seq, this_row});
   }
+  return rows;
+}
 
-  // 2. Sample; rows are independent and only read the sequences.
-  std::vector<SequenceUpdate> updates(rows.size());
-  auto sample = [&](int worker, int i) {
-    const Sequence& seq = *rows[i].seq;
-    const std::span<const int32_t> history(seq.tokens);
-    const size_t prompt_len = seq.request.prompt.size();
-    SequenceHistory h;
-    h.prompt = history.first(prompt_len);
-    h.output = history.subspan(prompt_len);
-    if (seq.NumOutput() < seq.request.min_tokens) h.banned_tokens = seq.min_tokens_banned;
-    updates[i].token = samplers_[worker].Sample(rows[i].logits, seq.request.sampling,
-                                                seq.request.seed, h);
-  };
-  if (parallel != nullptr && parallel->num_workers() <= static_cast<int>(samplers_.size())) {
-    parallel->Run(static_cast<int>(rows.size()), sample);
-  } else {
-    for (int i = 0; i < static_cast<int>(rows.size()); ++i) sample(0, i);
-  }
-
-  // 3. Append the tokens and end the sequences that stop.
+std::vector<SequenceUpdate> Scheduler::AppendTokens(const std::vector<SampledRow>& rows,
+                                                    std::vector<SequenceUpdate> updates) {
   for (size_t i = 0; i < rows.size(); ++i) {
     SequenceUpdate& u = updates[i];
     Sequence& seq = *rows[i].seq;
@@ -230,6 +227,39 @@ std::vector<SequenceUpdate> Scheduler::CompleteStep(const ScheduledStep& step,
     if (u.finish.has_value()) Remove(rows[i].id);
   }
   return updates;
+}
+
+std::vector<SequenceUpdate> Scheduler::CompleteStep(const ScheduledStep& step,
+                                                    std::span<float> logits,
+                                                    ParallelFor* parallel) {
+  // 1. Advance every chunk's sequence; collect the rows to sample.
+  const std::vector<SampledRow> rows = AdvanceStep(step);
+  const size_t vocab = model_.vocab_size;
+
+  // 2. Sample; rows are independent and only read the sequences.
+  std::vector<SequenceUpdate> updates(rows.size());
+  auto sample = [&](int worker, int i) {
+    const RowSampling r = RowSamplingOf(*rows[i].seq);
+    updates[i].token = samplers_[worker].Sample(
+        logits.subspan(static_cast<size_t>(rows[i].row) * vocab, vocab), r.params, r.seed,
+        r.history);
+  };
+  if (parallel != nullptr && parallel->num_workers() <= static_cast<int>(samplers_.size())) {
+    parallel->Run(static_cast<int>(rows.size()), sample);
+  } else {
+    for (int i = 0; i < static_cast<int>(rows.size()); ++i) sample(0, i);
+  }
+
+  // 3. Append the tokens and end the sequences that stop.
+  return AppendTokens(rows, std::move(updates));
+}
+
+std::vector<SequenceUpdate> Scheduler::CompleteSampledStep(const ScheduledStep& step,
+                                                           std::span<const SampledToken> sampled) {
+  const std::vector<SampledRow> rows = AdvanceStep(step);
+  std::vector<SequenceUpdate> updates(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) updates[i].token = sampled[rows[i].row];
+  return AppendTokens(rows, std::move(updates));
 }
 
 std::vector<int64_t> Scheduler::FailStep(const ScheduledStep& step) {

@@ -119,6 +119,13 @@ class Scheduler {
   // num_samplers workers) the rows are sampled on its workers; the result does not depend on it.
   std::vector<SequenceUpdate> CompleteStep(const ScheduledStep& step, std::span<float> logits,
                                            ParallelFor* parallel = nullptr);
+  // What sampling each logit row of `step` takes (its chunks that want logits, in chunk order),
+  // for a runner that samples on its own device (ModelRunner::ForwardSampled). The histories
+  // point into the scheduler's sequences: valid until the next call that changes them.
+  std::vector<RowSampling> SamplingRows(const ScheduledStep& step) const;
+  // CompleteStep for a step whose rows were sampled already: sampled[i] is row i's token.
+  std::vector<SequenceUpdate> CompleteSampledStep(const ScheduledStep& step,
+                                                  std::span<const SampledToken> sampled);
   // The step failed: removes its sequences (those still present) and returns them.
   std::vector<int64_t> FailStep(const ScheduledStep& step);
 
@@ -146,6 +153,19 @@ class Scheduler {
     int NumUncomputed() const { return static_cast<int>(tokens.size()) - num_computed; }
   };
 
+  // A present sequence's logit row of a step.
+  struct SampledRow {
+    int64_t id;
+    Sequence* seq;
+    int row;  // index among the step's logit rows
+  };
+  RowSampling RowSamplingOf(const Sequence& seq) const;
+  // Advances every present sequence of the step by its chunk; returns the rows to sample.
+  std::vector<SampledRow> AdvanceStep(const ScheduledStep& step);
+  // Appends updates[i].token to rows[i]'s sequence, fills in the rest of updates[i], and removes
+  // the sequences that stop.
+  std::vector<SequenceUpdate> AppendTokens(const std::vector<SampledRow>& rows,
+                                           std::vector<SequenceUpdate> updates);
   // Uncomputed tokens of `seq` to run this step, within `budget`.
   int ChunkSize(const Sequence& seq, int budget) const;
   void AddChunk(int64_t id, const Sequence& seq, int num_tokens, StepBatch& batch) const;

@@ -77,9 +77,11 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Open(const std::string& di
   m->max_moe_tokens_ = options.max_moe_tokens;
   m->graphs_enabled_ = options.cuda_graphs;
   m->tensor_core_prefill_ = options.tensor_core_prefill;
+  m->device_sampling_ = options.device_sampling;
   EXL3_RETURN_IF_ERROR(m->Load(dir));
 
   m->info_ = ModelInfoFor(m->cfg_, dir, options.served_name);
+  m->sampler_ = std::make_unique<DeviceSampler>(m->cfg_.vocab_size);
   m->info_.kv_bytes_per_token = m->cfg_.KvFloatsPerToken() * static_cast<int64_t>(sizeof(KvHalf));  // fp16 cache
   return m;
 }
@@ -439,6 +441,7 @@ absl::Status CudaModel::CollectPhaseTimes() {
       case Phase::kDenseMlp: times_.dense_mlp_s += s; break;
       case Phase::kMoe: times_.moe_s += s; break;
       case Phase::kHead: times_.head_s += s; break;
+      case Phase::kSample: times_.sample_s += s; break;
       case Phase::kStart: break;
     }
   }
@@ -481,12 +484,21 @@ absl::Status CudaModel::RunLayers(int T, int R, const int32_t* host_token_ids) {
   return head_.Forward(act_.head_in.get(), R, act_.logits.get(), ctx_);
 }
 
-absl::Status CudaModel::FinishStep(int rows, float* logits) {
-  EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits, act_.logits.get(),
-                                            static_cast<size_t>(rows) * cfg_.vocab_size * sizeof(float),
-                                            cudaMemcpyDeviceToHost, Stream(stream_)));
-  EXL3_RETURN_IF_ERROR(Mark(Phase::kHead));
+absl::Status CudaModel::FinishStep(int rows, const StepOutput& out) {
+  if (out.logits != nullptr) {
+    EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.logits, act_.logits.get(),
+                                              static_cast<size_t>(rows) * cfg_.vocab_size * sizeof(float),
+                                              cudaMemcpyDeviceToHost, Stream(stream_)));
+    EXL3_RETURN_IF_ERROR(Mark(Phase::kHead));
+  } else {
+    // Only the tokens come back: the sampling's launches follow the head (after a decode graph's
+    // replay, outside it).
+    EXL3_RETURN_IF_ERROR(Mark(Phase::kHead));
+    EXL3_RETURN_IF_ERROR(sampler_->Launch(act_.logits.get(), out.rows.first(rows), stream_));
+    EXL3_RETURN_IF_ERROR(Mark(Phase::kSample));
+  }
   EXL3_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(Stream(stream_)));
+  if (out.logits == nullptr) sampler_->Collect(out.tokens.first(rows));
   return CollectPhaseTimes();
 }
 
@@ -510,7 +522,7 @@ void CudaModel::DropGraphs() {
   }
 }
 
-absl::Status CudaModel::ForwardDecodeGraph(const StepTokens& tokens, float* logits) {
+absl::Status CudaModel::ForwardDecodeGraph(const StepTokens& tokens, const StepOutput& out) {
   const int B = tokens.num_tokens;
   size_t bucket_index = 0;
   while (kGraphBuckets[bucket_index] < B) ++bucket_index;
@@ -542,7 +554,7 @@ absl::Status CudaModel::ForwardDecodeGraph(const StepTokens& tokens, float* logi
     marks_.clear();
     EXL3_RETURN_IF_ERROR(Mark(Phase::kStart));
     EXL3_RETURN_IF_ERROR(RunLayers(Tp, Tp, nullptr));
-    EXL3_RETURN_IF_ERROR(FinishStep(B, logits));
+    EXL3_RETURN_IF_ERROR(FinishStep(B, out));
     g.phases = times_;
     g.workspace_allocations = workspace_->allocations();  // as the eager run left it
     cudaStream_t stream = Stream(stream_);
@@ -570,19 +582,34 @@ absl::Status CudaModel::ForwardDecodeGraph(const StepTokens& tokens, float* logi
   marks_.clear();
   EXL3_RETURN_IF_ERROR(Mark(Phase::kStart));
   EXL3_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g.exec), Stream(stream_)));
-  EXL3_RETURN_IF_ERROR(FinishStep(B, logits));
-  // The graph's GPU time, apportioned as its eager run spent it.
+  EXL3_RETURN_IF_ERROR(FinishStep(B, out));
+  // The graph's GPU time, apportioned as its eager run spent it (the sampling after it is timed
+  // on its own).
   const double total = times_.head_s;
   const StepPhaseTimes& w = g.phases;
   const double eager = w.embed_s + w.attention_s + w.moe_s + w.dense_mlp_s + w.head_s;
   if (eager > 0) {
     const double f = total / eager;
-    times_ = StepPhaseTimes{w.embed_s * f, w.attention_s * f, w.moe_s * f, w.dense_mlp_s * f, w.head_s * f};
+    times_ = StepPhaseTimes{w.embed_s * f, w.attention_s * f, w.moe_s * f, w.dense_mlp_s * f, w.head_s * f,
+                            times_.sample_s};
   }
   return absl::OkStatus();
 }
 
 absl::Status CudaModel::Forward(const StepBatch& batch, float* logits) {
+  return RunStep(batch, StepOutput{logits, {}, {}});
+}
+
+absl::Status CudaModel::ForwardSampled(const StepBatch& batch, std::span<const RowSampling> rows,
+                                       std::span<SampledToken> tokens) {
+  const size_t R = static_cast<size_t>(batch.NumLogitRows());
+  if (rows.size() != R || tokens.size() != R)
+    return absl::InvalidArgumentError(absl::StrCat("ForwardSampled: ", rows.size(), " sampling rows and ", tokens.size(),
+                                                   " tokens for a step of ", R, " logit rows"));
+  return RunStep(batch, StepOutput{nullptr, rows, tokens});
+}
+
+absl::Status CudaModel::RunStep(const StepBatch& batch, const StepOutput& out) {
   if (cache_.empty()) return absl::FailedPreconditionError("KV cache not allocated");
   StepTokens tokens;
   EXL3_RETURN_IF_ERROR(FlattenStep(batch, cfg_.vocab_size, cache_shape_, cfg_.max_position_embeddings, &tokens));
@@ -590,14 +617,14 @@ absl::Status CudaModel::Forward(const StepBatch& batch, float* logits) {
   if (T == 0) return absl::OkStatus();
   if (graphs_enabled_ && remote_moe_ == nullptr && T <= kGraphBuckets[std::size(kGraphBuckets) - 1] &&
       IsDecodeStep(batch))
-    return ForwardDecodeGraph(tokens, logits);
+    return ForwardDecodeGraph(tokens, out);
   marking_ = true;
   marks_.clear();
   EXL3_RETURN_IF_ERROR(Mark(Phase::kStart));
   EXL3_RETURN_IF_ERROR(PrepareStep(tokens, StepLayout{T, 0, 0}, &meta_.device));
   EXL3_RETURN_IF_ERROR(Reserve(T, R, step_splits_));
   EXL3_RETURN_IF_ERROR(RunLayers(T, R, tokens.token_ids.data()));
-  return FinishStep(R, logits);
+  return FinishStep(R, out);
 }
 
 }  // namespace exl3::engine::cuda

@@ -6,7 +6,8 @@
 // the project's kernels and dense ones through cuBLAS (engine/cuda/cuda_linear.h), the MoE gate on
 // the device and the experts through the fused MoE kernels (kernels/cuda/cuda_backend.h), or on
 // expert workers through a MoeExecutor (one device-to-host and one host-to-device copy per MoE
-// layer). The head's logits are copied to the host for the engine's sampler.
+// layer). The head's logits are sampled on the GPU (engine/cuda/device_sampler.h: only the tokens
+// come back) when the engine asks ForwardSampled, or copied to the host for the engine's sampler.
 //
 //   EXL3_ASSIGN_OR_RETURN(auto model, CudaModel::Open("/models/glm-exl3", CudaModelOptions{}));
 //
@@ -16,6 +17,7 @@
 
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,7 @@
 #include "engine/cuda/cuda_linear.h"
 #include "engine/cuda/attention_kernels.h"
 #include "engine/cuda/device_array.h"
+#include "engine/cuda/device_sampler.h"
 #include "engine/cuda/engine_kernels.h"
 #include "engine/cuda/pinned_buffer.h"
 #include "engine/model_config.h"
@@ -48,6 +51,9 @@ struct CudaModelOptions {
   // Chunks of at least kPrefillMinTokens tokens of one sequence (head dims 64, 128, 256) run
   // attention on the tensor-core prefill kernel; off: every token through the decode kernel.
   bool tensor_core_prefill = true;
+  // The engine's rows are sampled on the GPU (SamplesRows / ForwardSampled); off: every step's
+  // logits go to the host for the engine's sampler.
+  bool device_sampling = true;
 };
 
 // EXL3 weights a forward decodes, by bit width and codebook (the benchmarks' decode floor: the
@@ -80,6 +86,11 @@ class CudaModel final : public ModelRunner {
   const ModelConfig& config() const { return cfg_; }
   absl::Status AllocateKvCache(const KvCacheShape& shape) override;
   absl::Status Forward(const StepBatch& batch, float* logits) override;
+  bool SamplesRows(const SamplingParams& params) const override {
+    return device_sampling_ && DeviceSampler::Supports(params);
+  }
+  absl::Status ForwardSampled(const StepBatch& batch, std::span<const RowSampling> rows,
+                              std::span<SampledToken> tokens) override;
   const CudaWeightBytes& weight_bytes() const { return weight_bytes_; }
   // GPU time of the last Forward by phase (device events between the phases' launches).
   StepPhaseTimes LastPhaseTimes() const override { return times_; }
@@ -129,8 +140,15 @@ class CudaModel final : public ModelRunner {
     uint64_t workspace_allocations = 0;  // the kernels' workspace it was captured with
   };
 
+  // Where a step's head output goes: the logits to the host, or the rows sampled on the device.
+  struct StepOutput {
+    float* logits = nullptr;  // host [rows, vocab]; null: sample
+    std::span<const RowSampling> rows;
+    std::span<SampledToken> tokens;
+  };
+
   // Device events marking where each phase's work ends on the stream.
-  enum class Phase { kStart, kEmbed, kAttention, kDenseMlp, kMoe, kHead };
+  enum class Phase { kStart, kEmbed, kAttention, kDenseMlp, kMoe, kHead, kSample };
   struct PhaseMark {
     void* event;  // cudaEvent_t
     Phase phase;  // of the work between the previous mark and this one
@@ -152,9 +170,11 @@ class CudaModel final : public ModelRunner {
   void PlanAttention(const StepTokens& tokens, int num_rows);
   absl::Status RunAttention(int l, int num_tokens);
   absl::Status RunMoe(int l, int num_tokens, const int32_t* host_token_ids);
-  // Copies the first `rows` logit rows to the host, waits for the step, collects its phase times.
-  absl::Status FinishStep(int rows, float* logits);
-  absl::Status ForwardDecodeGraph(const StepTokens& tokens, float* logits);
+  // Copies the first `rows` logit rows to the host or samples them (`out`), waits for the step,
+  // collects its phase times.
+  absl::Status FinishStep(int rows, const StepOutput& out);
+  absl::Status ForwardDecodeGraph(const StepTokens& tokens, const StepOutput& out);
+  absl::Status RunStep(const StepBatch& batch, const StepOutput& out);
   void DropGraphs();
 
   ModelConfig cfg_;
@@ -198,6 +218,8 @@ class CudaModel final : public ModelRunner {
   std::vector<PhaseMark> marks_;
   StepPhaseTimes times_;
   int sm_count_ = 0;
+  bool device_sampling_ = true;
+  std::unique_ptr<DeviceSampler> sampler_;
 };
 
 }  // namespace exl3::engine::cuda

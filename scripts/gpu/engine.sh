@@ -9,9 +9,13 @@
 #      against the floor measured in the same run;
 #   4. exl3-engine-bench --attention-only: the attention kernels alone (GLM-4.5-Air's 96/8 heads of
 #      128; decode at batch 1/8/64 x context 1k/8k, prefill of 1k/8k prompts in chunks of 2048)
-#      against the KV-read and FLOP floors.
+#      against the KV-read and FLOP floors;
+#   5. engine_cuda_sampling_test (the device sampler against the CPU sampler; fixture models through
+#      the engine sampling on the device, on the host and on the CPU engine), compute-sanitizer
+#      memcheck and racecheck on its random-logits cases, and exl3-engine-bench --sampling-only
+#      (rows 1/8/64 x vocab 151552: device sampling beside the old logits-to-host path).
 # Binaries come from .gpu-deps/ or its packed copy .gpu-check/gpu-deps.tar.xz (scripts/gpu/bundle.sh;
-# carry one of the two). Usage: scripts/gpu/engine.sh [--only test|sanitize|bench|attention]...
+# carry one of the two). Usage: scripts/gpu/engine.sh [--only test|sanitize|bench|attention|sampling]...
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
@@ -20,7 +24,7 @@ ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY="$ONLY $2"; shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "engine.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -71,4 +75,24 @@ if want attention; then
     > "$OUT/attention-bench.log" 2>&1
   echo "attention bench exit $?"
   cat "$OUT/attention-bench.log"
+fi
+if want sampling; then
+  echo "=== engine_cuda_sampling_test"
+  timeout ${SAMPLING_TEST_TIMEOUT:-300} "$BIN"/engine_cuda_sampling_test > "$OUT/sampling-test.log" 2>&1
+  echo "sampling test exit $?"
+  grep -E "^(device sampler|model) |FAIL|diverged|Failure|error|PASSED" "$OUT/sampling-test.log" | head -200
+  if command -v compute-sanitizer > /dev/null; then
+    for tool in memcheck racecheck; do
+      timeout ${SANITIZE_TIMEOUT:-120} compute-sanitizer --tool $tool --error-exitcode 3 "$BIN"/engine_cuda_sampling_test \
+        --gtest_filter='DeviceSamplerTest.EveryPathOnce:DeviceSamplerTest.SameSeed*' > "$OUT/sampling-sanitizer-$tool.log" 2>&1
+      rc=$?
+      echo "$tool exit $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sampling-sanitizer-$tool.log" | tail -1)"
+      [ "$rc" = 0 ] || grep -E "error|Error|ERROR|FAIL|Invalid" "$OUT/sampling-sanitizer-$tool.log" | grep -v SUMMARY | head -8
+    done
+  fi
+  echo "=== exl3-engine-bench --sampling-only"
+  timeout ${SAMPLING_BENCH_TIMEOUT:-150} "$BIN"/exl3-engine-bench --sampling-only --json "$OUT/engine-bench.json" \
+    > "$OUT/sampling-bench.log" 2>&1
+  echo "sampling bench exit $?"
+  cat "$OUT/sampling-bench.log"
 fi

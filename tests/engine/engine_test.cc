@@ -232,6 +232,56 @@ TEST(Engine, ParallelSamplingGivesTheSameTokens) {
   ExpectBatchMatchesSolo(o, kLengths, /*expect_preemption=*/false);
 }
 
+// The runner samples (ModelRunner::ForwardSampled, as the GPU engine does) or the engine does:
+// the same tokens and logprobs. Rows asking more top logprobs than the runner samples send their
+// steps to the host path, so a run has both kinds of steps.
+TEST(Engine, RunnerSamplingGivesTheSameTokensAsHostSampling) {
+  std::vector<GenerateParams> batch = MixedBatch(kLengths);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    SamplingParams& s = batch[i].sampling;
+    if (i % 4 == 1) s.repetition_penalty = 1.3f;
+    if (i % 4 == 3) {
+      s.presence_penalty = 0.5f;
+      s.frequency_penalty = 0.25f;
+      s.top_k = 7;
+      s.min_p = 0.05f;
+    }
+    if (i == 2) batch[i].min_tokens = 5;
+    if (i % 3 == 0) s.logprobs = 2;
+  }
+  GenerateParams wide = Params(40, 9, 6, /*seeded_sampling=*/true);
+  wide.sampling.logprobs = 5;  // more than the runner samples
+  batch.push_back(wide);
+  auto run = [&](std::optional<int> runner_logprobs, int* runner_rows) {
+    FakeModelOptions model;
+    model.samples_rows_up_to_logprobs = runner_logprobs;
+    auto t = StartEngine(Options(), model);
+    std::vector<uint64_t> ids;
+    for (const GenerateParams& p : batch) ids.push_back(SubmitOk(*t, p));
+    std::vector<std::pair<std::vector<int32_t>, std::vector<float>>> out;
+    for (uint64_t id : ids) {
+      EXPECT_TRUE(t->events.WaitFinished(id));
+      out.emplace_back(t->events.Tokens(id), t->events.Logprobs(id));
+    }
+    EXPECT_EQ(t->fake->num_check_failures(), 0);
+    *runner_rows = t->fake->num_sampled_rows();
+    return out;
+  };
+  int host_rows = 0, runner_rows = 0;
+  const auto host = run(std::nullopt, &host_rows);
+  const auto runner = run(2, &runner_rows);
+  EXPECT_EQ(host_rows, 0);
+  EXPECT_GT(runner_rows, 0);
+  int total_tokens = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    EXPECT_EQ(runner[i].first, host[i].first) << "request " << i;
+    EXPECT_EQ(runner[i].second, host[i].second) << "request " << i;
+    total_tokens += static_cast<int>(host[i].first.size());
+  }
+  // The wide request's steps went to the host: fewer rows sampled on the runner than tokens.
+  EXPECT_LT(runner_rows, total_tokens);
+}
+
 TEST(Engine, PreemptedSequencesResumeWithTheSameTokens) {
   ExpectBatchMatchesSolo(Options(/*num_blocks=*/100, /*block_size=*/4), kPreemptionLengths,
                          /*expect_preemption=*/true);
@@ -454,10 +504,11 @@ TEST(Engine, RunnerErrorFailsOnlyThatStepsSequences) {
   EXPECT_EQ(s.kv_usage, 0.0);
 }
 
-TEST(Engine, AFailedStepOfSeveralSequencesFailsOnlyTheSequenceThatFailsAlone) {
-  // The runner fails every step holding sequence a's chunks (as a MoE call fails for tokens
-  // routed to experts no worker serves); b shares the first failing step and goes on.
-  auto t = StartEngine();
+// The runner fails every step holding sequence a's chunks (as a MoE call fails for tokens routed
+// to experts no worker serves); b shares the first failing step and goes on. Also with a runner
+// that samples: the chunks run again alone through ForwardSampled.
+void ExpectAFailedStepFailsOnlyTheSequenceThatFailsAlone(FakeModelOptions model) {
+  auto t = StartEngine(Options(), model);
   std::atomic<int64_t> poisoned{-1};
   t->fake->SetFault([&](int, const StepBatch& batch) {
     for (const SequenceChunk& c : batch.chunks)
@@ -477,6 +528,15 @@ TEST(Engine, AFailedStepOfSeveralSequencesFailsOnlyTheSequenceThatFailsAlone) {
   EXPECT_EQ(t->events.Finish(ib).reason, FinishReason::kLength);
   EXPECT_EQ(t->events.Tokens(ib), RunAlone(b));
   EXPECT_EQ(IdleStats(*t).kv_usage, 0.0);
+  EXPECT_EQ(t->fake->num_check_failures(), 0);
+  if (model.samples_rows_up_to_logprobs.has_value()) EXPECT_GT(t->fake->num_sampled_rows(), 0);
+}
+
+TEST(Engine, AFailedStepOfSeveralSequencesFailsOnlyTheSequenceThatFailsAlone) {
+  ExpectAFailedStepFailsOnlyTheSequenceThatFailsAlone({});
+  FakeModelOptions sampling;
+  sampling.samples_rows_up_to_logprobs = 0;
+  ExpectAFailedStepFailsOnlyTheSequenceThatFailsAlone(sampling);
 }
 
 TEST(Engine, DrainFinishesWhatRunsAndRefusesNewWork) {

@@ -5,11 +5,13 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "engine/mix64.h"
 
 namespace exl3::engine::testing {
 
-FakeModelRunner::FakeModelRunner(FakeModelOptions options) : options_(std::move(options)) {
+FakeModelRunner::FakeModelRunner(FakeModelOptions options)
+    : options_(std::move(options)), sampler_(options_.vocab_size) {
   info_.name = "fake";
   info_.architecture = "FakeForCausalLM";
   info_.vocab_size = options_.vocab_size;
@@ -52,6 +54,31 @@ StepPhaseTimes FakeModelRunner::LastPhaseTimes() const {
   StepPhaseTimes t;
   t.attention_s = 1e-6;
   return t;
+}
+
+bool FakeModelRunner::SamplesRows(const SamplingParams& params) const {
+  return options_.samples_rows_up_to_logprobs.has_value() &&
+         params.logprobs.value_or(0) <= *options_.samples_rows_up_to_logprobs;
+}
+
+absl::Status FakeModelRunner::ForwardSampled(const StepBatch& batch,
+                                             std::span<const RowSampling> rows,
+                                             std::span<SampledToken> tokens) {
+  const size_t vocab = info_.vocab_size;
+  if (rows.size() != static_cast<size_t>(batch.NumLogitRows()) || tokens.size() != rows.size()) {
+    return CheckFailed("ForwardSampled: rows and tokens do not match the step's logit rows");
+  }
+  for (const RowSampling& r : rows) {
+    if (!SamplesRows(r.params)) return CheckFailed("ForwardSampled with a row it does not sample");
+  }
+  sampled_logits_.resize(rows.size() * vocab);
+  EXL3_RETURN_IF_ERROR(Forward(batch, sampled_logits_.data()));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    tokens[i] = sampler_.Sample(std::span<float>(sampled_logits_).subspan(i * vocab, vocab),
+                                rows[i].params, rows[i].seed, rows[i].history);
+  }
+  num_sampled_rows_ += static_cast<int>(rows.size());
+  return absl::OkStatus();
 }
 
 absl::Status FakeModelRunner::Forward(const StepBatch& batch, float* logits) {

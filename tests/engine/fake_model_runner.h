@@ -22,11 +22,13 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "engine/model_runner.h"
+#include "engine/sampler.h"
 
 namespace exl3::engine::testing {
 
@@ -36,6 +38,10 @@ struct FakeModelOptions {
   std::vector<int32_t> eos_token_ids = {1};
   int64_t kv_bytes_per_token = 256;
   std::chrono::microseconds step_delay{0};  // sleep in every Forward
+  // Set: the runner samples rows asking at most this many top logprobs itself (SamplesRows,
+  // ForwardSampled: a Sampler of its own over the logits Forward makes, as a device sampler
+  // would), so steps of other rows take the engine's host path. Unset: it never samples.
+  std::optional<int> samples_rows_up_to_logprobs;
 };
 
 class FakeModelRunner : public ModelRunner {
@@ -49,6 +55,10 @@ class FakeModelRunner : public ModelRunner {
   absl::Status AllocateKvCache(const KvCacheShape& shape) override;
   absl::Status Forward(const StepBatch& batch, float* logits) override;
   StepPhaseTimes LastPhaseTimes() const override;
+  bool SamplesRows(const SamplingParams& params) const override;
+  absl::Status ForwardSampled(const StepBatch& batch, std::span<const RowSampling> rows,
+                              std::span<SampledToken> tokens) override;
+  int num_sampled_rows() const { return num_sampled_rows_.load(); }
 
   void SetFault(Fault fault);
   int num_forward_calls() const { return num_forward_calls_.load(); }
@@ -76,6 +86,9 @@ class FakeModelRunner : public ModelRunner {
   std::atomic<int> num_forward_calls_{0};
   std::atomic<int> num_check_failures_{0};
   std::atomic<int> max_tokens_in_a_step_{0};
+  std::atomic<int> num_sampled_rows_{0};
+  Sampler sampler_;
+  std::vector<float> sampled_logits_;
 };
 
 }  // namespace exl3::engine::testing

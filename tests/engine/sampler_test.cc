@@ -137,6 +137,46 @@ TEST(Sampler, TopKTopPMinPRestrictTheSupport) {
   EXPECT_NEAR(freq.at(0), 0.5 / 0.8, 0.015);
 }
 
+// The draw walks the kept tokens in ascending id order (engine/sampler.h), whatever order the
+// filters found them in: the definition the GPU sampler matches token for token.
+TEST(Sampler, TheDrawWalksTheKeptTokensInIdOrder) {
+  // Higher order 1, 3, 2, 4, 0; ids and probabilities out of step.
+  const std::vector<float> logits = LogProbs({0.05, 0.4, 0.2, 0.3, 0.05});
+  struct Case {
+    SamplingParams params;
+    std::vector<std::pair<int32_t, double>> kept;  // ascending ids, with their probabilities
+  };
+  SamplingParams top_k;
+  top_k.top_k = 3;
+  SamplingParams top_p;
+  top_p.top_p = 0.85f;  // 0.4 + 0.3 + 0.2 reaches it
+  SamplingParams min_p;
+  min_p.min_p = 0.4f;  // p >= 0.16
+  const Case cases[] = {{top_k, {{1, 0.4}, {2, 0.2}, {3, 0.3}}},
+                        {top_p, {{1, 0.4}, {2, 0.2}, {3, 0.3}}},
+                        {min_p, {{1, 0.4}, {2, 0.2}, {3, 0.3}}}};
+  Sampler s(5);
+  int checked = 0;
+  for (const Case& c : cases) {
+    double total = 0;
+    for (const auto& [t, p] : c.kept) total += p;
+    for (uint64_t seed = 0; seed < 300; ++seed) {
+      const double target = Sampler::UniformDraw(seed, 0) * total;
+      double cumulative = 0, nearest = 1;
+      int32_t want = -1;
+      for (const auto& [t, p] : c.kept) {
+        cumulative += p;
+        nearest = std::min(nearest, std::fabs(target - cumulative));
+        if (want < 0 && target < cumulative) want = t;
+      }
+      if (nearest < 1e-4) continue;  // the weights' exp is within 4e-6: skip near a boundary
+      EXPECT_EQ(SampleCopy(s, logits, c.params, seed).token, want) << "seed " << seed;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 800);
+}
+
 TEST(Sampler, TopPOverALargeVocabulary) {
   // Exercises the incremental sort past its first 64 candidates.
   std::vector<float> logits(5000, 0.0f);

@@ -270,6 +270,70 @@ TEST(Scheduler, AbortDuringAStepAndFailedSteps) {
   EXPECT_EQ(d.sched().kv().Usage(), 0.0);
 }
 
+// What a runner that samples gets per logit row (SamplingRows), and CompleteSampledStep taking
+// its tokens: the row order of the chunks that want logits, each sequence's history as
+// CompleteStep's own sampling sees it, the bans while min_tokens holds.
+TEST(Scheduler, SamplingRowsAndSampledSteps) {
+  SchedulerOptions o;
+  o.max_num_batched_tokens = 8;
+  ModelInfo info;
+  info.vocab_size = 64;
+  info.max_context = 1024;
+  info.eos_token_ids = {1};
+  Scheduler sched(o, info, {64, 4});
+  SequenceRequest a = Request(3, 1, 5);
+  a.min_tokens = 2;
+  a.ignore_eos = false;
+  a.stop_token_ids = {9};
+  a.seed = 17;
+  a.sampling.temperature = 0.5f;
+  SequenceRequest b = Request(12, 2, 5);  // two chunks: no row in its first step
+  sched.Add(1, a);
+  sched.Add(2, b);
+  ScheduledStep step = sched.Schedule();
+  ASSERT_EQ(step.batch.chunks.size(), 2u);
+  EXPECT_FALSE(step.batch.chunks[1].wants_logits);
+  std::vector<RowSampling> rows = sched.SamplingRows(step);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].seed, 17u);
+  EXPECT_EQ(rows[0].params.temperature, 0.5f);
+  EXPECT_EQ(std::vector<int32_t>(rows[0].history.prompt.begin(), rows[0].history.prompt.end()), a.prompt);
+  EXPECT_TRUE(rows[0].history.output.empty());
+  EXPECT_EQ(std::vector<int32_t>(rows[0].history.banned_tokens.begin(), rows[0].history.banned_tokens.end()),
+            (std::vector<int32_t>{9, 1}));
+  std::vector<SampledToken> sampled(1);
+  sampled[0].token = 40;
+  std::vector<SequenceUpdate> updates = sched.CompleteSampledStep(step, sampled);
+  ASSERT_EQ(updates.size(), 1u);
+  EXPECT_EQ(updates[0].sequence_id, 1);
+  EXPECT_EQ(updates[0].token.token, 40);
+  EXPECT_EQ(updates[0].progress.output_tokens, 1);
+
+  step = sched.Schedule();  // a's decode token, then b's second chunk
+  rows = sched.SamplingRows(step);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(std::vector<int32_t>(rows[0].history.output.begin(), rows[0].history.output.end()),
+            (std::vector<int32_t>{40}));
+  EXPECT_FALSE(rows[0].history.banned_tokens.empty());  // 1 of min_tokens 2
+  EXPECT_EQ(rows[1].history.prompt.size(), 12u);
+  sampled.assign(2, SampledToken{});
+  sampled[0].token = 1;  // EOS: taken as given (the bans are the sampler's), it ends a
+  sampled[1].token = 30;
+  updates = sched.CompleteSampledStep(step, sampled);
+  ASSERT_EQ(updates.size(), 2u);
+  EXPECT_EQ(updates[0].finish, FinishReason::kStop);
+  EXPECT_EQ(updates[1].token.token, 30);
+  EXPECT_FALSE(sched.Contains(1));
+
+  step = sched.Schedule();
+  rows = sched.SamplingRows(step);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_TRUE(rows[0].history.banned_tokens.empty());  // b has no min_tokens
+  EXPECT_TRUE(sched.Abort(2));
+  // An aborted sequence's row is skipped.
+  EXPECT_TRUE(sched.CompleteSampledStep(step, std::vector<SampledToken>(1)).empty());
+}
+
 TEST(Scheduler, PrefixHitSkipsCachedBlocksAndReportsCachedTokens) {
   Driver d(SchedulerOptions{}, kLargeCache);
   d.sched().Add(1, Request(40, 1, 3));

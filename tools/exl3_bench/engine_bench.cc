@@ -10,8 +10,11 @@
 //                     [--prefill-chunk 2048] [--no-graphs] [--max-moe-tokens N] [--json FILE]
 //   exl3-engine-bench --attention-only [--attention-shape 96,8,128] [--context 1024,8192]
 //                     [--batch 1,8,64] [--prefill-chunk 2048] [--runs 30] [--json FILE]
+//   exl3-engine-bench --sampling-only [--vocab 151552] [--batch 1,8,64] [--runs 30] [--json FILE]
 //
-// --attention-only times the attention kernels alone (tools/exl3_bench/attention_bench.h).
+// --attention-only times the attention kernels alone (tools/exl3_bench/attention_bench.h);
+// --sampling-only the sampling of a step's rows on the device and the old host path
+// (tools/exl3_bench/sampling_bench.h).
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -31,6 +34,7 @@
 #include "engine/cuda/cuda_model.h"
 #include "kernels/cuda/bench_hooks.h"
 #include "tools/exl3_bench/attention_bench.h"
+#include "tools/exl3_bench/sampling_bench.h"
 
 namespace {
 
@@ -46,6 +50,7 @@ constexpr char kUsage[] =
     "                         [--prefill-chunk 2048] [--no-graphs] [--max-moe-tokens N] [--json FILE]\n"
     "       exl3-engine-bench --attention-only [--attention-shape 96,8,128] [--context 1024,8192]\n"
     "                         [--batch 1,8,64] [--prefill-chunk 2048] [--runs 30] [--json FILE]\n"
+    "       exl3-engine-bench --sampling-only [--vocab 151552] [--batch 1,8,64] [--runs 30] [--json FILE]\n"
     "\n"
     "Runs the GPU engine directly on DIR (an EXL3 model of a GQA family, experts on this GPU):\n"
     "time to first token and prefill tokens/s of one prompt of each --context length, then decode\n"
@@ -57,7 +62,12 @@ constexpr char kUsage[] =
     "\n"
     "--attention-only: no model; the attention kernels alone on random inputs of --attention-shape\n"
     "(query heads, KV heads, head dim): decode at each --batch and --context against the KV-read\n"
-    "floor, prefill of each --context prompt in --prefill-chunk chunks against the FLOP floor.\n";
+    "floor, prefill of each --context prompt in --prefill-chunk chunks against the FLOP floor.\n"
+    "\n"
+    "--sampling-only: no model; sampling --batch rows of random logits of --vocab tokens per step,\n"
+    "greedy and top-k 50 + top-p 0.9 + penalties: on the device (device-event time, and wall time\n"
+    "with the host's packing and unpacking) beside the old path (the rows' device-to-host copy and\n"
+    "the CPU sampler on one thread).\n";
 
 std::vector<int> IntList(const char* s) {
   std::vector<int> v;
@@ -182,7 +192,8 @@ int main(int argc, char** argv) {
   std::string model, json;
   std::vector<int> contexts = {1024, 8192}, batches = {1, 8, 32, 64};
   int steps = 16, chunk = 2048, runs = 30, max_moe_tokens = 0;
-  bool graphs = true, attention_only = false, batches_given = false;
+  bool graphs = true, attention_only = false, sampling_only = false, batches_given = false;
+  int sampling_vocab = 151552;
   std::vector<int> attention_shape = {96, 8, 128};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -205,6 +216,10 @@ int main(int argc, char** argv) {
       batches_given = true;
     } else if (a == "--attention-only") {
       attention_only = true;
+    } else if (a == "--sampling-only") {
+      sampling_only = true;
+    } else if (a == "--vocab") {
+      sampling_vocab = std::atoi(value());
     } else if (a == "--attention-shape") {
       attention_shape = IntList(value());
     } else if (a == "--runs") {
@@ -223,6 +238,16 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "exl3-engine-bench: unknown argument %s\n%s", a.c_str(), kUsage);
       return 2;
     }
+  }
+  if (sampling_only) {
+    exl3::bench::SamplingBenchOptions so;
+    so.vocab = sampling_vocab;
+    if (batches_given) so.batches = batches;
+    so.runs = runs;
+    so.json = json.empty() ? nullptr : std::fopen(json.c_str(), "a");
+    const int rc = exl3::bench::RunSamplingBench(so);
+    if (so.json) std::fclose(so.json);
+    return rc;
   }
   if (attention_only) {
     if (attention_shape.size() != 3 || contexts.empty() || chunk < 1 || runs < 1) {
