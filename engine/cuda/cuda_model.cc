@@ -378,6 +378,7 @@ absl::Status CudaModel::RunAttention(int l, int T) {
     step.splits = step_splits_;
     step.split_positions = meta_.split_positions;
     step.sm_count = sm_count_;
+    step.kernel = tensor_core_prefill_ ? LatentKernel::kTensorCores : LatentKernel::kCudaCores;
     return L.latent->Forward(act_.x.get(), T, step, cache_layer, latent_ws_, ctx_, act_.d.get());
   }
   const int D = cfg_.head_dim, NH = cfg_.num_heads, KV = cfg_.num_kv_heads;

@@ -50,6 +50,8 @@ struct CudaModelOptions {
   bool cuda_graphs = true;
   // Chunks of at least kPrefillMinTokens tokens of one sequence (head dims 64, 128, 256) run
   // attention on the tensor-core prefill kernel; off: every token through the decode kernel.
+  // Latent attention (MLA, DSA): on, every token's attention products on tensor cores (where the
+  // shape allows); off, on CUDA cores in fp32.
   bool tensor_core_prefill = true;
 };
 

@@ -10,7 +10,6 @@
 #include "base/status_macros.h"
 #include "engine/cuda/dsa_indexer_kernels.h"
 #include "engine/cuda/engine_kernels.h"
-#include "engine/cuda/latent_attention_kernels.h"
 #include "engine/linear.h"
 
 namespace exl3::engine::cuda {
@@ -209,9 +208,12 @@ absl::Status CudaLatentAttention::Forward(const float* x, int T, const LatentSte
     selection.count = ws.selected_count.get();
     selection.stride = cfg_.indexer.topk;
   }
+  const LatentKernel kernel = step.kernel == LatentKernel::kTensorCores && LatentTensorCoresSupport(shape)
+                                  ? LatentKernel::kTensorCores
+                                  : LatentKernel::kCudaCores;
   EXL3_RETURN_IF_ERROR(LatentAttention(ws.q_latent.get(), ws.q.get(), cache_layer, step.tokens,
                                        sparse ? &selection : nullptr, T, shape, step.splits, step.split_positions,
-                                       ws.scratch.get(), ws.o_latent.get(), stream));
+                                       ws.scratch.get(), ws.o_latent.get(), stream, kernel));
 
   // attn[t, h] = W_uv(h) · o_latent[t, h]: per head, row-major [T, R] · W_uv(h)ᵀ [R, vd].
   EXL3_RETURN_IF_ERROR(CublasStatus(

@@ -11,7 +11,8 @@
 //   out = o_proj(o_latent[t, h] · W_uv(h)ᵀ)        (kv_b_proj's value part, cuBLAS batched over heads)
 //
 // Every token, prefill or decode, goes through the absorbed path (engine/cuda/
-// latent_attention_kernels.h): each cached position is read once per tile of 16 heads. kv_b_proj
+// latent_attention_kernels.h): each cached position is read once per tile of 16 heads, the
+// products on tensor cores (fp16 operands, fp32 sums) where the shape allows. kv_b_proj
 // is decoded once at load (EXL3 or dense, on the host as the CPU engine decodes it) into a dense
 // fp32 device copy. DSA layers with their own indexer score every earlier position and choose the
 // top index_topk (engine/cuda/dsa_indexer_kernels.h); "shared" layers reuse the selection of the
@@ -25,6 +26,7 @@
 #include "engine/cuda/attention_kernels.h"
 #include "engine/cuda/cuda_linear.h"
 #include "engine/cuda/device_array.h"
+#include "engine/cuda/latent_attention_kernels.h"
 #include "engine/model_config.h"
 #include "model/safetensors.h"
 
@@ -54,6 +56,8 @@ struct LatentStep {
   int splits = 1;
   const int32_t* split_positions = nullptr;  // one int32: positions per split
   int sm_count = 1;
+  // The attention kernel's products; tensor cores where the shape allows (else CUDA cores).
+  LatentKernel kernel = LatentKernel::kTensorCores;
 };
 
 class CudaLatentAttention {

@@ -51,6 +51,13 @@ struct LatentAttentionShape {
   int cache_width = 0;  // halves per slot
   float scale = 0.0f;
 };
+// Which kernel runs the products: fp32 CUDA cores throughout, or tensor cores (wmma fp16 → fp32:
+// the queries and the softmax probabilities rounded to fp16 for the products, about 5e-4
+// relative, as the GQA tensor-core kernels; latent and rope dims multiples of 16, slots a
+// multiple of 8 halves: LatentTensorCoresSupport).
+enum class LatentKernel { kCudaCores, kTensorCores };
+bool LatentTensorCoresSupport(const LatentAttentionShape& shape);
+
 // Blocks per token and split (tiles of up to 16 heads): what a split count is chosen against.
 int LatentAttentionHeadTiles(int num_heads);
 int64_t LatentAttentionScratchFloats(int num_tokens, int num_heads, int latent_dim, int splits);
@@ -58,6 +65,6 @@ absl::Status LatentAttention(const float* q_latent, const float* q, const KvHalf
                              const AttentionTokens& tokens, const LatentSelection* selection,
                              int num_tokens, const LatentAttentionShape& shape, int splits,
                              const int32_t* split_positions, float* scratch, float* out_latent,
-                             StreamHandle stream);
+                             StreamHandle stream, LatentKernel kernel = LatentKernel::kCudaCores);
 
 }  // namespace exl3::engine::cuda

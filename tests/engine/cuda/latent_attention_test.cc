@@ -239,19 +239,26 @@ void CheckLatentAttention(const LatentCase& c) {
   shape.cache_width = width;
   shape.scale = scale;
   const int span = c.select > 0 ? c.select : lay.span();
+  for (LatentKernel kernel : {LatentKernel::kCudaCores, LatentKernel::kTensorCores})
   for (int splits : {1, 3, 8}) {
+    const bool tc = kernel == LatentKernel::kTensorCores;
+    // Tensor cores: fp16 queries and probabilities (as the GQA tensor-core kernels); CUDA cores:
+    // fp32 throughout against the double reference.
+    const double tolerance = tc ? 2e-3 : 1e-4;
+    ASSERT_EQ(LatentTensorCoresSupport(shape), R % 16 == 0 && rope % 16 == 0);
     DeviceArray<int32_t> sp = ToDevice(std::vector<int32_t>{(span + splits - 1) / splits});
     DeviceArray<float> scratch;
     ASSERT_TRUE(scratch.Reserve(std::max<int64_t>(LatentAttentionScratchFloats(T, NH, R, splits), 1)).ok());
     ASSERT_TRUE(d_out.Upload(std::vector<float>(ref.size(), NAN)).ok());  // every output must be written
     const absl::Status st = LatentAttention(d_ql.get(), d_q.get(), d_cache.get(), at, c.select > 0 ? &selection : nullptr,
-                                            T, shape, splits, sp.get(), scratch.get(), d_out.get(), nullptr);
+                                            T, shape, splits, sp.get(), scratch.get(), d_out.get(), nullptr, kernel);
     ASSERT_TRUE(st.ok()) << st;
     const std::vector<float> out = ToHost(d_out.get(), ref.size());
     const double rel = RelativeError(out, ref);
-    std::printf("latent attention %-52s splits %d: rel %.2e\n", c.name.c_str(), splits, rel);
-    EXPECT_LT(rel, 2e-3) << "splits " << splits;  // NaN fails too
-    if (!(rel < 2e-3)) {  // the worst (token, head), to say where
+    std::printf("latent attention %-52s %s splits %d: rel %.2e (tolerance %.0e)\n", c.name.c_str(),
+                tc ? "tensor cores" : "CUDA cores  ", splits, rel, tolerance);
+    EXPECT_LT(rel, tolerance) << (tc ? "tensor cores" : "CUDA cores") << ", splits " << splits;  // NaN fails too
+    if (!(rel < tolerance)) {  // the worst (token, head), to say where
       double worst = -1;
       int wt = 0, wh = 0;
       for (int t = 0; t < T; ++t)
@@ -434,8 +441,9 @@ struct TestChunk {
   int seq, start, n;
 };
 
-void CheckFixtureLayers(const std::string& fixture) {
-  SCOPED_TRACE(fixture);
+void CheckFixtureLayers(const std::string& fixture, LatentKernel kernel) {
+  const char* kernel_name = kernel == LatentKernel::kTensorCores ? "tensor cores" : "CUDA cores";
+  SCOPED_TRACE(fixture + ", " + kernel_name);
   const std::string dir = "tests/fixtures/engine/" + fixture;
   auto cfg_or = LoadModelConfig(dir);
   ASSERT_TRUE(cfg_or.ok()) << cfg_or.status();
@@ -532,6 +540,7 @@ void CheckFixtureLayers(const std::string& fixture) {
     step.splits = splits;
     step.split_positions = d_split.get();
     step.sm_count = 8;
+    step.kernel = kernel;
 
     AttentionCarry carry;
     for (int l = 0; l < L; ++l) {
@@ -568,8 +577,8 @@ void CheckFixtureLayers(const std::string& fixture) {
                                        std::vector<float>(want.begin() + b, want.begin() + b + H));
         if (!(e <= worst)) worst = e, worst_t = t;
       }
-      std::printf("layer %-20s step %d layer %d (%d tokens, splits %d): rel %.2e (worst token %d, position %d: %.2e)%s\n",
-                  fixture.c_str(), step_index, l, T, splits, RelativeError(got, want), worst_t, pos[worst_t], worst,
+      std::printf("layer %-16s %-12s step %d layer %d (%d tokens, splits %d): rel %.2e (worst token %d, position %d: %.2e)%s\n",
+                  fixture.c_str(), kernel_name, step_index, l, T, splits, RelativeError(got, want), worst_t, pos[worst_t], worst,
                   differ > 0 ? absl::StrCat(", ", differ, " selections differ").c_str() : "");
       EXPECT_LT(worst, 5e-3) << "token " << worst_t << " (position " << pos[worst_t] << "): GPU " << got[worst_t * H]
                              << " against CPU " << want[worst_t * H] << " (first value)";
@@ -582,12 +591,14 @@ void CheckFixtureLayers(const std::string& fixture) {
 
 TEST(LatentLayerTest, DeepseekV3LayersMatchCpu) {
   REQUIRE_GPU();
-  CheckFixtureLayers("deepseek_v3_all");
+  CheckFixtureLayers("deepseek_v3_all", LatentKernel::kCudaCores);
+  CheckFixtureLayers("deepseek_v3_all", LatentKernel::kTensorCores);
 }
 
 TEST(LatentLayerTest, GlmMoeDsaLayersMatchCpu) {
   REQUIRE_GPU();
-  CheckFixtureLayers("glm_moe_dsa_all");
+  CheckFixtureLayers("glm_moe_dsa_all", LatentKernel::kCudaCores);
+  CheckFixtureLayers("glm_moe_dsa_all", LatentKernel::kTensorCores);
 }
 
 }  // namespace
