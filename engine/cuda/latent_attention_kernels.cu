@@ -173,6 +173,7 @@ namespace wmma = nvcuda::wmma;
 constexpr int kTcRows = 16;       // query heads per block: the products' M
 constexpr int kTcPositions = 32;  // positions per tile
 constexpr int kTcPad = 8;         // halves of padding per row of the fp16 tiles (bank spread; keeps 16-byte rows)
+static_assert(kThreads == kTcRows * 16 && kTcPositions == 32, "the softmax takes 16 threads per row, 2 positions each");
 
 // Shared memory of one tensor-core block, in bytes from a 128-byte aligned base.
 struct LatentTcSmem {
@@ -276,27 +277,30 @@ __global__ void LatentAttentionTcKernel(const float* q_latent, const float* q, c
       wmma::store_matrix_sync(part + k0 * kTcRows * kTcPositions + frag * 16, c, kTcPositions, wmma::mem_row_major);
     }
     __syncthreads();
-    if (threadIdx.x < kTcRows) {  // online softmax: one thread per row
-      const int r = threadIdx.x;
-      float s[kTcPositions];
-      const float old_max = run_max[r];
-      float m = old_max;
-      for (int pp = 0; pp < np; ++pp) {
+    {  // online softmax: 16 threads per row (kThreads = 16 rows x 16), two positions each
+      const int r = threadIdx.x / 16, c = threadIdx.x % 16;
+      auto score = [&](int pp) {
         float v = 0.0f;
         for (int g = 0; g < 4; ++g) v += part[g * kTcRows * kTcPositions + r * kTcPositions + pp];
-        s[pp] = v * shape.scale;
-        m = fmaxf(m, s[pp]);
+        return v * shape.scale;
+      };
+      const float s0 = c < np ? score(c) : -INFINITY, s1 = c + 16 < np ? score(c + 16) : -INFINITY;
+      const float old_max = run_max[r];
+      float m = fmaxf(old_max, fmaxf(s0, s1));
+      for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));  // within the 16 lanes
+      // m is finite: the row's first lane holds a real position's score (np ≥ 1).
+      const __half p0 = __float2half_rn(c < np ? expf(s0 - m) : 0.0f);
+      const __half p1 = __float2half_rn(c + 16 < np ? expf(s1 - m) : 0.0f);
+      probs[r * lay.probs_ld + c] = p0;
+      probs[r * lay.probs_ld + c + 16] = p1;
+      float sum = __half2float(p0) + __half2float(p1);
+      for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if (c == 0) {  // every lane of the row read run_max before the shuffles above
+        const float rs = old_max == -INFINITY ? 0.0f : expf(old_max - m);
+        run_max[r] = m;
+        run_sum[r] = run_sum[r] * rs + sum;
+        rescale[r] = rs;
       }
-      const float rs = old_max == -INFINITY ? 0.0f : expf(old_max - m);
-      float sum = 0.0f;
-      for (int pp = 0; pp < kTcPositions; ++pp) {
-        const __half p = __float2half_rn(pp < np ? expf(s[pp] - m) : 0.0f);
-        probs[r * lay.probs_ld + pp] = p;
-        sum += __half2float(p);
-      }
-      run_max[r] = m;
-      run_sum[r] = run_sum[r] * rs + sum;
-      rescale[r] = rs;
     }
     __syncthreads();
     for (int e = threadIdx.x; e < kTcRows * R; e += blockDim.x) acc[(e / R) * lay.out_ld + e % R] *= rescale[e / R];
