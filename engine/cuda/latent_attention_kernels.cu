@@ -295,7 +295,8 @@ __global__ void LatentAttentionTcKernel(const float* q_latent, const float* q, c
       probs[r * lay.probs_ld + c + 16] = p1;
       float sum = __half2float(p0) + __half2float(p1);
       for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      if (c == 0) {  // every lane of the row read run_max before the shuffles above
+      __syncwarp();  // every lane of the row has read run_max
+      if (c == 0) {
         const float rs = old_max == -INFINITY ? 0.0f : expf(old_max - m);
         run_max[r] = m;
         run_sum[r] = run_sum[r] * rs + sum;

@@ -46,12 +46,18 @@ if want test; then
 fi
 if want sanitize && command -v compute-sanitizer > /dev/null; then
   echo "=== compute-sanitizer (one fixture's generation)"
-  for tool in memcheck racecheck; do
-    timeout ${SANITIZE_TIMEOUT:-60} compute-sanitizer --tool $tool --error-exitcode 3 "$BIN"/engine_cuda_model_test \
-      --gtest_filter='GqaFamilies/CudaModelFixtureTest.MatchesCpuModelAndTransformers/1' > "$OUT/engine-sanitizer-$tool.log" 2>&1
-    rc=$?
-    echo "$tool exit $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/engine-sanitizer-$tool.log" | tail -1)"
-    [ "$rc" = 0 ] || grep -E "error|Error|ERROR|FAIL|Invalid" "$OUT/engine-sanitizer-$tool.log" | grep -v SUMMARY | head -8
+  # A GQA fixture, then GLM-MoE-DSA's (latent attention, the indexer and its top-k).
+  for filter in GqaFamilies/CudaModelFixtureTest.MatchesCpuModelAndTransformers/1 \
+                LatentFamilies/CudaModelFixtureTest.MatchesCpuModelAndTransformers/3; do
+    family=${filter%%/*}
+    for tool in memcheck racecheck; do
+      log="$OUT/engine-sanitizer-$tool-$family.log"
+      timeout ${SANITIZE_TIMEOUT:-60} compute-sanitizer --tool $tool --error-exitcode 3 "$BIN"/engine_cuda_model_test \
+        --gtest_filter="$filter" > "$log" 2>&1
+      rc=$?
+      echo "$family $tool exit $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
+      [ "$rc" = 0 ] || grep -E "error|Error|ERROR|FAIL|Invalid" "$log" | grep -v SUMMARY | head -8
+    done
   done
 fi
 if want bench; then
