@@ -2,7 +2,9 @@
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -94,6 +96,81 @@ __global__ void IndexerScoresKernel(const float* q, const float* weights, float 
       float total = 0.0f;
       for (int g = 0; g < kScoreHeadLanes; ++g) total += part[g * P + threadIdx.x];
       row[tile + threadIdx.x] = total;
+    }
+  }
+}
+
+// The tensor-core cut: a tile of 64 positions; S[heads, 64] = q[heads, DI] · keys[64, DI]ᵀ in
+// 16 x 16 fragments (8 warps), then one thread per position sums its heads in order as the CPU
+// engine does. Shared: q and the key tile in fp16 (rows padded by 8 halves), S in fp32.
+namespace wmma = nvcuda::wmma;
+constexpr int kTcScorePositions = 64;
+constexpr int kTcPad = 8;
+
+struct IndexerTcSmem {
+  int q, keys, s, w, bytes, ld, s_ld;
+  __host__ __device__ static int Align(int b) { return (b + 127) / 128 * 128; }
+  __host__ __device__ IndexerTcSmem(int NI, int DI) {
+    ld = DI + kTcPad;
+    s_ld = kTcScorePositions + 4;
+    q = 0;
+    keys = Align(q + NI * ld * 2);
+    s = Align(keys + kTcScorePositions * ld * 2);
+    w = Align(s + NI * s_ld * 4);
+    bytes = Align(w + NI * 4);
+  }
+};
+
+__global__ void IndexerScoresTcKernel(const float* q, const float* weights, float head_weight, float scale,
+                                      const __half* cache, AttentionTokens at, IndexerShape shape, int first_token,
+                                      float* scores, int row_length) {
+  extern __shared__ __align__(128) unsigned char ix_smem[];
+  const int NI = shape.num_heads, DI = shape.head_dim, P = kTcScorePositions;
+  const IndexerTcSmem lay(NI, DI);
+  __half* qs = reinterpret_cast<__half*>(ix_smem + lay.q);
+  __half* keys = reinterpret_cast<__half*>(ix_smem + lay.keys);
+  float* sv = reinterpret_cast<float*>(ix_smem + lay.s);
+  float* wt = reinterpret_cast<float*>(ix_smem + lay.w);
+  const int t = first_token + blockIdx.y;
+  const int n = min(at.position[t] + 1, row_length);
+  const int32_t* table = at.tables + at.table_offset[t];
+  const int bs = at.block_size;
+  for (int e = threadIdx.x; e < NI * DI; e += blockDim.x)
+    qs[(e / DI) * lay.ld + e % DI] = __float2half_rn(q[static_cast<size_t>(t) * NI * DI + e]);
+  for (int h = threadIdx.x; h < NI; h += blockDim.x) wt[h] = weights[static_cast<size_t>(t) * NI + h] * head_weight;
+  float* row = scores + static_cast<size_t>(blockIdx.y) * row_length;
+  const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int head_frags = NI / 16, frags = head_frags * (P / 16), vecs = DI / 8;
+  for (int tile = blockIdx.x * P; tile < n; tile += gridDim.x * P) {
+    __syncthreads();  // q loaded; the previous tile's keys and S consumed
+    for (int e = threadIdx.x; e < P * vecs; e += blockDim.x) {
+      const int p = e / vecs, v = e % vecs, j = tile + p;
+      uint4 x = make_uint4(0, 0, 0, 0);
+      if (j < n) {
+        const size_t slot = static_cast<size_t>(table[j / bs]) * bs + j % bs;
+        x = *reinterpret_cast<const uint4*>(cache + slot * shape.cache_width + shape.key_offset + v * 8);
+      }
+      *reinterpret_cast<uint4*>(keys + p * lay.ld + v * 8) = x;
+    }
+    __syncthreads();
+    for (int f = warp; f < frags; f += warps) {
+      const int hf = f % head_frags, pf = f / head_frags;
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+      wmma::fill_fragment(c, 0.0f);
+      for (int kc = 0; kc < DI / 16; ++kc) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
+        wmma::load_matrix_sync(a, qs + hf * 16 * lay.ld + kc * 16, lay.ld);
+        wmma::load_matrix_sync(b, keys + pf * 16 * lay.ld + kc * 16, lay.ld);
+        wmma::mma_sync(c, a, b, c);
+      }
+      wmma::store_matrix_sync(sv + hf * 16 * lay.s_ld + pf * 16, c, lay.s_ld, wmma::mem_row_major);
+    }
+    __syncthreads();
+    if (threadIdx.x < P && tile + threadIdx.x < n) {
+      float s = 0.0f;
+      for (int h = 0; h < NI; ++h) s += wt[h] * fmaxf(sv[h * lay.s_ld + threadIdx.x] * scale, 0.0f);
+      row[tile + threadIdx.x] = s;
     }
   }
 }
@@ -204,10 +281,16 @@ absl::Status WriteRowsToCache(const float* x, int T, int n, const int32_t* slot,
   return LaunchStatus("indexer key cache write");
 }
 
+bool IndexerTensorCoresSupport(const IndexerShape& shape) {
+  return shape.num_heads > 0 && shape.num_heads % 16 == 0 && shape.head_dim > 0 && shape.head_dim % 16 == 0 &&
+         shape.key_offset % 8 == 0 && shape.cache_width % 8 == 0 &&
+         IndexerTcSmem(shape.num_heads, shape.head_dim).bytes <= (227 << 10);
+}
+
 absl::Status IndexerScores(const float* q, const float* weights, float head_weight, float scale,
                            const KvHalf* cache_layer, const AttentionTokens& tokens, const IndexerShape& shape,
                            int first_token, int num_tokens, int blocks_per_token, float* scores, int row_length,
-                           StreamHandle stream) {
+                           StreamHandle stream, bool tensor_cores) {
   if (num_tokens == 0) return absl::OkStatus();
   if (num_tokens > 65535) return absl::InvalidArgumentError("indexer scores: more than 65535 tokens at once");
   if (shape.num_heads <= 0 || shape.head_dim <= 0 || shape.key_offset + shape.head_dim > shape.cache_width ||
@@ -215,6 +298,27 @@ absl::Status IndexerScores(const float* q, const float* weights, float head_weig
     return absl::InvalidArgumentError(absl::StrCat("indexer scores: unsupported shape (heads ", shape.num_heads,
                                                    ", dim ", shape.head_dim, ", key at ", shape.key_offset,
                                                    " of a slot of ", shape.cache_width, ")"));
+  if (tensor_cores) {
+    if (!IndexerTensorCoresSupport(shape))
+      return absl::InvalidArgumentError(absl::StrCat("indexer scores on tensor cores: ", shape.num_heads, " heads of ",
+                                                     shape.head_dim, " (multiples of 16), key at ", shape.key_offset,
+                                                     " of a slot of ", shape.cache_width, " (multiples of 8)"));
+    const size_t bytes = IndexerTcSmem(shape.num_heads, shape.head_dim).bytes;
+    static size_t tc_opted_in = 48 << 10;  // above 48 KiB a kernel must opt in
+    if (bytes > tc_opted_in) {
+      const cudaError_t e = cudaFuncSetAttribute(reinterpret_cast<const void*>(IndexerScoresTcKernel),
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+      if (e != cudaSuccess)
+        return absl::InvalidArgumentError(absl::StrCat("indexer scores: ", bytes, " bytes of shared memory: ",
+                                                       cudaGetErrorString(e)));
+      tc_opted_in = bytes;
+    }
+    const int blocks = std::max(1, (blocks_per_token * kScorePositions + kTcScorePositions - 1) / kTcScorePositions);
+    IndexerScoresTcKernel<<<dim3(blocks, num_tokens), 256, bytes, S(stream)>>>(
+        q, weights, head_weight, scale, reinterpret_cast<const __half*>(cache_layer), tokens, shape, first_token,
+        scores, row_length);
+    return LaunchStatus("indexer scores (tensor cores)");
+  }
   const int P = kScorePositions, DI = shape.head_dim, NI = shape.num_heads;
   const size_t bytes = static_cast<size_t>(NI * DI + NI + P * (DI + 1) + kScoreHeadLanes * P) * sizeof(float);
   static size_t opted_in = 48 << 10;  // above 48 KiB a kernel must opt in

@@ -34,10 +34,16 @@ struct IndexerShape {
 // for t = first_token + i and every position j ≤ min(position[t], row_length - 1), key_j the
 // indexer key cached for j in t's sequence. q [T, heads, head_dim] (rotated); weights [T, heads]
 // (weights_proj's output). `blocks_per_token` blocks take each token's positions in turn.
+// tensor_cores: the q · key products on tensor cores (wmma; q rounded to fp16, fp32 sums: about
+// 5e-4 relative, so selections near a tie may differ from the CPU engine's more often), where
+// IndexerTensorCoresSupport; else fp32 on CUDA cores.
 absl::Status IndexerScores(const float* q, const float* weights, float head_weight, float scale,
                            const KvHalf* cache_layer, const AttentionTokens& tokens,
                            const IndexerShape& shape, int first_token, int num_tokens,
-                           int blocks_per_token, float* scores, int row_length, StreamHandle stream);
+                           int blocks_per_token, float* scores, int row_length, StreamHandle stream,
+                           bool tensor_cores = false);
+// Index heads and head_dim multiples of 16, the key's offset and the slot multiples of 8 halves.
+bool IndexerTensorCoresSupport(const IndexerShape& shape);
 
 // Per query token t = first_token + i, its n = min(position[t] + 1, row_length) scores in
 // scores[i * row_length ..]: when n ≤ topk every position 0..n-1, else the topk highest (ties: the

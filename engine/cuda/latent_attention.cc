@@ -244,13 +244,15 @@ absl::Status CudaLatentAttention::Select(const float* x, int T, const LatentStep
   const float head_weight = static_cast<float>(1.0 / std::sqrt(static_cast<double>(NI)));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(DI)));
   IndexerShape shape{NI, DI, width, key_offset};
+  const bool tensor_cores = step.kernel == LatentKernel::kTensorCores && IndexerTensorCoresSupport(shape);
   for (int t0 = 0; t0 < T; t0 += ws.score_rows) {
     const int n = std::min(ws.score_rows, T - t0);
     // Enough blocks to fill the GPU a few times over; each loops over its token's positions.
     const int tiles = (ws.score_length + 31) / 32;
     const int blocks = std::max(1, std::min(tiles, 4 * step.sm_count / n));
     EXL3_RETURN_IF_ERROR(IndexerScores(ws.index_q.get(), ws.index_w.get(), head_weight, scale, cache_layer,
-                                       step.tokens, shape, t0, n, blocks, ws.scores.get(), ws.score_length, stream));
+                                       step.tokens, shape, t0, n, blocks, ws.scores.get(), ws.score_length, stream,
+                                       tensor_cores));
     EXL3_RETURN_IF_ERROR(IndexerTopk(ws.scores.get(), ws.score_length, step.tokens.position, t0, n, ix.topk,
                                      ws.selected.get(), ws.selected_count.get(), stream));
   }

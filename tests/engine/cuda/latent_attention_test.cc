@@ -366,7 +366,7 @@ TEST(LatentKernelsTest, IndexerTopkMatchesCpu) {
 TEST(LatentKernelsTest, IndexerKeysAndScoresMatchCpu) {
   REQUIRE_GPU();
   std::mt19937 rng(5);
-  for (const auto& [NI, DI] : std::vector<std::pair<int, int>>{{8, 128}, {32, 128}, {4, 64}}) {
+  for (const auto& [NI, DI] : std::vector<std::pair<int, int>>{{8, 128}, {32, 128}, {16, 64}}) {
     const std::string name = absl::StrCat(NI, " heads of ", DI);
     SCOPED_TRACE(name);
     PagedLayout lay({0, 1, 15, 16, 33, 700, 3000}, false, rng);
@@ -421,13 +421,22 @@ TEST(LatentKernelsTest, IndexerKeysAndScoresMatchCpu) {
     DeviceArray<int32_t> d_tables = ToDevice(lay.tables), d_offset = ToDevice(lay.offset), d_first = ToDevice(lay.first),
                          d_pos = ToDevice(lay.pos);
     AttentionTokens at{d_pos.get(), d_first.get(), d_offset.get(), d_tables.get(), lay.block_size};
-    for (int blocks : {1, 7}) {
-      ASSERT_TRUE(IndexerScores(d_q.get(), d_wts.get(), head_weight, scale, d_cache.get(), at,
-                                IndexerShape{NI, DI, width, key_offset}, 0, T, blocks, d_scores.get(), row, nullptr)
-                      .ok());
-      const double rel = RelativeError(ToHost(d_scores.get(), ref.size()), ref);
-      std::printf("indexer scores %-19s blocks per token %d: rel %.2e\n", name.c_str(), blocks, rel);
-      EXPECT_LT(rel, 1e-5) << "blocks per token " << blocks;
+    const IndexerShape shape{NI, DI, width, key_offset};
+    EXPECT_EQ(IndexerTensorCoresSupport(shape), NI % 16 == 0);
+    for (bool tc : {false, true}) {
+      if (tc && !IndexerTensorCoresSupport(shape)) continue;
+      // Tensor cores round q to fp16 (the keys are fp16 in the cache either way).
+      const double tolerance = tc ? 2e-3 : 1e-5;
+      for (int blocks : {1, 7}) {
+        ASSERT_TRUE(d_scores.Upload(std::vector<float>(ref.size(), 0.0f)).ok());
+        const absl::Status st = IndexerScores(d_q.get(), d_wts.get(), head_weight, scale, d_cache.get(), at, shape, 0,
+                                              T, blocks, d_scores.get(), row, nullptr, tc);
+        ASSERT_TRUE(st.ok()) << st;
+        const double rel = RelativeError(ToHost(d_scores.get(), ref.size()), ref);
+        std::printf("indexer scores %-19s %s blocks per token %d: rel %.2e (tolerance %.0e)\n", name.c_str(),
+                    tc ? "tensor cores" : "CUDA cores  ", blocks, rel, tolerance);
+        EXPECT_LT(rel, tolerance) << (tc ? "tensor cores" : "CUDA cores") << ", blocks per token " << blocks;
+      }
     }
   }
 }
