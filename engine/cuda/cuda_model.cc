@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/attention.h"
+#include "engine/cuda/latent_attention_kernels.h"
 #include "kernels/cuda/cuda_status.h"
 #include "model/exl3_model.h"
 #include "model/safetensors.h"
@@ -53,13 +54,10 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Open(const std::string& di
   if (exl3::cuda::DeviceCount() == 0)
     return absl::FailedPreconditionError("the CUDA engine needs a GPU and none is visible");
   EXL3_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(dir));
-  if (cfg.attention != AttentionKind::kGqa) {
-    const char* what = cfg.attention == AttentionKind::kMla   ? "multi-head latent attention"
-                       : cfg.attention == AttentionKind::kDsa ? "latent attention with the sparse indexer"
-                                                              : "compressed sparse attention with hyper-connections";
-    return absl::UnimplementedError(absl::StrCat(cfg.architecture(), ": its ", what,
-                                                 " runs on the CPU engine only so far (--engine-device cpu)"));
-  }
+  if (cfg.attention == AttentionKind::kDsv4)
+    return absl::UnimplementedError(absl::StrCat(cfg.architecture(), ": its compressed sparse attention with "
+                                                 "hyper-connections runs on the CPU engine only so far "
+                                                 "(--engine-device cpu)"));
   // Qwen3-Next: gated DeltaNet layers (a per-sequence state store, engine/sequence_state.h),
   // the gated attention output and zero-centred norms exist on the CPU engine only.
   if (cfg.HasRecurrentLayers() || cfg.attention_output_gate ||
@@ -137,13 +135,20 @@ absl::Status CudaModel::Load(const std::string& dir) {
     EXL3_ASSIGN_OR_RETURN(L.input_norm, UploadVector(*src, p + "input_layernorm.weight", H));
     EXL3_ASSIGN_OR_RETURN(L.post_attention_norm, UploadVector(*src, p + "post_attention_layernorm.weight", H));
     const std::string a = p + "self_attn.";
-    EXL3_ASSIGN_OR_RETURN(L.q, LoadLinear(*src, a + "q_proj", H, q_out));
-    EXL3_ASSIGN_OR_RETURN(L.k, LoadLinear(*src, a + "k_proj", H, kv_out));
-    EXL3_ASSIGN_OR_RETURN(L.v, LoadLinear(*src, a + "v_proj", H, kv_out));
-    EXL3_ASSIGN_OR_RETURN(L.o, LoadLinear(*src, a + "o_proj", q_out, H));
-    weight_bytes_.attention += L.q.weight_bytes() + L.k.weight_bytes() + L.v.weight_bytes() + L.o.weight_bytes();
-    for (const CudaLinear* lin : {&L.q, &L.k, &L.v, &L.o})
-      if (const Exl3LinearView* v = lin->exl3_view()) weight_bytes_.attention_decoded.Add(*v);
+    if (cfg_.IsLatentAttention()) {
+      EXL3_ASSIGN_OR_RETURN(L.latent, CudaLatentAttention::Load(cfg_, *src, l));
+      weight_bytes_.attention += L.latent->weight_bytes();
+      for (const CudaLinear* lin : L.latent->linears())
+        if (const Exl3LinearView* v = lin->exl3_view()) weight_bytes_.attention_decoded.Add(*v);
+    } else {
+      EXL3_ASSIGN_OR_RETURN(L.q, LoadLinear(*src, a + "q_proj", H, q_out));
+      EXL3_ASSIGN_OR_RETURN(L.k, LoadLinear(*src, a + "k_proj", H, kv_out));
+      EXL3_ASSIGN_OR_RETURN(L.v, LoadLinear(*src, a + "v_proj", H, kv_out));
+      EXL3_ASSIGN_OR_RETURN(L.o, LoadLinear(*src, a + "o_proj", q_out, H));
+      weight_bytes_.attention += L.q.weight_bytes() + L.k.weight_bytes() + L.v.weight_bytes() + L.o.weight_bytes();
+      for (const CudaLinear* lin : {&L.q, &L.k, &L.v, &L.o})
+        if (const Exl3LinearView* v = lin->exl3_view()) weight_bytes_.attention_decoded.Add(*v);
+    }
     if (cfg_.qk_norm) {
       EXL3_ASSIGN_OR_RETURN(L.q_norm, UploadVector(*src, a + "q_norm.weight", cfg_.head_dim));
       EXL3_ASSIGN_OR_RETURN(L.k_norm, UploadVector(*src, a + "k_norm.weight", cfg_.head_dim));
@@ -200,12 +205,15 @@ absl::Status CudaModel::AllocateKvCache(const KvCacheShape& shape) {
   if (shape.num_blocks <= 0 || shape.block_size <= 0)
     return absl::InvalidArgumentError(absl::StrCat("KV cache of ", shape.num_blocks, " blocks of ",
                                                    shape.block_size, " tokens"));
-  // One block more than asked: the padding rows of decode graphs write their keys there.
-  // GQA: every layer's slot has the same width.
-  layer_cache_halves_ = static_cast<size_t>(shape.num_blocks + 1) * shape.block_size * cfg_.KvWidth(0);
+  // One block more than asked: the padding rows of decode graphs write their keys there. Each
+  // layer's slots as wide as the CPU engine's (KvWidth: DSA layers without their own indexer hold
+  // no indexer keys).
+  const size_t slots = static_cast<size_t>(shape.num_blocks + 1) * shape.block_size;
+  layer_cache_offset_.assign(cfg_.num_layers + 1, 0);
+  for (int l = 0; l < cfg_.num_layers; ++l) layer_cache_offset_[l + 1] = layer_cache_offset_[l] + slots * cfg_.KvWidth(l);
   DropGraphs();
   cache_ = DeviceArray<KvHalf>();
-  EXL3_RETURN_IF_ERROR(cache_.Reserve(layer_cache_halves_ * cfg_.num_layers));
+  EXL3_RETURN_IF_ERROR(cache_.Reserve(layer_cache_offset_[cfg_.num_layers]));
   cache_shape_ = shape;
   padding_block_ = shape.num_blocks;
   return absl::OkStatus();
@@ -226,6 +234,13 @@ absl::Status CudaModel::Reserve(int T, int R, int splits) {
                         {&act_.head_in, r * H}, {&act_.logits, r * cfg_.vocab_size},
                         {&act_.scratch, static_cast<size_t>(AttentionScratchFloats(T, cfg_.num_heads, cfg_.head_dim, splits))}};
   bool moved = act_.topk_ids.size() < t * k;
+  if (cfg_.IsLatentAttention()) {
+    const int64_t context = std::min<int64_t>(cfg_.max_position_embeddings,
+                                              static_cast<int64_t>(cache_shape_.num_blocks) * cache_shape_.block_size);
+    bool latent_moved = false;
+    EXL3_RETURN_IF_ERROR(latent_ws_.Reserve(cfg_, T, splits, static_cast<int>(context), &latent_moved));
+    if (latent_moved) DropGraphs();
+  }
   for (const Need& n : needs) moved |= n.a->size() < n.n;
   if (!moved) return absl::OkStatus();
   DropGraphs();  // they hold the old addresses
@@ -233,9 +248,14 @@ absl::Status CudaModel::Reserve(int T, int R, int splits) {
   return act_.topk_ids.Reserve(t * k);
 }
 
+int CudaModel::AttentionBlocksPerToken() const {
+  // GQA: a block per KV head; latent attention: a block per tile of query heads.
+  return cfg_.IsLatentAttention() ? LatentAttentionHeadTiles(cfg_.num_heads) : cfg_.num_kv_heads;
+}
+
 int CudaModel::SplitsFor(int T, int span) const {
   // Split-K: enough blocks to fill the GPU twice, each split at least 64 positions long.
-  const int blocks = T * cfg_.num_kv_heads;
+  const int blocks = T * AttentionBlocksPerToken();
   const int splits = std::max(1, std::min((2 * sm_count_ + blocks - 1) / blocks, (span + 63) / 64));
   const int per = (span + splits - 1) / splits;
   return (span + per - 1) / per;
@@ -349,6 +369,20 @@ void CudaModel::PlanAttention(const StepTokens& tokens, int num_rows) {
 
 absl::Status CudaModel::RunAttention(int l, int T) {
   Layer& L = layers_[l];
+  KvHalf* cache_layer = cache_.get() + layer_cache_offset_[l];
+  if (L.latent != nullptr) {
+    LatentStep step;
+    step.tokens = AttentionTokens{meta_.position, meta_.first_visible, meta_.table_offset, meta_.tables,
+                                  cache_shape_.block_size};
+    step.slot = meta_.slot;
+    step.cos = meta_.cos;
+    step.sin = meta_.sin;
+    step.splits = step_splits_;
+    step.split_positions = meta_.split_positions;
+    step.sm_count = sm_count_;
+    step.kernel = tensor_core_prefill_ ? LatentKernel::kTensorCores : LatentKernel::kCudaCores;
+    return L.latent->Forward(act_.x.get(), T, step, cache_layer, latent_ws_, ctx_, act_.d.get());
+  }
   const int D = cfg_.head_dim, NH = cfg_.num_heads, KV = cfg_.num_kv_heads;
   const CudaLinear* qkv[3] = {&L.q, &L.k, &L.v};
   float* const qkv_out[3] = {act_.q.get(), act_.k.get(), act_.v.get()};
@@ -362,7 +396,6 @@ absl::Status CudaModel::RunAttention(int l, int T) {
                                  meta_.sin, stream_));
   EXL3_RETURN_IF_ERROR(ApplyRope(act_.k.get(), T, KV, KV * D, D, rope_.rotary_dim(), interleaved, meta_.cos,
                                  meta_.sin, stream_));
-  KvHalf* cache_layer = cache_.get() + l * layer_cache_halves_;
   EXL3_RETURN_IF_ERROR(WriteKv(act_.k.get(), act_.v.get(), meta_.slot, T, KV * D, cache_layer, stream_));
   for (const AttentionRun& run : attention_runs_) {
     const size_t t0 = static_cast<size_t>(run.first_token);
@@ -539,7 +572,7 @@ absl::Status CudaModel::ForwardDecodeGraph(const StepTokens& tokens, const StepO
     if (slot->exec != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(slot->exec));
     slot.reset();
   }
-  const int splits = DecodeAttentionSplits(Tp, cfg_.num_kv_heads, sm_count_);
+  const int splits = DecodeAttentionSplits(Tp, AttentionBlocksPerToken(), sm_count_);
   EXL3_RETURN_IF_ERROR(Reserve(Tp, Tp, splits));  // may drop every graph
   if (slot == nullptr) {
     slot = std::make_unique<DecodeGraph>();

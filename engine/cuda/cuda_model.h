@@ -11,8 +11,10 @@
 //
 //   EXL3_ASSIGN_OR_RETURN(auto model, CudaModel::Open("/models/glm-exl3", CudaModelOptions{}));
 //
-// Families: the GQA ones (Glm4Moe, Qwen3Moe, Mixtral). DeepSeek-V3's latent attention runs on the
-// CPU model only for now; Open says so. Activations are fp32, the KV cache fp16.
+// Families: the GQA ones (Glm4Moe, Qwen3Moe, Mixtral), DeepSeek-V3's multi-head latent attention
+// and GLM-MoE-DSA's (latent attention over the positions its indexer chooses;
+// engine/cuda/latent_attention.h). DeepSeek-V4 and Qwen3-Next run on the CPU model only for now;
+// Open says so. Activations are fp32, the KV cache fp16.
 #pragma once
 
 #include <memory>
@@ -27,6 +29,7 @@
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/device_sampler.h"
 #include "engine/cuda/engine_kernels.h"
+#include "engine/cuda/latent_attention.h"
 #include "engine/cuda/pinned_buffer.h"
 #include "engine/model_config.h"
 #include "engine/model_runner.h"
@@ -50,6 +53,8 @@ struct CudaModelOptions {
   bool cuda_graphs = true;
   // Chunks of at least kPrefillMinTokens tokens of one sequence (head dims 64, 128, 256) run
   // attention on the tensor-core prefill kernel; off: every token through the decode kernel.
+  // Latent attention (MLA, DSA): on, every token's attention products on tensor cores (where the
+  // shape allows); off, on CUDA cores in fp32.
   bool tensor_core_prefill = true;
   // The engine's rows are sampled on the GPU (SamplesRows / ForwardSampled); off: every step's
   // logits go to the host for the engine's sampler.
@@ -107,6 +112,7 @@ class CudaModel final : public ModelRunner {
   struct Layer {
     DeviceArray<float> input_norm, post_attention_norm, q_norm, k_norm;
     CudaLinear q, k, v, o;
+    std::unique_ptr<CudaLatentAttention> latent;  // MLA / DSA models: instead of q, k, v, o
     std::optional<DenseMlp> dense_mlp;
     std::optional<MoeBlock> moe;
   };
@@ -161,6 +167,7 @@ class CudaModel final : public ModelRunner {
   // Grows the activations for a step (dropping every decode graph when an address changes).
   absl::Status Reserve(int num_tokens, int num_logit_rows, int attention_splits);
   int SplitsFor(int num_tokens, int longest_context) const;
+  int AttentionBlocksPerToken() const;  // attention blocks of one token and split
   // Packs the step's facts as `layout` says, copies them into `device` and points meta_ there.
   absl::Status PrepareStep(const StepTokens& tokens, const StepLayout& layout, DeviceArray<int32_t>* device);
   // Every launch of a step from the embeddings to the head's logits on the device. host_token_ids:
@@ -194,9 +201,10 @@ class CudaModel final : public ModelRunner {
   int max_moe_tokens_ = 0;
   std::unique_ptr<MoeExecutor> remote_moe_;
   PinnedBuffer remote_x_, remote_y_;  // staging of the remote experts' exchange
-  DeviceArray<KvHalf> cache_;  // fp16, per layer [slots, 2 * kv_floats]
+  DeviceArray<KvHalf> cache_;  // fp16, per layer [slots, KvWidth(layer)] (GQA: 2 * kv_floats)
   KvCacheShape cache_shape_;
-  size_t layer_cache_halves_ = 0;
+  std::vector<size_t> layer_cache_offset_;  // where each layer's slots start in cache_
+  LatentWorkspace latent_ws_;  // MLA / DSA layers' buffers
   // The step's tokens as attention runs them: consecutive ranges, each a prefill chunk (one
   // sequence, PrefillAttention) or decode-like tokens (PagedAttention).
   struct AttentionRun {

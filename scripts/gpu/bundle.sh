@@ -15,12 +15,12 @@ fi
 # (synthetic models; --backend cuda for scripts/conformance/moe_conformance.py), and exl3-worker
 # with exl3-loadgen (scripts/gpu/unified_memory.sh).
 cmake --build "$BUILD" -j2 --target exl3-bench exl3-cuda-check exl3-engine-bench engine_cuda_model_test \
-  engine_cuda_sampling_test exl3-tool exl3-worker exl3-loadgen
+  engine_cuda_sampling_test engine_cuda_latent_attention_test exl3-tool exl3-worker exl3-loadgen
 rm -rf .gpu-deps
 mkdir -p .gpu-deps/bin .gpu-deps/lib
 cp "$BUILD"/bin/exl3-bench "$BUILD"/bin/exl3-cuda-check "$BUILD"/bin/exl3-engine-bench "$BUILD"/bin/exl3-tool \
   "$BUILD"/bin/exl3-worker "$BUILD"/bin/exl3-loadgen "$BUILD"/tests/engine_cuda_model_test \
-  "$BUILD"/tests/engine_cuda_sampling_test .gpu-deps/bin/
+  "$BUILD"/tests/engine_cuda_sampling_test "$BUILD"/tests/engine_cuda_latent_attention_test .gpu-deps/bin/
 scripts/gpu/collect_libs.sh .gpu-deps/lib .gpu-deps/bin/*
 strip --strip-debug .gpu-deps/bin/* 2>/dev/null || true
 mkdir -p .gpu-check

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: the GPU engine (engine/cuda/) in one go. Writes logs to $OUT (or ./gpu-out):
-#   1. engine_cuda_model_test: its kernels against the CPU references and whole models
-#      (tests/fixtures/engine) against the CPU engine and transformers;
+#   1. engine_cuda_model_test and engine_cuda_latent_attention_test: the kernels against the CPU
+#      references and whole models (tests/fixtures/engine) against the CPU engine and transformers;
 #   2. compute-sanitizer memcheck and racecheck on one fixture's generation;
 #   3. a synthetic model with GLM-4.5-Air's shapes (dense intermediate 11008: 10944 rounded up to EXL3's
 #      multiple of 128; ENGINE_LAYERS layers, default 6: the first
@@ -14,8 +14,12 @@
 #      the engine sampling on the device, on the host and on the CPU engine), compute-sanitizer
 #      memcheck and racecheck on its random-logits cases, and exl3-engine-bench --sampling-only
 #      (rows 1/8/64 x vocab 151552: device sampling beside the old logits-to-host path).
+#   6. (--only dsa, not by default) a synthetic GLM-MoE-DSA model: GLM-5.3-Flash's MoE shapes
+#      (EXL3_FORMAT.md) and the attention of transformers' GlmMoeDsaConfig defaults (64 heads,
+#      q_lora_rank 2048, kv_lora_rank 512, nope 192 + rope 64, v 256; indexer 32 x 128, top 2048),
+#      DSA_LAYERS layers (default 6, the first 3 dense), through exl3-engine-bench.
 # Binaries come from .gpu-deps/ or its packed copy .gpu-check/gpu-deps.tar.xz (scripts/gpu/bundle.sh;
-# carry one of the two). Usage: scripts/gpu/engine.sh [--only test|sanitize|bench|attention|sampling]...
+# carry one of the two). Usage: scripts/gpu/engine.sh [--only test|sanitize|bench|attention|sampling|dsa]...
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
@@ -24,7 +28,7 @@ ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY="$ONLY $2"; shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "engine.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -39,15 +43,25 @@ if want test; then
   timeout ${TEST_TIMEOUT:-300} "$BIN"/engine_cuda_model_test > "$OUT/engine-test.log" 2>&1
   echo "test exit $?"
   grep -E "^(attention|gate|rope|add\+rmsnorm|model) |FAILED|Failure|error|PASSED" "$OUT/engine-test.log" | head -400
+  echo "=== engine_cuda_latent_attention_test"
+  timeout ${TEST_TIMEOUT:-300} "$BIN"/engine_cuda_latent_attention_test > "$OUT/latent-test.log" 2>&1
+  echo "test exit $?"
+  grep -E "^(latent|indexer|layer) |chose different|FAILED|Failure|error|PASSED" "$OUT/latent-test.log" | head -300
 fi
 if want sanitize && command -v compute-sanitizer > /dev/null; then
   echo "=== compute-sanitizer (one fixture's generation)"
-  for tool in memcheck racecheck; do
-    timeout ${SANITIZE_TIMEOUT:-60} compute-sanitizer --tool $tool --error-exitcode 3 "$BIN"/engine_cuda_model_test \
-      --gtest_filter='GqaFamilies/CudaModelFixtureTest.MatchesCpuModelAndTransformers/1' > "$OUT/engine-sanitizer-$tool.log" 2>&1
-    rc=$?
-    echo "$tool exit $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/engine-sanitizer-$tool.log" | tail -1)"
-    [ "$rc" = 0 ] || grep -E "error|Error|ERROR|FAIL|Invalid" "$OUT/engine-sanitizer-$tool.log" | grep -v SUMMARY | head -8
+  # A GQA fixture, then GLM-MoE-DSA's (latent attention, the indexer and its top-k).
+  for filter in GqaFamilies/CudaModelFixtureTest.MatchesCpuModelAndTransformers/1 \
+                LatentFamilies/CudaModelFixtureTest.MatchesCpuModelAndTransformers/3; do
+    family=${filter%%/*}
+    for tool in memcheck racecheck; do
+      log="$OUT/engine-sanitizer-$tool-$family.log"
+      timeout ${SANITIZE_TIMEOUT:-60} compute-sanitizer --tool $tool --error-exitcode 3 "$BIN"/engine_cuda_model_test \
+        --gtest_filter="$filter" > "$log" 2>&1
+      rc=$?
+      echo "$family $tool exit $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
+      [ "$rc" = 0 ] || grep -E "error|Error|ERROR|FAIL|Invalid" "$log" | grep -v SUMMARY | head -8
+    done
   done
 fi
 if want bench; then
@@ -68,6 +82,22 @@ if want bench; then
     --no-graphs --json "$OUT/engine-bench.json" > "$OUT/engine-bench-eager.log" 2>&1
   echo "eager bench exit $?"
   grep -E "^decode|GPU time" "$OUT/engine-bench-eager.log"
+fi
+if [[ " $ONLY " == *" dsa "* ]]; then
+  echo "=== exl3-engine-bench (GLM-MoE-DSA: GLM-5.3-Flash MoE shapes, GlmMoeDsaConfig attention, ${DSA_LAYERS:-6} layers)"
+  MODEL=${DSA_MODEL_DIR:-/tmp/glm-dsa-synthetic-${DSA_LAYERS:-6}}
+  if [ ! -f "$MODEL/config.json" ]; then
+    timeout 300 "$BIN"/exl3-tool make-test-model --arch glm_moe_dsa --synthetic --whole-model --output "$MODEL" \
+      --hidden 4096 --experts 288 --top-k 8 --intermediate 2048 --shared 1 --layers ${DSA_LAYERS:-6} \
+      --dense-layers 3 --dense-intermediate 12288 --vocab 154880 --heads 64 --kv-heads 64 \
+      --q-lora-rank 2048 --kv-lora-rank 512 --qk-nope-head-dim 192 --qk-rope-head-dim 64 --v-head-dim 256 \
+      --index-heads 32 --index-head-dim 128 --index-topk 2048 \
+      --bits 2 --attention-bits 4 --head-bits 6 --codebook mcg --max-position 16384 --quiet > "$OUT/dsa-model.log" 2>&1 || { echo "model generation failed"; tail -5 "$OUT/dsa-model.log"; }
+  fi
+  timeout ${BENCH_TIMEOUT:-300} "$BIN"/exl3-engine-bench --model "$MODEL" --context ${CONTEXTS:-1024,8192} \
+    --batch ${DSA_BATCHES:-1,8,32} --steps ${STEPS:-12} --json "$OUT/engine-bench.json" > "$OUT/dsa-bench.log" 2>&1
+  echo "dsa bench exit $?"
+  cat "$OUT/dsa-bench.log"
 fi
 if want attention; then
   echo "=== exl3-engine-bench --attention-only (GLM-4.5-Air's attention shape)"

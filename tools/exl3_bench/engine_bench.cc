@@ -322,15 +322,42 @@ int main(int argc, char** argv) {
 
   // FLOPs of a prefill of C tokens: every linear's 2 x params per token (the experts a token is routed
   // to and the shared one; the head for the last token only) plus causal attention's 2 x 2 x heads x
-  // head_dim per (query, visible key) pair.
+  // head_dim per (query, visible key) pair. Latent attention (MLA, DSA): its projections, kv_b_proj's
+  // absorbed products, 2 x heads x (2 latent + rope) per (query, seen key) pair, and DSA's indexer
+  // (its projections, 2 x index heads x index_head_dim per (query, visible key) pair) on the layers
+  // that run one; a DSA query sees at most index_topk keys.
   const double H = cfg.hidden_size, NHD = double(cfg.num_heads) * cfg.head_dim, KVD = double(cfg.num_kv_heads) * cfg.head_dim;
-  const double attn_params = 2 * H * NHD + 2 * H * KVD;
+  const bool latent = cfg.IsLatentAttention();
+  const double NH = cfg.num_heads, R = cfg.kv_lora_rank, rope = cfg.qk_rope_head_dim, nope = cfg.qk_nope_head_dim,
+               vd = cfg.v_head_dim, qd = nope + rope, NI = cfg.indexer.num_heads, DI = cfg.indexer.head_dim;
+  int indexer_layers = 0;
+  for (int l = 0; l < cfg.num_layers; ++l) indexer_layers += cfg.HasOwnIndexer(l) ? 1 : 0;
+  const double topk = cfg.attention == exl3::engine::AttentionKind::kDsa ? cfg.indexer.topk : 1e30;
+  const double q_params = cfg.q_lora_rank > 0 ? H * cfg.q_lora_rank + cfg.q_lora_rank * NH * qd : H * NH * qd;
+  const double attn_params = latent ? q_params + H * (R + rope) + NH * vd * H + NH * (nope + vd) * R
+                                    : 2 * H * NHD + 2 * H * KVD;
+  const double indexer_params = cfg.q_lora_rank * NI * DI + H * DI + H * NI;
   const double expert_params = 3 * H * cfg.moe.moe_intermediate_size;
   const double dense_params = 3 * H * cfg.intermediate_size;
+  // Σ over the C queries of min(position + 1, cap): the keys each sees.
+  auto seen_pairs = [](double C, double cap) {
+    const double dense = std::min(C, cap);
+    return dense * (dense + 1) / 2 + (C - dense) * cap;
+  };
   auto prefill_flops = [&](double C) {
     double per_token = cfg.num_layers * attn_params + (cfg.num_layers - moe_layers) * dense_params +
-                       moe_layers * ((k + shared) * expert_params + E * H);
-    return 2 * C * per_token + 2 * H * cfg.vocab_size + cfg.num_layers * 4 * NHD * C * (C + 1) / 2;
+                       moe_layers * ((k + shared) * expert_params + E * H) + indexer_layers * indexer_params;
+    const double attention = latent ? cfg.num_layers * 2 * NH * (2 * R + rope) * seen_pairs(C, topk) +
+                                          indexer_layers * 2 * NI * DI * C * (C + 1) / 2
+                                    : cfg.num_layers * 4 * NHD * C * (C + 1) / 2;
+    return 2 * C * per_token + 2 * H * cfg.vocab_size + attention;
+  };
+  // Cache bytes one decode token reads at a context of `positions`: every position's slot (GQA,
+  // MLA), or on DSA the latent and rope key of at most index_topk positions plus every position's
+  // indexer key on the layers that run an indexer.
+  auto kv_bytes_per_token = [&](double positions) {
+    if (cfg.attention != exl3::engine::AttentionKind::kDsa) return positions * kv_bytes_per_position;
+    return cfg.num_layers * std::min(positions, topk) * (R + rope) * 2 + indexer_layers * positions * DI * 2;
   };
   std::mt19937 rng(5);
   std::vector<float> logits;
@@ -396,7 +423,7 @@ int main(int argc, char** argv) {
       }
       const double step = Median(times);
       const double touched = E > 0 ? E * (1.0 - std::pow(1.0 - double(k) / E, B)) + shared : 0;
-      const double kv_bytes = B * (context + warmup + steps / 2.0) * kv_bytes_per_position;
+      const double kv_bytes = B * kv_bytes_per_token(context + warmup + steps / 2.0);
       const double expert_bytes = moe_layers * touched * per_expert;
       const double bytes = wb.attention + wb.dense_mlp + wb.router + wb.head + B * double(wb.embedding_row) +
                            expert_bytes + kv_bytes;

@@ -1,0 +1,262 @@
+#include "engine/cuda/latent_attention.h"
+
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "engine/cuda/dsa_indexer_kernels.h"
+#include "engine/cuda/engine_kernels.h"
+#include "engine/linear.h"
+
+namespace exl3::engine::cuda {
+namespace {
+
+// As engine/mla_attention.cc: q_a_layernorm and kv_a_layernorm use the RMSNorm's default eps
+// (not rms_norm_eps); the indexer's k_norm is a LayerNorm with eps 1e-6 (engine/dsa_attention.cc).
+constexpr float kLatentNormEps = 1e-6f;
+constexpr float kIndexerNormEps = 1e-6f;
+// Floats of index scores held at once (128 MiB): a prefill step scores its tokens in groups.
+constexpr int64_t kScoreBudgetFloats = int64_t{32} << 20;
+// A decode graph's bucket is at most this many tokens: its scores always fit one group.
+constexpr int kMinScoreRows = 64;
+constexpr int kMaxScoreRows = 32768;  // the score kernel's grid holds at most 65535 tokens
+
+absl::StatusOr<CudaLinear> LoadLinear(const TensorSource& src, const std::string& prefix, int in, int out) {
+  EXL3_ASSIGN_OR_RETURN(Linear host, Linear::Load(src, prefix, in, out));
+  return CudaLinear::Upload(host);
+}
+
+absl::StatusOr<DeviceArray<float>> UploadVector(const TensorSource& src, const std::string& name, int64_t n) {
+  EXL3_ASSIGN_OR_RETURN(std::vector<float> v, LoadVector(src, name, n));
+  DeviceArray<float> d;
+  EXL3_RETURN_IF_ERROR(d.Upload(v));
+  return d;
+}
+
+absl::Status CublasStatus(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": cuBLAS status ", static_cast<int>(s)));
+}
+
+}  // namespace
+
+absl::Status LatentWorkspace::Reserve(const ModelConfig& cfg, int T, int splits, int max_context, bool* moved) {
+  const size_t t = static_cast<size_t>(std::max(T, 1)), NH = cfg.num_heads, R = cfg.kv_lora_rank;
+  const size_t qd = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim;
+  struct Need {
+    DeviceArray<float>* a;
+    size_t n;
+  };
+  std::vector<Need> needs = {{&q_resid, t * std::max(cfg.q_lora_rank, 1)},
+                             {&q, t * NH * qd},
+                             {&ckv, t * (R + cfg.qk_rope_head_dim)},
+                             {&q_latent, t * NH * R},
+                             {&o_latent, t * NH * R},
+                             {&attn, t * NH * cfg.v_head_dim},
+                             {&scratch, static_cast<size_t>(std::max<int64_t>(
+                                            LatentAttentionScratchFloats(T, cfg.num_heads, cfg.kv_lora_rank, splits), 1))}};
+  size_t select_ints = 0;
+  if (cfg.attention == AttentionKind::kDsa) {
+    const IndexerConfig& ix = cfg.indexer;
+    score_length = std::max(max_context, 1);
+    const int64_t rows = std::min<int64_t>(kMaxScoreRows, std::max<int64_t>(kMinScoreRows, kScoreBudgetFloats / score_length));
+    score_rows = static_cast<int>(std::min<int64_t>(rows, std::max(T, 1)));
+    needs.push_back({&index_q, t * ix.num_heads * ix.head_dim});
+    needs.push_back({&index_k, t * ix.head_dim});
+    needs.push_back({&index_w, t * ix.num_heads});
+    needs.push_back({&scores, static_cast<size_t>(score_rows) * score_length});
+    select_ints = t * ix.topk;
+  }
+  *moved = selected.size() < select_ints || selected_count.size() < (select_ints > 0 ? t : 0);
+  for (const Need& n : needs) *moved |= n.a->size() < n.n;
+  if (!*moved) return absl::OkStatus();
+  for (const Need& n : needs) EXL3_RETURN_IF_ERROR(n.a->Reserve(n.n));
+  if (select_ints > 0) {
+    EXL3_RETURN_IF_ERROR(selected.Reserve(select_ints));
+    EXL3_RETURN_IF_ERROR(selected_count.Reserve(t));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CudaLatentAttention>> CudaLatentAttention::Load(const ModelConfig& cfg,
+                                                                               const TensorSource& src, int layer) {
+  if (!cfg.IsLatentAttention()) return absl::InvalidArgumentError("CudaLatentAttention: not a latent-attention model");
+  std::unique_ptr<CudaLatentAttention> a(new CudaLatentAttention(cfg, layer));
+  const std::string p = absl::StrCat("model.layers.", layer, ".self_attn.");
+  const int H = cfg.hidden_size, NH = cfg.num_heads, R = cfg.kv_lora_rank;
+  const int nope = cfg.qk_nope_head_dim, rope = cfg.qk_rope_head_dim, vd = cfg.v_head_dim, qd = nope + rope;
+  if (cfg.rope.rotary_dim != rope)
+    return absl::InvalidArgumentError(absl::StrCat(p, ": rotary dimensions ", cfg.rope.rotary_dim,
+                                                   " differ from qk_rope_head_dim ", rope));
+  a->q_low_rank_ = cfg.q_lora_rank > 0;
+  if (a->q_low_rank_) {
+    EXL3_ASSIGN_OR_RETURN(a->q_a_, LoadLinear(src, p + "q_a_proj", H, cfg.q_lora_rank));
+    EXL3_ASSIGN_OR_RETURN(a->q_a_norm_, UploadVector(src, p + "q_a_layernorm.weight", cfg.q_lora_rank));
+    EXL3_ASSIGN_OR_RETURN(a->q_b_, LoadLinear(src, p + "q_b_proj", cfg.q_lora_rank, NH * qd));
+  } else {
+    EXL3_ASSIGN_OR_RETURN(a->q_, LoadLinear(src, p + "q_proj", H, NH * qd));
+  }
+  EXL3_ASSIGN_OR_RETURN(a->kv_a_, LoadLinear(src, p + "kv_a_proj_with_mqa", H, R + rope));
+  EXL3_ASSIGN_OR_RETURN(a->kv_a_norm_, UploadVector(src, p + "kv_a_layernorm.weight", R));
+  {
+    // Decoded once here, exactly as the CPU engine decodes it (engine/mla_attention.cc).
+    EXL3_ASSIGN_OR_RETURN(Linear kv_b, Linear::Load(src, p + "kv_b_proj", R, NH * (nope + vd)));
+    if (kv_b.has_bias()) return absl::UnimplementedError(p + "kv_b_proj has a bias (not absorbed)");
+    EXL3_RETURN_IF_ERROR(a->kv_b_.Upload(kv_b.DenseWeight()));
+  }
+  EXL3_ASSIGN_OR_RETURN(a->o_, LoadLinear(src, p + "o_proj", NH * vd, H));
+
+  if (cfg.attention == AttentionKind::kDsa) {
+    const std::string ip = p + "indexer.";
+    if (!cfg.HasOwnIndexer(layer)) {
+      bool earlier = false;
+      for (int l = 0; l < layer; ++l) earlier |= cfg.HasOwnIndexer(l);
+      if (!earlier)
+        return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " shares the top-k selection of an earlier "
+                                                       "layer, and no earlier layer runs an indexer"));
+      return a;
+    }
+    if (!a->q_low_rank_)
+      return absl::InvalidArgumentError(absl::StrCat(ip, "wq_b: the indexer reads q_a_proj's output (q_lora_rank 0)"));
+    const IndexerConfig& ix = cfg.indexer;
+    if (ix.head_dim < rope)
+      return absl::InvalidArgumentError(absl::StrCat(ip, ": index_head_dim ", ix.head_dim, " below the ", rope,
+                                                     " rotated dimensions"));
+    Indexer in;
+    EXL3_ASSIGN_OR_RETURN(in.wq_b, LoadLinear(src, ip + "wq_b", cfg.q_lora_rank, ix.num_heads * ix.head_dim));
+    EXL3_ASSIGN_OR_RETURN(in.wk, LoadLinear(src, ip + "wk", H, ix.head_dim));
+    EXL3_ASSIGN_OR_RETURN(in.weights_proj, LoadLinear(src, ip + "weights_proj", H, ix.num_heads));
+    EXL3_ASSIGN_OR_RETURN(in.k_norm_weight, UploadVector(src, ip + "k_norm.weight", ix.head_dim));
+    EXL3_ASSIGN_OR_RETURN(in.k_norm_bias, UploadVector(src, ip + "k_norm.bias", ix.head_dim));
+    a->indexer_ = std::move(in);
+  }
+  return a;
+}
+
+int64_t CudaLatentAttention::weight_bytes() const {
+  int64_t b = static_cast<int64_t>(kv_b_.size() * sizeof(float));
+  for (const CudaLinear* l : linears()) b += l->weight_bytes();
+  return b;
+}
+
+std::vector<const CudaLinear*> CudaLatentAttention::linears() const {
+  std::vector<const CudaLinear*> v;
+  if (q_low_rank_) {
+    v = {&q_a_, &q_b_};
+  } else {
+    v = {&q_};
+  }
+  v.push_back(&kv_a_);
+  v.push_back(&o_);
+  if (indexer_) {
+    v.push_back(&indexer_->wq_b);
+    v.push_back(&indexer_->wk);
+    v.push_back(&indexer_->weights_proj);
+  }
+  return v;
+}
+
+absl::Status CudaLatentAttention::Forward(const float* x, int T, const LatentStep& step, KvHalf* cache_layer,
+                                          LatentWorkspace& ws, const CudaLinearContext& ctx, float* out) const {
+  const int NH = cfg_.num_heads, R = cfg_.kv_lora_rank, nope = cfg_.qk_nope_head_dim;
+  const int rope = cfg_.qk_rope_head_dim, vd = cfg_.v_head_dim, qd = nope + rope, W = R + rope;
+  const int width = cfg_.KvWidth(layer_);
+  const bool interleaved = cfg_.rope.layout == RopeLayout::kInterleaved;
+  StreamHandle stream = ctx.stream;
+  // Queries, the latent and the rope key.
+  if (q_low_rank_) {
+    EXL3_RETURN_IF_ERROR(q_a_.Forward(x, T, ws.q_resid.get(), ctx));
+    EXL3_RETURN_IF_ERROR(RmsNorm(ws.q_resid.get(), q_a_norm_.get(), T, cfg_.q_lora_rank, kLatentNormEps,
+                                 ws.q_resid.get(), stream));
+    EXL3_RETURN_IF_ERROR(q_b_.Forward(ws.q_resid.get(), T, ws.q.get(), ctx));
+  } else {
+    EXL3_RETURN_IF_ERROR(q_.Forward(x, T, ws.q.get(), ctx));
+  }
+  EXL3_RETURN_IF_ERROR(kv_a_.Forward(x, T, ws.ckv.get(), ctx));
+  EXL3_RETURN_IF_ERROR(ApplyRope(ws.q.get() + nope, T, NH, NH * qd, qd, rope, interleaved, step.cos, step.sin, stream));
+  EXL3_RETURN_IF_ERROR(ApplyRope(ws.ckv.get() + R, T, 1, W, W, rope, interleaved, step.cos, step.sin, stream));
+  EXL3_RETURN_IF_ERROR(WriteLatentToCache(ws.ckv.get(), kv_a_norm_.get(), T, R, rope, kLatentNormEps, step.slot,
+                                          cache_layer, width, stream));
+  if (indexer_) EXL3_RETURN_IF_ERROR(Select(x, T, step, cache_layer, ws, ctx));
+
+  // q_latent[t, h] = q_nope[t, h] · W_uk(h): per head, row-major [T, nope] · [nope, R] (cuBLAS is
+  // column-major: C^T = B^T · A^T, each operand read in place at its strides).
+  cublasHandle_t handle = static_cast<cublasHandle_t>(ctx.cublas);
+  const float one = 1.0f, zero = 0.0f;
+  const long long head_rows = static_cast<long long>(nope + vd) * R;  // kv_b_ floats per head
+  EXL3_RETURN_IF_ERROR(CublasStatus(
+      cublasSgemmStridedBatched(handle, CUBLAS_OP_N, CUBLAS_OP_N, R, T, nope, &one, kv_b_.get(), R, head_rows,
+                                ws.q.get(), NH * qd, qd, &zero, ws.q_latent.get(), NH * R, R, NH),
+      "latent attention: absorbing kv_b_proj into the queries"));
+
+  LatentAttentionShape shape;
+  shape.num_heads = NH;
+  shape.latent_dim = R;
+  shape.rope_dim = rope;
+  shape.q_stride = qd;
+  shape.rope_offset = nope;
+  shape.cache_width = width;
+  shape.scale = cfg_.attention_scale;
+  LatentSelection selection;
+  const bool sparse = cfg_.attention == AttentionKind::kDsa;
+  if (sparse) {
+    selection.positions = ws.selected.get();
+    selection.count = ws.selected_count.get();
+    selection.stride = cfg_.indexer.topk;
+  }
+  const LatentKernel kernel = step.kernel == LatentKernel::kTensorCores && LatentTensorCoresSupport(shape)
+                                  ? LatentKernel::kTensorCores
+                                  : LatentKernel::kCudaCores;
+  EXL3_RETURN_IF_ERROR(LatentAttention(ws.q_latent.get(), ws.q.get(), cache_layer, step.tokens,
+                                       sparse ? &selection : nullptr, T, shape, step.splits, step.split_positions,
+                                       ws.scratch.get(), ws.o_latent.get(), stream, kernel));
+
+  // attn[t, h] = W_uv(h) · o_latent[t, h]: per head, row-major [T, R] · W_uv(h)ᵀ [R, vd].
+  EXL3_RETURN_IF_ERROR(CublasStatus(
+      cublasSgemmStridedBatched(handle, CUBLAS_OP_T, CUBLAS_OP_N, vd, T, R, &one,
+                                kv_b_.get() + static_cast<size_t>(nope) * R, R, head_rows, ws.o_latent.get(), NH * R,
+                                R, &zero, ws.attn.get(), NH * vd, vd, NH),
+      "latent attention: kv_b_proj's value part on the latent output"));
+  return o_.Forward(ws.attn.get(), T, out, ctx);
+}
+
+absl::Status CudaLatentAttention::Select(const float* x, int T, const LatentStep& step, KvHalf* cache_layer,
+                                         LatentWorkspace& ws, const CudaLinearContext& ctx) const {
+  const Indexer& in = *indexer_;
+  const IndexerConfig& ix = cfg_.indexer;
+  const int NI = ix.num_heads, DI = ix.head_dim, rope = cfg_.qk_rope_head_dim;
+  const bool interleaved = cfg_.rope.layout == RopeLayout::kInterleaved;
+  StreamHandle stream = ctx.stream;
+  EXL3_RETURN_IF_ERROR(in.wq_b.Forward(ws.q_resid.get(), T, ws.index_q.get(), ctx));
+  EXL3_RETURN_IF_ERROR(in.wk.Forward(x, T, ws.index_k.get(), ctx));
+  EXL3_RETURN_IF_ERROR(in.weights_proj.Forward(x, T, ws.index_w.get(), ctx));
+  EXL3_RETURN_IF_ERROR(LayerNormRows(ws.index_k.get(), in.k_norm_weight.get(), in.k_norm_bias.get(), T, DI,
+                                     kIndexerNormEps, stream));
+  EXL3_RETURN_IF_ERROR(ApplyRope(ws.index_k.get(), T, 1, DI, DI, rope, interleaved, step.cos, step.sin, stream));
+  EXL3_RETURN_IF_ERROR(ApplyRope(ws.index_q.get(), T, NI, NI * DI, DI, rope, interleaved, step.cos, step.sin, stream));
+  const int width = cfg_.KvWidth(layer_), key_offset = cfg_.kv_lora_rank + rope;
+  EXL3_RETURN_IF_ERROR(WriteRowsToCache(ws.index_k.get(), T, DI, step.slot, cache_layer, width, key_offset, stream));
+
+  const float head_weight = static_cast<float>(1.0 / std::sqrt(static_cast<double>(NI)));
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(DI)));
+  IndexerShape shape{NI, DI, width, key_offset};
+  const bool tensor_cores = step.kernel == LatentKernel::kTensorCores && IndexerTensorCoresSupport(shape);
+  for (int t0 = 0; t0 < T; t0 += ws.score_rows) {
+    const int n = std::min(ws.score_rows, T - t0);
+    // Enough blocks to fill the GPU a few times over; each loops over its token's positions.
+    const int tiles = (ws.score_length + 31) / 32;
+    const int blocks = std::max(1, std::min(tiles, 4 * step.sm_count / n));
+    EXL3_RETURN_IF_ERROR(IndexerScores(ws.index_q.get(), ws.index_w.get(), head_weight, scale, cache_layer,
+                                       step.tokens, shape, t0, n, blocks, ws.scores.get(), ws.score_length, stream,
+                                       tensor_cores));
+    EXL3_RETURN_IF_ERROR(IndexerTopk(ws.scores.get(), ws.score_length, step.tokens.position, t0, n, ix.topk,
+                                     ws.selected.get(), ws.selected_count.get(), stream));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace exl3::engine::cuda
