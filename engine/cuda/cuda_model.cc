@@ -495,6 +495,10 @@ absl::Status CudaModel::RunRemoteLayers(const int32_t* host_token_ids) {
     EXL3_RETURN_IF_ERROR(exchange_->Finish(i, act_.d.get() + first * H, stream_));
     return Mark(Phase::kMoe);  // the compute stream's wait for the experts
   };
+  // Ping-pong (as the CPU model runs it): micro-batch i waits for its own previous MoE layer only,
+  // queues its attention and sends its hidden states out once that attention is done; the other
+  // micro-batch's call is out meanwhile, and its attention runs on the GPU while this one's call
+  // is out. Alone, a micro-batch's layers run one after the other.
   for (int l = 0; l < cfg_.num_layers; ++l) {
     for (int i = 0; i < M; ++i) {
       const MicroBatchRange& mb = step_micro_batches_[i];
@@ -505,19 +509,11 @@ absl::Status CudaModel::RunRemoteLayers(const int32_t* host_token_ids) {
         EXL3_RETURN_IF_ERROR(RunDenseMlp(l, mb.first_token, mb.num_tokens));
       } else {
         const size_t first = static_cast<size_t>(mb.first_token);
-        EXL3_RETURN_IF_ERROR(exchange_->Stage(i, l, act_.x.get() + first * H,
-                                              host_token_ids != nullptr ? host_token_ids + first : nullptr,
-                                              stream_));
+        EXL3_RETURN_IF_ERROR(exchange_->Send(i, l, act_.x.get() + first * H,
+                                             host_token_ids != nullptr ? host_token_ids + first : nullptr, stream_));
       }
-      // The other micro-batch's exchange starts once this one's attention is queued: the GPU runs
-      // it while the host waits for the other's copy out and sends it (and its gate, when the
-      // router gates on this host). Alone, a micro-batch starts its own at once.
-      for (int j = 0; j < M; ++j)
-        if ((j != i || M == 1) && exchange_->staged(j)) EXL3_RETURN_IF_ERROR(exchange_->Start(j));
     }
   }
-  for (int i = 0; i < M; ++i)
-    if (exchange_->staged(i)) EXL3_RETURN_IF_ERROR(exchange_->Start(i));
   for (int i = 0; i < M; ++i) EXL3_RETURN_IF_ERROR(finish(i));
   return absl::OkStatus();
 }

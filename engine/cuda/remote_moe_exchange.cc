@@ -95,15 +95,14 @@ absl::Status RemoteMoeExchange::CheckMicroBatch(int m) const {
   return absl::OkStatus();
 }
 
-absl::Status RemoteMoeExchange::Stage(int m, int layer, const float* device_x, const int32_t* host_token_ids,
-                                      void* compute) {
+absl::Status RemoteMoeExchange::Send(int m, int layer, const float* device_x, const int32_t* host_token_ids,
+                                     void* compute) {
   EXL3_RETURN_IF_ERROR(CheckMicroBatch(m));
   Slot& s = *slots_[m];
   if (s.state != State::kIdle)
-    return absl::FailedPreconditionError(absl::StrCat("micro-batch ", m, ": layer ", layer, " staged while layer ",
+    return absl::FailedPreconditionError(absl::StrCat("micro-batch ", m, ": layer ", layer, " sent while layer ",
                                                       s.layer, "'s exchange is unfinished"));
   s.layer = layer;
-  s.token_ids = host_token_ids;
   const size_t bytes = static_cast<size_t>(s.rows) * hidden_ * sizeof(float);
   EXL3_CUDA_RETURN_IF_ERROR(cudaEventRecord(Event(s.x_ready), Stream(compute)));
   EXL3_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(Stream(to_host_stream_), Event(s.x_ready), 0));
@@ -111,7 +110,12 @@ absl::Status RemoteMoeExchange::Stage(int m, int layer, const float* device_x, c
   EXL3_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(s.x.get(), device_x, bytes, cudaMemcpyDeviceToHost, Stream(to_host_stream_)));
   EXL3_CUDA_RETURN_IF_ERROR(cudaEventRecord(Event(s.to_host_end), Stream(to_host_stream_)));
-  s.state = State::kStaged;
+  EXL3_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(Event(s.to_host_end)));
+  EXL3_ASSIGN_OR_RETURN(const double t, ElapsedSeconds(s.to_host_begin, s.to_host_end));
+  times_.to_host_s += t;
+  s.started_at = Now();
+  s.call = executor_->Start(layer, s.x.get(), s.rows, host_token_ids, s.y.get());
+  s.state = State::kInFlight;
   return absl::OkStatus();
 }
 
@@ -121,20 +125,6 @@ absl::Status RemoteMoeExchange::CollectToDeviceTime(Slot& s) {
   EXL3_ASSIGN_OR_RETURN(const double t, ElapsedSeconds(s.to_device_begin, s.to_device_end));
   times_.to_device_s += t;
   s.to_device_untimed = false;
-  return absl::OkStatus();
-}
-
-absl::Status RemoteMoeExchange::Start(int m) {
-  EXL3_RETURN_IF_ERROR(CheckMicroBatch(m));
-  Slot& s = *slots_[m];
-  if (s.state != State::kStaged)
-    return absl::FailedPreconditionError(absl::StrCat("micro-batch ", m, ": exchange started before it was staged"));
-  EXL3_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(Event(s.to_host_end)));
-  EXL3_ASSIGN_OR_RETURN(const double t, ElapsedSeconds(s.to_host_begin, s.to_host_end));
-  times_.to_host_s += t;
-  s.started_at = Now();
-  s.call = executor_->Start(s.layer, s.x.get(), s.rows, s.token_ids, s.y.get());
-  s.state = State::kInFlight;
   return absl::OkStatus();
 }
 

@@ -8,13 +8,13 @@
 // runs on the compute stream.
 //
 //   EXL3_ASSIGN_OR_RETURN(auto ex, RemoteMoeExchange::Create(executor, /*micro_batches=*/2, hidden));
-//   ex->BeginStep({rows0, rows1});                  // grows the staging (never inside the layers)
-//   ex->Stage(0, layer, d_x0, host_ids0, stream);   // after micro-batch 0's attention is queued
-//   ex->Start(0);                                   // waits for the copy, starts the call
-//   ex->Finish(0, d_y0, stream);                    // waits for the call, copies back, stream waits
+//   ex->BeginStep({rows0, rows1});                 // grows the staging (never inside the layers)
+//   ex->Send(0, layer, d_x0, host_ids0, stream);   // after micro-batch 0's attention is queued:
+//                                                  // copies out, waits for the copy, starts the call
+//   ex->Finish(0, d_y0, stream);                   // waits for the call, copies back, stream waits
 //
-// Both copy streams are separate from each other so that a copy back never queues behind a copy
-// out that still waits for the other micro-batch's attention.
+// The two copy streams are separate so that a copy back never queues behind a copy out that still
+// waits for the other micro-batch's attention.
 #pragma once
 
 #include <cstdint>
@@ -50,27 +50,24 @@ class RemoteMoeExchange {
   // to hold them (pinned memory is allocated only here, when a step is larger than any before),
   // clears the step's times. A previous step that failed midway is waited out first.
   absl::Status BeginStep(const std::vector<int>& rows);
-  // Queues micro-batch m's copy of x [rows, hidden] (device memory, written by work already queued
-  // on `compute`) to its staging, for layer `layer`. host_token_ids [rows] (or null) must stay
-  // valid until Finish.
-  absl::Status Stage(int m, int layer, const float* device_x, const int32_t* host_token_ids, void* compute);
-  // Waits for m's staged copy and starts its call (MoeExecutor::Start).
-  absl::Status Start(int m);
+  // Micro-batch m's layer `layer`: copies x [rows, hidden] (device memory, written by work already
+  // queued on `compute`) to its staging, waits for that copy (and so for the work before it) and
+  // starts the call (MoeExecutor::Start). host_token_ids [rows] (or null) must stay valid until
+  // Finish.
+  absl::Status Send(int m, int layer, const float* device_x, const int32_t* host_token_ids, void* compute);
   // Waits for m's call, queues the copy of its answer to device_y [rows, hidden] and makes
   // `compute` wait for that copy (device-side).
   absl::Status Finish(int m, float* device_y, void* compute);
-  bool staged(int m) const { return slots_[m]->state == State::kStaged; }
   bool in_flight(int m) const { return slots_[m]->state == State::kInFlight; }
   // The step's times so far; complete once the step's work is done (after the engine's final
   // synchronisation).
   absl::StatusOr<RemoteExchangeTimes> StepTimes();
 
  private:
-  enum class State { kIdle, kStaged, kInFlight };
+  enum class State { kIdle, kInFlight };
   struct Slot {
     State state = State::kIdle;
     int layer = -1, rows = 0;
-    const int32_t* token_ids = nullptr;
     PinnedBuffer x, y;  // staging: out [rows, hidden], answer [rows, hidden]
     // cudaEvent_t: x ready on the compute stream; the copies' ends (the host and the compute
     // stream wait on these) and starts (timing only).
