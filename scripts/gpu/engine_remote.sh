@@ -9,8 +9,9 @@
 #   3. one exl3-worker (--backend cuda) holding every routed expert and the shared expert, on GPU
 #      --worker-gpu N (default 0: the engine's own; 1 for issue 21's attention on GPU 0 and experts
 #      on GPU 1), then exl3-engine-bench --expert-map (the router core in the bench's process,
-#      the shared-memory channel to the worker) with --micro-batches 1,2;
-#      with --grpc also the same over gRPC only (--worker-shm-mb 0);
+#      the shared-memory channel to the worker, --shm-mb MiB each way, default 256: a quarter of it
+#      holds a 2048-token prefill chunk's 32 MB, so prefill goes through it too; the bench's log says
+#      whether it attached) with --micro-batches 1,2; with --grpc also the same over gRPC only;
 #   4. with --two-workers: two workers, experts split in halves over GPU 0 and GPU 1 (the first
 #      also holding the shared expert), the engine on GPU 0, --micro-batches 1,2.
 # Every worker this script starts is stopped on exit (TERM, then KILL). A worker that does not
@@ -20,7 +21,7 @@
 # Usage: scripts/gpu/engine_remote.sh [--model DIR | --model-args "ARGS" | --layers N]
 #          [--worker-gpu N] [--two-workers] [--grpc] [--no-in-process] [--batches 1,8,32,64]
 #          [--contexts 1024,8192] [--steps 12] [--micro-batches 1,2] [--backend cuda|cpu]
-#          [--worker-timeout-s S] [--bench-timeout-s S]
+#          [--shm-mb 256] [--worker-timeout-s S] [--bench-timeout-s S]
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-gpu-out}
@@ -28,8 +29,8 @@ mkdir -p "$OUT"
 LAYERS=${ENGINE_LAYERS:-6}
 MODEL_DIR="" MODEL_ARGS="" WORKER_GPU=0 TWO_WORKERS=0 GRPC=0 IN_PROCESS=1
 BATCHES=${BATCHES:-1,8,32,64} CONTEXTS=${CONTEXTS:-1024,8192} STEPS=${STEPS:-12} MICRO_BATCHES=1,2
-BACKEND=cuda WORKER_TIMEOUT_S=600 BENCH_TIMEOUT_S=${BENCH_TIMEOUT:-600}
-usage() { sed -n '2,27p' "$0"; }
+BACKEND=cuda WORKER_TIMEOUT_S=600 BENCH_TIMEOUT_S=${BENCH_TIMEOUT:-600} SHM_MB=256
+usage() { sed -n '2,24p' "$0"; }
 need() { if [ $# -lt 2 ] || [ -z "$2" ]; then echo "engine_remote.sh: $1 needs a value" >&2; exit 2; fi; }
 number() { [[ "$2" =~ ^[0-9]+$ ]] || { echo "engine_remote.sh: $1 needs a number, not '$2'" >&2; exit 2; }; }
 list() { [[ "$2" =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "engine_remote.sh: $1 needs a list like 1,8,32, not '$2'" >&2; exit 2; }; }
@@ -49,6 +50,7 @@ while [ $# -gt 0 ]; do
     --backend) need "$@"; [[ "$2" =~ ^(cuda|cpu)$ ]] || { echo "engine_remote.sh: --backend cuda or cpu" >&2; exit 2; }
                BACKEND="$2"; shift ;;
     --worker-timeout-s) need "$@"; number "$1" "$2"; WORKER_TIMEOUT_S="$2"; shift ;;
+    --shm-mb) need "$@"; number "$1" "$2"; SHM_MB="$2"; shift ;;
     --bench-timeout-s) need "$@"; number "$1" "$2"; BENCH_TIMEOUT_S="$2"; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "engine_remote.sh: unknown argument $1 (--help lists them)" >&2; exit 2 ;;
@@ -124,7 +126,7 @@ run_bench() {  # run_bench NAME [ARGS...]: one exl3-engine-bench run, its tables
   say "=== $name"
   timeout "$BENCH_TIMEOUT_S" "$BIN/exl3-engine-bench" "${BENCH_ARGS[@]}" "$@" > "$OUT/engine-remote-$name.log" 2>&1
   local rc=$?
-  grep -E "^(===|copy bandwidth|remote experts|model |weights|prefill|decode|    )" "$OUT/engine-remote-$name.log" \
+  grep -E "^(===|copy bandwidth|remote experts|model |weights|prefill|decode|    )|shared-memory channel attached|shared memory not used|no shared-memory channel" "$OUT/engine-remote-$name.log" \
     | tee -a "$SUMMARY"
   if [ $rc != 0 ]; then
     say "exl3-engine-bench ($name) exit $rc$([ $rc = 124 ] && echo " (over --bench-timeout-s $BENCH_TIMEOUT_S)"):"
@@ -175,7 +177,8 @@ start_workers() {
 
 # 3. One worker with every expert (and the shared expert) on --worker-gpu.
 start_workers one 1 "$WORKER_GPU"
-run_bench one-worker-shm --expert-map "$MAP" --shared-expert worker:w0 --micro-batches "$MICRO_BATCHES"
+run_bench one-worker-shm --expert-map "$MAP" --shared-expert worker:w0 --micro-batches "$MICRO_BATCHES" \
+  --worker-shm-mb "$SHM_MB"
 [ $GRPC = 1 ] && run_bench one-worker-grpc --expert-map "$MAP" --shared-expert worker:w0 \
   --micro-batches "$MICRO_BATCHES" --worker-shm-mb 0
 stop_workers
@@ -183,7 +186,8 @@ stop_workers
 # 4. Two workers, the experts split over GPU 0 and GPU 1.
 if [ $TWO_WORKERS = 1 ]; then
   start_workers two 1 0 1
-  run_bench two-workers-shm --expert-map "$MAP" --shared-expert worker:w0 --micro-batches "$MICRO_BATCHES"
+  run_bench two-workers-shm --expert-map "$MAP" --shared-expert worker:w0 --micro-batches "$MICRO_BATCHES" \
+    --worker-shm-mb "$SHM_MB"
   stop_workers
 fi
 
