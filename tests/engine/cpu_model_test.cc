@@ -88,7 +88,7 @@ TEST(CpuModelMicroBatches, LateAnswersGiveTheSameLogitsWithTwoCallsInFlight) {
   for (int mb = 1; mb <= 2; ++mb) {
     auto local = LocalMoe::Open(dir, compute);
     ASSERT_TRUE(local.ok()) << local.status();
-    auto delayed = std::make_unique<testing::DelayedMoe>(std::move(*local), std::chrono::microseconds(200));
+    auto delayed = std::make_unique<testing::DelayedMoe>(std::move(*local), std::chrono::microseconds(2000));
     testing::DelayedMoe* executor = delayed.get();
     CpuModelOptions o;
     o.num_threads = 1;
