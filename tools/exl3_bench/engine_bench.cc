@@ -162,6 +162,7 @@ int Fail(const std::string& m) {
 struct ExpertPlacement {
   bool remote = false;
   int micro_batches = 1;
+  std::string title;  // "in process on this GPU" or "remote, 2 micro-batches"
   std::string label;  // appended to the table's lines: "" or " (remote, 2 micro-batches)"
 };
 
@@ -445,10 +446,12 @@ int main(int argc, char** argv) {
 
   std::vector<ExpertPlacement> placements;
   if (o.remote()) {
-    for (int mb : o.micro_batches)
-      placements.push_back({true, mb, " (remote, " + std::to_string(mb) + (mb == 1 ? " micro-batch)" : " micro-batches)")});
+    for (int mb : o.micro_batches) {
+      const std::string title = "remote, " + std::to_string(mb) + (mb == 1 ? " micro-batch" : " micro-batches");
+      placements.push_back({true, mb, title, " (" + title + ")"});
+    }
   } else {
-    placements.push_back({false, 1, ""});
+    placements.push_back({false, 1, "in process on this GPU", ""});
   }
   int rc = 0;
   for (const ExpertPlacement& placement : placements) {
@@ -467,7 +470,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<CudaModel> m = std::move(*opened);
     const auto& cfg = m->config();
     std::printf("=== experts %s\nmodel %s: %d layers, hidden %d, %d/%d heads of %d, %d experts top-%d; loaded in %.1f s\n",
-                placement.remote ? placement.label.c_str() : "in process on this GPU",
+                placement.title.c_str(),
                 o.model.c_str(), cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                 cfg.moe.num_experts, cfg.moe.top_k, Now() - t_load);
     rc = RunTables(*m, o, placement, file_experts ? &*file_experts : nullptr, rates, jf);
