@@ -8,6 +8,7 @@
 #include "base/status_macros.h"
 #include "engine/dsv4_config.h"
 #include "engine/local_moe.h"
+#include "engine/micro_batches.h"
 #include "engine/rms_norm.h"
 #include "engine/step_tokens.h"
 #include "kernels/fp16.h"
@@ -239,26 +240,6 @@ absl::Status CpuModel::FinishMoe(MicroBatch& mb) {
   return absl::OkStatus();
 }
 
-namespace {
-
-// The step's chunks in two contiguous groups (logit rows stay in chunk order): the longest
-// prefix of at most half the tokens, at least one chunk, and the rest. Needs two chunks or more.
-std::vector<StepBatch> SplitInTwo(const StepBatch& batch) {
-  const int total = batch.NumTokens();
-  size_t split = 1;
-  int prefix = 0;
-  for (size_t i = 0; i + 1 < batch.chunks.size(); ++i) {
-    prefix += static_cast<int>(batch.chunks[i].tokens.size());
-    if (2 * prefix <= total) split = i + 1;
-  }
-  std::vector<StepBatch> out(2);
-  out[0].chunks.assign(batch.chunks.begin(), batch.chunks.begin() + split);
-  out[1].chunks.assign(batch.chunks.begin() + split, batch.chunks.end());
-  return out;
-}
-
-}  // namespace
-
 absl::Status CpuModel::Forward(const StepBatch& batch, float* logits) {
   if (cache_ == nullptr) return absl::FailedPreconditionError("KV cache not allocated");
   times_ = StepPhaseTimes{};
@@ -268,7 +249,9 @@ absl::Status CpuModel::Forward(const StepBatch& batch, float* logits) {
   const int H = cfg_.hidden_size;
   // One micro-batch reads the step as it is; two need their own chunk lists.
   std::vector<StepBatch> split;
-  if (micro_batches_ == 2 && batch.chunks.size() >= 2) split = SplitInTwo(batch);
+  const std::vector<MicroBatchRange> ranges = SplitIntoMicroBatches(batch, micro_batches_);
+  if (ranges.size() > 1)
+    for (const MicroBatchRange& r : ranges) split.push_back(MicroBatchChunks(batch, r));
   std::vector<const StepBatch*> parts;
   if (split.empty()) {
     parts.push_back(&batch);

@@ -70,8 +70,18 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Open(const std::string& di
       return absl::UnimplementedError(absl::StrCat("layer ", l, " is hash-routed: not on the GPU engine"));
   }
   if (options.max_moe_tokens < 1) return absl::InvalidArgumentError("max_moe_tokens must be positive");
+  if (options.micro_batches < 1 || options.micro_batches > 2)
+    return absl::InvalidArgumentError(absl::StrCat("micro_batches must be 1 or 2, not ", options.micro_batches));
+  if (options.micro_batches > 1 && remote_moe != nullptr && cfg.IsLatentAttention())
+    return absl::UnimplementedError(
+        "two micro-batches need GQA attention layers: latent attention runs a whole step at once");
   std::unique_ptr<CudaModel> m(new CudaModel(std::move(cfg)));
   m->remote_moe_ = std::move(remote_moe);
+  if (m->remote_moe_ != nullptr) {
+    m->micro_batches_ = options.micro_batches;
+    EXL3_ASSIGN_OR_RETURN(m->exchange_,
+                          RemoteMoeExchange::Create(m->remote_moe_.get(), m->micro_batches_, m->cfg_.hidden_size));
+  }
   m->max_moe_tokens_ = options.max_moe_tokens;
   m->graphs_enabled_ = options.cuda_graphs;
   m->tensor_core_prefill_ = options.tensor_core_prefill;
@@ -367,7 +377,7 @@ void CudaModel::PlanAttention(const StepTokens& tokens, int num_rows) {
   }
 }
 
-absl::Status CudaModel::RunAttention(int l, int T) {
+absl::Status CudaModel::RunAttention(int l, int first, int T) {
   Layer& L = layers_[l];
   KvHalf* cache_layer = cache_.get() + layer_cache_offset_[l];
   if (L.latent != nullptr) {
@@ -384,55 +394,51 @@ absl::Status CudaModel::RunAttention(int l, int T) {
     return L.latent->Forward(act_.x.get(), T, step, cache_layer, latent_ws_, ctx_, act_.d.get());
   }
   const int D = cfg_.head_dim, NH = cfg_.num_heads, KV = cfg_.num_kv_heads;
+  // Rows [first, first + T) of the step's activations and per-token facts.
+  const size_t r = static_cast<size_t>(first), half = static_cast<size_t>(rope_.rotary_dim() / 2);
+  const float* x = act_.x.get() + r * cfg_.hidden_size;
+  float* q = act_.q.get() + r * NH * D;
+  float* k = act_.k.get() + r * KV * D;
+  float* v = act_.v.get() + r * KV * D;
   const CudaLinear* qkv[3] = {&L.q, &L.k, &L.v};
-  float* const qkv_out[3] = {act_.q.get(), act_.k.get(), act_.v.get()};
-  EXL3_RETURN_IF_ERROR(CudaLinear::ForwardShared(qkv, 3, act_.x.get(), T, qkv_out, ctx_));
+  float* const qkv_out[3] = {q, k, v};
+  EXL3_RETURN_IF_ERROR(CudaLinear::ForwardShared(qkv, 3, x, T, qkv_out, ctx_));
   if (!L.q_norm.empty()) {
-    EXL3_RETURN_IF_ERROR(RmsNorm(act_.q.get(), L.q_norm.get(), T * NH, D, cfg_.rms_norm_eps, act_.q.get(), stream_));
-    EXL3_RETURN_IF_ERROR(RmsNorm(act_.k.get(), L.k_norm.get(), T * KV, D, cfg_.rms_norm_eps, act_.k.get(), stream_));
+    EXL3_RETURN_IF_ERROR(RmsNorm(q, L.q_norm.get(), T * NH, D, cfg_.rms_norm_eps, q, stream_));
+    EXL3_RETURN_IF_ERROR(RmsNorm(k, L.k_norm.get(), T * KV, D, cfg_.rms_norm_eps, k, stream_));
   }
   const bool interleaved = cfg_.rope.layout == RopeLayout::kInterleaved;
-  EXL3_RETURN_IF_ERROR(ApplyRope(act_.q.get(), T, NH, NH * D, D, rope_.rotary_dim(), interleaved, meta_.cos,
-                                 meta_.sin, stream_));
-  EXL3_RETURN_IF_ERROR(ApplyRope(act_.k.get(), T, KV, KV * D, D, rope_.rotary_dim(), interleaved, meta_.cos,
-                                 meta_.sin, stream_));
-  EXL3_RETURN_IF_ERROR(WriteKv(act_.k.get(), act_.v.get(), meta_.slot, T, KV * D, cache_layer, stream_));
+  const float* cos = meta_.cos + r * half;
+  const float* sin = meta_.sin + r * half;
+  EXL3_RETURN_IF_ERROR(ApplyRope(q, T, NH, NH * D, D, rope_.rotary_dim(), interleaved, cos, sin, stream_));
+  EXL3_RETURN_IF_ERROR(ApplyRope(k, T, KV, KV * D, D, rope_.rotary_dim(), interleaved, cos, sin, stream_));
+  EXL3_RETURN_IF_ERROR(WriteKv(k, v, meta_.slot + r, T, KV * D, cache_layer, stream_));
   for (const AttentionRun& run : attention_runs_) {
-    const size_t t0 = static_cast<size_t>(run.first_token);
+    // The part of the run in these rows (a micro-batch holds whole chunks: a prefill run is in
+    // one micro-batch, a run of decode tokens may span both).
+    const int begin = std::max(run.first_token, first);
+    const int end = std::min(run.first_token + run.num_tokens, first + T);
+    if (begin >= end) continue;
+    const size_t t0 = static_cast<size_t>(begin);
     AttentionTokens at;
     at.position = meta_.position + t0;
     at.first_visible = meta_.first_visible + t0;
     at.table_offset = meta_.table_offset + t0;
     at.tables = meta_.tables;
     at.block_size = cache_shape_.block_size;
-    const float* q = act_.q.get() + t0 * NH * D;
+    const float* run_q = act_.q.get() + t0 * NH * D;
     float* out = act_.attn.get() + t0 * NH * D;
-    float* scratch = act_.scratch.get() + AttentionScratchFloats(run.first_token, NH, D, step_splits_);
+    float* scratch = act_.scratch.get() + AttentionScratchFloats(begin, NH, D, step_splits_);
     EXL3_RETURN_IF_ERROR((run.prefill ? PrefillAttention : PagedAttention)(
-        q, cache_layer, at, run.num_tokens, NH, KV, D, cfg_.attention_scale, step_splits_, meta_.split_positions,
+        run_q, cache_layer, at, end - begin, NH, KV, D, cfg_.attention_scale, step_splits_, meta_.split_positions,
         scratch, out, stream_));
   }
-  return L.o.Forward(act_.attn.get(), T, act_.d.get(), ctx_);
+  return L.o.Forward(act_.attn.get() + r * NH * D, T, act_.d.get() + r * cfg_.hidden_size, ctx_);
 }
 
-absl::Status CudaModel::RunMoe(int l, int T, const int32_t* host_token_ids) {
+absl::Status CudaModel::RunMoe(int l, int T) {
   MoeBlock& moe = *layers_[l].moe;
   const int H = cfg_.hidden_size;
-  if (remote_moe_ != nullptr) {
-    // Remote experts: the engine's MoE executor works on host memory.
-    const size_t n = static_cast<size_t>(T) * H;
-    EXL3_RETURN_IF_ERROR(remote_x_.Reserve(n));
-    EXL3_RETURN_IF_ERROR(remote_y_.Reserve(n));
-    EXL3_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(remote_x_.get(), act_.x.get(), n * 4, cudaMemcpyDeviceToHost, Stream(stream_)));
-    EXL3_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(Stream(stream_)));
-    EXL3_RETURN_IF_ERROR(remote_moe_->Forward(l, remote_x_.get(), T, host_token_ids, remote_y_.get()));
-    // remote_y_ is read by the copy engine after this returns: the next layer's exchange waits for
-    // the stream (above) before it writes remote_y_ again.
-    EXL3_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(act_.d.get(), remote_y_.get(), n * 4, cudaMemcpyHostToDevice, Stream(stream_)));
-    return absl::OkStatus();
-  }
   const int k = cfg_.moe.top_k;
   EXL3_RETURN_IF_ERROR(moe.router.Forward(act_.x.get(), T, act_.router_logits.get(), ctx_));
   EXL3_RETURN_IF_ERROR(RouteOnDevice(gate_, act_.router_logits.get(),
@@ -482,33 +488,91 @@ absl::Status CudaModel::CollectPhaseTimes() {
   return absl::OkStatus();
 }
 
+absl::Status CudaModel::RunAttentionHalf(int l, int first, int n) {
+  Layer& L = layers_[l];
+  const int H = cfg_.hidden_size;
+  const float eps = cfg_.rms_norm_eps;
+  const size_t r = static_cast<size_t>(first) * H;
+  float* h = act_.h.get() + r;
+  float* x = act_.x.get() + r;
+  const float* d = act_.d.get() + r;
+  if (l == 0) {
+    EXL3_RETURN_IF_ERROR(RmsNorm(h, L.input_norm.get(), n, H, eps, x, stream_));
+  } else {  // the previous layer's MLP output joins the residual stream here
+    EXL3_RETURN_IF_ERROR(AddRmsNorm(h, d, L.input_norm.get(), n, H, eps, x, stream_));
+  }
+  EXL3_RETURN_IF_ERROR(RunAttention(l, first, n));
+  EXL3_RETURN_IF_ERROR(AddRmsNorm(h, d, L.post_attention_norm.get(), n, H, eps, x, stream_));
+  return Mark(Phase::kAttention);  // norms with it, as the CPU model counts them
+}
+
+absl::Status CudaModel::RunDenseMlp(int l, int first, int n) {
+  const DenseMlp& mlp = *layers_[l].dense_mlp;
+  const size_t r = static_cast<size_t>(first);
+  const size_t I = static_cast<size_t>(cfg_.intermediate_size), H = static_cast<size_t>(cfg_.hidden_size);
+  const float* x = act_.x.get() + r * H;
+  float* gate = act_.gate.get() + r * I;
+  float* up = act_.up.get() + r * I;
+  EXL3_RETURN_IF_ERROR(mlp.gate.Forward(x, n, gate, ctx_));
+  EXL3_RETURN_IF_ERROR(mlp.up.Forward(x, n, up, ctx_));
+  EXL3_RETURN_IF_ERROR(SiluMul(gate, up, static_cast<int64_t>(n) * cfg_.intermediate_size, stream_));
+  EXL3_RETURN_IF_ERROR(mlp.down.Forward(gate, n, act_.d.get() + r * H, ctx_));
+  return Mark(Phase::kDenseMlp);
+}
+
+absl::Status CudaModel::RunRemoteLayers(const int32_t* host_token_ids) {
+  const int H = cfg_.hidden_size;
+  const int M = static_cast<int>(step_micro_batches_.size());
+  std::vector<int> rows(M);
+  for (int i = 0; i < M; ++i) rows[i] = step_micro_batches_[i].num_tokens;
+  EXL3_RETURN_IF_ERROR(exchange_->BeginStep(rows));
+  // Micro-batch i's answer of its previous MoE layer into its rows of d (the compute stream waits
+  // for the copy on the device).
+  auto finish = [&](int i) -> absl::Status {
+    if (!exchange_->in_flight(i)) return absl::OkStatus();
+    const size_t first = static_cast<size_t>(step_micro_batches_[i].first_token);
+    EXL3_RETURN_IF_ERROR(exchange_->Finish(i, act_.d.get() + first * H, stream_));
+    return Mark(Phase::kMoe);  // the compute stream's wait for the experts
+  };
+  // Ping-pong (as the CPU model runs it): micro-batch i waits for its own previous MoE layer only,
+  // queues its attention and sends its hidden states out once that attention is done; the other
+  // micro-batch's call is out meanwhile, and its attention runs on the GPU while this one's call
+  // is out. Alone, a micro-batch's layers run one after the other.
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    for (int i = 0; i < M; ++i) {
+      const MicroBatchRange& mb = step_micro_batches_[i];
+      if (mb.num_tokens == 0) continue;
+      EXL3_RETURN_IF_ERROR(finish(i));
+      EXL3_RETURN_IF_ERROR(RunAttentionHalf(l, mb.first_token, mb.num_tokens));
+      if (layers_[l].dense_mlp) {
+        EXL3_RETURN_IF_ERROR(RunDenseMlp(l, mb.first_token, mb.num_tokens));
+      } else {
+        const size_t first = static_cast<size_t>(mb.first_token);
+        EXL3_RETURN_IF_ERROR(exchange_->Send(i, l, act_.x.get() + first * H,
+                                             host_token_ids != nullptr ? host_token_ids + first : nullptr, stream_));
+      }
+    }
+  }
+  for (int i = 0; i < M; ++i) EXL3_RETURN_IF_ERROR(finish(i));
+  return absl::OkStatus();
+}
+
 absl::Status CudaModel::RunLayers(int T, int R, const int32_t* host_token_ids) {
   const int H = cfg_.hidden_size;
   const float eps = cfg_.rms_norm_eps;
   EXL3_RETURN_IF_ERROR(EmbedRows(embedding_.get(), embedding_dtype_, meta_.ids, T, H, act_.h.get(), stream_));
   EXL3_RETURN_IF_ERROR(Mark(Phase::kEmbed));
-  for (int l = 0; l < cfg_.num_layers; ++l) {
-    Layer& L = layers_[l];
-    if (l == 0) {
-      EXL3_RETURN_IF_ERROR(RmsNorm(act_.h.get(), L.input_norm.get(), T, H, eps, act_.x.get(), stream_));
-    } else {  // the previous layer's MLP output joins the residual stream here
-      EXL3_RETURN_IF_ERROR(AddRmsNorm(act_.h.get(), act_.d.get(), L.input_norm.get(), T, H, eps, act_.x.get(), stream_));
-    }
-    EXL3_RETURN_IF_ERROR(RunAttention(l, T));
-    EXL3_RETURN_IF_ERROR(AddRmsNorm(act_.h.get(), act_.d.get(), L.post_attention_norm.get(), T, H, eps,
-                                    act_.x.get(), stream_));
-    EXL3_RETURN_IF_ERROR(Mark(Phase::kAttention));  // norms with it, as the CPU model counts them
-    if (L.dense_mlp) {
-      const DenseMlp& mlp = *L.dense_mlp;
-      EXL3_RETURN_IF_ERROR(mlp.gate.Forward(act_.x.get(), T, act_.gate.get(), ctx_));
-      EXL3_RETURN_IF_ERROR(mlp.up.Forward(act_.x.get(), T, act_.up.get(), ctx_));
-      EXL3_RETURN_IF_ERROR(SiluMul(act_.gate.get(), act_.up.get(), static_cast<int64_t>(T) * cfg_.intermediate_size,
-                                   stream_));
-      EXL3_RETURN_IF_ERROR(mlp.down.Forward(act_.gate.get(), T, act_.d.get(), ctx_));
-      EXL3_RETURN_IF_ERROR(Mark(Phase::kDenseMlp));
-    } else {
-      EXL3_RETURN_IF_ERROR(RunMoe(l, T, host_token_ids));
-      EXL3_RETURN_IF_ERROR(Mark(Phase::kMoe));
+  if (exchange_ != nullptr) {
+    EXL3_RETURN_IF_ERROR(RunRemoteLayers(host_token_ids));
+  } else {
+    for (int l = 0; l < cfg_.num_layers; ++l) {
+      EXL3_RETURN_IF_ERROR(RunAttentionHalf(l, 0, T));
+      if (layers_[l].dense_mlp) {
+        EXL3_RETURN_IF_ERROR(RunDenseMlp(l, 0, T));
+      } else {
+        EXL3_RETURN_IF_ERROR(RunMoe(l, T));
+        EXL3_RETURN_IF_ERROR(Mark(Phase::kMoe));
+      }
     }
   }
   EXL3_RETURN_IF_ERROR(AddInPlace(act_.h.get(), act_.d.get(), static_cast<int64_t>(T) * H, stream_));
@@ -656,8 +720,13 @@ absl::Status CudaModel::RunStep(const StepBatch& batch, const StepOutput& out) {
   EXL3_RETURN_IF_ERROR(Mark(Phase::kStart));
   EXL3_RETURN_IF_ERROR(PrepareStep(tokens, StepLayout{T, 0, 0}, &meta_.device));
   EXL3_RETURN_IF_ERROR(Reserve(T, R, step_splits_));
+  if (exchange_ != nullptr) step_micro_batches_ = SplitIntoMicroBatches(batch, micro_batches_);
   EXL3_RETURN_IF_ERROR(RunLayers(T, R, tokens.token_ids.data()));
-  return FinishStep(R, out);
+  EXL3_RETURN_IF_ERROR(FinishStep(R, out));
+  if (exchange_ != nullptr) {
+    EXL3_ASSIGN_OR_RETURN(exchange_times_, exchange_->StepTimes());
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace exl3::engine::cuda

@@ -6,8 +6,10 @@
 // the project's kernels and dense ones through cuBLAS (engine/cuda/cuda_linear.h), the MoE gate on
 // the device and the experts through the fused MoE kernels (kernels/cuda/cuda_backend.h), or on
 // expert workers through a MoeExecutor (one device-to-host and one host-to-device copy per MoE
-// layer). The head's logits are sampled on the GPU (engine/cuda/device_sampler.h: only the tokens
-// come back) when the engine asks ForwardSampled, or copied to the host for the engine's sampler.
+// layer and micro-batch, engine/cuda/remote_moe_exchange.h; with two micro-batches one's exchange
+// runs while the other's attention does). The head's logits are sampled on the GPU
+// (engine/cuda/device_sampler.h: only the tokens come back) when the engine asks ForwardSampled,
+// or copied to the host for the engine's sampler.
 //
 //   EXL3_ASSIGN_OR_RETURN(auto model, CudaModel::Open("/models/glm-exl3", CudaModelOptions{}));
 //
@@ -30,8 +32,9 @@
 #include "engine/cuda/device_sampler.h"
 #include "engine/cuda/engine_kernels.h"
 #include "engine/cuda/latent_attention.h"
-#include "engine/cuda/pinned_buffer.h"
+#include "engine/cuda/remote_moe_exchange.h"
 #include "engine/model_config.h"
+#include "engine/micro_batches.h"
 #include "engine/model_runner.h"
 #include "engine/moe_executor.h"
 #include "engine/rope.h"
@@ -59,6 +62,11 @@ struct CudaModelOptions {
   // The engine's rows are sampled on the GPU (SamplesRows / ForwardSampled); off: every step's
   // logits go to the host for the engine's sampler.
   bool device_sampling = true;
+  // With remote experts, a step of two sequences or more runs as this many micro-batches (1 or 2,
+  // engine/micro_batches.h) whose layers alternate: one's hidden states are out at the workers
+  // while the other's attention runs on the GPU (MegaScale-Infer's ping-pong). Each token's
+  // arithmetic is the same either way. In-process experts ignore it (no exchange to hide).
+  int micro_batches = 1;
 };
 
 // EXL3 weights a forward decodes, by bit width and codebook (the benchmarks' decode floor: the
@@ -99,6 +107,9 @@ class CudaModel final : public ModelRunner {
   const CudaWeightBytes& weight_bytes() const { return weight_bytes_; }
   // GPU time of the last Forward by phase (device events between the phases' launches).
   StepPhaseTimes LastPhaseTimes() const override { return times_; }
+  // With remote experts: the last Forward's exchanges (copies out and back, calls); else empty.
+  const RemoteExchangeTimes& LastExchangeTimes() const { return exchange_times_; }
+  int micro_batches() const { return micro_batches_; }
 
  private:
   struct DenseMlp {
@@ -173,10 +184,18 @@ class CudaModel final : public ModelRunner {
   // Every launch of a step from the embeddings to the head's logits on the device. host_token_ids:
   // for remote experts (hash routing), null otherwise.
   absl::Status RunLayers(int num_tokens, int num_logit_rows, const int32_t* host_token_ids);
+  // The layers with remote experts: the step's micro-batches (step_micro_batches_) alternate
+  // attention on the GPU and their exchange.
+  absl::Status RunRemoteLayers(const int32_t* host_token_ids);
+  // Layer l up to its MLP's input for rows [first, first + n): the residual joins the previous
+  // layer's output, the input norm, attention, the residual, the post-attention norm into x.
+  absl::Status RunAttentionHalf(int l, int first, int n);
+  absl::Status RunDenseMlp(int l, int first, int n);
   // attention_runs_ for the step's `num_rows` rows (its tokens, then a decode graph's padding).
   void PlanAttention(const StepTokens& tokens, int num_rows);
-  absl::Status RunAttention(int l, int num_tokens);
-  absl::Status RunMoe(int l, int num_tokens, const int32_t* host_token_ids);
+  // Attention of layer l for rows [first, first + n) of the step (a micro-batch, or all of it).
+  absl::Status RunAttention(int l, int first, int n);
+  absl::Status RunMoe(int l, int num_tokens);  // in-process experts
   // Copies the first `rows` logit rows to the host or samples them (`out`), waits for the step,
   // collects its phase times.
   absl::Status FinishStep(int rows, const StepOutput& out);
@@ -200,7 +219,10 @@ class CudaModel final : public ModelRunner {
   std::unique_ptr<exl3::cuda::MoeRunner> moe_runner_;  // in-process experts
   int max_moe_tokens_ = 0;
   std::unique_ptr<MoeExecutor> remote_moe_;
-  PinnedBuffer remote_x_, remote_y_;  // staging of the remote experts' exchange
+  std::unique_ptr<RemoteMoeExchange> exchange_;  // with remote_moe_
+  int micro_batches_ = 1;
+  std::vector<MicroBatchRange> step_micro_batches_;  // the eager step's, as RunRemoteLayers runs them
+  RemoteExchangeTimes exchange_times_;
   DeviceArray<KvHalf> cache_;  // fp16, per layer [slots, KvWidth(layer)] (GQA: 2 * kv_floats)
   KvCacheShape cache_shape_;
   std::vector<size_t> layer_cache_offset_;  // where each layer's slots start in cache_

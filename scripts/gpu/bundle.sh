@@ -13,7 +13,8 @@ if [ ! -f "$BUILD/build.ninja" ]; then
 fi
 # The kernels' tools, the GPU engine's tests and benchmark (scripts/gpu/engine.sh), exl3-tool
 # (synthetic models; --backend cuda for scripts/conformance/moe_conformance.py), and exl3-worker
-# with exl3-loadgen (scripts/gpu/unified_memory.sh).
+# with exl3-loadgen (scripts/gpu/unified_memory.sh; exl3-worker and exl3-engine-bench --expert-map
+# for scripts/gpu/engine_remote.sh).
 cmake --build "$BUILD" -j2 --target exl3-bench exl3-cuda-check exl3-engine-bench engine_cuda_model_test \
   engine_cuda_sampling_test engine_cuda_latent_attention_test exl3-tool exl3-worker exl3-loadgen
 rm -rf .gpu-deps

@@ -19,6 +19,10 @@ absl::StatusOr<std::unique_ptr<engine::ModelRunner>> OpenModel(const GenerationO
 #if EXL3_HAVE_CUDA
     engine::cuda::CudaModelOptions co;
     co.served_name = o.served_model_name;
+    // With the experts on workers: two micro-batches overlap one's exchange with the other's
+    // attention (engine/cuda/cuda_model.h); 1 unless asked until scripts/gpu/engine_remote.sh's
+    // measurements on an H200 say otherwise.
+    co.micro_batches = o.micro_batches > 0 ? o.micro_batches : 1;
     EXL3_ASSIGN_OR_RETURN(std::unique_ptr<engine::cuda::CudaModel> m,
                           engine::cuda::CudaModel::Open(o.model_dir, co, std::move(moe)));
     return std::unique_ptr<engine::ModelRunner>(std::move(m));

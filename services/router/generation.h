@@ -35,7 +35,7 @@ struct GenerationOptions {
   EngineDevice device = EngineDevice::kCpu;  // where the forward pass runs
   std::string served_model_name;  // empty: the directory's base name
   int threads = 0;                // CPU threads of the model (0: all)
-  int micro_batches = 0;          // 1 or 2 (engine/cpu_model.h); 0: 1
+  int micro_batches = 0;          // 1 or 2 (engine/cpu_model.h, engine/cuda/cuda_model.h); 0: 1
   engine::EngineOptions engine;
   std::chrono::milliseconds default_timeout{600000};
   std::chrono::milliseconds moe_timeout{30000};  // one MoE layer through the router core

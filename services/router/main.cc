@@ -80,7 +80,8 @@ ABSL_FLAG(int32_t, engine_threads, 0, "CPU threads of the model's forward pass (
 ABSL_FLAG(int32_t, micro_batches, 0,
           "run a step of two or more sequences as 1 or 2 micro-batches whose attention and MoE "
           "calls alternate (2 overlaps attention with the workers' round trip; it pays where "
-          "attention does not share cores with the workers); 0: 1");
+          "attention does not share cores with the workers; on --engine-device cuda with "
+          "--expert-map, one's exchange overlaps the other's attention on the GPU); 0: 1");
 ABSL_FLAG(int64_t, kv_cache_tokens, 16384, "KV cache capacity in tokens (allocated at start)");
 ABSL_FLAG(int64_t, kv_cache_bytes, 0, "KV cache capacity in bytes (overrides --kv-cache-tokens)");
 ABSL_FLAG(int32_t, block_size, 16, "tokens per KV cache block");

@@ -3,6 +3,7 @@
 // alone or batched together, and bit for bit the same when a step runs as two micro-batches. (Agreement with transformers: transformers_conformance_test.cc.)
 #include "engine/cpu_model.h"
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,8 @@
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "engine/local_moe.h"
+#include "tests/engine/delayed_moe.h"
 #include "tests/engine/model_harness.h"
 
 namespace exl3::engine {
@@ -71,6 +74,36 @@ TEST_P(CpuModelTest, ChunkedPrefillBatchingMicroBatchesAndDecodeAgree) {
     for (float v : (*whole)[0][i]) ASSERT_TRUE(std::isfinite(v));
     EXPECT_LT(RelativeError((*by_token)[0][i], (*whole)[0][i]), 1e-5) << "step " << i;
     EXPECT_LT(RelativeError((*batched)[1][i], (*whole)[0][i]), 1e-5) << "step " << i;
+  }
+}
+
+// Two micro-batches with the experts behind an executor whose answers come later on threads of
+// their own (tests/engine/delayed_moe.h, as the workers'): bit for bit the steps of one, with two
+// calls out at once. (The GPU model's test of the same: tests/engine/cuda/cuda_model_test.cc.)
+TEST(CpuModelMicroBatches, LateAnswersGiveTheSameLogitsWithTwoCallsInFlight) {
+  const std::string dir = "tests/fixtures/engine/glm4_moe_all";
+  const std::vector<std::vector<int32_t>> prompts = {{3, 14, 15, 92, 65, 35, 89, 79, 32}, {38, 46, 26}, {7, 1, 8}};
+  CpuCompute compute(1);
+  std::vector<std::vector<std::vector<float>>> rows[2];
+  for (int mb = 1; mb <= 2; ++mb) {
+    auto local = LocalMoe::Open(dir, compute);
+    ASSERT_TRUE(local.ok()) << local.status();
+    auto delayed = std::make_unique<testing::DelayedMoe>(std::move(*local), std::chrono::microseconds(2000));
+    testing::DelayedMoe* executor = delayed.get();
+    CpuModelOptions o;
+    o.num_threads = 1;
+    o.micro_batches = mb;
+    auto model = CpuModel::Open(dir, o, std::move(delayed));
+    ASSERT_TRUE(model.ok()) << model.status();
+    auto out = testing::RunGreedy(**model, prompts, 6, /*chunk=*/4);
+    ASSERT_TRUE(out.ok()) << out.status();
+    rows[mb - 1] = std::move(*out);
+    EXPECT_EQ(executor->max_in_flight(), mb);
+  }
+  ASSERT_EQ(rows[0].size(), rows[1].size());
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    ASSERT_EQ(rows[0][s].size(), rows[1][s].size()) << "sequence " << s;
+    for (size_t r = 0; r < rows[0][s].size(); ++r) EXPECT_EQ(rows[0][s][r], rows[1][s][r]) << "sequence " << s << " step " << r;
   }
 }
 

@@ -8,13 +8,17 @@
 //
 //   exl3-engine-bench --model DIR [--context 1024,8192] [--batch 1,8,32,64] [--steps 16]
 //                     [--prefill-chunk 2048] [--no-graphs] [--max-moe-tokens N] [--json FILE]
+//                     [--expert-map FILE [--micro-batches 1,2] [--shared-expert ...]]
 //   exl3-engine-bench --attention-only [--attention-shape 96,8,128] [--context 1024,8192]
 //                     [--batch 1,8,64] [--prefill-chunk 2048] [--runs 30] [--json FILE]
 //   exl3-engine-bench --sampling-only [--vocab 151552] [--batch 1,8,64] [--runs 30] [--json FILE]
 //
-// --attention-only times the attention kernels alone (tools/exl3_bench/attention_bench.h);
-// --sampling-only the sampling of a step's rows on the device and the old host path
-// (tools/exl3_bench/sampling_bench.h).
+// --expert-map: the routed experts on exl3-worker processes, through the router core in this
+// process (services/router/in_process_router.h, as exl3-router runs it), the same tables for each
+// micro-batch count, against the same floor (the experts' bytes then counted from the model's
+// files), and the exchange's time per MoE layer. --attention-only times the attention kernels alone
+// (tools/exl3_bench/attention_bench.h); --sampling-only the sampling of a step's rows on the device
+// and the old host path (tools/exl3_bench/sampling_bench.h). The command line: tools/exl3_bench/engine_bench_options.h.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -26,6 +30,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -33,8 +38,12 @@
 #include "base/status_macros.h"
 #include "engine/cuda/cuda_model.h"
 #include "kernels/cuda/bench_hooks.h"
+#include "model/exl3_model.h"
+#include "services/router/in_process_router.h"
+#include "services/router/router_moe_executor.h"
 #include "tools/exl3_bench/attention_bench.h"
 #include "tools/exl3_bench/sampling_bench.h"
+#include "tools/exl3_bench/engine_bench_options.h"
 
 namespace {
 
@@ -44,40 +53,6 @@ using exl3::engine::StepBatch;
 using exl3::engine::cuda::CudaModel;
 using exl3::engine::cuda::CudaModelOptions;
 using exl3::engine::cuda::DecodedWeights;
-
-constexpr char kUsage[] =
-    "usage: exl3-engine-bench --model DIR [--context 1024,8192] [--batch 1,8,32,64] [--steps 16]\n"
-    "                         [--prefill-chunk 2048] [--no-graphs] [--max-moe-tokens N] [--json FILE]\n"
-    "       exl3-engine-bench --attention-only [--attention-shape 96,8,128] [--context 1024,8192]\n"
-    "                         [--batch 1,8,64] [--prefill-chunk 2048] [--runs 30] [--json FILE]\n"
-    "       exl3-engine-bench --sampling-only [--vocab 151552] [--batch 1,8,64] [--runs 30] [--json FILE]\n"
-    "\n"
-    "Runs the GPU engine directly on DIR (an EXL3 model of a GQA family, experts on this GPU):\n"
-    "time to first token and prefill tokens/s of one prompt of each --context length, then decode\n"
-    "tokens/s at each --batch size continuing it, each against its floor (per part, the slower of\n"
-    "its bytes over the copy bandwidth and its EXL3 weights over the decode ceiling, both measured\n"
-    "in the same run). --no-graphs: decode steps launch eagerly instead of\n"
-    "replaying CUDA graphs. --max-moe-tokens: the MoE workspace's token rows (CudaModelOptions).\n"
-    "--json appends one JSON object per result.\n"
-    "\n"
-    "--attention-only: no model; the attention kernels alone on random inputs of --attention-shape\n"
-    "(query heads, KV heads, head dim): decode at each --batch and --context against the KV-read\n"
-    "floor, prefill of each --context prompt in --prefill-chunk chunks against the FLOP floor.\n"
-    "\n"
-    "--sampling-only: no model; sampling --batch rows of random logits of --vocab tokens per step,\n"
-    "greedy and top-k 50 + top-p 0.9 + penalties: on the device (device-event time, and wall time\n"
-    "with the host's packing and unpacking) beside the old path (the rows' device-to-host copy and\n"
-    "the CPU sampler on one thread).\n";
-
-std::vector<int> IntList(const char* s) {
-  std::vector<int> v;
-  for (const char* p = s; *p;) {
-    v.push_back(std::atoi(p));
-    while (*p && *p != ',') ++p;
-    if (*p == ',') ++p;
-  }
-  return v;
-}
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -186,115 +161,55 @@ int Fail(const std::string& m) {
   return 1;
 }
 
-}  // namespace
+// Where the experts are in one run of the tables.
+struct ExpertPlacement {
+  bool remote = false;
+  int micro_batches = 1;
+  std::string title;  // "in process on this GPU" or "remote, 2 micro-batches"
+  std::string label;  // appended to the table's lines: "" or " (remote, 2 micro-batches)"
+};
 
-int main(int argc, char** argv) {
-  std::string model, json;
-  std::vector<int> contexts = {1024, 8192}, batches = {1, 8, 32, 64};
-  int steps = 16, chunk = 2048, runs = 30, max_moe_tokens = 0;
-  bool graphs = true, attention_only = false, sampling_only = false, batches_given = false;
-  int sampling_vocab = 151552;
-  std::vector<int> attention_shape = {96, 8, 128};
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "exl3-engine-bench: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (a == "--model") {
-      model = value();
-    } else if (a == "--context") {
-      contexts = IntList(value());
-    } else if (a == "--batch") {
-      batches = IntList(value());
-      batches_given = true;
-    } else if (a == "--attention-only") {
-      attention_only = true;
-    } else if (a == "--sampling-only") {
-      sampling_only = true;
-    } else if (a == "--vocab") {
-      sampling_vocab = std::atoi(value());
-    } else if (a == "--attention-shape") {
-      attention_shape = IntList(value());
-    } else if (a == "--runs") {
-      runs = std::atoi(value());
-    } else if (a == "--steps") {
-      steps = std::atoi(value());
-    } else if (a == "--prefill-chunk") {
-      chunk = std::atoi(value());
-    } else if (a == "--no-graphs") {
-      graphs = false;
-    } else if (a == "--max-moe-tokens") {
-      max_moe_tokens = std::atoi(value());
-    } else if (a == "--json") {
-      json = value();
-    } else {
-      std::fprintf(stderr, "exl3-engine-bench: unknown argument %s\n%s", a.c_str(), kUsage);
-      return 2;
-    }
+// The experts' weights as the model's files hold them (remote experts: none on this GPU), for the
+// floor: every MoE layer's routed and shared experts' bytes and decoded weights.
+struct FileExpertWeights {
+  int64_t bytes = 0;
+  DecodedWeights decoded;
+};
+absl::StatusOr<FileExpertWeights> ReadFileExpertWeights(const std::string& dir) {
+  exl3::Exl3ModelOptions opt;
+  opt.require_exl3 = false;
+  opt.load_routers = false;
+  EXL3_ASSIGN_OR_RETURN(std::unique_ptr<exl3::Exl3Model> model, exl3::Exl3Model::Open(dir, opt));
+  FileExpertWeights w;
+  for (int layer : model->config().MoeLayers()) {
+    w.bytes += static_cast<int64_t>(model->LayerBytes(layer));
+    EXL3_ASSIGN_OR_RETURN(exl3::MoeLayerView view, model->LayerView(layer));
+    for (const exl3::ExpertMlp* e : view.experts)
+      if (e != nullptr) for (const exl3::Exl3LinearView* v : {&e->gate, &e->up, &e->down}) w.decoded.Add(*v);
+    if (view.shared != nullptr)
+      for (const exl3::Exl3LinearView* v : {&view.shared->gate, &view.shared->up, &view.shared->down}) w.decoded.Add(*v);
   }
-  if (sampling_only) {
-    exl3::bench::SamplingBenchOptions so;
-    so.vocab = sampling_vocab;
-    if (batches_given) so.batches = batches;
-    so.runs = runs;
-    so.json = json.empty() ? nullptr : std::fopen(json.c_str(), "a");
-    const int rc = exl3::bench::RunSamplingBench(so);
-    if (so.json) std::fclose(so.json);
-    return rc;
-  }
-  if (attention_only) {
-    if (attention_shape.size() != 3 || contexts.empty() || chunk < 1 || runs < 1) {
-      std::fputs(kUsage, stderr);
-      return 2;
-    }
-    exl3::bench::AttentionBenchOptions ao;
-    ao.num_heads = attention_shape[0];
-    ao.num_kv_heads = attention_shape[1];
-    ao.head_dim = attention_shape[2];
-    if (batches_given) ao.batches = batches;
-    ao.contexts = contexts;
-    ao.prefill_chunk = chunk;
-    ao.runs = runs;
-    ao.json = json.empty() ? nullptr : std::fopen(json.c_str(), "a");
-    const double copy_bps = CopyBandwidth();
-    const double gemm_flops = CublasFp16Rate();
-    const int rc = exl3::bench::RunAttentionBench(ao, copy_bps, gemm_flops);
-    if (ao.json) std::fclose(ao.json);
-    return rc;
-  }
-  if (model.empty() || steps < 1 || chunk < 1 || contexts.empty() || batches.empty()) {
-    std::fputs(kUsage, stderr);
-    return 2;
-  }
-  FILE* jf = json.empty() ? nullptr : std::fopen(json.c_str(), "a");
+  return w;
+}
 
-  const double copy_bps = CopyBandwidth();
-  const double gemm_flops = CublasFp16Rate();
-  std::printf("copy bandwidth: %.2f TB/s (device-to-device, read + write); cuBLAS fp16 GEMM 8192^3: %.0f TFLOP/s\n",
-              copy_bps * 1e-12, gemm_flops * 1e-12);
-  const double t_load = Now();
-  CudaModelOptions options;
-  options.cuda_graphs = graphs;
-  if (max_moe_tokens > 0) options.max_moe_tokens = max_moe_tokens;
-  auto opened = CudaModel::Open(model, options);
-  if (!opened.ok()) return Fail(opened.status().ToString());
-  std::unique_ptr<CudaModel> m = std::move(*opened);
+struct DeviceRates {
+  double copy_bps = 0, gemm_flops = 0;
+};
+
+// The tables (time to first token, decode tokens/s) of one opened model. Returns the exit code.
+int RunTables(CudaModel& model, const exl3::bench::EngineBenchOptions& o, const ExpertPlacement& placement,
+              const FileExpertWeights* file_experts, const DeviceRates& rates, FILE* jf) {
+  CudaModel* m = &model;
+  const double copy_bps = rates.copy_bps, gemm_flops = rates.gemm_flops;
   const auto& cfg = m->config();
   const auto& wb = m->weight_bytes();
-  std::printf("model %s: %d layers, hidden %d, %d/%d heads of %d, %d experts top-%d; loaded in %.1f s\n",
-              model.c_str(), cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-              cfg.moe.num_experts, cfg.moe.top_k, Now() - t_load);
   std::printf("weights on the GPU: attention %.2f GB, dense MLP %.2f GB, routers %.2f GB, head %.2f GB, experts %.2f GB\n",
               wb.attention * 1e-9, wb.dense_mlp * 1e-9, wb.router * 1e-9, wb.head * 1e-9, wb.experts_resident * 1e-9);
 
   const int bs = 16, vocab = cfg.vocab_size;
+  const std::vector<int>& batches = o.batches;
+  const std::vector<int>& contexts = o.contexts;
+  const int steps = o.steps, chunk = o.prefill_chunk;
   const int max_batch = *std::max_element(batches.begin(), batches.end());
   const int max_context = *std::max_element(contexts.begin(), contexts.end());
   const int warmup = 2, private_blocks = (warmup + steps) / bs + 2;
@@ -304,21 +219,29 @@ int main(int argc, char** argv) {
   int moe_layers = 0;
   for (int l = 0; l < cfg.num_layers; ++l) moe_layers += cfg.IsMoeLayer(l) ? 1 : 0;
   const int E = cfg.moe.num_experts, k = cfg.moe.top_k, shared = cfg.moe.has_shared_expert() ? 1 : 0;
-  const double per_expert = moe_layers > 0 ? double(wb.experts_resident) / moe_layers / (E + shared) : 0;
+  // The experts of the floor: those on this GPU, or with remote experts the files' (the same
+  // weights; the device copy only adds alignment).
+  const int64_t expert_bytes_total = file_experts != nullptr ? file_experts->bytes : wb.experts_resident;
+  const DecodedWeights& experts_decoded = file_experts != nullptr ? file_experts->decoded : wb.experts_decoded;
+  const double per_expert = moe_layers > 0 ? double(expert_bytes_total) / moe_layers / (E + shared) : 0;
   const DecodeCeilings ceilings =
-      MeasureDecodeCeilings({&wb.attention_decoded, &wb.dense_mlp_decoded, &wb.head_decoded, &wb.experts_decoded});
-  // Decode seconds of the non-expert parts per step, and of one expert (all resident experts'
-  // time over their count: the layers' experts share one shape).
+      MeasureDecodeCeilings({&wb.attention_decoded, &wb.dense_mlp_decoded, &wb.head_decoded, &experts_decoded});
+  // Decode seconds of the non-expert parts per step, and of one expert (all experts' time over
+  // their count: the layers' experts share one shape).
   const double decode_attention_s = DecodeSeconds(wb.attention_decoded, ceilings);
   const double decode_dense_s = DecodeSeconds(wb.dense_mlp_decoded, ceilings);
   const double decode_head_s = DecodeSeconds(wb.head_decoded, ceilings);
   const double decode_per_expert_s =
-      moe_layers > 0 ? DecodeSeconds(wb.experts_decoded, ceilings) / moe_layers / (E + shared) : 0;
+      moe_layers > 0 ? DecodeSeconds(experts_decoded, ceilings) / moe_layers / (E + shared) : 0;
   for (int K = 1; K <= 8; ++K)
     for (int cb = 0; cb < 3; ++cb)
       if (ceilings.weights_per_s[K][cb] > 0)
         std::printf("decode ceiling K=%d codebook %d: %.2f T weights/s\n", K, cb, ceilings.weights_per_s[K][cb] * 1e-12);
   const double kv_bytes_per_position = double(cfg.KvFloatsPerToken()) * 2;  // the fp16 cache
+  // The routers' fp32 weights: on this GPU, or with remote experts where the router core gates
+  // (the same bytes, counted the same, so both placements share one floor).
+  const double router_bytes =
+      file_experts != nullptr ? double(moe_layers) * E * cfg.hidden_size * sizeof(float) : double(wb.router);
 
   // FLOPs of a prefill of C tokens: every linear's 2 x params per token (the experts a token is routed
   // to and the shared one; the head for the last token only) plus causal attention's 2 x 2 x heads x
@@ -359,6 +282,26 @@ int main(int argc, char** argv) {
     if (cfg.attention != exl3::engine::AttentionKind::kDsa) return positions * kv_bytes_per_position;
     return cfg.num_layers * std::min(positions, topk) * (R + rope) * 2 + indexer_layers * positions * DI * 2;
   };
+  // The exchange of the last step, per MoE layer (both micro-batches' together).
+  auto print_exchange = [&](const char* what) {
+    const exl3::engine::cuda::RemoteExchangeTimes& ex = m->LastExchangeTimes();
+    if (!placement.remote || ex.exchanges == 0 || moe_layers == 0) return;
+    const double per = 1e6 / moe_layers;
+    std::printf("    exchange per MoE layer (%s, %d exchange(s) a layer): to host %.1f us + call %.1f us + to device "
+                "%.1f us = %.1f us; the host blocked in calls %.1f us\n", what, ex.exchanges / moe_layers,
+                ex.to_host_s * per, ex.call_s * per, ex.to_device_s * per,
+                (ex.to_host_s + ex.call_s + ex.to_device_s) * per, ex.wait_s * per);
+  };
+  auto exchange_json = [&]() {
+    const exl3::engine::cuda::RemoteExchangeTimes& ex = m->LastExchangeTimes();
+    if (!placement.remote || moe_layers == 0) return std::string();
+    char buf[256];
+    std::snprintf(buf, sizeof buf, ",\"exchange_per_layer_s\":{\"to_host\":%.7f,\"call\":%.7f,\"to_device\":%.7f,\"blocked\":%.7f}",
+                  ex.to_host_s / moe_layers, ex.call_s / moe_layers, ex.to_device_s / moe_layers, ex.wait_s / moe_layers);
+    return std::string(buf);
+  };
+  const std::string json_placement = "\"experts\":\"" + std::string(placement.remote ? "remote" : "in-process") +
+                                     "\",\"micro_batches\":" + std::to_string(placement.micro_batches);
   std::mt19937 rng(5);
   std::vector<float> logits;
   logits.resize(static_cast<size_t>(vocab));
@@ -392,14 +335,16 @@ int main(int argc, char** argv) {
     if (!ttft_or.ok()) return Fail("prefill: " + ttft_or.status().ToString());
     const double ttft = *ttft_or;
     const exl3::engine::StepPhaseTimes pp = m->LastPhaseTimes();
-    std::printf("prefill %5d tokens: time to first token %.1f ms, %.0f tokens/s (last chunk: attention %.1f ms, "
-                "MoE %.1f ms, dense MLP %.1f ms, head %.1f ms)\n", context, ttft * 1e3, context / ttft,
-                pp.attention_s * 1e3, pp.moe_s * 1e3, pp.dense_mlp_s * 1e3, pp.head_s * 1e3);
+    std::printf("prefill%s %5d tokens: time to first token %.1f ms, %.0f tokens/s (last chunk: attention %.1f ms, "
+                "MoE %.1f ms, dense MLP %.1f ms, head %.1f ms)\n", placement.label.c_str(), context, ttft * 1e3,
+                context / ttft, pp.attention_s * 1e3, pp.moe_s * 1e3, pp.dense_mlp_s * 1e3, pp.head_s * 1e3);
+    print_exchange("last chunk");
     const double prefill_floor = prefill_flops(context) / gemm_flops;
     std::printf("    floor (FLOPs at the cuBLAS fp16 rate) %.1f ms -> %.2fx floor\n", prefill_floor * 1e3,
                 ttft / prefill_floor);
-    if (jf) std::fprintf(jf, "{\"bench\":\"engine_prefill\",\"context\":%d,\"ttft_s\":%.6f,\"tokens_per_s\":%.1f,"
-                         "\"floor_s\":%.6f}\n", context, ttft, context / ttft, prefill_floor);
+    if (jf) std::fprintf(jf, "{\"bench\":\"engine_prefill\",%s,\"context\":%d,\"ttft_s\":%.6f,\"tokens_per_s\":%.1f,"
+                         "\"floor_s\":%.6f%s}\n", json_placement.c_str(), context, ttft, context / ttft, prefill_floor,
+                         exchange_json().c_str());
 
     for (int B : batches) {
       std::vector<double> times;
@@ -425,28 +370,152 @@ int main(int argc, char** argv) {
       const double touched = E > 0 ? E * (1.0 - std::pow(1.0 - double(k) / E, B)) + shared : 0;
       const double kv_bytes = B * kv_bytes_per_token(context + warmup + steps / 2.0);
       const double expert_bytes = moe_layers * touched * per_expert;
-      const double bytes = wb.attention + wb.dense_mlp + wb.router + wb.head + B * double(wb.embedding_row) +
+      const double bytes = wb.attention + wb.dense_mlp + router_bytes + wb.head + B * double(wb.embedding_row) +
                            expert_bytes + kv_bytes;
       // Each part at the slower of reading its bytes and decoding its EXL3 weights.
       const double floor_s = std::max(wb.attention / copy_bps, decode_attention_s) +
                              std::max(wb.dense_mlp / copy_bps, decode_dense_s) +
                              std::max(wb.head / copy_bps, decode_head_s) +
                              std::max(expert_bytes / copy_bps, moe_layers * touched * decode_per_expert_s) +
-                             (wb.router + B * double(wb.embedding_row) + kv_bytes) / copy_bps;
-      std::printf("decode%s context %5d batch %3d: %.3f ms/step, %.0f tokens/s; floor %.3f ms (%.2f GB/step) -> %.2fx floor\n",
-                  graphs ? "" : " (eager)", context, B, step * 1e3, B / step, floor_s * 1e3, bytes * 1e-9,
-                  step / floor_s);
+                             (router_bytes + B * double(wb.embedding_row) + kv_bytes) / copy_bps;
+      const bool eager = !o.graphs || placement.remote;
+      std::printf("decode%s%s context %5d batch %3d: %.3f ms/step, %.0f tokens/s; floor %.3f ms (%.2f GB/step) -> %.2fx floor\n",
+                  placement.label.c_str(), eager && !placement.remote ? " (eager)" : "", context, B, step * 1e3,
+                  B / step, floor_s * 1e3, bytes * 1e-9, step / floor_s);
       const exl3::engine::StepPhaseTimes ph = m->LastPhaseTimes();
       std::printf("    GPU time of the last step: attention %.3f ms, MoE %.3f ms, dense MLP %.3f ms, head %.3f ms, "
                   "embed %.3f ms\n", ph.attention_s * 1e3, ph.moe_s * 1e3, ph.dense_mlp_s * 1e3, ph.head_s * 1e3,
                   ph.embed_s * 1e3);
+      print_exchange("last step");
       if (jf)
         std::fprintf(jf,
-                     "{\"bench\":\"engine_decode\",\"graphs\":%s,\"context\":%d,\"batch\":%d,\"step_s\":%.6f,\"tokens_per_s\":%.1f,"
-                     "\"floor_s\":%.6f,\"bytes_per_step\":%.0f}\n",
-                     graphs ? "true" : "false", context, B, step, B / step, floor_s, bytes);
+                     "{\"bench\":\"engine_decode\",%s,\"graphs\":%s,\"context\":%d,\"batch\":%d,\"step_s\":%.6f,"
+                     "\"tokens_per_s\":%.1f,\"floor_s\":%.6f,\"bytes_per_step\":%.0f%s}\n",
+                     json_placement.c_str(), eager ? "false" : "true", context, B, step, B / step, floor_s, bytes,
+                     exchange_json().c_str());
     }
   }
-  if (jf) std::fclose(jf);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  namespace bench = exl3::bench;
+  absl::StatusOr<bench::EngineBenchOptions> parsed =
+      bench::ParseEngineBenchArgs(std::vector<std::string>(argv + 1, argv + argc));
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "exl3-engine-bench: %s\n%s", std::string(parsed.status().message()).c_str(),
+                 bench::kEngineBenchUsage);
+    return 2;
+  }
+  const bench::EngineBenchOptions& o = *parsed;
+  if (o.help) {
+    std::fputs(bench::kEngineBenchUsage, stdout);
+    return 0;
+  }
+  if (o.sampling_only) {
+    bench::SamplingBenchOptions so;
+    so.vocab = o.sampling_vocab;
+    if (o.batches_given) so.batches = o.batches;
+    so.runs = o.runs;
+    so.json = o.json.empty() ? nullptr : std::fopen(o.json.c_str(), "a");
+    const int rc = bench::RunSamplingBench(so);
+    if (so.json) std::fclose(so.json);
+    return rc;
+  }
+  if (o.attention_only) {
+    bench::AttentionBenchOptions ao;
+    ao.num_heads = o.attention_shape[0];
+    ao.num_kv_heads = o.attention_shape[1];
+    ao.head_dim = o.attention_shape[2];
+    if (o.batches_given) ao.batches = o.batches;
+    ao.contexts = o.contexts;
+    ao.prefill_chunk = o.prefill_chunk;
+    ao.runs = o.runs;
+    ao.json = o.json.empty() ? nullptr : std::fopen(o.json.c_str(), "a");
+    const double copy_bps = CopyBandwidth();
+    const double gemm_flops = CublasFp16Rate();
+    const int rc = bench::RunAttentionBench(ao, copy_bps, gemm_flops);
+    if (ao.json) std::fclose(ao.json);
+    return rc;
+  }
+  // A bad map is a usage error, found before any GPU work.
+  if (const absl::Status st = bench::CheckBenchExpertMap(o); !st.ok()) {
+    std::fprintf(stderr, "exl3-engine-bench: %s\n", std::string(st.message()).c_str());
+    return 2;
+  }
+  auto cfg_or = exl3::engine::LoadModelConfig(o.model);
+  if (!cfg_or.ok()) return Fail(cfg_or.status().ToString());
+  FILE* jf = o.json.empty() ? nullptr : std::fopen(o.json.c_str(), "a");
+
+  DeviceRates rates;
+  rates.copy_bps = CopyBandwidth();
+  rates.gemm_flops = CublasFp16Rate();
+  std::printf("copy bandwidth: %.2f TB/s (device-to-device, read + write); cuBLAS fp16 GEMM 8192^3: %.0f TFLOP/s\n",
+              rates.copy_bps * 1e-12, rates.gemm_flops * 1e-12);
+
+  // Remote experts: the router core as exl3-router builds it, its workers ready.
+  std::unique_ptr<exl3::router::InProcessRouter> router;
+  exl3::router::InProcessRouterOptions ro;
+  std::optional<FileExpertWeights> file_experts;
+  if (o.remote()) {
+    ro.core.model_dir = o.model;
+    ro.core.expert_map_path = o.expert_map;
+    ro.core.worker_shm_bytes = static_cast<size_t>(o.worker_shm_mb) << 20;
+    if (o.shared_expert == "local") {
+      ro.core.router.shared_expert_local = true;
+    } else if (o.shared_expert == "none") {
+      ro.core.router.shared_expert_local = false;
+    } else {
+      ro.core.router.shared_expert_local = false;
+      ro.core.router.shared_expert_worker = o.shared_expert.substr(7);
+    }
+    ro.ready_timeout = std::chrono::milliseconds(int64_t{o.ready_timeout_s} * 1000);
+    const double t0 = Now();
+    auto created = exl3::router::InProcessRouter::Create(ro);
+    if (!created.ok()) return Fail("router core: " + created.status().ToString());
+    router = std::move(*created);
+    std::printf("remote experts: %zu worker(s) of %s ready in %.1f s; shared expert %s; shared-memory channel %d MiB%s\n",
+                router->core().map().workers.size(), o.expert_map.c_str(), Now() - t0, o.shared_expert.c_str(),
+                o.worker_shm_mb, o.worker_shm_mb == 0 ? " (off: gRPC)" : " (same-host workers)");
+    auto fe = ReadFileExpertWeights(o.model);
+    if (!fe.ok()) return Fail("the experts' weights for the floor: " + fe.status().ToString());
+    file_experts = std::move(*fe);
+  }
+
+  std::vector<ExpertPlacement> placements;
+  if (o.remote()) {
+    for (int mb : o.micro_batches) {
+      const std::string title = "remote, " + std::to_string(mb) + (mb == 1 ? " micro-batch" : " micro-batches");
+      placements.push_back({true, mb, title, " (" + title + ")"});
+    }
+  } else {
+    placements.push_back({false, 1, "in process on this GPU", ""});
+  }
+  int rc = 0;
+  for (const ExpertPlacement& placement : placements) {
+    CudaModelOptions options;
+    options.cuda_graphs = o.graphs;
+    if (o.max_moe_tokens > 0) options.max_moe_tokens = o.max_moe_tokens;
+    options.micro_batches = placement.micro_batches;
+    std::unique_ptr<exl3::engine::MoeExecutor> executor;
+    if (router != nullptr)
+      executor = std::make_unique<exl3::router::RouterMoeExecutor>(
+          router->core().service(), ro.core.router.inline_max_tokens, cfg_or->hidden_size,
+          std::chrono::milliseconds(o.moe_timeout_ms));
+    const double t_load = Now();
+    auto opened = CudaModel::Open(o.model, options, std::move(executor));
+    if (!opened.ok()) return Fail(opened.status().ToString());
+    std::unique_ptr<CudaModel> m = std::move(*opened);
+    const auto& cfg = m->config();
+    std::printf("=== experts %s\nmodel %s: %d layers, hidden %d, %d/%d heads of %d, %d experts top-%d; loaded in %.1f s\n",
+                placement.title.c_str(),
+                o.model.c_str(), cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                cfg.moe.num_experts, cfg.moe.top_k, Now() - t_load);
+    rc = RunTables(*m, o, placement, file_experts ? &*file_experts : nullptr, rates, jf);
+    if (rc != 0) break;
+  }
+  if (jf) std::fclose(jf);
+  return rc;
 }

@@ -6,6 +6,7 @@
 // tokens against transformers'; the latent families (DeepSeek-V3, GLM-MoE-DSA) the same way
 // (their kernels: tests/engine/cuda/latent_attention_test.cc). Skipped where no GPU is visible (ctest label gpu).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -28,6 +29,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "model/routing.h"
 #include "model/safetensors.h"
+#include "tests/engine/delayed_moe.h"
 #include "tests/engine/model_harness.h"
 
 namespace exl3::engine::cuda {
@@ -477,6 +479,101 @@ TEST(CudaModelTest, ExpertsThroughAnExecutorMatchTheCpuModel) {
   }
   std::printf("model glm4_moe_all, experts through an executor: logits rel (worst row) %.2e\n", worst);
   EXPECT_LT(worst, 5e-3);
+}
+
+// Two micro-batches (ping-pong) against one, with the experts behind an executor whose answers
+// come later on threads of their own (tests/engine/delayed_moe.h), as workers' do: the same tokens
+// and logits (each token's arithmetic is the same; the linear kernels pick their k-slices by row
+// count, so the float sums may differ in their last bits), two calls in flight at once, and the
+// exchange's times counted per (MoE layer, micro-batch).
+TEST(CudaModelTest, TwoMicroBatchesWithLateAnswersMatchOne) {
+  REQUIRE_GPU();
+  const std::string dir = "tests/fixtures/engine/glm4_moe_all";
+  const std::vector<std::vector<int32_t>> prompts = {
+      {3, 14, 15, 92, 65, 35, 89, 79, 32}, {38, 46, 26}, {2, 71, 82, 81, 82, 84, 59, 4, 52, 35, 36, 28}, {7, 1, 8, 28, 18}};
+  const int steps = 10, chunk = 4;
+  auto cpu = CpuModel::Open(dir, CpuModelOptions{});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto cpu_rows = testing::RunGreedy(**cpu, prompts, steps, chunk);
+  ASSERT_TRUE(cpu_rows.ok()) << cpu_rows.status();
+  int moe_layers = 0;
+  for (int l = 0; l < (*cpu)->config().num_layers; ++l) moe_layers += (*cpu)->config().IsMoeLayer(l) ? 1 : 0;
+  ASSERT_GT(moe_layers, 0);
+
+  CpuCompute compute(2);
+  std::vector<std::vector<std::vector<float>>> rows[2];
+  int max_in_flight[2] = {0, 0};
+  for (int mb = 1; mb <= 2; ++mb) {
+    SCOPED_TRACE(mb == 1 ? "one micro-batch" : "two micro-batches");
+    auto local = LocalMoe::Open(dir, compute);
+    ASSERT_TRUE(local.ok()) << local.status();
+    auto delayed = std::make_unique<testing::DelayedMoe>(std::move(*local), std::chrono::microseconds(2000));
+    testing::DelayedMoe* executor = delayed.get();
+    CudaModelOptions options;
+    options.micro_batches = mb;
+    auto gpu = CudaModel::Open(dir, options, std::move(delayed));
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    EXPECT_EQ((*gpu)->micro_batches(), mb);
+    auto gpu_rows = testing::RunGreedy(**gpu, prompts, steps, chunk);
+    ASSERT_TRUE(gpu_rows.ok()) << gpu_rows.status();
+    rows[mb - 1] = std::move(*gpu_rows);
+    max_in_flight[mb - 1] = executor->max_in_flight();
+    // The last step: a decode step of every sequence, one exchange per MoE layer and micro-batch.
+    const RemoteExchangeTimes& ex = (*gpu)->LastExchangeTimes();
+    EXPECT_EQ(ex.exchanges, moe_layers * mb);
+    EXPECT_GE(ex.to_host_s, 0);
+    EXPECT_GE(ex.to_device_s, 0);
+    EXPECT_GE(ex.call_s, ex.exchanges * 2e-3) << "each call is answered 2 ms after its start at the earliest";
+    EXPECT_LE(ex.wait_s, ex.call_s);
+    std::printf("glm4_moe_all, %d micro-batch(es), late answers: last step %d exchanges, per exchange to host %.1f us, "
+                "call %.1f us (host blocked %.1f us), to device %.1f us; %d calls, at most %d in flight\n",
+                mb, ex.exchanges, ex.to_host_s / ex.exchanges * 1e6, ex.call_s / ex.exchanges * 1e6,
+                ex.wait_s / ex.exchanges * 1e6, ex.to_device_s / ex.exchanges * 1e6, executor->calls(),
+                executor->max_in_flight());
+  }
+  EXPECT_EQ(max_in_flight[0], 1);
+  EXPECT_EQ(max_in_flight[1], 2) << "two micro-batches should have both their calls out at once";
+  double worst_between = 0, worst_cpu = 0;
+  int identical_rows = 0, total_rows = 0;
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    ASSERT_EQ(rows[0][s].size(), rows[1][s].size()) << "sequence " << s;
+    ASSERT_EQ(rows[0][s].size(), (*cpu_rows)[s].size()) << "sequence " << s;
+    for (size_t r = 0; r < rows[0][s].size(); ++r) {
+      const std::vector<float>& one = rows[0][s][r];
+      const std::vector<float>& two = rows[1][s][r];
+      const std::vector<float>& c = (*cpu_rows)[s][r];
+      ASSERT_EQ(std::max_element(one.begin(), one.end()) - one.begin(),
+                std::max_element(two.begin(), two.end()) - two.begin())
+          << "sequence " << s << " step " << r << ": one and two micro-batches chose different tokens";
+      ASSERT_EQ(std::max_element(two.begin(), two.end()) - two.begin(), std::max_element(c.begin(), c.end()) - c.begin())
+          << "sequence " << s << " step " << r << ": two micro-batches and the CPU model chose different tokens";
+      worst_between = std::max(worst_between, RelativeError(two, one));
+      worst_cpu = std::max(worst_cpu, RelativeError(two, c));
+      identical_rows += one == two;
+      ++total_rows;
+    }
+  }
+  std::printf("glm4_moe_all, two micro-batches against one: logits rel (worst row) %.2e, bit-identical rows %d/%d; "
+              "against the CPU model %.2e\n", worst_between, identical_rows, total_rows, worst_cpu);
+  EXPECT_LT(worst_between, 1e-4);
+  EXPECT_LT(worst_cpu, 5e-3);
+}
+
+// Micro-batches other than 1 or 2 are refused at Open.
+TEST(CudaModelTest, MicroBatchesOutOfRangeAreRefused) {
+  REQUIRE_GPU();
+  const std::string dir = "tests/fixtures/engine/glm4_moe_all";
+  for (int mb : {0, 3}) {
+    CpuCompute compute(1);
+    auto local = LocalMoe::Open(dir, compute);
+    ASSERT_TRUE(local.ok()) << local.status();
+    CudaModelOptions options;
+    options.micro_batches = mb;
+    auto gpu = CudaModel::Open(dir, options, std::move(*local));
+    ASSERT_FALSE(gpu.ok()) << mb;
+    EXPECT_EQ(gpu.status().code(), absl::StatusCode::kInvalidArgument) << gpu.status();
+    EXPECT_NE(gpu.status().message().find("micro_batches"), std::string::npos) << gpu.status();
+  }
 }
 
 TEST(CudaModelTest, FamiliesOnlyTheCpuEngineRunsSaySo) {

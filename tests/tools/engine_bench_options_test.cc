@@ -1,0 +1,130 @@
+// exl3-engine-bench's command line and its expert-map check (tools/exl3_bench/engine_bench_options.h),
+// which run before any GPU work.
+#include "tools/exl3_bench/engine_bench_options.h"
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace exl3::bench {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char kModel[] = "tests/fixtures/engine/glm4_moe_all";  // 2 layers (the first dense), 8 experts
+
+std::string WriteMap(const std::string& name, const std::string& yaml) {
+  const fs::path dir = fs::temp_directory_path() / "exl3_engine_bench_options_test";
+  fs::create_directories(dir);
+  const fs::path p = dir / name;
+  std::ofstream(p) << yaml;
+  return p.string();
+}
+
+TEST(EngineBenchOptionsTest, DefaultsAreTheIssuesTables) {
+  auto o = ParseEngineBenchArgs({"--model", kModel});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->contexts, (std::vector<int>{1024, 8192}));
+  EXPECT_EQ(o->batches, (std::vector<int>{1, 8, 32, 64}));
+  EXPECT_FALSE(o->remote());
+  EXPECT_EQ(o->micro_batches, std::vector<int>{1});
+  EXPECT_TRUE(o->graphs);
+}
+
+TEST(EngineBenchOptionsTest, RemoteExpertsFlags) {
+  auto o = ParseEngineBenchArgs({"--model", kModel, "--expert-map", "map.yaml", "--micro-batches", "1,2",
+                                 "--shared-expert", "worker:w0", "--worker-shm-mb", "0", "--batch", "1,8",
+                                 "--context", "1024", "--ready-timeout-s", "30"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->remote());
+  EXPECT_EQ(o->expert_map, "map.yaml");
+  EXPECT_EQ(o->micro_batches, (std::vector<int>{1, 2}));
+  EXPECT_EQ(o->shared_expert, "worker:w0");
+  EXPECT_EQ(o->worker_shm_mb, 0);
+  EXPECT_EQ(o->batches, (std::vector<int>{1, 8}));
+  EXPECT_EQ(o->contexts, std::vector<int>{1024});
+  EXPECT_EQ(o->ready_timeout_s, 30);
+}
+
+TEST(EngineBenchOptionsTest, SamplingOnlyNeedsNoModel) {
+  auto o = ParseEngineBenchArgs({"--sampling-only", "--vocab", "32000", "--batch", "1,64"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->sampling_only);
+  EXPECT_EQ(o->sampling_vocab, 32000);
+  EXPECT_EQ(o->batches, (std::vector<int>{1, 64}));
+}
+
+TEST(EngineBenchOptionsTest, BadArgumentsAreNamed) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string names;
+  };
+  const std::vector<Case> cases = {
+      {{"--model", kModel, "--batch", "1,x"}, "--batch"},
+      {{"--model", kModel, "--batch", "1,,8"}, "--batch"},
+      {{"--model", kModel, "--context", "-5"}, "--context"},
+      {{"--model", kModel, "--steps"}, "--steps needs a value"},
+      {{"--model", kModel, "--expert-map", "m.yaml", "--micro-batches", "3"}, "--micro-batches"},
+      {{"--model", kModel, "--expert-map", "m.yaml", "--shared-expert", "gpu"}, "--shared-expert"},
+      {{"--model", kModel, "--micro-batches", "2"}, "need --expert-map"},
+      {{"--model", kModel, "--frobnicate"}, "unknown argument --frobnicate"},
+      {{"--batch", "1"}, "--model DIR is required"},
+      {{"--attention-only", "--attention-shape", "96,8"}, "--attention-shape"},
+      {{"--attention-only", "--expert-map", "m.yaml"}, "no --expert-map"},
+      {{"--sampling-only", "--vocab", "0"}, "--vocab"},
+      {{"--sampling-only", "--attention-only"}, "one at a time"},
+  };
+  for (const Case& c : cases) {
+    auto o = ParseEngineBenchArgs(c.args);
+    ASSERT_FALSE(o.ok()) << c.names;
+    EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument) << o.status();
+    EXPECT_NE(o.status().message().find(c.names), std::string::npos) << o.status();
+  }
+  auto help = ParseEngineBenchArgs({"--help"});
+  ASSERT_TRUE(help.ok()) << help.status();
+  EXPECT_TRUE(help->help);
+}
+
+TEST(EngineBenchOptionsTest, ExpertMapIsCheckedAgainstTheModel) {
+  const std::string one = WriteMap("one.yaml",
+                                   "workers:\n  - name: w0\n    address: 127.0.0.1:1\n    experts: all\n"
+                                   "    shared_expert: true\n");
+  auto o = ParseEngineBenchArgs({"--model", kModel, "--expert-map", one, "--shared-expert", "worker:w0"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(CheckBenchExpertMap(*o).ok()) << CheckBenchExpertMap(*o);
+
+  // Two workers splitting the experts: covered; the shared expert named on an unmarked worker.
+  const std::string two = WriteMap("two.yaml",
+                                   "workers:\n  - name: w0\n    address: 127.0.0.1:1\n    experts: 0-3\n"
+                                   "  - name: w1\n    address: 127.0.0.1:2\n    experts: 4-7\n");
+  o = ParseEngineBenchArgs({"--model", kModel, "--expert-map", two});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(CheckBenchExpertMap(*o).ok()) << CheckBenchExpertMap(*o);
+  o = ParseEngineBenchArgs({"--model", kModel, "--expert-map", two, "--shared-expert", "worker:w1"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  absl::Status st = CheckBenchExpertMap(*o);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("not marked shared_expert"), std::string::npos) << st;
+  o = ParseEngineBenchArgs({"--model", kModel, "--expert-map", two, "--shared-expert", "worker:w9"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  st = CheckBenchExpertMap(*o);
+  EXPECT_NE(st.message().find("no worker w9"), std::string::npos) << st;
+
+  // Experts 4-7 of layer 1 held by nobody.
+  const std::string gap = WriteMap("gap.yaml", "workers:\n  - name: w0\n    address: 127.0.0.1:1\n    experts: 0-3\n");
+  o = ParseEngineBenchArgs({"--model", kModel, "--expert-map", gap});
+  ASSERT_TRUE(o.ok()) << o.status();
+  st = CheckBenchExpertMap(*o);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("4-7"), std::string::npos) << st;
+
+  o = ParseEngineBenchArgs({"--model", kModel, "--expert-map", "/nonexistent/map.yaml"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(CheckBenchExpertMap(*o).ok());
+}
+
+}  // namespace
+}  // namespace exl3::bench
