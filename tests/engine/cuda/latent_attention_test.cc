@@ -476,7 +476,9 @@ void CheckFixtureLayers(const std::string& fixture, LatentKernel kernel) {
   const int bs = shape.block_size;
   std::vector<int> widths(L);
   for (int l = 0; l < L; ++l) widths[l] = cfg.KvWidth(l);
-  PagedKvCache cpu_cache(widths, shape);
+  std::vector<KvLayerShape> cpu_layers(L);
+  for (int l = 0; l < L; ++l) cpu_layers[l] = {widths[l], cfg.KvBlockFloats(l, bs)};
+  PagedKvCache cpu_cache(std::move(cpu_layers), shape);
   const size_t slots = static_cast<size_t>(shape.num_blocks) * bs;
   std::vector<size_t> layer_offset(L + 1, 0);
   for (int l = 0; l < L; ++l) layer_offset[l + 1] = layer_offset[l] + slots * widths[l];
