@@ -27,6 +27,7 @@
 #include "engine/rms_norm.h"
 #include "engine/rope.h"
 #include "gtest/gtest.h"
+#include "tests/engine/cuda/gpu_test_support.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "model/routing.h"
 #include "model/safetensors.h"
@@ -38,58 +39,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-#define REQUIRE_GPU()                                                   \
-  do {                                                                  \
-    if (exl3::cuda::DeviceCount() == 0) GTEST_SKIP() << "no GPU visible"; \
-  } while (0)
-
-double RelativeError(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    num += (static_cast<double>(a[i]) - ref[i]) * (static_cast<double>(a[i]) - ref[i]);
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
-std::vector<float> Random(size_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
-template <typename T>
-DeviceArray<T> ToDevice(const std::vector<T>& v) {
-  DeviceArray<T> d;
-  EXPECT_TRUE(d.Upload(v).ok());
-  return d;
-}
-
-template <typename T>
-std::vector<T> ToHost(const DeviceArray<T>& d, size_t n) {
-  std::vector<T> v(n);
-  EXPECT_TRUE(exl3::cuda::Synchronize().ok());
-  EXPECT_TRUE(exl3::cuda::CopyToHost(v.data(), d.get(), n * sizeof(T)).ok());
-  return v;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Attention against a double-precision loop over the same fp16 cache.
-
-// IEEE binary16 bits to float (the reference reads the values the kernels read).
-float HalfToFloat(KvHalf h) {
-  const int exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
-  float v;
-  if (exponent == 0) {
-    v = std::ldexp(static_cast<float>(mantissa), -24);
-  } else if (exponent == 31) {
-    v = mantissa != 0 ? NAN : INFINITY;
-  } else {
-    v = std::ldexp(static_cast<float>(mantissa | 0x400), exponent - 25);
-  }
-  return (h & 0x8000) != 0 ? -v : v;
-}
 
 enum class AttentionKernel { kDecode, kPrefill };
 

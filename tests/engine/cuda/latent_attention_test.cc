@@ -31,61 +31,13 @@
 #include "engine/rope.h"
 #include "engine/step_tokens.h"
 #include "gtest/gtest.h"
+#include "tests/engine/cuda/gpu_test_support.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_status.h"
 #include "model/safetensors.h"
 
 namespace exl3::engine::cuda {
 namespace {
-
-#define REQUIRE_GPU()                                                     \
-  do {                                                                    \
-    if (exl3::cuda::DeviceCount() == 0) GTEST_SKIP() << "no GPU visible"; \
-  } while (0)
-
-double RelativeError(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    num += (static_cast<double>(a[i]) - ref[i]) * (static_cast<double>(a[i]) - ref[i]);
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
-std::vector<float> Random(size_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
-template <typename T>
-DeviceArray<T> ToDevice(const std::vector<T>& v) {
-  DeviceArray<T> d;
-  EXPECT_TRUE(d.Upload(v).ok());
-  return d;
-}
-
-template <typename T>
-std::vector<T> ToHost(const T* d, size_t n) {
-  std::vector<T> v(n);
-  EXPECT_TRUE(exl3::cuda::Synchronize().ok());
-  EXPECT_TRUE(exl3::cuda::CopyToHost(v.data(), d, n * sizeof(T)).ok());
-  return v;
-}
-
-float HalfToFloat(KvHalf h) {
-  const int exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
-  float v;
-  if (exponent == 0) {
-    v = std::ldexp(static_cast<float>(mantissa), -24);
-  } else if (exponent == 31) {
-    v = mantissa != 0 ? NAN : INFINITY;
-  } else {
-    v = std::ldexp(static_cast<float>(mantissa | 0x400), exponent - 25);
-  }
-  return (h & 0x8000) != 0 ? -v : v;
-}
 
 // Query tokens laid out over a paged cache of shuffled blocks: each token its own sequence, or
 // (one_sequence) consecutive tokens of one sequence, a prefill chunk.

@@ -21,17 +21,13 @@
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "gtest/gtest.h"
+#include "tests/engine/cuda/gpu_test_support.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "model/safetensors.h"
 #include "tests/engine/engine_requests.h"
 
 namespace exl3::engine::cuda {
 namespace {
-
-#define REQUIRE_GPU()                                                     \
-  do {                                                                    \
-    if (exl3::cuda::DeviceCount() == 0) GTEST_SKIP() << "no GPU visible"; \
-  } while (0)
 
 // A row's history, owned (RowSampling's spans point into it).
 struct OwnedHistory {

@@ -1,0 +1,73 @@
+// What the GPU engine's tests share (tests/engine/cuda/*_test.cc): skipping where no GPU is
+// visible, relative errors, random inputs and host <-> device copies of test data.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "engine/cuda/attention_kernels.h"
+#include "engine/cuda/device_array.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_backend.h"
+
+#define REQUIRE_GPU()                                                     \
+  do {                                                                    \
+    if (exl3::cuda::DeviceCount() == 0) GTEST_SKIP() << "no GPU visible"; \
+  } while (0)
+
+namespace exl3::engine::cuda {
+
+// ‖a − ref‖ / ‖ref‖ in double.
+inline double RelativeError(const std::vector<float>& a, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    num += (static_cast<double>(a[i]) - ref[i]) * (static_cast<double>(a[i]) - ref[i]);
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+inline std::vector<float> Random(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+template <typename T>
+DeviceArray<T> ToDevice(const std::vector<T>& v) {
+  DeviceArray<T> d;
+  EXPECT_TRUE(d.Upload(v).ok());
+  return d;
+}
+
+// After the device's work so far.
+template <typename T>
+std::vector<T> ToHost(const T* d, size_t n) {
+  std::vector<T> v(n);
+  EXPECT_TRUE(exl3::cuda::Synchronize().ok());
+  EXPECT_TRUE(exl3::cuda::CopyToHost(v.data(), d, n * sizeof(T)).ok());
+  return v;
+}
+template <typename T>
+std::vector<T> ToHost(const DeviceArray<T>& d, size_t n) {
+  return ToHost(d.get(), n);
+}
+
+// IEEE binary16 bits to float (references read the values the kernels read from the fp16 cache).
+inline float HalfToFloat(KvHalf h) {
+  const int exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+  float v;
+  if (exponent == 0) {
+    v = std::ldexp(static_cast<float>(mantissa), -24);
+  } else if (exponent == 31) {
+    v = mantissa != 0 ? NAN : INFINITY;
+  } else {
+    v = std::ldexp(static_cast<float>(mantissa | 0x400), exponent - 25);
+  }
+  return (h & 0x8000) != 0 ? -v : v;
+}
+
+}  // namespace exl3::engine::cuda
