@@ -7,6 +7,7 @@ its sequence, a replicated worker killed mid-generation costs nothing and the on
 experts killed fails the requests UNAVAILABLE without a hang."""
 
 import concurrent.futures
+import json
 import math
 import os
 import re
@@ -113,6 +114,31 @@ class GenerateSystemTest(unittest.TestCase):
         self.assertEqual(finish, pb.FINISH_REASON_LENGTH)
         self.assertEqual(usage.prompt_tokens, len(PROMPTS[1]))
         self.assertEqual(usage.completion_tokens, 12)
+        self.assertEqual(d.model, "model")  # the model directory's name (no --served-model-name)
+        self.assertEqual(d.eos_token_ids, [1])
+        self.assertGreater(d.max_num_seqs, 0)
+
+    def test_timings_on_the_last_message(self):
+        """The last message carries the request's timings: queue + prefill is the time to the
+        first token, within the whole; the mean inter-token time is that of 12 tokens; earlier
+        messages carry none."""
+        req = pb.GenerateRequest(prompt_token_ids=PROMPTS[1], max_tokens=12, ignore_eos=True,
+                                 sampling=pb.SamplingParams(temperature=0))
+        t0 = time.monotonic()
+        msgs = list(self.stub.Generate(req, timeout=60))
+        wall = time.monotonic() - t0
+        for m in msgs[:-1]:
+            self.assertFalse(m.HasField("timings"))
+            self.assertFalse(m.HasField("usage"))
+        t = msgs[-1].timings
+        self.assertGreaterEqual(t.queue_seconds, 0)
+        self.assertGreater(t.prefill_seconds, 0)
+        self.assertAlmostEqual(t.queue_seconds + t.prefill_seconds, t.first_token_seconds,
+                               delta=1e-6)
+        self.assertGreater(t.mean_inter_token_seconds, 0)
+        self.assertLessEqual(t.first_token_seconds + 11 * t.mean_inter_token_seconds,
+                             t.total_seconds + 1e-6)
+        self.assertLessEqual(t.total_seconds, wall)
 
     def test_concurrent_requests_equal_requests_alone(self):
         with concurrent.futures.ThreadPoolExecutor(8) as ex:
@@ -248,6 +274,28 @@ class GenerateSystemTest(unittest.TestCase):
         for call in held:
             self.assertEqual(1 + sum(len(m.tokens) for m in call), 50)
 
+    def test_kv_capacity_in_bytes(self):
+        """--kv-cache-bytes sizes the cache from the model's bytes per token (fp32 keys and values
+        of every layer) in whole blocks of 16; DescribeModel states the tokens it came to, and a
+        prompt beyond them is refused."""
+        with open(os.path.join(self.model, "config.json")) as f:
+            cfg = json.load(f)
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        per_token = 2 * cfg["num_key_value_heads"] * head_dim * 4 * cfg["num_hidden_layers"]
+        r = self.c.start_router(with_map=False,
+                                extra=["--kv-cache-bytes", str((37 * 16 + 5) * per_token)])
+        channel = grpc.insecure_channel(r.address)
+        self.addCleanup(channel.close)
+        stub = pbg.GeneratorStub(channel)
+        d = stub.DescribeModel(pb.DescribeModelRequest(), timeout=5)
+        self.assertEqual(d.kv_capacity_tokens, 37 * 16)
+        with self.assertRaises(grpc.RpcError) as e:
+            list(stub.Generate(pb.GenerateRequest(prompt_token_ids=[7] * (37 * 16 + 1),
+                                                  max_tokens=1), timeout=10))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn(f"KV cache ({37 * 16} tokens)", e.exception.details())
+        self.assertEqual(generate(stub, PROMPTS[0])[0], self.expected[0][0])
+
     def test_engine_metrics_exist_and_move(self):
         """Every engine metric of docs/metrics.md is exported, and a load with a prefix-cache
         hit, a full KV cache (preemption) and more sequences than --max-num-seqs moves each one
@@ -327,11 +375,20 @@ class GenerateSystemTest(unittest.TestCase):
                  "the KV usage metric back to 0")
 
     def test_deadline(self):
-        with self.assertRaises(grpc.RpcError) as e:
-            list(self.stub.Generate(pb.GenerateRequest(prompt_token_ids=PROMPTS[1], max_tokens=3000,
-                                                       ignore_eos=True, timeout_us=300000),
-                                    timeout=30))
-        self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
+        """The request's timeout_us and the call's own gRPC deadline both end a request
+        DEADLINE_EXCEEDED, and either way the engine lets go of its sequence and KV blocks."""
+        kv = lambda: scrape(self.embedded.metrics, "exl3_engine_kv_cache_usage_ratio")  # noqa: E731
+        running = lambda: scrape(self.embedded.metrics, "exl3_engine_num_requests_running")  # noqa: E731
+        long = dict(prompt_token_ids=PROMPTS[1], max_tokens=3000, ignore_eos=True)
+        for timeout_us, call_timeout in ((300000, 30), (0, 0.5)):
+            t0 = time.monotonic()
+            with self.assertRaises(grpc.RpcError) as e:
+                list(self.stub.Generate(pb.GenerateRequest(timeout_us=timeout_us, **long),
+                                        timeout=call_timeout))
+            self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
+            self.assertLess(time.monotonic() - t0, 5)
+            wait_for(lambda: running() == 0 and kv() == 0, 5,
+                     "the expired request's sequence to leave the engine and free its blocks")
 
     def test_workers_give_the_same_tokens_and_survive_faults(self):
         # One case: the workers are started once, and the faults run last.
