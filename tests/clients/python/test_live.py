@@ -226,6 +226,44 @@ def test_seed_and_sampling_fields(client, live):
     assert a == b
 
 
+def test_max_completion_tokens(client, live):
+    """max_completion_tokens bounds a chat answer, and wins over the older max_tokens."""
+    for kw in ({"max_completion_tokens": 5}, {"max_completion_tokens": 5, "max_tokens": 9}):
+        r = client.chat.completions.create(model=live.name, messages=HI, temperature=0,
+                                           extra_body={"ignore_eos": True}, **kw)
+        assert r.usage.completion_tokens == 5, kw
+        assert r.choices[0].finish_reason == "length", kw
+
+
+SAMPLED = {"temperature": 1.0, "seed": 11}
+VARIANTS = [{}, {"temperature": 0.6}, {"top_p": 0.5}, {"top_k": 3}, {"min_p": 0.3},
+            {"presence_penalty": 2.0}, {"frequency_penalty": 2.0}, {"repetition_penalty": 3.0},
+            {"seed": 12}]
+
+
+def test_sampling_fields_reach_the_engine(client, live, tok):
+    """Each sampling field of an HTTP request is the engine's: the front end's seeded sample equals
+    a direct Generate call's with the same fields, and every field changes the sample."""
+    prompt = "Once upon a time"
+    ids = tok.encode(prompt)
+    got = []
+    with GenerateClient(live.engine) as g:
+        for v in VARIANTS:
+            fields = {**SAMPLED, **v}
+            extra = {k: fields.pop(k) for k in ("top_k", "min_p", "repetition_penalty")
+                     if k in fields}
+            r = client.completions.create(model=live.name, prompt=prompt, max_tokens=24,
+                                          logprobs=0, **fields,
+                                          extra_body={"ignore_eos": True,
+                                                      "return_tokens_as_token_ids": True, **extra})
+            via = [int(t.split(":", 1)[1]) for t in r.choices[0].logprobs.tokens]
+            direct = g.generate(ids, max_tokens=24, ignore_eos=True, **fields, **extra)
+            assert via == direct.token_ids, v
+            got.append(tuple(via))
+    for v, ids_of_v in zip(VARIANTS[1:], got[1:]):
+        assert ids_of_v != got[0], f"{v} did not change the sample"
+
+
 def test_logprobs(client, live):
     r = client.chat.completions.create(model=live.name, messages=HI, max_tokens=6, temperature=0,
                                        logprobs=True, top_logprobs=3)
@@ -248,6 +286,10 @@ def test_logprobs(client, live):
     ({"messages": HI, "max_tokens": 0}, 400, "max_tokens"),
     ({"messages": []}, 400, "messages"),
     ({"messages": HI, "max_tokens": 100000}, 400, "max_tokens"),
+    ({"messages": HI, "max_completion_tokens": 0}, 400, "max_completion_tokens"),
+    ({"messages": HI, "max_completion_tokens": 100000}, 400, "max_completion_tokens"),
+    ({"messages": HI, "top_p": 1.5}, 400, "top_p"),
+    ({"messages": HI, "top_k": -2}, 400, "top_k"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages"),
     ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
 ])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import filecmp
 import json
 import random
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -57,7 +58,17 @@ def family_dir(request, tmp_path_factory) -> Path:
 
 
 def test_package_version():
-    assert exl3serve_client.__version__ == "0.1.0"
+    """The package's version is the project's (CMakeLists.txt's project VERSION), in its metadata
+    (pyproject.toml) and its module alike."""
+    from importlib.metadata import version
+    project = re.search(r"^project\(exl3serve VERSION ([0-9.]+)",
+                        (ROOT / "CMakeLists.txt").read_text(), re.M)
+    assert project, "CMakeLists.txt names no project VERSION"
+    assert exl3serve_client.__version__ == project.group(1)
+    assert version("exl3serve") == project.group(1)
+    pyproject = re.search(r'^version = "([0-9.]+)"',
+                          (ROOT / "clients/python/pyproject.toml").read_text(), re.M)
+    assert pyproject and pyproject.group(1) == project.group(1)
 
 
 def test_stubs_in_step_with_proto(tmp_path):

@@ -253,7 +253,8 @@ class Frontend:
         return [s for s in stops if s]
 
     def _job(self, body: _Sampling, endpoint: str, chat: bool, prompt_ids: list[int],
-             max_tokens: Optional[int], logprobs: Optional[int]) -> Job:
+             max_tokens: Optional[int], logprobs: Optional[int],
+             max_tokens_param: str = "max_tokens") -> Job:
         if not prompt_ids:
             raise APIError(400, "the prompt is empty", param="prompt")
         ctx = self.max_context()
@@ -268,7 +269,7 @@ class Frontend:
                            f"you requested {len(prompt_ids) + max_tokens} tokens "
                            f"({len(prompt_ids)} in the prompt, {max_tokens} for the completion). "
                            "Please reduce the length of the prompt or the completion.",
-                           param="max_tokens", code="context_length_exceeded")
+                           param=max_tokens_param, code="context_length_exceeded")
         temperature = 1.0 if body.temperature is None else body.temperature
         seed = None if body.seed is None else body.seed & 0xFFFFFFFFFFFFFFFF
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -337,7 +338,8 @@ class Frontend:
             raise APIError(400, f"chat template: {e}", param="messages") from None
         max_tokens = body.max_completion_tokens or body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        return self._job(body, "chat_completions", True, ids, max_tokens, logprobs)
+        return self._job(body, "chat_completions", True, ids, max_tokens, logprobs,
+                         "max_completion_tokens" if body.max_completion_tokens else "max_tokens")
 
     # ---- running it ------------------------------------------------------------------------
     async def pieces(self, job: Job, call: grpc.aio.UnaryStreamCall,
