@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import signal
 import subprocess
 import time
 from urllib.parse import urlparse
@@ -484,5 +485,34 @@ def test_two_front_ends_one_engine(live, tmp_path):
                  .completions.create(model=live.name, prompt="Same", max_tokens=10,
                                      temperature=0).choices[0].text for u in (live.url, url)]
         assert texts[0] == texts[1]
+    finally:
+        fe.stop()
+
+
+def test_front_end_restart_keeps_nothing(live, tmp_path):
+    """A front end holds nothing a restart would lose but its open requests: killed with a stream
+    open, it leaves no request in the engine (its channel's calls end with it), and a new one on
+    the same address answers as the old one did."""
+    running = lambda: stack.metric(live.engine_metrics, "exl3_engine_num_requests_running")  # noqa: E731
+    kv = lambda: stack.metric(live.engine_metrics, "exl3_engine_kv_cache_usage_ratio")  # noqa: E731
+    port = stack.free_port()
+    fe, url = stack.start_frontend(live.engine, live.model, tmp_path, port=port)
+    try:
+        c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
+        ask = lambda: c.completions.create(model=live.name, prompt="Restart", max_tokens=10,  # noqa: E731
+                                           temperature=0).choices[0].text
+        before = ask()
+        held = c.completions.create(model=live.name, prompt="long", max_tokens=3000,
+                                    temperature=0, stream=True, extra_body={"ignore_eos": True})
+        assert next(iter(held)).choices
+        assert stack.wait_until(lambda: (running() or 0) >= 1, 5)
+        fe.stop(signal.SIGKILL)
+        held.close()
+        assert stack.wait_until(lambda: running() == 0 and kv() == 0, 10), \
+            "the killed front end's engine request still runs"
+        fe, again = stack.start_frontend(live.engine, live.model, tmp_path, port=port)
+        assert again == url
+        assert ask() == before
+        assert [m.id for m in c.models.list().data] == [live.name]
     finally:
         fe.stop()
