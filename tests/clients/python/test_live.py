@@ -414,7 +414,7 @@ def test_engine_restart_503_then_recovers(build_dir, model, tmp_path, workers):
         router.stop()
         with pytest.raises(openai.APIStatusError) as e:
             c.completions.create(model=model.name, prompt="a", max_tokens=2)
-        assert e.value.status_code == 503
+        _expect_openai_error(e.value, 503, "service_unavailable", "engine_unavailable")
         assert stack.wait_until(lambda: health() == 503, 5)
         router, _, _ = stack.start_router(build_dir, model, tmp_path, port=port)
 
@@ -436,6 +436,16 @@ def test_generate_client_errors(live):
         with pytest.raises(RequestError) as e:
             g.generate([1, 2], max_tokens=0)
         assert e.value.code.name == "INVALID_ARGUMENT"
+
+
+def _expect_openai_error(exc: openai.APIStatusError, status: int, type_: str, code: str) -> None:
+    """The answer was `status` with OpenAI's error body: {"error": {message, type, param, code}}."""
+    assert exc.status_code == status
+    body = exc.response.json()
+    assert set(body) == {"error"}, body
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}, err
+    assert err["message"] and err["type"] == type_ and err["code"] == code, err
 
 
 def _post(live, path: str, body: str) -> tuple[int, str]:
@@ -462,15 +472,17 @@ def test_overload_429_and_timeout_504(build_dir, model, tmp_path):
         held = c.completions.create(stream=True, **long)
         first = next(iter(held))          # the engine holds this one now
         assert first.choices
-        with pytest.raises(openai.RateLimitError):
+        with pytest.raises(openai.RateLimitError) as e:
             c.completions.create(model=model.name, prompt="b", max_tokens=2)
+        _expect_openai_error(e.value, 429, "rate_limit_error", "overloaded")
+        assert "max_pending_requests" in e.value.response.json()["error"]["message"]
         with pytest.raises(openai.APIError) as e:  # the held stream hits the deadline
             for _ in held:
                 pass
         assert "timed out" in str(e.value)
         with pytest.raises(openai.APIStatusError) as e:
             c.completions.create(**long)
-        assert e.value.status_code == 504
+        _expect_openai_error(e.value, 504, "timeout", "timeout")
     finally:
         fe.stop()
         router.stop()
