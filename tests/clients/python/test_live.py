@@ -511,8 +511,10 @@ def test_front_end_restart_keeps_nothing(live, tmp_path):
     fe, url = stack.start_frontend(live.engine, live.model, tmp_path, port=port)
     try:
         c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
-        ask = lambda: c.completions.create(model=live.name, prompt="Restart", max_tokens=10,  # noqa: E731
-                                           temperature=0).choices[0].text
+
+        def ask() -> str:
+            return c.completions.create(model=live.name, prompt="Restart", max_tokens=10,
+                                        temperature=0).choices[0].text
         before = ask()
         held = c.completions.create(model=live.name, prompt="long", max_tokens=3000,
                                     temperature=0, stream=True, extra_body={"ignore_eos": True})

@@ -274,6 +274,34 @@ class GenerateSystemTest(unittest.TestCase):
         for call in held:
             self.assertEqual(1 + sum(len(m.tokens) for m in call), 50)
 
+    def test_token_budget_and_long_prefill_threshold(self):
+        """--max-num-batched-tokens caps the tokens of every step and --long-prefill-token-threshold
+        each prompt's chunk (exl3_engine_step_tokens); the tokens are those of a router without
+        either."""
+        r = self.c.start_router(with_map=False, extra=["--max-num-batched-tokens", "6",
+                                                        "--long-prefill-token-threshold", "4"])
+        channel = grpc.insecure_channel(r.address)
+        self.addCleanup(channel.close)
+        stub = pbg.GeneratorStub(channel)
+
+        def steps(le):
+            text = urllib.request.urlopen(f"http://{r.metrics}/metrics", timeout=5).read().decode()
+            series = rf'exl3_engine_step_tokens_bucket{{le="{re.escape(le)}(?:\.0*)?"}}'
+            m = re.search(rf"^{series} (\S+)$", text, re.M)
+            return float(m.group(1))
+
+        # Alone: the 31-token prompt in chunks of at most 4 (8 steps), then 11 decode steps.
+        self.assertEqual(generate(stub, PROMPTS[1])[0], self.expected[1][0])
+        self.assertGreaterEqual(steps("+Inf"), 8 + 11)
+        self.assertEqual(steps("4"), steps("+Inf"))
+        # Together: decode tokens and prompt chunks share each step's 6 tokens.
+        with concurrent.futures.ThreadPoolExecutor(4) as ex:
+            got = list(ex.map(lambda p: generate(stub, p), PROMPTS))
+        for g, want in zip(got, self.expected):
+            self.assertEqual(g[0], want[0])
+        self.assertEqual(steps("8"), steps("+Inf"))
+        self.assertGreater(steps("+Inf"), steps("4"))  # some steps carried 5 or 6 tokens
+
     def test_kv_capacity_in_bytes(self):
         """--kv-cache-bytes sizes the cache from the model's bytes per token (fp32 keys and values
         of every layer) in whole blocks of 16; DescribeModel states the tokens it came to, and a
