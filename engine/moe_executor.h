@@ -18,6 +18,12 @@ class MoeCall {
   virtual absl::Status Wait() = 0;
 };
 
+// Where an executor's time went since its last TakeStageTimes: choosing the experts (the gate's
+// logits and routing) and running them (routed and shared experts, their weighted sum).
+struct MoeStageTimes {
+  double gate_s = 0, experts_s = 0;
+};
+
 class MoeExecutor {
  public:
   virtual ~MoeExecutor() = default;
@@ -31,6 +37,9 @@ class MoeExecutor {
   // default runs Forward at once.
   virtual std::unique_ptr<MoeCall> Start(int layer, const float* x, int num_tokens,
                                          const int32_t* token_ids, float* y);
+  // The stage times since the last call, and zeros them. Executors whose stages run elsewhere
+  // report none (the router core has its own per-stage metrics: docs/metrics.md, "Router").
+  virtual MoeStageTimes TakeStageTimes() { return {}; }
 };
 
 }  // namespace exl3::engine

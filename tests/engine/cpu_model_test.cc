@@ -239,6 +239,33 @@ TEST(CpuModelMoeCalls, EachMoeLayerOfAStepIsOneCallCarryingAllOfItsTokens) {
   }
 }
 
+// With the experts in process (LocalMoe) a step's MoE time is split into its stages: choosing the
+// experts and running them, both within the step's MoE phase. An executor that reports no stages
+// (the workers' path) leaves them zero.
+TEST(CpuModelMoeStages, InProcessExpertsReportGateAndExpertTime) {
+  const std::string dir = "tests/fixtures/engine/glm4_moe_all";
+  CpuModelOptions o;
+  o.num_threads = 1;
+  auto model = CpuModel::Open(dir, o);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<int32_t> prompt = RandomPrompt(21, (*model)->info().vocab_size, 9);
+  ASSERT_TRUE(testing::RunGreedy(**model, {prompt}, 2, 100).ok());
+  const StepPhaseTimes t = (*model)->LastPhaseTimes();
+  EXPECT_GT(t.moe_gate_s, 0);
+  EXPECT_GT(t.moe_experts_s, 0);
+  EXPECT_LE(t.moe_gate_s + t.moe_experts_s, t.moe_s);
+
+  CpuCompute compute(1);
+  auto local = LocalMoe::Open(dir, compute);
+  ASSERT_TRUE(local.ok()) << local.status();
+  auto wrapped = CpuModel::Open(dir, o, std::make_unique<CountingMoe>(std::move(*local)));
+  ASSERT_TRUE(wrapped.ok()) << wrapped.status();
+  ASSERT_TRUE(testing::RunGreedy(**wrapped, {prompt}, 2, 100).ok());
+  EXPECT_GT((*wrapped)->LastPhaseTimes().moe_s, 0);
+  EXPECT_EQ((*wrapped)->LastPhaseTimes().moe_gate_s, 0);
+  EXPECT_EQ((*wrapped)->LastPhaseTimes().moe_experts_s, 0);
+}
+
 // Linear layers, embeddings and norms stored as fp32 or fp16 instead of the fixture's bf16: fp32
 // (exact copies of the bf16 values) gives the same logits bit for bit; the projections in fp16
 // (bf16 values rounded to fp16) give the same logits within rounding.

@@ -302,6 +302,30 @@ class GenerateSystemTest(unittest.TestCase):
         self.assertEqual(steps("8"), steps("+Inf"))
         self.assertGreater(steps("+Inf"), steps("4"))  # some steps carried 5 or 6 tokens
 
+    def test_moe_stages_in_process(self):
+        """With the experts in process the MoE phase of each step is split into its stages: the
+        gate and the experts, together within the phase's own time."""
+        def sums():
+            text = urllib.request.urlopen(f"http://{self.embedded.metrics}/metrics",
+                                          timeout=5).read().decode()
+
+            def get(series):
+                return float(re.search(rf"^{re.escape(series)} (\S+)$", text, re.M).group(1))
+            return (get('exl3_engine_moe_stage_seconds_sum{stage="gate"}'),
+                    get('exl3_engine_moe_stage_seconds_sum{stage="experts"}'),
+                    get('exl3_engine_moe_stage_seconds_count{stage="gate"}'),
+                    get('exl3_engine_step_phase_seconds_sum{phase="moe"}'),
+                    get('exl3_engine_step_phase_seconds_count{phase="moe"}'))
+        before = sums()
+        generate(self.stub, PROMPTS[1])
+        # One observation per step, as the phases (the last step's may still be on its way).
+        wait_for(lambda: (lambda v: v[2] == v[4] > before[4])(sums()), 5,
+                 "as many stage observations as steps")
+        gate, experts, _, moe, _ = (a - b for a, b in zip(sums(), before))
+        self.assertGreater(gate, 0)
+        self.assertGreater(experts, 0)
+        self.assertLessEqual(gate + experts, moe)
+
     def test_kv_capacity_in_bytes(self):
         """--kv-cache-bytes sizes the cache from the model's bytes per token (fp32 keys and values
         of every layer) in whole blocks of 16; DescribeModel states the tokens it came to, and a
@@ -350,6 +374,8 @@ class GenerateSystemTest(unittest.TestCase):
             return float(m.group(1)) if m else None
 
         def series_of(name, kind):
+            if name == "exl3_engine_moe_stage_seconds":
+                return [f'{name}_count{{stage="{s}"}}' for s in ("gate", "experts")]
             if kind == "histogram":
                 return [f"{name}_count"] if name != "exl3_engine_step_phase_seconds" else [
                     f'{name}_count{{phase="{p}"}}' for p in
@@ -431,6 +457,9 @@ class GenerateSystemTest(unittest.TestCase):
             self.assertEqual(tokens, want[0])
             for a, b in zip(logprobs, want[3]):
                 self.assertAlmostEqual(a, b, delta=1e-3)
+        # The MoE stages are the router core's then, not the engine's in-process ones.
+        self.assertEqual(scrape(r.metrics, "exl3_engine_moe_stage_seconds_count"), 0)
+        self.assertGreater(scrape(r.metrics, "exl3_router_layer_latency_seconds_count"), 0)
 
         # b (replicated by b2) killed under load: every request completes with the same tokens.
         with concurrent.futures.ThreadPoolExecutor(4) as ex:
