@@ -62,6 +62,21 @@ def test_chat_streaming_equals_not_streaming(client, live):
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_completions_stream_usage_only_when_asked(client, live):
+    """stream_options.include_usage on /v1/completions: a last chunk with no choices and the usage
+    of the whole answer, every other chunk usage null; without it, no usage at all."""
+    kw = dict(model=live.name, prompt="Usage", max_tokens=10, temperature=0, stream=True,
+              extra_body={"ignore_eos": True})
+    chunks = list(client.completions.create(stream_options={"include_usage": True}, **kw))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+    assert chunks[-1].usage.total_tokens == chunks[-1].usage.prompt_tokens + 10
+    assert all(c.usage is None for c in chunks[:-1])
+    plain = list(client.completions.create(**kw))
+    assert all(c.usage is None for c in plain) and plain[-1].choices[0].finish_reason == "length"
+    assert "".join(c.choices[0].text for c in plain) == \
+        "".join(c.choices[0].text for c in chunks if c.choices)
+
+
 def test_greedy_tokens_equal_direct_generate(client, live, tok):
     """Greedy text through the front end equals decode of a direct Generate call's token ids."""
     with GenerateClient(live.engine) as g:
