@@ -9,6 +9,7 @@ import random
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,16 @@ def test_package_version():
     pyproject = re.search(r'^version = "([0-9.]+)"',
                           (ROOT / "clients/python/pyproject.toml").read_text(), re.M)
     assert pyproject and pyproject.group(1) == project.group(1)
+
+
+def test_type_hints_hold(tmp_path):
+    """The package's type hints are checked: mypy (pinned in scripts/checks/frontend/requirements.txt)
+    over its sources with clients/python/pyproject.toml's [tool.mypy] finds nothing."""
+    r = subprocess.run([sys.executable, "-m", "mypy", "--config-file", "pyproject.toml",
+                        "--cache-dir", str(tmp_path / "mypy-cache")], cwd=ROOT / "clients/python",
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "no issues found" in r.stdout
 
 
 def test_stubs_in_step_with_proto(tmp_path):
