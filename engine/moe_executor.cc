@@ -19,4 +19,9 @@ std::unique_ptr<MoeCall> MoeExecutor::Start(int layer, const float* x, int num_t
   return std::make_unique<FinishedCall>(Forward(layer, x, num_tokens, token_ids, y));
 }
 
+std::unique_ptr<MoeCall> MoeExecutor::StartRouted(int layer, const float* x, int num_tokens,
+                                                  const MoeRouting& /*routing*/, float* y) {
+  return Start(layer, x, num_tokens, /*token_ids=*/nullptr, y);
+}
+
 }  // namespace exl3::engine

@@ -18,6 +18,14 @@ class MoeCall {
   virtual absl::Status Wait() = 0;
 };
 
+// The experts a call's tokens use, chosen by the caller's own gate (the GPU engine gates on the
+// device): ids and weights [num_tokens, k], row-major, as the model's routing function gave them.
+struct MoeRouting {
+  int k = 0;
+  const int32_t* ids = nullptr;
+  const float* weights = nullptr;
+};
+
 // Where an executor's time went since its last TakeStageTimes: choosing the experts (the gate's
 // logits and routing) and running them (routed and shared experts, their weighted sum).
 struct MoeStageTimes {
@@ -37,6 +45,11 @@ class MoeExecutor {
   // default runs Forward at once.
   virtual std::unique_ptr<MoeCall> Start(int layer, const float* x, int num_tokens,
                                          const int32_t* token_ids, float* y);
+  // Start with the experts already chosen (`routing`, which must stay valid until the call is
+  // waited for), so the executor runs no gate of its own. The default gates as Start does: the
+  // executors in this process compute the same routing function on the same hidden states.
+  virtual std::unique_ptr<MoeCall> StartRouted(int layer, const float* x, int num_tokens,
+                                               const MoeRouting& routing, float* y);
   // The stage times since the last call, and zeros them. Executors whose stages run elsewhere
   // report none (the router core has its own per-stage metrics: docs/metrics.md, "Router").
   virtual MoeStageTimes TakeStageTimes() { return {}; }

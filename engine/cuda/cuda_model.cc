@@ -80,7 +80,8 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Open(const std::string& di
   if (m->remote_moe_ != nullptr) {
     m->micro_batches_ = options.micro_batches;
     EXL3_ASSIGN_OR_RETURN(m->exchange_,
-                          RemoteMoeExchange::Create(m->remote_moe_.get(), m->micro_batches_, m->cfg_.hidden_size));
+                          RemoteMoeExchange::Create(m->remote_moe_.get(), m->micro_batches_, m->cfg_.hidden_size,
+                                                    m->cfg_.moe.top_k));
   }
   m->max_moe_tokens_ = options.max_moe_tokens;
   m->graphs_enabled_ = options.cuda_graphs;
@@ -128,9 +129,10 @@ absl::Status CudaModel::Load(const std::string& dir) {
   EXL3_RETURN_IF_ERROR(embedding_.Upload(emb.data, emb.size_bytes()));
   weight_bytes_.embedding_row = static_cast<int64_t>(emb.size_bytes() / cfg_.vocab_size);
 
-  // In-process experts: every routed and shared expert and the routers (the gate runs here).
+  // The routers (the gate runs on this GPU either way) and, in process, every routed and shared
+  // expert. Remote experts get each micro-batch's top-k with its hidden states.
   std::unique_ptr<Exl3Model> experts;
-  if (remote_moe_ == nullptr) {
+  if (cfg_.moe.num_experts > 0) {
     Exl3ModelOptions opt;
     opt.require_exl3 = false;
     EXL3_ASSIGN_OR_RETURN(experts, Exl3Model::Open(dir, opt));
@@ -176,10 +178,10 @@ absl::Status CudaModel::Load(const std::string& dir) {
       continue;
     }
     MoeBlock moe;
-    if (experts != nullptr) {
-      EXL3_ASSIGN_OR_RETURN(moe.router, CudaLinear::UploadDense(experts->RouterWeight(l), H, mc.num_experts));
-      weight_bytes_.router += moe.router.weight_bytes();
-      if (const float* bias = experts->CorrectionBias(l)) EXL3_RETURN_IF_ERROR(moe.bias.Upload(bias, mc.num_experts));
+    EXL3_ASSIGN_OR_RETURN(moe.router, CudaLinear::UploadDense(experts->RouterWeight(l), H, mc.num_experts));
+    weight_bytes_.router += moe.router.weight_bytes();
+    if (const float* bias = experts->CorrectionBias(l)) EXL3_RETURN_IF_ERROR(moe.bias.Upload(bias, mc.num_experts));
+    if (remote_moe_ == nullptr) {
       EXL3_ASSIGN_OR_RETURN(MoeLayerView view, experts->LayerView(l));
       EXL3_ASSIGN_OR_RETURN(moe.experts, exl3::cuda::DeviceMoeLayer::Upload(view));
       weight_bytes_.experts_resident += static_cast<int64_t>(moe.experts->device_bytes());
@@ -436,14 +438,26 @@ absl::Status CudaModel::RunAttention(int l, int first, int T) {
   return L.o.Forward(act_.attn.get() + r * NH * D, T, act_.d.get() + r * cfg_.hidden_size, ctx_);
 }
 
+MoeRouting CudaModel::DeviceRouting(int first) const {
+  const size_t k = static_cast<size_t>(cfg_.moe.top_k), r = static_cast<size_t>(first);
+  return MoeRouting{cfg_.moe.top_k, act_.topk_ids.get() + r * k, act_.topk_weights.get() + r * k};
+}
+
+absl::Status CudaModel::RouteRows(int l, int first, int n) {
+  const MoeBlock& moe = *layers_[l].moe;
+  const size_t r = static_cast<size_t>(first);
+  float* logits = act_.router_logits.get() + r * cfg_.moe.num_experts;
+  const size_t k = static_cast<size_t>(cfg_.moe.top_k);
+  EXL3_RETURN_IF_ERROR(moe.router.Forward(act_.x.get() + r * cfg_.hidden_size, n, logits, ctx_));
+  return RouteOnDevice(gate_, logits, moe.bias.empty() ? nullptr : moe.bias.get(), n, act_.topk_ids.get() + r * k,
+                       act_.topk_weights.get() + r * k, stream_);
+}
+
 absl::Status CudaModel::RunMoe(int l, int T) {
   MoeBlock& moe = *layers_[l].moe;
   const int H = cfg_.hidden_size;
   const int k = cfg_.moe.top_k;
-  EXL3_RETURN_IF_ERROR(moe.router.Forward(act_.x.get(), T, act_.router_logits.get(), ctx_));
-  EXL3_RETURN_IF_ERROR(RouteOnDevice(gate_, act_.router_logits.get(),
-                                     moe.bias.empty() ? nullptr : moe.bias.get(), T, act_.topk_ids.get(),
-                                     act_.topk_weights.get(), stream_));
+  EXL3_RETURN_IF_ERROR(RouteRows(l, 0, T));
   EXL3_RETURN_IF_ERROR(moe_runner_->Rebind(*moe.experts));
   for (int t0 = 0; t0 < T; t0 += max_moe_tokens_) {
     const int n = std::min(max_moe_tokens_, T - t0);
@@ -547,8 +561,11 @@ absl::Status CudaModel::RunRemoteLayers(const int32_t* host_token_ids) {
       if (layers_[l].dense_mlp) {
         EXL3_RETURN_IF_ERROR(RunDenseMlp(l, mb.first_token, mb.num_tokens));
       } else {
+        // The gate on this GPU: the workers get the micro-batch's top-k with its hidden states.
         const size_t first = static_cast<size_t>(mb.first_token);
-        EXL3_RETURN_IF_ERROR(exchange_->Send(i, l, act_.x.get() + first * H,
+        EXL3_RETURN_IF_ERROR(RouteRows(l, mb.first_token, mb.num_tokens));
+        const MoeRouting routing = DeviceRouting(mb.first_token);
+        EXL3_RETURN_IF_ERROR(exchange_->Send(i, l, act_.x.get() + first * H, &routing,
                                              host_token_ids != nullptr ? host_token_ids + first : nullptr, stream_));
       }
     }

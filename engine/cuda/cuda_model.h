@@ -196,6 +196,10 @@ class CudaModel final : public ModelRunner {
   // Attention of layer l for rows [first, first + n) of the step (a micro-batch, or all of it).
   absl::Status RunAttention(int l, int first, int n);
   absl::Status RunMoe(int l, int num_tokens);  // in-process experts
+  // The gate of layer l on the device for rows [first, first + n): their router logits, then their
+  // top-k into act_.topk_ids / topk_weights (DeviceRouting(first) points at them).
+  absl::Status RouteRows(int l, int first, int n);
+  MoeRouting DeviceRouting(int first) const;
   // Copies the first `rows` logit rows to the host or samples them (`out`), waits for the step,
   // collects its phase times.
   absl::Status FinishStep(int rows, const StepOutput& out);

@@ -26,12 +26,14 @@ absl::StatusOr<double> ElapsedSeconds(void* begin, void* end) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RemoteMoeExchange>> RemoteMoeExchange::Create(MoeExecutor* executor,
-                                                                              int micro_batches, int hidden) {
+                                                                              int micro_batches, int hidden,
+                                                                              int top_k) {
   if (executor == nullptr) return absl::InvalidArgumentError("remote MoE exchange without an executor");
   if (micro_batches < 1 || micro_batches > 2)
     return absl::InvalidArgumentError(absl::StrCat("micro_batches must be 1 or 2, not ", micro_batches));
   if (hidden < 1) return absl::InvalidArgumentError("remote MoE exchange: hidden size must be positive");
-  std::unique_ptr<RemoteMoeExchange> ex(new RemoteMoeExchange(executor, hidden));
+  if (top_k < 0) return absl::InvalidArgumentError("remote MoE exchange: top_k must not be negative");
+  std::unique_ptr<RemoteMoeExchange> ex(new RemoteMoeExchange(executor, hidden, top_k));
   cudaStream_t s;
   EXL3_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   ex->to_host_stream_ = s;
@@ -84,6 +86,7 @@ absl::Status RemoteMoeExchange::BeginStep(const std::vector<int>& rows) {
     const size_t n = static_cast<size_t>(s.rows) * hidden_;
     EXL3_RETURN_IF_ERROR(s.x.Reserve(n));
     EXL3_RETURN_IF_ERROR(s.y.Reserve(n));
+    EXL3_RETURN_IF_ERROR(s.routing.Reserve(2 * static_cast<size_t>(s.rows) * top_k_));
   }
   times_ = RemoteExchangeTimes{};
   return absl::OkStatus();
@@ -95,8 +98,8 @@ absl::Status RemoteMoeExchange::CheckMicroBatch(int m) const {
   return absl::OkStatus();
 }
 
-absl::Status RemoteMoeExchange::Send(int m, int layer, const float* device_x, const int32_t* host_token_ids,
-                                     void* compute) {
+absl::Status RemoteMoeExchange::Send(int m, int layer, const float* device_x, const MoeRouting* device_routing,
+                                     const int32_t* host_token_ids, void* compute) {
   EXL3_RETURN_IF_ERROR(CheckMicroBatch(m));
   Slot& s = *slots_[m];
   if (s.state != State::kIdle)
@@ -109,12 +112,26 @@ absl::Status RemoteMoeExchange::Send(int m, int layer, const float* device_x, co
   EXL3_CUDA_RETURN_IF_ERROR(cudaEventRecord(Event(s.to_host_begin), Stream(to_host_stream_)));
   EXL3_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(s.x.get(), device_x, bytes, cudaMemcpyDeviceToHost, Stream(to_host_stream_)));
+  if (device_routing != nullptr) {
+    if (device_routing->k != top_k_)
+      return absl::InvalidArgumentError(absl::StrCat("routing of ", device_routing->k, " experts per token for an ",
+                                                     "exchange staged for ", top_k_));
+    const size_t n = static_cast<size_t>(s.rows) * top_k_;
+    int32_t* ids = reinterpret_cast<int32_t*>(s.routing.get());
+    float* weights = s.routing.get() + n;
+    EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ids, device_routing->ids, n * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                              Stream(to_host_stream_)));
+    EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(weights, device_routing->weights, n * sizeof(float),
+                                              cudaMemcpyDeviceToHost, Stream(to_host_stream_)));
+    s.host_routing = MoeRouting{top_k_, ids, weights};
+  }
   EXL3_CUDA_RETURN_IF_ERROR(cudaEventRecord(Event(s.to_host_end), Stream(to_host_stream_)));
   EXL3_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(Event(s.to_host_end)));
   EXL3_ASSIGN_OR_RETURN(const double t, ElapsedSeconds(s.to_host_begin, s.to_host_end));
   times_.to_host_s += t;
   s.started_at = Now();
-  s.call = executor_->Start(layer, s.x.get(), s.rows, host_token_ids, s.y.get());
+  s.call = device_routing != nullptr ? executor_->StartRouted(layer, s.x.get(), s.rows, s.host_routing, s.y.get())
+                                     : executor_->Start(layer, s.x.get(), s.rows, host_token_ids, s.y.get());
   s.state = State::kInFlight;
   return absl::OkStatus();
 }

@@ -39,8 +39,9 @@ struct RemoteExchangeTimes {
 class RemoteMoeExchange {
  public:
   // `executor` must outlive the exchange. micro_batches: 1 or 2.
+  // top_k: the model's experts per token (the routing staging's width; 0 when never routed here).
   static absl::StatusOr<std::unique_ptr<RemoteMoeExchange>> Create(MoeExecutor* executor, int micro_batches,
-                                                                   int hidden_size);
+                                                                   int hidden_size, int top_k);
   ~RemoteMoeExchange();  // waits for calls and copies in flight
   RemoteMoeExchange(const RemoteMoeExchange&) = delete;
   RemoteMoeExchange& operator=(const RemoteMoeExchange&) = delete;
@@ -52,9 +53,12 @@ class RemoteMoeExchange {
   absl::Status BeginStep(const std::vector<int>& rows);
   // Micro-batch m's layer `layer`: copies x [rows, hidden] (device memory, written by work already
   // queued on `compute`) to its staging, waits for that copy (and so for the work before it) and
-  // starts the call (MoeExecutor::Start). host_token_ids [rows] (or null) must stay valid until
-  // Finish.
-  absl::Status Send(int m, int layer, const float* device_x, const int32_t* host_token_ids, void* compute);
+  // starts the call. With `device_routing` (the device gate's top-k of these rows, device memory)
+  // its ids and weights come along in the same copy and the call is MoeExecutor::StartRouted (the
+  // executor gates nothing); without, MoeExecutor::Start with host_token_ids [rows] (or null),
+  // which must stay valid until Finish.
+  absl::Status Send(int m, int layer, const float* device_x, const MoeRouting* device_routing,
+                    const int32_t* host_token_ids, void* compute);
   // Waits for m's call, queues the copy of its answer to device_y [rows, hidden] and makes
   // `compute` wait for that copy (device-side).
   absl::Status Finish(int m, float* device_y, void* compute);
@@ -69,6 +73,9 @@ class RemoteMoeExchange {
     State state = State::kIdle;
     int layer = -1, rows = 0;
     PinnedBuffer x, y;  // staging: out [rows, hidden], answer [rows, hidden]
+    // The routing's staging: ids [rows, k] (int32 bits), then weights [rows, k]; its host view.
+    PinnedBuffer routing;
+    MoeRouting host_routing;
     // cudaEvent_t: x ready on the compute stream; the copies' ends (the host and the compute
     // stream wait on these) and starts (timing only).
     void* x_ready = nullptr;
@@ -81,12 +88,14 @@ class RemoteMoeExchange {
     double started_at = 0;  // host clock, seconds
   };
 
-  RemoteMoeExchange(MoeExecutor* executor, int hidden) : executor_(executor), hidden_(hidden) {}
+  RemoteMoeExchange(MoeExecutor* executor, int hidden, int top_k)
+      : executor_(executor), hidden_(hidden), top_k_(top_k) {}
   absl::Status CheckMicroBatch(int m) const;
   absl::Status CollectToDeviceTime(Slot& s);
 
   MoeExecutor* executor_;
   int hidden_;
+  int top_k_;
   std::vector<std::unique_ptr<Slot>> slots_;  // by micro-batch (a Slot does not move: pinned buffers)
   void* to_host_stream_ = nullptr;    // cudaStream_t
   void* to_device_stream_ = nullptr;  // cudaStream_t

@@ -2,7 +2,8 @@
 # On the GPU machine: the GPU engine (engine/cuda/) in one go. Writes logs to $OUT (or ./gpu-out):
 #   1. engine_cuda_model_test and engine_cuda_latent_attention_test: the kernels against the CPU
 #      references and whole models (tests/fixtures/engine) against the CPU engine and transformers;
-#   2. compute-sanitizer memcheck and racecheck on one fixture's generation;
+#   2. compute-sanitizer: memcheck on a GQA and a GLM-MoE-DSA fixture's generation, racecheck on
+#      the kernel tests and one short generation;
 #   3. a synthetic model with GLM-4.5-Air's shapes (dense intermediate 11008: 10944 rounded up to EXL3's
 #      multiple of 128; ENGINE_LAYERS layers, default 6: the first
 #      dense) and exl3-engine-bench on it: time to first token, decode tokens/s at batch 1..64
@@ -49,20 +50,22 @@ if want test; then
   grep -E "^(latent|indexer|layer) |chose different|FAILED|Failure|error|PASSED" "$OUT/latent-test.log" | head -300
 fi
 if want sanitize && command -v compute-sanitizer > /dev/null; then
-  echo "=== compute-sanitizer (one fixture's generation)"
-  # A GQA fixture, then GLM-MoE-DSA's (latent attention, the indexer and its top-k).
-  for filter in GqaFamilies/CudaModelFixtureTest.MatchesCpuModelAndTransformers/1 \
-                LatentFamilies/CudaModelFixtureTest.MatchesCpuModelAndTransformers/3; do
-    family=${filter%%/*}
-    for tool in memcheck racecheck; do
-      log="$OUT/engine-sanitizer-$tool-$family.log"
-      timeout ${SANITIZE_TIMEOUT:-60} compute-sanitizer --tool $tool --error-exitcode 3 "$BIN"/engine_cuda_model_test \
-        --gtest_filter="$filter" > "$log" 2>&1
-      rc=$?
-      echo "$family $tool exit $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
-      [ "$rc" = 0 ] || grep -E "error|Error|ERROR|FAIL|Invalid" "$log" | grep -v SUMMARY | head -8
-    done
-  done
+  echo "=== compute-sanitizer"
+  # memcheck: a GQA fixture's generation, then GLM-MoE-DSA's (latent attention, the indexer and its
+  # top-k). racecheck (far slower): the kernel tests and one short generation (12 steps of two
+  # sequences through glm4_moe_all), then the latent and indexer kernels.
+  sanitize() {  # sanitize TOOL NAME BINARY FILTER
+    local log="$OUT/engine-sanitizer-$1-$2.log"
+    timeout ${SANITIZE_TIMEOUT:-240} compute-sanitizer --tool $1 --error-exitcode 3 "$BIN"/$3 \
+      --gtest_filter="$4" > "$log" 2>&1
+    local rc=$?
+    echo "$2 $1 exit $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
+    [ "$rc" = 0 ] || grep -E "error|Error|ERROR|FAIL|Invalid" "$log" | grep -v SUMMARY | head -8
+  }
+  sanitize memcheck gqa-generation engine_cuda_model_test 'GqaFamilies/CudaModelFixtureTest.MatchesCpuModelAndTransformers/1'
+  sanitize memcheck dsa-generation engine_cuda_model_test 'LatentFamilies/CudaModelFixtureTest.MatchesCpuModelAndTransformers/3'
+  sanitize racecheck kernels-and-generation engine_cuda_model_test 'CudaKernelsTest.*:CudaModelTest.ExpertsThroughAnExecutorMatchTheCpuModel'
+  sanitize racecheck latent-kernels engine_cuda_latent_attention_test 'LatentKernelsTest.*'
 fi
 if want bench; then
   echo "=== exl3-engine-bench (GLM-4.5-Air shapes, ${ENGINE_LAYERS:-6} layers)"

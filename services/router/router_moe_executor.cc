@@ -62,6 +62,21 @@ std::unique_ptr<engine::MoeCall> RouterMoeExecutor::Start(int layer, const float
     req.mutable_token_ids()->Reserve(T);
     for (int t = 0; t < T; ++t) req.add_token_ids(token_ids[t]);
   }
+  return Send(std::move(req), T, y);
+}
+
+std::unique_ptr<engine::MoeCall> RouterMoeExecutor::StartRouted(int layer, const float* x, int T,
+                                                                const engine::MoeRouting& routing, float* y) {
+  pb::MoeLayerRequest req = client::MakeLayerRequest(layer, x, T, hidden_, pb::DTYPE_FP32);
+  pb::TopK* topk = req.mutable_topk();
+  topk->set_k(routing.k);
+  const size_t n = static_cast<size_t>(T) * routing.k;
+  topk->mutable_ids()->Add(routing.ids, routing.ids + n);
+  topk->mutable_weights()->Add(routing.weights, routing.weights + n);
+  return Send(std::move(req), T, y);
+}
+
+std::unique_ptr<engine::MoeCall> RouterMoeExecutor::Send(pb::MoeLayerRequest req, int T, float* y) {
   req.set_timeout_us(static_cast<uint64_t>(timeout_.count()) * 1000);
   auto call = std::make_shared<RouterMoeCall>(y, static_cast<size_t>(T) * hidden_);
   const int hidden = hidden_;

@@ -23,8 +23,13 @@ class RouterMoeExecutor final : public engine::MoeExecutor {
   // Returns once the request is sent: the answer comes on the router's threads.
   std::unique_ptr<engine::MoeCall> Start(int layer, const float* x, int num_tokens,
                                          const int32_t* token_ids, float* y) override;
+  // The request carries the caller's top-k (proto TopK): the router core dispatches it as given.
+  std::unique_ptr<engine::MoeCall> StartRouted(int layer, const float* x, int num_tokens,
+                                               const engine::MoeRouting& routing, float* y) override;
 
  private:
+  std::unique_ptr<engine::MoeCall> Send(pb::MoeLayerRequest req, int num_tokens, float* y);
+
   std::unique_ptr<InProcessStream> stream_;
   int hidden_;
   std::chrono::milliseconds timeout_;

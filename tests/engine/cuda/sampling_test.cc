@@ -410,7 +410,10 @@ TEST_P(DeviceSamplingFixtureTest, EngineTokensMatchHostSamplingAndTheCpuEngine) 
   std::printf("model %-20s sampled: device=host sampling %d/%d (worst |dlogprob| %.2e), GPU=CPU engine %d/%d "
               "(worst |dlogprob| %.2e)\n",
               GetParam(), same_as_host, total, worst_host_logprob, same_as_cpu, total, worst_cpu_logprob);
-  EXPECT_LE(worst_host_logprob, 1e-5);
+  // Two runs of the GPU model: the linear kernels add their k-slices' sums with fp32 atomics, so the
+  // logits of two runs differ in their last bits, grown over the layers (measured up to 2.7e-3 in
+  // logprob on glm4_moe_all on the H200); the tokens must still be the same (above).
+  EXPECT_LE(worst_host_logprob, 1e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(GqaFamilies, DeviceSamplingFixtureTest,

@@ -48,6 +48,8 @@ class InProcessRouterTest(unittest.TestCase):
         self.assertEqual(got.get("bad_layer"), "NOT_FOUND", lines)
         self.assertEqual(got.get("bad_shape"), "INVALID_ARGUMENT", lines)
         self.assertEqual(got.get("good"), "OK", lines)
+        self.assertEqual(got.get("routed"), "OK", lines)
+        self.assertEqual(got.get("routed_bad"), "INVALID_ARGUMENT", lines)
         self.assertEqual(got.get("cancel"), "CANCELLED", lines)
         self.assertEqual(got.get("in_flight"), "0", lines)
         self.assertEqual(got.get("close"), "OK", lines)
