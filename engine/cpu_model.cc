@@ -243,6 +243,7 @@ absl::Status CpuModel::FinishMoe(MicroBatch& mb) {
 absl::Status CpuModel::Forward(const StepBatch& batch, float* logits) {
   if (cache_ == nullptr) return absl::FailedPreconditionError("KV cache not allocated");
   times_ = StepPhaseTimes{};
+  (void)moe_->TakeStageTimes();  // what a failed step before this one left
   // Recurrent layers read each chunk's state as the last successful step left it and write the
   // other copy; only the commit below, after every layer, makes those current.
   if (states_ != nullptr) EXL3_RETURN_IF_ERROR(states_->BeginStep(batch));
@@ -302,6 +303,9 @@ absl::Status CpuModel::Forward(const StepBatch& batch, float* logits) {
     out += static_cast<size_t>(rows) * cfg_.vocab_size;
   }
   times_.head_s = Seconds(t0);
+  const MoeStageTimes stages = moe_->TakeStageTimes();
+  times_.moe_gate_s = stages.gate_s;
+  times_.moe_experts_s = stages.experts_s;
   if (states_ != nullptr) states_->CommitStep(batch);
   return absl::OkStatus();
 }

@@ -1,5 +1,6 @@
 #include "engine/local_moe.h"
 
+#include <chrono>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -15,7 +16,15 @@ absl::StatusOr<std::unique_ptr<LocalMoe>> LocalMoe::Open(const std::string& dir,
   return std::unique_ptr<LocalMoe>(new LocalMoe(std::move(m), compute));
 }
 
+MoeStageTimes LocalMoe::TakeStageTimes() {
+  const MoeStageTimes t = times_;
+  times_ = MoeStageTimes{};
+  return t;
+}
+
 absl::Status LocalMoe::Forward(int layer, const float* x, int T, const int32_t* token_ids, float* y) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
   const MoeConfig& cfg = model_->config();
   const int k = cfg.top_k;
   std::vector<int32_t> ids(static_cast<size_t>(T) * k);
@@ -38,9 +47,13 @@ absl::Status LocalMoe::Forward(int layer, const float* x, int T, const int32_t* 
     EXL3_RETURN_IF_ERROR(RouteTokens(cfg, layer, model_->RouterWeight(layer),
                                      model_->CorrectionBias(layer), x, T, ids.data(), weights.data()));
   }
+  const Clock::time_point t1 = Clock::now();
+  times_.gate_s += std::chrono::duration<double>(t1 - t0).count();
   EXL3_ASSIGN_OR_RETURN(MoeLayerView view, model_->LayerView(layer));
-  return compute_.exl3().Moe(view, x, MoeAssignments::Fixed(T, k, ids.data(), weights.data()),
-                             /*include_shared=*/true, y);
+  const absl::Status st = compute_.exl3().Moe(view, x, MoeAssignments::Fixed(T, k, ids.data(), weights.data()),
+                                              /*include_shared=*/true, y);
+  times_.experts_s += std::chrono::duration<double>(Clock::now() - t1).count();
+  return st;
 }
 
 }  // namespace exl3::engine

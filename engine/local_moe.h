@@ -18,6 +18,7 @@ class LocalMoe final : public MoeExecutor {
   static absl::StatusOr<std::unique_ptr<LocalMoe>> Open(const std::string& dir, CpuCompute& compute);
   absl::Status Forward(int layer, const float* x, int num_tokens, const int32_t* token_ids,
                        float* y) override;
+  MoeStageTimes TakeStageTimes() override;
   const Exl3Model& model() const { return *model_; }
 
  private:
@@ -25,6 +26,7 @@ class LocalMoe final : public MoeExecutor {
       : model_(std::move(model)), compute_(compute) {}
   std::unique_ptr<Exl3Model> model_;
   CpuCompute& compute_;
+  MoeStageTimes times_;  // since the last TakeStageTimes (Forward runs on the caller's thread)
 };
 
 }  // namespace exl3::engine

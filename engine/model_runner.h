@@ -86,6 +86,9 @@ struct StepBatch {
 struct StepPhaseTimes {
   double embed_s = 0, attention_s = 0, moe_s = 0, dense_mlp_s = 0, head_s = 0;
   double sample_s = 0;  // sampling on the runner's device (ForwardSampled)
+  // Within moe_s, the stages of experts run in this process (MoeExecutor::TakeStageTimes): the
+  // gate's routing and the experts. Zero where the executor reports none (experts on workers).
+  double moe_gate_s = 0, moe_experts_s = 0;
 };
 
 class ModelRunner {

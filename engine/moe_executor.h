@@ -26,6 +26,12 @@ struct MoeRouting {
   const float* weights = nullptr;
 };
 
+// Where an executor's time went since its last TakeStageTimes: choosing the experts (the gate's
+// logits and routing) and running them (routed and shared experts, their weighted sum).
+struct MoeStageTimes {
+  double gate_s = 0, experts_s = 0;
+};
+
 class MoeExecutor {
  public:
   virtual ~MoeExecutor() = default;
@@ -44,6 +50,9 @@ class MoeExecutor {
   // executors in this process compute the same routing function on the same hidden states.
   virtual std::unique_ptr<MoeCall> StartRouted(int layer, const float* x, int num_tokens,
                                                const MoeRouting& routing, float* y);
+  // The stage times since the last call, and zeros them. Executors whose stages run elsewhere
+  // report none (the router core has its own per-stage metrics: docs/metrics.md, "Router").
+  virtual MoeStageTimes TakeStageTimes() { return {}; }
 };
 
 }  // namespace exl3::engine

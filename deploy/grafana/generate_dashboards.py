@@ -193,8 +193,12 @@ def engine_row():
         (timeseries("Engine step by phase (mean)", targets(
             (f"sum by (phase) (rate(exl3_engine_step_phase_seconds_sum{{{R}, phase!=\"forward\"}}[{RATE}])) "
              f"/ sum by (phase) (rate(exl3_engine_step_phase_seconds_count{{{R}, phase!=\"forward\"}}[{RATE}]))",
-             "{{phase}}")),
-            unit="s", desc="Mean time of one engine step in each phase: the model's parts and the engine's own work around them."), 12, 8),
+             "{{phase}}"),
+            (f"sum by (stage) (rate(exl3_engine_moe_stage_seconds_sum{{{R}}}[{RATE}])) "
+             f"/ sum by (stage) (rate(exl3_engine_moe_stage_seconds_count{{{R}}}[{RATE}]))",
+             "moe: {{stage}}")),
+            unit="s", desc="Mean time of one engine step in each phase: the model's parts and the engine's own work around them; "
+                           "with the experts in process, the MoE phase's stages (gate, experts)."), 12, 8),
         (timeseries("Requests finished by reason", targets(
             (f"sum by (finish_reason) (rate(exl3_engine_requests_finished_total{{{R}}}[{RATE}]))",
              "{{finish_reason}}"),

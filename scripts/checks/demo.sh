@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's main job in its short mode: the whole stack on loopback, verified answers, and no
-# process left behind afterwards.
+# process left behind afterwards; then again with --keep-running: the stack left up answers at the
+# printed `openai:` address until Ctrl-C (SIGINT) takes it down.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD_DIR=${1:-build}
@@ -22,6 +23,49 @@ sleep 1
 after=$(pgrep -c -f 'exl3-(worker|router)|exl3serve-openai|prometheus --config.file=.*exl3-demo' || true)
 if [ "${after:-0}" -gt "${before:-0}" ]; then
   echo "demo left processes running:" >&2
+  pgrep -af 'exl3-(worker|router)|exl3serve-openai|prometheus --config.file=.*exl3-demo' >&2
+  exit 1
+fi
+
+# --keep-running: after the same run the stack stays up and names the front end's address; a chat
+# completion through it answers, and Ctrl-C takes it all down. Started with job control (set -m)
+# the demo has a process group of its own, as in a terminal, and gets SIGINT as Ctrl-C sends it:
+# to the whole group (its services, started in the background, ignore it; its exit trap stops them).
+set -m
+./scripts/demo.sh --short --no-deps --no-build --build-dir "$BUILD_DIR" --keep-running \
+  --requests 24 >"$out" 2>&1 &
+demo=$!
+set +m
+url=""
+for _ in $(seq 1 900); do
+  url=$(sed -n 's|^openai: \(http://[0-9.:]*/v1\)$|\1|p' "$out" | head -1)
+  [ -n "$url" ] && break
+  kill -0 "$demo" 2>/dev/null || break
+  sleep 1
+done
+answer=""
+if [ -n "$url" ]; then
+  answer=$(curl -fsS --max-time 60 "$url/chat/completions" -H 'Content-Type: application/json' \
+    -d '{"model": "model", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}' || true)
+fi
+kill -INT -- "-$demo" 2>/dev/null || true
+status=0
+wait "$demo" || status=$?
+if [ -z "$url" ]; then
+  echo "demo --keep-running printed no 'openai: http://HOST:PORT/v1' line:" >&2
+  tail -30 "$out" >&2
+  exit 1
+fi
+if ! printf '%s' "$answer" | python3 -c 'import json, sys; a = json.load(sys.stdin)
+assert a["object"] == "chat.completion" and a["choices"][0]["message"]["role"] == "assistant"'; then
+  echo "no chat completion from the stack left running at $url: $answer" >&2
+  exit 1
+fi
+[ "$status" = 130 ] || { echo "demo --keep-running exited $status on SIGINT (expected 130)" >&2; exit 1; }
+sleep 1
+after=$(pgrep -c -f 'exl3-(worker|router)|exl3serve-openai|prometheus --config.file=.*exl3-demo' || true)
+if [ "${after:-0}" -gt "${before:-0}" ]; then
+  echo "demo --keep-running left processes running after SIGINT:" >&2
   pgrep -af 'exl3-(worker|router)|exl3serve-openai|prometheus --config.file=.*exl3-demo' >&2
   exit 1
 fi

@@ -9,7 +9,7 @@
 #   .gpu-front/wheels/ an offline wheelhouse for CPython 3.12 manylinux x86_64: the clients/python
 #                      package built as a wheel, and the pinned packages of
 #                      scripts/checks/frontend/requirements.txt (the front end's dependencies and
-#                      the openai SDK; not pytest) with everything they pull in, except IMAGE_HAS
+#                      the openai SDK; not pytest or mypy) with everything they pull in, except IMAGE_HAS
 #                      below
 #   .gpu-front/IMAGE_HAS, .gpu-front/MANIFEST  the names left out; the files packed
 # (.gpu-front/ is staged in the repository root, git-ignored, and removed once packed.)
@@ -59,7 +59,7 @@ strip --strip-unneeded "$STAGE"/lib/* 2>/dev/null || true
 # Downloads, kept in BUILD/frontend-wheels until the requirements change.
 DL=$BUILD/frontend-wheels
 mkdir -p "$BUILD"
-grep -v '^pytest==' scripts/checks/frontend/requirements.txt > "$BUILD/frontend-bench-requirements.txt"
+grep -v -e '^pytest==' -e '^mypy==' scripts/checks/frontend/requirements.txt > "$BUILD/frontend-bench-requirements.txt"
 req_hash=$(sha256sum "$BUILD/frontend-bench-requirements.txt" | cut -c1-16)
 if [ "$(cat "$DL/.requirements" 2>/dev/null)" != "$req_hash" ]; then
   rm -rf "$DL"

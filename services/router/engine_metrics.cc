@@ -71,6 +71,12 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r)
                      .Name("exl3_engine_step_phase_seconds")
                      .Help("Time of one engine step by phase (forward = the model's whole pass)")
                      .Register(r)),
+      moe_stage_fam_(prometheus::BuildHistogram()
+                         .Name("exl3_engine_moe_stage_seconds")
+                         .Help("The MoE phase of one engine step by stage, experts in this process")
+                         .Register(r)),
+      moe_gate_(moe_stage_fam_.Add({{"stage", "gate"}}, svc::LatencyBuckets())),
+      moe_experts_(moe_stage_fam_.Add({{"stage", "experts"}}, svc::LatencyBuckets())),
       step_tokens_(Hist(r, "exl3_engine_step_tokens", "Tokens in one engine step", svc::TokenBuckets())),
       failed_steps_(Count(r, "exl3_engine_failed_steps_total", "Steps whose forward pass failed")),
       running_(Gauge(r, "exl3_engine_num_requests_running", "Sequences running")),
@@ -92,6 +98,11 @@ void EngineMetrics::OnStep(const engine::StepMetrics& s) {
                             s.phases.dense_mlp_s, s.phases.head_s, s.forward_s,
                             s.schedule_s, s.sample_s, s.bookkeeping_s};
   for (int i = 0; i < 9; ++i) phase_[i]->Observe(values[i]);
+  // Experts on workers: their stages are the router core's (exl3_router_layer_latency_seconds).
+  if (s.phases.moe_gate_s + s.phases.moe_experts_s > 0) {
+    moe_gate_.Observe(s.phases.moe_gate_s);
+    moe_experts_.Observe(s.phases.moe_experts_s);
+  }
   step_tokens_.Observe(s.num_tokens);
   if (s.failed) failed_steps_.Increment();
 }

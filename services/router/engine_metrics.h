@@ -34,6 +34,9 @@ class EngineMetrics final : public engine::EngineObserver {
   prometheus::Family<prometheus::Counter>& finished_fam_;
   prometheus::Family<prometheus::Histogram>& phase_fam_;
   prometheus::Histogram* phase_[9];
+  prometheus::Family<prometheus::Histogram>& moe_stage_fam_;
+  prometheus::Histogram& moe_gate_;
+  prometheus::Histogram& moe_experts_;
   prometheus::Histogram& step_tokens_;
   prometheus::Counter& failed_steps_;
   prometheus::Gauge& running_;

@@ -5,11 +5,13 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
 
 #include "gtest/gtest.h"
+#include "kernels/fp16.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "engine/local_moe.h"
@@ -167,6 +169,162 @@ TEST(CpuModelTiedHead, EqualsAnExplicitCopyOfTheEmbeddings) {
   auto b = testing::RunGreedy(**copy, {prompt}, 4, 100);
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(*a, *b);
+  fs::remove_all(base);
+}
+
+// Records each MoE call (layer, tokens) and runs it in process.
+class CountingMoe final : public MoeExecutor {
+ public:
+  explicit CountingMoe(std::unique_ptr<MoeExecutor> inner) : inner_(std::move(inner)) {}
+  absl::Status Forward(int layer, const float* x, int num_tokens, const int32_t* ids,
+                       float* y) override {
+    calls.emplace_back(layer, num_tokens);
+    return inner_->Forward(layer, x, num_tokens, ids, y);
+  }
+  std::vector<std::pair<int, int>> calls;
+
+ private:
+  std::unique_ptr<MoeExecutor> inner_;
+};
+
+// Each MoE layer of a step is one call of the executor (the router, with workers) carrying every
+// token of the step: the decode tokens and the prompt chunks of all its sequences together; with
+// two micro-batches, two calls per layer whose tokens add up to the step's.
+TEST(CpuModelMoeCalls, EachMoeLayerOfAStepIsOneCallCarryingAllOfItsTokens) {
+  const std::string dir = "tests/fixtures/engine/qwen3_moe_all";  // layer 0 MoE, layer 1 dense
+  CpuCompute compute(1);
+  for (int mb : {1, 2}) {
+    auto local = LocalMoe::Open(dir, compute);
+    ASSERT_TRUE(local.ok()) << local.status();
+    auto counting = std::make_unique<CountingMoe>(std::move(*local));
+    CountingMoe* moe = counting.get();
+    CpuModelOptions o;
+    o.num_threads = 1;
+    o.micro_batches = mb;
+    auto model = CpuModel::Open(dir, o, std::move(counting));
+    ASSERT_TRUE(model.ok()) << model.status();
+    std::vector<int> moe_layers;
+    for (int l = 0; l < (*model)->config().num_layers; ++l)
+      if ((*model)->config().IsMoeLayer(l)) moe_layers.push_back(l);
+    ASSERT_FALSE(moe_layers.empty());
+    ASSERT_LT(moe_layers.size(), static_cast<size_t>((*model)->config().num_layers));
+    ASSERT_TRUE((*model)->AllocateKvCache({8, 16, 3}).ok());
+
+    // One step: a prompt chunk of 9, one of 3 and a single token (13 tokens, three sequences).
+    StepBatch batch;
+    const std::vector<std::vector<int32_t>> chunks = {{3, 14, 15, 92, 65, 35, 89, 79, 32}, {38, 46, 26}, {7}};
+    for (size_t s = 0; s < chunks.size(); ++s) {
+      SequenceChunk c;
+      c.sequence_id = static_cast<int64_t>(s);
+      c.tokens = chunks[s];
+      c.start_position = 0;
+      c.block_table = {static_cast<int32_t>(2 * s), static_cast<int32_t>(2 * s + 1)};
+      c.wants_logits = true;
+      c.state_slot = static_cast<int>(s);
+      batch.chunks.push_back(std::move(c));
+    }
+    std::vector<float> logits(static_cast<size_t>(batch.NumLogitRows()) * (*model)->info().vocab_size);
+    ASSERT_TRUE((*model)->Forward(batch, logits.data()).ok());
+    ASSERT_EQ(moe->calls.size(), moe_layers.size() * mb) << mb << " micro-batches";
+    for (size_t i = 0; i < moe_layers.size(); ++i) {
+      int tokens = 0;
+      for (int k = 0; k < mb; ++k) {
+        const auto& [layer, n] = moe->calls[i * mb + k];
+        EXPECT_EQ(layer, moe_layers[i]) << "call " << i * mb + k;
+        EXPECT_GT(n, 0);
+        tokens += n;
+      }
+      EXPECT_EQ(tokens, 13) << "layer " << moe_layers[i] << ", " << mb << " micro-batches";
+    }
+  }
+}
+
+// With the experts in process (LocalMoe) a step's MoE time is split into its stages: choosing the
+// experts and running them, both within the step's MoE phase. An executor that reports no stages
+// (the workers' path) leaves them zero.
+TEST(CpuModelMoeStages, InProcessExpertsReportGateAndExpertTime) {
+  const std::string dir = "tests/fixtures/engine/glm4_moe_all";
+  CpuModelOptions o;
+  o.num_threads = 1;
+  auto model = CpuModel::Open(dir, o);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<int32_t> prompt = RandomPrompt(21, (*model)->info().vocab_size, 9);
+  ASSERT_TRUE(testing::RunGreedy(**model, {prompt}, 2, 100).ok());
+  const StepPhaseTimes t = (*model)->LastPhaseTimes();
+  EXPECT_GT(t.moe_gate_s, 0);
+  EXPECT_GT(t.moe_experts_s, 0);
+  EXPECT_LE(t.moe_gate_s + t.moe_experts_s, t.moe_s);
+
+  CpuCompute compute(1);
+  auto local = LocalMoe::Open(dir, compute);
+  ASSERT_TRUE(local.ok()) << local.status();
+  auto wrapped = CpuModel::Open(dir, o, std::make_unique<CountingMoe>(std::move(*local)));
+  ASSERT_TRUE(wrapped.ok()) << wrapped.status();
+  ASSERT_TRUE(testing::RunGreedy(**wrapped, {prompt}, 2, 100).ok());
+  EXPECT_GT((*wrapped)->LastPhaseTimes().moe_s, 0);
+  EXPECT_EQ((*wrapped)->LastPhaseTimes().moe_gate_s, 0);
+  EXPECT_EQ((*wrapped)->LastPhaseTimes().moe_experts_s, 0);
+}
+
+// Linear layers, embeddings and norms stored as fp32 or fp16 instead of the fixture's bf16: fp32
+// (exact copies of the bf16 values) gives the same logits bit for bit; the projections in fp16
+// (bf16 values rounded to fp16) give the same logits within rounding.
+TEST(CpuModelDenseWeights, Fp32AndFp16TensorsAsStored) {
+  const fs::path fixture = "tests/fixtures/engine/glm4_moe_experts";
+  auto src = TensorSource::Open(fixture.string());
+  ASSERT_TRUE(src.ok()) << src.status();
+  const fs::path base = fs::temp_directory_path() / "exl3_engine_dense_dtypes";
+  int converted[2] = {0, 0};
+  for (DType to : {DType::kF32, DType::kF16}) {
+    const fs::path dir = base / std::string(DTypeName(to));
+    fs::create_directories(dir);
+    fs::copy_file(fixture / "config.json", dir / "config.json", fs::copy_options::overwrite_existing);
+    SafetensorsWriter w;
+    std::vector<std::vector<uint8_t>> held;  // the converted tensors, alive until Write
+    for (const std::string& name : (*src)->Names()) {
+      TensorView t = *(*src)->Get(name);
+      const bool projection = name == "lm_head.weight" ||
+                              (name.size() > 12 && name.compare(name.size() - 12, 12, "_proj.weight") == 0);
+      if (t.info->dtype != DType::kBF16 || (to == DType::kF16 && !projection)) {
+        w.Add(name, t.info->dtype, t.info->shape, t.data, t.size_bytes());
+        continue;
+      }
+      auto f = ToFloat32(t);
+      ASSERT_TRUE(f.ok()) << f.status();
+      std::vector<uint8_t>& bytes = held.emplace_back();
+      if (to == DType::kF32) {
+        bytes.resize(f->size() * sizeof(float));
+        std::memcpy(bytes.data(), f->data(), bytes.size());
+      } else {
+        bytes.resize(f->size() * sizeof(uint16_t));
+        for (size_t i = 0; i < f->size(); ++i) {
+          const uint16_t h = FloatToHalfBits((*f)[i]);
+          std::memcpy(bytes.data() + 2 * i, &h, 2);
+        }
+      }
+      w.Add(name, to, t.info->shape, bytes.data(), bytes.size());
+      ++converted[to == DType::kF32 ? 0 : 1];
+    }
+    ASSERT_TRUE(w.Write((dir / "model.safetensors").string()).ok());
+  }
+  EXPECT_GE(converted[0], 20);  // every bf16 tensor: projections, embeddings, norms, the gate
+  EXPECT_GE(converted[1], 10);  // q/k/v/o, the dense MLP and lm_head
+  CpuModelOptions o;
+  o.num_threads = 2;
+  auto bf16 = CpuModel::Open(fixture.string(), o);
+  auto f32 = CpuModel::Open((base / "F32").string(), o);
+  auto f16 = CpuModel::Open((base / "F16").string(), o);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  ASSERT_TRUE(f16.ok()) << f16.status();
+  const std::vector<int32_t> prompt = RandomPrompt(13, (*bf16)->info().vocab_size, 5);
+  auto a = testing::RunGreedy(**bf16, {prompt}, 4, 100);
+  auto b = testing::RunGreedy(**f32, {prompt}, 4, 100);
+  auto c = testing::RunGreedy(**f16, {prompt}, 4, 100);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(*a, *b);
+  for (size_t i = 0; i < (*a)[0].size(); ++i)
+    EXPECT_LT(RelativeError((*c)[0][i], (*a)[0][i]), 1e-3) << "step " << i;
   fs::remove_all(base);
 }
 

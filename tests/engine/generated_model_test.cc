@@ -1,4 +1,4 @@
-// Models of the newest families as exl3-tool make-test-model writes them (a Hugging Face
+// Models of every family as exl3-tool make-test-model writes them (a Hugging Face
 // checkpoint with random weights, converted with --quantize-all: experts, attention, dense MLPs
 // and the head EXL3): each loads in the CPU engine and generates, and every MoE layer inside the
 // engine answers as `exl3-tool moe` does on the hidden states (and token ids) the engine gave it.
@@ -126,6 +126,10 @@ TEST_P(GeneratedModelTest, LoadsGeneratesAndItsMoeLayersMatchTheTool) {
 INSTANTIATE_TEST_SUITE_P(
     Families, GeneratedModelTest,
     ::testing::Values(
+        // The families of the transformers fixtures, at make-test-model's default layouts: the
+        // first layer dense (first_k_dense_replace 1) or every layer MoE.
+        Case{"glm4_moe", "", 2}, Case{"qwen3_moe", "", 3}, Case{"mixtral", "", 3},
+        Case{"deepseek_v3", "", 2}, Case{"glm_moe_dsa", "", 2},
         // Layers [sliding, CSA, HCA], the first hash-routed; EXL3 attention at head_dim 128.
         Case{"deepseek_v4",
              "--heads 2 --head-dim 128 --q-lora-rank 128 --qk-rope-head-dim 32 --index-heads 2 "

@@ -4,10 +4,14 @@
 #include "engine/rope.h"
 
 #include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "engine/model_config.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace exl3::engine {
 namespace {
@@ -103,6 +107,73 @@ TEST(Rope, LayoutsRotatePairsAndPassTheRest) {
     EXPECT_EQ(x[4], 5);
     EXPECT_EQ(x[5], 6);
   }
+}
+
+// The older place of the scaling: `rope_scaling` with `type` instead of `rope_type`.
+TEST(Rope, OlderRopeScalingWithTypeIsRead) {
+  const std::string json = R"({"architectures": ["MixtralForCausalLM"], "hidden_size": 512,
+    "num_hidden_layers": 1, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+    "intermediate_size": 128, "num_local_experts": 4, "num_experts_per_tok": 2,
+    "max_position_embeddings": 4096, "vocab_size": 128, "rope_theta": 10000.0,
+    "rope_scaling": {"type": "linear", "factor": 4.0}})";
+  auto cfg = ParseModelConfig(json, "test config.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->rope.type, RopeType::kLinear);
+  EXPECT_EQ(RopeInverseFrequencies(cfg->rope, 4096, 4096)[0], 0.25f);
+}
+
+// Rope types the engine does not implement stop the model at start, naming the type and the
+// ones it has.
+TEST(Rope, UnknownRopeTypesAreRefusedNamingThem) {
+  for (const char* type : {"llama3", "longrope", "su"}) {
+    auto cfg = Config(std::string(R"({"rope_type": ")") + type +
+                      R"(", "rope_theta": 10000.0, "factor": 8.0})");
+    ASSERT_FALSE(cfg.ok()) << type;
+    EXPECT_EQ(cfg.status().code(), absl::StatusCode::kUnimplemented) << cfg.status();
+    EXPECT_NE(cfg.status().message().find(std::string("'") + type + "'"), std::string::npos)
+        << cfg.status();
+    EXPECT_NE(cfg.status().message().find("default, linear, dynamic, yarn"), std::string::npos)
+        << cfg.status();
+  }
+  // A scaled type without its factor is refused too.
+  auto cfg = Config(R"({"rope_type": "linear", "rope_theta": 10000.0})");
+  ASSERT_FALSE(cfg.ok());
+  EXPECT_NE(cfg.status().message().find("factor"), std::string::npos) << cfg.status();
+}
+
+// Each family's layout as transformers rotates it: GQA families rotate half-split pairs
+// (rotate_half); DeepSeek-V3 interleaved pairs unless its config sets rope_interleave false.
+TEST(Rope, EachFamilyRotatesInItsLayout) {
+  auto load = [](const std::string& fixture, bool* ok) {
+    std::ifstream f("tests/fixtures/engine/" + fixture + "/config.json");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    *ok = static_cast<bool>(f);
+    return nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  };
+  for (const char* fixture : {"glm4_moe_all", "qwen3_moe_all", "mixtral_all"}) {
+    bool ok = false;
+    const nlohmann::json j = load(fixture, &ok);
+    ASSERT_TRUE(ok && j.is_object()) << fixture;
+    auto cfg = ParseModelConfig(j.dump(), fixture);
+    ASSERT_TRUE(cfg.ok()) << cfg.status();
+    EXPECT_EQ(cfg->rope.layout, RopeLayout::kHalfSplit) << fixture;
+  }
+  bool ok = false;
+  nlohmann::json j = load("deepseek_v3_all", &ok);
+  ASSERT_TRUE(ok && j.is_object());
+  auto interleaved = ParseModelConfig(j.dump(), "deepseek_v3_all");
+  ASSERT_TRUE(interleaved.ok()) << interleaved.status();
+  EXPECT_EQ(interleaved->rope.layout, RopeLayout::kInterleaved);
+  EXPECT_EQ(interleaved->rope.type, RopeType::kYarn);
+  j.erase("rope_interleave");  // transformers' default for DeepSeek-V3: interleaved
+  auto by_default = ParseModelConfig(j.dump(), "deepseek_v3_all");
+  ASSERT_TRUE(by_default.ok()) << by_default.status();
+  EXPECT_EQ(by_default->rope.layout, RopeLayout::kInterleaved);
+  j["rope_interleave"] = false;
+  auto half_split = ParseModelConfig(j.dump(), "deepseek_v3_all");
+  ASSERT_TRUE(half_split.ok()) << half_split.status();
+  EXPECT_EQ(half_split->rope.layout, RopeLayout::kHalfSplit);
 }
 
 }  // namespace

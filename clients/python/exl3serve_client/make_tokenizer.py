@@ -156,6 +156,8 @@ def build_tokenizer(family: Family, vocab_size: int, bos_id: Optional[int] = Non
         raise ValueError(f"could not train a vocabulary of {vocab_size} tokens")
     if family.add_bos:
         bos = family.bos_token
+        if bos is None:
+            raise ValueError(f"{family.name}: add_bos without a bos_token")
         bid = tok.token_to_id(bos)
         tok.post_processor = processors.TemplateProcessing(
             single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bid)])

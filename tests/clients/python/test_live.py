@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import signal
 import subprocess
 import time
 from urllib.parse import urlparse
@@ -59,6 +60,21 @@ def test_chat_streaming_equals_not_streaming(client, live):
     assert finishes == [want.choices[0].finish_reason]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == want.usage.completion_tokens
     assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_completions_stream_usage_only_when_asked(client, live):
+    """stream_options.include_usage on /v1/completions: a last chunk with no choices and the usage
+    of the whole answer, every other chunk usage null; without it, no usage at all."""
+    kw = dict(model=live.name, prompt="Usage", max_tokens=10, temperature=0, stream=True,
+              extra_body={"ignore_eos": True})
+    chunks = list(client.completions.create(stream_options={"include_usage": True}, **kw))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+    assert chunks[-1].usage.total_tokens == chunks[-1].usage.prompt_tokens + 10
+    assert all(c.usage is None for c in chunks[:-1])
+    plain = list(client.completions.create(**kw))
+    assert all(c.usage is None for c in plain) and plain[-1].choices[0].finish_reason == "length"
+    assert "".join(c.choices[0].text for c in plain) == \
+        "".join(c.choices[0].text for c in chunks if c.choices)
 
 
 def test_greedy_tokens_equal_direct_generate(client, live, tok):
@@ -226,6 +242,44 @@ def test_seed_and_sampling_fields(client, live):
     assert a == b
 
 
+def test_max_completion_tokens(client, live):
+    """max_completion_tokens bounds a chat answer, and wins over the older max_tokens."""
+    for kw in ({"max_completion_tokens": 5}, {"max_completion_tokens": 5, "max_tokens": 9}):
+        r = client.chat.completions.create(model=live.name, messages=HI, temperature=0,
+                                           extra_body={"ignore_eos": True}, **kw)
+        assert r.usage.completion_tokens == 5, kw
+        assert r.choices[0].finish_reason == "length", kw
+
+
+SAMPLED = {"temperature": 1.0, "seed": 11}
+VARIANTS = [{}, {"temperature": 0.6}, {"top_p": 0.5}, {"top_k": 3}, {"min_p": 0.3},
+            {"presence_penalty": 2.0}, {"frequency_penalty": 2.0}, {"repetition_penalty": 3.0},
+            {"seed": 12}]
+
+
+def test_sampling_fields_reach_the_engine(client, live, tok):
+    """Each sampling field of an HTTP request is the engine's: the front end's seeded sample equals
+    a direct Generate call's with the same fields, and every field changes the sample."""
+    prompt = "Once upon a time"
+    ids = tok.encode(prompt)
+    got = []
+    with GenerateClient(live.engine) as g:
+        for v in VARIANTS:
+            fields = {**SAMPLED, **v}
+            extra = {k: fields.pop(k) for k in ("top_k", "min_p", "repetition_penalty")
+                     if k in fields}
+            r = client.completions.create(model=live.name, prompt=prompt, max_tokens=24,
+                                          logprobs=0, **fields,
+                                          extra_body={"ignore_eos": True,
+                                                      "return_tokens_as_token_ids": True, **extra})
+            via = [int(t.split(":", 1)[1]) for t in r.choices[0].logprobs.tokens]
+            direct = g.generate(ids, max_tokens=24, ignore_eos=True, **fields, **extra)
+            assert via == direct.token_ids, v
+            got.append(tuple(via))
+    for v, ids_of_v in zip(VARIANTS[1:], got[1:]):
+        assert ids_of_v != got[0], f"{v} did not change the sample"
+
+
 def test_logprobs(client, live):
     r = client.chat.completions.create(model=live.name, messages=HI, max_tokens=6, temperature=0,
                                        logprobs=True, top_logprobs=3)
@@ -248,6 +302,10 @@ def test_logprobs(client, live):
     ({"messages": HI, "max_tokens": 0}, 400, "max_tokens"),
     ({"messages": []}, 400, "messages"),
     ({"messages": HI, "max_tokens": 100000}, 400, "max_tokens"),
+    ({"messages": HI, "max_completion_tokens": 0}, 400, "max_completion_tokens"),
+    ({"messages": HI, "max_completion_tokens": 100000}, 400, "max_completion_tokens"),
+    ({"messages": HI, "top_p": 1.5}, 400, "top_p"),
+    ({"messages": HI, "top_k": -2}, 400, "top_k"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages"),
     ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
 ])
@@ -371,7 +429,7 @@ def test_engine_restart_503_then_recovers(build_dir, model, tmp_path, workers):
         router.stop()
         with pytest.raises(openai.APIStatusError) as e:
             c.completions.create(model=model.name, prompt="a", max_tokens=2)
-        assert e.value.status_code == 503
+        _expect_openai_error(e.value, 503, "service_unavailable", "engine_unavailable")
         assert stack.wait_until(lambda: health() == 503, 5)
         router, _, _ = stack.start_router(build_dir, model, tmp_path, port=port)
 
@@ -393,6 +451,16 @@ def test_generate_client_errors(live):
         with pytest.raises(RequestError) as e:
             g.generate([1, 2], max_tokens=0)
         assert e.value.code.name == "INVALID_ARGUMENT"
+
+
+def _expect_openai_error(exc: openai.APIStatusError, status: int, type_: str, code: str) -> None:
+    """The answer was `status` with OpenAI's error body: {"error": {message, type, param, code}}."""
+    assert exc.status_code == status
+    body = exc.response.json()
+    assert set(body) == {"error"}, body
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}, err
+    assert err["message"] and err["type"] == type_ and err["code"] == code, err
 
 
 def _post(live, path: str, body: str) -> tuple[int, str]:
@@ -419,15 +487,17 @@ def test_overload_429_and_timeout_504(build_dir, model, tmp_path):
         held = c.completions.create(stream=True, **long)
         first = next(iter(held))          # the engine holds this one now
         assert first.choices
-        with pytest.raises(openai.RateLimitError):
+        with pytest.raises(openai.RateLimitError) as e:
             c.completions.create(model=model.name, prompt="b", max_tokens=2)
+        _expect_openai_error(e.value, 429, "rate_limit_error", "overloaded")
+        assert "max_pending_requests" in e.value.response.json()["error"]["message"]
         with pytest.raises(openai.APIError) as e:  # the held stream hits the deadline
             for _ in held:
                 pass
         assert "timed out" in str(e.value)
         with pytest.raises(openai.APIStatusError) as e:
             c.completions.create(**long)
-        assert e.value.status_code == 504
+        _expect_openai_error(e.value, 504, "timeout", "timeout")
     finally:
         fe.stop()
         router.stop()
@@ -442,5 +512,36 @@ def test_two_front_ends_one_engine(live, tmp_path):
                  .completions.create(model=live.name, prompt="Same", max_tokens=10,
                                      temperature=0).choices[0].text for u in (live.url, url)]
         assert texts[0] == texts[1]
+    finally:
+        fe.stop()
+
+
+def test_front_end_restart_keeps_nothing(live, tmp_path):
+    """A front end holds nothing a restart would lose but its open requests: killed with a stream
+    open, it leaves no request in the engine (its channel's calls end with it), and a new one on
+    the same address answers as the old one did."""
+    running = lambda: stack.metric(live.engine_metrics, "exl3_engine_num_requests_running")  # noqa: E731
+    kv = lambda: stack.metric(live.engine_metrics, "exl3_engine_kv_cache_usage_ratio")  # noqa: E731
+    port = stack.free_port()
+    fe, url = stack.start_frontend(live.engine, live.model, tmp_path, port=port)
+    try:
+        c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
+
+        def ask() -> str:
+            return c.completions.create(model=live.name, prompt="Restart", max_tokens=10,
+                                        temperature=0).choices[0].text
+        before = ask()
+        held = c.completions.create(model=live.name, prompt="long", max_tokens=3000,
+                                    temperature=0, stream=True, extra_body={"ignore_eos": True})
+        assert next(iter(held)).choices
+        assert stack.wait_until(lambda: (running() or 0) >= 1, 5)
+        fe.stop(signal.SIGKILL)
+        held.close()
+        assert stack.wait_until(lambda: running() == 0 and kv() == 0, 10), \
+            "the killed front end's engine request still runs"
+        fe, again = stack.start_frontend(live.engine, live.model, tmp_path, port=port)
+        assert again == url
+        assert ask() == before
+        assert [m.id for m in c.models.list().data] == [live.name]
     finally:
         fe.stop()

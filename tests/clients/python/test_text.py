@@ -6,8 +6,10 @@ from __future__ import annotations
 import filecmp
 import json
 import random
+import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,7 +59,27 @@ def family_dir(request, tmp_path_factory) -> Path:
 
 
 def test_package_version():
-    assert exl3serve_client.__version__ == "0.1.0"
+    """The package's version is the project's (CMakeLists.txt's project VERSION), in its metadata
+    (pyproject.toml) and its module alike."""
+    from importlib.metadata import version
+    project = re.search(r"^project\(exl3serve VERSION ([0-9.]+)",
+                        (ROOT / "CMakeLists.txt").read_text(), re.M)
+    assert project, "CMakeLists.txt names no project VERSION"
+    assert exl3serve_client.__version__ == project.group(1)
+    assert version("exl3serve") == project.group(1)
+    pyproject = re.search(r'^version = "([0-9.]+)"',
+                          (ROOT / "clients/python/pyproject.toml").read_text(), re.M)
+    assert pyproject and pyproject.group(1) == project.group(1)
+
+
+def test_type_hints_hold(tmp_path):
+    """The package's type hints are checked: mypy (pinned in scripts/checks/frontend/requirements.txt)
+    over its sources with clients/python/pyproject.toml's [tool.mypy] finds nothing."""
+    r = subprocess.run([sys.executable, "-m", "mypy", "--config-file", "pyproject.toml",
+                        "--cache-dir", str(tmp_path / "mypy-cache")], cwd=ROOT / "clients/python",
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "no issues found" in r.stdout
 
 
 def test_stubs_in_step_with_proto(tmp_path):

@@ -7,6 +7,7 @@ its sequence, a replicated worker killed mid-generation costs nothing and the on
 experts killed fails the requests UNAVAILABLE without a hang."""
 
 import concurrent.futures
+import json
 import math
 import os
 import re
@@ -113,6 +114,31 @@ class GenerateSystemTest(unittest.TestCase):
         self.assertEqual(finish, pb.FINISH_REASON_LENGTH)
         self.assertEqual(usage.prompt_tokens, len(PROMPTS[1]))
         self.assertEqual(usage.completion_tokens, 12)
+        self.assertEqual(d.model, "model")  # the model directory's name (no --served-model-name)
+        self.assertEqual(d.eos_token_ids, [1])
+        self.assertGreater(d.max_num_seqs, 0)
+
+    def test_timings_on_the_last_message(self):
+        """The last message carries the request's timings: queue + prefill is the time to the
+        first token, within the whole; the mean inter-token time is that of 12 tokens; earlier
+        messages carry none."""
+        req = pb.GenerateRequest(prompt_token_ids=PROMPTS[1], max_tokens=12, ignore_eos=True,
+                                 sampling=pb.SamplingParams(temperature=0))
+        t0 = time.monotonic()
+        msgs = list(self.stub.Generate(req, timeout=60))
+        wall = time.monotonic() - t0
+        for m in msgs[:-1]:
+            self.assertFalse(m.HasField("timings"))
+            self.assertFalse(m.HasField("usage"))
+        t = msgs[-1].timings
+        self.assertGreaterEqual(t.queue_seconds, 0)
+        self.assertGreater(t.prefill_seconds, 0)
+        self.assertAlmostEqual(t.queue_seconds + t.prefill_seconds, t.first_token_seconds,
+                               delta=1e-6)
+        self.assertGreater(t.mean_inter_token_seconds, 0)
+        self.assertLessEqual(t.first_token_seconds + 11 * t.mean_inter_token_seconds,
+                             t.total_seconds + 1e-6)
+        self.assertLessEqual(t.total_seconds, wall)
 
     def test_concurrent_requests_equal_requests_alone(self):
         with concurrent.futures.ThreadPoolExecutor(8) as ex:
@@ -237,16 +263,90 @@ class GenerateSystemTest(unittest.TestCase):
         self.assertIn("KV cache (64 tokens)", e.exception.details())
         held = [stub.Generate(pb.GenerateRequest(prompt_token_ids=PROMPTS[0], max_tokens=50,
                                                  ignore_eos=True), timeout=60) for _ in range(2)]
-        for call in held:
-            next(call)  # both accepted and running
+        # Both accepted and running (a first message may carry more than one token).
+        first = [len(next(call).tokens) for call in held]
         t0 = time.monotonic()
         with self.assertRaises(grpc.RpcError) as e:
             list(stub.Generate(pb.GenerateRequest(prompt_token_ids=[1], max_tokens=2), timeout=10))
         self.assertEqual(e.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
         self.assertIn("max_pending_requests", e.exception.details())
         self.assertLess(time.monotonic() - t0, 2)
-        for call in held:
-            self.assertEqual(1 + sum(len(m.tokens) for m in call), 50)
+        for call, n in zip(held, first):
+            self.assertEqual(n + sum(len(m.tokens) for m in call), 50)
+
+    def test_token_budget_and_long_prefill_threshold(self):
+        """--max-num-batched-tokens caps the tokens of every step and --long-prefill-token-threshold
+        each prompt's chunk (exl3_engine_step_tokens); the tokens are those of a router without
+        either."""
+        r = self.c.start_router(with_map=False, extra=["--max-num-batched-tokens", "6",
+                                                        "--long-prefill-token-threshold", "4"])
+        channel = grpc.insecure_channel(r.address)
+        self.addCleanup(channel.close)
+        stub = pbg.GeneratorStub(channel)
+
+        def steps(le):
+            text = urllib.request.urlopen(f"http://{r.metrics}/metrics", timeout=5).read().decode()
+            series = rf'exl3_engine_step_tokens_bucket{{le="{re.escape(le)}(?:\.0*)?"}}'
+            m = re.search(rf"^{series} (\S+)$", text, re.M)
+            return float(m.group(1))
+
+        # Alone: the 31-token prompt in chunks of at most 4 (8 steps), then 11 decode steps.
+        self.assertEqual(generate(stub, PROMPTS[1])[0], self.expected[1][0])
+        self.assertGreaterEqual(steps("+Inf"), 8 + 11)
+        self.assertEqual(steps("4"), steps("+Inf"))
+        # Together: decode tokens and prompt chunks share each step's 6 tokens.
+        with concurrent.futures.ThreadPoolExecutor(4) as ex:
+            got = list(ex.map(lambda p: generate(stub, p), PROMPTS))
+        for g, want in zip(got, self.expected):
+            self.assertEqual(g[0], want[0])
+        self.assertEqual(steps("8"), steps("+Inf"))
+        self.assertGreater(steps("+Inf"), steps("4"))  # some steps carried 5 or 6 tokens
+
+    def test_moe_stages_in_process(self):
+        """With the experts in process the MoE phase of each step is split into its stages: the
+        gate and the experts, together within the phase's own time."""
+        def sums():
+            text = urllib.request.urlopen(f"http://{self.embedded.metrics}/metrics",
+                                          timeout=5).read().decode()
+
+            def get(series):
+                return float(re.search(rf"^{re.escape(series)} (\S+)$", text, re.M).group(1))
+            return (get('exl3_engine_moe_stage_seconds_sum{stage="gate"}'),
+                    get('exl3_engine_moe_stage_seconds_sum{stage="experts"}'),
+                    get('exl3_engine_moe_stage_seconds_count{stage="gate"}'),
+                    get('exl3_engine_step_phase_seconds_sum{phase="moe"}'),
+                    get('exl3_engine_step_phase_seconds_count{phase="moe"}'))
+        before = sums()
+        generate(self.stub, PROMPTS[1])
+        # One observation per step, as the phases (the last step's may still be on its way).
+        wait_for(lambda: (lambda v: v[2] == v[4] > before[4])(sums()), 5,
+                 "as many stage observations as steps")
+        gate, experts, _, moe, _ = (a - b for a, b in zip(sums(), before))
+        self.assertGreater(gate, 0)
+        self.assertGreater(experts, 0)
+        self.assertLessEqual(gate + experts, moe)
+
+    def test_kv_capacity_in_bytes(self):
+        """--kv-cache-bytes sizes the cache from the model's bytes per token (fp32 keys and values
+        of every layer) in whole blocks of 16; DescribeModel states the tokens it came to, and a
+        prompt beyond them is refused."""
+        with open(os.path.join(self.model, "config.json")) as f:
+            cfg = json.load(f)
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        per_token = 2 * cfg["num_key_value_heads"] * head_dim * 4 * cfg["num_hidden_layers"]
+        r = self.c.start_router(with_map=False,
+                                extra=["--kv-cache-bytes", str((37 * 16 + 5) * per_token)])
+        channel = grpc.insecure_channel(r.address)
+        self.addCleanup(channel.close)
+        stub = pbg.GeneratorStub(channel)
+        d = stub.DescribeModel(pb.DescribeModelRequest(), timeout=5)
+        self.assertEqual(d.kv_capacity_tokens, 37 * 16)
+        with self.assertRaises(grpc.RpcError) as e:
+            list(stub.Generate(pb.GenerateRequest(prompt_token_ids=[7] * (37 * 16 + 1),
+                                                  max_tokens=1), timeout=10))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn(f"KV cache ({37 * 16} tokens)", e.exception.details())
+        self.assertEqual(generate(stub, PROMPTS[0])[0], self.expected[0][0])
 
     def test_engine_metrics_exist_and_move(self):
         """Every engine metric of docs/metrics.md is exported, and a load with a prefix-cache
@@ -274,6 +374,8 @@ class GenerateSystemTest(unittest.TestCase):
             return float(m.group(1)) if m else None
 
         def series_of(name, kind):
+            if name == "exl3_engine_moe_stage_seconds":
+                return [f'{name}_count{{stage="{s}"}}' for s in ("gate", "experts")]
             if kind == "histogram":
                 return [f"{name}_count"] if name != "exl3_engine_step_phase_seconds" else [
                     f'{name}_count{{phase="{p}"}}' for p in
@@ -327,11 +429,20 @@ class GenerateSystemTest(unittest.TestCase):
                  "the KV usage metric back to 0")
 
     def test_deadline(self):
-        with self.assertRaises(grpc.RpcError) as e:
-            list(self.stub.Generate(pb.GenerateRequest(prompt_token_ids=PROMPTS[1], max_tokens=3000,
-                                                       ignore_eos=True, timeout_us=300000),
-                                    timeout=30))
-        self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
+        """The request's timeout_us and the call's own gRPC deadline both end a request
+        DEADLINE_EXCEEDED, and either way the engine lets go of its sequence and KV blocks."""
+        kv = lambda: scrape(self.embedded.metrics, "exl3_engine_kv_cache_usage_ratio")  # noqa: E731
+        running = lambda: scrape(self.embedded.metrics, "exl3_engine_num_requests_running")  # noqa: E731
+        long = dict(prompt_token_ids=PROMPTS[1], max_tokens=3000, ignore_eos=True)
+        for timeout_us, call_timeout in ((300000, 30), (0, 0.5)):
+            t0 = time.monotonic()
+            with self.assertRaises(grpc.RpcError) as e:
+                list(self.stub.Generate(pb.GenerateRequest(timeout_us=timeout_us, **long),
+                                        timeout=call_timeout))
+            self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
+            self.assertLess(time.monotonic() - t0, 5)
+            wait_for(lambda: running() == 0 and kv() == 0, 5,
+                     "the expired request's sequence to leave the engine and free its blocks")
 
     def test_workers_give_the_same_tokens_and_survive_faults(self):
         # One case: the workers are started once, and the faults run last.
@@ -346,6 +457,9 @@ class GenerateSystemTest(unittest.TestCase):
             self.assertEqual(tokens, want[0])
             for a, b in zip(logprobs, want[3]):
                 self.assertAlmostEqual(a, b, delta=1e-3)
+        # The MoE stages are the router core's then, not the engine's in-process ones.
+        self.assertEqual(scrape(r.metrics, "exl3_engine_moe_stage_seconds_count"), 0)
+        self.assertGreater(scrape(r.metrics, "exl3_router_layer_latency_seconds_count"), 0)
 
         # b (replicated by b2) killed under load: every request completes with the same tokens.
         with concurrent.futures.ThreadPoolExecutor(4) as ex:

@@ -13,7 +13,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncGenerator, AsyncIterator, Optional
 
 import grpc
 import grpc.aio
@@ -124,7 +124,7 @@ class SSEResponse(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncIterator[bytes], headers: dict[str, str]) -> None:
+    def __init__(self, events: AsyncGenerator[bytes, None], headers: dict[str, str]) -> None:
         self.events = events
         self.status_code = 200
         self.background = None
@@ -177,8 +177,11 @@ class Engine:
         if not force and now - self._checked < self.cfg.health_cache_s:
             return self.up
         self._checked = now
+        client = self.client
         try:
-            self.info = await self.client.describe(timeout=2.0)
+            if client is None:
+                raise ConnectionError("the engine client is not open")
+            self.info = await client.describe(timeout=2.0)
             self.mark(self.info.state != pb.STATE_DRAINING)
         except Exception:  # any failure to answer is "away"
             self.mark(False)
@@ -253,7 +256,8 @@ class Frontend:
         return [s for s in stops if s]
 
     def _job(self, body: _Sampling, endpoint: str, chat: bool, prompt_ids: list[int],
-             max_tokens: Optional[int], logprobs: Optional[int]) -> Job:
+             max_tokens: Optional[int], logprobs: Optional[int],
+             max_tokens_param: str = "max_tokens") -> Job:
         if not prompt_ids:
             raise APIError(400, "the prompt is empty", param="prompt")
         ctx = self.max_context()
@@ -268,7 +272,7 @@ class Frontend:
                            f"you requested {len(prompt_ids) + max_tokens} tokens "
                            f"({len(prompt_ids)} in the prompt, {max_tokens} for the completion). "
                            "Please reduce the length of the prompt or the completion.",
-                           param="max_tokens", code="context_length_exceeded")
+                           param=max_tokens_param, code="context_length_exceeded")
         temperature = 1.0 if body.temperature is None else body.temperature
         seed = None if body.seed is None else body.seed & 0xFFFFFFFFFFFFFFFF
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -302,7 +306,7 @@ class Frontend:
         if isinstance(p, str):
             ids = self.tok.encode(p, add_special_tokens=True)
         elif isinstance(p, list) and all(isinstance(t, int) for t in p):
-            ids = list(p)
+            ids = [t for t in p if isinstance(t, int)]  # all of them
         else:
             raise APIError(400, "one prompt per request: a string or a list of token ids",
                            param="prompt")
@@ -337,7 +341,8 @@ class Frontend:
             raise APIError(400, f"chat template: {e}", param="messages") from None
         max_tokens = body.max_completion_tokens or body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        return self._job(body, "chat_completions", True, ids, max_tokens, logprobs)
+        return self._job(body, "chat_completions", True, ids, max_tokens, logprobs,
+                         "max_completion_tokens" if body.max_completion_tokens else "max_tokens")
 
     # ---- running it ------------------------------------------------------------------------
     async def pieces(self, job: Job, call: grpc.aio.UnaryStreamCall,
@@ -518,7 +523,7 @@ class Frontend:
             self._done(job, 499 if watcher.done() and not watcher.cancelled() else status)
 
     async def _sse(self, job: Job, call: grpc.aio.UnaryStreamCall, first: Any,
-                   watcher: asyncio.Task) -> AsyncIterator[bytes]:
+                   watcher: asyncio.Task) -> AsyncGenerator[bytes, None]:
         """The streamed answer: one SSE event per engine message that adds text (a message carries
         every token the engine had ready for the request), as pieces() would give them, with the
         events pre-rendered (ChunkRenderer) and the per-token work inline: this loop is the front
@@ -641,7 +646,8 @@ def create_app(cfg: FrontendConfig) -> FastAPI:
         await fe.engine.open()
         await fe.engine.check(force=True)
         yield
-        await fe.engine.client.close()
+        if fe.engine.client is not None:
+            await fe.engine.client.close()
 
     app = _App(title="exl3serve OpenAI-compatible front end", lifespan=lifespan)
     app.state.frontend = fe
