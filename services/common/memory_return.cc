@@ -4,7 +4,6 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -31,12 +30,7 @@ size_t Distance(size_t a, size_t b) { return a > b ? a - b : b - a; }
 }  // namespace
 
 MemoryReturner::MemoryReturner(MemoryReturnOptions opt) : opt_(opt) {
-  if (opt_.mmap_threshold_bytes > 0) {
-    mallopt(M_MMAP_THRESHOLD, static_cast<int>(opt_.mmap_threshold_bytes));
-    // Free memory at the top of a heap stays until the thread's trim (see the header).
-    const size_t keep = 4 * std::max(opt_.mmap_threshold_bytes, opt_.trim_above_bytes);
-    mallopt(M_TRIM_THRESHOLD, static_cast<int>(keep));
-  }
+  if (opt_.mmap_threshold_bytes > 0) mallopt(M_MMAP_THRESHOLD, static_cast<int>(opt_.mmap_threshold_bytes));
   thread_ = std::thread([this] { Run(); });
 }
 

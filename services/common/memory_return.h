@@ -7,16 +7,12 @@
 //   ...                                               // its thread trims while it lives
 //
 // At construction: allocations of at least `mmap_threshold_bytes` get their own mapping, which
-// free() unmaps at once (glibc's threshold is otherwise raised by every such free up to 32 MiB);
-// smaller ones come from the arenas, and free() no longer hands the top of a heap back by itself
-// (M_TRIM_THRESHOLD): the thread below does. A message buffer under the threshold (a 1024-token
-// prefill chunk of hidden 4096 in fp32 is 16 MB) is so reused warm by the next message instead of
-// being mapped afresh, which cost a page fault per 4 KiB for every buffer of every message (4-8 ms
-// per 16 MB on a 2-core VM, bench/results/service.md). The thread checks every `period` how much
-// free memory the arenas hold (mallinfo2: one pass over the free lists) and calls malloc_trim(0)
+// free() unmaps at once (glibc's threshold is otherwise raised by every such free up to 32 MiB,
+// after which those buffers stay in the heap). Then a thread checks every `period` how much free
+// memory the arenas hold (mallinfo2: one pass over the free lists) and calls malloc_trim(0)
 // (which hands every whole free page of every arena back with MADV_DONTNEED) when that is above
-// `trim_above_bytes` and either it or the resident memory changed since the last trim: an idle
-// process costs no trims, a busy one at most one per period (its buffers then fault in once more).
+// `trim_above_bytes` and either it or the resident memory changed since the last trim: a steady
+// state costs no trims.
 #pragma once
 
 #include <chrono>
@@ -29,7 +25,7 @@
 namespace exl3::svc {
 
 struct MemoryReturnOptions {
-  size_t mmap_threshold_bytes = 32u << 20;  // glibc's largest (HEAP_MAX_SIZE / 2)
+  size_t mmap_threshold_bytes = 4u << 20;
   size_t trim_above_bytes = 32u << 20;
   std::chrono::milliseconds period{500};
 };
