@@ -1,5 +1,7 @@
 #include "services/router/combine.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "kernels/moe_cpu.h"
@@ -31,8 +33,16 @@ absl::Status AddWorkerOutput(LayerCall& c, const std::vector<int32_t>& rows,
   std::lock_guard<std::mutex> l(c.mu);
   if (c.ended) return absl::OkStatus();
   float* sum = c.sum_data();
+  // A part's rows are distinct: as many as the call's are all of them.
+  const bool copy = !c.sum_written && rows.size() == static_cast<size_t>(c.num_tokens);
+  if (!c.sum_written && !copy) std::fill_n(sum, static_cast<size_t>(c.num_tokens) * H, 0.0f);
+  c.sum_written = true;
   for (size_t r = 0; r < rows.size(); ++r) {
     float* dst = sum + static_cast<size_t>(rows[r]) * H;
+    if (copy) {
+      svc::WireToFloat(output.dtype(), wire + r * row_bytes, H, dst);
+      continue;
+    }
     const float* src;
     if (output.dtype() == pb::DTYPE_FP32) {
       src = reinterpret_cast<const float*>(wire + r * row_bytes);
@@ -61,7 +71,12 @@ absl::Status LocalSharedExpert::AddTo(LayerCall& c) {
   std::lock_guard<std::mutex> l(c.mu);
   if (c.ended) return absl::OkStatus();
   float* sum = c.sum_data();
-  for (size_t i = 0; i < y.size(); ++i) sum[i] += y[i];
+  if (!c.sum_written) {
+    std::copy(y.begin(), y.end(), sum);  // every row
+    c.sum_written = true;
+  } else {
+    for (size_t i = 0; i < y.size(); ++i) sum[i] += y[i];
+  }
   return absl::OkStatus();
 }
 

@@ -47,7 +47,7 @@ class InProcessStream final : public client::LayerStream {
   // Send of a request the stream may take apart (no copy of its hidden states). `out` (may be
   // null): a buffer of T x hidden floats that the caller keeps until `cb` ran; with an fp32
   // output_dtype the answer's sum is accumulated there and the response carries no output tensor
-  // (on an error answer it holds a partial sum).
+  // (after an error answer its contents are undefined).
   absl::Status SendOwned(pb::MoeLayerRequest req, float* out, client::ResponseCallback cb);
   absl::Status CancelRequest(uint64_t id,
                              pb::CancelReason reason = pb::CANCEL_REASON_CLIENT) override;

@@ -100,6 +100,11 @@ struct LayerCall {
   // writes nothing more into it.
   float* sum_out = nullptr;
   float* sum_data() { return sum_out != nullptr ? sum_out : sum.data(); }
+  // sum_out is not zero-filled up front: the first contribution that covers every row is copied
+  // into it instead of added, one that does not zero-fills it first (`sum` starts zeroed: true).
+  bool sum_written = true;
+  // Zero-fills sum_out if nothing was written into it (an answer is about to be made).
+  void ZeroSumIfUnwritten();
   std::set<int> fanout;     // workers sent to
   std::set<int> failed;     // workers whose part failed (not chosen again)
   std::string last_failure;  // the latest part failure, for the message if no worker is left

@@ -282,8 +282,8 @@ absl::Status MoeRouterService::Prepare(pb::MoeLayerRequest& req, LayerCall& c, f
   }
   const size_t n = static_cast<size_t>(c.num_tokens) * c.hidden_size;
   if (out != nullptr && c.out_dtype == pb::DTYPE_FP32) {
-    std::fill_n(out, n, 0.0f);
     c.sum_out = out;
+    c.sum_written = false;  // zero-filled or copied into by the first contribution
   } else {
     c.sum.assign(n, 0.0f);
   }
@@ -291,6 +291,7 @@ absl::Status MoeRouterService::Prepare(pb::MoeLayerRequest& req, LayerCall& c, f
 }
 
 void MoeRouterService::Finish(const std::shared_ptr<LayerCall>& c, const absl::Status& st) {
+  if (st.ok() && c->sum_out != nullptr) c->ZeroSumIfUnwritten();  // no contribution came
   LayerAnswer a = MakeAnswer(*c, st);
   // Leave `inflight` and queue the answer in one step: the client may reuse the id once it reads
   // the answer, and the stream does not end between the two.
