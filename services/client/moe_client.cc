@@ -187,7 +187,8 @@ absl::Status ResponseOutput(const pb::MoeLayerResponse& r, int hidden, std::vect
   return svc::TensorToFloat(t, "output", false, out->data());
 }
 
-absl::Status ResponseOutputTo(const pb::MoeLayerResponse& r, int hidden, float* out, size_t floats) {
+absl::Status ResponseOutputTo(const pb::MoeLayerResponse& r, int hidden, float* out,
+                              size_t floats) {
   if (r.status().code() != pb::OK) return svc::FromRequestStatus(r.status());
   const pb::Tensor& t = r.output();
   if (absl::Status v = svc::ValidateTensor(t, "output", {-1, hidden}); !v.ok()) return v;

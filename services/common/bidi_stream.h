@@ -250,8 +250,8 @@ class BidiStream : public Side {
   // taken. BeforeSideRead: on the reader thread, before a message is parsed into `m` (empty):
   // fields given buffers here are parsed into in place (the message is merged into `m`, so a
   // submessage created here stays present, if empty, when the peer sent none).
-  virtual void SideWrittenLocked(Out& m) {}
-  virtual void BeforeSideRead(In& m) {}
+  virtual void SideWrittenLocked(Out& /*m*/) {}
+  virtual void BeforeSideRead(In& /*m*/) {}
 
  private:
   // kOpen: reading and writing. kEnding: End decided (a server end waits for its outstanding

@@ -74,7 +74,8 @@ void WorkerStream::Complete(std::shared_ptr<WorkRequest> r, absl::Status status)
   FillTimings(*r, now, resp.mutable_timings());
   RecordMetrics(*r, status, now);
   if (status.ok()) FillOutput(*r, resp.mutable_output());
-  // Completed: nothing computes from its hidden states any more (services/expert_worker/scheduler.h).
+  // Completed: nothing computes from its hidden states any more
+  // (services/expert_worker/scheduler.h).
   // Read from the side channel, their buffer is the next side-channel request's.
   std::string hidden;
   {

@@ -261,8 +261,8 @@ std::shared_ptr<LayerCall> MoeRouterService::Admit(const std::shared_ptr<AnswerS
 
 absl::Status MoeRouterService::Prepare(pb::MoeLayerRequest& req, LayerCall& c, float* out) {
   const LayerRequestLimits limits{opt_.max_tokens, opt_.max_message_bytes};
-  EXL3_ASSIGN_OR_RETURN(LayerRequest r,
-                        TakeLayerRequest(req, cfg_, limits, /*local_shared_expert=*/local_shared_ != nullptr));
+  const bool local_shared = local_shared_ != nullptr;
+  EXL3_ASSIGN_OR_RETURN(LayerRequest r, TakeLayerRequest(req, cfg_, limits, local_shared));
   c.num_tokens = r.num_tokens;
   c.hidden_size = r.hidden_size;
   c.in_dtype = r.in_dtype;

@@ -82,7 +82,9 @@ std::unique_ptr<engine::MoeCall> RouterMoeExecutor::Send(pb::MoeLayerRequest req
   const int hidden = hidden_;
   const absl::Status sent = stream_->SendOwned(
       std::move(req), y,
-      [call, hidden](absl::Status st, const pb::MoeLayerResponse* r) { call->Complete(st, r, hidden); });
+      [call, hidden](absl::Status st, const pb::MoeLayerResponse* r) {
+        call->Complete(st, r, hidden);
+      });
   if (!sent.ok()) call->Complete(sent, nullptr, hidden);
   // The callback holds the call too; a handle dropped unwaited still waits, so the answer never
   // lands in a buffer its caller has freed.

@@ -1,9 +1,11 @@
 // exl3-remote-moe-bench MODEL_DIR MAP [options]: the CPU-side cost of one MoE layer call on
-// remote experts, as the GPU engine makes it: an InProcessRouter (services/router/in_process_router.h)
-// in this process, RouterMoeExecutor::StartRouted (services/router/router_moe_executor.h) with the
-// caller's top-k and fp32 hidden states, answered by the workers of MAP. With a model whose
-// experts are tiny (exl3-tool make-test-model --intermediate 128) the worker's compute is
-// negligible and what is left is dispatch, copies, encoding and the transport.
+// remote experts, as the GPU engine makes it: an InProcessRouter
+// (services/router/in_process_router.h) in this process, RouterMoeExecutor::StartRouted
+// (services/router/router_moe_executor.h) with the caller's top-k and fp32 hidden states,
+// answered by the workers of MAP. With tiny experts (exl3-tool make-test-model --intermediate 128)
+// on a CPU worker the compute is small but, at 1024 tokens on a few cores, not negligible: the last
+// column subtracts the worker's own compute stage, leaving dispatch, copies, encoding, transport
+// and hand-offs (bench/results/service.md).
 //
 // Per token count it prints the call's mean / p50 / min wall time and, from the router's and the
 // worker's Prometheus histograms (docs/metrics.md), the mean of each stage over the measured calls:
