@@ -187,4 +187,15 @@ absl::Status ResponseOutput(const pb::MoeLayerResponse& r, int hidden, std::vect
   return svc::TensorToFloat(t, "output", false, out->data());
 }
 
+absl::Status ResponseOutputTo(const pb::MoeLayerResponse& r, int hidden, float* out,
+                              size_t floats) {
+  if (r.status().code() != pb::OK) return svc::FromRequestStatus(r.status());
+  const pb::Tensor& t = r.output();
+  if (absl::Status v = svc::ValidateTensor(t, "output", {-1, hidden}); !v.ok()) return v;
+  if (static_cast<size_t>(t.shape(0)) * hidden != floats) {
+    return absl::InternalError("MoE answer of the wrong size");
+  }
+  return svc::TensorToFloat(t, "output", false, out);
+}
+
 }  // namespace exl3::client

@@ -100,5 +100,7 @@ pb::MoeLayerRequest MakeLayerRequest(int layer, const float* x, int64_t T, int h
                                      bool include_shared_expert = true);
 // The response's output as fp32 [T, hidden]; its in-band error when not OK.
 absl::Status ResponseOutput(const pb::MoeLayerResponse& r, int hidden, std::vector<float>* out);
+// The same into `out`, which holds `floats` values: INTERNAL when the output has another size.
+absl::Status ResponseOutputTo(const pb::MoeLayerResponse& r, int hidden, float* out, size_t floats);
 
 }  // namespace exl3::client

@@ -116,7 +116,9 @@ absl::StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Create(size_t ring_bytes
     return absl::ResourceExhaustedError(absl::StrCat("sizing shared memory ", c->name_, " to ",
                                                      c->map_bytes_, " bytes: ", std::strerror(e)));
   }
-  void* p = mmap(nullptr, c->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // Populated now: a message's first pass through a ring page otherwise takes a page fault per
+  // 4 KiB (a 16 MB message 4096 of them, milliseconds) until the ring has wrapped once.
+  void* p = mmap(nullptr, c->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
   if (p == MAP_FAILED) {
     shm_unlink(c->name_.c_str());
@@ -159,7 +161,7 @@ absl::StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Attach(const std::string
   }
   std::unique_ptr<ShmChannel> c(new ShmChannel());
   c->map_bytes_ = static_cast<size_t>(sb.st_size);
-  void* p = mmap(nullptr, c->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = mmap(nullptr, c->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
   if (p == MAP_FAILED) {
     return absl::ResourceExhaustedError(absl::StrCat("mapping ", name, ": ", std::strerror(errno)));

@@ -46,6 +46,13 @@ absl::Status ValidateTensor(const pb::Tensor& t, std::string_view name,
 absl::Status TensorToFloat(const pb::Tensor& t, std::string_view name, bool require_finite,
                            float* out);
 
+// Converts `n` elements of wire dtype `dtype` (FP32, FP16 or BF16) at `data` to fp32.
+void WireToFloat(pb::DType dtype, const void* data, size_t n, float* out);
+
+// TensorToFloat's require_finite check without the conversion: the same INVALID_ARGUMENT for the
+// first NaN/Inf of a tensor that passed ValidateTensor, read in its wire dtype.
+absl::Status CheckFinite(const pb::Tensor& t, std::string_view name);
+
 // ValidateTensor for rank 2 [rows, cols] (cols >= 0 enforced, -1 any) + TensorToFloat with
 // require_finite. `rows` receives shape[0].
 absl::Status DecodeMatrix(const pb::Tensor& t, std::string_view name, int64_t cols,

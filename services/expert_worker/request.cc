@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "services/common/wire.h"
@@ -104,7 +103,7 @@ absl::StatusOr<std::shared_ptr<WorkRequest>> DecodeExpertRequest(pb::ExpertReque
   r->ids.assign(msg.expert_ids().begin(), msg.expert_ids().end());
   r->weights.assign(msg.expert_weights().begin(), msg.expert_weights().end());
   const std::vector<bool>& held = shape.held[layer];
-  std::map<int, int> per_expert;
+  std::vector<int> per_expert(shape.num_experts, 0);  // routed tokens per expert
   for (int64_t t = 0; t < T; ++t) {
     int used = 0;
     for (int s = 0; s < S; ++s) {
@@ -142,7 +141,9 @@ absl::StatusOr<std::shared_ptr<WorkRequest>> DecodeExpertRequest(pb::ExpertReque
                                                       shape.top_k));
     }
   }
-  r->expert_tokens.assign(per_expert.begin(), per_expert.end());
+  for (int e = 0; e < shape.num_experts; ++e) {
+    if (per_expert[e] > 0) r->expert_tokens.emplace_back(e, per_expert[e]);
+  }
 
   // Hidden states last (the largest work): fp32 bytes are taken over, others converted.
   pb::Tensor* ht = msg.mutable_hidden();

@@ -310,6 +310,7 @@ absl::Status WorkerServer::Accept(pb::ExpertRequest&& msg, const std::shared_ptr
   if (!r.ok()) return r.status();
   (*r)->deadline = std::min((*r)->deadline, stream_deadline);
   (*r)->sink = stream;
+  (*r)->out_bytes = stream->TakeSpareOutput();  // resized by Submit: warm when reused
   *accepted = *r;
   return scheduler_->Submit(std::move(*r));
 }

@@ -74,7 +74,49 @@ void WorkerStream::Complete(std::shared_ptr<WorkRequest> r, absl::Status status)
   FillTimings(*r, now, resp.mutable_timings());
   RecordMetrics(*r, status, now);
   if (status.ok()) FillOutput(*r, resp.mutable_output());
+  // Completed: nothing computes from its hidden states any more
+  // (services/expert_worker/scheduler.h).
+  // Read from the side channel, their buffer is the next side-channel request's.
+  std::string hidden;
+  {
+    std::lock_guard<std::mutex> l(mutex());
+    auto it = ids_.find(r->id);
+    if (it != ids_.end() && it->second.path == svc::Path::kSideChannel &&
+        r->x_bytes.capacity() <= kMaxSpareBytes) {
+      hidden = std::move(r->x_bytes);
+      r->x = nullptr;
+    }
+  }
   Send(std::move(resp), /*release_id=*/true, svc::Path::kStream);
+  if (hidden.capacity() > 0) {
+    std::lock_guard<std::mutex> l(mutex());
+    spare_hidden_ = std::move(hidden);
+  }
+}
+
+std::string WorkerStream::TakeSpareOutput() {
+  std::string out;
+  {
+    std::lock_guard<std::mutex> l(mutex());
+    out = std::move(spare_output_);
+  }
+  out.clear();  // its capacity stays; Submit's resize zero-fills it
+  return out;
+}
+
+void WorkerStream::SideWrittenLocked(pb::ExpertResponse& m) {
+  if (!m.has_output()) return;
+  std::string* data = m.mutable_output()->mutable_data();
+  if (data->capacity() <= kMaxSpareBytes) spare_output_ = std::move(*data);
+}
+
+void WorkerStream::BeforeSideRead(pb::ExpertRequest& m) {
+  std::string hidden;
+  {
+    std::lock_guard<std::mutex> l(mutex());
+    hidden = std::move(spare_hidden_);
+  }
+  if (hidden.capacity() > 0) m.mutable_hidden()->mutable_data()->swap(hidden);
 }
 
 void WorkerStream::RecordMetrics(const WorkRequest& r, const absl::Status& status,

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "exl3serve/v1/exl3serve.pb.h"
@@ -32,6 +33,8 @@ class WorkerStream
  public:
   // Answers not yet written, per stream, before reading pauses.
   static constexpr size_t kMaxBacklog = 4096;
+  // The largest buffer kept for reuse (SideWrittenLocked, BeforeSideRead).
+  static constexpr size_t kMaxSpareBytes = 32u << 20;
 
   WorkerStream(WorkerServer* w, grpc::CallbackServerContext* ctx);
 
@@ -41,6 +44,10 @@ class WorkerStream
   // RequestSink
   bool Cancelled() const override { return cancelled_.load(); }
   void Complete(std::shared_ptr<WorkRequest> r, absl::Status status) override;
+
+  // The buffer of an answer written through the shared-memory channel, emptied, for the output of
+  // the next request (no capacity when there is none).
+  std::string TakeSpareOutput();
 
   // Nothing in flight and nothing left to write.
   bool Idle() {
@@ -61,6 +68,13 @@ class WorkerStream
   bool OwesAnswersLocked() const override { return !ids_.empty(); }
   void OnAbandoned() override { cancelled_.store(true); }  // the scheduler drops what it holds
   void OnEnded(const grpc::Status& st) override;
+  // Large buffers go round on the shared-memory path instead of being allocated per request (a
+  // 16 MB buffer mapped afresh costs ~4096 page faults): an answer's output buffer, once written
+  // into the channel, becomes the next request's (TakeSpareOutput); a finished side-channel
+  // request's hidden states buffer is what the next request read from the channel is parsed
+  // into. One of each per stream, of at most kMaxSpareBytes.
+  void SideWrittenLocked(pb::ExpertResponse& m) override;
+  void BeforeSideRead(pb::ExpertRequest& m) override;
 
   // One request: registered under its id, then validated and queued; answered in-band when that
   // fails.
@@ -83,6 +97,8 @@ class WorkerStream
   grpc::CallbackServerContext* const ctx_;
   Clock::time_point stream_deadline_ = Clock::time_point::max();
   std::map<uint64_t, InFlight> ids_;  // guarded by mutex()
+  std::string spare_output_;          // guarded by mutex()
+  std::string spare_hidden_;          // guarded by mutex()
   std::atomic<bool> cancelled_{false};
 };
 

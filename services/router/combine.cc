@@ -1,5 +1,7 @@
 #include "services/router/combine.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "kernels/moe_cpu.h"
@@ -12,29 +14,42 @@ namespace {
 uint64_t Micros(Clock::time_point a, Clock::time_point b) {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(b - a).count());
 }
-
-absl::Status DecodeWorkerOutput(const pb::Tensor& output, int64_t rows, int hidden,
-                                std::vector<float>* out) {
-  EXL3_RETURN_IF_ERROR(svc::ValidateTensor(output, "worker output", {rows, hidden}));
-  out->resize(static_cast<size_t>(rows) * hidden);
-  return svc::TensorToFloat(output, "worker output", false, out->data());
-}
 }  // namespace
 
 absl::Status AddWorkerOutput(LayerCall& c, const std::vector<int32_t>& rows,
                              const pb::Tensor& output, const std::string& worker) {
-  std::vector<float> out;
-  if (absl::Status v =
-          DecodeWorkerOutput(output, static_cast<int64_t>(rows.size()), c.hidden_size, &out);
+  if (absl::Status v = svc::ValidateTensor(output, "worker output",
+                                           {static_cast<int64_t>(rows.size()), c.hidden_size});
       !v.ok()) {
     return absl::InternalError(absl::StrCat("worker ", worker, " sent a bad answer: ", v.message()));
   }
+  // Added straight from the wire bytes: fp32 rows as they are, fp16/bf16 rows converted one at a
+  // time (no [rows, H] fp32 copy of the answer).
   const size_t H = static_cast<size_t>(c.hidden_size);
+  const size_t row_bytes = H * svc::WireDTypeSize(output.dtype());
+  const uint8_t* wire = reinterpret_cast<const uint8_t*>(output.data().data());
+  std::vector<float> row;
+  if (output.dtype() != pb::DTYPE_FP32) row.resize(H);
   std::lock_guard<std::mutex> l(c.mu);
   if (c.ended) return absl::OkStatus();
+  float* sum = c.sum_data();
+  // A part's rows are distinct: as many as the call's are all of them.
+  const bool copy = !c.sum_written && rows.size() == static_cast<size_t>(c.num_tokens);
+  if (!c.sum_written && !copy) std::fill_n(sum, static_cast<size_t>(c.num_tokens) * H, 0.0f);
+  c.sum_written = true;
   for (size_t r = 0; r < rows.size(); ++r) {
-    float* dst = c.sum.data() + static_cast<size_t>(rows[r]) * H;
-    const float* src = out.data() + r * H;
+    float* dst = sum + static_cast<size_t>(rows[r]) * H;
+    if (copy) {
+      svc::WireToFloat(output.dtype(), wire + r * row_bytes, H, dst);
+      continue;
+    }
+    const float* src;
+    if (output.dtype() == pb::DTYPE_FP32) {
+      src = reinterpret_cast<const float*>(wire + r * row_bytes);
+    } else {
+      svc::WireToFloat(output.dtype(), wire + r * row_bytes, H, row.data());
+      src = row.data();
+    }
     for (size_t i = 0; i < H; ++i) dst[i] += src[i];
   }
   c.t_last_answer = Clock::now();
@@ -55,7 +70,13 @@ absl::Status LocalSharedExpert::AddTo(LayerCall& c) {
   }
   std::lock_guard<std::mutex> l(c.mu);
   if (c.ended) return absl::OkStatus();
-  for (size_t i = 0; i < y.size(); ++i) c.sum[i] += y[i];
+  float* sum = c.sum_data();
+  if (!c.sum_written) {
+    std::copy(y.begin(), y.end(), sum);  // every row
+    c.sum_written = true;
+  } else {
+    for (size_t i = 0; i < y.size(); ++i) sum[i] += y[i];
+  }
   return absl::OkStatus();
 }
 
@@ -73,7 +94,11 @@ LayerAnswer MakeAnswer(const LayerCall& c, const absl::Status& st) {
   svc::SetRequestStatus(st, r.mutable_status());
   pb::RouterTimings* tm = r.mutable_timings();
   if (st.ok()) {
-    svc::EncodeTensor(c.sum.data(), {c.num_tokens, c.hidden_size}, c.out_dtype, r.mutable_output());
+    // In place (sum_out): the caller has the sum already.
+    if (c.sum_out == nullptr) {
+      svc::EncodeTensor(c.sum.data(), {c.num_tokens, c.hidden_size}, c.out_dtype,
+                        r.mutable_output());
+    }
     pb::TopK* tk = r.mutable_topk();
     tk->set_k(c.routing.k);
     *tk->mutable_ids() = {c.routing.ids.begin(), c.routing.ids.end()};

@@ -46,8 +46,9 @@ struct LayerAnswer {
   pb::MoeLayerResponse response;
   Clock::time_point t_combine, t_end;  // when building it began and ended
 };
-// The answer of an ended call: with `st` OK the sum in the requested dtype, the routing and the
-// stage timings; else the status alone (and the timings that apply).
+// The answer of an ended call: with `st` OK the sum in the requested dtype (no output when the
+// sum is in the caller's buffer, LayerCall::sum_out), the routing and the stage timings; else the
+// status alone (and the timings that apply).
 LayerAnswer MakeAnswer(const LayerCall& c, const absl::Status& st);
 
 }  // namespace exl3::router

@@ -107,15 +107,18 @@ absl::Status InProcessStream::Send(pb::MoeLayerRequest& req, client::ResponseCal
   const uint64_t id = sink_->Add(std::move(cb));
   if (id == 0) return absl::UnavailableError("stream closed");
   req.set_id(id);
-  int64_t tokens = 0;
-  if (req.has_hidden() && req.hidden().shape_size() > 0) tokens = req.hidden().shape(0);
-  if (tokens > inline_max_tokens_) {
-    // Submit hands large requests to the handler pool by moving them; the caller keeps `req`.
-    pb::MoeLayerRequest copy = req;
-    svc_.Submit(sink_, copy);
-  } else {
-    svc_.Submit(sink_, req);
-  }
+  // The service takes the hidden bytes out of the request it handles; the caller keeps `req`.
+  pb::MoeLayerRequest copy = req;
+  svc_.Submit(sink_, copy);
+  return absl::OkStatus();
+}
+
+absl::Status InProcessStream::SendOwned(pb::MoeLayerRequest req, float* out,
+                                        client::ResponseCallback cb) {
+  const uint64_t id = sink_->Add(std::move(cb));
+  if (id == 0) return absl::UnavailableError("stream closed");
+  req.set_id(id);
+  svc_.Submit(sink_, req, out);
   return absl::OkStatus();
 }
 

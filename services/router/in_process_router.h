@@ -44,6 +44,11 @@ class InProcessStream final : public client::LayerStream {
   static std::unique_ptr<InProcessStream> Open(MoeRouterService& svc, int inline_max_tokens);
   ~InProcessStream() override;  // Close()
   absl::Status Send(pb::MoeLayerRequest& req, client::ResponseCallback cb) override;
+  // Send of a request the stream may take apart (no copy of its hidden states). `out` (may be
+  // null): a buffer of T x hidden floats that the caller keeps until `cb` ran; with an fp32
+  // output_dtype the answer's sum is accumulated there and the response carries no output tensor
+  // (after an error answer its contents are undefined).
+  absl::Status SendOwned(pb::MoeLayerRequest req, float* out, client::ResponseCallback cb);
   absl::Status CancelRequest(uint64_t id,
                              pb::CancelReason reason = pb::CANCEL_REASON_CLIENT) override;
   // Requests in flight are answered CANCELLED (their work withdrawn from the workers); callbacks

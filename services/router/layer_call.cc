@@ -1,5 +1,6 @@
 #include "services/router/layer_call.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace exl3::router {
@@ -79,6 +80,13 @@ std::optional<LayerCall::Ending> LayerCall::End(bool ok, pb::CancelReason reason
     }
   }
   return e;
+}
+
+void LayerCall::ZeroSumIfUnwritten() {
+  std::lock_guard<std::mutex> l(mu);
+  if (sum_written) return;
+  std::fill_n(sum_out, static_cast<size_t>(num_tokens) * hidden_size, 0.0f);
+  sum_written = true;
 }
 
 bool LayerCall::has_ended() {

@@ -94,6 +94,17 @@ struct LayerCall {
   bool handler_running = true;
   int parts_out = 0;        // parts sent (or being sent) and not yet answered or failed over
   std::vector<float> sum;   // [T, H] fp32: partial sums and the local shared expert
+  // Set before dispatch when an in-process caller gave its own fp32 [T, H] buffer for the answer
+  // (MoeRouterService::Submit's `out`): the sum is kept there instead of in `sum`, and the answer
+  // carries no output tensor. The caller keeps the buffer until the answer came; an ended call
+  // writes nothing more into it.
+  float* sum_out = nullptr;
+  float* sum_data() { return sum_out != nullptr ? sum_out : sum.data(); }
+  // sum_out is not zero-filled up front: the first contribution that covers every row is copied
+  // into it instead of added, one that does not zero-fills it first (`sum` starts zeroed: true).
+  bool sum_written = true;
+  // Zero-fills sum_out if nothing was written into it (an answer is about to be made).
+  void ZeroSumIfUnwritten();
   std::set<int> fanout;     // workers sent to
   std::set<int> failed;     // workers whose part failed (not chosen again)
   std::string last_failure;  // the latest part failure, for the message if no worker is left

@@ -36,9 +36,11 @@ absl::Status DecodeGateInput(const pb::MoeLayerRequest& req, const MoeConfig& cf
 
 }  // namespace
 
-absl::StatusOr<LayerRequest> DecodeLayerRequest(const pb::MoeLayerRequest& req,
-                                                const MoeConfig& cfg,
-                                                const LayerRequestLimits& limits) {
+namespace {
+
+absl::StatusOr<LayerRequest> Decode(pb::MoeLayerRequest& req, const MoeConfig& cfg,
+                                    const LayerRequestLimits& limits, bool always_f32,
+                                    bool local_shared_expert) {
   if (const size_t n = req.ByteSizeLong(); n > static_cast<size_t>(limits.max_message_bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the request is ", n, " bytes, over --max-message-bytes ", limits.max_message_bytes,
@@ -53,8 +55,18 @@ absl::StatusOr<LayerRequest> DecodeLayerRequest(const pb::MoeLayerRequest& req,
   if (!req.has_hidden()) return absl::InvalidArgumentError("empty request: no hidden tensor");
   LayerRequest r;
   EXL3_RETURN_IF_ERROR(svc::ResolveOutputDType(req.output_dtype(), "output_dtype", &r.out_dtype));
-  EXL3_RETURN_IF_ERROR(
-      svc::DecodeMatrix(req.hidden(), "hidden", cfg.hidden_size, &r.hidden, &r.num_tokens));
+  // The gate reads the hidden states only when it computes the logits itself.
+  const bool gated_here = !req.has_router_logits() && !req.has_topk();
+  const bool f32 =
+      always_f32 || gated_here || (local_shared_expert && req.include_shared_expert());
+  if (f32) {
+    EXL3_RETURN_IF_ERROR(
+        svc::DecodeMatrix(req.hidden(), "hidden", cfg.hidden_size, &r.hidden, &r.num_tokens));
+  } else {
+    EXL3_RETURN_IF_ERROR(svc::ValidateTensor(req.hidden(), "hidden", {-1, cfg.hidden_size}));
+    EXL3_RETURN_IF_ERROR(svc::CheckFinite(req.hidden(), "hidden"));
+    r.num_tokens = req.hidden().shape(0);
+  }
   if (r.num_tokens > limits.max_tokens) {
     return absl::ResourceExhaustedError(absl::StrCat("request has ", r.num_tokens,
                                                      " tokens; the router accepts at most ",
@@ -63,12 +75,27 @@ absl::StatusOr<LayerRequest> DecodeLayerRequest(const pb::MoeLayerRequest& req,
   r.hidden_size = cfg.hidden_size;
   r.in_dtype = req.hidden().dtype();
   r.row_bytes = static_cast<size_t>(r.hidden_size) * svc::WireDTypeSize(r.in_dtype);
-  r.hidden_bytes = req.hidden().data();
+  r.hidden_bytes = std::move(*req.mutable_hidden()->mutable_data());
   r.include_shared_expert = req.include_shared_expert();
   r.gate.layer = req.layer();
   r.gate.num_tokens = static_cast<int>(r.num_tokens);
   EXL3_RETURN_IF_ERROR(DecodeGateInput(req, cfg, &r.gate));
   return r;
+}
+
+}  // namespace
+
+absl::StatusOr<LayerRequest> DecodeLayerRequest(const pb::MoeLayerRequest& req,
+                                                const MoeConfig& cfg,
+                                                const LayerRequestLimits& limits) {
+  pb::MoeLayerRequest copy = req;
+  return Decode(copy, cfg, limits, /*always_f32=*/true, /*local_shared_expert=*/false);
+}
+
+absl::StatusOr<LayerRequest> TakeLayerRequest(pb::MoeLayerRequest& req, const MoeConfig& cfg,
+                                              const LayerRequestLimits& limits,
+                                              bool local_shared_expert) {
+  return Decode(req, cfg, limits, /*always_f32=*/false, local_shared_expert);
 }
 
 }  // namespace exl3::router

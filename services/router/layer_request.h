@@ -29,13 +29,25 @@ struct LayerRequest {
   pb::DType out_dtype = pb::DTYPE_FP32;  // of the answer
   std::string hidden_bytes;              // [T, H] as sent (sliced per worker)
   size_t row_bytes = 0;                  // of one row of hidden_bytes
-  std::vector<float> hidden;             // [T, H] fp32 (gate, local shared expert)
+  // [T, H] fp32 for the gate and the local shared expert; empty when TakeLayerRequest was told
+  // neither needs it (the caller's top-k or logits, no local shared expert).
+  std::vector<float> hidden;
   bool include_shared_expert = false;
   GateInput gate;
 };
 
+// Decodes a copy of `req`'s hidden states; `hidden` (fp32) is always filled.
 absl::StatusOr<LayerRequest> DecodeLayerRequest(const pb::MoeLayerRequest& req,
                                                 const MoeConfig& cfg,
                                                 const LayerRequestLimits& limits);
+
+// The same checks and errors, taking `req`'s hidden bytes (left empty in `req`) instead of copying
+// them, and converting them to fp32 `hidden` only when something reads it: the gate computing
+// logits from them (no router_logits or topk given), or the local shared expert
+// (`local_shared_expert` and the request includes it). Otherwise their finiteness is checked on
+// the wire bytes.
+absl::StatusOr<LayerRequest> TakeLayerRequest(pb::MoeLayerRequest& req, const MoeConfig& cfg,
+                                              const LayerRequestLimits& limits,
+                                              bool local_shared_expert);
 
 }  // namespace exl3::router

@@ -142,16 +142,17 @@ void MoeRouterService::Unregister(EngineStream* s) {
   }
 }
 
-void MoeRouterService::Submit(const std::shared_ptr<AnswerSink>& s, pb::MoeLayerRequest& req) {
+void MoeRouterService::Submit(const std::shared_ptr<AnswerSink>& s, pb::MoeLayerRequest& req,
+                              float* out) {
   int64_t tokens = 0;
   if (req.has_hidden() && req.hidden().shape_size() > 0) tokens = req.hidden().shape(0);
-  if (req.has_cancel() || tokens <= opt_.inline_max_tokens) return Handle(s, req);
+  if (req.has_cancel() || tokens <= opt_.inline_max_tokens) return Handle(s, req, out);
   // Large: gate, dispatch and the local shared expert run on the handler pool; the calling
   // thread (a gRPC thread reading the stream) goes back to its work.
   auto r = std::make_shared<pb::MoeLayerRequest>(std::move(req));
   s->BeginHandling();
-  handlers_->Post([this, s, r] {
-    Handle(s, *r);
+  handlers_->Post([this, s, r, out] {
+    Handle(s, *r, out);
     s->EndHandling();
   });
 }
@@ -171,7 +172,8 @@ void MoeRouterService::CancelStream(AnswerSink& s) {
 
 // ---- one request ----
 
-void MoeRouterService::Handle(const std::shared_ptr<AnswerSink>& s, pb::MoeLayerRequest& req) {
+void MoeRouterService::Handle(const std::shared_ptr<AnswerSink>& s, pb::MoeLayerRequest& req,
+                              float* out) {
   const Clock::time_point t0 = Clock::now();
   if (req.has_cancel()) return CancelRequest(*s, req.id());
   if (draining_) {
@@ -179,7 +181,7 @@ void MoeRouterService::Handle(const std::shared_ptr<AnswerSink>& s, pb::MoeLayer
   }
   std::shared_ptr<LayerCall> c = Admit(s, req, t0);
   if (!c) return;
-  if (absl::Status st = Prepare(req, *c); !st.ok()) return dispatcher_.End(c, st);
+  if (absl::Status st = Prepare(req, *c, out); !st.ok()) return dispatcher_.End(c, st);
   c->t_gate_end = Clock::now();
   if (metrics_) metrics_->ObserveStage(c->layer, Stage::kGate, Secs(t0, c->t_gate_end));
 
@@ -257,9 +259,10 @@ std::shared_ptr<LayerCall> MoeRouterService::Admit(const std::shared_ptr<AnswerS
   return c;
 }
 
-absl::Status MoeRouterService::Prepare(const pb::MoeLayerRequest& req, LayerCall& c) {
+absl::Status MoeRouterService::Prepare(pb::MoeLayerRequest& req, LayerCall& c, float* out) {
   const LayerRequestLimits limits{opt_.max_tokens, opt_.max_message_bytes};
-  EXL3_ASSIGN_OR_RETURN(LayerRequest r, DecodeLayerRequest(req, cfg_, limits));
+  const bool local_shared = local_shared_ != nullptr;
+  EXL3_ASSIGN_OR_RETURN(LayerRequest r, TakeLayerRequest(req, cfg_, limits, local_shared));
   c.num_tokens = r.num_tokens;
   c.hidden_size = r.hidden_size;
   c.in_dtype = r.in_dtype;
@@ -277,11 +280,18 @@ absl::Status MoeRouterService::Prepare(const pb::MoeLayerRequest& req, LayerCall
   } else if (opt_.default_deadline_ms > 0) {
     c.deadline = c.t_start + std::chrono::milliseconds(opt_.default_deadline_ms);
   }
-  c.sum.assign(static_cast<size_t>(c.num_tokens) * c.hidden_size, 0.0f);
+  const size_t n = static_cast<size_t>(c.num_tokens) * c.hidden_size;
+  if (out != nullptr && c.out_dtype == pb::DTYPE_FP32) {
+    c.sum_out = out;
+    c.sum_written = false;  // zero-filled or copied into by the first contribution
+  } else {
+    c.sum.assign(n, 0.0f);
+  }
   return absl::OkStatus();
 }
 
 void MoeRouterService::Finish(const std::shared_ptr<LayerCall>& c, const absl::Status& st) {
+  if (st.ok() && c->sum_out != nullptr) c->ZeroSumIfUnwritten();  // no contribution came
   LayerAnswer a = MakeAnswer(*c, st);
   // Leave `inflight` and queue the answer in one step: the client may reuse the id once it reads
   // the answer, and the stream does not end between the two.

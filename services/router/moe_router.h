@@ -95,8 +95,11 @@ class MoeRouterService final
   // One request (or a cancel message) of the stream whose answers go to `s`: what a Forward stream
   // does with each message it reads, also usable in-process. Requests of at most
   // inline_max_tokens tokens are handled on this thread (their answer may be delivered before this
-  // returns), larger ones on the handler pool; `req` may be moved from.
-  void Submit(const std::shared_ptr<AnswerSink>& s, pb::MoeLayerRequest& req);
+  // returns), larger ones on the handler pool; `req` may be moved from. `out` (in process only):
+  // the caller's fp32 [T, hidden] buffer, kept until the answer came; with an fp32 output_dtype
+  // the sum is accumulated there and the answer carries no output tensor (else it is not used).
+  void Submit(const std::shared_ptr<AnswerSink>& s, pb::MoeLayerRequest& req,
+              float* out = nullptr);
   // The stream's caller is gone: marks `s` cancelled and ends its requests in flight (answered
   // CANCELLED, their work withdrawn from the workers).
   void CancelStream(AnswerSink& s);
@@ -105,7 +108,7 @@ class MoeRouterService final
   friend class EngineStream;
   // One request (or a cancel message) of stream `s`, on the thread that read it (small) or the
   // handler pool (large).
-  void Handle(const std::shared_ptr<AnswerSink>& s, pb::MoeLayerRequest& req);
+  void Handle(const std::shared_ptr<AnswerSink>& s, pb::MoeLayerRequest& req, float* out);
   // A cancel message: ends the request `id` of `s` if it is in flight.
   void CancelRequest(AnswerSink& s, uint64_t id);
   // Answers `req` with `st` without it ever being in flight (draining, over the limits).
@@ -115,8 +118,9 @@ class MoeRouterService final
   // rejected (answered) or the stream is gone.
   std::shared_ptr<LayerCall> Admit(const std::shared_ptr<AnswerSink>& s,
                                    const pb::MoeLayerRequest& req, Clock::time_point t0);
-  // Decodes, gates and sets the deadline of an admitted call.
-  absl::Status Prepare(const pb::MoeLayerRequest& req, LayerCall& c);
+  // Decodes (taking the hidden bytes out of `req`), gates and sets the deadline of an admitted
+  // call; `out` as Submit's.
+  absl::Status Prepare(pb::MoeLayerRequest& req, LayerCall& c, float* out);
   // The dispatcher's end of a call: the answer, metrics, the in-flight count.
   void Finish(const std::shared_ptr<LayerCall>& c, const absl::Status& st);
   void Unregister(EngineStream* s);

@@ -20,13 +20,13 @@ class RouterMoeCall final : public engine::MoeCall {
     cv_.wait(lock, [&] { return done_; });
     return status_;
   }
-  // On the thread that completes the request.
+  // On the thread that completes the request. An OK answer without an output tensor summed into
+  // y_ itself (InProcessStream::SendOwned).
   void Complete(absl::Status st, const pb::MoeLayerResponse* r, int hidden) {
-    std::vector<float> out;
     if (st.ok() && r == nullptr) st = absl::InternalError("MoE request ended without an answer");
-    if (st.ok()) st = client::ResponseOutput(*r, hidden, &out);
-    if (st.ok() && out.size() != floats_) st = absl::InternalError("MoE answer of the wrong size");
-    if (st.ok()) std::memcpy(y_, out.data(), floats_ * sizeof(float));
+    if (st.ok() && (r->status().code() != pb::OK || r->has_output())) {
+      st = client::ResponseOutputTo(*r, hidden, y_, floats_);
+    }
     std::lock_guard<std::mutex> lock(mu_);
     status_ = st;
     done_ = true;
@@ -80,8 +80,11 @@ std::unique_ptr<engine::MoeCall> RouterMoeExecutor::Send(pb::MoeLayerRequest req
   req.set_timeout_us(static_cast<uint64_t>(timeout_.count()) * 1000);
   auto call = std::make_shared<RouterMoeCall>(y, static_cast<size_t>(T) * hidden_);
   const int hidden = hidden_;
-  const absl::Status sent = stream_->Send(
-      req, [call, hidden](absl::Status st, const pb::MoeLayerResponse* r) { call->Complete(st, r, hidden); });
+  const absl::Status sent = stream_->SendOwned(
+      std::move(req), y,
+      [call, hidden](absl::Status st, const pb::MoeLayerResponse* r) {
+        call->Complete(st, r, hidden);
+      });
   if (!sent.ok()) call->Complete(sent, nullptr, hidden);
   // The callback holds the call too; a handle dropped unwaited still waits, so the answer never
   // lands in a buffer its caller has freed.

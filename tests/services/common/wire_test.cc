@@ -62,6 +62,51 @@ TEST(Wire, RoundTripAllDtypes) {
   }
 }
 
+TEST(Wire, CheckFiniteFindsWhatTensorToFloatFindsWithTheSameMessage) {
+  // Every dtype, the bad value at each end and in the middle (row 2 of [3, 40]: past a vector
+  // width), as +Inf, -Inf and NaN.
+  const std::vector<float> x = Random(3 * 40, 7);
+  const float bad[] = {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                       std::numeric_limits<float>::quiet_NaN()};
+  for (pb::DType dt : {pb::DTYPE_FP32, pb::DTYPE_FP16, pb::DTYPE_BF16}) {
+    pb::Tensor good;
+    EncodeTensor(x.data(), {3, 40}, dt, &good);
+    EXPECT_TRUE(CheckFinite(good, "hidden").ok()) << WireDTypeName(dt);
+    for (size_t at : {size_t{0}, size_t{97}, x.size() - 1}) {
+      for (float v : bad) {
+        std::vector<float> y = x;
+        y[at] = v;
+        pb::Tensor t;
+        EncodeTensor(y.data(), {3, 40}, dt, &t);
+        std::vector<float> out(y.size());
+        const absl::Status want = TensorToFloat(t, "hidden", /*require_finite=*/true, out.data());
+        const absl::Status got = CheckFinite(t, "hidden");
+        ASSERT_FALSE(want.ok());
+        EXPECT_EQ(got, want) << WireDTypeName(dt) << " at " << at;
+      }
+    }
+  }
+  // The largest finite values pass.
+  const float big[2] = {65504.0f, -3.0e38f};
+  pb::Tensor t16, t32;
+  EncodeTensor(big, {1}, pb::DTYPE_FP16, &t16);
+  EncodeTensor(big + 1, {1}, pb::DTYPE_FP32, &t32);
+  EXPECT_TRUE(CheckFinite(t16, "x").ok());
+  EXPECT_TRUE(CheckFinite(t32, "x").ok());
+}
+
+TEST(Wire, WireToFloatConvertsPartsOfATensor) {
+  const std::vector<float> x = Random(2 * 24, 3);
+  for (pb::DType dt : {pb::DTYPE_FP32, pb::DTYPE_FP16, pb::DTYPE_BF16}) {
+    pb::Tensor t;
+    EncodeTensor(x.data(), {2, 24}, dt, &t);
+    std::vector<float> all(x.size()), row(24);
+    ASSERT_TRUE(TensorToFloat(t, "t", false, all.data()).ok());
+    WireToFloat(dt, t.data().data() + 24 * WireDTypeSize(dt), 24, row.data());
+    for (int i = 0; i < 24; ++i) EXPECT_EQ(row[i], all[24 + i]) << WireDTypeName(dt) << " " << i;
+  }
+}
+
 TEST(Wire, Bf16RoundsToNearestEven) {
   // 1 + 2^-8 is halfway between bf16 1.0 and 1 + 2^-7: ties to even -> 1.0.
   const float x[2] = {1.0f + 1.0f / 256, 1.0f + 3.0f / 256};

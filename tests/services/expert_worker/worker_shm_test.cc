@@ -131,6 +131,39 @@ TEST(WorkerShm, RequestsThroughTheChannelMatchGrpcAndTheReference) {
   EXPECT_FALSE(ShmReceive(*t.ch, &r));
 }
 
+TEST(WorkerShm, ReusedBuffersCarryNothingOverBetweenRequests) {
+  // The worker parses each channel request into the previous one's hidden-states buffer and
+  // computes into the previous answer's output buffer (services/expert_worker/worker_stream.h):
+  // shrinking and growing sizes must still give the reference, and a request without hidden
+  // states is refused as through gRPC.
+  ShmSetup t(1 << 20, /*worker_shm=*/true, /*spin_us=*/50);
+  auto& s = t.s;
+  ASSERT_TRUE(Offer(*s, t.ch->name(), t.ch->nonce()).shm_attached());
+  std::mt19937 rng(11);
+  uint64_t id = 1;
+  for (int T : {33, 7, 1, 20, 20, 2}) {
+    Request q = Random(rng, id++, T);
+    ASSERT_TRUE(ShmSend(*t.ch, q.msg));
+    pb::ExpertResponse r;
+    ASSERT_TRUE(ShmReceive(*t.ch, &r));
+    ASSERT_EQ(r.status().code(), pb::OK) << r.status().message();
+    ASSERT_EQ(r.output().shape(0), T);
+    const std::vector<float> ref = t.h.Reference(1, q.x, T, q.S, q.ids, q.w);
+    EXPECT_LT(RelError(OutputAsFloat(r), ref), 1e-5) << "T=" << T;
+  }
+  pb::ExpertRequest empty = Random(rng, id++, 3).msg;
+  empty.clear_hidden();
+  ASSERT_TRUE(ShmSend(*t.ch, empty));
+  pb::ExpertResponse by_shm, by_grpc;
+  ASSERT_TRUE(ShmReceive(*t.ch, &by_shm));
+  ASSERT_TRUE(s->Write(empty));
+  ASSERT_TRUE(s->Read(&by_grpc));
+  EXPECT_EQ(by_shm.status().code(), pb::INVALID_ARGUMENT);
+  EXPECT_EQ(by_shm.status().message(), by_grpc.status().message());
+  s->WritesDone();
+  EXPECT_TRUE(s->Finish().ok());
+}
+
 TEST(WorkerShm, BadOffersAreDeclinedAndTheStreamGoesOn) {
   ShmSetup t(64 << 10);
   auto& s = t.s;

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -235,7 +236,10 @@ class DispatcherTest : public ::testing::Test {
           Outcome& o = outcomes_[c->id];
           ++o.ends;
           o.status = st;
-          if (st.ok()) o.sum = c->sum;
+          if (st.ok()) {
+            const float* sum = c->sum_data();
+            o.sum.assign(sum, sum + c->num_tokens * c->hidden_size);
+          }
           cv_.notify_all();
         }) {}
 
@@ -362,6 +366,25 @@ TEST_F(DispatcherTest, EachWorkerGetsOnlyTheRowsAndExpertsItHolds) {
   EXPECT_GT(ra.timeout_us(), 0u);
   EXPECT_LE(ra.timeout_us(), 5000000u);
   EXPECT_EQ(c->fanout.size(), 2u);
+}
+
+TEST_F(DispatcherTest, SumsIntoTheCallersBufferWhateverItHeld) {
+  // LayerCall::sum_out (an in-process caller's buffer, not zeroed): one part covering every row is
+  // copied into it, parts covering some rows zero it first and add.
+  auto a = Link("a"), b = Link("b");
+  auto one = MakeSet({{a, {0, 1, 2, 3, 4, 5, 6, 7}}}, false);
+  auto two = MakeSet({{a, {0, 1, 2, 3}}, {b, {4, 5, 6, 7}}}, false);
+  for (const auto& set : {one, two}) {
+    auto c = MakeCall(set, {{0, 1}, {2, 5}, {6, 7}});
+    std::vector<float> out(c->hidden.size(), std::numeric_limits<float>::quiet_NaN());
+    c->sum.clear();
+    c->sum_out = out.data();
+    c->sum_written = false;
+    Run(c);
+    Outcome o = Wait(c);
+    ASSERT_EQ(o.ends, 1);
+    ExpectSum(*c, o);
+  }
 }
 
 TEST_F(DispatcherTest, ChoosesTheLeastLoadedReplicaAndSkipsDownWorkers) {

@@ -175,6 +175,54 @@ TEST_F(GateTest, DecodesARequest) {
   EXPECT_EQ(r->gate.layer, kLayer);
 }
 
+TEST_F(GateTest, TakesTheHiddenBytesAndDecodesFp32OnlyWhenRead) {
+  const int H = cfg().hidden_size;
+  pb::MoeLayerRequest routed = Request(kLayer, 2, H);
+  routed.mutable_topk()->set_k(1);
+  routed.mutable_topk()->add_ids(0);
+  routed.mutable_topk()->add_ids(1);
+  routed.mutable_topk()->add_weights(1.0f);
+  routed.mutable_topk()->add_weights(1.0f);
+  routed.set_include_shared_expert(true);
+  const std::string bytes = routed.hidden().data();
+  {
+    // The caller's top-k and no local shared expert: nothing reads fp32 hidden states.
+    pb::MoeLayerRequest req = routed;
+    absl::StatusOr<LayerRequest> r = TakeLayerRequest(req, cfg(), {}, /*local_shared_expert=*/false);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->num_tokens, 2);
+    EXPECT_EQ(r->hidden_bytes, bytes);
+    EXPECT_TRUE(req.hidden().data().empty());  // taken, not copied
+    EXPECT_TRUE(r->hidden.empty());
+    EXPECT_EQ(r->gate.source, RoutingSource::kTopK);
+  }
+  {
+    // The local shared expert reads them.
+    pb::MoeLayerRequest req = routed;
+    absl::StatusOr<LayerRequest> r = TakeLayerRequest(req, cfg(), {}, /*local_shared_expert=*/true);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->hidden.size(), static_cast<size_t>(2 * H));
+    EXPECT_EQ(r->hidden[H], 0.25f);
+  }
+  {
+    // The gate computes the logits from them.
+    pb::MoeLayerRequest req = Request(kLayer, 2, H);
+    absl::StatusOr<LayerRequest> r = TakeLayerRequest(req, cfg(), {}, /*local_shared_expert=*/false);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->hidden.size(), static_cast<size_t>(2 * H));
+  }
+  // A non-finite value is refused the same way whether or not the fp32 copy is made.
+  std::vector<float> x(static_cast<size_t>(2) * H, 0.5f);
+  x[H + 3] = std::numeric_limits<float>::infinity();
+  pb::MoeLayerRequest bad = routed;
+  svc::EncodeTensor(x.data(), {2, H}, pb::DTYPE_FP16, bad.mutable_hidden());
+  pb::MoeLayerRequest bad2 = bad;
+  const absl::Status taken = TakeLayerRequest(bad, cfg(), {}, false).status();
+  EXPECT_EQ(taken.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(taken, DecodeLayerRequest(bad2, cfg(), {}).status());
+  EXPECT_EQ(taken.message(), "hidden: non-finite value inf at [1, 3] (NaN/Inf inputs are rejected)");
+}
+
 TEST_F(GateTest, RefusesBadRequestsNamingTheProblem) {
   const int H = cfg().hidden_size;
   EXPECT_EQ(DecodeLayerRequest(Request(0, 1, H), cfg(), {}).status().code(),
