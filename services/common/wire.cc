@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/fp16.h"
 
 #if defined(__x86_64__)
@@ -200,15 +202,21 @@ absl::Status NonFinite(const pb::Tensor& t, std::string_view name, int64_t bad, 
                                                  "] (NaN/Inf inputs are rejected)"));
 }
 
-}  // namespace
-
-absl::Status CheckFinite(const pb::Tensor& t, std::string_view name) {
-  const std::string& d = t.data();
+// Bytes per element of t's dtype; an error naming `name` for a dtype the wire does not carry.
+absl::StatusOr<size_t> ElementSize(const pb::Tensor& t, std::string_view name) {
   const size_t esize = WireDTypeSize(t.dtype());
   if (esize == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(std::string(name), ": dtype ", WireDTypeName(t.dtype()), " is not supported"));
   }
+  return esize;
+}
+
+}  // namespace
+
+absl::Status CheckFinite(const pb::Tensor& t, std::string_view name) {
+  const std::string& d = t.data();
+  EXL3_ASSIGN_OR_RETURN(const size_t esize, ElementSize(t, name));
   const size_t n = d.size() / esize;
   const uint8_t* p = reinterpret_cast<const uint8_t*>(d.data());
   const int64_t bad = t.dtype() == pb::DTYPE_FP32   ? FirstAllOnes<uint32_t>(p, n, 0x7f800000u)
@@ -223,11 +231,7 @@ absl::Status CheckFinite(const pb::Tensor& t, std::string_view name) {
 absl::Status TensorToFloat(const pb::Tensor& t, std::string_view name, bool require_finite,
                            float* out) {
   const std::string& d = t.data();
-  const size_t esize = WireDTypeSize(t.dtype());
-  if (esize == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(std::string(name), ": dtype ", WireDTypeName(t.dtype()), " is not supported"));
-  }
+  EXL3_ASSIGN_OR_RETURN(const size_t esize, ElementSize(t, name));
   const size_t n = d.size() / esize;
   WireToFloat(t.dtype(), d.data(), n, out);
   if (require_finite) {
