@@ -42,6 +42,29 @@ __global__ void WriteLatentKernel(const float* ckv, const float* w, int R, int r
   for (int i = threadIdx.x; i < rope; i += blockDim.x) s[R + i] = __float2half_rn(c[R + i]);
 }
 
+// The positions token t attends to (the indexer's chosen ones, or every visible one) and the part
+// [begin, end) of them that split `split` of `splits` takes; Slot(i): the cache slot of the i-th.
+struct SplitPositions {
+  const int32_t* list;  // chosen positions, or null: first_visible .. position
+  const int32_t* table;
+  int first, block_size, begin, end;
+  __device__ SplitPositions(const AttentionTokens& at, const LatentSelection& sel, bool selected, int t, int split,
+                            int splits, const int32_t* split_positions)
+      : list(selected ? sel.positions + static_cast<size_t>(t) * sel.stride : nullptr),
+        table(at.tables + at.table_offset[t]),
+        first(at.first_visible[t]),
+        block_size(at.block_size) {
+    const int n = selected ? sel.count[t] : at.position[t] - first + 1;
+    const int per = *split_positions;
+    begin = split * per;
+    end = split == splits - 1 ? n : min(n, begin + per);
+  }
+  __device__ int Slot(int i) const {
+    const int p = list != nullptr ? list[i] : first + i;
+    return table[p / block_size] * block_size + p % block_size;
+  }
+};
+
 // Shared memory of one attention block, in floats: the tile's queries [HT, W] (latent then rope
 // part), the output accumulators [HT, R], the tile's scores [HT, P], each head's running max, sum
 // and rescale [3, HT], the staged slots' indices [P] (ints), then the staged positions [P, W] fp16.
@@ -76,14 +99,8 @@ __global__ void LatentAttentionKernel(const float* q_latent, const float* q, con
   int* slots = reinterpret_cast<int*>(smem + lay.slots);
   __half* kv = reinterpret_cast<__half*>(smem + lay.kv);
 
-  const int pos = at.position[t], first = at.first_visible[t];
-  const int32_t* list = selected ? sel.positions + static_cast<size_t>(t) * sel.stride : nullptr;
-  const int n = selected ? sel.count[t] : pos - first + 1;
-  const int per = *split_positions;
-  const int i0 = split * per;
-  const int i1 = split == splits - 1 ? n : min(n, i0 + per);
-  const int32_t* table = at.tables + at.table_offset[t];
-  const int bs = at.block_size;
+  const SplitPositions span(at, sel, selected, t, split, splits, split_positions);
+  const int i0 = span.begin, i1 = span.end;
 
   for (int e = threadIdx.x; e < nh * W; e += blockDim.x) {
     const int hh = e / W, d = e % W;
@@ -100,8 +117,7 @@ __global__ void LatentAttentionKernel(const float* q_latent, const float* q, con
     const int np = min(kPositionTile, i1 - base);
     __syncthreads();  // the previous tile's kv and scores are consumed
     if (threadIdx.x < np) {
-      const int p = list != nullptr ? list[base + threadIdx.x] : first + base + threadIdx.x;
-      slots[threadIdx.x] = table[p / bs] * bs + p % bs;
+      slots[threadIdx.x] = span.Slot(base + threadIdx.x);
     }
     __syncthreads();
     for (int e = threadIdx.x; e < np * W; e += blockDim.x) {
@@ -215,14 +231,8 @@ __global__ void LatentAttentionTcKernel(const float* q_latent, const float* q, c
   float* rescale = run_sum + kTcRows;
   int* slots = reinterpret_cast<int*>(tc_smem + lay.slots);
 
-  const int pos = at.position[t], first = at.first_visible[t];
-  const int32_t* list = selected ? sel.positions + static_cast<size_t>(t) * sel.stride : nullptr;
-  const int n = selected ? sel.count[t] : pos - first + 1;
-  const int per = *split_positions;
-  const int i0 = split * per;
-  const int i1 = split == splits - 1 ? n : min(n, i0 + per);
-  const int32_t* table = at.tables + at.table_offset[t];
-  const int bs = at.block_size;
+  const SplitPositions span(at, sel, selected, t, split, splits, split_positions);
+  const int i0 = span.begin, i1 = span.end;
 
   // Queries as fp16 rows (rows past the last head zero), O zero, the running max and sum.
   for (int e = threadIdx.x; e < kTcRows * W; e += blockDim.x) {
@@ -247,8 +257,7 @@ __global__ void LatentAttentionTcKernel(const float* q_latent, const float* q, c
     if (threadIdx.x < kTcPositions) {
       int slot = -1;
       if (threadIdx.x < np) {
-        const int p = list != nullptr ? list[base + threadIdx.x] : first + base + threadIdx.x;
-        slot = table[p / bs] * bs + p % bs;
+        slot = span.Slot(base + threadIdx.x);
       }
       slots[threadIdx.x] = slot;
     }
