@@ -17,20 +17,14 @@
 #include "engine/local_moe.h"
 #include "tests/engine/delayed_moe.h"
 #include "tests/engine/model_harness.h"
+#include "tests/engine/relative_error.h"
 
 namespace exl3::engine {
 namespace {
 
 namespace fs = std::filesystem;
 
-double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(num / den);
-}
+using testing::RelativeError;
 
 std::vector<int32_t> RandomPrompt(int n, int vocab, uint32_t seed) {
   std::mt19937 rng(seed);

@@ -12,6 +12,7 @@
 #include "engine/dsv4_config.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
+#include "tests/engine/relative_error.h"
 
 namespace exl3::engine {
 namespace {
@@ -88,14 +89,7 @@ TEST(Dsv4Model, KvBytesPerTokenAreTheSlotsAndBlockAreas) {
   EXPECT_EQ((*m)->info().kv_bytes_per_token, (per_block + 15) / 16 * 4);  // 505 floats
 }
 
-double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(num / den);
-}
+using testing::RelativeError;
 
 // Runs tokens[start, end) of one sequence on `table` and returns the last token's logits.
 absl::StatusOr<std::vector<float>> RunChunk(CpuModel& m, const std::vector<int32_t>& tokens, int start, int end,

@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
 #include "tests/engine/model_harness.h"
+#include "tests/engine/relative_error.h"
 
 namespace exl3::engine {
 namespace {
@@ -51,14 +52,7 @@ int Tool(const std::string& args) {
   return std::system((std::string(EXL3_TOOL_BINARY) + " " + args + " > /dev/null").c_str());
 }
 
-double RelativeError(const float* a, const float* ref, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    num += (static_cast<double>(a[i]) - ref[i]) * (static_cast<double>(a[i]) - ref[i]);
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / den);
-}
+using testing::RelativeError;
 
 struct Case {
   const char* arch;

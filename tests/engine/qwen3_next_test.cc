@@ -18,6 +18,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/engine/engine_requests.h"
 #include "tests/engine/model_harness.h"
+#include "tests/engine/relative_error.h"
 
 namespace exl3::engine {
 namespace {
@@ -124,14 +125,7 @@ TEST(Qwen3NextConfig, RefusesBadLayerTypesAndShapes) {
 // ---------------------------------------------------------------------------------------------
 // The transformers fixtures.
 
-double RelativeError(const float* a, const float* ref, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    num += (static_cast<double>(a[i]) - ref[i]) * (static_cast<double>(a[i]) - ref[i]);
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / den);
-}
+using testing::RelativeError;
 
 std::string FixtureDir(const std::string& name) { return "tests/fixtures/engine/" + name; }
 

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
 #include "tests/engine/model_harness.h"
+#include "tests/engine/relative_error.h"
 
 namespace exl3::engine {
 namespace {
@@ -30,14 +31,7 @@ const char* const kFixtures[] = {"glm4_moe_experts",    "glm4_moe_all",    "qwen
 // The fixtures whose reference has a stop-and-resume run (resume.*: DeepSeek-V4's compressors).
 const char* const kResumeFixtures[] = {"deepseek_v4_experts", "deepseek_v4_all"};
 
-double RelativeError(const float* a, const float* ref, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    num += (static_cast<double>(a[i]) - ref[i]) * (static_cast<double>(a[i]) - ref[i]);
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / den);
-}
+using testing::RelativeError;
 
 struct Reference {
   std::unique_ptr<TensorSource> src;

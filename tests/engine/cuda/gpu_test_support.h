@@ -11,6 +11,7 @@
 #include "engine/cuda/device_array.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "tests/engine/relative_error.h"
 
 #define REQUIRE_GPU()                                                     \
   do {                                                                    \
@@ -19,15 +20,7 @@
 
 namespace exl3::engine::cuda {
 
-// ‖a − ref‖ / ‖ref‖ in double.
-inline double RelativeError(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    num += (static_cast<double>(a[i]) - ref[i]) * (static_cast<double>(a[i]) - ref[i]);
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
+using testing::RelativeError;
 
 inline std::vector<float> Random(size_t n, std::mt19937& rng, float scale = 1.0f) {
   std::normal_distribution<float> d(0.0f, scale);
