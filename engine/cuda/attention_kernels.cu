@@ -52,31 +52,40 @@ __global__ void WriteKvKernel(const float* k, const float* v, const int32_t* slo
 // grid (T, num_heads), block 128. scratch [T, num_heads, splits, head_dim + 2]: per split the
 // score maximum in log2 units (-inf: the split saw nothing), the sum of 2^(score - max) and the
 // unnormalised output. out [T, num_heads * head_dim] fp32.
+// Dynamic shared memory [splits] floats: each split's weight exp2(m_s - M), computed once, so that
+// every output value sums its splits with independent loads (the loop unrolled), in split order.
 __global__ void CombineSplitsKernel(const float* scratch, int num_heads, int head_dim, int splits,
                                     float* out) {
+  extern __shared__ float split_weight[];
   const int t = blockIdx.x, head = blockIdx.y, D = head_dim;
   const float* part = scratch + (static_cast<size_t>(t) * num_heads + head) * splits * (D + 2);
+  for (int s = threadIdx.x; s < splits; s += blockDim.x) split_weight[s] = part[s * (D + 2)];
+  __syncthreads();
   float M = -INFINITY;
-  for (int s = 0; s < splits; ++s) M = fmaxf(M, part[s * (D + 2)]);
-  float L = 0.0f;
-  for (int s = 0; s < splits; ++s) {
+  for (int s = 0; s < splits; ++s) M = fmaxf(M, split_weight[s]);
+  __syncthreads();  // every thread has read the maxima
+  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
     const float m = part[s * (D + 2)];
-    if (m != -INFINITY) L += exp2f(m - M) * part[s * (D + 2) + 1];
+    split_weight[s] = m == -INFINITY ? 0.0f : exp2f(m - M);
   }
+  __syncthreads();
+  float L = 0.0f;
+  for (int s = 0; s < splits; ++s) L += split_weight[s] * part[s * (D + 2) + 1];
   float* o = out + (static_cast<size_t>(t) * num_heads + head) * D;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float v = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-      const float m = part[s * (D + 2)];
-      if (m != -INFINITY) v += exp2f(m - M) * part[s * (D + 2) + 2 + d];
-    }
+#pragma unroll 8
+    for (int s = 0; s < splits; ++s) v += split_weight[s] * part[s * (D + 2) + 2 + d];
     o[d] = L > 0.0f ? v / L : 0.0f;
   }
 }
 
 absl::Status CombineSplits(const float* scratch, int T, int num_heads, int head_dim, int splits, float* out,
                            StreamHandle stream) {
-  CombineSplitsKernel<<<dim3(T, num_heads), 128, 0, S(stream)>>>(scratch, num_heads, head_dim, splits, out);
+  if (splits * sizeof(float) > (48 << 10))
+    return absl::InvalidArgumentError(absl::StrCat("attention: ", splits, " splits (at most 12288)"));
+  CombineSplitsKernel<<<dim3(T, num_heads), 128, splits * sizeof(float), S(stream)>>>(scratch, num_heads,
+                                                                                     head_dim, splits, out);
   return LaunchStatus("attention: split combine");
 }
 

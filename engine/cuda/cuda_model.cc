@@ -333,6 +333,9 @@ absl::Status CudaModel::PrepareStep(const StepTokens& tokens, const StepLayout& 
   } else {
     std::copy(tokens.logit_tokens.begin(), tokens.logit_tokens.end(), logit_rows);
   }
+  // GLM-MoE-DSA attends to at most index_topk chosen positions: splits of the whole span would
+  // leave all but the first few idle (their split count or length is from the positions taken).
+  if (cfg_.attention == AttentionKind::kDsa) span = std::min(span, cfg_.indexer.topk);
   step_splits_ = layout.splits > 0 ? layout.splits : SplitsFor(Tp, span);
   *split_positions = (span + step_splits_ - 1) / step_splits_;
   PlanAttention(tokens, Tp);

@@ -234,22 +234,23 @@ __global__ void LatentAttentionTcKernel(const float* q_latent, const float* q, c
   const SplitPositions span(at, sel, selected, t, split, splits, split_positions);
   const int i0 = span.begin, i1 = span.end;
 
-  // Queries as fp16 rows (rows past the last head zero), O zero, the running max and sum.
-  for (int e = threadIdx.x; e < kTcRows * W; e += blockDim.x) {
-    const int hh = e / W, d = e % W;
-    float v = 0.0f;
-    if (hh < nh) {
-      const size_t head = static_cast<size_t>(t) * NH + h0 + hh;
-      v = d < R ? q_latent[head * R + d] : q[head * shape.q_stride + shape.rope_offset + (d - R)];
+  // Queries as fp16 rows (rows past the last head zero), O zero, the running max and sum. The
+  // per-row loops give warp w rows w, w + 8 and its lanes the columns: a decode step's block does
+  // little else, and index arithmetic by a runtime width would cost more than the work.
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = kThreads / 32;
+  for (int hh = warp; hh < kTcRows; hh += warps) {
+    const size_t head = static_cast<size_t>(t) * NH + h0 + hh;
+    for (int d = lane; d < W; d += 32) {
+      float v = 0.0f;
+      if (hh < nh) v = d < R ? q_latent[head * R + d] : q[head * shape.q_stride + shape.rope_offset + (d - R)];
+      qs[hh * lay.q_ld + d] = __float2half_rn(v);
     }
-    qs[hh * lay.q_ld + d] = __float2half_rn(v);
+    for (int r = lane; r < R; r += 32) acc[hh * lay.out_ld + r] = 0.0f;
   }
-  for (int e = threadIdx.x; e < kTcRows * R; e += blockDim.x) acc[(e / R) * lay.out_ld + e % R] = 0.0f;
   if (threadIdx.x < kTcRows) {
     run_max[threadIdx.x] = -INFINITY;
     run_sum[threadIdx.x] = 0.0f;
   }
-  const int warp = threadIdx.x / 32;
   const int k_chunks = W / 16, out_frags = R / 16;
   for (int base = i0; base < i1; base += kTcPositions) {
     const int np = min(kTcPositions, i1 - base);
@@ -264,12 +265,13 @@ __global__ void LatentAttentionTcKernel(const float* q_latent, const float* q, c
     __syncthreads();
     // The tile's slots, 16 bytes at a time (rows past np zero: they meet probability 0).
     const int vecs = W / 8;
-    for (int e = threadIdx.x; e < kTcPositions * vecs; e += blockDim.x) {
-      const int pp = e / vecs, v = e % vecs;
-      uint4 x = make_uint4(0, 0, 0, 0);
-      if (slots[pp] >= 0)
-        x = *reinterpret_cast<const uint4*>(cache + static_cast<size_t>(slots[pp]) * shape.cache_width + v * 8);
-      *reinterpret_cast<uint4*>(kv + pp * lay.kv_ld + v * 8) = x;
+    for (int pp = warp; pp < kTcPositions; pp += warps) {
+      const int slot = slots[pp];
+      for (int v = lane; v < vecs; v += 32) {
+        uint4 x = make_uint4(0, 0, 0, 0);
+        if (slot >= 0) x = *reinterpret_cast<const uint4*>(cache + static_cast<size_t>(slot) * shape.cache_width + v * 8);
+        *reinterpret_cast<uint4*>(kv + pp * lay.kv_ld + v * 8) = x;
+      }
     }
     __syncthreads();
     {  // scores: warp w takes position fragment w % 2 over the K chunks w / 2, w / 2 + 4, ...
@@ -313,9 +315,13 @@ __global__ void LatentAttentionTcKernel(const float* q_latent, const float* q, c
       }
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < kTcRows * R; e += blockDim.x) acc[(e / R) * lay.out_ld + e % R] *= rescale[e / R];
+    for (int hh = warp; hh < kTcRows; hh += warps) {
+      const float rs = rescale[hh];
+      if (rs == 1.0f) continue;  // the row's max did not move (x * 1 is x)
+      for (int r = lane; r < R; r += 32) acc[hh * lay.out_ld + r] *= rs;
+    }
     __syncthreads();
-    for (int f = warp; f < out_frags; f += blockDim.x / 32) {  // O[:, 16 f ..] += P · latent[:, 16 f ..]
+    for (int f = warp; f < out_frags; f += warps) {  // O[:, 16 f ..] += P · latent[:, 16 f ..]
       wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
       wmma::load_matrix_sync(c, acc + f * 16, lay.out_ld, wmma::mem_row_major);
       for (int kc = 0; kc < kTcPositions / 16; ++kc) {
@@ -329,17 +335,16 @@ __global__ void LatentAttentionTcKernel(const float* q_latent, const float* q, c
     }
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < nh * R; e += blockDim.x) {
-    const int hh = e / R, r = e % R;
+  for (int hh = warp; hh < nh; hh += warps) {
     const size_t head = static_cast<size_t>(t) * NH + h0 + hh;
-    const float a = acc[hh * lay.out_ld + r];
+    const float* a = acc + hh * lay.out_ld;
     if (splits == 1) {
       const float l = run_sum[hh];
-      out[head * R + r] = l > 0.0f ? a / l : 0.0f;
+      for (int r = lane; r < R; r += 32) out[head * R + r] = l > 0.0f ? a[r] / l : 0.0f;
     } else {
       float* p = scratch + (head * splits + split) * (R + 2);
-      p[r] = a;
-      if (r == 0) {
+      for (int r = lane; r < R; r += 32) p[r] = a[r];
+      if (lane == 0) {
         p[R] = run_max[hh];
         p[R + 1] = run_sum[hh];
       }
@@ -347,23 +352,30 @@ __global__ void LatentAttentionTcKernel(const float* q_latent, const float* q, c
   }
 }
 
-// out[t, h] from the splits' partials (max, sum, unnormalised output); grid (heads, T).
+// out[t, h] from the splits' partials (max, sum, unnormalised output); grid (heads, T), dynamic
+// shared memory [splits] floats. Each split's weight exp(max_s - max) is computed once; then every
+// output value sums its splits with independent loads (the splits' loop unrolled), the same sums
+// in the same order as one thread per value would make.
 __global__ void LatentCombineKernel(const float* scratch, int NH, int R, int splits, float* out) {
+  extern __shared__ float split_weight[];
   const size_t head = static_cast<size_t>(blockIdx.y) * NH + blockIdx.x;
   const float* part = scratch + head * splits * (R + 2);
+  for (int s = threadIdx.x; s < splits; s += blockDim.x) split_weight[s] = part[s * (R + 2) + R];
+  __syncthreads();
   float m = -INFINITY;
-  for (int s = 0; s < splits; ++s) m = fmaxf(m, part[s * (R + 2) + R]);
-  float l = 0.0f;
-  for (int s = 0; s < splits; ++s) {
+  for (int s = 0; s < splits; ++s) m = fmaxf(m, split_weight[s]);
+  __syncthreads();  // every thread has read the maxima
+  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
     const float ms = part[s * (R + 2) + R];
-    if (ms != -INFINITY) l += expf(ms - m) * part[s * (R + 2) + R + 1];
+    split_weight[s] = ms == -INFINITY ? 0.0f : expf(ms - m);
   }
+  __syncthreads();
+  float l = 0.0f;
+  for (int s = 0; s < splits; ++s) l += split_weight[s] * part[s * (R + 2) + R + 1];
   for (int r = threadIdx.x; r < R; r += blockDim.x) {
     float o = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-      const float ms = part[s * (R + 2) + R];
-      if (ms != -INFINITY) o += expf(ms - m) * part[s * (R + 2) + r];
-    }
+#pragma unroll 8
+    for (int s = 0; s < splits; ++s) o += split_weight[s] * part[s * (R + 2) + r];
     out[head * R + r] = l > 0.0f ? o / l : 0.0f;
   }
 }
@@ -439,8 +451,10 @@ absl::Status LatentAttention(const float* q_latent, const float* q, const KvHalf
     EXL3_RETURN_IF_ERROR(LaunchStatus("latent attention"));
   }
   if (splits == 1) return absl::OkStatus();
-  LatentCombineKernel<<<dim3(shape.num_heads, T), 128, 0, S(stream)>>>(scratch, shape.num_heads, R, splits,
-                                                                       out_latent);
+  if (splits * sizeof(float) > (48 << 10))
+    return absl::InvalidArgumentError(absl::StrCat("latent attention: ", splits, " splits (at most 12288)"));
+  LatentCombineKernel<<<dim3(shape.num_heads, T), std::min(R, 512), splits * sizeof(float), S(stream)>>>(
+      scratch, shape.num_heads, R, splits, out_latent);
   return LaunchStatus("latent attention combine");
 }
 
