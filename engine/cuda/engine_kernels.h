@@ -46,6 +46,14 @@ absl::Status ApplyRope(float* x, int num_tokens, int num_heads, int row_stride, 
 // gate[i] = silu(gate[i]) * up[i] over n floats (the dense MLP's SwiGLU, no clamp).
 absl::Status SiluMul(float* gate, const float* up, int64_t n, StreamHandle stream);
 
+// Qwen3-Next's gated attention: q_proj's output qg [rows, 2 * head_dim] (rows = tokens * heads;
+// per head its query, then the gate of its output) split into q and gate [rows, head_dim].
+absl::Status SplitQueryGate(const float* qg, int64_t rows, int head_dim, float* q, float* gate,
+                            StreamHandle stream);
+
+// x[i] *= sigmoid(gate[i]) over n floats (the attention output's gate, before o_proj).
+absl::Status SigmoidGate(float* x, const float* gate, int64_t n, StreamHandle stream);
+
 // The MoE gate's choice from router logits [T, E] fp32, as model/routing.h's RouteFromLogits
 // does it (softmax, or sigmoid / sqrt-softplus with the correction bias and grouped selection):
 // ids [T, k] int32 in descending choice score (lower index first on ties), weights [T, k] fp32.
