@@ -35,8 +35,10 @@ CudaGatedDeltaNet::CudaGatedDeltaNet(const ModelConfig& cfg, int64_t state_offse
                        s.conv_kernel};
 }
 
-absl::StatusOr<std::unique_ptr<CudaGatedDeltaNet>> CudaGatedDeltaNet::Load(
-    const ModelConfig& cfg, const TensorSource& src, int layer, int64_t state_offset) {
+absl::StatusOr<std::unique_ptr<CudaGatedDeltaNet>> CudaGatedDeltaNet::Load(const ModelConfig& cfg,
+                                                                           const TensorSource& src,
+                                                                           int layer,
+                                                                           int64_t state_offset) {
   std::unique_ptr<CudaGatedDeltaNet> d(new CudaGatedDeltaNet(cfg, state_offset));
   const LinearAttentionConfig& s = cfg.linear_attention;
   EXL3_RETURN_IF_ERROR(PrepareDeltaNetRecurrence(d->dims_));
@@ -54,8 +56,8 @@ absl::StatusOr<std::unique_ptr<CudaGatedDeltaNet>> CudaGatedDeltaNet::Load(
   EXL3_ASSIGN_OR_RETURN(TensorView cw, src.Get(conv));
   const std::vector<int64_t> want = {s.conv_channels(), 1, s.conv_kernel};
   if (cw.info->shape != want)
-    return absl::InvalidArgumentError(absl::StrCat(conv, ": expected shape [", s.conv_channels(),
-                                                   ", 1, ", s.conv_kernel, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(conv, ": expected shape [", s.conv_channels(), ", 1, ", s.conv_kernel, "]"));
   if (src.Has(p + "conv1d.bias"))
     return absl::InvalidArgumentError(absl::StrCat(
         p, "conv1d.bias: Qwen3-Next's convolution has no bias; this checkpoint is not one"));
@@ -65,10 +67,12 @@ absl::StatusOr<std::unique_ptr<CudaGatedDeltaNet>> CudaGatedDeltaNet::Load(
   std::vector<float> neg_a;
   for (float v : a_log) neg_a.push_back(-std::exp(v));
   EXL3_RETURN_IF_ERROR(d->neg_a_.Upload(neg_a));
-  EXL3_ASSIGN_OR_RETURN(std::vector<float> dt_bias, LoadVector(src, p + "dt_bias", s.num_value_heads));
+  EXL3_ASSIGN_OR_RETURN(std::vector<float> dt_bias,
+                        LoadVector(src, p + "dt_bias", s.num_value_heads));
   EXL3_RETURN_IF_ERROR(d->dt_bias_.Upload(dt_bias));
   // The gated norm's weight is used as stored (not zero-centred), as the CPU layer does.
-  EXL3_ASSIGN_OR_RETURN(std::vector<float> norm, LoadVector(src, p + "norm.weight", s.value_head_dim));
+  EXL3_ASSIGN_OR_RETURN(std::vector<float> norm,
+                        LoadVector(src, p + "norm.weight", s.value_head_dim));
   EXL3_RETURN_IF_ERROR(d->norm_weight_.Upload(norm));
   return d;
 }
@@ -93,13 +97,16 @@ absl::Status CudaGatedDeltaNet::Forward(const float* x, int first, int n, const 
   chunks.states = step.store + state_offset_;
   EXL3_RETURN_IF_ERROR(DeltaNetConv(qkvz, conv_weight_.get(), dims_, chunks, first, n,
                                     ws.conv_out.get(), ctx.stream));
-  EXL3_RETURN_IF_ERROR(DeltaNetConvState(qkvz, dims_, chunks, step.first_chunk, step.num_chunks, ctx.stream));
-  EXL3_RETURN_IF_ERROR(DeltaNetNormAndGates(ws.conv_out.get(), ba, neg_a_.get(), dt_bias_.get(), dims_,
-                                            first, n, ws.beta.get(), ws.decay.get(), ctx.stream));
-  EXL3_RETURN_IF_ERROR(DeltaNetRecurrence(ws.conv_out.get(), ws.beta.get(), ws.decay.get(), dims_, chunks,
-                                          step.first_chunk, step.num_chunks, ws.core.get(), ctx.stream));
-  EXL3_RETURN_IF_ERROR(DeltaNetGatedNorm(ws.core.get(), qkvz, norm_weight_.get(), dims_, eps_, first, n,
-                                         ctx.stream));
+  EXL3_RETURN_IF_ERROR(
+      DeltaNetConvState(qkvz, dims_, chunks, step.first_chunk, step.num_chunks, ctx.stream));
+  EXL3_RETURN_IF_ERROR(DeltaNetNormAndGates(ws.conv_out.get(), ba, neg_a_.get(), dt_bias_.get(),
+                                            dims_, first, n, ws.beta.get(), ws.decay.get(),
+                                            ctx.stream));
+  EXL3_RETURN_IF_ERROR(DeltaNetRecurrence(ws.conv_out.get(), ws.beta.get(), ws.decay.get(), dims_,
+                                          chunks, step.first_chunk, step.num_chunks, ws.core.get(),
+                                          ctx.stream));
+  EXL3_RETURN_IF_ERROR(DeltaNetGatedNorm(ws.core.get(), qkvz, norm_weight_.get(), dims_, eps_,
+                                         first, n, ctx.stream));
   return out_.Forward(ws.core.get() + r * dims_.value_dim(), n, out + r * hidden_, ctx);
 }
 

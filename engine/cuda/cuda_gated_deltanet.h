@@ -35,7 +35,7 @@ struct DeltaNetWorkspace {
 
 // The step's chunk facts on the device and which part of the step a call runs.
 struct DeltaNetStep {
-  DeltaNetChunks chunks;  // `states` left null: the layer points it at its own part of row 0
+  DeltaNetChunks chunks;   // `states` left null: the layer points it at its own part of row 0
   float* store = nullptr;  // row 0 of the state store (DeviceSequenceStates::layer(0))
   int first_chunk = 0, num_chunks = 0;  // the chunks of rows [first, first + n), whole
 };

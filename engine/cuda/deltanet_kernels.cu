@@ -109,9 +109,9 @@ __device__ void WarpL2Normalize(float* x, int len, float scale, int lane) {
 // grid ceil(n * num_key_heads / 8), block 256: one warp per (token, key head): its q and k
 // normalised, β and the decay of its value heads.
 __global__ void NormAndGatesKernel(float* __restrict__ conv_out, const float* __restrict__ ba,
-                                   const float* __restrict__ neg_a, const float* __restrict__ dt_bias,
-                                   DeltaNetDims d, int first, int n, float* __restrict__ beta,
-                                   float* __restrict__ decay) {
+                                   const float* __restrict__ neg_a,
+                                   const float* __restrict__ dt_bias, DeltaNetDims d, int first,
+                                   int n, float* __restrict__ beta, float* __restrict__ decay) {
   const int lane = threadIdx.x % 32;
   const int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (w >= n * d.num_key_heads) return;
@@ -131,7 +131,8 @@ __global__ void NormAndGatesKernel(float* __restrict__ conv_out, const float* __
 
 int RecurrenceThreads(const DeltaNetDims& d) { return (d.value_head_dim + 31) / 32 * 32; }
 size_t RecurrenceSharedBytes(const DeltaNetDims& d) {
-  return (static_cast<size_t>(d.key_head_dim) * d.value_head_dim + 2 * d.key_head_dim) * sizeof(float);
+  return (static_cast<size_t>(d.key_head_dim) * d.value_head_dim + 2 * d.key_head_dim) *
+         sizeof(float);
 }
 
 // grid num_chunks * num_value_heads, block RecurrenceThreads (thread e owns column e of S),
@@ -232,8 +233,8 @@ absl::Status DeltaNetNormAndGates(float* conv_out, const float* ba, const float*
                                   float* beta, float* decay, StreamHandle stream) {
   if (n <= 0) return absl::OkStatus();
   NormAndGatesKernel<<<Blocks(static_cast<int64_t>(n) * dims.num_key_heads, kThreads / 32),
-                       kThreads, 0, S(stream)>>>(conv_out, ba, neg_a, dt_bias, dims, first, n,
-                                                 beta, decay);
+                       kThreads, 0, S(stream)>>>(conv_out, ba, neg_a, dt_bias, dims, first, n, beta,
+                                                 decay);
   return LaunchStatus("DeltaNetNormAndGates");
 }
 
@@ -251,8 +252,8 @@ absl::Status DeltaNetGatedNorm(float* core, const float* qkvz, const float* norm
                                const DeltaNetDims& dims, float eps, int first, int n,
                                StreamHandle stream) {
   if (n <= 0) return absl::OkStatus();
-  GatedNormKernel<<<Blocks(static_cast<int64_t>(n) * dims.num_value_heads, kThreads / 32),
-                    kThreads, 0, S(stream)>>>(core, qkvz, norm_weight, dims, eps, first, n);
+  GatedNormKernel<<<Blocks(static_cast<int64_t>(n) * dims.num_value_heads, kThreads / 32), kThreads,
+                    0, S(stream)>>>(core, qkvz, norm_weight, dims, eps, first, n);
   return LaunchStatus("DeltaNetGatedNorm");
 }
 
@@ -266,14 +267,15 @@ absl::Status PrepareDeltaNetRecurrence(const DeltaNetDims& dims) {
                                                  " above the recurrence kernel's 1024 threads"));
   int dev = 0, optin = 0;
   EXL3_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
-  EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  EXL3_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   const size_t bytes = RecurrenceSharedBytes(dims);
   if (bytes > static_cast<size_t>(optin))
     return absl::UnimplementedError(absl::StrCat(
         "DeltaNet: one head's state [", dims.key_head_dim, ", ", dims.value_head_dim, "] takes ",
         bytes, " bytes of shared memory; this GPU gives a block at most ", optin));
-  EXL3_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(RecurrenceKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(bytes)));
+  EXL3_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+      RecurrenceKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   return absl::OkStatus();
 }
 

@@ -35,7 +35,9 @@ struct DeltaNetDims {
   EXL3_DELTANET_HD int value_dim() const { return num_value_heads * value_head_dim; }
   EXL3_DELTANET_HD int conv_channels() const { return 2 * key_dim() + value_dim(); }
   EXL3_DELTANET_HD int qkvz_width() const { return 2 * key_dim() + 2 * value_dim(); }
-  EXL3_DELTANET_HD int64_t conv_state_floats() const { return static_cast<int64_t>(conv_kernel - 1) * conv_channels(); }
+  EXL3_DELTANET_HD int64_t conv_state_floats() const {
+    return static_cast<int64_t>(conv_kernel - 1) * conv_channels();
+  }
 };
 
 // Where each chunk's state is. The state store (engine/cuda/device_sequence_states.h) is rows of
@@ -56,7 +58,8 @@ constexpr int kDeltaNetChunkInts = 4;
 // index in its chunk and u(i, c) the chunk's window: the conv state's input i for i < K - 1, else
 // the chunk's token i - (K - 1). qkvz [step tokens, qkvz_width] fp32 as in_proj_qkvz writes it (per
 // key head: q, k, then v and z of its value heads); conv_weight [conv_channels, K] fp32; conv_out
-// [step tokens, conv_channels] fp32 in conv order (q of every key head | k | v of every value head).
+// [step tokens, conv_channels] fp32 in conv order (q of every key head | k | v of every value
+// head).
 absl::Status DeltaNetConv(const float* qkvz, const float* conv_weight, const DeltaNetDims& dims,
                           const DeltaNetChunks& chunks, int first, int n, float* conv_out,
                           StreamHandle stream);

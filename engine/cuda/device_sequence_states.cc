@@ -28,8 +28,8 @@ absl::StatusOr<std::unique_ptr<DeviceSequenceStates>> DeviceSequenceStates::Crea
   const size_t n = std::max<size_t>(rows * s->row_floats_, 1);
   if (!s->data_.Reserve(n).ok())
     return absl::ResourceExhaustedError(absl::StrCat(
-        "the per-sequence state store on the GPU (", num_slots, " slots x ", kCopies,
-        " copies x ", s->row_floats_ * 4, " bytes) cannot be allocated; lower --max-num-seqs"));
+        "the per-sequence state store on the GPU (", num_slots, " slots x ", kCopies, " copies x ",
+        s->row_floats_ * 4, " bytes) cannot be allocated; lower --max-num-seqs"));
   EXL3_CUDA_RETURN_IF_ERROR(cudaMemset(s->data_.get(), 0, n * sizeof(float)));
   EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());  // the engine's stream does not wait for it
   return s;
@@ -38,9 +38,9 @@ absl::StatusOr<std::unique_ptr<DeviceSequenceStates>> DeviceSequenceStates::Crea
 absl::Status DeviceSequenceStates::BeginStep(const StepBatch& batch, StreamHandle stream) {
   EXL3_ASSIGN_OR_RETURN(std::vector<int> fresh, slots_.BeginStep(batch));
   for (int slot : fresh) {
-    EXL3_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(data_.get() + static_cast<size_t>(ReadRow(slot)) * row_floats_, 0,
-                                              static_cast<size_t>(row_floats_) * sizeof(float),
-                                              static_cast<cudaStream_t>(stream)));
+    EXL3_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+        data_.get() + static_cast<size_t>(ReadRow(slot)) * row_floats_, 0,
+        static_cast<size_t>(row_floats_) * sizeof(float), static_cast<cudaStream_t>(stream)));
   }
   return absl::OkStatus();
 }

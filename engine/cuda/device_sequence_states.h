@@ -8,8 +8,8 @@
 //
 //   EXL3_ASSIGN_OR_RETURN(auto states, DeviceSequenceStates::Create(floats_per_layer, 64));
 //   EXL3_RETURN_IF_ERROR(states->BeginStep(batch, stream));
-//   // the kernels read row ReadRow(slot), write row WriteRow(slot) (engine/cuda/deltanet_kernels.h)
-//   states->CommitStep(batch);
+//   // the kernels read row ReadRow(slot), write row WriteRow(slot)
+//   (engine/cuda/deltanet_kernels.h) states->CommitStep(batch);
 //
 // Memory: rows of row_floats() floats (one copy of one slot: every layer's state, layer l at
 // layer_offset(l)); row slot * 2 + copy, then two spare rows for a decode graph's padding rows,

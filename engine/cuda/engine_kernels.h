@@ -1,6 +1,7 @@
 // The CUDA engine's own kernels (everything of a forward pass that is not an EXL3 or dense linear
 // layer nor the experts, nor attention): embedding gather, RMSNorm fused with the residual add,
-// RoPE, SwiGLU, the MoE gate and the row gather of the head. Host launchers only: this header includes no CUDA header. Every pointer is device memory, every
+// RoPE, SwiGLU, gated attention's query/gate split and output gate, the MoE gate and the row
+// gather of the head. Host launchers only: this header includes no CUDA header. Every pointer is device memory, every
 // launch goes on `stream` and none synchronises, so a step can be captured in a CUDA graph.
 //
 // Activations are fp32 throughout. The KV cache and attention are engine/cuda/attention_kernels.h's.

@@ -104,14 +104,16 @@ TEST(DeltaNetKernelsTest, LayerMatchesTheCpuLayerThroughPrefillDecodePrefill) {
       c.sequence_id = seq;
       c.tokens.assign(n, 1);
       c.start_position = position[seq];
-      for (int b = 0; b < kBlocksPerSequence; ++b) c.block_table.push_back(seq * kBlocksPerSequence + b);
+      for (int b = 0; b < kBlocksPerSequence; ++b)
+        c.block_table.push_back(seq * kBlocksPerSequence + b);
       c.state_slot = seq;
       c.wants_logits = true;
       position[seq] += n;
       batch.chunks.push_back(std::move(c));
     }
     StepTokens tokens;
-    ASSERT_TRUE(FlattenStep(batch, cfg->vocab_size, KvCacheShape{kSlots * kBlocksPerSequence, kBlockSize, kSlots},
+    ASSERT_TRUE(FlattenStep(batch, cfg->vocab_size,
+                            KvCacheShape{kSlots * kBlocksPerSequence, kBlockSize, kSlots},
                             cfg->max_position_embeddings, &tokens)
                     .ok());
     const int T = tokens.num_tokens;
@@ -146,13 +148,15 @@ TEST(DeltaNetKernelsTest, LayerMatchesTheCpuLayerThroughPrefillDecodePrefill) {
     for (const auto& [seq, n] : steps[s]) {
       const float* c = (*cpu_states)->Current(0, seq);
       const std::vector<float> g =
-          ToHost((*gpu_states)->layer(0) + static_cast<size_t>((*gpu_states)->ReadRow(seq)) * (*gpu_states)->row_floats(),
+          ToHost((*gpu_states)->layer(0) +
+                     static_cast<size_t>((*gpu_states)->ReadRow(seq)) * (*gpu_states)->row_floats(),
                  static_cast<size_t>(state_floats));
       state_rel = std::max(state_rel, RelativeError(g, std::vector<float>(c, c + state_floats)));
     }
     const double out_rel = RelativeError(got, want);
-    std::printf("deltanet step %zu (%d tokens, %zu chunks): out rel %.2e, state rel (worst slot) %.2e\n", s, T,
-                steps[s].size(), out_rel, state_rel);
+    std::printf(
+        "deltanet step %zu (%d tokens, %zu chunks): out rel %.2e, state rel (worst slot) %.2e\n", s,
+        T, steps[s].size(), out_rel, state_rel);
     EXPECT_LT(out_rel, 1e-4) << "step " << s;
     EXPECT_LT(state_rel, 1e-4) << "step " << s;
   }
@@ -226,10 +230,13 @@ class CudaQwen3NextEngineTest : public ::testing::Test {
       ASSERT_TRUE(got[j].logprob.has_value());
       worst = std::max(worst, std::abs(*got[j].logprob - want[got[j].token]));
       EXPECT_EQ(got[j].top_logprobs.size(), 5u);
-      for (const TokenLogprob& top : got[j].top_logprobs) worst = std::max(worst, std::abs(top.logprob - want[top.token]));
+      for (const TokenLogprob& top : got[j].top_logprobs)
+        worst = std::max(worst, std::abs(top.logprob - want[top.token]));
     }
-    std::printf("model qwen3_next_all %s: prompt %zu, %zu tokens, worst logprob difference to transformers %.2e\n",
-                what, prompt, got.size(), worst);
+    std::printf(
+        "model qwen3_next_all %s: prompt %zu, %zu tokens, worst logprob difference to transformers "
+        "%.2e\n",
+        what, prompt, got.size(), worst);
     EXPECT_LT(worst, kLogprobTolerance) << what << ": prompt " << prompt;
   }
   std::unique_ptr<CudaModel> Model(std::unique_ptr<MoeExecutor> moe = nullptr) {
@@ -317,12 +324,15 @@ TEST(CudaQwen3NextTest, ExpertsThroughAnExecutorInTwoMicroBatchesMatchTheCpuMode
       const std::vector<float>& g = (*gpu_rows)[s][r];
       const std::vector<float>& c = (*cpu_rows)[s][r];
       worst = std::max(worst, RelativeError(g, c));
-      ASSERT_EQ(std::max_element(g.begin(), g.end()) - g.begin(), std::max_element(c.begin(), c.end()) - c.begin())
+      ASSERT_EQ(std::max_element(g.begin(), g.end()) - g.begin(),
+                std::max_element(c.begin(), c.end()) - c.begin())
           << "sequence " << s << " step " << r;
     }
   }
-  std::printf("model qwen3_next_all, experts through an executor, two micro-batches: logits rel (worst row) %.2e\n",
-              worst);
+  std::printf(
+      "model qwen3_next_all, experts through an executor, two micro-batches: logits rel (worst "
+      "row) %.2e\n",
+      worst);
   EXPECT_LT(worst, 5e-3);
 }
 
