@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/attention.h"
+#include "engine/cuda/deltanet_kernels.h"
 #include "engine/cuda/latent_attention_kernels.h"
 #include "kernels/cuda/cuda_status.h"
 #include "model/exl3_model.h"
@@ -23,6 +24,16 @@ cudaStream_t Stream(void* s) { return static_cast<cudaStream_t>(s); }
 absl::StatusOr<DeviceArray<float>> UploadVector(const TensorSource& src, const std::string& name,
                                                 int64_t length) {
   EXL3_ASSIGN_OR_RETURN(std::vector<float> v, LoadVector(src, name, length));
+  DeviceArray<float> d;
+  EXL3_RETURN_IF_ERROR(d.Upload(v));
+  return d;
+}
+
+// An RMSNorm weight as the family stores it (Qwen3-Next's zero-centred: 1 + w), as the CPU
+// engine loads it (engine/linear.h LoadNormWeight).
+absl::StatusOr<DeviceArray<float>> UploadNorm(const TensorSource& src, const std::string& name,
+                                              int64_t length, NormWeightConvention convention) {
+  EXL3_ASSIGN_OR_RETURN(std::vector<float> v, LoadNormWeight(src, name, length, convention));
   DeviceArray<float> d;
   EXL3_RETURN_IF_ERROR(d.Upload(v));
   return d;
@@ -58,13 +69,11 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Open(const std::string& di
     return absl::UnimplementedError(absl::StrCat(cfg.architecture(), ": its compressed sparse attention with "
                                                  "hyper-connections runs on the CPU engine only so far "
                                                  "(--engine-device cpu)"));
-  // Qwen3-Next: gated DeltaNet layers (a per-sequence state store, engine/sequence_state.h),
-  // the gated attention output and zero-centred norms exist on the CPU engine only.
-  if (cfg.HasRecurrentLayers() || cfg.attention_output_gate ||
-      cfg.norm_weights != NormWeightConvention::kScale)
-    return absl::UnimplementedError(absl::StrCat(
-        cfg.architecture(), ": its gated DeltaNet linear attention and gated full attention run "
-        "on the CPU engine only so far (--engine-device cpu)"));
+  // Qwen3-Next (gated DeltaNet layers, gated attention, zero-centred norms) runs here; recurrent
+  // layers are only known beside GQA attention layers.
+  if (cfg.HasRecurrentLayers() && cfg.attention != AttentionKind::kGqa)
+    return absl::UnimplementedError(absl::StrCat(cfg.architecture(), ": recurrent layers beside ",
+                                                 "non-GQA attention are not on the GPU engine"));
   for (int l = 0; l < cfg.num_layers; ++l) {
     if (cfg.moe.IsHashRoutedLayer(l))
       return absl::UnimplementedError(absl::StrCat("layer ", l, " is hash-routed: not on the GPU engine"));
@@ -140,20 +149,29 @@ absl::Status CudaModel::Load(const std::string& dir) {
   const MoeConfig& mc = cfg_.moe;
   gate_ = GateConfigFor(mc);
   const int q_out = cfg_.num_heads * cfg_.head_dim, kv_out = cfg_.num_kv_heads * cfg_.head_dim;
+  const NormWeightConvention norms = cfg_.norm_weights;
   layers_.resize(cfg_.num_layers);
+  int64_t state_offset = 0;  // layer l's state within a state row (DeviceSequenceStates)
   for (int l = 0; l < cfg_.num_layers; ++l) {
     Layer& L = layers_[l];
     const std::string p = absl::StrCat("model.layers.", l, ".");
-    EXL3_ASSIGN_OR_RETURN(L.input_norm, UploadVector(*src, p + "input_layernorm.weight", H));
-    EXL3_ASSIGN_OR_RETURN(L.post_attention_norm, UploadVector(*src, p + "post_attention_layernorm.weight", H));
+    EXL3_ASSIGN_OR_RETURN(L.input_norm, UploadNorm(*src, p + "input_layernorm.weight", H, norms));
+    EXL3_ASSIGN_OR_RETURN(L.post_attention_norm,
+                          UploadNorm(*src, p + "post_attention_layernorm.weight", H, norms));
     const std::string a = p + "self_attn.";
-    if (cfg_.IsLatentAttention()) {
+    if (cfg_.IsLinearAttentionLayer(l)) {
+      EXL3_ASSIGN_OR_RETURN(L.deltanet, CudaGatedDeltaNet::Load(cfg_, *src, l, state_offset));
+      weight_bytes_.attention += L.deltanet->weight_bytes();
+      for (const CudaLinear* lin : L.deltanet->linears())
+        if (const Exl3LinearView* v = lin->exl3_view()) weight_bytes_.attention_decoded.Add(*v);
+    } else if (cfg_.IsLatentAttention()) {
       EXL3_ASSIGN_OR_RETURN(L.latent, CudaLatentAttention::Load(cfg_, *src, l));
       weight_bytes_.attention += L.latent->weight_bytes();
       for (const CudaLinear* lin : L.latent->linears())
         if (const Exl3LinearView* v = lin->exl3_view()) weight_bytes_.attention_decoded.Add(*v);
     } else {
-      EXL3_ASSIGN_OR_RETURN(L.q, LoadLinear(*src, a + "q_proj", H, q_out));
+      // Gated attention: q_proj gives per head the query, then its output gate.
+      EXL3_ASSIGN_OR_RETURN(L.q, LoadLinear(*src, a + "q_proj", H, cfg_.attention_output_gate ? 2 * q_out : q_out));
       EXL3_ASSIGN_OR_RETURN(L.k, LoadLinear(*src, a + "k_proj", H, kv_out));
       EXL3_ASSIGN_OR_RETURN(L.v, LoadLinear(*src, a + "v_proj", H, kv_out));
       EXL3_ASSIGN_OR_RETURN(L.o, LoadLinear(*src, a + "o_proj", q_out, H));
@@ -161,9 +179,10 @@ absl::Status CudaModel::Load(const std::string& dir) {
       for (const CudaLinear* lin : {&L.q, &L.k, &L.v, &L.o})
         if (const Exl3LinearView* v = lin->exl3_view()) weight_bytes_.attention_decoded.Add(*v);
     }
-    if (cfg_.qk_norm) {
-      EXL3_ASSIGN_OR_RETURN(L.q_norm, UploadVector(*src, a + "q_norm.weight", cfg_.head_dim));
-      EXL3_ASSIGN_OR_RETURN(L.k_norm, UploadVector(*src, a + "k_norm.weight", cfg_.head_dim));
+    state_offset += cfg_.StateFloats(l);
+    if (cfg_.qk_norm && L.deltanet == nullptr) {
+      EXL3_ASSIGN_OR_RETURN(L.q_norm, UploadNorm(*src, a + "q_norm.weight", cfg_.head_dim, norms));
+      EXL3_ASSIGN_OR_RETURN(L.k_norm, UploadNorm(*src, a + "k_norm.weight", cfg_.head_dim, norms));
     }
     if (!cfg_.IsMoeLayer(l)) {
       const int I = cfg_.intermediate_size;
@@ -196,7 +215,7 @@ absl::Status CudaModel::Load(const std::string& dir) {
     }
     L.moe = std::move(moe);
   }
-  EXL3_ASSIGN_OR_RETURN(final_norm_, UploadVector(*src, "model.norm.weight", H));
+  EXL3_ASSIGN_OR_RETURN(final_norm_, UploadNorm(*src, "model.norm.weight", H, norms));
   if (src->Has("lm_head.weight") || src->Has("lm_head.trellis")) {
     EXL3_ASSIGN_OR_RETURN(head_, LoadLinear(*src, "lm_head", H, cfg_.vocab_size));
   } else if (cfg_.tie_word_embeddings) {
@@ -228,6 +247,16 @@ absl::Status CudaModel::AllocateKvCache(const KvCacheShape& shape) {
   EXL3_RETURN_IF_ERROR(cache_.Reserve(layer_cache_offset_[cfg_.num_layers]));
   cache_shape_ = shape;
   padding_block_ = shape.num_blocks;
+  states_.reset();
+  if (cfg_.HasRecurrentLayers()) {
+    if (shape.num_sequence_slots <= 0)
+      return absl::InvalidArgumentError(absl::StrCat(
+          cfg_.architecture(), " keeps a recurrent state per sequence: the cache needs state "
+                               "slots (num_sequence_slots ", shape.num_sequence_slots, ")"));
+    std::vector<int64_t> floats(cfg_.num_layers);
+    for (int l = 0; l < cfg_.num_layers; ++l) floats[l] = cfg_.StateFloats(l);
+    EXL3_ASSIGN_OR_RETURN(states_, DeviceSequenceStates::Create(std::move(floats), shape.num_sequence_slots));
+  }
   return absl::OkStatus();
 }
 
@@ -244,7 +273,9 @@ absl::Status CudaModel::Reserve(int T, int R, int splits) {
                         {&act_.up, t * cfg_.intermediate_size},
                         {&act_.router_logits, t * std::max(cfg_.moe.num_experts, 1)}, {&act_.topk_weights, t * k},
                         {&act_.head_in, r * H}, {&act_.logits, r * cfg_.vocab_size},
-                        {&act_.scratch, static_cast<size_t>(AttentionScratchFloats(T, cfg_.num_heads, cfg_.head_dim, splits))}};
+                        {&act_.scratch, static_cast<size_t>(AttentionScratchFloats(T, cfg_.num_heads, cfg_.head_dim, splits))},
+                        {&act_.qg, cfg_.attention_output_gate ? 2 * q : 0},
+                        {&act_.qgate, cfg_.attention_output_gate ? q : 0}};
   bool moved = act_.topk_ids.size() < t * k;
   if (cfg_.IsLatentAttention()) {
     const int64_t context = std::min<int64_t>(cfg_.max_position_embeddings,
@@ -252,6 +283,11 @@ absl::Status CudaModel::Reserve(int T, int R, int splits) {
     bool latent_moved = false;
     EXL3_RETURN_IF_ERROR(latent_ws_.Reserve(cfg_, T, splits, static_cast<int>(context), &latent_moved));
     if (latent_moved) DropGraphs();
+  }
+  if (cfg_.HasRecurrentLayers()) {
+    bool deltanet_moved = false;
+    EXL3_RETURN_IF_ERROR(deltanet_ws_.Reserve(cfg_.linear_attention, T, &deltanet_moved));
+    if (deltanet_moved) DropGraphs();
   }
   for (const Need& n : needs) moved |= n.a->size() < n.n;
   if (!moved) return absl::OkStatus();
@@ -285,10 +321,36 @@ absl::Status CudaModel::PrepareStep(const StepTokens& tokens, const StepLayout& 
   } else {
     for (const SequenceChunk& c : batch.chunks) table_ints += static_cast<int>(c.block_table.size());
   }
+  // Recurrent layers' chunks (DeltaNetChunks): one per chunk of the step's tokens, in order, and
+  // one per padding row of a decode graph (reading the store's zero row, writing its spare row).
+  std::vector<int32_t> chunk_of, chunk_table;
+  state_chunk_first_.clear();
+  if (states_ != nullptr) {
+    chunk_of.resize(Tp);
+    for (int t = 0; t < Tp; ++t) {
+      const bool real = t < T;
+      if (!real || t == 0 || tokens.chunk_of[t] != tokens.chunk_of[t - 1]) {
+        int32_t read = states_->padding_read_row(), write = states_->padding_write_row();
+        if (real) {
+          const int slot = batch.chunks[tokens.chunk_of[t]].state_slot;
+          read = states_->ReadRow(slot);
+          write = states_->WriteRow(slot);
+        }
+        state_chunk_first_.push_back(t);
+        chunk_table.insert(chunk_table.end(), {t, 0, read, write});
+      }
+      chunk_table[chunk_table.size() - kDeltaNetChunkInts + 1] += 1;
+      chunk_of[t] = static_cast<int32_t>(state_chunk_first_.size()) - 1;
+    }
+  }
   // Layout: ids, position, first_visible, slot, table_offset [Tp] | logit_rows [R] |
-  // split_positions [1] | tables | cos, sin [Tp, half] (float bits).
+  // split_positions [1] | tables | cos, sin [Tp, half] (float bits) | state chunk_of [Tp] and
+  // chunks [chunks, 4] (recurrent layers).
   std::vector<int32_t>& h = meta_.host;
-  h.assign(5 * static_cast<size_t>(Tp) + R + 1 + table_ints + 2 * static_cast<size_t>(Tp) * half, 0);
+  const size_t angles_end = 5 * static_cast<size_t>(Tp) + R + 1 + table_ints + 2 * static_cast<size_t>(Tp) * half;
+  h.assign(angles_end + chunk_of.size() + chunk_table.size(), 0);
+  std::copy(chunk_of.begin(), chunk_of.end(), h.begin() + angles_end);
+  std::copy(chunk_table.begin(), chunk_table.end(), h.begin() + angles_end + chunk_of.size());
   int32_t* ids = h.data();
   int32_t* position = ids + Tp;
   int32_t* first = position + Tp;
@@ -354,6 +416,8 @@ absl::Status CudaModel::PrepareStep(const StepTokens& tokens, const StepLayout& 
   meta_.tables = meta_.split_positions + 1;
   meta_.cos = reinterpret_cast<const float*>(meta_.tables + table_ints);
   meta_.sin = meta_.cos + static_cast<size_t>(Tp) * half;
+  meta_.state_chunk_of = d + angles_end;
+  meta_.state_chunks = meta_.state_chunk_of + chunk_of.size();
   return absl::OkStatus();
 }
 
@@ -382,8 +446,24 @@ void CudaModel::PlanAttention(const StepTokens& tokens, int num_rows) {
   }
 }
 
+DeltaNetStep CudaModel::DeltaNetStepFor(int first, int n) const {
+  DeltaNetStep step;
+  step.chunks.chunk_of = meta_.state_chunk_of;
+  step.chunks.table = meta_.state_chunks;
+  step.chunks.row_floats = states_->row_floats();
+  step.store = states_->layer(0);
+  const auto begin = std::lower_bound(state_chunk_first_.begin(), state_chunk_first_.end(), first);
+  const auto end = std::lower_bound(state_chunk_first_.begin(), state_chunk_first_.end(), first + n);
+  step.first_chunk = static_cast<int>(begin - state_chunk_first_.begin());
+  step.num_chunks = static_cast<int>(end - begin);
+  return step;
+}
+
 absl::Status CudaModel::RunAttention(int l, int first, int T) {
   Layer& L = layers_[l];
+  if (L.deltanet != nullptr)
+    return L.deltanet->Forward(act_.x.get(), first, T, DeltaNetStepFor(first, T), deltanet_ws_, ctx_,
+                               act_.d.get());
   KvHalf* cache_layer = cache_.get() + layer_cache_offset_[l];
   if (L.latent != nullptr) {
     LatentStep step;
@@ -406,8 +486,12 @@ absl::Status CudaModel::RunAttention(int l, int first, int T) {
   float* k = act_.k.get() + r * KV * D;
   float* v = act_.v.get() + r * KV * D;
   const CudaLinear* qkv[3] = {&L.q, &L.k, &L.v};
-  float* const qkv_out[3] = {q, k, v};
+  const bool gated = cfg_.attention_output_gate;
+  float* gate = gated ? act_.qgate.get() + r * NH * D : nullptr;
+  float* const qkv_out[3] = {gated ? act_.qg.get() + r * 2 * NH * D : q, k, v};
   EXL3_RETURN_IF_ERROR(CudaLinear::ForwardShared(qkv, 3, x, T, qkv_out, ctx_));
+  if (gated)
+    EXL3_RETURN_IF_ERROR(SplitQueryGate(qkv_out[0], static_cast<int64_t>(T) * NH, D, q, gate, stream_));
   if (!L.q_norm.empty()) {
     EXL3_RETURN_IF_ERROR(RmsNorm(q, L.q_norm.get(), T * NH, D, cfg_.rms_norm_eps, q, stream_));
     EXL3_RETURN_IF_ERROR(RmsNorm(k, L.k_norm.get(), T * KV, D, cfg_.rms_norm_eps, k, stream_));
@@ -438,6 +522,8 @@ absl::Status CudaModel::RunAttention(int l, int first, int T) {
         run_q, cache_layer, at, end - begin, NH, KV, D, cfg_.attention_scale, step_splits_, meta_.split_positions,
         scratch, out, stream_));
   }
+  if (gated)
+    EXL3_RETURN_IF_ERROR(SigmoidGate(act_.attn.get() + r * NH * D, gate, static_cast<int64_t>(T) * NH * D, stream_));
   return L.o.Forward(act_.attn.get() + r * NH * D, T, act_.d.get() + r * cfg_.hidden_size, ctx_);
 }
 
@@ -730,11 +816,23 @@ absl::Status CudaModel::RunStep(const StepBatch& batch, const StepOutput& out) {
   if (cache_.empty()) return absl::FailedPreconditionError("KV cache not allocated");
   StepTokens tokens;
   EXL3_RETURN_IF_ERROR(FlattenStep(batch, cfg_.vocab_size, cache_shape_, cfg_.max_position_embeddings, &tokens));
-  const int T = tokens.num_tokens, R = static_cast<int>(tokens.logit_tokens.size());
+  const int T = tokens.num_tokens;
   if (T == 0) return absl::OkStatus();
-  if (graphs_enabled_ && remote_moe_ == nullptr && T <= kGraphBuckets[std::size(kGraphBuckets) - 1] &&
-      IsDecodeStep(batch))
-    return ForwardDecodeGraph(tokens, out);
+  // Recurrent layers read each chunk's state as the last successful step left it and write the
+  // other copy; only the commit after the step's synchronisation makes those current, so a step
+  // that fails leaves every state as it was (engine/model_runner.h).
+  if (states_ != nullptr) EXL3_RETURN_IF_ERROR(states_->BeginStep(batch, stream_));
+  // Decode graphs: the DeltaNet kernels read their chunks' state rows from the step's device
+  // facts (rewritten before each replay), so graphs hold for recurrent layers too.
+  const bool graph = graphs_enabled_ && remote_moe_ == nullptr &&
+                     T <= kGraphBuckets[std::size(kGraphBuckets) - 1] && IsDecodeStep(batch);
+  EXL3_RETURN_IF_ERROR(graph ? ForwardDecodeGraph(tokens, out) : RunEagerStep(batch, tokens, out));
+  if (states_ != nullptr) states_->CommitStep(batch);
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::RunEagerStep(const StepBatch& batch, const StepTokens& tokens, const StepOutput& out) {
+  const int T = tokens.num_tokens, R = static_cast<int>(tokens.logit_tokens.size());
   marking_ = true;
   marks_.clear();
   EXL3_RETURN_IF_ERROR(Mark(Phase::kStart));

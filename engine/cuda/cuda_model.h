@@ -15,8 +15,12 @@
 //
 // Families: the GQA ones (Glm4Moe, Qwen3Moe, Mixtral), DeepSeek-V3's multi-head latent attention
 // and GLM-MoE-DSA's (latent attention over the positions its indexer chooses;
-// engine/cuda/latent_attention.h). DeepSeek-V4 and Qwen3-Next run on the CPU model only for now;
-// Open says so. Activations are fp32, the KV cache fp16.
+// engine/cuda/latent_attention.h), and Qwen3-Next's: per layer_types gated DeltaNet layers
+// (engine/cuda/cuda_gated_deltanet.h, their per-sequence state in a device store beside the KV
+// cache, engine/cuda/device_sequence_states.h) or gated full attention (q_proj's query and output
+// gate per head), zero-centred norm weights, the shared expert's sigmoid gate in the MoE kernels.
+// DeepSeek-V4 runs on the CPU model only for now; Open says so. Activations are fp32, the KV cache
+// fp16, the recurrent state fp32.
 #pragma once
 
 #include <memory>
@@ -28,7 +32,9 @@
 #include "absl/status/statusor.h"
 #include "engine/cuda/cuda_linear.h"
 #include "engine/cuda/attention_kernels.h"
+#include "engine/cuda/cuda_gated_deltanet.h"
 #include "engine/cuda/device_array.h"
+#include "engine/cuda/device_sequence_states.h"
 #include "engine/cuda/device_sampler.h"
 #include "engine/cuda/engine_kernels.h"
 #include "engine/cuda/latent_attention.h"
@@ -124,6 +130,7 @@ class CudaModel final : public ModelRunner {
     DeviceArray<float> input_norm, post_attention_norm, q_norm, k_norm;
     CudaLinear q, k, v, o;
     std::unique_ptr<CudaLatentAttention> latent;  // MLA / DSA models: instead of q, k, v, o
+    std::unique_ptr<CudaGatedDeltaNet> deltanet;  // linear attention layers: instead of q, k, v, o
     std::optional<DenseMlp> dense_mlp;
     std::optional<MoeBlock> moe;
   };
@@ -131,6 +138,7 @@ class CudaModel final : public ModelRunner {
   struct Activations {
     DeviceArray<float> h, x, d, q, k, v, attn, gate, up, router_logits, topk_weights, scratch,
         head_in, logits;
+    DeviceArray<float> qg, qgate;  // gated attention: q_proj's output, the heads' output gates
     DeviceArray<int32_t> topk_ids;
   };
   // The step's per-token facts, packed on the host and copied to the device in one transfer.
@@ -141,6 +149,9 @@ class CudaModel final : public ModelRunner {
                   *table_offset = nullptr, *tables = nullptr, *logit_rows = nullptr,
                   *split_positions = nullptr;
     const float *cos = nullptr, *sin = nullptr;
+    // Recurrent layers: each token's chunk and the chunks [first token, tokens, state row read,
+    // state row written] (DeltaNetChunks).
+    const int32_t *state_chunk_of = nullptr, *state_chunks = nullptr;
   };
   // How PrepareStep lays the step out.
   struct StepLayout {
@@ -205,6 +216,9 @@ class CudaModel final : public ModelRunner {
   absl::Status FinishStep(int rows, const StepOutput& out);
   absl::Status ForwardDecodeGraph(const StepTokens& tokens, const StepOutput& out);
   absl::Status RunStep(const StepBatch& batch, const StepOutput& out);
+  absl::Status RunEagerStep(const StepBatch& batch, const StepTokens& tokens, const StepOutput& out);
+  // The DeltaNet facts of rows [first, first + n) (whole chunks).
+  DeltaNetStep DeltaNetStepFor(int first, int n) const;
   void DropGraphs();
 
   ModelConfig cfg_;
@@ -231,6 +245,11 @@ class CudaModel final : public ModelRunner {
   KvCacheShape cache_shape_;
   std::vector<size_t> layer_cache_offset_;  // where each layer's slots start in cache_
   LatentWorkspace latent_ws_;  // MLA / DSA layers' buffers
+  DeltaNetWorkspace deltanet_ws_;  // gated DeltaNet layers' buffers
+  // Recurrent layers' per-sequence state (made by AllocateKvCache), and the step's chunks as the
+  // DeltaNet layers run them: the first token of each (in step rows), in order.
+  std::unique_ptr<DeviceSequenceStates> states_;
+  std::vector<int> state_chunk_first_;
   // The step's tokens as attention runs them: consecutive ranges, each a prefill chunk (one
   // sequence, PrefillAttention) or decode-like tokens (PagedAttention).
   struct AttentionRun {

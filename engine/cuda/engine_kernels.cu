@@ -165,6 +165,26 @@ __global__ void SiluMulKernel(float* gate, const float* up, int64_t n) {
   }
 }
 
+// Grid-stride over rows * head_dim: qg [rows, 2 * head_dim] (per head the query, then its gate)
+// -> q, gate [rows, head_dim].
+__global__ void SplitQueryGateKernel(const float* qg, int64_t rows, int head_dim, float* q,
+                                     float* gate) {
+  const int64_t n = rows * head_dim;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / head_dim, d = i % head_dim;
+    q[i] = qg[r * 2 * head_dim + d];
+    gate[i] = qg[r * 2 * head_dim + head_dim + d];
+  }
+}
+
+// Grid-stride: x[i] *= sigmoid(gate[i]).
+__global__ void SigmoidGateKernel(float* x, const float* gate, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] *= 1.0f / (1.0f + expf(-gate[i]));
+}
+
 // grid T, block kThreads. y [T, out] += bias [out].
 __global__ void AddBiasKernel(float* y, const float* bias, int out_features) {
   float* row = y + static_cast<size_t>(blockIdx.x) * out_features;
@@ -375,6 +395,20 @@ absl::Status SiluMul(float* gate, const float* up, int64_t n, StreamHandle strea
   if (n == 0) return absl::OkStatus();
   SiluMulKernel<<<ElementwiseBlocks(n), kThreads, 0, S(stream)>>>(gate, up, n);
   return LaunchStatus("swiglu");
+}
+
+absl::Status SplitQueryGate(const float* qg, int64_t rows, int head_dim, float* q, float* gate,
+                            StreamHandle stream) {
+  if (rows == 0) return absl::OkStatus();
+  SplitQueryGateKernel<<<ElementwiseBlocks(rows * head_dim), kThreads, 0, S(stream)>>>(qg, rows, head_dim,
+                                                                                      q, gate);
+  return LaunchStatus("query/gate split");
+}
+
+absl::Status SigmoidGate(float* x, const float* gate, int64_t n, StreamHandle stream) {
+  if (n == 0) return absl::OkStatus();
+  SigmoidGateKernel<<<ElementwiseBlocks(n), kThreads, 0, S(stream)>>>(x, gate, n);
+  return LaunchStatus("output gate");
 }
 
 absl::Status AddBias(float* y, const float* bias, int T, int out_features, StreamHandle stream) {

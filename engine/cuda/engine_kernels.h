@@ -1,6 +1,7 @@
 // The CUDA engine's own kernels (everything of a forward pass that is not an EXL3 or dense linear
 // layer nor the experts, nor attention): embedding gather, RMSNorm fused with the residual add,
-// RoPE, SwiGLU, the MoE gate and the row gather of the head. Host launchers only: this header includes no CUDA header. Every pointer is device memory, every
+// RoPE, SwiGLU, gated attention's query/gate split and output gate, the MoE gate and the row
+// gather of the head. Host launchers only: this header includes no CUDA header. Every pointer is device memory, every
 // launch goes on `stream` and none synchronises, so a step can be captured in a CUDA graph.
 //
 // Activations are fp32 throughout. The KV cache and attention are engine/cuda/attention_kernels.h's.
@@ -45,6 +46,14 @@ absl::Status ApplyRope(float* x, int num_tokens, int num_heads, int row_stride, 
 
 // gate[i] = silu(gate[i]) * up[i] over n floats (the dense MLP's SwiGLU, no clamp).
 absl::Status SiluMul(float* gate, const float* up, int64_t n, StreamHandle stream);
+
+// Qwen3-Next's gated attention: q_proj's output qg [rows, 2 * head_dim] (rows = tokens * heads;
+// per head its query, then the gate of its output) split into q and gate [rows, head_dim].
+absl::Status SplitQueryGate(const float* qg, int64_t rows, int head_dim, float* q, float* gate,
+                            StreamHandle stream);
+
+// x[i] *= sigmoid(gate[i]) over n floats (the attention output's gate, before o_proj).
+absl::Status SigmoidGate(float* x, const float* gate, int64_t n, StreamHandle stream);
 
 // The MoE gate's choice from router logits [T, E] fp32, as model/routing.h's RouteFromLogits
 // does it (softmax, or sigmoid / sqrt-softplus with the correction bias and grouped selection):

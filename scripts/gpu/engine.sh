@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine: the GPU engine (engine/cuda/) in one go. Writes logs to $OUT (or ./gpu-out):
-#   1. engine_cuda_model_test and engine_cuda_latent_attention_test: the kernels against the CPU
-#      references and whole models (tests/fixtures/engine) against the CPU engine and transformers;
-#   2. compute-sanitizer: memcheck on a GQA and a GLM-MoE-DSA fixture's generation, racecheck on
-#      the kernel tests and one short generation;
+#   1. engine_cuda_model_test, engine_cuda_latent_attention_test and engine_cuda_deltanet_test: the
+#      kernels against the CPU references and whole models (tests/fixtures/engine) against the CPU
+#      engine and transformers; Qwen3-Next's state through the engine (preemption, a failed step);
+#   2. compute-sanitizer: memcheck on a GQA, a GLM-MoE-DSA and a Qwen3-Next fixture's generation,
+#      racecheck on the kernel tests (the DeltaNet's too) and one short generation;
 #   3. a synthetic model with GLM-4.5-Air's shapes (dense intermediate 11008: 10944 rounded up to EXL3's
 #      multiple of 128; ENGINE_LAYERS layers, default 6: the first
 #      dense) and exl3-engine-bench on it: time to first token, decode tokens/s at batch 1..64
@@ -48,6 +49,10 @@ if want test; then
   timeout ${TEST_TIMEOUT:-300} "$BIN"/engine_cuda_latent_attention_test > "$OUT/latent-test.log" 2>&1
   echo "test exit $?"
   grep -E "^(latent|indexer|layer) |chose different|FAILED|Failure|error|PASSED" "$OUT/latent-test.log" | head -300
+  echo "=== engine_cuda_deltanet_test"
+  timeout ${TEST_TIMEOUT:-300} "$BIN"/engine_cuda_deltanet_test > "$OUT/deltanet-test.log" 2>&1
+  echo "test exit $?"
+  grep -E "^(deltanet|model) |FAILED|Failure|error|PASSED" "$OUT/deltanet-test.log" | head -100
 fi
 if want sanitize && command -v compute-sanitizer > /dev/null; then
   echo "=== compute-sanitizer"
@@ -66,6 +71,8 @@ if want sanitize && command -v compute-sanitizer > /dev/null; then
   sanitize memcheck dsa-generation engine_cuda_model_test 'LatentFamilies/CudaModelFixtureTest.MatchesCpuModelAndTransformers/3'
   sanitize racecheck kernels-and-generation engine_cuda_model_test 'CudaKernelsTest.*:CudaModelTest.ExpertsThroughAnExecutorMatchTheCpuModel'
   sanitize racecheck latent-kernels engine_cuda_latent_attention_test 'LatentKernelsTest.*'
+  sanitize memcheck qwen3-next-generation engine_cuda_model_test 'RecurrentFamilies/CudaModelFixtureTest.MatchesCpuModelAndTransformers/1'
+  sanitize racecheck deltanet-kernels engine_cuda_deltanet_test 'DeltaNetKernelsTest.*'
 fi
 if want bench; then
   echo "=== exl3-engine-bench (GLM-4.5-Air shapes, ${ENGINE_LAYERS:-6} layers)"

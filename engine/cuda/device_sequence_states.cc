@@ -1,0 +1,48 @@
+#include "engine/cuda/device_sequence_states.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "kernels/cuda/cuda_status.h"
+
+namespace exl3::engine::cuda {
+
+DeviceSequenceStates::DeviceSequenceStates(std::vector<int64_t> floats_per_layer, int num_slots)
+    : slots_(num_slots) {
+  for (int64_t n : floats_per_layer) {
+    layer_offset_.push_back(row_floats_);
+    row_floats_ += n;
+  }
+}
+
+absl::StatusOr<std::unique_ptr<DeviceSequenceStates>> DeviceSequenceStates::Create(
+    std::vector<int64_t> floats_per_layer, int num_slots) {
+  if (num_slots < 1)
+    return absl::InvalidArgumentError(absl::StrCat("a state store of ", num_slots, " slots"));
+  std::unique_ptr<DeviceSequenceStates> s(
+      new DeviceSequenceStates(std::move(floats_per_layer), num_slots));
+  const size_t rows = static_cast<size_t>(num_slots) * kCopies + 2;
+  const size_t n = std::max<size_t>(rows * s->row_floats_, 1);
+  if (!s->data_.Reserve(n).ok())
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the per-sequence state store on the GPU (", num_slots, " slots x ", kCopies, " copies x ",
+        s->row_floats_ * 4, " bytes) cannot be allocated; lower --max-num-seqs"));
+  EXL3_CUDA_RETURN_IF_ERROR(cudaMemset(s->data_.get(), 0, n * sizeof(float)));
+  EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());  // the engine's stream does not wait for it
+  return s;
+}
+
+absl::Status DeviceSequenceStates::BeginStep(const StepBatch& batch, StreamHandle stream) {
+  EXL3_ASSIGN_OR_RETURN(std::vector<int> fresh, slots_.BeginStep(batch));
+  for (int slot : fresh) {
+    EXL3_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+        data_.get() + static_cast<size_t>(ReadRow(slot)) * row_floats_, 0,
+        static_cast<size_t>(row_floats_) * sizeof(float), static_cast<cudaStream_t>(stream)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace exl3::engine::cuda

@@ -1,0 +1,340 @@
+// Qwen3-Next on the GPU engine beyond the fixture comparison of tests/engine/cuda/
+// cuda_model_test.cc (RecurrentFamilies): the gated DeltaNet layer (engine/cuda/
+// cuda_gated_deltanet.h and its kernels) against the CPU layer (engine/gated_deltanet.h) on random
+// inputs through prefill, decode and prefill again, several sequences per step, chunks shorter and
+// longer than the conv window, outputs and the stored states compared; then the engine over the
+// device state store as tests/engine/qwen3_next_test.cc runs it on the CPU: batched prompts,
+// preempted sequences recomputed from position 0, a failed step run again from the states before
+// it; and the experts behind an executor in two micro-batches. Skipped where no GPU is visible
+// (ctest label gpu).
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/cpu_model.h"
+#include "engine/cuda/cuda_gated_deltanet.h"
+#include "engine/cuda/cuda_model.h"
+#include "engine/cuda/device_sequence_states.h"
+#include "engine/engine.h"
+#include "engine/gated_deltanet.h"
+#include "engine/local_moe.h"
+#include "engine/model_config.h"
+#include "engine/sequence_state.h"
+#include "engine/step_tokens.h"
+#include "gtest/gtest.h"
+#include "model/safetensors.h"
+#include "tests/engine/cuda/gpu_test_support.h"
+#include "tests/engine/engine_requests.h"
+#include "tests/engine/model_harness.h"
+
+namespace exl3::engine::cuda {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// The layer against the CPU layer.
+
+// The DeltaNet chunk table of a flattened step, as CudaModel::PrepareStep packs it.
+void PackChunks(const StepTokens& tokens, const DeviceSequenceStates& states,
+                std::vector<int32_t>* chunk_of, std::vector<int32_t>* table) {
+  chunk_of->assign(tokens.num_tokens, 0);
+  table->clear();
+  int chunks = 0;
+  for (int t = 0; t < tokens.num_tokens; ++t) {
+    if (t == 0 || tokens.chunk_of[t] != tokens.chunk_of[t - 1]) {
+      const int slot = tokens.batch->chunks[tokens.chunk_of[t]].state_slot;
+      table->insert(table->end(), {t, 0, states.ReadRow(slot), states.WriteRow(slot)});
+      ++chunks;
+    }
+    (*table)[table->size() - kDeltaNetChunkInts + 1] += 1;
+    (*chunk_of)[t] = chunks - 1;
+  }
+}
+
+TEST(DeltaNetKernelsTest, LayerMatchesTheCpuLayerThroughPrefillDecodePrefill) {
+  REQUIRE_GPU();
+  // The experts variant: the DeltaNet's projections are bf16 (dense on both engines, fp32 sums),
+  // so the comparison is of the kernels' arithmetic alone.
+  const std::string dir = "tests/fixtures/engine/qwen3_next_experts";
+  auto cfg = LoadModelConfig(dir);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  ASSERT_TRUE(cfg->IsLinearAttentionLayer(0));
+  auto src = TensorSource::Open(dir);
+  ASSERT_TRUE(src.ok()) << src.status();
+  auto cpu = GatedDeltaNet::Load(*cfg, **src, 0);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto gpu = CudaGatedDeltaNet::Load(*cfg, **src, 0, /*state_offset=*/0);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  constexpr int kSlots = 6, kBlockSize = 16, kBlocksPerSequence = 16;
+  const int64_t state_floats = cfg->StateFloats(0);
+  auto cpu_states = SequenceStateStore::Create({state_floats}, kSlots);
+  ASSERT_TRUE(cpu_states.ok()) << cpu_states.status();
+  auto gpu_states = DeviceSequenceStates::Create({state_floats}, kSlots);
+  ASSERT_TRUE(gpu_states.ok()) << gpu_states.status();
+  CpuCompute compute(2);
+  cublasHandle_t handle;
+  ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
+  exl3::cuda::Workspace workspace;
+  const CudaLinearContext ctx{handle, &workspace, nullptr};
+  DeltaNetWorkspace ws;
+  const int H = cfg->hidden_size;
+  std::mt19937 rng(19);
+
+  // Per step: (sequence, tokens) chunks. Sequences 0-3 prefill (chunks of 1 and 2 tokens: shorter
+  // than the conv window of 3 inputs), decode, then resume their prefill beside a decode token and
+  // a new sequence (70 tokens: past the chunk of 64 transformers' chunked form uses), decode again.
+  const std::vector<std::vector<std::pair<int, int>>> steps = {
+      {{0, 5}, {1, 17}, {2, 1}, {3, 2}},
+      {{0, 1}, {1, 1}, {2, 1}, {3, 1}},
+      {{0, 9}, {1, 1}, {2, 30}, {3, 70}, {4, 12}},
+      {{0, 1}, {2, 1}, {4, 1}},
+      {{4, 2}, {5, 3}, {1, 1}},
+  };
+  std::map<int, int> position;
+  for (size_t s = 0; s < steps.size(); ++s) {
+    StepBatch batch;
+    for (const auto& [seq, n] : steps[s]) {
+      SequenceChunk c;
+      c.sequence_id = seq;
+      c.tokens.assign(n, 1);
+      c.start_position = position[seq];
+      for (int b = 0; b < kBlocksPerSequence; ++b)
+        c.block_table.push_back(seq * kBlocksPerSequence + b);
+      c.state_slot = seq;
+      c.wants_logits = true;
+      position[seq] += n;
+      batch.chunks.push_back(std::move(c));
+    }
+    StepTokens tokens;
+    ASSERT_TRUE(FlattenStep(batch, cfg->vocab_size,
+                            KvCacheShape{kSlots * kBlocksPerSequence, kBlockSize, kSlots},
+                            cfg->max_position_embeddings, &tokens)
+                    .ok());
+    const int T = tokens.num_tokens;
+    const std::vector<float> x = Random(static_cast<size_t>(T) * H, rng);
+
+    std::vector<float> want(x.size());
+    ASSERT_TRUE((*cpu_states)->BeginStep(batch).ok());
+    ASSERT_TRUE((*cpu)->Forward(x.data(), tokens, **cpu_states, want.data(), compute).ok());
+    (*cpu_states)->CommitStep(batch);
+
+    ASSERT_TRUE((*gpu_states)->BeginStep(batch, nullptr).ok());
+    std::vector<int32_t> chunk_of, table;
+    PackChunks(tokens, **gpu_states, &chunk_of, &table);
+    DeviceArray<int32_t> d_chunk_of = ToDevice(chunk_of), d_table = ToDevice(table);
+    bool moved = false;
+    ASSERT_TRUE(ws.Reserve(cfg->linear_attention, T, &moved).ok());
+    DeltaNetStep step;
+    step.chunks.chunk_of = d_chunk_of.get();
+    step.chunks.table = d_table.get();
+    step.chunks.row_floats = (*gpu_states)->row_floats();
+    step.store = (*gpu_states)->layer(0);
+    step.first_chunk = 0;
+    step.num_chunks = static_cast<int>(table.size()) / kDeltaNetChunkInts;
+    DeviceArray<float> d_x = ToDevice(x), d_out;
+    ASSERT_TRUE(d_out.Reserve(x.size()).ok());
+    ASSERT_TRUE((*gpu)->Forward(d_x.get(), 0, T, step, ws, ctx, d_out.get()).ok());
+    const std::vector<float> got = ToHost(d_out, x.size());
+    (*gpu_states)->CommitStep(batch);
+
+    // Every slot's state as the step left it (the current copies after the commit).
+    double state_rel = 0;
+    for (const auto& [seq, n] : steps[s]) {
+      const float* c = (*cpu_states)->Current(0, seq);
+      const std::vector<float> g =
+          ToHost((*gpu_states)->layer(0) +
+                     static_cast<size_t>((*gpu_states)->ReadRow(seq)) * (*gpu_states)->row_floats(),
+                 static_cast<size_t>(state_floats));
+      state_rel = std::max(state_rel, RelativeError(g, std::vector<float>(c, c + state_floats)));
+    }
+    const double out_rel = RelativeError(got, want);
+    std::printf(
+        "deltanet step %zu (%d tokens, %zu chunks): out rel %.2e, state rel (worst slot) %.2e\n", s,
+        T, steps[s].size(), out_rel, state_rel);
+    EXPECT_LT(out_rel, 1e-4) << "step " << s;
+    EXPECT_LT(state_rel, 1e-4) << "step " << s;
+  }
+  cublasDestroy(handle);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The engine over the device state store (tests/engine/qwen3_next_test.cc on the CPU).
+
+constexpr char kFixture[] = "tests/fixtures/engine/qwen3_next_all";
+// A logprob of the GPU engine against transformers': the GPU model's logits are within 5e-3 of the
+// CPU model's (the fixture test), which is within 2e-4 of transformers'.
+constexpr double kLogprobTolerance = 2e-2;
+
+// In-process experts whose first call of `fail_tokens` tokens fails.
+class FailingOnceMoe final : public MoeExecutor {
+ public:
+  FailingOnceMoe(const std::string& dir, int fail_tokens) : compute_(2), fail_tokens_(fail_tokens) {
+    auto local = LocalMoe::Open(dir, compute_);
+    EXPECT_TRUE(local.ok()) << local.status();
+    local_ = std::move(*local);
+  }
+  absl::Status Forward(int layer, const float* x, int T, const int32_t* ids, float* y) override {
+    if (T == fail_tokens_ && !failed_) {
+      failed_ = true;
+      return absl::UnavailableError("injected: the experts' worker is gone");
+    }
+    return local_->Forward(layer, x, T, ids, y);
+  }
+  bool failed() const { return failed_; }
+
+ private:
+  CpuCompute compute_;
+  std::unique_ptr<LocalMoe> local_;
+  int fail_tokens_;
+  bool failed_ = false;
+};
+
+class CudaQwen3NextEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (exl3::cuda::DeviceCount() == 0) GTEST_SKIP() << "no GPU visible";
+    auto ref = TensorSource::Open(std::string(kFixture) + "/reference.safetensors");
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    prompts_ = testing::Int32Rows(**ref, "prompt.");
+    greedy_ = testing::Int32Rows(**ref, "greedy.");
+    const int vocab = 128;  // the fixtures' vocabulary
+    for (size_t i = 0; i < prompts_.size(); ++i) {
+      const std::vector<float> logits = *ToFloat32(*(*ref)->Get("logits." + std::to_string(i)));
+      std::vector<std::vector<double>>& steps = want_logprobs_.emplace_back();
+      for (size_t j = 0; j < greedy_[i].size(); ++j) {
+        const float* row = &logits[(prompts_[i].size() - 1 + j) * vocab];
+        const float m = *std::max_element(row, row + vocab);
+        double sum = 0;
+        for (int v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - m);
+        std::vector<double>& lp = steps.emplace_back();
+        for (int v = 0; v < vocab; ++v) lp.push_back(row[v] - m - std::log(sum));
+      }
+    }
+  }
+  // Transformers' greedy tokens, their logprobs and the top 5's within kLogprobTolerance; the
+  // worst difference is printed.
+  void ExpectTransformers(const char* what, size_t prompt, const std::vector<SampledToken>& got) {
+    std::vector<int32_t> tokens;
+    for (const SampledToken& t : got) tokens.push_back(t.token);
+    EXPECT_EQ(tokens, greedy_[prompt]) << what << ": prompt " << prompt;
+    ASSERT_EQ(got.size(), want_logprobs_[prompt].size());
+    double worst = 0;
+    for (size_t j = 0; j < got.size(); ++j) {
+      const std::vector<double>& want = want_logprobs_[prompt][j];
+      ASSERT_TRUE(got[j].logprob.has_value());
+      worst = std::max(worst, std::abs(*got[j].logprob - want[got[j].token]));
+      EXPECT_EQ(got[j].top_logprobs.size(), 5u);
+      for (const TokenLogprob& top : got[j].top_logprobs)
+        worst = std::max(worst, std::abs(top.logprob - want[top.token]));
+    }
+    std::printf(
+        "model qwen3_next_all %s: prompt %zu, %zu tokens, worst logprob difference to transformers "
+        "%.2e\n",
+        what, prompt, got.size(), worst);
+    EXPECT_LT(worst, kLogprobTolerance) << what << ": prompt " << prompt;
+  }
+  std::unique_ptr<CudaModel> Model(std::unique_ptr<MoeExecutor> moe = nullptr) {
+    auto model = CudaModel::Open(kFixture, CudaModelOptions{}, std::move(moe));
+    EXPECT_TRUE(model.ok()) << model.status();
+    return model.ok() ? std::move(*model) : nullptr;
+  }
+  // Every prompt at once through an engine with `kv_blocks` blocks of 4 tokens.
+  std::vector<std::vector<SampledToken>> RunAll(int kv_blocks, std::unique_ptr<CudaModel> model,
+                                                EngineStats* stats) {
+    EngineOptions eo;
+    eo.block_size = 4;
+    eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, kv_blocks};
+    eo.scheduler.max_num_batched_tokens = 24;  // several steps of chunked prefill
+    Engine engine(eo, std::move(model));
+    EXPECT_TRUE(engine.Start().ok());
+    std::vector<GenerateParams> params;
+    for (const std::vector<int32_t>& p : prompts_) params.push_back(testing::Greedy32(p, 5));
+    std::vector<std::vector<SampledToken>> out = testing::RunAllAtOnce(engine, params);
+    *stats = engine.Stats();
+    engine.Stop();
+    return out;
+  }
+  std::vector<std::vector<int32_t>> prompts_, greedy_;
+  std::vector<std::vector<std::vector<double>>> want_logprobs_;  // [prompt][step][vocab]
+};
+
+TEST_F(CudaQwen3NextEngineTest, BatchedPromptsGiveTransformersTokens) {
+  EngineStats stats;
+  const auto got = RunAll(/*kv_blocks=*/256, Model(), &stats);
+  ASSERT_EQ(got.size(), prompts_.size());
+  for (size_t i = 0; i < prompts_.size(); ++i) ExpectTransformers("batched", i, got[i]);
+  EXPECT_EQ(stats.preemptions, 0);
+}
+
+TEST_F(CudaQwen3NextEngineTest, PreemptedSequencesRebuildTheirStateAndGiveTheSameTokens) {
+  // 40 blocks of 4 = 160 tokens for prompts + continuations of 215: sequences are preempted and
+  // recomputed from position 0 (their state slot cleared on the device), their state with them.
+  EngineStats stats;
+  const auto got = RunAll(/*kv_blocks=*/40, Model(), &stats);
+  EXPECT_GT(stats.preemptions, 0);
+  ASSERT_EQ(got.size(), prompts_.size());
+  for (size_t i = 0; i < prompts_.size(); ++i) ExpectTransformers("preempted", i, got[i]);
+}
+
+TEST_F(CudaQwen3NextEngineTest, AFailedStepRunsAgainFromTheStateBeforeIt) {
+  // The first full step (24 tokens) fails in layer 0's MoE (experts behind an executor), after
+  // layer 0's DeltaNet has written the new states; the engine runs each chunk again alone, which
+  // must start from the states before the failed step.
+  auto moe = std::make_unique<FailingOnceMoe>(kFixture, 24);
+  FailingOnceMoe* failing = moe.get();
+  EngineStats stats;
+  const auto got = RunAll(/*kv_blocks=*/256, Model(std::move(moe)), &stats);
+  EXPECT_TRUE(failing->failed());
+  EXPECT_EQ(stats.failed_steps, 1);
+  ASSERT_EQ(got.size(), prompts_.size());
+  for (size_t i = 0; i < prompts_.size(); ++i) ExpectTransformers("after a failed step", i, got[i]);
+}
+
+// The experts behind an executor in two micro-batches: each micro-batch's DeltaNet layers run its
+// own chunks (whole sequences) against the state store.
+TEST(CudaQwen3NextTest, ExpertsThroughAnExecutorInTwoMicroBatchesMatchTheCpuModel) {
+  REQUIRE_GPU();
+  auto ref = TensorSource::Open(std::string(kFixture) + "/reference.safetensors");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const auto prompts = testing::Int32Rows(**ref, "prompt.");
+  const int steps = 12, chunk = 7;
+  auto cpu = CpuModel::Open(kFixture, CpuModelOptions{});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto cpu_rows = testing::RunGreedy(**cpu, prompts, steps, chunk);
+  ASSERT_TRUE(cpu_rows.ok()) << cpu_rows.status();
+  CpuCompute compute(2);
+  auto local = LocalMoe::Open(kFixture, compute);
+  ASSERT_TRUE(local.ok()) << local.status();
+  CudaModelOptions options;
+  options.micro_batches = 2;
+  auto gpu = CudaModel::Open(kFixture, options, std::move(*local));
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  auto gpu_rows = testing::RunGreedy(**gpu, prompts, steps, chunk);
+  ASSERT_TRUE(gpu_rows.ok()) << gpu_rows.status();
+  double worst = 0;
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    ASSERT_EQ((*gpu_rows)[s].size(), (*cpu_rows)[s].size());
+    for (size_t r = 0; r < (*gpu_rows)[s].size(); ++r) {
+      const std::vector<float>& g = (*gpu_rows)[s][r];
+      const std::vector<float>& c = (*cpu_rows)[s][r];
+      worst = std::max(worst, RelativeError(g, c));
+      ASSERT_EQ(std::max_element(g.begin(), g.end()) - g.begin(),
+                std::max_element(c.begin(), c.end()) - c.begin())
+          << "sequence " << s << " step " << r;
+    }
+  }
+  std::printf(
+      "model qwen3_next_all, experts through an executor, two micro-batches: logits rel (worst "
+      "row) %.2e\n",
+      worst);
+  EXPECT_LT(worst, 5e-3);
+}
+
+}  // namespace
+}  // namespace exl3::engine::cuda
