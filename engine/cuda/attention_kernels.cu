@@ -84,8 +84,10 @@ absl::Status CombineSplits(const float* scratch, int T, int num_heads, int head_
                            StreamHandle stream) {
   if (splits * sizeof(float) > (48 << 10))
     return absl::InvalidArgumentError(absl::StrCat("attention: ", splits, " splits (at most 12288)"));
-  CombineSplitsKernel<<<dim3(T, num_heads), 128, splits * sizeof(float), S(stream)>>>(scratch, num_heads,
-                                                                                     head_dim, splits, out);
+  // Rounded up to whole 32-byte groups: the unrolled loop may read a group of weights at once.
+  const size_t weights_bytes = (splits + 7) / 8 * 8 * sizeof(float);
+  CombineSplitsKernel<<<dim3(T, num_heads), 128, weights_bytes, S(stream)>>>(scratch, num_heads, head_dim, splits,
+                                                                            out);
   return LaunchStatus("attention: split combine");
 }
 

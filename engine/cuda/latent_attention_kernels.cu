@@ -453,7 +453,9 @@ absl::Status LatentAttention(const float* q_latent, const float* q, const KvHalf
   if (splits == 1) return absl::OkStatus();
   if (splits * sizeof(float) > (48 << 10))
     return absl::InvalidArgumentError(absl::StrCat("latent attention: ", splits, " splits (at most 12288)"));
-  LatentCombineKernel<<<dim3(shape.num_heads, T), std::min(R, 512), splits * sizeof(float), S(stream)>>>(
+  // Rounded up to whole 32-byte groups: the unrolled loop may read a group of weights at once.
+  const size_t weights_bytes = (splits + 7) / 8 * 8 * sizeof(float);
+  LatentCombineKernel<<<dim3(shape.num_heads, T), std::min(R, 512), weights_bytes, S(stream)>>>(
       scratch, shape.num_heads, R, splits, out_latent);
   return LaunchStatus("latent attention combine");
 }

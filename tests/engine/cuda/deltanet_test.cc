@@ -167,9 +167,11 @@ TEST(DeltaNetKernelsTest, LayerMatchesTheCpuLayerThroughPrefillDecodePrefill) {
 // The engine over the device state store (tests/engine/qwen3_next_test.cc on the CPU).
 
 constexpr char kFixture[] = "tests/fixtures/engine/qwen3_next_all";
-// A logprob of the GPU engine against transformers': the GPU model's logits are within 5e-3 of the
-// CPU model's (the fixture test), which is within 2e-4 of transformers'.
-constexpr double kLogprobTolerance = 2e-2;
+// The GPU model's logits are within 5e-3 of transformers' relative to the row's norm (the fixture
+// test's bound), so a logit, and the log-sum-exp with it, moves by at most 5e-3 x the norm: a
+// logprob by at most twice that. (A fixed 2e-2 was too tight: on an H200 the differences were
+// 0.05-0.12 with every token equal, the low entries of the top 5 the largest.)
+constexpr double kLogitsRelTolerance = 5e-3;
 
 // In-process experts whose first call of `fail_tokens` tokens fails.
 class FailingOnceMoe final : public MoeExecutor {
@@ -207,6 +209,7 @@ class CudaQwen3NextEngineTest : public ::testing::Test {
     for (size_t i = 0; i < prompts_.size(); ++i) {
       const std::vector<float> logits = *ToFloat32(*(*ref)->Get("logits." + std::to_string(i)));
       std::vector<std::vector<double>>& steps = want_logprobs_.emplace_back();
+      allowed_.emplace_back();
       for (size_t j = 0; j < greedy_[i].size(); ++j) {
         const float* row = &logits[(prompts_[i].size() - 1 + j) * vocab];
         const float m = *std::max_element(row, row + vocab);
@@ -214,30 +217,36 @@ class CudaQwen3NextEngineTest : public ::testing::Test {
         for (int v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - m);
         std::vector<double>& lp = steps.emplace_back();
         for (int v = 0; v < vocab; ++v) lp.push_back(row[v] - m - std::log(sum));
+        double norm = 0;
+        for (int v = 0; v < vocab; ++v) norm += static_cast<double>(row[v]) * row[v];
+        allowed_[i].push_back(2 * kLogitsRelTolerance * std::sqrt(norm));
       }
     }
   }
-  // Transformers' greedy tokens, their logprobs and the top 5's within kLogprobTolerance; the
-  // worst difference is printed.
+  // Transformers' greedy tokens, their logprobs and the top 5's within what the logits' bound
+  // allows (allowed_); the worst difference and its share of the allowance are printed.
   void ExpectTransformers(const char* what, size_t prompt, const std::vector<SampledToken>& got) {
     std::vector<int32_t> tokens;
     for (const SampledToken& t : got) tokens.push_back(t.token);
     EXPECT_EQ(tokens, greedy_[prompt]) << what << ": prompt " << prompt;
     ASSERT_EQ(got.size(), want_logprobs_[prompt].size());
-    double worst = 0;
+    double worst = 0, worst_share = 0;
     for (size_t j = 0; j < got.size(); ++j) {
       const std::vector<double>& want = want_logprobs_[prompt][j];
       ASSERT_TRUE(got[j].logprob.has_value());
-      worst = std::max(worst, std::abs(*got[j].logprob - want[got[j].token]));
+      std::vector<double> diffs = {std::abs(*got[j].logprob - want[got[j].token])};
       EXPECT_EQ(got[j].top_logprobs.size(), 5u);
-      for (const TokenLogprob& top : got[j].top_logprobs)
-        worst = std::max(worst, std::abs(top.logprob - want[top.token]));
+      for (const TokenLogprob& top : got[j].top_logprobs) diffs.push_back(std::abs(top.logprob - want[top.token]));
+      for (double d : diffs) {
+        worst = std::max(worst, d);
+        worst_share = std::max(worst_share, d / allowed_[prompt][j]);
+      }
     }
     std::printf(
         "model qwen3_next_all %s: prompt %zu, %zu tokens, worst logprob difference to transformers "
-        "%.2e\n",
-        what, prompt, got.size(), worst);
-    EXPECT_LT(worst, kLogprobTolerance) << what << ": prompt " << prompt;
+        "%.2e (%.0f %% of what the logits' bound allows)\n",
+        what, prompt, got.size(), worst, 100 * worst_share);
+    EXPECT_LT(worst_share, 1.0) << what << ": prompt " << prompt;
   }
   std::unique_ptr<CudaModel> Model(std::unique_ptr<MoeExecutor> moe = nullptr) {
     auto model = CudaModel::Open(kFixture, CudaModelOptions{}, std::move(moe));
@@ -262,6 +271,7 @@ class CudaQwen3NextEngineTest : public ::testing::Test {
   }
   std::vector<std::vector<int32_t>> prompts_, greedy_;
   std::vector<std::vector<std::vector<double>>> want_logprobs_;  // [prompt][step][vocab]
+  std::vector<std::vector<double>> allowed_;  // [prompt][step]: 2 x 5e-3 x the logits row's norm
 };
 
 TEST_F(CudaQwen3NextEngineTest, BatchedPromptsGiveTransformersTokens) {
