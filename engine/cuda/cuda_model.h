@@ -15,8 +15,11 @@
 //
 // Families: the GQA ones (Glm4Moe, Qwen3Moe, Mixtral), DeepSeek-V3's multi-head latent attention
 // and GLM-MoE-DSA's (latent attention over the positions its indexer chooses;
-// engine/cuda/latent_attention.h). DeepSeek-V4 and Qwen3-Next run on the CPU model only for now;
-// Open says so. Activations are fp32, the KV cache fp16.
+// engine/cuda/latent_attention.h), and DeepSeek-V4 (its sliding-window / compressed attention,
+// engine/cuda/dsv4_attention.h, between hyper-connections, engine/cuda/hyper_connection_kernels.h;
+// hash-routed MoE layers gated from the step's token ids; experts in process, no decode graphs).
+// Qwen3-Next runs on the CPU model only for now; Open says so. Activations are fp32, the KV cache
+// fp16 (DeepSeek-V4's fp32, in the CPU engine's layout with its compressor state).
 #pragma once
 
 #include <memory>
@@ -30,7 +33,9 @@
 #include "engine/cuda/attention_kernels.h"
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/device_sampler.h"
+#include "engine/cuda/dsv4_attention.h"
 #include "engine/cuda/engine_kernels.h"
+#include "engine/cuda/hyper_connection_kernels.h"
 #include "engine/cuda/latent_attention.h"
 #include "engine/cuda/remote_moe_exchange.h"
 #include "engine/model_config.h"
@@ -118,12 +123,20 @@ class CudaModel final : public ModelRunner {
   struct MoeBlock {
     CudaLinear router;                 // [E, hidden] fp32
     DeviceArray<float> bias;           // correction bias [E] or empty
+    DeviceArray<int32_t> hash_table;   // hash-routed layers: tid2eid [vocab, top_k]; else empty
     std::unique_ptr<exl3::cuda::DeviceMoeLayer> experts;  // null with remote experts
+  };
+  // One hyper-connection's weights on the device (DeepSeek-V4).
+  struct HyperConnectionWeights {
+    DeviceArray<float> fn, base;
+    HyperConnectionArgs args;  // fn and base point into the arrays above
   };
   struct Layer {
     DeviceArray<float> input_norm, post_attention_norm, q_norm, k_norm;
     CudaLinear q, k, v, o;
     std::unique_ptr<CudaLatentAttention> latent;  // MLA / DSA models: instead of q, k, v, o
+    std::unique_ptr<CudaDsv4Attention> dsv4;      // DeepSeek-V4: instead of q, k, v, o
+    std::optional<HyperConnectionWeights> attn_hc, ffn_hc;  // DeepSeek-V4
     std::optional<DenseMlp> dense_mlp;
     std::optional<MoeBlock> moe;
   };
@@ -131,6 +144,7 @@ class CudaModel final : public ModelRunner {
   struct Activations {
     DeviceArray<float> h, x, d, q, k, v, attn, gate, up, router_logits, topk_weights, scratch,
         head_in, logits;
+    DeviceArray<float> hc_post, hc_comb, head_pre;  // DeepSeek-V4: the mix [T, N], [T, N, N]; the head's collapse
     DeviceArray<int32_t> topk_ids;
   };
   // The step's per-token facts, packed on the host and copied to the device in one transfer.
@@ -187,6 +201,10 @@ class CudaModel final : public ModelRunner {
   // The layers with remote experts: the step's micro-batches (step_micro_batches_) alternate
   // attention on the GPU and their exchange.
   absl::Status RunRemoteLayers(const int32_t* host_token_ids);
+  // DeepSeek-V4's layers (hc_mult residual streams, engine/hyper_connections.h) from the
+  // embeddings to the head's logits.
+  absl::Status RunHyperConnectedLayers(int num_tokens, int num_logit_rows);
+  absl::StatusOr<HyperConnectionWeights> LoadHyperConnection(const TensorSource& src, const std::string& prefix) const;
   // Layer l up to its MLP's input for rows [first, first + n): the residual joins the previous
   // layer's output, the input norm, attention, the residual, the post-attention norm into x.
   absl::Status RunAttentionHalf(int l, int first, int n);
@@ -231,6 +249,17 @@ class CudaModel final : public ModelRunner {
   KvCacheShape cache_shape_;
   std::vector<size_t> layer_cache_offset_;  // where each layer's slots start in cache_
   LatentWorkspace latent_ws_;  // MLA / DSA layers' buffers
+  // DeepSeek-V4: the fp32 cache (per layer (num_blocks + 1) blocks of block_stride floats), the
+  // step's facts, the layers' buffers, the residual streams and the head's collapse.
+  DeviceArray<float> dsv4_cache_;
+  std::vector<size_t> dsv4_layer_offset_;
+  std::vector<int> dsv4_block_stride_;
+  std::unique_ptr<Dsv4StepFacts> dsv4_facts_;
+  Dsv4Step dsv4_step_;
+  Dsv4Workspace dsv4_ws_;
+  int streams_ = 1;  // residual streams per token (hc_mult; 1 without hyper-connections)
+  DeviceArray<float> hc_head_fn_, hc_head_base_;
+  float hc_head_scale_ = 1.0f;
   // The step's tokens as attention runs them: consecutive ranges, each a prefill chunk (one
   // sequence, PrefillAttention) or decode-like tokens (PagedAttention).
   struct AttentionRun {
