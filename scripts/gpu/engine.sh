@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: the GPU engine (engine/cuda/) in one go. Writes logs to $OUT (or ./gpu-out):
-#   1. engine_cuda_model_test and engine_cuda_latent_attention_test: the kernels against the CPU
+#   1. engine_cuda_model_test, engine_cuda_latent_attention_test and engine_cuda_dsv4_test: the kernels against the CPU
 #      references and whole models (tests/fixtures/engine) against the CPU engine and transformers;
 #   2. compute-sanitizer: memcheck on a GQA and a GLM-MoE-DSA fixture's generation, racecheck on
 #      the kernel tests and one short generation;
@@ -48,6 +48,10 @@ if want test; then
   timeout ${TEST_TIMEOUT:-300} "$BIN"/engine_cuda_latent_attention_test > "$OUT/latent-test.log" 2>&1
   echo "test exit $?"
   grep -E "^(latent|indexer|layer) |chose different|FAILED|Failure|error|PASSED" "$OUT/latent-test.log" | head -300
+  echo "=== engine_cuda_dsv4_test"
+  timeout ${TEST_TIMEOUT:-300} "$BIN"/engine_cuda_dsv4_test > "$OUT/dsv4-test.log" 2>&1
+  echo "test exit $?"
+  grep -E "^dsv4 |FAILED|Failure|error|PASSED" "$OUT/dsv4-test.log" | head -200
 fi
 if want sanitize && command -v compute-sanitizer > /dev/null; then
   echo "=== compute-sanitizer"
