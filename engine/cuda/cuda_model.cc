@@ -298,7 +298,9 @@ absl::Status CudaModel::AllocateKvCache(const KvCacheShape& shape) {
     }
     dsv4_cache_ = DeviceArray<float>();
     EXL3_RETURN_IF_ERROR(dsv4_cache_.Reserve(dsv4_layer_offset_[L]));
-    EXL3_CUDA_RETURN_IF_ERROR(cudaMemset(dsv4_cache_.get(), 0, dsv4_layer_offset_[L] * sizeof(float)));
+    // On the engine's stream (non-blocking: the legacy stream's work would not order before its steps).
+    EXL3_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dsv4_cache_.get(), 0, dsv4_layer_offset_[L] * sizeof(float),
+                                              Stream(stream_)));
     cache_shape_ = shape;
     padding_block_ = shape.num_blocks;
     return absl::OkStatus();
@@ -879,7 +881,7 @@ absl::Status CudaModel::RunStep(const StepBatch& batch, const StepOutput& out) {
   EXL3_RETURN_IF_ERROR(RunLayers(T, R, tokens.token_ids.data()));
   EXL3_RETURN_IF_ERROR(FinishStep(R, out));
   // The compressors' fold fails a step as the CPU engine's does (after the step: its error word).
-  if (dsv4_facts_ != nullptr) EXL3_RETURN_IF_ERROR(dsv4_facts_->TakeError());
+  if (dsv4_facts_ != nullptr) EXL3_RETURN_IF_ERROR(dsv4_facts_->TakeError(stream_));
   if (exchange_ != nullptr) {
     EXL3_ASSIGN_OR_RETURN(exchange_times_, exchange_->StepTimes());
   }

@@ -144,11 +144,13 @@ absl::Status Dsv4StepFacts::Prepare(const StepTokens& tokens, const AttentionTok
   return absl::OkStatus();
 }
 
-absl::Status Dsv4StepFacts::TakeError() {
+absl::Status Dsv4StepFacts::TakeError(StreamHandle stream) {
   int32_t code = 0;
-  EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpy(&code, error_.get(), sizeof(code), cudaMemcpyDeviceToHost));
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&code, error_.get(), sizeof(code), cudaMemcpyDeviceToHost, s));
+  EXL3_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
   if (code == 0) return absl::OkStatus();
-  EXL3_CUDA_RETURN_IF_ERROR(cudaMemset(error_.get(), 0, sizeof(code)));
+  EXL3_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(error_.get(), 0, sizeof(code), s));
   return absl::InternalError(
       code == 1 ? "DeepSeek-V4 compressors: a chunk starts a cache block whose predecessor does not hold all its "
                   "folded positions: its compressor state cannot be continued"

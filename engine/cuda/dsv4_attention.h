@@ -64,8 +64,9 @@ class Dsv4StepFacts {
   // *step: `base` (CudaModel's positions, windows, tables) and the rest from `tokens`.
   absl::Status Prepare(const StepTokens& tokens, const AttentionTokens& base, int sm_count, StreamHandle stream,
                        Dsv4Step* step);
-  // After the step's synchronisation: the fold's error as the CPU engine words it (then cleared).
-  absl::Status TakeError();
+  // After the step's synchronisation: the fold's error as the CPU engine words it (then cleared on
+  // `stream`, before the next step's work).
+  absl::Status TakeError(StreamHandle stream);
 
  private:
   const Dsv4Config& v4_;

@@ -170,10 +170,12 @@ void CheckAttentionLayers(const std::string& dir, int block_size, double toleran
   std::vector<std::vector<int32_t>> tables(seqs);
   for (int s = 0; s < seqs; ++s) tables[s].assign(perm.begin() + s * per_seq, perm.begin() + (s + 1) * per_seq);
   // Prefill chunks opening and closing windows across steps, decode tokens between them; the
-  // indexer's selection matters once a sequence sees more than index_topk entries.
+  // indexer's selection matters once a sequence sees more than index_topk entries. The last step
+  // runs sequence 1's positions 40..44 again (a failed step run again: folded positions are
+  // skipped, a block's first position refolds it from its predecessor).
   const std::vector<std::vector<ChunkPlan>> steps = {{{0, 0, 21}, {1, 0, 5}},  {{0, 21, 1}, {1, 5, 25}},
                                                      {{0, 22, 19}, {1, 30, 1}}, {{0, 41, 1}, {1, 31, 1}},
-                                                     {{0, 42, 3}, {1, 32, 13}}};
+                                                     {{0, 42, 3}, {1, 32, 13}}, {{1, 40, 5}, {0, 45, 1}}};
   cublasHandle_t handle;
   ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
   exl3::cuda::Workspace workspace;
@@ -255,6 +257,36 @@ void CheckAttentionLayers(const std::string& dir, int block_size, double toleran
       cpu_blocks.insert(cpu_blocks.end(), start, start + stride);
     }
     const double cache_rel = RelativeError(got, cpu_blocks);
+    if (cfg.dsv4->layer_types[l] != Dsv4LayerType::kSlidingWindow) {
+      // A chunk that skips positions of its block (47 after 45) is refused after the step, as the
+      // CPU engine refuses it.
+      StepBatch gap;
+      SequenceChunk c;
+      c.tokens = {1};
+      c.start_position = 47;
+      c.block_table = tables[0];
+      c.wants_logits = true;
+      gap.chunks.push_back(c);
+      StepTokens tokens;
+      ASSERT_TRUE(FlattenStep(gap, cfg.vocab_size, shape, cfg.max_position_embeddings, &tokens).ok());
+      std::vector<int32_t> position = {47}, first = {FirstVisiblePosition(47, cfg.sliding_window)}, offset = {0};
+      DeviceArray<int32_t> d_pos = ToDevice(position), d_first = ToDevice(first), d_offset = ToDevice(offset),
+                           d_tables = ToDevice(tables[0]);
+      ASSERT_TRUE(ws.Reserve(cfg, 1, num_blocks * B).ok());
+      Dsv4Step step;
+      ASSERT_TRUE(facts
+                      .Prepare(tokens, AttentionTokens{d_pos.get(), d_first.get(), d_offset.get(), d_tables.get(), B},
+                               sm_count, nullptr, &step)
+                      .ok());
+      DeviceArray<float> d_x = ToDevice(Random(H, rng)), d_out;
+      ASSERT_TRUE(d_out.Reserve(H).ok());
+      ASSERT_TRUE((*gpu)->Forward(d_x.get(), 1, step, view, ws, ctx, d_out.get()).ok());
+      ASSERT_TRUE(exl3::cuda::Synchronize().ok());
+      const absl::Status refused = facts.TakeError(nullptr);
+      EXPECT_FALSE(refused.ok());
+      EXPECT_NE(std::string(refused.message()).find("folded positions"), std::string::npos) << refused;
+      EXPECT_TRUE(facts.TakeError(nullptr).ok()) << "the error word is cleared once taken";
+    }
     std::printf("dsv4 attention %-12s layer %d (%s) blocks of %2d: output rel (worst step) %.2e, cache rel %.2e\n",
                 dir.substr(dir.rfind('/') + 1).c_str(), l,
                 cfg.dsv4->layer_types[l] == Dsv4LayerType::kSlidingWindow       ? "sliding"
