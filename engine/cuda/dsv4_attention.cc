@@ -57,7 +57,8 @@ absl::Status Dsv4Workspace::Reserve(const ModelConfig& cfg, int T, int max_conte
   const size_t t = static_cast<size_t>(std::max(T, 1)), NH = cfg.num_heads, D = v.head_dim;
   const size_t DI = std::max(v.index_head_dim, 1), NI = std::max(v.index_heads, 1);
   score_length = std::max(max_context / std::max(v.csa_compress_rate, 1) + 1, 1);
-  const int64_t rows = std::min<int64_t>(kMaxScoreRows, std::max<int64_t>(kMinScoreRows, kScoreBudgetFloats / score_length));
+  const int64_t rows =
+      std::min<int64_t>(kMaxScoreRows, std::max<int64_t>(kMinScoreRows, kScoreBudgetFloats / score_length));
   score_rows = static_cast<int>(std::min<int64_t>(rows, static_cast<int64_t>(t)));
   struct Need {
     DeviceArray<float>* a;
@@ -205,9 +206,11 @@ absl::StatusOr<std::unique_ptr<CudaDsv4Attention>> CudaDsv4Attention::Load(const
   EXL3_ASSIGN_OR_RETURN(a->compressor_, load_compressor(p + "compressor.", D, (csa ? 2 : 1) * D));
   if (csa) {
     Indexer ix;
-    EXL3_ASSIGN_OR_RETURN(ix.wq_b, LoadLinear(src, p + "indexer.wq_b", v.q_lora_rank, v.index_heads * v.index_head_dim));
+    EXL3_ASSIGN_OR_RETURN(ix.wq_b,
+                          LoadLinear(src, p + "indexer.wq_b", v.q_lora_rank, v.index_heads * v.index_head_dim));
     EXL3_ASSIGN_OR_RETURN(ix.weights_proj, LoadLinear(src, p + "indexer.weights_proj", H, v.index_heads));
-    EXL3_ASSIGN_OR_RETURN(ix.compressor, load_compressor(p + "indexer.compressor.", v.index_head_dim, 2 * v.index_head_dim));
+    EXL3_ASSIGN_OR_RETURN(ix.compressor,
+                          load_compressor(p + "indexer.compressor.", v.index_head_dim, 2 * v.index_head_dim));
     a->indexer_ = std::move(ix);
   }
   return a;

@@ -33,7 +33,8 @@
 namespace exl3::engine::cuda {
 namespace {
 
-const char* const kFixtures[] = {"tests/fixtures/engine/deepseek_v4_experts", "tests/fixtures/engine/deepseek_v4_all"};
+const char* const kFixtures[] = {"tests/fixtures/engine/deepseek_v4_experts",
+                                  "tests/fixtures/engine/deepseek_v4_all"};
 
 TEST(Dsv4KernelsTest, HyperConnectionsMatchTheCpu) {
   REQUIRE_GPU();
@@ -131,7 +132,6 @@ TEST(Dsv4KernelsTest, HashGateMatchesRouteHashed) {
   const std::vector<float> logits = Random(static_cast<size_t>(T) * E, rng, 3.0f);
   std::vector<int32_t> want_ids(static_cast<size_t>(T) * k);
   std::vector<float> want_w(want_ids.size());
-  ASSERT_TRUE(RouteHashed(mc, 0, logits.data(), table.data(), vocab, ids.data(), T, want_ids.data(), want_w.data()).ok());
   for (ScoringFunc s : {ScoringFunc::kSqrtSoftplus, ScoringFunc::kSigmoid}) {
     mc.scoring = s;
     ASSERT_TRUE(RouteHashed(mc, 0, logits.data(), table.data(), vocab, ids.data(), T, want_ids.data(), want_w.data())
