@@ -58,6 +58,7 @@ struct CudaModelOptions {
   // Decode steps (one token per sequence, up to 64 sequences, experts on this GPU) replay a CUDA
   // graph captured per batch-size bucket (1, 2, 4, 8, 16, 24, 32, 48, 64; padded to the bucket):
   // one launch instead of a few hundred. A capture that fails turns graphs off with a warning.
+  // DeepSeek-V4 ignores it (its decode steps run eagerly: engine/cuda/cuda_model.cc Open says why).
   bool cuda_graphs = true;
   // Chunks of at least kPrefillMinTokens tokens of one sequence (head dims 64, 128, 256) run
   // attention on the tensor-core prefill kernel; off: every token through the decode kernel.

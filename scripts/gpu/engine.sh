@@ -57,7 +57,7 @@ if want sanitize && command -v compute-sanitizer > /dev/null; then
   echo "=== compute-sanitizer"
   # memcheck: a GQA fixture's generation, then GLM-MoE-DSA's (latent attention, the indexer and its
   # top-k). racecheck (far slower): the kernel tests and one short generation (12 steps of two
-  # sequences through glm4_moe_all), then the latent and indexer kernels.
+  # sequences through glm4_moe_all), then the latent and indexer kernels. Then DeepSeek-V4's.
   sanitize() {  # sanitize TOOL NAME BINARY FILTER
     local log="$OUT/engine-sanitizer-$1-$2.log"
     timeout ${SANITIZE_TIMEOUT:-240} compute-sanitizer --tool $1 --error-exitcode 3 "$BIN"/$3 \
@@ -70,6 +70,11 @@ if want sanitize && command -v compute-sanitizer > /dev/null; then
   sanitize memcheck dsa-generation engine_cuda_model_test 'LatentFamilies/CudaModelFixtureTest.MatchesCpuModelAndTransformers/3'
   sanitize racecheck kernels-and-generation engine_cuda_model_test 'CudaKernelsTest.*:CudaModelTest.ExpertsThroughAnExecutorMatchTheCpuModel'
   sanitize racecheck latent-kernels engine_cuda_latent_attention_test 'LatentKernelsTest.*'
+  # DeepSeek-V4: its kernels' tests (the compressors' fold, the indexer, attention, hyper-connections)
+  # under memcheck and racecheck, and the resume through CudaModel under memcheck.
+  sanitize memcheck dsv4-kernels engine_cuda_dsv4_test 'Dsv4KernelsTest.*'
+  sanitize racecheck dsv4-kernels engine_cuda_dsv4_test 'Dsv4KernelsTest.*'
+  sanitize memcheck dsv4-resume engine_cuda_model_test 'Dsv4Family/CudaDsv4ResumeTest.*/1'
 fi
 if want bench; then
   echo "=== exl3-engine-bench (GLM-4.5-Air shapes, ${ENGINE_LAYERS:-6} layers)"
