@@ -299,12 +299,13 @@ void CheckAttentionLayers(const std::string& dir, int block_size, double toleran
 }
 
 // Dense attention weights (the experts fixture): fp32 on both sides. EXL3 attention (the all
-// fixture): the GPU's EXL3 kernels sum in another order than the CPU's.
+// fixture): the GPU's EXL3 kernels round and sum otherwise than the CPU's (the bound of
+// tests/engine/cuda/latent_attention_test.cc's layers).
 TEST(Dsv4KernelsTest, AttentionLayersMatchTheCpu) {
   REQUIRE_GPU();
   for (int B : {16, 8}) {
     CheckAttentionLayers(kFixtures[0], B, 1e-4);
-    CheckAttentionLayers(kFixtures[1], B, 2e-3);
+    CheckAttentionLayers(kFixtures[1], B, 5e-3);
   }
 }
 
