@@ -318,8 +318,8 @@ absl::Status CudaDsv4Attention::Forward(const float* x, int T, const Dsv4Step& s
       entries.stride = topk;
     }
   }
-  EXL3_RETURN_IF_ERROR(Dsv4Attention(ws.q.get(), sinks_.get(), cache, step.tokens, entries, T, NH, D, RD,
-                                     cfg_.attention_scale, cos, sin, ws.attn.get(), stream));
+  EXL3_RETURN_IF_ERROR(Dsv4Attend(ws.q.get(), sinks_.get(), cache, step.tokens, entries, T, NH, D, RD,
+                                  cfg_.attention_scale, cos, sin, ws.attn.get(), stream));
 
   // The grouped output projection: low_rank[t, g R + r] = wo_a[g R + r] · attn[t, g's slice], the
   // groups as one batched product (cuBLAS is column-major: C^T = op(A) · B^T in place).

@@ -371,10 +371,10 @@ absl::Status Dsv4IndexScores(const float* q, const float* weights, float head_we
   return LaunchStatus("dsv4 index scores");
 }
 
-absl::Status Dsv4Attention(const float* q, const float* sinks, const Dsv4CacheView& cache,
-                           const AttentionTokens& tokens, const Dsv4Entries& entries, int T, int heads, int dim,
-                           int rope_dim, float scale, const float* cos, const float* sin, float* out,
-                           StreamHandle stream) {
+absl::Status Dsv4Attend(const float* q, const float* sinks, const Dsv4CacheView& cache,
+                        const AttentionTokens& tokens, const Dsv4Entries& entries, int T, int heads, int dim,
+                        int rope_dim, float scale, const float* cos, const float* sin, float* out,
+                        StreamHandle stream) {
   if (T == 0) return absl::OkStatus();
   if (dim % 32 != 0 || dim > 512 || rope_dim > dim)
     return absl::UnimplementedError(absl::StrCat("dsv4 attention: head_dim ", dim,

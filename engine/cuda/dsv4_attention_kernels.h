@@ -96,9 +96,9 @@ struct Dsv4Entries {
 // first_visible..position, then its entries) and the head's sink logit sinks[h] (no value) of
 // scale * q · key, weighing the keys (key = value); then its last rope_dim dimensions rotated back
 // by the token's angles cos/sin [T, rope_dim / 2]. q [T, heads, dim]; dim a multiple of 32, ≤ 512.
-absl::Status Dsv4Attention(const float* q, const float* sinks, const Dsv4CacheView& cache,
-                           const AttentionTokens& tokens, const Dsv4Entries& entries, int num_tokens, int heads,
-                           int dim, int rope_dim, float scale, const float* cos, const float* sin, float* out,
-                           StreamHandle stream);
+absl::Status Dsv4Attend(const float* q, const float* sinks, const Dsv4CacheView& cache,
+                        const AttentionTokens& tokens, const Dsv4Entries& entries, int num_tokens, int heads,
+                        int dim, int rope_dim, float scale, const float* cos, const float* sin, float* out,
+                        StreamHandle stream);
 
 }  // namespace exl3::engine::cuda
