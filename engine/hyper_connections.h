@@ -50,6 +50,10 @@ class HyperConnection {
   // streams [T, N, hidden] ← post * block_output [T, hidden] + combᵀ · streams.
   void Expand(const HyperConnectionMix& mix, const float* block_output, int num_tokens,
               float* streams, CpuCompute& compute) const;
+  // The weights as loaded (fp32), for the GPU engine's copy (engine/cuda/hyper_connection_kernels.h).
+  const std::vector<float>& fn() const { return fn_; }
+  const std::vector<float>& base() const { return base_; }
+  const std::vector<float>& scale() const { return scale_; }
 
  private:
   HyperConnectionShape shape_;
@@ -64,6 +68,9 @@ class HyperHead {
                                         const HyperConnectionShape& shape);
   // streams [T, N, hidden] → [T, hidden] for the rows `rows` (indices of tokens).
   void Collapse(const float* streams, const std::vector<int>& rows, float* out) const;
+  const std::vector<float>& fn() const { return fn_; }
+  const std::vector<float>& base() const { return base_; }
+  float scale() const { return scale_; }
 
  private:
   HyperConnectionShape shape_;

@@ -12,6 +12,8 @@
 #include "engine/attention.h"
 #include "engine/cuda/deltanet_kernels.h"
 #include "engine/cuda/latent_attention_kernels.h"
+#include "engine/dsv4_config.h"
+#include "engine/hyper_connections.h"
 #include "kernels/cuda/cuda_status.h"
 #include "model/exl3_model.h"
 #include "model/safetensors.h"
@@ -65,19 +67,20 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Open(const std::string& di
   if (exl3::cuda::DeviceCount() == 0)
     return absl::FailedPreconditionError("the CUDA engine needs a GPU and none is visible");
   EXL3_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(dir));
-  if (cfg.attention == AttentionKind::kDsv4)
-    return absl::UnimplementedError(absl::StrCat(cfg.architecture(), ": its compressed sparse attention with "
-                                                 "hyper-connections runs on the CPU engine only so far "
-                                                 "(--engine-device cpu)"));
+  const bool v4 = cfg.attention == AttentionKind::kDsv4;
+  // DeepSeek-V4's hyper-connected layers run in RunHyperConnectedLayers, which has no exchange with
+  // expert workers (RunRemoteLayers is the single-residual layer loop) yet.
+  if (v4 && remote_moe != nullptr)
+    return absl::UnimplementedError(absl::StrCat(cfg.architecture(), ": with expert workers its hyper-connected "
+                                                 "layers run on the CPU engine only so far (--engine-device cpu); "
+                                                 "the GPU engine runs it with its experts in process"));
   // Qwen3-Next (gated DeltaNet layers, gated attention, zero-centred norms) runs here; recurrent
   // layers are only known beside GQA attention layers.
   if (cfg.HasRecurrentLayers() && cfg.attention != AttentionKind::kGqa)
     return absl::UnimplementedError(absl::StrCat(cfg.architecture(), ": recurrent layers beside ",
                                                  "non-GQA attention are not on the GPU engine"));
-  for (int l = 0; l < cfg.num_layers; ++l) {
-    if (cfg.moe.IsHashRoutedLayer(l))
-      return absl::UnimplementedError(absl::StrCat("layer ", l, " is hash-routed: not on the GPU engine"));
-  }
+  // Hash-routed MoE layers (DeepSeek-V4's hash_moe) are gated on the device from the step's token
+  // ids (HashRouteOnDevice), experts in process only (refused above otherwise).
   if (options.max_moe_tokens < 1) return absl::InvalidArgumentError("max_moe_tokens must be positive");
   if (options.micro_batches < 1 || options.micro_batches > 2)
     return absl::InvalidArgumentError(absl::StrCat("micro_batches must be 1 or 2, not ", options.micro_batches));
@@ -93,14 +96,20 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Open(const std::string& di
                                                     m->cfg_.moe.top_k));
   }
   m->max_moe_tokens_ = options.max_moe_tokens;
-  m->graphs_enabled_ = options.cuda_graphs;
+  // DeepSeek-V4 decode runs eagerly: its layers read per-step facts of their own (Dsv4StepFacts:
+  // chunk starts, four rope tables, the indexer's entry counts) outside the decode graph's fixed
+  // meta buffer, and its fold reports errors through a word read after the step; capturing it
+  // would need those in the graph's buffer first.
+  m->graphs_enabled_ = options.cuda_graphs && !v4;
   m->tensor_core_prefill_ = options.tensor_core_prefill;
   m->device_sampling_ = options.device_sampling;
   EXL3_RETURN_IF_ERROR(m->Load(dir));
 
   m->info_ = ModelInfoFor(m->cfg_, dir, options.served_name);
   m->sampler_ = std::make_unique<DeviceSampler>(m->cfg_.vocab_size);
-  m->info_.kv_bytes_per_token = m->cfg_.KvFloatsPerToken() * static_cast<int64_t>(sizeof(KvHalf));  // fp16 cache
+  // fp16 cache; DeepSeek-V4's fp32 (its compressor state as the CPU engine keeps it).
+  m->info_.kv_bytes_per_token =
+      m->cfg_.KvFloatsPerToken() * static_cast<int64_t>(v4 ? sizeof(float) : sizeof(KvHalf));
   return m;
 }
 
@@ -150,19 +159,42 @@ absl::Status CudaModel::Load(const std::string& dir) {
   gate_ = GateConfigFor(mc);
   const int q_out = cfg_.num_heads * cfg_.head_dim, kv_out = cfg_.num_kv_heads * cfg_.head_dim;
   const NormWeightConvention norms = cfg_.norm_weights;
+  // DeepSeek-V4's checkpoints keep the original names (attn_norm / ffn_norm, head) and its
+  // hyper-connections' weights (as engine/cpu_model.cc loads them).
+  const bool v4 = cfg_.attention == AttentionKind::kDsv4;
+  if (v4) {
+    const Dsv4Config& d = *cfg_.dsv4;
+    const HyperConnectionShape hc{H, d.hc_mult, d.hc_sinkhorn_iters, d.hc_eps, cfg_.rms_norm_eps};
+    streams_ = d.hc_mult;
+    EXL3_ASSIGN_OR_RETURN(HyperHead head, HyperHead::Load(*src, "model.hc_head.", hc));
+    EXL3_RETURN_IF_ERROR(hc_head_fn_.Upload(head.fn()));
+    EXL3_RETURN_IF_ERROR(hc_head_base_.Upload(head.base()));
+    hc_head_scale_ = head.scale();
+    dsv4_facts_ = std::make_unique<Dsv4StepFacts>(cfg_);
+    EXL3_RETURN_IF_ERROR(dsv4_facts_->Init());
+  }
   layers_.resize(cfg_.num_layers);
   int64_t state_offset = 0;  // layer l's state within a state row (DeviceSequenceStates)
   for (int l = 0; l < cfg_.num_layers; ++l) {
     Layer& L = layers_[l];
     const std::string p = absl::StrCat("model.layers.", l, ".");
-    EXL3_ASSIGN_OR_RETURN(L.input_norm, UploadNorm(*src, p + "input_layernorm.weight", H, norms));
+    EXL3_ASSIGN_OR_RETURN(L.input_norm, UploadNorm(*src, p + (v4 ? "attn_norm.weight" : "input_layernorm.weight"), H,
+                                                   norms));
     EXL3_ASSIGN_OR_RETURN(L.post_attention_norm,
-                          UploadNorm(*src, p + "post_attention_layernorm.weight", H, norms));
+                          UploadNorm(*src, p + (v4 ? "ffn_norm.weight" : "post_attention_layernorm.weight"), H,
+                                     norms));
     const std::string a = p + "self_attn.";
     if (cfg_.IsLinearAttentionLayer(l)) {
       EXL3_ASSIGN_OR_RETURN(L.deltanet, CudaGatedDeltaNet::Load(cfg_, *src, l, state_offset));
       weight_bytes_.attention += L.deltanet->weight_bytes();
       for (const CudaLinear* lin : L.deltanet->linears())
+        if (const Exl3LinearView* v = lin->exl3_view()) weight_bytes_.attention_decoded.Add(*v);
+    } else if (v4) {
+      EXL3_ASSIGN_OR_RETURN(L.attn_hc, LoadHyperConnection(*src, p + "hc_attn_"));
+      EXL3_ASSIGN_OR_RETURN(L.ffn_hc, LoadHyperConnection(*src, p + "hc_ffn_"));
+      EXL3_ASSIGN_OR_RETURN(L.dsv4, CudaDsv4Attention::Load(cfg_, *src, l));
+      weight_bytes_.attention += L.dsv4->weight_bytes();
+      for (const CudaLinear* lin : L.dsv4->linears())
         if (const Exl3LinearView* v = lin->exl3_view()) weight_bytes_.attention_decoded.Add(*v);
     } else if (cfg_.IsLatentAttention()) {
       EXL3_ASSIGN_OR_RETURN(L.latent, CudaLatentAttention::Load(cfg_, *src, l));
@@ -180,7 +212,7 @@ absl::Status CudaModel::Load(const std::string& dir) {
         if (const Exl3LinearView* v = lin->exl3_view()) weight_bytes_.attention_decoded.Add(*v);
     }
     state_offset += cfg_.StateFloats(l);
-    if (cfg_.qk_norm && L.deltanet == nullptr) {
+    if (cfg_.qk_norm && L.deltanet == nullptr && !v4) {
       EXL3_ASSIGN_OR_RETURN(L.q_norm, UploadNorm(*src, a + "q_norm.weight", cfg_.head_dim, norms));
       EXL3_ASSIGN_OR_RETURN(L.k_norm, UploadNorm(*src, a + "k_norm.weight", cfg_.head_dim, norms));
     }
@@ -200,6 +232,23 @@ absl::Status CudaModel::Load(const std::string& dir) {
     EXL3_ASSIGN_OR_RETURN(moe.router, CudaLinear::UploadDense(experts->RouterWeight(l), H, mc.num_experts));
     weight_bytes_.router += moe.router.weight_bytes();
     if (const float* bias = experts->CorrectionBias(l)) EXL3_RETURN_IF_ERROR(moe.bias.Upload(bias, mc.num_experts));
+    if (mc.IsHashRoutedLayer(l)) {
+      // Checked once here: the device gate reads tid2eid[token id] unchecked.
+      int64_t vocab = 0;
+      const int32_t* table = experts->HashTable(l, &vocab);
+      if (table == nullptr)
+        return absl::NotFoundError(absl::StrCat("layer ", l, " is hash-routed but the model has no ",
+                                                HashTableKey(mc, l)));
+      if (vocab < cfg_.vocab_size)
+        return absl::InvalidArgumentError(absl::StrCat(HashTableKey(mc, l), ": ", vocab, " rows for a vocabulary of ",
+                                                       cfg_.vocab_size));
+      const size_t n = static_cast<size_t>(cfg_.vocab_size) * mc.top_k;
+      for (size_t i = 0; i < n; ++i)
+        if (table[i] < 0 || table[i] >= mc.num_experts)
+          return absl::DataLossError(absl::StrCat(HashTableKey(mc, l), "[", i / mc.top_k, "] names expert ", table[i],
+                                                  ", outside [0, ", mc.num_experts, ")"));
+      EXL3_RETURN_IF_ERROR(moe.hash_table.Upload(table, n));
+    }
     if (remote_moe_ == nullptr) {
       EXL3_ASSIGN_OR_RETURN(MoeLayerView view, experts->LayerView(l));
       EXL3_ASSIGN_OR_RETURN(moe.experts, exl3::cuda::DeviceMoeLayer::Upload(view));
@@ -216,8 +265,9 @@ absl::Status CudaModel::Load(const std::string& dir) {
     L.moe = std::move(moe);
   }
   EXL3_ASSIGN_OR_RETURN(final_norm_, UploadNorm(*src, "model.norm.weight", H, norms));
-  if (src->Has("lm_head.weight") || src->Has("lm_head.trellis")) {
-    EXL3_ASSIGN_OR_RETURN(head_, LoadLinear(*src, "lm_head", H, cfg_.vocab_size));
+  const std::string head = v4 ? "head" : "lm_head";
+  if (src->Has(head + ".weight") || src->Has(head + ".trellis")) {
+    EXL3_ASSIGN_OR_RETURN(head_, LoadLinear(*src, head, H, cfg_.vocab_size));
   } else if (cfg_.tie_word_embeddings) {
     EXL3_ASSIGN_OR_RETURN(std::vector<float> w, ToFloat32(emb));
     EXL3_ASSIGN_OR_RETURN(head_, CudaLinear::UploadDense(w.data(), H, cfg_.vocab_size));
@@ -232,10 +282,49 @@ absl::Status CudaModel::Load(const std::string& dir) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<CudaModel::HyperConnectionWeights> CudaModel::LoadHyperConnection(const TensorSource& src,
+                                                                                  const std::string& prefix) const {
+  const Dsv4Config& d = *cfg_.dsv4;
+  const HyperConnectionShape shape{cfg_.hidden_size, d.hc_mult, d.hc_sinkhorn_iters, d.hc_eps, cfg_.rms_norm_eps};
+  EXL3_ASSIGN_OR_RETURN(HyperConnection hc, HyperConnection::Load(src, prefix, shape));
+  HyperConnectionWeights w;
+  EXL3_RETURN_IF_ERROR(w.fn.Upload(hc.fn()));
+  EXL3_RETURN_IF_ERROR(w.base.Upload(hc.base()));
+  w.args.fn = w.fn.get();  // the arrays' storage moves with them
+  w.args.base = w.base.get();
+  for (int i = 0; i < 3; ++i) w.args.scale[i] = hc.scale()[i];
+  w.args.streams = d.hc_mult;
+  w.args.hidden = cfg_.hidden_size;
+  w.args.sinkhorn_iters = d.hc_sinkhorn_iters;
+  w.args.eps = d.hc_eps;
+  w.args.norm_eps = cfg_.rms_norm_eps;
+  return w;
+}
+
 absl::Status CudaModel::AllocateKvCache(const KvCacheShape& shape) {
   if (shape.num_blocks <= 0 || shape.block_size <= 0)
     return absl::InvalidArgumentError(absl::StrCat("KV cache of ", shape.num_blocks, " blocks of ",
                                                    shape.block_size, " tokens"));
+  if (cfg_.attention == AttentionKind::kDsv4) {
+    // fp32, the CPU engine's layout (engine/paged_kv_cache.h): per layer, num_blocks + 1 blocks of
+    // block_size slots and the block area; zeroed as the CPU's is.
+    const int L = cfg_.num_layers, B = shape.block_size;
+    dsv4_layer_offset_.assign(L + 1, 0);
+    dsv4_block_stride_.assign(L, 0);
+    for (int l = 0; l < L; ++l) {
+      dsv4_block_stride_[l] = B * cfg_.KvWidth(l) + cfg_.KvBlockFloats(l, B);
+      dsv4_layer_offset_[l + 1] =
+          dsv4_layer_offset_[l] + static_cast<size_t>(shape.num_blocks + 1) * dsv4_block_stride_[l];
+    }
+    dsv4_cache_ = DeviceArray<float>();
+    EXL3_RETURN_IF_ERROR(dsv4_cache_.Reserve(dsv4_layer_offset_[L]));
+    // On the engine's stream (non-blocking: the legacy stream's work would not order before its steps).
+    EXL3_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dsv4_cache_.get(), 0, dsv4_layer_offset_[L] * sizeof(float),
+                                              Stream(stream_)));
+    cache_shape_ = shape;
+    padding_block_ = shape.num_blocks;
+    return absl::OkStatus();
+  }
   // One block more than asked: the padding rows of decode graphs write their keys there. Each
   // layer's slots as wide as the CPU engine's (KvWidth: DSA layers without their own indexer hold
   // no indexer keys).
@@ -268,7 +357,9 @@ absl::Status CudaModel::Reserve(int T, int R, int splits) {
     DeviceArray<float>* a;
     size_t n;
   };
-  const Need needs[] = {{&act_.h, t * H}, {&act_.x, t * H}, {&act_.d, t * H}, {&act_.q, q}, {&act_.k, kv},
+  const size_t N = static_cast<size_t>(streams_);
+  const Need needs[] = {{&act_.h, t * H * N}, {&act_.x, t * H}, {&act_.hc_post, t * N}, {&act_.hc_comb, t * N * N},
+                        {&act_.head_pre, r * H}, {&act_.d, t * H}, {&act_.q, q}, {&act_.k, kv},
                         {&act_.v, kv}, {&act_.attn, q}, {&act_.gate, t * cfg_.intermediate_size},
                         {&act_.up, t * cfg_.intermediate_size},
                         {&act_.router_logits, t * std::max(cfg_.moe.num_experts, 1)}, {&act_.topk_weights, t * k},
@@ -288,6 +379,11 @@ absl::Status CudaModel::Reserve(int T, int R, int splits) {
     bool deltanet_moved = false;
     EXL3_RETURN_IF_ERROR(deltanet_ws_.Reserve(cfg_.linear_attention, T, &deltanet_moved));
     if (deltanet_moved) DropGraphs();
+  }
+  if (cfg_.attention == AttentionKind::kDsv4) {  // no decode graphs: nothing to drop
+    const int64_t context = std::min<int64_t>(cfg_.max_position_embeddings,
+                                              static_cast<int64_t>(cache_shape_.num_blocks) * cache_shape_.block_size);
+    EXL3_RETURN_IF_ERROR(dsv4_ws_.Reserve(cfg_, T, static_cast<int>(context)));
   }
   for (const Need& n : needs) moved |= n.a->size() < n.n;
   if (!moved) return absl::OkStatus();
@@ -538,6 +634,9 @@ absl::Status CudaModel::RouteRows(int l, int first, int n) {
   float* logits = act_.router_logits.get() + r * cfg_.moe.num_experts;
   const size_t k = static_cast<size_t>(cfg_.moe.top_k);
   EXL3_RETURN_IF_ERROR(moe.router.Forward(act_.x.get() + r * cfg_.hidden_size, n, logits, ctx_));
+  if (!moe.hash_table.empty())  // experts from the token ids (this step's, on the device)
+    return HashRouteOnDevice(gate_, logits, moe.hash_table.get(), meta_.ids + r, n, act_.topk_ids.get() + r * k,
+                             act_.topk_weights.get() + r * k, stream_);
   return RouteOnDevice(gate_, logits, moe.bias.empty() ? nullptr : moe.bias.get(), n, act_.topk_ids.get() + r * k,
                        act_.topk_weights.get() + r * k, stream_);
 }
@@ -663,7 +762,44 @@ absl::Status CudaModel::RunRemoteLayers(const int32_t* host_token_ids) {
   return absl::OkStatus();
 }
 
+absl::Status CudaModel::RunHyperConnectedLayers(int T, int R) {
+  const int H = cfg_.hidden_size, N = streams_;
+  const float eps = cfg_.rms_norm_eps;
+  float* post = act_.hc_post.get();
+  float* comb = act_.hc_comb.get();
+  // Every stream starts as the token's embedding.
+  EXL3_RETURN_IF_ERROR(EmbedRows(embedding_.get(), embedding_dtype_, meta_.ids, T, H, act_.x.get(), stream_));
+  EXL3_RETURN_IF_ERROR(BroadcastStreams(act_.x.get(), T, N, H, act_.h.get(), stream_));
+  EXL3_RETURN_IF_ERROR(Mark(Phase::kEmbed));
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    Layer& L = layers_[l];
+    EXL3_RETURN_IF_ERROR(HyperCollapse(L.attn_hc->args, act_.h.get(), T, act_.d.get(), post, comb, stream_));
+    EXL3_RETURN_IF_ERROR(RmsNorm(act_.d.get(), L.input_norm.get(), T, H, eps, act_.x.get(), stream_));
+    const Dsv4CacheView cache{dsv4_cache_.get() + dsv4_layer_offset_[l], cache_shape_.block_size, cfg_.KvWidth(l),
+                              dsv4_block_stride_[l]};
+    EXL3_RETURN_IF_ERROR(L.dsv4->Forward(act_.x.get(), T, dsv4_step_, cache, dsv4_ws_, ctx_, act_.d.get()));
+    EXL3_RETURN_IF_ERROR(HyperExpand(post, comb, act_.d.get(), T, N, H, act_.h.get(), stream_));
+    EXL3_RETURN_IF_ERROR(HyperCollapse(L.ffn_hc->args, act_.h.get(), T, act_.d.get(), post, comb, stream_));
+    EXL3_RETURN_IF_ERROR(RmsNorm(act_.d.get(), L.post_attention_norm.get(), T, H, eps, act_.x.get(), stream_));
+    EXL3_RETURN_IF_ERROR(Mark(Phase::kAttention));
+    if (L.dense_mlp) {
+      EXL3_RETURN_IF_ERROR(RunDenseMlp(l, 0, T));
+    } else {
+      EXL3_RETURN_IF_ERROR(RunMoe(l, T));
+      EXL3_RETURN_IF_ERROR(Mark(Phase::kMoe));
+    }
+    EXL3_RETURN_IF_ERROR(HyperExpand(post, comb, act_.d.get(), T, N, H, act_.h.get(), stream_));
+  }
+  // The head: each logit row's streams collapsed (model.hc_head), the final norm, the head.
+  const Dsv4Config& d = *cfg_.dsv4;
+  EXL3_RETURN_IF_ERROR(HyperHeadCollapse(hc_head_fn_.get(), hc_head_base_.get(), hc_head_scale_, N, H, d.hc_eps,
+                                         eps, act_.h.get(), meta_.logit_rows, R, act_.head_pre.get(), stream_));
+  EXL3_RETURN_IF_ERROR(RmsNorm(act_.head_pre.get(), final_norm_.get(), R, H, eps, act_.head_in.get(), stream_));
+  return head_.Forward(act_.head_in.get(), R, act_.logits.get(), ctx_);
+}
+
 absl::Status CudaModel::RunLayers(int T, int R, const int32_t* host_token_ids) {
+  if (cfg_.attention == AttentionKind::kDsv4) return RunHyperConnectedLayers(T, R);
   const int H = cfg_.hidden_size;
   const float eps = cfg_.rms_norm_eps;
   EXL3_RETURN_IF_ERROR(EmbedRows(embedding_.get(), embedding_dtype_, meta_.ids, T, H, act_.h.get(), stream_));
@@ -813,7 +949,7 @@ absl::Status CudaModel::ForwardSampled(const StepBatch& batch, std::span<const R
 }
 
 absl::Status CudaModel::RunStep(const StepBatch& batch, const StepOutput& out) {
-  if (cache_.empty()) return absl::FailedPreconditionError("KV cache not allocated");
+  if (cache_.empty() && dsv4_cache_.empty()) return absl::FailedPreconditionError("KV cache not allocated");
   StepTokens tokens;
   EXL3_RETURN_IF_ERROR(FlattenStep(batch, cfg_.vocab_size, cache_shape_, cfg_.max_position_embeddings, &tokens));
   const int T = tokens.num_tokens;
@@ -839,8 +975,15 @@ absl::Status CudaModel::RunEagerStep(const StepBatch& batch, const StepTokens& t
   EXL3_RETURN_IF_ERROR(PrepareStep(tokens, StepLayout{T, 0, 0}, &meta_.device));
   EXL3_RETURN_IF_ERROR(Reserve(T, R, step_splits_));
   if (exchange_ != nullptr) step_micro_batches_ = SplitIntoMicroBatches(batch, micro_batches_);
+  if (dsv4_facts_ != nullptr)
+    EXL3_RETURN_IF_ERROR(dsv4_facts_->Prepare(tokens,
+                                              AttentionTokens{meta_.position, meta_.first_visible, meta_.table_offset,
+                                                              meta_.tables, cache_shape_.block_size},
+                                              sm_count_, stream_, &dsv4_step_));
   EXL3_RETURN_IF_ERROR(RunLayers(T, R, tokens.token_ids.data()));
   EXL3_RETURN_IF_ERROR(FinishStep(R, out));
+  // The compressors' fold fails a step as the CPU engine's does (after the step: its error word).
+  if (dsv4_facts_ != nullptr) EXL3_RETURN_IF_ERROR(dsv4_facts_->TakeError(stream_));
   if (exchange_ != nullptr) {
     EXL3_ASSIGN_OR_RETURN(exchange_times_, exchange_->StepTimes());
   }

@@ -15,12 +15,15 @@
 //
 // Families: the GQA ones (Glm4Moe, Qwen3Moe, Mixtral), DeepSeek-V3's multi-head latent attention
 // and GLM-MoE-DSA's (latent attention over the positions its indexer chooses;
-// engine/cuda/latent_attention.h), and Qwen3-Next's: per layer_types gated DeltaNet layers
+// engine/cuda/latent_attention.h), Qwen3-Next's: per layer_types gated DeltaNet layers
 // (engine/cuda/cuda_gated_deltanet.h, their per-sequence state in a device store beside the KV
 // cache, engine/cuda/device_sequence_states.h) or gated full attention (q_proj's query and output
-// gate per head), zero-centred norm weights, the shared expert's sigmoid gate in the MoE kernels.
-// DeepSeek-V4 runs on the CPU model only for now; Open says so. Activations are fp32, the KV cache
-// fp16, the recurrent state fp32.
+// gate per head), zero-centred norm weights, the shared expert's sigmoid gate in the MoE kernels,
+// and DeepSeek-V4 (its sliding-window / compressed attention, engine/cuda/dsv4_attention.h,
+// between hyper-connections, engine/cuda/hyper_connection_kernels.h; hash-routed MoE layers gated
+// from the step's token ids; experts in process, no decode graphs). Activations are fp32, the KV
+// cache fp16 (DeepSeek-V4's fp32, in the CPU engine's layout with its compressor state), the
+// recurrent state fp32.
 #pragma once
 
 #include <memory>
@@ -36,7 +39,9 @@
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/device_sequence_states.h"
 #include "engine/cuda/device_sampler.h"
+#include "engine/cuda/dsv4_attention.h"
 #include "engine/cuda/engine_kernels.h"
+#include "engine/cuda/hyper_connection_kernels.h"
 #include "engine/cuda/latent_attention.h"
 #include "engine/cuda/remote_moe_exchange.h"
 #include "engine/model_config.h"
@@ -59,6 +64,7 @@ struct CudaModelOptions {
   // Decode steps (one token per sequence, up to 64 sequences, experts on this GPU) replay a CUDA
   // graph captured per batch-size bucket (1, 2, 4, 8, 16, 24, 32, 48, 64; padded to the bucket):
   // one launch instead of a few hundred. A capture that fails turns graphs off with a warning.
+  // DeepSeek-V4 ignores it (its decode steps run eagerly: engine/cuda/cuda_model.cc Open says why).
   bool cuda_graphs = true;
   // Chunks of at least kPrefillMinTokens tokens of one sequence (head dims 64, 128, 256) run
   // attention on the tensor-core prefill kernel; off: every token through the decode kernel.
@@ -124,13 +130,21 @@ class CudaModel final : public ModelRunner {
   struct MoeBlock {
     CudaLinear router;                 // [E, hidden] fp32
     DeviceArray<float> bias;           // correction bias [E] or empty
+    DeviceArray<int32_t> hash_table;   // hash-routed layers: tid2eid [vocab, top_k]; else empty
     std::unique_ptr<exl3::cuda::DeviceMoeLayer> experts;  // null with remote experts
+  };
+  // One hyper-connection's weights on the device (DeepSeek-V4).
+  struct HyperConnectionWeights {
+    DeviceArray<float> fn, base;
+    HyperConnectionArgs args;  // fn and base point into the arrays above
   };
   struct Layer {
     DeviceArray<float> input_norm, post_attention_norm, q_norm, k_norm;
     CudaLinear q, k, v, o;
     std::unique_ptr<CudaLatentAttention> latent;  // MLA / DSA models: instead of q, k, v, o
     std::unique_ptr<CudaGatedDeltaNet> deltanet;  // linear attention layers: instead of q, k, v, o
+    std::unique_ptr<CudaDsv4Attention> dsv4;      // DeepSeek-V4: instead of q, k, v, o
+    std::optional<HyperConnectionWeights> attn_hc, ffn_hc;  // DeepSeek-V4
     std::optional<DenseMlp> dense_mlp;
     std::optional<MoeBlock> moe;
   };
@@ -139,6 +153,7 @@ class CudaModel final : public ModelRunner {
     DeviceArray<float> h, x, d, q, k, v, attn, gate, up, router_logits, topk_weights, scratch,
         head_in, logits;
     DeviceArray<float> qg, qgate;  // gated attention: q_proj's output, the heads' output gates
+    DeviceArray<float> hc_post, hc_comb, head_pre;  // DeepSeek-V4: the mix [T, N], [T, N, N]; the head's collapse
     DeviceArray<int32_t> topk_ids;
   };
   // The step's per-token facts, packed on the host and copied to the device in one transfer.
@@ -198,6 +213,10 @@ class CudaModel final : public ModelRunner {
   // The layers with remote experts: the step's micro-batches (step_micro_batches_) alternate
   // attention on the GPU and their exchange.
   absl::Status RunRemoteLayers(const int32_t* host_token_ids);
+  // DeepSeek-V4's layers (hc_mult residual streams, engine/hyper_connections.h) from the
+  // embeddings to the head's logits.
+  absl::Status RunHyperConnectedLayers(int num_tokens, int num_logit_rows);
+  absl::StatusOr<HyperConnectionWeights> LoadHyperConnection(const TensorSource& src, const std::string& prefix) const;
   // Layer l up to its MLP's input for rows [first, first + n): the residual joins the previous
   // layer's output, the input norm, attention, the residual, the post-attention norm into x.
   absl::Status RunAttentionHalf(int l, int first, int n);
@@ -250,6 +269,17 @@ class CudaModel final : public ModelRunner {
   // DeltaNet layers run them: the first token of each (in step rows), in order.
   std::unique_ptr<DeviceSequenceStates> states_;
   std::vector<int> state_chunk_first_;
+  // DeepSeek-V4: the fp32 cache (per layer (num_blocks + 1) blocks of block_stride floats), the
+  // step's facts, the layers' buffers, the residual streams and the head's collapse.
+  DeviceArray<float> dsv4_cache_;
+  std::vector<size_t> dsv4_layer_offset_;
+  std::vector<int> dsv4_block_stride_;
+  std::unique_ptr<Dsv4StepFacts> dsv4_facts_;
+  Dsv4Step dsv4_step_;
+  Dsv4Workspace dsv4_ws_;
+  int streams_ = 1;  // residual streams per token (hc_mult; 1 without hyper-connections)
+  DeviceArray<float> hc_head_fn_, hc_head_base_;
+  float hc_head_scale_ = 1.0f;
   // The step's tokens as attention runs them: consecutive ranges, each a prefill chunk (one
   // sequence, PrefillAttention) or decode-like tokens (PagedAttention).
   struct AttentionRun {

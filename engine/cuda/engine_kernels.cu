@@ -343,6 +343,30 @@ __global__ void RouteKernel(GateConfig cfg, const float* logits, const float* bi
   }
 }
 
+// grid T, one warp's worth of threads (lane 0 works: k is small). logits [T, E]; tid2eid
+// [vocab, k]; token_ids [T]; ids, weights [T, k].
+__global__ void HashRouteKernel(GateConfig cfg, const float* logits, const int32_t* tid2eid,
+                                const int32_t* token_ids, int32_t* ids, float* weights) {
+  if (threadIdx.x != 0) return;
+  const int k = cfg.top_k, E = cfg.num_experts;
+  const size_t t = blockIdx.x;
+  const float* l = logits + t * E;
+  const int32_t* row = tid2eid + static_cast<size_t>(token_ids[t]) * k;
+  int32_t* out_ids = ids + t * k;
+  float* out_w = weights + t * k;
+  float sum = 0.0f;
+  for (int i = 0; i < k; ++i) {
+    const int32_t e = row[i];
+    out_ids[i] = e;
+    out_w[i] = cfg.scoring == ScoringFunc::kSigmoid ? 1.0f / (1.0f + expf(-l[e])) : sqrtf(Softplus(l[e]));
+    sum += out_w[i];
+  }
+  for (int i = 0; i < k; ++i) {
+    if (cfg.norm_topk_prob) out_w[i] /= (sum + 1e-20f);
+    out_w[i] *= cfg.routed_scaling_factor;
+  }
+}
+
 }  // namespace
 
 absl::Status EmbedRows(const void* table, EmbeddingDType dtype, const int32_t* ids, int T,
@@ -449,6 +473,17 @@ absl::Status RouteOnDevice(const GateConfig& cfg, const float* logits, const flo
   const size_t smem = (2 * cfg.num_experts + cfg.n_group) * sizeof(float) + cfg.num_experts;
   RouteKernel<<<T, kThreads, smem, S(stream)>>>(cfg, logits, bias, ids, weights);
   return LaunchStatus("device gate");
+}
+
+absl::Status HashRouteOnDevice(const GateConfig& cfg, const float* logits, const int32_t* tid2eid,
+                               const int32_t* token_ids, int T, int32_t* ids, float* weights,
+                               StreamHandle stream) {
+  if (T == 0) return absl::OkStatus();
+  if (cfg.top_k < 1 || cfg.top_k > cfg.num_experts)
+    return absl::InvalidArgumentError(absl::StrCat("hash gate: top-", cfg.top_k, " of ", cfg.num_experts,
+                                                   " experts"));
+  HashRouteKernel<<<T, 32, 0, S(stream)>>>(cfg, logits, tid2eid, token_ids, ids, weights);
+  return LaunchStatus("hash gate");
 }
 
 }  // namespace exl3::engine::cuda

@@ -71,6 +71,15 @@ GateConfig GateConfigFor(const MoeConfig& moe);
 absl::Status RouteOnDevice(const GateConfig& cfg, const float* logits, const float* bias,
                            int num_tokens, int32_t* ids, float* weights, StreamHandle stream);
 
+// The gate of a hash-routed layer (DeepSeek-V4's hash_moe), as model/routing.h's RouteHashed: the
+// experts of token t are tid2eid[ids[t]] [k] (the table's order), weighted by the layer's score
+// of its router logits (sigmoid or sqrt-softplus), normalised when norm_topk_prob, times the
+// routed scaling factor. logits [T, E]; tid2eid [vocab, k] int32 (checked at load: every entry in
+// [0, E), vocab covering every token id); token_ids [T] int32; ids [T, k], weights [T, k].
+absl::Status HashRouteOnDevice(const GateConfig& cfg, const float* logits, const int32_t* tid2eid,
+                               const int32_t* token_ids, int num_tokens, int32_t* ids, float* weights,
+                               StreamHandle stream);
+
 // out[r] = rmsnorm(h[rows[r]]) * w: the final norm of the rows whose logits are wanted. h [T, n],
 // rows [R] int32, out [R, n].
 absl::Status GatherRmsNorm(const float* h, const int32_t* rows, int num_rows, const float* w,

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # On the GPU machine: the GPU engine (engine/cuda/) in one go. Writes logs to $OUT (or ./gpu-out):
-#   1. engine_cuda_model_test, engine_cuda_latent_attention_test and engine_cuda_deltanet_test: the
-#      kernels against the CPU references and whole models (tests/fixtures/engine) against the CPU
-#      engine and transformers; Qwen3-Next's state through the engine (preemption, a failed step);
+#   1. engine_cuda_model_test, engine_cuda_latent_attention_test, engine_cuda_deltanet_test and
+#      engine_cuda_dsv4_test: the kernels against the CPU references and whole models
+#      (tests/fixtures/engine) against the CPU engine and transformers; Qwen3-Next's state through
+#      the engine (preemption, a failed step);
 #   2. compute-sanitizer: memcheck on a GQA, a GLM-MoE-DSA and a Qwen3-Next fixture's generation,
-#      racecheck on the kernel tests (the DeltaNet's too) and one short generation;
+#      racecheck on the kernel tests (the DeltaNet's too) and one short generation, DeepSeek-V4's
+#      kernels and resume;
 #   3. a synthetic model with GLM-4.5-Air's shapes (dense intermediate 11008: 10944 rounded up to EXL3's
 #      multiple of 128; ENGINE_LAYERS layers, default 6: the first
 #      dense) and exl3-engine-bench on it: time to first token, decode tokens/s at batch 1..64
@@ -53,12 +55,16 @@ if want test; then
   timeout ${TEST_TIMEOUT:-300} "$BIN"/engine_cuda_deltanet_test > "$OUT/deltanet-test.log" 2>&1
   echo "test exit $?"
   grep -E "^(deltanet|model) |FAILED|Failure|error|PASSED" "$OUT/deltanet-test.log" | head -100
+  echo "=== engine_cuda_dsv4_test"
+  timeout ${TEST_TIMEOUT:-300} "$BIN"/engine_cuda_dsv4_test > "$OUT/dsv4-test.log" 2>&1
+  echo "test exit $?"
+  grep -E "^dsv4 |FAILED|Failure|error|PASSED" "$OUT/dsv4-test.log" | head -200
 fi
 if want sanitize && command -v compute-sanitizer > /dev/null; then
   echo "=== compute-sanitizer"
   # memcheck: a GQA fixture's generation, then GLM-MoE-DSA's (latent attention, the indexer and its
   # top-k). racecheck (far slower): the kernel tests and one short generation (12 steps of two
-  # sequences through glm4_moe_all), then the latent and indexer kernels.
+  # sequences through glm4_moe_all), then the latent and indexer kernels. Then DeepSeek-V4's.
   sanitize() {  # sanitize TOOL NAME BINARY FILTER
     local log="$OUT/engine-sanitizer-$1-$2.log"
     timeout ${SANITIZE_TIMEOUT:-240} compute-sanitizer --tool $1 --error-exitcode 3 "$BIN"/$3 \
@@ -73,6 +79,11 @@ if want sanitize && command -v compute-sanitizer > /dev/null; then
   sanitize racecheck latent-kernels engine_cuda_latent_attention_test 'LatentKernelsTest.*'
   sanitize memcheck qwen3-next-generation engine_cuda_model_test 'RecurrentFamilies/CudaModelFixtureTest.MatchesCpuModelAndTransformers/1'
   sanitize racecheck deltanet-kernels engine_cuda_deltanet_test 'DeltaNetKernelsTest.*'
+  # DeepSeek-V4: its kernels' tests (the compressors' fold, the indexer, attention, hyper-connections)
+  # under memcheck and racecheck, and the resume through CudaModel under memcheck.
+  sanitize memcheck dsv4-kernels engine_cuda_dsv4_test 'Dsv4KernelsTest.*'
+  sanitize racecheck dsv4-kernels engine_cuda_dsv4_test 'Dsv4KernelsTest.*'
+  sanitize memcheck dsv4-resume engine_cuda_model_test 'Dsv4Family/CudaDsv4ResumeTest.*/1'
 fi
 if want bench; then
   echo "=== exl3-engine-bench (GLM-4.5-Air shapes, ${ENGINE_LAYERS:-6} layers)"

@@ -3,9 +3,11 @@
 // fp16 cache; the device gate for every scoring function; RoPE in both layouts; the norms), and
 // whole models (tests/fixtures/engine, the GQA families) through chunked prefill and greedy
 // decode: logits within 5e-3 relative of the CPU model's while the tokens agree, and the greedy
-// tokens against transformers'; the latent families (DeepSeek-V3, GLM-MoE-DSA) the same way
-// (their kernels: tests/engine/cuda/latent_attention_test.cc), and Qwen3-Next (its DeltaNet
-// kernels and the engine over its state: tests/engine/cuda/deltanet_test.cc). Skipped where no GPU is visible (ctest label gpu).
+// tokens against transformers'; the latent families (DeepSeek-V3, GLM-MoE-DSA) and DeepSeek-V4 the
+// same way (their kernels: tests/engine/cuda/latent_attention_test.cc, dsv4_test.cc), V4 also
+// through a prefill → decode → prefill resume, and Qwen3-Next (its DeltaNet kernels and the engine
+// over its state: tests/engine/cuda/deltanet_test.cc). Skipped where no GPU is visible (ctest
+// label gpu).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -435,6 +437,99 @@ INSTANTIATE_TEST_SUITE_P(LatentFamilies, CudaModelFixtureTest,
 INSTANTIATE_TEST_SUITE_P(RecurrentFamilies, CudaModelFixtureTest,
                          ::testing::Values("qwen3_next_experts", "qwen3_next_all"));
 
+// DeepSeek-V4 (engine/cuda/dsv4_attention.h, hyper-connections, hash-routed layer 0): its sliding,
+// CSA and HCA layers; index_topk 4 of CSA entries (one per 4 positions) is below every prompt's
+// length plus continuation, so both the dense regime and the indexer's selection run. Kernels:
+// tests/engine/cuda/dsv4_test.cc.
+INSTANTIATE_TEST_SUITE_P(Dsv4Family, CudaModelFixtureTest,
+                         ::testing::Values("deepseek_v4_experts", "deepseek_v4_all"));
+
+// DeepSeek-V4: prefill → decode → prefill → decode in one sequence (reference.json "resume", as
+// tests/engine/transformers_conformance_test.cc's ResumeTest runs it on the CPU engine): the first
+// prompt chunk in chunks of 5 (windows of 4 and 16 left open across steps), decode steps, the second
+// prompt chunk at once, decode steps; each step's last row against the CPU engine's (5e-3) and
+// transformers' (resume.logits, 5e-3), the greedy tokens against transformers'.
+class CudaDsv4ResumeTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaDsv4ResumeTest, PrefillDecodePrefillDecodeMatchesCpuAndTransformers) {
+  REQUIRE_GPU();
+  const std::string dir = (fs::path("tests/fixtures/engine") / GetParam()).string();
+  auto ref = TensorSource::Open(dir + "/reference.safetensors");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  TensorView tv = *(*ref)->Get("resume.tokens");
+  const std::vector<int32_t> tokens(tv.as<int32_t>(), tv.as<int32_t>() + tv.info->num_elements());
+  auto logits = ToFloat32(*(*ref)->Get("resume.logits"));
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  const int first = 21, decode = 6, second = 19;
+  ASSERT_EQ(tokens.size(), static_cast<size_t>(first + decode + second + 32));
+  auto cpu = CpuModel::Open(dir, CpuModelOptions{});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto gpu = CudaModel::Open(dir, CudaModelOptions{});
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  const int vocab = (*gpu)->info().vocab_size;
+  ASSERT_EQ(logits->size(), (tokens.size() - 1) * vocab);
+  for (ModelRunner* m : {static_cast<ModelRunner*>(cpu->get()), static_cast<ModelRunner*>(gpu->get())})
+    ASSERT_TRUE(m->AllocateKvCache({8, 16}).ok());
+  const std::vector<int32_t> table = {3, 0, 6, 1, 7, 2, 5, 4};  // shuffled, as a block manager hands them out
+  int computed = 0, compared = 0, greedy = 0;
+  double worst_cpu = 0, worst_transformers = 0;
+  auto run = [&](int n, int chunk, bool next_is_greedy) {
+    std::vector<float> row_cpu(vocab), row_gpu(vocab);
+    for (int done = 0; done < n;) {
+      const int c = std::min(chunk, n - done);
+      StepBatch batch;
+      SequenceChunk sc;
+      sc.tokens.assign(tokens.begin() + computed, tokens.begin() + computed + c);
+      sc.start_position = computed;
+      sc.block_table = table;
+      sc.wants_logits = done + c == n;
+      batch.chunks.push_back(sc);
+      const absl::Status cs = (*cpu)->Forward(batch, row_cpu.data());
+      ASSERT_TRUE(cs.ok()) << cs;
+      const absl::Status gs = (*gpu)->Forward(batch, row_gpu.data());
+      ASSERT_TRUE(gs.ok()) << gs;
+      computed += c;
+      done += c;
+    }
+    const float* want = &(*logits)[static_cast<size_t>(computed - 1) * vocab];
+    worst_cpu = std::max(worst_cpu, RelativeError(row_gpu, row_cpu));
+    worst_transformers = std::max(worst_transformers, RelativeError(row_gpu.data(), want, vocab));
+    ++compared;
+    if (next_is_greedy) {
+      const int gt = static_cast<int>(std::max_element(row_gpu.begin(), row_gpu.end()) - row_gpu.begin());
+      std::vector<float> sorted = row_cpu;
+      std::sort(sorted.rbegin(), sorted.rend());
+      EXPECT_EQ(gt, tokens[computed]) << "position " << computed << " (CPU top1-top2 margin " << sorted[0] - sorted[1]
+                                      << ")";
+      ++greedy;
+    }
+  };
+  run(first, 5, true);
+  for (int i = 0; i < decode; ++i) run(1, 1, i + 1 < decode);
+  run(second, 1000, true);
+  for (int i = 0; i < 31; ++i) run(1, 1, true);
+  std::printf("model %-22s resume: %d rows, logits rel (worst row) against the CPU %.2e, against transformers %.2e, "
+              "%d greedy tokens checked\n",
+              GetParam(), compared, worst_cpu, worst_transformers, greedy);
+  EXPECT_LT(worst_cpu, 5e-3);
+  EXPECT_LT(worst_transformers, 5e-3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dsv4Family, CudaDsv4ResumeTest, ::testing::Values("deepseek_v4_experts", "deepseek_v4_all"));
+
+// DeepSeek-V4's hyper-connected layers run with their experts in process only.
+TEST(CudaModelTest, Dsv4WithExpertWorkersIsRefused) {
+  REQUIRE_GPU();
+  const std::string dir = "tests/fixtures/engine/deepseek_v4_experts";
+  CpuCompute compute(1);
+  auto local = LocalMoe::Open(dir, compute);
+  ASSERT_TRUE(local.ok()) << local.status();
+  auto gpu = CudaModel::Open(dir, CudaModelOptions{}, std::move(*local));
+  ASSERT_FALSE(gpu.ok());
+  EXPECT_EQ(gpu.status().code(), absl::StatusCode::kUnimplemented) << gpu.status();
+  EXPECT_NE(gpu.status().message().find("--engine-device cpu"), std::string::npos) << gpu.status();
+}
+
 // The experts behind a MoeExecutor (as with workers): each MoE layer's hidden states go to the host
 // and back. The CPU's LocalMoe stands in for the workers.
 TEST(CudaModelTest, ExpertsThroughAnExecutorMatchTheCpuModel) {
@@ -562,16 +657,6 @@ TEST(CudaModelTest, MicroBatchesOutOfRangeAreRefused) {
     ASSERT_FALSE(gpu.ok()) << mb;
     EXPECT_EQ(gpu.status().code(), absl::StatusCode::kInvalidArgument) << gpu.status();
     EXPECT_NE(gpu.status().message().find("micro_batches"), std::string::npos) << gpu.status();
-  }
-}
-
-TEST(CudaModelTest, FamiliesOnlyTheCpuEngineRunsSaySo) {
-  REQUIRE_GPU();
-  for (const char* fixture : {"deepseek_v4_all"}) {
-    auto gpu = CudaModel::Open(std::string("tests/fixtures/engine/") + fixture, CudaModelOptions{});
-    ASSERT_FALSE(gpu.ok()) << fixture;
-    EXPECT_EQ(gpu.status().code(), absl::StatusCode::kUnimplemented) << fixture << ": " << gpu.status();
-    EXPECT_NE(gpu.status().message().find("--engine-device cpu"), std::string::npos) << gpu.status();
   }
 }
 

@@ -1,0 +1,196 @@
+#include "engine/cuda/hyper_connection_kernels.h"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cuda/launch_status.cuh"
+
+namespace exl3::engine::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxStreams = 16;
+
+// Sum over the block of a double held by every thread (blockDim.x a multiple of 32).
+__device__ double BlockSumD(double v, double* partial /*[32]*/) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  double total = 0.0;
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += partial[w];
+  return total;
+}
+
+__device__ inline float SigmoidF(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// mix[r] = fn[r] · (x / rms(x)) for r < rows, x [width] (NormedMixes of engine/hyper_connections.cc).
+__device__ void NormedMixes(const float* x, int width, float norm_eps, const float* fn, int rows,
+                            float* mix /*shared*/, double* partial) {
+  double ss = 0.0;
+  for (int i = threadIdx.x; i < width; i += blockDim.x) ss += static_cast<double>(x[i]) * x[i];
+  ss = BlockSumD(ss, partial);
+  const float inv = static_cast<float>(1.0 / sqrt(ss / width + norm_eps));
+  for (int r = 0; r < rows; ++r) {
+    const float* w = fn + static_cast<size_t>(r) * width;
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) acc += static_cast<double>(w[i]) * (x[i] * inv);
+    acc = BlockSumD(acc, partial);
+    if (threadIdx.x == 0) mix[r] = static_cast<float>(acc);
+  }
+  __syncthreads();
+}
+
+// grid T, block kThreads; dynamic shared: (2 + N) * N + N floats. streams [T, N, H];
+// out [T, H]; post [T, N]; comb [T, N, N].
+__global__ void CollapseKernel(HyperConnectionArgs a, const float* streams, float* out, float* post,
+                               float* comb) {
+  extern __shared__ float hc_smem[];
+  __shared__ double partial[32];
+  const int n = a.streams, H = a.hidden, width = n * H, rows = (2 + n) * n;
+  float* mix = hc_smem;
+  float* pre = mix + rows;
+  const float* x = streams + static_cast<size_t>(blockIdx.x) * width;
+  NormedMixes(x, width, a.norm_eps, a.fn, rows, mix, partial);
+  if (threadIdx.x == 0) {
+    const float eps = a.eps;
+    float* po = post + static_cast<size_t>(blockIdx.x) * n;
+    float* c = comb + static_cast<size_t>(blockIdx.x) * n * n;
+    for (int i = 0; i < n; ++i) {
+      pre[i] = SigmoidF(mix[i] * a.scale[0] + a.base[i]) + eps;
+      po[i] = 2.0f * SigmoidF(mix[n + i] * a.scale[1] + a.base[n + i]);
+    }
+    float cm[kMaxStreams * kMaxStreams];
+    for (int j = 0; j < n; ++j) {
+      float* row = cm + j * n;
+      float mx = -INFINITY;
+      for (int k = 0; k < n; ++k) {
+        row[k] = mix[2 * n + j * n + k] * a.scale[2] + a.base[2 * n + j * n + k];
+        mx = fmaxf(mx, row[k]);
+      }
+      float sum = 0.0f;
+      for (int k = 0; k < n; ++k) sum += (row[k] = expf(row[k] - mx));
+      for (int k = 0; k < n; ++k) row[k] = row[k] / sum + eps;
+    }
+    for (int it = 0; it < a.sinkhorn_iters; ++it) {
+      if (it > 0) {  // rows, from the second round on (the first normalises the columns only)
+        for (int j = 0; j < n; ++j) {
+          float sum = 0.0f;
+          for (int k = 0; k < n; ++k) sum += cm[j * n + k];
+          for (int k = 0; k < n; ++k) cm[j * n + k] /= sum + eps;
+        }
+      }
+      for (int k = 0; k < n; ++k) {
+        float sum = 0.0f;
+        for (int j = 0; j < n; ++j) sum += cm[j * n + k];
+        for (int j = 0; j < n; ++j) cm[j * n + k] /= sum + eps;
+      }
+    }
+    for (int i = 0; i < n * n; ++i) c[i] = cm[i];
+  }
+  __syncthreads();
+  float* y = out + static_cast<size_t>(blockIdx.x) * H;
+  for (int d = threadIdx.x; d < H; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int i = 0; i < n; ++i) acc += pre[i] * x[static_cast<size_t>(i) * H + d];
+    y[d] = acc;
+  }
+}
+
+// grid T, block kThreads. In place on streams [T, N, H]; post [T, N], comb [T, N, N], o [T, H].
+__global__ void ExpandKernel(const float* post, const float* comb, const float* o, int n, int H,
+                             float* streams) {
+  __shared__ float p[kMaxStreams], c[kMaxStreams * kMaxStreams];
+  const size_t t = blockIdx.x;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) p[i] = post[t * n + i];
+  for (int i = threadIdx.x; i < n * n; i += blockDim.x) c[i] = comb[t * n * n + i];
+  __syncthreads();
+  float* s = streams + t * n * H;
+  const float* ot = o + t * H;
+  for (int d = threadIdx.x; d < H; d += blockDim.x) {
+    float in[kMaxStreams];
+    for (int j = 0; j < n; ++j) in[j] = s[static_cast<size_t>(j) * H + d];
+    const float od = ot[d];
+    for (int k = 0; k < n; ++k) {
+      float acc = 0.0f;
+      for (int j = 0; j < n; ++j) acc += c[j * n + k] * in[j];
+      s[static_cast<size_t>(k) * H + d] = p[k] * od + acc;
+    }
+  }
+}
+
+// grid R, block kThreads; dynamic shared: N floats. streams [T, N, H]; rows [R]; out [R, H].
+__global__ void HeadCollapseKernel(const float* fn, const float* base, float scale, int n, int H, float eps,
+                                   float norm_eps, const float* streams, const int32_t* rows, float* out) {
+  extern __shared__ float head_smem[];
+  __shared__ double partial[32];
+  const int width = n * H;
+  const float* x = streams + static_cast<size_t>(rows[blockIdx.x]) * width;
+  NormedMixes(x, width, norm_eps, fn, n, head_smem, partial);
+  float* y = out + static_cast<size_t>(blockIdx.x) * H;
+  for (int d = threadIdx.x; d < H; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int i = 0; i < n; ++i) {
+      const float pre = SigmoidF(head_smem[i] * scale + base[i]) + eps;
+      acc += pre * x[static_cast<size_t>(i) * H + d];
+    }
+    y[d] = acc;
+  }
+}
+
+// grid T, block kThreads.
+__global__ void BroadcastKernel(const float* x, int n, int H, float* streams) {
+  const size_t t = blockIdx.x;
+  for (int d = threadIdx.x; d < H; d += blockDim.x) {
+    const float v = x[t * H + d];
+    for (int k = 0; k < n; ++k) streams[(t * n + k) * H + d] = v;
+  }
+}
+
+absl::Status CheckStreams(int n) {
+  if (n < 1 || n > kMaxStreams)
+    return absl::InvalidArgumentError(absl::StrCat("hyper-connections: ", n, " streams (1 to ", kMaxStreams,
+                                                   " on the GPU)"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status HyperCollapse(const HyperConnectionArgs& a, const float* streams, int T, float* block_input,
+                           float* post, float* comb, StreamHandle stream) {
+  if (T == 0) return absl::OkStatus();
+  if (absl::Status st = CheckStreams(a.streams); !st.ok()) return st;
+  const size_t smem = static_cast<size_t>((2 + a.streams) * a.streams + a.streams) * sizeof(float);
+  CollapseKernel<<<T, kThreads, smem, S(stream)>>>(a, streams, block_input, post, comb);
+  return LaunchStatus("hyper-connection collapse");
+}
+
+absl::Status HyperExpand(const float* post, const float* comb, const float* block_output, int T, int n,
+                         int hidden, float* streams, StreamHandle stream) {
+  if (T == 0) return absl::OkStatus();
+  if (absl::Status st = CheckStreams(n); !st.ok()) return st;
+  ExpandKernel<<<T, kThreads, 0, S(stream)>>>(post, comb, block_output, n, hidden, streams);
+  return LaunchStatus("hyper-connection expand");
+}
+
+absl::Status HyperHeadCollapse(const float* fn, const float* base, float scale, int n, int hidden, float eps,
+                               float norm_eps, const float* streams, const int32_t* rows, int R, float* out,
+                               StreamHandle stream) {
+  if (R == 0) return absl::OkStatus();
+  if (absl::Status st = CheckStreams(n); !st.ok()) return st;
+  HeadCollapseKernel<<<R, kThreads, n * sizeof(float), S(stream)>>>(fn, base, scale, n, hidden, eps, norm_eps,
+                                                                    streams, rows, out);
+  return LaunchStatus("hyper-connection head");
+}
+
+absl::Status BroadcastStreams(const float* x, int T, int n, int hidden, float* streams, StreamHandle stream) {
+  if (T == 0) return absl::OkStatus();
+  if (absl::Status st = CheckStreams(n); !st.ok()) return st;
+  BroadcastKernel<<<T, kThreads, 0, S(stream)>>>(x, n, hidden, streams);
+  return LaunchStatus("hyper-connection streams");
+}
+
+}  // namespace exl3::engine::cuda
