@@ -276,7 +276,7 @@ absl::Status Dsv4Attention::SelectEntries(const float* x, const std::vector<floa
 }
 
 absl::Status Dsv4Attention::Forward(const float* x, const StepTokens& tokens, PagedKvCache& cache,
-                                    AttentionCarry& /*carry*/, float* out, CpuCompute& compute) {
+                                    AttentionCarry& carry, float* out, CpuCompute& compute) {
   const int T = tokens.num_tokens, NH = cfg_.num_heads, D = v4_.head_dim, RD = v4_.rope_dim;
   const float eps = cfg_.rms_norm_eps;
   if (layout_block_size_ != cache.shape().block_size) {  // the cache's blocks decide the areas
@@ -323,6 +323,8 @@ absl::Status Dsv4Attention::Forward(const float* x, const StepTokens& tokens, Pa
     });
     for (const absl::Status& st : folded) EXL3_RETURN_IF_ERROR(st);
     EXL3_RETURN_IF_ERROR(SelectEntries(x, q_resid, tokens, cache, &entries, compute));
+    // The CSA choice, as DSA layers leave theirs (no later V4 layer reads it; tests compare it).
+    if (indexer_) carry.topk = TopkSelection{entries};
   }
 
   std::vector<float> attn(static_cast<size_t>(T) * NH * D);

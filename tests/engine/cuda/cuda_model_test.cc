@@ -368,7 +368,10 @@ TEST_P(CudaModelFixtureTest, MatchesCpuModelAndTransformers) {
     // than the rounding: they are counted and reported, at most a tenth of the rows, and a greedy
     // token that then differs ends that sequence's comparison (reported with the CPU's margin).
     // Every other family: every row within 5e-3 and every greedy token the same.
-    const bool dsa = (*cpu)->config().attention == exl3::engine::AttentionKind::kDsa;
+    // DeepSeek-V4's CSA indexer likewise (its scores in fp32 on both engines, but its inputs come
+    // through EXL3 projections that round to fp16 on the GPU).
+    const bool dsa = (*cpu)->config().attention == exl3::engine::AttentionKind::kDsa ||
+                     (*cpu)->config().attention == exl3::engine::AttentionKind::kDsv4;
     double worst = 0;
     // Rows past transformers' greedy continuation: the harness's decode steps while other prompts
     // still prefill.
@@ -471,7 +474,7 @@ TEST_P(CudaDsv4ResumeTest, PrefillDecodePrefillDecodeMatchesCpuAndTransformers) 
   for (ModelRunner* m : {static_cast<ModelRunner*>(cpu->get()), static_cast<ModelRunner*>(gpu->get())})
     ASSERT_TRUE(m->AllocateKvCache({8, 16}).ok());
   const std::vector<int32_t> table = {3, 0, 6, 1, 7, 2, 5, 4};  // shuffled, as a block manager hands them out
-  int computed = 0, compared = 0, greedy = 0;
+  int computed = 0, compared = 0, greedy = 0, drift_rows = 0;
   double worst_cpu = 0, worst_transformers = 0;
   auto run = [&](int n, int chunk, bool next_is_greedy) {
     std::vector<float> row_cpu(vocab), row_gpu(vocab);
@@ -492,8 +495,15 @@ TEST_P(CudaDsv4ResumeTest, PrefillDecodePrefillDecodeMatchesCpuAndTransformers) 
       done += c;
     }
     const float* want = &(*logits)[static_cast<size_t>(computed - 1) * vocab];
-    worst_cpu = std::max(worst_cpu, RelativeError(row_gpu, row_cpu));
-    worst_transformers = std::max(worst_transformers, RelativeError(row_gpu.data(), want, vocab));
+    // As the fixture test: a row past a CSA choice that differs from the CPU's (a near-tie at the
+    // top-k boundary) is counted, not bounded; every other row within 5e-3.
+    const double rel_cpu = RelativeError(row_gpu, row_cpu);
+    if (rel_cpu >= 5e-3) {
+      ++drift_rows;
+    } else {
+      worst_cpu = std::max(worst_cpu, rel_cpu);
+      worst_transformers = std::max(worst_transformers, RelativeError(row_gpu.data(), want, vocab));
+    }
     ++compared;
     if (next_is_greedy) {
       const int gt = static_cast<int>(std::max_element(row_gpu.begin(), row_gpu.end()) - row_gpu.begin());
@@ -509,10 +519,11 @@ TEST_P(CudaDsv4ResumeTest, PrefillDecodePrefillDecodeMatchesCpuAndTransformers) 
   run(second, 1000, true);
   for (int i = 0; i < 31; ++i) run(1, 1, true);
   std::printf("model %-22s resume: %d rows, logits rel (worst row) against the CPU %.2e, against transformers %.2e, "
-              "%d greedy tokens checked\n",
-              GetParam(), compared, worst_cpu, worst_transformers, greedy);
+              "%d greedy tokens checked; rows after a different selection %d\n",
+              GetParam(), compared, worst_cpu, worst_transformers, greedy, drift_rows);
   EXPECT_LT(worst_cpu, 5e-3);
   EXPECT_LT(worst_transformers, 5e-3);
+  EXPECT_LE(drift_rows, compared / 10);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dsv4Family, CudaDsv4ResumeTest, ::testing::Values("deepseek_v4_experts", "deepseek_v4_all"));

@@ -210,6 +210,7 @@ void CheckAttentionLayers(const std::string& dir, int block_size, double toleran
       return RelativeError(got, cpu_blocks);
     };
     double worst = 0, worst_cache = 0;
+    int selecting = 0, differ = 0;  // CSA tokens that choose among more than index_topk entries
     for (size_t si = 0; si < steps.size(); ++si) {
       StepBatch batch;
       for (const ChunkPlan& p : steps[si]) {
@@ -254,14 +255,43 @@ void CheckAttentionLayers(const std::string& dir, int block_size, double toleran
       ASSERT_TRUE(d_out.Reserve(x.size()).ok());
       const absl::Status gst = (*gpu)->Forward(d_x.get(), T, step, view, ws, ctx, d_out.get());
       ASSERT_TRUE(gst.ok()) << gst;
-      const double rel = RelativeError(ToHost(d_out, x.size()), want);
+      const std::vector<float> got = ToHost(d_out, x.size());
+      const double rel = RelativeError(got, want);
       ASSERT_TRUE(facts.TakeError(nullptr).ok());
+      // CSA: the entries the GPU's indexer chose against the CPU's. Where two entries' scores tie
+      // within the engines' rounding at the top-k boundary (the EXL3 projections round their input
+      // to fp16 on the GPU) the choices may differ, and that token's output is another attention's:
+      // left out of the bound, counted, at most one in 16 of the tokens that select.
+      std::vector<char> chose_differently(T, 0);
+      if (carry.topk) {
+        const int k = cfg.dsv4->index_topk;
+        const std::vector<int32_t> sel = ToHost(ws.selected, static_cast<size_t>(T) * k),
+                                   count = ToHost(ws.selected_count, T);
+        for (int t = 0; t < T; ++t) {
+          const std::vector<int32_t> g(sel.begin() + static_cast<size_t>(t) * k,
+                                       sel.begin() + static_cast<size_t>(t) * k + std::min(count[t], k));
+          if (static_cast<int>(carry.topk->positions[t].size()) >= k) ++selecting;
+          if (g != carry.topk->positions[t]) {
+            chose_differently[t] = 1;
+            ++differ;
+            std::printf("  dsv4 layer %d step %zu token %d (position %d): GPU and CPU indexers chose different "
+                        "entries\n", l, si, t, tokens.positions[t]);
+          }
+        }
+      }
+      double kept = 0;
+      for (int t = 0; t < T; ++t) {
+        if (chose_differently[t]) continue;
+        const size_t b = static_cast<size_t>(t) * H;
+        kept = std::max(kept, RelativeError(std::vector<float>(got.begin() + b, got.begin() + b + H),
+                                            std::vector<float>(want.begin() + b, want.begin() + b + H)));
+      }
       // The cache after the step (the kv slots and the compressors' state): where it agrees and the
       // output does not, the indexer or the attention differ.
       const double cache_rel = cache_error();
-      worst = std::max(worst, rel);
+      worst = std::max(worst, kept);
       worst_cache = std::max(worst_cache, cache_rel);
-      EXPECT_LT(rel, tolerance) << "step " << si << " (cache rel " << cache_rel << ")";
+      EXPECT_LT(kept, tolerance) << "step " << si << " (whole step " << rel << ", cache rel " << cache_rel << ")";
       EXPECT_LT(cache_rel, tolerance) << "step " << si;
     }
     const double cache_rel = worst_cache;
@@ -295,13 +325,14 @@ void CheckAttentionLayers(const std::string& dir, int block_size, double toleran
       EXPECT_NE(std::string(refused.message()).find("folded positions"), std::string::npos) << refused;
       EXPECT_TRUE(facts.TakeError(nullptr).ok()) << "the error word is cleared once taken";
     }
-    std::printf("dsv4 attention %-12s layer %d (%s) blocks of %2d: output rel (worst step) %.2e, cache rel (worst "
-                "step) %.2e\n",
+    std::printf("dsv4 attention %-12s layer %d (%s) blocks of %2d: output rel (worst token) %.2e, cache rel (worst "
+                "step) %.2e; %d of %d selecting tokens chose differently\n",
                 dir.substr(dir.rfind('/') + 1).c_str(), l,
                 cfg.dsv4->layer_types[l] == Dsv4LayerType::kSlidingWindow       ? "sliding"
                 : cfg.dsv4->layer_types[l] == Dsv4LayerType::kCompressedSparse ? "CSA"
                                                                                 : "HCA",
-                B, worst, cache_rel);
+                B, worst, cache_rel, differ, selecting);
+    EXPECT_LE(differ, std::max(1, selecting / 16));
   }
   cublasDestroy(handle);
 }
