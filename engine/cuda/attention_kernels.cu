@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/cuda/launch_status.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace exl3::engine::cuda {
 namespace {
@@ -36,6 +37,7 @@ absl::Status AllowSharedMemory(Kernel kernel, size_t bytes, size_t* configured) 
 // grid T, block 128. k, v [T, kv_floats] fp32; slot [T] int32; cache [slots, 2 * kv_floats] fp16.
 __global__ void WriteKvKernel(const float* k, const float* v, const int32_t* slot, int kv_floats,
                               __half* cache) {
+  exl3::cuda::PdlEnter();
   const int t = blockIdx.x;
   __half* dst = cache + static_cast<size_t>(slot[t]) * 2 * kv_floats;
   const float* kt = k + static_cast<size_t>(t) * kv_floats;
@@ -56,6 +58,7 @@ __global__ void WriteKvKernel(const float* k, const float* v, const int32_t* slo
 // every output value sums its splits with independent loads (the loop unrolled), in split order.
 __global__ void CombineSplitsKernel(const float* scratch, int num_heads, int head_dim, int splits,
                                     float* out) {
+  exl3::cuda::PdlEnter();
   extern __shared__ float split_weight[];
   const int t = blockIdx.x, head = blockIdx.y, D = head_dim;
   const float* part = scratch + (static_cast<size_t>(t) * num_heads + head) * splits * (D + 2);
@@ -86,8 +89,8 @@ absl::Status CombineSplits(const float* scratch, int T, int num_heads, int head_
     return absl::InvalidArgumentError(absl::StrCat("attention: ", splits, " splits (at most 12288)"));
   // Rounded up to whole 32-byte groups: the unrolled loop may read a group of weights at once.
   const size_t weights_bytes = (splits + 7) / 8 * 8 * sizeof(float);
-  CombineSplitsKernel<<<dim3(T, num_heads), 128, weights_bytes, S(stream)>>>(scratch, num_heads, head_dim, splits,
-                                                                            out);
+  exl3::cuda::LaunchPdlWithSmem(CombineSplitsKernel, dim3(T, num_heads), dim3(128), weights_bytes, S(stream), scratch,
+                                num_heads, head_dim, splits, out);
   return LaunchStatus("attention: split combine");
 }
 
@@ -181,6 +184,7 @@ template <int D, int Warps, int KeyWarps, int KeyTile, int Stages>
 __global__ void __launch_bounds__(32 * Warps * KeyWarps)
     TensorCoreAttentionKernel(const float* q, const __half* cache, AttentionTokens tok, TileShape a,
                               float* scratch, float* out) {
+  exl3::cuda::PdlEnter();
   constexpr int M = 16 * Warps, STRIDE = D + 8;
   static_assert(D % 16 == 0 && KeyTile % 16 == 0 && Stages >= 2, "mma tiles, a load ahead");
   static_assert(KeyWarps == 1 || Warps == 1, "key warps share one warp's 16 rows");
@@ -473,8 +477,8 @@ absl::Status LaunchTensorCore(const float* q, const __half* cache, const Attenti
       AllowSharedMemory(TensorCoreAttentionKernel<D, Warps, KeyWarps, KeyTile, Stages>, smem, &configured));
   a.tiles_per_span = (a.span_tokens * a.group + M - 1) / M;
   const dim3 grid(num_spans * a.tiles_per_span, a.num_kv_heads, a.splits);
-  TensorCoreAttentionKernel<D, Warps, KeyWarps, KeyTile, Stages>
-      <<<grid, 32 * Warps * KeyWarps, smem, S(stream)>>>(q, cache, tok, a, scratch, out);
+  exl3::cuda::LaunchPdlWithSmem(TensorCoreAttentionKernel<D, Warps, KeyWarps, KeyTile, Stages>, dim3(grid),
+                                dim3(32 * Warps * KeyWarps), smem, S(stream), q, cache, tok, a, scratch, out);
   return LaunchStatus("attention (tensor cores)");
 }
 
@@ -536,6 +540,7 @@ __host__ __device__ inline int FallbackSharedFloats(const FallbackShape& a) {
 // num_heads * head_dim] fp32; cache [slots, 2 * num_kv_heads * head_dim] fp16.
 __global__ void FallbackPartialKernel(const float* q, const __half* cache, AttentionTokens tok, FallbackShape a,
                                       float* scratch) {
+  exl3::cuda::PdlEnter();
   extern __shared__ float smem[];
   const int t = blockIdx.x, g = blockIdx.y, s = blockIdx.z;
   const int D = a.head_dim, G = a.group, row = D + 1, P = a.tile;
@@ -633,8 +638,8 @@ absl::Status FallbackAttention(const float* q, const __half* cache, const Attent
                                                    " needs too much shared memory"));
   static size_t configured = 0;
   EXL3_RETURN_IF_ERROR(AllowSharedMemory(FallbackPartialKernel, 99 * 1024, &configured));
-  FallbackPartialKernel<<<dim3(T, num_kv_heads, splits), kFallbackThreads, smem, S(stream)>>>(q, cache, tok, a,
-                                                                                               scratch);
+  exl3::cuda::LaunchPdlWithSmem(FallbackPartialKernel, dim3(T, num_kv_heads, splits), dim3(kFallbackThreads), smem,
+                                S(stream), q, cache, tok, a, scratch);
   EXL3_RETURN_IF_ERROR(LaunchStatus("paged attention (CUDA cores)"));
   return CombineSplits(scratch, T, num_heads, head_dim, splits, out, stream);
 }
@@ -653,7 +658,8 @@ absl::Status CheckShape(const char* what, int num_heads, int num_kv_heads, int h
 absl::Status WriteKv(const float* k, const float* v, const int32_t* slot, int T, int kv_floats, KvHalf* cache_layer,
                      StreamHandle stream) {
   if (T == 0) return absl::OkStatus();
-  WriteKvKernel<<<T, 128, 0, S(stream)>>>(k, v, slot, kv_floats, reinterpret_cast<__half*>(cache_layer));
+  exl3::cuda::LaunchPdlWithSmem(WriteKvKernel, dim3(T), dim3(128), 0, S(stream), k, v, slot, kv_floats,
+                                reinterpret_cast<__half*>(cache_layer));
   return LaunchStatus("kv cache write");
 }
 

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/launch_status.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace exl3::engine::cuda {
 namespace {
@@ -31,6 +32,7 @@ __device__ double BlockSumDouble(double v, double* partial /*[32]*/) {
 }
 
 __global__ void LayerNormKernel(float* x, const float* w, const float* b, int n, float eps) {
+  exl3::cuda::PdlEnter();
   __shared__ double partial[32];
   float* v = x + static_cast<size_t>(blockIdx.x) * n;
   double s = 0.0;
@@ -45,6 +47,7 @@ __global__ void LayerNormKernel(float* x, const float* w, const float* b, int n,
 }
 
 __global__ void WriteRowsKernel(const float* x, int n, const int32_t* slot, __half* cache, int width, int offset) {
+  exl3::cuda::PdlEnter();
   const float* v = x + static_cast<size_t>(blockIdx.x) * n;
   __half* s = cache + static_cast<size_t>(slot[blockIdx.x]) * width + offset;
   for (int i = threadIdx.x; i < n; i += blockDim.x) s[i] = __float2half_rn(v[i]);
@@ -56,6 +59,7 @@ __global__ void WriteRowsKernel(const float* x, int n, const int32_t* slot, __ha
 __global__ void IndexerScoresKernel(const float* q, const float* weights, float head_weight, float scale,
                                     const __half* cache, AttentionTokens at, IndexerShape shape, int first_token,
                                     float* scores, int row_length) {
+  exl3::cuda::PdlEnter();
   extern __shared__ float smem[];
   const int NI = shape.num_heads, DI = shape.head_dim, P = kScorePositions;
   float* qs = smem;
@@ -124,6 +128,7 @@ struct IndexerTcSmem {
 __global__ void IndexerScoresTcKernel(const float* q, const float* weights, float head_weight, float scale,
                                       const __half* cache, AttentionTokens at, IndexerShape shape, int first_token,
                                       float* scores, int row_length) {
+  exl3::cuda::PdlEnter();
   extern __shared__ __align__(128) unsigned char ix_smem[];
   const int NI = shape.num_heads, DI = shape.head_dim, P = kTcScorePositions;
   const IndexerTcSmem lay(NI, DI);
@@ -213,6 +218,7 @@ __device__ int BlockExclusiveScan(int v, int* tmp, int* total) {
 // one ordered pass that takes every higher key and the lowest positions of the equal ones.
 __global__ void IndexerTopkKernel(const float* scores, int row_length, const int32_t* position, int first_token,
                                   int topk, int32_t* selected, int32_t* count) {
+  exl3::cuda::PdlEnter();
   __shared__ int hist[256];
   __shared__ uint32_t prefix_s;
   __shared__ int need_s;
@@ -269,7 +275,7 @@ __global__ void IndexerTopkKernel(const float* scores, int row_length, const int
 
 absl::Status LayerNormRows(float* x, const float* w, const float* b, int rows, int n, float eps, StreamHandle stream) {
   if (rows == 0) return absl::OkStatus();
-  LayerNormKernel<<<rows, kThreads, 0, S(stream)>>>(x, w, b, n, eps);
+  exl3::cuda::LaunchPdlWithSmem(LayerNormKernel, dim3(rows), dim3(kThreads), 0, S(stream), x, w, b, n, eps);
   return LaunchStatus("indexer layernorm");
 }
 
@@ -277,7 +283,8 @@ absl::Status WriteRowsToCache(const float* x, int T, int n, const int32_t* slot,
                               int offset, StreamHandle stream) {
   if (T == 0) return absl::OkStatus();
   if (offset + n > width) return absl::InvalidArgumentError("cache row write: past the end of the slot");
-  WriteRowsKernel<<<T, 128, 0, S(stream)>>>(x, n, slot, reinterpret_cast<__half*>(cache_layer), width, offset);
+  exl3::cuda::LaunchPdlWithSmem(WriteRowsKernel, dim3(T), dim3(128), 0, S(stream), x, n, slot,
+                                reinterpret_cast<__half*>(cache_layer), width, offset);
   return LaunchStatus("indexer key cache write");
 }
 
@@ -314,9 +321,9 @@ absl::Status IndexerScores(const float* q, const float* weights, float head_weig
       tc_opted_in = bytes;
     }
     const int blocks = std::max(1, (blocks_per_token * kScorePositions + kTcScorePositions - 1) / kTcScorePositions);
-    IndexerScoresTcKernel<<<dim3(blocks, num_tokens), 256, bytes, S(stream)>>>(
-        q, weights, head_weight, scale, reinterpret_cast<const __half*>(cache_layer), tokens, shape, first_token,
-        scores, row_length);
+    exl3::cuda::LaunchPdlWithSmem(IndexerScoresTcKernel, dim3(blocks, num_tokens), dim3(256), bytes, S(stream), q,
+                                  weights, head_weight, scale, reinterpret_cast<const __half*>(cache_layer), tokens,
+                                  shape, first_token, scores, row_length);
     return LaunchStatus("indexer scores (tensor cores)");
   }
   const int P = kScorePositions, DI = shape.head_dim, NI = shape.num_heads;
@@ -330,9 +337,9 @@ absl::Status IndexerScores(const float* q, const float* weights, float head_weig
                                                      " heads of ", DI, ": ", cudaGetErrorString(e)));
     opted_in = bytes;
   }
-  IndexerScoresKernel<<<dim3(blocks_per_token, num_tokens), P * kScoreHeadLanes, bytes, S(stream)>>>(
-      q, weights, head_weight, scale, reinterpret_cast<const __half*>(cache_layer), tokens, shape, first_token,
-      scores, row_length);
+  exl3::cuda::LaunchPdlWithSmem(
+      IndexerScoresKernel, dim3(blocks_per_token, num_tokens), dim3(P * kScoreHeadLanes), bytes, S(stream), q, weights,
+      head_weight, scale, reinterpret_cast<const __half*>(cache_layer), tokens, shape, first_token, scores, row_length);
   return LaunchStatus("indexer scores");
 }
 
@@ -340,8 +347,8 @@ absl::Status IndexerTopk(const float* scores, int row_length, const int32_t* pos
                          int num_tokens, int topk, int32_t* selected, int32_t* count, StreamHandle stream) {
   if (num_tokens == 0) return absl::OkStatus();
   if (topk < 1) return absl::InvalidArgumentError(absl::StrCat("indexer top-k of ", topk));
-  IndexerTopkKernel<<<num_tokens, kTopkThreads, 0, S(stream)>>>(scores, row_length, position, first_token, topk,
-                                                               selected, count);
+  exl3::cuda::LaunchPdlWithSmem(IndexerTopkKernel, dim3(num_tokens), dim3(kTopkThreads), 0, S(stream), scores,
+                                row_length, position, first_token, topk, selected, count);
   return LaunchStatus("indexer top-k");
 }
 

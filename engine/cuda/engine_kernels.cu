@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/launch_status.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace exl3::engine::cuda {
 namespace {
@@ -57,6 +58,7 @@ __device__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162flo
 template <typename T>
 __global__ void EmbedKernel(const T* __restrict__ table, const int32_t* ids, int hidden,
                             float* __restrict__ out) {
+  exl3::cuda::PdlEnter();
   const size_t base = static_cast<size_t>(ids[blockIdx.x]) * hidden;
   float* row = out + static_cast<size_t>(blockIdx.x) * hidden;
 #pragma unroll 8
@@ -68,6 +70,7 @@ __global__ void EmbedKernel(const T* __restrict__ table, const int32_t* ids, int
 // x, residual [*, n]; w [n]; y [rows, n] (may alias x when row_map is null). The general case.
 __global__ void RmsNormKernel(float* x, const float* residual, const int32_t* row_map,
                               const float* w, int n, float eps, float* y) {
+  exl3::cuda::PdlEnter();
   const int src = row_map != nullptr ? row_map[blockIdx.x] : blockIdx.x;
   float* xr = x + static_cast<size_t>(src) * n;
   float* yr = y + static_cast<size_t>(blockIdx.x) * n;
@@ -91,6 +94,7 @@ __global__ void RmsNormKernel(float* x, const float* residual, const int32_t* ro
 template <int V>
 __global__ void RmsNormVecKernel(float* x, const float* residual, const int32_t* row_map,
                                  const float* w, int n, float eps, float* y) {
+  exl3::cuda::PdlEnter();
   const int src = row_map != nullptr ? row_map[blockIdx.x] : blockIdx.x;
   const int n4 = n / 4;
   float4* xr = reinterpret_cast<float4*>(x + static_cast<size_t>(src) * n);
@@ -141,23 +145,29 @@ void LaunchRmsNorm(float* x, const float* residual, const int32_t* row_map, cons
                    (residual == nullptr || Aligned16(residual));
   const int per_thread = (n / 4 + kThreads - 1) / kThreads;
   if (vec && per_thread <= 1) {
-    RmsNormVecKernel<1><<<rows, kThreads, 0, stream>>>(x, residual, row_map, w, n, eps, y);
+    exl3::cuda::LaunchPdlWithSmem(RmsNormVecKernel<1>, dim3(rows), dim3(kThreads), 0, stream, x, residual, row_map, w,
+                                  n, eps, y);
   } else if (vec && per_thread <= 4) {
-    RmsNormVecKernel<4><<<rows, kThreads, 0, stream>>>(x, residual, row_map, w, n, eps, y);
+    exl3::cuda::LaunchPdlWithSmem(RmsNormVecKernel<4>, dim3(rows), dim3(kThreads), 0, stream, x, residual, row_map, w,
+                                  n, eps, y);
   } else if (vec && per_thread <= 8) {
-    RmsNormVecKernel<8><<<rows, kThreads, 0, stream>>>(x, residual, row_map, w, n, eps, y);
+    exl3::cuda::LaunchPdlWithSmem(RmsNormVecKernel<8>, dim3(rows), dim3(kThreads), 0, stream, x, residual, row_map, w,
+                                  n, eps, y);
   } else {
-    RmsNormKernel<<<rows, kThreads, 0, stream>>>(x, residual, row_map, w, n, eps, y);
+    exl3::cuda::LaunchPdlWithSmem(RmsNormKernel, dim3(rows), dim3(kThreads), 0, stream, x, residual, row_map, w, n, eps,
+                                  y);
   }
 }
 
 __global__ void AddKernel(float* h, const float* d, int64_t n) {
+  exl3::cuda::PdlEnter();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     h[i] += d[i];
 }
 
 __global__ void SiluMulKernel(float* gate, const float* up, int64_t n) {
+  exl3::cuda::PdlEnter();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = gate[i];
@@ -169,6 +179,7 @@ __global__ void SiluMulKernel(float* gate, const float* up, int64_t n) {
 // -> q, gate [rows, head_dim].
 __global__ void SplitQueryGateKernel(const float* qg, int64_t rows, int head_dim, float* q,
                                      float* gate) {
+  exl3::cuda::PdlEnter();
   const int64_t n = rows * head_dim;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -180,6 +191,7 @@ __global__ void SplitQueryGateKernel(const float* qg, int64_t rows, int head_dim
 
 // Grid-stride: x[i] *= sigmoid(gate[i]).
 __global__ void SigmoidGateKernel(float* x, const float* gate, int64_t n) {
+  exl3::cuda::PdlEnter();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     x[i] *= 1.0f / (1.0f + expf(-gate[i]));
@@ -187,6 +199,7 @@ __global__ void SigmoidGateKernel(float* x, const float* gate, int64_t n) {
 
 // grid T, block kThreads. y [T, out] += bias [out].
 __global__ void AddBiasKernel(float* y, const float* bias, int out_features) {
+  exl3::cuda::PdlEnter();
   float* row = y + static_cast<size_t>(blockIdx.x) * out_features;
   for (int i = threadIdx.x; i < out_features; i += blockDim.x) row[i] += bias[i];
 }
@@ -202,6 +215,7 @@ int ElementwiseBlocks(int64_t n) {
 // grid (T, heads), block min(rotary_dim / 2, 128); dynamic shared: rotary_dim floats.
 __global__ void RopeKernel(float* x, int row_stride, int head_stride, int rotary_dim,
                            bool interleaved, const float* cos, const float* sin) {
+  exl3::cuda::PdlEnter();
   extern __shared__ float rotated[];
   const int t = blockIdx.x, half = rotary_dim / 2;
   float* v = x + static_cast<size_t>(t) * row_stride + static_cast<size_t>(blockIdx.y) * head_stride;
@@ -246,6 +260,7 @@ __device__ inline float Softplus(float x) { return x > 20.0f ? x : log1pf(expf(x
 // ids, weights [T, k].
 __global__ void RouteKernel(GateConfig cfg, const float* logits, const float* bias, int32_t* ids,
                             float* weights) {
+  exl3::cuda::PdlEnter();
   extern __shared__ float gate_smem[];
   const int E = cfg.num_experts, k = cfg.top_k;
   float* score = gate_smem;          // what the weights are taken from
@@ -347,6 +362,7 @@ __global__ void RouteKernel(GateConfig cfg, const float* logits, const float* bi
 // [vocab, k]; token_ids [T]; ids, weights [T, k].
 __global__ void HashRouteKernel(GateConfig cfg, const float* logits, const int32_t* tid2eid,
                                 const int32_t* token_ids, int32_t* ids, float* weights) {
+  exl3::cuda::PdlEnter();
   if (threadIdx.x != 0) return;
   const int k = cfg.top_k, E = cfg.num_experts;
   const size_t t = blockIdx.x;
@@ -374,14 +390,16 @@ absl::Status EmbedRows(const void* table, EmbeddingDType dtype, const int32_t* i
   if (T == 0) return absl::OkStatus();
   switch (dtype) {
     case EmbeddingDType::kF32:
-      EmbedKernel<<<T, kThreads, 0, S(stream)>>>(static_cast<const float*>(table), ids, hidden, out);
+      exl3::cuda::LaunchPdlWithSmem(EmbedKernel<float>, dim3(T), dim3(kThreads), 0, S(stream),
+                                    static_cast<const float*>(table), ids, hidden, out);
       break;
     case EmbeddingDType::kF16:
-      EmbedKernel<<<T, kThreads, 0, S(stream)>>>(static_cast<const __half*>(table), ids, hidden, out);
+      exl3::cuda::LaunchPdlWithSmem(EmbedKernel<__half>, dim3(T), dim3(kThreads), 0, S(stream),
+                                    static_cast<const __half*>(table), ids, hidden, out);
       break;
     case EmbeddingDType::kBF16:
-      EmbedKernel<<<T, kThreads, 0, S(stream)>>>(static_cast<const __nv_bfloat16*>(table), ids,
-                                                 hidden, out);
+      exl3::cuda::LaunchPdlWithSmem(EmbedKernel<__nv_bfloat16>, dim3(T), dim3(kThreads), 0, S(stream),
+                                    static_cast<const __nv_bfloat16*>(table), ids, hidden, out);
       break;
   }
   return LaunchStatus("embedding gather");
@@ -411,33 +429,34 @@ absl::Status GatherRmsNorm(const float* h, const int32_t* rows, int num_rows, co
 
 absl::Status AddInPlace(float* h, const float* d, int64_t n, StreamHandle stream) {
   if (n == 0) return absl::OkStatus();
-  AddKernel<<<ElementwiseBlocks(n), kThreads, 0, S(stream)>>>(h, d, n);
+  exl3::cuda::LaunchPdlWithSmem(AddKernel, dim3(ElementwiseBlocks(n)), dim3(kThreads), 0, S(stream), h, d, n);
   return LaunchStatus("residual add");
 }
 
 absl::Status SiluMul(float* gate, const float* up, int64_t n, StreamHandle stream) {
   if (n == 0) return absl::OkStatus();
-  SiluMulKernel<<<ElementwiseBlocks(n), kThreads, 0, S(stream)>>>(gate, up, n);
+  exl3::cuda::LaunchPdlWithSmem(SiluMulKernel, dim3(ElementwiseBlocks(n)), dim3(kThreads), 0, S(stream), gate, up, n);
   return LaunchStatus("swiglu");
 }
 
 absl::Status SplitQueryGate(const float* qg, int64_t rows, int head_dim, float* q, float* gate,
                             StreamHandle stream) {
   if (rows == 0) return absl::OkStatus();
-  SplitQueryGateKernel<<<ElementwiseBlocks(rows * head_dim), kThreads, 0, S(stream)>>>(qg, rows, head_dim,
-                                                                                      q, gate);
+  exl3::cuda::LaunchPdlWithSmem(SplitQueryGateKernel, dim3(ElementwiseBlocks(rows * head_dim)), dim3(kThreads), 0,
+                                S(stream), qg, rows, head_dim, q, gate);
   return LaunchStatus("query/gate split");
 }
 
 absl::Status SigmoidGate(float* x, const float* gate, int64_t n, StreamHandle stream) {
   if (n == 0) return absl::OkStatus();
-  SigmoidGateKernel<<<ElementwiseBlocks(n), kThreads, 0, S(stream)>>>(x, gate, n);
+  exl3::cuda::LaunchPdlWithSmem(SigmoidGateKernel, dim3(ElementwiseBlocks(n)), dim3(kThreads), 0, S(stream), x, gate,
+                                n);
   return LaunchStatus("output gate");
 }
 
 absl::Status AddBias(float* y, const float* bias, int T, int out_features, StreamHandle stream) {
   if (T == 0) return absl::OkStatus();
-  AddBiasKernel<<<T, kThreads, 0, S(stream)>>>(y, bias, out_features);
+  exl3::cuda::LaunchPdlWithSmem(AddBiasKernel, dim3(T), dim3(kThreads), 0, S(stream), y, bias, out_features);
   return LaunchStatus("bias");
 }
 
@@ -446,8 +465,8 @@ absl::Status ApplyRope(float* x, int T, int num_heads, int row_stride, int head_
                        StreamHandle stream) {
   if (T == 0 || rotary_dim == 0) return absl::OkStatus();
   const int threads = rotary_dim / 2 < 128 ? ((rotary_dim / 2 + 31) / 32) * 32 : 128;
-  RopeKernel<<<dim3(T, num_heads), threads, rotary_dim * sizeof(float), S(stream)>>>(
-      x, row_stride, head_stride, rotary_dim, interleaved, cos, sin);
+  exl3::cuda::LaunchPdlWithSmem(RopeKernel, dim3(T, num_heads), dim3(threads), rotary_dim * sizeof(float), S(stream), x,
+                                row_stride, head_stride, rotary_dim, interleaved, cos, sin);
   return LaunchStatus("rope");
 }
 
@@ -471,7 +490,7 @@ absl::Status RouteOnDevice(const GateConfig& cfg, const float* logits, const flo
     return absl::InvalidArgumentError(absl::StrCat("device gate: unsupported routing (", cfg.num_experts,
                                                    " experts, top-", cfg.top_k, ", ", cfg.n_group, " groups)"));
   const size_t smem = (2 * cfg.num_experts + cfg.n_group) * sizeof(float) + cfg.num_experts;
-  RouteKernel<<<T, kThreads, smem, S(stream)>>>(cfg, logits, bias, ids, weights);
+  exl3::cuda::LaunchPdlWithSmem(RouteKernel, dim3(T), dim3(kThreads), smem, S(stream), cfg, logits, bias, ids, weights);
   return LaunchStatus("device gate");
 }
 
@@ -482,7 +501,8 @@ absl::Status HashRouteOnDevice(const GateConfig& cfg, const float* logits, const
   if (cfg.top_k < 1 || cfg.top_k > cfg.num_experts)
     return absl::InvalidArgumentError(absl::StrCat("hash gate: top-", cfg.top_k, " of ", cfg.num_experts,
                                                    " experts"));
-  HashRouteKernel<<<T, 32, 0, S(stream)>>>(cfg, logits, tid2eid, token_ids, ids, weights);
+  exl3::cuda::LaunchPdlWithSmem(HashRouteKernel, dim3(T), dim3(32), 0, S(stream), cfg, logits, tid2eid, token_ids, ids,
+                                weights);
   return LaunchStatus("hash gate");
 }
 

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/launch_status.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace exl3::engine::cuda {
 namespace {
@@ -30,6 +31,7 @@ __device__ double BlockSumDouble(double v, double* partial /*[32]*/) {
 
 __global__ void WriteLatentKernel(const float* ckv, const float* w, int R, int rope, float eps,
                                   const int32_t* slot, __half* cache, int width) {
+  exl3::cuda::PdlEnter();
   __shared__ double partial[32];
   const int t = blockIdx.x;
   const float* c = ckv + static_cast<size_t>(t) * (R + rope);
@@ -85,6 +87,7 @@ __global__ void LatentAttentionKernel(const float* q_latent, const float* q, con
                                       AttentionTokens at, LatentSelection sel, bool selected,
                                       LatentAttentionShape shape, int head_tile, int splits,
                                       const int32_t* split_positions, float* scratch, float* out) {
+  exl3::cuda::PdlEnter();
   extern __shared__ float smem[];
   const int R = shape.latent_dim, W = R + shape.rope_dim, NH = shape.num_heads;
   const int t = blockIdx.z, split = blockIdx.y, h0 = blockIdx.x * head_tile;
@@ -216,6 +219,7 @@ __global__ void LatentAttentionTcKernel(const float* q_latent, const float* q, c
                                         AttentionTokens at, LatentSelection sel, bool selected,
                                         LatentAttentionShape shape, int splits, const int32_t* split_positions,
                                         float* scratch, float* out) {
+  exl3::cuda::PdlEnter();
   extern __shared__ __align__(128) unsigned char tc_smem[];
   const int R = shape.latent_dim, W = R + shape.rope_dim, NH = shape.num_heads;
   const int t = blockIdx.z, split = blockIdx.y, h0 = blockIdx.x * kTcRows;
@@ -357,6 +361,7 @@ __global__ void LatentAttentionTcKernel(const float* q_latent, const float* q, c
 // output value sums its splits with independent loads (the splits' loop unrolled), the same sums
 // in the same order as one thread per value would make.
 __global__ void LatentCombineKernel(const float* scratch, int NH, int R, int splits, float* out) {
+  exl3::cuda::PdlEnter();
   extern __shared__ float split_weight[];
   const size_t head = static_cast<size_t>(blockIdx.y) * NH + blockIdx.x;
   const float* part = scratch + head * splits * (R + 2);
@@ -386,8 +391,8 @@ absl::Status WriteLatentToCache(const float* ckv, const float* w, int T, int R, 
                                 const int32_t* slot, KvHalf* cache_layer, int width, StreamHandle stream) {
   if (T == 0) return absl::OkStatus();
   if (R + rope > width) return absl::InvalidArgumentError("latent cache write: slot narrower than latent + rope key");
-  WriteLatentKernel<<<T, kThreads, 0, S(stream)>>>(ckv, w, R, rope, eps, slot,
-                                                   reinterpret_cast<__half*>(cache_layer), width);
+  exl3::cuda::LaunchPdlWithSmem(WriteLatentKernel, dim3(T), dim3(kThreads), 0, S(stream), ckv, w, R, rope, eps, slot,
+                                reinterpret_cast<__half*>(cache_layer), width);
   return LaunchStatus("latent cache write");
 }
 
@@ -436,8 +441,9 @@ absl::Status LatentAttention(const float* q_latent, const float* q, const KvHalf
     static size_t tc_opted_in = 48 << 10;
     EXL3_RETURN_IF_ERROR(opt_in(reinterpret_cast<const void*>(LatentAttentionTcKernel), bytes, &tc_opted_in));
     const dim3 grid((shape.num_heads + kTcRows - 1) / kTcRows, splits, T);
-    LatentAttentionTcKernel<<<grid, kThreads, bytes, S(stream)>>>(q_latent, q, cache, tokens, sel, selection != nullptr,
-                                                                  shape, splits, split_positions, scratch, out_latent);
+    exl3::cuda::LaunchPdlWithSmem(LatentAttentionTcKernel, dim3(grid), dim3(kThreads), bytes, S(stream), q_latent, q,
+                                  cache, tokens, sel, selection != nullptr, shape, splits, split_positions, scratch,
+                                  out_latent);
     EXL3_RETURN_IF_ERROR(LaunchStatus("latent attention (tensor cores)"));
   } else {
     const int head_tile = std::min(kHeadTile, shape.num_heads);
@@ -445,9 +451,9 @@ absl::Status LatentAttention(const float* q_latent, const float* q, const KvHalf
     static size_t opted_in = 48 << 10;
     EXL3_RETURN_IF_ERROR(opt_in(reinterpret_cast<const void*>(LatentAttentionKernel), bytes, &opted_in));
     const dim3 grid((shape.num_heads + head_tile - 1) / head_tile, splits, T);
-    LatentAttentionKernel<<<grid, kThreads, bytes, S(stream)>>>(q_latent, q, cache, tokens, sel, selection != nullptr,
-                                                                shape, head_tile, splits, split_positions, scratch,
-                                                                out_latent);
+    exl3::cuda::LaunchPdlWithSmem(LatentAttentionKernel, dim3(grid), dim3(kThreads), bytes, S(stream), q_latent, q,
+                                  cache, tokens, sel, selection != nullptr, shape, head_tile, splits, split_positions,
+                                  scratch, out_latent);
     EXL3_RETURN_IF_ERROR(LaunchStatus("latent attention"));
   }
   if (splits == 1) return absl::OkStatus();
@@ -455,8 +461,8 @@ absl::Status LatentAttention(const float* q_latent, const float* q, const KvHalf
     return absl::InvalidArgumentError(absl::StrCat("latent attention: ", splits, " splits (at most 12288)"));
   // Rounded up to whole 32-byte groups: the unrolled loop may read a group of weights at once.
   const size_t weights_bytes = (splits + 7) / 8 * 8 * sizeof(float);
-  LatentCombineKernel<<<dim3(shape.num_heads, T), std::min(R, 512), weights_bytes, S(stream)>>>(
-      scratch, shape.num_heads, R, splits, out_latent);
+  exl3::cuda::LaunchPdlWithSmem(LatentCombineKernel, dim3(shape.num_heads, T), dim3(std::min(R, 512)), weights_bytes,
+                                S(stream), scratch, shape.num_heads, R, splits, out_latent);
   return LaunchStatus("latent attention combine");
 }
 

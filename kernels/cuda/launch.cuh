@@ -6,6 +6,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 namespace exl3::cuda {
@@ -19,20 +21,37 @@ __device__ __forceinline__ void PdlEnter() {
 #endif
 }
 
+// EXL3_PDL=0 launches every kernel of a sequence plainly (each waits for its predecessor to end):
+// for measuring what PDL gains, and a way out should a driver mishandle it. Read once.
+inline bool PdlEnabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("EXL3_PDL");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return enabled;
+}
+
+// As LaunchPdl below, with `smem_bytes` of dynamic shared memory.
 template <typename... KArgs, typename... Args>
-void LaunchPdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
+void LaunchPdlWithSmem(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
+                       Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = smem_bytes;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = PdlEnabled() ? 1 : 0;
   // A failure is left in the runtime's last error, which every caller checks after the launch.
   (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+template <typename... KArgs, typename... Args>
+void LaunchPdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
+  LaunchPdlWithSmem(kernel, grid, block, 0, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace exl3::cuda
