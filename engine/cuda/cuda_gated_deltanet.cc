@@ -44,13 +44,9 @@ absl::StatusOr<std::unique_ptr<CudaGatedDeltaNet>> CudaGatedDeltaNet::Load(const
   EXL3_RETURN_IF_ERROR(PrepareDeltaNetRecurrence(d->dims_));
   const std::string p = absl::StrCat("model.layers.", layer, ".linear_attn.");
   const int H = cfg.hidden_size;
-  auto linear = [&](const std::string& name, int in, int out) -> absl::StatusOr<CudaLinear> {
-    EXL3_ASSIGN_OR_RETURN(Linear host, Linear::Load(src, p + name, in, out));
-    return CudaLinear::Upload(host);
-  };
-  EXL3_ASSIGN_OR_RETURN(d->qkvz_, linear("in_proj_qkvz", H, d->dims_.qkvz_width()));
-  EXL3_ASSIGN_OR_RETURN(d->ba_, linear("in_proj_ba", H, 2 * s.num_value_heads));
-  EXL3_ASSIGN_OR_RETURN(d->out_, linear("out_proj", s.value_dim(), H));
+  EXL3_ASSIGN_OR_RETURN(d->qkvz_, CudaLinear::Load(src, p + "in_proj_qkvz", H, d->dims_.qkvz_width()));
+  EXL3_ASSIGN_OR_RETURN(d->ba_, CudaLinear::Load(src, p + "in_proj_ba", H, 2 * s.num_value_heads));
+  EXL3_ASSIGN_OR_RETURN(d->out_, CudaLinear::Load(src, p + "out_proj", s.value_dim(), H));
 
   const std::string conv = p + "conv1d.weight";
   EXL3_ASSIGN_OR_RETURN(TensorView cw, src.Get(conv));

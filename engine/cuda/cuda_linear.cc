@@ -7,6 +7,11 @@
 
 namespace exl3::engine::cuda {
 
+absl::StatusOr<CudaLinear> CudaLinear::Load(const TensorSource& src, const std::string& prefix, int in, int out) {
+  EXL3_ASSIGN_OR_RETURN(Linear host, Linear::Load(src, prefix, in, out));
+  return Upload(host);
+}
+
 absl::StatusOr<CudaLinear> CudaLinear::Upload(const Linear& host) {
   CudaLinear l;
   l.in_ = host.in_features();

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "engine/cuda/device_array.h"
@@ -27,6 +28,8 @@ struct CudaLinearContext {
 class CudaLinear {
  public:
   static absl::StatusOr<CudaLinear> Upload(const Linear& host);
+  // The layer `prefix` of `src` (Linear::Load), uploaded.
+  static absl::StatusOr<CudaLinear> Load(const TensorSource& src, const std::string& prefix, int in, int out);
   // A dense layer from an fp32 weight [out, in] in host memory (the MoE router).
   static absl::StatusOr<CudaLinear> UploadDense(const float* weight_out_in, int in_features,
                                                 int out_features);

@@ -12,6 +12,7 @@
 #include "engine/attention.h"
 #include "engine/cuda/deltanet_kernels.h"
 #include "engine/cuda/latent_attention_kernels.h"
+#include "engine/cuda/weight_upload.h"
 #include "engine/dsv4_config.h"
 #include "engine/hyper_connections.h"
 #include "kernels/cuda/cuda_status.h"
@@ -22,30 +23,6 @@ namespace exl3::engine::cuda {
 namespace {
 
 cudaStream_t Stream(void* s) { return static_cast<cudaStream_t>(s); }
-
-absl::StatusOr<DeviceArray<float>> UploadVector(const TensorSource& src, const std::string& name,
-                                                int64_t length) {
-  EXL3_ASSIGN_OR_RETURN(std::vector<float> v, LoadVector(src, name, length));
-  DeviceArray<float> d;
-  EXL3_RETURN_IF_ERROR(d.Upload(v));
-  return d;
-}
-
-// An RMSNorm weight as the family stores it (Qwen3-Next's zero-centred: 1 + w), as the CPU
-// engine loads it (engine/linear.h LoadNormWeight).
-absl::StatusOr<DeviceArray<float>> UploadNorm(const TensorSource& src, const std::string& name,
-                                              int64_t length, NormWeightConvention convention) {
-  EXL3_ASSIGN_OR_RETURN(std::vector<float> v, LoadNormWeight(src, name, length, convention));
-  DeviceArray<float> d;
-  EXL3_RETURN_IF_ERROR(d.Upload(v));
-  return d;
-}
-
-absl::StatusOr<CudaLinear> LoadLinear(const TensorSource& src, const std::string& prefix, int in,
-                                      int out) {
-  EXL3_ASSIGN_OR_RETURN(Linear host, Linear::Load(src, prefix, in, out));
-  return CudaLinear::Upload(host);
-}
 
 
 }  // namespace
@@ -203,10 +180,10 @@ absl::Status CudaModel::Load(const std::string& dir) {
         if (const Exl3LinearView* v = lin->exl3_view()) weight_bytes_.attention_decoded.Add(*v);
     } else {
       // Gated attention: q_proj gives per head the query, then its output gate.
-      EXL3_ASSIGN_OR_RETURN(L.q, LoadLinear(*src, a + "q_proj", H, cfg_.attention_output_gate ? 2 * q_out : q_out));
-      EXL3_ASSIGN_OR_RETURN(L.k, LoadLinear(*src, a + "k_proj", H, kv_out));
-      EXL3_ASSIGN_OR_RETURN(L.v, LoadLinear(*src, a + "v_proj", H, kv_out));
-      EXL3_ASSIGN_OR_RETURN(L.o, LoadLinear(*src, a + "o_proj", q_out, H));
+      EXL3_ASSIGN_OR_RETURN(L.q, CudaLinear::Load(*src, a + "q_proj", H, cfg_.attention_output_gate ? 2 * q_out : q_out));
+      EXL3_ASSIGN_OR_RETURN(L.k, CudaLinear::Load(*src, a + "k_proj", H, kv_out));
+      EXL3_ASSIGN_OR_RETURN(L.v, CudaLinear::Load(*src, a + "v_proj", H, kv_out));
+      EXL3_ASSIGN_OR_RETURN(L.o, CudaLinear::Load(*src, a + "o_proj", q_out, H));
       weight_bytes_.attention += L.q.weight_bytes() + L.k.weight_bytes() + L.v.weight_bytes() + L.o.weight_bytes();
       for (const CudaLinear* lin : {&L.q, &L.k, &L.v, &L.o})
         if (const Exl3LinearView* v = lin->exl3_view()) weight_bytes_.attention_decoded.Add(*v);
@@ -219,9 +196,9 @@ absl::Status CudaModel::Load(const std::string& dir) {
     if (!cfg_.IsMoeLayer(l)) {
       const int I = cfg_.intermediate_size;
       DenseMlp mlp;
-      EXL3_ASSIGN_OR_RETURN(mlp.gate, LoadLinear(*src, p + "mlp.gate_proj", H, I));
-      EXL3_ASSIGN_OR_RETURN(mlp.up, LoadLinear(*src, p + "mlp.up_proj", H, I));
-      EXL3_ASSIGN_OR_RETURN(mlp.down, LoadLinear(*src, p + "mlp.down_proj", I, H));
+      EXL3_ASSIGN_OR_RETURN(mlp.gate, CudaLinear::Load(*src, p + "mlp.gate_proj", H, I));
+      EXL3_ASSIGN_OR_RETURN(mlp.up, CudaLinear::Load(*src, p + "mlp.up_proj", H, I));
+      EXL3_ASSIGN_OR_RETURN(mlp.down, CudaLinear::Load(*src, p + "mlp.down_proj", I, H));
       weight_bytes_.dense_mlp += mlp.gate.weight_bytes() + mlp.up.weight_bytes() + mlp.down.weight_bytes();
       for (const CudaLinear* lin : {&mlp.gate, &mlp.up, &mlp.down})
         if (const Exl3LinearView* v = lin->exl3_view()) weight_bytes_.dense_mlp_decoded.Add(*v);
@@ -267,7 +244,7 @@ absl::Status CudaModel::Load(const std::string& dir) {
   EXL3_ASSIGN_OR_RETURN(final_norm_, UploadNorm(*src, "model.norm.weight", H, norms));
   const std::string head = v4 ? "head" : "lm_head";
   if (src->Has(head + ".weight") || src->Has(head + ".trellis")) {
-    EXL3_ASSIGN_OR_RETURN(head_, LoadLinear(*src, head, H, cfg_.vocab_size));
+    EXL3_ASSIGN_OR_RETURN(head_, CudaLinear::Load(*src, head, H, cfg_.vocab_size));
   } else if (cfg_.tie_word_embeddings) {
     EXL3_ASSIGN_OR_RETURN(std::vector<float> w, ToFloat32(emb));
     EXL3_ASSIGN_OR_RETURN(head_, CudaLinear::UploadDense(w.data(), H, cfg_.vocab_size));

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/launch_status.cuh"
+#include "engine/cuda/block_reduce.cuh"
 #include "kernels/cuda/launch.cuh"
 
 namespace exl3::engine::cuda {
@@ -19,17 +20,6 @@ constexpr int kThreads = 256;
 constexpr int kScorePositions = 32;  // positions per tile of the score kernel
 constexpr int kScoreHeadLanes = 4;   // threads per position, each summing every 4th head
 constexpr int kTopkThreads = 1024;
-
-__device__ double BlockSumDouble(double v, double* partial /*[32]*/) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // partial may still be read by a previous call
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  double total = 0.0;
-  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += partial[w];
-  return total;
-}
 
 __global__ void LayerNormKernel(float* x, const float* w, const float* b, int n, float eps) {
   exl3::cuda::PdlEnter();

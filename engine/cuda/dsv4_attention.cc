@@ -9,8 +9,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "engine/cuda/cublas_status.h"
 #include "engine/cuda/dsa_indexer_kernels.h"
 #include "engine/cuda/engine_kernels.h"
+#include "engine/cuda/weight_upload.h"
 #include "engine/linear.h"
 #include "kernels/cuda/cuda_status.h"
 
@@ -21,34 +23,6 @@ namespace {
 constexpr int64_t kScoreBudgetFloats = int64_t{32} << 20;
 constexpr int kMinScoreRows = 64;
 constexpr int kMaxScoreRows = 32768;  // the score kernel's grid
-
-absl::StatusOr<CudaLinear> LoadLinear(const TensorSource& src, const std::string& prefix, int in, int out) {
-  EXL3_ASSIGN_OR_RETURN(Linear host, Linear::Load(src, prefix, in, out));
-  return CudaLinear::Upload(host);
-}
-
-absl::StatusOr<DeviceArray<float>> UploadVector(const TensorSource& src, const std::string& name, int64_t n) {
-  EXL3_ASSIGN_OR_RETURN(std::vector<float> v, LoadVector(src, name, n));
-  DeviceArray<float> d;
-  EXL3_RETURN_IF_ERROR(d.Upload(v));
-  return d;
-}
-
-absl::StatusOr<DeviceArray<float>> UploadMatrix(const TensorSource& src, const std::string& name, int64_t rows,
-                                                int64_t cols) {
-  EXL3_ASSIGN_OR_RETURN(TensorView t, src.Get(name));
-  if (t.info->shape != std::vector<int64_t>{rows, cols})
-    return absl::InvalidArgumentError(absl::StrCat(name, ": expected shape [", rows, ", ", cols, "]"));
-  EXL3_ASSIGN_OR_RETURN(std::vector<float> v, ToFloat32(t));
-  DeviceArray<float> d;
-  EXL3_RETURN_IF_ERROR(d.Upload(v));
-  return d;
-}
-
-absl::Status CublasStatus(cublasStatus_t s, const char* what) {
-  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": cuBLAS status ", static_cast<int>(s)));
-}
 
 }  // namespace
 
@@ -173,13 +147,13 @@ absl::StatusOr<std::unique_ptr<CudaDsv4Attention>> CudaDsv4Attention::Load(const
   const Dsv4Config& v = *cfg.dsv4;
   const int H = cfg.hidden_size, NH = cfg.num_heads, D = v.head_dim, G = v.o_groups, R = v.o_lora_rank;
   const std::string p = absl::StrCat("model.layers.", layer, ".attn.");
-  EXL3_ASSIGN_OR_RETURN(a->wq_a_, LoadLinear(src, p + "wq_a", H, v.q_lora_rank));
+  EXL3_ASSIGN_OR_RETURN(a->wq_a_, CudaLinear::Load(src, p + "wq_a", H, v.q_lora_rank));
   EXL3_ASSIGN_OR_RETURN(a->q_norm_, UploadVector(src, p + "q_norm.weight", v.q_lora_rank));
-  EXL3_ASSIGN_OR_RETURN(a->wq_b_, LoadLinear(src, p + "wq_b", v.q_lora_rank, NH * D));
-  EXL3_ASSIGN_OR_RETURN(a->wkv_, LoadLinear(src, p + "wkv", H, D));
+  EXL3_ASSIGN_OR_RETURN(a->wq_b_, CudaLinear::Load(src, p + "wq_b", v.q_lora_rank, NH * D));
+  EXL3_ASSIGN_OR_RETURN(a->wkv_, CudaLinear::Load(src, p + "wkv", H, D));
   EXL3_ASSIGN_OR_RETURN(a->kv_norm_, UploadVector(src, p + "norm.weight", D));
   EXL3_ASSIGN_OR_RETURN(a->sinks_, UploadVector(src, p + "attn_sink", NH));
-  EXL3_ASSIGN_OR_RETURN(a->wo_b_, LoadLinear(src, p + "wo_b", G * R, H));
+  EXL3_ASSIGN_OR_RETURN(a->wo_b_, CudaLinear::Load(src, p + "wo_b", G * R, H));
   {
     // wo_a [G * R, NH * D / G]: group g's rows g R .. (g + 1) R; decoded here as the CPU does.
     EXL3_ASSIGN_OR_RETURN(Linear wo_a, Linear::Load(src, p + "wo_a", NH * D / G, G * R));
@@ -196,8 +170,8 @@ absl::StatusOr<std::unique_ptr<CudaDsv4Attention>> CudaDsv4Attention::Load(const
     Compressor c;
     c.dim = dim;
     c.width = width;
-    EXL3_ASSIGN_OR_RETURN(c.wkv, LoadLinear(src, q + "wkv", H, width));
-    EXL3_ASSIGN_OR_RETURN(c.wgate, LoadLinear(src, q + "wgate", H, width));
+    EXL3_ASSIGN_OR_RETURN(c.wkv, CudaLinear::Load(src, q + "wkv", H, width));
+    EXL3_ASSIGN_OR_RETURN(c.wgate, CudaLinear::Load(src, q + "wgate", H, width));
     EXL3_ASSIGN_OR_RETURN(c.ape, UploadMatrix(src, q + "ape", a->rate_, width));
     EXL3_ASSIGN_OR_RETURN(c.norm, UploadVector(src, q + "norm.weight", dim));
     return c;
@@ -207,8 +181,8 @@ absl::StatusOr<std::unique_ptr<CudaDsv4Attention>> CudaDsv4Attention::Load(const
   if (csa) {
     Indexer ix;
     EXL3_ASSIGN_OR_RETURN(ix.wq_b,
-                          LoadLinear(src, p + "indexer.wq_b", v.q_lora_rank, v.index_heads * v.index_head_dim));
-    EXL3_ASSIGN_OR_RETURN(ix.weights_proj, LoadLinear(src, p + "indexer.weights_proj", H, v.index_heads));
+                          CudaLinear::Load(src, p + "indexer.wq_b", v.q_lora_rank, v.index_heads * v.index_head_dim));
+    EXL3_ASSIGN_OR_RETURN(ix.weights_proj, CudaLinear::Load(src, p + "indexer.weights_proj", H, v.index_heads));
     EXL3_ASSIGN_OR_RETURN(ix.compressor,
                           load_compressor(p + "indexer.compressor.", v.index_head_dim, 2 * v.index_head_dim));
     a->indexer_ = std::move(ix);

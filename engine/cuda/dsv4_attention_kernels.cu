@@ -6,23 +6,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/launch_status.cuh"
+#include "engine/cuda/block_reduce.cuh"
 
 namespace exl3::engine::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = 4;  // attention and index scores: blocks of four warps
-
-__device__ double BlockSumD(double v, double* partial /*[32]*/) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // partial may still be read by a previous call
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  double total = 0.0;
-  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += partial[w];
-  return total;
-}
 
 __device__ inline float* BlockOf(const Dsv4CacheView& c, const int32_t* table, int position) {
   return c.layer + static_cast<size_t>(table[position / c.block_size]) * c.block_stride;
@@ -59,7 +49,7 @@ __global__ void RotateTailKernel(float* x, int heads, int dim, int rope_dim, con
   if (normalize) {
     double ss = 0.0;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += static_cast<double>(v[i]) * v[i];
-    ss = BlockSumD(ss, partial);
+    ss = BlockSumDouble(ss, partial);
     const float inv = static_cast<float>(1.0 / sqrt(ss / dim + eps));
     for (int i = threadIdx.x; i < dim; i += blockDim.x) v[i] *= inv;
     __syncthreads();
@@ -129,7 +119,7 @@ __device__ void FoldCompressor(const Dsv4CompressorArgs& k, const Dsv4FoldArgs& 
   const float* mean = current + d;
   double ss = 0.0;
   for (int i = threadIdx.x; i < d; i += blockDim.x) ss += static_cast<double>(mean[i]) * mean[i];
-  ss = BlockSumD(ss, partial);
+  ss = BlockSumDouble(ss, partial);
   const float inv = static_cast<float>(1.0 / sqrt(ss / d + a.eps));
   for (int i = threadIdx.x; i < d; i += blockDim.x) dest[i] = k.norm[i] * (mean[i] * inv);
   __syncthreads();

@@ -6,24 +6,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/launch_status.cuh"
+#include "engine/cuda/block_reduce.cuh"
 
 namespace exl3::engine::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kMaxStreams = 16;
-
-// Sum over the block of a double held by every thread (blockDim.x a multiple of 32).
-__device__ double BlockSumD(double v, double* partial /*[32]*/) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // partial may still be read by a previous call
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  double total = 0.0;
-  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += partial[w];
-  return total;
-}
 
 __device__ inline float SigmoidF(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -32,13 +21,13 @@ __device__ void NormedMixes(const float* x, int width, float norm_eps, const flo
                             float* mix /*shared*/, double* partial) {
   double ss = 0.0;
   for (int i = threadIdx.x; i < width; i += blockDim.x) ss += static_cast<double>(x[i]) * x[i];
-  ss = BlockSumD(ss, partial);
+  ss = BlockSumDouble(ss, partial);
   const float inv = static_cast<float>(1.0 / sqrt(ss / width + norm_eps));
   for (int r = 0; r < rows; ++r) {
     const float* w = fn + static_cast<size_t>(r) * width;
     double acc = 0.0;
     for (int i = threadIdx.x; i < width; i += blockDim.x) acc += static_cast<double>(w[i]) * (x[i] * inv);
-    acc = BlockSumD(acc, partial);
+    acc = BlockSumDouble(acc, partial);
     if (threadIdx.x == 0) mix[r] = static_cast<float>(acc);
   }
   __syncthreads();

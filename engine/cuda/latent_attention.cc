@@ -8,8 +8,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "engine/cuda/cublas_status.h"
 #include "engine/cuda/dsa_indexer_kernels.h"
 #include "engine/cuda/engine_kernels.h"
+#include "engine/cuda/weight_upload.h"
 #include "engine/linear.h"
 
 namespace exl3::engine::cuda {
@@ -24,23 +26,6 @@ constexpr int64_t kScoreBudgetFloats = int64_t{32} << 20;
 // A decode graph's bucket is at most this many tokens: its scores always fit one group.
 constexpr int kMinScoreRows = 64;
 constexpr int kMaxScoreRows = 32768;  // the score kernel's grid holds at most 65535 tokens
-
-absl::StatusOr<CudaLinear> LoadLinear(const TensorSource& src, const std::string& prefix, int in, int out) {
-  EXL3_ASSIGN_OR_RETURN(Linear host, Linear::Load(src, prefix, in, out));
-  return CudaLinear::Upload(host);
-}
-
-absl::StatusOr<DeviceArray<float>> UploadVector(const TensorSource& src, const std::string& name, int64_t n) {
-  EXL3_ASSIGN_OR_RETURN(std::vector<float> v, LoadVector(src, name, n));
-  DeviceArray<float> d;
-  EXL3_RETURN_IF_ERROR(d.Upload(v));
-  return d;
-}
-
-absl::Status CublasStatus(cublasStatus_t s, const char* what) {
-  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": cuBLAS status ", static_cast<int>(s)));
-}
 
 }  // namespace
 
@@ -94,13 +79,13 @@ absl::StatusOr<std::unique_ptr<CudaLatentAttention>> CudaLatentAttention::Load(c
                                                    " differ from qk_rope_head_dim ", rope));
   a->q_low_rank_ = cfg.q_lora_rank > 0;
   if (a->q_low_rank_) {
-    EXL3_ASSIGN_OR_RETURN(a->q_a_, LoadLinear(src, p + "q_a_proj", H, cfg.q_lora_rank));
+    EXL3_ASSIGN_OR_RETURN(a->q_a_, CudaLinear::Load(src, p + "q_a_proj", H, cfg.q_lora_rank));
     EXL3_ASSIGN_OR_RETURN(a->q_a_norm_, UploadVector(src, p + "q_a_layernorm.weight", cfg.q_lora_rank));
-    EXL3_ASSIGN_OR_RETURN(a->q_b_, LoadLinear(src, p + "q_b_proj", cfg.q_lora_rank, NH * qd));
+    EXL3_ASSIGN_OR_RETURN(a->q_b_, CudaLinear::Load(src, p + "q_b_proj", cfg.q_lora_rank, NH * qd));
   } else {
-    EXL3_ASSIGN_OR_RETURN(a->q_, LoadLinear(src, p + "q_proj", H, NH * qd));
+    EXL3_ASSIGN_OR_RETURN(a->q_, CudaLinear::Load(src, p + "q_proj", H, NH * qd));
   }
-  EXL3_ASSIGN_OR_RETURN(a->kv_a_, LoadLinear(src, p + "kv_a_proj_with_mqa", H, R + rope));
+  EXL3_ASSIGN_OR_RETURN(a->kv_a_, CudaLinear::Load(src, p + "kv_a_proj_with_mqa", H, R + rope));
   EXL3_ASSIGN_OR_RETURN(a->kv_a_norm_, UploadVector(src, p + "kv_a_layernorm.weight", R));
   {
     // Decoded once here, exactly as the CPU engine decodes it (engine/mla_attention.cc).
@@ -108,7 +93,7 @@ absl::StatusOr<std::unique_ptr<CudaLatentAttention>> CudaLatentAttention::Load(c
     if (kv_b.has_bias()) return absl::UnimplementedError(p + "kv_b_proj has a bias (not absorbed)");
     EXL3_RETURN_IF_ERROR(a->kv_b_.Upload(kv_b.DenseWeight()));
   }
-  EXL3_ASSIGN_OR_RETURN(a->o_, LoadLinear(src, p + "o_proj", NH * vd, H));
+  EXL3_ASSIGN_OR_RETURN(a->o_, CudaLinear::Load(src, p + "o_proj", NH * vd, H));
 
   if (cfg.attention == AttentionKind::kDsa) {
     const std::string ip = p + "indexer.";
@@ -127,9 +112,9 @@ absl::StatusOr<std::unique_ptr<CudaLatentAttention>> CudaLatentAttention::Load(c
       return absl::InvalidArgumentError(absl::StrCat(ip, ": index_head_dim ", ix.head_dim, " below the ", rope,
                                                      " rotated dimensions"));
     Indexer in;
-    EXL3_ASSIGN_OR_RETURN(in.wq_b, LoadLinear(src, ip + "wq_b", cfg.q_lora_rank, ix.num_heads * ix.head_dim));
-    EXL3_ASSIGN_OR_RETURN(in.wk, LoadLinear(src, ip + "wk", H, ix.head_dim));
-    EXL3_ASSIGN_OR_RETURN(in.weights_proj, LoadLinear(src, ip + "weights_proj", H, ix.num_heads));
+    EXL3_ASSIGN_OR_RETURN(in.wq_b, CudaLinear::Load(src, ip + "wq_b", cfg.q_lora_rank, ix.num_heads * ix.head_dim));
+    EXL3_ASSIGN_OR_RETURN(in.wk, CudaLinear::Load(src, ip + "wk", H, ix.head_dim));
+    EXL3_ASSIGN_OR_RETURN(in.weights_proj, CudaLinear::Load(src, ip + "weights_proj", H, ix.num_heads));
     EXL3_ASSIGN_OR_RETURN(in.k_norm_weight, UploadVector(src, ip + "k_norm.weight", ix.head_dim));
     EXL3_ASSIGN_OR_RETURN(in.k_norm_bias, UploadVector(src, ip + "k_norm.bias", ix.head_dim));
     a->indexer_ = std::move(in);

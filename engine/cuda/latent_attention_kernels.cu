@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/launch_status.cuh"
+#include "engine/cuda/block_reduce.cuh"
 #include "kernels/cuda/launch.cuh"
 
 namespace exl3::engine::cuda {
@@ -18,16 +19,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kHeadTile = 16;     // query heads per block (each cached position read once for them)
 constexpr int kPositionTile = 16;  // cached positions staged in shared memory at a time
-
-__device__ double BlockSumDouble(double v, double* partial /*[32]*/) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  double total = 0.0;
-  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += partial[w];
-  return total;
-}
 
 __global__ void WriteLatentKernel(const float* ckv, const float* w, int R, int rope, float eps,
                                   const int32_t* slot, __half* cache, int width) {

@@ -17,6 +17,7 @@
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "tests/engine/engine_requests.h"
+#include "tests/engine/failing_once_moe.h"
 #include "tests/engine/model_harness.h"
 #include "tests/engine/relative_error.h"
 
@@ -173,29 +174,6 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Qwen3NextFixtureTest,
 
 constexpr char kFixture[] = "tests/fixtures/engine/qwen3_next_all";
 
-// In-process experts whose first call of `fail_tokens` tokens fails.
-class FailingOnceMoe final : public MoeExecutor {
- public:
-  FailingOnceMoe(const std::string& dir, int fail_tokens) : compute_(2), fail_tokens_(fail_tokens) {
-    auto local = LocalMoe::Open(dir, compute_);
-    EXPECT_TRUE(local.ok()) << local.status();
-    local_ = std::move(*local);
-  }
-  absl::Status Forward(int layer, const float* x, int T, const int32_t* ids, float* y) override {
-    if (T == fail_tokens_ && !failed_) {
-      failed_ = true;
-      return absl::UnavailableError("injected: the experts' worker is gone");
-    }
-    return local_->Forward(layer, x, T, ids, y);
-  }
-
- private:
-  CpuCompute compute_;
-  std::unique_ptr<LocalMoe> local_;
-  int fail_tokens_;
-  bool failed_ = false;
-};
-
 // 32 greedy tokens with the top 5 logprobs of each: checks the logits, not only their argmax.
 GenerateParams Greedy32Top5(const std::vector<int32_t>& prompt) { return Greedy32(prompt, 5); }
 
@@ -287,7 +265,7 @@ TEST_F(Qwen3NextEngineTest, AFailedStepRunsAgainFromTheStateBeforeIt) {
   // running) fails in layer 0's MoE, after layer 0's DeltaNet has written the new states; the
   // engine runs each chunk again alone, which must start from the states before the failed step.
   EngineStats stats;
-  const auto got = RunAll(/*kv_blocks=*/256, Model(std::make_unique<FailingOnceMoe>(kFixture, 24)),
+  const auto got = RunAll(/*kv_blocks=*/256, Model(std::make_unique<testing::FailingOnceMoe>(kFixture, 24)),
                           &stats);
   EXPECT_EQ(stats.failed_steps, 1);
   for (size_t i = 0; i < prompts_.size(); ++i) ExpectTransformers(i, got[i]);

@@ -32,6 +32,7 @@
 #include "model/safetensors.h"
 #include "tests/engine/cuda/gpu_test_support.h"
 #include "tests/engine/engine_requests.h"
+#include "tests/engine/failing_once_moe.h"
 #include "tests/engine/model_harness.h"
 
 namespace exl3::engine::cuda {
@@ -173,30 +174,6 @@ constexpr char kFixture[] = "tests/fixtures/engine/qwen3_next_all";
 // 0.05-0.12 with every token equal, the low entries of the top 5 the largest.)
 constexpr double kLogitsRelTolerance = 5e-3;
 
-// In-process experts whose first call of `fail_tokens` tokens fails.
-class FailingOnceMoe final : public MoeExecutor {
- public:
-  FailingOnceMoe(const std::string& dir, int fail_tokens) : compute_(2), fail_tokens_(fail_tokens) {
-    auto local = LocalMoe::Open(dir, compute_);
-    EXPECT_TRUE(local.ok()) << local.status();
-    local_ = std::move(*local);
-  }
-  absl::Status Forward(int layer, const float* x, int T, const int32_t* ids, float* y) override {
-    if (T == fail_tokens_ && !failed_) {
-      failed_ = true;
-      return absl::UnavailableError("injected: the experts' worker is gone");
-    }
-    return local_->Forward(layer, x, T, ids, y);
-  }
-  bool failed() const { return failed_; }
-
- private:
-  CpuCompute compute_;
-  std::unique_ptr<LocalMoe> local_;
-  int fail_tokens_;
-  bool failed_ = false;
-};
-
 class CudaQwen3NextEngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -296,8 +273,8 @@ TEST_F(CudaQwen3NextEngineTest, AFailedStepRunsAgainFromTheStateBeforeIt) {
   // The first full step (24 tokens) fails in layer 0's MoE (experts behind an executor), after
   // layer 0's DeltaNet has written the new states; the engine runs each chunk again alone, which
   // must start from the states before the failed step.
-  auto moe = std::make_unique<FailingOnceMoe>(kFixture, 24);
-  FailingOnceMoe* failing = moe.get();
+  auto moe = std::make_unique<testing::FailingOnceMoe>(kFixture, 24);
+  testing::FailingOnceMoe* failing = moe.get();
   EngineStats stats;
   const auto got = RunAll(/*kv_blocks=*/256, Model(std::move(moe)), &stats);
   EXPECT_TRUE(failing->failed());
