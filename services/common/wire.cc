@@ -260,6 +260,11 @@ void EncodeTensor(const float* data, const std::vector<int64_t>& shape, pb::DTyp
   }
   out->set_dtype(dtype);
   std::string* bytes = out->mutable_data();
+  if (dtype == pb::DTYPE_FP32) {
+    // One pass (resize would zero-fill first); a buffer of enough capacity is written in place.
+    bytes->assign(reinterpret_cast<const char*>(data), n * 4);
+    return;
+  }
   bytes->resize(n * WireDTypeSize(dtype));
   uint8_t* p = reinterpret_cast<uint8_t*>(bytes->data());
   switch (dtype) {

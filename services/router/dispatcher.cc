@@ -60,11 +60,16 @@ PartRequest BuildPart(const LayerCall& c, const Work& part) {
   h->set_dtype(c.in_dtype);
   h->add_shape(static_cast<int64_t>(n));
   h->add_shape(c.hidden_size);
+  // Into a kept buffer (warm pages), row runs appended: no zero-fill before the copy. The
+  // shared expert on the worker makes the rows 0..T-1 in order, one run.
   std::string* data = h->mutable_data();
-  data->resize(n * c.row_bytes);
-  for (size_t i = 0; i < n; ++i) {
-    std::memcpy(data->data() + i * c.row_bytes, c.hidden_bytes.data() + p.rows[i] * c.row_bytes,
-                c.row_bytes);
+  if (c.spare) *data = c.spare->Take();
+  data->reserve(n * c.row_bytes);
+  for (size_t i = 0; i < n;) {
+    size_t j = i + 1;
+    while (j < n && p.rows[j] == p.rows[j - 1] + 1) ++j;
+    data->append(c.hidden_bytes.data() + p.rows[i] * c.row_bytes, (j - i) * c.row_bytes);
+    i = j;
   }
   std::vector<int32_t> ids(n * slots, kEmptySlot);
   std::vector<float> weights(n * slots, 0.0f);
@@ -200,18 +205,25 @@ Dispatcher::Choice Dispatcher::Choose(LayerCall& c, const Work& work) const {
   const WorkerSet& set = *c.workers;
   const ExpertHolders& holders = set.holders();
   Choice choice;
-  std::map<int32_t, std::optional<int>> worker_of;  // expert -> its chosen worker, if any serves
+  // Expert -> the part of its chosen worker, chosen at the expert's first use (none when no
+  // holder serves it); by index, not a map: a 64-token call makes 512 look-ups. Experts are in
+  // 0..num_experts-1 (the gate checks them; holders.Routed indexes by them too).
+  const size_t num_experts = static_cast<size_t>(holders.num_experts());
+  std::vector<Work*> part_of(num_experts, nullptr);  // map nodes stay put
+  std::vector<bool> chosen(num_experts, false);
   for (const Assignment& a : work.routed) {
-    auto [it, fresh] = worker_of.try_emplace(a.expert);
-    if (fresh) {
-      it->second = ChooseHolder(set, holders.Routed(c.layer, a.expert), failed, used);
-      if (it->second) {
-        used.insert(*it->second);
+    const size_t e = static_cast<size_t>(a.expert);
+    if (!chosen[e]) {
+      chosen[e] = true;
+      if (std::optional<int> w =
+              ChooseHolder(set, holders.Routed(c.layer, a.expert), failed, used)) {
+        used.insert(*w);
+        part_of[e] = &choice.parts[*w];
       } else {
         choice.unserved_routed.push_back(a.expert);
       }
     }
-    if (it->second) choice.parts[*it->second].routed.push_back(a);
+    if (part_of[e] != nullptr) part_of[e]->routed.push_back(a);
   }
   if (work.shared_expert) {
     if (std::optional<int> w = ChooseHolder(set, holders.Shared(c.layer), failed, used)) {

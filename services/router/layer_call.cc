@@ -5,6 +5,10 @@
 
 namespace exl3::router {
 
+LayerCall::~LayerCall() {
+  if (spare) spare->Give(std::move(hidden_bytes));
+}
+
 bool LayerCall::SetDeadlineEntry(const svc::DeadlineTimer::Entry& entry) {
   std::lock_guard<std::mutex> l(mu);
   if (ended) return false;

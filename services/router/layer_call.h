@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "exl3serve/v1/exl3serve.pb.h"
 #include "services/common/deadline_timer.h"
+#include "services/common/spare_buffers.h"
 #include "services/router/answer_sink.h"
 #include "services/router/gate.h"
 #include "services/router/worker_link.h"
@@ -69,7 +70,12 @@ struct SubRequest {
 };
 
 struct LayerCall {
+  // Gives hidden_bytes back to `spare`: nothing reads them any more.
+  ~LayerCall();
+
   // ---- Set before dispatch; read-only afterwards (no lock). ----
+  // Where the call's large buffers come from and go back to (none: fresh ones, freed).
+  std::shared_ptr<svc::SpareBuffers> spare;
   std::shared_ptr<AnswerSink> sink;          // where the answer goes (none in the unit tests)
   std::shared_ptr<const WorkerSet> workers;  // the set it started with (kept until it ends)
   uint64_t id = 0;

@@ -228,6 +228,7 @@ std::shared_ptr<LayerCall> MoeRouterService::Admit(const std::shared_ptr<AnswerS
                                                    const pb::MoeLayerRequest& req,
                                                    Clock::time_point t0) {
   auto c = std::make_shared<LayerCall>();
+  c->spare = spare_;
   c->sink = s;
   c->id = req.id();
   c->layer = req.layer();

@@ -25,6 +25,7 @@
 
 #include "exl3serve/v1/exl3serve.grpc.pb.h"
 #include "model/exl3_model.h"
+#include "services/common/spare_buffers.h"
 #include "services/common/task_queue.h"
 #include "services/router/answer_sink.h"
 #include "services/router/combine.h"
@@ -91,6 +92,10 @@ class MoeRouterService final
   size_t max_message_bytes() const { return static_cast<size_t>(opt_.max_message_bytes); }
   // RESOURCE_EXHAUSTED for an answer of `bytes` bytes (over max_message_bytes()).
   absl::Status AnswerTooLarge(size_t bytes) const;
+  // Hidden-state buffers kept between calls: an in-process caller encodes its request into one,
+  // a call's parts are built in them, and both come back when written or done
+  // (services/common/spare_buffers.h).
+  const std::shared_ptr<svc::SpareBuffers>& spare_buffers() const { return spare_; }
 
   // One request (or a cancel message) of the stream whose answers go to `s`: what a Forward stream
   // does with each message it reads, also usable in-process. Requests of at most
@@ -129,6 +134,7 @@ class MoeRouterService final
   const MoeConfig& cfg_;
   const RouterOptions opt_;
   RouterMetrics* metrics_;
+  const std::shared_ptr<svc::SpareBuffers> spare_ = std::make_shared<svc::SpareBuffers>();
   mutable std::mutex pool_mu_;
   std::shared_ptr<WorkerPool> pool_;  // guarded by pool_mu_
   std::atomic<bool> draining_{false};

@@ -68,6 +68,7 @@ absl::StatusOr<std::unique_ptr<RouterCore>> RouterCore::Create(const RouterCoreO
   core->metrics_ = std::make_unique<RouterMetrics>(registry, cfg.MoeLayers());
   core->service_ =
       std::make_unique<MoeRouterService>(*core->model_, ropt, core->metrics_.get());
+  popt.spare_buffers = core->service_->spare_buffers();
   RouterCore* self = core.get();
   popt.on_change = [self] { self->UpdateReady(); };
   core->service_->SetPool(WorkerPool::Create(core->map_, cfg, popt, nullptr, core->metrics_.get()));

@@ -7,6 +7,7 @@
 
 #include "base/status_macros.h"
 #include "services/client/moe_client.h"
+#include "services/common/wire.h"
 
 namespace exl3::router {
 namespace {
@@ -47,14 +48,26 @@ class RouterMoeCall final : public engine::MoeCall {
 RouterMoeExecutor::RouterMoeExecutor(MoeRouterService& service, int inline_max_tokens,
                                      int hidden_size, std::chrono::milliseconds timeout)
     : stream_(InProcessStream::Open(service, inline_max_tokens)),
+      spare_(service.spare_buffers()),
       hidden_(hidden_size),
       timeout_(timeout) {}
 
 RouterMoeExecutor::~RouterMoeExecutor() { (void)stream_->Close(); }
 
+pb::MoeLayerRequest RouterMoeExecutor::Request(int layer, const float* x, int T) const {
+  pb::MoeLayerRequest req;
+  req.set_layer(layer);
+  pb::Tensor* h = req.mutable_hidden();
+  *h->mutable_data() = spare_->Take();
+  svc::EncodeTensor(x, {T, hidden_}, pb::DTYPE_FP32, h);
+  req.set_output_dtype(pb::DTYPE_FP32);
+  req.set_include_shared_expert(true);
+  return req;
+}
+
 std::unique_ptr<engine::MoeCall> RouterMoeExecutor::Start(int layer, const float* x, int T,
                                                           const int32_t* token_ids, float* y) {
-  pb::MoeLayerRequest req = client::MakeLayerRequest(layer, x, T, hidden_, pb::DTYPE_FP32);
+  pb::MoeLayerRequest req = Request(layer, x, T);
   // The router gates from the hidden states; token ids choose the experts of hash-routed layers
   // (DeepSeek-V4's hash_moe) and are ignored on the others, so they always travel (T int64s
   // beside T x hidden floats).
@@ -67,7 +80,7 @@ std::unique_ptr<engine::MoeCall> RouterMoeExecutor::Start(int layer, const float
 
 std::unique_ptr<engine::MoeCall> RouterMoeExecutor::StartRouted(int layer, const float* x, int T,
                                                                 const engine::MoeRouting& routing, float* y) {
-  pb::MoeLayerRequest req = client::MakeLayerRequest(layer, x, T, hidden_, pb::DTYPE_FP32);
+  pb::MoeLayerRequest req = Request(layer, x, T);
   pb::TopK* topk = req.mutable_topk();
   topk->set_k(routing.k);
   const size_t n = static_cast<size_t>(T) * routing.k;

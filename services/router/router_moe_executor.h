@@ -28,9 +28,13 @@ class RouterMoeExecutor final : public engine::MoeExecutor {
                                                const engine::MoeRouting& routing, float* y) override;
 
  private:
+  // client::MakeLayerRequest's fp32 request, its hidden states written into one of the router's
+  // kept buffers (MoeRouterService::spare_buffers; the call gives it back when done).
+  pb::MoeLayerRequest Request(int layer, const float* x, int num_tokens) const;
   std::unique_ptr<engine::MoeCall> Send(pb::MoeLayerRequest req, int num_tokens, float* y);
 
   std::unique_ptr<InProcessStream> stream_;
+  std::shared_ptr<svc::SpareBuffers> spare_;
   int hidden_;
   std::chrono::milliseconds timeout_;
 };

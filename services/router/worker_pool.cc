@@ -113,6 +113,14 @@ struct WorkerConn::Session
     }
   }
 
+  // Written into the channel: its hidden states are the next part's buffer
+  // (services/router/dispatcher.cc BuildPart).
+  void SideWrittenLocked(pb::ExpertRequest& m) override {
+    if (conn->opt_.spare_buffers && m.has_hidden()) {
+      conn->opt_.spare_buffers->Give(std::move(*m.mutable_hidden()->mutable_data()));
+    }
+  }
+
   // A channel answer is parsed into the previous one's output buffer (a fresh 16 MB one costs a
   // page fault per 4 KiB under the router's 4 MiB mmap threshold).
   void BeforeSideRead(pb::ExpertResponse& m) override {

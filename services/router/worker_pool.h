@@ -42,6 +42,7 @@
 #include "model/expert_map.h"
 #include "model/moe_config.h"
 #include "services/common/server.h"
+#include "services/common/spare_buffers.h"
 #include "services/router/worker_link.h"
 #include "services/router/worker_set.h"
 
@@ -70,6 +71,9 @@ struct WorkerPoolOptions {
   // A worker silent this long (no liveness probe reply, no answer) is marked down; 0: no probes
   // (only the stream, the health watch and gRPC keepalive detect a lost worker).
   int liveness_ms = 1500;
+  // Where a request's hidden-state buffer goes once it is written into the shared-memory
+  // channel (the router's services/router/moe_router.h spare_buffers()); none: freed.
+  std::shared_ptr<svc::SpareBuffers> spare_buffers;
 };
 
 // The map's workers that serve the shared expert under --shared-expert worker:NAME: NAME first,

@@ -62,6 +62,21 @@ TEST(Wire, RoundTripAllDtypes) {
   }
 }
 
+TEST(Wire, EncodeTensorReplacesWhatTheTensorHeld) {
+  // The in-process executor encodes into a kept buffer (services/common/spare_buffers.h): stale
+  // bytes, shape and dtype of another size must not survive, in any dtype.
+  const std::vector<float> x = Random(3 * 8, 2);
+  for (pb::DType dt : {pb::DTYPE_FP32, pb::DTYPE_FP16, pb::DTYPE_BF16}) {
+    pb::Tensor fresh, reused;
+    EncodeTensor(x.data(), {3, 8}, dt, &fresh);
+    reused.set_dtype(pb::DTYPE_BF16);
+    reused.add_shape(99);
+    reused.mutable_data()->assign(4096, '\x55');
+    EncodeTensor(x.data(), {3, 8}, dt, &reused);
+    EXPECT_EQ(reused.SerializeAsString(), fresh.SerializeAsString()) << WireDTypeName(dt);
+  }
+}
+
 TEST(Wire, CheckFiniteFindsWhatTensorToFloatFindsWithTheSameMessage) {
   // Every dtype, the bad value at each end and in the middle (row 2 of [3, 40]: past a vector
   // width), as +Inf, -Inf and NaN.

@@ -368,6 +368,34 @@ TEST_F(DispatcherTest, EachWorkerGetsOnlyTheRowsAndExpertsItHolds) {
   EXPECT_EQ(c->fanout.size(), 2u);
 }
 
+TEST_F(DispatcherTest, PartsCarryTheirRowsBitForBitInAKeptBuffer) {
+  // BuildPart writes a part's rows into a buffer from LayerCall::spare (holding stale bytes of
+  // another size), a run of consecutive rows at a time: each part's hidden states must be exactly
+  // its rows of the call's, in order, whatever the runs; the call's bytes go back when it is gone.
+  auto a = Link("a"), b = Link("b");
+  auto set = MakeSet({{a, {0, 1, 2, 3}}, {b, {4, 5, 6, 7}}}, false);
+  auto spare = std::make_shared<svc::SpareBuffers>();
+  for (int i = 0; i < 2; ++i) spare->Give(std::string(svc::SpareBuffers::kMinBufferBytes, '\x7f'));
+  // a: rows 0, 1, 3, 4 (runs 0-1 and 3-4); b: rows 1, 2, 4 (runs 1-2 and 4).
+  auto c = MakeCall(set, {{0, 1}, {2, 5}, {6, 7}, {3, 0}, {1, 4}});
+  c->spare = spare;
+  c->hidden_bytes.reserve(svc::SpareBuffers::kMinBufferBytes);  // large enough to be kept
+  Run(c);
+  ExpectSum(*c, Wait(c));
+  ASSERT_EQ(a->sent().size(), 1u);
+  ASSERT_EQ(b->sent().size(), 1u);
+  auto rows_of = [&](const std::vector<int>& rows) {
+    std::string want;
+    for (int r : rows) want.append(c->hidden_bytes.data() + r * c->row_bytes, c->row_bytes);
+    return want;
+  };
+  EXPECT_EQ(a->sent()[0].hidden().data(), rows_of({0, 1, 3, 4}));
+  EXPECT_EQ(b->sent()[0].hidden().data(), rows_of({1, 2, 4}));
+  EXPECT_EQ(spare->kept(), 0u);  // both taken by the parts (the fake link keeps them)
+  c.reset();  // the last reference: ~LayerCall gives hidden_bytes back
+  EXPECT_EQ(spare->kept(), 1u);
+}
+
 TEST_F(DispatcherTest, SumsIntoTheCallersBufferWhateverItHeld) {
   // LayerCall::sum_out (an in-process caller's buffer, not zeroed): one part covering every row is
   // copied into it, parts covering some rows zero it first and add.
