@@ -7,7 +7,13 @@
 # GPU 0 holds all of it. Per token count (TOKENS, default 1,8,32,64,1024) the bench prints the
 # call's wall time, the router's and the worker's stages from their metrics, and call - worker
 # compute. Writes $OUT/remote-call.txt and the logs. Binaries: the bundle (scripts/gpu/bundle.sh).
+# Usage: [OUT=DIR] [TOKENS=1,8,32,64,1024] [ITERS=30] scripts/gpu/remote_call.sh
 set -uo pipefail
+case "${1:-}" in
+  -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+  "") ;;
+  *) echo "remote_call.sh: no arguments (environment: OUT, TOKENS, ITERS, CALL_TIMEOUT; --help)" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
