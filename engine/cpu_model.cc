@@ -131,12 +131,7 @@ absl::Status CpuModel::AllocateKvCache(const KvCacheShape& shape) {
     layers[l] = {cfg_.KvWidth(l), cfg_.KvBlockFloats(l, shape.block_size)};
   cache_ = std::make_unique<PagedKvCache>(std::move(layers), shape);
   if (cfg_.HasRecurrentLayers()) {
-    if (shape.num_sequence_slots <= 0)
-      return absl::InvalidArgumentError(absl::StrCat(
-          cfg_.architecture(), " keeps a recurrent state per sequence: the cache needs state "
-                               "slots (num_sequence_slots ", shape.num_sequence_slots, ")"));
-    std::vector<int64_t> floats(cfg_.num_layers);
-    for (int l = 0; l < cfg_.num_layers; ++l) floats[l] = cfg_.StateFloats(l);
+    EXL3_ASSIGN_OR_RETURN(std::vector<int64_t> floats, StateFloatsPerLayer(cfg_, shape.num_sequence_slots));
     EXL3_ASSIGN_OR_RETURN(states_, SequenceStateStore::Create(std::move(floats), shape.num_sequence_slots));
   }
   return absl::OkStatus();

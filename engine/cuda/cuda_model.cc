@@ -315,12 +315,7 @@ absl::Status CudaModel::AllocateKvCache(const KvCacheShape& shape) {
   padding_block_ = shape.num_blocks;
   states_.reset();
   if (cfg_.HasRecurrentLayers()) {
-    if (shape.num_sequence_slots <= 0)
-      return absl::InvalidArgumentError(absl::StrCat(
-          cfg_.architecture(), " keeps a recurrent state per sequence: the cache needs state "
-                               "slots (num_sequence_slots ", shape.num_sequence_slots, ")"));
-    std::vector<int64_t> floats(cfg_.num_layers);
-    for (int l = 0; l < cfg_.num_layers; ++l) floats[l] = cfg_.StateFloats(l);
+    EXL3_ASSIGN_OR_RETURN(std::vector<int64_t> floats, StateFloatsPerLayer(cfg_, shape.num_sequence_slots));
     EXL3_ASSIGN_OR_RETURN(states_, DeviceSequenceStates::Create(std::move(floats), shape.num_sequence_slots));
   }
   return absl::OkStatus();

@@ -370,7 +370,7 @@ TEST_P(CudaModelFixtureTest, MatchesCpuModelAndTransformers) {
     // Every other family: every row within 5e-3 and every greedy token the same.
     // DeepSeek-V4's CSA indexer likewise (its scores in fp32 on both engines, but its inputs come
     // through EXL3 projections that round to fp16 on the GPU).
-    const bool dsa = (*cpu)->config().attention == exl3::engine::AttentionKind::kDsa ||
+    const bool selecting = (*cpu)->config().attention == exl3::engine::AttentionKind::kDsa ||
                      (*cpu)->config().attention == exl3::engine::AttentionKind::kDsv4;
     double worst = 0;
     // Rows past transformers' greedy continuation: the harness's decode steps while other prompts
@@ -384,7 +384,7 @@ TEST_P(CudaModelFixtureTest, MatchesCpuModelAndTransformers) {
         const int ct = static_cast<int>(std::max_element(c.begin(), c.end()) - c.begin());
         const double rel = RelativeError(g, c);
         ++total;
-        if (dsa && rel >= 5e-3) {
+        if (selecting && rel >= 5e-3) {
           ++drift_rows;
         } else {
           worst = std::max(worst, rel);
@@ -396,7 +396,7 @@ TEST_P(CudaModelFixtureTest, MatchesCpuModelAndTransformers) {
                                     std::to_string(r) + ": GPU token " + std::to_string(gt) + ", CPU " +
                                     std::to_string(ct) + " (CPU top1-top2 margin " +
                                     std::to_string(sorted[0] - sorted[1]) + ", row rel " + std::to_string(rel) + ")";
-          if (dsa && rel >= 5e-3) {
+          if (selecting && rel >= 5e-3) {
             std::printf("diverged after a different selection: %s\n", where.c_str());
             ++diverged;
           } else {
@@ -413,7 +413,7 @@ TEST_P(CudaModelFixtureTest, MatchesCpuModelAndTransformers) {
     }
     std::printf("model %-22s %-32s logits rel (worst row) %.2e, tokens GPU=CPU %d/%d, GPU=transformers %d/%d%s\n",
                 GetParam(), variant.name, worst, same_tokens, total, transformers_same, transformers_rows,
-                dsa ? absl::StrCat("; rows after a different selection ", drift_rows, ", sequences diverged ", diverged)
+                selecting ? absl::StrCat("; rows after a different selection ", drift_rows, ", sequences diverged ", diverged)
                           .c_str()
                     : "");
     EXPECT_LT(worst, 5e-3);
