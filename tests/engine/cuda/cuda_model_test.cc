@@ -559,16 +559,7 @@ TEST(CudaModelTest, ExpertsThroughAnExecutorMatchTheCpuModel) {
   auto gpu_rows = testing::RunGreedy(**gpu, prompts, 12, /*chunk=*/4);
   ASSERT_TRUE(gpu_rows.ok()) << gpu_rows.status();
   double worst = 0;
-  for (size_t s = 0; s < prompts.size(); ++s) {
-    ASSERT_EQ((*gpu_rows)[s].size(), (*cpu_rows)[s].size());
-    for (size_t r = 0; r < (*gpu_rows)[s].size(); ++r) {
-      const std::vector<float>& g = (*gpu_rows)[s][r];
-      const std::vector<float>& c = (*cpu_rows)[s][r];
-      worst = std::max(worst, RelativeError(g, c));
-      ASSERT_EQ(std::max_element(g.begin(), g.end()) - g.begin(), std::max_element(c.begin(), c.end()) - c.begin())
-          << "sequence " << s << " step " << r;
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(CompareGreedyRows(*gpu_rows, *cpu_rows, &worst));
   std::printf("model glm4_moe_all, experts through an executor: logits rel (worst row) %.2e\n", worst);
   EXPECT_LT(worst, 5e-3);
 }

@@ -177,7 +177,7 @@ constexpr double kLogitsRelTolerance = 5e-3;
 class CudaQwen3NextEngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (exl3::cuda::DeviceCount() == 0) GTEST_SKIP() << "no GPU visible";
+    REQUIRE_GPU();
     auto ref = TensorSource::Open(std::string(kFixture) + "/reference.safetensors");
     ASSERT_TRUE(ref.ok()) << ref.status();
     prompts_ = testing::Int32Rows(**ref, "prompt.");
@@ -305,17 +305,7 @@ TEST(CudaQwen3NextTest, ExpertsThroughAnExecutorInTwoMicroBatchesMatchTheCpuMode
   auto gpu_rows = testing::RunGreedy(**gpu, prompts, steps, chunk);
   ASSERT_TRUE(gpu_rows.ok()) << gpu_rows.status();
   double worst = 0;
-  for (size_t s = 0; s < prompts.size(); ++s) {
-    ASSERT_EQ((*gpu_rows)[s].size(), (*cpu_rows)[s].size());
-    for (size_t r = 0; r < (*gpu_rows)[s].size(); ++r) {
-      const std::vector<float>& g = (*gpu_rows)[s][r];
-      const std::vector<float>& c = (*cpu_rows)[s][r];
-      worst = std::max(worst, RelativeError(g, c));
-      ASSERT_EQ(std::max_element(g.begin(), g.end()) - g.begin(),
-                std::max_element(c.begin(), c.end()) - c.begin())
-          << "sequence " << s << " step " << r;
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(CompareGreedyRows(*gpu_rows, *cpu_rows, &worst));
   std::printf(
       "model qwen3_next_all, experts through an executor, two micro-batches: logits rel (worst "
       "row) %.2e\n",

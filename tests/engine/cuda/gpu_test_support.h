@@ -29,6 +29,25 @@ inline std::vector<float> Random(size_t n, std::mt19937& rng, float scale = 1.0f
   return v;
 }
 
+// Greedy runs of the same prompts (testing::RunGreedy's rows, [sequence][step][vocab]) on the GPU
+// and the CPU model: every row's greedy token the same (a fatal failure names the first that is
+// not) and the worst row's relative error in *worst.
+inline void CompareGreedyRows(const std::vector<std::vector<std::vector<float>>>& gpu,
+                              const std::vector<std::vector<std::vector<float>>>& cpu, double* worst) {
+  *worst = 0;
+  ASSERT_EQ(gpu.size(), cpu.size());
+  for (size_t s = 0; s < gpu.size(); ++s) {
+    ASSERT_EQ(gpu[s].size(), cpu[s].size());
+    for (size_t r = 0; r < gpu[s].size(); ++r) {
+      const std::vector<float>& g = gpu[s][r];
+      const std::vector<float>& c = cpu[s][r];
+      *worst = std::max(*worst, RelativeError(g, c));
+      ASSERT_EQ(std::max_element(g.begin(), g.end()) - g.begin(), std::max_element(c.begin(), c.end()) - c.begin())
+          << "sequence " << s << " step " << r;
+    }
+  }
+}
+
 template <typename T>
 DeviceArray<T> ToDevice(const std::vector<T>& v) {
   DeviceArray<T> d;
