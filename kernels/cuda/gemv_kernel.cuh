@@ -72,38 +72,40 @@ struct GemvWarpSlice {
   static constexpr int kStageWords = kGemvNT * 8 * K;
   // The unit's trellis words stream through a per-warp shared-memory ring (cp.async, kStages
   // deep): a k-step's kNT tiles are contiguous (8K * kNT words), so one 16-byte copy per lane
-  // (two at K > 4) fetches them, several steps ahead of the decode. Running pointers (no per-step
-  // index arithmetic): the slot to fill next and its source.
+  // (two at K > 4) fetches them, several steps ahead of the decode. The k-loop is unrolled by the
+  // ring's depth, so every ring slot is a compile-time offset from `ring` and only the source
+  // pointer runs (ptxas otherwise re-derived the lane's slot addresses every step under the
+  // register limit).
   uint32_t* ring;
-  uint32_t* ring_end;
-  uint32_t* fill;
   const uint32_t* src;
   size_t k_stride;
   int steps;
   int lane;
 
+  // Copies k-step `step`'s words into ring slot `slot` (empty group past the last step).
+  template <int kSlot>
   __device__ __forceinline__ void Issue(bool valid) {
     if (valid) {
 #pragma unroll
-      for (int piece = lane; piece < kStageWords / 4; piece += 32) CpAsync16(fill + 4 * piece, src + 4 * piece);
+      for (int piece = lane; piece < kStageWords / 4; piece += 32)
+        CpAsync16(ring + kSlot * kStageWords + 4 * piece, src + 4 * piece);
     }
     CpAsyncCommitGroup();
     src += k_stride;
-    fill = (fill + kStageWords == ring_end) ? ring : fill + kStageWords;
   }
 
   // ring_base: this warp's kGemvStages * kStageWords words of shared memory.
   __device__ __forceinline__ void Start(uint32_t* ring_base, const uint32_t* tiles, size_t stride, int n_steps,
                                         int lane_id) {
     ring = ring_base;
-    ring_end = ring_base + kGemvStages * kStageWords;
-    fill = ring_base;
     src = tiles;
     k_stride = stride;
     steps = n_steps;
     lane = lane_id;
-#pragma unroll
-    for (int s = 0; s < kGemvStages - 1; ++s) Issue(s < steps);
+    Issue<0>(0 < steps);
+    Issue<1>(1 < steps);
+    Issue<2>(2 < steps);
+    static_assert(kGemvStages == 4, "Start issues kGemvStages - 1 steps");
   }
 
   // xp: the lane's token row of x at this slice's first k, plus 2c (read only when tok_ok).
@@ -116,44 +118,33 @@ struct GemvWarpSlice {
     // MUL1: the raw operand is 1024 + byte sum; weight = scale * raw + bias, so the bias needs
     // the token sums of x over this k-slice (one extra mma per k-step with A = ones).
     float rowsum[4] = {0.f, 0.f, 0.f, 0.f};
-    const uint32_t ones[4] = {0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};
     const uint32_t mask = 0x8fff8fffu, flip = 0x3b603b60u;
+    // The lane's words of tile 0 in ring slot 0; the other tiles and slots are fixed offsets.
+    const uint32_t* lane_words[LaneSlots<K>::kWords];
+#pragma unroll
+    for (int j = 0; j < LaneSlots<K>::kWords; ++j) lane_words[j] = ring + slots.idx[j];
     uint32_t x_next[2];
     x_next[0] = tok_ok ? *reinterpret_cast<const uint32_t*>(xp) : 0u;
     x_next[1] = tok_ok ? *reinterpret_cast<const uint32_t*>(xp + 8) : 0u;
-    const uint32_t* stage = ring;
-    for (int i = 0; i < steps; ++i) {
-      const uint32_t x[2] = {x_next[0], x_next[1]};
-      xp += 16;
-      if (i + 1 < steps && tok_ok) {
-        x_next[0] = *reinterpret_cast<const uint32_t*>(xp);
-        x_next[1] = *reinterpret_cast<const uint32_t*>(xp + 8);
-      }
-      uint32_t even[2], odd[2];
+    for (int i0 = 0; i0 < steps; i0 += kGemvStages) {
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        even[j] = __byte_perm(x[j], x[j], 0x1010);
-        odd[j] = __byte_perm(x[j], x[j], 0x3232);
+      for (int s = 0; s < kGemvStages; ++s) {
+        const int i = i0 + s;
+        if (i >= steps) break;
+        const uint32_t x[2] = {x_next[0], x_next[1]};
+        xp += 16;
+        if (i + 1 < steps && tok_ok) {
+          x_next[0] = *reinterpret_cast<const uint32_t*>(xp);
+          x_next[1] = *reinterpret_cast<const uint32_t*>(xp + 8);
+        }
+        Step(s, x, lane_words, slots.shift, mask, flip, pow2, acc, rowsum);
+        // Slot s was read just now; the step kGemvStages - 1 ahead goes into the slot before it.
+        const bool valid = i + kGemvStages - 1 < steps;
+        if (s == 0) Issue<3>(valid);
+        if (s == 1) Issue<0>(valid);
+        if (s == 2) Issue<1>(valid);
+        if (s == 3) Issue<2>(valid);
       }
-      if constexpr (CB == kCbMul1) Mma16816(rowsum, ones, x[0], x[1]);
-      CpAsyncWaitGroup<kGemvStages - 2>();
-      // Makes every lane's copies visible, and guarantees that every lane has finished reading
-      // the slot that the issue below overwrites (it was read in the previous step).
-      __syncwarp();
-#pragma unroll
-      for (int t = 0; t < kGemvNT; ++t) {
-        uint32_t w[LaneSlots<K>::kWords];
-#pragma unroll
-        for (int j = 0; j < LaneSlots<K>::kWords; ++j) w[j] = stage[t * 8 * K + slots.idx[j]];
-        uint32_t b[8];
-        DecodeLaneRaw<K, CB>(w, slots.shift, mask, flip, pow2, b);
-        const uint32_t ae[4] = {b[0], b[4], b[2], b[6]};
-        const uint32_t ao[4] = {b[1], b[5], b[3], b[7]};
-        Mma16816(acc[t], ae, even[0], even[1]);
-        Mma16816(acc[t], ao, odd[0], odd[1]);
-      }
-      stage = (stage + kStageWords == ring_end) ? ring : stage + kStageWords;
-      Issue(i + kGemvStages - 1 < steps);
     }
     CpAsyncWaitGroup<0>();
     __syncwarp();
@@ -163,6 +154,39 @@ struct GemvWarpSlice {
       for (int t = 0; t < kGemvNT; ++t)
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[t][i] = fmaf(scale, acc[t][i], bias * rowsum[i & 1]);
+    }
+  }
+
+  // One k-step from ring slot `slot` (a compile-time constant after unrolling).
+  __device__ __forceinline__ static void Step(int slot, const uint32_t (&x)[2],
+                                              const uint32_t* const (&lane_words)[LaneSlots<K>::kWords], int shift,
+                                              uint32_t mask, uint32_t flip, const Pow2Table& pow2,
+                                              float (&acc)[kGemvNT][4], float (&rowsum)[4]) {
+    uint32_t even[2], odd[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      even[j] = __byte_perm(x[j], x[j], 0x1010);
+      odd[j] = __byte_perm(x[j], x[j], 0x3232);
+    }
+    if constexpr (CB == kCbMul1) {
+      const uint32_t ones[4] = {0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};
+      Mma16816(rowsum, ones, x[0], x[1]);
+    }
+    CpAsyncWaitGroup<kGemvStages - 2>();
+    // Makes every lane's copies visible, and guarantees that every lane has finished reading
+    // the slot that the issue after this step overwrites (it was read in the previous step).
+    __syncwarp();
+#pragma unroll
+    for (int t = 0; t < kGemvNT; ++t) {
+      uint32_t w[LaneSlots<K>::kWords];
+#pragma unroll
+      for (int j = 0; j < LaneSlots<K>::kWords; ++j) w[j] = lane_words[j][slot * kStageWords + t * 8 * K];
+      uint32_t b[8];
+      DecodeLaneRaw<K, CB>(w, shift, mask, flip, pow2, b);
+      const uint32_t ae[4] = {b[0], b[4], b[2], b[6]};
+      const uint32_t ao[4] = {b[1], b[5], b[3], b[7]};
+      Mma16816(acc[t], ae, even[0], even[1]);
+      Mma16816(acc[t], ao, odd[0], odd[1]);
     }
   }
 };

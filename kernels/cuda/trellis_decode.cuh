@@ -121,12 +121,6 @@ __device__ __forceinline__ uint32_t AndXor(uint32_t x, uint32_t m, uint32_t c) {
   return r;
 }
 
-// The lane's 8 states of a tile as raw mma operands, without the final fp16 combine:
-//   3INST/MCG: b[j] = the masked word, a half2 (lo, hi) whose sum is element j's weight;
-//   MUL1:      b[j] = (1024 + byte sum, +0) as half2; the weight is scale * that + bias.
-// The sums are folded into the mma instead (MmaTileRaw): each A value is duplicated into both
-// halves of its register, so the tensor core adds lo + hi (in fp32, no fp16 rounding of the
-// weight). That removes the PRMT + HADD2 / HFMA2 per pair from the ALU/FMA pipes.
 // Powers of two 2^0..2^16 passed as kernel parameters: multiplying by them is a shift that ptxas
 // cannot turn back into SHF, so part of the state extraction runs on the IMAD (FMA) pipe instead
 // of the ALU pipe, which the codebook's LOP3s and the other shifts keep busy.
@@ -139,7 +133,56 @@ struct Pow2Table {
   }
 };
 
+// Where DecodeLaneRaw takes each of a lane's 8 states from. A state is one instruction away from a
+// 32-bit window of the aligned bits whose MSB is `offset` = 0, 8 or 16 bits before the state's:
+//   0: window >> 16 (SHF, or IMAD.HI by 2^16 on the FMA pipe), 8: one PRMT (bytes 1-2, zero-filled),
+//   16: window & 0xffff.
+// At K = 2, 4 and 8 states 8, 16 bits apart share a window (state j starts jK bits in): K = 2
+// needs 4 windows for 8 states, K = 4 four, K = 8 three, and each window costs at most one funnel
+// shift, so a state costs ~1.5 instructions instead of 2. At other K no two states are a multiple
+// of 8 bits apart within 16 (jK mod 8 differs), so the plan would cost the same two per state as
+// the direct extraction, which is kept there (kUseWindows).
+template <int K>
+struct StatePlan {
+  int windows = 0;
+  int base[8] = {};    // window w starts base[w] bits after the lane's first bit
+  int window[8] = {};  // state j's window
+  int offset[8] = {};  // state j's offset in it
+  constexpr StatePlan() {
+    for (int j = 0; j < 8; ++j) {
+      const int p = j * K;
+      int w = 0;
+      while (w < windows && !(p - base[w] == 0 || p - base[w] == 8 || p - base[w] == 16)) ++w;
+      if (w == windows) base[windows++] = p;
+      window[j] = w;
+      offset[j] = p - base[w];
+    }
+  }
+  static constexpr bool kUseWindows = K == 2 || K == 4 || K == 8;
+};
+
+// The lane's 8 states of a tile as raw mma operands, without the final fp16 combine:
+//   3INST/MCG: b[j] = the masked word, a half2 (lo, hi) whose sum is element j's weight;
+//   MUL1:      b[j] = (1024 + byte sum, +0) as half2; the weight is scale * that + bias.
+// The sums are folded into the mma instead (MmaTileRaw): each A value is duplicated into both
+// halves of its register, so the tensor core adds lo + hi (in fp32, no fp16 rounding of the
+// weight). That removes the PRMT + HADD2 / HFMA2 per pair from the ALU/FMA pipes.
+// Powers of two 2^0..2^16 passed as kernel parameters: multiplying by them is a shift that ptxas
+// cannot turn back into SHF, so part of the state extraction runs on the IMAD (FMA) pipe instead
+// of the ALU pipe, which the codebook's LOP3s and the other shifts keep busy.
+// With windows, up to 7 instructions per tile may run on either pipe: the windows cut from v[a]
+// alone (a shift, or a multiply by a power of two) and the offset-0 states (a shift, or IMAD.HI
+// by 2^16); kFmaShare of them, windows first, go to the FMA pipe (ptxas rebalances some itself).
+// The shares are the best of a sweep of 0..7 on an H200 (decode ceiling, bench/results/h200.md,
+// session 10): K = 2: 3 for MCG / 3INST (5.20 / 5.12 T weights/s; 4.38 / 4.18 at 7), 2 for MUL1,
+// whose IMAD + IDP per state already load the FMA pipe (4.94; 3.71 at 7); K = 4 and 8: 0 (4.85
+// MCG, 5.25 MUL1 at K = 4; 4.34 / 4.00 at 7).
 template <int K, int CB>
+__host__ __device__ constexpr int DefaultFmaShare() {
+  return K == 2 ? (CB == kCbMul1 ? 2 : 3) : 0;
+}
+
+template <int K, int CB, int kFmaShare = DefaultFmaShare<K, CB>()>
 __device__ __forceinline__ void DecodeLaneRaw(const uint32_t (&w)[LaneSlots<K>::kWords], int shift,
                                               uint32_t mask, uint32_t flip, const Pow2Table& pw,
                                               uint32_t (&b)[8]) {
@@ -147,24 +190,62 @@ __device__ __forceinline__ void DecodeLaneRaw(const uint32_t (&w)[LaneSlots<K>::
   uint32_t v[NW];
 #pragma unroll
   for (int i = 0; i < NW; ++i) v[i] = (i + 1 < NW) ? __funnelshift_l(w[i + 1], w[i], shift) : (w[i] << shift);
+  uint32_t st[8];
+  if constexpr (StatePlan<K>::kUseWindows) {
+    constexpr StatePlan<K> plan;
+    int fma_left = kFmaShare;  // folded at compile time: every loop below is unrolled
+    uint32_t win[8];
+#pragma unroll
+    for (int i = 0; i < plan.windows; ++i) {
+      const int a = plan.base[i] >> 5, r = plan.base[i] & 31;
+      // The last bit any state of the window needs: within v[a] alone, a shift does; else a
+      // funnel shift from v[a + 1].
+      int need = 0;
+      for (int j = 0; j < 8; ++j)
+        if (plan.window[j] == i && plan.offset[j] + 16 > need) need = plan.offset[j] + 16;
+      if (r == 0) {
+        win[i] = v[a];
+      } else if (r + need <= 32) {
+        win[i] = fma_left > 0 ? v[a] * pw.p[r] : v[a] << r;
+        --fma_left;
+      } else {
+        win[i] = __funnelshift_l(v[a + 1], v[a], r);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t x = win[plan.window[j]];
+      if (plan.offset[j] == 0) {
+        st[j] = fma_left > 0 ? __umulhi(x, pw.p[16]) : x >> 16;
+        --fma_left;
+      } else if (plan.offset[j] == 8) {
+        st[j] = __byte_perm(x, 0u, 0x4421);
+      } else {
+        st[j] = x & 0xffffu;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int p = j * K;
+      const int a = p >> 5, r = p & 31;
+      if (r <= 16 && CB != kCbMul1 && (j & 1) == 0) {
+        st[j] = __umulhi(v[a] * pw.p[r], pw.p[16]);  // (v << r) >> 16 on the IMAD pipe
+      } else if (r <= 16) {
+        st[j] = (v[a] >> (16 - r)) & 0xffffu;
+      } else {
+        st[j] = __funnelshift_l(v[a + 1], v[a], r) >> 16;
+      }
+    }
+  }
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    const int p = j * K;
-    const int a = p >> 5, r = p & 31;
-    uint32_t st;
-    if (r <= 16 && CB != kCbMul1 && (j & 1) == 0) {
-      st = __umulhi(v[a] * pw.p[r], pw.p[16]);  // (v << r) >> 16 on the IMAD pipe
-    } else if (r <= 16) {
-      st = (v[a] >> (16 - r)) & 0xffffu;
-    } else {
-      st = __funnelshift_l(v[a + 1], v[a], r) >> 16;
-    }
     if constexpr (CB == kCbMul1) {
-      b[j] = __dp4a(st * 0x83DCD12Du, 0x01010101u, 0x6400u);
+      b[j] = __dp4a(st[j] * 0x83DCD12Du, 0x01010101u, 0x6400u);
     } else if constexpr (CB == kCbMcg) {
-      b[j] = AndXor(st * 0xCBAC1FEDu, mask, flip);
+      b[j] = AndXor(st[j] * 0xCBAC1FEDu, mask, flip);
     } else {
-      b[j] = AndXor(st * 89226354u + 64248484u, mask, flip);
+      b[j] = AndXor(st[j] * 89226354u + 64248484u, mask, flip);
     }
   }
 }
