@@ -177,6 +177,19 @@ struct StatePlan {
 // session 10): K = 2: 3 for MCG / 3INST (5.20 / 5.12 T weights/s; 4.38 / 4.18 at 7), 2 for MUL1,
 // whose IMAD + IDP per state already load the FMA pipe (4.94; 3.71 at 7); K = 4 and 8: 0 (4.85
 // MCG, 5.25 MUL1 at K = 4; 4.34 / 4.00 at 7).
+// Without windows (the other K), a state whose 16 bits lie in one aligned word costs a shift and
+// a mask (ALU) or a multiply by 2^r and IMAD.HI by 2^16 (FMA); kFmaShare of those states take the
+// FMA form, even j first (DirectFmaRank). The same sweep found 0 best at K = 1, 3, 5, 6, 7 for
+// MCG and MUL1 (K = 3 MCG 4.14 T weights/s, 3.95 with the even states on the FMA pipe as before).
+__host__ __device__ constexpr int DirectFmaRank(int K, int j) {
+  if ((j * K & 31) > 16) return 8;  // a funnel shift and a shift: ALU only
+  int rank = 0;
+  for (int i = 0; i < 8; ++i) {
+    const bool before = (i & 1) < (j & 1) || ((i & 1) == (j & 1) && i < j);
+    if ((i * K & 31) <= 16 && before) ++rank;
+  }
+  return rank;
+}
 template <int K, int CB>
 __host__ __device__ constexpr int DefaultFmaShare() {
   return K == 2 ? (CB == kCbMul1 ? 2 : 3) : 0;
@@ -229,7 +242,7 @@ __device__ __forceinline__ void DecodeLaneRaw(const uint32_t (&w)[LaneSlots<K>::
     for (int j = 0; j < 8; ++j) {
       const int p = j * K;
       const int a = p >> 5, r = p & 31;
-      if (r <= 16 && CB != kCbMul1 && (j & 1) == 0) {
+      if (DirectFmaRank(K, j) < kFmaShare) {
         st[j] = __umulhi(v[a] * pw.p[r], pw.p[16]);  // (v << r) >> 16 on the IMAD pipe
       } else if (r <= 16) {
         st[j] = (v[a] >> (16 - r)) & 0xffffu;

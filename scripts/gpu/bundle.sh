@@ -16,12 +16,12 @@ fi
 # with exl3-loadgen (scripts/gpu/unified_memory.sh; exl3-worker and exl3-engine-bench --expert-map
 # for scripts/gpu/engine_remote.sh), and exl3-remote-moe-bench (one remote MoE layer call's cost,
 # scripts/gpu/remote_call.sh).
-cmake --build "$BUILD" -j2 --target exl3-bench exl3-cuda-check exl3-engine-bench engine_cuda_model_test \
+cmake --build "$BUILD" -j2 --target exl3-bench exl3-decode-share-sweep exl3-cuda-check exl3-engine-bench engine_cuda_model_test \
   engine_cuda_sampling_test engine_cuda_latent_attention_test engine_cuda_deltanet_test engine_cuda_dsv4_test \
   exl3-tool exl3-worker exl3-loadgen exl3-remote-moe-bench
 rm -rf .gpu-deps
 mkdir -p .gpu-deps/bin .gpu-deps/lib
-cp "$BUILD"/bin/exl3-bench "$BUILD"/bin/exl3-cuda-check "$BUILD"/bin/exl3-engine-bench "$BUILD"/bin/exl3-tool \
+cp "$BUILD"/bin/exl3-bench "$BUILD"/bin/exl3-decode-share-sweep "$BUILD"/bin/exl3-cuda-check "$BUILD"/bin/exl3-engine-bench "$BUILD"/bin/exl3-tool \
   "$BUILD"/bin/exl3-worker "$BUILD"/bin/exl3-loadgen "$BUILD"/tests/engine_cuda_model_test \
   "$BUILD"/tests/engine_cuda_sampling_test "$BUILD"/tests/engine_cuda_latent_attention_test \
   "$BUILD"/tests/engine_cuda_deltanet_test "$BUILD"/tests/engine_cuda_dsv4_test "$BUILD"/tests/exl3-remote-moe-bench \

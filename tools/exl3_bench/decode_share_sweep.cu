@@ -1,0 +1,148 @@
+// exl3-decode-share-sweep: the decode ceiling (kernels/cuda/decode_ceiling_kernel.cuh's loop:
+// words in registers, decode + 2 mma per tile) at every FMA-pipe share of the state extraction
+// (DecodeLaneRaw's kFmaShare, kernels/cuda/trellis_decode.cuh), per bit width and codebook, and at
+// 2..6 resident blocks per SM. The defaults in DefaultFmaShare are read from its output on an
+// H200 (bench/results/h200.md, session 10). Usage: exl3-decode-share-sweep (no arguments).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "kernels/cuda/trellis_decode.cuh"
+
+namespace exl3::cuda {
+namespace {
+
+template <int K, int CB, int kShare>
+__global__ void __launch_bounds__(256) ShareCeilingKernel(const uint32_t* seeds, float* out, int iters,
+                                                          const Pow2Table pw) {
+  const int lane = threadIdx.x & 31;
+  constexpr int NW = LaneSlots<K>::kWords;
+  const LaneSlots<K> slots(lane);
+  uint32_t w[4][NW];
+#pragma unroll
+  for (int t = 0; t < 4; ++t)
+#pragma unroll
+    for (int i = 0; i < NW; ++i) w[t][i] = seeds[(threadIdx.x * 7 + t * 3 + i) & 1023];
+  const uint32_t ones = 0x3c003c00u, mask = 0x8fff8fffu, flip = 0x3b603b60u;
+  float acc[4][4] = {};
+  for (int it = 0; it < iters; ++it) {
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      uint32_t b[8];
+      DecodeLaneRaw<K, CB, kShare>(w[t], slots.shift, mask, flip, pw, b);
+      const uint32_t ae[4] = {b[0], b[4], b[2], b[6]};
+      const uint32_t ao[4] = {b[1], b[5], b[3], b[7]};
+      Mma16816(acc[t], ae, ones, ones);
+      Mma16816(acc[t], ao, ones, ones);
+#pragma unroll
+      for (int i = 0; i < NW; ++i) w[t][i] += 0x9E3779B9u;
+    }
+  }
+  float s = 0.f;
+#pragma unroll
+  for (int t = 0; t < 4; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s += acc[t][i];
+  out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}
+
+struct Setup {
+  uint32_t* seeds = nullptr;
+  float* out = nullptr;
+  int grid = 0;
+  int smem = 0;  // dynamic shared memory per block: limits the resident blocks
+};
+
+bool Check(cudaError_t e) {
+  if (e == cudaSuccess) return true;
+  std::fprintf(stderr, "exl3-decode-share-sweep: %s\n", cudaGetErrorString(e));
+  return false;
+}
+
+// Weights/s of ShareCeilingKernel<K, CB, kShare>: median of 10 timed launches after 2.
+template <int K, int CB, int kShare>
+double Rate(const Setup& s) {
+  const int iters = 2048;
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<float> ms;
+  for (int r = 0; r < 12; ++r) {
+    cudaEventRecord(a);
+    ShareCeilingKernel<K, CB, kShare><<<s.grid, 256, s.smem>>>(s.seeds, s.out, iters, Pow2Table::Make());
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float t = 0;
+    cudaEventElapsedTime(&t, a, b);
+    if (r >= 2) ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  if (!Check(cudaGetLastError())) return 0;
+  std::sort(ms.begin(), ms.end());
+  const double weights = double(s.grid) * 256 / 32 * iters * 4 * 256;
+  return weights / (ms[ms.size() / 2] * 1e-3);
+}
+
+const char* Name(int cb) { return cb == kCbMcg ? "mcg" : cb == kCbMul1 ? "mul1" : "3inst"; }
+
+template <int K, int CB, int... kShares>
+void Sweep(const Setup& s, std::integer_sequence<int, kShares...>) {
+  std::printf("K=%d %-5s default share %d:", K, Name(CB), DefaultFmaShare<K, CB>());
+  ((std::printf(" %d:%.2f", kShares, Rate<K, CB, kShares>(s) / 1e12)), ...);
+  std::printf("  (T weights/s by share)\n");
+}
+
+int Main(int argc, char** argv) {
+  if (argc > 1) {
+    std::printf("usage: exl3-decode-share-sweep\n%s",
+                std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0
+                    ? "The decode ceiling at every FMA-pipe share of the state extraction (see the header).\n"
+                    : "");
+    return std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0 ? 0 : 2;
+  }
+  int sms = 0;
+  if (!Check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0))) return 1;
+  Setup s;
+  s.grid = sms * 8;
+  if (!Check(cudaMalloc(&s.seeds, 4096)) || !Check(cudaMalloc(&s.out, size_t(s.grid) * 256 * 4))) return 1;
+  std::vector<uint32_t> h(1024);
+  uint32_t x = 5;
+  for (uint32_t& v : h) v = x = x * 1664525u + 1013904223u;
+  if (!Check(cudaMemcpy(s.seeds, h.data(), 4096, cudaMemcpyHostToDevice))) return 1;
+  auto kernel = ShareCeilingKernel<2, kCbMcg, DefaultFmaShare<2, kCbMcg>()>;
+  if (!Check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024))) return 1;
+  for (int blocks : {2, 3, 4, 5, 6}) {
+    s.smem = (220 * 1024) / blocks - 1024;
+    int resident = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, 256, s.smem);
+    std::printf("K=2 mcg default share, %d resident blocks of 8 warps per SM: %.2f T weights/s\n", resident,
+                Rate<2, kCbMcg, DefaultFmaShare<2, kCbMcg>()>(s) / 1e12);
+  }
+  s.smem = 0;
+  using Windows = std::integer_sequence<int, 0, 1, 2, 3, 4, 5, 6, 7>;  // K = 2, 4, 8: up to 7 movable
+  using Direct = std::integer_sequence<int, 0, 1, 2, 3, 4, 5>;         // other K: up to 5 states
+  Sweep<2, kCbMcg>(s, Windows{});
+  Sweep<2, kCb3Inst>(s, Windows{});
+  Sweep<2, kCbMul1>(s, Windows{});
+  Sweep<4, kCbMcg>(s, Windows{});
+  Sweep<4, kCbMul1>(s, Windows{});
+  Sweep<8, kCbMcg>(s, Windows{});
+  Sweep<1, kCbMcg>(s, Direct{});
+  Sweep<3, kCbMcg>(s, Direct{});
+  Sweep<3, kCbMul1>(s, Direct{});
+  Sweep<5, kCbMcg>(s, Direct{});
+  Sweep<6, kCbMcg>(s, Direct{});
+  Sweep<6, kCbMul1>(s, Direct{});
+  Sweep<7, kCbMcg>(s, Direct{});
+  return 0;
+}
+
+}  // namespace
+}  // namespace exl3::cuda
+
+int main(int argc, char** argv) { return exl3::cuda::Main(argc, argv); }
