@@ -1,10 +1,11 @@
 // CUDA backend of the worker (compiled only with EXL3_HAVE_CUDA): every MoE layer's held experts
 // uploaded to device memory, or on unified-memory GPUs used in place from registered host memory
 // (kernels/cuda/cuda_backend.h: DeviceMoeLayer, HostRegistration, MoeRunner), one workspace per
-// layer, inputs and outputs staged through page-locked host buffers (one asynchronous copy each way
-// on the backend's stream, one synchronisation per batch, nothing allocated per batch). In place, tensors the files leave
-// less than 16-byte aligned are read from one realigned host copy that replaces their file pages
-// (services/expert_worker/host_resident_weights.h), never from a second copy in device memory.
+// layer, inputs and outputs staged through page-locked host buffers (one asynchronous copy each
+// way on the backend's stream, one synchronisation per batch, nothing allocated per batch). In
+// place, tensors the files leave less than 16-byte aligned are read from one realigned host copy
+// that replaces their file pages (services/expert_worker/host_resident_weights.h), never from a
+// second copy in device memory.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -41,44 +42,6 @@ class CudaBackend : public MoeBackend {
     cuda::StreamDestroy(stream_);
   }
   std::string name() const override { return "cuda"; }
-
-  // Byte offsets of a batch of `tokens` in the input staging block, and its size.
-  struct InputLayout {
-    size_t ids = 0, weights = 0, bytes = 0;
-  };
-  InputLayout Layout(int tokens) const {
-    auto round = [](size_t n) { return (n + 255) / 256 * 256; };
-    const size_t t = static_cast<size_t>(tokens);
-    InputLayout l;
-    l.ids = round(t * hidden_ * sizeof(float));
-    l.weights = l.ids + round(t * top_k_ * sizeof(int32_t));
-    l.bytes = l.weights + round(t * top_k_ * sizeof(float));
-    return l;
-  }
-
-  // Queues the batch's copies and kernels on stream_ (the ids and weights are staged already):
-  // the hidden states into the staging in pieces, each copied to the device while the next one
-  // is written (unless the scheduler gathered them there), the routing with the last piece, the
-  // layer, the output back into the staging.
-  absl::Status Run(const BatchView& b, const InputLayout& in, cuda::MoeRunner* runner) {
-    constexpr size_t kPiece = 256 << 10;
-    const size_t x_bytes = static_cast<size_t>(b.tokens) * hidden_ * sizeof(float);
-    size_t off = 0;
-    if (b.x != reinterpret_cast<const float*>(h_in_)) {
-      const uint8_t* x = reinterpret_cast<const uint8_t*>(b.x);
-      for (; x_bytes - off > kPiece; off += kPiece) {
-        std::memcpy(h_in_ + off, x + off, kPiece);
-        EXL3_RETURN_IF_ERROR(cuda::CopyToDeviceAsync(d_in_ + off, h_in_ + off, kPiece, stream_));
-      }
-      std::memcpy(h_in_ + off, x + off, x_bytes - off);
-    }
-    EXL3_RETURN_IF_ERROR(cuda::CopyToDeviceAsync(d_in_ + off, h_in_ + off, in.bytes - off, stream_));
-    EXL3_RETURN_IF_ERROR(runner->Forward(reinterpret_cast<const float*>(d_in_), b.tokens,
-                                         reinterpret_cast<const int32_t*>(d_in_ + in.ids),
-                                         reinterpret_cast<const float*>(d_in_ + in.weights), d_out_,
-                                         stream_, b.shared));
-    return cuda::CopyToHostAsync(h_out_, d_out_, x_bytes, stream_);
-  }
   std::string device() const override { return device_name_; }
   uint64_t pinned_bytes() const override { return pinned_; }
   // The process sees one device (CreateBackend), whose primary context every thread's runtime
@@ -186,7 +149,7 @@ class CudaBackend : public MoeBackend {
     h_in_ = static_cast<uint8_t*>(*p);
     if (p = cuda::HostAlloc(out_bytes); !p.ok()) return p.status();
     h_out_ = static_cast<float*>(*p);
-    pinned_ += 2 * (in.bytes + out_bytes);
+    pinned_ += 2 * (in.bytes + out_bytes);  // page-locked host and device alike
     stats->pinned_bytes = pinned_;
     stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return absl::OkStatus();
@@ -242,6 +205,45 @@ class CudaBackend : public MoeBackend {
   }
 
  private:
+  // Byte offsets of a batch of `tokens` in the input staging block, and its size.
+  struct InputLayout {
+    size_t ids = 0, weights = 0, bytes = 0;
+  };
+  InputLayout Layout(int tokens) const {
+    auto round = [](size_t n) { return (n + 255) / 256 * 256; };
+    const size_t t = static_cast<size_t>(tokens);
+    InputLayout l;
+    l.ids = round(t * hidden_ * sizeof(float));
+    l.weights = l.ids + round(t * top_k_ * sizeof(int32_t));
+    l.bytes = l.weights + round(t * top_k_ * sizeof(float));
+    return l;
+  }
+
+  // Queues the batch's copies and kernels on stream_ (the ids and weights are staged already):
+  // the hidden states into the staging in pieces, each copied to the device while the next one
+  // is written (unless the scheduler gathered them there), the routing with the last piece, the
+  // layer, the output back into the staging.
+  absl::Status Run(const BatchView& b, const InputLayout& in, cuda::MoeRunner* runner) {
+    constexpr size_t kPiece = 256 << 10;
+    const size_t x_bytes = static_cast<size_t>(b.tokens) * hidden_ * sizeof(float);
+    size_t off = 0;
+    if (b.x != reinterpret_cast<const float*>(h_in_)) {
+      const uint8_t* x = reinterpret_cast<const uint8_t*>(b.x);
+      for (; x_bytes - off > kPiece; off += kPiece) {
+        std::memcpy(h_in_ + off, x + off, kPiece);
+        EXL3_RETURN_IF_ERROR(cuda::CopyToDeviceAsync(d_in_ + off, h_in_ + off, kPiece, stream_));
+      }
+      std::memcpy(h_in_ + off, x + off, x_bytes - off);
+    }
+    EXL3_RETURN_IF_ERROR(
+        cuda::CopyToDeviceAsync(d_in_ + off, h_in_ + off, in.bytes - off, stream_));
+    EXL3_RETURN_IF_ERROR(runner->Forward(reinterpret_cast<const float*>(d_in_), b.tokens,
+                                         reinterpret_cast<const int32_t*>(d_in_ + in.ids),
+                                         reinterpret_cast<const float*>(d_in_ + in.weights), d_out_,
+                                         stream_, b.shared));
+    return cuda::CopyToHostAsync(h_out_, d_out_, x_bytes, stream_);
+  }
+
   int device_;
   std::string device_name_;
   int hidden_ = 0, top_k_ = 0, max_tokens_ = 0;

@@ -25,7 +25,6 @@ void Scheduler::Start() {
 
 Scheduler::~Scheduler() { Stop(); }
 
-
 int Scheduler::InFlight() const {
   std::lock_guard<std::mutex> l(mu_);
   return in_flight_;

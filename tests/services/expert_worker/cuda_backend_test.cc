@@ -88,7 +88,8 @@ class CudaBackendTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
     if (cuda::DeviceCount() == 0) return;
-    dir_ = new fs::path(fs::temp_directory_path() / ("exl3_cuda_backend_" + std::to_string(getpid())));
+    dir_ = new fs::path(fs::temp_directory_path() /
+                        ("exl3_cuda_backend_" + std::to_string(getpid())));
     TestModelSpec spec;
     spec.layers = 2;
     spec.hidden = 512;
@@ -223,7 +224,9 @@ TEST_F(CudaBackendTest, SchedulerGathersIntoStaging) {
   Scheduler sched(so, gpu_, nullptr, hidden());
   auto sink = std::make_shared<Sink>();
   std::vector<Batch> batches;
-  for (int i = 0; i < 3; ++i) batches.push_back(RandomBatch(3 + 7 * i, 4, experts(), hidden(), 50 + i));
+  for (int i = 0; i < 3; ++i) {
+    batches.push_back(RandomBatch(3 + 7 * i, 4, experts(), hidden(), 50 + i));
+  }
   for (int i = 0; i < 3; ++i) {
     auto r = std::make_shared<WorkRequest>();
     r->id = i;
@@ -255,8 +258,8 @@ TEST_F(CudaBackendTest, SchedulerGathersIntoStaging) {
     const std::vector<float> want = CpuAnswer(batches[r->id], true);
     const double err = RelativeError(r->out(), want.data(), want.size());
     EXPECT_LT(err, kTolerance) << "request " << r->id;
-    std::printf("scheduler batch, request %d (T=%d): relative error %.2e\n", static_cast<int>(r->id),
-                r->tokens, err);
+    std::printf("scheduler batch, request %d (T=%d): relative error %.2e\n",
+                static_cast<int>(r->id), r->tokens, err);
   }
 }
 
