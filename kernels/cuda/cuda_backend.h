@@ -61,6 +61,17 @@ void DeviceFree(void* p);
 absl::Status CopyToDevice(void* dst, const void* src, size_t bytes);
 absl::Status CopyToHost(void* dst, const void* src, size_t bytes);
 absl::Status Synchronize(StreamHandle stream = nullptr);
+// Page-locked host memory (cudaHostAlloc): the copy engines read and write it directly, so copies
+// from and to it are asynchronous and need no bounce buffer. Freed with HostFree.
+absl::StatusOr<void*> HostAlloc(size_t bytes);
+void HostFree(void* p);
+// A stream of its own (cudaStreamCreate: it orders with the legacy default stream), destroyed with
+// StreamDestroy.
+absl::StatusOr<StreamHandle> StreamCreate();
+void StreamDestroy(StreamHandle stream);
+// Queued on `stream`, returning at once when the host side is page-locked (HostAlloc).
+absl::Status CopyToDeviceAsync(void* dst, const void* src, size_t bytes, StreamHandle stream);
+absl::Status CopyToHostAsync(void* dst, const void* src, size_t bytes, StreamHandle stream);
 
 // One linear layer's tensors in GPU-visible memory. view() holds device pointers.
 class DeviceLinear {

@@ -102,5 +102,31 @@ absl::Status Synchronize(StreamHandle stream) {
   EXL3_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
   return absl::OkStatus();
 }
+absl::StatusOr<void*> HostAlloc(size_t bytes) {
+  void* p = nullptr;
+  EXL3_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, std::max<size_t>(bytes, 16), cudaHostAllocDefault));
+  return p;
+}
+void HostFree(void* p) {
+  if (p) cudaFreeHost(p);
+}
+absl::StatusOr<StreamHandle> StreamCreate() {
+  cudaStream_t s = nullptr;
+  EXL3_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&s));
+  return static_cast<StreamHandle>(s);
+}
+void StreamDestroy(StreamHandle stream) {
+  if (stream) cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+absl::Status CopyToDeviceAsync(void* dst, const void* src, size_t bytes, StreamHandle stream) {
+  EXL3_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)));
+  return absl::OkStatus();
+}
+absl::Status CopyToHostAsync(void* dst, const void* src, size_t bytes, StreamHandle stream) {
+  EXL3_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream)));
+  return absl::OkStatus();
+}
 
 }  // namespace exl3::cuda

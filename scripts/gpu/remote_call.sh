@@ -6,11 +6,13 @@
 # one shared expert, K = 2 MCG) in a 2-layer synthetic model; one exl3-worker --backend cuda on
 # GPU 0 holds all of it. Per token count (TOKENS, default 1,8,32,64,1024) the bench prints the
 # call's wall time, the router's and the worker's stages from their metrics, and call - worker
-# compute. Writes $OUT/remote-call.txt and the logs. Binaries: the bundle (scripts/gpu/bundle.sh).
+# compute. First the worker's CUDA backend against its CPU backend (worker_cuda_backend_test: the
+# staging, a batch from another thread, a scheduler batch), into $OUT/remote-call-backend-test.txt.
+# Writes $OUT/remote-call.txt and the logs. Binaries: the bundle (scripts/gpu/bundle.sh).
 # Usage: [OUT=DIR] [TOKENS=1,8,32,64,1024] [ITERS=30] scripts/gpu/remote_call.sh
 set -uo pipefail
 case "${1:-}" in
-  -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
   "") ;;
   *) echo "remote_call.sh: no arguments (environment: OUT, TOKENS, ITERS, CALL_TIMEOUT; --help)" >&2; exit 2 ;;
 esac
@@ -22,6 +24,13 @@ W=$(mktemp -d /tmp/exl3-remote-call.XXXXXX)
 WPID=""
 trap '[ -n "$WPID" ] && kill -TERM $WPID 2>/dev/null; wait 2>/dev/null; rm -rf "$W"' EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+BACKEND_TEST="worker_cuda_backend_test: not in the bundle"
+if [ -x "$BIN/worker_cuda_backend_test" ]; then
+  "$BIN/worker_cuda_backend_test" > "$OUT/remote-call-backend-test.txt" 2>&1
+  rc=$?
+  BACKEND_TEST="worker_cuda_backend_test: rc $rc; $(grep -E '^\[  (PASSED|FAILED)  \]' \
+    "$OUT/remote-call-backend-test.txt" | tr '\n' ' ')"
+fi
 MODEL=$W/model
 "$BIN/exl3-tool" make-test-model --arch glm4_moe --synthetic --whole-model --hidden 4096 --experts 128 --top-k 8 \
   --intermediate 1408 --shared 1 --layers 2 --dense-layers 1 --dense-intermediate 11008 --vocab 4096 --heads 32 \
@@ -34,7 +43,7 @@ printf 'workers:\n  - name: w0\n    address: 127.0.0.1:%d\n    experts: 0-127\n 
 WPID=$!
 for _ in $(seq 1 240); do grep -q "serving on" "$OUT/remote-call-worker.log" && break; sleep 0.5; done
 grep -q "serving on" "$OUT/remote-call-worker.log" || { echo "worker not serving"; tail -10 "$OUT/remote-call-worker.log"; exit 3; }
-{ date -u; git rev-parse --short HEAD 2>/dev/null; nproc; } | tee "$OUT/remote-call.txt"
+{ date -u; git rev-parse --short HEAD 2>/dev/null; nproc; echo "$BACKEND_TEST"; } | tee "$OUT/remote-call.txt"
 for shm in 256 0; do
   echo "=== $([ $shm = 0 ] && echo gRPC || echo "shared memory ($shm MiB per direction)")" | tee -a "$OUT/remote-call.txt"
   timeout ${CALL_TIMEOUT:-200} "$BIN/exl3-remote-moe-bench" "$MODEL" "$W/map.yaml" --tokens ${TOKENS:-1,8,32,64,1024} \

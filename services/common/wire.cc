@@ -148,18 +148,33 @@ absl::Status ValidateTensor(const pb::Tensor& t, std::string_view name,
 namespace {
 
 // Index of the first of n elements of type U (uint16_t or uint32_t) whose exponent field (`mask`)
-// is all ones (Inf or NaN), or -1. Branch-free accumulation first (it vectorizes: 16 MB in 0.65 ms
-// where std::isfinite took 2.1 ms on the 2-core VM), then locate.
+// is all ones (Inf or NaN), or -1. Branch-free accumulation first (it vectorizes, where
+// std::isfinite did not), then locate.
 template <class U>
 int64_t FirstAllOnes(const uint8_t* p, size_t n, U mask) {
+  // Blocks of a fixed trip count: GCC 12 at -O2 (RelWithDebInfo, the default build) vectorizes
+  // only those; the plain loop stayed scalar there, 13-20 ms per 16 MB on the 2-core VM against
+  // ~2 ms in blocks.
+  constexpr size_t kBlock = 64;
   U any = 0;
-  for (size_t i = 0; i < n; ++i) {
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    const uint8_t* q = p + i * sizeof(U);
+    U acc = 0;
+    for (size_t j = 0; j < kBlock; ++j) {
+      U v;
+      std::memcpy(&v, q + j * sizeof(U), sizeof(U));
+      acc |= static_cast<U>((v & mask) == mask);
+    }
+    any |= acc;
+  }
+  for (; i < n; ++i) {
     U v;
     std::memcpy(&v, p + i * sizeof(U), sizeof(U));
     any |= static_cast<U>((v & mask) == mask);
   }
   if (!any) return -1;
-  for (size_t i = 0; i < n; ++i) {
+  for (i = 0; i < n; ++i) {
     U v;
     std::memcpy(&v, p + i * sizeof(U), sizeof(U));
     if ((v & mask) == mask) return static_cast<int64_t>(i);

@@ -69,6 +69,17 @@ class MoeBackend {
   // small request on the thread that received it. False where a backend is bound to one thread
   // (e.g. a CUDA context made current there).
   virtual bool forward_on_any_thread() const { return false; }
+  // Host buffers of the backend's own that its copies to and from the device read and write
+  // directly (the CUDA backend's page-locked staging), [max_tokens, hidden] fp32 each; null where
+  // it has none. A batch of several requests is gathered into `x` and scattered from `out`
+  // instead of through buffers of the scheduler's: a BatchView whose x (out) is this x (out)
+  // skips the backend's own copy into (out of) its staging. Valid from Prepare on.
+  struct Staging {
+    float* x = nullptr;
+    float* out = nullptr;
+    int max_tokens = 0;
+  };
+  virtual Staging staging() const { return {}; }
   // Asked after a failed Forward: OK when the backend can take more batches, otherwise why it
   // cannot (a GPU whose context a sticky error lost: every later call would fail too). The
   // worker then stops serving and exits so that it is restarted.

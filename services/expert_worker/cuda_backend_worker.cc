@@ -1,13 +1,17 @@
 // CUDA backend of the worker (compiled only with EXL3_HAVE_CUDA): every MoE layer's held experts
 // uploaded to device memory, or on unified-memory GPUs used in place from registered host memory
 // (kernels/cuda/cuda_backend.h: DeviceMoeLayer, HostRegistration, MoeRunner), one workspace per
-// layer, inputs and outputs staged through device buffers. In place, tensors the files leave
-// less than 16-byte aligned are read from one realigned host copy that replaces their file pages
-// (services/expert_worker/host_resident_weights.h), never from a second copy in device memory.
+// layer, inputs and outputs staged through page-locked host buffers (one asynchronous copy each
+// way on the backend's stream, one synchronisation per batch, nothing allocated per batch). In
+// place, tensors the files leave less than 16-byte aligned are read from one realigned host copy
+// that replaces their file pages (services/expert_worker/host_resident_weights.h), never from a
+// second copy in device memory.
 #include <algorithm>
+#include <cstring>
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "services/common/logging.h"
 #include "services/expert_worker/backend.h"
@@ -25,17 +29,28 @@ class CudaBackend : public MoeBackend {
     device_name_ = absl::StrCat("cuda:", device_, info.ok() ? " " + info->name : std::string());
   }
   ~CudaBackend() override {
+    if (stream_) (void)cuda::Synchronize(stream_);  // no copy still reads or writes the staging
     runners_.clear();
     layers_.clear();
     host_pages_.reset();  // after the layers that point into it
     placed_.clear();       // then the memory it registered
     host_weights_.reset();
-    if (d_x_) cuda::DeviceFree(d_x_);
-    if (d_out_) cuda::DeviceFree(d_out_);
+    cuda::DeviceFree(d_in_);
+    cuda::DeviceFree(d_out_);
+    cuda::HostFree(h_in_);
+    cuda::HostFree(h_out_);
+    cuda::StreamDestroy(stream_);
   }
   std::string name() const override { return "cuda"; }
   std::string device() const override { return device_name_; }
   uint64_t pinned_bytes() const override { return pinned_; }
+  // The process sees one device (CreateBackend), whose primary context every thread's runtime
+  // calls use; the scheduler never runs two batches at once. So a lone small request is computed
+  // on the thread that received it, with no hand-off to the executor.
+  bool forward_on_any_thread() const override { return true; }
+  Staging staging() const override {
+    return {reinterpret_cast<float*>(h_in_), h_out_, h_in_ != nullptr ? max_tokens_ : 0};
+  }
 
   absl::Status Prepare(const Exl3Model& model, const PrepareOptions& opt,
                        PrepareStats* stats) override {
@@ -118,13 +133,23 @@ class CudaBackend : public MoeBackend {
       svc::LogInfo("%.1f MB of tensors not 16-byte aligned in host memory were copied to device "
                    "memory instead of being read in place", copied / 1e6);
     }
-    const size_t bytes = static_cast<size_t>(max_tokens_) * hidden_ * sizeof(float);
-    auto x = cuda::DeviceAlloc(bytes);
-    if (!x.ok()) return x.status();
-    d_x_ = static_cast<float*>(*x);
-    auto o = cuda::DeviceAlloc(bytes);
-    if (!o.ok()) return o.status();
-    d_out_ = static_cast<float*>(*o);
+    // Staging, host and device alike: in [x T*H fp32 | ids T*top_k int32 | weights T*top_k fp32]
+    // (each part 256-byte aligned, so one copy carries a batch's input), out [T, H] fp32.
+    absl::StatusOr<cuda::StreamHandle> st = cuda::StreamCreate();
+    if (!st.ok()) return st.status();
+    stream_ = *st;
+    const InputLayout in = Layout(max_tokens_);
+    const size_t out_bytes = static_cast<size_t>(max_tokens_) * hidden_ * sizeof(float);
+    absl::StatusOr<void*> p = cuda::DeviceAlloc(in.bytes);
+    if (!p.ok()) return p.status();
+    d_in_ = static_cast<uint8_t*>(*p);
+    if (p = cuda::DeviceAlloc(out_bytes); !p.ok()) return p.status();
+    d_out_ = static_cast<float*>(*p);
+    if (p = cuda::HostAlloc(in.bytes); !p.ok()) return p.status();
+    h_in_ = static_cast<uint8_t*>(*p);
+    if (p = cuda::HostAlloc(out_bytes); !p.ok()) return p.status();
+    h_out_ = static_cast<float*>(*p);
+    pinned_ += 2 * (in.bytes + out_bytes);  // page-locked host and device alike
     stats->pinned_bytes = pinned_;
     stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return absl::OkStatus();
@@ -133,6 +158,7 @@ class CudaBackend : public MoeBackend {
   absl::Status Health() override {
     // Sticky errors (illegal or misaligned address, launch failure, ECC) are returned by every
     // later call on the context.
+    if (stream_) EXL3_RETURN_IF_ERROR(cuda::Synchronize(stream_));
     return cuda::Synchronize();
   }
 
@@ -148,33 +174,76 @@ class CudaBackend : public MoeBackend {
       return absl::InternalError(absl::StrCat("batch of ", b.tokens, " tokens over the device workspace (",
                                               max_tokens_, ")"));
     }
+    const InputLayout in = Layout(b.tokens);
     // Compact each token's slots to the runner's width top_k (the worker validated that no token
-    // uses more than top_k slots); unused entries stay -1 and are skipped by the kernel.
-    ids_.assign(static_cast<size_t>(b.tokens) * top_k_, -1);
-    weights_.assign(ids_.size(), 0.0f);
+    // uses more than top_k slots), straight into the staging; unused entries stay -1 and are
+    // skipped by the kernel.
+    int32_t* ids = reinterpret_cast<int32_t*>(h_in_ + in.ids);
+    float* weights = reinterpret_cast<float*>(h_in_ + in.weights);
+    std::fill_n(ids, static_cast<size_t>(b.tokens) * top_k_, -1);
+    std::fill_n(weights, static_cast<size_t>(b.tokens) * top_k_, 0.0f);
     for (int t = 0; t < b.tokens; ++t) {
       int k = 0;
       for (int s = 0; s < b.slots; ++s) {
         const size_t i = static_cast<size_t>(t) * b.slots + s;
         if (b.ids[i] < 0) continue;
         if (k >= top_k_) return absl::InternalError("more routed slots than top_k in one token");
-        ids_[static_cast<size_t>(t) * top_k_ + k] = b.ids[i];
-        weights_[static_cast<size_t>(t) * top_k_ + k] = b.weights[i];
+        ids[static_cast<size_t>(t) * top_k_ + k] = b.ids[i];
+        weights[static_cast<size_t>(t) * top_k_ + k] = b.weights[i];
         ++k;
       }
     }
-    const size_t bytes = static_cast<size_t>(b.tokens) * hidden_ * sizeof(float);
-    if (absl::Status s = cuda::CopyToDevice(d_x_, b.x, bytes); !s.ok()) return s;
-    if (absl::Status s = it->second->ForwardHostRouting(d_x_, b.tokens, ids_.data(), weights_.data(),
-                                                       d_out_, nullptr, b.shared);
-        !s.ok()) {
-      return s;
+    absl::Status s = Run(b, in, it->second.get());
+    // Every copy done (or abandoned) before the staging is written again; sticky errors stay.
+    const absl::Status synced = cuda::Synchronize(stream_);
+    if (!s.ok()) return s;
+    if (!synced.ok()) return synced;
+    if (b.out != h_out_) {
+      std::memcpy(b.out, h_out_, static_cast<size_t>(b.tokens) * hidden_ * sizeof(float));
     }
-    if (absl::Status s = cuda::CopyToHost(b.out, d_out_, bytes); !s.ok()) return s;
-    return cuda::Synchronize(nullptr);
+    return absl::OkStatus();
   }
 
  private:
+  // Byte offsets of a batch of `tokens` in the input staging block, and its size.
+  struct InputLayout {
+    size_t ids = 0, weights = 0, bytes = 0;
+  };
+  InputLayout Layout(int tokens) const {
+    auto round = [](size_t n) { return (n + 255) / 256 * 256; };
+    const size_t t = static_cast<size_t>(tokens);
+    InputLayout l;
+    l.ids = round(t * hidden_ * sizeof(float));
+    l.weights = l.ids + round(t * top_k_ * sizeof(int32_t));
+    l.bytes = l.weights + round(t * top_k_ * sizeof(float));
+    return l;
+  }
+
+  // Queues the batch's copies and kernels on stream_ (the ids and weights are staged already):
+  // the hidden states into the staging in pieces, each copied to the device while the next one
+  // is written (unless the scheduler gathered them there), the routing with the last piece, the
+  // layer, the output back into the staging.
+  absl::Status Run(const BatchView& b, const InputLayout& in, cuda::MoeRunner* runner) {
+    constexpr size_t kPiece = 256 << 10;
+    const size_t x_bytes = static_cast<size_t>(b.tokens) * hidden_ * sizeof(float);
+    size_t off = 0;
+    if (b.x != reinterpret_cast<const float*>(h_in_)) {
+      const uint8_t* x = reinterpret_cast<const uint8_t*>(b.x);
+      for (; x_bytes - off > kPiece; off += kPiece) {
+        std::memcpy(h_in_ + off, x + off, kPiece);
+        EXL3_RETURN_IF_ERROR(cuda::CopyToDeviceAsync(d_in_ + off, h_in_ + off, kPiece, stream_));
+      }
+      std::memcpy(h_in_ + off, x + off, x_bytes - off);
+    }
+    EXL3_RETURN_IF_ERROR(
+        cuda::CopyToDeviceAsync(d_in_ + off, h_in_ + off, in.bytes - off, stream_));
+    EXL3_RETURN_IF_ERROR(runner->Forward(reinterpret_cast<const float*>(d_in_), b.tokens,
+                                         reinterpret_cast<const int32_t*>(d_in_ + in.ids),
+                                         reinterpret_cast<const float*>(d_in_ + in.weights), d_out_,
+                                         stream_, b.shared));
+    return cuda::CopyToHostAsync(h_out_, d_out_, x_bytes, stream_);
+  }
+
   int device_;
   std::string device_name_;
   int hidden_ = 0, top_k_ = 0, max_tokens_ = 0;
@@ -186,10 +255,12 @@ class CudaBackend : public MoeBackend {
   std::unique_ptr<cuda::HostRegistration> host_pages_;
   std::map<int, std::unique_ptr<cuda::DeviceMoeLayer>> layers_;
   std::map<int, std::unique_ptr<cuda::MoeRunner>> runners_;
-  float* d_x_ = nullptr;
+  // Staging (Prepare): the input block's layout (InputLayout), host and device.
+  cuda::StreamHandle stream_ = nullptr;
+  uint8_t* h_in_ = nullptr;
+  uint8_t* d_in_ = nullptr;
+  float* h_out_ = nullptr;
   float* d_out_ = nullptr;
-  std::vector<int32_t> ids_;
-  std::vector<float> weights_;
 };
 
 }  // namespace

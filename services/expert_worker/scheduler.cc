@@ -18,9 +18,12 @@ Scheduler::Scheduler(const SchedulerOptions& opt, MoeBackend* backend, WorkerMet
       hidden_(hidden),
       inline_ok_(backend != nullptr && backend->forward_on_any_thread()) {}
 
-Scheduler::~Scheduler() { Stop(); }
+void Scheduler::Start() {
+  if (backend_ != nullptr) staging_ = backend_->staging();
+  thread_ = std::thread([this] { Loop(); });
+}
 
-void Scheduler::Start() { thread_ = std::thread([this] { Loop(); }); }
+Scheduler::~Scheduler() { Stop(); }
 
 int Scheduler::InFlight() const {
   std::lock_guard<std::mutex> l(mu_);
@@ -29,6 +32,8 @@ int Scheduler::InFlight() const {
 
 absl::Status Scheduler::Submit(std::shared_ptr<WorkRequest> r) {
   const int long_tokens = std::max(1, std::min(opt_.long_prefill_tokens, opt_.max_batch_tokens));
+  // Outside mu_: a large request's output buffer is no reason to hold the executor off.
+  r->out_bytes.resize(static_cast<size_t>(r->tokens) * hidden_ * sizeof(float));
   {
     std::unique_lock<std::mutex> l(mu_);
     if (stopping_) return absl::UnavailableError("worker is shutting down");
@@ -42,7 +47,6 @@ absl::Status Scheduler::Submit(std::shared_ptr<WorkRequest> r) {
           "worker queue is full (", waiting_requests_, " requests waiting, --max-queue ",
           opt_.max_queue, "); retry later or on another replica"));
     }
-    r->out_bytes.resize(static_cast<size_t>(r->tokens) * hidden_ * sizeof(float));
     const Clock::time_point now = Clock::now();
     if (inline_ok_ && !running_ && waiting_requests_ == 0 && r->tokens <= opt_.inline_max_tokens &&
         r->tokens <= long_tokens && opt_.batch_window.count() == 0 && r->deadline > now &&
@@ -292,8 +296,13 @@ void Scheduler::RunBatch(std::vector<Item>& batch) {
     b.weights = r.weights.data() + static_cast<size_t>(it.t0) * r.slots;
     b.out = it.r->out() + static_cast<size_t>(it.t0) * H;
   } else {
-    x_.resize(static_cast<size_t>(T) * H);
-    out_.resize(static_cast<size_t>(T) * H);
+    // Gathered into the backend's own staging where it has one (one host copy less each way).
+    const bool staged = T <= staging_.max_tokens;
+    if (!staged) {
+      x_.resize(static_cast<size_t>(T) * H);
+      out_.resize(static_cast<size_t>(T) * H);
+    }
+    float* x = staged ? staging_.x : x_.data();
     ids_.assign(static_cast<size_t>(T) * S, -1);
     w_.assign(static_cast<size_t>(T) * S, 0.0f);
     int row = 0;
@@ -301,7 +310,7 @@ void Scheduler::RunBatch(std::vector<Item>& batch) {
       const WorkRequest& r = *it.r;
       const int n = it.t1 - it.t0;
       std::copy_n(r.x + static_cast<size_t>(it.t0) * H, static_cast<size_t>(n) * H,
-                  x_.data() + static_cast<size_t>(row) * H);
+                  x + static_cast<size_t>(row) * H);
       for (int t = 0; t < n; ++t) {
         for (int s = 0; s < r.slots; ++s) {
           const size_t src = static_cast<size_t>(it.t0 + t) * r.slots + s;
@@ -313,10 +322,10 @@ void Scheduler::RunBatch(std::vector<Item>& batch) {
       row += n;
     }
     b.slots = S;
-    b.x = x_.data();
+    b.x = x;
     b.ids = ids_.data();
     b.weights = w_.data();
-    b.out = out_.data();
+    b.out = staged ? staging_.out : out_.data();
   }
   const auto t0 = Clock::now();
   const absl::Status st = backend_->Forward(b);
@@ -361,7 +370,7 @@ void Scheduler::RunBatch(std::vector<Item>& batch) {
     WorkRequest& r = *it.r;
     const int n = it.t1 - it.t0;
     if (!single && st.ok()) {
-      std::copy_n(out_.data() + static_cast<size_t>(row) * H, static_cast<size_t>(n) * H,
+      std::copy_n(b.out + static_cast<size_t>(row) * H, static_cast<size_t>(n) * H,
                   r.out() + static_cast<size_t>(it.t0) * H);
     }
     row += n;

@@ -115,7 +115,9 @@ class Scheduler {
   const bool inline_ok_;   // the backend allows Forward from any thread
   std::thread thread_;
 
-  // Executor scratch, reused across batches.
+  // Executor scratch, reused across batches: a batch of several requests is gathered into the
+  // backend's staging (MoeBackend::staging) when it has one that fits, else into x_ / out_.
+  MoeBackend::Staging staging_;
   std::vector<float> x_, out_, w_;
   std::vector<int32_t> ids_;
 };

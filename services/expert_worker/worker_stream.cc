@@ -100,7 +100,9 @@ std::string WorkerStream::TakeSpareOutput() {
     std::lock_guard<std::mutex> l(mutex());
     out = std::move(spare_output_);
   }
-  out.clear();  // its capacity stays; Submit's resize zero-fills it
+  // Its old bytes stay: Submit's resize then writes only what the request needs beyond them (a
+  // zero-fill of T * hidden floats per call otherwise), and every backend overwrites the whole
+  // output (BatchView::out).
   return out;
 }
 

@@ -45,8 +45,9 @@ class WorkerStream
   bool Cancelled() const override { return cancelled_.load(); }
   void Complete(std::shared_ptr<WorkRequest> r, absl::Status status) override;
 
-  // The buffer of an answer written through the shared-memory channel, emptied, for the output of
-  // the next request (no capacity when there is none).
+  // The buffer of an answer written through the shared-memory channel, for the output of the
+  // next request (no capacity when there is none); its contents are stale bytes, to be
+  // overwritten.
   std::string TakeSpareOutput();
 
   // Nothing in flight and nothing left to write.

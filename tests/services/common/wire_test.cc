@@ -194,6 +194,21 @@ TEST(Wire, RejectsNonFiniteWithPosition) {
   }
 }
 
+// FirstNonFinite scans in blocks of 64 (services/common/wire.cc): every position of lengths
+// around the block size, in the blocks and in the tail, is found, the first of two too.
+TEST(Wire, FirstNonFiniteFindsEveryPositionAroundTheBlocks) {
+  for (size_t n : {0, 1, 63, 64, 65, 127, 128, 200}) {
+    std::vector<float> x = Random(n, 4);
+    EXPECT_EQ(FirstNonFinite(x.data(), n), -1) << n;
+    for (size_t i = 0; i < n; ++i) {
+      std::vector<float> y = x;
+      y[i] = std::numeric_limits<float>::quiet_NaN();
+      if (i + 70 < n) y[i + 70] = std::numeric_limits<float>::infinity();
+      EXPECT_EQ(FirstNonFinite(y.data(), n), static_cast<int64_t>(i)) << n << " " << i;
+    }
+  }
+}
+
 TEST(Wire, OutputDType) {
   pb::DType d;
   EXPECT_TRUE(ResolveOutputDType(0, "output_dtype", &d).ok());
