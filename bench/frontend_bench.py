@@ -6,11 +6,14 @@ tokens/s of both, the TTFT the front end adds (p50 through it minus p50 direct) 
 CPU time per streamed token (utime + stime of its processes, the workers' with the parent's, over
 the pass / tokens), the same for the load client (this process: when it is near one core per wall second, the client, not the front
 end, sets the tokens/s), and the tokens per engine message of the direct pass (1: every token is
-its own gRPC message and SSE event).
+its own gRPC message and SSE event). Against the engine's own clocks (its /metrics, over the same
+requests): the front end's and a direct grpc.aio client's TTFT over the engine's time to first
+token (accepted -> sampled), and the engine's first-token write (a call's first token handed to it
+-> gRPC's write of it done, exl3_engine_first_token_write_seconds), which is in both.
 
     BUILD_DIR/frontend-venv/bin/python bench/frontend_bench.py --build-dir build [--levels 1,8,32,64]
         [--engine-cpus 0-5 --frontend-cpus 6-9 --client-cpus 10-15] [--client-procs N]
-        [--frontend-workers 1,3]
+        [--frontend-workers 1,3] [--engine-args='--engine-threads=5']
 
 The --*-cpus options put the three processes on separate cores (CPU affinity, inherited by each
 process's threads; the engine then runs as many forward-pass threads as it has cores):
@@ -261,7 +264,8 @@ def main() -> int:
     ap.add_argument("--frontend-workers", default="1",
                     help="exl3serve-openai --workers counts, comma-separated: all levels for each")
     ap.add_argument("--engine-args", default="",
-                    help="more exl3-router flags, space-separated (e.g. --generate-writer-threads=2)")
+                    help="more exl3-router flags, space-separated, given as --engine-args='--a=1 --b=2' "
+                         "(after --engine-threads: a later flag wins)")
     ap.add_argument("--client-procs", type=int,
                     help="load client processes that share each pass's streams (default: as many "
                          "as --client-cpus names, at most 4; 1 without it)")
