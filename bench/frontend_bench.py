@@ -264,8 +264,8 @@ def main() -> int:
     ap.add_argument("--frontend-workers", default="1",
                     help="exl3serve-openai --workers counts, comma-separated: all levels for each")
     ap.add_argument("--engine-args", default="",
-                    help="more exl3-router flags, space-separated, given as --engine-args='--a=1 --b=2' "
-                         "(after --engine-threads: a later flag wins)")
+                    help="more exl3-router flags, space-separated, given as "
+                         "--engine-args='--a=1 --b=2' (after --engine-threads: a later flag wins)")
     ap.add_argument("--client-procs", type=int,
                     help="load client processes that share each pass's streams (default: as many "
                          "as --client-cpus names, at most 4; 1 without it)")

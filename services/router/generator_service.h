@@ -15,9 +15,10 @@
 // with the engine on one core of the development VM, 1.3-2.9 ms mean from the event to the write
 // started at 8-64 streams even with first tokens queued ahead of the other writes (0.00 on the
 // loop; to gRPC's write done 1.6-3.3 ms, then 0.1-0.8 ms), none of it in the engine's time to
-// first token, which stops when the token is sampled (bench/results/frontend.md). A new request costs the loop one write start (tens of
-// microseconds) once. The time from a call's first tokens reaching it to gRPC's write of them is
-// measured (GeneratorOptions::first_write_*, the engine's metrics).
+// first token, which stops when the token is sampled (bench/results/frontend.md). A new request
+// costs the loop one write start (tens of microseconds) once. The time from a call's first tokens
+// reaching it to gRPC's write of them is measured (GeneratorOptions::first_write_*, the engine's
+// metrics).
 #pragma once
 
 #include <atomic>
