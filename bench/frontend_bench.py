@@ -6,11 +6,14 @@ tokens/s of both, the TTFT the front end adds (p50 through it minus p50 direct) 
 CPU time per streamed token (utime + stime of its processes, the workers' with the parent's, over
 the pass / tokens), the same for the load client (this process: when it is near one core per wall second, the client, not the front
 end, sets the tokens/s), and the tokens per engine message of the direct pass (1: every token is
-its own gRPC message and SSE event).
+its own gRPC message and SSE event). Against the engine's own clocks (its /metrics, over the same
+requests): the front end's and a direct grpc.aio client's TTFT over the engine's time to first
+token (accepted -> sampled), and the engine's first-token write (a call's first token handed to it
+-> gRPC's write of it done, exl3_engine_first_token_write_seconds), which is in both.
 
     BUILD_DIR/frontend-venv/bin/python bench/frontend_bench.py --build-dir build [--levels 1,8,32,64]
         [--engine-cpus 0-5 --frontend-cpus 6-9 --client-cpus 10-15] [--client-procs N]
-        [--frontend-workers 1,3]
+        [--frontend-workers 1,3] [--engine-args='--engine-threads=5']
 
 The --*-cpus options put the three processes on separate cores (CPU affinity, inherited by each
 process's threads; the engine then runs as many forward-pass threads as it has cores):
@@ -77,15 +80,28 @@ def tree_cpu_seconds(pid: int) -> dict[int, float]:
     return out
 
 
-def hist_totals(addr: str, name: str) -> tuple[float, float]:
-    """(sum, count) of a histogram over all its series, from a /metrics endpoint."""
+def hist_totals(addr: str, name: str, label: str = "") -> tuple[float, float]:
+    """(sum, count) of a histogram over all its series (those whose labels include `label`, e.g.
+    'stage="done"', when given), from a /metrics endpoint."""
     total = count = 0.0
     for line in stack.get(f"http://{addr}/metrics")[1].splitlines():
+        if label and label not in line:
+            continue
         if line.startswith(name + "_sum"):
             total += float(line.rsplit(" ", 1)[1])
         elif line.startswith(name + "_count"):
             count += float(line.rsplit(" ", 1)[1])
     return total, count
+
+
+# The engine's own clocks (services/router/engine_metrics.cc): accepted -> first token sampled,
+# and that first token handed to its Generate call -> gRPC's write of it done.
+ENGINE_TTFT = "exl3_engine_time_to_first_token_seconds"
+ENGINE_FIRST_WRITE = "exl3_engine_first_token_write_seconds"
+
+
+def engine_clocks(addr: str) -> tuple[tuple[float, float], tuple[float, float]]:
+    return hist_totals(addr, ENGINE_TTFT), hist_totals(addr, ENGINE_FIRST_WRITE, 'stage="done"')
 
 
 def mean_between(before: tuple[float, float], after: tuple[float, float]) -> float:
@@ -199,14 +215,16 @@ def run_levels(args, pool, procs: int, engine: str, engine_metrics: str, fe, url
         msgs = [[{"role": "user", "content": f"Request {i}: tell me about experts."}]
                 for i in range(n)]
         ids = [tok.encode_chat(m) for m in msgs]
-        ed = hist_totals(engine_metrics, "exl3_engine_time_to_first_token_seconds")
+        ed, wd = engine_clocks(engine_metrics)
         d, _ = client_pass(pool, procs, "direct", (engine,), ids, conc, args.max_tokens)
         # The same gap for the direct pass: a grpc.aio client's TTFT (sent -> first token read)
         # over the engine's own. What the engine's gRPC side and a Python gRPC reader add, which
-        # the front end's engine call pays too.
-        direct_gap = statistics.fmean(d[0]) - \
-            mean_between(ed, hist_totals(engine_metrics, "exl3_engine_time_to_first_token_seconds"))
-        e0 = hist_totals(engine_metrics, "exl3_engine_time_to_first_token_seconds")
+        # the front end's engine call pays too; of it, the engine's first-token write (its token
+        # handed to the call -> gRPC's write done) is measured by the engine.
+        ed1, wd1 = engine_clocks(engine_metrics)
+        direct_gap = statistics.fmean(d[0]) - mean_between(ed, ed1)
+        direct_write = mean_between(wd, wd1)
+        e0, w0 = engine_clocks(engine_metrics)
         s0 = hist_totals(fe_addr, "exl3_frontend_time_to_first_token_seconds")
         c0 = tree_cpu_seconds(fe.p.pid)
         f, client_cpu = client_pass(pool, procs, "frontend", (url, name), msgs, conc,
@@ -216,13 +234,17 @@ def run_levels(args, pool, procs: int, engine: str, engine_metrics: str, fe, url
         cpu = sum(per_process.values())
         # Server side, same requests: the front end's TTFT (request in -> first token out)
         # against the engine's own (accepted -> first token), means over the pass.
+        e1, w1 = engine_clocks(engine_metrics)
         added = mean_between(s0, hist_totals(fe_addr, "exl3_frontend_time_to_first_token_seconds")) - \
-            mean_between(e0, hist_totals(engine_metrics, "exl3_engine_time_to_first_token_seconds"))
-        rows.append((workers, conc, n, d, f, cpu, added, direct_gap, client_cpu))
+            mean_between(e0, e1)
+        fe_write = mean_between(w0, w1)
+        rows.append((workers, conc, n, d, f, cpu, added, direct_gap, client_cpu, direct_write,
+                     fe_write))
         shares = ", ".join(f"{per_process[p]:.2f}" for p in sorted(per_process) if p != fe.p.pid)
         print(f"workers={workers} c={conc:3d}: direct TTFT p50 {p50(d[0]) * 1e3:7.2f} ms, front end "
               f"{p50(f[0]) * 1e3:7.2f} ms; own TTFT over the engine's {added * 1e3:6.2f} ms (direct "
-              f"client's {direct_gap * 1e3:6.2f} ms); front end "
+              f"client's {direct_gap * 1e3:6.2f} ms; engine's first-token write "
+              f"{fe_write * 1e3:.2f} / {direct_write * 1e3:.2f} ms); front end "
               f"CPU {cpu / max(f[2], 1) * 1e6:6.1f} us/token"
               + (f" (workers' CPU s: {shares}; parent {per_process.get(fe.p.pid, 0.0):.2f})"
                  if shares else ""), flush=True)
@@ -241,6 +263,9 @@ def main() -> int:
     ap.add_argument("--client-cpus", help="CPU list of this process (the load clients)")
     ap.add_argument("--frontend-workers", default="1",
                     help="exl3serve-openai --workers counts, comma-separated: all levels for each")
+    ap.add_argument("--engine-args", default="",
+                    help="more exl3-router flags, space-separated, given as "
+                         "--engine-args='--a=1 --b=2' (after --engine-threads: a later flag wins)")
     ap.add_argument("--client-procs", type=int,
                     help="load client processes that share each pass's streams (default: as many "
                          "as --client-cpus names, at most 4; 1 without it)")
@@ -251,6 +276,7 @@ def main() -> int:
     model = stack.make_model(build, work / "model")
     pin(args.engine_cpus)
     engine_args = ("--engine-threads", str(len(cpu_list(args.engine_cpus)))) if args.engine_cpus else ()
+    engine_args += tuple(args.engine_args.split())
     router, engine, engine_metrics = stack.start_router(build, model, work / "logs", extra=engine_args)
     worker_counts = [int(x) for x in args.frontend_workers.split(",")]
     tok = ModelTokenizer(model)
@@ -288,12 +314,14 @@ def main() -> int:
              "| front-end workers | streams | requests | TTFT p50 direct ms | TTFT p50 via SDK ms | difference ms | "
              "front end's own TTFT over the engine's, mean ms | "
              "direct gRPC client's TTFT over the engine's, mean ms | "
+             "engine's first-token write, mean ms (front end / direct) | "
              "ITL p50 direct ms | ITL p50 front end ms | tok/s direct | tok/s front end | "
              "front end CPU µs/token | client CPU µs/token | tokens per engine message (direct) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for workers, conc, n, d, f, cpu, added, direct_gap, client_cpu in rows:
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for workers, conc, n, d, f, cpu, added, direct_gap, client_cpu, direct_write, fe_write in rows:
         lines.append(f"| {workers} | {conc} | {n} | {p50(d[0]) * 1e3:.2f} | {p50(f[0]) * 1e3:.2f} | "
                      f"{(p50(f[0]) - p50(d[0])) * 1e3:.2f} | {added * 1e3:.2f} | {direct_gap * 1e3:.2f} | "
+                     f"{fe_write * 1e3:.2f} / {direct_write * 1e3:.2f} | "
                      f"{p50(d[1]) * 1e3:.2f} | "
                      f"{p50(f[1]) * 1e3:.2f} | {d[2] / d[3]:.0f} | {f[2] / f[3]:.0f} | "
                      f"{cpu / max(f[2], 1) * 1e6:.1f} | {client_cpu / max(f[2], 1) * 1e6:.1f} | "

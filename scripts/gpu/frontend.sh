@@ -29,7 +29,9 @@
 # Writes to $OUT (default ./gpu-out): frontend-table.md (the table), frontend-bench.log,
 # frontend-env.txt (machine, Python, package versions), frontend-logs.txt (the processes' logs).
 # Usage: scripts/gpu/frontend.sh [LEVELS [WORKER_COUNTS]]   (default 1,8,32,64 and 1,N/4-1)
-# Env: PYTHON (default python3), FRONT_ARCHIVE, FRONT_PY_MODE, WORK.
+# Env: PYTHON (default python3), FRONT_ARCHIVE, FRONT_PY_MODE, WORK, ENGINE_ARGS (more exl3-router
+# flags, e.g. ENGINE_ARGS=--engine-threads=5 to leave one of the engine's cores to its gRPC threads;
+# frontend_bench.py --engine-args).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -114,10 +116,11 @@ if [ "$N" -ge 8 ]; then
 else
   echo "only $N cores: the three processes share them (no pinning)"
 fi
-echo "=== bench/frontend_bench.py --levels $LEVELS --frontend-workers $WORKER_COUNTS ${PIN[*]}"
+echo "=== bench/frontend_bench.py --levels $LEVELS --frontend-workers $WORKER_COUNTS ${PIN[*]} --engine-args '${ENGINE_ARGS:-}'"
 mkdir -p "$WORK/tmp"
 TMPDIR=$WORK/tmp timeout 480 "$PYBIN" bench/frontend_bench.py --build-dir "$B" --levels "$LEVELS" \
-  --frontend-workers "$WORKER_COUNTS" "${PIN[@]}" --output "$OUT/frontend-table.md" 2>&1 |
+  --frontend-workers "$WORKER_COUNTS" "${PIN[@]}" --engine-args="${ENGINE_ARGS:-}" \
+  --output "$OUT/frontend-table.md" 2>&1 |
   tee -a "$OUT/frontend-bench.log"
 rc=${PIPESTATUS[0]}
 for f in "$WORK"/tmp/exl3-fe-bench.*/logs/*.log; do

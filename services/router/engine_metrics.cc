@@ -48,7 +48,10 @@ const char* ReasonName(engine::FinishReason r) {
 
 EngineMetrics::EngineMetrics(prometheus::Registry& r)
     : ttft_(Hist(r, "exl3_engine_time_to_first_token_seconds",
-                 "Request accepted to its first token", RequestBuckets())),
+                 "Request accepted (Engine::Submit, once its Generate call has arrived) to its "
+                 "first token sampled; the gRPC write of that token comes after it "
+                 "(exl3_engine_first_token_write_seconds)",
+                 RequestBuckets())),
       itl_(Hist(r, "exl3_engine_inter_token_latency_seconds",
                 "Mean time between consecutive tokens of a request (one observation per request)",
                 svc::LatencyBuckets())),
@@ -75,6 +78,14 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r)
                          .Name("exl3_engine_moe_stage_seconds")
                          .Help("The MoE phase of one engine step by stage, experts in this process")
                          .Register(r)),
+      first_write_fam_(prometheus::BuildHistogram()
+                           .Name("exl3_engine_first_token_write_seconds")
+                           .Help("A Generate call's first tokens handed to it by the engine to "
+                                 "their message's gRPC write: stage=started (write begun), "
+                                 "done (OnWriteDone: handed to the transport)")
+                           .Register(r)),
+      first_write_started_(first_write_fam_.Add({{"stage", "started"}}, svc::LatencyBuckets())),
+      first_write_done_(first_write_fam_.Add({{"stage", "done"}}, svc::LatencyBuckets())),
       moe_gate_(moe_stage_fam_.Add({{"stage", "gate"}}, svc::LatencyBuckets())),
       moe_experts_(moe_stage_fam_.Add({{"stage", "experts"}}, svc::LatencyBuckets())),
       step_tokens_(Hist(r, "exl3_engine_step_tokens", "Tokens in one engine step", svc::TokenBuckets())),

@@ -21,6 +21,10 @@ class EngineMetrics final : public engine::EngineObserver {
   void OnRequestFinished(std::string_view tag, const engine::FinishInfo& finish) override;
   // Gauges from the engine's snapshot (call before each scrape or periodically).
   void Refresh(const engine::EngineStats& stats);
+  // exl3_engine_first_token_write_seconds{stage="started"|"done"}, observed by the Generator
+  // service (GeneratorOptions::first_write_*).
+  prometheus::Histogram& first_write_started() { return first_write_started_; }
+  prometheus::Histogram& first_write_done() { return first_write_done_; }
 
  private:
   prometheus::Histogram& ttft_;
@@ -35,6 +39,9 @@ class EngineMetrics final : public engine::EngineObserver {
   prometheus::Family<prometheus::Histogram>& phase_fam_;
   prometheus::Histogram* phase_[9];
   prometheus::Family<prometheus::Histogram>& moe_stage_fam_;
+  prometheus::Family<prometheus::Histogram>& first_write_fam_;
+  prometheus::Histogram& first_write_started_;
+  prometheus::Histogram& first_write_done_;
   prometheus::Histogram& moe_gate_;
   prometheus::Histogram& moe_experts_;
   prometheus::Histogram& step_tokens_;

@@ -1,5 +1,7 @@
 #include "services/router/generation.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/cpu_model.h"
@@ -61,7 +63,7 @@ absl::StatusOr<std::unique_ptr<Generation>> Generation::Start(const GenerationOp
   }
   EXL3_ASSIGN_OR_RETURN(std::unique_ptr<engine::ModelRunner> model, OpenModel(o, std::move(moe)));
   std::unique_ptr<Generation> g(new Generation());
-  g->writer_ = std::make_unique<svc::TaskQueue>(1);
+  g->writer_ = std::make_unique<svc::TaskQueue>(std::max(1, o.writer_threads));
   g->metrics_ = std::make_unique<EngineMetrics>(registry);
   engine::EngineOptions eo = o.engine;
   eo.observer = g->metrics_.get();
@@ -72,6 +74,8 @@ absl::StatusOr<std::unique_ptr<Generation>> Generation::Start(const GenerationOp
   go.default_timeout = o.default_timeout;
   go.experts = router != nullptr ? "workers" : "local";
   go.max_num_seqs = o.engine.scheduler.max_num_seqs;
+  go.first_write_started = &g->metrics_->first_write_started();
+  go.first_write_done = &g->metrics_->first_write_done();
   g->service_ = std::make_unique<GeneratorService>(*g->engine_, go, *g->writer_);
   g->refresh_ = std::thread([gp = g.get()] {
     while (!gp->stop_refresh_) {

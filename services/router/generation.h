@@ -40,6 +40,7 @@ struct GenerationOptions {
   std::chrono::milliseconds default_timeout{600000};
   std::chrono::milliseconds moe_timeout{30000};  // one MoE layer through the router core
   int inline_max_tokens = 64;
+  int writer_threads = 1;  // threads starting the Generate calls' writes (generator_service.h)
 };
 
 class Generation {
@@ -59,7 +60,7 @@ class Generation {
 
  private:
   Generation() = default;
-  // The Generator's writer thread, woken by the engine after each pass's events; declared first,
+  // The Generator's writer threads, woken by the engine after each pass's events; declared first,
   // so that it outlives the engine and the service.
   std::unique_ptr<svc::TaskQueue> writer_;
   std::unique_ptr<EngineMetrics> metrics_;

@@ -59,8 +59,10 @@ void SetFinish(const engine::FinishInfo& f, pb::GenerateResponse* out) {
 class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateResponse> {
  public:
   GenerateReactor(engine::Engine& engine, svc::TaskQueue& writer, grpc::CallbackServerContext* ctx,
-                  const pb::GenerateRequest& req, std::chrono::milliseconds default_timeout)
-      : engine_(engine), writer_(writer) {
+                  const pb::GenerateRequest& req, const GeneratorOptions& options)
+      : engine_(engine), writer_(writer), first_write_started_(options.first_write_started),
+        first_write_done_(options.first_write_done) {
+    const std::chrono::milliseconds default_timeout = options.default_timeout;
     SteadyClock::time_point deadline = SteadyClock::now() + default_timeout;
     if (req.timeout_us() > 0) {
       // Clamped to a day: larger values mean "no deadline" in practice and must not overflow.
@@ -92,6 +94,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateRespon
   void OnWriteDone(bool ok) override {
     std::lock_guard<std::mutex> lock(mu_);
     writing_ = false;
+    if (first_in_flight_) {
+      first_in_flight_ = false;
+      if (first_write_done_ != nullptr) first_write_done_->Observe(SecondsSince(first_at_));
+    }
     if (!ok) client_gone_ = true;
     if (!ok && accepted_ && !final_seen_) (void)engine_.Cancel(request_id_);
     Advance();
@@ -105,6 +111,11 @@ class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateRespon
     std::lock_guard<std::mutex> lock(mu_);
     AddTokens(e.tokens, &pending_);
     has_pending_ = has_pending_ || !e.tokens.empty();
+    bool first = false;  // this event brings the call's first tokens
+    if (!tokens_seen_ && !e.tokens.empty()) {
+      tokens_seen_ = first = first_pending_ = true;
+      first_at_ = SteadyClock::now();
+    }
     if (e.finish) {
       final_seen_ = true;
       SetFinish(*e.finish, &pending_);
@@ -124,8 +135,11 @@ class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateRespon
     }
     // The write starts on the writer thread, woken once the engine has delivered all of this
     // pass's events (after_events); Advance waits for that task (write_scheduled_), so the call
-    // cannot finish (and be deleted) while it is queued.
-    if (!writing_ && !write_scheduled_ && !finished_) {
+    // cannot finish (and be deleted) while it is queued. A call's first tokens are written here,
+    // on the loop, at once (generator_service.h says why).
+    if (first) {
+      Advance();
+    } else if (!writing_ && !write_scheduled_ && !finished_) {
       write_scheduled_ = true;
       writer_.PostQuietly([this] {
         std::lock_guard<std::mutex> lock(mu_);
@@ -143,6 +157,11 @@ class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateRespon
       pending_.Clear();
       has_pending_ = false;
       writing_ = true;
+      if (first_pending_) {
+        first_pending_ = false;
+        first_in_flight_ = true;
+        if (first_write_started_ != nullptr) first_write_started_->Observe(SecondsSince(first_at_));
+      }
       StartWrite(&current_);
       return;
     }
@@ -153,9 +172,19 @@ class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateRespon
     }
   }
 
+  static double SecondsSince(SteadyClock::time_point t) {
+    return std::chrono::duration<double>(SteadyClock::now() - t).count();
+  }
+
   engine::Engine& engine_;
   svc::TaskQueue& writer_;
+  prometheus::Histogram* const first_write_started_;
+  prometheus::Histogram* const first_write_done_;
   std::mutex mu_;
+  bool tokens_seen_ = false;      // an event with tokens has arrived
+  bool first_pending_ = false;    // the first tokens are in pending_, not yet written
+  bool first_in_flight_ = false;  // current_ (being written) carries the first tokens
+  SteadyClock::time_point first_at_;  // the first tokens' event
   uint64_t request_id_ = 0;
   bool write_scheduled_ = false;
   bool accepted_ = false;
@@ -200,7 +229,7 @@ GeneratorService::GeneratorService(engine::Engine& engine, GeneratorOptions opti
 
 grpc::ServerWriteReactor<pb::GenerateResponse>* GeneratorService::Generate(
     grpc::CallbackServerContext* ctx, const pb::GenerateRequest* req) {
-  return new GenerateReactor(engine_, writer_, ctx, *req, options_.default_timeout);
+  return new GenerateReactor(engine_, writer_, ctx, *req, options_);
 }
 
 grpc::ServerUnaryReactor* GeneratorService::DescribeModel(grpc::CallbackServerContext* ctx,

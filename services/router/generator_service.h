@@ -9,6 +9,16 @@
 // Woken per event instead, the writer took the loop's core and the calls' locks in the middle
 // of each step's delivery: on the 2-core development VM, 100-200 µs of a 3 ms step at 8 streams
 // in which the loop thread ran for about 10 (bench/results/engine-cpu.md).
+// A call's first tokens are the exception: their write starts at once, on the engine's loop, as
+// the step's events are delivered. Through the writer they waited for it to get a core from the
+// forward pass's threads (which take all the engine's cores) and behind the step's other writes:
+// with the engine on one core of the development VM, 1.3-2.9 ms mean from the event to the write
+// started at 8-64 streams even with first tokens queued ahead of the other writes (0.00 on the
+// loop; to gRPC's write done 1.6-3.3 ms, then 0.1-0.8 ms), none of it in the engine's time to
+// first token, which stops when the token is sampled (bench/results/frontend.md). A new request
+// costs the loop one write start (tens of microseconds) once. The time from a call's first tokens
+// reaching it to gRPC's write of them is measured (GeneratorOptions::first_write_*, the engine's
+// metrics).
 #pragma once
 
 #include <atomic>
@@ -17,6 +27,7 @@
 
 #include "engine/engine.h"
 #include "exl3serve/v1/exl3serve.grpc.pb.h"
+#include "prometheus/histogram.h"
 #include "services/common/task_queue.h"
 
 namespace exl3::router {
@@ -25,6 +36,11 @@ struct GeneratorOptions {
   std::chrono::milliseconds default_timeout{600000};  // requests without timeout_us or deadline
   std::string experts;  // "local" or "workers", for DescribeModel
   int max_num_seqs = 0;  // for DescribeModel
+  // Per call, from its first tokens' event (the engine's first token, on its loop) to the write of
+  // the message carrying them started, and to gRPC's OnWriteDone of it (the message handed to the
+  // transport). Null: not measured. Not owned; must outlive the service.
+  prometheus::Histogram* first_write_started = nullptr;
+  prometheus::Histogram* first_write_done = nullptr;
 };
 
 class GeneratorService final : public ::exl3serve::v1::Generator::CallbackService {

@@ -77,6 +77,9 @@ ABSL_FLAG(std::string, engine_device, "cpu",
           "where the model's forward pass runs: cpu, or cuda (GPU 0; GQA families; experts on the GPU "
           "without --expert-map; needs a build with the CUDA toolkit)");
 ABSL_FLAG(int32_t, engine_threads, 0, "CPU threads of the model's forward pass (0: all)");
+ABSL_FLAG(int32_t, generate_writer_threads, 1,
+          "threads starting the Generate calls' gRPC writes after each step (a call's first "
+          "tokens are written by the engine's loop at once)");
 ABSL_FLAG(int32_t, micro_batches, 0,
           "run a step of two or more sequences as 1 or 2 micro-batches whose attention and MoE "
           "calls alternate (2 overlaps attention with the workers' round trip; it pays where "
@@ -114,6 +117,7 @@ absl::StatusOr<std::unique_ptr<Generation>> StartGeneration(const std::string& m
   g.threads = absl::GetFlag(FLAGS_engine_threads);
   g.micro_batches = absl::GetFlag(FLAGS_micro_batches);
   g.inline_max_tokens = inline_max_tokens;
+  g.writer_threads = absl::GetFlag(FLAGS_generate_writer_threads);
   g.default_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_generate_timeout_ms));
   engine::EngineOptions& e = g.engine;
   e.block_size = absl::GetFlag(FLAGS_block_size);

@@ -376,6 +376,8 @@ class GenerateSystemTest(unittest.TestCase):
         def series_of(name, kind):
             if name == "exl3_engine_moe_stage_seconds":
                 return [f'{name}_count{{stage="{s}"}}' for s in ("gate", "experts")]
+            if name == "exl3_engine_first_token_write_seconds":
+                return [f'{name}_count{{stage="{s}"}}' for s in ("started", "done")]
             if kind == "histogram":
                 return [f"{name}_count"] if name != "exl3_engine_step_phase_seconds" else [
                     f'{name}_count{{phase="{p}"}}' for p in

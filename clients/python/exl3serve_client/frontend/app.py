@@ -541,9 +541,11 @@ class Frontend:
         want_lp = job.logprobs is not None
         unspecified = pb.FINISH_REASON_UNSPECIFIED
         monotonic = time.monotonic
+        # Chat's role event comes first, as OpenAI sends it, in one write with the first text event
+        # (the first message is already here: one send less before the first token), or alone
+        # before the stream waits for more.
+        head = out.role() if job.chat else ""
         try:
-            if job.chat:  # the role comes first, as OpenAI sends it
-                yield out.role().encode()
             n, offset = 0, 0
             last: Optional[float] = None
             resp = first
@@ -583,7 +585,8 @@ class Frontend:
                             {"content": entries, "refusal": None} if job.chat else
                             self._completion_logprobs(entries, offset))
                         offset += len(text)
-                        yield out.text(text, lp).encode()
+                        event, head = head + out.text(text, lp), ""
+                        yield event.encode()
                         if k > 0:  # as _observe_tokens: TTFT, then k gaps of 1/k each
                             now = monotonic()
                             if last is None:
@@ -596,19 +599,23 @@ class Frontend:
                                     itl.observe(gap)
                             last = now
                     if finish is not None:
-                        yield out.finish(finish).encode()
+                        event, head = head + out.finish(finish), ""
+                        yield event.encode()
                         break
+                    if head:
+                        event, head = head, ""
+                        yield event.encode()
                     resp = await call.read()
             except grpc.aio.AioRpcError as e:
                 if watcher.done() and not watcher.cancelled():
                     return  # the client went away; nobody to tell
                 err = self._rpc_error(e)
                 status = err.status
-                yield ("data: " + _dumps(err.body()) + "\n\ndata: [DONE]\n\n").encode()
+                yield (head + "data: " + _dumps(err.body()) + "\n\ndata: [DONE]\n\n").encode()
                 return
             except APIError as err:
                 status = err.status
-                yield ("data: " + _dumps(err.body()) + "\n\ndata: [DONE]\n\n").encode()
+                yield (head + "data: " + _dumps(err.body()) + "\n\ndata: [DONE]\n\n").encode()
                 return
             if job.include_usage:
                 yield (out.usage(self._usage(job, n)) + "data: [DONE]\n\n").encode()
