@@ -15,11 +15,12 @@ absl::StatusOr<MoeExpertClasses> ClassifyMoeExperts(const MoeLayerView& layer) {
     MoeClassSpec s;
     const Exl3LinearView* views[3] = {&m->gate, &m->up, &m->down};
     for (int p = 0; p < 3; ++p) {
-      s.proj[p].bits = views[p]->bits;
-      s.proj[p].codebook = static_cast<int>(views[p]->codebook);
-      if (s.proj[p].bits < 1 || s.proj[p].bits > 8 || s.proj[p].codebook < 0 || s.proj[p].codebook > 2) {
-        return absl::InvalidArgumentError(absl::StrCat("MoE expert ", e, ": bit width ", s.proj[p].bits,
-                                                        " or codebook ", s.proj[p].codebook, " out of range"));
+      MoeProjSpec& q = s.proj[p];
+      q.bits = views[p]->bits;
+      q.codebook = static_cast<int>(views[p]->codebook);
+      if (q.bits < 1 || q.bits > 8 || q.codebook < 0 || q.codebook > 2) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "MoE expert ", e, ": bit width ", q.bits, " or codebook ", q.codebook, " out of range"));
       }
     }
     int k = 0;
@@ -37,7 +38,9 @@ absl::StatusOr<MoeExpertClasses> ClassifyMoeExperts(const MoeLayerView& layer) {
     ++c.class_held[k];
   }
   c.class_first.assign(c.num_classes() + 1, 0);
-  for (int k = 0; k < c.num_classes(); ++k) c.class_first[k + 1] = c.class_first[k] + c.class_held[k];
+  for (int k = 0; k < c.num_classes(); ++k) {
+    c.class_first[k + 1] = c.class_first[k] + c.class_held[k];
+  }
   c.order.reserve(E);
   for (int k = 0; k < c.num_classes(); ++k)
     for (int e = 0; e < E; ++e)

@@ -39,7 +39,7 @@ struct MoeClassSpec {
 
 struct MoeExpertClasses {
   std::vector<MoeClassSpec> classes;  // in order of their first expert id
-  std::vector<int> expert_class;      // [num_experts]: the class of each held expert, -1 if not held
+  std::vector<int> expert_class;      // [num_experts]: each held expert's class, -1 if not held
   std::vector<int> class_held;        // [classes]: held experts per class
   // [num_experts]: the held experts ordered by class (ascending ids within one), then the experts
   // not held (ascending ids).

@@ -83,7 +83,9 @@ TEST(MoeClassesTest, MixedKAndCodebookOrderExpertsByClass) {
 
 TEST(MoeClassesTest, RefusesTooManyClassesAndBadBitWidths) {
   std::vector<Spec> specs;
-  for (int i = 0; i <= kMaxMoeClasses; ++i) specs.push_back({1 + i % 8, 1 + (i / 8) % 8, 1 + i / 64});
+  for (int i = 0; i <= kMaxMoeClasses; ++i) {
+    specs.push_back({1 + i % 8, 1 + (i / 8) % 8, 1 + i / 64});
+  }
   Layer many(specs);
   EXPECT_EQ(ClassifyMoeExperts(many.view).status().code(), absl::StatusCode::kUnimplemented);
   specs.pop_back();
