@@ -158,7 +158,8 @@ class HostRegistration {
 std::vector<HostRange> MoeLayerHostRanges(const MoeLayerView& host);
 
 // An MoE layer resident on the device: every held expert's gate/up/down plus the shared expert,
-// and per-projection pointer tables the kernels index by expert id.
+// and per-projection pointer tables the kernels index by expert id. The routed experts of one
+// projection share its shape but may differ in K and codebook (kernels/moe_classes.h).
 class DeviceMoeLayer {
  public:
   // Copies every held expert into device memory (one allocation).

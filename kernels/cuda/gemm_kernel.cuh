@@ -91,9 +91,10 @@ __global__ void __launch_bounds__(256, 2) GroupedGemmKernel(const GemvBatch batc
     const int chunk = r / col_groups;
     int expert, row0, rows;
     if (p.chunk_expert) {
-      expert = p.chunk_expert[chunk];
-      row0 = p.chunk_row0[chunk];
-      rows = p.chunk_rows[chunk];
+      const int ci = chunk + (p.chunk_base ? *p.chunk_base : 0);
+      expert = p.chunk_expert[ci];
+      row0 = p.chunk_row0[ci];
+      rows = p.chunk_rows[ci];
     } else {
       expert = 0;
       row0 = chunk * BM;

@@ -37,6 +37,9 @@ struct GemvProblem {
   const int* chunk_row0 = nullptr;
   const int* chunk_rows = nullptr;
   const int* num_chunks = nullptr;  // device count (with chunk arrays)
+  // Device index of the problem's first chunk in the chunk arrays (null: 0): one (K, codebook)
+  // class of a mixed MoE layer (moe_layer.h) covers the chunks [*chunk_base, + *num_chunks).
+  const int* chunk_base = nullptr;
   int rows = 0;                     // implicit chunks: total rows
   int k = 0, n = 0;
   int k_tiles_per_unit = 0;  // GEMV: k-slice length in 16-row tiles
@@ -255,9 +258,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) GroupedGemvKernel(const Ge
     const int chunk = r / (k_slices * col_groups);
     int expert, row0, rows;
     if (p.chunk_expert) {
-      expert = p.chunk_expert[chunk];
-      row0 = p.chunk_row0[chunk];
-      rows = p.chunk_rows[chunk];
+      const int ci = chunk + (p.chunk_base ? *p.chunk_base : 0);
+      expert = p.chunk_expert[ci];
+      row0 = p.chunk_row0[ci];
+      rows = p.chunk_rows[ci];
     } else {
       expert = 0;
       row0 = chunk * kGemvRows;

@@ -13,15 +13,23 @@ namespace exl3::cuda {
 constexpr int kRouteThreads = 1024;
 
 // One block: groups T*topk assignments by expert (ranks within an expert in arrival order of a
-// shared-memory atomic), prefix sums of counts and chunk counts, chunk list.
+// shared-memory atomic), prefix sums of counts and chunk counts, chunk list. The prefix runs over
+// the experts in class order (classes.order; id order when null), so each (K, codebook) class's
+// chunks are contiguous; their ranges go to o.class_chunk0/class_chunks.
+//   ids, weights      [num_assign] int32 / fp32 (num_assign = T*topk)
+//   held              [num_experts] device pointers, null for an expert not held (skipped)
+//   classes.order     [num_experts] int32, classes.class_first [num_classes + 1] int32, or null
+//   o                 RouteOut (moe_kernels.h): slots [num_assign], chunks [<= num_assign +
+//                     num_experts], counts [2], class ranges [num_classes]
 __global__ void __launch_bounds__(kRouteThreads) RouteKernel(const int32_t* __restrict__ ids,
                                                              const float* __restrict__ weights, int num_assign,
                                                              int topk, int num_experts,
                                                              const uint16_t* const* __restrict__ held,
-                                                             int chunk_size, RouteOut o) {
+                                                             RouteClasses classes, int chunk_size, RouteOut o) {
   __shared__ int count[kMaxExperts];
   __shared__ unsigned long long scan[kMaxExperts];  // (chunks << 32) | rows, exclusive prefix
   __shared__ unsigned long long warp_tot[32];
+  __shared__ int total_chunks;
   PdlEnter();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   for (int e = tid; e < num_experts; e += kRouteThreads) count[e] = 0;
@@ -33,12 +41,14 @@ __global__ void __launch_bounds__(kRouteThreads) RouteKernel(const int32_t* __re
     o.assign_slot[i] = rank;  // temporarily the rank
   }
   __syncthreads();
-  // Block exclusive scan over experts; thread tid owns experts [tid*per, (tid+1)*per).
+  // Block exclusive scan over experts in class order; thread tid owns positions
+  // [tid*per, (tid+1)*per) of it.
   const int per = (num_experts + kRouteThreads - 1) / kRouteThreads;
   unsigned long long local = 0;
   for (int j = 0; j < per; ++j) {
-    const int e = tid * per + j;
-    if (e < num_experts) {
+    const int pos = tid * per + j;
+    if (pos < num_experts) {
+      const int e = classes.order ? classes.order[pos] : pos;
       const unsigned long long c = count[e];
       local += (((c + chunk_size - 1) / chunk_size) << 32) | c;
     }
@@ -63,8 +73,9 @@ __global__ void __launch_bounds__(kRouteThreads) RouteKernel(const int32_t* __re
   __syncthreads();
   unsigned long long run = incl - local + (warp > 0 ? warp_tot[warp - 1] : 0ull);
   for (int j = 0; j < per; ++j) {
-    const int e = tid * per + j;
-    if (e < num_experts) {
+    const int pos = tid * per + j;
+    if (pos < num_experts) {
+      const int e = classes.order ? classes.order[pos] : pos;
       scan[e] = run;
       const unsigned long long c = count[e];
       run += (((c + chunk_size - 1) / chunk_size) << 32) | c;
@@ -73,8 +84,20 @@ __global__ void __launch_bounds__(kRouteThreads) RouteKernel(const int32_t* __re
   if (tid == kRouteThreads - 1) {
     o.counts[0] = static_cast<int>(run & 0xffffffffu);
     o.counts[1] = static_cast<int>(run >> 32);
+    total_chunks = static_cast<int>(run >> 32);
   }
   __syncthreads();
+  if (classes.order) {
+    // Class k starts at the chunk prefix of its first expert; the experts after the last class
+    // are not held (no chunks), so the last class ends at the total.
+    for (int k = tid; k < classes.num_classes; k += kRouteThreads) {
+      const int p0 = classes.class_first[k], p1 = classes.class_first[k + 1];
+      const int c0 = static_cast<int>(scan[classes.order[p0]] >> 32);
+      const int c1 = p1 < num_experts ? static_cast<int>(scan[classes.order[p1]] >> 32) : total_chunks;
+      o.class_chunk0[k] = c0;
+      o.class_chunks[k] = c1 - c0;
+    }
+  }
   for (int i = tid; i < num_assign; i += kRouteThreads) {
     const int rank = o.assign_slot[i];
     if (rank < 0) continue;
@@ -273,9 +296,10 @@ __global__ void __launch_bounds__(128) MoeCombineKernel(MoeDims d, ProjTable dow
 }
 
 absl::Status LaunchRoute(const int32_t* ids, const float* weights, int num_assign, int topk, int num_experts,
-                         const uint16_t* const* held, int chunk_size, const RouteOut& o, cudaStream_t stream) {
+                         const uint16_t* const* held, const RouteClasses& classes, int chunk_size,
+                         const RouteOut& o, cudaStream_t stream) {
   LaunchPdl(RouteKernel, dim3(1), dim3(kRouteThreads), stream, ids, weights, num_assign, topk, num_experts, held,
-            chunk_size, o);
+            classes, chunk_size, o);
   EXL3_CUDA_CHECK_LAUNCH("RouteKernel");
   return absl::OkStatus();
 }

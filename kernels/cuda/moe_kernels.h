@@ -25,6 +25,11 @@ struct RouteOut {
   int* chunk_row0;
   int* chunk_rows;
   int* counts;        // [0] = slots, [1] = chunks
+  // A mixed layer's (K, codebook) classes (moe_layer.h): the chunks are ordered by class; class k
+  // owns chunks [class_chunk0[k], class_chunk0[k] + class_chunks[k]). Unwritten for a uniform
+  // layer (its one class is all chunks: counts[1]).
+  int* class_chunk0;  // [kMaxMoeClasses]
+  int* class_chunks;  // [kMaxMoeClasses]
 };
 
 inline constexpr int kMaxExperts = 2048;  // RouteKernel's shared-memory tables
@@ -43,9 +48,11 @@ struct MoeDims {
   int with_shared;
 };
 
-// One block: groups num_assign = T*topk assignments by expert into `o` (chunks of chunk_size rows).
+// One block: groups num_assign = T*topk assignments by expert into `o` (chunks of chunk_size rows),
+// the experts in the order of `classes` (with the per-class chunk ranges) for a mixed layer.
 absl::Status LaunchRoute(const int32_t* ids, const float* weights, int num_assign, int topk, int num_experts,
-                         const uint16_t* const* held, int chunk_size, const RouteOut& o, cudaStream_t stream);
+                         const uint16_t* const* held, const RouteClasses& classes, int chunk_size,
+                         const RouteOut& o, cudaStream_t stream);
 // `rows` = routed slots (T*topk) + shared-expert rows (T or 0).
 absl::Status LaunchMoeInput(int rows, const float* x, const MoeDims& d, const ProjTable& gate, const ProjTable& up,
                             const ProjTable& sgate, const ProjTable& sup, const float* shared_gate_vec,

@@ -45,7 +45,9 @@ size_t LinearDeviceBytes(const Exl3LinearView& v, bool register_host) {
   return n;
 }
 
-absl::Status CheckUniform(const Exl3LinearView& v, ProjTable& t, const char* what) {
+// Every routed expert of a projection (and the shared expert's table of one) has the same shape;
+// their K and codebook may differ (moe_layer.h). The table keeps the first expert's K and codebook.
+absl::Status CheckShape(const Exl3LinearView& v, ProjTable& t, const char* what) {
   if (t.bits == 0) {
     t.k = v.in_features;
     t.n = v.out_features;
@@ -53,13 +55,14 @@ absl::Status CheckUniform(const Exl3LinearView& v, ProjTable& t, const char* wha
     t.cb = static_cast<int>(v.codebook);
     return absl::OkStatus();
   }
-  if (v.in_features != t.k || v.out_features != t.n || v.bits != t.bits || static_cast<int>(v.codebook) != t.cb) {
-    return absl::UnimplementedError(absl::StrCat(
-        "CUDA MoE: every routed expert's ", what,
-        " projection must share shape, bit width and codebook (mixed ones are not supported)"));
+  if (v.in_features != t.k || v.out_features != t.n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA MoE: every routed expert's ", what, " projection must have the same shape"));
   }
   return absl::OkStatus();
 }
+
+MoeProjSpec SpecOf(const Exl3LinearView& v) { return MoeProjSpec{v.bits, static_cast<int>(v.codebook)}; }
 
 }  // namespace
 
@@ -114,15 +117,19 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const Moe
   if (L.num_experts > kMaxExperts) {
     return absl::UnimplementedError(absl::StrCat("CUDA MoE supports at most ", kMaxExperts, " experts"));
   }
-  // Sizes: tables (3 proj x 4 arrays x (E + 1) pointers), expert tensors, shared gate vector.
+  EXL3_ASSIGN_OR_RETURN(L.classes, ClassifyMoeExperts(host));
+  // Sizes: tables (6 proj x 4 arrays x (E + 1) pointers), a mixed layer's class arrays (order
+  // [E], class_first [classes + 1]), expert tensors, shared gate vector.
   const size_t table_entries = static_cast<size_t>(L.num_experts) + 1;
-  size_t total = Align(6 * 4 * table_entries * sizeof(void*));
+  const size_t table_bytes = Align(6 * 4 * table_entries * sizeof(void*));
+  const size_t class_ints = L.classes.uniform() ? 0 : L.classes.order.size() + L.classes.class_first.size();
+  size_t total = table_bytes + Align(class_ints * sizeof(int));
   for (const ExpertMlp* e : host.experts) {
     if (!e) continue;
     ++L.held;
-    EXL3_RETURN_IF_ERROR(CheckUniform(e->gate, L.gate, "gate"));
-    EXL3_RETURN_IF_ERROR(CheckUniform(e->up, L.up, "up"));
-    EXL3_RETURN_IF_ERROR(CheckUniform(e->down, L.down, "down"));
+    EXL3_RETURN_IF_ERROR(CheckShape(e->gate, L.gate, "gate"));
+    EXL3_RETURN_IF_ERROR(CheckShape(e->up, L.up, "up"));
+    EXL3_RETURN_IF_ERROR(CheckShape(e->down, L.down, "down"));
     total += LinearDeviceBytes(e->gate, register_host) + LinearDeviceBytes(e->up, register_host) +
              LinearDeviceBytes(e->down, register_host);
   }
@@ -130,9 +137,9 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const Moe
         "CUDA MoE: the layer holds no routed expert (a worker holding only the shared expert must "
         "use --backend cpu)");
   if (L.has_shared) {
-    EXL3_RETURN_IF_ERROR(CheckUniform(host.shared->gate, L.sgate, "shared gate"));
-    EXL3_RETURN_IF_ERROR(CheckUniform(host.shared->up, L.sup, "shared up"));
-    EXL3_RETURN_IF_ERROR(CheckUniform(host.shared->down, L.sdown, "shared down"));
+    EXL3_RETURN_IF_ERROR(CheckShape(host.shared->gate, L.sgate, "shared gate"));
+    EXL3_RETURN_IF_ERROR(CheckShape(host.shared->up, L.sup, "shared up"));
+    EXL3_RETURN_IF_ERROR(CheckShape(host.shared->down, L.sdown, "shared down"));
     total += LinearDeviceBytes(host.shared->gate, register_host) +
              LinearDeviceBytes(host.shared->up, register_host) +
              LinearDeviceBytes(host.shared->down, register_host);
@@ -152,7 +159,36 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const Moe
     projs[p]->svh = reinterpret_cast<const uint16_t**>(t + 2 * table_entries);
     projs[p]->bias = reinterpret_cast<const uint16_t**>(t + 3 * table_entries);
   }
-  size_t off = Align(6 * 4 * table_entries * sizeof(void*));
+  size_t off = table_bytes;
+  std::vector<int> class_image;  // copied with the tables at the end
+  if (class_ints > 0) {
+    // The routing kernel's class arrays (moe_kernels.cu RouteKernel), after the pointer tables.
+    class_image = L.classes.order;
+    class_image.insert(class_image.end(), L.classes.class_first.begin(), L.classes.class_first.end());
+    L.route_classes.order = reinterpret_cast<const int*>(base + off);
+    L.route_classes.class_first = L.route_classes.order + L.classes.order.size();
+    L.route_classes.num_classes = L.classes.num_classes();
+    off += Align(class_ints * sizeof(int));
+  }
+  // Each expert's K and codebook per projection, on the host (the reference path and the
+  // launches' grouping read them): routed gate, up, down [E] each, then the shared expert's three.
+  L.host_specs.assign(3 * static_cast<size_t>(L.num_experts) + 3, MoeProjSpec{});
+  for (int e = 0; e < L.num_experts; ++e) {
+    const ExpertMlp* x = host.experts[e];
+    if (!x) continue;
+    L.host_specs[e] = SpecOf(x->gate);
+    L.host_specs[L.num_experts + e] = SpecOf(x->up);
+    L.host_specs[2 * L.num_experts + e] = SpecOf(x->down);
+  }
+  if (L.has_shared) {
+    L.host_specs[3 * L.num_experts] = SpecOf(host.shared->gate);
+    L.host_specs[3 * L.num_experts + 1] = SpecOf(host.shared->up);
+    L.host_specs[3 * L.num_experts + 2] = SpecOf(host.shared->down);
+  }
+  for (int p = 0; p < 3; ++p) {
+    projs[p]->host_spec = L.host_specs.data() + static_cast<size_t>(p) * L.num_experts;
+    projs[3 + p]->host_spec = L.host_specs.data() + 3 * static_cast<size_t>(L.num_experts) + p;
+  }
   // Register mode: the kernels read the tensors in place from pinned, mapped host pages (on
   // GB10-style unified memory at memory speed, elsewhere over the interconnect).
   int use_host_ptr = 0, dev = 0;
@@ -249,8 +285,13 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const Moe
   }
   if (register_host) {
     EXL3_RETURN_IF_ERROR(staged_copy(base, tables.data(), tables.size() * sizeof(void*)));
+    if (class_ints > 0) EXL3_RETURN_IF_ERROR(staged_copy(base + table_bytes, class_image.data(), class_ints * sizeof(int)));
   } else {
     EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpy(base, tables.data(), tables.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    if (class_ints > 0) {
+      EXL3_CUDA_RETURN_IF_ERROR(
+          cudaMemcpy(base + table_bytes, class_image.data(), class_ints * sizeof(int), cudaMemcpyHostToDevice));
+    }
   }
   L.host_tables = std::move(tables);
   for (int p = 0; p < 6; ++p) {

@@ -1,6 +1,9 @@
 // An MoE layer's weights on the device (cuda_backend.h's DeviceMoeLayer): per-projection pointer
 // tables indexed by expert id, over tensors uploaded into one device block or read in place from
-// registered host memory.
+// registered host memory. The routed experts of one projection may differ in K and codebook: they
+// are grouped into (K, codebook) classes (kernels/moe_classes.h), whose row chunks the routing
+// kernel keeps apart so that each class runs in the launch of its own kernel instance
+// (moe_runner.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/moe_classes.h"
 
 namespace exl3::cuda {
 
@@ -20,8 +24,18 @@ struct ProjTable {
   const uint16_t** suh = nullptr;
   const uint16_t** svh = nullptr;
   const uint16_t** bias = nullptr;  // entries may be null
-  int k = 0, n = 0, bits = 0, cb = 0;
+  int k = 0, n = 0;
+  int bits = 0, cb = 0;  // the first held expert's (every expert's in a uniform layer)
   const uint16_t* const* host_trellis = nullptr;  // host copy of `trellis` (host code only)
+  const MoeProjSpec* host_spec = nullptr;         // [E]: each expert's K and codebook (host code only)
+};
+
+// The routing kernel's view of the classes (device arrays in the layer's block; moe_kernels.h's
+// LaunchRoute). order null: one class, experts in id order (a uniform layer).
+struct RouteClasses {
+  const int* order = nullptr;        // [E]: experts by class (MoeExpertClasses::order)
+  const int* class_first = nullptr;  // [num_classes + 1]: class k's positions in `order`
+  int num_classes = 1;
 };
 
 struct DeviceMoeLayer::Impl {
@@ -33,6 +47,9 @@ struct DeviceMoeLayer::Impl {
   float shared_limit = 0.f;
   ProjTable sgate, sup, sdown;  // shared expert: tables of one entry
   const float* shared_gate_vec = nullptr;  // device [hidden] fp32 or null
+  MoeExpertClasses classes;  // the routed experts' (K, codebook) classes
+  RouteClasses route_classes;  // device copies of classes.order/class_first (mixed layers)
+  std::vector<MoeProjSpec> host_specs;  // storage of the routed tables' host_spec (3 x E)
   void* block = nullptr;
   size_t bytes = 0;
   std::vector<const void*> host_tables;  // host image of the device pointer tables

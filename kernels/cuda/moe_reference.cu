@@ -39,7 +39,8 @@ absl::Status ReferenceProjections(Workspace::Impl& w, const RouteOut& route, con
         int rows = 0;
         while (c < counts[1] && ce[c] == e) rows += crows[c++];
         const uint16_t* tr = t.host_trellis[e];
-        EXL3_RETURN_IF_ERROR(ReferenceGemm(w.cublas, tr, q.k, q.n, t.bits, t.cb, q.a + static_cast<size_t>(row0) * q.k,
+        const MoeProjSpec& s = t.host_spec[e];  // experts may differ in K and codebook
+        EXL3_RETURN_IF_ERROR(ReferenceGemm(w.cublas, tr, q.k, q.n, s.bits, s.codebook, q.a + static_cast<size_t>(row0) * q.k,
                                            rows, q.y + static_cast<size_t>(row0) * q.n,
                                            static_cast<uint16_t*>(w.dequant.ptr), stream));
       }

@@ -18,7 +18,7 @@ namespace exl3::cuda {
 absl::Status PrepareReferenceWorkspace(Workspace::Impl& w, int hidden, int inter, int shared_inter);
 
 // Runs `count` projection problems (tables[i] describes probs[i]): copies the chunk list to the
-// host (synchronises) and runs dequant + cuBLAS per active expert.
+// host (synchronises) and runs dequant + cuBLAS per active expert, each at its own K and codebook.
 absl::Status ReferenceProjections(Workspace::Impl& w, const RouteOut& route, const GemvProblem* probs,
                                   const ProjTable* const* tables, int count, cudaStream_t stream);
 

@@ -4,6 +4,8 @@
 //   2. MoeInputKernel     per slot: x ⊙ suh_gate/up · H -> fp16 A (and the shared expert's rows)
 //   3. gate+up            GroupedGemv (<= 8-row chunks) or GroupedGemm (128-row chunks), all
 //                         active experts and the shared expert in one launch per (K, codebook)
+//                         (a mixed layer's classes, moe_layer.h: each class's chunks in the
+//                         launch of its own (K, codebook))
 //   4. MoeMidKernel       output transforms, SwiGLU (+clamp), down's input transform -> fp16 A
 //   5. down               as 3
 //   6. MoeCombineKernel   per token: sum_k w * ((y·H) ⊙ svh + bias) + shared -> out fp32
@@ -73,32 +75,62 @@ absl::StatusOr<std::unique_ptr<MoeRunner>> MoeRunner::Create(const DeviceMoeLaye
   return r;
 }
 
-// Runs `count` projection problems (tables[i] describes probs[i]) grouped by (K, codebook): one
-// launch per distinct pair. Native: GEMV for small chunks, GEMM for 128-row chunks. Reference:
-// ReferenceProjections (moe_reference.h).
+// Runs `count` projection problems (tables[i] describes probs[i]). Native: one GEMV (small
+// chunks) or GEMM (128-row chunks) launch per distinct (K, codebook) among them, of up to
+// kMaxProblems problems each; in a mixed layer (moe_layer.h) a routed projection is one problem
+// per class, covering that class's chunks (RouteOut's class ranges), so the launch count is fixed
+// by the layer and a uniform layer's launches are those of one problem per projection.
+// Reference: ReferenceProjections (moe_reference.h).
 absl::Status MoeRunner::Impl::Projections(bool gemm, const GemvProblem* probs, const ProjTable* const* tables,
                                           int count, int T, cudaStream_t stream) {
   if (path == Path::kReference) return ReferenceProjections(*ref_ws.impl(), ws.route, probs, tables, count, stream);
-  std::vector<bool> done(count, false);
+  struct Item {
+    GemvProblem q;
+    MoeProjSpec spec;
+    int held;  // experts the problem may cover (routed)
+  };
+  constexpr int kMaxItems = 2 * kMaxMoeClasses + 2;
+  Item items[kMaxItems];
+  int n = 0;
+  const MoeExpertClasses& C = L->classes;
   for (int i = 0; i < count; ++i) {
+    const ProjTable& t = *tables[i];
+    if (probs[i].chunk_expert == nullptr || C.uniform()) {
+      items[n++] = Item{probs[i], MoeProjSpec{t.bits, t.cb}, L->held};
+      continue;
+    }
+    for (int c = 0; c < C.num_classes(); ++c) {
+      if (n == kMaxItems) return absl::InternalError("MoeRunner: more projection problems than kMaxItems");
+      Item& it = items[n++];
+      it.q = probs[i];
+      it.q.chunk_base = ws.route.class_chunk0 + c;
+      it.q.num_chunks = ws.route.class_chunks + c;
+      it.spec = t.host_spec[C.order[C.class_first[c]]];
+      it.held = C.class_held[c];
+    }
+  }
+  bool done[kMaxItems] = {};
+  for (int i = 0; i < n; ++i) {
     if (done[i]) continue;
     GemvBatch batch;
     long units = 0;
-    for (int j = i; j < count; ++j) {
-      if (done[j] || tables[j]->bits != tables[i]->bits || tables[j]->cb != tables[i]->cb) continue;
+    for (int j = i; j < n && batch.num_problems < kMaxProblems; ++j) {
+      if (done[j] || items[j].spec != items[i].spec) continue;
       done[j] = true;
-      GemvProblem q = probs[j];
+      GemvProblem q = items[j].q;
+      const int held = items[j].held;
       const int chunks = q.chunk_expert ? std::min(ws.max_chunks, T * topk) : (q.rows + kGemvRows - 1) / kGemvRows;
-      q.k_tiles_per_unit = GemvKTilesPerUnit(q.k, q.n, std::max(1, std::min(chunks, L->held)), sm_count);
-      units += static_cast<long>(q.chunk_expert ? std::min(L->held, T * topk) : (q.rows + kGemmBM - 1) / kGemmBM) *
+      q.k_tiles_per_unit = GemvKTilesPerUnit(q.k, q.n, std::max(1, std::min(chunks, held)), sm_count);
+      units += static_cast<long>(q.chunk_expert ? std::min(held, T * topk) : (q.rows + kGemmBM - 1) / kGemmBM) *
                (q.n / 128);
       batch.p[batch.num_problems++] = q;
     }
+    const MoeProjSpec& s = items[i].spec;
     if (gemm) {
-      EXL3_RETURN_IF_ERROR(DispatchGemm(tables[i]->bits, tables[i]->cb, batch, GemmGrid(sm_count, std::max(1L, units)), stream));
+      EXL3_RETURN_IF_ERROR(DispatchGemm(s.bits, s.codebook, batch, GemmGrid(sm_count, std::max(1L, units)), stream));
       EXL3_CUDA_CHECK_LAUNCH("GroupedGemmKernel");
     } else {
-      EXL3_RETURN_IF_ERROR(DispatchGemv(tables[i]->bits, tables[i]->cb, batch, GemvGrid(sm_count), stream));
+      EXL3_RETURN_IF_ERROR(DispatchGemv(s.bits, s.codebook, batch, GemvGrid(sm_count), stream));
       EXL3_CUDA_CHECK_LAUNCH("GroupedGemvKernel");
     }
   }
@@ -119,7 +151,8 @@ absl::Status MoeRunner::Forward(const float* x, int T, const int32_t* ids, const
   const bool gemm = R.path == Path::kNative && T > kMoeGemvMaxTokens;
   const int chunk = gemm ? kGemmBM : kGemvRows;
   EXL3_RETURN_IF_ERROR(LaunchRoute(ids, weights, T * R.topk, R.topk, L.num_experts,
-                                   static_cast<const uint16_t* const*>(L.gate.trellis), chunk, R.ws.route, stream));
+                                   static_cast<const uint16_t* const*>(L.gate.trellis), L.route_classes, chunk, R.ws.route,
+                                   stream));
   MoeDims d{T, R.topk, L.hidden, L.inter, shared ? L.shared_inter : 0, L.limit, L.shared_limit, shared ? 1 : 0};
   const int rows = T * R.topk + (shared ? T : 0);
   EXL3_RETURN_IF_ERROR(LaunchMoeInput(rows, x, d, L.gate, L.up, L.sgate, L.sup, L.shared_gate_vec, R.ws.route, R.ws.buf,

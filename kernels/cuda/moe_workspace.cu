@@ -27,6 +27,8 @@ absl::Status MoeWorkspace::Allocate(const MoeWorkspaceShape& s) {
   arena.Region(&route.chunk_row0, max_chunks);
   arena.Region(&route.chunk_rows, max_chunks);
   arena.Region(&route.counts, 2);  // slots, chunks
+  arena.Region(&route.class_chunk0, kMaxMoeClasses);
+  arena.Region(&route.class_chunks, kMaxMoeClasses);
   // Routed experts, one row per slot: gate/up inputs and outputs, down's input and output.
   arena.Region(&buf.a_gate, slots * H);
   arena.Region(&buf.a_up, slots * H);

@@ -263,13 +263,22 @@ int BitsOf(const SyntheticOptions& so, LinearRole role) {
   return so.bits;
 }
 
+// expert >= 0: a routed expert's linear, whose K and codebook SyntheticOptions' per-expert cycles
+// may set.
 void AddLinear(const std::string& prefix, int out_f, int in_f, LinearRole role, bool exl3,
-               const SyntheticOptions* so, std::vector<GenTensor>* out) {
+               const SyntheticOptions* so, std::vector<GenTensor>* out, int expert = -1) {
   if (!exl3 || out_f % 128 != 0 || in_f % 128 != 0) {
     out->push_back({prefix + ".weight", DType::kBF16, {out_f, in_f}, GenTensor::kGaussian, 0.02f});
     return;
   }
-  const int K = BitsOf(*so, role);
+  int K = BitsOf(*so, role);
+  Codebook codebook = so->codebook;
+  if (expert >= 0 && !so->expert_bits_cycle.empty()) {
+    K = so->expert_bits_cycle[expert % so->expert_bits_cycle.size()];
+  }
+  if (expert >= 0 && !so->expert_codebook_cycle.empty()) {
+    codebook = so->expert_codebook_cycle[expert % so->expert_codebook_cycle.size()];
+  }
   out->push_back({prefix + ".trellis", DType::kI16, {in_f / 16, out_f / 16, 16 * K},
                   GenTensor::kRandomBits});
   out->push_back({prefix + ".suh", DType::kF16, {in_f}, GenTensor::kSigns, 1.0f});
@@ -278,7 +287,7 @@ void AddLinear(const std::string& prefix, int out_f, int in_f, LinearRole role, 
                   static_cast<float>(1.0 / (1.24 * std::sqrt(static_cast<double>(in_f))))});
   std::string suffix;
   int32_t flag;
-  if (CodebookFlag(so->codebook, &suffix, &flag)) {
+  if (CodebookFlag(codebook, &suffix, &flag)) {
     GenTensor t{prefix + "." + suffix, DType::kI32, {}, GenTensor::kFlag};
     t.flag = flag;
     out->push_back(t);
@@ -305,9 +314,9 @@ void AddMoeTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool exl
   }
   const int I = s.intermediate;
   for (int e = 0; e < s.experts; ++e) {
-    AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kGate), I, H, LinearRole::kExpert, exl3, so, out);
-    AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kUp), I, H, LinearRole::kExpert, exl3, so, out);
-    AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kDown), H, I, LinearRole::kExpertDown, exl3, so, out);
+    AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kGate), I, H, LinearRole::kExpert, exl3, so, out, e);
+    AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kUp), I, H, LinearRole::kExpert, exl3, so, out, e);
+    AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kDown), H, I, LinearRole::kExpertDown, exl3, so, out, e);
   }
   if (cfg.has_shared_expert()) {
     const int SI = cfg.shared_intermediate_size;
@@ -836,6 +845,9 @@ absl::Status WriteSyntheticExl3Model(const TestModelSpec& spec, const SyntheticO
   const TestModelSpec& s = *rs;
   for (int k : {opts.bits, opts.down_bits, opts.attention_bits, opts.head_bits}) {
     if (k != 0 && (k < 1 || k > 8)) return absl::InvalidArgumentError("bit widths must be in 1..8");
+  }
+  for (int k : opts.expert_bits_cycle) {
+    if (k < 1 || k > 8) return absl::InvalidArgumentError("per-expert bit widths must be in 1..8");
   }
   if (opts.bits < 1) return absl::InvalidArgumentError("--bits must be in 1..8");
   absl::StatusOr<MoeConfig> cfg = ParsedConfig(s);

@@ -111,6 +111,11 @@ struct SyntheticOptions {
   int attention_bits = 0;  // attention and dense MLP linears' K (0: bits)
   int head_bits = 0;       // lm_head's K (0: bits)
   Codebook codebook = Codebook::kMcg;
+  // Routed expert e's gate, up and down at K expert_bits_cycle[e % size] and codebook
+  // expert_codebook_cycle[e % size] where these are not empty (overriding bits, down_bits and
+  // codebook): layers whose routed experts differ in K and codebook.
+  std::vector<int> expert_bits_cycle;
+  std::vector<Codebook> expert_codebook_cycle;
   bool progress = true;
   int threads = 0;  // generating threads (0: every core); the output does not depend on it
   // Where each shard's data section starts. k8PastA16ByteBoundary with the 3INST codebook (no

@@ -86,6 +86,49 @@ TEST_P(SyntheticWholeModelTest, LoadsAndDecodes) {
   fs::remove_all(dir);
 }
 
+// Routed experts that differ in K and codebook (SyntheticOptions' per-expert cycles): the CPU
+// model decodes them (engine_cuda_model_test compares the GPU against it on such a model).
+TEST(SyntheticModelTest, RoutedExpertsOfMixedBitWidthsDecode) {
+  TestModelSpec spec;
+  spec.arch = "glm4_moe";
+  spec.layers = 3;
+  spec.hidden = 256;
+  spec.experts = 8;
+  spec.top_k = 4;
+  spec.heads = 4;
+  spec.vocab = 256;
+  SyntheticOptions so;
+  so.whole_model = true;
+  so.bits = 4;
+  so.expert_bits_cycle = {2, 3, 4};
+  so.expert_codebook_cycle = {Codebook::kMcg, Codebook::k3Inst};
+  so.progress = false;
+  const fs::path dir = fs::temp_directory_path() / "exl3_synthetic_mixed_expert_bits";
+  fs::remove_all(dir);
+  ASSERT_TRUE(WriteSyntheticExl3Model(spec, so, dir.string()).ok());
+  auto src = TensorSource::Open(dir.string());
+  ASSERT_TRUE(src.ok()) << src.status();
+  // Expert 1: K 3 (trellis [16, 8, 48]), 3INST (no flag); expert 2: K 4, MCG.
+  auto e1 = (*src)->Get("model.layers.1.mlp.experts.1.gate_proj.trellis");
+  ASSERT_TRUE(e1.ok()) << e1.status();
+  EXPECT_EQ(e1->info->shape, (std::vector<int64_t>{16, 8, 48}));
+  EXPECT_FALSE((*src)->Has("model.layers.1.mlp.experts.1.gate_proj.mcg"));
+  EXPECT_TRUE((*src)->Has("model.layers.1.mlp.experts.2.down_proj.mcg"));
+  CpuModelOptions o;
+  o.num_threads = 2;
+  auto model = CpuModel::Open(dir.string(), o);
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::vector<std::vector<int32_t>> prompts = {std::vector<int32_t>(40), std::vector<int32_t>(30)};
+  for (size_t p = 0; p < prompts.size(); ++p)
+    for (size_t i = 0; i < prompts[p].size(); ++i) prompts[p][i] = static_cast<int32_t>((p * 97 + i * 31) % 256);
+  auto rows = testing::RunGreedy(**model, prompts, 3, /*chunk=*/40);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  for (const auto& seq : *rows)
+    for (const std::vector<float>& row : seq)
+      for (float v : row) ASSERT_TRUE(std::isfinite(v));
+  fs::remove_all(dir);
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, SyntheticWholeModelTest,
                          ::testing::Values("glm4_moe", "deepseek_v3", "qwen3_moe", "mixtral",
                                            "glm_moe_dsa", "deepseek_v4", "qwen3_next"));

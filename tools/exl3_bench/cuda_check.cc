@@ -19,6 +19,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/gemv_plan.h"
 #include "kernels/exl3_linear.h"
+#include "kernels/moe_classes.h"
 #include "kernels/moe_cpu.h"
 #include "tools/exl3_bench/exit_on_error.h"
 #include "tools/exl3_bench/random_exl3.h"
@@ -40,7 +41,10 @@ std::map<std::string, double> g_limit = {
     {"gemv", 4e-3}, {"gemm", 4e-3}, {"dequant-gemm", 4e-3}, {"linear-reference", 4e-3}, {"linear-shared", 4e-3},
     {"moe-native", 1e-2},
     {"moe-native-prefill", 1e-2}, {"moe-reference", 1e-2}, {"moe-graph-replay", 1e-2},
-    {"moe-registered-host", 1e-2}};
+    {"moe-registered-host", 1e-2},
+    // Layers whose routed experts differ in K and codebook (ExpertSpecCycles): the same checks.
+    {"moe-mixed-native", 1e-2}, {"moe-mixed-prefill", 1e-2}, {"moe-mixed-reference", 1e-2},
+    {"moe-mixed-graph", 1e-2}, {"moe-mixed-registered", 1e-2}, {"moe-mixed-classes", 0}};
 int g_failures = 0;
 int g_cases = 0;
 uint64_t g_seed = 1;
@@ -288,6 +292,9 @@ struct MoeCase {
   ProjSpec g, u, d, sg, su, sd;
   float limit;
   bool bias, shared_gate;
+  // Per-expert (K, codebook) of the routed experts (overrides g, u, d where set).
+  benchutil::ExpertSpecCycles cycles = {};
+  bool mixed() const { return !cycles.gate.empty() || !cycles.up.empty() || !cycles.down.empty(); }
 };
 
 // A copy of `v` whose every tensor starts 8 bytes past a 16-byte boundary, as tensors of a
@@ -328,7 +335,24 @@ struct MisalignedCopy {
 void CheckMoe(const MoeCase& c, const std::vector<int>& token_counts, bool with_reference, bool graph,
               bool registered = false, bool misaligned = false) {
   RandomMoeLayer layer(c.hidden, c.inter, c.experts, c.held_every, c.g, c.u, c.d, c.shared_inter, c.sg, c.su, c.sd,
-                       c.limit, g_seed++, c.bias, c.shared_gate);
+                       c.limit, g_seed++, c.bias, c.shared_gate, c.cycles);
+  // A mixed case's labels are "moe-mixed-*", and it must have made more than one class
+  // (kernels/moe_classes.h): "moe-mixed-classes" fails otherwise.
+  auto label = [&](const std::string& kernel) -> std::string {
+    if (!c.mixed()) return kernel;
+    static const std::map<std::string, std::string> mixed = {
+        {"moe-native", "moe-mixed-native"},       {"moe-native-prefill", "moe-mixed-prefill"},
+        {"moe-reference", "moe-mixed-reference"}, {"moe-graph-replay", "moe-mixed-graph"},
+        {"moe-registered-host", "moe-mixed-registered"}};
+    return mixed.at(kernel);
+  };
+  std::string name = c.name;
+  if (c.mixed()) {
+    auto classes = ClassifyMoeExperts(layer.view);
+    OK(classes.status());
+    name += " [" + std::to_string(classes->num_classes()) + " classes]";
+    Record("moe-mixed-classes", classes->num_classes() > 1 ? 0.0 : 1.0, name + " has more than one class");
+  }
   std::unique_ptr<MisalignedCopy> shifted;
   if (misaligned) shifted = std::make_unique<MisalignedCopy>(layer.view);
   auto dev = !registered ? cuda::DeviceMoeLayer::Upload(layer.view)
@@ -366,22 +390,22 @@ void CheckMoe(const MoeCase& c, const std::vector<int>& token_counts, bool with_
         Upload(dx, x);
         Upload(dids, ids);
         Upload(dw, w);
-        const std::string what = std::string(c.name) + " T=" + std::to_string(T) + " " + RoutingName(kind) +
+        const std::string what = name + " T=" + std::to_string(T) + " " + RoutingName(kind) +
                                  (shared ? "" : " no-shared");
         CK(cudaMemset(dout, 0xff, ref.size() * 4));
         OK((*native)->Forward(dx, T, dids, dw, dout, nullptr, shared));
         CK(cudaDeviceSynchronize());
         auto got = Fetch(dout, ref.size());
-        Record(registered                     ? "moe-registered-host"
-               : T > cuda::kMoeGemvMaxTokens ? "moe-native-prefill"
-                                             : "moe-native",
+        Record(label(registered                     ? "moe-registered-host"
+                     : T > cuda::kMoeGemvMaxTokens ? "moe-native-prefill"
+                                                   : "moe-native"),
                RelErr(got.data(), ref.data(), ref.size()), what);
         if (reference) {
           CK(cudaMemset(dout, 0xff, ref.size() * 4));
           OK(reference->ForwardHostRouting(dx, T, ids.data(), w.data(), dout, nullptr, shared));
           CK(cudaDeviceSynchronize());
           got = Fetch(dout, ref.size());
-          Record("moe-reference", RelErr(got.data(), ref.data(), ref.size()), what);
+          Record(label("moe-reference"), RelErr(got.data(), ref.data(), ref.size()), what);
         }
       }
     }
@@ -408,8 +432,8 @@ void CheckMoe(const MoeCase& c, const std::vector<int>& token_counts, bool with_
         CK(cudaGraphLaunch(ge, s));
         CK(cudaStreamSynchronize(s));
         const auto got = Fetch(dout, ref.size());
-        Record("moe-graph-replay", RelErr(got.data(), ref.data(), ref.size()),
-               std::string(c.name) + " T=" + std::to_string(T) + " replay " + std::to_string(rep));
+        Record(label("moe-graph-replay"), RelErr(got.data(), ref.data(), ref.size()),
+               name + " T=" + std::to_string(T) + " replay " + std::to_string(rep));
       }
       CK(cudaGraphExecDestroy(ge));
       CK(cudaGraphDestroy(g));
@@ -422,21 +446,62 @@ void CheckMoe(const MoeCase& c, const std::vector<int>& token_counts, bool with_
   CK(cudaFree(dw));
 }
 
+// Routed experts of one projection that differ in K and codebook (MoeCase::cycles): the native
+// path runs each (K, codebook) class's chunks in the launch of its own kernel instance
+// (kernels/cuda/moe_runner.cu). GEMV token counts (T <= kMoeGemvMaxTokens) and GEMM ones (65,
+// 300), on the native and the reference path, graph replay, registered host memory.
+void CheckMixedExperts(bool small, bool big) {
+  using benchutil::ExpertSpecCycles;
+  const ProjSpec k1m{1, Codebook::kMcg}, k2m{2, Codebook::kMcg}, k3i{3, Codebook::k3Inst}, k4u{4, Codebook::kMul1},
+      k5u{5, Codebook::kMul1}, k6i{6, Codebook::k3Inst}, k7m{7, Codebook::kMcg}, k8u{8, Codebook::kMul1},
+      k3m{3, Codebook::kMcg}, k4m{4, Codebook::kMcg}, k2i{2, Codebook::k3Inst}, k3u{3, Codebook::kMul1};
+  const std::vector<int> gemv_gemm = {1, 8, 64, 65, 300};
+  // Whole experts at K 2, 3 or 4 (one codebook), the shared expert at K 4: 3 classes, the shared
+  // expert's problems in the K = 4 launch.
+  MoeCase whole{"per-expert K2/3/4 mcg (shared gate)", 512, 256, 32, 0, 8, 256, k2m, k2m, k2m, k4m, k4m, k4m,
+                0.0f, false, true, ExpertSpecCycles{{k2m, k3m, k4m}, {k2m, k3m, k4m}, {k2m, k3m, k4m}}};
+  if (small) {
+    CheckMoe(whole, {3, 70}, true, false);
+    return;
+  }
+  // Every K 1..8 and all three codebooks: gate and up cycle with period 4, down with period 3
+  // (12 classes; several share a gate (K, codebook), so some launches take more than kMaxProblems
+  // problems' worth and split), experts not held, bias, clamp.
+  MoeCase every{"per-expert K1..8/3inst/mcg/mul1+bias+limit", 256, 384, 24, 5, 6, 256, k2m, k2m, k2m, k4m, k2i,
+                k3u, 0.75f, true, false,
+                ExpertSpecCycles{{k1m, k2m, k3i, k4u}, {k2m, k2m, k3i, k5u}, {k6i, k7m, k8u}}};
+  // Only down's codebook varies (K 3), no shared expert.
+  MoeCase cbs{"per-expert down codebook, no shared", 256, 256, 16, 0, 4, 0, k2m, k2m, k3i, k2m, k2m, k2m, 0.0f,
+              false, false, ExpertSpecCycles{{}, {}, {k3i, k3m, k3u}}};
+  for (const MoeCase* c : {&whole, &every, &cbs}) CheckMoe(*c, gemv_gemm, true, true);
+  CheckMoe(every, {1, 65}, false, false, /*registered=*/true);
+  CheckMoe(every, {8}, false, false, /*registered=*/true, /*misaligned=*/true);
+  if (big) {
+    MoeCase glm{"glm-like 2048/1024 E64 top8 per-expert K2/3 mcg/3inst", 2048, 1024, 64, 0, 8, 1024, k2m, k2m,
+                k2m, k2m, k2m, k2m, 10.0f, false, false,
+                ExpertSpecCycles{{k2m, k3i}, {k2m, k3i}, {k3m, k2m, k2i}}};
+    CheckMoe(glm, gemv_gemm, true, true);
+  }
+}
+
 int Main(int argc, char** argv) {
-  bool small = false, big = true;
+  bool small = false, big = true, mixed_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       std::printf(
-          "usage: exl3-cuda-check [--small] [--no-big] [--seed N]\n"
+          "usage: exl3-cuda-check [--small] [--no-big] [--mixed-experts] [--seed N]\n"
           "Checks the CUDA kernels against the CPU reference on random inputs; exits 1 on failure.\n"
-          "  --small   a short sweep (for compute-sanitizer)\n"
-          "  --no-big  skip the model-sized shapes\n");
+          "  --small          a short sweep (for compute-sanitizer)\n"
+          "  --no-big         skip the model-sized shapes\n"
+          "  --mixed-experts  only the MoE layers whose routed experts differ in K and codebook\n");
       return 0;
     } else if (a == "--small") {
       small = true;
     } else if (a == "--no-big") {
       big = false;
+    } else if (a == "--mixed-experts") {
+      mixed_only = true;
     } else if (a == "--seed" && i + 1 < argc) {
       g_seed = std::strtoull(argv[++i], nullptr, 10);
     } else {
@@ -456,7 +521,9 @@ int Main(int argc, char** argv) {
               info->sm_count, info->l2_bytes >> 20);
   cuda::Workspace ws;
   const Codebook cbs[] = {Codebook::k3Inst, Codebook::kMcg, Codebook::kMul1};
-  if (small) {
+  if (mixed_only) {
+    CheckMixedExperts(small, big);
+  } else if (small) {
     for (int K : {2, 5})
       for (Codebook cb : cbs) CheckLinear(128, 256, K, cb, {1, 17, 130}, K == 5, &ws);
     CheckLinear(384, 640, 3, Codebook::kMcg, {1, 8, 20}, true, &ws, 3);  // slices across 128-blocks
@@ -465,6 +532,7 @@ int Main(int argc, char** argv) {
               {2, Codebook::kMcg}, {2, Codebook::kMcg}, {3, Codebook::kMul1}, 1.0f, true, false};
     CheckMoe(c, {3, 70}, true, false);
     CheckMoe(c, {3}, false, false, /*registered=*/true);
+    CheckMixedExperts(true, false);
   } else {
     // Every K and codebook on tile-edge shapes and token counts (GEMV <= 48 rows, GEMM above).
     for (int K = 1; K <= 8; ++K)
@@ -529,6 +597,7 @@ int Main(int argc, char** argv) {
                   {2, Codebook::kMcg}, 10.0f, false, false};
       CheckMoe(glm, {1, 8, 64}, true, true);
     }
+    CheckMixedExperts(false, big);
   }
   std::printf("\nworst ‖out−ref‖/‖ref‖ per kernel (%d cases, %d failures):\n", g_cases, g_failures);
   for (const auto& [k, v] : g_worst) std::printf("  %-22s %.3e%s\n", k.c_str(), v, k == "dequant-mismatches" ? " (count)" : "");

@@ -75,6 +75,12 @@ struct RandomExpert {
   }
 };
 
+// Per-expert (K, codebook) of the routed experts: expert e's gate is gate[e % gate.size()], and
+// so on; an empty list keeps the layer's one spec for that projection.
+struct ExpertSpecCycles {
+  std::vector<ProjSpec> gate, up, down;
+};
+
 // A whole MoE layer with `held` of `num_experts` experts present (the others null).
 struct RandomMoeLayer {
   std::vector<std::unique_ptr<RandomExpert>> experts;
@@ -83,7 +89,7 @@ struct RandomMoeLayer {
   MoeLayerView view;
   RandomMoeLayer(int hidden, int inter, int num_experts, int held_every, ProjSpec g, ProjSpec u, ProjSpec d,
                  int shared_inter, ProjSpec sg, ProjSpec su, ProjSpec sd, float limit, uint64_t seed,
-                 bool bias = false, bool with_shared_gate = false) {
+                 bool bias = false, bool with_shared_gate = false, const ExpertSpecCycles& cycles = {}) {
     view.hidden_size = hidden;
     view.intermediate_size = inter;
     view.swiglu_limit = limit;
@@ -91,7 +97,9 @@ struct RandomMoeLayer {
     experts.resize(num_experts);
     for (int e = 0; e < num_experts; ++e) {
       if (held_every > 1 && e % held_every == held_every - 1) continue;  // not held here
-      experts[e] = std::make_unique<RandomExpert>(hidden, inter, seed * 1000 + e, g, u, d, bias);
+      auto pick = [e](const std::vector<ProjSpec>& c, ProjSpec fixed) { return c.empty() ? fixed : c[e % c.size()]; };
+      experts[e] = std::make_unique<RandomExpert>(hidden, inter, seed * 1000 + e, pick(cycles.gate, g),
+                                                  pick(cycles.up, u), pick(cycles.down, d), bias);
       view.experts[e] = &experts[e]->mlp;
     }
     if (shared_inter > 0) {

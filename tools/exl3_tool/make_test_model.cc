@@ -24,7 +24,8 @@ constexpr char kUsage[] =
     "         [--max-position N]\n"
     "         [--bits K] [--expert-bits K] [--down-bits K] [--codebook 3inst|mcg|mul1]\n"
     "         [--quantize-all [--head-bits K]] [--attention-bits K] [--seed S] [--threads N] [--hf-only]\n"
-    "         [--hf-output DIR2] [--synthetic [--whole-model] [--misaligned-data]] [--quiet]\n"
+    "         [--hf-output DIR2] [--synthetic [--whole-model] [--misaligned-data]\n"
+    "         [--expert-bits-cycle K1,K2,...] [--expert-codebook-cycle CB1,CB2,...]] [--quiet]\n"
     "         [--heads N] [--kv-heads N] [--head-dim D] [--q-lora-rank R] [--kv-lora-rank R]\n"
     "         [--qk-nope-head-dim D] [--qk-rope-head-dim D] [--v-head-dim D]\n"
     "         [--index-heads N] [--index-head-dim D] [--index-topk K]\n"
@@ -66,6 +67,9 @@ constexpr char kUsage[] =
     "  --down-bits     K of down projections (default: no override). Mixed widths, e.g. the\n"
     "                  demo's K=2 MCG with K=4 down: --bits 2 --down-bits 4 --codebook mcg\n"
     "  --codebook      3inst (default), mcg or mul1\n"
+    "  --expert-bits-cycle, --expert-codebook-cycle  with --synthetic: comma-separated K (1..8) or\n"
+    "                  codebooks; routed expert e's gate, up and down take entry e % count (layers\n"
+    "                  whose routed experts differ in K and codebook), e.g. 2,3,4 and mcg,3inst\n"
     "  --quantize-all  quantize attention, dense MLPs (at --bits) and lm_head (at --head-bits,\n"
     "                  default 6) too, as exl3-tool quantize does (default: experts only)\n"
     "  --seed          weights' seed (also the sign vectors'); default 1\n"
@@ -145,7 +149,7 @@ int Run(int argc, char** argv) {
                    "csa-compress-rate", "hca-compress-rate", "o-groups", "o-lora-rank", "hc-mult",
                    "hc-sinkhorn-iters", "hash-layers", "linear-key-heads", "linear-value-heads",
                    "linear-key-head-dim", "linear-value-head-dim", "linear-conv-kernel",
-                   "full-attention-interval"},
+                   "full-attention-interval", "expert-bits-cycle", "expert-codebook-cycle"},
                   {"hf-only", "synthetic", "quiet", "quantize-all", "whole-model", "misaligned-data"}, &err)) {
     return Fail(kName, err);
   }
@@ -226,6 +230,9 @@ int Run(int argc, char** argv) {
   if (args.Bool("misaligned-data") && !args.Bool("synthetic")) {
     return Fail(kName, "--misaligned-data goes with --synthetic");
   }
+  if ((args.Has("expert-bits-cycle") || args.Has("expert-codebook-cycle")) && !args.Bool("synthetic")) {
+    return Fail(kName, "--expert-bits-cycle and --expert-codebook-cycle go with --synthetic");
+  }
   if (args.Bool("synthetic")) {
     if (args.Bool("hf-only") || args.Has("hf-output") || args.Has("expert-bits")) {
       return Fail(kName, "--synthetic writes EXL3 directly: --hf-only, --hf-output and --expert-bits do not apply");
@@ -240,6 +247,20 @@ int Run(int argc, char** argv) {
     so.progress = progress;
     so.threads = threads;
     if (args.Bool("misaligned-data")) so.data_start = DataSectionStart::k8PastA16ByteBoundary;
+    for (absl::string_view k : absl::StrSplit(args.Get("expert-bits-cycle"), ',', absl::SkipEmpty())) {
+      int v = 0;
+      if (!absl::SimpleAtoi(k, &v) || v < 1 || v > 8) {
+        return Fail(kName, "--expert-bits-cycle: bit widths in 1..8, comma-separated");
+      }
+      so.expert_bits_cycle.push_back(v);
+    }
+    for (absl::string_view name : absl::StrSplit(args.Get("expert-codebook-cycle"), ',', absl::SkipEmpty())) {
+      Codebook c;
+      if (!ParseCodebook(std::string(name), &c)) {
+        return Fail(kName, "--expert-codebook-cycle: 3inst, mcg or mul1, comma-separated");
+      }
+      so.expert_codebook_cycle.push_back(c);
+    }
     if (progress) {
       std::fprintf(stderr, "exl3-tool make-test-model: writing %.2f GB of synthetic EXL3 shards to %s\n",
                    SyntheticModelBytes(*resolved, so) / 1e9, out.c_str());

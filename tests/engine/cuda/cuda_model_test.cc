@@ -34,6 +34,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "model/routing.h"
 #include "model/safetensors.h"
+#include "model/testmodel/test_model.h"
 #include "tests/engine/delayed_moe.h"
 #include "tests/engine/model_harness.h"
 
@@ -562,6 +563,56 @@ TEST(CudaModelTest, ExpertsThroughAnExecutorMatchTheCpuModel) {
   ASSERT_NO_FATAL_FAILURE(CompareGreedyRows(*gpu_rows, *cpu_rows, &worst));
   std::printf("model glm4_moe_all, experts through an executor: logits rel (worst row) %.2e\n", worst);
   EXPECT_LT(worst, 5e-3);
+}
+
+// Routed experts that differ in K and codebook (a synthetic whole model, make-test-model
+// --expert-bits-cycle / --expert-codebook-cycle: 6 (K, codebook) classes per MoE layer, the CUDA
+// MoE's one launch per class, kernels/cuda/moe_runner.cu) against the CPU model: a first step of
+// 70 tokens (the MoE's GEMM path), then decode steps of 2 (GEMV), eager and in CUDA graphs.
+TEST(CudaModelTest, RoutedExpertsOfMixedBitWidthsMatchTheCpuModel) {
+  REQUIRE_GPU();
+  TestModelSpec spec;
+  spec.arch = "glm4_moe";
+  spec.layers = 3;
+  spec.hidden = 256;
+  spec.experts = 8;
+  spec.top_k = 4;
+  spec.heads = 4;
+  spec.vocab = 256;
+  SyntheticOptions so;
+  so.whole_model = true;
+  so.bits = 4;
+  so.expert_bits_cycle = {2, 3, 4};
+  so.expert_codebook_cycle = {Codebook::kMcg, Codebook::k3Inst};
+  so.progress = false;
+  const fs::path dir = fs::temp_directory_path() / "exl3_cuda_mixed_expert_bits";
+  fs::remove_all(dir);
+  ASSERT_TRUE(WriteSyntheticExl3Model(spec, so, dir.string()).ok());
+  std::mt19937 rng(17);
+  std::vector<std::vector<int32_t>> prompts(2);
+  prompts[0].resize(40);
+  prompts[1].resize(30);
+  for (auto& p : prompts)
+    for (int32_t& t : p) t = static_cast<int32_t>(rng() % spec.vocab);
+  auto cpu = CpuModel::Open(dir.string(), CpuModelOptions{});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto cpu_rows = testing::RunGreedy(**cpu, prompts, 6, /*chunk=*/40);
+  ASSERT_TRUE(cpu_rows.ok()) << cpu_rows.status();
+  for (bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "graphs" : "eager");
+    CudaModelOptions options;
+    options.cuda_graphs = graphs;
+    auto gpu = CudaModel::Open(dir.string(), options);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    auto gpu_rows = testing::RunGreedy(**gpu, prompts, 6, /*chunk=*/40);
+    ASSERT_TRUE(gpu_rows.ok()) << gpu_rows.status();
+    double worst = 0;
+    ASSERT_NO_FATAL_FAILURE(CompareGreedyRows(*gpu_rows, *cpu_rows, &worst));
+    std::printf("synthetic glm4_moe, experts at K 2/3/4 x mcg/3inst (%s): logits rel (worst row) %.2e\n",
+                graphs ? "graphs" : "eager", worst);
+    EXPECT_LT(worst, 5e-3);
+  }
+  fs::remove_all(dir);
 }
 
 // Two micro-batches (ping-pong) against one, with the experts behind an executor whose answers

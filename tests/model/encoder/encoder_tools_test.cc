@@ -493,5 +493,36 @@ TEST(EncoderTools, SyntheticModelOpensWithRandomTrellis) {
   EXPECT_NE((*digested)->fingerprint(), (*model)->fingerprint());
 }
 
+// --expert-bits-cycle / --expert-codebook-cycle: routed experts that differ in K and codebook (the
+// layers the CUDA MoE path groups into (K, codebook) classes, kernels/moe_classes.h).
+TEST(EncoderTools, SyntheticModelWithPerExpertBitsAndCodebooks) {
+  const std::string dir = TempDir("synthetic-mixed");
+  std::string err;
+  ASSERT_EQ(Tool("make-test-model --quiet --synthetic --arch deepseek_v3 --output " + dir + "/m --hidden 256 "
+                 "--intermediate 128 --experts 8 --top-k 2 --layers 2 --dense-layers 1 --bits 2 "
+                 "--codebook mcg --expert-bits-cycle 2,3,4 --expert-codebook-cycle mcg,3inst", &err),
+            0)
+      << err;
+  auto model = Exl3Model::Open(dir + "/m");
+  ASSERT_TRUE(model.ok()) << model.status();
+  absl::StatusOr<MoeLayerView> layer = (*model)->LayerView(1);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  ASSERT_EQ(layer->num_experts(), 8);
+  for (int e = 0; e < 8; ++e) {
+    ASSERT_NE(layer->experts[e], nullptr);
+    for (const Exl3LinearView* v : {&layer->experts[e]->gate, &layer->experts[e]->up, &layer->experts[e]->down}) {
+      EXPECT_EQ(v->bits, 2 + e % 3) << "expert " << e;
+      EXPECT_EQ(v->codebook, e % 2 ? Codebook::k3Inst : Codebook::kMcg) << "expert " << e;
+    }
+  }
+  ASSERT_NE(layer->shared, nullptr);  // the shared expert keeps --bits and --codebook
+  EXPECT_EQ(layer->shared->down.bits, 2);
+  EXPECT_EQ(layer->shared->down.codebook, Codebook::kMcg);
+  EXPECT_EQ(Tool("make-test-model --quiet --arch deepseek_v3 --output " + dir + "/hf --expert-bits-cycle 2,3"), 1);
+  EXPECT_EQ(Tool("make-test-model --quiet --synthetic --arch deepseek_v3 --output " + dir + "/bad "
+                 "--expert-bits-cycle 2,9"),
+            1);
+}
+
 }  // namespace
 }  // namespace exl3
