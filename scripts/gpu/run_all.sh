@@ -40,7 +40,7 @@ fi
 if want check; then
   echo "=== exl3-cuda-check"
   ARGS=""; [ "$QUICK" = 1 ] && ARGS="--no-big"
-  timeout 240 "$BIN"/exl3-cuda-check $ARGS > "$OUT/check.log" 2>&1; echo "check exit $?" | tee -a "$OUT/check.log"
+  timeout ${CHECK_TIMEOUT:-480} "$BIN"/exl3-cuda-check $ARGS > "$OUT/check.log" 2>&1; echo "check exit $?" | tee -a "$OUT/check.log"
   grep -E "FAIL|error" "$OUT/check.log" | head -20
   sed -n '/worst/,$p' "$OUT/check.log"
 fi
