@@ -8,7 +8,8 @@
 
 namespace exl3::cuda {
 
-template <int K, int CB>
+// kFmaShare: DecodeLaneRaw's FMA-pipe share (exl3-decode-share-sweep times every value).
+template <int K, int CB, int kFmaShare = DefaultFmaShare<K, CB>()>
 __global__ void __launch_bounds__(256) DecodeCeilingKernel(const uint32_t* seeds, float* out, int iters,
                                                                  const Pow2Table pw) {
   const int lane = threadIdx.x & 31;
@@ -27,7 +28,7 @@ __global__ void __launch_bounds__(256) DecodeCeilingKernel(const uint32_t* seeds
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
       uint32_t b[8];
-      DecodeLaneRaw<K, CB>(w[t], slots.shift, mask, flip, pw, b);
+      DecodeLaneRaw<K, CB, kFmaShare>(w[t], slots.shift, mask, flip, pw, b);
       // As the GEMV: decoded elements are the A fragment of W^T, 8 tokens on the n side.
       const uint32_t ae[4] = {b[0], b[4], b[2], b[6]};
       const uint32_t ao[4] = {b[1], b[5], b[3], b[7]};

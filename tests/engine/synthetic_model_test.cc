@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
 #include "model/testmodel/test_model.h"
+#include "tests/engine/mixed_expert_model.h"
 #include "tests/engine/model_harness.h"
 
 namespace exl3::engine {
@@ -89,23 +90,9 @@ TEST_P(SyntheticWholeModelTest, LoadsAndDecodes) {
 // Routed experts that differ in K and codebook (SyntheticOptions' per-expert cycles): the CPU
 // model decodes them (engine_cuda_model_test compares the GPU against it on such a model).
 TEST(SyntheticModelTest, RoutedExpertsOfMixedBitWidthsDecode) {
-  TestModelSpec spec;
-  spec.arch = "glm4_moe";
-  spec.layers = 3;
-  spec.hidden = 256;
-  spec.experts = 8;
-  spec.top_k = 4;
-  spec.heads = 4;
-  spec.vocab = 256;
-  SyntheticOptions so;
-  so.whole_model = true;
-  so.bits = 4;
-  so.expert_bits_cycle = {2, 3, 4};
-  so.expert_codebook_cycle = {Codebook::kMcg, Codebook::k3Inst};
-  so.progress = false;
+  const TestModelSpec spec = testing::MixedExpertModelSpec();
   const fs::path dir = fs::temp_directory_path() / "exl3_synthetic_mixed_expert_bits";
-  fs::remove_all(dir);
-  ASSERT_TRUE(WriteSyntheticExl3Model(spec, so, dir.string()).ok());
+  ASSERT_TRUE(testing::WriteMixedExpertModel(dir).ok());
   auto src = TensorSource::Open(dir.string());
   ASSERT_TRUE(src.ok()) << src.status();
   // Expert 1: K 3 (trellis [16, 8, 48]), 3INST (no flag); expert 2: K 4, MCG.

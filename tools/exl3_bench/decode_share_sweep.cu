@@ -1,5 +1,5 @@
-// exl3-decode-share-sweep: the decode ceiling (kernels/cuda/decode_ceiling_kernel.cuh's loop:
-// words in registers, decode + 2 mma per tile) at every FMA-pipe share of the state extraction
+// exl3-decode-share-sweep: the decode ceiling (kernels/cuda/decode_ceiling_kernel.cuh: words in
+// registers, decode + 2 mma per tile) at every FMA-pipe share of the state extraction
 // (DecodeLaneRaw's kFmaShare, kernels/cuda/trellis_decode.cuh), per bit width and codebook, and at
 // 2..6 resident blocks per SM. The defaults in DefaultFmaShare are read from its output on an
 // H200 (bench/results/h200.md, session 10). Usage: exl3-decode-share-sweep (no arguments).
@@ -11,44 +11,10 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/cuda/trellis_decode.cuh"
+#include "kernels/cuda/decode_ceiling_kernel.cuh"
 
 namespace exl3::cuda {
 namespace {
-
-template <int K, int CB, int kShare>
-__global__ void __launch_bounds__(256) ShareCeilingKernel(const uint32_t* seeds, float* out, int iters,
-                                                          const Pow2Table pw) {
-  const int lane = threadIdx.x & 31;
-  constexpr int NW = LaneSlots<K>::kWords;
-  const LaneSlots<K> slots(lane);
-  uint32_t w[4][NW];
-#pragma unroll
-  for (int t = 0; t < 4; ++t)
-#pragma unroll
-    for (int i = 0; i < NW; ++i) w[t][i] = seeds[(threadIdx.x * 7 + t * 3 + i) & 1023];
-  const uint32_t ones = 0x3c003c00u, mask = 0x8fff8fffu, flip = 0x3b603b60u;
-  float acc[4][4] = {};
-  for (int it = 0; it < iters; ++it) {
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      uint32_t b[8];
-      DecodeLaneRaw<K, CB, kShare>(w[t], slots.shift, mask, flip, pw, b);
-      const uint32_t ae[4] = {b[0], b[4], b[2], b[6]};
-      const uint32_t ao[4] = {b[1], b[5], b[3], b[7]};
-      Mma16816(acc[t], ae, ones, ones);
-      Mma16816(acc[t], ao, ones, ones);
-#pragma unroll
-      for (int i = 0; i < NW; ++i) w[t][i] += 0x9E3779B9u;
-    }
-  }
-  float s = 0.f;
-#pragma unroll
-  for (int t = 0; t < 4; ++t)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) s += acc[t][i];
-  out[blockIdx.x * blockDim.x + threadIdx.x] = s;
-}
 
 struct Setup {
   uint32_t* seeds = nullptr;
@@ -63,7 +29,7 @@ bool Check(cudaError_t e) {
   return false;
 }
 
-// Weights/s of ShareCeilingKernel<K, CB, kShare>: median of 10 timed launches after 2.
+// Weights/s of DecodeCeilingKernel<K, CB, kShare>: median of 10 timed launches after 2.
 template <int K, int CB, int kShare>
 double Rate(const Setup& s) {
   const int iters = 2048;
@@ -73,7 +39,7 @@ double Rate(const Setup& s) {
   std::vector<float> ms;
   for (int r = 0; r < 12; ++r) {
     cudaEventRecord(a);
-    ShareCeilingKernel<K, CB, kShare><<<s.grid, 256, s.smem>>>(s.seeds, s.out, iters, Pow2Table::Make());
+    DecodeCeilingKernel<K, CB, kShare><<<s.grid, 256, s.smem>>>(s.seeds, s.out, iters, Pow2Table::Make());
     cudaEventRecord(b);
     cudaEventSynchronize(b);
     float t = 0;
@@ -114,7 +80,7 @@ int Main(int argc, char** argv) {
   uint32_t x = 5;
   for (uint32_t& v : h) v = x = x * 1664525u + 1013904223u;
   if (!Check(cudaMemcpy(s.seeds, h.data(), 4096, cudaMemcpyHostToDevice))) return 1;
-  auto kernel = ShareCeilingKernel<2, kCbMcg, DefaultFmaShare<2, kCbMcg>()>;
+  auto kernel = DecodeCeilingKernel<2, kCbMcg>;
   if (!Check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024))) return 1;
   for (int blocks : {2, 3, 4, 5, 6}) {
     s.smem = (220 * 1024) / blocks - 1024;

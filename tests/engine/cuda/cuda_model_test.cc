@@ -36,6 +36,7 @@
 #include "model/safetensors.h"
 #include "model/testmodel/test_model.h"
 #include "tests/engine/delayed_moe.h"
+#include "tests/engine/mixed_expert_model.h"
 #include "tests/engine/model_harness.h"
 
 namespace exl3::engine::cuda {
@@ -571,23 +572,9 @@ TEST(CudaModelTest, ExpertsThroughAnExecutorMatchTheCpuModel) {
 // 70 tokens (the MoE's GEMM path), then decode steps of 2 (GEMV), eager and in CUDA graphs.
 TEST(CudaModelTest, RoutedExpertsOfMixedBitWidthsMatchTheCpuModel) {
   REQUIRE_GPU();
-  TestModelSpec spec;
-  spec.arch = "glm4_moe";
-  spec.layers = 3;
-  spec.hidden = 256;
-  spec.experts = 8;
-  spec.top_k = 4;
-  spec.heads = 4;
-  spec.vocab = 256;
-  SyntheticOptions so;
-  so.whole_model = true;
-  so.bits = 4;
-  so.expert_bits_cycle = {2, 3, 4};
-  so.expert_codebook_cycle = {Codebook::kMcg, Codebook::k3Inst};
-  so.progress = false;
+  const TestModelSpec spec = testing::MixedExpertModelSpec();
   const fs::path dir = fs::temp_directory_path() / "exl3_cuda_mixed_expert_bits";
-  fs::remove_all(dir);
-  ASSERT_TRUE(WriteSyntheticExl3Model(spec, so, dir.string()).ok());
+  ASSERT_TRUE(testing::WriteMixedExpertModel(dir).ok());
   std::mt19937 rng(17);
   std::vector<std::vector<int32_t>> prompts(2);
   prompts[0].resize(40);
