@@ -238,6 +238,11 @@ class GeneratorStub(object):
                 request_serializer=exl3serve_dot_v1_dot_exl3serve__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=exl3serve_dot_v1_dot_exl3serve__pb2.GenerateResponse.FromString,
                 )
+        self.GenerateStream = channel.stream_stream(
+                '/exl3serve.v1.Generator/GenerateStream',
+                request_serializer=exl3serve_dot_v1_dot_exl3serve__pb2.GenerateStreamRequest.SerializeToString,
+                response_deserializer=exl3serve_dot_v1_dot_exl3serve__pb2.GenerateStreamResponse.FromString,
+                )
         self.DescribeModel = channel.unary_unary(
                 '/exl3serve.v1.Generator/DescribeModel',
                 request_serializer=exl3serve_dot_v1_dot_exl3serve__pb2.DescribeModelRequest.SerializeToString,
@@ -264,6 +269,22 @@ class GeneratorServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GenerateStream(self, request_iterator, context):
+        """Many requests on one call, for a front end that keeps one call open per process: requests
+        start and are cancelled by the client's messages, and each server message carries the updates
+        of every request on the call that had something since the previous one (one engine step's
+        tokens for all of them in one message, where Generate sends one message per request). A
+        request's updates carry what Generate's messages would, in order; its last update (`last`)
+        says how it ended: status_code 0, or the status Generate's call would have ended with (a
+        refusal is a last update without tokens). The requests' deadlines are their timeout_us (0: the
+        server's default), capped by the call's own deadline. The call ends once the client has
+        half-closed and every request on it has ended; a call that breaks or is cancelled cancels
+        every request still on it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DescribeModel(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -277,6 +298,11 @@ def add_GeneratorServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=exl3serve_dot_v1_dot_exl3serve__pb2.GenerateRequest.FromString,
                     response_serializer=exl3serve_dot_v1_dot_exl3serve__pb2.GenerateResponse.SerializeToString,
+            ),
+            'GenerateStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateStream,
+                    request_deserializer=exl3serve_dot_v1_dot_exl3serve__pb2.GenerateStreamRequest.FromString,
+                    response_serializer=exl3serve_dot_v1_dot_exl3serve__pb2.GenerateStreamResponse.SerializeToString,
             ),
             'DescribeModel': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeModel,
@@ -312,6 +338,23 @@ class Generator(object):
         return grpc.experimental.unary_stream(request, target, '/exl3serve.v1.Generator/Generate',
             exl3serve_dot_v1_dot_exl3serve__pb2.GenerateRequest.SerializeToString,
             exl3serve_dot_v1_dot_exl3serve__pb2.GenerateResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GenerateStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(request_iterator, target, '/exl3serve.v1.Generator/GenerateStream',
+            exl3serve_dot_v1_dot_exl3serve__pb2.GenerateStreamRequest.SerializeToString,
+            exl3serve_dot_v1_dot_exl3serve__pb2.GenerateStreamResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
