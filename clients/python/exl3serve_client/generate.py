@@ -150,6 +150,11 @@ class AsyncGenerateClient:
         self._channel = open_channel(grpc.aio, target, options=CHANNEL_OPTIONS, **channel_kw)
         self._stub = pb_grpc.GeneratorStub(self._channel)
 
+    @property
+    def channel(self) -> grpc.aio.Channel:
+        """The client's channel (a GenerateStreamClient can share it)."""
+        return self._channel
+
     async def wait_ready(self, timeout: float = 10.0) -> None:
         import asyncio
         await asyncio.wait_for(self._channel.channel_ready(), timeout)

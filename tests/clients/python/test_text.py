@@ -93,6 +93,15 @@ def test_stubs_in_step_with_proto(tmp_path):
                            ROOT / "clients/python/exl3serve/v1" / name, shallow=False), name
 
 
+def test_type_stub_names_every_message():
+    """exl3serve_pb2.pyi (the stubs' type hints, which mypy reads: Debian's protoc writes them in
+    another layout, so they are kept by hand) has a class for every message of the proto."""
+    from exl3serve.v1 import exl3serve_pb2 as pb
+    pyi = (ROOT / "clients/python/exl3serve/v1/exl3serve_pb2.pyi").read_text()
+    stubbed = set(re.findall(r"(?m)^class (\w+)\(_message\.Message\):", pyi))
+    assert set(pb.DESCRIPTOR.message_types_by_name) - stubbed == set()
+
+
 def test_vocab_and_special_tokens(family_dir):
     tok = ModelTokenizer(family_dir)
     family = FAMILIES[ARCHS[family_dir.name]]

@@ -468,6 +468,40 @@ class GenerateResponse(_message.Message):
     timings: GenerateTimings
     def __init__(self, tokens: _Optional[_Iterable[_Union[GeneratedToken, _Mapping]]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[GenerateTimings, _Mapping]] = ...) -> None: ...
 
+class CancelGenerate(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GenerateStreamRequest(_message.Message):
+    __slots__ = ("stream_id", "start", "cancel")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    start: GenerateRequest
+    cancel: CancelGenerate
+    def __init__(self, stream_id: _Optional[int] = ..., start: _Optional[_Union[GenerateRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelGenerate, _Mapping]] = ...) -> None: ...
+
+class GenerateUpdate(_message.Message):
+    __slots__ = ("stream_id", "response", "last", "status_code", "status_message")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    response: GenerateResponse
+    last: bool
+    status_code: int
+    status_message: str
+    def __init__(self, stream_id: _Optional[int] = ..., response: _Optional[_Union[GenerateResponse, _Mapping]] = ..., last: _Optional[bool] = ..., status_code: _Optional[int] = ..., status_message: _Optional[str] = ...) -> None: ...
+
+class GenerateStreamResponse(_message.Message):
+    __slots__ = ("updates",)
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
+    updates: _containers.RepeatedCompositeFieldContainer[GenerateUpdate]
+    def __init__(self, updates: _Optional[_Iterable[_Union[GenerateUpdate, _Mapping]]] = ...) -> None: ...
+
 class DescribeModelRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

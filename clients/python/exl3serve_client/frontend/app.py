@@ -13,7 +13,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncGenerator, AsyncIterator, Optional
+from typing import Any, AsyncGenerator, AsyncIterator, Optional, Union
 
 import grpc
 import grpc.aio
@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from exl3serve.v1 import exl3serve_pb2 as pb
 
 from ..generate import FINISH_REASONS, AsyncGenerateClient, make_generate_request
+from ..generate_stream import GenerateCall, GenerateStreamClient
 from .metrics import FrontendMetrics
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, _Sampling
 from .text import ChatTemplateError, ModelTokenizer, StopMatcher
@@ -152,21 +153,38 @@ class FrontendConfig:
     request_timeout_s: float = 600.0
     health_cache_s: float = 1.0
     created: Optional[int] = None     # /v1/models' `created` (--workers: the parent's, in every worker)
+    engine_calls: str = "stream"      # stream: one GenerateStream call for all requests; per-request: Generate each
+
+
+ENGINE_CALLS = ("stream", "per-request")
 
 
 class Engine:
-    """The engine's channel and what DescribeModel said; refreshed while the engine is away."""
+    """The engine's channel and what DescribeModel said; refreshed while the engine is away.
+    `calls` starts the requests: cfg.engine_calls "stream" puts them all on one GenerateStream call
+    (generate_stream.py, on the same channel), "per-request" makes one Generate call each."""
 
     def __init__(self, cfg: FrontendConfig, metrics: FrontendMetrics) -> None:
+        if cfg.engine_calls not in ENGINE_CALLS:
+            raise ValueError(f"engine_calls must be one of {ENGINE_CALLS}, not {cfg.engine_calls!r}")
         self.cfg = cfg
         self.metrics = metrics
         self.client: Optional[AsyncGenerateClient] = None
+        self.calls: Optional[Union[AsyncGenerateClient, GenerateStreamClient]] = None
         self.info: Optional[pb.DescribeModelResponse] = None
         self.up = False
         self._checked = 0.0
 
     async def open(self) -> None:
         self.client = AsyncGenerateClient(self.cfg.engine)
+        self.calls = GenerateStreamClient(self.client.channel) \
+            if self.cfg.engine_calls == "stream" else self.client
+
+    async def close(self) -> None:
+        if isinstance(self.calls, GenerateStreamClient):
+            await self.calls.close()
+        if self.client is not None:
+            await self.client.close()
 
     def mark(self, up: bool) -> None:
         self.up = up
@@ -345,7 +363,7 @@ class Frontend:
                          "max_completion_tokens" if body.max_completion_tokens else "max_tokens")
 
     # ---- running it ------------------------------------------------------------------------
-    async def pieces(self, job: Job, call: grpc.aio.UnaryStreamCall,
+    async def pieces(self, job: Job, call: GenerateCall,
                      first: Any) -> AsyncIterator[Piece]:
         """The answer's text as the engine's messages arrive; stops at a stop string (cancelling the
         engine request) or at the engine's finish."""
@@ -449,12 +467,12 @@ class Frontend:
                 itl.observe(gap)
         state["last"] = now
 
-    async def start(self, job: Job, request: Request) -> tuple[grpc.aio.UnaryStreamCall, Any, asyncio.Task]:
+    async def start(self, job: Job, request: Request) -> tuple[GenerateCall, Any, asyncio.Task]:
         """Sends the request to the engine and waits for its first message, so that a refusal
         becomes the HTTP status. A task watching the client cancels the call if it goes away."""
-        if self.engine.client is None:
+        if self.engine.calls is None:
             raise APIError(503, "the engine is not connected")
-        call = self.engine.client.call(job.request, timeout=self.cfg.request_timeout_s)
+        call = self.engine.calls.call(job.request, timeout=self.cfg.request_timeout_s)
         watcher = asyncio.ensure_future(_watch_disconnect(request, call))
         try:
             first = await call.read()
@@ -522,7 +540,7 @@ class Frontend:
             self.metrics.running.dec()
             self._done(job, 499 if watcher.done() and not watcher.cancelled() else status)
 
-    async def _sse(self, job: Job, call: grpc.aio.UnaryStreamCall, first: Any,
+    async def _sse(self, job: Job, call: GenerateCall, first: Any,
                    watcher: asyncio.Task) -> AsyncGenerator[bytes, None]:
         """The streamed answer: one SSE event per engine message that adds text (a message carries
         every token the engine had ready for the request), as pieces() would give them, with the
@@ -633,7 +651,7 @@ class Frontend:
         self.metrics.e2e_of[job.endpoint].observe(time.monotonic() - job.started)
 
 
-async def _watch_disconnect(request: Request, call: grpc.aio.UnaryStreamCall) -> None:
+async def _watch_disconnect(request: Request, call: GenerateCall) -> None:
     """Cancels the engine call as soon as the client disconnects (the body is already read, so the
     next ASGI message is the disconnect)."""
     while True:
@@ -653,8 +671,7 @@ def create_app(cfg: FrontendConfig) -> FastAPI:
         await fe.engine.open()
         await fe.engine.check(force=True)
         yield
-        if fe.engine.client is not None:
-            await fe.engine.client.close()
+        await fe.engine.close()
 
     app = _App(title="exl3serve OpenAI-compatible front end", lifespan=lifespan)
     app.state.frontend = fe

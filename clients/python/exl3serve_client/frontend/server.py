@@ -24,7 +24,7 @@ from typing import Callable, Optional
 
 import uvicorn
 
-from .app import FrontendConfig, create_app
+from .app import ENGINE_CALLS, FrontendConfig, create_app
 from .workers import Supervisor, WorkerArgv, exit_with_parent, say_serving
 
 
@@ -90,6 +90,12 @@ def _parser() -> argparse.ArgumentParser:
                          "8 concurrent streams with no queueing of their first tokens. At 32 and "
                          "more concurrent streams a new request's first token waits behind the "
                          "other streams' chunks: give 2-4 (bench/results/frontend.md)")
+    ap.add_argument("--engine-calls", choices=ENGINE_CALLS, default="stream",
+                    help="how requests reach the engine: stream (default) puts every request of a "
+                         "process on one Generator.GenerateStream call, which sends one message per "
+                         "engine step for all of them; per-request makes one Generator.Generate "
+                         "call per request (one message per request per step; also for an engine "
+                         "that predates GenerateStream)")
     ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     # A worker's side of --workers (frontend/workers.py starts it so): not for users.
     ap.add_argument("--worker-socket-fd", type=int, help=argparse.SUPPRESS)
@@ -138,7 +144,8 @@ def _serve(args: argparse.Namespace, sock: socket.socket, on_serving: Callable[[
     """Serves on sock until SIGTERM/SIGINT (0 once drained) or a failure to start (1)."""
     app = create_app(FrontendConfig(engine=args.engine, model_dir=args.model,
                                     served_model_name=args.served_model_name,
-                                    request_timeout_s=args.request_timeout, created=created))
+                                    request_timeout_s=args.request_timeout, created=created,
+                                    engine_calls=args.engine_calls))
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on")
     server = uvicorn.Server(config)
@@ -165,6 +172,7 @@ def _worker_argv(args: argparse.Namespace, created: int) -> WorkerArgv:
         out = [sys.executable, "-m", "exl3serve_client.frontend.server",
                "--engine", args.engine, "--model", str(args.model),
                "--request-timeout", repr(args.request_timeout), "--log-level", args.log_level,
+               "--engine-calls", args.engine_calls,
                "--worker-socket-fd", str(sock_fd), "--worker-ready-fd", str(ready_fd),
                "--worker-of", str(os.getpid()),
                "--model-created", str(created)]
