@@ -86,10 +86,14 @@ def start_router(build_dir: Path, model: Path, logs: Path, port: int = 0,
 
 
 def start_frontend(engine: str, model: Path, logs: Path, port: int = 0,
-                   extra: tuple[str, ...] = ()) -> tuple[Proc, str]:
-    """exl3serve-openai; returns it and its base URL (http://HOST:PORT/v1)."""
+                   extra: tuple[str, ...] = (), engine_calls: Optional[str] = None) -> tuple[Proc, str]:
+    """exl3serve-openai; returns it and its base URL (http://HOST:PORT/v1). engine_calls is its
+    --engine-calls (default: $EXL3_ENGINE_CALLS, else the front end's own default, stream)."""
+    engine_calls = engine_calls or os.environ.get(ENV_ENGINE_CALLS)
     argv = [_script("exl3serve-openai"), "--engine", engine, "--model", str(model),
             "--listen", f"127.0.0.1:{port}", *extra]
+    if engine_calls and "--engine-calls" not in extra:
+        argv += ["--engine-calls", engine_calls]
     logs.mkdir(parents=True, exist_ok=True)
     f = Proc("exl3serve-openai", argv, logs / f"frontend-{time.monotonic_ns()}.log")
     url = f.wait_for(r"listening on (http://127\.0\.0\.1:\d+/v1)", timeout=60).group(1)
@@ -123,6 +127,7 @@ def wait_until(cond, timeout: float, step: float = 0.05) -> bool:
 
 
 ENV_BUILD_DIR = "EXL3_BUILD_DIR"
+ENV_ENGINE_CALLS = "EXL3_ENGINE_CALLS"  # stream | per-request: the live front ends' --engine-calls
 
 
 def build_dir() -> Path:

@@ -496,6 +496,9 @@ class Frontend:
         if status == 429:
             return APIError(429, f"the engine is overloaded: {e.details()}", code="overloaded")
         details = e.details() or e.code().name
+        if e.code() == grpc.StatusCode.UNIMPLEMENTED and self.cfg.engine_calls == "stream":
+            details = ("the engine does not serve Generator.GenerateStream (an older exl3-router?): "
+                       f"run the front end with --engine-calls per-request ({details})")
         return APIError(status, details, param=_engine_param(details) if status == 400 else None)
 
     async def answer(self, job: Job, request: Request) -> Response:
