@@ -439,7 +439,7 @@ class GenerateSystemTest(unittest.TestCase):
 
         def series_of(name, kind):
             if name == "exl3_engine_moe_stage_seconds":
-                return [f'{name}_count{{stage="{s}"}}' for s in ("gate", "experts")]
+                return [f'{name}_count{{stage="{s}"}}' for s in ("gate", "experts")]  # in process
             if name == "exl3_engine_first_token_write_seconds":
                 return [f'{name}_count{{stage="{s}"}}' for s in ("started", "done")]
             if kind == "histogram":
@@ -625,8 +625,19 @@ class GenerateSystemTest(unittest.TestCase):
             self.assertEqual(tokens, want[0])
             for a, b in zip(logprobs, want[3]):
                 self.assertAlmostEqual(a, b, delta=1e-3)
-        # The MoE stages are the router core's then, not the engine's in-process ones.
-        self.assertEqual(scrape(r.metrics, "exl3_engine_moe_stage_seconds_count"), 0)
+        # The MoE stages are the router core's then, not the engine's in-process ones; the engine
+        # measures its own side of the calls: the time blocked on the workers' answers, within
+        # the MoE phase.
+        text = urllib.request.urlopen(f"http://{r.metrics}/metrics", timeout=5).read().decode()
+
+        def series(name):
+            return float(re.search(rf"^{re.escape(name)} (\S+)$", text, re.M).group(1))
+        self.assertEqual(series('exl3_engine_moe_stage_seconds_count{stage="gate"}'), 0)
+        self.assertGreater(series('exl3_engine_moe_stage_seconds_count{stage="wait"}'), 0)
+        self.assertGreater(series('exl3_engine_moe_stage_seconds_sum{stage="wait"}'), 0)
+        self.assertLessEqual(series('exl3_engine_moe_stage_seconds_sum{stage="wait"}'),
+                             series('exl3_engine_step_phase_seconds_sum{phase="moe"}'))
+        self.assertEqual(series('exl3_engine_moe_stage_seconds_sum{stage="to_host"}'), 0)  # CPU engine
         self.assertGreater(scrape(r.metrics, "exl3_router_layer_latency_seconds_count"), 0)
 
         # b (replicated by b2) killed under load: every request completes with the same tokens.
