@@ -223,7 +223,12 @@ absl::Status CpuModel::FinishMoe(MicroBatch& mb) {
   const Clock::time_point t0 = Clock::now();
   const absl::Status st = mb.pending->Wait();
   mb.pending.reset();
-  times_.moe_s += Seconds(t0);
+  const double waited = Seconds(t0);
+  times_.moe_s += waited;
+  if (moe_->remote()) {
+    ++times_.remote_moe_calls;
+    times_.remote_moe_wait_s += waited;
+  }
   EXL3_RETURN_IF_ERROR(st);
   const int layer = mb.pending_layer;
   mb.pending_layer = -1;

@@ -89,6 +89,12 @@ struct StepPhaseTimes {
   // Within moe_s, the stages of experts run in this process (MoeExecutor::TakeStageTimes): the
   // gate's routing and the experts. Zero where the executor reports none (experts on workers).
   double moe_gate_s = 0, moe_experts_s = 0;
+  // Experts on workers (a MoeExecutor whose calls run elsewhere): the step's calls (MoE layers x
+  // micro-batches), the time the forward pass was blocked waiting for their answers (within
+  // moe_s), and on the GPU engine the copies of the hidden states to the host's staging and of
+  // the answers back (device time; they overlap other work where micro-batches alternate).
+  int remote_moe_calls = 0;
+  double remote_moe_wait_s = 0, remote_moe_to_host_s = 0, remote_moe_to_device_s = 0;
 };
 
 class ModelRunner {

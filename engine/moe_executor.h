@@ -53,6 +53,9 @@ class MoeExecutor {
   // The stage times since the last call, and zeros them. Executors whose stages run elsewhere
   // report none (the router core has its own per-stage metrics: docs/metrics.md, "Router").
   virtual MoeStageTimes TakeStageTimes() { return {}; }
+  // Whether the calls run elsewhere (workers), so that waiting for them is the engine's to measure
+  // (StepPhaseTimes::remote_moe_*).
+  virtual bool remote() const { return false; }
 };
 
 }  // namespace exl3::engine

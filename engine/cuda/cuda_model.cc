@@ -958,6 +958,10 @@ absl::Status CudaModel::RunEagerStep(const StepBatch& batch, const StepTokens& t
   if (dsv4_facts_ != nullptr) EXL3_RETURN_IF_ERROR(dsv4_facts_->TakeError(stream_));
   if (exchange_ != nullptr) {
     EXL3_ASSIGN_OR_RETURN(exchange_times_, exchange_->StepTimes());
+    times_.remote_moe_calls = exchange_times_.exchanges;
+    times_.remote_moe_wait_s = exchange_times_.wait_s;
+    times_.remote_moe_to_host_s = exchange_times_.to_host_s;
+    times_.remote_moe_to_device_s = exchange_times_.to_device_s;
   }
   return absl::OkStatus();
 }

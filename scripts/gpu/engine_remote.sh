@@ -13,13 +13,18 @@
 #      holds a 2048-token prefill chunk's 32 MB, so prefill goes through it too; the bench's log says
 #      whether it attached) with --micro-batches 1,2; with --grpc also the same over gRPC only;
 #   4. with --two-workers: two workers, experts split in halves over GPU 0 and GPU 1 (the first
-#      also holding the shared expert), the engine on GPU 0, --micro-batches 1,2.
+#      also holding the shared expert), the engine on GPU 0, --micro-batches 1,2;
+#   5. with --mps: step 3's shared-memory run again under an MPS daemon started for it (its pipe
+#      and logs in a temporary directory, the logs copied to $OUT, the daemon quit at the end), so
+#      the engine and a worker on the same GPU share one GPU context instead of being time-sliced
+#      between two (the question of bench/results/engine-h200.md "Session 10": the engine's call at
+#      batch 1 costs 2.7× the same call from a process without a GPU context).
 # Every worker this script starts is stopped on exit (TERM, then KILL). A worker that does not
 # serve within --worker-timeout-s (default 600) or exits ends the script with its log's tail and
 # exit code 3; a failed benchmark gives exit code 1 at the end (the other runs still run).
 # Binaries: $BIN from scripts/gpu/env.sh (the bundle of scripts/gpu/bundle.sh); EXL3_BIN overrides.
 # Usage: scripts/gpu/engine_remote.sh [--model DIR | --model-args "ARGS" | --layers N]
-#          [--worker-gpu N] [--two-workers] [--grpc] [--no-in-process] [--batches 1,8,32,64]
+#          [--worker-gpu N] [--two-workers] [--grpc] [--mps] [--no-in-process] [--batches 1,8,32,64]
 #          [--contexts 1024,8192] [--steps 12] [--micro-batches 1,2] [--backend cuda|cpu]
 #          [--shm-mb 256] [--worker-timeout-s S] [--bench-timeout-s S]
 set -uo pipefail
@@ -27,10 +32,10 @@ cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 LAYERS=${ENGINE_LAYERS:-6}
-MODEL_DIR="" MODEL_ARGS="" WORKER_GPU=0 TWO_WORKERS=0 GRPC=0 IN_PROCESS=1
+MODEL_DIR="" MODEL_ARGS="" WORKER_GPU=0 TWO_WORKERS=0 GRPC=0 MPS=0 MPS_ON=0 IN_PROCESS=1
 BATCHES=${BATCHES:-1,8,32,64} CONTEXTS=${CONTEXTS:-1024,8192} STEPS=${STEPS:-12} MICRO_BATCHES=1,2
 BACKEND=cuda WORKER_TIMEOUT_S=600 BENCH_TIMEOUT_S=${BENCH_TIMEOUT:-600} SHM_MB=256
-usage() { sed -n '2,24p' "$0"; }
+usage() { sed -n '2,29p' "$0"; }
 need() { if [ $# -lt 2 ] || [ -z "$2" ]; then echo "engine_remote.sh: $1 needs a value" >&2; exit 2; fi; }
 number() { [[ "$2" =~ ^[0-9]+$ ]] || { echo "engine_remote.sh: $1 needs a number, not '$2'" >&2; exit 2; }; }
 list() { [[ "$2" =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "engine_remote.sh: $1 needs a list like 1,8,32, not '$2'" >&2; exit 2; }; }
@@ -42,6 +47,7 @@ while [ $# -gt 0 ]; do
     --worker-gpu) need "$@"; number "$1" "$2"; WORKER_GPU="$2"; shift ;;
     --two-workers) TWO_WORKERS=1 ;;
     --grpc) GRPC=1 ;;
+    --mps) MPS=1 ;;
     --no-in-process) IN_PROCESS=0 ;;
     --batches) need "$@"; list "$1" "$2"; BATCHES="$2"; shift ;;
     --contexts) need "$@"; list "$1" "$2"; CONTEXTS="$2"; shift ;;
@@ -87,7 +93,14 @@ stop_workers() {  # TERM, up to 10 s for a drain, then KILL
   wait "${PIDS[@]}" 2>/dev/null
   PIDS=()
 }
-trap 'stop_workers; rm -rf "$W"' EXIT
+stop_mps() {  # quits the MPS daemon of --mps, if it runs, and keeps its logs
+  [ $MPS_ON = 1 ] || return 0
+  echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
+  cp -r "$W/mps-log" "$OUT/engine-remote-mps-log" 2>/dev/null
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  MPS_ON=0
+}
+trap 'stop_workers; stop_mps; rm -rf "$W"' EXIT
 trap 'exit 130' INT TERM
 say() { echo "$*" | tee -a "$SUMMARY"; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -189,6 +202,28 @@ if [ $TWO_WORKERS = 1 ]; then
   run_bench two-workers-shm --expert-map "$MAP" --shared-expert worker:w0 --micro-batches "$MICRO_BATCHES" \
     --worker-shm-mb "$SHM_MB"
   stop_workers
+fi
+
+# 5. Step 3's shared-memory run under MPS: one GPU context for the engine and the worker.
+if [ $MPS = 1 ]; then
+  if ! command -v nvidia-cuda-mps-control >/dev/null; then
+    say "=== --mps: nvidia-cuda-mps-control is not here; the MPS run is skipped"; FAIL=1
+  else
+    export CUDA_MPS_PIPE_DIRECTORY=$W/mps-pipe CUDA_MPS_LOG_DIRECTORY=$W/mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if nvidia-cuda-mps-control -d; then
+      MPS_ON=1
+      say "=== MPS daemon started (pipe $CUDA_MPS_PIPE_DIRECTORY)"
+      start_workers one-mps 1 "$WORKER_GPU"
+      run_bench one-worker-shm-mps --expert-map "$MAP" --shared-expert worker:w0 \
+        --micro-batches "$MICRO_BATCHES" --worker-shm-mb "$SHM_MB"
+      stop_workers
+      stop_mps
+    else
+      say "=== --mps: nvidia-cuda-mps-control -d failed; the MPS run is skipped"; FAIL=1
+      unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    fi
+  fi
 fi
 
 say "=== done: tables in $SUMMARY, JSON lines in $JSON$([ $FAIL = 1 ] && echo "; a benchmark FAILED")"

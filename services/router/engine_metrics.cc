@@ -76,18 +76,25 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r)
                      .Register(r)),
       moe_stage_fam_(prometheus::BuildHistogram()
                          .Name("exl3_engine_moe_stage_seconds")
-                         .Help("The MoE phase of one engine step by stage, experts in this process")
+                         .Help("The MoE phase of one engine step by stage: gate and experts "
+                               "(experts in this process); wait (blocked on the workers' "
+                               "answers), to_host and to_device (the GPU engine's copies), "
+                               "experts on workers")
                          .Register(r)),
       first_write_fam_(prometheus::BuildHistogram()
                            .Name("exl3_engine_first_token_write_seconds")
-                           .Help("A Generate call's first tokens handed to it by the engine to "
-                                 "their message's gRPC write: stage=started (write begun), "
-                                 "done (OnWriteDone: handed to the transport)")
+                           .Help("A request's first tokens handed to its call (Generate or "
+                                 "GenerateStream) by the engine to their message's gRPC write: "
+                                 "stage=started (write begun), done (OnWriteDone: handed to the "
+                                 "transport)")
                            .Register(r)),
       first_write_started_(first_write_fam_.Add({{"stage", "started"}}, svc::LatencyBuckets())),
       first_write_done_(first_write_fam_.Add({{"stage", "done"}}, svc::LatencyBuckets())),
       moe_gate_(moe_stage_fam_.Add({{"stage", "gate"}}, svc::LatencyBuckets())),
       moe_experts_(moe_stage_fam_.Add({{"stage", "experts"}}, svc::LatencyBuckets())),
+      moe_wait_(moe_stage_fam_.Add({{"stage", "wait"}}, svc::LatencyBuckets())),
+      moe_to_host_(moe_stage_fam_.Add({{"stage", "to_host"}}, svc::LatencyBuckets())),
+      moe_to_device_(moe_stage_fam_.Add({{"stage", "to_device"}}, svc::LatencyBuckets())),
       step_tokens_(Hist(r, "exl3_engine_step_tokens", "Tokens in one engine step", svc::TokenBuckets())),
       failed_steps_(Count(r, "exl3_engine_failed_steps_total", "Steps whose forward pass failed")),
       running_(Gauge(r, "exl3_engine_num_requests_running", "Sequences running")),
@@ -109,10 +116,16 @@ void EngineMetrics::OnStep(const engine::StepMetrics& s) {
                             s.phases.dense_mlp_s, s.phases.head_s, s.forward_s,
                             s.schedule_s, s.sample_s, s.bookkeeping_s};
   for (int i = 0; i < 9; ++i) phase_[i]->Observe(values[i]);
-  // Experts on workers: their stages are the router core's (exl3_router_layer_latency_seconds).
   if (s.phases.moe_gate_s + s.phases.moe_experts_s > 0) {
     moe_gate_.Observe(s.phases.moe_gate_s);
     moe_experts_.Observe(s.phases.moe_experts_s);
+  }
+  // Experts on workers: the engine's side of their calls (the calls' own stages are the router
+  // core's, exl3_router_layer_latency_seconds).
+  if (s.phases.remote_moe_calls > 0) {
+    moe_wait_.Observe(s.phases.remote_moe_wait_s);
+    moe_to_host_.Observe(s.phases.remote_moe_to_host_s);
+    moe_to_device_.Observe(s.phases.remote_moe_to_device_s);
   }
   step_tokens_.Observe(s.num_tokens);
   if (s.failed) failed_steps_.Increment();

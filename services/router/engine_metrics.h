@@ -44,6 +44,9 @@ class EngineMetrics final : public engine::EngineObserver {
   prometheus::Histogram& first_write_done_;
   prometheus::Histogram& moe_gate_;
   prometheus::Histogram& moe_experts_;
+  prometheus::Histogram& moe_wait_;
+  prometheus::Histogram& moe_to_host_;
+  prometheus::Histogram& moe_to_device_;
   prometheus::Histogram& step_tokens_;
   prometheus::Counter& failed_steps_;
   prometheus::Gauge& running_;

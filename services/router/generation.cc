@@ -65,18 +65,22 @@ absl::StatusOr<std::unique_ptr<Generation>> Generation::Start(const GenerationOp
   std::unique_ptr<Generation> g(new Generation());
   g->writer_ = std::make_unique<svc::TaskQueue>(std::max(1, o.writer_threads));
   g->metrics_ = std::make_unique<EngineMetrics>(registry);
-  engine::EngineOptions eo = o.engine;
-  eo.observer = g->metrics_.get();
-  eo.after_events = [writer = g->writer_.get()] { writer->Wake(); };
-  g->engine_ = std::make_unique<engine::Engine>(eo, std::move(model));
-  EXL3_RETURN_IF_ERROR(g->engine_->Start());
   GeneratorOptions go;
   go.default_timeout = o.default_timeout;
   go.experts = router != nullptr ? "workers" : "local";
   go.max_num_seqs = o.engine.scheduler.max_num_seqs;
   go.first_write_started = &g->metrics_->first_write_started();
   go.first_write_done = &g->metrics_->first_write_done();
-  g->service_ = std::make_unique<GeneratorService>(*g->engine_, go, *g->writer_);
+  g->streams_ = std::make_unique<GenerateStreams>(go);
+  engine::EngineOptions eo = o.engine;
+  eo.observer = g->metrics_.get();
+  eo.after_events = [writer = g->writer_.get(), streams = g->streams_.get()] {
+    writer->Wake();
+    streams->Flush();
+  };
+  g->engine_ = std::make_unique<engine::Engine>(eo, std::move(model));
+  EXL3_RETURN_IF_ERROR(g->engine_->Start());
+  g->service_ = std::make_unique<GeneratorService>(*g->engine_, go, *g->writer_, *g->streams_);
   g->refresh_ = std::thread([gp = g.get()] {
     while (!gp->stop_refresh_) {
       gp->metrics_->Refresh(gp->engine_->Stats());

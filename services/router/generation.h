@@ -63,6 +63,7 @@ class Generation {
   // The Generator's writer threads, woken by the engine after each pass's events; declared first,
   // so that it outlives the engine and the service.
   std::unique_ptr<svc::TaskQueue> writer_;
+  std::unique_ptr<GenerateStreams> streams_;  // flushed by the engine's loop: outlives it too
   std::unique_ptr<EngineMetrics> metrics_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<GeneratorService> service_;

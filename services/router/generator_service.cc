@@ -5,53 +5,13 @@
 
 #include "grpcpp/grpcpp.h"
 #include "services/common/status.h"
+#include "services/router/generate_messages.h"
 
 namespace exl3::router {
 namespace {
 
 namespace pb = ::exl3serve::v1;
 using SteadyClock = std::chrono::steady_clock;
-
-pb::FinishReason ToProto(engine::FinishReason r) {
-  switch (r) {
-    case engine::FinishReason::kStop:
-      return pb::FINISH_REASON_STOP;
-    case engine::FinishReason::kLength:
-      return pb::FINISH_REASON_LENGTH;
-    case engine::FinishReason::kAbort:
-      return pb::FINISH_REASON_ABORT;
-    case engine::FinishReason::kError:
-      return pb::FINISH_REASON_ERROR;
-  }
-  return pb::FINISH_REASON_ERROR;
-}
-
-void AddTokens(const std::vector<engine::SampledToken>& tokens, pb::GenerateResponse* out) {
-  for (const engine::SampledToken& t : tokens) {
-    pb::GeneratedToken* g = out->add_tokens();
-    g->set_token_id(t.token);
-    if (t.logprob) g->set_logprob(*t.logprob);
-    for (const engine::TokenLogprob& lp : t.top_logprobs) {
-      pb::TokenLogprob* e = g->add_top_logprobs();
-      e->set_token_id(lp.token);
-      e->set_logprob(lp.logprob);
-    }
-  }
-}
-
-void SetFinish(const engine::FinishInfo& f, pb::GenerateResponse* out) {
-  out->set_finish_reason(ToProto(f.reason));
-  pb::Usage* u = out->mutable_usage();
-  u->set_prompt_tokens(f.usage.prompt_tokens);
-  u->set_completion_tokens(f.usage.completion_tokens);
-  u->set_cached_tokens(f.usage.cached_tokens);
-  pb::GenerateTimings* t = out->mutable_timings();
-  t->set_queue_seconds(f.timings.queue_s.value_or(0));
-  t->set_prefill_seconds(f.timings.prefill_s.value_or(0));
-  t->set_first_token_seconds(f.timings.time_to_first_token_s.value_or(0));
-  t->set_mean_inter_token_seconds(f.timings.mean_inter_token_s.value_or(0));
-  t->set_total_seconds(f.timings.total_s);
-}
 
 // One Generate call. Lives until OnDone, which comes after Finish, which is called only once the
 // engine's final event for the request has arrived (or the request was never accepted), so the
@@ -62,16 +22,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateRespon
                   const pb::GenerateRequest& req, const GeneratorOptions& options)
       : engine_(engine), writer_(writer), first_write_started_(options.first_write_started),
         first_write_done_(options.first_write_done) {
-    const std::chrono::milliseconds default_timeout = options.default_timeout;
-    SteadyClock::time_point deadline = SteadyClock::now() + default_timeout;
-    if (req.timeout_us() > 0) {
-      // Clamped to a day: larger values mean "no deadline" in practice and must not overflow.
-      const uint64_t us = std::min<uint64_t>(req.timeout_us(), 86400ull * 1000000);
-      deadline = SteadyClock::now() + std::chrono::microseconds(us);
-    }
-    const auto call_left = ctx->deadline() - std::chrono::system_clock::now();
-    if (call_left < std::chrono::hours(24 * 365)) deadline = std::min(deadline, SteadyClock::now() + call_left);
-
+    const SteadyClock::time_point deadline =
+        RequestDeadline(req, options.default_timeout, ctx->deadline());
     auto id = engine_.Submit(ToGenerateParams(req, deadline),
                              [this](const engine::GenerateEvent& e) { OnEvent(e); });
     std::lock_guard<std::mutex> lock(mu_);
@@ -120,18 +72,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateRespon
       final_seen_ = true;
       SetFinish(*e.finish, &pending_);
       has_pending_ = true;
-      switch (e.finish->reason) {
-        case engine::FinishReason::kStop:
-        case engine::FinishReason::kLength:
-          final_status_ = grpc::Status::OK;
-          break;
-        case engine::FinishReason::kAbort:
-          final_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled");
-          break;
-        case engine::FinishReason::kError:
-          final_status_ = svc::ToGrpcStatus(e.finish->status);
-          break;
-      }
+      final_status_ = FinalStatus(*e.finish);
     }
     // The write starts on the writer thread, woken once the engine has delivered all of this
     // pass's events (after_events); Advance waits for that task (write_scheduled_), so the call
@@ -200,36 +141,18 @@ class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateRespon
 
 }  // namespace
 
-engine::GenerateParams ToGenerateParams(const pb::GenerateRequest& req,
-                                        SteadyClock::time_point deadline) {
-  engine::GenerateParams p;
-  p.prompt.assign(req.prompt_token_ids().begin(), req.prompt_token_ids().end());
-  const pb::SamplingParams& s = req.sampling();
-  p.sampling.temperature = s.temperature();
-  p.sampling.top_k = s.top_k();
-  p.sampling.top_p = s.top_p() == 0.0f ? 1.0f : s.top_p();
-  p.sampling.min_p = s.min_p();
-  p.sampling.repetition_penalty = s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty();
-  p.sampling.presence_penalty = s.presence_penalty();
-  p.sampling.frequency_penalty = s.frequency_penalty();
-  if (s.has_seed()) p.sampling.seed = s.seed();
-  p.sampling.logprobs = s.logprobs();
-  p.max_tokens = req.max_tokens();
-  p.min_tokens = req.min_tokens();
-  p.stop_token_ids.assign(req.stop_token_ids().begin(), req.stop_token_ids().end());
-  p.ignore_eos = req.ignore_eos();
-  p.deadline = deadline;
-  p.tag = req.request_id();
-  return p;
-}
-
 GeneratorService::GeneratorService(engine::Engine& engine, GeneratorOptions options,
-                                   svc::TaskQueue& writer)
-    : engine_(engine), options_(std::move(options)), writer_(writer) {}
+                                   svc::TaskQueue& writer, GenerateStreams& streams)
+    : engine_(engine), options_(std::move(options)), writer_(writer), streams_(streams) {}
 
 grpc::ServerWriteReactor<pb::GenerateResponse>* GeneratorService::Generate(
     grpc::CallbackServerContext* ctx, const pb::GenerateRequest* req) {
   return new GenerateReactor(engine_, writer_, ctx, *req, options_);
+}
+
+grpc::ServerBidiReactor<pb::GenerateStreamRequest, pb::GenerateStreamResponse>*
+GeneratorService::GenerateStream(grpc::CallbackServerContext* ctx) {
+  return streams_.Open(engine_, ctx);
 }
 
 grpc::ServerUnaryReactor* GeneratorService::DescribeModel(grpc::CallbackServerContext* ctx,

@@ -1,5 +1,6 @@
 // The Generator gRPC service (proto/exl3serve/v1/exl3serve.proto): Generate streams one request's
-// tokens from the engine (engine/engine.h); DescribeModel states the served model and the KV
+// tokens from the engine (engine/engine.h); GenerateStream carries many requests on one call
+// (services/router/generate_stream.h); DescribeModel states the served model and the KV
 // capacity. One write in flight per call: tokens sampled while a write is pending are sent
 // together in the next message, so a slow client never holds the engine's loop; and writes are
 // started on a writer thread (`writer`), not on the engine's loop (a gRPC write costs tens of
@@ -27,31 +28,26 @@
 
 #include "engine/engine.h"
 #include "exl3serve/v1/exl3serve.grpc.pb.h"
-#include "prometheus/histogram.h"
 #include "services/common/task_queue.h"
+#include "services/router/generate_stream.h"
+#include "services/router/generator_options.h"
 
 namespace exl3::router {
-
-struct GeneratorOptions {
-  std::chrono::milliseconds default_timeout{600000};  // requests without timeout_us or deadline
-  std::string experts;  // "local" or "workers", for DescribeModel
-  int max_num_seqs = 0;  // for DescribeModel
-  // Per call, from its first tokens' event (the engine's first token, on its loop) to the write of
-  // the message carrying them started, and to gRPC's OnWriteDone of it (the message handed to the
-  // transport). Null: not measured. Not owned; must outlive the service.
-  prometheus::Histogram* first_write_started = nullptr;
-  prometheus::Histogram* first_write_done = nullptr;
-};
 
 class GeneratorService final : public ::exl3serve::v1::Generator::CallbackService {
  public:
   // `engine` must outlive the service (and be started); `writer`, the thread that starts the
-  // calls' writes, must outlive the service and be woken after each batch of the engine's events
-  // (TaskQueue::Wake from EngineOptions::after_events).
-  GeneratorService(engine::Engine& engine, GeneratorOptions options, svc::TaskQueue& writer);
+  // Generate calls' writes, must outlive the service and be woken after each batch of the
+  // engine's events (TaskQueue::Wake from EngineOptions::after_events), as must `streams` be
+  // flushed (GenerateStreams::Flush); both must outlive the service.
+  GeneratorService(engine::Engine& engine, GeneratorOptions options, svc::TaskQueue& writer,
+                   GenerateStreams& streams);
 
   grpc::ServerWriteReactor<::exl3serve::v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* ctx, const ::exl3serve::v1::GenerateRequest* req) override;
+  grpc::ServerBidiReactor<::exl3serve::v1::GenerateStreamRequest,
+                          ::exl3serve::v1::GenerateStreamResponse>*
+  GenerateStream(grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* DescribeModel(grpc::CallbackServerContext* ctx,
                                           const ::exl3serve::v1::DescribeModelRequest* req,
                                           ::exl3serve::v1::DescribeModelResponse* resp) override;
@@ -63,11 +59,8 @@ class GeneratorService final : public ::exl3serve::v1::Generator::CallbackServic
   engine::Engine& engine_;
   GeneratorOptions options_;
   std::atomic<bool> draining_{false};
-  svc::TaskQueue& writer_;  // starts the calls' writes
+  svc::TaskQueue& writer_;  // starts the Generate calls' writes
+  GenerateStreams& streams_;
 };
-
-// The request's parameters in the engine's terms (no validation: Engine::Submit validates).
-engine::GenerateParams ToGenerateParams(const ::exl3serve::v1::GenerateRequest& req,
-                                        std::chrono::steady_clock::time_point deadline);
 
 }  // namespace exl3::router

@@ -18,6 +18,7 @@ class RouterMoeExecutor final : public engine::MoeExecutor {
   RouterMoeExecutor(MoeRouterService& service, int inline_max_tokens, int hidden_size,
                     std::chrono::milliseconds timeout);
   ~RouterMoeExecutor() override;
+  bool remote() const override { return true; }
   absl::Status Forward(int layer, const float* x, int num_tokens, const int32_t* token_ids,
                        float* y) override;
   // Returns once the request is sent: the answer comes on the router's threads.

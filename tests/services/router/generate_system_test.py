@@ -51,6 +51,70 @@ def scrape(metrics, name):
     return float(m.group(1)) if m else None
 
 
+class StreamCall:
+    """One Generator.GenerateStream call: requests sent from a queue, every message and update
+    read on a thread of its own."""
+
+    def __init__(self, stub, timeout=60):
+        import queue
+        import threading
+        self._out = queue.Queue()
+        self.messages = []  # GenerateStreamResponse, in order
+        self.status = None  # the call's final grpc.StatusCode once it ended
+        self._cv = threading.Condition()
+
+        def requests():
+            while (m := self._out.get()) is not None:
+                yield m
+
+        self._call = stub.GenerateStream(requests(), timeout=timeout)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        try:
+            for m in self._call:
+                with self._cv:
+                    self.messages.append(m)
+                    self._cv.notify_all()
+            code = grpc.StatusCode.OK
+        except grpc.RpcError as e:
+            code = e.code()
+        with self._cv:
+            self.status = code
+            self._cv.notify_all()
+
+    def start(self, stream_id, **req):
+        self._out.put(pb.GenerateStreamRequest(stream_id=stream_id, start=pb.GenerateRequest(**req)))
+
+    def cancel(self, stream_id):
+        self._out.put(pb.GenerateStreamRequest(stream_id=stream_id, cancel=pb.CancelGenerate()))
+
+    def half_close(self):
+        self._out.put(None)
+
+    def cancel_call(self):
+        self._call.cancel()
+
+    def updates(self, stream_id):
+        with self._cv:
+            return [u for m in self.messages for u in m.updates if u.stream_id == stream_id]
+
+    def wait(self, pred, timeout=30, what="the call"):
+        with self._cv:
+            if not self._cv.wait_for(lambda: pred(self), timeout):
+                raise AssertionError(f"timed out waiting for {what}")
+
+    def last(self, stream_id, timeout=30):
+        """The request's last update, once it has come."""
+        self.wait(lambda c: any(u.last for u in c.updates(stream_id)), timeout,
+                  f"the last update of request {stream_id}")
+        return [u for u in self.updates(stream_id) if u.last][0]
+
+    def tokens(self, stream_id):
+        return [t.token_id for u in self.updates(stream_id) for t in u.response.tokens]
+
+
 class EngineDeviceTest(unittest.TestCase):
     """--engine-device: a name it does not know, or cuda where no GPU is (or the build has no
     CUDA backend), ends the router at start with a message saying why, never a hang."""
@@ -375,7 +439,7 @@ class GenerateSystemTest(unittest.TestCase):
 
         def series_of(name, kind):
             if name == "exl3_engine_moe_stage_seconds":
-                return [f'{name}_count{{stage="{s}"}}' for s in ("gate", "experts")]
+                return [f'{name}_count{{stage="{s}"}}' for s in ("gate", "experts")]  # in process
             if name == "exl3_engine_first_token_write_seconds":
                 return [f'{name}_count{{stage="{s}"}}' for s in ("started", "done")]
             if kind == "histogram":
@@ -446,6 +510,108 @@ class GenerateSystemTest(unittest.TestCase):
             wait_for(lambda: running() == 0 and kv() == 0, 5,
                      "the expired request's sequence to leave the engine and free its blocks")
 
+    def test_stream_many_requests_on_one_call(self):
+        """GenerateStream: 12 requests on one call give the tokens Generate gives each alone, each
+        ends with one last update (status OK, its finish reason, usage and timings), a message
+        carries the updates of several requests, and the call ends OK after the client
+        half-closes."""
+        call = StreamCall(self.stub)
+        n = 12
+        for i in range(n):
+            call.start(100 + i, prompt_token_ids=PROMPTS[i % len(PROMPTS)], max_tokens=12,
+                       ignore_eos=True, sampling=pb.SamplingParams(temperature=0))
+        for i in range(n):
+            last = call.last(100 + i)
+            self.assertEqual(last.status_code, 0)
+            self.assertEqual(last.response.finish_reason, pb.FINISH_REASON_LENGTH)
+            self.assertEqual(last.response.usage.completion_tokens, 12)
+            self.assertGreater(last.response.timings.total_seconds, 0)
+            self.assertEqual(call.tokens(100 + i), self.expected[i % len(PROMPTS)][0], f"request {i}")
+            self.assertEqual(sum(u.last for u in call.updates(100 + i)), 1)
+        self.assertGreater(max(len({u.stream_id for u in m.updates}) for m in call.messages), 1,
+                           "no message carried the updates of more than one request")
+        call.half_close()
+        call.wait(lambda c: c.status is not None, 10, "the call's end")
+        self.assertEqual(call.status, grpc.StatusCode.OK)
+
+    def test_stream_refusals_cancel_and_deadline(self):
+        """On one call: a bad request is refused alone (INVALID_ARGUMENT, a last update without
+        tokens) while another goes on; a cancelled request ends CANCELLED with FINISH_REASON_ABORT and frees its sequence; a
+        request's timeout_us ends it DEADLINE_EXCEEDED; the call stays open for a new request
+        throughout."""
+        kv = lambda: scrape(self.embedded.metrics, "exl3_engine_kv_cache_usage_ratio")  # noqa: E731
+        running = lambda: scrape(self.embedded.metrics, "exl3_engine_num_requests_running")  # noqa: E731
+        call = StreamCall(self.stub)
+        long = dict(prompt_token_ids=PROMPTS[1], max_tokens=3000, ignore_eos=True)
+        call.start(1, **long)
+        call.wait(lambda c: c.tokens(1), 20, "request 1's first token")
+        call.start(2, prompt_token_ids=[], max_tokens=4)
+        bad = call.last(2)
+        self.assertEqual(bad.status_code, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+        self.assertIn("prompt", bad.status_message)
+        self.assertEqual(len(bad.response.tokens), 0)
+        n = len(call.tokens(1))
+        call.wait(lambda c: len(c.tokens(1)) > n, 10, "request 1 to go on after the refusal")
+        call.cancel(1)
+        ended = call.last(1, timeout=10)
+        self.assertEqual(ended.status_code, grpc.StatusCode.CANCELLED.value[0])
+        self.assertEqual(ended.response.finish_reason, pb.FINISH_REASON_ABORT)
+        wait_for(lambda: running() == 0 and kv() == 0, 10, "the cancelled sequence to leave")
+        t0 = time.monotonic()
+        call.start(3, timeout_us=300000, **long)
+        late = call.last(3, timeout=10)
+        self.assertEqual(late.status_code, grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
+        self.assertLess(time.monotonic() - t0, 5)
+        call.start(4, prompt_token_ids=PROMPTS[0], max_tokens=12, ignore_eos=True,
+                   sampling=pb.SamplingParams(temperature=0))
+        self.assertEqual(call.last(4).status_code, 0)
+        self.assertEqual(call.tokens(4), self.expected[0][0])
+        call.cancel(99)  # unknown: ignored
+        call.half_close()
+        call.wait(lambda c: c.status is not None, 10, "the call's end")
+        self.assertEqual(call.status, grpc.StatusCode.OK)
+
+    def test_stream_client_gone_cancels_its_requests(self):
+        """A call its client cancels, or whose channel closes, ends every request on it: their
+        sequences leave the engine and give back their KV blocks at once."""
+        kv = lambda: scrape(self.embedded.metrics, "exl3_engine_kv_cache_usage_ratio")  # noqa: E731
+        running = lambda: scrape(self.embedded.metrics, "exl3_engine_num_requests_running")  # noqa: E731
+        long = dict(prompt_token_ids=PROMPTS[1], max_tokens=3000, ignore_eos=True)
+        for close_channel in (False, True):
+            channel = grpc.insecure_channel(self.embedded.address)
+            call = StreamCall(pbg.GeneratorStub(channel))
+            for i in range(3):
+                call.start(i, **long)
+            call.wait(lambda c: all(c.tokens(i) for i in range(3)), 20, "three running requests")
+            wait_for(lambda: running() == 3, 5, "three requests in the running metric")
+            if close_channel:
+                channel.close()
+            else:
+                call.cancel_call()
+            wait_for(lambda: running() == 0 and kv() == 0, 10,
+                     "the abandoned call's sequences to leave the engine")
+            call.wait(lambda c: c.status is not None, 10, "the call's end")
+            self.assertEqual(call.status, grpc.StatusCode.CANCELLED)
+            channel.close()
+
+    def test_stream_broken_contract_ends_the_call(self):
+        """A start for an id already open on the call, or a message with neither start nor cancel,
+        ends the call INVALID_ARGUMENT (its updates could not be told apart) and every request on
+        it with it."""
+        running = lambda: scrape(self.embedded.metrics, "exl3_engine_num_requests_running")  # noqa: E731
+        long = dict(prompt_token_ids=PROMPTS[1], max_tokens=3000, ignore_eos=True)
+        for bad in ("duplicate", "empty"):
+            call = StreamCall(self.stub)
+            call.start(7, **long)
+            call.wait(lambda c: c.tokens(7), 20, "request 7's first token")
+            if bad == "duplicate":
+                call.start(7, **long)
+            else:
+                call._out.put(pb.GenerateStreamRequest(stream_id=8))
+            call.wait(lambda c: c.status is not None, 10, "the call's end")
+            self.assertEqual(call.status, grpc.StatusCode.INVALID_ARGUMENT, bad)
+            wait_for(lambda: running() == 0, 10, "the call's request to leave the engine")
+
     def test_workers_give_the_same_tokens_and_survive_faults(self):
         # One case: the workers are started once, and the faults run last.
         self.c.start_workers(("a", "b", "b2"))
@@ -459,8 +625,19 @@ class GenerateSystemTest(unittest.TestCase):
             self.assertEqual(tokens, want[0])
             for a, b in zip(logprobs, want[3]):
                 self.assertAlmostEqual(a, b, delta=1e-3)
-        # The MoE stages are the router core's then, not the engine's in-process ones.
-        self.assertEqual(scrape(r.metrics, "exl3_engine_moe_stage_seconds_count"), 0)
+        # The MoE stages are the router core's then, not the engine's in-process ones; the engine
+        # measures its own side of the calls: the time blocked on the workers' answers, within
+        # the MoE phase.
+        text = urllib.request.urlopen(f"http://{r.metrics}/metrics", timeout=5).read().decode()
+
+        def series(name):
+            return float(re.search(rf"^{re.escape(name)} (\S+)$", text, re.M).group(1))
+        self.assertEqual(series('exl3_engine_moe_stage_seconds_count{stage="gate"}'), 0)
+        self.assertGreater(series('exl3_engine_moe_stage_seconds_count{stage="wait"}'), 0)
+        self.assertGreater(series('exl3_engine_moe_stage_seconds_sum{stage="wait"}'), 0)
+        self.assertLessEqual(series('exl3_engine_moe_stage_seconds_sum{stage="wait"}'),
+                             series('exl3_engine_step_phase_seconds_sum{phase="moe"}'))
+        self.assertEqual(series('exl3_engine_moe_stage_seconds_sum{stage="to_host"}'), 0)  # CPU engine
         self.assertGreater(scrape(r.metrics, "exl3_router_layer_latency_seconds_count"), 0)
 
         # b (replicated by b2) killed under load: every request completes with the same tokens.

@@ -1,0 +1,107 @@
+#include "services/router/generate_messages.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "services/common/status.h"
+
+namespace exl3::router {
+namespace {
+
+namespace pb = ::exl3serve::v1;
+
+pb::FinishReason ToProto(engine::FinishReason r) {
+  switch (r) {
+    case engine::FinishReason::kStop:
+      return pb::FINISH_REASON_STOP;
+    case engine::FinishReason::kLength:
+      return pb::FINISH_REASON_LENGTH;
+    case engine::FinishReason::kAbort:
+      return pb::FINISH_REASON_ABORT;
+    case engine::FinishReason::kError:
+      return pb::FINISH_REASON_ERROR;
+  }
+  return pb::FINISH_REASON_ERROR;
+}
+
+}  // namespace
+
+engine::GenerateParams ToGenerateParams(const pb::GenerateRequest& req,
+                                        std::chrono::steady_clock::time_point deadline) {
+  engine::GenerateParams p;
+  p.prompt.assign(req.prompt_token_ids().begin(), req.prompt_token_ids().end());
+  const pb::SamplingParams& s = req.sampling();
+  p.sampling.temperature = s.temperature();
+  p.sampling.top_k = s.top_k();
+  p.sampling.top_p = s.top_p() == 0.0f ? 1.0f : s.top_p();
+  p.sampling.min_p = s.min_p();
+  p.sampling.repetition_penalty = s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty();
+  p.sampling.presence_penalty = s.presence_penalty();
+  p.sampling.frequency_penalty = s.frequency_penalty();
+  if (s.has_seed()) p.sampling.seed = s.seed();
+  p.sampling.logprobs = s.logprobs();
+  p.max_tokens = req.max_tokens();
+  p.min_tokens = req.min_tokens();
+  p.stop_token_ids.assign(req.stop_token_ids().begin(), req.stop_token_ids().end());
+  p.ignore_eos = req.ignore_eos();
+  p.deadline = deadline;
+  p.tag = req.request_id();
+  return p;
+}
+
+std::chrono::steady_clock::time_point RequestDeadline(
+    const pb::GenerateRequest& req, std::chrono::milliseconds default_timeout,
+    std::chrono::system_clock::time_point call_deadline) {
+  const auto now = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point deadline = now + default_timeout;
+  if (req.timeout_us() > 0) {
+    // Clamped to a day: larger values mean "no deadline" in practice and must not overflow.
+    const uint64_t us = std::min<uint64_t>(req.timeout_us(), 86400ull * 1000000);
+    deadline = now + std::chrono::microseconds(us);
+  }
+  const auto call_left = call_deadline - std::chrono::system_clock::now();
+  if (call_left < std::chrono::hours(24 * 365)) deadline = std::min(deadline, now + call_left);
+  return deadline;
+}
+
+void AddTokens(const std::vector<engine::SampledToken>& tokens, pb::GenerateResponse* out) {
+  for (const engine::SampledToken& t : tokens) {
+    pb::GeneratedToken* g = out->add_tokens();
+    g->set_token_id(t.token);
+    if (t.logprob) g->set_logprob(*t.logprob);
+    for (const engine::TokenLogprob& lp : t.top_logprobs) {
+      pb::TokenLogprob* e = g->add_top_logprobs();
+      e->set_token_id(lp.token);
+      e->set_logprob(lp.logprob);
+    }
+  }
+}
+
+void SetFinish(const engine::FinishInfo& f, pb::GenerateResponse* out) {
+  out->set_finish_reason(ToProto(f.reason));
+  pb::Usage* u = out->mutable_usage();
+  u->set_prompt_tokens(f.usage.prompt_tokens);
+  u->set_completion_tokens(f.usage.completion_tokens);
+  u->set_cached_tokens(f.usage.cached_tokens);
+  pb::GenerateTimings* t = out->mutable_timings();
+  t->set_queue_seconds(f.timings.queue_s.value_or(0));
+  t->set_prefill_seconds(f.timings.prefill_s.value_or(0));
+  t->set_first_token_seconds(f.timings.time_to_first_token_s.value_or(0));
+  t->set_mean_inter_token_seconds(f.timings.mean_inter_token_s.value_or(0));
+  t->set_total_seconds(f.timings.total_s);
+}
+
+grpc::Status FinalStatus(const engine::FinishInfo& finish) {
+  switch (finish.reason) {
+    case engine::FinishReason::kStop:
+    case engine::FinishReason::kLength:
+      return grpc::Status::OK;
+    case engine::FinishReason::kAbort:
+      return grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled");
+    case engine::FinishReason::kError:
+      return svc::ToGrpcStatus(finish.status);
+  }
+  return grpc::Status(grpc::StatusCode::INTERNAL, "unknown finish reason");
+}
+
+}  // namespace exl3::router
