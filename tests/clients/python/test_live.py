@@ -414,14 +414,16 @@ def test_health_and_metrics(live, client):
     assert 'exl3_frontend_requests_total{endpoint="chat_completions",status="404"}' in text
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_engine_restart_503_then_recovers(build_dir, model, tmp_path, workers):
+@pytest.mark.parametrize("workers,engine_calls", [(1, "stream"), (2, "stream"), (1, "per-request")])
+def test_engine_restart_503_then_recovers(build_dir, model, tmp_path, workers, engine_calls):
     """An engine that goes away makes the front end answer 503; once it is back on the same
     address, the front end serves again by itself (every worker of it: /health waits for the one
-    that answers, which may not have seen the engine go or come back yet, for up to its 1 s cache)."""
+    that answers, which may not have seen the engine go or come back yet, for up to its 1 s cache).
+    With --engine-calls stream the GenerateStream call broken by the restart is opened again."""
     port = stack.free_port()
     router, engine, _ = stack.start_router(build_dir, model, tmp_path, port=port)
-    fe, url = stack.start_frontend(engine, model, tmp_path, extra=("--workers", str(workers)))
+    fe, url = stack.start_frontend(engine, model, tmp_path, extra=("--workers", str(workers)),
+                                   engine_calls=engine_calls)
     health = lambda: stack.get(url[:-3] + "/health")[0]  # noqa: E731
     c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=30)
     try:
@@ -474,12 +476,14 @@ def _post(live, path: str, body: str) -> tuple[int, str]:
         conn.close()
 
 
-def test_overload_429_and_timeout_504(build_dir, model, tmp_path):
+@pytest.mark.parametrize("engine_calls", ["stream", "per-request"])
+def test_overload_429_and_timeout_504(build_dir, model, tmp_path, engine_calls):
     """An engine that refuses more requests makes the front end answer 429; a request past the
     front end's --request-timeout is answered 504 (in-stream as an error event once streaming)."""
     router, engine, _ = stack.start_router(build_dir, model, tmp_path,
                                            extra=("--max-pending-requests", "1"))
-    fe, url = stack.start_frontend(engine, model, tmp_path, extra=("--request-timeout", "1.5"))
+    fe, url = stack.start_frontend(engine, model, tmp_path, extra=("--request-timeout", "1.5"),
+                                   engine_calls=engine_calls)
     c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=30)
     long = dict(model=model.name, prompt="long", max_tokens=3500, temperature=0,
                 extra_body={"ignore_eos": True})
@@ -503,10 +507,11 @@ def test_overload_429_and_timeout_504(build_dir, model, tmp_path):
         router.stop()
 
 
-def test_two_front_ends_one_engine(live, tmp_path):
+@pytest.mark.parametrize("engine_calls", ["stream", "per-request"])
+def test_two_front_ends_one_engine(live, tmp_path, engine_calls):
     """Front ends keep no state of their own: a second one on the same engine answers the same
-    greedy text."""
-    fe, url = stack.start_frontend(live.engine, live.model, tmp_path)
+    greedy text (whichever --engine-calls either has)."""
+    fe, url = stack.start_frontend(live.engine, live.model, tmp_path, engine_calls=engine_calls)
     try:
         texts = [openai.OpenAI(base_url=u, api_key="none", max_retries=0, timeout=60)
                  .completions.create(model=live.name, prompt="Same", max_tokens=10,
@@ -516,14 +521,17 @@ def test_two_front_ends_one_engine(live, tmp_path):
         fe.stop()
 
 
-def test_front_end_restart_keeps_nothing(live, tmp_path):
+@pytest.mark.parametrize("engine_calls", ["stream", "per-request"])
+def test_front_end_restart_keeps_nothing(live, tmp_path, engine_calls):
     """A front end holds nothing a restart would lose but its open requests: killed with a stream
-    open, it leaves no request in the engine (its channel's calls end with it), and a new one on
-    the same address answers as the old one did."""
+    open, it leaves no request in the engine (its channel's calls end with it: the GenerateStream
+    call with every request on it, or each Generate call), and a new one on the same address
+    answers as the old one did."""
     running = lambda: stack.metric(live.engine_metrics, "exl3_engine_num_requests_running")  # noqa: E731
     kv = lambda: stack.metric(live.engine_metrics, "exl3_engine_kv_cache_usage_ratio")  # noqa: E731
     port = stack.free_port()
-    fe, url = stack.start_frontend(live.engine, live.model, tmp_path, port=port)
+    fe, url = stack.start_frontend(live.engine, live.model, tmp_path, port=port,
+                                   engine_calls=engine_calls)
     try:
         c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
 
@@ -539,7 +547,8 @@ def test_front_end_restart_keeps_nothing(live, tmp_path):
         held.close()
         assert stack.wait_until(lambda: running() == 0 and kv() == 0, 10), \
             "the killed front end's engine request still runs"
-        fe, again = stack.start_frontend(live.engine, live.model, tmp_path, port=port)
+        fe, again = stack.start_frontend(live.engine, live.model, tmp_path, port=port,
+                                         engine_calls=engine_calls)
         assert again == url
         assert ask() == before
         assert [m.id for m in c.models.list().data] == [live.name]
