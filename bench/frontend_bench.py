@@ -13,7 +13,7 @@ token (accepted -> sampled), and the engine's first-token write (a call's first 
 
     BUILD_DIR/frontend-venv/bin/python bench/frontend_bench.py --build-dir build [--levels 1,8,32,64]
         [--engine-cpus 0-5 --frontend-cpus 6-9 --client-cpus 10-15] [--client-procs N]
-        [--frontend-workers 1,3] [--engine-args='--engine-threads=5']
+        [--frontend-workers 1,3] [--engine-calls stream,per-request] [--engine-args='--engine-threads=5']
 
 The --*-cpus options put the three processes on separate cores (CPU affinity, inherited by each
 process's threads; the engine then runs as many forward-pass threads as it has cores):
@@ -21,7 +21,10 @@ scripts/gpu/frontend.sh runs it so on the GPU machine's 16 cores. Without them a
 every core. The load clients of each pass are --client-procs processes (default: one per client
 CPU, at most 4; one when unpinned), the streams shared among them. --frontend-workers lists front
 end worker counts (exl3serve-openai --workers N): the whole set of levels runs once per count, each
-with a front end of its own on the same engine, all in one table. Every pass is bounded by its
+with a front end of its own on the same engine, all in one table. --engine-calls lists the front
+end's modes (exl3serve-openai --engine-calls: stream, every request of a process on one
+GenerateStream call; per-request, one Generate call each): each worker count runs once per mode,
+the mode a column of the table, so that one run is an A/B of the two. Every pass is bounded by its
 request count and a timeout.
 """
 
@@ -201,7 +204,7 @@ def client_pass(pool, procs: int, kind: str, target: tuple, items: list, conc: i
 
 
 def run_levels(args, pool, procs: int, engine: str, engine_metrics: str, fe, url: str,
-               tok: ModelTokenizer, workers: int) -> list[tuple]:
+               tok: ModelTokenizer, workers: int, mode: str) -> list[tuple]:
     """Every level of --levels against one front end: a warm-up, then per level the direct pass and
     the pass through the front end. Returns the table's rows."""
     rows = []
@@ -238,10 +241,10 @@ def run_levels(args, pool, procs: int, engine: str, engine_metrics: str, fe, url
         added = mean_between(s0, hist_totals(fe_addr, "exl3_frontend_time_to_first_token_seconds")) - \
             mean_between(e0, e1)
         fe_write = mean_between(w0, w1)
-        rows.append((workers, conc, n, d, f, cpu, added, direct_gap, client_cpu, direct_write,
+        rows.append((workers, mode, conc, n, d, f, cpu, added, direct_gap, client_cpu, direct_write,
                      fe_write))
         shares = ", ".join(f"{per_process[p]:.2f}" for p in sorted(per_process) if p != fe.p.pid)
-        print(f"workers={workers} c={conc:3d}: direct TTFT p50 {p50(d[0]) * 1e3:7.2f} ms, front end "
+        print(f"workers={workers} {mode} c={conc:3d}: direct TTFT p50 {p50(d[0]) * 1e3:7.2f} ms, front end "
               f"{p50(f[0]) * 1e3:7.2f} ms; own TTFT over the engine's {added * 1e3:6.2f} ms (direct "
               f"client's {direct_gap * 1e3:6.2f} ms; engine's first-token write "
               f"{fe_write * 1e3:.2f} / {direct_write * 1e3:.2f} ms); front end "
@@ -263,6 +266,9 @@ def main() -> int:
     ap.add_argument("--client-cpus", help="CPU list of this process (the load clients)")
     ap.add_argument("--frontend-workers", default="1",
                     help="exl3serve-openai --workers counts, comma-separated: all levels for each")
+    ap.add_argument("--engine-calls", default="stream",
+                    help="exl3serve-openai --engine-calls modes, comma-separated (stream, "
+                         "per-request): all levels of every worker count for each")
     ap.add_argument("--engine-args", default="",
                     help="more exl3-router flags, space-separated, given as "
                          "--engine-args='--a=1 --b=2' (after --engine-threads: a later flag wins)")
@@ -279,6 +285,10 @@ def main() -> int:
     engine_args += tuple(args.engine_args.split())
     router, engine, engine_metrics = stack.start_router(build, model, work / "logs", extra=engine_args)
     worker_counts = [int(x) for x in args.frontend_workers.split(",")]
+    modes = [m for m in args.engine_calls.split(",") if m]
+    for m in modes:
+        if m not in ("stream", "per-request"):
+            ap.error(f"--engine-calls: expected stream or per-request, got {m!r}")
     tok = ModelTokenizer(model)
     rows = []
     placement = ""
@@ -286,21 +296,23 @@ def main() -> int:
     pool = None
     try:
         for workers in worker_counts:
-            pin(args.frontend_cpus)
-            fe, url = stack.start_frontend(engine, model, work / "logs",
-                                           extra=("--workers", str(workers)))
-            pin(args.client_cpus)
-            try:
-                if pool is None and procs > 1:
-                    pool = multiprocessing.get_context("spawn").Pool(procs)
-                placement = (f"CPUs: engine {affinity(router.p.pid)}, front end {affinity(fe.p.pid)}, "
-                             f"client {affinity(os.getpid())}")
-                placement += f", {procs} client process{'es' if procs > 1 else ''}"
-                print(f"front end with {workers} worker{'s' if workers > 1 else ''}; {placement}",
-                      flush=True)
-                rows += run_levels(args, pool, procs, engine, engine_metrics, fe, url, tok, workers)
-            finally:
-                fe.stop()
+            for mode in modes:
+                pin(args.frontend_cpus)
+                fe, url = stack.start_frontend(engine, model, work / "logs",
+                                               extra=("--workers", str(workers)), engine_calls=mode)
+                pin(args.client_cpus)
+                try:
+                    if pool is None and procs > 1:
+                        pool = multiprocessing.get_context("spawn").Pool(procs)
+                    placement = (f"CPUs: engine {affinity(router.p.pid)}, front end "
+                                 f"{affinity(fe.p.pid)}, client {affinity(os.getpid())}")
+                    placement += f", {procs} client process{'es' if procs > 1 else ''}"
+                    print(f"front end with {workers} worker{'s' if workers > 1 else ''}, engine "
+                          f"calls {mode}; {placement}", flush=True)
+                    rows += run_levels(args, pool, procs, engine, engine_metrics, fe, url, tok,
+                                       workers, mode)
+                finally:
+                    fe.stop()
     finally:
         if pool is not None:
             pool.terminate()
@@ -311,15 +323,15 @@ def main() -> int:
              f"{args.max_tokens} tokens per request, {args.requests_per_stream} requests per stream; "
              f"{placement}",
              "",
-             "| front-end workers | streams | requests | TTFT p50 direct ms | TTFT p50 via SDK ms | difference ms | "
+             "| front-end workers | engine calls | streams | requests | TTFT p50 direct ms | TTFT p50 via SDK ms | difference ms | "
              "front end's own TTFT over the engine's, mean ms | "
              "direct gRPC client's TTFT over the engine's, mean ms | "
              "engine's first-token write, mean ms (front end / direct) | "
              "ITL p50 direct ms | ITL p50 front end ms | tok/s direct | tok/s front end | "
              "front end CPU µs/token | client CPU µs/token | tokens per engine message (direct) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for workers, conc, n, d, f, cpu, added, direct_gap, client_cpu, direct_write, fe_write in rows:
-        lines.append(f"| {workers} | {conc} | {n} | {p50(d[0]) * 1e3:.2f} | {p50(f[0]) * 1e3:.2f} | "
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for workers, mode, conc, n, d, f, cpu, added, direct_gap, client_cpu, direct_write, fe_write in rows:
+        lines.append(f"| {workers} | {mode} | {conc} | {n} | {p50(d[0]) * 1e3:.2f} | {p50(f[0]) * 1e3:.2f} | "
                      f"{(p50(f[0]) - p50(d[0])) * 1e3:.2f} | {added * 1e3:.2f} | {direct_gap * 1e3:.2f} | "
                      f"{fe_write * 1e3:.2f} / {direct_write * 1e3:.2f} | "
                      f"{p50(d[1]) * 1e3:.2f} | "

@@ -31,7 +31,9 @@
 # Usage: scripts/gpu/frontend.sh [LEVELS [WORKER_COUNTS]]   (default 1,8,32,64 and 1,N/4-1)
 # Env: PYTHON (default python3), FRONT_ARCHIVE, FRONT_PY_MODE, WORK, ENGINE_ARGS (more exl3-router
 # flags, e.g. ENGINE_ARGS=--engine-threads=5 to leave one of the engine's cores to its gRPC threads;
-# frontend_bench.py --engine-args).
+# frontend_bench.py --engine-args), ENGINE_CALLS (the front end's --engine-calls modes, default
+# stream; ENGINE_CALLS=stream,per-request runs every worker count in both, an A/B in one table,
+# twice the time: give fewer WORKER_COUNTS or LEVELS to stay within the run's limit).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -116,10 +118,12 @@ if [ "$N" -ge 8 ]; then
 else
   echo "only $N cores: the three processes share them (no pinning)"
 fi
-echo "=== bench/frontend_bench.py --levels $LEVELS --frontend-workers $WORKER_COUNTS ${PIN[*]} --engine-args '${ENGINE_ARGS:-}'"
+ENGINE_CALLS=${ENGINE_CALLS:-stream}
+echo "=== bench/frontend_bench.py --levels $LEVELS --frontend-workers $WORKER_COUNTS --engine-calls $ENGINE_CALLS ${PIN[*]} --engine-args '${ENGINE_ARGS:-}'"
 mkdir -p "$WORK/tmp"
 TMPDIR=$WORK/tmp timeout 480 "$PYBIN" bench/frontend_bench.py --build-dir "$B" --levels "$LEVELS" \
-  --frontend-workers "$WORKER_COUNTS" "${PIN[@]}" --engine-args="${ENGINE_ARGS:-}" \
+  --frontend-workers "$WORKER_COUNTS" --engine-calls "$ENGINE_CALLS" "${PIN[@]}" \
+  --engine-args="${ENGINE_ARGS:-}" \
   --output "$OUT/frontend-table.md" 2>&1 |
   tee -a "$OUT/frontend-bench.log"
 rc=${PIPESTATUS[0]}

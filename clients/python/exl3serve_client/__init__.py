@@ -14,7 +14,8 @@ Errors of a single request raise RequestError (with .code, a grpc.StatusCode, an
 stream and the other requests go on.
 
 Generator (exl3serve.v1.Generator, token ids): GenerateClient and AsyncGenerateClient
-(exl3serve_client/generate.py). The OpenAI-compatible HTTP front end is exl3serve_client.frontend
+(exl3serve_client/generate.py); GenerateStreamClient puts many requests on one GenerateStream call
+(exl3serve_client/generate_stream.py). The OpenAI-compatible HTTP front end is exl3serve_client.frontend
 (console script `exl3serve-openai`); `exl3serve-make-tokenizer` gives a test model a tokenizer.
 The gRPC stubs ship in the package as `exl3serve.v1`.
 """
@@ -24,3 +25,4 @@ __version__ = "0.1.0"
 from .client import LayerResult, MoeRouterClient, MoeStream, RequestError  # noqa: F401
 from .generate import (AsyncGenerateClient, GenerateClient, GenerateResult,  # noqa: F401
                        make_generate_request)
+from .generate_stream import GenerateStreamClient, StreamedCall  # noqa: F401

@@ -6,7 +6,8 @@ Serves /v1/models, /v1/completions, /v1/chat/completions (streaming and not), /h
 Prints `openai front end listening on http://HOST:PORT/v1` once it accepts connections (with
 --listen HOST:0 the port is the one the system picked). With --workers N it is N processes on
 the address under a supervising parent (frontend/workers.py); SIGTERM or SIGINT drains
-them (or the one process) and exits 0.
+them (or the one process) and exits 0. Each process sends its requests to the engine on one
+GenerateStream call (--engine-calls stream, the default) or one Generate call each (per-request).
 """
 
 from __future__ import annotations
