@@ -18,6 +18,7 @@ import openai
 import pytest
 
 import stack
+from exl3serve.v1 import exl3serve_pb2_grpc as pb_grpc
 from exl3serve_client.frontend.text import ModelTokenizer
 from fake_engine import FAIL_AFTER, HANG, OVERLOAD, REFUSE, RUN, FakeEngine, ThreadedServer
 
@@ -189,3 +190,33 @@ def test_engine_away_503_then_recovers(fake):
             return False
     assert stack.wait_until(serving, 15, step=0.2)
     assert stack.get(f"{fake.base}/health")[0] == 200
+
+
+class _OldEngine(FakeEngine):
+    """An engine from before GenerateStream: the servicer's default answer, UNIMPLEMENTED."""
+    GenerateStream = pb_grpc.GeneratorServicer.GenerateStream
+
+
+def test_engine_without_generate_stream(tmp_path):
+    """--engine-calls stream against an engine without GenerateStream: a 500 whose message names
+    --engine-calls per-request, with which the same front end serves it."""
+    model = tmp_path / "model"
+    shutil.copytree(ROOT / "tests/fixtures/tokenizer/glm4_moe", model)
+    server = ThreadedServer(_OldEngine()).start()
+    try:
+        for mode in ("stream", "per-request"):
+            fe, url = stack.start_frontend(server.target, model, tmp_path / "logs",
+                                           engine_calls=mode)
+            try:
+                c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=30)
+                if mode == "stream":
+                    with pytest.raises(openai.InternalServerError) as e:
+                        c.completions.create(model="fake", prompt=[RUN, 0], max_tokens=2)
+                    assert "--engine-calls per-request" in str(e.value)
+                else:
+                    assert c.completions.create(model="fake", prompt=[RUN, 0],
+                                                max_tokens=2).usage.completion_tokens == 2
+            finally:
+                fe.stop()
+    finally:
+        server.close()

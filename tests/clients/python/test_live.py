@@ -480,10 +480,12 @@ def _post(live, path: str, body: str) -> tuple[int, str]:
 def test_overload_429_and_timeout_504(build_dir, model, tmp_path, engine_calls):
     """An engine that refuses more requests makes the front end answer 429; a request past the
     front end's --request-timeout is answered 504 (in-stream as an error event once streaming)."""
-    router, engine, _ = stack.start_router(build_dir, model, tmp_path,
-                                           extra=("--max-pending-requests", "1"))
+    router, engine, metrics = stack.start_router(build_dir, model, tmp_path,
+                                                 extra=("--max-pending-requests", "1"))
     fe, url = stack.start_frontend(engine, model, tmp_path, extra=("--request-timeout", "1.5"),
                                    engine_calls=engine_calls)
+    held_by_engine = lambda: sum(stack.metric(metrics, f"exl3_engine_num_requests_{s}") or 0  # noqa: E731
+                                 for s in ("running", "waiting"))
     c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=30)
     long = dict(model=model.name, prompt="long", max_tokens=3500, temperature=0,
                 extra_body={"ignore_eos": True})
@@ -499,6 +501,9 @@ def test_overload_429_and_timeout_504(build_dir, model, tmp_path, engine_calls):
             for _ in held:
                 pass
         assert "timed out" in str(e.value)
+        # The engine ends the held request on its next step (its deadline, or the front end's
+        # cancel): until then a new one would be refused 429.
+        assert stack.wait_until(lambda: held_by_engine() == 0, 5)
         with pytest.raises(openai.APIStatusError) as e:
             c.completions.create(**long)
         _expect_openai_error(e.value, 504, "timeout", "timeout")
