@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import grpc
 import openai
 import pytest
 
 import stack
-from exl3serve.v1 import exl3serve_pb2_grpc as pb_grpc
 from exl3serve_client.frontend.text import ModelTokenizer
 from fake_engine import FAIL_AFTER, HANG, OVERLOAD, REFUSE, RUN, FakeEngine, ThreadedServer
 
@@ -193,8 +193,13 @@ def test_engine_away_503_then_recovers(fake):
 
 
 class _OldEngine(FakeEngine):
-    """An engine from before GenerateStream: the servicer's default answer, UNIMPLEMENTED."""
-    GenerateStream = pb_grpc.GeneratorServicer.GenerateStream
+    """An engine from before GenerateStream: its calls end UNIMPLEMENTED (as gRPC answers a method
+    the server does not have; the servicer's own default raises, which grpc.aio's server may report
+    as UNKNOWN instead)."""
+
+    async def GenerateStream(self, request_iterator: Any, context: Any):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+        yield  # an async generator, as the real method
 
 
 def test_engine_without_generate_stream(tmp_path):
