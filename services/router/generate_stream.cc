@@ -42,20 +42,21 @@ class GenerateStreamReactor final
       AdvanceLocked();
       return;
     }
-    const uint64_t id = in_.stream_id();
-    switch (in_.action_case()) {
-      case pb::GenerateStreamRequest::kStart:
-        StartRequest(id, in_.start());
-        break;
-      case pb::GenerateStreamRequest::kCancel:
-        CancelRequest(id);
-        break;
-      case pb::GenerateStreamRequest::ACTION_NOT_SET: {
-        std::lock_guard<std::mutex> lock(mu_);
-        AbandonLocked(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                   "a GenerateStreamRequest needs start or cancel"));
-        AdvanceLocked();
-        break;
+    for (const pb::GenerateAction& a : in_.actions()) {
+      switch (a.action_case()) {
+        case pb::GenerateAction::kStart:
+          StartRequest(a.stream_id(), a.start());
+          break;
+        case pb::GenerateAction::kCancel:
+          CancelRequest(a.stream_id());
+          break;
+        case pb::GenerateAction::ACTION_NOT_SET: {
+          std::lock_guard<std::mutex> lock(mu_);
+          AbandonLocked(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                     "a GenerateAction needs start or cancel"));
+          AdvanceLocked();
+          break;
+        }
       }
     }
     std::lock_guard<std::mutex> lock(mu_);

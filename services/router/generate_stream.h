@@ -12,13 +12,16 @@
 //    (tens of microseconds) per call per step, not per request;
 //  - while a write is in flight, updates keep gathering; OnWriteDone starts the next write.
 //
-// A call's requests are started and cancelled by its messages (read one at a time, on gRPC's
-// threads). A refusal (Engine::Submit's error) is that request's last update, written at once; a
-// message that breaks the call's contract (a start for an id already open, neither start nor
-// cancel) ends the call INVALID_ARGUMENT, as a client that cannot tell its requests apart is lost. The call finishes once the client has half-closed and every request on it has
-// had its last update written; a call the client cancels, or whose write fails, cancels every
-// request still on it and finishes CANCELLED once the engine has sent their final events (so the
-// engine never calls back into a finished call).
+// A call's requests are started and cancelled by its messages' actions (a message at a time, on
+// gRPC's threads; a client sends what it queued meanwhile in one message, so a burst of new
+// requests costs one read, which matters where the engine's cores are busy with the forward
+// pass). A refusal (Engine::Submit's error) is that request's last update, written at once; an
+// action that breaks the call's contract (a start for an id already open, neither start nor
+// cancel) ends the call INVALID_ARGUMENT, as a client that cannot tell its requests apart is
+// lost. The call finishes once the client has half-closed and every request on it has had its
+// last update written; a call the client cancels, or whose write fails, cancels every request
+// still on it and finishes CANCELLED once the engine has sent their final events (so the engine
+// never calls back into a finished call).
 //
 // The time from a request's first tokens to the write carrying them (started, and done) is
 // measured as for Generate (GeneratorOptions::first_write_*).

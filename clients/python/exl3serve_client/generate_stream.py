@@ -110,7 +110,7 @@ class StreamedCall:
         self._items.clear()
         self._finish(_CANCELLED)
         if conn is not None and self._sent:
-            conn.send(pb.GenerateStreamRequest(stream_id=self.stream_id, cancel=pb.CancelGenerate()))
+            conn.send(pb.GenerateAction(stream_id=self.stream_id, cancel=pb.CancelGenerate()))
         return True
 
     def done(self) -> bool:
@@ -165,7 +165,7 @@ class StreamedCall:
         conn = self._conn
         self._finish((grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
         if conn is not None and self._sent:
-            conn.send(pb.GenerateStreamRequest(stream_id=self.stream_id, cancel=pb.CancelGenerate()))
+            conn.send(pb.GenerateAction(stream_id=self.stream_id, cancel=pb.CancelGenerate()))
 
 
 class _Conn:
@@ -177,22 +177,24 @@ class _Conn:
         self.next_id = 1
         self.broken = False
         self._on_broken = on_broken
-        self._out: collections.deque[pb.GenerateStreamRequest] = collections.deque()
+        self._out: collections.deque[pb.GenerateAction] = collections.deque()
         self._out_wake: Optional[asyncio.Future[None]] = None
         self.reader = asyncio.ensure_future(self._read())
         self.writer = asyncio.ensure_future(self._write())
 
-    def send(self, msg: pb.GenerateStreamRequest) -> None:
+    def send(self, action: pb.GenerateAction) -> None:
         if self.broken:
             return
-        self._out.append(msg)
+        self._out.append(action)
         wake = self._out_wake
         if wake is not None and not wake.done():
             wake.set_result(None)
 
     async def _write(self) -> None:
-        """The only task that writes the call: the queued starts and cancels, in order (a start
-        whose request ended before it went out is dropped)."""
+        """The only task that writes the call: every start and cancel queued while the previous
+        write was in flight goes out in one message, in order (a burst of new requests is one
+        write here and one read on the engine's side); a start whose request ended before it went
+        out is dropped."""
         loop = asyncio.get_running_loop()
         out = self._out
         call = self.call
@@ -202,13 +204,17 @@ class _Conn:
                     self._out_wake = loop.create_future()
                     await self._out_wake
                     self._out_wake = None
-                msg = out.popleft()
-                if msg.HasField("start"):
-                    sc = self.calls.get(msg.stream_id)
-                    if sc is None:
-                        continue  # cancelled or expired before it was sent
-                    sc._sent = True
-                await call.write(msg)
+                msg = pb.GenerateStreamRequest()
+                while out:
+                    a = out.popleft()
+                    if a.HasField("start"):
+                        sc = self.calls.get(a.stream_id)
+                        if sc is None:
+                            continue  # cancelled or expired before it was sent
+                        sc._sent = True
+                    msg.actions.append(a)
+                if msg.actions:
+                    await call.write(msg)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # the call broke; the reader sees its status (or this one is it)
@@ -289,7 +295,7 @@ class GenerateStreamClient:
         conn.next_id = sid + 1
         sc = StreamedCall(conn, sid)
         conn.calls[sid] = sc
-        msg = pb.GenerateStreamRequest(stream_id=sid)
+        msg = pb.GenerateAction(stream_id=sid)
         msg.start.CopyFrom(request)
         if timeout is not None:
             if not request.timeout_us:

@@ -33,6 +33,7 @@ class FakeEngine(pb_grpc.GeneratorServicer):
         self.opened = 0                      # GenerateStream calls
         self.starts: list[pb.GenerateRequest] = []
         self.cancels: list[int] = []
+        self.messages = 0                    # GenerateStreamRequest messages read
         self.open_calls = 0
         self.break_status: Optional[tuple[grpc.StatusCode, str]] = None  # set: every call aborts
         self.stray: list[pb.GenerateUpdate] = []  # sent on the next step as they are
@@ -68,7 +69,9 @@ class FakeEngine(pb_grpc.GeneratorServicer):
 
         async def pump() -> None:
             async for m in request_iterator:
-                await inbox.put(m)
+                self.messages += 1
+                for a in m.actions:
+                    await inbox.put(a)
             await inbox.put(None)
         pumping = asyncio.ensure_future(pump())
         active: dict[int, dict[str, Any]] = {}

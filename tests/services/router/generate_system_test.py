@@ -85,10 +85,13 @@ class StreamCall:
             self._cv.notify_all()
 
     def start(self, stream_id, **req):
-        self._out.put(pb.GenerateStreamRequest(stream_id=stream_id, start=pb.GenerateRequest(**req)))
+        self.send(pb.GenerateAction(stream_id=stream_id, start=pb.GenerateRequest(**req)))
 
     def cancel(self, stream_id):
-        self._out.put(pb.GenerateStreamRequest(stream_id=stream_id, cancel=pb.CancelGenerate()))
+        self.send(pb.GenerateAction(stream_id=stream_id, cancel=pb.CancelGenerate()))
+
+    def send(self, *actions):
+        self._out.put(pb.GenerateStreamRequest(actions=list(actions)))
 
     def half_close(self):
         self._out.put(None)
@@ -511,15 +514,20 @@ class GenerateSystemTest(unittest.TestCase):
                      "the expired request's sequence to leave the engine and free its blocks")
 
     def test_stream_many_requests_on_one_call(self):
-        """GenerateStream: 12 requests on one call give the tokens Generate gives each alone, each
+        """GenerateStream: 12 requests on one call (8 of them started by one message) give the
+        tokens Generate gives each alone, each
         ends with one last update (status OK, its finish reason, usage and timings), a message
         carries the updates of several requests, and the call ends OK after the client
         half-closes."""
         call = StreamCall(self.stub)
         n = 12
-        for i in range(n):
-            call.start(100 + i, prompt_token_ids=PROMPTS[i % len(PROMPTS)], max_tokens=12,
-                       ignore_eos=True, sampling=pb.SamplingParams(temperature=0))
+        req = lambda i: pb.GenerateRequest(  # noqa: E731
+            prompt_token_ids=PROMPTS[i % len(PROMPTS)], max_tokens=12, ignore_eos=True,
+            sampling=pb.SamplingParams(temperature=0))
+        # The first 8 in one message (a burst), the rest one message each.
+        call.send(*[pb.GenerateAction(stream_id=100 + i, start=req(i)) for i in range(8)])
+        for i in range(8, n):
+            call.send(pb.GenerateAction(stream_id=100 + i, start=req(i)))
         for i in range(n):
             last = call.last(100 + i)
             self.assertEqual(last.status_code, 0)
@@ -595,7 +603,7 @@ class GenerateSystemTest(unittest.TestCase):
             channel.close()
 
     def test_stream_broken_contract_ends_the_call(self):
-        """A start for an id already open on the call, or a message with neither start nor cancel,
+        """A start for an id already open on the call, or an action with neither start nor cancel,
         ends the call INVALID_ARGUMENT (its updates could not be told apart) and every request on
         it with it."""
         running = lambda: scrape(self.embedded.metrics, "exl3_engine_num_requests_running")  # noqa: E731
@@ -607,7 +615,7 @@ class GenerateSystemTest(unittest.TestCase):
             if bad == "duplicate":
                 call.start(7, **long)
             else:
-                call._out.put(pb.GenerateStreamRequest(stream_id=8))
+                call.send(pb.GenerateAction(stream_id=8))
             call.wait(lambda c: c.status is not None, 10, "the call's end")
             self.assertEqual(call.status, grpc.StatusCode.INVALID_ARGUMENT, bad)
             wait_for(lambda: running() == 0, 10, "the call's request to leave the engine")

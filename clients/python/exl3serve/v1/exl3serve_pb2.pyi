@@ -472,7 +472,7 @@ class CancelGenerate(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
-class GenerateStreamRequest(_message.Message):
+class GenerateAction(_message.Message):
     __slots__ = ("stream_id", "start", "cancel")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
@@ -481,6 +481,12 @@ class GenerateStreamRequest(_message.Message):
     start: GenerateRequest
     cancel: CancelGenerate
     def __init__(self, stream_id: _Optional[int] = ..., start: _Optional[_Union[GenerateRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelGenerate, _Mapping]] = ...) -> None: ...
+
+class GenerateStreamRequest(_message.Message):
+    __slots__ = ("actions",)
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    actions: _containers.RepeatedCompositeFieldContainer[GenerateAction]
+    def __init__(self, actions: _Optional[_Iterable[_Union[GenerateAction, _Mapping]]] = ...) -> None: ...
 
 class GenerateUpdate(_message.Message):
     __slots__ = ("stream_id", "response", "last", "status_code", "status_message")

@@ -271,7 +271,8 @@ class GeneratorServicer(object):
 
     def GenerateStream(self, request_iterator, context):
         """Many requests on one call, for a front end that keeps one call open per process: requests
-        start and are cancelled by the client's messages, and each server message carries the updates
+        start and are cancelled by the client's messages (each with every action the client had
+        queued since its previous one), and each server message carries the updates
         of every request on the call that had something since the previous one (one engine step's
         tokens for all of them in one message, where Generate sends one message per request). A
         request's updates carry what Generate's messages would, in order; its last update (`last`)
