@@ -198,7 +198,9 @@ def engine_row():
              f"/ sum by (stage) (rate(exl3_engine_moe_stage_seconds_count{{{R}}}[{RATE}]))",
              "moe: {{stage}}")),
             unit="s", desc="Mean time of one engine step in each phase: the model's parts and the engine's own work around them; "
-                           "with the experts in process, the MoE phase's stages (gate, experts)."), 12, 8),
+                           "the MoE phase's stages: with the experts in process gate and experts, with the experts on "
+                           "workers wait (blocked on their answers) and, on the GPU engine, to_host / to_device (the "
+                           "staging copies)."), 12, 8),
         (timeseries("Requests finished by reason", targets(
             (f"sum by (finish_reason) (rate(exl3_engine_requests_finished_total{{{R}}}[{RATE}]))",
              "{{finish_reason}}"),
