@@ -10,10 +10,12 @@ import concurrent.futures
 import json
 import math
 import os
+import queue
 import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 import urllib.request
@@ -56,8 +58,6 @@ class StreamCall:
     read on a thread of its own."""
 
     def __init__(self, stub, timeout=60):
-        import queue
-        import threading
         self._out = queue.Queue()
         self.messages = []  # GenerateStreamResponse, in order
         self.status = None  # the call's final grpc.StatusCode once it ended
