@@ -43,6 +43,20 @@ def wait_for(pred, timeout, what, interval=0.05):
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last})")
 
 
+def workers_up(client):
+    """{worker name: up} as the router's Describe reports it."""
+    return {w.name: w.up for w in client.describe(timeout=2).workers}
+
+
+def wait_until_workers_up(client, transport=None, timeout=20):
+    """Until every worker is up and, with `transport` ("shm" or "grpc"), reached through it: a
+    same-host worker is up on gRPC first and moves to shared memory once its offer is answered."""
+    def ready():
+        ws = client.describe(timeout=2).workers
+        return all(w.up for w in ws) and (transport is None or {w.transport for w in ws} == {transport})
+    wait_for(ready, timeout, f"all workers up{'' if transport is None else ' on ' + transport}")
+
+
 class Proc:
     """A started binary with its log file; stop() ends it by PID."""
 

@@ -21,7 +21,7 @@ import urllib.request
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import Cluster, wait_for  # noqa: E402
+from harness import Cluster, wait_for, wait_until_workers_up, workers_up  # noqa: E402
 
 from exl3serve.v1 import exl3serve_pb2 as pb  # noqa: E402
 from exl3serve_client import MoeRouterClient  # noqa: E402
@@ -59,10 +59,6 @@ def metric(proc, name):
     return float(m.group(1)) if m else None
 
 
-def workers_up(client):
-    return {w.name: w.up for w in client.describe(timeout=2).workers}
-
-
 class ClusterCase(unittest.TestCase):
     def cluster(self, a_model=None, router_extra=()):
         c = Cluster()
@@ -73,7 +69,7 @@ class ClusterCase(unittest.TestCase):
         r = c.start_router(list(router_extra))
         client = MoeRouterClient(r.address)
         self.addCleanup(client.close)
-        wait_for(lambda: all(workers_up(client).values()), 20, "all workers up")
+        wait_until_workers_up(client)
         return c, r, client
 
 

@@ -15,7 +15,7 @@ import unittest
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import Cluster, wait_for  # noqa: E402
+from harness import Cluster, wait_for, wait_until_workers_up, workers_up  # noqa: E402
 
 from exl3serve.v1 import exl3serve_pb2 as pb  # noqa: E402
 from exl3serve_client import MoeRouterClient  # noqa: E402
@@ -31,10 +31,6 @@ def topk_req(ids, timeout_ms=DEADLINE_MS):
     x = np.random.default_rng(len(ids)).standard_normal((1, HIDDEN)).astype(np.float32)
     return make_request(LAYER, x, topk_ids=np.array([ids]), topk_weights=np.array([[0.5] * len(ids)]),
                         timeout_ms=timeout_ms)
-
-
-def workers_up(client):
-    return {w.name: w.up for w in client.describe(timeout=2).workers}
 
 
 class Load:
@@ -73,8 +69,7 @@ class FrozenWorkerTest(unittest.TestCase):
         r = c.start_router(["--worker-shm-mb", "0"] if transport == "grpc" else [])
         client = MoeRouterClient(r.address)
         self.addCleanup(client.close)
-        wait_for(lambda: all(workers_up(client).values()), 20, "all workers up")
-        self.assertEqual({w.transport for w in client.describe().workers}, {transport})
+        wait_until_workers_up(client, transport)
         return c, client
 
     def freeze_until_down(self, c, client, name):

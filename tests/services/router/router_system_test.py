@@ -22,7 +22,7 @@ import grpc
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import BIN, Cluster, Proc, free_port, wait_for  # noqa: E402
+from harness import BIN, Cluster, Proc, free_port, wait_for, wait_until_workers_up, workers_up  # noqa: E402
 
 from exl3serve.v1 import exl3serve_pb2 as pb  # noqa: E402
 from exl3serve_client import MoeRouterClient, RequestError  # noqa: E402
@@ -52,10 +52,6 @@ def final_counts(out):
     return dict(zip(("requests", "ok", "failed", "verified", "mismatched"), map(int, m.groups())))
 
 
-def workers_up(client):
-    return {w.name: w.up for w in client.describe(timeout=2).workers}
-
-
 def topk_req(ids, weights=None, timeout_ms=0, T=1):
     x = np.random.default_rng(len(ids)).standard_normal((T, HIDDEN)).astype(np.float32)
     k = len(ids)
@@ -78,8 +74,7 @@ class GrpcTransportTest(unittest.TestCase):
             r.cluster = c
             client = MoeRouterClient(r.address)
             try:
-                wait_for(lambda: all(workers_up(client).values()), 20, "all workers up")
-                self.assertEqual({w.transport for w in client.describe().workers}, {transport})
+                wait_until_workers_up(client, transport)
                 # 40 tokens of fp32 out (40 KB) fit a quarter of 1 MiB; 300 (300 KB) do not.
                 for T in (1, 40, 300):
                     p = loadgen(r, "--verify", "--tokens", str(T), "--requests", "6",
@@ -110,7 +105,7 @@ class RouterSystemTest(unittest.TestCase):
         self.r.cluster = self.c
         self.client = MoeRouterClient(self.r.address)
         self.addCleanup(self.client.close)
-        wait_for(lambda: all(workers_up(self.client).values()), 20, "all workers up")
+        wait_until_workers_up(self.client)
         wait_for(lambda: self.client.describe().state == pb.STATE_SERVING, 10, "router SERVING")
 
     def thaw(self, w):
