@@ -111,6 +111,35 @@ def test_refusals(fake, kind, status, code, param):
         assert (err["code"], err["param"]) == (code, param), text
 
 
+def _count(f: Fake, status: int) -> float:
+    _, text = stack.get(f"{f.base}/metrics")
+    series = f'exl3_frontend_requests_total{{endpoint="completions",status="{status}"}} '
+    return next(float(line[len(series):]) for line in text.splitlines() if line.startswith(series))
+
+
+def test_refusals_before_the_engine(fake):
+    """What the front end refuses itself (the body, the model, a field): OpenAI's error body with
+    the field as `param`, counted by status, and nothing sent to the engine."""
+    sent = len(fake.engine.starts)
+    n400, n404 = _count(fake, 400), _count(fake, 404)
+    u = urlparse(fake.url)
+    for raw, status, param in (("{not json", 400, None), ("[1, 2]", 400, None), ("", 400, None),
+                               ('{"model": "fake"}', 400, "prompt"),
+                               ('{"model": "fake", "prompt": [1], "max_tokens": 0}', 400, "max_tokens"),
+                               ('{"model": "fake", "prompt": [1], "top_p": "x"}', 400, "top_p"),
+                               ('{"model": "nope", "prompt": [1]}', 404, "model")):
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+        conn.request("POST", "/v1/completions", raw, {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        text = r.read().decode()
+        conn.close()
+        err = json.loads(text)["error"]
+        assert (r.status, err["param"]) == (status, param), text
+        assert err["message"] and err["type"] == "invalid_request_error", text
+    assert len(fake.engine.starts) == sent
+    assert (_count(fake, 400) - n400, _count(fake, 404) - n404) == (6, 1)
+
+
 def test_error_after_tokens(fake):
     s, text = _post(fake, {"prompt": [FAIL_AFTER, 0], "max_tokens": 10})
     assert s == 500 and "lost experts" in json.loads(text)["error"]["message"], text

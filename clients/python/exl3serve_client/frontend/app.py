@@ -13,13 +13,13 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncGenerator, AsyncIterator, Optional, Union
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, Optional, Union
 
 import grpc
 import grpc.aio
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -103,24 +103,12 @@ class ChunkRenderer:
         return self.head + '],"usage":' + _dumps(usage) + "}\n\n"
 
 
-# Where the ASGI server's own send travels in the scope (put there by _App).
-_SERVER_SEND = "exl3serve.server_send"
-
-
-class _App(FastAPI):
-    """FastAPI, keeping the server's own `send` in the scope so that SSEResponse can write the events
-    of a stream without Starlette's per-message middleware wrappers."""
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        scope[_SERVER_SEND] = send
-        await super().__call__(scope, receive, send)
+_DONE = b"data: [DONE]\n\n"
 
 
 class SSEResponse(Response):
     """A streamed answer: its events (bytes) written as they come. Starlette's StreamingResponse
-    does the same through the middlewares' send wrappers, and runs a task group listening for the
-    client's disconnect; here the response start (and end) still go through the wrappers, so that
-    they know the response began, the events go to the server's send directly, and the disconnect
+    does the same but runs a task group listening for the client's disconnect; here the disconnect
     is Frontend.start's watcher's (it cancels the engine call, which ends the events)."""
 
     media_type = "text/event-stream"
@@ -134,15 +122,18 @@ class SSEResponse(Response):
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": self.status_code,
                     "headers": self.raw_headers})
-        out = scope.get(_SERVER_SEND) or send
+        ended = False
         try:
             async for event in self.events:
-                await out({"type": "http.response.body", "body": event, "more_body": True})
+                # [DONE] is the stream's last event: the response ends with its write.
+                ended = event.endswith(_DONE)
+                await send({"type": "http.response.body", "body": event, "more_body": not ended})
         except OSError:
             raise ClientDisconnect() from None
         finally:
             await self.events.aclose()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if not ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 @dataclass
@@ -242,6 +233,7 @@ class Frontend:
         model_cfg = json.loads(model_cfg_path.read_text()) if model_cfg_path.exists() else {}
         self.config_max_context = int(model_cfg.get("max_position_embeddings") or 0)
         self.started = cfg.created if cfg.created is not None else int(time.time())
+        self.dir_name = cfg.model_dir.resolve().name  # the name while the engine has said none
 
     # ---- what the engine says --------------------------------------------------------------
     def model_name(self) -> str:
@@ -249,12 +241,16 @@ class Frontend:
             return self.cfg.served_model_name
         if self.engine.info is not None and self.engine.info.model:
             return self.engine.info.model
-        return self.cfg.model_dir.resolve().name
+        return self.dir_name
 
     def max_context(self) -> int:
         if self.engine.info is not None and self.engine.info.max_context:
             return int(self.engine.info.max_context)
         return self.config_max_context or 4096
+
+    async def need_engine(self) -> None:
+        if not self.engine.up and not await self.engine.check(force=True):
+            raise APIError(503, "the engine is unavailable", code="engine_unavailable")
 
     # ---- preparing a request ---------------------------------------------------------------
     def _common(self, body: _Sampling, endpoint: str) -> None:
@@ -547,8 +543,8 @@ class Frontend:
                    watcher: asyncio.Task) -> AsyncGenerator[bytes, None]:
         """The streamed answer: one SSE event per engine message that adds text (a message carries
         every token the engine had ready for the request), as pieces() would give them, with the
-        events pre-rendered (ChunkRenderer) and the per-token work inline: this loop is the front
-        end's hot path."""
+        events pre-rendered (ChunkRenderer), one write per engine message, and the per-token work
+        inline: this loop is the front end's hot path. The last write ends with [DONE]."""
         status = 499  # until the answer is complete, a closing client is why it stops
         out = ChunkRenderer(job)
         m = self.metrics
@@ -562,13 +558,27 @@ class Frontend:
         want_lp = job.logprobs is not None
         unspecified = pb.FINISH_REASON_UNSPECIFIED
         monotonic = time.monotonic
-        # Chat's role event comes first, as OpenAI sends it, in one write with the first text event
-        # (the first message is already here: one send less before the first token), or alone
-        # before the stream waits for more.
-        head = out.role() if job.chat else ""
+        # What an engine message adds is one write: its events joined (chat's role event, as
+        # OpenAI sends it first, with the first text event; the last text event with the finish,
+        # the usage and [DONE]), written before the stream waits for the engine's next message.
+        pending = out.role() if job.chat else ""
+        last: Optional[float] = None
+
+        def observe(k: int) -> None:  # as _observe_tokens: TTFT, then k gaps of 1/k each
+            nonlocal last
+            now = monotonic()
+            if last is None:
+                ttft.observe(now - job.started)
+                for _ in range(k - 1):
+                    itl.observe(0.0)
+            else:
+                gap = (now - last) / k
+                for _ in range(k):
+                    itl.observe(gap)
+            last = now
+
         try:
             n, offset = 0, 0
-            last: Optional[float] = None
             resp = first
             try:
                 while True:
@@ -601,47 +611,39 @@ class Frontend:
                             raise APIError(500, f"the engine ended the request ({finish})")
                     n += k
                     entries = self._logprobs_entries(job, list(tokens)) if want_lp else None
+                    shown = 0  # tokens whose text this write hands to the client
                     if text or entries:
                         lp = None if entries is None else _dumps(
                             {"content": entries, "refusal": None} if job.chat else
                             self._completion_logprobs(entries, offset))
                         offset += len(text)
-                        event, head = head + out.text(text, lp), ""
-                        yield event.encode()
-                        if k > 0:  # as _observe_tokens: TTFT, then k gaps of 1/k each
-                            now = monotonic()
-                            if last is None:
-                                ttft.observe(now - job.started)
-                                for _ in range(k - 1):
-                                    itl.observe(0.0)
-                            else:
-                                gap = (now - last) / k
-                                for _ in range(k):
-                                    itl.observe(gap)
-                            last = now
+                        pending += out.text(text, lp)
+                        shown = k
                     if finish is not None:
-                        event, head = head + out.finish(finish), ""
-                        yield event.encode()
+                        pending += out.finish(finish)
                         break
-                    if head:
-                        event, head = head, ""
-                        yield event.encode()
+                    if pending:
+                        yield pending.encode()
+                        pending = ""
+                    if shown:
+                        observe(shown)
                     resp = await call.read()
             except grpc.aio.AioRpcError as e:
                 if watcher.done() and not watcher.cancelled():
                     return  # the client went away; nobody to tell
                 err = self._rpc_error(e)
                 status = err.status
-                yield (head + "data: " + _dumps(err.body()) + "\n\ndata: [DONE]\n\n").encode()
+                yield (pending + "data: " + _dumps(err.body()) + "\n\ndata: [DONE]\n\n").encode()
                 return
             except APIError as err:
                 status = err.status
-                yield (head + "data: " + _dumps(err.body()) + "\n\ndata: [DONE]\n\n").encode()
+                yield (pending + "data: " + _dumps(err.body()) + "\n\ndata: [DONE]\n\n").encode()
                 return
             if job.include_usage:
-                yield (out.usage(self._usage(job, n)) + "data: [DONE]\n\n").encode()
-            else:
-                yield b"data: [DONE]\n\n"
+                pending += out.usage(self._usage(job, n))
+            yield (pending + "data: [DONE]\n\n").encode()
+            if shown:
+                observe(shown)
             status = 200
         finally:
             watcher.cancel()
@@ -664,6 +666,68 @@ async def _watch_disconnect(request: Request, call: GenerateCall) -> None:
             return
 
 
+def _invalid_body(e: ValidationError) -> APIError:
+    """pydantic's first complaint about a body as a 400 naming the field (`param`)."""
+    errs = e.errors(include_url=False)
+    if not errs:
+        return APIError(400, "invalid request")
+    loc = ".".join(str(x) for x in errs[0]["loc"])
+    msg = errs[0]["msg"]
+    return APIError(400, f"{loc}: {msg}" if loc else msg, param=loc or None)
+
+
+@dataclass
+class GenerationEndpoint:
+    """POST /v1/completions or /v1/chat/completions as an ASGI app of its own: the body validated
+    by pydantic, the request prepared and answered (JSON or server-sent events), every refusal an
+    OpenAI error body counted by its status."""
+    fe: Frontend
+    endpoint: str                        # completions | chat_completions
+    body_type: type[BaseModel]
+    make_job: Callable[[Any], Job]       # Frontend.completion_job | chat_job
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        request = Request(scope, receive, send)
+        try:
+            try:
+                body = self.body_type.model_validate_json(await request.body())
+            except ValidationError as e:
+                raise _invalid_body(e) from None
+            await self.fe.need_engine()
+            job = self.make_job(body)
+        except ClientDisconnect:
+            self.fe.metrics.requests.labels(self.endpoint, "499").inc()
+            return
+        except APIError as e:
+            self.fe.metrics.requests.labels(self.endpoint, str(e.status)).inc()
+            await JSONResponse(e.body(), status_code=e.status)(scope, receive, send)
+            return
+        try:
+            response = await self.fe.answer(job, request)  # counts its own outcome
+        except APIError as e:
+            response = JSONResponse(e.body(), status_code=e.status)
+        await response(scope, receive, send)
+
+
+class _App(FastAPI):
+    """FastAPI, but for the generation endpoints, which it hands their ASGI calls directly: its
+    middlewares, routing and dependency solving cost a request about as much CPU as all of the
+    front end's own work on it (bench/results/frontend.md), and a burst of requests waits for that
+    one after another."""
+
+    def __init__(self, *, generation: dict[str, GenerationEndpoint], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.generation = generation
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            endpoint = self.generation.get(scope["path"])
+            if endpoint is not None:
+                await endpoint(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(cfg: FrontendConfig) -> FastAPI:
     fe = Frontend(cfg)
 
@@ -676,34 +740,16 @@ def create_app(cfg: FrontendConfig) -> FastAPI:
         yield
         await fe.engine.close()
 
-    app = _App(title="exl3serve OpenAI-compatible front end", lifespan=lifespan)
+    app = _App(title="exl3serve OpenAI-compatible front end", lifespan=lifespan, generation={
+        "/v1/completions": GenerationEndpoint(fe, "completions", CompletionRequest, fe.completion_job),
+        "/v1/chat/completions": GenerationEndpoint(fe, "chat_completions", ChatCompletionRequest,
+                                                   fe.chat_job),
+    })
     app.state.frontend = fe
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
-        errs = e.errors()
-        first = errs[0] if errs else {}
-        loc = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
-        msg = f"{loc}: {first.get('msg', 'invalid request')}" if loc else first.get("msg", "invalid request")
-        return JSONResponse(APIError(400, msg, param=loc or None).body(), status_code=400)
-
-    async def _need_engine() -> None:
-        if not fe.engine.up and not await fe.engine.check(force=True):
-            raise APIError(503, "the engine is unavailable", code="engine_unavailable")
-
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> Response:
-        await _need_engine()
-        return await fe.answer(fe.completion_job(body), request)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        await _need_engine()
-        return await fe.answer(fe.chat_job(body), request)
 
     def _model_card() -> dict[str, Any]:
         return {"id": fe.model_name(), "object": "model", "created": fe.started,
