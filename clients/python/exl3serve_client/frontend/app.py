@@ -215,6 +215,33 @@ class Job:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
+class TokenClock:
+    """One request's token timing as its client sees it: TTFT at the first token handed to the
+    client, then inter-token gaps (n tokens handed over at once: n gaps of 1/n of the time since
+    the previous ones; the first n: TTFT and n - 1 gaps of 0)."""
+
+    def __init__(self, metrics: FrontendMetrics, job: Job) -> None:
+        self.ttft = metrics.ttft_of[job.endpoint]
+        self.itl = metrics.itl_of[job.endpoint]
+        self.started = job.started
+        self.last: Optional[float] = None
+
+    def handed(self, n: int) -> None:
+        """n tokens' text has just been handed to the client."""
+        if n <= 0:
+            return
+        now = time.monotonic()
+        if self.last is None:
+            self.ttft.observe(now - self.started)
+            for _ in range(n - 1):
+                self.itl.observe(0.0)
+        else:
+            gap = (now - self.last) / n
+            for _ in range(n):
+                self.itl.observe(gap)
+        self.last = now
+
+
 @dataclass
 class Piece:
     """What one engine message adds to the answer."""
@@ -445,24 +472,6 @@ class Frontend:
         return {"id": job.rid, "object": obj, "created": job.created, "model": job.model,
                 "choices": choices}
 
-    def _observe_tokens(self, job: Job, state: dict[str, Any], n: int) -> None:
-        """TTFT at the first token handed to the client, then inter-token gaps (a message of n
-        tokens: n gaps of 1/n of the time since the previous one)."""
-        if n <= 0:
-            return
-        now = time.monotonic()
-        last = state.get("last")
-        itl = self.metrics.itl_of[job.endpoint]
-        if last is None:
-            self.metrics.ttft_of[job.endpoint].observe(now - job.started)
-            for _ in range(n - 1):
-                itl.observe(0.0)
-        else:
-            gap = (now - last) / n
-            for _ in range(n):
-                itl.observe(gap)
-        state["last"] = now
-
     async def start(self, job: Job, request: Request) -> tuple[GenerateCall, Any, asyncio.Task]:
         """Sends the request to the engine and waits for its first message, so that a refusal
         becomes the HTTP status. A task watching the client cancels the call if it goes away."""
@@ -512,9 +521,9 @@ class Frontend:
         status = 500
         try:
             text, entries, n, finish = [], [], 0, None
-            state: dict[str, Any] = {}
+            clock = TokenClock(self.metrics, job)
             async for p in self.pieces(job, call, first):
-                self._observe_tokens(job, state, len(p.tokens))
+                clock.handed(len(p.tokens))
                 text.append(p.text)
                 n += len(p.tokens)
                 if job.logprobs is not None:
@@ -549,34 +558,17 @@ class Frontend:
         out = ChunkRenderer(job)
         m = self.metrics
         gen_tokens = m.generation_tokens
-        ttft = m.ttft_of[job.endpoint]
-        itl = m.itl_of[job.endpoint]
         detok = self.tok.detokenizer()
         add_bytes = getattr(detok, "add_bytes", None)  # byte-level BPE: the tokens' bytes
         token_bytes = self.tok.token_bytes
         stop = StopMatcher(job.stops) if job.stops else None
         want_lp = job.logprobs is not None
         unspecified = pb.FINISH_REASON_UNSPECIFIED
-        monotonic = time.monotonic
         # What an engine message adds is one write: its events joined (chat's role event, as
         # OpenAI sends it first, with the first text event; the last text event with the finish,
         # the usage and [DONE]), written before the stream waits for the engine's next message.
         pending = out.role() if job.chat else ""
-        last: Optional[float] = None
-
-        def observe(k: int) -> None:  # as _observe_tokens: TTFT, then k gaps of 1/k each
-            nonlocal last
-            now = monotonic()
-            if last is None:
-                ttft.observe(now - job.started)
-                for _ in range(k - 1):
-                    itl.observe(0.0)
-            else:
-                gap = (now - last) / k
-                for _ in range(k):
-                    itl.observe(gap)
-            last = now
-
+        clock = TokenClock(m, job)
         try:
             n, offset = 0, 0
             resp = first
@@ -625,8 +617,7 @@ class Frontend:
                     if pending:
                         yield pending.encode()
                         pending = ""
-                    if shown:
-                        observe(shown)
+                    clock.handed(shown)
                     resp = await call.read()
             except grpc.aio.AioRpcError as e:
                 if watcher.done() and not watcher.cancelled():
@@ -642,8 +633,7 @@ class Frontend:
             if job.include_usage:
                 pending += out.usage(self._usage(job, n))
             yield (pending + "data: [DONE]\n\n").encode()
-            if shown:
-                observe(shown)
+            clock.handed(shown)
             status = 200
         finally:
             watcher.cancel()
