@@ -11,7 +11,7 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 from urllib.parse import urlparse
 
 import grpc
@@ -111,10 +111,9 @@ def test_refusals(fake, kind, status, code, param):
         assert (err["code"], err["param"]) == (code, param), text
 
 
-def _count(f: Fake, status: int) -> float:
-    _, text = stack.get(f"{f.base}/metrics")
-    series = f'exl3_frontend_requests_total{{endpoint="completions",status="{status}"}} '
-    return next(float(line[len(series):]) for line in text.splitlines() if line.startswith(series))
+def _count(f: Fake, status: int) -> Optional[float]:
+    return stack.metric(f.base[len("http://"):],
+                        f'exl3_frontend_requests_total{{endpoint="completions",status="{status}"}}')
 
 
 def test_refusals_before_the_engine(fake):

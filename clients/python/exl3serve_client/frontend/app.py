@@ -103,7 +103,8 @@ class ChunkRenderer:
         return self.head + '],"usage":' + _dumps(usage) + "}\n\n"
 
 
-_DONE = b"data: [DONE]\n\n"
+_DONE_EVENT = "data: [DONE]\n\n"  # a stream's last event (SSEResponse ends the response with it)
+_DONE = _DONE_EVENT.encode()
 
 
 class SSEResponse(Response):
@@ -624,15 +625,15 @@ class Frontend:
                     return  # the client went away; nobody to tell
                 err = self._rpc_error(e)
                 status = err.status
-                yield (pending + "data: " + _dumps(err.body()) + "\n\ndata: [DONE]\n\n").encode()
+                yield (pending + "data: " + _dumps(err.body()) + "\n\n" + _DONE_EVENT).encode()
                 return
             except APIError as err:
                 status = err.status
-                yield (pending + "data: " + _dumps(err.body()) + "\n\ndata: [DONE]\n\n").encode()
+                yield (pending + "data: " + _dumps(err.body()) + "\n\n" + _DONE_EVENT).encode()
                 return
             if job.include_usage:
                 pending += out.usage(self._usage(job, n))
-            yield (pending + "data: [DONE]\n\n").encode()
+            yield (pending + _DONE_EVENT).encode()
             clock.handed(shown)
             status = 200
         finally:
