@@ -31,6 +31,7 @@ from ..generate_stream import GenerateCall, GenerateStreamClient
 from .metrics import FrontendMetrics
 from .protocol import INT32_MAX, APIError, ChatCompletionRequest, CompletionRequest, _Sampling
 from .text import ChatTemplateError, ModelTokenizer, StopMatcher
+from .tokenizer_process import TokenizerProcess, TokenizerProcessDied
 
 _log = logging.getLogger(__name__)
 
@@ -143,10 +144,10 @@ class SSEResponse(Response):
 # --max-request-body-bytes' default: a million-token prompt as token ids in JSON is about 8 MB.
 DEFAULT_MAX_REQUEST_BODY_BYTES = 16 * 1024 * 1024
 
-# A prompt text at least this long is tokenized on a worker thread (tokenize_off_loop); a shorter
-# one on the event loop, where it costs less than the handover (4096 characters: 1.6 ms with the
-# test models' tokenizer).
-TOKENIZE_OFF_LOOP_CHARS = 4096
+# A prompt text at least this long is tokenized in the tokenizer process (Frontend._prompt_ids); a
+# shorter one on the event loop, where it costs less than the handover (8192 characters: 2-3.5 ms
+# with the test models' tokenizer, about 0.5 ms to and from the process).
+TOKENIZE_OFF_LOOP_CHARS = 8192
 
 
 @dataclass
@@ -270,6 +271,7 @@ class Frontend:
         self.metrics = FrontendMetrics()
         self.engine = Engine(cfg, self.metrics)
         self.tok = ModelTokenizer(cfg.model_dir)
+        self.tokenizer_process = TokenizerProcess(cfg.model_dir)
         model_cfg_path = cfg.model_dir / "config.json"
         model_cfg = json.loads(model_cfg_path.read_text()) if model_cfg_path.exists() else {}
         self.config_max_context = int(model_cfg.get("max_position_embeddings") or 0)
@@ -348,17 +350,19 @@ class Frontend:
     async def _prompt_ids(self, text: str, add_special_tokens: bool, param: str) -> list[int]:
         """The prompt text's token ids. A long text is first held against the context by the
         tokenizer's lower bound of its tokens (refused untokenized where that already exceeds it),
-        then tokenized on a worker thread that lets go of the GIL, so that the event loop serves
-        the other requests meanwhile; one of the context's length or more is refused without its
-        ids made. A short one is tokenized here (_job checks its length)."""
+        then tokenized in the tokenizer process (tokenizer_process.py), so that the event loop
+        serves the other requests meanwhile; one of the context's length or more is refused
+        without its ids made. A short one is tokenized here (_job checks its length)."""
         if len(text) < TOKENIZE_OFF_LOOP_CHARS:
             return self.tok.encode(text, add_special_tokens=add_special_tokens)
         ctx = self.max_context()
         at_least = self.tok.min_token_count(text)
         if at_least >= ctx:
             raise _prompt_too_long(ctx, at_least, param, at_least=True)
-        n, ids = await asyncio.get_running_loop().run_in_executor(
-            None, self.tok.encode_off_loop, text, ctx, add_special_tokens)
+        try:
+            n, ids = await self.tokenizer_process.encode(text, ctx, add_special_tokens)
+        except TokenizerProcessDied as e:
+            raise APIError(500, str(e)) from None
         if ids is None:
             raise _prompt_too_long(ctx, n, param)
         return ids
@@ -804,6 +808,7 @@ def create_app(cfg: FrontendConfig) -> FastAPI:
         await fe.engine.open()
         await fe.engine.check(force=True)
         yield
+        fe.tokenizer_process.close()
         await fe.engine.close()
 
     app = _App(title="exl3serve OpenAI-compatible front end", lifespan=lifespan, generation={
