@@ -6,8 +6,10 @@
 #     (--bridge=none --iptables=false: every container here uses host networking or none) where
 #     no engine answers, and stops it again at the end.
 #  2. Base image: debian:bookworm / debian:bookworm-slim where present or pullable; otherwise one
-#     made here from Debian's package mirror (debootstrap --variant=minbase + docker import),
-#     passed to the Dockerfiles as BASE_IMAGE / RUNTIME_BASE_IMAGE (cached between runs).
+#     made here from the Debian mirror apt's own sources name for bookworm main
+#     (scripts/checks/lib/debian_mirror.sh; none there: the check fails saying so) with
+#     debootstrap --variant=minbase + docker import, passed to the Dockerfiles as BASE_IMAGE /
+#     RUNTIME_BASE_IMAGE (cached between runs).
 #  3. Builds from deploy/docker: router and worker (Dockerfile.cpu, BINARIES=prebuilt: the binaries
 #     of BUILD_DIR, stripped, with the libraries no Debian package owns), the front end
 #     (Dockerfile.frontend, WHEELS=context: clients/python and its pinned dependencies as wheels
@@ -62,6 +64,11 @@ for b in "${BINARIES[@]}"; do
   [ -x "$BUILD_DIR/bin/$b" ] || { echo "containers.sh: $BUILD_DIR/bin/$b not built" >&2; exit 1; }
 done
 mkdir -p "$WORK/logs"
+
+say "helpers"
+tests/scripts/checks/lib/debian_mirror_test.sh > "$WORK/logs/debian_mirror_test.log" 2>&1 \
+  || { cat "$WORK/logs/debian_mirror_test.log" >&2; exit 1; }
+tail -1 "$WORK/logs/debian_mirror_test.log"
 
 say "packages"
 need=(docker.io docker-compose debootstrap curl)
@@ -138,8 +145,11 @@ else
   sources=$({ cat /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null || true; } | sha256sum | cut -c1-12)
   if [ "$("$DOCKER" image inspect -f '{{index .Config.Labels "org.exl3serve.sources"}}' "$LOCAL_BASE" 2>/dev/null)" != "$sources" ]; then
     t0=$(date +%s)
-    mirror=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)
-    mirror=${mirror:-http://deb.debian.org/debian}
+    mirror=$(scripts/checks/lib/debian_mirror.sh bookworm) || {
+      echo "containers: $BASE_IMAGE cannot be pulled, and apt names no mirror to debootstrap" \
+        "bookworm from (above)" >&2
+      exit 1
+    }
     rootfs=$WORK/rootfs
     rm -rf "$rootfs"
     debootstrap --variant=minbase bookworm "$rootfs" "$mirror" > "$WORK/logs/debootstrap.log" 2>&1 \

@@ -147,6 +147,70 @@ def test_multibyte_character_held_until_complete(family_dir):
     assert all("\ufffd" not in p for p in pieces)
 
 
+# Texts a normalizer of Unicode's forms shortens (in UTF-8): mathematical A (4 bytes) and the
+# ligature fi (NFKC: "A", "fi"), KELVIN SIGN (NFC: K), Hangul jamo composing into one syllable.
+SHRINKING = ["\U0001d400" * 20_000, "\ufb01" * 20_000, "\u212a" * 20_000,
+             "\u1100\u1161\u11a8" * 10_000]
+
+
+def test_min_token_count_is_a_lower_bound(family_dir):
+    """min_token_count, the bound the front end refuses a long prompt by untokenized, never
+    exceeds the tokens encode gives (special tokens written in the text included), and is of use
+    on a long text."""
+    tok = ModelTokenizer(family_dir)
+    specials = "".join(FAMILIES[ARCHS[family_dir.name]].specials)
+    for s in _samples() + SHRINKING + [specials * 2000, " " * 100_000, "😀" * 50_000]:
+        for special in (True, False):
+            assert tok.min_token_count(s) <= len(tok.encode(s, add_special_tokens=special)), s[:40]
+    assert tok.min_token_count("x" * 1_000_000) >= 4096
+
+
+def _with_tokenizer_json(d: Path, **fields) -> ModelTokenizer:
+    spec = json.loads((d / "tokenizer.json").read_text())
+    spec.update(fields)
+    (d / "tokenizer.json").write_text(json.dumps(spec))
+    return ModelTokenizer(d)
+
+
+@pytest.mark.parametrize("normalizer,bounded", [
+    ({"type": "NFKC"}, True),
+    ({"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "NFKD"}]}, True),
+    ({"type": "Sequence", "normalizers": []}, True),
+    ({"type": "Lowercase"}, False),  # KELVIN SIGN (3 bytes) becomes "k"
+    ({"type": "Strip", "strip_left": True, "strip_right": True}, False),
+    ({"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "Lowercase"}]}, False),
+])
+def test_min_token_count_under_normalizers(tmp_path, normalizer, bounded):
+    """Under a normalizer of Unicode's forms the bound allows for the text they shorten; under one
+    that may remove any amount of text there is none (0)."""
+    tok = _with_tokenizer_json(_model_dir(tmp_path, "qwen3_moe"), normalizer=normalizer)
+    for s in _samples() + SHRINKING:
+        assert tok.min_token_count(s) <= len(tok.encode(s)), s[:40]
+    assert (tok.min_token_count("x" * 1_000_000) > 0) == bounded
+
+
+def test_min_token_count_needs_every_byte_kept(tmp_path):
+    """A pre-tokenizer that drops what it matches (Split, behavior Removed) allows no bound."""
+    d = _model_dir(tmp_path, "qwen3_moe")
+    byte_level = json.loads((d / "tokenizer.json").read_text())["pre_tokenizer"]
+    drop_spaces = {"type": "Split", "pattern": {"String": " "}, "behavior": "Removed",
+                   "invert": False}
+    tok = _with_tokenizer_json(d, pre_tokenizer={"type": "Sequence",
+                                                 "pretokenizers": [drop_spaces, byte_level]})
+    assert len(tok.encode(" " * 1000)) <= 1
+    assert tok.min_token_count(" " * 1_000_000) == 0
+
+
+def test_encode_off_loop_equals_encode(family_dir):
+    """encode_off_loop: encode's count, and its ids below the limit only."""
+    tok = ModelTokenizer(family_dir)
+    for s in _samples(80) + ["a long text, " * 5000]:
+        for special in (True, False):
+            ids = tok.encode(s, add_special_tokens=special)
+            assert tok.encode_off_loop(s, len(ids) + 1, special) == (len(ids), ids), s[:40]
+            assert tok.encode_off_loop(s, len(ids), special) == (len(ids), None), s[:40]
+
+
 EXPECTED_CHAT = {
     "glm4_moe": "[gMASK]<sop><|system|>\nBe brief.<|user|>\nHi there<|assistant|>\nHello!"
                 "<|user|>\nAnd now?<|assistant|>\n",

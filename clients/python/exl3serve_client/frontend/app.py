@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncGenerator, AsyncIterator, Callable, Optional, Union
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Optional, Union
 
 import grpc
 import grpc.aio
@@ -28,8 +29,11 @@ from exl3serve.v1 import exl3serve_pb2 as pb
 from ..generate import FINISH_REASONS, AsyncGenerateClient, make_generate_request
 from ..generate_stream import GenerateCall, GenerateStreamClient
 from .metrics import FrontendMetrics
-from .protocol import APIError, ChatCompletionRequest, CompletionRequest, _Sampling
+from .protocol import INT32_MAX, APIError, ChatCompletionRequest, CompletionRequest, _Sampling
 from .text import ChatTemplateError, ModelTokenizer, StopMatcher
+from .tokenizer_process import TokenizerProcess, TokenizerProcessDied
+
+_log = logging.getLogger(__name__)
 
 # gRPC status -> HTTP status of the answer.
 _HTTP_OF = {
@@ -137,6 +141,15 @@ class SSEResponse(Response):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+# --max-request-body-bytes' default: a million-token prompt as token ids in JSON is about 8 MB.
+DEFAULT_MAX_REQUEST_BODY_BYTES = 16 * 1024 * 1024
+
+# A prompt text at least this long is tokenized in the tokenizer process (Frontend._prompt_ids); a
+# shorter one on the event loop, where it costs less than the handover (8192 characters: 2-3.5 ms
+# with the test models' tokenizer, about 0.5 ms to and from the process).
+TOKENIZE_OFF_LOOP_CHARS = 8192
+
+
 @dataclass
 class FrontendConfig:
     engine: str                       # HOST:PORT of the Generator service
@@ -146,6 +159,7 @@ class FrontendConfig:
     health_cache_s: float = 1.0
     created: Optional[int] = None     # /v1/models' `created` (--workers: the parent's, in every worker)
     engine_calls: str = "stream"      # stream: one GenerateStream call for all requests; per-request: Generate each
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES  # larger bodies: 413
 
 
 ENGINE_CALLS = ("stream", "per-request")
@@ -257,6 +271,7 @@ class Frontend:
         self.metrics = FrontendMetrics()
         self.engine = Engine(cfg, self.metrics)
         self.tok = ModelTokenizer(cfg.model_dir)
+        self.tokenizer_process = TokenizerProcess(cfg.model_dir)
         model_cfg_path = cfg.model_dir / "config.json"
         model_cfg = json.loads(model_cfg_path.read_text()) if model_cfg_path.exists() else {}
         self.config_max_context = int(model_cfg.get("max_position_embeddings") or 0)
@@ -304,9 +319,7 @@ class Frontend:
             raise APIError(400, "the prompt is empty", param="prompt")
         ctx = self.max_context()
         if len(prompt_ids) >= ctx:
-            raise APIError(400, f"This model's maximum context length is {ctx} tokens. However, "
-                           f"your prompt has {len(prompt_ids)} tokens.", param="messages" if chat
-                           else "prompt", code="context_length_exceeded")
+            raise _prompt_too_long(ctx, len(prompt_ids), "messages" if chat else "prompt")
         if max_tokens is None:
             max_tokens = ctx - len(prompt_ids)
         elif len(prompt_ids) + max_tokens > ctx:
@@ -334,7 +347,27 @@ class Frontend:
                    logprobs=logprobs, rid=rid,
                    ids_as_tokens=bool(body.return_tokens_as_token_ids))
 
-    def completion_job(self, body: CompletionRequest) -> Job:
+    async def _prompt_ids(self, text: str, add_special_tokens: bool, param: str) -> list[int]:
+        """The prompt text's token ids. A long text is first held against the context by the
+        tokenizer's lower bound of its tokens (refused untokenized where that already exceeds it),
+        then tokenized in the tokenizer process (tokenizer_process.py), so that the event loop
+        serves the other requests meanwhile; one of the context's length or more is refused
+        without its ids made. A short one is tokenized here (_job checks its length)."""
+        if len(text) < TOKENIZE_OFF_LOOP_CHARS:
+            return self.tok.encode(text, add_special_tokens=add_special_tokens)
+        ctx = self.max_context()
+        at_least = self.tok.min_token_count(text)
+        if at_least >= ctx:
+            raise _prompt_too_long(ctx, at_least, param, at_least=True)
+        try:
+            n, ids = await self.tokenizer_process.encode(text, ctx, add_special_tokens)
+        except TokenizerProcessDied as e:
+            raise APIError(500, str(e)) from None
+        if ids is None:
+            raise _prompt_too_long(ctx, n, param)
+        return ids
+
+    async def completion_job(self, body: CompletionRequest) -> Job:
         self._common(body, "completions")
         if body.echo:
             raise APIError(400, "echo is not supported", param="echo")
@@ -346,15 +379,20 @@ class Frontend:
         if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
             p = p[0]
         if isinstance(p, str):
-            ids = self.tok.encode(p, add_special_tokens=True)
+            ids = await self._prompt_ids(p, True, "prompt")
         elif isinstance(p, list) and all(isinstance(t, int) for t in p):
             ids = [t for t in p if isinstance(t, int)]  # all of them
+            if ids and (min(ids) < -INT32_MAX - 1 or max(ids) > INT32_MAX):
+                i, bad = next((i, t) for i, t in enumerate(ids)
+                              if not -INT32_MAX - 1 <= t <= INT32_MAX)
+                raise APIError(400, f"prompt token {i} is {bad}, beyond a token id's range (int32)",
+                               param="prompt")
         else:
             raise APIError(400, "one prompt per request: a string or a list of token ids",
                            param="prompt")
         return self._job(body, "completions", False, ids, body.max_tokens, body.logprobs)
 
-    def chat_job(self, body: ChatCompletionRequest) -> Job:
+    async def chat_job(self, body: ChatCompletionRequest) -> Job:
         self._common(body, "chat_completions")
         if body.tools:
             raise APIError(400, "tools are not supported", param="tools")
@@ -377,10 +415,12 @@ class Frontend:
             msg.setdefault("content", "")
             messages.append(msg)
         try:
-            ids = self.tok.encode_chat(messages, body.add_generation_prompt,
-                                       **(body.chat_template_kwargs or {}))
+            text = self.tok.render_chat(messages, body.add_generation_prompt,
+                                        **(body.chat_template_kwargs or {}))
         except ChatTemplateError as e:
             raise APIError(400, f"chat template: {e}", param="messages") from None
+        # As encode_chat: the rendering holds its special tokens.
+        ids = await self._prompt_ids(text, False, "messages")
         max_tokens = body.max_completion_tokens or body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         return self._job(body, "chat_completions", True, ids, max_tokens, logprobs,
@@ -657,6 +697,38 @@ async def _watch_disconnect(request: Request, call: GenerateCall) -> None:
             return
 
 
+def _prompt_too_long(ctx: int, tokens: int, param: str, at_least: bool = False) -> APIError:
+    """OpenAI's refusal of a prompt of the context's length or more (`at_least`: a lower bound
+    of its tokens, from its length in bytes)."""
+    has = f"at least {tokens}" if at_least else str(tokens)
+    return APIError(400, f"This model's maximum context length is {ctx} tokens. However, your "
+                    f"prompt has {has} tokens.", param=param, code="context_length_exceeded")
+
+
+async def _read_body(receive: Callable[[], Awaitable[dict[str, Any]]], limit: int) -> bytes:
+    """The request's body, refused (413) past `limit` bytes. The rest of a body that is too large
+    is still read, and dropped, before the answer: a client that sends its whole body before it
+    reads the answer (the openai SDK does) would get a broken connection instead of the 413 if
+    the server closed it early."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if chunk and size <= limit:
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    if size > limit:
+        raise APIError(413, f"the request body is {size} bytes, more than this server takes "
+                       f"({limit} bytes, exl3serve-openai --max-request-body-bytes)",
+                       code="request_too_large")
+    return b"".join(chunks)
+
+
 def _invalid_body(e: ValidationError) -> APIError:
     """pydantic's first complaint about a body as a 400 naming the field (`param`)."""
     errs = e.errors(include_url=False)
@@ -669,29 +741,36 @@ def _invalid_body(e: ValidationError) -> APIError:
 
 @dataclass
 class GenerationEndpoint:
-    """POST /v1/completions or /v1/chat/completions as an ASGI app of its own: the body validated
-    by pydantic, the request prepared and answered (JSON or server-sent events), every refusal an
-    OpenAI error body counted by its status."""
+    """POST /v1/completions or /v1/chat/completions as an ASGI app of its own: the body read (up to
+    --max-request-body-bytes) and validated by pydantic, the request prepared and answered (JSON or
+    server-sent events), every refusal an OpenAI error body counted by its status."""
     fe: Frontend
     endpoint: str                        # completions | chat_completions
     body_type: type[BaseModel]
-    make_job: Callable[[Any], Job]       # Frontend.completion_job | chat_job
+    make_job: Callable[[Any], Awaitable[Job]]  # Frontend.completion_job | chat_job
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         request = Request(scope, receive, send)
         try:
+            raw = await _read_body(receive, self.fe.cfg.max_request_body_bytes)
             try:
-                body = self.body_type.model_validate_json(await request.body())
+                body = self.body_type.model_validate_json(raw)
             except ValidationError as e:
                 raise _invalid_body(e) from None
             await self.fe.need_engine()
-            job = self.make_job(body)
+            job = await self.make_job(body)
         except ClientDisconnect:
             self.fe.metrics.requests.labels(self.endpoint, "499").inc()
             return
         except APIError as e:
             self.fe.metrics.requests.labels(self.endpoint, str(e.status)).inc()
             await JSONResponse(e.body(), status_code=e.status)(scope, receive, send)
+            return
+        except Exception:  # a bug: logged, and answered in OpenAI's error body all the same
+            _log.exception("preparing a %s request failed", self.endpoint)
+            self.fe.metrics.requests.labels(self.endpoint, "500").inc()
+            err = APIError(500, "the front end failed to prepare the request (its log says why)")
+            await JSONResponse(err.body(), status_code=500)(scope, receive, send)
             return
         try:
             response = await self.fe.answer(job, request)  # counts its own outcome
@@ -729,6 +808,7 @@ def create_app(cfg: FrontendConfig) -> FastAPI:
         await fe.engine.open()
         await fe.engine.check(force=True)
         yield
+        fe.tokenizer_process.close()
         await fe.engine.close()
 
     app = _App(title="exl3serve OpenAI-compatible front end", lifespan=lifespan, generation={

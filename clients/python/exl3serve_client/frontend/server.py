@@ -25,7 +25,7 @@ from typing import Callable, Optional
 
 import uvicorn
 
-from .app import ENGINE_CALLS, FrontendConfig, create_app
+from .app import DEFAULT_MAX_REQUEST_BODY_BYTES, ENGINE_CALLS, FrontendConfig, create_app
 from .workers import Supervisor, WorkerArgv, exit_with_parent, say_serving
 
 
@@ -71,6 +71,13 @@ def _workers(text: str) -> int:
     return n
 
 
+def _bytes(text: str) -> int:
+    n = int(text) if text.isdigit() else 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of bytes >= 1, got {text!r}")
+    return n
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="exl3serve-openai",
                                  description="OpenAI-compatible HTTP front end of an exl3serve "
@@ -97,6 +104,12 @@ def _parser() -> argparse.ArgumentParser:
                          "engine step for all of them; per-request makes one Generator.Generate "
                          "call per request (one message per request per step; also for an engine "
                          "that predates GenerateStream)")
+    ap.add_argument("--max-request-body-bytes", type=_bytes,
+                    default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+                    help="the largest request body taken, in bytes; a larger one is answered 413 "
+                         "(OpenAI's error body, code request_too_large) after it is read and "
+                         f"dropped (default {DEFAULT_MAX_REQUEST_BODY_BYTES}: 16 MiB, a "
+                         "million-token prompt as token ids)")
     ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     # A worker's side of --workers (frontend/workers.py starts it so): not for users.
     ap.add_argument("--worker-socket-fd", type=int, help=argparse.SUPPRESS)
@@ -146,7 +159,8 @@ def _serve(args: argparse.Namespace, sock: socket.socket, on_serving: Callable[[
     app = create_app(FrontendConfig(engine=args.engine, model_dir=args.model,
                                     served_model_name=args.served_model_name,
                                     request_timeout_s=args.request_timeout, created=created,
-                                    engine_calls=args.engine_calls))
+                                    engine_calls=args.engine_calls,
+                                    max_request_body_bytes=args.max_request_body_bytes))
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on")
     server = uvicorn.Server(config)
@@ -174,6 +188,7 @@ def _worker_argv(args: argparse.Namespace, created: int) -> WorkerArgv:
                "--engine", args.engine, "--model", str(args.model),
                "--request-timeout", repr(args.request_timeout), "--log-level", args.log_level,
                "--engine-calls", args.engine_calls,
+               "--max-request-body-bytes", str(args.max_request_body_bytes),
                "--worker-socket-fd", str(sock_fd), "--worker-ready-fd", str(ready_fd),
                "--worker-of", str(os.getpid()),
                "--model-created", str(created)]

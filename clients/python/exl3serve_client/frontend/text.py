@@ -73,6 +73,52 @@ def _token_text(value: Any) -> Optional[str]:
     return value
 
 
+# Unicode's normalization forms shorten a text's UTF-8 by at most this factor: a 4-byte character
+# can become one ASCII byte (NFKC of U+1D400 is "A"); composition joins at most three characters
+# (Hangul jamo, 9 bytes, into one 3-byte syllable).
+_UNICODE_FORMS = ("NFC", "NFD", "NFKC", "NFKD")
+_UNICODE_FORM_SHRINK = 4
+
+
+def _normalizer_shrink(spec: Optional[dict[str, Any]]) -> Optional[int]:
+    """By what factor tokenizer.json's normalizer may shorten a text's UTF-8 at most (1: it cannot);
+    None for a normalizer that may remove any amount of it (Strip, Replace, ...)."""
+    if spec is None:
+        return 1
+    kind = spec.get("type")
+    if kind == "Sequence":
+        factor = 1
+        for part in spec.get("normalizers") or []:
+            f = _normalizer_shrink(part)
+            if f is None:
+                return None
+            factor *= f
+        return factor
+    if kind in _UNICODE_FORMS:
+        return _UNICODE_FORM_SHRINK
+    if kind == "Prepend":
+        return 1
+    return None
+
+
+def _pre_tokenizer_keeps_bytes(spec: Optional[dict[str, Any]]) -> bool:
+    """Whether the pre-tokenizer splits the text without dropping any of it (a Split or Punctuation
+    with behavior Removed drops what it matches), and maps it to byte-level BPE's alphabet."""
+    def keeps(p: dict[str, Any]) -> bool:
+        kind = p.get("type")
+        if kind == "Sequence":
+            return all(keeps(q) for q in p.get("pretokenizers") or [])
+        if kind in ("Split", "Punctuation"):
+            return p.get("behavior") != "Removed"
+        return kind in ("ByteLevel", "Digits")
+
+    def has_byte_level(p: dict[str, Any]) -> bool:
+        if p.get("type") == "Sequence":
+            return any(has_byte_level(q) for q in p.get("pretokenizers") or [])
+        return p.get("type") == "ByteLevel"
+    return spec is not None and keeps(spec) and has_byte_level(spec)
+
+
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
     """The byte-level alphabet of GPT-2's BPE: printable character -> byte."""
@@ -110,6 +156,44 @@ class ModelTokenizer:
         self.special_ids = frozenset(t["id"] for t in spec.get("added_tokens", []) if t.get("special"))
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self._bytes: dict[int, bytes] = {}
+        self._max_text_bytes_per_token = self._text_bytes_per_token_bound(spec)
+
+    def _text_bytes_per_token_bound(self, spec: dict[str, Any]) -> Optional[int]:
+        """The most UTF-8 bytes of a prompt one token can stand for, where the tokenizer allows a
+        bound (byte-level BPE whose pre-tokenizer keeps every byte, and no normalizer beyond
+        Unicode's forms): the longest token's bytes (an added token's content included) times what
+        the normalizer may shorten the text by. None where it allows none."""
+        shrink = _normalizer_shrink(spec.get("normalizer"))
+        model = spec.get("model") or {}
+        if not self.byte_level or model.get("type") != "BPE" or shrink is None or \
+                not _pre_tokenizer_keeps_bytes(spec.get("pre_tokenizer")):
+            return None
+        added = {t["id"]: t["content"] for t in spec.get("added_tokens", [])}
+        longest = max((len(self.token_bytes(i)) for i in (model.get("vocab") or {}).values()
+                       if i not in added), default=1)
+        longest = max([longest, *(len(c.encode("utf-8")) for c in added.values())])
+        return shrink * max(longest, 1)
+
+    def min_token_count(self, text: str) -> int:
+        """A lower bound of len(encode(text)), known without tokenizing: the text's UTF-8 bytes
+        over the most one token can stand for (0 where the tokenizer allows no bound)."""
+        per_token = self._max_text_bytes_per_token
+        if per_token is None:
+            return 0
+        return len(text.encode("utf-8", "surrogatepass")) // per_token
+
+    def encode_off_loop(self, text: str, limit: int,
+                        add_special_tokens: bool = True) -> tuple[int, Optional[list[int]]]:
+        """For a long text, off the event loop (the tokenizer process, tokenizer_process.py):
+        encode(text)'s length, and its ids if fewer than `limit` (none made of a text too long to
+        use). Through tokenizers' batch call without offsets (encode_batch_fast: half the time of
+        encode), which also lets go of the GIL while it tokenizes, where encode holds it."""
+        batch = getattr(self.tokenizer, "encode_batch_fast", None)  # tokenizers >= 0.21
+        if batch is None:
+            batch = self.tokenizer.encode_batch
+        encoding = batch([text], add_special_tokens=add_special_tokens)[0]
+        n = len(encoding)
+        return n, (encoding.ids if n < limit else None)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
