@@ -12,7 +12,7 @@ void KdaRecurrent(const KdaHeadInputs& in, int T, float* S, float* out, int out_
   for (int t = 0; t < T; ++t) {
     const float* q = in.q + static_cast<size_t>(t) * in.qk_stride;
     const float* k = in.k + static_cast<size_t>(t) * in.qk_stride;
-    const float* g = in.g + static_cast<size_t>(t) * in.qk_stride;
+    const float* g = in.g + static_cast<size_t>(t) * in.g_stride;
     const float* v = in.v + static_cast<size_t>(t) * in.v_stride;
     const float b = in.beta[static_cast<size_t>(t) * in.beta_stride];
     std::fill(delta.begin(), delta.end(), 0.0f);
@@ -49,7 +49,7 @@ void KdaChunked(const KdaHeadInputs& in, int T, int chunk_size, float* S, float*
     // G[i][c]: the log-decay summed over the chunk's tokens 0..i.
     G.assign(static_cast<size_t>(C) * DK, 0.0f);
     for (int i = 0; i < C; ++i) {
-      const float* g = in.g + static_cast<size_t>(start + i) * in.qk_stride;
+      const float* g = in.g + static_cast<size_t>(start + i) * in.g_stride;
       for (int c = 0; c < DK; ++c) G[i * DK + c] = (i > 0 ? G[(i - 1) * DK + c] : 0.0f) + g[c];
     }
     // A[i][j] (j < i) = −β_i Σ_c k_i[c] k_j[c] exp(G_i[c] − G_j[c]); Aqk[i][j] (j ≤ i) the same

@@ -27,7 +27,8 @@ struct KdaHeadInputs {
   const float* v = nullptr;
   const float* g = nullptr;
   const float* beta = nullptr;
-  int qk_stride = 0;    // between consecutive tokens' q, k and g
+  int qk_stride = 0;    // between consecutive tokens' q and k
+  int g_stride = 0;     // between consecutive tokens' g
   int v_stride = 0;     // between consecutive tokens' v
   int beta_stride = 1;  // between consecutive tokens' β
   int key_dim = 0;

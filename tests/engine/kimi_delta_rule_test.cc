@@ -49,6 +49,7 @@ KdaHeadInputs Inputs(const HeadRun& r, int first = 0) {
   in.v = r.v.data() + first * r.DV;
   in.beta = r.beta.data() + first;
   in.qk_stride = r.DK;
+  in.g_stride = r.DK;
   in.v_stride = r.DV;
   in.key_dim = r.DK;
   in.value_dim = r.DV;
@@ -130,8 +131,17 @@ TEST(KimiDeltaRule, StridedInputs) {
     for (int e = 0; e < DV; ++e) v[(t * H + 1) * DV + e] = r.v[t * DV + e];
     beta[t * H + 1] = r.beta[t];
   }
-  KdaHeadInputs in{q.data() + DK, k.data() + DK, v.data() + DV, g.data() + DK, beta.data() + 1,
-                   H * DK, H * DV, H, DK, DV};
+  KdaHeadInputs in;
+  in.q = q.data() + DK;
+  in.k = k.data() + DK;
+  in.v = v.data() + DV;
+  in.g = g.data() + DK;
+  in.beta = beta.data() + 1;
+  in.qk_stride = in.g_stride = H * DK;
+  in.v_stride = H * DV;
+  in.beta_stride = H;
+  in.key_dim = DK;
+  in.value_dim = DV;
   std::vector<double> want, want_state;
   Reference(r, &want, &want_state);
   std::vector<float> S = r.state, out(T * H * DV, 0.0f), got(T * DV);
