@@ -225,7 +225,7 @@ void ExpectOpenFails(const std::string& dir, const std::string& needle) {
 
 TEST(Glm5NextModel, MissingOrMisshapenTensorsAreNamed) {
   const std::string L = "model.language_model.layers.";
-  for (const std::string name :
+  for (const std::string& name :
        {L + "0.self_attn.k_conv1d.weight", L + "0.self_attn.A_log", L + "0.self_attn.dt_bias",
         L + "0.self_attn.o_norm.weight", L + "0.hc_attn_fn", L + "2.hc_ffn_base",
         L + "1.self_attn.indexer.index_kpool_compress_ape",

@@ -592,7 +592,7 @@ TEST(EncoderTools, QuantizeGlm5NextKeepsGatesVisionAndMtpAsStored) {
   EXPECT_EQ(BitsOf(dir + "/q", "model.visual.blocks.0.attn.qkv"), 0);
   auto src = TensorSource::Open(dir + "/q");
   ASSERT_TRUE(src.ok()) << src.status();
-  for (const std::string kept : {l0 + "self_attn.f_a_proj.weight", t + "layers.2.self_attn.q_a_proj.weight",
+  for (const std::string& kept : {l0 + "self_attn.f_a_proj.weight", t + "layers.2.self_attn.q_a_proj.weight",
                                  std::string("model.visual.blocks.0.attn.qkv.weight"),
                                  l0 + "self_attn.q_conv1d.weight"})
     EXPECT_TRUE((*src)->Has(kept)) << kept;
