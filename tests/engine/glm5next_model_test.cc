@@ -35,16 +35,26 @@ constexpr char kAll[] = "tests/fixtures/engine/glm5_next_all";
 
 class Glm5NextFixtureTest : public ::testing::TestWithParam<const char*> {};
 
+void RunBatched(const std::string& dir, int micro_batches);
+
 // All four prompts in the same steps: prefill chunks of 7 beside other sequences' decode tokens,
 // then decode together; each sequence's first 32 tokens and their logits against transformers'.
 TEST_P(Glm5NextFixtureTest, BatchedSequencesGiveTransformersTokensAndLogits) {
-  const std::string dir = GetParam();
+  for (int micro_batches : {1, 2}) RunBatched(GetParam(), micro_batches);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Glm5NextFixtureTest, ::testing::Values(kExperts, kAll));
+
+// With micro_batches 2 the step's sequences run as two micro-batches whose layers alternate:
+// each keeps its own pooled selection and its sequences' states.
+void RunBatched(const std::string& dir, int micro_batches) {
   auto ref = TensorSource::Open(dir + "/reference.safetensors");
   ASSERT_TRUE(ref.ok()) << ref.status();
   const auto prompts = Int32Rows(**ref, "prompt."), greedy = Int32Rows(**ref, "greedy.");
   ASSERT_EQ(prompts.size(), 4u);
   CpuModelOptions o;
   o.num_threads = 2;
+  o.micro_batches = micro_batches;
   auto model = CpuModel::Open(dir, o);
   ASSERT_TRUE(model.ok()) << model.status();
   const int vocab = (*model)->info().vocab_size;
@@ -62,12 +72,10 @@ TEST_P(Glm5NextFixtureTest, BatchedSequencesGiveTransformersTokensAndLogits) {
       worst = std::max(worst, RelativeError(got.data(), &logits[(prompts[i].size() - 1 + j) * vocab], vocab));
     }
     EXPECT_LT(worst, 1e-3) << "prompt " << i;
-    std::printf("%s batched prompt %zu (%zu tokens): %d greedy tokens equal, worst logits rel err %.2e\n",
-                GetParam(), i, prompts[i].size(), steps, worst);
+    std::printf("%s, %d micro-batch(es), batched prompt %zu (%zu tokens): %d greedy tokens, worst "
+                "logits rel err %.2e\n", dir.c_str(), micro_batches, i, prompts[i].size(), steps, worst);
   }
 }
-
-INSTANTIATE_TEST_SUITE_P(Fixtures, Glm5NextFixtureTest, ::testing::Values(kExperts, kAll));
 
 // ---------------------------------------------------------------------------------------------
 // The engine over the KDA state and the pooled selection.
