@@ -12,7 +12,8 @@
 // fp32 rounding) by chunks of `chunk_size` tokens: within a chunk the cumulative decays G, the
 // lower-triangular system (I − A) of the keys' mutual effect solved by forward substitution (the
 // WY form), the pseudo-values u = (I − A)⁻¹ β v and decayed keys w = (I − A)⁻¹ β k exp(G), then
-// v' = u − w S, o = (q exp(G)) S + (q kᵀ ∘ decay)ₗₒwₑᵣ v', and S carried to the next chunk as
+// v' = u − w S, o = (q exp(G)) S + L v' with L[i][j] = Σ_c q_i[c] k_j[c] exp(G_i[c] − G_j[c])
+// for j ≤ i (0 above the diagonal), and S carried to the next chunk as
 // diag(exp(G_last)) S + Σᵢ (k_i exp(G_last − G_i)) ⊗ v'_i. A last chunk shorter than chunk_size
 // is computed at its own length (transformers pads it with tokens that change nothing).
 #pragma once

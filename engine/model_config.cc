@@ -99,6 +99,60 @@ absl::Status ParseLatentAttention(const json& j, const std::string& source, Mode
   return absl::OkStatus();
 }
 
+}  // namespace
+
+// Which layers run their own indexer, as GlmMoeDsaConfig decides it: `indexer_types` ("full" /
+// "shared" per layer) when given; else `index_topk_pattern` (a string of F / S, or such a list);
+// else layer i is full when max(i - index_skip_topk_offset + 1, 0) is a multiple of
+// index_topk_freq (defaults 2 and 1: every layer full).
+absl::StatusOr<std::vector<IndexerMode>> IndexerModes(const json& j, int num_layers,
+                                                      const std::string& source) {
+  std::vector<IndexerMode> modes;
+  auto bad = [&](const char* field, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", field, " ", why));
+  };
+  auto add = [&](const std::string& v, const char* field) -> absl::Status {
+    if (v == "full" || v == "F") {
+      modes.push_back(IndexerMode::kFull);
+    } else if (v == "shared" || v == "S") {
+      modes.push_back(IndexerMode::kShared);
+    } else {
+      return bad(field, absl::StrCat("holds '", v, "' (full / shared, or F / S)"));
+    }
+    return absl::OkStatus();
+  };
+  const char* field = nullptr;
+  if (j.contains("indexer_types") && !j["indexer_types"].is_null()) {
+    field = "indexer_types";
+  } else if (j.contains("index_topk_pattern") && !j["index_topk_pattern"].is_null()) {
+    field = "index_topk_pattern";
+  }
+  if (field != nullptr) {
+    const json& v = j[field];
+    if (v.is_string()) {
+      for (char c : v.get<std::string>()) EXL3_RETURN_IF_ERROR(add(std::string(1, c), field));
+    } else if (v.is_array()) {
+      for (const json& e : v) {
+        if (!e.is_string()) return bad(field, "holds a non-string");
+        EXL3_RETURN_IF_ERROR(add(e.get<std::string>(), field));
+      }
+    } else {
+      return bad(field, "is neither a list nor a string");
+    }
+    if (static_cast<int>(modes.size()) < num_layers)
+      return bad(field, absl::StrCat("names ", modes.size(), " layers of ", num_layers));
+    modes.resize(num_layers);
+  } else {
+    const int freq = std::max(IntOr(j, "index_topk_freq", 1), 1);
+    const int offset = IntOr(j, "index_skip_topk_offset", 2);
+    for (int i = 0; i < num_layers; ++i)
+      modes.push_back(std::max(i - offset + 1, 0) % freq == 0 ? IndexerMode::kFull
+                                                              : IndexerMode::kShared);
+  }
+  return modes;
+}
+
+namespace {
 
 absl::Status ParseIndexer(const json& j, const ModelConfig& cfg, const std::string& source,
                           IndexerConfig* ix) {
@@ -181,57 +235,6 @@ absl::Status ParseQwen3NextLayers(const json& j, const std::string& source, Mode
 }
 
 }  // namespace
-
-// Which layers run their own indexer, as GlmMoeDsaConfig decides it: `indexer_types` ("full" /
-// "shared" per layer) when given; else `index_topk_pattern` (a string of F / S, or such a list);
-// else layer i is full when max(i - index_skip_topk_offset + 1, 0) is a multiple of
-// index_topk_freq (defaults 2 and 1: every layer full).
-absl::StatusOr<std::vector<IndexerMode>> IndexerModes(const json& j, int num_layers,
-                                                      const std::string& source) {
-  std::vector<IndexerMode> modes;
-  auto bad = [&](const char* field, const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": ", field, " ", why));
-  };
-  auto add = [&](const std::string& v, const char* field) -> absl::Status {
-    if (v == "full" || v == "F") {
-      modes.push_back(IndexerMode::kFull);
-    } else if (v == "shared" || v == "S") {
-      modes.push_back(IndexerMode::kShared);
-    } else {
-      return bad(field, absl::StrCat("holds '", v, "' (full / shared, or F / S)"));
-    }
-    return absl::OkStatus();
-  };
-  const char* field = nullptr;
-  if (j.contains("indexer_types") && !j["indexer_types"].is_null()) {
-    field = "indexer_types";
-  } else if (j.contains("index_topk_pattern") && !j["index_topk_pattern"].is_null()) {
-    field = "index_topk_pattern";
-  }
-  if (field != nullptr) {
-    const json& v = j[field];
-    if (v.is_string()) {
-      for (char c : v.get<std::string>()) EXL3_RETURN_IF_ERROR(add(std::string(1, c), field));
-    } else if (v.is_array()) {
-      for (const json& e : v) {
-        if (!e.is_string()) return bad(field, "holds a non-string");
-        EXL3_RETURN_IF_ERROR(add(e.get<std::string>(), field));
-      }
-    } else {
-      return bad(field, "is neither a list nor a string");
-    }
-    if (static_cast<int>(modes.size()) < num_layers)
-      return bad(field, absl::StrCat("names ", modes.size(), " layers of ", num_layers));
-    modes.resize(num_layers);
-  } else {
-    const int freq = std::max(IntOr(j, "index_topk_freq", 1), 1);
-    const int offset = IntOr(j, "index_skip_topk_offset", 2);
-    for (int i = 0; i < num_layers; ++i)
-      modes.push_back(std::max(i - offset + 1, 0) % freq == 0 ? IndexerMode::kFull
-                                                              : IndexerMode::kShared);
-  }
-  return modes;
-}
 
 absl::Status ParseRopeParameters(const json& p, int head, double partial,
                                  int max_position_embeddings, const std::string& source,
