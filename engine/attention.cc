@@ -6,6 +6,7 @@
 #include "engine/dsa_attention.h"
 #include "engine/dsv4_attention.h"
 #include "engine/gqa_attention.h"
+#include "engine/kpool_dsa_attention.h"
 #include "engine/mla_attention.h"
 
 namespace exl3::engine {
@@ -14,6 +15,11 @@ absl::StatusOr<std::unique_ptr<Attention>> LoadAttention(const ModelConfig& cfg,
                                                          const TensorSource& src, int layer) {
   if (cfg.attention == AttentionKind::kDsv4) {
     auto a = Dsv4Attention::Load(cfg, src, layer);
+    if (!a.ok()) return a.status();
+    return std::unique_ptr<Attention>(std::move(*a));
+  }
+  if (cfg.attention == AttentionKind::kPooledDsa) {
+    auto a = KpoolDsaAttention::Load(cfg, src, layer);
     if (!a.ok()) return a.status();
     return std::unique_ptr<Attention>(std::move(*a));
   }

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/dsv4_config.h"
+#include "engine/glm5next_config.h"
 #include "engine/local_moe.h"
 #include "engine/micro_batches.h"
 #include "engine/rms_norm.h"
@@ -66,20 +67,28 @@ absl::StatusOr<std::unique_ptr<CpuModel>> CpuModel::Open(const std::string& dir,
 
 absl::Status CpuModel::LoadWeights(const TensorSource& src) {
   const int H = cfg_.hidden_size;
-  EXL3_ASSIGN_OR_RETURN(embedding_, src.Get("model.embed_tokens.weight"));
+  // The language model's tensors: "model." (GLM-5.3-Flash: "model.language_model.", beside the
+  // vision tower's "model.visual.*" and the MTP layer, which stay in the mapped files unread).
+  const std::string text = TextModelPrefix(cfg_.moe);
+  EXL3_ASSIGN_OR_RETURN(embedding_, src.Get(text + "embed_tokens.weight"));
   EXL3_RETURN_IF_ERROR(CheckEmbedding(embedding_, cfg_.vocab_size, H));
   layers_.resize(cfg_.num_layers);
   // DeepSeek-V4's checkpoints keep the original names: attn_norm / ffn_norm, head.
   const bool v4 = cfg_.attention == AttentionKind::kDsv4;
+  const bool hyper_connected = v4 || cfg_.glm5next != nullptr;
   HyperConnectionShape hc;
   if (v4) {
     hc = {H, cfg_.dsv4->hc_mult, cfg_.dsv4->hc_sinkhorn_iters, cfg_.dsv4->hc_eps, cfg_.rms_norm_eps};
-    streams_ = hc.streams;
     EXL3_ASSIGN_OR_RETURN(hc_head_, HyperHead::Load(src, "model.hc_head.", hc));
+  } else if (cfg_.glm5next != nullptr) {
+    const Glm5NextConfig& g = *cfg_.glm5next;
+    hc = {H, g.hc_mult, g.hc_sinkhorn_iters, g.hc_eps, cfg_.rms_norm_eps};
+    hc_head_ = HyperHead::Mean(hc);
   }
+  if (hyper_connected) streams_ = hc.streams;
   for (int l = 0; l < cfg_.num_layers; ++l) {
     Layer& L = layers_[l];
-    const std::string p = absl::StrCat("model.layers.", l, ".");
+    const std::string p = LayerPrefix(cfg_.moe, l);
     // Norm weights by the family's convention (Qwen3-Next: zero-centred; DeepSeek-V4 keeps
     // kScale under its original names).
     EXL3_ASSIGN_OR_RETURN(L.input_norm,
@@ -88,12 +97,12 @@ absl::Status CpuModel::LoadWeights(const TensorSource& src) {
     EXL3_ASSIGN_OR_RETURN(L.post_attention_norm,
                           LoadNormWeight(src, p + (v4 ? "ffn_norm.weight" : "post_attention_layernorm.weight"),
                                          H, cfg_.norm_weights));
-    if (v4) {
+    if (hyper_connected) {
       EXL3_ASSIGN_OR_RETURN(L.attn_hc, HyperConnection::Load(src, p + "hc_attn_", hc));
       EXL3_ASSIGN_OR_RETURN(L.ffn_hc, HyperConnection::Load(src, p + "hc_ffn_", hc));
     }
     if (cfg_.IsLinearAttentionLayer(l)) {
-      EXL3_ASSIGN_OR_RETURN(L.linear_attention, GatedDeltaNet::Load(cfg_, src, l));
+      EXL3_ASSIGN_OR_RETURN(L.linear_attention, LoadLinearAttention(cfg_, src, l));
     } else {
       EXL3_ASSIGN_OR_RETURN(L.attention, LoadAttention(cfg_, src, l));
     }
@@ -107,7 +116,7 @@ absl::Status CpuModel::LoadWeights(const TensorSource& src) {
     }
   }
   EXL3_ASSIGN_OR_RETURN(final_norm_,
-                        LoadNormWeight(src, "model.norm.weight", H, cfg_.norm_weights));
+                        LoadNormWeight(src, text + "norm.weight", H, cfg_.norm_weights));
   const std::string head = v4 ? "head" : "lm_head";
   const bool has_head = src.Has(head + ".weight") || src.Has(head + ".trellis");
   if (has_head) {
@@ -162,8 +171,14 @@ absl::Status CpuModel::RunDenseMlp(const DenseMlp& mlp, const float* x, int T, f
   std::vector<float> gate(n), up(n);
   EXL3_RETURN_IF_ERROR(mlp.gate.Forward(x, T, gate.data(), compute_));
   EXL3_RETURN_IF_ERROR(mlp.up.Forward(x, T, up.data(), compute_));
-  SwiGlu(gate.data(), up.data(), n, /*limit=*/0.0f);
+  SwiGlu(gate.data(), up.data(), n, cfg_.dense_swiglu_limit);
   return mlp.down.Forward(gate.data(), T, y, compute_);
+}
+
+absl::Status CpuModel::MixTokens(const Layer& L, MicroBatch& mb) {
+  if (L.linear_attention != nullptr)
+    return L.linear_attention->Forward(mb.x.data(), mb.tokens, *states_, mb.d.data(), compute_);
+  return L.attention->Forward(mb.x.data(), mb.tokens, *cache_, mb.carry, mb.d.data(), compute_);
 }
 
 absl::Status CpuModel::RunHyperConnectedLayer(int l, MicroBatch& mb) {
@@ -172,7 +187,7 @@ absl::Status CpuModel::RunHyperConnectedLayer(int l, MicroBatch& mb) {
   Clock::time_point t0 = Clock::now();
   L.attn_hc->Collapse(mb.h.data(), T, mb.d.data(), &mb.mix, compute_);
   RmsNormRows(mb.d.data(), L.input_norm.data(), T, H, cfg_.rms_norm_eps, mb.x.data());
-  EXL3_RETURN_IF_ERROR(L.attention->Forward(mb.x.data(), mb.tokens, *cache_, mb.carry, mb.d.data(), compute_));
+  EXL3_RETURN_IF_ERROR(MixTokens(L, mb));
   L.attn_hc->Expand(mb.mix, mb.d.data(), T, mb.h.data(), compute_);
   L.ffn_hc->Collapse(mb.h.data(), T, mb.d.data(), &mb.mix, compute_);
   RmsNormRows(mb.d.data(), L.post_attention_norm.data(), T, H, cfg_.rms_norm_eps, mb.x.data());
@@ -197,11 +212,7 @@ absl::Status CpuModel::RunLayer(int l, MicroBatch& mb) {
   const size_t n = static_cast<size_t>(T) * H;
   Clock::time_point t0 = Clock::now();
   RmsNormRows(mb.h.data(), L.input_norm.data(), T, H, cfg_.rms_norm_eps, mb.x.data());
-  if (L.linear_attention != nullptr) {
-    EXL3_RETURN_IF_ERROR(L.linear_attention->Forward(mb.x.data(), mb.tokens, *states_, mb.d.data(), compute_));
-  } else {
-    EXL3_RETURN_IF_ERROR(L.attention->Forward(mb.x.data(), mb.tokens, *cache_, mb.carry, mb.d.data(), compute_));
-  }
+  EXL3_RETURN_IF_ERROR(MixTokens(L, mb));
   AddInPlace(mb.h.data(), mb.d.data(), n);
   RmsNormRows(mb.h.data(), L.post_attention_norm.data(), T, H, cfg_.rms_norm_eps, mb.x.data());
   times_.attention_s += Seconds(t0);

@@ -8,7 +8,8 @@
 //   // or CpuModel::Open(dir, o, std::move(remote_moe)) with the experts on workers
 //
 // Linear layers are EXL3 or dense as the files store them (engine/linear.h); embeddings and norms
-// as stored, converted to fp32; a tied head reuses the embedding matrix. DeepSeek-V4 keeps
+// as stored, converted to fp32; a tied head reuses the embedding matrix. DeepSeek-V4 (and
+// GLM-5.3-Flash, whose head is the streams' mean) keeps
 // hc_mult residual streams per token instead of one, mixed around each block by its
 // hyper-connections (engine/hyper_connections.h) and collapsed by hc_head before the final norm.
 #pragma once
@@ -21,9 +22,9 @@
 #include "absl/status/statusor.h"
 #include "engine/attention.h"
 #include "engine/cpu_compute.h"
-#include "engine/gated_deltanet.h"
 #include "engine/hyper_connections.h"
 #include "engine/linear.h"
+#include "engine/linear_attention.h"
 #include "engine/model_config.h"
 #include "engine/model_runner.h"
 #include "engine/moe_executor.h"
@@ -64,12 +65,13 @@ class CpuModel final : public ModelRunner {
   };
   struct Layer {
     std::vector<float> input_norm, post_attention_norm;
-    // The token mixer: attention over the KV cache, or (Qwen3-Next's linear_attention layers)
-    // the gated DeltaNet over the per-sequence state; exactly one is set.
+    // The token mixer: attention over the KV cache, or (linear_attention layers: Qwen3-Next's
+    // gated DeltaNet, GLM-5.3-Flash's KDA) linear attention over the per-sequence state; exactly
+    // one is set.
     std::unique_ptr<Attention> attention;
-    std::unique_ptr<GatedDeltaNet> linear_attention;
+    std::unique_ptr<LinearAttention> linear_attention;
     std::optional<DenseMlp> dense_mlp;  // unset on MoE layers
-    std::optional<HyperConnection> attn_hc, ffn_hc;  // DeepSeek-V4 only
+    std::optional<HyperConnection> attn_hc, ffn_hc;  // DeepSeek-V4, GLM-5.3-Flash
   };
 
   // One micro-batch's tokens and activations through the layers.
@@ -93,6 +95,8 @@ class CpuModel final : public ModelRunner {
   // RunLayer with hyper-connections: each block's input is its streams collapsed, its output
   // expanded back into them (the MoE's by FinishMoe).
   absl::Status RunHyperConnectedLayer(int l, MicroBatch& mb);
+  // Layer L's token mixer on mb.x into mb.d.
+  absl::Status MixTokens(const Layer& L, MicroBatch& mb);
   absl::Status FinishMoe(MicroBatch& mb);
 
   ModelConfig cfg_;
@@ -102,8 +106,8 @@ class CpuModel final : public ModelRunner {
   TensorView embedding_;  // [vocab, hidden] as stored (rows converted on gather)
   std::vector<Layer> layers_;
   std::vector<float> final_norm_;
-  int streams_ = 1;                  // residual streams per token (DeepSeek-V4: hc_mult)
-  std::optional<HyperHead> hc_head_;  // DeepSeek-V4: collapses the streams before the final norm
+  int streams_ = 1;                  // residual streams per token (hyper-connections: hc_mult)
+  std::optional<HyperHead> hc_head_;  // hyper-connections: collapses the streams before the final norm
   Linear head_;
   std::unique_ptr<MoeExecutor> moe_;
   std::unique_ptr<PagedKvCache> cache_;

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "engine/cpu_compute.h"
 #include "engine/linear.h"
+#include "engine/linear_attention.h"
 #include "engine/model_config.h"
 #include "engine/sequence_state.h"
 #include "engine/step_tokens.h"
@@ -29,14 +30,14 @@
 
 namespace exl3::engine {
 
-class GatedDeltaNet {
+class GatedDeltaNet final : public LinearAttention {
  public:
   static absl::StatusOr<std::unique_ptr<GatedDeltaNet>> Load(const ModelConfig& cfg,
                                                              const TensorSource& src, int layer);
   // out [T, hidden] from x [T, hidden]. Each chunk reads its sequence's state from
   // states.Current(layer, slot) and writes the state after its tokens to states.Next.
   absl::Status Forward(const float* x, const StepTokens& tokens, SequenceStateStore& states,
-                       float* out, CpuCompute& compute) const;
+                       float* out, CpuCompute& compute) const override;
 
  private:
   GatedDeltaNet(const ModelConfig& cfg, int layer) : cfg_(cfg), shape_(cfg.linear_attention), layer_(layer) {}

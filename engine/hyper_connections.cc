@@ -137,8 +137,27 @@ absl::StatusOr<HyperHead> HyperHead::Load(const TensorSource& src, const std::st
   return h;
 }
 
+HyperHead HyperHead::Mean(const HyperConnectionShape& shape) {
+  HyperHead h;
+  h.shape_ = shape;
+  h.kind_ = HyperHeadKind::kMean;
+  return h;
+}
+
 void HyperHead::Collapse(const float* streams, const std::vector<int>& rows, float* out) const {
   const int n = shape_.streams, H = shape_.hidden, width = n * H;
+  if (kind_ == HyperHeadKind::kMean) {
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const float* x = streams + static_cast<size_t>(rows[r]) * width;
+      float* y = out + r * H;
+      for (int d = 0; d < H; ++d) {
+        float acc = 0.0f;
+        for (int i = 0; i < n; ++i) acc += x[static_cast<size_t>(i) * H + d];
+        y[d] = acc / static_cast<float>(n);
+      }
+    }
+    return;
+  }
   std::vector<float> m(n);
   for (size_t r = 0; r < rows.size(); ++r) {
     const float* x = streams + static_cast<size_t>(rows[r]) * width;

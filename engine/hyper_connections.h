@@ -13,7 +13,8 @@
 // and after it: stream'[k] = post[k] * block_output + Σ_j comb[j][k] * stream[j]. The head
 // (`model.hc_head.*`) collapses the streams once more with its own pre weights before the final
 // norm. Weights (fp32, as transformers keeps them): model.layers.L.hc_{attn,ffn}_{fn,base,scale},
-// model.hc_head.hc_{fn,base,scale}.
+// model.hc_head.hc_{fn,base,scale}. GLM-5.3-Flash (transformers 5.25's Glm5NextTextHyperConnection)
+// mixes its streams the same way; its head is the streams' unweighted mean (HyperHead::Mean).
 #pragma once
 
 #include <string>
@@ -62,10 +63,18 @@ class HyperConnection {
   std::vector<float> scale_;  // [3]
 };
 
+// How the head collapses the streams before the final norm.
+enum class HyperHeadKind {
+  kLearned,  // DeepSeek-V4: sigmoid pre weights from hc_fn / hc_base / hc_scale
+  kMean,     // GLM-5.3-Flash: the streams' mean, no weights
+};
+
 class HyperHead {
  public:
   static absl::StatusOr<HyperHead> Load(const TensorSource& src, const std::string& prefix,
                                         const HyperConnectionShape& shape);
+  static HyperHead Mean(const HyperConnectionShape& shape);
+  HyperHeadKind kind() const { return kind_; }
   // streams [T, N, hidden] → [T, hidden] for the rows `rows` (indices of tokens).
   void Collapse(const float* streams, const std::vector<int>& rows, float* out) const;
   const std::vector<float>& fn() const { return fn_; }
@@ -74,6 +83,7 @@ class HyperHead {
 
  private:
   HyperConnectionShape shape_;
+  HyperHeadKind kind_ = HyperHeadKind::kLearned;
   std::vector<float> fn_;    // [N, N * hidden]
   std::vector<float> base_;  // [N]
   float scale_ = 1.0f;

@@ -7,14 +7,6 @@
 #include "engine/rms_norm.h"
 
 namespace exl3::engine {
-namespace {
-
-// transformers builds q_a_layernorm and kv_a_layernorm with the RMSNorm's default eps, not the
-// config's rms_norm_eps (DeepseekV3Attention and GlmMoeDsaAttention alike).
-constexpr float kLatentNormEps = 1e-6f;
-
-}  // namespace
-
 MlaAttention::MlaAttention(const ModelConfig& cfg, int layer)
     : cfg_(cfg), layer_(layer), rope_(cfg.rope, cfg.max_position_embeddings) {}
 
@@ -22,7 +14,7 @@ absl::StatusOr<std::unique_ptr<MlaAttention>> MlaAttention::Load(const ModelConf
                                                                  const TensorSource& src,
                                                                  int layer) {
   std::unique_ptr<MlaAttention> a(new MlaAttention(cfg, layer));
-  const std::string p = absl::StrCat("model.layers.", layer, ".self_attn.");
+  const std::string p = LayerPrefix(cfg.moe, layer) + "self_attn.";
   const int H = cfg.hidden_size, NH = cfg.num_heads;
   const int qd = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim;
   a->q_low_rank_ = cfg.q_lora_rank > 0;
@@ -62,7 +54,7 @@ absl::Status MlaAttention::ProjectAndCache(const float* x, const StepTokens& tok
   if (q_low_rank_) {
     q_resid->resize(static_cast<size_t>(T) * cfg_.q_lora_rank);
     EXL3_RETURN_IF_ERROR(q_a_.Forward(x, T, q_resid->data(), compute));
-    RmsNormRows(q_resid->data(), q_a_norm_.data(), T, cfg_.q_lora_rank, kLatentNormEps, q_resid->data());
+    RmsNormRows(q_resid->data(), q_a_norm_.data(), T, cfg_.q_lora_rank, cfg_.latent_norm_eps, q_resid->data());
     EXL3_RETURN_IF_ERROR(q_b_.Forward(q_resid->data(), T, q->data(), compute));
   } else {
     EXL3_RETURN_IF_ERROR(q_.Forward(x, T, q->data(), compute));
@@ -72,7 +64,7 @@ absl::Status MlaAttention::ProjectAndCache(const float* x, const StepTokens& tok
   RopeAngles angles;
   for (int t = 0; t < T; ++t) {
     float* c = &ckv[static_cast<size_t>(t) * W];
-    RmsNorm(c, kv_a_norm_.data(), R, kLatentNormEps, c);
+    RmsNorm(c, kv_a_norm_.data(), R, cfg_.latent_norm_eps, c);
     rope_.Angles(tokens.positions[t], tokens.seq_len_after[t], &angles);
     rope_.Apply(angles, c + R, 1, rope_d);
     rope_.Apply(angles, &(*q)[static_cast<size_t>(t) * NH * qd] + nope, NH, qd);

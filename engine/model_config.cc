@@ -10,6 +10,7 @@
 #include "base/status_macros.h"
 #include "engine/sequence_state.h"
 #include "engine/dsv4_config.h"
+#include "engine/glm5next_config.h"
 #include "engine/rope_parameters.h"
 #include "nlohmann/json.hpp"
 
@@ -98,6 +99,8 @@ absl::Status ParseLatentAttention(const json& j, const std::string& source, Mode
   return absl::OkStatus();
 }
 
+}  // namespace
+
 // Which layers run their own indexer, as GlmMoeDsaConfig decides it: `indexer_types` ("full" /
 // "shared" per layer) when given; else `index_topk_pattern` (a string of F / S, or such a list);
 // else layer i is full when max(i - index_skip_topk_offset + 1, 0) is a multiple of
@@ -146,12 +149,10 @@ absl::StatusOr<std::vector<IndexerMode>> IndexerModes(const json& j, int num_lay
       modes.push_back(std::max(i - offset + 1, 0) % freq == 0 ? IndexerMode::kFull
                                                               : IndexerMode::kShared);
   }
-  if (num_layers > 0 && modes[0] != IndexerMode::kFull)
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": layer 0 shares the top-k selection of an earlier layer, and there is none "
-                "(its indexer type must be full)"));
   return modes;
 }
+
+namespace {
 
 absl::Status ParseIndexer(const json& j, const ModelConfig& cfg, const std::string& source,
                           IndexerConfig* ix) {
@@ -169,6 +170,10 @@ absl::Status ParseIndexer(const json& j, const ModelConfig& cfg, const std::stri
         source, ": GlmMoeDsaForCausalLM needs q_lora_rank > 0 (the indexer's queries start from "
                 "the normalised q_a_proj output)"));
   EXL3_ASSIGN_OR_RETURN(ix->layer_modes, IndexerModes(j, cfg.num_layers, source));
+  if (cfg.num_layers > 0 && ix->layer_modes[0] != IndexerMode::kFull)
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": layer 0 shares the top-k selection of an earlier layer, and there is none "
+                "(its indexer type must be full)"));
   return absl::OkStatus();
 }
 
@@ -301,6 +306,9 @@ int64_t ModelConfig::StateFloatsPerSequence() const {
 
 int ModelConfig::KvWidth(int layer) const {
   if (IsLinearAttentionLayer(layer)) return 0;
+  // GLM-5.3-Flash: the latent, then on full indexer layers the indexer key and pool gate score.
+  if (attention == AttentionKind::kPooledDsa)
+    return kv_lora_rank + (HasOwnIndexer(layer) ? 2 * indexer.head_dim : 0);
   if (attention == AttentionKind::kDsv4) return CacheLayoutFor(*dsv4, dsv4->layer_types[layer], 1).token_width;
   if (!IsLatentAttention()) return 2 * num_kv_heads * head_dim;
   return kv_lora_rank + qk_rope_head_dim + (HasOwnIndexer(layer) ? indexer.head_dim : 0);
@@ -324,7 +332,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json,
   const std::string source(source_name);
   ModelConfig cfg;
   EXL3_ASSIGN_OR_RETURN(cfg.moe, ParseMoeConfig(config_json, source));
-  const json j = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  // Glm5NextForConditionalGeneration: the text config's fields (model/moe_config.h).
+  const json j = json::parse(LiftTextConfig(config_json), nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
 
   cfg.hidden_size = cfg.moe.hidden_size;
@@ -347,6 +356,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json,
   double default_partial = 1.0;
   switch (cfg.moe.family) {
     case MoeFamily::kGlm:
+      if (cfg.architecture() == "Glm5NextForConditionalGeneration") {
+        EXL3_RETURN_IF_ERROR(ParseGlm5NextConfig(j, source, &cfg));
+        break;
+      }
       if (cfg.architecture() == "GlmMoeDsaForCausalLM") {
         cfg.attention = AttentionKind::kDsa;
         EXL3_RETURN_IF_ERROR(ParseLatentAttention(j, source, &cfg));
@@ -383,11 +396,16 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json,
   }
   if (cfg.attention == AttentionKind::kDsv4) {
     cfg.rope = cfg.dsv4->main_rope;  // per layer type: engine/dsv4_config.h
+  } else if (cfg.attention == AttentionKind::kPooledDsa) {
+    cfg.rope = RopeConfig{};  // NoPE: nothing rotates (rotary_dim 0)
+    cfg.rope.rotary_dim = 0;
   } else {
     EXL3_RETURN_IF_ERROR(ParseRope(j, cfg, source, default_partial, &cfg.rope));
   }
   if (cfg.attention == AttentionKind::kDsv4) {
     cfg.attention_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(cfg.head_dim)));
+  } else if (cfg.attention == AttentionKind::kPooledDsa) {
+    cfg.attention_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(cfg.qk_nope_head_dim)));
   } else if (cfg.IsLatentAttention()) {
     // DeepSeek-V3 follows rope_interleave (default true); GLM-MoE-DSA always interleaves (MLA
     // and indexer alike).

@@ -10,7 +10,9 @@
 // attention), DeepseekV3ForCausalLM (multi-head latent attention), GlmMoeDsaForCausalLM (MLA
 // with DeepSeek sparse attention's lightning indexer), DeepseekV4ForCausalLM (shared-KV
 // attention with compressors and hyper-connections; engine/dsv4_config.h) and
-// Qwen3NextForCausalLM (per layer_types, gated DeltaNet linear attention or gated GQA).
+// Qwen3NextForCausalLM (per layer_types, gated DeltaNet linear attention or gated GQA) and
+// Glm5NextForConditionalGeneration (its text model: KDA linear attention or NoPE MLA with a
+// k-pooled indexer, hyper-connections; engine/glm5next_config.h).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "engine/model_runner.h"
 #include "model/moe_config.h"
+#include "nlohmann/json_fwd.hpp"
 
 namespace exl3::engine {
 
@@ -29,9 +32,13 @@ enum class AttentionKind {
   kMla,  // DeepSeek multi-head latent attention (q/kv low-rank, shared rope key)
   kDsa,  // MLA whose queries see only the top-k positions a lightning indexer picks (GLM-MoE-DSA)
   kDsv4,  // DeepSeek-V4: shared-KV MQA over a sliding window plus compressed entries
+  // GLM-5.3-Flash's indexed layers: MLA without rope whose queries see the positions of the
+  // pools of index_kpool positions its indexer picks (engine/kpool_dsa_attention.h).
+  kPooledDsa,
 };
 
-struct Dsv4Config;  // engine/dsv4_config.h
+struct Dsv4Config;      // engine/dsv4_config.h
+struct Glm5NextConfig;  // engine/glm5next_config.h
 
 // Whether a DSA layer runs its own indexer or reuses the selection of the last layer that did
 // (GlmMoeDsaConfig's indexer_types "full" / "shared").
@@ -47,12 +54,23 @@ struct IndexerConfig {
   std::vector<IndexerMode> layer_modes;  // [num_layers]; layer 0 is kFull
 };
 
+// Indexer modes per layer as GlmMoeDsaConfig and Glm5NextTextConfig decide them: `indexer_types`
+// ("full" / "shared" per layer) when given; else `index_topk_pattern` (a string of F / S, or such
+// a list); else layer i is full when max(i - index_skip_topk_offset + 1, 0) is a multiple of
+// index_topk_freq (defaults 2 and 1: every layer full). Which layers may be shared is the
+// family's check.
+absl::StatusOr<std::vector<IndexerMode>> IndexerModes(const nlohmann::json& j, int num_layers,
+                                                      const std::string& source);
+
 // What mixes a layer's tokens.
 enum class TokenMixer {
   kAttention,        // cfg.attention over the paged KV cache
-  kLinearAttention,  // Qwen3-Next's gated DeltaNet: a fixed-size recurrent state per sequence
+  kLinearAttention,  // Qwen3-Next's gated DeltaNet or GLM-5.3-Flash's KDA: a fixed-size
+                     // recurrent state per sequence
 };
 
+// GLM-5.3-Flash's KDA has the same shape with num_key_heads = num_value_heads = linear_num_heads
+// and key_head_dim = value_head_dim = linear_head_dim.
 // Qwen3-Next's gated DeltaNet layers (`linear_attn.*`): num_key_heads query/key heads of
 // key_head_dim, num_value_heads value heads of value_head_dim (each key head serves
 // num_value_heads / num_key_heads consecutive value heads), a causal depthwise convolution of
@@ -133,6 +151,13 @@ struct ModelConfig {
   bool attention_output_gate = false;
   NormWeightConvention norm_weights = NormWeightConvention::kScale;
   std::shared_ptr<const Dsv4Config> dsv4;  // attention == kDsv4 (layer types, compressors, mHC)
+  std::shared_ptr<const Glm5NextConfig> glm5next;  // attention == kPooledDsa (pools, KDA gate, mHC)
+  // RMSNorm eps of MLA's q_a_layernorm / kv_a_layernorm (transformers builds DeepSeek-V3's and
+  // GLM-MoE-DSA's with the norm's default 1e-6, GLM-5.3-Flash's with rms_norm_eps).
+  float latent_norm_eps = 1e-6f;
+  // Clamp of the dense MLPs' gate (<= limit) and up (within ±limit); 0: none (GLM-5.3-Flash:
+  // swiglu_limit).
+  float dense_swiglu_limit = 0.0f;
   RopeConfig rope;
   float attention_scale = 0.0f;  // softmax scale of q·k
   std::vector<int32_t> eos_token_ids;
@@ -152,7 +177,8 @@ struct ModelConfig {
   int64_t StateFloatsPerSequence() const;
   // Whether DSA layer `layer` runs its own indexer (and caches its keys).
   bool HasOwnIndexer(int layer) const {
-    return attention == AttentionKind::kDsa && indexer.layer_modes[layer] == IndexerMode::kFull;
+    return (attention == AttentionKind::kDsa || attention == AttentionKind::kPooledDsa) &&
+           !IsLinearAttentionLayer(layer) && indexer.layer_modes[layer] == IndexerMode::kFull;
   }
   // Floats one token's keys and values take in layer `layer`'s cache slot (GQA: k and v of every
   // KV head; MLA: the normalised latent and the rotated shared key; DSA: those, then the rotated

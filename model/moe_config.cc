@@ -22,6 +22,7 @@ struct ArchEntry {
 constexpr ArchEntry kArchitectures[] = {
     {"Glm4MoeForCausalLM", MoeFamily::kGlm},
     {"GlmMoeDsaForCausalLM", MoeFamily::kGlm},
+    {"Glm5NextForConditionalGeneration", MoeFamily::kGlm},
     {"DeepseekV3ForCausalLM", MoeFamily::kDeepseekV3},
     {"DeepseekV4ForCausalLM", MoeFamily::kDeepseekV4},
     {"Qwen3MoeForCausalLM", MoeFamily::kQwen3Moe},
@@ -141,7 +142,9 @@ class Reader {
   std::string arch_;
 };
 
-std::string LayerPrefix(int layer) { return absl::StrCat("model.layers.", layer, "."); }
+// The architecture whose config.json nests the language model's fields in `text_config` and
+// whose text tensors live under "model.language_model.".
+constexpr char kGlm5Next[] = "Glm5NextForConditionalGeneration";
 
 // The w1/w2/w3 naming of Mixtral and DeepSeek-V4: w1 gate, w3 up, w2 down.
 const char* W123(Projection p) {
@@ -203,8 +206,31 @@ std::vector<int> MoeConfig::MoeLayers() const {
   return out;
 }
 
-absl::StatusOr<MoeConfig> ParseMoeConfig(std::string_view json_text, std::string_view source) {
+std::string LiftTextConfig(std::string_view json_text) {
+  json j = json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("architectures") ||
+      !j["architectures"].is_array() || j["architectures"].empty() ||
+      j["architectures"][0] != kGlm5Next || !j.contains("text_config") ||
+      !j["text_config"].is_object()) {
+    return std::string(json_text);
+  }
+  json text = j["text_config"];
+  text["architectures"] = j["architectures"];
+  if (j.contains("quantization_config")) text["quantization_config"] = j["quantization_config"];
+  return text.dump();
+}
+
+std::string TextModelPrefix(const MoeConfig& cfg) {
+  return cfg.architecture == kGlm5Next ? "model.language_model." : "model.";
+}
+
+std::string LayerPrefix(const MoeConfig& cfg, int layer) {
+  return absl::StrCat(TextModelPrefix(cfg), "layers.", layer, ".");
+}
+
+absl::StatusOr<MoeConfig> ParseMoeConfig(std::string_view json_text_as_given, std::string_view source) {
   const std::string src(source);
+  const std::string json_text = LiftTextConfig(json_text_as_given);
   json j = json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(src, ": not a JSON object"));
@@ -246,7 +272,10 @@ absl::StatusOr<MoeConfig> ParseMoeConfig(std::string_view json_text, std::string
       // n_shared_experts 1, norm_topk_prob true; routed_scaling_factor 1.0 (Glm4Moe) or 2.5
       // (GlmMoeDsa, DeepseekV3); n_group / topk_group 1 / 1, DeepSeek-V3 8 / 4.
       const bool glm4 = c.architecture == "Glm4MoeForCausalLM";
+      const bool glm5_next = c.architecture == kGlm5Next;
       c.num_shared_experts = 1;
+      if (glm5_next) c.swiglu_limit = 10.0f;  // Glm5NextTextConfig's default
+      EXL3_RETURN_IF_ERROR(r.OptFloat("swiglu_limit", &c.swiglu_limit));
       c.routed_scaling_factor = glm4 ? 1.0f : 2.5f;
       if (c.family == MoeFamily::kDeepseekV3) {
         c.n_group = 8;
@@ -260,9 +289,14 @@ absl::StatusOr<MoeConfig> ParseMoeConfig(std::string_view json_text, std::string
       // transformers config derives the list from first_k_dense_replace when absent); GLM-4.x MoE
       // and DeepSeek-V3 use first_k_dense_replace (and DeepSeek-V2-era files moe_layer_freq).
       bool listed = false;
-      if (c.architecture == "GlmMoeDsaForCausalLM") {
+      if (c.architecture == "GlmMoeDsaForCausalLM" || glm5_next) {
         EXL3_RETURN_IF_ERROR(r.OptLayerFlags("mlp_layer_types", c.num_hidden_layers, "dense", "sparse",
                                              &c.moe_layers, &listed));
+      }
+      if (!listed && glm5_next) {
+        // Glm5NextTextConfig: the first min(3, layers) layers dense, the rest sparse.
+        for (int l = 0; l < c.num_hidden_layers; ++l) c.moe_layers[l] = l >= 3;
+        listed = true;
       }
       if (!listed) {
         int first_dense = 0, freq = 1;
@@ -441,46 +475,46 @@ absl::Status RequireExl3(const MoeConfig& cfg) {
 
 std::string RoutedExpertPrefix(const MoeConfig& cfg, int layer, int expert, Projection p) {
   if (cfg.family == MoeFamily::kMixtral) {
-    return absl::StrCat(LayerPrefix(layer), "block_sparse_moe.experts.", expert, ".", W123(p));
+    return absl::StrCat(LayerPrefix(cfg, layer), "block_sparse_moe.experts.", expert, ".", W123(p));
   }
   if (cfg.family == MoeFamily::kDeepseekV4) {
-    return absl::StrCat(LayerPrefix(layer), "ffn.experts.", expert, ".", W123(p));
+    return absl::StrCat(LayerPrefix(cfg, layer), "ffn.experts.", expert, ".", W123(p));
   }
-  return absl::StrCat(LayerPrefix(layer), "mlp.experts.", expert, ".",
+  return absl::StrCat(LayerPrefix(cfg, layer), "mlp.experts.", expert, ".",
                       std::string(ProjectionName(p)), "_proj");
 }
 
 std::string SharedExpertPrefix(const MoeConfig& cfg, int layer, Projection p) {
   if (!cfg.has_shared_expert()) return "";
   if (cfg.family == MoeFamily::kDeepseekV4) {
-    return absl::StrCat(LayerPrefix(layer), "ffn.shared_experts.", W123(p));
+    return absl::StrCat(LayerPrefix(cfg, layer), "ffn.shared_experts.", W123(p));
   }
   const char* sub = cfg.family == MoeFamily::kQwen3Next ? "mlp.shared_expert." : "mlp.shared_experts.";
-  return absl::StrCat(LayerPrefix(layer), sub, std::string(ProjectionName(p)), "_proj");
+  return absl::StrCat(LayerPrefix(cfg, layer), sub, std::string(ProjectionName(p)), "_proj");
 }
 
 std::string RouterWeightKey(const MoeConfig& cfg, int layer) {
   if (cfg.family == MoeFamily::kMixtral) {
-    return absl::StrCat(LayerPrefix(layer), "block_sparse_moe.gate.weight");
+    return absl::StrCat(LayerPrefix(cfg, layer), "block_sparse_moe.gate.weight");
   }
-  if (cfg.family == MoeFamily::kDeepseekV4) return absl::StrCat(LayerPrefix(layer), "ffn.gate.weight");
-  return absl::StrCat(LayerPrefix(layer), "mlp.gate.weight");
+  if (cfg.family == MoeFamily::kDeepseekV4) return absl::StrCat(LayerPrefix(cfg, layer), "ffn.gate.weight");
+  return absl::StrCat(LayerPrefix(cfg, layer), "mlp.gate.weight");
 }
 
 std::string CorrectionBiasKey(const MoeConfig& cfg, int layer) {
   if (!cfg.has_correction_bias || cfg.IsHashRoutedLayer(layer)) return "";
-  if (cfg.family == MoeFamily::kDeepseekV4) return absl::StrCat(LayerPrefix(layer), "ffn.gate.bias");
-  return absl::StrCat(LayerPrefix(layer), "mlp.gate.e_score_correction_bias");
+  if (cfg.family == MoeFamily::kDeepseekV4) return absl::StrCat(LayerPrefix(cfg, layer), "ffn.gate.bias");
+  return absl::StrCat(LayerPrefix(cfg, layer), "mlp.gate.e_score_correction_bias");
 }
 
 std::string SharedExpertGateKey(const MoeConfig& cfg, int layer) {
   if (!cfg.shared_expert_gated) return "";
-  return absl::StrCat(LayerPrefix(layer), "mlp.shared_expert_gate.weight");
+  return absl::StrCat(LayerPrefix(cfg, layer), "mlp.shared_expert_gate.weight");
 }
 
 std::string HashTableKey(const MoeConfig& cfg, int layer) {
   if (!cfg.IsHashRoutedLayer(layer)) return "";
-  return absl::StrCat(LayerPrefix(layer), "ffn.gate.tid2eid");
+  return absl::StrCat(LayerPrefix(cfg, layer), "ffn.gate.tid2eid");
 }
 
 std::string HeadWeightKey(const MoeConfig& cfg) {

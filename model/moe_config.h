@@ -9,6 +9,8 @@
 //
 // Supported architectures (config.json "architectures"[0]):
 //   Glm4MoeForCausalLM, GlmMoeDsaForCausalLM (GLM-5)   -> MoeFamily::kGlm
+//   Glm5NextForConditionalGeneration (GLM-5.3-Flash)   -> MoeFamily::kGlm (its text model:
+//     config.json's `text_config`, tensors under "model.language_model.")
 //   DeepseekV3ForCausalLM                              -> MoeFamily::kDeepseekV3
 //   DeepseekV4ForCausalLM                              -> MoeFamily::kDeepseekV4
 // Each reads its fields and tensor names as transformers 5.x writes them (and as older files
@@ -110,6 +112,12 @@ struct MoeConfig {
 // family needs; a missing one is named in the error. Does not require quantization_config.
 absl::StatusOr<MoeConfig> ParseMoeConfig(std::string_view json_text, std::string_view source);
 
+// config.json's text with the language model's fields where the parsers read them: for
+// Glm5NextForConditionalGeneration with a nested `text_config`, that object with the top level's
+// `architectures` and `quantization_config` added; any other text unchanged (a flat
+// Glm5NextForConditionalGeneration file included, as transformers reads it).
+std::string LiftTextConfig(std::string_view json_text);
+
 // Reads `path` (a config.json file, or a directory holding one) and parses it.
 absl::StatusOr<MoeConfig> LoadMoeConfig(const std::string& path);
 
@@ -117,6 +125,12 @@ absl::StatusOr<MoeConfig> LoadMoeConfig(const std::string& path);
 absl::Status RequireExl3(const MoeConfig& cfg);
 
 // ---- Tensor key naming (prefixes without the ".trellis"/".suh"/... suffix) ----
+
+// Where the language model's tensors live: "model." ("model.language_model." for
+// Glm5NextForConditionalGeneration), e.g. TextModelPrefix(cfg) + "embed_tokens.weight".
+std::string TextModelPrefix(const MoeConfig& cfg);
+// Layer L's prefix: TextModelPrefix(cfg) + "layers.L.".
+std::string LayerPrefix(const MoeConfig& cfg, int layer);
 
 // Routed expert E's projection of layer L, e.g. "model.layers.3.mlp.experts.17.gate_proj"
 // (Mixtral: "model.layers.3.block_sparse_moe.experts.17.w1"; DeepSeek-V4:

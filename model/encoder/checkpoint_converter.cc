@@ -95,9 +95,9 @@ absl::StatusOr<std::vector<std::string>> ListShards(const fs::path& dir) {
   return shards;
 }
 
-// "model.layers.L.REST" -> L and REST.
-bool SplitLayerKey(const std::string& name, int* layer, std::string* rest) {
-  const std::string prefix = "model.layers.";
+// "model.layers.L.REST" (the text model's prefix, model/moe_config.h) -> L and REST.
+bool SplitLayerKey(const MoeConfig& cfg, const std::string& name, int* layer, std::string* rest) {
+  const std::string prefix = TextModelPrefix(cfg) + "layers.";
   if (name.compare(0, prefix.size(), prefix) != 0) return false;
   const size_t dot = name.find('.', prefix.size());
   if (dot == std::string::npos ||
@@ -106,6 +106,15 @@ bool SplitLayerKey(const std::string& name, int* layer, std::string* rest) {
   }
   *rest = name.substr(dot + 1);
   return true;
+}
+
+// GLM-5.3-Flash's KDA gates (the forget gate's f_a_proj / f_b_proj, the output gate's g_a_proj /
+// g_b_proj, β's b_proj): low-rank gate projections kept as stored, like routers.
+bool IsKdaGateProjection(const MoeConfig& cfg, const std::string& rest) {
+  if (cfg.architecture != "Glm5NextForConditionalGeneration") return false;
+  for (const char* g : {"f_a_proj", "f_b_proj", "g_a_proj", "g_b_proj", "b_proj"})
+    if (rest == absl::StrCat("self_attn.", g, ".weight")) return true;
+  return false;
 }
 
 bool IsFloatWeight(DType d) { return d == DType::kF16 || d == DType::kBF16 || d == DType::kF32; }
@@ -253,7 +262,7 @@ absl::StatusOr<ConvertStats> ConvertCheckpoint(const std::string& input_dir,
     }
     int layer = 0;
     std::string rest;
-    if (!SplitLayerKey(name, &layer, &rest) || layer >= cfg->num_hidden_layers ||
+    if (!SplitLayerKey(*cfg, name, &layer, &rest) || layer >= cfg->num_hidden_layers ||
         !absl::EndsWith(rest, ".weight")) {
       continue;
     }
@@ -262,6 +271,7 @@ absl::StatusOr<ConvertStats> ConvertCheckpoint(const std::string& input_dir,
       // projection that exllamav3 keeps unquantized (and transformers in fp32), like the routers.
       continue;
     }
+    if (IsKdaGateProjection(*cfg, rest)) continue;
     // DeepSeek-V4 names its attention `attn.` (wq_a, wq_b, wkv, wo_a, wo_b, the compressors'
     // wkv / wgate, the indexer's wq_b); its grouped wo_a [groups * o_lora_rank, in / groups] is
     // one EXL3 linear, applied group by group (engine/dsv4_attention.h).

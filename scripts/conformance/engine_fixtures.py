@@ -49,6 +49,7 @@ import transformers
 from transformers import AutoModelForCausalLM
 
 SEED = 20261201
+MIN_INDEX_MARGIN = 1e-4  # --min-index-margin (main() sets it)
 PROMPT_LENGTHS = (5, 13, 29, 40)
 NEW_TOKENS = 32
 MOE_PROMPT = 1  # the prompt whose MoE layer inputs/outputs are recorded
@@ -236,6 +237,53 @@ FAMILIES["qwen3_next"] = dict(
               "in_proj_ba [8, 256] and the full attention's k_proj/v_proj [64, 256] are not "
               "EXL3-able: stored as is in both variants"])
 
+# GLM-5.3-Flash (Glm5NextForConditionalGeneration): the text model's fields go to text_config,
+# a one-block vision tower beside it (its tensors are copied and ignored by the engine).
+FAMILIES["glm5_next"] = dict(
+    config="Glm5NextConfig", model_class="Glm5NextForConditionalGeneration",
+    architecture="Glm5NextForConditionalGeneration",
+    seed=2, head_mix=1.0, block_scale=0.5,
+    # Three layers: KDA (dense MLP), an indexed layer running its own k-pooled indexer (MoE), an
+    # indexed layer sharing its selection (dense). KDA: 2 heads of 64; MLA: 2 heads, NoPE, nope
+    # 64 / v 64; indexer 4 heads of 64, pools of 4, top-8 positions (2 pools) plus the tail.
+    fields=shape(
+        num_hidden_layers=3, layer_types=["linear_attention", "indexed_attention", "indexed_attention"],
+        mlp_layer_types=["dense", "sparse", "dense"], indexer_types=["full", "full", "shared"],
+        moe_intermediate_size=128, n_routed_experts=EXPERTS, n_shared_experts=1, n_group=2,
+        topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5, swiglu_limit=10.0,
+        num_attention_heads=2, num_key_value_heads=2, q_lora_rank=128, kv_lora_rank=128,
+        qk_nope_head_dim=64, qk_rope_head_dim=0, v_head_dim=64, index_n_heads=8,
+        index_head_dim=64, index_topk=8, index_kpool=4, index_kpool_always_select_tail=True,
+        linear_num_heads=2, linear_head_dim=64, linear_conv_kernel_dim=4, linear_lower_bound=-5.0,
+        hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6, rms_norm_eps=1e-5, pad_token_id=0,
+        bos_token_id=0, eos_token_id=1),
+    vision_fields=dict(depth=1, hidden_size=32, num_heads=1, intermediate_size=32,
+                       out_hidden_size=HIDDEN, projection_intermediate_size=32, patch_size=2),
+    features=["Glm5NextForConditionalGeneration: text_config nested beside vision_config, text "
+              "tensors under model.language_model., a one-block vision tower (stored, ignored)",
+              "layer_types [linear_attention, indexed_attention, indexed_attention]",
+              "KDA (self_attn.* of layer 0): 2 heads x 64, q/k/v causal depthwise convs of 4 taps "
+              "(q_conv1d / k_conv1d / v_conv1d), per-channel forget gate f_b(f_a(x)) + dt_bias with "
+              "linear_lower_bound -5 (A_log 0, dt_bias U(-6, -2): decays 0.9..0.99 per token), "
+              "b_proj, gated RMSNorm o_norm with g_b(g_a(x)); transformers' chunked form (chunks of "
+              "64: the 72-token passes span two) in the teacher-forced pass, its recurrent form in "
+              "generate()",
+              "NoPE MLA (layers 1, 2): 2 heads, q_lora_rank 128, kv_lora_rank 128, qk_nope_head_dim "
+              "64, v_head_dim 64, qk_rope_head_dim 0; q_a_layernorm / kv_a_layernorm with "
+              "rms_norm_eps 1e-5",
+              "k-pooled DSA indexer (layer 1): index_n_heads 8 x index_head_dim 64, index_kpool 4, "
+              "index_topk 8 (2 pools) plus the incomplete tail; positions >= 11 see more than 2 "
+              "complete pools; layer 2 indexer_types shared (reuses layer 1's selection)",
+              "mHC hyper-connections hc_mult 4, Sinkhorn 20 iterations; the hyper head is the "
+              "streams' mean",
+              "mlp_layer_types [dense, sparse, dense]; sigmoid routing with random correction bias, "
+              "n_group 2 / topk_group 1, routed_scaling_factor 2.5, one shared expert; "
+              "swiglu_limit 10 on experts, shared expert and dense MLPs",
+              "KDA's f_a/f_b/g_a/g_b/b_proj, the indexer's weights_proj and wk [64, 256] and the "
+              "k-pool parameters stay as stored in both variants",
+              "resume: prompt 3 run as a prefill of 21 tokens, 6 greedy steps, a second prefill of "
+              "its remaining 19 tokens, then 32 greedy steps (resume.*)"])
+
 VARIANTS = {
     "experts": ["--no-quantize-attention", "--no-quantize-dense-mlp", "--no-quantize-head"],
     "all": ["--head-bits", str(HEAD_BITS)],
@@ -269,9 +317,29 @@ def run(cmd):
 def build_config(family):
     spec = FAMILIES[family]
     cls = getattr(transformers, spec["config"])
-    cfg = cls(**spec["fields"])
-    cfg.architectures = [cls.__name__.replace("Config", "ForCausalLM")]
+    if "vision_fields" in spec:  # a *ForConditionalGeneration: the text model's fields nested
+        cfg = cls(text_config=spec["fields"], vision_config=spec["vision_fields"])
+    else:
+        cfg = cls(**spec["fields"])
+    cfg.architectures = [spec.get("architecture", cls.__name__.replace("Config", "ForCausalLM"))]
     return cfg
+
+
+def model_class(family):
+    """The family's transformers class (AutoModelForCausalLM unless it names its own)."""
+    name = FAMILIES[family].get("model_class")
+    return getattr(transformers, name) if name else AutoModelForCausalLM
+
+
+def text_model(model):
+    """The decoder (embed_tokens, layers, norm): model.model, or a multimodal model's
+    model.model.language_model."""
+    return getattr(model.model, "language_model", model.model)
+
+
+def text_config(model):
+    cfg = model.config
+    return cfg.text_config if hasattr(cfg, "text_config") else cfg
 
 
 def init_weights(model, gen, head_mix, zero_centred=frozenset(), block_scale=1.0):
@@ -294,11 +362,18 @@ def init_weights(model, gen, head_mix, zero_centred=frozenset(), block_scale=1.0
     def normal(shape, std):
         return torch.randn(shape, generator=gen, dtype=torch.float32) * std
 
-    embed = sd["model.embed_tokens.weight"]
+    embed_name = next(n for n in sd if n.endswith("embed_tokens.weight") and "visual" not in n)
+    embed = sd[embed_name]
     with torch.no_grad():
         embed.copy_(normal(embed.shape, 1.0))
         for name, p in sorted(sd.items()):
-            if name == "model.embed_tokens.weight" or "rotary" in name or "inv_freq" in name:
+            if name == embed_name or "rotary" in name or "inv_freq" in name:
+                continue
+            if name.endswith("forget_gate.A_log"):  # KDA, lower-bound form: decay rate exp(0) = 1
+                p.zero_()
+                continue
+            if name.endswith("forget_gate.dt_bias"):  # log-decays -5 * sigmoid(g): -0.01..-0.1
+                p.copy_(torch.empty(p.shape).uniform_(-6.0, -2.0, generator=gen))
                 continue
             if name.endswith("tid2eid"):  # DeepSeek-V4 hash table: distinct experts per token
                 rows = [torch.randperm(EXPERTS, generator=gen)[: p.shape[1]] for _ in range(p.shape[0])]
@@ -328,7 +403,9 @@ def init_weights(model, gen, head_mix, zero_centred=frozenset(), block_scale=1.0
 def make_model(family, seed):
     cfg = build_config(family)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
+    cls = model_class(family)
+    make = cls.from_config if cls is AutoModelForCausalLM else cls._from_config
+    model = make(cfg, attn_implementation="eager", dtype=torch.float32)
     gen = torch.Generator().manual_seed(SEED + seed)
     zero_centred = frozenset(f"{n}.weight" for n, m in model.named_modules()
                              if type(m).__name__ == "Qwen3NextRMSNorm")
@@ -379,8 +456,8 @@ def dequantized_checkpoint(exl3_tool, exl3_dir, out_dir, work):
     return exl3_prefixes
 
 
-def load_reference_model(directory):
-    model, info = AutoModelForCausalLM.from_pretrained(
+def load_reference_model(directory, family):
+    model, info = model_class(family).from_pretrained(
         directory, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
     bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     if bad:
@@ -397,7 +474,7 @@ def load_reference_model(directory):
 
 def moe_layers(model):
     out = []
-    for i, layer in enumerate(model.model.layers):
+    for i, layer in enumerate(text_model(model).layers):
         if hasattr(layer.mlp, "gate") and hasattr(layer.mlp, "experts"):
             out.append(i)
     return out
@@ -438,7 +515,7 @@ def indexers(model):
     """The lightning indexers of a DSA model (layers whose indexer type is "full"), or of a
     DeepSeek-V4 model (its compressed sparse attention layers), by layer."""
     out = {}
-    for i, layer in enumerate(model.model.layers):
+    for i, layer in enumerate(text_model(model).layers):
         attn = getattr(layer, "self_attn", None)  # Qwen3-Next's DeltaNet layers have none
         ix = getattr(attn, "indexer", None)
         compressor = getattr(attn, "compressor", None)
@@ -481,6 +558,40 @@ def index_margin(mod, args, kwargs, selected):
     return worst
 
 
+def kpool_index_margin(mod, kwargs, selected):
+    """GLM-5.3-Flash's k-pooled indexer: the smallest lead of the (index_topk / index_kpool)-th
+    pool score over the next, over the queries that see more complete pools than that, in units
+    of the query's score spread; the scores recomputed from the indexer's own submodules (and
+    checked to give its selection)."""
+    hidden, q_resid = kwargs["hidden_states"], kwargs["q_resid"]
+    b, s, _ = hidden.shape
+    P, select = mod.index_kpool, mod.index_topk // mod.index_kpool
+    q = mod.wq_b(q_resid).view(b, s, mod.n_heads, mod.head_dim)[0].float()
+    k = mod.k_norm(mod.wk(hidden))[0].float()
+    gate = torch.nn.functional.linear(hidden, mod.index_kpool_compress_gate)[0].float()
+    pools = s // P
+    logits = gate[: pools * P].view(pools, P, -1) + mod.index_kpool_compress_ape.float()[None]
+    pool_keys = (logits.softmax(dim=1) * k[: pools * P].view(pools, P, -1)).sum(1)  # [pools, D]
+    scores = torch.relu(torch.einsum("shd,pd->shp", q, pool_keys) * mod.softmax_scale)
+    w = mod.weights_proj(hidden)[0].float() * mod.n_heads ** -0.5
+    index = torch.einsum("sh,shp->sp", w, scores)
+    worst = float("inf")
+    for t in range(s):
+        visible = (t + 1) // P
+        if visible <= select:
+            continue
+        row = index[t, :visible]
+        top = row.topk(select + 1)
+        spread = row.std().item()
+        margin = (top.values[select - 1] - top.values[select]).item() / spread if spread > 0 else 0.0
+        worst = min(worst, margin)
+        chosen = {int(j) for j in selected[0, t].tolist() if j >= 0 and j < visible * P}
+        want = {int(p) * P + i for p in top.indices[:select].tolist() for i in range(P)}
+        if margin > 1e-5 and chosen != want:
+            fail(f"the k-pooled indexer's selection at position {t} differs from its recomputed scores")
+    return worst
+
+
 def v4_index_margin(compress_rate, topk, scores):
     """DeepSeek-V4's indexer: the smallest lead of the index_topk-th index score over the next,
     over the queries of a teacher-forced pass (positions 0..S-1) that see more than index_topk
@@ -502,6 +613,8 @@ def first_sparse_row(cfg):
     """The first position whose attention the top-k selection can change."""
     if getattr(cfg, "model_type", "") == "deepseek_v4":
         return (cfg.index_topk + 1) * cfg.compress_rates["compressed_sparse_attention"] - 1
+    if getattr(cfg, "model_type", "") == "glm5_next_text":  # sees more than topk / P complete pools
+        return (cfg.index_topk // cfg.index_kpool + 1) * cfg.index_kpool - 1
     return cfg.index_topk
 
 
@@ -563,14 +676,27 @@ def record_resume(model, prompt, first, decode):
         nxt = step([nxt])
     take(nxt)
     logits = torch.cat(rows)  # row r predicts token r + 1
+    margins = []
+    hooks = []
+    if any(ix for ix in indexers(model).values() if hasattr(ix, "index_kpool")):
+        # GLM-5.3-Flash: the resumed tokens are not a recorded prompt's; their pool selections
+        # must be as clear as the prompts'.
+        for ix in indexers(model).values():
+            def khook(mod, a, kw, outp):
+                margins.append(kpool_index_margin(mod, kw, outp))
+            hooks.append(ix.register_forward_hook(khook, with_kwargs=True))
     with torch.no_grad():
         full = model(torch.tensor([tokens[:-1]]), use_cache=False).logits[0].float()
+    for h in hooks:
+        h.remove()
+    if margins and min(margins) < MIN_INDEX_MARGIN:
+        raise Unstable(f"resume: smallest index-score margin {min(margins):.2e} x the score spread")
     diff = ((full - logits).norm() / full.norm()).item()
     return torch.tensor(tokens, dtype=torch.int32), logits.contiguous(), greedy_rows, diff
 
 
 def record(family, model, prompts, successor, args, slack=1.0):
-    cfg = model.config
+    cfg = text_config(model)
     layers = moe_layers(model)
     out, info = {}, {"prompts": [], "moe_layers": layers, "moe_prompt": MOE_PROMPT}
     min_gap_ratio, min_margin, non_successor = float("inf"), float("inf"), 0
@@ -594,19 +720,24 @@ def record(family, model, prompts, successor, args, slack=1.0):
                     captured[L] = (inp[0].detach().reshape(-1, inp[0].shape[-1]).clone(),
                                    (outp[0] if isinstance(outp, tuple) else outp).detach()
                                    .reshape(-1, inp[0].shape[-1]).clone())
-                hooks.append(model.model.layers[L].mlp.register_forward_hook(hook))
+                hooks.append(text_model(model).layers[L].mlp.register_forward_hook(hook))
         margin_hooks = []
         margins, index_margins = [], []
         for L in layers:
             def mhook(mod, inp, outp, L=L):
                 x = inp[0].reshape(-1, inp[0].shape[-1])
                 margins.append(route_margin(family, cfg, mod.gate, x))
-            margin_hooks.append(model.model.layers[L].mlp.register_forward_hook(mhook))
+            margin_hooks.append(text_model(model).layers[L].mlp.register_forward_hook(mhook))
         for ix in indexers(model).values():
             if family == "deepseek_v4":
                 def shook(mod, a, outp, ix=ix):
                     index_margins.append(v4_index_margin(ix.compress_rate, ix.index_topk, outp[0]))
                 margin_hooks.append(ix.scorer.register_forward_hook(shook))
+                continue
+            if family == "glm5_next":
+                def khook(mod, a, kw, outp):
+                    index_margins.append(kpool_index_margin(mod, kw, outp))
+                margin_hooks.append(ix.register_forward_hook(khook, with_kwargs=True))
                 continue
             def ihook(mod, a, kw, outp):
                 index_margins.append(index_margin(mod, a, kw, outp))
@@ -621,8 +752,10 @@ def record(family, model, prompts, successor, args, slack=1.0):
             min_index_margin = min(min_index_margin, min(index_margins))
             # How much the selection matters: the same pass with every position selected.
             topk = cfg.index_topk
+            # (GLM-5.3-Flash's indexer pads its output to index_topk: every pool of the pass.)
+            every = 1 << 30 if family != "glm5_next" else cfg.index_kpool * (full.shape[1] // cfg.index_kpool + 1)
             for ix in indexers(model).values():
-                ix.index_topk = 1 << 30
+                ix.index_topk = every
             with torch.no_grad():
                 dense = model(full, use_cache=False).logits[0].float()
             for ix in indexers(model).values():
@@ -668,8 +801,9 @@ def record(family, model, prompts, successor, args, slack=1.0):
                        f"(< {slack * args.min_gap})")
     if min_margin < args.min_route_margin:
         raise Unstable(f"smallest routing margin {min_margin:.2e} < {args.min_route_margin}")
-    if family == "deepseek_v4":
-        # Stop and resume inside the compressors' windows: 21 = 5*4 + 1 = 16 + 5.
+    if family in ("deepseek_v4", "glm5_next"):
+        # Stop and resume inside the compressors' windows (GLM-5.3-Flash: inside a pool of 4 and
+        # the KDA convolution's window): 21 = 5*4 + 1 = 16 + 5.
         first, decode = RESUME_SPLIT
         tokens, rlogits, greedy_rows, rdiff = record_resume(model, prompts[RESUME_PROMPT], first,
                                                             decode)
@@ -735,7 +869,7 @@ def make_family(family, args, work_root):
         model.to(torch.bfloat16).save_pretrained(hf_dir)
         try:
             # Cheap first: the unquantized bf16 model's greedy gaps must pass with room to spare.
-            record(family, load_reference_model(hf_dir), prompts, successor, args, slack=4.0)
+            record(family, load_reference_model(hf_dir, family), prompts, successor, args, slack=4.0)
             results = [make_variant(family, variant, flags, hf_dir, work, prompts, successor, args)
                        for variant, flags in VARIANTS.items()]
         except Unstable as e:
@@ -755,7 +889,7 @@ def make_variant(family, variant, flags, hf_dir, work, prompts, successor, args)
          str(EXPERT_BITS), "--threads", str(args.threads), "--quiet"] + flags)
     deq_dir = os.path.join(work, name + "-dequant")
     prefixes = dequantized_checkpoint(args.exl3_tool, exl3_dir, deq_dir, work)
-    ref_model = load_reference_model(deq_dir)
+    ref_model = load_reference_model(deq_dir, family)
     tensors, info = record(family, ref_model, prompts, successor, args)
     errs = check_moe(args.exl3_tool, exl3_dir, tensors, info["moe_layers"], work, args.moe_tol)
     info["moe_check_rel_err"] = {str(k): float(f"{v:.3e}") for k, v in errs.items()}
@@ -826,6 +960,8 @@ def main():
                     help="exl3-tool moe against transformers' MoE block, relative L2")
     args = ap.parse_args()
     args.exl3_tool = os.path.abspath(args.exl3_tool)
+    global MIN_INDEX_MARGIN
+    MIN_INDEX_MARGIN = args.min_index_margin
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     os.makedirs(args.out, exist_ok=True)

@@ -125,6 +125,26 @@ FAMILIES = {
               "layers only, swiglu_limit 0.75 (routed and shared clamp)"),
 }
 
+# GLM-5.3-Flash: the text model's fields nested in text_config (one-block vision tower beside it),
+# tensors under model.language_model.; KDA and NoPE MLA layers, mHC, sigmoid routing.
+FAMILIES["glm5_next"] = dict(
+    config="Glm5NextConfig", family="glm", model_class="Glm5NextForConditionalGeneration",
+    fields={**common(num_hidden_layers=4, intermediate_size=384, moe_intermediate_size=MOE_INTER,
+                  n_routed_experts=EXPERTS, n_shared_experts=1,
+                  layer_types=["linear_attention", "indexed_attention", "linear_attention",
+                               "indexed_attention"],
+                  mlp_layer_types=["dense", "sparse", "sparse", "dense"], n_group=2,
+                  topk_group=1, routed_scaling_factor=2.5, swiglu_limit=10.0, q_lora_rank=128,
+                  kv_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=0, v_head_dim=64,
+                  index_topk=8, index_kpool=4, index_head_dim=64, index_n_heads=2,
+                  linear_num_heads=2, linear_head_dim=64, pad_token_id=0),
+            "num_key_value_heads": 2},  # MLA heads = KV heads (transformers requires it)
+    vision_fields=dict(depth=1, hidden_size=32, num_heads=1, intermediate_size=32,
+                       out_hidden_size=HIDDEN, projection_intermediate_size=32, patch_size=2),
+    notes="Glm5NextForConditionalGeneration: text_config nested, model.language_model.*; "
+          "sigmoid + correction bias, n_group 2 / topk_group 1, swiglu_limit 10, shared expert; "
+          "mlp_layer_types dense/sparse/sparse/dense")
+
 
 def log(msg):
     print(f"moe_conformance: {msg}", file=sys.stderr, flush=True)
@@ -142,7 +162,17 @@ def run(cmd):
 
 
 def decoder_layers(model):
-    return model.model.layers
+    """The decoder layers (a multimodal model's: model.model.language_model.layers)."""
+    return getattr(model.model, "language_model", model.model).layers
+
+
+def text_config(model):
+    return getattr(model.config, "text_config", model.config)
+
+
+def model_class(key):
+    name = FAMILIES[key].get("model_class")
+    return getattr(transformers, name) if name else AutoModelForCausalLM
 
 
 def moe_block(layer):
@@ -164,10 +194,17 @@ def layer_kind(block):
 def build_model(key, gen):
     spec = FAMILIES[key]
     cls = getattr(transformers, spec["config"])
-    cfg = cls(**spec["fields"])
-    cfg.architectures = [cls.__name__.replace("Config", "ForCausalLM")]
+    if "vision_fields" in spec:
+        cfg = cls(text_config=spec["fields"], vision_config=spec["vision_fields"])
+        cfg.architectures = [spec["model_class"]]
+    else:
+        cfg = cls(**spec["fields"])
+        cfg.architectures = [cls.__name__.replace("Config", "ForCausalLM")]
     torch.manual_seed(SEED)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    if "model_class" in spec:
+        model = model_class(key)._from_config(cfg, dtype=torch.float32).eval()
+    else:
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
 
     def normal(shape, std):
         return torch.randn(shape, generator=gen, dtype=torch.float32) * std
@@ -230,7 +267,7 @@ def tensor_table(ckpt_dir):
 
 
 def expected_facts(key, model):
-    cfg = model.config
+    cfg = text_config(model)
     kinds = [layer_kind(moe_block(l)) for l in decoder_layers(model)]
     shared = 0
     for l in decoder_layers(model):
@@ -241,7 +278,7 @@ def expected_facts(key, model):
     experts = next(moe_block(l).experts for l in decoder_layers(model)
                    if layer_kind(moe_block(l)) != "dense")
     return {
-        "architecture": cfg.architectures[0],
+        "architecture": model.config.architectures[0],
         "family": FAMILIES[key]["family"],
         "transformers_version": transformers.__version__,
         "num_experts": int(experts.gate_up_proj.shape[0]),
@@ -281,6 +318,8 @@ def quantized_prefixes(qdir, moe_layers):
         if not n.endswith(".trellis"):
             continue
         parts = n.split(".")
+        if parts[:2] == ["model", "language_model"]:  # a multimodal model's text layers
+            parts = parts[:1] + parts[2:]
         if parts[:2] == ["model", "layers"] and int(parts[2]) in moe_layers and \
                 parts[3] in ("mlp", "ffn", "block_sparse_moe"):
             out.append(n[: -len(".trellis")])
@@ -357,7 +396,7 @@ def check_family(key, args, backends):
         res["quantize_s"] = time.time() - stage
         stage = time.time()
         ddir, n_dq = dequantized_checkpoint(args.exl3_tool, ckpt, qdir, moe_layers, work)
-        ref_model = AutoModelForCausalLM.from_pretrained(ddir, dtype=torch.float32).eval()
+        ref_model = model_class(key).from_pretrained(ddir, dtype=torch.float32).eval()
         res["dequant_s"] = time.time() - stage
         ref_layers = decoder_layers(ref_model)
         for L in moe_layers:

@@ -27,9 +27,12 @@ const char* const kFixtures[] = {"glm4_moe_experts",    "glm4_moe_all",    "qwen
                                  "qwen3_moe_all",       "mixtral_experts", "mixtral_all",
                                  "deepseek_v3_experts", "deepseek_v3_all", "glm_moe_dsa_experts",
                                  "glm_moe_dsa_all",     "deepseek_v4_experts", "deepseek_v4_all",
-                                 "qwen3_next_experts",  "qwen3_next_all"};
-// The fixtures whose reference has a stop-and-resume run (resume.*: DeepSeek-V4's compressors).
-const char* const kResumeFixtures[] = {"deepseek_v4_experts", "deepseek_v4_all"};
+                                 "qwen3_next_experts",  "qwen3_next_all",
+                                 "glm5_next_experts",   "glm5_next_all"};
+// The fixtures whose reference has a stop-and-resume run (resume.*: DeepSeek-V4's compressors,
+// GLM-5.3-Flash's KDA state and pools).
+const char* const kResumeFixtures[] = {"deepseek_v4_experts", "deepseek_v4_all",
+                                       "glm5_next_experts", "glm5_next_all"};
 
 using testing::RelativeError;
 
@@ -161,7 +164,8 @@ TEST_P(ResumeTest, PrefillDecodePrefillDecode) {
   // prefill 19, 32 greedy steps (tests/fixtures/engine/README.md).
   const int first = 21, decode = 6, second = 19;
   ASSERT_EQ(tokens.size(), static_cast<size_t>(first + decode + second + 32));
-  const absl::Status allocated = (*model)->AllocateKvCache({8, 16});
+  // One state slot for the recurrent layers (GLM-5.3-Flash's KDA); unused by the others.
+  const absl::Status allocated = (*model)->AllocateKvCache({8, 16, /*num_sequence_slots=*/1});
   ASSERT_TRUE(allocated.ok()) << allocated;
   std::vector<int32_t> table = {0, 1, 2, 3, 4, 5, 6, 7};
   int computed = 0, compared = 0, greedy = 0;
@@ -176,6 +180,7 @@ TEST_P(ResumeTest, PrefillDecodePrefillDecode) {
       sc.tokens.assign(tokens.begin() + computed, tokens.begin() + computed + c);
       sc.start_position = computed;
       sc.block_table = table;
+      sc.state_slot = 0;
       sc.wants_logits = done + c == n;
       batch.chunks.push_back(sc);
       const absl::Status st = (*model)->Forward(batch, row.data());
@@ -192,7 +197,10 @@ TEST_P(ResumeTest, PrefillDecodePrefillDecode) {
       ++greedy;
     }
   };
-  run(first, 5, true);  // chunks of 5: windows of 4 and 16 left open across steps
+  // Chunks of 5: DeepSeek-V4's windows of 4 and 16, GLM-5.3-Flash's pools of 4 and its KDA
+  // state (chunked form) carried across steps; then decode (KDA's recurrent form), a second
+  // prefill of 19 tokens in one chunk, decode.
+  run(first, 5, true);
   for (int i = 0; i < decode; ++i) run(1, 1, i + 1 < decode);
   run(second, 1000, true);
   for (int i = 0; i < 31; ++i) run(1, 1, true);

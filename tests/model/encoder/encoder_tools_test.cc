@@ -524,5 +524,81 @@ TEST(EncoderTools, SyntheticModelWithPerExpertBitsAndCodebooks) {
             1);
 }
 
+// GLM-5.3-Flash (Glm5NextForConditionalGeneration): text_config nested, text tensors under
+// model.language_model.; attention projections, dense MLPs, experts and the head are quantized,
+// KDA's gate projections (f_a/f_b/g_a/g_b/b_proj) stay as stored even where EXL3 could hold
+// them, and the vision tower and the MTP layer (layers.{num_hidden_layers}) are copied as stored.
+TEST(EncoderTools, QuantizeGlm5NextKeepsGatesVisionAndMtpAsStored) {
+  const std::string dir = TempDir("glm5next");
+  fs::create_directories(dir + "/hf");
+  const int H = 128;
+  nlohmann::json text = {
+      {"hidden_size", H}, {"num_hidden_layers", 2}, {"vocab_size", 128}, {"intermediate_size", 128},
+      {"moe_intermediate_size", 128}, {"n_routed_experts", 2}, {"num_experts_per_tok", 1},
+      {"n_shared_experts", 1}, {"num_attention_heads", 1}, {"num_key_value_heads", 1},
+      {"q_lora_rank", 128}, {"kv_lora_rank", 128}, {"qk_nope_head_dim", 128}, {"v_head_dim", 128},
+      {"qk_rope_head_dim", 0}, {"linear_num_heads", 1}, {"linear_head_dim", 128},
+      {"max_position_embeddings", 64}, {"layer_types", {"linear_attention", "indexed_attention"}},
+      {"mlp_layer_types", {"dense", "sparse"}}, {"index_topk", 16}, {"index_kpool", 4},
+      {"index_n_heads", 1}, {"index_head_dim", 128}};
+  nlohmann::json cfg = {{"architectures", {"Glm5NextForConditionalGeneration"}},
+                        {"model_type", "glm5_next"}, {"text_config", text},
+                        {"vision_config", {{"depth", 1}}}};
+  std::ofstream(dir + "/hf/config.json") << cfg.dump(2);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> n(0.0f, 0.1f);
+  std::vector<std::vector<float>> data;
+  SafetensorsWriter w;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+    int64_t count = 1;
+    for (int64_t d : shape) count *= d;
+    std::vector<float>& v = data.emplace_back(count);
+    for (float& x : v) x = n(rng);
+    w.Add(name, DType::kF32, shape, v.data(), v.size() * 4);
+  };
+  const std::string t = "model.language_model.", l0 = t + "layers.0.", l1 = t + "layers.1.";
+  add(t + "embed_tokens.weight", {128, H});
+  add(t + "norm.weight", {H});
+  add("lm_head.weight", {128, H});
+  for (const char* p : {"q_proj", "k_proj", "v_proj", "f_b_proj", "g_b_proj", "o_proj", "f_a_proj", "g_a_proj"})
+    add(l0 + "self_attn." + p + ".weight", {128, 128});
+  add(l0 + "self_attn.b_proj.weight", {1, H});
+  add(l0 + "self_attn.q_conv1d.weight", {128, 1, 4});
+  for (const char* p : {"gate_proj", "up_proj", "down_proj"}) add(l0 + "mlp." + p + ".weight", {128, 128});
+  for (const char* p : {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj"})
+    add(l1 + "self_attn." + p + ".weight", {128, 128});
+  add(l1 + "self_attn.kv_b_proj.weight", {256, 128});
+  for (int e = 0; e < 2; ++e)
+    for (const char* p : {"gate_proj", "up_proj", "down_proj"})
+      add(l1 + "mlp.experts." + std::to_string(e) + "." + p + ".weight", {128, 128});
+  for (const char* p : {"gate_proj", "up_proj", "down_proj"})
+    add(l1 + "mlp.shared_experts." + p + ".weight", {128, 128});
+  add(l1 + "mlp.gate.weight", {2, H});
+  add(l1 + "mlp.gate.e_score_correction_bias", {2});
+  add(t + "layers.2.self_attn.q_a_proj.weight", {128, 128});  // the MTP layer
+  add("model.visual.blocks.0.attn.qkv.weight", {384, 128});    // the vision tower
+  ASSERT_TRUE(w.Write(dir + "/hf/model.safetensors").ok());
+
+  std::string err;
+  ASSERT_EQ(Tool("quantize --quiet --input " + dir + "/hf --output " + dir + "/q --bits 4 --threads 2", &err), 0)
+      << err;
+  for (const char* p : {"q_proj", "k_proj", "v_proj", "o_proj"}) EXPECT_EQ(BitsOf(dir + "/q", l0 + "self_attn." + p), 4) << p;
+  for (const char* p : {"f_a_proj", "f_b_proj", "g_a_proj", "g_b_proj", "b_proj"})
+    EXPECT_EQ(BitsOf(dir + "/q", l0 + "self_attn." + p), 0) << p;
+  EXPECT_EQ(BitsOf(dir + "/q", l0 + "mlp.down_proj"), 4);
+  EXPECT_EQ(BitsOf(dir + "/q", l1 + "self_attn.kv_b_proj"), 4);
+  EXPECT_EQ(BitsOf(dir + "/q", l1 + "mlp.experts.1.up_proj"), 4);
+  EXPECT_EQ(BitsOf(dir + "/q", t + "layers.2.self_attn.q_a_proj"), 0);
+  EXPECT_EQ(BitsOf(dir + "/q", "model.visual.blocks.0.attn.qkv"), 0);
+  auto src = TensorSource::Open(dir + "/q");
+  ASSERT_TRUE(src.ok()) << src.status();
+  for (const std::string& kept : {l0 + "self_attn.f_a_proj.weight", t + "layers.2.self_attn.q_a_proj.weight",
+                                 std::string("model.visual.blocks.0.attn.qkv.weight"),
+                                 l0 + "self_attn.q_conv1d.weight"})
+    EXPECT_TRUE((*src)->Has(kept)) << kept;
+  EXPECT_EQ(QuantizationConfig(dir + "/q").value("quant_method", ""), "exl3");
+  ASSERT_TRUE(Exl3Model::Open(dir + "/q").ok());
+}
+
 }  // namespace
 }  // namespace exl3

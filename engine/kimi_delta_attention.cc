@@ -1,0 +1,182 @@
+#include "engine/kimi_delta_attention.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "engine/glm5next_config.h"
+#include "engine/kimi_delta_rule.h"
+#include "engine/rms_norm.h"
+
+namespace exl3::engine {
+namespace {
+
+float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+// transformers' softplus in the forget gate: x itself above 20.
+float Softplus(float x) { return x > 20.0f ? x : std::log(1.0f + std::exp(x)); }
+
+void L2NormalizeInPlace(float* x, int n) {
+  double ss = 0.0;
+  for (int i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float inv = static_cast<float>(1.0 / std::sqrt(ss + 1e-6));
+  for (int i = 0; i < n; ++i) x[i] *= inv;
+}
+
+// The step's chunks as runs of consecutive tokens.
+struct ChunkRun {
+  int chunk = 0;
+  int first_token = 0;
+  int num_tokens = 0;
+};
+
+std::vector<ChunkRun> ChunkRuns(const StepTokens& tokens) {
+  std::vector<ChunkRun> runs;
+  for (int t = 0; t < tokens.num_tokens; ++t) {
+    if (runs.empty() || runs.back().chunk != tokens.chunk_of[t]) runs.push_back({tokens.chunk_of[t], t, 0});
+    ++runs.back().num_tokens;
+  }
+  return runs;
+}
+
+}  // namespace
+
+KimiDeltaAttention::KimiDeltaAttention(const ModelConfig& cfg, int layer)
+    : cfg_(cfg), shape_(cfg.linear_attention), layer_(layer), lower_bound_(cfg.glm5next->gate_lower_bound) {}
+
+absl::StatusOr<std::unique_ptr<KimiDeltaAttention>> KimiDeltaAttention::Load(const ModelConfig& cfg,
+                                                                              const TensorSource& src,
+                                                                              int layer) {
+  std::unique_ptr<KimiDeltaAttention> a(new KimiDeltaAttention(cfg, layer));
+  const std::string p = LayerPrefix(cfg.moe, layer) + "self_attn.";
+  const int H = cfg.hidden_size, NH = a->shape_.num_key_heads, D = a->shape_.key_head_dim;
+  const int K = a->shape_.conv_kernel, W = NH * D;
+  EXL3_ASSIGN_OR_RETURN(a->q_, Linear::Load(src, p + "q_proj", H, W));
+  EXL3_ASSIGN_OR_RETURN(a->k_, Linear::Load(src, p + "k_proj", H, W));
+  EXL3_ASSIGN_OR_RETURN(a->v_, Linear::Load(src, p + "v_proj", H, W));
+  EXL3_ASSIGN_OR_RETURN(a->f_a_, Linear::Load(src, p + "f_a_proj", H, D));
+  EXL3_ASSIGN_OR_RETURN(a->f_b_, Linear::Load(src, p + "f_b_proj", D, W));
+  EXL3_ASSIGN_OR_RETURN(a->b_, Linear::Load(src, p + "b_proj", H, NH));
+  EXL3_ASSIGN_OR_RETURN(a->g_a_, Linear::Load(src, p + "g_a_proj", H, D));
+  EXL3_ASSIGN_OR_RETURN(a->g_b_, Linear::Load(src, p + "g_b_proj", D, W));
+  EXL3_ASSIGN_OR_RETURN(a->o_, Linear::Load(src, p + "o_proj", W, H));
+  for (const char* conv : {"q_conv1d", "k_conv1d", "v_conv1d"}) {
+    const std::string name = p + conv + ".weight";
+    EXL3_ASSIGN_OR_RETURN(TensorView t, src.Get(name));
+    if (t.info->shape != std::vector<int64_t>{W, 1, K})
+      return absl::InvalidArgumentError(absl::StrCat(name, ": expected shape [", W, ", 1, ", K, "]"));
+    if (src.Has(p + conv + ".bias"))
+      return absl::InvalidArgumentError(absl::StrCat(p, conv, ".bias: KDA's convolutions have no bias"));
+    EXL3_ASSIGN_OR_RETURN(std::vector<float> w, ToFloat32(t));
+    a->conv_weight_.insert(a->conv_weight_.end(), w.begin(), w.end());
+  }
+  EXL3_ASSIGN_OR_RETURN(std::vector<float> a_log, LoadVector(src, p + "A_log", NH));
+  for (float v : a_log) a->decay_rate_.push_back(std::exp(v));
+  EXL3_ASSIGN_OR_RETURN(a->dt_bias_, LoadVector(src, p + "dt_bias", W));
+  EXL3_ASSIGN_OR_RETURN(a->o_norm_, LoadVector(src, p + "o_norm.weight", D));
+  return a;
+}
+
+absl::Status KimiDeltaAttention::Forward(const float* x, const StepTokens& tokens,
+                                         SequenceStateStore& states, float* out,
+                                         CpuCompute& compute) const {
+  const int T = tokens.num_tokens, NH = shape_.num_key_heads, D = shape_.key_head_dim;
+  const int K = shape_.conv_kernel, W = NH * D, C = 3 * W;
+  const size_t TW = static_cast<size_t>(T) * W;
+  // Projections: q, k, v side by side per token (the conv's channel order), the gates.
+  std::vector<float> proj(TW), mixed(static_cast<size_t>(T) * C);
+  for (int which = 0; which < 3; ++which) {
+    const Linear& l = which == 0 ? q_ : which == 1 ? k_ : v_;
+    EXL3_RETURN_IF_ERROR(l.Forward(x, T, proj.data(), compute));
+    for (int t = 0; t < T; ++t)
+      std::copy_n(&proj[static_cast<size_t>(t) * W], W, &mixed[static_cast<size_t>(t) * C + which * W]);
+  }
+  std::vector<float> low(static_cast<size_t>(T) * D), log_decay(TW), gate(TW), beta(static_cast<size_t>(T) * NH);
+  EXL3_RETURN_IF_ERROR(f_a_.Forward(x, T, low.data(), compute));
+  EXL3_RETURN_IF_ERROR(f_b_.Forward(low.data(), T, log_decay.data(), compute));
+  EXL3_RETURN_IF_ERROR(g_a_.Forward(x, T, low.data(), compute));
+  EXL3_RETURN_IF_ERROR(g_b_.Forward(low.data(), T, gate.data(), compute));
+  EXL3_RETURN_IF_ERROR(b_.Forward(x, T, beta.data(), compute));
+  for (float& b : beta) b = Sigmoid(b);
+  for (size_t i = 0; i < TW; ++i) {
+    const int h = static_cast<int>(i % W) / D;
+    const float g = log_decay[i] + dt_bias_[i % W];
+    log_decay[i] = lower_bound_ ? *lower_bound_ * Sigmoid(decay_rate_[h] * g) : -decay_rate_[h] * Softplus(g);
+  }
+
+  const std::vector<ChunkRun> runs = ChunkRuns(tokens);
+  auto slot_of = [&](const ChunkRun& run) { return tokens.batch->chunks[run.chunk].state_slot; };
+
+  // The causal depthwise convolutions over [conv state, the chunk's inputs], SiLU; the new conv
+  // state is the last K − 1 inputs of that window.
+  std::vector<float> conv(mixed.size());
+  constexpr int kChannelsPerItem = 64;
+  const int channel_items = (C + kChannelsPerItem - 1) / kChannelsPerItem;
+  compute.ParallelFor(static_cast<int>(runs.size()) * channel_items, [&](int item) {
+    const ChunkRun& run = runs[item / channel_items];
+    const int c0 = (item % channel_items) * kChannelsPerItem, c1 = std::min(C, c0 + kChannelsPerItem);
+    const float* prev = states.Current(layer_, slot_of(run));  // [K − 1, C]
+    float* next = states.Next(layer_, slot_of(run));
+    auto input = [&](int u, int c) {
+      return u < K - 1 ? prev[static_cast<size_t>(u) * C + c]
+                       : mixed[static_cast<size_t>(run.first_token + u - (K - 1)) * C + c];
+    };
+    for (int c = c0; c < c1; ++c) {
+      const float* w = &conv_weight_[static_cast<size_t>(c) * K];
+      for (int j = 0; j < run.num_tokens; ++j) {
+        float acc = 0.0f;
+        for (int i = 0; i < K; ++i) acc += w[i] * input(j + i, c);
+        conv[static_cast<size_t>(run.first_token + j) * C + c] = acc * Sigmoid(acc);
+      }
+      for (int i = 0; i < K - 1; ++i) next[static_cast<size_t>(i) * C + c] = input(run.num_tokens + i, c);
+    }
+  });
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(D));
+  for (int t = 0; t < T; ++t) {
+    float* row = &conv[static_cast<size_t>(t) * C];
+    for (int h = 0; h < NH; ++h) {
+      L2NormalizeInPlace(row + h * D, D);
+      L2NormalizeInPlace(row + W + h * D, D);
+      for (int i = 0; i < D; ++i) row[h * D + i] *= q_scale;
+    }
+  }
+
+  // The delta rule per (chunk, head), then the gated norm.
+  const int64_t conv_state_floats = shape_.ConvStateFloats();
+  std::vector<float> core(TW);
+  compute.ParallelFor(static_cast<int>(runs.size()) * NH, [&](int item) {
+    const ChunkRun& run = runs[item / NH];
+    const int h = item % NH;
+    const size_t head_floats = static_cast<size_t>(D) * D;
+    const float* prev = states.Current(layer_, slot_of(run)) + conv_state_floats + h * head_floats;
+    float* S = states.Next(layer_, slot_of(run)) + conv_state_floats + h * head_floats;
+    std::copy_n(prev, head_floats, S);
+    const size_t first = static_cast<size_t>(run.first_token);
+    KdaHeadInputs in;
+    in.q = &conv[first * C + h * D];
+    in.k = &conv[first * C + W + h * D];
+    in.v = &conv[first * C + 2 * W + h * D];
+    in.g = &log_decay[first * W + h * D];
+    in.beta = &beta[first * NH + h];
+    in.qk_stride = C;
+    in.g_stride = W;
+    in.v_stride = C;
+    in.beta_stride = NH;
+    in.key_dim = in.value_dim = D;
+    float* o = &core[first * W + h * D];
+    if (run.num_tokens == 1) {
+      KdaRecurrent(in, 1, S, o, W);
+    } else {
+      KdaChunked(in, run.num_tokens, kChunkSize, S, o, W);
+    }
+    for (int j = 0; j < run.num_tokens; ++j) {
+      float* oj = o + static_cast<size_t>(j) * W;
+      RmsNorm(oj, o_norm_.data(), D, cfg_.rms_norm_eps, oj);
+      const float* gj = &gate[(first + j) * W + h * D];
+      for (int e = 0; e < D; ++e) oj[e] *= Sigmoid(gj[e]);
+    }
+  });
+  return o_.Forward(core.data(), T, out, compute);
+}
+
+}  // namespace exl3::engine

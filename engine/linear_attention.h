@@ -1,0 +1,35 @@
+// One layer's linear attention on the CPU: a token mixer whose memory of a sequence is a
+// fixed-size state per sequence (engine/sequence_state.h) instead of KV cache slots. Qwen3-Next's
+// gated DeltaNet (engine/gated_deltanet.h) and GLM-5.3-Flash's KDA
+// (engine/kimi_delta_attention.h) behind one interface, so the model's layer loop is the same.
+//
+//   EXL3_ASSIGN_OR_RETURN(std::unique_ptr<LinearAttention> a, LoadLinearAttention(cfg, src, 0));
+//   EXL3_RETURN_IF_ERROR(a->Forward(x_normed /*[T, hidden]*/, tokens, states, out, cpu));
+//
+// Forward reads each chunk's state as states.Current(layer, slot) holds it and writes the state
+// after the chunk's tokens to states.Next(layer, slot).
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "engine/cpu_compute.h"
+#include "engine/model_config.h"
+#include "engine/sequence_state.h"
+#include "engine/step_tokens.h"
+#include "model/safetensors.h"
+
+namespace exl3::engine {
+
+class LinearAttention {
+ public:
+  virtual ~LinearAttention() = default;
+  virtual absl::Status Forward(const float* x, const StepTokens& tokens, SequenceStateStore& states,
+                               float* out, CpuCompute& compute) const = 0;
+};
+
+// The family's linear attention (GLM-5.3-Flash: KDA; else the gated DeltaNet) of `layer`.
+absl::StatusOr<std::unique_ptr<LinearAttention>> LoadLinearAttention(const ModelConfig& cfg,
+                                                                     const TensorSource& src, int layer);
+
+}  // namespace exl3::engine
