@@ -339,8 +339,14 @@ class GenerateSystemTest(unittest.TestCase):
                                                   ignore_eos=True), timeout=10))
         self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
         self.assertIn("exceeds the context of 64 tokens", e.exception.details())
-        held = [stub.Generate(pb.GenerateRequest(prompt_token_ids=PROMPTS[0], max_tokens=50,
-                                                 ignore_eos=True), timeout=60) for _ in range(2)]
+        # The request limit, on a router whose cache lets the two held requests run long (in the
+        # 64-token cache above they could finish before the third was sent on a loaded machine).
+        r = self.c.start_router(with_map=False, extra=["--max-pending-requests", "2"])
+        channel = grpc.insecure_channel(r.address)
+        self.addCleanup(channel.close)
+        stub = pbg.GeneratorStub(channel)
+        held = [stub.Generate(pb.GenerateRequest(prompt_token_ids=PROMPTS[0], max_tokens=500,
+                                                 ignore_eos=True), timeout=120) for _ in range(2)]
         # Both accepted and running (a first message may carry more than one token).
         first = [len(next(call).tokens) for call in held]
         t0 = time.monotonic()
@@ -350,7 +356,7 @@ class GenerateSystemTest(unittest.TestCase):
         self.assertIn("max_pending_requests", e.exception.details())
         self.assertLess(time.monotonic() - t0, 2)
         for call, n in zip(held, first):
-            self.assertEqual(n + sum(len(m.tokens) for m in call), 50)
+            self.assertEqual(n + sum(len(m.tokens) for m in call), 500)
 
     def test_drain_cut_short_ends_requests_unavailable(self):
         """Issue 28: a drain cut short by --drain-grace-ms ends the requests still running
