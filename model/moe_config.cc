@@ -27,6 +27,7 @@ constexpr ArchEntry kArchitectures[] = {
     {"Qwen3MoeForCausalLM", MoeFamily::kQwen3Moe},
     {"Qwen3NextForCausalLM", MoeFamily::kQwen3Next},
     {"MixtralForCausalLM", MoeFamily::kMixtral},
+    {"Qwen4ExpForConditionalGeneration", MoeFamily::kQwen4Exp},
 };
 
 // Field readers that never throw: each returns an error naming the field and the file.
@@ -141,7 +142,6 @@ class Reader {
   std::string arch_;
 };
 
-std::string LayerPrefix(int layer) { return absl::StrCat("model.layers.", layer, "."); }
 
 // The w1/w2/w3 naming of Mixtral and DeepSeek-V4: w1 gate, w3 up, w2 down.
 const char* W123(Projection p) {
@@ -158,6 +158,7 @@ std::string_view MoeFamilyName(MoeFamily f) {
     case MoeFamily::kQwen3Moe: return "qwen3_moe";
     case MoeFamily::kQwen3Next: return "qwen3_next";
     case MoeFamily::kMixtral: return "mixtral";
+    case MoeFamily::kQwen4Exp: return "qwen4_exp";
   }
   return "?";
 }
@@ -230,6 +231,17 @@ absl::StatusOr<MoeConfig> ParseMoeConfig(std::string_view json_text, std::string
         absl::StrJoin(SupportedArchitectures(), ", "), ")"));
   }
   r.set_arch(c.architecture);
+  if (c.family == MoeFamily::kQwen4Exp) {
+    // A *ForConditionalGeneration config: the text model's fields live in text_config; the
+    // quantization_config a conversion adds stays at the top.
+    if (!j.contains("text_config") || !j["text_config"].is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          src, ": ", c.architecture, " needs a 'text_config' object (the text model's fields)"));
+    }
+    json text = j["text_config"];
+    if (j.contains("quantization_config")) text["quantization_config"] = j["quantization_config"];
+    j = std::move(text);
+  }
 
   EXL3_RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size));
   EXL3_RETURN_IF_ERROR(r.Int("num_hidden_layers", &c.num_hidden_layers));
@@ -368,6 +380,24 @@ absl::StatusOr<MoeConfig> ParseMoeConfig(std::string_view json_text, std::string
       }
       break;
     }
+    case MoeFamily::kQwen4Exp: {
+      // transformers 5.25's Qwen4ExpTextConfig: every layer is MoE (no mlp_only_layers),
+      // softmax top-k renormalised by default, one shared expert scaled by
+      // sigmoid(shared_expert_gate) as Qwen3-Next's.
+      EXL3_RETURN_IF_ERROR(r.Int("num_experts", &c.num_experts));
+      EXL3_RETURN_IF_ERROR(r.Int("moe_intermediate_size", &c.moe_intermediate_size));
+      EXL3_RETURN_IF_ERROR(r.Int("shared_expert_intermediate_size", &c.shared_intermediate_size));
+      if (c.shared_intermediate_size <= 0) {
+        return r.Bad("shared_expert_intermediate_size", "must be positive (Qwen4-Exp has a shared expert)");
+      }
+      for (int l = 0; l < c.num_hidden_layers; ++l) c.moe_layers[l] = true;
+      c.norm_topk_prob = true;
+      EXL3_RETURN_IF_ERROR(r.OptBool("norm_topk_prob", &c.norm_topk_prob));
+      c.scoring = ScoringFunc::kSoftmax;
+      c.num_shared_experts = 1;
+      c.shared_expert_gated = true;
+      break;
+    }
     case MoeFamily::kMixtral: {
       EXL3_RETURN_IF_ERROR(r.Int("num_local_experts", &c.num_experts));
       EXL3_RETURN_IF_ERROR(r.Int("intermediate_size", &c.moe_intermediate_size));
@@ -439,48 +469,58 @@ absl::Status RequireExl3(const MoeConfig& cfg) {
   return absl::OkStatus();
 }
 
+std::string TextModelPrefix(const MoeConfig& cfg) {
+  return cfg.family == MoeFamily::kQwen4Exp ? "model.language_model." : "model.";
+}
+
+std::string LayerKeyPrefix(const MoeConfig& cfg, int layer) {
+  return absl::StrCat(TextModelPrefix(cfg), "layers.", layer, ".");
+}
+
 std::string RoutedExpertPrefix(const MoeConfig& cfg, int layer, int expert, Projection p) {
   if (cfg.family == MoeFamily::kMixtral) {
-    return absl::StrCat(LayerPrefix(layer), "block_sparse_moe.experts.", expert, ".", W123(p));
+    return absl::StrCat(LayerKeyPrefix(cfg, layer), "block_sparse_moe.experts.", expert, ".", W123(p));
   }
   if (cfg.family == MoeFamily::kDeepseekV4) {
-    return absl::StrCat(LayerPrefix(layer), "ffn.experts.", expert, ".", W123(p));
+    return absl::StrCat(LayerKeyPrefix(cfg, layer), "ffn.experts.", expert, ".", W123(p));
   }
-  return absl::StrCat(LayerPrefix(layer), "mlp.experts.", expert, ".",
+  return absl::StrCat(LayerKeyPrefix(cfg, layer), "mlp.experts.", expert, ".",
                       std::string(ProjectionName(p)), "_proj");
 }
 
 std::string SharedExpertPrefix(const MoeConfig& cfg, int layer, Projection p) {
   if (!cfg.has_shared_expert()) return "";
   if (cfg.family == MoeFamily::kDeepseekV4) {
-    return absl::StrCat(LayerPrefix(layer), "ffn.shared_experts.", W123(p));
+    return absl::StrCat(LayerKeyPrefix(cfg, layer), "ffn.shared_experts.", W123(p));
   }
-  const char* sub = cfg.family == MoeFamily::kQwen3Next ? "mlp.shared_expert." : "mlp.shared_experts.";
-  return absl::StrCat(LayerPrefix(layer), sub, std::string(ProjectionName(p)), "_proj");
+  const char* sub = cfg.family == MoeFamily::kQwen3Next || cfg.family == MoeFamily::kQwen4Exp
+                        ? "mlp.shared_expert."
+                        : "mlp.shared_experts.";
+  return absl::StrCat(LayerKeyPrefix(cfg, layer), sub, std::string(ProjectionName(p)), "_proj");
 }
 
 std::string RouterWeightKey(const MoeConfig& cfg, int layer) {
   if (cfg.family == MoeFamily::kMixtral) {
-    return absl::StrCat(LayerPrefix(layer), "block_sparse_moe.gate.weight");
+    return absl::StrCat(LayerKeyPrefix(cfg, layer), "block_sparse_moe.gate.weight");
   }
-  if (cfg.family == MoeFamily::kDeepseekV4) return absl::StrCat(LayerPrefix(layer), "ffn.gate.weight");
-  return absl::StrCat(LayerPrefix(layer), "mlp.gate.weight");
+  if (cfg.family == MoeFamily::kDeepseekV4) return absl::StrCat(LayerKeyPrefix(cfg, layer), "ffn.gate.weight");
+  return absl::StrCat(LayerKeyPrefix(cfg, layer), "mlp.gate.weight");
 }
 
 std::string CorrectionBiasKey(const MoeConfig& cfg, int layer) {
   if (!cfg.has_correction_bias || cfg.IsHashRoutedLayer(layer)) return "";
-  if (cfg.family == MoeFamily::kDeepseekV4) return absl::StrCat(LayerPrefix(layer), "ffn.gate.bias");
-  return absl::StrCat(LayerPrefix(layer), "mlp.gate.e_score_correction_bias");
+  if (cfg.family == MoeFamily::kDeepseekV4) return absl::StrCat(LayerKeyPrefix(cfg, layer), "ffn.gate.bias");
+  return absl::StrCat(LayerKeyPrefix(cfg, layer), "mlp.gate.e_score_correction_bias");
 }
 
 std::string SharedExpertGateKey(const MoeConfig& cfg, int layer) {
   if (!cfg.shared_expert_gated) return "";
-  return absl::StrCat(LayerPrefix(layer), "mlp.shared_expert_gate.weight");
+  return absl::StrCat(LayerKeyPrefix(cfg, layer), "mlp.shared_expert_gate.weight");
 }
 
 std::string HashTableKey(const MoeConfig& cfg, int layer) {
   if (!cfg.IsHashRoutedLayer(layer)) return "";
-  return absl::StrCat(LayerPrefix(layer), "ffn.gate.tid2eid");
+  return absl::StrCat(LayerKeyPrefix(cfg, layer), "ffn.gate.tid2eid");
 }
 
 std::string HeadWeightKey(const MoeConfig& cfg) {

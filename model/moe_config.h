@@ -16,6 +16,8 @@
 //   Qwen3MoeForCausalLM                                -> MoeFamily::kQwen3Moe
 //   Qwen3NextForCausalLM                               -> MoeFamily::kQwen3Next
 //   MixtralForCausalLM                                 -> MoeFamily::kMixtral
+//   Qwen4ExpForConditionalGeneration (its text part;   -> MoeFamily::kQwen4Exp
+//     fields in text_config, tensors under model.language_model.)
 // Anything else is refused with a message naming the architecture and this list.
 #pragma once
 
@@ -27,7 +29,7 @@
 
 namespace exl3 {
 
-enum class MoeFamily { kGlm, kDeepseekV3, kDeepseekV4, kQwen3Moe, kQwen3Next, kMixtral };
+enum class MoeFamily { kGlm, kDeepseekV3, kDeepseekV4, kQwen3Moe, kQwen3Next, kMixtral, kQwen4Exp };
 
 // How router logits become scores (docs/format.md, "Routing functions").
 enum class ScoringFunc {
@@ -117,6 +119,12 @@ absl::StatusOr<MoeConfig> LoadMoeConfig(const std::string& path);
 absl::Status RequireExl3(const MoeConfig& cfg);
 
 // ---- Tensor key naming (prefixes without the ".trellis"/".suh"/... suffix) ----
+
+// Where the text model's tensors live: "model." ("model.language_model." for Qwen4-Exp, a
+// *ForConditionalGeneration checkpoint whose vision tower sits beside it under model.visual.).
+std::string TextModelPrefix(const MoeConfig& cfg);
+// Layer L's prefix: TextModelPrefix + "layers.L.".
+std::string LayerKeyPrefix(const MoeConfig& cfg, int layer);
 
 // Routed expert E's projection of layer L, e.g. "model.layers.3.mlp.experts.17.gate_proj"
 // (Mixtral: "model.layers.3.block_sparse_moe.experts.17.w1"; DeepSeek-V4:

@@ -95,9 +95,10 @@ absl::StatusOr<std::vector<std::string>> ListShards(const fs::path& dir) {
   return shards;
 }
 
-// "model.layers.L.REST" -> L and REST.
-bool SplitLayerKey(const std::string& name, int* layer, std::string* rest) {
-  const std::string prefix = "model.layers.";
+// "<text model>layers.L.REST" -> L and REST ("model.layers.L.REST"; Qwen4-Exp
+// "model.language_model.layers.L.REST").
+bool SplitLayerKey(const MoeConfig& cfg, const std::string& name, int* layer, std::string* rest) {
+  const std::string prefix = TextModelPrefix(cfg) + "layers.";
   if (name.compare(0, prefix.size(), prefix) != 0) return false;
   const size_t dot = name.find('.', prefix.size());
   if (dot == std::string::npos ||
@@ -253,7 +254,7 @@ absl::StatusOr<ConvertStats> ConvertCheckpoint(const std::string& input_dir,
     }
     int layer = 0;
     std::string rest;
-    if (!SplitLayerKey(name, &layer, &rest) || layer >= cfg->num_hidden_layers ||
+    if (!SplitLayerKey(*cfg, name, &layer, &rest) || layer >= cfg->num_hidden_layers ||
         !absl::EndsWith(rest, ".weight")) {
       continue;
     }
