@@ -7,6 +7,7 @@
 #include "engine/dsv4_attention.h"
 #include "engine/gqa_attention.h"
 #include "engine/mla_attention.h"
+#include "engine/qsa_attention.h"
 
 namespace exl3::engine {
 
@@ -14,6 +15,11 @@ absl::StatusOr<std::unique_ptr<Attention>> LoadAttention(const ModelConfig& cfg,
                                                          const TensorSource& src, int layer) {
   if (cfg.attention == AttentionKind::kDsv4) {
     auto a = Dsv4Attention::Load(cfg, src, layer);
+    if (!a.ok()) return a.status();
+    return std::unique_ptr<Attention>(std::move(*a));
+  }
+  if (cfg.attention == AttentionKind::kQsa) {
+    auto a = QsaAttention::Load(cfg, src, layer);
     if (!a.ok()) return a.status();
     return std::unique_ptr<Attention>(std::move(*a));
   }
