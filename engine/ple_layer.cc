@@ -72,6 +72,7 @@ absl::StatusOr<std::unique_ptr<PleLayer>> PleLayer::Load(const ModelConfig& cfg,
   std::unique_ptr<PleLayer> p(new PleLayer(cfg, layer, NgramHash::Build(ple, cfg.vocab_size, ple_index)));
   const std::string prefix = LayerKeyPrefix(cfg.moe, layer) + "ple.";
   EXL3_RETURN_IF_ERROR(p->OpenTable(src, prefix + "ple_embedding."));
+  EXL3_RETURN_IF_ERROR(p->CheckStoredHashing(src, prefix + "ple_embedding."));
   const int H = cfg.hidden_size, wide = q.hc_count * H, E = ple.embed_dim;
   EXL3_ASSIGN_OR_RETURN(p->key_, Linear::Load(src, prefix + "key_proj", E, wide));
   EXL3_ASSIGN_OR_RETURN(p->value_, Linear::Load(src, prefix + "value_proj", E, H));
@@ -92,6 +93,26 @@ absl::StatusOr<std::unique_ptr<PleLayer>> PleLayer::Load(const ModelConfig& cfg,
                layer, static_cast<long long>(p->hash_.table_rows()), ple.head_dim(),
                static_cast<double>(p->table_bytes_) / (1024.0 * 1024.0 * 1024.0), p->pieces_.size());
   return p;
+}
+
+// transformers saves the hashing constants it derived as buffers; where a checkpoint has them
+// they must be what the config gives (else its table was built for other hashing).
+absl::Status PleLayer::CheckStoredHashing(const TensorSource& src, const std::string& prefix) const {
+  auto check = [&](const std::string& name, const std::vector<int64_t>& want) -> absl::Status {
+    if (!src.Has(name)) return absl::OkStatus();
+    EXL3_ASSIGN_OR_RETURN(TensorView v, src.Get(name));
+    if (v.info->dtype != DType::kI64 || v.info->num_elements() != static_cast<int64_t>(want.size()))
+      return absl::InvalidArgumentError(absl::StrCat(name, ": expected ", want.size(), " int64 values"));
+    for (size_t i = 0; i < want.size(); ++i)
+      if (v.as<int64_t>()[i] != want[i])
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, "[", i, "] is ", v.as<int64_t>()[i], "; the config's hashing (seed, vocab_size, PLE layer) gives ",
+            want[i]));
+    return absl::OkStatus();
+  };
+  const std::vector<int64_t> multipliers(hash_.multipliers().begin(), hash_.multipliers().end());
+  EXL3_RETURN_IF_ERROR(check(prefix + "layer_multipliers", multipliers));
+  return check(prefix + "ngram_heads_vocab_sizes", hash_.head_sizes());
 }
 
 void PleLayer::ReadRow(int64_t row, float* out) const {

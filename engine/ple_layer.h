@@ -55,6 +55,7 @@ class PleLayer {
   PleLayer(const ModelConfig& cfg, int layer, NgramHash hash)
       : cfg_(cfg), layer_(layer), hash_(std::move(hash)) {}
   absl::Status OpenTable(const TensorSource& src, const std::string& prefix);
+  absl::Status CheckStoredHashing(const TensorSource& src, const std::string& prefix) const;
   // Row `row` of the table as fp32 into out[head_dim].
   void ReadRow(int64_t row, float* out) const;
 

@@ -27,9 +27,12 @@ const char* const kFixtures[] = {"glm4_moe_experts",    "glm4_moe_all",    "qwen
                                  "qwen3_moe_all",       "mixtral_experts", "mixtral_all",
                                  "deepseek_v3_experts", "deepseek_v3_all", "glm_moe_dsa_experts",
                                  "glm_moe_dsa_all",     "deepseek_v4_experts", "deepseek_v4_all",
-                                 "qwen3_next_experts",  "qwen3_next_all"};
-// The fixtures whose reference has a stop-and-resume run (resume.*: DeepSeek-V4's compressors).
-const char* const kResumeFixtures[] = {"deepseek_v4_experts", "deepseek_v4_all"};
+                                 "qwen3_next_experts",  "qwen3_next_all",
+                                 "qwen4_exp_experts",   "qwen4_exp_all"};
+// The fixtures whose reference has a stop-and-resume run (resume.*: DeepSeek-V4's compressors;
+// Qwen4-Exp's DeltaNet / PLE states and QSA's indexed keys).
+const char* const kResumeFixtures[] = {"deepseek_v4_experts", "deepseek_v4_all", "qwen4_exp_experts",
+                                       "qwen4_exp_all"};
 
 using testing::RelativeError;
 
@@ -161,7 +164,8 @@ TEST_P(ResumeTest, PrefillDecodePrefillDecode) {
   // prefill 19, 32 greedy steps (tests/fixtures/engine/README.md).
   const int first = 21, decode = 6, second = 19;
   ASSERT_EQ(tokens.size(), static_cast<size_t>(first + decode + second + 32));
-  const absl::Status allocated = (*model)->AllocateKvCache({8, 16});
+  // One state slot: Qwen4-Exp's recurrent layers keep the sequence's state there (slot 0).
+  const absl::Status allocated = (*model)->AllocateKvCache({8, 16, 1});
   ASSERT_TRUE(allocated.ok()) << allocated;
   std::vector<int32_t> table = {0, 1, 2, 3, 4, 5, 6, 7};
   int computed = 0, compared = 0, greedy = 0;
