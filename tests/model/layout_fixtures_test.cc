@@ -55,7 +55,7 @@ std::string ReadText(const std::string& path) {
 TEST(LayoutFixtures, EveryFamilyIsPresent) {
   const std::vector<std::string> names = LayoutNames();
   for (const char* f : {"mixtral", "qwen3_moe", "glm4_moe", "deepseek_v3", "glm_moe_dsa",
-                        "qwen3_next", "deepseek_v4"}) {
+                        "qwen3_next", "deepseek_v4", "qwen4_exp"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), f), names.end()) << f;
   }
   // Every architecture model/moe_config.h supports has a layout.
@@ -153,7 +153,7 @@ TEST_P(LayoutFixture, EveryMoeTensorNameResolves) {
     if (!sgate.empty()) ExpectTensor(sgate, {1, H});
     // Completeness: nothing under the layer's MoE block the reader does not know about.
     for (const char* block : {"mlp.", "ffn.", "block_sparse_moe."}) {
-      const std::string prefix = absl::StrCat("model.layers.", L, ".", block);
+      const std::string prefix = LayerKeyPrefix(cfg_, L) + block;
       for (const auto& [name, t] : tensors_) {
         if (absl::StartsWith(name, prefix)) {
           EXPECT_TRUE(claimed_.count(name)) << GetParam() << ": " << name << " is not read";
