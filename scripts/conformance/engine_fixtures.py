@@ -241,7 +241,7 @@ FAMILIES["qwen3_next"] = dict(
 # hyper-connections of hc_count * hidden inputs.
 FAMILIES["qwen4_exp"] = dict(
     config="Qwen4ExpConfig", model_class="Qwen4ExpForConditionalGeneration",
-    seed=4, head_mix=0.6, router_scale=4.0,
+    seed=29, head_mix=0.6, router_scale=4.0,
     # Three layers: two gated DeltaNet layers, the second with PLE, and one QSA layer; all MoE.
     text_fields=dict(
         vocab_size=VOCAB, hidden_size=128, num_hidden_layers=3, num_experts_per_tok=TOP_K,
