@@ -7,8 +7,8 @@ Run with a Python that has torch and transformers (5.17 or later):
         --exl3-tool build/bin/exl3-tool --out tests/fixtures/engine
 
 For each family (Glm4MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM,
-DeepseekV3ForCausalLM, GlmMoeDsaForCausalLM, DeepseekV4ForCausalLM, Qwen3NextForCausalLM) it
-builds a tiny random model with transformers' own classes, saves it
+DeepseekV3ForCausalLM, GlmMoeDsaForCausalLM, DeepseekV4ForCausalLM, Qwen3NextForCausalLM,
+Qwen4ExpForConditionalGeneration) it builds a tiny random model with transformers' own classes, saves it
 (bf16, save_pretrained), converts it with `exl3-tool quantize` in two variants:
 
     <family>_experts : routed/shared experts at K=4; attention, dense MLPs, head as stored

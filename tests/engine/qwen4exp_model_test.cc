@@ -8,6 +8,8 @@
 #include <sstream>
 #include <string>
 
+#include <unistd.h>
+
 #include "engine/cpu_model.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -20,7 +22,8 @@ constexpr char kFixture[] = "tests/fixtures/engine/qwen4_exp_experts";
 
 // A copy of the fixture (weights linked) whose text_config gets `edit`.
 std::string EditedCopy(const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
-  const fs::path dir = fs::temp_directory_path() / ("qwen4exp_model_test_" + name);
+  const fs::path dir =
+      fs::temp_directory_path() / ("qwen4exp_model_test_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   for (const auto& e : fs::directory_iterator(kFixture)) {
