@@ -8,34 +8,39 @@
 #include "engine/gqa_attention.h"
 #include "engine/kpool_dsa_attention.h"
 #include "engine/mla_attention.h"
+#include "engine/qsa_attention.h"
 
 namespace exl3::engine {
 
-absl::StatusOr<std::unique_ptr<Attention>> LoadAttention(const ModelConfig& cfg,
-                                                         const TensorSource& src, int layer) {
-  if (cfg.attention == AttentionKind::kDsv4) {
-    auto a = Dsv4Attention::Load(cfg, src, layer);
-    if (!a.ok()) return a.status();
-    return std::unique_ptr<Attention>(std::move(*a));
-  }
-  if (cfg.attention == AttentionKind::kPooledDsa) {
-    auto a = KpoolDsaAttention::Load(cfg, src, layer);
-    if (!a.ok()) return a.status();
-    return std::unique_ptr<Attention>(std::move(*a));
-  }
-  if (cfg.attention == AttentionKind::kDsa) {
-    auto a = DsaAttention::Load(cfg, src, layer);
-    if (!a.ok()) return a.status();
-    return std::unique_ptr<Attention>(std::move(*a));
-  }
-  if (cfg.attention == AttentionKind::kMla) {
-    auto a = MlaAttention::Load(cfg, src, layer);
-    if (!a.ok()) return a.status();
-    return std::unique_ptr<Attention>(std::move(*a));
-  }
-  auto a = GqaAttention::Load(cfg, src, layer);
+namespace {
+
+template <typename Kind>
+absl::StatusOr<std::unique_ptr<Attention>> LoadAs(const ModelConfig& cfg, const TensorSource& src,
+                                                  int layer) {
+  auto a = Kind::Load(cfg, src, layer);
   if (!a.ok()) return a.status();
   return std::unique_ptr<Attention>(std::move(*a));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Attention>> LoadAttention(const ModelConfig& cfg,
+                                                         const TensorSource& src, int layer) {
+  switch (cfg.attention) {
+    case AttentionKind::kGqa:
+      return LoadAs<GqaAttention>(cfg, src, layer);
+    case AttentionKind::kMla:
+      return LoadAs<MlaAttention>(cfg, src, layer);
+    case AttentionKind::kDsa:
+      return LoadAs<DsaAttention>(cfg, src, layer);
+    case AttentionKind::kDsv4:
+      return LoadAs<Dsv4Attention>(cfg, src, layer);
+    case AttentionKind::kPooledDsa:
+      return LoadAs<KpoolDsaAttention>(cfg, src, layer);
+    case AttentionKind::kQsa:
+      return LoadAs<QsaAttention>(cfg, src, layer);
+  }
+  return absl::InternalError("unknown attention kind");
 }
 
 void SoftmaxInPlace(float* s, int n) {

@@ -1,6 +1,7 @@
 #include "engine/cpu_model.h"
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 
@@ -10,6 +11,7 @@
 #include "engine/glm5next_config.h"
 #include "engine/local_moe.h"
 #include "engine/micro_batches.h"
+#include "engine/qwen4exp_config.h"
 #include "engine/rms_norm.h"
 #include "engine/step_tokens.h"
 #include "kernels/fp16.h"
@@ -66,6 +68,7 @@ absl::StatusOr<std::unique_ptr<CpuModel>> CpuModel::Open(const std::string& dir,
 }
 
 absl::Status CpuModel::LoadWeights(const TensorSource& src) {
+  if (cfg_.qwen4exp != nullptr) return LoadQwen4ExpWeights(src);
   const int H = cfg_.hidden_size;
   // The language model's tensors: "model." (GLM-5.3-Flash: "model.language_model.", beside the
   // vision tower's "model.visual.*" and the MTP layer, which stay in the mapped files unread).
@@ -128,6 +131,47 @@ absl::Status CpuModel::LoadWeights(const TensorSource& src) {
     return absl::NotFoundError("lm_head: no lm_head.weight or lm_head.trellis, and the "
                                "embeddings are not tied (tie_word_embeddings false)");
   }
+  return absl::OkStatus();
+}
+
+absl::Status CpuModel::LoadQwen4ExpWeights(const TensorSource& src) {
+  const Qwen4ExpConfig& q = *cfg_.qwen4exp;
+  const int H = cfg_.hidden_size;
+  const std::string text = TextModelPrefix(cfg_.moe);
+  EXL3_ASSIGN_OR_RETURN(embedding_, src.Get(text + "embed_tokens.weight"));
+  EXL3_RETURN_IF_ERROR(CheckEmbedding(embedding_, cfg_.vocab_size, H));
+  streams_ = q.hc_count;
+  const GatedResidualShape shape{H, q.hc_count, q.hc_lowrank, cfg_.rms_norm_eps};
+  layers_.resize(cfg_.num_layers);
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    Layer& L = layers_[l];
+    const std::string p = LayerPrefix(cfg_.moe, l);
+    EXL3_ASSIGN_OR_RETURN(L.attn_gr, GatedResidual::Load(src, p + "attn_hyper_connection.", shape, true));
+    EXL3_ASSIGN_OR_RETURN(L.ffn_gr, GatedResidual::Load(src, p + "mlp_hyper_connection.", shape, true));
+    if (q.ple.PleIndex(l) >= 0) {
+      EXL3_ASSIGN_OR_RETURN(L.ple, PleLayer::Load(cfg_, src, l));
+    }
+    if (cfg_.IsLinearAttentionLayer(l)) {
+      EXL3_ASSIGN_OR_RETURN(L.linear_attention, LoadLinearAttention(cfg_, src, l));
+    } else {
+      EXL3_ASSIGN_OR_RETURN(L.attention, LoadAttention(cfg_, src, l));
+    }
+    if (!cfg_.IsMoeLayer(l)) return absl::InternalError(absl::StrCat("Qwen4-Exp layer ", l, " is not MoE"));
+  }
+  EXL3_ASSIGN_OR_RETURN(final_mixer_, GatedResidual::Load(src, text + "hyper_connection_mixer.", shape, false));
+  EXL3_ASSIGN_OR_RETURN(head_, Linear::Load(src, "lm_head", H, cfg_.vocab_size));
+  // Beside the text model: the vision tower, loaded and not run (prompts holding image or video
+  // placeholders are refused), and the MTP head, kept for speculative decoding (not run).
+  int visual = 0;
+  for (const std::string& name : src.Names()) {
+    const bool is_visual = name.rfind("model.visual.", 0) == 0, is_mtp = name.rfind("mtp.", 0) == 0;
+    if (!is_visual && !is_mtp) continue;
+    EXL3_ASSIGN_OR_RETURN(TensorView v, src.Get(name));
+    if (is_visual) ++visual;
+    if (is_mtp) mtp_.push_back(v);
+  }
+  std::fprintf(stderr, "%s: %d vision tower tensors loaded and not run (text only), %zu MTP head tensors kept unused\n",
+               cfg_.architecture().c_str(), visual, mtp_.size());
   return absl::OkStatus();
 }
 
@@ -205,9 +249,27 @@ absl::Status CpuModel::RunHyperConnectedLayer(int l, MicroBatch& mb) {
   return absl::OkStatus();
 }
 
+absl::Status CpuModel::RunGatedResidualLayer(int l, MicroBatch& mb) {
+  Layer& L = layers_[l];
+  const int T = mb.tokens.num_tokens;
+  Clock::time_point t0 = Clock::now();
+  if (L.ple != nullptr) EXL3_RETURN_IF_ERROR(L.ple->Forward(mb.h.data(), mb.tokens, *states_, compute_));
+  EXL3_RETURN_IF_ERROR(L.attn_gr->Collapse(mb.h.data(), T, mb.x.data(), &mb.inject, compute_));
+  EXL3_RETURN_IF_ERROR(MixTokens(L, mb));
+  L.attn_gr->Expand(mb.inject, mb.d.data(), T, mb.h.data());
+  EXL3_RETURN_IF_ERROR(L.ffn_gr->Collapse(mb.h.data(), T, mb.x.data(), &mb.inject, compute_));
+  times_.attention_s += Seconds(t0);
+  t0 = Clock::now();
+  mb.pending_layer = l;
+  mb.pending = moe_->Start(l, mb.x.data(), T, mb.tokens.token_ids.data(), mb.d.data());
+  times_.moe_s += Seconds(t0);
+  return absl::OkStatus();
+}
+
 absl::Status CpuModel::RunLayer(int l, MicroBatch& mb) {
   Layer& L = layers_[l];
   if (L.attn_hc) return RunHyperConnectedLayer(l, mb);
+  if (L.attn_gr) return RunGatedResidualLayer(l, mb);
   const int T = mb.tokens.num_tokens, H = cfg_.hidden_size;
   const size_t n = static_cast<size_t>(T) * H;
   Clock::time_point t0 = Clock::now();
@@ -245,6 +307,8 @@ absl::Status CpuModel::FinishMoe(MicroBatch& mb) {
   mb.pending_layer = -1;
   if (layer >= 0 && layers_[layer].ffn_hc) {
     layers_[layer].ffn_hc->Expand(mb.mix, mb.d.data(), mb.tokens.num_tokens, mb.h.data(), compute_);
+  } else if (layer >= 0 && layers_[layer].ffn_gr) {
+    layers_[layer].ffn_gr->Expand(mb.inject, mb.d.data(), mb.tokens.num_tokens, mb.h.data());
   } else {
     AddInPlace(mb.h.data(), mb.d.data(), mb.h.size());
   }
@@ -255,6 +319,15 @@ absl::Status CpuModel::Forward(const StepBatch& batch, float* logits) {
   if (cache_ == nullptr) return absl::FailedPreconditionError("KV cache not allocated");
   times_ = StepPhaseTimes{};
   (void)moe_->TakeStageTimes();  // what a failed step before this one left
+  if (cfg_.qwen4exp != nullptr) {  // the text model only: no image or video inputs
+    for (const SequenceChunk& c : batch.chunks)
+      for (int32_t id : c.tokens)
+        if (id == cfg_.qwen4exp->image_token_id || id == cfg_.qwen4exp->video_token_id)
+          return absl::InvalidArgumentError(absl::StrCat(
+              "sequence ", c.sequence_id, ": token ", id, " is ", cfg_.architecture(), "'s ",
+              id == cfg_.qwen4exp->image_token_id ? "image" : "video",
+              " placeholder; image and video inputs are not supported (the engine runs the text model only)"));
+  }
   // Recurrent layers read each chunk's state as the last successful step left it and write the
   // other copy; only the commit below, after every layer, makes those current.
   if (states_ != nullptr) EXL3_RETURN_IF_ERROR(states_->BeginStep(batch));
@@ -301,6 +374,16 @@ absl::Status CpuModel::Forward(const StepBatch& batch, float* logits) {
     const float* final_h = mb.h.data();
     std::vector<int> row_tokens(mb.tokens.logit_tokens.begin(), mb.tokens.logit_tokens.end());
     std::vector<float> collapsed;
+    if (final_mixer_) {  // Qwen4-Exp: the streams of each logit row mixed into the head's input, no norm
+      const size_t wide = static_cast<size_t>(streams_) * H;
+      std::vector<float> rows_h(static_cast<size_t>(rows) * wide);
+      for (int r = 0; r < rows; ++r)
+        std::copy_n(&mb.h[static_cast<size_t>(row_tokens[r]) * wide], wide, &rows_h[r * wide]);
+      EXL3_RETURN_IF_ERROR(final_mixer_->Collapse(rows_h.data(), rows, last.data(), nullptr, compute_));
+      EXL3_RETURN_IF_ERROR(head_.Forward(last.data(), rows, out, compute_));
+      out += static_cast<size_t>(rows) * cfg_.vocab_size;
+      continue;
+    }
     if (hc_head_) {  // the streams of each logit row, collapsed
       collapsed.resize(static_cast<size_t>(rows) * H);
       hc_head_->Collapse(mb.h.data(), row_tokens, collapsed.data());

@@ -12,6 +12,9 @@
 // GLM-5.3-Flash, whose head is the streams' mean) keeps
 // hc_mult residual streams per token instead of one, mixed around each block by its
 // hyper-connections (engine/hyper_connections.h) and collapsed by hc_head before the final norm.
+// Qwen4-Exp keeps hc_count streams too, mixed by its gated residual connections
+// (engine/gated_residual.h) in place of the layer norms, PLE n-gram layers
+// (engine/ple_layer.h) ahead of some layers, and no final norm.
 #pragma once
 
 #include <memory>
@@ -22,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "engine/attention.h"
 #include "engine/cpu_compute.h"
+#include "engine/gated_residual.h"
 #include "engine/hyper_connections.h"
 #include "engine/linear.h"
 #include "engine/linear_attention.h"
@@ -29,6 +33,7 @@
 #include "engine/model_runner.h"
 #include "engine/moe_executor.h"
 #include "engine/paged_kv_cache.h"
+#include "engine/ple_layer.h"
 #include "engine/sequence_state.h"
 #include "model/safetensors.h"
 
@@ -72,6 +77,8 @@ class CpuModel final : public ModelRunner {
     std::unique_ptr<LinearAttention> linear_attention;
     std::optional<DenseMlp> dense_mlp;  // unset on MoE layers
     std::optional<HyperConnection> attn_hc, ffn_hc;  // DeepSeek-V4, GLM-5.3-Flash
+    std::optional<GatedResidual> attn_gr, ffn_gr;    // Qwen4-Exp only (no layer norms then)
+    std::unique_ptr<PleLayer> ple;                   // Qwen4-Exp's PLE layers only
   };
 
   // One micro-batch's tokens and activations through the layers.
@@ -81,12 +88,16 @@ class CpuModel final : public ModelRunner {
                                       // (h: [T, hc_mult, hidden] with hyper-connections)
     AttentionCarry carry;             // what a layer's attention leaves for later layers
     HyperConnectionMix mix;           // hyper-connections: the open block's post / comb weights
+    std::vector<float> inject;        // gated residual: the open block's injection weights [T, streams]
     int pending_layer = -1;           // the layer whose MoE call is in flight
     std::unique_ptr<MoeCall> pending;  // its MoE call in flight (declared last: waited first)
   };
 
   CpuModel(ModelConfig cfg, int num_threads) : cfg_(std::move(cfg)), compute_(num_threads) {}
   absl::Status LoadWeights(const TensorSource& src);
+  // Qwen4-Exp: embeddings, per layer the gated residual connections, PLE, token mixer; the
+  // mixer before the head; the vision tower and MTP head beside them (loaded, not run).
+  absl::Status LoadQwen4ExpWeights(const TensorSource& src);
   void Embed(const std::vector<int32_t>& token_ids, float* h) const;
   absl::Status RunDenseMlp(const DenseMlp& mlp, const float* x, int num_tokens, float* y);
   // Attention half of layer l (norm, attention, residual, post-attention norm into mb.x), then
@@ -97,6 +108,8 @@ class CpuModel final : public ModelRunner {
   absl::Status RunHyperConnectedLayer(int l, MicroBatch& mb);
   // Layer L's token mixer on mb.x into mb.d.
   absl::Status MixTokens(const Layer& L, MicroBatch& mb);
+  // RunLayer with Qwen4-Exp's gated residual connections: PLE first where the layer has one.
+  absl::Status RunGatedResidualLayer(int l, MicroBatch& mb);
   absl::Status FinishMoe(MicroBatch& mb);
 
   ModelConfig cfg_;
@@ -108,6 +121,8 @@ class CpuModel final : public ModelRunner {
   std::vector<float> final_norm_;
   int streams_ = 1;                  // residual streams per token (hyper-connections: hc_mult)
   std::optional<HyperHead> hc_head_;  // hyper-connections: collapses the streams before the final norm
+  std::optional<GatedResidual> final_mixer_;  // Qwen4-Exp: collapses the streams into the head's input
+  std::vector<TensorView> mtp_;               // Qwen4-Exp: the MTP head's tensors, kept unused
   Linear head_;
   std::unique_ptr<MoeExecutor> moe_;
   std::unique_ptr<PagedKvCache> cache_;

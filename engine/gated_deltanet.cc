@@ -47,11 +47,20 @@ absl::StatusOr<std::unique_ptr<GatedDeltaNet>> GatedDeltaNet::Load(const ModelCo
                                                                    int layer) {
   std::unique_ptr<GatedDeltaNet> d(new GatedDeltaNet(cfg, layer));
   const LinearAttentionConfig& s = d->shape_;
-  const std::string p = absl::StrCat("model.layers.", layer, ".linear_attn.");
+  const std::string p = LayerPrefix(cfg.moe, layer) + "linear_attn.";
   const int H = cfg.hidden_size;
-  EXL3_ASSIGN_OR_RETURN(d->qkvz_, Linear::Load(src, p + "in_proj_qkvz", H,
-                                               2 * s.key_dim() + 2 * s.value_dim()));
-  EXL3_ASSIGN_OR_RETURN(d->ba_, Linear::Load(src, p + "in_proj_ba", H, 2 * s.num_value_heads));
+  if (cfg.qwen4exp != nullptr) {
+    d->layout_ = ProjectionLayout::kSeparate;
+    d->gate_activation_ = cfg.qwen4exp->output_gate;
+    EXL3_ASSIGN_OR_RETURN(d->qkv_, Linear::Load(src, p + "in_proj_qkv", H, s.conv_channels()));
+    EXL3_ASSIGN_OR_RETURN(d->z_, Linear::Load(src, p + "in_proj_z", H, s.value_dim()));
+    EXL3_ASSIGN_OR_RETURN(d->b_, Linear::Load(src, p + "in_proj_b", H, s.num_value_heads));
+    EXL3_ASSIGN_OR_RETURN(d->a_, Linear::Load(src, p + "in_proj_a", H, s.num_value_heads));
+  } else {
+    EXL3_ASSIGN_OR_RETURN(d->qkvz_, Linear::Load(src, p + "in_proj_qkvz", H,
+                                                 2 * s.key_dim() + 2 * s.value_dim()));
+    EXL3_ASSIGN_OR_RETURN(d->ba_, Linear::Load(src, p + "in_proj_ba", H, 2 * s.num_value_heads));
+  }
   EXL3_ASSIGN_OR_RETURN(d->out_, Linear::Load(src, p + "out_proj", s.value_dim(), H));
 
   const std::string conv = p + "conv1d.weight";
@@ -63,7 +72,7 @@ absl::StatusOr<std::unique_ptr<GatedDeltaNet>> GatedDeltaNet::Load(const ModelCo
   EXL3_ASSIGN_OR_RETURN(d->conv_weight_, ToFloat32(cw));
   if (src.Has(p + "conv1d.bias"))
     return absl::InvalidArgumentError(absl::StrCat(
-        p, "conv1d.bias: Qwen3-Next's convolution has no bias; this checkpoint is not one"));
+        p, "conv1d.bias: the DeltaNet convolution has no bias; this checkpoint is not one"));
 
   EXL3_ASSIGN_OR_RETURN(std::vector<float> a_log, LoadVector(src, p + "A_log", s.num_value_heads));
   for (float v : a_log) d->neg_a_.push_back(-std::exp(v));
@@ -72,24 +81,39 @@ absl::StatusOr<std::unique_ptr<GatedDeltaNet>> GatedDeltaNet::Load(const ModelCo
   return d;
 }
 
-absl::Status GatedDeltaNet::Forward(const float* x, const StepTokens& tokens,
-                                    SequenceStateStore& states, float* out,
-                                    CpuCompute& compute) const {
-  const int T = tokens.num_tokens;
+absl::Status GatedDeltaNet::Project(const float* x, int T, Projected* pr, CpuCompute& compute) const {
   const int NK = shape_.num_key_heads, NV = shape_.num_value_heads;
-  const int DK = shape_.key_head_dim, DV = shape_.value_head_dim, K = shape_.conv_kernel;
+  const int DK = shape_.key_head_dim, DV = shape_.value_head_dim;
   const int ratio = NV / NK, C = shape_.conv_channels(), KD = shape_.key_dim();
+  std::vector<float>& mixed = pr->mixed;
+  std::vector<float>& z = pr->z;
+  std::vector<float>& beta = pr->beta;
+  std::vector<float>& log_decay = pr->log_decay;
+  mixed.resize(static_cast<size_t>(T) * C);
+  z.resize(static_cast<size_t>(T) * NV * DV);
+  beta.resize(static_cast<size_t>(T) * NV);
+  log_decay.resize(static_cast<size_t>(T) * NV);
+  if (layout_ == ProjectionLayout::kSeparate) {
+    std::vector<float> b(beta.size()), a(beta.size());
+    EXL3_RETURN_IF_ERROR(qkv_.Forward(x, T, mixed.data(), compute));
+    EXL3_RETURN_IF_ERROR(z_.Forward(x, T, z.data(), compute));
+    EXL3_RETURN_IF_ERROR(b_.Forward(x, T, b.data(), compute));
+    EXL3_RETURN_IF_ERROR(a_.Forward(x, T, a.data(), compute));
+    for (size_t i = 0; i < beta.size(); ++i) {
+      const int h = static_cast<int>(i % NV);
+      beta[i] = Sigmoid(b[i]);
+      log_decay[i] = neg_a_[h] * Softplus(a[i] + dt_bias_[h]);
+    }
+    return absl::OkStatus();
+  }
   const int qkvz_width = 2 * shape_.key_dim() + 2 * shape_.value_dim();
   const int per_key_head = 2 * DK + 2 * ratio * DV;  // q, k, v, z of one key head's group
-
   std::vector<float> qkvz(static_cast<size_t>(T) * qkvz_width), ba(static_cast<size_t>(T) * 2 * NV);
   EXL3_RETURN_IF_ERROR(qkvz_.Forward(x, T, qkvz.data(), compute));
   EXL3_RETURN_IF_ERROR(ba_.Forward(x, T, ba.data(), compute));
 
   // Regroup per token: conv input [q of every key head | k of every key head | v of every value
   // head], z [value heads, DV], β and the log-decay per value head.
-  std::vector<float> mixed(static_cast<size_t>(T) * C), z(static_cast<size_t>(T) * NV * DV);
-  std::vector<float> beta(static_cast<size_t>(T) * NV), log_decay(static_cast<size_t>(T) * NV);
   for (int t = 0; t < T; ++t) {
     const float* row = &qkvz[static_cast<size_t>(t) * qkvz_width];
     float* m = &mixed[static_cast<size_t>(t) * C];
@@ -109,6 +133,24 @@ absl::Status GatedDeltaNet::Forward(const float* x, const StepTokens& tokens,
       }
     }
   }
+
+  return absl::OkStatus();
+}
+
+absl::Status GatedDeltaNet::Forward(const float* x, const StepTokens& tokens,
+                                    SequenceStateStore& states, float* out,
+                                    CpuCompute& compute) const {
+  const int T = tokens.num_tokens;
+  const int NK = shape_.num_key_heads, NV = shape_.num_value_heads;
+  const int DK = shape_.key_head_dim, DV = shape_.value_head_dim, K = shape_.conv_kernel;
+  const int ratio = NV / NK, C = shape_.conv_channels(), KD = shape_.key_dim();
+
+  Projected pr;
+  EXL3_RETURN_IF_ERROR(Project(x, T, &pr, compute));
+  const std::vector<float>& mixed = pr.mixed;
+  const std::vector<float>& z = pr.z;
+  const std::vector<float>& beta = pr.beta;
+  const std::vector<float>& log_decay = pr.log_decay;
 
   const std::vector<ChunkRun> runs = ChunkRuns(tokens);
   auto slot_of = [&](const ChunkRun& run) { return tokens.batch->chunks[run.chunk].state_slot; };
@@ -188,7 +230,11 @@ absl::Status GatedDeltaNet::Forward(const float* x, const StepTokens& tokens,
       }
       RmsNorm(o, norm_weight_.data(), DV, cfg_.rms_norm_eps, o);
       const float* zh = &z[(static_cast<size_t>(t) * NV + h) * DV];
-      for (int e = 0; e < DV; ++e) o[e] *= Silu(zh[e]);
+      if (gate_activation_ == OutputGateActivation::kSigmoid) {
+        for (int e = 0; e < DV; ++e) o[e] *= Sigmoid(zh[e]);
+      } else {
+        for (int e = 0; e < DV; ++e) o[e] *= Silu(zh[e]);
+      }
     }
   });
   return out_.Forward(core.data(), T, out, compute);

@@ -9,6 +9,10 @@
 //   S ← decay·S;  S ← S + k ⊗ β(v − Sᵀk);  o = Sᵀq      (S [key_head_dim, value_head_dim])
 //   o → RMSNorm over value_head_dim (weight `norm.weight`, used as is) · SiLU(z) → out_proj
 //
+// Qwen4-Exp (Qwen3.5's layout) projects with separate `in_proj_qkv` ([q of every key head | k |
+// v of every value head]), `in_proj_z`, `in_proj_b` and `in_proj_a` instead, and gates the norm's
+// output with act(z), act its output_gate_type (SiLU or sigmoid); the recurrence is the same.
+//
 // Value head h uses key head h / (num_value_heads / num_key_heads). transformers computes a
 // prefill with the chunked form of the same recurrence; this runs it token by token (equal up to
 // fp32 rounding). What a sequence carries from one step to the next, per layer, is its state in
@@ -24,6 +28,7 @@
 #include "engine/linear.h"
 #include "engine/linear_attention.h"
 #include "engine/model_config.h"
+#include "engine/qwen4exp_config.h"
 #include "engine/sequence_state.h"
 #include "engine/step_tokens.h"
 #include "model/safetensors.h"
@@ -40,12 +45,29 @@ class GatedDeltaNet final : public LinearAttention {
                        float* out, CpuCompute& compute) const override;
 
  private:
+  // How the input projections are stored.
+  enum class ProjectionLayout {
+    kFusedPerKeyHead,  // Qwen3-Next: in_proj_qkvz / in_proj_ba, grouped per key head
+    kSeparate,         // Qwen4-Exp: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a
+  };
+  struct Projected {
+    std::vector<float> mixed;      // [T, conv channels]: q | k | v
+    std::vector<float> z;          // [T, value heads, value_head_dim]
+    std::vector<float> beta;       // [T, value heads]
+    std::vector<float> log_decay;  // [T, value heads]
+  };
+
   GatedDeltaNet(const ModelConfig& cfg, int layer) : cfg_(cfg), shape_(cfg.linear_attention), layer_(layer) {}
+  absl::Status Project(const float* x, int num_tokens, Projected* p, CpuCompute& compute) const;
 
   const ModelConfig& cfg_;
   const LinearAttentionConfig shape_;
   int layer_;
-  Linear qkvz_, ba_, out_;
+  ProjectionLayout layout_ = ProjectionLayout::kFusedPerKeyHead;
+  OutputGateActivation gate_activation_ = OutputGateActivation::kSilu;
+  Linear qkvz_, ba_;      // kFusedPerKeyHead
+  Linear qkv_, z_, b_, a_;  // kSeparate
+  Linear out_;
   std::vector<float> conv_weight_;  // [channels, conv_kernel]
   std::vector<float> neg_a_;        // −exp(A_log) [num_value_heads]
   std::vector<float> dt_bias_;      // [num_value_heads]

@@ -11,6 +11,7 @@
 #include "engine/sequence_state.h"
 #include "engine/dsv4_config.h"
 #include "engine/glm5next_config.h"
+#include "engine/qwen4exp_config.h"
 #include "engine/rope_parameters.h"
 #include "nlohmann/json.hpp"
 
@@ -179,7 +180,10 @@ absl::Status ParseIndexer(const json& j, const ModelConfig& cfg, const std::stri
 
 // Qwen3NextConfig's layer_types ("linear_attention" / "full_attention" per layer; when absent,
 // every full_attention_interval-th layer (default 4) is full attention) and its DeltaNet shape.
-absl::Status ParseQwen3NextLayers(const json& j, const std::string& source, ModelConfig* cfg) {
+// Qwen4-Exp (`indexed`) names its attention layers "indexed_attention" (and reads
+// "full_attention" as that).
+absl::Status ParseQwen3NextLayers(const json& j, const std::string& source, ModelConfig* cfg,
+                                  bool indexed = false) {
   auto bad = [&](const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", why));
   };
@@ -192,11 +196,11 @@ absl::Status ParseQwen3NextLayers(const json& j, const std::string& source, Mode
       const std::string v = t.is_string() ? t.get<std::string>() : "";
       if (v == "linear_attention") {
         cfg->layer_mixers.push_back(TokenMixer::kLinearAttention);
-      } else if (v == "full_attention") {
+      } else if (v == "full_attention" || (indexed && v == "indexed_attention")) {
         cfg->layer_mixers.push_back(TokenMixer::kAttention);
       } else {
-        return bad(absl::StrCat("layer_types holds '", t.dump(),
-                                "' (linear_attention or full_attention)"));
+        return bad(absl::StrCat("layer_types holds '", t.dump(), "' (linear_attention or ",
+                                indexed ? "indexed_attention" : "full_attention", ")"));
       }
     }
   } else {
@@ -295,7 +299,9 @@ bool ModelConfig::HasRecurrentLayers() const {
 
 int64_t ModelConfig::StateFloats(int layer) const {
   if (!IsLinearAttentionLayer(layer)) return 0;
-  return linear_attention.ConvStateFloats() + linear_attention.RecurrentStateFloats();
+  int64_t n = linear_attention.ConvStateFloats() + linear_attention.RecurrentStateFloats();
+  if (qwen4exp != nullptr && qwen4exp->ple.PleIndex(layer) >= 0) n += qwen4exp->PleStateFloats(hidden_size);
+  return n;
 }
 
 int64_t ModelConfig::StateFloatsPerSequence() const {
@@ -310,6 +316,7 @@ int ModelConfig::KvWidth(int layer) const {
   if (attention == AttentionKind::kPooledDsa)
     return kv_lora_rank + (HasOwnIndexer(layer) ? 2 * indexer.head_dim : 0);
   if (attention == AttentionKind::kDsv4) return CacheLayoutFor(*dsv4, dsv4->layer_types[layer], 1).token_width;
+  if (attention == AttentionKind::kQsa) return 2 * num_kv_heads * head_dim + qwen4exp->indexer.head_dim;
   if (!IsLatentAttention()) return 2 * num_kv_heads * head_dim;
   return kv_lora_rank + qk_rope_head_dim + (HasOwnIndexer(layer) ? indexer.head_dim : 0);
 }
@@ -332,7 +339,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json,
   const std::string source(source_name);
   ModelConfig cfg;
   EXL3_ASSIGN_OR_RETURN(cfg.moe, ParseMoeConfig(config_json, source));
-  // Glm5NextForConditionalGeneration: the text config's fields (model/moe_config.h).
+  // *ForConditionalGeneration: the text config's fields (model/moe_config.h LiftTextConfig), and
+  // the top level's (Qwen4-Exp's image and video token ids).
+  const json top = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
   const json j = json::parse(LiftTextConfig(config_json), nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
 
@@ -383,6 +392,15 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json,
       default_partial = 0.25;  // Qwen3NextConfig's default when the file names none
       EXL3_RETURN_IF_ERROR(ParseQwen3NextLayers(j, source, &cfg));
       break;
+    case MoeFamily::kQwen4Exp:
+      cfg.qk_norm = true;
+      cfg.attention_output_gate = true;
+      cfg.norm_weights = NormWeightConvention::kOffsetFromOne;
+      cfg.attention = AttentionKind::kQsa;
+      default_partial = 1.0;  // Qwen4ExpTextConfig skips Qwen3.5's 0.25 default
+      EXL3_RETURN_IF_ERROR(ParseQwen3NextLayers(j, source, &cfg, /*indexed=*/true));
+      EXL3_RETURN_IF_ERROR(ParseQwen4ExpConfig(j, top, source, &cfg));
+      break;
     case MoeFamily::kDeepseekV3:
       cfg.attention = AttentionKind::kMla;
       EXL3_RETURN_IF_ERROR(ParseLatentAttention(j, source, &cfg));
@@ -402,6 +420,11 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json,
   } else {
     EXL3_RETURN_IF_ERROR(ParseRope(j, cfg, source, default_partial, &cfg.rope));
   }
+  if (cfg.attention == AttentionKind::kQsa && cfg.rope.rotary_dim > cfg.qwen4exp->indexer.head_dim &&
+      cfg.qwen4exp->indexer.head_dim > 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": the rotary dimensions (", cfg.rope.rotary_dim,
+        ") must fit the QSA index head (indexer_head_dim ", cfg.qwen4exp->indexer.head_dim, ")"));
   if (cfg.attention == AttentionKind::kDsv4) {
     cfg.attention_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(cfg.head_dim)));
   } else if (cfg.attention == AttentionKind::kPooledDsa) {

@@ -10,9 +10,11 @@
 // attention), DeepseekV3ForCausalLM (multi-head latent attention), GlmMoeDsaForCausalLM (MLA
 // with DeepSeek sparse attention's lightning indexer), DeepseekV4ForCausalLM (shared-KV
 // attention with compressors and hyper-connections; engine/dsv4_config.h) and
-// Qwen3NextForCausalLM (per layer_types, gated DeltaNet linear attention or gated GQA) and
+// Qwen3NextForCausalLM (per layer_types, gated DeltaNet linear attention or gated GQA),
 // Glm5NextForConditionalGeneration (its text model: KDA linear attention or NoPE MLA with a
-// k-pooled indexer, hyper-connections; engine/glm5next_config.h).
+// k-pooled indexer, hyper-connections; engine/glm5next_config.h) and
+// Qwen4ExpForConditionalGeneration's text model (engine/qwen4exp_config.h: gated DeltaNet or QSA
+// attention, gated hyper-connections, PLE n-gram layers; fields in text_config).
 #pragma once
 
 #include <cstdint>
@@ -35,10 +37,12 @@ enum class AttentionKind {
   // GLM-5.3-Flash's indexed layers: MLA without rope whose queries see the positions of the
   // pools of index_kpool positions its indexer picks (engine/kpool_dsa_attention.h).
   kPooledDsa,
+  kQsa,   // Qwen4-Exp: gated GQA over the position blocks a QSA indexer picks (engine/qsa_attention.h)
 };
 
 struct Dsv4Config;      // engine/dsv4_config.h
 struct Glm5NextConfig;  // engine/glm5next_config.h
+struct Qwen4ExpConfig;  // engine/qwen4exp_config.h
 
 // Whether a DSA layer runs its own indexer or reuses the selection of the last layer that did
 // (GlmMoeDsaConfig's indexer_types "full" / "shared").
@@ -158,6 +162,7 @@ struct ModelConfig {
   // Clamp of the dense MLPs' gate (<= limit) and up (within ±limit); 0: none (GLM-5.3-Flash:
   // swiglu_limit).
   float dense_swiglu_limit = 0.0f;
+  std::shared_ptr<const Qwen4ExpConfig> qwen4exp;  // Qwen4-Exp (attention == kQsa): HC, QSA, PLE
   RopeConfig rope;
   float attention_scale = 0.0f;  // softmax scale of q·k
   std::vector<int32_t> eos_token_ids;
@@ -172,7 +177,7 @@ struct ModelConfig {
   // Whether any layer keeps a recurrent state per sequence (instead of, or beside, KV blocks).
   bool HasRecurrentLayers() const;
   // Floats of fixed-size state one sequence holds in layer `layer` (linear attention: its conv
-  // and recurrent state; else 0), and over all layers.
+  // and recurrent state, then Qwen4-Exp's PLE state on PLE layers; else 0), and over all layers.
   int64_t StateFloats(int layer) const;
   int64_t StateFloatsPerSequence() const;
   // Whether DSA layer `layer` runs its own indexer (and caches its keys).
@@ -182,8 +187,8 @@ struct ModelConfig {
   }
   // Floats one token's keys and values take in layer `layer`'s cache slot (GQA: k and v of every
   // KV head; MLA: the normalised latent and the rotated shared key; DSA: those, then the rotated
-  // indexer key on layers that run their own indexer; DeepSeek-V4: the shared key/value;
-  // linear attention: none).
+  // indexer key on layers that run their own indexer; DeepSeek-V4: the shared key/value; QSA:
+  // k and v, then the raw (unnormalised, unrotated) indexer key; linear attention: none).
   int KvWidth(int layer) const;
   // Floats one cache block of `block_size` slots keeps beside its slots in layer `layer`
   // (DeepSeek-V4's compressed layers: compressor state and compressed entries,

@@ -28,6 +28,7 @@ constexpr ArchEntry kArchitectures[] = {
     {"Qwen3MoeForCausalLM", MoeFamily::kQwen3Moe},
     {"Qwen3NextForCausalLM", MoeFamily::kQwen3Next},
     {"MixtralForCausalLM", MoeFamily::kMixtral},
+    {"Qwen4ExpForConditionalGeneration", MoeFamily::kQwen4Exp},
 };
 
 // Field readers that never throw: each returns an error naming the field and the file.
@@ -142,9 +143,13 @@ class Reader {
   std::string arch_;
 };
 
-// The architecture whose config.json nests the language model's fields in `text_config` and
-// whose text tensors live under "model.language_model.".
+// The architectures whose config.json nests the language model's fields in `text_config` and
+// whose text tensors live under "model.language_model." (a vision tower beside them).
 constexpr char kGlm5Next[] = "Glm5NextForConditionalGeneration";
+constexpr char kQwen4Exp[] = "Qwen4ExpForConditionalGeneration";
+bool IsConditionalGeneration(std::string_view architecture) {
+  return architecture == kGlm5Next || architecture == kQwen4Exp;
+}
 
 // The w1/w2/w3 naming of Mixtral and DeepSeek-V4: w1 gate, w3 up, w2 down.
 const char* W123(Projection p) {
@@ -161,6 +166,7 @@ std::string_view MoeFamilyName(MoeFamily f) {
     case MoeFamily::kQwen3Moe: return "qwen3_moe";
     case MoeFamily::kQwen3Next: return "qwen3_next";
     case MoeFamily::kMixtral: return "mixtral";
+    case MoeFamily::kQwen4Exp: return "qwen4_exp";
   }
   return "?";
 }
@@ -210,7 +216,8 @@ std::string LiftTextConfig(std::string_view json_text) {
   json j = json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object() || !j.contains("architectures") ||
       !j["architectures"].is_array() || j["architectures"].empty() ||
-      j["architectures"][0] != kGlm5Next || !j.contains("text_config") ||
+      !j["architectures"][0].is_string() ||
+      !IsConditionalGeneration(j["architectures"][0].get<std::string>()) || !j.contains("text_config") ||
       !j["text_config"].is_object()) {
     return std::string(json_text);
   }
@@ -221,7 +228,7 @@ std::string LiftTextConfig(std::string_view json_text) {
 }
 
 std::string TextModelPrefix(const MoeConfig& cfg) {
-  return cfg.architecture == kGlm5Next ? "model.language_model." : "model.";
+  return IsConditionalGeneration(cfg.architecture) ? "model.language_model." : "model.";
 }
 
 std::string LayerPrefix(const MoeConfig& cfg, int layer) {
@@ -402,6 +409,24 @@ absl::StatusOr<MoeConfig> ParseMoeConfig(std::string_view json_text_as_given, st
       }
       break;
     }
+    case MoeFamily::kQwen4Exp: {
+      // transformers 5.25's Qwen4ExpTextConfig: every layer is MoE (no mlp_only_layers),
+      // softmax top-k renormalised by default, one shared expert scaled by
+      // sigmoid(shared_expert_gate) as Qwen3-Next's.
+      EXL3_RETURN_IF_ERROR(r.Int("num_experts", &c.num_experts));
+      EXL3_RETURN_IF_ERROR(r.Int("moe_intermediate_size", &c.moe_intermediate_size));
+      EXL3_RETURN_IF_ERROR(r.Int("shared_expert_intermediate_size", &c.shared_intermediate_size));
+      if (c.shared_intermediate_size <= 0) {
+        return r.Bad("shared_expert_intermediate_size", "must be positive (Qwen4-Exp has a shared expert)");
+      }
+      for (int l = 0; l < c.num_hidden_layers; ++l) c.moe_layers[l] = true;
+      c.norm_topk_prob = true;
+      EXL3_RETURN_IF_ERROR(r.OptBool("norm_topk_prob", &c.norm_topk_prob));
+      c.scoring = ScoringFunc::kSoftmax;
+      c.num_shared_experts = 1;
+      c.shared_expert_gated = true;
+      break;
+    }
     case MoeFamily::kMixtral: {
       EXL3_RETURN_IF_ERROR(r.Int("num_local_experts", &c.num_experts));
       EXL3_RETURN_IF_ERROR(r.Int("intermediate_size", &c.moe_intermediate_size));
@@ -489,7 +514,9 @@ std::string SharedExpertPrefix(const MoeConfig& cfg, int layer, Projection p) {
   if (cfg.family == MoeFamily::kDeepseekV4) {
     return absl::StrCat(LayerPrefix(cfg, layer), "ffn.shared_experts.", W123(p));
   }
-  const char* sub = cfg.family == MoeFamily::kQwen3Next ? "mlp.shared_expert." : "mlp.shared_experts.";
+  const char* sub = cfg.family == MoeFamily::kQwen3Next || cfg.family == MoeFamily::kQwen4Exp
+                        ? "mlp.shared_expert."
+                        : "mlp.shared_experts.";
   return absl::StrCat(LayerPrefix(cfg, layer), sub, std::string(ProjectionName(p)), "_proj");
 }
 

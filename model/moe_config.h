@@ -18,6 +18,8 @@
 //   Qwen3MoeForCausalLM                                -> MoeFamily::kQwen3Moe
 //   Qwen3NextForCausalLM                               -> MoeFamily::kQwen3Next
 //   MixtralForCausalLM                                 -> MoeFamily::kMixtral
+//   Qwen4ExpForConditionalGeneration (its text part;   -> MoeFamily::kQwen4Exp
+//     fields in text_config, tensors under model.language_model.)
 // Anything else is refused with a message naming the architecture and this list.
 #pragma once
 
@@ -29,7 +31,7 @@
 
 namespace exl3 {
 
-enum class MoeFamily { kGlm, kDeepseekV3, kDeepseekV4, kQwen3Moe, kQwen3Next, kMixtral };
+enum class MoeFamily { kGlm, kDeepseekV3, kDeepseekV4, kQwen3Moe, kQwen3Next, kMixtral, kQwen4Exp };
 
 // How router logits become scores (docs/format.md, "Routing functions").
 enum class ScoringFunc {
@@ -127,7 +129,8 @@ absl::Status RequireExl3(const MoeConfig& cfg);
 // ---- Tensor key naming (prefixes without the ".trellis"/".suh"/... suffix) ----
 
 // Where the language model's tensors live: "model." ("model.language_model." for
-// Glm5NextForConditionalGeneration), e.g. TextModelPrefix(cfg) + "embed_tokens.weight".
+// Glm5NextForConditionalGeneration and Qwen4ExpForConditionalGeneration), e.g.
+// TextModelPrefix(cfg) + "embed_tokens.weight".
 std::string TextModelPrefix(const MoeConfig& cfg);
 // Layer L's prefix: TextModelPrefix(cfg) + "layers.L.".
 std::string LayerPrefix(const MoeConfig& cfg, int layer);

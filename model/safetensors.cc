@@ -188,6 +188,14 @@ SafetensorsFile::~SafetensorsFile() {
   if (map_ != nullptr) ::munmap(const_cast<uint8_t*>(map_), size_);
 }
 
+absl::StatusOr<TensorLocation> SafetensorsFile::Locate(std::string_view name) const {
+  const TensorInfo* info = Find(name);
+  if (info == nullptr) {
+    return absl::NotFoundError(absl::StrCat("tensor '", std::string(name), "' is not in ", path_));
+  }
+  return TensorLocation{info, path_, header_.data_offset + info->begin};
+}
+
 absl::Status SafetensorsFile::Own(const uint8_t* data, size_t size) const {
   if (size == 0) return absl::OkStatus();
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
@@ -382,6 +390,14 @@ absl::StatusOr<const TensorInfo*> TensorSource::Info(std::string_view name) cons
   const TensorInfo* info = (*f)->Find(name);
   if (info == nullptr) return NotInShard(name, (*f)->path());
   return info;
+}
+
+absl::StatusOr<TensorLocation> TensorSource::Locate(std::string_view name) const {
+  absl::StatusOr<const SafetensorsFile*> f = FileFor(name);
+  if (!f.ok()) return f.status();
+  absl::StatusOr<TensorLocation> l = (*f)->Locate(name);
+  if (!l.ok()) return NotInShard(name, (*f)->path());
+  return l;
 }
 
 std::vector<std::string> TensorSource::Names() const {

@@ -37,6 +37,15 @@ struct TensorInfo {
   size_t size_bytes() const { return static_cast<size_t>(end - begin); }
 };
 
+// Where a tensor's bytes are in its file, for a reader that reads them with pread instead of the
+// mapping (a large table read sparsely: never copied, and a file truncated under the process
+// gives a short read, not SIGBUS).
+struct TensorLocation {
+  const TensorInfo* info = nullptr;
+  std::string file;
+  uint64_t offset = 0;  // of the tensor's first byte in `file`
+};
+
 // A tensor's bytes, valid while its file stays open.
 struct TensorView {
   const TensorInfo* info = nullptr;
@@ -79,6 +88,7 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return header_.metadata; }
   const TensorInfo* Find(std::string_view name) const;
   absl::StatusOr<TensorView> Get(std::string_view name) const;
+  absl::StatusOr<TensorLocation> Locate(std::string_view name) const;
   // Moves the mapped pages holding [data, data + size) into owned memory (those not moved yet).
   absl::Status Own(const uint8_t* data, size_t size) const;
   uint64_t owned_bytes() const;
@@ -107,6 +117,8 @@ class TensorSource {
   std::vector<std::string> Names() const;  // sorted
   // Name, dtype, shape and offsets; reads no tensor data.
   absl::StatusOr<const TensorInfo*> Info(std::string_view name) const;
+  // The tensor's file and offset there, for pread; reads no tensor data and owns nothing.
+  absl::StatusOr<TensorLocation> Locate(std::string_view name) const;
   // From now on Get checks each tensor's bytes, the first time it is read, against `digests`
   // (model/weight_digest.h, one per tensor): DATA_LOSS naming the tensor, its file and both
   // digests when they differ (the file changed after it was written).

@@ -48,6 +48,11 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Open(const std::string& di
     return absl::UnimplementedError(absl::StrCat(
         cfg.architecture(), " (GLM-5.3-Flash: KDA, k-pooled DSA, hyper-connections) runs on the CPU "
         "engine only (--engine-device cpu); the GPU engine does not run it"));
+  // Qwen4-Exp (gated hyper-connections, QSA attention, PLE n-gram layers) runs on the CPU engine.
+  if (cfg.moe.family == MoeFamily::kQwen4Exp)
+    return absl::UnimplementedError(absl::StrCat(
+        cfg.architecture(), " (Qwen4-Exp: gated hyper-connections, QSA attention, PLE) runs on the "
+                            "CPU engine only (--engine-device cpu); the GPU engine does not run it"));
   const bool v4 = cfg.attention == AttentionKind::kDsv4;
   // DeepSeek-V4's hyper-connected layers run in RunHyperConnectedLayers, which has no exchange with
   // expert workers (RunRemoteLayers is the single-residual layer loop) yet.

@@ -95,7 +95,8 @@ absl::StatusOr<std::vector<std::string>> ListShards(const fs::path& dir) {
   return shards;
 }
 
-// "model.layers.L.REST" (the text model's prefix, model/moe_config.h) -> L and REST.
+// "<text model>layers.L.REST" -> L and REST ("model.layers.L.REST"; *ForConditionalGeneration
+// "model.language_model.layers.L.REST").
 bool SplitLayerKey(const MoeConfig& cfg, const std::string& name, int* layer, std::string* rest) {
   const std::string prefix = TextModelPrefix(cfg) + "layers.";
   if (name.compare(0, prefix.size(), prefix) != 0) return false;

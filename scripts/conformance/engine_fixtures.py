@@ -7,8 +7,8 @@ Run with a Python that has torch and transformers (5.17 or later):
         --exl3-tool build/bin/exl3-tool --out tests/fixtures/engine
 
 For each family (Glm4MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM,
-DeepseekV3ForCausalLM, GlmMoeDsaForCausalLM, DeepseekV4ForCausalLM, Qwen3NextForCausalLM) it
-builds a tiny random model with transformers' own classes, saves it
+DeepseekV3ForCausalLM, GlmMoeDsaForCausalLM, DeepseekV4ForCausalLM, Qwen3NextForCausalLM,
+Qwen4ExpForConditionalGeneration) it builds a tiny random model with transformers' own classes, saves it
 (bf16, save_pretrained), converts it with `exl3-tool quantize` in two variants:
 
     <family>_experts : routed/shared experts at K=4; attention, dense MLPs, head as stored
@@ -283,6 +283,52 @@ FAMILIES["glm5_next"] = dict(
               "k-pool parameters stay as stored in both variants",
               "resume: prompt 3 run as a prefill of 21 tokens, 6 greedy steps, a second prefill of "
               "its remaining 19 tokens, then 32 greedy steps (resume.*)"])
+# Qwen4-Exp (Qwen3.8-Flash-Next): a *ForConditionalGeneration checkpoint; the text model's fields
+# go into text_config. Its own, smaller hidden size (128): every layer carries two low-rank
+# hyper-connections of hc_count * hidden inputs.
+FAMILIES["qwen4_exp"] = dict(
+    config="Qwen4ExpConfig", model_class="Qwen4ExpForConditionalGeneration",
+    seed=29, head_mix=0.6, router_scale=4.0,
+    # Three layers: two gated DeltaNet layers, the second with PLE, and one QSA layer; all MoE.
+    text_fields=dict(
+        vocab_size=VOCAB, hidden_size=128, num_hidden_layers=3, num_experts_per_tok=TOP_K,
+        max_position_embeddings=256, layer_types=["linear_attention", "linear_attention",
+                                                  "indexed_attention"],
+        num_experts=EXPERTS, moe_intermediate_size=128, shared_expert_intermediate_size=128,
+        norm_topk_prob=True, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64,
+        linear_value_head_dim=32, linear_conv_kernel_dim=4, output_gate_type="sigmoid",
+        hc_count=4, hc_lowrank=32, ple_layer_ids=[2], ple_embed_dim=128, ple_conv_kernel_size=4,
+        ngram_size=3, heads_per_ngram=2, ngram_vocab_size_base=300, split_ngram_parts=16,
+        indexer_n_heads=8, indexer_kv_heads=1, indexer_head_dim=32, indexer_budget=8,
+        indexer_compress_ratio=4, rms_norm_eps=1e-6, eos_token_id=1,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25,
+                             mrope_section=[11, 11, 10], mrope_interleaved=True)),
+    top_fields=dict(vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                                       out_hidden_size=128, num_position_embeddings=16)),
+    mtp=True,
+    features=["Qwen4ExpForConditionalGeneration: text_config nested, a one-block vision tower "
+              "(model.visual.*, not run) and an MTP head (mtp.*, added to the checkpoint, not run)",
+              "layer_types [linear_attention, linear_attention, indexed_attention]",
+              "gated DeltaNet with Qwen3.5's separate in_proj_qkv / in_proj_z / in_proj_b / "
+              "in_proj_a, output_gate_type sigmoid (the gated norm multiplies by sigmoid(z))",
+              "low-rank gated hyper-connections: hc_count 4 streams, hc_lowrank 32, around every "
+              "block; hyper_connection_mixer before lm_head (no final norm)",
+              "QSA: gated attention (2 heads x 64 over 1 KV head, partial rotary 16 of 64) whose "
+              "queries see the 2 best of their complete 4-position blocks (indexer_budget 8, "
+              "indexer_compress_ratio 4; indexer_n_heads 8 x 32, rope on the first 16) plus the "
+              "incomplete last block: "
+              "positions >= 11 attend sparsely",
+              "PLE on layer 1 (ple_layer_ids [2]): ngram_size 3, heads_per_ngram 2, "
+              "ngram_vocab_size_base 300 (table of 1280 rows x 32, stored in split_ngram_parts 16 "
+              "pieces), dilated conv of 4 taps; eos_token_id 1 resets the n-grams",
+              "every layer MoE: softmax top-2 of 8 renormalised, shared expert scaled by "
+              "sigmoid(shared_expert_gate)",
+              "zero-centred RMSNorm weights (x * (1 + w)) everywhere but the DeltaNet's gated norm",
+              "resume: prompt 3 run as a prefill of 21 tokens, 6 greedy steps, a second prefill of "
+              "its remaining 19 tokens, then 32 greedy steps (resume.*)",
+              "small linears (in_proj_a/b, index_qk_proj [288, 128], k/v_proj [64, 128], the "
+              "hyper-connection and PLE projections) stay as stored"])
 
 VARIANTS = {
     "experts": ["--no-quantize-attention", "--no-quantize-dense-mlp", "--no-quantize-head"],
@@ -317,32 +363,30 @@ def run(cmd):
 def build_config(family):
     spec = FAMILIES[family]
     cls = getattr(transformers, spec["config"])
-    if "vision_fields" in spec:  # a *ForConditionalGeneration: the text model's fields nested
+    if "vision_fields" in spec:  # GLM-5.3-Flash: the text model's fields nested beside the vision tower's
         cfg = cls(text_config=spec["fields"], vision_config=spec["vision_fields"])
+    elif "text_fields" in spec:  # Qwen4-Exp: the text model's fields nested, the rest at the top
+        cfg = cls(text_config=spec["text_fields"], **spec["top_fields"])
     else:
         cfg = cls(**spec["fields"])
-    cfg.architectures = [spec.get("architecture", cls.__name__.replace("Config", "ForCausalLM"))]
+    cfg.architectures = [spec.get("model_class") or cls.__name__.replace("Config", "ForCausalLM")]
     return cfg
 
 
-def model_class(family):
-    """The family's transformers class (AutoModelForCausalLM unless it names its own)."""
-    name = FAMILIES[family].get("model_class")
-    return getattr(transformers, name) if name else AutoModelForCausalLM
+def decoder_layers(model):
+    """The decoder layers (a *ForConditionalGeneration model keeps them in its language model)."""
+    inner = model.model
+    return inner.language_model.layers if hasattr(inner, "language_model") else inner.layers
 
 
-def text_model(model):
-    """The decoder (embed_tokens, layers, norm): model.model, or a multimodal model's
-    model.model.language_model."""
-    return getattr(model.model, "language_model", model.model)
+def model_class(architecture):
+    """The class that loads a checkpoint of `architecture`."""
+    if architecture.endswith("ForConditionalGeneration"):
+        return getattr(transformers, architecture)
+    return AutoModelForCausalLM
 
 
-def text_config(model):
-    cfg = model.config
-    return cfg.text_config if hasattr(cfg, "text_config") else cfg
-
-
-def init_weights(model, gen, head_mix, zero_centred=frozenset(), block_scale=1.0):
+def init_weights(model, gen, head_mix, zero_centred=frozenset(), block_scale=1.0, router_scale=1.0):
     """Weights whose logits are peaky but depend on the context. Embeddings are N(0, 1); every
     linear is N(0, 1/in_features), so each layer's output is of the residual's size and attention
     and MoE move the logits a lot; norm weights 1 + N(0, 0.01), biases N(0, 0.01), correction
@@ -355,7 +399,9 @@ def init_weights(model, gen, head_mix, zero_centred=frozenset(), block_scale=1.0
     Qwen3-Next's x * (1 + w)) get N(0, 0.1); DeltaNet decay rates exp(A_log) are U(0.02, 0.5), so
     its state remembers from a few tokens to a few hundred. block_scale (DeepSeek-V4: its
     hyper-connections add each block's output to every stream) shrinks the blocks' output
-    projections so the current token's embedding still shows in the final state."""
+    projections so the current token's embedding still shows in the final state. router_scale
+    (Qwen4-Exp: its hyper-connections hand the MoE a mean over streams, about half the size of a
+    normed state) widens the routers so their choices keep a margin."""
     sd = dict(model.named_parameters())
     sd.update(dict(model.named_buffers()))
 
@@ -375,6 +421,8 @@ def init_weights(model, gen, head_mix, zero_centred=frozenset(), block_scale=1.0
             if name.endswith("forget_gate.dt_bias"):  # log-decays -5 * sigmoid(g): -0.01..-0.1
                 p.copy_(torch.empty(p.shape).uniform_(-6.0, -2.0, generator=gen))
                 continue
+            if not p.is_floating_point() and not name.endswith("tid2eid"):
+                continue  # Qwen4-Exp's n-gram hashing constants
             if name.endswith("tid2eid"):  # DeepSeek-V4 hash table: distinct experts per token
                 rows = [torch.randperm(EXPERTS, generator=gen)[: p.shape[1]] for _ in range(p.shape[0])]
                 p.copy_(torch.stack(rows).to(p.dtype))
@@ -396,6 +444,8 @@ def init_weights(model, gen, head_mix, zero_centred=frozenset(), block_scale=1.0
                 std = 1.0 / math.sqrt(p.shape[-1])
                 if name.endswith(("o_b_proj.weight", "down_proj", "down_proj.weight")):
                     std *= block_scale
+                if name.endswith("mlp.gate.weight"):
+                    std *= router_scale
                 p.copy_(normal(p.shape, std))
     return successor
 
@@ -403,14 +453,15 @@ def init_weights(model, gen, head_mix, zero_centred=frozenset(), block_scale=1.0
 def make_model(family, seed):
     cfg = build_config(family)
     torch.manual_seed(0)
-    cls = model_class(family)
+    cls = model_class(cfg.architectures[0])
     make = cls.from_config if cls is AutoModelForCausalLM else cls._from_config
     model = make(cfg, attn_implementation="eager", dtype=torch.float32)
     gen = torch.Generator().manual_seed(SEED + seed)
     zero_centred = frozenset(f"{n}.weight" for n, m in model.named_modules()
-                             if type(m).__name__ == "Qwen3NextRMSNorm")
+                             if type(m).__name__ in ("Qwen3NextRMSNorm", "Qwen4ExpTextRMSNorm"))
     successor = init_weights(model, gen, FAMILIES[family]["head_mix"], zero_centred,
-                             FAMILIES[family].get("block_scale", 1.0))
+                             FAMILIES[family].get("block_scale", 1.0),
+                             FAMILIES[family].get("router_scale", 1.0))
     return model.eval(), successor
 
 
@@ -445,7 +496,9 @@ def dequantized_checkpoint(exl3_tool, exl3_dir, out_dir, work):
         if any(k.endswith(s) for s in suffixes) and k.rsplit(".", 1)[0] in exl3_prefixes:
             continue
         with safe_open(path, "pt") as st:
-            tensors[k] = st.get_tensor(k).to(torch.float32).contiguous()
+            t = st.get_tensor(k)
+            # Integer buffers (Qwen4-Exp's 64-bit hash multipliers) as stored: fp32 would round them.
+            tensors[k] = (t.to(torch.float32) if t.is_floating_point() else t).contiguous()
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(exl3_dir, "config.json")) as f:
         cfg = json.load(f)
@@ -456,8 +509,10 @@ def dequantized_checkpoint(exl3_tool, exl3_dir, out_dir, work):
     return exl3_prefixes
 
 
-def load_reference_model(directory, family):
-    model, info = model_class(family).from_pretrained(
+def load_reference_model(directory):
+    with open(os.path.join(directory, "config.json")) as f:
+        architecture = json.load(f)["architectures"][0]
+    model, info = model_class(architecture).from_pretrained(
         directory, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
     bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     if bad:
@@ -474,7 +529,7 @@ def load_reference_model(directory, family):
 
 def moe_layers(model):
     out = []
-    for i, layer in enumerate(text_model(model).layers):
+    for i, layer in enumerate(decoder_layers(model)):
         if hasattr(layer.mlp, "gate") and hasattr(layer.mlp, "experts"):
             out.append(i)
     return out
@@ -486,7 +541,7 @@ def route_margin(family, cfg, gate, x):
     sigmoid families: biased sigmoid scores)."""
     logits = torch.nn.functional.linear(x.float(), gate.weight.float())
     k = cfg.num_experts_per_tok
-    if family in ("qwen3_moe", "mixtral", "qwen3_next"):
+    if family in ("qwen3_moe", "mixtral", "qwen3_next", "qwen4_exp"):
         probs = logits.softmax(-1).sort(-1, descending=True).values
         return (probs[:, k - 1] - probs[:, k]).min().item()
     if family == "deepseek_v4":
@@ -515,7 +570,7 @@ def indexers(model):
     """The lightning indexers of a DSA model (layers whose indexer type is "full"), or of a
     DeepSeek-V4 model (its compressed sparse attention layers), by layer."""
     out = {}
-    for i, layer in enumerate(text_model(model).layers):
+    for i, layer in enumerate(decoder_layers(model)):
         attn = getattr(layer, "self_attn", None)  # Qwen3-Next's DeltaNet layers have none
         ix = getattr(attn, "indexer", None)
         compressor = getattr(attn, "compressor", None)
@@ -609,8 +664,46 @@ def v4_index_margin(compress_rate, topk, scores):
     return worst
 
 
+def qsa_index_margin(mod, args, kwargs, selected_mask):
+    """Qwen4-Exp's QSA indexer in a teacher-forced pass: the smallest lead of the block_topk-th
+    block score over the next, in units of that query's block-score spread, over the queries
+    that see more than block_topk complete blocks; the block scores recomputed from the
+    indexer's own submodules (and checked to give its selection)."""
+    from transformers.models.qwen4_exp.modeling_qwen4_exp import apply_rotary_pos_emb
+    hidden, (cos, sin) = args[0], args[1]
+    b, s, _ = hidden.shape
+    qk = mod.index_qk_proj(hidden)
+    q, k = torch.split(qk, [mod.index_n_heads * mod.index_head_dim, mod.index_head_dim], dim=-1)
+    q = mod.q_layernorm(q.reshape(b, s, -1, mod.index_head_dim))
+    q = apply_rotary_pos_emb(q, cos=cos[:, -s:], sin=sin[:, -s:], unsqueeze_dim=2)[0]  # [S, H, D]
+    m, keep = mod.compress_ratio, mod.block_topk
+    blocks = s // m
+    pooled = mod.k_layernorm(k[0, : blocks * m].float().view(blocks, m, -1).mean(1))
+    starts = torch.arange(blocks) * m
+    keys = apply_rotary_pos_emb(pooled.unsqueeze(1), cos=cos[0, starts], sin=sin[0, starts]).squeeze(1)
+    scores = torch.relu(torch.einsum("shd,bd->sbh", q.float(), keys.float())).sum(-1) / math.sqrt(mod.index_head_dim)
+    worst = float("inf")
+    for t in range(s):
+        visible = (t + 1) // m
+        if visible <= keep:
+            continue
+        row = scores[t, :visible]
+        top = row.topk(keep + 1)
+        spread = row.std().item()
+        margin = (top.values[keep - 1] - top.values[keep]).item() / spread if spread > 0 else 0.0
+        worst = min(worst, margin)
+        want = sorted(p for blk in top.indices[:keep].tolist() for p in range(blk * m, blk * m + m))
+        want += list(range(visible * m, t + 1))
+        got = selected_mask[0, 0, t].nonzero().flatten().tolist()
+        if margin > 1e-5 and got != want:
+            fail(f"the QSA indexer's selection at position {t} differs from its recomputed scores")
+    return worst
+
+
 def first_sparse_row(cfg):
     """The first position whose attention the top-k selection can change."""
+    if getattr(cfg, "model_type", "") == "qwen4_exp_text":
+        return (cfg.indexer_budget // cfg.indexer_compress_ratio + 1) * cfg.indexer_compress_ratio - 1
     if getattr(cfg, "model_type", "") == "deepseek_v4":
         return (cfg.index_topk + 1) * cfg.compress_rates["compressed_sparse_attention"] - 1
     if getattr(cfg, "model_type", "") == "glm5_next_text":  # sees more than topk / P complete pools
@@ -622,7 +715,7 @@ def without_compressed_entries(model, layer_type, ids):
     """DeepSeek-V4: the uncached pass over `ids` with the compressed entries of every
     `layer_type` layer left out of its attention (its queries see their sliding window only)."""
     patched = []
-    for layer in model.model.layers:
+    for layer in decoder_layers(model):
         comp = layer.self_attn.compressor
         if comp is None or layer.self_attn.layer_type != layer_type:
             continue
@@ -696,7 +789,7 @@ def record_resume(model, prompt, first, decode):
 
 
 def record(family, model, prompts, successor, args, slack=1.0):
-    cfg = text_config(model)
+    cfg = model.config.get_text_config()
     layers = moe_layers(model)
     out, info = {}, {"prompts": [], "moe_layers": layers, "moe_prompt": MOE_PROMPT}
     min_gap_ratio, min_margin, non_successor = float("inf"), float("inf"), 0
@@ -720,15 +813,29 @@ def record(family, model, prompts, successor, args, slack=1.0):
                     captured[L] = (inp[0].detach().reshape(-1, inp[0].shape[-1]).clone(),
                                    (outp[0] if isinstance(outp, tuple) else outp).detach()
                                    .reshape(-1, inp[0].shape[-1]).clone())
-                hooks.append(text_model(model).layers[L].mlp.register_forward_hook(hook))
+                hooks.append(decoder_layers(model)[L].mlp.register_forward_hook(hook))
+        if i == MOE_PROMPT:
+            # Qwen4-Exp: its PLE layer's input and output in that pass (engine/ple_layer.h's test).
+            for layer in decoder_layers(model):
+                if getattr(layer, "ple", None) is None:
+                    continue
+                def phook(mod, a, kw, outp):
+                    captured["ple"] = (a[0][0].detach().clone(), outp[0].detach().clone())
+                hooks.append(layer.ple.register_forward_hook(phook, with_kwargs=True))
+                break
         margin_hooks = []
         margins, index_margins = [], []
         for L in layers:
             def mhook(mod, inp, outp, L=L):
                 x = inp[0].reshape(-1, inp[0].shape[-1])
                 margins.append(route_margin(family, cfg, mod.gate, x))
-            margin_hooks.append(text_model(model).layers[L].mlp.register_forward_hook(mhook))
+            margin_hooks.append(decoder_layers(model)[L].mlp.register_forward_hook(mhook))
         for ix in indexers(model).values():
+            if family == "qwen4_exp":
+                def qhook(mod, a, kw, outp):
+                    index_margins.append(qsa_index_margin(mod, a, kw, outp))
+                margin_hooks.append(ix.register_forward_hook(qhook, with_kwargs=True))
+                continue
             if family == "deepseek_v4":
                 def shook(mod, a, outp, ix=ix):
                     index_margins.append(v4_index_margin(ix.compress_rate, ix.index_topk, outp[0]))
@@ -751,15 +858,25 @@ def record(family, model, prompts, successor, args, slack=1.0):
         if index_margins:
             min_index_margin = min(min_index_margin, min(index_margins))
             # How much the selection matters: the same pass with every position selected.
-            topk = cfg.index_topk
-            # (GLM-5.3-Flash's indexer pads its output to index_topk: every pool of the pass.)
-            every = 1 << 30 if family != "glm5_next" else cfg.index_kpool * (full.shape[1] // cfg.index_kpool + 1)
+            # (GLM-5.3-Flash's indexer pads its output to index_topk: every pool of the pass;
+            # Qwen4-Exp's QSA: every complete block selected, its budget sizes a buffer.)
+            budgets = ["block_topk", "token_budget"] if family == "qwen4_exp" else ["index_topk"]
+            first_ix = next(iter(indexers(model).values()))
+            saved = {b: getattr(first_ix, b) for b in budgets}
+            if family == "qwen4_exp":
+                wide = {"block_topk": 1024, "token_budget": 1024 * cfg.indexer_compress_ratio}
+            elif family == "glm5_next":
+                wide = {"index_topk": cfg.index_kpool * (full.shape[1] // cfg.index_kpool + 1)}
+            else:
+                wide = {"index_topk": 1 << 30}
             for ix in indexers(model).values():
-                ix.index_topk = every
+                for b in budgets:
+                    setattr(ix, b, wide[b])
             with torch.no_grad():
                 dense = model(full, use_cache=False).logits[0].float()
             for ix in indexers(model).values():
-                ix.index_topk = topk
+                for b in budgets:
+                    setattr(ix, b, saved[b])
             r0 = first_sparse_row(cfg)
             diff = ((dense[r0:] - logits[r0:]).norm() / logits[r0:].norm()).item()
             prompt_info["sparse_vs_dense_rel_diff"] = float(f"{diff:.3e}")
@@ -790,6 +907,11 @@ def record(family, model, prompts, successor, args, slack=1.0):
                                 "logits_rows": full.shape[1],
                                 "min_top1_top2_gap": round(gaps.min().item(), 4),
                                 "logit_std": round(scale, 4), **prompt_info})
+        if "ple" in captured:
+            x, y = captured.pop("ple")
+            out[f"ple_in.{i}"] = x.float().contiguous()
+            out[f"ple_out.{i}"] = y.float().contiguous()
+            out[f"ple_ids.{i}"] = full[0].to(torch.int32).contiguous()
         for L, (x, y) in captured.items():
             out[f"moe_in.{L}"] = x.float().contiguous()
             out[f"moe_out.{L}"] = y.float().contiguous()
@@ -801,9 +923,10 @@ def record(family, model, prompts, successor, args, slack=1.0):
                        f"(< {slack * args.min_gap})")
     if min_margin < args.min_route_margin:
         raise Unstable(f"smallest routing margin {min_margin:.2e} < {args.min_route_margin}")
-    if family in ("deepseek_v4", "glm5_next"):
-        # Stop and resume inside the compressors' windows (GLM-5.3-Flash: inside a pool of 4 and
-        # the KDA convolution's window): 21 = 5*4 + 1 = 16 + 5.
+    if family in ("deepseek_v4", "glm5_next", "qwen4_exp"):
+        # Stop and resume inside the compressors' windows: 21 = 5*4 + 1 = 16 + 5 (GLM-5.3-Flash:
+        # inside a pool of 4 and the KDA convolution's window; Qwen4-Exp: inside a QSA block,
+        # across the DeltaNet and PLE states).
         first, decode = RESUME_SPLIT
         tokens, rlogits, greedy_rows, rdiff = record_resume(model, prompts[RESUME_PROMPT], first,
                                                             decode)
@@ -821,7 +944,7 @@ def record(family, model, prompts, successor, args, slack=1.0):
         if rgap < slack * args.min_gap:
             raise Unstable(f"resume: smallest top1-top2 gap {rgap:.2e} x the logit std")
     if min_index_margin != float("inf"):
-        info["index_topk"] = cfg.index_topk
+        info["index_topk"] = (cfg.indexer_budget if family == "qwen4_exp" else cfg.index_topk)
         info["indexer_layers"] = sorted(indexers(model))
         info["min_index_margin"] = float(f"{min_index_margin:.3e}")
         info["min_sparse_vs_dense_rel_diff"] = float(f"{min_sparse_effect:.3e}")
@@ -853,6 +976,18 @@ def check_moe(exl3_tool, exl3_dir, ref, layers, work, tol):
 # ---------------------------------------------------------------------------------------------
 
 
+def add_mtp_head(hf_dir, cfg, gen):
+    """An MTP head beside the model, as Qwen checkpoints carry one (mtp.*; transformers does not
+    load it): its input projection and norms, in a file of its own."""
+    h = cfg.hidden_size
+    tensors = {"mtp.fc.weight": torch.randn(h, 2 * h, generator=gen) / math.sqrt(2 * h),
+               "mtp.norm.weight": torch.randn(h, generator=gen) * 0.1,
+               "mtp.pre_fc_norm_embedding.weight": torch.randn(h, generator=gen) * 0.1,
+               "mtp.pre_fc_norm_hidden.weight": torch.randn(h, generator=gen) * 0.1}
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()},
+              os.path.join(hf_dir, "mtp.safetensors"), metadata={"format": "pt"})
+
+
 def make_family(family, args, work_root):
     """Tries seeds from the family's own until one passes every check in both variants (with the
     committed seeds the first one does; --search-seeds N allows N tries), then writes the
@@ -867,9 +1002,11 @@ def make_family(family, args, work_root):
         model, successor = make_model(family, seed)
         hf_dir = os.path.join(work, "hf")
         model.to(torch.bfloat16).save_pretrained(hf_dir)
+        if FAMILIES[family].get("mtp"):
+            add_mtp_head(hf_dir, model.config.get_text_config(), gen)
         try:
             # Cheap first: the unquantized bf16 model's greedy gaps must pass with room to spare.
-            record(family, load_reference_model(hf_dir, family), prompts, successor, args, slack=4.0)
+            record(family, load_reference_model(hf_dir), prompts, successor, args, slack=4.0)
             results = [make_variant(family, variant, flags, hf_dir, work, prompts, successor, args)
                        for variant, flags in VARIANTS.items()]
         except Unstable as e:
@@ -889,7 +1026,7 @@ def make_variant(family, variant, flags, hf_dir, work, prompts, successor, args)
          str(EXPERT_BITS), "--threads", str(args.threads), "--quiet"] + flags)
     deq_dir = os.path.join(work, name + "-dequant")
     prefixes = dequantized_checkpoint(args.exl3_tool, exl3_dir, deq_dir, work)
-    ref_model = load_reference_model(deq_dir, family)
+    ref_model = load_reference_model(deq_dir)
     tensors, info = record(family, ref_model, prompts, successor, args)
     errs = check_moe(args.exl3_tool, exl3_dir, tensors, info["moe_layers"], work, args.moe_tol)
     info["moe_check_rel_err"] = {str(k): float(f"{v:.3e}") for k, v in errs.items()}

@@ -28,11 +28,13 @@ const char* const kFixtures[] = {"glm4_moe_experts",    "glm4_moe_all",    "qwen
                                  "deepseek_v3_experts", "deepseek_v3_all", "glm_moe_dsa_experts",
                                  "glm_moe_dsa_all",     "deepseek_v4_experts", "deepseek_v4_all",
                                  "qwen3_next_experts",  "qwen3_next_all",
-                                 "glm5_next_experts",   "glm5_next_all"};
+                                 "glm5_next_experts",   "glm5_next_all",
+                                 "qwen4_exp_experts",   "qwen4_exp_all"};
 // The fixtures whose reference has a stop-and-resume run (resume.*: DeepSeek-V4's compressors,
-// GLM-5.3-Flash's KDA state and pools).
+// GLM-5.3-Flash's KDA state and pools, Qwen4-Exp's DeltaNet / PLE states and QSA's indexed keys).
 const char* const kResumeFixtures[] = {"deepseek_v4_experts", "deepseek_v4_all",
-                                       "glm5_next_experts", "glm5_next_all"};
+                                       "glm5_next_experts",   "glm5_next_all",
+                                       "qwen4_exp_experts",   "qwen4_exp_all"};
 
 using testing::RelativeError;
 
@@ -164,7 +166,8 @@ TEST_P(ResumeTest, PrefillDecodePrefillDecode) {
   // prefill 19, 32 greedy steps (tests/fixtures/engine/README.md).
   const int first = 21, decode = 6, second = 19;
   ASSERT_EQ(tokens.size(), static_cast<size_t>(first + decode + second + 32));
-  // One state slot for the recurrent layers (GLM-5.3-Flash's KDA); unused by the others.
+  // One state slot for the recurrent layers (GLM-5.3-Flash's KDA, Qwen4-Exp's DeltaNet and PLE);
+  // unused by the others.
   const absl::Status allocated = (*model)->AllocateKvCache({8, 16, /*num_sequence_slots=*/1});
   ASSERT_TRUE(allocated.ok()) << allocated;
   std::vector<int32_t> table = {0, 1, 2, 3, 4, 5, 6, 7};

@@ -42,8 +42,7 @@ TEST(EngineFixtures, AllFamiliesAndVariantsArePresent) {
   const std::vector<std::string> names = FixtureNames();
   for (const char* family :
        {"glm4_moe", "qwen3_moe", "mixtral", "deepseek_v3", "glm_moe_dsa", "deepseek_v4",
-        "qwen3_next",
-        "glm5_next"}) {
+        "qwen3_next", "glm5_next", "qwen4_exp"}) {
     for (const char* variant : {"experts", "all"}) {
       const std::string n = std::string(family) + "_" + variant;
       EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;

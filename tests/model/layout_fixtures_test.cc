@@ -55,7 +55,7 @@ std::string ReadText(const std::string& path) {
 TEST(LayoutFixtures, EveryFamilyIsPresent) {
   const std::vector<std::string> names = LayoutNames();
   for (const char* f : {"mixtral", "qwen3_moe", "glm4_moe", "deepseek_v3", "glm_moe_dsa",
-                        "qwen3_next", "deepseek_v4", "glm5_next"}) {
+                        "qwen3_next", "deepseek_v4", "glm5_next", "qwen4_exp"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), f), names.end()) << f;
   }
   // Every architecture model/moe_config.h supports has a layout.
