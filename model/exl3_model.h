@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/moe_cpu.h"
 #include "model/exl3_linear_loader.h"
+#include "model/exl3_storage.h"
 #include "model/moe_config.h"
 #include "model/safetensors.h"
 
@@ -48,6 +49,8 @@ class Exl3Model {
   const std::string& dir() const { return dir_; }
   const MoeConfig& config() const { return config_; }
   const TensorSource& tensors() const { return *src_; }
+  // exllamav3's quantization_config.json, checked against the files; nullopt when absent.
+  const std::optional<Exl3Storage>& storage() const { return storage_; }
   // Hex digest over config.json's bytes and every tensor's name, dtype and shape, and its content
   // digest when the directory records them (weights.digest.json, model/weight_digest.h; each
   // tensor read is then checked against its digest).
@@ -106,6 +109,7 @@ class Exl3Model {
   std::string dir_;
   MoeConfig config_;
   std::unique_ptr<TensorSource> src_;
+  std::optional<Exl3Storage> storage_;
   std::string fingerprint_;
   bool fingerprint_covers_weights_ = false;
   std::map<int, Layer> layers_;
