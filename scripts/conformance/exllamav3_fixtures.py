@@ -23,7 +23,14 @@ Three steps, two machines:
      prompt + continuation (Model.forward without a cache), fp32. Each fixture gets a log; a
      failing one is written down (status.json) and the others go on.
 
-  3. Here again: the results become tests/fixtures/exllamav3/ (README.md there).
+  3. Here again, with the results unpacked (exllamav3_results.tar.xz holds results/):
+
+         python3 scripts/conformance/exllamav3_fixtures.py commit --results DIR/results \
+             --out tests/fixtures/exllamav3
+
+     copies every fixture that came back whole (the directory exllamav3 wrote, as it wrote it)
+     and turns its reference into reference.safetensors (prompt.i, greedy.i, logits.i as in
+     tests/fixtures/engine) and reference.json (the rest, without the logits).
 """
 
 import argparse
@@ -390,6 +397,57 @@ def _exl3_version():
         return None
 
 
+# ---------------------------------------------------------------------------------------------
+# Step 3: the fixtures (CPU)
+
+
+def cmd_commit(args):
+    import torch
+    from safetensors.torch import save_file
+    with open(os.path.join(args.results, "status.json")) as f:
+        status = json.load(f)
+    os.makedirs(args.out, exist_ok=True)
+    done = []
+    for name, st in status.items():
+        src = os.path.join(args.results, name)
+        ref_path = os.path.join(args.results, f"{name}.reference.json")
+        if st.get("status") != "ok" or not os.path.exists(ref_path):
+            log(f"{name}: not committed ({st.get('status')})")
+            continue
+        with open(ref_path) as f:
+            ref = json.load(f)
+        tensors = {}
+        for p in ref["prompts"]:
+            i = p["index"]
+            rows = len(p["prompt"]) + len(p["greedy"])
+            logits = torch.tensor(p["logits"], dtype=torch.float32)
+            if logits.shape[0] != rows:
+                sys.exit(f"{name}: prompt {i}: {logits.shape[0]} logits rows for {rows} tokens")
+            tensors[f"prompt.{i}"] = torch.tensor(p["prompt"], dtype=torch.int32)
+            tensors[f"greedy.{i}"] = torch.tensor(p["greedy"], dtype=torch.int32)
+            tensors[f"logits.{i}"] = logits.contiguous()
+            if p.get("greedy_logits"):
+                tensors[f"greedy_logits.{i}"] = torch.tensor(p["greedy_logits"],
+                                                             dtype=torch.float32).contiguous()
+        dest = os.path.join(args.out, name)
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(src, dest)
+        save_file(tensors, os.path.join(dest, "reference.safetensors"), metadata={"format": "pt"})
+        meta = {k: v for k, v in ref.items() if k != "prompts"}
+        meta["family"] = st["family"]
+        meta["convert_args"] = st["convert_args"]
+        meta["prompts"] = [{k: v for k, v in p.items() if k not in ("logits", "greedy_logits")}
+                           for p in ref["prompts"]]
+        meta["tensors"] = {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
+                           for k, v in sorted(tensors.items())}
+        with open(os.path.join(dest, "reference.json"), "w") as f:
+            json.dump(meta, f, indent=1)
+            f.write("\n")
+        done.append(name)
+        log(f"{name}: committed to {dest}")
+    log(f"{len(done)} fixtures: {', '.join(done)}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -409,6 +467,9 @@ def main():
     r.add_argument("--model", required=True)
     r.add_argument("--prompts", required=True)
     r.add_argument("--output", required=True)
+    c = sub.add_parser("commit", help="turn the device's results into fixtures (CPU)")
+    c.add_argument("--results", required=True, help="the results/ folder of the device's tar.xz")
+    c.add_argument("--out", required=True, help="tests/fixtures/exllamav3")
     sub.add_parser("sweep", help="print the sweep")
     args = ap.parse_args()
     if args.cmd == "models":
@@ -417,6 +478,8 @@ def main():
         cmd_device(args)
     elif args.cmd == "record":
         cmd_record(args)
+    elif args.cmd == "commit":
+        cmd_commit(args)
     else:
         for name, family, conv in SWEEP:
             print(name, family, " ".join(conv + CAL_ARGS))
