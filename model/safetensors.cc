@@ -304,6 +304,11 @@ std::string TensorSource::MissingTensorHint(std::string_view name) const {
     return "";
   }
   const std::string base(name.substr(0, name.size() - kWeight.size()));
+  if (Has(base + ".slice.0.trellis") || Has(base + ".slice.0.weight")) {
+    return absl::StrCat(": '", base, "' is stored as per-group slices ('", base,
+                        ".slice.0', ...: exllamav3's DeepSeek-V4 wo_a), which this project does "
+                        "not read");
+  }
   if (!Has(base + ".trellis")) return "";
   if (Has(base + ".signs")) {
     return absl::StrCat(": '", base, "' is stored as an exllamav3 quantized embedding table ('",

@@ -211,6 +211,7 @@ TEST(TensorSource, MissingWeightNamesHowTheLayerIsStored) {
   w.Add("model.embed_tokens.trellis", DType::kI16, {1, 2}, bits, 4);
   w.Add("model.embed_tokens.signs", DType::kI16, {1, 2}, bits, 4);
   w.Add("lm_head.trellis", DType::kI16, {1, 2}, bits, 4);
+  w.Add("model.layers.0.attn.wo_a.slice.0.trellis", DType::kI16, {1, 2}, bits, 4);
   ASSERT_TRUE(w.Write((dir / "model.safetensors").string()).ok());
   auto src = TensorSource::Open(dir.string());
   ASSERT_TRUE(src.ok()) << src.status();
@@ -222,6 +223,12 @@ TEST(TensorSource, MissingWeightNamesHowTheLayerIsStored) {
   ASSERT_FALSE(head.ok());
   EXPECT_NE(head.status().message().find("'lm_head' is stored as an EXL3 layer"), std::string::npos)
       << head.status();
+  auto slices = (*src)->Get("model.layers.0.attn.wo_a.weight");
+  ASSERT_FALSE(slices.ok());
+  EXPECT_NE(slices.status().message().find("is stored as per-group slices "
+                                           "('model.layers.0.attn.wo_a.slice.0', ...: exllamav3's "
+                                           "DeepSeek-V4 wo_a)"),
+            std::string::npos) << slices.status();
   auto other = (*src)->Get("model.norm.weight");
   ASSERT_FALSE(other.ok());
   EXPECT_EQ(other.status().message(), "tensor 'model.norm.weight' is not in the model");
