@@ -268,10 +268,18 @@ def cmd_device(args):
     os.makedirs(args.work, exist_ok=True)
     status_path = os.path.join(args.out, "status.json")
     status = {}
+    if os.path.exists(status_path):  # an earlier call on this machine: keep its outcomes
+        with open(status_path) as f:
+            status = json.load(f)
     wanted = set(args.fixtures.split(",")) if args.fixtures else None
     deadline = time.time() + args.budget_s
     for name, family, conv_args in SWEEP:
         if wanted is not None and name not in wanted:
+            continue
+        earlier = status.get(name, {})
+        if (wanted is None and earlier.get("status") == "ok" and
+                os.path.exists(os.path.join(args.out, f"{name}.reference.json"))):
+            log(f"{name}: ok from an earlier call")
             continue
         st = status[name] = {"family": family, "convert_args": conv_args + CAL_ARGS}
         log_path = os.path.join(args.out, f"{name}.log")
@@ -320,8 +328,10 @@ def cmd_device(args):
             json.dump(status, f, indent=1)
     with open(status_path, "w") as f:
         json.dump(status, f, indent=1)
-    ok = sum(1 for s in status.values() if s.get("status") == "ok")
-    log(f"done: {ok}/{len(status)} fixtures ok")
+    ok = sorted(n for n, s in status.items() if s.get("status") == "ok")
+    left = [n for n, _, _ in SWEEP if n not in ok]
+    log(f"done: {len(ok)}/{len(SWEEP)} fixtures ok" +
+        (f"; not ok: {','.join(left)}" if left else ""))
 
 
 def cmd_record(args):

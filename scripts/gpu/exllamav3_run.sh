@@ -8,9 +8,11 @@
 #
 #   bash scripts/gpu/exllamav3_run.sh [FIXTURES]     (comma-separated names; default: the sweep)
 #
-# $OUT: exllamav3_results.tar.xz (results/: one converted model directory, NAME.reference.json and
-# NAME.log per fixture, status.json, import.log; hf/: the models' config.json and prompts.json),
-# status.json and run.log.
+# $OUT: exllamav3_results.tar.xz (results/: NAME.reference.json and NAME.log per fixture,
+# status.json, import.log, models.log, run.log; hf-configs/: the models' config.json and
+# prompts.json), exllamav3_models_N.tar.xz (results/NAME/: the directories exllamav3 wrote),
+# status.json and run.log. Run again on the same warm machine (within 30 s), it goes on with the
+# fixtures not yet ok: the models are built once, status.json keeps every fixture's outcome.
 set -uo pipefail
 START=$(date +%s)
 BUDGET_S=${EXL3V3_BUDGET_S:-500}  # this script's own time limit; the call's is about 540-600 s
@@ -24,6 +26,9 @@ exec > >(tee "$OUT/run.log") 2>&1
 say() { echo "exllamav3_run: [$(( $(date +%s) - START )) s] $*"; }
 
 pack() {
+  # At most 8 files of 16 MiB come back: references, logs and configs in one tar.xz, the
+  # converted model directories in as many more as it takes at 15 MiB each (trellis bits hardly
+  # compress, so their size on disk is what they take).
   say "packing results"
   mkdir -p "$W/hf-configs"
   for d in "$W"/hf/*/; do
@@ -31,7 +36,23 @@ pack() {
   done
   [ -f "$W/hf/prompts.json" ] && cp "$W/hf/prompts.json" "$W/hf-configs/"
   cp "$OUT/run.log" "$R/run.log" 2>/dev/null
-  tar -C "$W" -cf - results hf-configs | xz -6 -T0 > "$OUT/exllamav3_results.tar.xz"
+  (cd "$W" && find results -maxdepth 1 -type f | sort > "$W/small.list" && echo hf-configs >> "$W/small.list")
+  tar -C "$W" -cf - -T "$W/small.list" | xz -6 -T0 > "$OUT/exllamav3_results.tar.xz"
+  local part=1 size=0 limit=$((15 * 1024 * 1024))
+  : > "$W/part1.list"
+  for d in "$R"/*/; do
+    [ -d "$d" ] || continue
+    local s
+    s=$(du -sb "$d" | cut -f1)
+    if [ $size -gt 0 ] && [ $((size + s)) -gt $limit ]; then
+      part=$((part + 1)); size=0; : > "$W/part$part.list"
+    fi
+    echo "results/$(basename "$d")" >> "$W/part$part.list"
+    size=$((size + s))
+  done
+  for i in $(seq 1 $part); do
+    [ -s "$W/part$i.list" ] && tar -C "$W" -cf - -T "$W/part$i.list" | xz -6 -T0 > "$OUT/exllamav3_models_$i.tar.xz"
+  done
   [ -f "$R/status.json" ] && cp "$R/status.json" "$OUT/status.json"
   ls -la "$OUT"
 }
@@ -57,11 +78,15 @@ rc=$?
 cat "$R/import.log"
 [ $rc -eq 0 ] || { say "exllamav3 does not import (see above)"; exit 3; }
 
-say "building the Hugging Face models"
-python3 scripts/conformance/exllamav3_fixtures.py models --out "$W/hf" > "$R/models.log" 2>&1
-rc=$?
-tail -n 3 "$R/models.log"
-[ $rc -eq 0 ] || say "building the models failed (exit $rc): the families that were written go on"
+if [ -f "$W/hf/prompts.json" ]; then
+  say "the Hugging Face models are there from an earlier call"
+else
+  say "building the Hugging Face models"
+  python3 scripts/conformance/exllamav3_fixtures.py models --out "$W/hf" > "$R/models.log" 2>&1
+  rc=$?
+  tail -n 3 "$R/models.log"
+  [ $rc -eq 0 ] || say "building the models failed (exit $rc): the families that were written go on"
+fi
 
 LEFT=$(( BUDGET_S - ($(date +%s) - START) - 30 ))
 say "converting and recording (${LEFT} s left)"

@@ -76,7 +76,10 @@ Device calls, back to back (the second within 30 s of the first, on the same war
     bash scripts/gpu/exllamav3_run.sh
 
   (call 2 takes an optional comma-separated list of fixtures, to run part of the sweep:
-   python3 scripts/conformance/exllamav3_fixtures.py sweep prints it.)
-Results: \$OUT/exllamav3_results.tar.xz (converted models, references, logs), \$OUT/status.json,
-\$OUT/run.log.
+   python3 scripts/conformance/exllamav3_fixtures.py sweep prints it. Running it again, with no
+   argument, within 30 s on the same machine goes on with the fixtures not yet ok.)
+Results: \$OUT/exllamav3_results.tar.xz (references, logs, configs), \$OUT/exllamav3_models_N.tar.xz
+(the converted directories), \$OUT/status.json, \$OUT/run.log. Unpack the tars into one folder;
+then: python3 scripts/conformance/exllamav3_fixtures.py commit --results FOLDER/results \\
+        --out tests/fixtures/exllamav3
 MSG
