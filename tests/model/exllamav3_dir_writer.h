@@ -9,9 +9,11 @@
 //
 // EXL3 layers: trellis int16 [k/16, n/16, 16K], suh/svh fp16, an int32 scalar mcg/mul1 flag
 // (3INST: none), fp16 bias; unquantized tensors fp16 (linears [out, in]), the correction bias
-// fp32, DeepSeek-V4's tid2eid int64. Families: Qwen3-MoE (transformers names), GLM-4 MoE (with
-// its MTP layer, model.layers.{num_hidden_layers}.*, as exllamav3 keeps it) and DeepSeek-V4 in
-// the release names exllamav3 reads and writes (layers.L.ffn.experts.E.w1, embed.weight, ...).
+// fp32, DeepSeek-V4's tid2eid int64. Families: Qwen3-MoE (transformers names), GLM-4 MoE with an
+// MTP block stored as one more layer, model.layers.{num_hidden_layers}.* (eh_proj, enorm, hnorm,
+// its own attention and MoE), as exllamav3 keeps GLM-MoE-DSA's (the loader reads both GLM
+// configs alike), and DeepSeek-V4 in the release names exllamav3 reads and writes
+// (layers.L.ffn.experts.E.w1, embed.weight, ...).
 #pragma once
 
 #include <algorithm>
