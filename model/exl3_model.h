@@ -11,7 +11,10 @@
 //
 // Every held expert's gate/up/down and the shared expert are checked against the config
 // (hidden_size x moe_intermediate_size, down transposed); a missing tensor or a wrong shape gives an
-// error naming the tensor. Router weights and correction biases are kept as fp32 copies.
+// error naming the tensor. Router weights and correction biases are kept as fp32 copies. A
+// directory exllamav3 wrote is checked against its quantization_config.json
+// (model/exl3_storage.h); DeepSeek-V4 in its release names is read under the project's names
+// (model/checkpoint_naming.h).
 // The views point into the mapped files (and small owned buffers), valid while the model lives.
 #pragma once
 
