@@ -395,7 +395,10 @@ def cmd_record(args):
             + (f", min gap {entry['min_top1_top2_gap']:.4f}" if "min_top1_top2_gap" in entry else ""))
     with open(args.output, "w") as f:
         json.dump(out, f, separators=(",", ":"))
-    if any(len(p["greedy"]) != new_tokens or "logits" not in p for p in out["prompts"]):
+    # The greedy tokens and the logits they were sampled from are the fixture; the teacher-forced
+    # pass is a cross-check (recorded when exllamav3 runs it for the family).
+    if any(len(p["greedy"]) != new_tokens or len(p["greedy_logits"]) != new_tokens
+           for p in out["prompts"]):
         sys.exit(2)
 
 
@@ -429,16 +432,19 @@ def cmd_commit(args):
         tensors = {}
         for p in ref["prompts"]:
             i = p["index"]
-            rows = len(p["prompt"]) + len(p["greedy"])
-            logits = torch.tensor(p["logits"], dtype=torch.float32)
-            if logits.shape[0] != rows:
-                sys.exit(f"{name}: prompt {i}: {logits.shape[0]} logits rows for {rows} tokens")
             tensors[f"prompt.{i}"] = torch.tensor(p["prompt"], dtype=torch.int32)
             tensors[f"greedy.{i}"] = torch.tensor(p["greedy"], dtype=torch.int32)
-            tensors[f"logits.{i}"] = logits.contiguous()
-            if p.get("greedy_logits"):
-                tensors[f"greedy_logits.{i}"] = torch.tensor(p["greedy_logits"],
-                                                             dtype=torch.float32).contiguous()
+            greedy_logits = torch.tensor(p["greedy_logits"], dtype=torch.float32)
+            if greedy_logits.shape[0] != len(p["greedy"]):
+                sys.exit(f"{name}: prompt {i}: {greedy_logits.shape[0]} greedy logits rows for "
+                         f"{len(p['greedy'])} tokens")
+            tensors[f"greedy_logits.{i}"] = greedy_logits.contiguous()
+            if "logits" in p:
+                rows = len(p["prompt"]) + len(p["greedy"])
+                logits = torch.tensor(p["logits"], dtype=torch.float32)
+                if logits.shape[0] != rows:
+                    sys.exit(f"{name}: prompt {i}: {logits.shape[0]} logits rows for {rows} tokens")
+                tensors[f"logits.{i}"] = logits.contiguous()
         dest = os.path.join(args.out, name)
         shutil.rmtree(dest, ignore_errors=True)
         shutil.copytree(src, dest)
