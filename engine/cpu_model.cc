@@ -52,10 +52,10 @@ absl::StatusOr<std::unique_ptr<CpuModel>> CpuModel::Open(const std::string& dir,
     return absl::InvalidArgumentError("micro_batches must be 1 or 2");
   std::unique_ptr<CpuModel> m(new CpuModel(std::move(cfg), options.num_threads));
   m->micro_batches_ = options.micro_batches;
-  EXL3_ASSIGN_OR_RETURN(m->src_, TensorSource::Open(dir));
+  EXL3_ASSIGN_OR_RETURN(m->src_, TensorSource::Open(dir, options.residency));
   EXL3_RETURN_IF_ERROR(m->LoadWeights(*m->src_));
   if (moe == nullptr) {
-    EXL3_ASSIGN_OR_RETURN(std::unique_ptr<LocalMoe> local, LocalMoe::Open(dir, m->compute_));
+    EXL3_ASSIGN_OR_RETURN(std::unique_ptr<LocalMoe> local, LocalMoe::Open(dir, m->compute_, options.residency));
     moe = std::move(local);
   }
   m->moe_ = std::move(moe);

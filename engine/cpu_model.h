@@ -40,6 +40,9 @@ struct CpuModelOptions {
   // alternate: one's attention runs while the other's MoE call is out (MegaScale-Infer's
   // ping-pong). It pays when the MoE runs elsewhere (workers); the tokens are the same either way.
   int micro_batches = 1;
+  // kOwned: the weights this model reads (its experts too, when held here) are moved into memory
+  // the process owns as they load, so a model file changed under the server cannot crash it.
+  TensorResidency residency = TensorResidency::kMapped;
 };
 
 class CpuModel final : public ModelRunner {

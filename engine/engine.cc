@@ -54,7 +54,8 @@ absl::StatusOr<int> NumKvBlocks(const KvCacheCapacity& capacity, int block_size,
 Engine::Engine(EngineOptions options, std::unique_ptr<ModelRunner> runner)
     : options_(std::move(options)),
       runner_(std::move(runner)),
-      info_(runner_ != nullptr ? runner_->info() : ModelInfo{}) {
+      info_(runner_ != nullptr ? runner_->info() : ModelInfo{}),
+      model_max_context_(info_.max_context) {
   std::random_device device;
   seed_source_.seed((static_cast<uint64_t>(device()) << 32) ^ device());
 }
@@ -83,6 +84,8 @@ absl::Status Engine::Start() {
     std::lock_guard<std::mutex> lock(mu_);
     if (started_ || stopping_) return absl::FailedPreconditionError("the engine was started");
   }
+  info_.max_context = static_cast<int>(
+      std::min<int64_t>(model_max_context_, int64_t{num_blocks} * options_.block_size));
   // One state slot per sequence that may run (models with recurrent layers use them).
   const KvCacheShape shape{num_blocks, options_.block_size, s.max_num_seqs};
   EXL3_RETURN_IF_ERROR(runner_->AllocateKvCache(shape));
@@ -99,27 +102,25 @@ absl::Status Engine::Start() {
 
 absl::Status Engine::Validate(const GenerateParams& p) const {
   const int64_t prompt_len = p.prompt.size();
-  const int64_t capacity_tokens = int64_t{shape_.num_blocks} * shape_.block_size;
   if (p.prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
   EXL3_RETURN_IF_ERROR(CheckTokenIds(p.prompt, info_.vocab_size, "prompt"));
   EXL3_RETURN_IF_ERROR(CheckTokenIds(p.stop_token_ids, info_.vocab_size, "stop_token_ids"));
+  // The context a request can use, and why it is that long.
+  const std::string context = absl::StrCat(
+      "the context of ", info_.max_context, " tokens",
+      info_.max_context < model_max_context_
+          ? absl::StrCat(" (the whole KV cache; the model's is ", model_max_context_, ")")
+          : "");
   if (prompt_len > info_.max_context) {
-    return absl::InvalidArgumentError(absl::StrCat("the prompt has ", prompt_len,
-                                                   " tokens, more than the model's context of ",
-                                                   info_.max_context));
-  }
-  if (prompt_len > capacity_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("the prompt has ", prompt_len,
-                                                   " tokens, more than the whole KV cache (",
-                                                   capacity_tokens, " tokens)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the prompt has ", prompt_len, " tokens, more than ", context));
   }
   if (p.max_tokens <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("max_tokens must be >= 1, not ", p.max_tokens));
   }
   if (prompt_len + p.max_tokens > info_.max_context) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "prompt (", prompt_len, " tokens) + max_tokens (", p.max_tokens,
-        ") exceeds the model's context of ", info_.max_context));
+        "prompt (", prompt_len, " tokens) + max_tokens (", p.max_tokens, ") exceeds ", context));
   }
   if (p.min_tokens < 0 || p.min_tokens > p.max_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("min_tokens must be in [0, max_tokens], not ",
@@ -127,8 +128,9 @@ absl::Status Engine::Validate(const GenerateParams& p) const {
   }
   const SamplingParams& s = p.sampling;
   // Written so that NaN fails every check.
-  if (!(s.temperature >= 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("temperature must be >= 0, not ", s.temperature));
+  if (!(s.temperature >= 0) || !std::isfinite(s.temperature)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("temperature must be finite and >= 0, not ", s.temperature));
   }
   if (s.top_k < 0) return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, not ", s.top_k));
   if (!(s.top_p > 0 && s.top_p <= 1)) {
@@ -137,9 +139,9 @@ absl::Status Engine::Validate(const GenerateParams& p) const {
   if (!(s.min_p >= 0 && s.min_p <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat("min_p must be in [0, 1], not ", s.min_p));
   }
-  if (!(s.repetition_penalty > 0)) {
+  if (!(s.repetition_penalty > 0) || !std::isfinite(s.repetition_penalty)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("repetition_penalty must be > 0, not ", s.repetition_penalty));
+        absl::StrCat("repetition_penalty must be finite and > 0, not ", s.repetition_penalty));
   }
   if (!std::isfinite(s.presence_penalty) || !std::isfinite(s.frequency_penalty)) {
     return absl::InvalidArgumentError("presence_penalty and frequency_penalty must be finite");
@@ -203,14 +205,16 @@ void Engine::Drain() {
   drained_.wait(lock, [&] { return live_.empty(); });
 }
 
-void Engine::Stop() {
+int Engine::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     draining_ = true;
     stopping_ = true;
     wake_.notify_one();
   }
-  if (loop_.joinable()) loop_.join();
+  if (!loop_.joinable()) return 0;
+  loop_.join();
+  return ended_by_stop_;
 }
 
 EngineStats Engine::Stats() const {
@@ -225,11 +229,15 @@ void Engine::Loop() {
     PublishStats();
     AfterEvents();
   }
-  // Stop: every request left ends with kAbort.
+  // Stop: every request left ends UNAVAILABLE (kAbort would read as the client's own cancel).
   std::vector<uint64_t> left;
   for (const auto& [id, request] : requests_) left.push_back(id);
   std::sort(left.begin(), left.end());
-  for (uint64_t id : left) Finish(id, FinishReason::kAbort, absl::OkStatus());
+  for (uint64_t id : left) {
+    Finish(id, FinishReason::kError,
+           absl::UnavailableError("server draining: it stopped before the request finished"));
+  }
+  ended_by_stop_ = static_cast<int>(left.size());
   PublishStats();
   AfterEvents();
 }

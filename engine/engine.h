@@ -183,11 +183,16 @@ class Engine {
   // Refuses new requests from now on and returns once every accepted request has finished.
   // Not from an event callback (it would wait for itself); likewise Stop.
   void Drain();
-  // Refuses new requests, ends those left with kAbort and joins the loop thread. Idempotent.
-  void Stop();
+  // Refuses new requests, ends those left with kError UNAVAILABLE ("server draining": they did not
+  // ask to end, and a retry elsewhere may succeed) and joins the loop thread. Returns how many it
+  // ended that way (0 on later calls). Idempotent.
+  int Stop();
 
   EngineStats Stats() const;
+  // After Start, max_context is what a request can use: the model's context, or the KV cache's
+  // size where that is smaller (a prompt + max_tokens beyond it could never finish).
   const ModelInfo& model_info() const { return info_; }
+  int model_max_context() const { return model_max_context_; }  // the model's own
   KvCacheShape kv_cache_shape() const { return shape_; }  // valid after Start
 
  private:
@@ -234,7 +239,9 @@ class Engine {
 
   const EngineOptions options_;
   const std::unique_ptr<ModelRunner> runner_;
-  const ModelInfo info_;
+  ModelInfo info_;  // max_context set by Start
+  const int model_max_context_;
+  int ended_by_stop_ = 0;  // written by the loop thread as it ends, read by Stop after the join
   KvCacheShape shape_;
 
   // Loop thread only.

@@ -9,8 +9,10 @@
 
 namespace exl3::engine {
 
-absl::StatusOr<std::unique_ptr<LocalMoe>> LocalMoe::Open(const std::string& dir, CpuCompute& compute) {
+absl::StatusOr<std::unique_ptr<LocalMoe>> LocalMoe::Open(const std::string& dir, CpuCompute& compute,
+                                                         TensorResidency residency) {
   Exl3ModelOptions opt;
+  opt.residency = residency;
   opt.require_exl3 = false;  // experts may be EXL3 in an otherwise unquantized checkpoint's layout
   EXL3_ASSIGN_OR_RETURN(std::unique_ptr<Exl3Model> m, Exl3Model::Open(dir, opt));
   return std::unique_ptr<LocalMoe>(new LocalMoe(std::move(m), compute));

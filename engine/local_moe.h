@@ -15,7 +15,9 @@ namespace exl3::engine {
 class LocalMoe final : public MoeExecutor {
  public:
   // Loads every routed and shared expert of `dir`. `compute` must outlive this.
-  static absl::StatusOr<std::unique_ptr<LocalMoe>> Open(const std::string& dir, CpuCompute& compute);
+  static absl::StatusOr<std::unique_ptr<LocalMoe>> Open(
+      const std::string& dir, CpuCompute& compute,
+      TensorResidency residency = TensorResidency::kMapped);
   absl::Status Forward(int layer, const float* x, int num_tokens, const int32_t* token_ids,
                        float* y) override;
   MoeStageTimes TakeStageTimes() override;

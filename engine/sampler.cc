@@ -12,6 +12,8 @@ namespace exl3::engine {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// Separates the seed's key from the plain value (the first fractional bits of sqrt(2)).
+constexpr uint64_t kSeedSalt = 0x6a09e667f3bcc909ull;
 
 // The largest value; eight running maxima keep the loop free of one long dependency chain.
 float MaxValue(std::span<const float> v) {
@@ -86,8 +88,13 @@ Sampler::Sampler(int vocab_size)
 }
 
 double Sampler::UniformDraw(uint64_t seed, uint64_t draw_index) {
-  const uint64_t bits = Mix64(Mix64(seed + kGoldenGamma) ^ Mix64(draw_index * kGoldenGamma + 1));
-  return static_cast<double>(bits >> 11) * 0x1.0p-53;
+  // splitmix64's stream of a key derived from the seed, at position draw_index + 1: for one seed
+  // every index gives a different output (Mix64 is a bijection of key + n * gamma), and seed and
+  // index never cancel (they are not combined symmetrically). The 53 bits are centred in their
+  // interval, so u is never 0 and never 1.
+  const uint64_t key = Mix64(seed ^ kSeedSalt);
+  const uint64_t bits = Mix64(key + (draw_index + 1) * kGoldenGamma);
+  return (static_cast<double>(bits >> 11) + 0.5) * 0x1.0p-53;
 }
 
 SampledToken Sampler::Sample(std::span<float> logits, const SamplingParams& params, uint64_t seed,
@@ -97,7 +104,7 @@ SampledToken Sampler::Sample(std::span<float> logits, const SamplingParams& para
   ApplyPenalties(logits, params, history);
 
   SampledToken out;
-  if (params.temperature == 0.0f) {
+  if (params.greedy()) {
     out.token = ArgMax(logits);
   } else {
     out.token = Draw(logits, params, UniformDraw(seed, history.output.size()));

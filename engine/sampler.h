@@ -6,8 +6,8 @@
 //   SampledToken t = sampler.Sample(row, p, seed, h);  // row: vocab_size floats, overwritten
 //
 // Processing order: banned tokens (-inf) → repetition, presence and frequency penalties →
-// temperature → top-k → top-p → min-p → draw. Temperature 0 is greedy: the arg max after the
-// penalties, the lowest token id on ties.
+// temperature → top-k → top-p → min-p → draw. Temperature 0 (or below kGreedyBelowTemperature)
+// is greedy: the arg max after the penalties, the lowest token id on ties.
 //
 // Logprobs are the log_softmax of the RAW model logits (before penalties, temperature and
 // truncation), as the model's own distribution: the chosen token's logprob and the top-N tokens
@@ -31,8 +31,12 @@
 
 namespace exl3::engine {
 
+// Temperatures below this sample greedily, as vLLM's do: the distribution is one token long
+// before that, and 1 / T overflows a float below about 3e-39.
+inline constexpr float kGreedyBelowTemperature = 1e-5f;
+
 struct SamplingParams {
-  float temperature = 1.0f;         // 0: greedy
+  float temperature = 1.0f;         // below kGreedyBelowTemperature (0 included): greedy
   int top_k = 0;                    // 0: off
   float top_p = 1.0f;               // 1: off; in (0, 1]
   float min_p = 0.0f;               // 0: off; in [0, 1]
@@ -44,6 +48,8 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;
   std::optional<uint64_t> seed;     // unset: the engine seeds the request from a random device
   std::optional<int> logprobs;      // unset: none; N: the chosen token's logprob and the top N
+
+  bool greedy() const { return temperature < kGreedyBelowTemperature; }
 };
 
 struct TokenLogprob {
@@ -82,7 +88,7 @@ class Sampler {
   SampledToken Sample(std::span<float> logits, const SamplingParams& params, uint64_t seed,
                       const SequenceHistory& history);
 
-  // The uniform draw in [0, 1) of a sequence's output token `draw_index` (exposed for tests).
+  // The uniform draw in (0, 1) of a sequence's output token `draw_index` (exposed for tests).
   static double UniformDraw(uint64_t seed, uint64_t draw_index);
 
  private:

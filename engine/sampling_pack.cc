@@ -23,7 +23,7 @@ void SamplingPacker::Pack(std::span<const RowSampling> rows, PackedSampling* out
     PackedSamplingRow row;
     const bool repetition = p.repetition_penalty != 1.0f;
     const bool additive = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
-    if (p.temperature == 0.0f) {
+    if (p.greedy()) {
       row.flags |= kPackedGreedy;
     } else {
       row.uniform = Sampler::UniformDraw(r.seed, r.history.output.size());

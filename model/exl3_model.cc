@@ -75,7 +75,7 @@ absl::StatusOr<std::unique_ptr<Exl3Model>> Exl3Model::Open(const std::string& di
     absl::Status s = RequireExl3(m->config_);
     if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(cfg_path, ": ", s.message()));
   }
-  absl::StatusOr<std::unique_ptr<TensorSource>> src = TensorSource::Open(dir);
+  absl::StatusOr<std::unique_ptr<TensorSource>> src = TensorSource::Open(dir, options.residency);
   if (!src.ok()) return src.status();
   m->src_ = std::move(*src);
   // exllamav3's record of every module's tensors (model/exl3_storage.h): the files must match it.

@@ -42,6 +42,8 @@ struct Exl3ModelOptions {
   bool load_shared_experts = true;
   bool load_routers = true;   // router weight, correction bias, hash table (fp32/int32)
   bool require_exl3 = true;   // quantization_config.quant_method must be "exl3"
+  // kOwned: every tensor read is moved into owned memory (model/safetensors.h TensorResidency).
+  TensorResidency residency = TensorResidency::kMapped;
 };
 
 class Exl3Model {

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "kernels/fp16.h"
+#include "model/owned_pages.h"
 #include "nlohmann/json.hpp"
 
 namespace exl3 {
@@ -187,6 +188,37 @@ SafetensorsFile::~SafetensorsFile() {
   if (map_ != nullptr) ::munmap(const_cast<uint8_t*>(map_), size_);
 }
 
+absl::Status SafetensorsFile::Own(const uint8_t* data, size_t size) const {
+  if (size == 0) return absl::OkStatus();
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t first = static_cast<size_t>(data - map_) / page;
+  const size_t last = (static_cast<size_t>(data - map_) + size - 1) / page;  // inclusive
+  std::lock_guard<std::mutex> lock(own_mu_);
+  if (owned_pages_.empty()) owned_pages_.assign((size_ + page - 1) / page, false);
+  // Each run of pages not owned yet in one copy.
+  for (size_t p = first; p <= last;) {
+    if (owned_pages_[p]) {
+      ++p;
+      continue;
+    }
+    size_t end = p;
+    while (end <= last && !owned_pages_[end]) ++end;
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(map_) + p * page;
+    if (absl::Status s = ReplaceWithOwnedCopy(begin, (end - p) * page); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(path_, ": ", s.message()));
+    }
+    for (size_t q = p; q < end; ++q) owned_pages_[q] = true;
+    owned_bytes_ += (end - p) * page;
+    p = end;
+  }
+  return absl::OkStatus();
+}
+
+uint64_t SafetensorsFile::owned_bytes() const {
+  std::lock_guard<std::mutex> lock(own_mu_);
+  return owned_bytes_;
+}
+
 const TensorInfo* SafetensorsFile::Find(std::string_view name) const {
   auto it = by_name_.find(name);
   return it == by_name_.end() ? nullptr : &header_.tensors[it->second];
@@ -200,10 +232,12 @@ absl::StatusOr<TensorView> SafetensorsFile::Get(std::string_view name) const {
   return TensorView{info, map_ + header_.data_offset + info->begin, path_};
 }
 
-absl::StatusOr<std::unique_ptr<TensorSource>> TensorSource::Open(const std::string& file_or_dir) {
+absl::StatusOr<std::unique_ptr<TensorSource>> TensorSource::Open(const std::string& file_or_dir,
+                                                                 TensorResidency residency) {
   namespace fs = std::filesystem;
   std::unique_ptr<TensorSource> src(new TensorSource());
   src->mu_ = std::make_unique<std::mutex>();
+  src->residency_ = residency;
   std::error_code ec;
   auto add_file = [&](const std::string& path) -> absl::Status {
     absl::StatusOr<std::unique_ptr<SafetensorsFile>> f = SafetensorsFile::Open(path);
@@ -347,6 +381,9 @@ absl::StatusOr<TensorView> TensorSource::Get(std::string_view name) const {
   if (!f.ok()) return f.status();
   absl::StatusOr<TensorView> v = (*f)->Get(StoredName(name));
   if (!v.ok()) return NotInShard(StoredName(name), (*f)->path());
+  if (residency_ == TensorResidency::kOwned) {
+    EXL3_RETURN_IF_ERROR((*f)->Own(v->data, v->size_bytes()));
+  }
   if (digests_) {
     if (absl::Status st = Verify(name, *v); !st.ok()) return st;
   }
@@ -375,6 +412,19 @@ absl::Status TensorSource::Verify(std::string_view name_view, const TensorView& 
 }
 
 void TensorSource::VerifyWith(WeightDigests digests) { digests_ = std::move(digests); }
+
+std::vector<std::string> TensorSource::Files() const {
+  std::set<std::string> files;
+  for (const auto& [tensor, file] : shard_of_) files.insert(file);
+  return {files.begin(), files.end()};
+}
+
+uint64_t TensorSource::owned_bytes() const {
+  std::lock_guard<std::mutex> lock(*mu_);
+  uint64_t n = 0;
+  for (const auto& [path, f] : open_) n += f->owned_bytes();
+  return n;
+}
 
 absl::StatusOr<const TensorInfo*> TensorSource::Info(std::string_view name) const {
   absl::StatusOr<const SafetensorsFile*> f = FileFor(name);

@@ -62,6 +62,12 @@ struct SafetensorsHeader {
 absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(const uint8_t* bytes, size_t file_size,
                                                          std::string_view path);
 
+// Where tensors live once a TensorSource has handed them out: in the mapped files (kMapped), or
+// moved, as each is first handed out, into memory the process owns at the same addresses
+// (kOwned, model/owned_pages.h): the files may then be truncated or replaced under a running
+// process without a SIGBUS on its next read. kOwned costs a copy of every tensor read.
+enum class TensorResidency { kMapped, kOwned };
+
 class SafetensorsFile {
  public:
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
@@ -74,12 +80,18 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return header_.metadata; }
   const TensorInfo* Find(std::string_view name) const;
   absl::StatusOr<TensorView> Get(std::string_view name) const;
+  // Moves the mapped pages holding [data, data + size) into owned memory (those not moved yet).
+  absl::Status Own(const uint8_t* data, size_t size) const;
+  uint64_t owned_bytes() const;
 
  private:
   SafetensorsFile() = default;
   std::string path_;
   const uint8_t* map_ = nullptr;
   size_t size_ = 0;
+  mutable std::mutex own_mu_;
+  mutable std::vector<bool> owned_pages_;  // guarded by own_mu_; sized on the first Own
+  mutable uint64_t owned_bytes_ = 0;       // guarded by own_mu_
   SafetensorsHeader header_;
   std::map<std::string, size_t, std::less<>> by_name_;
 };
@@ -91,7 +103,8 @@ class SafetensorsFile {
 // keeps the stored name.
 class TensorSource {
  public:
-  static absl::StatusOr<std::unique_ptr<TensorSource>> Open(const std::string& file_or_dir);
+  static absl::StatusOr<std::unique_ptr<TensorSource>> Open(
+      const std::string& file_or_dir, TensorResidency residency = TensorResidency::kMapped);
 
   // How the checkpoint names its tensors.
   CheckpointNaming naming() const { return naming_; }
@@ -107,6 +120,10 @@ class TensorSource {
   // (model/weight_digest.h, one per tensor): DATA_LOSS naming the tensor, its file and both
   // digests when they differ (the file changed after it was written).
   void VerifyWith(WeightDigests digests);
+  // The model's files (every shard, opened or not), sorted.
+  std::vector<std::string> Files() const;
+  // kOwned: the bytes moved into owned memory so far (page-rounded).
+  uint64_t owned_bytes() const;
 
  private:
   absl::StatusOr<const SafetensorsFile*> FileFor(std::string_view name) const;
@@ -116,6 +133,7 @@ class TensorSource {
   // What to add to "tensor X is not in the model" when the layer is stored another way.
   std::string MissingTensorHint(std::string_view name) const;
   std::string dir_;
+  TensorResidency residency_ = TensorResidency::kMapped;
   std::map<std::string, std::string, std::less<>> shard_of_;  // tensor -> file path
   CheckpointNaming naming_ = CheckpointNaming::kTransformers;
   std::map<std::string, std::string, std::less<>> stored_name_;  // renamed tensors only

@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "model/owned_pages.h"
 #include "services/common/logging.h"
 
 namespace exl3::worker {
@@ -74,26 +75,6 @@ std::vector<Span> SplitSpans(const std::vector<Span>& spans, size_t chunk) {
     for (size_t o = 0; o < s.size; o += chunk) out.push_back({s.begin + o, std::min(chunk, s.size - o)});
   }
   return out;
-}
-
-// Copies the pages of `s` into fresh anonymous memory, makes it read-only and moves it over `s`
-// (mremap with MREMAP_FIXED replaces the file mapping there in one step): the same bytes at the
-// same addresses, owned by the process.
-absl::Status ReplaceWithOwnedCopy(const Span& s) {
-  void* at = reinterpret_cast<void*>(s.begin);
-  void* copy = mmap(nullptr, s.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (copy == MAP_FAILED) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", s.size, " bytes for the weights: ",
-                                                     std::strerror(errno)));
-  }
-  std::memcpy(copy, at, s.size);
-  if (mprotect(copy, s.size, PROT_READ) != 0 ||
-      mremap(copy, s.size, s.size, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED) {
-    const int e = errno;
-    munmap(copy, s.size);
-    return absl::InternalError(absl::StrCat("cannot move the weights' copy into place: ", std::strerror(e)));
-  }
-  return absl::OkStatus();
 }
 
 // Header length of a safetensors file: the data section starts at 8 + this.
@@ -213,7 +194,7 @@ LoadStats MakeResident(const std::vector<TensorRange>& ranges, int threads, bool
     void* at = reinterpret_cast<void*>(p.begin);
     madvise(at, p.size, MADV_WILLNEED);
     if (residency == Residency::kOwned) {
-      if (absl::Status s = ReplaceWithOwnedCopy(p); !s.ok()) {
+      if (absl::Status s = ReplaceWithOwnedCopy(p.begin, p.size); !s.ok()) {
         std::lock_guard<std::mutex> l(err_mu);
         if (own_error.empty()) own_error = std::string(s.message());
       }
@@ -300,47 +281,13 @@ LoadStats BaselineRead(const std::vector<TensorRange>& ranges, int threads) {
   return st;
 }
 
-ModelFileWatch::Stat ModelFileWatch::StatOf(const std::string& file) {
-  struct stat sb;
-  Stat s;
-  if (stat(file.c_str(), &sb) != 0) return s;
-  s.exists = true;
-  s.dev = sb.st_dev;
-  s.ino = sb.st_ino;
-  s.size = static_cast<uint64_t>(sb.st_size);
-  s.mtime_ns = static_cast<int64_t>(sb.st_mtim.tv_sec) * 1000000000 + sb.st_mtim.tv_nsec;
-  return s;
-}
-
-ModelFileWatch::ModelFileWatch(const std::vector<TensorRange>& ranges) {
-  for (const auto& r : ranges) {
-    if (!loaded_.count(r.file)) loaded_[r.file] = StatOf(r.file);
+std::vector<std::string> FilesOf(const std::vector<TensorRange>& ranges) {
+  std::vector<std::string> files;
+  std::set<std::string> seen;
+  for (const TensorRange& r : ranges) {
+    if (seen.insert(r.file).second) files.push_back(r.file);
   }
-  last_ = loaded_;
-}
-
-std::vector<ModelFileWatch::Change> ModelFileWatch::Check() {
-  std::vector<Change> changes;
-  int changed = 0;
-  for (auto& [file, last] : last_) {
-    const Stat now = StatOf(file);
-    if (!(now == loaded_.at(file))) ++changed;
-    if (now == last) continue;
-    std::string what;
-    if (!now.exists) {
-      what = "removed";
-    } else if (!last.exists || now.dev != last.dev || now.ino != last.ino) {
-      what = absl::StrCat("replaced by another file of ", now.size, " bytes");
-    } else if (now.size != last.size) {
-      what = absl::StrCat("size ", last.size, " -> ", now.size, " bytes");
-    } else {
-      what = "rewritten (modification time changed)";
-    }
-    changes.push_back({file, what});
-    last = now;
-  }
-  changed_ = changed;
-  return changes;
+  return files;
 }
 
 }  // namespace exl3::worker

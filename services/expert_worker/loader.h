@@ -11,7 +11,7 @@
 // Owned weights survive changes to the model files after the load: a file truncated, rewritten
 // or replaced under a running worker no longer backs the pages it computes from (with kMapped a
 // truncated file turns the next read of a page past its new end into SIGBUS).
-// ModelFileWatch tells the operator when that happened.
+// A ModelFileWatch (model/model_file_watch.h) tells the operator when that happened.
 //
 // BaselineRead does a plain parallel pread of the same file ranges (after dropping them from the
 // page cache) so the load speed can be compared with what the disk gives in the same run.
@@ -103,28 +103,7 @@ class LoadProgressBar {
 // Unlocks what MakeResident locked (the model's mapping must still be alive).
 void UnlockRanges(const std::vector<TensorRange>& ranges);
 
-// The files `ranges` come from as they are after the load (device, inode, size, mtime); Check()
-// names those that changed since, each change once.
-class ModelFileWatch {
- public:
-  explicit ModelFileWatch(const std::vector<TensorRange>& ranges);
-  struct Change {
-    std::string file;
-    std::string what;  // e.g. "size 1048576 -> 4096 bytes"
-  };
-  std::vector<Change> Check();
-  int changed_files() const { return changed_; }  // files that differ from the load now
-
- private:
-  struct Stat {
-    bool exists = false;
-    uint64_t dev = 0, ino = 0, size = 0;
-    int64_t mtime_ns = 0;
-    bool operator==(const Stat&) const = default;
-  };
-  static Stat StatOf(const std::string& file);
-  std::map<std::string, Stat> loaded_, last_;
-  int changed_ = 0;
-};
+// The files `ranges` come from, each once (for a ModelFileWatch: model/model_file_watch.h).
+std::vector<std::string> FilesOf(const std::vector<TensorRange>& ranges);
 
 }  // namespace exl3::worker

@@ -245,7 +245,7 @@ absl::Status WorkerServer::Load() {
   if (!st.note.empty()) svc::LogWarning("%s", st.note.c_str());
   worker_metrics_->pinned_bytes().Set(static_cast<double>(st.pinned_bytes));
   worker_metrics_->load_seconds().Set(secs);
-  file_watch_ = std::make_unique<ModelFileWatch>(HeldTensorRanges(*model_, shared_expert_));
+  file_watch_ = std::make_unique<ModelFileWatch>(FilesOf(HeldTensorRanges(*model_, shared_expert_)));
   watch_thread_ = std::thread([this] { WatchModelFiles(); });
 
   SchedulerOptions so;

@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "exl3serve/v1/exl3serve.grpc.pb.h"
 #include "model/exl3_model.h"
+#include "model/model_file_watch.h"
 #include "services/common/metrics.h"
 #include "services/common/server.h"
 #include "services/expert_worker/backend.h"

@@ -36,6 +36,7 @@ absl::StatusOr<std::unique_ptr<engine::ModelRunner>> OpenModel(const GenerationO
   engine::CpuModelOptions mo;
   mo.num_threads = o.threads;
   mo.served_name = o.served_model_name;
+  mo.residency = o.residency;
   // The CPU model shares its cores with the router's threads (and, on one host, the workers):
   // measured on 2 cores, two micro-batches did not pay (bench/results/engine-cpu.md), so 1
   // unless asked.
@@ -104,7 +105,7 @@ absl::StatusOr<std::unique_ptr<Generation>> Generation::Start(const GenerationOp
   return g;
 }
 
-void Generation::Drain(std::chrono::milliseconds grace) {
+int Generation::Drain(std::chrono::milliseconds grace) {
   service_->SetDraining();
   std::thread drain([this] { engine_->Drain(); });
   const auto deadline = std::chrono::steady_clock::now() + grace;
@@ -113,8 +114,9 @@ void Generation::Drain(std::chrono::milliseconds grace) {
     if (s.running == 0 && s.waiting == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  engine_->Stop();  // aborts what is left; Drain then returns
+  const int cut = engine_->Stop();  // ends what is left UNAVAILABLE; Drain then returns
   drain.join();
+  return cut;
 }
 
 void Generation::Stop() {

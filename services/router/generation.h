@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/engine.h"
+#include "model/safetensors.h"
 #include "prometheus/registry.h"
 #include "services/common/task_queue.h"
 #include "services/router/engine_metrics.h"
@@ -36,6 +37,9 @@ struct GenerationOptions {
   std::string served_model_name;  // empty: the directory's base name
   int threads = 0;                // CPU threads of the model (0: all)
   int micro_batches = 0;          // 1 or 2 (engine/cpu_model.h, engine/cuda/cuda_model.h); 0: 1
+  // The CPU model's weights: kOwned moves them out of the file mappings as they load
+  // (model/safetensors.h), so a model file truncated under the router cannot crash it.
+  TensorResidency residency = TensorResidency::kOwned;
   engine::EngineOptions engine;
   std::chrono::milliseconds default_timeout{600000};
   std::chrono::milliseconds moe_timeout{30000};  // one MoE layer through the router core
@@ -54,8 +58,9 @@ class Generation {
 
   GeneratorService& service() { return *service_; }
   engine::Engine& engine() { return *engine_; }
-  // Refuses new requests and waits up to `grace` for those running; the rest are aborted.
-  void Drain(std::chrono::milliseconds grace);
+  // Refuses new requests and waits up to `grace` for those running; the rest end UNAVAILABLE
+  // ("server draining"). Returns how many were cut short that way.
+  int Drain(std::chrono::milliseconds grace);
   void Stop();
 
  private:

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -17,6 +18,8 @@
 #include "base/status_macros.h"
 #include "model/exl3_model.h"
 #include "model/expert_map.h"
+#include "model/model_file_watch.h"
+#include "model/safetensors.h"
 #include "services/common/flags.h"
 #include "services/common/logging.h"
 #include "services/common/memory_return.h"
@@ -267,6 +270,19 @@ int Main() {
   // Large requests' buffers go back to the kernel after them (services/common/memory_return.h).
   svc::MemoryReturner memory_returner(svc::MemoryReturnOptions{});
 
+  // The weights this process reads live in memory it owns (TensorResidency::kOwned): a model file
+  // changed from now on is logged, and the router goes on from its copy.
+  std::optional<ModelFileWatch> file_watch;
+  if (auto files = TensorSource::Open(model_dir); files.ok()) file_watch.emplace((*files)->Files());
+  auto check_model_files = [&] {
+    if (!file_watch) return;
+    for (const ModelFileWatch::Change& c : file_watch->Check()) {
+      svc::LogWarning("model file %s changed after the load: %s; serving on from the copy made at "
+                      "load (restart the router to load the new file)",
+                      c.file.c_str(), c.what.c_str());
+    }
+  };
+
   // Signals: SIGTERM/SIGINT drain (ShutdownSignals); SIGHUP reloads the expert map.
   std::mutex mu;
   std::condition_variable cv;
@@ -276,7 +292,8 @@ int Main() {
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGHUP);
-    while (!stop_hup) {
+    for (int wakeups = 0; !stop_hup; ++wakeups) {
+      if (wakeups % 5 == 0) check_model_files();  // about once a second
       timespec ts{0, 200 * 1000 * 1000};
       if (sigtimedwait(&set, nullptr, &ts) != SIGHUP) continue;
       if (!core) {
@@ -308,7 +325,12 @@ int Main() {
   svc::LogInfo("draining, grace %d ms", absl::GetFlag(FLAGS_drain_grace_ms));
   (*server)->SetServing(false);
   // Generation first: its requests still need the router core's MoE layers.
-  if (generation) generation->Drain(grace);
+  const int generations_cut = generation ? generation->Drain(grace) : 0;
+  if (generations_cut > 0) {
+    svc::LogWarning("drain grace of %d ms ended with %d generation requests still running: ended "
+                    "UNAVAILABLE (server draining)",
+                    absl::GetFlag(FLAGS_drain_grace_ms), generations_cut);
+  }
   int left = 0;
   if (core) {
     core->StartDrain();
@@ -331,7 +353,13 @@ int Main() {
     core->SetReadyListener(nullptr);
     core->Stop();
   }
-  svc::LogInfo("drained (%d requests still in flight at the end); exiting", left);
+  if (generations_cut + left > 0) {
+    svc::LogWarning("drain cut short: %d generation requests ended UNAVAILABLE, %d MoE requests "
+                    "still in flight; exiting with status 1",
+                    generations_cut, left);
+    return 1;
+  }
+  svc::LogInfo("drained (0 requests still in flight at the end); exiting");
   return 0;
 }
 

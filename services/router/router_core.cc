@@ -21,6 +21,7 @@ absl::StatusOr<std::unique_ptr<RouterCore>> RouterCore::Create(const RouterCoreO
   mopt.experts = std::map<int, std::vector<int>>{};
   mopt.load_shared_experts = ropt.shared_expert_local;
   mopt.load_routers = true;
+  mopt.residency = o.residency;
   const auto t0 = std::chrono::steady_clock::now();
   auto model = Exl3Model::Open(o.model_dir, mopt);
   if (!model.ok()) return model.status();

@@ -29,6 +29,8 @@ namespace exl3::router {
 struct RouterCoreOptions {
   std::string model_dir;
   std::string expert_map_path;
+  // The router weights and any shared expert held here (model/safetensors.h TensorResidency).
+  TensorResidency residency = TensorResidency::kOwned;
   // shared_expert_local / shared_expert_worker say where the shared expert runs.
   RouterOptions router;
   svc::ClientTls worker_tls;  // enabled=false: plaintext (a warning for non-loopback workers)

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <future>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -407,11 +408,26 @@ TEST(Engine, BadRequestsFailAlone) {
   EXPECT_EQ(code(p), C::kInvalidArgument);
   p = good; p.max_tokens = 291;
   EXPECT_EQ(code(p), C::kInvalidArgument);  // 10 + 291 > 300
+  // Issue 28: what can never fit the KV cache is refused up front (it was accepted and failed
+  // RESOURCE_EXHAUSTED after 151 tokens), and the context reported is the cache's 160 tokens.
+  EXPECT_EQ(t->engine->model_info().max_context, 160);
+  EXPECT_EQ(t->engine->model_max_context(), 300);
+  p = good; p.max_tokens = 151; p.ignore_eos = true;
+  EXPECT_EQ(code(p), C::kInvalidArgument);  // 10 + 151 > 160
+  EXPECT_NE(t->engine->Submit(p, t->events.Callback()).status().message().find("KV cache"),
+            std::string::npos);
   p = good; p.min_tokens = 6;
   EXPECT_EQ(code(p), C::kInvalidArgument);
   p = good; p.sampling.temperature = -0.1f;
   EXPECT_EQ(code(p), C::kInvalidArgument);
   p = good; p.sampling.temperature = std::nanf("");
+  EXPECT_EQ(code(p), C::kInvalidArgument);
+  // Issue 28: +inf was accepted for these two while other non-finite values were refused.
+  p = good; p.sampling.temperature = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(code(p), C::kInvalidArgument);
+  p = good; p.sampling.repetition_penalty = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(code(p), C::kInvalidArgument);
+  p = good; p.sampling.repetition_penalty = std::nanf("");
   EXPECT_EQ(code(p), C::kInvalidArgument);
   for (float top_p : {0.0f, -0.5f, 1.01f}) {
     p = good; p.sampling.top_p = top_p;
@@ -430,10 +446,10 @@ TEST(Engine, BadRequestsFailAlone) {
   p = good; p.stop_token_ids = {64};
   EXPECT_EQ(code(p), C::kInvalidArgument);
   EXPECT_EQ(t->engine->Submit(good, nullptr).status().code(), C::kInvalidArgument);
-  // Limits that are still fine. This one outgrows the cache at 161 tokens, after it was accepted.
-  p = good; p.max_tokens = 290; p.ignore_eos = true;
-  const uint64_t outgrows = SubmitOk(*t, p);
-  p = good; p.prompt = Prompt(160, 0); p.max_tokens = 1;
+  // Limits that are still fine: the whole cache for one request.
+  p = good; p.max_tokens = 150; p.ignore_eos = true;
+  const uint64_t fills = SubmitOk(*t, p);
+  p = good; p.prompt = Prompt(159, 0); p.max_tokens = 1;  // 160 tokens in all
   const uint64_t whole_cache = SubmitOk(*t, p);
   // The engine goes on serving.
   const uint64_t id = SubmitOk(*t, good);
@@ -441,10 +457,9 @@ TEST(Engine, BadRequestsFailAlone) {
   EXPECT_TRUE(t->events.Finish(id).status.ok());
   ASSERT_TRUE(t->events.WaitFinished(whole_cache));
   EXPECT_EQ(t->events.Finish(whole_cache).reason, FinishReason::kLength);
-  ASSERT_TRUE(t->events.WaitFinished(outgrows));
-  EXPECT_EQ(t->events.Finish(outgrows).reason, FinishReason::kError);
-  EXPECT_EQ(t->events.Finish(outgrows).status.code(), C::kResourceExhausted);
-  EXPECT_EQ(t->events.Tokens(outgrows).size(), 151u);  // the last one needs position 160
+  ASSERT_TRUE(t->events.WaitFinished(fills));
+  EXPECT_EQ(t->events.Finish(fills).reason, FinishReason::kLength);
+  EXPECT_EQ(t->events.Tokens(fills).size(), 150u);
 }
 
 TEST(Engine, NotStartedAndBadOptions) {
@@ -565,10 +580,17 @@ TEST(Engine, StopAbortsWhatIsLeft) {
   GenerateParams p = LongRun(10, 1, 3000);
   const uint64_t a = SubmitOk(*t, p), b = SubmitOk(*t, p);
   ASSERT_TRUE(t->events.WaitTokens(a, 2));
-  t->engine->Stop();
+  // Issue 28: they end UNAVAILABLE "server draining" (they were ended kAbort, which reads as
+  // the client's cancel), and Stop says how many it ended.
+  EXPECT_EQ(t->engine->Stop(), 2);
+  EXPECT_EQ(t->engine->Stop(), 0);
   ASSERT_TRUE(t->events.WaitFinished(a, 0ms));
   ASSERT_TRUE(t->events.WaitFinished(b, 0ms));
-  EXPECT_EQ(t->events.Finish(a).reason, FinishReason::kAbort);
+  for (uint64_t id : {a, b}) {
+    EXPECT_EQ(t->events.Finish(id).reason, FinishReason::kError);
+    EXPECT_EQ(t->events.Finish(id).status.code(), absl::StatusCode::kUnavailable);
+    EXPECT_NE(t->events.Finish(id).status.message().find("draining"), std::string::npos);
+  }
   EXPECT_EQ(t->engine->Submit(p, t->events.Callback()).status().code(),
             absl::StatusCode::kUnavailable);
 }

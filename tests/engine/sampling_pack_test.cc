@@ -35,9 +35,12 @@ TEST(SamplingPack, ParametersAsTheCpuSamplerComputesThem) {
   a.history.output = output;
   RowSampling greedy;
   greedy.params.temperature = 0;
+  RowSampling tiny;  // issue 28: 1 / T overflows; the GPU sampler must take it as greedy too
+  tiny.params.temperature = 1e-40f;
   PackedSampling p;
-  packer.Pack(std::vector<RowSampling>{a, greedy}, &p);
-  ASSERT_EQ(p.rows.size(), 2u);
+  packer.Pack(std::vector<RowSampling>{a, greedy, tiny}, &p);
+  ASSERT_EQ(p.rows.size(), 3u);
+  EXPECT_EQ(p.rows[2].flags, kPackedGreedy);
   const PackedSamplingRow& r = p.rows[0];
   EXPECT_EQ(r.uniform, Sampler::UniformDraw(1234, 3));  // the draw index is the output's size
   EXPECT_EQ(r.inv_temperature, 1.0f / 0.7f);

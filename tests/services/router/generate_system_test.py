@@ -12,6 +12,8 @@ import math
 import os
 import queue
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -327,7 +329,16 @@ class GenerateSystemTest(unittest.TestCase):
             list(stub.Generate(pb.GenerateRequest(prompt_token_ids=[7] * 65, max_tokens=1),
                                timeout=10))
         self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
-        self.assertIn("KV cache (64 tokens)", e.exception.details())
+        self.assertIn("context of 64 tokens (the whole KV cache", e.exception.details())
+        # Issue 28: the context reported is the cache's, and what can never fit it is refused up
+        # front (it was accepted and failed RESOURCE_EXHAUSTED once the cache was full).
+        self.assertEqual(pbg.GeneratorStub(channel).DescribeModel(pb.DescribeModelRequest(),
+                                                                  timeout=10).max_context, 64)
+        with self.assertRaises(grpc.RpcError) as e:
+            list(stub.Generate(pb.GenerateRequest(prompt_token_ids=[7] * 10, max_tokens=55,
+                                                  ignore_eos=True), timeout=10))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("exceeds the context of 64 tokens", e.exception.details())
         held = [stub.Generate(pb.GenerateRequest(prompt_token_ids=PROMPTS[0], max_tokens=50,
                                                  ignore_eos=True), timeout=60) for _ in range(2)]
         # Both accepted and running (a first message may carry more than one token).
@@ -340,6 +351,53 @@ class GenerateSystemTest(unittest.TestCase):
         self.assertLess(time.monotonic() - t0, 2)
         for call, n in zip(held, first):
             self.assertEqual(n + sum(len(m.tokens) for m in call), 50)
+
+    def test_drain_cut_short_ends_requests_unavailable(self):
+        """Issue 28: a drain cut short by --drain-grace-ms ends the requests still running
+        UNAVAILABLE "server draining" (not CANCELLED, which reads as the client's own), logs how
+        many it cut, and the router exits non-zero."""
+        r = self.c.start_router(with_map=False, extra=["--drain-grace-ms", "100"])
+        channel = grpc.insecure_channel(r.address)
+        self.addCleanup(channel.close)
+        stub = pbg.GeneratorStub(channel)
+        context = stub.DescribeModel(pb.DescribeModelRequest(), timeout=10).max_context
+        calls = [stub.Generate(pb.GenerateRequest(prompt_token_ids=p, max_tokens=context - len(p),
+                                                  ignore_eos=True), timeout=60)
+                 for p in PROMPTS[:2]]
+        for call in calls:
+            next(call)  # running
+        r.signal(signal.SIGTERM)
+        for call in calls:
+            with self.assertRaises(grpc.RpcError) as e:
+                for _ in call:
+                    pass
+            self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE)
+            self.assertIn("server draining", e.exception.details())
+        self.assertEqual(r.p.wait(timeout=30), 1)
+        self.assertIn("drain cut short: 2 generation requests ended UNAVAILABLE", r.text())
+
+    def test_truncated_model_file_under_a_running_router(self):
+        """Issue 28: the router died with SIGBUS, logging nothing, when one of its model files was
+        truncated under it. Its weights now live in memory it owns: it logs the change and
+        serves the same tokens from the copy made at load."""
+        model = os.path.join(self.c.dir, "own-model")
+        shutil.copytree(self.model, model)
+        self.c.model = model
+        r = self.c.start_router(with_map=False)
+        channel = grpc.insecure_channel(r.address)
+        self.addCleanup(channel.close)
+        stub = pbg.GeneratorStub(channel)
+        before = generate(stub, PROMPTS[1])[0]
+        for name in os.listdir(model):
+            if name.endswith(".safetensors"):
+                with open(os.path.join(model, name), "r+b") as f:
+                    f.truncate(4096)
+        r.wait_for_log(r"model file \S+\.safetensors changed after the load: size \d+ -> 4096 bytes; "
+                       r"serving on from the copy")
+        for prompt in PROMPTS:
+            self.assertEqual(generate(stub, prompt)[0], self.expected[PROMPTS.index(prompt)][0])
+        self.assertEqual(generate(stub, PROMPTS[1])[0], before)
+        self.assertTrue(r.alive())
 
     def test_token_budget_and_long_prefill_threshold(self):
         """--max-num-batched-tokens caps the tokens of every step and --long-prefill-token-threshold
@@ -412,7 +470,7 @@ class GenerateSystemTest(unittest.TestCase):
             list(stub.Generate(pb.GenerateRequest(prompt_token_ids=[7] * (37 * 16 + 1),
                                                   max_tokens=1), timeout=10))
         self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
-        self.assertIn(f"KV cache ({37 * 16} tokens)", e.exception.details())
+        self.assertIn(f"context of {37 * 16} tokens (the whole KV cache", e.exception.details())
         self.assertEqual(generate(stub, PROMPTS[0])[0], self.expected[0][0])
 
     def test_engine_metrics_exist_and_move(self):
