@@ -26,7 +26,14 @@ CheckpointNaming DetectCheckpointNaming(const std::vector<std::string>& stored_n
 std::string ProjectTensorName(CheckpointNaming n, std::string_view stored_view) {
   const std::string stored(stored_view);
   if (n == CheckpointNaming::kTransformers) return stored;
-  if (StartsWith(stored, "layers.")) return "model." + stored;
+  if (StartsWith(stored, "layers.")) {
+    // exllamav3 names the attention's KV norm attn.kv_norm; the project reads it as attn.norm.
+    const size_t kv = stored.find(".attn.kv_norm.");
+    if (kv != std::string::npos) {
+      return "model." + stored.substr(0, kv) + ".attn.norm." + stored.substr(kv + 14);
+    }
+    return "model." + stored;
+  }
   if (StartsWith(stored, "embed.")) return "model.embed_tokens." + stored.substr(6);
   if (StartsWith(stored, "norm.")) return "model.norm." + stored.substr(5);
   for (const char* part : {"fn", "base", "scale"}) {

@@ -5,8 +5,9 @@
 //                     what transformers saves and what the project's readers ask for.
 //   kDeepseekRelease  DeepSeek-V4 as released and as exllamav3 reads and writes it: no "model."
 //                     prefix ("layers.L....", "embed.*", "norm.*"), the hyper-connection
-//                     head as "hc_head_fn" / "hc_head_base" / "hc_head_scale"; "head.*" and the
-//                     per-layer names below "layers.L." are as the project reads them.
+//                     head as "hc_head_fn" / "hc_head_base" / "hc_head_scale", the attention's
+//                     KV norm as "attn.kv_norm" (the project's "attn.norm"); "head.*" and the
+//                     other per-layer names below "layers.L." are as the project reads them.
 // TensorSource (model/safetensors.h) detects the naming of a checkpoint and serves a
 // kDeepseekRelease one under the project's names, so every reader sees one naming.
 //

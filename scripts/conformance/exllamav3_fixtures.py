@@ -60,17 +60,21 @@ EXL3V3_CHANGES = {
     "qwen3_moe": dict(mlp_only_layers=[]),
     # exllamav3's Mixtral has no sliding window.
     "mixtral": dict(sliding_window=None),
-    # exllamav3 asserts n_group == topk_group == 1 for DeepSeek-V3 and GLM-MoE-DSA.
-    "deepseek_v3": dict(n_group=1, topk_group=1),
-    "glm_moe_dsa": dict(n_group=1, topk_group=1),
+    # exllamav3 asserts n_group == topk_group == 1 for DeepSeek-V3 and GLM-MoE-DSA; its Triton MLA
+    # kernels take tl.arange over v_head_dim, which must be a power of two (96 fails to compile;
+    # first device run): 128, as the released models have.
+    "deepseek_v3": dict(n_group=1, topk_group=1, v_head_dim=128),
+    "glm_moe_dsa": dict(n_group=1, topk_group=1, v_head_dim=128),
     # exllamav3 reads DeepSeek-V4 in the release layout (tensor names without "model.", its
     # config fields compress_ratios / num_hash_layers / rope_scaling): write_model renames.
     # Its hash layers are the first num_hash_layers, so mlp_layer_types keeps that shape.
     "deepseek_v4": dict(),
     # exllamav3 places Qwen3-Next's full-attention layers by full_attention_interval (every 3rd
     # layer here: [linear, linear, full], as layer_types says) and makes every layer MoE (it
-    # reads mlp_only_layers but does not use it).
-    "qwen3_next": dict(full_attention_interval=3, mlp_only_layers=[]),
+    # reads mlp_only_layers but does not use it). Its generator's fused q/k/v kernels found no
+    # shape for a 64-wide k_proj (first device run: "exl3_mgemm autotune: no compatible kernel
+    # shapes"): 2 KV heads, so k_proj and v_proj are 128 wide.
+    "qwen3_next": dict(full_attention_interval=3, mlp_only_layers=[], num_key_value_heads=2),
 }
 
 # Fields added to config.json after save_pretrained (exllamav3's names for what transformers
@@ -86,13 +90,14 @@ def family_names():
 
 # One fixture per entry: (name, family, converter arguments). The default variant of each family
 # (4 bits, head 6, default codebook mul1), and on qwen3_moe one converter setting each: the mcg and
-# 3inst codebooks, 2 and 3 bits, the half-integer rate 2.5 (mul1 only), the quantized embedding
-# and sharded output with an index (-ss 1: 1 MB shards).
+# 3inst codebooks, 2 and 3 bits, the half-integer rate 2.5 (mul1 only) with the quantized
+# embedding, and sharded output with an index (-ss 1: 1 MB shards).
 SWEEP = [(f"{f}_b4", f, ["-b", "4", "-hb", "6"]) for f in EXL3V3_CHANGES] + [
     ("qwen3_moe_b2_mcg", "qwen3_moe", ["-b", "2", "-hb", "6", "-cb", "mcg"]),
     ("qwen3_moe_b3_3inst", "qwen3_moe", ["-b", "3", "-hb", "6", "-cb", "3inst"]),
-    ("qwen3_moe_b2.5_mul1_eb4_sharded", "qwen3_moe",
-     ["-b", "2.5", "-hb", "6", "-cb", "mul1", "-eb", "4", "-ss", "1"]),
+    ("qwen3_moe_b2.5_mul1_eb4", "qwen3_moe", ["-b", "2.5", "-hb", "6", "-cb", "mul1", "-eb", "4"]),
+    # 1.15 MB at 4 bits: two shards of at most 1 MB and an index (at 2.5 bits it fit one).
+    ("qwen3_moe_b4_sharded", "qwen3_moe", ["-b", "4", "-hb", "6", "-ss", "1"]),
 ]
 # Calibration: small, the models are tiny (rows x columns of tokens).
 CAL_ARGS = ["-cr", "32", "-cc", "128"]
@@ -137,11 +142,14 @@ def write_tokenizer(directory, bos_id, eos_id):
 
 
 def deepseek_v4_release_name(name):
-    """transformers' saved DeepSeek-V4 name -> the release name exllamav3 reads (the inverse of
-    transformers' conversion mapping for deepseek_v4 as far as save_pretrained leaves it)."""
+    """transformers' saved DeepSeek-V4 name -> the name exllamav3 reads: without "model.", the
+    embedding, head and hyper-connection head in the release names, and the KV norm as
+    attn.kv_norm (first device run: "Required tensor layers.0.attn.kv_norm.weight not found")."""
     n = name
     if n.startswith("model."):
         n = n[len("model."):]
+    if n.startswith("layers.") and ".attn.norm." in n:
+        n = n.replace(".attn.norm.", ".attn.kv_norm.")
     if n == "embed_tokens.weight":
         return "embed.weight"
     if n == "lm_head.weight":

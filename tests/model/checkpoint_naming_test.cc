@@ -27,6 +27,9 @@ TEST(CheckpointNaming, ProjectNamesOfReleaseTensors) {
   EXPECT_EQ(ProjectTensorName(r, "layers.3.ffn.experts.7.w2.trellis"),
             "model.layers.3.ffn.experts.7.w2.trellis");
   EXPECT_EQ(ProjectTensorName(r, "layers.0.hc_attn_fn"), "model.layers.0.hc_attn_fn");
+  EXPECT_EQ(ProjectTensorName(r, "layers.2.attn.kv_norm.weight"), "model.layers.2.attn.norm.weight");
+  EXPECT_EQ(ProjectTensorName(r, "layers.2.attn.compressor.norm.weight"),
+            "model.layers.2.attn.compressor.norm.weight");
   EXPECT_EQ(ProjectTensorName(r, "embed.weight"), "model.embed_tokens.weight");
   EXPECT_EQ(ProjectTensorName(r, "embed.trellis"), "model.embed_tokens.trellis");
   EXPECT_EQ(ProjectTensorName(r, "norm.weight"), "model.norm.weight");
