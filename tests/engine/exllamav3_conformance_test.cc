@@ -7,7 +7,8 @@
 // differently (and by ~5e-3 on the rows after it). The engine must be within 2e-3 relative of
 // the nearer of the two, or no farther than they are from each other. At most one row per
 // fixture may miss (printed): one row of qwen3_moe_b3_3inst is 0.26 from both paths, which agree
-// there (README.md, "What the engine test checks").
+// there, where a router's second and third experts are 6.4e-5 apart in probability (README.md,
+// "What the engine test checks").
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
