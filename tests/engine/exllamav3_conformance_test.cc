@@ -49,6 +49,11 @@ struct Refusal {
 };
 const Refusal kRefusals[] = {
     {"qwen3_moe_b2.5_mul1_eb4", "exllamav3 quantized embedding table"},
+    // kv_a_proj_with_mqa (160 outputs) stored padded to 256.
+    {"deepseek_v3_b4", "zero-padded to multiples of 128, as exllamav3 stores it; padded EXL3 "
+                       "layers are not supported"},
+    // attn.wo_a stored as per-group slices attn.wo_a.slice.G (engine/linear.cc names the layer).
+    {"deepseek_v4_b4", "model.layers.0.attn.wo_a: neither model.layers.0.attn.wo_a.trellis"},
 };
 
 const Refusal* RefusalOf(const std::string& fixture) {
