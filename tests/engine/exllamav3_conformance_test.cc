@@ -41,40 +41,10 @@ std::vector<std::string> Fixtures() {
   return names;
 }
 
-// Fixtures holding what the engine does not run: opening them must fail with a message naming
-// it (docs/format.md, "Directories exllamav3 writes").
-struct Refusal {
-  const char* fixture;
-  const char* message;  // a part of the error
-};
-const Refusal kRefusals[] = {
-    {"qwen3_moe_b2.5_mul1_eb4", "exllamav3 quantized embedding table"},
-    // kv_a_proj_with_mqa (160 outputs) stored padded to 256.
-    {"deepseek_v3_b4", "zero-padded to multiples of 128, as exllamav3 stores it; padded EXL3 "
-                       "layers are not supported"},
-    // attn.wo_a stored as per-group slices attn.wo_a.slice.G (engine/linear.cc names the layer).
-    {"deepseek_v4_b4", "model.layers.0.attn.wo_a: neither model.layers.0.attn.wo_a.trellis"},
-};
-
-const Refusal* RefusalOf(const std::string& fixture) {
-  for (const Refusal& r : kRefusals) {
-    if (fixture == r.fixture) return &r;
-  }
-  return nullptr;
-}
-
 class Exllamav3ConformanceTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Exllamav3ConformanceTest, GreedyTokensAndLogits) {
   const std::string dir = (fs::path(kFixtureDir) / GetParam()).string();
-  if (const Refusal* r = RefusalOf(GetParam())) {
-    CpuModelOptions o;
-    auto model = CpuModel::Open(dir, o);
-    ASSERT_FALSE(model.ok()) << GetParam() << " opened, but should be refused: " << r->message;
-    EXPECT_NE(model.status().message().find(r->message), std::string::npos) << model.status();
-    std::printf("%s refused: %s\n", GetParam().c_str(), std::string(model.status().message()).c_str());
-    return;
-  }
   auto ref = TensorSource::Open(dir + "/reference.safetensors");
   ASSERT_TRUE(ref.ok()) << ref.status();
   auto ints = [&](const std::string& name) {
