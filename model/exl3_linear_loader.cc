@@ -99,6 +99,13 @@ absl::StatusOr<std::unique_ptr<Exl3Linear>> LoadExl3Linear(const TensorSource& s
     return BadTensor(tname, absl::StrCat("has dtype ", std::string(DTypeName(ti.dtype)),
                                          ", expected I16"));
   }
+  // exllamav3's half-integer rates (1.5, 2.5, 3.5 bits, mul1 only) store 16*K + 8 words per
+  // tile in another bit layout, which the decoder here does not read.
+  if (ti.shape.size() == 3 && ti.shape[2] % 16 == 8 && ti.shape[2] >= 24 && ti.shape[2] <= 56) {
+    return BadTensor(tname, absl::StrCat("has shape ", ShapeStr(ti.shape), ": a half-integer bit "
+                                         "rate (K = ", ti.shape[2] / 16, ".5, exllamav3's mul1 "
+                                         "1.5/2.5/3.5-bit rates), which is not supported"));
+  }
   if (ti.shape.size() != 3 || ti.shape[2] % 16 != 0 || ti.shape[2] / 16 < 1 ||
       ti.shape[2] / 16 > 8 || ti.shape[0] <= 0 || ti.shape[1] <= 0 || ti.shape[0] % 8 != 0 ||
       ti.shape[1] % 8 != 0 || ti.shape[0] > (1 << 20) || ti.shape[1] > (1 << 20)) {
@@ -110,6 +117,17 @@ absl::StatusOr<std::unique_ptr<Exl3Linear>> LoadExl3Linear(const TensorSource& s
   v.in_features = static_cast<int>(ti.shape[0] * 16);
   v.out_features = static_cast<int>(ti.shape[1] * 16);
   v.bits = static_cast<int>(ti.shape[2] / 16);
+  // exllamav3 pads a layer whose width is not a multiple of 128 with zeros up to one (e.g. an
+  // MLA kv_a_proj_with_mqa of 576 or 160 outputs) and trims the output when it runs it.
+  auto padded = [](int stored, int want) { return want >= 0 && want % 128 != 0 &&
+                                                  stored == (want + 127) / 128 * 128; };
+  if (padded(v.in_features, expect_in) || padded(v.out_features, expect_out)) {
+    return BadTensor(tname, absl::StrCat("has shape ", ShapeStr(ti.shape), " (", v.in_features,
+                                         "x", v.out_features, "): the config's ", expect_in, "x",
+                                         expect_out, " layer zero-padded to multiples of 128, as "
+                                         "exllamav3 stores it; padded EXL3 layers are not "
+                                         "supported"));
+  }
   if ((expect_in >= 0 && v.in_features != expect_in) ||
       (expect_out >= 0 && v.out_features != expect_out)) {
     return BadTensor(tname, absl::StrCat("has shape ", ShapeStr(ti.shape), " (", v.in_features,

@@ -9,7 +9,9 @@
 //
 // K = trellis.shape[2] / 16; codebook from the presence of `mcg` / `mul1` (their value is checked);
 // sign/scale vectors fp16 `suh`/`svh`, or packed int16 `su`/`sv` (unpacked into owned memory);
-// optional `bias` (fp16, or bf16/fp32 converted to owned fp16).
+// optional `bias` (fp16, or bf16/fp32 converted to owned fp16). Refused with messages naming
+// them: exllamav3's half-integer rates (16*K + 8 words per tile) and layers it stored
+// zero-padded to multiples of 128 (docs/format.md, "Directories exllamav3 writes").
 #pragma once
 
 #include <cstdint>

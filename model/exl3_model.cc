@@ -78,6 +78,9 @@ absl::StatusOr<std::unique_ptr<Exl3Model>> Exl3Model::Open(const std::string& di
   absl::StatusOr<std::unique_ptr<TensorSource>> src = TensorSource::Open(dir, options.residency);
   if (!src.ok()) return src.status();
   m->src_ = std::move(*src);
+  // exllamav3's record of every module's tensors (model/exl3_storage.h): the files must match it.
+  EXL3_ASSIGN_OR_RETURN(m->storage_, ReadExl3Storage(dir));
+  if (m->storage_) EXL3_RETURN_IF_ERROR(CheckExl3Storage(*m->storage_, *m->src_));
 
   // Fingerprint: config bytes, then every tensor's name, dtype and shape in name order, with the
   // content digest recorded for it when the directory has them (model/weight_digest.h).

@@ -11,7 +11,10 @@
 //
 // Every held expert's gate/up/down and the shared expert are checked against the config
 // (hidden_size x moe_intermediate_size, down transposed); a missing tensor or a wrong shape gives an
-// error naming the tensor. Router weights and correction biases are kept as fp32 copies.
+// error naming the tensor. Router weights and correction biases are kept as fp32 copies. A
+// directory exllamav3 wrote is checked against its quantization_config.json
+// (model/exl3_storage.h); DeepSeek-V4 in its release names is read under the project's names
+// (model/checkpoint_naming.h).
 // The views point into the mapped files (and small owned buffers), valid while the model lives.
 #pragma once
 
@@ -26,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/moe_cpu.h"
 #include "model/exl3_linear_loader.h"
+#include "model/exl3_storage.h"
 #include "model/moe_config.h"
 #include "model/safetensors.h"
 
@@ -50,6 +54,8 @@ class Exl3Model {
   const std::string& dir() const { return dir_; }
   const MoeConfig& config() const { return config_; }
   const TensorSource& tensors() const { return *src_; }
+  // exllamav3's quantization_config.json, checked against the files; nullopt when absent.
+  const std::optional<Exl3Storage>& storage() const { return storage_; }
   // Hex digest over config.json's bytes and every tensor's name, dtype and shape, and its content
   // digest when the directory records them (weights.digest.json, model/weight_digest.h; each
   // tensor read is then checked against its digest).
@@ -108,6 +114,7 @@ class Exl3Model {
   std::string dir_;
   MoeConfig config_;
   std::unique_ptr<TensorSource> src_;
+  std::optional<Exl3Storage> storage_;
   std::string fingerprint_;
   bool fingerprint_covers_weights_ = false;
   std::map<int, Layer> layers_;

@@ -472,6 +472,16 @@ absl::StatusOr<MoeConfig> ParseMoeConfig(std::string_view json_text_as_given, st
     if (q.contains("head_bits") && q["head_bits"].is_number()) {
       c.head_bits = q["head_bits"].get<double>();
     }
+    if (q.contains("version") && q["version"].is_string()) {
+      c.quant_version = q["version"].get<std::string>();
+    }
+    if (q.contains("codebook") && q["codebook"].is_string()) {
+      c.quant_codebook = q["codebook"].get<std::string>();
+      if (c.quant_codebook != "mul1" && c.quant_codebook != "mcg" && c.quant_codebook != "3inst") {
+        return r.Bad("quantization_config.codebook",
+                     absl::StrCat("is '", c.quant_codebook, "', not mul1, mcg or 3inst"));
+      }
+    }
   }
   return c;
 }

@@ -88,10 +88,15 @@ struct MoeConfig {
   // The same clamp on the shared expert (DeepSeek-V4: transformers 5.24's shared MLP clamps too).
   float shared_swiglu_limit = 0.0f;
 
-  // quantization_config (empty quant_method when the config has none).
+  // quantization_config (empty quant_method when the config has none). exllamav3 writes
+  // quant_method "exl3", version (its own), bits (the average it reached, e.g. 4.02 or 2.5),
+  // head_bits, codebook ("mul1", "mcg", "3inst"; older files none: then per tensor only),
+  // calibration {rows, cols}, out_scales, and mtp_bits / vision_bits when it quantized those.
   std::string quant_method;
+  std::string quant_version;
   double bits = 0.0;
   double head_bits = 0.0;
+  std::string quant_codebook;
 
   bool IsMoeLayer(int layer) const {
     return layer >= 0 && layer < num_hidden_layers && moe_layers[layer];

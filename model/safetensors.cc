@@ -263,6 +263,7 @@ absl::StatusOr<std::unique_ptr<TensorSource>> TensorSource::Open(const std::stri
   if (fs::is_regular_file(file_or_dir, ec)) {
     absl::Status s = add_file(file_or_dir);
     if (!s.ok()) return s;
+    EXL3_RETURN_IF_ERROR(src->ApplyNaming());
     return src;
   }
   if (!fs::is_directory(file_or_dir, ec)) {
@@ -294,6 +295,7 @@ absl::StatusOr<std::unique_ptr<TensorSource>> TensorSource::Open(const std::stri
       }
       src->shard_of_[it.key()] = path;
     }
+    EXL3_RETURN_IF_ERROR(src->ApplyNaming());
     return src;
   }
   std::vector<std::string> files;
@@ -308,13 +310,60 @@ absl::StatusOr<std::unique_ptr<TensorSource>> TensorSource::Open(const std::stri
     absl::Status s = add_file(f);
     if (!s.ok()) return s;
   }
+  EXL3_RETURN_IF_ERROR(src->ApplyNaming());
   return src;
+}
+
+absl::Status TensorSource::ApplyNaming() {
+  std::vector<std::string> stored;
+  stored.reserve(shard_of_.size());
+  for (const auto& [name, file] : shard_of_) stored.push_back(name);
+  naming_ = DetectCheckpointNaming(stored);
+  if (naming_ == CheckpointNaming::kTransformers) return absl::OkStatus();
+  std::map<std::string, std::string, std::less<>> renamed;
+  for (const auto& [name, file] : shard_of_) {
+    std::string project = ProjectTensorName(naming_, name);
+    if (renamed.count(project)) {
+      return absl::DataLossError(absl::StrCat("tensor '", name, "' (", std::string(CheckpointNamingName(naming_)),
+                                              " naming) would be read as '", project,
+                                              "', which another tensor already is"));
+    }
+    if (project != name) stored_name_[project] = name;
+    renamed[std::move(project)] = file;
+  }
+  shard_of_ = std::move(renamed);
+  return absl::OkStatus();
+}
+
+std::string TensorSource::StoredName(std::string_view name) const {
+  auto it = stored_name_.find(name);
+  return it == stored_name_.end() ? std::string(name) : it->second;
+}
+
+std::string TensorSource::MissingTensorHint(std::string_view name) const {
+  constexpr std::string_view kWeight = ".weight";
+  if (name.size() <= kWeight.size() || name.substr(name.size() - kWeight.size()) != kWeight) {
+    return "";
+  }
+  const std::string base(name.substr(0, name.size() - kWeight.size()));
+  if (Has(base + ".slice.0.trellis") || Has(base + ".slice.0.weight")) {
+    return absl::StrCat(": '", base, "' is stored as per-group slices ('", base,
+                        ".slice.0', ...: exllamav3's DeepSeek-V4 wo_a), which this project does "
+                        "not read");
+  }
+  if (!Has(base + ".trellis")) return "";
+  if (Has(base + ".signs")) {
+    return absl::StrCat(": '", base, "' is stored as an exllamav3 quantized embedding table ('",
+                        base, ".trellis' and '", base, ".signs'), which this project does not read");
+  }
+  return absl::StrCat(": '", base, "' is stored as an EXL3 layer ('", base, ".trellis')");
 }
 
 absl::StatusOr<const SafetensorsFile*> TensorSource::FileFor(std::string_view name) const {
   auto it = shard_of_.find(name);
   if (it == shard_of_.end()) {
-    return absl::NotFoundError(absl::StrCat("tensor '", std::string(name), "' is not in the model"));
+    return absl::NotFoundError(absl::StrCat("tensor '", std::string(name), "' is not in the model",
+                                            MissingTensorHint(name)));
   }
   std::lock_guard<std::mutex> lock(*mu_);
   auto f = open_.find(it->second);
@@ -338,19 +387,20 @@ absl::Status NotInShard(std::string_view name, const std::string& path) {
 absl::StatusOr<TensorView> TensorSource::Get(std::string_view name) const {
   absl::StatusOr<const SafetensorsFile*> f = FileFor(name);
   if (!f.ok()) return f.status();
-  absl::StatusOr<TensorView> v = (*f)->Get(name);
-  if (!v.ok()) return NotInShard(name, (*f)->path());
+  absl::StatusOr<TensorView> v = (*f)->Get(StoredName(name));
+  if (!v.ok()) return NotInShard(StoredName(name), (*f)->path());
   if (residency_ == TensorResidency::kOwned) {
     EXL3_RETURN_IF_ERROR((*f)->Own(v->data, v->size_bytes()));
   }
   if (digests_) {
-    if (absl::Status st = Verify(*v); !st.ok()) return st;
+    if (absl::Status st = Verify(name, *v); !st.ok()) return st;
   }
   return v;
 }
 
-absl::Status TensorSource::Verify(const TensorView& v) const {
-  const std::string& name = v.info->name;
+absl::Status TensorSource::Verify(std::string_view name_view, const TensorView& v) const {
+  // Digests are recorded under the names the project reads (TensorSource::Names()).
+  const std::string name(name_view);
   {
     std::lock_guard<std::mutex> lock(*mu_);
     if (verified_.count(name)) return absl::OkStatus();
@@ -387,8 +437,8 @@ uint64_t TensorSource::owned_bytes() const {
 absl::StatusOr<const TensorInfo*> TensorSource::Info(std::string_view name) const {
   absl::StatusOr<const SafetensorsFile*> f = FileFor(name);
   if (!f.ok()) return f.status();
-  const TensorInfo* info = (*f)->Find(name);
-  if (info == nullptr) return NotInShard(name, (*f)->path());
+  const TensorInfo* info = (*f)->Find(StoredName(name));
+  if (info == nullptr) return NotInShard(StoredName(name), (*f)->path());
   return info;
 }
 

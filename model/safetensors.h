@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/fp16.h"  // HalfBitsToFloat, BFloat16BitsToFloat, ...
+#include "model/checkpoint_naming.h"
 #include "model/weight_digest.h"
 
 namespace exl3 {
@@ -107,10 +108,18 @@ class SafetensorsFile {
 
 // All tensors of a model: one .safetensors file, or a directory with one file or with
 // model.safetensors.index.json naming the shard of every tensor. Files are opened lazily.
+// Tensors are named as the project reads them: a checkpoint in DeepSeek's release naming
+// (model/checkpoint_naming.h) is served under the transformers names; TensorView::info->name
+// keeps the stored name.
 class TensorSource {
  public:
   static absl::StatusOr<std::unique_ptr<TensorSource>> Open(
       const std::string& file_or_dir, TensorResidency residency = TensorResidency::kMapped);
+
+  // How the checkpoint names its tensors.
+  CheckpointNaming naming() const { return naming_; }
+  // The name a tensor is stored under (the same name for a transformers-named checkpoint).
+  std::string StoredName(std::string_view name) const;
 
   bool Has(std::string_view name) const;
   absl::StatusOr<TensorView> Get(std::string_view name) const;
@@ -130,10 +139,16 @@ class TensorSource {
 
  private:
   absl::StatusOr<const SafetensorsFile*> FileFor(std::string_view name) const;
-  absl::Status Verify(const TensorView& v) const;
+  absl::Status Verify(std::string_view name, const TensorView& v) const;
+  // Detects the naming and re-keys shard_of_ by the project's names.
+  absl::Status ApplyNaming();
+  // What to add to "tensor X is not in the model" when the layer is stored another way.
+  std::string MissingTensorHint(std::string_view name) const;
   std::string dir_;
   TensorResidency residency_ = TensorResidency::kMapped;
   std::map<std::string, std::string, std::less<>> shard_of_;  // tensor -> file path
+  CheckpointNaming naming_ = CheckpointNaming::kTransformers;
+  std::map<std::string, std::string, std::less<>> stored_name_;  // renamed tensors only
   mutable std::map<std::string, std::unique_ptr<SafetensorsFile>> open_;
   mutable std::unique_ptr<std::mutex> mu_;
   std::optional<WeightDigests> digests_;

@@ -10,6 +10,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "model/routing.h"
 #include "tests/kernels/random_layer.h"
+#include "tests/model/exllamav3_dir_writer.h"
 #include "tests/model/test_model_writer.h"
 
 namespace exl3 {
@@ -330,6 +331,145 @@ TEST(Exl3ModelTest, WrongCodebookFlagValue) {
   ASSERT_FALSE(l.ok());
   EXPECT_NE(l.status().message().find("l.mcg"), std::string::npos) << l.status();
   EXPECT_FALSE(LoadExl3Linear(**src, "other").ok());
+  std::filesystem::remove_all(dir);
+}
+
+// ---- Directories as exllamav3's converter writes them (tests/model/exllamav3_dir_writer.h) ----
+
+std::string WriteExllamav3(const std::string& name, const testing::Exllamav3DirSpec& spec) {
+  const std::string dir = TempDir("exllamav3_" + name);
+  testing::Exllamav3DirWriter w(spec);
+  absl::Status s = w.Write(dir);
+  EXPECT_TRUE(s.ok()) << s;
+  return dir;
+}
+
+TEST(Exl3ModelTest, OpensExllamav3Directories) {
+  using testing::Exllamav3Family;
+  struct Case {
+    const char* name;
+    Exllamav3Family family;
+    const char* codebook;
+    int shards;
+    Codebook want;
+  };
+  const Case cases[] = {
+      {"qwen_mul1", Exllamav3Family::kQwen3Moe, "mul1", 1, Codebook::kMul1},
+      {"qwen_mcg_sharded", Exllamav3Family::kQwen3Moe, "mcg", 3, Codebook::kMcg},
+      {"qwen_3inst", Exllamav3Family::kQwen3Moe, "3inst", 1, Codebook::k3Inst},
+      {"glm_mtp", Exllamav3Family::kGlm4Moe, "mul1", 2, Codebook::kMul1},
+      {"dsv4_release", Exllamav3Family::kDeepseekV4, "mul1", 2, Codebook::kMul1},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    testing::Exllamav3DirSpec spec;
+    spec.family = c.family;
+    spec.codebook = c.codebook;
+    spec.shards = c.shards;
+    const std::string dir = WriteExllamav3(c.name, spec);
+    absl::StatusOr<std::unique_ptr<Exl3Model>> m = Exl3Model::Open(dir);
+    ASSERT_TRUE(m.ok()) << m.status();
+    const MoeConfig& cfg = (*m)->config();
+    EXPECT_EQ(cfg.quant_method, "exl3");
+    EXPECT_EQ(cfg.quant_version, "1.6.5");
+    EXPECT_EQ(cfg.quant_codebook, c.codebook);
+    EXPECT_DOUBLE_EQ(cfg.bits, 4.02);
+    ASSERT_TRUE((*m)->storage().has_value());
+    EXPECT_EQ((*m)->storage()->version, "1.6.5");
+    // Every layer is MoE; GLM's MTP block (layer num_hidden_layers) is not a decoder layer.
+    EXPECT_EQ(cfg.MoeLayers(), (std::vector<int>{0, 1}));
+    for (int l : {0, 1}) {
+      EXPECT_EQ((*m)->HeldExperts(l).size(), 4u);
+      ASSERT_NE((*m)->Expert(l, 3), nullptr);
+      EXPECT_EQ((*m)->Expert(l, 3)->down.bits, 4);
+      EXPECT_EQ((*m)->Expert(l, 3)->gate.codebook, c.want);
+      ASSERT_NE((*m)->RouterWeight(l), nullptr);
+    }
+    EXPECT_TRUE((*m)->HeldExperts(2).empty());
+    if (c.family == Exllamav3Family::kDeepseekV4) {
+      // Release names, read under the project's.
+      EXPECT_EQ((*m)->tensors().naming(), CheckpointNaming::kDeepseekRelease);
+      EXPECT_EQ((*m)->Linear(1, 2, Projection::kDown)->prefix, "model.layers.1.ffn.experts.2.w2");
+      EXPECT_EQ((*m)->tensors().StoredName("model.layers.1.ffn.experts.2.w2.trellis"),
+                "layers.1.ffn.experts.2.w2.trellis");
+      int64_t vocab = 0;
+      EXPECT_NE((*m)->HashTable(0, &vocab), nullptr);
+      EXPECT_EQ(vocab, 128);
+      EXPECT_EQ((*m)->CorrectionBias(0), nullptr);
+      EXPECT_NE((*m)->CorrectionBias(1), nullptr);
+      EXPECT_NE((*m)->SharedExpert(1), nullptr);
+      EXPECT_TRUE((*m)->tensors().Has("model.embed_tokens.weight"));
+      EXPECT_TRUE((*m)->tensors().Has("model.hc_head.hc_fn"));
+      EXPECT_TRUE((*m)->tensors().Has("head.trellis"));
+    }
+    if (c.family == Exllamav3Family::kGlm4Moe) {
+      EXPECT_NE((*m)->CorrectionBias(1), nullptr);
+      EXPECT_NE((*m)->SharedExpert(1), nullptr);
+      EXPECT_TRUE((*m)->tensors().Has("model.layers.2.eh_proj.trellis"));  // kept, not read
+    }
+    // The layer runs: reference and CPU backend agree.
+    const int H = spec.hidden, T = 3;
+    absl::StatusOr<MoeLayerView> view = (*m)->LayerView(1);
+    ASSERT_TRUE(view.ok()) << view.status();
+    const auto x = testing::RandomVector(static_cast<size_t>(T) * H, 5);
+    std::vector<int32_t> ids(T * 2);
+    std::vector<float> w(T * 2);
+    ASSERT_TRUE(RouteTokens(cfg, 1, (*m)->RouterWeight(1), (*m)->CorrectionBias(1), x.data(), T,
+                            ids.data(), w.data()).ok());
+    std::vector<float> ref(T * H), out(T * H);
+    const MoeAssignments a = MoeAssignments::Fixed(T, 2, ids.data(), w.data());
+    ASSERT_TRUE(MoeForwardReference(*view, x.data(), a, true, ref.data()).ok());
+    cpu::CpuBackend cpu(2);
+    ASSERT_TRUE(cpu.Moe(*view, x.data(), a, true, out.data()).ok());
+    EXPECT_LT(testing::RelErr(out.data(), ref.data(), ref.size()), 1e-5);
+    std::filesystem::remove_all(dir);
+  }
+}
+
+// A half-integer rate is refused where it is read, by name; a share without that expert opens.
+TEST(Exl3ModelTest, Exllamav3HalfIntegerRateIsRefusedByName) {
+  testing::Exllamav3DirSpec spec;
+  spec.half_integer_expert = true;
+  const std::string dir = WriteExllamav3("half", spec);
+  absl::StatusOr<std::unique_ptr<Exl3Model>> m = Exl3Model::Open(dir);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("tensor 'model.layers.0.mlp.experts.1.gate_proj.trellis' has "
+                                      "shape [16, 8, 40]: a half-integer bit rate (K = 2.5"),
+            std::string::npos) << m.status();
+  Exl3ModelOptions share;
+  share.experts = std::map<int, std::vector<int>>{{0, {0, 2}}, {1, {1}}};
+  m = Exl3Model::Open(dir, share);
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::filesystem::remove_all(dir);
+}
+
+// The MoE side does not read the embedding; whoever asks for it learns how it is stored.
+TEST(Exl3ModelTest, Exllamav3QuantizedEmbeddingIsNamedWhenRead) {
+  testing::Exllamav3DirSpec spec;
+  spec.quantized_embedding = true;
+  const std::string dir = WriteExllamav3("qembed", spec);
+  absl::StatusOr<std::unique_ptr<Exl3Model>> m = Exl3Model::Open(dir);
+  ASSERT_TRUE(m.ok()) << m.status();
+  absl::StatusOr<TensorView> e = (*m)->tensors().Get("model.embed_tokens.weight");
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("'model.embed_tokens' is stored as an exllamav3 quantized "
+                                      "embedding table"),
+            std::string::npos) << e.status();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Exl3ModelTest, Exllamav3RecordThatDoesNotMatchTheFilesIsRefused) {
+  testing::Exllamav3DirSpec spec;
+  spec.edit_storage = [](nlohmann::json& j) {
+    j["tensor_storage"]["lm_head"]["bits_per_weight"] = 5;
+  };
+  const std::string dir = WriteExllamav3("badrecord", spec);
+  absl::StatusOr<std::unique_ptr<Exl3Model>> m = Exl3Model::Open(dir);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(m.status().message().find("quantization_config.json: module 'lm_head': bits_per_weight "
+                                      "5, but its trellis holds 6"),
+            std::string::npos) << m.status();
   std::filesystem::remove_all(dir);
 }
 

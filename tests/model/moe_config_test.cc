@@ -417,5 +417,30 @@ TEST(MoeConfigTest, NamesMissingFields) {
   EXPECT_NE(RequireExl3(*c).message().find("gptq"), std::string::npos);
 }
 
+// quantization_config as exllamav3 1.6.5 writes it.
+TEST(MoeConfigTest, Exllamav3QuantizationConfig) {
+  json j = Glm45Air();
+  j["quantization_config"] = json::parse(R"({"quant_method": "exl3", "version": "1.6.5",
+      "bits": 2.53, "head_bits": 6, "calibration": {"rows": 250, "cols": 2048},
+      "out_scales": "auto", "codebook": "mcg", "mtp_bits": 4})");
+  absl::StatusOr<MoeConfig> c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->quant_version, "1.6.5");
+  EXPECT_EQ(c->quant_codebook, "mcg");
+  EXPECT_DOUBLE_EQ(c->bits, 2.53);
+  EXPECT_DOUBLE_EQ(c->head_bits, 6);
+  EXPECT_TRUE(RequireExl3(*c).ok());
+  j["quantization_config"]["codebook"] = "e8p";
+  c = Parse(j);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("'e8p', not mul1, mcg or 3inst"), std::string::npos)
+      << c.status();
+  // Older files record no codebook: it is then per tensor only.
+  j["quantization_config"].erase("codebook");
+  c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->quant_codebook, "");
+}
+
 }  // namespace
 }  // namespace exl3

@@ -148,5 +148,92 @@ TEST(TensorSource, ReadsShardedModelsThroughTheIndex) {
   std::filesystem::remove_all(dir);
 }
 
+// A checkpoint in DeepSeek's release naming (DeepSeek-V4 as exllamav3 writes it) is served under
+// the project's names; each tensor still reads the bytes stored under its own name.
+TEST(TensorSource, ServesDeepseekReleaseNamesUnderTheProjectNames) {
+  const auto dir = std::filesystem::temp_directory_path() / "exl3_st_release";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  SafetensorsWriter w;
+  const float embed = 1, norm = 2, fn = 3, head = 4, layer = 5, mtp = 6;
+  w.AddF32("embed.weight", {1}, &embed);
+  w.AddF32("norm.weight", {1}, &norm);
+  w.AddF32("hc_head_fn", {1}, &fn);
+  w.AddF32("head.weight", {1}, &head);
+  w.AddF32("layers.0.ffn.experts.0.w1.weight", {1}, &layer);
+  w.AddF32("mtp.0.attn.wkv.weight", {1}, &mtp);
+  ASSERT_TRUE(w.Write((dir / "model.safetensors").string()).ok());
+  auto src = TensorSource::Open(dir.string());
+  ASSERT_TRUE(src.ok()) << src.status();
+  EXPECT_EQ((*src)->naming(), CheckpointNaming::kDeepseekRelease);
+  EXPECT_EQ((*src)->Names(),
+            (std::vector<std::string>{"head.weight", "model.embed_tokens.weight",
+                                      "model.hc_head.hc_fn", "model.layers.0.ffn.experts.0.w1.weight",
+                                      "model.norm.weight", "mtp.0.attn.wkv.weight"}));
+  const std::pair<const char*, float> want[] = {{"model.embed_tokens.weight", embed},
+                                                {"model.norm.weight", norm},
+                                                {"model.hc_head.hc_fn", fn},
+                                                {"head.weight", head},
+                                                {"model.layers.0.ffn.experts.0.w1.weight", layer},
+                                                {"mtp.0.attn.wkv.weight", mtp}};
+  for (const auto& [name, value] : want) {
+    auto t = (*src)->Get(name);
+    ASSERT_TRUE(t.ok()) << name << ": " << t.status();
+    EXPECT_EQ(*t->as<float>(), value) << name;
+    auto info = (*src)->Info(name);
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ((*info)->name, (*src)->StoredName(name));
+  }
+  EXPECT_EQ((*src)->StoredName("model.layers.0.ffn.experts.0.w1.weight"),
+            "layers.0.ffn.experts.0.w1.weight");
+  EXPECT_FALSE((*src)->Has("embed.weight"));  // one name per tensor: the project's
+
+  // A transformers-named checkpoint is left alone.
+  SafetensorsWriter t;
+  t.AddF32("model.embed_tokens.weight", {1}, &embed);
+  t.AddF32("model.layers.0.mlp.gate.weight", {1}, &layer);
+  std::filesystem::remove(dir / "model.safetensors");
+  ASSERT_TRUE(t.Write((dir / "model.safetensors").string()).ok());
+  auto plain = TensorSource::Open(dir.string());
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ((*plain)->naming(), CheckpointNaming::kTransformers);
+  EXPECT_TRUE((*plain)->Has("model.layers.0.mlp.gate.weight"));
+  std::filesystem::remove_all(dir);
+}
+
+// Asking for a dense weight that is stored another way says how it is stored.
+TEST(TensorSource, MissingWeightNamesHowTheLayerIsStored) {
+  const auto dir = std::filesystem::temp_directory_path() / "exl3_st_hint";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  SafetensorsWriter w;
+  const int16_t bits[2] = {1, 2};
+  w.Add("model.embed_tokens.trellis", DType::kI16, {1, 2}, bits, 4);
+  w.Add("model.embed_tokens.signs", DType::kI16, {1, 2}, bits, 4);
+  w.Add("lm_head.trellis", DType::kI16, {1, 2}, bits, 4);
+  w.Add("model.layers.0.attn.wo_a.slice.0.trellis", DType::kI16, {1, 2}, bits, 4);
+  ASSERT_TRUE(w.Write((dir / "model.safetensors").string()).ok());
+  auto src = TensorSource::Open(dir.string());
+  ASSERT_TRUE(src.ok()) << src.status();
+  auto embed = (*src)->Get("model.embed_tokens.weight");
+  ASSERT_FALSE(embed.ok());
+  EXPECT_NE(embed.status().message().find("exllamav3 quantized embedding table"), std::string::npos)
+      << embed.status();
+  auto head = (*src)->Get("lm_head.weight");
+  ASSERT_FALSE(head.ok());
+  EXPECT_NE(head.status().message().find("'lm_head' is stored as an EXL3 layer"), std::string::npos)
+      << head.status();
+  auto slices = (*src)->Get("model.layers.0.attn.wo_a.weight");
+  ASSERT_FALSE(slices.ok());
+  EXPECT_NE(slices.status().message().find("is stored as per-group slices "
+                                           "('model.layers.0.attn.wo_a.slice.0', ...: exllamav3's "
+                                           "DeepSeek-V4 wo_a)"),
+            std::string::npos) << slices.status();
+  auto other = (*src)->Get("model.norm.weight");
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().message(), "tensor 'model.norm.weight' is not in the model");
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace exl3
