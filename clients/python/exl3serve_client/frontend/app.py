@@ -29,7 +29,8 @@ from exl3serve.v1 import exl3serve_pb2 as pb
 from ..generate import FINISH_REASONS, AsyncGenerateClient, make_generate_request
 from ..generate_stream import GenerateCall, GenerateStreamClient
 from .metrics import FrontendMetrics
-from .protocol import INT32_MAX, APIError, ChatCompletionRequest, CompletionRequest, _Sampling
+from .protocol import (INT32_MAX, UNSUPPORTED_CHAT_FIELDS, UNSUPPORTED_FIELDS, APIError,
+                       ChatCompletionRequest, CompletionRequest, _Sampling, unsupported_field)
 from .text import ChatTemplateError, ModelTokenizer, StopMatcher
 from .tokenizer_process import TokenizerProcess, TokenizerProcessDied
 
@@ -300,10 +301,26 @@ class Frontend:
         if body.model != self.model_name():
             raise APIError(404, f"The model `{body.model}` does not exist.", param="model",
                            code="model_not_found")
+        refused = unsupported_field(body.model_extra, UNSUPPORTED_FIELDS)
+        if refused is None and endpoint == "chat_completions":
+            refused = unsupported_field(body.model_extra, UNSUPPORTED_CHAT_FIELDS)
+        if refused is not None:
+            name, why = refused
+            raise APIError(400, f"{name}: {why}", param=name)
         if body.n not in (None, 1):
             raise APIError(400, "n must be 1: one choice per request is supported", param="n")
         if body.logit_bias:
             raise APIError(400, "logit_bias is not supported", param="logit_bias")
+        if body.best_of not in (None, 1):
+            raise APIError(400, "best_of must be 1", param="best_of")
+        if body.response_format and body.response_format.get("type") not in (None, "text"):
+            raise APIError(400, f"response_format of type {body.response_format.get('type')!r}: "
+                           "constrained decoding (structured output) is not supported yet",
+                           param="response_format")
+        if body.stream_options is not None and body.stream_options.continuous_usage_stats:
+            raise APIError(400, "stream_options.continuous_usage_stats is not supported: the "
+                           "usage comes in the stream's last chunk (include_usage)",
+                           param="stream_options.continuous_usage_stats")
 
     def _stops(self, body: _Sampling) -> list[str]:
         stop = body.stop
@@ -371,8 +388,6 @@ class Frontend:
         self._common(body, "completions")
         if body.echo:
             raise APIError(400, "echo is not supported", param="echo")
-        if body.best_of not in (None, 1):
-            raise APIError(400, "best_of must be 1", param="best_of")
         if body.suffix:
             raise APIError(400, "suffix is not supported", param="suffix")
         p = body.prompt
@@ -395,10 +410,10 @@ class Frontend:
     async def chat_job(self, body: ChatCompletionRequest) -> Job:
         self._common(body, "chat_completions")
         if body.tools:
-            raise APIError(400, "tools are not supported", param="tools")
-        if body.response_format and body.response_format.get("type") not in (None, "text"):
-            raise APIError(400, "response_format other than text is not supported",
-                           param="response_format")
+            raise APIError(400, "tools are not supported yet", param="tools")
+        if body.tool_choice not in (None, "none", "auto"):
+            raise APIError(400, "tool_choice other than none or auto: tools are not supported yet",
+                           param="tool_choice")
         if body.top_logprobs and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         messages = []
