@@ -21,6 +21,7 @@ import grpc.aio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -30,7 +31,8 @@ from ..generate import FINISH_REASONS, AsyncGenerateClient, make_generate_reques
 from ..generate_stream import GenerateCall, GenerateStreamClient
 from .metrics import FrontendMetrics
 from .protocol import (INT32_MAX, UNSUPPORTED_CHAT_FIELDS, UNSUPPORTED_FIELDS, APIError,
-                       ChatCompletionRequest, CompletionRequest, _Sampling, unsupported_field)
+                       ChatCompletionRequest, ChatMessage, CompletionRequest, DetokenizeRequest,
+                       TokenizeRequest, _Sampling, unsupported_field)
 from .text import ChatTemplateError, ModelTokenizer, StopMatcher
 from .tokenizer_process import TokenizerProcess, TokenizerProcessDied
 
@@ -416,8 +418,20 @@ class Frontend:
                            param="tool_choice")
         if body.top_logprobs and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        text = self.chat_prompt(body.messages, body.add_generation_prompt,
+                                body.chat_template_kwargs)
+        # As encode_chat: the rendering holds its special tokens.
+        ids = await self._prompt_ids(text, False, "messages")
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        return self._job(body, "chat_completions", True, ids, max_tokens, logprobs,
+                         "max_completion_tokens" if body.max_completion_tokens else "max_tokens")
+
+    def chat_prompt(self, chat: list[ChatMessage], add_generation_prompt: bool,
+                    template_kwargs: Optional[dict[str, Any]]) -> str:
+        """The messages rendered with the model's chat template."""
         messages = []
-        for m in body.messages:
+        for m in chat:
             msg = m.model_dump(exclude_none=True)
             if isinstance(m.content, list):  # content parts: their text, in order
                 parts = []
@@ -430,16 +444,52 @@ class Frontend:
             msg.setdefault("content", "")
             messages.append(msg)
         try:
-            text = self.tok.render_chat(messages, body.add_generation_prompt,
-                                        **(body.chat_template_kwargs or {}))
+            return self.tok.render_chat(messages, add_generation_prompt, **(template_kwargs or {}))
         except ChatTemplateError as e:
             raise APIError(400, f"chat template: {e}", param="messages") from None
-        # As encode_chat: the rendering holds its special tokens.
-        ids = await self._prompt_ids(text, False, "messages")
-        max_tokens = body.max_completion_tokens or body.max_tokens
-        logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        return self._job(body, "chat_completions", True, ids, max_tokens, logprobs,
-                         "max_completion_tokens" if body.max_completion_tokens else "max_tokens")
+
+    # ---- /tokenize and /detokenize ---------------------------------------------------------
+    def _check_model(self, model: Optional[str]) -> None:
+        if model is not None and model != self.model_name():
+            raise APIError(404, f"The model `{model}` does not exist.", param="model",
+                           code="model_not_found")
+
+    async def tokenize(self, body: TokenizeRequest) -> dict[str, Any]:
+        self._check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "give either prompt or messages", param="prompt")
+        if body.tools:
+            raise APIError(400, "tools are not supported yet", param="tools")
+        refused = unsupported_field(body.model_extra, UNSUPPORTED_CHAT_FIELDS)
+        if refused is not None:
+            raise APIError(400, f"{refused[0]}: {refused[1]}", param=refused[0])
+        if body.messages is not None:
+            text = self.chat_prompt(body.messages, body.add_generation_prompt,
+                                    body.chat_template_kwargs)
+            add_special = bool(body.add_special_tokens)
+        else:
+            text = body.prompt or ""
+            add_special = body.add_special_tokens is not False
+        if len(text) < TOKENIZE_OFF_LOOP_CHARS:
+            ids = self.tok.encode(text, add_special_tokens=add_special)
+        else:  # no limit: the body's is the bound
+            try:
+                _, got = await self.tokenizer_process.encode(text, INT32_MAX, add_special)
+            except TokenizerProcessDied as e:
+                raise APIError(500, str(e)) from None
+            ids = got or []
+        strs = [self.tok.tokenizer.id_to_token(i) for i in ids] if body.return_token_strs else None
+        return {"count": len(ids), "max_model_len": self.max_context(), "tokens": ids,
+                "token_strs": strs}
+
+    def detokenize(self, body: DetokenizeRequest) -> dict[str, Any]:
+        self._check_model(body.model)
+        vocab = self.tok.vocab_size
+        bad = next(((i, t) for i, t in enumerate(body.tokens) if t >= vocab), None)
+        if bad is not None:
+            raise APIError(400, f"tokens[{bad[0]}] is {bad[1]}, outside the vocabulary "
+                           f"(0 to {vocab - 1})", param="tokens")
+        return {"prompt": self.tok.decode(body.tokens, skip_special_tokens=False)}
 
     # ---- running it ------------------------------------------------------------------------
     async def pieces(self, job: Job, call: GenerateCall,
@@ -805,10 +855,16 @@ class _App(FastAPI):
         self.generation = generation
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
+        if scope["type"] == "http":
             endpoint = self.generation.get(scope["path"])
             if endpoint is not None:
-                await endpoint(scope, receive, send)
+                if scope["method"] == "POST":
+                    await endpoint(scope, receive, send)
+                else:
+                    err = APIError(405, f"{scope['method']} is not allowed on {scope['path']}: "
+                                   "POST it")
+                    await JSONResponse(err.body(), status_code=405,
+                                       headers={"Allow": "POST"})(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
 
@@ -836,6 +892,30 @@ def create_app(cfg: FrontendConfig) -> FastAPI:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        """Starlette's own answers (404 no such route, 405 method not allowed) in OpenAI's body."""
+        message = {404: f"no route {request.url.path}",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(
+                       e.status_code, str(e.detail))
+        return JSONResponse(APIError(e.status_code, message).body(), status_code=e.status_code,
+                            headers=getattr(e, "headers", None))
+
+    async def _parsed(request: Request, body_type: type[BaseModel]) -> Any:
+        raw = await _read_body(request.receive, cfg.max_request_body_bytes)
+        try:
+            return body_type.model_validate_json(raw)
+        except ValidationError as e:
+            raise _invalid_body(e) from None
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        return await fe.tokenize(await _parsed(request, TokenizeRequest))
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict[str, Any]:
+        return fe.detokenize(await _parsed(request, DetokenizeRequest))
 
     def _model_card() -> dict[str, Any]:
         return {"id": fe.model_name(), "object": "model", "created": fe.started,

@@ -171,10 +171,33 @@ class ChatCompletionRequest(_Sampling):
     chat_template_kwargs: Optional[dict[str, Any]] = None
 
 
+class TokenizeRequest(BaseModel):
+    """POST /tokenize as vLLM takes it: a prompt, or chat messages rendered with the chat template
+    (add_special_tokens' default: True for a prompt, False for messages, whose rendering holds
+    them)."""
+    model_config = ConfigDict(extra="allow")
+
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[list[ChatMessage]] = Field(default=None, min_length=1)
+    add_special_tokens: Optional[bool] = None
+    add_generation_prompt: bool = True
+    return_token_strs: Optional[bool] = False
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    tools: Optional[list[dict[str, Any]]] = None
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize as vLLM takes it."""
+    model: Optional[str] = None
+    tokens: list[Annotated[int, Field(ge=0, le=INT32_MAX)]]
+
+
 class APIError(Exception):
     """An answer in OpenAI's error body: {"error": {"message", "type", "param", "code"}}."""
 
-    TYPES = {400: "invalid_request_error", 404: "invalid_request_error",
+    TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
+             404: "invalid_request_error", 405: "invalid_request_error",
              413: "invalid_request_error", 429: "rate_limit_error", 499: "client_closed_request",
              500: "server_error", 503: "service_unavailable", 504: "timeout"}
 
