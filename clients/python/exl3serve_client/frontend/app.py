@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Optional, Union
+from typing import (Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, MutableMapping,
+                    Optional, Union)
 
 import grpc
 import grpc.aio
@@ -22,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -29,6 +32,7 @@ from exl3serve.v1 import exl3serve_pb2 as pb
 
 from ..generate import FINISH_REASONS, AsyncGenerateClient, make_generate_request
 from ..generate_stream import GenerateCall, GenerateStreamClient
+from .access import AccessLog, ApiKeyGate, ASGIApp, header
 from .metrics import FrontendMetrics
 from .protocol import (INT32_MAX, UNSUPPORTED_CHAT_FIELDS, UNSUPPORTED_FIELDS, APIError,
                        ChatCompletionRequest, ChatMessage, CompletionRequest, DetokenizeRequest,
@@ -163,6 +167,34 @@ class FrontendConfig:
     created: Optional[int] = None     # /v1/models' `created` (--workers: the parent's, in every worker)
     engine_calls: str = "stream"      # stream: one GenerateStream call for all requests; per-request: Generate each
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES  # larger bodies: 413
+    max_model_len: Optional[int] = None  # prompt + completion at most; None: the engine's context
+    api_key: Optional[str] = None     # the API's routes need `Authorization: Bearer KEY`
+    cors: Optional[CorsConfig] = None  # None: no CORS headers
+    access_log: bool = True           # a line per request (access.py)
+
+
+@dataclass
+class CorsConfig:
+    """The CORS answers (Starlette's CORSMiddleware), as vLLM's --allowed-* options give them."""
+    allowed_origins: list[str]
+    allowed_methods: list[str] = field(default_factory=lambda: ["*"])
+    allowed_headers: list[str] = field(default_factory=lambda: ["*"])
+    allow_credentials: bool = False
+
+
+# A client's request id (X-Request-Id, or vLLM's request_id field): visible ASCII, this long at most.
+MAX_REQUEST_ID_CHARS = 128
+
+
+def client_request_id(value: Optional[str], what: str) -> Optional[str]:
+    """The client's request id, checked: it goes into the answer's id, a header and the engine's
+    logs."""
+    if value is None or value == "":
+        return None
+    if len(value) > MAX_REQUEST_ID_CHARS or not all("!" <= c <= "~" for c in value):
+        raise APIError(400, f"{what} must be 1 to {MAX_REQUEST_ID_CHARS} visible ASCII "
+                       "characters", param="request_id" if what == "request_id" else None)
+    return value
 
 
 ENGINE_CALLS = ("stream", "per-request")
@@ -228,6 +260,7 @@ class Job:
     include_usage: bool
     logprobs: Optional[int]          # top-N asked (0: the chosen token's only); None: none
     ids_as_tokens: bool = False      # logprobs name tokens "token_id:ID" (vLLM's extension)
+    header_rid: str = ""             # the answer's X-Request-Id: the client's id, else rid
     started: float = field(default_factory=time.monotonic)
     rid: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
@@ -289,10 +322,15 @@ class Frontend:
             return self.engine.info.model
         return self.dir_name
 
-    def max_context(self) -> int:
+    def engine_context(self) -> int:
         if self.engine.info is not None and self.engine.info.max_context:
             return int(self.engine.info.max_context)
         return self.config_max_context or 4096
+
+    def max_context(self) -> int:
+        """Tokens of prompt and completion together at most: --max-model-len, within the engine's."""
+        ctx = self.engine_context()
+        return min(ctx, self.cfg.max_model_len) if self.cfg.max_model_len else ctx
 
     async def need_engine(self) -> None:
         if not self.engine.up and not await self.engine.check(force=True):
@@ -332,7 +370,7 @@ class Frontend:
         return [s for s in stops if s]
 
     def _job(self, body: _Sampling, endpoint: str, chat: bool, prompt_ids: list[int],
-             max_tokens: Optional[int], logprobs: Optional[int],
+             max_tokens: Optional[int], logprobs: Optional[int], client_rid: Optional[str],
              max_tokens_param: str = "max_tokens") -> Job:
         if not prompt_ids:
             raise APIError(400, "the prompt is empty", param="prompt")
@@ -349,7 +387,8 @@ class Frontend:
                            param=max_tokens_param, code="context_length_exceeded")
         temperature = 1.0 if body.temperature is None else body.temperature
         seed = None if body.seed is None else body.seed & 0xFFFFFFFFFFFFFFFF
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        client_rid = client_rid or client_request_id(body.request_id, "request_id")
+        rid = ("chatcmpl-" if chat else "cmpl-") + (client_rid or uuid.uuid4().hex)
         req = make_generate_request(
             prompt_ids, max_tokens=max_tokens, temperature=temperature,
             top_p=body.top_p or 0.0, top_k=max(body.top_k or 0, 0), min_p=body.min_p or 0.0,
@@ -363,7 +402,7 @@ class Frontend:
                    request=req, stops=self._stops(body), stream=bool(body.stream),
                    include_usage=bool(body.stream and body.stream_options and
                                       body.stream_options.include_usage),
-                   logprobs=logprobs, rid=rid,
+                   logprobs=logprobs, rid=rid, header_rid=client_rid or rid,
                    ids_as_tokens=bool(body.return_tokens_as_token_ids))
 
     async def _prompt_ids(self, text: str, add_special_tokens: bool, param: str) -> list[int]:
@@ -386,7 +425,7 @@ class Frontend:
             raise _prompt_too_long(ctx, n, param)
         return ids
 
-    async def completion_job(self, body: CompletionRequest) -> Job:
+    async def completion_job(self, body: CompletionRequest, client_rid: Optional[str]) -> Job:
         self._common(body, "completions")
         if body.echo:
             raise APIError(400, "echo is not supported", param="echo")
@@ -407,9 +446,10 @@ class Frontend:
         else:
             raise APIError(400, "one prompt per request: a string or a list of token ids",
                            param="prompt")
-        return self._job(body, "completions", False, ids, body.max_tokens, body.logprobs)
+        return self._job(body, "completions", False, ids, body.max_tokens, body.logprobs,
+                         client_rid)
 
-    async def chat_job(self, body: ChatCompletionRequest) -> Job:
+    async def chat_job(self, body: ChatCompletionRequest, client_rid: Optional[str]) -> Job:
         self._common(body, "chat_completions")
         if body.tools:
             raise APIError(400, "tools are not supported yet", param="tools")
@@ -424,7 +464,7 @@ class Frontend:
         ids = await self._prompt_ids(text, False, "messages")
         max_tokens = body.max_completion_tokens or body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        return self._job(body, "chat_completions", True, ids, max_tokens, logprobs,
+        return self._job(body, "chat_completions", True, ids, max_tokens, logprobs, client_rid,
                          "max_completion_tokens" if body.max_completion_tokens else "max_tokens")
 
     def chat_prompt(self, chat: list[ChatMessage], add_generation_prompt: bool,
@@ -623,7 +663,7 @@ class Frontend:
             raise
         if job.stream:
             return SSEResponse(self._sse(job, call, first, watcher),
-                               headers={"Cache-Control": "no-cache", "X-Request-Id": job.rid})
+                               headers={"Cache-Control": "no-cache", "X-Request-Id": job.header_rid})
         status = 500
         try:
             text, entries, n, finish = [], [], 0, None
@@ -640,7 +680,12 @@ class Frontend:
                                                      delta=False)], chunk=False)
             body["usage"] = self._usage(job, n)
             status = 200
-            return JSONResponse(body, headers={"X-Request-Id": job.rid})
+            return JSONResponse(body, headers={"X-Request-Id": job.header_rid})
+        except asyncio.CancelledError:
+            if watcher.done() and not watcher.cancelled():
+                # The client went away and the watcher cancelled the call: nobody to answer.
+                return Response(status_code=499)
+            raise
         except grpc.aio.AioRpcError as e:
             err = self._rpc_error(e)
             status = err.status
@@ -725,6 +770,10 @@ class Frontend:
                         pending = ""
                     clock.handed(shown)
                     resp = await call.read()
+            except asyncio.CancelledError:
+                if watcher.done() and not watcher.cancelled():
+                    return  # the client went away and the watcher cancelled the call
+                raise
             except grpc.aio.AioRpcError as e:
                 if watcher.done() and not watcher.cancelled():
                     return  # the client went away; nobody to tell
@@ -770,7 +819,8 @@ def _prompt_too_long(ctx: int, tokens: int, param: str, at_least: bool = False) 
                     f"prompt has {has} tokens.", param=param, code="context_length_exceeded")
 
 
-async def _read_body(receive: Callable[[], Awaitable[dict[str, Any]]], limit: int) -> bytes:
+async def _read_body(receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+                     limit: int) -> bytes:
     """The request's body, refused (413) past `limit` bytes. The rest of a body that is too large
     is still read, and dropped, before the answer: a client that sends its whole body before it
     reads the answer (the openai SDK does) would get a broken connection instead of the 413 if
@@ -812,35 +862,39 @@ class GenerationEndpoint:
     fe: Frontend
     endpoint: str                        # completions | chat_completions
     body_type: type[BaseModel]
-    make_job: Callable[[Any], Awaitable[Job]]  # Frontend.completion_job | chat_job
+    make_job: Callable[[Any, Optional[str]], Awaitable[Job]]  # Frontend.completion_job | chat_job
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         request = Request(scope, receive, send)
+        given = header(scope, b"x-request-id")
+        echo = {"X-Request-Id": given.decode("latin-1")} if given else None
         try:
             raw = await _read_body(receive, self.fe.cfg.max_request_body_bytes)
+            client_rid = client_request_id(None if given is None else given.decode("latin-1"),
+                                           "X-Request-Id")
             try:
                 body = self.body_type.model_validate_json(raw)
             except ValidationError as e:
                 raise _invalid_body(e) from None
             await self.fe.need_engine()
-            job = await self.make_job(body)
+            job = await self.make_job(body, client_rid)
         except ClientDisconnect:
             self.fe.metrics.requests.labels(self.endpoint, "499").inc()
             return
         except APIError as e:
             self.fe.metrics.requests.labels(self.endpoint, str(e.status)).inc()
-            await JSONResponse(e.body(), status_code=e.status)(scope, receive, send)
+            await JSONResponse(e.body(), status_code=e.status, headers=echo)(scope, receive, send)
             return
         except Exception:  # a bug: logged, and answered in OpenAI's error body all the same
             _log.exception("preparing a %s request failed", self.endpoint)
             self.fe.metrics.requests.labels(self.endpoint, "500").inc()
             err = APIError(500, "the front end failed to prepare the request (its log says why)")
-            await JSONResponse(err.body(), status_code=500)(scope, receive, send)
+            await JSONResponse(err.body(), status_code=500, headers=echo)(scope, receive, send)
             return
         try:
             response = await self.fe.answer(job, request)  # counts its own outcome
         except APIError as e:
-            response = JSONResponse(e.body(), status_code=e.status)
+            response = JSONResponse(e.body(), status_code=e.status, headers=echo)
         await response(scope, receive, send)
 
 
@@ -853,8 +907,30 @@ class _App(FastAPI):
     def __init__(self, *, generation: dict[str, GenerationEndpoint], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.generation = generation
+        # What an HTTP request goes through first (set_entry): the access log, CORS, the API key.
+        self.entry: ASGIApp = self.route
+
+    def set_entry(self, cfg: FrontendConfig) -> None:
+        entry: ASGIApp = self.route
+        if cfg.api_key:
+            entry = ApiKeyGate(entry, cfg.api_key)
+        if cfg.cors is not None:  # outside the key: a browser's preflight carries none
+            entry = CORSMiddleware(entry, allow_origins=cfg.cors.allowed_origins,
+                                   allow_methods=cfg.cors.allowed_methods,
+                                   allow_headers=cfg.cors.allowed_headers,
+                                   allow_credentials=cfg.cors.allow_credentials,
+                                   expose_headers=["X-Request-Id"])
+        if cfg.access_log:
+            entry = AccessLog(entry)
+        self.entry = entry
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            await self.entry(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+    async def route(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             endpoint = self.generation.get(scope["path"])
             if endpoint is not None:
@@ -878,6 +954,12 @@ def create_app(cfg: FrontendConfig) -> FastAPI:
     async def lifespan(app: FastAPI):
         await fe.engine.open()
         await fe.engine.check(force=True)
+        if cfg.max_model_len and fe.engine.info is not None and \
+                cfg.max_model_len > fe.engine_context():
+            message = (f"--max-model-len {cfg.max_model_len} is more than the engine's context "
+                       f"({fe.engine_context()} tokens)")
+            print(f"exl3serve-openai: {message}", file=sys.stderr, flush=True)
+            raise SystemExit(message)
         yield
         fe.tokenizer_process.close()
         await fe.engine.close()
@@ -888,6 +970,7 @@ def create_app(cfg: FrontendConfig) -> FastAPI:
                                                    fe.chat_job),
     })
     app.state.frontend = fe
+    app.set_entry(cfg)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError) -> JSONResponse:

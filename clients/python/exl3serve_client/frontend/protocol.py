@@ -138,6 +138,7 @@ class _Sampling(BaseModel):
     stop_token_ids: Optional[list[Int32]] = None
     ignore_eos: Optional[bool] = False
     return_tokens_as_token_ids: Optional[bool] = False  # logprobs' tokens as "token_id:ID"
+    request_id: Optional[str] = None  # the answer's and the engine's request id (X-Request-Id wins)
 
 
 class CompletionRequest(_Sampling):
