@@ -52,10 +52,11 @@ def frontend(live, tmp_path):
         p.stop()
 
 
-@pytest.mark.parametrize("how", ["flag", "env"])
+@pytest.mark.parametrize("how", ["flag", "env", "workers"])
 def test_api_key(live, frontend, how):
     fe, url = frontend("--api-key", KEY) if how == "flag" else \
-        frontend(env={"EXL3SERVE_API_KEY": KEY})
+        frontend(env={"EXL3SERVE_API_KEY": KEY}) if how == "env" else \
+        frontend("--api-key", KEY, "--workers", "2")
     good = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0, timeout=60)
     r = good.chat.completions.create(model=live.name, messages=HI, max_tokens=2)
     assert r.choices[0].finish_reason in ("stop", "length")
@@ -148,7 +149,7 @@ def test_host_and_port(live, frontend):
 
 def test_max_model_len(live, frontend, tmp_path):
     engine_ctx = json.loads(stack.get(live.url + "/models")[1])["data"][0]["max_model_len"]
-    _, url = frontend("--max-model-len", "64")
+    _, url = frontend("--max-model-len", "64", "--workers", "2")  # the workers get it too
     card = json.loads(stack.get(url + "/models")[1])["data"][0]
     assert card["max_model_len"] == 64
     client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
@@ -190,8 +191,15 @@ def test_access_log_and_disconnect(live, frontend):
     assert re.search(r'"POST /v1/completions HTTP/1\.1" 200 .*logged-1', log), log
     assert re.search(r'"GET /v1/models HTTP/1\.1" 200', log), log
     assert re.search(r'"POST /v1/completions HTTP/1\.1" 404', log), log
-    # A client that goes away, streaming or not: one line, no traceback.
     u = urlparse(url)
+    # A client that goes away while it sends its body: one line, no traceback.
+    for path in ("/v1/completions", "/tokenize"):
+        s = socket.create_connection((u.hostname, u.port))
+        s.sendall((f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   f"X-Request-Id: gone-early{path}\r\nContent-Length: 1000\r\n\r\n{{").encode())
+        time.sleep(0.2)
+        s.close()
+    # A client that goes away, streaming or not: one line, no traceback.
     for rid, stream in (("gone-streamed", True), ("gone-whole", False)):
         s = socket.create_connection((u.hostname, u.port))
         body = json.dumps({"model": live.name, "prompt": "x", "max_tokens": 4000,
@@ -208,6 +216,6 @@ def test_access_log_and_disconnect(live, frontend):
     time.sleep(0.5)
     log = fe.text()
     assert "Traceback" not in log, log
-    for rid in ("gone-streamed", "gone-whole"):
+    for rid in ("gone-streamed", "gone-whole", "gone-early/v1/completions", "gone-early/tokenize"):
         lines = [ln for ln in log.splitlines() if rid in ln]
         assert len(lines) == 1 and " 499 " in lines[0] and "disconnect" in lines[0], lines

@@ -985,6 +985,11 @@ def create_app(cfg: FrontendConfig) -> FastAPI:
         return JSONResponse(APIError(e.status_code, message).body(), status_code=e.status_code,
                             headers=getattr(e, "headers", None))
 
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, e: ClientDisconnect) -> Response:
+        """A client that went away while its body was read: the access log's 499, no traceback."""
+        return Response(status_code=499)
+
     async def _parsed(request: Request, body_type: type[BaseModel]) -> Any:
         raw = await _read_body(request.receive, cfg.max_request_body_bytes)
         try:
