@@ -39,12 +39,14 @@ def _script(name: str) -> str:
 
 
 class Proc:
-    def __init__(self, name: str, argv: list[str], log: Path) -> None:
+    def __init__(self, name: str, argv: list[str], log: Path,
+                 env: Optional[dict[str, str]] = None) -> None:
         self.name = name
         self.log = log
         self._f = open(log, "ab")
         self.p = subprocess.Popen(argv, stdout=self._f, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, start_new_session=True)
+                                  stdin=subprocess.DEVNULL, start_new_session=True,
+                                  env=None if env is None else {**os.environ, **env})
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -86,16 +88,18 @@ def start_router(build_dir: Path, model: Path, logs: Path, port: int = 0,
 
 
 def start_frontend(engine: str, model: Path, logs: Path, port: int = 0,
-                   extra: tuple[str, ...] = (), engine_calls: Optional[str] = None) -> tuple[Proc, str]:
+                   extra: tuple[str, ...] = (), engine_calls: Optional[str] = None,
+                   env: Optional[dict[str, str]] = None) -> tuple[Proc, str]:
     """exl3serve-openai; returns it and its base URL (http://HOST:PORT/v1). engine_calls is its
-    --engine-calls (default: $EXL3_ENGINE_CALLS, else the front end's own default, stream)."""
+    --engine-calls (default: $EXL3_ENGINE_CALLS, else the front end's own default, stream); env:
+    variables set in its environment beside this process's."""
     engine_calls = engine_calls or os.environ.get(ENV_ENGINE_CALLS)
     argv = [_script("exl3serve-openai"), "--engine", engine, "--model", str(model),
             "--listen", f"127.0.0.1:{port}", *extra]
     if engine_calls and "--engine-calls" not in extra:
         argv += ["--engine-calls", engine_calls]
     logs.mkdir(parents=True, exist_ok=True)
-    f = Proc("exl3serve-openai", argv, logs / f"frontend-{time.monotonic_ns()}.log")
+    f = Proc("exl3serve-openai", argv, logs / f"frontend-{time.monotonic_ns()}.log", env)
     url = f.wait_for(r"listening on (http://127\.0\.0\.1:\d+/v1)", timeout=60).group(1)
     return f, url
 

@@ -253,3 +253,12 @@ def test_engine_without_generate_stream(tmp_path):
                 fe.stop()
     finally:
         server.close()
+
+
+def test_client_request_id_reaches_the_engine(fake):
+    """The client's X-Request-Id is the engine's request id (its logs' tag), behind the answer's
+    prefix, and comes back in the answer's header."""
+    raw = fake.client.completions.with_raw_response.create(
+        model="fake", prompt=[RUN, 100], max_tokens=2, extra_headers={"X-Request-Id": "trace-7"})
+    assert raw.headers["x-request-id"] == "trace-7"
+    assert fake.engine.starts[-1].request_id == "cmpl-trace-7" == raw.parse().id

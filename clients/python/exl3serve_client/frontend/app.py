@@ -10,17 +10,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Optional, Union
+from typing import (Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, MutableMapping,
+                    Optional, Union)
 
 import grpc
 import grpc.aio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -28,8 +32,11 @@ from exl3serve.v1 import exl3serve_pb2 as pb
 
 from ..generate import FINISH_REASONS, AsyncGenerateClient, make_generate_request
 from ..generate_stream import GenerateCall, GenerateStreamClient
+from .access import AccessLog, ApiKeyGate, ASGIApp, header
 from .metrics import FrontendMetrics
-from .protocol import INT32_MAX, APIError, ChatCompletionRequest, CompletionRequest, _Sampling
+from .protocol import (INT32_MAX, UNSUPPORTED_CHAT_FIELDS, UNSUPPORTED_FIELDS, APIError,
+                       ChatCompletionRequest, ChatMessage, CompletionRequest, DetokenizeRequest,
+                       TokenizeRequest, _Sampling, unsupported_field)
 from .text import ChatTemplateError, ModelTokenizer, StopMatcher
 from .tokenizer_process import TokenizerProcess, TokenizerProcessDied
 
@@ -160,6 +167,34 @@ class FrontendConfig:
     created: Optional[int] = None     # /v1/models' `created` (--workers: the parent's, in every worker)
     engine_calls: str = "stream"      # stream: one GenerateStream call for all requests; per-request: Generate each
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES  # larger bodies: 413
+    max_model_len: Optional[int] = None  # prompt + completion at most; None: the engine's context
+    api_key: Optional[str] = None     # the API's routes need `Authorization: Bearer KEY`
+    cors: Optional[CorsConfig] = None  # None: no CORS headers
+    access_log: bool = True           # a line per request (access.py)
+
+
+@dataclass
+class CorsConfig:
+    """The CORS answers (Starlette's CORSMiddleware), as vLLM's --allowed-* options give them."""
+    allowed_origins: list[str]
+    allowed_methods: list[str] = field(default_factory=lambda: ["*"])
+    allowed_headers: list[str] = field(default_factory=lambda: ["*"])
+    allow_credentials: bool = False
+
+
+# A client's request id (X-Request-Id, or vLLM's request_id field): visible ASCII, this long at most.
+MAX_REQUEST_ID_CHARS = 128
+
+
+def client_request_id(value: Optional[str], what: str) -> Optional[str]:
+    """The client's request id, checked: it goes into the answer's id, a header and the engine's
+    logs."""
+    if value is None or value == "":
+        return None
+    if len(value) > MAX_REQUEST_ID_CHARS or not all("!" <= c <= "~" for c in value):
+        raise APIError(400, f"{what} must be 1 to {MAX_REQUEST_ID_CHARS} visible ASCII "
+                       "characters", param="request_id" if what == "request_id" else None)
+    return value
 
 
 ENGINE_CALLS = ("stream", "per-request")
@@ -225,6 +260,7 @@ class Job:
     include_usage: bool
     logprobs: Optional[int]          # top-N asked (0: the chosen token's only); None: none
     ids_as_tokens: bool = False      # logprobs name tokens "token_id:ID" (vLLM's extension)
+    header_rid: str = ""             # the answer's X-Request-Id: the client's id, else rid
     started: float = field(default_factory=time.monotonic)
     rid: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
@@ -286,10 +322,15 @@ class Frontend:
             return self.engine.info.model
         return self.dir_name
 
-    def max_context(self) -> int:
+    def engine_context(self) -> int:
         if self.engine.info is not None and self.engine.info.max_context:
             return int(self.engine.info.max_context)
         return self.config_max_context or 4096
+
+    def max_context(self) -> int:
+        """Tokens of prompt and completion together at most: --max-model-len, within the engine's."""
+        ctx = self.engine_context()
+        return min(ctx, self.cfg.max_model_len) if self.cfg.max_model_len else ctx
 
     async def need_engine(self) -> None:
         if not self.engine.up and not await self.engine.check(force=True):
@@ -300,10 +341,26 @@ class Frontend:
         if body.model != self.model_name():
             raise APIError(404, f"The model `{body.model}` does not exist.", param="model",
                            code="model_not_found")
+        refused = unsupported_field(body.model_extra, UNSUPPORTED_FIELDS)
+        if refused is None and endpoint == "chat_completions":
+            refused = unsupported_field(body.model_extra, UNSUPPORTED_CHAT_FIELDS)
+        if refused is not None:
+            name, why = refused
+            raise APIError(400, f"{name}: {why}", param=name)
         if body.n not in (None, 1):
             raise APIError(400, "n must be 1: one choice per request is supported", param="n")
         if body.logit_bias:
             raise APIError(400, "logit_bias is not supported", param="logit_bias")
+        if body.best_of not in (None, 1):
+            raise APIError(400, "best_of must be 1", param="best_of")
+        if body.response_format and body.response_format.get("type") not in (None, "text"):
+            raise APIError(400, f"response_format of type {body.response_format.get('type')!r}: "
+                           "constrained decoding (structured output) is not supported yet",
+                           param="response_format")
+        if body.stream_options is not None and body.stream_options.continuous_usage_stats:
+            raise APIError(400, "stream_options.continuous_usage_stats is not supported: the "
+                           "usage comes in the stream's last chunk (include_usage)",
+                           param="stream_options.continuous_usage_stats")
 
     def _stops(self, body: _Sampling) -> list[str]:
         stop = body.stop
@@ -313,7 +370,7 @@ class Frontend:
         return [s for s in stops if s]
 
     def _job(self, body: _Sampling, endpoint: str, chat: bool, prompt_ids: list[int],
-             max_tokens: Optional[int], logprobs: Optional[int],
+             max_tokens: Optional[int], logprobs: Optional[int], client_rid: Optional[str],
              max_tokens_param: str = "max_tokens") -> Job:
         if not prompt_ids:
             raise APIError(400, "the prompt is empty", param="prompt")
@@ -330,7 +387,8 @@ class Frontend:
                            param=max_tokens_param, code="context_length_exceeded")
         temperature = 1.0 if body.temperature is None else body.temperature
         seed = None if body.seed is None else body.seed & 0xFFFFFFFFFFFFFFFF
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        client_rid = client_rid or client_request_id(body.request_id, "request_id")
+        rid = ("chatcmpl-" if chat else "cmpl-") + (client_rid or uuid.uuid4().hex)
         req = make_generate_request(
             prompt_ids, max_tokens=max_tokens, temperature=temperature,
             top_p=body.top_p or 0.0, top_k=max(body.top_k or 0, 0), min_p=body.min_p or 0.0,
@@ -344,7 +402,7 @@ class Frontend:
                    request=req, stops=self._stops(body), stream=bool(body.stream),
                    include_usage=bool(body.stream and body.stream_options and
                                       body.stream_options.include_usage),
-                   logprobs=logprobs, rid=rid,
+                   logprobs=logprobs, rid=rid, header_rid=client_rid or rid,
                    ids_as_tokens=bool(body.return_tokens_as_token_ids))
 
     async def _prompt_ids(self, text: str, add_special_tokens: bool, param: str) -> list[int]:
@@ -367,12 +425,10 @@ class Frontend:
             raise _prompt_too_long(ctx, n, param)
         return ids
 
-    async def completion_job(self, body: CompletionRequest) -> Job:
+    async def completion_job(self, body: CompletionRequest, client_rid: Optional[str]) -> Job:
         self._common(body, "completions")
         if body.echo:
             raise APIError(400, "echo is not supported", param="echo")
-        if body.best_of not in (None, 1):
-            raise APIError(400, "best_of must be 1", param="best_of")
         if body.suffix:
             raise APIError(400, "suffix is not supported", param="suffix")
         p = body.prompt
@@ -390,19 +446,32 @@ class Frontend:
         else:
             raise APIError(400, "one prompt per request: a string or a list of token ids",
                            param="prompt")
-        return self._job(body, "completions", False, ids, body.max_tokens, body.logprobs)
+        return self._job(body, "completions", False, ids, body.max_tokens, body.logprobs,
+                         client_rid)
 
-    async def chat_job(self, body: ChatCompletionRequest) -> Job:
+    async def chat_job(self, body: ChatCompletionRequest, client_rid: Optional[str]) -> Job:
         self._common(body, "chat_completions")
         if body.tools:
-            raise APIError(400, "tools are not supported", param="tools")
-        if body.response_format and body.response_format.get("type") not in (None, "text"):
-            raise APIError(400, "response_format other than text is not supported",
-                           param="response_format")
+            raise APIError(400, "tools are not supported yet", param="tools")
+        if body.tool_choice not in (None, "none", "auto"):
+            raise APIError(400, "tool_choice other than none or auto: tools are not supported yet",
+                           param="tool_choice")
         if body.top_logprobs and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        text = self.chat_prompt(body.messages, body.add_generation_prompt,
+                                body.chat_template_kwargs)
+        # As encode_chat: the rendering holds its special tokens.
+        ids = await self._prompt_ids(text, False, "messages")
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        return self._job(body, "chat_completions", True, ids, max_tokens, logprobs, client_rid,
+                         "max_completion_tokens" if body.max_completion_tokens else "max_tokens")
+
+    def chat_prompt(self, chat: list[ChatMessage], add_generation_prompt: bool,
+                    template_kwargs: Optional[dict[str, Any]]) -> str:
+        """The messages rendered with the model's chat template."""
         messages = []
-        for m in body.messages:
+        for m in chat:
             msg = m.model_dump(exclude_none=True)
             if isinstance(m.content, list):  # content parts: their text, in order
                 parts = []
@@ -415,16 +484,52 @@ class Frontend:
             msg.setdefault("content", "")
             messages.append(msg)
         try:
-            text = self.tok.render_chat(messages, body.add_generation_prompt,
-                                        **(body.chat_template_kwargs or {}))
+            return self.tok.render_chat(messages, add_generation_prompt, **(template_kwargs or {}))
         except ChatTemplateError as e:
             raise APIError(400, f"chat template: {e}", param="messages") from None
-        # As encode_chat: the rendering holds its special tokens.
-        ids = await self._prompt_ids(text, False, "messages")
-        max_tokens = body.max_completion_tokens or body.max_tokens
-        logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        return self._job(body, "chat_completions", True, ids, max_tokens, logprobs,
-                         "max_completion_tokens" if body.max_completion_tokens else "max_tokens")
+
+    # ---- /tokenize and /detokenize ---------------------------------------------------------
+    def _check_model(self, model: Optional[str]) -> None:
+        if model is not None and model != self.model_name():
+            raise APIError(404, f"The model `{model}` does not exist.", param="model",
+                           code="model_not_found")
+
+    async def tokenize(self, body: TokenizeRequest) -> dict[str, Any]:
+        self._check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "give either prompt or messages", param="prompt")
+        if body.tools:
+            raise APIError(400, "tools are not supported yet", param="tools")
+        refused = unsupported_field(body.model_extra, UNSUPPORTED_CHAT_FIELDS)
+        if refused is not None:
+            raise APIError(400, f"{refused[0]}: {refused[1]}", param=refused[0])
+        if body.messages is not None:
+            text = self.chat_prompt(body.messages, body.add_generation_prompt,
+                                    body.chat_template_kwargs)
+            add_special = bool(body.add_special_tokens)
+        else:
+            text = body.prompt or ""
+            add_special = body.add_special_tokens is not False
+        if len(text) < TOKENIZE_OFF_LOOP_CHARS:
+            ids = self.tok.encode(text, add_special_tokens=add_special)
+        else:  # no limit: the body's is the bound
+            try:
+                _, got = await self.tokenizer_process.encode(text, INT32_MAX, add_special)
+            except TokenizerProcessDied as e:
+                raise APIError(500, str(e)) from None
+            ids = got or []
+        strs = [self.tok.tokenizer.id_to_token(i) for i in ids] if body.return_token_strs else None
+        return {"count": len(ids), "max_model_len": self.max_context(), "tokens": ids,
+                "token_strs": strs}
+
+    def detokenize(self, body: DetokenizeRequest) -> dict[str, Any]:
+        self._check_model(body.model)
+        vocab = self.tok.vocab_size
+        bad = next(((i, t) for i, t in enumerate(body.tokens) if t >= vocab), None)
+        if bad is not None:
+            raise APIError(400, f"tokens[{bad[0]}] is {bad[1]}, outside the vocabulary "
+                           f"(0 to {vocab - 1})", param="tokens")
+        return {"prompt": self.tok.decode(body.tokens, skip_special_tokens=False)}
 
     # ---- running it ------------------------------------------------------------------------
     async def pieces(self, job: Job, call: GenerateCall,
@@ -558,7 +663,7 @@ class Frontend:
             raise
         if job.stream:
             return SSEResponse(self._sse(job, call, first, watcher),
-                               headers={"Cache-Control": "no-cache", "X-Request-Id": job.rid})
+                               headers={"Cache-Control": "no-cache", "X-Request-Id": job.header_rid})
         status = 500
         try:
             text, entries, n, finish = [], [], 0, None
@@ -575,7 +680,12 @@ class Frontend:
                                                      delta=False)], chunk=False)
             body["usage"] = self._usage(job, n)
             status = 200
-            return JSONResponse(body, headers={"X-Request-Id": job.rid})
+            return JSONResponse(body, headers={"X-Request-Id": job.header_rid})
+        except asyncio.CancelledError:
+            if watcher.done() and not watcher.cancelled():
+                # The client went away and the watcher cancelled the call: nobody to answer.
+                return Response(status_code=499)
+            raise
         except grpc.aio.AioRpcError as e:
             err = self._rpc_error(e)
             status = err.status
@@ -660,6 +770,10 @@ class Frontend:
                         pending = ""
                     clock.handed(shown)
                     resp = await call.read()
+            except asyncio.CancelledError:
+                if watcher.done() and not watcher.cancelled():
+                    return  # the client went away and the watcher cancelled the call
+                raise
             except grpc.aio.AioRpcError as e:
                 if watcher.done() and not watcher.cancelled():
                     return  # the client went away; nobody to tell
@@ -705,7 +819,8 @@ def _prompt_too_long(ctx: int, tokens: int, param: str, at_least: bool = False) 
                     f"prompt has {has} tokens.", param=param, code="context_length_exceeded")
 
 
-async def _read_body(receive: Callable[[], Awaitable[dict[str, Any]]], limit: int) -> bytes:
+async def _read_body(receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+                     limit: int) -> bytes:
     """The request's body, refused (413) past `limit` bytes. The rest of a body that is too large
     is still read, and dropped, before the answer: a client that sends its whole body before it
     reads the answer (the openai SDK does) would get a broken connection instead of the 413 if
@@ -747,35 +862,39 @@ class GenerationEndpoint:
     fe: Frontend
     endpoint: str                        # completions | chat_completions
     body_type: type[BaseModel]
-    make_job: Callable[[Any], Awaitable[Job]]  # Frontend.completion_job | chat_job
+    make_job: Callable[[Any, Optional[str]], Awaitable[Job]]  # Frontend.completion_job | chat_job
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         request = Request(scope, receive, send)
+        given = header(scope, b"x-request-id")
+        echo = {"X-Request-Id": given.decode("latin-1")} if given else None
         try:
             raw = await _read_body(receive, self.fe.cfg.max_request_body_bytes)
+            client_rid = client_request_id(None if given is None else given.decode("latin-1"),
+                                           "X-Request-Id")
             try:
                 body = self.body_type.model_validate_json(raw)
             except ValidationError as e:
                 raise _invalid_body(e) from None
             await self.fe.need_engine()
-            job = await self.make_job(body)
+            job = await self.make_job(body, client_rid)
         except ClientDisconnect:
             self.fe.metrics.requests.labels(self.endpoint, "499").inc()
             return
         except APIError as e:
             self.fe.metrics.requests.labels(self.endpoint, str(e.status)).inc()
-            await JSONResponse(e.body(), status_code=e.status)(scope, receive, send)
+            await JSONResponse(e.body(), status_code=e.status, headers=echo)(scope, receive, send)
             return
         except Exception:  # a bug: logged, and answered in OpenAI's error body all the same
             _log.exception("preparing a %s request failed", self.endpoint)
             self.fe.metrics.requests.labels(self.endpoint, "500").inc()
             err = APIError(500, "the front end failed to prepare the request (its log says why)")
-            await JSONResponse(err.body(), status_code=500)(scope, receive, send)
+            await JSONResponse(err.body(), status_code=500, headers=echo)(scope, receive, send)
             return
         try:
             response = await self.fe.answer(job, request)  # counts its own outcome
         except APIError as e:
-            response = JSONResponse(e.body(), status_code=e.status)
+            response = JSONResponse(e.body(), status_code=e.status, headers=echo)
         await response(scope, receive, send)
 
 
@@ -788,12 +907,40 @@ class _App(FastAPI):
     def __init__(self, *, generation: dict[str, GenerationEndpoint], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.generation = generation
+        # What an HTTP request goes through first (set_entry): the access log, CORS, the API key.
+        self.entry: ASGIApp = self.route
+
+    def set_entry(self, cfg: FrontendConfig) -> None:
+        entry: ASGIApp = self.route
+        if cfg.api_key:
+            entry = ApiKeyGate(entry, cfg.api_key)
+        if cfg.cors is not None:  # outside the key: a browser's preflight carries none
+            entry = CORSMiddleware(entry, allow_origins=cfg.cors.allowed_origins,
+                                   allow_methods=cfg.cors.allowed_methods,
+                                   allow_headers=cfg.cors.allowed_headers,
+                                   allow_credentials=cfg.cors.allow_credentials,
+                                   expose_headers=["X-Request-Id"])
+        if cfg.access_log:
+            entry = AccessLog(entry)
+        self.entry = entry
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
+        if scope["type"] == "http":
+            await self.entry(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+    async def route(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
             endpoint = self.generation.get(scope["path"])
             if endpoint is not None:
-                await endpoint(scope, receive, send)
+                if scope["method"] == "POST":
+                    await endpoint(scope, receive, send)
+                else:
+                    err = APIError(405, f"{scope['method']} is not allowed on {scope['path']}: "
+                                   "POST it")
+                    await JSONResponse(err.body(), status_code=405,
+                                       headers={"Allow": "POST"})(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
 
@@ -807,6 +954,12 @@ def create_app(cfg: FrontendConfig) -> FastAPI:
     async def lifespan(app: FastAPI):
         await fe.engine.open()
         await fe.engine.check(force=True)
+        if cfg.max_model_len and fe.engine.info is not None and \
+                cfg.max_model_len > fe.engine_context():
+            message = (f"--max-model-len {cfg.max_model_len} is more than the engine's context "
+                       f"({fe.engine_context()} tokens)")
+            print(f"exl3serve-openai: {message}", file=sys.stderr, flush=True)
+            raise SystemExit(message)
         yield
         fe.tokenizer_process.close()
         await fe.engine.close()
@@ -817,10 +970,40 @@ def create_app(cfg: FrontendConfig) -> FastAPI:
                                                    fe.chat_job),
     })
     app.state.frontend = fe
+    app.set_entry(cfg)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        """Starlette's own answers (404 no such route, 405 method not allowed) in OpenAI's body."""
+        message = {404: f"no route {request.url.path}",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(
+                       e.status_code, str(e.detail))
+        return JSONResponse(APIError(e.status_code, message).body(), status_code=e.status_code,
+                            headers=getattr(e, "headers", None))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, e: ClientDisconnect) -> Response:
+        """A client that went away while its body was read: the access log's 499, no traceback."""
+        return Response(status_code=499)
+
+    async def _parsed(request: Request, body_type: type[BaseModel]) -> Any:
+        raw = await _read_body(request.receive, cfg.max_request_body_bytes)
+        try:
+            return body_type.model_validate_json(raw)
+        except ValidationError as e:
+            raise _invalid_body(e) from None
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        return await fe.tokenize(await _parsed(request, TokenizeRequest))
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict[str, Any]:
+        return fe.detokenize(await _parsed(request, DetokenizeRequest))
 
     def _model_card() -> dict[str, Any]:
         return {"id": fe.model_name(), "object": "model", "created": fe.started,

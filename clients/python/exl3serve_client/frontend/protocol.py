@@ -1,5 +1,7 @@
-"""Request bodies of the OpenAI API as the front end accepts them (fields it does not know are
-ignored, as OpenAI's own server ignores them), and its error bodies.
+"""Request bodies of the OpenAI API as the front end accepts them, and its error bodies. A field
+that vLLM honours and this server does not (UNSUPPORTED_FIELDS) is refused 400 naming it unless its
+value changes nothing; other fields it does not know are ignored, as OpenAI's and vLLM's servers
+ignore them.
 
 Every number a field carries to the engine fits the proto field it becomes
 (proto/exl3serve/v1/exl3serve.proto): integers int32, floats finite and within float32's range, so
@@ -8,6 +10,7 @@ that turns into infinity on the wire)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Optional, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -29,10 +32,88 @@ Int32 = Annotated[int, Field(ge=-INT32_MAX - 1, le=INT32_MAX)]
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+    continuous_usage_stats: Optional[bool] = False  # vLLM's usage in every chunk: refused
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A request field vLLM honours that this server does not: refused 400 naming it unless its
+    value is None or one of `no_ops` (vLLM's defaults, which change nothing)."""
+    why: str
+    no_ops: tuple[Any, ...] = ()
+
+
+_CONSTRAINED = Unsupported("constrained decoding (structured output) is not supported yet: the "
+                           "engine has no token masks")
+_BEAM = Unsupported("beam search is not supported", (False,))
+
+# Fields of vLLM's request bodies (and OpenAI's, where vLLM honours them) that neither endpoint
+# honours. Fields the models below declare are checked by the front end itself (app.py).
+UNSUPPORTED_FIELDS: dict[str, Unsupported] = {
+    "guided_json": _CONSTRAINED,
+    "guided_regex": _CONSTRAINED,
+    "guided_choice": _CONSTRAINED,
+    "guided_grammar": _CONSTRAINED,
+    "guided_decoding_backend": _CONSTRAINED,
+    "guided_whitespace_pattern": _CONSTRAINED,
+    "structural_tag": _CONSTRAINED,
+    "structured_outputs": _CONSTRAINED,
+    "use_beam_search": _BEAM,
+    "length_penalty": Unsupported("length_penalty (of beam search) is not supported", (1.0,)),
+    "prompt_logprobs": Unsupported("prompt logprobs are not supported"),
+    "include_stop_str_in_output": Unsupported("include_stop_str_in_output is not supported: the "
+                                              "answer ends before its stop string", (False,)),
+    "skip_special_tokens": Unsupported("special tokens are always skipped in the text", (True,)),
+    "spaces_between_special_tokens": Unsupported("special tokens are always skipped in the text",
+                                                 (True,)),
+    "truncate_prompt_tokens": Unsupported("prompt truncation is not supported"),
+    "allowed_token_ids": Unsupported("allowed_token_ids needs token masks, which the engine does "
+                                     "not have yet", ([],)),
+    "bad_words": Unsupported("bad_words needs token masks, which the engine does not have yet",
+                             ([],)),
+    "logits_processors": Unsupported("logits processors are not supported", ([],)),
+    "priority": Unsupported("request priorities are not supported", (0,)),
+    "return_token_ids": Unsupported("return_token_ids is not supported (logprobs with "
+                                    "return_tokens_as_token_ids give the ids)", (False,)),
+    "cache_salt": Unsupported("cache_salt is not supported: the prefix cache is shared"),
+    "kv_transfer_params": Unsupported("KV transfer is not supported"),
+    "vllm_xargs": Unsupported("vllm_xargs is not supported"),
+    "prompt_embeds": Unsupported("prompt embeddings are not supported"),
+}
+# Chat only (on completions these names mean nothing to vLLM).
+UNSUPPORTED_CHAT_FIELDS: dict[str, Unsupported] = {
+    "functions": Unsupported("functions (OpenAI's deprecated tool calls) are not supported", ([],)),
+    "function_call": Unsupported("function_call (OpenAI's deprecated tool calls) is not "
+                                 "supported", ("none",)),
+    "echo": Unsupported("echo of the last message is not supported", (False,)),
+    "continue_final_message": Unsupported("continue_final_message is not supported", (False,)),
+    "documents": Unsupported("documents are not supported", ([],)),
+    "chat_template": Unsupported("a chat template in the request is not supported: the model's "
+                                 "is used"),
+    "mm_processor_kwargs": Unsupported("multimodal inputs are not supported", ({},)),
+    "reasoning_effort": Unsupported("reasoning_effort is not supported"),
+    "include_reasoning": Unsupported("reasoning is not split from the content", (True,)),
+}
+
+
+def unsupported_field(extra: Optional[dict[str, Any]],
+                      table: dict[str, Unsupported]) -> Optional[tuple[str, str]]:
+    """The first field of `extra` (a body's undeclared fields) that `table` refuses with the value
+    given: (name, why); None if none."""
+    if not extra:
+        return None
+    for name, value in extra.items():
+        u = table.get(name)
+        # A bool matches only a bool: in Python True == 1.0 and False == 0.
+        if u is not None and value is not None and not any(
+                value == v and isinstance(value, bool) == isinstance(v, bool) for v in u.no_ops):
+            return name, u.why
+    return None
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    # Undeclared fields are kept (model_extra) so that UNSUPPORTED_FIELDS can name them.
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str
     max_tokens: Optional[int] = Field(default=None, ge=1, le=INT32_MAX)
@@ -47,6 +128,8 @@ class _Sampling(BaseModel):
     seed: Optional[int] = None  # any integer: the engine's uint64 seed is its low 64 bits
     logit_bias: Optional[dict[str, Float32]] = None
     user: Optional[str] = None
+    response_format: Optional[dict[str, Any]] = None
+    best_of: Optional[int] = None
     # Beyond OpenAI, as vLLM accepts them.
     top_k: Optional[int] = Field(default=None, ge=-1, le=INT32_MAX)
     min_p: Optional[Float32] = Field(default=None, ge=0.0, le=1.0)
@@ -55,6 +138,7 @@ class _Sampling(BaseModel):
     stop_token_ids: Optional[list[Int32]] = None
     ignore_eos: Optional[bool] = False
     return_tokens_as_token_ids: Optional[bool] = False  # logprobs' tokens as "token_id:ID"
+    request_id: Optional[str] = None  # the answer's and the engine's request id (X-Request-Id wins)
 
 
 class CompletionRequest(_Sampling):
@@ -65,7 +149,6 @@ class CompletionRequest(_Sampling):
     max_tokens: Optional[int] = Field(default=16, ge=1, le=INT32_MAX)  # OpenAI's default
     logprobs: Optional[int] = Field(default=None, ge=0, le=20)
     echo: Optional[bool] = False
-    best_of: Optional[int] = None
     suffix: Optional[str] = None
 
 
@@ -84,15 +167,38 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Any] = None
-    response_format: Optional[dict[str, Any]] = None
+    parallel_tool_calls: Optional[bool] = None  # without tools: nothing to do
     add_generation_prompt: bool = True
     chat_template_kwargs: Optional[dict[str, Any]] = None
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize as vLLM takes it: a prompt, or chat messages rendered with the chat template
+    (add_special_tokens' default: True for a prompt, False for messages, whose rendering holds
+    them)."""
+    model_config = ConfigDict(extra="allow")
+
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[list[ChatMessage]] = Field(default=None, min_length=1)
+    add_special_tokens: Optional[bool] = None
+    add_generation_prompt: bool = True
+    return_token_strs: Optional[bool] = False
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    tools: Optional[list[dict[str, Any]]] = None
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize as vLLM takes it."""
+    model: Optional[str] = None
+    tokens: list[Annotated[int, Field(ge=0, le=INT32_MAX)]]
 
 
 class APIError(Exception):
     """An answer in OpenAI's error body: {"error": {"message", "type", "param", "code"}}."""
 
-    TYPES = {400: "invalid_request_error", 404: "invalid_request_error",
+    TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
+             404: "invalid_request_error", 405: "invalid_request_error",
              413: "invalid_request_error", 429: "rate_limit_error", 499: "client_closed_request",
              500: "server_error", 503: "service_unavailable", 504: "timeout"}
 

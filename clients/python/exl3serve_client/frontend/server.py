@@ -2,7 +2,8 @@
 
     exl3serve-openai --engine 127.0.0.1:50051 --model MODEL_DIR --listen 127.0.0.1:8000
 
-Serves /v1/models, /v1/completions, /v1/chat/completions (streaming and not), /health and /metrics.
+Serves /v1/models, /v1/completions, /v1/chat/completions (streaming and not), /tokenize,
+/detokenize, /health and /metrics (docs/frontend.md).
 Prints `openai front end listening on http://HOST:PORT/v1` once it accepts connections (with
 --listen HOST:0 the port is the one the system picked). With --workers N it is N processes on
 the address under a supervising parent (frontend/workers.py); SIGTERM or SIGINT drains
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -25,7 +27,11 @@ from typing import Callable, Optional
 
 import uvicorn
 
-from .app import DEFAULT_MAX_REQUEST_BODY_BYTES, ENGINE_CALLS, FrontendConfig, create_app
+from importlib.metadata import PackageNotFoundError, version
+
+from .access import API_KEY_ENV
+from .app import (DEFAULT_MAX_REQUEST_BODY_BYTES, ENGINE_CALLS, CorsConfig, FrontendConfig,
+                  create_app)
 from .workers import Supervisor, WorkerArgv, exit_with_parent, say_serving
 
 
@@ -78,14 +84,71 @@ def _bytes(text: str) -> int:
     return n
 
 
+def _positive(text: str) -> int:
+    n = int(text) if text.isdigit() else 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {text!r}")
+    return n
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number (0 to 65535), got {text!r}")
+    return int(text)
+
+
+def _json_strings(text: str) -> list[str]:
+    """A JSON list of strings, as vLLM's --allowed-origins takes it: '["http://a.example"]'."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {text!r}")
+    return value
+
+
+def _package_version() -> str:
+    try:
+        return version("exl3serve")
+    except PackageNotFoundError:  # run from a source tree, not installed
+        return "unknown (not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="exl3serve-openai",
                                  description="OpenAI-compatible HTTP front end of an exl3serve "
                                              "engine (exl3-router's Generator service)")
+    ap.add_argument("--version", action="version", version=f"%(prog)s {_package_version()}")
     ap.add_argument("--engine", required=True, help="HOST:PORT of the engine's gRPC Generator")
     ap.add_argument("--model", required=True, type=Path,
                     help="model directory (tokenizer.json, tokenizer_config.json, config.json)")
     ap.add_argument("--listen", default="127.0.0.1:8000", type=_split, help="HOST:PORT to serve on")
+    ap.add_argument("--host", default=None, help="the host to serve on (replaces --listen's)")
+    ap.add_argument("--port", default=None, type=_port, help="the port to serve on (replaces "
+                    "--listen's)")
+    ap.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
+                    help="the key clients must send as 'Authorization: Bearer KEY' on the API's "
+                         "routes (/v1/..., /tokenize, /detokenize; /health and /metrics stay "
+                         f"open); a request without it is answered 401. Default: ${API_KEY_ENV} "
+                         "(which keeps the key out of the process list); neither: no key")
+    ap.add_argument("--allowed-origins", type=_json_strings, default=None,
+                    help="CORS: the origins browsers may call from, a JSON list "
+                         "('[\"https://app.example\"]', '[\"*\"]'); default: none (no CORS "
+                         "headers; vLLM's default is [\"*\"])")
+    ap.add_argument("--allowed-methods", type=_json_strings, default=["*"],
+                    help="CORS: the methods allowed, a JSON list (default [\"*\"])")
+    ap.add_argument("--allowed-headers", type=_json_strings, default=["*"],
+                    help="CORS: the request headers allowed, a JSON list (default [\"*\"])")
+    ap.add_argument("--allow-credentials", action="store_true",
+                    help="CORS: allow credentials (cookies, Authorization)")
+    ap.add_argument("--max-model-len", type=_positive, default=None,
+                    help="tokens of prompt and completion together at most, per request (a "
+                         "request that asks for more is refused 400); at most the engine's "
+                         "context (a larger one stops the front end at start). Default: the "
+                         "engine's context")
+    ap.add_argument("--disable-access-log", action="store_true",
+                    help="no line per request on stderr")
     ap.add_argument("--served-model-name", default=None,
                     help="the model's name in the API (default: the engine's)")
     ap.add_argument("--request-timeout", type=float, default=600.0,
@@ -160,7 +223,12 @@ def _serve(args: argparse.Namespace, sock: socket.socket, on_serving: Callable[[
                                     served_model_name=args.served_model_name,
                                     request_timeout_s=args.request_timeout, created=created,
                                     engine_calls=args.engine_calls,
-                                    max_request_body_bytes=args.max_request_body_bytes))
+                                    max_request_body_bytes=args.max_request_body_bytes,
+                                    max_model_len=args.max_model_len, api_key=args.api_key,
+                                    cors=None if args.allowed_origins is None else CorsConfig(
+                                        args.allowed_origins, args.allowed_methods,
+                                        args.allowed_headers, args.allow_credentials),
+                                    access_log=not args.disable_access_log))
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on")
     server = uvicorn.Server(config)
@@ -189,12 +257,22 @@ def _worker_argv(args: argparse.Namespace, created: int) -> WorkerArgv:
                "--request-timeout", repr(args.request_timeout), "--log-level", args.log_level,
                "--engine-calls", args.engine_calls,
                "--max-request-body-bytes", str(args.max_request_body_bytes),
+               "--allowed-methods", json.dumps(args.allowed_methods),
+               "--allowed-headers", json.dumps(args.allowed_headers),
                "--worker-socket-fd", str(sock_fd), "--worker-ready-fd", str(ready_fd),
                "--worker-of", str(os.getpid()),
                "--model-created", str(created)]
         if args.served_model_name is not None:
             out += ["--served-model-name", args.served_model_name]
-        return out
+        if args.allowed_origins is not None:
+            out += ["--allowed-origins", json.dumps(args.allowed_origins)]
+        if args.allow_credentials:
+            out.append("--allow-credentials")
+        if args.max_model_len is not None:
+            out += ["--max-model-len", str(args.max_model_len)]
+        if args.disable_access_log:
+            out.append("--disable-access-log")
+        return out  # the API key reaches the workers in their environment (main)
     return argv
 
 
@@ -209,7 +287,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         exit_with_parent(args.worker_of)
         sock = socket.socket(fileno=args.worker_socket_fd)
         return _serve(args, sock, lambda: say_serving(args.worker_ready_fd), args.model_created)
+    if args.api_key:
+        os.environ[API_KEY_ENV] = args.api_key  # for --workers' processes, not on their argv
     host, port = args.listen
+    host = args.host if args.host is not None else host
+    port = args.port if args.port is not None else port
     shown = f"[{host}]" if ":" in host else host
     try:
         sockets = [_listening_socket(host, port)] if args.workers == 1 else \

@@ -1,0 +1,135 @@
+"""Request fields vLLM honours that this front end does not: each is refused 400 with the field
+named in OpenAI's error body (`param`), never accepted and ignored. Values that change nothing
+(vLLM's defaults) are still taken. Driven by the openai SDK against the live stack."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+HI = [{"role": "user", "content": "Hello"}]
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+# Fields both endpoints refuse, with a value that would change the answer (vLLM's protocol names).
+BOTH = [
+    ("guided_json", SCHEMA),
+    ("guided_json", {}),
+    ("guided_regex", "[a-z]+"),
+    ("guided_choice", ["yes", "no"]),
+    ("guided_grammar", "root ::= \"a\""),
+    ("guided_decoding_backend", "xgrammar"),
+    ("guided_whitespace_pattern", " "),
+    ("structural_tag", "{}"),
+    ("structured_outputs", {"json": SCHEMA}),
+    ("response_format", {"type": "json_object"}),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}),
+    ("n", 2),
+    ("best_of", 2),
+    ("use_beam_search", True),
+    ("length_penalty", 0.5),
+    ("logit_bias", {"5": 10}),
+    ("prompt_logprobs", 1),
+    ("prompt_logprobs", 0),
+    ("include_stop_str_in_output", True),
+    ("skip_special_tokens", False),
+    ("spaces_between_special_tokens", False),
+    ("truncate_prompt_tokens", 4),
+    ("allowed_token_ids", [1, 2, 3]),
+    ("bad_words", ["x"]),
+    ("logits_processors", ["a.b"]),
+    ("priority", 1),
+    ("return_token_ids", True),
+    ("cache_salt", "s"),
+    ("kv_transfer_params", {"do_remote_prefill": True}),
+    ("vllm_xargs", {"k": 1}),
+    ("stream_options", {"include_usage": True, "continuous_usage_stats": True}),
+]
+CHAT_ONLY = [
+    ("tools", [TOOL]),
+    ("tool_choice", "required"),
+    ("tool_choice", {"type": "function", "function": {"name": "f"}}),
+    ("functions", [TOOL["function"]]),
+    ("function_call", "auto"),
+    ("echo", True),
+    ("continue_final_message", True),
+    ("documents", [{"title": "t", "text": "x"}]),
+    ("chat_template", "{{ messages }}"),
+    ("mm_processor_kwargs", {"a": 1}),
+    ("reasoning_effort", "low"),
+    ("include_reasoning", False),
+]
+COMPLETION_ONLY = [
+    ("echo", True),
+    ("suffix", "tail"),
+    ("prompt_embeds", "AAAA"),
+]
+
+# Values that change nothing: accepted (200).
+NO_OPS = [
+    ("n", 1), ("best_of", None), ("use_beam_search", False), ("length_penalty", 1.0),
+    ("logit_bias", {}), ("prompt_logprobs", None), ("include_stop_str_in_output", False),
+    ("skip_special_tokens", True), ("spaces_between_special_tokens", True),
+    ("allowed_token_ids", None), ("bad_words", []), ("priority", 0), ("return_token_ids", False),
+    ("guided_json", None), ("structured_outputs", None), ("response_format", {"type": "text"}),
+    ("stream_options", {"include_usage": False, "continuous_usage_stats": False}),
+]
+CHAT_NO_OPS = [("tool_choice", "none"), ("tool_choice", "auto"), ("parallel_tool_calls", True),
+               ("tools", []), ("echo", False), ("continue_final_message", False),
+               ("include_reasoning", True)]
+
+
+@pytest.fixture(scope="module")
+def client(live):
+    return openai.OpenAI(base_url=live.url, api_key="none", max_retries=0, timeout=60)
+
+
+def _chat(client, live, field, value, **kw):
+    return client.chat.completions.create(model=live.name, messages=HI, max_tokens=2,
+                                          extra_body={field: value}, **kw)
+
+
+def _completion(client, live, field, value, **kw):
+    return client.completions.create(model=live.name, prompt="Hello", max_tokens=2,
+                                     extra_body={field: value}, **kw)
+
+
+def _refused(call, field):
+    with pytest.raises(openai.BadRequestError) as e:
+        call()
+    err = e.value.body
+    assert e.value.status_code == 400
+    assert err["param"] is not None and err["param"].split(".")[0] == field, err
+    assert field in err["message"] and err["type"] == "invalid_request_error", err
+
+
+@pytest.mark.parametrize("field,value", BOTH + CHAT_ONLY, ids=lambda x: str(x)[:40])
+def test_chat_refuses(client, live, field, value):
+    _refused(lambda: _chat(client, live, field, value), field)
+    # Streamed the same: refused before the stream starts.
+    _refused(lambda: _chat(client, live, field, value, stream=True), field)
+
+
+@pytest.mark.parametrize("field,value", BOTH + COMPLETION_ONLY, ids=lambda x: str(x)[:40])
+def test_completions_refuse(client, live, field, value):
+    _refused(lambda: _completion(client, live, field, value), field)
+    _refused(lambda: _completion(client, live, field, value, stream=True), field)
+
+
+@pytest.mark.parametrize("field,value", NO_OPS + CHAT_NO_OPS, ids=lambda x: str(x)[:40])
+def test_chat_takes_values_that_change_nothing(client, live, field, value):
+    r = _chat(client, live, field, value)
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("field,value", NO_OPS + [("echo", False), ("suffix", None)],
+                         ids=lambda x: str(x)[:40])
+def test_completions_take_values_that_change_nothing(client, live, field, value):
+    r = _completion(client, live, field, value)
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_unknown_fields_of_no_server_are_ignored(client, live):
+    """A field neither OpenAI's API nor vLLM's knows is ignored, as both servers ignore it."""
+    r = _chat(client, live, "x_some_client_tag", 1)
+    assert r.choices[0].finish_reason in ("stop", "length")
