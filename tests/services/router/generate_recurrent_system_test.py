@@ -1,6 +1,8 @@
-"""exl3-router serving Qwen3-Next (tests/fixtures/engine/qwen3_next_all: two gated DeltaNet layers
-with their per-sequence recurrent state, a gated full-attention layer, a MoE layer with the gated
-shared expert): concurrent greedy requests give transformers' continuations (the fixture's
+"""exl3-router serving the families whose layers keep a recurrent state per sequence, each on its
+engine fixture (tests/fixtures/engine/*_all): Qwen3-Next (gated DeltaNet, gated full attention),
+GLM-5.3-Flash (KDA, NoPE MLA with the k-pooled indexer, hyper-connections) and Qwen3.8-Flash-Next
+(Qwen4-Exp's text model: gated DeltaNet, a PLE n-gram layer, QSA attention, gated
+hyper-connections). Concurrent greedy requests give transformers' continuations (the fixture's
 greedy.i) with the experts in the router's process and on two exl3-worker processes; the router
 says at start that prefix caching is off, and a repeated prompt is served without cached tokens
 (and the same tokens)."""
@@ -18,7 +20,7 @@ from harness import FixtureGenerateTest, greedy_generate  # noqa: E402
 from exl3serve.v1 import exl3serve_pb2 as pb  # noqa: E402
 from exl3serve.v1 import exl3serve_pb2_grpc as pbg  # noqa: E402
 
-FIXTURE = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "engine", "qwen3_next_all")
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "engine")
 
 
 def greedy(stub, prompt, max_tokens):
@@ -26,8 +28,10 @@ def greedy(stub, prompt, max_tokens):
     return greedy_generate(stub, prompt, max_tokens, pb)
 
 
-class GenerateQwen3NextTest(FixtureGenerateTest):
-    FIXTURE = FIXTURE
+class RecurrentFamilyCases:
+    """The cases of every recurrent family; a subclass names FIXTURE and ARCHITECTURE."""
+
+    ARCHITECTURE = None  # config.json's architectures[0], as the router logs it
 
     def check_concurrent(self, stub):
         """Every prompt at once (their chunks and decode tokens share steps), twice over."""
@@ -39,7 +43,7 @@ class GenerateQwen3NextTest(FixtureGenerateTest):
 
     def test_experts_in_process(self):
         r = self.c.start_router(with_map=False)
-        r.wait_for_log(r"Qwen3NextForCausalLM keeps a recurrent state per sequence .*prefix caching "
+        r.wait_for_log(rf"{self.ARCHITECTURE} keeps a recurrent state per sequence .*prefix caching "
                        r"is off")
         with grpc.insecure_channel(r.address) as ch:
             stub = pbg.GeneratorStub(ch)
@@ -59,6 +63,21 @@ class GenerateQwen3NextTest(FixtureGenerateTest):
             stub = pbg.GeneratorStub(ch)
             self.wait_for_workers(stub, pb)
             self.check_concurrent(stub)
+
+
+class GenerateQwen3NextTest(RecurrentFamilyCases, FixtureGenerateTest):
+    FIXTURE = os.path.join(FIXTURES, "qwen3_next_all")
+    ARCHITECTURE = "Qwen3NextForCausalLM"
+
+
+class GenerateGlm5NextTest(RecurrentFamilyCases, FixtureGenerateTest):
+    FIXTURE = os.path.join(FIXTURES, "glm5_next_all")
+    ARCHITECTURE = "Glm5NextForConditionalGeneration"
+
+
+class GenerateQwen4ExpTest(RecurrentFamilyCases, FixtureGenerateTest):
+    FIXTURE = os.path.join(FIXTURES, "qwen4_exp_all")
+    ARCHITECTURE = "Qwen4ExpForConditionalGeneration"
 
 
 if __name__ == "__main__":
