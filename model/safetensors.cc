@@ -216,15 +216,9 @@ absl::Status SafetensorsFile::Own(const uint8_t* data, size_t size) const {
       return absl::Status(s.code(), absl::StrCat(path_, ": ", s.message()));
     }
     for (size_t q = p; q < end; ++q) owned_pages_[q] = true;
-    owned_bytes_ += (end - p) * page;
     p = end;
   }
   return absl::OkStatus();
-}
-
-uint64_t SafetensorsFile::owned_bytes() const {
-  std::lock_guard<std::mutex> lock(own_mu_);
-  return owned_bytes_;
 }
 
 const TensorInfo* SafetensorsFile::Find(std::string_view name) const {
@@ -427,12 +421,6 @@ std::vector<std::string> TensorSource::Files() const {
   return {files.begin(), files.end()};
 }
 
-uint64_t TensorSource::owned_bytes() const {
-  std::lock_guard<std::mutex> lock(*mu_);
-  uint64_t n = 0;
-  for (const auto& [path, f] : open_) n += f->owned_bytes();
-  return n;
-}
 
 absl::StatusOr<const TensorInfo*> TensorSource::Info(std::string_view name) const {
   absl::StatusOr<const SafetensorsFile*> f = FileFor(name);

@@ -92,7 +92,6 @@ class SafetensorsFile {
   absl::StatusOr<TensorLocation> Locate(std::string_view name) const;
   // Moves the mapped pages holding [data, data + size) into owned memory (those not moved yet).
   absl::Status Own(const uint8_t* data, size_t size) const;
-  uint64_t owned_bytes() const;
 
  private:
   SafetensorsFile() = default;
@@ -101,7 +100,6 @@ class SafetensorsFile {
   size_t size_ = 0;
   mutable std::mutex own_mu_;
   mutable std::vector<bool> owned_pages_;  // guarded by own_mu_; sized on the first Own
-  mutable uint64_t owned_bytes_ = 0;       // guarded by own_mu_
   SafetensorsHeader header_;
   std::map<std::string, size_t, std::less<>> by_name_;
 };
@@ -134,8 +132,6 @@ class TensorSource {
   void VerifyWith(WeightDigests digests);
   // The model's files (every shard, opened or not), sorted.
   std::vector<std::string> Files() const;
-  // kOwned: the bytes moved into owned memory so far (page-rounded).
-  uint64_t owned_bytes() const;
 
  private:
   absl::StatusOr<const SafetensorsFile*> FileFor(std::string_view name) const;

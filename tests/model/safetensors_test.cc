@@ -121,6 +121,32 @@ TEST(Safetensors, RejectsTruncatedFiles) {
   std::remove(path.c_str());
 }
 
+// Issue 28: with kOwned, a tensor handed out stays readable after its file is truncated (a
+// mapped page past the new end would be SIGBUS), and Locate names the bytes without reading them.
+TEST(TensorSource, OwnedTensorsOutliveTheirFile) {
+  SafetensorsWriter w;
+  std::vector<float> a(3000), b(5000);  // several pages, tensors sharing a page between them
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = -static_cast<float>(i);
+  w.AddF32("a", {3000}, a.data());
+  w.AddF32("b", {5000}, b.data());
+  const std::string path = TempPath("owned.safetensors");
+  ASSERT_TRUE(w.Write(path).ok());
+  auto src = TensorSource::Open(path, TensorResidency::kOwned);
+  ASSERT_TRUE(src.ok()) << src.status();
+  auto ta = (*src)->Get("a");
+  auto tb = (*src)->Get("b");
+  ASSERT_TRUE(ta.ok() && tb.ok());
+  auto lb = (*src)->Locate("b");
+  ASSERT_TRUE(lb.ok()) << lb.status();
+  EXPECT_EQ(lb->file, path);
+  EXPECT_EQ(lb->offset + lb->info->size_bytes(), std::filesystem::file_size(path));
+  std::filesystem::resize_file(path, 64);
+  EXPECT_EQ(std::memcmp(ta->data, a.data(), a.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(tb->data, b.data(), b.size() * sizeof(float)), 0);
+  std::remove(path.c_str());
+}
+
 TEST(TensorSource, ReadsShardedModelsThroughTheIndex) {
   const auto dir = std::filesystem::temp_directory_path() / "exl3_st_sharded";
   std::filesystem::remove_all(dir);
