@@ -326,11 +326,6 @@ int Main() {
   (*server)->SetServing(false);
   // Generation first: its requests still need the router core's MoE layers.
   const int generations_cut = generation ? generation->Drain(grace) : 0;
-  if (generations_cut > 0) {
-    svc::LogWarning("drain grace of %d ms ended with %d generation requests still running: ended "
-                    "UNAVAILABLE (server draining)",
-                    absl::GetFlag(FLAGS_drain_grace_ms), generations_cut);
-  }
   int left = 0;
   if (core) {
     core->StartDrain();
