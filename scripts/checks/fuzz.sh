@@ -21,6 +21,7 @@ BIN="$OUT/safetensors_header_fuzz"
 echo "fuzz.sh: building $BIN"
 "$CXX" -std=c++20 -O1 -g -fsanitize=fuzzer,address -I. \
   tools/fuzz/safetensors_header_fuzz.cc model/safetensors.cc model/weight_digest.cc \
+  model/owned_pages.cc model/checkpoint_naming.cc \
   $ABSL_LIBS \
   -o "$BIN"
 
