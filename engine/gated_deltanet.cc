@@ -15,31 +15,6 @@ float Silu(float x) { return x * Sigmoid(x); }
 // torch's softplus (beta 1, threshold 20): x itself above the threshold.
 float Softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
-// x ← x / sqrt(Σx² + 1e-6), as transformers' l2norm for the DeltaNet's q and k.
-void L2NormalizeInPlace(float* x, int n) {
-  double ss = 0.0;
-  for (int i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
-  const float inv = static_cast<float>(1.0 / std::sqrt(ss + 1e-6));
-  for (int i = 0; i < n; ++i) x[i] *= inv;
-}
-
-// The step's chunks as runs of consecutive tokens.
-struct ChunkRun {
-  int chunk = 0;        // index into the step's chunks
-  int first_token = 0;  // in the flattened step
-  int num_tokens = 0;
-};
-
-std::vector<ChunkRun> ChunkRuns(const StepTokens& tokens) {
-  std::vector<ChunkRun> runs;
-  for (int t = 0; t < tokens.num_tokens; ++t) {
-    if (runs.empty() || runs.back().chunk != tokens.chunk_of[t])
-      runs.push_back({tokens.chunk_of[t], t, 0});
-    ++runs.back().num_tokens;
-  }
-  return runs;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GatedDeltaNet>> GatedDeltaNet::Load(const ModelConfig& cfg,

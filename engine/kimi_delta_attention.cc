@@ -16,29 +16,6 @@ float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 // transformers' softplus in the forget gate: x itself above 20.
 float Softplus(float x) { return x > 20.0f ? x : std::log(1.0f + std::exp(x)); }
 
-void L2NormalizeInPlace(float* x, int n) {
-  double ss = 0.0;
-  for (int i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
-  const float inv = static_cast<float>(1.0 / std::sqrt(ss + 1e-6));
-  for (int i = 0; i < n; ++i) x[i] *= inv;
-}
-
-// The step's chunks as runs of consecutive tokens.
-struct ChunkRun {
-  int chunk = 0;
-  int first_token = 0;
-  int num_tokens = 0;
-};
-
-std::vector<ChunkRun> ChunkRuns(const StepTokens& tokens) {
-  std::vector<ChunkRun> runs;
-  for (int t = 0; t < tokens.num_tokens; ++t) {
-    if (runs.empty() || runs.back().chunk != tokens.chunk_of[t]) runs.push_back({tokens.chunk_of[t], t, 0});
-    ++runs.back().num_tokens;
-  }
-  return runs;
-}
-
 }  // namespace
 
 KimiDeltaAttention::KimiDeltaAttention(const ModelConfig& cfg, int layer)

@@ -42,4 +42,13 @@ absl::Status FlattenStep(const StepBatch& batch, int vocab_size, const KvCacheSh
   return absl::OkStatus();
 }
 
+std::vector<ChunkRun> ChunkRuns(const StepTokens& tokens) {
+  std::vector<ChunkRun> runs;
+  for (int t = 0; t < tokens.num_tokens; ++t) {
+    if (runs.empty() || runs.back().chunk != tokens.chunk_of[t]) runs.push_back({tokens.chunk_of[t], t, 0});
+    ++runs.back().num_tokens;
+  }
+  return runs;
+}
+
 }  // namespace exl3::engine

@@ -26,4 +26,12 @@ struct StepTokens {
 absl::Status FlattenStep(const StepBatch& batch, int vocab_size, const KvCacheShape& cache,
                          int max_context, StepTokens* out);
 
+// The step's chunks as runs of consecutive tokens (what recurrent layers walk chunk by chunk).
+struct ChunkRun {
+  int chunk = 0;        // index into the step's chunks
+  int first_token = 0;  // in the flattened step
+  int num_tokens = 0;
+};
+std::vector<ChunkRun> ChunkRuns(const StepTokens& tokens);
+
 }  // namespace exl3::engine
