@@ -51,7 +51,7 @@
 #include "grpcpp/support/client_callback.h"
 #include "grpcpp/support/server_callback.h"
 #include "grpcpp/support/status.h"
-#include "services/common/logging.h"
+#include "base/logging.h"
 #include "services/common/raw_message.h"
 #include "services/common/shm_channel.h"
 #include "services/common/shm_side_channel.h"

@@ -8,7 +8,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_builder.h"
-#include "services/common/logging.h"
+#include "base/logging.h"
 
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve TLS instead of plaintext");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");

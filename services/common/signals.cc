@@ -5,7 +5,7 @@
 
 #include <cerrno>
 
-#include "services/common/logging.h"
+#include "base/logging.h"
 
 namespace exl3::svc {
 namespace {

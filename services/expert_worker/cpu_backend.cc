@@ -11,7 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/moe_cpu.h"
-#include "services/common/logging.h"
+#include "base/logging.h"
 #include "services/expert_worker/backend.h"
 #include "services/expert_worker/loader.h"
 
@@ -59,7 +59,7 @@ class CpuBackend : public MoeBackend {
       return absl::ResourceExhaustedError(absl::StrCat("cannot hold the experts in memory of the worker: ",
                                                        ls.own_error));
     }
-    svc::LogInfo("%.1f MB of weights copied into memory of the worker (changes to the model files no "
+    exl3::LogInfo("%.1f MB of weights copied into memory of the worker (changes to the model files no "
                  "longer reach them)", ls.owned_bytes / 1e6);
     locked_ = ls.locked_bytes > 0;
     pinned_ = ls.locked_bytes;

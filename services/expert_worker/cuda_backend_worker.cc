@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "kernels/cuda/cuda_backend.h"
-#include "services/common/logging.h"
+#include "base/logging.h"
 #include "services/expert_worker/backend.h"
 #include "services/expert_worker/host_resident_weights.h"
 #include "services/expert_worker/loader.h"
@@ -110,7 +110,7 @@ class CudaBackend : public MoeBackend {
       host_pages_ = std::move(*reg);
       pinned_ += host_pages_->bytes();
       const HostLoadStats& hs = host_weights_->stats();
-      svc::LogInfo("weights used in place from %.1f MB of registered host memory (%s): %.1f MB of "
+      exl3::LogInfo("weights used in place from %.1f MB of registered host memory (%s): %.1f MB of "
                    "tensors in the files' pages, %.1f MB of tensors not 16-byte aligned in the files "
                    "in one realigned copy of %.1f MB (%.1f MB of their file pages dropped)",
                    host_pages_->bytes() / 1e6,
@@ -130,7 +130,7 @@ class CudaBackend : public MoeBackend {
       runners_[layer] = std::move(*runner);
     }
     if (copied > 0) {
-      svc::LogInfo("%.1f MB of tensors not 16-byte aligned in host memory were copied to device "
+      exl3::LogInfo("%.1f MB of tensors not 16-byte aligned in host memory were copied to device "
                    "memory instead of being read in place", copied / 1e6);
     }
     // Staging, host and device alike: in [x T*H fp32 | ids T*top_k int32 | weights T*top_k fp32]

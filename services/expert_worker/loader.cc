@@ -19,7 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "model/owned_pages.h"
-#include "services/common/logging.h"
+#include "base/logging.h"
 
 namespace exl3::worker {
 namespace {

@@ -8,7 +8,7 @@
 #include "absl/flags/flag.h"
 #include "absl/synchronization/notification.h"
 #include "services/common/flags.h"
-#include "services/common/logging.h"
+#include "base/logging.h"
 #include "services/common/memory_return.h"
 #include "services/common/server.h"
 #include "services/common/signals.h"
@@ -90,12 +90,12 @@ int main(int argc, char** argv) {
       "  exl3-worker --model DIR --shared-expert            (the shared expert only)\n"
       "Flags may be written with dashes or underscores (--max-queue = --max_queue).");
   using namespace exl3;
-  svc::LogLevel level;
-  if (!svc::ParseLogLevel(absl::GetFlag(FLAGS_log_level).c_str(), &level)) {
+  exl3::LogLevel level;
+  if (!exl3::ParseLogLevel(absl::GetFlag(FLAGS_log_level).c_str(), &level)) {
     std::fprintf(stderr, "exl3-worker: --log-level must be debug, info, warning or error\n");
     return 2;
   }
-  svc::SetLogLevel(level);
+  exl3::SetLogLevel(level);
 
   worker::WorkerOptions o;
   o.model_dir = absl::GetFlag(FLAGS_model);

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/scratch.h"
-#include "services/common/logging.h"
+#include "base/logging.h"
 #include "services/common/status.h"
 
 namespace exl3::worker {

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 #include "model/expert_map.h"
-#include "services/common/logging.h"
+#include "base/logging.h"
 #include "services/common/raw_message.h"
 #include "services/common/shm_channel.h"
 #include "services/expert_worker/worker_stream.h"
@@ -149,7 +149,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
   w->model_ = std::move(*model);
   w->fingerprint_ = w->model_->fingerprint();
   if (!w->model_->fingerprint_covers_weights()) {
-    svc::LogWarning("%s", w->model_->UncoveredWeightsWarning().c_str());
+    exl3::LogWarning("%s", w->model_->UncoveredWeightsWarning().c_str());
   }
 
   const MoeConfig& c = w->config_;
@@ -232,7 +232,7 @@ absl::Status WorkerServer::Load() {
   const double secs = Seconds(Clock::now() - t0);
   size_t held = 0;
   for (const auto& [l, ids] : experts_) held += ids.size();
-  svc::LogInfo("loaded %zu experts over %zu layers%s: %.1f MB in %.3f s (%.2f GB/s read%s), "
+  exl3::LogInfo("loaded %zu experts over %zu layers%s: %.1f MB in %.3f s (%.2f GB/s read%s), "
                "%.1f MB pinned, backend %s (%s)",
                held, experts_.size(), shared_expert_ ? " and the shared experts" : "", st.bytes / 1e6, secs,
                st.read_seconds > 0 ? st.bytes / st.read_seconds / 1e9 : 0.0,
@@ -242,7 +242,7 @@ absl::Status WorkerServer::Load() {
                                   "%").c_str()
                    : "",
                st.pinned_bytes / 1e6, backend_->name().c_str(), backend_->device().c_str());
-  if (!st.note.empty()) svc::LogWarning("%s", st.note.c_str());
+  if (!st.note.empty()) exl3::LogWarning("%s", st.note.c_str());
   worker_metrics_->pinned_bytes().Set(static_cast<double>(st.pinned_bytes));
   worker_metrics_->load_seconds().Set(secs);
   file_watch_ = std::make_unique<ModelFileWatch>(FilesOf(HeldTensorRanges(*model_, shared_expert_)));
@@ -256,7 +256,7 @@ absl::Status WorkerServer::Load() {
   so.max_queue = opt_.max_queue;
   so.prefill_chunk_us = opt_.prefill_chunk_us;
   so.on_backend_lost = [this](const absl::Status& why) {
-    svc::LogError("the %s backend cannot compute any more (%s): not serving; the process exits "
+    exl3::LogError("the %s backend cannot compute any more (%s): not serving; the process exits "
                   "after answering what it holds", backend_->name().c_str(),
                   std::string(why.message()).c_str());
     BeginDrain();
@@ -275,7 +275,7 @@ absl::Status WorkerServer::Load() {
       metrics_->port() == 0 ? std::string("none")
                             : absl::StrCat(opt_.metrics_listen.substr(0, opt_.metrics_listen.rfind(':')),
                                            ":", metrics_->port());
-  svc::LogInfo("serving on %s, metrics on %s", server_->address().c_str(), metrics_at.c_str());
+  exl3::LogInfo("serving on %s, metrics on %s", server_->address().c_str(), metrics_at.c_str());
   return absl::OkStatus();
 }
 
@@ -283,7 +283,7 @@ void WorkerServer::WatchModelFiles() {
   std::unique_lock<std::mutex> l(watch_mu_);
   while (!watch_cv_.wait_for(l, std::chrono::seconds(1), [this] { return watch_stop_; })) {
     for (const ModelFileWatch::Change& c : file_watch_->Check()) {
-      svc::LogWarning("model file %s changed after the load: %s; %s", c.file.c_str(), c.what.c_str(),
+      exl3::LogWarning("model file %s changed after the load: %s; %s", c.file.c_str(), c.what.c_str(),
                       backend_->name() == "cpu"
                           ? "the experts are served from the copy made at load (restart the worker "
                             "to load the new file)"
@@ -339,7 +339,7 @@ void WorkerServer::Unregister(WorkerStream* s) {
 void WorkerServer::BeginDrain() {
   const pb::ServingState prev = state_.exchange(pb::STATE_DRAINING);
   if (prev != pb::STATE_DRAINING) {
-    svc::LogInfo("draining: health NOT_SERVING, new requests answered UNAVAILABLE");
+    exl3::LogInfo("draining: health NOT_SERVING, new requests answered UNAVAILABLE");
   }
   server_->SetServing(false);
   worker_metrics_->ready().Set(0);
@@ -364,7 +364,7 @@ bool WorkerServer::Drain(absl::Duration timeout) {
   while (!all_idle()) {
     if (absl::Now() >= until) {
       clean = false;
-      svc::LogWarning("drain timeout: %d requests still in flight",
+      exl3::LogWarning("drain timeout: %d requests still in flight",
                       scheduler_ ? scheduler_->InFlight() : 0);
       break;
     }
@@ -392,7 +392,7 @@ bool WorkerServer::Drain(absl::Duration timeout) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   server_->Shutdown(absl::Milliseconds(500));
-  svc::LogInfo("drained%s", clean ? "" : " (timeout)");
+  exl3::LogInfo("drained%s", clean ? "" : " (timeout)");
   return clean;
 }
 

@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "services/common/logging.h"
+#include "base/logging.h"
 #include "services/common/shm_channel.h"
 #include "services/common/status.h"
 #include "services/common/wire.h"
@@ -223,7 +223,7 @@ void WorkerStream::HandleCancel(uint64_t id, int reason) {
 
 void WorkerStream::AttachShm(uint64_t id, const pb::SharedMemoryOffer& offer) {
   const absl::Status st = TryAttachShm(offer);
-  if (!st.ok()) svc::LogInfo("shared-memory offer declined: %s", std::string(st.message()).c_str());
+  if (!st.ok()) exl3::LogInfo("shared-memory offer declined: %s", std::string(st.message()).c_str());
   pb::ExpertResponse resp;
   resp.set_id(id);
   svc::SetRequestStatus(st, resp.mutable_status());

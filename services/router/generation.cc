@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/cpu_model.h"
-#include "services/common/logging.h"
+#include "base/logging.h"
 #include "services/router/router_moe_executor.h"
 
 #if EXL3_HAVE_CUDA
@@ -89,13 +89,13 @@ absl::StatusOr<std::unique_ptr<Generation>> Generation::Start(const GenerationOp
     }
   });
   const engine::KvCacheShape shape = g->engine_->kv_cache_shape();
-  svc::LogInfo("engine: %s (%s) on the %s, KV cache %d blocks x %d tokens, experts %s",
+  exl3::LogInfo("engine: %s (%s) on the %s, KV cache %d blocks x %d tokens, experts %s",
                g->engine_->model_info().name.c_str(), g->engine_->model_info().architecture.c_str(),
                o.device == EngineDevice::kCuda ? "GPU" : "CPU", shape.num_blocks, shape.block_size,
                go.experts.c_str());
   const engine::ModelInfo& info = g->engine_->model_info();
   if (info.state_bytes_per_sequence > 0) {
-    svc::LogInfo("engine: %s keeps a recurrent state per sequence (%.1f MiB each, %d slots)%s",
+    exl3::LogInfo("engine: %s keeps a recurrent state per sequence (%.1f MiB each, %d slots)%s",
                  info.architecture.c_str(), info.state_bytes_per_sequence / 1048576.0,
                  shape.num_sequence_slots,
                  o.engine.scheduler.enable_prefix_caching && !engine::PrefixCachingUsable(info)

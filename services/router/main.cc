@@ -21,7 +21,7 @@
 #include "model/model_file_watch.h"
 #include "model/safetensors.h"
 #include "services/common/flags.h"
-#include "services/common/logging.h"
+#include "base/logging.h"
 #include "services/common/memory_return.h"
 #include "services/common/metrics.h"
 #include "services/common/server.h"
@@ -139,11 +139,11 @@ absl::StatusOr<std::unique_ptr<Generation>> StartGeneration(const std::string& m
 }
 
 int Main() {
-  svc::LogLevel level;
-  if (!svc::ParseLogLevel(absl::GetFlag(FLAGS_log_level).c_str(), &level)) {
+  exl3::LogLevel level;
+  if (!exl3::ParseLogLevel(absl::GetFlag(FLAGS_log_level).c_str(), &level)) {
     return Fail("--log-level must be debug, info, warning or error");
   }
-  svc::SetLogLevel(level);
+  exl3::SetLogLevel(level);
   const std::string model_dir = absl::GetFlag(FLAGS_model);
   const std::string map_path = absl::GetFlag(FLAGS_expert_map);
   if (model_dir.empty()) return Fail("--model DIR is required");
@@ -215,7 +215,7 @@ int Main() {
     if (started.ok()) {
       generation = std::move(*started);
     } else if (generate == "auto" && core) {
-      svc::LogInfo("not running the model (serving MoeRouter only): %s",
+      exl3::LogInfo("not running the model (serving MoeRouter only): %s",
                    std::string(started.status().message()).c_str());
     } else {
       return Fail(std::string(started.status().message()));
@@ -260,7 +260,7 @@ int Main() {
           ? std::string("(none)")
           : absl::StrCat(metrics_flag.substr(0, metrics_flag.rfind(':')), ":",
                          (*metrics_ep)->port());
-  svc::LogInfo("exl3-router listening on %s (%s), metrics on %s, %s",
+  exl3::LogInfo("exl3-router listening on %s (%s), metrics on %s, %s",
                (*server)->address().c_str(), scfg.tls.enabled() ? (scfg.tls.require_client_cert ? "mTLS" : "TLS") : "plaintext",
                metrics_at.c_str(),
                core ? absl::StrCat(core->map().workers.size(), " workers in ", map_path).c_str()
@@ -277,7 +277,7 @@ int Main() {
   auto check_model_files = [&] {
     if (!file_watch) return;
     for (const ModelFileWatch::Change& c : file_watch->Check()) {
-      svc::LogWarning("model file %s changed after the load: %s; serving on from the copy made at "
+      exl3::LogWarning("model file %s changed after the load: %s; serving on from the copy made at "
                       "load (restart the router to load the new file)",
                       c.file.c_str(), c.what.c_str());
     }
@@ -297,17 +297,17 @@ int Main() {
       timespec ts{0, 200 * 1000 * 1000};
       if (sigtimedwait(&set, nullptr, &ts) != SIGHUP) continue;
       if (!core) {
-        svc::LogInfo("SIGHUP: no expert map to reload");
+        exl3::LogInfo("SIGHUP: no expert map to reload");
         continue;
       }
-      svc::LogInfo("SIGHUP: reloading expert map %s", map_path.c_str());
+      exl3::LogInfo("SIGHUP: reloading expert map %s", map_path.c_str());
       absl::Status st = core->ReloadMap();
       if (!st.ok()) {
-        svc::LogError("reload refused, previous map stays in force: %s",
+        exl3::LogError("reload refused, previous map stays in force: %s",
                       std::string(st.message()).c_str());
         continue;
       }
-      svc::LogInfo("expert map reloaded: %d workers", core->service().pool()->num_workers());
+      exl3::LogInfo("expert map reloaded: %d workers", core->service().pool()->num_workers());
     }
   });
 
@@ -322,7 +322,7 @@ int Main() {
   }
   const auto grace = std::chrono::milliseconds(absl::GetFlag(FLAGS_drain_grace_ms));
   const auto deadline = std::chrono::steady_clock::now() + grace;
-  svc::LogInfo("draining, grace %d ms", absl::GetFlag(FLAGS_drain_grace_ms));
+  exl3::LogInfo("draining, grace %d ms", absl::GetFlag(FLAGS_drain_grace_ms));
   (*server)->SetServing(false);
   // Generation first: its requests still need the router core's MoE layers.
   const int generations_cut = generation ? generation->Drain(grace) : 0;
@@ -349,12 +349,12 @@ int Main() {
     core->Stop();
   }
   if (generations_cut + left > 0) {
-    svc::LogWarning("drain cut short: %d generation requests ended UNAVAILABLE, %d MoE requests "
+    exl3::LogWarning("drain cut short: %d generation requests ended UNAVAILABLE, %d MoE requests "
                     "still in flight; exiting with status 1",
                     generations_cut, left);
     return 1;
   }
-  svc::LogInfo("drained (0 requests still in flight at the end); exiting");
+  exl3::LogInfo("drained (0 requests still in flight at the end); exiting");
   return 0;
 }
 

@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "services/common/logging.h"
+#include "base/logging.h"
 
 namespace exl3::router {
 
@@ -63,7 +63,7 @@ void RetiredPools::Run() {
       freeing_ = static_cast<int>(unused.size());
       l.unlock();
       for (const auto& s : unused) {
-        svc::LogInfo("retired worker pool of %d workers freed (its requests have ended); %d "
+        exl3::LogInfo("retired worker pool of %d workers freed (its requests have ended); %d "
                      "retired pools still in use", s->num_workers(), left);
       }
       unused.clear();  // destroys them here, off every link's thread

@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "services/common/logging.h"
+#include "base/logging.h"
 
 namespace exl3::router {
 
@@ -28,9 +28,9 @@ absl::StatusOr<std::unique_ptr<RouterCore>> RouterCore::Create(const RouterCoreO
   core->model_ = std::move(*model);
   const MoeConfig& cfg = core->model_->config();
   if (!core->model_->fingerprint_covers_weights()) {
-    svc::LogWarning("%s", core->model_->UncoveredWeightsWarning().c_str());
+    exl3::LogWarning("%s", core->model_->UncoveredWeightsWarning().c_str());
   }
-  svc::LogInfo("model %s: %s, %d MoE layers x %d experts (top-%d), fingerprint %s, loaded in %.2f s",
+  exl3::LogInfo("model %s: %s, %d MoE layers x %d experts (top-%d), fingerprint %s, loaded in %.2f s",
                o.model_dir.c_str(), cfg.architecture.c_str(), static_cast<int>(cfg.MoeLayers().size()),
                cfg.num_experts, cfg.top_k, core->model_->fingerprint().c_str(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -59,7 +59,7 @@ absl::StatusOr<std::unique_ptr<RouterCore>> RouterCore::Create(const RouterCoreO
   } else {
     for (const auto& w : core->map_.workers) {
       if (!svc::IsLoopbackAddress(w.address)) {
-        svc::LogWarning("!!! worker %s at %s is reached WITHOUT TLS: hidden states cross the network "
+        exl3::LogWarning("!!! worker %s at %s is reached WITHOUT TLS: hidden states cross the network "
                         "in clear text. Use --worker-tls-ca (and --worker-tls-cert/--worker-tls-key "
                         "for mTLS). !!!", w.name.c_str(), w.address.c_str());
       }
@@ -106,12 +106,12 @@ void RouterCore::UpdateReady() {
   if (readiness_.exchange(now) != now) {
     const bool shared_on_workers = !opt_.router.shared_expert_worker.empty();
     if (ready) {
-      svc::LogInfo("ready: every routed expert%s has a serving worker",
+      exl3::LogInfo("ready: every routed expert%s has a serving worker",
                    shared_on_workers ? " and the shared expert" : "");
     } else if (draining_) {
-      svc::LogWarning("not ready: draining (new requests are refused)");
+      exl3::LogWarning("not ready: draining (new requests are refused)");
     } else {
-      svc::LogWarning("not ready: %d %s have no serving worker", unserved,
+      exl3::LogWarning("not ready: %d %s have no serving worker", unserved,
                       shared_on_workers ? "routed experts (and per-layer shared experts)"
                                         : "routed experts");
     }

@@ -9,7 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "services/common/bidi_stream.h"
-#include "services/common/logging.h"
+#include "base/logging.h"
 #include "services/common/shm_channel.h"
 #include "services/common/status.h"
 #include "services/router/health_v1.grpc.pb.h"
@@ -291,7 +291,7 @@ std::shared_ptr<grpc::Channel> MakeWorkerChannel(const ExpertMapWorker& w,
     if (c.ok()) {
       creds = *c;
     } else {
-      svc::LogError("worker %s: %s", w.name.c_str(), std::string(c.status().message()).c_str());
+      exl3::LogError("worker %s: %s", w.name.c_str(), std::string(c.status().message()).c_str());
     }
   }
   return grpc::CreateCustomChannel(w.address, creds, args);
@@ -369,9 +369,9 @@ void WorkerConn::SetUp(bool up, const std::string& why) {
   }
   if (!changed) return;
   if (up) {
-    svc::LogInfo("worker %s (%s) is up", spec_.name.c_str(), spec_.address.c_str());
+    exl3::LogInfo("worker %s (%s) is up", spec_.name.c_str(), spec_.address.c_str());
   } else {
-    svc::LogWarning("worker %s (%s) is down: %s", spec_.name.c_str(), spec_.address.c_str(),
+    exl3::LogWarning("worker %s (%s) is down: %s", spec_.name.c_str(), spec_.address.c_str(),
                     why.c_str());
   }
   if (metrics_) metrics_->WorkerUp(spec_.name, up);
@@ -425,7 +425,7 @@ void WorkerConn::Supervise() {
     const std::string msg = std::string(st.message());
     SetUp(false, msg);
     if (msg != last_logged) {
-      svc::LogInfo("worker %s (%s): %s; retrying", spec_.name.c_str(), spec_.address.c_str(),
+      exl3::LogInfo("worker %s (%s): %s; retrying", spec_.name.c_str(), spec_.address.c_str(),
                    msg.c_str());
       last_logged = msg;
     }
@@ -539,7 +539,7 @@ void WorkerConn::OfferShm(const std::shared_ptr<Session>& s, const pb::DescribeR
   absl::StatusOr<std::unique_ptr<svc::ShmChannel>> made =
       svc::ShmChannel::Create(opt_.shm_ring_bytes, opt_.shm_spin_us);
   if (!made.ok()) {
-    svc::LogWarning("worker %s: no shared-memory channel (%s); using gRPC",
+    exl3::LogWarning("worker %s: no shared-memory channel (%s); using gRPC",
                     spec_.name.c_str(), std::string(made.status().message()).c_str());
     return;
   }
@@ -559,7 +559,7 @@ void WorkerConn::ShmOfferAnswered(Session& s, const std::shared_ptr<svc::ShmChan
                                   const absl::Status& st, const pb::ExpertResponse* r) {
   ch->Unlink();  // both sides have it mapped, or the worker declined: the name is not needed
   if (!st.ok() || r == nullptr || !r->shm_attached()) {
-    svc::LogInfo("worker %s: shared memory not used (%s); using gRPC", spec_.name.c_str(),
+    exl3::LogInfo("worker %s: shared memory not used (%s); using gRPC", spec_.name.c_str(),
                  !st.ok() ? std::string(st.message()).c_str()
                  : r != nullptr ? r->status().message().c_str() : "no answer");
     return;
@@ -569,7 +569,7 @@ void WorkerConn::ShmOfferAnswered(Session& s, const std::shared_ptr<svc::ShmChan
     if (!s.AttachSideChannelLocked(ch)) return;  // the session is ending
   }
   if (metrics_) metrics_->WorkerShm(spec_.name, true);
-  svc::LogInfo("worker %s: shared-memory channel attached (%zu KiB each way)", spec_.name.c_str(),
+  exl3::LogInfo("worker %s: shared-memory channel attached (%zu KiB each way)", spec_.name.c_str(),
                ch->ring_bytes() >> 10);
 }
 

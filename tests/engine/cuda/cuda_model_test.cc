@@ -530,17 +530,53 @@ TEST_P(CudaDsv4ResumeTest, PrefillDecodePrefillDecodeMatchesCpuAndTransformers) 
 
 INSTANTIATE_TEST_SUITE_P(Dsv4Family, CudaDsv4ResumeTest, ::testing::Values("deepseek_v4_experts", "deepseek_v4_all"));
 
-// DeepSeek-V4's hyper-connected layers run with their experts in process only.
-TEST(CudaModelTest, Dsv4WithExpertWorkersIsRefused) {
+// DeepSeek-V4's hyper-connected layers with the experts behind an executor (as with workers): the
+// same layer loop as in process, each MoE layer's hidden states to the host and back, its
+// hash-routed layer gated on the device from the step's token ids. Against the GPU with the experts
+// in process: as the fixture test counts them, a row after a different CSA choice (a near-tie at
+// the top-k boundary, the experts' sums rounded differently on the CPU) is counted, not bounded;
+// every other row within 5e-3 and every greedy token the same.
+TEST(CudaModelTest, Dsv4ExpertsThroughAnExecutorMatchInProcess) {
   REQUIRE_GPU();
   const std::string dir = "tests/fixtures/engine/deepseek_v4_experts";
-  CpuCompute compute(1);
+  const std::vector<std::vector<int32_t>> prompts = {{3, 14, 15, 92, 65, 35, 89, 79, 32}, {38, 46, 26}};
+  auto in_process = CudaModel::Open(dir, CudaModelOptions{});
+  ASSERT_TRUE(in_process.ok()) << in_process.status();
+  auto want = testing::RunGreedy(**in_process, prompts, 10, /*chunk=*/4);
+  ASSERT_TRUE(want.ok()) << want.status();
+  CpuCompute compute(2);
   auto local = LocalMoe::Open(dir, compute);
   ASSERT_TRUE(local.ok()) << local.status();
   auto gpu = CudaModel::Open(dir, CudaModelOptions{}, std::move(*local));
-  ASSERT_FALSE(gpu.ok());
-  EXPECT_EQ(gpu.status().code(), absl::StatusCode::kUnimplemented) << gpu.status();
-  EXPECT_NE(gpu.status().message().find("--engine-device cpu"), std::string::npos) << gpu.status();
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  auto got = testing::RunGreedy(**gpu, prompts, 10, /*chunk=*/4);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_GT((*gpu)->LastExchangeTimes().exchanges, 0);
+  double worst = 0;
+  int total = 0, drift_rows = 0;
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    ASSERT_EQ((*got)[s].size(), (*want)[s].size());
+    for (size_t r = 0; r < (*got)[s].size(); ++r) {
+      const std::vector<float>& g = (*got)[s][r];
+      const std::vector<float>& w = (*want)[s][r];
+      const double rel = RelativeError(g, w);
+      ++total;
+      if (rel >= 5e-3) {
+        ++drift_rows;
+      } else {
+        worst = std::max(worst, rel);
+      }
+      const bool same = std::max_element(g.begin(), g.end()) - g.begin() == std::max_element(w.begin(), w.end()) - w.begin();
+      if (!same) {
+        EXPECT_GE(rel, 5e-3) << "sequence " << s << " step " << r << ": a different token without a different selection";
+        break;
+      }
+    }
+  }
+  std::printf("model deepseek_v4_experts, experts through an executor: logits rel (worst row) %.2e against in "
+              "process; rows after a different selection %d of %d\n", worst, drift_rows, total);
+  EXPECT_LT(worst, 5e-3);
+  EXPECT_LE(drift_rows, total / 10);
 }
 
 // The experts behind a MoeExecutor (as with workers): each MoE layer's hidden states go to the host

@@ -1,4 +1,4 @@
-#include "services/common/logging.h"
+#include "base/logging.h"
 
 #include <atomic>
 #include <cstdio>
@@ -6,7 +6,7 @@
 #include <ctime>
 #include <string>
 
-namespace exl3::svc {
+namespace exl3 {
 namespace {
 std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
 
@@ -64,4 +64,4 @@ EXL3_DEFINE_LOG(LogWarning, LogLevel::kWarning)
 EXL3_DEFINE_LOG(LogError, LogLevel::kError)
 #undef EXL3_DEFINE_LOG
 
-}  // namespace exl3::svc
+}  // namespace exl3

@@ -1,4 +1,5 @@
-// Minimal leveled logging to stderr for the services: one line per call, UTC timestamp, level.
+// Minimal leveled logging to stderr (the services, and the engines' rare warnings): one line per
+// call, UTC timestamp, level.
 //
 //   LogInfo("loaded %d experts in %.2f s", n, secs);
 //   LogWarning("listening on %s without TLS", addr.c_str());
@@ -8,7 +9,7 @@
 
 #include <cstdarg>
 
-namespace exl3::svc {
+namespace exl3 {
 
 enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
 
@@ -21,4 +22,4 @@ void LogInfo(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void LogWarning(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void LogError(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
-}  // namespace exl3::svc
+}  // namespace exl3

@@ -1,0 +1,59 @@
+// CUDA graphs of decode steps (one token per sequence, up to 64 sequences): one captured per
+// batch-size bucket (1, 2, 4, 8, 16, 24, 32, 48, 64; a step is padded to its bucket), replayed as
+// one launch instead of a few hundred. Each graph keeps its own step-facts array (its launches
+// hold that array's addresses; it is rewritten before each replay) and the phase times of the
+// eager run before its capture, by which a replay's time is apportioned. A graph is stale, and
+// dropped, when a sequence's block table outgrows the stride it was captured with or the kernels'
+// workspace was reallocated since; a failed capture turns graphs off with a warning.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/cuda/device_array.h"
+#include "engine/cuda/engine_kernels.h"
+#include "engine/model_runner.h"
+
+namespace exl3::engine::cuda {
+
+struct DecodeGraph {
+  int rows = 0;          // the bucket
+  int table_stride = 0;  // block-table ints per row in its facts
+  DeviceArray<int32_t> facts;  // the step's facts (engine/cuda/step_facts.h), rewritten before each replay
+  void* exec = nullptr;        // cudaGraphExec_t; null until captured
+  StepPhaseTimes phases;       // of the eager run before the capture
+  uint64_t workspace_allocations = 0;  // the kernels' workspace it was captured with
+};
+
+class DecodeGraphs {
+ public:
+  static constexpr int kMaxRows = 64;
+
+  explicit DecodeGraphs(bool enabled) : enabled_(enabled) {}
+  ~DecodeGraphs() { Drop(); }
+  DecodeGraphs(const DecodeGraphs&) = delete;
+  DecodeGraphs& operator=(const DecodeGraphs&) = delete;
+
+  bool enabled() const { return enabled_; }
+  // The smallest bucket of at least `batch` rows (batch ≤ kMaxRows).
+  static int BucketRows(int batch);
+  // The graph of the bucket of `batch` rows for block tables of up to `table_ints` ints: a stale
+  // one dropped, an empty (uncaptured) one made where there is none.
+  DecodeGraph& Get(int batch, int table_ints, uint64_t workspace_allocations);
+  // Captures `launches` (queued on `stream`) into g; a failure turns graphs off (logged), not an error.
+  absl::Status Capture(DecodeGraph& g, StreamHandle stream, const std::function<absl::Status()>& launches);
+  absl::Status Replay(const DecodeGraph& g, StreamHandle stream) const;
+  // Every graph (they hold addresses that are about to change).
+  void Drop();
+
+ private:
+  bool enabled_;
+  std::vector<std::unique_ptr<DecodeGraph>> graphs_;  // by bucket index
+};
+
+// A replay's GPU time `total`, apportioned as the graph's eager run spent it (sampling timed apart).
+StepPhaseTimes ApportionReplay(const StepPhaseTimes& eager, double total, double sample_s);
+
+}  // namespace exl3::engine::cuda

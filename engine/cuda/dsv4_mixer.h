@@ -1,0 +1,17 @@
+// DeepSeek-V4's attention as a mixer kind (engine/cuda/cuda_mixer.h; engine/cuda/dsv4_attention.h
+// computes a layer). The kind holds the fp32 cache in the CPU engine's layout (per layer
+// num_blocks + 1 blocks of block_size slots and the block area, zeroed as the CPU's is), the
+// workspace and the step's V4 facts (Dsv4StepFacts: chunk starts, four rope tables, the indexer's
+// entry counts), which live outside the step's fact array: so V4 decode steps run eagerly, and
+// the compressors' fold reports an error through a word read after the step (EndStep).
+#pragma once
+
+#include <memory>
+
+#include "engine/cuda/cuda_mixer.h"
+
+namespace exl3::engine::cuda {
+
+absl::StatusOr<std::unique_ptr<CudaMixerKind>> MakeDsv4Kind(const ModelConfig& cfg, const CudaLinearContext& linear);
+
+}  // namespace exl3::engine::cuda

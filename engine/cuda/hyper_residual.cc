@@ -1,0 +1,139 @@
+#include "engine/cuda/hyper_residual.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "engine/cuda/device_array.h"
+#include "engine/cuda/hyper_connection_kernels.h"
+#include "engine/cuda/weight_upload.h"
+#include "engine/dsv4_config.h"
+#include "engine/hyper_connections.h"
+
+namespace exl3::engine::cuda {
+namespace {
+
+// One hyper-connection's weights on the device.
+struct HyperConnectionWeights {
+  DeviceArray<float> fn, base;
+  HyperConnectionArgs args;  // fn and base point into the arrays above
+};
+
+absl::StatusOr<HyperConnectionWeights> UploadHyperConnection(const TensorSource& src, const std::string& prefix,
+                                                             const HyperConnectionShape& shape) {
+  EXL3_ASSIGN_OR_RETURN(HyperConnection hc, HyperConnection::Load(src, prefix, shape));
+  HyperConnectionWeights w;
+  EXL3_RETURN_IF_ERROR(w.fn.Upload(hc.fn()));
+  EXL3_RETURN_IF_ERROR(w.base.Upload(hc.base()));
+  w.args.fn = w.fn.get();  // the arrays' storage moves with them
+  w.args.base = w.base.get();
+  for (int i = 0; i < 3; ++i) w.args.scale[i] = hc.scale()[i];
+  w.args.streams = shape.streams;
+  w.args.hidden = shape.hidden;
+  w.args.sinkhorn_iters = shape.sinkhorn_iters;
+  w.args.eps = shape.eps;
+  w.args.norm_eps = shape.norm_eps;
+  return w;
+}
+
+class HyperResidual final : public ResidualStream {
+ public:
+  HyperResidual(const ModelConfig& cfg, StreamHandle stream)
+      : cfg_(cfg),
+        stream_(stream),
+        shape_{cfg.hidden_size, cfg.dsv4->hc_mult, cfg.dsv4->hc_sinkhorn_iters, cfg.dsv4->hc_eps, cfg.rms_norm_eps} {}
+
+  absl::Status Load(const TensorSource& src) {
+    const int H = cfg_.hidden_size;
+    layers_.resize(cfg_.num_layers);
+    for (int l = 0; l < cfg_.num_layers; ++l) {
+      const std::string p = absl::StrCat("model.layers.", l, ".");
+      Layer& L = layers_[l];
+      EXL3_ASSIGN_OR_RETURN(L.input_norm, UploadNorm(src, p + "attn_norm.weight", H, cfg_.norm_weights));
+      EXL3_ASSIGN_OR_RETURN(L.post_attention_norm, UploadNorm(src, p + "ffn_norm.weight", H, cfg_.norm_weights));
+      EXL3_ASSIGN_OR_RETURN(L.mixer_hc, UploadHyperConnection(src, p + "hc_attn_", shape_));
+      EXL3_ASSIGN_OR_RETURN(L.mlp_hc, UploadHyperConnection(src, p + "hc_ffn_", shape_));
+    }
+    EXL3_ASSIGN_OR_RETURN(final_norm_, UploadNorm(src, "model.norm.weight", H, cfg_.norm_weights));
+    EXL3_ASSIGN_OR_RETURN(HyperHead head, HyperHead::Load(src, "model.hc_head.", shape_));
+    EXL3_RETURN_IF_ERROR(head_fn_.Upload(head.fn()));
+    EXL3_RETURN_IF_ERROR(head_base_.Upload(head.base()));
+    head_scale_ = head.scale();
+    return absl::OkStatus();
+  }
+
+  absl::Status Reserve(int rows, int logit_rows, bool* moved) override {
+    const size_t t = static_cast<size_t>(rows), N = static_cast<size_t>(shape_.streams), H = cfg_.hidden_size;
+    const std::pair<DeviceArray<float>*, size_t> needs[] = {
+        {&streams_, t * N * H}, {&post_, t * N}, {&comb_, t * N * N}, {&head_pre_, static_cast<size_t>(logit_rows) * H}};
+    for (const auto& [array, n] : needs) {
+      if (array->size() >= n) continue;
+      *moved = true;
+      EXL3_RETURN_IF_ERROR(array->Reserve(n));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Embed(const void* table, EmbeddingDType dtype, const int32_t* ids, int rows, float* x) override {
+    EXL3_RETURN_IF_ERROR(EmbedRows(table, dtype, ids, rows, cfg_.hidden_size, x, stream_));
+    return BroadcastStreams(x, rows, shape_.streams, cfg_.hidden_size, streams_.get(), stream_);
+  }
+  absl::Status MixerInput(int layer, int first, int n, float* d, float* x) override {
+    // d is free here (the previous block's output was expanded into the streams): the collapse's output.
+    return Collapse(layers_[layer].mixer_hc, layers_[layer].input_norm, first, n, d, x);
+  }
+  absl::Status MlpInput(int layer, int first, int n, float* d, float* x) override {
+    EXL3_RETURN_IF_ERROR(Expand(first, n, d));
+    return Collapse(layers_[layer].mlp_hc, layers_[layer].post_attention_norm, first, n, d, x);
+  }
+  absl::Status MlpOutput(int, int first, int n, float* d) override { return Expand(first, n, d); }
+  absl::Status HeadInput(int, const float*, const int32_t* logit_rows, int R, float* head_in) override {
+    const float eps = cfg_.rms_norm_eps;
+    EXL3_RETURN_IF_ERROR(HyperHeadCollapse(head_fn_.get(), head_base_.get(), head_scale_, shape_.streams,
+                                           cfg_.hidden_size, shape_.eps, eps, streams_.get(), logit_rows, R,
+                                           head_pre_.get(), stream_));
+    return RmsNorm(head_pre_.get(), final_norm_.get(), R, cfg_.hidden_size, eps, head_in, stream_);
+  }
+  int streams() const override { return shape_.streams; }
+
+ private:
+  struct Layer {
+    DeviceArray<float> input_norm, post_attention_norm;
+    HyperConnectionWeights mixer_hc, mlp_hc;
+  };
+  // Rows [first, first + n): d = the collapse of their streams, x = rmsnorm(d) · norm; the mix kept.
+  absl::Status Collapse(const HyperConnectionWeights& hc, const DeviceArray<float>& norm, int first, int n, float* d,
+                        float* x) {
+    const size_t r = static_cast<size_t>(first), N = static_cast<size_t>(shape_.streams), H = cfg_.hidden_size;
+    EXL3_RETURN_IF_ERROR(HyperCollapse(hc.args, streams_.get() + r * N * H, n, d + r * H, post_.get() + r * N,
+                                       comb_.get() + r * N * N, stream_));
+    return RmsNorm(d + r * H, norm.get(), n, cfg_.hidden_size, cfg_.rms_norm_eps, x + r * H, stream_);
+  }
+  // Rows [first, first + n): the block's output d expanded into their streams with the kept mix.
+  absl::Status Expand(int first, int n, const float* d) {
+    const size_t r = static_cast<size_t>(first), N = static_cast<size_t>(shape_.streams), H = cfg_.hidden_size;
+    return HyperExpand(post_.get() + r * N, comb_.get() + r * N * N, d + r * H, n, shape_.streams, cfg_.hidden_size,
+                       streams_.get() + r * N * H, stream_);
+  }
+
+  const ModelConfig& cfg_;
+  StreamHandle stream_;
+  HyperConnectionShape shape_;
+  std::vector<Layer> layers_;
+  DeviceArray<float> final_norm_, head_fn_, head_base_;
+  float head_scale_ = 1.0f;
+  DeviceArray<float> streams_;  // [rows, N, hidden]
+  DeviceArray<float> post_, comb_;  // the last collapse's mix: [rows, N], [rows, N, N]
+  DeviceArray<float> head_pre_;     // [logit rows, hidden]
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ResidualStream>> LoadHyperResidual(const ModelConfig& cfg, const TensorSource& src,
+                                                                  StreamHandle stream) {
+  auto residual = std::make_unique<HyperResidual>(cfg, stream);
+  EXL3_RETURN_IF_ERROR(residual->Load(src));
+  return residual;
+}
+
+}  // namespace exl3::engine::cuda

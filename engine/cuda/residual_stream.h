@@ -1,0 +1,52 @@
+// The residual stream between a CUDA model's blocks, and each layer's norms on it: what joins a
+// block's output to the residual and makes the next block's normed input. Two kinds, chosen by the
+// model's configuration:
+//   plain:          h += block output; x = rmsnorm(h) · w (the add fused with the next norm)
+//   hyper-connected (DeepSeek-V4's mHC, engine/cuda/hyper_connection_kernels.h): hc_mult streams
+//                   per token; a block's input collapsed from them and its output expanded back
+// The layer loop (engine/cuda/cuda_model.h) is the same for both:
+//
+//   Embed(ids)  then per layer: MixerInput → mixer → MlpInput → MLP / experts → MlpOutput
+//   HeadInput(logit rows) → the head
+//
+// Every call takes rows [first, first + n) of the step (a micro-batch, or all of it); `d` is the
+// step's block-output buffer [rows, hidden] (the hyper-connected kind also uses it between its
+// launches), `x` the blocks' input buffer [rows, hidden].
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "engine/cuda/engine_kernels.h"
+#include "engine/model_config.h"
+#include "model/safetensors.h"
+
+namespace exl3::engine::cuda {
+
+class ResidualStream {
+ public:
+  // The model's kind of stream, with every layer's norms (and hyper-connections) and the final norm.
+  static absl::StatusOr<std::unique_ptr<ResidualStream>> Load(const ModelConfig& cfg, const TensorSource& src,
+                                                              StreamHandle stream);
+  virtual ~ResidualStream() = default;
+
+  // Grows the stream for steps of `rows` rows and `logit_rows` head rows; *moved: an address changed.
+  virtual absl::Status Reserve(int rows, int logit_rows, bool* moved) = 0;
+  // Every row starts as its token's embedding: table [vocab, hidden] of `dtype`, ids [rows].
+  virtual absl::Status Embed(const void* table, EmbeddingDType dtype, const int32_t* ids, int rows, float* x) = 0;
+  // x = layer l's mixer input: the previous block's output d joins the stream, the input norm.
+  virtual absl::Status MixerInput(int layer, int first, int n, float* d, float* x) = 0;
+  // x = layer l's MLP input: the mixer's output d joins the stream, the post-attention norm.
+  virtual absl::Status MlpInput(int layer, int first, int n, float* d, float* x) = 0;
+  // The MLP's output d [rows] of layer l is done (the plain stream adds it at the next input).
+  virtual absl::Status MlpOutput(int layer, int first, int n, float* d) = 0;
+  // head_in [R, hidden] = the final norm of the stream's rows logit_rows [R] (device), after the
+  // last layer's output d joined it; `rows`: the step's.
+  virtual absl::Status HeadInput(int rows, const float* d, const int32_t* logit_rows, int num_logit_rows,
+                                 float* head_in) = 0;
+  // Streams per token (1 for the plain stream).
+  virtual int streams() const = 0;
+};
+
+}  // namespace exl3::engine::cuda
