@@ -26,6 +26,11 @@ cp "$BUILD"/bin/exl3-bench "$BUILD"/bin/exl3-decode-share-sweep "$BUILD"/bin/exl
   "$BUILD"/tests/engine_cuda_sampling_test "$BUILD"/tests/engine_cuda_latent_attention_test \
   "$BUILD"/tests/engine_cuda_deltanet_test "$BUILD"/tests/engine_cuda_dsv4_test "$BUILD"/tests/exl3-remote-moe-bench \
   "$BUILD"/tests/worker_cuda_backend_test .gpu-deps/bin/
+# BASELINE_BUILD: another build directory's exl3-engine-bench (an earlier commit's), which
+# scripts/gpu/engine.sh --only bench runs beside this one's in the same call.
+if [ -n "${BASELINE_BUILD:-}" ]; then
+  cp "$BASELINE_BUILD"/bin/exl3-engine-bench .gpu-deps/bin/exl3-engine-bench-baseline
+fi
 scripts/gpu/collect_libs.sh .gpu-deps/lib .gpu-deps/bin/*
 # Symbols and all: a call carries at most 64 MiB with the ~50 MB of tracked files, and the binaries
 # are ~100 MB each way unstripped (xz -9e: ~11 MB for all of them, against 22 MB at the default).

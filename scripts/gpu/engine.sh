@@ -98,6 +98,20 @@ if want bench; then
     --batch ${BATCHES:-1,8,32,64} --steps ${STEPS:-12} --json "$OUT/engine-bench.json" > "$OUT/engine-bench.log" 2>&1
   echo "bench exit $?"
   cat "$OUT/engine-bench.log"
+  # Before and after a change, in the same call: a baseline build's bench (bundle.sh BASELINE_BUILD)
+  # and this one's, alternately, twice each.
+  if [ -x "$BIN"/exl3-engine-bench-baseline ]; then
+    for round in 1 2; do
+      for which in baseline current; do
+        bench="$BIN"/exl3-engine-bench; [ $which = baseline ] && bench="$BIN"/exl3-engine-bench-baseline
+        echo "--- $which, round $round"
+        timeout ${BENCH_TIMEOUT:-200} "$bench" --model "$MODEL" --context ${CONTEXTS:-1024,8192} \
+          --batch ${BATCHES:-1,8,32,64} --steps ${STEPS:-12} > "$OUT/engine-bench-$which-$round.log" 2>&1
+        echo "$which bench exit $?"
+        cat "$OUT/engine-bench-$which-$round.log"
+      done
+    done
+  fi
   echo "--- the same decode steps launched eagerly (no CUDA graphs)"
   timeout ${EAGER_TIMEOUT:-60} "$BIN"/exl3-engine-bench --model "$MODEL" --context 1024 --batch 1,8,64 --steps 8 \
     --no-graphs --json "$OUT/engine-bench.json" > "$OUT/engine-bench-eager.log" 2>&1

@@ -28,63 +28,81 @@ class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateRespon
                              [this](const engine::GenerateEvent& e) { OnEvent(e); });
     std::lock_guard<std::mutex> lock(mu_);
     if (!id.ok()) {
-      finished_ = true;
+      write_ = WriteState::kFinished;
       Finish(svc::ToGrpcStatus(id.status()));
       return;
     }
     request_id_ = *id;
-    accepted_ = true;
-    if (cancel_requested_) (void)engine_.Cancel(request_id_);
+    // The engine's events may have come (even the final one) before this lock.
+    if (request_ == RequestState::kCancelledWhileSubmitting) (void)engine_.Cancel(request_id_);
+    if (request_ != RequestState::kEnded) request_ = RequestState::kRunning;
   }
 
   void OnCancel() override {
     std::lock_guard<std::mutex> lock(mu_);
-    cancel_requested_ = true;
-    if (accepted_) (void)engine_.Cancel(request_id_);
+    if (request_ == RequestState::kSubmitting) request_ = RequestState::kCancelledWhileSubmitting;
+    if (request_ == RequestState::kRunning) (void)engine_.Cancel(request_id_);
   }
 
   void OnWriteDone(bool ok) override {
     std::lock_guard<std::mutex> lock(mu_);
-    writing_ = false;
-    if (first_in_flight_) {
-      first_in_flight_ = false;
+    write_ = WriteState::kIdle;
+    if (first_tokens_ == FirstTokens::kWriting) {
+      first_tokens_ = FirstTokens::kWritten;
       if (first_write_done_ != nullptr) first_write_done_->Observe(SecondsSince(first_at_));
     }
-    if (!ok) client_gone_ = true;
-    if (!ok && accepted_ && !final_seen_) (void)engine_.Cancel(request_id_);
+    if (!ok) {
+      client_gone_ = true;
+      if (request_ == RequestState::kRunning) (void)engine_.Cancel(request_id_);
+    }
     Advance();
   }
 
   void OnDone() override { delete this; }
 
  private:
+  // The request as the engine has it.
+  enum class RequestState {
+    kSubmitting,                // Submit has not returned
+    kCancelledWhileSubmitting,  // the client cancelled before Submit returned: cancelled once it does
+    kRunning,                   // accepted, its final event not yet here
+    kEnded,                     // its final event has arrived
+  };
+  // The call's writes (one at a time).
+  enum class WriteState {
+    kIdle,
+    kScheduled,  // Advance queued on the writer thread
+    kWriting,    // current_ being written
+    kFinished,   // Finish called
+  };
+  // The call's first tokens, for the time-to-first-write histograms.
+  enum class FirstTokens { kNotYet, kPending, kWriting, kWritten };
+
   // On the engine's loop thread.
   void OnEvent(const engine::GenerateEvent& e) {
     std::lock_guard<std::mutex> lock(mu_);
     AddTokens(e.tokens, &pending_);
-    has_pending_ = has_pending_ || !e.tokens.empty();
-    bool first = false;  // this event brings the call's first tokens
-    if (!tokens_seen_ && !e.tokens.empty()) {
-      tokens_seen_ = first = first_pending_ = true;
+    const bool first = first_tokens_ == FirstTokens::kNotYet && !e.tokens.empty();  // the call's first tokens
+    if (first) {
+      first_tokens_ = FirstTokens::kPending;
       first_at_ = SteadyClock::now();
     }
     if (e.finish) {
-      final_seen_ = true;
+      request_ = RequestState::kEnded;
       SetFinish(*e.finish, &pending_);
-      has_pending_ = true;
       final_status_ = FinalStatus(*e.finish);
     }
     // The write starts on the writer thread, woken once the engine has delivered all of this
-    // pass's events (after_events); Advance waits for that task (write_scheduled_), so the call
-    // cannot finish (and be deleted) while it is queued. A call's first tokens are written here,
-    // on the loop, at once (generator_service.h says why).
+    // pass's events (after_events); Advance waits for that task (kScheduled), so the call cannot
+    // finish (and be deleted) while it is queued. A call's first tokens are written here, on the
+    // loop, at once (generator_service.h says why).
     if (first) {
       Advance();
-    } else if (!writing_ && !write_scheduled_ && !finished_) {
-      write_scheduled_ = true;
+    } else if (write_ == WriteState::kIdle) {
+      write_ = WriteState::kScheduled;
       writer_.PostQuietly([this] {
         std::lock_guard<std::mutex> lock(mu_);
-        write_scheduled_ = false;
+        write_ = WriteState::kIdle;
         Advance();
       });
     }
@@ -92,22 +110,21 @@ class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateRespon
 
   // Under mu_: starts the next write, or finishes once the final event has been written.
   void Advance() {
-    if (writing_ || finished_ || write_scheduled_) return;
-    if (has_pending_ && !client_gone_) {
+    if (write_ != WriteState::kIdle) return;
+    const bool has_pending = pending_.tokens_size() > 0 || pending_.has_usage();  // usage: the final message
+    if (has_pending && !client_gone_) {
       current_.Swap(&pending_);
       pending_.Clear();
-      has_pending_ = false;
-      writing_ = true;
-      if (first_pending_) {
-        first_pending_ = false;
-        first_in_flight_ = true;
+      write_ = WriteState::kWriting;
+      if (first_tokens_ == FirstTokens::kPending) {
+        first_tokens_ = FirstTokens::kWriting;
         if (first_write_started_ != nullptr) first_write_started_->Observe(SecondsSince(first_at_));
       }
       StartWrite(&current_);
       return;
     }
-    if (final_seen_) {
-      finished_ = true;
+    if (request_ == RequestState::kEnded) {
+      write_ = WriteState::kFinished;
       Finish(client_gone_ ? grpc::Status(grpc::StatusCode::CANCELLED, "client went away")
                           : final_status_);
     }
@@ -122,19 +139,12 @@ class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateRespon
   prometheus::Histogram* const first_write_started_;
   prometheus::Histogram* const first_write_done_;
   std::mutex mu_;
-  bool tokens_seen_ = false;      // an event with tokens has arrived
-  bool first_pending_ = false;    // the first tokens are in pending_, not yet written
-  bool first_in_flight_ = false;  // current_ (being written) carries the first tokens
-  SteadyClock::time_point first_at_;  // the first tokens' event
   uint64_t request_id_ = 0;
-  bool write_scheduled_ = false;
-  bool accepted_ = false;
-  bool cancel_requested_ = false;
-  bool writing_ = false;
-  bool final_seen_ = false;
-  bool finished_ = false;
-  bool client_gone_ = false;
-  bool has_pending_ = false;
+  RequestState request_ = RequestState::kSubmitting;
+  WriteState write_ = WriteState::kIdle;
+  FirstTokens first_tokens_ = FirstTokens::kNotYet;
+  SteadyClock::time_point first_at_;  // the first tokens' event
+  bool client_gone_ = false;          // a write failed: nothing more is written
   pb::GenerateResponse pending_, current_;
   grpc::Status final_status_;
 };
