@@ -35,10 +35,11 @@ from .engine_call import ENGINE_CALLS, Engine, EngineCall, RequestOutcome
 from .metrics import FrontendMetrics, TokenClock
 from .protocol import (CLIENT_CLOSED_REQUEST, APIError, ChatCompletionRequest, CompletionRequest,
                        DetokenizeRequest, Endpoint, FinishReason, TokenizeRequest)
-from .render import OpenAIRenderer
+from .render import OpenAIRenderer, fold_tool_calls
 from .sse import SSEResponse, stream_events
 from .text import ModelTokenizer, StopMatcher
 from .tokenizer_process import TokenizerProcess
+from .tool_calls import tool_call_format
 from .validation import (PreparedRequest, RequestValidator, check_model, client_request_id,
                          parse_body, read_body)
 
@@ -65,6 +66,7 @@ class FrontendConfig:
     api_key: Optional[str] = None     # the API's routes need `Authorization: Bearer KEY`
     cors: Optional[CorsConfig] = None  # None: no CORS headers
     access_log: bool = True           # a line per request (access.py)
+    tool_call_parser: str = "auto"    # the model's tool-call format (tool_calls.py): auto from its template
 
 
 @dataclass
@@ -93,7 +95,9 @@ class Frontend:
         self.tok = ModelTokenizer(cfg.model_dir)
         self.tokenizer_process = TokenizerProcess(cfg.model_dir)
         self.validator = RequestValidator(self.tok, self.tokenizer_process, self.engine.model_name,
-                                          self.engine.max_context, cfg.request_timeout_s)
+                                          self.engine.max_context, cfg.request_timeout_s,
+                                          tool_call_format(cfg.tool_call_parser,
+                                                           self.tok.chat_template))
         self.started = cfg.created if cfg.created is not None else int(time.time())
 
     # ---- generation ------------------------------------------------------------------------
@@ -126,8 +130,13 @@ class Frontend:
                 if req.logprobs is not None:
                     entries.extend(out.logprob_entries(p.tokens))
                 finish = p.finish
-            body = out.whole("".join(text), None if req.logprobs is None else
-                             out.logprobs(entries, 0), finish, n)
+            content, tool_calls = "".join(text), None
+            if req.tool_use is not None:
+                content, tool_calls = fold_tool_calls(req.tool_use.parser().push(content, True))
+                if finish is FinishReason.STOP and tool_calls:
+                    finish = FinishReason.TOOL_CALLS
+            body = out.whole(content, None if req.logprobs is None else out.logprobs(entries, 0),
+                             finish, n, tool_calls)
             outcome.complete()
             return Response(body, media_type="application/json",
                             headers={"X-Request-Id": req.header_rid})

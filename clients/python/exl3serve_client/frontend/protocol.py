@@ -159,6 +159,8 @@ class ChatMessage(BaseModel):
     role: str
     content: Optional[Union[str, list[dict[str, Any]]]] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None  # an assistant's calls (arguments: JSON text)
+    tool_call_id: Optional[str] = None                 # a tool result's call
 
 
 class ChatCompletionRequest(_Sampling):
@@ -166,9 +168,9 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: Optional[int] = Field(default=None, ge=1, le=INT32_MAX)
     logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
-    tools: Optional[list[dict[str, Any]]] = None
-    tool_choice: Optional[Any] = None
-    parallel_tool_calls: Optional[bool] = None  # without tools: nothing to do
+    tools: Optional[list[dict[str, Any]]] = None  # rendered by the chat template (validation.py)
+    tool_choice: Optional[Any] = None             # none, auto; required and named: refused
+    parallel_tool_calls: Optional[bool] = None    # False: the first call only (tool_calls.py)
     add_generation_prompt: bool = True
     chat_template_kwargs: Optional[dict[str, Any]] = None
 

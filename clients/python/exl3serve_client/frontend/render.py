@@ -9,10 +9,12 @@ is then a few concatenations and one string escape."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from .protocol import APIError, FinishReason
 from .text import ModelTokenizer
+from .tool_calls import CallArguments, CallStart, Content, ToolCallEvent
 from .validation import PreparedRequest
 
 
@@ -30,6 +32,28 @@ DONE_EVENT = "data: [DONE]\n\n"  # a stream's last event (sse.py ends the respon
 def error_event(err: APIError) -> str:
     """A stream's error, as an event (the HTTP status is already sent)."""
     return "data: " + dumps(err.body()) + "\n\n"
+
+
+@dataclass
+class ToolCall:
+    """A whole answer's tool call."""
+    id: str
+    name: str
+    arguments: str  # JSON text
+
+
+def fold_tool_calls(events: list[ToolCallEvent]) -> tuple[str, list[ToolCall]]:
+    """A whole answer's parsed text: its content and its calls."""
+    content: list[str] = []
+    calls: list[ToolCall] = []
+    for e in events:
+        if isinstance(e, Content):
+            content.append(e.text)
+        elif isinstance(e, CallStart):
+            calls.append(ToolCall(e.id, e.name, ""))
+        elif isinstance(e, CallArguments):
+            calls[e.index].arguments += e.text
+    return "".join(content), calls
 
 
 class OpenAIRenderer:
@@ -73,16 +97,46 @@ class OpenAIRenderer:
         return self.open + '"","logprobs":null,"finish_reason":' + _jstr(reason.value) + \
             "}]" + self.tail
 
+    def tool_call_events(self, events: list[ToolCallEvent], logprobs: Optional[str]) -> str:
+        """The events of a chat answer whose text is parsed for tool calls (tool_calls.py): its
+        content, each call's start (id, type, name and empty arguments, as OpenAI streams them)
+        and its arguments' fragments. The logprobs (rendered) go with the first event, or with
+        an empty delta of their own."""
+        out = []
+        for e in events:
+            if isinstance(e, Content):
+                out.append(self.text_event(e.text, logprobs))
+            else:
+                if isinstance(e, CallStart):
+                    call = (f'{{"index":{e.index},"id":{_jstr(e.id)},"type":"function",'
+                            f'"function":{{"name":{_jstr(e.name)},"arguments":""}}}}')
+                else:
+                    call = f'{{"index":{e.index},"function":{{"arguments":{_jstr(e.text)}}}}}'
+                lp = "null" if logprobs is None else logprobs
+                out.append(self.open + '{"tool_calls":[' + call + ']},"logprobs":' + lp +
+                           ',"finish_reason":null}]' + self.tail)
+            logprobs = None
+        if logprobs is not None:
+            out.append(self.text_event("", logprobs))
+        return "".join(out)
+
     def usage_event(self, completion_tokens: int) -> str:
         return self.head + '],"usage":' + dumps(self.usage(completion_tokens)) + "}\n\n"
 
     # ---- the whole answer ------------------------------------------------------------------
     def whole(self, text: str, logprobs: Optional[str], finish: Optional[FinishReason],
-              completion_tokens: int) -> bytes:
-        """A non-streamed answer's body: its one choice and the usage."""
+              completion_tokens: int, tool_calls: Optional[list[ToolCall]] = None) -> bytes:
+        """A non-streamed answer's body: its one choice and the usage. With tool calls (chat),
+        the message has them, and its content is null where the model wrote none."""
         reason = "null" if finish is None else _jstr(finish.value)
         lp = "null" if logprobs is None else logprobs
-        if self.chat:
+        if self.chat and tool_calls:
+            calls = ",".join(f'{{"id":{_jstr(c.id)},"type":"function","function":{{"name":'
+                             f'{_jstr(c.name)},"arguments":{_jstr(c.arguments)}}}}}'
+                             for c in tool_calls)
+            choice = '{"index":0,"message":{"role":"assistant","content":' + \
+                (_jstr(text) if text else "null") + ',"tool_calls":[' + calls + "]}"
+        elif self.chat:
             choice = '{"index":0,"message":{"role":"assistant","content":' + _jstr(text) + "}"
         else:
             choice = '{"index":0,"text":' + _jstr(text)

@@ -66,6 +66,7 @@ async def stream_events(req: PreparedRequest, call: EngineCall, out: OpenAIRende
     token_bytes = tok.token_bytes
     stop = StopMatcher(req.stops) if req.stops else None
     want_lp = req.logprobs is not None
+    calls = None if req.tool_use is None else req.tool_use.parser()  # text parsed for tool calls
     unspecified = pb.FINISH_REASON_UNSPECIFIED
     # What an engine message adds is one write: its events joined (chat's role event, as
     # OpenAI sends it first, with the first text event; the last text event with the finish,
@@ -105,7 +106,15 @@ async def stream_events(req: PreparedRequest, call: EngineCall, out: OpenAIRende
                 n += k
                 shown = 0  # tokens whose text this write hands to the client
                 entries = out.logprob_entries(tokens) if want_lp else None
-                if text or entries:
+                if calls is not None:  # chat with tools: content and calls' deltas
+                    if text or entries or finish is not None:
+                        lp = None if not entries else out.logprobs(entries, offset)
+                        pending += out.tool_call_events(calls.push(text, final=finish is not None),
+                                                        lp)
+                        shown = k
+                    if finish is FinishReason.STOP and calls.calls:
+                        finish = FinishReason.TOOL_CALLS
+                elif text or entries:
                     lp = None if entries is None else out.logprobs(entries, offset)
                     offset += len(text)
                     pending += out.text_event(text, lp)

@@ -5,6 +5,7 @@ Every refusal is an APIError naming the field (`param`), raised before the engin
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from .protocol import (INT32_MAX, UNSUPPORTED_CHAT_FIELDS, UNSUPPORTED_FIELDS, A
                        TokenizeRequest, _Sampling, unsupported_field)
 from .text import ChatTemplateError, ModelTokenizer
 from .tokenizer_process import TokenizerProcess, TokenizerProcessDied
+from .tool_calls import ToolCallFormat, ToolCallParser
 
 # A prompt text at least this long is tokenized in the tokenizer process (RequestValidator's
 # prompt_ids); a shorter one on the event loop, where it costs less than the handover (8192
@@ -32,6 +34,17 @@ MAX_REQUEST_ID_CHARS = 128
 
 # At most this many stop strings per request.
 MAX_STOP_STRINGS = 16
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """A chat request's tools, as its answer is parsed for their calls (tool_calls.py)."""
+    fmt: ToolCallFormat
+    schemas: dict[str, Any]   # function name -> its parameters' JSON schema
+    parallel: bool            # parallel_tool_calls
+
+    def parser(self) -> ToolCallParser:
+        return ToolCallParser(self.fmt, self.schemas, self.parallel)
 
 
 @dataclass
@@ -46,6 +59,7 @@ class PreparedRequest:
     include_usage: bool
     logprobs: Optional[int]          # top-N asked (0: the chosen token's only); None: none
     ids_as_tokens: bool = False      # logprobs name tokens "token_id:ID" (vLLM's extension)
+    tool_use: Optional[ToolUse] = None  # the answer's text is parsed for tool calls
     header_rid: str = ""             # the answer's X-Request-Id: the client's id, else rid
     started: float = field(default_factory=time.monotonic)
     rid: str = ""
@@ -131,14 +145,52 @@ def refuse_unsupported(extra: Optional[dict[str, Any]], table: dict[str, Any]) -
         raise APIError(400, f"{name}: {why}", param=name)
 
 
+def _tool_schemas(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """The request's tools checked (OpenAI's {"type": "function", "function": {"name", ...}}):
+    each function's name -> its parameters' JSON schema."""
+    schemas: dict[str, Any] = {}
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or \
+                not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise APIError(400, f"tools[{i}] must be {{\"type\": \"function\", \"function\": "
+                           "{\"name\": ...}}", param="tools")
+        params = fn.get("parameters", {})
+        if not isinstance(params, dict):
+            raise APIError(400, f"tools[{i}].function.parameters must be a JSON schema (an "
+                           "object)", param="tools")
+        schemas[fn["name"]] = params
+    return schemas
+
+
+def _call_for_template(call: dict[str, Any], where: str) -> dict[str, Any]:
+    """An assistant message's tool call as chat templates take it: the function's arguments an
+    object (OpenAI sends them as JSON text)."""
+    fn = call.get("function")
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise APIError(400, f"{where} must be {{\"type\": \"function\", \"function\": "
+                       "{\"name\": ..., \"arguments\": ...}}", param="messages")
+    arguments = fn.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            arguments = None
+    if not isinstance(arguments, dict):
+        raise APIError(400, f"{where}.function.arguments must be a JSON object", param="messages")
+    return {**call, "function": {**fn, "arguments": arguments}}
+
+
 class RequestValidator:
     """Makes PreparedRequests of the generation endpoints' bodies, and renders chat messages.
     `model_name` and `max_context` are asked per request: both follow what the engine said."""
 
     def __init__(self, tok: ModelTokenizer, tokenizer_process: TokenizerProcess,
                  model_name: Callable[[], str], max_context: Callable[[], int],
-                 request_timeout_s: float) -> None:
+                 request_timeout_s: float,
+                 tool_format: Optional[ToolCallFormat] = None) -> None:
         self.tok = tok
+        self.tool_format = tool_format  # the model's tool-call format (None: it has none)
         self.tokenizer_process = tokenizer_process
         self.model_name = model_name
         self.max_context = max_context
@@ -173,43 +225,65 @@ class RequestValidator:
     async def chat(self, body: ChatCompletionRequest,
                    client_rid: Optional[str]) -> PreparedRequest:
         self._common(body, Endpoint.CHAT_COMPLETIONS)
-        if body.tools:
-            raise APIError(400, "tools are not supported yet", param="tools")
-        if body.tool_choice not in (None, "none", "auto"):
-            raise APIError(400, "tool_choice other than none or auto: tools are not supported yet",
-                           param="tool_choice")
+        tool_use = self._tool_use(body)
         if body.top_logprobs and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         text = self.chat_prompt(body.messages, body.add_generation_prompt,
-                                body.chat_template_kwargs)
+                                body.chat_template_kwargs, body.tools)
         # As encode_chat: the rendering holds its special tokens.
         ids = await self.prompt_ids(text, False, "messages")
         max_tokens = body.max_completion_tokens or body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        return self._prepare(body, Endpoint.CHAT_COMPLETIONS, ids, max_tokens, logprobs,
-                             client_rid,
-                             "max_completion_tokens" if body.max_completion_tokens else "max_tokens")
+        req = self._prepare(body, Endpoint.CHAT_COMPLETIONS, ids, max_tokens, logprobs, client_rid,
+                            "max_completion_tokens" if body.max_completion_tokens else "max_tokens")
+        req.tool_use = tool_use
+        return req
+
+    def _tool_use(self, body: ChatCompletionRequest) -> Optional[ToolUse]:
+        """The request's tools checked; how its answer is parsed for their calls (None: it is not,
+        as without tools or with tool_choice none)."""
+        choice = body.tool_choice
+        if choice == "required" or isinstance(choice, dict):
+            what = "required" if choice == "required" else "a named function"
+            raise APIError(400, f"tool_choice {what} needs constrained decoding (the call held to "
+                           "the function's schema), which the engine does not have yet: use "
+                           "auto or none", param="tool_choice")
+        if choice not in (None, "none", "auto"):
+            raise APIError(400, f"tool_choice must be none, auto, required or a named function, "
+                           f"not {choice!r}", param="tool_choice")
+        schemas = _tool_schemas(body.tools or [])
+        if not schemas or choice == "none":
+            return None
+        if self.tool_format is None:
+            raise APIError(400, "tools: this model's chat template writes no tool-call format the "
+                           "front end parses (exl3serve-openai --tool-call-parser hermes or "
+                           "glm45 names one)", param="tools")
+        return ToolUse(self.tool_format, schemas, body.parallel_tool_calls is not False)
 
     def tokenize_text(self, body: TokenizeRequest) -> tuple[str, bool]:
         """/tokenize's body checked: the text to tokenize and whether to add special tokens."""
         check_model(body.model, self.model_name())
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give either prompt or messages", param="prompt")
-        if body.tools:
-            raise APIError(400, "tools are not supported yet", param="tools")
+        _tool_schemas(body.tools or [])
         refuse_unsupported(body.model_extra, UNSUPPORTED_CHAT_FIELDS)
         if body.messages is not None:
             text = self.chat_prompt(body.messages, body.add_generation_prompt,
-                                    body.chat_template_kwargs)
+                                    body.chat_template_kwargs, body.tools)
             return text, bool(body.add_special_tokens)
         return body.prompt or "", body.add_special_tokens is not False
 
     def chat_prompt(self, chat: list[ChatMessage], add_generation_prompt: bool,
-                    template_kwargs: Optional[dict[str, Any]]) -> str:
-        """The messages rendered with the model's chat template."""
+                    template_kwargs: Optional[dict[str, Any]],
+                    tools: Optional[list[dict[str, Any]]] = None) -> str:
+        """The messages rendered with the model's chat template (with the request's tools, where
+        it has any: the template's `tools`, as transformers passes them)."""
         messages = []
-        for m in chat:
+        for i, m in enumerate(chat):
             msg = m.model_dump(exclude_none=True)
+            if m.tool_calls:
+                msg["tool_calls"] = [_call_for_template(c, f"messages[{i}].tool_calls[{j}]")
+                                     for j, c in enumerate(m.tool_calls)]
             if isinstance(m.content, list):  # content parts: their text, in order
                 parts = []
                 for part in m.content:
@@ -220,8 +294,11 @@ class RequestValidator:
                 msg["content"] = "".join(parts)
             msg.setdefault("content", "")
             messages.append(msg)
+        kwargs = dict(template_kwargs or {})
+        if tools:
+            kwargs["tools"] = tools
         try:
-            return self.tok.render_chat(messages, add_generation_prompt, **(template_kwargs or {}))
+            return self.tok.render_chat(messages, add_generation_prompt, **kwargs)
         except ChatTemplateError as e:
             raise APIError(400, f"chat template: {e}", param="messages") from None
 
