@@ -366,6 +366,45 @@ def test_chunk_renderer_equals_json_dumps(chat, include_usage):
                                                      "usage": usage}) + "\n\n"
 
 
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_tool_call_rendering_equals_json_dumps(include_usage):
+    """Tool calls' stream deltas and a whole answer's tool_calls, byte for byte json.dumps of
+    OpenAI's objects."""
+    from exl3serve_client.frontend.protocol import Endpoint, FinishReason
+    from exl3serve_client.frontend.render import OpenAIRenderer, ToolCall, dumps
+    from exl3serve_client.frontend.tool_calls import CallArguments, CallStart, Content
+    from exl3serve_client.frontend.validation import PreparedRequest
+    req = PreparedRequest(endpoint=Endpoint.CHAT_COMPLETIONS, model="m", prompt_ids=[1],
+                          engine_request=None, stops=[], stream=True, include_usage=include_usage,
+                          logprobs=None, rid="chatcmpl-1", created=1764600000)
+    out = OpenAIRenderer(req, tok=None)
+    extra = {"usage": None} if include_usage else {}
+
+    def event(delta, logprobs=None):
+        return "data: " + dumps({**_openai_envelope(req, [
+            {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": None}], True),
+            **extra}) + "\n\n"
+
+    lp = {"content": [], "refusal": None}
+    events = [Content("Hi \"x\""), CallStart(0, "call_a\\", "get_wé"), CallArguments(0, '{"a": "}\\n"')]
+    assert out.tool_call_events(events, dumps(lp)) == "".join([
+        event({"content": 'Hi "x"'}, lp),
+        event({"tool_calls": [{"index": 0, "id": "call_a\\", "type": "function",
+                               "function": {"name": "get_wé", "arguments": ""}}]}),
+        event({"tool_calls": [{"index": 0, "function": {"arguments": '{"a": "}\\n"'}}]})])
+    assert out.tool_call_events([], dumps(lp)) == event({}, lp)
+    assert out.tool_call_events([], None) == ""
+    calls = [ToolCall("call_1", "f", '{"x": 1}'), ToolCall("call_2", "g", "{}")]
+    for content in ["", "text"]:
+        message = {"role": "assistant", "content": content or None, "tool_calls": [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in calls]}
+        whole = {**_openai_envelope(req, [{"index": 0, "message": message, "logprobs": None,
+                                           "finish_reason": "tool_calls"}], False),
+                 "usage": {"prompt_tokens": 1, "completion_tokens": 5, "total_tokens": 6}}
+        assert out.whole(content, None, FinishReason.TOOL_CALLS, 5, calls) == dumps(whole).encode()
+
+
 def test_every_architecture_gets_its_familys_tokenizer(tmp_path):
     """Each architecture make-test-model writes (GLM-MoE-DSA, DeepSeek-V4 and Qwen3-Next too) gets
     a tokenizer and its family's chat template."""

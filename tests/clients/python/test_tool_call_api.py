@@ -244,3 +244,17 @@ def test_tools_on_the_real_stack(live):
     assert chunks[-1].choices[0].finish_reason == r2.choices[0].finish_reason
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == \
         (r2.choices[0].message.content or "")
+
+
+def test_tokenize_renders_tools(fake):
+    """/tokenize's messages with tools count what the chat request's prompt holds."""
+    import httpx
+    base = fake.url[: -len("/v1")]
+    r = fake.client.chat.completions.create(model="fake", messages=ASK, tools=[WEATHER],
+                                            extra_headers=fake.replies("ok"))
+    t = httpx.post(f"{base}/tokenize", json={"model": "fake", "messages": ASK,
+                                             "tools": [WEATHER]}, timeout=30).json()
+    assert t["count"] == r.usage.prompt_tokens
+    plain = httpx.post(f"{base}/tokenize", json={"model": "fake", "messages": ASK},
+                       timeout=30).json()
+    assert plain["count"] < t["count"]

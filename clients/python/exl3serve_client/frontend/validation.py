@@ -234,10 +234,10 @@ class RequestValidator:
         ids = await self.prompt_ids(text, False, "messages")
         max_tokens = body.max_completion_tokens or body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        req = self._prepare(body, Endpoint.CHAT_COMPLETIONS, ids, max_tokens, logprobs, client_rid,
-                            "max_completion_tokens" if body.max_completion_tokens else "max_tokens")
-        req.tool_use = tool_use
-        return req
+        return self._prepare(body, Endpoint.CHAT_COMPLETIONS, ids, max_tokens, logprobs,
+                             client_rid,
+                             "max_completion_tokens" if body.max_completion_tokens else "max_tokens",
+                             tool_use)
 
     def _tool_use(self, body: ChatCompletionRequest) -> Optional[ToolUse]:
         """The request's tools checked; how its answer is parsed for their calls (None: it is not,
@@ -363,7 +363,8 @@ class RequestValidator:
 
     def _prepare(self, body: _Sampling, endpoint: Endpoint, prompt_ids: list[int],
                  max_tokens: Optional[int], logprobs: Optional[int], client_rid: Optional[str],
-                 max_tokens_param: str = "max_tokens") -> PreparedRequest:
+                 max_tokens_param: str = "max_tokens",
+                 tool_use: Optional[ToolUse] = None) -> PreparedRequest:
         chat = endpoint is Endpoint.CHAT_COMPLETIONS
         if not prompt_ids:
             raise APIError(400, "the prompt is empty", param="prompt")
@@ -397,4 +398,4 @@ class RequestValidator:
             include_usage=bool(body.stream and body.stream_options and
                                body.stream_options.include_usage),
             logprobs=logprobs, rid=rid, header_rid=client_rid or rid,
-            ids_as_tokens=bool(body.return_tokens_as_token_ids))
+            ids_as_tokens=bool(body.return_tokens_as_token_ids), tool_use=tool_use)
