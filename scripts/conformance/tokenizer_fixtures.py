@@ -168,8 +168,41 @@ CONVERSATIONS = {
 }
 
 
-def chat_ids(hf, messages, add_generation_prompt: bool) -> list[int]:
-    out = hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt)
+# Tool calls, for the families whose template renders them (a `tools` list, assistant `tool_calls`,
+# `tool` results, `developer`): the front end passes the request's tools and calls this way.
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather of a city, for some days",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}, "units": {"type": "object"}},
+        "required": ["city"]}}},
+    {"type": "function", "function": {"name": "now", "description": "The time: «ISO 8601»",
+                                      "parameters": {"type": "object", "properties": {}}}}]
+_CALLS = [{"id": "call_1", "type": "function", "function": {
+    "name": "get_weather", "arguments": {"city": "Zürich", "days": 2, "units": {"t": "C"}}}},
+    {"id": "call_2", "type": "function", "function": {"name": "now", "arguments": {}}}]
+TOOL_CONVERSATIONS = {
+    "tools_offered": [SYSTEM, {"role": "user", "content": "Weather in Zürich?"}],
+    "tools_no_system": [{"role": "user", "content": "What time is it?"}],
+    "tool_round_trip": [
+        {"role": "developer", "content": "Use the tools."},
+        {"role": "user", "content": "Weather in Zürich, and the time?"},
+        {"role": "assistant", "content": "", "tool_calls": _CALLS},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"sky\": \"clear\"}"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "12:00"},
+        {"role": "assistant", "content": "Clear, and it is noon."},
+        {"role": "user", "content": "And tomorrow?"},
+        {"role": "assistant", "content": "Let me check.", "tool_calls": _CALLS[:1]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "rain"}],
+}
+
+
+def renders_tools(hf) -> bool:
+    return "<tool_call>" in (hf.chat_template or "")
+
+
+def chat_ids(hf, messages, add_generation_prompt: bool, tools=None) -> list[int]:
+    out = hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt,
+                                 tools=tools)
     if hasattr(out, "keys"):  # a BatchEncoding (return_dict)
         out = out["input_ids"]
     return [int(i) for i in out]
@@ -191,6 +224,13 @@ def record(model_dir: Path, family: str, sha: dict[str, str]) -> dict:
                           "text": hf.apply_chat_template(messages, tokenize=False,
                                                          add_generation_prompt=gen),
                           "ids": chat_ids(hf, messages, gen)})
+    for name, messages in (TOOL_CONVERSATIONS.items() if renders_tools(hf) else ()):
+        for gen in (True, False):
+            chats.append({"name": name, "add_generation_prompt": gen, "messages": messages,
+                          "tools": TOOLS,
+                          "text": hf.apply_chat_template(messages, tokenize=False, tools=TOOLS,
+                                                         add_generation_prompt=gen),
+                          "ids": chat_ids(hf, messages, gen, TOOLS)})
     return {"family": family, "tokenizer_class": type(hf).__name__,
             "generated_with": {"transformers": transformers.__version__,
                                "tokenizers": tokenizers.__version__},

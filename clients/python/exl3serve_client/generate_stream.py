@@ -7,7 +7,7 @@
         ...                                             # pb.GenerateResponse, as Generate's messages
     await mux.close()
 
-A StreamedCall is what the front end (frontend/app.py) uses of grpc.aio's UnaryStreamCall for one
+A StreamedCall is what the front end (frontend/engine_call.py) uses of grpc.aio's UnaryStreamCall for one
 Generate call: read() gives each pb.GenerateResponse of the request in order, then grpc.aio.EOF once
 the request ended with status 0; a request that ended with another status raises
 grpc.aio.AioRpcError of that status from read() (after its last response, when that carries tokens

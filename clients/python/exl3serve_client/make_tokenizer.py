@@ -24,19 +24,55 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 # Templates use the names transformers' apply_chat_template passes (messages, add_generation_prompt,
 # bos_token, eos_token, raise_exception) and are rendered with its jinja2 settings
 # (trim_blocks, lstrip_blocks): they are kept on one line so that no newline depends on those.
+# Qwen's and GLM's templates also render `tools` (the request's function list), assistant messages'
+# `tool_calls` and `tool` results in their families' formats, which the front end parses back
+# (frontend/tool_calls.py: glm45 and hermes); `developer` is a system message. A call's
+# `arguments` reach the template as an object (the front end decodes OpenAI's JSON text).
+_TOOLS_INTRO = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{% for t in tools %}{{ '\\n' }}{{ t | tojson }}{% endfor %}{{ '\\n' }}</tools>\n\n"
+)
 _GLM_TEMPLATE = (
-    "[gMASK]<sop>{% for m in messages %}"
-    "{% if m['role'] == 'system' %}<|system|>\n{{ m['content'] }}"
+    "[gMASK]<sop>{% if tools %}<|system|>\n" + _TOOLS_INTRO +
+    "For each function call, output the function name and arguments within the following XML "
+    "format:\n<tool_call>{function-name}\n<arg_key>{arg-key-1}</arg_key>\n<arg_value>"
+    "{arg-value-1}</arg_value>\n...\n</tool_call>{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] in ['system', 'developer'] %}<|system|>\n{{ m['content'] }}"
     "{% elif m['role'] == 'user' %}<|user|>\n{{ m['content'] }}"
     "{% elif m['role'] == 'assistant' %}<|assistant|>\n{{ m['content'] }}"
+    "{% for c in m['tool_calls'] or [] %}{% set f = c['function'] if c['function'] is defined "
+    "else c %}{{ '\\n' }}<tool_call>{{ f['name'] }}{% for k, v in f['arguments'].items() %}"
+    "{{ '\\n' }}<arg_key>{{ k }}</arg_key>{{ '\\n' }}<arg_value>"
+    "{{ v if v is string else v | tojson }}</arg_value>{% endfor %}{{ '\\n' }}</tool_call>"
+    "{% endfor %}"
+    "{% elif m['role'] == 'tool' %}{% if loop.first or messages[loop.index0 - 1]['role'] != "
+    "'tool' %}<|observation|>{% endif %}{{ '\\n' }}<tool_response>{{ '\\n' }}{{ m['content'] }}"
+    "{{ '\\n' }}</tool_response>"
     "{% else %}{{ raise_exception('unknown role: ' + m['role']) }}{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 _QWEN_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n{% if messages[0]['role'] in ['system', 'developer'] %}"
+    "{{ messages[0]['content'] }}{{ '\\n\\n' }}{% endif %}" + _TOOLS_INTRO +
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call><|im_end|>\n{% endif %}"
     "{% for m in messages %}"
-    "{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+    "{% if m['role'] not in ['system', 'developer', 'user', 'assistant', 'tool'] %}"
     "{{ raise_exception('unknown role: ' + m['role']) }}{% endif %}"
-    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% if m['role'] in ['system', 'developer'] %}{% if not (tools and loop.first) %}"
+    "<|im_start|>system\n{{ m['content'] }}<|im_end|>\n{% endif %}"
+    "{% elif m['role'] == 'tool' %}{% if loop.first or messages[loop.index0 - 1]['role'] != "
+    "'tool' %}<|im_start|>user{% endif %}{{ '\\n' }}<tool_response>{{ '\\n' }}{{ m['content'] }}"
+    "{{ '\\n' }}</tool_response>{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}"
+    "<|im_end|>\n{% endif %}"
+    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "{% for c in m['tool_calls'] or [] %}{% set f = c['function'] if c['function'] is defined "
+    "else c %}{% if m['content'] or not loop.first %}{{ '\\n' }}{% endif %}<tool_call>"
+    "{{ '\\n' }}{\"name\": \"{{ f['name'] }}\", \"arguments\": {{ f['arguments'] | tojson }}}"
+    "{{ '\\n' }}</tool_call>{% endfor %}<|im_end|>\n{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 _MIXTRAL_TEMPLATE = (

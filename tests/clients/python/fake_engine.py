@@ -1,7 +1,8 @@
 """A fake of the engine's Generator service for tests without exl3-router: a grpc.aio server whose
 GenerateStream steps its requests as the engine does (one message per step with the updates of
 every request that had something) and whose Generate runs the same script for one request; each
-request is scripted by its first prompt token."""
+request is scripted by its first prompt token, or, where its request_id is a key of `replies`, gives
+those tokens (one per step, then finish STOP; LENGTH at max_tokens) whatever its prompt."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ class FakeEngine(pb_grpc.GeneratorServicer):
         self.open_calls = 0
         self.break_status: Optional[tuple[grpc.StatusCode, str]] = None  # set: every call aborts
         self.stray: list[pb.GenerateUpdate] = []  # sent on the next step as they are
+        self.replies: dict[str, list[int]] = {}   # request_id -> the tokens it answers
 
     async def DescribeModel(self, request: Any, context: Any) -> pb.DescribeModelResponse:
         return pb.DescribeModelResponse(model="fake", vocab_size=512, max_context=4096)
@@ -45,7 +47,8 @@ class FakeEngine(pb_grpc.GeneratorServicer):
         """The same script for one request, as Generate sends it: each update's response, and a
         last update's status as the call's."""
         self.starts.append(request)
-        st: dict[str, Any] = {"req": request, "n": 0, "cancel": False}
+        st: dict[str, Any] = {"req": request, "n": 0, "cancel": False,
+                              "reply": self.replies.get(request.request_id)}
         try:
             while True:
                 u = self._step(0, st)
@@ -86,7 +89,8 @@ class FakeEngine(pb_grpc.GeneratorServicer):
                         half_closed = True
                     elif m.HasField("start"):
                         self.starts.append(m.start)
-                        active[m.stream_id] = {"req": m.start, "n": 0, "cancel": False}
+                        active[m.stream_id] = {"req": m.start, "n": 0, "cancel": False,
+                                               "reply": self.replies.get(m.start.request_id)}
                     else:
                         self.cancels.append(m.stream_id)
                         if m.stream_id in active:
@@ -117,6 +121,15 @@ class FakeEngine(pb_grpc.GeneratorServicer):
             return pb.GenerateUpdate(stream_id=sid, last=True, status_code=grpc.StatusCode.CANCELLED.value[0],
                                      response=pb.GenerateResponse(finish_reason=pb.FINISH_REASON_ABORT))
         n = st["n"]
+        reply = st.get("reply")
+        if reply is not None:
+            st["n"] = n + 1
+            t = [pb.GeneratedToken(token_id=reply[n])]
+            if n + 1 == len(reply) or n + 1 == req.max_tokens:
+                finish = pb.FINISH_REASON_STOP if n + 1 == len(reply) else pb.FINISH_REASON_LENGTH
+                return pb.GenerateUpdate(stream_id=sid, last=True, response=pb.GenerateResponse(
+                    tokens=t, finish_reason=finish, usage=pb.Usage(completion_tokens=n + 1)))
+            return pb.GenerateUpdate(stream_id=sid, response=pb.GenerateResponse(tokens=t))
         tok = lambda i: pb.GeneratedToken(token_id=base + i)  # noqa: E731
         if kind == REFUSE:
             return pb.GenerateUpdate(stream_id=sid, last=True,

@@ -307,7 +307,9 @@ def test_logprobs(client, live):
     ({"messages": HI, "top_p": 1.5}, 400, "top_p"),
     ({"messages": HI, "top_k": -2}, 400, "top_k"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages"),
-    ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    ({"messages": HI, "tools": [{"type": "function", "function": {"name": ""}}]}, 400, "tools"),
+    ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": "required"}, 400, "tool_choice"),
 ])
 def test_bad_chat_requests(live, body, status, param):
     body = {"model": live.name, **body}

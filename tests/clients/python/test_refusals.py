@@ -46,7 +46,6 @@ BOTH = [
     ("stream_options", {"include_usage": True, "continuous_usage_stats": True}),
 ]
 CHAT_ONLY = [
-    ("tools", [TOOL]),
     ("tool_choice", "required"),
     ("tool_choice", {"type": "function", "function": {"name": "f"}}),
     ("functions", [TOOL["function"]]),

@@ -286,39 +286,123 @@ def test_stop_strings_across_pieces(stops, pieces, want, stopped):
     assert m.stopped == stopped
 
 
+def _openai_choice(chat, text, logprobs, finish, *, delta, first=False):
+    """One choice of OpenAI's answer objects, as dicts (the reference the renderer is held to)."""
+    choice = {"index": 0}
+    if chat and delta:
+        choice["delta"] = {"role": "assistant", "content": text} if first else \
+            ({"content": text} if text else {})
+    elif chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    choice["logprobs"] = logprobs
+    choice["finish_reason"] = finish
+    return choice
+
+
+def _openai_envelope(req, choices, chunk):
+    obj = ("chat.completion.chunk" if chunk else "chat.completion") if req.chat else \
+        "text_completion"
+    return {"id": req.rid, "object": obj, "created": req.created, "model": req.model,
+            "choices": choices}
+
+
 @pytest.mark.parametrize("chat", [True, False])
 @pytest.mark.parametrize("include_usage", [True, False])
 def test_chunk_renderer_equals_json_dumps(chat, include_usage):
     """The streaming loop's pre-rendered SSE events are byte for byte what json.dumps of the
-    answer's objects (Frontend._envelope / _choice, the non-streaming path's) gives."""
-    from exl3serve_client.frontend.app import ChunkRenderer, Frontend, Job, _dumps
-    fe = object.__new__(Frontend)  # _envelope and _choice use no state of the instance
-    job = Job(endpoint="chat_completions" if chat else "completions", chat=chat,
-              model='mod"el/é ✓', prompt_ids=[1, 2, 3], request=None, stops=[], stream=True,
-              include_usage=include_usage, logprobs=None, rid="chatcmpl-ab\\c", created=1764600000)
-    out = ChunkRenderer(job)
+    answer's objects (OpenAI's, as dicts) gives; and so is the whole answer's body."""
+    from exl3serve_client.frontend.protocol import Endpoint, FinishReason
+    from exl3serve_client.frontend.render import OpenAIRenderer, dumps as _dumps
+    from exl3serve_client.frontend.validation import PreparedRequest
+    req = PreparedRequest(endpoint=Endpoint.CHAT_COMPLETIONS if chat else Endpoint.COMPLETIONS,
+                          model='mod"el/é ✓', prompt_ids=[1, 2, 3], engine_request=None, stops=[],
+                          stream=True, include_usage=include_usage, logprobs=None,
+                          rid="chatcmpl-ab\\c", created=1764600000)
+    out = OpenAIRenderer(req, tok=None)
     extra = {"usage": None} if include_usage else {}
 
     def ref(choices):
-        return "data: " + _dumps({**fe._envelope(job, choices, chunk=True), **extra}) + "\n\n"
+        return "data: " + _dumps({**_openai_envelope(req, choices, True), **extra}) + "\n\n"
+
+    def chat_or_completion_logprobs(entries, offset):
+        if entries is None:
+            return None
+        if chat:
+            return {"content": entries, "refusal": None}
+        return {"tokens": [e["token"] for e in entries],
+                "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]}
+                                 for e in entries],
+                "text_offset": [offset + sum(len(x["token"]) for x in entries[:i])
+                                for i in range(len(entries))]}
 
     if chat:
-        assert out.role() == ref([fe._choice(job, "", None, None, 0, delta=True, first=True)])
+        assert out.role_event() == ref([_openai_choice(chat, "", None, None, delta=True,
+                                                       first=True)])
+    usage = {"prompt_tokens": 3, "completion_tokens": 64, "total_tokens": 67}
     for text in ["hi", "", " \"quoted\" \\ back\nslash\t", "é 中文 😀 \u2028 \x00\x1f", "</s>"]:
         for entries in [None, [], [{"token": "a\"", "logprob": -0.5, "bytes": [97, 34],
                                     "top_logprobs": [{"token": "b", "logprob": -1.25e-07,
                                                       "bytes": [98]}]}]]:
-            choice = fe._choice(job, text, entries, None, 3, delta=True)
-            lp = None if entries is None else _dumps(choice["logprobs"])
-            assert out.text(text, lp) == ref([choice]), (text, entries)
-    for reason in ["stop", "length"]:
-        end = fe._choice(job, "", None, reason, 0, delta=True)
+            lp_obj = chat_or_completion_logprobs(entries, 3)
+            choice = _openai_choice(chat, text, lp_obj, None, delta=True)
+            lp = None if entries is None else out.logprobs(entries, 3)
+            assert lp is None or lp == _dumps(lp_obj)
+            assert out.text_event(text, lp) == ref([choice]), (text, entries)
+            for reason in [None, FinishReason.STOP]:
+                whole = {**_openai_envelope(req, [_openai_choice(
+                    chat, text, lp_obj, reason and reason.value, delta=False)], False),
+                    "usage": usage}
+                assert out.whole(text, lp, reason, 64) == _dumps(whole).encode(), (text, entries)
+    for reason in [FinishReason.STOP, FinishReason.LENGTH]:
+        end = _openai_choice(chat, "", None, reason.value, delta=True)
         if chat:
             end["delta"] = {}
-        assert out.finish(reason) == ref([end])
-    usage = fe._usage(job, 64)
-    assert out.usage(usage) == "data: " + _dumps({**fe._envelope(job, [], chunk=True),
-                                                  "usage": usage}) + "\n\n"
+        assert out.finish_event(reason) == ref([end])
+    assert out.usage(64) == usage
+    assert out.usage_event(64) == "data: " + _dumps({**_openai_envelope(req, [], True),
+                                                     "usage": usage}) + "\n\n"
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_tool_call_rendering_equals_json_dumps(include_usage):
+    """Tool calls' stream deltas and a whole answer's tool_calls, byte for byte json.dumps of
+    OpenAI's objects."""
+    from exl3serve_client.frontend.protocol import Endpoint, FinishReason
+    from exl3serve_client.frontend.render import OpenAIRenderer, ToolCall, dumps
+    from exl3serve_client.frontend.tool_calls import CallArguments, CallStart, Content
+    from exl3serve_client.frontend.validation import PreparedRequest
+    req = PreparedRequest(endpoint=Endpoint.CHAT_COMPLETIONS, model="m", prompt_ids=[1],
+                          engine_request=None, stops=[], stream=True, include_usage=include_usage,
+                          logprobs=None, rid="chatcmpl-1", created=1764600000)
+    out = OpenAIRenderer(req, tok=None)
+    extra = {"usage": None} if include_usage else {}
+
+    def event(delta, logprobs=None):
+        return "data: " + dumps({**_openai_envelope(req, [
+            {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": None}], True),
+            **extra}) + "\n\n"
+
+    lp = {"content": [], "refusal": None}
+    events = [Content("Hi \"x\""), CallStart(0, "call_a\\", "get_wé"), CallArguments(0, '{"a": "}\\n"')]
+    assert out.tool_call_events(events, dumps(lp)) == "".join([
+        event({"content": 'Hi "x"'}, lp),
+        event({"tool_calls": [{"index": 0, "id": "call_a\\", "type": "function",
+                               "function": {"name": "get_wé", "arguments": ""}}]}),
+        event({"tool_calls": [{"index": 0, "function": {"arguments": '{"a": "}\\n"'}}]})])
+    assert out.tool_call_events([], dumps(lp)) == event({}, lp)
+    assert out.tool_call_events([], None) == ""
+    calls = [ToolCall("call_1", "f", '{"x": 1}'), ToolCall("call_2", "g", "{}")]
+    for content in ["", "text"]:
+        message = {"role": "assistant", "content": content or None, "tool_calls": [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in calls]}
+        whole = {**_openai_envelope(req, [{"index": 0, "message": message, "logprobs": None,
+                                           "finish_reason": "tool_calls"}], False),
+                 "usage": {"prompt_tokens": 1, "completion_tokens": 5, "total_tokens": 6}}
+        assert out.whole(content, None, FinishReason.TOOL_CALLS, 5, calls) == dumps(whole).encode()
 
 
 def test_every_architecture_gets_its_familys_tokenizer(tmp_path):

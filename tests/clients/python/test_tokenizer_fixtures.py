@@ -46,6 +46,13 @@ def test_fixture_is_what_it_claims(fixture):
     gens = {(c["name"], c["add_generation_prompt"]) for c in exp["chats"]}
     assert {g for _, g in gens} == {True, False}
     assert any(m["role"] == "assistant" for c in exp["chats"] for m in c["messages"])
+    if "<tool_call>" in (tok_config_template(d) or ""):
+        assert {m["role"] for c in exp["chats"] for m in c["messages"]} >= {"tool", "developer"}
+        assert any("tool_calls" in m for c in exp["chats"] for m in c["messages"])
+
+
+def tok_config_template(d):
+    return json.loads((d / "tokenizer_config.json").read_text()).get("chat_template")
 
 
 def test_make_tokenizer_still_writes_the_fixture(fixture, tmp_path):
@@ -94,8 +101,11 @@ def test_chat_rendering_equals_apply_chat_template(fixture):
     _, exp, tok = fixture
     for c in exp["chats"]:
         what = (c["name"], c["add_generation_prompt"])
-        assert tok.render_chat(c["messages"], c["add_generation_prompt"]) == c["text"], what
-        assert tok.encode_chat(c["messages"], c["add_generation_prompt"]) == c["ids"], what
+        tools = c.get("tools")  # the tool conversations (Qwen's and GLM's templates)
+        assert tok.render_chat(c["messages"], c["add_generation_prompt"], tools=tools) == \
+            c["text"], what
+        assert tok.encode_chat(c["messages"], c["add_generation_prompt"], tools=tools) == \
+            c["ids"], what
 
 
 def test_fixture_equals_transformers_today(fixture):

@@ -19,6 +19,7 @@ import asyncio
 import atexit
 import bisect
 import os
+import time
 from typing import Any, Optional, Union
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -162,3 +163,30 @@ class FrontendMetrics:
         self.generation_tokens = PendingCount(generation_tokens, self.per_token)
         self.itl_of = {ep: PendingHistogram(self.itl.labels(ep), self.per_token) for ep in ENDPOINTS}
         self.per_token.items = [self.generation_tokens, *self.itl_of.values()]
+
+
+class TokenClock:
+    """One request's token timing as its client sees it: TTFT at the first token handed to the
+    client, then inter-token gaps (n tokens handed over at once: n gaps of 1/n of the time since
+    the previous ones; the first n: TTFT and n - 1 gaps of 0)."""
+
+    def __init__(self, metrics: FrontendMetrics, endpoint: str, started: float) -> None:
+        self.ttft = metrics.ttft_of[endpoint]
+        self.itl = metrics.itl_of[endpoint]
+        self.started = started
+        self.last: Optional[float] = None
+
+    def handed(self, n: int) -> None:
+        """n tokens' text has just been handed to the client."""
+        if n <= 0:
+            return
+        now = time.monotonic()
+        if self.last is None:
+            self.ttft.observe(now - self.started)
+            for _ in range(n - 1):
+                self.itl.observe(0.0)
+        else:
+            gap = (now - self.last) / n
+            for _ in range(n):
+                self.itl.observe(gap)
+        self.last = now

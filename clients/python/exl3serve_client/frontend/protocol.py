@@ -11,6 +11,7 @@ that turns into infinity on the wire)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Annotated, Any, Optional, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -158,6 +159,8 @@ class ChatMessage(BaseModel):
     role: str
     content: Optional[Union[str, list[dict[str, Any]]]] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None  # an assistant's calls (arguments: JSON text)
+    tool_call_id: Optional[str] = None                 # a tool result's call
 
 
 class ChatCompletionRequest(_Sampling):
@@ -165,9 +168,9 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: Optional[int] = Field(default=None, ge=1, le=INT32_MAX)
     logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
-    tools: Optional[list[dict[str, Any]]] = None
-    tool_choice: Optional[Any] = None
-    parallel_tool_calls: Optional[bool] = None  # without tools: nothing to do
+    tools: Optional[list[dict[str, Any]]] = None  # rendered by the chat template (validation.py)
+    tool_choice: Optional[Any] = None             # none, auto; required and named: refused
+    parallel_tool_calls: Optional[bool] = None    # False: the first call only (tool_calls.py)
     add_generation_prompt: bool = True
     chat_template_kwargs: Optional[dict[str, Any]] = None
 
@@ -194,12 +197,31 @@ class DetokenizeRequest(BaseModel):
     tokens: list[Annotated[int, Field(ge=0, le=INT32_MAX)]]
 
 
+class Endpoint(str, Enum):
+    """A generation endpoint, by the name its metrics' `endpoint` label carries."""
+    COMPLETIONS = "completions"              # POST /v1/completions
+    CHAT_COMPLETIONS = "chat_completions"    # POST /v1/chat/completions
+
+
+class FinishReason(str, Enum):
+    """A choice's finish_reason in OpenAI's answers."""
+    STOP = "stop"              # the model's end token, or a stop string or stop token of the request
+    LENGTH = "length"          # max_tokens, or the context, reached
+    TOOL_CALLS = "tool_calls"  # the answer ends with the model's tool calls (tool_calls.py)
+
+
+# The HTTP status a request is counted under when its client went away before its answer ended
+# (nginx's "client closed request"; no answer is sent with it).
+CLIENT_CLOSED_REQUEST = 499
+
+
 class APIError(Exception):
     """An answer in OpenAI's error body: {"error": {"message", "type", "param", "code"}}."""
 
     TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
              404: "invalid_request_error", 405: "invalid_request_error",
-             413: "invalid_request_error", 429: "rate_limit_error", 499: "client_closed_request",
+             413: "invalid_request_error", 429: "rate_limit_error",
+             CLIENT_CLOSED_REQUEST: "client_closed_request",
              500: "server_error", 503: "service_unavailable", 504: "timeout"}
 
     def __init__(self, status: int, message: str, *, param: Optional[str] = None,

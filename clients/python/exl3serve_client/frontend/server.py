@@ -32,6 +32,7 @@ from importlib.metadata import PackageNotFoundError, version
 from .access import API_KEY_ENV
 from .app import (DEFAULT_MAX_REQUEST_BODY_BYTES, ENGINE_CALLS, CorsConfig, FrontendConfig,
                   create_app)
+from .tool_calls import TOOL_CALL_PARSERS
 from .workers import Supervisor, WorkerArgv, exit_with_parent, say_serving
 
 
@@ -173,6 +174,15 @@ def _parser() -> argparse.ArgumentParser:
                          "(OpenAI's error body, code request_too_large) after it is read and "
                          f"dropped (default {DEFAULT_MAX_REQUEST_BODY_BYTES}: 16 MiB, a "
                          "million-token prompt as token ids)")
+    ap.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSERS, default="auto",
+                    help="the format of the model's tool calls, parsed into OpenAI's tool_calls "
+                         "(vLLM's names): hermes (Qwen's <tool_call> JSON), glm45 (GLM-4.5's "
+                         "<arg_key>/<arg_value> tags), or auto (default): the one the model's "
+                         "chat template writes; a model whose template has none refuses tools "
+                         "(400) unless tool_choice is none")
+    ap.add_argument("--enable-auto-tool-choice", action="store_true",
+                    help="vLLM's switch for tool_choice auto, taken for vLLM's command lines: "
+                         "here tool_choice auto is on wherever --tool-call-parser gives a format")
     ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     # A worker's side of --workers (frontend/workers.py starts it so): not for users.
     ap.add_argument("--worker-socket-fd", type=int, help=argparse.SUPPRESS)
@@ -228,7 +238,8 @@ def _serve(args: argparse.Namespace, sock: socket.socket, on_serving: Callable[[
                                     cors=None if args.allowed_origins is None else CorsConfig(
                                         args.allowed_origins, args.allowed_methods,
                                         args.allowed_headers, args.allow_credentials),
-                                    access_log=not args.disable_access_log))
+                                    access_log=not args.disable_access_log,
+                                    tool_call_parser=args.tool_call_parser))
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on")
     server = uvicorn.Server(config)
@@ -255,7 +266,7 @@ def _worker_argv(args: argparse.Namespace, created: int) -> WorkerArgv:
         out = [sys.executable, "-m", "exl3serve_client.frontend.server",
                "--engine", args.engine, "--model", str(args.model),
                "--request-timeout", repr(args.request_timeout), "--log-level", args.log_level,
-               "--engine-calls", args.engine_calls,
+               "--engine-calls", args.engine_calls, "--tool-call-parser", args.tool_call_parser,
                "--max-request-body-bytes", str(args.max_request_body_bytes),
                "--allowed-methods", json.dumps(args.allowed_methods),
                "--allowed-headers", json.dumps(args.allowed_headers),

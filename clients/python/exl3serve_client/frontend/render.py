@@ -1,0 +1,183 @@
+"""OpenAI rendering: every answer the generation endpoints send, written as JSON text by one
+renderer per request (OpenAIRenderer): the whole answer (chat.completion, text_completion), the
+stream's events (chat.completion.chunk, text_completion chunks, usage, errors, [DONE]) and the
+logprobs. The text is what json.dumps(ensure_ascii=False, separators=(",", ":")) gives for
+OpenAI's objects, byte for byte (tests/clients/python/test_text.py holds it against that), made
+from parts rendered once per request: the per-token event of the stream, the front end's hot path,
+is then a few concatenations and one string escape."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .protocol import APIError, FinishReason
+from .text import ModelTokenizer
+from .tool_calls import CallArguments, CallStart, Content, ToolCallEvent
+from .validation import PreparedRequest
+
+
+def dumps(obj: Any) -> str:
+    """JSON text as the answers are written: compact, not ASCII-escaped."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+# A str as dumps writes it (json's C encoder of ensure_ascii=False), without json.dumps' dispatch.
+_jstr = json.encoder.encode_basestring
+
+DONE_EVENT = "data: [DONE]\n\n"  # a stream's last event (sse.py ends the response with it)
+
+
+def error_event(err: APIError) -> str:
+    """A stream's error, as an event (the HTTP status is already sent)."""
+    return "data: " + dumps(err.body()) + "\n\n"
+
+
+@dataclass
+class ToolCall:
+    """A whole answer's tool call."""
+    id: str
+    name: str
+    arguments: str  # JSON text
+
+
+def fold_tool_calls(events: list[ToolCallEvent]) -> tuple[str, list[ToolCall]]:
+    """A whole answer's parsed text: its content and its calls."""
+    content: list[str] = []
+    calls: list[ToolCall] = []
+    for e in events:
+        if isinstance(e, Content):
+            content.append(e.text)
+        elif isinstance(e, CallStart):
+            calls.append(ToolCall(e.id, e.name, ""))
+        elif isinstance(e, CallArguments):
+            calls[e.index].arguments += e.text
+    return "".join(content), calls
+
+
+class OpenAIRenderer:
+    """The answer to one request (chat or completions, streamed or whole) as JSON text."""
+
+    def __init__(self, req: PreparedRequest, tok: ModelTokenizer) -> None:
+        self.chat = req.chat
+        self.tok = tok
+        self.ids_as_tokens = req.ids_as_tokens
+        self.top_n = req.logprobs or 0
+        self.prompt_tokens = len(req.prompt_ids)
+        ident = f'{{"id":{_jstr(req.rid)},"object":'
+        meta = f',"created":{int(req.created)},"model":{_jstr(req.model)},"choices":['
+        chunk_object = '"chat.completion.chunk"' if req.chat else '"text_completion"'
+        whole_object = '"chat.completion"' if req.chat else '"text_completion"'
+        # The stream's events: head, choices, tail.
+        self.head = "data: " + ident + chunk_object + meta
+        self.tail = (',"usage":null}\n\n' if req.include_usage else '}\n\n')
+        self.open = self.head + ('{"index":0,"delta":' if req.chat else '{"index":0,"text":')
+        # The whole answer: its head, then the one choice.
+        self.whole_head = ident + whole_object + meta
+
+    # ---- the stream's events ---------------------------------------------------------------
+    def role_event(self) -> str:
+        """Chat's first event: the assistant's role and empty content."""
+        return self.open + '{"role":"assistant","content":""},"logprobs":null,' \
+            '"finish_reason":null}]' + self.tail
+
+    def text_event(self, text: str, logprobs: Optional[str] = None) -> str:
+        """An event with text (and logprobs, already rendered; None: null)."""
+        lp = "null" if logprobs is None else logprobs
+        if self.chat:
+            delta = '{"content":' + _jstr(text) + "}" if text else "{}"
+            return self.open + delta + ',"logprobs":' + lp + ',"finish_reason":null}]' + self.tail
+        return self.open + _jstr(text) + ',"logprobs":' + lp + ',"finish_reason":null}]' + self.tail
+
+    def finish_event(self, reason: FinishReason) -> str:
+        if self.chat:
+            return self.open + '{},"logprobs":null,"finish_reason":' + _jstr(reason.value) + \
+                "}]" + self.tail
+        return self.open + '"","logprobs":null,"finish_reason":' + _jstr(reason.value) + \
+            "}]" + self.tail
+
+    def tool_call_events(self, events: list[ToolCallEvent], logprobs: Optional[str]) -> str:
+        """The events of a chat answer whose text is parsed for tool calls (tool_calls.py): its
+        content, each call's start (id, type, name and empty arguments, as OpenAI streams them)
+        and its arguments' fragments. The logprobs (rendered) go with the first event, or with
+        an empty delta of their own."""
+        out = []
+        for e in events:
+            if isinstance(e, Content):
+                out.append(self.text_event(e.text, logprobs))
+            else:
+                if isinstance(e, CallStart):
+                    call = (f'{{"index":{e.index},"id":{_jstr(e.id)},"type":"function",'
+                            f'"function":{{"name":{_jstr(e.name)},"arguments":""}}}}')
+                else:
+                    call = f'{{"index":{e.index},"function":{{"arguments":{_jstr(e.text)}}}}}'
+                lp = "null" if logprobs is None else logprobs
+                out.append(self.open + '{"tool_calls":[' + call + ']},"logprobs":' + lp +
+                           ',"finish_reason":null}]' + self.tail)
+            logprobs = None
+        if logprobs is not None:
+            out.append(self.text_event("", logprobs))
+        return "".join(out)
+
+    def usage_event(self, completion_tokens: int) -> str:
+        return self.head + '],"usage":' + dumps(self.usage(completion_tokens)) + "}\n\n"
+
+    # ---- the whole answer ------------------------------------------------------------------
+    def whole(self, text: str, logprobs: Optional[str], finish: Optional[FinishReason],
+              completion_tokens: int, tool_calls: Optional[list[ToolCall]] = None) -> bytes:
+        """A non-streamed answer's body: its one choice and the usage. With tool calls (chat),
+        the message has them, and its content is null where the model wrote none."""
+        reason = "null" if finish is None else _jstr(finish.value)
+        lp = "null" if logprobs is None else logprobs
+        if self.chat and tool_calls:
+            calls = ",".join(f'{{"id":{_jstr(c.id)},"type":"function","function":{{"name":'
+                             f'{_jstr(c.name)},"arguments":{_jstr(c.arguments)}}}}}'
+                             for c in tool_calls)
+            choice = '{"index":0,"message":{"role":"assistant","content":' + \
+                (_jstr(text) if text else "null") + ',"tool_calls":[' + calls + "]}"
+        elif self.chat:
+            choice = '{"index":0,"message":{"role":"assistant","content":' + _jstr(text) + "}"
+        else:
+            choice = '{"index":0,"text":' + _jstr(text)
+        return (self.whole_head + choice + ',"logprobs":' + lp + ',"finish_reason":' + reason +
+                '}],"usage":' + dumps(self.usage(completion_tokens)) + "}").encode()
+
+    def usage(self, completion_tokens: int) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": self.prompt_tokens + completion_tokens}
+
+    # ---- logprobs --------------------------------------------------------------------------
+    def logprob_entries(self, tokens: Any) -> list[dict[str, Any]]:
+        """Chat's logprobs entries of the engine's GeneratedTokens (completions' are made of them)."""
+        entries = []
+        for t in tokens:
+            text, b = self._token_text(t.token_id)
+            tops = []
+            for e in t.top_logprobs[:self.top_n]:
+                et, eb = self._token_text(e.token_id)
+                tops.append({"token": et, "logprob": e.logprob, "bytes": list(eb)})
+            entries.append({"token": text, "logprob": t.logprob, "bytes": list(b),
+                            "top_logprobs": tops})
+        return entries
+
+    def logprobs(self, entries: list[dict[str, Any]], offset: int) -> str:
+        """A choice's `logprobs`, rendered: chat's {"content": entries}, or completions' lists with
+        each token's offset in the answer's text, from `offset` (the text before these tokens)."""
+        if self.chat:
+            return dumps({"content": entries, "refusal": None})
+        out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+                               "text_offset": []}
+        for e in entries:
+            out["tokens"].append(e["token"])
+            out["token_logprobs"].append(e["logprob"])
+            out["top_logprobs"].append({t["token"]: t["logprob"] for t in e["top_logprobs"]})
+            out["text_offset"].append(offset)
+            offset += len(e["token"])
+        return dumps(out)
+
+    def _token_text(self, token_id: int) -> tuple[str, bytes]:
+        if self.ids_as_tokens:
+            s = f"token_id:{token_id}"
+            return s, s.encode()
+        return self.tok.token_text(token_id)

@@ -1,0 +1,401 @@
+"""Request validation: an OpenAI request body read (up to --max-request-body-bytes), parsed by
+pydantic (protocol.py's models) and checked, then made into a PreparedRequest, the typed request
+the rest of the front end works from (the engine's GenerateRequest and what the answer needs).
+Every refusal is an APIError naming the field (`param`), raised before the engine is asked."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, MutableMapping, Optional, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
+
+from exl3serve.v1 import exl3serve_pb2 as pb
+
+from ..generate import make_generate_request
+from .protocol import (INT32_MAX, UNSUPPORTED_CHAT_FIELDS, UNSUPPORTED_FIELDS, APIError,
+                       ChatCompletionRequest, ChatMessage, CompletionRequest, Endpoint,
+                       TokenizeRequest, _Sampling, unsupported_field)
+from .text import ChatTemplateError, ModelTokenizer
+from .tokenizer_process import TokenizerProcess, TokenizerProcessDied
+from .tool_calls import ToolCallFormat, ToolCallParser
+
+# A prompt text at least this long is tokenized in the tokenizer process (RequestValidator's
+# prompt_ids); a shorter one on the event loop, where it costs less than the handover (8192
+# characters: 2-3.5 ms with the test models' tokenizer, about 0.5 ms to and from the process).
+TOKENIZE_OFF_LOOP_CHARS = 8192
+
+# A client's request id (X-Request-Id, or vLLM's request_id field): visible ASCII, this long at most.
+MAX_REQUEST_ID_CHARS = 128
+
+# At most this many stop strings per request.
+MAX_STOP_STRINGS = 16
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """A chat request's tools, as its answer is parsed for their calls (tool_calls.py)."""
+    fmt: ToolCallFormat
+    schemas: dict[str, Any]   # function name -> its parameters' JSON schema
+    parallel: bool            # parallel_tool_calls
+
+    def parser(self) -> ToolCallParser:
+        return ToolCallParser(self.fmt, self.schemas, self.parallel)
+
+
+@dataclass
+class PreparedRequest:
+    """One generation request, validated: the engine request and what the answer needs."""
+    endpoint: Endpoint
+    model: str
+    prompt_ids: list[int]
+    engine_request: pb.GenerateRequest
+    stops: list[str]
+    stream: bool
+    include_usage: bool
+    logprobs: Optional[int]          # top-N asked (0: the chosen token's only); None: none
+    ids_as_tokens: bool = False      # logprobs name tokens "token_id:ID" (vLLM's extension)
+    tool_use: Optional[ToolUse] = None  # the answer's text is parsed for tool calls
+    header_rid: str = ""             # the answer's X-Request-Id: the client's id, else rid
+    started: float = field(default_factory=time.monotonic)
+    rid: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def chat(self) -> bool:
+        return self.endpoint is Endpoint.CHAT_COMPLETIONS
+
+
+def client_request_id(value: Optional[str], what: str) -> Optional[str]:
+    """The client's request id, checked: it goes into the answer's id, a header and the engine's
+    logs."""
+    if value is None or value == "":
+        return None
+    if len(value) > MAX_REQUEST_ID_CHARS or not all("!" <= c <= "~" for c in value):
+        raise APIError(400, f"{what} must be 1 to {MAX_REQUEST_ID_CHARS} visible ASCII "
+                       "characters", param="request_id" if what == "request_id" else None)
+    return value
+
+
+def prompt_too_long(ctx: int, tokens: int, param: str, at_least: bool = False) -> APIError:
+    """OpenAI's refusal of a prompt of the context's length or more (`at_least`: a lower bound
+    of its tokens, from its length in bytes)."""
+    has = f"at least {tokens}" if at_least else str(tokens)
+    return APIError(400, f"This model's maximum context length is {ctx} tokens. However, your "
+                    f"prompt has {has} tokens.", param=param, code="context_length_exceeded")
+
+
+async def read_body(receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+                    limit: int) -> bytes:
+    """The request's body, refused (413) past `limit` bytes. The rest of a body that is too large
+    is still read, and dropped, before the answer: a client that sends its whole body before it
+    reads the answer (the openai SDK does) would get a broken connection instead of the 413 if
+    the server closed it early."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if chunk and size <= limit:
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    if size > limit:
+        raise APIError(413, f"the request body is {size} bytes, more than this server takes "
+                       f"({limit} bytes, exl3serve-openai --max-request-body-bytes)",
+                       code="request_too_large")
+    return b"".join(chunks)
+
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def parse_body(raw: bytes, body_type: type[Body]) -> Body:
+    """The body as `body_type`; pydantic's first complaint about it a 400 naming the field."""
+    try:
+        return body_type.model_validate_json(raw)
+    except ValidationError as e:
+        errs = e.errors(include_url=False)
+        if not errs:
+            raise APIError(400, "invalid request") from None
+        loc = ".".join(str(x) for x in errs[0]["loc"])
+        msg = errs[0]["msg"]
+        raise APIError(400, f"{loc}: {msg}" if loc else msg, param=loc or None) from None
+
+
+def check_model(model: Optional[str], served: str) -> None:
+    """A request's `model` (None: not given) must be the served model's name."""
+    if model is not None and model != served:
+        raise APIError(404, f"The model `{model}` does not exist.", param="model",
+                       code="model_not_found")
+
+
+def refuse_unsupported(extra: Optional[dict[str, Any]], table: dict[str, Any]) -> None:
+    """A 400 naming the first undeclared field that `table` (protocol.py) refuses."""
+    refused = unsupported_field(extra, table)
+    if refused is not None:
+        name, why = refused
+        raise APIError(400, f"{name}: {why}", param=name)
+
+
+def _tool_schemas(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """The request's tools checked (OpenAI's {"type": "function", "function": {"name", ...}}):
+    each function's name -> its parameters' JSON schema."""
+    schemas: dict[str, Any] = {}
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or \
+                not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise APIError(400, f"tools[{i}] must be {{\"type\": \"function\", \"function\": "
+                           "{\"name\": ...}}", param="tools")
+        params = fn.get("parameters", {})
+        if not isinstance(params, dict):
+            raise APIError(400, f"tools[{i}].function.parameters must be a JSON schema (an "
+                           "object)", param="tools")
+        schemas[fn["name"]] = params
+    return schemas
+
+
+def _call_for_template(call: dict[str, Any], where: str) -> dict[str, Any]:
+    """An assistant message's tool call as chat templates take it: the function's arguments an
+    object (OpenAI sends them as JSON text)."""
+    fn = call.get("function")
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise APIError(400, f"{where} must be {{\"type\": \"function\", \"function\": "
+                       "{\"name\": ..., \"arguments\": ...}}", param="messages")
+    arguments = fn.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            arguments = None
+    if not isinstance(arguments, dict):
+        raise APIError(400, f"{where}.function.arguments must be a JSON object", param="messages")
+    return {**call, "function": {**fn, "arguments": arguments}}
+
+
+class RequestValidator:
+    """Makes PreparedRequests of the generation endpoints' bodies, and renders chat messages.
+    `model_name` and `max_context` are asked per request: both follow what the engine said."""
+
+    def __init__(self, tok: ModelTokenizer, tokenizer_process: TokenizerProcess,
+                 model_name: Callable[[], str], max_context: Callable[[], int],
+                 request_timeout_s: float,
+                 tool_format: Optional[ToolCallFormat] = None) -> None:
+        self.tok = tok
+        self.tool_format = tool_format  # the model's tool-call format (None: it has none)
+        self.tokenizer_process = tokenizer_process
+        self.model_name = model_name
+        self.max_context = max_context
+        self.request_timeout_s = request_timeout_s
+
+    # ---- the endpoints' bodies -------------------------------------------------------------
+    async def completion(self, body: CompletionRequest,
+                         client_rid: Optional[str]) -> PreparedRequest:
+        self._common(body, Endpoint.COMPLETIONS)
+        if body.echo:
+            raise APIError(400, "echo is not supported", param="echo")
+        if body.suffix:
+            raise APIError(400, "suffix is not supported", param="suffix")
+        p = body.prompt
+        if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+            p = p[0]
+        if isinstance(p, str):
+            ids = await self.prompt_ids(p, True, "prompt")
+        elif isinstance(p, list) and all(isinstance(t, int) for t in p):
+            ids = [t for t in p if isinstance(t, int)]  # all of them
+            if ids and (min(ids) < -INT32_MAX - 1 or max(ids) > INT32_MAX):
+                i, bad = next((i, t) for i, t in enumerate(ids)
+                              if not -INT32_MAX - 1 <= t <= INT32_MAX)
+                raise APIError(400, f"prompt token {i} is {bad}, beyond a token id's range (int32)",
+                               param="prompt")
+        else:
+            raise APIError(400, "one prompt per request: a string or a list of token ids",
+                           param="prompt")
+        return self._prepare(body, Endpoint.COMPLETIONS, ids, body.max_tokens, body.logprobs,
+                             client_rid)
+
+    async def chat(self, body: ChatCompletionRequest,
+                   client_rid: Optional[str]) -> PreparedRequest:
+        self._common(body, Endpoint.CHAT_COMPLETIONS)
+        tool_use = self._tool_use(body)
+        if body.top_logprobs and not body.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        text = self.chat_prompt(body.messages, body.add_generation_prompt,
+                                body.chat_template_kwargs, body.tools)
+        # As encode_chat: the rendering holds its special tokens.
+        ids = await self.prompt_ids(text, False, "messages")
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        return self._prepare(body, Endpoint.CHAT_COMPLETIONS, ids, max_tokens, logprobs,
+                             client_rid,
+                             "max_completion_tokens" if body.max_completion_tokens else "max_tokens",
+                             tool_use)
+
+    def _tool_use(self, body: ChatCompletionRequest) -> Optional[ToolUse]:
+        """The request's tools checked; how its answer is parsed for their calls (None: it is not,
+        as without tools or with tool_choice none)."""
+        choice = body.tool_choice
+        if choice == "required" or isinstance(choice, dict):
+            what = "required" if choice == "required" else "a named function"
+            raise APIError(400, f"tool_choice {what} needs constrained decoding (the call held to "
+                           "the function's schema), which the engine does not have yet: use "
+                           "auto or none", param="tool_choice")
+        if choice not in (None, "none", "auto"):
+            raise APIError(400, f"tool_choice must be none, auto, required or a named function, "
+                           f"not {choice!r}", param="tool_choice")
+        schemas = _tool_schemas(body.tools or [])
+        if not schemas or choice == "none":
+            return None
+        if self.tool_format is None:
+            raise APIError(400, "tools: this model's chat template writes no tool-call format the "
+                           "front end parses (exl3serve-openai --tool-call-parser hermes or "
+                           "glm45 names one)", param="tools")
+        return ToolUse(self.tool_format, schemas, body.parallel_tool_calls is not False)
+
+    def tokenize_text(self, body: TokenizeRequest) -> tuple[str, bool]:
+        """/tokenize's body checked: the text to tokenize and whether to add special tokens."""
+        check_model(body.model, self.model_name())
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "give either prompt or messages", param="prompt")
+        _tool_schemas(body.tools or [])
+        refuse_unsupported(body.model_extra, UNSUPPORTED_CHAT_FIELDS)
+        if body.messages is not None:
+            text = self.chat_prompt(body.messages, body.add_generation_prompt,
+                                    body.chat_template_kwargs, body.tools)
+            return text, bool(body.add_special_tokens)
+        return body.prompt or "", body.add_special_tokens is not False
+
+    def chat_prompt(self, chat: list[ChatMessage], add_generation_prompt: bool,
+                    template_kwargs: Optional[dict[str, Any]],
+                    tools: Optional[list[dict[str, Any]]] = None) -> str:
+        """The messages rendered with the model's chat template (with the request's tools, where
+        it has any: the template's `tools`, as transformers passes them)."""
+        messages = []
+        for i, m in enumerate(chat):
+            msg = m.model_dump(exclude_none=True)
+            if m.tool_calls:
+                msg["tool_calls"] = [_call_for_template(c, f"messages[{i}].tool_calls[{j}]")
+                                     for j, c in enumerate(m.tool_calls)]
+            if isinstance(m.content, list):  # content parts: their text, in order
+                parts = []
+                for part in m.content:
+                    if part.get("type") != "text":
+                        raise APIError(400, f"content part of type {part.get('type')!r} is not "
+                                       "supported", param="messages")
+                    parts.append(part.get("text", ""))
+                msg["content"] = "".join(parts)
+            msg.setdefault("content", "")
+            messages.append(msg)
+        kwargs = dict(template_kwargs or {})
+        if tools:
+            kwargs["tools"] = tools
+        try:
+            return self.tok.render_chat(messages, add_generation_prompt, **kwargs)
+        except ChatTemplateError as e:
+            raise APIError(400, f"chat template: {e}", param="messages") from None
+
+    async def prompt_ids(self, text: str, add_special_tokens: bool, param: str) -> list[int]:
+        """The prompt text's token ids. A long text is first held against the context by the
+        tokenizer's lower bound of its tokens (refused untokenized where that already exceeds it),
+        then tokenized in the tokenizer process (tokenizer_process.py), so that the event loop
+        serves the other requests meanwhile; one of the context's length or more is refused
+        without its ids made. A short one is tokenized here (_prepare checks its length)."""
+        if len(text) < TOKENIZE_OFF_LOOP_CHARS:
+            return self.tok.encode(text, add_special_tokens=add_special_tokens)
+        ctx = self.max_context()
+        at_least = self.tok.min_token_count(text)
+        if at_least >= ctx:
+            raise prompt_too_long(ctx, at_least, param, at_least=True)
+        try:
+            n, ids = await self.tokenizer_process.encode(text, ctx, add_special_tokens)
+        except TokenizerProcessDied as e:
+            raise APIError(500, str(e)) from None
+        if ids is None:
+            raise prompt_too_long(ctx, n, param)
+        return ids
+
+    async def any_length_ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        """The text's token ids whatever their number (/tokenize: the body's limit is the bound)."""
+        if len(text) < TOKENIZE_OFF_LOOP_CHARS:
+            return self.tok.encode(text, add_special_tokens=add_special_tokens)
+        try:
+            _, got = await self.tokenizer_process.encode(text, INT32_MAX, add_special_tokens)
+        except TokenizerProcessDied as e:
+            raise APIError(500, str(e)) from None
+        return got or []
+
+    # ---- what both endpoints check ---------------------------------------------------------
+    def _common(self, body: _Sampling, endpoint: Endpoint) -> None:
+        check_model(body.model, self.model_name())
+        refuse_unsupported(body.model_extra, UNSUPPORTED_FIELDS)
+        if endpoint is Endpoint.CHAT_COMPLETIONS:
+            refuse_unsupported(body.model_extra, UNSUPPORTED_CHAT_FIELDS)
+        if body.n not in (None, 1):
+            raise APIError(400, "n must be 1: one choice per request is supported", param="n")
+        if body.logit_bias:
+            raise APIError(400, "logit_bias is not supported", param="logit_bias")
+        if body.best_of not in (None, 1):
+            raise APIError(400, "best_of must be 1", param="best_of")
+        if body.response_format and body.response_format.get("type") not in (None, "text"):
+            raise APIError(400, f"response_format of type {body.response_format.get('type')!r}: "
+                           "constrained decoding (structured output) is not supported yet",
+                           param="response_format")
+        if body.stream_options is not None and body.stream_options.continuous_usage_stats:
+            raise APIError(400, "stream_options.continuous_usage_stats is not supported: the "
+                           "usage comes in the stream's last chunk (include_usage)",
+                           param="stream_options.continuous_usage_stats")
+
+    @staticmethod
+    def _stops(body: _Sampling) -> list[str]:
+        stop = body.stop
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if len(stops) > MAX_STOP_STRINGS:
+            raise APIError(400, f"at most {MAX_STOP_STRINGS} stop strings", param="stop")
+        return [s for s in stops if s]
+
+    def _prepare(self, body: _Sampling, endpoint: Endpoint, prompt_ids: list[int],
+                 max_tokens: Optional[int], logprobs: Optional[int], client_rid: Optional[str],
+                 max_tokens_param: str = "max_tokens",
+                 tool_use: Optional[ToolUse] = None) -> PreparedRequest:
+        chat = endpoint is Endpoint.CHAT_COMPLETIONS
+        if not prompt_ids:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        ctx = self.max_context()
+        if len(prompt_ids) >= ctx:
+            raise prompt_too_long(ctx, len(prompt_ids), "messages" if chat else "prompt")
+        if max_tokens is None:
+            max_tokens = ctx - len(prompt_ids)
+        elif len(prompt_ids) + max_tokens > ctx:
+            raise APIError(400, f"This model's maximum context length is {ctx} tokens. However, "
+                           f"you requested {len(prompt_ids) + max_tokens} tokens "
+                           f"({len(prompt_ids)} in the prompt, {max_tokens} for the completion). "
+                           "Please reduce the length of the prompt or the completion.",
+                           param=max_tokens_param, code="context_length_exceeded")
+        temperature = 1.0 if body.temperature is None else body.temperature
+        seed = None if body.seed is None else body.seed & 0xFFFFFFFFFFFFFFFF
+        client_rid = client_rid or client_request_id(body.request_id, "request_id")
+        rid = ("chatcmpl-" if chat else "cmpl-") + (client_rid or uuid.uuid4().hex)
+        req = make_generate_request(
+            prompt_ids, max_tokens=max_tokens, temperature=temperature,
+            top_p=body.top_p or 0.0, top_k=max(body.top_k or 0, 0), min_p=body.min_p or 0.0,
+            repetition_penalty=body.repetition_penalty or 0.0,
+            presence_penalty=body.presence_penalty or 0.0,
+            frequency_penalty=body.frequency_penalty or 0.0, seed=seed,
+            logprobs=logprobs or 0, min_tokens=body.min_tokens or 0,
+            stop_token_ids=body.stop_token_ids or (), ignore_eos=bool(body.ignore_eos),
+            timeout_us=int(self.request_timeout_s * 1e6), request_id=rid)
+        return PreparedRequest(
+            endpoint=endpoint, model=self.model_name(), prompt_ids=prompt_ids,
+            engine_request=req, stops=self._stops(body), stream=bool(body.stream),
+            include_usage=bool(body.stream and body.stream_options and
+                               body.stream_options.include_usage),
+            logprobs=logprobs, rid=rid, header_rid=client_rid or rid,
+            ids_as_tokens=bool(body.return_tokens_as_token_ids), tool_use=tool_use)

@@ -1,0 +1,161 @@
+"""The tool-call parser (frontend/tool_calls.py) on crafted model text: what it makes of a whole
+text, and that the same comes out however the text is split (at every character, in two pieces,
+and one character at a time), with each call's start before its arguments."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from exl3serve_client.frontend.tool_calls import (CallArguments, CallStart, Content,
+                                                  ToolCallFormat, ToolCallParser,
+                                                  template_tool_call_format, tool_call_format)
+from exl3serve_client.make_tokenizer import FAMILIES
+
+HERMES, GLM = ToolCallFormat.HERMES, ToolCallFormat.GLM45
+SCHEMAS = {
+    "get_weather": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"},
+        "where": {"type": "object"}, "tags": {"type": ["array", "null"]}, "code": {"type": "string"}}},
+    "now": {"type": "object", "properties": {}},
+}
+
+
+def fold(events):
+    """Events into (content, [(name, arguments text)]); checks their order."""
+    content, calls = [], []
+    for e in events:
+        if isinstance(e, Content):
+            assert e.text, "an empty content event"
+            content.append(e.text)
+        elif isinstance(e, CallStart):
+            assert e.index == len(calls) and e.id.startswith("call_") and e.name
+            calls.append([e.name, ""])
+        else:
+            assert isinstance(e, CallArguments) and e.index == len(calls) - 1, e
+            calls[e.index][1] += e.text
+    return "".join(content), [tuple(c) for c in calls]
+
+
+def parse(fmt, pieces, parallel=True):
+    p = ToolCallParser(fmt, SCHEMAS, parallel)
+    events = []
+    for i, piece in enumerate(pieces):
+        events += p.push(piece, final=i == len(pieces) - 1)
+    return fold(events)
+
+
+def splits(text):
+    yield [text]
+    yield list(text) or [""]
+    for i in range(1, len(text)):
+        yield [text[:i], text[i:]]
+
+
+CASES = [
+    # (format, model text, content, calls as (name, arguments parsed))
+    (HERMES, "Just an answer, with <b>tags</b> and a < b.\n", "Just an answer, with <b>tags</b> "
+     "and a < b.\n", []),
+    (HERMES, "", "", []),
+    (HERMES, "  ", "  ", []),
+    (HERMES, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n'
+     "</tool_call>", "", [("get_weather", {"city": "Paris", "days": 3})]),
+    (HERMES, 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich '
+     '}{ \\"x\\"", "where": {"lat": 1, "lon": [2, {"a": "}"}]}}}\n</tool_call>\n<tool_call>\n'
+     '{"name": "now", "arguments": {}}\n</tool_call>',
+     "Let me look.", [("get_weather", {"city": 'Zürich }{ "x"', "where": {"lat": 1, "lon": [
+         2, {"a": "}"}]}}), ("now", {})]),
+    # Keys in another order: a call all the same, once whole.
+    (HERMES, '<tool_call>{"arguments": {"city": "Oslo"}, "name": "get_weather"}</tool_call> ok',
+     "ok", [("get_weather", {"city": "Oslo"})]),
+    # Not a call: content, tags and all.
+    (HERMES, "<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", []),
+    (HERMES, "see <tool_c", "see <tool_c", []),
+    # Cut off by max_tokens inside a call: the call, arguments as far as they came.
+    (HERMES, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa', "",
+     [("get_weather", None)]),
+    (GLM, "Plain <arg_key> text", "Plain <arg_key> text", []),
+    (GLM, "Checking.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris"
+     "</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n<arg_key>metric"
+     "</arg_key>\n<arg_value>true</arg_value>\n<arg_key>where</arg_key>\n<arg_value>{\"lat\": "
+     "48.8}</arg_value>\n<arg_key>code</arg_key>\n<arg_value>007</arg_value>\n<arg_key>tags"
+     "</arg_key>\n<arg_value>[\"a\"]</arg_value>\n</tool_call>",
+     "Checking.", [("get_weather", {"city": "Paris", "days": 3, "metric": True,
+                                    "where": {"lat": 48.8}, "code": "007", "tags": ["a"]})]),
+    # A value that does not parse as its type stays text; an unknown key stays text.
+    (GLM, "<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>three</arg_value>\n"
+     "<arg_key>extra</arg_key>\n<arg_value>12</arg_value>\n</tool_call>", "",
+     [("get_weather", {"days": "three", "extra": "12"})]),
+    (GLM, "<tool_call>now\n</tool_call>\n<tool_call>now</tool_call>Done.", "Done.",
+     [("now", {}), ("now", {})]),
+    (GLM, "<tool_call>\n</tool_call>", "<tool_call>\n</tool_call>", []),
+]
+
+
+@pytest.mark.parametrize("fmt,text,content,calls", CASES, ids=range(len(CASES)))
+def test_parsed_the_same_however_split(fmt, text, content, calls):
+    want = None
+    for pieces in splits(text):
+        got = parse(fmt, pieces)
+        if want is None:
+            want = got
+            assert got[0] == content
+            assert [c[0] for c in got[1]] == [c[0] for c in calls]
+            for (_, args), (_, want_args) in zip(got[1], calls):
+                if want_args is not None:
+                    assert json.loads(args) == want_args, args
+        assert got == want, pieces
+
+
+def test_not_parallel_keeps_the_first_call():
+    text = ('<tool_call>{"name": "now", "arguments": {}}</tool_call>\n<tool_call>{"name": '
+            '"get_weather", "arguments": {"city": "Rome"}}</tool_call>')
+    assert parse(HERMES, [text], parallel=False) == ("", [("now", "{}")])
+    assert len(parse(HERMES, [text])[1]) == 2
+
+
+def test_streamed_events_come_as_soon_as_they_are_decided():
+    """The call's name goes out before its arguments are complete; content before a call goes out
+    before the call's tag is complete; a possible tag start is held back."""
+    p = ToolCallParser(HERMES, SCHEMAS)
+    assert p.push("Hi <tool_") == [Content("Hi")]
+    events = p.push('call>\n{"name": "get_weather", "arguments": {"ci')
+    assert [type(e) for e in events] == [CallStart, CallArguments]
+    assert (events[0].name, events[1].text) == ("get_weather", '{"ci')
+    assert p.push('ty": "Paris"}') == [CallArguments(0, 'ty": "Paris"')]  # "}" may close the call
+    g = ToolCallParser(GLM, SCHEMAS)
+    started = g.push("<tool_call>get_weather\n<arg_key>city")
+    assert [type(e) for e in started] == [CallStart]
+
+
+def test_formats_of_the_families_templates():
+    by_family = {f.name: template_tool_call_format(f.template) for f in FAMILIES.values()}
+    assert by_family == {"glm4_moe": GLM, "qwen3_moe": HERMES, "mixtral": None,
+                         "deepseek_v3": None}
+    assert tool_call_format("auto", FAMILIES["Qwen3MoeForCausalLM"].template) is HERMES
+    assert tool_call_format("glm45", None) is GLM
+    assert tool_call_format("hermes", FAMILIES["Glm4MoeForCausalLM"].template) is HERMES
+
+
+@pytest.mark.parametrize("arch", ["Qwen3MoeForCausalLM", "Glm4MoeForCausalLM"])
+def test_the_templates_calls_parse_back(arch):
+    """An assistant turn's calls as the family's template renders them are what the parser of
+    the template's format makes of that text: the model is shown the format it is parsed in."""
+    from exl3serve_client.frontend.text import compile_chat_template
+    template = FAMILIES[arch].template
+    calls = [{"id": "c1", "type": "function", "function": {
+        "name": "get_weather", "arguments": {"city": "Zürich", "days": 2, "where": {"a": [1]}}}},
+        {"id": "c2", "type": "function", "function": {"name": "now", "arguments": {}}}]
+    before = compile_chat_template(template).render(
+        messages=[{"role": "user", "content": "q"}], add_generation_prompt=True)
+    whole = compile_chat_template(template).render(
+        messages=[{"role": "user", "content": "q"},
+                  {"role": "assistant", "content": "Looking.", "tool_calls": calls}],
+        add_generation_prompt=False)
+    assert whole.startswith(before)
+    answer = whole[len(before):].removesuffix("<|im_end|>\n")  # Qwen's end of the turn
+    content, got = parse(template_tool_call_format(template), [answer])
+    assert content == "Looking."
+    assert [(n, json.loads(a)) for n, a in got] == \
+        [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
