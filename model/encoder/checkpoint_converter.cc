@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "model/encoder/layer_quantizer.h"
 #include "model/encoder/progress.h"
 #include "model/encoder/safetensors_stream_writer.h"
@@ -133,316 +134,303 @@ int BitsFor(const ConvertOptions& o, bool routed, bool down) {
   return k;
 }
 
-absl::StatusOr<ConvertStats> ConvertCheckpoint(const std::string& input_dir,
-                                               const std::string& output_dir,
-                                               const ConvertOptions& options) {
+namespace {
+
+// One conversion's inputs and what it has decided so far; each step below fills its part.
+struct Conversion {
+  Conversion(fs::path in, fs::path out, const ConvertOptions& o) : in_dir(std::move(in)), out_dir(std::move(out)), options(o) {}
+  fs::path in_dir, out_dir;
+  const ConvertOptions& options;
+  json cfg_json;  // config.json as read (written back with quantization_config)
+  MoeConfig cfg;
+  std::vector<std::string> shards;  // names relative to in_dir, sorted
+  std::vector<std::unique_ptr<SafetensorsFile>> files;  // by shard
+  std::map<std::string, const TensorInfo*> info;        // every input tensor
+  std::map<std::string, Planned> plan;                  // the tensors that become EXL3 layers
+  std::set<std::string> modules;        // "attention", "dense_mlp", "head": those with a quantized tensor
+  std::vector<std::string> kept_names;  // asked for, but not EXL3-able
+  json weight_map = json::object();
+  double mse_sum = 0;
+  ConvertStats stats;
+};
+
+absl::Status CheckOptions(const ConvertOptions& options) {
   for (int k : {options.bits, options.expert_bits, options.down_bits, options.head_bits}) {
-    if (k != 0 && (k < 1 || k > 8)) {
-      return absl::InvalidArgumentError(absl::StrCat("bit width ", k, " is not in 1..8"));
-    }
+    if (k != 0 && (k < 1 || k > 8)) return absl::InvalidArgumentError(absl::StrCat("bit width ", k, " is not in 1..8"));
   }
   if (options.bits < 1) return absl::InvalidArgumentError("bits must be in 1..8");
-  const fs::path in_dir(input_dir), out_dir(output_dir);
-  std::error_code ec;
-  if (!fs::is_directory(in_dir, ec)) {
-    return absl::NotFoundError(absl::StrCat(input_dir, " is not a directory"));
-  }
-  if (fs::exists(out_dir, ec) && fs::equivalent(in_dir, out_dir, ec)) {
-    return absl::InvalidArgumentError("the output directory must differ from the input directory");
-  }
+  return absl::OkStatus();
+}
 
-  // config.json: architecture and layout.
-  absl::StatusOr<std::string> cfg_text = ReadText(in_dir / "config.json");
-  if (!cfg_text.ok()) return cfg_text.status();
-  json cfg_json = json::parse(*cfg_text, nullptr, /*allow_exceptions=*/false);
-  if (cfg_json.is_discarded() || !cfg_json.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat((in_dir / "config.json").string(), ": not a JSON object"));
-  }
-  if (cfg_json.contains("quantization_config")) {
+// config.json (refused when already quantized) and every shard's tensors.
+absl::Status ReadSource(Conversion& c) {
+  const fs::path config = c.in_dir / "config.json";
+  EXL3_ASSIGN_OR_RETURN(std::string text, ReadText(config));
+  c.cfg_json = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (c.cfg_json.is_discarded() || !c.cfg_json.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(config.string(), ": not a JSON object"));
+  if (c.cfg_json.contains("quantization_config")) {
     std::string method = "?";
-    const json& q = cfg_json["quantization_config"];
-    if (q.is_object() && q.contains("quant_method") && q["quant_method"].is_string()) {
+    const json& q = c.cfg_json["quantization_config"];
+    if (q.is_object() && q.contains("quant_method") && q["quant_method"].is_string())
       method = q["quant_method"].get<std::string>();
-    }
-    return absl::InvalidArgumentError(absl::StrCat(
-        input_dir, " is already quantized (quantization_config.quant_method '", method,
-        "'); the converter needs a bf16/fp16/fp32 checkpoint"));
+    return absl::InvalidArgumentError(absl::StrCat(c.in_dir.string(), " is already quantized (quantization_config.",
+                                                   "quant_method '", method, "'); the converter needs a bf16/fp16/fp32 ",
+                                                   "checkpoint"));
   }
-  absl::StatusOr<MoeConfig> cfg = ParseMoeConfig(*cfg_text, (in_dir / "config.json").string());
-  if (!cfg.ok()) return cfg.status();
-
-  // Shards and where every tensor lives.
-  absl::StatusOr<std::vector<std::string>> shards = ListShards(in_dir);
-  if (!shards.ok()) return shards.status();
-  std::vector<std::unique_ptr<SafetensorsFile>> files;
-  std::map<std::string, const TensorInfo*> info;
-  for (const std::string& s : *shards) {
-    absl::StatusOr<std::unique_ptr<SafetensorsFile>> f = SafetensorsFile::Open((in_dir / s).string());
-    if (!f.ok()) return f.status();
-    for (const TensorInfo& t : (*f)->tensors()) info[t.name] = &t;
-    files.push_back(std::move(*f));
+  EXL3_ASSIGN_OR_RETURN(c.cfg, ParseMoeConfig(text, config.string()));
+  EXL3_ASSIGN_OR_RETURN(c.shards, ListShards(c.in_dir));
+  for (const std::string& s : c.shards) {
+    EXL3_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> f, SafetensorsFile::Open((c.in_dir / s).string()));
+    for (const TensorInfo& t : f->tensors()) c.info[t.name] = &t;
+    c.files.push_back(std::move(f));
   }
+  return absl::OkStatus();
+}
 
-  // The plan: which tensors become EXL3 layers, with which K.
-  std::map<std::string, Planned> plan;
-  auto want = [&](const std::string& prefix, int out, int in, int bits) -> absl::Status {
-    const std::string name = prefix + ".weight";
-    auto it = info.find(name);
-    if (it == info.end()) {
-      return absl::NotFoundError(absl::StrCat(
-          "tensor '", name, "' is missing: the checkpoint is incomplete or not laid out as ",
-          cfg->architecture, " (", std::string(MoeFamilyName(cfg->family)), ") expects"));
-    }
-    const std::vector<int64_t>& s = it->second->shape;
-    if (s.size() != 2 || s[0] != out || s[1] != in) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has shape ", ShapeString(s),
-                                                     "; config.json implies [", out, ", ", in, "]"));
-    }
-    if (out % 128 != 0 || in % 128 != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", name, "' has shape ", ShapeString(s),
-          ": EXL3 needs both dimensions to be multiples of 128"));
-    }
-    const DType d = it->second->dtype;
-    if (!IsFloatWeight(d)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", name, "' has dtype ", std::string(DTypeName(d)),
-          "; the converter reads BF16, F16 or F32 weights (dequantize FP8 checkpoints first)"));
-    }
-    plan[name] = {bits, out, in};
-    return absl::OkStatus();
-  };
-  const int H = cfg->hidden_size;
-  for (int L : cfg->MoeLayers()) {
-    for (int e = 0; e < cfg->num_experts; ++e) {
-      const int I = cfg->moe_intermediate_size;
+// A routed or shared expert's projection: it must be there, [out, in], EXL3-able.
+absl::Status PlanExpertLinear(Conversion& c, const std::string& prefix, int out, int in, int bits) {
+  const std::string name = prefix + ".weight";
+  auto it = c.info.find(name);
+  if (it == c.info.end())
+    return absl::NotFoundError(absl::StrCat("tensor '", name, "' is missing: the checkpoint is incomplete or not laid ",
+                                            "out as ", c.cfg.architecture, " (",
+                                            std::string(MoeFamilyName(c.cfg.family)), ") expects"));
+  const std::vector<int64_t>& s = it->second->shape;
+  if (s.size() != 2 || s[0] != out || s[1] != in)
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has shape ", ShapeString(s),
+                                                   "; config.json implies [", out, ", ", in, "]"));
+  if (out % 128 != 0 || in % 128 != 0)
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has shape ", ShapeString(s),
+                                                   ": EXL3 needs both dimensions to be multiples of 128"));
+  const DType d = it->second->dtype;
+  if (!IsFloatWeight(d))
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has dtype ", std::string(DTypeName(d)),
+                                                   "; the converter reads BF16, F16 or F32 weights (dequantize FP8 ",
+                                                   "checkpoints first)"));
+  c.plan[name] = {bits, out, in};
+  return absl::OkStatus();
+}
+
+absl::Status PlanExperts(Conversion& c) {
+  const MoeConfig& cfg = c.cfg;
+  const int H = cfg.hidden_size;
+  for (int L : cfg.MoeLayers()) {
+    for (int e = 0; e < cfg.num_experts; ++e) {
+      const int I = cfg.moe_intermediate_size;
       for (Projection p : {Projection::kGate, Projection::kUp, Projection::kDown}) {
         const bool down = p == Projection::kDown;
-        absl::Status s = want(RoutedExpertPrefix(*cfg, L, e, p), down ? H : I, down ? I : H,
-                              BitsFor(options, true, down));
-        if (!s.ok()) return s;
+        EXL3_RETURN_IF_ERROR(PlanExpertLinear(c, RoutedExpertPrefix(cfg, L, e, p), down ? H : I, down ? I : H,
+                                              BitsFor(c.options, true, down)));
       }
     }
-    if (cfg->has_shared_expert() && options.quantize_shared) {
-      const int I = cfg->shared_intermediate_size;
+    if (cfg.has_shared_expert() && c.options.quantize_shared) {
+      const int I = cfg.shared_intermediate_size;
       for (Projection p : {Projection::kGate, Projection::kUp, Projection::kDown}) {
         const bool down = p == Projection::kDown;
-        absl::Status s = want(SharedExpertPrefix(*cfg, L, p), down ? H : I, down ? I : H,
-                              BitsFor(options, false, down));
-        if (!s.ok()) return s;
+        EXL3_RETURN_IF_ERROR(PlanExpertLinear(c, SharedExpertPrefix(cfg, L, p), down ? H : I, down ? I : H,
+                                              BitsFor(c.options, false, down)));
       }
     }
   }
+  return absl::OkStatus();
+}
 
-  // The other linears, as exllamav3 quantizes them: attention projections and dense MLPs at
-  // `bits` (dense down projections at `down_bits` when set), the head at `head_bits`. A linear
-  // EXL3 cannot hold (a dimension not a multiple of 128, a non-float dtype) stays as stored.
-  ConvertStats stats;
-  std::set<std::string> modules;  // of these three kinds, those with a quantized tensor
-  std::vector<std::string> kept_names;  // asked for, but not EXL3-able
-  auto optional_linear = [&](const std::string& name, int bits, const char* module) {
-    const TensorInfo& t = *info.at(name);
-    const bool shape_ok = t.shape[0] % 128 == 0 && t.shape[1] % 128 == 0;
-    if (!shape_ok || !IsFloatWeight(t.dtype)) {
-      stats.kept_linears.push_back(absl::StrCat(
-          name, " ", ShapeString(t.shape), " ", std::string(DTypeName(t.dtype)), ": ",
-          shape_ok ? "not BF16/F16/F32" : "dimensions not both multiples of 128",
-          ", kept as stored"));
-      kept_names.push_back(name);
-      return;
-    }
-    plan[name] = {bits, static_cast<int>(t.shape[0]), static_cast<int>(t.shape[1])};
-    modules.insert(module);
-  };
-  const std::string head_key = HeadWeightKey(*cfg);
-  for (const auto& [name, t] : info) {
+// A linear quantized where EXL3 can hold it; else kept as stored and said so.
+void PlanOptionalLinear(Conversion& c, const std::string& name, int bits, const char* module) {
+  const TensorInfo& t = *c.info.at(name);
+  const bool shape_ok = t.shape[0] % 128 == 0 && t.shape[1] % 128 == 0;
+  if (!shape_ok || !IsFloatWeight(t.dtype)) {
+    c.stats.kept_linears.push_back(absl::StrCat(name, " ", ShapeString(t.shape), " ", std::string(DTypeName(t.dtype)),
+                                                ": ", shape_ok ? "not BF16/F16/F32" : "dimensions not both multiples of 128",
+                                                ", kept as stored"));
+    c.kept_names.push_back(name);
+    return;
+  }
+  c.plan[name] = {bits, static_cast<int>(t.shape[0]), static_cast<int>(t.shape[1])};
+  c.modules.insert(module);
+}
+
+// The other linears, as exllamav3 quantizes them: attention projections and dense MLPs at `bits`
+// (dense down projections at `down_bits` when set), the head at `head_bits`. A linear EXL3 cannot
+// hold (a dimension not a multiple of 128, a non-float dtype) stays as stored.
+void PlanOtherLinears(Conversion& c) {
+  const MoeConfig& cfg = c.cfg;
+  const ConvertOptions& options = c.options;
+  const std::string head_key = HeadWeightKey(cfg);
+  for (const auto& [name, t] : c.info) {
     if (t->shape.size() != 2) continue;
     if (name == head_key) {
-      if (options.head_bits > 0) optional_linear(name, options.head_bits, "head");
+      if (options.head_bits > 0) PlanOptionalLinear(c, name, options.head_bits, "head");
       continue;
     }
     int layer = 0;
     std::string rest;
-    if (!SplitLayerKey(*cfg, name, &layer, &rest) || layer >= cfg->num_hidden_layers ||
-        !absl::EndsWith(rest, ".weight")) {
+    if (!SplitLayerKey(cfg, name, &layer, &rest) || layer >= cfg.num_hidden_layers || !absl::EndsWith(rest, ".weight"))
       continue;
-    }
-    if (rest == "self_attn.indexer.weights_proj.weight" || rest == "attn.indexer.weights_proj.weight") {
-      // DSA's and DeepSeek-V4's per-head indexer weights: a router-like [heads, hidden]
-      // projection that exllamav3 keeps unquantized (and transformers in fp32), like the routers.
-      continue;
-    }
-    if (IsKdaGateProjection(*cfg, rest)) continue;
+    // DSA's and DeepSeek-V4's per-head indexer weights: a router-like [heads, hidden] projection
+    // that exllamav3 keeps unquantized (and transformers in fp32), like the routers.
+    if (rest == "self_attn.indexer.weights_proj.weight" || rest == "attn.indexer.weights_proj.weight") continue;
+    if (IsKdaGateProjection(cfg, rest)) continue;
     // DeepSeek-V4 names its attention `attn.` (wq_a, wq_b, wkv, wo_a, wo_b, the compressors'
     // wkv / wgate, the indexer's wq_b); its grouped wo_a [groups * o_lora_rank, in / groups] is
     // one EXL3 linear, applied group by group (engine/dsv4_attention.h).
-    const bool v4_attention = cfg->family == MoeFamily::kDeepseekV4 && absl::StartsWith(rest, "attn.");
+    const bool v4_attention = cfg.family == MoeFamily::kDeepseekV4 && absl::StartsWith(rest, "attn.");
     if (absl::StartsWith(rest, "self_attn.") || absl::StartsWith(rest, "linear_attn.") || v4_attention) {
-      if (options.quantize_attention) optional_linear(name, options.bits, "attention");
-    } else if (!cfg->IsMoeLayer(layer) &&
-               (rest == "mlp.gate_proj.weight" || rest == "mlp.up_proj.weight" ||
-                rest == "mlp.down_proj.weight")) {
-      if (options.quantize_dense_mlp) {
-        optional_linear(name, BitsFor(options, false, rest == "mlp.down_proj.weight"), "dense_mlp");
-      }
+      if (options.quantize_attention) PlanOptionalLinear(c, name, options.bits, "attention");
+    } else if (!cfg.IsMoeLayer(layer) && (rest == "mlp.gate_proj.weight" || rest == "mlp.up_proj.weight" ||
+                                          rest == "mlp.down_proj.weight")) {
+      if (options.quantize_dense_mlp)
+        PlanOptionalLinear(c, name, BitsFor(options, false, rest == "mlp.down_proj.weight"), "dense_mlp");
     }
   }
-  const bool tied = cfg_json.contains("tie_word_embeddings") &&
-                    cfg_json["tie_word_embeddings"].is_boolean() &&
-                    cfg_json["tie_word_embeddings"].get<bool>();
-  if (options.head_bits > 0 && info.count(head_key) == 0) {
-    stats.kept_linears.push_back(
-        tied ? "lm_head: none (tie_word_embeddings: the head is model.embed_tokens, kept as stored)"
-             : absl::StrCat("lm_head: no ", head_key, " tensor, no head quantized"));
+  const bool tied = c.cfg_json.contains("tie_word_embeddings") && c.cfg_json["tie_word_embeddings"].is_boolean() &&
+                    c.cfg_json["tie_word_embeddings"].get<bool>();
+  if (options.head_bits > 0 && c.info.count(head_key) == 0) {
+    c.stats.kept_linears.push_back(tied ? "lm_head: none (tie_word_embeddings: the head is model.embed_tokens, kept "
+                                          "as stored)"
+                                        : absl::StrCat("lm_head: no ", head_key, " tensor, no head quantized"));
   }
+}
 
-  // What identifies this conversion: a shard written under other options is redone.
-  json fp = {{"bits", options.bits},
-             {"expert_bits", options.expert_bits},
-             {"down_bits", options.down_bits},
-             {"codebook", std::string(CodebookName(options.codebook))},
-             {"seed", options.seed},
-             {"quantize_shared", options.quantize_shared},
-             {"quantize_attention", options.quantize_attention},
-             {"quantize_dense_mlp", options.quantize_dense_mlp},
-             {"head_bits", options.head_bits},
-             {"scale_search", options.scale_search}};
+// What identifies this conversion: a shard written under other options is redone.
+json Fingerprint(const ConvertOptions& options) {
+  return {{"bits", options.bits},
+          {"expert_bits", options.expert_bits},
+          {"down_bits", options.down_bits},
+          {"codebook", std::string(CodebookName(options.codebook))},
+          {"seed", options.seed},
+          {"quantize_shared", options.quantize_shared},
+          {"quantize_attention", options.quantize_attention},
+          {"quantize_dense_mlp", options.quantize_dense_mlp},
+          {"head_bits", options.head_bits},
+          {"scale_search", options.scale_search}};
+}
 
-  fs::create_directories(out_dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", output_dir, ": ", ec.message()));
+uint64_t Tiles(const Planned& p) { return static_cast<uint64_t>(p.out / 16) * (p.in / 16); }
 
-  uint64_t total_tiles = 0;
-  for (const auto& [name, p] : plan) total_tiles += static_cast<uint64_t>(p.out / 16) * (p.in / 16);
-  ProgressBar bar("exl3-tool quantize", total_tiles, options.progress);
-  stats.shards_total = static_cast<int>(files.size());
-  double mse_sum = 0;
-  json weight_map = json::object();
-
-  for (size_t si = 0; si < files.size(); ++si) {
-    const SafetensorsFile& in = *files[si];
-    const std::string shard_name = (*shards)[si];
-    const fs::path out_path = out_dir / shard_name;
-    json shard_fp = fp;
-    shard_fp["input_bytes"] = fs::file_size(in_dir / shard_name, ec);
-    const std::string fingerprint = shard_fp.dump();
-    uint64_t shard_tiles = 0;
-    for (const TensorInfo& t : in.tensors()) {
-      auto it = plan.find(t.name);
-      if (it != plan.end()) shard_tiles += static_cast<uint64_t>(it->second.out / 16) * (it->second.in / 16);
-    }
-    const std::string progress_prefix = absl::StrCat("shard ", si + 1, "/", files.size());
-
-    // Restart: a complete shard from the same conversion is kept.
-    if (fs::exists(out_path, ec)) {
-      absl::StatusOr<std::unique_ptr<SafetensorsFile>> done = SafetensorsFile::Open(out_path.string());
-      if (done.ok()) {
-        auto m = (*done)->metadata().find(kFingerprintKey);
-        if (m != (*done)->metadata().end() && m->second == fingerprint) {
-          for (const TensorInfo& t : (*done)->tensors()) weight_map[t.name] = shard_name;
-          ++stats.shards_skipped;
-          bar.Add(shard_tiles, progress_prefix + " already complete");
-          continue;
-        }
-      }
-    }
-
-    SafetensorsStreamWriter w;
-    w.AddMetadata("format", "pt");
-    w.AddMetadata(kFingerprintKey, fingerprint);
-    for (const TensorInfo& t : in.tensors()) {
-      auto it = plan.find(t.name);
-      if (it == plan.end()) {
-        w.Declare(t.name, t.dtype, t.shape);
-        continue;
-      }
-      const Planned& p = it->second;
-      const std::string prefix = t.name.substr(0, t.name.size() - 7);  // drop ".weight"
-      w.Declare(prefix + ".trellis", DType::kI16, {p.in / 16, p.out / 16, 16 * p.bits});
-      w.Declare(prefix + ".suh", DType::kF16, {p.in});
-      w.Declare(prefix + ".svh", DType::kF16, {p.out});
-      std::string suffix;
-      int32_t flag;
-      if (CodebookFlag(options.codebook, &suffix, &flag)) w.Declare(prefix + "." + suffix, DType::kI32, {});
-    }
-    absl::Status s = w.Open(out_path.string());
-    if (!s.ok()) return s;
-    for (const TensorInfo& t : in.tensors()) {
-      absl::StatusOr<TensorView> v = in.Get(t.name);
-      if (!v.ok()) return v.status();
-      auto it = plan.find(t.name);
-      if (it == plan.end()) {
-        s = w.Write(t.name, v->data, v->size_bytes());
-        if (!s.ok()) return s;
-        ++stats.tensors_copied;
-        continue;
-      }
-      const Planned& p = it->second;
-      const std::string prefix = t.name.substr(0, t.name.size() - 7);
-      bar.SetDetail(absl::StrCat(progress_prefix, " ", prefix));
-      LayerQuantOptions lo;
-      lo.bits = p.bits;
-      lo.codebook = options.codebook;
-      lo.seed = TensorSeed(options.seed, prefix);
-      lo.threads = options.threads;
-      lo.scale_search = options.scale_search;
-      absl::StatusOr<QuantizedLayer> q = QuantizeLinearTensor(*v, lo);
-      if (!q.ok()) {
-        return absl::Status(q.status().code(), absl::StrCat(in.path(), ": ", q.status().message()));
-      }
-      for (auto [suffix, vec] : {std::pair<const char*, const std::vector<uint16_t>*>{"trellis", &q->trellis},
-                                 {"suh", &q->suh}, {"svh", &q->svh}}) {
-        s = w.Write(prefix + "." + suffix, vec->data(), vec->size() * 2);
-        if (!s.ok()) return s;
-      }
-      std::string suffix;
-      int32_t flag;
-      if (CodebookFlag(options.codebook, &suffix, &flag)) {
-        s = w.Write(prefix + "." + suffix, &flag, 4);
-        if (!s.ok()) return s;
-      }
-      ++stats.tensors_quantized;
-      mse_sum += q->relative_mse;
-      bar.Add(static_cast<uint64_t>(p.out / 16) * (p.in / 16));
-    }
-    s = w.Finish();
-    if (!s.ok()) return s;
-    absl::StatusOr<std::unique_ptr<SafetensorsFile>> done = SafetensorsFile::Open(out_path.string());
-    if (!done.ok()) return done.status();
-    for (const TensorInfo& t : (*done)->tensors()) weight_map[t.name] = shard_name;
-  }
-  bar.Finish();
-
-  // Index over all output shards.
-  for (const std::string& s : *shards) stats.output_bytes += fs::file_size(out_dir / s, ec);
-  json index = {{"metadata", {{"total_size", stats.output_bytes}}}, {"weight_map", weight_map}};
-  absl::Status s = WriteTextAtomic(out_dir / "model.safetensors.index.json", index.dump(2) + "\n");
-  if (!s.ok()) return s;
-
-  // Other files (tokenizer, generation config, ...), unchanged.
-  for (const auto& e : fs::directory_iterator(in_dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (!e.is_regular_file() || e.path().extension() == ".safetensors" ||
-        name == "model.safetensors.index.json" || name == "config.json" ||
-        (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0)) {
+// Every output tensor of shard `si` declared: planned ones as EXL3 (trellis, suh, svh, codebook flag).
+void DeclareShard(const Conversion& c, const SafetensorsFile& in, SafetensorsStreamWriter& w) {
+  for (const TensorInfo& t : in.tensors()) {
+    auto it = c.plan.find(t.name);
+    if (it == c.plan.end()) {
+      w.Declare(t.name, t.dtype, t.shape);
       continue;
     }
-    fs::copy_file(e.path(), out_dir / name, fs::copy_options::overwrite_existing, ec);
+    const Planned& p = it->second;
+    const std::string prefix = t.name.substr(0, t.name.size() - 7);  // drop ".weight"
+    w.Declare(prefix + ".trellis", DType::kI16, {p.in / 16, p.out / 16, 16 * p.bits});
+    w.Declare(prefix + ".suh", DType::kF16, {p.in});
+    w.Declare(prefix + ".svh", DType::kF16, {p.out});
+    std::string suffix;
+    int32_t flag;
+    if (CodebookFlag(c.options.codebook, &suffix, &flag)) w.Declare(prefix + "." + suffix, DType::kI32, {});
+  }
+}
+
+// One planned tensor quantized and written.
+absl::Status QuantizeInto(Conversion& c, const SafetensorsFile& in, const TensorView& v, const Planned& p,
+                          SafetensorsStreamWriter& w) {
+  const std::string prefix = v.info->name.substr(0, v.info->name.size() - 7);
+  LayerQuantOptions lo;
+  lo.bits = p.bits;
+  lo.codebook = c.options.codebook;
+  lo.seed = TensorSeed(c.options.seed, prefix);
+  lo.threads = c.options.threads;
+  lo.scale_search = c.options.scale_search;
+  absl::StatusOr<QuantizedLayer> q = QuantizeLinearTensor(v, lo);
+  if (!q.ok()) return absl::Status(q.status().code(), absl::StrCat(in.path(), ": ", q.status().message()));
+  for (auto [suffix, vec] : {std::pair<const char*, const std::vector<uint16_t>*>{"trellis", &q->trellis},
+                             {"suh", &q->suh}, {"svh", &q->svh}}) {
+    EXL3_RETURN_IF_ERROR(w.Write(prefix + "." + suffix, vec->data(), vec->size() * 2));
+  }
+  std::string suffix;
+  int32_t flag;
+  if (CodebookFlag(c.options.codebook, &suffix, &flag)) EXL3_RETURN_IF_ERROR(w.Write(prefix + "." + suffix, &flag, 4));
+  ++c.stats.tensors_quantized;
+  c.mse_sum += q->relative_mse;
+  return absl::OkStatus();
+}
+
+// Shard `si` into the output directory, or kept where a complete one from the same conversion is there.
+absl::Status ConvertShard(Conversion& c, size_t si, ProgressBar& bar) {
+  const SafetensorsFile& in = *c.files[si];
+  const std::string& shard_name = c.shards[si];
+  const fs::path out_path = c.out_dir / shard_name;
+  std::error_code ec;
+  json shard_fp = Fingerprint(c.options);
+  shard_fp["input_bytes"] = fs::file_size(c.in_dir / shard_name, ec);
+  const std::string fingerprint = shard_fp.dump();
+  uint64_t shard_tiles = 0;
+  for (const TensorInfo& t : in.tensors()) {
+    auto it = c.plan.find(t.name);
+    if (it != c.plan.end()) shard_tiles += Tiles(it->second);
+  }
+  const std::string progress_prefix = absl::StrCat("shard ", si + 1, "/", c.files.size());
+  if (fs::exists(out_path, ec)) {  // a restart
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> done = SafetensorsFile::Open(out_path.string());
+    if (done.ok()) {
+      auto m = (*done)->metadata().find(kFingerprintKey);
+      if (m != (*done)->metadata().end() && m->second == fingerprint) {
+        for (const TensorInfo& t : (*done)->tensors()) c.weight_map[t.name] = shard_name;
+        ++c.stats.shards_skipped;
+        bar.Add(shard_tiles, progress_prefix + " already complete");
+        return absl::OkStatus();
+      }
+    }
+  }
+  SafetensorsStreamWriter w;
+  w.AddMetadata("format", "pt");
+  w.AddMetadata(kFingerprintKey, fingerprint);
+  DeclareShard(c, in, w);
+  EXL3_RETURN_IF_ERROR(w.Open(out_path.string()));
+  for (const TensorInfo& t : in.tensors()) {
+    EXL3_ASSIGN_OR_RETURN(TensorView v, in.Get(t.name));
+    auto it = c.plan.find(t.name);
+    if (it == c.plan.end()) {
+      EXL3_RETURN_IF_ERROR(w.Write(t.name, v.data, v.size_bytes()));
+      ++c.stats.tensors_copied;
+      continue;
+    }
+    bar.SetDetail(absl::StrCat(progress_prefix, " ", t.name.substr(0, t.name.size() - 7)));
+    EXL3_RETURN_IF_ERROR(QuantizeInto(c, in, v, it->second, w));
+    bar.Add(Tiles(it->second));
+  }
+  EXL3_RETURN_IF_ERROR(w.Finish());
+  EXL3_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> done, SafetensorsFile::Open(out_path.string()));
+  for (const TensorInfo& t : done->tensors()) c.weight_map[t.name] = shard_name;
+  return absl::OkStatus();
+}
+
+// The index over every output shard, the input's other files (tokenizer, generation config, ...)
+// unchanged, and the content digest of every output tensor (model/weight_digest.h: the model
+// fingerprint covers the weights, and a loader finds a file changed after conversion).
+absl::Status WriteIndexAndCompanions(Conversion& c) {
+  std::error_code ec;
+  for (const std::string& s : c.shards) c.stats.output_bytes += fs::file_size(c.out_dir / s, ec);
+  json index = {{"metadata", {{"total_size", c.stats.output_bytes}}}, {"weight_map", c.weight_map}};
+  EXL3_RETURN_IF_ERROR(WriteTextAtomic(c.out_dir / "model.safetensors.index.json", index.dump(2) + "\n"));
+  for (const auto& e : fs::directory_iterator(c.in_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file() || e.path().extension() == ".safetensors" || name == "model.safetensors.index.json" ||
+        name == "config.json" || absl::EndsWith(name, ".tmp")) {
+      continue;
+    }
+    fs::copy_file(e.path(), c.out_dir / name, fs::copy_options::overwrite_existing, ec);
     if (ec) return absl::InternalError(absl::StrCat("cannot copy ", name, ": ", ec.message()));
   }
+  return WriteWeightDigests(c.out_dir.string());
+}
 
-  // The content digest of every output tensor (model/weight_digest.h): the model fingerprint
-  // covers the weights, and a loader finds a file changed after conversion.
-  s = WriteWeightDigests(out_dir.string());
-  if (!s.ok()) return s;
-
-  // config.json last: its quantization_config marks a finished conversion.
+// config.json with its quantization_config: written last, it marks a finished conversion.
+absl::Status WriteQuantizedConfig(Conversion& c) {
+  const ConvertOptions& options = c.options;
   const int eb = BitsFor(options, true, false), db = BitsFor(options, true, true);
-  const bool shared = options.quantize_shared && cfg->has_shared_expert();
+  const bool shared = options.quantize_shared && c.cfg.has_shared_expert();
   std::vector<std::string> quantized = {"routed_experts"};
   if (shared) quantized.push_back("shared_experts");
-  for (const char* m : {"attention", "dense_mlp", "head"}) {
-    if (modules.count(m)) quantized.push_back(m);
-  }
+  for (const char* m : {"attention", "dense_mlp", "head"})
+    if (c.modules.count(m)) quantized.push_back(m);
   json q = {{"quant_method", "exl3"},
             {"version", kVersion},
             {"bits", json::parse(BitsJson((2.0 * eb + db) / 3.0))},
@@ -452,15 +440,39 @@ absl::StatusOr<ConvertStats> ConvertCheckpoint(const std::string& input_dir,
             {"quantized_modules", absl::StrJoin(quantized, ",")}};
   if (options.down_bits > 0) q["down_bits"] = options.down_bits;
   if (shared) q["shared_expert_bits"] = BitsFor(options, false, false);
-  if (modules.count("attention")) q["attention_bits"] = options.bits;
-  if (modules.count("dense_mlp")) q["dense_mlp_bits"] = BitsFor(options, false, false);
-  if (modules.count("head")) q["head_bits"] = options.head_bits;
-  if (!kept_names.empty()) q["unquantized_linears"] = kept_names;
-  cfg_json["quantization_config"] = q;
-  s = WriteTextAtomic(out_dir / "config.json", cfg_json.dump(2) + "\n");
-  if (!s.ok()) return s;
-  if (stats.tensors_quantized > 0) stats.mean_relative_mse = mse_sum / stats.tensors_quantized;
-  return stats;
+  if (c.modules.count("attention")) q["attention_bits"] = options.bits;
+  if (c.modules.count("dense_mlp")) q["dense_mlp_bits"] = BitsFor(options, false, false);
+  if (c.modules.count("head")) q["head_bits"] = options.head_bits;
+  if (!c.kept_names.empty()) q["unquantized_linears"] = c.kept_names;
+  c.cfg_json["quantization_config"] = q;
+  return WriteTextAtomic(c.out_dir / "config.json", c.cfg_json.dump(2) + "\n");
+}
+
+}  // namespace
+
+absl::StatusOr<ConvertStats> ConvertCheckpoint(const std::string& input_dir, const std::string& output_dir,
+                                               const ConvertOptions& options) {
+  EXL3_RETURN_IF_ERROR(CheckOptions(options));
+  Conversion c(input_dir, output_dir, options);
+  std::error_code ec;
+  if (!fs::is_directory(c.in_dir, ec)) return absl::NotFoundError(absl::StrCat(input_dir, " is not a directory"));
+  if (fs::exists(c.out_dir, ec) && fs::equivalent(c.in_dir, c.out_dir, ec))
+    return absl::InvalidArgumentError("the output directory must differ from the input directory");
+  EXL3_RETURN_IF_ERROR(ReadSource(c));
+  EXL3_RETURN_IF_ERROR(PlanExperts(c));
+  PlanOtherLinears(c);
+  fs::create_directories(c.out_dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", output_dir, ": ", ec.message()));
+  uint64_t total_tiles = 0;
+  for (const auto& [name, p] : c.plan) total_tiles += Tiles(p);
+  ProgressBar bar("exl3-tool quantize", total_tiles, options.progress);
+  c.stats.shards_total = static_cast<int>(c.files.size());
+  for (size_t si = 0; si < c.files.size(); ++si) EXL3_RETURN_IF_ERROR(ConvertShard(c, si, bar));
+  bar.Finish();
+  EXL3_RETURN_IF_ERROR(WriteIndexAndCompanions(c));
+  EXL3_RETURN_IF_ERROR(WriteQuantizedConfig(c));
+  if (c.stats.tensors_quantized > 0) c.stats.mean_relative_mse = c.mse_sum / c.stats.tensors_quantized;
+  return c.stats;
 }
 
 }  // namespace exl3
