@@ -22,14 +22,16 @@ int64_t RecurrentLayerStates::StateOffset(const ModelConfig& cfg, int layer) {
 }
 
 absl::Status RecurrentLayerStates::BeginStep(const StepBatch& batch, StreamHandle stream) {
-  if (states_ == nullptr) return absl::FailedPreconditionError("recurrent layers: a step before the state store is allocated");
+  if (states_ == nullptr)
+    return absl::FailedPreconditionError("recurrent layers: a step before the state store is allocated");
   return states_->BeginStep(batch, stream);
 }
 
 void RecurrentLayerStates::CommitStep(const StepBatch& batch) { states_->CommitStep(batch); }
 
 absl::Status RecurrentLayerStates::Pack(const StepTokens& tokens, int rows, std::vector<int32_t>* facts) {
-  if (states_ == nullptr) return absl::FailedPreconditionError("recurrent layers: a step before the state store is allocated");
+  if (states_ == nullptr)
+    return absl::FailedPreconditionError("recurrent layers: a step before the state store is allocated");
   if (rows < tokens.num_tokens)
     return absl::InvalidArgumentError(absl::StrCat("recurrent layers: a step of ", tokens.num_tokens,
                                                    " tokens packed in ", rows, " rows"));

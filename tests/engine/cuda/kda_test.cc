@@ -259,7 +259,8 @@ TEST_P(KdaLayerTest, MatchesTheCpuLayerThroughPrefillDecodePrefill) {
       DeviceArray<float> d_x = ToDevice(x), d_out;
       ASSERT_TRUE(d_out.Reserve(x.size()).ok());
       for (const auto& [first, n] : {std::pair<int, int>{0, split}, std::pair<int, int>{split, rows - split}}) {
-        const absl::Status st = gpu[li]->Forward(d_x.get(), first, n, gpu_states.StepFor(first, n), ws, ctx, d_out.get());
+        const absl::Status st =
+            gpu[li]->Forward(d_x.get(), first, n, gpu_states.StepFor(first, n), ws, ctx, d_out.get());
         ASSERT_TRUE(st.ok()) << st;
       }
       const std::vector<float> got = ToHost(d_out, static_cast<size_t>(T) * H);
