@@ -78,7 +78,7 @@ int64_t CudaGatedDeltaNet::weight_bytes() const {
          static_cast<int64_t>(conv_weight_.size() * sizeof(float));
 }
 
-absl::Status CudaGatedDeltaNet::Forward(const float* x, int first, int n, const DeltaNetStep& step,
+absl::Status CudaGatedDeltaNet::Forward(const float* x, int first, int n, const RecurrentStep& step,
                                         DeltaNetWorkspace& ws, const CudaLinearContext& ctx,
                                         float* out) const {
   if (n <= 0) return absl::OkStatus();
@@ -89,7 +89,7 @@ absl::Status CudaGatedDeltaNet::Forward(const float* x, int first, int n, const 
   const CudaLinear* in[2] = {&qkvz_, &ba_};
   float* const in_out[2] = {qkvz + r * dims_.qkvz_width(), ba + r * 2 * NV};
   EXL3_RETURN_IF_ERROR(CudaLinear::ForwardShared(in, 2, x + r * hidden_, n, in_out, ctx));
-  DeltaNetChunks chunks = step.chunks;
+  RecurrentChunks chunks = step.chunks;
   chunks.states = step.store + state_offset_;
   EXL3_RETURN_IF_ERROR(DeltaNetConv(qkvz, conv_weight_.get(), dims_, chunks, first, n,
                                     ws.conv_out.get(), ctx.stream));

@@ -20,6 +20,7 @@
 #include "engine/cuda/cuda_linear.h"
 #include "engine/cuda/deltanet_kernels.h"
 #include "engine/cuda/device_array.h"
+#include "engine/cuda/recurrent_chunks.h"
 #include "engine/model_config.h"
 #include "model/safetensors.h"
 
@@ -33,13 +34,6 @@ struct DeltaNetWorkspace {
   absl::Status Reserve(const LinearAttentionConfig& shape, int num_tokens, bool* moved);
 };
 
-// The step's chunk facts on the device and which part of the step a call runs.
-struct DeltaNetStep {
-  DeltaNetChunks chunks;   // `states` left null: the layer points it at its own part of row 0
-  float* store = nullptr;  // row 0 of the state store (DeviceSequenceStates::layer(0))
-  int first_chunk = 0, num_chunks = 0;  // the chunks of rows [first, first + n), whole
-};
-
 class CudaGatedDeltaNet {
  public:
   // `state_offset`: the first float of this layer's state within a store row
@@ -49,7 +43,7 @@ class CudaGatedDeltaNet {
                                                                  int64_t state_offset);
   // out rows [first, first + n) of [step tokens, hidden] from the same rows of x (normed); the
   // step's chunks [first_chunk, first_chunk + num_chunks) are exactly those rows' chunks.
-  absl::Status Forward(const float* x, int first, int n, const DeltaNetStep& step,
+  absl::Status Forward(const float* x, int first, int n, const RecurrentStep& step,
                        DeltaNetWorkspace& ws, const CudaLinearContext& ctx, float* out) const;
 
   DeltaNetDims dims() const { return dims_; }

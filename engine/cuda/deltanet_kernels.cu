@@ -46,8 +46,8 @@ struct Chunk {
   int first, tokens, read_row, write_row;
 };
 
-__device__ __forceinline__ Chunk LoadChunk(const DeltaNetChunks& ch, int c) {
-  const int32_t* e = ch.table + static_cast<size_t>(c) * kDeltaNetChunkInts;
+__device__ __forceinline__ Chunk LoadChunk(const RecurrentChunks& ch, int c) {
+  const int32_t* e = ch.table + static_cast<size_t>(c) * kRecurrentChunkInts;
   return Chunk{e[0], e[1], e[2], e[3]};
 }
 
@@ -65,7 +65,7 @@ __device__ __forceinline__ float WindowInput(const float* qkvz, const DeltaNetDi
 // [first, first + n). qkvz [tokens, qkvz_width]; conv_weight [C, K]; conv_out [tokens, C]; the
 // conv state read from each token's chunk's read_row.
 __global__ void ConvKernel(const float* __restrict__ qkvz, const float* __restrict__ conv_weight,
-                           DeltaNetDims d, DeltaNetChunks chunks, int first, int n,
+                           DeltaNetDims d, RecurrentChunks chunks, int first, int n,
                            float* __restrict__ conv_out) {
   const int C = d.conv_channels(), K = d.conv_kernel;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -83,7 +83,7 @@ __global__ void ConvKernel(const float* __restrict__ qkvz, const float* __restri
 // grid ceil(num_chunks * C / kThreads), block kThreads: one thread per (chunk, channel). The
 // chunk's new conv state [K - 1, C] at its write_row.
 __global__ void ConvStateKernel(const float* __restrict__ qkvz, DeltaNetDims d,
-                                DeltaNetChunks chunks, int first_chunk, int num_chunks) {
+                                RecurrentChunks chunks, int first_chunk, int num_chunks) {
   const int C = d.conv_channels(), K = d.conv_kernel;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (item >= static_cast<int64_t>(num_chunks) * C) return;
@@ -140,7 +140,7 @@ size_t RecurrenceSharedBytes(const DeltaNetDims& d) {
 // Each thread reads and writes only its own column of S; the syncs guard k and q.
 __global__ void RecurrenceKernel(const float* __restrict__ conv_out, const float* __restrict__ beta,
                                  const float* __restrict__ decay, DeltaNetDims d,
-                                 DeltaNetChunks chunks, int first_chunk, float* __restrict__ core) {
+                                 RecurrentChunks chunks, int first_chunk, float* __restrict__ core) {
   extern __shared__ float smem[];
   const int NV = d.num_value_heads, DK = d.key_head_dim, DV = d.value_head_dim;
   const int C = d.conv_channels(), KD = d.key_dim();
@@ -211,7 +211,7 @@ unsigned Blocks(int64_t items, int per_block) {
 }  // namespace
 
 absl::Status DeltaNetConv(const float* qkvz, const float* conv_weight, const DeltaNetDims& dims,
-                          const DeltaNetChunks& chunks, int first, int n, float* conv_out,
+                          const RecurrentChunks& chunks, int first, int n, float* conv_out,
                           StreamHandle stream) {
   if (n <= 0) return absl::OkStatus();
   ConvKernel<<<Blocks(static_cast<int64_t>(n) * dims.conv_channels(), kThreads), kThreads, 0,
@@ -220,7 +220,7 @@ absl::Status DeltaNetConv(const float* qkvz, const float* conv_weight, const Del
 }
 
 absl::Status DeltaNetConvState(const float* qkvz, const DeltaNetDims& dims,
-                               const DeltaNetChunks& chunks, int first_chunk, int num_chunks,
+                               const RecurrentChunks& chunks, int first_chunk, int num_chunks,
                                StreamHandle stream) {
   if (num_chunks <= 0 || dims.conv_kernel < 2) return absl::OkStatus();
   ConvStateKernel<<<Blocks(static_cast<int64_t>(num_chunks) * dims.conv_channels(), kThreads),
@@ -239,7 +239,7 @@ absl::Status DeltaNetNormAndGates(float* conv_out, const float* ba, const float*
 }
 
 absl::Status DeltaNetRecurrence(const float* conv_out, const float* beta, const float* decay,
-                                const DeltaNetDims& dims, const DeltaNetChunks& chunks,
+                                const DeltaNetDims& dims, const RecurrentChunks& chunks,
                                 int first_chunk, int num_chunks, float* core, StreamHandle stream) {
   if (num_chunks <= 0) return absl::OkStatus();
   RecurrenceKernel<<<static_cast<unsigned>(num_chunks) * dims.num_value_heads,

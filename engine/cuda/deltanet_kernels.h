@@ -5,7 +5,7 @@
 // token (one block per (chunk, value head) with S in shared memory), the gated RMSNorm · SiLU(z).
 // Host launchers only: this header includes no CUDA header. Every pointer is device memory, every
 // launch goes on `stream` and none synchronises; which state each chunk reads and writes comes
-// from device arrays (DeltaNetChunks), so a decode step's launches can be captured in a CUDA graph
+// from device arrays (RecurrentChunks), so a decode step's launches can be captured in a CUDA graph
 // and replayed with other slots.
 //
 // Token rows are the step's (global) rows: a launch runs rows [first, first + n) and chunks
@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "engine/cuda/engine_kernels.h"
+#include "engine/cuda/recurrent_chunks.h"
 
 // The shape's helpers compile for the kernels too (nvcc) without a CUDA header here.
 #if defined(__CUDACC__)
@@ -40,19 +41,9 @@ struct DeltaNetDims {
   }
 };
 
-// Where each chunk's state is. The state store (engine/cuda/device_sequence_states.h) is rows of
-// row_floats floats (one copy of one slot, every layer); `states` points at this layer's part of
-// row 0, so chunk c reads states + table[c].read_row * row_floats and writes at write_row: the
-// conv state [conv_kernel - 1, conv_channels] (oldest input first), then S [num_value_heads,
+// The state of each chunk (engine/cuda/recurrent_chunks.h) at this layer's part of a store row:
+// the conv state [conv_kernel - 1, conv_channels] (oldest input first), then S [num_value_heads,
 // key_head_dim, value_head_dim], as the CPU store lays them out.
-struct DeltaNetChunks {
-  const int32_t* chunk_of = nullptr;  // [step tokens]: the token's chunk (row of `table`)
-  // [chunks, 4] int32: first token (a step row), tokens, state row read, state row written.
-  const int32_t* table = nullptr;
-  float* states = nullptr;
-  int64_t row_floats = 0;
-};
-constexpr int kDeltaNetChunkInts = 4;
 
 // conv_out[t, c] = silu(Σ_i w[c, i] · u(j + i, c)) for rows t in [first, first + n), where j is t's
 // index in its chunk and u(i, c) the chunk's window: the conv state's input i for i < K - 1, else
@@ -61,14 +52,14 @@ constexpr int kDeltaNetChunkInts = 4;
 // [step tokens, conv_channels] fp32 in conv order (q of every key head | k | v of every value
 // head).
 absl::Status DeltaNetConv(const float* qkvz, const float* conv_weight, const DeltaNetDims& dims,
-                          const DeltaNetChunks& chunks, int first, int n, float* conv_out,
+                          const RecurrentChunks& chunks, int first, int n, float* conv_out,
                           StreamHandle stream);
 
 // The conv state each chunk of [first_chunk, first_chunk + num_chunks) leaves: the last K - 1
 // inputs of its window, written to its write_row (read from its read_row where the chunk is
 // shorter than K - 1). qkvz as above.
 absl::Status DeltaNetConvState(const float* qkvz, const DeltaNetDims& dims,
-                               const DeltaNetChunks& chunks, int first_chunk, int num_chunks,
+                               const RecurrentChunks& chunks, int first_chunk, int num_chunks,
                                StreamHandle stream);
 
 // In place over conv_out [step tokens, conv_channels] rows [first, first + n): q and k of every key
@@ -85,7 +76,7 @@ absl::Status DeltaNetNormAndGates(float* conv_out, const float* ba, const float*
 // core[t, h] = Sᵀq; S to the write_row. conv_out (normalised), beta, decay as above; core
 // [step tokens, num_value_heads, value_head_dim] fp32.
 absl::Status DeltaNetRecurrence(const float* conv_out, const float* beta, const float* decay,
-                                const DeltaNetDims& dims, const DeltaNetChunks& chunks,
+                                const DeltaNetDims& dims, const RecurrentChunks& chunks,
                                 int first_chunk, int num_chunks, float* core, StreamHandle stream);
 
 // In place over core rows [first, first + n): each value head's vector rmsnorm(o) · w · silu(z),

@@ -47,7 +47,7 @@ class DeviceSequenceStates {
   int32_t padding_read_row() const { return num_slots() * kCopies; }
   int32_t padding_write_row() const { return num_slots() * kCopies + 1; }
   int64_t row_floats() const { return row_floats_; }
-  // Layer l's part of row 0 (DeltaNetChunks::states).
+  // Layer l's part of row 0 (RecurrentChunks::states).
   float* layer(int l) const { return data_.get() + layer_offset_[l]; }
 
  private:

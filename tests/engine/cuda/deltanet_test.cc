@@ -22,6 +22,7 @@
 #include "engine/cuda/cuda_gated_deltanet.h"
 #include "engine/cuda/cuda_model.h"
 #include "engine/cuda/device_sequence_states.h"
+#include "engine/cuda/recurrent_layer_states.h"
 #include "engine/engine.h"
 #include "engine/gated_deltanet.h"
 #include "engine/local_moe.h"
@@ -41,23 +42,6 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // The layer against the CPU layer.
 
-// The DeltaNet chunk table of a flattened step, as CudaModel::PrepareStep packs it.
-void PackChunks(const StepTokens& tokens, const DeviceSequenceStates& states,
-                std::vector<int32_t>* chunk_of, std::vector<int32_t>* table) {
-  chunk_of->assign(tokens.num_tokens, 0);
-  table->clear();
-  int chunks = 0;
-  for (int t = 0; t < tokens.num_tokens; ++t) {
-    if (t == 0 || tokens.chunk_of[t] != tokens.chunk_of[t - 1]) {
-      const int slot = tokens.batch->chunks[tokens.chunk_of[t]].state_slot;
-      table->insert(table->end(), {t, 0, states.ReadRow(slot), states.WriteRow(slot)});
-      ++chunks;
-    }
-    (*table)[table->size() - kDeltaNetChunkInts + 1] += 1;
-    (*chunk_of)[t] = chunks - 1;
-  }
-}
-
 TEST(DeltaNetKernelsTest, LayerMatchesTheCpuLayerThroughPrefillDecodePrefill) {
   REQUIRE_GPU();
   // The experts variant: the DeltaNet's projections are bf16 (dense on both engines, fp32 sums),
@@ -76,8 +60,9 @@ TEST(DeltaNetKernelsTest, LayerMatchesTheCpuLayerThroughPrefillDecodePrefill) {
   const int64_t state_floats = cfg->StateFloats(0);
   auto cpu_states = SequenceStateStore::Create({state_floats}, kSlots);
   ASSERT_TRUE(cpu_states.ok()) << cpu_states.status();
-  auto gpu_states = DeviceSequenceStates::Create({state_floats}, kSlots);
-  ASSERT_TRUE(gpu_states.ok()) << gpu_states.status();
+  RecurrentLayerStates gpu_layer_states;  // every recurrent layer's; layer 0's first in a row
+  ASSERT_TRUE(gpu_layer_states.Allocate(*cfg, kSlots).ok());
+  const DeviceSequenceStates* gpu_states = gpu_layer_states.store();
   CpuCompute compute(2);
   cublasHandle_t handle;
   ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
@@ -125,32 +110,27 @@ TEST(DeltaNetKernelsTest, LayerMatchesTheCpuLayerThroughPrefillDecodePrefill) {
     ASSERT_TRUE((*cpu)->Forward(x.data(), tokens, **cpu_states, want.data(), compute).ok());
     (*cpu_states)->CommitStep(batch);
 
-    ASSERT_TRUE((*gpu_states)->BeginStep(batch, nullptr).ok());
-    std::vector<int32_t> chunk_of, table;
-    PackChunks(tokens, **gpu_states, &chunk_of, &table);
-    DeviceArray<int32_t> d_chunk_of = ToDevice(chunk_of), d_table = ToDevice(table);
+    ASSERT_TRUE(gpu_layer_states.BeginStep(batch, nullptr).ok());
+    std::vector<int32_t> facts;
+    ASSERT_TRUE(gpu_layer_states.Pack(tokens, T, &facts).ok());
+    DeviceArray<int32_t> d_facts = ToDevice(facts);
+    gpu_layer_states.Bind(T, d_facts.get());
     bool moved = false;
     ASSERT_TRUE(ws.Reserve(cfg->linear_attention, T, &moved).ok());
-    DeltaNetStep step;
-    step.chunks.chunk_of = d_chunk_of.get();
-    step.chunks.table = d_table.get();
-    step.chunks.row_floats = (*gpu_states)->row_floats();
-    step.store = (*gpu_states)->layer(0);
-    step.first_chunk = 0;
-    step.num_chunks = static_cast<int>(table.size()) / kDeltaNetChunkInts;
+    const RecurrentStep step = gpu_layer_states.StepFor(0, T);
     DeviceArray<float> d_x = ToDevice(x), d_out;
     ASSERT_TRUE(d_out.Reserve(x.size()).ok());
     ASSERT_TRUE((*gpu)->Forward(d_x.get(), 0, T, step, ws, ctx, d_out.get()).ok());
     const std::vector<float> got = ToHost(d_out, x.size());
-    (*gpu_states)->CommitStep(batch);
+    gpu_layer_states.CommitStep(batch);
 
     // Every slot's state as the step left it (the current copies after the commit).
     double state_rel = 0;
     for (const auto& [seq, n] : steps[s]) {
       const float* c = (*cpu_states)->Current(0, seq);
       const std::vector<float> g =
-          ToHost((*gpu_states)->layer(0) +
-                     static_cast<size_t>((*gpu_states)->ReadRow(seq)) * (*gpu_states)->row_floats(),
+          ToHost(gpu_states->layer(0) +
+                     static_cast<size_t>(gpu_states->ReadRow(seq)) * gpu_states->row_floats(),
                  static_cast<size_t>(state_floats));
       state_rel = std::max(state_rel, RelativeError(g, std::vector<float>(c, c + state_floats)));
     }

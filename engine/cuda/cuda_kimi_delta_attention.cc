@@ -1,0 +1,135 @@
+#include "engine/cuda/cuda_kimi_delta_attention.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "engine/glm5next_config.h"
+#include "engine/linear.h"
+#include "model/moe_config.h"
+
+namespace exl3::engine::cuda {
+
+absl::Status KdaWorkspace::Reserve(const LinearAttentionConfig& s, int rows, bool* moved) {
+  const size_t t = static_cast<size_t>(rows);
+  const size_t W = static_cast<size_t>(s.num_key_heads) * s.key_head_dim;
+  struct Need {
+    DeviceArray<float>* a;
+    size_t n;
+  };
+  const Need needs[] = {{&q, t * W},
+                        {&k, t * W},
+                        {&v, t * W},
+                        {&f_low, t * s.key_head_dim},
+                        {&g_low, t * s.key_head_dim},
+                        {&log_decay, t * W},
+                        {&gate, t * W},
+                        {&beta, t * s.num_key_heads},
+                        {&conv_out, t * 3 * W},
+                        {&core, t * W}};
+  for (const Need& n : needs) {
+    if (n.a->size() >= n.n) continue;
+    *moved = true;
+    EXL3_RETURN_IF_ERROR(n.a->Reserve(n.n));
+  }
+  return absl::OkStatus();
+}
+
+CudaKimiDeltaAttention::CudaKimiDeltaAttention(const ModelConfig& cfg, int64_t state_offset)
+    : eps_(cfg.rms_norm_eps), hidden_(cfg.hidden_size), state_offset_(state_offset) {
+  const LinearAttentionConfig& s = cfg.linear_attention;
+  dims_ = KdaDims{s.num_key_heads, s.key_head_dim, s.conv_kernel};
+}
+
+absl::StatusOr<std::unique_ptr<CudaKimiDeltaAttention>> CudaKimiDeltaAttention::Load(
+    const ModelConfig& cfg, const TensorSource& src, int layer, int64_t state_offset) {
+  if (cfg.glm5next == nullptr)
+    return absl::InvalidArgumentError("KDA layers are GLM-5.3-Flash's; this config is not one");
+  const LinearAttentionConfig& s = cfg.linear_attention;
+  if (s.num_value_heads != s.num_key_heads || s.value_head_dim != s.key_head_dim)
+    return absl::InvalidArgumentError(absl::StrCat("KDA: q, k and v have the same heads; got ",
+                                                   s.num_key_heads, " x ", s.key_head_dim, " keys and ",
+                                                   s.num_value_heads, " x ", s.value_head_dim, " values"));
+  std::unique_ptr<CudaKimiDeltaAttention> a(new CudaKimiDeltaAttention(cfg, state_offset));
+  if (cfg.glm5next->gate_lower_bound.has_value()) {
+    a->gate_ = KdaForgetGate{KdaForgetGate::Form::kLowerBounded, *cfg.glm5next->gate_lower_bound};
+  } else {
+    a->gate_ = KdaForgetGate{KdaForgetGate::Form::kSoftplus, 0.0f};
+  }
+  EXL3_RETURN_IF_ERROR(PrepareKdaRecurrence(a->dims_));
+  // Loaded as the CPU layer loads them (engine/kimi_delta_attention.cc).
+  const std::string p = LayerPrefix(cfg.moe, layer) + "self_attn.";
+  const int H = cfg.hidden_size, NH = a->dims_.num_heads, D = a->dims_.head_dim;
+  const int K = a->dims_.conv_kernel, W = a->dims_.width();
+  EXL3_ASSIGN_OR_RETURN(a->q_, CudaLinear::Load(src, p + "q_proj", H, W));
+  EXL3_ASSIGN_OR_RETURN(a->k_, CudaLinear::Load(src, p + "k_proj", H, W));
+  EXL3_ASSIGN_OR_RETURN(a->v_, CudaLinear::Load(src, p + "v_proj", H, W));
+  EXL3_ASSIGN_OR_RETURN(a->f_a_, CudaLinear::Load(src, p + "f_a_proj", H, D));
+  EXL3_ASSIGN_OR_RETURN(a->f_b_, CudaLinear::Load(src, p + "f_b_proj", D, W));
+  EXL3_ASSIGN_OR_RETURN(a->b_, CudaLinear::Load(src, p + "b_proj", H, NH));
+  EXL3_ASSIGN_OR_RETURN(a->g_a_, CudaLinear::Load(src, p + "g_a_proj", H, D));
+  EXL3_ASSIGN_OR_RETURN(a->g_b_, CudaLinear::Load(src, p + "g_b_proj", D, W));
+  EXL3_ASSIGN_OR_RETURN(a->o_, CudaLinear::Load(src, p + "o_proj", W, H));
+  std::vector<float> conv_weight;
+  for (const char* conv : {"q_conv1d", "k_conv1d", "v_conv1d"}) {
+    const std::string name = p + conv + ".weight";
+    EXL3_ASSIGN_OR_RETURN(TensorView t, src.Get(name));
+    if (t.info->shape != std::vector<int64_t>{W, 1, K})
+      return absl::InvalidArgumentError(absl::StrCat(name, ": expected shape [", W, ", 1, ", K, "]"));
+    if (src.Has(p + conv + ".bias"))
+      return absl::InvalidArgumentError(absl::StrCat(p, conv, ".bias: KDA's convolutions have no bias"));
+    EXL3_ASSIGN_OR_RETURN(std::vector<float> w, ToFloat32(t));
+    conv_weight.insert(conv_weight.end(), w.begin(), w.end());
+  }
+  EXL3_RETURN_IF_ERROR(a->conv_weight_.Upload(conv_weight));
+  EXL3_ASSIGN_OR_RETURN(std::vector<float> a_log, LoadVector(src, p + "A_log", NH));
+  std::vector<float> decay_rate;
+  for (float v : a_log) decay_rate.push_back(std::exp(v));
+  EXL3_RETURN_IF_ERROR(a->decay_rate_.Upload(decay_rate));
+  EXL3_ASSIGN_OR_RETURN(std::vector<float> dt_bias, LoadVector(src, p + "dt_bias", W));
+  EXL3_RETURN_IF_ERROR(a->dt_bias_.Upload(dt_bias));
+  EXL3_ASSIGN_OR_RETURN(std::vector<float> o_norm, LoadVector(src, p + "o_norm.weight", D));
+  EXL3_RETURN_IF_ERROR(a->o_norm_.Upload(o_norm));
+  return a;
+}
+
+int64_t CudaKimiDeltaAttention::weight_bytes() const {
+  int64_t bytes = static_cast<int64_t>(conv_weight_.size() * sizeof(float));
+  for (const CudaLinear* l : linears()) bytes += l->weight_bytes();
+  return bytes;
+}
+
+absl::Status CudaKimiDeltaAttention::Forward(const float* x, int first, int n,
+                                             const RecurrentStep& step, KdaWorkspace& ws,
+                                             const CudaLinearContext& ctx, float* out) const {
+  if (n <= 0) return absl::OkStatus();
+  const size_t r = static_cast<size_t>(first);
+  const int D = dims_.head_dim, W = dims_.width(), NH = dims_.num_heads;
+  const float* xr = x + r * hidden_;
+  const CudaLinear* qkv[3] = {&q_, &k_, &v_};
+  float* const qkv_out[3] = {ws.q.get() + r * W, ws.k.get() + r * W, ws.v.get() + r * W};
+  EXL3_RETURN_IF_ERROR(CudaLinear::ForwardShared(qkv, 3, xr, n, qkv_out, ctx));
+  const CudaLinear* low[3] = {&f_a_, &g_a_, &b_};
+  float* const low_out[3] = {ws.f_low.get() + r * D, ws.g_low.get() + r * D, ws.beta.get() + r * NH};
+  EXL3_RETURN_IF_ERROR(CudaLinear::ForwardShared(low, 3, xr, n, low_out, ctx));
+  EXL3_RETURN_IF_ERROR(f_b_.Forward(ws.f_low.get() + r * D, n, ws.log_decay.get() + r * W, ctx));
+  EXL3_RETURN_IF_ERROR(g_b_.Forward(ws.g_low.get() + r * D, n, ws.gate.get() + r * W, ctx));
+
+  RecurrentChunks chunks = step.chunks;
+  chunks.states = step.store + state_offset_;
+  EXL3_RETURN_IF_ERROR(KdaConv(ws.q.get(), ws.k.get(), ws.v.get(), conv_weight_.get(), dims_, chunks,
+                               first, n, ws.conv_out.get(), ctx.stream));
+  EXL3_RETURN_IF_ERROR(KdaConvState(ws.q.get(), ws.k.get(), ws.v.get(), dims_, chunks,
+                                    step.first_chunk, step.num_chunks, ctx.stream));
+  EXL3_RETURN_IF_ERROR(KdaNormAndGates(ws.conv_out.get(), ws.log_decay.get(), ws.beta.get(),
+                                       decay_rate_.get(), dt_bias_.get(), gate_, dims_, first, n,
+                                       ctx.stream));
+  EXL3_RETURN_IF_ERROR(KdaRecurrence(ws.conv_out.get(), ws.log_decay.get(), ws.beta.get(), dims_,
+                                     chunks, step.first_chunk, step.num_chunks, ws.core.get(),
+                                     ctx.stream));
+  EXL3_RETURN_IF_ERROR(KdaGatedNorm(ws.core.get(), ws.gate.get(), o_norm_.get(), dims_, eps_, first,
+                                    n, ctx.stream));
+  return o_.Forward(ws.core.get() + r * W, n, out + r * hidden_, ctx);
+}
+
+}  // namespace exl3::engine::cuda

@@ -1,0 +1,278 @@
+#include "engine/cuda/kda_kernels.h"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cuda/launch_status.cuh"
+
+namespace exl3::engine::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// As engine/kimi_delta_attention.cc computes them (fp32, the same formulas).
+__device__ __forceinline__ float Sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+__device__ __forceinline__ float Softplus(float x) { return x > 20.f ? x : logf(1.f + expf(x)); }
+
+__device__ __forceinline__ double WarpSum(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+struct Chunk {
+  int first, tokens, read_row, write_row;
+};
+
+__device__ __forceinline__ Chunk LoadChunk(const RecurrentChunks& ch, int c) {
+  const int32_t* e = ch.table + static_cast<size_t>(c) * kRecurrentChunkInts;
+  return Chunk{e[0], e[1], e[2], e[3]};
+}
+
+__device__ __forceinline__ const float* StateRow(const RecurrentChunks& ch, int row) {
+  return ch.states + static_cast<size_t>(row) * ch.row_floats;
+}
+
+// Input i of chunk `c`'s conv window for channel `ch`: the conv state's input i for i < K - 1,
+// else the chunk's token i - (K - 1) of q, k or v (the channel's third).
+__device__ __forceinline__ float WindowInput(const float* q, const float* k, const float* v,
+                                             const KdaDims& d, const float* prev_conv,
+                                             const Chunk& c, int i, int ch) {
+  const int K = d.conv_kernel, W = d.width();
+  if (i < K - 1) return prev_conv[static_cast<size_t>(i) * d.conv_channels() + ch];
+  const float* proj = ch < W ? q : ch < 2 * W ? k : v;
+  return proj[static_cast<size_t>(c.first + i - (K - 1)) * W + ch % W];
+}
+
+// grid ceil(n * C / kThreads), block kThreads: one thread per (token, channel) of rows
+// [first, first + n); the conv state read from each token's chunk's read_row.
+__global__ void ConvKernel(const float* __restrict__ q, const float* __restrict__ k,
+                           const float* __restrict__ v, const float* __restrict__ conv_weight,
+                           KdaDims d, RecurrentChunks chunks, int first, int n,
+                           float* __restrict__ conv_out) {
+  const int C = d.conv_channels(), K = d.conv_kernel;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (item >= static_cast<int64_t>(n) * C) return;
+  const int t = first + static_cast<int>(item / C), ch = static_cast<int>(item % C);
+  const Chunk c = LoadChunk(chunks, chunks.chunk_of[t]);
+  const float* prev = StateRow(chunks, c.read_row);
+  const int j = t - c.first;
+  const float* w = conv_weight + static_cast<size_t>(ch) * K;
+  float acc = 0.f;
+  for (int i = 0; i < K; ++i) acc += w[i] * WindowInput(q, k, v, d, prev, c, j + i, ch);
+  conv_out[static_cast<size_t>(t) * C + ch] = acc * Sigmoid(acc);
+}
+
+// grid ceil(num_chunks * C / kThreads), block kThreads: one thread per (chunk, channel). The
+// chunk's new conv state [K - 1, C] at its write_row.
+__global__ void ConvStateKernel(const float* __restrict__ q, const float* __restrict__ k,
+                                const float* __restrict__ v, KdaDims d, RecurrentChunks chunks,
+                                int first_chunk, int num_chunks) {
+  const int C = d.conv_channels(), K = d.conv_kernel;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (item >= static_cast<int64_t>(num_chunks) * C) return;
+  const int ch = static_cast<int>(item % C);
+  const Chunk c = LoadChunk(chunks, first_chunk + static_cast<int>(item / C));
+  const float* prev = StateRow(chunks, c.read_row);
+  float* next = chunks.states + static_cast<size_t>(c.write_row) * chunks.row_floats;
+  for (int i = 0; i < K - 1; ++i)
+    next[static_cast<size_t>(i) * C + ch] = WindowInput(q, k, v, d, prev, c, c.tokens + i, ch);
+}
+
+// x ← x / sqrt(Σx² + 1e-6) over one head of `len` floats, by one warp (engine/rms_norm.h's
+// L2NormalizeInPlace: the sum in double, the factor rounded to float).
+__device__ void WarpL2Normalize(float* x, int len, int lane) {
+  double ss = 0.0;
+  for (int i = lane; i < len; i += 32) ss += static_cast<double>(x[i]) * x[i];
+  ss = WarpSum(ss);
+  const float inv = static_cast<float>(1.0 / sqrt(ss + 1e-6));
+  __syncwarp();
+  for (int i = lane; i < len; i += 32) x[i] *= inv;
+}
+
+// grid ceil(n * num_heads / 8), block 256: one warp per (token, head): its q and k normalised,
+// its D log-decays and its β.
+__global__ void NormAndGatesKernel(float* __restrict__ conv_out, float* __restrict__ log_decay,
+                                   float* __restrict__ beta, const float* __restrict__ decay_rate,
+                                   const float* __restrict__ dt_bias, KdaForgetGate gate, KdaDims d,
+                                   int first, int n) {
+  const int lane = threadIdx.x % 32;
+  const int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (w >= n * d.num_heads) return;
+  const int t = first + w / d.num_heads, h = w % d.num_heads;
+  const int D = d.head_dim, W = d.width();
+  float* row = conv_out + static_cast<size_t>(t) * d.conv_channels();
+  float* qh = row + h * D;
+  WarpL2Normalize(qh, D, lane);
+  WarpL2Normalize(row + W + h * D, D, lane);
+  const float q_scale = 1.f / sqrtf(static_cast<float>(D));
+  for (int i = lane; i < D; i += 32) qh[i] *= q_scale;
+  const float rate = decay_rate[h];
+  float* g = log_decay + static_cast<size_t>(t) * W + h * D;
+  for (int i = lane; i < D; i += 32) {
+    const float x = g[i] + dt_bias[h * D + i];
+    g[i] = gate.form == KdaForgetGate::Form::kLowerBounded ? gate.lower_bound * Sigmoid(rate * x)
+                                                           : -rate * Softplus(x);
+  }
+  if (lane == 0) {
+    float* b = beta + static_cast<size_t>(t) * d.num_heads + h;
+    *b = Sigmoid(*b);
+  }
+}
+
+int RecurrenceThreads(const KdaDims& d) { return (d.head_dim + 31) / 32 * 32; }
+size_t RecurrenceSharedBytes(const KdaDims& d) {
+  return (static_cast<size_t>(d.head_dim) * d.head_dim + 3 * d.head_dim) * sizeof(float);
+}
+
+// grid num_chunks * num_heads, block RecurrenceThreads (thread e owns column e of S), dynamic
+// shared memory RecurrenceSharedBytes: S [D, D], then the token's k [D], q [D] and per-channel
+// decay exp(g) [D]. Each thread reads and writes only its own column of S; the syncs guard k, q
+// and the decay. The sums run over the key channel c in order, as KdaRecurrent's.
+__global__ void RecurrenceKernel(const float* __restrict__ conv_out,
+                                 const float* __restrict__ log_decay,
+                                 const float* __restrict__ beta, KdaDims d, RecurrentChunks chunks,
+                                 int first_chunk, float* __restrict__ core) {
+  extern __shared__ float smem[];
+  const int NH = d.num_heads, D = d.head_dim, W = d.width(), C = d.conv_channels();
+  const int h = blockIdx.x % NH;
+  const Chunk c = LoadChunk(chunks, first_chunk + static_cast<int>(blockIdx.x / NH));
+  const size_t head = d.conv_state_floats() + static_cast<size_t>(h) * D * D;
+  const float* prev = StateRow(chunks, c.read_row) + head;
+  float* next = chunks.states + static_cast<size_t>(c.write_row) * chunks.row_floats + head;
+  float* S = smem;
+  float* k = S + static_cast<size_t>(D) * D;
+  float* q = k + D;
+  float* decay = q + D;
+  const int e = threadIdx.x;
+  for (int i = threadIdx.x; i < D * D; i += blockDim.x) S[i] = prev[i];
+  for (int j = 0; j < c.tokens; ++j) {
+    const size_t t = static_cast<size_t>(c.first + j);
+    const float* row = conv_out + t * C;
+    __syncthreads();  // the previous token's k, q and decay are read; S is loaded
+    for (int a = threadIdx.x; a < D; a += blockDim.x) {
+      q[a] = row[h * D + a];
+      k[a] = row[W + h * D + a];
+      decay[a] = expf(log_decay[t * W + h * D + a]);
+    }
+    __syncthreads();
+    if (e < D) {
+      const float b = beta[t * NH + h];
+      float kv = 0.f;  // (Sᵀk)[e] after the decay
+      for (int a = 0; a < D; ++a) {
+        const float s = S[a * D + e] * decay[a];
+        S[a * D + e] = s;
+        kv += s * k[a];
+      }
+      const float delta = (row[2 * W + h * D + e] - kv) * b;
+      float o = 0.f;
+      for (int a = 0; a < D; ++a) {
+        const float s = S[a * D + e] + k[a] * delta;
+        S[a * D + e] = s;
+        o += s * q[a];
+      }
+      core[t * W + h * D + e] = o;
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < D * D; i += blockDim.x) next[i] = S[i];
+}
+
+// grid ceil(n * num_heads / 8), block 256: one warp per (token, head).
+__global__ void GatedNormKernel(float* __restrict__ core, const float* __restrict__ gate,
+                                const float* __restrict__ w, KdaDims d, float eps, int first,
+                                int n) {
+  const int lane = threadIdx.x % 32;
+  const int item = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (item >= n * d.num_heads) return;
+  const int t = first + item / d.num_heads, h = item % d.num_heads;
+  const int D = d.head_dim;
+  const size_t at = static_cast<size_t>(t) * d.width() + static_cast<size_t>(h) * D;
+  float* o = core + at;
+  const float* g = gate + at;
+  double ss = 0.0;
+  for (int e = lane; e < D; e += 32) ss += static_cast<double>(o[e]) * o[e];
+  ss = WarpSum(ss);
+  const float inv = static_cast<float>(1.0 / sqrt(ss / D + static_cast<double>(eps)));
+  __syncwarp();
+  for (int e = lane; e < D; e += 32) o[e] = (w[e] * (o[e] * inv)) * Sigmoid(g[e]);
+}
+
+unsigned Blocks(int64_t items, int per_block) {
+  return static_cast<unsigned>((items + per_block - 1) / per_block);
+}
+
+}  // namespace
+
+absl::Status KdaConv(const float* q, const float* k, const float* v, const float* conv_weight,
+                     const KdaDims& dims, const RecurrentChunks& chunks, int first, int n,
+                     float* conv_out, StreamHandle stream) {
+  if (n <= 0) return absl::OkStatus();
+  ConvKernel<<<Blocks(static_cast<int64_t>(n) * dims.conv_channels(), kThreads), kThreads, 0,
+               S(stream)>>>(q, k, v, conv_weight, dims, chunks, first, n, conv_out);
+  return LaunchStatus("KdaConv");
+}
+
+absl::Status KdaConvState(const float* q, const float* k, const float* v, const KdaDims& dims,
+                          const RecurrentChunks& chunks, int first_chunk, int num_chunks,
+                          StreamHandle stream) {
+  if (num_chunks <= 0 || dims.conv_kernel < 2) return absl::OkStatus();
+  ConvStateKernel<<<Blocks(static_cast<int64_t>(num_chunks) * dims.conv_channels(), kThreads),
+                    kThreads, 0, S(stream)>>>(q, k, v, dims, chunks, first_chunk, num_chunks);
+  return LaunchStatus("KdaConvState");
+}
+
+absl::Status KdaNormAndGates(float* conv_out, float* log_decay, float* beta,
+                             const float* decay_rate, const float* dt_bias,
+                             const KdaForgetGate& gate, const KdaDims& dims, int first, int n,
+                             StreamHandle stream) {
+  if (n <= 0) return absl::OkStatus();
+  NormAndGatesKernel<<<Blocks(static_cast<int64_t>(n) * dims.num_heads, kThreads / 32), kThreads,
+                       0, S(stream)>>>(conv_out, log_decay, beta, decay_rate, dt_bias, gate, dims,
+                                       first, n);
+  return LaunchStatus("KdaNormAndGates");
+}
+
+absl::Status KdaRecurrence(const float* conv_out, const float* log_decay, const float* beta,
+                           const KdaDims& dims, const RecurrentChunks& chunks, int first_chunk,
+                           int num_chunks, float* core, StreamHandle stream) {
+  if (num_chunks <= 0) return absl::OkStatus();
+  RecurrenceKernel<<<static_cast<unsigned>(num_chunks) * dims.num_heads, RecurrenceThreads(dims),
+                     RecurrenceSharedBytes(dims), S(stream)>>>(conv_out, log_decay, beta, dims,
+                                                               chunks, first_chunk, core);
+  return LaunchStatus("KdaRecurrence");
+}
+
+absl::Status KdaGatedNorm(float* core, const float* gate, const float* o_norm, const KdaDims& dims,
+                          float eps, int first, int n, StreamHandle stream) {
+  if (n <= 0) return absl::OkStatus();
+  GatedNormKernel<<<Blocks(static_cast<int64_t>(n) * dims.num_heads, kThreads / 32), kThreads, 0,
+                    S(stream)>>>(core, gate, o_norm, dims, eps, first, n);
+  return LaunchStatus("KdaGatedNorm");
+}
+
+absl::Status PrepareKdaRecurrence(const KdaDims& dims) {
+  if (dims.num_heads <= 0 || dims.head_dim <= 0 || dims.conv_kernel < 1)
+    return absl::InvalidArgumentError(absl::StrCat("KDA: ", dims.num_heads, " heads of ",
+                                                   dims.head_dim, ", conv kernel ",
+                                                   dims.conv_kernel));
+  if (RecurrenceThreads(dims) > 1024)
+    return absl::UnimplementedError(absl::StrCat("KDA: head_dim ", dims.head_dim,
+                                                 " above the recurrence kernel's 1024 threads"));
+  int dev = 0, optin = 0;
+  EXL3_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  EXL3_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  const size_t bytes = RecurrenceSharedBytes(dims);
+  if (bytes > static_cast<size_t>(optin))
+    return absl::UnimplementedError(absl::StrCat(
+        "KDA: one head's state [", dims.head_dim, ", ", dims.head_dim, "] takes ", bytes,
+        " bytes of shared memory; this GPU gives a block at most ", optin));
+  EXL3_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+      RecurrenceKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  return absl::OkStatus();
+}
+
+}  // namespace exl3::engine::cuda

@@ -1,0 +1,30 @@
+// Where each chunk of a step's recurrent layer (Qwen3-Next's gated DeltaNet, GLM-5.3-Flash's KDA)
+// reads and writes its per-sequence state: the kernels' view of the step's chunk table
+// (engine/cuda/recurrent_layer_states.h packs it). Plain data, no CUDA header: it is a kernel
+// argument of engine/cuda/deltanet_kernels.h and engine/cuda/kda_kernels.h.
+#pragma once
+
+#include <cstdint>
+
+namespace exl3::engine::cuda {
+
+// The state store (engine/cuda/device_sequence_states.h) is rows of row_floats floats (one copy of
+// one slot, every layer); `states` points at one layer's part of row 0, so chunk c reads
+// states + table[c].read_row * row_floats and writes at its write_row.
+struct RecurrentChunks {
+  const int32_t* chunk_of = nullptr;  // [step rows]: the row's chunk (row of `table`)
+  // [chunks, kRecurrentChunkInts] int32: first row, rows, state row read, state row written.
+  const int32_t* table = nullptr;
+  float* states = nullptr;
+  int64_t row_floats = 0;
+};
+constexpr int kRecurrentChunkInts = 4;
+
+// The step's chunk facts on the device and which part of the step a layer call runs.
+struct RecurrentStep {
+  RecurrentChunks chunks;  // `states` left null: the layer points it at its own part of row 0
+  float* store = nullptr;  // row 0 of the state store (DeviceSequenceStates::layer(0))
+  int first_chunk = 0, num_chunks = 0;  // the chunks of rows [first, first + n), whole
+};
+
+}  // namespace exl3::engine::cuda
