@@ -58,4 +58,23 @@ absl::Status LocalMoe::Forward(int layer, const float* x, int T, const int32_t* 
   return st;
 }
 
+std::unique_ptr<MoeCall> LocalMoe::StartRouted(int layer, const float* x, int T, const MoeRouting& routing,
+                                               float* y) {
+  const MoeConfig& cfg = model_->config();
+  if (routing.k != cfg.top_k)
+    return Finished(absl::InvalidArgumentError(absl::StrCat("routing of ", routing.k, " experts per token for a model of ",
+                                                            cfg.top_k)));
+  for (int64_t i = 0; i < static_cast<int64_t>(T) * routing.k; ++i)
+    if (routing.ids[i] < 0 || routing.ids[i] >= cfg.num_experts)
+      return Finished(absl::InvalidArgumentError(absl::StrCat("routing names expert ", routing.ids[i], ", outside [0, ",
+                                                              cfg.num_experts, ")")));
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<MoeLayerView> view = model_->LayerView(layer);
+  if (!view.ok()) return Finished(view.status());
+  absl::Status st = compute_.exl3().Moe(*view, x, MoeAssignments::Fixed(T, routing.k, routing.ids, routing.weights),
+                                        /*include_shared=*/true, y);
+  times_.experts_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return Finished(std::move(st));
+}
+
 }  // namespace exl3::engine

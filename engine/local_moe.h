@@ -20,6 +20,9 @@ class LocalMoe final : public MoeExecutor {
       TensorResidency residency = TensorResidency::kMapped);
   absl::Status Forward(int layer, const float* x, int num_tokens, const int32_t* token_ids,
                        float* y) override;
+  // The experts the caller chose (no gate here: a hash-routed layer needs no token ids).
+  std::unique_ptr<MoeCall> StartRouted(int layer, const float* x, int num_tokens, const MoeRouting& routing,
+                                       float* y) override;
   MoeStageTimes TakeStageTimes() override;
   const Exl3Model& model() const { return *model_; }
 

@@ -16,7 +16,11 @@ class FinishedCall final : public MoeCall {
 
 std::unique_ptr<MoeCall> MoeExecutor::Start(int layer, const float* x, int num_tokens,
                                             const int32_t* token_ids, float* y) {
-  return std::make_unique<FinishedCall>(Forward(layer, x, num_tokens, token_ids, y));
+  return Finished(Forward(layer, x, num_tokens, token_ids, y));
+}
+
+std::unique_ptr<MoeCall> MoeExecutor::Finished(absl::Status status) {
+  return std::make_unique<FinishedCall>(std::move(status));
 }
 
 std::unique_ptr<MoeCall> MoeExecutor::StartRouted(int layer, const float* x, int num_tokens,

@@ -50,6 +50,8 @@ class MoeExecutor {
   // executors in this process compute the same routing function on the same hidden states.
   virtual std::unique_ptr<MoeCall> StartRouted(int layer, const float* x, int num_tokens,
                                                const MoeRouting& routing, float* y);
+  // A call already answered (the executors that run it on the caller's thread).
+  static std::unique_ptr<MoeCall> Finished(absl::Status status);
   // The stage times since the last call, and zeros them. Executors whose stages run elsewhere
   // report none (the router core has its own per-stage metrics: docs/metrics.md, "Router").
   virtual MoeStageTimes TakeStageTimes() { return {}; }
