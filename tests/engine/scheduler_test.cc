@@ -352,7 +352,7 @@ TEST(Scheduler, PrefixHitSkipsCachedBlocksAndReportsCachedTokens) {
 TEST(Scheduler, RandomizedWorkloadsMatchSoloRuns) {
   std::mt19937 rng(12345);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  int64_t preemptions = 0, prefix_hit_tokens = 0;
+  int64_t preemptions = 0, prefix_hit_tokens = 0, draft_tokens = 0, accepted_tokens = 0;
   for (int round = 0; round < 30; ++round) {
     SchedulerOptions opt;
     opt.max_num_batched_tokens = uniform(8, 64);
@@ -360,6 +360,14 @@ TEST(Scheduler, RandomizedWorkloadsMatchSoloRuns) {
     if (uniform(0, 1) == 1) opt.long_prefill_token_threshold = uniform(1, 16);
     opt.enable_prefix_caching = uniform(0, 3) != 0;
     const KvCacheShape cache{uniform(24, 64), 4};
+    // Rounds 1 and 2 of every 4 with n-gram speculation (short n-grams: drafts mostly rejected,
+    // so rollback runs often), compared below with plain solo runs.
+    if (round % 4 == 1 || round % 4 == 2) {
+      opt.speculative.method = SpeculativeMethod::kNgram;
+      opt.speculative.num_speculative_tokens = uniform(1, 4);
+      opt.speculative.prompt_lookup_min = 1;
+      opt.speculative.prompt_lookup_max = uniform(1, 3);
+    }
     // Every 4th round as a model with recurrent layers: state slots checked, no prefix hits.
     Driver d(opt, cache, /*recurrent=*/round % 4 == 3);
 
@@ -403,6 +411,8 @@ TEST(Scheduler, RandomizedWorkloadsMatchSoloRuns) {
     EXPECT_EQ(d.sched().kv().NumFreeBlocks(), cache.num_blocks) << "round " << round;
     preemptions += d.sched().NumPreemptions();
     prefix_hit_tokens += d.sched().kv().counters().hit_tokens;
+    draft_tokens += d.sched().speculative_counters().num_draft_tokens;
+    accepted_tokens += d.sched().speculative_counters().num_accepted_tokens;
     if (round % 4 == 3) {
       EXPECT_EQ(d.sched().kv().counters().hit_tokens, 0) << "round " << round;
     }
@@ -417,11 +427,15 @@ TEST(Scheduler, RandomizedWorkloadsMatchSoloRuns) {
       EXPECT_EQ(d.finished[id], solo.finished[id]) << "round " << round << " sequence " << id;
     }
   }
-  // The workloads did exercise preemption and the prefix cache.
+  // The workloads did exercise preemption, the prefix cache and speculation both ways.
   EXPECT_GT(preemptions, 0);
   EXPECT_GT(prefix_hit_tokens, 0);
-  std::printf("[randomized] %lld preemptions, %lld prefix-hit tokens over 30 rounds\n",
-              static_cast<long long>(preemptions), static_cast<long long>(prefix_hit_tokens));
+  EXPECT_GT(accepted_tokens, 0);
+  EXPECT_LT(accepted_tokens, draft_tokens);
+  std::printf("[randomized] %lld preemptions, %lld prefix-hit tokens, %lld draft tokens of which %lld "
+              "accepted over 30 rounds\n",
+              static_cast<long long>(preemptions), static_cast<long long>(prefix_hit_tokens),
+              static_cast<long long>(draft_tokens), static_cast<long long>(accepted_tokens));
 }
 
 }  // namespace

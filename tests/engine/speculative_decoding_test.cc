@@ -29,9 +29,10 @@ const char* const kFixtures[] = {"tests/fixtures/engine/glm4_moe_all", "tests/fi
                                  "tests/fixtures/engine/mixtral_all", "tests/fixtures/engine/deepseek_v3_all",
                                  "tests/fixtures/engine/glm_moe_dsa_all"};
 
-std::unique_ptr<CpuModel> OpenFixtureModel(const std::string& dir) {
+std::unique_ptr<CpuModel> OpenFixtureModel(const std::string& dir, int micro_batches = 1) {
   CpuModelOptions mo;
   mo.num_threads = 2;
+  mo.micro_batches = micro_batches;
   auto model = CpuModel::Open(dir, mo);
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? std::move(*model) : nullptr;
@@ -85,8 +86,8 @@ class SpeculativeDecodingTest : public ::testing::TestWithParam<const char*> {
   }
 
   // Every request at once through a fresh engine.
-  RunResult Run(EngineOptions eo, const std::vector<GenerateParams>& params) {
-    Engine engine(eo, OpenFixtureModel(GetParam()));
+  RunResult Run(const EngineOptions& eo, const std::vector<GenerateParams>& params, int micro_batches = 1) {
+    Engine engine(eo, OpenFixtureModel(GetParam(), micro_batches));
     const absl::Status started = engine.Start();
     EXPECT_TRUE(started.ok()) << started;
     RequestResults r;
@@ -160,6 +161,15 @@ TEST_P(SpeculativeDecodingTest, GreedyTokensEqualPlainDecodingAtK124) {
     for (int j = 1; j < k; ++j) EXPECT_LE(c.num_accepted_tokens_per_pos[j], c.num_accepted_tokens_per_pos[j - 1]);
     EXPECT_DOUBLE_EQ(spec.stats.kv_usage, 0.0);
   }
+}
+
+TEST_P(SpeculativeDecodingTest, TwoMicroBatchesGiveTheSameTokens) {
+  // A step's chunks split in two micro-batches: verify chunks stay whole, their rows in order.
+  const std::vector<GenerateParams> params = GreedyRequests();
+  const RunResult plain = Run(Options({}), params);
+  const RunResult spec = Run(Options(Ngram(2)), params, /*micro_batches=*/2);
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(Ids(spec.tokens[i]), Ids(plain.tokens[i])) << "request " << i;
+  EXPECT_GT(spec.stats.speculative.num_accepted_tokens, 0);
 }
 
 TEST_P(SpeculativeDecodingTest, EachAcceptedDraftSavesAStep) {
