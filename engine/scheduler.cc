@@ -188,10 +188,14 @@ void Scheduler::AddDrafts(int budget, StepBatch& batch) {
     if (budget <= 0) return;
     const Sequence& seq = sequences_.at(chunk.sequence_id);
     if (chunk.tokens.size() != 1 || !chunk.wants_logits || seq.NumUncomputed() != 1) continue;
-    const std::vector<int32_t> drafts = ProposeDrafts(seq, budget);
+    std::vector<int32_t> drafts = ProposeDrafts(seq, budget);
+    // As many as the sequence's blocks and the free ones hold.
+    const int64_t room = (static_cast<int64_t>(kv_.BlockTable(chunk.sequence_id).size()) + kv_.NumFreeBlocks()) *
+                             kv_.block_size() - (seq.num_computed + 1);
+    if (static_cast<int64_t>(drafts.size()) > room) drafts.resize(std::max<int64_t>(room, 0));
     if (drafts.empty()) continue;
     const int end = seq.num_computed + 1 + static_cast<int>(drafts.size());
-    if (!kv_.Allocate(chunk.sequence_id, end)) continue;
+    if (!kv_.Allocate(chunk.sequence_id, end)) continue;  // not reached: they fit
     chunk.tokens.insert(chunk.tokens.end(), drafts.begin(), drafts.end());
     chunk.num_logit_rows = 1 + static_cast<int>(drafts.size());
     const std::span<const int32_t> table = kv_.BlockTable(chunk.sequence_id);

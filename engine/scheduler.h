@@ -211,7 +211,8 @@ class Scheduler {
   std::vector<int32_t> ProposeDrafts(const Sequence& seq, int budget) const;
   void AddChunk(int64_t id, const Sequence& seq, int num_tokens, StepBatch& batch) const;
   // Turns the batch's decode chunks into verify chunks, oldest first, while `budget` tokens and
-  // free blocks last (after everything else is scheduled: drafts displace no one).
+  // free blocks last, each with as many drafts as fit (after everything else is scheduled:
+  // drafts displace no one).
   void AddDrafts(int budget, StepBatch& batch);
   // Frees the newest running sequence's blocks and puts it at the front of the waiting queue.
   int64_t PreemptNewest();

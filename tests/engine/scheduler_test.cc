@@ -7,6 +7,7 @@
 #include <set>
 #include <vector>
 
+#include "engine/ngram_drafter.h"
 #include "engine/sequence_state.h"
 #include "gtest/gtest.h"
 #include "tests/engine/fake_model_runner.h"
@@ -349,6 +350,66 @@ TEST(Scheduler, PrefixHitSkipsCachedBlocksAndReportsCachedTokens) {
 
 // Random arrivals, aborts, shared prefixes, small caches and budgets: every sequence that was
 // not aborted ends with the tokens it gets alone, and the cache ends empty.
+// Speculative decoding: drafts come last, from the blocks left, as many as fit, and preempt no
+// one.
+TEST(Scheduler, DraftsTakeOnlyTheBlocksLeft) {
+  SchedulerOptions opt;
+  opt.speculative.method = SpeculativeMethod::kNgram;
+  opt.speculative.num_speculative_tokens = 4;
+  opt.speculative.prompt_lookup_min = 1;
+  opt.speculative.prompt_lookup_max = 1;
+  // 18 blocks of 4. a: a prompt of every token id (64 tokens, 16 blocks), so whatever the fake
+  // model samples occurred in it and the unigram drafter always proposes; b: one token (1 block).
+  Driver d(opt, KvCacheShape{18, 4});
+  SequenceRequest a = Request(1, 0, 8);
+  a.prompt.resize(64);
+  std::iota(a.prompt.begin(), a.prompt.end(), 0);
+  d.sched().Add(1, a);
+  d.sched().Add(2, Request(1, 1, 8));
+  ASSERT_EQ(ChunkSizes(d.Step()), (std::vector<int>{64, 1}));
+  EXPECT_EQ(d.sched().kv().NumFreeBlocks(), 1);
+  std::vector<int32_t> history = a.prompt;
+  history.push_back(d.outputs[1][0]);
+  // Step 2: a's token at position 64 takes the last free block, b's stays in its first; a's
+  // drafts get what that block holds after 64 (3 of the 4 it could have), b keeps its place.
+  const ScheduledStep step = d.Step();
+  EXPECT_TRUE(step.preempted.empty());
+  ASSERT_EQ(step.batch.chunks.size(), 2u);
+  const int want = std::min<int>(3, static_cast<int>(NgramDrafter({1, 1}).Propose(history, 4).size()));
+  EXPECT_GE(want, 1);
+  EXPECT_EQ(step.batch.chunks[0].num_logit_rows, 1 + want);
+  EXPECT_EQ(step.batch.chunks[0].tokens.size(), static_cast<size_t>(1 + want));
+  EXPECT_EQ(step.batch.chunks[0].block_table.size(), 17u);
+  EXPECT_LE(step.batch.chunks[1].tokens.size(), 4u);  // b: its own block's room at most
+  EXPECT_EQ(d.sched().kv().NumFreeBlocks(), 0);
+  d.RunToEnd();
+  EXPECT_EQ(d.sched().kv().NumFreeBlocks(), 18);
+  EXPECT_EQ(d.outputs[1].size(), 8u);
+  EXPECT_EQ(d.outputs[2].size(), 8u);
+}
+
+TEST(Scheduler, DraftsWithinTheTokenBudget) {
+  SchedulerOptions opt;
+  opt.max_num_batched_tokens = 3;
+  opt.speculative.method = SpeculativeMethod::kNgram;
+  opt.speculative.num_speculative_tokens = 4;
+  opt.speculative.prompt_lookup_min = 1;
+  opt.speculative.prompt_lookup_max = 1;
+  Driver d(opt, kLargeCache);
+  SequenceRequest a = Request(1, 0, 30);
+  a.prompt.resize(64);
+  std::iota(a.prompt.begin(), a.prompt.end(), 0);
+  d.sched().Add(1, a);
+  for (int i = 0; i < 22; ++i) d.Step();  // the prompt in chunks of 3
+  for (int i = 0; i < 5 && !d.sched().Empty(); ++i) {
+    const ScheduledStep step = d.Step();
+    ASSERT_EQ(step.batch.chunks.size(), 1u);
+    EXPECT_LE(step.batch.chunks[0].tokens.size(), 3u);  // 1 + at most 2 drafts
+    EXPECT_EQ(step.batch.chunks[0].num_logit_rows, static_cast<int>(step.batch.chunks[0].tokens.size()));
+  }
+  EXPECT_GT(d.sched().speculative_counters().num_draft_tokens, 0);
+}
+
 TEST(Scheduler, RandomizedWorkloadsMatchSoloRuns) {
   std::mt19937 rng(12345);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
