@@ -1,5 +1,7 @@
 #include "engine/scheduler.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <numeric>
@@ -408,6 +410,81 @@ TEST(Scheduler, DraftsWithinTheTokenBudget) {
     EXPECT_EQ(step.batch.chunks[0].num_logit_rows, static_cast<int>(step.batch.chunks[0].tokens.size()));
   }
   EXPECT_GT(d.sched().speculative_counters().num_draft_tokens, 0);
+}
+
+// Sampled verification is the standard rejection scheme for a one-hot proposal: over many seeds,
+// a draft x is accepted with probability p(x) (the target's, at the request's temperature), and a
+// rejected row emits y != x with probability p(y) (p without x, renormalised, times 1 - p(x)).
+TEST(Scheduler, SampledDraftsAcceptedWithTheTargetProbability) {
+  constexpr int kSequences = 20000;
+  constexpr float kTemperature = 0.5f;
+  constexpr int kVocab = 64;  // FakeModelOptions' default
+  SchedulerOptions opt;
+  opt.max_num_batched_tokens = 1 << 20;  // never short: every sequence's second token is drafted
+  opt.speculative.method = SpeculativeMethod::kNgram;
+  opt.speculative.num_speculative_tokens = 1;
+  opt.speculative.prompt_lookup_min = 1;
+  opt.speculative.prompt_lookup_max = 1;
+  Driver d(opt, kLargeCache);
+  // Every token id in the prompt: the first sampled token occurred there, so the unigram drafter
+  // proposes one draft for the second.
+  std::vector<int32_t> prompt(kVocab);
+  std::iota(prompt.begin(), prompt.end(), 0);
+  for (int i = 0; i < kSequences; ++i) {
+    SequenceRequest r = Request(1, 0, 3);  // room for one draft after the first token
+    r.prompt = prompt;
+    r.sampling.temperature = kTemperature;
+    r.seed = 1000 + i;
+    d.sched().Add(i, r);
+  }
+  d.RunToEnd();
+  EXPECT_EQ(d.sched().speculative_counters().num_drafts, kSequences);
+
+  double accepted = 0, expected = 0, variance = 0;
+  std::vector<double> rejected_count(kVocab, 0), rejected_expected(kVocab, 0);
+  std::vector<float> row(kVocab);
+  for (int i = 0; i < kSequences; ++i) {
+    const std::vector<int32_t>& out = d.outputs[i];
+    ASSERT_EQ(out.size(), 3u);
+    std::vector<int32_t> history = prompt;
+    history.push_back(out[0]);
+    const std::vector<int32_t> draft = NgramDrafter({1, 1}).Propose(history, 1);
+    ASSERT_EQ(draft.size(), 1u);
+    // The target distribution of the second token (the verify chunk's row 0).
+    FakeModelRunner::HistoryLogits(history, row.data(), kVocab);
+    const float top = *std::max_element(row.begin(), row.end());
+    std::vector<double> p(kVocab);
+    double sum = 0;
+    for (int v = 0; v < kVocab; ++v) sum += p[v] = std::exp((row[v] - top) / kTemperature);
+    for (double& q : p) q /= sum;
+    const int32_t x = draft[0];
+    expected += p[x];
+    variance += p[x] * (1 - p[x]);
+    if (out[1] == x) {
+      ++accepted;
+    } else {
+      ++rejected_count[out[1]];
+    }
+    for (int v = 0; v < kVocab; ++v)
+      if (v != x) rejected_expected[v] += p[v];
+  }
+  const double z = (accepted - expected) / std::sqrt(variance);
+  double chi2 = 0;
+  int bins = 0;
+  for (int v = 0; v < kVocab; ++v) {
+    if (rejected_expected[v] < 5) continue;
+    chi2 += (rejected_count[v] - rejected_expected[v]) * (rejected_count[v] - rejected_expected[v]) /
+            rejected_expected[v];
+    ++bins;
+  }
+  std::printf("[rejection scheme] %d drafts: %.0f accepted, %.1f expected (z %.2f); rejected "
+              "rows' tokens: chi-square %.1f over %d bins\n",
+              kSequences, accepted, expected, z, chi2, bins);
+  EXPECT_LT(std::abs(z), 4.0);
+  ASSERT_GT(bins, 20);
+  // Chi-square of `bins` - 1 degrees of freedom: mean bins - 1, sd sqrt(2 (bins - 1)).
+  EXPECT_LT(chi2, bins - 1 + 6 * std::sqrt(2.0 * (bins - 1)));
+  EXPECT_EQ(static_cast<int64_t>(accepted), d.sched().speculative_counters().num_accepted_tokens);
 }
 
 TEST(Scheduler, RandomizedWorkloadsMatchSoloRuns) {
