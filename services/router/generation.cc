@@ -96,7 +96,7 @@ absl::StatusOr<std::unique_ptr<Generation>> Generation::Start(const GenerationOp
   const engine::SpeculativeOptions& spec = o.engine.scheduler.speculative;
   if (spec.method == engine::SpeculativeMethod::kNgram) {
     const engine::NgramDrafterOptions ngram = *engine::NgramOptionsOf(spec);  // checked by Start
-    svc::LogInfo("engine: speculative decoding ngram, %d draft tokens per step, n-grams of %d to %d",
+    exl3::LogInfo("engine: speculative decoding ngram, %d draft tokens per step, n-grams of %d to %d",
                  spec.num_speculative_tokens, ngram.min_n, ngram.max_n);
   }
   const engine::ModelInfo& info = g->engine_->model_info();
