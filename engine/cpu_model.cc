@@ -175,6 +175,28 @@ absl::Status CpuModel::LoadQwen4ExpWeights(const TensorSource& src) {
   return absl::OkStatus();
 }
 
+absl::Status CpuModel::CheckDraftVerification() const {
+  if (cfg_.HasRecurrentLayers())
+    return absl::FailedPreconditionError(absl::StrCat(
+        cfg_.architecture(), " keeps a recurrent state per sequence (linear attention layers); "
+        "speculative decoding needs a state per draft position there, which the engine does not keep yet"));
+  switch (cfg_.attention) {
+    case AttentionKind::kGqa:
+    case AttentionKind::kMla:
+    case AttentionKind::kDsa:
+      return absl::OkStatus();
+    case AttentionKind::kDsv4:
+      return absl::FailedPreconditionError(absl::StrCat(
+          cfg_.architecture(), "'s compressed caches fold every position into their block areas; "
+          "rolling back rejected draft positions there is not done yet"));
+    case AttentionKind::kPooledDsa:
+    case AttentionKind::kQsa:
+      break;
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat(cfg_.architecture(), ": speculative decoding is not supported for its attention yet"));
+}
+
 absl::Status CpuModel::AllocateKvCache(const KvCacheShape& shape) {
   if (shape.num_blocks <= 0 || shape.block_size <= 0)
     return absl::InvalidArgumentError(absl::StrCat("KV cache of ", shape.num_blocks, " blocks of ",

@@ -63,6 +63,11 @@ class CpuModel final : public ModelRunner {
   absl::Status AllocateKvCache(const KvCacheShape& shape) override;
   absl::Status Forward(const StepBatch& batch, float* logits) override;
   StepPhaseTimes LastPhaseTimes() const override { return times_; }
+  // OK for the families that keep nothing per sequence but each position's KV (GQA, MLA, DSA):
+  // a rejected draft's KV is overwritten when its position runs again and never read before.
+  // Refused by architecture for recurrent layers (a state per draft position is needed) and
+  // DeepSeek-V4 (its compressors fold every position into block areas).
+  absl::Status CheckDraftVerification() const override;
 
  private:
   struct DenseMlp {

@@ -77,6 +77,14 @@ absl::Status Engine::Start() {
   if (info_.vocab_size < 1 || info_.max_context < 1) {
     return absl::InvalidArgumentError("the model reports no vocabulary or no context length");
   }
+  EXL3_RETURN_IF_ERROR(ValidateSpeculativeOptions(s.speculative));
+  if (s.speculative.enabled()) {
+    if (const absl::Status verify = runner_->CheckDraftVerification(); !verify.ok()) {
+      return absl::Status(verify.code(),
+                          absl::StrCat("speculative method ", SpeculativeMethodName(s.speculative.method),
+                                       " refused for ", info_.architecture, ": ", verify.message()));
+    }
+  }
   EXL3_ASSIGN_OR_RETURN(const int num_blocks,
                         NumKvBlocks(options_.kv_capacity, options_.block_size,
                                     info_.kv_bytes_per_token));
@@ -272,24 +280,33 @@ bool Engine::Intake() {
 }
 
 void Engine::Deliver(const std::vector<SequenceUpdate>& updates, SteadyTime now) {
-  for (const SequenceUpdate& u : updates) {
-    Request& r = requests_.at(u.sequence_id);
-    r.progress = u.progress;
-    if (!r.first_token.has_value()) {
-      r.first_token = now;
-    } else {
-      const double gap = Seconds(now - r.last_token);
-      r.inter_token_sum_s += gap;
-      r.inter_token_max_s = std::max(r.inter_token_max_s, gap);
+  // A sequence's tokens of one step (several after accepted drafts) are consecutive: one event.
+  for (size_t i = 0; i < updates.size();) {
+    const int64_t id = updates[i].sequence_id;
+    size_t end = i;
+    std::vector<SampledToken> tokens;
+    for (; end < updates.size() && updates[end].sequence_id == id; ++end) tokens.push_back(updates[end].token);
+    const SequenceUpdate& last = updates[end - 1];
+    Request& r = requests_.at(id);
+    r.progress = last.progress;
+    for (size_t k = i; k < end; ++k) {
+      if (!r.first_token.has_value()) {
+        r.first_token = now;
+      } else {
+        const double gap = Seconds(now - r.last_token);
+        r.inter_token_sum_s += gap;
+        r.inter_token_max_s = std::max(r.inter_token_max_s, gap);
+      }
+      r.last_token = now;
     }
-    r.last_token = now;
-    if (u.finish.has_value()) {
-      Finish(u.sequence_id, *u.finish, absl::OkStatus(), {u.token});
+    i = end;
+    if (last.finish.has_value()) {
+      Finish(id, *last.finish, absl::OkStatus(), std::move(tokens));
     } else {
       GenerateEvent e;
-      e.request_id = u.sequence_id;
+      e.request_id = id;
       e.tag = r.tag;
-      e.tokens.push_back(u.token);
+      e.tokens = std::move(tokens);
       r.on_event(e);
       events_since_after_events_ = true;
     }
@@ -314,8 +331,10 @@ void Engine::RetryChunksAlone(const ScheduledStep& step) {
 }
 
 absl::Status Engine::RunForward(const ScheduledStep& step) {
-  const std::vector<RowSampling> rows = scheduler_->SamplingRows(step);
-  // A step without logit rows (prompt chunks only) has nothing to sample: plain Forward.
+  // A step without logit rows (prompt chunks only) has nothing to sample: plain Forward. Verify
+  // chunks' rows are sampled here (their histories hold drafts the runner is not given).
+  std::vector<RowSampling> rows;
+  if (!Scheduler::HasVerifyChunks(step)) rows = scheduler_->SamplingRows(step);
   runner_sampled_ = !rows.empty() && std::all_of(rows.begin(), rows.end(), [&](const RowSampling& r) {
     return runner_->SamplesRows(r.params);
   });
@@ -367,7 +386,9 @@ void Engine::RunStep() {
   for (const SequenceChunk& chunk : step.batch.chunks) {
     Request& r = requests_.at(chunk.sequence_id);
     if (!r.first_scheduled.has_value()) r.first_scheduled = t0;
-    const bool decode = chunk.tokens.size() == 1 && r.first_token.has_value() && chunk.wants_logits;
+    // A decode token, or a verify chunk (that token and its drafts).
+    const bool decode = chunk.wants_logits && chunk.num_logit_rows == static_cast<int>(chunk.tokens.size()) &&
+                        r.first_token.has_value();
     (decode ? m.num_decode_tokens : m.num_prefill_tokens) += static_cast<int>(chunk.tokens.size());
   }
   m.num_sequences = static_cast<int>(step.batch.chunks.size());
@@ -474,6 +495,7 @@ void Engine::PublishStats() {
   s.steps = steps_;
   s.failed_steps = failed_steps_;
   s.requests_finished = requests_finished_;
+  s.speculative = scheduler_->speculative_counters();
   std::lock_guard<std::mutex> lock(mu_);
   stats_ = s;
 }

@@ -14,7 +14,10 @@
 //   engine.Stop();                                           // abort the rest, join the loop
 //
 // Every accepted request gets exactly one final event (GenerateEvent::finish set), after which
-// its callback is never called again. Submit's errors are the request's alone:
+// its callback is never called again. Start fails INVALID_ARGUMENT on bad options, and
+// FAILED_PRECONDITION for a speculative method the model runner cannot verify
+// (engine/model_runner.h CheckDraftVerification), naming why. Submit's errors are the request's
+// alone:
 //   INVALID_ARGUMENT    empty prompt, token id outside [0, vocab), prompt longer than
 //                       max_context or than the whole KV cache, max_tokens <= 0 or prompt +
 //                       max_tokens > max_context, min_tokens outside [0, max_tokens],
@@ -106,7 +109,8 @@ struct StepMetrics {
   int num_sequences = 0;
   int num_tokens = 0;
   int num_prefill_tokens = 0;  // tokens of chunks that sample nothing or start a sequence
-  int num_decode_tokens = 0;   // one per sequence that had a token sampled last step
+  // One per sequence that had a token sampled last step, plus its drafts (verify chunks).
+  int num_decode_tokens = 0;
   int num_preempted = 0;
   bool failed = false;     // Forward returned an error
   double schedule_s = 0;   // Scheduler::Schedule
@@ -135,6 +139,8 @@ struct KvCacheCapacity {
 };
 
 struct EngineOptions {
+  // Includes speculative decoding (scheduler.speculative); Start refuses a method the runner's
+  // CheckDraftVerification refuses.
   SchedulerOptions scheduler;
   int block_size = 16;  // tokens per KV block
   // Bytes use ModelInfo::kv_bytes_per_token; the count is rounded down to whole blocks.
@@ -162,6 +168,7 @@ struct EngineStats {
   int64_t steps = 0;
   int64_t failed_steps = 0;
   int64_t requests_finished = 0;
+  SpeculativeCounters speculative;  // totals; zero without a speculative method
 };
 
 class Engine {

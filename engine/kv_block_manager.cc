@@ -125,6 +125,17 @@ void KvBlockManager::Free(int64_t sequence_id) {
   sequences_.erase(it);
 }
 
+void KvBlockManager::Truncate(int64_t sequence_id, int num_tokens) {
+  auto it = sequences_.find(sequence_id);
+  if (it == sequences_.end()) return;
+  SequenceBlocks& seq = it->second;
+  const size_t keep = std::max<size_t>(BlocksForTokens(num_tokens), seq.full_block_hashes.size());
+  while (seq.table.size() > keep) {
+    Release(seq.table.back());
+    seq.table.pop_back();
+  }
+}
+
 std::span<const int32_t> KvBlockManager::BlockTable(int64_t sequence_id) const {
   auto it = sequences_.find(sequence_id);
   if (it == sequences_.end()) return {};

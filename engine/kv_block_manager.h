@@ -8,6 +8,7 @@
 //   ... the step runs positions [hit.num_tokens, hit.num_tokens + chunk) ...
 //   kv.CacheFullBlocks(id, tokens, hit.num_tokens + chunk);        // after the step wrote them
 //   kv.Allocate(id, num_tokens + 1);                               // grow by one decode token
+//   kv.Truncate(id, num_tokens);                                   // give back rejected drafts' blocks
 //   kv.Free(id);                                                   // finished or preempted
 //
 // Capacity is a fixed number of blocks of block_size tokens, decided once. Block b of a sequence's
@@ -74,6 +75,10 @@ class KvBlockManager {
 
   // Releases every block of the sequence (cached ones stay reusable). No-op when it has none.
   void Free(int64_t sequence_id);
+  // Releases the sequence's blocks past those covering positions [0, num_tokens) (speculative
+  // decoding's rejected drafts). Blocks registered by CacheFullBlocks are kept. No-op when it
+  // has none.
+  void Truncate(int64_t sequence_id, int num_tokens);
 
   bool HasBlocks(int64_t sequence_id) const { return sequences_.contains(sequence_id); }
   // Empty when the sequence has no blocks.

@@ -11,8 +11,9 @@
 //   // or, where runner->SamplesRows(params) for every row's params (the CUDA model):
 //   EXL3_RETURN_IF_ERROR(runner->ForwardSampled(batch, rows, tokens));
 //
-// A step is a list of chunks, one per sequence: a prompt chunk (prefill) or the one token sampled
-// last step (decode). Chunk c runs tokens [start_position, start_position + num_tokens) of its
+// A step is a list of chunks, one per sequence: a prompt chunk (prefill), the one token sampled
+// last step (decode), or, with speculative decoding, that token followed by draft tokens whose
+// logits are all wanted (a verify chunk: num_logit_rows = 1 + drafts). Chunk c runs tokens [start_position, start_position + num_tokens) of its
 // sequence; the keys and values of positions [0, start_position) are already in the cache blocks
 // its block table names (block b holds positions [b * block_size, (b + 1) * block_size)), and the
 // step writes those of its own tokens there too. The block table covers every position up to
@@ -64,6 +65,10 @@ struct SequenceChunk {
   int start_position = 0;             // position of tokens[0] in its sequence
   std::vector<int32_t> block_table;   // cache blocks of positions [0, start_position + tokens.size())
   bool wants_logits = false;          // logits of the chunk's last token are wanted
+  // With wants_logits: the logits of the chunk's last num_logit_rows tokens are wanted, one row
+  // each in position order (1 but for a verify chunk; at most tokens.size()). Only runners whose
+  // CheckDraftVerification is OK get chunks of more than 1.
+  int num_logit_rows = 1;
   int state_slot = 0;                 // the sequence's state slot, in [0, num_sequence_slots)
 };
 
@@ -77,7 +82,7 @@ struct StepBatch {
   }
   int NumLogitRows() const {
     int n = 0;
-    for (const SequenceChunk& c : chunks) n += c.wants_logits ? 1 : 0;
+    for (const SequenceChunk& c : chunks) n += c.wants_logits ? c.num_logit_rows : 0;
     return n;
   }
 };
@@ -103,12 +108,22 @@ class ModelRunner {
   virtual const ModelInfo& info() const = 0;
   // Allocates the cache once (every block of every layer); called before the first Forward.
   virtual absl::Status AllocateKvCache(const KvCacheShape& shape) = 0;
-  // Runs one step. `logits` receives [batch.NumLogitRows(), vocab_size] fp32, one row per chunk
-  // that wants logits, in chunk order. An error fails the whole step (the engine then fails the
+  // Runs one step. `logits` receives [batch.NumLogitRows(), vocab_size] fp32: per chunk that
+  // wants logits, in chunk order, the rows of its last num_logit_rows tokens in position order. An error fails the whole step (the engine then fails the
   // step's sequences and goes on) and leaves every sequence's state slot as it was before it, so
   // the step's chunks may run again.
   virtual absl::Status Forward(const StepBatch& batch, float* logits) = 0;
   virtual StepPhaseTimes LastPhaseTimes() const { return {}; }
+
+  // Whether Forward takes verify chunks (num_logit_rows > 1) for this model, and leaves the model
+  // as if positions past what the scheduler later keeps were never run: OK, or why not (the
+  // engine refuses speculative decoding at start with this status). A runner that keeps nothing
+  // per sequence but the KV of each position can say OK once its head computes several rows per
+  // chunk.
+  virtual absl::Status CheckDraftVerification() const {
+    return absl::FailedPreconditionError(
+        "this model runner does not verify draft tokens (speculative decoding) yet");
+  }
 
   // Sampling where the logits are (the GPU), so that only tokens come back to the host. A runner
   // that can sample rows of `params` itself says so here; the engine then runs every step whose

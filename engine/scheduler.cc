@@ -1,6 +1,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <cassert>
 #include <utility>
 
 namespace exl3::engine {
@@ -28,6 +29,11 @@ Scheduler::Scheduler(const SchedulerOptions& options, const ModelInfo& model,
     free_state_slots_.push_back(slot);
   samplers_.reserve(std::max(1, num_samplers));
   for (int i = 0; i < std::max(1, num_samplers); ++i) samplers_.emplace_back(model.vocab_size);
+  assert(ValidateSpeculativeOptions(options.speculative).ok());
+  if (options.speculative.method == SpeculativeMethod::kNgram) {
+    drafter_.emplace(*NgramOptionsOf(options.speculative));
+    speculative_counters_.num_accepted_tokens_per_pos.assign(options.speculative.num_speculative_tokens, 0);
+  }
 }
 
 void Scheduler::Add(int64_t sequence_id, SequenceRequest request) {
@@ -72,8 +78,18 @@ int Scheduler::ChunkSize(const Sequence& seq, int budget) const {
   return n;
 }
 
-void Scheduler::AddChunk(int64_t id, const Sequence& seq, int num_tokens,
-                         StepBatch& batch) const {
+std::vector<int32_t> Scheduler::ProposeDrafts(const Sequence& seq, int budget) const {
+  if (!drafter_.has_value() || seq.NumUncomputed() != 1) return {};
+  const int len = static_cast<int>(seq.tokens.size());
+  // A step emits up to 1 + drafts tokens: none past max_tokens or the context.
+  const int room = std::min({options_.speculative.num_speculative_tokens, budget,
+                             seq.request.max_tokens - seq.NumOutput() - 1,
+                             model_.max_context - len - 1});
+  if (room <= 0) return {};
+  return drafter_->Propose(seq.tokens, room);
+}
+
+void Scheduler::AddChunk(int64_t id, const Sequence& seq, int num_tokens, StepBatch& batch) const {
   SequenceChunk& chunk = batch.chunks.emplace_back();
   chunk.sequence_id = id;
   chunk.start_position = seq.num_computed;
@@ -161,7 +177,31 @@ ScheduledStep Scheduler::Schedule() {
     AddChunk(id, seq, n, step.batch);
     budget -= n;
   }
+
+  // 3. Drafts for the decoding sequences, oldest first, from what budget and blocks are left.
+  if (drafter_.has_value() && step.preempted.empty()) AddDrafts(budget, step.batch);
   return step;
+}
+
+void Scheduler::AddDrafts(int budget, StepBatch& batch) {
+  for (SequenceChunk& chunk : batch.chunks) {
+    if (budget <= 0) return;
+    const Sequence& seq = sequences_.at(chunk.sequence_id);
+    if (chunk.tokens.size() != 1 || !chunk.wants_logits || seq.NumUncomputed() != 1) continue;
+    std::vector<int32_t> drafts = ProposeDrafts(seq, budget);
+    // As many as the sequence's blocks and the free ones hold.
+    const int64_t room = (static_cast<int64_t>(kv_.BlockTable(chunk.sequence_id).size()) + kv_.NumFreeBlocks()) *
+                             kv_.block_size() - (seq.num_computed + 1);
+    if (static_cast<int64_t>(drafts.size()) > room) drafts.resize(std::max<int64_t>(room, 0));
+    if (drafts.empty()) continue;
+    const int end = seq.num_computed + 1 + static_cast<int>(drafts.size());
+    if (!kv_.Allocate(chunk.sequence_id, end)) continue;  // not reached: they fit
+    chunk.tokens.insert(chunk.tokens.end(), drafts.begin(), drafts.end());
+    chunk.num_logit_rows = 1 + static_cast<int>(drafts.size());
+    const std::span<const int32_t> table = kv_.BlockTable(chunk.sequence_id);
+    chunk.block_table.assign(table.begin(), table.end());
+    budget -= static_cast<int>(drafts.size());
+  }
 }
 
 std::optional<FinishReason> Scheduler::CheckStop(const Sequence& seq, int32_t token) const {
@@ -176,16 +216,22 @@ std::optional<FinishReason> Scheduler::CheckStop(const Sequence& seq, int32_t to
   return std::nullopt;
 }
 
-RowSampling Scheduler::RowSamplingOf(const Sequence& seq) const {
+RowSampling Scheduler::RowSamplingOf(const Sequence& seq, size_t num_tokens) const {
   RowSampling r;
   r.params = seq.request.sampling;
   r.seed = seq.request.seed;
-  const std::span<const int32_t> history(seq.tokens);
+  const std::span<const int32_t> history = std::span<const int32_t>(seq.tokens).first(num_tokens);
   const size_t prompt_len = seq.request.prompt.size();
   r.history.prompt = history.first(prompt_len);
   r.history.output = history.subspan(prompt_len);
-  if (seq.NumOutput() < seq.request.min_tokens) r.history.banned_tokens = seq.min_tokens_banned;
+  if (static_cast<int>(r.history.output.size()) < seq.request.min_tokens)
+    r.history.banned_tokens = seq.min_tokens_banned;
   return r;
+}
+
+bool Scheduler::HasVerifyChunks(const ScheduledStep& step) {
+  return std::any_of(step.batch.chunks.begin(), step.batch.chunks.end(),
+                     [](const SequenceChunk& c) { return c.wants_logits && c.num_logit_rows > 1; });
 }
 
 std::vector<RowSampling> Scheduler::SamplingRows(const ScheduledStep& step) const {
@@ -200,31 +246,64 @@ std::vector<RowSampling> Scheduler::SamplingRows(const ScheduledStep& step) cons
   return rows;
 }
 
-std::vector<Scheduler::SampledRow> Scheduler::AdvanceStep(const ScheduledStep& step) {
-  std::vector<SampledRow> rows;
+std::vector<Scheduler::SampledRows> Scheduler::AdvanceStep(const ScheduledStep& step) {
+  std::vector<SampledRows> rows;
   int row = 0;
   for (const SequenceChunk& chunk : step.batch.chunks) {
-    const int this_row = chunk.wants_logits ? row++ : 0;
+    const int first_row = row;
+    const int num_drafts = chunk.wants_logits ? chunk.num_logit_rows - 1 : 0;
+    if (chunk.wants_logits) row += chunk.num_logit_rows;
     auto it = sequences_.find(chunk.sequence_id);
     if (it == sequences_.end()) continue;  // aborted during the step
     Sequence& seq = it->second;
-    seq.num_computed += static_cast<int>(chunk.tokens.size());
+    seq.num_computed += static_cast<int>(chunk.tokens.size()) - num_drafts;
     kv_.CacheFullBlocks(chunk.sequence_id, seq.tokens, seq.num_computed);
-    if (chunk.wants_logits) rows.push_back({chunk.sequence_id, &seq, this_row});
+    if (!chunk.wants_logits) continue;
+    seq.tokens.insert(seq.tokens.end(), chunk.tokens.end() - num_drafts, chunk.tokens.end());
+    rows.push_back({chunk.sequence_id, &seq, first_row, num_drafts});
   }
   return rows;
 }
 
-std::vector<SequenceUpdate> Scheduler::AppendTokens(const std::vector<SampledRow>& rows,
-                                                    std::vector<SequenceUpdate> updates) {
-  for (size_t i = 0; i < rows.size(); ++i) {
-    SequenceUpdate& u = updates[i];
-    Sequence& seq = *rows[i].seq;
-    u.sequence_id = rows[i].id;
-    seq.tokens.push_back(u.token.token);
-    u.finish = CheckStop(seq, u.token.token);
-    u.progress = ProgressOf(seq);
-    if (u.finish.has_value()) Remove(rows[i].id);
+std::vector<SequenceUpdate> Scheduler::AppendTokens(const std::vector<SampledRows>& rows,
+                                                    std::span<const SampledToken> row_tokens) {
+  std::vector<SequenceUpdate> updates;
+  for (const SampledRows& r : rows) {
+    Sequence& seq = *r.seq;
+    const size_t base = seq.tokens.size() - r.num_drafts;
+    const std::vector<int32_t> drafts(seq.tokens.begin() + base, seq.tokens.end());
+    seq.tokens.resize(base);
+    int accepted = 0;
+    std::optional<FinishReason> finish;
+    for (int j = 0; j <= r.num_drafts; ++j) {
+      const SampledToken& t = row_tokens[r.first_row + j];
+      seq.tokens.push_back(t.token);
+      finish = CheckStop(seq, t.token);
+      SequenceUpdate& u = updates.emplace_back();
+      u.sequence_id = r.id;
+      u.token = t;
+      u.finish = finish;
+      u.progress = ProgressOf(seq);
+      if (j == r.num_drafts || t.token != drafts[j]) break;
+      ++accepted;  // draft j was right: row j + 1 saw the true history
+      if (finish.has_value()) break;
+    }
+    if (r.num_drafts > 0) {
+      SpeculativeCounters& c = speculative_counters_;
+      ++c.num_drafts;
+      c.num_draft_tokens += r.num_drafts;
+      c.num_accepted_tokens += accepted;
+      for (int j = 0; j < accepted; ++j) ++c.num_accepted_tokens_per_pos[j];
+    }
+    if (finish.has_value()) {
+      Remove(r.id);
+    } else if (r.num_drafts > 0) {
+      // The accepted drafts' positions hold their true keys and values; the rest are rolled
+      // back: uncomputed again, and the blocks beyond the computed positions given back.
+      seq.num_computed += accepted;
+      kv_.CacheFullBlocks(r.id, seq.tokens, seq.num_computed);
+      kv_.Truncate(r.id, seq.num_computed);
+    }
   }
   return updates;
 }
@@ -233,33 +312,41 @@ std::vector<SequenceUpdate> Scheduler::CompleteStep(const ScheduledStep& step,
                                                     std::span<float> logits,
                                                     ParallelFor* parallel) {
   // 1. Advance every chunk's sequence; collect the rows to sample.
-  const std::vector<SampledRow> rows = AdvanceStep(step);
+  const std::vector<SampledRows> rows = AdvanceStep(step);
   const size_t vocab = model_.vocab_size;
 
-  // 2. Sample; rows are independent and only read the sequences.
-  std::vector<SequenceUpdate> updates(rows.size());
+  // 2. Sample; rows are independent and only read the sequences. Row j of a verify chunk sees
+  // the history with drafts [0, j) (as if accepted).
+  struct Task {
+    const SampledRows* rows;
+    int j;
+  };
+  std::vector<Task> tasks;
+  for (const SampledRows& r : rows)
+    for (int j = 0; j <= r.num_drafts; ++j) tasks.push_back({&r, j});
+  std::vector<SampledToken> row_tokens(step.batch.NumLogitRows());
   auto sample = [&](int worker, int i) {
-    const RowSampling r = RowSamplingOf(*rows[i].seq);
-    updates[i].token = samplers_[worker].Sample(
-        logits.subspan(static_cast<size_t>(rows[i].row) * vocab, vocab), r.params, r.seed,
-        r.history);
+    const SampledRows& r = *tasks[i].rows;
+    const int row = r.first_row + tasks[i].j;
+    const size_t history = r.seq->tokens.size() - r.num_drafts + tasks[i].j;
+    const RowSampling s = RowSamplingOf(*r.seq, history);
+    row_tokens[row] = samplers_[worker].Sample(logits.subspan(static_cast<size_t>(row) * vocab, vocab),
+                                               s.params, s.seed, s.history);
   };
   if (parallel != nullptr && parallel->num_workers() <= static_cast<int>(samplers_.size())) {
-    parallel->Run(static_cast<int>(rows.size()), sample);
+    parallel->Run(static_cast<int>(tasks.size()), sample);
   } else {
-    for (int i = 0; i < static_cast<int>(rows.size()); ++i) sample(0, i);
+    for (int i = 0; i < static_cast<int>(tasks.size()); ++i) sample(0, i);
   }
 
   // 3. Append the tokens and end the sequences that stop.
-  return AppendTokens(rows, std::move(updates));
+  return AppendTokens(rows, row_tokens);
 }
 
 std::vector<SequenceUpdate> Scheduler::CompleteSampledStep(const ScheduledStep& step,
                                                            std::span<const SampledToken> sampled) {
-  const std::vector<SampledRow> rows = AdvanceStep(step);
-  std::vector<SequenceUpdate> updates(rows.size());
-  for (size_t i = 0; i < rows.size(); ++i) updates[i].token = sampled[rows[i].row];
-  return AppendTokens(rows, std::move(updates));
+  assert(!HasVerifyChunks(step));
+  return AppendTokens(AdvanceStep(step), sampled);
 }
 
 std::vector<int64_t> Scheduler::FailStep(const ScheduledStep& step) {

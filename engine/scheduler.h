@@ -28,6 +28,22 @@
 // recomputation starts at position 0, so its model state is rebuilt with its KV blocks.
 // A sequence's uncomputed tokens are always its history from num_computed on: a prompt (chunk),
 // a recomputation after preemption, or the one token sampled last step (decode).
+//
+// Speculative decoding (SchedulerOptions::speculative): a decoding sequence's chunk is its last
+// sampled token followed by up to num_speculative_tokens drafts (engine/ngram_drafter.h; fewer
+// where the token budget, max_tokens or the context end), every position's logits wanted. Drafts
+// are added last, from the budget and free blocks that the steps above left (none in a step
+// that preempted), so they never cost another sequence its place. Row j (0-based) is sampled as plain decoding would sample
+// the sequence's next token had drafts [0, j) been accepted (same penalties, bans and draw
+// index), and draft j is accepted while it equals row j's token; the tokens of the rows up to
+// the first mismatch (its token is the correction, or after d accepted drafts the bonus) are
+// appended, stopping at a stop condition. Every emitted token is thus exactly the token plain
+// decoding would have produced from the same logits and seed, greedy or sampled: for a one-hot
+// proposal this accept test (accept x when the draw gives x, probability p(x); otherwise the
+// draw's token, distributed as p without x renormalised) is the standard rejection scheme.
+// Positions past the accepted ones keep the values the verify step wrote until the sequence
+// runs them again (attention reads only positions below its own), and the blocks holding only
+// such positions are freed at once.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +59,7 @@
 #include "engine/model_runner.h"
 #include "engine/parallel_for.h"
 #include "engine/sampler.h"
+#include "engine/speculative_options.h"
 
 namespace exl3::engine {
 
@@ -62,6 +79,17 @@ struct SchedulerOptions {
   std::optional<int> long_prefill_token_threshold;
   // Applies only where PrefixCachingUsable(model) holds.
   bool enable_prefix_caching = true;
+  // Drafting and verification; must pass ValidateSpeculativeOptions (Engine::Start checks it).
+  SpeculativeOptions speculative;
+};
+
+// Speculative decoding's totals since the start (vLLM's spec_decode counters).
+struct SpeculativeCounters {
+  int64_t num_drafts = 0;           // verify chunks with at least one draft token
+  int64_t num_draft_tokens = 0;     // draft tokens verified
+  int64_t num_accepted_tokens = 0;  // of those, accepted
+  // [num_speculative_tokens]: drafts accepted at each draft position (0: the first).
+  std::vector<int64_t> num_accepted_tokens_per_pos;
 };
 
 // Whether a model can resume a sequence from cached KV blocks: not when it keeps a recurrent
@@ -92,10 +120,11 @@ struct SequenceProgress {
   int cached_prompt_tokens = 0;  // prefix-cache hit at its first admission
 };
 
-// What one step did to one sequence.
+// What one step did to one sequence: one update per token it appended (several after accepted
+// drafts, in order; the finish, if any, on the last).
 struct SequenceUpdate {
   int64_t sequence_id = 0;
-  SampledToken token;                  // the token sampled this step
+  SampledToken token;                  // a token sampled this step
   std::optional<FinishReason> finish;  // kStop or kLength: the sequence is gone
   SequenceProgress progress;           // after this step
 };
@@ -121,8 +150,11 @@ class Scheduler {
                                            ParallelFor* parallel = nullptr);
   // What sampling each logit row of `step` takes (its chunks that want logits, in chunk order),
   // for a runner that samples on its own device (ModelRunner::ForwardSampled). The histories
-  // point into the scheduler's sequences: valid until the next call that changes them.
+  // point into the scheduler's sequences: valid until the next call that changes them. Only
+  // for steps without verify chunks (a verify row's history holds the drafts before it, which
+  // are not in the sequence yet): HasVerifyChunks.
   std::vector<RowSampling> SamplingRows(const ScheduledStep& step) const;
+  static bool HasVerifyChunks(const ScheduledStep& step);
   // CompleteStep for a step whose rows were sampled already: sampled[i] is row i's token.
   std::vector<SequenceUpdate> CompleteSampledStep(const ScheduledStep& step,
                                                   std::span<const SampledToken> sampled);
@@ -136,6 +168,7 @@ class Scheduler {
   bool Empty() const { return sequences_.empty(); }
   int64_t NumPreemptions() const { return num_preemptions_; }
   const KvBlockManager& kv() const { return kv_; }
+  const SpeculativeCounters& speculative_counters() const { return speculative_counters_; }
 
  private:
   enum class SequenceState { kWaiting, kRunning };
@@ -153,22 +186,34 @@ class Scheduler {
     int NumUncomputed() const { return static_cast<int>(tokens.size()) - num_computed; }
   };
 
-  // A present sequence's logit row of a step.
-  struct SampledRow {
+  // A present sequence's logit rows of a step: one, or 1 + drafts for a verify chunk.
+  struct SampledRows {
     int64_t id;
     Sequence* seq;
-    int row;  // index among the step's logit rows
+    int first_row;   // index among the step's logit rows
+    int num_drafts;  // the drafts sit at the end of seq->tokens until AppendTokens
   };
-  RowSampling RowSamplingOf(const Sequence& seq) const;
-  // Advances every present sequence of the step by its chunk; returns the rows to sample.
-  std::vector<SampledRow> AdvanceStep(const ScheduledStep& step);
-  // Appends updates[i].token to rows[i]'s sequence, fills in the rest of updates[i], and removes
-  // the sequences that stop.
-  std::vector<SequenceUpdate> AppendTokens(const std::vector<SampledRow>& rows,
-                                           std::vector<SequenceUpdate> updates);
+  // The sampling of `seq`'s next token after its first `num_tokens` tokens.
+  RowSampling RowSamplingOf(const Sequence& seq, size_t num_tokens) const;
+  RowSampling RowSamplingOf(const Sequence& seq) const { return RowSamplingOf(seq, seq.tokens.size()); }
+  // Advances every present sequence of the step by its chunk's tokens (a verify chunk's drafts
+  // are appended to its history for the rows' sampling, not counted computed); returns the rows
+  // to sample.
+  std::vector<SampledRows> AdvanceStep(const ScheduledStep& step);
+  // row_tokens[r]: the token sampled from logit row r. Takes each sequence's drafts back off its
+  // history, appends its accepted drafts and the next token (stopping at a stop condition), one
+  // update per token, and removes the sequences that stop.
+  std::vector<SequenceUpdate> AppendTokens(const std::vector<SampledRows>& rows,
+                                           std::span<const SampledToken> row_tokens);
   // Uncomputed tokens of `seq` to run this step, within `budget`.
   int ChunkSize(const Sequence& seq, int budget) const;
+  // Drafts for a decoding sequence (one uncomputed token) within `budget` more tokens.
+  std::vector<int32_t> ProposeDrafts(const Sequence& seq, int budget) const;
   void AddChunk(int64_t id, const Sequence& seq, int num_tokens, StepBatch& batch) const;
+  // Turns the batch's decode chunks into verify chunks, oldest first, while `budget` tokens and
+  // free blocks last, each with as many drafts as fit (after everything else is scheduled:
+  // drafts displace no one).
+  void AddDrafts(int budget, StepBatch& batch);
   // Frees the newest running sequence's blocks and puts it at the front of the waiting queue.
   int64_t PreemptNewest();
   std::optional<FinishReason> CheckStop(const Sequence& seq, int32_t token) const;
@@ -184,6 +229,8 @@ class Scheduler {
   std::vector<int64_t> running_;  // admission order: oldest first
   std::vector<int> free_state_slots_;  // state slots no running sequence holds
   int64_t num_preemptions_ = 0;
+  std::optional<NgramDrafter> drafter_;  // speculative method ngram
+  SpeculativeCounters speculative_counters_;
 };
 
 }  // namespace exl3::engine

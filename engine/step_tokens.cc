@@ -36,7 +36,13 @@ absl::Status FlattenStep(const StepBatch& batch, int vocab_size, const KvCacheSh
       out->chunk_of.push_back(static_cast<int32_t>(c));
       out->seq_len_after.push_back(end);
     }
-    if (ch.wants_logits) out->logit_tokens.push_back(static_cast<int32_t>(out->token_ids.size()) - 1);
+    if (ch.wants_logits) {
+      if (ch.num_logit_rows < 1 || ch.num_logit_rows > n)
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", ch.sequence_id, ": ", ch.num_logit_rows,
+                                                       " logit rows wanted of a chunk of ", n, " tokens"));
+      const int32_t end_token = static_cast<int32_t>(out->token_ids.size());
+      for (int32_t t = end_token - ch.num_logit_rows; t < end_token; ++t) out->logit_tokens.push_back(t);
+    }
   }
   out->num_tokens = static_cast<int>(out->token_ids.size());
   return absl::OkStatus();

@@ -16,7 +16,7 @@ struct StepTokens {
   std::vector<int32_t> positions;      // [num_tokens]
   std::vector<int32_t> chunk_of;       // [num_tokens]: index into batch->chunks
   std::vector<int32_t> seq_len_after;  // [num_tokens]: its sequence's length after this step
-  std::vector<int32_t> logit_tokens;   // tokens whose logits are wanted, in chunk order
+  std::vector<int32_t> logit_tokens;   // tokens whose logits are wanted, in step order
 
   const std::vector<int32_t>& block_table(int t) const { return batch->chunks[chunk_of[t]].block_table; }
 };

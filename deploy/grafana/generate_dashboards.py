@@ -213,6 +213,14 @@ def engine_row():
             (f"sum(exl3_engine_num_requests_waiting{{{R}}})", "waiting"),
             (f"sum(rate(exl3_engine_num_preemptions_total{{{R}}}[{RATE}]))", "preemptions/s")),
             desc="Prompt, cached and generated tokens per second; waiting sequences; preemptions per second."), 12, 8),
+        (timeseries("Speculative decoding", targets(
+            (f"sum(rate(exl3_engine_spec_decode_num_draft_tokens_total{{{R}}}[{RATE}]))", "draft tokens/s"),
+            (f"sum(rate(exl3_engine_spec_decode_num_accepted_tokens_total{{{R}}}[{RATE}]))", "accepted tokens/s"),
+            (f"sum(rate(exl3_engine_spec_decode_num_accepted_tokens_total{{{R}}}[{RATE}])) / "
+             f"clamp_min(sum(rate(exl3_engine_spec_decode_num_draft_tokens_total{{{R}}}[{RATE}])), 1e-9)",
+             "acceptance rate")),
+            desc="With --speculative-method: draft tokens verified and accepted per second, and the "
+                 "fraction accepted (zero when speculative decoding is off)."), 12, 8),
     ]
 
 

@@ -104,7 +104,18 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r)
       prefix_queries_(Count(r, "exl3_engine_prefix_cache_queries_total",
                             "Prompt tokens looked up in the prefix cache")),
       prefix_hits_(Count(r, "exl3_engine_prefix_cache_hits_total",
-                         "Prompt tokens found in the prefix cache")) {
+                         "Prompt tokens found in the prefix cache")),
+      spec_drafts_(Count(r, "exl3_engine_spec_decode_num_drafts_total",
+                         "Speculative decoding: verify chunks with at least one draft token")),
+      spec_draft_tokens_(Count(r, "exl3_engine_spec_decode_num_draft_tokens_total",
+                               "Speculative decoding: draft tokens verified")),
+      spec_accepted_tokens_(Count(r, "exl3_engine_spec_decode_num_accepted_tokens_total",
+                                  "Speculative decoding: draft tokens accepted")),
+      spec_accepted_per_pos_fam_(prometheus::BuildCounter()
+                                     .Name("exl3_engine_spec_decode_num_accepted_tokens_per_pos_total")
+                                     .Help("Speculative decoding: draft tokens accepted at each draft "
+                                           "position (0: the first draft of a step)")
+                                     .Register(r)) {
   for (engine::FinishReason reason : {engine::FinishReason::kStop, engine::FinishReason::kLength,
                                       engine::FinishReason::kAbort, engine::FinishReason::kError})
     finished_fam_.Add({{"finish_reason", ReasonName(reason)}});
@@ -155,6 +166,20 @@ void EngineMetrics::Refresh(const engine::EngineStats& s) {
     prefix_queries_.Increment(s.prefix_cache_queried_tokens - last_.prefix_cache_queried_tokens);
   if (s.prefix_cache_hit_tokens > last_.prefix_cache_hit_tokens)
     prefix_hits_.Increment(s.prefix_cache_hit_tokens - last_.prefix_cache_hit_tokens);
+  const engine::SpeculativeCounters& spec = s.speculative;
+  const engine::SpeculativeCounters& was = last_.speculative;
+  if (spec.num_drafts > was.num_drafts) spec_drafts_.Increment(spec.num_drafts - was.num_drafts);
+  if (spec.num_draft_tokens > was.num_draft_tokens)
+    spec_draft_tokens_.Increment(spec.num_draft_tokens - was.num_draft_tokens);
+  if (spec.num_accepted_tokens > was.num_accepted_tokens)
+    spec_accepted_tokens_.Increment(spec.num_accepted_tokens - was.num_accepted_tokens);
+  for (size_t pos = 0; pos < spec.num_accepted_tokens_per_pos.size(); ++pos) {
+    if (pos == spec_accepted_per_pos_.size())
+      spec_accepted_per_pos_.push_back(&spec_accepted_per_pos_fam_.Add({{"position", std::to_string(pos)}}));
+    const int64_t before = pos < was.num_accepted_tokens_per_pos.size() ? was.num_accepted_tokens_per_pos[pos] : 0;
+    if (spec.num_accepted_tokens_per_pos[pos] > before)
+      spec_accepted_per_pos_[pos]->Increment(spec.num_accepted_tokens_per_pos[pos] - before);
+  }
   last_ = s;
 }
 

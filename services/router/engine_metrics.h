@@ -1,10 +1,12 @@
 // The engine's Prometheus metrics (docs/metrics.md, "Engine"), fed by the engine's observer hooks
 // (engine/engine.h) on its loop thread, and its gauges refreshed from Engine::Stats by Refresh().
 // Names follow vLLM's where users know them (time to first token, inter-token latency, end-to-end
-// latency, queue time, prompt/generation tokens, running/waiting, KV usage, prefix cache).
+// latency, queue time, prompt/generation tokens, running/waiting, KV usage, prefix cache,
+// speculative decoding's drafts and acceptance).
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "engine/engine.h"
 #include "prometheus/counter.h"
@@ -55,6 +57,11 @@ class EngineMetrics final : public engine::EngineObserver {
   prometheus::Counter& preemptions_;
   prometheus::Counter& prefix_queries_;
   prometheus::Counter& prefix_hits_;
+  prometheus::Counter& spec_drafts_;
+  prometheus::Counter& spec_draft_tokens_;
+  prometheus::Counter& spec_accepted_tokens_;
+  prometheus::Family<prometheus::Counter>& spec_accepted_per_pos_fam_;
+  std::vector<prometheus::Counter*> spec_accepted_per_pos_;  // by draft position, added as seen
   engine::EngineStats last_{};
 };
 

@@ -93,6 +93,12 @@ absl::StatusOr<std::unique_ptr<Generation>> Generation::Start(const GenerationOp
                g->engine_->model_info().name.c_str(), g->engine_->model_info().architecture.c_str(),
                o.device == EngineDevice::kCuda ? "GPU" : "CPU", shape.num_blocks, shape.block_size,
                go.experts.c_str());
+  const engine::SpeculativeOptions& spec = o.engine.scheduler.speculative;
+  if (spec.method == engine::SpeculativeMethod::kNgram) {
+    const engine::NgramDrafterOptions ngram = *engine::NgramOptionsOf(spec);  // checked by Start
+    exl3::LogInfo("engine: speculative decoding ngram, %d draft tokens per step, n-grams of %d to %d",
+                 spec.num_speculative_tokens, ngram.min_n, ngram.max_n);
+  }
   const engine::ModelInfo& info = g->engine_->model_info();
   if (info.state_bytes_per_sequence > 0) {
     exl3::LogInfo("engine: %s keeps a recurrent state per sequence (%.1f MiB each, %d slots)%s",

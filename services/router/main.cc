@@ -96,6 +96,15 @@ ABSL_FLAG(int32_t, max_num_seqs, 256, "sequences running at once");
 ABSL_FLAG(int32_t, long_prefill_token_threshold, 0,
           "largest prompt chunk of one step, so long prompts cannot starve decode (0: the token budget)");
 ABSL_FLAG(bool, enable_prefix_caching, true, "share full KV blocks between prompts with the same prefix");
+ABSL_FLAG(std::string, speculative_method, "off",
+          "speculative decoding: off, or ngram (draft the tokens that followed the latest earlier "
+          "occurrence of the sequence's last n tokens; verified exactly, greedy and sampled). "
+          "Refused at start where the model cannot verify drafts (docs/engine.md)");
+ABSL_FLAG(int32_t, num_speculative_tokens, 0, "draft tokens per sequence and step (>= 1 with a method)");
+ABSL_FLAG(int32_t, ngram_prompt_lookup_max, 0,
+          "ngram: longest suffix matched (0: --ngram-prompt-lookup-min, or 5 when both are 0, as vLLM)");
+ABSL_FLAG(int32_t, ngram_prompt_lookup_min, 0,
+          "ngram: shortest suffix matched (0: --ngram-prompt-lookup-max, or 5 when both are 0, as vLLM)");
 ABSL_FLAG(int32_t, max_pending_requests, 1024,
           "Generate requests accepted and unfinished; beyond it RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, generate_timeout_ms, 600000,
@@ -134,6 +143,14 @@ absl::StatusOr<std::unique_ptr<Generation>> StartGeneration(const std::string& m
   if (absl::GetFlag(FLAGS_long_prefill_token_threshold) > 0)
     e.scheduler.long_prefill_token_threshold = absl::GetFlag(FLAGS_long_prefill_token_threshold);
   e.scheduler.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
+  engine::SpeculativeOptions& spec = e.scheduler.speculative;
+  EXL3_ASSIGN_OR_RETURN(spec.method, engine::ParseSpeculativeMethod(absl::GetFlag(FLAGS_speculative_method)));
+  spec.num_speculative_tokens = absl::GetFlag(FLAGS_num_speculative_tokens);
+  if (absl::GetFlag(FLAGS_ngram_prompt_lookup_max) != 0)
+    spec.prompt_lookup_max = absl::GetFlag(FLAGS_ngram_prompt_lookup_max);
+  if (absl::GetFlag(FLAGS_ngram_prompt_lookup_min) != 0)
+    spec.prompt_lookup_min = absl::GetFlag(FLAGS_ngram_prompt_lookup_min);
+  EXL3_RETURN_IF_ERROR(engine::ValidateSpeculativeOptions(spec));
   e.max_pending_requests = absl::GetFlag(FLAGS_max_pending_requests);
   return Generation::Start(g, router, registry);
 }
@@ -214,7 +231,8 @@ int Main() {
                                    ropt.inline_max_tokens, (*metrics_ep)->registry());
     if (started.ok()) {
       generation = std::move(*started);
-    } else if (generate == "auto" && core) {
+    } else if (generate == "auto" && core && absl::GetFlag(FLAGS_speculative_method) == "off") {
+      // (Asked for speculative decoding, the model was meant to run: its refusal ends the start.)
       exl3::LogInfo("not running the model (serving MoeRouter only): %s",
                    std::string(started.status().message()).c_str());
     } else {

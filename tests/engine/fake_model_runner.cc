@@ -141,9 +141,15 @@ absl::Status FakeModelRunner::Forward(const StepBatch& batch, float* logits) {
       history.push_back(c.tokens[i]);
     }
     if (c.wants_logits) {
-      HistoryLogits(history, logits + static_cast<size_t>(row) * info_.vocab_size,
-                    info_.vocab_size);
-      ++row;
+      // One row per trailing position (a verify chunk's drafts), each from the history up to it.
+      if (c.num_logit_rows < 1 || c.num_logit_rows > static_cast<int>(c.tokens.size()))
+        return CheckFailed(absl::StrCat("seq ", c.sequence_id, ": ", c.num_logit_rows, " logit rows"));
+      for (int j = 0; j < c.num_logit_rows; ++j) {
+        const size_t len = history.size() - c.num_logit_rows + 1 + j;
+        HistoryLogits(std::span<const int32_t>(history).first(len),
+                      logits + static_cast<size_t>(row) * info_.vocab_size, info_.vocab_size);
+        ++row;
+      }
     }
   }
   return absl::OkStatus();

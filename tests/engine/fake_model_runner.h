@@ -13,7 +13,8 @@
 // there. Forward checks, for every chunk, that the block table covers the chunk, that every
 // earlier position's slot holds that position (written by an earlier step), and that no two
 // chunks of one step write the same slot; it then writes the chunk's tokens and returns, per
-// chunk that wants logits, HistoryLogits of the history it read plus the chunk's tokens. A
+// chunk that wants logits, HistoryLogits of the history it read plus the chunk's tokens (a
+// verify chunk: one row per trailing position, of the history up to it). A
 // failed check is an INTERNAL error naming it (and is counted in num_check_failures).
 #pragma once
 
@@ -55,6 +56,9 @@ class FakeModelRunner : public ModelRunner {
   absl::Status AllocateKvCache(const KvCacheShape& shape) override;
   absl::Status Forward(const StepBatch& batch, float* logits) override;
   StepPhaseTimes LastPhaseTimes() const override;
+  // It keeps nothing per sequence but each position's slot: drafts are verified as by the CPU
+  // model.
+  absl::Status CheckDraftVerification() const override { return absl::OkStatus(); }
   bool SamplesRows(const SamplingParams& params) const override;
   absl::Status ForwardSampled(const StepBatch& batch, std::span<const RowSampling> rows,
                               std::span<SampledToken> tokens) override;

@@ -182,5 +182,27 @@ TEST(KvBlockManager, BlockHashIsChained) {
   EXPECT_NE(KvBlockManager::HashBlock(5, t), KvBlockManager::HashBlock(5, std::vector<int32_t>{2, 1}));
 }
 
+TEST(KvBlockManager, TruncateGivesBackBlocksPastThePositionsKept) {
+  KvBlockManager kv(10, 4);
+  const std::vector<int32_t> tokens = Iota(9, 100);
+  ASSERT_TRUE(kv.Allocate(1, 14));  // 9 tokens + 5 drafts: 4 blocks
+  kv.CacheFullBlocks(1, tokens, 9);  // blocks 0 and 1 full
+  EXPECT_EQ(kv.NumFreeBlocks(), 6);
+  const std::vector<int32_t> before = Table(kv, 1);
+  kv.Truncate(1, 9);  // positions [0, 9): 3 blocks
+  EXPECT_EQ(Table(kv, 1), std::vector<int32_t>(before.begin(), before.begin() + 3));
+  EXPECT_EQ(kv.NumFreeBlocks(), 7);
+  kv.Truncate(1, 1);  // registered full blocks are kept
+  EXPECT_EQ(Table(kv, 1), std::vector<int32_t>(before.begin(), before.begin() + 2));
+  EXPECT_EQ(kv.NumFreeBlocks(), 8);
+  // The freed block is handed out again first.
+  ASSERT_TRUE(kv.Allocate(2, 1));
+  EXPECT_EQ(Table(kv, 2), std::vector<int32_t>{before[2]});
+  kv.Truncate(3, 4);  // unknown: no-op
+  kv.Free(1);
+  kv.Free(2);
+  EXPECT_DOUBLE_EQ(kv.Usage(), 0.0);
+}
+
 }  // namespace
 }  // namespace exl3::engine

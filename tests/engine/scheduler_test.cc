@@ -1,5 +1,7 @@
 #include "engine/scheduler.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <numeric>
@@ -7,6 +9,7 @@
 #include <set>
 #include <vector>
 
+#include "engine/ngram_drafter.h"
 #include "engine/sequence_state.h"
 #include "gtest/gtest.h"
 #include "tests/engine/fake_model_runner.h"
@@ -349,10 +352,145 @@ TEST(Scheduler, PrefixHitSkipsCachedBlocksAndReportsCachedTokens) {
 
 // Random arrivals, aborts, shared prefixes, small caches and budgets: every sequence that was
 // not aborted ends with the tokens it gets alone, and the cache ends empty.
+// Speculative decoding: drafts come last, from the blocks left, as many as fit, and preempt no
+// one.
+TEST(Scheduler, DraftsTakeOnlyTheBlocksLeft) {
+  SchedulerOptions opt;
+  opt.speculative.method = SpeculativeMethod::kNgram;
+  opt.speculative.num_speculative_tokens = 4;
+  opt.speculative.prompt_lookup_min = 1;
+  opt.speculative.prompt_lookup_max = 1;
+  // 18 blocks of 4. a: a prompt of every token id (64 tokens, 16 blocks), so whatever the fake
+  // model samples occurred in it and the unigram drafter always proposes; b: one token (1 block).
+  Driver d(opt, KvCacheShape{18, 4});
+  SequenceRequest a = Request(1, 0, 8);
+  a.prompt.resize(64);
+  std::iota(a.prompt.begin(), a.prompt.end(), 0);
+  d.sched().Add(1, a);
+  d.sched().Add(2, Request(1, 1, 8));
+  ASSERT_EQ(ChunkSizes(d.Step()), (std::vector<int>{64, 1}));
+  EXPECT_EQ(d.sched().kv().NumFreeBlocks(), 1);
+  std::vector<int32_t> history = a.prompt;
+  history.push_back(d.outputs[1][0]);
+  // Step 2: a's token at position 64 takes the last free block, b's stays in its first; a's
+  // drafts get what that block holds after 64 (3 of the 4 it could have), b keeps its place.
+  const ScheduledStep step = d.Step();
+  EXPECT_TRUE(step.preempted.empty());
+  ASSERT_EQ(step.batch.chunks.size(), 2u);
+  const int want = std::min<int>(3, static_cast<int>(NgramDrafter({1, 1}).Propose(history, 4).size()));
+  EXPECT_GE(want, 1);
+  EXPECT_EQ(step.batch.chunks[0].num_logit_rows, 1 + want);
+  EXPECT_EQ(step.batch.chunks[0].tokens.size(), static_cast<size_t>(1 + want));
+  EXPECT_EQ(step.batch.chunks[0].block_table.size(), 17u);
+  EXPECT_LE(step.batch.chunks[1].tokens.size(), 4u);  // b: its own block's room at most
+  EXPECT_EQ(d.sched().kv().NumFreeBlocks(), 0);
+  d.RunToEnd();
+  EXPECT_EQ(d.sched().kv().NumFreeBlocks(), 18);
+  EXPECT_EQ(d.outputs[1].size(), 8u);
+  EXPECT_EQ(d.outputs[2].size(), 8u);
+}
+
+TEST(Scheduler, DraftsWithinTheTokenBudget) {
+  SchedulerOptions opt;
+  opt.max_num_batched_tokens = 3;
+  opt.speculative.method = SpeculativeMethod::kNgram;
+  opt.speculative.num_speculative_tokens = 4;
+  opt.speculative.prompt_lookup_min = 1;
+  opt.speculative.prompt_lookup_max = 1;
+  Driver d(opt, kLargeCache);
+  SequenceRequest a = Request(1, 0, 30);
+  a.prompt.resize(64);
+  std::iota(a.prompt.begin(), a.prompt.end(), 0);
+  d.sched().Add(1, a);
+  for (int i = 0; i < 22; ++i) d.Step();  // the prompt in chunks of 3
+  for (int i = 0; i < 5 && !d.sched().Empty(); ++i) {
+    const ScheduledStep step = d.Step();
+    ASSERT_EQ(step.batch.chunks.size(), 1u);
+    EXPECT_LE(step.batch.chunks[0].tokens.size(), 3u);  // 1 + at most 2 drafts
+    EXPECT_EQ(step.batch.chunks[0].num_logit_rows, static_cast<int>(step.batch.chunks[0].tokens.size()));
+  }
+  EXPECT_GT(d.sched().speculative_counters().num_draft_tokens, 0);
+}
+
+// Sampled verification is the standard rejection scheme for a one-hot proposal: over many seeds,
+// a draft x is accepted with probability p(x) (the target's, at the request's temperature), and a
+// rejected row emits y != x with probability p(y) (p without x, renormalised, times 1 - p(x)).
+TEST(Scheduler, SampledDraftsAcceptedWithTheTargetProbability) {
+  constexpr int kSequences = 20000;
+  constexpr float kTemperature = 0.5f;
+  constexpr int kVocab = 64;  // FakeModelOptions' default
+  SchedulerOptions opt;
+  opt.max_num_batched_tokens = 1 << 20;  // never short: every sequence's second token is drafted
+  opt.speculative.method = SpeculativeMethod::kNgram;
+  opt.speculative.num_speculative_tokens = 1;
+  opt.speculative.prompt_lookup_min = 1;
+  opt.speculative.prompt_lookup_max = 1;
+  Driver d(opt, kLargeCache);
+  // Every token id in the prompt: the first sampled token occurred there, so the unigram drafter
+  // proposes one draft for the second.
+  std::vector<int32_t> prompt(kVocab);
+  std::iota(prompt.begin(), prompt.end(), 0);
+  for (int i = 0; i < kSequences; ++i) {
+    SequenceRequest r = Request(1, 0, 3);  // room for one draft after the first token
+    r.prompt = prompt;
+    r.sampling.temperature = kTemperature;
+    r.seed = 1000 + i;
+    d.sched().Add(i, r);
+  }
+  d.RunToEnd();
+  EXPECT_EQ(d.sched().speculative_counters().num_drafts, kSequences);
+
+  double accepted = 0, expected = 0, variance = 0;
+  std::vector<double> rejected_count(kVocab, 0), rejected_expected(kVocab, 0);
+  std::vector<float> row(kVocab);
+  for (int i = 0; i < kSequences; ++i) {
+    const std::vector<int32_t>& out = d.outputs[i];
+    ASSERT_EQ(out.size(), 3u);
+    std::vector<int32_t> history = prompt;
+    history.push_back(out[0]);
+    const std::vector<int32_t> draft = NgramDrafter({1, 1}).Propose(history, 1);
+    ASSERT_EQ(draft.size(), 1u);
+    // The target distribution of the second token (the verify chunk's row 0).
+    FakeModelRunner::HistoryLogits(history, row.data(), kVocab);
+    const float top = *std::max_element(row.begin(), row.end());
+    std::vector<double> p(kVocab);
+    double sum = 0;
+    for (int v = 0; v < kVocab; ++v) sum += p[v] = std::exp((row[v] - top) / kTemperature);
+    for (double& q : p) q /= sum;
+    const int32_t x = draft[0];
+    expected += p[x];
+    variance += p[x] * (1 - p[x]);
+    if (out[1] == x) {
+      ++accepted;
+    } else {
+      ++rejected_count[out[1]];
+    }
+    for (int v = 0; v < kVocab; ++v)
+      if (v != x) rejected_expected[v] += p[v];
+  }
+  const double z = (accepted - expected) / std::sqrt(variance);
+  double chi2 = 0;
+  int bins = 0;
+  for (int v = 0; v < kVocab; ++v) {
+    if (rejected_expected[v] < 5) continue;
+    chi2 += (rejected_count[v] - rejected_expected[v]) * (rejected_count[v] - rejected_expected[v]) /
+            rejected_expected[v];
+    ++bins;
+  }
+  std::printf("[rejection scheme] %d drafts: %.0f accepted, %.1f expected (z %.2f); rejected "
+              "rows' tokens: chi-square %.1f over %d bins\n",
+              kSequences, accepted, expected, z, chi2, bins);
+  EXPECT_LT(std::abs(z), 4.0);
+  ASSERT_GT(bins, 20);
+  // Chi-square of `bins` - 1 degrees of freedom: mean bins - 1, sd sqrt(2 (bins - 1)).
+  EXPECT_LT(chi2, bins - 1 + 6 * std::sqrt(2.0 * (bins - 1)));
+  EXPECT_EQ(static_cast<int64_t>(accepted), d.sched().speculative_counters().num_accepted_tokens);
+}
+
 TEST(Scheduler, RandomizedWorkloadsMatchSoloRuns) {
   std::mt19937 rng(12345);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  int64_t preemptions = 0, prefix_hit_tokens = 0;
+  int64_t preemptions = 0, prefix_hit_tokens = 0, draft_tokens = 0, accepted_tokens = 0;
   for (int round = 0; round < 30; ++round) {
     SchedulerOptions opt;
     opt.max_num_batched_tokens = uniform(8, 64);
@@ -360,6 +498,14 @@ TEST(Scheduler, RandomizedWorkloadsMatchSoloRuns) {
     if (uniform(0, 1) == 1) opt.long_prefill_token_threshold = uniform(1, 16);
     opt.enable_prefix_caching = uniform(0, 3) != 0;
     const KvCacheShape cache{uniform(24, 64), 4};
+    // Rounds 1 and 2 of every 4 with n-gram speculation (short n-grams: drafts mostly rejected,
+    // so rollback runs often), compared below with plain solo runs.
+    if (round % 4 == 1 || round % 4 == 2) {
+      opt.speculative.method = SpeculativeMethod::kNgram;
+      opt.speculative.num_speculative_tokens = uniform(1, 4);
+      opt.speculative.prompt_lookup_min = 1;
+      opt.speculative.prompt_lookup_max = uniform(1, 3);
+    }
     // Every 4th round as a model with recurrent layers: state slots checked, no prefix hits.
     Driver d(opt, cache, /*recurrent=*/round % 4 == 3);
 
@@ -403,6 +549,8 @@ TEST(Scheduler, RandomizedWorkloadsMatchSoloRuns) {
     EXPECT_EQ(d.sched().kv().NumFreeBlocks(), cache.num_blocks) << "round " << round;
     preemptions += d.sched().NumPreemptions();
     prefix_hit_tokens += d.sched().kv().counters().hit_tokens;
+    draft_tokens += d.sched().speculative_counters().num_draft_tokens;
+    accepted_tokens += d.sched().speculative_counters().num_accepted_tokens;
     if (round % 4 == 3) {
       EXPECT_EQ(d.sched().kv().counters().hit_tokens, 0) << "round " << round;
     }
@@ -417,11 +565,15 @@ TEST(Scheduler, RandomizedWorkloadsMatchSoloRuns) {
       EXPECT_EQ(d.finished[id], solo.finished[id]) << "round " << round << " sequence " << id;
     }
   }
-  // The workloads did exercise preemption and the prefix cache.
+  // The workloads did exercise preemption, the prefix cache and speculation both ways.
   EXPECT_GT(preemptions, 0);
   EXPECT_GT(prefix_hit_tokens, 0);
-  std::printf("[randomized] %lld preemptions, %lld prefix-hit tokens over 30 rounds\n",
-              static_cast<long long>(preemptions), static_cast<long long>(prefix_hit_tokens));
+  EXPECT_GT(accepted_tokens, 0);
+  EXPECT_LT(accepted_tokens, draft_tokens);
+  std::printf("[randomized] %lld preemptions, %lld prefix-hit tokens, %lld draft tokens of which %lld "
+              "accepted over 30 rounds\n",
+              static_cast<long long>(preemptions), static_cast<long long>(prefix_hit_tokens),
+              static_cast<long long>(draft_tokens), static_cast<long long>(accepted_tokens));
 }
 
 }  // namespace

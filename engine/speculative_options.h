@@ -1,0 +1,49 @@
+// Speculative decoding's settings (vLLM's names): which drafter proposes tokens, how many per
+// sequence and step, and the n-gram drafter's match lengths.
+//
+//   SpeculativeOptions s;
+//   EXL3_ASSIGN_OR_RETURN(s.method, ParseSpeculativeMethod("ngram"));
+//   s.num_speculative_tokens = 3;
+//   EXL3_ASSIGN_OR_RETURN(NgramDrafterOptions ngram, NgramOptionsOf(s));
+//
+// With a drafter, a decoding sequence's step runs its last sampled token followed by up to
+// num_speculative_tokens drafts and samples every one of those positions; the drafts are
+// accepted while they equal the token sampled before them (engine/scheduler.h).
+#pragma once
+
+#include <optional>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "engine/ngram_drafter.h"
+
+namespace exl3::engine {
+
+enum class SpeculativeMethod {
+  kOff,    // one token per sequence and step
+  kNgram,  // prompt lookup (engine/ngram_drafter.h)
+};
+
+const char* SpeculativeMethodName(SpeculativeMethod method);
+// "off" or "ngram"; anything else is INVALID_ARGUMENT naming the choices.
+absl::StatusOr<SpeculativeMethod> ParseSpeculativeMethod(std::string_view name);
+
+// vLLM's default when neither prompt_lookup_min nor prompt_lookup_max is set; when only one is,
+// the other takes its value (as vLLM does).
+inline constexpr int kDefaultPromptLookup = 5;
+
+struct SpeculativeOptions {
+  SpeculativeMethod method = SpeculativeMethod::kOff;
+  int num_speculative_tokens = 0;          // K; >= 1 with a drafter
+  std::optional<int> prompt_lookup_max;    // n-gram: longest suffix matched
+  std::optional<int> prompt_lookup_min;    // n-gram: shortest suffix matched
+
+  bool enabled() const { return method != SpeculativeMethod::kOff; }
+};
+
+// Checks the options: a drafter needs num_speculative_tokens >= 1; 1 <= min <= max.
+absl::Status ValidateSpeculativeOptions(const SpeculativeOptions& options);
+// The n-gram drafter's match lengths with the defaults above filled in.
+absl::StatusOr<NgramDrafterOptions> NgramOptionsOf(const SpeculativeOptions& options);
+
+}  // namespace exl3::engine

@@ -1,0 +1,311 @@
+// Speculative decoding with the n-gram drafter (engine/scheduler.h, engine/ngram_drafter.h) over
+// the real CPU model on the transformers fixtures (tests/fixtures/engine) of the families that
+// verify drafts (GQA: GLM-4 MoE, Qwen3-MoE, Mixtral; MLA: DeepSeek-V3; DSA: GLM-MoE-DSA): at
+// K = 1, 2 and 4 the tokens equal plain decoding's (transformers' greedy tokens for the
+// fixture prompts; plain decoding's own for prompts built to repeat, where drafts get accepted,
+// and for seeded sampling), batched with chunked prefill, through preemption, stop tokens and
+// max_tokens inside an accepted run; cancelled and finished requests leave the KV cache idle.
+// The recurrent and compressed-cache families are refused at start by architecture.
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/cpu_model.h"
+#include "engine/engine.h"
+#include "gtest/gtest.h"
+#include "model/safetensors.h"
+#include "tests/engine/engine_requests.h"
+
+namespace exl3::engine {
+namespace {
+
+using testing::Greedy32;
+using testing::Int32Rows;
+using testing::RequestResults;
+
+const char* const kFixtures[] = {"tests/fixtures/engine/glm4_moe_all", "tests/fixtures/engine/qwen3_moe_all",
+                                 "tests/fixtures/engine/mixtral_all", "tests/fixtures/engine/deepseek_v3_all",
+                                 "tests/fixtures/engine/glm_moe_dsa_all"};
+
+std::unique_ptr<CpuModel> OpenFixtureModel(const std::string& dir, int micro_batches = 1) {
+  CpuModelOptions mo;
+  mo.num_threads = 2;
+  mo.micro_batches = micro_batches;
+  auto model = CpuModel::Open(dir, mo);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? std::move(*model) : nullptr;
+}
+
+SpeculativeOptions Ngram(int k) {
+  SpeculativeOptions s;
+  s.method = SpeculativeMethod::kNgram;
+  s.num_speculative_tokens = k;
+  // Down to single tokens: in the fixtures' 128-token vocabulary these recur by chance too, so
+  // drafts are rejected as well as accepted.
+  s.prompt_lookup_min = 1;
+  s.prompt_lookup_max = 3;
+  return s;
+}
+
+// A prompt built to repeat: a fixture prompt, the model's greedy continuation of it, then that
+// continuation's first 4 tokens again. The tiny random models pick the next token mostly by the
+// current one, so they go on repeating their continuation, which the drafter finds earlier in
+// the prompt.
+std::vector<int32_t> Repeating(const std::vector<int32_t>& prompt, const std::vector<int32_t>& greedy) {
+  std::vector<int32_t> p = prompt;
+  p.insert(p.end(), greedy.begin(), greedy.end());
+  p.insert(p.end(), greedy.begin(), greedy.begin() + 4);
+  return p;
+}
+
+struct RunResult {
+  std::vector<std::vector<SampledToken>> tokens;  // per request, in submission order
+  std::vector<FinishInfo> finish;
+  EngineStats stats;  // after Stop
+};
+
+class SpeculativeDecodingTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    auto ref = TensorSource::Open(std::string(GetParam()) + "/reference.safetensors");
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    prompts_ = Int32Rows(**ref, "prompt.");
+    greedy_ = Int32Rows(**ref, "greedy.");
+    repeating_ = {Repeating(prompts_[0], greedy_[0]), Repeating(prompts_[1], greedy_[1])};  // 41, 49 tokens
+  }
+
+  EngineOptions Options(const SpeculativeOptions& speculative, int kv_blocks = 256) const {
+    EngineOptions eo;
+    eo.block_size = 4;
+    eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, kv_blocks};
+    eo.scheduler.max_num_batched_tokens = 24;  // chunked prefill beside decode and verify chunks
+    eo.scheduler.speculative = speculative;
+    return eo;
+  }
+
+  // Every request at once through a fresh engine.
+  RunResult Run(const EngineOptions& eo, const std::vector<GenerateParams>& params, int micro_batches = 1) {
+    Engine engine(eo, OpenFixtureModel(GetParam(), micro_batches));
+    const absl::Status started = engine.Start();
+    EXPECT_TRUE(started.ok()) << started;
+    RequestResults r;
+    std::vector<uint64_t> ids;
+    for (const GenerateParams& p : params) {
+      auto id = engine.Submit(p, r.Callback());
+      EXPECT_TRUE(id.ok()) << id.status();
+      if (id.ok()) ids.push_back(*id);
+    }
+    r.Wait(ids.size());
+    engine.Stop();
+    RunResult out;
+    for (uint64_t id : ids) {
+      EXPECT_TRUE(r.finish[id].status.ok()) << r.finish[id].status;
+      out.tokens.push_back(r.sampled[id]);
+      out.finish.push_back(r.finish[id]);
+    }
+    out.stats = engine.Stats();
+    return out;
+  }
+
+  std::vector<GenerateParams> GreedyRequests() const {
+    std::vector<GenerateParams> params;
+    for (const auto& p : prompts_) params.push_back(Greedy32(p, /*logprobs=*/2));
+    for (const auto& p : repeating_) params.push_back(Greedy32(p, /*logprobs=*/2));
+    return params;
+  }
+
+  std::vector<std::vector<int32_t>> prompts_, greedy_, repeating_;
+};
+
+std::vector<int32_t> Ids(const std::vector<SampledToken>& tokens) {
+  std::vector<int32_t> ids;
+  for (const SampledToken& t : tokens) ids.push_back(t.token);
+  return ids;
+}
+
+int64_t Sum(const std::vector<int64_t>& v) {
+  int64_t s = 0;
+  for (int64_t x : v) s += x;
+  return s;
+}
+
+TEST_P(SpeculativeDecodingTest, GreedyTokensEqualPlainDecodingAtK124) {
+  const std::vector<GenerateParams> params = GreedyRequests();
+  const RunResult plain = Run(Options({}), params);
+  for (size_t i = 0; i < prompts_.size(); ++i) EXPECT_EQ(Ids(plain.tokens[i]), greedy_[i]) << "prompt " << i;
+  EXPECT_EQ(plain.stats.speculative.num_drafts, 0);
+  for (int k : {1, 2, 4}) {
+    const RunResult spec = Run(Options(Ngram(k)), params);
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_EQ(Ids(spec.tokens[i]), Ids(plain.tokens[i])) << "K " << k << ", request " << i;
+      ASSERT_EQ(spec.tokens[i].size(), plain.tokens[i].size());
+      for (size_t t = 0; t < spec.tokens[i].size(); ++t) {  // the same rows' logprobs, near enough
+        ASSERT_TRUE(spec.tokens[i][t].logprob.has_value());
+        EXPECT_NEAR(*spec.tokens[i][t].logprob, *plain.tokens[i][t].logprob, 1e-4)
+            << "K " << k << ", request " << i << ", token " << t;
+      }
+      EXPECT_EQ(spec.finish[i].reason, FinishReason::kLength);
+      EXPECT_EQ(spec.finish[i].usage.completion_tokens, 32);
+    }
+    const SpeculativeCounters& c = spec.stats.speculative;
+    std::printf("%s K=%d: %lld verify chunks, %lld draft tokens, %lld accepted\n", GetParam(), k,
+                static_cast<long long>(c.num_drafts), static_cast<long long>(c.num_draft_tokens),
+                static_cast<long long>(c.num_accepted_tokens));
+    EXPECT_GT(c.num_accepted_tokens, 0) << "K " << k;  // the repeating prompts' drafts
+    EXPECT_LT(c.num_accepted_tokens, c.num_draft_tokens) << "K " << k;  // and rejected ones
+    EXPECT_LE(c.num_draft_tokens, c.num_drafts * k);
+    ASSERT_EQ(c.num_accepted_tokens_per_pos.size(), static_cast<size_t>(k));
+    EXPECT_EQ(Sum(c.num_accepted_tokens_per_pos), c.num_accepted_tokens);
+    for (int j = 1; j < k; ++j) EXPECT_LE(c.num_accepted_tokens_per_pos[j], c.num_accepted_tokens_per_pos[j - 1]);
+    EXPECT_DOUBLE_EQ(spec.stats.kv_usage, 0.0);
+  }
+}
+
+TEST_P(SpeculativeDecodingTest, TwoMicroBatchesGiveTheSameTokens) {
+  // A step's chunks split in two micro-batches: verify chunks stay whole, their rows in order.
+  const std::vector<GenerateParams> params = GreedyRequests();
+  const RunResult plain = Run(Options({}), params);
+  const RunResult spec = Run(Options(Ngram(2)), params, /*micro_batches=*/2);
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(Ids(spec.tokens[i]), Ids(plain.tokens[i])) << "request " << i;
+  EXPECT_GT(spec.stats.speculative.num_accepted_tokens, 0);
+}
+
+TEST_P(SpeculativeDecodingTest, EachAcceptedDraftSavesAStep) {
+  // One sequence alone: every step emits one token plus the drafts it accepted.
+  const std::vector<GenerateParams> params = {Greedy32(repeating_[0])};
+  const RunResult plain = Run(Options({}), params);
+  for (int k : {1, 2, 4}) {
+    const RunResult spec = Run(Options(Ngram(k)), params);
+    EXPECT_EQ(Ids(spec.tokens[0]), Ids(plain.tokens[0]));
+    EXPECT_GT(spec.stats.speculative.num_accepted_tokens, 0);
+    EXPECT_EQ(plain.stats.steps - spec.stats.steps, spec.stats.speculative.num_accepted_tokens) << "K " << k;
+  }
+}
+
+TEST_P(SpeculativeDecodingTest, SeededSamplingGivesPlainDecodingsTokens) {
+  // Row j of a verify chunk draws with the draw index of the token it would be: each emitted
+  // token is plain decoding's for the same seed (and so has its distribution).
+  std::vector<GenerateParams> params;
+  for (size_t i = 0; i < repeating_.size(); ++i) {
+    for (uint64_t seed : {1u, 2u, 3u, 4u}) {
+      GenerateParams g = Greedy32(repeating_[i]);
+      // Low enough that the model repeats itself and drafts land (seeds 1, 2), or 1 (3, 4).
+      g.sampling.temperature = seed <= 2 ? 0.3f : 1.0f;
+      g.sampling.top_p = 0.95f;
+      g.sampling.repetition_penalty = 1.05f;  // the history with drafts matters to each row
+      g.sampling.seed = seed;
+      params.push_back(g);
+    }
+  }
+  const RunResult plain = Run(Options({}), params);
+  const RunResult spec = Run(Options(Ngram(3)), params);
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(Ids(spec.tokens[i]), Ids(plain.tokens[i])) << "request " << i;
+  std::printf("%s sampled: %lld draft tokens, %lld accepted\n", GetParam(),
+              static_cast<long long>(spec.stats.speculative.num_draft_tokens),
+              static_cast<long long>(spec.stats.speculative.num_accepted_tokens));
+  EXPECT_GT(spec.stats.speculative.num_accepted_tokens, 0);
+}
+
+TEST_P(SpeculativeDecodingTest, StopTokenAndMaxTokensInsideAnAcceptedRun) {
+  // Plain decoding first, to pick stop points where speculation runs ahead of them.
+  const RunResult plain = Run(Options({}), {Greedy32(repeating_[0])});
+  const std::vector<int32_t> full = Ids(plain.tokens[0]);
+  ASSERT_EQ(full.size(), 32u);
+  // Stop at the first occurrence of the token at output position 20; max_tokens cut at 19.
+  GenerateParams stop = Greedy32(repeating_[0]);
+  stop.stop_token_ids = {full[20]};
+  GenerateParams length = Greedy32(repeating_[0]);
+  length.max_tokens = 19;
+  GenerateParams min_tokens = stop;  // the stop token banned for 25 tokens
+  min_tokens.min_tokens = 25;
+  const std::vector<GenerateParams> params = {stop, length, min_tokens};
+  const RunResult want = Run(Options({}), params);
+  const RunResult got = Run(Options(Ngram(4)), params);
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(Ids(got.tokens[i]), Ids(want.tokens[i])) << "request " << i;
+    EXPECT_EQ(got.finish[i].reason, want.finish[i].reason) << "request " << i;
+    EXPECT_EQ(got.finish[i].usage.completion_tokens, want.finish[i].usage.completion_tokens);
+  }
+  EXPECT_EQ(want.finish[0].reason, FinishReason::kStop);
+  EXPECT_EQ(Ids(got.tokens[1]).size(), 19u);
+  EXPECT_DOUBLE_EQ(got.stats.kv_usage, 0.0);
+}
+
+TEST_P(SpeculativeDecodingTest, PreemptionGivesTheSameTokensAndFreesEverything) {
+  // 40 blocks of 4 = 160 tokens for prompts + continuations of well over that: preemption and
+  // recomputation, drafts only where blocks are left.
+  const std::vector<GenerateParams> params = GreedyRequests();
+  const RunResult spec = Run(Options(Ngram(4), /*kv_blocks=*/40), params);
+  EXPECT_GT(spec.stats.preemptions, 0);
+  EXPECT_GT(spec.stats.speculative.num_accepted_tokens, 0);
+  for (size_t i = 0; i < prompts_.size(); ++i) EXPECT_EQ(Ids(spec.tokens[i]), greedy_[i]) << "prompt " << i;
+  const RunResult plain = Run(Options({}), params);
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(Ids(spec.tokens[i]), Ids(plain.tokens[i])) << "request " << i;
+  EXPECT_DOUBLE_EQ(spec.stats.kv_usage, 0.0);
+}
+
+TEST_P(SpeculativeDecodingTest, CancelledMidRequestLeavesTheCacheIdle) {
+  Engine engine(Options(Ngram(4)), OpenFixtureModel(GetParam()));
+  ASSERT_TRUE(engine.Start().ok());
+  RequestResults r;
+  GenerateParams g = Greedy32(repeating_[0]);
+  g.max_tokens = 80;  // within the smallest fixture context (128)
+  auto id = engine.Submit(g, r.Callback());
+  ASSERT_TRUE(id.ok());
+  GenerateParams other = Greedy32(repeating_[1]);  // runs on beside it, to the end
+  auto other_id = engine.Submit(other, r.Callback());
+  ASSERT_TRUE(other_id.ok());
+  for (int i = 0; i < 2000; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(r.mu);
+      if (r.sampled[*id].size() >= 6) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_TRUE(engine.Cancel(*id).ok());
+  r.Wait(2);
+  EXPECT_EQ(r.finish[*id].reason, FinishReason::kAbort);
+  EXPECT_LT(r.sampled[*id].size(), 80u);
+  EXPECT_EQ(r.finish[*other_id].reason, FinishReason::kLength);
+  // The stats are published after the step that finished the last request.
+  bool idle = false;
+  for (int i = 0; i < 500 && !idle; ++i) {
+    idle = engine.Stats().kv_usage == 0.0 && engine.Stats().running == 0;
+    if (!idle) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_TRUE(idle) << "KV usage " << engine.Stats().kv_usage;
+  engine.Stop();
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, SpeculativeDecodingTest, ::testing::ValuesIn(kFixtures));
+
+TEST(SpeculativeDecodingRefusalTest, RecurrentAndCompressedCacheFamiliesRefusedByName) {
+  const std::pair<const char*, const char*> refused[] = {
+      {"tests/fixtures/engine/qwen3_next_all", "Qwen3NextForCausalLM"},
+      {"tests/fixtures/engine/glm5_next_all", "Glm5NextForConditionalGeneration"},
+      {"tests/fixtures/engine/qwen4_exp_all", "Qwen4ExpForConditionalGeneration"},
+      {"tests/fixtures/engine/deepseek_v4_all", "DeepseekV4ForCausalLM"}};
+  for (const auto& [dir, arch] : refused) {
+    EngineOptions eo;
+    eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 64};
+    eo.scheduler.speculative = Ngram(2);
+    Engine engine(eo, OpenFixtureModel(dir));
+    const absl::Status st = engine.Start();
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << dir << ": " << st;
+    EXPECT_NE(st.message().find(arch), std::string_view::npos) << st;
+    EXPECT_NE(st.message().find("ngram"), std::string_view::npos) << st;
+  }
+}
+
+TEST(SpeculativeDecodingRefusalTest, BadOptionsRefusedAtStart) {
+  EngineOptions eo;
+  eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 64};
+  eo.scheduler.speculative = Ngram(0);
+  Engine engine(eo, OpenFixtureModel("tests/fixtures/engine/glm4_moe_all"));
+  EXPECT_EQ(engine.Start().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace exl3::engine

@@ -1,0 +1,112 @@
+"""exl3-router with speculative decoding (--speculative-method ngram) through the whole stack, on
+the GLM-4 MoE engine fixture (tests/fixtures/engine/glm4_moe_all): concurrent greedy requests
+give transformers' continuations (the fixture's greedy.i), and a prompt built to repeat (a
+fixture prompt, its continuation, then that continuation's first tokens again) and seeded
+sampled requests give the tokens of a router without speculation, with the experts in the
+router's process and on two exl3-worker processes; the spec_decode counters show accepted drafts.
+A family that cannot verify drafts (Qwen3-Next) is refused at start by name."""
+
+import concurrent.futures
+import os
+import re
+import sys
+import unittest
+import urllib.request
+
+import grpc
+
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import FixtureGenerateTest, ProcessExited, greedy_generate, wait_for  # noqa: E402
+
+from exl3serve.v1 import exl3serve_pb2 as pb  # noqa: E402
+from exl3serve.v1 import exl3serve_pb2_grpc as pbg  # noqa: E402
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "engine")
+SPECULATIVE = ("--speculative-method", "ngram", "--num-speculative-tokens", "3",
+               "--ngram-prompt-lookup-min", "1", "--ngram-prompt-lookup-max", "3")
+
+
+def sampled(stub, prompt, max_tokens, seed):
+    req = pb.GenerateRequest(prompt_token_ids=prompt, max_tokens=max_tokens, ignore_eos=True,
+                             sampling=pb.SamplingParams(temperature=1.0, top_p=0.9, seed=seed))
+    return [t.token_id for r in stub.Generate(req, timeout=120) for t in r.tokens]
+
+
+def scrape(metrics):
+    """{name{labels}: value} of a /metrics page."""
+    text = urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5).read().decode()
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\S+) (\S+)$", text, re.M)}
+
+
+class GenerateSpeculativeTest(FixtureGenerateTest):
+    FIXTURE = os.path.join(FIXTURES, "glm4_moe_all")
+
+    def repeating(self, i):
+        return self.prompts[i] + self.greedy[i] + self.greedy[i][:4]
+
+    def check(self, plain_stub, spec_stub, router):
+        # Every fixture prompt and two repeating ones at once, greedy, through both routers.
+        jobs = [(p, len(w)) for p, w in zip(self.prompts, self.greedy)]
+        jobs += [(self.repeating(i), 32) for i in (0, 1)]
+        with concurrent.futures.ThreadPoolExecutor(len(jobs)) as ex:
+            spec = list(ex.map(lambda j: greedy_generate(spec_stub, j[0], j[1], pb)[0], jobs))
+        for i, want in enumerate(self.greedy):
+            self.assertEqual(spec[i], want, f"fixture prompt {i}")
+        for i in range(len(self.greedy), len(jobs)):
+            self.assertEqual(spec[i], greedy_generate(plain_stub, *jobs[i], pb)[0], f"request {i}")
+        # Seeded sampling: the same tokens with and without speculation.
+        for seed in (7, 8):
+            p = self.repeating(0)
+            self.assertEqual(sampled(spec_stub, p, 24, seed), sampled(plain_stub, p, 24, seed))
+        # The counters and gauges follow the engine's stats every 250 ms: until they show the
+        # accepted drafts and the engine idle.
+        m = wait_for(lambda: (m := scrape(router.metrics))["exl3_engine_kv_cache_usage_ratio"] == 0
+                     and m["exl3_engine_num_requests_running"] == 0
+                     and m["exl3_engine_spec_decode_num_accepted_tokens_total"] > 0 and m,
+                     10, "accepted drafts counted and the engine idle")
+        drafts = m["exl3_engine_spec_decode_num_draft_tokens_total"]
+        accepted = m["exl3_engine_spec_decode_num_accepted_tokens_total"]
+        first = m['exl3_engine_spec_decode_num_accepted_tokens_per_pos_total{position="0"}']
+        print(f"spec_decode: {m['exl3_engine_spec_decode_num_drafts_total']:.0f} drafts, "
+              f"{drafts:.0f} draft tokens, {accepted:.0f} accepted, {first:.0f} at position 0")
+        self.assertLess(accepted, drafts)  # and some rejected
+        self.assertGreater(first, 0)
+
+    def test_experts_in_process(self):
+        plain = self.c.start_router(with_map=False)
+        spec = self.c.start_router(extra=SPECULATIVE, with_map=False)
+        spec.wait_for_log(r"engine: speculative decoding ngram, 3 draft tokens per step, n-grams of 1 to 3")
+        with grpc.insecure_channel(plain.address) as pc, grpc.insecure_channel(spec.address) as sc:
+            self.check(pbg.GeneratorStub(pc), pbg.GeneratorStub(sc), spec)
+
+    def test_experts_on_workers(self):
+        self.c.start_workers(("a", "b"))
+        plain = self.c.start_router()
+        spec = self.c.start_router(extra=SPECULATIVE)
+        with grpc.insecure_channel(plain.address) as pc, grpc.insecure_channel(spec.address) as sc:
+            plain_stub, spec_stub = pbg.GeneratorStub(pc), pbg.GeneratorStub(sc)
+            self.wait_for_workers(plain_stub, pb)
+            self.wait_for_workers(spec_stub, pb)
+            self.check(plain_stub, spec_stub, spec)
+
+
+class SpeculativeRefusedTest(FixtureGenerateTest):
+    FIXTURE = os.path.join(FIXTURES, "qwen3_next_all")
+
+    def test_recurrent_family_refused_at_start(self):
+        with self.assertRaises(ProcessExited) as e:
+            self.c.start_router(extra=SPECULATIVE, with_map=False)
+        self.assertRegex(str(e.exception), r"speculative method ngram refused for Qwen3NextForCausalLM: "
+                                           r"Qwen3NextForCausalLM keeps a recurrent state per sequence")
+
+    def test_bad_flags_refused(self):
+        with self.assertRaises(ProcessExited) as e:
+            self.c.start_router(extra=("--speculative-method", "mtp"), with_map=False)
+        self.assertIn("is not one of: off, ngram", str(e.exception))
+        with self.assertRaises(ProcessExited) as e:
+            self.c.start_router(extra=("--speculative-method", "ngram"), with_map=False)
+        self.assertIn("needs num_speculative_tokens >= 1", str(e.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
