@@ -1,6 +1,6 @@
 // One GLM-5.3-Flash KDA layer (`self_attn.*` of its linear_attention layers) on the GPU: the CPU
 // layer's arithmetic (engine/kimi_delta_attention.h, which states it) on device memory, for the KDA
-// mixer kind (engine/cuda/kda_mixer.h):
+// mixer kind (engine/cuda/recurrent_mixer.h):
 //
 //   q, k, v = q_proj(x), k_proj(x), v_proj(x); f_b_proj(f_a_proj(x)), g_b_proj(g_a_proj(x)),
 //   b_proj(x)                                                         (CudaLinear)

@@ -3,11 +3,12 @@
 #include <array>
 
 #include "base/status_macros.h"
-#include "engine/cuda/deltanet_mixer.h"
+#include "engine/cuda/cuda_gated_deltanet.h"
+#include "engine/cuda/cuda_kimi_delta_attention.h"
 #include "engine/cuda/dsv4_mixer.h"
 #include "engine/cuda/gqa_mixer.h"
-#include "engine/cuda/kda_mixer.h"
 #include "engine/cuda/latent_mixer.h"
+#include "engine/cuda/recurrent_mixer.h"
 
 namespace exl3::engine::cuda {
 namespace {
@@ -27,8 +28,10 @@ absl::StatusOr<std::unique_ptr<CudaMixerKind>> MakeKind(MixerKindId id, const Mo
   switch (id) {
     case MixerKindId::kGqa: return MakeGqaKind(cfg, linear);
     case MixerKindId::kLatent: return MakeLatentKind(cfg, linear);
-    case MixerKindId::kGatedDeltaNet: return MakeDeltaNetKind(cfg, linear);
-    case MixerKindId::kKda: return MakeKdaKind(cfg, linear);
+    case MixerKindId::kGatedDeltaNet:
+      return std::make_unique<RecurrentMixerKind<CudaGatedDeltaNet, DeltaNetWorkspace>>(cfg, linear);
+    case MixerKindId::kKda:
+      return std::make_unique<RecurrentMixerKind<CudaKimiDeltaAttention, KdaWorkspace>>(cfg, linear);
     case MixerKindId::kDsv4: return MakeDsv4Kind(cfg, linear);
     case MixerKindId::kCount: break;
   }

@@ -1,4 +1,4 @@
-// What every mixer kind of recurrent layers (engine/cuda/deltanet_mixer.h, engine/cuda/kda_mixer.h)
+// What every mixer kind of recurrent layers (engine/cuda/recurrent_mixer.h)
 // keeps across a step: the per-sequence state store of its layers
 // (engine/cuda/device_sequence_states.h: a step reads each chunk's current copy and writes the
 // other, committed only once the step has succeeded) and the step's chunk table
