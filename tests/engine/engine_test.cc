@@ -544,7 +544,9 @@ void ExpectAFailedStepFailsOnlyTheSequenceThatFailsAlone(FakeModelOptions model)
   EXPECT_EQ(t->events.Tokens(ib), RunAlone(b));
   EXPECT_EQ(IdleStats(*t).kv_usage, 0.0);
   EXPECT_EQ(t->fake->num_check_failures(), 0);
-  if (model.samples_rows_up_to_logprobs.has_value()) EXPECT_GT(t->fake->num_sampled_rows(), 0);
+  if (model.samples_rows_up_to_logprobs.has_value()) {
+    EXPECT_GT(t->fake->num_sampled_rows(), 0);
+  }
 }
 
 TEST(Engine, AFailedStepOfSeveralSequencesFailsOnlyTheSequenceThatFailsAlone) {
