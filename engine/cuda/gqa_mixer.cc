@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/cuda/engine_kernels.h"
+#include "engine/cuda/layer_kv_cache.h"
 #include "engine/cuda/weight_upload.h"
 #include "kernels/cuda/cuda_status.h"
 
@@ -19,9 +20,7 @@ struct GqaShared {
   GqaShared(const ModelConfig& c, const CudaLinearContext& l) : cfg(c), linear(l) {}
   const ModelConfig& cfg;
   CudaLinearContext linear;
-  DeviceArray<KvHalf> cache;        // per GQA layer [slots, 2 * kv_floats]
-  std::vector<size_t> cache_offset;  // by layer; only GQA layers' used
-  size_t layer_floats = 0;           // halves of one layer's cache
+  LayerKvCache cache;  // per GQA layer [slots, 2 * kv_floats]
   DeviceArray<float> q, k, v, attn, scratch;
   DeviceArray<float> qg, qgate;  // gated attention: q_proj's output, the heads' output gates
 };
@@ -62,7 +61,7 @@ class GqaMixer final : public CudaMixer {
 absl::Status GqaMixer::Forward(const CudaStep& step, const float* x_step, int first, int T, float* out) {
   const int D = cfg_.head_dim, NH = cfg_.num_heads, KV = cfg_.num_kv_heads;
   const StreamHandle stream = s_.linear.stream;
-  KvHalf* cache_layer = s_.cache.get() + s_.cache_offset[layer_];
+  KvHalf* cache_layer = s_.cache.layer(layer_);
   // Rows [first, first + T) of the step's activations and per-token facts.
   const size_t r = static_cast<size_t>(first), half = static_cast<size_t>(step.rotary_half);
   const float* x = x_step + r * cfg_.hidden_size;
@@ -112,27 +111,14 @@ class GqaKind final : public CudaMixerKind {
   absl::StatusOr<std::unique_ptr<CudaMixer>> LoadLayer(const TensorSource& src, int layer) override {
     auto mixer = std::make_unique<GqaMixer>(s_, layer);
     EXL3_RETURN_IF_ERROR(mixer->Load(src));
-    layers_.push_back(layer);
+    s_.cache.AddLayer(layer);
     return mixer;
   }
 
   absl::Status AllocateCache(const KvCacheShape& shape, StreamHandle) override {
-    const ModelConfig& cfg = s_.cfg;
-    const size_t slots = static_cast<size_t>(shape.num_blocks + 1) * shape.block_size;
-    s_.cache_offset.assign(cfg.num_layers, 0);
-    size_t total = 0;
-    for (int l : layers_) {
-      s_.cache_offset[l] = total;
-      total += slots * cfg.KvWidth(l);
-    }
-    s_.cache = DeviceArray<KvHalf>();
-    return s_.cache.Reserve(total);
+    return s_.cache.Allocate(s_.cfg, shape);
   }
-  int64_t KvBytesPerToken() const override {
-    int64_t floats = 0;
-    for (int l : layers_) floats += s_.cfg.KvWidth(l);
-    return floats * static_cast<int64_t>(sizeof(KvHalf));
-  }
+  int64_t KvBytesPerToken() const override { return s_.cache.BytesPerToken(s_.cfg); }
 
   absl::Status Reserve(int rows, int splits, bool* moved) override {
     const ModelConfig& cfg = s_.cfg;
@@ -155,7 +141,6 @@ class GqaKind final : public CudaMixerKind {
 
  private:
   GqaShared s_;
-  std::vector<int> layers_;
 };
 
 }  // namespace

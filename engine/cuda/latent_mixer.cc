@@ -6,6 +6,7 @@
 #include "base/status_macros.h"
 #include "engine/cuda/latent_attention.h"
 #include "engine/cuda/latent_attention_kernels.h"
+#include "engine/cuda/layer_kv_cache.h"
 
 namespace exl3::engine::cuda {
 namespace {
@@ -14,9 +15,7 @@ struct LatentShared {
   LatentShared(const ModelConfig& c, const CudaLinearContext& l) : cfg(c), linear(l) {}
   const ModelConfig& cfg;
   CudaLinearContext linear;
-  DeviceArray<KvHalf> cache;         // per latent layer [slots, KvWidth(layer)]
-  std::vector<size_t> cache_offset;  // by layer
-  int max_context = 0;               // positions a sequence can reach in the cache
+  LayerKvCache cache;  // per latent layer [slots, KvWidth(layer)]
   LatentWorkspace ws;
 };
 
@@ -38,7 +37,7 @@ class LatentMixer final : public CudaMixer {
     ls.split_positions = step.split_positions;
     ls.sm_count = step.sm_count;
     ls.kernel = step.tensor_core_prefill ? LatentKernel::kTensorCores : LatentKernel::kCudaCores;
-    return attention_->Forward(x, n, ls, s_.cache.get() + s_.cache_offset[layer_], s_.ws, s_.linear, out);
+    return attention_->Forward(x, n, ls, s_.cache.layer(layer_), s_.ws, s_.linear, out);
   }
   int64_t weight_bytes() const override { return attention_->weight_bytes(); }
   std::vector<const CudaLinear*> linears() const override { return attention_->linears(); }
@@ -55,32 +54,18 @@ class LatentKind final : public CudaMixerKind {
 
   absl::StatusOr<std::unique_ptr<CudaMixer>> LoadLayer(const TensorSource& src, int layer) override {
     EXL3_ASSIGN_OR_RETURN(std::unique_ptr<CudaLatentAttention> attention, CudaLatentAttention::Load(s_.cfg, src, layer));
-    layers_.push_back(layer);
+    s_.cache.AddLayer(layer);
     return std::make_unique<LatentMixer>(s_, layer, std::move(attention));
   }
 
   absl::Status AllocateCache(const KvCacheShape& shape, StreamHandle) override {
-    const size_t slots = static_cast<size_t>(shape.num_blocks + 1) * shape.block_size;
-    s_.cache_offset.assign(s_.cfg.num_layers, 0);
-    size_t total = 0;
-    for (int l : layers_) {
-      s_.cache_offset[l] = total;
-      total += slots * s_.cfg.KvWidth(l);
-    }
-    s_.max_context = static_cast<int>(std::min<int64_t>(
-        s_.cfg.max_position_embeddings, static_cast<int64_t>(shape.num_blocks) * shape.block_size));
-    s_.cache = DeviceArray<KvHalf>();
-    return s_.cache.Reserve(total);
+    return s_.cache.Allocate(s_.cfg, shape);
   }
-  int64_t KvBytesPerToken() const override {
-    int64_t floats = 0;
-    for (int l : layers_) floats += s_.cfg.KvWidth(l);
-    return floats * static_cast<int64_t>(sizeof(KvHalf));
-  }
+  int64_t KvBytesPerToken() const override { return s_.cache.BytesPerToken(s_.cfg); }
 
   absl::Status Reserve(int rows, int splits, bool* moved) override {
     bool latent_moved = false;
-    EXL3_RETURN_IF_ERROR(s_.ws.Reserve(s_.cfg, rows, splits, s_.max_context, &latent_moved));
+    EXL3_RETURN_IF_ERROR(s_.ws.Reserve(s_.cfg, rows, splits, s_.cache.max_context(), &latent_moved));
     *moved |= latent_moved;
     return absl::OkStatus();
   }
@@ -95,7 +80,6 @@ class LatentKind final : public CudaMixerKind {
 
  private:
   LatentShared s_;
-  std::vector<int> layers_;
 };
 
 }  // namespace
