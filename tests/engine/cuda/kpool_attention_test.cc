@@ -357,8 +357,9 @@ void CheckFixtureLayers(const std::string& fixture, double bound, LatentKernel k
                   fixture.c_str(), kernel_name, step_index, l, cfg.HasOwnIndexer(l) ? "full" : "shared", T, splits,
                   rel, worst_t, pos[worst_t], worst,
                   differ > 0 ? absl::StrCat(", ", differ, " selections differ").c_str() : "");
+      // The bound is the step's; a single token's output (one position seen, say) may stray twice as far.
       EXPECT_LT(rel, bound);
-      EXPECT_LT(worst, bound) << "token " << worst_t << " (position " << pos[worst_t] << ")";
+      EXPECT_LT(worst, 2 * bound) << "token " << worst_t << " (position " << pos[worst_t] << ")";
       differ_total += differ;
     }
     ++step_index;
