@@ -205,18 +205,18 @@ __device__ int BlockExclusiveScan(int v, int* tmp, int* total) {
 }
 
 // One block per query token: radix selection (four 8-bit passes) of the topk-th highest key, then
-// one ordered pass that takes every higher key and the lowest positions of the equal ones.
+// one ordered pass that takes every higher key and the lowest candidates of the equal ones.
 __global__ void IndexerTopkKernel(const float* scores, int row_length, const int32_t* position, int first_token,
-                                  int topk, int32_t* selected, int32_t* count) {
+                                  int topk, int32_t* selected, int32_t* count, int pool) {
   exl3::cuda::PdlEnter();
   __shared__ int hist[256];
   __shared__ uint32_t prefix_s;
   __shared__ int need_s;
   __shared__ int scan_tmp[33];
   const int t = first_token + blockIdx.x;
-  const int n = min(position[t] + 1, row_length);
+  const int n = min((position[t] + 1) / pool, row_length);
   int32_t* out = selected + static_cast<size_t>(t) * topk;
-  if (n <= topk) {  // it sees no more than top-k positions: all of them
+  if (n <= topk) {  // it sees no more than top-k candidates: all of them
     for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = i;
     if (threadIdx.x == 0) count[t] = n;
     return;
@@ -334,11 +334,12 @@ absl::Status IndexerScores(const float* q, const float* weights, float head_weig
 }
 
 absl::Status IndexerTopk(const float* scores, int row_length, const int32_t* position, int first_token,
-                         int num_tokens, int topk, int32_t* selected, int32_t* count, StreamHandle stream) {
+                         int num_tokens, int topk, int32_t* selected, int32_t* count, StreamHandle stream, int pool) {
   if (num_tokens == 0) return absl::OkStatus();
   if (topk < 1) return absl::InvalidArgumentError(absl::StrCat("indexer top-k of ", topk));
+  if (pool < 1) return absl::InvalidArgumentError(absl::StrCat("indexer top-k over pools of ", pool));
   exl3::cuda::LaunchPdlWithSmem(IndexerTopkKernel, dim3(num_tokens), dim3(kTopkThreads), 0, S(stream), scores,
-                                row_length, position, first_token, topk, selected, count);
+                                row_length, position, first_token, topk, selected, count, pool);
   return LaunchStatus("indexer top-k");
 }
 

@@ -45,11 +45,14 @@ absl::Status IndexerScores(const float* q, const float* weights, float head_weig
 // Index heads and head_dim multiples of 16, the key's offset and the slot multiples of 8 halves.
 bool IndexerTensorCoresSupport(const IndexerShape& shape);
 
-// Per query token t = first_token + i, its n = min(position[t] + 1, row_length) scores in
-// scores[i * row_length ..]: when n ≤ topk every position 0..n-1, else the topk highest (ties: the
-// lower position first, as engine/dsa_attention.cc's partial_sort; +0 and -0 equal), written
-// ascending to selected[t * topk ..] and their number to count[t].
+// Per query token t = first_token + i, its n = min((position[t] + 1) / pool, row_length) scores in
+// scores[i * row_length ..] (pool 1: one per position; GLM-5.3-Flash's indexer scores the complete
+// pools of `pool` positions, engine/cuda/kpool_indexer_kernels.h): when n ≤ topk every candidate
+// 0..n-1, else the topk highest (ties: the lower candidate first, as engine/dsa_attention.cc's and
+// engine/kpool_indexer.cc's partial_sort; +0 and -0 equal), written ascending to
+// selected[t * topk ..] and their number to count[t].
 absl::Status IndexerTopk(const float* scores, int row_length, const int32_t* position, int first_token,
-                         int num_tokens, int topk, int32_t* selected, int32_t* count, StreamHandle stream);
+                         int num_tokens, int topk, int32_t* selected, int32_t* count, StreamHandle stream,
+                         int pool = 1);
 
 }  // namespace exl3::engine::cuda

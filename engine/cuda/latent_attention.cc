@@ -17,9 +17,8 @@
 namespace exl3::engine::cuda {
 namespace {
 
-// As engine/mla_attention.cc: q_a_layernorm and kv_a_layernorm use the RMSNorm's default eps
-// (not rms_norm_eps); the indexer's k_norm is a LayerNorm with eps 1e-6 (engine/dsa_attention.cc).
-constexpr float kLatentNormEps = 1e-6f;
+// The indexer's k_norm is a LayerNorm with eps 1e-6 (engine/dsa_attention.cc); q_a_layernorm and
+// kv_a_layernorm use cfg.latent_norm_eps, as engine/mla_attention.cc.
 constexpr float kIndexerNormEps = 1e-6f;
 // Floats of index scores held at once (128 MiB): a prefill step scores its tokens in groups.
 constexpr int64_t kScoreBudgetFloats = int64_t{32} << 20;
@@ -69,12 +68,16 @@ absl::Status LatentWorkspace::Reserve(const ModelConfig& cfg, int T, int splits,
 
 absl::StatusOr<std::unique_ptr<CudaLatentAttention>> CudaLatentAttention::Load(const ModelConfig& cfg,
                                                                                const TensorSource& src, int layer) {
-  if (!cfg.IsLatentAttention()) return absl::InvalidArgumentError("CudaLatentAttention: not a latent-attention model");
+  const bool nope_only = cfg.attention == AttentionKind::kPooledDsa;  // GLM-5.3-Flash's indexed layers
+  if (!cfg.IsLatentAttention() && !nope_only)
+    return absl::InvalidArgumentError("CudaLatentAttention: not a latent-attention model");
   std::unique_ptr<CudaLatentAttention> a(new CudaLatentAttention(cfg, layer));
-  const std::string p = absl::StrCat("model.layers.", layer, ".self_attn.");
+  const std::string p = LayerPrefix(cfg.moe, layer) + "self_attn.";
   const int H = cfg.hidden_size, NH = cfg.num_heads, R = cfg.kv_lora_rank;
   const int nope = cfg.qk_nope_head_dim, rope = cfg.qk_rope_head_dim, vd = cfg.v_head_dim, qd = nope + rope;
-  if (cfg.rope.rotary_dim != rope)
+  if (nope_only && rope != 0)
+    return absl::InvalidArgumentError(absl::StrCat(p, ": qk_rope_head_dim ", rope, " on a layer without rope"));
+  if (!nope_only && cfg.rope.rotary_dim != rope)
     return absl::InvalidArgumentError(absl::StrCat(p, ": rotary dimensions ", cfg.rope.rotary_dim,
                                                    " differ from qk_rope_head_dim ", rope));
   a->q_low_rank_ = cfg.q_lora_rank > 0;
@@ -147,27 +150,49 @@ std::vector<const CudaLinear*> CudaLatentAttention::linears() const {
 
 absl::Status CudaLatentAttention::Forward(const float* x, int T, const LatentStep& step, KvHalf* cache_layer,
                                           LatentWorkspace& ws, const CudaLinearContext& ctx, float* out) const {
+  EXL3_RETURN_IF_ERROR(ProjectAndCache(x, T, step, cache_layer, ws, ctx));
+  if (indexer_) EXL3_RETURN_IF_ERROR(Select(x, T, step, cache_layer, ws, ctx));
+  LatentSelection selection;
+  const bool sparse = cfg_.attention == AttentionKind::kDsa;
+  if (sparse) {
+    selection.positions = ws.selected.get();
+    selection.count = ws.selected_count.get();
+    selection.stride = cfg_.indexer.topk;
+  }
+  return AttendAndProject(T, step, cache_layer, sparse ? &selection : nullptr, ws, ctx, out);
+}
+
+absl::Status CudaLatentAttention::ProjectAndCache(const float* x, int T, const LatentStep& step, KvHalf* cache_layer,
+                                                  LatentWorkspace& ws, const CudaLinearContext& ctx) const {
   const int NH = cfg_.num_heads, R = cfg_.kv_lora_rank, nope = cfg_.qk_nope_head_dim;
-  const int rope = cfg_.qk_rope_head_dim, vd = cfg_.v_head_dim, qd = nope + rope, W = R + rope;
+  const int rope = cfg_.qk_rope_head_dim, qd = nope + rope, W = R + rope;
   const int width = cfg_.KvWidth(layer_);
   const bool interleaved = cfg_.rope.layout == RopeLayout::kInterleaved;
+  const float eps = cfg_.latent_norm_eps;
   StreamHandle stream = ctx.stream;
   // Queries, the latent and the rope key.
   if (q_low_rank_) {
     EXL3_RETURN_IF_ERROR(q_a_.Forward(x, T, ws.q_resid.get(), ctx));
-    EXL3_RETURN_IF_ERROR(RmsNorm(ws.q_resid.get(), q_a_norm_.get(), T, cfg_.q_lora_rank, kLatentNormEps,
-                                 ws.q_resid.get(), stream));
+    EXL3_RETURN_IF_ERROR(RmsNorm(ws.q_resid.get(), q_a_norm_.get(), T, cfg_.q_lora_rank, eps, ws.q_resid.get(), stream));
     EXL3_RETURN_IF_ERROR(q_b_.Forward(ws.q_resid.get(), T, ws.q.get(), ctx));
   } else {
     EXL3_RETURN_IF_ERROR(q_.Forward(x, T, ws.q.get(), ctx));
   }
   EXL3_RETURN_IF_ERROR(kv_a_.Forward(x, T, ws.ckv.get(), ctx));
-  EXL3_RETURN_IF_ERROR(ApplyRope(ws.q.get() + nope, T, NH, NH * qd, qd, rope, interleaved, step.cos, step.sin, stream));
-  EXL3_RETURN_IF_ERROR(ApplyRope(ws.ckv.get() + R, T, 1, W, W, rope, interleaved, step.cos, step.sin, stream));
-  EXL3_RETURN_IF_ERROR(WriteLatentToCache(ws.ckv.get(), kv_a_norm_.get(), T, R, rope, kLatentNormEps, step.slot,
-                                          cache_layer, width, stream));
-  if (indexer_) EXL3_RETURN_IF_ERROR(Select(x, T, step, cache_layer, ws, ctx));
+  if (rope > 0) {
+    EXL3_RETURN_IF_ERROR(ApplyRope(ws.q.get() + nope, T, NH, NH * qd, qd, rope, interleaved, step.cos, step.sin, stream));
+    EXL3_RETURN_IF_ERROR(ApplyRope(ws.ckv.get() + R, T, 1, W, W, rope, interleaved, step.cos, step.sin, stream));
+  }
+  return WriteLatentToCache(ws.ckv.get(), kv_a_norm_.get(), T, R, rope, eps, step.slot, cache_layer, width, stream);
+}
 
+absl::Status CudaLatentAttention::AttendAndProject(int T, const LatentStep& step, const KvHalf* cache_layer,
+                                                   const LatentSelection* selection, LatentWorkspace& ws,
+                                                   const CudaLinearContext& ctx, float* out) const {
+  const int NH = cfg_.num_heads, R = cfg_.kv_lora_rank, nope = cfg_.qk_nope_head_dim;
+  const int rope = cfg_.qk_rope_head_dim, vd = cfg_.v_head_dim, qd = nope + rope;
+  const int width = cfg_.KvWidth(layer_);
+  StreamHandle stream = ctx.stream;
   // q_latent[t, h] = q_nope[t, h] · W_uk(h): per head, row-major [T, nope] · [nope, R] (cuBLAS is
   // column-major: C^T = B^T · A^T, each operand read in place at its strides).
   cublasHandle_t handle = static_cast<cublasHandle_t>(ctx.cublas);
@@ -186,18 +211,11 @@ absl::Status CudaLatentAttention::Forward(const float* x, int T, const LatentSte
   shape.rope_offset = nope;
   shape.cache_width = width;
   shape.scale = cfg_.attention_scale;
-  LatentSelection selection;
-  const bool sparse = cfg_.attention == AttentionKind::kDsa;
-  if (sparse) {
-    selection.positions = ws.selected.get();
-    selection.count = ws.selected_count.get();
-    selection.stride = cfg_.indexer.topk;
-  }
   const LatentKernel kernel = step.kernel == LatentKernel::kTensorCores && LatentTensorCoresSupport(shape)
                                   ? LatentKernel::kTensorCores
                                   : LatentKernel::kCudaCores;
   EXL3_RETURN_IF_ERROR(LatentAttention(ws.q_latent.get(), ws.q.get(), cache_layer, step.tokens,
-                                       sparse ? &selection : nullptr, T, shape, step.splits, step.split_positions,
+                                       selection, T, shape, step.splits, step.split_positions,
                                        ws.scratch.get(), ws.o_latent.get(), stream, kernel));
 
   // attn[t, h] = W_uv(h) · o_latent[t, h]: per head, row-major [T, R] · W_uv(h)ᵀ [R, vd].

@@ -16,7 +16,9 @@
 // is decoded once at load (EXL3 or dense, on the host as the CPU engine decodes it) into a dense
 // fp32 device copy. DSA layers with their own indexer score every earlier position and choose the
 // top index_topk (engine/cuda/dsa_indexer_kernels.h); "shared" layers reuse the selection of the
-// last layer that ran one this step (LatentWorkspace::selected).
+// last layer that ran one this step (LatentWorkspace::selected). GLM-5.3-Flash's indexed layers
+// use the same latent attention without rope (qk_rope_head_dim 0) through ProjectAndCache and
+// AttendAndProject, with their own k-pooled indexer between them (engine/cuda/kpool_attention.h).
 #pragma once
 
 #include <memory>
@@ -68,6 +70,15 @@ class CudaLatentAttention {
   // into cache_layer (KvWidth(layer) halves per slot) first.
   absl::Status Forward(const float* x, int num_tokens, const LatentStep& step, KvHalf* cache_layer,
                        LatentWorkspace& ws, const CudaLinearContext& ctx, float* out) const;
+  // Forward's two halves: the queries into ws.q (and, with a low-rank q, the normalised q_a_proj
+  // output into ws.q_resid), each token's latent and rope key written to its slot; then the
+  // attention over each token's causal range or, given a selection, its chosen positions, and
+  // o_proj into out.
+  absl::Status ProjectAndCache(const float* x, int num_tokens, const LatentStep& step, KvHalf* cache_layer,
+                               LatentWorkspace& ws, const CudaLinearContext& ctx) const;
+  absl::Status AttendAndProject(int num_tokens, const LatentStep& step, const KvHalf* cache_layer,
+                                const LatentSelection* selection, LatentWorkspace& ws, const CudaLinearContext& ctx,
+                                float* out) const;
 
   // Bytes a forward reads of the projections (kv_b_proj's dense copy included), and the EXL3
   // views it decodes (for the benchmarks' floors).

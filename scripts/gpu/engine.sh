@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # On the GPU machine: the GPU engine (engine/cuda/) in one go. Writes logs to $OUT (or ./gpu-out):
 #   1. engine_cuda_model_test, engine_cuda_latent_attention_test, engine_cuda_deltanet_test,
-#      engine_cuda_kda_test (GLM-5.3-Flash's KDA layer) and engine_cuda_dsv4_test: the kernels
-#      against the CPU references and whole models (tests/fixtures/engine) against the CPU engine and transformers; Qwen3-Next's state through
+#      engine_cuda_kda_test (GLM-5.3-Flash's KDA layer), engine_cuda_kpool_test (its indexed
+#      attention) and engine_cuda_dsv4_test: the kernels against the CPU references and whole models (tests/fixtures/engine) against the CPU engine and transformers; Qwen3-Next's state through
 #      the engine (preemption, a failed step);
 #   2. compute-sanitizer: memcheck on a GQA, a GLM-MoE-DSA and a Qwen3-Next fixture's generation,
-#      racecheck on the kernel tests (the DeltaNet's and KDA's too) and one short generation,
-#      memcheck on KDA's layer test, DeepSeek-V4's kernels and resume;
+#      racecheck on the kernel tests (the DeltaNet's, KDA's and the k-pooled indexer's too) and one
+#      short generation, memcheck on KDA's and the indexed attention's layer tests, DeepSeek-V4's
+#      kernels and resume;
 #   3. a synthetic model with GLM-4.5-Air's shapes (dense intermediate 11008: 10944 rounded up to EXL3's
 #      multiple of 128; ENGINE_LAYERS layers, default 6: the first
 #      dense) and exl3-engine-bench on it: time to first token, decode tokens/s at batch 1..64
@@ -59,6 +60,10 @@ if want test; then
   timeout ${TEST_TIMEOUT:-300} "$BIN"/engine_cuda_kda_test > "$OUT/kda-test.log" 2>&1
   echo "test exit $?"
   grep -E "^kda |FAILED|Failure|error|PASSED" "$OUT/kda-test.log" | head -300
+  echo "=== engine_cuda_kpool_test"
+  timeout ${TEST_TIMEOUT:-300} "$BIN"/engine_cuda_kpool_test > "$OUT/kpool-test.log" 2>&1
+  echo "test exit $?"
+  grep -E "^kpool |FAILED|Failure|error|PASSED" "$OUT/kpool-test.log" | head -300
   echo "=== engine_cuda_dsv4_test"
   timeout ${TEST_TIMEOUT:-300} "$BIN"/engine_cuda_dsv4_test > "$OUT/dsv4-test.log" 2>&1
   echo "test exit $?"
@@ -85,6 +90,8 @@ if want sanitize && command -v compute-sanitizer > /dev/null; then
   sanitize racecheck deltanet-kernels engine_cuda_deltanet_test 'DeltaNetKernelsTest.*'
   sanitize racecheck kda-kernels engine_cuda_kda_test 'KdaKernelsTest.*'
   sanitize memcheck kda-layer engine_cuda_kda_test 'Fixtures/KdaLayerTest.*/glm5_next_experts_lower_bound'
+  sanitize racecheck kpool-kernels engine_cuda_kpool_test 'KpoolKernelsTest.*'
+  sanitize memcheck kpool-layer engine_cuda_kpool_test 'KpoolLayerTest.Glm5NextExpertsLayersMatchCpu'
   # DeepSeek-V4: its kernels' tests (the compressors' fold, the indexer, attention, hyper-connections)
   # under memcheck and racecheck, and the resume through CudaModel under memcheck.
   sanitize memcheck dsv4-kernels engine_cuda_dsv4_test 'Dsv4KernelsTest.*'

@@ -1,0 +1,110 @@
+#include "engine/cuda/kpool_mixer.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "engine/cuda/kpool_attention.h"
+#include "engine/cuda/latent_attention_kernels.h"
+#include "engine/glm5next_config.h"
+
+namespace exl3::engine::cuda {
+namespace {
+
+struct KpoolShared {
+  KpoolShared(const ModelConfig& c, const CudaLinearContext& l) : cfg(c), linear(l) {}
+  const ModelConfig& cfg;
+  CudaLinearContext linear;
+  DeviceArray<KvHalf> cache;         // per indexed layer [slots, KvWidth(layer)]
+  std::vector<size_t> cache_offset;  // by layer
+  int max_context = 0;               // positions a sequence can reach in the cache
+  LatentWorkspace latent_ws;
+  KpoolWorkspace ws;
+};
+
+class KpoolMixer final : public CudaMixer {
+ public:
+  KpoolMixer(KpoolShared& shared, int layer, std::unique_ptr<CudaKpoolAttention> attention)
+      : s_(shared), layer_(layer), attention_(std::move(attention)) {}
+
+  absl::Status Forward(const CudaStep& step, const float* x, int first, int n, float* out) override {
+    if (first != 0 || n != step.rows)
+      return absl::InternalError(absl::StrCat("indexed attention runs whole steps (rows ", first, "+", n, " of ",
+                                              step.rows, ")"));
+    LatentStep ls;
+    ls.tokens = step.attention_tokens();
+    ls.slot = step.slot;
+    ls.splits = step.splits;
+    ls.split_positions = step.split_positions;
+    ls.sm_count = step.sm_count;
+    ls.kernel = step.tensor_core_prefill ? LatentKernel::kTensorCores : LatentKernel::kCudaCores;
+    return attention_->Forward(x, n, ls, s_.cache.get() + s_.cache_offset[layer_], s_.latent_ws, s_.ws, s_.linear,
+                               out);
+  }
+  int64_t weight_bytes() const override { return attention_->weight_bytes(); }
+  std::vector<const CudaLinear*> linears() const override { return attention_->linears(); }
+
+ private:
+  KpoolShared& s_;
+  int layer_;
+  std::unique_ptr<CudaKpoolAttention> attention_;
+};
+
+class KpoolKind final : public CudaMixerKind {
+ public:
+  KpoolKind(const ModelConfig& cfg, const CudaLinearContext& linear) : s_(cfg, linear) {}
+
+  absl::StatusOr<std::unique_ptr<CudaMixer>> LoadLayer(const TensorSource& src, int layer) override {
+    EXL3_ASSIGN_OR_RETURN(std::unique_ptr<CudaKpoolAttention> attention, CudaKpoolAttention::Load(s_.cfg, src, layer));
+    layers_.push_back(layer);
+    return std::make_unique<KpoolMixer>(s_, layer, std::move(attention));
+  }
+
+  absl::Status AllocateCache(const KvCacheShape& shape, StreamHandle) override {
+    const size_t slots = static_cast<size_t>(shape.num_blocks + 1) * shape.block_size;
+    s_.cache_offset.assign(s_.cfg.num_layers, 0);
+    size_t total = 0;
+    for (int l : layers_) {
+      s_.cache_offset[l] = total;
+      total += slots * s_.cfg.KvWidth(l);
+    }
+    s_.max_context = static_cast<int>(std::min<int64_t>(
+        s_.cfg.max_position_embeddings, static_cast<int64_t>(shape.num_blocks) * shape.block_size));
+    s_.cache = DeviceArray<KvHalf>();
+    return s_.cache.Reserve(total);
+  }
+  int64_t KvBytesPerToken() const override {
+    int64_t halves = 0;
+    for (int l : layers_) halves += s_.cfg.KvWidth(l);
+    return halves * static_cast<int64_t>(sizeof(KvHalf));
+  }
+
+  absl::Status Reserve(int rows, int splits, bool* moved) override {
+    bool latent_moved = false, kpool_moved = false;
+    EXL3_RETURN_IF_ERROR(s_.latent_ws.Reserve(s_.cfg, rows, splits, s_.max_context, &latent_moved));
+    EXL3_RETURN_IF_ERROR(s_.ws.Reserve(s_.cfg, rows, s_.max_context, &kpool_moved));
+    *moved |= latent_moved || kpool_moved;
+    return absl::OkStatus();
+  }
+
+  bool rows_split() const override { return false; }
+  SplitShape split_shape() const override {
+    // A block per tile of query heads; a query attends to its select_pools chosen pools and at most
+    // one pool's worth of its own incomplete pool (index_topk + P positions).
+    SplitShape shape{LatentAttentionHeadTiles(s_.cfg.num_heads)};
+    shape.max_positions = s_.cfg.indexer.topk + s_.cfg.glm5next->index_kpool;
+    return shape;
+  }
+
+ private:
+  KpoolShared s_;
+  std::vector<int> layers_;
+};
+
+}  // namespace
+
+std::unique_ptr<CudaMixerKind> MakeKpoolKind(const ModelConfig& cfg, const CudaLinearContext& linear) {
+  return std::make_unique<KpoolKind>(cfg, linear);
+}
+
+}  // namespace exl3::engine::cuda
