@@ -1,6 +1,9 @@
 #include "engine/cuda/cuda_mixer.h"
 
 #include <array>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 
 #include "base/status_macros.h"
 #include "engine/cuda/cuda_gated_deltanet.h"
@@ -15,9 +18,15 @@ namespace {
 
 enum class MixerKindId { kGqa, kLatent, kGatedDeltaNet, kKda, kDsv4, kCount };
 
-MixerKindId KindOf(const ModelConfig& cfg, int layer) {
+// The GPU kind of layer `layer`'s mixer; UNIMPLEMENTED, naming the layer kind, where it has none.
+absl::StatusOr<MixerKindId> KindOf(const ModelConfig& cfg, int layer) {
   if (cfg.IsLinearAttentionLayer(layer))
     return cfg.attention == AttentionKind::kPooledDsa ? MixerKindId::kKda : MixerKindId::kGatedDeltaNet;
+  if (cfg.attention == AttentionKind::kPooledDsa)
+    return absl::UnimplementedError(absl::StrCat(
+        cfg.architecture(), " layer ", layer, ": its indexed attention (NoPE MLA with the k-pooled DSA indexer, "
+        "engine/kpool_dsa_attention.h) has no GPU mixer kind yet; run the model on the CPU engine "
+        "(--engine-device cpu)"));
   if (cfg.attention == AttentionKind::kDsv4) return MixerKindId::kDsv4;
   if (cfg.IsLatentAttention()) return MixerKindId::kLatent;
   return MixerKindId::kGqa;
@@ -42,10 +51,15 @@ absl::StatusOr<std::unique_ptr<CudaMixerKind>> MakeKind(MixerKindId id, const Mo
 
 absl::StatusOr<CudaMixers> LoadCudaMixers(const ModelConfig& cfg, const TensorSource& src,
                                           const CudaLinearContext& linear) {
+  // Every layer's kind first: a layer without one is refused before any weight is uploaded.
+  std::vector<MixerKindId> ids(cfg.num_layers);
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    EXL3_ASSIGN_OR_RETURN(ids[l], KindOf(cfg, l));
+  }
   CudaMixers mixers;
   std::array<CudaMixerKind*, static_cast<size_t>(MixerKindId::kCount)> by_id{};
   for (int l = 0; l < cfg.num_layers; ++l) {
-    const MixerKindId id = KindOf(cfg, l);
+    const MixerKindId id = ids[l];
     CudaMixerKind*& kind = by_id[static_cast<size_t>(id)];
     if (kind == nullptr) {
       EXL3_ASSIGN_OR_RETURN(std::unique_ptr<CudaMixerKind> made, MakeKind(id, cfg, linear));
