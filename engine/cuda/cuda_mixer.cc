@@ -4,7 +4,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-
 #include "base/status_macros.h"
 #include "engine/cuda/cuda_gated_deltanet.h"
 #include "engine/cuda/cuda_kimi_delta_attention.h"
