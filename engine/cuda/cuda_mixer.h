@@ -85,7 +85,8 @@ struct CudaMixers {
   bool rows_split() const;
 };
 
-// The mixers of every layer of the model in `src`, on the device of `linear`.
+// The mixers of every layer of the model in `src`, on the device of `linear`. UNIMPLEMENTED, naming
+// the layer and its kind, when a layer's kind has no GPU mixer (checked before anything is loaded).
 absl::StatusOr<CudaMixers> LoadCudaMixers(const ModelConfig& cfg, const TensorSource& src,
                                           const CudaLinearContext& linear);
 

@@ -8,6 +8,7 @@
 #include "base/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
 #include "model/exl3_model.h"
+#include "model/moe_config.h"
 #include "model/safetensors.h"
 
 namespace exl3::engine::cuda {
@@ -15,24 +16,22 @@ namespace {
 
 // What the GPU engine does not run, refused by name before anything is loaded.
 absl::Status CheckSupported(const ModelConfig& cfg, const CudaModelOptions& options, bool remote_experts) {
-  if (cfg.attention == AttentionKind::kPooledDsa)
-    return absl::UnimplementedError(absl::StrCat(
-        cfg.architecture(), " (GLM-5.3-Flash: KDA, k-pooled DSA, hyper-connections) runs on the CPU "
-        "engine only (--engine-device cpu); the GPU engine does not run it"));
   if (cfg.moe.family == MoeFamily::kQwen4Exp)
     return absl::UnimplementedError(absl::StrCat(
         cfg.architecture(), " (Qwen4-Exp: gated hyper-connections, QSA attention, PLE) runs on the "
                             "CPU engine only (--engine-device cpu); the GPU engine does not run it"));
-  // Recurrent layers are only known beside GQA attention layers (Qwen3-Next).
-  if (cfg.HasRecurrentLayers() && cfg.attention != AttentionKind::kGqa)
+  // Recurrent layers are only known beside GQA attention layers (Qwen3-Next) and GLM-5.3-Flash's
+  // indexed attention (a layer kind without a GPU mixer is refused by LoadCudaMixers, by name).
+  if (cfg.HasRecurrentLayers() && cfg.attention != AttentionKind::kGqa && cfg.attention != AttentionKind::kPooledDsa)
     return absl::UnimplementedError(absl::StrCat(cfg.architecture(), ": recurrent layers beside ",
-                                                 "non-GQA attention are not on the GPU engine"));
+                                                 "this attention are not on the GPU engine"));
   if (options.micro_batches < 1 || options.micro_batches > 2)
     return absl::InvalidArgumentError(absl::StrCat("micro_batches must be 1 or 2, not ", options.micro_batches));
-  if (options.micro_batches > 1 && remote_experts && (cfg.IsLatentAttention() || cfg.attention == AttentionKind::kDsv4))
+  if (options.micro_batches > 1 && remote_experts &&
+      (cfg.IsLatentAttention() || cfg.attention == AttentionKind::kDsv4 || cfg.attention == AttentionKind::kPooledDsa))
     return absl::UnimplementedError(absl::StrCat(
         cfg.architecture(), ": two micro-batches need attention that runs part of a step; its attention "
-                            "(latent or DeepSeek-V4's) runs a whole step at once"));
+                            "(latent, DeepSeek-V4's or GLM-5.3-Flash's indexed) runs a whole step at once"));
   return absl::OkStatus();
 }
 
@@ -69,7 +68,9 @@ absl::Status CudaModel::Load(const std::string& dir, const CudaModelOptions& opt
   timer_ = std::make_unique<PhaseTimer>(stream);
   EXL3_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, TensorSource::Open(dir));
   const int H = cfg_.hidden_size;
-  EXL3_ASSIGN_OR_RETURN(TensorView emb, src->Get("model.embed_tokens.weight"));
+  // The language model's tensors: "model." (GLM-5.3-Flash: "model.language_model.", beside the
+  // vision tower's and the MTP layer's, which stay in the mapped files unread, as on the CPU engine).
+  EXL3_ASSIGN_OR_RETURN(TensorView emb, src->Get(TextModelPrefix(cfg_.moe) + "embed_tokens.weight"));
   if (emb.info->shape != std::vector<int64_t>{cfg_.vocab_size, H})
     return absl::InvalidArgumentError(absl::StrCat(emb.info->name, ": expected shape [", cfg_.vocab_size, ", ", H, "]"));
   switch (emb.info->dtype) {
@@ -108,8 +109,8 @@ absl::Status CudaModel::Load(const std::string& dir, const CudaModelOptions& opt
       feed_forward_.emplace_back(std::move(moe));
       continue;
     }
-    EXL3_ASSIGN_OR_RETURN(CudaDenseMlp mlp, CudaDenseMlp::Load(*src, absl::StrCat("model.layers.", l, ".mlp."), H,
-                                                               cfg_.intermediate_size));
+    EXL3_ASSIGN_OR_RETURN(CudaDenseMlp mlp, CudaDenseMlp::Load(*src, LayerPrefix(cfg_.moe, l) + "mlp.", H,
+                                                               cfg_.intermediate_size, cfg_.dense_swiglu_limit));
     weight_bytes_.dense_mlp += mlp.weight_bytes();
     weight_bytes_.dense_mlp_decoded.Add(mlp.linears());
     feed_forward_.emplace_back(std::move(mlp));

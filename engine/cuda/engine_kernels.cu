@@ -175,6 +175,17 @@ __global__ void SiluMulKernel(float* gate, const float* up, int64_t n) {
   }
 }
 
+// SiluMulKernel with the clamp of kernels/moe_cpu.h's SwiGlu: gate <= limit, up in [-limit, limit].
+__global__ void ClampedSiluMulKernel(float* gate, const float* up, int64_t n, float limit) {
+  exl3::cuda::PdlEnter();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = fminf(gate[i], limit);
+    const float u = fminf(fmaxf(up[i], -limit), limit);
+    gate[i] = g / (1.0f + expf(-g)) * u;
+  }
+}
+
 // Grid-stride over rows * head_dim: qg [rows, 2 * head_dim] (per head the query, then its gate)
 // -> q, gate [rows, head_dim].
 __global__ void SplitQueryGateKernel(const float* qg, int64_t rows, int head_dim, float* q,
@@ -437,6 +448,15 @@ absl::Status SiluMul(float* gate, const float* up, int64_t n, StreamHandle strea
   if (n == 0) return absl::OkStatus();
   exl3::cuda::LaunchPdlWithSmem(SiluMulKernel, dim3(ElementwiseBlocks(n)), dim3(kThreads), 0, S(stream), gate, up, n);
   return LaunchStatus("swiglu");
+}
+
+absl::Status ClampedSiluMul(float* gate, const float* up, int64_t n, float limit, StreamHandle stream) {
+  if (!(limit > 0.0f) || !std::isfinite(limit))
+    return absl::InvalidArgumentError(absl::StrCat("clamped swiglu: limit ", limit, " (must be finite and > 0)"));
+  if (n == 0) return absl::OkStatus();
+  exl3::cuda::LaunchPdlWithSmem(ClampedSiluMulKernel, dim3(ElementwiseBlocks(n)), dim3(kThreads), 0, S(stream), gate,
+                                up, n, limit);
+  return LaunchStatus("clamped swiglu");
 }
 
 absl::Status SplitQueryGate(const float* qg, int64_t rows, int head_dim, float* q, float* gate,

@@ -46,6 +46,9 @@ absl::Status ApplyRope(float* x, int num_tokens, int num_heads, int row_stride, 
 
 // gate[i] = silu(gate[i]) * up[i] over n floats (the dense MLP's SwiGLU, no clamp).
 absl::Status SiluMul(float* gate, const float* up, int64_t n, StreamHandle stream);
+// SiluMul with GLM-5.3-Flash's clamp (its dense MLP's swiglu_limit; kernels/moe_cpu.h's SwiGlu with
+// limit > 0): gate[i] = silu(min(gate[i], limit)) * clamp(up[i], -limit, limit). limit > 0, finite.
+absl::Status ClampedSiluMul(float* gate, const float* up, int64_t n, float limit, StreamHandle stream);
 
 // Qwen3-Next's gated attention: q_proj's output qg [rows, 2 * head_dim] (rows = tokens * heads;
 // per head its query, then the gate of its output) split into q and gate [rows, head_dim].

@@ -130,6 +130,18 @@ __global__ void HeadCollapseKernel(const float* fn, const float* base, float sca
   }
 }
 
+// grid R, block kThreads. streams [T, N, H]; rows [R]; out [R, H] = the mean of row rows[r]'s
+// streams, summed in stream order and divided by N as HyperHead::Collapse's kMean does.
+__global__ void MeanCollapseKernel(int n, int H, const float* streams, const int32_t* rows, float* out) {
+  const float* x = streams + static_cast<size_t>(rows[blockIdx.x]) * n * H;
+  float* y = out + static_cast<size_t>(blockIdx.x) * H;
+  for (int d = threadIdx.x; d < H; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int i = 0; i < n; ++i) acc += x[static_cast<size_t>(i) * H + d];
+    y[d] = acc / static_cast<float>(n);
+  }
+}
+
 // grid T, block kThreads.
 __global__ void BroadcastKernel(const float* x, int n, int H, float* streams) {
   const size_t t = blockIdx.x;
@@ -173,6 +185,14 @@ absl::Status HyperHeadCollapse(const float* fn, const float* base, float scale, 
   HeadCollapseKernel<<<R, kThreads, n * sizeof(float), S(stream)>>>(fn, base, scale, n, hidden, eps, norm_eps,
                                                                     streams, rows, out);
   return LaunchStatus("hyper-connection head");
+}
+
+absl::Status HyperMeanCollapse(int n, int hidden, const float* streams, const int32_t* rows, int R, float* out,
+                               StreamHandle stream) {
+  if (R == 0) return absl::OkStatus();
+  if (absl::Status st = CheckStreams(n); !st.ok()) return st;
+  MeanCollapseKernel<<<R, kThreads, 0, S(stream)>>>(n, hidden, streams, rows, out);
+  return LaunchStatus("hyper-connection mean head");
 }
 
 absl::Status BroadcastStreams(const float* x, int T, int n, int hidden, float* streams, StreamHandle stream) {

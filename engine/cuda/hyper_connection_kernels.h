@@ -1,7 +1,7 @@
-// DeepSeek-V4's manifold-constrained hyper-connections on the GPU: the same arithmetic as the CPU
-// engine's engine/hyper_connections.h (which says what the mixing is), on device memory. Host
-// launchers only: this header includes no CUDA header; every pointer is device memory, every
-// launch goes on `stream`, none synchronises or allocates.
+// DeepSeek-V4's and GLM-5.3-Flash's manifold-constrained hyper-connections on the GPU: the same
+// arithmetic as the CPU engine's engine/hyper_connections.h (which says what the mixing is), on
+// device memory. Host launchers only: this header includes no CUDA header; every pointer is device
+// memory, every launch goes on `stream`, none synchronises or allocates.
 //
 // The residual of each token is `streams` (hc_mult, N ≤ 16) copies [N, hidden]; a block's mixing
 // weights come from the RMS-normalised (no weight) concatenation of the N streams through fn.
@@ -44,6 +44,11 @@ absl::Status HyperExpand(const float* post, const float* comb, const float* bloc
 absl::Status HyperHeadCollapse(const float* fn, const float* base, float scale, int streams_per_token,
                                int hidden, float eps, float norm_eps, const float* streams,
                                const int32_t* rows, int num_rows, float* out, StreamHandle stream);
+
+// GLM-5.3-Flash's head (HyperHead::Mean): out [R, hidden] = the unweighted mean of the N streams of
+// rows[r] of streams [T, N, hidden]. rows [R] int32.
+absl::Status HyperMeanCollapse(int streams_per_token, int hidden, const float* streams, const int32_t* rows,
+                               int num_rows, float* out, StreamHandle stream);
 
 // streams [T, N, hidden]: every stream of token t = x [T, hidden] row t (the embeddings).
 absl::Status BroadcastStreams(const float* x, int num_tokens, int streams_per_token, int hidden,

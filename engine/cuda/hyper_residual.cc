@@ -1,5 +1,6 @@
 #include "engine/cuda/hyper_residual.h"
 
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -9,7 +10,9 @@
 #include "engine/cuda/hyper_connection_kernels.h"
 #include "engine/cuda/weight_upload.h"
 #include "engine/dsv4_config.h"
+#include "engine/glm5next_config.h"
 #include "engine/hyper_connections.h"
+#include "model/moe_config.h"
 
 namespace exl3::engine::cuda {
 namespace {
@@ -37,29 +40,53 @@ absl::StatusOr<HyperConnectionWeights> UploadHyperConnection(const TensorSource&
   return w;
 }
 
+// What the families' hyper-connected streams differ in, chosen once at load (as the CPU engine's
+// engine/cpu_model.cc loads them): the shape's fields, the layer norms' names and the head.
+struct HyperFamily {
+  HyperConnectionShape shape;
+  std::string input_norm, post_attention_norm;  // under each layer's prefix
+  HyperHeadKind head = HyperHeadKind::kLearned;
+};
+
+absl::StatusOr<HyperFamily> HyperFamilyOf(const ModelConfig& cfg) {
+  const int H = cfg.hidden_size;
+  // DeepSeek-V4's checkpoints keep the original names (attn_norm / ffn_norm) and a learned head.
+  if (cfg.dsv4 != nullptr)
+    return HyperFamily{{H, cfg.dsv4->hc_mult, cfg.dsv4->hc_sinkhorn_iters, cfg.dsv4->hc_eps, cfg.rms_norm_eps},
+                       "attn_norm.weight", "ffn_norm.weight", HyperHeadKind::kLearned};
+  // GLM-5.3-Flash: transformers' names, and the streams' mean as the head.
+  if (cfg.glm5next != nullptr)
+    return HyperFamily{
+        {H, cfg.glm5next->hc_mult, cfg.glm5next->hc_sinkhorn_iters, cfg.glm5next->hc_eps, cfg.rms_norm_eps},
+        "input_layernorm.weight", "post_attention_layernorm.weight", HyperHeadKind::kMean};
+  return absl::InternalError(absl::StrCat(cfg.architecture(), " has no hyper-connections"));
+}
+
 class HyperResidual final : public ResidualStream {
  public:
-  HyperResidual(const ModelConfig& cfg, StreamHandle stream)
-      : cfg_(cfg),
-        stream_(stream),
-        shape_{cfg.hidden_size, cfg.dsv4->hc_mult, cfg.dsv4->hc_sinkhorn_iters, cfg.dsv4->hc_eps, cfg.rms_norm_eps} {}
+  HyperResidual(const ModelConfig& cfg, HyperFamily family, StreamHandle stream)
+      : cfg_(cfg), stream_(stream), family_(std::move(family)), shape_(family_.shape) {}
 
   absl::Status Load(const TensorSource& src) {
     const int H = cfg_.hidden_size;
     layers_.resize(cfg_.num_layers);
     for (int l = 0; l < cfg_.num_layers; ++l) {
-      const std::string p = absl::StrCat("model.layers.", l, ".");
+      const std::string p = LayerPrefix(cfg_.moe, l);
       Layer& L = layers_[l];
-      EXL3_ASSIGN_OR_RETURN(L.input_norm, UploadNorm(src, p + "attn_norm.weight", H, cfg_.norm_weights));
-      EXL3_ASSIGN_OR_RETURN(L.post_attention_norm, UploadNorm(src, p + "ffn_norm.weight", H, cfg_.norm_weights));
+      EXL3_ASSIGN_OR_RETURN(L.input_norm, UploadNorm(src, p + family_.input_norm, H, cfg_.norm_weights));
+      EXL3_ASSIGN_OR_RETURN(L.post_attention_norm,
+                            UploadNorm(src, p + family_.post_attention_norm, H, cfg_.norm_weights));
       EXL3_ASSIGN_OR_RETURN(L.mixer_hc, UploadHyperConnection(src, p + "hc_attn_", shape_));
       EXL3_ASSIGN_OR_RETURN(L.mlp_hc, UploadHyperConnection(src, p + "hc_ffn_", shape_));
     }
-    EXL3_ASSIGN_OR_RETURN(final_norm_, UploadNorm(src, "model.norm.weight", H, cfg_.norm_weights));
-    EXL3_ASSIGN_OR_RETURN(HyperHead head, HyperHead::Load(src, "model.hc_head.", shape_));
-    EXL3_RETURN_IF_ERROR(head_fn_.Upload(head.fn()));
-    EXL3_RETURN_IF_ERROR(head_base_.Upload(head.base()));
-    head_scale_ = head.scale();
+    EXL3_ASSIGN_OR_RETURN(final_norm_,
+                          UploadNorm(src, TextModelPrefix(cfg_.moe) + "norm.weight", H, cfg_.norm_weights));
+    if (family_.head == HyperHeadKind::kLearned) {
+      EXL3_ASSIGN_OR_RETURN(HyperHead head, HyperHead::Load(src, "model.hc_head.", shape_));
+      EXL3_RETURN_IF_ERROR(head_fn_.Upload(head.fn()));
+      EXL3_RETURN_IF_ERROR(head_base_.Upload(head.base()));
+      head_scale_ = head.scale();
+    }
     return absl::OkStatus();
   }
 
@@ -89,9 +116,17 @@ class HyperResidual final : public ResidualStream {
   absl::Status MlpOutput(int, int first, int n, float* d) override { return Expand(first, n, d); }
   absl::Status HeadInput(int, const float*, const int32_t* logit_rows, int R, float* head_in) override {
     const float eps = cfg_.rms_norm_eps;
-    EXL3_RETURN_IF_ERROR(HyperHeadCollapse(head_fn_.get(), head_base_.get(), head_scale_, shape_.streams,
-                                           cfg_.hidden_size, shape_.eps, eps, streams_.get(), logit_rows, R,
-                                           head_pre_.get(), stream_));
+    switch (family_.head) {
+      case HyperHeadKind::kLearned:
+        EXL3_RETURN_IF_ERROR(HyperHeadCollapse(head_fn_.get(), head_base_.get(), head_scale_, shape_.streams,
+                                               cfg_.hidden_size, shape_.eps, eps, streams_.get(), logit_rows, R,
+                                               head_pre_.get(), stream_));
+        break;
+      case HyperHeadKind::kMean:
+        EXL3_RETURN_IF_ERROR(HyperMeanCollapse(shape_.streams, cfg_.hidden_size, streams_.get(), logit_rows, R,
+                                               head_pre_.get(), stream_));
+        break;
+    }
     return RmsNorm(head_pre_.get(), final_norm_.get(), R, cfg_.hidden_size, eps, head_in, stream_);
   }
   int streams() const override { return shape_.streams; }
@@ -118,9 +153,11 @@ class HyperResidual final : public ResidualStream {
 
   const ModelConfig& cfg_;
   StreamHandle stream_;
+  HyperFamily family_;
   HyperConnectionShape shape_;
   std::vector<Layer> layers_;
-  DeviceArray<float> final_norm_, head_fn_, head_base_;
+  DeviceArray<float> final_norm_;
+  DeviceArray<float> head_fn_, head_base_;  // the learned head's (empty for the mean)
   float head_scale_ = 1.0f;
   DeviceArray<float> streams_;  // [rows, N, hidden]
   DeviceArray<float> post_, comb_;  // the last collapse's mix: [rows, N], [rows, N, N]
@@ -131,7 +168,8 @@ class HyperResidual final : public ResidualStream {
 
 absl::StatusOr<std::unique_ptr<ResidualStream>> LoadHyperResidual(const ModelConfig& cfg, const TensorSource& src,
                                                                   StreamHandle stream) {
-  auto residual = std::make_unique<HyperResidual>(cfg, stream);
+  EXL3_ASSIGN_OR_RETURN(HyperFamily family, HyperFamilyOf(cfg));
+  auto residual = std::make_unique<HyperResidual>(cfg, std::move(family), stream);
   EXL3_RETURN_IF_ERROR(residual->Load(src));
   return residual;
 }

@@ -7,6 +7,7 @@
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/hyper_residual.h"
 #include "engine/cuda/weight_upload.h"
+#include "model/moe_config.h"
 
 namespace exl3::engine::cuda {
 namespace {
@@ -19,13 +20,14 @@ class PlainResidual final : public ResidualStream {
   absl::Status Load(const TensorSource& src) {
     norms_.resize(cfg_.num_layers);
     for (int l = 0; l < cfg_.num_layers; ++l) {
-      const std::string p = absl::StrCat("model.layers.", l, ".");
+      const std::string p = LayerPrefix(cfg_.moe, l);
       EXL3_ASSIGN_OR_RETURN(norms_[l].input,
                             UploadNorm(src, p + "input_layernorm.weight", cfg_.hidden_size, cfg_.norm_weights));
       EXL3_ASSIGN_OR_RETURN(norms_[l].post_attention, UploadNorm(src, p + "post_attention_layernorm.weight",
                                                                  cfg_.hidden_size, cfg_.norm_weights));
     }
-    EXL3_ASSIGN_OR_RETURN(final_norm_, UploadNorm(src, "model.norm.weight", cfg_.hidden_size, cfg_.norm_weights));
+    EXL3_ASSIGN_OR_RETURN(final_norm_, UploadNorm(src, TextModelPrefix(cfg_.moe) + "norm.weight", cfg_.hidden_size,
+                                                 cfg_.norm_weights));
     return absl::OkStatus();
   }
 
@@ -75,7 +77,7 @@ class PlainResidual final : public ResidualStream {
 
 absl::StatusOr<std::unique_ptr<ResidualStream>> ResidualStream::Load(const ModelConfig& cfg, const TensorSource& src,
                                                                      StreamHandle stream) {
-  if (cfg.dsv4 != nullptr) return LoadHyperResidual(cfg, src, stream);
+  if (cfg.dsv4 != nullptr || cfg.glm5next != nullptr) return LoadHyperResidual(cfg, src, stream);
   auto plain = std::make_unique<PlainResidual>(cfg, stream);
   EXL3_RETURN_IF_ERROR(plain->Load(src));
   return plain;

@@ -2,8 +2,8 @@
 // block's output to the residual and makes the next block's normed input. Two kinds, chosen by the
 // model's configuration:
 //   plain:          h += block output; x = rmsnorm(h) · w (the add fused with the next norm)
-//   hyper-connected (DeepSeek-V4's mHC, engine/cuda/hyper_connection_kernels.h): hc_mult streams
-//                   per token; a block's input collapsed from them and its output expanded back
+//   hyper-connected (DeepSeek-V4's and GLM-5.3-Flash's mHC, engine/cuda/hyper_residual.h): hc_mult
+//                   streams per token; a block's input collapsed from them and its output expanded back
 // The layer loop (engine/cuda/cuda_model.h) is the same for both:
 //
 //   Embed(ids)  then per layer: MixerInput → mixer → MlpInput → MLP / experts → MlpOutput

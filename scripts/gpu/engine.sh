@@ -2,7 +2,9 @@
 # On the GPU machine: the GPU engine (engine/cuda/) in one go. Writes logs to $OUT (or ./gpu-out):
 #   1. engine_cuda_model_test, engine_cuda_latent_attention_test, engine_cuda_deltanet_test,
 #      engine_cuda_kda_test (GLM-5.3-Flash's KDA layer), engine_cuda_kpool_test (its indexed
-#      attention) and engine_cuda_dsv4_test: the kernels against the CPU references and whole models (tests/fixtures/engine) against the CPU engine and transformers; Qwen3-Next's state through
+#      attention), engine_cuda_glm5_residual_test (its hyper-connections, mean head, clamped SwiGLU)
+#      and engine_cuda_dsv4_test: the kernels against the CPU references and whole models
+#      (tests/fixtures/engine) against the CPU engine and transformers; Qwen3-Next's state through
 #      the engine (preemption, a failed step);
 #   2. compute-sanitizer: memcheck on a GQA, a GLM-MoE-DSA and a Qwen3-Next fixture's generation,
 #      racecheck on the kernel tests (the DeltaNet's, KDA's and the k-pooled indexer's too) and one
@@ -33,7 +35,7 @@ ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY="$ONLY $2"; shift ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "engine.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -68,6 +70,10 @@ if want test; then
   timeout ${TEST_TIMEOUT:-300} "$BIN"/engine_cuda_dsv4_test > "$OUT/dsv4-test.log" 2>&1
   echo "test exit $?"
   grep -E "^dsv4 |FAILED|Failure|error|PASSED" "$OUT/dsv4-test.log" | head -200
+  echo "=== engine_cuda_glm5_residual_test"
+  timeout ${TEST_TIMEOUT:-300} "$BIN"/engine_cuda_glm5_residual_test > "$OUT/glm5-residual-test.log" 2>&1
+  echo "test exit $?"
+  grep -E "^glm5 |FAILED|Failure|error|PASSED" "$OUT/glm5-residual-test.log" | head -100
 fi
 if want sanitize && command -v compute-sanitizer > /dev/null; then
   echo "=== compute-sanitizer"
@@ -97,6 +103,7 @@ if want sanitize && command -v compute-sanitizer > /dev/null; then
   sanitize memcheck dsv4-kernels engine_cuda_dsv4_test 'Dsv4KernelsTest.*'
   sanitize racecheck dsv4-kernels engine_cuda_dsv4_test 'Dsv4KernelsTest.*'
   sanitize memcheck dsv4-resume engine_cuda_model_test 'Dsv4Family/CudaDsv4ResumeTest.*/1'
+  sanitize racecheck glm5-residual-kernels engine_cuda_glm5_residual_test 'Glm5KernelsTest.*'
 fi
 if want bench; then
   echo "=== exl3-engine-bench (GLM-4.5-Air shapes, ${ENGINE_LAYERS:-6} layers)"

@@ -5,9 +5,11 @@
 // decode: logits within 5e-3 relative of the CPU model's while the tokens agree, and the greedy
 // tokens against transformers'; the latent families (DeepSeek-V3, GLM-MoE-DSA) and DeepSeek-V4 the
 // same way (their kernels: tests/engine/cuda/latent_attention_test.cc, dsv4_test.cc), V4 also
-// through a prefill → decode → prefill resume, and Qwen3-Next (its DeltaNet kernels and the engine
-// over its state: tests/engine/cuda/deltanet_test.cc). Skipped where no GPU is visible (ctest
-// label gpu).
+// through a prefill → decode → prefill resume, Qwen3-Next (its DeltaNet kernels and the engine
+// over its state: tests/engine/cuda/deltanet_test.cc) and GLM-5.3-Flash (KDA, indexed attention,
+// hyper-connections with a mean head, a clamped dense MLP: tests/engine/cuda/kda_test.cc,
+// glm5_residual_test.cc), those two hyper-connected families also with their experts behind an
+// executor. Skipped where no GPU is visible (ctest label gpu).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -261,6 +263,10 @@ TEST(CudaKernelsTest, DeviceGateMatchesRouting) {
   CheckGate("sigmoid 256 top-8 groups 8/4 bias x2.5", ScoringFunc::kSigmoid, 256, 8, 8, 4, true, 2.5f, true);
   CheckGate("sigmoid 160 top-8 bias (GLM)", ScoringFunc::kSigmoid, 160, 8, 1, 1, true, 2.5f, true);
   CheckGate("sqrt-softplus 64 top-6 bias", ScoringFunc::kSqrtSoftplus, 64, 6, 1, 1, true, 1.5f, true);
+  // GLM-5.3-Flash (EXL3_FORMAT.md: 288 experts, top-8, sigmoid with bias, x2.5), and its fixture's
+  // groups (tests/fixtures/engine/glm5_next_*: 8 experts in 2 groups, 1 kept, top-2).
+  CheckGate("sigmoid 288 top-8 bias x2.5 (GLM-5.3-Flash)", ScoringFunc::kSigmoid, 288, 8, 1, 1, true, 2.5f, true);
+  CheckGate("sigmoid 8 top-2 groups 2/1 bias x2.5", ScoringFunc::kSigmoid, 8, 2, 2, 1, true, 2.5f, true);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -372,8 +378,11 @@ TEST_P(CudaModelFixtureTest, MatchesCpuModelAndTransformers) {
     // Every other family: every row within 5e-3 and every greedy token the same.
     // DeepSeek-V4's CSA indexer likewise (its scores in fp32 on both engines, but its inputs come
     // through EXL3 projections that round to fp16 on the GPU).
-    const bool selecting = (*cpu)->config().attention == exl3::engine::AttentionKind::kDsa ||
-                     (*cpu)->config().attention == exl3::engine::AttentionKind::kDsv4;
+    // GLM-5.3-Flash's k-pooled indexer likewise (its pool scores from the GPU's fp16 cache).
+    const exl3::engine::AttentionKind attention = (*cpu)->config().attention;
+    const bool selecting = attention == exl3::engine::AttentionKind::kDsa ||
+                           attention == exl3::engine::AttentionKind::kDsv4 ||
+                           attention == exl3::engine::AttentionKind::kPooledDsa;
     double worst = 0;
     // Rows past transformers' greedy continuation: the harness's decode steps while other prompts
     // still prefill.
@@ -448,6 +457,14 @@ INSTANTIATE_TEST_SUITE_P(RecurrentFamilies, CudaModelFixtureTest,
 // tests/engine/cuda/dsv4_test.cc.
 INSTANTIATE_TEST_SUITE_P(Dsv4Family, CudaModelFixtureTest,
                          ::testing::Values("deepseek_v4_experts", "deepseek_v4_all"));
+
+// GLM-5.3-Flash (Glm5NextForConditionalGeneration, tensors under model.language_model. beside a
+// vision tower the engines leave unread): KDA layers (engine/cuda/kda_mixer.h), indexed attention
+// (NoPE MLA with the k-pooled DSA indexer; a selecting family as above), hyper-connections with the
+// streams' mean as the head (engine/cuda/hyper_residual.h), dense MLPs clamped at swiglu_limit,
+// grouped sigmoid routing.
+INSTANTIATE_TEST_SUITE_P(Glm5NextFamily, CudaModelFixtureTest,
+                         ::testing::Values("glm5_next_experts", "glm5_next_all"));
 
 // DeepSeek-V4: prefill → decode → prefill → decode in one sequence (reference.json "resume", as
 // tests/engine/transformers_conformance_test.cc's ResumeTest runs it on the CPU engine): the first
@@ -530,15 +547,18 @@ TEST_P(CudaDsv4ResumeTest, PrefillDecodePrefillDecodeMatchesCpuAndTransformers) 
 
 INSTANTIATE_TEST_SUITE_P(Dsv4Family, CudaDsv4ResumeTest, ::testing::Values("deepseek_v4_experts", "deepseek_v4_all"));
 
-// DeepSeek-V4's hyper-connected layers with the experts behind an executor (as with workers): the
-// same layer loop as in process, each MoE layer's hidden states to the host and back, its
-// hash-routed layer gated on the device from the step's token ids. Against the GPU with the experts
-// in process: as the fixture test counts them, a row after a different CSA choice (a near-tie at
-// the top-k boundary, the experts' sums rounded differently on the CPU) is counted, not bounded;
-// every other row within 5e-3 and every greedy token the same.
-TEST(CudaModelTest, Dsv4ExpertsThroughAnExecutorMatchInProcess) {
+// The hyper-connected families' layers with the experts behind an executor (as with workers): the
+// same layer loop as in process, each MoE layer's hidden states to the host and back (DeepSeek-V4's
+// hash-routed layer gated on the device from the step's token ids; GLM-5.3-Flash's grouped sigmoid
+// gate and clamped experts). Against the GPU with the experts in process: as the fixture test
+// counts them, a row after a different indexer choice (a near-tie at the top-k boundary, the
+// experts' sums rounded differently on the CPU) is counted, not bounded; every other row within
+// 5e-3 and every greedy token the same.
+class CudaHyperConnectedExecutorTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaHyperConnectedExecutorTest, ExpertsThroughAnExecutorMatchInProcess) {
   REQUIRE_GPU();
-  const std::string dir = "tests/fixtures/engine/deepseek_v4_experts";
+  const std::string dir = (fs::path("tests/fixtures/engine") / GetParam()).string();
   const std::vector<std::vector<int32_t>> prompts = {{3, 14, 15, 92, 65, 35, 89, 79, 32}, {38, 46, 26}};
   auto in_process = CudaModel::Open(dir, CudaModelOptions{});
   ASSERT_TRUE(in_process.ok()) << in_process.status();
@@ -573,11 +593,14 @@ TEST(CudaModelTest, Dsv4ExpertsThroughAnExecutorMatchInProcess) {
       }
     }
   }
-  std::printf("model deepseek_v4_experts, experts through an executor: logits rel (worst row) %.2e against in "
-              "process; rows after a different selection %d of %d\n", worst, drift_rows, total);
+  std::printf("model %s, experts through an executor: logits rel (worst row) %.2e against in "
+              "process; rows after a different selection %d of %d\n", GetParam(), worst, drift_rows, total);
   EXPECT_LT(worst, 5e-3);
   EXPECT_LE(drift_rows, total / 10);
 }
+
+INSTANTIATE_TEST_SUITE_P(HyperConnectedFamilies, CudaHyperConnectedExecutorTest,
+                         ::testing::Values("deepseek_v4_experts", "glm5_next_experts"));
 
 // The experts behind a MoeExecutor (as with workers): each MoE layer's hidden states go to the host
 // and back. The CPU's LocalMoe stands in for the workers.
