@@ -1,11 +1,10 @@
 #include "engine/cuda/kpool_mixer.h"
 
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/cuda/kpool_attention.h"
 #include "engine/cuda/latent_attention_kernels.h"
+#include "engine/cuda/layer_kv_cache.h"
 #include "engine/glm5next_config.h"
 
 namespace exl3::engine::cuda {
@@ -15,9 +14,7 @@ struct KpoolShared {
   KpoolShared(const ModelConfig& c, const CudaLinearContext& l) : cfg(c), linear(l) {}
   const ModelConfig& cfg;
   CudaLinearContext linear;
-  DeviceArray<KvHalf> cache;         // per indexed layer [slots, KvWidth(layer)]
-  std::vector<size_t> cache_offset;  // by layer
-  int max_context = 0;               // positions a sequence can reach in the cache
+  LayerKvCache cache;  // per indexed layer [slots, KvWidth(layer)]
   LatentWorkspace latent_ws;
   KpoolWorkspace ws;
 };
@@ -38,7 +35,7 @@ class KpoolMixer final : public CudaMixer {
     ls.split_positions = step.split_positions;
     ls.sm_count = step.sm_count;
     ls.kernel = step.tensor_core_prefill ? LatentKernel::kTensorCores : LatentKernel::kCudaCores;
-    return attention_->Forward(x, n, ls, s_.cache.get() + s_.cache_offset[layer_], s_.latent_ws, s_.ws, s_.linear,
+    return attention_->Forward(x, n, ls, s_.cache.layer(layer_), s_.latent_ws, s_.ws, s_.linear,
                                out);
   }
   int64_t weight_bytes() const override { return attention_->weight_bytes(); }
@@ -56,33 +53,19 @@ class KpoolKind final : public CudaMixerKind {
 
   absl::StatusOr<std::unique_ptr<CudaMixer>> LoadLayer(const TensorSource& src, int layer) override {
     EXL3_ASSIGN_OR_RETURN(std::unique_ptr<CudaKpoolAttention> attention, CudaKpoolAttention::Load(s_.cfg, src, layer));
-    layers_.push_back(layer);
+    s_.cache.AddLayer(layer);
     return std::make_unique<KpoolMixer>(s_, layer, std::move(attention));
   }
 
   absl::Status AllocateCache(const KvCacheShape& shape, StreamHandle) override {
-    const size_t slots = static_cast<size_t>(shape.num_blocks + 1) * shape.block_size;
-    s_.cache_offset.assign(s_.cfg.num_layers, 0);
-    size_t total = 0;
-    for (int l : layers_) {
-      s_.cache_offset[l] = total;
-      total += slots * s_.cfg.KvWidth(l);
-    }
-    s_.max_context = static_cast<int>(std::min<int64_t>(
-        s_.cfg.max_position_embeddings, static_cast<int64_t>(shape.num_blocks) * shape.block_size));
-    s_.cache = DeviceArray<KvHalf>();
-    return s_.cache.Reserve(total);
+    return s_.cache.Allocate(s_.cfg, shape);
   }
-  int64_t KvBytesPerToken() const override {
-    int64_t halves = 0;
-    for (int l : layers_) halves += s_.cfg.KvWidth(l);
-    return halves * static_cast<int64_t>(sizeof(KvHalf));
-  }
+  int64_t KvBytesPerToken() const override { return s_.cache.BytesPerToken(s_.cfg); }
 
   absl::Status Reserve(int rows, int splits, bool* moved) override {
     bool latent_moved = false, kpool_moved = false;
-    EXL3_RETURN_IF_ERROR(s_.latent_ws.Reserve(s_.cfg, rows, splits, s_.max_context, &latent_moved));
-    EXL3_RETURN_IF_ERROR(s_.ws.Reserve(s_.cfg, rows, s_.max_context, &kpool_moved));
+    EXL3_RETURN_IF_ERROR(s_.latent_ws.Reserve(s_.cfg, rows, splits, s_.cache.max_context(), &latent_moved));
+    EXL3_RETURN_IF_ERROR(s_.ws.Reserve(s_.cfg, rows, s_.cache.max_context(), &kpool_moved));
     *moved |= latent_moved || kpool_moved;
     return absl::OkStatus();
   }
@@ -98,7 +81,6 @@ class KpoolKind final : public CudaMixerKind {
 
  private:
   KpoolShared s_;
-  std::vector<int> layers_;
 };
 
 }  // namespace

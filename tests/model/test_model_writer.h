@@ -1,8 +1,11 @@
-// Test helper: writes a small GLM-style (or other family) EXL3 MoE model directory with
-// SafetensorsWriter: random trellis bits, random +-1 suh/svh (or packed su/sv), codebook flags,
-// bf16 router weights, fp32 correction biases, two shards with model.safetensors.index.json.
+// The tests' writer of small EXL3 MoE model directories (the model, engine and services tests all
+// use it; exl3-tool make-test-model's generator, model/testmodel, makes whole models): random
+// trellis bits, random +-1 suh/svh (or packed su/sv), codebook flags, bf16 router weights, fp32
+// correction biases, two shards with model.safetensors.index.json. Routed experts mix K and
+// codebooks: gate K 2..4 by expert (MCG), up K 3 (3INST), down K 2 (MUL1).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -22,7 +25,7 @@ namespace exl3::testing {
 
 struct TestModelSpec {
   int hidden = 256;
-  int inter = 128;
+  int intermediate = 128;  // routed (and shared) expert's intermediate size
   int layers = 3;
   int first_dense = 1;
   int experts = 8;
@@ -32,6 +35,7 @@ struct TestModelSpec {
   float swiglu_limit = 0.0f;
   bool packed_signs = false;  // su/sv instead of suh/svh
   uint32_t seed = 1;
+  std::vector<int> skip_experts;  // routed experts whose tensors are left out of every layer
   // Tensor names for which `skip` returns true are left out; `shape_override` may change the
   // trellis shape of one layer (return true after editing `shape`).
   std::function<bool(const std::string&)> skip;
@@ -49,8 +53,8 @@ inline nlohmann::json Qwen3NextConfig(const TestModelSpec& s) {
   j["num_hidden_layers"] = s.layers;
   j["num_experts"] = s.experts;
   j["num_experts_per_tok"] = s.top_k;
-  j["moe_intermediate_size"] = s.inter;
-  j["shared_expert_intermediate_size"] = s.inter;
+  j["moe_intermediate_size"] = s.intermediate;
+  j["shared_expert_intermediate_size"] = s.intermediate;
   j["norm_topk_prob"] = true;
   j["decoder_sparse_step"] = 1;
   j["mlp_only_layers"] = {0};
@@ -65,7 +69,7 @@ inline nlohmann::json MixtralConfig(const TestModelSpec& s) {
   j["num_hidden_layers"] = s.layers;
   j["num_local_experts"] = s.experts;
   j["num_experts_per_tok"] = s.top_k;
-  j["intermediate_size"] = s.inter;
+  j["intermediate_size"] = s.intermediate;
   j["quantization_config"] = {{"quant_method", "exl3"}, {"bits", 4.0}};
   return j;
 }
@@ -78,7 +82,7 @@ inline nlohmann::json GlmConfig(const TestModelSpec& s) {
   j["first_k_dense_replace"] = s.first_dense;
   j["n_routed_experts"] = s.experts;
   j["num_experts_per_tok"] = s.top_k;
-  j["moe_intermediate_size"] = s.inter;
+  j["moe_intermediate_size"] = s.intermediate;
   j["n_shared_experts"] = s.shared;
   j["norm_topk_prob"] = true;
   j["routed_scaling_factor"] = s.scale;
@@ -88,6 +92,17 @@ inline nlohmann::json GlmConfig(const TestModelSpec& s) {
   j["quantization_config"] = {{"quant_method", "exl3"}, {"version", "0.0.6"}, {"bits", 2.5},
                               {"head_bits", 6}};
   return j;
+}
+
+// The services tests' model: GLM-style, layer 0 dense, top-4 of 8 experts, no shared expert,
+// unscaled routing.
+inline TestModelSpec ServiceModelSpec() {
+  TestModelSpec s;
+  s.top_k = 4;
+  s.shared = 0;
+  s.scale = 1.0f;
+  s.seed = 1234;
+  return s;
 }
 
 class TestModelWriter {
@@ -111,9 +126,10 @@ class TestModelWriter {
         AddLinear(w, prefix, k, n, K, cb);
       };
       for (int e = 0; e < c->num_experts; ++e) {
-        add_linear(RoutedExpertPrefix(*c, L, e, Projection::kGate), s_.hidden, s_.inter, 2 + e % 2, Codebook::kMcg);
-        add_linear(RoutedExpertPrefix(*c, L, e, Projection::kUp), s_.hidden, s_.inter, 3, Codebook::k3Inst);
-        add_linear(RoutedExpertPrefix(*c, L, e, Projection::kDown), s_.inter, s_.hidden, 2, Codebook::kMul1);
+        if (std::find(s_.skip_experts.begin(), s_.skip_experts.end(), e) != s_.skip_experts.end()) continue;
+        add_linear(RoutedExpertPrefix(*c, L, e, Projection::kGate), s_.hidden, s_.intermediate, 2 + e % 3, Codebook::kMcg);
+        add_linear(RoutedExpertPrefix(*c, L, e, Projection::kUp), s_.hidden, s_.intermediate, 3, Codebook::k3Inst);
+        add_linear(RoutedExpertPrefix(*c, L, e, Projection::kDown), s_.intermediate, s_.hidden, 2, Codebook::kMul1);
       }
       if (c->has_shared_expert()) {
         const int si = c->shared_intermediate_size;
@@ -197,5 +213,9 @@ class TestModelWriter {
   std::mt19937 rng_;
   std::vector<std::string> names_[2];
 };
+
+inline absl::Status WriteTestModel(const std::string& dir, const TestModelSpec& spec) {
+  return TestModelWriter(spec).Write(dir);
+}
 
 }  // namespace exl3::testing

@@ -16,13 +16,6 @@ namespace {
 using exl3::testing::HealthCheck;
 using exl3::testing::TempDir;
 
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 TEST(Server, HealthFollowsSetServing) {
   ServerConfig cfg;
   cfg.listen = "127.0.0.1:0";

@@ -1,6 +1,6 @@
-// Test helpers for the services: a small random EXL3 MoE model on disk (GLM-style config.json,
-// random trellis bits, mixed bit widths and codebooks), temp dirs, free ports, request builders
-// and the CPU reference output of a worker request.
+// Test helpers for the services: the small random EXL3 MoE model on disk
+// (tests/model/test_model_writer.h: ServiceModelSpec, WriteTestModel), temp dirs, free ports,
+// request builders and the CPU reference output of a worker request.
 #pragma once
 
 #include <cstdint>
@@ -10,21 +10,9 @@
 
 #include "absl/status/status.h"
 #include "exl3serve/v1/exl3serve.pb.h"
+#include "tests/model/test_model_writer.h"
 
 namespace exl3::testing {
-
-struct TestModelSpec {
-  int hidden = 256;
-  int intermediate = 128;
-  int layers = 3;           // layer 0 is dense (first_k_dense_replace = 1)
-  int experts = 8;
-  int top_k = 4;
-  uint32_t seed = 1234;
-  std::vector<int> skip_experts;  // expert ids whose tensors are left out of every layer
-};
-
-// Writes config.json + model.safetensors into `dir` (created if needed).
-absl::Status WriteTestModel(const std::string& dir, const TestModelSpec& spec);
 
 // A fresh directory under $TMPDIR (or /tmp), removed with everything in it on destruction.
 class TempDir {

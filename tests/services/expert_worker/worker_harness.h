@@ -18,7 +18,7 @@ namespace pb = ::exl3serve::v1;
 
 struct WorkerHarness {
   TempDir dir;
-  TestModelSpec spec;
+  TestModelSpec spec = ServiceModelSpec();
   std::unique_ptr<worker::WorkerServer> server;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<pb::ExpertWorker::Stub> stub;

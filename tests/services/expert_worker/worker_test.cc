@@ -115,10 +115,18 @@ TEST(Worker, HalfPrecisionOutputsAndChunkedLongRequests) {
   }
   for (const auto& r : got) {
     // Chunks hold at most the threshold's 16 tokens (fewer while decode traffic is present).
-    if (r.id() == 1) EXPECT_GE(r.timings().chunks(), 4u);
-    if (r.id() == 4) EXPECT_GE(r.timings().chunks(), 2u);
-    if (r.id() == 2) EXPECT_EQ(r.output().dtype(), pb::DTYPE_FP16);
-    if (r.id() == 3) EXPECT_EQ(r.output().dtype(), pb::DTYPE_BF16);
+    if (r.id() == 1) {
+      EXPECT_GE(r.timings().chunks(), 4u);
+    }
+    if (r.id() == 4) {
+      EXPECT_GE(r.timings().chunks(), 2u);
+    }
+    if (r.id() == 2) {
+      EXPECT_EQ(r.output().dtype(), pb::DTYPE_FP16);
+    }
+    if (r.id() == 3) {
+      EXPECT_EQ(r.output().dtype(), pb::DTYPE_BF16);
+    }
   }
 }
 
@@ -434,7 +442,7 @@ TEST(Worker, StartupErrorsNameTheProblem) {
 
   // A model directory missing expert 3's tensors cannot serve --experts 0-5.
   TempDir other;
-  TestModelSpec spec;
+  TestModelSpec spec = ServiceModelSpec();
   spec.skip_experts = {3};
   ASSERT_TRUE(WriteTestModel(other.path(), spec).ok());
   o = h.Options();

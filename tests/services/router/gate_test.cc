@@ -24,7 +24,7 @@ class GateTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new testing::TempDir();
-    testing::TestModelSpec spec;
+    testing::TestModelSpec spec = testing::ServiceModelSpec();
     spec.experts = 32;  // two blocks of 16 experts: the gate pool splits the work
     ASSERT_TRUE(testing::WriteTestModel(dir_->path(), spec).ok());
     Exl3ModelOptions o;

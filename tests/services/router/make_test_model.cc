@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   }
   exl3::testing::TestModelSpec s;
   s.hidden = absl::GetFlag(FLAGS_hidden);
-  s.inter = absl::GetFlag(FLAGS_inter);
+  s.intermediate = absl::GetFlag(FLAGS_inter);
   s.layers = absl::GetFlag(FLAGS_layers);
   s.experts = absl::GetFlag(FLAGS_experts);
   s.top_k = absl::GetFlag(FLAGS_top_k);

@@ -38,7 +38,7 @@ bool WaitFor(const std::function<bool()>& cond, std::chrono::milliseconds bound)
 
 TEST(RouterCoreReload, RetiredPoolsAreFreedOnceUnused) {
   testing::TempDir dir;
-  ASSERT_TRUE(testing::WriteTestModel(dir.path(), testing::TestModelSpec{}).ok());
+  ASSERT_TRUE(testing::WriteTestModel(dir.path(), testing::ServiceModelSpec()).ok());
   const std::string map = dir.path() + "/map.yaml";
   WriteMap(map, "b");
   RouterCoreOptions o;
