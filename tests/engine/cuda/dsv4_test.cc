@@ -29,6 +29,7 @@
 #include "model/routing.h"
 #include "model/safetensors.h"
 #include "tests/engine/cuda/gpu_test_support.h"
+#include "tests/engine/cuda/hyper_connection_check.h"
 
 namespace exl3::engine::cuda {
 namespace {
@@ -46,50 +47,9 @@ TEST(Dsv4KernelsTest, HyperConnectionsMatchTheCpu) {
   const Dsv4Config& d = *cfg->dsv4;
   const int H = cfg->hidden_size, N = d.hc_mult, T = 37;
   const HyperConnectionShape shape{H, N, d.hc_sinkhorn_iters, d.hc_eps, cfg->rms_norm_eps};
-  CpuCompute compute(2);
   std::mt19937 rng(7);
-  for (const char* prefix : {"model.layers.0.hc_attn_", "model.layers.2.hc_ffn_"}) {
-    SCOPED_TRACE(prefix);
-    auto hc = HyperConnection::Load(**src, prefix, shape);
-    ASSERT_TRUE(hc.ok()) << hc.status();
-    const std::vector<float> streams = Random(static_cast<size_t>(T) * N * H, rng);
-    std::vector<float> input(static_cast<size_t>(T) * H);
-    HyperConnectionMix mix;
-    hc->Collapse(streams.data(), T, input.data(), &mix, compute);
-
-    DeviceArray<float> fn = ToDevice(hc->fn()), base = ToDevice(hc->base()), d_streams = ToDevice(streams);
-    DeviceArray<float> d_input, d_post, d_comb;
-    ASSERT_TRUE(d_input.Reserve(input.size()).ok());
-    ASSERT_TRUE(d_post.Reserve(mix.post.size()).ok());
-    ASSERT_TRUE(d_comb.Reserve(mix.comb.size()).ok());
-    HyperConnectionArgs a;
-    a.fn = fn.get();
-    a.base = base.get();
-    for (int i = 0; i < 3; ++i) a.scale[i] = hc->scale()[i];
-    a.streams = N;
-    a.hidden = H;
-    a.sinkhorn_iters = d.hc_sinkhorn_iters;
-    a.eps = d.hc_eps;
-    a.norm_eps = cfg->rms_norm_eps;
-    ASSERT_TRUE(HyperCollapse(a, d_streams.get(), T, d_input.get(), d_post.get(), d_comb.get(), nullptr).ok());
-    const double rel_in = RelativeError(ToHost(d_input, input.size()), input);
-    const double rel_post = RelativeError(ToHost(d_post, mix.post.size()), mix.post);
-    const double rel_comb = RelativeError(ToHost(d_comb, mix.comb.size()), mix.comb);
-
-    // Expand from the CPU's mix (the collapse's differences left out).
-    const std::vector<float> block_out = Random(input.size(), rng);
-    std::vector<float> expanded = streams;
-    hc->Expand(mix, block_out.data(), T, expanded.data(), compute);
-    DeviceArray<float> cpu_post = ToDevice(mix.post), cpu_comb = ToDevice(mix.comb), d_out = ToDevice(block_out);
-    ASSERT_TRUE(HyperExpand(cpu_post.get(), cpu_comb.get(), d_out.get(), T, N, H, d_streams.get(), nullptr).ok());
-    const double rel_expand = RelativeError(ToHost(d_streams, streams.size()), expanded);
-    std::printf("dsv4 hyper-connection %-26s collapse rel %.2e (post %.2e, comb %.2e), expand rel %.2e\n", prefix,
-                rel_in, rel_post, rel_comb, rel_expand);
-    EXPECT_LT(rel_in, 1e-5);
-    EXPECT_LT(rel_post, 1e-5);
-    EXPECT_LT(rel_comb, 1e-5);
-    EXPECT_LT(rel_expand, 1e-6);
-  }
+  for (const char* prefix : {"model.layers.0.hc_attn_", "model.layers.2.hc_ffn_"})
+    testing::CheckHyperConnectionAgainstCpu(**src, prefix, shape, T, rng, "dsv4");
   auto head = HyperHead::Load(**src, "model.hc_head.", shape);
   ASSERT_TRUE(head.ok()) << head.status();
   const std::vector<float> streams = Random(static_cast<size_t>(T) * N * H, rng);
