@@ -138,6 +138,36 @@ TEST(SyntheticModelTest, RoutedExpertsOfMixedBitWidthsDecode) {
   fs::remove_all(dir);
 }
 
+// GLM-5.3-Flash shapes transformers or the engine cannot have are refused before anything is
+// written: rope in its NoPE attention, index_topk not a multiple of index_kpool, Qwen3-Next's
+// full_attention layer kind, KV heads differing from heads.
+TEST(SyntheticModelTest, Glm5NextRefusesShapesItCannotHave) {
+  const fs::path dir = fs::temp_directory_path() / "exl3_synthetic_glm5_refused";
+  fs::remove_all(dir);
+  SyntheticOptions so;
+  so.progress = false;
+  auto refused = [&](const TestModelSpec& spec, const std::string& says) {
+    const absl::Status st = WriteSyntheticExl3Model(spec, so, dir.string());
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(std::string(st.message()).find(says), std::string::npos) << st;
+    EXPECT_FALSE(fs::exists(dir));
+  };
+  TestModelSpec spec;
+  spec.arch = "glm5_next";
+  TestModelSpec rope = spec;
+  rope.qk_rope_head_dim = 16;
+  refused(rope, "no rope");
+  TestModelSpec pools = spec;
+  pools.index_kpool = 3;
+  refused(pools, "--index-kpool");
+  TestModelSpec kinds = spec;
+  kinds.layer_types = {"linear_attention", "full_attention", "linear_attention"};
+  refused(kinds, "indexed_attention");
+  TestModelSpec kv = spec;
+  kv.kv_heads = 2;
+  refused(kv, "KV heads");
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, SyntheticWholeModelTest,
                          ::testing::Values("glm4_moe", "deepseek_v3", "qwen3_moe", "mixtral",
                                            "glm_moe_dsa", "deepseek_v4", "qwen3_next", "glm5_next"));

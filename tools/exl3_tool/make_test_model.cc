@@ -133,6 +133,7 @@ constexpr char kUsage[] =
     "    --v-head-dim 256 --index-heads 32 --index-head-dim 128 --index-kpool 16\n"
     "    --index-topk 2048 --linear-heads 64 --linear-head-dim 128 --max-position 1048576\n"
     "    --bits 2 --codebook mcg --attention-bits 4 --head-bits 6\n"
+    "  (82.18 GB; --layers 8, the 3 dense and 5 MoE layers: 11.71 GB)\n"
     "  --whole-model   with --synthetic: also attention, norms, dense MLPs, embeddings and the\n"
     "                  head (EXL3 where both dimensions are multiples of 128), so exl3-router runs\n"
     "                  it: engine benchmarks at real shapes\n"
