@@ -27,11 +27,12 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 bool IsSigmoidFamily(const std::string& arch) {
-  return arch == "glm4_moe" || arch == "deepseek_v3" || arch == "glm_moe_dsa";
+  return arch == "glm4_moe" || arch == "deepseek_v3" || arch == "glm_moe_dsa" || arch == "glm5_next";
 }
 
+// MLA (GLM-5.3-Flash's on its indexed layers, NoPE).
 bool IsLatentAttention(const std::string& arch) {
-  return arch == "deepseek_v3" || arch == "glm_moe_dsa";
+  return arch == "deepseek_v3" || arch == "glm_moe_dsa" || arch == "glm5_next";
 }
 
 constexpr char kSliding[] = "sliding_attention";
@@ -39,6 +40,7 @@ constexpr char kCsa[] = "compressed_sparse_attention";
 constexpr char kHca[] = "heavily_compressed_attention";
 constexpr char kLinear[] = "linear_attention";
 constexpr char kFull[] = "full_attention";
+constexpr char kIndexed[] = "indexed_attention";  // GLM-5.3-Flash's MLA with the k-pooled indexer
 
 class Rng {
  public:
@@ -300,7 +302,9 @@ void AddMoeTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool exl
   const int H = s.hidden;
   out->push_back({RouterWeightKey(cfg, L), DType::kBF16, {s.experts, H}, GenTensor::kGaussian, 0.02f});
   const std::string bias = CorrectionBiasKey(cfg, L);
-  if (!bias.empty()) out->push_back({bias, DType::kF32, {s.experts}, GenTensor::kBias, 0.05f});
+  // GLM-5.3-Flash's checkpoints (tests/fixtures/engine/glm5_next_all) store the bias in bf16.
+  const DType bias_dtype = s.arch == "glm5_next" ? DType::kBF16 : DType::kF32;
+  if (!bias.empty()) out->push_back({bias, bias_dtype, {s.experts}, GenTensor::kBias, 0.05f});
   const std::string hash = HashTableKey(cfg, L);
   if (!hash.empty()) {  // DeepSeek-V4's hash-routed layers: top_k distinct experts per token id
     GenTensor t{hash, DType::kI64, {s.vocab, s.top_k}, GenTensor::kHashTable};
@@ -397,11 +401,37 @@ void AddGatedDeltaNet(const TestModelSpec& s, const std::string& p,
   linear("linear_attn.out_proj", H, vd);
 }
 
+// GLM-5.3-Flash's Kimi delta attention of one layer (self_attn.*, engine/kimi_delta_attention.h):
+// q/k/v/o projections (EXL3 where the converter quantizes them), the low-rank forget and output
+// gates and beta's b_proj (kept as stored, model/encoder/checkpoint_converter.cc's
+// IsKdaGateProjection), the short convolutions, A_log, dt_bias and the gated output norm.
+void AddKimiDeltaAttention(const TestModelSpec& s, const std::string& p,
+                           const std::function<void(const std::string&, int, int)>& linear,
+                           std::vector<GenTensor>* t) {
+  const int H = s.hidden, NH = s.linear_heads, D = s.linear_head_dim, W = NH * D;
+  linear("self_attn.q_proj", W, H);
+  linear("self_attn.k_proj", W, H);
+  linear("self_attn.v_proj", W, H);
+  linear("self_attn.o_proj", H, W);
+  for (const char* gate : {"f_a_proj", "g_a_proj"})
+    t->push_back({p + "self_attn." + gate + ".weight", DType::kBF16, {D, H}, GenTensor::kGaussian, 0.02f});
+  for (const char* gate : {"f_b_proj", "g_b_proj"})
+    t->push_back({p + "self_attn." + gate + ".weight", DType::kBF16, {W, D}, GenTensor::kGaussian, 0.02f});
+  t->push_back({p + "self_attn.b_proj.weight", DType::kBF16, {NH, H}, GenTensor::kGaussian, 0.02f});
+  for (const char* conv : {"q_conv1d", "k_conv1d", "v_conv1d"})
+    t->push_back({p + "self_attn." + conv + ".weight", DType::kBF16, {W, 1, s.linear_conv_kernel},
+                  GenTensor::kGaussian, 0.3f});
+  // exp(A_log) in [1, 16]: the forget gate's slope (its decay is bounded by linear_lower_bound).
+  t->push_back({p + "self_attn.A_log", DType::kBF16, {NH}, GenTensor::kLogUniform, 1.0f, 0, 16.0f});
+  t->push_back({p + "self_attn.dt_bias", DType::kBF16, {W}, GenTensor::kBias, 0.5f});
+  t->push_back(NormTensor(p + "self_attn.o_norm.weight", D));
+}
+
 // Every tensor of decoder layer L: norms, attention (the family's), dense MLP or MoE block.
 void AddLayerTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool exl3,
                      const SyntheticOptions* so, std::vector<GenTensor>* t) {
   const int H = s.hidden, heads = s.heads;
-  const std::string p = absl::StrCat("model.layers.", L, ".");
+  const std::string p = LayerPrefix(cfg, L);
   auto linear = [&](const std::string& name, int out_f, int in_f) {
     AddLinear(p + name, out_f, in_f, LinearRole::kAttentionOrDense, exl3, so, t);
   };
@@ -415,8 +445,14 @@ void AddLayerTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool e
     return;
   }
   t->push_back(FamilyNormTensor(s, p + "input_layernorm.weight", H));
+  if (s.arch == "glm5_next") {  // hyper-connections around both sublayers of every layer
+    AddHyperConnection(s, p + "hc_attn_", t);
+    AddHyperConnection(s, p + "hc_ffn_", t);
+  }
   if (s.arch == "qwen3_next" && s.layer_types[L] == kLinear) {
     AddGatedDeltaNet(s, p, linear, t);
+  } else if (s.arch == "glm5_next" && s.layer_types[L] == kLinear) {
+    AddKimiDeltaAttention(s, p, linear, t);
   } else if (s.arch == "qwen3_next") {  // gated full attention: q_proj holds query and gate
     const int hd = s.head_dim, kv = s.kv_heads;
     linear("self_attn.q_proj", 2 * heads * hd, H);
@@ -434,7 +470,7 @@ void AddLayerTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool e
     t->push_back(NormTensor(p + "self_attn.kv_a_layernorm.weight", s.kv_lora_rank));
     linear("self_attn.kv_b_proj", heads * (s.qk_nope_head_dim + s.v_head_dim), s.kv_lora_rank);
     linear("self_attn.o_proj", H, heads * s.v_head_dim);
-    if (s.arch == "glm_moe_dsa") {  // the lightning indexer
+    if (s.arch == "glm_moe_dsa" || s.arch == "glm5_next") {  // the lightning indexer
       linear("self_attn.indexer.wq_b", s.index_heads * s.index_head_dim, s.q_lora_rank);
       linear("self_attn.indexer.wk", s.index_head_dim, H);
       t->push_back(NormTensor(p + "self_attn.indexer.k_norm.weight", s.index_head_dim));
@@ -443,6 +479,12 @@ void AddLayerTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool e
       // Router-like: kept dense (as the converter keeps it), never EXL3.
       t->push_back({p + "self_attn.indexer.weights_proj.weight", DType::kBF16,
                     {s.index_heads, H}, GenTensor::kGaussian, 0.02f});
+    }
+    if (s.arch == "glm5_next") {  // the k-pooled indexer's pool compressor (no ".weight": as stored)
+      t->push_back({p + "self_attn.indexer.index_kpool_compress_gate", DType::kBF16, {s.index_head_dim, H},
+                    GenTensor::kGaussian, 0.02f});
+      t->push_back({p + "self_attn.indexer.index_kpool_compress_ape", DType::kBF16,
+                    {s.index_kpool, s.index_head_dim}, GenTensor::kGaussian, 0.1f});
     }
   } else {
     const int hd = s.head_dim, kv = s.kv_heads;
@@ -475,11 +517,11 @@ void AddLayerTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool e
 std::vector<std::vector<GenTensor>> WholeModelShards(const TestModelSpec& s, const MoeConfig& cfg,
                                                      bool exl3, const SyntheticOptions* so) {
   std::vector<std::vector<GenTensor>> shards(s.layers);
-  shards[0].push_back({"model.embed_tokens.weight", DType::kBF16, {s.vocab, s.hidden},
+  shards[0].push_back({TextModelPrefix(cfg) + "embed_tokens.weight", DType::kBF16, {s.vocab, s.hidden},
                        GenTensor::kGaussian, 0.02f});
   for (int L = 0; L < s.layers; ++L) AddLayerTensors(s, cfg, L, exl3, so, &shards[L]);
   std::vector<GenTensor>& last = shards.back();
-  last.push_back(FamilyNormTensor(s, "model.norm.weight", s.hidden));
+  last.push_back(FamilyNormTensor(s, TextModelPrefix(cfg) + "norm.weight", s.hidden));
   if (s.arch == "deepseek_v4") {  // hc_head collapses the streams before the final norm
     const int64_t hc = s.hc_mult;
     last.push_back({"model.hc_head.hc_fn", DType::kBF16, {hc, hc * s.hidden}, GenTensor::kGaussian, 0.02f});
@@ -510,6 +552,38 @@ uint64_t ShardsBytes(const std::vector<std::vector<GenTensor>>& shards) {
   return total;
 }
 
+// GLM-5.3-Flash's config.json as transformers 5.25 writes it (Glm5NextConfig): the text model's
+// fields (Glm5NextTextConfig's names) nested in text_config; no vision_config (the engine reads
+// none; transformers fills its defaults).
+json Glm5NextConfigJson(const TestModelSpec& s) {
+  std::vector<std::string> mlp_types(s.layers, "sparse");
+  for (int l = 0; l < s.dense_layers && l < s.layers; ++l) mlp_types[l] = "dense";
+  const json text = {
+      {"model_type", "glm5_next_text"}, {"vocab_size", s.vocab}, {"hidden_size", s.hidden},
+      {"intermediate_size", s.dense_intermediate}, {"moe_intermediate_size", s.intermediate},
+      {"num_hidden_layers", s.layers}, {"num_attention_heads", s.heads}, {"num_key_value_heads", s.kv_heads},
+      {"n_shared_experts", s.shared}, {"n_routed_experts", s.experts},
+      {"routed_scaling_factor", s.routed_scaling_factor}, {"kv_lora_rank", s.kv_lora_rank},
+      {"q_lora_rank", s.q_lora_rank}, {"qk_rope_head_dim", 0}, {"v_head_dim", s.v_head_dim},
+      {"qk_nope_head_dim", s.qk_nope_head_dim}, {"qk_head_dim", s.qk_nope_head_dim}, {"head_dim", 0},
+      {"n_group", s.n_group}, {"topk_group", s.topk_group}, {"num_experts_per_tok", s.top_k},
+      {"norm_topk_prob", true}, {"hidden_act", "silu"}, {"max_position_embeddings", s.max_position},
+      {"initializer_range", 0.02}, {"rms_norm_eps", 1e-5}, {"use_cache", true}, {"pad_token_id", 0},
+      {"bos_token_id", 0}, {"eos_token_id", 1}, {"tie_word_embeddings", false}, {"mlp_layer_types", mlp_types},
+      {"attention_bias", false}, {"attention_dropout", 0.0}, {"index_topk", s.index_topk},
+      {"index_head_dim", s.index_head_dim}, {"index_n_heads", s.index_heads}, {"index_kpool", s.index_kpool},
+      {"index_kpool_always_select_tail", true}, {"layer_types", s.layer_types},
+      {"indexer_types", std::vector<std::string>(s.layers, "full")},
+      {"swiglu_limit", s.swiglu_limit > 0 ? s.swiglu_limit : 10.0f}, {"linear_head_dim", s.linear_head_dim},
+      {"linear_num_heads", s.linear_heads}, {"linear_conv_kernel_dim", s.linear_conv_kernel},
+      {"linear_lower_bound", -5.0}, {"hc_mult", s.hc_mult}, {"hc_eps", 1e-6},
+      {"hc_sinkhorn_iters", s.hc_sinkhorn_iters}, {"router_aux_loss_coef", 0.001},
+      {"output_router_logits", false}, {"dtype", "bfloat16"}};
+  return {{"architectures", {"Glm5NextForConditionalGeneration"}}, {"model_type", "glm5_next"},
+          {"text_config", text}, {"tie_word_embeddings", false}, {"dtype", "bfloat16"},
+          {"transformers_version", "5.25.0"}};
+}
+
 absl::StatusOr<MoeConfig> ParsedConfig(const TestModelSpec& s) {
   return ParseMoeConfig(TestModelConfig(s).dump(), "generated config.json");
 }
@@ -517,21 +591,25 @@ absl::StatusOr<MoeConfig> ParsedConfig(const TestModelSpec& s) {
 // DeepSeek-V4's and Qwen3-Next's per-layer layer_types: the family default when none are
 // given, else checked.
 absl::Status ResolveLayerTypes(TestModelSpec& s) {
-  if (s.arch != "deepseek_v4" && s.arch != "qwen3_next") {
+  if (s.arch != "deepseek_v4" && s.arch != "qwen3_next" && s.arch != "glm5_next") {
     if (!s.layer_types.empty())
-      return absl::InvalidArgumentError(absl::StrCat("--layer-types applies to deepseek_v4 and qwen3_next, not ", s.arch));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--layer-types applies to deepseek_v4, qwen3_next and glm5_next, not ", s.arch));
     return absl::OkStatus();
   }
   const bool v4 = s.arch == "deepseek_v4";
+  // Qwen3-Next's full attention, GLM-5.3-Flash's indexed attention.
+  const char* attention = s.arch == "glm5_next" ? kIndexed : kFull;
   if (s.layer_types.empty()) {
     // DeepSeek-V4: layer 0 sliding window, then CSA and HCA alternating (every kind present from
-    // three layers on). Qwen3-Next: every full_attention_interval-th layer full attention.
+    // three layers on). Qwen3-Next (GLM-5.3-Flash): every full_attention_interval-th layer full
+    // (indexed) attention, the rest linear: transformers' pattern of three to one.
     int interval = s.full_attention_interval > 0 ? s.full_attention_interval : std::min(4, std::max(s.layers, 1));
     for (int l = 0; l < s.layers; ++l) {
       if (v4) {
         s.layer_types.push_back(l == 0 ? kSliding : (l % 2 == 1 ? kCsa : kHca));
       } else {
-        s.layer_types.push_back((l + 1) % interval == 0 ? kFull : kLinear);
+        s.layer_types.push_back((l + 1) % interval == 0 ? attention : kLinear);
       }
     }
   } else if (s.full_attention_interval > 0) {
@@ -541,11 +619,11 @@ absl::Status ResolveLayerTypes(TestModelSpec& s) {
     return absl::InvalidArgumentError(absl::StrCat("--layer-types names ", s.layer_types.size(),
                                                    " layers; the model has ", s.layers));
   for (const std::string& t : s.layer_types) {
-    const bool ok = v4 ? (t == kSliding || t == kCsa || t == kHca) : (t == kLinear || t == kFull);
+    const bool ok = v4 ? (t == kSliding || t == kCsa || t == kHca) : (t == kLinear || t == attention);
     if (!ok)
       return absl::InvalidArgumentError(absl::StrCat(
           "--layer-types holds '", t, "' (", s.arch, ": ",
-          v4 ? absl::StrCat(kSliding, ", ", kCsa, " or ", kHca) : absl::StrCat(kLinear, " or ", kFull), ")"));
+          v4 ? absl::StrCat(kSliding, ", ", kCsa, " or ", kHca) : absl::StrCat(kLinear, " or ", attention), ")"));
   }
   return absl::OkStatus();
 }
@@ -587,17 +665,40 @@ absl::Status CheckQwen3NextShape(const TestModelSpec& s) {
   return absl::OkStatus();
 }
 
+// What Glm5NextTextConfig and the engine (engine/glm5next_config.h) require of the shape.
+absl::Status CheckGlm5NextShape(const TestModelSpec& s) {
+  auto bad = [](const std::string& why) { return absl::InvalidArgumentError(why); };
+  if (s.qk_rope_head_dim != 0)
+    return bad(absl::StrCat("glm5_next's attention has no rope (--qk-rope-head-dim 0), got ", s.qk_rope_head_dim));
+  if (s.kv_heads != s.heads)
+    return bad(absl::StrCat("glm5_next's MLA has as many KV heads as heads (--kv-heads ", s.heads, ")"));
+  if (s.q_lora_rank < 1 || s.kv_lora_rank < 1 || s.qk_nope_head_dim < 1 || s.v_head_dim < 1)
+    return bad("--q-lora-rank, --kv-lora-rank, --qk-nope-head-dim and --v-head-dim must be positive");
+  if (s.linear_heads < 1 || s.linear_head_dim < 1 || s.linear_conv_kernel < 1)
+    return bad(absl::StrCat("--linear-heads ", s.linear_heads, ", --linear-head-dim ", s.linear_head_dim,
+                            ", --linear-conv-kernel ", s.linear_conv_kernel, " must be positive"));
+  if (s.index_heads < 1 || s.index_head_dim < 1 || s.index_kpool < 1 || s.index_topk < 1 ||
+      s.index_topk % s.index_kpool != 0)
+    return bad(absl::StrCat("--index-heads ", s.index_heads, ", --index-head-dim ", s.index_head_dim,
+                            " and --index-kpool ", s.index_kpool, " must be positive and --index-topk ",
+                            s.index_topk, " a positive multiple of --index-kpool"));
+  if (s.hc_mult < 1 || s.hc_sinkhorn_iters < 1) return bad("--hc-mult and --hc-sinkhorn-iters must be positive");
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<TestModelSpec> ResolveTestModelSpec(const TestModelSpec& in) {
   TestModelSpec s = in;
   if (s.arch != "glm4_moe" && s.arch != "deepseek_v3" && s.arch != "qwen3_moe" &&
       s.arch != "mixtral" && s.arch != "glm_moe_dsa" && s.arch != "deepseek_v4" &&
-      s.arch != "qwen3_next") {
+      s.arch != "qwen3_next" && s.arch != "glm5_next") {
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown --arch '", s.arch,
-        "' (glm4_moe, deepseek_v3, qwen3_moe, mixtral, glm_moe_dsa, deepseek_v4 or qwen3_next)"));
+        "' (glm4_moe, deepseek_v3, qwen3_moe, mixtral, glm_moe_dsa, deepseek_v4, qwen3_next or glm5_next)"));
   }
+  const bool glm5 = s.arch == "glm5_next";
+  if (s.qk_rope_head_dim < 0) s.qk_rope_head_dim = glm5 ? 0 : 16;
   if (s.arch == "glm_moe_dsa" &&
       (s.index_heads < 1 || s.index_topk < 1 || s.index_head_dim < s.qk_rope_head_dim)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -620,7 +721,7 @@ absl::StatusOr<TestModelSpec> ResolveTestModelSpec(const TestModelSpec& in) {
         absl::StrCat(s.arch, " has no dense first layers (--dense-layers 0)"));
   }
   if (s.dense_intermediate <= 0) s.dense_intermediate = 2 * s.intermediate;
-  if (s.routed_scaling_factor < 0) s.routed_scaling_factor = s.arch == "deepseek_v3" ? 2.5f : v4 ? 1.5f : 1.0f;
+  if (s.routed_scaling_factor < 0) s.routed_scaling_factor = s.arch == "deepseek_v3" || glm5 ? 2.5f : v4 ? 1.5f : 1.0f;
   if (s.n_group < 0) {
     s.n_group = 1;
     if (s.arch == "deepseek_v3") {
@@ -644,6 +745,7 @@ absl::StatusOr<TestModelSpec> ResolveTestModelSpec(const TestModelSpec& in) {
   }
   if (v4) EXL3_RETURN_IF_ERROR(CheckDsv4Shape(s));
   if (next) EXL3_RETURN_IF_ERROR(CheckQwen3NextShape(s));
+  if (glm5) EXL3_RETURN_IF_ERROR(CheckGlm5NextShape(s));
   if (s.dense_layers >= s.layers) {
     return absl::InvalidArgumentError("--dense-layers leaves no MoE layer (must be < --layers)");
   }
@@ -773,6 +875,8 @@ json TestModelConfig(const TestModelSpec& s) {
          {"router_aux_loss_coef", 0.001}, {"output_router_logits", false}, {"mlp_only_layers", mlp_only},
          {"layer_types", s.layer_types}, {"bos_token_id", 0}, {"eos_token_id", 1},
          {"torch_dtype", "bfloat16"}};
+  } else if (s.arch == "glm5_next") {
+    return Glm5NextConfigJson(s);
   } else if (s.arch == "qwen3_moe") {
     j = {{"architectures", {"Qwen3MoeForCausalLM"}}, {"model_type", "qwen3_moe"},
          {"attention_bias", false}, {"head_dim", s.head_dim}, {"hidden_act", "silu"},

@@ -1,4 +1,4 @@
-// Generated MoE test models in the real key layout and config.json of seven families:
+// Generated MoE test models in the real key layout and config.json of eight families:
 //   glm4_moe     Glm4MoeForCausalLM     sigmoid router + e_score_correction_bias, shared experts,
 //                                       dense first layers (first_k_dense_replace)
 //   deepseek_v3  DeepseekV3ForCausalLM  as GLM plus grouped routing (n_group/topk_group), MLA
@@ -14,6 +14,17 @@
 //                                       compressor, CSA indexer), hyper-connections (hc_*)
 //   qwen3_next   Qwen3NextForCausalLM   softmax router, gated shared expert; gated DeltaNet
 //                                       (linear_attn.*) and gated full attention per layer_types
+//   glm5_next    Glm5NextForConditionalGeneration (GLM-5.3-Flash's text model; config.json's
+//                                       fields nested in text_config, tensors under
+//                                       model.language_model.): as GLM (sigmoid router + bias,
+//                                       shared expert, dense first layers per mlp_layer_types);
+//                                       per layer_types Kimi delta attention (self_attn.q/k/v/o_proj,
+//                                       the low-rank gates f_/g_a/b_proj and b_proj, q/k/v_conv1d,
+//                                       A_log, dt_bias, o_norm) or NoPE MLA with the k-pooled
+//                                       indexer (index_kpool_compress_gate / _ape); hyper-connections
+//                                       (hc_attn_*, hc_ffn_*) on every layer, a mean head (no
+//                                       hc_head tensors). No vision tower and no MTP head: the
+//                                       engine loads them when present and needs neither.
 //
 // WriteHfTestModel writes a Hugging Face checkpoint (bf16 weights with random values, fp32
 // correction biases, tiny attention/norm/embedding tensors so that the checkpoint is complete,
@@ -39,7 +50,7 @@ namespace exl3 {
 
 struct TestModelSpec {
   std::string arch = "glm4_moe";  // glm4_moe | deepseek_v3 | qwen3_moe | mixtral | glm_moe_dsa |
-                                  // deepseek_v4 | qwen3_next
+                                  // deepseek_v4 | qwen3_next | glm5_next
   int layers = 3;
   int hidden = 256;
   int experts = 16;
@@ -50,8 +61,9 @@ struct TestModelSpec {
   int dense_intermediate = 0;   // dense MLP's intermediate_size; 0: 2 * intermediate
   int n_group = -1;             // -1: family default (GLM 1; DeepSeek up to 4 groups)
   int topk_group = -1;
-  float routed_scaling_factor = -1;  // -1: family default (GLM 1.0, DeepSeek 2.5, others 1)
-  float swiglu_limit = 0;       // written to config.json when > 0
+  float routed_scaling_factor = -1;  // -1: family default (GLM 1.0, DeepSeek and GLM-5.3-Flash 2.5,
+                                     // DeepSeek-V4 1.5, others 1)
+  float swiglu_limit = 0;       // written to config.json when > 0 (glm5_next: always, default 10)
   int vocab = 512;
   int max_position = 4096;  // max_position_embeddings
   uint64_t seed = 1;
@@ -63,12 +75,14 @@ struct TestModelSpec {
   int q_lora_rank = 64;
   int kv_lora_rank = 32;
   int qk_nope_head_dim = 32;
-  int qk_rope_head_dim = 16;
+  int qk_rope_head_dim = -1;  // -1: family default (16; glm5_next 0, its attention is NoPE)
   int v_head_dim = 32;
   // GLM-MoE-DSA's lightning indexer (every layer runs its own).
   int index_heads = 4;
   int index_head_dim = 32;  // >= qk_rope_head_dim
   int index_topk = 64;
+  // GLM-5.3-Flash's k-pooled indexer: positions per pool (index_topk a multiple of it).
+  int index_kpool = 4;
   // DeepSeek-V4 (DeepseekV4Config's names). Its attention: heads x head_dim queries over one
   // shared key/value of head_dim, the last qk_rope_head_dim dimensions rotated; q_lora_rank and
   // the index_* fields above are shared with MLA / DSA.
@@ -89,6 +103,11 @@ struct TestModelSpec {
   int linear_value_head_dim = 64;
   int linear_conv_kernel = 4;
   int full_attention_interval = 0;
+  // GLM-5.3-Flash's Kimi delta attention (Glm5NextTextConfig's linear_num_heads, linear_head_dim;
+  // the conv taps are linear_conv_kernel above). layer_types as Qwen3-Next's, with
+  // indexed_attention in place of full_attention (every full_attention_interval-th layer).
+  int linear_heads = 2;
+  int linear_head_dim = 64;
 };
 
 // Fills the family defaults (-1 fields) and checks the spec (multiples of 128 for hidden and

@@ -25,8 +25,12 @@
 #      (EXL3_FORMAT.md) and the attention of transformers' GlmMoeDsaConfig defaults (64 heads,
 #      q_lora_rank 2048, kv_lora_rank 512, nope 192 + rope 64, v 256; indexer 32 x 128, top 2048),
 #      DSA_LAYERS layers (default 6, the first 3 dense), through exl3-engine-bench.
+#   7. (--only glm5, not by default) a synthetic GLM-5.3-Flash (Glm5NextForConditionalGeneration)
+#      at its published shapes as its origin runs it (experts K=2 MCG, attention K=4, head K=6),
+#      GLM5_LAYERS layers (default 8: the 3 dense and 5 MoE; KDA and indexed layers three to one),
+#      through exl3-engine-bench at contexts 1024 and 8192, batches 1, 8, 32, 64.
 # Binaries come from .gpu-deps/ or its packed copy .gpu-check/gpu-deps.tar.xz (scripts/gpu/bundle.sh;
-# carry one of the two). Usage: scripts/gpu/engine.sh [--only test|sanitize|bench|attention|sampling|dsa]...
+# carry one of the two). Usage: scripts/gpu/engine.sh [--only test|sanitize|bench|attention|sampling|dsa|glm5]...
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
@@ -35,7 +39,7 @@ ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY="$ONLY $2"; shift ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "engine.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -153,6 +157,24 @@ if [[ " $ONLY " == *" dsa "* ]]; then
     --batch ${DSA_BATCHES:-1,8,32} --steps ${STEPS:-12} --json "$OUT/engine-bench.json" > "$OUT/dsa-bench.log" 2>&1
   echo "dsa bench exit $?"
   cat "$OUT/dsa-bench.log"
+fi
+if [[ " $ONLY " == *" glm5 "* ]]; then
+  echo "=== exl3-engine-bench (GLM-5.3-Flash, synthetic at the published shapes, ${GLM5_LAYERS:-8} layers)"
+  MODEL=${GLM5_MODEL_DIR:-/tmp/glm5-next-synthetic-${GLM5_LAYERS:-8}}
+  if [ ! -f "$MODEL/config.json" ]; then
+    # make-test-model --help lists these shapes (Glm5NextTextConfig's defaults in transformers 5.25).
+    timeout ${GLM5_MODEL_TIMEOUT:-600} "$BIN"/exl3-tool make-test-model --arch glm5_next --synthetic --whole-model \
+      --output "$MODEL" --hidden 4096 --layers ${GLM5_LAYERS:-8} --dense-layers 3 --dense-intermediate 12288 \
+      --experts 288 --intermediate 2048 --top-k 8 --shared 1 --vocab 154880 --heads 64 --q-lora-rank 1536 \
+      --kv-lora-rank 512 --qk-nope-head-dim 256 --v-head-dim 256 --index-heads 32 --index-head-dim 128 \
+      --index-kpool 16 --index-topk 2048 --linear-heads 64 --linear-head-dim 128 --max-position 16384 \
+      --bits 2 --codebook mcg --attention-bits 4 --head-bits 6 --quiet > "$OUT/glm5-model.log" 2>&1 \
+      || { echo "model generation failed"; tail -5 "$OUT/glm5-model.log"; }
+  fi
+  timeout ${BENCH_TIMEOUT:-300} "$BIN"/exl3-engine-bench --model "$MODEL" --context ${CONTEXTS:-1024,8192} \
+    --batch ${GLM5_BATCHES:-1,8,32,64} --steps ${STEPS:-12} --json "$OUT/engine-bench.json" > "$OUT/glm5-bench.log" 2>&1
+  echo "glm5 bench exit $?"
+  cat "$OUT/glm5-bench.log"
 fi
 if want attention; then
   echo "=== exl3-engine-bench --attention-only (GLM-4.5-Air's attention shape)"

@@ -1,11 +1,13 @@
 // Models of every family as exl3-tool make-test-model writes them (a Hugging Face
 // checkpoint with random weights, converted with --quantize-all: experts, attention, dense MLPs
 // and the head EXL3): each loads in the CPU engine and generates, and every MoE layer inside the
-// engine answers as `exl3-tool moe` does on the hidden states (and token ids) the engine gave it.
+// engine answers as `exl3-tool moe` does on the hidden states (and token ids) the engine gave it;
+// `exl3-tool inspect` describes each.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -48,8 +50,14 @@ class RecordingMoe final : public MoeExecutor {
   int hidden_;
 };
 
-int Tool(const std::string& args) {
-  return std::system((std::string(EXL3_TOOL_BINARY) + " " + args + " > /dev/null").c_str());
+// Runs exl3-tool; its stdout goes to `stdout_path`.
+int Tool(const std::string& args, const std::string& stdout_path = "/dev/null") {
+  return std::system((std::string(EXL3_TOOL_BINARY) + " " + args + " > " + stdout_path).c_str());
+}
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 using testing::RelativeError;
@@ -58,6 +66,7 @@ struct Case {
   const char* arch;
   const char* flags;  // beyond the common tiny shape
   size_t moe_layers;
+  const char* architecture;  // config.json's, as `exl3-tool inspect` names it
 };
 
 class GeneratedModelTest : public ::testing::TestWithParam<Case> {};
@@ -73,6 +82,11 @@ TEST_P(GeneratedModelTest, LoadsGeneratesAndItsMoeLayersMatchTheTool) {
                  " --hidden 128 --intermediate 128 --experts 4 --top-k 2 --layers 3 --vocab 64"
                  " --bits 4 --quantize-all --threads 2 --seed 5 " + c.flags),
             0);
+
+  const std::string described = (dir / "inspect.txt").string();
+  ASSERT_EQ(Tool("inspect --model " + model, described), 0);
+  const std::string inspect = ReadText(described);
+  EXPECT_NE(inspect.find(c.architecture), std::string::npos) << inspect;
 
   CpuCompute compute(2);
   auto local = LocalMoe::Open(model, compute);
@@ -122,17 +136,26 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         // The families of the transformers fixtures, at make-test-model's default layouts: the
         // first layer dense (first_k_dense_replace 1) or every layer MoE.
-        Case{"glm4_moe", "", 2}, Case{"qwen3_moe", "", 3}, Case{"mixtral", "", 3},
-        Case{"deepseek_v3", "", 2}, Case{"glm_moe_dsa", "", 2},
+        Case{"glm4_moe", "", 2, "Glm4MoeForCausalLM"}, Case{"qwen3_moe", "", 3, "Qwen3MoeForCausalLM"},
+        Case{"mixtral", "", 3, "MixtralForCausalLM"}, Case{"deepseek_v3", "", 2, "DeepseekV3ForCausalLM"},
+        Case{"glm_moe_dsa", "", 2, "GlmMoeDsaForCausalLM"},
         // Layers [sliding, CSA, HCA], the first hash-routed; EXL3 attention at head_dim 128.
         Case{"deepseek_v4",
              "--heads 2 --head-dim 128 --q-lora-rank 128 --qk-rope-head-dim 32 --index-heads 2 "
              "--index-head-dim 64 --index-topk 2 --sliding-window 4 --hca-compress-rate 8",
-             3},
+             3, "DeepseekV4ForCausalLM"},
         // Layers [linear, linear, full] (DeltaNet q/k 2 x 64, v 4 x 64), the first dense.
         Case{"qwen3_next", "--heads 2 --kv-heads 1 --head-dim 64 --layer-types "
                            "linear_attention,linear_attention,full_attention --dense-layers 1",
-             2}),
+             2, "Qwen3NextForCausalLM"},
+        // GLM-5.3-Flash: layers [KDA, indexed, KDA] (KDA 2 x 64; NoPE MLA of 2 heads with the
+        // k-pooled indexer, pools of 2, top 4: the 19 positions attend sparsely), the first dense;
+        // hyper-connections of 4 streams on every layer.
+        Case{"glm5_next",
+             "--heads 2 --q-lora-rank 128 --kv-lora-rank 128 --qk-nope-head-dim 64 --v-head-dim 64 "
+             "--index-heads 2 --index-head-dim 64 --index-kpool 2 --index-topk 4 --linear-heads 2 "
+             "--linear-head-dim 64 --layer-types linear_attention,indexed_attention,linear_attention",
+             2, "Glm5NextForConditionalGeneration"}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.arch); });
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Synthetic whole models (exl3-tool make-test-model --synthetic --whole-model): every family's
 // layout at a chosen attention shape loads in the CPU model and decodes finite logits, with the
 // linears EXL3 where both dimensions are multiples of 128 (DeepSeek-V4 and Qwen3-Next included:
-// their compressors, indexer, hyper-connections, DeltaNet and hash table as stored).
+// their compressors, indexer, hyper-connections, DeltaNet and hash table as stored; GLM-5.3-Flash
+// with its KDA and indexed layers, hyper-connections and text model under model.language_model.).
 #include <cmath>
 #include <filesystem>
 
@@ -44,6 +45,13 @@ TEST_P(SyntheticWholeModelTest, LoadsAndDecodes) {
     spec.hca_compress_rate = 4;
     spec.index_topk = 1;  // the later positions see more compressed entries than that
   }
+  if (spec.arch == "glm5_next") {  // [KDA 2 x 64, indexed]: NoPE MLA, pools of 2, top 4
+    spec.qk_rope_head_dim = 0;
+    spec.index_kpool = 2;
+    spec.index_topk = 4;
+    spec.linear_heads = 2;
+    spec.linear_head_dim = 64;
+  }
   SyntheticOptions so;
   so.whole_model = true;
   so.bits = 3;
@@ -66,6 +74,20 @@ TEST_P(SyntheticWholeModelTest, LoadsAndDecodes) {
     EXPECT_TRUE((*src)->Has("model.layers.0.linear_attn.A_log"));
     EXPECT_TRUE((*src)->Has("model.layers.1.self_attn.q_proj.trellis"));
     EXPECT_TRUE((*src)->Has("model.layers.1.mlp.shared_expert_gate.weight"));
+  } else if (spec.arch == "glm5_next") {
+    const std::string p = "model.language_model.layers.";
+    EXPECT_TRUE((*src)->Has("lm_head.trellis"));
+    EXPECT_TRUE((*src)->Has("model.language_model.embed_tokens.weight"));
+    EXPECT_TRUE((*src)->Has(p + "0.self_attn.q_proj.trellis"));
+    EXPECT_TRUE((*src)->Has(p + "0.self_attn.f_b_proj.weight"));  // KDA's gates stay bf16
+    EXPECT_TRUE((*src)->Has(p + "0.self_attn.q_conv1d.weight"));
+    EXPECT_TRUE((*src)->Has(p + "0.hc_attn_fn"));
+    EXPECT_TRUE((*src)->Has(p + "0.mlp.gate_proj.trellis"));
+    EXPECT_TRUE((*src)->Has(p + "1.self_attn.q_b_proj.trellis"));
+    EXPECT_TRUE((*src)->Has(p + "1.self_attn.indexer.wq_b.trellis"));
+    EXPECT_TRUE((*src)->Has(p + "1.self_attn.indexer.index_kpool_compress_ape"));
+    EXPECT_TRUE((*src)->Has(p + "1.mlp.experts.3.down_proj.trellis"));
+    EXPECT_TRUE((*src)->Has(p + "1.hc_ffn_scale"));
   } else {
     EXPECT_TRUE((*src)->Has("lm_head.trellis"));
     EXPECT_TRUE((*src)->Has("model.layers.0.self_attn.o_proj.trellis"));
@@ -116,9 +138,39 @@ TEST(SyntheticModelTest, RoutedExpertsOfMixedBitWidthsDecode) {
   fs::remove_all(dir);
 }
 
+// GLM-5.3-Flash shapes transformers or the engine cannot have are refused before anything is
+// written: rope in its NoPE attention, index_topk not a multiple of index_kpool, Qwen3-Next's
+// full_attention layer kind, KV heads differing from heads.
+TEST(SyntheticModelTest, Glm5NextRefusesShapesItCannotHave) {
+  const fs::path dir = fs::temp_directory_path() / "exl3_synthetic_glm5_refused";
+  fs::remove_all(dir);
+  SyntheticOptions so;
+  so.progress = false;
+  auto refused = [&](const TestModelSpec& spec, const std::string& says) {
+    const absl::Status st = WriteSyntheticExl3Model(spec, so, dir.string());
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(std::string(st.message()).find(says), std::string::npos) << st;
+    EXPECT_FALSE(fs::exists(dir));
+  };
+  TestModelSpec spec;
+  spec.arch = "glm5_next";
+  TestModelSpec rope = spec;
+  rope.qk_rope_head_dim = 16;
+  refused(rope, "no rope");
+  TestModelSpec pools = spec;
+  pools.index_kpool = 3;
+  refused(pools, "--index-kpool");
+  TestModelSpec kinds = spec;
+  kinds.layer_types = {"linear_attention", "full_attention", "linear_attention"};
+  refused(kinds, "indexed_attention");
+  TestModelSpec kv = spec;
+  kv.kv_heads = 2;
+  refused(kv, "KV heads");
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, SyntheticWholeModelTest,
                          ::testing::Values("glm4_moe", "deepseek_v3", "qwen3_moe", "mixtral",
-                                           "glm_moe_dsa", "deepseek_v4", "qwen3_next"));
+                                           "glm_moe_dsa", "deepseek_v4", "qwen3_next", "glm5_next"));
 
 }  // namespace
 }  // namespace exl3::engine

@@ -16,7 +16,7 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: exl3-tool make-test-model\n"
-    "         --arch glm4_moe|deepseek_v3|qwen3_moe|mixtral|glm_moe_dsa|deepseek_v4|qwen3_next\n"
+    "         --arch glm4_moe|deepseek_v3|qwen3_moe|mixtral|glm_moe_dsa|deepseek_v4|qwen3_next|glm5_next\n"
     "         --output DIR\n"
     "         [--layers N] [--hidden H] [--experts E] [--top-k K] [--intermediate I]\n"
     "         [--shared S] [--dense-layers D] [--dense-intermediate I2] [--n-group G]\n"
@@ -34,6 +34,7 @@ constexpr char kUsage[] =
     "         [--hc-sinkhorn-iters N] [--hash-layers N]\n"
     "         [--linear-key-heads N] [--linear-value-heads N] [--linear-key-head-dim D]\n"
     "         [--linear-value-head-dim D] [--linear-conv-kernel K] [--full-attention-interval N]\n"
+    "         [--linear-heads N] [--linear-head-dim D] [--index-kpool P]\n"
     "\n"
     "Writes a MoE model with random weights in the family's real tensor names and config.json\n"
     "(router weight, e_score_correction_bias for glm4_moe/deepseek_v3, shared experts, dense\n"
@@ -41,8 +42,8 @@ constexpr char kUsage[] =
     "norm and embedding tensors), first as a Hugging Face checkpoint (bf16, one shard per layer)\n"
     "in DIR2, then converted to EXL3 into DIR with `exl3-tool quantize`'s converter.\n"
     "\n"
-    "  --arch          glm4_moe, deepseek_v3, qwen3_moe, mixtral, glm_moe_dsa, deepseek_v4 or\n"
-    "                  qwen3_next (required)\n"
+    "  --arch          glm4_moe, deepseek_v3, qwen3_moe, mixtral, glm_moe_dsa, deepseek_v4,\n"
+    "                  qwen3_next or glm5_next (required)\n"
     "  --output        the EXL3 model directory (with --hf-only: the HF checkpoint)\n"
     "  --hf-output     where the HF checkpoint goes (default: DIR-hf)\n"
     "  --hf-only       write only the HF checkpoint, into DIR\n"
@@ -104,6 +105,35 @@ constexpr char kUsage[] =
     "  --linear-conv-kernel  gated DeltaNet shape (default 2, 4, 64, 64, 4)\n"
     "  --full-attention-interval  every N-th layer full attention (default 4, or the last layer of\n"
     "                  a model of fewer layers); --layer-types lists them instead\n"
+    "\n"
+    "  GLM-5.3-Flash (glm5_next: Glm5NextForConditionalGeneration, config.json in transformers\n"
+    "  5.25's form with text_config; tensors under model.language_model.; no vision tower and no\n"
+    "  MTP head, which the engine does not need). Sigmoid routing with correction bias, shared\n"
+    "  expert, dense first layers (--dense-layers, default 1), swiglu_limit (default 10),\n"
+    "  routed_scaling_factor (default 2.5); per layer_types Kimi delta attention\n"
+    "  (linear_attention) or NoPE MLA (--heads, --q-lora-rank, --kv-lora-rank,\n"
+    "  --qk-nope-head-dim, --v-head-dim; --qk-rope-head-dim must be 0, its default here) with the\n"
+    "  k-pooled indexer (indexed_attention: --index-heads, --index-head-dim, --index-topk and\n"
+    "  --index-kpool, every indexed layer a full indexer); hyper-connections (--hc-mult,\n"
+    "  --hc-sinkhorn-iters) on every layer, a mean head:\n"
+    "  --linear-heads, --linear-head-dim  KDA's heads and head size (linear_num_heads,\n"
+    "                  linear_head_dim; default 2, 64); --linear-conv-kernel its taps (default 4)\n"
+    "  --index-kpool   positions per pool of the indexer (default 4; --index-topk a multiple)\n"
+    "  --layer-types   linear_attention, indexed_attention; default every --full-attention-interval-th\n"
+    "                  layer indexed (4: transformers' pattern of three KDA layers to one)\n"
+    "  The published GLM-5.3-Flash (Glm5NextTextConfig's defaults in transformers 5.25): hidden\n"
+    "  4096, 45 layers (3 dense of 12288, 42 MoE), 288 routed experts of 2048, top 8, one shared,\n"
+    "  vocab 154880, 64 heads, q_lora 1536, kv_lora 512, nope 256, v 256, no rope, indexer 32\n"
+    "  heads of 128, index_kpool 16, index_topk 2048, KDA 64 heads of 128 with 4 conv taps,\n"
+    "  hc_mult 4. The whole model at those shapes as its origin runs it (experts K=2 MCG,\n"
+    "  attention K=4, head K=6):\n"
+    "    --arch glm5_next --synthetic --whole-model --hidden 4096 --layers 45 --dense-layers 3\n"
+    "    --dense-intermediate 12288 --experts 288 --intermediate 2048 --top-k 8 --shared 1\n"
+    "    --vocab 154880 --heads 64 --q-lora-rank 1536 --kv-lora-rank 512 --qk-nope-head-dim 256\n"
+    "    --v-head-dim 256 --index-heads 32 --index-head-dim 128 --index-kpool 16\n"
+    "    --index-topk 2048 --linear-heads 64 --linear-head-dim 128 --max-position 1048576\n"
+    "    --bits 2 --codebook mcg --attention-bits 4 --head-bits 6\n"
+    "  (82.18 GB; --layers 8, the 3 dense and 5 MoE layers: 11.71 GB)\n"
     "  --whole-model   with --synthetic: also attention, norms, dense MLPs, embeddings and the\n"
     "                  head (EXL3 where both dimensions are multiples of 128), so exl3-router runs\n"
     "                  it: engine benchmarks at real shapes\n"
@@ -149,7 +179,8 @@ int Run(int argc, char** argv) {
                    "csa-compress-rate", "hca-compress-rate", "o-groups", "o-lora-rank", "hc-mult",
                    "hc-sinkhorn-iters", "hash-layers", "linear-key-heads", "linear-value-heads",
                    "linear-key-head-dim", "linear-value-head-dim", "linear-conv-kernel",
-                   "full-attention-interval", "expert-bits-cycle", "expert-codebook-cycle"},
+                   "full-attention-interval", "expert-bits-cycle", "expert-codebook-cycle", "linear-heads",
+                   "linear-head-dim", "index-kpool"},
                   {"hf-only", "synthetic", "quiet", "quantize-all", "whole-model", "misaligned-data"}, &err)) {
     return Fail(kName, err);
   }
@@ -192,7 +223,9 @@ int Run(int argc, char** argv) {
                     {"linear-key-head-dim", &spec.linear_key_head_dim},
                     {"linear-value-head-dim", &spec.linear_value_head_dim},
                     {"linear-conv-kernel", &spec.linear_conv_kernel},
-                    {"full-attention-interval", &spec.full_attention_interval}}) {
+                    {"full-attention-interval", &spec.full_attention_interval},
+                    {"linear-heads", &spec.linear_heads}, {"linear-head-dim", &spec.linear_head_dim},
+                    {"index-kpool", &spec.index_kpool}}) {
     if (args.Has(f.name) && !args.GetInt(f.name, f.out, &err)) return Fail(kName, err);
   }
   if (args.Has("layer-types")) {
