@@ -214,7 +214,13 @@ int RunTables(CudaModel& model, const exl3::bench::EngineBenchOptions& o, const 
   const int max_context = *std::max_element(contexts.begin(), contexts.end());
   const int warmup = 2, private_blocks = (warmup + steps) / bs + 2;
   const int prefix_blocks = max_context / bs + 1;
-  if (!m->AllocateKvCache({prefix_blocks + max_batch * private_blocks, bs}).ok()) return Fail("KV cache allocation");
+  // Recurrent layers (Qwen3-Next, GLM-5.3-Flash) keep a state per sequence: slot 0 for the prefill's
+  // sequence, one for each decode sequence, which prefills its own prompt before the batch's steps
+  // (a state, unlike KV blocks, cannot be shared).
+  const bool recurrent = cfg.HasRecurrentLayers();
+  const absl::Status allocated =
+      m->AllocateKvCache({prefix_blocks + max_batch * private_blocks, bs, recurrent ? max_batch + 1 : 0});
+  if (!allocated.ok()) return Fail("KV cache allocation: " + allocated.ToString());
 
   int moe_layers = 0;
   for (int l = 0; l < cfg.num_layers; ++l) moe_layers += cfg.IsMoeLayer(l) ? 1 : 0;
@@ -312,11 +318,12 @@ int RunTables(CudaModel& model, const exl3::bench::EngineBenchOptions& o, const 
     // Prefill: the prompt in chunks; time to first token includes the head and the copy of its
     // logits. Timed on the second of two runs: the first prefill of a length pays one-time set-up
     // (workspaces and activations grown), which is not time to first token.
-    auto prefill = [&]() -> absl::StatusOr<double> {
+    auto prefill = [&](int64_t sequence_id = 0, int slot = 0) -> absl::StatusOr<double> {
       double seconds = 0;
       for (int start = 0; start < context; start += chunk) {
         SequenceChunk c;
-        c.sequence_id = 0;
+        c.sequence_id = sequence_id;
+        c.state_slot = slot;
         const int n = std::min(chunk, context - start);
         for (int i = 0; i < n; ++i) c.tokens.push_back(static_cast<int32_t>(rng() % vocab));
         c.start_position = start;
@@ -339,15 +346,28 @@ int RunTables(CudaModel& model, const exl3::bench::EngineBenchOptions& o, const 
                 "MoE %.1f ms, dense MLP %.1f ms, head %.1f ms)\n", placement.label.c_str(), context, ttft * 1e3,
                 context / ttft, pp.attention_s * 1e3, pp.moe_s * 1e3, pp.dense_mlp_s * 1e3, pp.head_s * 1e3);
     print_exchange("last chunk");
-    const double prefill_floor = prefill_flops(context) / gemm_flops;
-    std::printf("    floor (FLOPs at the cuBLAS fp16 rate) %.1f ms -> %.2fx floor\n", prefill_floor * 1e3,
-                ttft / prefill_floor);
+    // The FLOP count above knows GQA, MLA and DSA attention; not KDA and the k-pooled indexer.
+    const bool flops_modelled = cfg.attention != exl3::engine::AttentionKind::kPooledDsa;
+    const double prefill_floor = flops_modelled ? prefill_flops(context) / gemm_flops : 0;
+    if (flops_modelled) {
+      std::printf("    floor (FLOPs at the cuBLAS fp16 rate) %.1f ms -> %.2fx floor\n", prefill_floor * 1e3,
+                  ttft / prefill_floor);
+    } else {
+      std::printf("    floor: not modelled for %s's attention (KDA, k-pooled indexer)\n", cfg.architecture().c_str());
+    }
     if (jf) std::fprintf(jf, "{\"bench\":\"engine_prefill\",%s,\"context\":%d,\"ttft_s\":%.6f,\"tokens_per_s\":%.1f,"
                          "\"floor_s\":%.6f%s}\n", json_placement.c_str(), context, ttft, context / ttft, prefill_floor,
                          exchange_json().c_str());
 
     for (int B : batches) {
       std::vector<double> times;
+      logits.resize(static_cast<size_t>(B) * vocab);
+      if (recurrent) {
+        for (int b = 0; b < B; ++b) {
+          const absl::StatusOr<double> done = prefill(b + 1, b + 1);
+          if (!done.ok()) return Fail("decode sequence's prefill: " + done.status().ToString());
+        }
+      }
       for (int s = 0; s < warmup + steps; ++s) {
         StepBatch batch;
         for (int b = 0; b < B; ++b) {
@@ -355,12 +375,12 @@ int RunTables(CudaModel& model, const exl3::bench::EngineBenchOptions& o, const 
           c.sequence_id = b + 1;
           c.tokens = {static_cast<int32_t>(rng() % vocab)};
           c.start_position = context + s;
+          c.state_slot = recurrent ? b + 1 : 0;
           c.block_table.assign(prefix_table.begin(), prefix_table.begin() + context / bs);
           for (int p = 0; p < private_blocks; ++p) c.block_table.push_back(prefix_blocks + b * private_blocks + p);
           c.wants_logits = true;
           batch.chunks.push_back(std::move(c));
         }
-        logits.resize(static_cast<size_t>(B) * vocab);
         const double t0 = Now();
         const absl::Status st = m->Forward(batch, logits.data());
         if (s >= warmup) times.push_back(Now() - t0);
@@ -370,14 +390,16 @@ int RunTables(CudaModel& model, const exl3::bench::EngineBenchOptions& o, const 
       const double touched = E > 0 ? E * (1.0 - std::pow(1.0 - double(k) / E, B)) + shared : 0;
       const double kv_bytes = B * kv_bytes_per_token(context + warmup + steps / 2.0);
       const double expert_bytes = moe_layers * touched * per_expert;
+      // Recurrent layers read and write each sequence's state every step.
+      const double state_bytes = 2.0 * B * cfg.StateFloatsPerSequence() * sizeof(float);
       const double bytes = wb.attention + wb.dense_mlp + router_bytes + wb.head + B * double(wb.embedding_row) +
-                           expert_bytes + kv_bytes;
+                           expert_bytes + kv_bytes + state_bytes;
       // Each part at the slower of reading its bytes and decoding its EXL3 weights.
       const double floor_s = std::max(wb.attention / copy_bps, decode_attention_s) +
                              std::max(wb.dense_mlp / copy_bps, decode_dense_s) +
                              std::max(wb.head / copy_bps, decode_head_s) +
                              std::max(expert_bytes / copy_bps, moe_layers * touched * decode_per_expert_s) +
-                             (router_bytes + B * double(wb.embedding_row) + kv_bytes) / copy_bps;
+                             (router_bytes + B * double(wb.embedding_row) + kv_bytes + state_bytes) / copy_bps;
       const bool eager = !o.graphs || placement.remote;
       std::printf("decode%s%s context %5d batch %3d: %.3f ms/step, %.0f tokens/s; floor %.3f ms (%.2f GB/step) -> %.2fx floor\n",
                   placement.label.c_str(), eager && !placement.remote ? " (eager)" : "", context, B, step * 1e3,
