@@ -68,9 +68,9 @@ struct RequestResults {
 };
 
 // Submits every params at once to a started engine, waits for all, expects each to finish OK;
-// returns each request's sampled tokens in submission order.
-inline std::vector<std::vector<SampledToken>> RunAllAtOnce(Engine& engine,
-                                                           const std::vector<GenerateParams>& params) {
+// returns each request's sampled tokens in submission order (and, with `finish`, how each ended).
+inline std::vector<std::vector<SampledToken>> RunAllAtOnce(Engine& engine, const std::vector<GenerateParams>& params,
+                                                           std::vector<FinishInfo>* finish = nullptr) {
   RequestResults r;
   std::vector<uint64_t> ids;
   for (const GenerateParams& p : params) {
@@ -83,6 +83,7 @@ inline std::vector<std::vector<SampledToken>> RunAllAtOnce(Engine& engine,
   for (uint64_t id : ids) {
     EXPECT_TRUE(r.finish[id].status.ok()) << r.finish[id].status;
     out.push_back(r.sampled[id]);
+    if (finish != nullptr) finish->push_back(r.finish[id]);
   }
   return out;
 }

@@ -90,21 +90,9 @@ class SpeculativeDecodingTest : public ::testing::TestWithParam<const char*> {
     Engine engine(eo, OpenFixtureModel(GetParam(), micro_batches));
     const absl::Status started = engine.Start();
     EXPECT_TRUE(started.ok()) << started;
-    RequestResults r;
-    std::vector<uint64_t> ids;
-    for (const GenerateParams& p : params) {
-      auto id = engine.Submit(p, r.Callback());
-      EXPECT_TRUE(id.ok()) << id.status();
-      if (id.ok()) ids.push_back(*id);
-    }
-    r.Wait(ids.size());
-    engine.Stop();
     RunResult out;
-    for (uint64_t id : ids) {
-      EXPECT_TRUE(r.finish[id].status.ok()) << r.finish[id].status;
-      out.tokens.push_back(r.sampled[id]);
-      out.finish.push_back(r.finish[id]);
-    }
+    out.tokens = testing::RunAllAtOnce(engine, params, &out.finish);
+    engine.Stop();
     out.stats = engine.Stats();
     return out;
   }
