@@ -33,17 +33,47 @@ __device__ void NormedMixes(const float* x, int width, float norm_eps, const flo
   __syncthreads();
 }
 
-// grid T, block kThreads; dynamic shared: (2 + N) * N + N floats. streams [T, N, H];
-// out [T, H]; post [T, N]; comb [T, N, N].
-__global__ void CollapseKernel(HyperConnectionArgs a, const float* streams, float* out, float* post,
-                               float* comb) {
+// The collapse's sums over a token's N * H inputs, in kMixSplits ranges of the inputs each.
+constexpr int kMixSplits = 16;
+
+// grid (T, rows + 1, kMixSplits), block kThreads. partial [T, rows + 1, kMixSplits] double: for
+// r < rows the split's Σ fn[r][i] · x[i], for r = rows its Σ x[i]²; x = streams [T, N * H] row t.
+__global__ void MixPartialsKernel(const float* fn, int rows, int width, const float* streams, double* partial) {
+  __shared__ double red[32];
+  const int t = blockIdx.x, r = blockIdx.y, s = blockIdx.z;
+  const int per = (width + kMixSplits - 1) / kMixSplits;
+  const int begin = s * per, end = min(width, begin + per);
+  const float* x = streams + static_cast<size_t>(t) * width;
+  const float* w = r < rows ? fn + static_cast<size_t>(r) * width : x;
+  double acc = 0.0;
+  for (int i = begin + threadIdx.x; i < end; i += blockDim.x) acc += static_cast<double>(w[i]) * x[i];
+  acc = BlockSumDouble(acc, red);
+  if (threadIdx.x == 0) partial[(static_cast<size_t>(t) * (rows + 1) + r) * kMixSplits + s] = acc;
+}
+
+// grid T, block kThreads; dynamic shared: (2 + N) * N + N floats. streams [T, N, H]; partial as
+// MixPartialsKernel wrote it; out [T, H]; post [T, N]; comb [T, N, N]. mix[r] = fn[r] · x / rms(x).
+__global__ void CollapseKernel(HyperConnectionArgs a, const float* streams, const double* partial, float* out,
+                               float* post, float* comb) {
   extern __shared__ float hc_smem[];
-  __shared__ double partial[32];
   const int n = a.streams, H = a.hidden, width = n * H, rows = (2 + n) * n;
   float* mix = hc_smem;
   float* pre = mix + rows;
   const float* x = streams + static_cast<size_t>(blockIdx.x) * width;
-  NormedMixes(x, width, a.norm_eps, a.fn, rows, mix, partial);
+  const double* p = partial + static_cast<size_t>(blockIdx.x) * (rows + 1) * kMixSplits;
+  __shared__ double inv_rms;
+  if (threadIdx.x == 0) {
+    double ss = 0.0;
+    for (int s = 0; s < kMixSplits; ++s) ss += p[static_cast<size_t>(rows) * kMixSplits + s];
+    inv_rms = 1.0 / sqrt(ss / width + a.norm_eps);
+  }
+  __syncthreads();
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    double sum = 0.0;
+    for (int s = 0; s < kMixSplits; ++s) sum += p[static_cast<size_t>(r) * kMixSplits + s];
+    mix[r] = static_cast<float>(sum * inv_rms);
+  }
+  __syncthreads();
   if (threadIdx.x == 0) {
     const float eps = a.eps;
     float* po = post + static_cast<size_t>(blockIdx.x) * n;
@@ -161,12 +191,20 @@ absl::Status CheckStreams(int n) {
 }  // namespace
 
 absl::Status HyperCollapse(const HyperConnectionArgs& a, const float* streams, int T, float* block_input,
-                           float* post, float* comb, StreamHandle stream) {
+                           float* post, float* comb, double* scratch, StreamHandle stream) {
   if (T == 0) return absl::OkStatus();
   if (absl::Status st = CheckStreams(a.streams); !st.ok()) return st;
-  const size_t smem = static_cast<size_t>((2 + a.streams) * a.streams + a.streams) * sizeof(float);
-  CollapseKernel<<<T, kThreads, smem, S(stream)>>>(a, streams, block_input, post, comb);
+  const int rows = (2 + a.streams) * a.streams;
+  MixPartialsKernel<<<dim3(T, rows + 1, kMixSplits), kThreads, 0, S(stream)>>>(a.fn, rows, a.streams * a.hidden,
+                                                                                streams, scratch);
+  if (absl::Status st = LaunchStatus("hyper-connection mix sums"); !st.ok()) return st;
+  const size_t smem = static_cast<size_t>(rows + a.streams) * sizeof(float);
+  CollapseKernel<<<T, kThreads, smem, S(stream)>>>(a, streams, scratch, block_input, post, comb);
   return LaunchStatus("hyper-connection collapse");
+}
+
+size_t HyperCollapseScratchDoubles(const HyperConnectionArgs& a, int T) {
+  return static_cast<size_t>(T) * ((2 + a.streams) * a.streams + 1) * kMixSplits;
 }
 
 absl::Status HyperExpand(const float* post, const float* comb, const float* block_output, int T, int n,

@@ -29,9 +29,13 @@ struct HyperConnectionArgs {
 
 // streams [T, N, hidden] → block_input [T, hidden] = Σ_n pre[n] stream[n]; post [T, N] and
 // comb [T, N, N] (comb[t][j][k] weighs input stream j into output stream k), as
-// HyperConnection::Collapse. fp32; the norm's and fn's sums in double, as the CPU does.
+// HyperConnection::Collapse. fp32; the norm's and fn's sums in double, as the CPU does. The sums
+// over the N × hidden inputs run split over many blocks (a decode step's one token would leave one
+// block latency-bound on 1.5 MB of fn): their partial sums go through `scratch`
+// (HyperCollapseScratchDoubles doubles).
+size_t HyperCollapseScratchDoubles(const HyperConnectionArgs& a, int num_tokens);
 absl::Status HyperCollapse(const HyperConnectionArgs& a, const float* streams, int num_tokens,
-                           float* block_input, float* post, float* comb, StreamHandle stream);
+                           float* block_input, float* post, float* comb, double* scratch, StreamHandle stream);
 
 // streams [T, N, hidden] ← post[k] * block_output [T, hidden] + Σ_j comb[j][k] stream[j], in
 // place, as HyperConnection::Expand.

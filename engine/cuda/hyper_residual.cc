@@ -99,6 +99,11 @@ class HyperResidual final : public ResidualStream {
       *moved = true;
       EXL3_RETURN_IF_ERROR(array->Reserve(n));
     }
+    const size_t scratch = HyperCollapseScratchDoubles(layers_.front().mixer_hc.args, rows);
+    if (collapse_scratch_.size() < scratch) {
+      *moved = true;
+      EXL3_RETURN_IF_ERROR(collapse_scratch_.Reserve(scratch));
+    }
     return absl::OkStatus();
   }
   absl::Status Embed(const void* table, EmbeddingDType dtype, const int32_t* ids, int rows, float* x) override {
@@ -141,7 +146,7 @@ class HyperResidual final : public ResidualStream {
                         float* x) {
     const size_t r = static_cast<size_t>(first), N = static_cast<size_t>(shape_.streams), H = cfg_.hidden_size;
     EXL3_RETURN_IF_ERROR(HyperCollapse(hc.args, streams_.get() + r * N * H, n, d + r * H, post_.get() + r * N,
-                                       comb_.get() + r * N * N, stream_));
+                                       comb_.get() + r * N * N, collapse_scratch_.get(), stream_));
     return RmsNorm(d + r * H, norm.get(), n, cfg_.hidden_size, cfg_.rms_norm_eps, x + r * H, stream_);
   }
   // Rows [first, first + n): the block's output d expanded into their streams with the kept mix.
@@ -161,6 +166,7 @@ class HyperResidual final : public ResidualStream {
   float head_scale_ = 1.0f;
   DeviceArray<float> streams_;  // [rows, N, hidden]
   DeviceArray<float> post_, comb_;  // the last collapse's mix: [rows, N], [rows, N, N]
+  DeviceArray<double> collapse_scratch_;  // HyperCollapse's partial sums
   DeviceArray<float> head_pre_;     // [logit rows, hidden]
 };
 

@@ -45,7 +45,10 @@ inline void CheckHyperConnectionAgainstCpu(const TensorSource& src, const std::s
   a.sinkhorn_iters = shape.sinkhorn_iters;
   a.eps = shape.eps;
   a.norm_eps = shape.norm_eps;
-  ASSERT_TRUE(HyperCollapse(a, d_streams.get(), T, d_input.get(), d_post.get(), d_comb.get(), nullptr).ok());
+  DeviceArray<double> scratch;
+  ASSERT_TRUE(scratch.Reserve(HyperCollapseScratchDoubles(a, T)).ok());
+  ASSERT_TRUE(
+      HyperCollapse(a, d_streams.get(), T, d_input.get(), d_post.get(), d_comb.get(), scratch.get(), nullptr).ok());
   const double rel_in = RelativeError(ToHost(d_input, input.size()), input);
   const double rel_post = RelativeError(ToHost(d_post, mix.post.size()), mix.post);
   const double rel_comb = RelativeError(ToHost(d_comb, mix.comb.size()), mix.comb);
