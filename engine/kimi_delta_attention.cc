@@ -21,22 +21,21 @@ float Softplus(float x) { return x > 20.0f ? x : std::log(1.0f + std::exp(x)); }
 KimiDeltaAttention::KimiDeltaAttention(const ModelConfig& cfg, int layer)
     : cfg_(cfg), shape_(cfg.linear_attention), layer_(layer), lower_bound_(cfg.glm5next->gate_lower_bound) {}
 
-absl::StatusOr<std::unique_ptr<KimiDeltaAttention>> KimiDeltaAttention::Load(const ModelConfig& cfg,
-                                                                              const TensorSource& src,
-                                                                              int layer) {
-  std::unique_ptr<KimiDeltaAttention> a(new KimiDeltaAttention(cfg, layer));
+absl::StatusOr<KdaWeights> KdaWeights::Load(const ModelConfig& cfg, const TensorSource& src, int layer) {
   const std::string p = LayerPrefix(cfg.moe, layer) + "self_attn.";
-  const int H = cfg.hidden_size, NH = a->shape_.num_key_heads, D = a->shape_.key_head_dim;
-  const int K = a->shape_.conv_kernel, W = NH * D;
-  EXL3_ASSIGN_OR_RETURN(a->q_, Linear::Load(src, p + "q_proj", H, W));
-  EXL3_ASSIGN_OR_RETURN(a->k_, Linear::Load(src, p + "k_proj", H, W));
-  EXL3_ASSIGN_OR_RETURN(a->v_, Linear::Load(src, p + "v_proj", H, W));
-  EXL3_ASSIGN_OR_RETURN(a->f_a_, Linear::Load(src, p + "f_a_proj", H, D));
-  EXL3_ASSIGN_OR_RETURN(a->f_b_, Linear::Load(src, p + "f_b_proj", D, W));
-  EXL3_ASSIGN_OR_RETURN(a->b_, Linear::Load(src, p + "b_proj", H, NH));
-  EXL3_ASSIGN_OR_RETURN(a->g_a_, Linear::Load(src, p + "g_a_proj", H, D));
-  EXL3_ASSIGN_OR_RETURN(a->g_b_, Linear::Load(src, p + "g_b_proj", D, W));
-  EXL3_ASSIGN_OR_RETURN(a->o_, Linear::Load(src, p + "o_proj", W, H));
+  const LinearAttentionConfig& shape = cfg.linear_attention;
+  const int H = cfg.hidden_size, NH = shape.num_key_heads, D = shape.key_head_dim;
+  const int K = shape.conv_kernel, W = NH * D;
+  KdaWeights w;
+  EXL3_ASSIGN_OR_RETURN(w.q, Linear::Load(src, p + "q_proj", H, W));
+  EXL3_ASSIGN_OR_RETURN(w.k, Linear::Load(src, p + "k_proj", H, W));
+  EXL3_ASSIGN_OR_RETURN(w.v, Linear::Load(src, p + "v_proj", H, W));
+  EXL3_ASSIGN_OR_RETURN(w.f_a, Linear::Load(src, p + "f_a_proj", H, D));
+  EXL3_ASSIGN_OR_RETURN(w.f_b, Linear::Load(src, p + "f_b_proj", D, W));
+  EXL3_ASSIGN_OR_RETURN(w.b, Linear::Load(src, p + "b_proj", H, NH));
+  EXL3_ASSIGN_OR_RETURN(w.g_a, Linear::Load(src, p + "g_a_proj", H, D));
+  EXL3_ASSIGN_OR_RETURN(w.g_b, Linear::Load(src, p + "g_b_proj", D, W));
+  EXL3_ASSIGN_OR_RETURN(w.o, Linear::Load(src, p + "o_proj", W, H));
   for (const char* conv : {"q_conv1d", "k_conv1d", "v_conv1d"}) {
     const std::string name = p + conv + ".weight";
     EXL3_ASSIGN_OR_RETURN(TensorView t, src.Get(name));
@@ -44,13 +43,21 @@ absl::StatusOr<std::unique_ptr<KimiDeltaAttention>> KimiDeltaAttention::Load(con
       return absl::InvalidArgumentError(absl::StrCat(name, ": expected shape [", W, ", 1, ", K, "]"));
     if (src.Has(p + conv + ".bias"))
       return absl::InvalidArgumentError(absl::StrCat(p, conv, ".bias: KDA's convolutions have no bias"));
-    EXL3_ASSIGN_OR_RETURN(std::vector<float> w, ToFloat32(t));
-    a->conv_weight_.insert(a->conv_weight_.end(), w.begin(), w.end());
+    EXL3_ASSIGN_OR_RETURN(std::vector<float> c, ToFloat32(t));
+    w.conv_weight.insert(w.conv_weight.end(), c.begin(), c.end());
   }
   EXL3_ASSIGN_OR_RETURN(std::vector<float> a_log, LoadVector(src, p + "A_log", NH));
-  for (float v : a_log) a->decay_rate_.push_back(std::exp(v));
-  EXL3_ASSIGN_OR_RETURN(a->dt_bias_, LoadVector(src, p + "dt_bias", W));
-  EXL3_ASSIGN_OR_RETURN(a->o_norm_, LoadVector(src, p + "o_norm.weight", D));
+  for (float v : a_log) w.decay_rate.push_back(std::exp(v));
+  EXL3_ASSIGN_OR_RETURN(w.dt_bias, LoadVector(src, p + "dt_bias", W));
+  EXL3_ASSIGN_OR_RETURN(w.o_norm, LoadVector(src, p + "o_norm.weight", D));
+  return w;
+}
+
+absl::StatusOr<std::unique_ptr<KimiDeltaAttention>> KimiDeltaAttention::Load(const ModelConfig& cfg,
+                                                                              const TensorSource& src,
+                                                                              int layer) {
+  std::unique_ptr<KimiDeltaAttention> a(new KimiDeltaAttention(cfg, layer));
+  EXL3_ASSIGN_OR_RETURN(a->w_, KdaWeights::Load(cfg, src, layer));
   return a;
 }
 
@@ -63,22 +70,22 @@ absl::Status KimiDeltaAttention::Forward(const float* x, const StepTokens& token
   // Projections: q, k, v side by side per token (the conv's channel order), the gates.
   std::vector<float> proj(TW), mixed(static_cast<size_t>(T) * C);
   for (int which = 0; which < 3; ++which) {
-    const Linear& l = which == 0 ? q_ : which == 1 ? k_ : v_;
+    const Linear& l = which == 0 ? w_.q : which == 1 ? w_.k : w_.v;
     EXL3_RETURN_IF_ERROR(l.Forward(x, T, proj.data(), compute));
     for (int t = 0; t < T; ++t)
       std::copy_n(&proj[static_cast<size_t>(t) * W], W, &mixed[static_cast<size_t>(t) * C + which * W]);
   }
   std::vector<float> low(static_cast<size_t>(T) * D), log_decay(TW), gate(TW), beta(static_cast<size_t>(T) * NH);
-  EXL3_RETURN_IF_ERROR(f_a_.Forward(x, T, low.data(), compute));
-  EXL3_RETURN_IF_ERROR(f_b_.Forward(low.data(), T, log_decay.data(), compute));
-  EXL3_RETURN_IF_ERROR(g_a_.Forward(x, T, low.data(), compute));
-  EXL3_RETURN_IF_ERROR(g_b_.Forward(low.data(), T, gate.data(), compute));
-  EXL3_RETURN_IF_ERROR(b_.Forward(x, T, beta.data(), compute));
+  EXL3_RETURN_IF_ERROR(w_.f_a.Forward(x, T, low.data(), compute));
+  EXL3_RETURN_IF_ERROR(w_.f_b.Forward(low.data(), T, log_decay.data(), compute));
+  EXL3_RETURN_IF_ERROR(w_.g_a.Forward(x, T, low.data(), compute));
+  EXL3_RETURN_IF_ERROR(w_.g_b.Forward(low.data(), T, gate.data(), compute));
+  EXL3_RETURN_IF_ERROR(w_.b.Forward(x, T, beta.data(), compute));
   for (float& b : beta) b = Sigmoid(b);
   for (size_t i = 0; i < TW; ++i) {
     const int h = static_cast<int>(i % W) / D;
-    const float g = log_decay[i] + dt_bias_[i % W];
-    log_decay[i] = lower_bound_ ? *lower_bound_ * Sigmoid(decay_rate_[h] * g) : -decay_rate_[h] * Softplus(g);
+    const float g = log_decay[i] + w_.dt_bias[i % W];
+    log_decay[i] = lower_bound_ ? *lower_bound_ * Sigmoid(w_.decay_rate[h] * g) : -w_.decay_rate[h] * Softplus(g);
   }
 
   const std::vector<ChunkRun> runs = ChunkRuns(tokens);
@@ -99,7 +106,7 @@ absl::Status KimiDeltaAttention::Forward(const float* x, const StepTokens& token
                        : mixed[static_cast<size_t>(run.first_token + u - (K - 1)) * C + c];
     };
     for (int c = c0; c < c1; ++c) {
-      const float* w = &conv_weight_[static_cast<size_t>(c) * K];
+      const float* w = &w_.conv_weight[static_cast<size_t>(c) * K];
       for (int j = 0; j < run.num_tokens; ++j) {
         float acc = 0.0f;
         for (int i = 0; i < K; ++i) acc += w[i] * input(j + i, c);
@@ -148,12 +155,12 @@ absl::Status KimiDeltaAttention::Forward(const float* x, const StepTokens& token
     }
     for (int j = 0; j < run.num_tokens; ++j) {
       float* oj = o + static_cast<size_t>(j) * W;
-      RmsNorm(oj, o_norm_.data(), D, cfg_.rms_norm_eps, oj);
+      RmsNorm(oj, w_.o_norm.data(), D, cfg_.rms_norm_eps, oj);
       const float* gj = &gate[(first + j) * W + h * D];
       for (int e = 0; e < D; ++e) oj[e] *= Sigmoid(gj[e]);
     }
   });
-  return o_.Forward(core.data(), T, out, compute);
+  return w_.o.Forward(core.data(), T, out, compute);
 }
 
 }  // namespace exl3::engine

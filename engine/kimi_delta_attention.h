@@ -27,6 +27,18 @@
 
 namespace exl3::engine {
 
+// One KDA layer's weights as stored (the linears as engine/linear.h loads them, the rest fp32): the
+// CPU layer runs on them, the GPU layer (engine/cuda/cuda_kimi_delta_attention.h) uploads them.
+struct KdaWeights {
+  Linear q, k, v, f_a, f_b, b, g_a, g_b, o;
+  std::vector<float> conv_weight;  // [3 × heads × D, conv_kernel]: q, k, v channels
+  std::vector<float> decay_rate;   // exp(A_log) [heads]
+  std::vector<float> dt_bias;      // [heads × D]
+  std::vector<float> o_norm;       // [D]
+
+  static absl::StatusOr<KdaWeights> Load(const ModelConfig& cfg, const TensorSource& src, int layer);
+};
+
 class KimiDeltaAttention final : public LinearAttention {
  public:
   static absl::StatusOr<std::unique_ptr<KimiDeltaAttention>> Load(const ModelConfig& cfg,
@@ -43,11 +55,7 @@ class KimiDeltaAttention final : public LinearAttention {
   const LinearAttentionConfig shape_;  // heads and D for q, k and v alike
   int layer_;
   std::optional<float> lower_bound_;
-  Linear q_, k_, v_, f_a_, f_b_, b_, g_a_, g_b_, o_;
-  std::vector<float> conv_weight_;  // [3 × heads × D, conv_kernel]: q, k, v channels
-  std::vector<float> decay_rate_;   // exp(A_log) [heads]
-  std::vector<float> dt_bias_;      // [heads × D]
-  std::vector<float> o_norm_;       // [D]
+  KdaWeights w_;
 };
 
 }  // namespace exl3::engine

@@ -1,10 +1,11 @@
 #include "engine/cuda/cuda_kimi_delta_attention.h"
 
-#include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/glm5next_config.h"
+#include "engine/kimi_delta_attention.h"
 #include "engine/linear.h"
 #include "model/moe_config.h"
 
@@ -57,39 +58,18 @@ absl::StatusOr<std::unique_ptr<CudaKimiDeltaAttention>> CudaKimiDeltaAttention::
     a->gate_ = KdaForgetGate{KdaForgetGate::Form::kSoftplus, 0.0f};
   }
   EXL3_RETURN_IF_ERROR(PrepareKdaRecurrence(a->dims_));
-  // Loaded as the CPU layer loads them (engine/kimi_delta_attention.cc).
-  const std::string p = LayerPrefix(cfg.moe, layer) + "self_attn.";
-  const int H = cfg.hidden_size, NH = a->dims_.num_heads, D = a->dims_.head_dim;
-  const int K = a->dims_.conv_kernel, W = a->dims_.width();
-  EXL3_ASSIGN_OR_RETURN(a->q_, CudaLinear::Load(src, p + "q_proj", H, W));
-  EXL3_ASSIGN_OR_RETURN(a->k_, CudaLinear::Load(src, p + "k_proj", H, W));
-  EXL3_ASSIGN_OR_RETURN(a->v_, CudaLinear::Load(src, p + "v_proj", H, W));
-  EXL3_ASSIGN_OR_RETURN(a->f_a_, CudaLinear::Load(src, p + "f_a_proj", H, D));
-  EXL3_ASSIGN_OR_RETURN(a->f_b_, CudaLinear::Load(src, p + "f_b_proj", D, W));
-  EXL3_ASSIGN_OR_RETURN(a->b_, CudaLinear::Load(src, p + "b_proj", H, NH));
-  EXL3_ASSIGN_OR_RETURN(a->g_a_, CudaLinear::Load(src, p + "g_a_proj", H, D));
-  EXL3_ASSIGN_OR_RETURN(a->g_b_, CudaLinear::Load(src, p + "g_b_proj", D, W));
-  EXL3_ASSIGN_OR_RETURN(a->o_, CudaLinear::Load(src, p + "o_proj", W, H));
-  std::vector<float> conv_weight;
-  for (const char* conv : {"q_conv1d", "k_conv1d", "v_conv1d"}) {
-    const std::string name = p + conv + ".weight";
-    EXL3_ASSIGN_OR_RETURN(TensorView t, src.Get(name));
-    if (t.info->shape != std::vector<int64_t>{W, 1, K})
-      return absl::InvalidArgumentError(absl::StrCat(name, ": expected shape [", W, ", 1, ", K, "]"));
-    if (src.Has(p + conv + ".bias"))
-      return absl::InvalidArgumentError(absl::StrCat(p, conv, ".bias: KDA's convolutions have no bias"));
-    EXL3_ASSIGN_OR_RETURN(std::vector<float> w, ToFloat32(t));
-    conv_weight.insert(conv_weight.end(), w.begin(), w.end());
+  // The CPU layer's weights (engine/kimi_delta_attention.h KdaWeights), uploaded.
+  EXL3_ASSIGN_OR_RETURN(const KdaWeights w, KdaWeights::Load(cfg, src, layer));
+  const std::pair<CudaLinear*, const Linear*> linears[] = {{&a->q_, &w.q},     {&a->k_, &w.k},     {&a->v_, &w.v},
+                                                           {&a->f_a_, &w.f_a}, {&a->f_b_, &w.f_b}, {&a->b_, &w.b},
+                                                           {&a->g_a_, &w.g_a}, {&a->g_b_, &w.g_b}, {&a->o_, &w.o}};
+  for (const auto& [device, host] : linears) {
+    EXL3_ASSIGN_OR_RETURN(*device, CudaLinear::Upload(*host));
   }
-  EXL3_RETURN_IF_ERROR(a->conv_weight_.Upload(conv_weight));
-  EXL3_ASSIGN_OR_RETURN(std::vector<float> a_log, LoadVector(src, p + "A_log", NH));
-  std::vector<float> decay_rate;
-  for (float v : a_log) decay_rate.push_back(std::exp(v));
-  EXL3_RETURN_IF_ERROR(a->decay_rate_.Upload(decay_rate));
-  EXL3_ASSIGN_OR_RETURN(std::vector<float> dt_bias, LoadVector(src, p + "dt_bias", W));
-  EXL3_RETURN_IF_ERROR(a->dt_bias_.Upload(dt_bias));
-  EXL3_ASSIGN_OR_RETURN(std::vector<float> o_norm, LoadVector(src, p + "o_norm.weight", D));
-  EXL3_RETURN_IF_ERROR(a->o_norm_.Upload(o_norm));
+  EXL3_RETURN_IF_ERROR(a->conv_weight_.Upload(w.conv_weight));
+  EXL3_RETURN_IF_ERROR(a->decay_rate_.Upload(w.decay_rate));
+  EXL3_RETURN_IF_ERROR(a->dt_bias_.Upload(w.dt_bias));
+  EXL3_RETURN_IF_ERROR(a->o_norm_.Upload(w.o_norm));
   return a;
 }
 
