@@ -459,7 +459,7 @@ INSTANTIATE_TEST_SUITE_P(Dsv4Family, CudaModelFixtureTest,
                          ::testing::Values("deepseek_v4_experts", "deepseek_v4_all"));
 
 // GLM-5.3-Flash (Glm5NextForConditionalGeneration, tensors under model.language_model. beside a
-// vision tower the engines leave unread): KDA layers (engine/cuda/kda_mixer.h), indexed attention
+// vision tower the engines leave unread): KDA layers (engine/cuda/recurrent_mixer.h), indexed attention
 // (NoPE MLA with the k-pooled DSA indexer; a selecting family as above), hyper-connections with the
 // streams' mean as the head (engine/cuda/hyper_residual.h), dense MLPs clamped at swiglu_limit,
 // grouped sigmoid routing.
