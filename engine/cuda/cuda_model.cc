@@ -15,23 +15,18 @@ namespace exl3::engine::cuda {
 namespace {
 
 // What the GPU engine does not run, refused by name before anything is loaded.
-absl::Status CheckSupported(const ModelConfig& cfg, const CudaModelOptions& options, bool remote_experts) {
+absl::Status CheckSupported(const ModelConfig& cfg, const CudaModelOptions& options) {
   if (cfg.moe.family == MoeFamily::kQwen4Exp)
     return absl::UnimplementedError(absl::StrCat(
         cfg.architecture(), " (Qwen4-Exp: gated hyper-connections, QSA attention, PLE) runs on the "
                             "CPU engine only (--engine-device cpu); the GPU engine does not run it"));
   // Recurrent layers are only known beside GQA attention layers (Qwen3-Next) and GLM-5.3-Flash's
-  // indexed attention (a layer kind without a GPU mixer is refused by LoadCudaMixers, by name).
+  // indexed attention (LoadCudaMixers' KindOf pairs each with its kind).
   if (cfg.HasRecurrentLayers() && cfg.attention != AttentionKind::kGqa && cfg.attention != AttentionKind::kPooledDsa)
     return absl::UnimplementedError(absl::StrCat(cfg.architecture(), ": recurrent layers beside ",
                                                  "this attention are not on the GPU engine"));
   if (options.micro_batches < 1 || options.micro_batches > 2)
     return absl::InvalidArgumentError(absl::StrCat("micro_batches must be 1 or 2, not ", options.micro_batches));
-  if (options.micro_batches > 1 && remote_experts &&
-      (cfg.IsLatentAttention() || cfg.attention == AttentionKind::kDsv4 || cfg.attention == AttentionKind::kPooledDsa))
-    return absl::UnimplementedError(absl::StrCat(
-        cfg.architecture(), ": two micro-batches need attention that runs part of a step; its attention "
-                            "(latent, DeepSeek-V4's or GLM-5.3-Flash's indexed) runs a whole step at once"));
   return absl::OkStatus();
 }
 
@@ -52,7 +47,7 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Open(const std::string& di
   if (exl3::cuda::DeviceCount() == 0)
     return absl::FailedPreconditionError("the CUDA engine needs a GPU and none is visible");
   EXL3_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(dir));
-  EXL3_RETURN_IF_ERROR(CheckSupported(cfg, options, remote_moe != nullptr));
+  EXL3_RETURN_IF_ERROR(CheckSupported(cfg, options));
   std::unique_ptr<CudaModel> m(new CudaModel(std::move(cfg)));
   EXL3_RETURN_IF_ERROR(m->Load(dir, options, std::move(remote_moe)));
   m->info_ = ModelInfoFor(m->cfg_, dir, options.served_name);
@@ -85,6 +80,10 @@ absl::Status CudaModel::Load(const std::string& dir, const CudaModelOptions& opt
   weight_bytes_.embedding_row = static_cast<int64_t>(emb.size_bytes() / cfg_.vocab_size);
 
   EXL3_ASSIGN_OR_RETURN(mixers_, LoadCudaMixers(cfg_, *src, device_->linear()));
+  if (options.micro_batches > 1 && remote_moe != nullptr && !mixers_.rows_split())
+    return absl::UnimplementedError(absl::StrCat(
+        cfg_.architecture(), ": two micro-batches need attention that runs part of a step; its attention "
+                             "(latent, DeepSeek-V4's or GLM-5.3-Flash's indexed) runs a whole step at once"));
   for (const auto& mixer : mixers_.layers) {
     weight_bytes_.attention += mixer->weight_bytes();
     weight_bytes_.attention_decoded.Add(mixer->linears());

@@ -49,35 +49,21 @@ want() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
 . scripts/gpu/env.sh
 "$BIN"/exl3-engine-bench --help > /dev/null || { echo "binaries do not run here: ldd follows"; ldd "$BIN"/exl3-engine-bench; exit 1; }
 
+# run_test BINARY LOG PATTERN LINES: one test binary, its exit code and the lines of its log that match.
+run_test() {
+  echo "=== $1"
+  timeout ${TEST_TIMEOUT:-300} "$BIN"/$1 > "$OUT/$2" 2>&1
+  echo "test exit $?"
+  grep -E "$3|FAILED|Failure|error|PASSED" "$OUT/$2" | head -$4
+}
 if want test; then
-  echo "=== engine_cuda_model_test"
-  timeout ${TEST_TIMEOUT:-300} "$BIN"/engine_cuda_model_test > "$OUT/engine-test.log" 2>&1
-  echo "test exit $?"
-  grep -E "^(attention|gate|rope|add\+rmsnorm|model) |FAILED|Failure|error|PASSED" "$OUT/engine-test.log" | head -400
-  echo "=== engine_cuda_latent_attention_test"
-  timeout ${TEST_TIMEOUT:-300} "$BIN"/engine_cuda_latent_attention_test > "$OUT/latent-test.log" 2>&1
-  echo "test exit $?"
-  grep -E "^(latent|indexer|layer) |chose different|FAILED|Failure|error|PASSED" "$OUT/latent-test.log" | head -300
-  echo "=== engine_cuda_deltanet_test"
-  timeout ${TEST_TIMEOUT:-300} "$BIN"/engine_cuda_deltanet_test > "$OUT/deltanet-test.log" 2>&1
-  echo "test exit $?"
-  grep -E "^(deltanet|model) |FAILED|Failure|error|PASSED" "$OUT/deltanet-test.log" | head -100
-  echo "=== engine_cuda_kda_test"
-  timeout ${TEST_TIMEOUT:-300} "$BIN"/engine_cuda_kda_test > "$OUT/kda-test.log" 2>&1
-  echo "test exit $?"
-  grep -E "^kda |FAILED|Failure|error|PASSED" "$OUT/kda-test.log" | head -300
-  echo "=== engine_cuda_kpool_test"
-  timeout ${TEST_TIMEOUT:-300} "$BIN"/engine_cuda_kpool_test > "$OUT/kpool-test.log" 2>&1
-  echo "test exit $?"
-  grep -E "^kpool |FAILED|Failure|error|PASSED" "$OUT/kpool-test.log" | head -300
-  echo "=== engine_cuda_dsv4_test"
-  timeout ${TEST_TIMEOUT:-300} "$BIN"/engine_cuda_dsv4_test > "$OUT/dsv4-test.log" 2>&1
-  echo "test exit $?"
-  grep -E "^dsv4 |FAILED|Failure|error|PASSED" "$OUT/dsv4-test.log" | head -200
-  echo "=== engine_cuda_glm5_residual_test"
-  timeout ${TEST_TIMEOUT:-300} "$BIN"/engine_cuda_glm5_residual_test > "$OUT/glm5-residual-test.log" 2>&1
-  echo "test exit $?"
-  grep -E "^glm5 |FAILED|Failure|error|PASSED" "$OUT/glm5-residual-test.log" | head -100
+  run_test engine_cuda_model_test engine-test.log "^(attention|gate|rope|add\+rmsnorm|model) " 400
+  run_test engine_cuda_latent_attention_test latent-test.log "^(latent|indexer|layer) |chose different" 300
+  run_test engine_cuda_deltanet_test deltanet-test.log "^(deltanet|model) " 100
+  run_test engine_cuda_kda_test kda-test.log "^kda " 300
+  run_test engine_cuda_kpool_test kpool-test.log "^kpool " 300
+  run_test engine_cuda_dsv4_test dsv4-test.log "^dsv4 " 200
+  run_test engine_cuda_glm5_residual_test glm5-residual-test.log "^glm5 " 100
 fi
 if want sanitize && command -v compute-sanitizer > /dev/null; then
   echo "=== compute-sanitizer"
