@@ -182,7 +182,8 @@ TEST(Worker, SmallRequestsAreNotQueuedBehindALongPrefill) {
     EXPECT_LT(RelError(OutputAsFloat(small_resp[i]), h.Reference(1, q.x, q.T, q.S, q.ids, q.w)), 1e-5);
   }
   ASSERT_EQ(long_resp.status().code(), pb::OK) << long_resp.status().message();
-  EXPECT_GT(long_resp.timings().chunks(), static_cast<unsigned>(kLong / 16));
+  // Cut into pieces of at most the threshold (smaller while decode batches are timed faster).
+  EXPECT_GE(long_resp.timings().chunks(), static_cast<unsigned>(kLong / 16));
   // The first rows against the reference (tokens are independent).
   const std::vector<float> x(long_req.x.begin(), long_req.x.begin() + kChecked * kH);
   const std::vector<int32_t> ids(long_req.ids.begin(), long_req.ids.begin() + kChecked * 4);
