@@ -41,7 +41,7 @@ absl::StatusOr<std::unique_ptr<CudaGatedDeltaNet>> CudaGatedDeltaNet::Load(const
                                                                            int64_t state_offset) {
   std::unique_ptr<CudaGatedDeltaNet> d(new CudaGatedDeltaNet(cfg, state_offset));
   const LinearAttentionConfig& s = cfg.linear_attention;
-  EXL3_RETURN_IF_ERROR(PrepareDeltaNetRecurrence(d->dims_));
+  EXL3_RETURN_IF_ERROR(CheckDeltaNetDims(d->dims_));
   const std::string p = absl::StrCat("model.layers.", layer, ".linear_attn.");
   const int H = cfg.hidden_size;
   EXL3_ASSIGN_OR_RETURN(d->qkvz_, CudaLinear::Load(src, p + "in_proj_qkvz", H, d->dims_.qkvz_width()));
