@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: the GPU engine (engine/cuda/) in one go. Writes logs to $OUT (or ./gpu-out):
 #   1. engine_cuda_model_test, engine_cuda_latent_attention_test, engine_cuda_deltanet_test,
+#      engine_cuda_delta_rule_test (the recurrence both linear-attention kinds share),
 #      engine_cuda_kda_test (GLM-5.3-Flash's KDA layer), engine_cuda_kpool_test (its indexed
 #      attention), engine_cuda_glm5_residual_test (its hyper-connections, mean head, clamped SwiGLU)
 #      and engine_cuda_dsv4_test: the kernels against the CPU references and whole models
@@ -60,6 +61,7 @@ if want test; then
   run_test engine_cuda_model_test engine-test.log "^(attention|gate|rope|add\+rmsnorm|model) " 400
   run_test engine_cuda_latent_attention_test latent-test.log "^(latent|indexer|layer) |chose different" 300
   run_test engine_cuda_deltanet_test deltanet-test.log "^(deltanet|model) " 100
+  run_test engine_cuda_delta_rule_test delta-rule-test.log "^delta rule " 100
   run_test engine_cuda_kda_test kda-test.log "^kda " 300
   run_test engine_cuda_kpool_test kpool-test.log "^kpool " 300
   run_test engine_cuda_dsv4_test dsv4-test.log "^dsv4 " 200
@@ -85,6 +87,8 @@ if want sanitize && command -v compute-sanitizer > /dev/null; then
   sanitize memcheck qwen3-next-generation engine_cuda_model_test 'RecurrentFamilies/CudaModelFixtureTest.MatchesCpuModelAndTransformers/1'
   sanitize racecheck deltanet-kernels engine_cuda_deltanet_test 'DeltaNetKernelsTest.*'
   sanitize racecheck kda-kernels engine_cuda_kda_test 'KdaKernelsTest.*'
+  sanitize racecheck delta-rule engine_cuda_delta_rule_test 'DeltaRuleKernelTest.*'
+  sanitize memcheck delta-rule engine_cuda_delta_rule_test 'DeltaRuleKernelTest.*'
   sanitize memcheck kda-layer engine_cuda_kda_test 'Fixtures/KdaLayerTest.*/glm5_next_experts_lower_bound'
   sanitize racecheck kpool-kernels engine_cuda_kpool_test 'KpoolKernelsTest.*'
   sanitize memcheck kpool-layer engine_cuda_kpool_test 'KpoolLayerTest.Glm5NextExpertsLayersMatchCpu'
