@@ -2,6 +2,7 @@
 # On the GPU machine: the GPU engine (engine/cuda/) in one go. Writes logs to $OUT (or ./gpu-out):
 #   1. engine_cuda_model_test, engine_cuda_latent_attention_test, engine_cuda_deltanet_test,
 #      engine_cuda_delta_rule_test (the recurrence both linear-attention kinds share),
+#      engine_cuda_dense_gemv_test (decode-sized dense linears),
 #      engine_cuda_kda_test (GLM-5.3-Flash's KDA layer), engine_cuda_kpool_test (its indexed
 #      attention), engine_cuda_glm5_residual_test (its hyper-connections, mean head, clamped SwiGLU)
 #      and engine_cuda_dsv4_test: the kernels against the CPU references and whole models
@@ -62,6 +63,7 @@ if want test; then
   run_test engine_cuda_latent_attention_test latent-test.log "^(latent|indexer|layer) |chose different" 300
   run_test engine_cuda_deltanet_test deltanet-test.log "^(deltanet|model) " 100
   run_test engine_cuda_delta_rule_test delta-rule-test.log "^delta rule " 100
+  run_test engine_cuda_dense_gemv_test dense-gemv-test.log "^dense gemv " 60
   run_test engine_cuda_kda_test kda-test.log "^kda " 300
   run_test engine_cuda_kpool_test kpool-test.log "^kpool " 300
   run_test engine_cuda_dsv4_test dsv4-test.log "^dsv4 " 200
