@@ -7,7 +7,7 @@
 #pragma once
 
 #include "absl/status/status.h"
-#include "engine/cuda/engine_kernels.h"
+#include "engine/cuda/device_array.h"  // StreamHandle
 
 namespace exl3::engine::cuda {
 
