@@ -126,9 +126,12 @@ class CheckersOnBrokenCopiesTest(unittest.TestCase):
             c.edit("deploy/k8s/overlays/datacenter/worker-patch.yaml", "replicas: 10", "replicas: 9")
             c.edit("deploy/k8s/base/worker.yaml", "readinessProbe:", "readinesProbe:")
             c.edit("deploy/k8s/base/monitoring.yaml", "interval: 5s", "interval: 5sec")
+            # The dgx-spark overlay's own map (the two-Spark memory plan) is checked, not the base's.
+            c.edit("deploy/k8s/overlays/dgx-spark/expert-map.yaml", "experts: 144-287", "experts: 150-287")
             rc, out = run_checker("check_k8s.py", "--kubectl", TOOLS["kubectl"], os.path.join(c.deploy, "k8s"))
             self.assertEqual(rc, 1)
             self.assertIn("are not the StatefulSet's pods", out)
+            self.assertIn("overlays/dgx-spark: expert map leaves experts [144, 145", out)
             self.assertIn("'readinesProbe' was unexpected", out)
             self.assertIn("'5sec' does not match", out)
 
