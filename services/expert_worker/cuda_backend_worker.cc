@@ -1,14 +1,17 @@
 // CUDA backend of the worker (compiled only with EXL3_HAVE_CUDA): every MoE layer's held experts
 // uploaded to device memory, or on unified-memory GPUs used in place from registered host memory
 // (kernels/cuda/cuda_backend.h: DeviceMoeLayer, HostRegistration, MoeRunner), one workspace per
-// layer, inputs and outputs staged through page-locked host buffers (one asynchronous copy each
-// way on the backend's stream, one synchronisation per batch, nothing allocated per batch). In
+// layer shape (rebound to each batch's layer), inputs and outputs staged through page-locked host
+// buffers (one asynchronous copy each way on the backend's stream, one synchronisation per batch,
+// nothing allocated per batch). In
 // place, tensors the files leave less than 16-byte aligned are read from one realigned host copy
 // that replaces their file pages (services/expert_worker/host_resident_weights.h), never from a
 // second copy in device memory.
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -30,6 +33,7 @@ class CudaBackend : public MoeBackend {
   }
   ~CudaBackend() override {
     if (stream_) (void)cuda::Synchronize(stream_);  // no copy still reads or writes the staging
+    runner_of_.clear();
     runners_.clear();
     layers_.clear();
     host_pages_.reset();  // after the layers that point into it
@@ -123,11 +127,9 @@ class CudaBackend : public MoeBackend {
                           : cuda::DeviceMoeLayer::Upload(v);
       if (!dev.ok()) return dev.status();
       copied += (*dev)->copied_bytes();
-      auto runner = cuda::MoeRunner::Create(**dev, max_tokens_, top_k_);
-      if (!runner.ok()) return runner.status();
       pinned_ += (*dev)->device_bytes();
+      EXL3_ASSIGN_OR_RETURN(runner_of_[layer], RunnerFor(**dev));
       layers_[layer] = std::move(*dev);
-      runners_[layer] = std::move(*runner);
     }
     if (copied > 0) {
       exl3::LogInfo("%.1f MB of tensors not 16-byte aligned in host memory were copied to device "
@@ -163,10 +165,11 @@ class CudaBackend : public MoeBackend {
   }
 
   absl::Status Forward(const BatchView& b) override {
-    auto it = runners_.find(b.layer);
-    if (it == runners_.end()) {
+    auto it = runner_of_.find(b.layer);
+    if (it == runner_of_.end()) {
       return absl::InternalError(absl::StrCat("layer ", b.layer, " has no experts on the device"));
     }
+    EXL3_RETURN_IF_ERROR(it->second->Rebind(*layers_[b.layer]));
     if (b.shared && !layers_[b.layer]->has_shared()) {
       return absl::InternalError(absl::StrCat("layer ", b.layer, ": the shared expert is not on the device"));
     }
@@ -193,7 +196,7 @@ class CudaBackend : public MoeBackend {
         ++k;
       }
     }
-    absl::Status s = Run(b, in, it->second.get());
+    absl::Status s = Run(b, in, it->second);
     // Every copy done (or abandoned) before the staging is written again; sticky errors stay.
     const absl::Status synced = cuda::Synchronize(stream_);
     if (!s.ok()) return s;
@@ -244,6 +247,16 @@ class CudaBackend : public MoeBackend {
     return cuda::CopyToHostAsync(h_out_, d_out_, x_bytes, stream_);
   }
 
+  // A runner whose workspace fits `layer` (MoeRunner::Rebind checks the shape), or a new one.
+  absl::StatusOr<cuda::MoeRunner*> RunnerFor(const cuda::DeviceMoeLayer& layer) {
+    for (const auto& r : runners_) {
+      if (r->Rebind(layer).ok()) return r.get();
+    }
+    EXL3_ASSIGN_OR_RETURN(std::unique_ptr<cuda::MoeRunner> r, cuda::MoeRunner::Create(layer, max_tokens_, top_k_));
+    runners_.push_back(std::move(r));
+    return runners_.back().get();
+  }
+
   int device_;
   std::string device_name_;
   int hidden_ = 0, top_k_ = 0, max_tokens_ = 0;
@@ -254,7 +267,11 @@ class CudaBackend : public MoeBackend {
   std::vector<std::unique_ptr<PlacedMoeLayer>> placed_;
   std::unique_ptr<cuda::HostRegistration> host_pages_;
   std::map<int, std::unique_ptr<cuda::DeviceMoeLayer>> layers_;
-  std::map<int, std::unique_ptr<cuda::MoeRunner>> runners_;
+  // One runner (and workspace, sized by max_tokens_) per distinct layer shape, rebound to the
+  // batch's layer: batches run one at a time on stream_, and a workspace per layer would hold
+  // max_tokens_ rows for each of a model's ~40-90 MoE layers (tens of GB at 4096 tokens).
+  std::vector<std::unique_ptr<cuda::MoeRunner>> runners_;
+  std::map<int, cuda::MoeRunner*> runner_of_;
   // Staging (Prepare): the input block's layout (InputLayout), host and device.
   cuda::StreamHandle stream_ = nullptr;
   uint8_t* h_in_ = nullptr;
