@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -28,7 +29,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr int kLayer = 1;  // glm4_moe: layer 0 dense, layer 1 MoE
+constexpr int kLayer = 1;  // glm4_moe: layer 0 dense, layers 1 and 2 MoE
 constexpr int kMaxTokens = 64;
 
 // max |a - b| / max |b|: the GPU's fp16 activations against the CPU's.
@@ -71,9 +72,9 @@ Batch RandomBatch(int tokens, int slots, int experts, int hidden, uint32_t seed)
   return b;
 }
 
-BatchView View(const Batch& b, bool shared, float* out) {
+BatchView View(const Batch& b, bool shared, float* out, int layer = kLayer) {
   BatchView v;
-  v.layer = kLayer;
+  v.layer = layer;
   v.tokens = b.tokens;
   v.slots = b.slots;
   v.x = b.x.data();
@@ -91,7 +92,7 @@ class CudaBackendTest : public testing::Test {
     dir_ = new fs::path(fs::temp_directory_path() /
                         ("exl3_cuda_backend_" + std::to_string(getpid())));
     TestModelSpec spec;
-    spec.layers = 2;
+    spec.layers = 3;
     spec.hidden = 512;
     spec.experts = 8;
     spec.top_k = 4;
@@ -134,9 +135,9 @@ class CudaBackendTest : public testing::Test {
   }
   int hidden() const { return model_->config().hidden_size; }
   int experts() const { return model_->config().num_experts; }
-  std::vector<float> CpuAnswer(const Batch& b, bool shared) {
+  std::vector<float> CpuAnswer(const Batch& b, bool shared, int layer = kLayer) {
     std::vector<float> out(b.x.size());
-    EXPECT_TRUE(cpu_->Forward(View(b, shared, out.data())).ok());
+    EXPECT_TRUE(cpu_->Forward(View(b, shared, out.data(), layer)).ok());
     return out;
   }
 
@@ -164,6 +165,22 @@ TEST_F(CudaBackendTest, CallerBuffersMatchCpu) {
       EXPECT_LT(err, kTolerance) << "T=" << tokens << " shared=" << shared;
       std::printf("caller buffers T=%d shared=%d: relative error %.2e\n", tokens, shared, err);
     }
+  }
+}
+
+// The backend's one workspace serves both MoE layers (rebound per batch): the same batch through
+// layers 1, 2, 1 and 2 again gives each layer's own answer.
+TEST_F(CudaBackendTest, LayersTakeTurnsOnOneWorkspace) {
+  const Batch b = RandomBatch(9, 4, experts(), hidden(), 77);
+  const std::vector<float> want1 = CpuAnswer(b, true, 1), want2 = CpuAnswer(b, true, 2);
+  ASSERT_GT(RelativeError(want1.data(), want2.data(), want1.size()), 0.1) << "the two layers answer alike";
+  for (const int layer : {1, 2, 1, 2}) {
+    std::vector<float> got(b.x.size(), NAN);
+    ASSERT_TRUE(gpu_->Forward(View(b, true, got.data(), layer)).ok());
+    const std::vector<float>& want = layer == 1 ? want1 : want2;
+    const double rel = RelativeError(got.data(), want.data(), got.size());
+    std::printf("cuda backend layer %d after a batch of another layer: rel %.2e\n", layer, rel);
+    EXPECT_LT(rel, kTolerance) << "layer " << layer;
   }
 }
 
