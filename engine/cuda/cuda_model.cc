@@ -88,7 +88,7 @@ absl::Status CudaModel::Load(const std::string& dir, const CudaModelOptions& opt
     weight_bytes_.attention += mixer->weight_bytes();
     weight_bytes_.attention_decoded.Add(mixer->linears());
   }
-  EXL3_ASSIGN_OR_RETURN(residual_, ResidualStream::Load(cfg_, *src, stream));
+  EXL3_ASSIGN_OR_RETURN(residual_, ResidualStream::Load(cfg_, *src, device_->linear()));
   // The routers (the gate runs on this GPU either way) and, in process, every routed and shared
   // expert. Remote experts get each micro-batch's top-k with its hidden states.
   std::unique_ptr<Exl3Model> experts;

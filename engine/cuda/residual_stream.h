@@ -4,6 +4,8 @@
 //   plain:          h += block output; x = rmsnorm(h) · w (the add fused with the next norm)
 //   hyper-connected (DeepSeek-V4's and GLM-5.3-Flash's mHC, engine/cuda/hyper_residual.h): hc_mult
 //                   streams per token; a block's input collapsed from them and its output expanded back
+//   gated           (Qwen4-Exp's low-rank gated hyper-connections, engine/cuda/gated_residual_stream.h):
+//                   hc_count streams, collapsed and expanded through small projections; no norms
 // The layer loop (engine/cuda/cuda_model.h) is the same for both:
 //
 //   Embed(ids)  then per layer: MixerInput → mixer → MlpInput → MLP / experts → MlpOutput
@@ -18,6 +20,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "engine/cuda/cuda_linear.h"
 #include "engine/cuda/engine_kernels.h"
 #include "engine/model_config.h"
 #include "model/safetensors.h"
@@ -26,9 +29,10 @@ namespace exl3::engine::cuda {
 
 class ResidualStream {
  public:
-  // The model's kind of stream, with every layer's norms (and hyper-connections) and the final norm.
+  // The model's kind of stream, with every layer's norms (and hyper-connections) and the final norm;
+  // every launch goes on ctx.stream (the gated kind's projections through ctx).
   static absl::StatusOr<std::unique_ptr<ResidualStream>> Load(const ModelConfig& cfg, const TensorSource& src,
-                                                              StreamHandle stream);
+                                                              const CudaLinearContext& ctx);
   virtual ~ResidualStream() = default;
 
   // Grows the stream for steps of `rows` rows and `logit_rows` head rows; *moved: an address changed.
