@@ -16,10 +16,12 @@ namespace {
 
 // What the GPU engine does not run, refused by name before anything is loaded.
 absl::Status CheckSupported(const ModelConfig& cfg, const CudaModelOptions& options) {
+  // Qwen4-Exp's gated residual stream, its DeltaNet layout and QSA attention have GPU parts
+  // (engine/cuda/gated_residual_stream.h, cuda_gated_deltanet.h, qsa_mixer.h); its PLE layers do not.
   if (cfg.moe.family == MoeFamily::kQwen4Exp)
     return absl::UnimplementedError(absl::StrCat(
-        cfg.architecture(), " (Qwen4-Exp: gated hyper-connections, QSA attention, PLE) runs on the "
-                            "CPU engine only (--engine-device cpu); the GPU engine does not run it"));
+        cfg.architecture(), " (Qwen4-Exp) runs on the CPU engine only (--engine-device cpu): the GPU "
+                            "engine does not run its PLE n-gram layers yet"));
   // Recurrent layers are only known beside GQA attention layers (Qwen3-Next) and GLM-5.3-Flash's
   // indexed attention (LoadCudaMixers' KindOf pairs each with its kind).
   if (cfg.HasRecurrentLayers() && cfg.attention != AttentionKind::kGqa && cfg.attention != AttentionKind::kPooledDsa)
