@@ -232,7 +232,9 @@ TEST(QsaMixerTest, LayerMatchesTheCpuThroughPrefillDecodePrefill) {
   for (int l = 0; l < cfg.num_layers; ++l) cpu_layers[l] = {cfg.KvWidth(l), cfg.KvBlockFloats(l, bs)};
   PagedKvCache cpu_cache(std::move(cpu_layers), shape);
   ASSERT_TRUE(kind->AllocateCache(shape, nullptr).ok());
-  StepFacts facts(cfg, kind->split_shape(), /*sm_count=*/8, /*tensor_core_prefill=*/true);
+  // The kind does not split its attention: the facts as CudaMixers::split_shape lays them out then.
+  ASSERT_EQ(kind->split_shape().blocks_per_token, 0);
+  StepFacts facts(cfg, SplitShape{1}, /*sm_count=*/8, /*tensor_core_prefill=*/true);
   facts.SetCache(shape);
   CpuCompute compute(2);
 
