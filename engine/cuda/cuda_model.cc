@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
+#include "engine/qwen4exp_config.h"
 #include "model/exl3_model.h"
 #include "model/moe_config.h"
 #include "model/safetensors.h"
@@ -16,15 +17,16 @@ namespace {
 
 // What the GPU engine does not run, refused by name before anything is loaded.
 absl::Status CheckSupported(const ModelConfig& cfg, const CudaModelOptions& options) {
-  // Qwen4-Exp's gated residual stream, its DeltaNet layout and QSA attention have GPU parts
+  // Qwen4-Exp: its gated residual stream, DeltaNet layout and QSA attention run here
   // (engine/cuda/gated_residual_stream.h, cuda_gated_deltanet.h, qsa_mixer.h); its PLE layers do not.
-  if (cfg.moe.family == MoeFamily::kQwen4Exp)
+  if (cfg.qwen4exp != nullptr && !cfg.qwen4exp->ple.layers.empty())
     return absl::UnimplementedError(absl::StrCat(
-        cfg.architecture(), " (Qwen4-Exp) runs on the CPU engine only (--engine-device cpu): the GPU "
-                            "engine does not run its PLE n-gram layers yet"));
-  // Recurrent layers are only known beside GQA attention layers (Qwen3-Next) and GLM-5.3-Flash's
-  // indexed attention (LoadCudaMixers' KindOf pairs each with its kind).
-  if (cfg.HasRecurrentLayers() && cfg.attention != AttentionKind::kGqa && cfg.attention != AttentionKind::kPooledDsa)
+        cfg.architecture(), " (Qwen4-Exp) has PLE n-gram layers (ple_layer_ids), which the GPU engine "
+                            "does not run yet; run it on the CPU engine (--engine-device cpu)"));
+  // Recurrent layers are only known beside GQA attention layers (Qwen3-Next), GLM-5.3-Flash's
+  // indexed attention and Qwen4-Exp's QSA (LoadCudaMixers' KindOf pairs each with its kind).
+  if (cfg.HasRecurrentLayers() && cfg.attention != AttentionKind::kGqa && cfg.attention != AttentionKind::kPooledDsa &&
+      cfg.attention != AttentionKind::kQsa)
     return absl::UnimplementedError(absl::StrCat(cfg.architecture(), ": recurrent layers beside ",
                                                  "this attention are not on the GPU engine"));
   if (options.micro_batches < 1 || options.micro_batches > 2)
@@ -296,6 +298,7 @@ absl::Status CudaModel::ForwardSampled(const StepBatch& batch, std::span<const R
 
 absl::Status CudaModel::RunStep(const StepBatch& batch, const StepOutput& out) {
   if (!cache_shape_.has_value()) return absl::FailedPreconditionError("KV cache not allocated");
+  EXL3_RETURN_IF_ERROR(RefuseImageAndVideoTokens(cfg_, batch));  // Qwen4-Exp: the text model only
   StepTokens tokens;
   EXL3_RETURN_IF_ERROR(FlattenStep(batch, cfg_.vocab_size, *cache_shape_, cfg_.max_position_embeddings, &tokens));
   if (tokens.num_tokens == 0) return absl::OkStatus();
