@@ -76,6 +76,12 @@ bool CudaMixers::graph_capturable() const {
   return true;
 }
 
+const RecurrentLayerStates* CudaMixers::recurrent_states() const {
+  for (const auto& kind : kinds)
+    if (kind->recurrent_states() != nullptr) return kind->recurrent_states();
+  return nullptr;
+}
+
 bool CudaMixers::rows_split() const {
   for (const auto& kind : kinds)
     if (!kind->rows_split()) return false;

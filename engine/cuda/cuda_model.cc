@@ -17,12 +17,6 @@ namespace {
 
 // What the GPU engine does not run, refused by name before anything is loaded.
 absl::Status CheckSupported(const ModelConfig& cfg, const CudaModelOptions& options) {
-  // Qwen4-Exp: its gated residual stream, DeltaNet layout and QSA attention run here
-  // (engine/cuda/gated_residual_stream.h, cuda_gated_deltanet.h, qsa_mixer.h); its PLE layers do not.
-  if (cfg.qwen4exp != nullptr && !cfg.qwen4exp->ple.layers.empty())
-    return absl::UnimplementedError(absl::StrCat(
-        cfg.architecture(), " (Qwen4-Exp) has PLE n-gram layers (ple_layer_ids), which the GPU engine "
-                            "does not run yet; run it on the CPU engine (--engine-device cpu)"));
   // Recurrent layers are only known beside GQA attention layers (Qwen3-Next), GLM-5.3-Flash's
   // indexed attention and Qwen4-Exp's QSA (LoadCudaMixers' KindOf pairs each with its kind).
   if (cfg.HasRecurrentLayers() && cfg.attention != AttentionKind::kGqa && cfg.attention != AttentionKind::kPooledDsa &&
@@ -93,6 +87,7 @@ absl::Status CudaModel::Load(const std::string& dir, const CudaModelOptions& opt
     weight_bytes_.attention_decoded.Add(mixer->linears());
   }
   EXL3_ASSIGN_OR_RETURN(residual_, ResidualStream::Load(cfg_, *src, device_->linear()));
+  EXL3_RETURN_IF_ERROR(residual_->BindRecurrentStates(mixers_.recurrent_states()));
   // The routers (the gate runs on this GPU either way) and, in process, every routed and shared
   // expert. Remote experts get each micro-batch's top-k with its hidden states.
   std::unique_ptr<Exl3Model> experts;
@@ -176,9 +171,11 @@ absl::StatusOr<const CudaStep*> CudaModel::PrepareStep(const StepTokens& tokens,
   EXL3_RETURN_IF_ERROR(facts_->Pack(tokens, layout));
   std::vector<int32_t>& host = facts_->host();
   for (const auto& kind : mixers_.kinds) EXL3_RETURN_IF_ERROR(kind->PackStep(tokens, layout.rows, &host));
+  EXL3_RETURN_IF_ERROR(residual_->PackStep(tokens, layout.rows, &host));
   EXL3_ASSIGN_OR_RETURN(const CudaStep* step, facts_->Upload(device, device_->stream()));
   for (const auto& kind : mixers_.kinds)
     EXL3_RETURN_IF_ERROR(kind->BindStep(*step, tokens, device->get(), device_->stream()));
+  residual_->BindStep(device->get());
   return step;
 }
 
@@ -310,6 +307,7 @@ absl::Status CudaModel::RunStep(const StepBatch& batch, const StepOutput& out) {
                      tokens.num_tokens <= DecodeGraphs::kMaxRows && IsDecodeStep(batch);
   EXL3_RETURN_IF_ERROR(graph ? RunDecodeGraph(tokens, out) : RunEagerStep(batch, tokens, out));
   for (const auto& kind : mixers_.kinds) EXL3_RETURN_IF_ERROR(kind->EndStep(batch, device_->stream()));
+  residual_->EndStep();
   return absl::OkStatus();
 }
 

@@ -23,9 +23,13 @@
 #include "engine/cuda/cuda_linear.h"
 #include "engine/cuda/engine_kernels.h"
 #include "engine/model_config.h"
+#include "engine/model_runner.h"
+#include "engine/step_tokens.h"
 #include "model/safetensors.h"
 
 namespace exl3::engine::cuda {
+
+class RecurrentLayerStates;  // engine/cuda/recurrent_layer_states.h
 
 class ResidualStream {
  public:
@@ -51,6 +55,19 @@ class ResidualStream {
                                  float* head_in) = 0;
   // Streams per token (1 for the plain stream).
   virtual int streams() const = 0;
+
+  // Per-step hooks for a stream with per-sequence state (Qwen4-Exp's PLE layers: their n-gram rows
+  // read on the host for each step, their conv inputs carried in the recurrent layers' store); the
+  // other streams have none. Called as the mixer kinds' (engine/cuda/cuda_mixer.h): once after
+  // loading, the model's recurrent states (null where it has no recurrent layers); per step the
+  // stream's facts appended to the step's array, where they were uploaded, and after a step that
+  // succeeded.
+  virtual absl::Status BindRecurrentStates(const RecurrentLayerStates* /*states*/) { return absl::OkStatus(); }
+  virtual absl::Status PackStep(const StepTokens& /*tokens*/, int /*rows*/, std::vector<int32_t>* /*facts*/) {
+    return absl::OkStatus();
+  }
+  virtual void BindStep(const int32_t* /*device_facts*/) {}
+  virtual void EndStep() {}
 };
 
 }  // namespace exl3::engine::cuda

@@ -3,7 +3,8 @@
 // shape and at synthetic ones (a full-size 4 × 2048, odd sizes, one stream, one token, 0 tokens),
 // the head's mixer over logit rows out of order; then the whole stream through the ResidualStream
 // interface (engine/cuda/gated_residual_stream.h) over the fixture's layers with random block
-// outputs, in two row ranges as two micro-batches run it. Each comparison prints a "qwen4 ..." line
+// outputs, in two row ranges as two micro-batches run it; the PLE layer (engine/cuda/cuda_ple_layer.h)
+// through prefill, decode and prefill again. Each comparison prints a "qwen4 ..." line
 // with the relative error and the worst element. Skipped where no GPU is visible (ctest label gpu).
 #include <cublas_v2.h>
 #include <unistd.h>
@@ -12,17 +13,26 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "engine/cpu_compute.h"
+#include "engine/cuda/cuda_ple_layer.h"
+#include "engine/cuda/device_sequence_states.h"
 #include "engine/cuda/gated_connection.h"
 #include "engine/cuda/gated_residual_kernels.h"
+#include "engine/cuda/ple_windows.h"
+#include "engine/cuda/recurrent_layer_states.h"
 #include "engine/cuda/residual_stream.h"
 #include "engine/gated_residual.h"
 #include "engine/model_config.h"
+#include "engine/ple_layer.h"
 #include "engine/qwen4exp_config.h"
+#include "engine/sequence_state.h"
+#include "engine/step_tokens.h"
 #include "gtest/gtest.h"
 #include "model/moe_config.h"
 #include "model/safetensors.h"
@@ -201,6 +211,10 @@ TEST(Qwen4ExpResidualTest, StreamMatchesTheCpuThroughTheLayers) {
   REQUIRE_GPU();
   auto cfg = LoadModelConfig(kFixture);
   ASSERT_TRUE(cfg.ok()) << cfg.status();
+  // The connections alone: the fixture's PLE layer (its own test below) left out of the stream.
+  auto without_ple = std::make_shared<Qwen4ExpConfig>(*cfg->qwen4exp);
+  without_ple->ple.layers.clear();
+  cfg->qwen4exp = without_ple;
   auto src = TensorSource::Open(kFixture);
   ASSERT_TRUE(src.ok()) << src.status();
   const int H = cfg->hidden_size, S = cfg->qwen4exp->hc_count, T = 19;
@@ -268,6 +282,130 @@ TEST(Qwen4ExpResidualTest, StreamMatchesTheCpuThroughTheLayers) {
   ASSERT_TRUE(d_head.Reserve(want.size()).ok());
   ASSERT_TRUE((*stream)->HeadInput(T, d_d.get(), d_logit_rows.get(), R, d_head.get()).ok());
   EXPECT_LT(Compare("stream head input", "", ToHost(d_head, want.size()), want), 1e-5);
+}
+
+// The PLE layer (engine/cuda/cuda_ple_layer.h with the host's windows, engine/cuda/ple_windows.h)
+// against the CPU layer (engine/ple_layer.cc) on random residual streams and random token ids,
+// through prefill, decode and prefill again: several sequences per step, chunks shorter than the
+// context (ngram_size - 1 tokens) and than the conv's carried inputs, long ones; the streams after
+// the layer and every slot's carried conv inputs compared after each step.
+TEST(Qwen4ExpResidualTest, PleLayerMatchesTheCpuThroughPrefillDecodePrefill) {
+  REQUIRE_GPU();
+  auto cfg = LoadModelConfig(kFixture);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  ASSERT_FALSE(cfg->qwen4exp->ple.layers.empty()) << "the fixture has a PLE layer";
+  const int layer = cfg->qwen4exp->ple.layers.front();
+  auto src = TensorSource::Open(kFixture);
+  ASSERT_TRUE(src.ok()) << src.status();
+  auto cpu = PleLayer::Load(*cfg, **src, layer);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto gpu = CudaPleLayer::Load(*cfg, **src, layer);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  constexpr int kSlots = 6;
+  auto floats = StateFloatsPerLayer(*cfg, kSlots);
+  ASSERT_TRUE(floats.ok()) << floats.status();
+  auto cpu_states = SequenceStateStore::Create(*floats, kSlots);
+  ASSERT_TRUE(cpu_states.ok()) << cpu_states.status();
+  RecurrentLayerStates gpu_states;
+  ASSERT_TRUE(gpu_states.Allocate(*cfg, kSlots).ok());
+  const DeviceSequenceStates* store = gpu_states.store();
+  PleWindows windows(cfg->qwen4exp->ple);
+  CpuCompute compute(2);
+  Cublas cublas;
+  exl3::cuda::Workspace workspace;
+  const CudaLinearContext ctx{cublas.handle, &workspace, nullptr};
+  PleWorkspace ws;
+  const int S = cfg->qwen4exp->hc_count, H = cfg->hidden_size, E = (*gpu)->embed_dim();
+  const size_t wide = static_cast<size_t>(S) * H;
+  // The carried conv inputs within the layer's part of a row: after the DeltaNet's state and the
+  // context tokens.
+  const int64_t conv_at = cfg->linear_attention.ConvStateFloats() + cfg->linear_attention.RecurrentStateFloats() +
+                          cfg->qwen4exp->ple.context_tokens();
+  const size_t conv_floats = static_cast<size_t>(cfg->qwen4exp->ple.conv_state_positions()) * wide;
+  std::mt19937 rng(41);
+  const std::vector<std::vector<std::pair<int, int>>> steps = {
+      {{0, 5}, {1, 17}, {2, 1}, {3, 2}},
+      {{0, 1}, {1, 1}, {2, 1}, {3, 1}},
+      {{0, 9}, {1, 1}, {2, 30}, {3, 3}, {4, 12}},
+      {{0, 1}, {2, 1}, {4, 1}},
+      {{4, 2}, {5, 3}, {1, 1}},
+  };
+  std::map<int, int> position;
+  for (size_t s = 0; s < steps.size(); ++s) {
+    SCOPED_TRACE(::testing::Message() << "step " << s);
+    StepBatch batch;
+    for (const auto& [seq, n] : steps[s]) {
+      SequenceChunk c;
+      c.sequence_id = seq;
+      for (int i = 0; i < n; ++i) c.tokens.push_back(static_cast<int32_t>(rng() % cfg->vocab_size));
+      c.start_position = position[seq];
+      for (int b = 0; b < 16; ++b) c.block_table.push_back(seq * 16 + b);
+      c.state_slot = seq;
+      c.wants_logits = true;
+      position[seq] += n;
+      batch.chunks.push_back(std::move(c));
+    }
+    StepTokens tokens;
+    ASSERT_TRUE(FlattenStep(batch, cfg->vocab_size, KvCacheShape{kSlots * 16, 16, kSlots},
+                            cfg->max_position_embeddings, &tokens)
+                    .ok());
+    const int T = tokens.num_tokens;
+    const std::vector<float> h = Random(static_cast<size_t>(T) * wide, rng, 1.0f);
+    std::vector<float> want = h;
+    ASSERT_TRUE((*cpu_states)->BeginStep(batch).ok());
+    ASSERT_TRUE((*cpu)->Forward(want.data(), tokens, **cpu_states, compute).ok());
+    (*cpu_states)->CommitStep(batch);
+
+    std::vector<int32_t> w;
+    ASSERT_TRUE(windows.Build(tokens, &w).ok());
+    std::vector<float> e(static_cast<size_t>(T) * E);
+    ASSERT_TRUE((*gpu)->Embed(w.data(), T, e.data()).ok());
+    ASSERT_TRUE(gpu_states.BeginStep(batch, nullptr).ok());
+    std::vector<int32_t> facts;
+    ASSERT_TRUE(gpu_states.Pack(tokens, T, &facts).ok());
+    DeviceArray<int32_t> d_facts = ToDevice(facts);
+    gpu_states.Bind(T, d_facts.get());
+    bool moved = false;
+    ASSERT_TRUE(ws.Reserve((*gpu)->shape(), T, &moved).ok());
+    DeviceArray<float> d_h = ToDevice(h), d_e = ToDevice(e);
+    ASSERT_TRUE((*gpu)->Forward(d_h.get(), d_e.get(), 0, T, gpu_states.StepFor(0, T), ws, ctx).ok());
+    const std::vector<float> got = ToHost(d_h, h.size());
+    gpu_states.CommitStep(batch);
+    windows.Commit();
+
+    // Every slot's carried conv inputs as the step left them (the current copies after the commit).
+    double state_rel = 0;
+    for (const auto& [seq, n] : steps[s]) {
+      const float* c = (*cpu_states)->Current(layer, seq) + conv_at;
+      const std::vector<float> g =
+          ToHost(store->layer(layer) + static_cast<size_t>(store->ReadRow(seq)) * store->row_floats() + conv_at,
+                 conv_floats);
+      state_rel = std::max(state_rel, RelativeError(g, std::vector<float>(c, c + conv_floats)));
+    }
+    const double rel = Compare("ple streams", "step " + std::to_string(s) + " (" + std::to_string(T) + " tokens)",
+                               got, want);
+    std::printf("qwen4 ple step %zu: carried conv inputs rel (worst slot) %.2e\n", s, state_rel);
+    EXPECT_LT(rel, 1e-5);
+    EXPECT_LT(state_rel, 1e-5);
+  }
+  // A resumed chunk whose slot holds no context is refused by name.
+  StepBatch stray;
+  SequenceChunk c;
+  c.sequence_id = 9;
+  c.tokens = {1};
+  c.start_position = 4;
+  c.block_table = {0};
+  c.state_slot = kSlots - 1 + 10;
+  stray.chunks.push_back(c);
+  StepTokens stray_tokens;
+  stray_tokens.batch = &stray;
+  stray_tokens.num_tokens = 1;
+  stray_tokens.positions = {4};
+  stray_tokens.chunk_of = {0};
+  std::vector<int32_t> w;
+  const absl::Status refused = windows.Build(stray_tokens, &w);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(std::string(refused.message()).find("sequence 9"), std::string::npos) << refused;
 }
 
 }  // namespace
