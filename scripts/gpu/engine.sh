@@ -10,7 +10,7 @@
 #   2. compute-sanitizer: memcheck on a GQA, a GLM-MoE-DSA and a Qwen3-Next fixture's generation,
 #      racecheck on the kernel tests (the DeltaNet's, KDA's and the k-pooled indexer's too) and one
 #      short generation, memcheck on KDA's and the indexed attention's layer tests, DeepSeek-V4's
-#      kernels and resume, Qwen4-Exp's residual and QSA kernels and its QSA layer;
+#      kernels and resume, Qwen4-Exp's residual, PLE and QSA kernels, its QSA layer and generation;
 #   3. a synthetic model with GLM-4.5-Air's shapes (dense intermediate 11008: 10944 rounded up to EXL3's
 #      multiple of 128; ENGINE_LAYERS layers, default 6: the first
 #      dense) and exl3-engine-bench on it: time to first token, decode tokens/s at batch 1..64
@@ -101,6 +101,7 @@ if want sanitize && command -v compute-sanitizer > /dev/null; then
   sanitize memcheck qwen4-residual engine_cuda_qwen4exp_residual_test 'Qwen4ExpResidualTest.*'
   sanitize racecheck qsa-kernels engine_cuda_qsa_test 'QsaKernelsTest.*'
   sanitize memcheck qsa-layer engine_cuda_qsa_test 'QsaMixerTest.*'
+  sanitize memcheck qwen4-generation engine_cuda_model_test 'Qwen4ExpFamily/CudaModelFixtureTest.MatchesCpuModelAndTransformers/0'
 fi
 if want bench; then
   echo "=== exl3-engine-bench (GLM-4.5-Air shapes, ${ENGINE_LAYERS:-6} layers)"
