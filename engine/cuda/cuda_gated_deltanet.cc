@@ -43,7 +43,7 @@ absl::StatusOr<std::unique_ptr<CudaGatedDeltaNet>> CudaGatedDeltaNet::Load(const
                                                                            int64_t state_offset) {
   std::unique_ptr<CudaGatedDeltaNet> d(new CudaGatedDeltaNet(cfg, state_offset));
   const LinearAttentionConfig& s = cfg.linear_attention;
-  EXL3_RETURN_IF_ERROR(PrepareDeltaNetRecurrence(d->dims_));
+  EXL3_RETURN_IF_ERROR(CheckDeltaNetDims(d->dims_));
   const std::string p = LayerPrefix(cfg.moe, layer) + "linear_attn.";
   const int H = cfg.hidden_size;
   if (cfg.qwen4exp != nullptr) {

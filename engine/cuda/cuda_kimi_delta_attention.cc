@@ -57,7 +57,7 @@ absl::StatusOr<std::unique_ptr<CudaKimiDeltaAttention>> CudaKimiDeltaAttention::
   } else {
     a->gate_ = KdaForgetGate{KdaForgetGate::Form::kSoftplus, 0.0f};
   }
-  EXL3_RETURN_IF_ERROR(PrepareKdaRecurrence(a->dims_));
+  EXL3_RETURN_IF_ERROR(CheckKdaDims(a->dims_));
   // The CPU layer's weights (engine/kimi_delta_attention.h KdaWeights), uploaded.
   EXL3_ASSIGN_OR_RETURN(const KdaWeights w, KdaWeights::Load(cfg, src, layer));
   const std::pair<CudaLinear*, const Linear*> linears[] = {{&a->q_, &w.q},     {&a->k_, &w.k},     {&a->v_, &w.v},

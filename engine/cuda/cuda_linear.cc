@@ -3,6 +3,7 @@
 #include <cublas_v2.h>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cuda/dense_gemv_kernels.h"
 #include "engine/cuda/engine_kernels.h"
 
 namespace exl3::engine::cuda {
@@ -42,6 +43,10 @@ absl::Status CudaLinear::Forward(const float* x, int T, float* y, const CudaLine
   if (T == 0) return absl::OkStatus();
   if (exl3_ != nullptr)
     return exl3::cuda::LinearForward(exl3_->view(), x, T, y, ctx.workspace, ctx.stream);
+  if (T <= kDenseGemvMaxRows) {
+    const DenseGemvJob job = dense_job(y);
+    return DenseGemv(&job, 1, x, T, in_, ctx.stream);
+  }
   // Row-major y [T, out] = x [T, in] · Wᵀ is column-major yᵀ [out, T] = W [out, in] · xᵀ, where
   // the row-major W is a column-major [in, out] matrix: op(A) = Aᵀ.
   const float alpha = 1.0f, beta = 0.0f;
@@ -64,8 +69,25 @@ absl::Status CudaLinear::ForwardShared(const CudaLinear* const* layers, int coun
     if (all_exl3) views[i] = &layers[i]->exl3_->view();
   }
   if (all_exl3) return exl3::cuda::LinearForwardShared(views, count, x, T, y, ctx.workspace, ctx.stream);
+  bool all_dense = count >= 1 && count <= kDenseGemvMaxJobs && T <= kDenseGemvMaxRows;
+  for (int i = 0; i < count && all_dense; ++i)
+    all_dense = layers[i]->exl3_ == nullptr && layers[i]->in_ == layers[0]->in_;
+  if (all_dense) {
+    DenseGemvJob jobs[kDenseGemvMaxJobs];
+    for (int i = 0; i < count; ++i) jobs[i] = layers[i]->dense_job(y[i]);
+    return DenseGemv(jobs, count, x, T, layers[0]->in_, ctx.stream);
+  }
   for (int i = 0; i < count; ++i) EXL3_RETURN_IF_ERROR(layers[i]->Forward(x, T, y[i], ctx));
   return absl::OkStatus();
+}
+
+DenseGemvJob CudaLinear::dense_job(float* y) const {
+  DenseGemvJob job;
+  job.weight = dense_.get();
+  job.bias = bias_.empty() ? nullptr : bias_.get();
+  job.y = y;
+  job.out_features = out_;
+  return job;
 }
 
 }  // namespace exl3::engine::cuda

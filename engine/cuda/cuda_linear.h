@@ -1,6 +1,7 @@
 // One linear layer of the model in device memory, y [T, out] = x [T, in] · Wᵀ + b (fp32 in and
 // out): EXL3 through the project's kernels (kernels/cuda/cuda_backend.h: GEMV for decode rows,
-// the GEMM for prefill chunks), dense through cuBLAS on an fp32 copy of the weight.
+// the GEMM for prefill chunks), dense on an fp32 copy of the weight (engine/cuda/dense_gemv_kernels.h
+// for decode rows, cuBLAS for more).
 //
 //   EXL3_ASSIGN_OR_RETURN(CudaLinear q, CudaLinear::Upload(host_linear));   // engine/linear.h
 //   CudaLinearContext ctx{cublas, &workspace, stream};
@@ -12,6 +13,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "engine/cuda/dense_gemv_kernels.h"
 #include "engine/cuda/device_array.h"
 #include "engine/linear.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -36,7 +38,8 @@ class CudaLinear {
 
   absl::Status Forward(const float* x, int num_tokens, float* y, const CudaLinearContext& ctx) const;
   // y[i] = layers[i]'s Forward of the same x, for up to 4 layers (q, k, v): EXL3 layers together
-  // through exl3::cuda::LinearForwardShared (fewer launches at decode sizes), others one by one.
+  // through exl3::cuda::LinearForwardShared (fewer launches at decode sizes), dense ones together
+  // at decode sizes (DenseGemv), others one by one.
   static absl::Status ForwardShared(const CudaLinear* const* layers, int count, const float* x, int num_tokens,
                                     float* const* y, const CudaLinearContext& ctx);
   int in_features() const { return in_; }
@@ -47,6 +50,8 @@ class CudaLinear {
   const Exl3LinearView* exl3_view() const { return exl3_ != nullptr ? &exl3_->view() : nullptr; }
 
  private:
+  DenseGemvJob dense_job(float* y) const;  // a dense layer's weight, bias and out_features
+
   int in_ = 0, out_ = 0;
   int64_t weight_bytes_ = 0;
   std::shared_ptr<exl3::cuda::DeviceLinear> exl3_;  // EXL3, or null

@@ -6,7 +6,9 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cuda/delta_rule_kernels.h"
 #include "engine/cuda/launch_status.cuh"
+#include "engine/cuda/recurrent_chunks.cuh"
 
 namespace exl3::engine::cuda {
 namespace {
@@ -42,19 +44,10 @@ __device__ __forceinline__ int ZColumn(const DeltaNetDims& d, int h, int e) {
   return (h / ratio) * per + 2 * d.key_head_dim + rv + (h % ratio) * d.value_head_dim + e;
 }
 
-struct Chunk {
-  int first, tokens, read_row, write_row;
-};
-
-__device__ __forceinline__ Chunk LoadChunk(const RecurrentChunks& ch, int c) {
-  const int32_t* e = ch.table + static_cast<size_t>(c) * kRecurrentChunkInts;
-  return Chunk{e[0], e[1], e[2], e[3]};
-}
-
 // Input i of chunk `c`'s conv window for channel `ch` (qkvz column `col`): the conv state's input
 // i for i < K - 1, else the chunk's token i - (K - 1).
 __device__ __forceinline__ float WindowInput(const float* qkvz, const DeltaNetDims& d,
-                                             const float* prev_conv, const Chunk& c, int i, int ch,
+                                             const float* prev_conv, const RecurrentChunk& c, int i, int ch,
                                              int col) {
   const int K = d.conv_kernel;
   if (i < K - 1) return prev_conv[static_cast<size_t>(i) * d.conv_channels() + ch];
@@ -71,7 +64,7 @@ __global__ void ConvKernel(const float* __restrict__ qkvz, const float* __restri
   const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (item >= static_cast<int64_t>(n) * C) return;
   const int t = first + static_cast<int>(item / C), ch = static_cast<int>(item % C);
-  const Chunk c = LoadChunk(chunks, chunks.chunk_of[t]);
+  const RecurrentChunk c = LoadChunk(chunks, chunks.chunk_of[t]);
   const float* prev = chunks.states + static_cast<size_t>(c.read_row) * chunks.row_floats;
   const int j = t - c.first, col = QkvzColumn(d, ch);
   const float* w = conv_weight + static_cast<size_t>(ch) * K;
@@ -88,7 +81,7 @@ __global__ void ConvStateKernel(const float* __restrict__ qkvz, DeltaNetDims d,
   const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (item >= static_cast<int64_t>(num_chunks) * C) return;
   const int ch = static_cast<int>(item % C);
-  const Chunk c = LoadChunk(chunks, first_chunk + static_cast<int>(item / C));
+  const RecurrentChunk c = LoadChunk(chunks, first_chunk + static_cast<int>(item / C));
   const float* prev = chunks.states + static_cast<size_t>(c.read_row) * chunks.row_floats;
   float* next = chunks.states + static_cast<size_t>(c.write_row) * chunks.row_floats;
   const int col = QkvzColumn(d, ch);
@@ -127,62 +120,6 @@ __global__ void NormAndGatesKernel(float* __restrict__ conv_out, const float* __
     beta[static_cast<size_t>(t) * NV + h] = Sigmoid(bat[r]);
     decay[static_cast<size_t>(t) * NV + h] = expf(neg_a[h] * Softplus(bat[ratio + r] + dt_bias[h]));
   }
-}
-
-int RecurrenceThreads(const DeltaNetDims& d) { return (d.value_head_dim + 31) / 32 * 32; }
-size_t RecurrenceSharedBytes(const DeltaNetDims& d) {
-  return (static_cast<size_t>(d.key_head_dim) * d.value_head_dim + 2 * d.key_head_dim) *
-         sizeof(float);
-}
-
-// grid num_chunks * num_value_heads, block RecurrenceThreads (thread e owns column e of S),
-// dynamic shared memory RecurrenceSharedBytes: S [DK, DV], then the token's k [DK] and q [DK].
-// Each thread reads and writes only its own column of S; the syncs guard k and q.
-__global__ void RecurrenceKernel(const float* __restrict__ conv_out, const float* __restrict__ beta,
-                                 const float* __restrict__ decay, DeltaNetDims d,
-                                 RecurrentChunks chunks, int first_chunk, float* __restrict__ core) {
-  extern __shared__ float smem[];
-  const int NV = d.num_value_heads, DK = d.key_head_dim, DV = d.value_head_dim;
-  const int C = d.conv_channels(), KD = d.key_dim();
-  const int h = blockIdx.x % NV, g = h / (NV / d.num_key_heads);
-  const Chunk c = LoadChunk(chunks, first_chunk + static_cast<int>(blockIdx.x / NV));
-  const size_t head = d.conv_state_floats() + static_cast<size_t>(h) * DK * DV;
-  const float* prev = chunks.states + static_cast<size_t>(c.read_row) * chunks.row_floats + head;
-  float* next = chunks.states + static_cast<size_t>(c.write_row) * chunks.row_floats + head;
-  float* S = smem;
-  float* k = S + static_cast<size_t>(DK) * DV;
-  float* q = k + DK;
-  const int e = threadIdx.x;
-  for (int i = threadIdx.x; i < DK * DV; i += blockDim.x) S[i] = prev[i];
-  for (int j = 0; j < c.tokens; ++j) {
-    const size_t t = static_cast<size_t>(c.first + j);
-    const float* row = conv_out + t * C;
-    __syncthreads();  // the previous token's k and q are read; S is loaded
-    for (int a = threadIdx.x; a < DK; a += blockDim.x) {
-      q[a] = row[g * DK + a];
-      k[a] = row[KD + g * DK + a];
-    }
-    __syncthreads();
-    if (e < DV) {
-      const float dec = decay[t * NV + h], b = beta[t * NV + h];
-      float kv = 0.f;  // (Sᵀk)[e] after the decay
-      for (int a = 0; a < DK; ++a) {
-        const float s = S[a * DV + e] * dec;
-        S[a * DV + e] = s;
-        kv += s * k[a];
-      }
-      const float delta = (row[2 * KD + h * DV + e] - kv) * b;
-      float o = 0.f;
-      for (int a = 0; a < DK; ++a) {
-        const float s = S[a * DV + e] + k[a] * delta;
-        S[a * DV + e] = s;
-        o += s * q[a];
-      }
-      core[(t * NV + h) * DV + e] = o;
-    }
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < DK * DV; i += blockDim.x) next[i] = S[i];
 }
 
 // grid ceil(n * num_value_heads / 8), block 256: one warp per (token, value head).
@@ -274,14 +211,30 @@ absl::Status DeltaNetNormAndGates(float* conv_out, const float* ba, const float*
   return LaunchStatus("DeltaNetNormAndGates");
 }
 
+namespace {
+
+DeltaRuleShape DeltaNetDeltaRuleShape(const DeltaNetDims& d) {
+  DeltaRuleShape sh;
+  sh.num_heads = d.num_value_heads;
+  sh.heads_per_key_head = d.num_key_heads > 0 ? d.num_value_heads / d.num_key_heads : 0;
+  sh.key_head_dim = d.key_head_dim;
+  sh.value_head_dim = d.value_head_dim;
+  sh.row_floats = d.conv_channels();
+  sh.q_at = 0;
+  sh.k_at = d.key_dim();
+  sh.v_at = 2 * d.key_dim();
+  sh.state_at = d.conv_state_floats();
+  return sh;
+}
+
+}  // namespace
+
 absl::Status DeltaNetRecurrence(const float* conv_out, const float* beta, const float* decay,
                                 const DeltaNetDims& dims, const RecurrentChunks& chunks,
                                 int first_chunk, int num_chunks, float* core, StreamHandle stream) {
-  if (num_chunks <= 0) return absl::OkStatus();
-  RecurrenceKernel<<<static_cast<unsigned>(num_chunks) * dims.num_value_heads,
-                     RecurrenceThreads(dims), RecurrenceSharedBytes(dims), S(stream)>>>(
-      conv_out, beta, decay, dims, chunks, first_chunk, core);
-  return LaunchStatus("DeltaNetRecurrence");
+  return DeltaRuleRecurrence(conv_out, beta, decay, DeltaRuleDecay::kPerHead,
+                             DeltaNetDeltaRuleShape(dims), chunks, first_chunk, num_chunks, core,
+                             stream);
 }
 
 absl::Status DeltaNetGatedNorm(float* core, const float* qkvz, const float* norm_weight,
@@ -303,26 +256,12 @@ absl::Status DeltaNetGroupSeparateProjections(const float* qkv, const float* z, 
   return LaunchStatus("DeltaNetGroupSeparateProjections");
 }
 
-absl::Status PrepareDeltaNetRecurrence(const DeltaNetDims& dims) {
+absl::Status CheckDeltaNetDims(const DeltaNetDims& dims) {
   if (dims.num_key_heads <= 0 || dims.num_value_heads % dims.num_key_heads != 0)
     return absl::InvalidArgumentError(absl::StrCat("DeltaNet: ", dims.num_value_heads,
                                                    " value heads over ", dims.num_key_heads,
                                                    " key heads"));
-  if (RecurrenceThreads(dims) > 1024)
-    return absl::UnimplementedError(absl::StrCat("DeltaNet: value_head_dim ", dims.value_head_dim,
-                                                 " above the recurrence kernel's 1024 threads"));
-  int dev = 0, optin = 0;
-  EXL3_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
-  EXL3_CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  const size_t bytes = RecurrenceSharedBytes(dims);
-  if (bytes > static_cast<size_t>(optin))
-    return absl::UnimplementedError(absl::StrCat(
-        "DeltaNet: one head's state [", dims.key_head_dim, ", ", dims.value_head_dim, "] takes ",
-        bytes, " bytes of shared memory; this GPU gives a block at most ", optin));
-  EXL3_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-      RecurrenceKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  return absl::OkStatus();
+  return CheckDeltaRuleShape(DeltaNetDeltaRuleShape(dims));
 }
 
 }  // namespace exl3::engine::cuda

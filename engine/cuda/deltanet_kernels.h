@@ -2,7 +2,7 @@
 // runs them between its projections), the same arithmetic as the CPU layer
 // (engine/gated_deltanet.h) in fp32: the causal depthwise conv1d + SiLU over each sequence's conv
 // state, the L2 norms of q and k (q scaled), β and the decay, the delta-rule recurrence token by
-// token (one block per (chunk, value head) with S in shared memory), the gated RMSNorm · SiLU(z).
+// token (engine/cuda/delta_rule_kernels.h), the gated RMSNorm · SiLU(z).
 // Host launchers only: this header includes no CUDA header. Every pointer is device memory, every
 // launch goes on `stream` and none synchronises; which state each chunk reads and writes comes
 // from device arrays (RecurrentChunks), so a decode step's launches can be captured in a CUDA graph
@@ -71,10 +71,10 @@ absl::Status DeltaNetNormAndGates(float* conv_out, const float* ba, const float*
                                   const float* dt_bias, const DeltaNetDims& dims, int first, int n,
                                   float* beta, float* decay, StreamHandle stream);
 
-// The delta rule of chunks [first_chunk, first_chunk + num_chunks), one block per (chunk, value
-// head): S from the chunk's read_row, then per token S ← decay·S; S ← S + k ⊗ β(v − Sᵀk);
-// core[t, h] = Sᵀq; S to the write_row. conv_out (normalised), beta, decay as above; core
-// [step tokens, num_value_heads, value_head_dim] fp32.
+// The delta rule of chunks [first_chunk, first_chunk + num_chunks)
+// (engine/cuda/delta_rule_kernels.h): S from the chunk's read_row, then per token S ← decay·S;
+// S ← S + k ⊗ β(v − Sᵀk); core[t, h] = Sᵀq; S to the write_row. conv_out (normalised), beta,
+// decay as above; core [step tokens, num_value_heads, value_head_dim] fp32.
 absl::Status DeltaNetRecurrence(const float* conv_out, const float* beta, const float* decay,
                                 const DeltaNetDims& dims, const RecurrentChunks& chunks,
                                 int first_chunk, int num_chunks, float* core, StreamHandle stream);
@@ -98,8 +98,7 @@ absl::Status DeltaNetGroupSeparateProjections(const float* qkv, const float* z, 
                                               const DeltaNetDims& dims, int first, int n, float* qkvz,
                                               float* ba, StreamHandle stream);
 
-// Whether this GPU holds the recurrence's S of one head in a block's shared memory, and makes the
-// kernel allowed that much (call once before the first launch, outside a capture).
-absl::Status PrepareDeltaNetRecurrence(const DeltaNetDims& dims);
+// Whether the kernels take `dims` (value heads a multiple of key heads, key_head_dim at most 128).
+absl::Status CheckDeltaNetDims(const DeltaNetDims& dims);
 
 }  // namespace exl3::engine::cuda

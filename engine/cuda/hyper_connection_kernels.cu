@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -51,14 +52,28 @@ __global__ void MixPartialsKernel(const float* fn, int rows, int width, const fl
   if (threadIdx.x == 0) partial[(static_cast<size_t>(t) * (rows + 1) + r) * kMixSplits + s] = acc;
 }
 
-// grid T, block kThreads; dynamic shared: (2 + N) * N + N floats. streams [T, N, H]; partial as
-// MixPartialsKernel wrote it; out [T, H]; post [T, N]; comb [T, N, N]. mix[r] = fn[r] · x / rms(x).
+// Blocks a token's hidden vector is split over (a block per 256 elements: one per token is far
+// too few for one decode token).
+int HiddenBlocks(int H) { return std::min((H + kThreads - 1) / kThreads, 64); }
+
+// A thread's elements of a hidden vector split over gridDim.y blocks: from HiddenFirst() on, every
+// HiddenStride()-th.
+__device__ __forceinline__ int HiddenFirst() { return blockIdx.y * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ int HiddenStride() { return gridDim.y * blockDim.x; }
+
+// grid (T, HiddenBlocks(H)), block kThreads; dynamic shared: (2 + N) * N + N + N * N floats.
+// streams [T, N, H]; partial as MixPartialsKernel wrote it; out [T, H]; post [T, N]; comb
+// [T, N, N]. mix[r] = fn[r] · x / rms(x). Every block forms the token's pre weights for its part
+// of out; the first also post and comb (Sinkhorn: lane j of warp 0 normalises row j, then column
+// j, each in the CPU's order).
 __global__ void CollapseKernel(HyperConnectionArgs a, const float* streams, const double* partial, float* out,
                                float* post, float* comb) {
   extern __shared__ float hc_smem[];
   const int n = a.streams, H = a.hidden, width = n * H, rows = (2 + n) * n;
+  const bool first_block = blockIdx.y == 0;
   float* mix = hc_smem;
   float* pre = mix + rows;
+  float* cm = pre + n;
   const float* x = streams + static_cast<size_t>(blockIdx.x) * width;
   const double* p = partial + static_cast<size_t>(blockIdx.x) * (rows + 1) * kMixSplits;
   __shared__ double inv_rms;
@@ -68,23 +83,19 @@ __global__ void CollapseKernel(HyperConnectionArgs a, const float* streams, cons
     inv_rms = 1.0 / sqrt(ss / width + a.norm_eps);
   }
   __syncthreads();
-  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+  for (int r = threadIdx.x; r < (first_block ? rows : n); r += blockDim.x) {
     double sum = 0.0;
     for (int s = 0; s < kMixSplits; ++s) sum += p[static_cast<size_t>(r) * kMixSplits + s];
     mix[r] = static_cast<float>(sum * inv_rms);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    const float eps = a.eps;
-    float* po = post + static_cast<size_t>(blockIdx.x) * n;
-    float* c = comb + static_cast<size_t>(blockIdx.x) * n * n;
-    for (int i = 0; i < n; ++i) {
-      pre[i] = SigmoidF(mix[i] * a.scale[0] + a.base[i]) + eps;
-      po[i] = 2.0f * SigmoidF(mix[n + i] * a.scale[1] + a.base[n + i]);
-    }
-    float cm[kMaxStreams * kMaxStreams];
-    for (int j = 0; j < n; ++j) {
-      float* row = cm + j * n;
+  const float eps = a.eps;
+  if (threadIdx.x < n) pre[threadIdx.x] = SigmoidF(mix[threadIdx.x] * a.scale[0] + a.base[threadIdx.x]) + eps;
+  if (first_block && threadIdx.x < 32) {
+    const int j = threadIdx.x;
+    float* row = cm + j * n;
+    if (j < n) {
+      post[static_cast<size_t>(blockIdx.x) * n + j] = 2.0f * SigmoidF(mix[n + j] * a.scale[1] + a.base[n + j]);
       float mx = -INFINITY;
       for (int k = 0; k < n; ++k) {
         row[k] = mix[2 * n + j * n + k] * a.scale[2] + a.base[2 * n + j * n + k];
@@ -94,32 +105,39 @@ __global__ void CollapseKernel(HyperConnectionArgs a, const float* streams, cons
       for (int k = 0; k < n; ++k) sum += (row[k] = expf(row[k] - mx));
       for (int k = 0; k < n; ++k) row[k] = row[k] / sum + eps;
     }
+    __syncwarp();
     for (int it = 0; it < a.sinkhorn_iters; ++it) {
       if (it > 0) {  // rows, from the second round on (the first normalises the columns only)
-        for (int j = 0; j < n; ++j) {
+        if (j < n) {
           float sum = 0.0f;
-          for (int k = 0; k < n; ++k) sum += cm[j * n + k];
-          for (int k = 0; k < n; ++k) cm[j * n + k] /= sum + eps;
+          for (int k = 0; k < n; ++k) sum += row[k];
+          for (int k = 0; k < n; ++k) row[k] /= sum + eps;
         }
+        __syncwarp();
       }
-      for (int k = 0; k < n; ++k) {
+      if (j < n) {  // column j
         float sum = 0.0f;
-        for (int j = 0; j < n; ++j) sum += cm[j * n + k];
-        for (int j = 0; j < n; ++j) cm[j * n + k] /= sum + eps;
+        for (int i = 0; i < n; ++i) sum += cm[i * n + j];
+        for (int i = 0; i < n; ++i) cm[i * n + j] /= sum + eps;
       }
+      __syncwarp();
     }
-    for (int i = 0; i < n * n; ++i) c[i] = cm[i];
+    if (j < n) {
+      float* c = comb + static_cast<size_t>(blockIdx.x) * n * n + j * n;
+      for (int k = 0; k < n; ++k) c[k] = row[k];
+    }
   }
   __syncthreads();
   float* y = out + static_cast<size_t>(blockIdx.x) * H;
-  for (int d = threadIdx.x; d < H; d += blockDim.x) {
+  for (int d = HiddenFirst(); d < H; d += HiddenStride()) {
     float acc = 0.0f;
     for (int i = 0; i < n; ++i) acc += pre[i] * x[static_cast<size_t>(i) * H + d];
     y[d] = acc;
   }
 }
 
-// grid T, block kThreads. In place on streams [T, N, H]; post [T, N], comb [T, N, N], o [T, H].
+// grid (T, HiddenBlocks(H)), block kThreads. In place on streams [T, N, H]; post [T, N], comb
+// [T, N, N], o [T, H].
 __global__ void ExpandKernel(const float* post, const float* comb, const float* o, int n, int H,
                              float* streams) {
   __shared__ float p[kMaxStreams], c[kMaxStreams * kMaxStreams];
@@ -129,7 +147,7 @@ __global__ void ExpandKernel(const float* post, const float* comb, const float* 
   __syncthreads();
   float* s = streams + t * n * H;
   const float* ot = o + t * H;
-  for (int d = threadIdx.x; d < H; d += blockDim.x) {
+  for (int d = HiddenFirst(); d < H; d += HiddenStride()) {
     float in[kMaxStreams];
     for (int j = 0; j < n; ++j) in[j] = s[static_cast<size_t>(j) * H + d];
     const float od = ot[d];
@@ -160,22 +178,23 @@ __global__ void HeadCollapseKernel(const float* fn, const float* base, float sca
   }
 }
 
-// grid R, block kThreads. streams [T, N, H]; rows [R]; out [R, H] = the mean of row rows[r]'s
-// streams, summed in stream order and divided by N as HyperHead::Collapse's kMean does.
+// grid (R, HiddenBlocks(H)), block kThreads. streams [T, N, H]; rows [R]; out [R, H] = the mean
+// of row rows[r]'s streams, summed in stream order and divided by N as HyperHead::Collapse's kMean
+// does.
 __global__ void MeanCollapseKernel(int n, int H, const float* streams, const int32_t* rows, float* out) {
   const float* x = streams + static_cast<size_t>(rows[blockIdx.x]) * n * H;
   float* y = out + static_cast<size_t>(blockIdx.x) * H;
-  for (int d = threadIdx.x; d < H; d += blockDim.x) {
+  for (int d = HiddenFirst(); d < H; d += HiddenStride()) {
     float acc = 0.0f;
     for (int i = 0; i < n; ++i) acc += x[static_cast<size_t>(i) * H + d];
     y[d] = acc / static_cast<float>(n);
   }
 }
 
-// grid T, block kThreads.
+// grid (T, HiddenBlocks(H)), block kThreads.
 __global__ void BroadcastKernel(const float* x, int n, int H, float* streams) {
   const size_t t = blockIdx.x;
-  for (int d = threadIdx.x; d < H; d += blockDim.x) {
+  for (int d = HiddenFirst(); d < H; d += HiddenStride()) {
     const float v = x[t * H + d];
     for (int k = 0; k < n; ++k) streams[(t * n + k) * H + d] = v;
   }
@@ -198,8 +217,9 @@ absl::Status HyperCollapse(const HyperConnectionArgs& a, const float* streams, i
   MixPartialsKernel<<<dim3(T, rows + 1, kMixSplits), kThreads, 0, S(stream)>>>(a.fn, rows, a.streams * a.hidden,
                                                                                 streams, scratch);
   if (absl::Status st = LaunchStatus("hyper-connection mix sums"); !st.ok()) return st;
-  const size_t smem = static_cast<size_t>(rows + a.streams) * sizeof(float);
-  CollapseKernel<<<T, kThreads, smem, S(stream)>>>(a, streams, scratch, block_input, post, comb);
+  const size_t smem = static_cast<size_t>(rows + a.streams + a.streams * a.streams) * sizeof(float);
+  CollapseKernel<<<dim3(T, HiddenBlocks(a.hidden)), kThreads, smem, S(stream)>>>(a, streams, scratch, block_input,
+                                                                                  post, comb);
   return LaunchStatus("hyper-connection collapse");
 }
 
@@ -211,7 +231,8 @@ absl::Status HyperExpand(const float* post, const float* comb, const float* bloc
                          int hidden, float* streams, StreamHandle stream) {
   if (T == 0) return absl::OkStatus();
   if (absl::Status st = CheckStreams(n); !st.ok()) return st;
-  ExpandKernel<<<T, kThreads, 0, S(stream)>>>(post, comb, block_output, n, hidden, streams);
+  ExpandKernel<<<dim3(T, HiddenBlocks(hidden)), kThreads, 0, S(stream)>>>(post, comb, block_output, n, hidden,
+                                                                           streams);
   return LaunchStatus("hyper-connection expand");
 }
 
@@ -229,14 +250,14 @@ absl::Status HyperMeanCollapse(int n, int hidden, const float* streams, const in
                                StreamHandle stream) {
   if (R == 0) return absl::OkStatus();
   if (absl::Status st = CheckStreams(n); !st.ok()) return st;
-  MeanCollapseKernel<<<R, kThreads, 0, S(stream)>>>(n, hidden, streams, rows, out);
+  MeanCollapseKernel<<<dim3(R, HiddenBlocks(hidden)), kThreads, 0, S(stream)>>>(n, hidden, streams, rows, out);
   return LaunchStatus("hyper-connection mean head");
 }
 
 absl::Status BroadcastStreams(const float* x, int T, int n, int hidden, float* streams, StreamHandle stream) {
   if (T == 0) return absl::OkStatus();
   if (absl::Status st = CheckStreams(n); !st.ok()) return st;
-  BroadcastKernel<<<T, kThreads, 0, S(stream)>>>(x, n, hidden, streams);
+  BroadcastKernel<<<dim3(T, HiddenBlocks(hidden)), kThreads, 0, S(stream)>>>(x, n, hidden, streams);
   return LaunchStatus("hyper-connection streams");
 }
 

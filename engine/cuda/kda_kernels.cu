@@ -6,7 +6,9 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cuda/delta_rule_kernels.h"
 #include "engine/cuda/launch_status.cuh"
+#include "engine/cuda/recurrent_chunks.cuh"
 
 namespace exl3::engine::cuda {
 namespace {
@@ -22,24 +24,11 @@ __device__ __forceinline__ double WarpSum(double v) {
   return v;
 }
 
-struct Chunk {
-  int first, tokens, read_row, write_row;
-};
-
-__device__ __forceinline__ Chunk LoadChunk(const RecurrentChunks& ch, int c) {
-  const int32_t* e = ch.table + static_cast<size_t>(c) * kRecurrentChunkInts;
-  return Chunk{e[0], e[1], e[2], e[3]};
-}
-
-__device__ __forceinline__ const float* StateRow(const RecurrentChunks& ch, int row) {
-  return ch.states + static_cast<size_t>(row) * ch.row_floats;
-}
-
 // Input i of chunk `c`'s conv window for channel `ch`: the conv state's input i for i < K - 1,
 // else the chunk's token i - (K - 1) of q, k or v (the channel's third).
 __device__ __forceinline__ float WindowInput(const float* q, const float* k, const float* v,
                                              const KdaDims& d, const float* prev_conv,
-                                             const Chunk& c, int i, int ch) {
+                                             const RecurrentChunk& c, int i, int ch) {
   const int K = d.conv_kernel, W = d.width();
   if (i < K - 1) return prev_conv[static_cast<size_t>(i) * d.conv_channels() + ch];
   const float* proj = ch < W ? q : ch < 2 * W ? k : v;
@@ -56,7 +45,7 @@ __global__ void ConvKernel(const float* __restrict__ q, const float* __restrict_
   const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (item >= static_cast<int64_t>(n) * C) return;
   const int t = first + static_cast<int>(item / C), ch = static_cast<int>(item % C);
-  const Chunk c = LoadChunk(chunks, chunks.chunk_of[t]);
+  const RecurrentChunk c = LoadChunk(chunks, chunks.chunk_of[t]);
   const float* prev = StateRow(chunks, c.read_row);
   const int j = t - c.first;
   const float* w = conv_weight + static_cast<size_t>(ch) * K;
@@ -74,7 +63,7 @@ __global__ void ConvStateKernel(const float* __restrict__ q, const float* __rest
   const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (item >= static_cast<int64_t>(num_chunks) * C) return;
   const int ch = static_cast<int>(item % C);
-  const Chunk c = LoadChunk(chunks, first_chunk + static_cast<int>(item / C));
+  const RecurrentChunk c = LoadChunk(chunks, first_chunk + static_cast<int>(item / C));
   const float* prev = StateRow(chunks, c.read_row);
   float* next = chunks.states + static_cast<size_t>(c.write_row) * chunks.row_floats;
   for (int i = 0; i < K - 1; ++i)
@@ -120,64 +109,6 @@ __global__ void NormAndGatesKernel(float* __restrict__ conv_out, float* __restri
     float* b = beta + static_cast<size_t>(t) * d.num_heads + h;
     *b = Sigmoid(*b);
   }
-}
-
-int RecurrenceThreads(const KdaDims& d) { return (d.head_dim + 31) / 32 * 32; }
-size_t RecurrenceSharedBytes(const KdaDims& d) {
-  return (static_cast<size_t>(d.head_dim) * d.head_dim + 3 * d.head_dim) * sizeof(float);
-}
-
-// grid num_chunks * num_heads, block RecurrenceThreads (thread e owns column e of S), dynamic
-// shared memory RecurrenceSharedBytes: S [D, D], then the token's k [D], q [D] and per-channel
-// decay exp(g) [D]. Each thread reads and writes only its own column of S; the syncs guard k, q
-// and the decay. The sums run over the key channel c in order, as KdaRecurrent's.
-__global__ void RecurrenceKernel(const float* __restrict__ conv_out,
-                                 const float* __restrict__ log_decay,
-                                 const float* __restrict__ beta, KdaDims d, RecurrentChunks chunks,
-                                 int first_chunk, float* __restrict__ core) {
-  extern __shared__ float smem[];
-  const int NH = d.num_heads, D = d.head_dim, W = d.width(), C = d.conv_channels();
-  const int h = blockIdx.x % NH;
-  const Chunk c = LoadChunk(chunks, first_chunk + static_cast<int>(blockIdx.x / NH));
-  const size_t head = d.conv_state_floats() + static_cast<size_t>(h) * D * D;
-  const float* prev = StateRow(chunks, c.read_row) + head;
-  float* next = chunks.states + static_cast<size_t>(c.write_row) * chunks.row_floats + head;
-  float* S = smem;
-  float* k = S + static_cast<size_t>(D) * D;
-  float* q = k + D;
-  float* decay = q + D;
-  const int e = threadIdx.x;
-  for (int i = threadIdx.x; i < D * D; i += blockDim.x) S[i] = prev[i];
-  for (int j = 0; j < c.tokens; ++j) {
-    const size_t t = static_cast<size_t>(c.first + j);
-    const float* row = conv_out + t * C;
-    __syncthreads();  // the previous token's k, q and decay are read; S is loaded
-    for (int a = threadIdx.x; a < D; a += blockDim.x) {
-      q[a] = row[h * D + a];
-      k[a] = row[W + h * D + a];
-      decay[a] = expf(log_decay[t * W + h * D + a]);
-    }
-    __syncthreads();
-    if (e < D) {
-      const float b = beta[t * NH + h];
-      float kv = 0.f;  // (Sᵀk)[e] after the decay
-      for (int a = 0; a < D; ++a) {
-        const float s = S[a * D + e] * decay[a];
-        S[a * D + e] = s;
-        kv += s * k[a];
-      }
-      const float delta = (row[2 * W + h * D + e] - kv) * b;
-      float o = 0.f;
-      for (int a = 0; a < D; ++a) {
-        const float s = S[a * D + e] + k[a] * delta;
-        S[a * D + e] = s;
-        o += s * q[a];
-      }
-      core[t * W + h * D + e] = o;
-    }
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < D * D; i += blockDim.x) next[i] = S[i];
 }
 
 // grid ceil(n * num_heads / 8), block 256: one warp per (token, head).
@@ -235,14 +166,27 @@ absl::Status KdaNormAndGates(float* conv_out, float* log_decay, float* beta,
   return LaunchStatus("KdaNormAndGates");
 }
 
+namespace {
+
+DeltaRuleShape KdaDeltaRuleShape(const KdaDims& d) {
+  DeltaRuleShape sh;
+  sh.num_heads = d.num_heads;
+  sh.key_head_dim = sh.value_head_dim = d.head_dim;
+  sh.row_floats = d.conv_channels();
+  sh.q_at = 0;
+  sh.k_at = d.width();
+  sh.v_at = 2 * d.width();
+  sh.state_at = d.conv_state_floats();
+  return sh;
+}
+
+}  // namespace
+
 absl::Status KdaRecurrence(const float* conv_out, const float* log_decay, const float* beta,
                            const KdaDims& dims, const RecurrentChunks& chunks, int first_chunk,
                            int num_chunks, float* core, StreamHandle stream) {
-  if (num_chunks <= 0) return absl::OkStatus();
-  RecurrenceKernel<<<static_cast<unsigned>(num_chunks) * dims.num_heads, RecurrenceThreads(dims),
-                     RecurrenceSharedBytes(dims), S(stream)>>>(conv_out, log_decay, beta, dims,
-                                                               chunks, first_chunk, core);
-  return LaunchStatus("KdaRecurrence");
+  return DeltaRuleRecurrence(conv_out, beta, log_decay, DeltaRuleDecay::kPerKeyChannelLog,
+                             KdaDeltaRuleShape(dims), chunks, first_chunk, num_chunks, core, stream);
 }
 
 absl::Status KdaGatedNorm(float* core, const float* gate, const float* o_norm, const KdaDims& dims,
@@ -253,26 +197,12 @@ absl::Status KdaGatedNorm(float* core, const float* gate, const float* o_norm, c
   return LaunchStatus("KdaGatedNorm");
 }
 
-absl::Status PrepareKdaRecurrence(const KdaDims& dims) {
+absl::Status CheckKdaDims(const KdaDims& dims) {
   if (dims.num_heads <= 0 || dims.head_dim <= 0 || dims.conv_kernel < 1)
     return absl::InvalidArgumentError(absl::StrCat("KDA: ", dims.num_heads, " heads of ",
                                                    dims.head_dim, ", conv kernel ",
                                                    dims.conv_kernel));
-  if (RecurrenceThreads(dims) > 1024)
-    return absl::UnimplementedError(absl::StrCat("KDA: head_dim ", dims.head_dim,
-                                                 " above the recurrence kernel's 1024 threads"));
-  int dev = 0, optin = 0;
-  EXL3_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
-  EXL3_CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  const size_t bytes = RecurrenceSharedBytes(dims);
-  if (bytes > static_cast<size_t>(optin))
-    return absl::UnimplementedError(absl::StrCat(
-        "KDA: one head's state [", dims.head_dim, ", ", dims.head_dim, "] takes ", bytes,
-        " bytes of shared memory; this GPU gives a block at most ", optin));
-  EXL3_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-      RecurrenceKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  return absl::OkStatus();
+  return CheckDeltaRuleShape(KdaDeltaRuleShape(dims));
 }
 
 }  // namespace exl3::engine::cuda

@@ -2,7 +2,7 @@
 // runs them between its projections), the CPU layer's arithmetic (engine/kimi_delta_attention.h,
 // which states it) in fp32: the causal depthwise convolutions of q, k and v over each sequence's
 // conv state + SiLU, the L2 norms of q and k (q scaled), the per-channel log-decay and β, the Kimi
-// delta rule token by token (one block per (chunk, head) with S [D, D] in shared memory), and the
+// delta rule token by token (engine/cuda/delta_rule_kernels.h), and the
 // output RMSNorm · sigmoid(gate). Host launchers only: this header includes no CUDA header. Every
 // pointer is device memory, every launch goes on `stream` and none synchronises; which state each
 // chunk reads and writes comes from device arrays (engine/cuda/recurrent_chunks.h), so a decode
@@ -79,8 +79,9 @@ absl::Status KdaNormAndGates(float* conv_out, float* log_decay, float* beta,
                              StreamHandle stream);
 
 // The Kimi delta rule (engine/kimi_delta_rule.h's recurrent form) of chunks [first_chunk,
-// first_chunk + num_chunks), one block per (chunk, head): S from the chunk's read_row, then per
-// token S ← diag(exp(g))·S; S ← S + k ⊗ β(v − Sᵀk); core[t, h] = Sᵀq; S to the write_row.
+// first_chunk + num_chunks) (engine/cuda/delta_rule_kernels.h): S from the chunk's read_row,
+// then per token S ← diag(exp(g))·S; S ← S + k ⊗ β(v − Sᵀk); core[t, h] = Sᵀq; S to the
+// write_row.
 // conv_out (normalised), log_decay and beta as KdaNormAndGates leaves them; core [step rows, W]
 // fp32.
 absl::Status KdaRecurrence(const float* conv_out, const float* log_decay, const float* beta,
@@ -93,9 +94,7 @@ absl::Status KdaRecurrence(const float* conv_out, const float* log_decay, const 
 absl::Status KdaGatedNorm(float* core, const float* gate, const float* o_norm, const KdaDims& dims,
                           float eps, int first, int n, StreamHandle stream);
 
-// Whether this GPU holds the recurrence's S of one head in a block's shared memory (D = 128,
-// GLM-5.3-Flash's linear_head_dim: 66 KB), and makes the kernel allowed that much (call once
-// before the first launch, outside a capture).
-absl::Status PrepareKdaRecurrence(const KdaDims& dims);
+// Whether the kernels take `dims` (head_dim at most 128: GLM-5.3-Flash's linear_head_dim).
+absl::Status CheckKdaDims(const KdaDims& dims);
 
 }  // namespace exl3::engine::cuda

@@ -17,6 +17,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kPoolTile = kKpoolScorePoolTile;
 constexpr int kHeadGroups = kThreads / kPoolTile;  // threads per pool, each summing every 16th head
+constexpr int kMaxPool = 16;  // positions per pool a thread holds in registers (GLM-5.3-Flash's index_kpool)
 
 // grid (blocks_per_token, tokens), kThreads threads. Shared: the token's queries [NI, D], its head
 // weights [NI], a tile of pool keys [kPoolTile, D + 1] (padded: conflict-free reads across pools)
@@ -43,24 +44,36 @@ __global__ void KpoolScoresKernel(const float* q, const float* weights, float he
   for (int tile = blockIdx.x * kPoolTile; tile < pools; tile += gridDim.x * kPoolTile) {
     __syncthreads();  // queries loaded; the previous tile's keys and partials consumed
     // The tile's pool keys: one thread per (pool, channel), the softmax over the pool's positions
-    // in the CPU engine's order (max, sum, then the normalised weights times k).
+    // in the CPU engine's order (max, sum, then the normalised weights times k). The pool's gate
+    // logits and keys are read once into registers, every load issued before the first is used.
     for (int e = threadIdx.x; e < kPoolTile * D; e += blockDim.x) {
       const int kp = e / D, c = e % D, p = tile + kp;
       float key = 0.0f;
       if (p < pools) {
-        auto slot_of = [&](int j) {
-          const int pos = p * P + j;
-          return static_cast<size_t>(table[pos / bs]) * bs + pos % bs;
-        };
-        auto logit = [&](int j) {
-          return __half2float(cache[slot_of(j) * shape.cache_width + gate_offset + c]) + ape[j * D + c];
-        };
+        float logit[kMaxPool], k_in[kMaxPool];
+#pragma unroll
+        for (int j = 0; j < kMaxPool; ++j) {
+          if (j < P) {
+            const int pos = p * P + j;
+            const __half* slot = cache + (static_cast<size_t>(table[pos / bs]) * bs + pos % bs) * shape.cache_width;
+            logit[j] = __half2float(slot[gate_offset + c]) + ape[j * D + c];
+            k_in[j] = __half2float(slot[shape.key_offset + c]);
+          }
+        }
         float mx = -INFINITY;
-        for (int j = 0; j < P; ++j) mx = fmaxf(mx, logit(j));
+#pragma unroll
+        for (int j = 0; j < kMaxPool; ++j) {
+          if (j < P) mx = fmaxf(mx, logit[j]);
+        }
         float sum = 0.0f;
-        for (int j = 0; j < P; ++j) sum += expf(logit(j) - mx);
-        for (int j = 0; j < P; ++j)
-          key += expf(logit(j) - mx) / sum * __half2float(cache[slot_of(j) * shape.cache_width + shape.key_offset + c]);
+#pragma unroll
+        for (int j = 0; j < kMaxPool; ++j) {
+          if (j < P) sum += expf(logit[j] - mx);
+        }
+#pragma unroll
+        for (int j = 0; j < kMaxPool; ++j) {
+          if (j < P) key += expf(logit[j] - mx) / sum * k_in[j];
+        }
       }
       keys[kp * (D + 1) + c] = key;
     }
@@ -107,6 +120,9 @@ absl::Status KpoolScores(const float* q, const float* weights, float head_weight
   if (num_tokens == 0) return absl::OkStatus();
   if (num_tokens > 65535) return absl::InvalidArgumentError("k-pooled indexer scores: more than 65535 tokens at once");
   const int NI = shape.num_heads, D = shape.head_dim;
+  if (shape.pool > kMaxPool)
+    return absl::UnimplementedError(absl::StrCat("k-pooled indexer scores: pools of ", shape.pool,
+                                                 " positions (the kernel holds at most ", kMaxPool, ")"));
   if (NI <= 0 || D <= 0 || shape.pool < 1 || shape.key_offset + 2 * D > shape.cache_width || blocks_per_token < 1 ||
       row_length < 1)
     return absl::InvalidArgumentError(absl::StrCat("k-pooled indexer scores: unsupported shape (heads ", NI, ", dim ",

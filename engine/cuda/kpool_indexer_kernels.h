@@ -33,7 +33,8 @@ struct KpoolIndexerShape {
 //   scores[i * row_length + p] = Σ_h (weights[t, h] · head_weight) · max(q[t, h] · key_p · scale, 0)
 // with k and gate read from t's cache slots. q [T, heads, D]; weights [T, heads] (weights_proj's
 // output); ape [P, D] (index_kpool_compress_ape). The pool keys are formed in the kernel, in fp32
-// (nothing of them is stored). `blocks_per_token` blocks take each token's pools in turn.
+// (nothing of them is stored); pools of more than 16 positions are refused. `blocks_per_token`
+// blocks take each token's pools in turn.
 absl::Status KpoolScores(const float* q, const float* weights, float head_weight, float scale, const float* ape,
                          const KvHalf* cache_layer, const AttentionTokens& tokens, const KpoolIndexerShape& shape,
                          int first_token, int num_tokens, int blocks_per_token, float* scores, int row_length,

@@ -64,7 +64,12 @@ EXL3V3_CHANGES = {
     # kernels take tl.arange over v_head_dim, which must be a power of two (96 fails to compile;
     # first device run): 128, as the released models have.
     "deepseek_v3": dict(n_group=1, topk_group=1, v_head_dim=128),
-    "glm_moe_dsa": dict(n_group=1, topk_group=1, v_head_dim=128),
+    # GLM-MoE-DSA as DeepSeek-V3, and every layer's indexer "full": exllamav3's converter
+    # calibrates one layer at a time, so a "shared" layer (which reuses the selection of the
+    # layer before it) finds none ("shared-indexer DSA layer found no top-k selection in params",
+    # second device run). With its own indexer each layer selects for itself, in transformers, in
+    # exllamav3 and in the engine alike.
+    "glm_moe_dsa": dict(n_group=1, topk_group=1, v_head_dim=128, indexer_types=["full", "full"]),
     # exllamav3 reads DeepSeek-V4 in the release layout (tensor names without "model.", its
     # config fields compress_ratios / num_hash_layers / rope_scaling): write_model renames.
     # Its hash layers are the first num_hash_layers, so mlp_layer_types keeps that shape.
@@ -75,7 +80,22 @@ EXL3V3_CHANGES = {
     # shape for a 64-wide k_proj (first device run: "exl3_mgemm autotune: no compatible kernel
     # shapes"): 2 KV heads, so k_proj and v_proj are 128 wide.
     "qwen3_next": dict(full_attention_interval=3, mlp_only_layers=[], num_key_value_heads=2),
+    # exllamav3's GLM-5.3 router has no groups (it asserts n_group == topk_group == 1). Every
+    # indexer "full", as for GLM-MoE-DSA (the same MLA module calibrates a "shared" layer without
+    # the selection of the layer before it); besides, exllamav3 loads a shared layer's k-pool
+    # parameters (index_kpool_compress_ape / _gate), which transformers gives only "full" layers.
+    # The rest of what it reads differently is in the release layout (glm5_next_release_files).
+    "glm5_next": dict(n_group=1, topk_group=1, indexer_types=["full", "full", "full"]),
+    # Qwen4-Exp: 2 KV heads for the same reason as Qwen3-Next (k_proj / v_proj 128 wide: the
+    # fused q/k/v kernels take widths that are multiples of 128). ple_embed_dim 640: exllamav3
+    # stores the n-gram table in rows of 160 (ROW_DIM of its n-gram codec) and asserts
+    # ple_embed_dim / ((ngram_size - 1) * heads_per_ngram) == 160 (4 heads here).
+    "qwen4_exp": dict(num_key_value_heads=2, ple_embed_dim=640),
 }
+
+# Families the GPU machine's transformers (5.17) cannot build: built here with a newer one
+# (transformers 5.25, /opt/hfref/bin/python) by `prebuild` and carried as .exl3v3-hf/.
+PREBUILT_FAMILIES = ("glm5_next", "qwen4_exp")
 
 # Fields added to config.json after save_pretrained (exllamav3's names for what transformers
 # stores under another).
@@ -92,7 +112,10 @@ def family_names():
 # (4 bits, head 6, default codebook mul1), and on qwen3_moe one converter setting each: the mcg and
 # 3inst codebooks, 2 and 3 bits, the half-integer rate 2.5 (mul1 only) with the quantized
 # embedding, and sharded output with an index (-ss 1: 1 MB shards).
-SWEEP = [(f"{f}_b4", f, ["-b", "4", "-hb", "6"]) for f in EXL3V3_CHANGES] + [
+# GLM-5.3's vision tower is stored unquantized (-vb 16): the engine does not run it, and this keeps
+# exllamav3's quantizer off a 32-wide tower the fixture has only because the config needs one.
+FAMILY_ARGS = {"glm5_next": ["-vb", "16"]}
+SWEEP = [(f"{f}_b4", f, ["-b", "4", "-hb", "6"] + FAMILY_ARGS.get(f, [])) for f in EXL3V3_CHANGES] + [
     ("qwen3_moe_b2_mcg", "qwen3_moe", ["-b", "2", "-hb", "6", "-cb", "mcg"]),
     ("qwen3_moe_b3_3inst", "qwen3_moe", ["-b", "3", "-hb", "6", "-cb", "3inst"]),
     ("qwen3_moe_b2.5_mul1_eb4", "qwen3_moe", ["-b", "2.5", "-hb", "6", "-cb", "mul1", "-eb", "4"]),
@@ -195,13 +218,81 @@ def deepseek_v4_release_config(cfg):
     return out
 
 
+def glm5_next_release_files(out_dir, cfg, tensors):
+    """GLM-5.3 in the layout exllamav3 reads (architecture/glm5_next.py of its wheel):
+    - layer_types names the MLA layers "deepseek_sparse_attention" (transformers writes
+      "indexed_attention"; exllamav3 accepts only that name and "linear_attention");
+    - the KDA sizes in linear_attn_config (num_heads, head_dim, short_conv_kernel_size,
+      gate_lower_bound), where the release keeps them (transformers reads that dict too);
+    - an MTP head: exllamav3 always builds GLM-5.3's MTP component (its config never drops it)
+      and the converter loads it, so the checkpoint carries one as the release does, DeepSeek-V3
+      shaped at layers.{num_hidden_layers} (enorm, hnorm, eh_proj, a decoder layer with a full
+      indexer and MoE, shared_head.norm), num_nextn_predict_layers 1. Its layer is a copy of the
+      first MoE layer with its own indexer (a copy also costs nothing in the carried tar.xz); nothing
+      runs it here or in the engine;
+    - processor_config.json, which exllamav3's config reads for the vision tower."""
+    import torch
+    text = cfg["text_config"]
+    text["layer_types"] = ["deepseek_sparse_attention" if t == "indexed_attention" else t
+                           for t in text["layer_types"]]
+    text["linear_attn_config"] = {"num_heads": text["linear_num_heads"],
+                                  "head_dim": text["linear_head_dim"],
+                                  "short_conv_kernel_size": text["linear_conv_kernel_dim"],
+                                  "gate_lower_bound": text["linear_lower_bound"]}
+    n = text["num_hidden_layers"]
+    src = next(i for i in range(n) if text["layer_types"][i] == "deepseek_sparse_attention"
+               and text["indexer_types"][i] == "full" and text["mlp_layer_types"][i] == "sparse")
+    pre = "model.language_model.layers."
+    for k, v in list(tensors.items()):
+        if k.startswith(f"{pre}{src}.") and not k.startswith(f"{pre}{src}.hc_"):
+            tensors[f"{pre}{n}." + k[len(f"{pre}{src}."):]] = v.clone()
+    h = text["hidden_size"]
+    gen = torch.Generator().manual_seed(PROMPT_SEED)
+    norm = tensors[f"{pre}{src}.input_layernorm.weight"]
+    tensors[f"{pre}{n}.enorm.weight"] = norm.clone()
+    tensors[f"{pre}{n}.hnorm.weight"] = norm.clone()
+    tensors[f"{pre}{n}.shared_head.norm.weight"] = tensors["model.language_model.norm.weight"].clone()
+    tensors[f"{pre}{n}.eh_proj.weight"] = (torch.randn(h, 2 * h, generator=gen) /
+                                          (2 * h) ** 0.5).to(norm.dtype)
+    text["num_nextn_predict_layers"] = 1
+    v = cfg["vision_config"]
+    with open(os.path.join(out_dir, "processor_config.json"), "w") as f:
+        json.dump({"image_processor": {
+            "image_processor_type": "Glm5NextImageProcessor", "patch_size": v["patch_size"],
+            "temporal_patch_size": v["temporal_patch_size"], "merge_size": v["spatial_merge_size"],
+            "image_mean": [0.48145466, 0.4578275, 0.40821073],
+            "image_std": [0.26862954, 0.26130258, 0.27577711],
+            "min_image_tokens": 4, "max_image_tokens": 64}}, f, indent=2)
+
+
+def qwen4_exp_release_files(out_dir, cfg, tensors):
+    """Qwen4-Exp in the layout exllamav3 reads (architecture/qwen4_exp.py, qwen3_5.py):
+    - layer_types names the QSA layers "full_attention", as the release does (transformers reads
+      "full_attention" as "indexed_attention"; exllamav3 accepts only "linear_attention" and
+      "full_attention");
+    - model.safetensors.index.json: exllamav3's n-gram table quantizer finds the table's shards
+      through the index's weight map (conversion/ngram.py), also for a single file."""
+    text = cfg["text_config"]
+    text["layer_types"] = ["full_attention" if t == "indexed_attention" else t
+                           for t in text["layer_types"]]
+    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": {k: "model.safetensors" for k in sorted(tensors)}},
+                  f, indent=1)
+
+
+# Families whose saved checkpoint exllamav3 reads in another layout: (config, tensors) -> in place.
+RELEASE_FILES = {"glm5_next": glm5_next_release_files, "qwen4_exp": qwen4_exp_release_files}
+
+
 def write_model(family, out_dir):
     import torch
     from safetensors.torch import load_file, save_file
     sys.path.insert(0, HERE)
     import engine_fixtures as ef
     spec = copy.deepcopy(ef.FAMILIES[family])
-    spec["fields"].update(EXL3V3_CHANGES[family])
+    # A *ForConditionalGeneration family keeps its text model's fields in text_fields (Qwen4-Exp)
+    # or fields beside vision_fields (GLM-5.3); the changes are to the text model.
+    spec["text_fields" if "text_fields" in spec else "fields"].update(EXL3V3_CHANGES[family])
     ef.FAMILIES[family] = spec  # make_model reads the shape from here
     model, _ = ef.make_model(family, spec["seed"])
     os.makedirs(out_dir, exist_ok=True)
@@ -210,22 +301,38 @@ def write_model(family, out_dir):
     with open(cfg_path) as f:
         cfg = json.load(f)
     cfg.update(CONFIG_EXTRAS.get(family, lambda c: {})(cfg))
+    rewrite = None
     if family == "deepseek_v4":
         cfg.update(deepseek_v4_release_config(cfg))
+        rewrite = deepseek_v4_release_name
+    if family == "deepseek_v4" or family in RELEASE_FILES:
         tensors = {}
         for fn in sorted(os.listdir(out_dir)):
             if fn.endswith(".safetensors"):
                 for k, v in load_file(os.path.join(out_dir, fn)).items():
-                    tensors[deepseek_v4_release_name(k)] = v
+                    tensors[rewrite(k) if rewrite else k] = v
                 os.remove(os.path.join(out_dir, fn))
         for fn in ("model.safetensors.index.json",):
             if os.path.exists(os.path.join(out_dir, fn)):
                 os.remove(os.path.join(out_dir, fn))
+        if family in RELEASE_FILES:
+            RELEASE_FILES[family](out_dir, cfg, tensors)
         save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     with open(cfg_path, "w") as f:
         json.dump(cfg, f, indent=2)
-    write_tokenizer(out_dir, cfg.get("bos_token_id"), cfg.get("eos_token_id"))
+    text = cfg.get("text_config", cfg)
+    write_tokenizer(out_dir, text.get("bos_token_id", cfg.get("bos_token_id")),
+                    text.get("eos_token_id", cfg.get("eos_token_id")))
     return cfg
+
+
+def families_of(fixtures):
+    """The families the named fixtures (comma-separated; None: the whole sweep) are made from."""
+    wanted = set(fixtures.split(",")) if fixtures else None
+    unknown = (wanted or set()) - {name for name, _, _ in SWEEP}
+    if unknown:
+        raise SystemExit(f"exllamav3_fixtures: not in the sweep: {','.join(sorted(unknown))}")
+    return list(dict.fromkeys(f for name, f, _ in SWEEP if wanted is None or name in wanted))
 
 
 def cmd_models(args):
@@ -233,21 +340,45 @@ def cmd_models(args):
     import transformers
     torch.set_num_threads(2)
     os.makedirs(args.out, exist_ok=True)
+    meta_path = os.path.join(args.out, "prompts.json")
     made = {}
+    if os.path.exists(meta_path):  # an earlier call: keep the families it wrote
+        with open(meta_path) as f:
+            made = {k: v for k, v in json.load(f)["families"].items() if "error" not in v}
+    prebuilt_meta = {}
+    if args.prebuilt and os.path.exists(os.path.join(args.prebuilt, "prompts.json")):
+        with open(os.path.join(args.prebuilt, "prompts.json")) as f:
+            prebuilt_meta = json.load(f)
+        if prebuilt_meta["prompts"] != prompts():
+            sys.exit(f"exllamav3_fixtures: {args.prebuilt} was built with other prompts")
+    families = args.families.split(",") if args.families else families_of(args.fixtures)
     failed = []
-    for family in args.families.split(","):
+    for family in families:
+        dest = os.path.join(args.out, family)
+        if family in made:
+            log(f"{family}: there from an earlier call")
+            continue
         t0 = time.time()
         try:
-            write_model(family, os.path.join(args.out, family))
+            src = os.path.join(args.prebuilt or "", family)
+            if args.prebuilt and os.path.exists(os.path.join(src, "config.json")):
+                shutil.rmtree(dest, ignore_errors=True)
+                shutil.copytree(src, dest)
+                made[family] = {"prebuilt": prebuilt_meta.get("transformers")}
+                log(f"{family}: copied from {src} (built with transformers "
+                    f"{prebuilt_meta.get('transformers')})")
+                continue
+            write_model(family, dest)
         except Exception as e:  # the other families go on
             traceback.print_exc()
             log(f"{family}: FAILED: {e!r}")
             made[family] = {"error": repr(e)}
             failed.append(family)
             continue
-        made[family] = {"seconds": round(time.time() - t0, 1)}
-        log(f"{family}: written to {os.path.join(args.out, family)}")
-    with open(os.path.join(args.out, "prompts.json"), "w") as f:
+        made[family] = {"seconds": round(time.time() - t0, 1),
+                        "transformers": transformers.__version__}
+        log(f"{family}: written to {dest}")
+    with open(meta_path, "w") as f:
         json.dump({"prompt_seed": PROMPT_SEED, "new_tokens": NEW_TOKENS, "prompts": prompts(),
                    "transformers": transformers.__version__,
                    "torch": torch.__version__.split("+")[0], "families": made,
@@ -478,7 +609,11 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("models", help="build the tiny Hugging Face models (CPU)")
     m.add_argument("--out", required=True)
-    m.add_argument("--families", default=",".join(family_names()))
+    m.add_argument("--families", help="comma-separated families (default: those of --fixtures)")
+    m.add_argument("--fixtures", help="comma-separated fixtures of the sweep whose families to "
+                                      "write (default: the whole sweep)")
+    m.add_argument("--prebuilt", help="a folder of families written earlier (by a newer "
+                                      "transformers): copied instead of built")
     d = sub.add_parser("device", help="convert with exllamav3 and record (GPU)")
     d.add_argument("--models", required=True, help="what `models` wrote")
     d.add_argument("--work", required=True, help="the converter's work directories")

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: the GPU engine (engine/cuda/) in one go. Writes logs to $OUT (or ./gpu-out):
 #   1. engine_cuda_model_test, engine_cuda_latent_attention_test, engine_cuda_deltanet_test,
+#      engine_cuda_delta_rule_test (the recurrence both linear-attention kinds share),
+#      engine_cuda_dense_gemv_test (decode-sized dense linears),
 #      engine_cuda_kda_test (GLM-5.3-Flash's KDA layer), engine_cuda_kpool_test (its indexed
 #      attention), engine_cuda_glm5_residual_test (its hyper-connections, mean head, clamped SwiGLU),
 #      engine_cuda_qwen4exp_residual_test and engine_cuda_qsa_test (Qwen4-Exp's gated residual
@@ -40,7 +42,7 @@ ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY="$ONLY $2"; shift ;;
-    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
     *) echo "engine.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -61,6 +63,8 @@ if want test; then
   run_test engine_cuda_model_test engine-test.log "^(attention|gate|rope|add\+rmsnorm|model) " 400
   run_test engine_cuda_latent_attention_test latent-test.log "^(latent|indexer|layer) |chose different" 300
   run_test engine_cuda_deltanet_test deltanet-test.log "^(deltanet|model) " 100
+  run_test engine_cuda_delta_rule_test delta-rule-test.log "^delta rule " 100
+  run_test engine_cuda_dense_gemv_test dense-gemv-test.log "^dense gemv " 60
   run_test engine_cuda_kda_test kda-test.log "^kda " 300
   run_test engine_cuda_kpool_test kpool-test.log "^kpool " 300
   run_test engine_cuda_dsv4_test dsv4-test.log "^dsv4 " 200
@@ -88,6 +92,8 @@ if want sanitize && command -v compute-sanitizer > /dev/null; then
   sanitize memcheck qwen3-next-generation engine_cuda_model_test 'RecurrentFamilies/CudaModelFixtureTest.MatchesCpuModelAndTransformers/1'
   sanitize racecheck deltanet-kernels engine_cuda_deltanet_test 'DeltaNetKernelsTest.*'
   sanitize racecheck kda-kernels engine_cuda_kda_test 'KdaKernelsTest.*'
+  sanitize racecheck delta-rule engine_cuda_delta_rule_test 'DeltaRuleKernelTest.*'
+  sanitize memcheck delta-rule engine_cuda_delta_rule_test 'DeltaRuleKernelTest.*'
   sanitize memcheck kda-layer engine_cuda_kda_test 'Fixtures/KdaLayerTest.*/glm5_next_experts_lower_bound'
   sanitize racecheck kpool-kernels engine_cuda_kpool_test 'KpoolKernelsTest.*'
   sanitize memcheck kpool-layer engine_cuda_kpool_test 'KpoolLayerTest.Glm5NextExpertsLayersMatchCpu'

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Device call 2 of 2 (scripts/gpu/exllamav3_stage.sh prints both), on the machine call 1
 # (exllamav3_install.sh) left warm: installs the wheels of .exl3v3-b/ beside exllamav3 in
-# /tmp/site, builds the tiny Hugging Face models (transformers on the machine), converts them with
+# /tmp/site, builds the tiny Hugging Face models (transformers on the machine; the families it
+# cannot build come prebuilt in .exl3v3-hf/, scripts/gpu/exllamav3_prebuild.sh), converts them with
 # exllamav3's converter and records its greedy tokens and logits
 # (scripts/conformance/exllamav3_fixtures.py). A fixture that fails is written down and the others
 # go on; what was done comes back even when time runs out.
@@ -12,7 +13,7 @@
 # status.json, import.log, models.log, run.log; hf-configs/: the models' config.json and
 # prompts.json), exllamav3_models_N.tar.xz (results/NAME/: the directories exllamav3 wrote),
 # status.json and run.log. Run again on the same warm machine (within 30 s), it goes on with the
-# fixtures not yet ok: the models are built once, status.json keeps every fixture's outcome.
+# fixtures not yet ok: each family's model is built once, status.json keeps every fixture's outcome.
 set -uo pipefail
 START=$(date +%s)
 BUDGET_S=${EXL3V3_BUDGET_S:-500}  # this script's own time limit; the call's is about 540-600 s
@@ -78,15 +79,25 @@ rc=$?
 cat "$R/import.log"
 [ $rc -eq 0 ] || { say "exllamav3 does not import (see above)"; exit 3; }
 
-if [ -f "$W/hf/prompts.json" ]; then
-  say "the Hugging Face models are there from an earlier call"
-else
-  say "building the Hugging Face models"
-  python3 scripts/conformance/exllamav3_fixtures.py models --out "$W/hf" > "$R/models.log" 2>&1
-  rc=$?
-  tail -n 3 "$R/models.log"
-  [ $rc -eq 0 ] || say "building the models failed (exit $rc): the families that were written go on"
+# The families this machine's transformers cannot build come prebuilt (exllamav3_prebuild.sh,
+# carried as .exl3v3-hf/models.tar.xz); the others are built here. Families written by an earlier
+# call on this machine are kept.
+PREBUILT=""
+if [ -f .exl3v3-hf/models.tar.xz ]; then
+  rm -rf "$W/prebuilt"
+  if tar -C "$W" -xJf .exl3v3-hf/models.tar.xz && [ -d "$W/prebuilt" ]; then
+    PREBUILT="$W/prebuilt"
+    say "prebuilt models: $(ls "$PREBUILT" | tr '\n' ' ')"
+  else
+    say "could not unpack .exl3v3-hf/models.tar.xz: building every family here"
+  fi
 fi
+say "the Hugging Face models"
+python3 scripts/conformance/exllamav3_fixtures.py models --out "$W/hf" ${1:+--fixtures "$1"} \
+  ${PREBUILT:+--prebuilt "$PREBUILT"} >> "$R/models.log" 2>&1
+rc=$?
+tail -n 4 "$R/models.log"
+[ $rc -eq 0 ] || say "building the models failed (exit $rc): the families that were written go on"
 
 LEFT=$(( BUDGET_S - ($(date +%s) - START) - 30 ))
 say "converting and recording (${LEFT} s left)"

@@ -47,6 +47,29 @@ TEST(Glm5KernelsTest, HyperConnectionsMatchTheCpu) {
     testing::CheckHyperConnectionAgainstCpu(**src, prefix, shape, /*T=*/29, rng, "glm5");
 }
 
+// At the released models' width (4096: the collapse and expand split a token's hidden vector over
+// 16 blocks) and at one that leaves the last block part empty (300), with random weights, a few
+// tokens and the released models' 4 streams, and 3.
+TEST(Glm5KernelsTest, HyperConnectionsAtWideHiddenSizesMatchTheCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(17);
+  for (const HyperConnectionShape shape :
+       {HyperConnectionShape{4096, 4, 20, 1e-6f, 1e-5f}, HyperConnectionShape{300, 3, 20, 1e-6f, 1e-5f}}) {
+    const int N = shape.streams, mixes = (2 + N) * N;
+    const std::vector<float> fn = Random(static_cast<size_t>(mixes) * N * shape.hidden, rng, 0.02f);
+    const std::vector<float> base = Random(mixes, rng), scale = Random(3, rng, 0.5f);
+    SafetensorsWriter w;
+    w.AddF32("hc_fn", {mixes, static_cast<int64_t>(N) * shape.hidden}, fn.data());
+    w.AddF32("hc_base", {mixes}, base.data());
+    w.AddF32("hc_scale", {3}, scale.data());
+    const std::string path = ::testing::TempDir() + "hyper_connection_" + std::to_string(shape.hidden) + ".safetensors";
+    ASSERT_TRUE(w.Write(path).ok());
+    auto src = TensorSource::Open(path);
+    ASSERT_TRUE(src.ok()) << src.status();
+    testing::CheckHyperConnectionAgainstCpu(**src, "hc_", shape, /*T=*/3, rng, "glm5");
+  }
+}
+
 // The head: the mean of each logit row's streams (rows out of order, one repeated), against
 // HyperHead::Mean's Collapse.
 TEST(Glm5KernelsTest, MeanHeadMatchesTheCpu) {

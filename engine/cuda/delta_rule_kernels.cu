@@ -1,0 +1,159 @@
+#include "engine/cuda/delta_rule_kernels.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cuda/launch_status.cuh"
+#include "engine/cuda/recurrent_chunks.cuh"
+
+namespace exl3::engine::cuda {
+namespace {
+
+constexpr int kMaxKeyDim = 128;
+constexpr int kColumnsPerWarp = 8;   // lane = row group r · 8 + column c
+constexpr int kRowGroups = 4;        // lanes per column
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kColumnsPerBlock = kColumnsPerWarp * kWarps;
+constexpr int kQuads = kMaxKeyDim / 4;             // a key vector as float4s
+constexpr int kQuadsPerLane = kQuads / kRowGroups;  // 8: the lane's 32 key rows
+constexpr int kTile = 8;                            // tokens staged per pass
+constexpr unsigned kFullMask = 0xffffffffu;
+
+static_assert(kColumnsPerWarp * kRowGroups == 32);
+
+// The four lanes of a column (row groups r = lane bits 3 and 4) sum their parts.
+__device__ __forceinline__ float ColumnSum(float v) {
+  v += __shfl_xor_sync(kFullMask, v, 8);
+  v += __shfl_xor_sync(kFullMask, v, 16);
+  return v;
+}
+
+// grid num_chunks · num_heads · ceil(DV / 32), block kThreads. Lane (r, c) of warp w holds column
+// e = group · 32 + w · 8 + c of S, key rows a = (i · 4 + r) · 4 + j for i < 8, j < 4 (float4 i · 4 +
+// r of a key vector: the four row groups read 64 consecutive bytes of shared memory). Rows at or
+// past DK are zero in S, k and q, and one in g, so they change nothing.
+__global__ void __launch_bounds__(kThreads)
+    DeltaRuleKernel(const float* __restrict__ conv_out, const float* __restrict__ beta,
+                    const float* __restrict__ decay, DeltaRuleDecay form, DeltaRuleShape sh,
+                    RecurrentChunks chunks, int first_chunk, float* __restrict__ core) {
+  __shared__ float4 k_s[kTile][kQuads];
+  __shared__ float4 q_s[kTile][kQuads];
+  __shared__ float4 g_s[kTile][kQuads];
+  __shared__ float v_s[kTile][kColumnsPerBlock];
+  __shared__ float b_s[kTile];
+  const int NH = sh.num_heads, DK = sh.key_head_dim, DV = sh.value_head_dim;
+  const int groups = (DV + kColumnsPerBlock - 1) / kColumnsPerBlock;
+  const int group = static_cast<int>(blockIdx.x % groups);
+  const int h = static_cast<int>(blockIdx.x / groups) % NH;
+  const RecurrentChunk c = LoadChunk(chunks, first_chunk + static_cast<int>(blockIdx.x / groups / NH));
+  const int kh = h / sh.heads_per_key_head;
+  const int lane = threadIdx.x % 32, r = lane / kColumnsPerWarp;
+  const int col = (threadIdx.x / 32) * kColumnsPerWarp + lane % kColumnsPerWarp;
+  const int e = group * kColumnsPerBlock + col;
+  const bool live = e < DV;
+  const size_t head = static_cast<size_t>(sh.state_at) + static_cast<size_t>(h) * DK * DV;
+  const float* prev = StateRow(chunks, c.read_row) + head;
+  float* next = StateRow(chunks, c.write_row) + head;
+
+  float s[kQuadsPerLane][4];
+#pragma unroll
+  for (int i = 0; i < kQuadsPerLane; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int a = (i * kRowGroups + r) * 4 + j;
+      s[i][j] = live && a < DK ? prev[static_cast<size_t>(a) * DV + e] : 0.f;
+    }
+  }
+  float* k_f = &k_s[0][0].x;
+  float* q_f = &q_s[0][0].x;
+  float* g_f = &g_s[0][0].x;
+  for (int j0 = 0; j0 < c.tokens; j0 += kTile) {
+    const int n = min(kTile, c.tokens - j0);
+    __syncthreads();  // the previous tile is read
+    for (int i = threadIdx.x; i < n * kMaxKeyDim; i += kThreads) {
+      const int t = i / kMaxKeyDim, a = i % kMaxKeyDim;
+      const size_t row = static_cast<size_t>(c.first + j0 + t);
+      const float* x = conv_out + row * sh.row_floats;
+      const bool in = a < DK;
+      k_f[i] = in ? x[sh.k_at + kh * DK + a] : 0.f;
+      q_f[i] = in ? x[sh.q_at + kh * DK + a] : 0.f;
+      g_f[i] = !in ? 1.f
+               : form == DeltaRuleDecay::kPerHead
+                   ? decay[row * NH + h]
+                   : expf(decay[(row * NH + h) * DK + a]);
+    }
+    for (int i = threadIdx.x; i < n * kColumnsPerBlock; i += kThreads) {
+      const int t = i / kColumnsPerBlock, ee = group * kColumnsPerBlock + i % kColumnsPerBlock;
+      const size_t row = static_cast<size_t>(c.first + j0 + t);
+      v_s[t][i % kColumnsPerBlock] =
+          ee < DV ? conv_out[row * sh.row_floats + sh.v_at + static_cast<size_t>(h) * DV + ee] : 0.f;
+    }
+    if (threadIdx.x < n) b_s[threadIdx.x] = beta[static_cast<size_t>(c.first + j0 + threadIdx.x) * NH + h];
+    __syncthreads();
+    for (int t = 0; t < n; ++t) {
+      float kv = 0.f;  // (Sᵀk)[e] after the decay
+#pragma unroll
+      for (int i = 0; i < kQuadsPerLane; ++i) {
+        const float4 k = k_s[t][i * kRowGroups + r], g = g_s[t][i * kRowGroups + r];
+        s[i][0] *= g.x; kv = fmaf(s[i][0], k.x, kv);
+        s[i][1] *= g.y; kv = fmaf(s[i][1], k.y, kv);
+        s[i][2] *= g.z; kv = fmaf(s[i][2], k.z, kv);
+        s[i][3] *= g.w; kv = fmaf(s[i][3], k.w, kv);
+      }
+      const float delta = (v_s[t][col] - ColumnSum(kv)) * b_s[t];
+      float o = 0.f;
+#pragma unroll
+      for (int i = 0; i < kQuadsPerLane; ++i) {
+        const float4 k = k_s[t][i * kRowGroups + r], q = q_s[t][i * kRowGroups + r];
+        s[i][0] = fmaf(k.x, delta, s[i][0]); o = fmaf(s[i][0], q.x, o);
+        s[i][1] = fmaf(k.y, delta, s[i][1]); o = fmaf(s[i][1], q.y, o);
+        s[i][2] = fmaf(k.z, delta, s[i][2]); o = fmaf(s[i][2], q.z, o);
+        s[i][3] = fmaf(k.w, delta, s[i][3]); o = fmaf(s[i][3], q.w, o);
+      }
+      o = ColumnSum(o);
+      if (r == 0 && live) {
+        const size_t row = static_cast<size_t>(c.first + j0 + t);
+        core[(row * NH + h) * DV + e] = o;
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kQuadsPerLane; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int a = (i * kRowGroups + r) * 4 + j;
+      if (live && a < DK) next[static_cast<size_t>(a) * DV + e] = s[i][j];
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status CheckDeltaRuleShape(const DeltaRuleShape& shape) {
+  if (shape.num_heads <= 0 || shape.heads_per_key_head <= 0 ||
+      shape.num_heads % shape.heads_per_key_head != 0 || shape.key_head_dim <= 0 ||
+      shape.value_head_dim <= 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "delta rule: ", shape.num_heads, " value heads, ", shape.heads_per_key_head,
+        " per key head, heads of ", shape.key_head_dim, " x ", shape.value_head_dim));
+  if (shape.key_head_dim > kMaxKeyDim)
+    return absl::UnimplementedError(absl::StrCat("delta rule: key_head_dim ", shape.key_head_dim,
+                                                 " above the recurrence kernel's ", kMaxKeyDim));
+  return absl::OkStatus();
+}
+
+absl::Status DeltaRuleRecurrence(const float* conv_out, const float* beta, const float* decay,
+                                 DeltaRuleDecay form, const DeltaRuleShape& shape,
+                                 const RecurrentChunks& chunks, int first_chunk, int num_chunks,
+                                 float* core, StreamHandle stream) {
+  if (num_chunks <= 0) return absl::OkStatus();
+  const unsigned groups = (shape.value_head_dim + kColumnsPerBlock - 1) / kColumnsPerBlock;
+  DeltaRuleKernel<<<static_cast<unsigned>(num_chunks) * shape.num_heads * groups, kThreads, 0,
+                    S(stream)>>>(conv_out, beta, decay, form, shape, chunks, first_chunk, core);
+  return LaunchStatus("DeltaRuleRecurrence");
+}
+
+}  // namespace exl3::engine::cuda

@@ -1,0 +1,28 @@
+// Device-side reading of a step's chunk table (engine/cuda/recurrent_chunks.h) for the recurrent
+// layers' kernels (engine/cuda/deltanet_kernels.cu, kda_kernels.cu, delta_rule_kernels.cu).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "engine/cuda/recurrent_chunks.h"
+
+namespace exl3::engine::cuda {
+
+// One chunk: rows [first, first + tokens) of the step, its state read from read_row and written to
+// write_row of the store.
+struct RecurrentChunk {
+  int first, tokens, read_row, write_row;
+};
+
+__device__ __forceinline__ RecurrentChunk LoadChunk(const RecurrentChunks& ch, int c) {
+  const int32_t* e = ch.table + static_cast<size_t>(c) * kRecurrentChunkInts;
+  return RecurrentChunk{e[0], e[1], e[2], e[3]};
+}
+
+// The start of the layer's part of state row `row`.
+__device__ __forceinline__ float* StateRow(const RecurrentChunks& ch, int row) {
+  return ch.states + static_cast<size_t>(row) * ch.row_floats;
+}
+
+}  // namespace exl3::engine::cuda
