@@ -65,7 +65,7 @@ class GatedResidualStream final : public ResidualStream {
     if (L.ple != nullptr) {
       if (states_ == nullptr || ple_rows_ == nullptr)
         return absl::InternalError("a PLE layer runs before the step's n-gram rows and states are bound");
-      const float* e = ple_rows_ + static_cast<size_t>(L.ple_index) * ple_step_rows_ * L.ple->embed_dim();
+      const float* e = ple_rows_ + static_cast<size_t>(L.ple_index) * ple_layer_ints_;
       EXL3_RETURN_IF_ERROR(L.ple->Forward(streams_.get(), e, first, n, states_->StepFor(first, n), ple_ws_, ctx_));
     }
     return Collapse(L.mixer, first, n, x);
@@ -93,13 +93,14 @@ class GatedResidualStream final : public ResidualStream {
   absl::Status PackStep(const StepTokens& tokens, int rows, std::vector<int32_t>* facts) override {
     if (num_ple_ == 0) return absl::OkStatus();
     EXL3_RETURN_IF_ERROR(windows_.Build(tokens, &windows_host_));
-    ple_at_ = facts->size();
-    ple_step_rows_ = rows;
+    // Each layer's rows start 16-byte aligned (the projections' vector loads).
     const size_t E = static_cast<size_t>(cfg_.qwen4exp->ple.embed_dim);
-    facts->resize(ple_at_ + static_cast<size_t>(num_ple_) * rows * E, 0);
+    ple_at_ = (facts->size() + 3) / 4 * 4;
+    ple_layer_ints_ = (static_cast<size_t>(rows) * E + 3) / 4 * 4;
+    facts->resize(ple_at_ + static_cast<size_t>(num_ple_) * ple_layer_ints_, 0);
     for (const Layer& L : layers_) {
       if (L.ple == nullptr) continue;
-      float* e = reinterpret_cast<float*>(facts->data() + ple_at_ + static_cast<size_t>(L.ple_index) * rows * E);
+      float* e = reinterpret_cast<float*>(facts->data() + ple_at_ + static_cast<size_t>(L.ple_index) * ple_layer_ints_);
       EXL3_RETURN_IF_ERROR(L.ple->Embed(windows_host_.data(), tokens.num_tokens, e));
     }
     return absl::OkStatus();
@@ -146,8 +147,8 @@ class GatedResidualStream final : public ResidualStream {
   PleWindows windows_;
   std::vector<int32_t> windows_host_;
   const RecurrentLayerStates* states_ = nullptr;
-  size_t ple_at_ = 0;      // where PackStep put the rows in the step's array
-  int ple_step_rows_ = 0;  // rows of each layer's part
+  size_t ple_at_ = 0;          // where PackStep put the rows in the step's array
+  size_t ple_layer_ints_ = 0;  // ints of each layer's part (its rows · embed_dim, rounded up to 4)
   const float* ple_rows_ = nullptr;
   PleWorkspace ple_ws_;
 };
