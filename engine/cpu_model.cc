@@ -341,15 +341,7 @@ absl::Status CpuModel::Forward(const StepBatch& batch, float* logits) {
   if (cache_ == nullptr) return absl::FailedPreconditionError("KV cache not allocated");
   times_ = StepPhaseTimes{};
   (void)moe_->TakeStageTimes();  // what a failed step before this one left
-  if (cfg_.qwen4exp != nullptr) {  // the text model only: no image or video inputs
-    for (const SequenceChunk& c : batch.chunks)
-      for (int32_t id : c.tokens)
-        if (id == cfg_.qwen4exp->image_token_id || id == cfg_.qwen4exp->video_token_id)
-          return absl::InvalidArgumentError(absl::StrCat(
-              "sequence ", c.sequence_id, ": token ", id, " is ", cfg_.architecture(), "'s ",
-              id == cfg_.qwen4exp->image_token_id ? "image" : "video",
-              " placeholder; image and video inputs are not supported (the engine runs the text model only)"));
-  }
+  EXL3_RETURN_IF_ERROR(RefuseImageAndVideoTokens(cfg_, batch));  // Qwen4-Exp: the text model only
   // Recurrent layers read each chunk's state as the last successful step left it and write the
   // other copy; only the commit below, after every layer, makes those current.
   if (states_ != nullptr) EXL3_RETURN_IF_ERROR(states_->BeginStep(batch));

@@ -157,24 +157,35 @@ absl::Status PleLayer::ReadRow(int64_t row, float* out) const {
   return absl::OkStatus();
 }
 
+absl::Status PleLayer::Embed(const int32_t* windows, int T, float* e) const {
+  const PleConfig& ple = cfg_.qwen4exp->ple;
+  const int E = ple.embed_dim, D = ple.head_dim(), heads = ple.num_heads(), n = ple.ngram_size;
+  std::vector<int64_t> rows(heads);
+  for (int t = 0; t < T; ++t) {
+    hash_.Rows(windows + static_cast<size_t>(t) * n, rows.data());
+    for (int k = 0; k < heads; ++k)
+      EXL3_RETURN_IF_ERROR(ReadRow(rows[k], e + static_cast<size_t>(t) * E + static_cast<size_t>(k) * D));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PleLayer::Forward(float* h, const StepTokens& tokens, SequenceStateStore& states,
                                CpuCompute& compute) const {
   const Qwen4ExpConfig& q = *cfg_.qwen4exp;
   const PleConfig& ple = q.ple;
   const int T = tokens.num_tokens, H = cfg_.hidden_size, S = q.hc_count, wide = S * H;
-  const int E = ple.embed_dim, D = ple.head_dim(), heads = ple.num_heads(), n = ple.ngram_size;
+  const int E = ple.embed_dim, n = ple.ngram_size;
   const int ctx = ple.context_tokens(), K = ple.conv_kernel, past = ple.conv_state_positions();
   const float eps = cfg_.rms_norm_eps;
 
   // The n-gram embedding of every token: its window is the chunk's tokens before it, then the
   // sequence's carried context (eos at position 0).
-  std::vector<float> e(static_cast<size_t>(T) * E);
-  std::vector<int32_t> window(n);
-  std::vector<int64_t> rows(heads);
+  std::vector<int32_t> windows(static_cast<size_t>(T) * n);
   for (int t = 0; t < T; ++t) {
     const SequenceChunk& chunk = tokens.batch->chunks[tokens.chunk_of[t]];
     const int j = tokens.positions[t] - chunk.start_position;  // index in the chunk
     const float* carried = states.Current(layer_, chunk.state_slot) + state_offset_;
+    int32_t* window = &windows[static_cast<size_t>(t) * n];
     for (int i = 0; i < n; ++i) {
       const int back = n - 1 - i;  // tokens before t
       if (j - back >= 0) {
@@ -185,11 +196,9 @@ absl::Status PleLayer::Forward(float* h, const StepTokens& tokens, SequenceState
         window[i] = static_cast<int32_t>(carried[ctx + (j - back)]);  // the carried context, oldest first
       }
     }
-    hash_.Rows(window.data(), rows.data());
-    for (int k = 0; k < heads; ++k) {
-      EXL3_RETURN_IF_ERROR(ReadRow(rows[k], &e[static_cast<size_t>(t) * E + static_cast<size_t>(k) * D]));
-    }
   }
+  std::vector<float> e(static_cast<size_t>(T) * E);
+  EXL3_RETURN_IF_ERROR(Embed(windows.data(), T, e.data()));
 
   std::vector<float> key(static_cast<size_t>(T) * wide), value(static_cast<size_t>(T) * H);
   EXL3_RETURN_IF_ERROR(key_.Forward(e.data(), T, key.data(), compute));

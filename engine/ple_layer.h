@@ -47,6 +47,10 @@ class PleLayer {
   PleLayer(const PleLayer&) = delete;
   PleLayer& operator=(const PleLayer&) = delete;
 
+  // e [T, embed_dim] = the n-gram rows of each token's window, windows [T, ngram_size] (the token
+  // last, the tokens before it oldest first; eos before the sequence), read from the table's files.
+  absl::Status Embed(const int32_t* windows, int num_tokens, float* e) const;
+
   int64_t table_rows() const { return hash_.table_rows(); }
   int64_t table_bytes() const { return table_bytes_; }
 

@@ -148,4 +148,17 @@ absl::Status ParseQwen4ExpConfig(const json& text, const json& top, const std::s
   return absl::OkStatus();
 }
 
+absl::Status RefuseImageAndVideoTokens(const ModelConfig& cfg, const StepBatch& batch) {
+  if (cfg.qwen4exp == nullptr) return absl::OkStatus();
+  const Qwen4ExpConfig& q = *cfg.qwen4exp;
+  for (const SequenceChunk& c : batch.chunks)
+    for (int32_t id : c.tokens)
+      if (id == q.image_token_id || id == q.video_token_id)
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sequence ", c.sequence_id, ": token ", id, " is ", cfg.architecture(), "'s ",
+            id == q.image_token_id ? "image" : "video",
+            " placeholder; image and video inputs are not supported (the engine runs the text model only)"));
+  return absl::OkStatus();
+}
+
 }  // namespace exl3::engine

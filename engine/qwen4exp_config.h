@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "engine/model_config.h"
+#include "engine/model_runner.h"
 #include "nlohmann/json_fwd.hpp"
 
 namespace exl3::engine {
@@ -78,5 +79,9 @@ struct Qwen4ExpConfig {
 // 5.25 refuses and what the engine does not run, naming the field.
 absl::Status ParseQwen4ExpConfig(const nlohmann::json& text, const nlohmann::json& top,
                                  const std::string& source, ModelConfig* cfg);
+
+// INVALID_ARGUMENT naming the sequence and the token where a chunk of `batch` holds Qwen4-Exp's
+// image or video placeholder: both engines run the text model only.
+absl::Status RefuseImageAndVideoTokens(const ModelConfig& cfg, const StepBatch& batch);
 
 }  // namespace exl3::engine

@@ -5,6 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/linear.h"
+#include "engine/qwen4exp_config.h"
+#include "model/moe_config.h"
 
 namespace exl3::engine::cuda {
 
@@ -42,10 +44,22 @@ absl::StatusOr<std::unique_ptr<CudaGatedDeltaNet>> CudaGatedDeltaNet::Load(const
   std::unique_ptr<CudaGatedDeltaNet> d(new CudaGatedDeltaNet(cfg, state_offset));
   const LinearAttentionConfig& s = cfg.linear_attention;
   EXL3_RETURN_IF_ERROR(CheckDeltaNetDims(d->dims_));
-  const std::string p = absl::StrCat("model.layers.", layer, ".linear_attn.");
+  const std::string p = LayerPrefix(cfg.moe, layer) + "linear_attn.";
   const int H = cfg.hidden_size;
-  EXL3_ASSIGN_OR_RETURN(d->qkvz_, CudaLinear::Load(src, p + "in_proj_qkvz", H, d->dims_.qkvz_width()));
-  EXL3_ASSIGN_OR_RETURN(d->ba_, CudaLinear::Load(src, p + "in_proj_ba", H, 2 * s.num_value_heads));
+  if (cfg.qwen4exp != nullptr) {
+    d->layout_ = ProjectionLayout::kSeparate;
+    switch (cfg.qwen4exp->output_gate) {
+      case OutputGateActivation::kSilu: d->gate_ = DeltaNetOutputGate::kSilu; break;
+      case OutputGateActivation::kSigmoid: d->gate_ = DeltaNetOutputGate::kSigmoid; break;
+    }
+    EXL3_ASSIGN_OR_RETURN(d->qkv_, CudaLinear::Load(src, p + "in_proj_qkv", H, s.conv_channels()));
+    EXL3_ASSIGN_OR_RETURN(d->z_, CudaLinear::Load(src, p + "in_proj_z", H, s.value_dim()));
+    EXL3_ASSIGN_OR_RETURN(d->b_, CudaLinear::Load(src, p + "in_proj_b", H, s.num_value_heads));
+    EXL3_ASSIGN_OR_RETURN(d->a_, CudaLinear::Load(src, p + "in_proj_a", H, s.num_value_heads));
+  } else {
+    EXL3_ASSIGN_OR_RETURN(d->qkvz_, CudaLinear::Load(src, p + "in_proj_qkvz", H, d->dims_.qkvz_width()));
+    EXL3_ASSIGN_OR_RETURN(d->ba_, CudaLinear::Load(src, p + "in_proj_ba", H, 2 * s.num_value_heads));
+  }
   EXL3_ASSIGN_OR_RETURN(d->out_, CudaLinear::Load(src, p + "out_proj", s.value_dim(), H));
 
   const std::string conv = p + "conv1d.weight";
@@ -73,9 +87,43 @@ absl::StatusOr<std::unique_ptr<CudaGatedDeltaNet>> CudaGatedDeltaNet::Load(const
   return d;
 }
 
+std::vector<const CudaLinear*> CudaGatedDeltaNet::linears() const {
+  switch (layout_) {
+    case ProjectionLayout::kFusedPerKeyHead: return {&qkvz_, &ba_, &out_};
+    case ProjectionLayout::kSeparate: return {&qkv_, &z_, &b_, &a_, &out_};
+  }
+  return {};
+}
+
 int64_t CudaGatedDeltaNet::weight_bytes() const {
-  return qkvz_.weight_bytes() + ba_.weight_bytes() + out_.weight_bytes() +
-         static_cast<int64_t>(conv_weight_.size() * sizeof(float));
+  int64_t bytes = static_cast<int64_t>(conv_weight_.size() * sizeof(float));
+  for (const CudaLinear* l : linears()) bytes += l->weight_bytes();
+  return bytes;
+}
+
+absl::Status CudaGatedDeltaNet::Project(const float* x, int first, int n, DeltaNetWorkspace& ws,
+                                        const CudaLinearContext& ctx) const {
+  const size_t r = static_cast<size_t>(first);
+  const int NV = dims_.num_value_heads;
+  float* qkvz = ws.qkvz.get() + r * dims_.qkvz_width();
+  float* ba = ws.ba.get() + r * 2 * NV;
+  if (layout_ == ProjectionLayout::kFusedPerKeyHead) {
+    const CudaLinear* in[2] = {&qkvz_, &ba_};
+    float* const in_out[2] = {qkvz, ba};
+    return CudaLinear::ForwardShared(in, 2, x + r * hidden_, n, in_out, ctx);
+  }
+  // The separate projections land in the rows of buffers the later kernels overwrite, whose shapes
+  // are theirs (conv_out [T, conv_channels] for qkv, core [T, value_dim] for z, beta and decay
+  // [T, NV] for b and a), so the layout needs no memory of its own; then regrouped into qkvz, ba.
+  float* qkv = ws.conv_out.get() + r * dims_.conv_channels();
+  float* z = ws.core.get() + r * dims_.value_dim();
+  float* b = ws.beta.get() + r * NV;
+  float* a = ws.decay.get() + r * NV;
+  const CudaLinear* in[4] = {&qkv_, &z_, &b_, &a_};
+  float* const in_out[4] = {qkv, z, b, a};
+  EXL3_RETURN_IF_ERROR(CudaLinear::ForwardShared(in, 4, x + r * hidden_, n, in_out, ctx));
+  return DeltaNetGroupSeparateProjections(ws.conv_out.get(), ws.core.get(), ws.beta.get(), ws.decay.get(), dims_,
+                                          first, n, ws.qkvz.get(), ws.ba.get(), ctx.stream);
 }
 
 absl::Status CudaGatedDeltaNet::Forward(const float* x, int first, int n, const RecurrentStep& step,
@@ -83,12 +131,9 @@ absl::Status CudaGatedDeltaNet::Forward(const float* x, int first, int n, const 
                                         float* out) const {
   if (n <= 0) return absl::OkStatus();
   const size_t r = static_cast<size_t>(first);
-  const int NV = dims_.num_value_heads;
   float* qkvz = ws.qkvz.get();
   float* ba = ws.ba.get();
-  const CudaLinear* in[2] = {&qkvz_, &ba_};
-  float* const in_out[2] = {qkvz + r * dims_.qkvz_width(), ba + r * 2 * NV};
-  EXL3_RETURN_IF_ERROR(CudaLinear::ForwardShared(in, 2, x + r * hidden_, n, in_out, ctx));
+  EXL3_RETURN_IF_ERROR(Project(x, first, n, ws, ctx));
   RecurrentChunks chunks = step.chunks;
   chunks.states = step.store + state_offset_;
   EXL3_RETURN_IF_ERROR(DeltaNetConv(qkvz, conv_weight_.get(), dims_, chunks, first, n,
@@ -101,7 +146,7 @@ absl::Status CudaGatedDeltaNet::Forward(const float* x, int first, int n, const 
   EXL3_RETURN_IF_ERROR(DeltaNetRecurrence(ws.conv_out.get(), ws.beta.get(), ws.decay.get(), dims_,
                                           chunks, step.first_chunk, step.num_chunks, ws.core.get(),
                                           ctx.stream));
-  EXL3_RETURN_IF_ERROR(DeltaNetGatedNorm(ws.core.get(), qkvz, norm_weight_.get(), dims_, eps_,
+  EXL3_RETURN_IF_ERROR(DeltaNetGatedNorm(ws.core.get(), qkvz, norm_weight_.get(), dims_, eps_, gate_,
                                          first, n, ctx.stream));
   return out_.Forward(ws.core.get() + r * dims_.value_dim(), n, out + r * hidden_, ctx);
 }

@@ -8,7 +8,10 @@
 //   delta rule per (chunk, value head) from the chunk's S, S written back
 //   rmsnorm(o) · w · silu(z) → out_proj                           (CudaLinear)
 //
-// (engine/cuda/deltanet_kernels.h). Each chunk's state is read from and written to the device
+// (engine/cuda/deltanet_kernels.h). Qwen4-Exp (Qwen3.5's layout) projects with separate
+// in_proj_qkv / in_proj_z / in_proj_b / in_proj_a, regrouped on the device into in_proj_qkvz's and
+// in_proj_ba's layout before the conv, and gates the norm with its output_gate_type (SiLU or
+// sigmoid). Each chunk's state is read from and written to the device
 // state store (engine/cuda/device_sequence_states.h) at the rows the step's chunk table names, so
 // the layer's launches are the same for any slots (CUDA graphs replay them).
 #pragma once
@@ -47,17 +50,29 @@ class CudaGatedDeltaNet {
                        DeltaNetWorkspace& ws, const CudaLinearContext& ctx, float* out) const;
 
   DeltaNetDims dims() const { return dims_; }
-  std::vector<const CudaLinear*> linears() const { return {&qkvz_, &ba_, &out_}; }
+  std::vector<const CudaLinear*> linears() const;
   int64_t weight_bytes() const;
 
  private:
+  // How the input projections are stored.
+  enum class ProjectionLayout {
+    kFusedPerKeyHead,  // Qwen3-Next: in_proj_qkvz / in_proj_ba, grouped per key head
+    kSeparate,         // Qwen4-Exp: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a
+  };
+
   CudaGatedDeltaNet(const ModelConfig& cfg, int64_t state_offset);
+  // qkvz and ba rows [first, first + n) of the workspace from x, in either layout.
+  absl::Status Project(const float* x, int first, int n, DeltaNetWorkspace& ws, const CudaLinearContext& ctx) const;
 
   DeltaNetDims dims_;
   float eps_ = 0;
   int hidden_ = 0;
   int64_t state_offset_ = 0;
-  CudaLinear qkvz_, ba_, out_;
+  ProjectionLayout layout_ = ProjectionLayout::kFusedPerKeyHead;
+  DeltaNetOutputGate gate_ = DeltaNetOutputGate::kSilu;
+  CudaLinear qkvz_, ba_;        // kFusedPerKeyHead
+  CudaLinear qkv_, z_, b_, a_;  // kSeparate
+  CudaLinear out_;
   DeviceArray<float> conv_weight_;  // [channels, conv_kernel]
   DeviceArray<float> neg_a_;        // −exp(A_log) [num_value_heads]
   DeviceArray<float> dt_bias_;      // [num_value_heads]

@@ -9,17 +9,19 @@
 #include "engine/cuda/gqa_mixer.h"
 #include "engine/cuda/kpool_mixer.h"
 #include "engine/cuda/latent_mixer.h"
+#include "engine/cuda/qsa_mixer.h"
 #include "engine/cuda/recurrent_mixer.h"
 
 namespace exl3::engine::cuda {
 namespace {
 
-enum class MixerKindId { kGqa, kLatent, kGatedDeltaNet, kKda, kKpool, kDsv4, kCount };
+enum class MixerKindId { kGqa, kLatent, kGatedDeltaNet, kKda, kKpool, kDsv4, kQsa, kCount };
 
 MixerKindId KindOf(const ModelConfig& cfg, int layer) {
   if (cfg.IsLinearAttentionLayer(layer))
     return cfg.attention == AttentionKind::kPooledDsa ? MixerKindId::kKda : MixerKindId::kGatedDeltaNet;
   if (cfg.attention == AttentionKind::kPooledDsa) return MixerKindId::kKpool;
+  if (cfg.attention == AttentionKind::kQsa) return MixerKindId::kQsa;
   if (cfg.attention == AttentionKind::kDsv4) return MixerKindId::kDsv4;
   if (cfg.IsLatentAttention()) return MixerKindId::kLatent;
   return MixerKindId::kGqa;
@@ -36,6 +38,7 @@ absl::StatusOr<std::unique_ptr<CudaMixerKind>> MakeKind(MixerKindId id, const Mo
       return std::make_unique<RecurrentMixerKind<CudaKimiDeltaAttention, KdaWorkspace>>(cfg, linear);
     case MixerKindId::kKpool: return MakeKpoolKind(cfg, linear);
     case MixerKindId::kDsv4: return MakeDsv4Kind(cfg, linear);
+    case MixerKindId::kQsa: return MakeQsaKind(cfg, linear);
     case MixerKindId::kCount: break;
   }
   return absl::InternalError("unknown mixer kind");
@@ -71,6 +74,12 @@ bool CudaMixers::graph_capturable() const {
   for (const auto& kind : kinds)
     if (!kind->graph_capturable()) return false;
   return true;
+}
+
+const RecurrentLayerStates* CudaMixers::recurrent_states() const {
+  for (const auto& kind : kinds)
+    if (kind->recurrent_states() != nullptr) return kind->recurrent_states();
+  return nullptr;
 }
 
 bool CudaMixers::rows_split() const {

@@ -31,6 +31,8 @@
 
 namespace exl3::engine::cuda {
 
+class RecurrentLayerStates;  // engine/cuda/recurrent_layer_states.h
+
 class CudaMixer {
  public:
   virtual ~CudaMixer() = default;
@@ -72,6 +74,9 @@ class CudaMixerKind {
   virtual bool rows_split() const { return true; }
   // How the kind's attention splits a token's positions; blocks_per_token 0: it does not split.
   virtual SplitShape split_shape() const { return SplitShape{0}; }
+  // A recurrent kind's per-sequence state store and the step's chunk table (else null), which
+  // Qwen4-Exp's PLE layers share (their carried inputs sit in the same rows, as on the CPU engine).
+  virtual const RecurrentLayerStates* recurrent_states() const { return nullptr; }
 };
 
 // Every layer's mixer and the kinds they belong to.
@@ -83,6 +88,8 @@ struct CudaMixers {
   SplitShape split_shape() const;
   bool graph_capturable() const;
   bool rows_split() const;
+  // The recurrent kind's states (at most one recurrent kind per model), or null.
+  const RecurrentLayerStates* recurrent_states() const;
 };
 
 // The mixers of every layer of the model in `src`, on the device of `linear`. UNIMPLEMENTED, naming

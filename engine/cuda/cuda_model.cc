@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
+#include "engine/qwen4exp_config.h"
 #include "model/exl3_model.h"
 #include "model/moe_config.h"
 #include "model/safetensors.h"
@@ -16,13 +17,10 @@ namespace {
 
 // What the GPU engine does not run, refused by name before anything is loaded.
 absl::Status CheckSupported(const ModelConfig& cfg, const CudaModelOptions& options) {
-  if (cfg.moe.family == MoeFamily::kQwen4Exp)
-    return absl::UnimplementedError(absl::StrCat(
-        cfg.architecture(), " (Qwen4-Exp: gated hyper-connections, QSA attention, PLE) runs on the "
-                            "CPU engine only (--engine-device cpu); the GPU engine does not run it"));
-  // Recurrent layers are only known beside GQA attention layers (Qwen3-Next) and GLM-5.3-Flash's
-  // indexed attention (LoadCudaMixers' KindOf pairs each with its kind).
-  if (cfg.HasRecurrentLayers() && cfg.attention != AttentionKind::kGqa && cfg.attention != AttentionKind::kPooledDsa)
+  // Recurrent layers are only known beside GQA attention layers (Qwen3-Next), GLM-5.3-Flash's
+  // indexed attention and Qwen4-Exp's QSA (LoadCudaMixers' KindOf pairs each with its kind).
+  if (cfg.HasRecurrentLayers() && cfg.attention != AttentionKind::kGqa && cfg.attention != AttentionKind::kPooledDsa &&
+      cfg.attention != AttentionKind::kQsa)
     return absl::UnimplementedError(absl::StrCat(cfg.architecture(), ": recurrent layers beside ",
                                                  "this attention are not on the GPU engine"));
   if (options.micro_batches < 1 || options.micro_batches > 2)
@@ -88,7 +86,8 @@ absl::Status CudaModel::Load(const std::string& dir, const CudaModelOptions& opt
     weight_bytes_.attention += mixer->weight_bytes();
     weight_bytes_.attention_decoded.Add(mixer->linears());
   }
-  EXL3_ASSIGN_OR_RETURN(residual_, ResidualStream::Load(cfg_, *src, stream));
+  EXL3_ASSIGN_OR_RETURN(residual_, ResidualStream::Load(cfg_, *src, device_->linear()));
+  EXL3_RETURN_IF_ERROR(residual_->BindRecurrentStates(mixers_.recurrent_states()));
   // The routers (the gate runs on this GPU either way) and, in process, every routed and shared
   // expert. Remote experts get each micro-batch's top-k with its hidden states.
   std::unique_ptr<Exl3Model> experts;
@@ -172,9 +171,11 @@ absl::StatusOr<const CudaStep*> CudaModel::PrepareStep(const StepTokens& tokens,
   EXL3_RETURN_IF_ERROR(facts_->Pack(tokens, layout));
   std::vector<int32_t>& host = facts_->host();
   for (const auto& kind : mixers_.kinds) EXL3_RETURN_IF_ERROR(kind->PackStep(tokens, layout.rows, &host));
+  EXL3_RETURN_IF_ERROR(residual_->PackStep(tokens, layout.rows, &host));
   EXL3_ASSIGN_OR_RETURN(const CudaStep* step, facts_->Upload(device, device_->stream()));
   for (const auto& kind : mixers_.kinds)
     EXL3_RETURN_IF_ERROR(kind->BindStep(*step, tokens, device->get(), device_->stream()));
+  residual_->BindStep(device->get());
   return step;
 }
 
@@ -294,6 +295,7 @@ absl::Status CudaModel::ForwardSampled(const StepBatch& batch, std::span<const R
 
 absl::Status CudaModel::RunStep(const StepBatch& batch, const StepOutput& out) {
   if (!cache_shape_.has_value()) return absl::FailedPreconditionError("KV cache not allocated");
+  EXL3_RETURN_IF_ERROR(RefuseImageAndVideoTokens(cfg_, batch));  // Qwen4-Exp: the text model only
   StepTokens tokens;
   EXL3_RETURN_IF_ERROR(FlattenStep(batch, cfg_.vocab_size, *cache_shape_, cfg_.max_position_embeddings, &tokens));
   if (tokens.num_tokens == 0) return absl::OkStatus();
@@ -305,6 +307,7 @@ absl::Status CudaModel::RunStep(const StepBatch& batch, const StepOutput& out) {
                      tokens.num_tokens <= DecodeGraphs::kMaxRows && IsDecodeStep(batch);
   EXL3_RETURN_IF_ERROR(graph ? RunDecodeGraph(tokens, out) : RunEagerStep(batch, tokens, out));
   for (const auto& kind : mixers_.kinds) EXL3_RETURN_IF_ERROR(kind->EndStep(batch, device_->stream()));
+  residual_->EndStep();
   return absl::OkStatus();
 }
 

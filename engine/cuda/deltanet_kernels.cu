@@ -124,8 +124,8 @@ __global__ void NormAndGatesKernel(float* __restrict__ conv_out, const float* __
 
 // grid ceil(n * num_value_heads / 8), block 256: one warp per (token, value head).
 __global__ void GatedNormKernel(float* __restrict__ core, const float* __restrict__ qkvz,
-                                const float* __restrict__ w, DeltaNetDims d, float eps, int first,
-                                int n) {
+                                const float* __restrict__ w, DeltaNetDims d, float eps,
+                                DeltaNetOutputGate gate, int first, int n) {
   const int lane = threadIdx.x % 32;
   const int item = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (item >= n * d.num_value_heads) return;
@@ -138,7 +138,43 @@ __global__ void GatedNormKernel(float* __restrict__ core, const float* __restric
   ss = WarpSum(ss);
   const float inv = rsqrtf(ss / DV + eps);
   __syncwarp();
-  for (int e = lane; e < DV; e += 32) o[e] = w[e] * (o[e] * inv) * Silu(z[ZColumn(d, h, e)]);
+  for (int e = lane; e < DV; e += 32) {
+    const float zv = z[ZColumn(d, h, e)];
+    o[e] = w[e] * (o[e] * inv) * (gate == DeltaNetOutputGate::kSigmoid ? Sigmoid(zv) : Silu(zv));
+  }
+}
+
+// grid ceil(n * (qkvz_width + 2 * NV) / kThreads), block kThreads: one thread per (token, grouped
+// column) of qkvz, then of ba.
+__global__ void GroupSeparateKernel(const float* __restrict__ qkv, const float* __restrict__ z,
+                                    const float* __restrict__ b, const float* __restrict__ a,
+                                    DeltaNetDims d, int first, int n, float* __restrict__ qkvz,
+                                    float* __restrict__ ba) {
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int W = d.qkvz_width(), NV = d.num_value_heads, width = W + 2 * NV;
+  if (item >= static_cast<int64_t>(n) * width) return;
+  const size_t t = static_cast<size_t>(first) + static_cast<size_t>(item / width);
+  const int col = static_cast<int>(item % width);
+  const int DK = d.key_head_dim, KD = d.key_dim();
+  const int ratio = NV / d.num_key_heads, rv = ratio * d.value_head_dim;
+  if (col < W) {
+    const int per = 2 * DK + 2 * rv, g = col / per, off = col % per;
+    const float* qkv_row = qkv + t * d.conv_channels();
+    float v;
+    if (off < DK) {
+      v = qkv_row[g * DK + off];
+    } else if (off < 2 * DK) {
+      v = qkv_row[KD + g * DK + off - DK];
+    } else if (off < 2 * DK + rv) {
+      v = qkv_row[2 * KD + g * rv + off - 2 * DK];
+    } else {
+      v = z[t * d.value_dim() + g * rv + off - 2 * DK - rv];
+    }
+    qkvz[t * W + col] = v;
+    return;
+  }
+  const int c = col - W, g = c / (2 * ratio), off = c % (2 * ratio);
+  ba[t * 2 * NV + c] = off < ratio ? b[t * NV + g * ratio + off] : a[t * NV + g * ratio + off - ratio];
 }
 
 unsigned Blocks(int64_t items, int per_block) {
@@ -202,12 +238,22 @@ absl::Status DeltaNetRecurrence(const float* conv_out, const float* beta, const 
 }
 
 absl::Status DeltaNetGatedNorm(float* core, const float* qkvz, const float* norm_weight,
-                               const DeltaNetDims& dims, float eps, int first, int n,
+                               const DeltaNetDims& dims, float eps, DeltaNetOutputGate gate, int first, int n,
                                StreamHandle stream) {
   if (n <= 0) return absl::OkStatus();
   GatedNormKernel<<<Blocks(static_cast<int64_t>(n) * dims.num_value_heads, kThreads / 32), kThreads,
-                    0, S(stream)>>>(core, qkvz, norm_weight, dims, eps, first, n);
+                    0, S(stream)>>>(core, qkvz, norm_weight, dims, eps, gate, first, n);
   return LaunchStatus("DeltaNetGatedNorm");
+}
+
+absl::Status DeltaNetGroupSeparateProjections(const float* qkv, const float* z, const float* b, const float* a,
+                                              const DeltaNetDims& dims, int first, int n, float* qkvz,
+                                              float* ba, StreamHandle stream) {
+  if (n <= 0) return absl::OkStatus();
+  const int64_t items = static_cast<int64_t>(n) * (dims.qkvz_width() + 2 * dims.num_value_heads);
+  GroupSeparateKernel<<<Blocks(items, kThreads), kThreads, 0, S(stream)>>>(qkv, z, b, a, dims, first, n, qkvz,
+                                                                          ba);
+  return LaunchStatus("DeltaNetGroupSeparateProjections");
 }
 
 absl::Status CheckDeltaNetDims(const DeltaNetDims& dims) {

@@ -79,11 +79,24 @@ absl::Status DeltaNetRecurrence(const float* conv_out, const float* beta, const 
                                 const DeltaNetDims& dims, const RecurrentChunks& chunks,
                                 int first_chunk, int num_chunks, float* core, StreamHandle stream);
 
-// In place over core rows [first, first + n): each value head's vector rmsnorm(o) · w · silu(z),
+// The activation of z in the gated output norm: Qwen3-Next's SiLU, or Qwen4-Exp's
+// `output_gate_type` (SiLU or sigmoid).
+enum class DeltaNetOutputGate { kSilu, kSigmoid };
+
+// In place over core rows [first, first + n): each value head's vector rmsnorm(o) · w · act(z),
 // z from qkvz; norm_weight [value_head_dim] fp32 (used as stored).
 absl::Status DeltaNetGatedNorm(float* core, const float* qkvz, const float* norm_weight,
-                               const DeltaNetDims& dims, float eps, int first, int n,
-                               StreamHandle stream);
+                               const DeltaNetDims& dims, float eps, DeltaNetOutputGate gate, int first,
+                               int n, StreamHandle stream);
+
+// Qwen4-Exp's separate projections (Qwen3.5's layout) regrouped as in_proj_qkvz / in_proj_ba write
+// theirs, for rows [first, first + n): qkv [step tokens, conv_channels] (q of every key head | k |
+// v of every value head), z [step tokens, value_dim], b and a [step tokens, num_value_heads] into
+// qkvz [step tokens, qkvz_width] and ba [step tokens, 2 * num_value_heads] (per key head: q, k, v
+// of its value heads, z of them; b of its value heads, then a). No pointer may alias another.
+absl::Status DeltaNetGroupSeparateProjections(const float* qkv, const float* z, const float* b, const float* a,
+                                              const DeltaNetDims& dims, int first, int n, float* qkvz,
+                                              float* ba, StreamHandle stream);
 
 // Whether the kernels take `dims` (value heads a multiple of key heads, key_head_dim at most 128).
 absl::Status CheckDeltaNetDims(const DeltaNetDims& dims);

@@ -54,6 +54,7 @@ class RecurrentMixerKind final : public CudaMixerKind {
     states_.Bind(step.rows, device_facts);
     return absl::OkStatus();
   }
+  const RecurrentLayerStates* recurrent_states() const override { return &states_; }
 
  private:
   class Mixer final : public CudaMixer {

@@ -4,6 +4,8 @@
 //   plain:          h += block output; x = rmsnorm(h) · w (the add fused with the next norm)
 //   hyper-connected (DeepSeek-V4's and GLM-5.3-Flash's mHC, engine/cuda/hyper_residual.h): hc_mult
 //                   streams per token; a block's input collapsed from them and its output expanded back
+//   gated           (Qwen4-Exp's low-rank gated hyper-connections, engine/cuda/gated_residual_stream.h):
+//                   hc_count streams, collapsed and expanded through small projections; no norms
 // The layer loop (engine/cuda/cuda_model.h) is the same for both:
 //
 //   Embed(ids)  then per layer: MixerInput → mixer → MlpInput → MLP / experts → MlpOutput
@@ -18,17 +20,23 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "engine/cuda/cuda_linear.h"
 #include "engine/cuda/engine_kernels.h"
 #include "engine/model_config.h"
+#include "engine/model_runner.h"
+#include "engine/step_tokens.h"
 #include "model/safetensors.h"
 
 namespace exl3::engine::cuda {
 
+class RecurrentLayerStates;  // engine/cuda/recurrent_layer_states.h
+
 class ResidualStream {
  public:
-  // The model's kind of stream, with every layer's norms (and hyper-connections) and the final norm.
+  // The model's kind of stream, with every layer's norms (and hyper-connections) and the final norm;
+  // every launch goes on ctx.stream (the gated kind's projections through ctx).
   static absl::StatusOr<std::unique_ptr<ResidualStream>> Load(const ModelConfig& cfg, const TensorSource& src,
-                                                              StreamHandle stream);
+                                                              const CudaLinearContext& ctx);
   virtual ~ResidualStream() = default;
 
   // Grows the stream for steps of `rows` rows and `logit_rows` head rows; *moved: an address changed.
@@ -47,6 +55,19 @@ class ResidualStream {
                                  float* head_in) = 0;
   // Streams per token (1 for the plain stream).
   virtual int streams() const = 0;
+
+  // Per-step hooks for a stream with per-sequence state (Qwen4-Exp's PLE layers: their n-gram rows
+  // read on the host for each step, their conv inputs carried in the recurrent layers' store); the
+  // other streams have none. Called as the mixer kinds' (engine/cuda/cuda_mixer.h): once after
+  // loading, the model's recurrent states (null where it has no recurrent layers); per step the
+  // stream's facts appended to the step's array, where they were uploaded, and after a step that
+  // succeeded.
+  virtual absl::Status BindRecurrentStates(const RecurrentLayerStates* /*states*/) { return absl::OkStatus(); }
+  virtual absl::Status PackStep(const StepTokens& /*tokens*/, int /*rows*/, std::vector<int32_t>* /*facts*/) {
+    return absl::OkStatus();
+  }
+  virtual void BindStep(const int32_t* /*device_facts*/) {}
+  virtual void EndStep() {}
 };
 
 }  // namespace exl3::engine::cuda

@@ -4,14 +4,15 @@
 #      engine_cuda_delta_rule_test (the recurrence both linear-attention kinds share),
 #      engine_cuda_dense_gemv_test (decode-sized dense linears),
 #      engine_cuda_kda_test (GLM-5.3-Flash's KDA layer), engine_cuda_kpool_test (its indexed
-#      attention), engine_cuda_glm5_residual_test (its hyper-connections, mean head, clamped SwiGLU)
-#      and engine_cuda_dsv4_test: the kernels against the CPU references and whole models
+#      attention), engine_cuda_glm5_residual_test (its hyper-connections, mean head, clamped SwiGLU),
+#      engine_cuda_qwen4exp_residual_test and engine_cuda_qsa_test (Qwen4-Exp's gated residual
+#      stream and QSA attention) and engine_cuda_dsv4_test: the kernels against the CPU references and whole models
 #      (tests/fixtures/engine) against the CPU engine and transformers; Qwen3-Next's state through
 #      the engine (preemption, a failed step);
 #   2. compute-sanitizer: memcheck on a GQA, a GLM-MoE-DSA and a Qwen3-Next fixture's generation,
 #      racecheck on the kernel tests (the DeltaNet's, KDA's and the k-pooled indexer's too) and one
 #      short generation, memcheck on KDA's and the indexed attention's layer tests, DeepSeek-V4's
-#      kernels and resume;
+#      kernels and resume, Qwen4-Exp's residual, PLE and QSA kernels, its QSA layer and generation;
 #   3. a synthetic model with GLM-4.5-Air's shapes (dense intermediate 11008: 10944 rounded up to EXL3's
 #      multiple of 128; ENGINE_LAYERS layers, default 6: the first
 #      dense) and exl3-engine-bench on it: time to first token, decode tokens/s at batch 1..64
@@ -41,7 +42,7 @@ ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY="$ONLY $2"; shift ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
     *) echo "engine.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -68,6 +69,8 @@ if want test; then
   run_test engine_cuda_kpool_test kpool-test.log "^kpool " 300
   run_test engine_cuda_dsv4_test dsv4-test.log "^dsv4 " 200
   run_test engine_cuda_glm5_residual_test glm5-residual-test.log "^glm5 " 100
+  run_test engine_cuda_qwen4exp_residual_test qwen4-residual-test.log "^qwen4 " 200
+  run_test engine_cuda_qsa_test qsa-test.log "^qsa " 100
 fi
 if want sanitize && command -v compute-sanitizer > /dev/null; then
   echo "=== compute-sanitizer"
@@ -100,6 +103,11 @@ if want sanitize && command -v compute-sanitizer > /dev/null; then
   sanitize racecheck dsv4-kernels engine_cuda_dsv4_test 'Dsv4KernelsTest.*'
   sanitize memcheck dsv4-resume engine_cuda_model_test 'Dsv4Family/CudaDsv4ResumeTest.*/1'
   sanitize racecheck glm5-residual-kernels engine_cuda_glm5_residual_test 'Glm5KernelsTest.*'
+  # Qwen4-Exp: the gated residual's and QSA's kernels, and the QSA layer through its kind.
+  sanitize memcheck qwen4-residual engine_cuda_qwen4exp_residual_test 'Qwen4ExpResidualTest.*'
+  sanitize racecheck qsa-kernels engine_cuda_qsa_test 'QsaKernelsTest.*'
+  sanitize memcheck qsa-layer engine_cuda_qsa_test 'QsaMixerTest.*'
+  sanitize memcheck qwen4-generation engine_cuda_model_test 'Qwen4ExpFamily/CudaModelFixtureTest.MatchesCpuModelAndTransformers/0'
 fi
 if want bench; then
   echo "=== exl3-engine-bench (GLM-4.5-Air shapes, ${ENGINE_LAYERS:-6} layers)"

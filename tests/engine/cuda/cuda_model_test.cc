@@ -379,10 +379,13 @@ TEST_P(CudaModelFixtureTest, MatchesCpuModelAndTransformers) {
     // DeepSeek-V4's CSA indexer likewise (its scores in fp32 on both engines, but its inputs come
     // through EXL3 projections that round to fp16 on the GPU).
     // GLM-5.3-Flash's k-pooled indexer likewise (its pool scores from the GPU's fp16 cache).
+    // Qwen4-Exp's QSA likewise (its block scores in fp32 on both engines, from inputs whose sums ran
+    // in another order).
     const exl3::engine::AttentionKind attention = (*cpu)->config().attention;
     const bool selecting = attention == exl3::engine::AttentionKind::kDsa ||
                            attention == exl3::engine::AttentionKind::kDsv4 ||
-                           attention == exl3::engine::AttentionKind::kPooledDsa;
+                           attention == exl3::engine::AttentionKind::kPooledDsa ||
+                           attention == exl3::engine::AttentionKind::kQsa;
     double worst = 0;
     // Rows past transformers' greedy continuation: the harness's decode steps while other prompts
     // still prefill.
@@ -465,6 +468,16 @@ INSTANTIATE_TEST_SUITE_P(Dsv4Family, CudaModelFixtureTest,
 // grouped sigmoid routing.
 INSTANTIATE_TEST_SUITE_P(Glm5NextFamily, CudaModelFixtureTest,
                          ::testing::Values("glm5_next_experts", "glm5_next_all"));
+
+// Qwen4-Exp (Qwen4ExpForConditionalGeneration, tensors under model.language_model. beside a vision
+// tower and an MTP head the engines leave unread): its gated residual stream with the PLE layer
+// (engine/cuda/gated_residual_stream.h, cuda_ple_layer.h), gated DeltaNet layers with separate
+// projections and the sigmoid output gate, QSA attention (engine/cuda/qsa_mixer.h; a selecting family
+// as above: a block-score near-tie at the top-k boundary may choose differently), the MoE with the
+// shared expert's gate. Kernels: tests/engine/cuda/qwen4exp_residual_test.cc, qsa_attention_test.cc,
+// deltanet_test.cc.
+INSTANTIATE_TEST_SUITE_P(Qwen4ExpFamily, CudaModelFixtureTest,
+                         ::testing::Values("qwen4_exp_experts", "qwen4_exp_all"));
 
 // DeepSeek-V4: prefill → decode → prefill → decode in one sequence (reference.json "resume", as
 // tests/engine/transformers_conformance_test.cc's ResumeTest runs it on the CPU engine): the first
@@ -600,7 +613,7 @@ TEST_P(CudaHyperConnectedExecutorTest, ExpertsThroughAnExecutorMatchInProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(HyperConnectedFamilies, CudaHyperConnectedExecutorTest,
-                         ::testing::Values("deepseek_v4_experts", "glm5_next_experts"));
+                         ::testing::Values("deepseek_v4_experts", "glm5_next_experts", "qwen4_exp_experts"));
 
 // The experts behind a MoeExecutor (as with workers): each MoE layer's hidden states go to the host
 // and back. The CPU's LocalMoe stands in for the workers.

@@ -1,7 +1,8 @@
 // Qwen3-Next on the GPU engine beyond the fixture comparison of tests/engine/cuda/
 // cuda_model_test.cc (RecurrentFamilies): the gated DeltaNet layer (engine/cuda/
 // cuda_gated_deltanet.h and its kernels) against the CPU layer (engine/gated_deltanet.h) on random
-// inputs through prefill, decode and prefill again, several sequences per step, chunks shorter and
+// inputs through prefill, decode and prefill again (Qwen3-Next's layout and Qwen4-Exp's separate
+// projections with its sigmoid output gate), several sequences per step, chunks shorter and
 // longer than the conv window, outputs and the stored states compared; then the engine over the
 // device state store as tests/engine/qwen3_next_test.cc runs it on the CPU: batched prompts,
 // preempted sequences recomputed from position 0, a failed step run again from the states before
@@ -27,6 +28,7 @@
 #include "engine/gated_deltanet.h"
 #include "engine/local_moe.h"
 #include "engine/model_config.h"
+#include "engine/qwen4exp_config.h"
 #include "engine/sequence_state.h"
 #include "engine/step_tokens.h"
 #include "gtest/gtest.h"
@@ -42,11 +44,8 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // The layer against the CPU layer.
 
-TEST(DeltaNetKernelsTest, LayerMatchesTheCpuLayerThroughPrefillDecodePrefill) {
-  REQUIRE_GPU();
-  // The experts variant: the DeltaNet's projections are bf16 (dense on both engines, fp32 sums),
-  // so the comparison is of the kernels' arithmetic alone.
-  const std::string dir = "tests/fixtures/engine/qwen3_next_experts";
+// Layer 0 of the fixture `dir` on both engines, the step sequence below; `name` starts each line.
+void CheckLayerThroughPrefillDecodePrefill(const std::string& dir, const char* name) {
   auto cfg = LoadModelConfig(dir);
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   ASSERT_TRUE(cfg->IsLinearAttentionLayer(0));
@@ -136,12 +135,31 @@ TEST(DeltaNetKernelsTest, LayerMatchesTheCpuLayerThroughPrefillDecodePrefill) {
     }
     const double out_rel = RelativeError(got, want);
     std::printf(
-        "deltanet step %zu (%d tokens, %zu chunks): out rel %.2e, state rel (worst slot) %.2e\n", s,
+        "%s step %zu (%d tokens, %zu chunks): out rel %.2e, state rel (worst slot) %.2e\n", name, s,
         T, steps[s].size(), out_rel, state_rel);
     EXPECT_LT(out_rel, 1e-4) << "step " << s;
     EXPECT_LT(state_rel, 1e-4) << "step " << s;
   }
   cublasDestroy(handle);
+}
+
+TEST(DeltaNetKernelsTest, LayerMatchesTheCpuLayerThroughPrefillDecodePrefill) {
+  REQUIRE_GPU();
+  // The experts variant: the DeltaNet's projections are bf16 (dense on both engines, fp32 sums),
+  // so the comparison is of the kernels' arithmetic alone.
+  CheckLayerThroughPrefillDecodePrefill("tests/fixtures/engine/qwen3_next_experts", "deltanet");
+}
+
+// Qwen4-Exp's layout: separate in_proj_qkv / in_proj_z / in_proj_b / in_proj_a regrouped on the
+// device, and the fixture's sigmoid output gate (output_gate_type); fp32 dense projections.
+TEST(DeltaNetKernelsTest, Qwen4ExpLayerMatchesTheCpuLayerThroughPrefillDecodePrefill) {
+  REQUIRE_GPU();
+  const std::string dir = "tests/fixtures/engine/qwen4_exp_experts";
+  auto cfg = LoadModelConfig(dir);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  ASSERT_NE(cfg->qwen4exp, nullptr);
+  ASSERT_EQ(cfg->qwen4exp->output_gate, OutputGateActivation::kSigmoid) << "the fixture's gate is sigmoid";
+  CheckLayerThroughPrefillDecodePrefill(dir, "qwen4 deltanet");
 }
 
 // ---------------------------------------------------------------------------------------------
