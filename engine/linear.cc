@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "model/exl3_padded_linear.h"
 
 namespace exl3::engine {
 
@@ -30,6 +31,17 @@ absl::StatusOr<Linear> Linear::Load(const TensorSource& src, const std::string& 
   l.in_ = in_features;
   l.out_ = out_features;
   if (HasExl3Linear(src, prefix)) {
+    EXL3_ASSIGN_OR_RETURN(const bool padded, IsPaddedExl3Linear(src, prefix, in_features, out_features));
+    if (padded) {
+      // exllamav3 stored the layer zero-padded to multiples of 128 (model/exl3_padded_linear.h):
+      // held dense, as the block of its real rows and columns, which the EXL3 kernels (whole
+      // 128-wide Hadamard blocks) cannot run on their own.
+      EXL3_ASSIGN_OR_RETURN(PaddedExl3Weight w,
+                            LoadPaddedExl3Linear(src, prefix, in_features, out_features));
+      l.weight_ = std::move(w.weight_out_in);
+      l.bias_ = std::move(w.bias);
+      return l;
+    }
     EXL3_ASSIGN_OR_RETURN(std::unique_ptr<Exl3Linear> e,
                           LoadExl3Linear(src, prefix, in_features, out_features));
     l.storage_ = Storage::kExl3;

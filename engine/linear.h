@@ -6,7 +6,8 @@
 //   EXL3_RETURN_IF_ERROR(q.Forward(x /*[T, in]*/, T, y /*[T, out]*/, compute));
 //
 // The prefix names the layer without a suffix: EXL3 when PREFIX.trellis exists, else
-// PREFIX.weight [out, in] (+ PREFIX.bias [out] when present).
+// PREFIX.weight [out, in] (+ PREFIX.bias [out] when present). An EXL3 layer exllamav3 stored
+// zero-padded to multiples of 128 is held dense, as its real block (model/exl3_padded_linear.h).
 #pragma once
 
 #include <memory>

@@ -560,7 +560,10 @@ def cmd_commit(args):
         status = json.load(f)
     os.makedirs(args.out, exist_ok=True)
     done = []
+    wanted = set(args.fixtures.split(",")) if args.fixtures else None
     for name, st in status.items():
+        if wanted is not None and name not in wanted:
+            continue
         src = os.path.join(args.results, name)
         ref_path = os.path.join(args.results, f"{name}.reference.json")
         if st.get("status") != "ok" or not os.path.exists(ref_path):
@@ -629,6 +632,7 @@ def main():
     c = sub.add_parser("commit", help="turn the device's results into fixtures (CPU)")
     c.add_argument("--results", required=True, help="the results/ folder of the device's tar.xz")
     c.add_argument("--out", required=True, help="tests/fixtures/exllamav3")
+    c.add_argument("--fixtures", help="comma-separated subset of the results to commit")
     sub.add_parser("sweep", help="print the sweep")
     args = ap.parse_args()
     if args.cmd == "models":
