@@ -91,12 +91,20 @@ EXL3V3_CHANGES = {
     # the selection of the layer before it); besides, exllamav3 loads a shared layer's k-pool
     # parameters (index_kpool_compress_ape / _gate), which transformers gives only "full" layers.
     # The rest of what it reads differently is in the release layout (glm5_next_release_files).
-    "glm5_next": dict(n_group=1, topk_group=1, indexer_types=["full", "full", "full"]),
+    # KDA heads of 128: exllamav3's KDA kernels take no other ("channelwise decay (KDA) requires
+    # 128x128 head dims", third device run, with 64).
+    "glm5_next": dict(n_group=1, topk_group=1, indexer_types=["full", "full", "full"],
+                      linear_head_dim=128),
     # Qwen4-Exp: 2 KV heads for the same reason as Qwen3-Next (k_proj / v_proj 128 wide: the
-    # fused q/k/v kernels take widths that are multiples of 128). ple_embed_dim 640: exllamav3
-    # stores the n-gram table in rows of 160 (ROW_DIM of its n-gram codec) and asserts
-    # ple_embed_dim / ((ngram_size - 1) * heads_per_ngram) == 160 (4 heads here).
-    "qwen4_exp": dict(num_key_value_heads=2, ple_embed_dim=640),
+    # fused q/k/v kernels take widths that are multiples of 128). The n-gram table: exllamav3
+    # stores it in rows of 160 (ROW_DIM of its n-gram codec; it asserts ple_embed_dim /
+    # ((ngram_size - 1) * heads_per_ngram) == 160), and its quantizer averages every head's rows
+    # in stripes of 8192, so each head needs at least 8192 rows (third device run, with heads of
+    # ~300: "IndexError: list index out of range" in its compute_head_bias). One head of
+    # 2-grams (ngram_size 2, heads_per_ngram 1, ple_embed_dim 160) of 8209 rows
+    # (ngram_vocab_size_base 8192; padded to 8320): 2.7 MB in bf16, 0.7 MB at 4 bits.
+    "qwen4_exp": dict(num_key_value_heads=2, ngram_size=2, heads_per_ngram=1, ple_embed_dim=160,
+                      ngram_vocab_size_base=8192),
 }
 
 # Families the GPU machine's transformers (5.17) cannot build: built here with a newer one
