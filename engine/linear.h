@@ -28,6 +28,11 @@ class Linear {
 
   static absl::StatusOr<Linear> Load(const TensorSource& src, const std::string& prefix,
                                      int in_features, int out_features);
+  // Output rows [first, first + out_features) of the layer at `prefix`, whose whole width is
+  // full_out: a fused projection read as one of its parts (EXL3: whole 128-column blocks,
+  // model/exl3_linear_slice.h).
+  static absl::StatusOr<Linear> LoadOutputSlice(const TensorSource& src, const std::string& prefix,
+                                                int in_features, int full_out, int first, int out_features);
   // A dense layer from an fp32 weight [out, in] (tied embeddings as the head).
   static Linear FromDense(std::vector<float> weight_out_in, int in_features, int out_features);
 

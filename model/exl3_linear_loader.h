@@ -30,6 +30,7 @@ struct Exl3Linear {
   std::string prefix;
   Exl3LinearView view;  // points into the mapped files and into owned_* below
   std::vector<uint16_t> owned_suh, owned_svh, owned_bias;  // set when converted/unpacked
+  std::vector<uint16_t> owned_trellis;  // set for a slice of another layer (model/exl3_linear_slice.h)
   std::vector<TensorView> tensors;  // every on-disk tensor of this layer
   uint64_t bytes = 0;               // sum of those tensors' bytes
 
