@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "engine/dsv4_grouped_wo_a.h"
 #include "engine/rms_norm.h"
 
 namespace exl3::engine {
@@ -68,8 +69,7 @@ absl::StatusOr<std::unique_ptr<Dsv4Attention>> Dsv4Attention::Load(const ModelCo
   EXL3_ASSIGN_OR_RETURN(a->wo_b_, Linear::Load(src, p + "wo_b", G * R, H));
   // wo_a [G * R, NH * D / G]: group g's rows g R .. (g + 1) R, each group its own layer.
   const int in_per_group = NH * D / G;
-  EXL3_ASSIGN_OR_RETURN(Linear wo_a, Linear::Load(src, p + "wo_a", in_per_group, G * R));
-  const std::vector<float> w = wo_a.DenseWeight();
+  EXL3_ASSIGN_OR_RETURN(const std::vector<float> w, LoadGroupedWoA(src, p + "wo_a", G, R, in_per_group));
   for (int g = 0; g < G; ++g) {
     std::vector<float> rows(w.begin() + static_cast<size_t>(g) * R * in_per_group,
                             w.begin() + static_cast<size_t>(g + 1) * R * in_per_group);

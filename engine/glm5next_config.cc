@@ -14,6 +14,9 @@ using nlohmann::json;
 
 constexpr char kLinear[] = "linear_attention";
 constexpr char kIndexed[] = "indexed_attention";
+// exllamav3 reads GLM-5.3's MLA layers only under this name (architecture/glm5_next.py of its
+// wheel; GLM-MoE-DSA's transformers config writes it too): the same layer.
+constexpr char kDeepseekSparse[] = "deepseek_sparse_attention";
 
 absl::Status Bad(const std::string& source, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(source, ": ", what));
@@ -48,7 +51,7 @@ absl::Status ParseLayerTypes(const json& j, const std::string& source, ModelConf
     const std::string v = t.is_string() ? t.get<std::string>() : "";
     if (v == kLinear) {
       cfg->layer_mixers.push_back(TokenMixer::kLinearAttention);
-    } else if (v == kIndexed || v == "full_attention") {
+    } else if (v == kIndexed || v == "full_attention" || v == kDeepseekSparse) {
       cfg->layer_mixers.push_back(TokenMixer::kAttention);
     } else {
       return Bad(source, absl::StrCat("layer_types holds ", t.dump(), " (", kLinear, " or ", kIndexed, ")"));

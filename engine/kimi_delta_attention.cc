@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -27,20 +28,40 @@ absl::StatusOr<KdaWeights> KdaWeights::Load(const ModelConfig& cfg, const Tensor
   const int H = cfg.hidden_size, NH = shape.num_key_heads, D = shape.key_head_dim;
   const int K = shape.conv_kernel, W = NH * D;
   KdaWeights w;
-  EXL3_ASSIGN_OR_RETURN(w.q, Linear::Load(src, p + "q_proj", H, W));
-  EXL3_ASSIGN_OR_RETURN(w.k, Linear::Load(src, p + "k_proj", H, W));
-  EXL3_ASSIGN_OR_RETURN(w.v, Linear::Load(src, p + "v_proj", H, W));
+  auto has_layer = [&](const std::string& name) { return src.Has(name + ".trellis") || src.Has(name + ".weight"); };
+  // exllamav3 stores q, k and v as one projection, qkv_proj [3 W] (q, then k, then v), and their
+  // convolutions as one conv1d [3 W, 1, K], in that order too (tests/fixtures/exllamav3/README.md).
+  const bool fused = has_layer(p + "qkv_proj");
+  if (fused && has_layer(p + "q_proj"))
+    return absl::InvalidArgumentError(absl::StrCat(p, "qkv_proj and ", p, "q_proj: both the fused and the "
+                                                   "separate q/k/v projections are stored"));
+  if (fused) {
+    EXL3_ASSIGN_OR_RETURN(w.q, Linear::LoadOutputSlice(src, p + "qkv_proj", H, 3 * W, 0, W));
+    EXL3_ASSIGN_OR_RETURN(w.k, Linear::LoadOutputSlice(src, p + "qkv_proj", H, 3 * W, W, W));
+    EXL3_ASSIGN_OR_RETURN(w.v, Linear::LoadOutputSlice(src, p + "qkv_proj", H, 3 * W, 2 * W, W));
+  } else {
+    EXL3_ASSIGN_OR_RETURN(w.q, Linear::Load(src, p + "q_proj", H, W));
+    EXL3_ASSIGN_OR_RETURN(w.k, Linear::Load(src, p + "k_proj", H, W));
+    EXL3_ASSIGN_OR_RETURN(w.v, Linear::Load(src, p + "v_proj", H, W));
+  }
   EXL3_ASSIGN_OR_RETURN(w.f_a, Linear::Load(src, p + "f_a_proj", H, D));
   EXL3_ASSIGN_OR_RETURN(w.f_b, Linear::Load(src, p + "f_b_proj", D, W));
   EXL3_ASSIGN_OR_RETURN(w.b, Linear::Load(src, p + "b_proj", H, NH));
   EXL3_ASSIGN_OR_RETURN(w.g_a, Linear::Load(src, p + "g_a_proj", H, D));
   EXL3_ASSIGN_OR_RETURN(w.g_b, Linear::Load(src, p + "g_b_proj", D, W));
   EXL3_ASSIGN_OR_RETURN(w.o, Linear::Load(src, p + "o_proj", W, H));
-  for (const char* conv : {"q_conv1d", "k_conv1d", "v_conv1d"}) {
+  const bool fused_conv = src.Has(p + "conv1d.weight");
+  if (fused_conv && src.Has(p + "q_conv1d.weight"))
+    return absl::InvalidArgumentError(absl::StrCat(p, "conv1d and ", p, "q_conv1d: both the fused and the "
+                                                   "separate q/k/v convolutions are stored"));
+  const std::vector<const char*> convs =
+      fused_conv ? std::vector<const char*>{"conv1d"} : std::vector<const char*>{"q_conv1d", "k_conv1d", "v_conv1d"};
+  const int channels = fused_conv ? 3 * W : W;
+  for (const char* conv : convs) {
     const std::string name = p + conv + ".weight";
     EXL3_ASSIGN_OR_RETURN(TensorView t, src.Get(name));
-    if (t.info->shape != std::vector<int64_t>{W, 1, K})
-      return absl::InvalidArgumentError(absl::StrCat(name, ": expected shape [", W, ", 1, ", K, "]"));
+    if (t.info->shape != std::vector<int64_t>{channels, 1, K})
+      return absl::InvalidArgumentError(absl::StrCat(name, ": expected shape [", channels, ", 1, ", K, "]"));
     if (src.Has(p + conv + ".bias"))
       return absl::InvalidArgumentError(absl::StrCat(p, conv, ".bias: KDA's convolutions have no bias"));
     EXL3_ASSIGN_OR_RETURN(std::vector<float> c, ToFloat32(t));

@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "model/exl3_linear_slice.h"
+#include "model/exl3_padded_linear.h"
 
 namespace exl3::engine {
 
@@ -30,6 +32,17 @@ absl::StatusOr<Linear> Linear::Load(const TensorSource& src, const std::string& 
   l.in_ = in_features;
   l.out_ = out_features;
   if (HasExl3Linear(src, prefix)) {
+    EXL3_ASSIGN_OR_RETURN(const bool padded, IsPaddedExl3Linear(src, prefix, in_features, out_features));
+    if (padded) {
+      // exllamav3 stored the layer zero-padded to multiples of 128 (model/exl3_padded_linear.h):
+      // held dense, as the block of its real rows and columns, which the EXL3 kernels (whole
+      // 128-wide Hadamard blocks) cannot run on their own.
+      EXL3_ASSIGN_OR_RETURN(PaddedExl3Weight w,
+                            LoadPaddedExl3Linear(src, prefix, in_features, out_features));
+      l.weight_ = std::move(w.weight_out_in);
+      l.bias_ = std::move(w.bias);
+      return l;
+    }
     EXL3_ASSIGN_OR_RETURN(std::unique_ptr<Exl3Linear> e,
                           LoadExl3Linear(src, prefix, in_features, out_features));
     l.storage_ = Storage::kExl3;
@@ -48,6 +61,29 @@ absl::StatusOr<Linear> Linear::Load(const TensorSource& src, const std::string& 
   if (src.Has(prefix + ".bias")) {
     EXL3_ASSIGN_OR_RETURN(l.bias_, LoadVector(src, prefix + ".bias", out_features));
   }
+  return l;
+}
+
+absl::StatusOr<Linear> Linear::LoadOutputSlice(const TensorSource& src, const std::string& prefix,
+                                               int in_features, int full_out, int first, int out_features) {
+  if (first < 0 || out_features <= 0 || first + out_features > full_out)
+    return absl::InvalidArgumentError(absl::StrCat(prefix, ": rows [", first, ", ", first + out_features,
+                                                   ") are not inside its ", full_out));
+  Linear l;
+  l.in_ = in_features;
+  l.out_ = out_features;
+  if (HasExl3Linear(src, prefix)) {
+    EXL3_ASSIGN_OR_RETURN(std::unique_ptr<Exl3Linear> whole, LoadExl3Linear(src, prefix, in_features, full_out));
+    EXL3_ASSIGN_OR_RETURN(std::unique_ptr<Exl3Linear> part, SliceExl3LinearOutputs(*whole, first, out_features));
+    l.storage_ = Storage::kExl3;
+    l.exl3_ = std::move(part);
+    return l;
+  }
+  EXL3_ASSIGN_OR_RETURN(Linear whole, Load(src, prefix, in_features, full_out));
+  const size_t row = static_cast<size_t>(in_features);
+  l.weight_.assign(whole.weight_.begin() + first * row, whole.weight_.begin() + (first + out_features) * row);
+  if (!whole.bias_.empty())
+    l.bias_.assign(whole.bias_.begin() + first, whole.bias_.begin() + first + out_features);
   return l;
 }
 

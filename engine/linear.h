@@ -6,7 +6,8 @@
 //   EXL3_RETURN_IF_ERROR(q.Forward(x /*[T, in]*/, T, y /*[T, out]*/, compute));
 //
 // The prefix names the layer without a suffix: EXL3 when PREFIX.trellis exists, else
-// PREFIX.weight [out, in] (+ PREFIX.bias [out] when present).
+// PREFIX.weight [out, in] (+ PREFIX.bias [out] when present). An EXL3 layer exllamav3 stored
+// zero-padded to multiples of 128 is held dense, as its real block (model/exl3_padded_linear.h).
 #pragma once
 
 #include <memory>
@@ -27,6 +28,11 @@ class Linear {
 
   static absl::StatusOr<Linear> Load(const TensorSource& src, const std::string& prefix,
                                      int in_features, int out_features);
+  // Output rows [first, first + out_features) of the layer at `prefix`, whose whole width is
+  // full_out: a fused projection read as one of its parts (EXL3: whole 128-column blocks,
+  // model/exl3_linear_slice.h).
+  static absl::StatusOr<Linear> LoadOutputSlice(const TensorSource& src, const std::string& prefix,
+                                                int in_features, int full_out, int first, int out_features);
   // A dense layer from an fp32 weight [out, in] (tied embeddings as the head).
   static Linear FromDense(std::vector<float> weight_out_in, int in_features, int out_features);
 

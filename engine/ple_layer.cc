@@ -8,12 +8,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/qwen4exp_config.h"
 #include "engine/rms_norm.h"
 #include "kernels/fp16.h"
+#include "model/exl3_ngram_rows.h"
 
 namespace exl3::engine {
 namespace {
@@ -33,13 +35,23 @@ void GroupedRmsNorm(const float* x, const float* w, int streams, int hidden, flo
 absl::Status PleLayer::OpenTable(const TensorSource& src, const std::string& prefix) {
   const PleConfig& ple = cfg_.qwen4exp->ple;
   const int64_t D = ple.head_dim();
-  const std::string whole = prefix + "ngram_embedding.weight";
+  // exllamav3 writes its quantized table beside the source's and reads that one when both are
+  // there (model/exl3_ngram_rows.h); so does this.
+  const std::string table = prefix + "ngram_embedding.";
+  table_format_ = src.Has(table + "trellis") || src.Has(table + "shard_0.trellis") ? TableFormat::kExl3Trellis
+                                                                                     : TableFormat::kValues;
+  const char* suffix = table_format_ == TableFormat::kExl3Trellis ? "trellis" : "weight";
+  const std::string whole = table + suffix;
   std::vector<std::string> names;
   if (src.Has(whole)) {
     names.push_back(whole);
+  } else if (table_format_ == TableFormat::kExl3Trellis) {
+    // As many pieces as exllamav3 cut: the source's piece length, the last one shorter.
+    for (int i = 0; src.Has(absl::StrCat(table, "shard_", i, ".trellis")); ++i)
+      names.push_back(absl::StrCat(table, "shard_", i, ".trellis"));
   } else {
     for (int i = 0; i < ple.split_parts; ++i) {
-      const std::string name = absl::StrCat(prefix, "ngram_embedding.shard_", i, ".weight");
+      const std::string name = absl::StrCat(table, "shard_", i, ".weight");
       if (!src.Has(name))
         return absl::NotFoundError(absl::StrCat(
             name, " is missing: the n-gram table of PLE layer ", layer_, " is stored whole as ", whole,
@@ -51,22 +63,48 @@ absl::Status PleLayer::OpenTable(const TensorSource& src, const std::string& pre
   for (const std::string& name : names) {
     EXL3_ASSIGN_OR_RETURN(TensorLocation v, src.Locate(name));
     const std::vector<int64_t>& s = v.info->shape;
-    if (s.size() != 2 || s[1] != D)
-      return absl::InvalidArgumentError(absl::StrCat(name, ": expected [rows, ", D, "] (ple_embed_dim / n-gram heads)"));
-    if (v.info->dtype != DType::kBF16 && v.info->dtype != DType::kF16 && v.info->dtype != DType::kF32)
-      return absl::InvalidArgumentError(absl::StrCat(name, ": dtype ", std::string(DTypeName(v.info->dtype)),
-                                                     " (bf16, f16 or f32)"));
+    if (table_format_ == TableFormat::kExl3Trellis) {
+      const int bits = s.size() == 2 ? Exl3NgramBits(static_cast<int>(D), static_cast<int>(s[1])) : 0;
+      if (bits == 0 || (v.info->dtype != DType::kI16 && v.info->dtype != DType::kU16))
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, ": expected int16 [rows, 1 + ", D, " * K / 16] (exllamav3's quantized n-gram rows of ", D,
+            " values, K in 1..8)"));
+      if (table_bits_ != 0 && bits != table_bits_)
+        return absl::InvalidArgumentError(absl::StrCat(name, ": ", bits, " bits per value, the pieces before it ",
+                                                       table_bits_));
+      table_bits_ = bits;
+    } else {
+      if (s.size() != 2 || s[1] != D)
+        return absl::InvalidArgumentError(absl::StrCat(name, ": expected [rows, ", D, "] (ple_embed_dim / n-gram heads)"));
+      if (v.info->dtype != DType::kBF16 && v.info->dtype != DType::kF16 && v.info->dtype != DType::kF32)
+        return absl::InvalidArgumentError(absl::StrCat(name, ": dtype ", std::string(DTypeName(v.info->dtype)),
+                                                       " (bf16, f16 or f32)"));
+    }
     const int fd = ::open(v.file.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", v.file, ": ", std::strerror(errno)));
     pieces_.push_back({v, fd, rows, s[0]});
     rows += s[0];
     table_bytes_ += static_cast<int64_t>(v.info->size_bytes());
   }
+  if (names.empty())
+    return absl::NotFoundError(absl::StrCat(whole, " is missing (the n-gram table of PLE layer ", layer_, ")"));
   if (rows != hash_.table_rows())
     return absl::InvalidArgumentError(absl::StrCat(
         names.front(), (names.size() > 1 ? absl::StrCat(" .. ", names.back()) : std::string()), ": the n-gram table holds ",
         rows, " rows; the config's hashing (ngram_vocab_size_base, heads, divisor) needs ", hash_.table_rows(),
         " (a truncated or different table)"));
+  int64_t first = 0;
+  for (int64_t size : hash_.head_sizes()) {
+    head_first_row_.push_back(first);
+    first += size;
+  }
+  if (table_format_ == TableFormat::kExl3Trellis) {
+    const std::string bias = table + "head_bias";
+    EXL3_ASSIGN_OR_RETURN(TensorView b, src.Get(bias));
+    if (b.info->dtype != DType::kF16 || b.info->shape != std::vector<int64_t>{hash_.num_heads(), D})
+      return absl::InvalidArgumentError(absl::StrCat(bias, ": expected fp16 [", hash_.num_heads(), ", ", D, "]"));
+    head_bias_.assign(b.as<uint16_t>(), b.as<uint16_t>() + b.info->num_elements());
+  }
   return absl::OkStatus();
 }
 
@@ -118,7 +156,12 @@ absl::Status PleLayer::CheckStoredHashing(const TensorSource& src, const std::st
   };
   const std::vector<int64_t> multipliers(hash_.multipliers().begin(), hash_.multipliers().end());
   EXL3_RETURN_IF_ERROR(check(prefix + "layer_multipliers", multipliers));
-  return check(prefix + "ngram_heads_vocab_sizes", hash_.head_sizes());
+  EXL3_RETURN_IF_ERROR(check(prefix + "ngram_heads_vocab_sizes", hash_.head_sizes()));
+  // exllamav3's quantized table carries its own copies (head_offsets: the row each head starts at).
+  const std::string table = prefix + "ngram_embedding.";
+  EXL3_RETURN_IF_ERROR(check(table + "layer_multipliers", multipliers));
+  EXL3_RETURN_IF_ERROR(check(table + "head_vocab_sizes", hash_.head_sizes()));
+  return check(table + "head_offsets", head_first_row_);
 }
 
 PleLayer::~PleLayer() {
@@ -131,6 +174,7 @@ absl::Status PleLayer::ReadRow(int64_t row, float* out) const {
                              [](int64_t r, const TablePiece& p) { return r < p.first_row; });
   const TablePiece& piece = *(it - 1);
   const int D = cfg_.qwen4exp->ple.head_dim();
+  if (table_format_ == TableFormat::kExl3Trellis) return ReadTrellisRow(piece, row, out);
   const size_t width = DTypeSize(piece.at.info->dtype);
   const size_t bytes = width * D;
   uint16_t half[1024];  // a row of 16-bit values; ple_embed_dim / heads is far below this
@@ -166,6 +210,28 @@ absl::Status PleLayer::Embed(const int32_t* windows, int T, float* e) const {
     for (int k = 0; k < heads; ++k)
       EXL3_RETURN_IF_ERROR(ReadRow(rows[k], e + static_cast<size_t>(t) * E + static_cast<size_t>(k) * D));
   }
+  return absl::OkStatus();
+}
+
+absl::Status PleLayer::ReadTrellisRow(const TablePiece& piece, int64_t row, float* out) const {
+  const int D = cfg_.qwen4exp->ple.head_dim();
+  const int words = Exl3NgramWordsPerRow(D, table_bits_);
+  uint16_t ring[1 + 8 * 1024 / 16];  // K <= 8 bits per value
+  if (words > static_cast<int>(std::size(ring)))
+    return absl::InvalidArgumentError(absl::StrCat("n-gram rows of ", D, " values are not supported"));
+  const size_t bytes = static_cast<size_t>(words) * 2;
+  const off_t at = static_cast<off_t>(piece.at.offset + static_cast<uint64_t>(row - piece.first_row) * bytes);
+  const ssize_t got = ::pread(piece.fd, ring, bytes, at);
+  if (got != static_cast<ssize_t>(bytes)) {
+    return absl::DataLossError(absl::StrCat(
+        "n-gram table row ", row, " of PLE layer ", layer_, ": read ", got < 0 ? 0 : got, " of ", bytes,
+        " bytes at offset ", at, " of ", piece.at.file, " (the file changed after the load?)"));
+  }
+  // The head whose rows hold `row`: the last that starts at or before it (the padding rows
+  // after the last head count as its, as exllamav3 counts them).
+  const int head = static_cast<int>(
+      std::upper_bound(head_first_row_.begin(), head_first_row_.end(), row) - head_first_row_.begin() - 1);
+  DecodeExl3NgramRow(ring, D, table_bits_, &head_bias_[static_cast<size_t>(std::max(head, 0)) * D], out);
   return absl::OkStatus();
 }
 

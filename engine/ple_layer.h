@@ -13,7 +13,9 @@
 // with pread, one row per (token, head), never copied nor mapped (a file truncated under the
 // server fails the step that reads past its end, naming the file, instead of SIGBUS); checkpoints store it whole
 // (`ngram_embedding.weight`) or in split_ngram_parts pieces (`ngram_embedding.shard_{i}.weight`,
-// rows in order of i). A missing piece or a table of the wrong size is refused by name.
+// rows in order of i), or as exllamav3 quantizes it (`ngram_embedding.shard_{i}.trellis` with
+// `head_bias`, decoded per row: model/exl3_ngram_rows.h). A missing piece or a table of the wrong
+// size is refused by name.
 //
 // Per sequence it carries, after the DeltaNet's state in the layer's slot of
 // engine/sequence_state.h: the last ngram_size - 1 tokens (as floats; eos before position 0),
@@ -64,7 +66,11 @@ class PleLayer {
   };
   PleLayer(const ModelConfig& cfg, int layer, NgramHash hash)
       : cfg_(cfg), layer_(layer), hash_(std::move(hash)) {}
+  // How the table's rows are stored: their values (bf16, f16 or f32), or exllamav3's trellis rings.
+  enum class TableFormat { kValues, kExl3Trellis };
+
   absl::Status OpenTable(const TensorSource& src, const std::string& prefix);
+  absl::Status ReadTrellisRow(const TablePiece& piece, int64_t row, float* out) const;
   absl::Status CheckStoredHashing(const TensorSource& src, const std::string& prefix) const;
   // Row `row` of the table as fp32 into out[head_dim]; DATA_LOSS on a short read.
   absl::Status ReadRow(int64_t row, float* out) const;
@@ -74,6 +80,10 @@ class PleLayer {
   NgramHash hash_;
   std::vector<TablePiece> pieces_;
   int64_t table_bytes_ = 0;
+  TableFormat table_format_ = TableFormat::kValues;
+  int table_bits_ = 0;                   // kExl3Trellis: K
+  std::vector<uint16_t> head_bias_;      // kExl3Trellis: fp16 [heads, head_dim]
+  std::vector<int64_t> head_first_row_;  // the first row of each n-gram head
   int64_t state_offset_ = 0;  // floats of the DeltaNet state before the PLE state
   Linear key_, value_;
   std::vector<float> norm_key_, norm_query_, norm_conv_;  // 1 + w [streams * hidden]

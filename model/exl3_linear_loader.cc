@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/fp16.h"
+#include "model/exl3_padded_linear.h"
 
 namespace exl3 {
 namespace {
@@ -118,15 +119,16 @@ absl::StatusOr<std::unique_ptr<Exl3Linear>> LoadExl3Linear(const TensorSource& s
   v.out_features = static_cast<int>(ti.shape[1] * 16);
   v.bits = static_cast<int>(ti.shape[2] / 16);
   // exllamav3 pads a layer whose width is not a multiple of 128 with zeros up to one (e.g. an
-  // MLA kv_a_proj_with_mqa of 576 or 160 outputs) and trims the output when it runs it.
+  // MLA kv_a_proj_with_mqa of 576 or 160 outputs) and trims the output when it runs it: not an
+  // EXL3 layer of the config's shape (model/exl3_padded_linear.h reads it as one).
   auto padded = [](int stored, int want) { return want >= 0 && want % 128 != 0 &&
-                                                  stored == (want + 127) / 128 * 128; };
+                                                  stored == Exl3PaddedWidth(want); };
   if (padded(v.in_features, expect_in) || padded(v.out_features, expect_out)) {
     return BadTensor(tname, absl::StrCat("has shape ", ShapeStr(ti.shape), " (", v.in_features,
                                          "x", v.out_features, "): the config's ", expect_in, "x",
                                          expect_out, " layer zero-padded to multiples of 128, as "
-                                         "exllamav3 stores it; padded EXL3 layers are not "
-                                         "supported"));
+                                         "exllamav3 stores it; this loader takes unpadded EXL3 "
+                                         "layers only (LoadPaddedExl3Linear reads padded ones)"));
   }
   if ((expect_in >= 0 && v.in_features != expect_in) ||
       (expect_out >= 0 && v.out_features != expect_out)) {

@@ -11,7 +11,8 @@
 // sign/scale vectors fp16 `suh`/`svh`, or packed int16 `su`/`sv` (unpacked into owned memory);
 // optional `bias` (fp16, or bf16/fp32 converted to owned fp16). Refused with messages naming
 // them: exllamav3's half-integer rates (16*K + 8 words per tile) and layers it stored
-// zero-padded to multiples of 128 (docs/format.md, "Directories exllamav3 writes").
+// zero-padded to multiples of 128 (docs/format.md, "Directories exllamav3 writes";
+// model/exl3_padded_linear.h reads those as the layer the config names).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +30,7 @@ struct Exl3Linear {
   std::string prefix;
   Exl3LinearView view;  // points into the mapped files and into owned_* below
   std::vector<uint16_t> owned_suh, owned_svh, owned_bias;  // set when converted/unpacked
+  std::vector<uint16_t> owned_trellis;  // set for a slice of another layer (model/exl3_linear_slice.h)
   std::vector<TensorView> tensors;  // every on-disk tensor of this layer
   uint64_t bytes = 0;               // sum of those tensors' bytes
 

@@ -13,6 +13,7 @@
 #include "engine/cuda/dsa_indexer_kernels.h"
 #include "engine/cuda/engine_kernels.h"
 #include "engine/cuda/weight_upload.h"
+#include "engine/dsv4_grouped_wo_a.h"
 #include "engine/linear.h"
 #include "kernels/cuda/cuda_status.h"
 
@@ -156,9 +157,8 @@ absl::StatusOr<std::unique_ptr<CudaDsv4Attention>> CudaDsv4Attention::Load(const
   EXL3_ASSIGN_OR_RETURN(a->wo_b_, CudaLinear::Load(src, p + "wo_b", G * R, H));
   {
     // wo_a [G * R, NH * D / G]: group g's rows g R .. (g + 1) R; decoded here as the CPU does.
-    EXL3_ASSIGN_OR_RETURN(Linear wo_a, Linear::Load(src, p + "wo_a", NH * D / G, G * R));
-    if (wo_a.has_bias()) return absl::UnimplementedError(p + "wo_a has a bias");
-    EXL3_RETURN_IF_ERROR(a->wo_a_.Upload(wo_a.DenseWeight()));
+    EXL3_ASSIGN_OR_RETURN(const std::vector<float> wo_a, LoadGroupedWoA(src, p + "wo_a", G, R, NH * D / G));
+    EXL3_RETURN_IF_ERROR(a->wo_a_.Upload(wo_a));
   }
   if (a->type_ == Dsv4LayerType::kSlidingWindow) {
     if (src.Has(p + "compressor.ape"))

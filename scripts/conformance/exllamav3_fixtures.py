@@ -77,20 +77,34 @@ EXL3V3_CHANGES = {
     # exllamav3 places Qwen3-Next's full-attention layers by full_attention_interval (every 3rd
     # layer here: [linear, linear, full], as layer_types says) and makes every layer MoE (it
     # reads mlp_only_layers but does not use it). Its generator's fused q/k/v kernels found no
-    # shape for a 64-wide k_proj (first device run: "exl3_mgemm autotune: no compatible kernel
-    # shapes"): 2 KV heads, so k_proj and v_proj are 128 wide.
-    "qwen3_next": dict(full_attention_interval=3, mlp_only_layers=[], num_key_value_heads=2),
+    # shapes"): 2 KV heads, so k_proj and v_proj are 128 wide. Every token takes all 8 experts
+    # (num_experts_per_tok 8: softmax weights over all of them, no selection): with top-2 of 8,
+    # routers at near ties (2nd and 3rd expert 8e-5 .. 8e-4 apart in probability) were decided
+    # differently by exllamav3, which runs this family's DeltaNet in bf16 and the rest in fp16,
+    # than by transformers and the engine (fp32), and each such token moved the logits by 0.07 to
+    # 0.4, and through the recurrent state those of the tokens after it (second device run;
+    # tests/fixtures/exllamav3/README.md). Top-k selection is covered by the qwen3_moe fixtures.
+    "qwen3_next": dict(full_attention_interval=3, mlp_only_layers=[], num_key_value_heads=2,
+                       num_experts_per_tok=8),
     # exllamav3's GLM-5.3 router has no groups (it asserts n_group == topk_group == 1). Every
     # indexer "full", as for GLM-MoE-DSA (the same MLA module calibrates a "shared" layer without
     # the selection of the layer before it); besides, exllamav3 loads a shared layer's k-pool
     # parameters (index_kpool_compress_ape / _gate), which transformers gives only "full" layers.
     # The rest of what it reads differently is in the release layout (glm5_next_release_files).
-    "glm5_next": dict(n_group=1, topk_group=1, indexer_types=["full", "full", "full"]),
+    # KDA heads of 128: exllamav3's KDA kernels take no other ("channelwise decay (KDA) requires
+    # 128x128 head dims", third device run, with 64).
+    "glm5_next": dict(n_group=1, topk_group=1, indexer_types=["full", "full", "full"],
+                      linear_head_dim=128),
     # Qwen4-Exp: 2 KV heads for the same reason as Qwen3-Next (k_proj / v_proj 128 wide: the
-    # fused q/k/v kernels take widths that are multiples of 128). ple_embed_dim 640: exllamav3
-    # stores the n-gram table in rows of 160 (ROW_DIM of its n-gram codec) and asserts
-    # ple_embed_dim / ((ngram_size - 1) * heads_per_ngram) == 160 (4 heads here).
-    "qwen4_exp": dict(num_key_value_heads=2, ple_embed_dim=640),
+    # fused q/k/v kernels take widths that are multiples of 128). The n-gram table: exllamav3
+    # stores it in rows of 160 (ROW_DIM of its n-gram codec; it asserts ple_embed_dim /
+    # ((ngram_size - 1) * heads_per_ngram) == 160), and its quantizer averages every head's rows
+    # in stripes of 8192, so each head needs at least 8192 rows (third device run, with heads of
+    # ~300: "IndexError: list index out of range" in its compute_head_bias). One head of
+    # 2-grams (ngram_size 2, heads_per_ngram 1, ple_embed_dim 160) of 8209 rows
+    # (ngram_vocab_size_base 8192; padded to 8320): 2.7 MB in bf16, 0.7 MB at 4 bits.
+    "qwen4_exp": dict(num_key_value_heads=2, ngram_size=2, heads_per_ngram=1, ple_embed_dim=160,
+                      ngram_vocab_size_base=8192),
 }
 
 # Families the GPU machine's transformers (5.17) cannot build: built here with a newer one
@@ -560,7 +574,10 @@ def cmd_commit(args):
         status = json.load(f)
     os.makedirs(args.out, exist_ok=True)
     done = []
+    wanted = set(args.fixtures.split(",")) if args.fixtures else None
     for name, st in status.items():
+        if wanted is not None and name not in wanted:
+            continue
         src = os.path.join(args.results, name)
         ref_path = os.path.join(args.results, f"{name}.reference.json")
         if st.get("status") != "ok" or not os.path.exists(ref_path):
@@ -629,6 +646,7 @@ def main():
     c = sub.add_parser("commit", help="turn the device's results into fixtures (CPU)")
     c.add_argument("--results", required=True, help="the results/ folder of the device's tar.xz")
     c.add_argument("--out", required=True, help="tests/fixtures/exllamav3")
+    c.add_argument("--fixtures", help="comma-separated subset of the results to commit")
     sub.add_parser("sweep", help="print the sweep")
     args = ap.parse_args()
     if args.cmd == "models":

@@ -186,6 +186,18 @@ TEST(Glm5NextConfig, FullAttentionReadsAsIndexed) {
   EXPECT_FALSE(cfg->IsLinearAttentionLayer(1));
 }
 
+TEST(Glm5NextConfig, DeepseekSparseAttentionReadsAsIndexed) {
+  // The name exllamav3 reads and writes (tests/fixtures/exllamav3/glm5_next_b4).
+  json t = TextConfig();
+  t["layer_types"] = {"linear_attention", "deepseek_sparse_attention", "deepseek_sparse_attention",
+                      "linear_attention"};
+  auto cfg = Parse(Nested(t));
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_TRUE(cfg->IsLinearAttentionLayer(0));
+  EXPECT_FALSE(cfg->IsLinearAttentionLayer(1));
+  EXPECT_FALSE(cfg->IsLinearAttentionLayer(2));
+}
+
 TEST(Glm5NextConfig, IndexerScheduleFromThePatternString) {
   json t = TextConfig();
   t.erase("indexer_types");

@@ -68,8 +68,8 @@ TEST(LoadExl3Linear, RefusesLayersPaddedTo128ByName) {
   auto lin = LoadExl3Linear(**src, "x", 256, 160);
   ASSERT_FALSE(lin.ok());
   EXPECT_NE(lin.status().message().find("the config's 256x160 layer zero-padded to multiples of "
-                                        "128, as exllamav3 stores it; padded EXL3 layers are not "
-                                        "supported"),
+                                        "128, as exllamav3 stores it; this loader takes unpadded "
+                                        "EXL3 layers only (LoadPaddedExl3Linear reads padded ones)"),
             std::string::npos) << lin.status();
   // Any other shape mismatch keeps its own message.
   auto other = LoadExl3Linear(**src, "x", 256, 384);
