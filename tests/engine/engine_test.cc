@@ -525,7 +525,11 @@ TEST(Engine, RunnerErrorFailsOnlyThatStepsSequences) {
 void ExpectAFailedStepFailsOnlyTheSequenceThatFailsAlone(FakeModelOptions model) {
   auto t = StartEngine(Options(), model);
   std::atomic<int64_t> poisoned{-1};
+  // No step runs before a's id is known (on a loaded machine a could otherwise decode past
+  // position 14 first and never meet the fault).
+  std::atomic<bool> armed{false};
   t->fake->SetFault([&](int, const StepBatch& batch) {
+    while (!armed.load()) std::this_thread::yield();
     for (const SequenceChunk& c : batch.chunks)
       if (c.sequence_id == poisoned.load() && c.start_position >= 14)
         return absl::UnavailableError("no serving worker holds layer 1 experts 0-3");
@@ -535,6 +539,7 @@ void ExpectAFailedStepFailsOnlyTheSequenceThatFailsAlone(FakeModelOptions model)
   a.ignore_eos = b.ignore_eos = true;
   const uint64_t ia = SubmitOk(*t, a);
   poisoned = static_cast<int64_t>(ia);
+  armed = true;
   const uint64_t ib = SubmitOk(*t, b);
   ASSERT_TRUE(t->events.WaitFinished(ia));
   ASSERT_TRUE(t->events.WaitFinished(ib));
