@@ -24,7 +24,8 @@ BOTH = [
     ("structured_outputs", {"json": SCHEMA}),
     ("response_format", {"type": "json_object"}),
     ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}),
-    ("n", 2),
+    ("n", 17),  # above --max-n (default 16)
+    ("n", 0),
     ("best_of", 2),
     ("use_beam_search", True),
     ("length_penalty", 0.5),
@@ -56,7 +57,7 @@ CHAT_ONLY = [
     ("chat_template", "{{ messages }}"),
     ("mm_processor_kwargs", {"a": 1}),
     ("reasoning_effort", "low"),
-    ("include_reasoning", False),
+    ("include_reasoning", False),  # without --reasoning-parser
 ]
 COMPLETION_ONLY = [
     ("echo", True),

@@ -387,13 +387,13 @@ def test_tool_call_rendering_equals_json_dumps(include_usage):
 
     lp = {"content": [], "refusal": None}
     events = [Content("Hi \"x\""), CallStart(0, "call_a\\", "get_wé"), CallArguments(0, '{"a": "}\\n"')]
-    assert out.tool_call_events(events, dumps(lp)) == "".join([
+    assert out.delta_events(events, dumps(lp)) == "".join([
         event({"content": 'Hi "x"'}, lp),
         event({"tool_calls": [{"index": 0, "id": "call_a\\", "type": "function",
                                "function": {"name": "get_wé", "arguments": ""}}]}),
         event({"tool_calls": [{"index": 0, "function": {"arguments": '{"a": "}\\n"'}}]})])
-    assert out.tool_call_events([], dumps(lp)) == event({}, lp)
-    assert out.tool_call_events([], None) == ""
+    assert out.delta_events([], dumps(lp)) == event({}, lp)
+    assert out.delta_events([], None) == ""
     calls = [ToolCall("call_1", "f", '{"x": 1}'), ToolCall("call_2", "g", "{}")]
     for content in ["", "text"]:
         message = {"role": "assistant", "content": content or None, "tool_calls": [
@@ -403,6 +403,47 @@ def test_tool_call_rendering_equals_json_dumps(include_usage):
                                            "finish_reason": "tool_calls"}], False),
                  "usage": {"prompt_tokens": 1, "completion_tokens": 5, "total_tokens": 6}}
         assert out.whole(content, None, FinishReason.TOOL_CALLS, 5, calls) == dumps(whole).encode()
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_reasoning_and_choices_rendering_equals_json_dumps(include_usage):
+    """The reasoning's stream deltas and a whole answer's reasoning_content, and choices other
+    than the first (n > 1), byte for byte json.dumps of the objects vLLM sends."""
+    from exl3serve_client.frontend.protocol import Endpoint, FinishReason
+    from exl3serve_client.frontend.reasoning import ReasoningFormat, Reasoning
+    from exl3serve_client.frontend.render import OpenAIRenderer, ToolCall, dumps
+    from exl3serve_client.frontend.tool_calls import Content
+    from exl3serve_client.frontend.validation import PreparedRequest, ReasoningSplit
+    req = PreparedRequest(endpoint=Endpoint.CHAT_COMPLETIONS, model="m", prompt_ids=[1],
+                          engine_request=None, stops=[], stream=True, include_usage=include_usage,
+                          logprobs=None, rid="chatcmpl-1", created=1764600000,
+                          reasoning=ReasoningSplit(ReasoningFormat.GLM45, True), n=3)
+    outs = [OpenAIRenderer(req, None, i) for i in range(3)]
+    extra = {"usage": None} if include_usage else {}
+
+    def event(index, delta, logprobs=None):
+        return "data: " + dumps({**_openai_envelope(req, [
+            {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}], True),
+            **extra}) + "\n\n"
+
+    lp = {"content": [], "refusal": None}
+    assert outs[2].delta_events([Reasoning("th\"ink"), Content("ans")], dumps(lp)) == \
+        event(2, {"reasoning_content": 'th"ink'}, lp) + event(2, {"content": "ans"})
+    assert outs[1].role_event() == event(1, {"role": "assistant", "content": ""})
+    usage = {"prompt_tokens": 1, "completion_tokens": 9, "total_tokens": 10}
+    choices = [
+        (outs[0].choice("ans", None, FinishReason.STOP, None, "why"),
+         {"role": "assistant", "content": "ans", "reasoning_content": "why"}, "stop"),
+        (outs[1].choice("", None, FinishReason.LENGTH, None, "cut"),
+         {"role": "assistant", "content": None, "reasoning_content": "cut"}, "length"),
+        (outs[2].choice("", None, FinishReason.TOOL_CALLS, [ToolCall("call_1", "f", "{}")], None),
+         {"role": "assistant", "content": None, "reasoning_content": None, "tool_calls": [
+             {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+         "tool_calls")]
+    whole = {**_openai_envelope(req, [{"index": i, "message": m, "logprobs": None,
+                                       "finish_reason": f} for i, (_, m, f) in enumerate(choices)],
+                                False), "usage": usage}
+    assert outs[0].answer([c for c, _, _ in choices], 9) == dumps(whole).encode()
 
 
 def test_every_architecture_gets_its_familys_tokenizer(tmp_path):

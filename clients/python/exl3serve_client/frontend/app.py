@@ -36,15 +36,17 @@ from .engine_call import ENGINE_CALLS, Engine, EngineCall, RequestOutcome
 from .metrics import FrontendMetrics, TokenClock
 from .protocol import (CLIENT_CLOSED_REQUEST, APIError, ChatCompletionRequest, CompletionRequest,
                        DetokenizeRequest, Endpoint, FinishReason, TokenizeRequest)
-from .render import OpenAIRenderer, fold_tool_calls
+from .answer_text import whole_answer_text
+from .reasoning import ReasoningFormat
+from .render import OpenAIRenderer
 from .sse import SSEResponse, stream_events
 from .text import ModelTokenizer, StopMatcher
 from .tokenizer_process import TokenizerProcess
 from .tool_calls import tool_call_format
-from .validation import (PreparedRequest, RequestValidator, check_model, client_request_id,
+from .validation import (DEFAULT_MAX_N, PreparedRequest, RequestValidator, check_model, client_request_id,
                          parse_body, read_body)
 
-__all__ = ["DEFAULT_MAX_REQUEST_BODY_BYTES", "ENGINE_CALLS", "CorsConfig", "Frontend",
+__all__ = ["DEFAULT_MAX_N", "DEFAULT_MAX_REQUEST_BODY_BYTES", "ENGINE_CALLS", "CorsConfig", "Frontend",
            "FrontendConfig", "create_app"]
 
 _log = logging.getLogger(__name__)
@@ -68,6 +70,8 @@ class FrontendConfig:
     cors: Optional[CorsConfig] = None  # None: no CORS headers
     access_log: bool = True           # a line per request (access.py)
     tool_call_parser: str = "auto"    # the model's tool-call format (tool_calls.py): auto from its template
+    reasoning_parser: Optional[str] = None  # the reasoning split (reasoning.py); None: not split
+    max_n: int = DEFAULT_MAX_N        # choices per request at most (more: 400)
 
 
 @dataclass
@@ -98,52 +102,69 @@ class Frontend:
         self.validator = RequestValidator(self.tok, self.tokenizer_process, self.engine.model_name,
                                           self.engine.max_context, cfg.request_timeout_s,
                                           tool_call_format(cfg.tool_call_parser,
-                                                           self.tok.chat_template))
+                                                           self.tok.chat_template),
+                                          None if cfg.reasoning_parser is None
+                                          else ReasoningFormat(cfg.reasoning_parser),
+                                          cfg.max_n)
         self.started = cfg.created if cfg.created is not None else int(time.time())
 
     # ---- generation ------------------------------------------------------------------------
     async def answer(self, req: PreparedRequest, receive: Any) -> Response:
-        """Sends the request to the engine and answers it: the whole answer, or a streamed one
-        (its events written as the engine's messages arrive). Counts the request's outcome."""
+        """Sends the request to the engine (a call per choice) and answers it: the whole answer,
+        or a streamed one (its events written as the engine's messages arrive). Counts the
+        request's outcome."""
         outcome = RequestOutcome(self.metrics, req)
         try:
-            call = await EngineCall.start(self.engine, req, receive, self.cfg.request_timeout_s)
+            calls = await EngineCall.start_all(self.engine, req, receive,
+                                               self.cfg.request_timeout_s)
         except BaseException as e:
             outcome.failed(e.status if isinstance(e, APIError) else 500)
             outcome.close()
             raise
-        out = OpenAIRenderer(req, self.tok)
+        outs = [OpenAIRenderer(req, self.tok, i) for i in range(len(calls))]
         if req.stream:
-            return SSEResponse(stream_events(req, call, out, self.tok, self.metrics, outcome),
+            return SSEResponse(stream_events(req, calls, outs, self.tok, self.metrics, outcome),
                                headers={"Cache-Control": "no-cache", "X-Request-Id": req.header_rid})
-        return await self._whole(req, call, out, outcome)
+        return await self._whole(req, calls, outs, outcome)
 
-    async def _whole(self, req: PreparedRequest, call: EngineCall, out: OpenAIRenderer,
-                     outcome: RequestOutcome) -> Response:
+    async def _whole_choice(self, req: PreparedRequest, call: EngineCall, out: OpenAIRenderer,
+                            clock: TokenClock) -> tuple[str, int]:
+        """One choice of a whole answer: its rendering and its tokens."""
+        text, entries, n, finish = [], [], 0, None
+        async for p in call.pieces(self.tok.detokenizer(), StopMatcher(req.stops), self.metrics):
+            clock.handed(len(p.tokens))
+            text.append(p.text)
+            n += len(p.tokens)
+            if req.logprobs is not None:
+                entries.extend(out.logprob_entries(p.tokens))
+            finish = p.finish
+        content, reasoning, tool_calls = "".join(text), None, None
+        if req.tool_use is not None or req.reasoning is not None:
+            content, reasoning, tool_calls = whole_answer_text(req, content)
+            if finish is FinishReason.STOP and tool_calls:
+                finish = FinishReason.TOOL_CALLS
+        lp = None if req.logprobs is None else out.logprobs(entries, 0)
+        return out.choice(content, lp, finish, tool_calls, reasoning), n
+
+    async def _whole(self, req: PreparedRequest, calls: list[EngineCall],
+                     outs: list[OpenAIRenderer], outcome: RequestOutcome) -> Response:
         outcome.failed(500)  # until answered: a cancelled or broken answer is the server's
+        clock = TokenClock(self.metrics, req.endpoint.value, req.started)
+        tasks: list[asyncio.Future] = []
         try:
-            text, entries, n, finish = [], [], 0, None
-            clock = TokenClock(self.metrics, req.endpoint.value, req.started)
-            async for p in call.pieces(self.tok.detokenizer(), StopMatcher(req.stops), self.metrics):
-                clock.handed(len(p.tokens))
-                text.append(p.text)
-                n += len(p.tokens)
-                if req.logprobs is not None:
-                    entries.extend(out.logprob_entries(p.tokens))
-                finish = p.finish
-            content, tool_calls = "".join(text), None
-            if req.tool_use is not None:
-                content, tool_calls = fold_tool_calls(req.tool_use.parser().push(content, True))
-                if finish is FinishReason.STOP and tool_calls:
-                    finish = FinishReason.TOOL_CALLS
-            body = out.whole(content, None if req.logprobs is None else out.logprobs(entries, 0),
-                             finish, n, tool_calls)
+            if len(calls) == 1:
+                choices = [await self._whole_choice(req, calls[0], outs[0], clock)]
+            else:  # the first choice to fail fails the request; finally cancels the others
+                tasks = [asyncio.ensure_future(self._whole_choice(req, c, o, clock))
+                         for c, o in zip(calls, outs)]
+                choices = await asyncio.gather(*tasks)
+            body = outs[0].answer([c for c, _ in choices], sum(n for _, n in choices))
             outcome.complete()
             return Response(body, media_type="application/json",
                             headers={"X-Request-Id": req.header_rid})
         except asyncio.CancelledError:
-            if call.client_gone:
-                # The client went away and the watcher cancelled the call: nobody to answer.
+            if calls[0].client_gone:
+                # The client went away and the watcher cancelled the calls: nobody to answer.
                 return Response(status_code=CLIENT_CLOSED_REQUEST)
             raise
         except grpc.aio.AioRpcError as e:
@@ -154,9 +175,12 @@ class Frontend:
             outcome.failed(e.status)
             raise
         finally:
-            if call.client_gone:
+            for t in tasks:
+                t.cancel()
+            if calls[0].client_gone:
                 outcome.client_gone()
-            call.close()
+            for call in calls:
+                call.close()
             outcome.close()
 
     # ---- /tokenize and /detokenize ---------------------------------------------------------

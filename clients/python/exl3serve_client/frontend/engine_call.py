@@ -154,13 +154,14 @@ class Engine:
         return APIError(status, details, param=_engine_param(details) if status == 400 else None)
 
 
-async def _watch_disconnect(receive: Any, call: GenerateCall) -> None:
-    """Cancels the engine call as soon as the client disconnects (the body is already read, so the
-    next ASGI message is the disconnect)."""
+async def _watch_disconnect(receive: Any, calls: list[GenerateCall]) -> None:
+    """Cancels the request's engine calls as soon as the client disconnects (the body is already
+    read, so the next ASGI message is the disconnect)."""
     while True:
         msg = await receive()
         if msg["type"] == "http.disconnect":
-            call.cancel()
+            for call in calls:
+                call.cancel()
             return
 
 
@@ -173,9 +174,10 @@ class Piece:
 
 
 class EngineCall:
-    """One request's call to the engine, started with start(): the request sent and the engine's
-    first message read, so that a refusal becomes the HTTP status; a task watching the client
-    cancels the call when it goes away."""
+    """One choice's call to the engine, started with start_all() (a call per choice of the
+    request): the requests sent and the engine's first message of each read, so that a refusal
+    becomes the HTTP status; one task watching the client cancels the request's calls when it goes
+    away."""
 
     def __init__(self, engine: Engine, call: GenerateCall, first: Any,
                  watcher: asyncio.Task) -> None:
@@ -185,23 +187,31 @@ class EngineCall:
         self.watcher = watcher
 
     @classmethod
-    async def start(cls, engine: Engine, req: PreparedRequest, receive: Any,
-                    timeout_s: float) -> "EngineCall":
+    async def start_all(cls, engine: Engine, req: PreparedRequest, receive: Any,
+                        timeout_s: float) -> list["EngineCall"]:
+        """The request's calls, one per choice (PreparedRequest.choice_requests); if the engine
+        refuses one, the others are cancelled and the refusal raised."""
         if engine.calls is None:
             raise APIError(503, "the engine is not connected")
-        call = engine.calls.call(req.engine_request, timeout=timeout_s)
-        watcher = asyncio.ensure_future(_watch_disconnect(receive, call))
+        calls = [engine.calls.call(r, timeout=timeout_s) for r in req.choice_requests()]
+        watcher = asyncio.ensure_future(_watch_disconnect(receive, calls))
         try:
-            first = await call.read()
+            if len(calls) == 1:
+                firsts = [await calls[0].read()]
+            else:
+                firsts = await asyncio.gather(*(c.read() for c in calls))
         except grpc.aio.AioRpcError as e:
             watcher.cancel()
+            for c in calls:
+                c.cancel()
             raise engine.rpc_error(e) from None
         except BaseException:
             watcher.cancel()
-            call.cancel()
+            for c in calls:
+                c.cancel()
             raise
         engine.mark(True)
-        return cls(engine, call, first, watcher)
+        return [cls(engine, c, first, watcher) for c, first in zip(calls, firsts)]
 
     @property
     def client_gone(self) -> bool:
@@ -209,6 +219,7 @@ class EngineCall:
         return self.watcher.done() and not self.watcher.cancelled()
 
     def close(self) -> None:
+        """Ends the call (and the request's watcher: close every choice's call together)."""
         self.watcher.cancel()
         self.call.cancel()
 

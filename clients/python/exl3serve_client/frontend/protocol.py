@@ -93,7 +93,6 @@ UNSUPPORTED_CHAT_FIELDS: dict[str, Unsupported] = {
                                  "is used"),
     "mm_processor_kwargs": Unsupported("multimodal inputs are not supported", ({},)),
     "reasoning_effort": Unsupported("reasoning_effort is not supported"),
-    "include_reasoning": Unsupported("reasoning is not split from the content", (True,)),
 }
 
 
@@ -173,6 +172,8 @@ class ChatCompletionRequest(_Sampling):
     parallel_tool_calls: Optional[bool] = None    # False: the first call only (tool_calls.py)
     add_generation_prompt: bool = True
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    # vLLM's: false drops the reasoning from the answer (with --reasoning-parser; validation.py).
+    include_reasoning: Optional[bool] = None
 
 
 class TokenizeRequest(BaseModel):

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from .protocol import APIError, FinishReason
+from .reasoning import Reasoning
 from .text import ModelTokenizer
 from .tool_calls import CallArguments, CallStart, Content, ToolCallEvent
 from .validation import PreparedRequest
@@ -56,10 +57,17 @@ def fold_tool_calls(events: list[ToolCallEvent]) -> tuple[str, list[ToolCall]]:
     return "".join(content), calls
 
 
-class OpenAIRenderer:
-    """The answer to one request (chat or completions, streamed or whole) as JSON text."""
+# A streamed chat answer's parsed text, in order (tool_calls.py, reasoning.py).
+DeltaEvent = Union[ToolCallEvent, Reasoning]
 
-    def __init__(self, req: PreparedRequest, tok: ModelTokenizer) -> None:
+
+class OpenAIRenderer:
+    """The answer to one request (chat or completions, streamed or whole) as JSON text: one
+    renderer per choice (`index`; the usage and the whole answer's frame are any one's)."""
+
+    def __init__(self, req: PreparedRequest, tok: ModelTokenizer, index: int = 0) -> None:
+        self.index = index
+        self.split_reasoning = req.reasoning is not None  # the message has reasoning_content
         self.chat = req.chat
         self.tok = tok
         self.ids_as_tokens = req.ids_as_tokens
@@ -72,7 +80,8 @@ class OpenAIRenderer:
         # The stream's events: head, choices, tail.
         self.head = "data: " + ident + chunk_object + meta
         self.tail = (',"usage":null}\n\n' if req.include_usage else '}\n\n')
-        self.open = self.head + ('{"index":0,"delta":' if req.chat else '{"index":0,"text":')
+        self.open = self.head + (f'{{"index":{index},"delta":' if req.chat
+                                 else f'{{"index":{index},"text":')
         # The whole answer: its head, then the one choice.
         self.whole_head = ident + whole_object + meta
 
@@ -97,15 +106,20 @@ class OpenAIRenderer:
         return self.open + '"","logprobs":null,"finish_reason":' + _jstr(reason.value) + \
             "}]" + self.tail
 
-    def tool_call_events(self, events: list[ToolCallEvent], logprobs: Optional[str]) -> str:
-        """The events of a chat answer whose text is parsed for tool calls (tool_calls.py): its
-        content, each call's start (id, type, name and empty arguments, as OpenAI streams them)
-        and its arguments' fragments. The logprobs (rendered) go with the first event, or with
-        an empty delta of their own."""
+    def delta_events(self, events: list[DeltaEvent], logprobs: Optional[str]) -> str:
+        """The events of a chat answer whose text is parsed (for tool calls, tool_calls.py, or
+        its reasoning, reasoning.py): its reasoning (delta reasoning_content, as vLLM streams
+        it), its content, each call's start (id, type, name and empty arguments, as OpenAI
+        streams them) and its arguments' fragments. The logprobs (rendered) go with the first
+        event, or with an empty delta of their own."""
         out = []
         for e in events:
             if isinstance(e, Content):
                 out.append(self.text_event(e.text, logprobs))
+            elif isinstance(e, Reasoning):
+                lp = "null" if logprobs is None else logprobs
+                out.append(self.open + '{"reasoning_content":' + _jstr(e.text) + '},"logprobs":' +
+                           lp + ',"finish_reason":null}]' + self.tail)
             else:
                 if isinstance(e, CallStart):
                     call = (f'{{"index":{e.index},"id":{_jstr(e.id)},"type":"function",'
@@ -125,23 +139,42 @@ class OpenAIRenderer:
 
     # ---- the whole answer ------------------------------------------------------------------
     def whole(self, text: str, logprobs: Optional[str], finish: Optional[FinishReason],
-              completion_tokens: int, tool_calls: Optional[list[ToolCall]] = None) -> bytes:
-        """A non-streamed answer's body: its one choice and the usage. With tool calls (chat),
-        the message has them, and its content is null where the model wrote none."""
+              completion_tokens: int, tool_calls: Optional[list[ToolCall]] = None,
+              reasoning: Optional[str] = None) -> bytes:
+        """A non-streamed answer's body: its one choice and the usage."""
+        return self.answer([self.choice(text, logprobs, finish, tool_calls, reasoning)],
+                           completion_tokens)
+
+    def answer(self, choices: list[str], completion_tokens: int) -> bytes:
+        """A non-streamed answer's body: its choices (rendered by choice()) and the usage."""
+        return (self.whole_head + ",".join(choices) + '],"usage":' +
+                dumps(self.usage(completion_tokens)) + "}").encode()
+
+    def choice(self, text: str, logprobs: Optional[str], finish: Optional[FinishReason],
+               tool_calls: Optional[list[ToolCall]] = None,
+               reasoning: Optional[str] = None) -> str:
+        """This renderer's choice of a whole answer. With tool calls (chat), the message has
+        them, and its content is null where the model wrote none; with the reasoning split
+        (--reasoning-parser), the message has reasoning_content (null where there was none, or
+        include_reasoning is false) and its content is null where the model wrote none."""
         reason = "null" if finish is None else _jstr(finish.value)
         lp = "null" if logprobs is None else logprobs
-        if self.chat and tool_calls:
-            calls = ",".join(f'{{"id":{_jstr(c.id)},"type":"function","function":{{"name":'
-                             f'{_jstr(c.name)},"arguments":{_jstr(c.arguments)}}}}}'
-                             for c in tool_calls)
-            choice = '{"index":0,"message":{"role":"assistant","content":' + \
-                (_jstr(text) if text else "null") + ',"tool_calls":[' + calls + "]}"
-        elif self.chat:
-            choice = '{"index":0,"message":{"role":"assistant","content":' + _jstr(text) + "}"
+        head = f'{{"index":{self.index},'
+        if self.chat:
+            empty_is_null = bool(tool_calls) or self.split_reasoning
+            message = '"message":{"role":"assistant","content":' + \
+                (_jstr(text) if text or not empty_is_null else "null")
+            if self.split_reasoning:
+                message += ',"reasoning_content":' + (_jstr(reasoning) if reasoning else "null")
+            if tool_calls:
+                calls = ",".join(f'{{"id":{_jstr(c.id)},"type":"function","function":{{"name":'
+                                 f'{_jstr(c.name)},"arguments":{_jstr(c.arguments)}}}}}'
+                                 for c in tool_calls)
+                message += ',"tool_calls":[' + calls + "]"
+            choice = head + message + "}"
         else:
-            choice = '{"index":0,"text":' + _jstr(text)
-        return (self.whole_head + choice + ',"logprobs":' + lp + ',"finish_reason":' + reason +
-                '}],"usage":' + dumps(self.usage(completion_tokens)) + "}").encode()
+            choice = head + '"text":' + _jstr(text)
+        return choice + ',"logprobs":' + lp + ',"finish_reason":' + reason + "}"
 
     def usage(self, completion_tokens: int) -> dict[str, int]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,

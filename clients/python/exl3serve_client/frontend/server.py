@@ -30,8 +30,9 @@ import uvicorn
 from importlib.metadata import PackageNotFoundError, version
 
 from .access import API_KEY_ENV
-from .app import (DEFAULT_MAX_REQUEST_BODY_BYTES, ENGINE_CALLS, CorsConfig, FrontendConfig,
-                  create_app)
+from .app import (DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BODY_BYTES, ENGINE_CALLS, CorsConfig,
+                  FrontendConfig, create_app)
+from .reasoning import REASONING_PARSERS
 from .tool_calls import TOOL_CALL_PARSERS
 from .workers import Supervisor, WorkerArgv, exit_with_parent, say_serving
 
@@ -90,6 +91,13 @@ def _positive(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a number >= 1, got {text!r}")
     return n
+
+
+def _reasoning_parser(text: str) -> str:
+    if text not in REASONING_PARSERS:
+        raise argparse.ArgumentTypeError(f"no reasoning parser {text!r}: the parsers are "
+                                         f"{', '.join(REASONING_PARSERS)}")
+    return text
 
 
 def _port(text: str) -> int:
@@ -180,6 +188,15 @@ def _parser() -> argparse.ArgumentParser:
                          "<arg_key>/<arg_value> tags), or auto (default): the one the model's "
                          "chat template writes; a model whose template has none refuses tools "
                          "(400) unless tool_choice is none")
+    ap.add_argument("--reasoning-parser", type=_reasoning_parser, default=None,
+                    help="split the model's reasoning from its answer (vLLM's names): glm45 and "
+                         "qwen3 (an output that opens with <think>: the text up to </think> is "
+                         "the message's reasoning_content), deepseek_r1 (the output starts inside "
+                         "the reasoning, its <think> in the prompt). Default: none, the reasoning "
+                         "stays in the content and include_reasoning is refused")
+    ap.add_argument("--max-n", type=_positive, default=DEFAULT_MAX_N,
+                    help=f"the most choices (n) one request may ask for (default {DEFAULT_MAX_N}); "
+                         "more are refused 400")
     ap.add_argument("--enable-auto-tool-choice", action="store_true",
                     help="vLLM's switch for tool_choice auto, taken for vLLM's command lines: "
                          "here tool_choice auto is on wherever --tool-call-parser gives a format")
@@ -239,7 +256,8 @@ def _serve(args: argparse.Namespace, sock: socket.socket, on_serving: Callable[[
                                         args.allowed_origins, args.allowed_methods,
                                         args.allowed_headers, args.allow_credentials),
                                     access_log=not args.disable_access_log,
-                                    tool_call_parser=args.tool_call_parser))
+                                    tool_call_parser=args.tool_call_parser,
+                                    reasoning_parser=args.reasoning_parser, max_n=args.max_n))
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on")
     server = uvicorn.Server(config)
@@ -283,6 +301,9 @@ def _worker_argv(args: argparse.Namespace, created: int) -> WorkerArgv:
             out += ["--max-model-len", str(args.max_model_len)]
         if args.disable_access_log:
             out.append("--disable-access-log")
+        if args.reasoning_parser is not None:
+            out += ["--reasoning-parser", args.reasoning_parser]
+        out += ["--max-n", str(args.max_n)]
         return out  # the API key reaches the workers in their environment (main)
     return argv
 

@@ -4,6 +4,7 @@ front end's hot path), and the ASGI response that writes them (SSEResponse)."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any, AsyncGenerator, Optional
 
 import grpc
@@ -13,6 +14,7 @@ from starlette.responses import Response
 
 from exl3serve.v1 import exl3serve_pb2 as pb
 
+from .answer_text import AnswerTextParser
 from .engine_call import _FAILED_FINISHES, FINISH_OF, EngineCall, RequestOutcome
 from .metrics import FrontendMetrics, TokenClock
 from .protocol import APIError, FinishReason
@@ -53,100 +55,179 @@ class SSEResponse(Response):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def stream_events(req: PreparedRequest, call: EngineCall, out: OpenAIRenderer,
-                        tok: ModelTokenizer, metrics: FrontendMetrics,
-                        outcome: RequestOutcome) -> AsyncGenerator[bytes, None]:
-    """The streamed answer: one SSE event per engine message that adds text (a message carries
-    every token the engine had ready for the request), as EngineCall.pieces would give them, with
-    the per-token work inline: this loop is the front end's hot path. The last write ends with
-    [DONE]. Closes the call and the outcome when it ends."""
+@dataclass
+class _Choice:
+    """One choice's stream: its tokens so far, and events made but not yet written when it failed."""
+    tokens: int = 0
+    unsent: str = ""
+
+
+async def _choice_events(req: PreparedRequest, call: EngineCall, out: OpenAIRenderer,
+                         tok: ModelTokenizer, metrics: FrontendMetrics, clock: TokenClock,
+                         state: _Choice) -> AsyncGenerator[tuple[str, bool], None]:
+    """One choice's events as its engine messages arrive: one (events, last) per engine message
+    that adds text (a message carries every token the engine had ready for the request), the last
+    with the finish, with the per-token work inline: this loop is the front end's hot path.
+    Returns without its last events when the client went away; raises APIError or the call's
+    AioRpcError when the answer fails (state.unsent: the events made before)."""
     gen_tokens = metrics.generation_tokens
     detok = tok.detokenizer()
     add_bytes = getattr(detok, "add_bytes", None)  # byte-level BPE: the tokens' bytes
     token_bytes = tok.token_bytes
     stop = StopMatcher(req.stops) if req.stops else None
     want_lp = req.logprobs is not None
-    calls = None if req.tool_use is None else req.tool_use.parser()  # text parsed for tool calls
+    # chat with tools or the reasoning split: the text parsed into content, reasoning and calls
+    parsed = AnswerTextParser(req) if req.tool_use is not None or req.reasoning is not None \
+        else None
     unspecified = pb.FINISH_REASON_UNSPECIFIED
     # What an engine message adds is one write: its events joined (chat's role event, as
-    # OpenAI sends it first, with the first text event; the last text event with the finish,
-    # the usage and [DONE]), written before the stream waits for the engine's next message.
+    # OpenAI sends it first, with the first text event; the last text event with the finish),
+    # written before the stream waits for the engine's next message.
     pending = out.role_event() if req.chat else ""
-    clock = TokenClock(metrics, req.endpoint.value, req.started)
+    offset = 0
+    resp = call.first
     try:
-        n, offset = 0, 0
-        resp = call.first
-        try:
-            while True:
-                if resp is grpc.aio.EOF:
-                    raise APIError(500, "the engine's stream ended without a finish reason")
-                tokens = resp.tokens
-                k = len(tokens)
-                ended = resp.finish_reason != unspecified
-                if add_bytes is not None:
-                    if k == 1:
-                        text = add_bytes(token_bytes(tokens[0].token_id))
-                    else:
-                        text = add_bytes(b"".join([token_bytes(t.token_id) for t in tokens]))
+        while True:
+            if resp is grpc.aio.EOF:
+                raise APIError(500, "the engine's stream ended without a finish reason")
+            tokens = resp.tokens
+            k = len(tokens)
+            ended = resp.finish_reason != unspecified
+            if add_bytes is not None:
+                if k == 1:
+                    text = add_bytes(token_bytes(tokens[0].token_id))
                 else:
-                    text = detok.add([t.token_id for t in tokens])
-                if ended:
-                    text += detok.finish()
-                if stop is not None:
-                    text = stop.push(text, final=ended)
-                gen_tokens.inc(k)
-                finish: Optional[FinishReason] = None
-                if stop is not None and stop.stopped:
-                    call.call.cancel()
-                    finish = FinishReason.STOP
-                elif ended:
-                    if resp.finish_reason in _FAILED_FINISHES:
-                        raise await call.failed(resp.finish_reason)
-                    finish = FINISH_OF.get(resp.finish_reason)
-                n += k
-                shown = 0  # tokens whose text this write hands to the client
-                entries = out.logprob_entries(tokens) if want_lp else None
-                if calls is not None:  # chat with tools: content and calls' deltas
-                    if text or entries or finish is not None:
-                        lp = None if not entries else out.logprobs(entries, offset)
-                        pending += out.tool_call_events(calls.push(text, final=finish is not None),
-                                                        lp)
-                        shown = k
-                    if finish is FinishReason.STOP and calls.calls:
-                        finish = FinishReason.TOOL_CALLS
-                elif text or entries:
-                    lp = None if entries is None else out.logprobs(entries, offset)
-                    offset += len(text)
-                    pending += out.text_event(text, lp)
+                    text = add_bytes(b"".join([token_bytes(t.token_id) for t in tokens]))
+            else:
+                text = detok.add([t.token_id for t in tokens])
+            if ended:
+                text += detok.finish()
+            if stop is not None:
+                text = stop.push(text, final=ended)
+            gen_tokens.inc(k)
+            finish: Optional[FinishReason] = None
+            if stop is not None and stop.stopped:
+                call.call.cancel()
+                finish = FinishReason.STOP
+            elif ended:
+                if resp.finish_reason in _FAILED_FINISHES:
+                    raise await call.failed(resp.finish_reason)
+                finish = FINISH_OF.get(resp.finish_reason)
+            state.tokens += k
+            shown = 0  # tokens whose text this write hands to the client
+            entries = out.logprob_entries(tokens) if want_lp else None
+            if parsed is not None:  # chat with tools or reasoning: their deltas
+                if text or entries or finish is not None:
+                    lp = None if not entries else out.logprobs(entries, offset)
+                    pending += out.delta_events(parsed.push(text, final=finish is not None), lp)
                     shown = k
-                if finish is not None:
-                    pending += out.finish_event(finish)
-                    break
-                if pending:
-                    yield pending.encode()
-                    pending = ""
+                if finish is FinishReason.STOP and parsed.called:
+                    finish = FinishReason.TOOL_CALLS
+            elif text or entries:
+                lp = None if entries is None else out.logprobs(entries, offset)
+                offset += len(text)
+                pending += out.text_event(text, lp)
+                shown = k
+            if finish is not None:
+                pending += out.finish_event(finish)
                 clock.handed(shown)
-                resp = await call.call.read()
-        except asyncio.CancelledError:
-            if call.client_gone:
-                return  # the client went away and the watcher cancelled the call
-            raise
-        except grpc.aio.AioRpcError as e:
-            if call.client_gone:
-                return  # the client went away; nobody to tell
-            err = call.engine.rpc_error(e)
+                yield pending, True
+                return
+            if pending:
+                yield pending, False
+                pending = ""
+            clock.handed(shown)
+            resp = await call.call.read()
+    except asyncio.CancelledError:
+        if call.client_gone:
+            return  # the client went away and the watcher cancelled the call
+        raise
+    except grpc.aio.AioRpcError:
+        if call.client_gone:
+            return  # the client went away; nobody to tell
+        state.unsent = pending
+        raise
+    except APIError:
+        state.unsent = pending
+        raise
+
+
+async def stream_events(req: PreparedRequest, calls: list[EngineCall],
+                        outs: list[OpenAIRenderer], tok: ModelTokenizer,
+                        metrics: FrontendMetrics,
+                        outcome: RequestOutcome) -> AsyncGenerator[bytes, None]:
+    """The streamed answer: its choices' events (_choice_events), interleaved as they come where
+    the request has several, each chunk's choice by its index. The last write ends with the usage
+    (all choices' tokens) and [DONE]. A choice that fails ends the stream with the error (the
+    other choices' calls cancelled). Closes the calls and the outcome when it ends."""
+    clock = TokenClock(metrics, req.endpoint.value, req.started)
+    states = [_Choice() for _ in calls]
+    try:
+        events = _choice_events(req, calls[0], outs[0], tok, metrics, clock, states[0]) \
+            if len(calls) == 1 else _interleaved(req, calls, outs, tok, metrics, clock, states)
+        try:
+            async for text, last in events:
+                if last:  # written below with the usage and [DONE]
+                    break
+                if text:
+                    yield text.encode()
+            else:
+                return  # the client went away
+        except (grpc.aio.AioRpcError, APIError) as e:
+            err = calls[0].engine.rpc_error(e) if isinstance(e, grpc.aio.AioRpcError) else e
             outcome.failed(err.status)
-            yield (pending + error_event(err) + DONE_EVENT).encode()
-            return
-        except APIError as err:
-            outcome.failed(err.status)
-            yield (pending + error_event(err) + DONE_EVENT).encode()
+            unsent = "".join(s.unsent for s in states)
+            yield (unsent + error_event(err) + DONE_EVENT).encode()
             return
         if req.include_usage:
-            pending += out.usage_event(n)
-        yield (pending + DONE_EVENT).encode()
-        clock.handed(shown)
+            text += outs[0].usage_event(sum(s.tokens for s in states))
+        yield (text + DONE_EVENT).encode()
         outcome.complete()
     finally:
-        call.close()
+        await events.aclose()
+        for call in calls:
+            call.close()
         outcome.close()
+
+
+async def _interleaved(req: PreparedRequest, calls: list[EngineCall],
+                       outs: list[OpenAIRenderer], tok: ModelTokenizer,
+                       metrics: FrontendMetrics, clock: TokenClock,
+                       states: list[_Choice]) -> AsyncGenerator[tuple[str, bool], None]:
+    """Several choices' events as they come, as _choice_events gives one choice's: each write all
+    that the choices have ready, `last` with the last choice's finish; ends without it where the
+    client went away. The first choice to fail raises (the others are cancelled)."""
+    queue: asyncio.Queue = asyncio.Queue()
+    gone = object()  # a choice's end without its finish: the client went away
+
+    async def run(i: int) -> None:
+        last = False
+        try:
+            async for text, last in _choice_events(req, calls[i], outs[i], tok, metrics, clock,
+                                                   states[i]):
+                await queue.put((text, last))
+        except (grpc.aio.AioRpcError, APIError) as e:
+            await queue.put(e)
+            return
+        if not last:
+            await queue.put(gone)
+
+    tasks = [asyncio.ensure_future(run(i)) for i in range(len(calls))]
+    try:
+        running = len(tasks)
+        while running:
+            items = [await queue.get()]
+            while not queue.empty():
+                items.append(queue.get_nowait())
+            text = ""
+            for item in items:
+                if isinstance(item, BaseException):
+                    raise item
+                if item is gone:
+                    return
+                text += item[0]
+                running -= item[1]
+            yield text, running == 0
+    finally:
+        for t in tasks:
+            t.cancel()

@@ -20,6 +20,7 @@ from ..generate import make_generate_request
 from .protocol import (INT32_MAX, UNSUPPORTED_CHAT_FIELDS, UNSUPPORTED_FIELDS, APIError,
                        ChatCompletionRequest, ChatMessage, CompletionRequest, Endpoint,
                        TokenizeRequest, _Sampling, unsupported_field)
+from .reasoning import ReasoningFormat, ReasoningParser
 from .text import ChatTemplateError, ModelTokenizer
 from .tokenizer_process import TokenizerProcess, TokenizerProcessDied
 from .tool_calls import ToolCallFormat, ToolCallParser
@@ -35,6 +36,24 @@ MAX_REQUEST_ID_CHARS = 128
 # At most this many stop strings per request.
 MAX_STOP_STRINGS = 16
 
+# --max-n's default: the most choices one request may ask for.
+DEFAULT_MAX_N = 16
+
+_U64 = 0xFFFFFFFFFFFFFFFF
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """The engine's seed of choice `index` of a request with `seed`: the seed itself for choice 0
+    (so n=1 samples as before), else a 64-bit mix of (seed, index) (splitmix64's finalizer over
+    seed + index * 0x9E3779B97F4A7C15): the choices differ from each other, and the same request
+    gives the same choices again."""
+    if index == 0:
+        return seed & _U64
+    z = (seed + index * 0x9E3779B97F4A7C15) & _U64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _U64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _U64
+    return z ^ (z >> 31)
+
 
 @dataclass(frozen=True)
 class ToolUse:
@@ -45,6 +64,16 @@ class ToolUse:
 
     def parser(self) -> ToolCallParser:
         return ToolCallParser(self.fmt, self.schemas, self.parallel)
+
+
+@dataclass(frozen=True)
+class ReasoningSplit:
+    """A chat answer's reasoning split from its content (reasoning.py, --reasoning-parser)."""
+    fmt: ReasoningFormat
+    include: bool             # include_reasoning: the reasoning is in the answer
+
+    def parser(self) -> ReasoningParser:
+        return ReasoningParser(self.fmt)
 
 
 @dataclass
@@ -60,6 +89,8 @@ class PreparedRequest:
     logprobs: Optional[int]          # top-N asked (0: the chosen token's only); None: none
     ids_as_tokens: bool = False      # logprobs name tokens "token_id:ID" (vLLM's extension)
     tool_use: Optional[ToolUse] = None  # the answer's text is parsed for tool calls
+    reasoning: Optional[ReasoningSplit] = None  # the answer's reasoning is split from its content
+    n: int = 1                       # choices: n generations of the prompt (choice_requests)
     header_rid: str = ""             # the answer's X-Request-Id: the client's id, else rid
     started: float = field(default_factory=time.monotonic)
     rid: str = ""
@@ -68,6 +99,21 @@ class PreparedRequest:
     @property
     def chat(self) -> bool:
         return self.endpoint is Endpoint.CHAT_COMPLETIONS
+
+    def choice_requests(self) -> list[pb.GenerateRequest]:
+        """The engine request of each choice: engine_request for one; for n, copies whose
+        request_id ends -INDEX and whose seed (if the request has one) is choice_seed's."""
+        if self.n == 1:
+            return [self.engine_request]
+        out = []
+        for i in range(self.n):
+            r = pb.GenerateRequest()
+            r.CopyFrom(self.engine_request)
+            r.request_id = f"{self.engine_request.request_id}-{i}"
+            if self.engine_request.sampling.HasField("seed"):
+                r.sampling.seed = choice_seed(self.engine_request.sampling.seed, i)
+            out.append(r)
+        return out
 
 
 def client_request_id(value: Optional[str], what: str) -> Optional[str]:
@@ -188,9 +234,13 @@ class RequestValidator:
     def __init__(self, tok: ModelTokenizer, tokenizer_process: TokenizerProcess,
                  model_name: Callable[[], str], max_context: Callable[[], int],
                  request_timeout_s: float,
-                 tool_format: Optional[ToolCallFormat] = None) -> None:
+                 tool_format: Optional[ToolCallFormat] = None,
+                 reasoning_format: Optional[ReasoningFormat] = None,
+                 max_n: int = DEFAULT_MAX_N) -> None:
         self.tok = tok
         self.tool_format = tool_format  # the model's tool-call format (None: it has none)
+        self.reasoning_format = reasoning_format  # --reasoning-parser (None: not split)
+        self.max_n = max_n
         self.tokenizer_process = tokenizer_process
         self.model_name = model_name
         self.max_context = max_context
@@ -226,6 +276,7 @@ class RequestValidator:
                    client_rid: Optional[str]) -> PreparedRequest:
         self._common(body, Endpoint.CHAT_COMPLETIONS)
         tool_use = self._tool_use(body)
+        reasoning = self._reasoning(body)
         if body.top_logprobs and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         text = self.chat_prompt(body.messages, body.add_generation_prompt,
@@ -237,7 +288,17 @@ class RequestValidator:
         return self._prepare(body, Endpoint.CHAT_COMPLETIONS, ids, max_tokens, logprobs,
                              client_rid,
                              "max_completion_tokens" if body.max_completion_tokens else "max_tokens",
-                             tool_use)
+                             tool_use, reasoning)
+
+    def _reasoning(self, body: ChatCompletionRequest) -> Optional[ReasoningSplit]:
+        """How the answer's reasoning is split (None: it is not, without --reasoning-parser)."""
+        if self.reasoning_format is None:
+            if body.include_reasoning is False:
+                raise APIError(400, "include_reasoning: reasoning is not split from the content "
+                               "(exl3serve-openai --reasoning-parser names a format)",
+                               param="include_reasoning")
+            return None
+        return ReasoningSplit(self.reasoning_format, body.include_reasoning is not False)
 
     def _tool_use(self, body: ChatCompletionRequest) -> Optional[ToolUse]:
         """The request's tools checked; how its answer is parsed for their calls (None: it is not,
@@ -338,12 +399,14 @@ class RequestValidator:
         refuse_unsupported(body.model_extra, UNSUPPORTED_FIELDS)
         if endpoint is Endpoint.CHAT_COMPLETIONS:
             refuse_unsupported(body.model_extra, UNSUPPORTED_CHAT_FIELDS)
-        if body.n not in (None, 1):
-            raise APIError(400, "n must be 1: one choice per request is supported", param="n")
+        if body.n is not None and not 1 <= body.n <= self.max_n:
+            raise APIError(400, f"n must be 1 to {self.max_n} (exl3serve-openai --max-n), not "
+                           f"{body.n}", param="n")
         if body.logit_bias:
             raise APIError(400, "logit_bias is not supported", param="logit_bias")
         if body.best_of not in (None, 1):
-            raise APIError(400, "best_of must be 1", param="best_of")
+            raise APIError(400, "best_of is not supported: n gives n choices, all of them "
+                           "returned", param="best_of")
         if body.response_format and body.response_format.get("type") not in (None, "text"):
             raise APIError(400, f"response_format of type {body.response_format.get('type')!r}: "
                            "constrained decoding (structured output) is not supported yet",
@@ -364,7 +427,8 @@ class RequestValidator:
     def _prepare(self, body: _Sampling, endpoint: Endpoint, prompt_ids: list[int],
                  max_tokens: Optional[int], logprobs: Optional[int], client_rid: Optional[str],
                  max_tokens_param: str = "max_tokens",
-                 tool_use: Optional[ToolUse] = None) -> PreparedRequest:
+                 tool_use: Optional[ToolUse] = None,
+                 reasoning: Optional[ReasoningSplit] = None) -> PreparedRequest:
         chat = endpoint is Endpoint.CHAT_COMPLETIONS
         if not prompt_ids:
             raise APIError(400, "the prompt is empty", param="prompt")
@@ -398,4 +462,5 @@ class RequestValidator:
             include_usage=bool(body.stream and body.stream_options and
                                body.stream_options.include_usage),
             logprobs=logprobs, rid=rid, header_rid=client_rid or rid,
-            ids_as_tokens=bool(body.return_tokens_as_token_ids), tool_use=tool_use)
+            ids_as_tokens=bool(body.return_tokens_as_token_ids), tool_use=tool_use,
+            reasoning=reasoning, n=body.n or 1)
