@@ -6,9 +6,10 @@ as server-sent events the way OpenAI's API sends them. Nothing is kept beyond th
 
 The generation endpoints are raw ASGI apps (GenerationEndpoint, _App says why), each request going
 through the front end's parts in order: validation.py (the body into a PreparedRequest, or a
-refusal), engine_call.py (the call to the engine), then render.py's OpenAIRenderer for a whole
-answer or sse.py for a streamed one (tool_calls.py parsing a chat answer's tool calls where the
-request has tools). The other routes are FastAPI's.
+refusal), engine_call.py (the calls to the engine, one per choice), then render.py's
+OpenAIRenderer for a whole answer or sse.py for a streamed one (answer_text.py splitting a chat
+answer's reasoning and parsing its tool calls where the request has them). The other routes are
+FastAPI's.
 """
 
 from __future__ import annotations
