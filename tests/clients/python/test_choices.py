@@ -83,5 +83,6 @@ def test_n_limit(client, live):
         client.completions.create(model=live.name, prompt="x", max_tokens=1, n=17)
     assert e.value.body["param"] == "n" and "--max-n" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=live.name, messages=HI, max_tokens=1, best_of=2)
+        client.chat.completions.create(model=live.name, messages=HI, max_tokens=1,
+                                       extra_body={"best_of": 2})
     assert e.value.body["param"] == "best_of"
