@@ -297,7 +297,7 @@ def test_logprobs(client, live):
 
 @pytest.mark.parametrize("body,status,param", [
     ({"model": "nope", "messages": HI}, 404, "model"),
-    ({"messages": HI, "n": 2}, 400, "n"),
+    ({"messages": HI, "n": 17}, 400, "n"),
     ({"messages": HI, "temperature": 5}, 400, "temperature"),
     ({"messages": HI, "max_tokens": 0}, 400, "max_tokens"),
     ({"messages": []}, 400, "messages"),
@@ -350,7 +350,7 @@ def test_sdk_raises_on_errors(client, live):
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="other", messages=HI)
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model=live.name, messages=HI, n=3)
+        client.chat.completions.create(model=live.name, messages=HI, n=17)  # above --max-n
 
 
 def test_curl(live):
