@@ -19,6 +19,8 @@ import enum
 from dataclasses import dataclass
 from typing import Union
 
+from .stream_tags import tag_prefix_length
+
 THINK_START = "<think>"
 THINK_END = "</think>"
 
@@ -59,15 +61,6 @@ class _Where(enum.Enum):
     CONTENT = enum.auto()    # past the reasoning (or without any): everything is content
 
 
-def _held_suffix(text: str, tag: str) -> int:
-    """The length of the longest end of `text` that is a proper start of `tag` (it may be the tag's
-    beginning, split across pushes)."""
-    for k in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-k:]):
-            return k
-    return 0
-
-
 class ReasoningParser:
     """One answer's text split into reasoning and content as it streams in."""
 
@@ -102,7 +95,7 @@ class ReasoningParser:
                 self.where = _Where.CONTENT
                 held = held[end + len(THINK_END):]
             else:
-                keep = 0 if final else _held_suffix(held, THINK_END)
+                keep = 0 if final else tag_prefix_length(held, THINK_END)
                 if len(held) > keep:
                     out.append(Reasoning(held[:len(held) - keep]))
                 self.held = held[len(held) - keep:]

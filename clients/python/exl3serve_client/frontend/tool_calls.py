@@ -21,6 +21,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
+from .stream_tags import tag_prefix_length
+
 CALL_START = "<tool_call>"
 CALL_END = "</tool_call>"
 _ARG_KEY, _ARG_KEY_END = "<arg_key>", "</arg_key>"
@@ -78,15 +80,6 @@ ToolCallEvent = Union[Content, CallStart, CallArguments]
 
 def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
-
-
-def _partial_prefix(text: str, tag: str) -> int:
-    """How many characters at the end of `text` begin `tag` (0: none); text ending with the whole
-    tag is not counted (the caller has looked for the tag first)."""
-    for k in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-k:]):
-            return k
-    return 0
 
 
 class _CallState(enum.Enum):
@@ -172,7 +165,7 @@ class ToolCallParser:
                 self._buf = self._buf[i + len(CALL_START):]
                 self._state = _CallState.NAME
                 return True
-            keep = 0 if final else _partial_prefix(self._buf, CALL_START)
+            keep = 0 if final else tag_prefix_length(self._buf, CALL_START)
             self._content(self._buf[:len(self._buf) - keep])
             self._buf = self._buf[len(self._buf) - keep:]
             return False
@@ -226,7 +219,7 @@ class ToolCallParser:
         # held until decided.
         end = self._buf.find(CALL_END)
         body = self._buf if end < 0 else self._buf[:end]
-        cut = len(body) if (end >= 0 or final) else len(body) - _partial_prefix(body, CALL_END)
+        cut = len(body) if (end >= 0 or final) else len(body) - tag_prefix_length(body, CALL_END)
         cut = _before_closing_brace(body, cut)
         if self._sent_args == 0:  # the arguments' leading whitespace is not sent
             self._sent_args = min(len(body) - len(body.lstrip()), cut)
