@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine: the GPU engine (engine/cuda/) in one go. Writes logs to $OUT (or ./gpu-out):
+# On the GPU machine: the GPU engine (engine/cuda/) in one go. Writes logs to $OUT (or ./gpu-out; packed into logs.tar.xz at the end):
 #   1. engine_cuda_model_test, engine_cuda_latent_attention_test, engine_cuda_deltanet_test,
 #      engine_cuda_delta_rule_test (the recurrence both linear-attention kinds share),
 #      engine_cuda_dense_gemv_test (decode-sized dense linears),
@@ -38,6 +38,12 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
+# A device call brings back at most 8 files of $OUT: at the end every log goes into one
+# logs.tar.xz (unpack it where the call's files arrive).
+pack_logs() {
+  (cd "$OUT" && ls ./*.log > /dev/null 2>&1 && tar -cJf logs.tar.xz ./*.log && rm -f ./*.log)
+}
+trap pack_logs EXIT
 ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
