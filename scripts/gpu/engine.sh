@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On the GPU machine: the GPU engine (engine/cuda/) in one go. Writes logs to $OUT (or ./gpu-out; packed into logs.tar.xz at the end):
+# On the GPU machine: the GPU engine (engine/cuda/) in one go. Writes logs to $OUT (or ./gpu-out;
+# packed into logs.tar.xz at the end):
 #   1. engine_cuda_model_test, engine_cuda_latent_attention_test, engine_cuda_deltanet_test,
 #      engine_cuda_delta_rule_test (the recurrence both linear-attention kinds share),
 #      engine_cuda_dense_gemv_test (decode-sized dense linears),
@@ -48,7 +49,7 @@ ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY="$ONLY $2"; shift ;;
-    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "engine.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
