@@ -168,6 +168,17 @@ PleLayer::~PleLayer() {
   for (const TablePiece& p : pieces_) ::close(p.fd);
 }
 
+absl::Status PleLayer::PreadRow(const TablePiece& piece, int64_t row, size_t bytes, void* dst) const {
+  const off_t at = static_cast<off_t>(piece.at.offset + static_cast<uint64_t>(row - piece.first_row) * bytes);
+  const ssize_t got = ::pread(piece.fd, dst, bytes, at);
+  if (got != static_cast<ssize_t>(bytes)) {
+    return absl::DataLossError(absl::StrCat(
+        "n-gram table row ", row, " of PLE layer ", layer_, ": read ", got < 0 ? 0 : got, " of ", bytes,
+        " bytes at offset ", at, " of ", piece.at.file, " (the file changed after the load?)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PleLayer::ReadRow(int64_t row, float* out) const {
   // The piece holding `row`: the last whose first row is <= row.
   auto it = std::upper_bound(pieces_.begin(), pieces_.end(), row,
@@ -181,13 +192,7 @@ absl::Status PleLayer::ReadRow(int64_t row, float* out) const {
   void* dst = width == sizeof(float) ? static_cast<void*>(out) : static_cast<void*>(half);
   if (width != sizeof(float) && static_cast<size_t>(D) > std::size(half))
     return absl::InvalidArgumentError(absl::StrCat("n-gram rows of ", D, " values are not supported"));
-  const off_t at = static_cast<off_t>(piece.at.offset + static_cast<uint64_t>(row - piece.first_row) * bytes);
-  const ssize_t got = ::pread(piece.fd, dst, bytes, at);
-  if (got != static_cast<ssize_t>(bytes)) {
-    return absl::DataLossError(absl::StrCat(
-        "n-gram table row ", row, " of PLE layer ", layer_, ": read ", got < 0 ? 0 : got, " of ", bytes,
-        " bytes at offset ", at, " of ", piece.at.file, " (the file changed after the load?)"));
-  }
+  EXL3_RETURN_IF_ERROR(PreadRow(piece, row, bytes, dst));
   switch (piece.at.info->dtype) {
     case DType::kF32:
       break;
@@ -220,13 +225,7 @@ absl::Status PleLayer::ReadTrellisRow(const TablePiece& piece, int64_t row, floa
   if (words > static_cast<int>(std::size(ring)))
     return absl::InvalidArgumentError(absl::StrCat("n-gram rows of ", D, " values are not supported"));
   const size_t bytes = static_cast<size_t>(words) * 2;
-  const off_t at = static_cast<off_t>(piece.at.offset + static_cast<uint64_t>(row - piece.first_row) * bytes);
-  const ssize_t got = ::pread(piece.fd, ring, bytes, at);
-  if (got != static_cast<ssize_t>(bytes)) {
-    return absl::DataLossError(absl::StrCat(
-        "n-gram table row ", row, " of PLE layer ", layer_, ": read ", got < 0 ? 0 : got, " of ", bytes,
-        " bytes at offset ", at, " of ", piece.at.file, " (the file changed after the load?)"));
-  }
+  EXL3_RETURN_IF_ERROR(PreadRow(piece, row, bytes, ring));
   // The head whose rows hold `row`: the last that starts at or before it (the padding rows
   // after the last head count as its, as exllamav3 counts them).
   const int head = static_cast<int>(

@@ -70,6 +70,9 @@ class PleLayer {
   enum class TableFormat { kValues, kExl3Trellis };
 
   absl::Status OpenTable(const TensorSource& src, const std::string& prefix);
+  // The `bytes` of `row` (rows of that size from the piece's start) into dst; DATA_LOSS naming the
+  // file on a short read.
+  absl::Status PreadRow(const TablePiece& piece, int64_t row, size_t bytes, void* dst) const;
   absl::Status ReadTrellisRow(const TablePiece& piece, int64_t row, float* out) const;
   absl::Status CheckStoredHashing(const TensorSource& src, const std::string& prefix) const;
   // Row `row` of the table as fp32 into out[head_dim]; DATA_LOSS on a short read.
