@@ -28,7 +28,7 @@ absl::StatusOr<std::vector<int>> SequenceStateSlots::BeginStep(const StepBatch& 
                                               " is given to two chunks of one step"));
     seen[c.state_slot] = true;
     const int kept = c.wants_logits ? c.num_logit_rows : 1;
-    if (kept < 1 || kept > static_cast<int>(c.tokens.size()) || kept > num_copies_ - 1)
+    if (kept < 1 || (c.wants_logits && kept > static_cast<int>(c.tokens.size())) || kept > num_copies_ - 1)
       return absl::InternalError(absl::StrCat(
           "sequence ", c.sequence_id, ": a chunk of ", c.tokens.size(), " tokens wanting ", kept,
           " logit rows, for state slots that keep at most ", num_copies_ - 1,
