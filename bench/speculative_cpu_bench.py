@@ -9,12 +9,16 @@ itself). Per setting: decode tokens/s (first token to last), the spec_decode cou
   bench/speculative_cpu_bench.py --build build --model DIR [--k 1,2,4] [--max-tokens 128]
                                  [--requests 3] [--engine-threads 2] [--ngram-min 1 --ngram-max 3]
 
-e.g. a GLM-5.3-Flash-shaped model with random weights (KDA, k-pooled MLA, hyper-connections):
+Random weights rarely repeat themselves (no drafts accepted: the table then shows what verifying
+costs); the engine fixtures' tiny models do (tests/fixtures/engine/glm5_next_all, with
+--max-tokens 48 within its context of 128). A GLM-5.3-Flash-shaped model with random weights
+(KDA, k-pooled MLA, hyper-connections):
   exl3-tool make-test-model --arch glm5_next --synthetic --whole-model --output DIR \\
       --hidden 1024 --layers 8 --experts 32 --top-k 4 --intermediate 256 --vocab 2048 \\
       --linear-heads 8 --linear-head-dim 64"""
 
 import argparse
+import json
 import os
 import random
 import re
@@ -39,6 +43,7 @@ def wait_log(path, pattern, timeout=180):
 
 
 def scrape(metrics):
+    time.sleep(0.6)  # the router refreshes its engine counters every 250 ms
     text = urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5).read().decode()
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\S+) (\S+)$", text, re.M)}
 
@@ -73,6 +78,9 @@ def main():
     sys.path.insert(0, os.path.join(a.build, "python"))
     from exl3serve.v1 import exl3serve_pb2 as pb, exl3serve_pb2_grpc as pbg
 
+    with open(os.path.join(a.model, "config.json")) as f:
+        config = json.load(f)
+    vocab = config.get("text_config", config)["vocab_size"]
     work = tempfile.mkdtemp(prefix="exl3-spec-bench-")
     settings = [("off", 0)] + [("ngram", int(k)) for k in a.k.split(",")]
     rows, plain_tokens, prompt = [], None, None
@@ -91,7 +99,7 @@ def main():
             stub = pbg.GeneratorStub(grpc.insecure_channel(address))
             if prompt is None:  # the repeating prompt, from plain decoding
                 rng = random.Random(31)
-                base = [rng.randrange(1000) for _ in range(a.prompt_len)]
+                base = [rng.randrange(vocab) for _ in range(a.prompt_len)]
                 cont, _ = generate(pb, stub, base, 48)
                 prompt = base + cont + cont[:4]
             generate(pb, stub, prompt, 8)  # warm-up
