@@ -192,8 +192,8 @@ absl::Status CpuModel::CheckDraftVerification() const {
       break;
   }
   return absl::FailedPreconditionError(absl::StrCat(
-      cfg_.architecture(), "'s compressed caches fold every position into their block areas and "
-      "compressor states; rolling back rejected draft positions there is not done yet"));
+      cfg_.architecture(), "'s compressed caches fold every position into their block areas' "
+      "running softmax; taking rejected draft positions out again is not done yet"));
 }
 
 absl::Status CpuModel::AllocateKvCache(const KvCacheShape& shape) {
