@@ -106,7 +106,8 @@ absl::StatusOr<std::unique_ptr<SequenceStateStore>> SequenceStateStore::Create(
   if (s->data_ == nullptr)
     return absl::ResourceExhaustedError(absl::StrCat(
         "the per-sequence state store (", num_slots, " slots x ", copies, " copies x ",
-        s->floats_per_copy_ * 4, " bytes) cannot be allocated; lower --max-num-seqs"));
+        s->floats_per_copy_ * 4, " bytes) cannot be allocated; lower --max-num-seqs",
+        max_kept_states > 1 ? " or --num-speculative-tokens (each draft position keeps a copy)" : ""));
   return s;
 }
 
