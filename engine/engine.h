@@ -229,6 +229,9 @@ class Engine {
   // Tokens of a completed step (or chunk) to their requests: events, finishes, timings.
   void Deliver(const std::vector<SequenceUpdate>& updates, SteadyTime now);
   void RetryChunksAlone(const ScheduledStep& step);
+  // Speculative method mtp, after a step's tokens were delivered: the MTP head runs over the
+  // step's kept positions and drafts for the decoding sequences (engine/mtp_head.h).
+  void DraftWithMtp(const ScheduledStep& step);
   // Runs the step's forward pass. The one place that decides where its rows are sampled: on the
   // runner (ModelRunner::ForwardSampled, into sampled_) when it can sample every one of them,
   // else here (the logits into logits_, sampled by CompleteStep).

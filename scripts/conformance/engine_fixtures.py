@@ -33,6 +33,7 @@ The layout of what it writes is described in tests/fixtures/engine/README.md.
 """
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -1075,11 +1076,182 @@ def write_fixture(out, name, exl3_dir, tensors, reference):
         f.write("\n")
 
 
+# ---------------------------------------------------------------------------------------------
+# MTP fixtures: a tiny model of a family whose checkpoints carry the DeepSeek-V3 MTP layer
+# (model.layers.{num_hidden_layers}.*), and that layer's logits at every position computed from
+# transformers' own modules (engine/mtp_head.h states the formula and where its facts come from).
+
+MTP_PROMPT_LENGTHS = (13, 29)
+MTP_FAMILIES = {
+    # One decoder layer (MoE) plus the MTP layer (MoE): hidden 128, 4 experts, 2 heads.
+    "deepseek_v3": dict(seed=3, overrides=dict(
+        hidden_size=128, num_hidden_layers=1, first_k_dense_replace=0, n_routed_experts=4,
+        n_group=2, topk_group=1, num_attention_heads=2, num_key_value_heads=2)),
+    "glm4_moe": dict(seed=3, overrides=dict(
+        hidden_size=128, num_hidden_layers=1, first_k_dense_replace=0, n_routed_experts=4,
+        n_group=2, topk_group=1, num_attention_heads=2, num_key_value_heads=1)),
+}
+
+
+def mtp_reference_logits(model, mtp, ids):
+    """The MTP layer's logits at positions 0 .. len(ids) - 2 of one teacher-forced pass: from the
+    model's last hidden state (after its final norm) at i and the token at i + 1,
+    x = eh_proj(cat(enorm(embed(t_{i+1})), hnorm(h_i))), the family's decoder layer at rope
+    position i (causal over those positions), logits = lm_head(shared_head.norm(.))."""
+    inner = model.model
+    with torch.no_grad():
+        h = inner(input_ids=ids[None]).last_hidden_state[0]
+        n = ids.numel() - 1
+        e = inner.embed_tokens(ids[1:][None])[0]
+        x = mtp["eh_proj"](torch.cat([mtp["enorm"](e), mtp["hnorm"](h[:n])], dim=-1))[None]
+        pos = torch.arange(n)[None]
+        mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+        y = mtp["layer"](x, attention_mask=mask, position_ids=pos,
+                         position_embeddings=inner.rotary_emb(x, pos))
+        return model.lm_head(mtp["shared_norm"](y))[0]
+
+
+def mtp_modules(model, tensors, layer_index):
+    """enorm, hnorm, eh_proj, the decoder layer and shared_head.norm of the MTP layer, in fp32
+    from `tensors` (model.layers.{layer_index}.*, per-expert names as checkpoints store them)."""
+    cfg = copy.deepcopy(model.config)
+    cfg.num_hidden_layers = layer_index + 1
+    inner = model.model
+    norm_cls = type(inner.norm)
+    p = f"model.layers.{layer_index}."
+    H = cfg.hidden_size
+
+    def norm(name):
+        m = norm_cls(H, eps=cfg.rms_norm_eps)
+        m.weight.data.copy_(tensors[p + name])
+        return m
+
+    eh = torch.nn.Linear(2 * H, H, bias=False)
+    eh.weight.data.copy_(tensors[p + "eh_proj.weight"])
+    layer = type(inner.layers[0])(cfg, layer_index).eval()
+    state = {}
+    E = cfg.n_routed_experts
+    for k in layer.state_dict():
+        if k == "mlp.experts.gate_up_proj":
+            state[k] = torch.stack([torch.cat([tensors[f"{p}mlp.experts.{e}.gate_proj.weight"],
+                                               tensors[f"{p}mlp.experts.{e}.up_proj.weight"]]) for e in range(E)])
+        elif k == "mlp.experts.down_proj":
+            state[k] = torch.stack([tensors[f"{p}mlp.experts.{e}.down_proj.weight"] for e in range(E)])
+        else:
+            state[k] = tensors[p + k]
+    layer.load_state_dict(state)
+    return {"enorm": norm("enorm.weight"), "hnorm": norm("hnorm.weight"), "eh_proj": eh,
+            "layer": layer, "shared_norm": norm("shared_head.norm.weight")}
+
+
+def make_mtp_family(family, args, work_root):
+    spec = MTP_FAMILIES[family]
+    name = f"{family}_mtp"
+    base = dict(FAMILIES[family])
+    fields = dict(base["fields"], **spec["overrides"])
+    n = fields["num_hidden_layers"]
+    # The weights come from a model one layer longer, initialised as the fixtures' models are:
+    # its last layer becomes the MTP layer's decoder layer.
+    FAMILIES[name + "_init"] = dict(base, fields=dict(fields, num_hidden_layers=n + 1))
+    big, _ = make_model(name + "_init", spec["seed"])
+    FAMILIES[name] = dict(base, fields=dict(fields, num_nextn_predict_layers=1))
+    model = model_class(build_config(name).architectures[0]).from_config(
+        build_config(name), attn_implementation="eager", dtype=torch.float32)
+    missing = model.load_state_dict(big.state_dict(), strict=False)
+    assert not missing.missing_keys, missing.missing_keys
+    gen = torch.Generator().manual_seed(SEED + spec["seed"])
+    H = fields["hidden_size"]
+    p = f"model.layers.{n}."
+    mtp = {}
+    for k, v in big.model.layers[n].state_dict().items():
+        if k == "mlp.experts.gate_up_proj":
+            I = v.shape[1] // 2
+            for e in range(v.shape[0]):
+                mtp[f"{p}mlp.experts.{e}.gate_proj.weight"] = v[e, :I]
+                mtp[f"{p}mlp.experts.{e}.up_proj.weight"] = v[e, I:]
+        elif k == "mlp.experts.down_proj":
+            for e in range(v.shape[0]):
+                mtp[f"{p}mlp.experts.{e}.down_proj.weight"] = v[e]
+        else:
+            mtp[p + k] = v
+    for norm in ("enorm", "hnorm", "shared_head.norm"):
+        mtp[f"{p}{norm}.weight"] = 1 + torch.randn(H, generator=gen) * 0.1
+    # A head that drafts well enough for acceptances to show: eh_proj passes the next token's
+    # embedding through (identity on that half, the hidden state's half N(0, 0.25 / 2H)) and the
+    # layer's output projections are scaled by 0.3, so the head's logits lean, like the model's,
+    # towards that token's successor (init_weights' head_mix), moved by attention and MoE.
+    mtp[p + "eh_proj.weight"] = torch.cat([torch.eye(H), torch.randn(H, H, generator=gen) * 0.5 / math.sqrt(2 * H)], 1)
+    for k in mtp:
+        if k.endswith(("o_proj.weight", "down_proj.weight")):
+            mtp[k] = mtp[k] * 0.3
+    work = os.path.join(work_root, name)
+    hf_dir = os.path.join(work, "hf")
+    model.to(torch.bfloat16).save_pretrained(hf_dir)
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in mtp.items()},
+              os.path.join(hf_dir, "mtp.safetensors"), metadata={"format": "pt"})
+    exl3_dir = os.path.join(work, "exl3")
+    run([args.exl3_tool, "quantize", "--input", hf_dir, "--output", exl3_dir, "--bits", str(EXPERT_BITS),
+         "--threads", str(args.threads), "--quiet"] + VARIANTS["all"])
+    deq_dir = os.path.join(work, "dequant")
+    prefixes = dequantized_checkpoint(args.exl3_tool, exl3_dir, deq_dir, work)
+    # The MTP layer's tensors apart: transformers does not load them.
+    deq_file = os.path.join(deq_dir, "model.safetensors")
+    with safe_open(deq_file, "pt") as st:
+        everything = {k: st.get_tensor(k) for k in st.keys()}
+    layer_tensors = {k: v for k, v in everything.items() if k.startswith(p)}
+    save_file({k: v for k, v in everything.items() if not k.startswith(p)}, deq_file, metadata={"format": "pt"})
+    ref_model = load_reference_model(deq_dir)
+    modules = mtp_modules(ref_model, layer_tensors, n)
+    gen_prompts = torch.Generator().manual_seed(SEED)
+    tensors, prompts_info = {}, []
+    for i, length in enumerate(MTP_PROMPT_LENGTHS):
+        prompt = torch.randint(0, VOCAB, (length,), generator=gen_prompts)
+        with torch.no_grad():
+            out = ref_model.generate(prompt[None], max_new_tokens=NEW_TOKENS, do_sample=False,
+                                     min_new_tokens=NEW_TOKENS)[0, length:]
+        ids = torch.cat([prompt, out])
+        logits = mtp_reference_logits(ref_model, modules, ids)
+        top2 = logits.topk(2, dim=-1).values
+        tensors[f"prompt.{i}"] = prompt.to(torch.int32).contiguous()
+        tensors[f"greedy.{i}"] = out.to(torch.int32).contiguous()
+        tensors[f"mtp_logits.{i}"] = logits.float().contiguous()
+        # How often the MTP head predicts the model's own next greedy token (its draft accepted).
+        agree = (logits[length - 1:-1].argmax(-1) == ids[length + 1:]).float().mean().item()
+        prompts_info.append({"prompt_len": length, "greedy_len": NEW_TOKENS, "mtp_rows": int(logits.shape[0]),
+                             "min_mtp_top1_top2_gap": float(f"{(top2[:, 0] - top2[:, 1]).min().item():.4g}"),
+                             "mtp_argmax_matches_greedy": float(f"{agree:.3g}")})
+    reference = {
+        "family": family, "architecture": ref_model.config.architectures[0], "variant": "mtp",
+        "quantize_flags": ["--bits", str(EXPERT_BITS)] + VARIANTS["all"], "seed": spec["seed"],
+        "generated_with": {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
+                           "script": "scripts/conformance/engine_fixtures.py --mtp-families"},
+        "features": [f"{n} decoder layer(s) plus the MTP layer model.layers.{n}.* (enorm, hnorm, "
+                     "eh_proj, the family's decoder layer with MoE, shared_head.norm; no shared_head.head: "
+                     "the model's lm_head), stored bf16 as exl3-tool quantize keeps it",
+                     f"config: {json.dumps(spec['overrides'])}"],
+        "exl3_layers": prefixes,
+        "mtp_logits": "row i: lm_head(shared_head.norm(layer(eh_proj(cat(enorm(embed(t[i+1])), "
+                      "hnorm(h[i])))))) with h the model's last hidden state (after its final norm) in "
+                      "one teacher-forced pass over prompt + greedy, the layer causal over positions "
+                      "0..P+30 at rope position i; transformers' own modules (the family's decoder "
+                      "layer class and RMSNorm, nn.Linear for eh_proj), fp32, EXL3 layers dequantized",
+        "prompts": prompts_info,
+        "tensors": {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
+                    for k, v in sorted(tensors.items())},
+    }
+    log(f"{name}: " + ", ".join(f"prompt {i}: MTP argmax = next greedy token at "
+                                f"{x['mtp_argmax_matches_greedy']}" for i, x in enumerate(prompts_info)))
+    write_fixture(args.out, name, exl3_dir, tensors, reference)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--exl3-tool", required=True, help="the exl3-tool binary")
     ap.add_argument("--out", required=True, help="directory of the fixtures (one per family/variant)")
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated subset")
+    ap.add_argument("--mtp-families", default="",
+                    help="comma-separated families (" + ", ".join(MTP_FAMILIES) + ") whose <family>_mtp "
+                         "fixture to write instead of the families' fixtures")
     ap.add_argument("--threads", type=int, default=2, help="exl3-tool quantize threads")
     ap.add_argument("--work", help="keep the intermediate checkpoints here (default: a temp dir)")
     ap.add_argument("--search-seeds", type=int, default=1,
@@ -1104,6 +1276,12 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     work_root = args.work or tempfile.mkdtemp(prefix="engine_fixtures_")
     try:
+        if args.mtp_families:
+            for family in args.mtp_families.split(","):
+                if family not in MTP_FAMILIES:
+                    fail(f"unknown MTP family {family} (known: {', '.join(MTP_FAMILIES)})")
+                make_mtp_family(family, args, work_root)
+            return
         for family in args.families.split(","):
             if family not in FAMILIES:
                 fail(f"unknown family {family} (known: {', '.join(FAMILIES)})")
