@@ -16,7 +16,8 @@
 // Every accepted request gets exactly one final event (GenerateEvent::finish set), after which
 // its callback is never called again. Start fails INVALID_ARGUMENT on bad options, and
 // FAILED_PRECONDITION for a speculative method the model runner cannot verify
-// (engine/model_runner.h CheckDraftVerification), naming why. Submit's errors are the request's
+// (engine/model_runner.h CheckDraftVerification), or mtp where it has no MTP head
+// (CheckMtpDrafting), naming why. Submit's errors are the request's
 // alone:
 //   INVALID_ARGUMENT    empty prompt, token id outside [0, vocab), prompt longer than
 //                       max_context or than the whole KV cache, max_tokens <= 0 or prompt +
