@@ -1090,7 +1090,23 @@ MTP_FAMILIES = {
     "glm4_moe": dict(seed=3, overrides=dict(
         hidden_size=128, num_hidden_layers=1, first_k_dense_replace=0, n_routed_experts=4,
         n_group=2, topk_group=1, num_attention_heads=2, num_key_value_heads=1)),
+    # GLM-5's MTP layer runs its own DSA indexer (index_topk 8: positions past 7 attend sparsely).
+    "glm_moe_dsa": dict(seed=3, overrides=dict(
+        hidden_size=128, num_hidden_layers=1, first_k_dense_replace=0, mlp_layer_types=["sparse"],
+        indexer_types=["full"], n_routed_experts=4, n_group=2, topk_group=1, num_attention_heads=2,
+        num_key_value_heads=2, index_n_heads=4, index_head_dim=64)),
 }
+# Per-layer config lists, and what the MTP layer's entry is.
+MTP_LAYER_ENTRIES = {"mlp_layer_types": "sparse", "indexer_types": "full"}
+
+
+def with_mtp_layer_entries(fields):
+    """`fields` with one more layer: the per-layer lists get the MTP layer's entry."""
+    out = dict(fields, num_hidden_layers=fields["num_hidden_layers"] + 1)
+    for k, v in MTP_LAYER_ENTRIES.items():
+        if k in out:
+            out[k] = list(out[k]) + [v]
+    return out
 
 
 def mtp_reference_logits(model, mtp, ids):
@@ -1099,6 +1115,13 @@ def mtp_reference_logits(model, mtp, ids):
     x = eh_proj(cat(enorm(embed(t_{i+1})), hnorm(h_i))), the family's decoder layer at rope
     position i (causal over those positions), logits = lm_head(shared_head.norm(.))."""
     inner = model.model
+    # DSA (GLM-MoE-DSA): every indexer's top-k must lead the next score clearly (the model's and
+    # the MTP layer's), else the engine's fp32 sums may pick the other side of a near-tie.
+    margins, hooks = [], []
+    for ix in [m for m in list(model.modules()) + list(mtp["layer"].modules()) if type(m).__name__.endswith("Indexer")]:
+        def ihook(mod, a, kw, outp):
+            margins.append(index_margin(mod, a, kw, outp))
+        hooks.append(ix.register_forward_hook(ihook, with_kwargs=True))
     with torch.no_grad():
         h = inner(input_ids=ids[None]).last_hidden_state[0]
         n = ids.numel() - 1
@@ -1108,7 +1131,14 @@ def mtp_reference_logits(model, mtp, ids):
         mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
         y = mtp["layer"](x, attention_mask=mask, position_ids=pos,
                          position_embeddings=inner.rotary_emb(x, pos))
-        return model.lm_head(mtp["shared_norm"](y))[0]
+        if isinstance(y, tuple):  # GLM-MoE-DSA's layer also returns its indexer's top-k
+            y = y[0]
+        logits = model.lm_head(mtp["shared_norm"](y))[0]
+    for hk in hooks:
+        hk.remove()
+    if margins and min(margins) < MIN_INDEX_MARGIN:
+        raise Unstable(f"smallest index-score margin {min(margins):.2e} x the score spread")
+    return logits, (min(margins) if margins else None)
 
 
 def mtp_modules(model, tensors, layer_index):
@@ -1116,6 +1146,9 @@ def mtp_modules(model, tensors, layer_index):
     from `tensors` (model.layers.{layer_index}.*, per-expert names as checkpoints store them)."""
     cfg = copy.deepcopy(model.config)
     cfg.num_hidden_layers = layer_index + 1
+    for k, v in MTP_LAYER_ENTRIES.items():
+        if getattr(cfg, k, None) is not None:
+            setattr(cfg, k, list(getattr(cfg, k))[:layer_index] + [v])
     inner = model.model
     norm_cls = type(inner.norm)
     p = f"model.layers.{layer_index}."
@@ -1145,14 +1178,26 @@ def mtp_modules(model, tensors, layer_index):
 
 
 def make_mtp_family(family, args, work_root):
-    spec = MTP_FAMILIES[family]
+    """Tries seeds from the family's own (--search-seeds N of them) until the DSA selections
+    are stable, then writes <family>_mtp."""
+    first = MTP_FAMILIES[family]["seed"]
+    for seed in args.seeds or range(first, first + args.search_seeds):
+        try:
+            return make_mtp_fixture(family, seed, args, work_root)
+        except Unstable as e:
+            log(f"{family}_mtp: seed {seed}: {e}; next seed")
+    fail(f"{family}_mtp: no seed passes the checks (raise --search-seeds)")
+
+
+def make_mtp_fixture(family, seed, args, work_root):
+    spec = dict(MTP_FAMILIES[family], seed=seed)
     name = f"{family}_mtp"
     base = dict(FAMILIES[family])
     fields = dict(base["fields"], **spec["overrides"])
     n = fields["num_hidden_layers"]
     # The weights come from a model one layer longer, initialised as the fixtures' models are:
     # its last layer becomes the MTP layer's decoder layer.
-    FAMILIES[name + "_init"] = dict(base, fields=dict(fields, num_hidden_layers=n + 1))
+    FAMILIES[name + "_init"] = dict(base, fields=with_mtp_layer_entries(fields))
     big, _ = make_model(name + "_init", spec["seed"])
     FAMILIES[name] = dict(base, fields=dict(fields, num_nextn_predict_layers=1))
     model = model_class(build_config(name).architectures[0]).from_config(
@@ -1184,7 +1229,7 @@ def make_mtp_family(family, args, work_root):
     for k in mtp:
         if k.endswith(("o_proj.weight", "down_proj.weight")):
             mtp[k] = mtp[k] * 0.3
-    work = os.path.join(work_root, name)
+    work = os.path.join(work_root, f"{name}-seed{seed}")
     hf_dir = os.path.join(work, "hf")
     model.to(torch.bfloat16).save_pretrained(hf_dir)
     save_file({k: v.to(torch.bfloat16).contiguous() for k, v in mtp.items()},
@@ -1210,7 +1255,7 @@ def make_mtp_family(family, args, work_root):
             out = ref_model.generate(prompt[None], max_new_tokens=NEW_TOKENS, do_sample=False,
                                      min_new_tokens=NEW_TOKENS)[0, length:]
         ids = torch.cat([prompt, out])
-        logits = mtp_reference_logits(ref_model, modules, ids)
+        logits, index_margin_min = mtp_reference_logits(ref_model, modules, ids)
         top2 = logits.topk(2, dim=-1).values
         tensors[f"prompt.{i}"] = prompt.to(torch.int32).contiguous()
         tensors[f"greedy.{i}"] = out.to(torch.int32).contiguous()
@@ -1220,6 +1265,8 @@ def make_mtp_family(family, args, work_root):
         prompts_info.append({"prompt_len": length, "greedy_len": NEW_TOKENS, "mtp_rows": int(logits.shape[0]),
                              "min_mtp_top1_top2_gap": float(f"{(top2[:, 0] - top2[:, 1]).min().item():.4g}"),
                              "mtp_argmax_matches_greedy": float(f"{agree:.3g}")})
+        if index_margin_min is not None:
+            prompts_info[-1]["min_index_margin"] = float(f"{index_margin_min:.3e}")
     reference = {
         "family": family, "architecture": ref_model.config.architectures[0], "variant": "mtp",
         "quantize_flags": ["--bits", str(EXPERT_BITS)] + VARIANTS["all"], "seed": spec["seed"],

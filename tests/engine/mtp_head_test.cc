@@ -97,6 +97,8 @@ TEST_P(MtpHeadTest, LogitsAtEveryPositionMatchTransformers) {
         max_ref = std::max(max_ref, std::abs(static_cast<double>(want[k])));
       }
       const double rel = RelativeError(got, want);
+      if (getenv("MTP_DEBUG_ROWS"))
+        for (size_t r = 0; r < rows; ++r) std::printf("row %zu rel %.2e\n", r, RelativeError(&got[r * V], &want[r * V], V));
       EXPECT_LT(rel, 1e-4) << dir << " prompt " << i << " chunk " << chunk;
       EXPECT_EQ(argmax_equal, static_cast<int>(rows)) << dir << " prompt " << i << " chunk " << chunk;
       std::printf("%s prompt %zu (%zu positions, chunks of %d): MTP logits max|diff| %.3e (max|ref| %.2f), "
@@ -108,7 +110,8 @@ TEST_P(MtpHeadTest, LogitsAtEveryPositionMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Families, MtpHeadTest,
                          ::testing::Values("tests/fixtures/engine/deepseek_v3_mtp",
-                                           "tests/fixtures/engine/glm4_moe_mtp"));
+                                           "tests/fixtures/engine/glm4_moe_mtp",
+                                           "tests/fixtures/engine/glm_moe_dsa_mtp"));
 
 // A checkpoint of an MTP family without the layer, and a family without the design: refused at
 // start, by architecture and what is missing.

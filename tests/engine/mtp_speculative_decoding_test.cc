@@ -234,7 +234,8 @@ TEST_P(MtpSpeculativeDecodingTest, CancelledMidRequestLeavesTheCacheIdle) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, MtpSpeculativeDecodingTest,
                          ::testing::Values("tests/fixtures/engine/deepseek_v3_mtp",
-                                           "tests/fixtures/engine/glm4_moe_mtp"));
+                                           "tests/fixtures/engine/glm4_moe_mtp",
+                                           "tests/fixtures/engine/glm_moe_dsa_mtp"));
 
 }  // namespace
 }  // namespace exl3::engine

@@ -6,7 +6,10 @@ sampled requests give the tokens of a router without speculation, with the exper
 router's process and on two exl3-worker processes; the spec_decode counters show accepted drafts.
 The same on GLM-5.3-Flash's fixture (tests/fixtures/engine/glm5_next_all: KDA layers whose
 recurrent state rolls back to the accepted drafts, the k-pooled indexer, hyper-connections). A
-family that cannot verify drafts (DeepSeek-V4) is refused at start by name."""
+family that cannot verify drafts (DeepSeek-V4) is refused at start by name. With
+--speculative-method mtp on the GLM-4 MoE MTP fixture (tests/fixtures/engine/glm4_moe_mtp) the
+checkpoint's MTP head drafts: transformers' greedy tokens and a plain router's sampled ones,
+experts in process and on two workers; a checkpoint without the MTP layer is refused by name."""
 
 import concurrent.futures
 import os
