@@ -1091,7 +1091,7 @@ MTP_FAMILIES = {
         hidden_size=128, num_hidden_layers=1, first_k_dense_replace=0, n_routed_experts=4,
         n_group=2, topk_group=1, num_attention_heads=2, num_key_value_heads=1)),
     # GLM-5's MTP layer runs its own DSA indexer (index_topk 8: positions past 7 attend sparsely).
-    "glm_moe_dsa": dict(seed=3, overrides=dict(
+    "glm_moe_dsa": dict(seed=8, overrides=dict(
         hidden_size=128, num_hidden_layers=1, first_k_dense_replace=0, mlp_layer_types=["sparse"],
         indexer_types=["full"], n_routed_experts=4, n_group=2, topk_group=1, num_attention_heads=2,
         num_key_value_heads=2, index_n_heads=4, index_head_dim=64)),

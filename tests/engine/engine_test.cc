@@ -566,6 +566,7 @@ TEST(Engine, AFailedStepOfSeveralSequencesFailsOnlyTheSequenceThatFailsAlone) {
 TEST(Engine, MtpRefusedByARunnerWithoutAnMtpHead) {
   for (SpeculativeMethod method : {SpeculativeMethod::kMtp, SpeculativeMethod::kNgram}) {
     EngineOptions eo;
+    eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 16};
     eo.scheduler.speculative.method = method;
     eo.scheduler.speculative.num_speculative_tokens = 2;
     Engine engine(eo, std::make_unique<FakeModelRunner>(FakeModelOptions{}));

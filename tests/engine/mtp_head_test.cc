@@ -97,8 +97,6 @@ TEST_P(MtpHeadTest, LogitsAtEveryPositionMatchTransformers) {
         max_ref = std::max(max_ref, std::abs(static_cast<double>(want[k])));
       }
       const double rel = RelativeError(got, want);
-      if (getenv("MTP_DEBUG_ROWS"))
-        for (size_t r = 0; r < rows; ++r) std::printf("row %zu rel %.2e\n", r, RelativeError(&got[r * V], &want[r * V], V));
       EXPECT_LT(rel, 1e-4) << dir << " prompt " << i << " chunk " << chunk;
       EXPECT_EQ(argmax_equal, static_cast<int>(rows)) << dir << " prompt " << i << " chunk " << chunk;
       std::printf("%s prompt %zu (%zu positions, chunks of %d): MTP logits max|diff| %.3e (max|ref| %.2f), "
