@@ -5,6 +5,7 @@
 // with chunked prefill, with two micro-batches, through preemption; cancelled and finished
 // requests leave the KV cache idle. The drafts come from the MTP head, so they are accepted
 // where it predicts the model (the GLM fixture's head mostly does, DeepSeek's rarely).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -136,6 +137,41 @@ TEST_P(MtpSpeculativeDecodingTest, GreedyTokensEqualPlainDecodingAtK124) {
     ASSERT_EQ(c.num_accepted_tokens_per_pos.size(), static_cast<size_t>(k));
     EXPECT_EQ(Sum(c.num_accepted_tokens_per_pos), c.num_accepted_tokens);
     EXPECT_DOUBLE_EQ(spec.stats.kv_usage, 0.0);
+  }
+}
+
+TEST_P(MtpSpeculativeDecodingTest, DraftsAreTheHeadsPredictionsAtK1) {
+  // With K = 1 every draft is the MTP head's argmax at the sequence's last kept position p
+  // (predicting position p + 2), which the fixture's reference gives for the teacher-forced
+  // sequence prompt + greedy: a sequence alone (drafts always fit the budget) drafts and accepts
+  // exactly as simulated from it only if the MTP layer's KV of every earlier position was
+  // written by the steps before (prefill chunks, accepted drafts, rejections).
+  auto ref = TensorSource::Open(std::string(GetParam()) + "/reference.safetensors");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const int V = 128;
+  for (size_t i = 0; i < prompts_.size(); ++i) {
+    const std::vector<float> mtp = *ToFloat32(*(*ref)->Get("mtp_logits." + std::to_string(i)));
+    ASSERT_EQ(mtp.size() % V, 0u);
+    std::vector<int32_t> ids = prompts_[i];
+    ids.insert(ids.end(), greedy_[i].begin(), greedy_[i].end());
+    const int P = static_cast<int>(prompts_[i].size()), max_tokens = 32;
+    int64_t drafts = 0, accepted = 0;
+    for (int p = P - 1, out = 1; max_tokens - out - 1 > 0;) {  // after the prefill: 1 token out
+      const float* row = &mtp[static_cast<size_t>(p) * V];
+      const int32_t draft = static_cast<int32_t>(std::max_element(row, row + V) - row);
+      ++drafts;
+      const bool hit = draft == ids[p + 2];
+      accepted += hit;
+      p += hit ? 2 : 1;
+      out += hit ? 2 : 1;
+    }
+    const RunResult spec = Run(Options(Mtp(1)), {Greedy32(prompts_[i])});
+    EXPECT_EQ(Ids(spec.tokens[0]), greedy_[i]) << "prompt " << i;
+    EXPECT_EQ(spec.stats.speculative.num_draft_tokens, drafts) << "prompt " << i;
+    EXPECT_EQ(spec.stats.speculative.num_accepted_tokens, accepted) << "prompt " << i;
+    std::printf("%s prompt %zu alone, K=1: %lld of %lld drafts accepted, as the reference's MTP logits say\n",
+                GetParam(), i, static_cast<long long>(spec.stats.speculative.num_accepted_tokens),
+                static_cast<long long>(spec.stats.speculative.num_draft_tokens));
   }
 }
 
