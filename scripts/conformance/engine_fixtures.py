@@ -1083,18 +1083,19 @@ def write_fixture(out, name, exl3_dir, tensors, reference):
 
 MTP_PROMPT_LENGTHS = (13, 29)
 MTP_FAMILIES = {
-    # One decoder layer (MoE) plus the MTP layer (MoE): hidden 128, 4 experts, 2 heads.
+    # One decoder layer (MoE) plus the MTP layer (MoE): hidden 128, 4 experts; MLA of 4 heads
+    # with v_head_dim 64, so every projection but kv_a_proj_with_mqa [160, 128] is EXL3-able.
     "deepseek_v3": dict(seed=3, overrides=dict(
         hidden_size=128, num_hidden_layers=1, first_k_dense_replace=0, n_routed_experts=4,
-        n_group=2, topk_group=1, num_attention_heads=2, num_key_value_heads=2)),
+        n_group=2, topk_group=1, num_attention_heads=4, num_key_value_heads=4, v_head_dim=64)),
     "glm4_moe": dict(seed=3, overrides=dict(
         hidden_size=128, num_hidden_layers=1, first_k_dense_replace=0, n_routed_experts=4,
         n_group=2, topk_group=1, num_attention_heads=2, num_key_value_heads=1)),
     # GLM-5's MTP layer runs its own DSA indexer (index_topk 8: positions past 7 attend sparsely).
     "glm_moe_dsa": dict(seed=8, overrides=dict(
         hidden_size=128, num_hidden_layers=1, first_k_dense_replace=0, mlp_layer_types=["sparse"],
-        indexer_types=["full"], n_routed_experts=4, n_group=2, topk_group=1, num_attention_heads=2,
-        num_key_value_heads=2, index_n_heads=4, index_head_dim=64)),
+        indexer_types=["full"], n_routed_experts=4, n_group=2, topk_group=1, num_attention_heads=4,
+        num_key_value_heads=4, v_head_dim=64)),
 }
 # Per-layer config lists, and what the MTP layer's entry is.
 MTP_LAYER_ENTRIES = {"mlp_layer_types": "sparse", "indexer_types": "full"}
@@ -1177,6 +1178,30 @@ def mtp_modules(model, tensors, layer_index):
             "layer": layer, "shared_norm": norm("shared_head.norm.weight")}
 
 
+def quantize_mtp_linears(args, path, work):
+    """Every linear of the MTP layer file `path` that EXL3 can hold (both dimensions multiples of
+    128) replaced by an EXL3 layer at EXPERT_BITS (`exl3-tool quantize-tensor`; `exl3-tool
+    quantize` keeps the MTP layer as stored), so the fixture stays small and the head's EXL3
+    path runs; the rest (norms, router, kv_a_proj_with_mqa [160, 128], ...) as stored."""
+    with safe_open(path, "pt") as st:
+        tensors = {k: st.get_tensor(k) for k in st.keys()}
+    out_file = os.path.join(work, "mtp_linear.safetensors")
+    for name in sorted(tensors):
+        t = tensors[name]
+        if not name.endswith(".weight") or t.dim() != 2 or t.shape[0] % 128 or t.shape[1] % 128:
+            continue
+        if "mlp.gate.weight" in name or name.endswith("weights_proj.weight"):  # routers stay as stored
+            continue
+        prefix = name[: -len(".weight")]
+        run([args.exl3_tool, "quantize-tensor", "--input", path, "--tensor", name, "--output", out_file,
+             "--prefix", prefix, "--bits", str(EXPERT_BITS), "--threads", str(args.threads)])
+        with safe_open(out_file, "pt") as st:
+            for k in st.keys():
+                tensors[k] = st.get_tensor(k)
+        del tensors[name]
+    save_file({k: v.contiguous() for k, v in tensors.items()}, path, metadata={"format": "pt"})
+
+
 def make_mtp_family(family, args, work_root):
     """Tries seeds from the family's own (--search-seeds N of them) until the DSA selections
     are stable, then writes <family>_mtp."""
@@ -1234,6 +1259,7 @@ def make_mtp_fixture(family, seed, args, work_root):
     model.to(torch.bfloat16).save_pretrained(hf_dir)
     save_file({k: v.to(torch.bfloat16).contiguous() for k, v in mtp.items()},
               os.path.join(hf_dir, "mtp.safetensors"), metadata={"format": "pt"})
+    quantize_mtp_linears(args, os.path.join(hf_dir, "mtp.safetensors"), work)
     exl3_dir = os.path.join(work, "exl3")
     run([args.exl3_tool, "quantize", "--input", hf_dir, "--output", exl3_dir, "--bits", str(EXPERT_BITS),
          "--threads", str(args.threads), "--quiet"] + VARIANTS["all"])
@@ -1274,7 +1300,9 @@ def make_mtp_fixture(family, seed, args, work_root):
                            "script": "scripts/conformance/engine_fixtures.py --mtp-families"},
         "features": [f"{n} decoder layer(s) plus the MTP layer model.layers.{n}.* (enorm, hnorm, "
                      "eh_proj, the family's decoder layer with MoE, shared_head.norm; no shared_head.head: "
-                     "the model's lm_head), stored bf16 as exl3-tool quantize keeps it",
+                     "the model's lm_head) in mtp.safetensors: its linears EXL3 at "
+                     f"K={EXPERT_BITS} (exl3-tool quantize-tensor) where both dimensions are "
+                     "multiples of 128, the rest bf16; exl3-tool quantize copies it as it is",
                      f"config: {json.dumps(spec['overrides'])}"],
         "exl3_layers": prefixes,
         "mtp_logits": "row i: lm_head(shared_head.norm(layer(eh_proj(cat(enorm(embed(t[i+1])), "
