@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "engine/engine.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
+#include "model/testmodel/test_model.h"
 #include "tests/engine/engine_requests.h"
 
 namespace exl3::engine {
@@ -272,6 +274,86 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, MtpSpeculativeDecodingTest,
                          ::testing::Values("tests/fixtures/engine/deepseek_v3_mtp",
                                            "tests/fixtures/engine/glm4_moe_mtp",
                                            "tests/fixtures/engine/glm_moe_dsa_mtp"));
+
+// The test-model writer's MTP layer (TestModelSpec::mtp, exl3-tool make-test-model --mtp) in a
+// synthetic whole EXL3 model (random trellis bits: the head's drafts are mostly rejected):
+// loaded, its KV layer counted, and decoding with it gives plain decoding's tokens.
+class SyntheticMtpTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SyntheticMtpTest, DraftsAndDecodesAsPlainDecoding) {
+  TestModelSpec spec;
+  spec.arch = GetParam();
+  spec.layers = 2;
+  spec.hidden = 256;
+  spec.experts = 4;
+  spec.top_k = 2;
+  spec.heads = 4;
+  spec.q_lora_rank = 128;
+  spec.kv_lora_rank = 64;
+  spec.qk_rope_head_dim = 64;
+  spec.qk_nope_head_dim = 64;
+  spec.v_head_dim = 64;
+  spec.index_heads = 2;
+  spec.index_head_dim = 128;
+  spec.index_topk = 3;
+  spec.vocab = 256;
+  spec.mtp = true;
+  SyntheticOptions so;
+  so.whole_model = true;
+  so.bits = 3;
+  so.progress = false;
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("exl3_synthetic_mtp_" + spec.arch);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(WriteSyntheticExl3Model(spec, so, dir.string()).ok());
+  auto src = TensorSource::Open(dir.string());
+  ASSERT_TRUE(src.ok()) << src.status();
+  EXPECT_TRUE((*src)->Has("model.layers.2.eh_proj.trellis"));
+  EXPECT_TRUE((*src)->Has("model.layers.2.mlp.experts.3.down_proj.trellis"));
+  EXPECT_TRUE((*src)->Has("model.layers.2.shared_head.norm.weight"));
+  std::vector<GenerateParams> params;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<int32_t> prompt;
+    for (int t = 0; t < 9 + 5 * i; ++t) prompt.push_back((37 * t + 11 * i + 5) % spec.vocab);
+    GenerateParams g = Greedy32(prompt);
+    g.max_tokens = 12;
+    params.push_back(g);
+  }
+  auto run = [&](const SpeculativeOptions& speculative, EngineStats* stats) {
+    EngineOptions eo;
+    eo.block_size = 4;
+    eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 64};
+    eo.scheduler.max_num_batched_tokens = 16;
+    eo.scheduler.speculative = speculative;
+    Engine engine(eo, OpenFixtureModel(dir.string()));
+    const absl::Status started = engine.Start();
+    EXPECT_TRUE(started.ok()) << started;
+    std::vector<FinishInfo> finish;
+    auto tokens = testing::RunAllAtOnce(engine, params, &finish);
+    engine.Stop();
+    *stats = engine.Stats();
+    return tokens;
+  };
+  EngineStats plain_stats, mtp_stats;
+  const auto plain = run({}, &plain_stats);
+  const auto mtp = run(Mtp(2), &mtp_stats);
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(Ids(mtp[i]), Ids(plain[i])) << "request " << i;
+  EXPECT_GT(mtp_stats.speculative.num_draft_tokens, 0);
+  EXPECT_DOUBLE_EQ(mtp_stats.kv_usage, 0.0);
+  std::printf("synthetic %s with --mtp: %lld of %lld drafts accepted\n", spec.arch.c_str(),
+              static_cast<long long>(mtp_stats.speculative.num_accepted_tokens),
+              static_cast<long long>(mtp_stats.speculative.num_draft_tokens));
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, SyntheticMtpTest, ::testing::Values("glm4_moe", "deepseek_v3", "glm_moe_dsa"));
+
+TEST(SyntheticMtpTest, TheMtpFlagBelongsToItsFamilies) {
+  TestModelSpec spec;
+  spec.arch = "qwen3_moe";
+  spec.mtp = true;
+  const absl::StatusOr<TestModelSpec> resolved = ResolveTestModelSpec(spec);
+  EXPECT_EQ(resolved.status().code(), absl::StatusCode::kInvalidArgument);
+}
 
 }  // namespace
 }  // namespace exl3::engine
