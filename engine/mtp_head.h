@@ -10,21 +10,24 @@
 //
 // Facts and where they come from (the transformers families load none of these tensors):
 //   * h_i is the model's hidden state AFTER its final norm (the head's input): vLLM's DeepSeek
-//     model returns the normed state to its MTP proposer, and exllamav3 1.6.5
-//     (architecture/glm_moe_dsa_mtp.py, glm4_moe_lite_mtp.py) taps the post-final-norm state
-//     too, having measured higher acceptance than with the pre-norm residual.
-//   * the concat is the embedding first, then the hidden state (vLLM deepseek_mtp.py and
+//     model returns the normed state to its MTP proposer, and exllamav3 1.6.5's GLM MTP heads
+//     tap the post-final-norm state too (its authors measured higher acceptance than with the
+//     pre-norm residual).
+//   * the concat is the embedding first, then the hidden state (vLLM's DeepSeek MTP layer and
 //     exllamav3's MTP input layer agree; the DeepSeek-V3 report writes the other order, the
 //     released eh_proj weights follow the code).
 //   * the layer's attention keeps its own KV over the sequence's positions: position i's entry
 //     comes from (h_i, t_{i+1}) at rope position i (vLLM runs the MTP at the target's
-//     positions), so it must run over every position whose hidden state exists, prefill too.
-//     vLLM also zeroes the embedding at position 0; the formula above does not (nor exllamav3),
-//     and neither does this head.
+//     positions; exllamav3 at the token's, i + 1: rope is relative, so the same scores), so it
+//     must run over every position whose hidden state exists, prefill too (vLLM, SGLang).
+//     vLLM also zeroes the embedding at position 0; the formula above does not (nor
+//     exllamav3), and neither does this head.
 //   * drafts beyond the first (K > 1) chain the one layer: the next position's input is this
 //     head's own output o (before shared_head.norm) and the draft token it just predicted, as
 //     vLLM does for DeepSeek with one MTP layer (exllamav3 feeds back the normed state instead).
-//   * GLM-5's MTP layer (GlmMoeDsa) runs its own DSA indexer (exllamav3's glm_moe_dsa_mtp.py).
+//   * the head is shared_head.head when stored (vLLM loads it), else the model's lm_head (which
+//     exllamav3 always uses).
+//   * GLM-5's MTP layer (GlmMoeDsa) runs its own DSA indexer, and the whole MoE (exllamav3).
 //
 //   EXL3_ASSIGN_OR_RETURN(auto mtp, MtpHead::Load(cfg, src, model_head));
 //   EXL3_RETURN_IF_ERROR(mtp->Forward(h, embedded, tokens, cache, out, compute));
