@@ -198,11 +198,12 @@ absl::Status CpuModel::CheckDraftVerification() const {
 }
 
 absl::Status CpuModel::CheckMtpDrafting() const {
+  EXL3_RETURN_IF_ERROR(MtpHead::CheckPresent(cfg_, *src_));  // the design and its tensors, by name
   EXL3_RETURN_IF_ERROR(CheckDraftVerification());
   if (streams_ != 1 || final_mixer_ || hc_head_)
     return absl::FailedPreconditionError(absl::StrCat(
         cfg_.architecture(), ": MTP drafting runs on models with one residual stream only"));
-  return MtpHead::CheckPresent(cfg_, *src_);
+  return absl::OkStatus();
 }
 
 absl::Status CpuModel::EnableMtpDrafting() {
