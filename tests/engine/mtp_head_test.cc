@@ -111,10 +111,12 @@ INSTANTIATE_TEST_SUITE_P(Families, MtpHeadTest,
                                            "tests/fixtures/engine/glm4_moe_mtp",
                                            "tests/fixtures/engine/glm_moe_dsa_mtp"));
 
-// A checkpoint of an MTP family without the layer, and a family without the design: refused at
-// start, by architecture and what is missing.
+// A checkpoint of an MTP family without the layer, a family without the design, and families of
+// other MTP designs (GLM-5.3-Flash, Qwen4-Exp: they verify drafts, their heads are not this
+// one): refused at start, by architecture and what is missing.
 TEST(MtpHeadRefusal, ModelsWithoutTheHeadAreRefusedByName) {
-  for (const char* dir : {"tests/fixtures/engine/deepseek_v3_all", "tests/fixtures/engine/qwen3_moe_all"}) {
+  for (const char* dir : {"tests/fixtures/engine/deepseek_v3_all", "tests/fixtures/engine/qwen3_moe_all",
+                          "tests/fixtures/engine/glm5_next_all", "tests/fixtures/engine/qwen4_exp_all"}) {
     CpuModelOptions mo;
     mo.num_threads = 1;
     auto model = CpuModel::Open(dir, mo);
@@ -123,6 +125,7 @@ TEST(MtpHeadRefusal, ModelsWithoutTheHeadAreRefusedByName) {
     EngineOptions eo;
     eo.scheduler.speculative.method = SpeculativeMethod::kMtp;
     eo.scheduler.speculative.num_speculative_tokens = 2;
+    eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 64};
     Engine engine(eo, std::move(*model));
     const absl::Status st = engine.Start();
     EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
