@@ -29,6 +29,13 @@ prompt, each MoE layer's input and output. Self-checks (the script fails when on
   * `exl3-tool moe` on the recorded MoE inputs reproduces the recorded MoE outputs within
     --moe-tol relative (the expert and routing side, through the repository's own kernels).
 
+With --mtp-families deepseek_v3,glm4_moe,glm_moe_dsa it writes <family>_mtp instead: a tiny
+model of the family with the DeepSeek-V3 MTP layer (model.layers.{num_hidden_layers}.*, its
+linears EXL3 by `exl3-tool quantize-tensor`) and that layer's logits at every position,
+computed from transformers' own modules (the family's decoder layer class, its RMSNorm,
+nn.Linear for eh_proj) with the formula of engine/mtp_head.h; for GLM-MoE-DSA every indexer's
+selection must be stable (--min-index-margin).
+
 The layout of what it writes is described in tests/fixtures/engine/README.md.
 """
 
