@@ -16,9 +16,9 @@ endif()
 FetchContent_Declare(xgrammar
   URL "${EXL3_XGRAMMAR_URL}"
   URL_HASH SHA256=87b466bca2475e29bb0323abc62c6c33cbcbcff47e5fb800a3e2099ac9620b90
-  # Its config.cmake turns the Python bindings on, which need tvm_ffi: ours builds the library alone.
-  PATCH_COMMAND ${CMAKE_COMMAND} -E copy ${CMAKE_CURRENT_LIST_DIR}/xgrammar_config.cmake
-                <SOURCE_DIR>/cmake/config.cmake)
+  # The library alone (no Python bindings), and one fix of its JSON strings: xgrammar_patch.cmake.
+  PATCH_COMMAND ${CMAKE_COMMAND} -DSOURCE_DIR=<SOURCE_DIR>
+                -P ${CMAKE_CURRENT_LIST_DIR}/xgrammar_patch.cmake)
 FetchContent_GetProperties(xgrammar)
 if(NOT xgrammar_POPULATED)
   FetchContent_Populate(xgrammar)

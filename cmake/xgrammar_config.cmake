@@ -1,4 +1,4 @@
-# Replaces xgrammar's cmake/config.cmake (cmake/xgrammar.cmake copies it in when the archive is
+# Replaces xgrammar's cmake/config.cmake (cmake/xgrammar_patch.cmake copies it in when the archive is
 # unpacked): the C++ library alone, without the Python bindings the published file turns on.
 set(XGRAMMAR_BUILD_PYTHON_BINDINGS OFF)
 set(XGRAMMAR_ENABLE_COVERAGE OFF)

@@ -42,7 +42,7 @@ constexpr char kSchema[] = R"({
 // The schema's checks, by hand: exactly its four properties, of its types and ranges.
 void ExpectValid(const std::string& text) {
   const nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  ASSERT_FALSE(doc.is_discarded()) << "not JSON: " << text;
+  ASSERT_FALSE(doc.is_discarded()) << "not JSON: " << nlohmann::json(text).dump();
   ASSERT_TRUE(doc.is_object()) << text;
   EXPECT_EQ(doc.size(), 4u) << text;
   ASSERT_TRUE(doc.contains("name") && doc["name"].is_string()) << text;

@@ -21,6 +21,7 @@ from .protocol import (INT32_MAX, UNSUPPORTED_CHAT_FIELDS, UNSUPPORTED_FIELDS, A
                        ChatCompletionRequest, ChatMessage, CompletionRequest, Endpoint,
                        TokenizeRequest, _Sampling, unsupported_field)
 from .reasoning import ReasoningFormat, ReasoningParser
+from .structured_output import logit_bias, request_constraint, set_constraint
 from .text import ChatTemplateError, ModelTokenizer
 from .tokenizer_process import TokenizerProcess, TokenizerProcessDied
 from .tool_calls import ToolCallFormat, ToolCallParser
@@ -306,9 +307,9 @@ class RequestValidator:
         choice = body.tool_choice
         if choice == "required" or isinstance(choice, dict):
             what = "required" if choice == "required" else "a named function"
-            raise APIError(400, f"tool_choice {what} needs constrained decoding (the call held to "
-                           "the function's schema), which the engine does not have yet: use "
-                           "auto or none", param="tool_choice")
+            raise APIError(400, f"tool_choice {what} is not supported yet (constrained decoding "
+                           "of the call to the function's schema inside the model's tool-call "
+                           "tags): use auto or none", param="tool_choice")
         if choice not in (None, "none", "auto"):
             raise APIError(400, f"tool_choice must be none, auto, required or a named function, "
                            f"not {choice!r}", param="tool_choice")
@@ -402,15 +403,9 @@ class RequestValidator:
         if body.n is not None and not 1 <= body.n <= self.max_n:
             raise APIError(400, f"n must be 1 to {self.max_n} (exl3serve-openai --max-n), not "
                            f"{body.n}", param="n")
-        if body.logit_bias:
-            raise APIError(400, "logit_bias is not supported", param="logit_bias")
         if body.best_of not in (None, 1):
             raise APIError(400, "best_of is not supported: n gives n choices, all of them "
                            "returned", param="best_of")
-        if body.response_format and body.response_format.get("type") not in (None, "text"):
-            raise APIError(400, f"response_format of type {body.response_format.get('type')!r}: "
-                           "constrained decoding (structured output) is not supported yet",
-                           param="response_format")
         if body.stream_options is not None and body.stream_options.continuous_usage_stats:
             raise APIError(400, "stream_options.continuous_usage_stats is not supported: the "
                            "usage comes in the stream's last chunk (include_usage)",
@@ -456,6 +451,11 @@ class RequestValidator:
             logprobs=logprobs or 0, min_tokens=body.min_tokens or 0,
             stop_token_ids=body.stop_token_ids or (), ignore_eos=bool(body.ignore_eos),
             timeout_us=int(self.request_timeout_s * 1e6), request_id=rid)
+        constraint = request_constraint(body.response_format, body.model_extra)
+        if constraint is not None:
+            set_constraint(req.sampling, constraint)
+        for token, bias in logit_bias(body.logit_bias).items():
+            req.sampling.logit_bias[token] = bias
         return PreparedRequest(
             endpoint=endpoint, model=self.model_name(), prompt_ids=prompt_ids,
             engine_request=req, stops=self._stops(body), stream=bool(body.stream),
