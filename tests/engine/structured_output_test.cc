@@ -2,6 +2,7 @@
 // GLM-4 MoE model with random weights (model/testmodel/test_model.h, vocab 512, EOS 1) and the
 // test models' tokenizer (tests/fixtures/tokenizer/glm4_moe). Random weights make the
 // unconstrained text arbitrary, so whatever parses and validates does so because of the mask.
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -39,8 +40,41 @@ constexpr char kSchema[] = R"({
   "required": ["name", "age", "member", "color"]
 })";
 
+// Whether `s` is UTF-8 as a strict decoder takes it (no overlong forms, surrogates or truncated
+// sequences), and its bytes in hex for a failure's message.
+bool ValidUtf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = s[i];
+    int n = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c < 0x80) n = 1;
+    else if (c >= 0xC2 && c <= 0xDF) n = 2;
+    else if (c >= 0xE0 && c <= 0xEF) { n = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
+    else if (c >= 0xF0 && c <= 0xF4) { n = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
+    else return false;
+    if (i + n > s.size()) return false;
+    for (int k = 1; k < n; ++k) {
+      const unsigned char b = s[i + k];
+      if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) return false;
+    }
+    i += n;
+  }
+  return true;
+}
+
+std::string Hex(const std::string& s) {
+  std::string out;
+  char buf[4];
+  for (unsigned char c : s) {
+    std::snprintf(buf, sizeof buf, "%02x ", c);
+    out += buf;
+  }
+  return out;
+}
+
 // The schema's checks, by hand: exactly its four properties, of its types and ranges.
 void ExpectValid(const std::string& text) {
+  ASSERT_TRUE(ValidUtf8(text)) << "not UTF-8: " << Hex(text);
   const nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(doc.is_discarded()) << "not JSON: " << nlohmann::json(text).dump();
   ASSERT_TRUE(doc.is_object()) << text;
@@ -137,13 +171,13 @@ TEST_F(StructuredOutputTest, JsonSchemaOutputsParseAndValidate) {
   auto grammar = Compile({ConstraintKind::kJsonSchema, kSchema, {}});
   std::vector<GenerateParams> params;
   params.push_back(Params(std::nullopt));  // greedy
-  for (uint64_t seed = 1; seed <= 7; ++seed) params.push_back(Params(seed));
+  for (uint64_t seed = 1; seed <= 100; ++seed) params.push_back(Params(seed));
   for (GenerateParams& p : params) p.sampling.grammar = grammar;
   std::vector<FinishInfo> finish;
   const std::vector<std::string> texts = Texts(params, &finish);
   std::set<std::string> distinct;
   for (size_t i = 0; i < texts.size(); ++i) {
-    SCOPED_TRACE(texts[i]);
+    SCOPED_TRACE(Hex(texts[i]));
     EXPECT_EQ(finish[i].reason, FinishReason::kStop);
     ExpectValid(texts[i]);
     distinct.insert(texts[i]);

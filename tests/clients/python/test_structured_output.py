@@ -43,9 +43,9 @@ def client(live):
 
 def test_json_schema_holds_in_100_of_100_sampled_answers(client, live):
     texts = []
-    for seed in range(5):
+    for seed in range(10):
         r = client.chat.completions.create(
-            model=live.name, messages=HI, max_tokens=200, temperature=1.0, seed=seed, n=20,
+            model=live.name, messages=HI, max_tokens=200, temperature=1.0, seed=seed, n=10,
             response_format={"type": "json_schema",
                              "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}})
         for c in r.choices:
