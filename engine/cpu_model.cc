@@ -176,25 +176,24 @@ absl::Status CpuModel::LoadQwen4ExpWeights(const TensorSource& src) {
 }
 
 absl::Status CpuModel::CheckDraftVerification() const {
-  if (cfg_.HasRecurrentLayers())
-    return absl::FailedPreconditionError(absl::StrCat(
-        cfg_.architecture(), " keeps a recurrent state per sequence (linear attention layers); "
-        "speculative decoding needs a state per draft position there, which the engine does not keep yet"));
+  // Recurrent layers (gated DeltaNet, KDA) and PLE keep a verify chunk's state after each of its
+  // positions (engine/sequence_state.h); the attention kinds below keep nothing per sequence but
+  // each position's cache slot, and the pooled / block indexers of GLM-5.3-Flash and Qwen4-Exp
+  // form their pool keys afresh each step from complete pools at or before the query, so a
+  // rejected position's slot is overwritten before anything reads it.
   switch (cfg_.attention) {
     case AttentionKind::kGqa:
     case AttentionKind::kMla:
     case AttentionKind::kDsa:
-      return absl::OkStatus();
-    case AttentionKind::kDsv4:
-      return absl::FailedPreconditionError(absl::StrCat(
-          cfg_.architecture(), "'s compressed caches fold every position into their block areas; "
-          "rolling back rejected draft positions there is not done yet"));
     case AttentionKind::kPooledDsa:
     case AttentionKind::kQsa:
+      return absl::OkStatus();
+    case AttentionKind::kDsv4:
       break;
   }
-  return absl::FailedPreconditionError(
-      absl::StrCat(cfg_.architecture(), ": speculative decoding is not supported for its attention yet"));
+  return absl::FailedPreconditionError(absl::StrCat(
+      cfg_.architecture(), "'s compressed caches fold every position into their block areas' "
+      "running softmax; taking rejected draft positions out again is not done yet"));
 }
 
 absl::Status CpuModel::AllocateKvCache(const KvCacheShape& shape) {
@@ -207,7 +206,8 @@ absl::Status CpuModel::AllocateKvCache(const KvCacheShape& shape) {
   cache_ = std::make_unique<PagedKvCache>(std::move(layers), shape);
   if (cfg_.HasRecurrentLayers()) {
     EXL3_ASSIGN_OR_RETURN(std::vector<int64_t> floats, StateFloatsPerLayer(cfg_, shape.num_sequence_slots));
-    EXL3_ASSIGN_OR_RETURN(states_, SequenceStateStore::Create(std::move(floats), shape.num_sequence_slots));
+    EXL3_ASSIGN_OR_RETURN(states_, SequenceStateStore::Create(std::move(floats), shape.num_sequence_slots,
+                                                              shape.max_logit_rows_per_chunk));
   }
   return absl::OkStatus();
 }

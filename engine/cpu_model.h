@@ -63,10 +63,11 @@ class CpuModel final : public ModelRunner {
   absl::Status AllocateKvCache(const KvCacheShape& shape) override;
   absl::Status Forward(const StepBatch& batch, float* logits) override;
   StepPhaseTimes LastPhaseTimes() const override { return times_; }
-  // OK for the families that keep nothing per sequence but each position's KV (GQA, MLA, DSA):
-  // a rejected draft's KV is overwritten when its position runs again and never read before.
-  // Refused by architecture for recurrent layers (a state per draft position is needed) and
-  // DeepSeek-V4 (its compressors fold every position into block areas).
+  // OK for the families that keep nothing per sequence but each position's KV (GQA, MLA, DSA,
+  // GLM-5.3-Flash's pooled and Qwen4-Exp's block indexers): a rejected draft's KV is overwritten
+  // when its position runs again and never read before; and for the recurrent layers beside them,
+  // which keep the state after each verify position (engine/sequence_state.h). Refused by
+  // architecture for DeepSeek-V4 (its compressors fold every position into block areas).
   absl::Status CheckDraftVerification() const override;
 
  private:

@@ -95,8 +95,10 @@ absl::Status Engine::Start() {
   }
   info_.max_context = static_cast<int>(
       std::min<int64_t>(model_max_context_, int64_t{num_blocks} * options_.block_size));
-  // One state slot per sequence that may run (models with recurrent layers use them).
-  const KvCacheShape shape{num_blocks, options_.block_size, s.max_num_seqs};
+  // One state slot per sequence that may run (models with recurrent layers use them), each with
+  // room for a verify chunk's states.
+  const KvCacheShape shape{num_blocks, options_.block_size, s.max_num_seqs,
+                           /*max_logit_rows_per_chunk=*/1 + (s.speculative.enabled() ? s.speculative.num_speculative_tokens : 0)};
   EXL3_RETURN_IF_ERROR(runner_->AllocateKvCache(shape));
   shape_ = shape;
   scheduler_ = std::make_unique<Scheduler>(s, info_, shape_, options_.sampling_threads);

@@ -131,7 +131,8 @@ absl::Status GatedDeltaNet::Forward(const float* x, const StepTokens& tokens,
   auto slot_of = [&](const ChunkRun& run) { return tokens.batch->chunks[run.chunk].state_slot; };
 
   // The causal depthwise convolution over [conv state of K - 1 inputs, the chunk's inputs], SiLU;
-  // the new conv state is the last K - 1 inputs of that window.
+  // the conv state after the chunk's first f tokens is the K - 1 inputs before window input
+  // f + K - 1, kept for each state the chunk keeps (the last: after all its tokens).
   const int64_t conv_state_floats = shape_.ConvStateFloats();
   std::vector<float> conv_out(mixed.size());
   constexpr int kChannelsPerItem = 64;
@@ -139,9 +140,9 @@ absl::Status GatedDeltaNet::Forward(const float* x, const StepTokens& tokens,
   compute.ParallelFor(static_cast<int>(runs.size()) * channel_items, [&](int item) {
     const ChunkRun& run = runs[item / channel_items];
     const int c0 = (item % channel_items) * kChannelsPerItem, c1 = std::min(C, c0 + kChannelsPerItem);
-    const float* prev = states.Current(layer_, slot_of(run));  // [K - 1, C]
-    float* next = states.Next(layer_, slot_of(run));
-    const int n = run.num_tokens;
+    const int slot = slot_of(run);
+    const float* prev = states.Current(layer_, slot);  // [K - 1, C]
+    const int n = run.num_tokens, kept = states.NumKeptStates(slot);
     // Input u of the window (u < K - 1: the state, oldest first; else the chunk's token u - K + 1).
     auto input = [&](int u, int c) {
       return u < K - 1 ? prev[static_cast<size_t>(u) * C + c]
@@ -154,7 +155,11 @@ absl::Status GatedDeltaNet::Forward(const float* x, const StepTokens& tokens,
         for (int i = 0; i < K; ++i) acc += w[i] * input(j + i, c);
         conv_out[static_cast<size_t>(run.first_token + j) * C + c] = Silu(acc);
       }
-      for (int i = 0; i < K - 1; ++i) next[static_cast<size_t>(i) * C + c] = input(n + i, c);
+      for (int k = 0; k < kept; ++k) {
+        float* conv_state = states.KeptState(layer_, slot, k);
+        const int folded = n - kept + 1 + k;  // the chunk's tokens in that state
+        for (int i = 0; i < K - 1; ++i) conv_state[static_cast<size_t>(i) * C + c] = input(folded + i, c);
+      }
     }
   });
 
@@ -169,14 +174,17 @@ absl::Status GatedDeltaNet::Forward(const float* x, const StepTokens& tokens,
     }
   }
 
-  // The delta rule, token by token, per (chunk, value head); then the gated RMSNorm.
+  // The delta rule, token by token, per (chunk, value head); then the gated RMSNorm. S runs in
+  // the state after the chunk; a verify chunk's earlier kept states are copies of it on the way.
   std::vector<float> core(static_cast<size_t>(T) * NV * DV);
   compute.ParallelFor(static_cast<int>(runs.size()) * NV, [&](int item) {
     const ChunkRun& run = runs[item / NV];
-    const int h = item % NV, g = h / ratio;
+    const int h = item % NV, g = h / ratio, slot = slot_of(run);
     const size_t head_floats = static_cast<size_t>(DK) * DV;
-    const float* prev = states.Current(layer_, slot_of(run)) + conv_state_floats + h * head_floats;
-    float* S = states.Next(layer_, slot_of(run)) + conv_state_floats + h * head_floats;  // [DK, DV]
+    const int64_t head_offset = conv_state_floats + h * head_floats;
+    const float* prev = states.Current(layer_, slot) + head_offset;
+    float* S = states.Next(layer_, slot) + head_offset;  // [DK, DV]
+    const int kept = states.NumKeptStates(slot), first_kept_token = run.num_tokens - kept;
     std::copy_n(prev, head_floats, S);
     std::vector<float> delta(DV);
     for (int j = 0; j < run.num_tokens; ++j) {
@@ -210,6 +218,8 @@ absl::Status GatedDeltaNet::Forward(const float* x, const StepTokens& tokens,
       } else {
         for (int e = 0; e < DV; ++e) o[e] *= Silu(zh[e]);
       }
+      if (j >= first_kept_token && j < run.num_tokens - 1)
+        std::copy_n(S, head_floats, states.KeptState(layer_, slot, j - first_kept_token) + head_offset);
     }
   });
   return out_.Forward(core.data(), T, out, compute);

@@ -40,7 +40,7 @@ class GatedDeltaNet final : public LinearAttention {
   static absl::StatusOr<std::unique_ptr<GatedDeltaNet>> Load(const ModelConfig& cfg,
                                                              const TensorSource& src, int layer);
   // out [T, hidden] from x [T, hidden]. Each chunk reads its sequence's state from
-  // states.Current(layer, slot) and writes the state after its tokens to states.Next.
+  // states.Current(layer, slot) and writes the states it keeps (KeptState; the last is Next).
   absl::Status Forward(const float* x, const StepTokens& tokens, SequenceStateStore& states,
                        float* out, CpuCompute& compute) const override;
 

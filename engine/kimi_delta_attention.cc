@@ -120,8 +120,8 @@ absl::Status KimiDeltaAttention::Forward(const float* x, const StepTokens& token
   compute.ParallelFor(static_cast<int>(runs.size()) * channel_items, [&](int item) {
     const ChunkRun& run = runs[item / channel_items];
     const int c0 = (item % channel_items) * kChannelsPerItem, c1 = std::min(C, c0 + kChannelsPerItem);
-    const float* prev = states.Current(layer_, slot_of(run));  // [K − 1, C]
-    float* next = states.Next(layer_, slot_of(run));
+    const int slot = slot_of(run), kept = states.NumKeptStates(slot);
+    const float* prev = states.Current(layer_, slot);  // [K − 1, C]
     auto input = [&](int u, int c) {
       return u < K - 1 ? prev[static_cast<size_t>(u) * C + c]
                        : mixed[static_cast<size_t>(run.first_token + u - (K - 1)) * C + c];
@@ -133,7 +133,11 @@ absl::Status KimiDeltaAttention::Forward(const float* x, const StepTokens& token
         for (int i = 0; i < K; ++i) acc += w[i] * input(j + i, c);
         conv[static_cast<size_t>(run.first_token + j) * C + c] = acc * Sigmoid(acc);
       }
-      for (int i = 0; i < K - 1; ++i) next[static_cast<size_t>(i) * C + c] = input(run.num_tokens + i, c);
+      for (int k = 0; k < kept; ++k) {  // after the chunk's first `folded` tokens, per kept state
+        float* conv_state = states.KeptState(layer_, slot, k);
+        const int folded = run.num_tokens - kept + 1 + k;
+        for (int i = 0; i < K - 1; ++i) conv_state[static_cast<size_t>(i) * C + c] = input(folded + i, c);
+      }
     }
   });
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -151,10 +155,11 @@ absl::Status KimiDeltaAttention::Forward(const float* x, const StepTokens& token
   std::vector<float> core(TW);
   compute.ParallelFor(static_cast<int>(runs.size()) * NH, [&](int item) {
     const ChunkRun& run = runs[item / NH];
-    const int h = item % NH;
+    const int h = item % NH, slot = slot_of(run), kept = states.NumKeptStates(slot);
     const size_t head_floats = static_cast<size_t>(D) * D;
-    const float* prev = states.Current(layer_, slot_of(run)) + conv_state_floats + h * head_floats;
-    float* S = states.Next(layer_, slot_of(run)) + conv_state_floats + h * head_floats;
+    const int64_t head_offset = conv_state_floats + h * head_floats;
+    const float* prev = states.Current(layer_, slot) + head_offset;
+    float* S = states.Next(layer_, slot) + head_offset;
     std::copy_n(prev, head_floats, S);
     const size_t first = static_cast<size_t>(run.first_token);
     KdaHeadInputs in;
@@ -169,7 +174,22 @@ absl::Status KimiDeltaAttention::Forward(const float* x, const StepTokens& token
     in.beta_stride = NH;
     in.key_dim = in.value_dim = D;
     float* o = &core[first * W + h * D];
-    if (run.num_tokens == 1) {
+    if (kept > 1) {
+      // A verify chunk: token by token in the recurrent form, as plain decoding runs each of its
+      // tokens (so every kept state is decoding's, bit for bit), S copied after each kept token.
+      const int first_kept_token = run.num_tokens - kept;
+      for (int j = 0; j < run.num_tokens; ++j) {
+        KdaHeadInputs at = in;
+        at.q += static_cast<size_t>(j) * C;
+        at.k += static_cast<size_t>(j) * C;
+        at.v += static_cast<size_t>(j) * C;
+        at.g += static_cast<size_t>(j) * W;
+        at.beta += static_cast<size_t>(j) * NH;
+        KdaRecurrent(at, 1, S, o + static_cast<size_t>(j) * W, W);
+        if (j >= first_kept_token && j < run.num_tokens - 1)
+          std::copy_n(S, head_floats, states.KeptState(layer_, slot, j - first_kept_token) + head_offset);
+      }
+    } else if (run.num_tokens == 1) {
       KdaRecurrent(in, 1, S, o, W);
     } else {
       KdaChunked(in, run.num_tokens, kChunkSize, S, o, W);

@@ -11,8 +11,8 @@
 //   per head the Kimi delta rule (engine/kimi_delta_rule.h) over S [D, D]
 //   o → RMSNorm over D (o_norm.weight, rms_norm_eps) · sigmoid(g_b_proj(g_a_proj(x))) → o_proj
 //
-// A chunk of one token runs the recurrent form, a longer one the chunked form (chunks of 64), as
-// transformers runs decode and prefill. Per layer and sequence the state (engine/sequence_state.h)
+// A chunk of one token or a verify chunk runs the recurrent form, a longer one the chunked form
+// (chunks of 64), as transformers runs decode and prefill. Per layer and sequence the state (engine/sequence_state.h)
 // is the last conv_kernel − 1 conv inputs [conv_kernel − 1, 3 × heads × D] (q, k, v channels in
 // that order), then S of every head [heads, D, D]; zero at position 0.
 #pragma once

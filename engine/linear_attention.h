@@ -6,8 +6,8 @@
 //   EXL3_ASSIGN_OR_RETURN(std::unique_ptr<LinearAttention> a, LoadLinearAttention(cfg, src, 0));
 //   EXL3_RETURN_IF_ERROR(a->Forward(x_normed /*[T, hidden]*/, tokens, states, out, cpu));
 //
-// Forward reads each chunk's state as states.Current(layer, slot) holds it and writes the state
-// after the chunk's tokens to states.Next(layer, slot).
+// Forward reads each chunk's state from states.Current(layer, slot) and writes the states it keeps
+// to states.KeptState(layer, slot, k): after its last token (Next), and a verify chunk's per row.
 #pragma once
 
 #include <memory>

@@ -24,7 +24,10 @@
 // of [0, num_sequence_slots) from admission to finish or preemption (SequenceChunk::state_slot).
 // A chunk starting at position 0 starts its state afresh; any later chunk continues the state its
 // slot holds, which must cover exactly positions [0, start_position) of that sequence. A state
-// cannot be rebuilt from cached KV blocks, so such models run without prefix-cache hits.
+// cannot be rebuilt from cached KV blocks, so such models run without prefix-cache hits. A verify
+// chunk of R logit rows leaves its slot holding the state after each of those R positions, and the
+// sequence's next chunk continues the one its start_position names (the positions the scheduler
+// kept once it knew the accepted drafts; engine/sequence_state.h).
 #pragma once
 
 #include <cstdint>
@@ -57,6 +60,10 @@ struct KvCacheShape {
   // Per-sequence state slots (the most sequences running at once); used by models whose
   // state_bytes_per_sequence > 0.
   int num_sequence_slots = 0;
+  // The most logit rows a chunk asks for (SequenceChunk::num_logit_rows): 1, or with speculative
+  // decoding 1 + num_speculative_tokens. Models with per-sequence state keep that many states
+  // per slot for a verify chunk.
+  int max_logit_rows_per_chunk = 1;
 };
 
 struct SequenceChunk {

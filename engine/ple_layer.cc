@@ -296,7 +296,6 @@ absl::Status PleLayer::Forward(float* h, const StepTokens& tokens, SequenceState
     const SequenceChunk& chunk = tokens.batch->chunks[tokens.chunk_of[t0]];
     const bool fresh = chunk.start_position == 0;
     const float* prev = states.Current(layer_, chunk.state_slot) + state_offset_;
-    float* next = states.Next(layer_, chunk.state_slot) + state_offset_;
     // Window input u: u < past the carried inputs (zero for a fresh sequence), else token u - past.
     auto input = [&](int u, int c) -> float {
       if (u >= past) return normed[static_cast<size_t>(t0 + u - past) * wide + c];
@@ -313,18 +312,23 @@ absl::Status PleLayer::Forward(float* h, const StepTokens& tokens, SequenceState
         }
       }
     });
-    // The new state: the last `past` conv inputs, and the last ctx tokens of the sequence.
-    std::vector<float> conv_state(static_cast<size_t>(past) * wide);
-    for (int u = 0; u < past; ++u)
-      for (int c = 0; c < wide; ++c) conv_state[static_cast<size_t>(u) * wide + c] = input(count + u, c);
-    std::vector<float> context(ctx);
-    for (int i = 0; i < ctx; ++i) {
-      const int j = count - ctx + i;  // index in the chunk
-      context[i] = j >= 0 ? static_cast<float>(chunk.tokens[j])
-                          : fresh ? static_cast<float>(ple.eos_token_id) : prev[ctx + j];
+    // The state after the chunk's first `folded` tokens: the last ctx tokens of the sequence then,
+    // and the last `past` conv inputs; one per state the chunk keeps (the last: after all of it).
+    const int kept = states.NumKeptStates(chunk.state_slot);
+    std::vector<float> context(ctx), conv_state(static_cast<size_t>(past) * wide);
+    for (int k = 0; k < kept; ++k) {
+      const int folded = count - kept + 1 + k;
+      for (int u = 0; u < past; ++u)
+        for (int c = 0; c < wide; ++c) conv_state[static_cast<size_t>(u) * wide + c] = input(folded + u, c);
+      for (int i = 0; i < ctx; ++i) {
+        const int j = folded - ctx + i;  // index in the chunk
+        context[i] = j >= 0 ? static_cast<float>(chunk.tokens[j])
+                            : fresh ? static_cast<float>(ple.eos_token_id) : prev[ctx + j];
+      }
+      float* next = states.KeptState(layer_, chunk.state_slot, k) + state_offset_;
+      std::copy(context.begin(), context.end(), next);
+      std::copy(conv_state.begin(), conv_state.end(), next + ctx);
     }
-    std::copy(context.begin(), context.end(), next);
-    std::copy(conv_state.begin(), conv_state.end(), next + ctx);
   }
   return absl::OkStatus();
 }

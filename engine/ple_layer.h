@@ -42,7 +42,7 @@ class PleLayer {
   static absl::StatusOr<std::unique_ptr<PleLayer>> Load(const ModelConfig& cfg, const TensorSource& src,
                                                         int layer);
   // h [T, streams, hidden] += the PLE output. Reads each chunk's state at `state_offset` floats
-  // into the layer's slot from states.Current, writes it to states.Next.
+  // into the layer's slot from states.Current, writes each state it keeps (KeptState; last: Next).
   absl::Status Forward(float* h, const StepTokens& tokens, SequenceStateStore& states, CpuCompute& compute) const;
 
   ~PleLayer();

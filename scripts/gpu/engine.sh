@@ -119,12 +119,7 @@ fi
 if want bench; then
   echo "=== exl3-engine-bench (GLM-4.5-Air shapes, ${ENGINE_LAYERS:-6} layers)"
   MODEL=${ENGINE_MODEL_DIR:-/tmp/glm45-air-synthetic-${ENGINE_LAYERS:-6}}
-  if [ ! -f "$MODEL/config.json" ]; then
-    timeout 200 "$BIN"/exl3-tool make-test-model --arch glm4_moe --synthetic --whole-model --output "$MODEL" \
-      --hidden 4096 --experts 128 --top-k 8 --intermediate 1408 --shared 1 --layers ${ENGINE_LAYERS:-6} \
-      --dense-layers 1 --dense-intermediate 11008 --vocab 151552 --heads 96 --kv-heads 8 --head-dim 128 \
-      --bits 2 --attention-bits 4 --head-bits 6 --codebook mcg --max-position 16384 --quiet > "$OUT/engine-model.log" 2>&1 || { echo "model generation failed"; tail -5 "$OUT/engine-model.log"; }
-  fi
+  bash scripts/gpu/glm45_air_model.sh "$BIN" "$MODEL" ${ENGINE_LAYERS:-6} "$OUT/engine-model.log"
   timeout ${BENCH_TIMEOUT:-200} "$BIN"/exl3-engine-bench --model "$MODEL" --context ${CONTEXTS:-1024,8192} \
     --batch ${BATCHES:-1,8,32,64} --steps ${STEPS:-12} --json "$OUT/engine-bench.json" > "$OUT/engine-bench.log" 2>&1
   echo "bench exit $?"

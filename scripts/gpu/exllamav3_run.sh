@@ -18,7 +18,6 @@ set -uo pipefail
 START=$(date +%s)
 BUDGET_S=${EXL3V3_BUDGET_S:-500}  # this script's own time limit; the call's is about 540-600 s
 SITE=${EXL3V3_SITE:-/tmp/site}
-B=.exl3v3-b
 OUT=${OUT:-/tmp/exl3v3-out}
 W=${EXL3V3_WORK:-/tmp/exl3v3}
 R="$W/results"
@@ -63,11 +62,7 @@ if [ ! -d "$SITE/exllamav3" ]; then
   say "$SITE has no exllamav3: run call 1 (scripts/gpu/exllamav3_install.sh) on this machine first"
   exit 2
 fi
-[ -d "$B" ] || { say "no $B: carry it (scripts/gpu/exllamav3_stage.sh)"; exit 2; }
-say "installing $(ls "$B" | tr '\n' ' ')"
-for whl in "$B"/*.whl; do  # one at a time: a wheel pip refuses does not hold back the others
-  python3 -m pip install -q --no-index --no-deps --target "$SITE" "$whl" || say "pip could not install $whl"
-done
+EXL3V3_SITE=$SITE bash scripts/gpu/exllamav3_wheels.sh || exit 2
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=$W/torch_ext
 export PYTHONUNBUFFERED=1

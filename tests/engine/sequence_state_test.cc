@@ -1,6 +1,8 @@
 // engine/sequence_state: fresh chunks start from zeros, a committed step's copy becomes current,
 // a step that is never committed leaves the state as it was, and a chunk that does not continue
-// what its slot holds is refused.
+// what its slot holds is refused. Verify chunks: the states kept after each logit row's token, the
+// next chunk's start picking one, without copies, a failed step's retry, and chunks wanting more
+// rows than the store keeps states for refused.
 #include "engine/sequence_state.h"
 
 #include <memory>
@@ -103,6 +105,89 @@ TEST(SequenceStateStore, RefusesChunksThatDoNotContinueTheirSlot) {
             absl::StatusCode::kInternal);
   // None of that disturbed sequence 3.
   EXPECT_TRUE(store->BeginStep(Batch({Chunk(3, 0, 5, 1)})).ok());
+}
+
+SequenceChunk VerifyChunk(int64_t id, int slot, int start, int num_tokens) {
+  SequenceChunk c = Chunk(id, slot, start, num_tokens);
+  c.wants_logits = true;
+  c.num_logit_rows = num_tokens;
+  return c;
+}
+
+// Writes `value + k` into the whole of kept state k (layer 1) of slot 0.
+void WriteKeptStates(SequenceStateStore& store, float value) {
+  for (int k = 0; k < store.NumKeptStates(0); ++k)
+    for (int i = 0; i < 3; ++i) store.KeptState(1, 0, k)[i] = value + k;
+}
+
+TEST(SequenceStateStore, AVerifyChunkKeepsTheStateAfterEachRowAndTheNextStartPicksOne) {
+  for (int accepted = 0; accepted < 4; ++accepted) {
+    auto made = SequenceStateStore::Create({0, 3, 0}, /*num_slots=*/1, /*max_kept_states=*/4);
+    ASSERT_TRUE(made.ok()) << made.status();
+    SequenceStateStore& store = **made;
+    const StepBatch prefill = Batch({Chunk(3, 0, 0, 5)});
+    ASSERT_TRUE(store.BeginStep(prefill).ok());
+    EXPECT_EQ(store.NumKeptStates(0), 1);
+    WriteKeptStates(store, 100.0f);
+    store.CommitStep(prefill);
+    // The last token and 3 drafts: positions 5..8, states after 6, 7, 8 and 9 tokens.
+    const StepBatch verify = Batch({VerifyChunk(3, 0, 5, 4)});
+    ASSERT_TRUE(store.BeginStep(verify).ok());
+    EXPECT_EQ(store.Current(1, 0)[0], 100.0f);
+    ASSERT_EQ(store.NumKeptStates(0), 4);
+    EXPECT_EQ(store.Next(1, 0), store.KeptState(1, 0, 3));
+    for (int k = 0; k < 4; ++k) EXPECT_NE(store.KeptState(1, 0, k), store.Current(1, 0));
+    WriteKeptStates(store, 200.0f);
+    store.CommitStep(verify);
+    // `accepted` drafts kept: the next chunk starts at 6 + accepted and reads that state, in place.
+    const StepBatch next = Batch({Chunk(3, 0, 6 + accepted, 1)});
+    ASSERT_TRUE(store.BeginStep(next).ok()) << accepted;
+    EXPECT_EQ(store.Current(1, 0)[2], 200.0f + accepted);
+    EXPECT_EQ(store.NumKeptStates(0), 1);
+    WriteKeptStates(store, 300.0f);
+    // That step fails: its retry still reads the same state; the other lengths are gone.
+    ASSERT_TRUE(store.BeginStep(next).ok());
+    EXPECT_EQ(store.Current(1, 0)[2], 200.0f + accepted);
+    for (int other = 6; other < 10; ++other) {
+      if (other == 6 + accepted) continue;
+      EXPECT_EQ(store.BeginStep(Batch({Chunk(3, 0, other, 1)})).code(), absl::StatusCode::kFailedPrecondition);
+    }
+    ASSERT_TRUE(store.BeginStep(next).ok());
+    WriteKeptStates(store, 400.0f);
+    store.CommitStep(next);
+    ASSERT_TRUE(store.BeginStep(Batch({Chunk(3, 0, 7 + accepted, 1)})).ok());
+    EXPECT_EQ(store.Current(1, 0)[0], 400.0f);
+  }
+}
+
+TEST(SequenceStateStore, AVerifyChunkAfterARollbackWritesOnlyCopiesItDoesNotRead) {
+  auto made = SequenceStateStore::Create({0, 3, 0}, 1, 3);
+  ASSERT_TRUE(made.ok());
+  SequenceStateStore& store = **made;
+  const StepBatch prefill = Batch({Chunk(3, 0, 0, 5)});
+  ASSERT_TRUE(store.BeginStep(prefill).ok());
+  store.CommitStep(prefill);
+  // Verify chunks back to back, each keeping only its first row's state (nothing accepted).
+  int start = 5;
+  for (int round = 0; round < 8; ++round) {
+    const StepBatch verify = Batch({VerifyChunk(3, 0, start, 3)});
+    ASSERT_TRUE(store.BeginStep(verify).ok()) << round;
+    const float before = store.Current(1, 0)[0];
+    if (round > 0) EXPECT_EQ(before, 10.0f * round) << round;
+    for (int k = 0; k < 3; ++k) EXPECT_NE(store.KeptState(1, 0, k), store.Current(1, 0));
+    WriteKeptStates(store, 10.0f * (round + 1));
+    EXPECT_EQ(store.Current(1, 0)[0], before);
+    store.CommitStep(verify);
+    start += 1;
+  }
+}
+
+TEST(SequenceStateStore, ChunksWantingMoreRowsThanTheStoreKeepsAreRefused) {
+  std::unique_ptr<SequenceStateStore> plain = Store(1);  // no speculation: one state per chunk
+  const absl::Status st = plain->BeginStep(Batch({VerifyChunk(3, 0, 0, 2)}));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInternal) << st;
+  EXPECT_NE(std::string(st.message()).find("max_logit_rows_per_chunk"), std::string::npos) << st;
+  EXPECT_EQ(SequenceStateStore::Create({0, 3, 0}, 1, 0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -4,7 +4,9 @@ give transformers' continuations (the fixture's greedy.i), and a prompt built to
 fixture prompt, its continuation, then that continuation's first tokens again) and seeded
 sampled requests give the tokens of a router without speculation, with the experts in the
 router's process and on two exl3-worker processes; the spec_decode counters show accepted drafts.
-A family that cannot verify drafts (Qwen3-Next) is refused at start by name."""
+The same on GLM-5.3-Flash's fixture (tests/fixtures/engine/glm5_next_all: KDA layers whose
+recurrent state rolls back to the accepted drafts, the k-pooled indexer, hyper-connections). A
+family that cannot verify drafts (DeepSeek-V4) is refused at start by name."""
 
 import concurrent.futures
 import os
@@ -90,14 +92,19 @@ class GenerateSpeculativeTest(FixtureGenerateTest):
             self.check(plain_stub, spec_stub, spec)
 
 
-class SpeculativeRefusedTest(FixtureGenerateTest):
-    FIXTURE = os.path.join(FIXTURES, "qwen3_next_all")
+class GenerateSpeculativeGlm5NextTest(GenerateSpeculativeTest):
+    """The cases above on a family with recurrent layers."""
+    FIXTURE = os.path.join(FIXTURES, "glm5_next_all")
 
-    def test_recurrent_family_refused_at_start(self):
+
+class SpeculativeRefusedTest(FixtureGenerateTest):
+    FIXTURE = os.path.join(FIXTURES, "deepseek_v4_all")
+
+    def test_compressed_cache_family_refused_at_start(self):
         with self.assertRaises(ProcessExited) as e:
             self.c.start_router(extra=SPECULATIVE, with_map=False)
-        self.assertRegex(str(e.exception), r"speculative method ngram refused for Qwen3NextForCausalLM: "
-                                           r"Qwen3NextForCausalLM keeps a recurrent state per sequence")
+        self.assertRegex(str(e.exception), r"speculative method ngram refused for DeepseekV4ForCausalLM: "
+                                           r"DeepseekV4ForCausalLM's compressed caches fold every position")
 
     def test_bad_flags_refused(self):
         with self.assertRaises(ProcessExited) as e:

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The reverse check on the GPU machine: exllamav3 1.6.5 loads the directories exl3-tool quantize
+# wrote (tests/fixtures/engine/NAME) and its logits are compared with the fixtures' reference logits
+# (scripts/conformance/exllamav3_reverse.py). Carry .exl3v3-a and .exl3v3-b
+# (scripts/gpu/exllamav3_stage.sh); of tests/fixtures/engine only the directories named need to come.
+#   bash scripts/gpu/exllamav3_reverse.sh [NAMES]   (comma-separated; default: every *_all fixture present)
+# $OUT: reverse.json and reverse.log.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+NAMES=${1:-$(cd tests/fixtures/engine && ls -d *_all 2>/dev/null | paste -sd,)}
+{
+  bash scripts/gpu/exllamav3_install.sh > "$OUT/install.log" 2>&1 || { echo "install failed"; tail -5 "$OUT/install.log"; exit 2; }
+  bash scripts/gpu/exllamav3_wheels.sh > "$OUT/wheels.log" 2>&1 || { echo "wheels failed"; tail -5 "$OUT/wheels.log"; exit 2; }
+  PYTHONPATH="${EXL3V3_SITE:-/tmp/site}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 \
+    timeout ${REVERSE_TIMEOUT:-240} python3 scripts/conformance/exllamav3_reverse.py --fixtures tests/fixtures/engine \
+    --names "$NAMES" --out "$OUT/reverse.json"
+  echo "exllamav3_reverse exit $?"
+} > "$OUT/reverse.log" 2>&1
+grep -E "exllamav3_reverse" "$OUT/reverse.log"
