@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "engine/cpu_model.h"
 #include "engine/engine.h"
 #include "engine/token_grammar.h"
@@ -113,21 +115,28 @@ class StructuredOutputTest : public ::testing::Test {
   }
 
   void SetUp() override {
-    CpuModelOptions mo;
-    mo.num_threads = 2;
-    auto model = CpuModel::Open(dir_->string(), mo);
-    ASSERT_TRUE(model.ok()) << model.status();
-    EXPECT_EQ((*model)->info().vocab_size, 512);
-    EngineOptions eo;
-    eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 512};
-    engine_ = std::make_unique<Engine>(eo, std::move(*model));
-    ASSERT_TRUE(engine_->Start().ok());
+    engine_ = StartEngine(EngineOptions{});
+    ASSERT_NE(engine_, nullptr);
     std::ifstream in(kTokenizer);
     std::stringstream text;
     text << in.rdbuf();
     auto compiler = TokenGrammarCompiler::FromTokenizerJson(text.str(), 512, {kEos});
     ASSERT_TRUE(compiler.ok()) << compiler.status();
     compiler_ = std::move(*compiler);
+  }
+
+  static std::unique_ptr<Engine> StartEngine(EngineOptions eo) {
+    CpuModelOptions mo;
+    mo.num_threads = 2;
+    auto model = CpuModel::Open(dir_->string(), mo);
+    EXPECT_TRUE(model.ok()) << model.status();
+    if (!model.ok()) return nullptr;
+    EXPECT_EQ((*model)->info().vocab_size, 512);
+    eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 512};
+    auto engine = std::make_unique<Engine>(eo, std::move(*model));
+    const absl::Status started = engine->Start();
+    EXPECT_TRUE(started.ok()) << started;
+    return started.ok() ? std::move(engine) : nullptr;
   }
 
   std::shared_ptr<const TokenGrammar> Compile(ConstraintSpec spec) {
@@ -225,6 +234,40 @@ TEST_F(StructuredOutputTest, UnconstrainedNeighboursAreUnchanged) {
   EXPECT_EQ(together[2], alone[1]);
   EXPECT_EQ(together[3], alone[2]);
   ExpectValid(together[1]);
+}
+
+TEST_F(StructuredOutputTest, ConstrainedSequencesGetNoDrafts) {
+  // n-gram drafts from a one-token match: an unconstrained sequence over a repeating prompt gets
+  // drafts at almost every step.
+  EngineOptions eo;
+  eo.scheduler.speculative.method = SpeculativeMethod::kNgram;
+  eo.scheduler.speculative.num_speculative_tokens = 3;
+  eo.scheduler.speculative.prompt_lookup_min = 1;
+  eo.scheduler.speculative.prompt_lookup_max = 2;
+  std::unique_ptr<Engine> engine = StartEngine(eo);
+  ASSERT_NE(engine, nullptr);
+  GenerateParams plain = Params(std::nullopt, 24);
+  plain.prompt = {3, 40, 41, 42, 40, 41, 42, 40, 41, 42, 40, 41};
+  plain.ignore_eos = true;
+  testing::RunAllAtOnce(*engine, {plain});
+  const int64_t drafts = engine->Stats().speculative.num_drafts;
+  EXPECT_GT(drafts, 0);
+  GenerateParams constrained = plain;
+  constrained.ignore_eos = false;
+  constrained.max_tokens = 160;
+  constrained.sampling.grammar = Compile({ConstraintKind::kJsonSchema, kSchema, {}});
+  std::vector<FinishInfo> finish;
+  const auto tokens = testing::RunAllAtOnce(*engine, {constrained, constrained}, &finish);
+  EXPECT_EQ(engine->Stats().speculative.num_drafts, drafts);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    std::vector<int32_t> ids;
+    for (const SampledToken& t : tokens[i]) ids.push_back(t.token);
+    ASSERT_EQ(ids.back(), kEos);
+    ids.pop_back();
+    ExpectValid(vocab_.Decode(ids));
+    EXPECT_EQ(finish[i].reason, FinishReason::kStop);
+  }
+  engine->Stop();
 }
 
 TEST_F(StructuredOutputTest, LogitBiasForcesAndBansTokens) {
