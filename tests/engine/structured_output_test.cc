@@ -22,6 +22,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/engine/byte_level_vocab.h"
 #include "tests/engine/engine_requests.h"
+#include "tests/engine/fake_model_runner.h"
 
 namespace exl3::engine {
 namespace {
@@ -268,6 +269,38 @@ TEST_F(StructuredOutputTest, ConstrainedSequencesGetNoDrafts) {
     EXPECT_EQ(finish[i].reason, FinishReason::kStop);
   }
   engine->Stop();
+}
+
+TEST_F(StructuredOutputTest, ARunnerThatSamplesGetsNoConstrainedRows) {
+  // A runner that samples rows itself (as the GPU engine does) knows no masks: the steps holding
+  // a constrained row are sampled on the host, the others still on the runner.
+  testing::FakeModelOptions fo;
+  fo.vocab_size = 512;
+  fo.samples_rows_up_to_logprobs = 0;
+  auto runner = std::make_unique<testing::FakeModelRunner>(fo);
+  testing::FakeModelRunner* fake = runner.get();
+  EngineOptions eo;
+  eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 256};
+  Engine engine(eo, std::move(runner));
+  ASSERT_TRUE(engine.Start().ok());
+  GenerateParams plain = Params(std::nullopt, 8);
+  plain.ignore_eos = true;
+  testing::RunAllAtOnce(engine, {plain});
+  const int sampled_on_runner = fake->num_sampled_rows();
+  EXPECT_EQ(sampled_on_runner, 8);
+  GenerateParams constrained = Params(5, 40);
+  constrained.sampling.grammar = Compile({ConstraintKind::kRegex, "[a-z]{3}-[0-9]{2}", {}});
+  std::vector<FinishInfo> finish;
+  const auto tokens = testing::RunAllAtOnce(engine, {constrained}, &finish);
+  EXPECT_EQ(fake->num_sampled_rows(), sampled_on_runner);
+  std::vector<int32_t> ids;
+  for (const SampledToken& t : tokens[0]) ids.push_back(t.token);
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(ids.back(), kEos);
+  ids.pop_back();
+  EXPECT_TRUE(std::regex_match(vocab_.Decode(ids), std::regex("[a-z]{3}-[0-9]{2}")))
+      << vocab_.Decode(ids);
+  engine.Stop();
 }
 
 TEST_F(StructuredOutputTest, LogitBiasForcesAndBansTokens) {
