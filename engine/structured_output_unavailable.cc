@@ -19,6 +19,7 @@ const char* ConstraintKindName(ConstraintKind kind) {
     case ConstraintKind::kRegex: return "regex";
     case ConstraintKind::kGrammar: return "grammar";
     case ConstraintKind::kChoice: return "choice";
+    case ConstraintKind::kTaggedJson: return "tagged_json";
   }
   return "unknown";
 }

@@ -100,6 +100,7 @@ const char* ConstraintKindName(ConstraintKind kind) {
     case ConstraintKind::kRegex: return "regex";
     case ConstraintKind::kGrammar: return "grammar";
     case ConstraintKind::kChoice: return "choice";
+    case ConstraintKind::kTaggedJson: return "tagged_json";
   }
   return "unknown";
 }
@@ -147,6 +148,9 @@ absl::StatusOr<std::shared_ptr<const TokenGrammar>> TokenGrammarCompiler::Compil
   if (spec.kind == ConstraintKind::kChoice && spec.choices.empty()) {
     return absl::InvalidArgumentError("the choice constraint needs at least one choice");
   }
+  if (spec.kind == ConstraintKind::kTaggedJson && spec.tagged.empty()) {
+    return absl::InvalidArgumentError("the tagged_json constraint needs at least one alternative");
+  }
   xgrammar::GrammarCompiler& c = impl_->compiler;
   const std::string what = absl::StrCat("the ", ConstraintKindName(spec.kind), " constraint");
   auto compiled = CatchLibraryError(what.c_str(), [&]() -> xgrammar::CompiledGrammar {
@@ -162,6 +166,21 @@ absl::StatusOr<std::shared_ptr<const TokenGrammar>> TokenGrammarCompiler::Compil
         return c.CompileRegex(spec.text);
       case ConstraintKind::kGrammar:
         return c.CompileGrammar(spec.text, "root");
+      case ConstraintKind::kTaggedJson: {
+        // Each alternative: its begin literal, the schema's JSON (as kJsonSchema compiles it),
+        // its end literal; the alternatives' union.
+        std::vector<xgrammar::Grammar> alternatives;
+        using xgrammar::Grammar;
+        for (const TaggedJson& t : spec.tagged) {
+          std::vector<Grammar> parts;
+          if (!t.begin.empty()) parts.push_back(Grammar::FromEBNF("root ::= " + EbnfLiteral(t.begin)));
+          parts.push_back(Grammar::FromJSONSchema(t.json_schema, /*any_whitespace=*/false));
+          if (!t.end.empty()) parts.push_back(Grammar::FromEBNF("root ::= " + EbnfLiteral(t.end)));
+          alternatives.push_back(parts.size() == 1 ? parts[0] : Grammar::Concat(parts));
+        }
+        return c.CompileGrammar(alternatives.size() == 1 ? alternatives[0]
+                                                         : Grammar::Union(alternatives));
+      }
       case ConstraintKind::kChoice:
         break;
     }

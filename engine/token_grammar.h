@@ -1,5 +1,6 @@
 // Constrained decoding's grammars: what a request's output must match (a JSON schema, any JSON
-// object, a regular expression, an EBNF grammar or one of a list of strings), compiled once per
+// object, a regular expression, an EBNF grammar, one of a list of strings, or JSON between fixed
+// strings such as a tool call's tags), compiled once per
 // request against the model's vocabulary by xgrammar's C++ core (THIRD_PARTY_NOTICES.md), then
 // matched token by token per sequence (engine/token_constraint.h).
 //
@@ -37,14 +38,23 @@ enum class ConstraintKind {
   kRegex,       // text: a regular expression the whole output matches
   kGrammar,     // text: an EBNF grammar (GBNF, as xgrammar takes it) whose root rule is `root`
   kChoice,      // choices: the output is exactly one of them
+  kTaggedJson,  // tagged: the output is one alternative's begin, JSON of its schema, its end
 };
 
 const char* ConstraintKindName(ConstraintKind kind);
+
+// JSON between two fixed strings: a tool call in the model's tags.
+struct TaggedJson {
+  std::string begin;
+  std::string json_schema;
+  std::string end;
+};
 
 struct ConstraintSpec {
   ConstraintKind kind = ConstraintKind::kJsonObject;
   std::string text;
   std::vector<std::string> choices;
+  std::vector<TaggedJson> tagged;
 };
 
 // A compiled constraint: immutable, shared by every sequence that uses it.

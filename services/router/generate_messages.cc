@@ -53,6 +53,12 @@ std::optional<engine::ConstraintSpec> ConstraintOf(const pb::SamplingParams& s) 
       spec.kind = engine::ConstraintKind::kChoice;
       spec.choices.assign(s.choice().choices().begin(), s.choice().choices().end());
       break;
+    case pb::SamplingParams::kTaggedJson:
+      spec.kind = engine::ConstraintKind::kTaggedJson;
+      for (const pb::TaggedJson& t : s.tagged_json().alternatives()) {
+        spec.tagged.push_back({t.begin(), t.json_schema(), t.end()});
+      }
+      break;
   }
   return spec;
 }

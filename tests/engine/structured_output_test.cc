@@ -2,6 +2,7 @@
 // GLM-4 MoE model with random weights (model/testmodel/test_model.h, vocab 512, EOS 1) and the
 // test models' tokenizer (tests/fixtures/tokenizer/glm4_moe). Random weights make the
 // unconstrained text arbitrary, so whatever parses and validates does so because of the mask.
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <unistd.h>
@@ -220,6 +222,51 @@ TEST_F(StructuredOutputTest, RegexAndChoiceOutputsMatch) {
   }
 }
 
+TEST_F(StructuredOutputTest, TaggedJsonIsOneCallInItsTags) {
+  // A tool call as Qwen's (hermes) template writes it, held to one of two functions' schemas.
+  auto call = [](const std::string& name, const std::string& arguments) {
+    return TaggedJson{"<tool_call>\n",
+                      R"({"type": "object", "properties": {"name": {"const": ")" + name +
+                          R"("}, "arguments": )" + arguments + R"(}, "required": ["name", "arguments"]})",
+                      "\n</tool_call>"};
+  };
+  ConstraintSpec spec{ConstraintKind::kTaggedJson, "", {}, {}};
+  spec.tagged.push_back(call("get_weather", R"({"type": "object", "properties": {"city": {"type":
+      "string", "maxLength": 10}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+      "required": ["city", "days"]})"));
+  spec.tagged.push_back(call("now", R"({"type": "object", "properties": {}})"));
+  auto grammar = Compile(spec);
+  std::vector<GenerateParams> params;
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    params.push_back(Params(seed));
+    params.back().sampling.grammar = grammar;
+  }
+  std::vector<FinishInfo> finish;
+  const std::vector<std::string> texts = Texts(params, &finish);
+  std::set<std::string> names;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const std::string& t = texts[i];
+    SCOPED_TRACE(Hex(t));
+    EXPECT_EQ(finish[i].reason, FinishReason::kStop);
+    ASSERT_TRUE(t.starts_with("<tool_call>\n") && t.ends_with("\n</tool_call>"));
+    const std::string body = t.substr(12, t.size() - 12 - 13);
+    ASSERT_TRUE(ValidUtf8(body));
+    const nlohmann::json doc = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+    ASSERT_TRUE(doc.is_object() && doc.size() == 2u && doc["arguments"].is_object());
+    names.insert(doc["name"].get<std::string>());
+    const nlohmann::json& args = doc["arguments"];
+    if (doc["name"] == "now") {
+      EXPECT_TRUE(args.empty());
+    } else {
+      ASSERT_EQ(doc["name"], "get_weather");
+      ASSERT_TRUE(args.size() == 2u && args["city"].is_string() && args["days"].is_number_integer());
+      EXPECT_GE(args["days"].get<int>(), 1);
+      EXPECT_LE(args["days"].get<int>(), 7);
+    }
+  }
+  EXPECT_EQ(names.size(), 2u);  // both functions come up in 12 seeds
+}
+
 TEST_F(StructuredOutputTest, UnconstrainedNeighboursAreUnchanged) {
   std::vector<GenerateParams> plain;
   plain.push_back(Params(std::nullopt, 24));
@@ -250,8 +297,15 @@ TEST_F(StructuredOutputTest, ConstrainedSequencesGetNoDrafts) {
   GenerateParams plain = Params(std::nullopt, 24);
   plain.prompt = {3, 40, 41, 42, 40, 41, 42, 40, 41, 42, 40, 41};
   plain.ignore_eos = true;
+  // Stats are published after the step that delivered the final events: wait for them.
+  auto stats_after = [&](int64_t finished) {
+    for (int i = 0; i < 2000 && engine->Stats().requests_finished < finished; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return engine->Stats();
+  };
   testing::RunAllAtOnce(*engine, {plain});
-  const int64_t drafts = engine->Stats().speculative.num_drafts;
+  const int64_t drafts = stats_after(1).speculative.num_drafts;
   EXPECT_GT(drafts, 0);
   GenerateParams constrained = plain;
   constrained.ignore_eos = false;
@@ -259,7 +313,7 @@ TEST_F(StructuredOutputTest, ConstrainedSequencesGetNoDrafts) {
   constrained.sampling.grammar = Compile({ConstraintKind::kJsonSchema, kSchema, {}});
   std::vector<FinishInfo> finish;
   const auto tokens = testing::RunAllAtOnce(*engine, {constrained, constrained}, &finish);
-  EXPECT_EQ(engine->Stats().speculative.num_drafts, drafts);
+  EXPECT_EQ(stats_after(3).speculative.num_drafts, drafts);
   for (size_t i = 0; i < tokens.size(); ++i) {
     std::vector<int32_t> ids;
     for (const SampledToken& t : tokens[i]) ids.push_back(t.token);

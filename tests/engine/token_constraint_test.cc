@@ -138,6 +138,8 @@ TEST(TokenConstraintTest, WhatDoesNotCompileIsRefusedWithTheLibrarysWords) {
   refused({ConstraintKind::kRegex, "(ab", {}});
   refused({ConstraintKind::kGrammar, "root ::= undefined_rule", {}});
   refused({ConstraintKind::kChoice, "", {}});
+  refused({ConstraintKind::kTaggedJson, "", {}, {}});  // no alternative
+  refused({ConstraintKind::kTaggedJson, "", {}, {{"<a>", "{\"type\": 5}", "</a>"}}});
   // Choices with quotes, backslashes and control characters are literals, not EBNF.
   EXPECT_TRUE(compiler->Compile({ConstraintKind::kChoice, "", {"a\"b", "c\\d", "e\nf"}}).ok());
 }

@@ -52,6 +52,7 @@ BOTH = [
     ("stream_options", {"include_usage": True, "continuous_usage_stats": True}),
 ]
 CHAT_ONLY = [
+    # Without tools (with them: test_tool_call_api.py, test_structured_output.py).
     ("tool_choice", "required"),
     ("tool_choice", {"type": "function", "function": {"name": "f"}}),
     ("functions", [TOOL["function"]]),

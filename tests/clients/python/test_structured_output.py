@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+from pathlib import Path
 
 import openai
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import stack  # noqa: E402
 
 SCHEMA = {
     "type": "object",
@@ -164,3 +169,72 @@ def test_logit_bias_forces_and_bans(client, live):
                                        extra_body={"ignore_eos": True,
                                                    "return_tokens_as_token_ids": True})
     assert [c.token for c in r.choices[0].logprobs.content] == ["token_id:300"] * 4
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                     "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"]}}}
+NOW = {"type": "function", "function": {"name": "now", "parameters": {"type": "object",
+                                                                       "properties": {}}}}
+
+
+@pytest.fixture(scope="module")
+def qwen_live(build_dir, tmp_path_factory):
+    """A second live stack on a Qwen3-MoE test model: its template writes hermes tool calls."""
+    tmp = tmp_path_factory.mktemp("qwen")
+    model = stack.make_model(build_dir, tmp / "qwen-test", arch="qwen3_moe")
+    router, engine, _ = stack.start_router(build_dir, model, tmp)
+    try:
+        fe, url = stack.start_frontend(engine, model, tmp)
+    except BaseException:
+        router.stop()
+        raise
+    yield openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120), model.name
+    fe.stop()
+    router.stop()
+
+
+def check_weather_call(call) -> None:
+    assert call.type == "function" and call.function.name == "get_weather"
+    args = json.loads(call.function.arguments)
+    assert set(args) == {"city", "days"}, args
+    assert isinstance(args["city"], str) and len(args["city"]) <= 12, args
+    assert isinstance(args["days"], int) and 1 <= args["days"] <= 7, args
+
+
+def test_tool_choice_holds_the_call_to_the_schema(qwen_live):
+    """tool_choice required / a named function with hermes calls: every answer is one call of an
+    offered function whose arguments match its schema, streamed and not, whatever the
+    random-weight model prefers."""
+    client, name = qwen_live
+    ask = [{"role": "user", "content": "Weather in Bern for 3 days?"}]
+    seen = set()
+    for seed in range(8):
+        r = client.chat.completions.create(model=name, messages=ask, tools=[WEATHER, NOW],
+                                           tool_choice="required", max_tokens=120, seed=seed,
+                                           temperature=1.0)
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1, c
+        call = c.message.tool_calls[0]
+        seen.add(call.function.name)
+        if call.function.name == "now":
+            assert json.loads(call.function.arguments) == {}
+        else:
+            check_weather_call(call)
+    assert seen == {"get_weather", "now"}
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for seed in range(3):
+        r = client.chat.completions.create(model=name, messages=ask, tools=[WEATHER, NOW],
+                                           tool_choice=named, max_tokens=120, seed=seed,
+                                           temperature=1.0)
+        assert r.choices[0].finish_reason == "tool_calls"
+        check_weather_call(r.choices[0].message.tool_calls[0])
+    chunks = list(client.chat.completions.create(model=name, messages=ask, tools=[WEATHER, NOW],
+                                                 tool_choice=named, max_tokens=120, seed=5,
+                                                 temperature=1.0, stream=True))
+    arguments = "".join(tc.function.arguments or "" for ch in chunks for c in ch.choices
+                        for tc in c.delta.tool_calls or [])
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    args = json.loads(arguments)
+    assert set(args) == {"city", "days"} and 1 <= args["days"] <= 7

@@ -373,7 +373,7 @@ class RouterDescribeResponse(_message.Message):
     def __init__(self, model: _Optional[_Union[ModelIdentity, _Mapping]] = ..., workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., unserved_experts: _Optional[int] = ..., versions: _Optional[_Union[Versions, _Mapping]] = ..., state: _Optional[_Union[ServingState, str]] = ..., cancel_supported: _Optional[bool] = ..., shared_expert: _Optional[str] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "logprobs", "logit_bias", "json_schema", "json_object", "regex", "grammar", "choice")
+    __slots__ = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "logprobs", "logit_bias", "json_schema", "json_object", "regex", "grammar", "choice", "tagged_json")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -396,6 +396,7 @@ class SamplingParams(_message.Message):
     REGEX_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     CHOICE_FIELD_NUMBER: _ClassVar[int]
+    TAGGED_JSON_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
@@ -411,13 +412,30 @@ class SamplingParams(_message.Message):
     regex: str
     grammar: str
     choice: ChoiceConstraint
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., logprobs: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., choice: _Optional[_Union[ChoiceConstraint, _Mapping]] = ...) -> None: ...
+    tagged_json: TaggedJsonConstraint
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., logprobs: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., choice: _Optional[_Union[ChoiceConstraint, _Mapping]] = ..., tagged_json: _Optional[_Union[TaggedJsonConstraint, _Mapping]] = ...) -> None: ...
 
 class ChoiceConstraint(_message.Message):
     __slots__ = ("choices",)
     CHOICES_FIELD_NUMBER: _ClassVar[int]
     choices: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, choices: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TaggedJson(_message.Message):
+    __slots__ = ("begin", "json_schema", "end")
+    BEGIN_FIELD_NUMBER: _ClassVar[int]
+    JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    begin: str
+    json_schema: str
+    end: str
+    def __init__(self, begin: _Optional[str] = ..., json_schema: _Optional[str] = ..., end: _Optional[str] = ...) -> None: ...
+
+class TaggedJsonConstraint(_message.Message):
+    __slots__ = ("alternatives",)
+    ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
+    alternatives: _containers.RepeatedCompositeFieldContainer[TaggedJson]
+    def __init__(self, alternatives: _Optional[_Iterable[_Union[TaggedJson, _Mapping]]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "sampling", "max_tokens", "min_tokens", "stop_token_ids", "ignore_eos", "timeout_us")

@@ -7,6 +7,8 @@ One constraint per request, from any of
   structured_outputs   vLLM's: {"json": schema, "regex", "choice": [...], "grammar": EBNF,
                        "json_object": true};
   guided_json, guided_regex, guided_choice, guided_grammar   vLLM's older fields.
+and, on chat, `tool_choice` required or a named function with the hermes tool-call format (one
+call in its tags, the arguments held to the function's schema: tool_call_constraint).
 Two of them in one request are refused 400 naming both. The router compiles the constraint (a
 schema, regex or grammar that does not compile is its 400, with the library's words); the engine
 masks every token the constraint does not allow (engine/token_constraint.h).
@@ -39,8 +41,10 @@ _STRUCTURED_OUTPUT_NO_OPS = ("disable_fallback", "disable_any_whitespace",
 class Constraint:
     """One constraint of a request: which field gave it, and what it is."""
     param: str   # the request field, as a 400 names it
-    kind: str    # json_schema | json_object | regex | grammar | choice
-    value: Any   # the schema's JSON text, True, the regex or grammar text, the choices
+    kind: str    # json_schema | json_object | regex | grammar | choice | tagged_json
+    # the schema's JSON text, True, the regex or grammar text, the choices, or (begin, schema's
+    # JSON text, end) per alternative
+    value: Any
 
 
 def _schema_text(value: Any, param: str) -> str:
@@ -132,13 +136,37 @@ def _from_guided(extra: dict[str, Any]) -> list[Constraint]:
     return out
 
 
+# A hermes tool call (Qwen's templates; tool_calls.py parses it back): the call object's JSON
+# between these.
+HERMES_CALL_BEGIN = "<tool_call>\n"
+HERMES_CALL_END = "\n</tool_call>"
+
+
+def tool_call_constraint(schemas: dict[str, Any], forced: tuple[str, ...]) -> Optional[Constraint]:
+    """tool_choice required or a named function (`forced`: the functions one of which the answer
+    calls; empty: none forced): one hermes call of one of them, its arguments held to the
+    function's parameters schema (strict: no arguments the schema does not name)."""
+    if not forced:
+        return None
+    alternatives = []
+    for name in forced:
+        call = {"type": "object",
+                "properties": {"name": {"const": name}, "arguments": schemas[name] or
+                               {"type": "object"}},
+                "required": ["name", "arguments"]}
+        alternatives.append((HERMES_CALL_BEGIN, json.dumps(call), HERMES_CALL_END))
+    return Constraint("tool_choice", "tagged_json", alternatives)
+
+
 def request_constraint(response_format: Optional[dict[str, Any]],
-                       extra: Optional[dict[str, Any]]) -> Optional[Constraint]:
+                       extra: Optional[dict[str, Any]],
+                       tool_call: Optional[Constraint] = None) -> Optional[Constraint]:
     """The request's constraint (None: unconstrained); `extra` holds the body's undeclared
-    fields (structured_outputs and the guided_* ones)."""
+    fields (structured_outputs and the guided_* ones), `tool_call` tool_choice's."""
     extra = extra or {}
     found = (_from_response_format(response_format) +
-             _from_structured_outputs(extra.get("structured_outputs")) + _from_guided(extra))
+             _from_structured_outputs(extra.get("structured_outputs")) + _from_guided(extra) +
+             ([tool_call] if tool_call is not None else []))
     if len(found) > 1:
         names = " and ".join(c.param for c in found)
         raise APIError(400, f"one constraint per request: {names} both constrain the output",
@@ -155,6 +183,9 @@ def set_constraint(sampling: pb.SamplingParams, c: Constraint) -> None:
         sampling.regex = c.value
     elif c.kind == "grammar":
         sampling.grammar = c.value
+    elif c.kind == "tagged_json":
+        for begin, schema, end in c.value:
+            sampling.tagged_json.alternatives.add(begin=begin, json_schema=schema, end=end)
     else:
         sampling.choice.choices.extend(c.value)
 
