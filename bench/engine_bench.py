@@ -22,19 +22,12 @@ import urllib.request
 
 import grpc
 
+from service_logs import wait_log
+
 PHASES = ["embed", "attention", "moe", "dense_mlp", "head", "forward", "schedule", "sample",
           "bookkeeping"]
 
 
-def wait_log(path, pattern, timeout=120):
-    end = time.time() + timeout
-    while time.time() < end:
-        with open(path, errors="replace") as f:
-            m = re.search(pattern, f.read())
-        if m:
-            return m
-        time.sleep(0.1)
-    sys.exit(f"engine_bench: timed out waiting for {pattern!r} in {path}")
 
 
 def phase_sums(metrics):

@@ -30,16 +30,9 @@ import urllib.request
 
 import grpc
 
+from service_logs import wait_log
 
-def wait_log(path, pattern, timeout=180):
-    end = time.time() + timeout
-    while time.time() < end:
-        with open(path, errors="replace") as f:
-            m = re.search(pattern, f.read())
-        if m:
-            return m
-        time.sleep(0.1)
-    sys.exit(f"speculative_cpu_bench: timed out waiting for {pattern!r} in {path}")
+
 
 
 def scrape(metrics):
@@ -94,7 +87,7 @@ def main():
              "--metrics-listen", "127.0.0.1:0", "--engine-threads", str(a.engine_threads), *extra],
             stdout=open(log, "w"), stderr=subprocess.STDOUT)
         try:
-            m = wait_log(log, r"exl3-router listening on (\S+) .*metrics on (\S+),")
+            m = wait_log(log, r"exl3-router listening on (\S+) .*metrics on (\S+),", timeout=180)
             address, metrics = m.group(1), m.group(2)
             stub = pbg.GeneratorStub(grpc.insecure_channel(address))
             if prompt is None:  # the repeating prompt, from plain decoding
