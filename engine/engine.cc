@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <future>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -167,6 +168,22 @@ absl::Status Engine::Validate(const GenerateParams& p) const {
   if (s.logprobs.has_value() && (*s.logprobs < 0 || *s.logprobs > info_.vocab_size)) {
     return absl::InvalidArgumentError(
         absl::StrCat("logprobs must be in [0, ", info_.vocab_size, "], not ", *s.logprobs));
+  }
+  for (const TokenBias& b : s.logit_bias) {
+    if (b.token < 0 || b.token >= info_.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("logit_bias token ", b.token,
+                                                     " is outside the vocabulary [0, ",
+                                                     info_.vocab_size, ")"));
+    }
+    if (!(std::abs(b.bias) <= kMaxLogitBias)) {
+      return absl::InvalidArgumentError(absl::StrCat("logit_bias of token ", b.token, " is ",
+                                                     b.bias, ", outside [-100, 100]"));
+    }
+  }
+  if (s.grammar != nullptr && s.grammar->vocab_size() != info_.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the constraint was compiled for a vocabulary of ", s.grammar->vocab_size(),
+        " tokens, the model's has ", info_.vocab_size));
   }
   return absl::OkStatus();
 }
@@ -335,6 +352,7 @@ void Engine::RetryChunksAlone(const ScheduledStep& step) {
     const absl::Status st = RunForward(alone);
     if (st.ok()) {
       Deliver(CompleteStep(alone), Clock::now());
+      FailSequences(scheduler_->step_failures());
       DraftWithMtp(alone);
     } else {
       for (int64_t id : scheduler_->FailStep(alone)) Finish(id, FinishReason::kError, st);
@@ -347,8 +365,9 @@ absl::Status Engine::RunForward(const ScheduledStep& step) {
   // chunks' rows are sampled here (their histories hold drafts the runner is not given).
   std::vector<RowSampling> rows;
   if (!Scheduler::HasVerifyChunks(step)) rows = scheduler_->SamplingRows(step);
+  // Constrained rows are sampled here: their masks live with the scheduler's sequences.
   runner_sampled_ = !rows.empty() && std::all_of(rows.begin(), rows.end(), [&](const RowSampling& r) {
-    return runner_->SamplesRows(r.params);
+    return r.params.grammar == nullptr && runner_->SamplesRows(r.params);
   });
   if (runner_sampled_) {
     sampled_.assign(rows.size(), SampledToken{});
@@ -422,7 +441,15 @@ void Engine::RunStep() {
   m.num_tokens = step.batch.NumTokens();
 
   const SteadyTime t2 = Clock::now();
+  // The constrained rows' masks depend only on tokens already accepted: they are filled on
+  // another thread while the forward pass runs, and joined before anything else touches the
+  // scheduler (CompleteStep would fill any it missed).
+  std::future<void> masks;
+  if (scheduler_->HasConstrainedRows(step)) {
+    masks = std::async(std::launch::async, [this, &step] { scheduler_->FillConstraintMasks(step); });
+  }
   const absl::Status forward = RunForward(step);
+  if (masks.valid()) masks.get();
   const SteadyTime t3 = Clock::now();
   m.forward_s = Seconds(t3 - t2);
   m.phases = runner_->LastPhaseTimes();
@@ -448,6 +475,7 @@ void Engine::RunStep() {
       sample_s += device_sample_s;
     }
     Deliver(updates, t4);
+    FailSequences(scheduler_->step_failures());
     DraftWithMtp(step);
   } else {
     m.failed = true;
@@ -464,6 +492,14 @@ void Engine::RunStep() {
   m.num_waiting = scheduler_->NumWaiting();
   m.kv_usage = scheduler_->kv().Usage();
   if (options_.observer != nullptr) options_.observer->OnStep(m);
+}
+
+void Engine::FailSequences(std::vector<SequenceFailure> failures) {
+  for (SequenceFailure& f : failures) {
+    if (requests_.contains(f.sequence_id)) {
+      Finish(f.sequence_id, FinishReason::kError, std::move(f.status));
+    }
+  }
 }
 
 void Engine::Finish(uint64_t id, FinishReason reason, absl::Status status,

@@ -23,15 +23,23 @@
 //                       max_context or than the whole KV cache, max_tokens <= 0 or prompt +
 //                       max_tokens > max_context, min_tokens outside [0, max_tokens],
 //                       temperature < 0, top_k < 0, top_p outside (0, 1], min_p outside [0, 1],
-//                       repetition_penalty <= 0, logprobs outside [0, vocab], no callback;
+//                       repetition_penalty <= 0, logprobs outside [0, vocab], a logit_bias
+//                       token outside [0, vocab) or bias outside [-100, 100], a grammar
+//                       compiled for another vocabulary size, no callback;
 //   RESOURCE_EXHAUSTED  max_pending_requests requests already in the engine;
 //   UNAVAILABLE         draining or stopped;
 //   FAILED_PRECONDITION Start has not succeeded.
 // Final events with kError carry DEADLINE_EXCEEDED (the request's deadline passed; checked at
 // every step), the runner's status (the step that held the request failed; the engine goes on
 // with the other requests; a failed step of several sequences runs each alone once more, so only
-// the sequences whose own tokens fail end), or RESOURCE_EXHAUSTED (the sequence outgrew the whole
-// KV cache).
+// the sequences whose own tokens fail end), RESOURCE_EXHAUSTED (the sequence outgrew the whole
+// KV cache), or INVALID_ARGUMENT when the request's constraint allows no token at some step (its
+// only continuations are banned, e.g. end-of-sequence before min_tokens).
+//
+// Constrained decoding (SamplingParams::grammar, engine/token_constraint.h): each step the masks
+// of the constrained sequences are computed on a second thread while the forward pass runs, and
+// those steps are sampled on the host (ModelRunner::ForwardSampled is not used for them). A
+// constrained sequence ends (kStop) when its grammar is complete and took a stop token.
 #pragma once
 
 #include <chrono>
@@ -240,6 +248,8 @@ class Engine {
   // The scheduler's CompleteStep for what the last RunForward left.
   std::vector<SequenceUpdate> CompleteStep(const ScheduledStep& step);
   void ApplyCancels(std::vector<uint64_t> cancels);
+  // Ends the sequences a step failed alone (Scheduler::step_failures) with their status.
+  void FailSequences(std::vector<SequenceFailure> failures);
   void ExpireDeadlines(SteadyTime now);
   // Removes the request everywhere and sends its final event.
   void Finish(uint64_t id, FinishReason reason, absl::Status status,

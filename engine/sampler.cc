@@ -99,7 +99,9 @@ double Sampler::UniformDraw(uint64_t seed, uint64_t draw_index) {
 
 SampledToken Sampler::Sample(std::span<float> logits, const SamplingParams& params, uint64_t seed,
                              const SequenceHistory& history) {
+  if (!history.allowed_tokens.empty()) ApplyAllowedMask(logits, history.allowed_tokens);
   if (params.logprobs.has_value()) raw_.assign(logits.begin(), logits.end());
+  for (const TokenBias& b : params.logit_bias) logits[b.token] += b.bias;
   for (int32_t t : history.banned_tokens) logits[t] = kNegInf;
   ApplyPenalties(logits, params, history);
 
@@ -142,6 +144,18 @@ SampledToken Sampler::Sample(std::span<float> logits, const SamplingParams& para
     for (int32_t t : candidates_) out.top_logprobs.push_back({t, raw_[t] - log_normalizer});
   }
   return out;
+}
+
+void Sampler::ApplyAllowedMask(std::span<float> logits, std::span<const uint32_t> allowed) {
+  const size_t n = logits.size();
+  for (size_t word = 0; word * 32 < n; ++word) {
+    const uint32_t w = word < allowed.size() ? allowed[word] : 0u;
+    if (w == ~0u) continue;
+    const size_t end = std::min(n, word * 32 + 32);
+    for (size_t t = word * 32; t < end; ++t) {
+      if (!((w >> (t - word * 32)) & 1u)) logits[t] = kNegInf;
+    }
+  }
 }
 
 void Sampler::ApplyPenalties(std::span<float> logits, const SamplingParams& params,

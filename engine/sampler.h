@@ -5,13 +5,16 @@
 //   SequenceHistory h{prompt_tokens, output_tokens, /*banned_tokens=*/{}};
 //   SampledToken t = sampler.Sample(row, p, seed, h);  // row: vocab_size floats, overwritten
 //
-// Processing order: banned tokens (-inf) → repetition, presence and frequency penalties →
-// temperature → top-k → top-p → min-p → draw. Temperature 0 (or below kGreedyBelowTemperature)
-// is greedy: the arg max after the penalties, the lowest token id on ties.
+// Processing order: the constraint's mask (tokens it does not allow: -inf) → logit_bias (added)
+// → banned tokens (-inf) → repetition, presence and frequency penalties → temperature → top-k →
+// top-p → min-p → draw. Temperature 0 (or below kGreedyBelowTemperature) is greedy: the arg max
+// after the penalties, the lowest token id on ties.
 //
-// Logprobs are the log_softmax of the RAW model logits (before penalties, temperature and
-// truncation), as the model's own distribution: the chosen token's logprob and the top-N tokens
-// by raw logit.
+// Logprobs are the log_softmax of the model logits after the constraint's mask and before
+// everything else (logit_bias, penalties, temperature, truncation), as vLLM reports them (its
+// default logprobs mode, raw_logprobs, is taken after the grammar's bitmask, which its model
+// runner applies before the sampler, and before its logit-bias processor): the model's own
+// distribution over the tokens the constraint allows. Without a constraint: the raw logits.
 //
 // Randomness is counter-based: the draw for a sequence's output token i is a pure function of
 // (seed, i), so the same seed gives the same tokens whatever else runs in the batch, and also
@@ -25,15 +28,26 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
 
 namespace exl3::engine {
 
+class TokenGrammar;  // engine/token_grammar.h
+
 // Temperatures below this sample greedily, as vLLM's do: the distribution is one token long
 // before that, and 1 / T overflows a float below about 3e-39.
 inline constexpr float kGreedyBelowTemperature = 1e-5f;
+
+struct TokenBias {
+  int32_t token = 0;
+  float bias = 0;
+};
+
+// A logit_bias entry's largest magnitude (OpenAI's range).
+inline constexpr float kMaxLogitBias = 100.0f;
 
 struct SamplingParams {
   float temperature = 1.0f;         // below kGreedyBelowTemperature (0 included): greedy
@@ -48,6 +62,10 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;
   std::optional<uint64_t> seed;     // unset: the engine seeds the request from a random device
   std::optional<int> logprobs;      // unset: none; N: the chosen token's logprob and the top N
+  // OpenAI semantics: added to the token's logit (after the constraint's mask, before the rest).
+  std::vector<TokenBias> logit_bias;
+  // Set: the output must match it (engine/token_constraint.h gives each step's mask).
+  std::shared_ptr<const TokenGrammar> grammar;
 
   bool greedy() const { return temperature < kGreedyBelowTemperature; }
 };
@@ -69,6 +87,9 @@ struct SequenceHistory {
   std::span<const int32_t> prompt;
   std::span<const int32_t> output;         // tokens generated so far; its size is the draw index
   std::span<const int32_t> banned_tokens;  // get -inf (e.g. EOS before min_tokens)
+  // Empty: every token; else the constraint's mask of allowed tokens (engine/token_constraint.h:
+  // bit t % 32 of word t / 32), the others get -inf.
+  std::span<const uint32_t> allowed_tokens;
 };
 
 // Everything Sampler::Sample takes besides the logits: one logit row's sampling, as the
@@ -94,6 +115,8 @@ class Sampler {
  private:
   void ApplyPenalties(std::span<float> logits, const SamplingParams& params,
                       const SequenceHistory& history);
+  // -inf for every token whose bit in `allowed` is 0 (words past its end: none allowed).
+  static void ApplyAllowedMask(std::span<float> logits, std::span<const uint32_t> allowed);
   // Applies temperature, top-k, top-p and min-p, and draws.
   int32_t Draw(std::span<float> logits, const SamplingParams& params, double uniform);
   // Moves to the front of candidates_[0, n) its smallest head in Higher order that holds

@@ -51,6 +51,9 @@ void Scheduler::Add(int64_t sequence_id, SequenceRequest request) {
     }
   }
   seq.request = std::move(request);
+  if (seq.request.sampling.grammar != nullptr) {
+    seq.constraint = std::make_unique<TokenConstraint>(seq.request.sampling.grammar);
+  }
   sequences_.emplace(sequence_id, std::move(seq));
   waiting_.push_back(sequence_id);
 }
@@ -82,7 +85,8 @@ int Scheduler::ChunkSize(const Sequence& seq, int budget) const {
 }
 
 std::vector<int32_t> Scheduler::ProposeDrafts(const Sequence& seq, int budget) const {
-  if (!options_.speculative.enabled() || seq.NumUncomputed() != 1) return {};
+  // A constrained sequence's drafts would each need the mask after the ones before them.
+  if (!options_.speculative.enabled() || seq.NumUncomputed() != 1 || seq.constraint != nullptr) return {};
   const int len = static_cast<int>(seq.tokens.size());
   // A step emits up to 1 + drafts tokens: none past max_tokens or the context.
   const int room = std::min({options_.speculative.num_speculative_tokens, budget,
@@ -314,10 +318,22 @@ std::vector<Scheduler::SampledRows> Scheduler::AdvanceStep(const ScheduledStep& 
 }
 
 std::vector<SequenceUpdate> Scheduler::AppendTokens(const std::vector<SampledRows>& rows,
-                                                    std::span<const SampledToken> row_tokens) {
+                                                    std::span<const SampledToken> row_tokens,
+                                                    const std::vector<uint8_t>& row_failed) {
   std::vector<SequenceUpdate> updates;
   for (const SampledRows& r : rows) {
     Sequence& seq = *r.seq;
+    if (!row_failed.empty() && row_failed[r.first_row]) {
+      seq.tokens.resize(seq.tokens.size() - r.num_drafts);
+      continue;
+    }
+    if (seq.constraint != nullptr) {
+      // No drafts (ProposeDrafts): one token, which the constraint takes before it is appended.
+      if (absl::Status st = seq.constraint->Accept(row_tokens[r.first_row].token); !st.ok()) {
+        step_failures_.push_back({r.id, std::move(st)});
+        continue;
+      }
+    }
     const size_t base = seq.tokens.size() - r.num_drafts;
     const std::vector<int32_t> drafts(seq.tokens.begin() + base, seq.tokens.end());
     seq.tokens.resize(base);
@@ -327,6 +343,10 @@ std::vector<SequenceUpdate> Scheduler::AppendTokens(const std::vector<SampledRow
       const SampledToken& t = row_tokens[r.first_row + j];
       seq.tokens.push_back(t.token);
       finish = CheckStop(seq, t.token);
+      // A terminated constraint took a stop token (EOS, even with ignore_eos): the output is done.
+      if (seq.constraint != nullptr && seq.constraint->state() == TokenConstraint::State::kTerminated) {
+        finish = FinishReason::kStop;
+      }
       SequenceUpdate& u = updates.emplace_back();
       u.sequence_id = r.id;
       u.token = t;
@@ -360,8 +380,11 @@ std::vector<SequenceUpdate> Scheduler::CompleteStep(const ScheduledStep& step,
                                                     std::span<float> logits,
                                                     ParallelFor* parallel) {
   // 1. Advance every chunk's sequence; collect the rows to sample.
+  step_failures_.clear();
   const std::vector<SampledRows> rows = AdvanceStep(step);
   const size_t vocab = model_.vocab_size;
+  // Rows whose constraint allows no token (e.g. only EOS, banned before min_tokens).
+  std::vector<uint8_t> row_failed(step.batch.NumLogitRows(), 0);
 
   // 2. Sample; rows are independent and only read the sequences. Row j of a verify chunk sees
   // the history with drafts [0, j) (as if accepted).
@@ -377,7 +400,15 @@ std::vector<SequenceUpdate> Scheduler::CompleteStep(const ScheduledStep& step,
     const SampledRows& r = *tasks[i].rows;
     const int row = r.first_row + tasks[i].j;
     const size_t history = r.seq->tokens.size() - r.num_drafts + tasks[i].j;
-    const RowSampling s = RowSamplingOf(*r.seq, history);
+    RowSampling s = RowSamplingOf(*r.seq, history);
+    if (TokenConstraint* c = r.seq->constraint.get(); c != nullptr) {
+      c->FillNextTokenMask();  // a no-op where the engine filled it during the forward pass
+      s.history.allowed_tokens = c->next_token_mask();
+      if (!TokenConstraint::AllowsAnyToken(s.history.allowed_tokens, s.history.banned_tokens)) {
+        row_failed[row] = 1;
+        return;
+      }
+    }
     row_tokens[row] = samplers_[worker].Sample(logits.subspan(static_cast<size_t>(row) * vocab, vocab),
                                                s.params, s.seed, s.history);
   };
@@ -388,13 +419,41 @@ std::vector<SequenceUpdate> Scheduler::CompleteStep(const ScheduledStep& step,
   }
 
   // 3. Append the tokens and end the sequences that stop.
-  return AppendTokens(rows, row_tokens);
+  for (const SampledRows& r : rows) {
+    if (row_failed[r.first_row]) {
+      step_failures_.push_back(
+          {r.id, absl::InvalidArgumentError(
+                     "the output's constraint allows no token here (its only continuations are "
+                     "banned: end-of-sequence before min_tokens, or stop tokens)")});
+    }
+  }
+  return AppendTokens(rows, row_tokens, row_failed);
+}
+
+bool Scheduler::HasConstrainedRows(const ScheduledStep& step) const {
+  for (const SequenceChunk& chunk : step.batch.chunks) {
+    if (!chunk.wants_logits) continue;
+    auto it = sequences_.find(chunk.sequence_id);
+    if (it != sequences_.end() && it->second.constraint != nullptr) return true;
+  }
+  return false;
+}
+
+void Scheduler::FillConstraintMasks(const ScheduledStep& step) {
+  for (const SequenceChunk& chunk : step.batch.chunks) {
+    if (!chunk.wants_logits) continue;
+    auto it = sequences_.find(chunk.sequence_id);
+    if (it != sequences_.end() && it->second.constraint != nullptr) {
+      it->second.constraint->FillNextTokenMask();
+    }
+  }
 }
 
 std::vector<SequenceUpdate> Scheduler::CompleteSampledStep(const ScheduledStep& step,
                                                            std::span<const SampledToken> sampled) {
   assert(!HasVerifyChunks(step));
-  return AppendTokens(AdvanceStep(step), sampled);
+  step_failures_.clear();
+  return AppendTokens(AdvanceStep(step), sampled, {});
 }
 
 std::vector<int64_t> Scheduler::FailStep(const ScheduledStep& step) {

@@ -48,6 +48,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -60,6 +61,7 @@
 #include "engine/parallel_for.h"
 #include "engine/sampler.h"
 #include "engine/speculative_options.h"
+#include "engine/token_constraint.h"
 
 namespace exl3::engine {
 
@@ -124,6 +126,13 @@ struct SequenceProgress {
   int cached_prompt_tokens = 0;  // prefix-cache hit at its first admission
 };
 
+// A sequence that a step ended with an error of its own (its constraint allowed no token): it is
+// still present, the engine finishes it with the status.
+struct SequenceFailure {
+  int64_t sequence_id = 0;
+  absl::Status status;
+};
+
 // What one step did to one sequence: one update per token it appended (several after accepted
 // drafts, in order; the finish, if any, on the last).
 struct SequenceUpdate {
@@ -171,6 +180,18 @@ class Scheduler {
   // CompleteStep for a step whose rows were sampled already: sampled[i] is row i's token.
   std::vector<SequenceUpdate> CompleteSampledStep(const ScheduledStep& step,
                                                   std::span<const SampledToken> sampled);
+  // The sequences the last CompleteStep / CompleteSampledStep failed (SequenceFailure): they got
+  // no update from it.
+  const std::vector<SequenceFailure>& step_failures() const { return step_failures_; }
+
+  // Constrained decoding (SamplingParams::grammar): whether any sequence of the step samples
+  // under a constraint, and the masks of those rows (engine/token_constraint.h). The masks
+  // depend only on tokens already accepted, so the engine fills them on another thread while
+  // the step's forward pass runs; nothing else may touch the scheduler meanwhile but
+  // SamplingRows. CompleteStep fills any mask still stale itself.
+  bool HasConstrainedRows(const ScheduledStep& step) const;
+  void FillConstraintMasks(const ScheduledStep& step);
+
   // The step failed: removes its sequences (those still present) and returns them.
   std::vector<int64_t> FailStep(const ScheduledStep& step);
 
@@ -197,6 +218,8 @@ class Scheduler {
     // Speculative method mtp: the MTP head's drafts for the history of mtp_drafts_for tokens.
     std::vector<int32_t> mtp_drafts;
     size_t mtp_drafts_for = 0;
+    // Set when the request has a grammar; a constrained sequence gets no drafts.
+    std::unique_ptr<TokenConstraint> constraint;
 
     int NumOutput() const { return static_cast<int>(tokens.size() - request.prompt.size()); }
     int NumUncomputed() const { return static_cast<int>(tokens.size()) - num_computed; }
@@ -219,8 +242,10 @@ class Scheduler {
   // row_tokens[r]: the token sampled from logit row r. Takes each sequence's drafts back off its
   // history, appends its accepted drafts and the next token (stopping at a stop condition), one
   // update per token, and removes the sequences that stop.
+  // row_failed[r] set: row r failed (step_failures_ says why), its sequence takes nothing.
   std::vector<SequenceUpdate> AppendTokens(const std::vector<SampledRows>& rows,
-                                           std::span<const SampledToken> row_tokens);
+                                           std::span<const SampledToken> row_tokens,
+                                           const std::vector<uint8_t>& row_failed);
   // Uncomputed tokens of `seq` to run this step, within `budget`.
   int ChunkSize(const Sequence& seq, int budget) const;
   // Drafts for a decoding sequence (one uncomputed token) within `budget` more tokens.
@@ -246,6 +271,7 @@ class Scheduler {
   std::vector<int> free_state_slots_;  // state slots no running sequence holds
   int64_t num_preemptions_ = 0;
   std::optional<NgramDrafter> drafter_;  // speculative method ngram
+  std::vector<SequenceFailure> step_failures_;  // of the last CompleteStep
   SpeculativeCounters speculative_counters_;
 };
 

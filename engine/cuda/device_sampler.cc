@@ -21,16 +21,19 @@ size_t AlignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 DeviceSampler::DeviceSampler(int vocab_size) : vocab_size_(vocab_size), packer_(vocab_size) {}
 
 bool DeviceSampler::Supports(const SamplingParams& params) {
-  return !params.logprobs.has_value() || *params.logprobs <= kMaxDeviceTopLogprobs;
+  // logit_bias and constraints (masks) are applied by the host's Sampler only: such steps are
+  // sampled on the host (engine/engine.cc RunForward).
+  return (!params.logprobs.has_value() || *params.logprobs <= kMaxDeviceTopLogprobs) &&
+         params.logit_bias.empty() && params.grammar == nullptr;
 }
 
 absl::Status DeviceSampler::Launch(float* logits, std::span<const RowSampling> rows,
                                    StreamHandle stream) {
   for (const RowSampling& r : rows) {
     if (!Supports(r.params)) {
-      return absl::InvalidArgumentError(absl::StrCat("the device sampler reports at most ",
-                                                     kMaxDeviceTopLogprobs, " top logprobs, not ",
-                                                     *r.params.logprobs));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the device sampler takes no logit_bias or constraint and reports at most ",
+          kMaxDeviceTopLogprobs, " top logprobs (asked: ", r.params.logprobs.value_or(0), ")"));
     }
   }
   packer_.Pack(rows, &packed_);

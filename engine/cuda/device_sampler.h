@@ -27,7 +27,8 @@ class DeviceSampler {
  public:
   explicit DeviceSampler(int vocab_size);
 
-  // Whether rows of `params` can be sampled here (at most kMaxDeviceTopLogprobs top logprobs).
+  // Whether rows of `params` can be sampled here: at most kMaxDeviceTopLogprobs top logprobs, no
+  // logit_bias and no constraint (the host samples those steps).
   static bool Supports(const SamplingParams& params);
 
   // Queues on `stream` the upload of the rows' parameters, the sampling of logit rows

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
 
 #include "services/common/status.h"
 
@@ -24,10 +27,47 @@ pb::FinishReason ToProto(engine::FinishReason r) {
   return pb::FINISH_REASON_ERROR;
 }
 
+// The request's constraint, if any, in the compiler's terms.
+std::optional<engine::ConstraintSpec> ConstraintOf(const pb::SamplingParams& s) {
+  engine::ConstraintSpec spec;
+  switch (s.constraint_case()) {
+    case pb::SamplingParams::CONSTRAINT_NOT_SET:
+      return std::nullopt;
+    case pb::SamplingParams::kJsonSchema:
+      spec.kind = engine::ConstraintKind::kJsonSchema;
+      spec.text = s.json_schema();
+      break;
+    case pb::SamplingParams::kJsonObject:
+      if (!s.json_object()) return std::nullopt;
+      spec.kind = engine::ConstraintKind::kJsonObject;
+      break;
+    case pb::SamplingParams::kRegex:
+      spec.kind = engine::ConstraintKind::kRegex;
+      spec.text = s.regex();
+      break;
+    case pb::SamplingParams::kGrammar:
+      spec.kind = engine::ConstraintKind::kGrammar;
+      spec.text = s.grammar();
+      break;
+    case pb::SamplingParams::kChoice:
+      spec.kind = engine::ConstraintKind::kChoice;
+      spec.choices.assign(s.choice().choices().begin(), s.choice().choices().end());
+      break;
+    case pb::SamplingParams::kTaggedJson:
+      spec.kind = engine::ConstraintKind::kTaggedJson;
+      for (const pb::TaggedJson& t : s.tagged_json().alternatives()) {
+        spec.tagged.push_back({t.begin(), t.json_schema(), t.end()});
+      }
+      break;
+  }
+  return spec;
+}
+
 }  // namespace
 
-engine::GenerateParams ToGenerateParams(const pb::GenerateRequest& req,
-                                        std::chrono::steady_clock::time_point deadline) {
+absl::StatusOr<engine::GenerateParams> ToGenerateParams(
+    const pb::GenerateRequest& req, std::chrono::steady_clock::time_point deadline,
+    const GeneratorOptions& options) {
   engine::GenerateParams p;
   p.prompt.assign(req.prompt_token_ids().begin(), req.prompt_token_ids().end());
   const pb::SamplingParams& s = req.sampling();
@@ -40,6 +80,21 @@ engine::GenerateParams ToGenerateParams(const pb::GenerateRequest& req,
   p.sampling.frequency_penalty = s.frequency_penalty();
   if (s.has_seed()) p.sampling.seed = s.seed();
   p.sampling.logprobs = s.logprobs();
+  for (const auto& [token, bias] : s.logit_bias()) p.sampling.logit_bias.push_back({token, bias});
+  // Token order, for the same sampling whatever the map's order.
+  std::sort(p.sampling.logit_bias.begin(), p.sampling.logit_bias.end(),
+            [](const engine::TokenBias& a, const engine::TokenBias& b) { return a.token < b.token; });
+  if (const std::optional<engine::ConstraintSpec> spec = ConstraintOf(s); spec.has_value()) {
+    if (options.grammar_compiler == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the ", engine::ConstraintKindName(spec->kind),
+          " constraint cannot be served: ", options.constraints_unavailable));
+    }
+    absl::StatusOr<std::shared_ptr<const engine::TokenGrammar>> grammar =
+        options.grammar_compiler->Compile(*spec);
+    if (!grammar.ok()) return grammar.status();
+    p.sampling.grammar = *std::move(grammar);
+  }
   p.max_tokens = req.max_tokens();
   p.min_tokens = req.min_tokens();
   p.stop_token_ids.assign(req.stop_token_ids().begin(), req.stop_token_ids().end());

@@ -6,15 +6,20 @@
 #include <chrono>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "engine/engine.h"
+#include "services/router/generator_options.h"
 #include "exl3serve/v1/exl3serve.pb.h"
 #include "grpcpp/support/status.h"
 
 namespace exl3::router {
 
-// The request's parameters in the engine's terms (no validation: Engine::Submit validates).
-engine::GenerateParams ToGenerateParams(const ::exl3serve::v1::GenerateRequest& req,
-                                        std::chrono::steady_clock::time_point deadline);
+// The request's parameters in the engine's terms. Engine::Submit validates them; this compiles
+// the request's constraint with options.grammar_compiler (INVALID_ARGUMENT: it does not compile,
+// or there is no compiler; the library's or options.constraints_unavailable's words).
+absl::StatusOr<engine::GenerateParams> ToGenerateParams(
+    const ::exl3serve::v1::GenerateRequest& req, std::chrono::steady_clock::time_point deadline,
+    const GeneratorOptions& options);
 
 // When the request must end: its timeout_us (clamped to a day) or else `default_timeout` from
 // now, and never after `call_deadline` (the gRPC call's; a far future one means none).

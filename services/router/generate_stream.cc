@@ -123,9 +123,13 @@ class GenerateStreamReactor final
         RequestDeadline(req, registry_.options_.default_timeout, call_deadline_);
     // Not under mu_: the engine may deliver the request's events (which take mu_) before Submit
     // returns; the entry made above receives them.
-    absl::StatusOr<uint64_t> engine_id = engine_.Submit(
-        ToGenerateParams(req, deadline),
-        [this, id](const engine::GenerateEvent& e) { OnEvent(id, e); });
+    // The constraint (if any) compiles here, on gRPC's thread, not on the engine's loop.
+    absl::StatusOr<engine::GenerateParams> params =
+        ToGenerateParams(req, deadline, registry_.options_);
+    absl::StatusOr<uint64_t> engine_id =
+        params.ok() ? engine_.Submit(*std::move(params),
+                                     [this, id](const engine::GenerateEvent& e) { OnEvent(id, e); })
+                    : params.status();
     std::lock_guard<std::mutex> lock(mu_);
     if (!engine_id.ok()) {
       requests_.erase(id);

@@ -1,6 +1,9 @@
 #include "services/router/generation.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -45,6 +48,31 @@ absl::StatusOr<std::unique_ptr<engine::ModelRunner>> OpenModel(const GenerationO
   return std::unique_ptr<engine::ModelRunner>(std::move(m));
 }
 
+// The compiler of requests' constraints from the model directory's tokenizer.json; without that
+// file, none, and the reason constrained requests are refused.
+void LoadGrammarCompiler(const std::string& model_dir, const engine::ModelInfo& info,
+                         GeneratorOptions& go) {
+  const std::filesystem::path path = std::filesystem::path(model_dir) / "tokenizer.json";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    go.constraints_unavailable = absl::StrCat("the model directory has no ", path.string(),
+                                              " (the vocabulary a constraint is compiled against)");
+    exl3::LogInfo("engine: structured output off: %s", go.constraints_unavailable.c_str());
+    return;
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  auto compiler = engine::TokenGrammarCompiler::FromTokenizerJson(text.str(), info.vocab_size,
+                                                                  info.eos_token_ids);
+  if (!compiler.ok()) {
+    go.constraints_unavailable = absl::StrCat(path.string(), ": ", compiler.status().message());
+    exl3::LogInfo("engine: structured output off: %s", go.constraints_unavailable.c_str());
+    return;
+  }
+  go.grammar_compiler = *std::move(compiler);
+  exl3::LogInfo("engine: structured output on (vocabulary of %s)", path.string().c_str());
+}
+
 }  // namespace
 
 absl::StatusOr<EngineDevice> ParseEngineDevice(std::string_view name) {
@@ -72,6 +100,7 @@ absl::StatusOr<std::unique_ptr<Generation>> Generation::Start(const GenerationOp
   go.max_num_seqs = o.engine.scheduler.max_num_seqs;
   go.first_write_started = &g->metrics_->first_write_started();
   go.first_write_done = &g->metrics_->first_write_done();
+  LoadGrammarCompiler(o.model_dir, model->info(), go);
   g->streams_ = std::make_unique<GenerateStreams>(go);
   engine::EngineOptions eo = o.engine;
   eo.observer = g->metrics_.get();

@@ -2,7 +2,10 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <string>
+
+#include "engine/token_grammar.h"
 
 #include "prometheus/histogram.h"
 
@@ -17,6 +20,11 @@ struct GeneratorOptions {
   // transport). Null: not measured. Not owned; must outlive the service.
   prometheus::Histogram* first_write_started = nullptr;
   prometheus::Histogram* first_write_done = nullptr;
+  // Compiles requests' constraints (SamplingParams.constraint) on the calls' threads; null: a
+  // constrained request is refused INVALID_ARGUMENT with constraints_unavailable (why: e.g. the
+  // model directory has no tokenizer.json).
+  std::shared_ptr<const engine::TokenGrammarCompiler> grammar_compiler;
+  std::string constraints_unavailable;
 };
 
 }  // namespace exl3::router

@@ -24,8 +24,11 @@ class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateRespon
         first_write_done_(options.first_write_done) {
     const SteadyClock::time_point deadline =
         RequestDeadline(req, options.default_timeout, ctx->deadline());
-    auto id = engine_.Submit(ToGenerateParams(req, deadline),
-                             [this](const engine::GenerateEvent& e) { OnEvent(e); });
+    absl::StatusOr<engine::GenerateParams> params = ToGenerateParams(req, deadline, options);
+    absl::StatusOr<uint64_t> id =
+        params.ok() ? engine_.Submit(*std::move(params),
+                                     [this](const engine::GenerateEvent& e) { OnEvent(e); })
+                    : params.status();
     std::lock_guard<std::mutex> lock(mu_);
     if (!id.ok()) {
       write_ = WriteState::kFinished;

@@ -67,6 +67,54 @@ TEST(Sampler, BannedTokensAreNeverChosen) {
   for (uint64_t seed = 0; seed < 200; ++seed) EXPECT_NE(SampleCopy(s, {0, 1, 9, 2}, p, seed, h).token, 2);
 }
 
+TEST(Sampler, LogitBiasIsAddedBeforeTheRest) {
+  Sampler s(4);
+  SamplingParams p;
+  p.temperature = 0;
+  p.logit_bias = {{0, 100.0f}};  // forces token 0 over a margin of 9
+  EXPECT_EQ(SampleCopy(s, {0, 1, 9, 2}, p, 0).token, 0);
+  p.logit_bias = {{2, -100.0f}};  // bans token 2
+  EXPECT_EQ(SampleCopy(s, {0, 1, 9, 2}, p, 0).token, 3);
+  p.temperature = 1;
+  for (uint64_t seed = 0; seed < 200; ++seed) EXPECT_NE(SampleCopy(s, {0, 1, 9, 2}, p, seed).token, 2);
+  p.logit_bias = {{1, 100.0f}};
+  for (uint64_t seed = 0; seed < 200; ++seed) EXPECT_EQ(SampleCopy(s, {0, 1, 9, 2}, p, seed).token, 1);
+  // Banned tokens stay banned whatever their bias.
+  const V banned = {1};
+  SequenceHistory h;
+  h.banned_tokens = banned;
+  EXPECT_NE(SampleCopy(s, {0, 1, 9, 2}, p, 0, h).token, 1);
+}
+
+TEST(Sampler, TheAllowedMaskLimitsTheDrawAndTheLogprobs) {
+  // 40 tokens; the mask allows 3, 33 and 35 (in the second word).
+  std::vector<float> logits(40);
+  for (int i = 0; i < 40; ++i) logits[i] = static_cast<float>(i % 7);
+  const std::vector<uint32_t> mask = {1u << 3, (1u << 1) | (1u << 3)};
+  SequenceHistory h;
+  h.allowed_tokens = mask;
+  Sampler s(40);
+  SamplingParams p;
+  p.temperature = 0;
+  p.logprobs = 2;
+  p.logit_bias = {{3, 5.0f}};  // changes the draw, not the logprobs
+  const SampledToken greedy = SampleCopy(s, logits, p, 0, h);
+  EXPECT_EQ(greedy.token, 3);  // 3 + 5 beats 33 (logit 5) and 35 (logit 0)
+  // The logprobs: the log-softmax over the allowed tokens of the logits before the bias.
+  const double z = std::exp(3.0) + std::exp(5.0) + std::exp(0.0);
+  ASSERT_TRUE(greedy.logprob.has_value());
+  EXPECT_NEAR(*greedy.logprob, 3.0 - std::log(z), 1e-5);
+  ASSERT_EQ(greedy.top_logprobs.size(), 2u);
+  EXPECT_EQ(greedy.top_logprobs[0].token, 33);
+  EXPECT_NEAR(greedy.top_logprobs[0].logprob, 5.0 - std::log(z), 1e-5);
+  EXPECT_EQ(greedy.top_logprobs[1].token, 3);
+  p.temperature = 2;
+  p.logit_bias.clear();
+  std::set<int32_t> seen;
+  for (uint64_t seed = 0; seed < 300; ++seed) seen.insert(SampleCopy(s, logits, p, seed, h).token);
+  EXPECT_EQ(seen, (std::set<int32_t>{3, 33, 35}));
+}
+
 TEST(Sampler, SameSeedAndIndexGiveTheSameToken) {
   std::vector<float> logits(100);
   for (int i = 0; i < 100; ++i) logits[i] = std::sin(i * 0.7f) * 2;

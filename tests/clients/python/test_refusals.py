@@ -13,23 +13,28 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
 
 # Fields both endpoints refuse, with a value that would change the answer (vLLM's protocol names).
 BOTH = [
-    ("guided_json", SCHEMA),
-    ("guided_json", {}),
-    ("guided_regex", "[a-z]+"),
-    ("guided_choice", ["yes", "no"]),
-    ("guided_grammar", "root ::= \"a\""),
-    ("guided_decoding_backend", "xgrammar"),
+    # Structured output this server does not do (what it does: test_structured_output.py).
+    ("guided_decoding_backend", "outlines"),
     ("guided_whitespace_pattern", " "),
     ("structural_tag", "{}"),
-    ("structured_outputs", {"json": SCHEMA}),
-    ("response_format", {"type": "json_object"}),
-    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}),
+    ("structured_outputs", {"structural_tag": "{}"}),
+    ("structured_outputs", {"whitespace_pattern": " "}),
+    ("structured_outputs", "json"),
+    ("response_format", {"type": "grammar"}),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
+    ("guided_json", 5),
+    ("guided_regex", ""),
+    ("guided_choice", []),
+    ("guided_choice", ["a", 1]),
     ("n", 17),  # above --max-n (default 16)
     ("n", 0),
     ("best_of", 2),
     ("use_beam_search", True),
     ("length_penalty", 0.5),
-    ("logit_bias", {"5": 10}),
+    ("logit_bias", {"x": 10}),
+    ("logit_bias", {"5": 100.5}),
+    ("logit_bias", {"-1": 1}),
+    ("logit_bias", {"512": 1}),  # the test model's vocabulary is 512 tokens: the engine refuses
     ("prompt_logprobs", 1),
     ("prompt_logprobs", 0),
     ("include_stop_str_in_output", True),
@@ -47,6 +52,7 @@ BOTH = [
     ("stream_options", {"include_usage": True, "continuous_usage_stats": True}),
 ]
 CHAT_ONLY = [
+    # Without tools (with them: test_tool_call_api.py, test_structured_output.py).
     ("tool_choice", "required"),
     ("tool_choice", {"type": "function", "function": {"name": "f"}}),
     ("functions", [TOOL["function"]]),
@@ -72,6 +78,7 @@ NO_OPS = [
     ("skip_special_tokens", True), ("spaces_between_special_tokens", True),
     ("allowed_token_ids", None), ("bad_words", []), ("priority", 0), ("return_token_ids", False),
     ("guided_json", None), ("structured_outputs", None), ("response_format", {"type": "text"}),
+    ("guided_decoding_backend", "xgrammar"), ("structured_outputs", {"disable_fallback": True}),
     ("stream_options", {"include_usage": False, "continuous_usage_stats": False}),
 ]
 CHAT_NO_OPS = [("tool_choice", "none"), ("tool_choice", "auto"), ("parallel_tool_calls", True),

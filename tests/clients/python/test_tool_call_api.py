@@ -191,11 +191,45 @@ def test_developer_role_and_refusals(fake):
     assert r.choices[0].message.content == "ok"
     assert "Be terse." in fake.last_prompt()
     for choice in ["required", {"type": "function", "function": {"name": "now"}}]:
+        if fake.family == "glm4_moe":  # glm45's argument tags: not constrained yet
+            with pytest.raises(openai.BadRequestError) as e:
+                fake.client.chat.completions.create(model="fake", messages=ASK, tools=[NOW],
+                                                    tool_choice=choice)
+            assert e.value.body["param"] == "tool_choice"
+            assert "glm45" in e.value.body["message"]
+            continue
+        # hermes: the engine request carries the call's constraint, one alternative per function
+        # the answer may call (the fake engine answers what it is told, constraint or not).
+        r = fake.client.chat.completions.create(
+            model="fake", messages=ASK, tools=[NOW, WEATHER], tool_choice=choice,
+            extra_headers=fake.replies(call_text(fake.family, "now", {})))
+        assert r.choices[0].finish_reason == "tool_calls"
+        assert r.choices[0].message.tool_calls[0].function.name == "now"
+        sampling = fake.engine.starts[-1].sampling
+        assert sampling.WhichOneof("constraint") == "tagged_json"
+        alternatives = sampling.tagged_json.alternatives
+        names = [json.loads(a.json_schema)["properties"]["name"]["const"] for a in alternatives]
+        assert names == (["now", "get_weather"] if choice == "required" else ["now"])
+        assert all(a.begin == "<tool_call>\n" and a.end == "\n</tool_call>" for a in alternatives)
+        weather = json.loads(alternatives[-1].json_schema)["properties"]["arguments"]
+        assert weather == (WEATHER["function"]["parameters"] if choice == "required"
+                           else NOW["function"]["parameters"])
+    for choice, says in [({"type": "function", "function": {"name": "nope"}}, "not among"),
+                         ({"type": "function"}, "tool_choice must be"), ("any", "not 'any'")]:
         with pytest.raises(openai.BadRequestError) as e:
             fake.client.chat.completions.create(model="fake", messages=ASK, tools=[NOW],
                                                 tool_choice=choice)
-        assert e.value.body["param"] == "tool_choice"
-        assert "constrained decoding" in e.value.body["message"]
+        assert e.value.body["param"] == "tool_choice" and says in e.value.body["message"], e
+    with pytest.raises(openai.BadRequestError) as e:
+        fake.client.chat.completions.create(model="fake", messages=ASK, tool_choice="required")
+    assert e.value.body["param"] == "tool_choice" and "needs tools" in e.value.body["message"]
+    if fake.family == "qwen3_moe":
+        with pytest.raises(openai.BadRequestError) as e:
+            fake.client.chat.completions.create(model="fake", messages=ASK, tools=[NOW],
+                                                tool_choice="required",
+                                                response_format={"type": "json_object"})
+        assert "response_format" in e.value.body["message"]
+        assert "tool_choice" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
         fake.client.chat.completions.create(model="fake", messages=ASK,
                                             tools=[{"type": "function", "function": {}}])

@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,6 +22,7 @@
 #include "engine/cuda/device_sampler.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "engine/token_grammar.h"
 #include "gtest/gtest.h"
 #include "tests/engine/cuda/gpu_test_support.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -280,6 +283,26 @@ TEST(DeviceSamplerTest, SameSeedSameTokensAndEveryTokenBannedGivesZero) {
   too_many.logprobs = kMaxDeviceTopLogprobs + 1;
   EXPECT_FALSE(DeviceSampler::Supports(too_many));
 }
+
+#if EXL3_TEST_STRUCTURED_OUTPUT
+TEST(DeviceSamplerTest, TakesNoLogitBiasAndNoConstraint) {
+  // Host logic, no GPU: such rows are sampled on the host (engine/engine.cc RunForward).
+  SamplingParams biased;
+  biased.logit_bias = {{3, 5.0f}};
+  EXPECT_FALSE(DeviceSampler::Supports(biased));
+  std::ifstream in("tests/fixtures/tokenizer/glm4_moe/tokenizer.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  auto compiler = TokenGrammarCompiler::FromTokenizerJson(text.str(), 512, {1});
+  ASSERT_TRUE(compiler.ok()) << compiler.status();
+  auto grammar = (*compiler)->Compile({ConstraintKind::kJsonObject, "", {}, {}});
+  ASSERT_TRUE(grammar.ok()) << grammar.status();
+  SamplingParams constrained;
+  constrained.grammar = *grammar;
+  EXPECT_FALSE(DeviceSampler::Supports(constrained));
+  EXPECT_TRUE(DeviceSampler::Supports(SamplingParams{}));
+}
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Whole models through the engine.

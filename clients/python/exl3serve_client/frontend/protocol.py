@@ -44,21 +44,21 @@ class Unsupported:
     no_ops: tuple[Any, ...] = ()
 
 
-_CONSTRAINED = Unsupported("constrained decoding (structured output) is not supported yet: the "
-                           "engine has no token masks")
+# Constraints this server does not compile (the ones it does: structured_output.py).
+_CONSTRAINED = Unsupported("this kind of constraint is not supported: json_schema, json_object, "
+                           "regex, choice and grammar are (response_format, structured_outputs, "
+                           "guided_json, guided_regex, guided_choice, guided_grammar)")
 _BEAM = Unsupported("beam search is not supported", (False,))
 
 # Fields of vLLM's request bodies (and OpenAI's, where vLLM honours them) that neither endpoint
 # honours. Fields the models below declare are checked by the front end itself (app.py).
 UNSUPPORTED_FIELDS: dict[str, Unsupported] = {
-    "guided_json": _CONSTRAINED,
-    "guided_regex": _CONSTRAINED,
-    "guided_choice": _CONSTRAINED,
-    "guided_grammar": _CONSTRAINED,
-    "guided_decoding_backend": _CONSTRAINED,
-    "guided_whitespace_pattern": _CONSTRAINED,
+    # Constraints are compiled by xgrammar, whatever backend is named.
+    "guided_decoding_backend": Unsupported("the constraint backend is xgrammar's, always",
+                                           ("xgrammar", "auto", "")),
+    "guided_whitespace_pattern": Unsupported("guided_whitespace_pattern is not supported: JSON "
+                                             "constraints give compact JSON"),
     "structural_tag": _CONSTRAINED,
-    "structured_outputs": _CONSTRAINED,
     "use_beam_search": _BEAM,
     "length_penalty": Unsupported("length_penalty (of beam search) is not supported", (1.0,)),
     "prompt_logprobs": Unsupported("prompt logprobs are not supported"),
@@ -68,10 +68,9 @@ UNSUPPORTED_FIELDS: dict[str, Unsupported] = {
     "spaces_between_special_tokens": Unsupported("special tokens are always skipped in the text",
                                                  (True,)),
     "truncate_prompt_tokens": Unsupported("prompt truncation is not supported"),
-    "allowed_token_ids": Unsupported("allowed_token_ids needs token masks, which the engine does "
-                                     "not have yet", ([],)),
-    "bad_words": Unsupported("bad_words needs token masks, which the engine does not have yet",
-                             ([],)),
+    "allowed_token_ids": Unsupported("allowed_token_ids is not supported (logit_bias of -100 "
+                                     "on the others is close)", ([],)),
+    "bad_words": Unsupported("bad_words is not supported", ([],)),
     "logits_processors": Unsupported("logits processors are not supported", ([],)),
     "priority": Unsupported("request priorities are not supported", (0,)),
     "return_token_ids": Unsupported("return_token_ids is not supported (logprobs with "
@@ -126,8 +125,9 @@ class _Sampling(BaseModel):
     presence_penalty: Optional[Float32] = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: Optional[Float32] = Field(default=0.0, ge=-2.0, le=2.0)
     seed: Optional[int] = None  # any integer: the engine's uint64 seed is its low 64 bits
-    logit_bias: Optional[dict[str, Float32]] = None
+    logit_bias: Optional[dict[str, Float32]] = None  # structured_output.py
     user: Optional[str] = None
+    # With structured_outputs and guided_* (kept in model_extra): structured_output.py.
     response_format: Optional[dict[str, Any]] = None
     best_of: Optional[int] = None
     # Beyond OpenAI, as vLLM accepts them.

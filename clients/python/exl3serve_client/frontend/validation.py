@@ -21,6 +21,8 @@ from .protocol import (INT32_MAX, UNSUPPORTED_CHAT_FIELDS, UNSUPPORTED_FIELDS, A
                        ChatCompletionRequest, ChatMessage, CompletionRequest, Endpoint,
                        TokenizeRequest, _Sampling, unsupported_field)
 from .reasoning import ReasoningFormat, ReasoningParser
+from .structured_output import (logit_bias, request_constraint, set_constraint,
+                                tool_call_constraint)
 from .text import ChatTemplateError, ModelTokenizer
 from .tokenizer_process import TokenizerProcess, TokenizerProcessDied
 from .tool_calls import ToolCallFormat, ToolCallParser
@@ -61,6 +63,9 @@ class ToolUse:
     fmt: ToolCallFormat
     schemas: dict[str, Any]   # function name -> its parameters' JSON schema
     parallel: bool            # parallel_tool_calls
+    # tool_choice required (every tool) or a named function (that one): the answer is one call
+    # of one of these, constrained to its schema (structured_output.tool_call_constraint).
+    forced: tuple[str, ...] = ()
 
     def parser(self) -> ToolCallParser:
         return ToolCallParser(self.fmt, self.schemas, self.parallel)
@@ -304,22 +309,38 @@ class RequestValidator:
         """The request's tools checked; how its answer is parsed for their calls (None: it is not,
         as without tools or with tool_choice none)."""
         choice = body.tool_choice
-        if choice == "required" or isinstance(choice, dict):
-            what = "required" if choice == "required" else "a named function"
-            raise APIError(400, f"tool_choice {what} needs constrained decoding (the call held to "
-                           "the function's schema), which the engine does not have yet: use "
-                           "auto or none", param="tool_choice")
-        if choice not in (None, "none", "auto"):
+        named = None
+        if isinstance(choice, dict):
+            fn = choice.get("function")
+            if choice.get("type") != "function" or not isinstance(fn, dict) or \
+                    not isinstance(fn.get("name"), str):
+                raise APIError(400, "tool_choice must be none, auto, required or {\"type\": "
+                               "\"function\", \"function\": {\"name\": ...}}", param="tool_choice")
+            named = fn["name"]
+        elif choice not in (None, "none", "auto", "required"):
             raise APIError(400, f"tool_choice must be none, auto, required or a named function, "
                            f"not {choice!r}", param="tool_choice")
         schemas = _tool_schemas(body.tools or [])
+        forced = choice == "required" or named is not None
+        if forced and not schemas:
+            raise APIError(400, "tool_choice required or a named function needs tools",
+                           param="tool_choice")
+        if named is not None and named not in schemas:
+            raise APIError(400, f"tool_choice names the function {named!r}, which is not among "
+                           "the tools", param="tool_choice")
         if not schemas or choice == "none":
             return None
         if self.tool_format is None:
             raise APIError(400, "tools: this model's chat template writes no tool-call format the "
                            "front end parses (exl3serve-openai --tool-call-parser hermes or "
                            "glm45 names one)", param="tools")
-        return ToolUse(self.tool_format, schemas, body.parallel_tool_calls is not False)
+        if forced and self.tool_format is not ToolCallFormat.HERMES:
+            raise APIError(400, f"tool_choice required or a named function: the "
+                           f"{self.tool_format.value} format's arguments (<arg_key>/<arg_value> "
+                           "pairs) are not constrained to a schema yet, only hermes' JSON is: use "
+                           "auto or none", param="tool_choice")
+        names = (named,) if named is not None else tuple(schemas) if forced else ()
+        return ToolUse(self.tool_format, schemas, body.parallel_tool_calls is not False, names)
 
     def tokenize_text(self, body: TokenizeRequest) -> tuple[str, bool]:
         """/tokenize's body checked: the text to tokenize and whether to add special tokens."""
@@ -402,15 +423,9 @@ class RequestValidator:
         if body.n is not None and not 1 <= body.n <= self.max_n:
             raise APIError(400, f"n must be 1 to {self.max_n} (exl3serve-openai --max-n), not "
                            f"{body.n}", param="n")
-        if body.logit_bias:
-            raise APIError(400, "logit_bias is not supported", param="logit_bias")
         if body.best_of not in (None, 1):
             raise APIError(400, "best_of is not supported: n gives n choices, all of them "
                            "returned", param="best_of")
-        if body.response_format and body.response_format.get("type") not in (None, "text"):
-            raise APIError(400, f"response_format of type {body.response_format.get('type')!r}: "
-                           "constrained decoding (structured output) is not supported yet",
-                           param="response_format")
         if body.stream_options is not None and body.stream_options.continuous_usage_stats:
             raise APIError(400, "stream_options.continuous_usage_stats is not supported: the "
                            "usage comes in the stream's last chunk (include_usage)",
@@ -456,6 +471,13 @@ class RequestValidator:
             logprobs=logprobs or 0, min_tokens=body.min_tokens or 0,
             stop_token_ids=body.stop_token_ids or (), ignore_eos=bool(body.ignore_eos),
             timeout_us=int(self.request_timeout_s * 1e6), request_id=rid)
+        constraint = request_constraint(
+            body.response_format, body.model_extra,
+            tool_call_constraint(tool_use.schemas, tool_use.forced) if tool_use else None)
+        if constraint is not None:
+            set_constraint(req.sampling, constraint)
+        for token, bias in logit_bias(body.logit_bias).items():
+            req.sampling.logit_bias[token] = bias
         return PreparedRequest(
             endpoint=endpoint, model=self.model_name(), prompt_ids=prompt_ids,
             engine_request=req, stops=self._stops(body), stream=bool(body.stream),

@@ -1,0 +1,199 @@
+#include "engine/token_grammar.h"
+
+#include <exception>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/token_grammar_impl.h"
+#include "nlohmann/json.hpp"
+
+namespace exl3::engine {
+namespace {
+
+// xgrammar reports errors by exception; they stop here, as statuses.
+template <typename F>
+auto CatchLibraryError(const char* what, F&& f) -> absl::StatusOr<decltype(f())> {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", e.what()));
+  }
+}
+
+// The token strings of tokenizer.json by id (model.vocab and added_tokens); ids it does not name
+// stay empty.
+absl::StatusOr<std::vector<std::string>> EncodedVocab(std::string_view tokenizer_json,
+                                                      int vocab_size) {
+  const nlohmann::json doc = nlohmann::json::parse(tokenizer_json, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return absl::InvalidArgumentError("tokenizer.json is not a JSON object");
+  }
+  std::vector<std::string> vocab;
+  auto put = [&](int64_t id, std::string token) -> absl::Status {
+    if (id < 0 || id >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("tokenizer.json names token id ", id,
+                                                     ", outside the model's vocabulary [0, ",
+                                                     vocab_size, ")"));
+    }
+    if (static_cast<size_t>(id) >= vocab.size()) vocab.resize(id + 1);
+    vocab[id] = std::move(token);
+    return absl::OkStatus();
+  };
+  const nlohmann::json* model_vocab = nullptr;
+  if (const auto model = doc.find("model"); model != doc.end() && model->is_object()) {
+    if (const auto v = model->find("vocab"); v != model->end()) model_vocab = &*v;
+  }
+  if (model_vocab == nullptr) return absl::InvalidArgumentError("tokenizer.json has no model.vocab");
+  if (model_vocab->is_object()) {  // BPE, WordPiece, WordLevel: token -> id
+    for (const auto& [token, id] : model_vocab->items()) {
+      if (!id.is_number_integer()) return absl::InvalidArgumentError("tokenizer.json: a model.vocab id is no integer");
+      if (absl::Status s = put(id.get<int64_t>(), token); !s.ok()) return s;
+    }
+  } else if (model_vocab->is_array()) {  // Unigram: [token, score] by id
+    for (size_t id = 0; id < model_vocab->size(); ++id) {
+      const auto& entry = (*model_vocab)[id];
+      if (!entry.is_array() || entry.empty() || !entry[0].is_string()) {
+        return absl::InvalidArgumentError("tokenizer.json: a model.vocab entry is no [token, score]");
+      }
+      if (absl::Status s = put(static_cast<int64_t>(id), entry[0].get<std::string>()); !s.ok()) return s;
+    }
+  } else {
+    return absl::InvalidArgumentError("tokenizer.json: model.vocab is neither an object nor a list");
+  }
+  if (const auto added = doc.find("added_tokens"); added != doc.end() && added->is_array()) {
+    for (const auto& t : *added) {
+      const auto id = t.find("id");
+      const auto content = t.find("content");
+      if (id == t.end() || !id->is_number_integer() || content == t.end() || !content->is_string()) {
+        return absl::InvalidArgumentError("tokenizer.json: an added token has no id or content");
+      }
+      if (absl::Status s = put(id->get<int64_t>(), content->get<std::string>()); !s.ok()) return s;
+    }
+  }
+  return vocab;
+}
+
+// A string as an EBNF literal (xgrammar's escapes).
+std::string EbnfLiteral(std::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20 || u == 0x7f) {
+      out += absl::StrFormat("\\x%02x", u);
+    } else {
+      out += c;  // UTF-8 bytes as they are: the literal is read as UTF-8
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+const char* ConstraintKindName(ConstraintKind kind) {
+  switch (kind) {
+    case ConstraintKind::kJsonSchema: return "json_schema";
+    case ConstraintKind::kJsonObject: return "json_object";
+    case ConstraintKind::kRegex: return "regex";
+    case ConstraintKind::kGrammar: return "grammar";
+    case ConstraintKind::kChoice: return "choice";
+    case ConstraintKind::kTaggedJson: return "tagged_json";
+  }
+  return "unknown";
+}
+
+TokenGrammar::TokenGrammar(std::unique_ptr<Impl> impl, int vocab_size)
+    : impl_(std::move(impl)), vocab_size_(vocab_size) {}
+TokenGrammar::~TokenGrammar() = default;
+
+struct TokenGrammarCompiler::Impl {
+  xgrammar::GrammarCompiler compiler;
+};
+
+TokenGrammarCompiler::TokenGrammarCompiler(std::unique_ptr<Impl> impl, int vocab_size)
+    : impl_(std::move(impl)), vocab_size_(vocab_size) {}
+TokenGrammarCompiler::~TokenGrammarCompiler() = default;
+
+absl::StatusOr<std::unique_ptr<TokenGrammarCompiler>> TokenGrammarCompiler::FromTokenizerJson(
+    std::string_view tokenizer_json, int vocab_size, std::vector<int32_t> stop_token_ids) {
+  if (vocab_size < 1) return absl::InvalidArgumentError("the vocabulary size must be >= 1");
+  for (int32_t id : stop_token_ids) {
+    if (id < 0 || id >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("stop token ", id, " is outside the vocabulary"));
+    }
+  }
+  auto vocab = EncodedVocab(tokenizer_json, vocab_size);
+  if (!vocab.ok()) return vocab.status();
+  auto compiler = CatchLibraryError("tokenizer.json", [&] {
+    const std::string metadata = xgrammar::TokenizerInfo::DetectMetadataFromHF(std::string(tokenizer_json));
+    const nlohmann::json m = nlohmann::json::parse(metadata);
+    const auto vocab_type = static_cast<xgrammar::VocabType>(m.at("vocab_type").get<int>());
+    const bool add_prefix_space = m.at("add_prefix_space").get<bool>();
+    xgrammar::TokenizerInfo info(*vocab, vocab_type, vocab_size, stop_token_ids, add_prefix_space);
+    // Compiling a grammar precomputes masks over the vocabulary: a few threads, and a bounded
+    // cache of compiled grammars (requests repeat their schemas).
+    return xgrammar::GrammarCompiler(info, /*max_threads=*/4, /*cache_enabled=*/true,
+                                     /*max_memory_bytes=*/int64_t{256} << 20);
+  });
+  if (!compiler.ok()) return compiler.status();
+  return std::unique_ptr<TokenGrammarCompiler>(new TokenGrammarCompiler(
+      std::make_unique<Impl>(Impl{std::move(*compiler)}), vocab_size));
+}
+
+absl::StatusOr<std::shared_ptr<const TokenGrammar>> TokenGrammarCompiler::Compile(
+    const ConstraintSpec& spec) const {
+  if (spec.kind == ConstraintKind::kChoice && spec.choices.empty()) {
+    return absl::InvalidArgumentError("the choice constraint needs at least one choice");
+  }
+  if (spec.kind == ConstraintKind::kTaggedJson && spec.tagged.empty()) {
+    return absl::InvalidArgumentError("the tagged_json constraint needs at least one alternative");
+  }
+  xgrammar::GrammarCompiler& c = impl_->compiler;
+  const std::string what = absl::StrCat("the ", ConstraintKindName(spec.kind), " constraint");
+  auto compiled = CatchLibraryError(what.c_str(), [&]() -> xgrammar::CompiledGrammar {
+    switch (spec.kind) {
+      case ConstraintKind::kJsonSchema:
+        // Compact JSON (no free whitespace: a model cannot run on in blanks), strict: no
+        // properties the schema does not name.
+        return c.CompileJSONSchema(spec.text, /*any_whitespace=*/false);
+      case ConstraintKind::kJsonObject:
+        return c.CompileJSONSchema(R"({"type": "object"})", /*any_whitespace=*/false,
+                                   std::nullopt, std::nullopt, /*strict_mode=*/false);
+      case ConstraintKind::kRegex:
+        return c.CompileRegex(spec.text);
+      case ConstraintKind::kGrammar:
+        return c.CompileGrammar(spec.text, "root");
+      case ConstraintKind::kTaggedJson: {
+        // Each alternative: its begin literal, the schema's JSON (as kJsonSchema compiles it),
+        // its end literal; the alternatives' union.
+        std::vector<xgrammar::Grammar> alternatives;
+        using xgrammar::Grammar;
+        for (const TaggedJson& t : spec.tagged) {
+          std::vector<Grammar> parts;
+          if (!t.begin.empty()) parts.push_back(Grammar::FromEBNF("root ::= " + EbnfLiteral(t.begin)));
+          parts.push_back(Grammar::FromJSONSchema(t.json_schema, /*any_whitespace=*/false));
+          if (!t.end.empty()) parts.push_back(Grammar::FromEBNF("root ::= " + EbnfLiteral(t.end)));
+          alternatives.push_back(parts.size() == 1 ? parts[0] : Grammar::Concat(parts));
+        }
+        return c.CompileGrammar(alternatives.size() == 1 ? alternatives[0]
+                                                         : Grammar::Union(alternatives));
+      }
+      case ConstraintKind::kChoice:
+        break;
+    }
+    std::string ebnf = "root ::= ";
+    for (size_t i = 0; i < spec.choices.size(); ++i) {
+      if (i > 0) ebnf += " | ";
+      ebnf += EbnfLiteral(spec.choices[i]);
+    }
+    return c.CompileGrammar(ebnf, "root");
+  });
+  if (!compiled.ok()) return compiled.status();
+  return std::make_shared<const TokenGrammar>(
+      std::make_unique<TokenGrammar::Impl>(TokenGrammar::Impl{std::move(*compiled)}), vocab_size_);
+}
+
+}  // namespace exl3::engine
