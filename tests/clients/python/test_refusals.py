@@ -30,8 +30,6 @@ BOTH = [
     ("use_beam_search", True),
     ("length_penalty", 0.5),
     ("logit_bias", {"5": 10}),
-    ("prompt_logprobs", 1),
-    ("prompt_logprobs", 0),
     ("include_stop_str_in_output", True),
     ("skip_special_tokens", False),
     ("spaces_between_special_tokens", False),
@@ -60,7 +58,6 @@ CHAT_ONLY = [
     ("include_reasoning", False),  # without --reasoning-parser
 ]
 COMPLETION_ONLY = [
-    ("echo", True),
     ("suffix", "tail"),
     ("prompt_embeds", "AAAA"),
 ]
