@@ -96,7 +96,7 @@ async def _choice_events(req: PreparedRequest, call: EngineCall, out: OpenAIRend
         while True:
             if resp is grpc.aio.EOF:
                 raise APIError(500, "the engine's stream ended without a finish reason")
-            tokens = resp.tokens if not echo_only else ()
+            tokens: Any = resp.tokens if not echo_only else []
             k = len(tokens)
             ended = resp.finish_reason != unspecified
             if ended:
