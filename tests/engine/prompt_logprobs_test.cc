@@ -158,6 +158,27 @@ TEST_P(PromptLogprobsTest, OutOfRangeIsRefusedAlone) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, PromptLogprobsTest, ::testing::ValuesIn(kFixtures));
 
+// The fake runner's logits are a function of the history: position p's row is HistoryLogits of
+// prompt[0..p], whose log_softmax at prompt[p + 1] is the expected logprob.
+void ExpectFakePromptLogprobs(const std::vector<int32_t>& prompt, const std::vector<SampledToken>& got,
+                              int vocab, size_t top_n) {
+  ASSERT_EQ(got.size(), prompt.size() - 1);
+  for (size_t p = 0; p + 1 < prompt.size(); ++p) {
+    std::vector<float> row(vocab);
+    testing::FakeModelRunner::HistoryLogits(std::span<const int32_t>(prompt).first(p + 1), row.data(), vocab);
+    const float max_logit = *std::max_element(row.begin(), row.end());
+    double sum = 0;
+    for (float v : row) sum += std::exp(v - max_logit);
+    const double want = row[prompt[p + 1]] - max_logit - std::log(sum);
+    EXPECT_EQ(got[p].token, prompt[p + 1]);
+    EXPECT_NEAR(*got[p].logprob, want, 1e-5) << "position " << p;
+    EXPECT_EQ(got[p].top_logprobs.size(), top_n);
+    const int higher = static_cast<int>(
+        std::count_if(row.begin(), row.end(), [&](float v) { return v > row[prompt[p + 1]]; }));
+    EXPECT_EQ(got[p].rank, 1 + higher);
+  }
+}
+
 // A step failure while prompt rows run fails only the sequence whose tokens fail (the engine
 // retries the step's chunks alone); the others get their prompt logprobs and tokens.
 TEST(PromptLogprobsFakeRunnerTest, AFailedRequestFailsAlone) {
@@ -190,21 +211,49 @@ TEST(PromptLogprobsFakeRunnerTest, AFailedRequestFailsAlone) {
   r.Wait(2);
   EXPECT_EQ(r.finish[*bad_id].reason, FinishReason::kError);
   EXPECT_TRUE(r.finish[*good_id].status.ok()) << r.finish[*good_id].status;
-  ASSERT_EQ(r.prompt_logprobs[*good_id].size(), good.prompt.size() - 1);
-  // The fake's logits are a function of the history: position p's row is HistoryLogits of
-  // prompt[0..p], whose log_softmax at prompt[p + 1] is the expected logprob.
-  for (size_t p = 0; p + 1 < good.prompt.size(); ++p) {
-    std::vector<float> row(fo.vocab_size);
-    testing::FakeModelRunner::HistoryLogits(std::span<const int32_t>(good.prompt).first(p + 1), row.data(),
-                                            fo.vocab_size);
-    const float max_logit = *std::max_element(row.begin(), row.end());
-    double sum = 0;
-    for (float v : row) sum += std::exp(v - max_logit);
-    const double want = row[good.prompt[p + 1]] - max_logit - std::log(sum);
-    EXPECT_NEAR(*r.prompt_logprobs[*good_id][p].logprob, want, 1e-5) << "position " << p;
-    EXPECT_EQ(r.prompt_logprobs[*good_id][p].top_logprobs.size(), 2u);
-  }
+  ExpectFakePromptLogprobs(good.prompt, r.prompt_logprobs[*good_id], fo.vocab_size, 2);
   EXPECT_EQ(r.sampled[*good_id].size(), 3u);
+  EXPECT_EQ(fake->num_check_failures(), 0);
+}
+
+// Sequences preempted while (and after) their prompt rows run get them all the same, once; a
+// runner that samples rows itself (as the GPU's) gets the steps without prompt rows.
+TEST(PromptLogprobsFakeRunnerTest, PreemptionAndARunnerThatSamples) {
+  testing::FakeModelOptions fo;
+  fo.samples_rows_up_to_logprobs = 5;
+  auto runner = std::make_unique<testing::FakeModelRunner>(fo);
+  testing::FakeModelRunner* fake = runner.get();
+  EngineOptions eo;
+  eo.block_size = 4;
+  eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 10};  // 40 tokens for 3 x (12 + 20)
+  eo.scheduler.max_num_batched_tokens = 5;                 // prompts over several steps,
+  eo.scheduler.max_prompt_logit_rows = 3;                  // slower while others decode
+  Engine engine(eo, std::move(runner));
+  ASSERT_TRUE(engine.Start().ok());
+  RequestResults r;
+  std::vector<GenerateParams> params;
+  std::vector<uint64_t> ids;
+  for (int s = 0; s < 3; ++s) {
+    GenerateParams g;
+    for (int i = 0; i < 12; ++i) g.prompt.push_back(2 + (i * 7 + s * 5) % 60);
+    g.max_tokens = 20;
+    g.ignore_eos = true;
+    g.sampling.temperature = 0;
+    g.prompt_logprobs = 1;
+    auto id = engine.Submit(g, r.Callback());
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+    params.push_back(g);
+  }
+  r.Wait(3);
+  EXPECT_GT(engine.Stats().preemptions, 0);
+  for (size_t s = 0; s < ids.size(); ++s) {
+    EXPECT_TRUE(r.finish[ids[s]].status.ok()) << r.finish[ids[s]].status;
+    EXPECT_EQ(r.prompt_logprobs_events[ids[s]], 1);
+    ExpectFakePromptLogprobs(params[s].prompt, r.prompt_logprobs[ids[s]], fo.vocab_size, 1);
+    EXPECT_EQ(r.sampled[ids[s]].size(), 20u);
+  }
+  EXPECT_GT(fake->num_sampled_rows(), 0) << "decode steps were sampled by the runner";
   EXPECT_EQ(fake->num_check_failures(), 0);
 }
 
