@@ -71,6 +71,9 @@ absl::Status Engine::Start() {
     return absl::InvalidArgumentError(
         "max_num_batched_tokens, max_num_seqs and long_prefill_token_threshold must be >= 1");
   }
+  if (s.max_prompt_logit_rows < 1) {
+    return absl::InvalidArgumentError("max_prompt_logit_rows must be >= 1");
+  }
   if (options_.sampling_threads < 1) {
     return absl::InvalidArgumentError("sampling_threads must be >= 1");
   }

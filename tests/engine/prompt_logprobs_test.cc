@@ -281,5 +281,15 @@ TEST(PromptLogprobsFakeRunnerTest, ARunnerWithoutPromptRowsRefusesByName) {
       << refused.status();
 }
 
+TEST(PromptLogprobsFakeRunnerTest, NoPromptRowsPerStepIsABadOption) {
+  EngineOptions eo;
+  eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 64};
+  eo.scheduler.max_prompt_logit_rows = 0;  // a sequence wanting them would never advance
+  Engine engine(eo, std::make_unique<testing::FakeModelRunner>(testing::FakeModelOptions{}));
+  const absl::Status st = engine.Start();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("max_prompt_logit_rows"), std::string_view::npos) << st;
+}
+
 }  // namespace
 }  // namespace exl3::engine
