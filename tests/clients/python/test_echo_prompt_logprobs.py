@@ -167,3 +167,22 @@ def test_max_tokens_zero_needs_echo(client, live):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=live.name, prompt=PROMPT, max_tokens=0)
     assert e.value.body["param"] == "max_tokens"
+
+
+def test_grpc_prompt_logprobs(live):
+    """The Generator service's prompt_logprobs: prompt tokens 1.. once, with rank and top N, on
+    the first message with tokens; the same values as the front end's echo."""
+    from exl3serve_client import GenerateClient
+    prompt = [5, 6, 7, 8, 9, 10, 11]
+    with GenerateClient(live.engine) as g:
+        r = g.generate(prompt, max_tokens=2, prompt_logprobs=3, ignore_eos=True)
+        plain = g.generate(prompt, max_tokens=2, ignore_eos=True)
+    assert [p[0] for p in r.prompt_logprobs] == prompt[1:]
+    for token, logprob, rank, top in r.prompt_logprobs:
+        assert len(top) == 3 and rank >= 1
+        assert top == sorted(top, key=lambda e: -e[1])
+        assert logprob <= top[0][1] + 1e-6
+        assert (rank == 1) == (token == top[0][0]) or math.isclose(logprob, top[0][1])
+    assert r.token_ids == plain.token_ids  # the continuation does not change
+    assert r.usage.cached_tokens == 0
+    assert plain.prompt_logprobs == []
