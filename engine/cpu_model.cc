@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -196,6 +197,123 @@ absl::Status CpuModel::CheckDraftVerification() const {
       "running softmax; taking rejected draft positions out again is not done yet"));
 }
 
+absl::Status CpuModel::CheckMtpDrafting() const {
+  EXL3_RETURN_IF_ERROR(MtpHead::CheckPresent(cfg_, *src_));  // the design and its tensors, by name
+  EXL3_RETURN_IF_ERROR(CheckDraftVerification());
+  if (streams_ != 1 || final_mixer_ || hc_head_)
+    return absl::FailedPreconditionError(absl::StrCat(
+        cfg_.architecture(), ": MTP drafting runs on models with one residual stream only"));
+  return absl::OkStatus();
+}
+
+absl::Status CpuModel::EnableMtpDrafting() {
+  if (mtp_head_ != nullptr) return absl::OkStatus();
+  if (cache_ != nullptr) return absl::FailedPreconditionError("EnableMtpDrafting after AllocateKvCache");
+  EXL3_RETURN_IF_ERROR(CheckMtpDrafting());
+  EXL3_ASSIGN_OR_RETURN(mtp_head_, MtpHead::Load(cfg_, *src_, head_));
+  // The MTP layer's KV slots, its block area shared out over the block's slots (rounded up).
+  const int bs = KvCacheShape{}.block_size;
+  const KvLayerShape s = mtp_head_->CacheShape(bs);
+  info_.kv_bytes_per_token +=
+      (static_cast<int64_t>(s.token_floats) * bs + s.block_floats + bs - 1) / bs * static_cast<int64_t>(sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::Status CpuModel::MtpBatchOf(std::span<const MtpSpan> spans, bool every_position, StepBatch* batch,
+                                  std::vector<float>* hidden) const {
+  if (mtp_head_ == nullptr) return absl::FailedPreconditionError("MTP drafting is not enabled");
+  if (!kept_.valid)
+    return absl::FailedPreconditionError("the last step kept no hidden states (StepBatch::keep_hidden_states)");
+  const int H = cfg_.hidden_size;
+  for (const MtpSpan& s : spans) {
+    const int c = s.chunk_index;
+    if (c < 0 || c >= static_cast<int>(kept_.sequence_ids.size()) || kept_.sequence_ids[c] != s.sequence_id ||
+        kept_.start_positions[c] != s.start_position || s.num_positions < 1 ||
+        s.num_positions > kept_.num_tokens[c] || static_cast<int>(s.next_tokens.size()) != s.num_positions ||
+        s.num_drafts < 0)
+      return absl::InvalidArgumentError(absl::StrCat("MTP span of sequence ", s.sequence_id,
+                                                     " does not match the last step's chunk ", c));
+    SequenceChunk& chunk = batch->chunks.emplace_back();
+    chunk.sequence_id = s.sequence_id;
+    chunk.tokens = s.next_tokens;
+    chunk.start_position = s.start_position;
+    chunk.block_table = s.block_table;
+    chunk.wants_logits = every_position || s.num_drafts > 0;
+    chunk.num_logit_rows = every_position ? s.num_positions : 1;
+    chunk.state_slot = s.state_slot;
+    const float* first = &kept_.rows[static_cast<size_t>(kept_.first_rows[c]) * H];
+    hidden->insert(hidden->end(), first, first + static_cast<size_t>(s.num_positions) * H);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuModel::RunMtp(const StepBatch& batch, const std::vector<float>& hidden, std::vector<float>* o,
+                              std::vector<float>* logits) {
+  const int H = cfg_.hidden_size, V = cfg_.vocab_size;
+  StepTokens tokens;
+  EXL3_RETURN_IF_ERROR(FlattenStep(batch, V, cache_->shape(), cfg_.max_position_embeddings, &tokens));
+  const size_t n = static_cast<size_t>(tokens.num_tokens) * H;
+  std::vector<float> embedded(n), out(n);
+  Embed(tokens.token_ids, embedded.data());
+  EXL3_RETURN_IF_ERROR(mtp_head_->Forward(hidden.data(), embedded.data(), tokens, *cache_, out.data(), compute_));
+  const int rows = static_cast<int>(tokens.logit_tokens.size());
+  o->resize(static_cast<size_t>(rows) * H);
+  logits->resize(static_cast<size_t>(rows) * V);
+  for (int r = 0; r < rows; ++r)
+    std::copy_n(&out[static_cast<size_t>(tokens.logit_tokens[r]) * H], H, &(*o)[static_cast<size_t>(r) * H]);
+  return mtp_head_->Logits(o->data(), rows, logits->data(), compute_);
+}
+
+absl::StatusOr<std::vector<float>> CpuModel::MtpLogits(std::span<const MtpSpan> spans) {
+  StepBatch batch;
+  std::vector<float> hidden, o, logits;
+  EXL3_RETURN_IF_ERROR(MtpBatchOf(spans, /*every_position=*/true, &batch, &hidden));
+  EXL3_RETURN_IF_ERROR(RunMtp(batch, hidden, &o, &logits));
+  return logits;
+}
+
+absl::StatusOr<std::vector<std::vector<int32_t>>> CpuModel::ProposeMtpDrafts(std::span<const MtpSpan> spans) {
+  const int H = cfg_.hidden_size, V = cfg_.vocab_size;
+  std::vector<std::vector<int32_t>> drafts(spans.size());
+  // 1. Every span's kept positions, from the model's hidden states; a decoding span's last
+  // position gives its first draft. 2. Chained: each further draft from the head's own output
+  // at the position before and the draft just made.
+  StepBatch batch;
+  std::vector<float> hidden, o, logits;
+  EXL3_RETURN_IF_ERROR(MtpBatchOf(spans, /*every_position=*/false, &batch, &hidden));
+  std::vector<int> owners;  // the span of each logit row, in order
+  for (size_t i = 0; i < spans.size(); ++i)
+    if (spans[i].num_drafts > 0) owners.push_back(static_cast<int>(i));
+  while (!batch.chunks.empty()) {
+    EXL3_RETURN_IF_ERROR(RunMtp(batch, hidden, &o, &logits));
+    StepBatch next;
+    std::vector<int> next_owners;
+    hidden.clear();
+    for (size_t r = 0; r < owners.size(); ++r) {
+      const float* l = &logits[r * V];
+      const int32_t token = static_cast<int32_t>(std::max_element(l, l + V) - l);  // lowest id on ties
+      const int i = owners[r];
+      drafts[i].push_back(token);
+      const MtpSpan& s = spans[i];
+      if (static_cast<int>(drafts[i].size()) >= s.num_drafts) continue;
+      SequenceChunk& chunk = next.chunks.emplace_back();
+      chunk.sequence_id = s.sequence_id;
+      chunk.tokens = {token};
+      // Draft d (1-based) sits at position p + 1 + d, p the last kept position; the head predicts
+      // it at position p + d - 1 + 1 from the draft before.
+      chunk.start_position = s.start_position + s.num_positions - 1 + static_cast<int>(drafts[i].size());
+      chunk.block_table = s.block_table;
+      chunk.wants_logits = true;
+      chunk.state_slot = s.state_slot;
+      next_owners.push_back(i);
+      hidden.insert(hidden.end(), &o[r * H], &o[r * H] + H);
+    }
+    batch = std::move(next);
+    owners = std::move(next_owners);
+  }
+  return drafts;
+}
+
 absl::Status CpuModel::AllocateKvCache(const KvCacheShape& shape) {
   if (shape.num_blocks <= 0 || shape.block_size <= 0)
     return absl::InvalidArgumentError(absl::StrCat("KV cache of ", shape.num_blocks, " blocks of ",
@@ -203,6 +321,7 @@ absl::Status CpuModel::AllocateKvCache(const KvCacheShape& shape) {
   std::vector<KvLayerShape> layers(cfg_.num_layers);
   for (int l = 0; l < cfg_.num_layers; ++l)
     layers[l] = {cfg_.KvWidth(l), cfg_.KvBlockFloats(l, shape.block_size)};
+  if (mtp_head_ != nullptr) layers.push_back(mtp_head_->CacheShape(shape.block_size));  // layer num_layers
   cache_ = std::make_unique<PagedKvCache>(std::move(layers), shape);
   if (cfg_.HasRecurrentLayers()) {
     EXL3_ASSIGN_OR_RETURN(std::vector<int64_t> floats, StateFloatsPerLayer(cfg_, shape.num_sequence_slots));
@@ -337,8 +456,34 @@ absl::Status CpuModel::FinishMoe(MicroBatch& mb) {
   return absl::OkStatus();
 }
 
+void CpuModel::KeepHiddenStates(const StepBatch& batch, const std::vector<MicroBatch>& mbs) {
+  const int H = cfg_.hidden_size;
+  kept_.rows.resize(static_cast<size_t>(batch.NumTokens()) * H);
+  float* row = kept_.rows.data();
+  for (const MicroBatch& mb : mbs) {  // micro-batches are consecutive runs of the step's tokens
+    RmsNormRows(mb.h.data(), final_norm_.data(), mb.tokens.num_tokens, H, cfg_.rms_norm_eps, row);
+    row += static_cast<size_t>(mb.tokens.num_tokens) * H;
+  }
+  kept_.sequence_ids.clear();
+  kept_.start_positions.clear();
+  kept_.first_rows.clear();
+  kept_.num_tokens.clear();
+  int first = 0;
+  for (const SequenceChunk& c : batch.chunks) {
+    kept_.sequence_ids.push_back(c.sequence_id);
+    kept_.start_positions.push_back(c.start_position);
+    kept_.first_rows.push_back(first);
+    kept_.num_tokens.push_back(static_cast<int>(c.tokens.size()));
+    first += static_cast<int>(c.tokens.size());
+  }
+  kept_.valid = true;
+}
+
 absl::Status CpuModel::Forward(const StepBatch& batch, float* logits) {
   if (cache_ == nullptr) return absl::FailedPreconditionError("KV cache not allocated");
+  kept_.valid = false;
+  if (batch.keep_hidden_states && mtp_head_ == nullptr)
+    return absl::FailedPreconditionError("keep_hidden_states without MTP drafting enabled");
   times_ = StepPhaseTimes{};
   (void)moe_->TakeStageTimes();  // what a failed step before this one left
   EXL3_RETURN_IF_ERROR(RefuseImageAndVideoTokens(cfg_, batch));  // Qwen4-Exp: the text model only
@@ -380,6 +525,7 @@ absl::Status CpuModel::Forward(const StepBatch& batch, float* logits) {
   }
   for (MicroBatch& mb : mbs) EXL3_RETURN_IF_ERROR(FinishMoe(mb));
 
+  if (batch.keep_hidden_states) KeepHiddenStates(batch, mbs);
   t0 = Clock::now();
   float* out = logits;
   for (MicroBatch& mb : mbs) {

@@ -32,6 +32,7 @@
 #include "engine/model_config.h"
 #include "engine/model_runner.h"
 #include "engine/moe_executor.h"
+#include "engine/mtp_head.h"
 #include "engine/paged_kv_cache.h"
 #include "engine/ple_layer.h"
 #include "engine/sequence_state.h"
@@ -72,6 +73,15 @@ class CpuModel final : public ModelRunner {
   // OK for every family: Forward computes any rows a chunk asks for, and a prompt chunk's
   // positions are all kept (no state or compressed cache to roll back).
   absl::Status CheckPromptLogitRows() const override { return absl::OkStatus(); }
+  // The DeepSeek-V3 MTP head (engine/mtp_head.h) of DeepseekV3, Glm4Moe and GlmMoeDsa
+  // checkpoints that store its layer; refused otherwise, naming what is missing.
+  absl::Status CheckMtpDrafting() const override;
+  // Loads the MTP layer; its KV becomes one more layer of the cache.
+  absl::Status EnableMtpDrafting() override;
+  absl::StatusOr<std::vector<std::vector<int32_t>>> ProposeMtpDrafts(std::span<const MtpSpan> spans) override;
+  // The MTP layer run over the spans' kept positions as ProposeMtpDrafts runs it (writing its KV),
+  // returning the logits of every one of them: [Σ num_positions, vocab] in span order.
+  absl::StatusOr<std::vector<float>> MtpLogits(std::span<const MtpSpan> spans);
 
  private:
   struct DenseMlp {
@@ -120,6 +130,15 @@ class CpuModel final : public ModelRunner {
   // RunLayer with Qwen4-Exp's gated residual connections: PLE first where the layer has one.
   absl::Status RunGatedResidualLayer(int l, MicroBatch& mb);
   absl::Status FinishMoe(MicroBatch& mb);
+  // The MTP layer's step over the spans' kept positions (logit rows: every position, or the
+  // last of the decoding spans), with their hidden states from kept_.
+  absl::Status MtpBatchOf(std::span<const MtpSpan> spans, bool every_position, StepBatch* batch,
+                          std::vector<float>* hidden) const;
+  // o = the head's output rows of the batch's logit rows, logits = their logits.
+  absl::Status RunMtp(const StepBatch& batch, const std::vector<float>& hidden, std::vector<float>* o,
+                      std::vector<float>* logits);
+  // kept_ = the final norm of every token's residual stream (MTP drafting's input).
+  void KeepHiddenStates(const StepBatch& batch, const std::vector<MicroBatch>& mbs);
 
   ModelConfig cfg_;
   ModelInfo info_;
@@ -133,6 +152,16 @@ class CpuModel final : public ModelRunner {
   std::optional<GatedResidual> final_mixer_;  // Qwen4-Exp: collapses the streams into the head's input
   std::vector<TensorView> mtp_;               // Qwen4-Exp: the MTP head's tensors, kept unused
   Linear head_;
+  std::unique_ptr<MtpHead> mtp_head_;         // speculative method mtp (EnableMtpDrafting)
+  // The last Forward's final hidden states (after the final norm) when its batch asked to keep
+  // them: [step tokens, hidden] in chunk order, and per chunk its sequence, start and first row.
+  struct KeptHiddenStates {
+    bool valid = false;
+    std::vector<float> rows;
+    std::vector<int64_t> sequence_ids;
+    std::vector<int> start_positions, first_rows, num_tokens;
+  };
+  KeptHiddenStates kept_;
   std::unique_ptr<MoeExecutor> moe_;
   std::unique_ptr<PagedKvCache> cache_;
   std::unique_ptr<SequenceStateStore> states_;  // models with recurrent layers only

@@ -88,6 +88,14 @@ absl::Status Engine::Start() {
                                        " refused for ", info_.architecture, ": ", verify.message()));
     }
   }
+  if (s.speculative.method == SpeculativeMethod::kMtp) {
+    // The MTP layer's KV is one more cache layer: the runner's bytes per token grow.
+    if (const absl::Status mtp = runner_->EnableMtpDrafting(); !mtp.ok()) {
+      return absl::Status(mtp.code(), absl::StrCat("speculative method mtp refused for ", info_.architecture,
+                                                   ": ", mtp.message()));
+    }
+    info_.kv_bytes_per_token = runner_->info().kv_bytes_per_token;
+  }
   EXL3_ASSIGN_OR_RETURN(const int num_blocks,
                         NumKvBlocks(options_.kv_capacity, options_.block_size,
                                     info_.kv_bytes_per_token));
@@ -339,9 +347,11 @@ void Engine::RetryChunksAlone(const ScheduledStep& step) {
     if (!requests_.contains(chunk.sequence_id)) continue;  // cancelled during the step
     ScheduledStep alone;
     alone.batch.chunks.push_back(chunk);
+    alone.batch.keep_hidden_states = step.batch.keep_hidden_states;
     const absl::Status st = RunForward(alone);
     if (st.ok()) {
       Deliver(CompleteStep(alone), Clock::now());
+      DraftWithMtp(alone);
     } else {
       for (int64_t id : scheduler_->FailStep(alone)) Finish(id, FinishReason::kError, st);
     }
@@ -364,6 +374,21 @@ absl::Status Engine::RunForward(const ScheduledStep& step) {
   }
   logits_.resize(static_cast<size_t>(step.batch.NumLogitRows()) * info_.vocab_size);
   return runner_->Forward(step.batch, logits_.data());
+}
+
+void Engine::DraftWithMtp(const ScheduledStep& step) {
+  if (!step.batch.keep_hidden_states) return;
+  const std::vector<MtpSpan> spans = scheduler_->MtpSpans(step);
+  if (spans.empty()) return;
+  absl::StatusOr<std::vector<std::vector<int32_t>>> drafts = runner_->ProposeMtpDrafts(spans);
+  if (!drafts.ok()) {
+    // The MTP layer's KV of these sequences is incomplete now: they cannot draft on.
+    for (const MtpSpan& s : spans) {
+      if (requests_.contains(s.sequence_id)) Finish(s.sequence_id, FinishReason::kError, drafts.status());
+    }
+    return;
+  }
+  for (size_t i = 0; i < spans.size(); ++i) scheduler_->SetMtpDrafts(spans[i].sequence_id, std::move((*drafts)[i]));
 }
 
 std::vector<SequenceUpdate> Engine::CompleteStep(const ScheduledStep& step) {
@@ -441,6 +466,7 @@ void Engine::RunStep() {
       sample_s += device_sample_s;
     }
     Deliver(updates, t4);
+    DraftWithMtp(step);
   } else {
     m.failed = true;
     ++failed_steps_;

@@ -16,7 +16,8 @@
 // Every accepted request gets exactly one final event (GenerateEvent::finish set), after which
 // its callback is never called again. Start fails INVALID_ARGUMENT on bad options, and
 // FAILED_PRECONDITION for a speculative method the model runner cannot verify
-// (engine/model_runner.h CheckDraftVerification), naming why. Submit's errors are the request's
+// (engine/model_runner.h CheckDraftVerification), or mtp where it has no MTP head
+// (CheckMtpDrafting), naming why. Submit's errors are the request's
 // alone:
 //   INVALID_ARGUMENT    empty prompt, token id outside [0, vocab), prompt longer than
 //                       max_context or than the whole KV cache, max_tokens <= 0 or prompt +
@@ -239,6 +240,9 @@ class Engine {
   // Tokens of a completed step (or chunk) to their requests: events, finishes, timings.
   void Deliver(const std::vector<SequenceUpdate>& updates, SteadyTime now);
   void RetryChunksAlone(const ScheduledStep& step);
+  // Speculative method mtp, after a step's tokens were delivered: the MTP head runs over the
+  // step's kept positions and drafts for the decoding sequences (engine/mtp_head.h).
+  void DraftWithMtp(const ScheduledStep& step);
   // Runs the step's forward pass. The one place that decides where its rows are sampled: on the
   // runner (ModelRunner::ForwardSampled, into sampled_) when it can sample every one of them,
   // else here (the logits into logits_, sampled by CompleteStep).

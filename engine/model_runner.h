@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "engine/sampler.h"
 
 namespace exl3::engine {
@@ -93,6 +94,9 @@ struct SequenceChunk {
 
 struct StepBatch {
   std::vector<SequenceChunk> chunks;
+  // Speculative method mtp: the runner keeps every token's final hidden state of this step (the
+  // input of the model's head, after its final norm) for the ProposeMtpDrafts call after it.
+  bool keep_hidden_states = false;
 
   int NumTokens() const {
     int n = 0;
@@ -104,6 +108,26 @@ struct StepBatch {
     for (const SequenceChunk& c : chunks) n += c.wants_logits ? c.num_logit_rows : 0;
     return n;
   }
+};
+
+// MTP drafting (engine/mtp_head.h): one sequence's part of the step just run. Its chunk's first
+// num_positions tokens were kept (a prompt chunk: all; a verify chunk: the last sampled token
+// and its accepted drafts); the MTP layer runs over those positions p = start_position + j,
+// each from the model's hidden state at p and the sequence's token at p + 1 (next_tokens[j]),
+// writing its own KV there. With num_drafts > 0 the sequence is decoding: the MTP's prediction
+// at its last kept position is draft 1 (for position start_position + num_positions + 1), and
+// each further draft comes from the MTP run again at the next position on its own output hidden
+// state and the draft before (positions up to start_position + num_positions + num_drafts - 2,
+// which block_table must cover).
+struct MtpSpan {
+  int64_t sequence_id = 0;
+  int chunk_index = 0;                // the chunk of the last Forward's batch
+  int start_position = 0;             // that chunk's start_position
+  int num_positions = 0;              // >= 1
+  std::vector<int32_t> next_tokens;   // [num_positions]
+  std::vector<int32_t> block_table;
+  int state_slot = 0;
+  int num_drafts = 0;
 };
 
 // Time spent per phase in the last Forward, for the engine's step metrics.
@@ -150,6 +174,23 @@ class ModelRunner {
   virtual absl::Status CheckPromptLogitRows() const {
     return absl::FailedPreconditionError(
         "this model runner does not return the logits of every prompt position (prompt logprobs) yet");
+  }
+
+  // Whether this runner drafts with the model's MTP head (speculative method mtp): OK, or why not
+  // (the engine refuses the method at start with this status). Then AllocateKvCache gives the
+  // MTP layer a cache layer of its own (ModelInfo::kv_bytes_per_token counts it only after
+  // EnableMtpDrafting).
+  virtual absl::Status CheckMtpDrafting() const {
+    return absl::FailedPreconditionError("this model runner does not draft with an MTP head");
+  }
+  // Called once before AllocateKvCache when the engine drafts with the MTP head; updates info().
+  virtual absl::Status EnableMtpDrafting() { return CheckMtpDrafting(); }
+  // Runs the MTP layer over `spans` (parts of the last Forward's batch, which had
+  // keep_hidden_states) and returns each span's num_drafts greedy drafts (argmax of the MTP's
+  // logits), in span order.
+  virtual absl::StatusOr<std::vector<std::vector<int32_t>>> ProposeMtpDrafts(
+      std::span<const MtpSpan> /*spans*/) {
+    return absl::UnimplementedError("this model runner does not draft with an MTP head");
   }
 
   // Sampling where the logits are (the GPU), so that only tokens come back to the host. A runner

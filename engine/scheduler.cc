@@ -17,23 +17,26 @@ const char* FinishReasonName(FinishReason reason) {
 }
 
 bool PrefixCachingUsable(const ModelInfo& model) { return model.state_bytes_per_sequence == 0; }
+bool PrefixCachingUsable(const SpeculativeOptions& speculative) {
+  return speculative.method != SpeculativeMethod::kMtp;
+}
 
 Scheduler::Scheduler(const SchedulerOptions& options, const ModelInfo& model,
                      const KvCacheShape& cache, int num_samplers)
     : options_(options),
       model_(model),
       kv_(cache.num_blocks, cache.block_size,
-          options.enable_prefix_caching && PrefixCachingUsable(model)) {
+          options.enable_prefix_caching && PrefixCachingUsable(model) &&
+              PrefixCachingUsable(options.speculative)) {
   // Highest first, so slot 0 is handed out first.
   for (int slot = std::max(1, options.max_num_seqs) - 1; slot >= 0; --slot)
     free_state_slots_.push_back(slot);
   samplers_.reserve(std::max(1, num_samplers));
   for (int i = 0; i < std::max(1, num_samplers); ++i) samplers_.emplace_back(model.vocab_size);
   assert(ValidateSpeculativeOptions(options.speculative).ok());
-  if (options.speculative.method == SpeculativeMethod::kNgram) {
-    drafter_.emplace(*NgramOptionsOf(options.speculative));
+  if (options.speculative.method == SpeculativeMethod::kNgram) drafter_.emplace(*NgramOptionsOf(options.speculative));
+  if (options.speculative.enabled())
     speculative_counters_.num_accepted_tokens_per_pos.assign(options.speculative.num_speculative_tokens, 0);
-  }
 }
 
 void Scheduler::Add(int64_t sequence_id, SequenceRequest request) {
@@ -81,14 +84,58 @@ int Scheduler::ChunkSize(const Sequence& seq, int budget) const {
 }
 
 std::vector<int32_t> Scheduler::ProposeDrafts(const Sequence& seq, int budget) const {
-  if (!drafter_.has_value() || seq.NumUncomputed() != 1) return {};
+  if (!options_.speculative.enabled() || seq.NumUncomputed() != 1) return {};
   const int len = static_cast<int>(seq.tokens.size());
   // A step emits up to 1 + drafts tokens: none past max_tokens or the context.
   const int room = std::min({options_.speculative.num_speculative_tokens, budget,
                              seq.request.max_tokens - seq.NumOutput() - 1,
                              model_.max_context - len - 1});
   if (room <= 0) return {};
+  if (options_.speculative.method == SpeculativeMethod::kMtp) {
+    if (seq.mtp_drafts_for != seq.tokens.size()) return {};  // made for another history
+    return std::vector<int32_t>(seq.mtp_drafts.begin(),
+                                seq.mtp_drafts.begin() + std::min<size_t>(room, seq.mtp_drafts.size()));
+  }
   return drafter_->Propose(seq.tokens, room);
+}
+
+std::vector<MtpSpan> Scheduler::MtpSpans(const ScheduledStep& step) {
+  std::vector<MtpSpan> spans;
+  for (size_t c = 0; c < step.batch.chunks.size(); ++c) {
+    const SequenceChunk& chunk = step.batch.chunks[c];
+    auto it = sequences_.find(chunk.sequence_id);
+    if (it == sequences_.end() || it->second.state != SequenceState::kRunning) continue;  // finished, aborted
+    Sequence& seq = it->second;
+    const int kept = std::min(static_cast<int>(chunk.tokens.size()), seq.num_computed - chunk.start_position);
+    // The token after the last kept position exists: the rest of the prompt or a sampled token.
+    if (kept <= 0 || seq.num_computed >= static_cast<int>(seq.tokens.size())) continue;
+    MtpSpan& s = spans.emplace_back();
+    s.sequence_id = chunk.sequence_id;
+    s.chunk_index = static_cast<int>(c);
+    s.start_position = chunk.start_position;
+    s.num_positions = kept;
+    s.next_tokens.assign(seq.tokens.begin() + chunk.start_position + 1,
+                         seq.tokens.begin() + chunk.start_position + 1 + kept);
+    s.state_slot = seq.state_slot;
+    if (seq.NumUncomputed() == 1) {
+      const int len = static_cast<int>(seq.tokens.size());
+      int drafts = std::min({options_.speculative.num_speculative_tokens,
+                             seq.request.max_tokens - seq.NumOutput() - 1, model_.max_context - len - 1});
+      // Drafts after the first run the MTP at positions num_computed .. num_computed + drafts - 2.
+      while (drafts > 1 && !kv_.Allocate(chunk.sequence_id, seq.num_computed + drafts - 1)) --drafts;
+      s.num_drafts = std::max(drafts, 0);
+    }
+    const std::span<const int32_t> table = kv_.BlockTable(chunk.sequence_id);
+    s.block_table.assign(table.begin(), table.end());
+  }
+  return spans;
+}
+
+void Scheduler::SetMtpDrafts(int64_t sequence_id, std::vector<int32_t> drafts) {
+  auto it = sequences_.find(sequence_id);
+  if (it == sequences_.end()) return;
+  it->second.mtp_drafts = std::move(drafts);
+  it->second.mtp_drafts_for = it->second.tokens.size();
 }
 
 void Scheduler::AddChunk(int64_t id, const Sequence& seq, int num_tokens, StepBatch& batch) const {
@@ -205,7 +252,8 @@ ScheduledStep Scheduler::Schedule() {
   }
 
   // 3. Drafts for the decoding sequences, oldest first, from what budget and blocks are left.
-  if (drafter_.has_value() && step.preempted.empty()) AddDrafts(budget, step.batch);
+  if (options_.speculative.enabled() && step.preempted.empty()) AddDrafts(budget, step.batch);
+  step.batch.keep_hidden_states = options_.speculative.method == SpeculativeMethod::kMtp;
   return step;
 }
 

@@ -99,6 +99,10 @@ struct SpeculativeCounters {
 // Whether a model can resume a sequence from cached KV blocks: not when it keeps a recurrent
 // state per sequence (ModelInfo::state_bytes_per_sequence > 0), which no block holds.
 bool PrefixCachingUsable(const ModelInfo& model);
+// Whether the prefix cache may serve these speculative options: not with the MTP head, whose KV
+// at a block's last position depends on the next block's first token (engine/mtp_head.h), so a
+// block is not named by its own tokens there.
+bool PrefixCachingUsable(const SpeculativeOptions& speculative);
 
 // What the scheduler keeps of a request.
 struct SequenceRequest {
@@ -170,6 +174,15 @@ class Scheduler {
   // Whether a chunk of the step wants its prompt positions' rows (prompt logprobs): such a step's
   // rows are made on the host (CompleteStep), never by a runner that samples.
   static bool HasPromptPositionRows(const ScheduledStep& step);
+  // Speculative method mtp, after CompleteStep (or CompleteSampledStep) of `step`: per chunk
+  // whose sequence is still running, the positions the step kept and the tokens after them,
+  // with K drafts wanted from a sequence that is now decoding (fewer where max_tokens or the
+  // context end, or the blocks for the MTP's chained positions cannot be had: it takes them
+  // now, as the verify chunk will hold them). For ModelRunner::ProposeMtpDrafts.
+  std::vector<MtpSpan> MtpSpans(const ScheduledStep& step);
+  // The drafts ProposeMtpDrafts made for a sequence's current history: its next step proposes
+  // them (as many as fit); any change to the history drops them.
+  void SetMtpDrafts(int64_t sequence_id, std::vector<int32_t> drafts);
   // CompleteStep for a step whose rows were sampled already: sampled[i] is row i's token.
   std::vector<SequenceUpdate> CompleteSampledStep(const ScheduledStep& step,
                                                   std::span<const SampledToken> sampled);
@@ -203,6 +216,9 @@ class Scheduler {
     std::vector<int32_t> min_tokens_banned;  // EOS (unless ignored) and stop tokens
     PromptLogprobsState prompt_logprobs_state = PromptLogprobsState::kNotWanted;
     std::vector<SampledToken> prompt_logprobs;  // kComputing: of prompt tokens 1.. so far
+    // Speculative method mtp: the MTP head's drafts for the history of mtp_drafts_for tokens.
+    std::vector<int32_t> mtp_drafts;
+    size_t mtp_drafts_for = 0;
 
     int NumOutput() const { return static_cast<int>(tokens.size() - request.prompt.size()); }
     int NumUncomputed() const { return static_cast<int>(tokens.size()) - num_computed; }

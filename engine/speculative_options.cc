@@ -11,6 +11,7 @@ const char* SpeculativeMethodName(SpeculativeMethod method) {
   switch (method) {
     case SpeculativeMethod::kOff: return "off";
     case SpeculativeMethod::kNgram: return "ngram";
+    case SpeculativeMethod::kMtp: return "mtp";
   }
   return "unknown";
 }
@@ -18,8 +19,9 @@ const char* SpeculativeMethodName(SpeculativeMethod method) {
 absl::StatusOr<SpeculativeMethod> ParseSpeculativeMethod(std::string_view name) {
   if (name == "off") return SpeculativeMethod::kOff;
   if (name == "ngram") return SpeculativeMethod::kNgram;
+  if (name == "mtp") return SpeculativeMethod::kMtp;
   return absl::InvalidArgumentError(
-      absl::StrCat("speculative method \"", std::string(name), "\" is not one of: off, ngram"));
+      absl::StrCat("speculative method \"", std::string(name), "\" is not one of: off, ngram, mtp"));
 }
 
 absl::StatusOr<NgramDrafterOptions> NgramOptionsOf(const SpeculativeOptions& o) {

@@ -1,5 +1,7 @@
 // Speculative decoding's settings (vLLM's names): which drafter proposes tokens, how many per
 // sequence and step, and the n-gram drafter's match lengths.
+// "mtp" drafts with the model's own MTP head (ModelRunner::ProposeMtpDrafts); the engine refuses
+// it at start for a model or runner without one (ModelRunner::CheckMtpDrafting).
 //
 //   SpeculativeOptions s;
 //   EXL3_ASSIGN_OR_RETURN(s.method, ParseSpeculativeMethod("ngram"));
@@ -22,10 +24,11 @@ namespace exl3::engine {
 enum class SpeculativeMethod {
   kOff,    // one token per sequence and step
   kNgram,  // prompt lookup (engine/ngram_drafter.h)
+  kMtp,    // the checkpoint's MTP head, run by the model runner (engine/mtp_head.h)
 };
 
 const char* SpeculativeMethodName(SpeculativeMethod method);
-// "off" or "ngram"; anything else is INVALID_ARGUMENT naming the choices.
+// "off", "ngram" or "mtp"; anything else is INVALID_ARGUMENT naming the choices.
 absl::StatusOr<SpeculativeMethod> ParseSpeculativeMethod(std::string_view name);
 
 // vLLM's default when neither prompt_lookup_min nor prompt_lookup_max is set; when only one is,

@@ -283,6 +283,30 @@ absl::Status CudaModel::RunDecodeGraph(const StepTokens& tokens, const StepOutpu
   return absl::OkStatus();
 }
 
+absl::Status CudaModel::CheckDraftVerification() const {
+  // A verify chunk runs as a prefill chunk does (eagerly, not in a decode graph) and wants the logits
+  // of its last rows (StepTokens::logit_tokens). Attention without per-sequence state keeps nothing of
+  // a rejected position but its cache slot, which the sequence's next chunk overwrites before anything
+  // reads it. Recurrent layers would need a state per verify position in the device store, and
+  // DeepSeek-V4's compressors fold each position into their block areas: neither is done on the GPU.
+  if (cfg_.HasRecurrentLayers())
+    return absl::FailedPreconditionError(absl::StrCat(
+        cfg_.architecture(), " on the GPU engine: its recurrent layers keep one state per sequence, not one per "
+        "draft position; verify drafts on the CPU engine (--engine-device cpu)"));
+  switch (cfg_.attention) {
+    case AttentionKind::kGqa:
+    case AttentionKind::kMla:
+    case AttentionKind::kDsa:
+      return absl::OkStatus();
+    case AttentionKind::kPooledDsa:
+    case AttentionKind::kQsa:
+    case AttentionKind::kDsv4:
+      break;
+  }
+  return absl::FailedPreconditionError(absl::StrCat(cfg_.architecture(),
+                                                    ": draft verification is not on the GPU engine for its attention"));
+}
+
 absl::Status CudaModel::Forward(const StepBatch& batch, float* logits) {
   return RunStep(batch, StepOutput{logits, {}, {}});
 }

@@ -91,6 +91,7 @@ class CudaModel final : public ModelRunner {
   const ModelConfig& config() const { return cfg_; }
   absl::Status AllocateKvCache(const KvCacheShape& shape) override;
   absl::Status Forward(const StepBatch& batch, float* logits) override;
+  absl::Status CheckDraftVerification() const override;
   bool SamplesRows(const SamplingParams& params) const override {
     return sampler_ != nullptr && DeviceSampler::Supports(params);
   }

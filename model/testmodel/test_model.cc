@@ -530,6 +530,19 @@ std::vector<std::vector<GenTensor>> WholeModelShards(const TestModelSpec& s, con
   }
   AddLinear(s.arch == "deepseek_v4" ? "head" : "lm_head", s.vocab, s.hidden, LinearRole::kHead, exl3,
             so, &last);
+  if (s.mtp) {  // the MTP layer: a MoE decoder layer at index s.layers plus its own tensors
+    MoeConfig with_mtp = cfg;
+    with_mtp.num_hidden_layers = s.layers + 1;
+    with_mtp.moe_layers.resize(s.layers + 1, false);
+    with_mtp.moe_layers[s.layers] = true;
+    with_mtp.hash_routed_layers.resize(s.layers + 1, false);
+    std::vector<GenTensor>& mtp = shards.emplace_back();
+    AddLayerTensors(s, with_mtp, s.layers, exl3, so, &mtp);
+    const std::string p = LayerPrefix(cfg, s.layers);
+    for (const char* norm : {"enorm.weight", "hnorm.weight", "shared_head.norm.weight"})
+      mtp.push_back(FamilyNormTensor(s, p + norm, s.hidden));
+    AddLinear(p + "eh_proj", s.hidden, 2 * s.hidden, LinearRole::kAttentionOrDense, exl3, so, &mtp);
+  }
   return shards;
 }
 
@@ -697,6 +710,9 @@ absl::StatusOr<TestModelSpec> ResolveTestModelSpec(const TestModelSpec& in) {
         "unknown --arch '", s.arch,
         "' (glm4_moe, deepseek_v3, qwen3_moe, mixtral, glm_moe_dsa, deepseek_v4, qwen3_next or glm5_next)"));
   }
+  if (s.mtp && s.arch != "glm4_moe" && s.arch != "deepseek_v3" && s.arch != "glm_moe_dsa")
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--mtp: the DeepSeek-V3 MTP layer belongs to glm4_moe, deepseek_v3 and glm_moe_dsa, not ", s.arch));
   const bool glm5 = s.arch == "glm5_next";
   if (s.qk_rope_head_dim < 0) s.qk_rope_head_dim = glm5 ? 0 : 16;
   if (s.arch == "glm_moe_dsa" &&
@@ -782,7 +798,7 @@ json TestModelConfig(const TestModelSpec& s) {
          {"topk_group", s.topk_group}, {"n_routed_experts", s.experts},
          {"n_shared_experts", s.shared}, {"routed_scaling_factor", s.routed_scaling_factor},
          {"num_experts_per_tok", s.top_k}, {"first_k_dense_replace", s.dense_layers},
-         {"num_hidden_layers", s.layers}, {"num_nextn_predict_layers", 0},
+         {"num_hidden_layers", s.layers}, {"num_nextn_predict_layers", s.mtp ? 1 : 0},
          {"partial_rotary_factor", 0.5}, {"rms_norm_eps", 1e-5}, {"rope_theta", 1000000.0},
          {"rope_scaling", nullptr}, {"tie_word_embeddings", false}, {"use_qk_norm", false},
          {"torch_dtype", "bfloat16"}, {"vocab_size", s.vocab}};
@@ -800,7 +816,7 @@ json TestModelConfig(const TestModelSpec& s) {
          {"kv_lora_rank", s.kv_lora_rank}, {"qk_nope_head_dim", s.qk_nope_head_dim},
          {"qk_rope_head_dim", s.qk_rope_head_dim}, {"v_head_dim", s.v_head_dim},
          {"max_position_embeddings", s.max_position}, {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0},
-         {"num_nextn_predict_layers", 0}, {"ep_size", 1}, {"tie_word_embeddings", false},
+         {"num_nextn_predict_layers", s.mtp ? 1 : 0}, {"ep_size", 1}, {"tie_word_embeddings", false},
          {"torch_dtype", "bfloat16"}, {"vocab_size", s.vocab}};
   } else if (s.arch == "glm_moe_dsa") {
     std::vector<std::string> mlp_types(s.layers, "sparse");
@@ -820,6 +836,7 @@ json TestModelConfig(const TestModelSpec& s) {
          {"head_dim", s.qk_rope_head_dim}, {"index_n_heads", s.index_heads},
          {"index_head_dim", s.index_head_dim}, {"index_topk", s.index_topk},
          {"indexer_types", std::vector<std::string>(s.layers, "full")},
+         {"num_nextn_predict_layers", s.mtp ? 1 : 0},
          {"max_position_embeddings", s.max_position}, {"rms_norm_eps", 1e-5},
          {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1000000.0}}},
          {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"}, {"vocab_size", s.vocab}};
@@ -920,8 +937,9 @@ absl::Status WriteHfTestModel(const TestModelSpec& spec, const std::string& dir_
   const uint64_t total = ShardsBytes(shards);
   ProgressBar bar("exl3-tool make-test-model (hf)", total, progress);
   json weight_map = json::object();
-  for (int i = 0; i < s.layers; ++i) {
-    absl::Status st = WriteShard(dir / ShardName(i, s.layers), shards[i], s.seed, DefaultThreads(), &bar,
+  const int num_shards = static_cast<int>(shards.size());  // a layer each (and the MTP layer)
+  for (int i = 0; i < num_shards; ++i) {
+    absl::Status st = WriteShard(dir / ShardName(i, num_shards), shards[i], s.seed, DefaultThreads(), &bar,
                                  &weight_map);
     if (!st.ok()) return st;
   }

@@ -108,6 +108,11 @@ struct TestModelSpec {
   // indexed_attention in place of full_attention (every full_attention_interval-th layer).
   int linear_heads = 2;
   int linear_head_dim = 64;
+  // glm4_moe, deepseek_v3, glm_moe_dsa: also the DeepSeek-V3 MTP layer (engine/mtp_head.h), one
+  // more layer model.layers.{layers}.* in a shard of its own: enorm, hnorm, eh_proj [hidden,
+  // 2 * hidden], shared_head.norm and a MoE decoder layer (DSA: with its own indexer);
+  // config.json num_nextn_predict_layers 1.
+  bool mtp = false;
 };
 
 // Fills the family defaults (-1 fields) and checks the spec (multiples of 128 for hidden and

@@ -29,10 +29,18 @@ prompt, each MoE layer's input and output. Self-checks (the script fails when on
   * `exl3-tool moe` on the recorded MoE inputs reproduces the recorded MoE outputs within
     --moe-tol relative (the expert and routing side, through the repository's own kernels).
 
+With --mtp-families deepseek_v3,glm4_moe,glm_moe_dsa it writes <family>_mtp instead: a tiny
+model of the family with the DeepSeek-V3 MTP layer (model.layers.{num_hidden_layers}.*, its
+linears EXL3 by `exl3-tool quantize-tensor`) and that layer's logits at every position,
+computed from transformers' own modules (the family's decoder layer class, its RMSNorm,
+nn.Linear for eh_proj) with the formula of engine/mtp_head.h; for GLM-MoE-DSA every indexer's
+selection must be stable (--min-index-margin).
+
 The layout of what it writes is described in tests/fixtures/engine/README.md.
 """
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -1075,11 +1083,257 @@ def write_fixture(out, name, exl3_dir, tensors, reference):
         f.write("\n")
 
 
+# ---------------------------------------------------------------------------------------------
+# MTP fixtures: a tiny model of a family whose checkpoints carry the DeepSeek-V3 MTP layer
+# (model.layers.{num_hidden_layers}.*), and that layer's logits at every position computed from
+# transformers' own modules (engine/mtp_head.h states the formula and where its facts come from).
+
+MTP_PROMPT_LENGTHS = (13, 29)
+MTP_FAMILIES = {
+    # One decoder layer (MoE) plus the MTP layer (MoE): hidden 128, 4 experts; MLA of 4 heads
+    # with v_head_dim 64, so every projection but kv_a_proj_with_mqa [160, 128] is EXL3-able.
+    "deepseek_v3": dict(seed=3, overrides=dict(
+        hidden_size=128, num_hidden_layers=1, first_k_dense_replace=0, n_routed_experts=4,
+        n_group=2, topk_group=1, num_attention_heads=4, num_key_value_heads=4, v_head_dim=64)),
+    "glm4_moe": dict(seed=3, overrides=dict(
+        hidden_size=128, num_hidden_layers=1, first_k_dense_replace=0, n_routed_experts=4,
+        n_group=2, topk_group=1, num_attention_heads=2, num_key_value_heads=1)),
+    # GLM-5's MTP layer runs its own DSA indexer (index_topk 8: positions past 7 attend sparsely).
+    "glm_moe_dsa": dict(seed=8, overrides=dict(
+        hidden_size=128, num_hidden_layers=1, first_k_dense_replace=0, mlp_layer_types=["sparse"],
+        indexer_types=["full"], n_routed_experts=4, n_group=2, topk_group=1, num_attention_heads=4,
+        num_key_value_heads=4, v_head_dim=64)),
+}
+# Per-layer config lists, and what the MTP layer's entry is.
+MTP_LAYER_ENTRIES = {"mlp_layer_types": "sparse", "indexer_types": "full"}
+
+
+def with_mtp_layer_entries(fields):
+    """`fields` with one more layer: the per-layer lists get the MTP layer's entry."""
+    out = dict(fields, num_hidden_layers=fields["num_hidden_layers"] + 1)
+    for k, v in MTP_LAYER_ENTRIES.items():
+        if k in out:
+            out[k] = list(out[k]) + [v]
+    return out
+
+
+def mtp_reference_logits(model, mtp, ids):
+    """The MTP layer's logits at positions 0 .. len(ids) - 2 of one teacher-forced pass: from the
+    model's last hidden state (after its final norm) at i and the token at i + 1,
+    x = eh_proj(cat(enorm(embed(t_{i+1})), hnorm(h_i))), the family's decoder layer at rope
+    position i (causal over those positions), logits = lm_head(shared_head.norm(.))."""
+    inner = model.model
+    # DSA (GLM-MoE-DSA): every indexer's top-k must lead the next score clearly (the model's and
+    # the MTP layer's), else the engine's fp32 sums may pick the other side of a near-tie.
+    margins, hooks = [], []
+    for ix in [m for m in list(model.modules()) + list(mtp["layer"].modules()) if type(m).__name__.endswith("Indexer")]:
+        def ihook(mod, a, kw, outp):
+            margins.append(index_margin(mod, a, kw, outp))
+        hooks.append(ix.register_forward_hook(ihook, with_kwargs=True))
+    with torch.no_grad():
+        h = inner(input_ids=ids[None]).last_hidden_state[0]
+        n = ids.numel() - 1
+        e = inner.embed_tokens(ids[1:][None])[0]
+        x = mtp["eh_proj"](torch.cat([mtp["enorm"](e), mtp["hnorm"](h[:n])], dim=-1))[None]
+        pos = torch.arange(n)[None]
+        mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+        y = mtp["layer"](x, attention_mask=mask, position_ids=pos,
+                         position_embeddings=inner.rotary_emb(x, pos))
+        if isinstance(y, tuple):  # GLM-MoE-DSA's layer also returns its indexer's top-k
+            y = y[0]
+        logits = model.lm_head(mtp["shared_norm"](y))[0]
+    for hk in hooks:
+        hk.remove()
+    if margins and min(margins) < MIN_INDEX_MARGIN:
+        raise Unstable(f"smallest index-score margin {min(margins):.2e} x the score spread")
+    return logits, (min(margins) if margins else None)
+
+
+def mtp_modules(model, tensors, layer_index):
+    """enorm, hnorm, eh_proj, the decoder layer and shared_head.norm of the MTP layer, in fp32
+    from `tensors` (model.layers.{layer_index}.*, per-expert names as checkpoints store them)."""
+    cfg = copy.deepcopy(model.config)
+    cfg.num_hidden_layers = layer_index + 1
+    for k, v in MTP_LAYER_ENTRIES.items():
+        if getattr(cfg, k, None) is not None:
+            setattr(cfg, k, list(getattr(cfg, k))[:layer_index] + [v])
+    inner = model.model
+    norm_cls = type(inner.norm)
+    p = f"model.layers.{layer_index}."
+    H = cfg.hidden_size
+
+    def norm(name):
+        m = norm_cls(H, eps=cfg.rms_norm_eps)
+        m.weight.data.copy_(tensors[p + name])
+        return m
+
+    eh = torch.nn.Linear(2 * H, H, bias=False)
+    eh.weight.data.copy_(tensors[p + "eh_proj.weight"])
+    layer = type(inner.layers[0])(cfg, layer_index).eval()
+    state = {}
+    E = cfg.n_routed_experts
+    for k in layer.state_dict():
+        if k == "mlp.experts.gate_up_proj":
+            state[k] = torch.stack([torch.cat([tensors[f"{p}mlp.experts.{e}.gate_proj.weight"],
+                                               tensors[f"{p}mlp.experts.{e}.up_proj.weight"]]) for e in range(E)])
+        elif k == "mlp.experts.down_proj":
+            state[k] = torch.stack([tensors[f"{p}mlp.experts.{e}.down_proj.weight"] for e in range(E)])
+        else:
+            state[k] = tensors[p + k]
+    layer.load_state_dict(state)
+    return {"enorm": norm("enorm.weight"), "hnorm": norm("hnorm.weight"), "eh_proj": eh,
+            "layer": layer, "shared_norm": norm("shared_head.norm.weight")}
+
+
+def quantize_mtp_linears(args, path, work):
+    """Every linear of the MTP layer file `path` that EXL3 can hold (both dimensions multiples of
+    128) replaced by an EXL3 layer at EXPERT_BITS (`exl3-tool quantize-tensor`; `exl3-tool
+    quantize` keeps the MTP layer as stored), so the fixture stays small and the head's EXL3
+    path runs; the rest (norms, router, kv_a_proj_with_mqa [160, 128], ...) as stored."""
+    with safe_open(path, "pt") as st:
+        tensors = {k: st.get_tensor(k) for k in st.keys()}
+    out_file = os.path.join(work, "mtp_linear.safetensors")
+    for name in sorted(tensors):
+        t = tensors[name]
+        if not name.endswith(".weight") or t.dim() != 2 or t.shape[0] % 128 or t.shape[1] % 128:
+            continue
+        if "mlp.gate.weight" in name or name.endswith("weights_proj.weight"):  # routers stay as stored
+            continue
+        prefix = name[: -len(".weight")]
+        run([args.exl3_tool, "quantize-tensor", "--input", path, "--tensor", name, "--output", out_file,
+             "--prefix", prefix, "--bits", str(EXPERT_BITS), "--threads", str(args.threads)])
+        with safe_open(out_file, "pt") as st:
+            for k in st.keys():
+                tensors[k] = st.get_tensor(k)
+        del tensors[name]
+    save_file({k: v.contiguous() for k, v in tensors.items()}, path, metadata={"format": "pt"})
+
+
+def make_mtp_family(family, args, work_root):
+    """Tries seeds from the family's own (--search-seeds N of them) until the DSA selections
+    are stable, then writes <family>_mtp."""
+    first = MTP_FAMILIES[family]["seed"]
+    for seed in args.seeds or range(first, first + args.search_seeds):
+        try:
+            return make_mtp_fixture(family, seed, args, work_root)
+        except Unstable as e:
+            log(f"{family}_mtp: seed {seed}: {e}; next seed")
+    fail(f"{family}_mtp: no seed passes the checks (raise --search-seeds)")
+
+
+def make_mtp_fixture(family, seed, args, work_root):
+    spec = dict(MTP_FAMILIES[family], seed=seed)
+    name = f"{family}_mtp"
+    base = dict(FAMILIES[family])
+    fields = dict(base["fields"], **spec["overrides"])
+    n = fields["num_hidden_layers"]
+    # The weights come from a model one layer longer, initialised as the fixtures' models are:
+    # its last layer becomes the MTP layer's decoder layer.
+    FAMILIES[name + "_init"] = dict(base, fields=with_mtp_layer_entries(fields))
+    big, _ = make_model(name + "_init", spec["seed"])
+    FAMILIES[name] = dict(base, fields=dict(fields, num_nextn_predict_layers=1))
+    model = model_class(build_config(name).architectures[0]).from_config(
+        build_config(name), attn_implementation="eager", dtype=torch.float32)
+    missing = model.load_state_dict(big.state_dict(), strict=False)
+    assert not missing.missing_keys, missing.missing_keys
+    gen = torch.Generator().manual_seed(SEED + spec["seed"])
+    H = fields["hidden_size"]
+    p = f"model.layers.{n}."
+    mtp = {}
+    for k, v in big.model.layers[n].state_dict().items():
+        if k == "mlp.experts.gate_up_proj":
+            I = v.shape[1] // 2
+            for e in range(v.shape[0]):
+                mtp[f"{p}mlp.experts.{e}.gate_proj.weight"] = v[e, :I]
+                mtp[f"{p}mlp.experts.{e}.up_proj.weight"] = v[e, I:]
+        elif k == "mlp.experts.down_proj":
+            for e in range(v.shape[0]):
+                mtp[f"{p}mlp.experts.{e}.down_proj.weight"] = v[e]
+        else:
+            mtp[p + k] = v
+    for norm in ("enorm", "hnorm", "shared_head.norm"):
+        mtp[f"{p}{norm}.weight"] = 1 + torch.randn(H, generator=gen) * 0.1
+    # A head that drafts well enough for acceptances to show: eh_proj passes the next token's
+    # embedding through (identity on that half, the hidden state's half N(0, 0.25 / 2H)) and the
+    # layer's output projections are scaled by 0.3, so the head's logits lean, like the model's,
+    # towards that token's successor (init_weights' head_mix), moved by attention and MoE.
+    mtp[p + "eh_proj.weight"] = torch.cat([torch.eye(H), torch.randn(H, H, generator=gen) * 0.5 / math.sqrt(2 * H)], 1)
+    for k in mtp:
+        if k.endswith(("o_proj.weight", "down_proj.weight")):
+            mtp[k] = mtp[k] * 0.3
+    work = os.path.join(work_root, f"{name}-seed{seed}")
+    hf_dir = os.path.join(work, "hf")
+    model.to(torch.bfloat16).save_pretrained(hf_dir)
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in mtp.items()},
+              os.path.join(hf_dir, "mtp.safetensors"), metadata={"format": "pt"})
+    quantize_mtp_linears(args, os.path.join(hf_dir, "mtp.safetensors"), work)
+    exl3_dir = os.path.join(work, "exl3")
+    run([args.exl3_tool, "quantize", "--input", hf_dir, "--output", exl3_dir, "--bits", str(EXPERT_BITS),
+         "--threads", str(args.threads), "--quiet"] + VARIANTS["all"])
+    deq_dir = os.path.join(work, "dequant")
+    prefixes = dequantized_checkpoint(args.exl3_tool, exl3_dir, deq_dir, work)
+    # The MTP layer's tensors apart: transformers does not load them.
+    deq_file = os.path.join(deq_dir, "model.safetensors")
+    with safe_open(deq_file, "pt") as st:
+        everything = {k: st.get_tensor(k) for k in st.keys()}
+    layer_tensors = {k: v for k, v in everything.items() if k.startswith(p)}
+    save_file({k: v for k, v in everything.items() if not k.startswith(p)}, deq_file, metadata={"format": "pt"})
+    ref_model = load_reference_model(deq_dir)
+    modules = mtp_modules(ref_model, layer_tensors, n)
+    gen_prompts = torch.Generator().manual_seed(SEED)
+    tensors, prompts_info = {}, []
+    for i, length in enumerate(MTP_PROMPT_LENGTHS):
+        prompt = torch.randint(0, VOCAB, (length,), generator=gen_prompts)
+        with torch.no_grad():
+            out = ref_model.generate(prompt[None], max_new_tokens=NEW_TOKENS, do_sample=False,
+                                     min_new_tokens=NEW_TOKENS)[0, length:]
+        ids = torch.cat([prompt, out])
+        logits, index_margin_min = mtp_reference_logits(ref_model, modules, ids)
+        top2 = logits.topk(2, dim=-1).values
+        tensors[f"prompt.{i}"] = prompt.to(torch.int32).contiguous()
+        tensors[f"greedy.{i}"] = out.to(torch.int32).contiguous()
+        tensors[f"mtp_logits.{i}"] = logits.float().contiguous()
+        # How often the MTP head predicts the model's own next greedy token (its draft accepted).
+        agree = (logits[length - 1:-1].argmax(-1) == ids[length + 1:]).float().mean().item()
+        prompts_info.append({"prompt_len": length, "greedy_len": NEW_TOKENS, "mtp_rows": int(logits.shape[0]),
+                             "min_mtp_top1_top2_gap": float(f"{(top2[:, 0] - top2[:, 1]).min().item():.4g}"),
+                             "mtp_argmax_matches_greedy": float(f"{agree:.3g}")})
+        if index_margin_min is not None:
+            prompts_info[-1]["min_index_margin"] = float(f"{index_margin_min:.3e}")
+    reference = {
+        "family": family, "architecture": ref_model.config.architectures[0], "variant": "mtp",
+        "quantize_flags": ["--bits", str(EXPERT_BITS)] + VARIANTS["all"], "seed": spec["seed"],
+        "generated_with": {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
+                           "script": "scripts/conformance/engine_fixtures.py --mtp-families"},
+        "features": [f"{n} decoder layer(s) plus the MTP layer model.layers.{n}.* (enorm, hnorm, "
+                     "eh_proj, the family's decoder layer with MoE, shared_head.norm; no shared_head.head: "
+                     "the model's lm_head) in mtp.safetensors: its linears EXL3 at "
+                     f"K={EXPERT_BITS} (exl3-tool quantize-tensor) where both dimensions are "
+                     "multiples of 128, the rest bf16; exl3-tool quantize copies it as it is",
+                     f"config: {json.dumps(spec['overrides'])}"],
+        "exl3_layers": prefixes,
+        "mtp_logits": "row i: lm_head(shared_head.norm(layer(eh_proj(cat(enorm(embed(t[i+1])), "
+                      "hnorm(h[i])))))) with h the model's last hidden state (after its final norm) in "
+                      "one teacher-forced pass over prompt + greedy, the layer causal over positions "
+                      "0..P+30 at rope position i; transformers' own modules (the family's decoder "
+                      "layer class and RMSNorm, nn.Linear for eh_proj), fp32, EXL3 layers dequantized",
+        "prompts": prompts_info,
+        "tensors": {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
+                    for k, v in sorted(tensors.items())},
+    }
+    log(f"{name}: " + ", ".join(f"prompt {i}: MTP argmax = next greedy token at "
+                                f"{x['mtp_argmax_matches_greedy']}" for i, x in enumerate(prompts_info)))
+    write_fixture(args.out, name, exl3_dir, tensors, reference)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--exl3-tool", required=True, help="the exl3-tool binary")
     ap.add_argument("--out", required=True, help="directory of the fixtures (one per family/variant)")
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated subset")
+    ap.add_argument("--mtp-families", default="",
+                    help="comma-separated families (" + ", ".join(MTP_FAMILIES) + ") whose <family>_mtp "
+                         "fixture to write instead of the families' fixtures")
     ap.add_argument("--threads", type=int, default=2, help="exl3-tool quantize threads")
     ap.add_argument("--work", help="keep the intermediate checkpoints here (default: a temp dir)")
     ap.add_argument("--search-seeds", type=int, default=1,
@@ -1104,6 +1358,12 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     work_root = args.work or tempfile.mkdtemp(prefix="engine_fixtures_")
     try:
+        if args.mtp_families:
+            for family in args.mtp_families.split(","):
+                if family not in MTP_FAMILIES:
+                    fail(f"unknown MTP family {family} (known: {', '.join(MTP_FAMILIES)})")
+                make_mtp_family(family, args, work_root)
+            return
         for family in args.families.split(","):
             if family not in FAMILIES:
                 fail(f"unknown family {family} (known: {', '.join(FAMILIES)})")

@@ -78,6 +78,7 @@ if want test; then
   run_test engine_cuda_glm5_residual_test glm5-residual-test.log "^glm5 " 100
   run_test engine_cuda_qwen4exp_residual_test qwen4-residual-test.log "^qwen4 " 200
   run_test engine_cuda_qsa_test qsa-test.log "^qsa " 100
+  run_test engine_cuda_speculative_test speculative-test.log " GPU K=| repeating prompt " 60
 fi
 if want sanitize && command -v compute-sanitizer > /dev/null; then
   echo "=== compute-sanitizer"

@@ -98,6 +98,10 @@ absl::StatusOr<std::unique_ptr<Generation>> Generation::Start(const GenerationOp
     const engine::NgramDrafterOptions ngram = *engine::NgramOptionsOf(spec);  // checked by Start
     exl3::LogInfo("engine: speculative decoding ngram, %d draft tokens per step, n-grams of %d to %d",
                  spec.num_speculative_tokens, ngram.min_n, ngram.max_n);
+  } else if (spec.method == engine::SpeculativeMethod::kMtp) {
+    exl3::LogInfo("engine: speculative decoding mtp, %d draft tokens per step from the model's MTP head "
+                 "(its MoE block runs in this process; no prefix caching)",
+                 spec.num_speculative_tokens);
   }
   const engine::ModelInfo& info = g->engine_->model_info();
   if (info.state_bytes_per_sequence > 0) {

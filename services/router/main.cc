@@ -97,9 +97,10 @@ ABSL_FLAG(int32_t, long_prefill_token_threshold, 0,
           "largest prompt chunk of one step, so long prompts cannot starve decode (0: the token budget)");
 ABSL_FLAG(bool, enable_prefix_caching, true, "share full KV blocks between prompts with the same prefix");
 ABSL_FLAG(std::string, speculative_method, "off",
-          "speculative decoding: off, or ngram (draft the tokens that followed the latest earlier "
-          "occurrence of the sequence's last n tokens; verified exactly, greedy and sampled). "
-          "Refused at start where the model cannot verify drafts (docs/engine.md)");
+          "speculative decoding: off, ngram (draft the tokens that followed the latest earlier "
+          "occurrence of the sequence's last n tokens) or mtp (draft with the checkpoint's MTP head: "
+          "DeepSeek-V3 / GLM-4.5 layers.{num_hidden_layers}, CPU engine); verified exactly, greedy and "
+          "sampled. Refused at start where the model cannot verify drafts or has no MTP head (docs/engine.md)");
 ABSL_FLAG(int32_t, num_speculative_tokens, 0, "draft tokens per sequence and step (>= 1 with a method)");
 ABSL_FLAG(int32_t, ngram_prompt_lookup_max, 0,
           "ngram: longest suffix matched (0: --ngram-prompt-lookup-min, or 5 when both are 0, as vLLM)");

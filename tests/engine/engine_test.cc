@@ -561,6 +561,27 @@ TEST(Engine, AFailedStepOfSeveralSequencesFailsOnlyTheSequenceThatFailsAlone) {
   ExpectAFailedStepFailsOnlyTheSequenceThatFailsAlone(sampling);
 }
 
+// A runner that verifies drafts but has no MTP head (ModelRunner's default CheckMtpDrafting, as
+// the GPU engine): speculative method mtp is refused at start, ngram is not.
+TEST(Engine, MtpRefusedByARunnerWithoutAnMtpHead) {
+  for (SpeculativeMethod method : {SpeculativeMethod::kMtp, SpeculativeMethod::kNgram}) {
+    EngineOptions eo;
+    eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 16};
+    eo.scheduler.speculative.method = method;
+    eo.scheduler.speculative.num_speculative_tokens = 2;
+    Engine engine(eo, std::make_unique<FakeModelRunner>(FakeModelOptions{}));
+    const absl::Status st = engine.Start();
+    if (method == SpeculativeMethod::kNgram) {
+      EXPECT_TRUE(st.ok()) << st;
+      engine.Stop();
+      continue;
+    }
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+    EXPECT_NE(st.message().find("speculative method mtp refused"), std::string_view::npos) << st;
+    EXPECT_NE(st.message().find("does not draft with an MTP head"), std::string_view::npos) << st;
+  }
+}
+
 TEST(Engine, DrainFinishesWhatRunsAndRefusesNewWork) {
   auto t = StartEngine();
   std::vector<uint64_t> ids;

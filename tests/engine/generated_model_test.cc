@@ -16,6 +16,8 @@
 #include <unistd.h>
 
 #include "engine/cpu_model.h"
+#include "engine/engine.h"
+#include "tests/engine/engine_requests.h"
 #include "engine/local_moe.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
@@ -157,6 +159,70 @@ INSTANTIATE_TEST_SUITE_P(
              "--linear-head-dim 64 --layer-types linear_attention,indexed_attention,linear_attention",
              2, "Glm5NextForConditionalGeneration"}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.arch); });
+
+// make-test-model --mtp through exl3-tool quantize (which keeps the MTP layer as stored, bf16):
+// the engine loads the layer and decodes with --speculative-method mtp as without it.
+class GeneratedMtpModelTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GeneratedMtpModelTest, TheConvertedMtpLayerDraftsAndDecodesAsPlainDecoding) {
+  const std::string arch = GetParam();
+  const fs::path dir = fs::temp_directory_path() / ("exl3_generated_mtp_" + arch + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string model = (dir / "exl3").string();
+  ASSERT_EQ(Tool("make-test-model --quiet --mtp --arch " + arch + " --output " + model +
+                 " --hidden 128 --intermediate 128 --experts 4 --top-k 2 --layers 2 --vocab 64"
+                 " --bits 4 --quantize-all --threads 2 --seed 5"),
+            0);
+  auto src = TensorSource::Open(model);
+  ASSERT_TRUE(src.ok()) << src.status();
+  EXPECT_TRUE((*src)->Has("model.layers.2.eh_proj.weight"));  // kept as stored
+  EXPECT_TRUE((*src)->Has("model.layers.2.mlp.experts.0.gate_proj.weight"));
+  std::vector<GenerateParams> params;
+  for (int i = 0; i < 2; ++i) {
+    GenerateParams g;
+    for (int t = 0; t < 11 + 4 * i; ++t) g.prompt.push_back((t * 7 + 3 + i) % 64);
+    g.max_tokens = 10;
+    g.ignore_eos = true;
+    g.sampling.temperature = 0.0f;  // greedy
+    params.push_back(g);
+  }
+  auto run = [&](SpeculativeMethod method, EngineStats* stats) {
+    EngineOptions eo;
+    eo.block_size = 4;
+    eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 64};
+    eo.scheduler.max_num_batched_tokens = 8;
+    eo.scheduler.speculative.method = method;
+    eo.scheduler.speculative.num_speculative_tokens = method == SpeculativeMethod::kOff ? 0 : 2;
+    CpuModelOptions o;
+    o.num_threads = 2;
+    auto m = CpuModel::Open(model, o);
+    EXPECT_TRUE(m.ok()) << m.status();
+    Engine engine(eo, std::move(*m));
+    const absl::Status started = engine.Start();
+    EXPECT_TRUE(started.ok()) << started;
+    std::vector<FinishInfo> finish;
+    auto tokens = testing::RunAllAtOnce(engine, params, &finish);
+    engine.Stop();
+    *stats = engine.Stats();
+    return tokens;
+  };
+  EngineStats plain_stats, mtp_stats;
+  const auto plain = run(SpeculativeMethod::kOff, &plain_stats);
+  const auto mtp = run(SpeculativeMethod::kMtp, &mtp_stats);
+  for (size_t i = 0; i < params.size(); ++i) {
+    ASSERT_EQ(mtp[i].size(), plain[i].size()) << "request " << i;
+    for (size_t t = 0; t < plain[i].size(); ++t)
+      EXPECT_EQ(mtp[i][t].token, plain[i][t].token) << "request " << i << ", token " << t;
+  }
+  EXPECT_GT(mtp_stats.speculative.num_draft_tokens, 0);
+  std::printf("%s --mtp through exl3-tool quantize: %lld of %lld drafts accepted\n", arch.c_str(),
+              static_cast<long long>(mtp_stats.speculative.num_accepted_tokens),
+              static_cast<long long>(mtp_stats.speculative.num_draft_tokens));
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, GeneratedMtpModelTest, ::testing::Values("glm4_moe", "deepseek_v3", "glm_moe_dsa"));
 
 }  // namespace
 }  // namespace exl3::engine

@@ -51,10 +51,11 @@ TEST(NgramDrafterTest, OverlappingOccurrenceProposesUpToTheEnd) {
 TEST(SpeculativeOptionsTest, ParsesMethodsAndRefusesOthers) {
   EXPECT_EQ(*ParseSpeculativeMethod("off"), SpeculativeMethod::kOff);
   EXPECT_EQ(*ParseSpeculativeMethod("ngram"), SpeculativeMethod::kNgram);
-  const auto bad = ParseSpeculativeMethod("mtp");
+  EXPECT_EQ(*ParseSpeculativeMethod("mtp"), SpeculativeMethod::kMtp);
+  const auto bad = ParseSpeculativeMethod("eagle");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("off, ngram"), std::string_view::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("off, ngram, mtp"), std::string_view::npos) << bad.status();
 }
 
 TEST(SpeculativeOptionsTest, PromptLookupDefaultsAsVllm) {

@@ -414,6 +414,76 @@ TEST(Scheduler, DraftsWithinTheTokenBudget) {
   EXPECT_GT(d.sched().speculative_counters().num_draft_tokens, 0);
 }
 
+// Speculative method mtp: after each step the scheduler names every running sequence's kept
+// positions with the tokens after them (a prompt chunk: all; a verify chunk: the last token and
+// its accepted drafts), asks drafts of the decoding ones, takes the blocks of the MTP's chained
+// positions, and proposes the drafts it is given for the history they were made for only.
+TEST(Scheduler, MtpSpansNameTheKeptPositionsAndTheirDraftsAreProposed) {
+  SchedulerOptions opt;
+  opt.max_num_batched_tokens = 8;
+  opt.speculative.method = SpeculativeMethod::kMtp;
+  opt.speculative.num_speculative_tokens = 3;
+  Driver d(opt, KvCacheShape{64, 4});
+  const SequenceRequest r = Request(10, 0, 20);
+  d.sched().Add(1, r);
+  // Step 1: the first 8 prompt tokens, every position kept, no drafts (still prefilling).
+  ScheduledStep step = d.Step();
+  EXPECT_TRUE(step.batch.keep_hidden_states);
+  std::vector<MtpSpan> spans = d.sched().MtpSpans(step);
+  ASSERT_EQ(spans.size(), 1u);
+  EXPECT_EQ(spans[0].start_position, 0);
+  EXPECT_EQ(spans[0].num_positions, 8);
+  EXPECT_EQ(spans[0].next_tokens, std::vector<int32_t>(r.prompt.begin() + 1, r.prompt.begin() + 9));
+  EXPECT_EQ(spans[0].num_drafts, 0);
+  // Step 2: the prompt's last 2 tokens, then a sampled one: 3 drafts wanted, their chained
+  // positions 10 and 11 covered (3 blocks of 4).
+  step = d.Step();
+  spans = d.sched().MtpSpans(step);
+  ASSERT_EQ(spans.size(), 1u);
+  std::vector<int32_t> history = r.prompt;
+  history.push_back(d.outputs[1][0]);
+  EXPECT_EQ(spans[0].start_position, 8);
+  EXPECT_EQ(spans[0].num_positions, 2);
+  EXPECT_EQ(spans[0].next_tokens, (std::vector<int32_t>{r.prompt[9], history[10]}));
+  EXPECT_EQ(spans[0].num_drafts, 3);
+  EXPECT_EQ(spans[0].block_table.size(), 3u);
+  // Drafts: the fake model's next token (accepted), then a wrong one (rejected), then any.
+  std::vector<float> row(64);
+  FakeModelRunner::HistoryLogits(history, row.data(), 64);
+  const int32_t right = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+  std::vector<int32_t> with_right = history;
+  with_right.push_back(right);
+  FakeModelRunner::HistoryLogits(with_right, row.data(), 64);
+  const int32_t next = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+  const int32_t wrong = (next + 1) % 64;
+  d.sched().SetMtpDrafts(1, {right, wrong, 5});
+  // Step 3: the verify chunk; draft 1 accepted, draft 2 rejected: positions 10 and 11 kept.
+  step = d.Step();
+  ASSERT_EQ(step.batch.chunks.size(), 1u);
+  EXPECT_EQ(step.batch.chunks[0].tokens, (std::vector<int32_t>{history[10], right, wrong, 5}));
+  EXPECT_EQ(d.outputs[1], (std::vector<int32_t>{history[10], right, next}));
+  spans = d.sched().MtpSpans(step);
+  ASSERT_EQ(spans.size(), 1u);
+  EXPECT_EQ(spans[0].start_position, 10);
+  EXPECT_EQ(spans[0].num_positions, 2);
+  EXPECT_EQ(spans[0].next_tokens, (std::vector<int32_t>{right, next}));
+  EXPECT_EQ(spans[0].num_drafts, 3);
+  EXPECT_EQ(d.sched().speculative_counters().num_accepted_tokens, 1);
+  // No drafts set for this history: the next step decodes one token.
+  step = d.Step();
+  EXPECT_EQ(step.batch.chunks[0].tokens.size(), 1u);
+  // Near max_tokens the drafts wanted shrink: 20 tokens, so at 18 out one more at most.
+  while (d.outputs[1].size() < 18) {
+    spans = d.sched().MtpSpans(step);
+    step = d.Step();
+  }
+  spans = d.sched().MtpSpans(step);
+  ASSERT_EQ(spans.size(), 1u);
+  EXPECT_EQ(spans[0].num_drafts, 1);
+  d.RunToEnd();
+  EXPECT_EQ(d.sched().kv().NumFreeBlocks(), 64);  // the chained positions' blocks too
+}
+
 // Sampled verification is the standard rejection scheme for a one-hot proposal: over many seeds,
 // a draft x is accepted with probability p(x) (the target's, at the request's temperature), and a
 // rejected row emits y != x with probability p(y) (p without x, renormalised, times 1 - p(x)).

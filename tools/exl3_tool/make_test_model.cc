@@ -25,7 +25,7 @@ constexpr char kUsage[] =
     "         [--bits K] [--expert-bits K] [--down-bits K] [--codebook 3inst|mcg|mul1]\n"
     "         [--quantize-all [--head-bits K]] [--attention-bits K] [--seed S] [--threads N] [--hf-only]\n"
     "         [--hf-output DIR2] [--synthetic [--whole-model] [--misaligned-data]\n"
-    "         [--expert-bits-cycle K1,K2,...] [--expert-codebook-cycle CB1,CB2,...]] [--quiet]\n"
+    "         [--expert-bits-cycle K1,K2,...] [--expert-codebook-cycle CB1,CB2,...]] [--quiet] [--mtp]\n"
     "         [--heads N] [--kv-heads N] [--head-dim D] [--q-lora-rank R] [--kv-lora-rank R]\n"
     "         [--qk-nope-head-dim D] [--qk-rope-head-dim D] [--v-head-dim D]\n"
     "         [--index-heads N] [--index-head-dim D] [--index-topk K]\n"
@@ -134,6 +134,9 @@ constexpr char kUsage[] =
     "    --index-topk 2048 --linear-heads 64 --linear-head-dim 128 --max-position 1048576\n"
     "    --bits 2 --codebook mcg --attention-bits 4 --head-bits 6\n"
     "  (82.18 GB; --layers 8, the 3 dense and 5 MoE layers: 11.71 GB)\n"
+    "  --mtp           glm4_moe, deepseek_v3, glm_moe_dsa (HF path or --synthetic --whole-model):\n"
+    "                  also the DeepSeek-V3 MTP layer model.layers.{layers}.* (enorm, hnorm,\n"
+    "                  eh_proj, shared_head.norm, a MoE decoder layer) for --speculative-method mtp\n"
     "  --whole-model   with --synthetic: also attention, norms, dense MLPs, embeddings and the\n"
     "                  head (EXL3 where both dimensions are multiples of 128), so exl3-router runs\n"
     "                  it: engine benchmarks at real shapes\n"
@@ -181,7 +184,7 @@ int Run(int argc, char** argv) {
                    "linear-key-head-dim", "linear-value-head-dim", "linear-conv-kernel",
                    "full-attention-interval", "expert-bits-cycle", "expert-codebook-cycle", "linear-heads",
                    "linear-head-dim", "index-kpool"},
-                  {"hf-only", "synthetic", "quiet", "quantize-all", "whole-model", "misaligned-data"}, &err)) {
+                  {"hf-only", "synthetic", "quiet", "quantize-all", "whole-model", "misaligned-data", "mtp"}, &err)) {
     return Fail(kName, err);
   }
   if (args.help) {
@@ -248,6 +251,9 @@ int Run(int argc, char** argv) {
   if (!ParseCodebook(args.Get("codebook", "3inst"), &cb)) {
     return Fail(kName, "--codebook must be 3inst, mcg or mul1, got '" + args.Get("codebook") + "'");
   }
+  spec.mtp = args.Bool("mtp");
+  if (spec.mtp && args.Bool("synthetic") && !args.Bool("whole-model"))
+    return Fail(kName, "--mtp goes with the HF path or --synthetic --whole-model (the MTP layer is a whole layer)");
   absl::StatusOr<TestModelSpec> resolved = ResolveTestModelSpec(spec);
   if (!resolved.ok()) return Fail(kName, std::string(resolved.status().message()));
   const std::string out = args.Get("output");

@@ -6,7 +6,10 @@ sampled requests give the tokens of a router without speculation, with the exper
 router's process and on two exl3-worker processes; the spec_decode counters show accepted drafts.
 The same on GLM-5.3-Flash's fixture (tests/fixtures/engine/glm5_next_all: KDA layers whose
 recurrent state rolls back to the accepted drafts, the k-pooled indexer, hyper-connections). A
-family that cannot verify drafts (DeepSeek-V4) is refused at start by name."""
+family that cannot verify drafts (DeepSeek-V4) is refused at start by name. With
+--speculative-method mtp on the GLM-4 MoE MTP fixture (tests/fixtures/engine/glm4_moe_mtp) the
+checkpoint's MTP head drafts: transformers' greedy tokens and a plain router's sampled ones,
+experts in process and on two workers; a checkpoint without the MTP layer is refused by name."""
 
 import concurrent.futures
 import os
@@ -18,7 +21,7 @@ import urllib.request
 import grpc
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import FixtureGenerateTest, ProcessExited, greedy_generate, wait_for  # noqa: E402
+from harness import Cluster, FixtureGenerateTest, ProcessExited, greedy_generate, wait_for  # noqa: E402
 
 from exl3serve.v1 import exl3serve_pb2 as pb  # noqa: E402
 from exl3serve.v1 import exl3serve_pb2_grpc as pbg  # noqa: E402
@@ -108,11 +111,78 @@ class SpeculativeRefusedTest(FixtureGenerateTest):
 
     def test_bad_flags_refused(self):
         with self.assertRaises(ProcessExited) as e:
-            self.c.start_router(extra=("--speculative-method", "mtp"), with_map=False)
-        self.assertIn("is not one of: off, ngram", str(e.exception))
+            self.c.start_router(extra=("--speculative-method", "eagle"), with_map=False)
+        self.assertIn("is not one of: off, ngram, mtp", str(e.exception))
         with self.assertRaises(ProcessExited) as e:
             self.c.start_router(extra=("--speculative-method", "ngram"), with_map=False)
         self.assertIn("needs num_speculative_tokens >= 1", str(e.exception))
+
+
+MTP = ("--speculative-method", "mtp", "--num-speculative-tokens", "2")
+# The MTP fixture's 4 experts of its one decoder layer over two workers (its MTP layer's experts
+# run in the router's process).
+MTP_WORKER_MAP = """workers:
+  - name: a
+    address: 127.0.0.1:{a}
+    experts: 0-1
+  - name: b
+    address: 127.0.0.1:{b}
+    experts: 2-3
+"""
+
+
+class GenerateMtpTest(FixtureGenerateTest):
+    """--speculative-method mtp on the GLM-4 MoE MTP fixture (tests/fixtures/engine/glm4_moe_mtp):
+    greedy requests give transformers' continuations and seeded sampled ones a plain router's
+    tokens, experts in process and on two workers; the MTP head's drafts are accepted."""
+
+    FIXTURE = os.path.join(FIXTURES, "glm4_moe_mtp")
+
+    def setUp(self):
+        super().setUp()
+        self.c.write_map(MTP_WORKER_MAP)
+
+    def check(self, plain_stub, spec_stub, router):
+        jobs = [(p, len(w)) for p, w in zip(self.prompts, self.greedy)]
+        with concurrent.futures.ThreadPoolExecutor(len(jobs)) as ex:
+            spec = list(ex.map(lambda j: greedy_generate(spec_stub, j[0], j[1], pb)[0], jobs))
+        for i, want in enumerate(self.greedy):
+            self.assertEqual(spec[i], want, f"fixture prompt {i}")
+        for seed in (7, 8):
+            p = self.prompts[1]
+            self.assertEqual(sampled(spec_stub, p, 24, seed), sampled(plain_stub, p, 24, seed))
+        m = wait_for(lambda: (m := scrape(router.metrics))["exl3_engine_kv_cache_usage_ratio"] == 0
+                     and m["exl3_engine_num_requests_running"] == 0
+                     and m["exl3_engine_spec_decode_num_accepted_tokens_total"] > 0 and m,
+                     10, "accepted drafts counted and the engine idle")
+        print(f"mtp spec_decode: {m['exl3_engine_spec_decode_num_drafts_total']:.0f} drafts, "
+              f"{m['exl3_engine_spec_decode_num_draft_tokens_total']:.0f} draft tokens, "
+              f"{m['exl3_engine_spec_decode_num_accepted_tokens_total']:.0f} accepted")
+
+    def test_experts_in_process(self):
+        plain = self.c.start_router(with_map=False)
+        spec = self.c.start_router(extra=MTP, with_map=False)
+        spec.wait_for_log(r"engine: speculative decoding mtp, 2 draft tokens per step")
+        with grpc.insecure_channel(plain.address) as pc, grpc.insecure_channel(spec.address) as sc:
+            self.check(pbg.GeneratorStub(pc), pbg.GeneratorStub(sc), spec)
+
+    def test_experts_on_workers(self):
+        self.c.start_workers(("a", "b"))
+        plain = self.c.start_router()
+        spec = self.c.start_router(extra=MTP)
+        with grpc.insecure_channel(plain.address) as pc, grpc.insecure_channel(spec.address) as sc:
+            plain_stub, spec_stub = pbg.GeneratorStub(pc), pbg.GeneratorStub(sc)
+            self.wait_for_workers(plain_stub, pb)
+            self.wait_for_workers(spec_stub, pb)
+            self.check(plain_stub, spec_stub, spec)
+
+    def test_model_without_head_refused(self):
+        self.c = Cluster(model=os.path.join(FIXTURES, "glm4_moe_all"))
+        self.addCleanup(self.c.stop)
+        with self.assertRaises(ProcessExited) as e:
+            self.c.start_router(extra=MTP, with_map=False)
+        self.assertRegex(str(e.exception), r"speculative method mtp refused for Glm4MoeForCausalLM: "
+                                           r"Glm4MoeForCausalLM checkpoint has no MTP layer")
 
 
 if __name__ == "__main__":
