@@ -70,6 +70,9 @@ class CpuModel final : public ModelRunner {
   // which keep the state after each verify position (engine/sequence_state.h). Refused by
   // architecture for DeepSeek-V4 (its compressors fold every position into block areas).
   absl::Status CheckDraftVerification() const override;
+  // OK for every family: Forward computes any rows a chunk asks for, and a prompt chunk's
+  // positions are all kept (no state or compressed cache to roll back).
+  absl::Status CheckPromptLogitRows() const override { return absl::OkStatus(); }
   // The DeepSeek-V3 MTP head (engine/mtp_head.h) of DeepseekV3, Glm4Moe and GlmMoeDsa
   // checkpoints that store its layer; refused otherwise, naming what is missing.
   absl::Status CheckMtpDrafting() const override;

@@ -72,6 +72,9 @@ absl::Status Engine::Start() {
     return absl::InvalidArgumentError(
         "max_num_batched_tokens, max_num_seqs and long_prefill_token_threshold must be >= 1");
   }
+  if (s.max_prompt_logit_rows < 1) {
+    return absl::InvalidArgumentError("max_prompt_logit_rows must be >= 1");
+  }
   if (options_.sampling_threads < 1) {
     return absl::InvalidArgumentError("sampling_threads must be >= 1");
   }
@@ -185,6 +188,16 @@ absl::Status Engine::Validate(const GenerateParams& p) const {
         "the constraint was compiled for a vocabulary of ", s.grammar->vocab_size(),
         " tokens, the model's has ", info_.vocab_size));
   }
+  if (p.prompt_logprobs.has_value()) {
+    if (*p.prompt_logprobs < 0 || *p.prompt_logprobs > info_.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs must be in [0, ", info_.vocab_size,
+                                                     "], not ", *p.prompt_logprobs));
+    }
+    if (const absl::Status rows = runner_->CheckPromptLogitRows(); !rows.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("prompt_logprobs refused for ", info_.architecture, ": ", rows.message()));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -208,6 +221,7 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerateParams params, EventCallback on_
   in.sequence.min_tokens = params.min_tokens;
   in.sequence.stop_token_ids = std::move(params.stop_token_ids);
   in.sequence.ignore_eos = params.ignore_eos;
+  in.sequence.prompt_logprobs = params.prompt_logprobs;
 
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_ || draining_) return absl::UnavailableError("the engine is draining or stopped");
@@ -313,6 +327,7 @@ void Engine::Deliver(const std::vector<SequenceUpdate>& updates, SteadyTime now)
     size_t end = i;
     std::vector<SampledToken> tokens;
     for (; end < updates.size() && updates[end].sequence_id == id; ++end) tokens.push_back(updates[end].token);
+    std::vector<SampledToken> prompt_logprobs = updates[i].prompt_logprobs;  // the first token's
     const SequenceUpdate& last = updates[end - 1];
     Request& r = requests_.at(id);
     r.progress = last.progress;
@@ -328,12 +343,13 @@ void Engine::Deliver(const std::vector<SequenceUpdate>& updates, SteadyTime now)
     }
     i = end;
     if (last.finish.has_value()) {
-      Finish(id, *last.finish, absl::OkStatus(), std::move(tokens));
+      Finish(id, *last.finish, absl::OkStatus(), std::move(tokens), std::move(prompt_logprobs));
     } else {
       GenerateEvent e;
       e.request_id = id;
       e.tag = r.tag;
       e.tokens = std::move(tokens);
+      e.prompt_logprobs = std::move(prompt_logprobs);
       r.on_event(e);
       events_since_after_events_ = true;
     }
@@ -364,7 +380,9 @@ absl::Status Engine::RunForward(const ScheduledStep& step) {
   // A step without logit rows (prompt chunks only) has nothing to sample: plain Forward. Verify
   // chunks' rows are sampled here (their histories hold drafts the runner is not given).
   std::vector<RowSampling> rows;
-  if (!Scheduler::HasVerifyChunks(step)) rows = scheduler_->SamplingRows(step);
+  // Prompt positions' rows (prompt logprobs) likewise need the logits here.
+  if (!Scheduler::HasVerifyChunks(step) && !Scheduler::HasPromptPositionRows(step))
+    rows = scheduler_->SamplingRows(step);
   // Constrained rows are sampled here: their masks live with the scheduler's sequences.
   runner_sampled_ = !rows.empty() && std::all_of(rows.begin(), rows.end(), [&](const RowSampling& r) {
     return r.params.grammar == nullptr && runner_->SamplesRows(r.params);
@@ -503,7 +521,7 @@ void Engine::FailSequences(std::vector<SequenceFailure> failures) {
 }
 
 void Engine::Finish(uint64_t id, FinishReason reason, absl::Status status,
-                    std::vector<SampledToken> last_tokens) {
+                    std::vector<SampledToken> last_tokens, std::vector<SampledToken> prompt_logprobs) {
   auto it = requests_.find(id);
   Request& r = it->second;
   if (std::optional<SequenceProgress> p = scheduler_->Progress(id); p.has_value()) {
@@ -516,6 +534,7 @@ void Engine::Finish(uint64_t id, FinishReason reason, absl::Status status,
   e.request_id = id;
   e.tag = r.tag;
   e.tokens = std::move(last_tokens);
+  e.prompt_logprobs = std::move(prompt_logprobs);
   FinishInfo& f = e.finish.emplace();
   f.reason = reason;
   f.status = std::move(status);

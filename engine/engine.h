@@ -23,9 +23,11 @@
 //                       max_context or than the whole KV cache, max_tokens <= 0 or prompt +
 //                       max_tokens > max_context, min_tokens outside [0, max_tokens],
 //                       temperature < 0, top_k < 0, top_p outside (0, 1], min_p outside [0, 1],
-//                       repetition_penalty <= 0, logprobs outside [0, vocab], a logit_bias
-//                       token outside [0, vocab) or bias outside [-100, 100], a grammar
-//                       compiled for another vocabulary size, no callback;
+//                       repetition_penalty <= 0, logprobs or prompt_logprobs outside [0, vocab],
+//                       a logit_bias token outside [0, vocab) or bias outside [-100, 100], a
+//                       grammar compiled for another vocabulary size, no callback;
+//   FAILED_PRECONDITION prompt_logprobs on a runner that cannot return them
+//                       (ModelRunner::CheckPromptLogitRows names why);
 //   RESOURCE_EXHAUSTED  max_pending_requests requests already in the engine;
 //   UNAVAILABLE         draining or stopped;
 //   FAILED_PRECONDITION Start has not succeeded.
@@ -76,6 +78,10 @@ struct GenerateParams {
   std::vector<int32_t> stop_token_ids;  // end the request like EOS
   bool ignore_eos = false;              // ModelInfo::eos_token_ids do not end the request
   std::optional<SteadyTime> deadline;
+  // Unset: none. N: every prompt token's logprob but the first's, and the top N of its position
+  // (vLLM's prompt_logprobs; log_softmax of the raw logits, as SamplingParams::logprobs), in the
+  // event of the first token. The request skips the prefix cache's lookup (engine/scheduler.h).
+  std::optional<int> prompt_logprobs;
   std::string tag;                      // the caller's label (e.g. the gRPC request id), echoed
 };
 
@@ -106,6 +112,9 @@ struct GenerateEvent {
   uint64_t request_id = 0;
   std::string_view tag;              // GenerateParams::tag; valid during the callback only
   std::vector<SampledToken> tokens;  // new tokens (with logprobs when asked); may be empty
+  // With GenerateParams::prompt_logprobs, on the event of the first token: prompt tokens 1..
+  // (prompt.size() - 1 entries; token is the prompt's, logprob and top_logprobs its position's).
+  std::vector<SampledToken> prompt_logprobs;
   std::optional<FinishInfo> finish;  // set on the request's last event
 };
 
@@ -253,7 +262,8 @@ class Engine {
   void ExpireDeadlines(SteadyTime now);
   // Removes the request everywhere and sends its final event.
   void Finish(uint64_t id, FinishReason reason, absl::Status status,
-              std::vector<SampledToken> last_tokens = {});
+              std::vector<SampledToken> last_tokens = {},
+              std::vector<SampledToken> prompt_logprobs = {});
   void PublishStats();
   // Calls options_.after_events if events were delivered since the last call.
   void AfterEvents();

@@ -67,6 +67,17 @@ struct KvCacheShape {
   int max_logit_rows_per_chunk = 1;
 };
 
+// What a chunk's logit rows are for.
+enum class LogitRowsUse {
+  // The rows predict tokens to sample: the last token's (plain), or a verify chunk's last
+  // token and drafts, whose recurrent states are kept per row (engine/sequence_state.h).
+  kNextTokens,
+  // Prompt logprobs: a prompt chunk wants every one of its positions' rows (the last may also be
+  // the sequence's next token's). Its positions are all kept, so a model with recurrent state
+  // keeps only the state after its last token, as for a plain chunk.
+  kPromptPositions,
+};
+
 struct SequenceChunk {
   int64_t sequence_id = 0;
   std::vector<int32_t> tokens;        // the tokens to run (prompt chunk, or the last sampled token)
@@ -77,6 +88,7 @@ struct SequenceChunk {
   // each in position order (1 but for a verify chunk; at most tokens.size()). Only runners whose
   // CheckDraftVerification is OK get chunks of more than 1.
   int num_logit_rows = 1;
+  LogitRowsUse logit_rows_use = LogitRowsUse::kNextTokens;
   int state_slot = 0;                 // the sequence's state slot, in [0, num_sequence_slots)
 };
 
@@ -154,6 +166,14 @@ class ModelRunner {
   virtual absl::Status CheckDraftVerification() const {
     return absl::FailedPreconditionError(
         "this model runner does not verify draft tokens (speculative decoding) yet");
+  }
+
+  // Whether Forward returns every position's row for a prompt chunk (num_logit_rows up to the
+  // chunk's size, LogitRowsUse::kPromptPositions): OK, or why not (the engine refuses requests
+  // for prompt logprobs with this status).
+  virtual absl::Status CheckPromptLogitRows() const {
+    return absl::FailedPreconditionError(
+        "this model runner does not return the logits of every prompt position (prompt logprobs) yet");
   }
 
   // Whether this runner drafts with the model's MTP head (speculative method mtp): OK, or why not

@@ -112,37 +112,50 @@ SampledToken Sampler::Sample(std::span<float> logits, const SamplingParams& para
     out.token = Draw(logits, params, UniformDraw(seed, history.output.size()));
   }
 
-  if (params.logprobs.has_value()) {
-    const float max_raw = MaxValue(raw_);
-    // weights_ is free again: the exponentials in a loop that vectorizes, then four partial sums.
-    for (int32_t t = 0; t < vocab_size_; ++t) weights_[t] = ExpNonPositive(raw_[t] - max_raw);
-    double partial[4] = {0, 0, 0, 0};
-    int32_t t = 0;
-    for (; t + 4 <= vocab_size_; t += 4) {
-      for (int j = 0; j < 4; ++j) partial[j] += weights_[t + j];
-    }
-    for (; t < vocab_size_; ++t) partial[0] += weights_[t];
-    const double sum = partial[0] + partial[1] + partial[2] + partial[3];
-    const float log_normalizer = max_raw + static_cast<float>(std::log(sum));
-    out.logprob = raw_[out.token] - log_normalizer;
-    // The top N in one pass: a heap whose front is the lowest of the best N so far.
-    const size_t top_n = std::clamp(*params.logprobs, 0, vocab_size_);
-    auto higher = [&](int32_t a, int32_t b) { return Higher(raw_, a, b); };
-    candidates_.clear();
-    for (int32_t t = 0; t < vocab_size_ && top_n > 0; ++t) {
-      if (candidates_.size() < top_n) {
-        candidates_.push_back(t);
-        std::push_heap(candidates_.begin(), candidates_.end(), higher);
-      } else if (higher(t, candidates_.front())) {
-        std::pop_heap(candidates_.begin(), candidates_.end(), higher);
-        candidates_.back() = t;
-        std::push_heap(candidates_.begin(), candidates_.end(), higher);
-      }
-    }
-    std::sort_heap(candidates_.begin(), candidates_.end(), higher);
-    out.top_logprobs.reserve(top_n);
-    for (int32_t t : candidates_) out.top_logprobs.push_back({t, raw_[t] - log_normalizer});
+  if (params.logprobs.has_value()) FillLogprobs(raw_, *params.logprobs, out);
+  return out;
+}
+
+void Sampler::FillLogprobs(std::span<const float> raw, int top_n_wanted, SampledToken& out) {
+  const float max_raw = MaxValue(raw);
+  // weights_ is free again: the exponentials in a loop that vectorizes, then four partial sums.
+  for (int32_t t = 0; t < vocab_size_; ++t) weights_[t] = ExpNonPositive(raw[t] - max_raw);
+  double partial[4] = {0, 0, 0, 0};
+  int32_t t = 0;
+  for (; t + 4 <= vocab_size_; t += 4) {
+    for (int j = 0; j < 4; ++j) partial[j] += weights_[t + j];
   }
+  for (; t < vocab_size_; ++t) partial[0] += weights_[t];
+  const double sum = partial[0] + partial[1] + partial[2] + partial[3];
+  const float log_normalizer = max_raw + static_cast<float>(std::log(sum));
+  out.logprob = raw[out.token] - log_normalizer;
+  // The top N in one pass: a heap whose front is the lowest of the best N so far.
+  const size_t top_n = std::clamp(top_n_wanted, 0, vocab_size_);
+  auto higher = [&](int32_t a, int32_t b) { return Higher(raw, a, b); };
+  candidates_.clear();
+  for (int32_t t = 0; t < vocab_size_ && top_n > 0; ++t) {
+    if (candidates_.size() < top_n) {
+      candidates_.push_back(t);
+      std::push_heap(candidates_.begin(), candidates_.end(), higher);
+    } else if (higher(t, candidates_.front())) {
+      std::pop_heap(candidates_.begin(), candidates_.end(), higher);
+      candidates_.back() = t;
+      std::push_heap(candidates_.begin(), candidates_.end(), higher);
+    }
+  }
+  std::sort_heap(candidates_.begin(), candidates_.end(), higher);
+  out.top_logprobs.reserve(top_n);
+  for (int32_t t : candidates_) out.top_logprobs.push_back({t, raw[t] - log_normalizer});
+}
+
+SampledToken Sampler::PromptLogprobs(std::span<const float> logits, int32_t token, int top_n) {
+  SampledToken out;
+  out.token = token;
+  FillLogprobs(logits, top_n, out);
+  const float own = logits[token];
+  int higher = 0;
+  for (float v : logits) higher += v > own ? 1 : 0;
+  out.rank = 1 + higher;
   return out;
 }
 

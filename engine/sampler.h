@@ -80,6 +80,9 @@ struct SampledToken {
   // Set when SamplingParams::logprobs is: the chosen token's logprob, then the top N.
   std::optional<float> logprob;
   std::vector<TokenLogprob> top_logprobs;  // highest first, lowest token id first on ties
+  // Sampler::PromptLogprobs only (0 elsewhere): 1 + how many tokens have a higher raw logit
+  // (vLLM's rank of a prompt token).
+  int rank = 0;
 };
 
 // What the penalties and bans look at.
@@ -109,10 +112,16 @@ class Sampler {
   SampledToken Sample(std::span<float> logits, const SamplingParams& params, uint64_t seed,
                       const SequenceHistory& history);
 
+  // A prompt position's logprobs (prompt logprobs): `token`'s (the prompt's next token) and the
+  // top N of `logits`, as Sample reports them for a sampled token (the raw logits' log_softmax).
+  SampledToken PromptLogprobs(std::span<const float> logits, int32_t token, int top_n);
+
   // The uniform draw in (0, 1) of a sequence's output token `draw_index` (exposed for tests).
   static double UniformDraw(uint64_t seed, uint64_t draw_index);
 
  private:
+  // out.logprob (of out.token) and out.top_logprobs (the best top_n) from the raw logits.
+  void FillLogprobs(std::span<const float> raw, int top_n, SampledToken& out);
   void ApplyPenalties(std::span<float> logits, const SamplingParams& params,
                       const SequenceHistory& history);
   // -inf for every token whose bit in `allowed` is 0 (words past its end: none allowed).

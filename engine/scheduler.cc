@@ -50,6 +50,8 @@ void Scheduler::Add(int64_t sequence_id, SequenceRequest request) {
                                    model_.eos_token_ids.end());
     }
   }
+  if (request.prompt_logprobs.has_value())
+    seq.prompt_logprobs_state = PromptLogprobsState::kComputing;
   seq.request = std::move(request);
   if (seq.request.sampling.grammar != nullptr) {
     seq.constraint = std::make_unique<TokenConstraint>(seq.request.sampling.grammar);
@@ -150,6 +152,11 @@ void Scheduler::AddChunk(int64_t id, const Sequence& seq, int num_tokens, StepBa
   chunk.block_table.assign(table.begin(), table.end());
   // Only a chunk that reaches the end of the history produces the next token.
   chunk.wants_logits = seq.num_computed + num_tokens == static_cast<int>(seq.tokens.size());
+  if (seq.prompt_logprobs_state == PromptLogprobsState::kComputing) {
+    chunk.wants_logits = true;
+    chunk.num_logit_rows = num_tokens;
+    chunk.logit_rows_use = LogitRowsUse::kPromptPositions;
+  }
   chunk.state_slot = seq.state_slot;
 }
 
@@ -160,6 +167,7 @@ int64_t Scheduler::PreemptNewest() {
   kv_.Free(id);
   free_state_slots_.push_back(seq.state_slot);
   seq.num_computed = 0;
+  seq.prompt_logprobs.clear();  // kComputing: recomputed with the prompt
   seq.state = SequenceState::kWaiting;
   waiting_.push_front(id);
   ++num_preemptions_;
@@ -169,12 +177,26 @@ int64_t Scheduler::PreemptNewest() {
 ScheduledStep Scheduler::Schedule() {
   ScheduledStep step;
   int budget = options_.max_num_batched_tokens;
+  // A chunk that wants its prompt positions' rows takes at most what is left of these.
+  int prompt_rows_left = options_.max_prompt_logit_rows;
+  auto chunk_size = [&](const Sequence& s, int budget_left) {
+    const int n = ChunkSize(s, budget_left);
+    return s.prompt_logprobs_state == PromptLogprobsState::kComputing ? std::min(n, prompt_rows_left) : n;
+  };
+  auto took_chunk = [&](const Sequence& s, int n) {
+    budget -= n;
+    if (s.prompt_logprobs_state == PromptLogprobsState::kComputing) prompt_rows_left -= n;
+  };
 
   // 1. Running sequences, oldest first. Preemption takes the newest, which are not scheduled yet.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     const int64_t id = running_[i];
     Sequence& seq = sequences_.at(id);
-    const int n = ChunkSize(seq, budget);
+    const int n = chunk_size(seq, budget);
+    if (n == 0) {  // its prompt rows wait for the next step
+      ++i;
+      continue;
+    }
     bool scheduled = true;
     while (!kv_.Allocate(id, seq.num_computed + n)) {
       if (running_.size() == 1) {
@@ -193,7 +215,7 @@ ScheduledStep Scheduler::Schedule() {
     }
     if (!scheduled) continue;  // running_[i] is now the next sequence, or past the end
     AddChunk(id, seq, n, step.batch);
-    budget -= n;
+    took_chunk(seq, n);
     ++i;
   }
 
@@ -202,9 +224,13 @@ ScheduledStep Scheduler::Schedule() {
          static_cast<int>(running_.size()) < options_.max_num_seqs) {
     const int64_t id = waiting_.front();
     Sequence& seq = sequences_.at(id);
-    const PrefixMatch hit = kv_.FindCachedPrefix(seq.tokens);
+    // Cached positions have no logits: a sequence that wants its prompt's rows computes them all.
+    const PrefixMatch hit = seq.prompt_logprobs_state == PromptLogprobsState::kComputing
+                                ? PrefixMatch{}
+                                : kv_.FindCachedPrefix(seq.tokens);
     seq.num_computed = hit.num_tokens;
-    const int n = ChunkSize(seq, budget);
+    const int n = chunk_size(seq, budget);
+    if (n == 0) break;  // the step's prompt rows are taken; keep the queue's order
     if (!kv_.Allocate(id, seq.num_computed + n, hit)) {
       seq.num_computed = 0;
       if (running_.empty()) {
@@ -226,7 +252,7 @@ ScheduledStep Scheduler::Schedule() {
       seq.cached_prompt_tokens = std::min<int>(hit.num_tokens, seq.request.prompt.size());
     }
     AddChunk(id, seq, n, step.batch);
-    budget -= n;
+    took_chunk(seq, n);
   }
 
   // 3. Drafts for the decoding sequences, oldest first, from what budget and blocks are left.
@@ -282,8 +308,15 @@ RowSampling Scheduler::RowSamplingOf(const Sequence& seq, size_t num_tokens) con
 }
 
 bool Scheduler::HasVerifyChunks(const ScheduledStep& step) {
-  return std::any_of(step.batch.chunks.begin(), step.batch.chunks.end(),
-                     [](const SequenceChunk& c) { return c.wants_logits && c.num_logit_rows > 1; });
+  return std::any_of(step.batch.chunks.begin(), step.batch.chunks.end(), [](const SequenceChunk& c) {
+    return c.wants_logits && c.num_logit_rows > 1 && c.logit_rows_use == LogitRowsUse::kNextTokens;
+  });
+}
+
+bool Scheduler::HasPromptPositionRows(const ScheduledStep& step) {
+  return std::any_of(step.batch.chunks.begin(), step.batch.chunks.end(), [](const SequenceChunk& c) {
+    return c.wants_logits && c.logit_rows_use == LogitRowsUse::kPromptPositions;
+  });
 }
 
 std::vector<RowSampling> Scheduler::SamplingRows(const ScheduledStep& step) const {
@@ -298,12 +331,14 @@ std::vector<RowSampling> Scheduler::SamplingRows(const ScheduledStep& step) cons
   return rows;
 }
 
-std::vector<Scheduler::SampledRows> Scheduler::AdvanceStep(const ScheduledStep& step) {
+std::vector<Scheduler::SampledRows> Scheduler::AdvanceStep(const ScheduledStep& step,
+                                                           std::vector<PromptRow>* prompt_rows) {
   std::vector<SampledRows> rows;
   int row = 0;
   for (const SequenceChunk& chunk : step.batch.chunks) {
     const int first_row = row;
-    const int num_drafts = chunk.wants_logits ? chunk.num_logit_rows - 1 : 0;
+    const bool prompt_positions = chunk.wants_logits && chunk.logit_rows_use == LogitRowsUse::kPromptPositions;
+    const int num_drafts = chunk.wants_logits && !prompt_positions ? chunk.num_logit_rows - 1 : 0;
     if (chunk.wants_logits) row += chunk.num_logit_rows;
     auto it = sequences_.find(chunk.sequence_id);
     if (it == sequences_.end()) continue;  // aborted during the step
@@ -311,6 +346,19 @@ std::vector<Scheduler::SampledRows> Scheduler::AdvanceStep(const ScheduledStep& 
     seq.num_computed += static_cast<int>(chunk.tokens.size()) - num_drafts;
     kv_.CacheFullBlocks(chunk.sequence_id, seq.tokens, seq.num_computed);
     if (!chunk.wants_logits) continue;
+    if (prompt_positions) {
+      // Row k is position start + k's: it predicts the token after it, a prompt token but at the
+      // history's end, where it is the next token's row.
+      const int n = static_cast<int>(chunk.tokens.size());
+      const int last_prompt_row = static_cast<int>(seq.request.prompt.size()) - 1;  // exclusive
+      const int end = std::min(chunk.start_position + n, last_prompt_row);
+      if (end > chunk.start_position) seq.prompt_logprobs.resize(end);
+      for (int p = chunk.start_position; p < end && prompt_rows != nullptr; ++p)
+        prompt_rows->push_back({&seq, first_row + (p - chunk.start_position), static_cast<size_t>(p)});
+      if (seq.num_computed == static_cast<int>(seq.tokens.size()))
+        rows.push_back({chunk.sequence_id, &seq, first_row + n - 1, 0});
+      continue;
+    }
     seq.tokens.insert(seq.tokens.end(), chunk.tokens.end() - num_drafts, chunk.tokens.end());
     rows.push_back({chunk.sequence_id, &seq, first_row, num_drafts});
   }
@@ -352,6 +400,10 @@ std::vector<SequenceUpdate> Scheduler::AppendTokens(const std::vector<SampledRow
       u.token = t;
       u.finish = finish;
       u.progress = ProgressOf(seq);
+      if (j == 0 && seq.prompt_logprobs_state == PromptLogprobsState::kComputing) {
+        u.prompt_logprobs = std::move(seq.prompt_logprobs);
+        seq.prompt_logprobs_state = PromptLogprobsState::kDelivered;
+      }
       if (j == r.num_drafts || t.token != drafts[j]) break;
       ++accepted;  // draft j was right: row j + 1 saw the true history
       if (finish.has_value()) break;
@@ -379,15 +431,17 @@ std::vector<SequenceUpdate> Scheduler::AppendTokens(const std::vector<SampledRow
 std::vector<SequenceUpdate> Scheduler::CompleteStep(const ScheduledStep& step,
                                                     std::span<float> logits,
                                                     ParallelFor* parallel) {
-  // 1. Advance every chunk's sequence; collect the rows to sample.
+  // 1. Advance every chunk's sequence; collect the rows to sample and the prompt rows.
   step_failures_.clear();
-  const std::vector<SampledRows> rows = AdvanceStep(step);
+  std::vector<PromptRow> prompt_rows;
+  const std::vector<SampledRows> rows = AdvanceStep(step, &prompt_rows);
   const size_t vocab = model_.vocab_size;
   // Rows whose constraint allows no token (e.g. only EOS, banned before min_tokens).
   std::vector<uint8_t> row_failed(step.batch.NumLogitRows(), 0);
 
   // 2. Sample; rows are independent and only read the sequences. Row j of a verify chunk sees
   // the history with drafts [0, j) (as if accepted).
+  // The prompt rows' logprobs come first: sampling overwrites its rows (never a prompt row).
   struct Task {
     const SampledRows* rows;
     int j;
@@ -396,7 +450,16 @@ std::vector<SequenceUpdate> Scheduler::CompleteStep(const ScheduledStep& step,
   for (const SampledRows& r : rows)
     for (int j = 0; j <= r.num_drafts; ++j) tasks.push_back({&r, j});
   std::vector<SampledToken> row_tokens(step.batch.NumLogitRows());
+  const int num_prompt_rows = static_cast<int>(prompt_rows.size());
   auto sample = [&](int worker, int i) {
+    if (i < num_prompt_rows) {
+      const PromptRow& p = prompt_rows[i];
+      const int32_t token = p.seq->request.prompt[p.index + 1];
+      p.seq->prompt_logprobs[p.index] = samplers_[worker].PromptLogprobs(
+          logits.subspan(static_cast<size_t>(p.row) * vocab, vocab), token, *p.seq->request.prompt_logprobs);
+      return;
+    }
+    i -= num_prompt_rows;
     const SampledRows& r = *tasks[i].rows;
     const int row = r.first_row + tasks[i].j;
     const size_t history = r.seq->tokens.size() - r.num_drafts + tasks[i].j;
@@ -413,9 +476,9 @@ std::vector<SequenceUpdate> Scheduler::CompleteStep(const ScheduledStep& step,
                                                s.params, s.seed, s.history);
   };
   if (parallel != nullptr && parallel->num_workers() <= static_cast<int>(samplers_.size())) {
-    parallel->Run(static_cast<int>(tasks.size()), sample);
+    parallel->Run(num_prompt_rows + static_cast<int>(tasks.size()), sample);
   } else {
-    for (int i = 0; i < static_cast<int>(tasks.size()); ++i) sample(0, i);
+    for (int i = 0; i < num_prompt_rows + static_cast<int>(tasks.size()); ++i) sample(0, i);
   }
 
   // 3. Append the tokens and end the sequences that stop.
@@ -451,7 +514,7 @@ void Scheduler::FillConstraintMasks(const ScheduledStep& step) {
 
 std::vector<SequenceUpdate> Scheduler::CompleteSampledStep(const ScheduledStep& step,
                                                            std::span<const SampledToken> sampled) {
-  assert(!HasVerifyChunks(step));
+  assert(!HasVerifyChunks(step) && !HasPromptPositionRows(step));
   step_failures_.clear();
   return AppendTokens(AdvanceStep(step), sampled, {});
 }

@@ -81,6 +81,10 @@ struct SchedulerOptions {
   std::optional<int> long_prefill_token_threshold;
   // Applies only where PrefixCachingUsable(model) holds.
   bool enable_prefix_caching = true;
+  // The most prompt-position logit rows (prompt logprobs) one step computes: each is a row of
+  // vocabulary floats on the host, so a long prompt that wants them is prefilled in chunks of at
+  // most this many tokens.
+  int max_prompt_logit_rows = 512;
   // Drafting and verification; must pass ValidateSpeculativeOptions (Engine::Start checks it).
   SpeculativeOptions speculative;
 };
@@ -111,6 +115,11 @@ struct SequenceRequest {
   int min_tokens = 0;  // EOS and stop tokens cannot be sampled before this many tokens
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
+  // Unset: none. N: the logprob of every prompt token but the first, given the tokens before it,
+  // and the top N of its position (vLLM's prompt_logprobs). Such a sequence skips the prefix
+  // cache's lookup (cached positions have no logits) and runs its prompt chunks with every
+  // position's logit row (LogitRowsUse::kPromptPositions).
+  std::optional<int> prompt_logprobs;
 };
 
 struct ScheduledStep {
@@ -138,6 +147,9 @@ struct SequenceFailure {
 struct SequenceUpdate {
   int64_t sequence_id = 0;
   SampledToken token;                  // a token sampled this step
+  // On the sequence's first token only, with SequenceRequest::prompt_logprobs: prompt tokens
+  // 1.. (token: the prompt's token; logprob and top N of the position before it).
+  std::vector<SampledToken> prompt_logprobs;
   std::optional<FinishReason> finish;  // kStop or kLength: the sequence is gone
   SequenceProgress progress;           // after this step
 };
@@ -168,6 +180,9 @@ class Scheduler {
   // are not in the sequence yet): HasVerifyChunks.
   std::vector<RowSampling> SamplingRows(const ScheduledStep& step) const;
   static bool HasVerifyChunks(const ScheduledStep& step);
+  // Whether a chunk of the step wants its prompt positions' rows (prompt logprobs): such a step's
+  // rows are made on the host (CompleteStep), never by a runner that samples.
+  static bool HasPromptPositionRows(const ScheduledStep& step);
   // Speculative method mtp, after CompleteStep (or CompleteSampledStep) of `step`: per chunk
   // whose sequence is still running, the positions the step kept and the tokens after them,
   // with K drafts wanted from a sequence that is now decoding (fewer where max_tokens or the
@@ -206,6 +221,11 @@ class Scheduler {
 
  private:
   enum class SequenceState { kWaiting, kRunning };
+  enum class PromptLogprobsState {
+    kNotWanted,
+    kComputing,  // prompt chunks want every row; prompt_logprobs grows with them
+    kDelivered,  // handed over with the first token (a recomputation after preemption wants none)
+  };
   struct Sequence {
     SequenceRequest request;
     std::vector<int32_t> tokens;  // prompt, then output
@@ -215,6 +235,8 @@ class Scheduler {
     int cached_prompt_tokens = 0;
     int state_slot = 0;  // while running
     std::vector<int32_t> min_tokens_banned;  // EOS (unless ignored) and stop tokens
+    PromptLogprobsState prompt_logprobs_state = PromptLogprobsState::kNotWanted;
+    std::vector<SampledToken> prompt_logprobs;  // kComputing: of prompt tokens 1.. so far
     // Speculative method mtp: the MTP head's drafts for the history of mtp_drafts_for tokens.
     std::vector<int32_t> mtp_drafts;
     size_t mtp_drafts_for = 0;
@@ -232,13 +254,20 @@ class Scheduler {
     int first_row;   // index among the step's logit rows
     int num_drafts;  // the drafts sit at the end of seq->tokens until AppendTokens
   };
+  // A prompt position's row of a step: its logprobs go to seq->prompt_logprobs[index].
+  struct PromptRow {
+    Sequence* seq;
+    int row;        // index among the step's logit rows
+    size_t index;   // the position's (its row predicts prompt token index + 1)
+  };
   // The sampling of `seq`'s next token after its first `num_tokens` tokens.
   RowSampling RowSamplingOf(const Sequence& seq, size_t num_tokens) const;
   RowSampling RowSamplingOf(const Sequence& seq) const { return RowSamplingOf(seq, seq.tokens.size()); }
   // Advances every present sequence of the step by its chunk's tokens (a verify chunk's drafts
   // are appended to its history for the rows' sampling, not counted computed); returns the rows
-  // to sample.
-  std::vector<SampledRows> AdvanceStep(const ScheduledStep& step);
+  // to sample, and into `prompt_rows` (when given) those of prompt positions (prompt logprobs).
+  std::vector<SampledRows> AdvanceStep(const ScheduledStep& step,
+                                       std::vector<PromptRow>* prompt_rows = nullptr);
   // row_tokens[r]: the token sampled from logit row r. Takes each sequence's drafts back off its
   // history, appends its accepted drafts and the next token (stopping at a stop condition), one
   // update per token, and removes the sequences that stop.

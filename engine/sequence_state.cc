@@ -5,6 +5,14 @@
 #include "absl/strings/str_cat.h"
 
 namespace exl3::engine {
+namespace {
+
+// A verify chunk keeps the state after each of its rows; any other chunk only its last.
+int KeptStatesOf(const SequenceChunk& c) {
+  return c.wants_logits && c.logit_rows_use == LogitRowsUse::kNextTokens ? c.num_logit_rows : 1;
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<int64_t>> StateFloatsPerLayer(const ModelConfig& cfg, int num_slots) {
   if (num_slots <= 0)
@@ -27,7 +35,7 @@ absl::StatusOr<std::vector<int>> SequenceStateSlots::BeginStep(const StepBatch& 
       return absl::InternalError(absl::StrCat("state slot ", c.state_slot,
                                               " is given to two chunks of one step"));
     seen[c.state_slot] = true;
-    const int kept = c.wants_logits ? c.num_logit_rows : 1;
+    const int kept = KeptStatesOf(c);
     if (kept < 1 || (c.wants_logits && kept > static_cast<int>(c.tokens.size())) || kept > num_copies_ - 1)
       return absl::InternalError(absl::StrCat(
           "sequence ", c.sequence_id, ": a chunk of ", c.tokens.size(), " tokens wanting ", kept,
@@ -54,7 +62,7 @@ absl::StatusOr<std::vector<int>> SequenceStateSlots::BeginStep(const StepBatch& 
   }
   for (const SequenceChunk& c : batch.chunks) {
     Slot& s = slots_[c.state_slot];
-    s.num_kept = c.wants_logits ? c.num_logit_rows : 1;
+    s.num_kept = KeptStatesOf(c);
     if (c.start_position == 0) {
       s.contents.reset();
       continue;

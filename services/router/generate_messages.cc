@@ -100,6 +100,7 @@ absl::StatusOr<engine::GenerateParams> ToGenerateParams(
   p.stop_token_ids.assign(req.stop_token_ids().begin(), req.stop_token_ids().end());
   p.ignore_eos = req.ignore_eos();
   p.deadline = deadline;
+  if (req.has_prompt_logprobs()) p.prompt_logprobs = req.prompt_logprobs();
   p.tag = req.request_id();
   return p;
 }
@@ -119,17 +120,27 @@ std::chrono::steady_clock::time_point RequestDeadline(
   return deadline;
 }
 
-void AddTokens(const std::vector<engine::SampledToken>& tokens, pb::GenerateResponse* out) {
-  for (const engine::SampledToken& t : tokens) {
-    pb::GeneratedToken* g = out->add_tokens();
-    g->set_token_id(t.token);
-    if (t.logprob) g->set_logprob(*t.logprob);
-    for (const engine::TokenLogprob& lp : t.top_logprobs) {
-      pb::TokenLogprob* e = g->add_top_logprobs();
-      e->set_token_id(lp.token);
-      e->set_logprob(lp.logprob);
-    }
+namespace {
+
+void AddToken(const engine::SampledToken& t, pb::GeneratedToken* g) {
+  g->set_token_id(t.token);
+  if (t.logprob) g->set_logprob(*t.logprob);
+  g->set_rank(t.rank);
+  for (const engine::TokenLogprob& lp : t.top_logprobs) {
+    pb::TokenLogprob* e = g->add_top_logprobs();
+    e->set_token_id(lp.token);
+    e->set_logprob(lp.logprob);
   }
+}
+
+}  // namespace
+
+void AddTokens(const std::vector<engine::SampledToken>& tokens, pb::GenerateResponse* out) {
+  for (const engine::SampledToken& t : tokens) AddToken(t, out->add_tokens());
+}
+
+void AddPromptLogprobs(const std::vector<engine::SampledToken>& prompt_logprobs, pb::GenerateResponse* out) {
+  for (const engine::SampledToken& t : prompt_logprobs) AddToken(t, out->add_prompt_logprobs());
 }
 
 void SetFinish(const engine::FinishInfo& f, pb::GenerateResponse* out) {

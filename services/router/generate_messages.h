@@ -30,6 +30,9 @@ std::chrono::steady_clock::time_point RequestDeadline(
 // Appends the tokens (with their logprobs) to `out`.
 void AddTokens(const std::vector<engine::SampledToken>& tokens,
                ::exl3serve::v1::GenerateResponse* out);
+// Appends the prompt's logprobs (GenerateEvent::prompt_logprobs) to `out`.
+void AddPromptLogprobs(const std::vector<engine::SampledToken>& prompt_logprobs,
+                       ::exl3serve::v1::GenerateResponse* out);
 // The last message's finish reason, usage and timings.
 void SetFinish(const engine::FinishInfo& finish, ::exl3serve::v1::GenerateResponse* out);
 // The status a request ends with: OK when it stopped or reached its length, CANCELLED when

@@ -176,6 +176,7 @@ class GenerateStreamReactor final
     pb::GenerateUpdate* u = pending_.add_updates();
     u->set_stream_id(id);
     AddTokens(e.tokens, u->mutable_response());
+    AddPromptLogprobs(e.prompt_logprobs, u->mutable_response());
     if (first) firsts_pending_.push_back(SteadyClock::now());
     if (e.finish) {
       SetFinish(*e.finish, u->mutable_response());

@@ -85,6 +85,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateRespon
   void OnEvent(const engine::GenerateEvent& e) {
     std::lock_guard<std::mutex> lock(mu_);
     AddTokens(e.tokens, &pending_);
+    AddPromptLogprobs(e.prompt_logprobs, &pending_);
     const bool first = first_tokens_ == FirstTokens::kNotYet && !e.tokens.empty();  // the call's first tokens
     if (first) {
       first_tokens_ = FirstTokens::kPending;

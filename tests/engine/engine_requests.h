@@ -44,11 +44,17 @@ struct RequestResults {
   std::condition_variable cv;
   std::map<uint64_t, std::vector<SampledToken>> sampled;
   std::map<uint64_t, FinishInfo> finish;
+  std::map<uint64_t, std::vector<SampledToken>> prompt_logprobs;  // GenerateEvent::prompt_logprobs
+  std::map<uint64_t, int> prompt_logprobs_events;                  // events that carried some
 
   EventCallback Callback() {
     return [this](const GenerateEvent& e) {
       std::lock_guard<std::mutex> lock(mu);
       for (const SampledToken& t : e.tokens) sampled[e.request_id].push_back(t);
+      if (!e.prompt_logprobs.empty()) {
+        prompt_logprobs[e.request_id] = e.prompt_logprobs;
+        ++prompt_logprobs_events[e.request_id];
+      }
       if (e.finish) {
         finish[e.request_id] = *e.finish;
         cv.notify_all();

@@ -59,6 +59,7 @@ class FakeModelRunner : public ModelRunner {
   // It keeps nothing per sequence but each position's slot: drafts are verified as by the CPU
   // model.
   absl::Status CheckDraftVerification() const override { return absl::OkStatus(); }
+  absl::Status CheckPromptLogitRows() const override { return absl::OkStatus(); }
   bool SamplesRows(const SamplingParams& params) const override;
   absl::Status ForwardSampled(const StepBatch& batch, std::span<const RowSampling> rows,
                               std::span<SampledToken> tokens) override;

@@ -51,19 +51,24 @@ def make_generate_request(prompt_token_ids: Sequence[int], *, max_tokens: int,
                           presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                           seed: Optional[int] = None, logprobs: int = 0, min_tokens: int = 0,
                           stop_token_ids: Iterable[int] = (), ignore_eos: bool = False,
-                          timeout_us: int = 0, request_id: str = "") -> pb.GenerateRequest:
-    """A GenerateRequest; the defaults are the proto's (greedy, no filters, no penalties)."""
+                          timeout_us: int = 0, request_id: str = "",
+                          prompt_logprobs: Optional[int] = None) -> pb.GenerateRequest:
+    """A GenerateRequest; the defaults are the proto's (greedy, no filters, no penalties, no
+    prompt logprobs)."""
     sampling = pb.SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                  repetition_penalty=repetition_penalty,
                                  presence_penalty=presence_penalty,
                                  frequency_penalty=frequency_penalty, logprobs=logprobs)
     if seed is not None:
         sampling.seed = seed
-    return pb.GenerateRequest(request_id=request_id or uuid.uuid4().hex,
-                              prompt_token_ids=list(prompt_token_ids), sampling=sampling,
-                              max_tokens=max_tokens, min_tokens=min_tokens,
-                              stop_token_ids=list(stop_token_ids), ignore_eos=ignore_eos,
-                              timeout_us=timeout_us)
+    req = pb.GenerateRequest(request_id=request_id or uuid.uuid4().hex,
+                             prompt_token_ids=list(prompt_token_ids), sampling=sampling,
+                             max_tokens=max_tokens, min_tokens=min_tokens,
+                             stop_token_ids=list(stop_token_ids), ignore_eos=ignore_eos,
+                             timeout_us=timeout_us)
+    if prompt_logprobs is not None:
+        req.prompt_logprobs = prompt_logprobs
+    return req
 
 
 @dataclass
@@ -72,11 +77,16 @@ class GenerateResult:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    # With prompt_logprobs: prompt tokens 1.. as (token id, logprob, rank, top [(id, logprob)]).
+    prompt_logprobs: list[tuple[int, float, int, list[tuple[int, float]]]] = field(default_factory=list)
     finish_reason: Optional[str] = None
     usage: Optional[pb.Usage] = None
     timings: Optional[pb.GenerateTimings] = None
 
     def add(self, resp: pb.GenerateResponse) -> None:
+        for p in resp.prompt_logprobs:
+            self.prompt_logprobs.append((p.token_id, p.logprob, p.rank,
+                                         [(e.token_id, e.logprob) for e in p.top_logprobs]))
         for t in resp.tokens:
             self.token_ids.append(t.token_id)
             self.logprobs.append(t.logprob)

@@ -326,7 +326,12 @@ def test_bad_bodies(live):
     s, text = _post(live, "/v1/completions", json.dumps({"model": live.name, "prompt": [1, 99999],
                                                           "max_tokens": 2}))
     assert s == 400 and "error" in json.loads(text)
-    s, text = _post(live, "/v1/completions", json.dumps({"model": live.name, "prompt": ["a", "b"]}))
+    # Several prompts are one choice each (test_echo_prompt_logprobs.py); a list mixing token
+    # ids and texts is no prompt.
+    s, text = _post(live, "/v1/completions", json.dumps({"model": live.name, "prompt": ["a", "b"],
+                                                          "max_tokens": 1}))
+    assert s == 200 and len(json.loads(text)["choices"]) == 2
+    s, text = _post(live, "/v1/completions", json.dumps({"model": live.name, "prompt": [[1], "b"]}))
     assert s == 400
 
 

@@ -35,8 +35,6 @@ BOTH = [
     ("logit_bias", {"5": 100.5}),
     ("logit_bias", {"-1": 1}),
     ("logit_bias", {"512": 1}),  # the test model's vocabulary is 512 tokens: the engine refuses
-    ("prompt_logprobs", 1),
-    ("prompt_logprobs", 0),
     ("include_stop_str_in_output", True),
     ("skip_special_tokens", False),
     ("spaces_between_special_tokens", False),
@@ -66,7 +64,6 @@ CHAT_ONLY = [
     ("include_reasoning", False),  # without --reasoning-parser
 ]
 COMPLETION_ONLY = [
-    ("echo", True),
     ("suffix", "tail"),
     ("prompt_embeds", "AAAA"),
 ]

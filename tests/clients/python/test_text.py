@@ -317,7 +317,7 @@ def test_chunk_renderer_equals_json_dumps(chat, include_usage):
     from exl3serve_client.frontend.render import OpenAIRenderer, dumps as _dumps
     from exl3serve_client.frontend.validation import PreparedRequest
     req = PreparedRequest(endpoint=Endpoint.CHAT_COMPLETIONS if chat else Endpoint.COMPLETIONS,
-                          model='mod"el/é ✓', prompt_ids=[1, 2, 3], engine_request=None, stops=[],
+                          model='mod"el/é ✓', prompts=[[1, 2, 3]], engine_request=None, stops=[],
                           stream=True, include_usage=include_usage, logprobs=None,
                           rid="chatcmpl-ab\\c", created=1764600000)
     out = OpenAIRenderer(req, tok=None)
@@ -366,6 +366,51 @@ def test_chunk_renderer_equals_json_dumps(chat, include_usage):
                                                      "usage": usage}) + "\n\n"
 
 
+def test_echo_and_prompt_logprobs_rendering_equals_json_dumps():
+    """Echo's logprobs (the first prompt token's null), vLLM's prompt_logprobs in a completions
+    choice and at a chat answer's top level, and the usage's prompt_tokens_details, byte for byte
+    json.dumps of the objects."""
+    from exl3serve.v1 import exl3serve_pb2 as pb
+    from exl3serve_client.frontend.protocol import Endpoint, FinishReason
+    from exl3serve_client.frontend.render import OpenAIRenderer, dumps as _dumps
+    from exl3serve_client.frontend.validation import Echo, PreparedRequest
+    engine_lp = [pb.GeneratedToken(token_id=7, logprob=-2.5, rank=3,
+                                   top_logprobs=[pb.TokenLogprob(token_id=9, logprob=-0.5),
+                                                 pb.TokenLogprob(token_id=7, logprob=-2.5)])]
+    for chat in (False, True):
+        req = PreparedRequest(endpoint=Endpoint.CHAT_COMPLETIONS if chat else Endpoint.COMPLETIONS,
+                              model="m", prompts=[[5, 7], [8, 9, 10]], engine_request=None,
+                              stops=[], stream=False, include_usage=False, logprobs=1,
+                              ids_as_tokens=True, rid="cmpl-1", created=1764600000, n=1,
+                              echo=None if chat else Echo(["ab", "cde"]), prompt_logprobs=1,
+                              prompt_tokens_details=True)
+        out = OpenAIRenderer(req, tok=None)
+        lp = None  # echo is completions' only
+        if not chat:
+            lp = out.logprobs(out.echo_entries([5, 7], engine_lp), 0)
+            assert lp == _dumps({"tokens": ["token_id:5", "token_id:7"],
+                                 "token_logprobs": [None, -2.5],
+                                 "top_logprobs": [None, {"token_id:9": -0.5}],
+                                 "text_offset": [0, 10]})
+        plp = out.prompt_logprobs(engine_lp)
+        plp_obj = [None, {"7": {"logprob": -2.5, "rank": 3, "decoded_token": "token_id:7"},
+                          "9": {"logprob": -0.5, "rank": 1, "decoded_token": "token_id:9"}}]
+        assert plp == _dumps(plp_obj)
+        usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7,
+                 "prompt_tokens_details": {"cached_tokens": 4}}
+        choice = out.choice("abx", lp, FinishReason.LENGTH, prompt_logprobs=plp)
+        body = out.answer([choice], 2, 4, plp if chat else None)
+        obj = {"id": "cmpl-1", "object": "chat.completion" if chat else "text_completion",
+               "created": 1764600000, "model": "m", "choices": [
+                   {"index": 0, **({"message": {"role": "assistant", "content": "abx"}} if chat
+                                   else {"text": "abx"}),
+                    "logprobs": None if lp is None else json.loads(lp), "finish_reason": "length",
+                    **({} if chat else {"prompt_logprobs": plp_obj})}], "usage": usage}
+        if chat:
+            obj["prompt_logprobs"] = plp_obj
+        assert body == _dumps(obj).encode()
+
+
 @pytest.mark.parametrize("include_usage", [True, False])
 def test_tool_call_rendering_equals_json_dumps(include_usage):
     """Tool calls' stream deltas and a whole answer's tool_calls, byte for byte json.dumps of
@@ -374,7 +419,7 @@ def test_tool_call_rendering_equals_json_dumps(include_usage):
     from exl3serve_client.frontend.render import OpenAIRenderer, ToolCall, dumps
     from exl3serve_client.frontend.tool_calls import CallArguments, CallStart, Content
     from exl3serve_client.frontend.validation import PreparedRequest
-    req = PreparedRequest(endpoint=Endpoint.CHAT_COMPLETIONS, model="m", prompt_ids=[1],
+    req = PreparedRequest(endpoint=Endpoint.CHAT_COMPLETIONS, model="m", prompts=[[1]],
                           engine_request=None, stops=[], stream=True, include_usage=include_usage,
                           logprobs=None, rid="chatcmpl-1", created=1764600000)
     out = OpenAIRenderer(req, tok=None)
@@ -414,7 +459,7 @@ def test_reasoning_and_choices_rendering_equals_json_dumps(include_usage):
     from exl3serve_client.frontend.render import OpenAIRenderer, ToolCall, dumps
     from exl3serve_client.frontend.tool_calls import Content
     from exl3serve_client.frontend.validation import PreparedRequest, ReasoningSplit
-    req = PreparedRequest(endpoint=Endpoint.CHAT_COMPLETIONS, model="m", prompt_ids=[1],
+    req = PreparedRequest(endpoint=Endpoint.CHAT_COMPLETIONS, model="m", prompts=[[1]],
                           engine_request=None, stops=[], stream=True, include_usage=include_usage,
                           logprobs=None, rid="chatcmpl-1", created=1764600000,
                           reasoning=ReasoningSplit(ReasoningFormat.GLM45, True), n=3)

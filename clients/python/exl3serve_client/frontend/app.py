@@ -73,6 +73,8 @@ class FrontendConfig:
     tool_call_parser: str = "auto"    # the model's tool-call format (tool_calls.py): auto from its template
     reasoning_parser: Optional[str] = None  # the reasoning split (reasoning.py); None: not split
     max_n: int = DEFAULT_MAX_N        # choices per request at most (more: 400)
+    # usage.prompt_tokens_details.cached_tokens in every answer (vLLM's option of that name)
+    enable_prompt_tokens_details: bool = False
 
 
 @dataclass
@@ -106,7 +108,7 @@ class Frontend:
                                                            self.tok.chat_template),
                                           None if cfg.reasoning_parser is None
                                           else ReasoningFormat(cfg.reasoning_parser),
-                                          cfg.max_n)
+                                          cfg.max_n, cfg.enable_prompt_tokens_details)
         self.started = cfg.created if cfg.created is not None else int(time.time())
 
     # ---- generation ------------------------------------------------------------------------
@@ -122,30 +124,46 @@ class Frontend:
             outcome.failed(e.status if isinstance(e, APIError) else 500)
             outcome.close()
             raise
-        outs = [OpenAIRenderer(req, self.tok, i) for i in range(len(calls))]
+        outs = [OpenAIRenderer(req, self.tok, i) for i in range(len(calls))]  # choice i
         if req.stream:
             return SSEResponse(stream_events(req, calls, outs, self.tok, self.metrics, outcome),
                                headers={"Cache-Control": "no-cache", "X-Request-Id": req.header_rid})
         return await self._whole(req, calls, outs, outcome)
 
     async def _whole_choice(self, req: PreparedRequest, call: EngineCall, out: OpenAIRenderer,
-                            clock: TokenClock) -> tuple[str, int]:
-        """One choice of a whole answer: its rendering and its tokens."""
-        text, entries, n, finish = [], [], 0, None
+                            clock: TokenClock) -> tuple[str, int, int, Optional[str]]:
+        """One choice of a whole answer: its rendering, its tokens, the prompt tokens the prefix
+        cache served, and the prompt's logprobs (vLLM's prompt_logprobs, rendered) where asked."""
+        text, entries, n, finish, cached = [], [], 0, None, 0
+        prompt_lp: Any = ()
         async for p in call.pieces(self.tok.detokenizer(), StopMatcher(req.stops), self.metrics):
             clock.handed(len(p.tokens))
+            if p.prompt_logprobs:
+                prompt_lp = p.prompt_logprobs
+            cached = max(cached, p.cached_tokens)
+            finish = p.finish
+            if req.echo is not None and req.echo.only:
+                continue  # max_tokens 0: the engine's one token is not the answer's
             text.append(p.text)
             n += len(p.tokens)
             if req.logprobs is not None:
                 entries.extend(out.logprob_entries(p.tokens))
-            finish = p.finish
+        prompt = req.prompts[req.prompt_of(out.index)]
+        if req.echo is not None:  # the prompt first, its first token without a logprob
+            text.insert(0, req.echo.texts[req.prompt_of(out.index)])
+            if req.logprobs is not None:
+                entries[:0] = out.echo_entries(prompt, prompt_lp)
+            if req.echo.only:
+                finish = FinishReason.LENGTH
+        rendered_prompt_lp = None if req.prompt_logprobs is None else out.prompt_logprobs(prompt_lp)
         content, reasoning, tool_calls = "".join(text), None, None
         if req.tool_use is not None or req.reasoning is not None:
             content, reasoning, tool_calls = whole_answer_text(req, content)
             if finish is FinishReason.STOP and tool_calls:
                 finish = FinishReason.TOOL_CALLS
         lp = None if req.logprobs is None else out.logprobs(entries, 0)
-        return out.choice(content, lp, finish, tool_calls, reasoning), n
+        return (out.choice(content, lp, finish, tool_calls, reasoning, rendered_prompt_lp), n,
+                cached, rendered_prompt_lp)
 
     async def _whole(self, req: PreparedRequest, calls: list[EngineCall],
                      outs: list[OpenAIRenderer], outcome: RequestOutcome) -> Response:
@@ -159,7 +177,10 @@ class Frontend:
                 tasks = [asyncio.ensure_future(self._whole_choice(req, c, o, clock))
                          for c, o in zip(calls, outs)]
                 choices = await asyncio.gather(*tasks)
-            body = outs[0].answer([c for c, _ in choices], sum(n for _, n in choices))
+            # The cache's tokens once per prompt: its first choice's.
+            cached = sum(c[2] for i, c in enumerate(choices) if i % req.n == 0)
+            body = outs[0].answer([c[0] for c in choices], sum(c[1] for c in choices), cached,
+                                  choices[0][3] if req.chat else None)
             outcome.complete()
             return Response(body, media_type="application/json",
                             headers={"X-Request-Id": req.header_rid})

@@ -171,6 +171,8 @@ class Piece:
     text: str
     tokens: list[Any]
     finish: Optional[FinishReason]
+    prompt_logprobs: Any = ()  # the engine's GenerateResponse.prompt_logprobs (first message)
+    cached_tokens: int = 0     # the prompt tokens the prefix cache served (last message)
 
 
 class EngineCall:
@@ -244,11 +246,12 @@ class EngineCall:
             metrics.generation_tokens.inc(len(resp.tokens))
             if stop.stopped:
                 self.call.cancel()
-                yield Piece(text, list(resp.tokens), FinishReason.STOP)
+                yield Piece(text, list(resp.tokens), FinishReason.STOP, resp.prompt_logprobs)
                 return
             if resp.finish_reason in _FAILED_FINISHES:
                 raise await self.failed(resp.finish_reason)
-            yield Piece(text, list(resp.tokens), FINISH_OF.get(resp.finish_reason))
+            yield Piece(text, list(resp.tokens), FINISH_OF.get(resp.finish_reason),
+                        resp.prompt_logprobs, resp.usage.cached_tokens if ended else 0)
             if ended:
                 return
             resp = await self.call.read()
@@ -273,7 +276,7 @@ class RequestOutcome:
         self.end = AnswerEnd.CLIENT_GONE
         self.failed_status = 500
         metrics.running.inc()
-        metrics.prompt_tokens.inc(len(req.prompt_ids))
+        metrics.prompt_tokens.inc(req.prompt_tokens)
 
     def complete(self) -> None:
         self.end = AnswerEnd.COMPLETE

@@ -61,7 +61,6 @@ UNSUPPORTED_FIELDS: dict[str, Unsupported] = {
     "structural_tag": _CONSTRAINED,
     "use_beam_search": _BEAM,
     "length_penalty": Unsupported("length_penalty (of beam search) is not supported", (1.0,)),
-    "prompt_logprobs": Unsupported("prompt logprobs are not supported"),
     "include_stop_str_in_output": Unsupported("include_stop_str_in_output is not supported: the "
                                               "answer ends before its stop string", (False,)),
     "skip_special_tokens": Unsupported("special tokens are always skipped in the text", (True,)),
@@ -138,6 +137,8 @@ class _Sampling(BaseModel):
     stop_token_ids: Optional[list[Int32]] = None
     ignore_eos: Optional[bool] = False
     return_tokens_as_token_ids: Optional[bool] = False  # logprobs' tokens as "token_id:ID"
+    # vLLM's: every prompt token's logprob and the top N of its position (the first has none).
+    prompt_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
     request_id: Optional[str] = None  # the answer's and the engine's request id (X-Request-Id wins)
 
 
@@ -145,8 +146,10 @@ class CompletionRequest(_Sampling):
     # Token ids first: pydantic's smart union tries the members in order, and a million ids behind
     # str and list[str] took 0.5 s of the event loop to validate (0.1 s first). JSON's [], which
     # fits every list member, is the empty prompt whichever it becomes.
+    # Several prompts (a list of texts or of token-id lists): one choice per prompt and n.
     prompt: Union[list[int], str, list[str], list[list[int]]]
-    max_tokens: Optional[int] = Field(default=16, ge=1, le=INT32_MAX)  # OpenAI's default
+    # OpenAI's default. 0 only with echo: the answer is the prompt alone (validation.py).
+    max_tokens: Optional[int] = Field(default=16, ge=0, le=INT32_MAX)
     logprobs: Optional[int] = Field(default=None, ge=0, le=20)
     echo: Optional[bool] = False
     suffix: Optional[str] = None

@@ -72,7 +72,9 @@ class OpenAIRenderer:
         self.tok = tok
         self.ids_as_tokens = req.ids_as_tokens
         self.top_n = req.logprobs or 0
-        self.prompt_tokens = len(req.prompt_ids)
+        self.prompt_tokens = req.prompt_tokens
+        self.prompt_tokens_details = req.prompt_tokens_details
+        self.prompt_top_n = req.prompt_logprobs or 0  # vLLM's prompt_logprobs entries
         ident = f'{{"id":{_jstr(req.rid)},"object":'
         meta = f',"created":{int(req.created)},"model":{_jstr(req.model)},"choices":['
         chunk_object = '"chat.completion.chunk"' if req.chat else '"text_completion"'
@@ -134,8 +136,9 @@ class OpenAIRenderer:
             out.append(self.text_event("", logprobs))
         return "".join(out)
 
-    def usage_event(self, completion_tokens: int) -> str:
-        return self.head + '],"usage":' + dumps(self.usage(completion_tokens)) + "}\n\n"
+    def usage_event(self, completion_tokens: int, cached_tokens: int = 0) -> str:
+        return self.head + '],"usage":' + dumps(self.usage(completion_tokens, cached_tokens)) + \
+            "}\n\n"
 
     # ---- the whole answer ------------------------------------------------------------------
     def whole(self, text: str, logprobs: Optional[str], finish: Optional[FinishReason],
@@ -145,14 +148,17 @@ class OpenAIRenderer:
         return self.answer([self.choice(text, logprobs, finish, tool_calls, reasoning)],
                            completion_tokens)
 
-    def answer(self, choices: list[str], completion_tokens: int) -> bytes:
-        """A non-streamed answer's body: its choices (rendered by choice()) and the usage."""
+    def answer(self, choices: list[str], completion_tokens: int, cached_tokens: int = 0,
+               prompt_logprobs: Optional[str] = None) -> bytes:
+        """A non-streamed answer's body: its choices (rendered by choice()) and the usage; chat's
+        prompt_logprobs (rendered) where asked, after the usage (vLLM's place for them)."""
+        tail = "}" if prompt_logprobs is None else ',"prompt_logprobs":' + prompt_logprobs + "}"
         return (self.whole_head + ",".join(choices) + '],"usage":' +
-                dumps(self.usage(completion_tokens)) + "}").encode()
+                dumps(self.usage(completion_tokens, cached_tokens)) + tail).encode()
 
     def choice(self, text: str, logprobs: Optional[str], finish: Optional[FinishReason],
                tool_calls: Optional[list[ToolCall]] = None,
-               reasoning: Optional[str] = None) -> str:
+               reasoning: Optional[str] = None, prompt_logprobs: Optional[str] = None) -> str:
         """This renderer's choice of a whole answer. With tool calls (chat), the message has
         them, and its content is null where the model wrote none; with the reasoning split
         (--reasoning-parser), the message has reasoning_content (null where there was none, or
@@ -174,11 +180,51 @@ class OpenAIRenderer:
             choice = head + message + "}"
         else:
             choice = head + '"text":' + _jstr(text)
-        return choice + ',"logprobs":' + lp + ',"finish_reason":' + reason + "}"
+        # completions' prompt_logprobs (rendered) are the choice's, as vLLM places them.
+        extra = "" if prompt_logprobs is None or self.chat else \
+            ',"prompt_logprobs":' + prompt_logprobs
+        return choice + ',"logprobs":' + lp + ',"finish_reason":' + reason + extra + "}"
 
-    def usage(self, completion_tokens: int) -> dict[str, int]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": self.prompt_tokens + completion_tokens}
+    def usage(self, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+        """The usage; with --enable-prompt-tokens-details, prompt_tokens_details.cached_tokens
+        (the prompt tokens the prefix cache served), as vLLM reports it with that option."""
+        u: dict[str, Any] = {"prompt_tokens": self.prompt_tokens,
+                             "completion_tokens": completion_tokens,
+                             "total_tokens": self.prompt_tokens + completion_tokens}
+        if self.prompt_tokens_details:
+            u["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+        return u
+
+    # ---- the prompt's logprobs -------------------------------------------------------------
+    def echo_entries(self, prompt_ids: list[int], prompt_logprobs: Any) -> list[dict[str, Any]]:
+        """completions' echo with logprobs: an entry per prompt token (as logprobs() renders them),
+        the first without a logprob or top logprobs (null, as OpenAI and vLLM give them), the
+        others with their position's (the engine's GenerateResponse.prompt_logprobs)."""
+        entries: list[dict[str, Any]] = []
+        for k, token_id in enumerate(prompt_ids):
+            text, _ = self._token_text(token_id)
+            if k == 0 or k > len(prompt_logprobs):
+                entries.append({"token": text, "logprob": None, "top_logprobs": None})
+                continue
+            lp = prompt_logprobs[k - 1]
+            tops = [{"token": self._token_text(e.token_id)[0], "logprob": e.logprob}
+                    for e in lp.top_logprobs[:self.top_n]]
+            entries.append({"token": text, "logprob": lp.logprob, "top_logprobs": tops})
+        return entries
+
+    def prompt_logprobs(self, prompt_logprobs: Any) -> str:
+        """vLLM's prompt_logprobs, rendered: null for the first prompt token, then per token a map
+        of token id to {logprob, rank, decoded_token}: the prompt's token, then its position's top
+        N (prompt_logprobs' N)."""
+        out: list[Optional[dict[str, Any]]] = [None]
+        for lp in prompt_logprobs:
+            d = {str(lp.token_id): {"logprob": lp.logprob, "rank": lp.rank,
+                                    "decoded_token": self._token_text(lp.token_id)[0]}}
+            for rank, e in enumerate(lp.top_logprobs[:self.prompt_top_n], start=1):
+                d.setdefault(str(e.token_id), {"logprob": e.logprob, "rank": rank,
+                                               "decoded_token": self._token_text(e.token_id)[0]})
+            out.append(d)
+        return dumps(out)
 
     # ---- logprobs --------------------------------------------------------------------------
     def logprob_entries(self, tokens: Any) -> list[dict[str, Any]]:
@@ -204,7 +250,9 @@ class OpenAIRenderer:
         for e in entries:
             out["tokens"].append(e["token"])
             out["token_logprobs"].append(e["logprob"])
-            out["top_logprobs"].append({t["token"]: t["logprob"] for t in e["top_logprobs"]})
+            top = e["top_logprobs"]  # None: the first prompt token's (echo)
+            out["top_logprobs"].append(None if top is None else
+                                       {t["token"]: t["logprob"] for t in top})
             out["text_offset"].append(offset)
             offset += len(e["token"])
         return dumps(out)

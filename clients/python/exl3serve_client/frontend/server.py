@@ -197,6 +197,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-n", type=_positive, default=DEFAULT_MAX_N,
                     help=f"the most choices (n) one request may ask for (default {DEFAULT_MAX_N}); "
                          "more are refused 400")
+    ap.add_argument("--enable-prompt-tokens-details", action="store_true",
+                    help="usage.prompt_tokens_details.cached_tokens in every answer: the prompt "
+                         "tokens the engine's prefix cache served (vLLM's option; off: no "
+                         "prompt_tokens_details, as vLLM without it)")
     ap.add_argument("--enable-auto-tool-choice", action="store_true",
                     help="vLLM's switch for tool_choice auto, taken for vLLM's command lines: "
                          "here tool_choice auto is on wherever --tool-call-parser gives a format")
@@ -257,7 +261,8 @@ def _serve(args: argparse.Namespace, sock: socket.socket, on_serving: Callable[[
                                         args.allowed_headers, args.allow_credentials),
                                     access_log=not args.disable_access_log,
                                     tool_call_parser=args.tool_call_parser,
-                                    reasoning_parser=args.reasoning_parser, max_n=args.max_n))
+                                    reasoning_parser=args.reasoning_parser, max_n=args.max_n,
+                                    enable_prompt_tokens_details=args.enable_prompt_tokens_details))
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on")
     server = uvicorn.Server(config)
@@ -304,6 +309,8 @@ def _worker_argv(args: argparse.Namespace, created: int) -> WorkerArgv:
         if args.reasoning_parser is not None:
             out += ["--reasoning-parser", args.reasoning_parser]
         out += ["--max-n", str(args.max_n)]
+        if args.enable_prompt_tokens_details:
+            out.append("--enable-prompt-tokens-details")
         return out  # the API key reaches the workers in their environment (main)
     return argv
 

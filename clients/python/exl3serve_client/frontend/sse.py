@@ -60,6 +60,7 @@ class _Choice:
     """One choice's stream: its tokens so far, and events made but not yet written when it failed."""
     tokens: int = 0
     unsent: str = ""
+    cached_tokens: int = 0  # the prompt tokens the prefix cache served (the engine's last message)
 
 
 async def _choice_events(req: PreparedRequest, call: EngineCall, out: OpenAIRenderer,
@@ -86,21 +87,30 @@ async def _choice_events(req: PreparedRequest, call: EngineCall, out: OpenAIRend
     pending = out.role_event() if req.chat else ""
     offset = 0
     resp = call.first
+    # completions' echo: the prompt's text (and logprobs) start the first text event; with
+    # max_tokens 0 (echo.only) the engine's one token is left out.
+    echo = req.echo
+    echo_text = None if echo is None else echo.texts[req.prompt_of(out.index)]
+    echo_only = echo is not None and echo.only
     try:
         while True:
             if resp is grpc.aio.EOF:
                 raise APIError(500, "the engine's stream ended without a finish reason")
-            tokens = resp.tokens
+            tokens: Any = resp.tokens if not echo_only else []
             k = len(tokens)
             ended = resp.finish_reason != unspecified
-            if add_bytes is not None:
+            if ended:
+                state.cached_tokens = resp.usage.cached_tokens
+            if k == 0:
+                text = ""
+            elif add_bytes is not None:
                 if k == 1:
                     text = add_bytes(token_bytes(tokens[0].token_id))
                 else:
                     text = add_bytes(b"".join([token_bytes(t.token_id) for t in tokens]))
             else:
                 text = detok.add([t.token_id for t in tokens])
-            if ended:
+            if ended and not echo_only:
                 text += detok.finish()
             if stop is not None:
                 text = stop.push(text, final=ended)
@@ -112,10 +122,16 @@ async def _choice_events(req: PreparedRequest, call: EngineCall, out: OpenAIRend
             elif ended:
                 if resp.finish_reason in _FAILED_FINISHES:
                     raise await call.failed(resp.finish_reason)
-                finish = FINISH_OF.get(resp.finish_reason)
+                finish = FinishReason.LENGTH if echo_only else FINISH_OF.get(resp.finish_reason)
             state.tokens += k
             shown = 0  # tokens whose text this write hands to the client
             entries = out.logprob_entries(tokens) if want_lp else None
+            if echo_text is not None:
+                text = echo_text + text
+                if entries is not None:
+                    prompt = req.prompts[req.prompt_of(out.index)]
+                    entries = out.echo_entries(prompt, resp.prompt_logprobs) + entries
+                echo_text = None
             if parsed is not None:  # chat with tools or reasoning: their deltas
                 if text or entries or finish is not None:
                     lp = None if not entries else out.logprobs(entries, offset)
@@ -180,7 +196,8 @@ async def stream_events(req: PreparedRequest, calls: list[EngineCall],
             yield (unsent + error_event(err) + DONE_EVENT).encode()
             return
         if req.include_usage:
-            text += outs[0].usage_event(sum(s.tokens for s in states))
+            cached = sum(s.cached_tokens for i, s in enumerate(states) if i % req.n == 0)
+            text += outs[0].usage_event(sum(s.tokens for s in states), cached)
         yield (text + DONE_EVENT).encode()
         outcome.complete()
     finally:

@@ -41,6 +41,9 @@ MAX_STOP_STRINGS = 16
 # --max-n's default: the most choices one request may ask for.
 DEFAULT_MAX_N = 16
 
+# At most this many prompts in one completions request (each prompt's n choices are engine requests).
+MAX_PROMPTS = 256
+
 _U64 = 0xFFFFFFFFFFFFFFFF
 
 
@@ -86,8 +89,8 @@ class PreparedRequest:
     """One generation request, validated: the engine request and what the answer needs."""
     endpoint: Endpoint
     model: str
-    prompt_ids: list[int]
-    engine_request: pb.GenerateRequest
+    prompts: list[list[int]]         # token ids; several only for completions' list of prompts
+    engine_request: pb.GenerateRequest  # of prompts[0] (choice_requests makes every choice's)
     stops: list[str]
     stream: bool
     include_usage: bool
@@ -95,7 +98,11 @@ class PreparedRequest:
     ids_as_tokens: bool = False      # logprobs name tokens "token_id:ID" (vLLM's extension)
     tool_use: Optional[ToolUse] = None  # the answer's text is parsed for tool calls
     reasoning: Optional[ReasoningSplit] = None  # the answer's reasoning is split from its content
-    n: int = 1                       # choices: n generations of the prompt (choice_requests)
+    n: int = 1                       # choices: n generations of each prompt (choice_requests)
+    # completions' echo: each choice's text (and logprobs) starts with its prompt's
+    echo: Optional["Echo"] = None
+    prompt_logprobs: Optional[int] = None  # vLLM's prompt_logprobs field (the answer's)
+    prompt_tokens_details: bool = False  # usage has prompt_tokens_details (cached_tokens)
     header_rid: str = ""             # the answer's X-Request-Id: the client's id, else rid
     started: float = field(default_factory=time.monotonic)
     rid: str = ""
@@ -105,20 +112,42 @@ class PreparedRequest:
     def chat(self) -> bool:
         return self.endpoint is Endpoint.CHAT_COMPLETIONS
 
+    @property
+    def prompt_tokens(self) -> int:
+        """The usage's prompt tokens: every prompt's, once (not once per choice)."""
+        return sum(len(p) for p in self.prompts)
+
+    def prompt_of(self, choice: int) -> int:
+        """The prompt (index into prompts) of choice `choice`: OpenAI numbers a request's choices
+        prompt by prompt, n each."""
+        return choice // self.n
+
     def choice_requests(self) -> list[pb.GenerateRequest]:
-        """The engine request of each choice: engine_request for one; for n, copies whose
-        request_id ends -INDEX and whose seed (if the request has one) is choice_seed's."""
-        if self.n == 1:
+        """The engine request of each choice, prompt by prompt and n each: engine_request for
+        one; else copies with the choice's prompt, whose request_id ends -INDEX and whose seed (if
+        the request has one) is choice_seed's of the choice's number among its prompt's n."""
+        if self.n == 1 and len(self.prompts) == 1:
             return [self.engine_request]
         out = []
-        for i in range(self.n):
-            r = pb.GenerateRequest()
-            r.CopyFrom(self.engine_request)
-            r.request_id = f"{self.engine_request.request_id}-{i}"
-            if self.engine_request.sampling.HasField("seed"):
-                r.sampling.seed = choice_seed(self.engine_request.sampling.seed, i)
-            out.append(r)
+        for p, ids in enumerate(self.prompts):
+            for i in range(self.n):
+                r = pb.GenerateRequest()
+                r.CopyFrom(self.engine_request)
+                if p > 0:
+                    r.prompt_token_ids[:] = ids
+                r.request_id = f"{self.engine_request.request_id}-{p * self.n + i}"
+                if self.engine_request.sampling.HasField("seed"):
+                    r.sampling.seed = choice_seed(self.engine_request.sampling.seed, i)
+                out.append(r)
         return out
+
+
+@dataclass(frozen=True)
+class Echo:
+    """completions' echo: the prompts' texts that start their choices' texts; `only`: max_tokens 0,
+    the answer is the prompt alone (as vLLM, the engine makes one token, which is dropped)."""
+    texts: list[str]
+    only: bool = False
 
 
 def client_request_id(value: Optional[str], what: str) -> Optional[str]:
@@ -241,8 +270,9 @@ class RequestValidator:
                  request_timeout_s: float,
                  tool_format: Optional[ToolCallFormat] = None,
                  reasoning_format: Optional[ReasoningFormat] = None,
-                 max_n: int = DEFAULT_MAX_N) -> None:
+                 max_n: int = DEFAULT_MAX_N, prompt_tokens_details: bool = False) -> None:
         self.tok = tok
+        self.prompt_tokens_details = prompt_tokens_details  # --enable-prompt-tokens-details
         self.tool_format = tool_format  # the model's tool-call format (None: it has none)
         self.reasoning_format = reasoning_format  # --reasoning-parser (None: not split)
         self.max_n = max_n
@@ -255,27 +285,47 @@ class RequestValidator:
     async def completion(self, body: CompletionRequest,
                          client_rid: Optional[str]) -> PreparedRequest:
         self._common(body, Endpoint.COMPLETIONS)
-        if body.echo:
-            raise APIError(400, "echo is not supported", param="echo")
         if body.suffix:
             raise APIError(400, "suffix is not supported", param="suffix")
         p = body.prompt
-        if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
-            p = p[0]
-        if isinstance(p, str):
-            ids = await self.prompt_ids(p, True, "prompt")
-        elif isinstance(p, list) and all(isinstance(t, int) for t in p):
-            ids = [t for t in p if isinstance(t, int)]  # all of them
+        # One prompt (a text or token ids), or several (texts or token-id lists).
+        if isinstance(p, str) or (isinstance(p, list) and all(isinstance(t, int) for t in p)):
+            given: list[Any] = [p]
+        else:
+            given = list(p)
+        if len(given) > MAX_PROMPTS:
+            raise APIError(400, f"at most {MAX_PROMPTS} prompts per request, not {len(given)}",
+                           param="prompt")
+        if len(given) * (body.n or 1) > MAX_PROMPTS:
+            raise APIError(400, f"{len(given)} prompts x n={body.n} choices: at most {MAX_PROMPTS} "
+                           "choices per request", param="n")
+        prompts = []
+        for k, one in enumerate(given):
+            if isinstance(one, str):
+                prompts.append(await self.prompt_ids(one, True, "prompt"))
+                continue
+            ids = [t for t in one if isinstance(t, int)]  # all of them
             if ids and (min(ids) < -INT32_MAX - 1 or max(ids) > INT32_MAX):
                 i, bad = next((i, t) for i, t in enumerate(ids)
                               if not -INT32_MAX - 1 <= t <= INT32_MAX)
-                raise APIError(400, f"prompt token {i} is {bad}, beyond a token id's range (int32)",
-                               param="prompt")
-        else:
-            raise APIError(400, "one prompt per request: a string or a list of token ids",
-                           param="prompt")
-        return self._prepare(body, Endpoint.COMPLETIONS, ids, body.max_tokens, body.logprobs,
-                             client_rid)
+                where = "prompt" if len(given) == 1 else f"prompt {k}"
+                raise APIError(400, f"{where} token {i} is {bad}, beyond a token id's range "
+                               "(int32)", param="prompt")
+            prompts.append(ids)
+        max_tokens = body.max_tokens
+        echo = None
+        if body.echo:
+            # The prompt's text as given, or its tokens' text.
+            texts = [one if isinstance(one, str) else self.tok.decode(ids)
+                     for one, ids in zip(given, prompts)]
+            echo = Echo(texts, only=max_tokens == 0)
+            if max_tokens == 0:
+                max_tokens = 1  # the engine makes one token, which the answer leaves out
+        elif max_tokens == 0:
+            raise APIError(400, "max_tokens must be at least 1 (0 only with echo: the prompt "
+                           "alone)", param="max_tokens")
+        return self._prepare(body, Endpoint.COMPLETIONS, prompts, max_tokens, body.logprobs,
+                             client_rid, echo=echo)
 
     async def chat(self, body: ChatCompletionRequest,
                    client_rid: Optional[str]) -> PreparedRequest:
@@ -290,7 +340,7 @@ class RequestValidator:
         ids = await self.prompt_ids(text, False, "messages")
         max_tokens = body.max_completion_tokens or body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        return self._prepare(body, Endpoint.CHAT_COMPLETIONS, ids, max_tokens, logprobs,
+        return self._prepare(body, Endpoint.CHAT_COMPLETIONS, [ids], max_tokens, logprobs,
                              client_rid,
                              "max_completion_tokens" if body.max_completion_tokens else "max_tokens",
                              tool_use, reasoning)
@@ -439,31 +489,40 @@ class RequestValidator:
             raise APIError(400, f"at most {MAX_STOP_STRINGS} stop strings", param="stop")
         return [s for s in stops if s]
 
-    def _prepare(self, body: _Sampling, endpoint: Endpoint, prompt_ids: list[int],
+    def _prepare(self, body: _Sampling, endpoint: Endpoint, prompts: list[list[int]],
                  max_tokens: Optional[int], logprobs: Optional[int], client_rid: Optional[str],
                  max_tokens_param: str = "max_tokens",
                  tool_use: Optional[ToolUse] = None,
-                 reasoning: Optional[ReasoningSplit] = None) -> PreparedRequest:
+                 reasoning: Optional[ReasoningSplit] = None,
+                 echo: Optional[Echo] = None) -> PreparedRequest:
         chat = endpoint is Endpoint.CHAT_COMPLETIONS
-        if not prompt_ids:
+        if not prompts or not all(prompts):
             raise APIError(400, "the prompt is empty", param="prompt")
         ctx = self.max_context()
-        if len(prompt_ids) >= ctx:
-            raise prompt_too_long(ctx, len(prompt_ids), "messages" if chat else "prompt")
+        longest = max(len(p) for p in prompts)
+        if longest >= ctx:
+            raise prompt_too_long(ctx, longest, "messages" if chat else "prompt")
         if max_tokens is None:
-            max_tokens = ctx - len(prompt_ids)
-        elif len(prompt_ids) + max_tokens > ctx:
+            max_tokens = ctx - longest
+        elif longest + max_tokens > ctx:
             raise APIError(400, f"This model's maximum context length is {ctx} tokens. However, "
-                           f"you requested {len(prompt_ids) + max_tokens} tokens "
-                           f"({len(prompt_ids)} in the prompt, {max_tokens} for the completion). "
+                           f"you requested {longest + max_tokens} tokens "
+                           f"({longest} in the prompt, {max_tokens} for the completion). "
                            "Please reduce the length of the prompt or the completion.",
                            param=max_tokens_param, code="context_length_exceeded")
+        if body.prompt_logprobs is not None and body.stream:
+            raise APIError(400, "prompt_logprobs is not available with stream (as vLLM): ask "
+                           "without stream, or use echo with logprobs on completions",
+                           param="prompt_logprobs")
+        # The engine's prompt logprobs: vLLM's field, and echo's with logprobs (its top N).
+        wanted = [k for k in (body.prompt_logprobs,
+                              logprobs if echo is not None else None) if k is not None]
         temperature = 1.0 if body.temperature is None else body.temperature
         seed = None if body.seed is None else body.seed & 0xFFFFFFFFFFFFFFFF
         client_rid = client_rid or client_request_id(body.request_id, "request_id")
         rid = ("chatcmpl-" if chat else "cmpl-") + (client_rid or uuid.uuid4().hex)
         req = make_generate_request(
-            prompt_ids, max_tokens=max_tokens, temperature=temperature,
+            prompts[0], max_tokens=max_tokens, temperature=temperature,
             top_p=body.top_p or 0.0, top_k=max(body.top_k or 0, 0), min_p=body.min_p or 0.0,
             repetition_penalty=body.repetition_penalty or 0.0,
             presence_penalty=body.presence_penalty or 0.0,
@@ -478,11 +537,15 @@ class RequestValidator:
             set_constraint(req.sampling, constraint)
         for token, bias in logit_bias(body.logit_bias).items():
             req.sampling.logit_bias[token] = bias
+        if wanted:
+            req.prompt_logprobs = max(wanted)
         return PreparedRequest(
-            endpoint=endpoint, model=self.model_name(), prompt_ids=prompt_ids,
+            endpoint=endpoint, model=self.model_name(), prompts=prompts,
             engine_request=req, stops=self._stops(body), stream=bool(body.stream),
             include_usage=bool(body.stream and body.stream_options and
                                body.stream_options.include_usage),
             logprobs=logprobs, rid=rid, header_rid=client_rid or rid,
             ids_as_tokens=bool(body.return_tokens_as_token_ids), tool_use=tool_use,
-            reasoning=reasoning, n=body.n or 1)
+            reasoning=reasoning, n=body.n or 1, echo=echo,
+            prompt_logprobs=body.prompt_logprobs,
+            prompt_tokens_details=self.prompt_tokens_details)
