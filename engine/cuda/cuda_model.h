@@ -92,6 +92,9 @@ class CudaModel final : public ModelRunner {
   absl::Status AllocateKvCache(const KvCacheShape& shape) override;
   absl::Status Forward(const StepBatch& batch, float* logits) override;
   absl::Status CheckDraftVerification() const override;
+  // Prompt chunks wanting every row run eagerly like any prefill chunk; the step's logit rows
+  // (StepTokens::logit_tokens) come back whatever their number.
+  absl::Status CheckPromptLogitRows() const override { return absl::OkStatus(); }
   bool SamplesRows(const SamplingParams& params) const override {
     return sampler_ != nullptr && DeviceSampler::Supports(params);
   }

@@ -9,7 +9,8 @@
 #      engine_cuda_qwen4exp_residual_test and engine_cuda_qsa_test (Qwen4-Exp's gated residual
 #      stream and QSA attention) and engine_cuda_dsv4_test: the kernels against the CPU references and whole models
 #      (tests/fixtures/engine) against the CPU engine and transformers; Qwen3-Next's state through
-#      the engine (preemption, a failed step);
+#      the engine (preemption, a failed step); engine_cuda_speculative_test (n-gram drafts verified
+#      on the GPU) and engine_cuda_prompt_logprobs_test (prompt logprobs on the GPU), through the Engine;
 #   2. compute-sanitizer: memcheck on a GQA, a GLM-MoE-DSA and a Qwen3-Next fixture's generation,
 #      racecheck on the kernel tests (the DeltaNet's, KDA's and the k-pooled indexer's too) and one
 #      short generation, memcheck on KDA's and the indexed attention's layer tests, DeepSeek-V4's
@@ -79,6 +80,7 @@ if want test; then
   run_test engine_cuda_qwen4exp_residual_test qwen4-residual-test.log "^qwen4 " 200
   run_test engine_cuda_qsa_test qsa-test.log "^qsa " 100
   run_test engine_cuda_speculative_test speculative-test.log " GPU K=| repeating prompt " 60
+  run_test engine_cuda_prompt_logprobs_test prompt-logprobs-test.log "worst prompt logprob" 40
 fi
 if want sanitize && command -v compute-sanitizer > /dev/null; then
   echo "=== compute-sanitizer"

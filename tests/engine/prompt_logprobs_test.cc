@@ -16,6 +16,7 @@
 #include "model/safetensors.h"
 #include "tests/engine/engine_requests.h"
 #include "tests/engine/fake_model_runner.h"
+#include "tests/engine/prompt_logprobs_check.h"
 
 namespace exl3::engine {
 namespace {
@@ -54,36 +55,13 @@ class PromptLogprobsTest : public ::testing::TestWithParam<const char*> {
   // Checks prompt i's prompt logprobs against the reference logits' log_softmax; returns the
   // worst absolute logprob error.
   double CheckAgainstReference(size_t i, const std::vector<SampledToken>& got) {
-    const std::vector<int32_t>& prompt = prompts_[i];
-    EXPECT_EQ(got.size(), prompt.size() - 1);
-    double worst = 0;
-    for (size_t p = 0; p + 1 < prompt.size() && p < got.size(); ++p) {
-      const float* row = &logits_[i][p * vocab_];
-      double max_logit = row[0], max_abs = 0;
-      for (int t = 0; t < vocab_; ++t) {
-        max_logit = std::max<double>(max_logit, row[t]);
-        max_abs = std::max<double>(max_abs, std::fabs(row[t]));
-      }
-      double sum = 0;
-      for (int t = 0; t < vocab_; ++t) sum += std::exp(row[t] - max_logit);
-      const double log_z = max_logit + std::log(sum);
-      // The fixtures bound logits to 1e-3 relative; a logprob moves by at most twice a logit's error.
-      const double bound = 2e-3 * max_abs + 1e-5;
-      EXPECT_EQ(got[p].token, prompt[p + 1]) << "position " << p;
-      EXPECT_TRUE(got[p].logprob.has_value());
-      if (!got[p].logprob.has_value()) continue;
-      const double err = std::fabs(*got[p].logprob - (row[prompt[p + 1]] - log_z));
-      EXPECT_LT(err, bound) << "prompt " << i << " position " << p;
-      worst = std::max(worst, err);
-      // The top N: the reference's best N logits (ties aside), in order.
-      EXPECT_EQ(got[p].top_logprobs.size(), static_cast<size_t>(kTopN));
-      std::vector<float> sorted(row, row + vocab_);
-      std::partial_sort(sorted.begin(), sorted.begin() + kTopN, sorted.end(), std::greater<float>());
-      for (int k = 0; k < kTopN && k < static_cast<int>(got[p].top_logprobs.size()); ++k)
-        EXPECT_LT(std::fabs(got[p].top_logprobs[k].logprob - (sorted[k] - log_z)), bound)
-            << "prompt " << i << " position " << p << " top " << k;
-    }
-    return worst;
+    SCOPED_TRACE(::testing::Message() << "prompt " << i);
+    // The fixtures bound logits to 1e-3 relative; a logprob moves by at most twice a logit's error.
+    return testing::CheckPromptLogprobs(prompts_[i], logits_[i], vocab_, got, kTopN, [&](const float* row) {
+      double max_abs = 0;
+      for (int t = 0; t < vocab_; ++t) max_abs = std::max<double>(max_abs, std::fabs(row[t]));
+      return 2e-3 * max_abs + 1e-5;
+    });
   }
 
   std::vector<std::vector<int32_t>> prompts_, greedy_;
