@@ -12,18 +12,6 @@ struct TokenGrammar::Impl {};
 struct TokenGrammarCompiler::Impl {};
 struct TokenConstraint::Matcher {};
 
-const char* ConstraintKindName(ConstraintKind kind) {
-  switch (kind) {
-    case ConstraintKind::kJsonSchema: return "json_schema";
-    case ConstraintKind::kJsonObject: return "json_object";
-    case ConstraintKind::kRegex: return "regex";
-    case ConstraintKind::kGrammar: return "grammar";
-    case ConstraintKind::kChoice: return "choice";
-    case ConstraintKind::kTaggedJson: return "tagged_json";
-  }
-  return "unknown";
-}
-
 TokenGrammar::TokenGrammar(std::unique_ptr<Impl> impl, int vocab_size)
     : impl_(std::move(impl)), vocab_size_(vocab_size) {}
 TokenGrammar::~TokenGrammar() = default;

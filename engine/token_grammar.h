@@ -41,7 +41,17 @@ enum class ConstraintKind {
   kTaggedJson,  // tagged: the output is one alternative's begin, JSON of its schema, its end
 };
 
-const char* ConstraintKindName(ConstraintKind kind);
+inline const char* ConstraintKindName(ConstraintKind kind) {
+  switch (kind) {
+    case ConstraintKind::kJsonSchema: return "json_schema";
+    case ConstraintKind::kJsonObject: return "json_object";
+    case ConstraintKind::kRegex: return "regex";
+    case ConstraintKind::kGrammar: return "grammar";
+    case ConstraintKind::kChoice: return "choice";
+    case ConstraintKind::kTaggedJson: return "tagged_json";
+  }
+  return "unknown";
+}
 
 // JSON between two fixed strings: a tool call in the model's tags.
 struct TaggedJson {

@@ -20,6 +20,7 @@
 #include "model/safetensors.h"
 #include "model/testmodel/test_model.h"
 #include "tests/engine/engine_requests.h"
+#include "tests/engine/speculative_runs.h"
 
 namespace exl3::engine {
 namespace {
@@ -27,15 +28,13 @@ namespace {
 using testing::Greedy32;
 using testing::Int32Rows;
 using testing::RequestResults;
-
-std::unique_ptr<CpuModel> OpenFixtureModel(const std::string& dir, int micro_batches = 1) {
-  CpuModelOptions mo;
-  mo.num_threads = 2;
-  mo.micro_batches = micro_batches;
-  auto model = CpuModel::Open(dir, mo);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return model.ok() ? std::move(*model) : nullptr;
-}
+using testing::Ids;
+using testing::OpenCpuFixtureModel;
+using testing::Repeating;
+using testing::RunOnce;
+using testing::SpeculativeEngineOptions;
+using testing::Sum;
+using RunResult = testing::SpeculativeRun;
 
 SpeculativeOptions Mtp(int k) {
   SpeculativeOptions s;
@@ -44,25 +43,6 @@ SpeculativeOptions Mtp(int k) {
   return s;
 }
 
-std::vector<int32_t> Ids(const std::vector<SampledToken>& tokens) {
-  std::vector<int32_t> ids;
-  for (const SampledToken& t : tokens) ids.push_back(t.token);
-  return ids;
-}
-
-int64_t Sum(const std::vector<int64_t>& v) {
-  int64_t s = 0;
-  for (int64_t x : v) s += x;
-  return s;
-}
-
-struct RunResult {
-  std::vector<std::vector<SampledToken>> tokens;
-  std::vector<FinishInfo> finish;
-  EngineStats stats;
-  double seconds = 0;
-};
-
 class MtpSpeculativeDecodingTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
@@ -70,34 +50,15 @@ class MtpSpeculativeDecodingTest : public ::testing::TestWithParam<const char*> 
     ASSERT_TRUE(ref.ok()) << ref.status();
     prompts_ = Int32Rows(**ref, "prompt.");
     greedy_ = Int32Rows(**ref, "greedy.");
-    for (size_t i = 0; i < prompts_.size(); ++i) {  // prompt, its continuation, its first 4 again
-      std::vector<int32_t> p = prompts_[i];
-      p.insert(p.end(), greedy_[i].begin(), greedy_[i].end());
-      p.insert(p.end(), greedy_[i].begin(), greedy_[i].begin() + 4);
-      repeating_.push_back(p);
-    }
+    for (size_t i = 0; i < prompts_.size(); ++i) repeating_.push_back(Repeating(prompts_[i], greedy_[i]));
   }
 
   EngineOptions Options(const SpeculativeOptions& speculative, int kv_blocks = 256) const {
-    EngineOptions eo;
-    eo.block_size = 4;  // the MTP's chained positions cross blocks often
-    eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, kv_blocks};
-    eo.scheduler.max_num_batched_tokens = 24;  // chunked prefill beside decode and verify chunks
-    eo.scheduler.speculative = speculative;
-    return eo;
+    return SpeculativeEngineOptions(speculative, kv_blocks);  // blocks of 4: the MTP's chained positions cross them often
   }
 
   RunResult Run(const EngineOptions& eo, const std::vector<GenerateParams>& params, int micro_batches = 1) {
-    Engine engine(eo, OpenFixtureModel(GetParam(), micro_batches));
-    const absl::Status started = engine.Start();
-    EXPECT_TRUE(started.ok()) << started;
-    RunResult out;
-    const auto t0 = std::chrono::steady_clock::now();
-    out.tokens = testing::RunAllAtOnce(engine, params, &out.finish);
-    out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    engine.Stop();
-    out.stats = engine.Stats();
-    return out;
+    return RunOnce(eo, OpenCpuFixtureModel(GetParam(), micro_batches), params);
   }
 
   std::vector<GenerateParams> GreedyRequests() const {
@@ -241,7 +202,7 @@ TEST_P(MtpSpeculativeDecodingTest, PreemptionGivesTheSameTokensAndFreesEverythin
 }
 
 TEST_P(MtpSpeculativeDecodingTest, CancelledMidRequestLeavesTheCacheIdle) {
-  Engine engine(Options(Mtp(4)), OpenFixtureModel(GetParam()));
+  Engine engine(Options(Mtp(4)), OpenCpuFixtureModel(GetParam()));
   ASSERT_TRUE(engine.Start().ok());
   RequestResults r;
   GenerateParams g = Greedy32(repeating_[0]);
@@ -324,7 +285,7 @@ TEST_P(SyntheticMtpTest, DraftsAndDecodesAsPlainDecoding) {
     eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 64};
     eo.scheduler.max_num_batched_tokens = 16;
     eo.scheduler.speculative = speculative;
-    Engine engine(eo, OpenFixtureModel(dir.string()));
+    Engine engine(eo, OpenCpuFixtureModel(dir.string()));
     const absl::Status started = engine.Start();
     EXPECT_TRUE(started.ok()) << started;
     std::vector<FinishInfo> finish;

@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
 #include "tests/engine/engine_requests.h"
+#include "tests/engine/speculative_runs.h"
 
 namespace exl3::engine {
 namespace {
@@ -27,20 +28,18 @@ namespace {
 using testing::Greedy32;
 using testing::Int32Rows;
 using testing::RequestResults;
+using testing::Ids;
+using testing::OpenCpuFixtureModel;
+using testing::Repeating;
+using testing::RunOnce;
+using testing::SpeculativeEngineOptions;
+using testing::Sum;
+using RunResult = testing::SpeculativeRun;
 
 const char* const kFixtures[] = {"tests/fixtures/engine/glm4_moe_all",    "tests/fixtures/engine/qwen3_moe_all",
                                  "tests/fixtures/engine/mixtral_all",      "tests/fixtures/engine/deepseek_v3_all",
                                  "tests/fixtures/engine/glm_moe_dsa_all",  "tests/fixtures/engine/qwen3_next_all",
                                  "tests/fixtures/engine/glm5_next_all",    "tests/fixtures/engine/qwen4_exp_all"};
-
-std::unique_ptr<CpuModel> OpenFixtureModel(const std::string& dir, int micro_batches = 1) {
-  CpuModelOptions mo;
-  mo.num_threads = 2;
-  mo.micro_batches = micro_batches;
-  auto model = CpuModel::Open(dir, mo);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return model.ok() ? std::move(*model) : nullptr;
-}
 
 SpeculativeOptions Ngram(int k) {
   SpeculativeOptions s;
@@ -53,23 +52,6 @@ SpeculativeOptions Ngram(int k) {
   return s;
 }
 
-// A prompt built to repeat: a fixture prompt, the model's greedy continuation of it, then that
-// continuation's first 4 tokens again. The tiny random models pick the next token mostly by the
-// current one, so they go on repeating their continuation, which the drafter finds earlier in
-// the prompt.
-std::vector<int32_t> Repeating(const std::vector<int32_t>& prompt, const std::vector<int32_t>& greedy) {
-  std::vector<int32_t> p = prompt;
-  p.insert(p.end(), greedy.begin(), greedy.end());
-  p.insert(p.end(), greedy.begin(), greedy.begin() + 4);
-  return p;
-}
-
-struct RunResult {
-  std::vector<std::vector<SampledToken>> tokens;  // per request, in submission order
-  std::vector<FinishInfo> finish;
-  EngineStats stats;  // after Stop
-};
-
 class SpeculativeDecodingTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
@@ -81,24 +63,12 @@ class SpeculativeDecodingTest : public ::testing::TestWithParam<const char*> {
   }
 
   EngineOptions Options(const SpeculativeOptions& speculative, int kv_blocks = 256) const {
-    EngineOptions eo;
-    eo.block_size = 4;
-    eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, kv_blocks};
-    eo.scheduler.max_num_batched_tokens = 24;  // chunked prefill beside decode and verify chunks
-    eo.scheduler.speculative = speculative;
-    return eo;
+    return SpeculativeEngineOptions(speculative, kv_blocks);
   }
 
   // Every request at once through a fresh engine.
   RunResult Run(const EngineOptions& eo, const std::vector<GenerateParams>& params, int micro_batches = 1) {
-    Engine engine(eo, OpenFixtureModel(GetParam(), micro_batches));
-    const absl::Status started = engine.Start();
-    EXPECT_TRUE(started.ok()) << started;
-    RunResult out;
-    out.tokens = testing::RunAllAtOnce(engine, params, &out.finish);
-    engine.Stop();
-    out.stats = engine.Stats();
-    return out;
+    return RunOnce(eo, OpenCpuFixtureModel(GetParam(), micro_batches), params);
   }
 
   std::vector<GenerateParams> GreedyRequests() const {
@@ -110,18 +80,6 @@ class SpeculativeDecodingTest : public ::testing::TestWithParam<const char*> {
 
   std::vector<std::vector<int32_t>> prompts_, greedy_, repeating_;
 };
-
-std::vector<int32_t> Ids(const std::vector<SampledToken>& tokens) {
-  std::vector<int32_t> ids;
-  for (const SampledToken& t : tokens) ids.push_back(t.token);
-  return ids;
-}
-
-int64_t Sum(const std::vector<int64_t>& v) {
-  int64_t s = 0;
-  for (int64_t x : v) s += x;
-  return s;
-}
 
 TEST_P(SpeculativeDecodingTest, GreedyTokensEqualPlainDecodingAtK124) {
   const std::vector<GenerateParams> params = GreedyRequests();
@@ -242,7 +200,7 @@ TEST_P(SpeculativeDecodingTest, CancelledMidRequestLeavesTheCacheIdle) {
   // Two sequences at most: the recurrent families' two state slots must both come back.
   EngineOptions eo = Options(Ngram(4));
   eo.scheduler.max_num_seqs = 2;
-  Engine engine(eo, OpenFixtureModel(GetParam()));
+  Engine engine(eo, OpenCpuFixtureModel(GetParam()));
   ASSERT_TRUE(engine.Start().ok());
   RequestResults r;
   GenerateParams g = Greedy32(repeating_[0]);
@@ -294,7 +252,7 @@ TEST(SpeculativeDecodingRefusalTest, CompressedCacheFamilyRefusedByName) {
     EngineOptions eo;
     eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 64};
     eo.scheduler.speculative = Ngram(2);
-    Engine engine(eo, OpenFixtureModel(dir));
+    Engine engine(eo, OpenCpuFixtureModel(dir));
     const absl::Status st = engine.Start();
     EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << dir << ": " << st;
     EXPECT_NE(st.message().find(arch), std::string_view::npos) << st;
@@ -306,7 +264,7 @@ TEST(SpeculativeDecodingRefusalTest, BadOptionsRefusedAtStart) {
   EngineOptions eo;
   eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 64};
   eo.scheduler.speculative = Ngram(0);
-  Engine engine(eo, OpenFixtureModel("tests/fixtures/engine/glm4_moe_all"));
+  Engine engine(eo, OpenCpuFixtureModel("tests/fixtures/engine/glm4_moe_all"));
   EXPECT_EQ(engine.Start().code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -19,6 +19,7 @@
 #include "model/safetensors.h"
 #include "tests/engine/cuda/gpu_test_support.h"
 #include "tests/engine/engine_requests.h"
+#include "tests/engine/speculative_runs.h"
 
 namespace exl3::engine::cuda {
 namespace {
@@ -32,34 +33,17 @@ std::unique_ptr<CudaModel> OpenGpuModel(const std::string& dir) {
   return model.ok() ? std::move(*model) : nullptr;
 }
 
-EngineOptions Options(int k) {
-  EngineOptions eo;
-  eo.block_size = 16;
-  eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 64};
-  eo.scheduler.max_num_batched_tokens = 24;  // chunked prefill beside decode and verify chunks
+// A fresh engine over the GPU model; n-gram drafts at K = k (0: none).
+testing::SpeculativeRun RunAll(const std::string& dir, int k, const std::vector<GenerateParams>& params) {
+  SpeculativeOptions ngram;
   if (k > 0) {
-    eo.scheduler.speculative.method = SpeculativeMethod::kNgram;
-    eo.scheduler.speculative.num_speculative_tokens = k;
-    eo.scheduler.speculative.prompt_lookup_min = 1;
-    eo.scheduler.speculative.prompt_lookup_max = 3;
+    ngram.method = SpeculativeMethod::kNgram;
+    ngram.num_speculative_tokens = k;
+    ngram.prompt_lookup_min = 1;
+    ngram.prompt_lookup_max = 3;
   }
-  return eo;
-}
-
-struct RunResult {
-  std::vector<std::vector<SampledToken>> tokens;
-  EngineStats stats;
-};
-
-RunResult RunAll(const std::string& dir, int k, const std::vector<GenerateParams>& params) {
-  Engine engine(Options(k), OpenGpuModel(dir));
-  const absl::Status started = engine.Start();
-  EXPECT_TRUE(started.ok()) << started;
-  RunResult out;
-  out.tokens = testing::RunAllAtOnce(engine, params);
-  engine.Stop();
-  out.stats = engine.Stats();
-  return out;
+  return testing::RunOnce(testing::SpeculativeEngineOptions(ngram, /*kv_blocks=*/64, /*block_size=*/16),
+                          OpenGpuModel(dir), params);
 }
 
 class CudaSpeculativeDecodingTest : public ::testing::TestWithParam<const char*> {};
@@ -72,15 +56,10 @@ TEST_P(CudaSpeculativeDecodingTest, GreedyTokensEqualPlainDecodingAtK124) {
   const std::vector<std::vector<int32_t>> prompts = Int32Rows(**ref, "prompt."), greedy = Int32Rows(**ref, "greedy.");
   std::vector<GenerateParams> params;
   for (const auto& p : prompts) params.push_back(Greedy32(p, /*logprobs=*/2));
-  for (size_t i = 0; i < 2; ++i) {  // a prompt, its greedy continuation, that continuation's start again
-    std::vector<int32_t> p = prompts[i];
-    p.insert(p.end(), greedy[i].begin(), greedy[i].end());
-    p.insert(p.end(), greedy[i].begin(), greedy[i].begin() + 4);
-    params.push_back(Greedy32(p, /*logprobs=*/2));
-  }
-  const RunResult plain = RunAll(dir, 0, params);
+  for (size_t i = 0; i < 2; ++i) params.push_back(Greedy32(testing::Repeating(prompts[i], greedy[i]), /*logprobs=*/2));
+  const testing::SpeculativeRun plain = RunAll(dir, 0, params);
   for (int k : {1, 2, 4}) {
-    const RunResult spec = RunAll(dir, k, params);
+    const testing::SpeculativeRun spec = RunAll(dir, k, params);
     ASSERT_EQ(spec.tokens.size(), params.size());
     for (size_t i = 0; i < params.size(); ++i) {
       ASSERT_EQ(spec.tokens[i].size(), plain.tokens[i].size());

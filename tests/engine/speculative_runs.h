@@ -1,0 +1,84 @@
+// What the speculative-decoding tests share (tests/engine/speculative_decoding_test.cc,
+// mtp_speculative_decoding_test.cc and tests/engine/cuda/speculative_decoding_test.cc): the
+// engine they run, prompts built to repeat, and a run of every request at once.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/cpu_model.h"
+#include "engine/engine.h"
+#include "gtest/gtest.h"
+#include "tests/engine/engine_requests.h"
+
+namespace exl3::engine::testing {
+
+inline std::unique_ptr<CpuModel> OpenCpuFixtureModel(const std::string& dir, int micro_batches = 1) {
+  CpuModelOptions mo;
+  mo.num_threads = 2;
+  mo.micro_batches = micro_batches;
+  auto model = CpuModel::Open(dir, mo);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? std::move(*model) : nullptr;
+}
+
+// Blocks of `block_size`, a 24-token step budget: chunked prefill beside decode and verify chunks.
+inline EngineOptions SpeculativeEngineOptions(const SpeculativeOptions& speculative, int kv_blocks = 256,
+                                              int block_size = 4) {
+  EngineOptions eo;
+  eo.block_size = block_size;
+  eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, kv_blocks};
+  eo.scheduler.max_num_batched_tokens = 24;
+  eo.scheduler.speculative = speculative;
+  return eo;
+}
+
+// A prompt built to repeat: a fixture prompt, the model's greedy continuation of it, then that
+// continuation's first 4 tokens again. The tiny random models pick the next token mostly by the
+// current one, so they go on repeating their continuation, which a drafter finds earlier in the
+// prompt.
+inline std::vector<int32_t> Repeating(const std::vector<int32_t>& prompt, const std::vector<int32_t>& greedy) {
+  std::vector<int32_t> p = prompt;
+  p.insert(p.end(), greedy.begin(), greedy.end());
+  p.insert(p.end(), greedy.begin(), greedy.begin() + 4);
+  return p;
+}
+
+inline std::vector<int32_t> Ids(const std::vector<SampledToken>& tokens) {
+  std::vector<int32_t> ids;
+  for (const SampledToken& t : tokens) ids.push_back(t.token);
+  return ids;
+}
+
+inline int64_t Sum(const std::vector<int64_t>& v) {
+  int64_t s = 0;
+  for (int64_t x : v) s += x;
+  return s;
+}
+
+struct SpeculativeRun {
+  std::vector<std::vector<SampledToken>> tokens;  // per request, in submission order
+  std::vector<FinishInfo> finish;
+  EngineStats stats;  // after Stop
+  double seconds = 0;  // from the first submission to the last request's end
+};
+
+// Every request at once through a fresh engine over `runner`.
+inline SpeculativeRun RunOnce(const EngineOptions& eo, std::unique_ptr<ModelRunner> runner,
+                              const std::vector<GenerateParams>& params) {
+  Engine engine(eo, std::move(runner));
+  const absl::Status started = engine.Start();
+  EXPECT_TRUE(started.ok()) << started;
+  SpeculativeRun out;
+  const auto t0 = std::chrono::steady_clock::now();
+  out.tokens = RunAllAtOnce(engine, params, &out.finish);
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  engine.Stop();
+  out.stats = engine.Stats();
+  return out;
+}
+
+}  // namespace exl3::engine::testing
