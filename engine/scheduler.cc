@@ -256,7 +256,9 @@ ScheduledStep Scheduler::Schedule() {
   }
 
   // 3. Drafts for the decoding sequences, oldest first, from what budget and blocks are left.
-  if (options_.speculative.enabled() && step.preempted.empty()) AddDrafts(budget, step.batch);
+  const int draft_limit = options_.speculative.disable_by_batch_size;
+  if (options_.speculative.enabled() && step.preempted.empty() && (draft_limit == 0 || NumRunning() <= draft_limit))
+    AddDrafts(budget, step.batch);
   step.batch.keep_hidden_states = options_.speculative.method == SpeculativeMethod::kMtp;
   return step;
 }

@@ -37,6 +37,10 @@ absl::StatusOr<NgramDrafterOptions> NgramOptionsOf(const SpeculativeOptions& o) 
 }
 
 absl::Status ValidateSpeculativeOptions(const SpeculativeOptions& o) {
+  if (o.disable_by_batch_size < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("speculative disable_by_batch_size must be >= 0, not ",
+                                                   o.disable_by_batch_size));
+  }
   if (!o.enabled()) return absl::OkStatus();
   if (o.num_speculative_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -40,11 +40,16 @@ struct SpeculativeOptions {
   int num_speculative_tokens = 0;          // K; >= 1 with a drafter
   std::optional<int> prompt_lookup_max;    // n-gram: longest suffix matched
   std::optional<int> prompt_lookup_min;    // n-gram: shortest suffix matched
+  // No drafts in a step while more than this many sequences run (0: no limit): at large batches
+  // a verify chunk's extra rows cost compute the step no longer has spare (vLLM's
+  // speculative_disable_by_batch_size).
+  int disable_by_batch_size = 0;
 
   bool enabled() const { return method != SpeculativeMethod::kOff; }
 };
 
-// Checks the options: a drafter needs num_speculative_tokens >= 1; 1 <= min <= max.
+// Checks the options: a drafter needs num_speculative_tokens >= 1; 1 <= min <= max;
+// disable_by_batch_size >= 0.
 absl::Status ValidateSpeculativeOptions(const SpeculativeOptions& options);
 // The n-gram drafter's match lengths with the defaults above filled in.
 absl::StatusOr<NgramDrafterOptions> NgramOptionsOf(const SpeculativeOptions& options);

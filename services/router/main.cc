@@ -106,6 +106,8 @@ ABSL_FLAG(int32_t, ngram_prompt_lookup_max, 0,
           "ngram: longest suffix matched (0: --ngram-prompt-lookup-min, or 5 when both are 0, as vLLM)");
 ABSL_FLAG(int32_t, ngram_prompt_lookup_min, 0,
           "ngram: shortest suffix matched (0: --ngram-prompt-lookup-max, or 5 when both are 0, as vLLM)");
+ABSL_FLAG(int32_t, speculative_disable_by_batch_size, 0,
+          "no drafts in a step while more than this many sequences run (0: no limit; vLLM's name)");
 ABSL_FLAG(int32_t, max_pending_requests, 1024,
           "Generate requests accepted and unfinished; beyond it RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, generate_timeout_ms, 600000,
@@ -151,6 +153,7 @@ absl::StatusOr<std::unique_ptr<Generation>> StartGeneration(const std::string& m
     spec.prompt_lookup_max = absl::GetFlag(FLAGS_ngram_prompt_lookup_max);
   if (absl::GetFlag(FLAGS_ngram_prompt_lookup_min) != 0)
     spec.prompt_lookup_min = absl::GetFlag(FLAGS_ngram_prompt_lookup_min);
+  spec.disable_by_batch_size = absl::GetFlag(FLAGS_speculative_disable_by_batch_size);
   EXL3_RETURN_IF_ERROR(engine::ValidateSpeculativeOptions(spec));
   e.max_pending_requests = absl::GetFlag(FLAGS_max_pending_requests);
   return Generation::Start(g, router, registry);

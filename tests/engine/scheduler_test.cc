@@ -414,6 +414,33 @@ TEST(Scheduler, DraftsWithinTheTokenBudget) {
   EXPECT_GT(d.sched().speculative_counters().num_draft_tokens, 0);
 }
 
+// speculative disable_by_batch_size: no drafts while more sequences run than it allows; drafts
+// again once fewer do.
+TEST(Scheduler, NoDraftsWhileMoreSequencesRunThanTheLimit) {
+  SchedulerOptions opt;
+  opt.speculative.method = SpeculativeMethod::kNgram;
+  opt.speculative.num_speculative_tokens = 2;
+  opt.speculative.prompt_lookup_min = 1;
+  opt.speculative.prompt_lookup_max = 1;
+  opt.speculative.disable_by_batch_size = 1;
+  Driver d(opt, kLargeCache);
+  for (int id : {1, 2}) {
+    SequenceRequest r = Request(1, 0, id == 1 ? 6 : 40);
+    r.prompt.resize(32);
+    std::iota(r.prompt.begin(), r.prompt.end(), 0);
+    d.sched().Add(id, r);
+  }
+  int steps_with_drafts_beside = 0, steps_with_drafts_alone = 0;
+  for (int i = 0; i < 60 && !d.sched().Empty(); ++i) {
+    const int running = d.sched().NumRunning();
+    const ScheduledStep step = d.Step();
+    const bool drafts = step.batch.NumLogitRows() > static_cast<int>(step.batch.chunks.size());
+    (running > 1 ? steps_with_drafts_beside : steps_with_drafts_alone) += drafts;
+  }
+  EXPECT_EQ(steps_with_drafts_beside, 0);
+  EXPECT_GT(steps_with_drafts_alone, 0);
+}
+
 // Speculative method mtp: after each step the scheduler names every running sequence's kept
 // positions with the tokens after them (a prompt chunk: all; a verify chunk: the last token and
 // its accepted drafts), asks drafts of the decoding ones, takes the blocks of the MTP's chained
