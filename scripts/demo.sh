@@ -64,6 +64,7 @@ PIDS=()
 cleanup() {
   local status=$?
   trap - EXIT INT TERM
+  [ -z "${KEEP_SLEEP:-}" ] || kill "$KEEP_SLEEP" 2>/dev/null || true
   if [ ${#PIDS[@]} -gt 0 ]; then
     say "shutting down (SIGTERM, drain)"
     kill -TERM "${PIDS[@]}" 2>/dev/null || true
@@ -256,5 +257,12 @@ if [ "$KEEP" = 1 ]; then
   echo "  curl $OPENAI_URL/chat/completions -H 'Content-Type: application/json' \\"
   echo "    -d '{\"model\": \"$(basename "$MODEL")\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}'"
   echo "stack left running (router 127.0.0.1:$RP${PROM_URL:+, Prometheus $PROM_URL}); Ctrl-C stops it"
-  while true; do sleep 3600; done
+  # Waiting in the builtin `wait`: Ctrl-C interrupts it and runs the INT trap at once. (Behind a
+  # foreground `sleep`, bash acts on SIGINT only if the sleep dies of it; one that reached the
+  # forked child before its exec left the loop starting the next sleep, and the stack down.)
+  while true; do
+    sleep 3600 &
+    KEEP_SLEEP=$!
+    wait "$KEEP_SLEEP"
+  done
 fi
