@@ -26,13 +26,9 @@ namespace exl3::engine {
 namespace {
 
 using testing::Greedy32;
-using testing::Int32Rows;
 using testing::RequestResults;
 using testing::Ids;
 using testing::OpenCpuFixtureModel;
-using testing::Repeating;
-using testing::RunOnce;
-using testing::SpeculativeEngineOptions;
 using testing::Sum;
 using RunResult = testing::SpeculativeRun;
 
@@ -43,32 +39,10 @@ SpeculativeOptions Mtp(int k) {
   return s;
 }
 
-class MtpSpeculativeDecodingTest : public ::testing::TestWithParam<const char*> {
+class MtpSpeculativeDecodingTest : public testing::CpuSpeculativeFixtureTest {
  protected:
-  void SetUp() override {
-    auto ref = TensorSource::Open(std::string(GetParam()) + "/reference.safetensors");
-    ASSERT_TRUE(ref.ok()) << ref.status();
-    prompts_ = Int32Rows(**ref, "prompt.");
-    greedy_ = Int32Rows(**ref, "greedy.");
-    for (size_t i = 0; i < prompts_.size(); ++i) repeating_.push_back(Repeating(prompts_[i], greedy_[i]));
-  }
-
-  EngineOptions Options(const SpeculativeOptions& speculative, int kv_blocks = 256) const {
-    return SpeculativeEngineOptions(speculative, kv_blocks);  // blocks of 4: the MTP's chained positions cross them often
-  }
-
-  RunResult Run(const EngineOptions& eo, const std::vector<GenerateParams>& params, int micro_batches = 1) {
-    return RunOnce(eo, OpenCpuFixtureModel(GetParam(), micro_batches), params);
-  }
-
-  std::vector<GenerateParams> GreedyRequests() const {
-    std::vector<GenerateParams> params;
-    for (const auto& p : prompts_) params.push_back(Greedy32(p, /*logprobs=*/2));
-    for (const auto& p : repeating_) params.push_back(Greedy32(p, /*logprobs=*/2));
-    return params;
-  }
-
-  std::vector<std::vector<int32_t>> prompts_, greedy_, repeating_;
+  // Every prompt repeats too; blocks of 4 (the shared options): the MTP's chained positions cross them often.
+  void SetUp() override { LoadFixture(SIZE_MAX); }
 };
 
 TEST_P(MtpSpeculativeDecodingTest, GreedyTokensEqualPlainDecodingAtK124) {

@@ -26,13 +26,9 @@ namespace exl3::engine {
 namespace {
 
 using testing::Greedy32;
-using testing::Int32Rows;
 using testing::RequestResults;
 using testing::Ids;
 using testing::OpenCpuFixtureModel;
-using testing::Repeating;
-using testing::RunOnce;
-using testing::SpeculativeEngineOptions;
 using testing::Sum;
 using RunResult = testing::SpeculativeRun;
 
@@ -52,33 +48,9 @@ SpeculativeOptions Ngram(int k) {
   return s;
 }
 
-class SpeculativeDecodingTest : public ::testing::TestWithParam<const char*> {
+class SpeculativeDecodingTest : public testing::CpuSpeculativeFixtureTest {
  protected:
-  void SetUp() override {
-    auto ref = TensorSource::Open(std::string(GetParam()) + "/reference.safetensors");
-    ASSERT_TRUE(ref.ok()) << ref.status();
-    prompts_ = Int32Rows(**ref, "prompt.");
-    greedy_ = Int32Rows(**ref, "greedy.");
-    repeating_ = {Repeating(prompts_[0], greedy_[0]), Repeating(prompts_[1], greedy_[1])};  // 41, 49 tokens
-  }
-
-  EngineOptions Options(const SpeculativeOptions& speculative, int kv_blocks = 256) const {
-    return SpeculativeEngineOptions(speculative, kv_blocks);
-  }
-
-  // Every request at once through a fresh engine.
-  RunResult Run(const EngineOptions& eo, const std::vector<GenerateParams>& params, int micro_batches = 1) {
-    return RunOnce(eo, OpenCpuFixtureModel(GetParam(), micro_batches), params);
-  }
-
-  std::vector<GenerateParams> GreedyRequests() const {
-    std::vector<GenerateParams> params;
-    for (const auto& p : prompts_) params.push_back(Greedy32(p, /*logprobs=*/2));
-    for (const auto& p : repeating_) params.push_back(Greedy32(p, /*logprobs=*/2));
-    return params;
-  }
-
-  std::vector<std::vector<int32_t>> prompts_, greedy_, repeating_;
+  void SetUp() override { LoadFixture(2); }  // repeating prompts of 41 and 49 tokens
 };
 
 TEST_P(SpeculativeDecodingTest, GreedyTokensEqualPlainDecodingAtK124) {

@@ -12,6 +12,7 @@
 #include "engine/cpu_model.h"
 #include "engine/engine.h"
 #include "gtest/gtest.h"
+#include "model/safetensors.h"
 #include "tests/engine/engine_requests.h"
 
 namespace exl3::engine::testing {
@@ -80,5 +81,38 @@ inline SpeculativeRun RunOnce(const EngineOptions& eo, std::unique_ptr<ModelRunn
   out.stats = engine.Stats();
   return out;
 }
+
+// The CPU speculative tests' fixture (parameter: a fixture directory): its prompts, their greedy
+// continuations, prompts built to repeat from the first `num_repeating`, and runs of every request
+// at once through a fresh CPU engine.
+class CpuSpeculativeFixtureTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void LoadFixture(size_t num_repeating) {
+    auto ref = TensorSource::Open(std::string(GetParam()) + "/reference.safetensors");
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    prompts_ = Int32Rows(**ref, "prompt.");
+    greedy_ = Int32Rows(**ref, "greedy.");
+    for (size_t i = 0; i < num_repeating && i < prompts_.size(); ++i)
+      repeating_.push_back(Repeating(prompts_[i], greedy_[i]));
+  }
+
+  EngineOptions Options(const SpeculativeOptions& speculative, int kv_blocks = 256) const {
+    return SpeculativeEngineOptions(speculative, kv_blocks);
+  }
+
+  SpeculativeRun Run(const EngineOptions& eo, const std::vector<GenerateParams>& params, int micro_batches = 1) {
+    return RunOnce(eo, OpenCpuFixtureModel(GetParam(), micro_batches), params);
+  }
+
+  // Every fixture prompt and every repeating one: greedy, 32 tokens, top-2 logprobs.
+  std::vector<GenerateParams> GreedyRequests() const {
+    std::vector<GenerateParams> params;
+    for (const auto& p : prompts_) params.push_back(Greedy32(p, /*logprobs=*/2));
+    for (const auto& p : repeating_) params.push_back(Greedy32(p, /*logprobs=*/2));
+    return params;
+  }
+
+  std::vector<std::vector<int32_t>> prompts_, greedy_, repeating_;
+};
 
 }  // namespace exl3::engine::testing
