@@ -138,17 +138,7 @@ TEST_P(MtpSpeculativeDecodingTest, TwoMicroBatchesGiveTheSameTokens) {
 }
 
 TEST_P(MtpSpeculativeDecodingTest, SeededSamplingGivesPlainDecodingsTokens) {
-  std::vector<GenerateParams> params;
-  for (size_t i = 0; i < repeating_.size(); ++i) {
-    for (uint64_t seed : {1u, 2u, 3u}) {
-      GenerateParams g = Greedy32(repeating_[i]);
-      g.sampling.temperature = seed <= 2 ? 0.3f : 1.0f;
-      g.sampling.top_p = 0.95f;
-      g.sampling.repetition_penalty = 1.05f;
-      g.sampling.seed = seed;
-      params.push_back(g);
-    }
-  }
+  const std::vector<GenerateParams> params = testing::SeededSamplingRequests(repeating_, {1u, 2u, 3u});
   const RunResult plain = Run(Options({}), params);
   const RunResult spec = Run(Options(Mtp(3)), params);
   for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(Ids(spec.tokens[i]), Ids(plain.tokens[i])) << "request " << i;

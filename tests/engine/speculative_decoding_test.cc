@@ -109,18 +109,7 @@ TEST_P(SpeculativeDecodingTest, EachAcceptedDraftSavesAStep) {
 TEST_P(SpeculativeDecodingTest, SeededSamplingGivesPlainDecodingsTokens) {
   // Row j of a verify chunk draws with the draw index of the token it would be: each emitted
   // token is plain decoding's for the same seed (and so has its distribution).
-  std::vector<GenerateParams> params;
-  for (size_t i = 0; i < repeating_.size(); ++i) {
-    for (uint64_t seed : {1u, 2u, 3u, 4u}) {
-      GenerateParams g = Greedy32(repeating_[i]);
-      // Low enough that the model repeats itself and drafts land (seeds 1, 2), or 1 (3, 4).
-      g.sampling.temperature = seed <= 2 ? 0.3f : 1.0f;
-      g.sampling.top_p = 0.95f;
-      g.sampling.repetition_penalty = 1.05f;  // the history with drafts matters to each row
-      g.sampling.seed = seed;
-      params.push_back(g);
-    }
-  }
+  const std::vector<GenerateParams> params = testing::SeededSamplingRequests(repeating_, {1u, 2u, 3u, 4u});
   const RunResult plain = Run(Options({}), params);
   const RunResult spec = Run(Options(Ngram(3)), params);
   for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(Ids(spec.tokens[i]), Ids(plain.tokens[i])) << "request " << i;

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,6 +59,25 @@ inline int64_t Sum(const std::vector<int64_t>& v) {
   int64_t s = 0;
   for (int64_t x : v) s += x;
   return s;
+}
+
+// For each prompt and seed, a request sampled at temperature 0.3 (seeds 1, 2: low enough that the
+// model repeats itself and drafts land) or 1 (the others), top-p 0.95 and repetition penalty 1.05
+// (the history with drafts matters to each row).
+inline std::vector<GenerateParams> SeededSamplingRequests(const std::vector<std::vector<int32_t>>& prompts,
+                                                          std::initializer_list<uint64_t> seeds) {
+  std::vector<GenerateParams> params;
+  for (const std::vector<int32_t>& prompt : prompts) {
+    for (uint64_t seed : seeds) {
+      GenerateParams g = Greedy32(prompt);
+      g.sampling.temperature = seed <= 2 ? 0.3f : 1.0f;
+      g.sampling.top_p = 0.95f;
+      g.sampling.repetition_penalty = 1.05f;
+      g.sampling.seed = seed;
+      params.push_back(g);
+    }
+  }
+  return params;
 }
 
 struct SpeculativeRun {

@@ -20,6 +20,7 @@
 #include "engine/step_tokens.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
+#include "tests/engine/one_chunk_step.h"
 #include "tests/engine/relative_error.h"
 
 namespace exl3::engine {
@@ -65,15 +66,7 @@ class VerifyChunkIndexersTest : public ::testing::TestWithParam<const char*> {
   // Positions [start, start + x.size() / hidden) as one chunk with inputs x; its outputs.
   std::vector<float> Run(PagedKvCache& cache, int start, const std::vector<float>& x, int rows) {
     const int H = cfg_->hidden_size, n = static_cast<int>(x.size()) / H;
-    StepBatch batch;
-    SequenceChunk c;
-    c.sequence_id = 1;
-    c.tokens.assign(ids_.begin() + start, ids_.begin() + start + n);
-    c.start_position = start;
-    for (int b = 0; b < kBlocks; ++b) c.block_table.push_back(b);
-    c.wants_logits = true;
-    c.num_logit_rows = rows;
-    batch.chunks.push_back(c);
+    const StepBatch batch = testing::OneChunkStep(ids_, start, n, kBlocks, rows);
     StepTokens tokens;
     const absl::Status flat =
         FlattenStep(batch, cfg_->vocab_size, cache.shape(), cfg_->max_position_embeddings, &tokens);

@@ -24,6 +24,7 @@
 #include "engine/step_tokens.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
+#include "tests/engine/one_chunk_step.h"
 #include "tests/engine/relative_error.h"
 
 namespace exl3::engine {
@@ -102,15 +103,7 @@ class VerifyChunkStatesTest : public ::testing::TestWithParam<Fixture> {
   // Tokens [start, start + n) of the sequence as one chunk wanting `rows` logit rows; runs it
   // through the block and commits. Returns its outputs.
   std::vector<float> Run(SequenceStateStore& store, int start, int n, int rows) {
-    StepBatch batch;
-    SequenceChunk c;
-    c.sequence_id = 1;
-    c.tokens.assign(ids_.begin() + start, ids_.begin() + start + n);
-    c.start_position = start;
-    for (int b = 0; b < kBlocks; ++b) c.block_table.push_back(b);
-    c.wants_logits = true;
-    c.num_logit_rows = rows;
-    batch.chunks.push_back(c);
+    const StepBatch batch = testing::OneChunkStep(ids_, start, n, kBlocks, rows);
     StepTokens tokens;
     const absl::Status flat =
         FlattenStep(batch, cfg_->vocab_size, KvCacheShape{kBlocks, kBlockSize, 1}, cfg_->max_position_embeddings, &tokens);
