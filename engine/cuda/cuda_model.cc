@@ -133,7 +133,10 @@ absl::Status CudaModel::Load(const std::string& dir, const CudaModelOptions& opt
 
   facts_ = std::make_unique<StepFacts>(cfg_, mixers_.split_shape(), device_->sm_count(), options.tensor_core_prefill);
   graphs_ = std::make_unique<DecodeGraphs>(options.cuda_graphs && !options.check_finite && mixers_.graph_capturable());
-  if (options.check_finite) finite_check_ = std::make_unique<FiniteCheck>();
+  if (options.check_finite) {
+    finite_check_ = std::make_unique<FiniteCheck>();
+    residual_->SetFiniteCheck(finite_check_.get());
+  }
   if (options.device_sampling) sampler_ = std::make_unique<DeviceSampler>(cfg_.vocab_size);
   // The uploads ran on the legacy stream, which the engine's non-blocking stream does not wait for.
   EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
