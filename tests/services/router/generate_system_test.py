@@ -689,6 +689,35 @@ class GenerateSystemTest(unittest.TestCase):
             self.assertEqual(call.status, grpc.StatusCode.INVALID_ARGUMENT, bad)
             wait_for(lambda: running() == 0, 10, "the call's request to leave the engine")
 
+    def test_replicas_share_the_load(self):
+        """b2 replicates b (experts 4-7): under concurrent requests both compute sub-requests (each
+        worker's own exl3_worker_requests_total), and the tokens are those of the router alone."""
+        self.c.start_workers(("a", "b", "b2"))
+        r = self.c.start_router()
+        stub = pbg.GeneratorStub(grpc.insecure_channel(r.address))
+        wait_for(lambda: stub.DescribeModel(pb.DescribeModelRequest(), timeout=2).experts ==
+                 "workers" and generate(stub, [1], max_tokens=1), 30, "router with workers ready")
+        metrics = {n: self.c.workers[n].wait_for_log(r"serving on \S+, metrics on (\S+)").group(1)
+                   for n in ("a", "b", "b2")}
+
+        def answered(name):
+            text = urllib.request.urlopen(f"http://{metrics[name]}/metrics",
+                                          timeout=5).read().decode()
+            return sum(float(v) for v in
+                       re.findall(r"^exl3_worker_requests_total\{[^}]*\} (\S+)$", text, re.M))
+        before = {n: answered(n) for n in metrics}
+        with concurrent.futures.ThreadPoolExecutor(8) as ex:
+            futs = [ex.submit(generate, stub, PROMPTS[i % 4]) for i in range(16)]
+            got = [f.result(timeout=120) for f in futs]
+        for i, g in enumerate(got):
+            self.assertEqual(g[0], self.expected[i % 4][0], i)
+        done = {n: answered(n) - before[n] for n in metrics}
+        print(f"\nsub-requests answered under 16 concurrent requests: {done}", file=sys.stderr)
+        self.assertGreater(done["b"], 0)
+        self.assertGreater(done["b2"], 0)
+        # Spread, not a trickle: the replicas share experts 4-7's sub-requests within a factor 3.
+        self.assertLess(max(done["b"], done["b2"]), 3 * min(done["b"], done["b2"]), done)
+
     def test_workers_give_the_same_tokens_and_survive_faults(self):
         # One case: the workers are started once, and the faults run last.
         self.c.start_workers(("a", "b", "b2"))
