@@ -41,8 +41,12 @@ def prometheus(live, tmp_path_factory):
                           f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=log)
     base = f"http://127.0.0.1:{port}"
     try:
-        assert stack.wait_until(lambda: stack.get(f"{base}/-/ready", timeout=1)[0] == 200, 30), \
-            (d / "prometheus.log").read_text()[-2000:]
+        def ready():
+            try:
+                return stack.get(f"{base}/-/ready", timeout=1)[0] == 200
+            except OSError:  # not listening yet
+                return False
+        assert stack.wait_until(ready, 30), (d / "prometheus.log").read_text()[-2000:]
         yield base
     finally:
         p.terminate()
