@@ -109,13 +109,13 @@ def test_one_request_counts_once_with_a_gap_per_message():
 def test_a_stop_string_is_stop_and_a_closed_call_abort():
     s = Scripted()
     req = pb.GenerateRequest(prompt_token_ids=[1, 2], max_tokens=8)
-    stopped = s.m.request("m", time.monotonic(), req, n=2)
+    stopped = s.m.request("m", time.monotonic(), req, n=2)  # a prompt's first choice
     stopped.message(msg(1))
     stopped.message(msg(1), stopped=True)  # the front end found a stop string
-    gone = s.m.request("m", time.monotonic(), req, n=2)
+    gone = s.m.request("m", time.monotonic(), req, n=None)  # its second choice
     gone.message(msg(1))
     gone.close()                           # the client went away
-    never = s.m.request("m", time.monotonic(), req, n=2)
+    never = s.m.request("m", time.monotonic(), req, n=3)
     never.close()                          # no token: no prefill counted
     t = s.text()
     assert value(t, "vllm:request_success_total", finished_reason="stop") == 1
@@ -123,7 +123,8 @@ def test_a_stop_string_is_stop_and_a_closed_call_abort():
     assert value(t, "vllm:prompt_tokens_total") == 4  # two requests with tokens, 2 each
     assert value(t, "vllm:generation_tokens_total") == 3
     assert value(t, "vllm:request_queue_time_seconds_count") == 0  # the engine reported none
-    assert value(t, "vllm:request_params_n_count") == 3
+    assert value(t, "vllm:request_params_n_count") == 2  # once per prompt
+    assert value(t, "vllm:request_params_n_sum") == 5
 
 
 def test_buckets_are_vllms():

@@ -76,6 +76,14 @@ class GenerateSpeculativeTest(FixtureGenerateTest):
               f"{drafts:.0f} draft tokens, {accepted:.0f} accepted, {first:.0f} at position 0")
         self.assertLess(accepted, drafts)  # and some rejected
         self.assertGreater(first, 0)
+        # Generator.EngineStats (what the front end shows as vllm:spec_decode_*): the same totals.
+        st = spec_stub.EngineStats(pb.EngineStatsRequest(), timeout=5)
+        self.assertGreater(st.num_speculative_tokens, 0)
+        self.assertEqual(st.spec_decode_num_drafts, m["exl3_engine_spec_decode_num_drafts_total"])
+        self.assertEqual(st.spec_decode_num_draft_tokens, drafts)
+        self.assertEqual(st.spec_decode_num_accepted_tokens, accepted)
+        self.assertEqual(len(st.spec_decode_num_accepted_tokens_per_pos), st.num_speculative_tokens)
+        self.assertEqual(st.spec_decode_num_accepted_tokens_per_pos[0], first)
 
     def test_experts_in_process(self):
         plain = self.c.start_router(with_map=False)

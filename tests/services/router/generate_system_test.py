@@ -317,6 +317,38 @@ class GenerateSystemTest(unittest.TestCase):
         wait_for(lambda: running() == 0 and kv() == 0, 10,
                  "the closed channel's sequence to leave the engine and free its blocks")
 
+    def test_engine_stats(self):
+        """Generator.EngineStats answers the engine's state: a running sequence and its KV blocks
+        while it runs, nothing after; its totals equal the engine's own metrics (prefix cache);
+        no speculative counters without a speculative method."""
+        stats = lambda: self.stub.EngineStats(pb.EngineStatsRequest(), timeout=5)  # noqa: E731
+        idle = stats()
+        self.assertEqual((idle.num_requests_running, idle.num_requests_waiting), (0, 0))
+        self.assertEqual(idle.kv_cache_usage, 0)
+        long = pb.GenerateRequest(prompt_token_ids=PROMPTS[1], max_tokens=3000, ignore_eos=True)
+        call = self.stub.Generate(long, timeout=60)
+        next(call)  # the sequence runs
+        wait_for(lambda: stats().num_requests_running == 1, 5, "EngineStats: one running")
+        busy = stats()
+        self.assertGreater(busy.kv_cache_usage, 0)
+        self.assertLessEqual(busy.kv_cache_usage, 1)
+        call.cancel()
+        wait_for(lambda: stats().num_requests_running == 0 and stats().kv_cache_usage == 0, 10,
+                 "EngineStats: the cancelled sequence gone")
+        for _ in range(2):  # the same prompt twice: the second is found in the prefix cache
+            generate(self.stub, PROMPTS[1], max_tokens=1)
+        wait_for(lambda: stats().prefix_cache_queried_tokens ==
+                 scrape(self.embedded.metrics, "exl3_engine_prefix_cache_queries_total") and
+                 stats().prefix_cache_hit_tokens ==
+                 scrape(self.embedded.metrics, "exl3_engine_prefix_cache_hits_total"), 5,
+                 "EngineStats' prefix cache totals equal the engine's metrics")
+        s = stats()
+        self.assertGreater(s.prefix_cache_hit_tokens, 0)
+        self.assertEqual(s.num_preemptions,
+                         scrape(self.embedded.metrics, "exl3_engine_num_preemptions_total"))
+        self.assertEqual(s.num_speculative_tokens, 0)
+        self.assertEqual(list(s.spec_decode_num_accepted_tokens_per_pos), [])
+
     def test_kv_capacity_and_request_limit(self):
         """A prompt beyond the whole KV cache is INVALID_ARGUMENT; more unfinished requests than
         --max-pending-requests is RESOURCE_EXHAUSTED, at once, and the held requests go on."""

@@ -228,8 +228,10 @@ class EngineCall:
             raise
         engine.mark(True)
         vllm, model = engine.metrics.vllm, engine.model_name()
-        return [cls(engine, c, first, watcher, vllm.request(model, req.started, r, req.n))
-                for c, first, r in zip(calls, firsts, requests)]
+        # A prompt's `n` is counted once, by its first choice (vLLM counts the parent request).
+        return [cls(engine, c, first, watcher,
+                    vllm.request(model, req.started, r, req.n if i % req.n == 0 else None))
+                for i, (c, first, r) in enumerate(zip(calls, firsts, requests))]
 
     @property
     def client_gone(self) -> bool:

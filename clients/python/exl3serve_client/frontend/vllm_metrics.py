@@ -147,7 +147,9 @@ class VllmMetrics:
         return s
 
     def request(self, model_name: str, started: float, request: pb.GenerateRequest,
-                n: int) -> "VllmRequest":
+                n: Optional[int]) -> "VllmRequest":
+        """`n`: the prompt's `n` where this is its first choice (vllm:request_params_n counts it
+        once), else None."""
         return VllmRequest(self.series(model_name), started, request, n)
 
 
@@ -158,7 +160,7 @@ class VllmRequest:
     abort). Counted once."""
 
     def __init__(self, series: VllmSeries, started: float, request: pb.GenerateRequest,
-                 n: int) -> None:
+                 n: Optional[int]) -> None:
         self.s = series
         self.started = started
         self.prompt_len = len(request.prompt_token_ids)
@@ -207,7 +209,8 @@ class VllmRequest:
         s.max_num_generation_tokens.observe(self.generated)
         if self.max_tokens:
             s.params_max_tokens.observe(self.max_tokens)
-        s.params_n.observe(self.n)
+        if self.n is not None:
+            s.params_n.observe(self.n)
         if last is not None and last.HasField("timings"):
             t = last.timings
             s.queue.observe(t.queue_seconds)
