@@ -50,7 +50,8 @@ _FINISHED_REASON_OF = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "
 
 def one_two_five_buckets(max_value: int) -> tuple[int, ...]:
     """1, 2, 5, 10, 20, 50, ... up to max_value (vLLM's token-count buckets, to max_model_len)."""
-    out, scale = [], 1
+    out: list[int] = []
+    scale = 1
     while True:
         for m in (1, 2, 5):
             if m * scale > max_value:
