@@ -448,9 +448,11 @@ def run(args, build, deploy, tmp):
     time.sleep(args.load_seconds / 2)
     # 2. Names against the live /metrics, fetched under load.
     live = []
-    for name, mp in [("router", rmp), ("frontend", fe_addr)] + [(n, ports[n][1]) for n in ports]:
+    scraped = [("router", f"127.0.0.1:{rmp}"), ("frontend", fe_addr)] + \
+        [(n, f"127.0.0.1:{ports[n][1]}") for n in ports]
+    for name, addr in scraped:
         path = os.path.join(tmp, f"{name}.metrics.txt")
-        open(path, "w").write(http_get(f"http://127.0.0.1:{mp}/metrics"))
+        open(path, "w").write(http_get(f"http://{addr}/metrics"))
         live.append(path)
     r = subprocess.run([sys.executable, os.path.join(HERE, "check_metric_names.py"), "--deploy", deploy,
                         "--doc", args.doc, "--live"] + live, capture_output=True, text=True)
