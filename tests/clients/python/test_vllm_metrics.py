@@ -50,8 +50,8 @@ class Scripted:
         self.per_token = PerTokenSeries()
         self.registry.register(self.per_token)
 
-        def pending(child):
-            h = PendingHistogram(child, self.per_token)
+        def pending(child, mirror=None):
+            h = PendingHistogram(child, self.per_token, mirror)
             self.per_token.items.append(h)
             return h
         self.m = VllmMetrics(self.registry, 4096, pending, pending_count=self._count)
@@ -75,13 +75,13 @@ def test_one_request_counts_once_with_a_gap_per_message():
     s = Scripted()
     req = pb.GenerateRequest(prompt_token_ids=[1, 2, 3], max_tokens=8)
     r = s.m.request("m", time.monotonic(), req, n=1)
-    r.message(msg(1))          # first token: TTFT
-    r.message(msg(2))          # a gap (two tokens in one message: one gap, as vLLM's per step)
-    r.message(msg(0))          # nothing: no gap
+    r.message(msg(1), 1)       # first token: TTFT
+    r.message(msg(2), 2)       # a gap (two tokens in one message: one gap, as vLLM's per step)
+    r.message(msg(0), 0)       # nothing: no gap
     r.message(msg(1, pb.FINISH_REASON_LENGTH,
                   usage=pb.Usage(prompt_tokens=3, completion_tokens=4),
                   timings=pb.GenerateTimings(queue_seconds=0.5, prefill_seconds=0.25,
-                                             first_token_seconds=0.75, total_seconds=2.0)))
+                                             first_token_seconds=0.75, total_seconds=2.0)), 1)
     r.close()                  # already finished: nothing more
     t = s.text()
     lab = {"model_name": "m", "engine": "0"}
@@ -110,10 +110,10 @@ def test_a_stop_string_is_stop_and_a_closed_call_abort():
     s = Scripted()
     req = pb.GenerateRequest(prompt_token_ids=[1, 2], max_tokens=8)
     stopped = s.m.request("m", time.monotonic(), req, n=2)  # a prompt's first choice
-    stopped.message(msg(1))
-    stopped.message(msg(1), stopped=True)  # the front end found a stop string
+    stopped.message(msg(1), 1)
+    stopped.message(msg(1), 1, stopped=True)  # the front end found a stop string
     gone = s.m.request("m", time.monotonic(), req, n=None)  # its second choice
-    gone.message(msg(1))
+    gone.message(msg(1), 1)
     gone.close()                           # the client went away
     never = s.m.request("m", time.monotonic(), req, n=3)
     never.close()                          # no token: no prefill counted

@@ -262,8 +262,9 @@ class EngineCall:
             if ended:
                 text += detok.finish()
             text = stop.push(text, final=ended)
-            metrics.generation_tokens.inc(len(resp.tokens))
-            self.vllm.message(resp, stop.stopped)
+            k = len(resp.tokens)
+            metrics.generation_tokens.inc(k)
+            self.vllm.message(resp, k, stop.stopped)
             if stop.stopped:
                 self.call.cancel()
                 yield Piece(text, list(resp.tokens), FinishReason.STOP, resp.prompt_logprobs)

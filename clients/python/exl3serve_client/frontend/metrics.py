@@ -62,10 +62,12 @@ class PendingCount:
 class PendingHistogram:
     """A histogram series' observations held in the process (a count per bucket and their sum)
     until PerTokenSeries.flush adds them to the series' values: bucket i counts the observations
-    at most its bound and above the one before, as Histogram.observe counts them."""
+    at most its bound and above the one before, as Histogram.observe counts them. `mirror`: a
+    series of another histogram with the same buckets that gets the same observations (a metric
+    under two names) for the cost of one."""
 
-    def __init__(self, child: Any, series: "PerTokenSeries") -> None:
-        self._child = child
+    def __init__(self, child: Any, series: "PerTokenSeries", mirror: Any = None) -> None:
+        self._children = [child] if mirror is None else [child, mirror]
         self._series = series
         self._bounds = list(child._upper_bounds)  # the last is +Inf
         self._counts = [0] * len(self._bounds)
@@ -79,10 +81,11 @@ class PendingHistogram:
 
     def flush(self) -> None:
         if any(self._counts):
-            self._child._sum.inc(self._sum)
-            for bucket, n in zip(self._child._buckets, self._counts):
-                if n:
-                    bucket.inc(n)
+            for child in self._children:
+                child._sum.inc(self._sum)
+                for bucket, n in zip(child._buckets, self._counts):
+                    if n:
+                        bucket.inc(n)
             self._counts = [0] * len(self._bounds)
             self._sum = 0.0
 
@@ -174,8 +177,8 @@ class FrontendMetrics:
         self.per_token.items = [self.generation_tokens, *self.itl_of.values()]
         self.vllm = VllmMetrics(r, max_model_len, self._pending_histogram, self._pending_count)
 
-    def _pending_histogram(self, child: Any) -> PendingHistogram:
-        h = PendingHistogram(child, self.per_token)
+    def _pending_histogram(self, child: Any, mirror: Any = None) -> PendingHistogram:
+        h = PendingHistogram(child, self.per_token, mirror)
         self.per_token.items.append(h)
         return h
 

@@ -117,7 +117,7 @@ async def _choice_events(req: PreparedRequest, call: EngineCall, out: OpenAIRend
                 text = stop.push(text, final=ended)
             gen_tokens.inc(k)
             finish: Optional[FinishReason] = None
-            vllm.message(resp, stop is not None and stop.stopped)
+            vllm.message(resp, k, stop is not None and stop.stopped)
             if stop is not None and stop.stopped:
                 call.call.cancel()
                 finish = FinishReason.STOP

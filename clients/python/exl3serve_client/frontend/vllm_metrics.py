@@ -67,8 +67,8 @@ class VllmSeries:
                  pending_count: Callable) -> None:
         labels = (model_name, ENGINE_INDEX)
         self.ttft = m.ttft.labels(*labels)
-        self.itl = pending_histogram(m.itl.labels(*labels))
-        self.tpot = pending_histogram(m.tpot.labels(*labels))  # vLLM's older name of the same
+        # vLLM's older name of the inter-token latency gets the same observations.
+        self.itl = pending_histogram(m.itl.labels(*labels), m.tpot.labels(*labels))
         self.e2e = m.e2e.labels(*labels)
         self.queue = m.queue.labels(*labels)
         self.prefill = m.prefill.labels(*labels)
@@ -171,17 +171,16 @@ class VllmRequest:
         self.last: Optional[float] = None  # when the previous tokens came
         self.done = False
 
-    def message(self, resp: pb.GenerateResponse, stopped: bool = False) -> None:
-        """`stopped`: a stop string ended the request here (its engine call is cancelled)."""
-        k = len(resp.tokens)
+    def message(self, resp: pb.GenerateResponse, k: int, stopped: bool = False) -> None:
+        """`k`: the message's tokens (len(resp.tokens), which the caller has: each len of a
+        protobuf repeated field costs); `stopped`: a stop string ended the request here (its
+        engine call is cancelled)."""
         if k:
             now = time.monotonic()
             if self.last is None:
                 self.s.ttft.observe(now - self.started)
             else:
-                gap = now - self.last
-                self.s.itl.observe(gap)
-                self.s.tpot.observe(gap)
+                self.s.itl.observe(now - self.last)
             self.last = now
             self.generated += k
             self.s.generation_tokens.inc(k)
