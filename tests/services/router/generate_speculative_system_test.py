@@ -76,6 +76,20 @@ class GenerateSpeculativeTest(FixtureGenerateTest):
               f"{drafts:.0f} draft tokens, {accepted:.0f} accepted, {first:.0f} at position 0")
         self.assertLess(accepted, drafts)  # and some rejected
         self.assertGreater(first, 0)
+        # Generator.EngineStats (what the front end shows as vllm:spec_decode_*): the engine's
+        # totals, which the metrics above reach at their next refresh (every 250 ms).
+        st = spec_stub.EngineStats(pb.EngineStatsRequest(), timeout=5)
+        self.assertGreater(st.num_speculative_tokens, 0)
+        self.assertEqual(len(st.spec_decode_num_accepted_tokens_per_pos), st.num_speculative_tokens)
+        m = wait_for(lambda: (m := scrape(router.metrics))[
+            "exl3_engine_spec_decode_num_drafts_total"] == st.spec_decode_num_drafts and m, 5,
+            "the metrics refreshed to the engine's totals")
+        self.assertEqual(st.spec_decode_num_draft_tokens,
+                         m["exl3_engine_spec_decode_num_draft_tokens_total"])
+        self.assertEqual(st.spec_decode_num_accepted_tokens,
+                         m["exl3_engine_spec_decode_num_accepted_tokens_total"])
+        self.assertEqual(st.spec_decode_num_accepted_tokens_per_pos[0],
+                         m['exl3_engine_spec_decode_num_accepted_tokens_per_pos_total{position="0"}'])
 
     def test_experts_in_process(self):
         plain = self.c.start_router(with_map=False)
