@@ -227,7 +227,9 @@ absl::StatusOr<std::shared_ptr<const TokenGrammar>> TokenGrammarCompiler::Compil
   }
   if (spec.after_reasoning.has_value() &&
       (spec.after_reasoning->start.empty() || spec.after_reasoning->end.empty())) {
-    return absl::InvalidArgumentError("a reasoning block needs its start and end strings");
+    return absl::InvalidArgumentError(absl::StrCat("the ", ConstraintKindName(spec.kind),
+                                                   " constraint: a reasoning block before it "
+                                                   "needs its start and end strings"));
   }
   xgrammar::GrammarCompiler& c = impl_->compiler;
   const std::string what = absl::StrCat("the ", ConstraintKindName(spec.kind), " constraint");

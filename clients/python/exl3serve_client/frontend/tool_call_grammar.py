@@ -11,7 +11,7 @@ each call's arguments held to its function's parameters schema.
 glm45's arguments, as GLM's templates write them, are `\\n<arg_key>K</arg_key>\\n<arg_value>V
 </arg_value>` per argument: the schema's properties in its order, the required ones always, the
 others optional; a string's value raw (its enum or const one of those strings, its pattern a
-regular expression, its maxLength a bound on the characters; never "</arg_value>"), any other
+regular expression, else characters other than "<" within its minLength and maxLength), any other
 type's as JSON held to the property's schema (tool_calls.py types values back by the same rule).
 """
 
@@ -104,8 +104,15 @@ def _glm_argument(schema: dict[str, Any], key: str, prop: Any, required: bool) -
     return arg if required else {"type": "optional", "content": arg}
 
 
+# A raw string's characters: any but "<" (so no "</arg_value>" can begin inside it), and never the
+# surrogate code points, whose UTF-8 encodings are no UTF-8 (RFC 3629; cmake/xgrammar_patch.cmake
+# excludes them from JSON strings likewise).
+_RAW_CHAR = r"[^<\uD800-\uDFFF]"
+
+
 def _raw_string(prop: dict[str, Any]) -> dict[str, Any]:
-    """A string argument's raw text (free text inside its tag stops at "</arg_value>")."""
+    """A string argument's raw text: its const or enum values, its pattern, or characters (within
+    its minLength / maxLength)."""
     if "const" in prop:
         return _const(_template_text(prop["const"]))
     if isinstance(prop.get("enum"), list) and prop["enum"]:
@@ -114,12 +121,8 @@ def _raw_string(prop: dict[str, Any]) -> dict[str, Any]:
         return {"type": "regex", "pattern": prop["pattern"]}
     low = int(prop.get("minLength") or 0)
     high = prop.get("maxLength")
-    free: dict[str, Any] = {"type": "any_text"}
-    if isinstance(high, int):
-        free["max_chars"] = max(high - low, 0)
-    if low > 0:  # the first minLength characters: anything but "<" (no end tag can start there)
-        return _sequence({"type": "regex", "pattern": f"[^<]{{{low}}}"}, free)
-    return free
+    count = f"{{{low},{high}}}" if isinstance(high, int) else f"{{{low},}}" if low else "*"
+    return {"type": "regex", "pattern": _RAW_CHAR + count}
 
 
 def _template_text(value: Any) -> str:
