@@ -1,5 +1,6 @@
 #include "engine/token_grammar.h"
 
+#include <algorithm>
 #include <exception>
 #include <optional>
 #include <stdexcept>
@@ -106,6 +107,31 @@ xgrammar::Grammar StructuralTagGrammar(const std::string& json,
   return std::get<xgrammar::Grammar>(std::move(grammar));
 }
 
+// kCompact: each json_schema node of the tag (JSON style, no other options) becomes a grammar
+// node of the compact JSON of its schema, as kJsonSchema compiles it.
+void CompactJsonNodes(nlohmann::json& node) {
+  if (node.is_array()) {
+    for (nlohmann::json& item : node) CompactJsonNodes(item);
+    return;
+  }
+  if (!node.is_object()) return;
+  const auto type = node.find("type");
+  const auto schema = node.find("json_schema");
+  const bool plain_json = type != node.end() && *type == "json_schema" && schema != node.end() &&
+                          std::all_of(node.items().begin(), node.items().end(), [](const auto& kv) {
+                            return kv.key() == "type" || kv.key() == "json_schema" ||
+                                   (kv.key() == "style" && kv.value() == "json");
+                          });
+  if (plain_json) {
+    const std::string schema_text = schema->is_string() ? schema->get<std::string>() : schema->dump();
+    node = {{"type", "grammar"},
+            {"grammar", xgrammar::Grammar::FromJSONSchema(schema_text, /*any_whitespace=*/false)
+                            .ToString()}};
+    return;
+  }
+  for (auto& [key, value] : node.items()) CompactJsonNodes(value);
+}
+
 // What the constraint alone matches.
 xgrammar::Grammar ConstraintGrammar(const ConstraintSpec& spec, const xgrammar::TokenizerInfo& info) {
   using xgrammar::Grammar;
@@ -121,8 +147,12 @@ xgrammar::Grammar ConstraintGrammar(const ConstraintSpec& spec, const xgrammar::
       return Grammar::FromRegex(spec.text);
     case ConstraintKind::kGrammar:
       return Grammar::FromEBNF(spec.text, "root");
-    case ConstraintKind::kStructuralTag:
-      return StructuralTagGrammar(spec.text, info);
+    case ConstraintKind::kStructuralTag: {
+      if (spec.tag_json == StructuralTagJson::kFreeWhitespace) return StructuralTagGrammar(spec.text, info);
+      nlohmann::json tag = nlohmann::json::parse(spec.text);  // throws on bad JSON: refused
+      CompactJsonNodes(tag);
+      return StructuralTagGrammar(tag.dump(), info);
+    }
     case ConstraintKind::kTaggedJson: {
       // Each alternative: its begin literal, the schema's JSON (as kJsonSchema compiles it),
       // its end literal; the alternatives' union.

@@ -80,6 +80,13 @@ struct ReasoningBlock {
   Opening opening = Opening::kOptional;
 };
 
+// How a structural tag's JSON values are laid out.
+enum class StructuralTagJson {
+  kFreeWhitespace,  // xgrammar's structural tags: any whitespace between JSON tokens
+  kCompact,         // as kJsonSchema: one space after ':' and ',', no other whitespace (the
+                    // layout of templates' tojson); for json_schema nodes without options
+};
+
 struct ConstraintSpec {
   ConstraintKind kind = ConstraintKind::kJsonObject;
   std::string text;
@@ -88,6 +95,7 @@ struct ConstraintSpec {
   // Set: the constraint holds only after the reasoning block (and at most a few whitespace
   // characters after its end).
   std::optional<ReasoningBlock> after_reasoning;
+  StructuralTagJson tag_json = StructuralTagJson::kFreeWhitespace;  // kStructuralTag only
 };
 
 // A compiled constraint: immutable, shared by every sequence that uses it.

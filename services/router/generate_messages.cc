@@ -61,7 +61,10 @@ std::optional<engine::ConstraintSpec> ConstraintOf(const pb::SamplingParams& s) 
       break;
     case pb::SamplingParams::kStructuralTag:
       spec.kind = engine::ConstraintKind::kStructuralTag;
-      spec.text = s.structural_tag();
+      spec.text = s.structural_tag().json();
+      spec.tag_json = s.structural_tag().json_layout() == pb::JSON_LAYOUT_COMPACT
+                          ? engine::StructuralTagJson::kCompact
+                          : engine::StructuralTagJson::kFreeWhitespace;
       break;
   }
   if (s.has_constraint_after_reasoning()) {

@@ -212,6 +212,30 @@ TEST(TokenConstraintTest, StructuralTagsMatchTheirFormatTree) {
   EXPECT_FALSE(TakeText(too_long, vocab, "<tool_call>get\n<arg_value>abcdef"));
 }
 
+TEST(TokenConstraintTest, StructuralTagJsonIsCompactWhereAsked) {
+  auto compiler = MakeCompiler();
+  const testing::ByteLevelVocab vocab = testing::ByteLevelVocab::Load(kTokenizer);
+  const std::string tag = R"({"type": "structural_tag", "format": {"type": "sequence", "elements": [
+      {"type": "const_string", "value": "<c>"},
+      {"type": "json_schema", "json_schema": {"type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "integer"}}},
+        "required": ["a", "b"]}}]}})";
+  auto free = MustCompile(*compiler, {ConstraintKind::kStructuralTag, tag, {}});
+  auto compact = MustCompile(*compiler, {ConstraintKind::kStructuralTag, tag, {}, {}, std::nullopt,
+                                         StructuralTagJson::kCompact});
+  for (const auto& grammar : {free, compact}) {  // the templates' tojson layout: both
+    TokenConstraint c(grammar);
+    ASSERT_TRUE(TakeText(c, vocab, R"(<c>{"a": 1, "b": [2, 3]})"));
+    EXPECT_TRUE(OnlyTheStopTokenFollows(c));
+  }
+  TokenConstraint free_blanks(free);
+  EXPECT_TRUE(TakeText(free_blanks, vocab, "<c>{ \"a\" :1,\n\"b\":[ ]}"));
+  TokenConstraint compact_blanks(compact);
+  EXPECT_FALSE(TakeText(compact_blanks, vocab, "<c>{ \"a\""));
+  TokenConstraint compact_tight(compact);
+  EXPECT_FALSE(TakeText(compact_tight, vocab, R"(<c>{"a":1)"));
+}
+
 TEST(TokenConstraintTest, AfterReasoningTheConstraintHoldsOnlyPastTheBlock) {
   auto compiler = MakeCompiler();
   const testing::ByteLevelVocab vocab = testing::ByteLevelVocab::Load(kTokenizer);

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from exl3serve.v1 import exl3serve_pb2 as pb
 
 import stack
 from exl3serve_client.frontend.text import ModelTokenizer
@@ -214,13 +215,14 @@ def test_developer_role_and_refusals(fake):
         sampling = fake.engine.starts[-1].sampling
         if fake.family == "deepseek_v3":
             assert sampling.WhichOneof("constraint") == "structural_tag"
-            tag = sampling.structural_tag
+            tag = sampling.structural_tag.json
             assert "<｜tool▁call▁begin｜>function<｜tool▁sep｜>now" in tag
             assert ("<｜tool▁sep｜>get_weather" in tag) == (choice == "required")
             continue
         if fake.family == "glm4_moe":
             assert sampling.WhichOneof("constraint") == "structural_tag"
-            tag = json.loads(sampling.structural_tag)
+            assert sampling.structural_tag.json_layout == pb.JSON_LAYOUT_COMPACT
+            tag = json.loads(sampling.structural_tag.json)
             calls = tag["format"]["content"] if choice == "required" else tag["format"]
             assert tag["format"]["type"] == ("plus" if choice == "required" else "sequence")
             heads = [c["elements"][0]["value"] for c in calls["elements"]] \

@@ -36,9 +36,13 @@ ASK = [{"role": "user", "content": "Weather in Bern for 3 days?"}]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
-def check_call(name: str, arguments: str) -> None:
-    """A call of an offered function whose arguments match its schema."""
+def check_call(name: str, arguments: str, as_written: bool = False) -> None:
+    """A call of an offered function whose arguments match its schema; `as_written`: the
+    arguments' text is the model's (DeepSeek's formats), laid out as templates' tojson writes
+    JSON."""
     args = json.loads(arguments)
+    if as_written:
+        assert arguments == json.dumps(args, ensure_ascii=False), arguments
     assert isinstance(args, dict), arguments
     if name == "now":
         assert args == {}, arguments
@@ -55,25 +59,26 @@ def check_call(name: str, arguments: str) -> None:
         isinstance(h, int) and 0 <= h <= 23 for h in at), args
 
 
-def forced_answers(client, name, tool_choice, seeds, **kw):
-    """Non-streamed answers under tool_choice: their calls, each checked."""
+def forced_answers(client, name, tool_choice, seeds, as_written=False, **kw):
+    """Non-streamed answers under tool_choice: their calls, each checked. max_tokens leaves room
+    for long chains: under required the random model may begin another call after each one."""
     calls_per_answer = []
     for seed in seeds:
         r = client.chat.completions.create(model=name, messages=ASK, tools=[WEATHER, NOW],
-                                           tool_choice=tool_choice, max_tokens=1000, seed=seed,
+                                           tool_choice=tool_choice, max_tokens=2000, seed=seed,
                                            temperature=1.0, **kw)
         c = r.choices[0]
         assert c.finish_reason == "tool_calls" and c.message.tool_calls, c
         assert c.message.content is None, c  # nothing but the calls
         for call in c.message.tool_calls:
-            check_call(call.function.name, call.function.arguments)
+            check_call(call.function.name, call.function.arguments, as_written)
         calls_per_answer.append([call.function.name for call in c.message.tool_calls])
     return calls_per_answer
 
 
-def streamed_calls(client, name, tool_choice, seed):
+def streamed_calls(client, name, tool_choice, seed, as_written=False):
     chunks = list(client.chat.completions.create(
-        model=name, messages=ASK, tools=[WEATHER, NOW], tool_choice=tool_choice, max_tokens=1000,
+        model=name, messages=ASK, tools=[WEATHER, NOW], tool_choice=tool_choice, max_tokens=2000,
         seed=seed, temperature=1.0, stream=True))
     calls: dict[int, list[str]] = {}
     for ch in chunks:
@@ -87,22 +92,24 @@ def streamed_calls(client, name, tool_choice, seed):
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     assert calls
     for name_, arguments in calls.values():
-        check_call(name_, arguments)
+        check_call(name_, arguments, as_written)
     return calls
 
 
-def check_forced_calls(client, name):
+def check_forced_calls(client, name, as_written=False):
     """required (parallel calls allowed), a named function, required without parallel calls;
     streamed and not."""
-    required = forced_answers(client, name, "required", range(12))
+    required = forced_answers(client, name, "required", range(12), as_written)
     assert {n for calls in required for n in calls} == {"get_weather", "now"}, required
-    named = forced_answers(client, name, NAMED, range(4))
+    named = forced_answers(client, name, NAMED, range(4), as_written)
     assert all(calls == ["get_weather"] for calls in named), named
-    single = forced_answers(client, name, "required", range(4), parallel_tool_calls=False)
+    single = forced_answers(client, name, "required", range(4), as_written,
+                            parallel_tool_calls=False)
     assert all(len(calls) == 1 for calls in single), single
     for seed in range(2):
-        streamed_calls(client, name, "required", seed)
-    assert [n for n, _ in streamed_calls(client, name, NAMED, 7).values()] == ["get_weather"]
+        streamed_calls(client, name, "required", seed, as_written)
+    assert [n for n, _ in streamed_calls(client, name, NAMED, 7, as_written).values()] == \
+        ["get_weather"]
     return required
 
 
@@ -123,13 +130,7 @@ def test_glm45_forced_call_is_the_templates_syntax(glm, live):
     """The constrained text is what GLM's template writes for the same call: rendered back into
     a conversation, the call reads as the template's own."""
     client, name = glm
-    # Strings and integers only: JSON values' whitespace is free (the template's tojson writes
-    # ", " and ": ", the parser takes any).
-    simple = {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {k: WEATHER["function"]["parameters"]["properties"][k]
-                                         for k in ("city", "days", "units")},
-        "required": ["city", "days"]}}}
-    r = client.chat.completions.create(model=name, messages=ASK, tools=[simple],
+    r = client.chat.completions.create(model=name, messages=ASK, tools=[WEATHER],
                                        tool_choice=NAMED, max_tokens=400, seed=3, temperature=1.0,
                                        logprobs=True)
     # The answer's tokens, the end-of-sequence token that ended it aside.
@@ -137,7 +138,8 @@ def test_glm45_forced_call_is_the_templates_syntax(glm, live):
     [call] = r.choices[0].message.tool_calls
     args = json.loads(call.function.arguments)
     # GLM's template: "\n<tool_call>NAME" then per argument "\n<arg_key>K</arg_key>\n<arg_value>V
-    # </arg_value>" (strings raw, other values as JSON), then "\n</tool_call>".
+    # </arg_value>" (strings raw, other values as its tojson writes them: one space after ":"
+    # and ","), then "\n</tool_call>".
     want = "\n<tool_call>get_weather" + "".join(
         f"\n<arg_key>{k}</arg_key>\n<arg_value>"
         f"{v if isinstance(v, str) else json.dumps(v)}</arg_value>" for k, v in args.items()) + \
@@ -174,7 +176,8 @@ def deepseek(build_dir, tmp_path_factory):
 @pytest.mark.parametrize("fmt", ["deepseek_v3", "deepseek_v31"])
 def test_deepseek_forced_calls_hold_to_the_schema(deepseek, fmt):
     clients, name = deepseek
-    check_forced_calls(clients[fmt], name)
+    required = check_forced_calls(clients[fmt], name, as_written=True)
+    assert any(len(calls) > 1 for calls in required), required
 
 
 def test_deepseek_round_trip(deepseek):

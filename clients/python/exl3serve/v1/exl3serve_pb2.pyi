@@ -56,6 +56,11 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_ABORT: _ClassVar[FinishReason]
     FINISH_REASON_ERROR: _ClassVar[FinishReason]
+
+class JsonLayout(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JSON_LAYOUT_FREE_WHITESPACE: _ClassVar[JsonLayout]
+    JSON_LAYOUT_COMPACT: _ClassVar[JsonLayout]
 DTYPE_UNSPECIFIED: DType
 DTYPE_FP32: DType
 DTYPE_FP16: DType
@@ -91,6 +96,8 @@ FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_ABORT: FinishReason
 FINISH_REASON_ERROR: FinishReason
+JSON_LAYOUT_FREE_WHITESPACE: JsonLayout
+JSON_LAYOUT_COMPACT: JsonLayout
 
 class Tensor(_message.Message):
     __slots__ = ("dtype", "shape", "data")
@@ -415,9 +422,17 @@ class SamplingParams(_message.Message):
     grammar: str
     choice: ChoiceConstraint
     tagged_json: TaggedJsonConstraint
-    structural_tag: str
+    structural_tag: StructuralTagConstraint
     constraint_after_reasoning: ReasoningBlock
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., logprobs: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., choice: _Optional[_Union[ChoiceConstraint, _Mapping]] = ..., tagged_json: _Optional[_Union[TaggedJsonConstraint, _Mapping]] = ..., structural_tag: _Optional[str] = ..., constraint_after_reasoning: _Optional[_Union[ReasoningBlock, _Mapping]] = ...) -> None: ...
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., logprobs: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., choice: _Optional[_Union[ChoiceConstraint, _Mapping]] = ..., tagged_json: _Optional[_Union[TaggedJsonConstraint, _Mapping]] = ..., structural_tag: _Optional[_Union[StructuralTagConstraint, _Mapping]] = ..., constraint_after_reasoning: _Optional[_Union[ReasoningBlock, _Mapping]] = ...) -> None: ...
+
+class StructuralTagConstraint(_message.Message):
+    __slots__ = ("json", "json_layout")
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    JSON_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    json: str
+    json_layout: JsonLayout
+    def __init__(self, json: _Optional[str] = ..., json_layout: _Optional[_Union[JsonLayout, str]] = ...) -> None: ...
 
 class ReasoningBlock(_message.Message):
     __slots__ = ("start", "end", "output_starts_inside")

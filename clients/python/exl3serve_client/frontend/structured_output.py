@@ -54,8 +54,17 @@ class Constraint:
     param: str   # the request field, as a 400 names it
     kind: str    # json_schema | json_object | regex | grammar | choice | tagged_json | structural_tag
     # the schema's JSON text, True, the regex or grammar text, the choices, (begin, schema's
-    # JSON text, end) per alternative, or the structural tag's JSON text
+    # JSON text, end) per alternative, or a StructuralTag
     value: Any
+
+
+@dataclass(frozen=True)
+class StructuralTag:
+    """xgrammar's structural tag as JSON text; `compact_json`: its JSON values compact, as the
+    json_schema constraint gives them and templates' tojson writes them (one space after ":" and
+    ","), else with the free whitespace xgrammar's structural tags allow."""
+    json: str
+    compact_json: bool = False
 
 
 def _schema_text(value: Any, param: str) -> str:
@@ -102,7 +111,7 @@ def _from_response_format(rf: Optional[dict[str, Any]]) -> list[Constraint]:
                            "json_schema", _schema_text(js["schema"], "response_format.json_schema.schema"))]
     if kind == "structural_tag":
         return [Constraint("response_format", "structural_tag",
-                           structural_tag_text(rf, "response_format"))]
+                           StructuralTag(structural_tag_text(rf, "response_format")))]
     raise APIError(400, f"response_format of type {kind!r} is not supported: text, json_object, "
                    "json_schema or structural_tag", param="response_format")
 
@@ -166,7 +175,8 @@ def _from_structured_outputs(so: Any) -> list[Constraint]:
             if value is not False:
                 out.append(Constraint(param, "json_object", True))
         elif key == "structural_tag":
-            out.append(Constraint(param, "structural_tag", structural_tag_text(value, param)))
+            out.append(Constraint(param, "structural_tag",
+                                  StructuralTag(structural_tag_text(value, param))))
         elif key == "whitespace_pattern":
             raise APIError(400, f"{param} {WHITESPACE_PATTERN_REFUSAL}", param=param)
         else:
@@ -189,8 +199,8 @@ def _from_guided(extra: dict[str, Any]) -> list[Constraint]:
         out.append(Constraint("guided_grammar", "grammar",
                               _text(extra["guided_grammar"], "guided_grammar")))
     if extra.get("structural_tag") is not None:  # vLLM's older field: the tag's JSON text
-        out.append(Constraint("structural_tag", "structural_tag",
-                              structural_tag_text(extra["structural_tag"], "structural_tag")))
+        out.append(Constraint("structural_tag", "structural_tag", StructuralTag(
+            structural_tag_text(extra["structural_tag"], "structural_tag"))))
     return out
 
 
@@ -223,7 +233,9 @@ def set_constraint(sampling: pb.SamplingParams, c: Constraint) -> None:
         for begin, schema, end in c.value:
             sampling.tagged_json.alternatives.add(begin=begin, json_schema=schema, end=end)
     elif c.kind == "structural_tag":
-        sampling.structural_tag = c.value
+        sampling.structural_tag.json = c.value.json
+        sampling.structural_tag.json_layout = (pb.JSON_LAYOUT_COMPACT if c.value.compact_json
+                                               else pb.JSON_LAYOUT_FREE_WHITESPACE)
     else:
         sampling.choice.choices.extend(c.value)
 

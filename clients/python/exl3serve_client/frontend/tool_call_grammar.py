@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-from .structured_output import Constraint
+from .structured_output import Constraint, StructuralTag
 from .tool_calls import (CALL_END, CALL_START, DS_CALL_BEGIN, DS_CALL_END, DS_CALLS_BEGIN,
                          DS_CALLS_END, DS_SEP, DS_V3_JSON_CLOSE, DS_V3_JSON_OPEN, ToolCallFormat,
                          raw_string_argument)
@@ -28,11 +28,6 @@ from .tool_calls import (CALL_END, CALL_START, DS_CALL_BEGIN, DS_CALL_END, DS_CA
 # A hermes tool call (Qwen's templates): the call object's JSON between these.
 HERMES_CALL_BEGIN = "<tool_call>\n"
 HERMES_CALL_END = "\n</tool_call>"
-
-# Whitespace a JSON value in a structural tag may hold in a row (xgrammar's structural tags
-# compile JSON with free whitespace; templates' tojson writes one space after ":" and ",").
-_JSON_WHITESPACE = 1
-
 
 def tool_call_constraint(fmt: ToolCallFormat, schemas: dict[str, Any], forced: tuple[str, ...],
                          several: bool) -> Optional[Constraint]:
@@ -48,8 +43,10 @@ def tool_call_constraint(fmt: ToolCallFormat, schemas: dict[str, Any], forced: t
     body = {"type": "plus", "content": one} if several else one
     if fmt.deepseek:
         body = _sequence(_const(DS_CALLS_BEGIN), body, _const(DS_CALLS_END))
-    return Constraint("tool_choice", "structural_tag",
-                      json.dumps({"type": "structural_tag", "format": body}, ensure_ascii=False))
+    # Compact JSON: the templates' tojson layout (one space after ":" and ",").
+    return Constraint("tool_choice", "structural_tag", StructuralTag(
+        json.dumps({"type": "structural_tag", "format": body}, ensure_ascii=False),
+        compact_json=True))
 
 
 def _hermes(schemas: dict[str, Any], forced: tuple[str, ...]) -> Constraint:
@@ -72,7 +69,7 @@ def _sequence(*elements: dict[str, Any]) -> dict[str, Any]:
 
 
 def _json(schema: Any) -> dict[str, Any]:
-    return {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": _JSON_WHITESPACE}
+    return {"type": "json_schema", "json_schema": schema}
 
 
 def _call(fmt: ToolCallFormat, name: str, schema: dict[str, Any]) -> dict[str, Any]:
