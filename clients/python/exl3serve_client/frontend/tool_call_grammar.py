@@ -29,6 +29,7 @@ from .tool_calls import (CALL_END, CALL_START, DS_CALL_BEGIN, DS_CALL_END, DS_CA
 HERMES_CALL_BEGIN = "<tool_call>\n"
 HERMES_CALL_END = "\n</tool_call>"
 
+
 def tool_call_constraint(fmt: ToolCallFormat, schemas: dict[str, Any], forced: tuple[str, ...],
                          several: bool) -> Optional[Constraint]:
     """The constraint of tool_choice required (`forced`: every function) or a named function
@@ -40,7 +41,7 @@ def tool_call_constraint(fmt: ToolCallFormat, schemas: dict[str, Any], forced: t
         return _hermes(schemas, forced)
     calls = [_call(fmt, name, schemas[name] or {"type": "object"}) for name in forced]
     one = calls[0] if len(calls) == 1 else {"type": "or", "elements": calls}
-    body = {"type": "plus", "content": one} if several else one
+    body = _one_or_more(fmt, one) if several else one
     if fmt.deepseek:
         body = _sequence(_const(DS_CALLS_BEGIN), body, _const(DS_CALLS_END))
     # Compact JSON: the templates' tojson layout (one space after ":" and ",").
@@ -72,17 +73,26 @@ def _json(schema: Any) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": schema}
 
 
+def _one_or_more(fmt: ToolCallFormat, call: dict[str, Any]) -> dict[str, Any]:
+    """Calls in a row as the format's templates join them: DeepSeek-V3's with "\n" between them,
+    the others' without (GLM's calls begin with their own "\n")."""
+    if fmt is ToolCallFormat.DEEPSEEK_V3:
+        return _sequence(call, {"type": "star", "content": _sequence(_const("\n"), call)})
+    return {"type": "plus", "content": call}
+
+
 def _call(fmt: ToolCallFormat, name: str, schema: dict[str, Any]) -> dict[str, Any]:
     """One call of `name`, as the format's templates write it."""
     if fmt is ToolCallFormat.GLM45:
         # GLM's templates put "\n" before each call (after the message's content).
-        args = [_glm_argument(schema, key, prop, key in schema.get("required", ()))
-                for key, prop in (schema.get("properties") or {}).items()]
+        props = schema.get("properties")
+        required = schema.get("required")
+        required = required if isinstance(required, list) else []
+        args = [_glm_argument(schema, key, prop, key in required)
+                for key, prop in (props if isinstance(props, dict) else {}).items()]
         return _sequence(_const("\n" + CALL_START + name), *args, _const("\n" + CALL_END))
     if fmt is ToolCallFormat.DEEPSEEK_V3:
-        # Calls after the first follow a "\n"; one optional "\n" before each keeps it simple.
-        return _sequence({"type": "optional", "content": _const("\n")},
-                         _const(DS_CALL_BEGIN + "function" + DS_SEP + name + DS_V3_JSON_OPEN),
+        return _sequence(_const(DS_CALL_BEGIN + "function" + DS_SEP + name + DS_V3_JSON_OPEN),
                          _json(schema), _const(DS_V3_JSON_CLOSE + DS_CALL_END))
     return _sequence(_const(DS_CALL_BEGIN + name + DS_SEP), _json(schema), _const(DS_CALL_END))
 
@@ -116,9 +126,11 @@ def _raw_string(prop: dict[str, Any]) -> dict[str, Any]:
         return {"type": "or", "elements": [_const(_template_text(v)) for v in prop["enum"]]}
     if isinstance(prop.get("pattern"), str):
         return {"type": "regex", "pattern": prop["pattern"]}
-    low = int(prop.get("minLength") or 0)
+    low = prop.get("minLength")
+    low = low if isinstance(low, int) and low > 0 else 0
     high = prop.get("maxLength")
-    count = f"{{{low},{high}}}" if isinstance(high, int) else f"{{{low},}}" if low else "*"
+    count = f"{{{low},{high}}}" if isinstance(high, int) and high >= low else \
+        f"{{{low},}}" if low else "*"
     return {"type": "regex", "pattern": _RAW_CHAR + count}
 
 
