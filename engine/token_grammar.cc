@@ -96,7 +96,6 @@ std::string EbnfLiteral(std::string_view s) {
   return out + "\"";
 }
 
-
 // A structural tag's grammar; its errors thrown, as the library's other constructors throw theirs.
 xgrammar::Grammar StructuralTagGrammar(const std::string& json,
                                        const std::optional<xgrammar::TokenizerInfo>& info) {
@@ -148,7 +147,9 @@ xgrammar::Grammar ConstraintGrammar(const ConstraintSpec& spec, const xgrammar::
     case ConstraintKind::kGrammar:
       return Grammar::FromEBNF(spec.text, "root");
     case ConstraintKind::kStructuralTag: {
-      if (spec.tag_json == StructuralTagJson::kFreeWhitespace) return StructuralTagGrammar(spec.text, info);
+      if (spec.tag_json == StructuralTagJson::kFreeWhitespace) {
+        return StructuralTagGrammar(spec.text, info);
+      }
       nlohmann::json tag = nlohmann::json::parse(spec.text);  // throws on bad JSON: refused
       CompactJsonNodes(tag);
       return StructuralTagGrammar(tag.dump(), info);

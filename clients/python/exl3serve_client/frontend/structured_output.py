@@ -52,7 +52,8 @@ _STRUCTURED_OUTPUT_NO_OPS = ("disable_fallback", "disable_any_whitespace",
 class Constraint:
     """One constraint of a request: which field gave it, and what it is."""
     param: str   # the request field, as a 400 names it
-    kind: str    # json_schema | json_object | regex | grammar | choice | tagged_json | structural_tag
+    # json_schema | json_object | regex | grammar | choice | tagged_json | structural_tag
+    kind: str
     # the schema's JSON text, True, the regex or grammar text, the choices, (begin, schema's
     # JSON text, end) per alternative, or a StructuralTag
     value: Any
