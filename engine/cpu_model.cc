@@ -200,9 +200,11 @@ absl::Status CpuModel::CheckDraftVerification() const {
 absl::Status CpuModel::CheckMtpDrafting() const {
   EXL3_RETURN_IF_ERROR(MtpHead::CheckPresent(cfg_, *src_));  // the design and its tensors, by name
   EXL3_RETURN_IF_ERROR(CheckDraftVerification());
-  if (streams_ != 1 || final_mixer_ || hc_head_)
+  // The head reads the state the model's head reads (KeepHiddenStates): after the final norm, the
+  // hyper-connected streams collapsed by hc_head first (GLM-5.3-Flash).
+  if (final_mixer_)
     return absl::FailedPreconditionError(absl::StrCat(
-        cfg_.architecture(), ": MTP drafting runs on models with one residual stream only"));
+        cfg_.architecture(), ": MTP drafting from gated-residual streams is not done yet"));
   return absl::OkStatus();
 }
 
@@ -254,7 +256,7 @@ absl::Status CpuModel::RunMtp(const StepBatch& batch, const std::vector<float>& 
   EXL3_RETURN_IF_ERROR(FlattenStep(batch, V, cache_->shape(), cfg_.max_position_embeddings, &tokens));
   const size_t n = static_cast<size_t>(tokens.num_tokens) * H;
   std::vector<float> embedded(n), out(n);
-  Embed(tokens.token_ids, embedded.data());
+  Embed(tokens.token_ids, /*streams=*/1, embedded.data());  // one row per token, whatever streams_
   EXL3_RETURN_IF_ERROR(mtp_head_->Forward(hidden.data(), embedded.data(), tokens, *cache_, out.data(), compute_));
   const int rows = static_cast<int>(tokens.logit_tokens.size());
   o->resize(static_cast<size_t>(rows) * H);
@@ -331,10 +333,10 @@ absl::Status CpuModel::AllocateKvCache(const KvCacheShape& shape) {
   return absl::OkStatus();
 }
 
-void CpuModel::Embed(const std::vector<int32_t>& ids, float* h) const {
+void CpuModel::Embed(const std::vector<int32_t>& ids, int streams, float* h) const {
   const int H = cfg_.hidden_size;
   for (size_t t = 0; t < ids.size(); ++t) {
-    float* row = h + t * H * streams_;
+    float* row = h + t * H * streams;
     const size_t base = static_cast<size_t>(ids[t]) * H;
     switch (embedding_.info->dtype) {
       case DType::kF32:
@@ -347,7 +349,7 @@ void CpuModel::Embed(const std::vector<int32_t>& ids, float* h) const {
         for (int i = 0; i < H; ++i) row[i] = BFloat16BitsToFloat(embedding_.as<uint16_t>()[base + i]);
         break;
     }
-    for (int k = 1; k < streams_; ++k) std::copy_n(row, H, row + static_cast<size_t>(k) * H);  // every stream
+    for (int k = 1; k < streams; ++k) std::copy_n(row, H, row + static_cast<size_t>(k) * H);  // every stream
   }
 }
 
@@ -460,9 +462,19 @@ void CpuModel::KeepHiddenStates(const StepBatch& batch, const std::vector<MicroB
   const int H = cfg_.hidden_size;
   kept_.rows.resize(static_cast<size_t>(batch.NumTokens()) * H);
   float* row = kept_.rows.data();
+  std::vector<float> collapsed;
   for (const MicroBatch& mb : mbs) {  // micro-batches are consecutive runs of the step's tokens
-    RmsNormRows(mb.h.data(), final_norm_.data(), mb.tokens.num_tokens, H, cfg_.rms_norm_eps, row);
-    row += static_cast<size_t>(mb.tokens.num_tokens) * H;
+    const int T = mb.tokens.num_tokens;
+    const float* h = mb.h.data();
+    if (hc_head_) {  // the streams collapsed as the head's rows are (GLM-5.3-Flash: their mean)
+      std::vector<int> all(T);
+      std::iota(all.begin(), all.end(), 0);
+      collapsed.resize(static_cast<size_t>(T) * H);
+      hc_head_->Collapse(mb.h.data(), all, collapsed.data());
+      h = collapsed.data();
+    }
+    RmsNormRows(h, final_norm_.data(), T, H, cfg_.rms_norm_eps, row);
+    row += static_cast<size_t>(T) * H;
   }
   kept_.sequence_ids.clear();
   kept_.start_positions.clear();
@@ -512,7 +524,7 @@ absl::Status CpuModel::Forward(const StepBatch& batch, float* logits) {
     mb.h.resize(n * streams_);
     mb.x.resize(n);
     mb.d.resize(n);
-    Embed(mb.tokens.token_ids, mb.h.data());
+    Embed(mb.tokens.token_ids, streams_, mb.h.data());
   }
   times_.embed_s = Seconds(t0);
 

@@ -73,8 +73,8 @@ class CpuModel final : public ModelRunner {
   // OK for every family: Forward computes any rows a chunk asks for, and a prompt chunk's
   // positions are all kept (no state or compressed cache to roll back).
   absl::Status CheckPromptLogitRows() const override { return absl::OkStatus(); }
-  // The DeepSeek-V3 MTP head (engine/mtp_head.h) of DeepseekV3, Glm4Moe and GlmMoeDsa
-  // checkpoints that store its layer; refused otherwise, naming what is missing.
+  // The DeepSeek-V3 MTP head (engine/mtp_head.h) of DeepseekV3, Glm4Moe, GlmMoeDsa and
+  // Glm5Next checkpoints that store its layer; refused otherwise, naming what is missing.
   absl::Status CheckMtpDrafting() const override;
   // Loads the MTP layer; its KV becomes one more layer of the cache.
   absl::Status EnableMtpDrafting() override;
@@ -117,7 +117,8 @@ class CpuModel final : public ModelRunner {
   // Qwen4-Exp: embeddings, per layer the gated residual connections, PLE, token mixer; the
   // mixer before the head; the vision tower and MTP head beside them (loaded, not run).
   absl::Status LoadQwen4ExpWeights(const TensorSource& src);
-  void Embed(const std::vector<int32_t>& token_ids, float* h) const;
+  // h [T, streams, hidden]: each token's embedding in every one of its `streams` rows.
+  void Embed(const std::vector<int32_t>& token_ids, int streams, float* h) const;
   absl::Status RunDenseMlp(const DenseMlp& mlp, const float* x, int num_tokens, float* y);
   // Attention half of layer l (norm, attention, residual, post-attention norm into mb.x), then
   // the dense MLP, or the MoE call started (its result added by FinishMoe).
@@ -137,7 +138,8 @@ class CpuModel final : public ModelRunner {
   // o = the head's output rows of the batch's logit rows, logits = their logits.
   absl::Status RunMtp(const StepBatch& batch, const std::vector<float>& hidden, std::vector<float>* o,
                       std::vector<float>* logits);
-  // kept_ = the final norm of every token's residual stream (MTP drafting's input).
+  // kept_ = the final norm of every token's residual stream, hyper-connected streams collapsed by
+  // hc_head first (MTP drafting's input: the state the model's head reads).
   void KeepHiddenStates(const StepBatch& batch, const std::vector<MicroBatch>& mbs);
 
   ModelConfig cfg_;
@@ -153,7 +155,7 @@ class CpuModel final : public ModelRunner {
   std::vector<TensorView> mtp_;               // Qwen4-Exp: the MTP head's tensors, kept unused
   Linear head_;
   std::unique_ptr<MtpHead> mtp_head_;         // speculative method mtp (EnableMtpDrafting)
-  // The last Forward's final hidden states (after the final norm) when its batch asked to keep
+  // The last Forward's final hidden states (after hc_head and the final norm) when its batch asked to keep
   // them: [step tokens, hidden] in chunk order, and per chunk its sequence, start and first row.
   struct KeptHiddenStates {
     bool valid = false;

@@ -1,6 +1,7 @@
 // A checkpoint's MTP (multi-token prediction) head of the DeepSeek-V3 design, as DeepseekV3,
-// Glm4Moe (GLM-4.5, num_nextn_predict_layers) and GlmMoeDsa (GLM-5) checkpoints carry it: one
-// more decoder layer, model.layers.{num_hidden_layers}.*, with enorm, hnorm, eh_proj,
+// Glm4Moe (GLM-4.5, num_nextn_predict_layers), GlmMoeDsa (GLM-5) and Glm5Next (GLM-5.3-Flash)
+// checkpoints carry it: one more decoder layer, model.layers.{num_hidden_layers}.* (GLM-5.3-Flash:
+// model.language_model.layers.{num_hidden_layers}.*), with enorm, hnorm, eh_proj,
 // shared_head.norm and optionally shared_head.head (else the model's lm_head); the embeddings
 // are the model's. For position i, from the model's hidden state h_i and the token t_{i+1}:
 //
@@ -28,6 +29,17 @@
 //   * the head is shared_head.head when stored (vLLM loads it), else the model's lm_head (which
 //     exllamav3 always uses).
 //   * GLM-5's MTP layer (GlmMoeDsa) runs its own DSA indexer, and the whole MoE (exllamav3).
+//   * GLM-5.3-Flash (Glm5NextForConditionalGeneration) has the same design (exllamav3 1.6.5's
+//     Glm5Next MTP model; transformers 5.25 has no MTP code for it and skips the layer on load):
+//     the layer is model.language_model.layers.{num_hidden_layers}.* (enorm, hnorm, eh_proj,
+//     shared_head.norm, no shared_head.head). h_i is the state its head reads: the mean of the
+//     hc_mult hyper-connection streams (hc_head), then the model's final norm. The layer itself
+//     has no hyper-connections (no hc_attn_ / hc_ffn_ tensors): a plain residual block whose
+//     mixer is the NoPE MLA with its own k-pooled indexer ("full", never KDA: nothing recurrent
+//     to roll back) and whose MLP is the MoE (sigmoid routing with the correction bias, one
+//     shared expert, swiglu_limit on both). exllamav3 lets the layer's indexer score on its own
+//     rather than reuse the model's selection (the config's index_share_for_mtp_iteration);
+//     so does this head. Without rope the positions only order the layer's KV and pools.
 //
 //   EXL3_ASSIGN_OR_RETURN(auto mtp, MtpHead::Load(cfg, src, model_head));
 //   EXL3_RETURN_IF_ERROR(mtp->Forward(h, embedded, tokens, cache, out, compute));

@@ -29,12 +29,14 @@ prompt, each MoE layer's input and output. Self-checks (the script fails when on
   * `exl3-tool moe` on the recorded MoE inputs reproduces the recorded MoE outputs within
     --moe-tol relative (the expert and routing side, through the repository's own kernels).
 
-With --mtp-families deepseek_v3,glm4_moe,glm_moe_dsa it writes <family>_mtp instead: a tiny
-model of the family with the DeepSeek-V3 MTP layer (model.layers.{num_hidden_layers}.*, its
-linears EXL3 by `exl3-tool quantize-tensor`) and that layer's logits at every position,
-computed from transformers' own modules (the family's decoder layer class, its RMSNorm,
-nn.Linear for eh_proj) with the formula of engine/mtp_head.h; for GLM-MoE-DSA every indexer's
-selection must be stable (--min-index-margin).
+With --mtp-families deepseek_v3,glm4_moe,glm_moe_dsa,glm5_next it writes <family>_mtp instead:
+a tiny model of the family with the DeepSeek-V3 MTP layer (model.layers.{num_hidden_layers}.*;
+GLM-5.3-Flash: model.language_model.layers.{num_hidden_layers}.*, its linears EXL3 by `exl3-tool
+quantize-tensor`) and that layer's logits at every position, computed from transformers' own
+modules (the family's decoder layer class, its RMSNorm, nn.Linear for eh_proj; GLM-5.3-Flash:
+its attention, MoE and RMSNorm classes as a plain residual block, the MTP layer having no
+hyper-connections) with the formula of engine/mtp_head.h; for GLM-MoE-DSA and GLM-5.3-Flash
+every indexer's selection must be stable (--min-index-margin).
 
 The layout of what it writes is described in tests/fixtures/engine/README.md.
 """
@@ -1103,9 +1105,17 @@ MTP_FAMILIES = {
         hidden_size=128, num_hidden_layers=1, first_k_dense_replace=0, mlp_layer_types=["sparse"],
         indexer_types=["full"], n_routed_experts=4, n_group=2, topk_group=1, num_attention_heads=4,
         num_key_value_heads=4, v_head_dim=64)),
+    # GLM-5.3-Flash: a KDA layer (dense MLP) and an indexed layer (MoE) before the MTP layer, whose
+    # k-pooled indexer (pools of 4, index_topk 8) makes positions past 11 attend sparsely; hidden
+    # 128 (the vision tower's output too), 4 experts.
+    "glm5_next": dict(seed=2, overrides=dict(
+        hidden_size=128, num_hidden_layers=2, layer_types=["linear_attention", "indexed_attention"],
+        mlp_layer_types=["dense", "sparse"], indexer_types=["full", "full"], n_routed_experts=4),
+        vision_overrides=dict(out_hidden_size=128)),
 }
-# Per-layer config lists, and what the MTP layer's entry is.
-MTP_LAYER_ENTRIES = {"mlp_layer_types": "sparse", "indexer_types": "full"}
+# Per-layer config lists, and what the MTP layer's entry is (GLM-5.3-Flash's layer_types too: the
+# MTP layer is an indexed one).
+MTP_LAYER_ENTRIES = {"mlp_layer_types": "sparse", "indexer_types": "full", "layer_types": "indexed_attention"}
 
 
 def with_mtp_layer_entries(fields):
@@ -1117,28 +1127,55 @@ def with_mtp_layer_entries(fields):
     return out
 
 
+def text_model(model):
+    """The language model (a *ForConditionalGeneration model keeps it beside the vision tower)."""
+    inner = model.model
+    return inner.language_model if hasattr(inner, "language_model") else inner
+
+
+class PlainResidualBlock(torch.nn.Module):
+    """GLM-5.3-Flash's MTP layer: the family's decoder layer's own modules (input_layernorm,
+    self_attn, post_attention_layernorm, mlp) as a plain residual block, without the
+    hyper-connections the model's layers have (the MTP layer stores none; exllamav3 1.6.5's
+    glm5_next_mtp runs it so). Every position is valid for the indexer (no padding)."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x, **_):
+        L = self.layer
+        valid = torch.ones(x.shape[:2], dtype=torch.bool)
+        h = x + L.self_attn(hidden_states=L.input_layernorm(x), attention_mask=valid, cache=None)[0]
+        return h + L.mlp(L.post_attention_layernorm(h))
+
+
 def mtp_reference_logits(model, mtp, ids):
     """The MTP layer's logits at positions 0 .. len(ids) - 2 of one teacher-forced pass: from the
     model's last hidden state (after its final norm) at i and the token at i + 1,
     x = eh_proj(cat(enorm(embed(t_{i+1})), hnorm(h_i))), the family's decoder layer at rope
     position i (causal over those positions), logits = lm_head(shared_head.norm(.))."""
-    inner = model.model
-    # DSA (GLM-MoE-DSA): every indexer's top-k must lead the next score clearly (the model's and
-    # the MTP layer's), else the engine's fp32 sums may pick the other side of a near-tie.
+    inner = text_model(model)
+    # DSA (GLM-MoE-DSA, GLM-5.3-Flash's k-pooled indexer): every indexer's top-k must lead the
+    # next score clearly (the model's and the MTP layer's), else the engine's fp32 sums may pick
+    # the other side of a near-tie.
     margins, hooks = [], []
     for ix in [m for m in list(model.modules()) + list(mtp["layer"].modules()) if type(m).__name__.endswith("Indexer")]:
         def ihook(mod, a, kw, outp):
-            margins.append(index_margin(mod, a, kw, outp))
+            pooled = hasattr(mod, "index_kpool")
+            margins.append(kpool_index_margin(mod, kw, outp) if pooled else index_margin(mod, a, kw, outp))
         hooks.append(ix.register_forward_hook(ihook, with_kwargs=True))
     with torch.no_grad():
+        # GLM-5.3-Flash: last_hidden_state is the streams' mean (hc_head) after the final norm.
         h = inner(input_ids=ids[None]).last_hidden_state[0]
         n = ids.numel() - 1
         e = inner.embed_tokens(ids[1:][None])[0]
         x = mtp["eh_proj"](torch.cat([mtp["enorm"](e), mtp["hnorm"](h[:n])], dim=-1))[None]
         pos = torch.arange(n)[None]
         mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+        rope = getattr(inner, "rotary_emb", None)  # GLM-5.3-Flash: NoPE, none
         y = mtp["layer"](x, attention_mask=mask, position_ids=pos,
-                         position_embeddings=inner.rotary_emb(x, pos))
+                         position_embeddings=rope(x, pos) if rope is not None else None)
         if isinstance(y, tuple):  # GLM-MoE-DSA's layer also returns its indexer's top-k
             y = y[0]
         logits = model.lm_head(mtp["shared_norm"](y))[0]
@@ -1152,14 +1189,14 @@ def mtp_reference_logits(model, mtp, ids):
 def mtp_modules(model, tensors, layer_index):
     """enorm, hnorm, eh_proj, the decoder layer and shared_head.norm of the MTP layer, in fp32
     from `tensors` (model.layers.{layer_index}.*, per-expert names as checkpoints store them)."""
-    cfg = copy.deepcopy(model.config)
+    cfg = copy.deepcopy(model.config.get_text_config())
     cfg.num_hidden_layers = layer_index + 1
     for k, v in MTP_LAYER_ENTRIES.items():
         if getattr(cfg, k, None) is not None:
             setattr(cfg, k, list(getattr(cfg, k))[:layer_index] + [v])
-    inner = model.model
+    inner = text_model(model)
     norm_cls = type(inner.norm)
-    p = f"model.layers.{layer_index}."
+    p = f"{mtp_prefix(model)}layers.{layer_index}."
     H = cfg.hidden_size
 
     def norm(name):
@@ -1170,10 +1207,13 @@ def mtp_modules(model, tensors, layer_index):
     eh = torch.nn.Linear(2 * H, H, bias=False)
     eh.weight.data.copy_(tensors[p + "eh_proj.weight"])
     layer = type(inner.layers[0])(cfg, layer_index).eval()
+    hyper_connected = hasattr(layer, "attn_hc")  # GLM-5.3-Flash: the MTP layer stores none
     state = {}
     E = cfg.n_routed_experts
     for k in layer.state_dict():
-        if k == "mlp.experts.gate_up_proj":
+        if k.startswith(("attn_hc.", "ffn_hc.")) and hyper_connected:
+            state[k] = layer.state_dict()[k]  # unused: PlainResidualBlock skips them
+        elif k == "mlp.experts.gate_up_proj":
             state[k] = torch.stack([torch.cat([tensors[f"{p}mlp.experts.{e}.gate_proj.weight"],
                                                tensors[f"{p}mlp.experts.{e}.up_proj.weight"]]) for e in range(E)])
         elif k == "mlp.experts.down_proj":
@@ -1182,7 +1222,14 @@ def mtp_modules(model, tensors, layer_index):
             state[k] = tensors[p + k]
     layer.load_state_dict(state)
     return {"enorm": norm("enorm.weight"), "hnorm": norm("hnorm.weight"), "eh_proj": eh,
-            "layer": layer, "shared_norm": norm("shared_head.norm.weight")}
+            "layer": PlainResidualBlock(layer) if hyper_connected else layer,
+            "shared_norm": norm("shared_head.norm.weight")}
+
+
+def mtp_prefix(model):
+    """The prefix of the text model's tensors in the checkpoint ("model." or, for a
+    *ForConditionalGeneration model, "model.language_model.")."""
+    return "model.language_model." if hasattr(model.model, "language_model") else "model."
 
 
 def quantize_mtp_linears(args, path, work):
@@ -1229,18 +1276,23 @@ def make_mtp_fixture(family, seed, args, work_root):
     n = fields["num_hidden_layers"]
     # The weights come from a model one layer longer, initialised as the fixtures' models are:
     # its last layer becomes the MTP layer's decoder layer.
+    if "vision_fields" in base:
+        base["vision_fields"] = dict(base["vision_fields"], **spec.get("vision_overrides", {}))
     FAMILIES[name + "_init"] = dict(base, fields=with_mtp_layer_entries(fields))
     big, _ = make_model(name + "_init", spec["seed"])
     FAMILIES[name] = dict(base, fields=dict(fields, num_nextn_predict_layers=1))
-    model = model_class(build_config(name).architectures[0]).from_config(
-        build_config(name), attn_implementation="eager", dtype=torch.float32)
+    cls = model_class(build_config(name).architectures[0])
+    make = cls.from_config if cls is AutoModelForCausalLM else cls._from_config
+    model = make(build_config(name), attn_implementation="eager", dtype=torch.float32)
     missing = model.load_state_dict(big.state_dict(), strict=False)
     assert not missing.missing_keys, missing.missing_keys
     gen = torch.Generator().manual_seed(SEED + spec["seed"])
     H = fields["hidden_size"]
-    p = f"model.layers.{n}."
+    p = f"{mtp_prefix(model)}layers.{n}."
     mtp = {}
-    for k, v in big.model.layers[n].state_dict().items():
+    for k, v in decoder_layers(big)[n].state_dict().items():
+        if k.startswith(("attn_hc.", "ffn_hc.")):  # GLM-5.3-Flash's MTP layer has no hyper-connections
+            continue
         if k == "mlp.experts.gate_up_proj":
             I = v.shape[1] // 2
             for e in range(v.shape[0]):
@@ -1305,15 +1357,17 @@ def make_mtp_fixture(family, seed, args, work_root):
         "quantize_flags": ["--bits", str(EXPERT_BITS)] + VARIANTS["all"], "seed": spec["seed"],
         "generated_with": {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
                            "script": "scripts/conformance/engine_fixtures.py --mtp-families"},
-        "features": [f"{n} decoder layer(s) plus the MTP layer model.layers.{n}.* (enorm, hnorm, "
-                     "eh_proj, the family's decoder layer with MoE, shared_head.norm; no shared_head.head: "
+        "features": [f"{n} decoder layer(s) plus the MTP layer {p}* (enorm, hnorm, "
+                     "eh_proj, the family's decoder layer with MoE (GLM-5.3-Flash: without hyper-connections, "
+                     "its indexed attention with its own k-pooled indexer), shared_head.norm; no shared_head.head: "
                      "the model's lm_head) in mtp.safetensors: its linears EXL3 at "
                      f"K={EXPERT_BITS} (exl3-tool quantize-tensor) where both dimensions are "
                      "multiples of 128, the rest bf16; exl3-tool quantize copies it as it is",
                      f"config: {json.dumps(spec['overrides'])}"],
         "exl3_layers": prefixes,
         "mtp_logits": "row i: lm_head(shared_head.norm(layer(eh_proj(cat(enorm(embed(t[i+1])), "
-                      "hnorm(h[i])))))) with h the model's last hidden state (after its final norm) in "
+                      "hnorm(h[i])))))) with h the model's last hidden state (after its final norm; "
+                      "GLM-5.3-Flash: the streams' mean, then the final norm) in "
                       "one teacher-forced pass over prompt + greedy, the layer causal over positions "
                       "0..P+30 at rope position i; transformers' own modules (the family's decoder "
                       "layer class and RMSNorm, nn.Linear for eh_proj), fp32, EXL3 layers dequantized",
