@@ -9,7 +9,8 @@ recurrent state rolls back to the accepted drafts, the k-pooled indexer, hyper-c
 family that cannot verify drafts (DeepSeek-V4) is refused at start by name. With
 --speculative-method mtp on the GLM-4 MoE MTP fixture (tests/fixtures/engine/glm4_moe_mtp) the
 checkpoint's MTP head drafts: transformers' greedy tokens and a plain router's sampled ones,
-experts in process and on two workers; a checkpoint without the MTP layer is refused by name."""
+experts in process and on two workers; a checkpoint without the MTP layer is refused by name.
+The same with GLM-5.3-Flash's MTP fixture (tests/fixtures/engine/glm5_next_mtp)."""
 
 import concurrent.futures
 import os
@@ -183,6 +184,22 @@ class GenerateMtpTest(FixtureGenerateTest):
             self.c.start_router(extra=MTP, with_map=False)
         self.assertRegex(str(e.exception), r"speculative method mtp refused for Glm4MoeForCausalLM: "
                                            r"Glm4MoeForCausalLM checkpoint has no MTP layer")
+
+
+class GenerateMtpGlm5NextTest(GenerateMtpTest):
+    """The cases above on GLM-5.3-Flash's MTP fixture (tests/fixtures/engine/glm5_next_mtp): its
+    MTP layer drafts from the hyper-connected streams' collapsed, normed state; the model's KDA
+    layers roll back to the accepted drafts."""
+
+    FIXTURE = os.path.join(FIXTURES, "glm5_next_mtp")
+
+    def test_model_without_head_refused(self):
+        self.c = Cluster(model=os.path.join(FIXTURES, "glm5_next_all"))
+        self.addCleanup(self.c.stop)
+        with self.assertRaises(ProcessExited) as e:
+            self.c.start_router(extra=MTP, with_map=False)
+        self.assertRegex(str(e.exception), r"speculative method mtp refused for Glm5NextForConditionalGeneration: "
+                                           r"Glm5NextForConditionalGeneration checkpoint has no MTP layer")
 
 
 if __name__ == "__main__":
