@@ -55,6 +55,7 @@
 #include "engine/cpu_compute.h"
 #include "engine/linear.h"
 #include "engine/model_config.h"
+#include "engine/mtp_drafter.h"
 #include "engine/mtp_moe.h"
 #include "engine/paged_kv_cache.h"
 #include "engine/step_tokens.h"
@@ -62,7 +63,7 @@
 
 namespace exl3::engine {
 
-class MtpHead {
+class MtpHead final : public MtpDrafter {
  public:
   // OK when `cfg`'s family has the DeepSeek-V3 MTP design and `src` holds its layer; else
   // FAILED_PRECONDITION naming the architecture and what is missing.
@@ -74,9 +75,12 @@ class MtpHead {
   MtpHead(const MtpHead&) = delete;
   MtpHead& operator=(const MtpHead&) = delete;
 
+  // It reads the model's state after its final norm (MtpInput::kHeadInput), hidden wide.
+  MtpInput input() const override { return MtpInput::kHeadInput; }
+  int state_width() const override { return cfg_.hidden_size; }
   // The cache layer the head's attention uses: num_hidden_layers (one past the decoder layers).
-  int cache_layer() const { return cfg_.num_layers - 1; }
-  KvLayerShape CacheShape(int block_size) const {
+  int cache_layer() const override { return cfg_.num_layers - 1; }
+  KvLayerShape CacheShape(int block_size) const override {
     return {cfg_.KvWidth(cache_layer()), cfg_.KvBlockFloats(cache_layer(), block_size)};
   }
 
@@ -85,9 +89,9 @@ class MtpHead {
   // are those tokens, tokens.positions the positions of the hidden states); writes the layer's
   // KV at those positions.
   absl::Status Forward(const float* hidden, const float* embedded, const StepTokens& tokens,
-                       PagedKvCache& cache, float* out, CpuCompute& compute);
+                       PagedKvCache& cache, float* out, CpuCompute& compute) override;
   // logits [rows, vocab] = head(shared_head.norm(o)) for `rows` rows of o.
-  absl::Status Logits(const float* o, int rows, float* logits, CpuCompute& compute) const;
+  absl::Status Logits(const float* o, int rows, float* logits, CpuCompute& compute) const override;
 
  private:
   struct DenseMlp {
