@@ -110,7 +110,8 @@ INSTANTIATE_TEST_SUITE_P(Families, MtpHeadTest,
                          ::testing::Values("tests/fixtures/engine/deepseek_v3_mtp",
                                            "tests/fixtures/engine/glm4_moe_mtp",
                                            "tests/fixtures/engine/glm_moe_dsa_mtp",
-                                           "tests/fixtures/engine/glm5_next_mtp"));
+                                           "tests/fixtures/engine/glm5_next_mtp",
+                                           "tests/fixtures/engine/qwen4_exp_mtp"));
 
 // A checkpoint of an MTP family without the layer, a family without the design, and families of
 // other MTP designs (GLM-5.3-Flash, Qwen4-Exp: they verify drafts, their heads are not this
