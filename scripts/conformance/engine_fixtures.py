@@ -36,7 +36,10 @@ quantize-tensor`) and that layer's logits at every position, computed from trans
 modules (the family's decoder layer class, its RMSNorm, nn.Linear for eh_proj; GLM-5.3-Flash:
 its attention, MoE and RMSNorm classes as a plain residual block, the MTP layer having no
 hyper-connections) with the formula of engine/mtp_head.h; for GLM-MoE-DSA and GLM-5.3-Flash
-every indexer's selection must be stable (--min-index-margin).
+every indexer's selection must be stable (--min-index-margin). --mtp-families qwen4_exp writes
+qwen4_exp_mtp: Qwen4-Exp's own MTP head (mtp.*, engine/qwen4exp_mtp_head.h) and its logits from
+transformers' Qwen4ExpTextRMSNorm, Qwen4ExpTextDecoderLayer and Qwen4ExpTextGatedResidual on the
+streams the model's hyper_connection_mixer receives.
 
 The layout of what it writes is described in tests/fixtures/engine/README.md.
 """
