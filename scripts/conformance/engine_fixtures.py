@@ -1390,8 +1390,9 @@ def make_mtp_fixture(family, seed, args, work_root):
 
 QWEN4_MTP_OVERRIDES = dict(
     # The family fixture's three layers (two gated DeltaNet layers, the second with PLE, then QSA:
-    # a verify step rolls both recurrent states back) with 4 experts.
-    num_experts=4)
+    # a verify step rolls both recurrent states back) with 4 experts and hc_lowrank 16 (the
+    # hyper-connections, stored fp32, are most of the fixture's size).
+    num_experts=4, hc_lowrank=16)
 
 
 def qwen4_exp_mtp_reference_logits(model, mtp, ids):
