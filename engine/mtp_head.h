@@ -39,7 +39,10 @@
 //     to roll back) and whose MLP is the MoE (sigmoid routing with the correction bias, one
 //     shared expert, swiglu_limit on both). exllamav3 lets the layer's indexer score on its own
 //     rather than reuse the model's selection (the config's index_share_for_mtp_iteration);
-//     so does this head. Without rope the positions only order the layer's KV and pools.
+//     so does this head. Without rope the positions only order the layer's KV and pools; but the
+//     pools are of absolute positions, and exllamav3's generator keeps the entry of
+//     (h_i, t_{i+1}) at i + 1 (plus one at 0 from a zero state and t_0), so past index_topk its
+//     selection, and so its drafts, can differ from this head's.
 //
 //   EXL3_ASSIGN_OR_RETURN(auto mtp, MtpHead::Load(cfg, src, model_head));
 //   EXL3_RETURN_IF_ERROR(mtp->Forward(h, embedded, tokens, cache, out, compute));

@@ -27,6 +27,12 @@
 // (exllamav3's stream_tap). Drafts beyond the first chain the block on its own output streams o
 // (before the mixer) and the draft just made, as exllamav3 feeds its flattened stack back. One MTP
 // layer (mtp_num_hidden_layers 1); a checkpoint with mtp.layers.1 is refused.
+//
+// Positions: the layer's KV entry of (h_i, t_{i+1}) sits at position i, as for the DeepSeek-design
+// head (vLLM's convention). exllamav3's generator puts it at i + 1 and writes one more entry at
+// position 0 from a zero state and t_0; with QSA's blocks of absolute positions the two
+// conventions select differently once a query sees more than indexer_budget positions, so drafts
+// compared with exllamav3's must account for the shift.
 #pragma once
 
 #include <memory>
