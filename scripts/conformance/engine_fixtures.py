@@ -345,12 +345,14 @@ FAMILIES["qwen4_exp"] = dict(
 # Each is its base family with `changed` fields, written in the `all` variant only; `layout`
 # rewrites the saved config.json into the release files' key names before exl3-tool quantize
 # (transformers reads both, and so does the engine's config reader).
-def release_family(base, features, layout=None, files=None, replaces=(), **changed):
+def release_family(base, features, layout=None, files=None, naming=None, replaces=(), **changed):
     """`features` replace the base's features that name a changed field or one of `replaces`;
-    `files` (name -> JSON) are written beside config.json (exl3-tool quantize copies them)."""
+    `files` (name -> JSON) are written beside config.json (exl3-tool quantize copies them);
+    `naming` (release_name, transformers_name, release-only config fields) renames the saved
+    tensors into the release naming, and back for the reference model."""
     spec = FAMILIES[base]
     gone = tuple(changed) + tuple(replaces)
-    return dict(spec, base=base, variants=("all",), layout=layout, files=files or {},
+    return dict(spec, base=base, variants=("all",), layout=layout, files=files or {}, naming=naming,
                 fields=dict(spec["fields"], **changed),
                 features=[f for f in spec["features"] if not any(k in f for k in gone)] + features)
 
@@ -395,6 +397,39 @@ GLM5_NEXT_PROCESSOR_CONFIG = {"image_processor": {
     "max_image_tokens": 64}}
 
 
+def deepseek_v4_release_layout(config):
+    """DeepSeek-V4's release config fields beside transformers' (exllamav3 reads only these:
+    compress_ratios, compress_rate_csa / _hca, num_hash_layers, rope_scaling, ...), made by
+    scripts/conformance/exllamav3_fixtures.py's deepseek_v4_release_config. transformers and the
+    engine (engine/dsv4_config.cc) read their own fields first; the reference model is loaded
+    without the added ones (DEEPSEEK_V4_RELEASE_ONLY)."""
+    import exllamav3_fixtures
+    config.update(exllamav3_fixtures.deepseek_v4_release_config(config))
+
+
+DEEPSEEK_V4_RELEASE_ONLY = ("compress_ratios", "compress_rate_csa", "compress_rate_hca",
+                            "num_hash_layers", "rope_scaling", "topk_method")
+
+
+def deepseek_v4_release_name(name):
+    """transformers' DeepSeek-V4 tensor name -> the release name (exllamav3_fixtures.py's)."""
+    import exllamav3_fixtures
+    return exllamav3_fixtures.deepseek_v4_release_name(name)
+
+
+def deepseek_v4_transformers_name(name):
+    """A release name -> transformers' (model/checkpoint_naming.cc's ProjectTensorName)."""
+    if name.startswith("layers."):
+        return "model." + name.replace(".attn.kv_norm.", ".attn.norm.")
+    if name.startswith("embed."):
+        return "model.embed_tokens." + name[len("embed."):]
+    if name.startswith("norm."):
+        return "model." + name
+    if name.startswith("hc_head_"):
+        return "model.hc_head.hc_" + name[len("hc_head_"):]
+    return name  # head.*
+
+
 # The settings below are the release models' (GLM-4.5/4.6/4.7, Kimi-K2 and Moonlight (both
 # DeepseekV3ForCausalLM; DeepSeek-V3 itself has 8 / 4), GLM-5 and GLM-5.3-Flash route over one
 # group; Mixtral-8x7B has no sliding window; Qwen3-30B-A3B and Qwen3-Next-80B-A3B are MoE in every
@@ -423,32 +458,54 @@ FAMILIES["qwen3_moe_release"] = release_family(
                   "config.json in the release layout: the expert count is num_experts"],
     layout=qwen3_moe_release_layout, replaces=("num_local_experts",), mlp_only_layers=[])
 FAMILIES["qwen3_next_release"] = release_family(
-    "qwen3_next", ["mlp_only_layers []: every layer MoE, as Qwen3-Next-80B-A3B (softmax over all "
+    "qwen3_next", ["2 layers, gated DeltaNet then gated full attention (three MoE layers would take "
+                   "the fixture past 2 MB)",
+                   "mlp_only_layers []: every layer MoE, as Qwen3-Next-80B-A3B (softmax over all "
                    "8 experts: num_experts_per_tok 8; shared expert scaled by "
                    "sigmoid(shared_expert_gate))",
                    "gated full attention: q_proj twice as wide (query, then its sigmoid output "
                    "gate), q_norm/k_norm, partial_rotary_factor 0.25 (rotary on 16 of 64 dims), 2 "
                    "heads over 2 KV heads",
                    "in_proj_ba [8, 256] is not EXL3-able: stored as is",
-                   "config.json in the release layout: full_attention_interval 3 instead of "
+                   "config.json in the release layout: full_attention_interval 2 instead of "
                    "layer_types"],
     layout=qwen3_next_release_layout, replaces=("layer_types", "gated full attention", "k_proj/v_proj"),
-    mlp_only_layers=[], num_key_value_heads=2, num_experts_per_tok=8)
+    num_hidden_layers=2, layer_types=["linear_attention", "full_attention"], mlp_only_layers=[],
+    num_key_value_heads=2, num_experts_per_tok=8)
+# GLM-5.3-Flash in two layers (KDA with a dense MLP, MLA with its own k-pooled indexer and MoE):
+# with KDA heads of 128 and a "full" indexer on every MLA layer the base's third layer (which
+# shared layer 1's selection) would only add 0.3 MB and take the fixture past 2 MB.
 FAMILIES["glm5_next_release"] = release_family(
-    "glm5_next", ["mlp_layer_types [dense, sparse, dense]; sigmoid routing with random correction "
-                  "bias, n_group 1 / topk_group 1 (no group limit), routed_scaling_factor 2.5, one "
-                  "shared expert; swiglu_limit 10 on experts, shared expert and dense MLPs",
-                  "KDA (layer 0) with linear_head_dim 128 (2 heads), otherwise as glm5_next",
-                  "k-pooled DSA indexer on layers 1 and 2 (indexer_types [full, full, full]: each "
-                  "runs its own): index_n_heads 8 x index_head_dim 64, index_kpool 4, index_topk 8 "
-                  "(2 pools) plus the incomplete tail; positions >= 11 see more than 2 complete "
-                  "pools",
-                  "config.json in the release layout: layer_types [linear_attention, "
-                  "deepseek_sparse_attention, deepseek_sparse_attention], KDA's shape in "
-                  "linear_attn_config; processor_config.json beside it"],
+    "glm5_next", ["2 layers: layer_types [linear_attention, deepseek_sparse_attention] (release "
+                  "naming, below), mlp_layer_types [dense, sparse]; sigmoid routing with random "
+                  "correction bias, n_group 1 / topk_group 1 (no group limit), routed_scaling_factor "
+                  "2.5, one shared expert; swiglu_limit 10 on experts, shared expert and dense MLPs",
+                  "KDA (layer 0) with linear_head_dim 128 (2 heads; exllamav3's kernels take no "
+                  "other), otherwise as glm5_next",
+                  "NoPE MLA (layer 1): 2 heads, q_lora_rank 128, kv_lora_rank 128, qk_nope_head_dim "
+                  "64, v_head_dim 64, qk_rope_head_dim 0, with its own k-pooled DSA indexer "
+                  "(indexer_types [full, full]): index_n_heads 8 x index_head_dim 64, index_kpool "
+                  "4, index_topk 8 (2 pools) plus the incomplete tail; positions >= 11 see more "
+                  "than 2 complete pools",
+                  "config.json in the release layout: MLA layers named deepseek_sparse_attention, "
+                  "KDA's shape in linear_attn_config; processor_config.json beside it"],
     layout=glm5_next_release_layout, files={"processor_config.json": GLM5_NEXT_PROCESSOR_CONFIG},
-    replaces=("layer_types [linear", "KDA (self_attn", "k-pooled DSA indexer"),
-    n_group=1, topk_group=1, linear_head_dim=128, indexer_types=["full", "full", "full"])
+    replaces=("layer_types [linear", "KDA (self_attn", "k-pooled DSA indexer", "NoPE MLA"),
+    n_group=1, topk_group=1, linear_head_dim=128, num_hidden_layers=2,
+    layer_types=["linear_attention", "indexed_attention"], mlp_layer_types=["dense", "sparse"],
+    indexer_types=["full", "full"])
+
+
+# DeepSeek-V4 as released: tensors without "model." (embed, layers.L.*, norm, hc_head_fn /
+# _base / _scale, the KV norm attn.kv_norm) and the release config fields added, the form
+# exllamav3 reads and the real checkpoints have. exl3-tool quantize keeps the input's naming.
+FAMILIES["deepseek_v4_release"] = release_family(
+    "deepseek_v4", ["tensors in the release naming (embed.weight, layers.L.*, norm.weight, "
+                    "hc_head_fn / _base / _scale, layers.L.attn.kv_norm), config.json with the "
+                    "release fields (compress_ratios, compress_rate_csa / _hca, num_hash_layers, "
+                    "rope_scaling) beside transformers'"],
+    layout=deepseek_v4_release_layout,
+    naming=(deepseek_v4_release_name, deepseek_v4_transformers_name, DEEPSEEK_V4_RELEASE_ONLY))
 
 
 def base_family(family):
@@ -611,30 +668,37 @@ def tensor_names(directory):
     return names
 
 
-def dequantized_checkpoint(exl3_tool, exl3_dir, out_dir, work):
+def dequantized_checkpoint(exl3_tool, exl3_dir, out_dir, work, naming=None):
     """An fp32 HF checkpoint of what the EXL3 directory holds: EXL3 layers dequantized
-    (`exl3-tool dequant`, W [in, out] -> Linear weight [out, in]), every other tensor as stored."""
+    (`exl3-tool dequant`, W [in, out] -> Linear weight [out, in]), every other tensor as stored.
+    With a release `naming` (release_family) the tensors get transformers' names back (exl3-tool
+    reads such a directory under them too) and config.json loses the release-only fields.
+    Returns the EXL3 layers' prefixes as stored."""
     os.makedirs(out_dir, exist_ok=True)
     names = tensor_names(exl3_dir)
+    to_transformers = naming[1] if naming else (lambda n: n)
     tensors = {}
     exl3_prefixes = sorted(k[: -len(".trellis")] for k in names if k.endswith(".trellis"))
     suffixes = (".trellis", ".suh", ".svh", ".su", ".sv", ".mcg", ".mul1")
     for prefix in exl3_prefixes:
         w_file = os.path.join(work, "w.safetensors")
-        run([exl3_tool, "dequant", "--input", exl3_dir, "--prefix", prefix, "--output", w_file])
+        name = to_transformers(prefix + ".weight")[: -len(".weight")]
+        run([exl3_tool, "dequant", "--input", exl3_dir, "--prefix", name, "--output", w_file])
         with safe_open(w_file, "pt") as st:
-            tensors[prefix + ".weight"] = st.get_tensor("weight").t().contiguous()
+            tensors[name + ".weight"] = st.get_tensor("weight").t().contiguous()
     for k, path in names.items():
         if any(k.endswith(s) for s in suffixes) and k.rsplit(".", 1)[0] in exl3_prefixes:
             continue
         with safe_open(path, "pt") as st:
             t = st.get_tensor(k)
             # Integer buffers (Qwen4-Exp's 64-bit hash multipliers) as stored: fp32 would round them.
-            tensors[k] = (t.to(torch.float32) if t.is_floating_point() else t).contiguous()
+            tensors[to_transformers(k)] = (t.to(torch.float32) if t.is_floating_point() else t).contiguous()
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(exl3_dir, "config.json")) as f:
         cfg = json.load(f)
     cfg.pop("quantization_config", None)
+    for field in (naming[2] if naming else ()):
+        cfg.pop(field, None)
     cfg["dtype"] = "float32"
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
@@ -1140,6 +1204,8 @@ def make_family(family, args, work_root):
         model.to(torch.bfloat16).save_pretrained(hf_dir)
         if FAMILIES[family].get("layout"):
             rewrite_config(hf_dir, FAMILIES[family]["layout"])
+        if FAMILIES[family].get("naming"):
+            rename_tensors(hf_dir, FAMILIES[family]["naming"][0])
         for name, content in FAMILIES[family].get("files", {}).items():
             with open(os.path.join(hf_dir, name), "w") as f:
                 json.dump(content, f, indent=2)
@@ -1161,6 +1227,19 @@ def make_family(family, args, work_root):
     fail(f"{family}: no seed of {seeds} passes the checks (raise --search-seeds)")
 
 
+def rename_tensors(hf_dir, rename):
+    """The saved checkpoint's tensors under rename(name), in one model.safetensors."""
+    from safetensors.torch import load_file
+    tensors = {}
+    for f in sorted(os.listdir(hf_dir)):
+        if f.endswith(".safetensors"):
+            tensors.update({rename(k): v for k, v in load_file(os.path.join(hf_dir, f)).items()})
+            os.remove(os.path.join(hf_dir, f))
+    if os.path.exists(os.path.join(hf_dir, "model.safetensors.index.json")):
+        os.remove(os.path.join(hf_dir, "model.safetensors.index.json"))
+    save_file(tensors, os.path.join(hf_dir, "model.safetensors"), metadata={"format": "pt"})
+
+
 def rewrite_config(hf_dir, layout):
     """Applies a release layout (a function editing the parsed config.json) to a saved checkpoint."""
     path = os.path.join(hf_dir, "config.json")
@@ -1178,7 +1257,8 @@ def make_variant(family, variant, flags, hf_dir, work, prompts, successor, args)
     run([args.exl3_tool, "quantize", "--input", hf_dir, "--output", exl3_dir, "--bits",
          str(EXPERT_BITS), "--threads", str(args.threads), "--quiet"] + flags)
     deq_dir = os.path.join(work, name + "-dequant")
-    prefixes = dequantized_checkpoint(args.exl3_tool, exl3_dir, deq_dir, work)
+    prefixes = dequantized_checkpoint(args.exl3_tool, exl3_dir, deq_dir, work,
+                                      FAMILIES[family].get("naming"))
     ref_model = load_reference_model(deq_dir)
     tensors, info = record(family, ref_model, prompts, successor, args)
     errs = check_moe(args.exl3_tool, exl3_dir, tensors, info["moe_layers"], work, args.moe_tol)
