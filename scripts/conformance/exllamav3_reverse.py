@@ -78,24 +78,49 @@ def log(msg: str) -> None:
     print(f"exllamav3_reverse: {msg}", flush=True)
 
 
-def check(directory: str, max_mean_row_rel: float) -> dict:
+def read_reference(directory: str) -> list:
+    """(index, prompt, greedy, logits) per prompt of reference.safetensors, checked against each
+    other: logits has a row per token of prompt + greedy."""
     import torch
     from safetensors import safe_open
-    from exllamav3 import Config, Model
 
     ref = safe_open(os.path.join(directory, "reference.safetensors"), "pt")
     with open(os.path.join(directory, "reference.json")) as f:
         meta = json.load(f)
+    out = []
+    for p in meta["prompts"]:
+        i = p["index"] if "index" in p else len(out)
+        prompt = ref.get_tensor(f"prompt.{i}").long()
+        greedy = ref.get_tensor(f"greedy.{i}").long()
+        want = ref.get_tensor(f"logits.{i}").float()
+        if want.shape[0] != prompt.numel() + greedy.numel():
+            raise ValueError(f"{directory}: logits.{i} has {want.shape[0]} rows for "
+                             f"{prompt.numel()} + {greedy.numel()} tokens")
+        out.append((i, prompt, greedy, want))
+    return out
+
+
+def dry_run(directory: str) -> dict:
+    """What can be checked without exllamav3: the directory's files and its reference."""
+    with open(os.path.join(directory, "config.json")) as f:
+        config = json.load(f)
+    prompts = read_reference(directory)
+    return {"architecture": config["architectures"][0],
+            "quant_method": config.get("quantization_config", {}).get("quant_method"),
+            "prompts": len(prompts), "rows": sum(int(w.shape[0]) for _, _, _, w in prompts)}
+
+
+def check(directory: str, max_mean_row_rel: float) -> dict:
+    import torch
+    from exllamav3 import Config, Model
+
+    prompts = read_reference(directory)
     config = Config.from_directory(directory)
     model = Model.from_config(config)
     model.load("cuda:0")
     out = {"architecture": config.architecture, "prompts": []}
     try:
-        for p in meta["prompts"]:
-            i = p["index"]
-            prompt = ref.get_tensor(f"prompt.{i}").long()
-            greedy = ref.get_tensor(f"greedy.{i}").long()
-            want = ref.get_tensor(f"logits.{i}").float()
+        for i, prompt, greedy, want in prompts:
             ids = torch.cat([prompt, greedy]).view(1, -1)
             got = model.forward(ids, {"attn_mode": "flash_attn_nc"}).float().cpu()[0]
             got = got[: want.shape[0], : want.shape[1]]
@@ -127,6 +152,8 @@ def main() -> int:
                     help="largest mean row error of a prompt that agrees")
     ap.add_argument("--list", action="store_true",
                     help="print the fixtures checked by default and those left out, and exit")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="read each fixture's config and reference (no exllamav3, no GPU), and exit")
     args = ap.parse_args()
     names = args.names.split(",") if args.names else default_names(args.fixtures)
     if args.list:
@@ -136,10 +163,19 @@ def main() -> int:
             if name not in names:
                 print(f"skip  {name}: {why}")
         return 0
-    if not args.out:
-        ap.error("--out is required")
     if not names:
         ap.error(f"no *_release_all fixture under {args.fixtures}")
+    if args.dry_run:
+        failed = 0
+        for name in names:
+            try:
+                log(f"{name}: {dry_run(os.path.join(args.fixtures, name))}")
+            except (OSError, ValueError, KeyError) as e:
+                failed += 1
+                log(f"{name}: cannot be checked: {type(e).__name__}: {e}")
+        return 1 if failed else 0
+    if not args.out:
+        ap.error("--out is required")
     results = {}
     try:
         from exllamav3.version import __version__ as version
