@@ -345,14 +345,15 @@ FAMILIES["qwen4_exp"] = dict(
 # Each is its base family with `changed` fields, written in the `all` variant only; `layout`
 # rewrites the saved config.json into the release files' key names before exl3-tool quantize
 # (transformers reads both, and so does the engine's config reader).
-def release_family(base, features, layout=None, files=None, naming=None, replaces=(), **changed):
-    """`features` replace the base's features that name a changed field or one of `replaces`;
+def release_family(base, seed, features, layout=None, files=None, naming=None, replaces=(), **changed):
+    """`seed`: the first that passes the checks (--search-seeds found it);
+    `features` replace the base's features that name a changed field or one of `replaces`;
     `files` (name -> JSON) are written beside config.json (exl3-tool quantize copies them);
     `naming` (release_name, transformers_name, release-only config fields) renames the saved
     tensors into the release naming, and back for the reference model."""
     spec = FAMILIES[base]
     gone = tuple(changed) + tuple(replaces)
-    return dict(spec, base=base, variants=("all",), layout=layout, files=files or {}, naming=naming,
+    return dict(spec, base=base, seed=seed, variants=("all",), layout=layout, files=files or {}, naming=naming,
                 fields=dict(spec["fields"], **changed),
                 features=[f for f in spec["features"] if not any(k in f for k in gone)] + features)
 
@@ -441,24 +442,24 @@ def deepseek_v4_transformers_name(name):
 # parameters for a "shared" one).
 ONE_GROUP = ("sigmoid routing with random e_score_correction_bias, n_group 1 / topk_group 1 (no "
              "group limit) as the release configs")
-FAMILIES["glm4_moe_release"] = release_family("glm4_moe", [ONE_GROUP], n_group=1, topk_group=1)
+FAMILIES["glm4_moe_release"] = release_family("glm4_moe", 4, [ONE_GROUP], n_group=1, topk_group=1)
 FAMILIES["mixtral_release"] = release_family(
-    "mixtral", ["sliding_window null as Mixtral-8x7B's release config (full causal attention)"],
+    "mixtral", 4, ["sliding_window null as Mixtral-8x7B's release config (full causal attention)"],
     sliding_window=None)
 FAMILIES["deepseek_v3_release"] = release_family(
-    "deepseek_v3", [ONE_GROUP, "qk_nope_head_dim 64, qk_rope_head_dim 32, v_head_dim 128"],
+    "deepseek_v3", 9, [ONE_GROUP, "qk_nope_head_dim 64, qk_rope_head_dim 32, v_head_dim 128"],
     n_group=1, topk_group=1, v_head_dim=128)
 FAMILIES["glm_moe_dsa_release"] = release_family(
-    "glm_moe_dsa", [ONE_GROUP, "MLA: q_lora_rank 128, kv_lora_rank 128, qk_nope_head_dim 64, "
+    "glm_moe_dsa", 18, [ONE_GROUP, "MLA: q_lora_rank 128, kv_lora_rank 128, qk_nope_head_dim 64, "
                     "qk_rope_head_dim 32, v_head_dim 128, interleaved rope (always, for this family)",
                     "indexer_types [full, full]: every layer runs its own indexer"],
     replaces=("MLA:",), n_group=1, topk_group=1, v_head_dim=128, indexer_types=["full", "full"])
 FAMILIES["qwen3_moe_release"] = release_family(
-    "qwen3_moe", ["mlp_only_layers []: both layers MoE, as Qwen3-30B-A3B",
+    "qwen3_moe", 4, ["mlp_only_layers []: both layers MoE, as Qwen3-30B-A3B",
                   "config.json in the release layout: the expert count is num_experts"],
     layout=qwen3_moe_release_layout, replaces=("num_local_experts",), mlp_only_layers=[])
 FAMILIES["qwen3_next_release"] = release_family(
-    "qwen3_next", ["2 layers, gated DeltaNet then gated full attention (three MoE layers would take "
+    "qwen3_next", 6, ["2 layers, gated DeltaNet then gated full attention (three MoE layers would take "
                    "the fixture past 2 MB)",
                    "mlp_only_layers []: every layer MoE, as Qwen3-Next-80B-A3B (softmax over all "
                    "8 experts: num_experts_per_tok 8; shared expert scaled by "
@@ -476,7 +477,7 @@ FAMILIES["qwen3_next_release"] = release_family(
 # with KDA heads of 128 and a "full" indexer on every MLA layer the base's third layer (which
 # shared layer 1's selection) would only add 0.3 MB and take the fixture past 2 MB.
 FAMILIES["glm5_next_release"] = release_family(
-    "glm5_next", ["2 layers: layer_types [linear_attention, deepseek_sparse_attention] (release "
+    "glm5_next", 3, ["2 layers: layer_types [linear_attention, deepseek_sparse_attention] (release "
                   "naming, below), mlp_layer_types [dense, sparse]; sigmoid routing with random "
                   "correction bias, n_group 1 / topk_group 1 (no group limit), routed_scaling_factor "
                   "2.5, one shared expert; swiglu_limit 10 on experts, shared expert and dense MLPs",
@@ -500,7 +501,7 @@ FAMILIES["glm5_next_release"] = release_family(
 # _base / _scale, the KV norm attn.kv_norm) and the release config fields added, the form
 # exllamav3 reads and the real checkpoints have. exl3-tool quantize keeps the input's naming.
 FAMILIES["deepseek_v4_release"] = release_family(
-    "deepseek_v4", ["tensors in the release naming (embed.weight, layers.L.*, norm.weight, "
+    "deepseek_v4", 9, ["tensors in the release naming (embed.weight, layers.L.*, norm.weight, "
                     "hc_head_fn / _base / _scale, layers.L.attn.kv_norm), config.json with the "
                     "release fields (compress_ratios, compress_rate_csa / _hca, num_hash_layers, "
                     "rope_scaling) beside transformers'"],
@@ -1116,7 +1117,8 @@ def record(family, model, prompts, successor, args, slack=1.0):
             out[f"moe_in.{L}"] = x.float().contiguous()
             out[f"moe_out.{L}"] = y.float().contiguous()
     info["min_gap_over_logit_std"] = round(min_gap_ratio, 5)
-    info["min_route_margin"] = float(f"{min_margin:.3e}")
+    # null when every token takes every expert (no selection to decide): JSON has no infinity.
+    info["min_route_margin"] = None if math.isinf(min_margin) else float(f"{min_margin:.3e}")
     info["non_successor_steps"] = f"{non_successor}/{NEW_TOKENS * len(prompts)}"
     if min_gap_ratio < slack * args.min_gap:
         raise Unstable(f"smallest top1-top2 gap is {min_gap_ratio:.2e} x the logit std "
