@@ -511,7 +511,7 @@ FAMILIES["deepseek_v4_release"] = release_family(
 
 def base_family(family):
     """The family whose model code and checks a family uses (itself, or a release variant's base)."""
-    return FAMILIES[family].get("base", family)
+    return FAMILIES.get(family, {}).get("base", family)
 
 
 VARIANTS = {
