@@ -432,8 +432,8 @@ def deepseek_v4_transformers_name(name):
 
 
 # The settings below are the release models' (GLM-4.5/4.6/4.7, Kimi-K2 and Moonlight (both
-# DeepseekV3ForCausalLM; DeepSeek-V3 itself has 8 / 4), GLM-5 and GLM-5.3-Flash route over one
-# group; Mixtral-8x7B has no sliding window; Qwen3-30B-A3B and Qwen3-Next-80B-A3B are MoE in every
+# DeepseekV3ForCausalLM; DeepSeek-V3 itself has 8 / 4) route over one group, and exllamav3 asserts
+# one for GLM-MoE-DSA and GLM-5.3-Flash; Mixtral-8x7B has no sliding window; Qwen3-30B-A3B and Qwen3-Next-80B-A3B are MoE in every
 # layer) where exllamav3 1.6.5 leaves the fixtures' setting out, plus the shapes its kernels need,
 # as scripts/conformance/exllamav3_fixtures.py (EXL3V3_CHANGES) found them on the device: MLA's
 # v_head_dim a power of two (128, as the release models), Qwen3-Next's k/v_proj 128 wide (2 KV
