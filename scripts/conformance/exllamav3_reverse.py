@@ -60,11 +60,12 @@ NOT_CHECKED = {
                      "(glm5_next_release_all is checked)",
     "deepseek_v4_all": "transformers' tensor names (model.embed_tokens, model.layers.*, "
                        "model.hc_head.*) and config fields (compress_rates, rope_parameters): "
-                       "exllamav3 reads only the release names and fields",
+                       "exllamav3 reads only the release names and fields "
+                       "(deepseek_v4_release_all is checked)",
     "qwen4_exp_all": "layer_types indexed_attention (exllamav3 reads only full_attention), 1 KV "
                      "head (its fused q/k/v kernels take k/v_proj widths of 128), and an n-gram "
                      "table exllamav3 reads only in rows of 160 (ple_embed_dim / ((ngram_size - 1) "
-                     "* heads_per_ngram))",
+                     "* heads_per_ngram)); no release twin (it would pass 2 MB)",
 }
 
 
