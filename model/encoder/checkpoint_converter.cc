@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "model/checkpoint_naming.h"
 #include "model/encoder/layer_quantizer.h"
 #include "model/encoder/progress.h"
 #include "model/encoder/safetensors_stream_writer.h"
@@ -145,7 +146,11 @@ struct Conversion {
   MoeConfig cfg;
   std::vector<std::string> shards;  // names relative to in_dir, sorted
   std::vector<std::unique_ptr<SafetensorsFile>> files;  // by shard
-  std::map<std::string, const TensorInfo*> info;        // every input tensor
+  // How the input names its tensors (model/checkpoint_naming.h). Planning works on the project's
+  // names; the output keeps the input's, so a DeepSeek-V4 checkpoint in its release naming
+  // becomes an EXL3 directory in that naming (the one exllamav3 reads).
+  CheckpointNaming naming = CheckpointNaming::kTransformers;
+  std::map<std::string, const TensorInfo*> info;        // every input tensor, by project name
   std::map<std::string, Planned> plan;                  // the tensors that become EXL3 layers
   std::set<std::string> modules;        // "attention", "dense_mlp", "head": those with a quantized tensor
   std::vector<std::string> kept_names;  // asked for, but not EXL3-able
@@ -180,12 +185,23 @@ absl::Status ReadSource(Conversion& c) {
   }
   EXL3_ASSIGN_OR_RETURN(c.cfg, ParseMoeConfig(text, config.string()));
   EXL3_ASSIGN_OR_RETURN(c.shards, ListShards(c.in_dir));
+  std::vector<std::string> stored;
   for (const std::string& s : c.shards) {
     EXL3_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> f, SafetensorsFile::Open((c.in_dir / s).string()));
-    for (const TensorInfo& t : f->tensors()) c.info[t.name] = &t;
+    for (const TensorInfo& t : f->tensors()) stored.push_back(t.name);
     c.files.push_back(std::move(f));
   }
+  c.naming = DetectCheckpointNaming(stored);
+  for (const auto& f : c.files) {
+    for (const TensorInfo& t : f->tensors()) c.info[ProjectTensorName(c.naming, t.name)] = &t;
+  }
   return absl::OkStatus();
+}
+
+// The plan entry of a stored tensor (looked up by its project name), or null.
+const Planned* PlanFor(const Conversion& c, const std::string& stored_name) {
+  auto it = c.plan.find(ProjectTensorName(c.naming, stored_name));
+  return it == c.plan.end() ? nullptr : &it->second;
 }
 
 // A routed or shared expert's projection: it must be there, [out, in], EXL3-able.
@@ -244,7 +260,7 @@ void PlanOptionalLinear(Conversion& c, const std::string& name, int bits, const 
     c.stats.kept_linears.push_back(absl::StrCat(name, " ", ShapeString(t.shape), " ", std::string(DTypeName(t.dtype)),
                                                 ": ", shape_ok ? "not BF16/F16/F32" : "dimensions not both multiples of 128",
                                                 ", kept as stored"));
-    c.kept_names.push_back(name);
+    c.kept_names.push_back(t.name);  // as stored: the output keeps the input's naming
     return;
   }
   c.plan[name] = {bits, static_cast<int>(t.shape[0]), static_cast<int>(t.shape[1])};
@@ -312,12 +328,12 @@ uint64_t Tiles(const Planned& p) { return static_cast<uint64_t>(p.out / 16) * (p
 // Every output tensor of shard `si` declared: planned ones as EXL3 (trellis, suh, svh, codebook flag).
 void DeclareShard(const Conversion& c, const SafetensorsFile& in, SafetensorsStreamWriter& w) {
   for (const TensorInfo& t : in.tensors()) {
-    auto it = c.plan.find(t.name);
-    if (it == c.plan.end()) {
+    const Planned* planned = PlanFor(c, t.name);
+    if (planned == nullptr) {
       w.Declare(t.name, t.dtype, t.shape);
       continue;
     }
-    const Planned& p = it->second;
+    const Planned& p = *planned;
     const std::string prefix = t.name.substr(0, t.name.size() - 7);  // drop ".weight"
     w.Declare(prefix + ".trellis", DType::kI16, {p.in / 16, p.out / 16, 16 * p.bits});
     w.Declare(prefix + ".suh", DType::kF16, {p.in});
@@ -363,8 +379,7 @@ absl::Status ConvertShard(Conversion& c, size_t si, ProgressBar& bar) {
   const std::string fingerprint = shard_fp.dump();
   uint64_t shard_tiles = 0;
   for (const TensorInfo& t : in.tensors()) {
-    auto it = c.plan.find(t.name);
-    if (it != c.plan.end()) shard_tiles += Tiles(it->second);
+    if (const Planned* p = PlanFor(c, t.name)) shard_tiles += Tiles(*p);
   }
   const std::string progress_prefix = absl::StrCat("shard ", si + 1, "/", c.files.size());
   if (fs::exists(out_path, ec)) {  // a restart
@@ -386,15 +401,15 @@ absl::Status ConvertShard(Conversion& c, size_t si, ProgressBar& bar) {
   EXL3_RETURN_IF_ERROR(w.Open(out_path.string()));
   for (const TensorInfo& t : in.tensors()) {
     EXL3_ASSIGN_OR_RETURN(TensorView v, in.Get(t.name));
-    auto it = c.plan.find(t.name);
-    if (it == c.plan.end()) {
+    const Planned* planned = PlanFor(c, t.name);
+    if (planned == nullptr) {
       EXL3_RETURN_IF_ERROR(w.Write(t.name, v.data, v.size_bytes()));
       ++c.stats.tensors_copied;
       continue;
     }
     bar.SetDetail(absl::StrCat(progress_prefix, " ", t.name.substr(0, t.name.size() - 7)));
-    EXL3_RETURN_IF_ERROR(QuantizeInto(c, in, v, it->second, w));
-    bar.Add(Tiles(it->second));
+    EXL3_RETURN_IF_ERROR(QuantizeInto(c, in, v, *planned, w));
+    bar.Add(Tiles(*planned));
   }
   EXL3_RETURN_IF_ERROR(w.Finish());
   EXL3_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> done, SafetensorsFile::Open(out_path.string()));

@@ -343,10 +343,192 @@ FAMILIES["qwen4_exp"] = dict(
               "small linears (in_proj_a/b, index_qk_proj [288, 128], k/v_proj [64, 128], the "
               "hyper-connection and PLE projections) stay as stored"])
 
+# Families in the settings and config.json layout their release checkpoints have, where the
+# fixture above exercises a setting the release models leave off or transformers 5.x writes a key
+# the release files name otherwise, and exllamav3 does not implement or read it (so the reverse
+# check, scripts/conformance/exllamav3_reverse.py, can hold exllamav3 to the reference on them).
+# Each is its base family with `changed` fields, written in the `all` variant only; `layout`
+# rewrites the saved config.json into the release files' key names before exl3-tool quantize
+# (transformers reads both, and so does the engine's config reader).
+def release_family(base, seed, features, layout=None, files=None, naming=None, replaces=(), **changed):
+    """`seed`: the first that passes the checks (--search-seeds found it);
+    `features` replace the base's features that name a changed field or one of `replaces`;
+    `files` (name -> JSON) are written beside config.json (exl3-tool quantize copies them);
+    `naming` (release_name, transformers_name, release-only config fields) renames the saved
+    tensors into the release naming, and back for the reference model."""
+    spec = FAMILIES[base]
+    gone = tuple(changed) + tuple(replaces)
+    return dict(spec, base=base, seed=seed, variants=("all",), layout=layout, files=files or {}, naming=naming,
+                fields=dict(spec["fields"], **changed),
+                features=[f for f in spec["features"] if not any(k in f for k in gone)] + features)
+
+
+def qwen3_moe_release_layout(config):
+    """Qwen3-30B-A3B's config.json names the expert count num_experts (transformers 5.x:
+    num_local_experts)."""
+    config["num_experts"] = config.pop("num_local_experts")
+
+
+def qwen3_next_release_layout(config):
+    """Qwen3-Next-80B-A3B's config.json places full attention by full_attention_interval (every
+    interval-th layer) and has no layer_types (transformers 5.x writes layer_types only)."""
+    types = config.pop("layer_types")
+    interval = types.index("full_attention") + 1
+    if types != ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                 for i in range(len(types))]:
+        fail(f"layer_types {types} is not every {interval}-th layer full")
+    config["full_attention_interval"] = interval
+
+
+def glm5_next_release_layout(config):
+    """GLM-5.3-Flash's config.json as exllamav3 reads it (architecture/glm5_next.py of its wheel):
+    the MLA layers are "deepseek_sparse_attention" (transformers 5.x: "indexed_attention") and
+    KDA's shape is a linear_attn_config dict (transformers: flat linear_* fields). transformers'
+    Glm5NextTextConfig reads this layout too, and so does engine/glm5next_config.cc."""
+    text = config["text_config"]
+    text["layer_types"] = ["deepseek_sparse_attention" if t == "indexed_attention" else t
+                           for t in text["layer_types"]]
+    text["linear_attn_config"] = {
+        "num_heads": text.pop("linear_num_heads"), "head_dim": text.pop("linear_head_dim"),
+        "short_conv_kernel_size": text.pop("linear_conv_kernel_dim"),
+        "gate_lower_bound": text.pop("linear_lower_bound")}
+
+
+# The vision preprocessor's settings a GLM-5.3-Flash directory carries beside config.json
+# (exllamav3 refuses the model without it; the engine reads only the text model).
+GLM5_NEXT_PROCESSOR_CONFIG = {"image_processor": {
+    "image_processor_type": "Glm5NextImageProcessor", "patch_size": 2, "temporal_patch_size": 2,
+    "merge_size": 2, "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711], "min_image_tokens": 4,
+    "max_image_tokens": 64}}
+
+
+def deepseek_v4_release_layout(config):
+    """DeepSeek-V4's release config fields beside transformers' (exllamav3 reads only these:
+    compress_ratios, compress_rate_csa / _hca, num_hash_layers, rope_scaling, ...), made by
+    scripts/conformance/exllamav3_fixtures.py's deepseek_v4_release_config. transformers and the
+    engine (engine/dsv4_config.cc) read their own fields first; the reference model is loaded
+    without the added ones (DEEPSEEK_V4_RELEASE_ONLY)."""
+    import exllamav3_fixtures
+    config.update(exllamav3_fixtures.deepseek_v4_release_config(config))
+
+
+DEEPSEEK_V4_RELEASE_ONLY = ("compress_ratios", "compress_rate_csa", "compress_rate_hca",
+                            "num_hash_layers", "rope_scaling", "topk_method")
+
+
+def deepseek_v4_release_name(name):
+    """transformers' DeepSeek-V4 tensor name -> the release name (exllamav3_fixtures.py's)."""
+    import exllamav3_fixtures
+    return exllamav3_fixtures.deepseek_v4_release_name(name)
+
+
+def deepseek_v4_transformers_name(name):
+    """A release name -> transformers' (model/checkpoint_naming.cc's ProjectTensorName)."""
+    if name.startswith("layers."):
+        return "model." + name.replace(".attn.kv_norm.", ".attn.norm.")
+    if name.startswith("embed."):
+        return "model.embed_tokens." + name[len("embed."):]
+    if name.startswith("norm."):
+        return "model." + name
+    if name.startswith("hc_head_"):
+        return "model.hc_head.hc_" + name[len("hc_head_"):]
+    return name  # head.*
+
+
+# The settings below are the release models' (GLM-4.5/4.6/4.7, Kimi-K2 and Moonlight (both
+# DeepseekV3ForCausalLM; DeepSeek-V3 itself has 8 / 4) route over one group, and exllamav3 asserts
+# one for GLM-MoE-DSA and GLM-5.3-Flash; Mixtral-8x7B has no sliding window; Qwen3-30B-A3B and Qwen3-Next-80B-A3B are MoE in every
+# layer) where exllamav3 1.6.5 leaves the fixtures' setting out, plus the shapes its kernels need,
+# as scripts/conformance/exllamav3_fixtures.py (EXL3V3_CHANGES) found them on the device: MLA's
+# v_head_dim a power of two (128, as the release models), Qwen3-Next's k/v_proj 128 wide (2 KV
+# heads) and every expert taken (its bf16/fp16 routing decided near ties differently), KDA heads
+# of 128, and a "full" indexer on every GLM-MoE-DSA / GLM-5.3 layer (exllamav3 loads k-pool
+# parameters for a "shared" one).
+ONE_GROUP = ("sigmoid routing with random e_score_correction_bias, n_group 1 / topk_group 1 (no "
+             "group limit) as the release configs")
+FAMILIES["glm4_moe_release"] = release_family("glm4_moe", 4, [ONE_GROUP], n_group=1, topk_group=1)
+FAMILIES["mixtral_release"] = release_family(
+    "mixtral", 4, ["sliding_window null as Mixtral-8x7B's release config (full causal attention)"],
+    sliding_window=None)
+FAMILIES["deepseek_v3_release"] = release_family(
+    "deepseek_v3", 9, [ONE_GROUP, "qk_nope_head_dim 64, qk_rope_head_dim 32, v_head_dim 128"],
+    n_group=1, topk_group=1, v_head_dim=128)
+FAMILIES["glm_moe_dsa_release"] = release_family(
+    "glm_moe_dsa", 18, [ONE_GROUP, "MLA: q_lora_rank 128, kv_lora_rank 128, qk_nope_head_dim 64, "
+                    "qk_rope_head_dim 32, v_head_dim 128, interleaved rope (always, for this family)",
+                    "indexer_types [full, full]: every layer runs its own indexer"],
+    replaces=("MLA:",), n_group=1, topk_group=1, v_head_dim=128, indexer_types=["full", "full"])
+FAMILIES["qwen3_moe_release"] = release_family(
+    "qwen3_moe", 4, ["mlp_only_layers []: both layers MoE, as Qwen3-30B-A3B",
+                  "config.json in the release layout: the expert count is num_experts"],
+    layout=qwen3_moe_release_layout, replaces=("num_local_experts",), mlp_only_layers=[])
+FAMILIES["qwen3_next_release"] = release_family(
+    "qwen3_next", 6, ["2 layers, gated DeltaNet then gated full attention (three MoE layers would take "
+                   "the fixture past 2 MB)",
+                   "mlp_only_layers []: every layer MoE, as Qwen3-Next-80B-A3B (softmax over all "
+                   "8 experts: num_experts_per_tok 8; shared expert scaled by "
+                   "sigmoid(shared_expert_gate))",
+                   "gated full attention: q_proj twice as wide (query, then its sigmoid output "
+                   "gate), q_norm/k_norm, partial_rotary_factor 0.25 (rotary on 16 of 64 dims), 2 "
+                   "heads over 2 KV heads",
+                   "in_proj_ba [8, 256] is not EXL3-able: stored as is",
+                   "config.json in the release layout: full_attention_interval 2 instead of "
+                   "layer_types"],
+    layout=qwen3_next_release_layout, replaces=("layer_types", "gated full attention", "k_proj/v_proj"),
+    num_hidden_layers=2, layer_types=["linear_attention", "full_attention"], mlp_only_layers=[],
+    num_key_value_heads=2, num_experts_per_tok=8)
+# GLM-5.3-Flash in two layers (KDA with a dense MLP, MLA with its own k-pooled indexer and MoE):
+# with KDA heads of 128 and a "full" indexer on every MLA layer the base's third layer (which
+# shared layer 1's selection) would only add 0.3 MB and take the fixture past 2 MB.
+FAMILIES["glm5_next_release"] = release_family(
+    "glm5_next", 3, ["2 layers: layer_types [linear_attention, deepseek_sparse_attention] (release "
+                  "naming, below), mlp_layer_types [dense, sparse]; sigmoid routing with random "
+                  "correction bias, n_group 1 / topk_group 1 (no group limit), routed_scaling_factor "
+                  "2.5, one shared expert; swiglu_limit 10 on experts, shared expert and dense MLPs",
+                  "KDA (layer 0) with linear_head_dim 128 (2 heads; exllamav3's kernels take no "
+                  "other), otherwise as glm5_next",
+                  "NoPE MLA (layer 1): 2 heads, q_lora_rank 128, kv_lora_rank 128, qk_nope_head_dim "
+                  "64, v_head_dim 64, qk_rope_head_dim 0, with its own k-pooled DSA indexer "
+                  "(indexer_types [full, full]): index_n_heads 8 x index_head_dim 64, index_kpool "
+                  "4, index_topk 8 (2 pools) plus the incomplete tail; positions >= 11 see more "
+                  "than 2 complete pools",
+                  "config.json in the release layout: MLA layers named deepseek_sparse_attention, "
+                  "KDA's shape in linear_attn_config; processor_config.json beside it"],
+    layout=glm5_next_release_layout, files={"processor_config.json": GLM5_NEXT_PROCESSOR_CONFIG},
+    replaces=("layer_types [linear", "KDA (self_attn", "k-pooled DSA indexer", "NoPE MLA"),
+    n_group=1, topk_group=1, linear_head_dim=128, num_hidden_layers=2,
+    layer_types=["linear_attention", "indexed_attention"], mlp_layer_types=["dense", "sparse"],
+    indexer_types=["full", "full"])
+
+
+# DeepSeek-V4 as released: tensors without "model." (embed, layers.L.*, norm, hc_head_fn /
+# _base / _scale, the KV norm attn.kv_norm) and the release config fields added, the form
+# exllamav3 reads and the real checkpoints have. exl3-tool quantize keeps the input's naming.
+FAMILIES["deepseek_v4_release"] = release_family(
+    "deepseek_v4", 9, ["tensors in the release naming (embed.weight, layers.L.*, norm.weight, "
+                    "hc_head_fn / _base / _scale, layers.L.attn.kv_norm), config.json with the "
+                    "release fields (compress_ratios, compress_rate_csa / _hca, num_hash_layers, "
+                    "rope_scaling) beside transformers'"],
+    layout=deepseek_v4_release_layout,
+    naming=(deepseek_v4_release_name, deepseek_v4_transformers_name, DEEPSEEK_V4_RELEASE_ONLY))
+
+
+def base_family(family):
+    """The family whose model code and checks a family uses (itself, or a release variant's base)."""
+    return FAMILIES.get(family, {}).get("base", family)
+
+
 VARIANTS = {
     "experts": ["--no-quantize-attention", "--no-quantize-dense-mlp", "--no-quantize-head"],
     "all": ["--head-bits", str(HEAD_BITS)],
 }
+
+
+def variants_of(family):
+    """The variants written for a family (name -> exl3-tool quantize flags)."""
+    names = FAMILIES[family].get("variants", tuple(VARIANTS))
+    return {v: VARIANTS[v] for v in names}
 
 
 def log(msg):
@@ -492,30 +674,37 @@ def tensor_names(directory):
     return names
 
 
-def dequantized_checkpoint(exl3_tool, exl3_dir, out_dir, work):
+def dequantized_checkpoint(exl3_tool, exl3_dir, out_dir, work, naming=None):
     """An fp32 HF checkpoint of what the EXL3 directory holds: EXL3 layers dequantized
-    (`exl3-tool dequant`, W [in, out] -> Linear weight [out, in]), every other tensor as stored."""
+    (`exl3-tool dequant`, W [in, out] -> Linear weight [out, in]), every other tensor as stored.
+    With a release `naming` (release_family) the tensors get transformers' names back (exl3-tool
+    reads such a directory under them too) and config.json loses the release-only fields.
+    Returns the EXL3 layers' prefixes as stored."""
     os.makedirs(out_dir, exist_ok=True)
     names = tensor_names(exl3_dir)
+    to_transformers = naming[1] if naming else (lambda n: n)
     tensors = {}
     exl3_prefixes = sorted(k[: -len(".trellis")] for k in names if k.endswith(".trellis"))
     suffixes = (".trellis", ".suh", ".svh", ".su", ".sv", ".mcg", ".mul1")
     for prefix in exl3_prefixes:
         w_file = os.path.join(work, "w.safetensors")
-        run([exl3_tool, "dequant", "--input", exl3_dir, "--prefix", prefix, "--output", w_file])
+        name = to_transformers(prefix + ".weight")[: -len(".weight")]
+        run([exl3_tool, "dequant", "--input", exl3_dir, "--prefix", name, "--output", w_file])
         with safe_open(w_file, "pt") as st:
-            tensors[prefix + ".weight"] = st.get_tensor("weight").t().contiguous()
+            tensors[name + ".weight"] = st.get_tensor("weight").t().contiguous()
     for k, path in names.items():
         if any(k.endswith(s) for s in suffixes) and k.rsplit(".", 1)[0] in exl3_prefixes:
             continue
         with safe_open(path, "pt") as st:
             t = st.get_tensor(k)
             # Integer buffers (Qwen4-Exp's 64-bit hash multipliers) as stored: fp32 would round them.
-            tensors[k] = (t.to(torch.float32) if t.is_floating_point() else t).contiguous()
+            tensors[to_transformers(k)] = (t.to(torch.float32) if t.is_floating_point() else t).contiguous()
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(exl3_dir, "config.json")) as f:
         cfg = json.load(f)
     cfg.pop("quantization_config", None)
+    for field in (naming[2] if naming else ()):
+        cfg.pop(field, None)
     cfg["dtype"] = "float32"
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
@@ -552,12 +741,15 @@ def route_margin(family, cfg, gate, x):
     """The smallest lead of a chosen expert (or group) over the first one left out, over the
     tokens of x [T, H], in the units the router compares (softmax families: probabilities;
     sigmoid families: biased sigmoid scores)."""
+    base = base_family(family)
     logits = torch.nn.functional.linear(x.float(), gate.weight.float())
     k = cfg.num_experts_per_tok
-    if family in ("qwen3_moe", "mixtral", "qwen3_next", "qwen4_exp"):
+    if k >= logits.shape[-1]:
+        return float("inf")  # every expert taken: no selection to be decided
+    if base in ("qwen3_moe", "mixtral", "qwen3_next", "qwen4_exp"):
         probs = logits.softmax(-1).sort(-1, descending=True).values
         return (probs[:, k - 1] - probs[:, k]).min().item()
-    if family == "deepseek_v4":
+    if base == "deepseek_v4":
         if hasattr(gate, "tid2eid"):
             return float("inf")  # hash-routed: the token id chooses, no score decides
         s = torch.sqrt(torch.nn.functional.softplus(logits)) + gate.e_score_correction_bias.float()
@@ -802,6 +994,7 @@ def record_resume(model, prompt, first, decode):
 
 
 def record(family, model, prompts, successor, args, slack=1.0):
+    base = base_family(family)
     cfg = model.config.get_text_config()
     layers = moe_layers(model)
     out, info = {}, {"prompts": [], "moe_layers": layers, "moe_prompt": MOE_PROMPT}
@@ -844,17 +1037,17 @@ def record(family, model, prompts, successor, args, slack=1.0):
                 margins.append(route_margin(family, cfg, mod.gate, x))
             margin_hooks.append(decoder_layers(model)[L].mlp.register_forward_hook(mhook))
         for ix in indexers(model).values():
-            if family == "qwen4_exp":
+            if base == "qwen4_exp":
                 def qhook(mod, a, kw, outp):
                     index_margins.append(qsa_index_margin(mod, a, kw, outp))
                 margin_hooks.append(ix.register_forward_hook(qhook, with_kwargs=True))
                 continue
-            if family == "deepseek_v4":
+            if base == "deepseek_v4":
                 def shook(mod, a, outp, ix=ix):
                     index_margins.append(v4_index_margin(ix.compress_rate, ix.index_topk, outp[0]))
                 margin_hooks.append(ix.scorer.register_forward_hook(shook))
                 continue
-            if family == "glm5_next":
+            if base == "glm5_next":
                 def khook(mod, a, kw, outp):
                     index_margins.append(kpool_index_margin(mod, kw, outp))
                 margin_hooks.append(ix.register_forward_hook(khook, with_kwargs=True))
@@ -873,12 +1066,12 @@ def record(family, model, prompts, successor, args, slack=1.0):
             # How much the selection matters: the same pass with every position selected.
             # (GLM-5.3-Flash's indexer pads its output to index_topk: every pool of the pass;
             # Qwen4-Exp's QSA: every complete block selected, its budget sizes a buffer.)
-            budgets = ["block_topk", "token_budget"] if family == "qwen4_exp" else ["index_topk"]
+            budgets = ["block_topk", "token_budget"] if base == "qwen4_exp" else ["index_topk"]
             first_ix = next(iter(indexers(model).values()))
             saved = {b: getattr(first_ix, b) for b in budgets}
-            if family == "qwen4_exp":
+            if base == "qwen4_exp":
                 wide = {"block_topk": 1024, "token_budget": 1024 * cfg.indexer_compress_ratio}
-            elif family == "glm5_next":
+            elif base == "glm5_next":
                 wide = {"index_topk": cfg.index_kpool * (full.shape[1] // cfg.index_kpool + 1)}
             else:
                 wide = {"index_topk": 1 << 30}
@@ -894,7 +1087,7 @@ def record(family, model, prompts, successor, args, slack=1.0):
             diff = ((dense[r0:] - logits[r0:]).norm() / logits[r0:].norm()).item()
             prompt_info["sparse_vs_dense_rel_diff"] = float(f"{diff:.3e}")
             min_sparse_effect = min(min_sparse_effect, diff)
-        if family == "deepseek_v4":
+        if base == "deepseek_v4":
             # How much each compressed layer type's entries move the logits (the positions that
             # see one: from the end of the first window on).
             for layer_type, short in (("compressed_sparse_attention", "csa"),
@@ -929,14 +1122,15 @@ def record(family, model, prompts, successor, args, slack=1.0):
             out[f"moe_in.{L}"] = x.float().contiguous()
             out[f"moe_out.{L}"] = y.float().contiguous()
     info["min_gap_over_logit_std"] = round(min_gap_ratio, 5)
-    info["min_route_margin"] = float(f"{min_margin:.3e}")
+    # null when every token takes every expert (no selection to decide): JSON has no infinity.
+    info["min_route_margin"] = None if math.isinf(min_margin) else float(f"{min_margin:.3e}")
     info["non_successor_steps"] = f"{non_successor}/{NEW_TOKENS * len(prompts)}"
     if min_gap_ratio < slack * args.min_gap:
         raise Unstable(f"smallest top1-top2 gap is {min_gap_ratio:.2e} x the logit std "
                        f"(< {slack * args.min_gap})")
     if min_margin < args.min_route_margin:
         raise Unstable(f"smallest routing margin {min_margin:.2e} < {args.min_route_margin}")
-    if family in ("deepseek_v4", "glm5_next", "qwen4_exp"):
+    if base in ("deepseek_v4", "glm5_next", "qwen4_exp"):
         # Stop and resume inside the compressors' windows: 21 = 5*4 + 1 = 16 + 5 (GLM-5.3-Flash:
         # inside a pool of 4 and the KDA convolution's window; Qwen4-Exp: inside a QSA block,
         # across the DeltaNet and PLE states).
@@ -957,7 +1151,7 @@ def record(family, model, prompts, successor, args, slack=1.0):
         if rgap < slack * args.min_gap:
             raise Unstable(f"resume: smallest top1-top2 gap {rgap:.2e} x the logit std")
     if min_index_margin != float("inf"):
-        info["index_topk"] = (cfg.indexer_budget if family == "qwen4_exp" else cfg.index_topk)
+        info["index_topk"] = (cfg.indexer_budget if base == "qwen4_exp" else cfg.index_topk)
         info["indexer_layers"] = sorted(indexers(model))
         info["min_index_margin"] = float(f"{min_index_margin:.3e}")
         info["min_sparse_vs_dense_rel_diff"] = float(f"{min_sparse_effect:.3e}")
@@ -1015,13 +1209,21 @@ def make_family(family, args, work_root):
         model, successor = make_model(family, seed)
         hf_dir = os.path.join(work, "hf")
         model.to(torch.bfloat16).save_pretrained(hf_dir)
+        if FAMILIES[family].get("layout"):
+            rewrite_config(hf_dir, FAMILIES[family]["layout"])
+        if FAMILIES[family].get("naming"):
+            rename_tensors(hf_dir, FAMILIES[family]["naming"][0])
+        for name, content in FAMILIES[family].get("files", {}).items():
+            with open(os.path.join(hf_dir, name), "w") as f:
+                json.dump(content, f, indent=2)
+                f.write("\n")
         if FAMILIES[family].get("mtp"):
             add_mtp_head(hf_dir, model.config.get_text_config(), gen)
         try:
             # Cheap first: the unquantized bf16 model's greedy gaps must pass with room to spare.
             record(family, load_reference_model(hf_dir), prompts, successor, args, slack=4.0)
             results = [make_variant(family, variant, flags, hf_dir, work, prompts, successor, args)
-                       for variant, flags in VARIANTS.items()]
+                       for variant, flags in variants_of(family).items()]
         except Unstable as e:
             log(f"{family}: seed {seed}: {e}; next seed")
             continue
@@ -1032,13 +1234,38 @@ def make_family(family, args, work_root):
     fail(f"{family}: no seed of {seeds} passes the checks (raise --search-seeds)")
 
 
+def rename_tensors(hf_dir, rename):
+    """The saved checkpoint's tensors under rename(name), in one model.safetensors."""
+    from safetensors.torch import load_file
+    tensors = {}
+    for f in sorted(os.listdir(hf_dir)):
+        if f.endswith(".safetensors"):
+            tensors.update({rename(k): v for k, v in load_file(os.path.join(hf_dir, f)).items()})
+            os.remove(os.path.join(hf_dir, f))
+    if os.path.exists(os.path.join(hf_dir, "model.safetensors.index.json")):
+        os.remove(os.path.join(hf_dir, "model.safetensors.index.json"))
+    save_file(tensors, os.path.join(hf_dir, "model.safetensors"), metadata={"format": "pt"})
+
+
+def rewrite_config(hf_dir, layout):
+    """Applies a release layout (a function editing the parsed config.json) to a saved checkpoint."""
+    path = os.path.join(hf_dir, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    layout(config)
+    with open(path, "w") as f:
+        json.dump(config, f, indent=2)
+        f.write("\n")
+
+
 def make_variant(family, variant, flags, hf_dir, work, prompts, successor, args):
     name = f"{family}_{variant}"
     exl3_dir = os.path.join(work, name)
     run([args.exl3_tool, "quantize", "--input", hf_dir, "--output", exl3_dir, "--bits",
          str(EXPERT_BITS), "--threads", str(args.threads), "--quiet"] + flags)
     deq_dir = os.path.join(work, name + "-dequant")
-    prefixes = dequantized_checkpoint(args.exl3_tool, exl3_dir, deq_dir, work)
+    prefixes = dequantized_checkpoint(args.exl3_tool, exl3_dir, deq_dir, work,
+                                      FAMILIES[family].get("naming"))
     ref_model = load_reference_model(deq_dir)
     tensors, info = record(family, ref_model, prompts, successor, args)
     errs = check_moe(args.exl3_tool, exl3_dir, tensors, info["moe_layers"], work, args.moe_tol)
@@ -1080,7 +1307,8 @@ def write_fixture(out, name, exl3_dir, tensors, reference):
     os.makedirs(dest)
     for f in sorted(os.listdir(exl3_dir)):
         if f.endswith(".safetensors") or f in ("config.json", "generation_config.json",
-                                               "model.safetensors.index.json"):
+                                               "model.safetensors.index.json",
+                                               "processor_config.json"):
             shutil.copy(os.path.join(exl3_dir, f), os.path.join(dest, f))
     save_file(tensors, os.path.join(dest, "reference.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(dest, "reference.json"), "w") as f:

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -14,9 +15,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/exl3_linear.h"
 #include "kernels/fp16.h"
+#include "model/checkpoint_naming.h"
 #include "model/exl3_linear_loader.h"
 #include "model/exl3_model.h"
 #include "model/moe_config.h"
@@ -598,6 +602,66 @@ TEST(EncoderTools, QuantizeGlm5NextKeepsGatesVisionAndMtpAsStored) {
     EXPECT_TRUE((*src)->Has(kept)) << kept;
   EXPECT_EQ(QuantizationConfig(dir + "/q").value("quant_method", ""), "exl3");
   ASSERT_TRUE(Exl3Model::Open(dir + "/q").ok());
+}
+
+// DeepSeek-V4 as released (and as exllamav3 reads it: model/checkpoint_naming.h) converts into an
+// EXL3 directory in the same naming, the same layers quantized as from transformers' names.
+TEST(EncoderTools, QuantizeKeepsDeepseekV4ReleaseNaming) {
+  const std::string dir = TempDir("dsv4_release");
+  ASSERT_EQ(Tool("make-test-model --quiet --arch deepseek_v4 --output " + dir + "/exl3 --hidden 128 "
+                 "--intermediate 128 --experts 4 --top-k 2 --layers 2 --bits 2 --seed 7"),
+            0);
+  // The transformers-named checkpoint rewritten under the release names (stored name: what
+  // ProjectTensorName maps back to the transformers name).
+  fs::create_directories(dir + "/release");
+  fs::copy_file(dir + "/exl3-hf/config.json", dir + "/release/config.json");
+  auto tf = TensorSource::Open(dir + "/exl3-hf");
+  ASSERT_TRUE(tf.ok()) << tf.status();
+  auto release_name = [](const std::string& name) {
+    std::string n = absl::StartsWith(name, "model.") ? name.substr(6) : name;
+    if (absl::StartsWith(n, "layers.") && n.find(".attn.norm.") != std::string::npos)
+      n.replace(n.find(".attn.norm."), 11, ".attn.kv_norm.");
+    if (absl::StartsWith(n, "embed_tokens.")) n = "embed." + n.substr(13);
+    if (absl::StartsWith(n, "hc_head.hc_")) n = "hc_head_" + n.substr(11);
+    return n;
+  };
+  SafetensorsWriter w;
+  for (const std::string& name : (*tf)->Names()) {
+    TensorView v = *(*tf)->Get(name);
+    const std::string stored = release_name(name);
+    ASSERT_EQ(ProjectTensorName(CheckpointNaming::kDeepseekRelease, stored), name);
+    w.Add(stored, v.info->dtype, v.info->shape, v.data, v.size_bytes());
+  }
+  ASSERT_TRUE(w.Write(dir + "/release/model.safetensors").ok());
+
+  std::string err;
+  for (const char* in : {"exl3-hf", "release"}) {
+    ASSERT_EQ(Tool(absl::StrCat("quantize --quiet --input ", dir, "/", in, " --output ", dir, "/q-", in,
+                                " --bits 4 --head-bits 6 --threads 2"), &err), 0) << in << ": " << err;
+  }
+  auto q = SafetensorsFile::Open(dir + "/q-release/model.safetensors");
+  ASSERT_TRUE(q.ok()) << q.status();
+  std::vector<std::string> stored;
+  for (const TensorInfo& t : (*q)->tensors()) stored.push_back(t.name);
+  EXPECT_EQ(DetectCheckpointNaming(stored), CheckpointNaming::kDeepseekRelease);
+  for (const char* name : {"embed.weight", "norm.weight", "hc_head_fn", "head.trellis",
+                           "layers.1.attn.wo_b.trellis", "layers.1.attn.kv_norm.weight",
+                           "layers.1.ffn.experts.3.w2.trellis"})
+    EXPECT_NE(std::find(stored.begin(), stored.end(), name), stored.end()) << name;
+  // The same layers EXL3 at the same widths, whichever naming came in.
+  auto a = TensorSource::Open(dir + "/q-exl3-hf");
+  auto b = TensorSource::Open(dir + "/q-release");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ((*a)->Names(), (*b)->Names());
+  for (const std::string& name : (*a)->Names()) {
+    if (!absl::EndsWith(name, ".trellis")) continue;
+    EXPECT_EQ((*a)->Info(name).value()->shape, (*b)->Info(name).value()->shape) << name;
+  }
+  for (const auto& kept : QuantizationConfig(dir + "/q-release").value("unquantized_linears", nlohmann::json::array()))
+    EXPECT_NE(std::find(stored.begin(), stored.end(), kept.get<std::string>()), stored.end()) << kept;
+  auto model = Exl3Model::Open(dir + "/q-release");
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->HeldExperts(1).size(), 4u);
 }
 
 }  // namespace
