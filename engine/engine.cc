@@ -468,10 +468,7 @@ void Engine::RunStep() {
     const bool decode = chunk.wants_logits && chunk.num_logit_rows == static_cast<int>(chunk.tokens.size()) &&
                         r.first_token.has_value();
     (decode ? m.num_decode_tokens : m.num_prefill_tokens) += static_cast<int>(chunk.tokens.size());
-    if (decode && chunk.num_logit_rows > 1 && chunk.logit_rows_use == LogitRowsUse::kNextTokens) {
-      ++m.num_verify_chunks;
-      m.num_draft_tokens += chunk.num_logit_rows - 1;
-    }
+    if (decode && chunk.num_logit_rows > 1 && chunk.logit_rows_use == LogitRowsUse::kNextTokens) ++m.num_verify_chunks;
   }
   m.num_sequences = static_cast<int>(step.batch.chunks.size());
   m.num_tokens = step.batch.NumTokens();

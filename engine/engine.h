@@ -136,9 +136,8 @@ struct StepMetrics {
   // One per sequence that had a token sampled last step, plus its drafts (verify chunks).
   int num_decode_tokens = 0;
   int num_preempted = 0;
-  // Speculative decoding: chunks of this step that verified drafts, and their draft tokens.
+  // Speculative decoding: chunks of this step that verified drafts.
   int num_verify_chunks = 0;
-  int num_draft_tokens = 0;
   bool failed = false;     // Forward returned an error
   double schedule_s = 0;   // Scheduler::Schedule
   double forward_s = 0;    // ModelRunner::Forward (ForwardSampled: less its phases.sample_s)
