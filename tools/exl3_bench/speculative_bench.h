@@ -7,8 +7,11 @@
 // the continuations, then for each acceptance p and each draft cap k the same requests with
 // num_speculative_tokens = k. Reported per run: decode tokens/s (tokens after each request's
 // first, over the time from the first first-token to the last token), the mean step and verify
-// step time, drafts and accepted drafts, and whether every request's tokens equal the plain
-// run's (a mismatch is an error: speculation must not change greedy output).
+// step time, drafts and accepted drafts, and how many requests' tokens differ from the plain
+// run's (speculation must not change greedy output: the CPU engine's test expects none; on the
+// GPU a verify chunk runs other kernels than a decode step, so a near-tie of random weights could
+// flip, which the row shows rather than ending the benchmark). The prefix cache is off: each run
+// prefills its prompts anew, as the plain run did.
 //
 //   SpeculativeBenchOptions o;  o.batches = {1, 8};  o.acceptances = {0, 0.7, 1};  o.ks = {1, 3};
 //   EXL3_ASSIGN_OR_RETURN(std::vector<SpeculativeBenchRow> rows, RunSpeculativeBench(o, open_runner));
@@ -50,11 +53,11 @@ struct SpeculativeBenchRow {
   double mean_step_s = 0;      // forward + sampling, over every step with a decode token
   double mean_verify_step_s = 0;
   int64_t draft_tokens = 0, accepted_tokens = 0;
-  bool tokens_equal_plain = true;
+  int requests_differing = 0;  // requests whose tokens differ from the plain run's
 };
 
-// `open_runner` is called once. Errors: bad options (INVALID_ARGUMENT), the engine's start, a
-// request's failure, and tokens that differ from the plain run's (INTERNAL, naming the run).
+// `open_runner` is called once. Errors: bad options (INVALID_ARGUMENT), the engine's start and a
+// request's failure.
 absl::StatusOr<std::vector<SpeculativeBenchRow>> RunSpeculativeBench(
     const SpeculativeBenchOptions& options, const std::function<std::unique_ptr<engine::ModelRunner>()>& open_runner);
 
