@@ -162,17 +162,19 @@ absl::Status CpuModel::LoadQwen4ExpWeights(const TensorSource& src) {
   EXL3_ASSIGN_OR_RETURN(final_mixer_, GatedResidual::Load(src, text + "hyper_connection_mixer.", shape, false));
   EXL3_ASSIGN_OR_RETURN(head_, Linear::Load(src, "lm_head", H, cfg_.vocab_size));
   // Beside the text model: the vision tower, loaded and not run (prompts holding image or video
-  // placeholders are refused), and the MTP head, kept for speculative decoding (not run).
-  int visual = 0;
+  // placeholders are refused), and the MTP head, loaded by EnableMtpDrafting with mtp (and
+  // otherwise not read).
+  int visual = 0, mtp = 0;
   for (const std::string& name : src.Names()) {
     const bool is_visual = name.rfind("model.visual.", 0) == 0, is_mtp = name.rfind("mtp.", 0) == 0;
     if (!is_visual && !is_mtp) continue;
     EXL3_ASSIGN_OR_RETURN(TensorView v, src.Get(name));
+    (void)v;
     if (is_visual) ++visual;
-    if (is_mtp) mtp_.push_back(v);
+    if (is_mtp) ++mtp;
   }
-  std::fprintf(stderr, "%s: %d vision tower tensors loaded and not run (text only), %zu MTP head tensors kept unused\n",
-               cfg_.architecture().c_str(), visual, mtp_.size());
+  std::fprintf(stderr, "%s: %d vision tower tensors loaded and not run (text only), %d MTP head tensors "
+               "(run with --speculative-method mtp)\n", cfg_.architecture().c_str(), visual, mtp);
   return absl::OkStatus();
 }
 
@@ -198,19 +200,15 @@ absl::Status CpuModel::CheckDraftVerification() const {
 }
 
 absl::Status CpuModel::CheckMtpDrafting() const {
-  EXL3_RETURN_IF_ERROR(MtpHead::CheckPresent(cfg_, *src_));  // the design and its tensors, by name
-  EXL3_RETURN_IF_ERROR(CheckDraftVerification());
-  if (streams_ != 1 || final_mixer_ || hc_head_)
-    return absl::FailedPreconditionError(absl::StrCat(
-        cfg_.architecture(), ": MTP drafting runs on models with one residual stream only"));
-  return absl::OkStatus();
+  EXL3_RETURN_IF_ERROR(CheckMtpDrafter(cfg_, *src_));  // the design and its tensors, by name
+  return CheckDraftVerification();
 }
 
 absl::Status CpuModel::EnableMtpDrafting() {
   if (mtp_head_ != nullptr) return absl::OkStatus();
   if (cache_ != nullptr) return absl::FailedPreconditionError("EnableMtpDrafting after AllocateKvCache");
   EXL3_RETURN_IF_ERROR(CheckMtpDrafting());
-  EXL3_ASSIGN_OR_RETURN(mtp_head_, MtpHead::Load(cfg_, *src_, head_));
+  EXL3_ASSIGN_OR_RETURN(mtp_head_, LoadMtpDrafter(cfg_, *src_, head_));
   // The MTP layer's KV slots, its block area shared out over the block's slots (rounded up).
   const int bs = KvCacheShape{}.block_size;
   const KvLayerShape s = mtp_head_->CacheShape(bs);
@@ -224,7 +222,7 @@ absl::Status CpuModel::MtpBatchOf(std::span<const MtpSpan> spans, bool every_pos
   if (mtp_head_ == nullptr) return absl::FailedPreconditionError("MTP drafting is not enabled");
   if (!kept_.valid)
     return absl::FailedPreconditionError("the last step kept no hidden states (StepBatch::keep_hidden_states)");
-  const int H = cfg_.hidden_size;
+  const int W = mtp_head_->state_width();
   for (const MtpSpan& s : spans) {
     const int c = s.chunk_index;
     if (c < 0 || c >= static_cast<int>(kept_.sequence_ids.size()) || kept_.sequence_ids[c] != s.sequence_id ||
@@ -241,26 +239,25 @@ absl::Status CpuModel::MtpBatchOf(std::span<const MtpSpan> spans, bool every_pos
     chunk.wants_logits = every_position || s.num_drafts > 0;
     chunk.num_logit_rows = every_position ? s.num_positions : 1;
     chunk.state_slot = s.state_slot;
-    const float* first = &kept_.rows[static_cast<size_t>(kept_.first_rows[c]) * H];
-    hidden->insert(hidden->end(), first, first + static_cast<size_t>(s.num_positions) * H);
+    const float* first = &kept_.rows[static_cast<size_t>(kept_.first_rows[c]) * W];
+    hidden->insert(hidden->end(), first, first + static_cast<size_t>(s.num_positions) * W);
   }
   return absl::OkStatus();
 }
 
 absl::Status CpuModel::RunMtp(const StepBatch& batch, const std::vector<float>& hidden, std::vector<float>* o,
                               std::vector<float>* logits) {
-  const int H = cfg_.hidden_size, V = cfg_.vocab_size;
+  const int H = cfg_.hidden_size, V = cfg_.vocab_size, W = mtp_head_->state_width();
   StepTokens tokens;
   EXL3_RETURN_IF_ERROR(FlattenStep(batch, V, cache_->shape(), cfg_.max_position_embeddings, &tokens));
-  const size_t n = static_cast<size_t>(tokens.num_tokens) * H;
-  std::vector<float> embedded(n), out(n);
-  Embed(tokens.token_ids, embedded.data());
+  std::vector<float> embedded(static_cast<size_t>(tokens.num_tokens) * H), out(static_cast<size_t>(tokens.num_tokens) * W);
+  Embed(tokens.token_ids, /*streams=*/1, embedded.data());  // one row per token, whatever streams_
   EXL3_RETURN_IF_ERROR(mtp_head_->Forward(hidden.data(), embedded.data(), tokens, *cache_, out.data(), compute_));
   const int rows = static_cast<int>(tokens.logit_tokens.size());
-  o->resize(static_cast<size_t>(rows) * H);
+  o->resize(static_cast<size_t>(rows) * W);
   logits->resize(static_cast<size_t>(rows) * V);
   for (int r = 0; r < rows; ++r)
-    std::copy_n(&out[static_cast<size_t>(tokens.logit_tokens[r]) * H], H, &(*o)[static_cast<size_t>(r) * H]);
+    std::copy_n(&out[static_cast<size_t>(tokens.logit_tokens[r]) * W], W, &(*o)[static_cast<size_t>(r) * W]);
   return mtp_head_->Logits(o->data(), rows, logits->data(), compute_);
 }
 
@@ -273,7 +270,8 @@ absl::StatusOr<std::vector<float>> CpuModel::MtpLogits(std::span<const MtpSpan> 
 }
 
 absl::StatusOr<std::vector<std::vector<int32_t>>> CpuModel::ProposeMtpDrafts(std::span<const MtpSpan> spans) {
-  const int H = cfg_.hidden_size, V = cfg_.vocab_size;
+  if (mtp_head_ == nullptr) return absl::FailedPreconditionError("MTP drafting is not enabled");
+  const int W = mtp_head_->state_width(), V = cfg_.vocab_size;
   std::vector<std::vector<int32_t>> drafts(spans.size());
   // 1. Every span's kept positions, from the model's hidden states; a decoding span's last
   // position gives its first draft. 2. Chained: each further draft from the head's own output
@@ -306,7 +304,7 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> CpuModel::ProposeMtpDrafts(std
       chunk.wants_logits = true;
       chunk.state_slot = s.state_slot;
       next_owners.push_back(i);
-      hidden.insert(hidden.end(), &o[r * H], &o[r * H] + H);
+      hidden.insert(hidden.end(), &o[r * W], &o[r * W] + W);
     }
     batch = std::move(next);
     owners = std::move(next_owners);
@@ -331,10 +329,10 @@ absl::Status CpuModel::AllocateKvCache(const KvCacheShape& shape) {
   return absl::OkStatus();
 }
 
-void CpuModel::Embed(const std::vector<int32_t>& ids, float* h) const {
+void CpuModel::Embed(const std::vector<int32_t>& ids, int streams, float* h) const {
   const int H = cfg_.hidden_size;
   for (size_t t = 0; t < ids.size(); ++t) {
-    float* row = h + t * H * streams_;
+    float* row = h + t * H * streams;
     const size_t base = static_cast<size_t>(ids[t]) * H;
     switch (embedding_.info->dtype) {
       case DType::kF32:
@@ -347,7 +345,7 @@ void CpuModel::Embed(const std::vector<int32_t>& ids, float* h) const {
         for (int i = 0; i < H; ++i) row[i] = BFloat16BitsToFloat(embedding_.as<uint16_t>()[base + i]);
         break;
     }
-    for (int k = 1; k < streams_; ++k) std::copy_n(row, H, row + static_cast<size_t>(k) * H);  // every stream
+    for (int k = 1; k < streams; ++k) std::copy_n(row, H, row + static_cast<size_t>(k) * H);  // every stream
   }
 }
 
@@ -457,12 +455,27 @@ absl::Status CpuModel::FinishMoe(MicroBatch& mb) {
 }
 
 void CpuModel::KeepHiddenStates(const StepBatch& batch, const std::vector<MicroBatch>& mbs) {
-  const int H = cfg_.hidden_size;
-  kept_.rows.resize(static_cast<size_t>(batch.NumTokens()) * H);
+  const int H = cfg_.hidden_size, W = mtp_head_->state_width();
+  kept_.rows.resize(static_cast<size_t>(batch.NumTokens()) * W);
   float* row = kept_.rows.data();
+  std::vector<float> collapsed;
   for (const MicroBatch& mb : mbs) {  // micro-batches are consecutive runs of the step's tokens
-    RmsNormRows(mb.h.data(), final_norm_.data(), mb.tokens.num_tokens, H, cfg_.rms_norm_eps, row);
-    row += static_cast<size_t>(mb.tokens.num_tokens) * H;
+    const int T = mb.tokens.num_tokens;
+    if (mtp_head_->input() == MtpInput::kStreams) {  // the streams as they are
+      std::copy_n(mb.h.data(), static_cast<size_t>(T) * W, row);
+      row += static_cast<size_t>(T) * W;
+      continue;
+    }
+    const float* h = mb.h.data();
+    if (hc_head_) {  // the streams collapsed as the head's rows are (GLM-5.3-Flash: their mean)
+      std::vector<int> all(T);
+      std::iota(all.begin(), all.end(), 0);
+      collapsed.resize(static_cast<size_t>(T) * H);
+      hc_head_->Collapse(mb.h.data(), all, collapsed.data());
+      h = collapsed.data();
+    }
+    RmsNormRows(h, final_norm_.data(), T, H, cfg_.rms_norm_eps, row);
+    row += static_cast<size_t>(T) * H;
   }
   kept_.sequence_ids.clear();
   kept_.start_positions.clear();
@@ -512,7 +525,7 @@ absl::Status CpuModel::Forward(const StepBatch& batch, float* logits) {
     mb.h.resize(n * streams_);
     mb.x.resize(n);
     mb.d.resize(n);
-    Embed(mb.tokens.token_ids, mb.h.data());
+    Embed(mb.tokens.token_ids, streams_, mb.h.data());
   }
   times_.embed_s = Seconds(t0);
 

@@ -32,7 +32,7 @@
 #include "engine/model_config.h"
 #include "engine/model_runner.h"
 #include "engine/moe_executor.h"
-#include "engine/mtp_head.h"
+#include "engine/mtp_drafter.h"
 #include "engine/paged_kv_cache.h"
 #include "engine/ple_layer.h"
 #include "engine/sequence_state.h"
@@ -73,8 +73,9 @@ class CpuModel final : public ModelRunner {
   // OK for every family: Forward computes any rows a chunk asks for, and a prompt chunk's
   // positions are all kept (no state or compressed cache to roll back).
   absl::Status CheckPromptLogitRows() const override { return absl::OkStatus(); }
-  // The DeepSeek-V3 MTP head (engine/mtp_head.h) of DeepseekV3, Glm4Moe and GlmMoeDsa
-  // checkpoints that store its layer; refused otherwise, naming what is missing.
+  // The checkpoint's MTP head (engine/mtp_drafter.h): the DeepSeek-V3 design of DeepseekV3,
+  // Glm4Moe, GlmMoeDsa and Glm5Next checkpoints, Qwen4-Exp's mtp.*; refused otherwise, naming what
+  // is missing.
   absl::Status CheckMtpDrafting() const override;
   // Loads the MTP layer; its KV becomes one more layer of the cache.
   absl::Status EnableMtpDrafting() override;
@@ -115,9 +116,11 @@ class CpuModel final : public ModelRunner {
   CpuModel(ModelConfig cfg, int num_threads) : cfg_(std::move(cfg)), compute_(num_threads) {}
   absl::Status LoadWeights(const TensorSource& src);
   // Qwen4-Exp: embeddings, per layer the gated residual connections, PLE, token mixer; the
-  // mixer before the head; the vision tower and MTP head beside them (loaded, not run).
+  // mixer before the head; the vision tower beside them (loaded, not run); the MTP head's
+  // tensors are counted (run only as the mtp drafter).
   absl::Status LoadQwen4ExpWeights(const TensorSource& src);
-  void Embed(const std::vector<int32_t>& token_ids, float* h) const;
+  // h [T, streams, hidden]: each token's embedding in every one of its `streams` rows.
+  void Embed(const std::vector<int32_t>& token_ids, int streams, float* h) const;
   absl::Status RunDenseMlp(const DenseMlp& mlp, const float* x, int num_tokens, float* y);
   // Attention half of layer l (norm, attention, residual, post-attention norm into mb.x), then
   // the dense MLP, or the MoE call started (its result added by FinishMoe).
@@ -137,7 +140,9 @@ class CpuModel final : public ModelRunner {
   // o = the head's output rows of the batch's logit rows, logits = their logits.
   absl::Status RunMtp(const StepBatch& batch, const std::vector<float>& hidden, std::vector<float>* o,
                       std::vector<float>* logits);
-  // kept_ = the final norm of every token's residual stream (MTP drafting's input).
+  // kept_ = every token's state the MTP drafter reads (MtpInput): the final norm of its residual
+  // stream (hyper-connected streams collapsed by hc_head first: what the model's head reads), or
+  // its residual streams as they are (Qwen4-Exp: before the mixer collapses them).
   void KeepHiddenStates(const StepBatch& batch, const std::vector<MicroBatch>& mbs);
 
   ModelConfig cfg_;
@@ -150,11 +155,10 @@ class CpuModel final : public ModelRunner {
   int streams_ = 1;                  // residual streams per token (hyper-connections: hc_mult)
   std::optional<HyperHead> hc_head_;  // hyper-connections: collapses the streams before the final norm
   std::optional<GatedResidual> final_mixer_;  // Qwen4-Exp: collapses the streams into the head's input
-  std::vector<TensorView> mtp_;               // Qwen4-Exp: the MTP head's tensors, kept unused
   Linear head_;
-  std::unique_ptr<MtpHead> mtp_head_;         // speculative method mtp (EnableMtpDrafting)
-  // The last Forward's final hidden states (after the final norm) when its batch asked to keep
-  // them: [step tokens, hidden] in chunk order, and per chunk its sequence, start and first row.
+  std::unique_ptr<MtpDrafter> mtp_head_;      // speculative method mtp (EnableMtpDrafting)
+  // The last Forward's states the MTP drafter reads when its batch asked to keep them: [step
+  // tokens, its state_width()] in chunk order, and per chunk its sequence, start and first row.
   struct KeptHiddenStates {
     bool valid = false;
     std::vector<float> rows;

@@ -15,22 +15,24 @@ namespace {
 // The families whose checkpoints carry the DeepSeek-V3 MTP layer (num_nextn_predict_layers).
 bool HasDeepseekMtpDesign(const ModelConfig& cfg) {
   const std::string& a = cfg.architecture();
-  return a == "DeepseekV3ForCausalLM" || a == "Glm4MoeForCausalLM" || a == "GlmMoeDsaForCausalLM";
+  return a == "DeepseekV3ForCausalLM" || a == "Glm4MoeForCausalLM" || a == "GlmMoeDsaForCausalLM" ||
+         a == "Glm5NextForConditionalGeneration";
 }
 
 bool HasLinear(const TensorSource& src, const std::string& prefix) {
   return src.Has(prefix + ".weight") || src.Has(prefix + ".trellis");
 }
 
-// The model's config with the MTP layer as one more layer: an attention layer (DSA: running its
-// own indexer), MoE when the layer stores a router.
+// The model's config with the MTP layer as one more layer: an attention layer (DSA and
+// GLM-5.3-Flash's k-pooled DSA: running its own indexer; never KDA), MoE when the layer stores a
+// router.
 ModelConfig WithMtpLayer(const ModelConfig& cfg, bool moe) {
   ModelConfig c = cfg;
   const int n = cfg.num_layers;
   c.num_layers = n + 1;
   c.layer_mixers.resize(n + 1, TokenMixer::kAttention);
   c.layer_mixers[n] = TokenMixer::kAttention;
-  if (c.attention == AttentionKind::kDsa) {
+  if (c.attention == AttentionKind::kDsa || c.attention == AttentionKind::kPooledDsa) {
     c.indexer.layer_modes.resize(n + 1, IndexerMode::kFull);
     c.indexer.layer_modes[n] = IndexerMode::kFull;
   }
@@ -47,7 +49,8 @@ absl::Status MtpHead::CheckPresent(const ModelConfig& cfg, const TensorSource& s
   if (!HasDeepseekMtpDesign(cfg)) {
     return absl::FailedPreconditionError(absl::StrCat(
         cfg.architecture(), " has no MTP head of the DeepSeek-V3 design this engine runs (DeepseekV3, "
-        "Glm4Moe, GlmMoeDsa: model.layers.{num_hidden_layers}.eh_proj / enorm / hnorm / shared_head.norm)"));
+        "Glm4Moe, GlmMoeDsa, Glm5Next: model.layers.{num_hidden_layers}.eh_proj / enorm / hnorm / "
+        "shared_head.norm)"));
   }
   const std::string p = LayerPrefix(cfg.moe, cfg.num_layers);
   std::vector<std::string> missing;

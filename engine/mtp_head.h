@@ -1,6 +1,7 @@
 // A checkpoint's MTP (multi-token prediction) head of the DeepSeek-V3 design, as DeepseekV3,
-// Glm4Moe (GLM-4.5, num_nextn_predict_layers) and GlmMoeDsa (GLM-5) checkpoints carry it: one
-// more decoder layer, model.layers.{num_hidden_layers}.*, with enorm, hnorm, eh_proj,
+// Glm4Moe (GLM-4.5, num_nextn_predict_layers), GlmMoeDsa (GLM-5) and Glm5Next (GLM-5.3-Flash)
+// checkpoints carry it: one more decoder layer, model.layers.{num_hidden_layers}.* (GLM-5.3-Flash:
+// model.language_model.layers.{num_hidden_layers}.*), with enorm, hnorm, eh_proj,
 // shared_head.norm and optionally shared_head.head (else the model's lm_head); the embeddings
 // are the model's. For position i, from the model's hidden state h_i and the token t_{i+1}:
 //
@@ -28,6 +29,20 @@
 //   * the head is shared_head.head when stored (vLLM loads it), else the model's lm_head (which
 //     exllamav3 always uses).
 //   * GLM-5's MTP layer (GlmMoeDsa) runs its own DSA indexer, and the whole MoE (exllamav3).
+//   * GLM-5.3-Flash (Glm5NextForConditionalGeneration) has the same design (exllamav3 1.6.5's
+//     Glm5Next MTP model; transformers 5.25 has no MTP code for it and skips the layer on load):
+//     the layer is model.language_model.layers.{num_hidden_layers}.* (enorm, hnorm, eh_proj,
+//     shared_head.norm, no shared_head.head). h_i is the state its head reads: the mean of the
+//     hc_mult hyper-connection streams (hc_head), then the model's final norm. The layer itself
+//     has no hyper-connections (no hc_attn_ / hc_ffn_ tensors): a plain residual block whose
+//     mixer is the NoPE MLA with its own k-pooled indexer ("full", never KDA: nothing recurrent
+//     to roll back) and whose MLP is the MoE (sigmoid routing with the correction bias, one
+//     shared expert, swiglu_limit on both). exllamav3 lets the layer's indexer score on its own
+//     rather than reuse the model's selection (the config's index_share_for_mtp_iteration);
+//     so does this head. Without rope the positions only order the layer's KV and pools; but the
+//     pools are of absolute positions, and exllamav3's generator keeps the entry of
+//     (h_i, t_{i+1}) at i + 1 (plus one at 0 from a zero state and t_0), so past index_topk its
+//     selection, and so its drafts, can differ from this head's.
 //
 //   EXL3_ASSIGN_OR_RETURN(auto mtp, MtpHead::Load(cfg, src, model_head));
 //   EXL3_RETURN_IF_ERROR(mtp->Forward(h, embedded, tokens, cache, out, compute));
@@ -43,6 +58,7 @@
 #include "engine/cpu_compute.h"
 #include "engine/linear.h"
 #include "engine/model_config.h"
+#include "engine/mtp_drafter.h"
 #include "engine/mtp_moe.h"
 #include "engine/paged_kv_cache.h"
 #include "engine/step_tokens.h"
@@ -50,7 +66,7 @@
 
 namespace exl3::engine {
 
-class MtpHead {
+class MtpHead final : public MtpDrafter {
  public:
   // OK when `cfg`'s family has the DeepSeek-V3 MTP design and `src` holds its layer; else
   // FAILED_PRECONDITION naming the architecture and what is missing.
@@ -62,9 +78,12 @@ class MtpHead {
   MtpHead(const MtpHead&) = delete;
   MtpHead& operator=(const MtpHead&) = delete;
 
+  // It reads the model's state after its final norm (MtpInput::kHeadInput), hidden wide.
+  MtpInput input() const override { return MtpInput::kHeadInput; }
+  int state_width() const override { return cfg_.hidden_size; }
   // The cache layer the head's attention uses: num_hidden_layers (one past the decoder layers).
-  int cache_layer() const { return cfg_.num_layers - 1; }
-  KvLayerShape CacheShape(int block_size) const {
+  int cache_layer() const override { return cfg_.num_layers - 1; }
+  KvLayerShape CacheShape(int block_size) const override {
     return {cfg_.KvWidth(cache_layer()), cfg_.KvBlockFloats(cache_layer(), block_size)};
   }
 
@@ -73,9 +92,9 @@ class MtpHead {
   // are those tokens, tokens.positions the positions of the hidden states); writes the layer's
   // KV at those positions.
   absl::Status Forward(const float* hidden, const float* embedded, const StepTokens& tokens,
-                       PagedKvCache& cache, float* out, CpuCompute& compute);
+                       PagedKvCache& cache, float* out, CpuCompute& compute) override;
   // logits [rows, vocab] = head(shared_head.norm(o)) for `rows` rows of o.
-  absl::Status Logits(const float* o, int rows, float* logits, CpuCompute& compute) const;
+  absl::Status Logits(const float* o, int rows, float* logits, CpuCompute& compute) const override;
 
  private:
   struct DenseMlp {

@@ -1,6 +1,7 @@
 #include "engine/mtp_moe.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -10,6 +11,11 @@
 namespace exl3::engine {
 
 absl::StatusOr<MtpMoe> MtpMoe::Load(const ModelConfig& cfg, const TensorSource& src, int layer) {
+  return Load(cfg, src, layer, LayerPrefix(cfg.moe, layer));
+}
+
+absl::StatusOr<MtpMoe> MtpMoe::Load(const ModelConfig& cfg, const TensorSource& src, int layer,
+                                    const std::string& layer_prefix) {
   MtpMoe m;
   m.layer_ = layer;
   m.routing_ = cfg.moe;
@@ -20,35 +26,43 @@ absl::StatusOr<MtpMoe> MtpMoe::Load(const ModelConfig& cfg, const TensorSource& 
   m.routing_.hash_routed_layers.resize(layer + 1, false);
   m.routing_.hash_routed_layers[layer] = false;
   const MoeConfig& c = m.routing_;
+  // The key functions name layer `layer`'s tensors; the layer's own prefix replaces theirs.
+  const std::string model_prefix = LayerPrefix(c, layer);
+  auto key = [&](const std::string& k) { return k.empty() ? k : layer_prefix + k.substr(model_prefix.size()); };
   const int H = cfg.hidden_size, E = c.num_experts, I = c.moe_intermediate_size;
   if (E <= 0 || I <= 0 || c.top_k <= 0)
     return absl::InvalidArgumentError(absl::StrCat(cfg.architecture(), ": no routed experts configured"));
-  const std::string router = RouterWeightKey(c, layer);
+  const std::string router = key(RouterWeightKey(c, layer));
   EXL3_ASSIGN_OR_RETURN(TensorView w, src.Get(router));
   if (w.info->shape != std::vector<int64_t>{E, H})
     return absl::InvalidArgumentError(absl::StrCat(router, ": expected shape [", E, ", ", H, "]"));
   EXL3_ASSIGN_OR_RETURN(m.router_, ToFloat32(w));
-  const std::string bias = CorrectionBiasKey(c, layer);
+  const std::string bias = key(CorrectionBiasKey(c, layer));
   if (!bias.empty()) {
     EXL3_ASSIGN_OR_RETURN(m.bias_, LoadVector(src, bias, E));
   }
   m.experts_.reserve(E);
   for (int e = 0; e < E; ++e) {
     Mlp mlp;
-    EXL3_ASSIGN_OR_RETURN(mlp.gate, Linear::Load(src, RoutedExpertPrefix(c, layer, e, Projection::kGate), H, I));
-    EXL3_ASSIGN_OR_RETURN(mlp.up, Linear::Load(src, RoutedExpertPrefix(c, layer, e, Projection::kUp), H, I));
-    EXL3_ASSIGN_OR_RETURN(mlp.down, Linear::Load(src, RoutedExpertPrefix(c, layer, e, Projection::kDown), I, H));
+    EXL3_ASSIGN_OR_RETURN(mlp.gate, Linear::Load(src, key(RoutedExpertPrefix(c, layer, e, Projection::kGate)), H, I));
+    EXL3_ASSIGN_OR_RETURN(mlp.up, Linear::Load(src, key(RoutedExpertPrefix(c, layer, e, Projection::kUp)), H, I));
+    EXL3_ASSIGN_OR_RETURN(mlp.down, Linear::Load(src, key(RoutedExpertPrefix(c, layer, e, Projection::kDown)), I, H));
     m.experts_.push_back(std::move(mlp));
   }
   if (c.has_shared_expert()) {
-    if (c.shared_expert_gated)
-      return absl::UnimplementedError(absl::StrCat(cfg.architecture(), ": a gated shared expert in the MTP layer"));
     const int S = c.shared_intermediate_size;
     Mlp mlp;
-    EXL3_ASSIGN_OR_RETURN(mlp.gate, Linear::Load(src, SharedExpertPrefix(c, layer, Projection::kGate), H, S));
-    EXL3_ASSIGN_OR_RETURN(mlp.up, Linear::Load(src, SharedExpertPrefix(c, layer, Projection::kUp), H, S));
-    EXL3_ASSIGN_OR_RETURN(mlp.down, Linear::Load(src, SharedExpertPrefix(c, layer, Projection::kDown), S, H));
+    EXL3_ASSIGN_OR_RETURN(mlp.gate, Linear::Load(src, key(SharedExpertPrefix(c, layer, Projection::kGate)), H, S));
+    EXL3_ASSIGN_OR_RETURN(mlp.up, Linear::Load(src, key(SharedExpertPrefix(c, layer, Projection::kUp)), H, S));
+    EXL3_ASSIGN_OR_RETURN(mlp.down, Linear::Load(src, key(SharedExpertPrefix(c, layer, Projection::kDown)), S, H));
     m.shared_.push_back(std::move(mlp));
+    if (c.shared_expert_gated) {
+      const std::string gate = key(SharedExpertGateKey(c, layer));
+      EXL3_ASSIGN_OR_RETURN(TensorView g, src.Get(gate));
+      if (g.info->shape != std::vector<int64_t>{1, H})
+        return absl::InvalidArgumentError(absl::StrCat(gate, ": expected shape [1, ", H, "]"));
+      EXL3_ASSIGN_OR_RETURN(m.shared_gate_, ToFloat32(g));
+    }
   }
   return m;
 }
@@ -95,7 +109,15 @@ absl::Status MtpMoe::Forward(const float* x, int T, float* y, CpuCompute& comput
   for (const Mlp& shared : shared_) {
     out.resize(static_cast<size_t>(T) * H);
     EXL3_RETURN_IF_ERROR(RunMlp(shared, c.shared_swiglu_limit, x, T, out.data(), compute));
-    for (size_t i = 0; i < out.size(); ++i) y[i] += out[i];
+    for (int t = 0; t < T; ++t) {
+      float scale = 1.0f;
+      if (!shared_gate_.empty()) {  // sigmoid(x[t] · gate)
+        double dot = 0;
+        for (int i = 0; i < H; ++i) dot += static_cast<double>(x[static_cast<size_t>(t) * H + i]) * shared_gate_[i];
+        scale = static_cast<float>(1.0 / (1.0 + std::exp(-dot)));
+      }
+      for (int i = 0; i < H; ++i) y[static_cast<size_t>(t) * H + i] += scale * out[static_cast<size_t>(t) * H + i];
+    }
   }
   return absl::OkStatus();
 }

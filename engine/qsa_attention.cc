@@ -53,8 +53,13 @@ QsaAttention::QsaAttention(const ModelConfig& cfg, int layer)
 
 absl::StatusOr<std::unique_ptr<QsaAttention>> QsaAttention::Load(const ModelConfig& cfg, const TensorSource& src,
                                                                   int layer) {
+  return Load(cfg, src, layer, LayerPrefix(cfg.moe, layer));
+}
+
+absl::StatusOr<std::unique_ptr<QsaAttention>> QsaAttention::Load(const ModelConfig& cfg, const TensorSource& src,
+                                                                  int layer, const std::string& layer_prefix) {
   std::unique_ptr<QsaAttention> a(new QsaAttention(cfg, layer));
-  const std::string p = LayerPrefix(cfg.moe, layer) + "self_attn.";
+  const std::string p = layer_prefix + "self_attn.";
   const int H = cfg.hidden_size, q_out = cfg.num_heads * cfg.head_dim, kv_out = cfg.num_kv_heads * cfg.head_dim;
   const QsaIndexerConfig& ix = a->indexer_;
   EXL3_ASSIGN_OR_RETURN(a->q_, Linear::Load(src, p + "q_proj", H, 2 * q_out));

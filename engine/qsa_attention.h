@@ -15,6 +15,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/attention.h"
@@ -39,6 +40,10 @@ class QsaAttention final : public Attention {
  public:
   static absl::StatusOr<std::unique_ptr<QsaAttention>> Load(const ModelConfig& cfg, const TensorSource& src,
                                                             int layer);
+  // Layer `layer` (its cache layer) with its tensors under `layer_prefix` + "self_attn." (Qwen4-Exp's
+  // MTP layer: "mtp.layers.0.").
+  static absl::StatusOr<std::unique_ptr<QsaAttention>> Load(const ModelConfig& cfg, const TensorSource& src,
+                                                            int layer, const std::string& layer_prefix);
   absl::Status Forward(const float* x, const StepTokens& tokens, PagedKvCache& cache, AttentionCarry& carry,
                        float* out, CpuCompute& compute) override;
 

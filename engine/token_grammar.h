@@ -1,6 +1,7 @@
 // Constrained decoding's grammars: what a request's output must match (a JSON schema, any JSON
-// object, a regular expression, an EBNF grammar, one of a list of strings, or JSON between fixed
-// strings such as a tool call's tags), compiled once per
+// object, a regular expression, an EBNF grammar, one of a list of strings, JSON between fixed
+// strings such as a tool call's tags, or an xgrammar structural tag), optionally only after a
+// reasoning block the model writes first, compiled once per
 // request against the model's vocabulary by xgrammar's C++ core (THIRD_PARTY_NOTICES.md), then
 // matched token by token per sequence (engine/token_constraint.h).
 //
@@ -24,6 +25,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,6 +41,10 @@ enum class ConstraintKind {
   kGrammar,     // text: an EBNF grammar (GBNF, as xgrammar takes it) whose root rule is `root`
   kChoice,      // choices: the output is exactly one of them
   kTaggedJson,  // tagged: the output is one alternative's begin, JSON of its schema, its end
+  // text: xgrammar's structural tag, {"type": "structural_tag", "format": {...}} (the format tree
+  // of xgrammar's docs/structural_tag/structural_tag.md: const strings, JSON schemas, regexes,
+  // grammars, free text, tags, sequences, alternatives, repetitions)
+  kStructuralTag,
 };
 
 inline const char* ConstraintKindName(ConstraintKind kind) {
@@ -49,6 +55,7 @@ inline const char* ConstraintKindName(ConstraintKind kind) {
     case ConstraintKind::kGrammar: return "grammar";
     case ConstraintKind::kChoice: return "choice";
     case ConstraintKind::kTaggedJson: return "tagged_json";
+    case ConstraintKind::kStructuralTag: return "structural_tag";
   }
   return "unknown";
 }
@@ -60,11 +67,35 @@ struct TaggedJson {
   std::string end;
 };
 
+// A thinking model's reasoning block (`<think>...</think>`): free text the constraint does not
+// hold, before the constrained answer, as the front end's reasoning split reads it
+// (clients/python/exl3serve_client/frontend/reasoning.py).
+struct ReasoningBlock {
+  enum class Opening {
+    kOptional,      // the output may open with `start` (the block), else it is all answer
+    kStartsInside,  // the output starts inside the block (its `start` was in the prompt)
+  };
+  std::string start;
+  std::string end;
+  Opening opening = Opening::kOptional;
+};
+
+// How a structural tag's JSON values are laid out.
+enum class StructuralTagJson {
+  kFreeWhitespace,  // xgrammar's structural tags: any whitespace between JSON tokens
+  kCompact,         // as kJsonSchema: one space after ':' and ',', no other whitespace (the
+                    // layout of templates' tojson); for json_schema nodes without options
+};
+
 struct ConstraintSpec {
   ConstraintKind kind = ConstraintKind::kJsonObject;
   std::string text;
   std::vector<std::string> choices;
   std::vector<TaggedJson> tagged;
+  // Set: the constraint holds only after the reasoning block (and at most a few whitespace
+  // characters after its end).
+  std::optional<ReasoningBlock> after_reasoning;
+  StructuralTagJson tag_json = StructuralTagJson::kFreeWhitespace;  // kStructuralTag only
 };
 
 // A compiled constraint: immutable, shared by every sequence that uses it.

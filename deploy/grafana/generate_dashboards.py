@@ -5,9 +5,9 @@ The JSON files are committed; edit this file and run it again rather than editin
   python3 deploy/grafana/generate_dashboards.py          # rewrite the JSON files
   python3 deploy/grafana/generate_dashboards.py --check  # exit 1 if they differ (used by CI)
 
-Every dashboard is templated on the Prometheus datasource (`datasource`) and on the router and
-worker instances (`router_instance`, `worker_instance`, label `instance`); the layer dashboards
-also on `layer`. Queries use only the metric names of docs/metrics.md (histograms through
+Every dashboard is templated on the Prometheus datasource (`datasource`) and on the router, worker
+and front-end instances (`router_instance`, `worker_instance`, `frontend_instance`, label
+`instance`); the layer dashboards also on `layer`. Queries use only the metric names of docs/metrics.md (histograms through
 _bucket/_sum/_count); scripts/checks/deploy.sh checks that against running binaries.
 """
 import argparse
@@ -21,6 +21,7 @@ DS = {"type": "prometheus", "uid": "${datasource}"}
 
 R = 'instance=~"$router_instance"'
 W = 'instance=~"$worker_instance"'
+F = 'instance=~"$frontend_instance"'
 RL = R + ', layer=~"$layer"'
 RT = R + ', stage="total"'
 WL = W + ', layer=~"$layer"'
@@ -105,6 +106,14 @@ def row(title):
     return {"type": "row", "title": title, "collapsed": False, "panels": []}
 
 
+def count_quantile(q, metric, sel):
+    """A quantile of a histogram of counts (requests, tokens, workers per event: integers). Prometheus
+    interpolates linearly inside a bucket: with buckets 1, 2, 4, ... a histogram whose every
+    observation is 1 (all in (0, 1]) has its median at 0.5, a batch size no batch has; rounded up,
+    the value is a count within the same bucket."""
+    return f"ceil(histogram_quantile({q}, sum by (le) (rate({metric}_bucket{{{sel}}}[{RATE}]))))"
+
+
 def quantile(q, metric, sel, by):
     return (f"histogram_quantile({q}, sum by ({by}, le) "
             f"(rate({metric}_bucket{{{sel}}}[{RATE}])))")
@@ -141,7 +150,9 @@ def templating(with_layer):
     v = [{"type": "datasource", "name": "datasource", "label": "Data source", "query": "prometheus",
           "current": {}, "hide": 0, "options": [], "refresh": 1, "regex": ""},
          variable("router_instance", "Router instance", "label_values(exl3_router_ready, instance)"),
-         variable("worker_instance", "Worker instance", "label_values(exl3_worker_ready, instance)")]
+         variable("worker_instance", "Worker instance", "label_values(exl3_worker_ready, instance)"),
+         variable("frontend_instance", "Front-end instance",
+                  "label_values(exl3_frontend_engine_up, instance)")]
     if with_layer:
         v.append(variable("layer", "MoE layer",
                           "label_values(exl3_router_layer_latency_seconds_count, layer)"))
@@ -239,11 +250,54 @@ def engine_row():
     ]
 
 
+def frontend_row():
+    """The OpenAI-compatible front end: latency and answers as its clients see them
+    (exl3_frontend_*, docs/metrics.md "Front end")."""
+    def q(quant, metric):
+        return f"histogram_quantile({quant}, sum by (le) (rate({metric}_bucket{{{F}}}[{RATE}])))"
+    ok = [{"color": "green", "value": None}, {"color": "red", "value": 0.01}]
+    return [
+        row("Front end (as clients see it)"),
+        (stat("HTTP requests per second", f"sum(rate(exl3_frontend_requests_total{{{F}}}[{RATE}]))",
+              unit="reqps", desc="Generation requests answered per second (every status)."), 4, 4),
+        (stat("Time to first token p50 (client)", q(0.5, "exl3_frontend_time_to_first_token_seconds"),
+              unit="s", desc="Median time from the HTTP request's arrival to its first token's text sent."), 4, 4),
+        (stat("Inter-token latency p50 (client)", q(0.5, "exl3_frontend_inter_token_latency_seconds"),
+              unit="s", desc="Median gap between tokens as sent to the clients."), 4, 4),
+        (stat("Requests open", f"sum(exl3_frontend_requests_running{{{F}}})",
+              desc="Generation requests open in the front end (all its worker processes)."), 4, 4),
+        (stat("Server errors (5xx)",
+              f"sum(rate(exl3_frontend_requests_total{{{F}, status=~\"5..\"}}[{RATE}])) / "
+              f"clamp_min(sum(rate(exl3_frontend_requests_total{{{F}}}[{RATE}])), 1e-9)",
+              unit="percentunit", thresholds=ok,
+              desc="Fraction of answers with a 5xx status (503: the engine away; 504: timeouts)."), 4, 4),
+        (stat("Engine up (front-end view)", f"min(exl3_frontend_engine_up{{{F}}})",
+              thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 1}],
+              desc="1 while the engine answers the front end."), 4, 4),
+        (timeseries("Latency as clients see it", targets(
+            (q(0.5, "exl3_frontend_time_to_first_token_seconds"), "TTFT p50"),
+            (q(0.99, "exl3_frontend_time_to_first_token_seconds"), "TTFT p99"),
+            (q(0.5, "exl3_frontend_inter_token_latency_seconds"), "ITL p50"),
+            (q(0.99, "exl3_frontend_inter_token_latency_seconds"), "ITL p99"),
+            (q(0.5, "exl3_frontend_e2e_request_latency_seconds"), "end to end p50"),
+            (q(0.99, "exl3_frontend_e2e_request_latency_seconds"), "end to end p99")),
+            unit="s", desc="Measured by the front end: from the HTTP request's arrival to the first token's "
+                           "text sent, between tokens sent, and to the answer's last byte (the engine's own view: "
+                           "the Engine row)."), 12, 8),
+        (timeseries("Answers by HTTP status", targets(
+            (f"sum by (status) (rate(exl3_frontend_requests_total{{{F}}}[{RATE}]))", "{{status}}")),
+            unit="reqps", stack=True,
+            desc="Generation requests answered per second by HTTP status: 200; 400 bad requests; 429 engine "
+                 "overloaded; 499 the client went away; 503 engine away; 504 timed out."), 12, 8),
+    ]
+
+
 def overview():
     red = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
     ready = [{"color": "red", "value": None}, {"color": "green", "value": 1}]
     return dashboard("exl3-overview", "exl3serve / Overview",
-                     "Generation, throughput, decode step latency, health, errors and queues of the router and its workers.", [
+                     "The front end as its clients see it; generation, throughput, decode step latency, health, errors and queues of the router and its workers.", [
+        *frontend_row(),
         *engine_row(),
         row("Service"),
         (stat("Tokens per second",
@@ -286,8 +340,8 @@ def overview():
             unit="reqps"), 12, 8),
         row("Fan-out and bytes"),
         (timeseries("Fan-out width", targets(
-            (f"histogram_quantile(0.5, sum by (le) (rate(exl3_router_fanout_width_bucket{{{R}}}[{RATE}])))", "p50"),
-            (f"histogram_quantile(0.99, sum by (le) (rate(exl3_router_fanout_width_bucket{{{R}}}[{RATE}])))", "p99"),
+            (count_quantile(0.5, "exl3_router_fanout_width", R), "p50"),
+            (count_quantile(0.99, "exl3_router_fanout_width", R), "p99"),
             (f"sum(rate(exl3_router_fanout_width_sum{{{R}}}[{RATE}])) / sum(rate(exl3_router_fanout_width_count{{{R}}}[{RATE}]))", "mean")),
             desc="Workers one layer request fans out to."), 12, 8),
         (timeseries("Bytes to and from workers", targets(
@@ -382,15 +436,17 @@ def workers():
             (f"sum by (instance) (rate(exl3_worker_requests_total{{{W}}}[{RATE}]))", "{{instance}}")), unit="reqps"), 12, 8),
         row("Batching"),
         (timeseries("Batch size (tokens)", targets(
-            (f"histogram_quantile(0.5, sum by (le) (rate(exl3_worker_batch_tokens_bucket{{{W}}}[{RATE}])))", "p50"),
-            (f"histogram_quantile(0.99, sum by (le) (rate(exl3_worker_batch_tokens_bucket{{{W}}}[{RATE}])))", "p99"),
+            (count_quantile(0.5, "exl3_worker_batch_tokens", W), "p50"),
+            (count_quantile(0.99, "exl3_worker_batch_tokens", W), "p99"),
             (f"sum(rate(exl3_worker_batch_tokens_sum{{{W}}}[{RATE}])) / sum(rate(exl3_worker_batch_tokens_count{{{W}}}[{RATE}]))", "mean")),
             desc="Tokens per executed batch."), 12, 8),
         (timeseries("Batch size (requests)", targets(
-            (f"histogram_quantile(0.5, sum by (le) (rate(exl3_worker_batch_requests_bucket{{{W}}}[{RATE}])))", "p50"),
-            (f"histogram_quantile(0.99, sum by (le) (rate(exl3_worker_batch_requests_bucket{{{W}}}[{RATE}])))", "p99"),
+            (count_quantile(0.5, "exl3_worker_batch_requests", W), "p50"),
+            (count_quantile(0.99, "exl3_worker_batch_requests", W), "p99"),
             (f"sum(rate(exl3_worker_batch_requests_sum{{{W}}}[{RATE}])) / sum(rate(exl3_worker_batch_requests_count{{{W}}}[{RATE}]))", "mean")),
-            desc="Requests merged into one executed batch (continuous batching)."), 12, 8),
+            desc="Requests merged into one executed batch (continuous batching). The quantiles are rounded up "
+                 "to whole requests: Prometheus interpolates inside a bucket, and batches of one request each "
+                 "read 0.5 at the median without it."), 12, 8),
         row("Memory and identity"),
         (timeseries("Pinned weight memory", targets(
             (f"exl3_worker_pinned_bytes{{{W}}}", "{{instance}}")), unit="bytes", stack=True,

@@ -132,7 +132,11 @@ absl::Status CudaModel::Load(const std::string& dir, const CudaModelOptions& opt
   weight_bytes_.head_decoded.Add({&head_});
 
   facts_ = std::make_unique<StepFacts>(cfg_, mixers_.split_shape(), device_->sm_count(), options.tensor_core_prefill);
-  graphs_ = std::make_unique<DecodeGraphs>(options.cuda_graphs && mixers_.graph_capturable());
+  graphs_ = std::make_unique<DecodeGraphs>(options.cuda_graphs && !options.check_finite && mixers_.graph_capturable());
+  if (options.check_finite) {
+    finite_check_ = std::make_unique<FiniteCheck>();
+    residual_->SetFiniteCheck(finite_check_.get());
+  }
   if (options.device_sampling) sampler_ = std::make_unique<DeviceSampler>(cfg_.vocab_size);
   // The uploads ran on the legacy stream, which the engine's non-blocking stream does not wait for.
   EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
@@ -207,8 +211,11 @@ absl::Status CudaModel::RunLayers(const CudaStep& step, const std::vector<MicroB
       if (n == 0) continue;
       EXL3_RETURN_IF_ERROR(FinishMoe(l - 1, m, mb));
       EXL3_RETURN_IF_ERROR(residual_->MixerInput(l, first, n, d, x));
+      EXL3_RETURN_IF_ERROR(CheckFinite(x, first, n, cfg_.hidden_size, "mixer input", l));
       EXL3_RETURN_IF_ERROR(mixers_.layers[l]->Forward(step, x, first, n, d));
+      EXL3_RETURN_IF_ERROR(CheckFinite(d, first, n, cfg_.hidden_size, "mixer", l));
       EXL3_RETURN_IF_ERROR(residual_->MlpInput(l, first, n, d, x));
+      EXL3_RETURN_IF_ERROR(CheckFinite(x, first, n, cfg_.hidden_size, "feed-forward input", l));
       EXL3_RETURN_IF_ERROR(timer_->Mark(Phase::kAttention));  // norms with it, as the CPU model counts them
       if (const CudaDenseMlp* mlp = std::get_if<CudaDenseMlp>(&feed_forward_[l])) {
         const size_t rh = static_cast<size_t>(first) * cfg_.hidden_size;
@@ -222,13 +229,21 @@ absl::Status CudaModel::RunLayers(const CudaStep& step, const std::vector<MicroB
         if (moe_->in_flight(m)) continue;  // its answer joins the stream at the next layer
         EXL3_RETURN_IF_ERROR(timer_->Mark(Phase::kMoe));
       }
+      EXL3_RETURN_IF_ERROR(CheckFinite(d, first, n, cfg_.hidden_size, "feed-forward", l));
       EXL3_RETURN_IF_ERROR(residual_->MlpOutput(l, first, n, d));
     }
   }
   for (int m = 0; m < static_cast<int>(micro_batches.size()); ++m)
     EXL3_RETURN_IF_ERROR(FinishMoe(cfg_.num_layers - 1, m, micro_batches[m]));
   EXL3_RETURN_IF_ERROR(residual_->HeadInput(step.rows, d, step.logit_rows, R, act_.head_in.get()));
-  return head_.Forward(act_.head_in.get(), R, act_.logits.get(), device_->linear());
+  EXL3_RETURN_IF_ERROR(CheckFinite(act_.head_in.get(), 0, R, cfg_.hidden_size, "head input", cfg_.num_layers - 1));
+  EXL3_RETURN_IF_ERROR(head_.Forward(act_.head_in.get(), R, act_.logits.get(), device_->linear()));
+  return CheckFinite(act_.logits.get(), 0, R, cfg_.vocab_size, "head", cfg_.num_layers - 1);
+}
+
+absl::Status CudaModel::CheckFinite(const float* values, int first, int n, int width, const char* block, int layer) {
+  if (finite_check_ == nullptr) return absl::OkStatus();
+  return finite_check_->CheckRows(values, first, n, width, block, layer, device_->stream());
 }
 
 absl::Status CudaModel::FinishStep(int rows, const StepOutput& out) {
@@ -247,7 +262,7 @@ absl::Status CudaModel::FinishStep(int rows, const StepOutput& out) {
   }
   EXL3_RETURN_IF_ERROR(device_->Synchronize());
   if (out.logits == nullptr) sampler_->Collect(out.tokens.first(rows));
-  EXL3_ASSIGN_OR_RETURN(times_, timer_->Collect());
+  EXL3_ASSIGN_OR_RETURN(last_.phases, timer_->Collect());
   return absl::OkStatus();
 }
 
@@ -267,7 +282,7 @@ absl::Status CudaModel::RunDecodeGraph(const StepTokens& tokens, const StepOutpu
     EXL3_RETURN_IF_ERROR(timer_->Begin());
     EXL3_RETURN_IF_ERROR(RunLayers(*step, whole, rows, nullptr));
     EXL3_RETURN_IF_ERROR(FinishStep(B, out));
-    g.phases = times_;
+    g.phases = last_.phases;
     g.workspace_allocations = device_->workspace().allocations();  // as the eager run left it
     timer_->set_recording(false);
     const absl::Status captured =
@@ -279,7 +294,7 @@ absl::Status CudaModel::RunDecodeGraph(const StepTokens& tokens, const StepOutpu
   EXL3_RETURN_IF_ERROR(graphs_->Replay(g, device_->stream()));
   EXL3_RETURN_IF_ERROR(FinishStep(B, out));
   // The replay's time falls between the start and the head's mark.
-  times_ = ApportionReplay(g.phases, times_.head_s, times_.sample_s);
+  last_.phases = ApportionReplay(g.phases, last_.phases.head_s, last_.phases.sample_s);
   return absl::OkStatus();
 }
 
@@ -351,11 +366,11 @@ absl::Status CudaModel::RunEagerStep(const StepBatch& batch, const StepTokens& t
   EXL3_RETURN_IF_ERROR(RunLayers(*step, micro_batches, R, tokens.token_ids.data()));
   EXL3_RETURN_IF_ERROR(FinishStep(R, out));
   if (remote) {
-    EXL3_ASSIGN_OR_RETURN(exchange_times_, moe_->StepTimes());
-    times_.remote_moe_calls = exchange_times_.exchanges;
-    times_.remote_moe_wait_s = exchange_times_.wait_s;
-    times_.remote_moe_to_host_s = exchange_times_.to_host_s;
-    times_.remote_moe_to_device_s = exchange_times_.to_device_s;
+    EXL3_ASSIGN_OR_RETURN(last_.exchange, moe_->StepTimes());
+    last_.phases.remote_moe_calls = last_.exchange.exchanges;
+    last_.phases.remote_moe_wait_s = last_.exchange.wait_s;
+    last_.phases.remote_moe_to_host_s = last_.exchange.to_host_s;
+    last_.phases.remote_moe_to_device_s = last_.exchange.to_device_s;
   }
   return absl::OkStatus();
 }

@@ -33,6 +33,7 @@
 #include "engine/cuda/cuda_moe.h"
 #include "engine/cuda/decode_graphs.h"
 #include "engine/cuda/dense_mlp.h"
+#include "engine/cuda/finite_check.h"
 #include "engine/cuda/device_context.h"
 #include "engine/cuda/device_sampler.h"
 #include "engine/cuda/phase_timer.h"
@@ -77,6 +78,10 @@ struct CudaModelOptions {
   // qsa_attention_test.cc, the whole model not yet) are refused unless this is set: the GPU tests
   // that verify them set it; serving does not.
   bool allow_unverified = false;
+  // After each block of each layer, wait for the GPU and fail the step naming the first layer and
+  // block whose output holds a NaN or an infinity (engine/cuda/finite_check.h). A debugging aid: it
+  // synchronises per block and turns decode graphs off.
+  bool check_finite = false;
 };
 
 class CudaModel final : public ModelRunner {
@@ -102,9 +107,9 @@ class CudaModel final : public ModelRunner {
                               std::span<SampledToken> tokens) override;
   const CudaWeightBytes& weight_bytes() const { return weight_bytes_; }
   // GPU time of the last Forward by phase (device events between the phases' launches).
-  StepPhaseTimes LastPhaseTimes() const override { return times_; }
+  StepPhaseTimes LastPhaseTimes() const override { return last_.phases; }
   // With remote experts: the last Forward's exchanges (copies out and back, calls); else empty.
-  const RemoteExchangeTimes& LastExchangeTimes() const { return exchange_times_; }
+  const RemoteExchangeTimes& LastExchangeTimes() const { return last_.exchange; }
   int micro_batches() const { return moe_ != nullptr ? moe_->micro_batches() : 1; }
 
  private:
@@ -114,6 +119,11 @@ class CudaModel final : public ModelRunner {
     DeviceArray<float> x, d;         // [rows, hidden]: the blocks' input and output
     DeviceArray<float> gate, up;     // [rows, intermediate]: dense MLPs
     DeviceArray<float> head_in, logits;  // [logit rows, hidden], [logit rows, vocab]
+  };
+  // The last step's GPU time by phase and, with remote experts, its exchanges.
+  struct LastStepTimes {
+    StepPhaseTimes phases;
+    RemoteExchangeTimes exchange;
   };
   // Where a step's head output goes: the logits to the host, or the rows sampled on the device.
   struct StepOutput {
@@ -134,6 +144,8 @@ class CudaModel final : public ModelRunner {
   // the step's rows; host_token_ids: the step's (remote experts), or null.
   absl::Status RunLayers(const CudaStep& step, const std::vector<MicroBatchRange>& micro_batches, int logit_rows,
                          const int32_t* host_token_ids);
+  // With check_finite: OK where rows [first, first + n) of `values` ([rows, width]) are finite.
+  absl::Status CheckFinite(const float* values, int first, int n, int width, const char* block, int layer);
   // Micro-batch m's answer of its MoE layer `layer` (if out) into its rows of d.
   absl::Status FinishMoe(int layer, int m, const MicroBatchRange& mb);
   // Copies the first `rows` logit rows to the host or samples them (`out`), waits for the step,
@@ -157,12 +169,12 @@ class CudaModel final : public ModelRunner {
   DeviceArray<int32_t> eager_facts_;  // eager steps' facts (a decode graph has its own)
   std::unique_ptr<DecodeGraphs> graphs_;
   std::unique_ptr<PhaseTimer> timer_;
-  StepPhaseTimes times_;
-  RemoteExchangeTimes exchange_times_;
+  LastStepTimes last_;
   Activations act_;
   CudaWeightBytes weight_bytes_;
   std::unique_ptr<DeviceSampler> sampler_;  // null: device sampling off
   std::optional<KvCacheShape> cache_shape_;  // once AllocateKvCache ran
+  std::unique_ptr<FiniteCheck> finite_check_;  // null unless CudaModelOptions::check_finite
 };
 
 }  // namespace exl3::engine::cuda

@@ -56,7 +56,8 @@ class GatedResidualStream final : public ResidualStream {
   }
   absl::Status Embed(const void* table, EmbeddingDType dtype, const int32_t* ids, int rows, float* x) override {
     EXL3_RETURN_IF_ERROR(EmbedRows(table, dtype, ids, rows, shape_.hidden, x, ctx_.stream));
-    return BroadcastStreams(x, rows, shape_.streams, shape_.hidden, streams_.get(), ctx_.stream);
+    EXL3_RETURN_IF_ERROR(BroadcastStreams(x, rows, shape_.streams, shape_.hidden, streams_.get(), ctx_.stream));
+    return Check(streams_.get(), 0, rows, shape_.streams * shape_.hidden, "embedding", ": streams", 0);
   }
   absl::Status MixerInput(int layer, int first, int n, float*, float* x) override {
     // The previous block's output was expanded into the streams at its MlpOutput; a PLE layer adds
@@ -67,15 +68,16 @@ class GatedResidualStream final : public ResidualStream {
         return absl::InternalError("a PLE layer runs before the step's n-gram rows and states are bound");
       const float* e = ple_rows_ + static_cast<size_t>(L.ple_index) * ple_layer_ints_;
       EXL3_RETURN_IF_ERROR(L.ple->Forward(streams_.get(), e, first, n, states_->StepFor(first, n), ple_ws_, ctx_));
+      EXL3_RETURN_IF_ERROR(Check(streams_.get(), first, n, shape_.streams * shape_.hidden, "PLE", ": streams", layer));
     }
-    return Collapse(L.mixer, first, n, x);
+    return Collapse(L.mixer, layer, "mixer", first, n, x);
   }
   absl::Status MlpInput(int layer, int first, int n, float* d, float* x) override {
-    EXL3_RETURN_IF_ERROR(Expand(layers_[layer].mixer, first, n, d));
-    return Collapse(layers_[layer].mlp, first, n, x);
+    EXL3_RETURN_IF_ERROR(Expand(layers_[layer].mixer, layer, "mixer", first, n, d));
+    return Collapse(layers_[layer].mlp, layer, "feed-forward", first, n, x);
   }
   absl::Status MlpOutput(int layer, int first, int n, float* d) override {
-    return Expand(layers_[layer].mlp, first, n, d);
+    return Expand(layers_[layer].mlp, layer, "feed-forward", first, n, d);
   }
   absl::Status HeadInput(int, const float*, const int32_t* logit_rows, int R, float* head_in) override {
     return head_.Collapse(streams_.get(), logit_rows, R, workspace_, head_in, nullptr, ctx_);
@@ -109,6 +111,7 @@ class GatedResidualStream final : public ResidualStream {
     if (num_ple_ > 0) ple_rows_ = reinterpret_cast<const float*>(device_facts + ple_at_);
   }
   void EndStep() override { windows_.Commit(); }
+  void SetFiniteCheck(FiniteCheck* check) override { finite_check_ = check; }
 
  private:
   struct Layer {
@@ -121,16 +124,30 @@ class GatedResidualStream final : public ResidualStream {
     return PleShape{shape_.streams, shape_.hidden, ple.conv_kernel, ple.ngram_size};
   }
   // Rows [first, first + n): x = the connection's collapse of their streams, its inject weights kept.
-  absl::Status Collapse(const CudaGatedConnection& g, int first, int n, float* x) {
+  absl::Status Collapse(const CudaGatedConnection& g, int layer, const char* block, int first, int n, float* x) {
     const size_t r = static_cast<size_t>(first), S = static_cast<size_t>(shape_.streams);
-    return g.Collapse(streams_.get() + r * S * shape_.hidden, nullptr, n, workspace_, x + r * shape_.hidden,
-                      inject_.get() + r * S, ctx_);
+    const int wide = shape_.streams * shape_.hidden;
+    EXL3_RETURN_IF_ERROR(Check(streams_.get(), first, n, wide, block, "'s streams before the collapse", layer));
+    EXL3_RETURN_IF_ERROR(g.Collapse(streams_.get() + r * S * shape_.hidden, nullptr, n, workspace_,
+                                    x + r * shape_.hidden, inject_.get() + r * S, ctx_));
+    // The connection's intermediates hold the collapse's rows from row 0.
+    EXL3_RETURN_IF_ERROR(Check(workspace_.normed.get(), 0, n, wide, block, "'s collapse: stream norm", layer));
+    EXL3_RETURN_IF_ERROR(Check(workspace_.low.get(), 0, n, shape_.lowrank, block, "'s collapse: low rank", layer));
+    EXL3_RETURN_IF_ERROR(Check(workspace_.weights.get(), 0, n, wide, block, "'s collapse: mix weights", layer));
+    return Check(inject_.get(), first, n, shape_.streams, block, "'s collapse: inject weights", layer);
   }
   // Rows [first, first + n): the block's output d expanded into their streams with the kept weights.
-  absl::Status Expand(const CudaGatedConnection& g, int first, int n, const float* d) {
+  absl::Status Expand(const CudaGatedConnection& g, int layer, const char* block, int first, int n, const float* d) {
     const size_t r = static_cast<size_t>(first), S = static_cast<size_t>(shape_.streams);
-    return g.Expand(inject_.get() + r * S, d + r * shape_.hidden, n, streams_.get() + r * S * shape_.hidden,
-                    ctx_.stream);
+    EXL3_RETURN_IF_ERROR(g.Expand(inject_.get() + r * S, d + r * shape_.hidden, n,
+                                  streams_.get() + r * S * shape_.hidden, ctx_.stream));
+    return Check(streams_.get(), first, n, shape_.streams * shape_.hidden, block, "'s expand: streams", layer);
+  }
+  absl::Status Check(const float* values, int first, int n, int width, const char* block, const char* what,
+                     int layer) {
+    if (finite_check_ == nullptr) return absl::OkStatus();
+    const std::string where = absl::StrCat(block, what);
+    return finite_check_->CheckRows(values, first, n, width, where.c_str(), layer, ctx_.stream);
   }
 
   const ModelConfig& cfg_;
@@ -151,6 +168,7 @@ class GatedResidualStream final : public ResidualStream {
   size_t ple_layer_ints_ = 0;  // ints of each layer's part (its rows · embed_dim, rounded up to 4)
   const float* ple_rows_ = nullptr;
   PleWorkspace ple_ws_;
+  FiniteCheck* finite_check_ = nullptr;  // CudaModelOptions::check_finite
 };
 
 }  // namespace

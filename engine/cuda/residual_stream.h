@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "engine/cuda/cuda_linear.h"
 #include "engine/cuda/engine_kernels.h"
+#include "engine/cuda/finite_check.h"
 #include "engine/model_config.h"
 #include "engine/model_runner.h"
 #include "engine/step_tokens.h"
@@ -68,6 +69,10 @@ class ResidualStream {
   }
   virtual void BindStep(const int32_t* /*device_facts*/) {}
   virtual void EndStep() {}
+
+  // CudaModelOptions::check_finite: a stream with buffers of its own between the blocks (the gated
+  // kind's streams and its connections' intermediates) checks them too; null: off.
+  virtual void SetFiniteCheck(FiniteCheck* /*check*/) {}
 };
 
 }  // namespace exl3::engine::cuda

@@ -445,7 +445,8 @@ void AddLayerTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool e
     return;
   }
   t->push_back(FamilyNormTensor(s, p + "input_layernorm.weight", H));
-  if (s.arch == "glm5_next") {  // hyper-connections around both sublayers of every layer
+  if (s.arch == "glm5_next" && L < s.layers) {  // hyper-connections around both sublayers of every
+                                                 // decoder layer (the MTP layer, L == layers, has none)
     AddHyperConnection(s, p + "hc_attn_", t);
     AddHyperConnection(s, p + "hc_ffn_", t);
   }
@@ -537,7 +538,9 @@ std::vector<std::vector<GenTensor>> WholeModelShards(const TestModelSpec& s, con
     with_mtp.moe_layers[s.layers] = true;
     with_mtp.hash_routed_layers.resize(s.layers + 1, false);
     std::vector<GenTensor>& mtp = shards.emplace_back();
-    AddLayerTensors(s, with_mtp, s.layers, exl3, so, &mtp);
+    TestModelSpec mtp_spec = s;  // GLM-5.3-Flash's MTP layer: MLA with its own k-pooled indexer
+    if (s.arch == "glm5_next") mtp_spec.layer_types.push_back(kIndexed);
+    AddLayerTensors(mtp_spec, with_mtp, s.layers, exl3, so, &mtp);
     const std::string p = LayerPrefix(cfg, s.layers);
     for (const char* norm : {"enorm.weight", "hnorm.weight", "shared_head.norm.weight"})
       mtp.push_back(FamilyNormTensor(s, p + norm, s.hidden));
@@ -591,7 +594,7 @@ json Glm5NextConfigJson(const TestModelSpec& s) {
       {"linear_num_heads", s.linear_heads}, {"linear_conv_kernel_dim", s.linear_conv_kernel},
       {"linear_lower_bound", -5.0}, {"hc_mult", s.hc_mult}, {"hc_eps", 1e-6},
       {"hc_sinkhorn_iters", s.hc_sinkhorn_iters}, {"router_aux_loss_coef", 0.001},
-      {"output_router_logits", false}, {"dtype", "bfloat16"}};
+      {"output_router_logits", false}, {"num_nextn_predict_layers", s.mtp ? 1 : 0}, {"dtype", "bfloat16"}};
   return {{"architectures", {"Glm5NextForConditionalGeneration"}}, {"model_type", "glm5_next"},
           {"text_config", text}, {"tie_word_embeddings", false}, {"dtype", "bfloat16"},
           {"transformers_version", "5.25.0"}};
@@ -710,9 +713,10 @@ absl::StatusOr<TestModelSpec> ResolveTestModelSpec(const TestModelSpec& in) {
         "unknown --arch '", s.arch,
         "' (glm4_moe, deepseek_v3, qwen3_moe, mixtral, glm_moe_dsa, deepseek_v4, qwen3_next or glm5_next)"));
   }
-  if (s.mtp && s.arch != "glm4_moe" && s.arch != "deepseek_v3" && s.arch != "glm_moe_dsa")
+  if (s.mtp && s.arch != "glm4_moe" && s.arch != "deepseek_v3" && s.arch != "glm_moe_dsa" && s.arch != "glm5_next")
     return absl::InvalidArgumentError(absl::StrCat(
-        "--mtp: the DeepSeek-V3 MTP layer belongs to glm4_moe, deepseek_v3 and glm_moe_dsa, not ", s.arch));
+        "--mtp: the DeepSeek-V3 MTP layer belongs to glm4_moe, deepseek_v3, glm_moe_dsa and glm5_next, not ",
+        s.arch));
   const bool glm5 = s.arch == "glm5_next";
   if (s.qk_rope_head_dim < 0) s.qk_rope_head_dim = glm5 ? 0 : 16;
   if (s.arch == "glm_moe_dsa" &&

@@ -23,8 +23,8 @@
 //                                       A_log, dt_bias, o_norm) or NoPE MLA with the k-pooled
 //                                       indexer (index_kpool_compress_gate / _ape); hyper-connections
 //                                       (hc_attn_*, hc_ffn_*) on every layer, a mean head (no
-//                                       hc_head tensors). No vision tower and no MTP head: the
-//                                       engine loads them when present and needs neither.
+//                                       hc_head tensors). No vision tower (the engine loads it
+//                                       when present and needs none); the MTP layer with --mtp.
 //
 // WriteHfTestModel writes a Hugging Face checkpoint (bf16 weights with random values, fp32
 // correction biases, tiny attention/norm/embedding tensors so that the checkpoint is complete,
@@ -108,10 +108,11 @@ struct TestModelSpec {
   // indexed_attention in place of full_attention (every full_attention_interval-th layer).
   int linear_heads = 2;
   int linear_head_dim = 64;
-  // glm4_moe, deepseek_v3, glm_moe_dsa: also the DeepSeek-V3 MTP layer (engine/mtp_head.h), one
-  // more layer model.layers.{layers}.* in a shard of its own: enorm, hnorm, eh_proj [hidden,
-  // 2 * hidden], shared_head.norm and a MoE decoder layer (DSA: with its own indexer);
-  // config.json num_nextn_predict_layers 1.
+  // glm4_moe, deepseek_v3, glm_moe_dsa, glm5_next: also the DeepSeek-V3 MTP layer
+  // (engine/mtp_head.h), one more layer model.layers.{layers}.* (glm5_next:
+  // model.language_model.layers.{layers}.*) in a shard of its own: enorm, hnorm, eh_proj [hidden,
+  // 2 * hidden], shared_head.norm and a MoE decoder layer (DSA: with its own indexer; glm5_next:
+  // MLA with its own k-pooled indexer, no hyper-connections); config.json num_nextn_predict_layers 1.
   bool mtp = false;
 };
 

@@ -52,9 +52,10 @@ run "hadolint" "$VENV/bin/hadolint" deploy/docker/Dockerfile deploy/docker/Docke
 run "Dockerfile sources, targets and packages" "$PY" $HERE/check_dockerfiles.py --build-dir "$BUILD_DIR" .
 run "grpc-health-check.sh syntax" bash -n deploy/docker/grpc-health-check.sh
 
-step "live stack: router, workers, load, Prometheus"
+step "live stack: router, workers, front end, load, Prometheus"
+FRONTEND_VENV=$(scripts/lib/frontend_venv.sh "$BUILD_DIR" | tail -1)
 run "live stack" "$PY" $HERE/live_stack.py --build-dir "$BUILD_DIR" --deploy deploy --doc docs/metrics.md \
-  --kubectl "$VENV/bin/kubectl"
+  --kubectl "$VENV/bin/kubectl" --frontend-venv "$FRONTEND_VENV"
 
 if [ "$failures" -ne 0 ]; then
   echo "deploy.sh: $failures check(s) failed" >&2

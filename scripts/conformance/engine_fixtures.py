@@ -29,12 +29,17 @@ prompt, each MoE layer's input and output. Self-checks (the script fails when on
   * `exl3-tool moe` on the recorded MoE inputs reproduces the recorded MoE outputs within
     --moe-tol relative (the expert and routing side, through the repository's own kernels).
 
-With --mtp-families deepseek_v3,glm4_moe,glm_moe_dsa it writes <family>_mtp instead: a tiny
-model of the family with the DeepSeek-V3 MTP layer (model.layers.{num_hidden_layers}.*, its
-linears EXL3 by `exl3-tool quantize-tensor`) and that layer's logits at every position,
-computed from transformers' own modules (the family's decoder layer class, its RMSNorm,
-nn.Linear for eh_proj) with the formula of engine/mtp_head.h; for GLM-MoE-DSA every indexer's
-selection must be stable (--min-index-margin).
+With --mtp-families deepseek_v3,glm4_moe,glm_moe_dsa,glm5_next it writes <family>_mtp instead:
+a tiny model of the family with the DeepSeek-V3 MTP layer (model.layers.{num_hidden_layers}.*;
+GLM-5.3-Flash: model.language_model.layers.{num_hidden_layers}.*, its linears EXL3 by `exl3-tool
+quantize-tensor`) and that layer's logits at every position, computed from transformers' own
+modules (the family's decoder layer class, its RMSNorm, nn.Linear for eh_proj; GLM-5.3-Flash:
+its attention, MoE and RMSNorm classes as a plain residual block, the MTP layer having no
+hyper-connections) with the formula of engine/mtp_head.h; for GLM-MoE-DSA and GLM-5.3-Flash
+every indexer's selection must be stable (--min-index-margin). --mtp-families qwen4_exp writes
+qwen4_exp_mtp: Qwen4-Exp's own MTP head (mtp.*, engine/qwen4exp_mtp_head.h) and its logits from
+transformers' Qwen4ExpTextRMSNorm, Qwen4ExpTextDecoderLayer and Qwen4ExpTextGatedResidual on the
+streams the model's hyper_connection_mixer receives.
 
 The layout of what it writes is described in tests/fixtures/engine/README.md.
 """
@@ -1103,9 +1108,17 @@ MTP_FAMILIES = {
         hidden_size=128, num_hidden_layers=1, first_k_dense_replace=0, mlp_layer_types=["sparse"],
         indexer_types=["full"], n_routed_experts=4, n_group=2, topk_group=1, num_attention_heads=4,
         num_key_value_heads=4, v_head_dim=64)),
+    # GLM-5.3-Flash: a KDA layer (dense MLP) and an indexed layer (MoE) before the MTP layer, whose
+    # k-pooled indexer (pools of 4, index_topk 8) makes positions past 11 attend sparsely; hidden
+    # 128 (the vision tower's output too), 4 experts.
+    "glm5_next": dict(seed=2, overrides=dict(
+        hidden_size=128, num_hidden_layers=2, layer_types=["linear_attention", "indexed_attention"],
+        mlp_layer_types=["dense", "sparse"], indexer_types=["full", "full"], n_routed_experts=4),
+        vision_overrides=dict(out_hidden_size=128)),
 }
-# Per-layer config lists, and what the MTP layer's entry is.
-MTP_LAYER_ENTRIES = {"mlp_layer_types": "sparse", "indexer_types": "full"}
+# Per-layer config lists, and what the MTP layer's entry is (GLM-5.3-Flash's layer_types too: the
+# MTP layer is an indexed one).
+MTP_LAYER_ENTRIES = {"mlp_layer_types": "sparse", "indexer_types": "full", "layer_types": "indexed_attention"}
 
 
 def with_mtp_layer_entries(fields):
@@ -1117,28 +1130,55 @@ def with_mtp_layer_entries(fields):
     return out
 
 
+def text_model(model):
+    """The language model (a *ForConditionalGeneration model keeps it beside the vision tower)."""
+    inner = model.model
+    return inner.language_model if hasattr(inner, "language_model") else inner
+
+
+class PlainResidualBlock(torch.nn.Module):
+    """GLM-5.3-Flash's MTP layer: the family's decoder layer's own modules (input_layernorm,
+    self_attn, post_attention_layernorm, mlp) as a plain residual block, without the
+    hyper-connections the model's layers have (the MTP layer stores none; exllamav3 1.6.5's
+    glm5_next_mtp runs it so). Every position is valid for the indexer (no padding)."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x, **_):
+        L = self.layer
+        valid = torch.ones(x.shape[:2], dtype=torch.bool)
+        h = x + L.self_attn(hidden_states=L.input_layernorm(x), attention_mask=valid, cache=None)[0]
+        return h + L.mlp(L.post_attention_layernorm(h))
+
+
 def mtp_reference_logits(model, mtp, ids):
     """The MTP layer's logits at positions 0 .. len(ids) - 2 of one teacher-forced pass: from the
     model's last hidden state (after its final norm) at i and the token at i + 1,
     x = eh_proj(cat(enorm(embed(t_{i+1})), hnorm(h_i))), the family's decoder layer at rope
     position i (causal over those positions), logits = lm_head(shared_head.norm(.))."""
-    inner = model.model
-    # DSA (GLM-MoE-DSA): every indexer's top-k must lead the next score clearly (the model's and
-    # the MTP layer's), else the engine's fp32 sums may pick the other side of a near-tie.
+    inner = text_model(model)
+    # DSA (GLM-MoE-DSA, GLM-5.3-Flash's k-pooled indexer): every indexer's top-k must lead the
+    # next score clearly (the model's and the MTP layer's), else the engine's fp32 sums may pick
+    # the other side of a near-tie.
     margins, hooks = [], []
     for ix in [m for m in list(model.modules()) + list(mtp["layer"].modules()) if type(m).__name__.endswith("Indexer")]:
         def ihook(mod, a, kw, outp):
-            margins.append(index_margin(mod, a, kw, outp))
+            pooled = hasattr(mod, "index_kpool")
+            margins.append(kpool_index_margin(mod, kw, outp) if pooled else index_margin(mod, a, kw, outp))
         hooks.append(ix.register_forward_hook(ihook, with_kwargs=True))
     with torch.no_grad():
+        # GLM-5.3-Flash: last_hidden_state is the streams' mean (hc_head) after the final norm.
         h = inner(input_ids=ids[None]).last_hidden_state[0]
         n = ids.numel() - 1
         e = inner.embed_tokens(ids[1:][None])[0]
         x = mtp["eh_proj"](torch.cat([mtp["enorm"](e), mtp["hnorm"](h[:n])], dim=-1))[None]
         pos = torch.arange(n)[None]
         mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+        rope = getattr(inner, "rotary_emb", None)  # GLM-5.3-Flash: NoPE, none
         y = mtp["layer"](x, attention_mask=mask, position_ids=pos,
-                         position_embeddings=inner.rotary_emb(x, pos))
+                         position_embeddings=rope(x, pos) if rope is not None else None)
         if isinstance(y, tuple):  # GLM-MoE-DSA's layer also returns its indexer's top-k
             y = y[0]
         logits = model.lm_head(mtp["shared_norm"](y))[0]
@@ -1152,14 +1192,14 @@ def mtp_reference_logits(model, mtp, ids):
 def mtp_modules(model, tensors, layer_index):
     """enorm, hnorm, eh_proj, the decoder layer and shared_head.norm of the MTP layer, in fp32
     from `tensors` (model.layers.{layer_index}.*, per-expert names as checkpoints store them)."""
-    cfg = copy.deepcopy(model.config)
+    cfg = copy.deepcopy(model.config.get_text_config())
     cfg.num_hidden_layers = layer_index + 1
     for k, v in MTP_LAYER_ENTRIES.items():
         if getattr(cfg, k, None) is not None:
             setattr(cfg, k, list(getattr(cfg, k))[:layer_index] + [v])
-    inner = model.model
+    inner = text_model(model)
     norm_cls = type(inner.norm)
-    p = f"model.layers.{layer_index}."
+    p = f"{mtp_prefix(model)}layers.{layer_index}."
     H = cfg.hidden_size
 
     def norm(name):
@@ -1170,10 +1210,13 @@ def mtp_modules(model, tensors, layer_index):
     eh = torch.nn.Linear(2 * H, H, bias=False)
     eh.weight.data.copy_(tensors[p + "eh_proj.weight"])
     layer = type(inner.layers[0])(cfg, layer_index).eval()
+    hyper_connected = hasattr(layer, "attn_hc")  # GLM-5.3-Flash: the MTP layer stores none
     state = {}
     E = cfg.n_routed_experts
     for k in layer.state_dict():
-        if k == "mlp.experts.gate_up_proj":
+        if k.startswith(("attn_hc.", "ffn_hc.")) and hyper_connected:
+            state[k] = layer.state_dict()[k]  # unused: PlainResidualBlock skips them
+        elif k == "mlp.experts.gate_up_proj":
             state[k] = torch.stack([torch.cat([tensors[f"{p}mlp.experts.{e}.gate_proj.weight"],
                                                tensors[f"{p}mlp.experts.{e}.up_proj.weight"]]) for e in range(E)])
         elif k == "mlp.experts.down_proj":
@@ -1182,7 +1225,14 @@ def mtp_modules(model, tensors, layer_index):
             state[k] = tensors[p + k]
     layer.load_state_dict(state)
     return {"enorm": norm("enorm.weight"), "hnorm": norm("hnorm.weight"), "eh_proj": eh,
-            "layer": layer, "shared_norm": norm("shared_head.norm.weight")}
+            "layer": PlainResidualBlock(layer) if hyper_connected else layer,
+            "shared_norm": norm("shared_head.norm.weight")}
+
+
+def mtp_prefix(model):
+    """The prefix of the text model's tensors in the checkpoint ("model." or, for a
+    *ForConditionalGeneration model, "model.language_model.")."""
+    return "model.language_model." if hasattr(model.model, "language_model") else "model."
 
 
 def quantize_mtp_linears(args, path, work):
@@ -1213,9 +1263,10 @@ def make_mtp_family(family, args, work_root):
     """Tries seeds from the family's own (--search-seeds N of them) until the DSA selections
     are stable, then writes <family>_mtp."""
     first = MTP_FAMILIES[family]["seed"]
+    make = MTP_FAMILIES[family].get("make", make_mtp_fixture)
     for seed in args.seeds or range(first, first + args.search_seeds):
         try:
-            return make_mtp_fixture(family, seed, args, work_root)
+            return make(family, seed, args, work_root)
         except Unstable as e:
             log(f"{family}_mtp: seed {seed}: {e}; next seed")
     fail(f"{family}_mtp: no seed passes the checks (raise --search-seeds)")
@@ -1229,18 +1280,23 @@ def make_mtp_fixture(family, seed, args, work_root):
     n = fields["num_hidden_layers"]
     # The weights come from a model one layer longer, initialised as the fixtures' models are:
     # its last layer becomes the MTP layer's decoder layer.
+    if "vision_fields" in base:
+        base["vision_fields"] = dict(base["vision_fields"], **spec.get("vision_overrides", {}))
     FAMILIES[name + "_init"] = dict(base, fields=with_mtp_layer_entries(fields))
     big, _ = make_model(name + "_init", spec["seed"])
     FAMILIES[name] = dict(base, fields=dict(fields, num_nextn_predict_layers=1))
-    model = model_class(build_config(name).architectures[0]).from_config(
-        build_config(name), attn_implementation="eager", dtype=torch.float32)
+    cls = model_class(build_config(name).architectures[0])
+    make = cls.from_config if cls is AutoModelForCausalLM else cls._from_config
+    model = make(build_config(name), attn_implementation="eager", dtype=torch.float32)
     missing = model.load_state_dict(big.state_dict(), strict=False)
     assert not missing.missing_keys, missing.missing_keys
     gen = torch.Generator().manual_seed(SEED + spec["seed"])
     H = fields["hidden_size"]
-    p = f"model.layers.{n}."
+    p = f"{mtp_prefix(model)}layers.{n}."
     mtp = {}
-    for k, v in big.model.layers[n].state_dict().items():
+    for k, v in decoder_layers(big)[n].state_dict().items():
+        if k.startswith(("attn_hc.", "ffn_hc.")):  # GLM-5.3-Flash's MTP layer has no hyper-connections
+            continue
         if k == "mlp.experts.gate_up_proj":
             I = v.shape[1] // 2
             for e in range(v.shape[0]):
@@ -1305,15 +1361,17 @@ def make_mtp_fixture(family, seed, args, work_root):
         "quantize_flags": ["--bits", str(EXPERT_BITS)] + VARIANTS["all"], "seed": spec["seed"],
         "generated_with": {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
                            "script": "scripts/conformance/engine_fixtures.py --mtp-families"},
-        "features": [f"{n} decoder layer(s) plus the MTP layer model.layers.{n}.* (enorm, hnorm, "
-                     "eh_proj, the family's decoder layer with MoE, shared_head.norm; no shared_head.head: "
+        "features": [f"{n} decoder layer(s) plus the MTP layer {p}* (enorm, hnorm, "
+                     "eh_proj, the family's decoder layer with MoE (GLM-5.3-Flash: without hyper-connections, "
+                     "its indexed attention with its own k-pooled indexer), shared_head.norm; no shared_head.head: "
                      "the model's lm_head) in mtp.safetensors: its linears EXL3 at "
                      f"K={EXPERT_BITS} (exl3-tool quantize-tensor) where both dimensions are "
                      "multiples of 128, the rest bf16; exl3-tool quantize copies it as it is",
                      f"config: {json.dumps(spec['overrides'])}"],
         "exl3_layers": prefixes,
         "mtp_logits": "row i: lm_head(shared_head.norm(layer(eh_proj(cat(enorm(embed(t[i+1])), "
-                      "hnorm(h[i])))))) with h the model's last hidden state (after its final norm) in "
+                      "hnorm(h[i])))))) with h the model's last hidden state (after its final norm; "
+                      "GLM-5.3-Flash: the streams' mean, then the final norm) in "
                       "one teacher-forced pass over prompt + greedy, the layer causal over positions "
                       "0..P+30 at rope position i; transformers' own modules (the family's decoder "
                       "layer class and RMSNorm, nn.Linear for eh_proj), fp32, EXL3 layers dequantized",
@@ -1324,6 +1382,199 @@ def make_mtp_fixture(family, seed, args, work_root):
     log(f"{name}: " + ", ".join(f"prompt {i}: MTP argmax = next greedy token at "
                                 f"{x['mtp_argmax_matches_greedy']}" for i, x in enumerate(prompts_info)))
     write_fixture(args.out, name, exl3_dir, tensors, reference)
+
+
+# ---------------------------------------------------------------------------------------------
+# Qwen4-Exp's MTP head (mtp.*; engine/qwen4exp_mtp_head.h states the formula and where its facts
+# come from: exllamav3 1.6.5, transformers has no MTP code for the family).
+
+QWEN4_MTP_OVERRIDES = dict(
+    # The family fixture's three layers (two gated DeltaNet layers, the second with PLE, then QSA:
+    # a verify step rolls both recurrent states back) with 4 experts and hc_lowrank 16 (the
+    # hyper-connections, stored fp32, are most of the fixture's size).
+    num_experts=4, hc_lowrank=16)
+
+
+def qwen4_exp_mtp_reference_logits(model, mtp, ids):
+    """The MTP head's logits at positions 0 .. len(ids) - 2 of one teacher-forced pass: the
+    model's streams before its hyper_connection_mixer at i (captured by a hook), each stream
+    normed (Qwen4ExpTextRMSNorm grouped per stream) through fc_hidden, plus
+    fc_embedding(norm(embed(t_{i+1}))) in every stream; the decoder layer (Qwen4ExpTextDecoderLayer,
+    QSA, causal over those positions at rope position i); lm_head(the MTP's mixer(.))."""
+    text = text_model(model)
+    cfg = text.config
+    S, H = cfg.hc_count, cfg.hidden_size
+    margins, hooks, stack = [], [], []
+    for ix in [m for m in list(model.modules()) + list(mtp["layer"].modules())
+               if type(m).__name__.endswith("QSAIndexer")]:
+        def qhook(mod, a, kw, outp):
+            margins.append(qsa_index_margin(mod, a, kw, outp))
+        hooks.append(ix.register_forward_hook(qhook, with_kwargs=True))
+    hooks.append(text.hyper_connection_mixer.register_forward_pre_hook(lambda mod, a: stack.append(a[0])))
+    with torch.no_grad():
+        text(input_ids=ids[None], use_cache=False)
+        n = ids.numel() - 1
+        streams = stack[0][0, :n]                                                   # [n, S * H]
+        h = mtp["fc_hidden"](mtp["hidden_norm"](streams).view(n, S, H))            # [n, S, H]
+        e = mtp["fc_embedding"](mtp["embedding_norm"](text.embed_tokens(ids[1:])))  # [n, H]
+        x = (h + e[:, None]).reshape(1, n, S * H)
+        pos = torch.arange(n).view(1, 1, -1).expand(3, 1, -1)
+        mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+        y = mtp["layer"](x, position_embeddings=text.rotary_emb(x, pos), attention_mask=mask)
+        logits = model.lm_head(mtp["mixer"](y))[0]
+    for hk in hooks:
+        hk.remove()
+    if margins and min(margins) < MIN_INDEX_MARGIN:
+        raise Unstable(f"smallest QSA block-score margin {min(margins):.2e} x the score spread")
+    return logits, (min(margins) if margins else None)
+
+
+def qwen4_exp_mtp_modules(model, tensors, layer_index):
+    """The MTP head's norms, projections, decoder layer and mixer as transformers' own modules,
+    fp32, from `tensors` (mtp.*, per-expert names)."""
+    from transformers.models.qwen4_exp import modeling_qwen4_exp as q4
+    cfg = copy.deepcopy(model.config.get_text_config())
+    cfg.num_hidden_layers = layer_index + 1
+    cfg.layer_types = list(cfg.layer_types)[:layer_index] + ["indexed_attention"]
+    S, H = cfg.hc_count, cfg.hidden_size
+    hidden_norm = q4.Qwen4ExpTextRMSNorm(S * H, group_size=H, eps=cfg.rms_norm_eps)
+    hidden_norm.weight.data.copy_(tensors["mtp.pre_fc_norm_hidden.weight"])
+    embedding_norm = q4.Qwen4ExpTextRMSNorm(H, eps=cfg.rms_norm_eps)
+    embedding_norm.weight.data.copy_(tensors["mtp.pre_fc_norm_embedding.weight"])
+    fc = {}
+    for name in ("fc_hidden", "fc_embedding"):
+        fc[name] = torch.nn.Linear(H, H, bias=False)
+        fc[name].weight.data.copy_(tensors[f"mtp.{name}.weight"])
+    layer = q4.Qwen4ExpTextDecoderLayer(cfg, layer_index).eval()
+    assert layer.ple is None
+    p, E, state = "mtp.layers.0.", cfg.num_experts, {}
+    for k in layer.state_dict():
+        if k == "mlp.experts.gate_up_proj":
+            state[k] = torch.stack([torch.cat([tensors[f"{p}mlp.experts.{e}.gate_proj.weight"],
+                                               tensors[f"{p}mlp.experts.{e}.up_proj.weight"]]) for e in range(E)])
+        elif k == "mlp.experts.down_proj":
+            state[k] = torch.stack([tensors[f"{p}mlp.experts.{e}.down_proj.weight"] for e in range(E)])
+        else:
+            state[k] = tensors[p + k]
+    layer.load_state_dict(state)
+    mixer = q4.Qwen4ExpTextGatedResidual(cfg, use_combine=False).eval()
+    mixer.load_state_dict({k: tensors["mtp.hyper_connection_mixer." + k] for k in mixer.state_dict()})
+    return {"hidden_norm": hidden_norm, "embedding_norm": embedding_norm, "fc_hidden": fc["fc_hidden"],
+            "fc_embedding": fc["fc_embedding"], "layer": layer, "mixer": mixer}
+
+
+def make_qwen4_exp_mtp_fixture(family, seed, args, work_root):
+    name = f"{family}_mtp"
+    base = dict(FAMILIES[family], mtp=False)
+    text = dict(base["text_fields"], **QWEN4_MTP_OVERRIDES)
+    n = text["num_hidden_layers"]
+    # The weights come from a model one layer longer (a QSA layer, no PLE): its last layer becomes
+    # the MTP block.
+    FAMILIES[name + "_init"] = dict(base, text_fields=dict(text, num_hidden_layers=n + 1,
+                                                           layer_types=text["layer_types"] + ["indexed_attention"]))
+    big, _ = make_model(name + "_init", seed)
+    FAMILIES[name] = dict(base, text_fields=text)
+    cls = model_class(build_config(name).architectures[0])
+    model = cls._from_config(build_config(name), attn_implementation="eager", dtype=torch.float32)
+    missing = model.load_state_dict(big.state_dict(), strict=False)
+    assert not missing.missing_keys, missing.missing_keys
+    gen = torch.Generator().manual_seed(SEED + seed)
+    H, S, p = text["hidden_size"], text["hc_count"], "mtp.layers.0."
+    mtp = {}
+    for k, v in decoder_layers(big)[n].state_dict().items():
+        if k == "mlp.experts.gate_up_proj":
+            I = v.shape[1] // 2
+            for e in range(v.shape[0]):
+                mtp[f"{p}mlp.experts.{e}.gate_proj.weight"] = v[e, :I]
+                mtp[f"{p}mlp.experts.{e}.up_proj.weight"] = v[e, I:]
+        elif k == "mlp.experts.down_proj":
+            for e in range(v.shape[0]):
+                mtp[f"{p}mlp.experts.{e}.down_proj.weight"] = v[e]
+        else:
+            mtp[p + k] = v
+    # Zero-centred norms N(0, 0.1); fc_embedding the identity and fc_hidden N(0, 0.25 / 2H), so
+    # the next token's embedding passes into every stream and the head leans, like the model,
+    # towards that token's successor; the block's output projections scaled by 0.3; the mixer
+    # before the head as the model's hyper-connections are initialised.
+    mtp["mtp.pre_fc_norm_hidden.weight"] = torch.randn(S * H, generator=gen) * 0.1
+    mtp["mtp.pre_fc_norm_embedding.weight"] = torch.randn(H, generator=gen) * 0.1
+    mtp["mtp.fc_embedding.weight"] = torch.eye(H)
+    mtp["mtp.fc_hidden.weight"] = torch.randn(H, H, generator=gen) * 0.5 / math.sqrt(2 * H)
+    lowrank = text["hc_lowrank"]
+    mtp["mtp.hyper_connection_mixer.hc_norm.weight"] = torch.randn(S * H, generator=gen) * 0.1
+    mtp["mtp.hyper_connection_mixer.input_mix_weight_down.weight"] = (
+        torch.randn(lowrank, S * H, generator=gen) / math.sqrt(S * H))
+    mtp["mtp.hyper_connection_mixer.input_mix_weight_up.weight"] = (
+        torch.randn(S * H, lowrank, generator=gen) / math.sqrt(lowrank))
+    for k in mtp:
+        if k.endswith(("o_proj.weight", "down_proj.weight")):
+            mtp[k] = mtp[k] * 0.3
+    work = os.path.join(work_root, f"{name}-seed{seed}")
+    hf_dir = os.path.join(work, "hf")
+    model.to(torch.bfloat16).save_pretrained(hf_dir)
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in mtp.items()},
+              os.path.join(hf_dir, "mtp.safetensors"), metadata={"format": "pt"})
+    quantize_mtp_linears(args, os.path.join(hf_dir, "mtp.safetensors"), work)
+    exl3_dir = os.path.join(work, "exl3")
+    run([args.exl3_tool, "quantize", "--input", hf_dir, "--output", exl3_dir, "--bits", str(EXPERT_BITS),
+         "--threads", str(args.threads), "--quiet"] + VARIANTS["all"])
+    deq_dir = os.path.join(work, "dequant")
+    prefixes = dequantized_checkpoint(args.exl3_tool, exl3_dir, deq_dir, work)
+    deq_file = os.path.join(deq_dir, "model.safetensors")
+    with safe_open(deq_file, "pt") as st:
+        everything = {k: st.get_tensor(k) for k in st.keys()}
+    head_tensors = {k: v for k, v in everything.items() if k.startswith("mtp.")}
+    save_file({k: v for k, v in everything.items() if not k.startswith("mtp.")}, deq_file, metadata={"format": "pt"})
+    ref_model = load_reference_model(deq_dir)
+    modules = qwen4_exp_mtp_modules(ref_model, head_tensors, n)
+    gen_prompts = torch.Generator().manual_seed(SEED)
+    tensors, prompts_info = {}, []
+    for i, length in enumerate(MTP_PROMPT_LENGTHS):
+        prompt = torch.randint(2, VOCAB, (length,), generator=gen_prompts)  # no EOS (1): it resets PLE n-grams
+        with torch.no_grad():
+            out = ref_model.generate(prompt[None], max_new_tokens=NEW_TOKENS, do_sample=False,
+                                     min_new_tokens=NEW_TOKENS)[0, length:]
+        ids = torch.cat([prompt, out])
+        logits, index_margin_min = qwen4_exp_mtp_reference_logits(ref_model, modules, ids)
+        top2 = logits.topk(2, dim=-1).values
+        tensors[f"prompt.{i}"] = prompt.to(torch.int32).contiguous()
+        tensors[f"greedy.{i}"] = out.to(torch.int32).contiguous()
+        tensors[f"mtp_logits.{i}"] = logits.float().contiguous()
+        agree = (logits[length - 1:-1].argmax(-1) == ids[length + 1:]).float().mean().item()
+        prompts_info.append({"prompt_len": length, "greedy_len": NEW_TOKENS, "mtp_rows": int(logits.shape[0]),
+                             "min_mtp_top1_top2_gap": float(f"{(top2[:, 0] - top2[:, 1]).min().item():.4g}"),
+                             "mtp_argmax_matches_greedy": float(f"{agree:.3g}")})
+        if index_margin_min is not None:
+            prompts_info[-1]["min_index_margin"] = float(f"{index_margin_min:.3e}")
+    reference = {
+        "family": family, "architecture": ref_model.config.architectures[0], "variant": "mtp",
+        "quantize_flags": ["--bits", str(EXPERT_BITS)] + VARIANTS["all"], "seed": seed,
+        "generated_with": {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
+                           "script": "scripts/conformance/engine_fixtures.py --mtp-families"},
+        "features": [f"{n} decoder layers (gated DeltaNet, gated DeltaNet with PLE, QSA) plus the MTP head mtp.* "
+                     "(pre_fc_norm_hidden [hc_count * hidden], fc_hidden, pre_fc_norm_embedding, fc_embedding, "
+                     "one decoder block mtp.layers.0.* with QSA attention, MoE with a gated shared expert and its "
+                     "gated residual connections, hyper_connection_mixer; the model's lm_head) in "
+                     f"mtp.safetensors: its linears EXL3 at K={EXPERT_BITS} (exl3-tool quantize-tensor) where "
+                     "both dimensions are multiples of 128, the rest bf16; exl3-tool quantize copies it as it is",
+                     f"config: {json.dumps(QWEN4_MTP_OVERRIDES)}"],
+        "exl3_layers": prefixes,
+        "mtp_logits": "row i: lm_head(mixer(layer(s))) with s_k = fc_hidden(norm_k(h[i]_k)) + "
+                      "fc_embedding(norm(embed(t[i+1]))) for each stream k, h the model's streams before its "
+                      "hyper_connection_mixer in one teacher-forced pass over prompt + greedy, the layer causal "
+                      "over positions 0..P+30 at rope position i; transformers' own modules (Qwen4ExpTextRMSNorm, "
+                      "Qwen4ExpTextDecoderLayer, Qwen4ExpTextGatedResidual, nn.Linear for fc_hidden / "
+                      "fc_embedding), fp32, EXL3 layers dequantized",
+        "prompts": prompts_info,
+        "tensors": {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
+                    for k, v in sorted(tensors.items())},
+    }
+    log(f"{name}: " + ", ".join(f"prompt {i}: MTP argmax = next greedy token at "
+                                f"{x['mtp_argmax_matches_greedy']}" for i, x in enumerate(prompts_info)))
+    write_fixture(args.out, name, exl3_dir, tensors, reference)
+
+
+MTP_FAMILIES["qwen4_exp"] = dict(seed=29, make=make_qwen4_exp_mtp_fixture)
 
 
 def main():

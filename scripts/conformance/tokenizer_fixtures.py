@@ -197,7 +197,8 @@ TOOL_CONVERSATIONS = {
 
 
 def renders_tools(hf) -> bool:
-    return "<tool_call>" in (hf.chat_template or "")
+    template = hf.chat_template or ""
+    return "<tool_call>" in template or "<｜tool▁call▁begin｜>" in template
 
 
 def chat_ids(hf, messages, add_generation_prompt: bool, tools=None) -> list[int]:

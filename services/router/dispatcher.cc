@@ -91,20 +91,29 @@ std::vector<int32_t> ExpertsOf(const Work& w) {
   return e;
 }
 
-// Among `holders`: up, not failed for this call; one the call already uses first, then the one with
-// the fewest sub-requests outstanding. None when no holder serves.
+// Among `holders`: up, not failed for this call, the one with the shallowest queue: its
+// sub-requests outstanding, plus one when this choice already gives it a part (so one call's
+// experts spread over an expert's replicas instead of piling onto the first worker chosen). Equal
+// depths take turns: the holders are scanned from position `turn` (mod their number) and the first
+// of the shallowest wins. `join_parts` (the shared expert, which covers every row): a holder that
+// already has a part comes first, as the shared expert then rides in that part. None when no
+// holder serves. One pass, no allocation: it runs per expert of every call.
 std::optional<int> ChooseHolder(const WorkerSet& set, const std::vector<int>& holders,
-                                const std::set<int>& failed, const std::set<int>& used) {
+                                const std::set<int>& failed, const std::map<int, Work>& parts,
+                                uint32_t turn, bool join_parts) {
+  const size_t n = holders.size();
   std::optional<int> best;
-  bool best_used = false;
-  for (int w : holders) {
+  std::pair<int, int> best_rank;  // (no part while joining parts, depth): smaller is better
+  for (size_t i = 0; i < n; ++i) {
+    const int w = holders[(turn + i) % n];
     const WorkerLink& link = set.link(w);
     if (!link.up() || failed.count(w)) continue;
-    const bool is_used = used.count(w) > 0;
-    if (!best || (is_used && !best_used) ||
-        (is_used == best_used && link.outstanding() < set.link(*best).outstanding())) {
+    const bool has_part = parts.count(w) > 0;
+    const std::pair<int, int> rank{join_parts && !has_part ? 1 : 0,
+                                   link.outstanding() + (has_part && !join_parts ? 1 : 0)};
+    if (!best || rank < best_rank) {
       best = w;
-      best_used = is_used;
+      best_rank = rank;
     }
   }
   return best;
@@ -195,16 +204,18 @@ void Dispatcher::OnDeadline(const std::shared_ptr<LayerCall>& c) {
       pb::CANCEL_REASON_DEADLINE);
 }
 
-Dispatcher::Choice Dispatcher::Choose(LayerCall& c, const Work& work) const {
-  std::set<int> failed, used;
+Dispatcher::Choice Dispatcher::Choose(LayerCall& c, const Work& work) {
+  std::set<int> failed;
   {
     std::lock_guard<std::mutex> l(c.mu);
     failed = c.failed;
-    used = c.fanout;
   }
   const WorkerSet& set = *c.workers;
   const ExpertHolders& holders = set.holders();
   Choice choice;
+  // The turns of this choice's ties: consecutive experts take consecutive turns, consecutive
+  // choices start at consecutive turns (round robin over calls as well as within one).
+  uint32_t turn = next_turn_.fetch_add(1, std::memory_order_relaxed);
   // Expert -> the part of its chosen worker, chosen at the expert's first use (none when no
   // holder serves it); by index, not a map: a 64-token call makes 512 look-ups. Experts are in
   // 0..num_experts-1 (the gate checks them; holders.Routed indexes by them too).
@@ -215,9 +226,8 @@ Dispatcher::Choice Dispatcher::Choose(LayerCall& c, const Work& work) const {
     const size_t e = static_cast<size_t>(a.expert);
     if (!chosen[e]) {
       chosen[e] = true;
-      if (std::optional<int> w =
-              ChooseHolder(set, holders.Routed(c.layer, a.expert), failed, used)) {
-        used.insert(*w);
+      if (std::optional<int> w = ChooseHolder(set, holders.Routed(c.layer, a.expert), failed,
+                                              choice.parts, turn++, /*join_parts=*/false)) {
         part_of[e] = &choice.parts[*w];
       } else {
         choice.unserved_routed.push_back(a.expert);
@@ -226,7 +236,8 @@ Dispatcher::Choice Dispatcher::Choose(LayerCall& c, const Work& work) const {
     if (part_of[e] != nullptr) part_of[e]->routed.push_back(a);
   }
   if (work.shared_expert) {
-    if (std::optional<int> w = ChooseHolder(set, holders.Shared(c.layer), failed, used)) {
+    if (std::optional<int> w = ChooseHolder(set, holders.Shared(c.layer), failed, choice.parts,
+                                            turn, /*join_parts=*/true)) {
       choice.parts[*w].shared_expert = true;
     } else {
       choice.unserved_shared = true;

@@ -1,8 +1,10 @@
 // The dispatcher of layer calls (services/router/layer_call.h): from the gate's routing to the
 // workers and back.
 // - Worker choice: per expert, among the serving holders (WorkerSet, services/router/worker_set.h)
-//   that have not failed this call, one the call already uses, else the one with the fewest
-//   sub-requests outstanding.
+//   that have not failed this call, the one with the shallowest queue (sub-requests outstanding on
+//   its link, plus one once this call gives it a part), equal ones in turn (round robin): an
+//   expert's replicas share the load, within one call and across calls. The shared expert on
+//   workers goes preferably to a worker the call already sends a part.
 // - Parts: one ExpertRequest per chosen worker with only the rows it needs (bytes copied in the
 //   request's dtype), per row its (expert, weight) pairs, `shared_expert` when it also runs the
 //   shared expert, and `timeout_us` = the time left.
@@ -22,6 +24,7 @@
 //   d.HandlerDone(call);                // the call ends OK once its parts are in
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -81,7 +84,7 @@ class Dispatcher {
   // Chooses workers for `work` and sends the parts. `failed_worker`: the work is the share that
   // worker failed (a failover, counted when other workers take all of it).
   void Send(const std::shared_ptr<LayerCall>& c, Work work, std::optional<int> failed_worker);
-  Choice Choose(LayerCall& c, const Work& work) const;
+  Choice Choose(LayerCall& c, const Work& work);
   void FailUnserved(const std::shared_ptr<LayerCall>& c, const Choice& choice);
   void SendPart(const std::shared_ptr<LayerCall>& c, int worker, Work part, Clock::time_point now);
   void OnPartAnswer(const std::shared_ptr<LayerCall>& c, PartInFlight& part, absl::Status st,
@@ -93,6 +96,7 @@ class Dispatcher {
 
   RouterMetrics* const metrics_;
   const EndFn on_end_;
+  std::atomic<uint32_t> next_turn_{0};  // the round robin of equally loaded holders (Choose)
   svc::DeadlineTimer timer_;  // last: its thread stops before the members above go
 };
 

@@ -59,6 +59,20 @@ std::optional<engine::ConstraintSpec> ConstraintOf(const pb::SamplingParams& s) 
         spec.tagged.push_back({t.begin(), t.json_schema(), t.end()});
       }
       break;
+    case pb::SamplingParams::kStructuralTag:
+      spec.kind = engine::ConstraintKind::kStructuralTag;
+      spec.text = s.structural_tag().json();
+      spec.tag_json = s.structural_tag().json_layout() == pb::JSON_LAYOUT_COMPACT
+                          ? engine::StructuralTagJson::kCompact
+                          : engine::StructuralTagJson::kFreeWhitespace;
+      break;
+  }
+  if (s.has_constraint_after_reasoning()) {
+    const pb::ReasoningBlock& block = s.constraint_after_reasoning();
+    spec.after_reasoning = engine::ReasoningBlock{
+        block.start(), block.end(),
+        block.output_starts_inside() ? engine::ReasoningBlock::Opening::kStartsInside
+                                     : engine::ReasoningBlock::Opening::kOptional};
   }
   return spec;
 }
@@ -84,7 +98,12 @@ absl::StatusOr<engine::GenerateParams> ToGenerateParams(
   // Token order, for the same sampling whatever the map's order.
   std::sort(p.sampling.logit_bias.begin(), p.sampling.logit_bias.end(),
             [](const engine::TokenBias& a, const engine::TokenBias& b) { return a.token < b.token; });
-  if (const std::optional<engine::ConstraintSpec> spec = ConstraintOf(s); spec.has_value()) {
+  const std::optional<engine::ConstraintSpec> spec = ConstraintOf(s);
+  if (!spec.has_value() && s.has_constraint_after_reasoning()) {
+    return absl::InvalidArgumentError(
+        "constraint_after_reasoning is set but the request has no constraint");
+  }
+  if (spec.has_value()) {
     if (options.grammar_compiler == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           "the ", engine::ConstraintKindName(spec->kind),

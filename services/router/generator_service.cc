@@ -192,4 +192,27 @@ grpc::ServerUnaryReactor* GeneratorService::DescribeModel(grpc::CallbackServerCo
   return r;
 }
 
+grpc::ServerUnaryReactor* GeneratorService::EngineStats(grpc::CallbackServerContext* ctx,
+                                                        const pb::EngineStatsRequest*,
+                                                        pb::EngineStatsResponse* resp) {
+  const engine::EngineStats s = engine_.Stats();
+  resp->set_num_requests_running(static_cast<uint32_t>(s.running));
+  resp->set_num_requests_waiting(static_cast<uint32_t>(s.waiting));
+  resp->set_kv_cache_usage(s.kv_usage);
+  resp->set_num_preemptions(static_cast<uint64_t>(s.preemptions));
+  resp->set_prefix_cache_queried_tokens(static_cast<uint64_t>(s.prefix_cache_queried_tokens));
+  resp->set_prefix_cache_hit_tokens(static_cast<uint64_t>(s.prefix_cache_hit_tokens));
+  const engine::SpeculativeCounters& spec = s.speculative;
+  resp->set_num_speculative_tokens(static_cast<uint32_t>(spec.num_accepted_tokens_per_pos.size()));
+  resp->set_spec_decode_num_drafts(static_cast<uint64_t>(spec.num_drafts));
+  resp->set_spec_decode_num_draft_tokens(static_cast<uint64_t>(spec.num_draft_tokens));
+  resp->set_spec_decode_num_accepted_tokens(static_cast<uint64_t>(spec.num_accepted_tokens));
+  for (int64_t n : spec.num_accepted_tokens_per_pos) {
+    resp->add_spec_decode_num_accepted_tokens_per_pos(static_cast<uint64_t>(n));
+  }
+  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  r->Finish(grpc::Status::OK);
+  return r;
+}
+
 }  // namespace exl3::router

@@ -1,7 +1,7 @@
 // The Generator gRPC service (proto/exl3serve/v1/exl3serve.proto): Generate streams one request's
 // tokens from the engine (engine/engine.h); GenerateStream carries many requests on one call
 // (services/router/generate_stream.h); DescribeModel states the served model and the KV
-// capacity. One write in flight per call: tokens sampled while a write is pending are sent
+// capacity; EngineStats the engine's running/waiting requests, KV usage and totals. One write in flight per call: tokens sampled while a write is pending are sent
 // together in the next message, so a slow client never holds the engine's loop; and writes are
 // started on a writer thread (`writer`), not on the engine's loop (a gRPC write costs tens of
 // microseconds, which the loop would otherwise pay per sequence per step). The calls' writes are
@@ -51,6 +51,9 @@ class GeneratorService final : public ::exl3serve::v1::Generator::CallbackServic
   grpc::ServerUnaryReactor* DescribeModel(grpc::CallbackServerContext* ctx,
                                           const ::exl3serve::v1::DescribeModelRequest* req,
                                           ::exl3serve::v1::DescribeModelResponse* resp) override;
+  grpc::ServerUnaryReactor* EngineStats(grpc::CallbackServerContext* ctx,
+                                        const ::exl3serve::v1::EngineStatsRequest* req,
+                                        ::exl3serve::v1::EngineStatsResponse* resp) override;
 
   // Set once draining starts (DescribeModel's state).
   void SetDraining() { draining_ = true; }

@@ -176,8 +176,9 @@ TEST_P(GeneratedMtpModelTest, TheConvertedMtpLayerDraftsAndDecodesAsPlainDecodin
             0);
   auto src = TensorSource::Open(model);
   ASSERT_TRUE(src.ok()) << src.status();
-  EXPECT_TRUE((*src)->Has("model.layers.2.eh_proj.weight"));  // kept as stored
-  EXPECT_TRUE((*src)->Has("model.layers.2.mlp.experts.0.gate_proj.weight"));
+  const std::string p = arch == "glm5_next" ? "model.language_model.layers.2." : "model.layers.2.";
+  EXPECT_TRUE((*src)->Has(p + "eh_proj.weight"));  // kept as stored
+  EXPECT_TRUE((*src)->Has(p + "mlp.experts.0.gate_proj.weight"));
   std::vector<GenerateParams> params;
   for (int i = 0; i < 2; ++i) {
     GenerateParams g;
@@ -222,7 +223,8 @@ TEST_P(GeneratedMtpModelTest, TheConvertedMtpLayerDraftsAndDecodesAsPlainDecodin
   fs::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, GeneratedMtpModelTest, ::testing::Values("glm4_moe", "deepseek_v3", "glm_moe_dsa"));
+INSTANTIATE_TEST_SUITE_P(Families, GeneratedMtpModelTest,
+                         ::testing::Values("glm4_moe", "deepseek_v3", "glm_moe_dsa", "glm5_next"));
 
 }  // namespace
 }  // namespace exl3::engine

@@ -1,21 +1,27 @@
-// The MTP head (engine/mtp_head.h) on the CPU model against transformers' own modules: the
-// <family>_mtp fixtures (scripts/conformance/engine_fixtures.py --mtp-families) record the MTP
-// layer's logits at every position of prompt + greedy continuation, computed in Python from the
-// family's decoder layer class, its RMSNorm and nn.Linear with the formula in engine/mtp_head.h.
+// The MTP drafters (engine/mtp_drafter.h: engine/mtp_head.h, engine/qwen4exp_mtp_head.h) on the
+// CPU model against transformers' own modules: the <family>_mtp fixtures
+// (scripts/conformance/engine_fixtures.py --mtp-families) record the MTP layer's logits at every
+// position of prompt + greedy continuation, computed in Python from the family's decoder layer
+// (or attention and MoE) classes, its RMSNorm and nn.Linear with the formula in the drafter's header.
 // The engine runs the model's steps keeping their hidden states, then the MTP layer over the
 // kept positions: one prefill of the whole sequence, and chunks of 7 tokens (the MTP layer's KV
 // carried between them). Also: models without the head, or runners without MTP, are refused.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "engine/cpu_model.h"
 #include "engine/engine.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
+#include "nlohmann/json.hpp"
 #include "tests/engine/engine_requests.h"
 #include "tests/engine/relative_error.h"
 
@@ -109,11 +115,13 @@ TEST_P(MtpHeadTest, LogitsAtEveryPositionMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Families, MtpHeadTest,
                          ::testing::Values("tests/fixtures/engine/deepseek_v3_mtp",
                                            "tests/fixtures/engine/glm4_moe_mtp",
-                                           "tests/fixtures/engine/glm_moe_dsa_mtp"));
+                                           "tests/fixtures/engine/glm_moe_dsa_mtp",
+                                           "tests/fixtures/engine/glm5_next_mtp",
+                                           "tests/fixtures/engine/qwen4_exp_mtp"));
 
-// A checkpoint of an MTP family without the layer, a family without the design, and families of
-// other MTP designs (GLM-5.3-Flash, Qwen4-Exp: they verify drafts, their heads are not this
-// one): refused at start, by architecture and what is missing.
+// Checkpoints of MTP families without the head (DeepSeek-V3, GLM-5.3-Flash: no layer
+// {num_hidden_layers}; Qwen4-Exp: no mtp.* of its design) and a family without an MTP design:
+// refused at start, by architecture and what is missing.
 TEST(MtpHeadRefusal, ModelsWithoutTheHeadAreRefusedByName) {
   for (const char* dir : {"tests/fixtures/engine/deepseek_v3_all", "tests/fixtures/engine/qwen3_moe_all",
                           "tests/fixtures/engine/glm5_next_all", "tests/fixtures/engine/qwen4_exp_all"}) {
@@ -133,6 +141,32 @@ TEST(MtpHeadRefusal, ModelsWithoutTheHeadAreRefusedByName) {
     EXPECT_NE(st.message().find("speculative method mtp"), std::string_view::npos) << st;
     std::printf("%s: %s\n", dir, std::string(st.message()).c_str());
   }
+}
+
+// Qwen4-Exp's head runs one MTP layer: a checkpoint with a second one (mtp.layers.1.*) is refused
+// by name, not drafted from with its first layer alone.
+TEST(MtpHeadRefusal, Qwen4ExpHeadOfTwoLayersIsRefusedByName) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("exl3_qwen4_two_mtp_layers_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::copy("tests/fixtures/engine/qwen4_exp_mtp", dir);
+  const std::vector<float> q(256 * 128, 0.0f);
+  SafetensorsWriter w;
+  w.AddF32("mtp.layers.1.self_attn.q_proj.weight", {256, 128}, q.data());
+  ASSERT_TRUE(w.Write((dir / "mtp_layer_1.safetensors").string()).ok());
+  nlohmann::json index;
+  std::ifstream(dir / "model.safetensors.index.json") >> index;
+  index["weight_map"]["mtp.layers.1.self_attn.q_proj.weight"] = "mtp_layer_1.safetensors";
+  std::ofstream(dir / "model.safetensors.index.json") << index.dump();
+  CpuModelOptions mo;
+  mo.num_threads = 1;
+  auto model = CpuModel::Open(dir.string(), mo);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const absl::Status st = (*model)->CheckMtpDrafting();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("mtp.layers.1"), std::string_view::npos) << st;
+  std::printf("%s\n", std::string(st.message()).c_str());
+  fs::remove_all(dir);
 }
 
 }  // namespace

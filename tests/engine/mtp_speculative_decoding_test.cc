@@ -1,5 +1,6 @@
 // Speculative decoding with the checkpoint's MTP head (speculative method mtp, engine/mtp_head.h)
-// over the real CPU model on the <family>_mtp fixtures (DeepSeek-V3 MLA, GLM-4 MoE GQA): at
+// over the real CPU model on the <family>_mtp fixtures (DeepSeek-V3 MLA, GLM-4 MoE GQA, GLM-5 DSA,
+// GLM-5.3-Flash: KDA, k-pooled DSA and hyper-connections in the model, its MTP layer plain): at
 // K = 1, 2 and 4 the tokens equal plain decoding's (transformers' greedy tokens for the fixture
 // prompts; plain decoding's own for prompts built to repeat and for seeded sampling), batched
 // with chunked prefill, with two micro-batches, through preemption; cancelled and finished
@@ -215,7 +216,9 @@ TEST_P(MtpSpeculativeDecodingTest, AdaptiveDraftLengthAndPerRequestCapsGivePlain
 INSTANTIATE_TEST_SUITE_P(Fixtures, MtpSpeculativeDecodingTest,
                          ::testing::Values("tests/fixtures/engine/deepseek_v3_mtp",
                                            "tests/fixtures/engine/glm4_moe_mtp",
-                                           "tests/fixtures/engine/glm_moe_dsa_mtp"));
+                                           "tests/fixtures/engine/glm_moe_dsa_mtp",
+                                           "tests/fixtures/engine/glm5_next_mtp",
+                                           "tests/fixtures/engine/qwen4_exp_mtp"));
 
 // The test-model writer's MTP layer (TestModelSpec::mtp, exl3-tool make-test-model --mtp) in a
 // synthetic whole EXL3 model (random trellis bits: the head's drafts are mostly rejected):
@@ -240,6 +243,10 @@ TEST_P(SyntheticMtpTest, DraftsAndDecodesAsPlainDecoding) {
   spec.index_topk = 3;
   spec.vocab = 256;
   spec.mtp = true;
+  if (spec.arch == "glm5_next") {  // NoPE MLA; the indexer picks whole pools of 4 (a KDA and an indexed layer)
+    spec.qk_rope_head_dim = 0;
+    spec.index_topk = 4;
+  }
   SyntheticOptions so;
   so.whole_model = true;
   so.bits = 3;
@@ -249,9 +256,11 @@ TEST_P(SyntheticMtpTest, DraftsAndDecodesAsPlainDecoding) {
   ASSERT_TRUE(WriteSyntheticExl3Model(spec, so, dir.string()).ok());
   auto src = TensorSource::Open(dir.string());
   ASSERT_TRUE(src.ok()) << src.status();
-  EXPECT_TRUE((*src)->Has("model.layers.2.eh_proj.trellis"));
-  EXPECT_TRUE((*src)->Has("model.layers.2.mlp.experts.3.down_proj.trellis"));
-  EXPECT_TRUE((*src)->Has("model.layers.2.shared_head.norm.weight"));
+  const std::string p = spec.arch == "glm5_next" ? "model.language_model.layers.2." : "model.layers.2.";
+  EXPECT_TRUE((*src)->Has(p + "eh_proj.trellis"));
+  EXPECT_TRUE((*src)->Has(p + "mlp.experts.3.down_proj.trellis"));
+  EXPECT_TRUE((*src)->Has(p + "shared_head.norm.weight"));
+  EXPECT_FALSE((*src)->Has(p + "hc_attn_fn"));  // GLM-5.3-Flash's MTP layer: no hyper-connections
   std::vector<GenerateParams> params;
   for (int i = 0; i < 3; ++i) {
     std::vector<int32_t> prompt;
@@ -287,7 +296,8 @@ TEST_P(SyntheticMtpTest, DraftsAndDecodesAsPlainDecoding) {
   std::filesystem::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, SyntheticMtpTest, ::testing::Values("glm4_moe", "deepseek_v3", "glm_moe_dsa"));
+INSTANTIATE_TEST_SUITE_P(Families, SyntheticMtpTest,
+                         ::testing::Values("glm4_moe", "deepseek_v3", "glm_moe_dsa", "glm5_next"));
 
 TEST(SyntheticMtpTest, TheMtpFlagBelongsToItsFamilies) {
   TestModelSpec spec;

@@ -140,6 +140,12 @@ TEST(TokenConstraintTest, WhatDoesNotCompileIsRefusedWithTheLibrarysWords) {
   refused({ConstraintKind::kChoice, "", {}});
   refused({ConstraintKind::kTaggedJson, "", {}, {}});  // no alternative
   refused({ConstraintKind::kTaggedJson, "", {}, {{"<a>", "{\"type\": 5}", "</a>"}}});
+  refused({ConstraintKind::kStructuralTag, "not json", {}});
+  refused({ConstraintKind::kStructuralTag, R"({"type": "structural_tag"})", {}});  // no format
+  refused({ConstraintKind::kStructuralTag,
+           R"({"type": "structural_tag", "format": {"type": "no_such_format"}})", {}});
+  // A reasoning block needs both of its strings.
+  refused({ConstraintKind::kRegex, "a", {}, {}, ReasoningBlock{"", "</think>"}});
   // Choices with quotes, backslashes and control characters are literals, not EBNF.
   EXPECT_TRUE(compiler->Compile({ConstraintKind::kChoice, "", {"a\"b", "c\\d", "e\nf"}}).ok());
 }
@@ -155,6 +161,112 @@ TEST(TokenConstraintTest, BadTokenizersAreRefused) {
   EXPECT_NE(small.status().message().find("outside the model's vocabulary"), std::string::npos);
   EXPECT_EQ(TokenGrammarCompiler::FromTokenizerJson(ReadText(kTokenizer), 512, {512}).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Takes, step by step, the allowed token whose text is the longest start of what is left of
+// `text`; false where no allowed token continues it (the constraint refuses the text there).
+bool TakeText(TokenConstraint& c, const testing::ByteLevelVocab& vocab, std::string text) {
+  while (!text.empty()) {
+    c.FillNextTokenMask();
+    int32_t best = -1;
+    size_t best_size = 0;
+    for (int32_t t : AllowedTokens(c.next_token_mask(), vocab.size())) {
+      const std::string& piece = vocab.Text(t);
+      if (!piece.empty() && piece.size() > best_size && text.starts_with(piece)) {
+        best = t;
+        best_size = piece.size();
+      }
+    }
+    if (best < 0) return false;
+    if (!c.Accept(best).ok()) return false;
+    text = text.substr(best_size);
+  }
+  return true;
+}
+
+// After the text: only the stop token may follow (the constraint is complete).
+bool OnlyTheStopTokenFollows(TokenConstraint& c) {
+  c.FillNextTokenMask();
+  return AllowedTokens(c.next_token_mask(), 512) == std::vector<int32_t>{kEos};
+}
+
+TEST(TokenConstraintTest, StructuralTagsMatchTheirFormatTree) {
+  auto compiler = MakeCompiler();
+  const testing::ByteLevelVocab vocab = testing::ByteLevelVocab::Load(kTokenizer);
+  // A GLM-style call: fixed text, a raw value of at most 5 characters in its tags, fixed text.
+  auto grammar = MustCompile(*compiler, {ConstraintKind::kStructuralTag, R"({
+      "type": "structural_tag", "format": {"type": "sequence", "elements": [
+        {"type": "const_string", "value": "<tool_call>get\n"},
+        {"type": "tag", "begin": "<arg_value>", "content": {"type": "any_text", "max_chars": 5},
+         "end": "</arg_value>"},
+        {"type": "const_string", "value": "\n</tool_call>"}]}})", {}});
+  CheckMasksAlongAPath(grammar, 10, [](const std::vector<int32_t>& a) { return a.front(); });
+  {
+    TokenConstraint c(grammar);
+    ASSERT_TRUE(TakeText(c, vocab, "<tool_call>get\n<arg_value>a <b</arg_value>\n</tool_call>"));
+    EXPECT_TRUE(OnlyTheStopTokenFollows(c));
+  }
+  TokenConstraint wrong_name(grammar);
+  EXPECT_FALSE(TakeText(wrong_name, vocab, "<tool_call>got"));
+  TokenConstraint too_long(grammar);
+  EXPECT_FALSE(TakeText(too_long, vocab, "<tool_call>get\n<arg_value>abcdef"));
+}
+
+TEST(TokenConstraintTest, StructuralTagJsonIsCompactWhereAsked) {
+  auto compiler = MakeCompiler();
+  const testing::ByteLevelVocab vocab = testing::ByteLevelVocab::Load(kTokenizer);
+  const std::string tag = R"({"type": "structural_tag", "format": {"type": "sequence", "elements": [
+      {"type": "const_string", "value": "<c>"},
+      {"type": "json_schema", "json_schema": {"type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "integer"}}},
+        "required": ["a", "b"]}}]}})";
+  auto free = MustCompile(*compiler, {ConstraintKind::kStructuralTag, tag, {}});
+  auto compact = MustCompile(*compiler, {ConstraintKind::kStructuralTag, tag, {}, {}, std::nullopt,
+                                         StructuralTagJson::kCompact});
+  for (const auto& grammar : {free, compact}) {  // the templates' tojson layout: both
+    TokenConstraint c(grammar);
+    ASSERT_TRUE(TakeText(c, vocab, R"(<c>{"a": 1, "b": [2, 3]})"));
+    EXPECT_TRUE(OnlyTheStopTokenFollows(c));
+  }
+  TokenConstraint free_blanks(free);
+  EXPECT_TRUE(TakeText(free_blanks, vocab, "<c>{ \"a\" :1,\n\"b\":[ ]}"));
+  TokenConstraint compact_blanks(compact);
+  EXPECT_FALSE(TakeText(compact_blanks, vocab, "<c>{ \"a\""));
+  TokenConstraint compact_tight(compact);
+  EXPECT_FALSE(TakeText(compact_tight, vocab, R"(<c>{"a":1)"));
+}
+
+TEST(TokenConstraintTest, AfterReasoningTheConstraintHoldsOnlyPastTheBlock) {
+  auto compiler = MakeCompiler();
+  const testing::ByteLevelVocab vocab = testing::ByteLevelVocab::Load(kTokenizer);
+  auto optional_block = MustCompile(
+      *compiler, {ConstraintKind::kChoice, "", {"yes"}, {}, ReasoningBlock{"<think>", "</think>"}});
+  {
+    TokenConstraint c(optional_block);  // free text in the block, then the constraint
+    ASSERT_TRUE(TakeText(c, vocab, "<think>no, {not} yes</think>\n\nyes"));
+    EXPECT_TRUE(OnlyTheStopTokenFollows(c));
+  }
+  {
+    TokenConstraint c(optional_block);  // no block: the constraint from the start
+    ASSERT_TRUE(TakeText(c, vocab, "yes"));
+    EXPECT_TRUE(OnlyTheStopTokenFollows(c));
+  }
+  TokenConstraint outside(optional_block);
+  EXPECT_FALSE(TakeText(outside, vocab, "no"));
+  TokenConstraint blanks(optional_block);  // at most 4 whitespace characters after the block
+  EXPECT_FALSE(TakeText(blanks, vocab, "<think>x</think>     yes"));
+
+  auto inside = MustCompile(*compiler, {ConstraintKind::kChoice, "", {"yes"}, {},
+                                        ReasoningBlock{"<think>", "</think>",
+                                                       ReasoningBlock::Opening::kStartsInside}});
+  {
+    TokenConstraint c(inside);  // the output starts in the block: "yes" is still reasoning
+    ASSERT_TRUE(TakeText(c, vocab, "yes"));
+    c.FillNextTokenMask();
+    EXPECT_FALSE(TokenConstraint::Allowed(c.next_token_mask(), kEos));
+    ASSERT_TRUE(TakeText(c, vocab, " <think>more</think>yes"));
+    EXPECT_TRUE(OnlyTheStopTokenFollows(c));
+  }
 }
 
 TEST(TokenConstraintTest, AllowsAnyTokenCountsBans) {

@@ -124,6 +124,13 @@ class GenerateClient:
         except grpc.RpcError as e:
             raise request_error(e) from None
 
+    def engine_stats(self, timeout: float = 5.0) -> pb.EngineStatsResponse:
+        """The engine's running/waiting requests, KV usage and totals now (Generator.EngineStats)."""
+        try:
+            return self._stub.EngineStats(pb.EngineStatsRequest(), timeout=timeout)
+        except grpc.RpcError as e:
+            raise request_error(e) from None
+
     def stream(self, prompt_token_ids, *, timeout: Optional[float] = None,
                **kw) -> Iterator[pb.GenerateResponse]:
         """The response messages of one request (a GenerateRequest or prompt ids + make_generate_request's
@@ -172,6 +179,13 @@ class AsyncGenerateClient:
     async def describe(self, timeout: float = 5.0) -> pb.DescribeModelResponse:
         try:
             return await self._stub.DescribeModel(pb.DescribeModelRequest(), timeout=timeout)
+        except grpc.RpcError as e:
+            raise request_error(e) from None
+
+    async def engine_stats(self, timeout: float = 5.0) -> pb.EngineStatsResponse:
+        """The engine's running/waiting requests, KV usage and totals now (Generator.EngineStats)."""
+        try:
+            return await self._stub.EngineStats(pb.EngineStatsRequest(), timeout=timeout)
         except grpc.RpcError as e:
             raise request_error(e) from None
 

@@ -24,10 +24,12 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 # Templates use the names transformers' apply_chat_template passes (messages, add_generation_prompt,
 # bos_token, eos_token, raise_exception) and are rendered with its jinja2 settings
 # (trim_blocks, lstrip_blocks): they are kept on one line so that no newline depends on those.
-# Qwen's and GLM's templates also render `tools` (the request's function list), assistant messages'
-# `tool_calls` and `tool` results in their families' formats, which the front end parses back
-# (frontend/tool_calls.py: glm45 and hermes); `developer` is a system message. A call's
-# `arguments` reach the template as an object (the front end decodes OpenAI's JSON text).
+# Qwen's, GLM's and DeepSeek's templates also render `tools` (the request's function list),
+# assistant messages' `tool_calls` and `tool` results in their families' formats, which the front
+# end parses back (frontend/tool_calls.py: hermes, glm45, deepseek_v3); `developer` is a system
+# message. A call's `arguments` reach Qwen's and GLM's templates as an object (the front end
+# decodes OpenAI's JSON text), DeepSeek's as JSON text (its own template concatenates them; an
+# object is written as JSON here too).
 _TOOLS_INTRO = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
@@ -84,10 +86,26 @@ _MIXTRAL_TEMPLATE = (
     "{% endfor %}"
 )
 _DEEPSEEK_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}"
-    "{% if m['role'] == 'system' %}{{ m['content'] }}"
+    "{{ bos_token }}{% if tools %}## Tools\nYou may call functions to assist with the user query. "
+    "The functions:\n{% for t in tools %}{{ t | tojson }}{{ '\\n' }}{% endfor %}"
+    "To call functions, write:\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+    "{function-name}\n```json\n{arguments-json-object}\n```<｜tool▁call▁end｜>"
+    "<｜tool▁calls▁end｜>{{ '\\n\\n' }}{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] in ['system', 'developer'] %}{{ m['content'] }}"
     "{% elif m['role'] == 'user' %}<｜User｜>{{ m['content'] }}"
-    "{% elif m['role'] == 'assistant' %}<｜Assistant｜>{{ m['content'] }}<｜end▁of▁sentence｜>"
+    "{% elif m['role'] == 'assistant' %}<｜Assistant｜>{{ m['content'] }}"
+    "{% if m['tool_calls'] %}<｜tool▁calls▁begin｜>{% for c in m['tool_calls'] %}"
+    "{% set f = c['function'] if c['function'] is defined else c %}"
+    "{% if not loop.first %}{{ '\\n' }}{% endif %}<｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+    "{{ f['name'] }}{{ '\\n' }}```json{{ '\\n' }}"
+    "{{ f['arguments'] if f['arguments'] is string else f['arguments'] | tojson }}"
+    "{{ '\\n' }}```<｜tool▁call▁end｜>{% endfor %}<｜tool▁calls▁end｜>{% endif %}"
+    "<｜end▁of▁sentence｜>"
+    "{% elif m['role'] == 'tool' %}{% if loop.first or messages[loop.index0 - 1]['role'] != "
+    "'tool' %}<｜tool▁outputs▁begin｜>{% endif %}<｜tool▁output▁begin｜>{{ m['content'] }}"
+    "<｜tool▁output▁end｜>{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}"
+    "<｜tool▁outputs▁end｜>{% endif %}"
     "{% else %}{{ raise_exception('unknown role: ' + m['role']) }}{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}<｜Assistant｜>{% endif %}"
 )

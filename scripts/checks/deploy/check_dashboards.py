@@ -5,10 +5,10 @@ Usage: check_dashboards.py deploy
 
 No Grafana runs in CI, so this checks what Grafana would otherwise show as broken or misleading:
 valid JSON with a unique uid; the `datasource` variable (type prometheus) and the instance
-variables `router_instance` and `worker_instance`; every panel and every query bound to
+variables `router_instance`, `worker_instance` and `frontend_instance`; every panel and every query bound to
 ${datasource}; unique panel ids and query refIds; panels inside the 24-column grid and not
 overlapping; every query on router metrics filtered by $router_instance and on worker metrics by
-$worker_instance; every layer panel of a dashboard with a `layer` variable filtered by it;
+$worker_instance, on front-end metrics by $frontend_instance; every layer panel of a dashboard with a `layer` variable filtered by it;
 heatmaps fed by _bucket series in heatmap format. The provisioning files must point Grafana at
 these dashboards and at a Prometheus datasource.
 """
@@ -42,7 +42,7 @@ def check_dashboard(path, problems, uids):
     ds = variables.get("datasource")
     if not ds or ds.get("type") != "datasource" or ds.get("query") != "prometheus":
         fail("needs a `datasource` variable of type datasource, query prometheus")
-    for name in ("router_instance", "worker_instance"):
+    for name in ("router_instance", "worker_instance", "frontend_instance"):
         v = variables.get(name)
         if not v or v.get("datasource") != DS_REF or "instance" not in json.dumps(v.get("query")):
             fail(f"needs a `{name}` query variable over the instance label, bound to ${{datasource}}")
@@ -84,6 +84,8 @@ def check_dashboard(path, problems, uids):
                     fail(f"panel {title!r}: {m} not filtered by $router_instance")
                 if m.startswith("exl3_worker_") and "$worker_instance" not in expr:
                     fail(f"panel {title!r}: {m} not filtered by $worker_instance")
+                if m.startswith("exl3_frontend_") and "$frontend_instance" not in expr:
+                    fail(f"panel {title!r}: {m} not filtered by $frontend_instance")
                 if m == "up" and "$worker_instance" not in expr and "$router_instance" not in expr:
                     fail(f"panel {title!r}: up not filtered by an instance variable")
             if has_layer and "layer_latency_seconds" in expr and "$layer" not in expr:

@@ -1,22 +1,27 @@
 #!/usr/bin/env python3
 """Runs the compose stack's processes on loopback and checks the observability config against it.
 
-Usage: live_stack.py --build-dir BUILD_DIR --deploy deploy --doc docs/metrics.md [--keep DIR]
+Usage: live_stack.py --build-dir BUILD_DIR --deploy deploy --doc docs/metrics.md
+                     --frontend-venv VENV [--keep DIR]
 
 What it starts (all on 127.0.0.1, free ports, CPU backend, in a temporary directory):
   - a generated EXL3 test model (`exl3-tool make-test-model`, or the router tests'
     `exl3-test-model` where the tool lacks that subcommand), of the shape the CPU compose run uses;
   - two workers and a router with the exact flags of deploy/compose/docker-compose.yml (paths and
     addresses rewritten to loopback) and the expert map of deploy/compose/expert-map.cpu.yml;
+  - the front end (exl3serve-openai from --frontend-venv, a venv with the project's Python
+    package: scripts/lib/frontend_venv.sh) with the compose file's flags, on a tokenizer made for
+    the test model (exl3serve-make-tokenizer);
   - a real Prometheus (Debian's) with deploy/prometheus/prometheus.yml (targets rewritten,
     1 s scrape and rule evaluation) and the project's rule files;
-  - load from `exl3-loadgen`.
+  - load from `exl3-loadgen`, and HTTP completions through the front end.
 What it checks:
   0. The real router accepts every example expert map of deploy/ (compose, k8s base and
      overlays) against a model with GLM-5.3-Flash's expert layout, and refuses one with a gap.
   1. deploy/docker/grpc-health-check.sh reports the workers and then the router SERVING.
   2. Every metric name used by a dashboard panel, template variable, recording rule or alert
-     exists in the live /metrics of the router and the workers (check_metric_names.py --live).
+     exists in the live /metrics of the router, the workers and the front end
+     (check_metric_names.py --live).
   3. Prometheus scrapes all targets; its HTTP API returns non-empty per-layer latency series for
      every MoE layer (router and workers); every rule group evaluates without error and every
      recording rule returns data; every dashboard query runs and returns data.
@@ -279,12 +284,17 @@ def main():
     ap.add_argument("--load-seconds", type=float, default=12)
     ap.add_argument("--keep", help="keep logs and files in this directory")
     ap.add_argument("--kubectl", required=True, help="kubectl with kustomize (renders the k8s maps)")
+    ap.add_argument("--frontend-venv", required=True,
+                    help="a venv with the project's Python package (scripts/lib/frontend_venv.sh)")
     args = ap.parse_args()
     build = os.path.abspath(args.build_dir)
     deploy = os.path.abspath(args.deploy)
     for b in ("exl3-worker", "exl3-router", "exl3-loadgen", "exl3-tool"):
         if not os.path.exists(os.path.join(build, "bin", b)):
             fail(f"{build}/bin/{b} is missing: build the whole tree first")
+    for s in ("exl3serve-openai", "exl3serve-make-tokenizer"):
+        if not os.path.exists(os.path.join(args.frontend_venv, "bin", s)):
+            fail(f"{args.frontend_venv}/bin/{s} is missing: scripts/lib/frontend_venv.sh makes it")
     if problems:
         return 1
     tmp = args.keep or tempfile.mkdtemp(prefix="exl3-deploy-")
@@ -298,6 +308,64 @@ def main():
             shutil.rmtree(tmp, ignore_errors=True)
     log(f"done in {time.time() - t0:.1f} s, {len(problems)} problem(s)")
     return 1 if problems else 0
+
+
+def start_frontend(venv, compose, model, engine, tmp):
+    """The front end as deploy/compose/docker-compose.yml runs it (engine and listen address on
+    loopback ports), on a tokenizer made for the test model; returns its address, or None."""
+    r = subprocess.run([os.path.join(venv, "bin", "exl3serve-make-tokenizer"), "--model", model],
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        fail(f"exl3serve-make-tokenizer failed: {r.stderr.strip()[-1000:]}")
+        return None
+    addr = f"127.0.0.1:{free_port()}"
+    svc = compose["services"]["frontend"]
+    argv = [os.path.join(venv, "bin", "exl3serve-openai")] + compose_command(
+        svc, {listen_flag(svc, "--engine"): engine, "/models/model": model,
+              listen_flag(svc, "--listen"): addr})
+    start("frontend", argv, tmp)
+
+    def serving():
+        try:
+            return "ok" in http_get(f"http://{addr}/health", timeout=1)
+        except OSError:
+            return False
+    if not wait_for("front end healthy (/health)", serving, 60, tmp, "frontend"):
+        return None
+    log(f"front end serving on {addr}")
+    return addr
+
+
+class HttpLoad:
+    """Completions through the front end on a thread of its own until stop() (streamed and not,
+    one at a time), so its series have data."""
+
+    def __init__(self, addr):
+        import threading
+        self.url, self.done, self.errors = f"http://{addr}/v1/completions", 0, []
+        self.model = json.loads(http_get(f"http://{addr}/v1/models"))["data"][0]["id"]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        i = 0
+        while not self._stop.is_set():
+            body = json.dumps({"model": self.model, "prompt": f"load {i % 4}", "max_tokens": 4,
+                               "stream": bool(i % 2)}).encode()
+            req = urllib.request.Request(self.url, body, {"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    r.read()
+                self.done += 1
+            except OSError as e:
+                self.errors.append(str(e))
+                time.sleep(0.2)
+            i += 1
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(timeout=40)
 
 
 def run(args, build, deploy, tmp):
@@ -339,6 +407,9 @@ def run(args, build, deploy, tmp):
         return
     log("workers and router SERVING (checked with deploy/docker/grpc-health-check.sh)")
     check_tls_health(build, model, tmp)
+    fe_addr = start_frontend(args.frontend_venv, compose, model, f"127.0.0.1:{rgp}", tmp)
+    if fe_addr is None:
+        return
 
     # Prometheus with the project's config, targets on loopback.
     cfg = yaml.safe_load(open(os.path.join(deploy, "prometheus", "prometheus.yml")))
@@ -346,10 +417,10 @@ def run(args, build, deploy, tmp):
     cfg["global"]["evaluation_interval"] = "1s"
     cfg["rule_files"] = [os.path.join(deploy, "prometheus", r) for r in cfg["rule_files"]]
     pport = free_port()
-    # The front end does not run here (scripts/checks/frontend.sh and containers.sh run it).
-    cfg["scrape_configs"] = [j for j in cfg["scrape_configs"] if j["job_name"] != "exl3serve-openai"]
     for job in cfg["scrape_configs"]:
-        if job["job_name"] == "exl3-router":
+        if job["job_name"] == "exl3serve-openai":
+            job["static_configs"] = [{"targets": [fe_addr]}]
+        elif job["job_name"] == "exl3-router":
             job["static_configs"] = [{"targets": [f"127.0.0.1:{rmp}"]}]
         elif job["job_name"] == "exl3-worker":
             job["static_configs"] = [{"targets": [f"127.0.0.1:{ports[n][1]}" for n in ports]}]
@@ -373,12 +444,15 @@ def run(args, build, deploy, tmp):
     lg = start("loadgen", [os.path.join(build, "bin", "exl3-loadgen"), f"--target=127.0.0.1:{rgp}",
                            f"--model={model}", "--concurrency=2", "--tokens=4",
                            f"--duration={args.load_seconds}"], tmp)
+    http_load = HttpLoad(fe_addr)
     time.sleep(args.load_seconds / 2)
     # 2. Names against the live /metrics, fetched under load.
     live = []
-    for name, mp in [("router", rmp)] + [(n, ports[n][1]) for n in ports]:
+    scraped = [("router", f"127.0.0.1:{rmp}"), ("frontend", fe_addr)] + \
+        [(n, f"127.0.0.1:{ports[n][1]}") for n in ports]
+    for name, addr in scraped:
         path = os.path.join(tmp, f"{name}.metrics.txt")
-        open(path, "w").write(http_get(f"http://127.0.0.1:{mp}/metrics"))
+        open(path, "w").write(http_get(f"http://{addr}/metrics"))
         live.append(path)
     r = subprocess.run([sys.executable, os.path.join(HERE, "check_metric_names.py"), "--deploy", deploy,
                         "--doc", args.doc, "--live"] + live, capture_output=True, text=True)
@@ -401,6 +475,11 @@ def run(args, build, deploy, tmp):
     log("exl3-loadgen: " + (summary[-1] if summary else "(no summary line)"))
     if lg.returncode != 0:
         fail(f"exl3-loadgen exited with {lg.returncode}:\n{tail(tmp, 'loadgen')}")
+    http_load.stop()
+    log(f"HTTP completions through the front end: {http_load.done} answered, "
+        f"{len(http_load.errors)} failed")
+    if http_load.errors or not http_load.done:
+        fail("HTTP completions through the front end failed: " + "; ".join(http_load.errors[:3]))
     time.sleep(3)  # a few more scrapes and rule evaluations after the load
 
     # 3. Prometheus: targets, per-layer series, rules, dashboard queries.

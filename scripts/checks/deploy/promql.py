@@ -189,7 +189,7 @@ def dashboard_exprs(deploy_dir):
 def grafana_to_promql(text, rate_interval="30s"):
     """Replaces Grafana's variables by values a plain Prometheus accepts (all instances/layers)."""
     text = text.replace("$__rate_interval", rate_interval).replace("$__interval", rate_interval)
-    text = re.sub(r"\$\{?(router_instance|worker_instance|layer)\}?", ".*", text)
+    text = re.sub(r"\$\{?(router_instance|worker_instance|frontend_instance|layer)\}?", ".*", text)
     m = re.fullmatch(r"\s*label_values\(\s*(.+?)\s*,\s*([A-Za-z_][A-Za-z0-9_]*)\s*\)\s*", text)
     if m:
         text = f"group by ({m.group(2)}) ({m.group(1)})"

@@ -174,6 +174,12 @@ class CheckersOnBrokenCopiesTest(unittest.TestCase):
                                   "--doc", os.path.join(REPO, "docs", "metrics.md"))
             self.assertEqual(rc, 1)
             self.assertIn("metric exl3_worker_pinned_byte not found", out)
+        with BrokenCopy() as c:
+            c.edit("deploy/grafana/dashboards/exl3-overview.json",
+                   'exl3_frontend_engine_up{instance=~\\"$frontend_instance\\"}', "exl3_frontend_engine_up")
+            rc, out = run_checker("check_dashboards.py", c.deploy)
+            self.assertEqual(rc, 1)
+            self.assertIn("exl3_frontend_engine_up not filtered by $frontend_instance", out)
 
 
 def main():

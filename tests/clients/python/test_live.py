@@ -309,7 +309,7 @@ def test_logprobs(client, live):
     ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages"),
     ({"messages": HI, "tools": [{"type": "function", "function": {"name": ""}}]}, 400, "tools"),
     ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}],
-      "tool_choice": "required"}, 400, "tool_choice"),
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "tool_choice"),
 ])
 def test_bad_chat_requests(live, body, status, param):
     body = {"model": live.name, **body}

@@ -16,9 +16,10 @@ BOTH = [
     # Structured output this server does not do (what it does: test_structured_output.py).
     ("guided_decoding_backend", "outlines"),
     ("guided_whitespace_pattern", " "),
+    ("structured_outputs", {"whitespace_pattern": " "}),
+    # Structural tags without a format (or structures and triggers).
     ("structural_tag", "{}"),
     ("structured_outputs", {"structural_tag": "{}"}),
-    ("structured_outputs", {"whitespace_pattern": " "}),
     ("structured_outputs", "json"),
     ("response_format", {"type": "grammar"}),
     ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),

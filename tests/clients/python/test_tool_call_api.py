@@ -1,5 +1,6 @@
 """Tool calls through the real exl3serve-openai process, driven by the openai SDK, for each family
-whose chat template writes tool calls (Qwen's hermes format, GLM-4.5's tags). The engine is the
+whose chat template writes tool calls (Qwen's hermes format, GLM-4.5's tags, DeepSeek-V3's). The
+engine is the
 fake of fake_engine.py, so that the model's output can be chosen: each request's reply is the
 tokens of a text written in the family's format. A round trip (request -> tool_calls -> the tool's
 result -> the answer), streamed and not; the prompt the engine gets holds the tools, the call and
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from exl3serve.v1 import exl3serve_pb2 as pb
 
 import stack
 from exl3serve_client.frontend.text import ModelTokenizer
@@ -30,8 +32,19 @@ NOW = {"type": "function", "function": {"name": "now", "parameters": {"type": "o
 ASK = [{"role": "user", "content": "Weather in Zürich for 2 days?"}]
 
 
+def tool_result_text(family, content):
+    """A tool's result as the family's template renders it."""
+    if family == "deepseek_v3":
+        return f"<｜tool▁output▁begin｜>{content}<｜tool▁output▁end｜>"
+    return f"<tool_response>\n{content}\n</tool_response>"
+
+
 def call_text(family, name, arguments):
     """A call as the family's model writes it."""
+    if family == "deepseek_v3":
+        return ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>" + name +
+                "\n```json\n" + json.dumps(arguments, ensure_ascii=False) +
+                "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
     if family == "qwen3_moe":
         return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments},
                                             ensure_ascii=False) + "\n</tool_call>"
@@ -73,7 +86,7 @@ def _start(tmp, family, extra=()):
     return Fake(family, engine, fe, url, model), server
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "glm4_moe"])
+@pytest.fixture(scope="module", params=["qwen3_moe", "glm4_moe", "deepseek_v3"])
 def fake(request, tmp_path_factory):
     f, server = _start(tmp_path_factory.mktemp(f"tools-{request.param}"), request.param)
     yield f
@@ -120,7 +133,7 @@ def test_round_trip(fake):
     assert json.loads(call.function.arguments) == {"city": "Zürich", "days": 2}
     # The template got the tools.
     prompt = fake.last_prompt()
-    assert "<tools>" in prompt and '"name": "get_weather"' in prompt
+    assert ("<tools>" in prompt or "## Tools" in prompt) and '"name": "get_weather"' in prompt
     # The tool's result goes back; the model answers.
     messages = ASK + [choice.message.model_dump(exclude_none=True),
                       {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 °C"}]
@@ -131,7 +144,7 @@ def test_round_trip(fake):
     assert r2.choices[0].message.tool_calls is None
     prompt = fake.last_prompt()
     assert call_text(fake.family, "get_weather", {"city": "Zürich", "days": 2}) in prompt
-    assert "<tool_response>\nsunny, 21 °C\n</tool_response>" in prompt
+    assert tool_result_text(fake.family, "sunny, 21 °C") in prompt
 
 
 def test_round_trip_streamed(fake):
@@ -191,21 +204,32 @@ def test_developer_role_and_refusals(fake):
     assert r.choices[0].message.content == "ok"
     assert "Be terse." in fake.last_prompt()
     for choice in ["required", {"type": "function", "function": {"name": "now"}}]:
-        if fake.family == "glm4_moe":  # glm45's argument tags: not constrained yet
-            with pytest.raises(openai.BadRequestError) as e:
-                fake.client.chat.completions.create(model="fake", messages=ASK, tools=[NOW],
-                                                    tool_choice=choice)
-            assert e.value.body["param"] == "tool_choice"
-            assert "glm45" in e.value.body["message"]
-            continue
-        # hermes: the engine request carries the call's constraint, one alternative per function
-        # the answer may call (the fake engine answers what it is told, constraint or not).
+        # The engine request carries the call's constraint (the fake engine answers what it is
+        # told, constraint or not): hermes' tagged JSON, one alternative per function the answer
+        # may call; glm45's structural tag (test_tool_call_constraints.py runs both on models).
         r = fake.client.chat.completions.create(
             model="fake", messages=ASK, tools=[NOW, WEATHER], tool_choice=choice,
             extra_headers=fake.replies(call_text(fake.family, "now", {})))
         assert r.choices[0].finish_reason == "tool_calls"
         assert r.choices[0].message.tool_calls[0].function.name == "now"
         sampling = fake.engine.starts[-1].sampling
+        if fake.family == "deepseek_v3":
+            assert sampling.WhichOneof("constraint") == "structural_tag"
+            tag = sampling.structural_tag.json
+            assert "<｜tool▁call▁begin｜>function<｜tool▁sep｜>now" in tag
+            assert ("<｜tool▁sep｜>get_weather" in tag) == (choice == "required")
+            continue
+        if fake.family == "glm4_moe":
+            assert sampling.WhichOneof("constraint") == "structural_tag"
+            assert sampling.structural_tag.json_layout == pb.JSON_LAYOUT_COMPACT
+            tag = json.loads(sampling.structural_tag.json)
+            calls = tag["format"]["content"] if choice == "required" else tag["format"]
+            assert tag["format"]["type"] == ("plus" if choice == "required" else "sequence")
+            heads = [c["elements"][0]["value"] for c in calls["elements"]] \
+                if choice == "required" else [calls["elements"][0]["value"]]
+            assert heads == (["\n<tool_call>now", "\n<tool_call>get_weather"]
+                             if choice == "required" else ["\n<tool_call>now"])
+            continue
         assert sampling.WhichOneof("constraint") == "tagged_json"
         alternatives = sampling.tagged_json.alternatives
         names = [json.loads(a.json_schema)["properties"]["name"]["const"] for a in alternatives]
@@ -223,13 +247,12 @@ def test_developer_role_and_refusals(fake):
     with pytest.raises(openai.BadRequestError) as e:
         fake.client.chat.completions.create(model="fake", messages=ASK, tool_choice="required")
     assert e.value.body["param"] == "tool_choice" and "needs tools" in e.value.body["message"]
-    if fake.family == "qwen3_moe":
-        with pytest.raises(openai.BadRequestError) as e:
-            fake.client.chat.completions.create(model="fake", messages=ASK, tools=[NOW],
-                                                tool_choice="required",
-                                                response_format={"type": "json_object"})
-        assert "response_format" in e.value.body["message"]
-        assert "tool_choice" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        fake.client.chat.completions.create(model="fake", messages=ASK, tools=[NOW],
+                                            tool_choice="required",
+                                            response_format={"type": "json_object"})
+    assert "response_format" in e.value.body["message"]
+    assert "tool_choice" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
         fake.client.chat.completions.create(model="fake", messages=ASK,
                                             tools=[{"type": "function", "function": {}}])

@@ -8,17 +8,20 @@ import json
 
 import pytest
 
-from exl3serve_client.frontend.tool_calls import (CallArguments, CallStart, Content,
-                                                  ToolCallFormat, ToolCallParser,
+from exl3serve_client.frontend.tool_calls import (DS_CALL_BEGIN, DS_CALL_END, DS_CALLS_BEGIN,
+                                                  DS_CALLS_END, DS_SEP, CallArguments, CallStart,
+                                                  Content, ToolCallFormat, ToolCallParser,
                                                   template_tool_call_format, tool_call_format)
 from exl3serve_client.make_tokenizer import FAMILIES
 
 HERMES, GLM = ToolCallFormat.HERMES, ToolCallFormat.GLM45
+DS3, DS31 = ToolCallFormat.DEEPSEEK_V3, ToolCallFormat.DEEPSEEK_V31
 SCHEMAS = {
     "get_weather": {"type": "object", "properties": {
         "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"},
         "where": {"type": "object"}, "tags": {"type": ["array", "null"]}, "code": {"type": "string"}}},
     "now": {"type": "object", "properties": {}},
+    "enums": {"type": "object", "properties": {"n": {"enum": [1, 2]}, "s": {"enum": ["1", "2"]}}},
 }
 
 
@@ -90,6 +93,26 @@ CASES = [
     (GLM, "<tool_call>now\n</tool_call>\n<tool_call>now</tool_call>Done.", "Done.",
      [("now", {}), ("now", {})]),
     (GLM, "<tool_call>\n</tool_call>", "<tool_call>\n</tool_call>", []),
+    # An untyped property with a non-string enum: JSON; with string values only: text.
+    (GLM, "<tool_call>enums\n<arg_key>n</arg_key>\n<arg_value>2</arg_value>\n<arg_key>s</arg_key>"
+     "\n<arg_value>2</arg_value>\n</tool_call>", "", [("enums", {"n": 2, "s": "2"})]),
+    # DeepSeek-V3: calls in a block, each with its type, name and a ```json block.
+    (DS3, "Let me look." + DS_CALLS_BEGIN + DS_CALL_BEGIN + "function" + DS_SEP + "get_weather\n"
+     "```json\n{\"city\": \"Zürich ``` }\", \"days\": 2}\n```" + DS_CALL_END + "\n" + DS_CALL_BEGIN +
+     "function" + DS_SEP + "now\n```json\n{}\n```" + DS_CALL_END + DS_CALLS_END, "Let me look.",
+     [("get_weather", {"city": "Zürich ``` }", "days": 2}), ("now", {})]),
+    (DS3, "Plain text with <｜tool and ``` fences.", "Plain text with <｜tool and ``` fences.", []),
+    (DS3, DS_CALLS_BEGIN + DS_CALL_BEGIN + "not a head" + DS_CALL_END + DS_CALLS_END,
+     DS_CALL_BEGIN + "not a head" + DS_CALL_END, []),
+    # Cut off inside the arguments: the call, its arguments as far as they came.
+    (DS3, DS_CALLS_BEGIN + DS_CALL_BEGIN + "function" + DS_SEP + "get_weather\n```json\n{\"ci",
+     "", [("get_weather", None)]),
+    # DeepSeek-V3.1: the name, the separator, the arguments' JSON.
+    (DS31, "Sure. " + DS_CALLS_BEGIN + DS_CALL_BEGIN + "get_weather" + DS_SEP + '{"city": "Oslo",'
+     ' "days": 3}' + DS_CALL_END + DS_CALL_BEGIN + "now" + DS_SEP + "{}" + DS_CALL_END +
+     DS_CALLS_END, "Sure.", [("get_weather", {"city": "Oslo", "days": 3}), ("now", {})]),
+    (DS31, DS_CALLS_BEGIN + DS_CALL_BEGIN + "now" + DS_SEP + DS_CALL_END + DS_CALLS_END + " Done.",
+     "Done.", [("now", {})]),
 ]
 
 
@@ -132,13 +155,19 @@ def test_streamed_events_come_as_soon_as_they_are_decided():
 def test_formats_of_the_families_templates():
     by_family = {f.name: template_tool_call_format(f.template) for f in FAMILIES.values()}
     assert by_family == {"glm4_moe": GLM, "qwen3_moe": HERMES, "mixtral": None,
-                         "deepseek_v3": None}
+                         "deepseek_v3": DS3}
+    # DeepSeek-V3.1's own template: the name before the separator, no ```json block.
+    v31 = ("{{'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['function']['name'] + "
+           "'<｜tool▁sep｜>' + tool['function']['arguments'] + '<｜tool▁call▁end｜>'}}")
+    assert template_tool_call_format(v31) is DS31
+    assert tool_call_format("deepseek_v31", None) is DS31
     assert tool_call_format("auto", FAMILIES["Qwen3MoeForCausalLM"].template) is HERMES
     assert tool_call_format("glm45", None) is GLM
     assert tool_call_format("hermes", FAMILIES["Glm4MoeForCausalLM"].template) is HERMES
 
 
-@pytest.mark.parametrize("arch", ["Qwen3MoeForCausalLM", "Glm4MoeForCausalLM"])
+@pytest.mark.parametrize("arch", ["Qwen3MoeForCausalLM", "Glm4MoeForCausalLM",
+                                  "DeepseekV3ForCausalLM"])
 def test_the_templates_calls_parse_back(arch):
     """An assistant turn's calls as the family's template renders them are what the parser of
     the template's format makes of that text: the model is shown the format it is parsed in."""
@@ -154,7 +183,8 @@ def test_the_templates_calls_parse_back(arch):
                   {"role": "assistant", "content": "Looking.", "tool_calls": calls}],
         add_generation_prompt=False)
     assert whole.startswith(before)
-    answer = whole[len(before):].removesuffix("<|im_end|>\n")  # Qwen's end of the turn
+    # The turn's end: Qwen's, DeepSeek's.
+    answer = whole[len(before):].removesuffix("<|im_end|>\n").removesuffix("<｜end▁of▁sentence｜>")
     content, got = parse(template_tool_call_format(template), [answer])
     assert content == "Looking."
     assert [(n, json.loads(a)) for n, a in got] == \

@@ -1,6 +1,7 @@
 """`exl3serve-openai --workers 2` (frontend/workers.py): the important live tests of test_live.py
 again against a two-worker front end on the same engine, then what only several workers have:
-/metrics summing every worker (a killed one's counts kept, its open-request gauge gone), a dead
+/metrics summing every worker (a killed one's counts kept, its open-request gauge gone; vLLM's
+names: the request counts summed, the engine's gauges not), a dead
 worker restarted on the same address, the same /v1/models from every worker, SIGTERM draining an
 open stream and leaving no process behind, and no worker outliving a parent killed by SIGKILL."""
 
@@ -25,6 +26,8 @@ from test_live import (client, test_bad_bodies, test_bad_chat_requests,  # noqa:
                        test_chat_streaming_equals_not_streaming, test_curl,
                        test_disconnect_cancels_engine_request, test_health_and_metrics,
                        test_models, tok)
+from test_vllm_metrics import (test_vllm_engine_series_are_the_engines,  # noqa: F401
+                               test_vllm_request_series_follow_the_requests)
 
 WORKERS = ("--workers", "2")
 

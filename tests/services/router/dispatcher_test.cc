@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -288,6 +289,20 @@ class DispatcherTest : public ::testing::Test {
     dispatcher_.HandlerDone(c);
   }
 
+  // Makes `busy`'s queue one sub-request deep: a call of `expert` held there, sent there by
+  // taking `others` down meanwhile (an idle replica would take its turn otherwise). `busy` stays
+  // in kHold; the test answers the call (busy.AnswerAll()) when it is done.
+  std::shared_ptr<LayerCall> HoldOne(const std::shared_ptr<WorkerSet>& set, FakeLink& busy,
+                                     const std::vector<FakeLink*>& others, int32_t expert) {
+    for (FakeLink* o : others) o->set_up(false);
+    busy.set_mode(FakeLink::Mode::kHold);
+    auto c = MakeCall(set, {{expert}});
+    Run(c);
+    for (FakeLink* o : others) o->set_up(true);
+    EXPECT_EQ(busy.outstanding(), 1);
+    return c;
+  }
+
   // Waits (bounded) for `c` to end and returns what the end callback saw.
   Outcome Wait(const std::shared_ptr<LayerCall>& c, milliseconds timeout = milliseconds(5000)) {
     std::unique_lock<std::mutex> l(mu_);
@@ -418,34 +433,91 @@ TEST_F(DispatcherTest, SumsIntoTheCallersBufferWhateverItHeld) {
 TEST_F(DispatcherTest, ChoosesTheLeastLoadedReplicaAndSkipsDownWorkers) {
   auto a = Link("a"), a2 = Link("a2"), a3 = Link("a3");
   auto set = MakeSet({{a, {0, 1, 2, 3}}, {a2, {0, 1, 2, 3}}, {a3, {0, 1, 2, 3}}}, false);
-  a->set_mode(FakeLink::Mode::kHold);
-  auto busy = MakeCall(set, {{0}});  // goes to a (first of equals), held there
-  Run(busy);
-  ASSERT_EQ(a->outstanding(), 1);
+  auto busy = HoldOne(set, *a, {a2.get(), a3.get()}, 0);
   a2->set_up(false);
-  auto c = MakeCall(set, {{1}});
-  Run(c);
-  ExpectSum(*c, Wait(c));
+  for (int i = 0; i < 4; ++i) {  // whatever the turn: a3 is the only idle serving replica
+    auto c = MakeCall(set, {{i}});
+    Run(c);
+    ExpectSum(*c, Wait(c));
+  }
+  EXPECT_EQ(a->sent().size(), 1u);   // the busy call only
   EXPECT_EQ(a2->sent().size(), 0u);  // down
-  EXPECT_EQ(a3->sent().size(), 1u);  // fewer outstanding than a
+  EXPECT_EQ(a3->sent().size(), 4u);  // fewer outstanding than a
   a->AnswerAll();
   ExpectSum(*busy, Wait(busy));
 }
 
-TEST_F(DispatcherTest, PrefersAWorkerTheCallAlreadyUses) {
-  // Expert 5 is only on b; expert 1 on a and b: b takes both (one part), although a is idle and
-  // b is busier.
+TEST_F(DispatcherTest, SpreadsOneCallsExpertsOverAnExpertsReplicas) {
+  // Issue 30: a replica got no traffic at any load (the call's first worker took every expert it
+  // held). Two idle full replicas: the experts of one call alternate between them.
+  auto a = Link("a"), a2 = Link("a2");
+  auto set = MakeSet({{a, {0, 1, 2, 3}}, {a2, {0, 1, 2, 3}}}, false);
+  auto c = MakeCall(set, {{0, 1}, {2, 3}, {1, 0}});
+  Run(c);
+  ExpectSum(*c, Wait(c));
+  ASSERT_EQ(a->sent().size(), 1u);
+  ASSERT_EQ(a2->sent().size(), 1u);
+  auto experts_of = [](const pb::ExpertRequest& r) {
+    std::set<int32_t> e(r.expert_ids().begin(), r.expert_ids().end());
+    e.erase(-1);
+    return e;
+  };
+  const std::set<int32_t> on_a = experts_of(a->sent()[0]), on_a2 = experts_of(a2->sent()[0]);
+  EXPECT_EQ(on_a.size(), 2u);
+  EXPECT_EQ(on_a2.size(), 2u);
+  for (int32_t e : on_a) EXPECT_EQ(on_a2.count(e), 0u) << e;  // each expert computed once
+  EXPECT_EQ(c->fanout.size(), 2u);
+}
+
+TEST_F(DispatcherTest, EqualLoadsTakeTurnsAcrossCalls) {
+  // One expert per call, both replicas idle each time: they alternate.
+  auto a = Link("a"), a2 = Link("a2");
+  auto set = MakeSet({{a, {0, 1, 2, 3}}, {a2, {0, 1, 2, 3}}}, false);
+  for (int i = 0; i < 10; ++i) {
+    auto c = MakeCall(set, {{i % 4}});
+    Run(c);
+    ExpectSum(*c, Wait(c));
+  }
+  EXPECT_EQ(a->sent().size(), 5u);
+  EXPECT_EQ(a2->sent().size(), 5u);
+}
+
+TEST_F(DispatcherTest, AnExpertGoesToItsLessBusyReplicaEvenBesideACallsOtherPart) {
+  // Expert 5 is only on b; expert 1 on a and b; b is one deep: expert 1 goes to the idle a (a
+  // second part of the call, computed in parallel), where dispatch used to join b's part.
   auto a = Link("a"), b = Link("b");
   auto set = MakeSet({{a, {0, 1, 2, 3}}, {b, {1, 4, 5, 6, 7}}}, false);
-  b->set_mode(FakeLink::Mode::kHold);
-  Run(MakeCall(set, {{4}}));  // one outstanding on b
+  auto busy = HoldOne(set, *b, {}, 4);
   b->set_mode(FakeLink::Mode::kAnswerInline);
   auto c = MakeCall(set, {{5, 1}});
   Run(c);
   ExpectSum(*c, Wait(c));
-  EXPECT_EQ(a->sent().size(), 0u);
-  EXPECT_EQ(b->sent().size(), 2u);
-  EXPECT_EQ(c->fanout.size(), 1u);
+  ASSERT_EQ(a->sent().size(), 1u);
+  EXPECT_EQ(a->sent()[0].expert_ids(0), 1);
+  EXPECT_EQ(b->sent().size(), 2u);  // the busy call's part and expert 5
+  EXPECT_EQ(c->fanout.size(), 2u);
+  b->AnswerAll();
+  ExpectSum(*busy, Wait(busy));
+}
+
+TEST_F(DispatcherTest, ManyConcurrentCallsSplitEvenlyOverTwoReplicas) {
+  // Calls in flight together (the workers answer later): queue depth keeps the two replicas
+  // within one sub-request of each other.
+  auto a = Link("a"), a2 = Link("a2");
+  auto set = MakeSet({{a, {0, 1, 2, 3, 4, 5, 6, 7}}, {a2, {0, 1, 2, 3, 4, 5, 6, 7}}}, false);
+  a->set_mode(FakeLink::Mode::kHold);
+  a2->set_mode(FakeLink::Mode::kHold);
+  std::vector<std::shared_ptr<LayerCall>> calls;
+  for (int i = 0; i < 40; ++i) {
+    calls.push_back(MakeCall(set, {{i % 8}}));
+    Run(calls.back());
+    EXPECT_LE(std::abs(a->outstanding() - a2->outstanding()), 1) << i;
+  }
+  EXPECT_EQ(a->outstanding(), 20);
+  EXPECT_EQ(a2->outstanding(), 20);
+  a->AnswerAll();
+  a2->AnswerAll();
+  for (auto& c : calls) ExpectSum(*c, Wait(c));
 }
 
 TEST_F(DispatcherTest, SharedExpertOnAWorkerJoinsItsRoutedPart) {
@@ -454,12 +526,13 @@ TEST_F(DispatcherTest, SharedExpertOnAWorkerJoinsItsRoutedPart) {
   auto c = MakeCall(set, {{0}, {5}}, 5000, /*shared=*/true);
   Run(c);
   ExpectSum(*c, Wait(c));
-  // a holds routed expert 0 of the call and the shared expert: one part with every row.
+  // Both hold the shared expert and have a part of the call: it rides in one of those parts
+  // (every row), not in a part of its own.
   ASSERT_EQ(a->sent().size(), 1u);
-  EXPECT_TRUE(a->sent()[0].shared_expert());
-  EXPECT_EQ(a->sent()[0].hidden().shape(0), 2);
   ASSERT_EQ(s->sent().size(), 1u);
-  EXPECT_FALSE(s->sent()[0].shared_expert());
+  EXPECT_NE(a->sent()[0].shared_expert(), s->sent()[0].shared_expert());
+  const pb::ExpertRequest with_shared = a->sent()[0].shared_expert() ? a->sent()[0] : s->sent()[0];
+  EXPECT_EQ(with_shared.hidden().shape(0), 2);
 }
 
 // ---- failover ----
@@ -472,12 +545,12 @@ TEST_F(DispatcherTest, EachRetryableCodeFailsOverToAReplica) {
     auto set = MakeSet({{a, {0, 1, 2, 3}}, {a2, {0, 1, 2, 3}}}, false);
     a->set_mode(FakeLink::Mode::kFailInline, code);
     const double before = Failovers("a");
-    auto c = MakeCall(set, {{0, 3}, {1, 2}});
+    auto c = MakeCall(set, {{0, 3}, {1, 2}});  // two experts each (SpreadsOneCalls...)
     Run(c);
     Outcome o = Wait(c);
     EXPECT_EQ(o.ends, 1);
     ExpectSum(*c, o);
-    EXPECT_EQ(a2->sent().size(), 1u);
+    EXPECT_EQ(a2->sent().size(), 2u);  // its own part and a's
     EXPECT_EQ(Failovers("a"), before + 1);
   }
 }
@@ -486,7 +559,7 @@ TEST_F(DispatcherTest, ASendThatFailsFailsOver) {
   auto a = Link("a"), a2 = Link("a2");
   auto set = MakeSet({{a, {0, 1, 2, 3}}, {a2, {0, 1, 2, 3}}}, false);
   a->set_mode(FakeLink::Mode::kRefuse);  // its write queue is full
-  auto c = MakeCall(set, {{0}});
+  auto c = MakeCall(set, {{0, 1}});       // one expert each
   Run(c);
   ExpectSum(*c, Wait(c));
   EXPECT_EQ(Failovers("a"), 1);
@@ -495,14 +568,16 @@ TEST_F(DispatcherTest, ASendThatFailsFailsOver) {
 TEST_F(DispatcherTest, ANonRetryableCodeEndsTheCallNamingTheWorker) {
   auto a = Link("a"), a2 = Link("a2");
   auto set = MakeSet({{a, {0, 1, 2, 3}}, {a2, {0, 1, 2, 3}}}, false);
+  auto busy = HoldOne(set, *a2, {a.get()}, 1);  // the call goes to a
   a->set_mode(FakeLink::Mode::kFailInline, absl::StatusCode::kInvalidArgument);
   auto c = MakeCall(set, {{0}});
   Run(c);
   Outcome o = Wait(c);
   EXPECT_EQ(o.status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(o.status.message().find("worker a"), std::string::npos) << o.status;
-  EXPECT_EQ(a2->sent().size(), 0u);
+  EXPECT_EQ(a2->sent().size(), 1u);  // the busy call only
   EXPECT_EQ(Failovers("a"), 0);
+  a2->AnswerAll();
 }
 
 // A link whose worker answers OK with an output of the wrong shape (3 columns).
@@ -625,8 +700,10 @@ TEST_F(DispatcherTest, AFailureAfterTheDeadlineIsNotRetried) {
   auto a = Link("a"), a2 = Link("a2");
   auto set = MakeSet({{a, {0, 1, 2, 3}}, {a2, {0, 1, 2, 3}}}, false);
   a->set_mode(FakeLink::Mode::kHold);
+  a2->set_up(false);  // the call goes to a
   auto c = MakeCall(set, {{0}}, /*deadline_ms=*/30);
   Run(c);
+  a2->set_up(true);
   std::this_thread::sleep_for(milliseconds(40));
   a->FailAll(absl::StatusCode::kUnavailable);
   Outcome o = Wait(c);
@@ -638,13 +715,15 @@ TEST_F(DispatcherTest, AFailureAfterTheDeadlineIsNotRetried) {
 TEST_F(DispatcherTest, AWorkerDeadlineIsTheCallsDeadline) {
   auto a = Link("a"), a2 = Link("a2");
   auto set = MakeSet({{a, {0, 1, 2, 3}}, {a2, {0, 1, 2, 3}}}, false);
+  auto busy = HoldOne(set, *a2, {a.get()}, 1);  // the call goes to a
   a->set_mode(FakeLink::Mode::kFailInline, absl::StatusCode::kDeadlineExceeded);
   auto c = MakeCall(set, {{0}});
   Run(c);
   Outcome o = Wait(c);
   EXPECT_EQ(o.status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(o.status.message().find(": worker a: "), std::string::npos) << o.status;
-  EXPECT_EQ(a2->sent().size(), 0u);  // not retryable
+  EXPECT_EQ(a2->sent().size(), 1u);  // the busy call only: not retryable
+  a2->AnswerAll();
 }
 
 // ---- frozen and dying links ----

@@ -9,7 +9,9 @@ recurrent state rolls back to the accepted drafts, the k-pooled indexer, hyper-c
 family that cannot verify drafts (DeepSeek-V4) is refused at start by name. With
 --speculative-method mtp on the GLM-4 MoE MTP fixture (tests/fixtures/engine/glm4_moe_mtp) the
 checkpoint's MTP head drafts: transformers' greedy tokens and a plain router's sampled ones,
-experts in process and on two workers; a checkpoint without the MTP layer is refused by name."""
+experts in process and on two workers; a checkpoint without the MTP layer is refused by name.
+The same with GLM-5.3-Flash's and Qwen4-Exp's MTP fixtures (tests/fixtures/engine/glm5_next_mtp,
+qwen4_exp_mtp)."""
 
 import concurrent.futures
 import os
@@ -77,6 +79,20 @@ class GenerateSpeculativeTest(FixtureGenerateTest):
               f"{drafts:.0f} draft tokens, {accepted:.0f} accepted, {first:.0f} at position 0")
         self.assertLess(accepted, drafts)  # and some rejected
         self.assertGreater(first, 0)
+        # Generator.EngineStats (what the front end shows as vllm:spec_decode_*): the engine's
+        # totals, which the metrics above reach at their next refresh (every 250 ms).
+        st = spec_stub.EngineStats(pb.EngineStatsRequest(), timeout=5)
+        self.assertGreater(st.num_speculative_tokens, 0)
+        self.assertEqual(len(st.spec_decode_num_accepted_tokens_per_pos), st.num_speculative_tokens)
+        m = wait_for(lambda: (m := scrape(router.metrics))[
+            "exl3_engine_spec_decode_num_drafts_total"] == st.spec_decode_num_drafts and m, 5,
+            "the metrics refreshed to the engine's totals")
+        self.assertEqual(st.spec_decode_num_draft_tokens,
+                         m["exl3_engine_spec_decode_num_draft_tokens_total"])
+        self.assertEqual(st.spec_decode_num_accepted_tokens,
+                         m["exl3_engine_spec_decode_num_accepted_tokens_total"])
+        self.assertEqual(st.spec_decode_num_accepted_tokens_per_pos[0],
+                         m['exl3_engine_spec_decode_num_accepted_tokens_per_pos_total{position="0"}'])
 
     def test_experts_in_process(self):
         plain = self.c.start_router(with_map=False)
@@ -242,6 +258,38 @@ class GenerateMtpTest(FixtureGenerateTest):
             self.c.start_router(extra=MTP, with_map=False)
         self.assertRegex(str(e.exception), r"speculative method mtp refused for Glm4MoeForCausalLM: "
                                            r"Glm4MoeForCausalLM checkpoint has no MTP layer")
+
+
+class GenerateMtpGlm5NextTest(GenerateMtpTest):
+    """The cases above on GLM-5.3-Flash's MTP fixture (tests/fixtures/engine/glm5_next_mtp): its
+    MTP layer drafts from the hyper-connected streams' collapsed, normed state; the model's KDA
+    layers roll back to the accepted drafts."""
+
+    FIXTURE = os.path.join(FIXTURES, "glm5_next_mtp")
+
+    def test_model_without_head_refused(self):
+        self.c = Cluster(model=os.path.join(FIXTURES, "glm5_next_all"))
+        self.addCleanup(self.c.stop)
+        with self.assertRaises(ProcessExited) as e:
+            self.c.start_router(extra=MTP, with_map=False)
+        self.assertRegex(str(e.exception), r"speculative method mtp refused for Glm5NextForConditionalGeneration: "
+                                           r"Glm5NextForConditionalGeneration checkpoint has no MTP layer")
+
+
+class GenerateMtpQwen4ExpTest(GenerateMtpTest):
+    """The cases above on Qwen4-Exp's MTP fixture (tests/fixtures/engine/qwen4_exp_mtp): its MTP
+    head drafts from the model's gated-residual streams; DeltaNet and PLE states roll back."""
+
+    FIXTURE = os.path.join(FIXTURES, "qwen4_exp_mtp")
+
+    def test_model_without_head_refused(self):
+        self.c = Cluster(model=os.path.join(FIXTURES, "qwen4_exp_all"))
+        self.addCleanup(self.c.stop)
+        with self.assertRaises(ProcessExited) as e:
+            self.c.start_router(extra=MTP, with_map=False)
+        self.assertRegex(str(e.exception), r"speculative method mtp refused for Qwen4ExpForConditionalGeneration: "
+                                           r"Qwen4ExpForConditionalGeneration checkpoint has no MTP head of the "
+                                           r"Qwen4-Exp design")
 
 
 if __name__ == "__main__":

@@ -317,6 +317,38 @@ class GenerateSystemTest(unittest.TestCase):
         wait_for(lambda: running() == 0 and kv() == 0, 10,
                  "the closed channel's sequence to leave the engine and free its blocks")
 
+    def test_engine_stats(self):
+        """Generator.EngineStats answers the engine's state: a running sequence and its KV blocks
+        while it runs, nothing after; its totals equal the engine's own metrics (prefix cache);
+        no speculative counters without a speculative method."""
+        stats = lambda: self.stub.EngineStats(pb.EngineStatsRequest(), timeout=5)  # noqa: E731
+        idle = stats()
+        self.assertEqual((idle.num_requests_running, idle.num_requests_waiting), (0, 0))
+        self.assertEqual(idle.kv_cache_usage, 0)
+        long = pb.GenerateRequest(prompt_token_ids=PROMPTS[1], max_tokens=3000, ignore_eos=True)
+        call = self.stub.Generate(long, timeout=60)
+        next(call)  # the sequence runs
+        wait_for(lambda: stats().num_requests_running == 1, 5, "EngineStats: one running")
+        busy = stats()
+        self.assertGreater(busy.kv_cache_usage, 0)
+        self.assertLessEqual(busy.kv_cache_usage, 1)
+        call.cancel()
+        wait_for(lambda: stats().num_requests_running == 0 and stats().kv_cache_usage == 0, 10,
+                 "EngineStats: the cancelled sequence gone")
+        for _ in range(2):  # the same prompt twice: the second is found in the prefix cache
+            generate(self.stub, PROMPTS[1], max_tokens=1)
+        wait_for(lambda: stats().prefix_cache_queried_tokens ==
+                 scrape(self.embedded.metrics, "exl3_engine_prefix_cache_queries_total") and
+                 stats().prefix_cache_hit_tokens ==
+                 scrape(self.embedded.metrics, "exl3_engine_prefix_cache_hits_total"), 5,
+                 "EngineStats' prefix cache totals equal the engine's metrics")
+        s = stats()
+        self.assertGreater(s.prefix_cache_hit_tokens, 0)
+        self.assertEqual(s.num_preemptions,
+                         scrape(self.embedded.metrics, "exl3_engine_num_preemptions_total"))
+        self.assertEqual(s.num_speculative_tokens, 0)
+        self.assertEqual(list(s.spec_decode_num_accepted_tokens_per_pos), [])
+
     def test_kv_capacity_and_request_limit(self):
         """A prompt beyond the whole KV cache is INVALID_ARGUMENT; more unfinished requests than
         --max-pending-requests is RESOURCE_EXHAUSTED, at once, and the held requests go on."""
@@ -688,6 +720,35 @@ class GenerateSystemTest(unittest.TestCase):
             call.wait(lambda c: c.status is not None, 10, "the call's end")
             self.assertEqual(call.status, grpc.StatusCode.INVALID_ARGUMENT, bad)
             wait_for(lambda: running() == 0, 10, "the call's request to leave the engine")
+
+    def test_replicas_share_the_load(self):
+        """b2 replicates b (experts 4-7): under concurrent requests both compute sub-requests (each
+        worker's own exl3_worker_requests_total), and the tokens are those of the router alone."""
+        self.c.start_workers(("a", "b", "b2"))
+        r = self.c.start_router()
+        stub = pbg.GeneratorStub(grpc.insecure_channel(r.address))
+        wait_for(lambda: stub.DescribeModel(pb.DescribeModelRequest(), timeout=2).experts ==
+                 "workers" and generate(stub, [1], max_tokens=1), 30, "router with workers ready")
+        metrics = {n: self.c.workers[n].wait_for_log(r"serving on \S+, metrics on (\S+)").group(1)
+                   for n in ("a", "b", "b2")}
+
+        def answered(name):
+            text = urllib.request.urlopen(f"http://{metrics[name]}/metrics",
+                                          timeout=5).read().decode()
+            return sum(float(v) for v in
+                       re.findall(r"^exl3_worker_requests_total\{[^}]*\} (\S+)$", text, re.M))
+        before = {n: answered(n) for n in metrics}
+        with concurrent.futures.ThreadPoolExecutor(8) as ex:
+            futs = [ex.submit(generate, stub, PROMPTS[i % 4]) for i in range(16)]
+            got = [f.result(timeout=120) for f in futs]
+        for i, g in enumerate(got):
+            self.assertEqual(g[0], self.expected[i % 4][0], i)
+        done = {n: answered(n) - before[n] for n in metrics}
+        print(f"\nsub-requests answered under 16 concurrent requests: {done}", file=sys.stderr)
+        self.assertGreater(done["b"], 0)
+        self.assertGreater(done["b2"], 0)
+        # Spread, not a trickle: the replicas share experts 4-7's sub-requests within a factor 3.
+        self.assertLess(max(done["b"], done["b2"]), 3 * min(done["b"], done["b2"]), done)
 
     def test_workers_give_the_same_tokens_and_survive_faults(self):
         # One case: the workers are started once, and the faults run last.

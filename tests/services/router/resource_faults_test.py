@@ -97,7 +97,14 @@ class ModelFileTruncatedTest(ClusterCase):
             self.assertTrue(a.alive(), f"worker a died (exit status {a.p.poll()}) after its files were "
                                        f"truncated:\n{a.text()[-2000:]}")
             self.assertEqual(r.status.code, pb.OK, f"{ids}: {r.status.message}")
-            self.assertEqual(r.output.data, before[ids].output.data, f"{ids}: another answer after the truncation")
+            if ids != (4, 5):  # a's experts: the same bits from the copy made at load
+                self.assertEqual(r.output.data, before[ids].output.data,
+                                 f"{ids}: another answer after the truncation")
+            else:  # on b and its replica b2: the router may split them differently each time,
+                # which changes the order of the fp32 partial sums (docs/router.md, "Dispatch")
+                np.testing.assert_allclose(np.frombuffer(r.output.data, np.float32),
+                                           np.frombuffer(before[ids].output.data, np.float32),
+                                           rtol=1e-5, atol=1e-6, err_msg=f"{ids}")
         a.wait_for_log(r"model file \S+model-00001-of-00002\.safetensors changed after the load: "
                        r"size \d+ -> 0 bytes", timeout=5)
         wait_for(lambda: metric(a, "exl3_worker_model_files_changed") == len(shards), 5,

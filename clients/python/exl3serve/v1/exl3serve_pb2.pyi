@@ -56,6 +56,11 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_ABORT: _ClassVar[FinishReason]
     FINISH_REASON_ERROR: _ClassVar[FinishReason]
+
+class JsonLayout(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JSON_LAYOUT_FREE_WHITESPACE: _ClassVar[JsonLayout]
+    JSON_LAYOUT_COMPACT: _ClassVar[JsonLayout]
 DTYPE_UNSPECIFIED: DType
 DTYPE_FP32: DType
 DTYPE_FP16: DType
@@ -91,6 +96,8 @@ FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_ABORT: FinishReason
 FINISH_REASON_ERROR: FinishReason
+JSON_LAYOUT_FREE_WHITESPACE: JsonLayout
+JSON_LAYOUT_COMPACT: JsonLayout
 
 class Tensor(_message.Message):
     __slots__ = ("dtype", "shape", "data")
@@ -373,7 +380,7 @@ class RouterDescribeResponse(_message.Message):
     def __init__(self, model: _Optional[_Union[ModelIdentity, _Mapping]] = ..., workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., unserved_experts: _Optional[int] = ..., versions: _Optional[_Union[Versions, _Mapping]] = ..., state: _Optional[_Union[ServingState, str]] = ..., cancel_supported: _Optional[bool] = ..., shared_expert: _Optional[str] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "logprobs", "logit_bias", "json_schema", "json_object", "regex", "grammar", "choice", "tagged_json")
+    __slots__ = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "logprobs", "logit_bias", "json_schema", "json_object", "regex", "grammar", "choice", "tagged_json", "structural_tag", "constraint_after_reasoning")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -397,6 +404,8 @@ class SamplingParams(_message.Message):
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     CHOICE_FIELD_NUMBER: _ClassVar[int]
     TAGGED_JSON_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURAL_TAG_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_AFTER_REASONING_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
@@ -413,7 +422,27 @@ class SamplingParams(_message.Message):
     grammar: str
     choice: ChoiceConstraint
     tagged_json: TaggedJsonConstraint
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., logprobs: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., choice: _Optional[_Union[ChoiceConstraint, _Mapping]] = ..., tagged_json: _Optional[_Union[TaggedJsonConstraint, _Mapping]] = ...) -> None: ...
+    structural_tag: StructuralTagConstraint
+    constraint_after_reasoning: ReasoningBlock
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., logprobs: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., choice: _Optional[_Union[ChoiceConstraint, _Mapping]] = ..., tagged_json: _Optional[_Union[TaggedJsonConstraint, _Mapping]] = ..., structural_tag: _Optional[_Union[StructuralTagConstraint, _Mapping]] = ..., constraint_after_reasoning: _Optional[_Union[ReasoningBlock, _Mapping]] = ...) -> None: ...
+
+class StructuralTagConstraint(_message.Message):
+    __slots__ = ("json", "json_layout")
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    JSON_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    json: str
+    json_layout: JsonLayout
+    def __init__(self, json: _Optional[str] = ..., json_layout: _Optional[_Union[JsonLayout, str]] = ...) -> None: ...
+
+class ReasoningBlock(_message.Message):
+    __slots__ = ("start", "end", "output_starts_inside")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_STARTS_INSIDE_FIELD_NUMBER: _ClassVar[int]
+    start: str
+    end: str
+    output_starts_inside: bool
+    def __init__(self, start: _Optional[str] = ..., end: _Optional[str] = ..., output_starts_inside: _Optional[bool] = ...) -> None: ...
 
 class ChoiceConstraint(_message.Message):
     __slots__ = ("choices",)
@@ -588,3 +617,33 @@ class DescribeModelResponse(_message.Message):
     versions: Versions
     state: ServingState
     def __init__(self, model: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., kv_capacity_tokens: _Optional[int] = ..., kv_block_size: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., experts: _Optional[str] = ..., versions: _Optional[_Union[Versions, _Mapping]] = ..., state: _Optional[_Union[ServingState, str]] = ...) -> None: ...
+
+class EngineStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EngineStatsResponse(_message.Message):
+    __slots__ = ("num_requests_running", "num_requests_waiting", "kv_cache_usage", "num_preemptions", "prefix_cache_queried_tokens", "prefix_cache_hit_tokens", "num_speculative_tokens", "spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens", "spec_decode_num_accepted_tokens_per_pos")
+    NUM_REQUESTS_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    NUM_REQUESTS_WAITING_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
+    NUM_PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_QUERIED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_DECODE_NUM_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_DECODE_NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_DECODE_NUM_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS_FIELD_NUMBER: _ClassVar[int]
+    num_requests_running: int
+    num_requests_waiting: int
+    kv_cache_usage: float
+    num_preemptions: int
+    prefix_cache_queried_tokens: int
+    prefix_cache_hit_tokens: int
+    num_speculative_tokens: int
+    spec_decode_num_drafts: int
+    spec_decode_num_draft_tokens: int
+    spec_decode_num_accepted_tokens: int
+    spec_decode_num_accepted_tokens_per_pos: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, num_requests_running: _Optional[int] = ..., num_requests_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., num_preemptions: _Optional[int] = ..., prefix_cache_queried_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ..., num_speculative_tokens: _Optional[int] = ..., spec_decode_num_drafts: _Optional[int] = ..., spec_decode_num_draft_tokens: _Optional[int] = ..., spec_decode_num_accepted_tokens: _Optional[int] = ..., spec_decode_num_accepted_tokens_per_pos: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -248,6 +248,11 @@ class GeneratorStub(object):
                 request_serializer=exl3serve_dot_v1_dot_exl3serve__pb2.DescribeModelRequest.SerializeToString,
                 response_deserializer=exl3serve_dot_v1_dot_exl3serve__pb2.DescribeModelResponse.FromString,
                 )
+        self.EngineStats = channel.unary_unary(
+                '/exl3serve.v1.Generator/EngineStats',
+                request_serializer=exl3serve_dot_v1_dot_exl3serve__pb2.EngineStatsRequest.SerializeToString,
+                response_deserializer=exl3serve_dot_v1_dot_exl3serve__pb2.EngineStatsResponse.FromString,
+                )
 
 
 class GeneratorServicer(object):
@@ -292,6 +297,14 @@ class GeneratorServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EngineStats(self, request, context):
+        """The engine's scheduler state and totals now, as its own metrics have them (docs/metrics.md,
+        "Engine"): for a front end that shows them on its /metrics (vLLM's names).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GeneratorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -309,6 +322,11 @@ def add_GeneratorServicer_to_server(servicer, server):
                     servicer.DescribeModel,
                     request_deserializer=exl3serve_dot_v1_dot_exl3serve__pb2.DescribeModelRequest.FromString,
                     response_serializer=exl3serve_dot_v1_dot_exl3serve__pb2.DescribeModelResponse.SerializeToString,
+            ),
+            'EngineStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.EngineStats,
+                    request_deserializer=exl3serve_dot_v1_dot_exl3serve__pb2.EngineStatsRequest.FromString,
+                    response_serializer=exl3serve_dot_v1_dot_exl3serve__pb2.EngineStatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -373,5 +391,22 @@ class Generator(object):
         return grpc.experimental.unary_unary(request, target, '/exl3serve.v1.Generator/DescribeModel',
             exl3serve_dot_v1_dot_exl3serve__pb2.DescribeModelRequest.SerializeToString,
             exl3serve_dot_v1_dot_exl3serve__pb2.DescribeModelResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def EngineStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/exl3serve.v1.Generator/EngineStats',
+            exl3serve_dot_v1_dot_exl3serve__pb2.EngineStatsRequest.SerializeToString,
+            exl3serve_dot_v1_dot_exl3serve__pb2.EngineStatsResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -92,9 +92,12 @@ class Frontend:
 
     def __init__(self, cfg: FrontendConfig) -> None:
         self.cfg = cfg
-        self.metrics = FrontendMetrics()
         model_cfg_path = cfg.model_dir / "config.json"
         model_cfg = json.loads(model_cfg_path.read_text()) if model_cfg_path.exists() else {}
+        # vLLM's token-count buckets go up to the context (the engine's, once it says, may only
+        # be smaller: Engine.max_context).
+        context = int(model_cfg.get("max_position_embeddings") or 0) or 4096
+        self.metrics = FrontendMetrics(min(context, cfg.max_model_len or context))
         self.engine = Engine(cfg.engine, cfg.engine_calls, cfg.health_cache_s, self.metrics,
                              model_dir_name=cfg.model_dir.resolve().name,
                              config_max_context=int(model_cfg.get("max_position_embeddings") or 0),
@@ -391,6 +394,7 @@ def create_app(cfg: FrontendConfig) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
+        await fe.engine.refresh_stats()  # the engine's state under vLLM's names
         return Response(generate_latest(fe.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

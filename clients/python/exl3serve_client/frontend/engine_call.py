@@ -22,6 +22,7 @@ from .metrics import FrontendMetrics
 from .protocol import CLIENT_CLOSED_REQUEST, APIError, FinishReason
 from .text import Detokenizer, StopMatcher
 from .validation import PreparedRequest
+from .vllm_metrics import VllmRequest
 
 # gRPC status -> HTTP status of the answer.
 _HTTP_OF = {
@@ -114,6 +115,17 @@ class Engine:
             self.mark(False)
         return self.up
 
+    async def refresh_stats(self) -> None:
+        """Asks the engine for its state (Generator.EngineStats) for the scrape under way: vLLM's
+        engine series show its answer, or are left out when it does not answer within a second."""
+        stats = None
+        if self.client is not None:
+            try:
+                stats = await self.client.engine_stats(timeout=1.0)
+            except Exception:  # away, or an engine without EngineStats: no engine series
+                stats = None
+        self.metrics.engine_stats.update(stats, self.model_name())
+
     async def need(self) -> None:
         """Refuses (503) while the engine is away."""
         if not self.up and not await self.check(force=True):
@@ -183,11 +195,12 @@ class EngineCall:
     away."""
 
     def __init__(self, engine: Engine, call: GenerateCall, first: Any,
-                 watcher: asyncio.Task) -> None:
+                 watcher: asyncio.Task, vllm: VllmRequest) -> None:
         self.engine = engine
         self.call = call
         self.first = first
         self.watcher = watcher
+        self.vllm = vllm  # the request in vLLM's series: message() per engine message
 
     @classmethod
     async def start_all(cls, engine: Engine, req: PreparedRequest, receive: Any,
@@ -196,7 +209,8 @@ class EngineCall:
         refuses one, the others are cancelled and the refusal raised."""
         if engine.calls is None:
             raise APIError(503, "the engine is not connected")
-        calls = [engine.calls.call(r, timeout=timeout_s) for r in req.choice_requests()]
+        requests = req.choice_requests()
+        calls = [engine.calls.call(r, timeout=timeout_s) for r in requests]
         watcher = asyncio.ensure_future(_watch_disconnect(receive, calls))
         try:
             if len(calls) == 1:
@@ -214,7 +228,11 @@ class EngineCall:
                 c.cancel()
             raise
         engine.mark(True)
-        return [cls(engine, c, first, watcher) for c, first in zip(calls, firsts)]
+        vllm, model = engine.metrics.vllm, engine.model_name()
+        # A prompt's `n` is counted once, by its first choice (vLLM counts the parent request).
+        return [cls(engine, c, first, watcher,
+                    vllm.request(model, req.started, r, req.n if i % req.n == 0 else None))
+                for i, (c, first, r) in enumerate(zip(calls, firsts, requests))]
 
     @property
     def client_gone(self) -> bool:
@@ -225,6 +243,7 @@ class EngineCall:
         """Ends the call (and the request's watcher: close every choice's call together)."""
         self.watcher.cancel()
         self.call.cancel()
+        self.vllm.close()
 
     async def failed(self, finish: pb.FinishReason) -> APIError:
         """The answer's error for a message that ends the request with `finish` (abort, error):
@@ -244,7 +263,9 @@ class EngineCall:
             if ended:
                 text += detok.finish()
             text = stop.push(text, final=ended)
-            metrics.generation_tokens.inc(len(resp.tokens))
+            k = len(resp.tokens)
+            metrics.generation_tokens.inc(k)
+            self.vllm.message(resp, k, stop.stopped)
             if stop.stopped:
                 self.call.cancel()
                 yield Piece(text, list(resp.tokens), FinishReason.STOP, resp.prompt_logprobs)

@@ -25,6 +25,8 @@ from typing import Any, Optional, Union
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from .vllm_metrics import EngineStatsCollector, VllmMetrics
+
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 _ITL_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
@@ -60,10 +62,12 @@ class PendingCount:
 class PendingHistogram:
     """A histogram series' observations held in the process (a count per bucket and their sum)
     until PerTokenSeries.flush adds them to the series' values: bucket i counts the observations
-    at most its bound and above the one before, as Histogram.observe counts them."""
+    at most its bound and above the one before, as Histogram.observe counts them. `mirror`: a
+    series of another histogram with the same buckets that gets the same observations (a metric
+    under two names) for the cost of one."""
 
-    def __init__(self, child: Any, series: "PerTokenSeries") -> None:
-        self._child = child
+    def __init__(self, child: Any, series: "PerTokenSeries", mirror: Any = None) -> None:
+        self._children = [child] if mirror is None else [child, mirror]
         self._series = series
         self._bounds = list(child._upper_bounds)  # the last is +Inf
         self._counts = [0] * len(self._bounds)
@@ -77,10 +81,11 @@ class PendingHistogram:
 
     def flush(self) -> None:
         if any(self._counts):
-            self._child._sum.inc(self._sum)
-            for bucket, n in zip(self._child._buckets, self._counts):
-                if n:
-                    bucket.inc(n)
+            for child in self._children:
+                child._sum.inc(self._sum)
+                for bucket, n in zip(child._buckets, self._counts):
+                    if n:
+                        bucket.inc(n)
             self._counts = [0] * len(self._bounds)
             self._sum = 0.0
 
@@ -117,7 +122,10 @@ class PerTokenSeries:
 
 
 class FrontendMetrics:
-    def __init__(self) -> None:
+    """The front end's own series (exl3_frontend_*) and vLLM's (vllm, frontend/vllm_metrics.py;
+    `max_model_len` bounds their token-count buckets)."""
+
+    def __init__(self, max_model_len: int = 4096) -> None:
         r = CollectorRegistry()  # this process's metrics
         multiproc_dir = os.environ.get(MULTIPROC_DIR_ENV)
         # What /metrics serves: this process's metrics, or every worker's (summed) from the files.
@@ -128,6 +136,10 @@ class FrontendMetrics:
             self.registry = CollectorRegistry()
             self.registry.register(self.per_token)
             MultiProcessCollector(self.registry, path=multiproc_dir)
+        # The engine's state under vLLM's names: straight from the engine at each scrape, never in
+        # the multiprocess files (frontend/vllm_metrics.py says why).
+        self.engine_stats = EngineStatsCollector()
+        self.registry.register(self.engine_stats)
         self.requests = Counter("exl3_frontend_requests", "HTTP generation requests answered, by "
                                 "endpoint and HTTP status (499: the client went away)",
                                 ["endpoint", "status"], registry=r)
@@ -163,6 +175,17 @@ class FrontendMetrics:
         self.generation_tokens = PendingCount(generation_tokens, self.per_token)
         self.itl_of = {ep: PendingHistogram(self.itl.labels(ep), self.per_token) for ep in ENDPOINTS}
         self.per_token.items = [self.generation_tokens, *self.itl_of.values()]
+        self.vllm = VllmMetrics(r, max_model_len, self._pending_histogram, self._pending_count)
+
+    def _pending_histogram(self, child: Any, mirror: Any = None) -> PendingHistogram:
+        h = PendingHistogram(child, self.per_token, mirror)
+        self.per_token.items.append(h)
+        return h
+
+    def _pending_count(self, child: Any) -> PendingCount:
+        c = PendingCount(child, self.per_token)
+        self.per_token.items.append(c)
+        return c
 
 
 class TokenClock:

@@ -44,10 +44,6 @@ class Unsupported:
     no_ops: tuple[Any, ...] = ()
 
 
-# Constraints this server does not compile (the ones it does: structured_output.py).
-_CONSTRAINED = Unsupported("this kind of constraint is not supported: json_schema, json_object, "
-                           "regex, choice and grammar are (response_format, structured_outputs, "
-                           "guided_json, guided_regex, guided_choice, guided_grammar)")
 _BEAM = Unsupported("beam search is not supported", (False,))
 
 # Fields of vLLM's request bodies (and OpenAI's, where vLLM honours them) that neither endpoint
@@ -57,8 +53,9 @@ UNSUPPORTED_FIELDS: dict[str, Unsupported] = {
     "guided_decoding_backend": Unsupported("the constraint backend is xgrammar's, always",
                                            ("xgrammar", "auto", "")),
     "guided_whitespace_pattern": Unsupported("guided_whitespace_pattern is not supported: JSON "
-                                             "constraints give compact JSON"),
-    "structural_tag": _CONSTRAINED,
+                                             "constraints are compiled by xgrammar into compact "
+                                             "JSON (no whitespace between tokens), which takes "
+                                             "no whitespace pattern"),
     "use_beam_search": _BEAM,
     "length_penalty": Unsupported("length_penalty (of beam search) is not supported", (1.0,)),
     "include_stop_str_in_output": Unsupported("include_stop_str_in_output is not supported: the "

@@ -72,6 +72,7 @@ async def _choice_events(req: PreparedRequest, call: EngineCall, out: OpenAIRend
     Returns without its last events when the client went away; raises APIError or the call's
     AioRpcError when the answer fails (state.unsent: the events made before)."""
     gen_tokens = metrics.generation_tokens
+    vllm = call.vllm
     detok = tok.detokenizer()
     add_bytes = getattr(detok, "add_bytes", None)  # byte-level BPE: the tokens' bytes
     token_bytes = tok.token_bytes
@@ -116,6 +117,7 @@ async def _choice_events(req: PreparedRequest, call: EngineCall, out: OpenAIRend
                 text = stop.push(text, final=ended)
             gen_tokens.inc(k)
             finish: Optional[FinishReason] = None
+            vllm.message(resp, k, stop is not None and stop.stopped)
             if stop is not None and stop.stopped:
                 call.call.cancel()
                 finish = FinishReason.STOP

@@ -3,12 +3,17 @@ checked and put into the engine request's SamplingParams (proto/exl3serve/v1/exl
 
 One constraint per request, from any of
   response_format      {"type": "json_object"} | {"type": "json_schema", "json_schema":
-                       {"name", "schema", "strict"}} ({"type": "text"}: none);
+                       {"name", "schema", "strict"}} | {"type": "structural_tag", "format": {...}}
+                       (xgrammar's structural tag, as vLLM takes it; vLLM's older
+                       {"structures": [{"begin", "schema", "end"}], "triggers": [...]} too)
+                       ({"type": "text"}: none);
   structured_outputs   vLLM's: {"json": schema, "regex", "choice": [...], "grammar": EBNF,
-                       "json_object": true};
-  guided_json, guided_regex, guided_choice, guided_grammar   vLLM's older fields.
-and, on chat, `tool_choice` required or a named function with the hermes tool-call format (one
-call in its tags, the arguments held to the function's schema: tool_call_constraint).
+                       "json_object": true, "structural_tag": the same as JSON text};
+  guided_json, guided_regex, guided_choice, guided_grammar, structural_tag   vLLM's older fields.
+and, on chat, `tool_choice` required or a named function (the call written in the model's
+tool-call format, its arguments held to the function's schema: tool_call_grammar.py).
+With the reasoning split on (--reasoning-parser), the constraint holds only after the model's
+reasoning block (after_reasoning): the model thinks freely first, as vLLM's reasoning parsers allow.
 Two of them in one request are refused 400 naming both. The router compiles the constraint (a
 schema, regex or grammar that does not compile is its 400, with the library's words); the engine
 masks every token the constraint does not allow (engine/token_constraint.h).
@@ -25,6 +30,7 @@ from typing import Any, Optional
 from exl3serve.v1 import exl3serve_pb2 as pb
 
 from .protocol import INT32_MAX, APIError
+from .reasoning import THINK_END, THINK_START, ReasoningFormat
 
 MAX_LOGIT_BIAS = 100.0
 
@@ -32,7 +38,12 @@ MAX_LOGIT_BIAS = 100.0
 # constraint is compiled by xgrammar into compact JSON (no free whitespace), with no fallback,
 # which is what disable_any_whitespace / disable_fallback ask and within what their defaults
 # allow; disable_additional_properties is the strict schema it compiles anyway.
-_STRUCTURED_OUTPUT_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+_STRUCTURED_OUTPUT_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+# A whitespace pattern (vLLM's guided_whitespace_pattern, structured_outputs.whitespace_pattern)
+# is outlines' feature: xgrammar's JSON has either free or no whitespace, not a pattern of it.
+WHITESPACE_PATTERN_REFUSAL = ("is not supported: JSON constraints are compiled by xgrammar into "
+                              "compact JSON (no whitespace between tokens), which takes no "
+                              "whitespace pattern")
 _STRUCTURED_OUTPUT_NO_OPS = ("disable_fallback", "disable_any_whitespace",
                              "disable_additional_properties")
 
@@ -41,10 +52,20 @@ _STRUCTURED_OUTPUT_NO_OPS = ("disable_fallback", "disable_any_whitespace",
 class Constraint:
     """One constraint of a request: which field gave it, and what it is."""
     param: str   # the request field, as a 400 names it
-    kind: str    # json_schema | json_object | regex | grammar | choice | tagged_json
-    # the schema's JSON text, True, the regex or grammar text, the choices, or (begin, schema's
-    # JSON text, end) per alternative
+    # json_schema | json_object | regex | grammar | choice | tagged_json | structural_tag
+    kind: str
+    # the schema's JSON text, True, the regex or grammar text, the choices, (begin, schema's
+    # JSON text, end) per alternative, or a StructuralTag
     value: Any
+
+
+@dataclass(frozen=True)
+class StructuralTag:
+    """xgrammar's structural tag as JSON text; `compact_json`: its JSON values compact, as the
+    json_schema constraint gives them and templates' tojson writes them (one space after ":" and
+    ","), else with the free whitespace xgrammar's structural tags allow."""
+    json: str
+    compact_json: bool = False
 
 
 def _schema_text(value: Any, param: str) -> str:
@@ -89,8 +110,48 @@ def _from_response_format(rf: Optional[dict[str, Any]]) -> list[Constraint]:
         # decoding is asked for).
         return [Constraint("response_format",
                            "json_schema", _schema_text(js["schema"], "response_format.json_schema.schema"))]
-    raise APIError(400, f"response_format of type {kind!r} is not supported: text, json_object "
-                   "or json_schema", param="response_format")
+    if kind == "structural_tag":
+        return [Constraint("response_format", "structural_tag",
+                           StructuralTag(structural_tag_text(rf, "response_format")))]
+    raise APIError(400, f"response_format of type {kind!r} is not supported: text, json_object, "
+                   "json_schema or structural_tag", param="response_format")
+
+
+def structural_tag_text(tag: Any, param: str) -> str:
+    """A structural tag ({"type": "structural_tag", "format": {...}}, or vLLM's older
+    {"structures": [{"begin", "schema", "end"}], "triggers": [...]}: free text in which a
+    trigger starts one of the structures), given as an object or its JSON text, as the JSON text
+    xgrammar compiles (its format tree is checked there: a bad one is the router's 400)."""
+    if isinstance(tag, str):
+        try:
+            tag = json.loads(tag)
+        except ValueError:
+            raise APIError(400, f"{param} must be a structural tag (an object, or its JSON text)",
+                           param=param) from None
+    if not isinstance(tag, dict):
+        raise APIError(400, f"{param} must be a structural tag (an object)", param=param)
+    if "format" in tag:
+        if not isinstance(tag["format"], dict):
+            raise APIError(400, f"{param}.format must be an object (xgrammar's format tree)",
+                           param=param)
+        return json.dumps({"type": "structural_tag", "format": tag["format"]}, ensure_ascii=False)
+    structures, triggers = tag.get("structures"), tag.get("triggers")
+    if not isinstance(structures, list) or not structures or not isinstance(triggers, list) or \
+            not all(isinstance(t, str) and t for t in triggers):
+        raise APIError(400, f"{param}: a structural tag needs format, or structures and triggers "
+                       "(non-empty lists)", param=param)
+    tags = []
+    for i, st in enumerate(structures):
+        if not isinstance(st, dict) or not isinstance(st.get("begin"), str) or \
+                not isinstance(st.get("end"), str) or not isinstance(st.get("schema"), dict):
+            raise APIError(400, f"{param}.structures[{i}] must be {{\"begin\": str, \"schema\": "
+                           "object, \"end\": str}", param=param)
+        tags.append({"type": "tag", "begin": st["begin"],
+                     "content": {"type": "json_schema", "json_schema": st["schema"]},
+                     "end": st["end"]})
+    return json.dumps({"type": "structural_tag",
+                       "format": {"type": "triggered_tags", "triggers": triggers, "tags": tags}},
+                      ensure_ascii=False)
 
 
 def _from_structured_outputs(so: Any) -> list[Constraint]:
@@ -114,6 +175,11 @@ def _from_structured_outputs(so: Any) -> list[Constraint]:
         elif key == "json_object":
             if value is not False:
                 out.append(Constraint(param, "json_object", True))
+        elif key == "structural_tag":
+            out.append(Constraint(param, "structural_tag",
+                                  StructuralTag(structural_tag_text(value, param))))
+        elif key == "whitespace_pattern":
+            raise APIError(400, f"{param} {WHITESPACE_PATTERN_REFUSAL}", param=param)
         else:
             raise APIError(400, f"{param} is not supported (this server honours "
                            f"{', '.join(_STRUCTURED_OUTPUT_KINDS)})", param=param)
@@ -133,29 +199,10 @@ def _from_guided(extra: dict[str, Any]) -> list[Constraint]:
     if extra.get("guided_grammar") is not None:
         out.append(Constraint("guided_grammar", "grammar",
                               _text(extra["guided_grammar"], "guided_grammar")))
+    if extra.get("structural_tag") is not None:  # vLLM's older field: the tag's JSON text
+        out.append(Constraint("structural_tag", "structural_tag", StructuralTag(
+            structural_tag_text(extra["structural_tag"], "structural_tag"))))
     return out
-
-
-# A hermes tool call (Qwen's templates; tool_calls.py parses it back): the call object's JSON
-# between these.
-HERMES_CALL_BEGIN = "<tool_call>\n"
-HERMES_CALL_END = "\n</tool_call>"
-
-
-def tool_call_constraint(schemas: dict[str, Any], forced: tuple[str, ...]) -> Optional[Constraint]:
-    """tool_choice required or a named function (`forced`: the functions one of which the answer
-    calls; empty: none forced): one hermes call of one of them, its arguments held to the
-    function's parameters schema (strict: no arguments the schema does not name)."""
-    if not forced:
-        return None
-    alternatives = []
-    for name in forced:
-        call = {"type": "object",
-                "properties": {"name": {"const": name}, "arguments": schemas[name] or
-                               {"type": "object"}},
-                "required": ["name", "arguments"]}
-        alternatives.append((HERMES_CALL_BEGIN, json.dumps(call), HERMES_CALL_END))
-    return Constraint("tool_choice", "tagged_json", alternatives)
 
 
 def request_constraint(response_format: Optional[dict[str, Any]],
@@ -186,8 +233,20 @@ def set_constraint(sampling: pb.SamplingParams, c: Constraint) -> None:
     elif c.kind == "tagged_json":
         for begin, schema, end in c.value:
             sampling.tagged_json.alternatives.add(begin=begin, json_schema=schema, end=end)
+    elif c.kind == "structural_tag":
+        sampling.structural_tag.json = c.value.json
+        sampling.structural_tag.json_layout = (pb.JSON_LAYOUT_COMPACT if c.value.compact_json
+                                               else pb.JSON_LAYOUT_FREE_WHITESPACE)
     else:
         sampling.choice.choices.extend(c.value)
+
+
+def set_after_reasoning(sampling: pb.SamplingParams, fmt: ReasoningFormat) -> None:
+    """The constraint holds after the reasoning block the format reads (reasoning.py): free text
+    first, the constrained answer after its end tag."""
+    sampling.constraint_after_reasoning.start = THINK_START
+    sampling.constraint_after_reasoning.end = THINK_END
+    sampling.constraint_after_reasoning.output_starts_inside = fmt.starts_in_reasoning
 
 
 def logit_bias(bias: Optional[dict[str, float]]) -> dict[int, float]:

@@ -5,6 +5,12 @@
 - glm45 (GLM-4.5's): `<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>...</tool_call>`,
   each value JSON-decoded where the function's schema gives the argument a type other than string
   and the value parses as JSON, else kept as a string.
+- deepseek_v3 (DeepSeek-V3's): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+  \\n```json\\n{...}\\n```<｜tool▁call▁end｜>` (calls after the first preceded by "\\n"), then
+  `<｜tool▁calls▁end｜>`.
+- deepseek_v31 (DeepSeek-V3.1's): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}
+  <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>`.
+The DeepSeek formats' outer tags (calls begin / end) are markup: neither content nor a call.
 
 ToolCallParser.push takes text as it comes (any split) and returns events: content (text outside
 the calls), a call's start (its id and name, once the name is known) and fragments of its
@@ -29,10 +35,46 @@ _ARG_KEY, _ARG_KEY_END = "<arg_key>", "</arg_key>"
 _ARG_VALUE, _ARG_VALUE_END = "<arg_value>", "</arg_value>"
 
 
+# DeepSeek's tags (single tokens in its tokenizer).
+DS_CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
+DS_CALLS_END = "<｜tool▁calls▁end｜>"
+DS_CALL_BEGIN = "<｜tool▁call▁begin｜>"
+DS_CALL_END = "<｜tool▁call▁end｜>"
+DS_SEP = "<｜tool▁sep｜>"
+DS_V3_JSON_OPEN = "\n```json\n"   # deepseek_v3: the arguments in a JSON code block
+DS_V3_JSON_CLOSE = "\n```"
+
+
 class ToolCallFormat(enum.Enum):
     """A tool-call format, by vLLM's --tool-call-parser name."""
     HERMES = "hermes"
     GLM45 = "glm45"
+    DEEPSEEK_V3 = "deepseek_v3"
+    DEEPSEEK_V31 = "deepseek_v31"
+
+    @property
+    def deepseek(self) -> bool:
+        return self in (ToolCallFormat.DEEPSEEK_V3, ToolCallFormat.DEEPSEEK_V31)
+
+    @property
+    def call_start(self) -> str:
+        return DS_CALL_BEGIN if self.deepseek else CALL_START
+
+    @property
+    def call_end(self) -> str:
+        """The end of a call (deepseek_v3's is after its code block's close)."""
+        return DS_CALL_END if self.deepseek else CALL_END
+
+    @property
+    def markup(self) -> tuple[str, ...]:
+        """Tags outside calls that are neither content nor a call (dropped)."""
+        return (DS_CALLS_BEGIN, DS_CALLS_END) if self.deepseek else ()
+
+    @property
+    def arguments_as_text(self) -> bool:
+        """Its templates take an assistant call's arguments as JSON text (DeepSeek's concatenate
+        them into the prompt), not as an object (GLM's and Qwen's iterate or dump it)."""
+        return self.deepseek
 
 
 # --tool-call-parser: a format, or "auto": the one the model's chat template writes.
@@ -41,8 +83,13 @@ TOOL_CALL_PARSERS = ("auto", *(f.value for f in ToolCallFormat))
 
 def template_tool_call_format(template: Optional[str]) -> Optional[ToolCallFormat]:
     """The tool-call format a chat template teaches (None: it teaches none this module parses):
-    GLM-4.5's argument tags, else Qwen's JSON in <tool_call> tags."""
-    if not template or CALL_START not in template:
+    DeepSeek's call tags (V3's with the arguments in a ```json block, else V3.1's), GLM-4.5's
+    argument tags, else Qwen's JSON in <tool_call> tags."""
+    if not template:
+        return None
+    if DS_CALL_BEGIN in template:
+        return ToolCallFormat.DEEPSEEK_V3 if "```json" in template else ToolCallFormat.DEEPSEEK_V31
+    if CALL_START not in template:
         return None
     return ToolCallFormat.GLM45 if _ARG_KEY in template else ToolCallFormat.HERMES
 
@@ -159,13 +206,20 @@ class ToolCallParser:
     def _step(self, final: bool) -> bool:
         """Turns what it can of the buffer into events; True if it should be called again."""
         if self._state is _CallState.OUTSIDE:
-            i = self._buf.find(CALL_START)
-            if i >= 0:
+            # The first tag: a call's start, or markup (dropped).
+            found = [(i, t) for t in (self.fmt.call_start, *self.fmt.markup)
+                     if (i := self._buf.find(t)) >= 0]
+            if found:
+                i, tag = min(found)
                 self._content(self._buf[:i])
-                self._buf = self._buf[i + len(CALL_START):]
-                self._state = _CallState.NAME
+                self._buf = self._buf[i + len(tag):]
+                if tag == self.fmt.call_start:
+                    self._state = _CallState.NAME
+                else:
+                    self._after_call = True  # whitespace around markup is not content
                 return True
-            keep = 0 if final else tag_prefix_length(self._buf, CALL_START)
+            keep = 0 if final else max(tag_prefix_length(self._buf, t)
+                                       for t in (self.fmt.call_start, *self.fmt.markup))
             self._content(self._buf[:len(self._buf) - keep])
             self._buf = self._buf[len(self._buf) - keep:]
             return False
@@ -173,16 +227,19 @@ class ToolCallParser:
             return self._unparsed(final)
         if self.fmt is ToolCallFormat.HERMES:
             return self._hermes(final)
+        if self.fmt.deepseek:
+            return self._deepseek(final)
         return self._glm45(final)
 
     def _unparsed(self, final: bool) -> bool:
         """A call that does not read as its format: at its end, JSON of a whole call (hermes, any
         key order) is still a call; anything else is content, tags and all."""
-        end = self._buf.find(CALL_END)
+        start_tag, end_tag = self.fmt.call_start, self.fmt.call_end
+        end = self._buf.find(end_tag)
         if end < 0 and not final:
             return False
         body = self._buf if end < 0 else self._buf[:end]
-        self._buf = "" if end < 0 else self._buf[end + len(CALL_END):]
+        self._buf = "" if end < 0 else self._buf[end + len(end_tag):]
         self._state = _CallState.OUTSIDE
         whole = _json_call(body) if self.fmt is ToolCallFormat.HERMES else None
         if whole is not None:
@@ -191,7 +248,7 @@ class ToolCallParser:
             self._arguments(arguments)
             self._end_call()
         else:
-            self._content(CALL_START + body + (CALL_END if end >= 0 else ""))
+            self._content(start_tag + body + (end_tag if end >= 0 else ""))
         return True
 
     # hermes ---------------------------------------------------------------------------------------
@@ -228,6 +285,51 @@ class ToolCallParser:
         if end < 0 and not final:
             return False
         self._buf = "" if end < 0 else self._buf[end + len(CALL_END):]
+        self._end_call()
+        return True
+
+    # deepseek_v3 / deepseek_v31 ------------------------------------------------------------------
+    # The head: V3's `TYPE<｜tool▁sep｜>NAME` and its code block's opening, V3.1's
+    # `NAME<｜tool▁sep｜>`; then the arguments' JSON, up to the call's end (V3: its code block's
+    # close first).
+    _DS_V3_HEAD = re.compile(r"([^<\n]*)" + re.escape(DS_SEP) + r"([^<\n]+?)[ \t]*" +
+                             re.escape(DS_V3_JSON_OPEN))
+    _DS_V31_HEAD = re.compile(r"\s*([^<\n]+?)\s*" + re.escape(DS_SEP))
+
+    def _deepseek(self, final: bool) -> bool:
+        v3 = self.fmt is ToolCallFormat.DEEPSEEK_V3
+        if self._state is _CallState.NAME:
+            m = (self._DS_V3_HEAD if v3 else self._DS_V31_HEAD).match(self._buf)
+            if m is None:
+                # Not (yet) a head: decided at the call's end (_unparsed).
+                if DS_CALL_END not in self._buf and not final:
+                    return False
+                self._state = _CallState.UNPARSED
+                return True
+            name = (m.group(2) if v3 else m.group(1)).strip()
+            self._buf = self._buf[m.end():]
+            self._start_call(name)
+            return True
+        # The arguments, sent as they come; a tail that may begin the end (V3: "\n```" and the
+        # call's end tag) is held until decided, and the arguments' whitespace at either end is
+        # not sent.
+        end_tag = DS_V3_JSON_CLOSE + DS_CALL_END if v3 else DS_CALL_END
+        end = self._buf.find(end_tag)
+        body = self._buf if end < 0 else self._buf[:end]
+        cut = len(body)
+        if end < 0 and not final:
+            cut -= tag_prefix_length(body, end_tag)
+        while cut > 0 and body[cut - 1].isspace():
+            cut -= 1
+        if self._sent_args == 0:  # the arguments' leading whitespace is not sent
+            self._sent_args = min(len(body) - len(body.lstrip()), cut)
+        self._arguments(body[self._sent_args:cut])
+        self._sent_args = max(self._sent_args, cut)
+        if end < 0 and not final:
+            return False
+        if self._sent_args == 0 and not body.strip():
+            self._arguments("{}")  # no arguments written: none
+        self._buf = "" if end < 0 else self._buf[end + len(end_tag):]
         self._end_call()
         return True
 
@@ -298,13 +400,27 @@ def _json_call(body: str) -> Optional[tuple[str, str]]:
     return call["name"], json.dumps(arguments, ensure_ascii=False)
 
 
-def _typed_value(schema: Any, key: str, value: str) -> Any:
-    """glm45's argument value: JSON-decoded where the schema gives the argument a type other than
-    string and the value parses as JSON; else the text."""
-    prop = schema.get("properties", {}).get(key) if isinstance(schema, dict) else None
-    kinds = prop.get("type") if isinstance(prop, dict) else None
+def raw_string_argument(prop: Any) -> bool:
+    """Whether glm45's templates write the argument of this property schema raw (a string): its
+    type is string, or it has no type and no enum or const value that is not a string. Every
+    other argument is written as JSON (tool_call_grammar.py writes forced calls by this rule)."""
+    if not isinstance(prop, dict):
+        return True
+    kinds = prop.get("type")
     kinds = [kinds] if isinstance(kinds, str) else (kinds or [])
-    if not kinds or kinds == ["string"]:
+    if kinds:
+        return kinds == ["string"]
+    values = prop["enum"] if isinstance(prop.get("enum"), list) else []
+    if "const" in prop:
+        values = [*values, prop["const"]]
+    return all(isinstance(v, str) for v in values)
+
+
+def _typed_value(schema: Any, key: str, value: str) -> Any:
+    """glm45's argument value: the text where raw_string_argument says the property's arguments
+    are raw, else JSON-decoded where it parses as JSON (else the text)."""
+    prop = schema.get("properties", {}).get(key) if isinstance(schema, dict) else None
+    if raw_string_argument(prop):
         return value
     try:
         return json.loads(value)

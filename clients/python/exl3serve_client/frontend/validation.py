@@ -5,6 +5,7 @@ Every refusal is an APIError naming the field (`param`), raised before the engin
 
 from __future__ import annotations
 
+import enum
 import json
 import time
 import uuid
@@ -21,10 +22,11 @@ from .protocol import (INT32_MAX, UNSUPPORTED_CHAT_FIELDS, UNSUPPORTED_FIELDS, A
                        ChatCompletionRequest, ChatMessage, CompletionRequest, Endpoint,
                        TokenizeRequest, _Sampling, unsupported_field)
 from .reasoning import ReasoningFormat, ReasoningParser
-from .structured_output import (logit_bias, request_constraint, set_constraint,
-                                tool_call_constraint)
+from .structured_output import (logit_bias, request_constraint, set_after_reasoning,
+                                set_constraint)
 from .text import ChatTemplateError, ModelTokenizer
 from .tokenizer_process import TokenizerProcess, TokenizerProcessDied
+from .tool_call_grammar import tool_call_constraint
 from .tool_calls import ToolCallFormat, ToolCallParser
 
 # A prompt text at least this long is tokenized in the tokenizer process (RequestValidator's
@@ -60,15 +62,23 @@ def choice_seed(seed: int, index: int) -> int:
     return z ^ (z >> 31)
 
 
+class ForcedCalls(enum.Enum):
+    """What tool_choice makes the answer (tool_call_grammar.py constrains it)."""
+    NONE = enum.auto()         # auto: text, calls or both, as the model writes
+    ONE = enum.auto()          # a named function, or required without parallel_tool_calls
+    ONE_OR_MORE = enum.auto()  # required with parallel_tool_calls (hermes: one all the same)
+
+
 @dataclass(frozen=True)
 class ToolUse:
     """A chat request's tools, as its answer is parsed for their calls (tool_calls.py)."""
     fmt: ToolCallFormat
     schemas: dict[str, Any]   # function name -> its parameters' JSON schema
     parallel: bool            # parallel_tool_calls
-    # tool_choice required (every tool) or a named function (that one): the answer is one call
-    # of one of these, constrained to its schema (structured_output.tool_call_constraint).
+    # tool_choice required (every tool) or a named function (that one): the answer is calls
+    # of these only (`calls` says how many), constrained to their schemas.
     forced: tuple[str, ...] = ()
+    calls: ForcedCalls = ForcedCalls.NONE
 
     def parser(self) -> ToolCallParser:
         return ToolCallParser(self.fmt, self.schemas, self.parallel)
@@ -243,9 +253,10 @@ def _tool_schemas(tools: list[dict[str, Any]]) -> dict[str, Any]:
     return schemas
 
 
-def _call_for_template(call: dict[str, Any], where: str) -> dict[str, Any]:
+def _call_for_template(call: dict[str, Any], where: str, as_text: bool) -> dict[str, Any]:
     """An assistant message's tool call as chat templates take it: the function's arguments an
-    object (OpenAI sends them as JSON text)."""
+    object (OpenAI sends them as JSON text), or, `as_text` (templates that concatenate them:
+    DeepSeek's), the object's JSON text."""
     fn = call.get("function")
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise APIError(400, f"{where} must be {{\"type\": \"function\", \"function\": "
@@ -258,6 +269,8 @@ def _call_for_template(call: dict[str, Any], where: str) -> dict[str, Any]:
             arguments = None
     if not isinstance(arguments, dict):
         raise APIError(400, f"{where}.function.arguments must be a JSON object", param="messages")
+    if as_text:
+        arguments = json.dumps(arguments, ensure_ascii=False)
     return {**call, "function": {**fn, "arguments": arguments}}
 
 
@@ -382,15 +395,13 @@ class RequestValidator:
             return None
         if self.tool_format is None:
             raise APIError(400, "tools: this model's chat template writes no tool-call format the "
-                           "front end parses (exl3serve-openai --tool-call-parser hermes or "
-                           "glm45 names one)", param="tools")
-        if forced and self.tool_format is not ToolCallFormat.HERMES:
-            raise APIError(400, f"tool_choice required or a named function: the "
-                           f"{self.tool_format.value} format's arguments (<arg_key>/<arg_value> "
-                           "pairs) are not constrained to a schema yet, only hermes' JSON is: use "
-                           "auto or none", param="tool_choice")
+                           "front end parses (exl3serve-openai --tool-call-parser names one: "
+                           f"{', '.join(f.value for f in ToolCallFormat)})", param="tools")
+        parallel = body.parallel_tool_calls is not False
         names = (named,) if named is not None else tuple(schemas) if forced else ()
-        return ToolUse(self.tool_format, schemas, body.parallel_tool_calls is not False, names)
+        calls = ForcedCalls.NONE if not forced else \
+            ForcedCalls.ONE_OR_MORE if named is None and parallel else ForcedCalls.ONE
+        return ToolUse(self.tool_format, schemas, parallel, names, calls)
 
     def tokenize_text(self, body: TokenizeRequest) -> tuple[str, bool]:
         """/tokenize's body checked: the text to tokenize and whether to add special tokens."""
@@ -414,7 +425,9 @@ class RequestValidator:
         for i, m in enumerate(chat):
             msg = m.model_dump(exclude_none=True)
             if m.tool_calls:
-                msg["tool_calls"] = [_call_for_template(c, f"messages[{i}].tool_calls[{j}]")
+                as_text = self.tool_format is not None and self.tool_format.arguments_as_text
+                msg["tool_calls"] = [_call_for_template(c, f"messages[{i}].tool_calls[{j}]",
+                                                        as_text)
                                      for j, c in enumerate(m.tool_calls)]
             if isinstance(m.content, list):  # content parts: their text, in order
                 parts = []
@@ -530,11 +543,14 @@ class RequestValidator:
             logprobs=logprobs or 0, min_tokens=body.min_tokens or 0,
             stop_token_ids=body.stop_token_ids or (), ignore_eos=bool(body.ignore_eos),
             timeout_us=int(self.request_timeout_s * 1e6), request_id=rid)
-        constraint = request_constraint(
-            body.response_format, body.model_extra,
-            tool_call_constraint(tool_use.schemas, tool_use.forced) if tool_use else None)
+        forced_call = None if tool_use is None else tool_call_constraint(
+            tool_use.fmt, tool_use.schemas, tool_use.forced,
+            several=tool_use.calls is ForcedCalls.ONE_OR_MORE)
+        constraint = request_constraint(body.response_format, body.model_extra, forced_call)
         if constraint is not None:
             set_constraint(req.sampling, constraint)
+            if reasoning is not None:  # the model thinks freely first
+                set_after_reasoning(req.sampling, reasoning.fmt)
         for token, bias in logit_bias(body.logit_bias).items():
             req.sampling.logit_bias[token] = bias
         if wanted:

@@ -1,0 +1,333 @@
+"""Forced tool calls (tool_choice required / a named function) in the formats whose calls are
+structural tags (glm45, deepseek_v3, deepseek_v31: frontend/tool_call_grammar.py), structural tags
+in response_format, and constraints after the reasoning (--reasoning-parser), through the whole
+stack: the openai SDK, exl3serve-openai, the real exl3-router with a random-weight test model. The
+random model prefers nothing in particular, so every answer that parses into calls whose arguments
+validate does so because the engine's mask forces it (N of N sampled generations)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import openai
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import stack  # noqa: E402
+from exl3serve_client.frontend.text import ModelTokenizer  # noqa: E402
+from test_reasoning_api import _qwen3_model  # noqa: E402
+from test_structured_output import HI, SCHEMA, check_person  # noqa: E402
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12},
+                   "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                   "units": {"type": "string", "enum": ["C", "F"]},
+                   "hourly": {"type": "boolean"},
+                   "at": {"type": "array", "items": {"type": "integer", "minimum": 0,
+                                                     "maximum": 23}, "maxItems": 2}},
+    "required": ["city", "days"]}}}
+NOW = {"type": "function", "function": {"name": "now", "parameters": {"type": "object",
+                                                                       "properties": {}}}}
+ASK = [{"role": "user", "content": "Weather in Bern for 3 days?"}]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def check_call(name: str, arguments: str, as_written: bool = False) -> None:
+    """A call of an offered function whose arguments match its schema; `as_written`: the
+    arguments' text is the model's (DeepSeek's formats), laid out as templates' tojson writes
+    JSON."""
+    args = json.loads(arguments)
+    if as_written:
+        assert arguments == json.dumps(args, ensure_ascii=False), arguments
+    assert isinstance(args, dict), arguments
+    if name == "now":
+        assert args == {}, arguments
+        return
+    assert name == "get_weather", name
+    assert {"city", "days"} <= set(args) <= {"city", "days", "units", "hourly", "at"}, args
+    assert isinstance(args["city"], str) and len(args["city"]) <= 12, args
+    assert isinstance(args["days"], int) and not isinstance(args["days"], bool), args
+    assert 1 <= args["days"] <= 7, args
+    assert args.get("units", "C") in ("C", "F"), args
+    assert isinstance(args.get("hourly", True), bool), args
+    at = args.get("at", [])
+    assert isinstance(at, list) and len(at) <= 2 and all(
+        isinstance(h, int) and 0 <= h <= 23 for h in at), args
+
+
+def forced_answers(client, name, tool_choice, seeds, as_written=False, **kw):
+    """Non-streamed answers under tool_choice: their calls, each checked. max_tokens leaves room
+    for long chains: under required the random model may begin another call after each one."""
+    calls_per_answer = []
+    for seed in seeds:
+        r = client.chat.completions.create(model=name, messages=ASK, tools=[WEATHER, NOW],
+                                           tool_choice=tool_choice, max_tokens=2000, seed=seed,
+                                           temperature=1.0, **kw)
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls" and c.message.tool_calls, c
+        assert c.message.content is None, c  # nothing but the calls
+        for call in c.message.tool_calls:
+            check_call(call.function.name, call.function.arguments, as_written)
+        calls_per_answer.append([call.function.name for call in c.message.tool_calls])
+    return calls_per_answer
+
+
+def streamed_calls(client, name, tool_choice, seed, as_written=False):
+    chunks = list(client.chat.completions.create(
+        model=name, messages=ASK, tools=[WEATHER, NOW], tool_choice=tool_choice, max_tokens=2000,
+        seed=seed, temperature=1.0, stream=True))
+    calls: dict[int, list[str]] = {}
+    for ch in chunks:
+        for c in ch.choices:
+            assert not c.delta.content, c  # nothing but the calls
+            for tc in c.delta.tool_calls or []:
+                if tc.id is not None:
+                    calls[tc.index] = [tc.function.name, tc.function.arguments or ""]
+                else:
+                    calls[tc.index][1] += tc.function.arguments
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert calls
+    for name_, arguments in calls.values():
+        check_call(name_, arguments, as_written)
+    return calls
+
+
+def check_forced_calls(client, name, as_written=False):
+    """required (parallel calls allowed), a named function, required without parallel calls;
+    streamed and not."""
+    required = forced_answers(client, name, "required", range(12), as_written)
+    assert {n for calls in required for n in calls} == {"get_weather", "now"}, required
+    named = forced_answers(client, name, NAMED, range(4), as_written)
+    assert all(calls == ["get_weather"] for calls in named), named
+    single = forced_answers(client, name, "required", range(4), as_written,
+                            parallel_tool_calls=False)
+    assert all(len(calls) == 1 for calls in single), single
+    for seed in range(2):
+        streamed_calls(client, name, "required", seed, as_written)
+    assert [n for n, _ in streamed_calls(client, name, NAMED, 7, as_written).values()] == \
+        ["get_weather"]
+    return required
+
+
+@pytest.fixture(scope="module")
+def glm(live):
+    return openai.OpenAI(base_url=live.url, api_key="none", max_retries=0, timeout=120), live.name
+
+
+def test_glm45_forced_calls_hold_to_the_schema(glm, live):
+    """The live stack's GLM test model: forced calls in GLM's argument tags, every one parsing
+    into arguments that validate, and several calls in some answers under required."""
+    client, name = glm
+    required = check_forced_calls(client, name)
+    assert any(len(calls) > 1 for calls in required), required
+
+
+def test_glm45_forced_call_is_the_templates_syntax(glm, live):
+    """The constrained text is what GLM's template writes for the same call: rendered back into
+    a conversation, the call reads as the template's own."""
+    client, name = glm
+    r = client.chat.completions.create(model=name, messages=ASK, tools=[WEATHER],
+                                       tool_choice=NAMED, max_tokens=400, seed=3, temperature=1.0,
+                                       logprobs=True)
+    # The answer's tokens, the end-of-sequence token that ended it aside.
+    text = "".join(t.token for t in r.choices[0].logprobs.content).removesuffix("<|endoftext|>")
+    [call] = r.choices[0].message.tool_calls
+    args = json.loads(call.function.arguments)
+    # GLM's template: "\n<tool_call>NAME" then per argument "\n<arg_key>K</arg_key>\n<arg_value>V
+    # </arg_value>" (strings raw, other values as its tojson writes them: one space after ":"
+    # and ","), then "\n</tool_call>".
+    want = "\n<tool_call>get_weather" + "".join(
+        f"\n<arg_key>{k}</arg_key>\n<arg_value>"
+        f"{v if isinstance(v, str) else json.dumps(v)}</arg_value>" for k, v in args.items()) + \
+        "\n</tool_call>"
+    assert text == want
+
+
+@pytest.fixture(scope="module")
+def deepseek(build_dir, tmp_path_factory):
+    """A DeepSeek-V3 test model (its template writes DeepSeek-V3's calls: deepseek_v3 found from
+    it), with a second front end that names deepseek_v31."""
+    tmp = tmp_path_factory.mktemp("deepseek")
+    model = stack.make_model(build_dir, tmp / "deepseek-test", arch="deepseek_v3")
+    router, engine, _ = stack.start_router(build_dir, model, tmp)
+    fes = []
+    try:
+        fe, url = stack.start_frontend(engine, model, tmp)
+        fes.append(fe)
+        fe31, url31 = stack.start_frontend(engine, model, tmp,
+                                           extra=("--tool-call-parser", "deepseek_v31"))
+        fes.append(fe31)
+    except BaseException:
+        for f in fes:
+            f.stop()
+        router.stop()
+        raise
+    yield ({fmt: openai.OpenAI(base_url=u, api_key="none", max_retries=0, timeout=120)
+            for fmt, u in (("deepseek_v3", url), ("deepseek_v31", url31))}, model.name)
+    for f in fes:
+        f.stop()
+    router.stop()
+
+
+@pytest.mark.parametrize("fmt", ["deepseek_v3", "deepseek_v31"])
+def test_deepseek_forced_calls_hold_to_the_schema(deepseek, fmt):
+    clients, name = deepseek
+    required = check_forced_calls(clients[fmt], name, as_written=True)
+    assert any(len(calls) > 1 for calls in required), required
+
+
+def test_deepseek_round_trip(deepseek):
+    """A forced call, its result sent back through the template (the call's arguments reach it
+    as JSON text, as DeepSeek's templates concatenate them), then an answer."""
+    import httpx
+    clients, name = deepseek
+    client = clients["deepseek_v3"]
+    r = client.chat.completions.create(model=name, messages=ASK, tools=[WEATHER, NOW],
+                                       tool_choice=NAMED, max_tokens=400, seed=1)
+    call = r.choices[0].message.tool_calls[0]
+    messages = ASK + [r.choices[0].message.model_dump(exclude_none=True),
+                      {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+    r2 = client.chat.completions.create(model=name, messages=messages, tools=[WEATHER, NOW],
+                                        max_tokens=4, temperature=0)
+    assert r2.usage.prompt_tokens > r.usage.prompt_tokens
+    base = str(client.base_url).rstrip("/").removesuffix("/v1")
+    ids = httpx.post(f"{base}/tokenize", json={"model": name, "messages": messages,
+                                               "tools": [WEATHER, NOW]}, timeout=30).json()
+    assert ids["count"] == r2.usage.prompt_tokens
+    prompt = httpx.post(f"{base}/detokenize", json={"model": name, "tokens": ids["tokens"]},
+                        timeout=30).json()["prompt"]
+    assert ("<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n" +
+            json.dumps(json.loads(call.function.arguments), ensure_ascii=False) +
+            "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>") in prompt
+    assert "<｜tool▁output▁begin｜>sunny<｜tool▁output▁end｜>" in prompt
+
+
+def test_structural_tag_response_format(glm, live):
+    """response_format structural_tag (xgrammar's format tree, as vLLM and OpenAI take it) and
+    vLLM's older structures/triggers shape hold every answer; a bad tag is a 400 naming it."""
+    client, name = glm
+    fmt = {"type": "sequence", "elements": [
+        {"type": "const_string", "value": "Answer: "},
+        {"type": "tag", "begin": "<n>", "content": {"type": "regex", "pattern": "[0-9]{1,3}"},
+         "end": "</n>"},
+        {"type": "or", "elements": [{"type": "const_string", "value": " yes"},
+                                    {"type": "const_string", "value": " no"}]}]}
+    for seed in range(6):
+        r = client.chat.completions.create(
+            model=name, messages=HI, max_tokens=60, seed=seed, temperature=1.0,
+            response_format={"type": "structural_tag", "format": fmt})
+        assert r.choices[0].finish_reason == "stop"
+        assert re.fullmatch(r"Answer: <n>[0-9]{1,3}</n> (yes|no)", r.choices[0].message.content)
+    legacy = {"type": "structural_tag", "triggers": ["<n"],
+              "structures": [{"begin": "<n>", "schema": {"type": "object", "properties": {
+                  "v": {"type": "integer"}}, "required": ["v"]}, "end": "</n>"}]}
+    for field in ("response_format", "structural_tag", "structured_outputs"):
+        value = legacy if field == "response_format" else json.dumps(legacy)
+        body = {"structural_tag": value} if field == "structured_outputs" else value
+        kw = {"response_format": body} if field == "response_format" else \
+            {"extra_body": {field: body}}
+        r = client.chat.completions.create(model=name, messages=HI, max_tokens=80, seed=2,
+                                           temperature=1.0, **kw)
+        # Free text, except that "<n" starts a tagged JSON object.
+        for m in re.finditer(r"<n", r.choices[0].message.content):
+            rest = r.choices[0].message.content[m.start():]
+            if r.choices[0].finish_reason == "stop" or "</n>" in rest:
+                doc = json.loads(rest[len("<n>"):rest.index("</n>")])
+                assert isinstance(doc["v"], int)
+    for bad, says in [({"type": "structural_tag", "format": {"type": "nope"}}, "structural_tag"),
+                      ({"type": "structural_tag"}, "format"),
+                      ({"type": "structural_tag", "format": 5}, "format")]:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=name, messages=HI, max_tokens=4,
+                                           response_format=bad)
+        assert says in e.value.body["message"], e.value.body
+
+
+def test_whitespace_patterns_are_refused_by_name(glm, live):
+    client, name = glm
+    for field, value in [("guided_whitespace_pattern", r"[ ]?"),
+                         ("structured_outputs", {"json": SCHEMA, "whitespace_pattern": r"[ ]?"})]:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=name, messages=HI, max_tokens=4,
+                                           extra_body={field: value})
+        assert "whitespace_pattern" in e.value.body["message"]
+        assert "whitespace_pattern" in e.value.body["param"]
+
+
+@pytest.fixture(scope="module")
+def thinking(build_dir, tmp_path_factory):
+    """A Qwen3-MoE test model whose <think> tags are text (as in Qwen3's tokenizer), with front
+    ends splitting its reasoning as qwen3 (the output may open a block) and deepseek_r1 (the
+    output starts inside one)."""
+    tmp = tmp_path_factory.mktemp("thinking")
+    model = stack.make_model(build_dir, tmp / "qwen-thinking", arch="qwen3_moe")
+    _qwen3_model(model)
+    router, engine, _ = stack.start_router(build_dir, model, tmp)
+    fes, clients = [], {}
+    try:
+        for parser in ("qwen3", "deepseek_r1"):
+            fe, url = stack.start_frontend(engine, model, tmp, extra=("--reasoning-parser", parser))
+            fes.append(fe)
+            clients[parser] = openai.OpenAI(base_url=url, api_key="none", max_retries=0,
+                                            timeout=120)
+    except BaseException:
+        for f in fes:
+            f.stop()
+        router.stop()
+        raise
+    yield clients, model
+    for f in fes:
+        f.stop()
+    router.stop()
+
+
+@pytest.mark.parametrize("parser", ["qwen3", "deepseek_r1"])
+def test_constraints_hold_after_the_reasoning(thinking, parser):
+    """json_schema with the reasoning split on: the model reasons in free text first, and the
+    answer after </think> parses and matches the schema in N of N sampled generations. The
+    think tags are made likely (logit_bias) so that blocks open and close within the budget."""
+    clients, model = thinking
+    tok = ModelTokenizer(model)
+    [think] = tok.encode("<think>", add_special_tokens=False)
+    [end] = tok.encode("</think>", add_special_tokens=False)
+    reasonings = []
+    for seed in range(10):
+        r = clients[parser].chat.completions.create(
+            model=model.name, messages=HI, max_tokens=300, temperature=1.0, seed=seed,
+            logit_bias={str(think): 4, str(end): 4},
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "person", "schema": SCHEMA}})
+        c = r.choices[0]
+        assert c.finish_reason == "stop", c
+        check_person(c.message.content)
+        reasonings.append(getattr(c.message, "reasoning_content", None) or "")
+    # Some answers reasoned first, in text no JSON constraint allows.
+    free = [t for t in reasonings if t.strip()]
+    assert free, reasonings
+    assert any(not t.lstrip().startswith("{") for t in free), reasonings
+    # Streamed: the same split, the content the schema's.
+    chunks = list(clients[parser].chat.completions.create(
+        model=model.name, messages=HI, max_tokens=300, temperature=1.0, seed=3, stream=True,
+        logit_bias={str(think): 4, str(end): 4},
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}))
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    check_person(content)
+
+
+def test_forced_calls_hold_after_the_reasoning(thinking):
+    """tool_choice required on a thinking model (hermes calls): reasoning first, then the call."""
+    clients, model = thinking
+    tok = ModelTokenizer(model)
+    [think] = tok.encode("<think>", add_special_tokens=False)
+    [end] = tok.encode("</think>", add_special_tokens=False)
+    for seed in range(4):
+        r = clients["qwen3"].chat.completions.create(
+            model=model.name, messages=ASK, tools=[WEATHER, NOW], tool_choice="required",
+            max_tokens=400, temperature=1.0, seed=seed, logit_bias={str(think): 4, str(end): 4})
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1, c
+        check_call(c.message.tool_calls[0].function.name, c.message.tool_calls[0].function.arguments)
