@@ -15,7 +15,11 @@ costs); the engine fixtures' tiny models do (tests/fixtures/engine/glm5_next_all
 (KDA, k-pooled MLA, hyper-connections):
   exl3-tool make-test-model --arch glm5_next --synthetic --whole-model --output DIR \\
       --hidden 1024 --layers 8 --experts 32 --top-k 4 --intermediate 256 --vocab 2048 \\
-      --linear-heads 8 --linear-head-dim 64"""
+      --linear-heads 8 --linear-head-dim 64
+
+Tokens/s against a chosen acceptance rate (a drafter that matches the target with probability p,
+which random weights need) is build/bin/exl3-speculative-cpu-bench (docs/engine.md, "Benchmark
+drafter"): it runs the engine in its own process, since exl3-router takes no such drafter."""
 
 import argparse
 import json

@@ -188,6 +188,19 @@ absl::Status Engine::Validate(const GenerateParams& p) const {
         "the constraint was compiled for a vocabulary of ", s.grammar->vocab_size(),
         " tokens, the model's has ", info_.vocab_size));
   }
+  if (p.num_speculative_tokens.has_value()) {
+    const SpeculativeOptions& spec = options_.scheduler.speculative;
+    if (!spec.enabled() && *p.num_speculative_tokens != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "num_speculative_tokens is ", *p.num_speculative_tokens,
+          " but this server runs without speculative decoding (speculative method off): only 0 is allowed"));
+    }
+    if (spec.enabled() && (*p.num_speculative_tokens < 0 || *p.num_speculative_tokens > spec.num_speculative_tokens)) {
+      return absl::InvalidArgumentError(absl::StrCat("num_speculative_tokens must be in [0, ",
+                                                     spec.num_speculative_tokens, "] (the server's), not ",
+                                                     *p.num_speculative_tokens));
+    }
+  }
   if (p.prompt_logprobs.has_value()) {
     if (*p.prompt_logprobs < 0 || *p.prompt_logprobs > info_.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs must be in [0, ", info_.vocab_size,
@@ -222,6 +235,7 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerateParams params, EventCallback on_
   in.sequence.stop_token_ids = std::move(params.stop_token_ids);
   in.sequence.ignore_eos = params.ignore_eos;
   in.sequence.prompt_logprobs = params.prompt_logprobs;
+  in.sequence.num_speculative_tokens = params.num_speculative_tokens;
 
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_ || draining_) return absl::UnavailableError("the engine is draining or stopped");
@@ -454,6 +468,7 @@ void Engine::RunStep() {
     const bool decode = chunk.wants_logits && chunk.num_logit_rows == static_cast<int>(chunk.tokens.size()) &&
                         r.first_token.has_value();
     (decode ? m.num_decode_tokens : m.num_prefill_tokens) += static_cast<int>(chunk.tokens.size());
+    if (decode && chunk.num_logit_rows > 1 && chunk.logit_rows_use == LogitRowsUse::kNextTokens) ++m.num_verify_chunks;
   }
   m.num_sequences = static_cast<int>(step.batch.chunks.size());
   m.num_tokens = step.batch.NumTokens();
@@ -579,6 +594,7 @@ void Engine::PublishStats() {
   s.failed_steps = failed_steps_;
   s.requests_finished = requests_finished_;
   s.speculative = scheduler_->speculative_counters();
+  s.speculative_mean_draft_length = scheduler_->MeanDraftLimit();
   std::lock_guard<std::mutex> lock(mu_);
   stats_ = s;
 }

@@ -25,7 +25,10 @@
 //                       temperature < 0, top_k < 0, top_p outside (0, 1], min_p outside [0, 1],
 //                       repetition_penalty <= 0, logprobs or prompt_logprobs outside [0, vocab],
 //                       a logit_bias token outside [0, vocab) or bias outside [-100, 100], a
-//                       grammar compiled for another vocabulary size, no callback;
+//                       grammar compiled for another vocabulary size, no callback,
+//                       num_speculative_tokens outside [0, the server's
+//                       num_speculative_tokens], or above 0 on an engine without speculative
+//                       decoding (never ignored);
 //   FAILED_PRECONDITION prompt_logprobs on a runner that cannot return them
 //                       (ModelRunner::CheckPromptLogitRows names why);
 //   RESOURCE_EXHAUSTED  max_pending_requests requests already in the engine;
@@ -82,6 +85,9 @@ struct GenerateParams {
   // (vLLM's prompt_logprobs; log_softmax of the raw logits, as SamplingParams::logprobs), in the
   // event of the first token. The request skips the prefix cache's lookup (engine/scheduler.h).
   std::optional<int> prompt_logprobs;
+  // Speculative decoding for this request: unset, the engine's num_speculative_tokens drafts per
+  // step at most; 0, none (a large batch may not want to pay for them); 1..K, at most that many.
+  std::optional<int> num_speculative_tokens;
   std::string tag;                      // the caller's label (e.g. the gRPC request id), echoed
 };
 
@@ -130,6 +136,8 @@ struct StepMetrics {
   // One per sequence that had a token sampled last step, plus its drafts (verify chunks).
   int num_decode_tokens = 0;
   int num_preempted = 0;
+  // Speculative decoding: chunks of this step that verified drafts.
+  int num_verify_chunks = 0;
   bool failed = false;     // Forward returned an error
   double schedule_s = 0;   // Scheduler::Schedule
   double forward_s = 0;    // ModelRunner::Forward (ForwardSampled: less its phases.sample_s)
@@ -187,6 +195,9 @@ struct EngineStats {
   int64_t failed_steps = 0;
   int64_t requests_finished = 0;
   SpeculativeCounters speculative;  // totals; zero without a speculative method
+  // The running sequences' mean draft limit (Scheduler::MeanDraftLimit: the adaptive K, else
+  // their cap); 0 when none drafts.
+  double speculative_mean_draft_length = 0;
 };
 
 class Engine {

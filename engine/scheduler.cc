@@ -52,6 +52,10 @@ void Scheduler::Add(int64_t sequence_id, SequenceRequest request) {
   }
   if (request.prompt_logprobs.has_value())
     seq.prompt_logprobs_state = PromptLogprobsState::kComputing;
+  if (options_.speculative.enabled()) {
+    seq.draft_length = DraftLength(options_.speculative.draft_length,
+                                   request.num_speculative_tokens.value_or(options_.speculative.num_speculative_tokens));
+  }
   seq.request = std::move(request);
   if (seq.request.sampling.grammar != nullptr) {
     seq.constraint = std::make_unique<TokenConstraint>(seq.request.sampling.grammar);
@@ -91,7 +95,7 @@ std::vector<int32_t> Scheduler::ProposeDrafts(const Sequence& seq, int budget) c
   if (!options_.speculative.enabled() || seq.NumUncomputed() != 1 || seq.constraint != nullptr) return {};
   const int len = static_cast<int>(seq.tokens.size());
   // A step emits up to 1 + drafts tokens: none past max_tokens or the context.
-  const int room = std::min({options_.speculative.num_speculative_tokens, budget,
+  const int room = std::min({seq.draft_length.limit(), budget,
                              seq.request.max_tokens - seq.NumOutput() - 1,
                              model_.max_context - len - 1});
   if (room <= 0) return {};
@@ -99,6 +103,14 @@ std::vector<int32_t> Scheduler::ProposeDrafts(const Sequence& seq, int budget) c
     if (seq.mtp_drafts_for != seq.tokens.size()) return {};  // made for another history
     return std::vector<int32_t>(seq.mtp_drafts.begin(),
                                 seq.mtp_drafts.begin() + std::min<size_t>(room, seq.mtp_drafts.size()));
+  }
+  if (options_.speculative.method == SpeculativeMethod::kProvided) {
+    const std::span<const int32_t> tokens(seq.tokens);
+    const size_t prompt_len = seq.request.prompt.size();
+    std::vector<int32_t> drafts =
+        options_.speculative.proposer->Propose(tokens.first(prompt_len), tokens.subspan(prompt_len), room);
+    if (static_cast<int>(drafts.size()) > room) drafts.resize(room);
+    return drafts;
   }
   return drafter_->Propose(seq.tokens, room);
 }
@@ -123,7 +135,7 @@ std::vector<MtpSpan> Scheduler::MtpSpans(const ScheduledStep& step) {
     s.state_slot = seq.state_slot;
     if (seq.NumUncomputed() == 1) {
       const int len = static_cast<int>(seq.tokens.size());
-      int drafts = std::min({options_.speculative.num_speculative_tokens,
+      int drafts = std::min({seq.draft_length.limit(),
                              seq.request.max_tokens - seq.NumOutput() - 1, model_.max_context - len - 1});
       // Drafts after the first run the MTP at positions num_computed .. num_computed + drafts - 2.
       while (drafts > 1 && !kv_.Allocate(chunk.sequence_id, seq.num_computed + drafts - 1)) --drafts;
@@ -416,6 +428,7 @@ std::vector<SequenceUpdate> Scheduler::AppendTokens(const std::vector<SampledRow
       c.num_draft_tokens += r.num_drafts;
       c.num_accepted_tokens += accepted;
       for (int j = 0; j < accepted; ++j) ++c.num_accepted_tokens_per_pos[j];
+      seq.draft_length.Observe(r.num_drafts, accepted);
     }
     if (finish.has_value()) {
       Remove(r.id);
@@ -534,6 +547,24 @@ std::vector<int64_t> Scheduler::FailStep(const ScheduledStep& step) {
 SequenceProgress Scheduler::ProgressOf(const Sequence& seq) {
   return SequenceProgress{static_cast<int>(seq.request.prompt.size()), seq.NumOutput(),
                           seq.cached_prompt_tokens};
+}
+
+std::optional<int> Scheduler::DraftLimit(int64_t sequence_id) const {
+  auto it = sequences_.find(sequence_id);
+  if (it == sequences_.end()) return std::nullopt;
+  return it->second.draft_length.limit();
+}
+
+double Scheduler::MeanDraftLimit() const {
+  int64_t sum = 0;
+  int count = 0;
+  for (int64_t id : running_) {
+    const DraftLength& d = sequences_.at(id).draft_length;
+    if (d.cap() < 1) continue;
+    sum += d.limit();
+    ++count;
+  }
+  return count > 0 ? static_cast<double>(sum) / count : 0.0;
 }
 
 std::optional<SequenceProgress> Scheduler::Progress(int64_t sequence_id) const {

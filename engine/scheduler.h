@@ -30,8 +30,10 @@
 // a recomputation after preemption, or the one token sampled last step (decode).
 //
 // Speculative decoding (SchedulerOptions::speculative): a decoding sequence's chunk is its last
-// sampled token followed by up to num_speculative_tokens drafts (engine/ngram_drafter.h; fewer
-// where the token budget, max_tokens or the context end), every position's logits wanted. Drafts
+// sampled token followed by up to its draft length's limit of drafts (engine/draft_length.h:
+// num_speculative_tokens, the request's own cap, or with the adaptive policy what its acceptance
+// earned; drafts from engine/ngram_drafter.h, the MTP head or a provided proposer; fewer where
+// the token budget, max_tokens or the context end), every position's logits wanted. Drafts
 // are added last, from the budget and free blocks that the steps above left (none in a step
 // that preempted), so they never cost another sequence its place. Row j (0-based) is sampled as plain decoding would sample
 // the sequence's next token had drafts [0, j) been accepted (same penalties, bans and draw
@@ -56,6 +58,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/draft_length.h"
 #include "engine/kv_block_manager.h"
 #include "engine/model_runner.h"
 #include "engine/parallel_for.h"
@@ -120,6 +123,9 @@ struct SequenceRequest {
   // cache's lookup (cached positions have no logits) and runs its prompt chunks with every
   // position's logit row (LogitRowsUse::kPromptPositions).
   std::optional<int> prompt_logprobs;
+  // Speculative decoding's cap for this request, 0..num_speculative_tokens (0: no drafts; the
+  // engine checks the range). Unset: num_speculative_tokens.
+  std::optional<int> num_speculative_tokens;
 };
 
 struct ScheduledStep {
@@ -218,6 +224,11 @@ class Scheduler {
   int64_t NumPreemptions() const { return num_preemptions_; }
   const KvBlockManager& kv() const { return kv_; }
   const SpeculativeCounters& speculative_counters() const { return speculative_counters_; }
+  // The drafts a present sequence may get in its next step (DraftLength::limit; 0 without
+  // speculative decoding or where its request turned it off).
+  std::optional<int> DraftLimit(int64_t sequence_id) const;
+  // The mean DraftLength::limit of the running sequences that draft (cap >= 1); 0 when none.
+  double MeanDraftLimit() const;
 
  private:
   enum class SequenceState { kWaiting, kRunning };
@@ -242,6 +253,7 @@ class Scheduler {
     size_t mtp_drafts_for = 0;
     // Set when the request has a grammar; a constrained sequence gets no drafts.
     std::unique_ptr<TokenConstraint> constraint;
+    DraftLength draft_length;  // speculative decoding: its drafts per step
 
     int NumOutput() const { return static_cast<int>(tokens.size() - request.prompt.size()); }
     int NumUncomputed() const { return static_cast<int>(tokens.size()) - num_computed; }

@@ -12,8 +12,24 @@ const char* SpeculativeMethodName(SpeculativeMethod method) {
     case SpeculativeMethod::kOff: return "off";
     case SpeculativeMethod::kNgram: return "ngram";
     case SpeculativeMethod::kMtp: return "mtp";
+    case SpeculativeMethod::kProvided: return "provided";
   }
   return "unknown";
+}
+
+const char* DraftLengthPolicyName(DraftLengthPolicy policy) {
+  switch (policy) {
+    case DraftLengthPolicy::kFixed: return "fixed";
+    case DraftLengthPolicy::kAdaptive: return "adaptive";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<DraftLengthPolicy> ParseDraftLengthPolicy(std::string_view name) {
+  if (name == "fixed") return DraftLengthPolicy::kFixed;
+  if (name == "adaptive") return DraftLengthPolicy::kAdaptive;
+  return absl::InvalidArgumentError(
+      absl::StrCat("speculative draft length \"", std::string(name), "\" is not one of: fixed, adaptive"));
 }
 
 absl::StatusOr<SpeculativeMethod> ParseSpeculativeMethod(std::string_view name) {
@@ -40,6 +56,11 @@ absl::Status ValidateSpeculativeOptions(const SpeculativeOptions& o) {
   if (o.disable_by_batch_size < 0) {
     return absl::InvalidArgumentError(absl::StrCat("speculative disable_by_batch_size must be >= 0, not ",
                                                    o.disable_by_batch_size));
+  }
+  if ((o.method == SpeculativeMethod::kProvided) != (o.proposer != nullptr)) {
+    return absl::InvalidArgumentError(o.proposer == nullptr
+                                          ? "speculative method provided needs a proposer"
+                                          : "a speculative proposer needs the method provided");
   }
   if (!o.enabled()) return absl::OkStatus();
   if (o.num_speculative_tokens < 1) {

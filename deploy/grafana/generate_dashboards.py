@@ -232,6 +232,21 @@ def engine_row():
              "acceptance rate")),
             desc="With --speculative-method: draft tokens verified and accepted per second, and the "
                  "fraction accepted (zero when speculative decoding is off)."), 12, 8),
+        (timeseries("Speculative verify step", targets(
+            (q(0.5, "exl3_engine_spec_decode_verify_step_seconds"), "verify step p50"),
+            (q(0.99, "exl3_engine_spec_decode_verify_step_seconds"), "verify step p99"),
+            (f"sum(rate(exl3_engine_spec_decode_verify_step_seconds_sum{{{R}}}[{RATE}])) / "
+             f"clamp_min(sum(rate(exl3_engine_spec_decode_verify_step_seconds_count{{{R}}}[{RATE}])), 1e-9)",
+             "verify step mean")),
+            unit="s", desc="The forward pass and sampling of the steps that verified drafts (compare with the "
+                           "step phases above: what a verify chunk's extra positions cost)."), 12, 8),
+        (timeseries("Speculative draft length", targets(
+            (f"avg(exl3_engine_spec_decode_mean_draft_length{{{R}}})", "mean draft limit"),
+            (f"sum(rate(exl3_engine_spec_decode_num_draft_tokens_total{{{R}}}[{RATE}])) / "
+             f"clamp_min(sum(rate(exl3_engine_spec_decode_num_drafts_total{{{R}}}[{RATE}])), 1e-9)",
+             "draft tokens per verify chunk")),
+            desc="The running sequences' mean draft limit (with --speculative-draft-length adaptive each "
+                 "sequence's own K; else their cap), and the draft tokens a verify chunk actually carried."), 12, 8),
     ]
 
 

@@ -34,8 +34,12 @@
 #      at its published shapes as its origin runs it (experts K=2 MCG, attention K=4, head K=6),
 #      GLM5_LAYERS layers (default 8: the 3 dense and 5 MoE; KDA and indexed layers three to one),
 #      through exl3-engine-bench at contexts 1024 and 8192, batches 1, 8, 32, 64.
+#   8. (--only spec, not by default) speculative decoding through the engine on the GLM-4.5-Air-shaped
+#      model of 3 (or SPEC_MODEL_DIR): exl3-engine-bench --speculative-acceptance (a drafter that
+#      matches the target with probability p: tokens/s against p and against k at batch 1, 8, 32,
+#      requests whose greedy tokens differ from the plain run's counted), fixed K and then adaptive K.
 # Binaries come from .gpu-deps/ or its packed copy .gpu-check/gpu-deps.tar.xz (scripts/gpu/bundle.sh;
-# carry one of the two). Usage: scripts/gpu/engine.sh [--only test|sanitize|bench|attention|sampling|dsa|glm5]...
+# carry one of the two). Usage: scripts/gpu/engine.sh [--only test|sanitize|bench|attention|sampling|dsa|glm5|spec]...
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
@@ -50,7 +54,7 @@ ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY="$ONLY $2"; shift ;;
-    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
     *) echo "engine.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -180,6 +184,19 @@ if [[ " $ONLY " == *" glm5 "* ]]; then
     --batch ${GLM5_BATCHES:-1,8,32,64} --steps ${STEPS:-12} --json "$OUT/engine-bench.json" > "$OUT/glm5-bench.log" 2>&1
   echo "glm5 bench exit $?"
   cat "$OUT/glm5-bench.log"
+fi
+if [[ " $ONLY " == *" spec "* ]]; then
+  echo "=== exl3-engine-bench --speculative-acceptance (speculative decoding through the engine)"
+  MODEL=${SPEC_MODEL_DIR:-${ENGINE_MODEL_DIR:-/tmp/glm45-air-synthetic-${ENGINE_LAYERS:-6}}}
+  [ -n "${SPEC_MODEL_DIR:-}" ] || bash scripts/gpu/glm45_air_model.sh "$BIN" "$MODEL" ${ENGINE_LAYERS:-6} "$OUT/engine-model.log"
+  for policy in fixed adaptive; do
+    timeout ${SPEC_TIMEOUT:-400} "$BIN"/exl3-engine-bench --model "$MODEL" --context ${SPEC_CONTEXT:-1024} \
+      --batch ${SPEC_BATCHES:-1,8,32} --steps ${SPEC_STEPS:-64} --speculative-acceptance ${SPEC_ACCEPTANCE:-0,0.5,0.7,0.9,1} \
+      --num-speculative-tokens ${SPEC_KS:-1,2,3,4} --speculative-draft-length $policy \
+      --json "$OUT/engine-bench.json" > "$OUT/spec-bench-$policy.log" 2>&1
+    echo "spec bench ($policy) exit $?"
+    cat "$OUT/spec-bench-$policy.log"
+  done
 fi
 if want attention; then
   echo "=== exl3-engine-bench --attention-only (GLM-4.5-Air's attention shape)"

@@ -115,7 +115,14 @@ EngineMetrics::EngineMetrics(prometheus::Registry& r)
                                      .Name("exl3_engine_spec_decode_num_accepted_tokens_per_pos_total")
                                      .Help("Speculative decoding: draft tokens accepted at each draft "
                                            "position (0: the first draft of a step)")
-                                     .Register(r)) {
+                                     .Register(r)),
+      spec_verify_step_(Hist(r, "exl3_engine_spec_decode_verify_step_seconds",
+                             "Speculative decoding: the forward pass and sampling of a step that verified "
+                             "drafts (at least one verify chunk)",
+                             svc::LatencyBuckets())),
+      spec_mean_draft_length_(Gauge(r, "exl3_engine_spec_decode_mean_draft_length",
+                                    "Speculative decoding: the running sequences' mean draft limit (their "
+                                    "adaptive K, else their cap: --num-speculative-tokens or the request's)")) {
   for (engine::FinishReason reason : {engine::FinishReason::kStop, engine::FinishReason::kLength,
                                       engine::FinishReason::kAbort, engine::FinishReason::kError})
     finished_fam_.Add({{"finish_reason", ReasonName(reason)}});
@@ -139,6 +146,7 @@ void EngineMetrics::OnStep(const engine::StepMetrics& s) {
     moe_to_device_.Observe(s.phases.remote_moe_to_device_s);
   }
   step_tokens_.Observe(s.num_tokens);
+  if (s.num_verify_chunks > 0 && !s.failed) spec_verify_step_.Observe(s.forward_s + s.sample_s);
   if (s.failed) failed_steps_.Increment();
 }
 
@@ -160,6 +168,7 @@ void EngineMetrics::Refresh(const engine::EngineStats& s) {
   running_.Set(s.running);
   waiting_.Set(s.waiting);
   kv_usage_.Set(s.kv_usage);
+  spec_mean_draft_length_.Set(s.speculative_mean_draft_length);
   // Counters advance by the difference since the last snapshot.
   if (s.preemptions > last_.preemptions) preemptions_.Increment(s.preemptions - last_.preemptions);
   if (s.prefix_cache_queried_tokens > last_.prefix_cache_queried_tokens)

@@ -62,6 +62,8 @@ class EngineMetrics final : public engine::EngineObserver {
   prometheus::Counter& spec_accepted_tokens_;
   prometheus::Family<prometheus::Counter>& spec_accepted_per_pos_fam_;
   std::vector<prometheus::Counter*> spec_accepted_per_pos_;  // by draft position, added as seen
+  prometheus::Histogram& spec_verify_step_;
+  prometheus::Gauge& spec_mean_draft_length_;
   engine::EngineStats last_{};
 };
 

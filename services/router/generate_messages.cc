@@ -120,6 +120,7 @@ absl::StatusOr<engine::GenerateParams> ToGenerateParams(
   p.ignore_eos = req.ignore_eos();
   p.deadline = deadline;
   if (req.has_prompt_logprobs()) p.prompt_logprobs = req.prompt_logprobs();
+  if (req.has_num_speculative_tokens()) p.num_speculative_tokens = req.num_speculative_tokens();
   p.tag = req.request_id();
   return p;
 }

@@ -125,12 +125,13 @@ absl::StatusOr<std::unique_ptr<Generation>> Generation::Start(const GenerationOp
   const engine::SpeculativeOptions& spec = o.engine.scheduler.speculative;
   if (spec.method == engine::SpeculativeMethod::kNgram) {
     const engine::NgramDrafterOptions ngram = *engine::NgramOptionsOf(spec);  // checked by Start
-    exl3::LogInfo("engine: speculative decoding ngram, %d draft tokens per step, n-grams of %d to %d",
-                 spec.num_speculative_tokens, ngram.min_n, ngram.max_n);
+    exl3::LogInfo("engine: speculative decoding ngram, %d draft tokens per step, n-grams of %d to %d, "
+                 "draft length %s", spec.num_speculative_tokens, ngram.min_n, ngram.max_n,
+                 engine::DraftLengthPolicyName(spec.draft_length));
   } else if (spec.method == engine::SpeculativeMethod::kMtp) {
     exl3::LogInfo("engine: speculative decoding mtp, %d draft tokens per step from the model's MTP head "
-                 "(its MoE block runs in this process; no prefix caching)",
-                 spec.num_speculative_tokens);
+                 "(its MoE block runs in this process; no prefix caching), draft length %s",
+                 spec.num_speculative_tokens, engine::DraftLengthPolicyName(spec.draft_length));
   }
   const engine::ModelInfo& info = g->engine_->model_info();
   if (info.state_bytes_per_sequence > 0) {

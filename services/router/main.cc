@@ -108,6 +108,10 @@ ABSL_FLAG(int32_t, ngram_prompt_lookup_min, 0,
           "ngram: shortest suffix matched (0: --ngram-prompt-lookup-max, or 5 when both are 0, as vLLM)");
 ABSL_FLAG(int32_t, speculative_disable_by_batch_size, 0,
           "no drafts in a step while more than this many sequences run (0: no limit; vLLM's name)");
+ABSL_FLAG(std::string, speculative_draft_length, "fixed",
+          "drafts per sequence and step: fixed (--num-speculative-tokens, or a request's own cap) or "
+          "adaptive (each sequence 1..that cap, shrinking while its drafts are rejected and growing back "
+          "as they land: engine/draft_length.h)");
 ABSL_FLAG(int32_t, max_pending_requests, 1024,
           "Generate requests accepted and unfinished; beyond it RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, generate_timeout_ms, 600000,
@@ -154,6 +158,8 @@ absl::StatusOr<std::unique_ptr<Generation>> StartGeneration(const std::string& m
   if (absl::GetFlag(FLAGS_ngram_prompt_lookup_min) != 0)
     spec.prompt_lookup_min = absl::GetFlag(FLAGS_ngram_prompt_lookup_min);
   spec.disable_by_batch_size = absl::GetFlag(FLAGS_speculative_disable_by_batch_size);
+  EXL3_ASSIGN_OR_RETURN(spec.draft_length,
+                        engine::ParseDraftLengthPolicy(absl::GetFlag(FLAGS_speculative_draft_length)));
   EXL3_RETURN_IF_ERROR(engine::ValidateSpeculativeOptions(spec));
   e.max_pending_requests = absl::GetFlag(FLAGS_max_pending_requests);
   return Generation::Start(g, router, registry);

@@ -196,6 +196,23 @@ TEST_P(MtpSpeculativeDecodingTest, CancelledMidRequestLeavesTheCacheIdle) {
   engine.Stop();
 }
 
+TEST_P(MtpSpeculativeDecodingTest, AdaptiveDraftLengthAndPerRequestCapsGivePlainTokens) {
+  // The MTP head chains only up to each sequence's own limit: the adaptive K, a request's cap of
+  // 1, or none at all (num_speculative_tokens 0); the tokens are plain decoding's either way.
+  std::vector<GenerateParams> params = GreedyRequests();
+  const RunResult plain = Run(Options({}), params);
+  SpeculativeOptions adaptive = Mtp(4);
+  adaptive.draft_length = DraftLengthPolicy::kAdaptive;
+  for (size_t i = 0; i < params.size(); ++i) params[i].num_speculative_tokens = static_cast<int>(i % 3);  // 0, 1, 2
+  const RunResult spec = Run(Options(adaptive), params);
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(Ids(spec.tokens[i]), Ids(plain.tokens[i])) << "request " << i;
+  const SpeculativeCounters& c = spec.stats.speculative;
+  EXPECT_GT(c.num_drafts, 0);
+  EXPECT_LE(c.num_draft_tokens, 2 * c.num_drafts);  // no request's cap above 2
+  EXPECT_EQ(c.num_accepted_tokens_per_pos[2] + c.num_accepted_tokens_per_pos[3], 0);
+  EXPECT_DOUBLE_EQ(spec.stats.kv_usage, 0.0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, MtpSpeculativeDecodingTest,
                          ::testing::Values("tests/fixtures/engine/deepseek_v3_mtp",
                                            "tests/fixtures/engine/glm4_moe_mtp",

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "engine/cpu_model.h"
 #include "engine/engine.h"
 #include "gtest/gtest.h"
@@ -204,7 +205,104 @@ TEST_P(SpeculativeDecodingTest, CancelledMidRequestLeavesTheCacheIdle) {
   EXPECT_DOUBLE_EQ(engine.Stats().kv_usage, 0.0);
 }
 
+TEST_P(SpeculativeDecodingTest, AdaptiveDraftLengthGivesPlainDecodingsTokens) {
+  // Each sequence's own K (engine/draft_length.h) changes how many drafts a step verifies, never
+  // which tokens come out: greedy (with logprobs) and seeded sampling as plain decoding.
+  SpeculativeOptions adaptive = Ngram(4);
+  adaptive.draft_length = DraftLengthPolicy::kAdaptive;
+  std::vector<GenerateParams> params = GreedyRequests();
+  for (const GenerateParams& g : testing::SeededSamplingRequests(repeating_, {1u, 3u})) params.push_back(g);
+  const RunResult plain = Run(Options({}), params);
+  const RunResult fixed = Run(Options(Ngram(4)), params);
+  const RunResult spec = Run(Options(adaptive), params);
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(Ids(spec.tokens[i]), Ids(plain.tokens[i])) << "request " << i;
+    if (params[i].sampling.logprobs.value_or(0) > 0) {
+      for (size_t t = 0; t < spec.tokens[i].size() && t < plain.tokens[i].size(); ++t)
+        EXPECT_NEAR(*spec.tokens[i][t].logprob, *plain.tokens[i][t].logprob, 1e-4) << "request " << i;
+    }
+  }
+  const SpeculativeCounters& a = spec.stats.speculative;
+  const SpeculativeCounters& f = fixed.stats.speculative;
+  std::printf("%s K=4: fixed %lld draft tokens, %lld accepted; adaptive %lld draft tokens, %lld accepted\n",
+              GetParam(), static_cast<long long>(f.num_draft_tokens), static_cast<long long>(f.num_accepted_tokens),
+              static_cast<long long>(a.num_draft_tokens), static_cast<long long>(a.num_accepted_tokens));
+  EXPECT_GT(a.num_accepted_tokens, 0);  // (K shrinking and staying up: tests/engine/draft_length_test.cc)
+  EXPECT_EQ(Sum(a.num_accepted_tokens_per_pos), a.num_accepted_tokens);
+  EXPECT_DOUBLE_EQ(spec.stats.kv_usage, 0.0);
+  EXPECT_DOUBLE_EQ(spec.stats.speculative_mean_draft_length, 0.0);  // nothing running
+}
+
+TEST_P(SpeculativeDecodingTest, PerRequestDraftCapAndSwitch) {
+  // GenerateParams::num_speculative_tokens: 0 turns drafting off for that request, 1 caps it;
+  // every request still gives plain decoding's tokens.
+  std::vector<GenerateParams> params = GreedyRequests();
+  const RunResult plain = Run(Options({}), params);
+  for (GenerateParams& g : params) g.num_speculative_tokens = 0;
+  const RunResult off = Run(Options(Ngram(4)), params);
+  for (GenerateParams& g : params) g.num_speculative_tokens = 1;
+  const RunResult one = Run(Options(Ngram(4)), params);
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(Ids(off.tokens[i]), Ids(plain.tokens[i])) << "request " << i;
+    EXPECT_EQ(Ids(one.tokens[i]), Ids(plain.tokens[i])) << "request " << i;
+  }
+  EXPECT_EQ(off.stats.speculative.num_drafts, 0);
+  const SpeculativeCounters& c = one.stats.speculative;
+  EXPECT_GT(c.num_accepted_tokens, 0);
+  EXPECT_EQ(c.num_draft_tokens, c.num_drafts);  // one draft per verify chunk
+  for (size_t j = 1; j < c.num_accepted_tokens_per_pos.size(); ++j) EXPECT_EQ(c.num_accepted_tokens_per_pos[j], 0);
+  // Mixed: the repeating prompts draft, the fixture prompts do not.
+  params = GreedyRequests();
+  for (size_t i = 0; i < prompts_.size(); ++i) params[i].num_speculative_tokens = 0;
+  const RunResult mixed = Run(Options(Ngram(4)), params);
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(Ids(mixed.tokens[i]), Ids(plain.tokens[i])) << "request " << i;
+  EXPECT_GT(mixed.stats.speculative.num_accepted_tokens, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, SpeculativeDecodingTest, ::testing::ValuesIn(kFixtures));
+
+TEST(SpeculativeDecodingRefusalTest, RequestDraftCapOutOfRangeRefusedByName) {
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  auto submit = [&](Engine& engine, std::optional<int> k) {
+    GenerateParams g = Greedy32(prompt);
+    g.max_tokens = 2;
+    g.num_speculative_tokens = k;
+    RequestResults r;
+    absl::StatusOr<uint64_t> id = engine.Submit(g, r.Callback());
+    if (id.ok()) r.Wait(1);
+    return id.status();
+  };
+  EngineOptions eo;
+  eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 64};
+  eo.scheduler.speculative = Ngram(3);
+  Engine spec(eo, OpenCpuFixtureModel("tests/fixtures/engine/glm4_moe_all"));
+  ASSERT_TRUE(spec.Start().ok());
+  for (int k : {0, 1, 3}) EXPECT_TRUE(submit(spec, k).ok()) << k;
+  EXPECT_TRUE(submit(spec, std::nullopt).ok());
+  for (int k : {-1, 4}) {
+    const absl::Status st = submit(spec, k);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << k;
+    EXPECT_TRUE(absl::StartsWith(st.message(), "num_speculative_tokens must be in [0, 3]")) << st;
+  }
+  // Without speculative decoding: 0 is what the engine does anyway; anything else is refused.
+  EngineOptions plain_options = eo;
+  plain_options.scheduler.speculative = {};
+  Engine plain(plain_options, OpenCpuFixtureModel("tests/fixtures/engine/glm4_moe_all"));
+  ASSERT_TRUE(plain.Start().ok());
+  EXPECT_TRUE(submit(plain, 0).ok());
+  const absl::Status st = submit(plain, 2);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(st.message(), "num_speculative_tokens is 2")) << st;
+  EXPECT_NE(st.message().find("without speculative decoding"), std::string_view::npos) << st;
+}
+
+TEST(SpeculativeDecodingRefusalTest, ProvidedMethodNeedsItsProposer) {
+  SpeculativeOptions s;
+  s.method = SpeculativeMethod::kProvided;
+  s.num_speculative_tokens = 2;
+  EXPECT_EQ(ValidateSpeculativeOptions(s).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(ParseSpeculativeMethod("provided").ok());  // not a server's choice
+}
 
 TEST(SpeculativeDecodingRefusalTest, CompressedCacheFamilyRefusedByName) {
   const std::pair<const char*, const char*> refused[] = {

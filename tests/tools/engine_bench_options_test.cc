@@ -49,6 +49,21 @@ TEST(EngineBenchOptionsTest, RemoteExpertsFlags) {
   EXPECT_EQ(o->ready_timeout_s, 30);
 }
 
+TEST(EngineBenchOptionsTest, SpeculativeBenchFlags) {
+  auto o = ParseEngineBenchArgs({"--model", kModel, "--speculative-acceptance", "0,0.7,1", "--num-speculative-tokens",
+                                 "1,3", "--speculative-draft-length", "adaptive", "--context", "1024", "--steps", "64"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->speculative());
+  EXPECT_EQ(o->speculative_acceptances, (std::vector<double>{0, 0.7, 1}));
+  EXPECT_EQ(o->speculative_ks, (std::vector<int>{1, 3}));
+  EXPECT_EQ(o->speculative_draft_length, "adaptive");
+  auto defaults = ParseEngineBenchArgs({"--model", kModel, "--speculative-acceptance", "0.7"});
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->speculative_ks, (std::vector<int>{1, 2, 3, 4}));
+  EXPECT_EQ(defaults->speculative_draft_length, "fixed");
+  EXPECT_FALSE(ParseEngineBenchArgs({"--model", kModel})->speculative());
+}
+
 TEST(EngineBenchOptionsTest, SamplingOnlyNeedsNoModel) {
   auto o = ParseEngineBenchArgs({"--sampling-only", "--vocab", "32000", "--batch", "1,64"});
   ASSERT_TRUE(o.ok()) << o.status();
@@ -76,6 +91,14 @@ TEST(EngineBenchOptionsTest, BadArgumentsAreNamed) {
       {{"--attention-only", "--expert-map", "m.yaml"}, "no --expert-map"},
       {{"--sampling-only", "--vocab", "0"}, "--vocab"},
       {{"--sampling-only", "--attention-only"}, "one at a time"},
+      {{"--model", kModel, "--speculative-acceptance", "1.5"}, "--speculative-acceptance: '1.5'"},
+      {{"--model", kModel, "--speculative-acceptance", "0.5,x"}, "--speculative-acceptance: 'x'"},
+      {{"--model", kModel, "--speculative-acceptance", "0.5", "--num-speculative-tokens", "0"},
+       "--num-speculative-tokens"},
+      {{"--model", kModel, "--speculative-acceptance", "0.5", "--speculative-draft-length", "auto"},
+       "--speculative-draft-length"},
+      {{"--model", kModel, "--num-speculative-tokens", "2"}, "need --speculative-acceptance"},
+      {{"--sampling-only", "--speculative-acceptance", "0.5"}, "no --speculative-acceptance"},
   };
   for (const Case& c : cases) {
     auto o = ParseEngineBenchArgs(c.args);

@@ -12,13 +12,18 @@
 //   exl3-engine-bench --attention-only [--attention-shape 96,8,128] [--context 1024,8192]
 //                     [--batch 1,8,64] [--prefill-chunk 2048] [--runs 30] [--json FILE]
 //   exl3-engine-bench --sampling-only [--vocab 151552] [--batch 1,8,64] [--runs 30] [--json FILE]
+//   exl3-engine-bench --model DIR --speculative-acceptance 0,0.5,0.7,0.9,1 [--num-speculative-tokens 1,2,3,4]
+//                     [--speculative-draft-length fixed|adaptive] [--context 1024] [--batch 1,8,32] [--steps 64]
+//                     [--expert-map FILE ...] [--json FILE]
 //
 // --expert-map: the routed experts on exl3-worker processes, through the router core in this
 // process (services/router/in_process_router.h, as exl3-router runs it), the same tables for each
 // micro-batch count, against the same floor (the experts' bytes then counted from the model's
 // files), and the exchange's time per MoE layer. --attention-only times the attention kernels alone
 // (tools/exl3_bench/attention_bench.h); --sampling-only the sampling of a step's rows on the device
-// and the old host path (tools/exl3_bench/sampling_bench.h). The command line: tools/exl3_bench/engine_bench_options.h.
+// and the old host path (tools/exl3_bench/sampling_bench.h); --speculative-acceptance speculative
+// decoding through the Engine with a drafter of a chosen acceptance rate
+// (tools/exl3_bench/speculative_bench.h). The command line: tools/exl3_bench/engine_bench_options.h.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -44,6 +49,7 @@
 #include "tools/exl3_bench/attention_bench.h"
 #include "tools/exl3_bench/sampling_bench.h"
 #include "tools/exl3_bench/engine_bench_options.h"
+#include "tools/exl3_bench/speculative_bench.h"
 
 namespace {
 
@@ -420,6 +426,58 @@ int RunTables(CudaModel& model, const exl3::bench::EngineBenchOptions& o, const 
   return 0;
 }
 
+// --speculative-acceptance: speculative decoding through the Engine with the recorded drafter
+// (tools/exl3_bench/speculative_bench.h), the model opened anew for each --context. Returns the
+// exit code.
+int RunSpeculative(const exl3::bench::EngineBenchOptions& o, const ExpertPlacement& placement,
+                   exl3::router::InProcessRouter* router, const exl3::router::InProcessRouterOptions& ro,
+                   int hidden_size, FILE* jf) {
+  namespace bench = exl3::bench;
+  namespace engine = exl3::engine;
+  const int max_k = *std::max_element(o.speculative_ks.begin(), o.speculative_ks.end());
+  const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
+  for (const int context : o.contexts) {
+    bench::SpeculativeBenchOptions so;
+    so.batches = o.batches;
+    so.acceptances = o.speculative_acceptances;
+    so.ks = o.speculative_ks;
+    so.prompt_tokens = context;
+    so.decode_tokens = o.steps;
+    so.draft_length = o.speculative_draft_length == "adaptive" ? engine::DraftLengthPolicy::kAdaptive
+                                                                 : engine::DraftLengthPolicy::kFixed;
+    so.engine.block_size = 16;
+    so.engine.kv_capacity = {engine::KvCacheCapacity::Unit::kTokens,
+                             int64_t{max_batch} * (context + o.steps + max_k + 32)};
+    so.engine.scheduler.max_num_batched_tokens = std::max(o.prefill_chunk, max_batch * (1 + max_k));
+    so.engine.scheduler.max_num_seqs = max_batch;
+    auto open = [&]() -> std::unique_ptr<engine::ModelRunner> {
+      CudaModelOptions options;
+      options.cuda_graphs = o.graphs;
+      if (o.max_moe_tokens > 0) options.max_moe_tokens = o.max_moe_tokens;
+      options.micro_batches = placement.micro_batches;
+      std::unique_ptr<engine::MoeExecutor> executor;
+      if (router != nullptr)
+        executor = std::make_unique<exl3::router::RouterMoeExecutor>(
+            router->core().service(), ro.core.router.inline_max_tokens, hidden_size,
+            std::chrono::milliseconds(o.moe_timeout_ms));
+      auto opened = CudaModel::Open(o.model, options, std::move(executor));
+      if (!opened.ok()) {
+        std::fprintf(stderr, "exl3-engine-bench: %s\n", opened.status().ToString().c_str());
+        return nullptr;
+      }
+      return std::move(*opened);
+    };
+    std::printf("=== speculative decoding, experts %s: prompts of %d tokens, %d greedy tokens each, draft length %s\n",
+                placement.title.c_str(), context, o.steps, o.speculative_draft_length.c_str());
+    const double t0 = Now();
+    absl::StatusOr<std::vector<bench::SpeculativeBenchRow>> rows = bench::RunSpeculativeBench(so, open);
+    if (!rows.ok()) return Fail("speculative bench: " + rows.status().ToString());
+    bench::PrintSpeculativeBench(*rows, stdout, jf);
+    std::printf("(%.1f s)\n", Now() - t0);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -516,6 +574,14 @@ int main(int argc, char** argv) {
     placements.push_back({false, 1, "in process on this GPU", ""});
   }
   int rc = 0;
+  if (o.speculative()) {
+    for (const ExpertPlacement& placement : placements) {
+      rc = RunSpeculative(o, placement, router.get(), ro, cfg_or->hidden_size, jf);
+      if (rc != 0) break;
+    }
+    if (jf) std::fclose(jf);
+    return rc;
+  }
   for (const ExpertPlacement& placement : placements) {
     CudaModelOptions options;
     options.cuda_graphs = o.graphs;

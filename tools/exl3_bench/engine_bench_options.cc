@@ -17,6 +17,8 @@ const char kEngineBenchUsage[] =
     "                         [--prefill-chunk 2048] [--no-graphs] [--max-moe-tokens N] [--json FILE]\n"
     "                         [--expert-map FILE [--micro-batches 1,2] [--shared-expert local|worker:NAME|none]\n"
     "                          [--worker-shm-mb 8] [--ready-timeout-s 120] [--moe-timeout-ms 30000]]\n"
+    "                         [--speculative-acceptance 0,0.5,0.7,0.9,1 [--num-speculative-tokens 1,2,3,4]\n"
+    "                          [--speculative-draft-length fixed|adaptive]]\n"
     "       exl3-engine-bench --attention-only [--attention-shape 96,8,128] [--context 1024,8192]\n"
     "                         [--batch 1,8,64] [--prefill-chunk 2048] [--runs 30] [--json FILE]\n"
     "       exl3-engine-bench --sampling-only [--vocab 151552] [--batch 1,8,64] [--runs 30] [--json FILE]\n"
@@ -37,6 +39,17 @@ const char kEngineBenchUsage[] =
     "exchange while the other's attention runs), against the same floor, with the exchange's time\n"
     "per MoE layer (copy to the host, the call, copy back). Waits up to --ready-timeout-s for\n"
     "every expert to have a serving worker.\n"
+    "\n"
+    "--speculative-acceptance P,...: instead of the tables, speculative decoding through the\n"
+    "engine (scheduler, verify chunks, rollback, sampling as exl3-router runs them) with a drafter\n"
+    "made to match the target with probability P: each --batch of random prompts of each --context\n"
+    "length decodes --steps greedy tokens, first without drafts (recording the continuations),\n"
+    "then for each P and each draft cap of --num-speculative-tokens with the recorded\n"
+    "continuation as drafts, each draft token right with probability P (else another token);\n"
+    "decode tokens/s, mean step and verify step time, drafts accepted, and how many requests'\n"
+    "tokens differ from the plain run's (speculation must change none).\n"
+    "--speculative-draft-length adaptive: each sequence's own K (engine/draft_length.h).\n"
+    "With --expert-map, the experts on the workers as above.\n"
     "\n"
     "--attention-only: no model; the attention kernels alone on random inputs of --attention-shape\n"
     "(query heads, KV heads, head dim): decode at each --batch and --context against the KV-read\n"
@@ -59,6 +72,20 @@ absl::StatusOr<int> PositiveInt(const std::string& flag, const std::string& text
   return static_cast<int>(v);
 }
 
+absl::StatusOr<std::vector<double>> FractionList(const std::string& flag, const std::string& text) {
+  std::vector<double> out;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    const std::string s(part);
+    char* end = nullptr;
+    errno = 0;
+    const double v = std::strtod(s.c_str(), &end);
+    if (s.empty() || end == nullptr || *end != '\0' || errno != 0 || !(v >= 0 && v <= 1))
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": '", s, "' is not a number in [0, 1]"));
+    out.push_back(v);
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<int>> PositiveIntList(const std::string& flag, const std::string& text) {
   std::vector<int> out;
   for (absl::string_view part : absl::StrSplit(text, ',')) {
@@ -72,6 +99,7 @@ absl::StatusOr<std::vector<int>> PositiveIntList(const std::string& flag, const 
 
 absl::StatusOr<EngineBenchOptions> ParseEngineBenchArgs(const std::vector<std::string>& args) {
   EngineBenchOptions o;
+  bool ks_given = false, draft_length_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&]() -> absl::StatusOr<std::string> {
@@ -137,6 +165,19 @@ absl::StatusOr<EngineBenchOptions> ParseEngineBenchArgs(const std::vector<std::s
     } else if (a == "--ready-timeout-s") {
       EXL3_ASSIGN_OR_RETURN(const std::string v, value());
       EXL3_ASSIGN_OR_RETURN(o.ready_timeout_s, PositiveInt(a, v));
+    } else if (a == "--speculative-acceptance") {
+      EXL3_ASSIGN_OR_RETURN(const std::string v, value());
+      EXL3_ASSIGN_OR_RETURN(o.speculative_acceptances, FractionList(a, v));
+    } else if (a == "--num-speculative-tokens") {
+      EXL3_ASSIGN_OR_RETURN(const std::string v, value());
+      EXL3_ASSIGN_OR_RETURN(o.speculative_ks, PositiveIntList(a, v));
+      ks_given = true;
+    } else if (a == "--speculative-draft-length") {
+      EXL3_ASSIGN_OR_RETURN(o.speculative_draft_length, value());
+      if (o.speculative_draft_length != "fixed" && o.speculative_draft_length != "adaptive")
+        return absl::InvalidArgumentError(
+            absl::StrCat("--speculative-draft-length: '", o.speculative_draft_length, "' (fixed or adaptive)"));
+      draft_length_given = true;
     } else if (a == "--moe-timeout-ms") {
       EXL3_ASSIGN_OR_RETURN(const std::string v, value());
       EXL3_ASSIGN_OR_RETURN(o.moe_timeout_ms, PositiveInt(a, v));
@@ -145,7 +186,12 @@ absl::StatusOr<EngineBenchOptions> ParseEngineBenchArgs(const std::vector<std::s
     }
   }
   if (o.help) return o;
+  if ((ks_given || draft_length_given) && !o.speculative())
+    return absl::InvalidArgumentError(
+        "--num-speculative-tokens and --speculative-draft-length need --speculative-acceptance");
   if (o.attention_only || o.sampling_only) {
+    if (o.speculative())
+      return absl::InvalidArgumentError("--attention-only / --sampling-only run no model: no --speculative-acceptance");
     if (o.attention_only && o.sampling_only)
       return absl::InvalidArgumentError("--attention-only and --sampling-only: one at a time");
     if (o.remote()) return absl::InvalidArgumentError("--attention-only / --sampling-only run no model: no --expert-map");

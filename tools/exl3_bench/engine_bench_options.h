@@ -35,8 +35,15 @@ struct EngineBenchOptions {
   int worker_shm_mb = 8;                // same-host workers' shared-memory channel (0: gRPC only)
   int ready_timeout_s = 120;            // for every expert to have a serving worker
   int moe_timeout_ms = 30000;           // one MoE layer through the router core
+  // --speculative-acceptance: instead of the tables, speculative decoding through the Engine with
+  // the recorded drafter (tools/exl3_bench/speculative_bench.h) at each acceptance p and draft cap
+  // k, each --context a prompt length, each --batch a run, --steps greedy tokens per request.
+  std::vector<double> speculative_acceptances;  // empty: not run
+  std::vector<int> speculative_ks = {1, 2, 3, 4};  // --num-speculative-tokens
+  std::string speculative_draft_length = "fixed";  // fixed | adaptive (--speculative-draft-length)
 
   bool remote() const { return !expert_map.empty(); }
+  bool speculative() const { return !speculative_acceptances.empty(); }
 };
 
 // argv without the program name. Errors name the argument and what was wrong.

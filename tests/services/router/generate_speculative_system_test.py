@@ -17,6 +17,7 @@ import concurrent.futures
 import os
 import re
 import sys
+import time
 import unittest
 import urllib.request
 
@@ -114,6 +115,64 @@ class GenerateSpeculativeTest(FixtureGenerateTest):
 class GenerateSpeculativeGlm5NextTest(GenerateSpeculativeTest):
     """The cases above on a family with recurrent layers."""
     FIXTURE = os.path.join(FIXTURES, "glm5_next_all")
+
+
+def capped(stub, prompt, max_tokens, k):
+    """The greedy tokens of a request with GenerateRequest.num_speculative_tokens = k."""
+    req = pb.GenerateRequest(prompt_token_ids=prompt, max_tokens=max_tokens, ignore_eos=True,
+                             sampling=pb.SamplingParams(temperature=0), num_speculative_tokens=k)
+    return [t.token_id for r in stub.Generate(req, timeout=120) for t in r.tokens]
+
+
+class SpeculativeRequestSwitchTest(FixtureGenerateTest):
+    """GenerateRequest.num_speculative_tokens through exl3-router (--speculative-draft-length
+    adaptive): 0 drafts nothing for the request, 1..K cap it, the tokens those of a plain router;
+    outside [0, K], or above 0 on a router without speculation, INVALID_ARGUMENT naming the field.
+    The verify step histogram and the mean draft length gauge on /metrics."""
+    FIXTURE = os.path.join(FIXTURES, "glm4_moe_all")
+
+    def test_switch_caps_and_refusals(self):
+        plain = self.c.start_router(with_map=False)
+        spec = self.c.start_router(extra=SPECULATIVE + ("--speculative-draft-length", "adaptive"), with_map=False)
+        spec.wait_for_log(r"engine: speculative decoding ngram, 3 draft tokens per step, n-grams of 1 to 3, "
+                          r"draft length adaptive")
+        prompt = self.prompts[0] + self.greedy[0] + self.greedy[0][:4]  # built to repeat
+        drafts = "exl3_engine_spec_decode_num_draft_tokens_total"
+
+        def settled(m):  # the engine idle and its counters refreshed (every 250 ms)
+            return m["exl3_engine_num_requests_running"] == 0 and m
+
+        with grpc.insecure_channel(plain.address) as pc, grpc.insecure_channel(spec.address) as sc:
+            plain_stub, spec_stub = pbg.GeneratorStub(pc), pbg.GeneratorStub(sc)
+            want = greedy_generate(plain_stub, prompt, 32, pb)[0]
+            before = wait_for(lambda: settled(scrape(spec.metrics)), 10, "metrics")[drafts]
+            self.assertEqual(capped(spec_stub, prompt, 32, 0), want)
+            wait_for(lambda: settled(scrape(spec.metrics)), 10, "metrics")
+            time.sleep(0.6)  # one more refresh after the request's last step
+            self.assertEqual(scrape(spec.metrics)[drafts], before, "drafts for a request that turned them off")
+            for k in (1, 3):
+                self.assertEqual(capped(spec_stub, prompt, 32, k), want, f"num_speculative_tokens {k}")
+            self.assertEqual(greedy_generate(spec_stub, prompt, 32, pb)[0], want)
+            m = wait_for(lambda: (m := scrape(spec.metrics))[drafts] > before
+                         and m["exl3_engine_spec_decode_verify_step_seconds_count"] > 0 and m,
+                         10, "drafts and verify steps counted")
+            self.assertIn("exl3_engine_spec_decode_mean_draft_length", m)
+            for k in (4, -1):
+                with self.assertRaises(grpc.RpcError) as e:
+                    capped(spec_stub, prompt, 4, k)
+                self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+                self.assertIn("num_speculative_tokens must be in [0, 3]", e.exception.details())
+            self.assertEqual(capped(plain_stub, prompt, 32, 0), want)
+            with self.assertRaises(grpc.RpcError) as e:
+                capped(plain_stub, prompt, 4, 2)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertIn("num_speculative_tokens is 2 but this server runs without speculative decoding",
+                          e.exception.details())
+
+    def test_bad_draft_length_refused(self):
+        with self.assertRaises(ProcessExited) as e:
+            self.c.start_router(extra=SPECULATIVE + ("--speculative-draft-length", "auto"), with_map=False)
+        self.assertIn("is not one of: fixed, adaptive", str(e.exception))
 
 
 class SpeculativeRefusedTest(FixtureGenerateTest):

@@ -467,7 +467,7 @@ class TaggedJsonConstraint(_message.Message):
     def __init__(self, alternatives: _Optional[_Iterable[_Union[TaggedJson, _Mapping]]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "max_tokens", "min_tokens", "stop_token_ids", "ignore_eos", "timeout_us", "prompt_logprobs")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "max_tokens", "min_tokens", "stop_token_ids", "ignore_eos", "timeout_us", "prompt_logprobs", "num_speculative_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -477,6 +477,7 @@ class GenerateRequest(_message.Message):
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_US_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
@@ -486,7 +487,8 @@ class GenerateRequest(_message.Message):
     ignore_eos: bool
     timeout_us: int
     prompt_logprobs: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., timeout_us: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ...) -> None: ...
+    num_speculative_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., timeout_us: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., num_speculative_tokens: _Optional[int] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("token_id", "logprob")

@@ -39,7 +39,8 @@ _HTTP_OF = {
 # The request fields the engine's refusals name first (engine/engine.cc, Engine::Validate:
 # "min_tokens must be in [0, max_tokens], not 9", "stop_token_ids token 0 is 999, outside ...").
 _ENGINE_FIELDS = ("max_tokens", "min_tokens", "stop_token_ids", "temperature", "top_p", "top_k",
-                  "min_p", "repetition_penalty", "presence_penalty", "logprobs", "logit_bias")
+                  "min_p", "repetition_penalty", "presence_penalty", "logprobs", "logit_bias",
+                  "num_speculative_tokens")
 
 ENGINE_CALLS = ("stream", "per-request")
 

@@ -136,6 +136,10 @@ class _Sampling(BaseModel):
     return_tokens_as_token_ids: Optional[bool] = False  # logprobs' tokens as "token_id:ID"
     # vLLM's: every prompt token's logprob and the top N of its position (the first has none).
     prompt_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
+    # Speculative decoding for this request (the engine's GenerateRequest.num_speculative_tokens):
+    # 0 turns it off, 1..K caps its drafts per step; unset, the server's K. The engine refuses
+    # values above its K, and any above 0 when it runs without speculative decoding.
+    num_speculative_tokens: Optional[int] = Field(default=None, ge=0, le=INT32_MAX)
     request_id: Optional[str] = None  # the answer's and the engine's request id (X-Request-Id wins)
 
 

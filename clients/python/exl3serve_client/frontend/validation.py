@@ -555,6 +555,8 @@ class RequestValidator:
             req.sampling.logit_bias[token] = bias
         if wanted:
             req.prompt_logprobs = max(wanted)
+        if body.num_speculative_tokens is not None:
+            req.num_speculative_tokens = body.num_speculative_tokens
         return PreparedRequest(
             endpoint=endpoint, model=self.model_name(), prompts=prompts,
             engine_request=req, stops=self._stops(body), stream=bool(body.stream),
