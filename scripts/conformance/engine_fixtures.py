@@ -1463,6 +1463,60 @@ def mtp_prefix(model):
     return "model.language_model." if hasattr(model.model, "language_model") else "model."
 
 
+def quantize_with_mtp_head(args, model, mtp, work_root, name, seed, prefix):
+    """Saves `model` with its MTP tensors `mtp` (the head's output projections scaled by 0.3) in
+    mtp.safetensors, quantizes both as the `all` variant, dequantizes, and loads the dequantized model
+    in transformers without the head (which it does not read). Returns (the EXL3 directory, the EXL3
+    layers' prefixes, the head's dequantized tensors (names starting with `prefix`), the reference model)."""
+    for k in mtp:
+        if k.endswith(("o_proj.weight", "down_proj.weight")):
+            mtp[k] = mtp[k] * 0.3
+    work = os.path.join(work_root, f"{name}-seed{seed}")
+    hf_dir = os.path.join(work, "hf")
+    model.to(torch.bfloat16).save_pretrained(hf_dir)
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in mtp.items()},
+              os.path.join(hf_dir, "mtp.safetensors"), metadata={"format": "pt"})
+    quantize_mtp_linears(args, os.path.join(hf_dir, "mtp.safetensors"), work)
+    exl3_dir = os.path.join(work, "exl3")
+    run([args.exl3_tool, "quantize", "--input", hf_dir, "--output", exl3_dir, "--bits", str(EXPERT_BITS),
+         "--threads", str(args.threads), "--quiet"] + VARIANTS["all"])
+    deq_dir = os.path.join(work, "dequant")
+    prefixes = dequantized_checkpoint(args.exl3_tool, exl3_dir, deq_dir, work)
+    deq_file = os.path.join(deq_dir, "model.safetensors")
+    with safe_open(deq_file, "pt") as st:
+        everything = {k: st.get_tensor(k) for k in st.keys()}
+    head_tensors = {k: v for k, v in everything.items() if k.startswith(prefix)}
+    save_file({k: v for k, v in everything.items() if not k.startswith(prefix)}, deq_file, metadata={"format": "pt"})
+    return exl3_dir, prefixes, head_tensors, load_reference_model(deq_dir)
+
+
+def record_mtp_prompts(ref_model, reference_logits, first_token):
+    """For each of MTP_PROMPT_LENGTHS a random prompt (ids from first_token), the model's greedy
+    continuation and the head's reference logits (reference_logits(ids) -> (logits, min index margin
+    or None)): the fixture's tensors and per-prompt facts."""
+    gen_prompts = torch.Generator().manual_seed(SEED)
+    tensors, prompts_info = {}, []
+    for i, length in enumerate(MTP_PROMPT_LENGTHS):
+        prompt = torch.randint(first_token, VOCAB, (length,), generator=gen_prompts)
+        with torch.no_grad():
+            out = ref_model.generate(prompt[None], max_new_tokens=NEW_TOKENS, do_sample=False,
+                                     min_new_tokens=NEW_TOKENS)[0, length:]
+        ids = torch.cat([prompt, out])
+        logits, index_margin_min = reference_logits(ids)
+        top2 = logits.topk(2, dim=-1).values
+        tensors[f"prompt.{i}"] = prompt.to(torch.int32).contiguous()
+        tensors[f"greedy.{i}"] = out.to(torch.int32).contiguous()
+        tensors[f"mtp_logits.{i}"] = logits.float().contiguous()
+        # How often the MTP head predicts the model's own next greedy token (its draft accepted).
+        agree = (logits[length - 1:-1].argmax(-1) == ids[length + 1:]).float().mean().item()
+        prompts_info.append({"prompt_len": length, "greedy_len": NEW_TOKENS, "mtp_rows": int(logits.shape[0]),
+                             "min_mtp_top1_top2_gap": float(f"{(top2[:, 0] - top2[:, 1]).min().item():.4g}"),
+                             "mtp_argmax_matches_greedy": float(f"{agree:.3g}")})
+        if index_margin_min is not None:
+            prompts_info[-1]["min_index_margin"] = float(f"{index_margin_min:.3e}")
+    return tensors, prompts_info
+
+
 def quantize_mtp_linears(args, path, work):
     """Every linear of the MTP layer file `path` that EXL3 can hold (both dimensions multiples of
     128) replaced by an EXL3 layer at EXPERT_BITS (`exl3-tool quantize-tensor`; `exl3-tool
@@ -1542,48 +1596,10 @@ def make_mtp_fixture(family, seed, args, work_root):
     # layer's output projections are scaled by 0.3, so the head's logits lean, like the model's,
     # towards that token's successor (init_weights' head_mix), moved by attention and MoE.
     mtp[p + "eh_proj.weight"] = torch.cat([torch.eye(H), torch.randn(H, H, generator=gen) * 0.5 / math.sqrt(2 * H)], 1)
-    for k in mtp:
-        if k.endswith(("o_proj.weight", "down_proj.weight")):
-            mtp[k] = mtp[k] * 0.3
-    work = os.path.join(work_root, f"{name}-seed{seed}")
-    hf_dir = os.path.join(work, "hf")
-    model.to(torch.bfloat16).save_pretrained(hf_dir)
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in mtp.items()},
-              os.path.join(hf_dir, "mtp.safetensors"), metadata={"format": "pt"})
-    quantize_mtp_linears(args, os.path.join(hf_dir, "mtp.safetensors"), work)
-    exl3_dir = os.path.join(work, "exl3")
-    run([args.exl3_tool, "quantize", "--input", hf_dir, "--output", exl3_dir, "--bits", str(EXPERT_BITS),
-         "--threads", str(args.threads), "--quiet"] + VARIANTS["all"])
-    deq_dir = os.path.join(work, "dequant")
-    prefixes = dequantized_checkpoint(args.exl3_tool, exl3_dir, deq_dir, work)
-    # The MTP layer's tensors apart: transformers does not load them.
-    deq_file = os.path.join(deq_dir, "model.safetensors")
-    with safe_open(deq_file, "pt") as st:
-        everything = {k: st.get_tensor(k) for k in st.keys()}
-    layer_tensors = {k: v for k, v in everything.items() if k.startswith(p)}
-    save_file({k: v for k, v in everything.items() if not k.startswith(p)}, deq_file, metadata={"format": "pt"})
-    ref_model = load_reference_model(deq_dir)
+    exl3_dir, prefixes, layer_tensors, ref_model = quantize_with_mtp_head(args, model, mtp, work_root, name, seed, p)
     modules = mtp_modules(ref_model, layer_tensors, n)
-    gen_prompts = torch.Generator().manual_seed(SEED)
-    tensors, prompts_info = {}, []
-    for i, length in enumerate(MTP_PROMPT_LENGTHS):
-        prompt = torch.randint(0, VOCAB, (length,), generator=gen_prompts)
-        with torch.no_grad():
-            out = ref_model.generate(prompt[None], max_new_tokens=NEW_TOKENS, do_sample=False,
-                                     min_new_tokens=NEW_TOKENS)[0, length:]
-        ids = torch.cat([prompt, out])
-        logits, index_margin_min = mtp_reference_logits(ref_model, modules, ids)
-        top2 = logits.topk(2, dim=-1).values
-        tensors[f"prompt.{i}"] = prompt.to(torch.int32).contiguous()
-        tensors[f"greedy.{i}"] = out.to(torch.int32).contiguous()
-        tensors[f"mtp_logits.{i}"] = logits.float().contiguous()
-        # How often the MTP head predicts the model's own next greedy token (its draft accepted).
-        agree = (logits[length - 1:-1].argmax(-1) == ids[length + 1:]).float().mean().item()
-        prompts_info.append({"prompt_len": length, "greedy_len": NEW_TOKENS, "mtp_rows": int(logits.shape[0]),
-                             "min_mtp_top1_top2_gap": float(f"{(top2[:, 0] - top2[:, 1]).min().item():.4g}"),
-                             "mtp_argmax_matches_greedy": float(f"{agree:.3g}")})
-        if index_margin_min is not None:
-            prompts_info[-1]["min_index_margin"] = float(f"{index_margin_min:.3e}")
+    tensors, prompts_info = record_mtp_prompts(ref_model, lambda ids: mtp_reference_logits(ref_model, modules, ids),
+                                               first_token=0)
     reference = {
         "family": family, "architecture": ref_model.config.architectures[0], "variant": "mtp",
         "quantize_flags": ["--bits", str(EXPERT_BITS)] + VARIANTS["all"], "seed": spec["seed"],
@@ -1734,46 +1750,12 @@ def make_qwen4_exp_mtp_fixture(family, seed, args, work_root):
         torch.randn(lowrank, S * H, generator=gen) / math.sqrt(S * H))
     mtp["mtp.hyper_connection_mixer.input_mix_weight_up.weight"] = (
         torch.randn(S * H, lowrank, generator=gen) / math.sqrt(lowrank))
-    for k in mtp:
-        if k.endswith(("o_proj.weight", "down_proj.weight")):
-            mtp[k] = mtp[k] * 0.3
-    work = os.path.join(work_root, f"{name}-seed{seed}")
-    hf_dir = os.path.join(work, "hf")
-    model.to(torch.bfloat16).save_pretrained(hf_dir)
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in mtp.items()},
-              os.path.join(hf_dir, "mtp.safetensors"), metadata={"format": "pt"})
-    quantize_mtp_linears(args, os.path.join(hf_dir, "mtp.safetensors"), work)
-    exl3_dir = os.path.join(work, "exl3")
-    run([args.exl3_tool, "quantize", "--input", hf_dir, "--output", exl3_dir, "--bits", str(EXPERT_BITS),
-         "--threads", str(args.threads), "--quiet"] + VARIANTS["all"])
-    deq_dir = os.path.join(work, "dequant")
-    prefixes = dequantized_checkpoint(args.exl3_tool, exl3_dir, deq_dir, work)
-    deq_file = os.path.join(deq_dir, "model.safetensors")
-    with safe_open(deq_file, "pt") as st:
-        everything = {k: st.get_tensor(k) for k in st.keys()}
-    head_tensors = {k: v for k, v in everything.items() if k.startswith("mtp.")}
-    save_file({k: v for k, v in everything.items() if not k.startswith("mtp.")}, deq_file, metadata={"format": "pt"})
-    ref_model = load_reference_model(deq_dir)
+    exl3_dir, prefixes, head_tensors, ref_model = quantize_with_mtp_head(args, model, mtp, work_root, name, seed,
+                                                                        "mtp.")
     modules = qwen4_exp_mtp_modules(ref_model, head_tensors, n)
-    gen_prompts = torch.Generator().manual_seed(SEED)
-    tensors, prompts_info = {}, []
-    for i, length in enumerate(MTP_PROMPT_LENGTHS):
-        prompt = torch.randint(2, VOCAB, (length,), generator=gen_prompts)  # no EOS (1): it resets PLE n-grams
-        with torch.no_grad():
-            out = ref_model.generate(prompt[None], max_new_tokens=NEW_TOKENS, do_sample=False,
-                                     min_new_tokens=NEW_TOKENS)[0, length:]
-        ids = torch.cat([prompt, out])
-        logits, index_margin_min = qwen4_exp_mtp_reference_logits(ref_model, modules, ids)
-        top2 = logits.topk(2, dim=-1).values
-        tensors[f"prompt.{i}"] = prompt.to(torch.int32).contiguous()
-        tensors[f"greedy.{i}"] = out.to(torch.int32).contiguous()
-        tensors[f"mtp_logits.{i}"] = logits.float().contiguous()
-        agree = (logits[length - 1:-1].argmax(-1) == ids[length + 1:]).float().mean().item()
-        prompts_info.append({"prompt_len": length, "greedy_len": NEW_TOKENS, "mtp_rows": int(logits.shape[0]),
-                             "min_mtp_top1_top2_gap": float(f"{(top2[:, 0] - top2[:, 1]).min().item():.4g}"),
-                             "mtp_argmax_matches_greedy": float(f"{agree:.3g}")})
-        if index_margin_min is not None:
-            prompts_info[-1]["min_index_margin"] = float(f"{index_margin_min:.3e}")
+    # No EOS (1) in the prompts: it resets PLE n-grams.
+    tensors, prompts_info = record_mtp_prompts(
+        ref_model, lambda ids: qwen4_exp_mtp_reference_logits(ref_model, modules, ids), first_token=2)
     reference = {
         "family": family, "architecture": ref_model.config.architectures[0], "variant": "mtp",
         "quantize_flags": ["--bits", str(EXPERT_BITS)] + VARIANTS["all"], "seed": seed,
