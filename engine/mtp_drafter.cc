@@ -6,6 +6,23 @@
 
 namespace exl3::engine {
 
+ModelConfig WithMtpLayer(const ModelConfig& cfg, bool moe) {
+  ModelConfig c = cfg;
+  const int n = cfg.num_layers;
+  c.num_layers = n + 1;
+  c.layer_mixers.resize(n + 1, TokenMixer::kAttention);
+  c.layer_mixers[n] = TokenMixer::kAttention;
+  if (c.attention == AttentionKind::kDsa || c.attention == AttentionKind::kPooledDsa) {
+    c.indexer.layer_modes.resize(n + 1, IndexerMode::kFull);
+    c.indexer.layer_modes[n] = IndexerMode::kFull;
+  }
+  c.moe.num_hidden_layers = n + 1;
+  c.moe.moe_layers.resize(n + 1, false);
+  c.moe.moe_layers[n] = moe;
+  c.moe.hash_routed_layers.resize(n + 1, false);
+  return c;
+}
+
 absl::Status CheckMtpDrafter(const ModelConfig& cfg, const TensorSource& src) {
   if (cfg.qwen4exp != nullptr) return Qwen4ExpMtpHead::CheckPresent(cfg, src);
   return MtpHead::CheckPresent(cfg, src);

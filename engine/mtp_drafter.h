@@ -56,6 +56,11 @@ class MtpDrafter {
   virtual absl::Status Logits(const float* o, int rows, float* logits, CpuCompute& compute) const = 0;
 };
 
+// The model's config with its MTP layer as one more layer (index cfg.num_layers), as the drafters'
+// blocks load and run it: an attention layer (DSA and GLM-5.3-Flash's k-pooled DSA running their own
+// indexer; never a recurrent mixer), MoE when `moe` (the layer stores a router).
+ModelConfig WithMtpLayer(const ModelConfig& cfg, bool moe);
+
 // OK when `cfg`'s family has an MTP design this engine runs and `src` holds its layer; else
 // FAILED_PRECONDITION naming the architecture and what is missing.
 absl::Status CheckMtpDrafter(const ModelConfig& cfg, const TensorSource& src);

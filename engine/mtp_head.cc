@@ -23,25 +23,6 @@ bool HasLinear(const TensorSource& src, const std::string& prefix) {
   return src.Has(prefix + ".weight") || src.Has(prefix + ".trellis");
 }
 
-// The model's config with the MTP layer as one more layer: an attention layer (DSA and
-// GLM-5.3-Flash's k-pooled DSA: running its own indexer; never KDA), MoE when the layer stores a
-// router.
-ModelConfig WithMtpLayer(const ModelConfig& cfg, bool moe) {
-  ModelConfig c = cfg;
-  const int n = cfg.num_layers;
-  c.num_layers = n + 1;
-  c.layer_mixers.resize(n + 1, TokenMixer::kAttention);
-  c.layer_mixers[n] = TokenMixer::kAttention;
-  if (c.attention == AttentionKind::kDsa || c.attention == AttentionKind::kPooledDsa) {
-    c.indexer.layer_modes.resize(n + 1, IndexerMode::kFull);
-    c.indexer.layer_modes[n] = IndexerMode::kFull;
-  }
-  c.moe.num_hidden_layers = n + 1;
-  c.moe.moe_layers.resize(n + 1, false);
-  c.moe.moe_layers[n] = moe;
-  c.moe.hash_routed_layers.resize(n + 1, false);
-  return c;
-}
 
 }  // namespace
 

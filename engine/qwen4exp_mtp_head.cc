@@ -19,19 +19,6 @@ bool HasLinear(const TensorSource& src, const std::string& prefix) {
   return src.Has(prefix + ".weight") || src.Has(prefix + ".trellis");
 }
 
-// The model's config with the MTP block as one more layer: QSA attention, MoE.
-ModelConfig WithMtpLayer(const ModelConfig& cfg) {
-  ModelConfig c = cfg;
-  const int n = cfg.num_layers;
-  c.num_layers = n + 1;
-  c.layer_mixers.resize(n + 1, TokenMixer::kAttention);
-  c.layer_mixers[n] = TokenMixer::kAttention;
-  c.moe.num_hidden_layers = n + 1;
-  c.moe.moe_layers.resize(n + 1, false);
-  c.moe.moe_layers[n] = true;
-  c.moe.hash_routed_layers.resize(n + 1, false);
-  return c;
-}
 
 }  // namespace
 
@@ -64,7 +51,7 @@ absl::StatusOr<std::unique_ptr<Qwen4ExpMtpHead>> Qwen4ExpMtpHead::Load(const Mod
   EXL3_RETURN_IF_ERROR(CheckPresent(model_cfg, src));
   const Qwen4ExpConfig& q = *model_cfg.qwen4exp;
   const int n = model_cfg.num_layers, H = model_cfg.hidden_size, S = q.hc_count;
-  std::unique_ptr<Qwen4ExpMtpHead> m(new Qwen4ExpMtpHead(WithMtpLayer(model_cfg), S));
+  std::unique_ptr<Qwen4ExpMtpHead> m(new Qwen4ExpMtpHead(WithMtpLayer(model_cfg, /*moe=*/true), S));
   const ModelConfig& cfg = m->cfg_;
   const std::string p = kPrefix, l = kLayer;
   const NormWeightConvention zc = NormWeightConvention::kOffsetFromOne;
