@@ -1463,6 +1463,26 @@ def mtp_prefix(model):
     return "model.language_model." if hasattr(model.model, "language_model") else "model."
 
 
+def mtp_layer_tensors(layer, prefix, skip=()):
+    """A transformers decoder layer's tensors as an MTP layer stores them under `prefix`: fused
+    experts (gate_up_proj, down_proj) split per expert; names starting with one of `skip` left out."""
+    mtp = {}
+    for k, v in layer.state_dict().items():
+        if skip and k.startswith(skip):
+            continue
+        if k == "mlp.experts.gate_up_proj":
+            I = v.shape[1] // 2
+            for e in range(v.shape[0]):
+                mtp[f"{prefix}mlp.experts.{e}.gate_proj.weight"] = v[e, :I]
+                mtp[f"{prefix}mlp.experts.{e}.up_proj.weight"] = v[e, I:]
+        elif k == "mlp.experts.down_proj":
+            for e in range(v.shape[0]):
+                mtp[f"{prefix}mlp.experts.{e}.down_proj.weight"] = v[e]
+        else:
+            mtp[prefix + k] = v
+    return mtp
+
+
 def quantize_with_mtp_head(args, model, mtp, work_root, name, seed, prefix):
     """Saves `model` with its MTP tensors `mtp` (the head's output projections scaled by 0.3) in
     mtp.safetensors, quantizes both as the `all` variant, dequantizes, and loads the dequantized model
@@ -1575,20 +1595,8 @@ def make_mtp_fixture(family, seed, args, work_root):
     gen = torch.Generator().manual_seed(SEED + spec["seed"])
     H = fields["hidden_size"]
     p = f"{mtp_prefix(model)}layers.{n}."
-    mtp = {}
-    for k, v in decoder_layers(big)[n].state_dict().items():
-        if k.startswith(("attn_hc.", "ffn_hc.")):  # GLM-5.3-Flash's MTP layer has no hyper-connections
-            continue
-        if k == "mlp.experts.gate_up_proj":
-            I = v.shape[1] // 2
-            for e in range(v.shape[0]):
-                mtp[f"{p}mlp.experts.{e}.gate_proj.weight"] = v[e, :I]
-                mtp[f"{p}mlp.experts.{e}.up_proj.weight"] = v[e, I:]
-        elif k == "mlp.experts.down_proj":
-            for e in range(v.shape[0]):
-                mtp[f"{p}mlp.experts.{e}.down_proj.weight"] = v[e]
-        else:
-            mtp[p + k] = v
+    # GLM-5.3-Flash's MTP layer has no hyper-connections.
+    mtp = mtp_layer_tensors(decoder_layers(big)[n], p, skip=("attn_hc.", "ffn_hc."))
     for norm in ("enorm", "hnorm", "shared_head.norm"):
         mtp[f"{p}{norm}.weight"] = 1 + torch.randn(H, generator=gen) * 0.1
     # A head that drafts well enough for acceptances to show: eh_proj passes the next token's
@@ -1724,18 +1732,7 @@ def make_qwen4_exp_mtp_fixture(family, seed, args, work_root):
     assert not missing.missing_keys, missing.missing_keys
     gen = torch.Generator().manual_seed(SEED + seed)
     H, S, p = text["hidden_size"], text["hc_count"], "mtp.layers.0."
-    mtp = {}
-    for k, v in decoder_layers(big)[n].state_dict().items():
-        if k == "mlp.experts.gate_up_proj":
-            I = v.shape[1] // 2
-            for e in range(v.shape[0]):
-                mtp[f"{p}mlp.experts.{e}.gate_proj.weight"] = v[e, :I]
-                mtp[f"{p}mlp.experts.{e}.up_proj.weight"] = v[e, I:]
-        elif k == "mlp.experts.down_proj":
-            for e in range(v.shape[0]):
-                mtp[f"{p}mlp.experts.{e}.down_proj.weight"] = v[e]
-        else:
-            mtp[p + k] = v
+    mtp = mtp_layer_tensors(decoder_layers(big)[n], p)
     # Zero-centred norms N(0, 0.1); fc_embedding the identity and fc_hidden N(0, 0.25 / 2H), so
     # the next token's embedding passes into every stream and the head leans, like the model,
     # towards that token's successor; the block's output projections scaled by 0.3; the mixer
