@@ -204,24 +204,25 @@ def check_weather_call(call) -> None:
 
 
 def test_tool_choice_holds_the_call_to_the_schema(qwen_live):
-    """tool_choice required / a named function with hermes calls: every answer is one call of an
-    offered function whose arguments match its schema, streamed and not, whatever the
-    random-weight model prefers."""
+    """tool_choice required / a named function with hermes calls: every answer is one call (or,
+    under required with parallel_tool_calls, one or more) of an offered function whose arguments
+    match its schema, streamed and not, whatever the random-weight model prefers."""
     client, name = qwen_live
     ask = [{"role": "user", "content": "Weather in Bern for 3 days?"}]
     seen = set()
-    for seed in range(8):
+    for seed, parallel in [(seed, True) for seed in range(8)] + [(seed, False) for seed in range(4)]:
         r = client.chat.completions.create(model=name, messages=ask, tools=[WEATHER, NOW],
-                                           tool_choice="required", max_tokens=120, seed=seed,
-                                           temperature=1.0)
+                                           tool_choice="required", max_tokens=2000, seed=seed,
+                                           temperature=1.0, parallel_tool_calls=parallel)
         c = r.choices[0]
-        assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1, c
-        call = c.message.tool_calls[0]
-        seen.add(call.function.name)
-        if call.function.name == "now":
-            assert json.loads(call.function.arguments) == {}
-        else:
-            check_weather_call(call)
+        assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) >= 1, c
+        assert parallel or len(c.message.tool_calls) == 1, c
+        for call in c.message.tool_calls:
+            seen.add(call.function.name)
+            if call.function.name == "now":
+                assert json.loads(call.function.arguments) == {}
+            else:
+                check_weather_call(call)
     assert seen == {"get_weather", "now"}
     named = {"type": "function", "function": {"name": "get_weather"}}
     for seed in range(3):

@@ -230,14 +230,23 @@ def test_developer_role_and_refusals(fake):
             assert heads == (["\n<tool_call>now", "\n<tool_call>get_weather"]
                              if choice == "required" else ["\n<tool_call>now"])
             continue
-        assert sampling.WhichOneof("constraint") == "tagged_json"
-        alternatives = sampling.tagged_json.alternatives
-        names = [json.loads(a.json_schema)["properties"]["name"]["const"] for a in alternatives]
-        assert names == (["now", "get_weather"] if choice == "required" else ["now"])
-        assert all(a.begin == "<tool_call>\n" and a.end == "\n</tool_call>" for a in alternatives)
-        weather = json.loads(alternatives[-1].json_schema)["properties"]["arguments"]
+        # hermes: one call, or under required one or more joined by "\n" as Qwen's templates write them.
+        assert sampling.WhichOneof("constraint") == "structural_tag"
+        assert sampling.structural_tag.json_layout == pb.JSON_LAYOUT_COMPACT
+        tag = json.loads(sampling.structural_tag.json)["format"]
+        one = tag["elements"][0] if choice == "required" else tag
+        calls = one["elements"] if choice == "required" else [one]
+        heads = [c["elements"][0]["value"] for c in calls]
+        assert heads == (['<tool_call>\n{"name": "now", "arguments": ',
+                          '<tool_call>\n{"name": "get_weather", "arguments": ']
+                         if choice == "required" else ['<tool_call>\n{"name": "now", "arguments": '])
+        assert all(c["elements"][2]["value"] == "}\n</tool_call>" for c in calls)
+        weather = calls[-1]["elements"][1]["json_schema"]
         assert weather == (WEATHER["function"]["parameters"] if choice == "required"
                            else NOW["function"]["parameters"])
+        if choice == "required":
+            assert tag["elements"][1]["type"] == "star"
+            assert tag["elements"][1]["content"]["elements"][0]["value"] == "\n"
     for choice, says in [({"type": "function", "function": {"name": "nope"}}, "not among"),
                          ({"type": "function"}, "tool_choice must be"), ("any", "not 'any'")]:
         with pytest.raises(openai.BadRequestError) as e:

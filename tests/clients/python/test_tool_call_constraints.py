@@ -329,5 +329,6 @@ def test_forced_calls_hold_after_the_reasoning(thinking):
             model=model.name, messages=ASK, tools=[WEATHER, NOW], tool_choice="required",
             max_tokens=400, temperature=1.0, seed=seed, logit_bias={str(think): 4, str(end): 4})
         c = r.choices[0]
-        assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1, c
-        check_call(c.message.tool_calls[0].function.name, c.message.tool_calls[0].function.arguments)
+        assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) >= 1, c
+        for call in c.message.tool_calls:
+            check_call(call.function.name, call.function.arguments)

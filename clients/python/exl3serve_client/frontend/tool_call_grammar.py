@@ -2,11 +2,12 @@
 calls written exactly as the model's chat template writes them (tool_calls.py parses them back),
 each call's arguments held to its function's parameters schema.
 
-- hermes: one call, `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, as
-  tagged_json (one alternative per function).
-- glm45, deepseek_v3, deepseek_v31: an xgrammar structural tag (its format tree: const strings,
-  JSON schemas, free text inside tags, sequences, alternatives, repetitions), with one call, or
-  one or more under tool_choice required when parallel_tool_calls is not false.
+Every format as an xgrammar structural tag (its format tree: const strings, JSON schemas, free text
+inside tags, sequences, alternatives, repetitions), with one call, or one or more under tool_choice
+required when parallel_tool_calls is not false:
+- hermes (Qwen's templates): `<tool_call>\\n{"name": "NAME", "arguments": {...}}\\n</tool_call>`,
+  later calls after a "\\n";
+- glm45, deepseek_v3, deepseek_v31: their templates' tags (below).
 
 glm45's arguments, as GLM's templates write them, are `\\n<arg_key>K</arg_key>\\n<arg_value>V
 </arg_value>` per argument: the schema's properties in its order, the required ones always, the
@@ -34,11 +35,9 @@ def tool_call_constraint(fmt: ToolCallFormat, schemas: dict[str, Any], forced: t
                          several: bool) -> Optional[Constraint]:
     """The constraint of tool_choice required (`forced`: every function) or a named function
     (`forced`: that one); None when no call is forced. `several`: one or more calls (required
-    with parallel_tool_calls), else exactly one (hermes: always one)."""
+    with parallel_tool_calls), else exactly one."""
     if not forced:
         return None
-    if fmt is ToolCallFormat.HERMES:
-        return _hermes(schemas, forced)
     calls = [_call(fmt, name, schemas[name] or {"type": "object"}) for name in forced]
     one = calls[0] if len(calls) == 1 else {"type": "or", "elements": calls}
     body = _one_or_more(fmt, one) if several else one
@@ -48,17 +47,6 @@ def tool_call_constraint(fmt: ToolCallFormat, schemas: dict[str, Any], forced: t
     return Constraint("tool_choice", "structural_tag", StructuralTag(
         json.dumps({"type": "structural_tag", "format": body}, ensure_ascii=False),
         compact_json=True))
-
-
-def _hermes(schemas: dict[str, Any], forced: tuple[str, ...]) -> Constraint:
-    alternatives = []
-    for name in forced:
-        call = {"type": "object",
-                "properties": {"name": {"const": name}, "arguments": schemas[name] or
-                               {"type": "object"}},
-                "required": ["name", "arguments"]}
-        alternatives.append((HERMES_CALL_BEGIN, json.dumps(call), HERMES_CALL_END))
-    return Constraint("tool_choice", "tagged_json", alternatives)
 
 
 def _const(value: str) -> dict[str, Any]:
@@ -74,15 +62,19 @@ def _json(schema: Any) -> dict[str, Any]:
 
 
 def _one_or_more(fmt: ToolCallFormat, call: dict[str, Any]) -> dict[str, Any]:
-    """Calls in a row as the format's templates join them: DeepSeek-V3's with "\n" between them,
-    the others' without (GLM's calls begin with their own "\n")."""
-    if fmt is ToolCallFormat.DEEPSEEK_V3:
+    """Calls in a row as the format's templates join them: hermes' and DeepSeek-V3's with "\n"
+    between them, the others' without (GLM's calls begin with their own "\n")."""
+    if fmt in (ToolCallFormat.HERMES, ToolCallFormat.DEEPSEEK_V3):
         return _sequence(call, {"type": "star", "content": _sequence(_const("\n"), call)})
     return {"type": "plus", "content": call}
 
 
 def _call(fmt: ToolCallFormat, name: str, schema: dict[str, Any]) -> dict[str, Any]:
     """One call of `name`, as the format's templates write it."""
+    if fmt is ToolCallFormat.HERMES:
+        # The name as the template writes it between quotes (tojson's escaping of the name).
+        head = f'{HERMES_CALL_BEGIN}{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
+        return _sequence(_const(head), _json(schema), _const("}" + HERMES_CALL_END))
     if fmt is ToolCallFormat.GLM45:
         # GLM's templates put "\n" before each call (after the message's content).
         props = schema.get("properties")

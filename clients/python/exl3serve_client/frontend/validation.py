@@ -66,7 +66,7 @@ class ForcedCalls(enum.Enum):
     """What tool_choice makes the answer (tool_call_grammar.py constrains it)."""
     NONE = enum.auto()         # auto: text, calls or both, as the model writes
     ONE = enum.auto()          # a named function, or required without parallel_tool_calls
-    ONE_OR_MORE = enum.auto()  # required with parallel_tool_calls (hermes: one all the same)
+    ONE_OR_MORE = enum.auto()  # required with parallel_tool_calls
 
 
 @dataclass(frozen=True)
