@@ -1537,6 +1537,16 @@ def record_mtp_prompts(ref_model, reference_logits, first_token):
     return tensors, prompts_info
 
 
+def write_mtp_fixture(args, name, exl3_dir, tensors, prompts_info, reference):
+    """Writes an MTP fixture: `reference` completed with its prompts' facts and tensor list."""
+    reference["prompts"] = prompts_info
+    reference["tensors"] = {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
+                            for k, v in sorted(tensors.items())}
+    log(f"{name}: " + ", ".join(f"prompt {i}: MTP argmax = next greedy token at "
+                                f"{x['mtp_argmax_matches_greedy']}" for i, x in enumerate(prompts_info)))
+    write_fixture(args.out, name, exl3_dir, tensors, reference)
+
+
 def quantize_mtp_linears(args, path, work):
     """Every linear of the MTP layer file `path` that EXL3 can hold (both dimensions multiples of
     128) replaced by an EXL3 layer at EXPERT_BITS (`exl3-tool quantize-tensor`; `exl3-tool
@@ -1627,13 +1637,8 @@ def make_mtp_fixture(family, seed, args, work_root):
                       "one teacher-forced pass over prompt + greedy, the layer causal over positions "
                       "0..P+30 at rope position i; transformers' own modules (the family's decoder "
                       "layer class and RMSNorm, nn.Linear for eh_proj), fp32, EXL3 layers dequantized",
-        "prompts": prompts_info,
-        "tensors": {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
-                    for k, v in sorted(tensors.items())},
     }
-    log(f"{name}: " + ", ".join(f"prompt {i}: MTP argmax = next greedy token at "
-                                f"{x['mtp_argmax_matches_greedy']}" for i, x in enumerate(prompts_info)))
-    write_fixture(args.out, name, exl3_dir, tensors, reference)
+    write_mtp_fixture(args, name, exl3_dir, tensors, prompts_info, reference)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1772,13 +1777,8 @@ def make_qwen4_exp_mtp_fixture(family, seed, args, work_root):
                       "over positions 0..P+30 at rope position i; transformers' own modules (Qwen4ExpTextRMSNorm, "
                       "Qwen4ExpTextDecoderLayer, Qwen4ExpTextGatedResidual, nn.Linear for fc_hidden / "
                       "fc_embedding), fp32, EXL3 layers dequantized",
-        "prompts": prompts_info,
-        "tensors": {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
-                    for k, v in sorted(tensors.items())},
     }
-    log(f"{name}: " + ", ".join(f"prompt {i}: MTP argmax = next greedy token at "
-                                f"{x['mtp_argmax_matches_greedy']}" for i, x in enumerate(prompts_info)))
-    write_fixture(args.out, name, exl3_dir, tensors, reference)
+    write_mtp_fixture(args, name, exl3_dir, tensors, prompts_info, reference)
 
 
 MTP_FAMILIES["qwen4_exp"] = dict(seed=29, make=make_qwen4_exp_mtp_fixture)
