@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/engine.h"
@@ -66,12 +67,32 @@ struct RequestResults {
     std::unique_lock<std::mutex> lock(mu);
     ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(120), [&] { return finish.size() >= n; }));
   }
+  // Until request `id` has at least n tokens, or about 4 s have passed (the caller checks what it needs).
+  void WaitForTokens(uint64_t id, size_t n) {
+    for (int i = 0; i < 2000; ++i) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (sampled[id].size() >= n) return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
   std::vector<int32_t> TokenIds(uint64_t id) {
     std::vector<int32_t> ids;
     for (const SampledToken& t : sampled[id]) ids.push_back(t.token);
     return ids;
   }
 };
+
+// Whether the engine's published stats show no running request and no KV block in use within about
+// 1 s (they are published after the step that finished the last request).
+inline bool WaitUntilIdle(Engine& engine) {
+  for (int i = 0; i < 500; ++i) {
+    if (engine.Stats().kv_usage == 0.0 && engine.Stats().running == 0) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return false;
+}
 
 // Submits every params at once to a started engine, waits for all, expects each to finish OK;
 // returns each request's sampled tokens in submission order (and, with `finish`, how each ended).

@@ -12,7 +12,6 @@
 #include <filesystem>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "engine/cpu_model.h"
@@ -31,6 +30,7 @@ using testing::RequestResults;
 using testing::Ids;
 using testing::OpenCpuFixtureModel;
 using testing::Sum;
+using testing::WaitUntilIdle;
 using RunResult = testing::SpeculativeRun;
 
 SpeculativeOptions Mtp(int k) {
@@ -176,23 +176,12 @@ TEST_P(MtpSpeculativeDecodingTest, CancelledMidRequestLeavesTheCacheIdle) {
   ASSERT_TRUE(id.ok());
   auto other_id = engine.Submit(Greedy32(repeating_[1]), r.Callback());
   ASSERT_TRUE(other_id.ok());
-  for (int i = 0; i < 2000; ++i) {
-    {
-      std::lock_guard<std::mutex> lock(r.mu);
-      if (r.sampled[*id].size() >= 6) break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  r.WaitForTokens(*id, 6);
   ASSERT_TRUE(engine.Cancel(*id).ok());
   r.Wait(2);
   EXPECT_EQ(r.finish[*id].reason, FinishReason::kAbort);
   EXPECT_EQ(r.finish[*other_id].reason, FinishReason::kLength);
-  bool idle = false;
-  for (int i = 0; i < 500 && !idle; ++i) {
-    idle = engine.Stats().kv_usage == 0.0 && engine.Stats().running == 0;
-    if (!idle) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  EXPECT_TRUE(idle) << "KV usage " << engine.Stats().kv_usage;
+  EXPECT_TRUE(WaitUntilIdle(engine)) << "KV usage " << engine.Stats().kv_usage;
   engine.Stop();
 }
 

@@ -12,7 +12,6 @@
 #include <chrono>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -31,6 +30,7 @@ using testing::RequestResults;
 using testing::Ids;
 using testing::OpenCpuFixtureModel;
 using testing::Sum;
+using testing::WaitUntilIdle;
 using RunResult = testing::SpeculativeRun;
 
 const char* const kFixtures[] = {"tests/fixtures/engine/glm4_moe_all",    "tests/fixtures/engine/qwen3_moe_all",
@@ -172,25 +172,13 @@ TEST_P(SpeculativeDecodingTest, CancelledMidRequestLeavesTheCacheIdle) {
   GenerateParams other = Greedy32(repeating_[1]);  // runs on beside it, to the end
   auto other_id = engine.Submit(other, r.Callback());
   ASSERT_TRUE(other_id.ok());
-  for (int i = 0; i < 2000; ++i) {
-    {
-      std::lock_guard<std::mutex> lock(r.mu);
-      if (r.sampled[*id].size() >= 6) break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  r.WaitForTokens(*id, 6);
   ASSERT_TRUE(engine.Cancel(*id).ok());
   r.Wait(2);
   EXPECT_EQ(r.finish[*id].reason, FinishReason::kAbort);
   EXPECT_LT(r.sampled[*id].size(), 80u);
   EXPECT_EQ(r.finish[*other_id].reason, FinishReason::kLength);
-  // The stats are published after the step that finished the last request.
-  bool idle = false;
-  for (int i = 0; i < 500 && !idle; ++i) {
-    idle = engine.Stats().kv_usage == 0.0 && engine.Stats().running == 0;
-    if (!idle) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  EXPECT_TRUE(idle) << "KV usage " << engine.Stats().kv_usage;
+  EXPECT_TRUE(WaitUntilIdle(engine)) << "KV usage " << engine.Stats().kv_usage;
   // Both slots free again: two new requests run beside each other to transformers' tokens.
   RequestResults again;
   std::vector<uint64_t> ids;
