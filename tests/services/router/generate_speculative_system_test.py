@@ -46,8 +46,32 @@ def scrape(metrics):
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\S+) (\S+)$", text, re.M)}
 
 
-class GenerateSpeculativeTest(FixtureGenerateTest):
+class SpeculativeRouterCases:
+    """A plain router and one with SPEC_FLAGS (its start logged as STARTED_LOG) on the same files,
+    experts in process and on two workers: the subclass's check(plain_stub, spec_stub, router)."""
+
+    def test_experts_in_process(self):
+        plain = self.c.start_router(with_map=False)
+        spec = self.c.start_router(extra=self.SPEC_FLAGS, with_map=False)
+        spec.wait_for_log(self.STARTED_LOG)
+        with grpc.insecure_channel(plain.address) as pc, grpc.insecure_channel(spec.address) as sc:
+            self.check(pbg.GeneratorStub(pc), pbg.GeneratorStub(sc), spec)
+
+    def test_experts_on_workers(self):
+        self.c.start_workers(("a", "b"))
+        plain = self.c.start_router()
+        spec = self.c.start_router(extra=self.SPEC_FLAGS)
+        with grpc.insecure_channel(plain.address) as pc, grpc.insecure_channel(spec.address) as sc:
+            plain_stub, spec_stub = pbg.GeneratorStub(pc), pbg.GeneratorStub(sc)
+            self.wait_for_workers(plain_stub, pb)
+            self.wait_for_workers(spec_stub, pb)
+            self.check(plain_stub, spec_stub, spec)
+
+
+class GenerateSpeculativeTest(SpeculativeRouterCases, FixtureGenerateTest):
     FIXTURE = os.path.join(FIXTURES, "glm4_moe_all")
+    SPEC_FLAGS = SPECULATIVE
+    STARTED_LOG = r"engine: speculative decoding ngram, 3 draft tokens per step, n-grams of 1 to 3"
 
     def repeating(self, i):
         return self.prompts[i] + self.greedy[i] + self.greedy[i][:4]
@@ -94,22 +118,6 @@ class GenerateSpeculativeTest(FixtureGenerateTest):
         self.assertEqual(st.spec_decode_num_accepted_tokens_per_pos[0],
                          m['exl3_engine_spec_decode_num_accepted_tokens_per_pos_total{position="0"}'])
 
-    def test_experts_in_process(self):
-        plain = self.c.start_router(with_map=False)
-        spec = self.c.start_router(extra=SPECULATIVE, with_map=False)
-        spec.wait_for_log(r"engine: speculative decoding ngram, 3 draft tokens per step, n-grams of 1 to 3")
-        with grpc.insecure_channel(plain.address) as pc, grpc.insecure_channel(spec.address) as sc:
-            self.check(pbg.GeneratorStub(pc), pbg.GeneratorStub(sc), spec)
-
-    def test_experts_on_workers(self):
-        self.c.start_workers(("a", "b"))
-        plain = self.c.start_router()
-        spec = self.c.start_router(extra=SPECULATIVE)
-        with grpc.insecure_channel(plain.address) as pc, grpc.insecure_channel(spec.address) as sc:
-            plain_stub, spec_stub = pbg.GeneratorStub(pc), pbg.GeneratorStub(sc)
-            self.wait_for_workers(plain_stub, pb)
-            self.wait_for_workers(spec_stub, pb)
-            self.check(plain_stub, spec_stub, spec)
 
 
 class GenerateSpeculativeGlm5NextTest(GenerateSpeculativeTest):
@@ -206,12 +214,14 @@ MTP_WORKER_MAP = """workers:
 """
 
 
-class GenerateMtpTest(FixtureGenerateTest):
+class GenerateMtpTest(SpeculativeRouterCases, FixtureGenerateTest):
     """--speculative-method mtp on the GLM-4 MoE MTP fixture (tests/fixtures/engine/glm4_moe_mtp):
     greedy requests give transformers' continuations and seeded sampled ones a plain router's
     tokens, experts in process and on two workers; the MTP head's drafts are accepted."""
 
     FIXTURE = os.path.join(FIXTURES, "glm4_moe_mtp")
+    SPEC_FLAGS = MTP
+    STARTED_LOG = r"engine: speculative decoding mtp, 2 draft tokens per step"
 
     def setUp(self):
         super().setUp()
@@ -234,22 +244,6 @@ class GenerateMtpTest(FixtureGenerateTest):
               f"{m['exl3_engine_spec_decode_num_draft_tokens_total']:.0f} draft tokens, "
               f"{m['exl3_engine_spec_decode_num_accepted_tokens_total']:.0f} accepted")
 
-    def test_experts_in_process(self):
-        plain = self.c.start_router(with_map=False)
-        spec = self.c.start_router(extra=MTP, with_map=False)
-        spec.wait_for_log(r"engine: speculative decoding mtp, 2 draft tokens per step")
-        with grpc.insecure_channel(plain.address) as pc, grpc.insecure_channel(spec.address) as sc:
-            self.check(pbg.GeneratorStub(pc), pbg.GeneratorStub(sc), spec)
-
-    def test_experts_on_workers(self):
-        self.c.start_workers(("a", "b"))
-        plain = self.c.start_router()
-        spec = self.c.start_router(extra=MTP)
-        with grpc.insecure_channel(plain.address) as pc, grpc.insecure_channel(spec.address) as sc:
-            plain_stub, spec_stub = pbg.GeneratorStub(pc), pbg.GeneratorStub(sc)
-            self.wait_for_workers(plain_stub, pb)
-            self.wait_for_workers(spec_stub, pb)
-            self.check(plain_stub, spec_stub, spec)
 
     def test_model_without_head_refused(self):
         self.c = Cluster(model=os.path.join(FIXTURES, "glm4_moe_all"))
