@@ -190,14 +190,7 @@ void ExpectBatchMatchesSolo(EngineOptions options, const std::vector<int>& lengt
                             bool expect_preemption) {
   const std::vector<GenerateParams> batch = MixedBatch(lengths);
   auto t = StartEngine(options);
-  // The first step waits until every request is in, so that the batch (and its preemptions) does
-  // not depend on how fast the loop picks up submissions.
-  std::promise<void> all_submitted;
-  std::shared_future<void> gate = all_submitted.get_future().share();
-  t->fake->SetFault([gate](int call, const StepBatch&) {
-    if (call == 0) gate.wait();
-    return absl::OkStatus();
-  });
+  std::promise<void> all_submitted = HoldFirstStep(*t->fake);
   std::vector<uint64_t> ids;
   for (const GenerateParams& p : batch) ids.push_back(SubmitOk(*t, p));
   all_submitted.set_value();
@@ -665,12 +658,7 @@ TEST(Engine, AfterEventsComesOncePerPassAfterItsEvents) {
   int finished = 0;
   auto t = StartEngine(o, SlowModel(200us));
   // The first step waits until every request is in, so that the four decode together.
-  std::promise<void> all_submitted;
-  std::shared_future<void> gate = all_submitted.get_future().share();
-  t->fake->SetFault([gate](int call, const StepBatch&) {
-    if (call == 0) gate.wait();
-    return absl::OkStatus();
-  });
+  std::promise<void> all_submitted = HoldFirstStep(*t->fake);
   std::vector<uint64_t> ids;
   for (int i = 0; i < 4; ++i) {
     auto id = t->engine->Submit(LongRun(8, i, 20), [&](const GenerateEvent& e) {

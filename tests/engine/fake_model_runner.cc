@@ -155,4 +155,14 @@ absl::Status FakeModelRunner::Forward(const StepBatch& batch, float* logits) {
   return absl::OkStatus();
 }
 
+std::promise<void> HoldFirstStep(FakeModelRunner& runner) {
+  std::promise<void> released;
+  std::shared_future<void> gate = released.get_future().share();
+  runner.SetFault([gate](int call, const StepBatch&) {
+    if (call == 0) gate.wait();
+    return absl::OkStatus();
+  });
+  return released;
+}
+
 }  // namespace exl3::engine::testing

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -95,5 +96,10 @@ class FakeModelRunner : public ModelRunner {
   Sampler sampler_;
   std::vector<float> sampled_logits_;
 };
+
+// Holds the runner's first step (through its fault hook) until the returned promise is set, so a
+// test's requests are all in before the first batch forms: its batches and preemptions then do
+// not depend on how fast the engine's loop picks up submissions.
+std::promise<void> HoldFirstStep(FakeModelRunner& runner);
 
 }  // namespace exl3::engine::testing

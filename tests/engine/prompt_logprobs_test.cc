@@ -6,6 +6,7 @@
 // fails alone. GQA (GLM-4 MoE), MLA (DeepSeek-V3) and a recurrent family (Qwen3-Next).
 #include <algorithm>
 #include <cmath>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -208,6 +209,7 @@ TEST(PromptLogprobsFakeRunnerTest, PreemptionAndARunnerThatSamples) {
   eo.scheduler.max_prompt_logit_rows = 3;                  // slower while others decode
   Engine engine(eo, std::move(runner));
   ASSERT_TRUE(engine.Start().ok());
+  std::promise<void> all_submitted = testing::HoldFirstStep(*fake);
   RequestResults r;
   std::vector<GenerateParams> params;
   std::vector<uint64_t> ids;
@@ -223,6 +225,7 @@ TEST(PromptLogprobsFakeRunnerTest, PreemptionAndARunnerThatSamples) {
     ids.push_back(*id);
     params.push_back(g);
   }
+  all_submitted.set_value();
   r.Wait(3);
   EXPECT_GT(engine.Stats().preemptions, 0);
   for (size_t s = 0; s < ids.size(); ++s) {
