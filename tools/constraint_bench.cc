@@ -14,7 +14,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
+#include "base/command_line.h"
 #include "engine/sampler.h"
 #include "engine/token_constraint.h"
 #include "engine/token_grammar.h"
@@ -53,7 +53,10 @@ void FillLogits(std::vector<float>& logits, uint64_t seed, int step) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("exl3-constraint-bench --tokenizer PATH [--vocab_size N]");
+  exl3::ConfigureFlagsUsage("exl3-constraint-bench",
+                            "exl3-constraint-bench --tokenizer PATH [--vocab_size N]\n"
+                            "The host cost of a constrained step (bench/results/structured-output.md).",
+                            "tools/constraint_bench");
   absl::ParseCommandLine(argc, argv);
   std::ifstream in(absl::GetFlag(FLAGS_tokenizer));
   if (!in) {

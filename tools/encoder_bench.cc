@@ -12,7 +12,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
+#include "base/command_line.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "kernels/codebook.h"
@@ -114,7 +114,8 @@ std::vector<int> ParseInts(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  exl3::ConfigureFlagsUsage(
+      "exl3-encoder-bench",
       "Benchmarks the CPU trellis encoder.\n"
       "Quality: for each K and codebook, a grid search of the global scale (0.70..1.60 step 0.05,\n"
       "the tile values x ~ N(0,1) are encoded as x*scale) on --search_tiles tiles, then the best\n"
@@ -123,7 +124,8 @@ int main(int argc, char** argv) {
       "values beyond the codebook's range (no encoder can avoid it; it dominates at high K).\n"
       "Speed: single-threaded tiles/s at --speed_bits and the implied time for a 4096x2048 matrix.\n"
       "--stats: expected MSE with standard errors on --stats_tiles tiles and the sampling\n"
-      "distribution of a 2048-tile result (bootstrap), with the anchor's percentile in it.");
+      "distribution of a 2048-tile result (bootstrap), with the anchor's percentile in it.",
+      "tools/encoder_bench");
   absl::ParseCommandLine(argc, argv);
   const std::vector<int> bits = ParseInts(absl::GetFlag(FLAGS_bits));
   std::vector<exl3::Codebook> cbs;

@@ -13,7 +13,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
+#include "base/command_line.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "engine/cpu_model.h"
@@ -54,7 +54,11 @@ bool ParseList(const std::string& flag, const std::string& text, std::vector<T>&
 int main(int argc, char** argv) {
   namespace bench = exl3::bench;
   namespace engine = exl3::engine;
-  absl::SetProgramUsageMessage("exl3-speculative-cpu-bench --model DIR [--acceptance P,...] [--k K,...] [--batch B,...]");
+  exl3::ConfigureFlagsUsage("exl3-speculative-cpu-bench",
+                            "exl3-speculative-cpu-bench --model DIR [--acceptance P,...] [--k K,...] [--batch B,...]\n"
+                            "CPU engine tokens/s of speculative decoding at chosen acceptance rates "
+                            "(bench/results/speculative-cpu.md).",
+                            "tools/speculative_cpu_bench");
   absl::ParseCommandLine(argc, argv);
   const std::string model = absl::GetFlag(FLAGS_model);
   if (model.empty()) {

@@ -17,6 +17,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "base/command_line.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/fp16.h"
@@ -220,6 +221,7 @@ Timing TimeIt(double seconds, Fn fn) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (exl3::PrintVersionIfAsked(argc, argv, "exl3-cpu-bench")) return 0;
   Flags f;
   if (!ParseFlags(argc, argv, &f)) return 2;
   const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

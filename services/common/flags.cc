@@ -2,10 +2,10 @@
 
 #include <cstring>
 #include <deque>
+#include <filesystem>
 
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
+#include "base/command_line.h"
 
 namespace exl3::svc {
 
@@ -32,13 +32,7 @@ std::vector<char*> DashesToUnderscores(int argc, char** argv) {
 }
 
 void ParseServiceFlags(int argc, char** argv, const char* usage) {
-  absl::SetProgramUsageMessage(usage);
-  absl::FlagsUsageConfig config;
-  config.contains_help_flags = [](absl::string_view file) {
-    return file.find("services/") != absl::string_view::npos;
-  };
-  config.contains_helpshort_flags = config.contains_help_flags;
-  absl::SetFlagsUsageConfig(config);
+  ConfigureFlagsUsage(std::filesystem::path(argv[0]).filename().string(), usage, "services/");
   std::vector<char*> args = DashesToUnderscores(argc, argv);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
 }

@@ -16,8 +16,9 @@ namespace exl3::svc {
 std::vector<char*> DashesToUnderscores(int argc, char** argv);
 
 // What the service binaries do with their command line: sets `usage` as the program's usage
-// message, limits --help to the flags defined under services/ (not absl's own), accepts dashed
-// flag names and parses. Exits on --help or a bad flag, as absl does.
+// message, limits --help to the flags defined under services/ (not absl's own), --version as
+// base/command_line.h prints it, accepts dashed flag names and parses. Exits on --help,
+// --version or a bad flag, as absl does.
 void ParseServiceFlags(int argc, char** argv, const char* usage);
 
 }  // namespace exl3::svc

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/command_line.h"
 #include "kernels/cuda/bench_hooks.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/gemv_plan.h"
@@ -485,6 +486,7 @@ void CheckMixedExperts(bool small, bool big) {
 }
 
 int Main(int argc, char** argv) {
+  if (exl3::PrintVersionIfAsked(argc, argv, "exl3-cuda-check")) return 0;
   bool small = false, big = true, mixed_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];

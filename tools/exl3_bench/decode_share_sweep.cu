@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/command_line.h"
 #include "kernels/cuda/decode_ceiling_kernel.cuh"
 
 namespace exl3::cuda {
@@ -111,4 +112,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace exl3::cuda
 
-int main(int argc, char** argv) { return exl3::cuda::Main(argc, argv); }
+int main(int argc, char** argv) {
+  if (exl3::PrintVersionIfAsked(argc, argv, "exl3-decode-share-sweep")) return 0;
+  return exl3::cuda::Main(argc, argv);
+}

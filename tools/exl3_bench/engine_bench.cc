@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "base/command_line.h"
 #include "base/status_macros.h"
 #include "engine/cuda/cuda_model.h"
 #include "kernels/cuda/bench_hooks.h"
@@ -481,6 +482,7 @@ int RunSpeculative(const exl3::bench::EngineBenchOptions& o, const ExpertPlaceme
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (exl3::PrintVersionIfAsked(argc, argv, "exl3-engine-bench")) return 0;
   namespace bench = exl3::bench;
   absl::StatusOr<bench::EngineBenchOptions> parsed =
       bench::ParseEngineBenchArgs(std::vector<std::string>(argv + 1, argv + argc));

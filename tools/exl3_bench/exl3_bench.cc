@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "base/command_line.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/bench_hooks.h"
 #include "tools/exl3_bench/exit_on_error.h"
@@ -572,6 +573,7 @@ void BenchGemm(const Ceilings& c) {
 }
 
 int Main(int argc, char** argv) {
+  if (exl3::PrintVersionIfAsked(argc, argv, "exl3-bench")) return 0;
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     std::printf(
         "usage: exl3-bench ceiling|gemv|moe|gemm|all [--json FILE] [--stack N]\n"

@@ -20,9 +20,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/strings/str_cat.h"
+#include "base/command_line.h"
 #include "kernels/moe_cpu.h"
 #include "model/exl3_model.h"
 #include "model/expert_map.h"
@@ -519,18 +518,14 @@ int Main() {
 }  // namespace exl3::loadgen
 
 int main(int argc, char** argv) {
-  absl::FlagsUsageConfig uc;
-  uc.contains_help_flags = [](absl::string_view f) {
-    return f.find("exl3_loadgen") != absl::string_view::npos;
-  };
-  uc.contains_helpshort_flags = uc.contains_help_flags;
-  absl::SetFlagsUsageConfig(uc);
-  absl::SetProgramUsageMessage(
+  exl3::ConfigureFlagsUsage(
+      "exl3-loadgen",
       "exl3-loadgen (--target HOST:PORT | --in-process-router --expert-map FILE) --model DIR [--concurrency N] [--tokens T] "
       "[--requests N | --duration S] [--pipeline P] [--verify] [--echo-baseline]\n"
       "Closed-loop decode-shaped load on an exl3-router. Ends with one line\n"
       "requests=N ok=N failed=N verified=N mismatched=N; exits 1 when anything failed or\n"
-      "mismatched (unless --allow-failures).");
+      "mismatched (unless --allow-failures).",
+      "exl3_loadgen");
   std::vector<char*> args = exl3::svc::DashesToUnderscores(argc, argv);
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   return exl3::loadgen::Main();

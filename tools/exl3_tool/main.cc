@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "base/command_line.h"
 #include "tools/exl3_tool/subcommand.h"
 
 namespace exl3::tool {
@@ -36,6 +37,7 @@ static void PrintUsage(std::FILE* out) {
 }
 
 int main(int argc, char** argv) {
+  if (exl3::PrintVersionIfAsked(argc, argv, "exl3-tool")) return 0;
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
       !std::strcmp(argv[1], "help")) {
     PrintUsage(argc < 2 ? stderr : stdout);
