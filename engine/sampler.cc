@@ -116,6 +116,32 @@ SampledToken Sampler::Sample(std::span<float> logits, const SamplingParams& para
   return out;
 }
 
+std::optional<SampledToken> Sampler::SampleAccepted(std::span<float> logits, const SamplingParams& params,
+                                                    uint64_t seed, const SequenceHistory& history,
+                                                    const std::function<bool(int32_t)>& accepts, int max_refusals) {
+  row_as_given_.assign(logits.begin(), logits.end());
+  allowed_.assign(history.allowed_tokens.begin(), history.allowed_tokens.end());
+  SequenceHistory h = history;
+  for (int refusals = 0;; ++refusals) {
+    h.allowed_tokens = allowed_;
+    const SampledToken out = Sample(logits, params, seed, h);
+    if (accepts(out.token)) return out;
+    if (refusals == max_refusals || allowed_.empty()) return std::nullopt;
+    allowed_[static_cast<size_t>(out.token) / 32] &= ~(1u << (out.token % 32));
+    // Another draw needs a token still allowed and not banned (else every logit is -inf).
+    bool any = false;
+    for (size_t word = 0; word < allowed_.size() && !any; ++word) {
+      for (uint32_t bits = allowed_[word]; bits != 0 && !any; bits &= bits - 1) {
+        const int32_t t = static_cast<int32_t>(word * 32 + std::countr_zero(bits));
+        any = t < vocab_size_ && std::find(history.banned_tokens.begin(), history.banned_tokens.end(), t) ==
+                                     history.banned_tokens.end();
+      }
+    }
+    if (!any) return std::nullopt;
+    std::copy(row_as_given_.begin(), row_as_given_.end(), logits.begin());
+  }
+}
+
 void Sampler::FillLogprobs(std::span<const float> raw, int top_n_wanted, SampledToken& out) {
   const float max_raw = MaxValue(raw);
   // weights_ is free again: the exponentials in a loop that vectorizes, then four partial sums.

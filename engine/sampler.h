@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -112,6 +113,16 @@ class Sampler {
   SampledToken Sample(std::span<float> logits, const SamplingParams& params, uint64_t seed,
                       const SequenceHistory& history);
 
+  // As Sample, for a row whose constraint has the last word: while `accepts` refuses the drawn
+  // token (it takes the token when it accepts it), that token leaves history.allowed_tokens and
+  // the row is drawn again from `logits` as they came, at most `max_refusals` times. nullopt:
+  // refused that often, or no allowed token left. (xgrammar 0.2.9's mask can allow a token its
+  // matcher refuses: a byte-level token that ends in part of a UTF-8 character, such as "-\xE0"
+  // where an integer starts; bench/results/structured-output.md.)
+  std::optional<SampledToken> SampleAccepted(std::span<float> logits, const SamplingParams& params, uint64_t seed,
+                                             const SequenceHistory& history,
+                                             const std::function<bool(int32_t)>& accepts, int max_refusals);
+
   // A prompt position's logprobs (prompt logprobs): `token`'s (the prompt's next token) and the
   // top N of `logits`, as Sample reports them for a sampled token (the raw logits' log_softmax).
   SampledToken PromptLogprobs(std::span<const float> logits, int32_t token, int top_n);
@@ -138,6 +149,8 @@ class Sampler {
 
   const int vocab_size_;
   std::vector<float> raw_;                  // the raw row, kept when logprobs are wanted
+  std::vector<float> row_as_given_;         // SampleAccepted: the row before Sample's first pass
+  std::vector<uint32_t> allowed_;           // SampleAccepted: the mask less the refused tokens
   std::vector<int32_t> candidates_;         // token ids still in the running
   std::vector<float> weights_;              // per token: exp(logit - max) of candidates
   std::vector<int> bucket_count_;           // SelectHead's histogram

@@ -2,9 +2,19 @@
 
 #include <algorithm>
 #include <cassert>
+#include <optional>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace exl3::engine {
+namespace {
+
+// Tokens a constrained row may draw that its constraint then refuses before the row fails
+// (Sampler::SampleAccepted): each is a disagreement between xgrammar's mask and its matcher.
+constexpr int kMaxConstraintRefusals = 8;
+
+}  // namespace
 
 const char* FinishReasonName(FinishReason reason) {
   switch (reason) {
@@ -389,13 +399,6 @@ std::vector<SequenceUpdate> Scheduler::AppendTokens(const std::vector<SampledRow
       seq.tokens.resize(seq.tokens.size() - r.num_drafts);
       continue;
     }
-    if (seq.constraint != nullptr) {
-      // No drafts (ProposeDrafts): one token, which the constraint takes before it is appended.
-      if (absl::Status st = seq.constraint->Accept(row_tokens[r.first_row].token); !st.ok()) {
-        step_failures_.push_back({r.id, std::move(st)});
-        continue;
-      }
-    }
     const size_t base = seq.tokens.size() - r.num_drafts;
     const std::vector<int32_t> drafts(seq.tokens.begin() + base, seq.tokens.end());
     seq.tokens.resize(base);
@@ -451,8 +454,9 @@ std::vector<SequenceUpdate> Scheduler::CompleteStep(const ScheduledStep& step,
   std::vector<PromptRow> prompt_rows;
   const std::vector<SampledRows> rows = AdvanceStep(step, &prompt_rows);
   const size_t vocab = model_.vocab_size;
-  // Rows whose constraint allows no token (e.g. only EOS, banned before min_tokens).
+  // Rows whose constraint took no token (e.g. it allows only EOS, banned before min_tokens).
   std::vector<uint8_t> row_failed(step.batch.NumLogitRows(), 0);
+  std::vector<absl::Status> row_errors(step.batch.NumLogitRows());
 
   // 2. Sample; rows are independent and only read the sequences. Row j of a verify chunk sees
   // the history with drafts [0, j) (as if accepted).
@@ -479,16 +483,31 @@ std::vector<SequenceUpdate> Scheduler::CompleteStep(const ScheduledStep& step,
     const int row = r.first_row + tasks[i].j;
     const size_t history = r.seq->tokens.size() - r.num_drafts + tasks[i].j;
     RowSampling s = RowSamplingOf(*r.seq, history);
-    if (TokenConstraint* c = r.seq->constraint.get(); c != nullptr) {
-      c->FillNextTokenMask();  // a no-op where the engine filled it during the forward pass
-      s.history.allowed_tokens = c->next_token_mask();
-      if (!TokenConstraint::AllowsAnyToken(s.history.allowed_tokens, s.history.banned_tokens)) {
-        row_failed[row] = 1;
-        return;
-      }
+    const std::span<float> row_logits = logits.subspan(static_cast<size_t>(row) * vocab, vocab);
+    TokenConstraint* c = r.seq->constraint.get();
+    if (c == nullptr) {
+      row_tokens[row] = samplers_[worker].Sample(row_logits, s.params, s.seed, s.history);
+      return;
     }
-    row_tokens[row] = samplers_[worker].Sample(logits.subspan(static_cast<size_t>(row) * vocab, vocab),
-                                               s.params, s.seed, s.history);
+    // No drafts (ProposeDrafts): one token, which the constraint takes here.
+    c->FillNextTokenMask();  // a no-op where the engine filled it during the forward pass
+    s.history.allowed_tokens = c->next_token_mask();
+    std::optional<SampledToken> token;
+    if (TokenConstraint::AllowsAnyToken(s.history.allowed_tokens, s.history.banned_tokens)) {
+      token = samplers_[worker].SampleAccepted(
+          row_logits, s.params, s.seed, s.history, [c](int32_t t) { return c->Accept(t).ok(); },
+          kMaxConstraintRefusals);
+      if (!token.has_value())
+        row_errors[row] = absl::InternalError(absl::StrCat(
+            "the output's constraint refused all ", kMaxConstraintRefusals + 1,
+            " tokens drawn from its own mask (or its mask ran out)"));
+    } else {
+      row_errors[row] = absl::InvalidArgumentError(
+          "the output's constraint allows no token here (its only continuations are banned: "
+          "end-of-sequence before min_tokens, or stop tokens)");
+    }
+    if (token.has_value()) row_tokens[row] = *token;
+    else row_failed[row] = 1;
   };
   if (parallel != nullptr && parallel->num_workers() <= static_cast<int>(samplers_.size())) {
     parallel->Run(num_prompt_rows + static_cast<int>(tasks.size()), sample);
@@ -497,14 +516,8 @@ std::vector<SequenceUpdate> Scheduler::CompleteStep(const ScheduledStep& step,
   }
 
   // 3. Append the tokens and end the sequences that stop.
-  for (const SampledRows& r : rows) {
-    if (row_failed[r.first_row]) {
-      step_failures_.push_back(
-          {r.id, absl::InvalidArgumentError(
-                     "the output's constraint allows no token here (its only continuations are "
-                     "banned: end-of-sequence before min_tokens, or stop tokens)")});
-    }
-  }
+  for (const SampledRows& r : rows)
+    if (row_failed[r.first_row]) step_failures_.push_back({r.id, std::move(row_errors[r.first_row])});
   return AppendTokens(rows, row_tokens, row_failed);
 }
 
@@ -529,7 +542,8 @@ void Scheduler::FillConstraintMasks(const ScheduledStep& step) {
 
 std::vector<SequenceUpdate> Scheduler::CompleteSampledStep(const ScheduledStep& step,
                                                            std::span<const SampledToken> sampled) {
-  assert(!HasVerifyChunks(step) && !HasPromptPositionRows(step));
+  // Constrained rows are sampled by CompleteStep, where their constraints take the tokens.
+  assert(!HasVerifyChunks(step) && !HasPromptPositionRows(step) && !HasConstrainedRows(step));
   step_failures_.clear();
   return AppendTokens(AdvanceStep(step), sampled, {});
 }

@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -113,6 +114,55 @@ TEST(Sampler, TheAllowedMaskLimitsTheDrawAndTheLogprobs) {
   std::set<int32_t> seen;
   for (uint64_t seed = 0; seed < 300; ++seed) seen.insert(SampleCopy(s, logits, p, seed, h).token);
   EXPECT_EQ(seen, (std::set<int32_t>{3, 33, 35}));
+}
+
+TEST(Sampler, SampleAcceptedDrawsAgainFromTheRowAsItCameWithoutTheRefusedTokens) {
+  // Tokens 0..5, the mask allows 1, 2, 3, 4; a repetition penalty of 2 on token 2 (logit 6 -> 3).
+  const std::vector<float> row = {9.0f, 8.0f, 6.0f, 3.5f, 1.0f, 7.0f};
+  const std::vector<uint32_t> mask = {0b11110};
+  const V prompt = {2};
+  SequenceHistory h;
+  h.prompt = prompt;
+  h.allowed_tokens = mask;
+  SamplingParams p;
+  p.temperature = 0;
+  p.repetition_penalty = 2.0f;
+  Sampler s(6);
+  std::vector<int32_t> refused;
+  auto refuse = [&](std::set<int32_t> no) {
+    return [&refused, no](int32_t t) {
+      if (!no.contains(t)) return true;
+      refused.push_back(t);
+      return false;
+    };
+  };
+  std::vector<float> logits = row;
+  // Greedy: 1 (8), refused; then 3 (3.5) beats 2 (6 penalised once to 3, not twice to 1.5).
+  std::optional<SampledToken> t = s.SampleAccepted(logits, p, 0, h, refuse({1}), 8);
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->token, 3);
+  EXPECT_EQ(refused, V({1}));
+  // Refused up to the limit: nullopt after max_refusals + 1 draws.
+  refused.clear();
+  logits = row;
+  EXPECT_FALSE(s.SampleAccepted(logits, p, 0, h, refuse({1, 2, 3}), 1).has_value());
+  EXPECT_EQ(refused, V({1, 3}));
+  // The mask runs out (token 4 banned): nullopt without drawing a token outside it.
+  refused.clear();
+  logits = row;
+  const V banned = {4};
+  h.banned_tokens = banned;
+  EXPECT_FALSE(s.SampleAccepted(logits, p, 0, h, refuse({1, 2, 3}), 8).has_value());
+  EXPECT_EQ(refused, V({1, 3, 2}));
+  // Sampled rows stay within the mask less the refused tokens.
+  h.banned_tokens = {};
+  p.temperature = 1;
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    logits = row;
+    t = s.SampleAccepted(logits, p, seed, h, refuse({1, 3}), 8);
+    ASSERT_TRUE(t.has_value());
+    EXPECT_TRUE(t->token == 2 || t->token == 4) << t->token;
+  }
 }
 
 TEST(Sampler, SameSeedAndIndexGiveTheSameToken) {

@@ -25,6 +25,7 @@
 #include "tests/engine/byte_level_vocab.h"
 #include "tests/engine/engine_requests.h"
 #include "tests/engine/fake_model_runner.h"
+#include "tests/engine/partial_character_tokenizer.h"
 
 namespace exl3::engine {
 namespace {
@@ -376,6 +377,33 @@ TEST_F(StructuredOutputTest, LogitBiasForcesAndBansTokens) {
   for (int32_t t : banned) greedy.sampling.logit_bias.push_back({t, -100.0f});
   const auto after = testing::RunAllAtOnce(*engine_, {greedy});
   for (const SampledToken& t : after[0]) EXPECT_FALSE(banned.contains(t.token)) << t.token;
+}
+
+TEST_F(StructuredOutputTest, ATokenTheMaskAllowsButTheMatcherRefusesIsDrawnAgain) {
+  // +100 on a token xgrammar's mask allows where an integer starts and its matcher refuses
+  // (tests/engine/partial_character_tokenizer.h): greedy and sampled, the engine draws the next
+  // token instead and the output is an integer.
+  std::ifstream in(kTokenizer);
+  std::stringstream text;
+  text << in.rdbuf();
+  auto compiler = TokenGrammarCompiler::FromTokenizerJson(
+      testing::TokenizerWithAPartialCharacterToken(text.str()), 512, {kEos});
+  ASSERT_TRUE(compiler.ok()) << compiler.status();
+  auto grammar = (*compiler)->Compile({ConstraintKind::kJsonSchema, R"({"type": "integer"})", {}});
+  ASSERT_TRUE(grammar.ok()) << grammar.status();
+  std::vector<GenerateParams> params;
+  for (std::optional<uint64_t> seed : {std::optional<uint64_t>{}, std::optional<uint64_t>{5}}) {
+    GenerateParams p = Params(seed, 12);
+    p.sampling.grammar = *grammar;
+    p.sampling.logit_bias = {{testing::kPartialCharacterToken, 100.0f}};
+    params.push_back(p);
+  }
+  std::vector<FinishInfo> finish;
+  const std::vector<std::string> texts = Texts(params, &finish);
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(finish[i].status.ok()) << finish[i].status;
+    EXPECT_TRUE(std::regex_match(texts[i], std::regex("-?[0-9]+"))) << Hex(texts[i]);
+  }
 }
 
 TEST_F(StructuredOutputTest, ConstraintAllowingNoTokenFailsItsSequenceAlone) {
