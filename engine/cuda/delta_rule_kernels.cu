@@ -31,6 +31,19 @@ __device__ __forceinline__ float ColumnSum(float v) {
   return v;
 }
 
+// The lane's part of S (column e, the key rows below) into one head's state `to` [DK, DV].
+__device__ __forceinline__ void StoreColumn(const float (&s)[kQuadsPerLane][4], float* to, int r, int e, int DK,
+                                            int DV, bool live) {
+#pragma unroll
+  for (int i = 0; i < kQuadsPerLane; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int a = (i * kRowGroups + r) * 4 + j;
+      if (live && a < DK) to[static_cast<size_t>(a) * DV + e] = s[i][j];
+    }
+  }
+}
+
 // grid num_chunks · num_heads · ceil(DV / 32), block kThreads. Lane (r, c) of warp w holds column
 // e = group · 32 + w · 8 + c of S, key rows a = (i · 4 + r) · 4 + j for i < 8, j < 4 (float4 i · 4 +
 // r of a key vector: the four row groups read 64 consecutive bytes of shared memory). Rows at or
@@ -56,7 +69,6 @@ __global__ void __launch_bounds__(kThreads)
   const bool live = e < DV;
   const size_t head = static_cast<size_t>(sh.state_at) + static_cast<size_t>(h) * DK * DV;
   const float* prev = StateRow(chunks, c.read_row) + head;
-  float* next = StateRow(chunks, c.write_row) + head;
 
   float s[kQuadsPerLane][4];
 #pragma unroll
@@ -118,16 +130,13 @@ __global__ void __launch_bounds__(kThreads)
         const size_t row = static_cast<size_t>(c.first + j0 + t);
         core[(row * NH + h) * DV + e] = o;
       }
+      // A verify chunk keeps S after each of its kept tokens but the last (stored below).
+      const int kept = j0 + t - c.first_kept_token();
+      if (kept >= 0 && kept < c.kept_states - 1)
+        StoreColumn(s, StateRow(chunks, c.KeptRow(kept)) + head, r, e, DK, DV, live);
     }
   }
-#pragma unroll
-  for (int i = 0; i < kQuadsPerLane; ++i) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int a = (i * kRowGroups + r) * 4 + j;
-      if (live && a < DK) next[static_cast<size_t>(a) * DV + e] = s[i][j];
-    }
-  }
+  StoreColumn(s, StateRow(chunks, c.write_row) + head, r, e, DK, DV, live);
 }
 
 }  // namespace

@@ -108,7 +108,7 @@ TEST(DeltaRuleKernelTest, MatchesTheFormulaInBothDecayForms) {
     int first = 0;
     for (int c = 0; c < chunks; ++c) {
       const int write = c == chunks - 1 ? 2 * c : 2 * c + 1;
-      table.insert(table.end(), {first, lengths[c], 2 * c, write});
+      table.insert(table.end(), {first, lengths[c], 2 * c, write, /*kept states=*/1, /*slot row=*/2 * c});
       for (int j = 0; j < lengths[c]; ++j) chunk_of.push_back(c);
       first += lengths[c];
     }
