@@ -30,6 +30,10 @@ struct RecurrentChunks {
   const int32_t* table = nullptr;
   float* states = nullptr;
   int64_t row_floats = 0;
+  // The most states a chunk of the step keeps, known on the host: above 1 (a verify chunk among
+  // them) the delta-rule kernel runs its form that stores kept states, so a plain step's kernel is
+  // the one it was without speculation.
+  int max_kept_states = 1;
 };
 constexpr int kRecurrentChunkInts = 6;
 

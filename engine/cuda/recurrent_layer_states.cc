@@ -37,6 +37,7 @@ absl::Status RecurrentLayerStates::Pack(const StepTokens& tokens, int rows, std:
                                                    " tokens packed in ", rows, " rows"));
   std::vector<int32_t> chunk_of(rows), table;
   chunk_first_.clear();
+  max_kept_states_ = 1;
   for (int t = 0; t < rows; ++t) {
     const bool real = t < tokens.num_tokens;
     if (!real || t == 0 || tokens.chunk_of[t] != tokens.chunk_of[t - 1]) {
@@ -48,6 +49,7 @@ absl::Status RecurrentLayerStates::Pack(const StepTokens& tokens, int rows, std:
         write = states_->WriteRow(slot);
         kept = states_->NumKeptStates(slot);
         slot_row = states_->SlotRow(slot);
+        max_kept_states_ = std::max(max_kept_states_, static_cast<int>(kept));
       }
       chunk_first_.push_back(t);
       table.insert(table.end(), {t, 0, read, write, kept, slot_row});
@@ -71,6 +73,7 @@ RecurrentStep RecurrentLayerStates::StepFor(int first, int n) const {
   step.chunks.chunk_of = chunk_of_;
   step.chunks.table = table_;
   step.chunks.row_floats = states_->row_floats();
+  step.chunks.max_kept_states = max_kept_states_;
   step.store = states_->layer(0);
   const auto begin = std::lower_bound(chunk_first_.begin(), chunk_first_.end(), first);
   const auto end = std::lower_bound(chunk_first_.begin(), chunk_first_.end(), first + n);

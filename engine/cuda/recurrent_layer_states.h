@@ -57,6 +57,7 @@ class RecurrentLayerStates {
   const int32_t* chunk_of_ = nullptr;  // device: the step's chunk_of, then its table
   const int32_t* table_ = nullptr;
   std::vector<int> chunk_first_;  // host: each chunk's first row, in order
+  int max_kept_states_ = 1;       // host: the most states a chunk of the step keeps
   size_t facts_at_ = 0;           // where Pack put them in the step's array
 };
 

@@ -200,7 +200,8 @@ TEST(DeltaRuleKernelTest, AVerifyChunkKeepsTheStateAfterEachKeptTokenBitForBit) 
     DeviceArray<int32_t> d_chunk_of = ToDevice(chunk_of);
     auto run = [&](const std::vector<int32_t>& table, float* core) {
       DeviceArray<int32_t> d_table = ToDevice(table);
-      const RecurrentChunks rc{d_chunk_of.get(), d_table.get(), d_store.get(), row_floats};
+      const RecurrentChunks rc{d_chunk_of.get(), d_table.get(), d_store.get(), row_floats,
+                               /*max_kept_states=*/table[4]};
       ASSERT_TRUE(DeltaRuleRecurrence(d_conv.get(), d_beta.get(), d_decay.get(), k.form, sh, rc, 0, 1, core, nullptr)
                       .ok());
       ASSERT_EQ(ToHost(d_chunk_of, 1).size(), 1u);  // waits for the launch
