@@ -82,8 +82,8 @@ absl::Status KdaNormAndGates(float* conv_out, float* log_decay, float* beta,
 // The Kimi delta rule (engine/kimi_delta_rule.h's recurrent form) of chunks [first_chunk,
 // first_chunk + num_chunks) (engine/cuda/delta_rule_kernels.h): S from the chunk's read_row,
 // then per token S ← diag(exp(g))·S; S ← S + k ⊗ β(v − Sᵀk); core[t, h] = Sᵀq; S to the
-// write_row (and a verify chunk's kept states to their rows: it runs token by token as decoding
-// does, so each is decoding's state bit for bit).
+// write_row (and a verify chunk's kept states to their rows: it runs every chunk token by token,
+// so each is, bit for bit, the state a chunk of only those tokens leaves from the same inputs).
 // conv_out (normalised), log_decay and beta as KdaNormAndGates leaves them; core [step rows, W]
 // fp32.
 absl::Status KdaRecurrence(const float* conv_out, const float* log_decay, const float* beta,

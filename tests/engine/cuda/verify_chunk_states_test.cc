@@ -21,6 +21,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -47,6 +48,7 @@ struct Fixture {
   std::string dir;
   std::string block;  // "deltanet", "kda" or "ple"
 };
+void PrintTo(const Fixture& f, std::ostream* os) { *os << f.dir << " " << f.block; }
 
 // A batch of one chunk per (sequence, slot, start, tokens); sequence s on blocks of its own.
 struct ChunkSpec {
