@@ -5,14 +5,10 @@
 #include "absl/strings/str_cat.h"
 
 namespace exl3::engine {
-namespace {
 
-// A verify chunk keeps the state after each of its rows; any other chunk only its last.
 int KeptStatesOf(const SequenceChunk& c) {
   return c.wants_logits && c.logit_rows_use == LogitRowsUse::kNextTokens ? c.num_logit_rows : 1;
 }
-
-}  // namespace
 
 absl::StatusOr<std::vector<int64_t>> StateFloatsPerLayer(const ModelConfig& cfg, int num_slots) {
   if (num_slots <= 0)

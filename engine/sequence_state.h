@@ -46,6 +46,10 @@
 
 namespace exl3::engine {
 
+// The states a chunk keeps: a verify chunk (logit rows for next tokens) the state after each of its
+// num_logit_rows last tokens; any other chunk only the state after its last.
+int KeptStatesOf(const SequenceChunk& chunk);
+
 class SequenceStateSlots {
  public:
   // `max_kept_states` >= 1: the most states one chunk keeps (its logit rows); each slot has one

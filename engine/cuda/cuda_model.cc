@@ -300,26 +300,27 @@ absl::Status CudaModel::RunDecodeGraph(const StepTokens& tokens, const StepOutpu
 
 absl::Status CudaModel::CheckDraftVerification() const {
   // A verify chunk runs as a prefill chunk does (eagerly, not in a decode graph) and wants the logits
-  // of its last rows (StepTokens::logit_tokens). Attention without per-sequence state keeps nothing of
-  // a rejected position but its cache slot, which the sequence's next chunk overwrites before anything
-  // reads it. Recurrent layers would need a state per verify position in the device store, and
-  // DeepSeek-V4's compressors fold each position into their block areas: neither is done on the GPU.
-  if (cfg_.HasRecurrentLayers())
-    return absl::FailedPreconditionError(absl::StrCat(
-        cfg_.architecture(), " on the GPU engine: its recurrent layers keep one state per sequence, not one per "
-        "draft position; verify drafts on the CPU engine (--engine-device cpu)"));
+  // of its last rows (StepTokens::logit_tokens). Attention keeps nothing of a rejected position but
+  // its cache slot, which the sequence's next chunk overwrites before anything reads it: GLM-5.3-
+  // Flash's k-pooled indexer and Qwen4-Exp's QSA form each query's pool / block keys afresh from
+  // the complete pools at or before its own position (engine/cuda/kpool_indexer_kernels.h,
+  // qsa_kernels.h). Recurrent layers (gated DeltaNet, KDA, PLE) keep a verify chunk's state after
+  // each of its positions in the device store (engine/cuda/device_sequence_states.h) and PLE's
+  // windows their contexts (engine/cuda/ple_windows.h). DeepSeek-V4's compressors fold each
+  // position into their block areas, which nothing takes out again.
   switch (cfg_.attention) {
     case AttentionKind::kGqa:
     case AttentionKind::kMla:
     case AttentionKind::kDsa:
-      return absl::OkStatus();
     case AttentionKind::kPooledDsa:
     case AttentionKind::kQsa:
+      return absl::OkStatus();
     case AttentionKind::kDsv4:
       break;
   }
-  return absl::FailedPreconditionError(absl::StrCat(cfg_.architecture(),
-                                                    ": draft verification is not on the GPU engine for its attention"));
+  return absl::FailedPreconditionError(absl::StrCat(
+      cfg_.architecture(), " on the GPU engine: its compressed caches fold every position into their block areas' "
+      "running softmax; taking rejected draft positions out again is not done yet"));
 }
 
 absl::Status CudaModel::Forward(const StepBatch& batch, float* logits) {
@@ -343,8 +344,9 @@ absl::Status CudaModel::RunStep(const StepBatch& batch, const StepOutput& out) {
   EXL3_RETURN_IF_ERROR(FlattenStep(batch, cfg_.vocab_size, *cache_shape_, cfg_.max_position_embeddings, &tokens));
   if (tokens.num_tokens == 0) return absl::OkStatus();
   // A recurrent kind's step reads each chunk's state as the last successful step left it and
-  // writes the other copy; only EndStep, after the step's synchronisation, makes those current, so
-  // a step that fails leaves every state as it was (engine/model_runner.h).
+  // writes other copies (a verify chunk: one per kept position); only EndStep, after the step's
+  // synchronisation, makes those current, so a step that fails leaves every state as it was
+  // (engine/model_runner.h).
   for (const auto& kind : mixers_.kinds) EXL3_RETURN_IF_ERROR(kind->BeginStep(batch, device_->stream()));
   const bool graph = graphs_->enabled() && (moe_ == nullptr || !moe_->remote()) &&
                      tokens.num_tokens <= DecodeGraphs::kMaxRows && IsDecodeStep(batch);

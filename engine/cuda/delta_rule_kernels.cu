@@ -31,10 +31,27 @@ __device__ __forceinline__ float ColumnSum(float v) {
   return v;
 }
 
+// The lane's part of S (column e, the key rows below) into one head's state `to` [DK, DV].
+__device__ __forceinline__ void StoreColumn(const float (&s)[kQuadsPerLane][4], float* to, int r, int e, int DK,
+                                            int DV, bool live) {
+#pragma unroll
+  for (int i = 0; i < kQuadsPerLane; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int a = (i * kRowGroups + r) * 4 + j;
+      if (live && a < DK) to[static_cast<size_t>(a) * DV + e] = s[i][j];
+    }
+  }
+}
+
 // grid num_chunks · num_heads · ceil(DV / 32), block kThreads. Lane (r, c) of warp w holds column
 // e = group · 32 + w · 8 + c of S, key rows a = (i · 4 + r) · 4 + j for i < 8, j < 4 (float4 i · 4 +
 // r of a key vector: the four row groups read 64 consecutive bytes of shared memory). Rows at or
-// past DK are zero in S, k and q, and one in g, so they change nothing.
+// past DK are zero in S, k and q, and one in g, so they change nothing. kKeepsStates: a verify
+// chunk may be among the chunks (RecurrentChunks::max_kept_states > 1), whose S after each kept
+// token but the last is stored on the way; without it the kernel is the plain step's alone (its
+// registers do not hold what the stores need).
+template <bool kKeepsStates>
 __global__ void __launch_bounds__(kThreads)
     DeltaRuleKernel(const float* __restrict__ conv_out, const float* __restrict__ beta,
                     const float* __restrict__ decay, DeltaRuleDecay form, DeltaRuleShape sh,
@@ -56,7 +73,6 @@ __global__ void __launch_bounds__(kThreads)
   const bool live = e < DV;
   const size_t head = static_cast<size_t>(sh.state_at) + static_cast<size_t>(h) * DK * DV;
   const float* prev = StateRow(chunks, c.read_row) + head;
-  float* next = StateRow(chunks, c.write_row) + head;
 
   float s[kQuadsPerLane][4];
 #pragma unroll
@@ -118,16 +134,15 @@ __global__ void __launch_bounds__(kThreads)
         const size_t row = static_cast<size_t>(c.first + j0 + t);
         core[(row * NH + h) * DV + e] = o;
       }
+      if constexpr (kKeepsStates) {
+        // A verify chunk keeps S after each of its kept tokens but the last (stored below).
+        const int kept = j0 + t - c.first_kept_token();
+        if (kept >= 0 && kept < c.kept_states - 1)
+          StoreColumn(s, StateRow(chunks, c.KeptRow(kept)) + head, r, e, DK, DV, live);
+      }
     }
   }
-#pragma unroll
-  for (int i = 0; i < kQuadsPerLane; ++i) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int a = (i * kRowGroups + r) * 4 + j;
-      if (live && a < DK) next[static_cast<size_t>(a) * DV + e] = s[i][j];
-    }
-  }
+  StoreColumn(s, StateRow(chunks, c.write_row) + head, r, e, DK, DV, live);
 }
 
 }  // namespace
@@ -151,8 +166,14 @@ absl::Status DeltaRuleRecurrence(const float* conv_out, const float* beta, const
                                  float* core, StreamHandle stream) {
   if (num_chunks <= 0) return absl::OkStatus();
   const unsigned groups = (shape.value_head_dim + kColumnsPerBlock - 1) / kColumnsPerBlock;
-  DeltaRuleKernel<<<static_cast<unsigned>(num_chunks) * shape.num_heads * groups, kThreads, 0,
-                    S(stream)>>>(conv_out, beta, decay, form, shape, chunks, first_chunk, core);
+  const unsigned blocks = static_cast<unsigned>(num_chunks) * shape.num_heads * groups;
+  if (chunks.max_kept_states > 1) {
+    DeltaRuleKernel<true><<<blocks, kThreads, 0, S(stream)>>>(conv_out, beta, decay, form, shape, chunks, first_chunk,
+                                                              core);
+  } else {
+    DeltaRuleKernel<false><<<blocks, kThreads, 0, S(stream)>>>(conv_out, beta, decay, form, shape, chunks, first_chunk,
+                                                               core);
+  }
   return LaunchStatus("DeltaRuleRecurrence");
 }
 

@@ -6,7 +6,8 @@
 //   per token t:  S ← diag(g_t) · S          g: the head's decay, or per key channel
 //                 S ← S + k_t ⊗ β_t (v_t − Sᵀk_t)
 //                 core[t, h] = Sᵀ q_t
-//   S to the chunk's write_row.
+//   S to the chunk's write_row (a verify chunk's: also after each of its other kept tokens, to
+//   their rows, engine/cuda/recurrent_chunks.h).
 //
 // Each column of S (a value channel) evolves alone, so the kernel spreads them: a block holds 32
 // columns of one (chunk, head) in registers (four lanes per column, 32 key rows each) and stages

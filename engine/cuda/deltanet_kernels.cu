@@ -74,7 +74,9 @@ __global__ void ConvKernel(const float* __restrict__ qkvz, const float* __restri
 }
 
 // grid ceil(num_chunks * C / kThreads), block kThreads: one thread per (chunk, channel). The
-// chunk's new conv state [K - 1, C] at its write_row.
+// chunk's new conv state [K - 1, C] at its write_row: the K - 1 window inputs before input
+// tokens + K - 1; a verify chunk's kept state k (after its first f = first_kept_token + k + 1
+// tokens) those before input f + K - 1, at its row.
 __global__ void ConvStateKernel(const float* __restrict__ qkvz, DeltaNetDims d,
                                 RecurrentChunks chunks, int first_chunk, int num_chunks) {
   const int C = d.conv_channels(), K = d.conv_kernel;
@@ -82,11 +84,14 @@ __global__ void ConvStateKernel(const float* __restrict__ qkvz, DeltaNetDims d,
   if (item >= static_cast<int64_t>(num_chunks) * C) return;
   const int ch = static_cast<int>(item % C);
   const RecurrentChunk c = LoadChunk(chunks, first_chunk + static_cast<int>(item / C));
-  const float* prev = chunks.states + static_cast<size_t>(c.read_row) * chunks.row_floats;
-  float* next = chunks.states + static_cast<size_t>(c.write_row) * chunks.row_floats;
+  const float* prev = StateRow(chunks, c.read_row);
   const int col = QkvzColumn(d, ch);
-  for (int i = 0; i < K - 1; ++i)
-    next[static_cast<size_t>(i) * C + ch] = WindowInput(qkvz, d, prev, c, c.tokens + i, ch, col);
+  for (int k = 0; k < c.kept_states; ++k) {
+    float* next = StateRow(chunks, c.KeptRow(k));
+    const int folded = c.first_kept_token() + k + 1;  // the chunk's tokens in that state
+    for (int i = 0; i < K - 1; ++i)
+      next[static_cast<size_t>(i) * C + ch] = WindowInput(qkvz, d, prev, c, folded + i, ch, col);
+  }
 }
 
 // x ← x / sqrt(Σx² + 1e-6) · scale over one head of `len` floats, by one warp.

@@ -57,7 +57,8 @@ absl::Status DeltaNetConv(const float* qkvz, const float* conv_weight, const Del
 
 // The conv state each chunk of [first_chunk, first_chunk + num_chunks) leaves: the last K - 1
 // inputs of its window, written to its write_row (read from its read_row where the chunk is
-// shorter than K - 1). qkvz as above.
+// shorter than K - 1); a verify chunk's after each of its kept tokens, to their rows
+// (engine/cuda/recurrent_chunks.h). qkvz as above.
 absl::Status DeltaNetConvState(const float* qkvz, const DeltaNetDims& dims,
                                const RecurrentChunks& chunks, int first_chunk, int num_chunks,
                                StreamHandle stream);
@@ -73,7 +74,8 @@ absl::Status DeltaNetNormAndGates(float* conv_out, const float* ba, const float*
 
 // The delta rule of chunks [first_chunk, first_chunk + num_chunks)
 // (engine/cuda/delta_rule_kernels.h): S from the chunk's read_row, then per token S ← decay·S;
-// S ← S + k ⊗ β(v − Sᵀk); core[t, h] = Sᵀq; S to the write_row. conv_out (normalised), beta,
+// S ← S + k ⊗ β(v − Sᵀk); core[t, h] = Sᵀq; S to the write_row (and a verify chunk's kept
+// states to their rows). conv_out (normalised), beta,
 // decay as above; core [step tokens, num_value_heads, value_head_dim] fp32.
 absl::Status DeltaNetRecurrence(const float* conv_out, const float* beta, const float* decay,
                                 const DeltaNetDims& dims, const RecurrentChunks& chunks,

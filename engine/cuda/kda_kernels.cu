@@ -55,7 +55,9 @@ __global__ void ConvKernel(const float* __restrict__ q, const float* __restrict_
 }
 
 // grid ceil(num_chunks * C / kThreads), block kThreads: one thread per (chunk, channel). The
-// chunk's new conv state [K - 1, C] at its write_row.
+// chunk's new conv state [K - 1, C] at its write_row: the K - 1 window inputs before input
+// tokens + K - 1; a verify chunk's kept state s (after its first f = first_kept_token + s + 1
+// tokens) those before input f + K - 1, at its row.
 __global__ void ConvStateKernel(const float* __restrict__ q, const float* __restrict__ k,
                                 const float* __restrict__ v, KdaDims d, RecurrentChunks chunks,
                                 int first_chunk, int num_chunks) {
@@ -65,9 +67,12 @@ __global__ void ConvStateKernel(const float* __restrict__ q, const float* __rest
   const int ch = static_cast<int>(item % C);
   const RecurrentChunk c = LoadChunk(chunks, first_chunk + static_cast<int>(item / C));
   const float* prev = StateRow(chunks, c.read_row);
-  float* next = chunks.states + static_cast<size_t>(c.write_row) * chunks.row_floats;
-  for (int i = 0; i < K - 1; ++i)
-    next[static_cast<size_t>(i) * C + ch] = WindowInput(q, k, v, d, prev, c, c.tokens + i, ch);
+  for (int s = 0; s < c.kept_states; ++s) {
+    float* next = StateRow(chunks, c.KeptRow(s));
+    const int folded = c.first_kept_token() + s + 1;  // the chunk's tokens in that state
+    for (int i = 0; i < K - 1; ++i)
+      next[static_cast<size_t>(i) * C + ch] = WindowInput(q, k, v, d, prev, c, folded + i, ch);
+  }
 }
 
 // x ← x / sqrt(Σx² + 1e-6) over one head of `len` floats, by one warp (engine/rms_norm.h's

@@ -62,7 +62,8 @@ absl::Status KdaConv(const float* q, const float* k, const float* v, const float
 
 // The conv state each chunk of [first_chunk, first_chunk + num_chunks) leaves: the last K - 1
 // inputs of its window [K - 1, C], written to its write_row (read from its read_row where the chunk
-// is shorter than K - 1). q, k, v as above.
+// is shorter than K - 1); a verify chunk's after each of its kept tokens, to their rows
+// (engine/cuda/recurrent_chunks.h). q, k, v as above.
 absl::Status KdaConvState(const float* q, const float* k, const float* v, const KdaDims& dims,
                           const RecurrentChunks& chunks, int first_chunk, int num_chunks,
                           StreamHandle stream);
@@ -81,7 +82,8 @@ absl::Status KdaNormAndGates(float* conv_out, float* log_decay, float* beta,
 // The Kimi delta rule (engine/kimi_delta_rule.h's recurrent form) of chunks [first_chunk,
 // first_chunk + num_chunks) (engine/cuda/delta_rule_kernels.h): S from the chunk's read_row,
 // then per token S ← diag(exp(g))·S; S ← S + k ⊗ β(v − Sᵀk); core[t, h] = Sᵀq; S to the
-// write_row.
+// write_row (and a verify chunk's kept states to their rows: it runs every chunk token by token,
+// so each is, bit for bit, the state a chunk of only those tokens leaves from the same inputs).
 // conv_out (normalised), log_decay and beta as KdaNormAndGates leaves them; core [step rows, W]
 // fp32.
 absl::Status KdaRecurrence(const float* conv_out, const float* log_decay, const float* beta,

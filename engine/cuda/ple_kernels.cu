@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/block_reduce.cuh"
 #include "engine/cuda/launch_status.cuh"
+#include "engine/cuda/recurrent_chunks.cuh"
 
 namespace exl3::engine::cuda {
 namespace {
@@ -15,16 +16,8 @@ constexpr int kThreads = 256;
 
 __device__ inline float SigmoidF(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-struct Chunk {
-  int first, rows, read_row, write_row;
-};
-__device__ inline Chunk LoadChunk(const RecurrentChunks& ch, int c) {
-  const int32_t* e = ch.table + static_cast<size_t>(c) * kRecurrentChunkInts;
-  return Chunk{e[0], e[1], e[2], e[3]};
-}
-
 // Input p of chunk c's conv window for channel col: carried for p < past, else its row p − past.
-__device__ inline float WindowInput(const float* normed, const RecurrentChunks& ch, const Chunk& c, int past,
+__device__ inline float WindowInput(const float* normed, const RecurrentChunks& ch, const RecurrentChunk& c, int past,
                                     int wide, int p, int col) {
   if (p >= past) return normed[static_cast<int64_t>(c.first + p - past) * wide + col];
   return ch.states[static_cast<int64_t>(c.read_row) * ch.row_floats + static_cast<int64_t>(p) * wide + col];
@@ -53,7 +46,7 @@ __global__ void ConvKernel(const float* v, const float* normed, const float* w, 
   const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (item >= static_cast<int64_t>(n) * wide) return;
   const int t = first + static_cast<int>(item / wide), col = static_cast<int>(item % wide);
-  const Chunk c = LoadChunk(ch, ch.chunk_of[t]);
+  const RecurrentChunk c = LoadChunk(ch, ch.chunk_of[t]);
   const int j = t - c.first, past = s.past();
   const float* wc = w + static_cast<int64_t>(col) * s.conv_kernel;
   float acc = 0.0f;
@@ -62,16 +55,20 @@ __global__ void ConvKernel(const float* v, const float* normed, const float* w, 
   h[at] += v[at] + acc * SigmoidF(acc);
 }
 
-// One thread per (chunk, carried input, channel).
+// One thread per (chunk, carried input, channel). A verify chunk's kept state k (after its first
+// f = first_kept_token + k + 1 tokens) carries the `past` inputs before window input f + past.
 __global__ void ConvStateKernel(const float* normed, PleShape s, RecurrentChunks ch, int first_chunk, int num_chunks) {
   const int wide = s.wide(), past = s.past();
   const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (item >= static_cast<int64_t>(num_chunks) * past * wide) return;
   const int chunk = first_chunk + static_cast<int>(item / (static_cast<int64_t>(past) * wide));
   const int p = static_cast<int>(item / wide % past), col = static_cast<int>(item % wide);
-  const Chunk c = LoadChunk(ch, chunk);
-  ch.states[static_cast<int64_t>(c.write_row) * ch.row_floats + static_cast<int64_t>(p) * wide + col] =
-      WindowInput(normed, ch, c, past, wide, c.rows + p, col);
+  const RecurrentChunk c = LoadChunk(ch, chunk);
+  for (int k = 0; k < c.kept_states; ++k) {
+    const int folded = c.first_kept_token() + k + 1;
+    StateRow(ch, c.KeptRow(k))[static_cast<int64_t>(p) * wide + col] =
+        WindowInput(normed, ch, c, past, wide, folded + p, col);
+  }
 }
 
 unsigned Blocks(int64_t items) { return static_cast<unsigned>((items + kThreads - 1) / kThreads); }

@@ -43,7 +43,8 @@ absl::Status PleConv(const float* v, const float* normed, const float* conv_weig
                      const RecurrentChunks& chunks, int first, int n, float* h, StreamHandle stream);
 
 // The conv inputs each chunk of [first_chunk, first_chunk + num_chunks) leaves to its sequence: its
-// window's last `past` inputs, written to its write row of `chunks.states`.
+// window's last `past` inputs, written to its write row of `chunks.states`; a verify chunk's after
+// each of its kept tokens, to their rows (engine/cuda/recurrent_chunks.h).
 absl::Status PleConvState(const float* normed, const PleShape& shape, const RecurrentChunks& chunks, int first_chunk,
                           int num_chunks, StreamHandle stream);
 

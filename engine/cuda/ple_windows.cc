@@ -1,6 +1,7 @@
 #include "engine/cuda/ple_windows.h"
 
 #include "absl/strings/str_cat.h"
+#include "engine/sequence_state.h"
 
 namespace exl3::engine::cuda {
 
@@ -18,11 +19,15 @@ absl::Status PleWindows::Build(const StepTokens& tokens, std::vector<int32_t>* w
       continue;
     }
     const size_t slot = static_cast<size_t>(chunk.state_slot);
-    if (chunk.state_slot < 0 || slot >= context_.size() || static_cast<int>(context_[slot].size()) != ctx)
+    const Held* held =
+        chunk.state_slot >= 0 && slot < held_.size() && held_[slot].has_value() ? &*held_[slot] : nullptr;
+    const int at = held != nullptr ? chunk.start_position - held->first_length : -1;
+    if (held == nullptr || held->sequence_id != chunk.sequence_id || at < 0 ||
+        at >= static_cast<int>(held->contexts.size()))
       return absl::FailedPreconditionError(absl::StrCat(
           "PLE: sequence ", chunk.sequence_id, " resumes at position ", chunk.start_position, " in state slot ",
-          chunk.state_slot, ", which holds no context of it (its earlier steps did not run here)"));
-    carried[c] = &context_[slot];
+          chunk.state_slot, ", which holds no context of it there (its earlier steps did not run here)"));
+    carried[c] = &held->contexts[at];
   }
   windows->assign(static_cast<size_t>(T) * n, 0);
   for (int t = 0; t < T; ++t) {
@@ -35,13 +40,19 @@ absl::Status PleWindows::Build(const StepTokens& tokens, std::vector<int32_t>* w
       w[i] = j - back >= 0 ? chunk.tokens[j - back] : (*carried[c])[ctx + (j - back)];
     }
   }
+  // The context after the chunk's first `folded` tokens, for each length the chunk keeps (the
+  // last: after all of it).
   for (size_t c = 0; c < batch.chunks.size(); ++c) {
     const SequenceChunk& chunk = batch.chunks[c];
-    const int count = static_cast<int>(chunk.tokens.size());
-    std::vector<int32_t> next(ctx);
-    for (int i = 0; i < ctx; ++i) {
-      const int j = count - ctx + i;  // index in the chunk
-      next[i] = j >= 0 ? chunk.tokens[j] : (*carried[c])[ctx + j];
+    const int count = static_cast<int>(chunk.tokens.size()), kept = KeptStatesOf(chunk);
+    Held next{chunk.sequence_id, chunk.start_position + count - kept + 1, {}};
+    for (int k = 0; k < kept; ++k) {
+      const int folded = count - kept + 1 + k;
+      std::vector<int32_t>& context = next.contexts.emplace_back(ctx);
+      for (int i = 0; i < ctx; ++i) {
+        const int j = folded - ctx + i;  // index in the chunk
+        context[i] = j >= 0 ? chunk.tokens[j] : (*carried[c])[ctx + j];
+      }
     }
     pending_.emplace_back(chunk.state_slot, std::move(next));
   }
@@ -49,10 +60,10 @@ absl::Status PleWindows::Build(const StepTokens& tokens, std::vector<int32_t>* w
 }
 
 void PleWindows::Commit() {
-  for (auto& [slot, context] : pending_) {
+  for (auto& [slot, held] : pending_) {
     if (slot < 0) continue;
-    if (static_cast<size_t>(slot) >= context_.size()) context_.resize(static_cast<size_t>(slot) + 1);
-    context_[slot] = std::move(context);
+    if (static_cast<size_t>(slot) >= held_.size()) held_.resize(static_cast<size_t>(slot) + 1);
+    held_[slot] = std::move(held);
   }
   pending_.clear();
 }

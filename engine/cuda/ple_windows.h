@@ -5,6 +5,11 @@
 // CPU engine keeps it in the slot's state: what a step leaves becomes current only once the step
 // has succeeded (Commit), so a failed step leaves every context as it was.
 //
+// Verify chunks (speculative decoding) keep the context after each of their last
+// KeptStatesOf(chunk) tokens (engine/sequence_state.h), as the recurrent store keeps a state per
+// kept length: the sequence's next chunk continues the one its start position names (the length
+// the scheduler kept), as if the rejected drafts had never run.
+//
 //   PleWindows windows(cfg.qwen4exp->ple);
 //   EXL3_RETURN_IF_ERROR(windows.Build(tokens, &w));   // w [T, ngram_size]
 //   ... the step runs ...
@@ -12,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -27,14 +33,22 @@ class PleWindows {
 
   // windows [T, ngram_size] of the step's tokens, oldest first; the contexts the step's chunks leave
   // are kept until Commit (a Build drops those of a step that was not committed). A chunk that
-  // resumes a sequence (start_position > 0) in a slot holding no context is refused.
+  // resumes a sequence (start_position > 0) at a length its slot holds no context of is refused.
   absl::Status Build(const StepTokens& tokens, std::vector<int32_t>* windows);
   void Commit();
 
  private:
+  // The contexts a slot holds for its sequence: after first_length + i of its tokens in contexts[i]
+  // (one length but after a verify chunk), each its last ngram_size − 1 tokens.
+  struct Held {
+    int64_t sequence_id = 0;
+    int first_length = 0;
+    std::vector<std::vector<int32_t>> contexts;
+  };
+
   const PleConfig ple_;
-  std::vector<std::vector<int32_t>> context_;  // by state slot: its last ngram_size − 1 tokens
-  std::vector<std::pair<int, std::vector<int32_t>>> pending_;  // (slot, context) of the last Build
+  std::vector<std::optional<Held>> held_;      // by state slot
+  std::vector<std::pair<int, Held>> pending_;  // (slot, what it will hold) from the last Build
 };
 
 }  // namespace exl3::engine::cuda

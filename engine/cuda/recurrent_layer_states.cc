@@ -8,10 +8,10 @@
 
 namespace exl3::engine::cuda {
 
-absl::Status RecurrentLayerStates::Allocate(const ModelConfig& cfg, int num_slots) {
+absl::Status RecurrentLayerStates::Allocate(const ModelConfig& cfg, int num_slots, int max_kept_states) {
   states_.reset();
   EXL3_ASSIGN_OR_RETURN(std::vector<int64_t> floats, StateFloatsPerLayer(cfg, num_slots));
-  EXL3_ASSIGN_OR_RETURN(states_, DeviceSequenceStates::Create(std::move(floats), num_slots));
+  EXL3_ASSIGN_OR_RETURN(states_, DeviceSequenceStates::Create(std::move(floats), num_slots, max_kept_states));
   return absl::OkStatus();
 }
 
@@ -37,17 +37,22 @@ absl::Status RecurrentLayerStates::Pack(const StepTokens& tokens, int rows, std:
                                                    " tokens packed in ", rows, " rows"));
   std::vector<int32_t> chunk_of(rows), table;
   chunk_first_.clear();
+  max_kept_states_ = 1;
   for (int t = 0; t < rows; ++t) {
     const bool real = t < tokens.num_tokens;
     if (!real || t == 0 || tokens.chunk_of[t] != tokens.chunk_of[t - 1]) {
-      int32_t read = states_->padding_read_row(), write = states_->padding_write_row();
+      int32_t read = states_->padding_read_row(), write = states_->padding_write_row(), kept = 1,
+              slot_row = states_->padding_read_row();
       if (real) {
         const int slot = tokens.batch->chunks[tokens.chunk_of[t]].state_slot;
         read = states_->ReadRow(slot);
         write = states_->WriteRow(slot);
+        kept = states_->NumKeptStates(slot);
+        slot_row = states_->SlotRow(slot);
+        max_kept_states_ = std::max(max_kept_states_, static_cast<int>(kept));
       }
       chunk_first_.push_back(t);
-      table.insert(table.end(), {t, 0, read, write});
+      table.insert(table.end(), {t, 0, read, write, kept, slot_row});
     }
     table[table.size() - kRecurrentChunkInts + 1] += 1;
     chunk_of[t] = static_cast<int32_t>(chunk_first_.size()) - 1;
@@ -68,6 +73,7 @@ RecurrentStep RecurrentLayerStates::StepFor(int first, int n) const {
   step.chunks.chunk_of = chunk_of_;
   step.chunks.table = table_;
   step.chunks.row_floats = states_->row_floats();
+  step.chunks.max_kept_states = max_kept_states_;
   step.store = states_->layer(0);
   const auto begin = std::lower_bound(chunk_first_.begin(), chunk_first_.end(), first);
   const auto end = std::lower_bound(chunk_first_.begin(), chunk_first_.end(), first + n);

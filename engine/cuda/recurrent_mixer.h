@@ -30,7 +30,7 @@ class RecurrentMixerKind final : public CudaMixerKind {
   }
 
   absl::Status AllocateCache(const KvCacheShape& shape, StreamHandle) override {
-    return states_.Allocate(cfg_, shape.num_sequence_slots);
+    return states_.Allocate(cfg_, shape.num_sequence_slots, shape.max_logit_rows_per_chunk);
   }
   int64_t KvBytesPerToken() const override { return 0; }  // a state per sequence, not per token
 

@@ -10,7 +10,10 @@
 #      stream and QSA attention) and engine_cuda_dsv4_test: the kernels against the CPU references and whole models
 #      (tests/fixtures/engine) against the CPU engine and transformers; Qwen3-Next's state through
 #      the engine (preemption, a failed step); engine_cuda_speculative_test (n-gram drafts verified
-#      on the GPU) and engine_cuda_prompt_logprobs_test (prompt logprobs on the GPU), through the Engine;
+#      on the GPU, the recurrent families too) and engine_cuda_prompt_logprobs_test (prompt logprobs
+#      on the GPU), through the Engine; engine_cuda_verify_chunk_states_test and
+#      engine_cuda_verify_chunk_indexers_test (a verify chunk's kept recurrent states, bit for bit,
+#      and rejected drafts leaving no trace in the k-pooled and QSA indexers);
 #   2. compute-sanitizer: memcheck on a GQA, a GLM-MoE-DSA and a Qwen3-Next fixture's generation,
 #      racecheck on the kernel tests (the DeltaNet's, KDA's and the k-pooled indexer's too) and one
 #      short generation, memcheck on KDA's and the indexed attention's layer tests, DeepSeek-V4's
@@ -54,7 +57,7 @@ ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY="$ONLY $2"; shift ;;
-    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
     *) echo "engine.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -84,6 +87,8 @@ if want test; then
   run_test engine_cuda_qwen4exp_residual_test qwen4-residual-test.log "^qwen4 " 200
   run_test engine_cuda_qsa_test qsa-test.log "^qsa " 100
   run_test engine_cuda_speculative_test speculative-test.log " GPU K=| repeating prompt " 60
+  run_test engine_cuda_verify_chunk_states_test verify-states-test.log "^verify states " 80
+  run_test engine_cuda_verify_chunk_indexers_test verify-indexers-test.log "^verify indexers " 40
   run_test engine_cuda_prompt_logprobs_test prompt-logprobs-test.log "worst prompt logprob" 40
 fi
 if want sanitize && command -v compute-sanitizer > /dev/null; then
@@ -107,6 +112,9 @@ if want sanitize && command -v compute-sanitizer > /dev/null; then
   sanitize racecheck deltanet-kernels engine_cuda_deltanet_test 'DeltaNetKernelsTest.*'
   sanitize racecheck kda-kernels engine_cuda_kda_test 'KdaKernelsTest.*'
   sanitize racecheck delta-rule engine_cuda_delta_rule_test 'DeltaRuleKernelTest.*'
+  # A verify chunk's kept states (every recurrent block) and the indexers after rejected drafts.
+  sanitize memcheck verify-states engine_cuda_verify_chunk_states_test '*'
+  sanitize memcheck verify-indexers engine_cuda_verify_chunk_indexers_test '*'
   sanitize memcheck delta-rule engine_cuda_delta_rule_test 'DeltaRuleKernelTest.*'
   sanitize memcheck kda-layer engine_cuda_kda_test 'Fixtures/KdaLayerTest.*/glm5_next_experts_lower_bound'
   sanitize racecheck kpool-kernels engine_cuda_kpool_test 'KpoolKernelsTest.*'

@@ -3,10 +3,13 @@
 // DeltaNet's, one per key channel as KDA's log-decay), value heads sharing key heads, key dims
 // below, at and between the kernel's row groups (16, 40, 64, 128), value dims that leave a block's
 // 32 columns part empty (24, 96, 160), chunks of 0, 1, 7, 8, 9 (the 8-token stage's edges) and 33
-// tokens, and a chunk that writes the row it reads (as a decode step in place). Lines
-// "delta rule ..." give every comparison. Skipped where no GPU is visible (ctest label gpu).
+// tokens, and a chunk that writes the row it reads (as a decode step in place); a verify chunk's
+// kept states bit for bit against shorter chunks. Lines "delta rule ..." give every comparison.
+// Skipped where no GPU is visible (ctest label gpu).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -108,7 +111,7 @@ TEST(DeltaRuleKernelTest, MatchesTheFormulaInBothDecayForms) {
     int first = 0;
     for (int c = 0; c < chunks; ++c) {
       const int write = c == chunks - 1 ? 2 * c : 2 * c + 1;
-      table.insert(table.end(), {first, lengths[c], 2 * c, write});
+      table.insert(table.end(), {first, lengths[c], 2 * c, write, /*kept states=*/1, /*slot row=*/2 * c});
       for (int j = 0; j < lengths[c]; ++j) chunk_of.push_back(c);
       first += lengths[c];
     }
@@ -149,6 +152,88 @@ TEST(DeltaRuleKernelTest, MatchesTheFormulaInBothDecayForms) {
       EXPECT_LT(out_rel, 1e-5) << "chunk " << c;
       EXPECT_LT(state_rel, 1e-5) << "chunk " << c;
     }
+  }
+}
+
+// A verify chunk (speculative decoding, engine/cuda/recurrent_chunks.h) of 5 tokens keeping 5
+// states in a slot of 6 copies whose copy 2 it reads: kept state k lands in copy k (k < 2) or k + 1,
+// and equals, bit for bit, the state a chunk of only its first k + 1 tokens writes (the kernel runs
+// every chunk token by token, S in registers); its outputs equal that chunk's; the row it reads is
+// left as it was.
+TEST(DeltaRuleKernelTest, AVerifyChunkKeepsTheStateAfterEachKeptTokenBitForBit) {
+  REQUIRE_GPU();
+  std::mt19937 rng(29);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  constexpr int kTokens = 5, kCopies = kTokens + 1, kReadCopy = 2;
+  for (const Case& k : {Case{4, 2, 64, 96, DeltaRuleDecay::kPerHead},
+                        Case{2, 1, 128, 128, DeltaRuleDecay::kPerKeyChannelLog}}) {
+    const int NH = k.num_heads, NK = NH / k.heads_per_key_head, DK = k.key_head_dim, DV = k.value_head_dim;
+    DeltaRuleShape sh;
+    sh.num_heads = NH;
+    sh.heads_per_key_head = k.heads_per_key_head;
+    sh.key_head_dim = DK;
+    sh.value_head_dim = DV;
+    sh.q_at = 0;
+    sh.k_at = NK * DK;
+    sh.v_at = 2 * NK * DK;
+    sh.row_floats = sh.v_at + NH * DV;
+    sh.state_at = 5;
+    std::vector<float> conv = Random(static_cast<size_t>(kTokens) * sh.row_floats, rng, 0.2f);
+    std::vector<float> beta(static_cast<size_t>(kTokens) * NH), decay;
+    for (float& b : beta) b = unit(rng);
+    if (k.form == DeltaRuleDecay::kPerHead) {
+      decay.resize(static_cast<size_t>(kTokens) * NH);
+      for (float& g : decay) g = 1.0f - 0.5f * unit(rng);
+    } else {
+      decay.resize(static_cast<size_t>(kTokens) * NH * DK);
+      for (float& g : decay) g = -2.0f * unit(rng);
+    }
+    // Rows 0 .. 5: the slot's copies; rows 6 .. 10: where the references write.
+    const int64_t row_floats = sh.state_at + static_cast<int64_t>(NH) * DK * DV;
+    const std::vector<float> store = Random(static_cast<size_t>(kCopies + kTokens) * row_floats, rng, 0.5f);
+    DeviceArray<float> d_conv = ToDevice(conv), d_beta = ToDevice(beta), d_decay = ToDevice(decay),
+                       d_store = ToDevice(store), d_core, d_ref_core;
+    const size_t core_floats = static_cast<size_t>(kTokens) * NH * DV;
+    ASSERT_TRUE(d_core.Reserve(core_floats).ok());
+    ASSERT_TRUE(d_ref_core.Reserve(core_floats).ok());
+    const std::vector<int32_t> chunk_of(kTokens, 0);
+    DeviceArray<int32_t> d_chunk_of = ToDevice(chunk_of);
+    auto run = [&](const std::vector<int32_t>& table, float* core) {
+      DeviceArray<int32_t> d_table = ToDevice(table);
+      const RecurrentChunks rc{d_chunk_of.get(), d_table.get(), d_store.get(), row_floats,
+                               /*max_kept_states=*/table[4]};
+      ASSERT_TRUE(DeltaRuleRecurrence(d_conv.get(), d_beta.get(), d_decay.get(), k.form, sh, rc, 0, 1, core, nullptr)
+                      .ok());
+      ASSERT_EQ(ToHost(d_chunk_of, 1).size(), 1u);  // waits for the launch
+    };
+    const int32_t last_row = KeptStateRow(0, kReadCopy, kTokens - 1);
+    ASSERT_EQ(last_row, kTokens);
+    run({0, kTokens, kReadCopy, last_row, kTokens, 0}, d_core.get());
+    const std::vector<float> verify_core = ToHost(d_core, core_floats);
+    for (int a = 0; a < kTokens; ++a) {
+      run({0, a + 1, kReadCopy, kCopies + a, 1, kCopies + a}, d_ref_core.get());
+      const std::vector<float> ref_core = ToHost(d_ref_core, core_floats);
+      EXPECT_EQ(std::memcmp(ref_core.data(), verify_core.data(), static_cast<size_t>(a + 1) * NH * DV * sizeof(float)),
+                0)
+          << "outputs of the first " << a + 1 << " tokens";
+    }
+    const std::vector<float> got = ToHost(d_store, store.size());
+    auto row = [&](int r) {
+      return std::vector<float>(got.begin() + r * row_floats + sh.state_at, got.begin() + (r + 1) * row_floats);
+    };
+    for (int a = 0; a < kTokens; ++a) {
+      const int kept_row = KeptStateRow(0, kReadCopy, a);
+      EXPECT_NE(kept_row, kReadCopy);
+      const std::vector<float> kept = row(kept_row), want = row(kCopies + a);
+      const bool equal = std::memcmp(kept.data(), want.data(), kept.size() * sizeof(float)) == 0;
+      std::printf("delta rule %s verify chunk: kept state %d (row %d) %s the chunk of %d tokens'\n",
+                  k.form == DeltaRuleDecay::kPerHead ? "per-head" : "per-channel", a, kept_row,
+                  equal ? "bit-equal to" : "DIFFERS from", a + 1);
+      EXPECT_TRUE(equal) << "kept state " << a;
+    }
+    EXPECT_TRUE(std::equal(got.begin() + kReadCopy * row_floats, got.begin() + (kReadCopy + 1) * row_floats,
+                           store.begin() + kReadCopy * row_floats))
+        << "the row read was written";
   }
 }
 

@@ -76,7 +76,7 @@ TEST(KdaKernelsTest, DeltaRuleMatchesTheCpuRecurrentForm) {
     std::vector<int32_t> chunk_of, table;
     int first = 0;
     for (int c = 0; c < chunks; ++c) {
-      table.insert(table.end(), {first, lengths[c], 2 * c, 2 * c + 1});
+      table.insert(table.end(), {first, lengths[c], 2 * c, 2 * c + 1, /*kept states=*/1, /*slot row=*/2 * c});
       for (int j = 0; j < lengths[c]; ++j) chunk_of.push_back(c);
       first += lengths[c];
     }

@@ -1,7 +1,9 @@
 // engine/cuda/ple_windows.h (host code of the GPU engine; runs without a GPU): the n-gram windows of
 // sequences cut into chunks across steps, beside each other in a step, against windows read off each
 // sequence's whole token history (eos before position 0); a step that is not committed leaves every
-// context as it was; a chunk resuming a sequence whose slot holds no context is refused by name.
+// context as it was; a chunk resuming a sequence whose slot holds no context is refused by name; a
+// verify chunk keeps the context after each of its kept tokens, and the next chunk continues the
+// one its start position names (speculative decoding's rollback).
 #include <map>
 #include <random>
 #include <string>
@@ -95,6 +97,61 @@ TEST(PleWindowsTest, WindowsMatchTheSequencesHistoryAcrossChunks) {
     ASSERT_TRUE(windows.Build(Flatten(fresh), &w).ok());
     for (int i = 0; i + 1 < n; ++i) EXPECT_EQ(w[i], ple.eos_token_id);
     EXPECT_EQ(w[n - 1], 40);
+  }
+}
+
+TEST(PleWindowsTest, AVerifyChunkKeepsTheContextAfterEachKeptToken) {
+  for (const int n : {2, 3, 5}) {
+    SCOPED_TRACE(::testing::Message() << "ngram " << n);
+    const PleConfig ple = Ple(n);
+    PleWindows windows(ple);
+    std::vector<int32_t> history = {2, 3, 4, 5, 6, 7, 8};  // the prompt
+    auto chunk = [](const std::vector<int32_t>& tokens, int start, int logit_rows) {
+      SequenceChunk c;
+      c.sequence_id = 3;
+      c.state_slot = 1;
+      c.start_position = start;
+      c.tokens = tokens;
+      c.wants_logits = true;
+      c.num_logit_rows = logit_rows;
+      StepBatch batch;
+      batch.chunks.push_back(c);
+      return batch;
+    };
+    std::vector<int32_t> w;
+    const StepBatch prompt = chunk(history, 0, 1);
+    ASSERT_TRUE(windows.Build(Flatten(prompt), &w).ok());
+    windows.Commit();
+    // The last token and 4 drafts, a verify chunk of 5 rows: the slot holds lengths 8 .. 12.
+    const std::vector<int32_t> verify_tokens = {9, 10, 11, 12, 13};
+    const StepBatch verify = chunk(verify_tokens, 7, 5);
+    ASSERT_TRUE(windows.Build(Flatten(verify), &w).ok());
+    windows.Commit();
+    for (int accepted = 0; accepted < 5; ++accepted) {
+      // The next chunk after `accepted` drafts: its window is the kept history's, as if the rejected
+      // drafts had never run (Build commits nothing, so each length is tried on the same holding).
+      const int length = 7 + accepted + 1;
+      std::vector<int32_t> seq(history);
+      seq.insert(seq.end(), verify_tokens.begin(), verify_tokens.begin() + accepted + 1);
+      seq.push_back(40 + accepted);
+      const StepBatch next = chunk({40 + accepted}, length, 1);
+      ASSERT_TRUE(windows.Build(Flatten(next), &w).ok()) << accepted;
+      ASSERT_EQ(w.size(), static_cast<size_t>(n));
+      for (int i = 0; i < n; ++i)
+        EXPECT_EQ(w[i], seq[length - (n - 1 - i)]) << accepted << " accepted, window " << i;
+    }
+    // Lengths the slot does not hold: before the verify chunk's first kept one, after its last.
+    for (int length : {7, 13}) {
+      const StepBatch stray = chunk({50}, length, 1);
+      const absl::Status st = windows.Build(Flatten(stray), &w);
+      EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << length << ": " << st;
+    }
+    // After a plain chunk the slot holds one length again.
+    const StepBatch plain = chunk({9, 10}, 8, 1);
+    ASSERT_TRUE(windows.Build(Flatten(plain), &w).ok());
+    windows.Commit();
+    EXPECT_FALSE(windows.Build(Flatten(chunk({50}, 9, 1)), &w).ok());
+    EXPECT_TRUE(windows.Build(Flatten(chunk({50}, 10, 1)), &w).ok());
   }
 }
 

@@ -1,13 +1,17 @@
 // Speculative decoding on the GPU engine (CudaModel::CheckDraftVerification): n-gram drafts
-// verified in chunks of K + 1 rows, through the Engine, on the transformers fixtures of the
-// families whose attention keeps no per-sequence state (GQA: GLM-4 MoE, Qwen3-MoE, Mixtral; MLA:
-// DeepSeek-V3; DSA: GLM-MoE-DSA). At K = 1, 2 and 4: the fixture prompts give transformers' greedy
-// tokens (their top-2 margins are wide: tests/fixtures/engine/README.md); prompts built to repeat,
-// where drafts are accepted and rejected mid-chunk, give plain GPU decoding's tokens up to the first
-// near-tie (a verify row runs the prefill attention kernel where plain decoding runs the decode
-// kernel: a top-1 / top-2 logprob gap under 5e-3 may go either way), and the KV cache is idle after.
-// The recurrent families are refused by name (their device state store keeps one state per
-// sequence).
+// verified in chunks of K + 1 rows, through the Engine, on the transformers fixtures of every
+// family the GPU engine verifies: attention without per-sequence state (GQA: GLM-4 MoE, Qwen3-MoE,
+// Mixtral; MLA: DeepSeek-V3; DSA: GLM-MoE-DSA) and the recurrent families, whose device state store
+// keeps a verify chunk's state after each of its positions (Qwen3-Next's gated DeltaNet,
+// GLM-5.3-Flash's KDA with its k-pooled indexer and hyper-connections, Qwen4-Exp's DeltaNet, QSA and
+// PLE windows). At K = 1, 2 and 4: the fixture prompts give transformers' greedy tokens (their
+// top-2 margins are wide: tests/fixtures/engine/README.md); prompts built to repeat, where drafts
+// are accepted and rejected mid-chunk, give plain GPU decoding's tokens up to the first near-tie (a
+// verify row runs the prefill attention kernel where plain decoding runs the decode kernel, and
+// its linear layers over more rows: a top-1 / top-2 logprob gap under 5e-3 may go either way), and
+// the KV cache is idle after. Qwen4-Exp runs with CudaModelOptions::allow_unverified (its whole
+// model on the GPU has an open NaN, docs/engine.md "On the GPU"): its case is judged once that is
+// fixed. DeepSeek-V4 is refused by name (its compressors fold rejected positions in).
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -28,7 +32,9 @@ using testing::Greedy32;
 using testing::Int32Rows;
 
 std::unique_ptr<CudaModel> OpenGpuModel(const std::string& dir) {
-  auto model = CudaModel::Open(dir, CudaModelOptions{});
+  CudaModelOptions options;
+  options.allow_unverified = true;  // Qwen4-Exp (it changes nothing for the other families)
+  auto model = CudaModel::Open(dir, options);
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? std::move(*model) : nullptr;
 }
@@ -92,15 +98,25 @@ INSTANTIATE_TEST_SUITE_P(StatelessAttention, CudaSpeculativeDecodingTest,
                          ::testing::Values("glm4_moe_all", "qwen3_moe_all", "mixtral_all", "deepseek_v3_all",
                                            "glm_moe_dsa_all"));
 
-TEST(CudaSpeculativeDecodingTest, RecurrentFamiliesAreRefusedByName) {
+// The recurrent families: their states per verify position (engine/cuda/device_sequence_states.h).
+INSTANTIATE_TEST_SUITE_P(RecurrentFamilies, CudaSpeculativeDecodingTest,
+                         ::testing::Values("qwen3_next_all", "glm5_next_all"));
+
+// Judged once Qwen4-Exp's whole model gives the CPU engine's tokens on the GPU (its PLE NaN).
+INSTANTIATE_TEST_SUITE_P(Qwen4Exp, CudaSpeculativeDecodingTest, ::testing::Values("qwen4_exp_all"));
+
+TEST(CudaSpeculativeDecodingTest, RecurrentFamiliesAreAcceptedAndDeepSeekV4RefusedByName) {
   REQUIRE_GPU();
-  for (const char* name : {"qwen3_next_all", "glm5_next_all"}) {
-    auto model = CudaModel::Open(std::string("tests/fixtures/engine/") + name, CudaModelOptions{});
-    ASSERT_TRUE(model.ok()) << model.status();
-    const absl::Status st = (*model)->CheckDraftVerification();
-    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << name;
-    EXPECT_NE(st.message().find((*model)->info().architecture), std::string::npos) << st;
+  for (const char* name : {"qwen3_next_all", "glm5_next_all", "qwen4_exp_all"}) {
+    std::unique_ptr<CudaModel> model = OpenGpuModel(std::string("tests/fixtures/engine/") + name);
+    ASSERT_NE(model, nullptr) << name;
+    EXPECT_TRUE(model->CheckDraftVerification().ok()) << name << ": " << model->CheckDraftVerification();
   }
+  std::unique_ptr<CudaModel> dsv4 = OpenGpuModel("tests/fixtures/engine/deepseek_v4_all");
+  ASSERT_NE(dsv4, nullptr);
+  const absl::Status st = dsv4->CheckDraftVerification();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find(dsv4->info().architecture), std::string::npos) << st;
 }
 
 }  // namespace
