@@ -1,30 +1,5 @@
-// Generated MoE test models in the real key layout and config.json of eight families:
-//   glm4_moe     Glm4MoeForCausalLM     sigmoid router + e_score_correction_bias, shared experts,
-//                                       dense first layers (first_k_dense_replace)
-//   deepseek_v3  DeepseekV3ForCausalLM  as GLM plus grouped routing (n_group/topk_group), MLA
-//                                       attention tensors
-//   qwen3_moe    Qwen3MoeForCausalLM    softmax router, norm_topk_prob, no shared expert
-//   mixtral      MixtralForCausalLM     softmax router, block_sparse_moe.experts.E.w1/w2/w3
-//   glm_moe_dsa  GlmMoeDsaForCausalLM   as GLM (sigmoid router, shared expert, dense first
-//                                       layers) with MLA attention plus DSA's lightning indexer
-//                                       (self_attn.indexer.wq_b / wk / k_norm / weights_proj)
-//   deepseek_v4  DeepseekV4ForCausalLM  sqrt-softplus router + bias, first layers hash-routed
-//                                       (ffn.gate.tid2eid), one shared expert, every layer MoE;
-//                                       shared-KV attention per layer_types (sliding window,
-//                                       compressor, CSA indexer), hyper-connections (hc_*)
-//   qwen3_next   Qwen3NextForCausalLM   softmax router, gated shared expert; gated DeltaNet
-//                                       (linear_attn.*) and gated full attention per layer_types
-//   glm5_next    Glm5NextForConditionalGeneration (GLM-5.3-Flash's text model; config.json's
-//                                       fields nested in text_config, tensors under
-//                                       model.language_model.): as GLM (sigmoid router + bias,
-//                                       shared expert, dense first layers per mlp_layer_types);
-//                                       per layer_types Kimi delta attention (self_attn.q/k/v/o_proj,
-//                                       the low-rank gates f_/g_a/b_proj and b_proj, q/k/v_conv1d,
-//                                       A_log, dt_bias, o_norm) or NoPE MLA with the k-pooled
-//                                       indexer (index_kpool_compress_gate / _ape); hyper-connections
-//                                       (hc_attn_*, hc_ffn_*) on every layer, a mean head (no
-//                                       hc_head tensors). No vision tower (the engine loads it
-//                                       when present and needs none); the MTP layer with --mtp.
+// Generated MoE test models of eight families (test_model_spec.h) in their real key layout and
+// config.json (family_config.h), for tests, benchmarks and exl3-tool make-test-model.
 //
 // WriteHfTestModel writes a Hugging Face checkpoint (bf16 weights with random values, fp32
 // correction biases, tiny attention/norm/embedding tensors so that the checkpoint is complete,
@@ -34,6 +9,9 @@
 // no encoding): for benchmarks at real shapes. By default only MoE layers' tensors are written
 // (router, correction bias, routed and shared experts), one shard per MoE layer, streamed to
 // disk; with SyntheticOptions::whole_model every layer and the embeddings and head too.
+// The tensors are planned per family (model_layout.h, attention_layout.h), drawn from streams
+// seeded per tensor (generated_tensor.h) and written shard by shard (shard_writer.h). The tests'
+// smaller expert models come from the same pieces (expert_test_model.h).
 #pragma once
 
 #include <cstdint>
@@ -41,87 +19,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "kernels/codebook.h"
 #include "model/safetensors.h"
-#include "nlohmann/json.hpp"
+#include "tools/test_model/family_config.h"
+#include "tools/test_model/test_model_spec.h"
 
 namespace exl3 {
-
-struct TestModelSpec {
-  std::string arch = "glm4_moe";  // glm4_moe | deepseek_v3 | qwen3_moe | mixtral | glm_moe_dsa |
-                                  // deepseek_v4 | qwen3_next | glm5_next
-  int layers = 3;
-  int hidden = 256;
-  int experts = 16;
-  int top_k = 4;
-  int intermediate = 128;       // routed expert's intermediate size
-  int shared = -1;              // n_shared_experts; -1: family default (1 GLM/DeepSeek/Qwen3-Next, 0 others)
-  int dense_layers = -1;        // first_k_dense_replace; -1: family default (1 GLM/DeepSeek, 0)
-  int dense_intermediate = 0;   // dense MLP's intermediate_size; 0: 2 * intermediate
-  int n_group = -1;             // -1: family default (GLM 1; DeepSeek up to 4 groups)
-  int topk_group = -1;
-  float routed_scaling_factor = -1;  // -1: family default (GLM 1.0, DeepSeek and GLM-5.3-Flash 2.5,
-                                     // DeepSeek-V4 1.5, others 1)
-  float swiglu_limit = 0;       // written to config.json when > 0 (glm5_next: always, default 10)
-  int vocab = 512;
-  int max_position = 4096;  // max_position_embeddings
-  uint64_t seed = 1;
-  // Attention. GQA families: heads x head_dim queries, kv_heads x head_dim keys and values.
-  int heads = 4;
-  int kv_heads = 0;   // 0: family default (2; DeepSeek-V3: heads)
-  int head_dim = 0;   // 0: hidden / heads
-  // DeepSeek-V3's (and GLM-MoE-DSA's) multi-head latent attention.
-  int q_lora_rank = 64;
-  int kv_lora_rank = 32;
-  int qk_nope_head_dim = 32;
-  int qk_rope_head_dim = -1;  // -1: family default (16; glm5_next 0, its attention is NoPE)
-  int v_head_dim = 32;
-  // GLM-MoE-DSA's lightning indexer (every layer runs its own).
-  int index_heads = 4;
-  int index_head_dim = 32;  // >= qk_rope_head_dim
-  int index_topk = 64;
-  // GLM-5.3-Flash's k-pooled indexer: positions per pool (index_topk a multiple of it).
-  int index_kpool = 4;
-  // DeepSeek-V4 (DeepseekV4Config's names). Its attention: heads x head_dim queries over one
-  // shared key/value of head_dim, the last qk_rope_head_dim dimensions rotated; q_lora_rank and
-  // the index_* fields above are shared with MLA / DSA.
-  std::vector<std::string> layer_types;  // empty: family default (below); else one per layer
-  int sliding_window = 8;
-  int csa_compress_rate = 4;    // compress_rates.compressed_sparse_attention
-  int hca_compress_rate = 16;   // compress_rates.heavily_compressed_attention (transformers: 128)
-  int o_groups = 2;
-  int o_lora_rank = 0;          // 0: heads * head_dim / o_groups
-  int hc_mult = 4;
-  int hc_sinkhorn_iters = 20;
-  int hash_layers = 1;          // mlp_layer_types: the first hash_layers "hash_moe", the rest "moe"
-  // Qwen3-Next's gated DeltaNet (linear_* of Qwen3NextConfig) and its layer_types default: every
-  // full_attention_interval-th layer full attention (0: 4, or the last layer of a smaller model).
-  int linear_key_heads = 2;
-  int linear_value_heads = 4;
-  int linear_key_head_dim = 64;
-  int linear_value_head_dim = 64;
-  int linear_conv_kernel = 4;
-  int full_attention_interval = 0;
-  // GLM-5.3-Flash's Kimi delta attention (Glm5NextTextConfig's linear_num_heads, linear_head_dim;
-  // the conv taps are linear_conv_kernel above). layer_types as Qwen3-Next's, with
-  // indexed_attention in place of full_attention (every full_attention_interval-th layer).
-  int linear_heads = 2;
-  int linear_head_dim = 64;
-  // glm4_moe, deepseek_v3, glm_moe_dsa, glm5_next: also the DeepSeek-V3 MTP layer
-  // (engine/mtp_head.h), one more layer model.layers.{layers}.* (glm5_next:
-  // model.language_model.layers.{layers}.*) in a shard of its own: enorm, hnorm, eh_proj [hidden,
-  // 2 * hidden], shared_head.norm and a MoE decoder layer (DSA: with its own indexer; glm5_next:
-  // MLA with its own k-pooled indexer, no hyper-connections); config.json num_nextn_predict_layers 1.
-  bool mtp = false;
-};
-
-// Fills the family defaults (-1 fields) and checks the spec (multiples of 128 for hidden and
-// intermediate sizes, top_k <= experts, groups dividing experts, ...).
-absl::StatusOr<TestModelSpec> ResolveTestModelSpec(const TestModelSpec& spec);
-
-// The Hugging Face config.json of a resolved spec (no quantization_config).
-nlohmann::json TestModelConfig(const TestModelSpec& resolved);
 
 // Writes the HF checkpoint into `dir` (created). progress: a bar on stderr.
 absl::Status WriteHfTestModel(const TestModelSpec& spec, const std::string& dir,
