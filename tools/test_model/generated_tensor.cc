@@ -205,7 +205,7 @@ InOrderTensorValues::InOrderTensorValues(uint32_t seed, const std::vector<GenTen
         std::memcpy(out.data(), &t.flag, 4);
         break;
       default:
-        break;  // no other kind is drawn in order (ExpertTestModelTensors plans none)
+        break;  // no other kind is drawn in order (expert_test_model.cc plans none)
     }
   }
 }
