@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "model/testmodel/test_model.h"
+#include "tools/test_model/test_model.h"
 
 namespace exl3::engine::testing {
 

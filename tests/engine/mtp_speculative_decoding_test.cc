@@ -18,7 +18,7 @@
 #include "engine/engine.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
-#include "model/testmodel/test_model.h"
+#include "tools/test_model/test_model.h"
 #include "tests/engine/engine_requests.h"
 #include "tests/engine/speculative_runs.h"
 

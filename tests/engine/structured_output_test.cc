@@ -1,5 +1,5 @@
 // Constrained decoding and logit_bias through the Engine over the real CPU model: a generated
-// GLM-4 MoE model with random weights (model/testmodel/test_model.h, vocab 512, EOS 1) and the
+// GLM-4 MoE model with random weights (tools/test_model/test_model.h, vocab 512, EOS 1) and the
 // test models' tokenizer (tests/fixtures/tokenizer/glm4_moe). Random weights make the
 // unconstrained text arbitrary, so whatever parses and validates does so because of the mask.
 #include <chrono>
@@ -20,7 +20,7 @@
 #include "engine/engine.h"
 #include "engine/token_grammar.h"
 #include "gtest/gtest.h"
-#include "model/testmodel/test_model.h"
+#include "tools/test_model/test_model.h"
 #include "nlohmann/json.hpp"
 #include "tests/engine/byte_level_vocab.h"
 #include "tests/engine/engine_requests.h"

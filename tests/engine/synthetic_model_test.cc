@@ -9,7 +9,7 @@
 #include "engine/cpu_model.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
-#include "model/testmodel/test_model.h"
+#include "tools/test_model/test_model.h"
 #include "tests/engine/mixed_expert_model.h"
 #include "tests/engine/model_harness.h"
 

@@ -11,13 +11,12 @@
 #include "model/routing.h"
 #include "tests/kernels/random_layer.h"
 #include "tests/model/exllamav3_dir_writer.h"
-#include "tests/model/test_model_writer.h"
+#include "tools/test_model/expert_test_model.h"
 
 namespace exl3 {
 namespace {
 
-using testing::TestModelSpec;
-using testing::TestModelWriter;
+using testing::ExpertModelSpec;
 
 std::string TempDir(const std::string& name) {
   const std::string d = (std::filesystem::temp_directory_path() /
@@ -26,17 +25,16 @@ std::string TempDir(const std::string& name) {
   return d;
 }
 
-std::string Write(const std::string& name, const TestModelSpec& spec,
+std::string Write(const std::string& name, const ExpertModelSpec& spec,
                   const nlohmann::json* cfg = nullptr) {
   const std::string dir = TempDir(name);
-  TestModelWriter w(spec);
-  absl::Status s = w.Write(dir, cfg);
+  absl::Status s = testing::WriteExpertModel(dir, spec, cfg);
   EXPECT_TRUE(s.ok()) << s;
   return dir;
 }
 
 TEST(Exl3ModelTest, OpensEveryExpertAndRunsTheLayer) {
-  TestModelSpec spec;
+  ExpertModelSpec spec;
   spec.swiglu_limit = 3.0f;
   const std::string dir = Write("all", spec);
   absl::StatusOr<std::unique_ptr<Exl3Model>> m = Exl3Model::Open(dir);
@@ -86,7 +84,7 @@ TEST(Exl3ModelTest, OpensEveryExpertAndRunsTheLayer) {
 }
 
 TEST(Exl3ModelTest, OtherFamiliesKeyNaming) {
-  TestModelSpec spec;
+  ExpertModelSpec spec;
   const nlohmann::json qwen = testing::Qwen3NextConfig(spec);
   const std::string qdir = Write("qwen3next", spec, &qwen);
   absl::StatusOr<std::unique_ptr<Exl3Model>> m = Exl3Model::Open(qdir);
@@ -125,7 +123,7 @@ TEST(Exl3ModelTest, OtherFamiliesKeyNaming) {
 }
 
 TEST(Exl3ModelTest, HoldsOnlyItsShare) {
-  const std::string dir = Write("share", TestModelSpec{});
+  const std::string dir = Write("share", ExpertModelSpec{});
   Exl3ModelOptions opt;
   opt.experts = std::map<int, std::vector<int>>{{1, {0, 3, 7}}};
   absl::StatusOr<std::unique_ptr<Exl3Model>> m = Exl3Model::Open(dir, opt);
@@ -158,7 +156,7 @@ TEST(Exl3ModelTest, HoldsOnlyItsShare) {
 }
 
 TEST(Exl3ModelTest, FingerprintTracksConfigAndShapes) {
-  TestModelSpec spec;
+  ExpertModelSpec spec;
   const std::string a = Write("fp_a", spec);
   const std::string b = Write("fp_b", spec);
   spec.scale = 1.0f;
@@ -170,7 +168,7 @@ TEST(Exl3ModelTest, FingerprintTracksConfigAndShapes) {
 }
 
 TEST(Exl3ModelTest, FingerprintCoversRecordedWeightDigests) {
-  TestModelSpec spec;
+  ExpertModelSpec spec;
   spec.weight_digests = true;
   const std::string a = Write("wd_a", spec);
   const std::string a2 = Write("wd_a2", spec);
@@ -207,7 +205,7 @@ TEST(Exl3ModelTest, FingerprintCoversRecordedWeightDigests) {
 }
 
 TEST(Exl3ModelTest, ChangedWeightFailsItsDigestCheckWhenRead) {
-  TestModelSpec spec;
+  ExpertModelSpec spec;
   spec.weight_digests = true;
   const std::string dir = Write("wd_changed", spec);
   // b's digests over a's tensors: every tensor read is refused, naming it and both digests.
@@ -229,7 +227,7 @@ TEST(Exl3ModelTest, ChangedWeightFailsItsDigestCheckWhenRead) {
 }
 
 TEST(Exl3ModelTest, PackedSignsOpen) {
-  TestModelSpec spec;
+  ExpertModelSpec spec;
   spec.packed_signs = true;
   const std::string dir = Write("packed", spec);
   absl::StatusOr<std::unique_ptr<Exl3Model>> m = Exl3Model::Open(dir);
@@ -243,7 +241,7 @@ TEST(Exl3ModelTest, PackedSignsOpen) {
 }
 
 TEST(Exl3ModelTest, MissingTensorIsNamed) {
-  TestModelSpec spec;
+  ExpertModelSpec spec;
   spec.skip = [](const std::string& n) { return n == "model.layers.2.mlp.experts.5.up_proj.svh"; };
   const std::string dir = Write("missing", spec);
   absl::StatusOr<std::unique_ptr<Exl3Model>> m = Exl3Model::Open(dir);
@@ -265,7 +263,7 @@ TEST(Exl3ModelTest, MissingTensorIsNamed) {
 }
 
 TEST(Exl3ModelTest, WrongShapeIsNamed) {
-  TestModelSpec spec;
+  ExpertModelSpec spec;
   spec.shape_override = [](const std::string& n, std::vector<int64_t>& shape) {
     if (n != "model.layers.1.mlp.experts.2.down_proj.trellis") return false;
     shape[1] = 8;  // out 128 instead of hidden 256
@@ -280,7 +278,7 @@ TEST(Exl3ModelTest, WrongShapeIsNamed) {
 }
 
 TEST(Exl3ModelTest, ConfigMismatchAndBadConfig) {
-  TestModelSpec spec;
+  ExpertModelSpec spec;
   const std::string dir = Write("mismatch", spec);
   // Rewrite config.json claiming a larger intermediate size than the tensors have.
   nlohmann::json cfg = testing::GlmConfig(spec);

@@ -17,7 +17,7 @@
 #include "model/routing.h"
 #include "model/safetensors.h"
 #include "tests/kernels/random_layer.h"
-#include "tests/model/test_model_writer.h"
+#include "tools/test_model/expert_test_model.h"
 
 #ifndef EXL3_TOOL_BINARY
 #error "EXL3_TOOL_BINARY must name the exl3-tool binary"
@@ -140,11 +140,10 @@ TEST_F(ToolTest, LinearGoldenAllInputDtypes) {
 }
 
 TEST_F(ToolTest, MoeAndInspectOnATestModel) {
-  testing::TestModelSpec spec;
+  testing::ExpertModelSpec spec;
   spec.swiglu_limit = 4.0f;
   const std::string model = dir_ + "/model";
-  testing::TestModelWriter writer(spec);
-  ASSERT_TRUE(writer.Write(model).ok());
+  ASSERT_TRUE(testing::WriteExpertModel(model, spec).ok());
 
   std::string out;
   ASSERT_EQ(Tool("inspect --model " + model, &out), 0);
@@ -204,9 +203,9 @@ TEST_F(ToolTest, MisalignedSyntheticModelAndInspectedAlignment) {
 }
 
 TEST_F(ToolTest, BadArgumentsAndFilesGiveOneLineAndNonZeroExit) {
-  testing::TestModelSpec spec;
+  testing::ExpertModelSpec spec;
   const std::string model = dir_ + "/model";
-  ASSERT_TRUE(testing::TestModelWriter(spec).Write(model).ok());
+  ASSERT_TRUE(testing::WriteExpertModel(model, spec).ok());
   const auto x = testing::RandomVector(2 * 128, 1);
   SafetensorsWriter xw;
   xw.AddF32("x", {2, 128}, x.data());  // wrong hidden size

@@ -36,7 +36,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "model/routing.h"
 #include "model/safetensors.h"
-#include "model/testmodel/test_model.h"
+#include "tools/test_model/test_model.h"
 #include "tests/engine/delayed_moe.h"
 #include "tests/engine/mixed_expert_model.h"
 #include "tests/engine/model_harness.h"

@@ -8,7 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/services/common/grpc_test_util.h"
-#include "tests/services/common/test_model.h"
+#include "tests/services/common/service_test_util.h"
 
 namespace exl3::svc {
 namespace {

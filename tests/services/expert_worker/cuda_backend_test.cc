@@ -20,7 +20,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "model/exl3_model.h"
-#include "model/testmodel/test_model.h"
+#include "tools/test_model/test_model.h"
 #include "services/expert_worker/backend.h"
 #include "services/expert_worker/scheduler.h"
 

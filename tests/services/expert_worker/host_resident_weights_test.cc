@@ -23,7 +23,7 @@
 #include "model/encoder/safetensors_stream_writer.h"
 #include "model/exl3_model.h"
 #include "model/safetensors.h"
-#include "model/testmodel/test_model.h"
+#include "tools/test_model/test_model.h"
 
 namespace exl3::worker {
 namespace {

@@ -10,7 +10,7 @@ namespace exl3::testing {
 
 worker::WorkerOptions WorkerHarness::Options() {
   if (!std::filesystem::exists(model_dir() + "/config.json")) {
-    absl::Status s = WriteTestModel(model_dir(), spec);
+    absl::Status s = WriteExpertModel(model_dir(), spec);
     EXPECT_TRUE(s.ok()) << s;
   }
   worker::WorkerOptions o;

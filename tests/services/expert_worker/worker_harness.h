@@ -10,7 +10,8 @@
 #include "model/exl3_model.h"
 #include "services/expert_worker/worker_server.h"
 #include "tests/services/common/grpc_test_util.h"
-#include "tests/services/common/test_model.h"
+#include "tests/services/common/service_test_util.h"
+#include "tools/test_model/expert_test_model.h"
 
 namespace exl3::testing {
 
@@ -18,7 +19,7 @@ namespace pb = ::exl3serve::v1;
 
 struct WorkerHarness {
   TempDir dir;
-  TestModelSpec spec = ServiceModelSpec();
+  ExpertModelSpec spec = ServiceModelSpec();
   std::unique_ptr<worker::WorkerServer> server;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<pb::ExpertWorker::Stub> stub;

@@ -22,7 +22,7 @@
 #include "services/common/flags.h"
 #include "services/common/wire.h"
 #include "tests/services/common/grpc_test_util.h"
-#include "tests/services/common/test_model.h"
+#include "tests/services/common/service_test_util.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50061", "worker HOST:PORT");
 ABSL_FLAG(int, requests, 0, "traffic mode: requests to send in total");

@@ -443,9 +443,9 @@ TEST(Worker, StartupErrorsNameTheProblem) {
 
   // A model directory missing expert 3's tensors cannot serve --experts 0-5.
   TempDir other;
-  TestModelSpec spec = ServiceModelSpec();
+  ExpertModelSpec spec = ServiceModelSpec();
   spec.skip_experts = {3};
-  ASSERT_TRUE(WriteTestModel(other.path(), spec).ok());
+  ASSERT_TRUE(WriteExpertModel(other.path(), spec).ok());
   o = h.Options();
   o.model_dir = other.path();
   w = worker::WorkerServer::Create(o);

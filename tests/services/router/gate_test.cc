@@ -13,7 +13,8 @@
 #include "model/routing.h"
 #include "services/common/wire.h"
 #include "services/router/layer_request.h"
-#include "tests/services/common/test_model.h"
+#include "tests/services/common/service_test_util.h"
+#include "tools/test_model/expert_test_model.h"
 
 namespace exl3::router {
 namespace {
@@ -24,9 +25,9 @@ class GateTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new testing::TempDir();
-    testing::TestModelSpec spec = testing::ServiceModelSpec();
+    testing::ExpertModelSpec spec = testing::ServiceModelSpec();
     spec.experts = 32;  // two blocks of 16 experts: the gate pool splits the work
-    ASSERT_TRUE(testing::WriteTestModel(dir_->path(), spec).ok());
+    ASSERT_TRUE(testing::WriteExpertModel(dir_->path(), spec).ok());
     Exl3ModelOptions o;
     o.experts = std::map<int, std::vector<int>>{};
     o.load_shared_experts = false;

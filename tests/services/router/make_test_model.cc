@@ -1,5 +1,5 @@
 // exl3-test-model: writes a small GLM-style EXL3 MoE model directory with random trellis bits
-// (tests/model/test_model_writer.h) for the router's process-level tests and benchmarks.
+// (tools/test_model/expert_test_model.h) for the router's process-level tests and benchmarks.
 //   exl3-test-model DIR [--hidden 256] [--inter 128] [--layers 3] [--experts 8] [--top-k 2]
 #include <cstdio>
 
@@ -7,7 +7,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "services/common/flags.h"
-#include "tests/model/test_model_writer.h"
+#include "tools/test_model/expert_test_model.h"
 
 ABSL_FLAG(int32_t, hidden, 256, "hidden size (multiple of 128)");
 ABSL_FLAG(int32_t, inter, 128, "expert intermediate size (multiple of 128)");
@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "exl3-test-model: give exactly one output directory\n");
     return 2;
   }
-  exl3::testing::TestModelSpec s;
+  exl3::testing::ExpertModelSpec s;
   s.hidden = absl::GetFlag(FLAGS_hidden);
   s.intermediate = absl::GetFlag(FLAGS_inter);
   s.layers = absl::GetFlag(FLAGS_layers);
@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
   s.shared = absl::GetFlag(FLAGS_shared);
   s.seed = static_cast<uint32_t>(absl::GetFlag(FLAGS_seed));
   s.weight_digests = absl::GetFlag(FLAGS_weight_digests);
-  absl::Status st = exl3::testing::TestModelWriter(s).Write(args[1]);
+  absl::Status st = exl3::testing::WriteExpertModel(args[1], s);
   if (!st.ok()) {
     std::fprintf(stderr, "exl3-test-model: %s\n", std::string(st.message()).c_str());
     return 1;

@@ -13,7 +13,8 @@
 
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
-#include "tests/services/common/test_model.h"
+#include "tests/services/common/service_test_util.h"
+#include "tools/test_model/expert_test_model.h"
 
 namespace exl3::router {
 namespace {
@@ -38,7 +39,7 @@ bool WaitFor(const std::function<bool()>& cond, std::chrono::milliseconds bound)
 
 TEST(RouterCoreReload, RetiredPoolsAreFreedOnceUnused) {
   testing::TempDir dir;
-  ASSERT_TRUE(testing::WriteTestModel(dir.path(), testing::ServiceModelSpec()).ok());
+  ASSERT_TRUE(testing::WriteExpertModel(dir.path(), testing::ServiceModelSpec()).ok());
   const std::string map = dir.path() + "/map.yaml";
   WriteMap(map, "b");
   RouterCoreOptions o;

@@ -1,4 +1,4 @@
-#include "tests/services/common/test_model.h"
+#include "tests/services/common/service_test_util.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>

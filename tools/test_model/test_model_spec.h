@@ -25,28 +25,25 @@
 //                                       (hc_attn_*, hc_ffn_*) on every layer, a mean head (no
 //                                       hc_head tensors). No vision tower (the engine loads it
 //                                       when present and needs none); the MTP layer with --mtp.
-//
-// WriteHfTestModel writes a Hugging Face checkpoint (bf16 weights with random values, fp32
-// correction biases, tiny attention/norm/embedding tensors so that the checkpoint is complete,
-// one shard per layer with model.safetensors.index.json); convert it with
-// model/encoder/checkpoint_converter.h.
-// WriteSyntheticExl3Model writes an EXL3 model directly, with random trellis bits (valid EXL3,
-// no encoding): for benchmarks at real shapes. By default only MoE layers' tensors are written
-// (router, correction bias, routed and shared experts), one shard per MoE layer, streamed to
-// disk; with SyntheticOptions::whole_model every layer and the embeddings and head too.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/codebook.h"
-#include "model/safetensors.h"
-#include "nlohmann/json.hpp"
 
 namespace exl3 {
+
+// The layer kinds of TestModelSpec::layer_types.
+namespace layer_kind {
+inline constexpr char kSliding[] = "sliding_attention";
+inline constexpr char kCsa[] = "compressed_sparse_attention";
+inline constexpr char kHca[] = "heavily_compressed_attention";
+inline constexpr char kLinear[] = "linear_attention";
+inline constexpr char kFull[] = "full_attention";
+inline constexpr char kIndexed[] = "indexed_attention";  // GLM-5.3-Flash's MLA with the k-pooled indexer
+}  // namespace layer_kind
 
 struct TestModelSpec {
   std::string arch = "glm4_moe";  // glm4_moe | deepseek_v3 | qwen3_moe | mixtral | glm_moe_dsa |
@@ -120,39 +117,11 @@ struct TestModelSpec {
 // intermediate sizes, top_k <= experts, groups dividing experts, ...).
 absl::StatusOr<TestModelSpec> ResolveTestModelSpec(const TestModelSpec& spec);
 
-// The Hugging Face config.json of a resolved spec (no quantization_config).
-nlohmann::json TestModelConfig(const TestModelSpec& resolved);
+// Sigmoid routing with a correction bias, shared experts and dense first layers: glm4_moe,
+// deepseek_v3, glm_moe_dsa, glm5_next.
+bool IsSigmoidFamily(const std::string& arch);
 
-// Writes the HF checkpoint into `dir` (created). progress: a bar on stderr.
-absl::Status WriteHfTestModel(const TestModelSpec& spec, const std::string& dir,
-                              bool progress = false);
-
-struct SyntheticOptions {
-  // Also attention, norms, dense MLPs, embeddings and the head (linears EXL3 where both
-  // dimensions are multiples of 128, else bf16), so the engine can run it; else MoE layers only.
-  bool whole_model = false;
-  int bits = 2;            // experts' K (and every other EXL3 linear's unless set below)
-  int down_bits = 0;       // routed and shared experts' down projections' K (0: bits)
-  int attention_bits = 0;  // attention and dense MLP linears' K (0: bits)
-  int head_bits = 0;       // lm_head's K (0: bits)
-  Codebook codebook = Codebook::kMcg;
-  // Routed expert e's gate, up and down at K expert_bits_cycle[e % size] and codebook
-  // expert_codebook_cycle[e % size] where these are not empty (overriding bits, down_bits and
-  // codebook): layers whose routed experts differ in K and codebook.
-  std::vector<int> expert_bits_cycle;
-  std::vector<Codebook> expert_codebook_cycle;
-  bool progress = true;
-  int threads = 0;  // generating threads (0: every core); the output does not depend on it
-  // Where each shard's data section starts. k8PastA16ByteBoundary with the 3INST codebook (no
-  // 4-byte flag scalars) leaves every tensor 8- but not 16-byte aligned, as in files Python's
-  // safetensors writes: the case --weights-residency host realigns.
-  DataSectionStart data_start = DataSectionStart::k64ByteAligned;
-};
-
-// Bytes the synthetic model's shards will take.
-uint64_t SyntheticModelBytes(const TestModelSpec& resolved, const SyntheticOptions& opts);
-
-absl::Status WriteSyntheticExl3Model(const TestModelSpec& spec, const SyntheticOptions& opts,
-                                     const std::string& dir);
+// MLA attention (GLM-5.3-Flash's on its indexed layers, NoPE).
+bool IsLatentAttention(const std::string& arch);
 
 }  // namespace exl3

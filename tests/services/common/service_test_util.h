@@ -1,6 +1,6 @@
-// Test helpers for the services: the small random EXL3 MoE model on disk
-// (tests/model/test_model_writer.h: ServiceModelSpec, WriteTestModel), temp dirs, free ports,
-// request builders and the CPU reference output of a worker request.
+// Test helpers for the services: temp dirs, free ports, request builders and the CPU reference
+// output of a worker request. Their model on disk: tools/test_model/expert_test_model.h
+// (ServiceModelSpec, WriteExpertModel).
 #pragma once
 
 #include <cstdint>
@@ -10,7 +10,6 @@
 
 #include "absl/status/status.h"
 #include "exl3serve/v1/exl3serve.pb.h"
-#include "tests/model/test_model_writer.h"
 
 namespace exl3::testing {
 

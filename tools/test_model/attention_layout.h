@@ -1,0 +1,32 @@
+// The attention tensors of a generated family model's decoder layer, one function per attention
+// kind (GQA, Qwen3-Next's gated attention, MLA with DSA's or GLM-5.3-Flash's indexer, DeepSeek-V4's
+// shared-KV attention, gated DeltaNet, Kimi delta attention), and the hyper-connections and norms
+// around them, in the families' key layouts (test_model_spec.h lists them).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tools/test_model/generated_tensor.h"
+#include "tools/test_model/test_model_spec.h"
+
+namespace exl3 {
+
+// Adds the linear `name` (under the layer's prefix) of [out_f, in_f]: EXL3 or bf16 as the model
+// being planned stores its attention (model_layout.h).
+using LinearAdder = std::function<void(const std::string& name, int out_f, int in_f)>;
+
+// A decoder norm of the family's convention: Qwen3-Next stores zero-centred weights (x · (1 + w)).
+GenTensor FamilyNormTensor(const TestModelSpec& s, std::string name, int64_t n);
+
+// DeepSeek-V4's manifold-constrained hyper-connection of one sublayer (`prefix` hc_attn_ or
+// hc_ffn_): fn [(2 + hc) hc, hc hidden], base [(2 + hc) hc], scale [3].
+void AddHyperConnection(const TestModelSpec& s, const std::string& prefix, std::vector<GenTensor>* t);
+
+// The attention of decoder layer L (prefix p), of the kind the family and s.layer_types give it.
+void AddAttentionTensors(const TestModelSpec& s, int L, const std::string& p, const LinearAdder& linear,
+                         std::vector<GenTensor>* t);
+
+}  // namespace exl3

@@ -1,0 +1,160 @@
+#include "tools/test_model/model_layout.h"
+
+#include <cmath>
+#include <string>
+
+#include "tools/test_model/attention_layout.h"
+#include "tools/test_model/exl3_linear_tensors.h"
+
+namespace exl3 {
+namespace {
+
+// One linear layer [out_f, in_f]: EXL3 with random trellis bits (exl3, both dimensions multiples
+// of 128) or an HF bf16 weight. expert >= 0: a routed expert's linear, whose K and codebook
+// SyntheticOptions' per-expert cycles may set.
+void AddLinear(const std::string& prefix, int out_f, int in_f, LinearRole role, bool exl3,
+               const SyntheticOptions* so, std::vector<GenTensor>* out, int expert = -1) {
+  if (!exl3 || out_f % 128 != 0 || in_f % 128 != 0) {
+    out->push_back({prefix + ".weight", DType::kBF16, {out_f, in_f}, GenTensor::kGaussian, 0.02f});
+    return;
+  }
+  int K = BitsOf(*so, role);
+  Codebook codebook = so->codebook;
+  if (expert >= 0 && !so->expert_bits_cycle.empty()) {
+    K = so->expert_bits_cycle[expert % so->expert_bits_cycle.size()];
+  }
+  if (expert >= 0 && !so->expert_codebook_cycle.empty()) {
+    codebook = so->expert_codebook_cycle[expert % so->expert_codebook_cycle.size()];
+  }
+  // |svh| = 1 / (1.24 sqrt(in)): unit-variance inputs give roughly unit-variance outputs.
+  const Exl3SignForm signs{SignVectors::kHalf, 1.0f,
+                           static_cast<float>(1.0 / (1.24 * std::sqrt(static_cast<double>(in_f))))};
+  AddExl3Linear(prefix, out_f, in_f, K, codebook, signs, out);
+}
+
+// The expert-related tensors of MoE layer L in HF form (bf16 weights) or EXL3 form.
+void AddMoeTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool exl3,
+                   const SyntheticOptions* so, std::vector<GenTensor>* out) {
+  const int H = s.hidden;
+  out->push_back({RouterWeightKey(cfg, L), DType::kBF16, {s.experts, H}, GenTensor::kGaussian, 0.02f});
+  const std::string bias = CorrectionBiasKey(cfg, L);
+  // GLM-5.3-Flash's checkpoints (tests/fixtures/engine/glm5_next_all) store the bias in bf16.
+  const DType bias_dtype = s.arch == "glm5_next" ? DType::kBF16 : DType::kF32;
+  if (!bias.empty()) out->push_back({bias, bias_dtype, {s.experts}, GenTensor::kBias, 0.05f});
+  const std::string hash = HashTableKey(cfg, L);
+  if (!hash.empty()) {  // DeepSeek-V4's hash-routed layers: top_k distinct experts per token id
+    GenTensor t{hash, DType::kI64, {s.vocab, s.top_k}, GenTensor::kHashTable};
+    t.flag = s.top_k;
+    t.high = static_cast<float>(s.experts);
+    out->push_back(t);
+  }
+  const std::string shared_gate = SharedExpertGateKey(cfg, L);
+  if (!shared_gate.empty()) {
+    out->push_back({shared_gate, DType::kBF16, {1, H}, GenTensor::kGaussian, 0.02f});
+  }
+  const int I = s.intermediate;
+  for (int e = 0; e < s.experts; ++e) {
+    AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kGate), I, H, LinearRole::kExpert, exl3, so, out, e);
+    AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kUp), I, H, LinearRole::kExpert, exl3, so, out, e);
+    AddLinear(RoutedExpertPrefix(cfg, L, e, Projection::kDown), H, I, LinearRole::kExpertDown, exl3, so, out, e);
+  }
+  if (cfg.has_shared_expert()) {
+    const int SI = cfg.shared_intermediate_size;
+    AddLinear(SharedExpertPrefix(cfg, L, Projection::kGate), SI, H, LinearRole::kExpert, exl3, so, out);
+    AddLinear(SharedExpertPrefix(cfg, L, Projection::kUp), SI, H, LinearRole::kExpert, exl3, so, out);
+    AddLinear(SharedExpertPrefix(cfg, L, Projection::kDown), H, SI, LinearRole::kExpertDown, exl3, so, out);
+  }
+}
+
+// Every tensor of decoder layer L: norms, attention (the family's), dense MLP or MoE block.
+void AddLayerTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool exl3,
+                     const SyntheticOptions* so, std::vector<GenTensor>* t) {
+  const int H = s.hidden;
+  const std::string p = LayerPrefix(cfg, L);
+  auto linear = [&](const std::string& name, int out_f, int in_f) {
+    AddLinear(p + name, out_f, in_f, LinearRole::kAttentionOrDense, exl3, so, t);
+  };
+  if (s.arch == "deepseek_v4") {  // its original names; every layer MoE
+    t->push_back(NormTensor(p + "attn_norm.weight", H));
+    t->push_back(NormTensor(p + "ffn_norm.weight", H));
+    AddHyperConnection(s, p + "hc_attn_", t);
+    AddHyperConnection(s, p + "hc_ffn_", t);
+    AddAttentionTensors(s, L, p, linear, t);
+    AddMoeTensors(s, cfg, L, exl3, so, t);
+    return;
+  }
+  t->push_back(FamilyNormTensor(s, p + "input_layernorm.weight", H));
+  if (s.arch == "glm5_next" && L < s.layers) {  // hyper-connections around both sublayers of every
+                                                 // decoder layer (the MTP layer, L == layers, has none)
+    AddHyperConnection(s, p + "hc_attn_", t);
+    AddHyperConnection(s, p + "hc_ffn_", t);
+  }
+  AddAttentionTensors(s, L, p, linear, t);
+  t->push_back(FamilyNormTensor(s, p + "post_attention_layernorm.weight", H));
+  if (cfg.IsMoeLayer(L)) {
+    AddMoeTensors(s, cfg, L, exl3, so, t);
+  } else {
+    linear("mlp.gate_proj", s.dense_intermediate, H);
+    linear("mlp.up_proj", s.dense_intermediate, H);
+    linear("mlp.down_proj", H, s.dense_intermediate);
+  }
+}
+
+}  // namespace
+
+int BitsOf(const SyntheticOptions& so, LinearRole role) {
+  switch (role) {
+    case LinearRole::kExpertDown: return so.down_bits > 0 ? so.down_bits : so.bits;
+    case LinearRole::kAttentionOrDense: return so.attention_bits > 0 ? so.attention_bits : so.bits;
+    case LinearRole::kHead: return so.head_bits > 0 ? so.head_bits : so.bits;
+    case LinearRole::kExpert: break;
+  }
+  return so.bits;
+}
+
+std::vector<std::vector<GenTensor>> WholeModelShards(const TestModelSpec& s, const MoeConfig& cfg,
+                                                     bool exl3, const SyntheticOptions* so) {
+  std::vector<std::vector<GenTensor>> shards(s.layers);
+  shards[0].push_back({TextModelPrefix(cfg) + "embed_tokens.weight", DType::kBF16, {s.vocab, s.hidden},
+                       GenTensor::kGaussian, 0.02f});
+  for (int L = 0; L < s.layers; ++L) AddLayerTensors(s, cfg, L, exl3, so, &shards[L]);
+  std::vector<GenTensor>& last = shards.back();
+  last.push_back(FamilyNormTensor(s, TextModelPrefix(cfg) + "norm.weight", s.hidden));
+  if (s.arch == "deepseek_v4") {  // hc_head collapses the streams before the final norm
+    const int64_t hc = s.hc_mult;
+    last.push_back({"model.hc_head.hc_fn", DType::kBF16, {hc, hc * s.hidden}, GenTensor::kGaussian, 0.02f});
+    last.push_back({"model.hc_head.hc_base", DType::kBF16, {hc}, GenTensor::kGaussian, 0.1f});
+    last.push_back({"model.hc_head.hc_scale", DType::kBF16, {1}, GenTensor::kUniform, 0.5f, 0, 1.5f});
+  }
+  AddLinear(s.arch == "deepseek_v4" ? "head" : "lm_head", s.vocab, s.hidden, LinearRole::kHead, exl3,
+            so, &last);
+  if (s.mtp) {  // the MTP layer: a MoE decoder layer at index s.layers plus its own tensors
+    MoeConfig with_mtp = cfg;
+    with_mtp.num_hidden_layers = s.layers + 1;
+    with_mtp.moe_layers.resize(s.layers + 1, false);
+    with_mtp.moe_layers[s.layers] = true;
+    with_mtp.hash_routed_layers.resize(s.layers + 1, false);
+    std::vector<GenTensor>& mtp = shards.emplace_back();
+    TestModelSpec mtp_spec = s;  // GLM-5.3-Flash's MTP layer: MLA with its own k-pooled indexer
+    if (s.arch == "glm5_next") mtp_spec.layer_types.push_back(layer_kind::kIndexed);
+    AddLayerTensors(mtp_spec, with_mtp, s.layers, exl3, so, &mtp);
+    const std::string p = LayerPrefix(cfg, s.layers);
+    for (const char* norm : {"enorm.weight", "hnorm.weight", "shared_head.norm.weight"})
+      mtp.push_back(FamilyNormTensor(s, p + norm, s.hidden));
+    AddLinear(p + "eh_proj", s.hidden, 2 * s.hidden, LinearRole::kAttentionOrDense, exl3, so, &mtp);
+  }
+  return shards;
+}
+
+std::vector<std::vector<GenTensor>> SyntheticShards(const TestModelSpec& s, const MoeConfig& cfg,
+                                                    const SyntheticOptions& so) {
+  if (so.whole_model) return WholeModelShards(s, cfg, /*exl3=*/true, &so);
+  std::vector<std::vector<GenTensor>> shards;
+  for (int L : cfg.MoeLayers()) {
+    shards.emplace_back();
+    AddMoeTensors(s, cfg, L, /*exl3=*/true, &so, &shards.back());
+  }
+  return shards;
+}
+
+}  // namespace exl3
