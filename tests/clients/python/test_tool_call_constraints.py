@@ -1,5 +1,5 @@
 """Forced tool calls (tool_choice required / a named function) in the formats whose calls are
-structural tags (glm45, deepseek_v3, deepseek_v31, deepseek_v4's DSML:
+structural tags (glm45, qwen3_coder, deepseek_v3, deepseek_v31, deepseek_v4's DSML:
 frontend/tool_call_grammar.py), structural tags
 in response_format, and constraints after the reasoning (--reasoning-parser), through the whole
 stack: the openai SDK, exl3serve-openai, the real exl3-router with a random-weight test model. The
@@ -19,6 +19,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import stack  # noqa: E402
 from exl3serve_client.frontend.text import ModelTokenizer  # noqa: E402
+from qwen3_coder_template import with_qwen3_coder_template  # noqa: E402
 from test_reasoning_api import _qwen3_model  # noqa: E402
 from test_structured_output import HI, SCHEMA, check_person  # noqa: E402
 
@@ -288,6 +289,32 @@ def test_deepseek_v4_round_trip(deepseek_v4):
         args["city"] + "</｜DSML｜parameter>" in prompt
     assert prompt.endswith("<｜User｜><tool_result>sunny</tool_result><｜Assistant｜></think>")
     assert "### Available Tool Schemas" in prompt
+
+
+@pytest.fixture(scope="module")
+def qwen3_coder(build_dir, tmp_path_factory):
+    """A Qwen3-MoE test model whose template writes Qwen3-Coder's calls (qwen3_coder found from
+    it)."""
+    tmp = tmp_path_factory.mktemp("qwen3_coder")
+    model = with_qwen3_coder_template(
+        stack.make_model(build_dir, tmp / "qwen-coder-test", arch="qwen3_moe"))
+    router, engine, _ = stack.start_router(build_dir, model, tmp)
+    try:
+        fe, url = stack.start_frontend(engine, model, tmp)
+    except BaseException:
+        router.stop()
+        raise
+    yield openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120), model.name
+    fe.stop()
+    router.stop()
+
+
+def test_qwen3_coder_forced_calls_hold_to_the_schema(qwen3_coder):
+    """Qwen3-Coder's tags under required, a named function and required without parallel calls,
+    streamed and not: every answer's calls parse and validate."""
+    client, name = qwen3_coder
+    required = check_forced_calls(client, name, as_written=True)
+    assert any(len(calls) > 1 for calls in required), required
 
 
 def test_structural_tag_response_format(glm, live):

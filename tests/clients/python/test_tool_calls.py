@@ -13,10 +13,12 @@ from exl3serve_client.frontend.tool_calls import (DS_CALL_BEGIN, DS_CALL_END, DS
                                                   Content, ToolCallFormat, ToolCallParser,
                                                   template_tool_call_format, tool_call_format)
 from exl3serve_client.make_tokenizer import FAMILIES
+from qwen3_coder_template import QWEN3_CODER_TEMPLATE
 
 HERMES, GLM = ToolCallFormat.HERMES, ToolCallFormat.GLM45
 DS3, DS31 = ToolCallFormat.DEEPSEEK_V3, ToolCallFormat.DEEPSEEK_V31
 DS4, DS32 = ToolCallFormat.DEEPSEEK_V4, ToolCallFormat.DEEPSEEK_V32
+CODER = ToolCallFormat.QWEN3_CODER
 
 
 def dsml(*invokes, block="tool_calls"):
@@ -129,6 +131,24 @@ CASES = [
      DS_CALLS_END, "Sure.", [("get_weather", {"city": "Oslo", "days": 3}), ("now", {})]),
     (DS31, DS_CALLS_BEGIN + DS_CALL_BEGIN + "now" + DS_SEP + DS_CALL_END + DS_CALLS_END + " Done.",
      "Done.", [("now", {})]),
+    # qwen3_coder: values between the tags' newlines, typed by the schema (a string raw, other
+    # types as JSON, or the Python spelling the templates write: True, None); text before the
+    # first call is content.
+    (CODER, "Checking.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich <b>\n"
+     "line 2\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=metric>\nTrue\n"
+     "</parameter>\n<parameter=where>\n{\"lat\": 48.8}\n</parameter>\n<parameter=code>\n007\n"
+     "</parameter>\n<parameter=tags>\nNone\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n"
+     "<function=now>\n</function>\n</tool_call>", "Checking.",
+     [("get_weather", {"city": "Zürich <b>\nline 2", "days": 3, "metric": True,
+                       "where": {"lat": 48.8}, "code": "007", "tags": None}), ("now", {})]),
+    # A value that is not of its type stays text; stray text in a call is dropped; no <function=
+    # head: content, tags and all; cut off inside a parameter: the whole ones.
+    (CODER, "<tool_call>\n<function=get_weather>\n<parameter=days>\nthree\n</parameter>\nstray\n"
+     "</function>\n</tool_call> Done.", "Done.", [("get_weather", {"days": "three"})]),
+    (CODER, '<tool_call>\n{"name": "now"}\n</tool_call>', '<tool_call>\n{"name": "now"}\n'
+     "</tool_call>", []),
+    (CODER, "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n"
+     "<parameter=days>\n2", "", [("get_weather", {"city": "Oslo"})]),
     # DeepSeek-V4's DSML: string="true" values raw (any text but the closing tag), the others
     # JSON; text before the block is content; a call without parameters has none.
     (DS4, "Let me look." + dsml(
@@ -218,6 +238,9 @@ def test_formats_of_the_families_templates():
     by_family = {f.name: template_tool_call_format(f.template) for f in FAMILIES.values()}
     assert by_family == {"glm4_moe": GLM, "qwen3_moe": HERMES, "mixtral": None,
                          "deepseek_v3": DS3, "deepseek_v4": DS4}
+    # Qwen3-Coder's <function=…><parameter=…> tags inside <tool_call>: qwen3_coder.
+    assert template_tool_call_format(QWEN3_CODER_TEMPLATE) is CODER
+    assert tool_call_format("qwen3_coder", None) is CODER
     # DeepSeek-V3.2's DSML block is function_calls (a template writing it is read as deepseek_v32).
     assert template_tool_call_format("{{ '<｜DSML｜function_calls>' }}") is DS32
     assert tool_call_format("deepseek_v32", None) is DS32
@@ -257,3 +280,23 @@ def test_the_templates_calls_parse_back(arch):
     assert content == "Looking."
     assert [(n, json.loads(a)) for n, a in got] == \
         [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+
+
+def test_qwen3_coder_templates_calls_parse_back():
+    """Calls as a Qwen3-Coder-style template writes them (a boolean as True, null as None, an
+    object as JSON) parse back into the same arguments, typed by the schema."""
+    from exl3serve_client.frontend.text import compile_chat_template
+    template = compile_chat_template(QWEN3_CODER_TEMPLATE)
+    args = {"city": "Zürich", "days": 2, "metric": False, "where": {"a": [1]}, "tags": None,
+            "code": "007"}
+    calls = [{"id": "c1", "type": "function", "function": {"name": "get_weather",
+                                                           "arguments": args}},
+             {"id": "c2", "type": "function", "function": {"name": "now", "arguments": {}}}]
+    user = [{"role": "user", "content": "q"}]
+    before = template.render(messages=user, add_generation_prompt=True)
+    whole = template.render(messages=user + [{"role": "assistant", "content": "Looking.",
+                                              "tool_calls": calls}], add_generation_prompt=False)
+    assert whole.startswith(before) and "<parameter=metric>\nFalse\n</parameter>" in whole
+    content, got = parse(CODER, [whole[len(before):].removesuffix("<|im_end|>\n")])
+    assert content == "Looking."
+    assert [(n, json.loads(a)) for n, a in got] == [("get_weather", args), ("now", {})]

@@ -7,7 +7,7 @@ inside tags, sequences, alternatives, repetitions), with one call, or one or mor
 required when parallel_tool_calls is not false:
 - hermes (Qwen's templates): `<tool_call>\\n{"name": "NAME", "arguments": {...}}\\n</tool_call>`,
   later calls after a "\\n";
-- glm45, deepseek_v3, deepseek_v31: their templates' tags (below);
+- glm45, qwen3_coder, deepseek_v3, deepseek_v31: their templates' tags (below);
 - deepseek_v4, deepseek_v32: DeepSeek's DSML as its encodings write it (below).
 
 glm45's arguments, as GLM's templates write them, are `\\n<arg_key>K</arg_key>\\n<arg_value>V
@@ -15,6 +15,11 @@ glm45's arguments, as GLM's templates write them, are `\\n<arg_key>K</arg_key>\\
 others optional; a string's value raw (its enum or const one of those strings, its pattern a
 regular expression, else characters other than "<" within its minLength and maxLength), any other
 type's as JSON held to the property's schema (tool_calls.py types values back by the same rule).
+
+qwen3_coder's calls, as Qwen3-Coder's templates write them, are `<tool_call>\n<function=NAME>\n`,
+per argument `<parameter=K>\nV\n</parameter>\n` (the schema's properties in its order, the required
+ones always, the others optional; V raw or JSON by glm45's rule), then
+`</function>\n</tool_call>`; later calls after a "\n".
 
 DSML's calls, as DeepSeek's encodings write them after an empty content, are
 `\n\n<｜DSML｜tool_calls>\n` (V3.2: `function_calls`), the calls joined by "\n", each
@@ -33,7 +38,8 @@ from typing import Any, Optional
 from .structured_output import Constraint, StructuralTag
 from .tool_calls import (CALL_END, CALL_START, DS_CALL_BEGIN, DS_CALL_END, DS_CALLS_BEGIN,
                          DS_CALLS_END, DS_SEP, DS_V3_JSON_CLOSE, DS_V3_JSON_OPEN, DSML_INVOKE,
-                         DSML_INVOKE_END, DSML_PARAMETER, DSML_PARAMETER_END, ToolCallFormat,
+                         DSML_INVOKE_END, DSML_PARAMETER, DSML_PARAMETER_END, QWEN_FUNCTION,
+                         QWEN_FUNCTION_END, QWEN_PARAMETER, QWEN_PARAMETER_END, ToolCallFormat,
                          dsml_block_tags, raw_string_argument)
 
 # A hermes tool call (Qwen's templates): the call object's JSON between these.
@@ -76,9 +82,11 @@ def _json(schema: Any) -> dict[str, Any]:
 
 
 def _one_or_more(fmt: ToolCallFormat, call: dict[str, Any]) -> dict[str, Any]:
-    """Calls in a row as the format's templates join them: hermes', DeepSeek-V3's and DSML's with
-    "\n" between them, the others' without (GLM's calls begin with their own "\n")."""
-    if fmt in (ToolCallFormat.HERMES, ToolCallFormat.DEEPSEEK_V3) or fmt.dsml:
+    """Calls in a row as the format's templates join them: hermes', qwen3_coder's, DeepSeek-V3's
+    and DSML's with "\n" between them, the others' without (GLM's calls begin with their own
+    "\n")."""
+    if fmt in (ToolCallFormat.HERMES, ToolCallFormat.QWEN3_CODER, ToolCallFormat.DEEPSEEK_V3) or \
+            fmt.dsml:
         return _sequence(call, {"type": "star", "content": _sequence(_const("\n"), call)})
     return {"type": "plus", "content": call}
 
@@ -102,6 +110,9 @@ def _call(fmt: ToolCallFormat, name: str, schema: dict[str, Any]) -> dict[str, A
                          _json(schema), _const(DS_V3_JSON_CLOSE + DS_CALL_END))
     if fmt.dsml:
         return _dsml_invoke(name, schema)
+    if fmt is ToolCallFormat.QWEN3_CODER:
+        return _sequence(_const(f"{CALL_START}\n{QWEN_FUNCTION}{name}>\n"),
+                         *_qwen_parameters(schema), _const(f"{QWEN_FUNCTION_END}\n{CALL_END}"))
     return _sequence(_const(DS_CALL_BEGIN + name + DS_SEP), _json(schema), _const(DS_CALL_END))
 
 
@@ -119,6 +130,20 @@ def _glm_argument(schema: dict[str, Any], key: str, prop: Any, required: bool) -
                     {"type": "tag", "begin": "<arg_value>", "content": value,
                      "end": "</arg_value>"})
     return arg if required else {"type": "optional", "content": arg}
+
+
+def _qwen_parameters(schema: dict[str, Any]) -> list[dict[str, Any]]:
+    props = schema.get("properties")
+    required = schema.get("required")
+    required = required if isinstance(required, list) else []
+    out = []
+    for key, prop in (props if isinstance(props, dict) else {}).items():
+        prop = prop if isinstance(prop, dict) else {}
+        value = _raw_string(prop) if raw_string_argument(prop) else _property_value(schema, prop)
+        param = {"type": "tag", "begin": f"{QWEN_PARAMETER}{key}>\n", "content": value,
+                 "end": f"\n{QWEN_PARAMETER_END}\n"}
+        out.append(param if key in required else {"type": "optional", "content": param})
+    return out
 
 
 def _dsml_invoke(name: str, schema: dict[str, Any]) -> dict[str, Any]:

@@ -5,6 +5,10 @@
 - glm45 (GLM-4.5's): `<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>...</tool_call>`,
   each value JSON-decoded where the function's schema gives the argument a type other than string
   and the value parses as JSON, else kept as a string.
+- qwen3_coder (Qwen3-Coder's and the later Qwen templates'): `<tool_call>\n<function=NAME>\n`, per
+  argument `<parameter=K>\nV\n</parameter>\n`, then `</function>\n</tool_call>`; V is typed as
+  glm45's values are (by the schema), and the templates' Python spellings of a non-string scalar
+  (`True`, `False`, `None`) read as JSON's.
 - deepseek_v3 (DeepSeek-V3's): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
   \\n```json\\n{...}\\n```<｜tool▁call▁end｜>` (calls after the first preceded by "\\n"), then
   `<｜tool▁calls▁end｜>`.
@@ -40,6 +44,9 @@ CALL_START = "<tool_call>"
 CALL_END = "</tool_call>"
 _ARG_KEY, _ARG_KEY_END = "<arg_key>", "</arg_key>"
 _ARG_VALUE, _ARG_VALUE_END = "<arg_value>", "</arg_value>"
+# qwen3_coder's tags inside <tool_call>.
+QWEN_FUNCTION, QWEN_FUNCTION_END = "<function=", "</function>"
+QWEN_PARAMETER, QWEN_PARAMETER_END = "<parameter=", "</parameter>"
 
 
 # DeepSeek's tags (single tokens in its tokenizer).
@@ -71,6 +78,7 @@ class ToolCallFormat(enum.Enum):
     """A tool-call format, by vLLM's --tool-call-parser name."""
     HERMES = "hermes"
     GLM45 = "glm45"
+    QWEN3_CODER = "qwen3_coder"
     DEEPSEEK_V3 = "deepseek_v3"
     DEEPSEEK_V31 = "deepseek_v31"
     DEEPSEEK_V32 = "deepseek_v32"
@@ -124,8 +132,9 @@ TOOL_CALL_PARSERS = ("auto", *(f.value for f in ToolCallFormat))
 def template_tool_call_format(template: Optional[str]) -> Optional[ToolCallFormat]:
     """The tool-call format a chat template teaches (None: it teaches none this module parses):
     DeepSeek's DSML (V3.2's where its block is `function_calls`, else V4's), DeepSeek's call tags
-    (V3's with the arguments in a ```json block, else V3.1's), GLM-4.5's argument tags, else
-    Qwen's JSON in <tool_call> tags."""
+    (V3's with the arguments in a ```json block, else V3.1's), then, with <tool_call> tags,
+    Qwen3-Coder's <function=…> and <parameter=…> tags, GLM-4.5's argument tags, else Qwen's
+    JSON."""
     if not template:
         return None
     if DSML in template:
@@ -135,6 +144,8 @@ def template_tool_call_format(template: Optional[str]) -> Optional[ToolCallForma
         return ToolCallFormat.DEEPSEEK_V3 if "```json" in template else ToolCallFormat.DEEPSEEK_V31
     if CALL_START not in template:
         return None
+    if QWEN_FUNCTION in template and QWEN_PARAMETER in template:
+        return ToolCallFormat.QWEN3_CODER
     return ToolCallFormat.GLM45 if _ARG_KEY in template else ToolCallFormat.HERMES
 
 
@@ -277,6 +288,8 @@ class ToolCallParser:
             return self._deepseek(final)
         if self.fmt.dsml:
             return self._dsml(final)
+        if self.fmt is ToolCallFormat.QWEN3_CODER:
+            return self._qwen3_coder(final)
         return self._glm45(final)
 
     def _unparsed(self, final: bool) -> bool:
@@ -469,7 +482,56 @@ class ToolCallParser:
         self._end_call()
         return True
 
-    # the arguments object, one member at a time (glm45, DSML) -----------------------------------
+    # qwen3_coder ----------------------------------------------------------------------------------
+    # The head: <function=NAME> after <tool_call> (and whitespace); then parameters, each sent
+    # whole as one member of the arguments object, up to </function> and </tool_call>.
+    _QWEN_HEAD = re.compile(r"\s*" + re.escape(QWEN_FUNCTION) + r"([^>\n]+)>")
+    _QWEN_PARAMETER = re.compile(re.escape(QWEN_PARAMETER) + r"([^>\n]+)>(.*?)" +
+                                 re.escape(QWEN_PARAMETER_END), re.S)
+
+    def _qwen3_coder(self, final: bool) -> bool:
+        if self._state is _CallState.NAME:
+            m = self._QWEN_HEAD.match(self._buf)
+            if m is None:
+                # Not (yet) a head: decided at the call's end (_unparsed).
+                if CALL_END not in self._buf and not final:
+                    return False
+                self._state = _CallState.UNPARSED
+                return True
+            self._buf = self._buf[m.end():]
+            self._start_call(m.group(1).strip())
+            return True
+        while True:
+            rest = self._buf.lstrip()
+            if rest.startswith(QWEN_PARAMETER):
+                m = self._QWEN_PARAMETER.match(rest)
+                if m is not None:
+                    key = m.group(1).strip()
+                    # The value between the tag's "\n" and the closing tag's.
+                    value = m.group(2).removeprefix("\n").removesuffix("\n")
+                    if key not in self._keys:  # a repeated parameter: the first is kept
+                        self._member(key, _qwen_value(self.schemas.get(self._name), key, value))
+                    self._buf = rest[m.end():]
+                    continue
+                if QWEN_PARAMETER_END not in rest and not final:
+                    self._buf = rest
+                    return False
+                break  # a malformed parameter, or one cut off at the answer's end
+            if not final and any(t.startswith(rest) for t in (QWEN_PARAMETER, QWEN_FUNCTION_END,
+                                                               CALL_END)):
+                self._buf = rest  # nothing yet, or the start of a tag
+                return False
+            break
+        # </function>, then </tool_call>; anything else before the call's end is dropped.
+        end = self._buf.find(CALL_END)
+        if end < 0 and not final:
+            return False
+        self._close_arguments()
+        self._buf = "" if end < 0 else self._buf[end + len(CALL_END):]
+        self._end_call()
+        return True
+
+    # the arguments object, one member at a time (glm45, DSML, qwen3_coder) -----------------------
     def _member(self, key: str, value: Any) -> None:
         """An argument: the object's opening brace (first) or a comma, the key and the value."""
         self._arguments(("{" if not self._args_open else ", ") + json.dumps(key, ensure_ascii=False)
@@ -535,6 +597,23 @@ def _json_or_text(value: str) -> Any:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+# The Python spellings of JSON's scalars: Qwen's templates write a non-string scalar with Jinja's
+# `string` filter (str()), which spells them so.
+_PYTHON_SCALARS = {"True": True, "False": False, "None": None}
+
+
+def _qwen_value(schema: Any, key: str, value: str) -> Any:
+    """qwen3_coder's argument value: glm45's rule (_typed_value), and where that keeps the text of
+    an argument that is not raw, the Python spelling of a scalar as the scalar."""
+    prop = schema.get("properties", {}).get(key) if isinstance(schema, dict) else None
+    if raw_string_argument(prop):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return _PYTHON_SCALARS.get(value.strip(), value)
 
 
 def _typed_value(schema: Any, key: str, value: str) -> Any:
