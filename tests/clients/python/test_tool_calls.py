@@ -157,7 +157,8 @@ CASES = [
                          ("code", "true", "007"), ("tags", "false", "null")]),
         ("now", [])), "Let me look.",
      [("get_weather", {"city": 'Zürich "<b>" {x}\nline 2', "days": 2, "metric": True,
-                       "where": {"lat": 48.8, "l": [1]}, "code": "007", "tags": None}), ("now", {})]),
+                       "where": {"lat": 48.8, "l": [1]}, "code": "007", "tags": None}),
+      ("now", {})]),
     # The string attribute decides, not the schema: "2" as text is a string; a string="false"
     # value that is no JSON (NaN is none) stays text; a repeated parameter keeps its first value.
     (DS4, dsml(("get_weather", [("days", "true", "2"), ("city", "false", "Paris"),

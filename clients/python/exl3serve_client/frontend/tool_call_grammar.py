@@ -16,15 +16,15 @@ others optional; a string's value raw (its enum or const one of those strings, i
 regular expression, else characters other than "<" within its minLength and maxLength), any other
 type's as JSON held to the property's schema (tool_calls.py types values back by the same rule).
 
-qwen3_coder's calls, as Qwen3-Coder's templates write them, are `<tool_call>\n<function=NAME>\n`,
-per argument `<parameter=K>\nV\n</parameter>\n` (the schema's properties in its order, the required
-ones always, the others optional; V raw or JSON by glm45's rule), then
-`</function>\n</tool_call>`; later calls after a "\n".
+qwen3_coder's calls, as Qwen3-Coder's templates write them, are
+`<tool_call>\\n<function=NAME>\\n`, per argument `<parameter=K>\\nV\\n</parameter>\\n` (the
+schema's properties in its order, the required ones always, the others optional; V raw or JSON
+by glm45's rule), then `</function>\\n</tool_call>`; later calls after a "\\n".
 
 DSML's calls, as DeepSeek's encodings write them after an empty content, are
-`\n\n<｜DSML｜tool_calls>\n` (V3.2: `function_calls`), the calls joined by "\n", each
-`<｜DSML｜invoke name="NAME">\n` + its parameters joined by "\n" + `\n</｜DSML｜invoke>`, then
-`\n</｜DSML｜tool_calls>`; a parameter `<｜DSML｜parameter name="K" string="true">V</｜DSML｜parameter>`
+`\\n\\n<｜DSML｜tool_calls>\\n` (V3.2: `function_calls`), the calls joined by "\\n", each
+`<｜DSML｜invoke name="NAME">\\n` + its parameters joined by "\\n" + `\\n</｜DSML｜invoke>`, then
+`\\n</｜DSML｜tool_calls>`; a parameter `<｜DSML｜parameter name="K" string="true">V</｜DSML｜parameter>`
 with V raw where glm45's rule writes the value raw, else `string="false"` with V JSON held to the
 property's schema. The parameters are the schema's properties in its order, the required ones
 always, the others optional.

@@ -5,8 +5,8 @@
 - glm45 (GLM-4.5's): `<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>...</tool_call>`,
   each value JSON-decoded where the function's schema gives the argument a type other than string
   and the value parses as JSON, else kept as a string.
-- qwen3_coder (Qwen3-Coder's and the later Qwen templates'): `<tool_call>\n<function=NAME>\n`, per
-  argument `<parameter=K>\nV\n</parameter>\n`, then `</function>\n</tool_call>`; V is typed as
+- qwen3_coder (Qwen3-Coder's and the later Qwen templates'): `<tool_call>\\n<function=NAME>\\n`, per
+  argument `<parameter=K>\\nV\\n</parameter>\\n`, then `</function>\\n</tool_call>`; V is typed as
   glm45's values are (by the schema), and the templates' Python spellings of a non-string scalar
   (`True`, `False`, `None`) read as JSON's.
 - deepseek_v3 (DeepSeek-V3's): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
@@ -14,12 +14,13 @@
   `<｜tool▁calls▁end｜>`.
 - deepseek_v31 (DeepSeek-V3.1's): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}
   <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>`.
-- deepseek_v4 / deepseek_v32 (DeepSeek's DSML, V4's and V3.2's encodings): `\n\n<｜DSML｜tool_calls>\n`
-  (V3.2: `function_calls`), per call `<｜DSML｜invoke name="NAME">\n`, its parameters
-  `<｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>` joined by "\n", then
-  `\n</｜DSML｜invoke>`; calls joined by "\n"; then `\n</｜DSML｜tool_calls>`. `string="true"`: V is
-  the argument's text, raw; `string="false"`: V is its JSON (a value that does not parse as JSON
-  is kept as text).
+- deepseek_v4 / deepseek_v32 (DeepSeek's DSML, V4's and V3.2's encodings):
+  `\\n\\n<｜DSML｜tool_calls>\\n` (V3.2: `function_calls`), per call
+  `<｜DSML｜invoke name="NAME">\\n`, its parameters
+  `<｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>` joined by "\\n", then
+  `\\n</｜DSML｜invoke>`; calls joined by "\\n"; then `\\n</｜DSML｜tool_calls>`. `string="true"`:
+  V is the argument's text, raw; `string="false"`: V is its JSON (a value that does not parse as
+  JSON is kept as text).
 The DeepSeek formats' outer tags (calls begin / end, DSML's block) are markup: neither content nor
 a call.
 
