@@ -211,33 +211,44 @@ def test_deepseek_round_trip(deepseek):
 @pytest.fixture(scope="module")
 def deepseek_v4(build_dir, tmp_path_factory):
     """A DeepSeek-V4 test model: its template writes DeepSeek-V4's DSML (deepseek_v4 found
-    from it)."""
+    from it), with a second front end that names deepseek_v32 (V3.2's block name)."""
     tmp = tmp_path_factory.mktemp("deepseek_v4")
     model = stack.make_model(build_dir, tmp / "deepseek-v4-test", arch="deepseek_v4")
     router, engine, _ = stack.start_router(build_dir, model, tmp)
+    fes = []
     try:
         fe, url = stack.start_frontend(engine, model, tmp)
+        fes.append(fe)
+        fe32, url32 = stack.start_frontend(engine, model, tmp,
+                                           extra=("--tool-call-parser", "deepseek_v32"))
+        fes.append(fe32)
     except BaseException:
+        for f in fes:
+            f.stop()
         router.stop()
         raise
-    yield openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120), model.name
-    fe.stop()
+    clients = {fmt: openai.OpenAI(base_url=u, api_key="none", max_retries=0, timeout=120)
+               for fmt, u in (("deepseek_v4", url), ("deepseek_v32", url32))}
+    yield clients["deepseek_v4"], model.name, clients
+    for f in fes:
+        f.stop()
     router.stop()
 
 
-def test_deepseek_v4_forced_calls_hold_to_the_schema(deepseek_v4):
+@pytest.mark.parametrize("fmt", ["deepseek_v4", "deepseek_v32"])
+def test_dsml_forced_calls_hold_to_the_schema(deepseek_v4, fmt):
     """DSML calls under required (one or more), a named function and required without parallel
     calls, streamed and not: every answer's calls parse and validate (strings raw with
     string="true", the others JSON with string="false")."""
-    client, name = deepseek_v4
-    required = check_forced_calls(client, name, as_written=True)
+    _, name, clients = deepseek_v4
+    required = check_forced_calls(clients[fmt], name, as_written=True)
     assert any(len(calls) > 1 for calls in required), required
 
 
 def test_deepseek_v4_forced_call_is_the_encodings_syntax(deepseek_v4):
     """The constrained text is what DeepSeek-V4's encoding (and the test model's template) writes
     for the same call after an empty content."""
-    client, name = deepseek_v4
+    client, name, _ = deepseek_v4
     for seed in range(3):
         r = client.chat.completions.create(model=name, messages=ASK, tools=[WEATHER],
                                            tool_choice=NAMED, max_tokens=400, seed=seed,
@@ -260,7 +271,7 @@ def test_deepseek_v4_round_trip(deepseek_v4):
     """request -> tool_calls -> the tool's result -> an answer, on the real stack, streamed and
     not: the call and the result reach the prompt as DeepSeek-V4's encoding writes them."""
     import httpx
-    client, name = deepseek_v4
+    client, name, _ = deepseek_v4
     r = client.chat.completions.create(model=name, messages=ASK, tools=[WEATHER, NOW],
                                        tool_choice=NAMED, max_tokens=400, seed=1)
     assert r.choices[0].finish_reason == "tool_calls"
