@@ -19,7 +19,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import stack  # noqa: E402
 from exl3serve_client.frontend.text import ModelTokenizer  # noqa: E402
-from qwen3_coder_template import with_qwen3_coder_template  # noqa: E402
 from test_reasoning_api import _qwen3_model  # noqa: E402
 from test_structured_output import HI, SCHEMA, check_person  # noqa: E402
 
@@ -235,14 +234,23 @@ def deepseek_v4(build_dir, tmp_path_factory):
     router.stop()
 
 
-@pytest.mark.parametrize("fmt", ["deepseek_v4", "deepseek_v32"])
-def test_dsml_forced_calls_hold_to_the_schema(deepseek_v4, fmt):
+def test_deepseek_v4_forced_calls_hold_to_the_schema(deepseek_v4):
     """DSML calls under required (one or more), a named function and required without parallel
     calls, streamed and not: every answer's calls parse and validate (strings raw with
     string="true", the others JSON with string="false")."""
-    _, name, clients = deepseek_v4
-    required = check_forced_calls(clients[fmt], name, as_written=True)
+    client, name, _ = deepseek_v4
+    required = check_forced_calls(client, name, as_written=True)
     assert any(len(calls) > 1 for calls in required), required
+
+
+def test_deepseek_v32_forced_calls_hold_to_the_schema(deepseek_v4):
+    """V3.2's block (function_calls), fewer answers: the same grammar but for the block's name."""
+    _, name, clients = deepseek_v4
+    required = forced_answers(clients["deepseek_v32"], name, "required", range(6), True)
+    assert any(len(calls) > 1 for calls in required), required
+    named = forced_answers(clients["deepseek_v32"], name, NAMED, range(2), True)
+    assert all(calls == ["get_weather"] for calls in named), named
+    streamed_calls(clients["deepseek_v32"], name, "required", 0, True)
 
 
 def test_deepseek_v4_forced_call_is_the_encodings_syntax(deepseek_v4):
@@ -302,32 +310,6 @@ def test_deepseek_v4_round_trip(deepseek_v4):
     assert "### Available Tool Schemas" in prompt
 
 
-@pytest.fixture(scope="module")
-def qwen3_coder(build_dir, tmp_path_factory):
-    """A Qwen3-MoE test model whose template writes Qwen3-Coder's calls (qwen3_coder found from
-    it)."""
-    tmp = tmp_path_factory.mktemp("qwen3_coder")
-    model = with_qwen3_coder_template(
-        stack.make_model(build_dir, tmp / "qwen-coder-test", arch="qwen3_moe"))
-    router, engine, _ = stack.start_router(build_dir, model, tmp)
-    try:
-        fe, url = stack.start_frontend(engine, model, tmp)
-    except BaseException:
-        router.stop()
-        raise
-    yield openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120), model.name
-    fe.stop()
-    router.stop()
-
-
-def test_qwen3_coder_forced_calls_hold_to_the_schema(qwen3_coder):
-    """Qwen3-Coder's tags under required, a named function and required without parallel calls,
-    streamed and not: every answer's calls parse and validate."""
-    client, name = qwen3_coder
-    required = check_forced_calls(client, name, as_written=True)
-    assert any(len(calls) > 1 for calls in required), required
-
-
 def test_structural_tag_response_format(glm, live):
     """response_format structural_tag (xgrammar's format tree, as vLLM and OpenAI take it) and
     vLLM's older structures/triggers shape hold every answer; a bad tag is a 400 naming it."""
@@ -384,18 +366,22 @@ def test_whitespace_patterns_are_refused_by_name(glm, live):
 def thinking(build_dir, tmp_path_factory):
     """A Qwen3-MoE test model whose <think> tags are text (as in Qwen3's tokenizer), with front
     ends splitting its reasoning as qwen3 (the output may open a block) and deepseek_r1 (the
-    output starts inside one)."""
+    output starts inside one), and one naming qwen3_coder (its calls forced whatever the
+    template shows: test_qwen3_coder_forced_calls_hold_to_the_schema)."""
     tmp = tmp_path_factory.mktemp("thinking")
     model = stack.make_model(build_dir, tmp / "qwen-thinking", arch="qwen3_moe")
     _qwen3_model(model)
     router, engine, _ = stack.start_router(build_dir, model, tmp)
     fes, clients = [], {}
     try:
-        for parser in ("qwen3", "deepseek_r1"):
-            fe, url = stack.start_frontend(engine, model, tmp, extra=("--reasoning-parser", parser))
+        # The reasoning parsers, and (no reasoning split) the qwen3_coder tool-call format.
+        for key, extra in (("qwen3", ("--reasoning-parser", "qwen3")),
+                           ("deepseek_r1", ("--reasoning-parser", "deepseek_r1")),
+                           ("qwen3_coder", ("--tool-call-parser", "qwen3_coder"))):
+            fe, url = stack.start_frontend(engine, model, tmp, extra=extra)
             fes.append(fe)
-            clients[parser] = openai.OpenAI(base_url=url, api_key="none", max_retries=0,
-                                            timeout=120)
+            clients[key] = openai.OpenAI(base_url=url, api_key="none", max_retries=0,
+                                         timeout=120)
     except BaseException:
         for f in fes:
             f.stop()
@@ -454,3 +440,12 @@ def test_forced_calls_hold_after_the_reasoning(thinking):
         assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) >= 1, c
         for call in c.message.tool_calls:
             check_call(call.function.name, call.function.arguments)
+
+
+def test_qwen3_coder_forced_calls_hold_to_the_schema(thinking):
+    """Qwen3-Coder's tags under required, a named function and required without parallel calls,
+    streamed and not: every answer's calls parse and validate (the front end names qwen3_coder;
+    that a Qwen3-Coder template is read as it, test_tool_calls.py and test_tool_call_api.py)."""
+    clients, model = thinking
+    required = check_forced_calls(clients["qwen3_coder"], model.name, as_written=True)
+    assert any(len(calls) > 1 for calls in required), required
