@@ -6,7 +6,7 @@ scripts/checks/frontend/requirements.txt:
 
     /opt/hfref/bin/python scripts/conformance/tokenizer_fixtures.py --out tests/fixtures/tokenizer
 
-For each family (glm4_moe, qwen3_moe, mixtral, deepseek_v3) it writes a small model config
+For each family (glm4_moe, qwen3_moe, mixtral, deepseek_v3, deepseek_v4) it writes a small model config
 (config.json, generation_config.json as `exl3-tool make-test-model` writes them: vocab 512, bos id 0,
 eos id 1), makes its tokenizer files with the package's own code
 (clients/python/exl3serve_client/make_tokenizer.py, the code behind `exl3serve-make-tokenizer`),
@@ -198,7 +198,7 @@ TOOL_CONVERSATIONS = {
 
 def renders_tools(hf) -> bool:
     template = hf.chat_template or ""
-    return "<tool_call>" in template or "<｜tool▁call▁begin｜>" in template
+    return "<tool_call>" in template or "<｜tool▁call▁begin｜>" in template or "｜DSML｜" in template
 
 
 def chat_ids(hf, messages, add_generation_prompt: bool, tools=None) -> list[int]:

@@ -26,8 +26,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 # (trim_blocks, lstrip_blocks): they are kept on one line so that no newline depends on those.
 # Qwen's, GLM's and DeepSeek's templates also render `tools` (the request's function list),
 # assistant messages' `tool_calls` and `tool` results in their families' formats, which the front
-# end parses back (frontend/tool_calls.py: hermes, glm45, deepseek_v3); `developer` is a system
-# message. A call's `arguments` reach Qwen's and GLM's templates as an object (the front end
+# end parses back (frontend/tool_calls.py: hermes, glm45, deepseek_v3, deepseek_v4); `developer` is
+# a system message (DeepSeek-V4's: a user turn, as its encoding renders it). A call's `arguments` reach Qwen's and GLM's templates as an object (the front end
 # decodes OpenAI's JSON text), DeepSeek's as JSON text (its own template concatenates them; an
 # object is written as JSON here too).
 _TOOLS_INTRO = (
@@ -110,6 +110,60 @@ _DEEPSEEK_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<｜Assistant｜>{% endif %}"
 )
 
+# DeepSeek-V4's chat format as its published encoding writes it (DeepSeek-V4's model repositories
+# ship it as a Python encoding script, encoding/encoding_dsv4.py, not as a Jinja template; this is
+# the same rendering in "chat" mode, the instructions' wording ours): the tools in a system part
+# before the conversation (the encoding's system message carrying `tools`: "\n\n", "## Tools", the
+# DSML call syntax, the schemas one JSON per line); user, `tool` and following user messages in
+# one <｜User｜> turn, their parts joined by "\n\n", each tool result as
+# <tool_result>…</tool_result>; `developer` a <｜User｜> turn of its own; after a user-side turn
+# that an assistant turn follows (or the generation prompt), <｜Assistant｜></think>; an assistant
+# turn its content, then its calls as a DSML block after "\n\n", then <｜end▁of▁sentence｜>.
+# The encoding also orders tool results by their calls' ids; this template keeps the messages'
+# order.
+_DSML_EXAMPLE = (
+    "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"$TOOL_NAME\">\n<｜DSML｜parameter "
+    "name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE</｜DSML｜parameter>\n...\n"
+    "</｜DSML｜invoke>\n<｜DSML｜invoke name=\"$TOOL_NAME2\">\n...\n</｜DSML｜invoke>\n"
+    "</｜DSML｜tool_calls>"
+)
+_DEEPSEEK_V4_TEMPLATE = (
+    "{{ bos_token }}{% if tools %}{{ '\\n\\n' }}## Tools{{ '\\n\\n' }}You can call the tools "
+    "below. To call tools, write a \"<｜DSML｜tool_calls>\" block like this one:{{ '\\n\\n' }}" +
+    _DSML_EXAMPLE.replace("\n", "{{ '\\n' }}") +
+    "{{ '\\n\\n' }}Write a string parameter as it is, with string=\"true\"; any other value "
+    "(a number, boolean, array or object) as JSON, with string=\"false\".{{ '\\n\\n' }}"
+    "### Available Tool Schemas{{ '\\n\\n' }}"
+    "{% for t in tools %}{{ (t['function'] if t['function'] is defined else t) | tojson }}"
+    "{{ '\\n' }}{% endfor %}{{ '\\n' }}Call only these tools, with their parameters as "
+    "defined.{{ '\\n' }}{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] not in ['system', 'developer', 'user', 'assistant', 'tool'] %}"
+    "{{ raise_exception('unknown role: ' + m['role']) }}{% endif %}"
+    "{% set prev = messages[loop.index0 - 1]['role'] if not loop.first else none %}"
+    "{% set next = messages[loop.index0 + 1]['role'] if not loop.last else none %}"
+    "{% if m['role'] == 'system' %}{{ m['content'] }}"
+    "{% elif m['role'] == 'assistant' %}{{ m['content'] }}"
+    "{% if m['tool_calls'] %}{{ '\\n\\n' }}<｜DSML｜tool_calls>{{ '\\n' }}"
+    "{% for c in m['tool_calls'] %}{% set f = c['function'] if c['function'] is defined else c %}"
+    "{% if not loop.first %}{{ '\\n' }}{% endif %}<｜DSML｜invoke name=\"{{ f['name'] }}\">"
+    "{{ '\\n' }}{% for k, v in f['arguments'].items() %}{% if not loop.first %}{{ '\\n' }}"
+    "{% endif %}<｜DSML｜parameter name=\"{{ k }}\" string=\"{{ 'true' if v is string else "
+    "'false' }}\">{{ v if v is string else v | tojson }}</｜DSML｜parameter>{% endfor %}"
+    "{{ '\\n' }}</｜DSML｜invoke>{% endfor %}{{ '\\n' }}</｜DSML｜tool_calls>{% endif %}"
+    "<｜end▁of▁sentence｜>"
+    "{% else %}"
+    "{% if m['role'] == 'developer' or prev not in ['user', 'tool'] %}<｜User｜>"
+    "{% else %}{{ '\\n\\n' }}{% endif %}"
+    "{% if m['role'] == 'tool' %}<tool_result>{{ m['content'] }}</tool_result>"
+    "{% else %}{{ m['content'] }}{% endif %}"
+    "{% if m['role'] == 'developer' or next not in ['user', 'tool'] %}"
+    "{% if next == 'assistant' or (next is none and add_generation_prompt) %}"
+    "<｜Assistant｜></think>{% endif %}{% endif %}"
+    "{% endif %}"
+    "{% endfor %}"
+)
+
 
 @dataclass(frozen=True)
 class Family:
@@ -128,12 +182,17 @@ _QWEN = Family(
     _QWEN_TEMPLATE, None, False)
 _MIXTRAL = Family(
     "mixtral", ("<s>", "</s>", "<unk>", "[INST]", "[/INST]"), _MIXTRAL_TEMPLATE, "<s>", True)
+_DEEPSEEK_SPECIALS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>")
 _DEEPSEEK = Family(
-    "deepseek_v3", ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"),
-    _DEEPSEEK_TEMPLATE, "<｜begin▁of▁sentence｜>", True)
+    "deepseek_v3", _DEEPSEEK_SPECIALS, _DEEPSEEK_TEMPLATE, "<｜begin▁of▁sentence｜>", True)
+# DeepSeek-V4's tokenizer for the test models: DeepSeek-V3's special tokens (the DSML tags and
+# </think> are text), its own chat format.
+_DEEPSEEK_V4 = Family(
+    "deepseek_v4", _DEEPSEEK_SPECIALS, _DEEPSEEK_V4_TEMPLATE, "<｜begin▁of▁sentence｜>", True)
 
 # By config.json's architectures[0]. The newer families speak their predecessors' chat format
-# (GLM-MoE-DSA: GLM's, DeepSeek-V4: DeepSeek's, Qwen3-Next: Qwen's) and get the same tokenizer.
+# (GLM-MoE-DSA: GLM's, Qwen3-Next: Qwen's) and get the same tokenizer; DeepSeek-V4 its own format
+# (DSML tool calls) with DeepSeek-V3's tokens.
 FAMILIES = {
     "Glm4MoeForCausalLM": _GLM,
     "GlmMoeDsaForCausalLM": _GLM,
@@ -141,7 +200,7 @@ FAMILIES = {
     "Qwen3NextForCausalLM": _QWEN,
     "MixtralForCausalLM": _MIXTRAL,
     "DeepseekV3ForCausalLM": _DEEPSEEK,
-    "DeepseekV4ForCausalLM": _DEEPSEEK,
+    "DeepseekV4ForCausalLM": _DEEPSEEK_V4,
 }
 
 _TEXT = """\

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from exl3serve_client.frontend.text import ModelTokenizer
+from exl3serve_client.frontend.tool_calls import template_tool_call_format
 from exl3serve_client.make_tokenizer import FAMILIES, write_tokenizer
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "tokenizer"
@@ -46,7 +47,7 @@ def test_fixture_is_what_it_claims(fixture):
     gens = {(c["name"], c["add_generation_prompt"]) for c in exp["chats"]}
     assert {g for _, g in gens} == {True, False}
     assert any(m["role"] == "assistant" for c in exp["chats"] for m in c["messages"])
-    if "<tool_call>" in (tok_config_template(d) or ""):
+    if template_tool_call_format(tok_config_template(d)) is not None:  # it renders tool calls
         assert {m["role"] for c in exp["chats"] for m in c["messages"]} >= {"tool", "developer"}
         assert any("tool_calls" in m for c in exp["chats"] for m in c["messages"])
 
@@ -101,7 +102,7 @@ def test_chat_rendering_equals_apply_chat_template(fixture):
     _, exp, tok = fixture
     for c in exp["chats"]:
         what = (c["name"], c["add_generation_prompt"])
-        tools = c.get("tools")  # the tool conversations (Qwen's and GLM's templates)
+        tools = c.get("tools")  # the tool conversations (the templates that render calls)
         assert tok.render_chat(c["messages"], c["add_generation_prompt"], tools=tools) == \
             c["text"], what
         assert tok.encode_chat(c["messages"], c["add_generation_prompt"], tools=tools) == \

@@ -1,5 +1,7 @@
 """Tool calls through the real exl3serve-openai process, driven by the openai SDK, for each family
-whose chat template writes tool calls (Qwen's hermes format, GLM-4.5's tags, DeepSeek-V3's). The
+whose chat template writes tool calls (Qwen's hermes format, GLM-4.5's tags, DeepSeek-V3's,
+DeepSeek-V4's DSML, and Qwen3-Coder's tags on a Qwen tokenizer given a template in their layout,
+qwen3_coder_template.py). The
 engine is the
 fake of fake_engine.py, so that the model's output can be chosen: each request's reply is the
 tokens of a text written in the family's format. A round trip (request -> tool_calls -> the tool's
@@ -20,6 +22,7 @@ from exl3serve.v1 import exl3serve_pb2 as pb
 import stack
 from exl3serve_client.frontend.text import ModelTokenizer
 from fake_engine import FakeEngine, ThreadedServer
+from qwen3_coder_template import with_qwen3_coder_template
 
 ROOT = Path(__file__).resolve().parents[3]
 WEATHER = {"type": "function", "function": {
@@ -36,6 +39,8 @@ def tool_result_text(family, content):
     """A tool's result as the family's template renders it."""
     if family == "deepseek_v3":
         return f"<｜tool▁output▁begin｜>{content}<｜tool▁output▁end｜>"
+    if family == "deepseek_v4":
+        return f"<｜User｜><tool_result>{content}</tool_result><｜Assistant｜></think>"
     return f"<tool_response>\n{content}\n</tool_response>"
 
 
@@ -45,6 +50,17 @@ def call_text(family, name, arguments):
         return ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>" + name +
                 "\n```json\n" + json.dumps(arguments, ensure_ascii=False) +
                 "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
+    if family == "deepseek_v4":  # after the content, "\n\n" and the block (DeepSeek's encoding)
+        params = "\n".join(
+            f'<｜DSML｜parameter name="{k}" string="{"true" if isinstance(v, str) else "false"}">'
+            f'{v if isinstance(v, str) else json.dumps(v)}</｜DSML｜parameter>'
+            for k, v in arguments.items())
+        return (f'\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="{name}">\n{params}\n'
+                "</｜DSML｜invoke>\n</｜DSML｜tool_calls>")
+    if family == "qwen3_coder":
+        params = "".join(f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v)}\n"
+                         "</parameter>\n" for k, v in arguments.items())
+        return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
     if family == "qwen3_moe":
         return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments},
                                             ensure_ascii=False) + "\n</tool_call>"
@@ -75,7 +91,11 @@ class Fake:
 
 def _start(tmp, family, extra=()):
     model = tmp / family
-    shutil.copytree(ROOT / "tests/fixtures/tokenizer" / family, model)
+    if family == "qwen3_coder":  # Qwen's tokenizer, a template of Qwen3-Coder's calls
+        shutil.copytree(ROOT / "tests/fixtures/tokenizer/qwen3_moe", model)
+        with_qwen3_coder_template(model)
+    else:
+        shutil.copytree(ROOT / "tests/fixtures/tokenizer" / family, model)
     engine = FakeEngine(step_s=0.002)
     server = ThreadedServer(engine).start()
     try:
@@ -86,7 +106,8 @@ def _start(tmp, family, extra=()):
     return Fake(family, engine, fe, url, model), server
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "glm4_moe", "deepseek_v3"])
+@pytest.fixture(scope="module", params=["qwen3_moe", "glm4_moe", "deepseek_v3", "deepseek_v4",
+                                        "qwen3_coder"])
 def fake(request, tmp_path_factory):
     f, server = _start(tmp_path_factory.mktemp(f"tools-{request.param}"), request.param)
     yield f
@@ -133,7 +154,8 @@ def test_round_trip(fake):
     assert json.loads(call.function.arguments) == {"city": "Zürich", "days": 2}
     # The template got the tools.
     prompt = fake.last_prompt()
-    assert ("<tools>" in prompt or "## Tools" in prompt) and '"name": "get_weather"' in prompt
+    assert ("<tools>" in prompt or "## Tools" in prompt)
+    assert '"name": "get_weather"' in prompt or "<name>get_weather</name>" in prompt
     # The tool's result goes back; the model answers.
     messages = ASK + [choice.message.model_dump(exclude_none=True),
                       {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 °C"}]
@@ -218,6 +240,22 @@ def test_developer_role_and_refusals(fake):
             tag = sampling.structural_tag.json
             assert "<｜tool▁call▁begin｜>function<｜tool▁sep｜>now" in tag
             assert ("<｜tool▁sep｜>get_weather" in tag) == (choice == "required")
+            continue
+        if fake.family == "qwen3_coder":
+            assert sampling.WhichOneof("constraint") == "structural_tag"
+            assert sampling.structural_tag.json_layout == pb.JSON_LAYOUT_COMPACT
+            tag = sampling.structural_tag.json
+            assert json.dumps("<tool_call>\n<function=now>\n") in tag
+            assert (json.dumps("<tool_call>\n<function=get_weather>\n") in tag) == \
+                (choice == "required")
+            continue
+        if fake.family == "deepseek_v4":
+            assert sampling.WhichOneof("constraint") == "structural_tag"
+            assert sampling.structural_tag.json_layout == pb.JSON_LAYOUT_COMPACT
+            tag = sampling.structural_tag.json
+            assert '<｜DSML｜invoke name=\\"now\\">' in tag
+            assert ('<｜DSML｜invoke name=\\"get_weather\\">' in tag) == (choice == "required")
+            assert "\\n\\n<｜DSML｜tool_calls>\\n" in tag
             continue
         if fake.family == "glm4_moe":
             assert sampling.WhichOneof("constraint") == "structural_tag"

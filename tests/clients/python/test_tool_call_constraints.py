@@ -1,5 +1,6 @@
 """Forced tool calls (tool_choice required / a named function) in the formats whose calls are
-structural tags (glm45, deepseek_v3, deepseek_v31: frontend/tool_call_grammar.py), structural tags
+structural tags (glm45, qwen3_coder, deepseek_v3, deepseek_v31, deepseek_v4's DSML:
+frontend/tool_call_grammar.py), structural tags
 in response_format, and constraints after the reasoning (--reasoning-parser), through the whole
 stack: the openai SDK, exl3serve-openai, the real exl3-router with a random-weight test model. The
 random model prefers nothing in particular, so every answer that parses into calls whose arguments
@@ -206,6 +207,109 @@ def test_deepseek_round_trip(deepseek):
     assert "<｜tool▁output▁begin｜>sunny<｜tool▁output▁end｜>" in prompt
 
 
+@pytest.fixture(scope="module")
+def deepseek_v4(build_dir, tmp_path_factory):
+    """A DeepSeek-V4 test model: its template writes DeepSeek-V4's DSML (deepseek_v4 found
+    from it), with a second front end that names deepseek_v32 (V3.2's block name)."""
+    tmp = tmp_path_factory.mktemp("deepseek_v4")
+    model = stack.make_model(build_dir, tmp / "deepseek-v4-test", arch="deepseek_v4")
+    router, engine, _ = stack.start_router(build_dir, model, tmp)
+    fes = []
+    try:
+        fe, url = stack.start_frontend(engine, model, tmp)
+        fes.append(fe)
+        fe32, url32 = stack.start_frontend(engine, model, tmp,
+                                           extra=("--tool-call-parser", "deepseek_v32"))
+        fes.append(fe32)
+    except BaseException:
+        for f in fes:
+            f.stop()
+        router.stop()
+        raise
+    clients = {fmt: openai.OpenAI(base_url=u, api_key="none", max_retries=0, timeout=120)
+               for fmt, u in (("deepseek_v4", url), ("deepseek_v32", url32))}
+    yield clients["deepseek_v4"], model.name, clients
+    for f in fes:
+        f.stop()
+    router.stop()
+
+
+def test_deepseek_v4_forced_calls_hold_to_the_schema(deepseek_v4):
+    """DSML calls under required (one or more), a named function and required without parallel
+    calls, streamed and not: every answer's calls parse and validate (strings raw with
+    string="true", the others JSON with string="false")."""
+    client, name, _ = deepseek_v4
+    required = check_forced_calls(client, name, as_written=True)
+    assert any(len(calls) > 1 for calls in required), required
+
+
+def test_deepseek_v32_forced_calls_hold_to_the_schema(deepseek_v4):
+    """V3.2's block (function_calls), fewer answers: the same grammar but for the block's name."""
+    _, name, clients = deepseek_v4
+    required = forced_answers(clients["deepseek_v32"], name, "required", range(6), True)
+    assert any(len(calls) > 1 for calls in required), required
+    named = forced_answers(clients["deepseek_v32"], name, NAMED, range(2), True)
+    assert all(calls == ["get_weather"] for calls in named), named
+    streamed_calls(clients["deepseek_v32"], name, "required", 0, True)
+
+
+def test_deepseek_v4_forced_call_is_the_encodings_syntax(deepseek_v4):
+    """The constrained text is what DeepSeek-V4's encoding (and the test model's template) writes
+    for the same call after an empty content."""
+    client, name, _ = deepseek_v4
+    for seed in range(3):
+        r = client.chat.completions.create(model=name, messages=ASK, tools=[WEATHER],
+                                           tool_choice=NAMED, max_tokens=400, seed=seed,
+                                           temperature=1.0, logprobs=True)
+        # The answer's tokens (their bytes: a token may hold part of a character), the
+        # end-of-sequence token that ended it aside.
+        text = b"".join(bytes(t.bytes) for t in r.choices[0].logprobs.content).decode()
+        text = text.removesuffix("<｜end▁of▁sentence｜>")
+        [call] = r.choices[0].message.tool_calls
+        args = json.loads(call.function.arguments)
+        params = "\n".join(
+            f'<｜DSML｜parameter name="{k}" string="{"true" if isinstance(v, str) else "false"}">'
+            f'{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}</｜DSML｜parameter>'
+            for k, v in args.items())
+        assert text == ('\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n' + params +
+                        "\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>"), text
+
+
+def test_deepseek_v4_round_trip(deepseek_v4):
+    """request -> tool_calls -> the tool's result -> an answer, on the real stack, streamed and
+    not: the call and the result reach the prompt as DeepSeek-V4's encoding writes them."""
+    import httpx
+    client, name, _ = deepseek_v4
+    r = client.chat.completions.create(model=name, messages=ASK, tools=[WEATHER, NOW],
+                                       tool_choice=NAMED, max_tokens=400, seed=1)
+    assert r.choices[0].finish_reason == "tool_calls"
+    call = r.choices[0].message.tool_calls[0]
+    check_call(call.function.name, call.function.arguments, as_written=True)
+    messages = ASK + [r.choices[0].message.model_dump(exclude_none=True),
+                      {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+    r2 = client.chat.completions.create(model=name, messages=messages, tools=[WEATHER, NOW],
+                                        max_tokens=8, temperature=0)
+    assert r2.usage.prompt_tokens > r.usage.prompt_tokens
+    assert r2.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    chunks = list(client.chat.completions.create(model=name, messages=messages,
+                                                 tools=[WEATHER, NOW], max_tokens=8,
+                                                 temperature=0, stream=True))
+    assert chunks[-1].choices[0].finish_reason == r2.choices[0].finish_reason
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == \
+        (r2.choices[0].message.content or "")
+    base = str(client.base_url).rstrip("/").removesuffix("/v1")
+    ids = httpx.post(f"{base}/tokenize", json={"model": name, "messages": messages,
+                                               "tools": [WEATHER, NOW]}, timeout=30).json()
+    assert ids["count"] == r2.usage.prompt_tokens
+    prompt = httpx.post(f"{base}/detokenize", json={"model": name, "tokens": ids["tokens"]},
+                        timeout=30).json()["prompt"]
+    args = json.loads(call.function.arguments)
+    assert '<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">' + \
+        args["city"] + "</｜DSML｜parameter>" in prompt
+    assert prompt.endswith("<｜User｜><tool_result>sunny</tool_result><｜Assistant｜></think>")
+    assert "### Available Tool Schemas" in prompt
+
+
 def test_structural_tag_response_format(glm, live):
     """response_format structural_tag (xgrammar's format tree, as vLLM and OpenAI take it) and
     vLLM's older structures/triggers shape hold every answer; a bad tag is a 400 naming it."""
@@ -262,18 +366,22 @@ def test_whitespace_patterns_are_refused_by_name(glm, live):
 def thinking(build_dir, tmp_path_factory):
     """A Qwen3-MoE test model whose <think> tags are text (as in Qwen3's tokenizer), with front
     ends splitting its reasoning as qwen3 (the output may open a block) and deepseek_r1 (the
-    output starts inside one)."""
+    output starts inside one), and one naming qwen3_coder (its calls forced whatever the
+    template shows: test_qwen3_coder_forced_calls_hold_to_the_schema)."""
     tmp = tmp_path_factory.mktemp("thinking")
     model = stack.make_model(build_dir, tmp / "qwen-thinking", arch="qwen3_moe")
     _qwen3_model(model)
     router, engine, _ = stack.start_router(build_dir, model, tmp)
     fes, clients = [], {}
     try:
-        for parser in ("qwen3", "deepseek_r1"):
-            fe, url = stack.start_frontend(engine, model, tmp, extra=("--reasoning-parser", parser))
+        # The reasoning parsers, and (no reasoning split) the qwen3_coder tool-call format.
+        for key, extra in (("qwen3", ("--reasoning-parser", "qwen3")),
+                           ("deepseek_r1", ("--reasoning-parser", "deepseek_r1")),
+                           ("qwen3_coder", ("--tool-call-parser", "qwen3_coder"))):
+            fe, url = stack.start_frontend(engine, model, tmp, extra=extra)
             fes.append(fe)
-            clients[parser] = openai.OpenAI(base_url=url, api_key="none", max_retries=0,
-                                            timeout=120)
+            clients[key] = openai.OpenAI(base_url=url, api_key="none", max_retries=0,
+                                         timeout=120)
     except BaseException:
         for f in fes:
             f.stop()
@@ -332,3 +440,12 @@ def test_forced_calls_hold_after_the_reasoning(thinking):
         assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) >= 1, c
         for call in c.message.tool_calls:
             check_call(call.function.name, call.function.arguments)
+
+
+def test_qwen3_coder_forced_calls_hold_to_the_schema(thinking):
+    """Qwen3-Coder's tags under required, a named function and required without parallel calls,
+    streamed and not: every answer's calls parse and validate (the front end names qwen3_coder;
+    that a Qwen3-Coder template is read as it, test_tool_calls.py and test_tool_call_api.py)."""
+    clients, model = thinking
+    required = check_forced_calls(clients["qwen3_coder"], model.name, as_written=True)
+    assert any(len(calls) > 1 for calls in required), required

@@ -13,9 +13,27 @@ from exl3serve_client.frontend.tool_calls import (DS_CALL_BEGIN, DS_CALL_END, DS
                                                   Content, ToolCallFormat, ToolCallParser,
                                                   template_tool_call_format, tool_call_format)
 from exl3serve_client.make_tokenizer import FAMILIES
+from qwen3_coder_template import QWEN3_CODER_TEMPLATE
 
 HERMES, GLM = ToolCallFormat.HERMES, ToolCallFormat.GLM45
 DS3, DS31 = ToolCallFormat.DEEPSEEK_V3, ToolCallFormat.DEEPSEEK_V31
+DS4, DS32 = ToolCallFormat.DEEPSEEK_V4, ToolCallFormat.DEEPSEEK_V32
+CODER = ToolCallFormat.QWEN3_CODER
+
+
+def dsml(*invokes, block="tool_calls"):
+    """A DSML calls block as DeepSeek's encodings write it: "\n\n", the block, the invokes (name,
+    [(key, string attribute, value text)]) joined by "\n"."""
+    calls = [f'<｜DSML｜invoke name="{name}">\n' + "\n".join(
+        f'<｜DSML｜parameter name="{k}" string="{s}">{v}</｜DSML｜parameter>' for k, s, v in params) +
+        "\n</｜DSML｜invoke>" for name, params in invokes]
+    return f"\n\n<｜DSML｜{block}>\n" + "\n".join(calls) + f"\n</｜DSML｜{block}>"
+
+
+# DeepSeek-V3.2's published example of two calls (its encoding's docs and vLLM's parser's).
+DS32_EXAMPLE = dsml(("get_weather", [("location", "true", "杭州"), ("date", "true", "2024-01-16")]),
+                    ("get_weather", [("location", "true", "北京"), ("date", "true", "2024-01-16")]),
+                    block="function_calls")
 SCHEMAS = {
     "get_weather": {"type": "object", "properties": {
         "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"},
@@ -113,6 +131,60 @@ CASES = [
      DS_CALLS_END, "Sure.", [("get_weather", {"city": "Oslo", "days": 3}), ("now", {})]),
     (DS31, DS_CALLS_BEGIN + DS_CALL_BEGIN + "now" + DS_SEP + DS_CALL_END + DS_CALLS_END + " Done.",
      "Done.", [("now", {})]),
+    # qwen3_coder: values between the tags' newlines, typed by the schema (a string raw, other
+    # types as JSON, or the Python spelling the templates write: True, None); text before the
+    # first call is content.
+    (CODER, "Checking.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich <b>\n"
+     "line 2\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=metric>\nTrue\n"
+     "</parameter>\n<parameter=where>\n{\"lat\": 48.8}\n</parameter>\n<parameter=code>\n007\n"
+     "</parameter>\n<parameter=tags>\nNone\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n"
+     "<function=now>\n</function>\n</tool_call>", "Checking.",
+     [("get_weather", {"city": "Zürich <b>\nline 2", "days": 3, "metric": True,
+                       "where": {"lat": 48.8}, "code": "007", "tags": None}), ("now", {})]),
+    # A value that is not of its type stays text; stray text in a call is dropped; no <function=
+    # head: content, tags and all; cut off inside a parameter: the whole ones.
+    (CODER, "<tool_call>\n<function=get_weather>\n<parameter=days>\nthree\n</parameter>\nstray\n"
+     "</function>\n</tool_call> Done.", "Done.", [("get_weather", {"days": "three"})]),
+    (CODER, '<tool_call>\n{"name": "now"}\n</tool_call>', '<tool_call>\n{"name": "now"}\n'
+     "</tool_call>", []),
+    (CODER, "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n"
+     "<parameter=days>\n2", "", [("get_weather", {"city": "Oslo"})]),
+    # DeepSeek-V4's DSML: string="true" values raw (any text but the closing tag), the others
+    # JSON; text before the block is content; a call without parameters has none.
+    (DS4, "Let me look." + dsml(
+        ("get_weather", [("city", "true", 'Zürich "<b>" {x}\nline 2'), ("days", "false", "2"),
+                         ("metric", "false", "true"), ("where", "false", '{"lat": 48.8, "l": [1]}'),
+                         ("code", "true", "007"), ("tags", "false", "null")]),
+        ("now", [])), "Let me look.",
+     [("get_weather", {"city": 'Zürich "<b>" {x}\nline 2', "days": 2, "metric": True,
+                       "where": {"lat": 48.8, "l": [1]}, "code": "007", "tags": None}),
+      ("now", {})]),
+    # The string attribute decides, not the schema: "2" as text is a string; a string="false"
+    # value that is no JSON (NaN is none) stays text; a repeated parameter keeps its first value.
+    (DS4, dsml(("get_weather", [("days", "true", "2"), ("city", "false", "Paris"),
+                                ("metric", "false", "NaN"), ("days", "false", "3")])), "",
+     [("get_weather", {"days": "2", "city": "Paris", "metric": "NaN"})]),
+    (DS32, "Sure." + DS32_EXAMPLE, "Sure.",
+     [("get_weather", {"location": "杭州", "date": "2024-01-16"}),
+      ("get_weather", {"location": "北京", "date": "2024-01-16"})]),
+    # V3.2's block is not V4's: V4's parser leaves V3.2's block tags as content (the calls in it
+    # are calls all the same: an invoke is a call wherever it stands).
+    (DS4, "A" + DS32_EXAMPLE.replace("\n<｜DSML｜invoke", "<｜DSML｜invoke", 1),
+     "A\n\n<｜DSML｜function_calls></｜DSML｜function_calls>",
+     [("get_weather", {"location": "杭州", "date": "2024-01-16"}),
+      ("get_weather", {"location": "北京", "date": "2024-01-16"})]),
+    # Plain text with DSML-like fragments; an invoke without a name's head: content, tags and all.
+    (DS4, "a <｜DSML｜ b <｜DSML｜invo", "a <｜DSML｜ b <｜DSML｜invo", []),
+    (DS4, '<｜DSML｜invoke nom="x">\n</｜DSML｜invoke> after', '<｜DSML｜invoke nom="x">\n'
+     "</｜DSML｜invoke> after", []),
+    # Within a call, what is neither a parameter nor the invoke's end is dropped up to the end
+    # (a parameter without its string attribute, stray text).
+    (DS4, dsml(("get_weather", [("city", "true", "Oslo")])).replace(
+        "\n</｜DSML｜invoke>", '\n<｜DSML｜parameter name="days">2</｜DSML｜parameter>\nstray'
+        "\n</｜DSML｜invoke>"), "", [("get_weather", {"city": "Oslo"})]),
+    # Cut off by max_tokens inside a parameter: the call, with the parameters that were whole.
+    (DS4, dsml(("get_weather", [("city", "true", "Oslo"), ("days", "false", "2")]))[:-60], "",
+     [("get_weather", {"city": "Oslo"})]),
 ]
 
 
@@ -150,12 +222,29 @@ def test_streamed_events_come_as_soon_as_they_are_decided():
     g = ToolCallParser(GLM, SCHEMAS)
     started = g.push("<tool_call>get_weather\n<arg_key>city")
     assert [type(e) for e in started] == [CallStart]
+    # DSML: the content before the block at once, the call's start once its head is whole, each
+    # parameter once it is.
+    d = ToolCallParser(DS4, SCHEMAS)
+    assert d.push("Looking.\n\n<｜DSML｜tool") == [Content("Looking.")]
+    assert d.push('_calls>\n<｜DSML｜invoke name="get_wea') == []
+    [start] = d.push('ther">\n<｜DSML｜parameter name="city" string="true">Os')
+    assert isinstance(start, CallStart) and start.name == "get_weather"
+    assert d.push("lo</｜DSML｜parameter>\n") == [CallArguments(0, '{"city": "Oslo"')]
+    assert d.push('<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n</｜DSML｜') \
+        == [CallArguments(0, ', "days": 2')]
+    assert d.push("invoke>\n</｜DSML｜tool_calls>", final=True) == [CallArguments(0, "}")]
 
 
 def test_formats_of_the_families_templates():
     by_family = {f.name: template_tool_call_format(f.template) for f in FAMILIES.values()}
     assert by_family == {"glm4_moe": GLM, "qwen3_moe": HERMES, "mixtral": None,
-                         "deepseek_v3": DS3}
+                         "deepseek_v3": DS3, "deepseek_v4": DS4}
+    # Qwen3-Coder's <function=…><parameter=…> tags inside <tool_call>: qwen3_coder.
+    assert template_tool_call_format(QWEN3_CODER_TEMPLATE) is CODER
+    assert tool_call_format("qwen3_coder", None) is CODER
+    # DeepSeek-V3.2's DSML block is function_calls (a template writing it is read as deepseek_v32).
+    assert template_tool_call_format("{{ '<｜DSML｜function_calls>' }}") is DS32
+    assert tool_call_format("deepseek_v32", None) is DS32
     # DeepSeek-V3.1's own template: the name before the separator, no ```json block.
     v31 = ("{{'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['function']['name'] + "
            "'<｜tool▁sep｜>' + tool['function']['arguments'] + '<｜tool▁call▁end｜>'}}")
@@ -167,7 +256,7 @@ def test_formats_of_the_families_templates():
 
 
 @pytest.mark.parametrize("arch", ["Qwen3MoeForCausalLM", "Glm4MoeForCausalLM",
-                                  "DeepseekV3ForCausalLM"])
+                                  "DeepseekV3ForCausalLM", "DeepseekV4ForCausalLM"])
 def test_the_templates_calls_parse_back(arch):
     """An assistant turn's calls as the family's template renders them are what the parser of
     the template's format makes of that text: the model is shown the format it is parsed in."""
@@ -182,6 +271,9 @@ def test_the_templates_calls_parse_back(arch):
         messages=[{"role": "user", "content": "q"},
                   {"role": "assistant", "content": "Looking.", "tool_calls": calls}],
         add_generation_prompt=False)
+    if arch == "DeepseekV4ForCausalLM":  # its string and non-string parameters
+        assert '<｜DSML｜parameter name="city" string="true">Zürich</｜DSML｜parameter>\n' \
+            '<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>' in whole
     assert whole.startswith(before)
     # The turn's end: Qwen's, DeepSeek's.
     answer = whole[len(before):].removesuffix("<|im_end|>\n").removesuffix("<｜end▁of▁sentence｜>")
@@ -189,3 +281,23 @@ def test_the_templates_calls_parse_back(arch):
     assert content == "Looking."
     assert [(n, json.loads(a)) for n, a in got] == \
         [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+
+
+def test_qwen3_coder_templates_calls_parse_back():
+    """Calls as a Qwen3-Coder-style template writes them (a boolean as True, null as None, an
+    object as JSON) parse back into the same arguments, typed by the schema."""
+    from exl3serve_client.frontend.text import compile_chat_template
+    template = compile_chat_template(QWEN3_CODER_TEMPLATE)
+    args = {"city": "Zürich", "days": 2, "metric": False, "where": {"a": [1]}, "tags": None,
+            "code": "007"}
+    calls = [{"id": "c1", "type": "function", "function": {"name": "get_weather",
+                                                           "arguments": args}},
+             {"id": "c2", "type": "function", "function": {"name": "now", "arguments": {}}}]
+    user = [{"role": "user", "content": "q"}]
+    before = template.render(messages=user, add_generation_prompt=True)
+    whole = template.render(messages=user + [{"role": "assistant", "content": "Looking.",
+                                              "tool_calls": calls}], add_generation_prompt=False)
+    assert whole.startswith(before) and "<parameter=metric>\nFalse\n</parameter>" in whole
+    content, got = parse(CODER, [whole[len(before):].removesuffix("<|im_end|>\n")])
+    assert content == "Looking."
+    assert [(n, json.loads(a)) for n, a in got] == [("get_weather", args), ("now", {})]

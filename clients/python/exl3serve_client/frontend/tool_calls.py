@@ -5,12 +5,24 @@
 - glm45 (GLM-4.5's): `<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>...</tool_call>`,
   each value JSON-decoded where the function's schema gives the argument a type other than string
   and the value parses as JSON, else kept as a string.
+- qwen3_coder (Qwen3-Coder's and the later Qwen templates'): `<tool_call>\\n<function=NAME>\\n`, per
+  argument `<parameter=K>\\nV\\n</parameter>\\n`, then `</function>\\n</tool_call>`; V is typed as
+  glm45's values are (by the schema), and the templates' Python spellings of a non-string scalar
+  (`True`, `False`, `None`) read as JSON's.
 - deepseek_v3 (DeepSeek-V3's): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
   \\n```json\\n{...}\\n```<｜tool▁call▁end｜>` (calls after the first preceded by "\\n"), then
   `<｜tool▁calls▁end｜>`.
 - deepseek_v31 (DeepSeek-V3.1's): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}
   <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>`.
-The DeepSeek formats' outer tags (calls begin / end) are markup: neither content nor a call.
+- deepseek_v4 / deepseek_v32 (DeepSeek's DSML, V4's and V3.2's encodings):
+  `\\n\\n<｜DSML｜tool_calls>\\n` (V3.2: `function_calls`), per call
+  `<｜DSML｜invoke name="NAME">\\n`, its parameters
+  `<｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>` joined by "\\n", then
+  `\\n</｜DSML｜invoke>`; calls joined by "\\n"; then `\\n</｜DSML｜tool_calls>`. `string="true"`:
+  V is the argument's text, raw; `string="false"`: V is its JSON (a value that does not parse as
+  JSON is kept as text).
+The DeepSeek formats' outer tags (calls begin / end, DSML's block) are markup: neither content nor
+a call.
 
 ToolCallParser.push takes text as it comes (any split) and returns events: content (text outside
 the calls), a call's start (its id and name, once the name is known) and fragments of its
@@ -33,6 +45,9 @@ CALL_START = "<tool_call>"
 CALL_END = "</tool_call>"
 _ARG_KEY, _ARG_KEY_END = "<arg_key>", "</arg_key>"
 _ARG_VALUE, _ARG_VALUE_END = "<arg_value>", "</arg_value>"
+# qwen3_coder's tags inside <tool_call>.
+QWEN_FUNCTION, QWEN_FUNCTION_END = "<function=", "</function>"
+QWEN_PARAMETER, QWEN_PARAMETER_END = "<parameter=", "</parameter>"
 
 
 # DeepSeek's tags (single tokens in its tokenizer).
@@ -44,30 +59,64 @@ DS_SEP = "<｜tool▁sep｜>"
 DS_V3_JSON_OPEN = "\n```json\n"   # deepseek_v3: the arguments in a JSON code block
 DS_V3_JSON_CLOSE = "\n```"
 
+# DeepSeek's DSML tags (DeepSeek-V3.2's and V4's encodings): a block of invokes, each with its
+# parameters. The block's name is V4's `tool_calls`, V3.2's `function_calls`.
+DSML = "｜DSML｜"
+DSML_V4_BLOCK = "tool_calls"
+DSML_V32_BLOCK = "function_calls"
+DSML_INVOKE = f"<{DSML}invoke"
+DSML_INVOKE_END = f"</{DSML}invoke>"
+DSML_PARAMETER = f"<{DSML}parameter"
+DSML_PARAMETER_END = f"</{DSML}parameter>"
+
+
+def dsml_block_tags(block: str) -> tuple[str, str]:
+    """A DSML calls block's opening and closing tags."""
+    return f"<{DSML}{block}>", f"</{DSML}{block}>"
+
 
 class ToolCallFormat(enum.Enum):
     """A tool-call format, by vLLM's --tool-call-parser name."""
     HERMES = "hermes"
     GLM45 = "glm45"
+    QWEN3_CODER = "qwen3_coder"
     DEEPSEEK_V3 = "deepseek_v3"
     DEEPSEEK_V31 = "deepseek_v31"
+    DEEPSEEK_V32 = "deepseek_v32"
+    DEEPSEEK_V4 = "deepseek_v4"
 
     @property
     def deepseek(self) -> bool:
+        """DeepSeek-V3's and V3.1's call tags (the DSML formats are `dsml`)."""
         return self in (ToolCallFormat.DEEPSEEK_V3, ToolCallFormat.DEEPSEEK_V31)
 
     @property
+    def dsml(self) -> bool:
+        return self in (ToolCallFormat.DEEPSEEK_V32, ToolCallFormat.DEEPSEEK_V4)
+
+    @property
+    def dsml_block(self) -> str:
+        """A DSML format's block name."""
+        return DSML_V32_BLOCK if self is ToolCallFormat.DEEPSEEK_V32 else DSML_V4_BLOCK
+
+    @property
     def call_start(self) -> str:
+        if self.dsml:
+            return DSML_INVOKE
         return DS_CALL_BEGIN if self.deepseek else CALL_START
 
     @property
     def call_end(self) -> str:
         """The end of a call (deepseek_v3's is after its code block's close)."""
+        if self.dsml:
+            return DSML_INVOKE_END
         return DS_CALL_END if self.deepseek else CALL_END
 
     @property
     def markup(self) -> tuple[str, ...]:
         """Tags outside calls that are neither content nor a call (dropped)."""
+        if self.dsml:
+            return dsml_block_tags(self.dsml_block)
         return (DS_CALLS_BEGIN, DS_CALLS_END) if self.deepseek else ()
 
     @property
@@ -83,14 +132,21 @@ TOOL_CALL_PARSERS = ("auto", *(f.value for f in ToolCallFormat))
 
 def template_tool_call_format(template: Optional[str]) -> Optional[ToolCallFormat]:
     """The tool-call format a chat template teaches (None: it teaches none this module parses):
-    DeepSeek's call tags (V3's with the arguments in a ```json block, else V3.1's), GLM-4.5's
-    argument tags, else Qwen's JSON in <tool_call> tags."""
+    DeepSeek's DSML (V3.2's where its block is `function_calls`, else V4's), DeepSeek's call tags
+    (V3's with the arguments in a ```json block, else V3.1's), then, with <tool_call> tags,
+    Qwen3-Coder's <function=…> and <parameter=…> tags, GLM-4.5's argument tags, else Qwen's
+    JSON."""
     if not template:
         return None
+    if DSML in template:
+        return ToolCallFormat.DEEPSEEK_V32 if DSML_V32_BLOCK in template else \
+            ToolCallFormat.DEEPSEEK_V4
     if DS_CALL_BEGIN in template:
         return ToolCallFormat.DEEPSEEK_V3 if "```json" in template else ToolCallFormat.DEEPSEEK_V31
     if CALL_START not in template:
         return None
+    if QWEN_FUNCTION in template and QWEN_PARAMETER in template:
+        return ToolCallFormat.QWEN3_CODER
     return ToolCallFormat.GLM45 if _ARG_KEY in template else ToolCallFormat.HERMES
 
 
@@ -152,7 +208,8 @@ class ToolCallParser:
         self._after_call = False  # a call ended and no content has followed yet
         self._name = ""          # the current call's function name
         self._sent_args = 0      # hermes: characters of the arguments' text sent
-        self._args_open = False  # glm45: the arguments object's "{" sent
+        self._args_open = False  # glm45, DSML: the arguments object's "{" sent
+        self._keys: set[str] = set()  # glm45, DSML: the arguments' keys sent
         self._dropping = False   # the current call is past the first and parallel is off
         self._out: list[ToolCallEvent] = []
 
@@ -189,6 +246,7 @@ class ToolCallParser:
         self._dropping = not self.parallel and self.calls >= 1
         self._sent_args = 0
         self._args_open = False
+        self._keys = set()
         if not self._dropping:
             self._out.append(CallStart(self.calls, new_call_id(), name))
             self.calls += 1
@@ -229,6 +287,10 @@ class ToolCallParser:
             return self._hermes(final)
         if self.fmt.deepseek:
             return self._deepseek(final)
+        if self.fmt.dsml:
+            return self._dsml(final)
+        if self.fmt is ToolCallFormat.QWEN3_CODER:
+            return self._qwen3_coder(final)
         return self._glm45(final)
 
     def _unparsed(self, final: bool) -> bool:
@@ -357,20 +419,129 @@ class ToolCallParser:
             if m is None:
                 break
             key, value = m.group(1).strip(), m.group(2)
-            typed = _typed_value(self.schemas.get(self._name), key, value)
-            self._arguments(("{" if not self._args_open else ", ") + json.dumps(key, ensure_ascii=False)
-                            + ": " + json.dumps(typed, ensure_ascii=False))
-            self._args_open = True
+            self._member(key, _typed_value(self.schemas.get(self._name), key, value))
             self._buf = self._buf[m.end():]
         # The call ends at </tool_call>; what is left before it is no whole argument: dropped.
         rest = self._buf.lstrip()
         end = rest.find(CALL_END)
         if end < 0 and not final:
             return False
-        self._arguments("}" if self._args_open else "{}")
+        self._close_arguments()
         self._buf = "" if end < 0 else rest[end + len(CALL_END):]
         self._end_call()
         return True
+
+    # deepseek_v4 / deepseek_v32 (DSML) ----------------------------------------------------------
+    # The head: ` name="NAME">` after <｜DSML｜invoke; then parameters, each sent whole as one
+    # member of the arguments object, up to </｜DSML｜invoke>.
+    _DSML_HEAD = re.compile(r'[ \t]+name="([^"<>\n]+)"[ \t]*>')
+    _DSML_PARAMETER = re.compile(re.escape(DSML_PARAMETER) + r'[ \t]+name="([^"]*)"[ \t]+'
+                                 r'string="(true|false)"[ \t]*>(.*?)' +
+                                 re.escape(DSML_PARAMETER_END), re.S)
+
+    def _dsml(self, final: bool) -> bool:
+        if self._state is _CallState.NAME:
+            m = self._DSML_HEAD.match(self._buf)
+            if m is None:
+                # Not (yet) a head: decided at the call's end (_unparsed).
+                if DSML_INVOKE_END not in self._buf and not final:
+                    return False
+                self._state = _CallState.UNPARSED
+                return True
+            self._buf = self._buf[m.end():]
+            self._start_call(m.group(1).strip())
+            return True
+        while True:
+            rest = self._buf.lstrip()
+            if rest.startswith(DSML_PARAMETER):
+                m = self._DSML_PARAMETER.match(rest)
+                if m is not None:
+                    key, string, value = m.groups()
+                    if key not in self._keys:  # a repeated parameter: the first is kept
+                        self._member(key, value if string == "true" else _json_or_text(value))
+                    self._buf = rest[m.end():]
+                    continue
+                if DSML_PARAMETER_END not in rest and not final:
+                    self._buf = rest
+                    return False
+                break  # a malformed parameter, or one cut off at the answer's end
+            if rest.startswith(DSML_INVOKE_END):
+                self._close_arguments()
+                self._buf = rest[len(DSML_INVOKE_END):]
+                self._end_call()
+                return True
+            if not final and (DSML_PARAMETER.startswith(rest) or DSML_INVOKE_END.startswith(rest)):
+                self._buf = rest  # nothing yet, or the start of a tag
+                return False
+            break
+        # Neither a parameter nor the invoke's end: what is left before the end is dropped.
+        end = self._buf.find(DSML_INVOKE_END)
+        if end < 0 and not final:
+            return False
+        self._close_arguments()
+        self._buf = "" if end < 0 else self._buf[end + len(DSML_INVOKE_END):]
+        self._end_call()
+        return True
+
+    # qwen3_coder ----------------------------------------------------------------------------------
+    # The head: <function=NAME> after <tool_call> (and whitespace); then parameters, each sent
+    # whole as one member of the arguments object, up to </function> and </tool_call>.
+    _QWEN_HEAD = re.compile(r"\s*" + re.escape(QWEN_FUNCTION) + r"([^>\n]+)>")
+    _QWEN_PARAMETER = re.compile(re.escape(QWEN_PARAMETER) + r"([^>\n]+)>(.*?)" +
+                                 re.escape(QWEN_PARAMETER_END), re.S)
+
+    def _qwen3_coder(self, final: bool) -> bool:
+        if self._state is _CallState.NAME:
+            m = self._QWEN_HEAD.match(self._buf)
+            if m is None:
+                # Not (yet) a head: decided at the call's end (_unparsed).
+                if CALL_END not in self._buf and not final:
+                    return False
+                self._state = _CallState.UNPARSED
+                return True
+            self._buf = self._buf[m.end():]
+            self._start_call(m.group(1).strip())
+            return True
+        while True:
+            rest = self._buf.lstrip()
+            if rest.startswith(QWEN_PARAMETER):
+                m = self._QWEN_PARAMETER.match(rest)
+                if m is not None:
+                    key = m.group(1).strip()
+                    # The value between the tag's "\n" and the closing tag's.
+                    value = m.group(2).removeprefix("\n").removesuffix("\n")
+                    if key not in self._keys:  # a repeated parameter: the first is kept
+                        self._member(key, _qwen_value(self.schemas.get(self._name), key, value))
+                    self._buf = rest[m.end():]
+                    continue
+                if QWEN_PARAMETER_END not in rest and not final:
+                    self._buf = rest
+                    return False
+                break  # a malformed parameter, or one cut off at the answer's end
+            if not final and any(t.startswith(rest) for t in (QWEN_PARAMETER, QWEN_FUNCTION_END,
+                                                               CALL_END)):
+                self._buf = rest  # nothing yet, or the start of a tag
+                return False
+            break
+        # </function>, then </tool_call>; anything else before the call's end is dropped.
+        end = self._buf.find(CALL_END)
+        if end < 0 and not final:
+            return False
+        self._close_arguments()
+        self._buf = "" if end < 0 else self._buf[end + len(CALL_END):]
+        self._end_call()
+        return True
+
+    # the arguments object, one member at a time (glm45, DSML, qwen3_coder) -----------------------
+    def _member(self, key: str, value: Any) -> None:
+        """An argument: the object's opening brace (first) or a comma, the key and the value."""
+        self._arguments(("{" if not self._args_open else ", ") + json.dumps(key, ensure_ascii=False)
+                        + ": " + json.dumps(value, ensure_ascii=False))
+        self._args_open = True
+        self._keys.add(key)
+
+    def _close_arguments(self) -> None:
+        self._arguments("}" if self._args_open else "{}")
 
 
 def _before_closing_brace(body: str, cut: int) -> int:
@@ -414,6 +585,36 @@ def raw_string_argument(prop: Any) -> bool:
     if "const" in prop:
         values = [*values, prop["const"]]
     return all(isinstance(v, str) for v in values)
+
+
+def _json_or_text(value: str) -> Any:
+    """A DSML `string="false"` value: its JSON, or the text where it is no JSON (NaN and the
+    infinities are no JSON: they would make the arguments' text none)."""
+    try:
+        return json.loads(value, parse_constant=_no_constant)
+    except ValueError:
+        return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# The Python spellings of JSON's scalars: Qwen's templates write a non-string scalar with Jinja's
+# `string` filter (str()), which spells them so.
+_PYTHON_SCALARS = {"True": True, "False": False, "None": None}
+
+
+def _qwen_value(schema: Any, key: str, value: str) -> Any:
+    """qwen3_coder's argument value: glm45's rule (_typed_value), and where that keeps the text of
+    an argument that is not raw, the Python spelling of a scalar as the scalar."""
+    prop = schema.get("properties", {}).get(key) if isinstance(schema, dict) else None
+    if raw_string_argument(prop):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return _PYTHON_SCALARS.get(value.strip(), value)
 
 
 def _typed_value(schema: Any, key: str, value: str) -> Any:
