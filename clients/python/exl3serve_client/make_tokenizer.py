@@ -21,6 +21,8 @@ from typing import Optional
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from .package_version import package_version
+
 # Templates use the names transformers' apply_chat_template passes (messages, add_generation_prompt,
 # bos_token, eos_token, raise_exception) and are rendered with its jinja2 settings
 # (trim_blocks, lstrip_blocks): they are kept on one line so that no newline depends on those.
@@ -317,6 +319,7 @@ def write_tokenizer(model_dir: Path, force: bool = False) -> Path:
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="exl3serve-make-tokenizer", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     ap.add_argument("--model", required=True, type=Path, help="model directory with config.json")
     ap.add_argument("--force", action="store_true", help="replace an existing tokenizer.json")
     args = ap.parse_args(argv)

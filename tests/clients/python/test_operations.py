@@ -173,9 +173,10 @@ def test_max_model_len(live, frontend, tmp_path):
 
 
 def test_version():
-    out = subprocess.run([stack._script("exl3serve-openai"), "--version"], capture_output=True,
-                         text=True, timeout=60, check=True)
-    assert out.stdout.strip() == f"exl3serve-openai {version('exl3serve')}"
+    for script in ("exl3serve-openai", "exl3serve-make-tokenizer"):
+        out = subprocess.run([stack._script(script), "--version"], capture_output=True,
+                             text=True, timeout=60, check=True)
+        assert out.stdout.strip() == f"{script} {version('exl3serve')}"
 
 
 def test_access_log_and_disconnect(live, frontend):

@@ -27,8 +27,8 @@ from typing import Callable, Optional
 
 import uvicorn
 
-from importlib.metadata import PackageNotFoundError, version
 
+from ..package_version import package_version
 from .access import API_KEY_ENV
 from .app import (DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BODY_BYTES, ENGINE_CALLS, CorsConfig,
                   FrontendConfig, create_app)
@@ -117,18 +117,11 @@ def _json_strings(text: str) -> list[str]:
     return value
 
 
-def _package_version() -> str:
-    try:
-        return version("exl3serve")
-    except PackageNotFoundError:  # run from a source tree, not installed
-        return "unknown (not installed)"
-
-
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="exl3serve-openai",
                                  description="OpenAI-compatible HTTP front end of an exl3serve "
                                              "engine (exl3-router's Generator service)")
-    ap.add_argument("--version", action="version", version=f"%(prog)s {_package_version()}")
+    ap.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     ap.add_argument("--engine", required=True, help="HOST:PORT of the engine's gRPC Generator")
     ap.add_argument("--model", required=True, type=Path,
                     help="model directory (tokenizer.json, tokenizer_config.json, config.json)")
