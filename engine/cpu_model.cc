@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "engine/config/read_model_config.h"
 #include "engine/dsv4_config.h"
 #include "engine/glm5next_config.h"
 #include "engine/local_moe.h"

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "kernels/fp16.h"
+#include "model/config/read_moe_config.h"
 #include "model/encoder/layer_quantizer.h"
 #include "model/encoder/progress.h"
 #include "model/encoder/safetensors_stream_writer.h"

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/attention.h"
+#include "engine/config/read_model_config.h"
 #include "engine/cpu_compute.h"
 #include "engine/model_config.h"
 #include "engine/paged_kv_cache.h"

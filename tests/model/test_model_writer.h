@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/codebook.h"
 #include "kernels/fp16.h"
+#include "model/config/read_moe_config.h"
 #include "model/moe_config.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
