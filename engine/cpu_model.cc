@@ -11,6 +11,8 @@
 #include "engine/config/read_model_config.h"
 #include "engine/dsv4_config.h"
 #include "engine/glm5next_config.h"
+#include "engine/load_attention.h"
+#include "engine/load_linear_attention.h"
 #include "engine/local_moe.h"
 #include "engine/micro_batches.h"
 #include "engine/qwen4exp_config.h"

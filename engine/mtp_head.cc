@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "engine/load_attention.h"
 #include "engine/rms_norm.h"
 #include "kernels/moe_cpu.h"
 
