@@ -2,6 +2,7 @@
 // one interface, so the model's layer loop is the same for every family.
 //
 //   EXL3_ASSIGN_OR_RETURN(std::unique_ptr<Attention> a, LoadAttention(cfg, src, /*layer=*/3));
+//   (engine/load_attention.h, the factory of the kinds)
 //   AttentionCarry carry;   // one per micro-batch and step, handed to every layer in order
 //   EXL3_RETURN_IF_ERROR(a->Forward(x_normed /*[T, hidden]*/, tokens, cache, carry, out /*[T, hidden]*/, cpu));
 //
@@ -41,12 +42,6 @@ class Attention {
   virtual absl::Status Forward(const float* x, const StepTokens& tokens, PagedKvCache& cache,
                                AttentionCarry& carry, float* out, CpuCompute& compute) = 0;
 };
-
-// GQA (Glm4Moe, Qwen3Moe, Mixtral), MLA (DeepseekV3), DSA (GlmMoeDsa) or DeepSeek-V4's
-// (engine/dsv4_attention.h) per cfg.attention,
-// weights of `layer`.
-absl::StatusOr<std::unique_ptr<Attention>> LoadAttention(const ModelConfig& cfg,
-                                                         const TensorSource& src, int layer);
 
 // softmax(scores[0..n)) in place (fp32, max subtracted).
 void SoftmaxInPlace(float* scores, int n);

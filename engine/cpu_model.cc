@@ -8,8 +8,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "engine/config/read_model_config.h"
 #include "engine/dsv4_config.h"
 #include "engine/glm5next_config.h"
+#include "engine/load_attention.h"
+#include "engine/load_linear_attention.h"
 #include "engine/local_moe.h"
 #include "engine/micro_batches.h"
 #include "engine/qwen4exp_config.h"

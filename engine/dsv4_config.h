@@ -1,23 +1,12 @@
-// DeepSeek-V4's attention configuration (DeepseekV4Config in transformers 5.24) and the layout
-// of its per-token cache slots.
-//
-//   layer_types: per layer "sliding_attention", "compressed_sparse_attention" (CSA) or
-//     "heavily_compressed_attention" (HCA); older files give `compress_ratios` (0 / 4 / 128 per
-//     layer); neither: two HCA layers, then CSA and HCA alternating, as transformers defaults.
-//   compress_rates {CSA: m, HCA: m'} (older files: compress_rate_csa / compress_rate_hca).
-//   rope_parameters {"main": sliding layers, "compress": CSA / HCA layers, their compressors and
-//     the indexer}; older files: rope_theta (main, default rope), compress_rope_theta with the
-//     top-level rope scaling (compress; yarn gets attention_factor 1 unless given).
-//   partial_rotary_factor (older files: qk_rope_head_dim / head_dim; default 64 / 512): the rope
-//     part is the LAST rope_dim dimensions of each head, pairs interleaved (2i, 2i+1).
+// DeepSeek-V4's attention configuration (DeepseekV4Config in transformers 5.24; read by
+// engine/config/dsv4_section.h, which tells the config.json fields) and the layout of its
+// per-token cache slots.
 #pragma once
 
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "engine/model_config.h"
-#include "nlohmann/json_fwd.hpp"
+#include "engine/rope_parameters.h"
 
 namespace exl3::engine {
 
@@ -84,9 +73,5 @@ struct Dsv4CacheLayout {
   int block_width = 0;       // 0 on sliding-window layers
 };
 Dsv4CacheLayout CacheLayoutFor(const Dsv4Config& cfg, Dsv4LayerType type, int block_size);
-
-// Fills cfg->dsv4 (and the attention fields of cfg it shares: head_dim, sliding_window,
-// attention_scale) from config.json.
-absl::Status ParseDsv4Config(const nlohmann::json& j, const std::string& source, ModelConfig* cfg);
 
 }  // namespace exl3::engine

@@ -4,6 +4,7 @@
 // (engine/kimi_delta_attention.h) behind one interface, so the model's layer loop is the same.
 //
 //   EXL3_ASSIGN_OR_RETURN(std::unique_ptr<LinearAttention> a, LoadLinearAttention(cfg, src, 0));
+//   (engine/load_linear_attention.h, the factory of the kinds)
 //   EXL3_RETURN_IF_ERROR(a->Forward(x_normed /*[T, hidden]*/, tokens, states, out, cpu));
 //
 // Forward reads each chunk's state from states.Current(layer, slot) and writes the states it keeps
@@ -27,9 +28,5 @@ class LinearAttention {
   virtual absl::Status Forward(const float* x, const StepTokens& tokens, SequenceStateStore& states,
                                float* out, CpuCompute& compute) const = 0;
 };
-
-// The family's linear attention (GLM-5.3-Flash: KDA; else the gated DeltaNet) of `layer`.
-absl::StatusOr<std::unique_ptr<LinearAttention>> LoadLinearAttention(const ModelConfig& cfg,
-                                                                     const TensorSource& src, int layer);
 
 }  // namespace exl3::engine

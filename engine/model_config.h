@@ -1,10 +1,6 @@
 // The whole-model configuration the engine runs: attention, positions, norms, head, and the MoE
-// layout (model/moe_config.h), read from a model directory's config.json as transformers 5.x
-// writes it (`rope_parameters`) and as older files do (`rope_theta`, `rope_scaling`,
-// `partial_rotary_factor` at the top level).
-//
-//   absl::StatusOr<ModelConfig> cfg = LoadModelConfig("/models/glm-exl3");
-//   cfg->attention == AttentionKind::kGqa;  cfg->rope.rotary_dim == 32;
+// layout (model/moe_config.h). engine/config/read_model_config.h reads it from a model directory's
+// config.json, one section per family (engine/config/*_section.h).
 //
 // Families run by the engine: Glm4MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM (GQA
 // attention), DeepseekV3ForCausalLM (multi-head latent attention), GlmMoeDsaForCausalLM (MLA
@@ -24,8 +20,8 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model_runner.h"
+#include "engine/rope_parameters.h"
 #include "model/moe_config.h"
-#include "nlohmann/json_fwd.hpp"
 
 namespace exl3::engine {
 
@@ -57,14 +53,6 @@ struct IndexerConfig {
   int topk = 0;       // index_topk
   std::vector<IndexerMode> layer_modes;  // [num_layers]; layer 0 is kFull
 };
-
-// Indexer modes per layer as GlmMoeDsaConfig and Glm5NextTextConfig decide them: `indexer_types`
-// ("full" / "shared" per layer) when given; else `index_topk_pattern` (a string of F / S, or such
-// a list); else layer i is full when max(i - index_skip_topk_offset + 1, 0) is a multiple of
-// index_topk_freq (defaults 2 and 1: every layer full). Which layers may be shared is the
-// family's check.
-absl::StatusOr<std::vector<IndexerMode>> IndexerModes(const nlohmann::json& j, int num_layers,
-                                                      const std::string& source);
 
 // What mixes a layer's tokens.
 enum class TokenMixer {
@@ -101,27 +89,6 @@ struct LinearAttentionConfig {
 enum class NormWeightConvention {
   kScale,          // y = x̂ · w (most families)
   kOffsetFromOne,  // y = x̂ · (1 + w): zero-centred weights (Qwen3-Next)
-};
-
-enum class RopeType { kDefault, kLinear, kDynamic, kYarn };
-
-// How the rotary dimensions pair up.
-enum class RopeLayout {
-  kHalfSplit,    // dimension i pairs with i + rotary_dim/2 (transformers' rotate_half)
-  kInterleaved,  // dimension 2i pairs with 2i+1; the output is de-interleaved (DeepSeek)
-};
-
-struct RopeConfig {
-  RopeType type = RopeType::kDefault;
-  RopeLayout layout = RopeLayout::kHalfSplit;
-  double theta = 10000.0;
-  int rotary_dim = 0;  // leading dimensions of each head that rotate (even)
-  double factor = 1.0;  // linear / dynamic / yarn
-  int original_max_position = 0;  // yarn (and the dynamic threshold: max_position_embeddings)
-  // yarn: scale of cos/sin (attention_factor given, or from factor, mscale, mscale_all_dim).
-  double attention_factor = 1.0;
-  double beta_fast = 32.0, beta_slow = 1.0;
-  bool truncate = true;
 };
 
 struct ModelConfig {
@@ -199,16 +166,19 @@ struct ModelConfig {
   int64_t KvFloatsPerToken(int block_size = KvCacheShape{}.block_size) const;
 };
 
-// Parses config.json text (`source` names it in errors); generation_config.json's eos_token_id,
-// when given, replaces config.json's.
-absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json, std::string_view source,
-                                             std::string_view generation_config_json = {});
-// Reads DIR/config.json (and DIR/generation_config.json when present).
-absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir);
-
 // What the scheduler knows of a model in `dir`: its name (`served_name`, else the directory's
 // base name), architecture, vocabulary, context, EOS ids, KV bytes per token and state bytes per
 // sequence (engine/sequence_state.h: twice StateFloatsPerSequence, the store's two copies).
 ModelInfo ModelInfoFor(const ModelConfig& cfg, const std::string& dir, const std::string& served_name);
+
+// Per layer, the floats of one sequence's recurrent state (cfg.StateFloats; 0 for layers without),
+// for a state store of `num_slots` slots (engine/sequence_state.h), as both engines size theirs:
+// INVALID_ARGUMENT when the model has recurrent layers and the cache gives no slots.
+absl::StatusOr<std::vector<int64_t>> StateFloatsPerLayer(const ModelConfig& cfg, int num_slots);
+
+// INVALID_ARGUMENT naming the sequence and the token where a chunk of `batch` holds Qwen4-Exp's
+// image or video placeholder (engine/qwen4exp_config.h): both engines run the text model only.
+// OK for every other family.
+absl::Status RefuseImageAndVideoTokens(const ModelConfig& cfg, const StepBatch& batch);
 
 }  // namespace exl3::engine

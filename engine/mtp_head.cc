@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "engine/load_attention.h"
 #include "engine/rms_norm.h"
 #include "kernels/moe_cpu.h"
 
@@ -14,9 +15,20 @@ namespace {
 
 // The families whose checkpoints carry the DeepSeek-V3 MTP layer (num_nextn_predict_layers).
 bool HasDeepseekMtpDesign(const ModelConfig& cfg) {
-  const std::string& a = cfg.architecture();
-  return a == "DeepseekV3ForCausalLM" || a == "Glm4MoeForCausalLM" || a == "GlmMoeDsaForCausalLM" ||
-         a == "Glm5NextForConditionalGeneration";
+  switch (cfg.moe.arch) {
+    case Architecture::kDeepseekV3:
+    case Architecture::kGlm4Moe:
+    case Architecture::kGlmMoeDsa:
+    case Architecture::kGlm5Next:
+      return true;
+    case Architecture::kDeepseekV4:
+    case Architecture::kQwen3Moe:
+    case Architecture::kQwen3Next:
+    case Architecture::kMixtral:
+    case Architecture::kQwen4Exp:
+      return false;
+  }
+  return false;
 }
 
 bool HasLinear(const TensorSource& src, const std::string& prefix) {

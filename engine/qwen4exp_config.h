@@ -2,22 +2,11 @@
 // beyond what Qwen3-Next shares with it, as transformers 5.25's Qwen4ExpTextConfig defines it
 // (docs/engine.md, "Qwen4-Exp"): the gated hyper-connections, the QSA indexer of the
 // `indexed_attention` layers, the PLE n-gram layers and the DeltaNet output gate's activation.
-//
-//   config.json {"architectures": ["Qwen4ExpForConditionalGeneration"], "text_config": {...},
-//                "image_token_id": ..., "vision_config": {...}}
-//
-// ParseModelConfig (engine/model_config.h) hands the text_config object here; the top-level
-// object gives the image / video token ids that the engine refuses in prompts.
+// engine/config/qwen4exp_section.h reads it from config.json.
 #pragma once
 
 #include <cstdint>
-#include <string>
 #include <vector>
-
-#include "absl/status/status.h"
-#include "engine/model_config.h"
-#include "engine/model_runner.h"
-#include "nlohmann/json_fwd.hpp"
 
 namespace exl3::engine {
 
@@ -73,15 +62,5 @@ struct Qwen4ExpConfig {
            static_cast<int64_t>(ple.conv_state_positions()) * hc_count * hidden_size;
   }
 };
-
-// Reads the Qwen4-Exp fields of `text` (the text_config object) and `top` (the whole config)
-// into cfg->qwen4exp, cfg->layer_mixers and cfg->linear_attention; refuses what transformers
-// 5.25 refuses and what the engine does not run, naming the field.
-absl::Status ParseQwen4ExpConfig(const nlohmann::json& text, const nlohmann::json& top,
-                                 const std::string& source, ModelConfig* cfg);
-
-// INVALID_ARGUMENT naming the sequence and the token where a chunk of `batch` holds Qwen4-Exp's
-// image or video placeholder: both engines run the text model only.
-absl::Status RefuseImageAndVideoTokens(const ModelConfig& cfg, const StepBatch& batch);
 
 }  // namespace exl3::engine

@@ -10,16 +10,6 @@ int KeptStatesOf(const SequenceChunk& c) {
   return c.wants_logits && c.logit_rows_use == LogitRowsUse::kNextTokens ? c.num_logit_rows : 1;
 }
 
-absl::StatusOr<std::vector<int64_t>> StateFloatsPerLayer(const ModelConfig& cfg, int num_slots) {
-  if (num_slots <= 0)
-    return absl::InvalidArgumentError(absl::StrCat(
-        cfg.architecture(), " keeps a recurrent state per sequence: the cache needs state "
-                            "slots (num_sequence_slots ", num_slots, ")"));
-  std::vector<int64_t> floats(cfg.num_layers);
-  for (int l = 0; l < cfg.num_layers; ++l) floats[l] = cfg.StateFloats(l);
-  return floats;
-}
-
 absl::StatusOr<std::vector<int>> SequenceStateSlots::BeginStep(const StepBatch& batch) {
   std::vector<int> fresh;
   std::vector<bool> seen(slots_.size(), false);

@@ -41,7 +41,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/model_config.h"
 #include "engine/model_runner.h"
 
 namespace exl3::engine {
@@ -91,11 +90,6 @@ class SequenceStateSlots {
   std::vector<Slot> slots_;
   int num_copies_;
 };
-
-// Per layer, the floats of one sequence's recurrent state (cfg.StateFloats; 0 for layers without),
-// for a store of `num_slots` slots, as both engines size theirs: INVALID_ARGUMENT when the model
-// has recurrent layers and the cache gives no slots.
-absl::StatusOr<std::vector<int64_t>> StateFloatsPerLayer(const ModelConfig& cfg, int num_slots);
 
 // The state on the CPU: per slot, 1 + max_kept_states copies of every layer's floats (layers
 // without state: 0). Allocated zeroed by the system (calloc), so slots and copies that never run

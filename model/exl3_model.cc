@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "model/config/read_moe_config.h"
 #include "model/weight_digest.h"
 
 namespace exl3 {

@@ -1,4 +1,5 @@
-// The MoE layout of a model from its config.json, and the tensor key naming of each family.
+// The MoE layout of a model (read from its config.json by model/config/read_moe_config.h), and
+// the tensor key naming of each family.
 //
 // Usage:
 //   absl::StatusOr<MoeConfig> cfg = LoadMoeConfig("/models/GLM-4.5-Air-exl3");  // dir or file
@@ -7,20 +8,8 @@
 //     // "model.layers.L.mlp.experts.3.gate_proj" (+ ".trellis", ".suh", ...)
 //   }
 //
-// Supported architectures (config.json "architectures"[0]):
-//   Glm4MoeForCausalLM, GlmMoeDsaForCausalLM (GLM-5)   -> MoeFamily::kGlm
-//   Glm5NextForConditionalGeneration (GLM-5.3-Flash)   -> MoeFamily::kGlm (its text model:
-//     config.json's `text_config`, tensors under "model.language_model.")
-//   DeepseekV3ForCausalLM                              -> MoeFamily::kDeepseekV3
-//   DeepseekV4ForCausalLM                              -> MoeFamily::kDeepseekV4
-// Each reads its fields and tensor names as transformers 5.x writes them (and as older files
-// did where the two differ); tests/fixtures/layouts/ holds the layouts transformers 5.24 saves.
-//   Qwen3MoeForCausalLM                                -> MoeFamily::kQwen3Moe
-//   Qwen3NextForCausalLM                               -> MoeFamily::kQwen3Next
-//   MixtralForCausalLM                                 -> MoeFamily::kMixtral
-//   Qwen4ExpForConditionalGeneration (its text part;   -> MoeFamily::kQwen4Exp
-//     fields in text_config, tensors under model.language_model.)
-// Anything else is refused with a message naming the architecture and this list.
+// The supported architectures and their MoE families: model/config/architecture.h. Anything else
+// is refused with a message naming the architecture and the list.
 #pragma once
 
 #include <string>
@@ -28,10 +17,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/config/architecture.h"
 
 namespace exl3 {
-
-enum class MoeFamily { kGlm, kDeepseekV3, kDeepseekV4, kQwen3Moe, kQwen3Next, kMixtral, kQwen4Exp };
 
 // How router logits become scores (docs/format.md, "Routing functions").
 enum class ScoringFunc {
@@ -49,14 +37,13 @@ enum class MlpKind {
   kHashMoe,  // routed experts chosen by token id through tid2eid (DeepSeek-V4 "hash_moe")
 };
 
-std::string_view MoeFamilyName(MoeFamily f);      // "glm", "deepseek_v3", ...
 std::string_view ScoringFuncName(ScoringFunc s);  // "softmax", "sigmoid", "sqrtsoftplus"
 std::string_view ProjectionName(Projection p);    // "gate", "up", "down"
 std::string_view MlpKindName(MlpKind k);          // "dense", "moe", "hash_moe"
-std::vector<std::string> SupportedArchitectures();
 
 struct MoeConfig {
   std::string architecture;  // as written in config.json
+  Architecture arch = Architecture::kGlm4Moe;  // the same, as the table names it
   MoeFamily family = MoeFamily::kGlm;
   int hidden_size = 0;
   int num_hidden_layers = 0;
@@ -114,19 +101,6 @@ struct MoeConfig {
   bool has_shared_expert() const { return shared_intermediate_size > 0; }
   std::vector<int> MoeLayers() const;
 };
-
-// Parses config.json text. `source` only names the file in errors. Requires every field the
-// family needs; a missing one is named in the error. Does not require quantization_config.
-absl::StatusOr<MoeConfig> ParseMoeConfig(std::string_view json_text, std::string_view source);
-
-// config.json's text with the language model's fields where the parsers read them: for
-// Glm5NextForConditionalGeneration with a nested `text_config`, that object with the top level's
-// `architectures` and `quantization_config` added; any other text unchanged (a flat
-// Glm5NextForConditionalGeneration file included, as transformers reads it).
-std::string LiftTextConfig(std::string_view json_text);
-
-// Reads `path` (a config.json file, or a directory holding one) and parses it.
-absl::StatusOr<MoeConfig> LoadMoeConfig(const std::string& path);
 
 // OK when quantization_config.quant_method is "exl3".
 absl::Status RequireExl3(const MoeConfig& cfg);

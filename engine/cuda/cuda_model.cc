@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "engine/config/read_model_config.h"
 #include "kernels/cuda/cuda_status.h"
 #include "engine/qwen4exp_config.h"
 #include "model/exl3_model.h"

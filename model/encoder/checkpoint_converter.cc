@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "model/checkpoint_naming.h"
+#include "model/config/read_moe_config.h"
 #include "model/encoder/layer_quantizer.h"
 #include "model/encoder/progress.h"
 #include "model/encoder/safetensors_stream_writer.h"
@@ -114,7 +115,7 @@ bool SplitLayerKey(const MoeConfig& cfg, const std::string& name, int* layer, st
 // GLM-5.3-Flash's KDA gates (the forget gate's f_a_proj / f_b_proj, the output gate's g_a_proj /
 // g_b_proj, β's b_proj): low-rank gate projections kept as stored, like routers.
 bool IsKdaGateProjection(const MoeConfig& cfg, const std::string& rest) {
-  if (cfg.architecture != "Glm5NextForConditionalGeneration") return false;
+  if (cfg.arch != Architecture::kGlm5Next) return false;
   for (const char* g : {"f_a_proj", "f_b_proj", "g_a_proj", "g_b_proj", "b_proj"})
     if (rest == absl::StrCat("self_attn.", g, ".weight")) return true;
   return false;

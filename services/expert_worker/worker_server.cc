@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
+#include "model/config/read_moe_config.h"
 #include "model/expert_map.h"
 #include "base/logging.h"
 #include "services/common/raw_message.h"

@@ -3,7 +3,6 @@
 #include <utility>
 
 #include "services/common/status.h"
-#include "services/router/moe_router.h"
 
 namespace exl3::router {
 
@@ -16,7 +15,7 @@ svc::BidiStreamOptions EngineStreamOptions() {
 }
 }  // namespace
 
-EngineStream::EngineStream(MoeRouterService* svc) : BidiStream(mu, EngineStreamOptions()), svc_(svc) {}
+EngineStream::EngineStream(EngineStreamService* svc) : BidiStream(mu, EngineStreamOptions()), svc_(svc) {}
 
 void EngineStream::Answer(pb::MoeLayerResponse r, bool erase_id) {
   std::lock_guard<std::mutex> l(mu);
@@ -43,7 +42,7 @@ void EngineStream::EndHandling() {
 }
 
 void EngineStream::OnMessage(pb::MoeLayerRequest& req, svc::Path) {
-  svc_->Submit(shared_from_this(), req);
+  svc_->OnStreamRequest(shared_from_this(), req);
 }
 
 bool EngineStream::OwesAnswersLocked() const { return handling_ > 0 || !inflight.empty(); }
@@ -51,7 +50,7 @@ bool EngineStream::OwesAnswersLocked() const { return handling_ > 0 || !inflight
 void EngineStream::OnAbandoned() { svc_->CancelStream(*this); }
 
 void EngineStream::OnEnded(const grpc::Status&) {
-  svc_->Unregister(this);  // may drop the last reference: nothing after this
+  svc_->StreamEnded(this);  // may drop the last reference: nothing after this
 }
 
 }  // namespace exl3::router

@@ -9,7 +9,6 @@
 #include "services/common/raw_message.h"
 #include "services/common/status.h"
 #include "services/common/wire.h"
-#include "services/router/engine_stream.h"
 #include "services/router/layer_request.h"
 
 namespace exl3::router {
@@ -132,7 +131,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MoeRouterService::F
   return s.get();
 }
 
-void MoeRouterService::Unregister(EngineStream* s) {
+void MoeRouterService::StreamEnded(EngineStream* s) {
   std::shared_ptr<EngineStream> keep;  // destroyed after the lock is released
   std::lock_guard<std::mutex> l(streams_mu_);
   auto it = streams_.find(s);

@@ -30,6 +30,7 @@
 #include "services/router/answer_sink.h"
 #include "services/router/combine.h"
 #include "services/router/dispatcher.h"
+#include "services/router/engine_stream.h"
 #include "services/router/gate.h"
 #include "services/router/layer_call.h"
 #include "services/router/router_metrics.h"
@@ -57,8 +58,6 @@ struct RouterOptions {
   int64_t max_message_bytes = 64 << 20;
 };
 
-class EngineStream;
-
 // The MoeRouter service on gRPC's callback API: each Forward stream is a reactor (EngineStream)
 // whose requests are handled on the thread that read them and whose answers are written by
 // whichever thread completes them (a worker link's reaction, the deadline timer), with no thread
@@ -67,7 +66,8 @@ class EngineStream;
 // stream.
 class MoeRouterService final
     : public pb::MoeRouter::WithRawCallbackMethod_Forward<
-          pb::MoeRouter::WithRawCallbackMethod_Describe<pb::MoeRouter::Service>> {
+          pb::MoeRouter::WithRawCallbackMethod_Describe<pb::MoeRouter::Service>>,
+      public EngineStreamService {
  public:
   MoeRouterService(const Exl3Model& model, const RouterOptions& opt, RouterMetrics* metrics);
   ~MoeRouterService() override;
@@ -89,9 +89,9 @@ class MoeRouterService final
   void FillDescribe(pb::RouterDescribeResponse* resp) const;
 
   void FillIdentity(pb::ModelIdentity* id) const;
-  size_t max_message_bytes() const { return static_cast<size_t>(opt_.max_message_bytes); }
+  size_t max_message_bytes() const override { return static_cast<size_t>(opt_.max_message_bytes); }
   // RESOURCE_EXHAUSTED for an answer of `bytes` bytes (over max_message_bytes()).
-  absl::Status AnswerTooLarge(size_t bytes) const;
+  absl::Status AnswerTooLarge(size_t bytes) const override;
   // Hidden-state buffers kept between calls: an in-process caller encodes its request into one,
   // a call's parts are built in them, and both come back when written or done
   // (services/common/spare_buffers.h).
@@ -107,10 +107,15 @@ class MoeRouterService final
               float* out = nullptr);
   // The stream's caller is gone: marks `s` cancelled and ends its requests in flight (answered
   // CANCELLED, their work withdrawn from the workers).
-  void CancelStream(AnswerSink& s);
+  void CancelStream(AnswerSink& s) override;
 
  private:
-  friend class EngineStream;
+  // EngineStreamService: a Forward stream's message goes to Submit; an ended stream leaves the
+  // registry.
+  void OnStreamRequest(const std::shared_ptr<AnswerSink>& s, pb::MoeLayerRequest& req) override {
+    Submit(s, req);
+  }
+  void StreamEnded(EngineStream* s) override;
   // One request (or a cancel message) of stream `s`, on the thread that read it (small) or the
   // handler pool (large).
   void Handle(const std::shared_ptr<AnswerSink>& s, pb::MoeLayerRequest& req, float* out);
@@ -128,7 +133,6 @@ class MoeRouterService final
   absl::Status Prepare(pb::MoeLayerRequest& req, LayerCall& c, float* out);
   // The dispatcher's end of a call: the answer, metrics, the in-flight count.
   void Finish(const std::shared_ptr<LayerCall>& c, const absl::Status& st);
-  void Unregister(EngineStream* s);
 
   const Exl3Model& model_;
   const MoeConfig& cfg_;

@@ -2,6 +2,7 @@
 // writes it (nested main / compress rope parameters, layer_types, compress_rates) and as older
 // files give it (compress_ratios, qk_rope_head_dim, rope_scaling, compress_rope_theta), the cache
 // slot layout per layer type, and the refusals.
+#include "engine/config/read_model_config.h"
 #include "engine/dsv4_config.h"
 
 #include <cmath>

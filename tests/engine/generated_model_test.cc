@@ -15,6 +15,7 @@
 
 #include <unistd.h>
 
+#include "engine/config/read_model_config.h"
 #include "engine/cpu_model.h"
 #include "engine/engine.h"
 #include "tests/engine/engine_requests.h"

@@ -1,12 +1,14 @@
 // engine/glm5next_config: Glm5NextForConditionalGeneration's config.json as transformers 5.25
 // writes it (text_config nested beside vision_config; the flat form transformers also reads),
 // Glm5NextTextConfig's defaults, the indexer schedule's forms, and the refusals by name.
+#include "engine/config/read_model_config.h"
 #include "engine/glm5next_config.h"
 
 #include <cmath>
 #include <string>
 
 #include "gtest/gtest.h"
+#include "model/config/read_moe_config.h"
 #include "model/moe_config.h"
 #include "nlohmann/json.hpp"
 

@@ -5,6 +5,7 @@
 // (engine/cuda/cuda_kimi_delta_attention.h) runs every chunk in the recurrent form, so this is the
 // part of its difference to the CPU layer that is the CPU's (tests/engine/cuda/kda_test.cc bounds
 // the whole at 1e-4); lines "kda-cpu ..." give the numbers.
+#include "engine/config/read_model_config.h"
 #include "engine/kimi_delta_attention.h"
 
 #include <algorithm>

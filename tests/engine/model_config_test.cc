@@ -2,6 +2,7 @@
 // the lightning indexer, indexer_types and the older index_topk_freq schedule, the cache's
 // per-layer widths), and its refusals.
 #include "engine/model_config.h"
+#include "engine/config/read_model_config.h"
 
 #include <cmath>
 #include <string>

@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "engine/config/read_model_config.h"
 #include "engine/model_config.h"
 #include "engine/ngram_hash.h"
 #include "engine/ple_layer.h"

@@ -2,6 +2,7 @@
 // input and output transformers recorded (reference.safetensors ple_in.1 / ple_out.1, the
 // teacher-forced pass of prompt 1 and its continuation) reproduced from the EXL3 directory's
 // n-gram table read in place, in one chunk and in chunks of 5 carried through the state store.
+#include "engine/config/read_model_config.h"
 #include "engine/ple_layer.h"
 
 #include <cstdlib>

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 
+#include "engine/config/read_model_config.h"
 #include "engine/cpu_model.h"
 #include "engine/engine.h"
 #include "engine/local_moe.h"

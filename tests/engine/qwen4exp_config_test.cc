@@ -1,6 +1,7 @@
 // Qwen4-Exp's config.json as transformers 5.25 writes it for Qwen4ExpForConditionalGeneration:
 // the text model's fields nested in text_config, layer_types with indexed_attention, the QSA,
 // hyper-connection and PLE fields (engine/qwen4exp_config.h).
+#include "engine/config/read_model_config.h"
 #include "engine/qwen4exp_config.h"
 
 #include <string>

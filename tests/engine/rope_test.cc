@@ -1,6 +1,7 @@
 // RoPE against transformers 5.24's own frequencies (modeling_rope_utils' ROPE_INIT_FUNCTIONS,
 // printed for these configurations: head_dim 64, max_position_embeddings 4096), and the
 // rotation's layouts against their definitions.
+#include "engine/config/read_model_config.h"
 #include "engine/rope.h"
 
 #include <cmath>

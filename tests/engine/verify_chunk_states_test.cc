@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/config/read_model_config.h"
 #include "engine/cpu_compute.h"
 #include "engine/gated_deltanet.h"
 #include "engine/kimi_delta_attention.h"

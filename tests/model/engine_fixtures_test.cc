@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/moe_cpu.h"
+#include "model/config/read_moe_config.h"
 #include "model/exl3_model.h"
 #include "model/moe_config.h"
 #include "model/routing.h"

@@ -1,4 +1,5 @@
 // Expert map parsing, resolution against a model config, and coverage messages.
+#include "model/config/read_moe_config.h"
 #include "model/expert_map.h"
 
 #include <cstdio>

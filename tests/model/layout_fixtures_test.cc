@@ -17,9 +17,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "engine/config/read_model_config.h"
 #include "engine/dsv4_config.h"
 #include "engine/model_config.h"
 #include "gtest/gtest.h"
+#include "model/config/read_moe_config.h"
 #include "model/moe_config.h"
 #include "nlohmann/json.hpp"
 

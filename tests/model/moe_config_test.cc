@@ -1,4 +1,5 @@
 // config.json parsing for every supported family, key naming, and refusals.
+#include "model/config/read_moe_config.h"
 #include "model/moe_config.h"
 
 #include <string>

@@ -42,6 +42,7 @@
 
 #include "base/command_line.h"
 #include "base/status_macros.h"
+#include "engine/config/read_model_config.h"
 #include "engine/cuda/cuda_model.h"
 #include "kernels/cuda/bench_hooks.h"
 #include "model/exl3_model.h"

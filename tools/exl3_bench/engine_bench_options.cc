@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/status_macros.h"
+#include "model/config/read_moe_config.h"
 #include "model/expert_map.h"
 #include "model/moe_config.h"
 

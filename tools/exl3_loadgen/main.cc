@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/command_line.h"
 #include "kernels/moe_cpu.h"
+#include "model/config/read_moe_config.h"
 #include "model/exl3_model.h"
 #include "model/expert_map.h"
 #include "model/routing.h"

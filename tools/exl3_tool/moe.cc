@@ -10,6 +10,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #endif
 #include "kernels/moe_cpu.h"
+#include "model/config/read_moe_config.h"
 #include "model/exl3_model.h"
 #include "model/routing.h"
 #include "model/safetensors.h"

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "model/config/read_moe_config.h"
 #include "model/moe_config.h"
 #include "model/weight_digest.h"
 #include "tools/test_model/generated_tensor.h"

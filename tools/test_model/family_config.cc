@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include "model/config/read_moe_config.h"
+
 namespace exl3 {
 namespace {
 

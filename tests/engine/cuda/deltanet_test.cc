@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/config/read_model_config.h"
 #include "engine/cpu_model.h"
 #include "engine/cuda/cuda_gated_deltanet.h"
 #include "engine/cuda/cuda_model.h"

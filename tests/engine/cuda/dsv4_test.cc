@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/attention.h"
+#include "engine/config/read_model_config.h"
 #include "engine/cuda/dsv4_attention.h"
 #include "engine/cuda/engine_kernels.h"
 #include "engine/cuda/hyper_connection_kernels.h"

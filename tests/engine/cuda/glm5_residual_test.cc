@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/config/read_model_config.h"
 #include "engine/cpu_compute.h"
 #include "engine/cuda/engine_kernels.h"
 #include "engine/cuda/hyper_connection_kernels.h"

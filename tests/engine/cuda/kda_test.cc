@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/config/read_model_config.h"
 #include "engine/cpu_compute.h"
 #include "engine/cuda/cuda_kimi_delta_attention.h"
 #include "engine/cuda/kda_kernels.h"

@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/attention.h"
+#include "engine/config/read_model_config.h"
 #include "engine/cpu_compute.h"
 #include "engine/cuda/attention_kernels.h"
 #include "engine/cuda/cuda_linear.h"

@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/attention.h"
+#include "engine/config/read_model_config.h"
 #include "engine/cpu_compute.h"
 #include "engine/cuda/attention_kernels.h"
 #include "engine/cuda/cuda_linear.h"
@@ -25,6 +26,7 @@
 #include "engine/cuda/dsa_indexer_kernels.h"
 #include "engine/cuda/latent_attention.h"
 #include "engine/cuda/latent_attention_kernels.h"
+#include "engine/load_attention.h"
 #include "engine/model_config.h"
 #include "engine/paged_kv_cache.h"
 #include "engine/rms_norm.h"

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/config/read_model_config.h"
 #include "engine/cpu_compute.h"
 #include "engine/cuda/cuda_ple_layer.h"
 #include "engine/cuda/device_sequence_states.h"

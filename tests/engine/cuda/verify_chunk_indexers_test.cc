@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/config/read_model_config.h"
 #include "engine/cuda/cuda_linear.h"
 #include "engine/cuda/cuda_mixer.h"
 #include "engine/cuda/kpool_mixer.h"

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/config/read_model_config.h"
 #include "engine/cuda/cuda_gated_deltanet.h"
 #include "engine/cuda/cuda_kimi_delta_attention.h"
 #include "engine/cuda/cuda_linear.h"

@@ -21,6 +21,7 @@
 #include "kernels/exl3_linear.h"
 #include "kernels/fp16.h"
 #include "model/checkpoint_naming.h"
+#include "model/config/read_moe_config.h"
 #include "model/exl3_linear_loader.h"
 #include "model/exl3_model.h"
 #include "model/moe_config.h"

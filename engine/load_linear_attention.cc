@@ -1,4 +1,4 @@
-#include "engine/linear_attention.h"
+#include "engine/load_linear_attention.h"
 
 #include "engine/gated_deltanet.h"
 #include "engine/kimi_delta_attention.h"

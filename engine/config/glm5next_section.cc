@@ -1,11 +1,14 @@
-#include "engine/glm5next_config.h"
+#include "engine/config/glm5next_section.h"
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "nlohmann/json.hpp"
+#include "engine/config/latent_section.h"
+#include "engine/glm5next_config.h"
 
 namespace exl3::engine {
 namespace {
@@ -154,7 +157,9 @@ absl::Status ParseIndexedAttention(const json& j, const std::string& source, Mod
 
 }  // namespace
 
-absl::Status ParseGlm5NextConfig(const json& j, const std::string& source, ModelConfig* cfg) {
+absl::Status ReadGlm5NextSection(const ConfigFile& file, ModelConfig* cfg) {
+  const json& j = file.text();
+  const std::string& source = file.source();
   auto g = std::make_shared<Glm5NextConfig>();
   cfg->attention = AttentionKind::kPooledDsa;
   cfg->rms_norm_eps = static_cast<float>(NumberField(j, "rms_norm_eps", 1e-5));
@@ -176,6 +181,9 @@ absl::Status ParseGlm5NextConfig(const json& j, const std::string& source, Model
     return Bad(source, absl::StrCat("hc_mult ", g->hc_mult, ", hc_sinkhorn_iters ", g->hc_sinkhorn_iters,
                                     ": needs 1..64 streams and at least one Sinkhorn iteration"));
   cfg->glm5next = std::move(g);
+  cfg->rope = RopeConfig{};  // NoPE: nothing rotates (rotary_dim 0)
+  cfg->rope.rotary_dim = 0;
+  cfg->attention_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(cfg->qk_nope_head_dim)));
   return absl::OkStatus();
 }
 

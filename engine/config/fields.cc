@@ -1,0 +1,37 @@
+#include "engine/config/fields.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace exl3::engine {
+
+using nlohmann::json;
+
+absl::Status MissingField(const std::string& source, const std::string& field) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(source, ": required field '", field, "' is missing or not a number"));
+}
+
+absl::StatusOr<int> RequireInt(const json& j, const std::string& source, const char* field) {
+  auto it = j.find(field);
+  if (it == j.end() || !it->is_number_integer()) return MissingField(source, field);
+  return it->get<int>();
+}
+
+int IntOr(const json& j, const char* field, int fallback) {
+  auto it = j.find(field);
+  return it != j.end() && it->is_number_integer() ? it->get<int>() : fallback;
+}
+
+double NumberOr(const json& j, const char* field, double fallback) {
+  auto it = j.find(field);
+  return it != j.end() && it->is_number() ? it->get<double>() : fallback;
+}
+
+absl::Status ReadRope(const json& text, int head_dim, double default_partial,
+                      int max_position_embeddings, const std::string& source, RopeConfig* rope) {
+  const json p = MergedRopeParameters(text);
+  return ParseRopeParameters(p, head_dim, NumberOr(p, "partial_rotary_factor", default_partial),
+                             max_position_embeddings, source, rope);
+}
+
+}  // namespace exl3::engine
