@@ -215,7 +215,7 @@ absl::Status Dsv4Attention::Fold(int t0, int t1, const StepTokens& tokens, Paged
       // The block went past this position: drafts the scheduler rejected (their verify chunk
       // kept the state before them), or else an earlier run of this same step (a failed step
       // run again), whose folds stand.
-      const float* kept = kept_.Find(chunk.state_slot, chunk.sequence_id, pos);
+      const float* kept = kept_.Find(chunk.state_slot, chunk.sequence_id, pos, table[pos / B]);
       if (kept == nullptr) continue;
       std::copy_n(kept, accumulator_floats, area + layout_.folded + 1);
       area[layout_.folded] = static_cast<float>(local);
@@ -233,7 +233,7 @@ absl::Status Dsv4Attention::Fold(int t0, int t1, const StepTokens& tokens, Paged
     // A later chunk may resume after any row but the last (the live state); at a block's end
     // the next block's start continues from this one's full state.
     if (t >= t1 - rows && t + 1 < t1 && local + 1 < B)
-      kept_.Keep(chunk.state_slot, pos + 1, area + layout_.folded + 1);
+      kept_.Keep(chunk.state_slot, pos + 1, table[pos / B], area + layout_.folded + 1);
   }
   return absl::OkStatus();
 }

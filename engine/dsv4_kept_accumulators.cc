@@ -28,12 +28,12 @@ absl::Status Dsv4KeptAccumulators::Allocate(int num_slots, int max_kept, int acc
   return absl::OkStatus();
 }
 
-const float* Dsv4KeptAccumulators::Find(int slot, int64_t sequence_id, int position) const {
+const float* Dsv4KeptAccumulators::Find(int slot, int64_t sequence_id, int position, int32_t block) const {
   if (!enabled()) return nullptr;
   const Slot& s = slots_[slot];
   if (s.sequence_id != sequence_id) return nullptr;
-  for (size_t k = 0; k < s.counts.size(); ++k)
-    if (s.counts[k] == position) return Data(slot, static_cast<int>(k));
+  for (size_t k = 0; k < s.kept.size(); ++k)
+    if (s.kept[k].count == position && s.kept[k].block == block) return Data(slot, static_cast<int>(k));
   return nullptr;
 }
 
@@ -41,16 +41,16 @@ void Dsv4KeptAccumulators::Begin(int slot, int64_t sequence_id) {
   if (!enabled()) return;
   Slot& s = slots_[slot];
   s.sequence_id = sequence_id;
-  s.counts.clear();
+  s.kept.clear();
 }
 
-void Dsv4KeptAccumulators::Keep(int slot, int count, const float* accumulators) {
+void Dsv4KeptAccumulators::Keep(int slot, int count, int32_t block, const float* accumulators) {
   if (!enabled()) return;
   Slot& s = slots_[slot];
-  const int k = static_cast<int>(s.counts.size());
+  const int k = static_cast<int>(s.kept.size());
   if (k == max_kept_) return;  // Forward checks a chunk's rows against max_kept: never reached
   std::copy_n(accumulators, accumulator_floats_, Data(slot, k));
-  s.counts.push_back(count);
+  s.kept.push_back({count, block});
 }
 
 }  // namespace exl3::engine
