@@ -341,12 +341,15 @@ absl::Status Dsv4Attention::Forward(const float* x, const StepTokens& tokens, Pa
   std::vector<std::vector<int32_t>> entries(T);
   if (compressor_) {
     for (const SequenceChunk& c : tokens.batch->chunks) {
-      if (!c.wants_logits || c.logit_rows_use != LogitRowsUse::kNextTokens || c.num_logit_rows <= 1) continue;
-      if (c.num_logit_rows - 1 > kept_.max_kept() || c.state_slot < 0 || c.state_slot >= kept_.num_slots())
+      const bool verify = c.wants_logits && c.logit_rows_use == LogitRowsUse::kNextTokens && c.num_logit_rows > 1;
+      if (!verify && !kept_.enabled()) continue;  // plain decoding: nothing kept, no slot read
+      const int kept_states = verify ? c.num_logit_rows - 1 : 0;
+      if (kept_states > kept_.max_kept() || c.state_slot < 0 || c.state_slot >= kept_.num_slots())
         return absl::InternalError(absl::StrCat(
-            "sequence ", c.sequence_id, ": a verify chunk of ", c.num_logit_rows, " rows in state slot ",
-            c.state_slot, ", for a cache of ", kept_.num_slots(), " slots keeping at most ", kept_.max_kept(),
-            " compressor states per chunk (KvCacheShape::max_logit_rows_per_chunk - 1)"));
+            "sequence ", c.sequence_id, ": a ", verify ? "verify " : "", "chunk of ", c.num_logit_rows,
+            " rows in state slot ", c.state_slot,
+            ", for a cache of ", kept_.num_slots(), " slots keeping at most ", kept_.max_kept(),
+            " compressor states per verify chunk (KvCacheShape::max_logit_rows_per_chunk - 1)"));
     }
     Projections comp, ix;
     EXL3_RETURN_IF_ERROR(Project(*compressor_, x, tokens, &comp, compute));

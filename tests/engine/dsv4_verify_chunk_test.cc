@@ -186,5 +186,22 @@ TEST_F(Dsv4VerifyChunkTest, VerifyChunkWithoutKeptStatesRefused) {
   EXPECT_NE(std::string(st.message()).find("verify chunk"), std::string::npos) << st;
 }
 
+// A prompt chunk wanting every position's row (prompt logprobs) keeps nothing, in a cache with
+// room for verify rows as without.
+TEST_F(Dsv4VerifyChunkTest, PromptPositionRowsKeepNothing) {
+  auto loaded = LoadAttention(*cfg_, *src_, 1);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  std::unique_ptr<PagedKvCache> cache = Cache(8);
+  StepBatch batch = testing::OneChunkStep(ids_, 0, 12, kBlocks, 12);
+  batch.chunks[0].logit_rows_use = LogitRowsUse::kPromptPositions;
+  StepTokens tokens;
+  ASSERT_TRUE(FlattenStep(batch, cfg_->vocab_size, cache->shape(), cfg_->max_position_embeddings, &tokens).ok());
+  AttentionCarry carry;
+  const std::vector<float> x = Rows(true_x_, 0, 12);
+  std::vector<float> out(x.size());
+  const absl::Status st = (*loaded)->Forward(x.data(), tokens, *cache, carry, out.data(), compute_);
+  EXPECT_TRUE(st.ok()) << st;
+}
+
 }  // namespace
 }  // namespace exl3::engine

@@ -39,7 +39,7 @@ const char* const kFixtures[] = {"tests/fixtures/engine/glm4_moe_all",    "tests
                                  "tests/fixtures/engine/mixtral_all",      "tests/fixtures/engine/deepseek_v3_all",
                                  "tests/fixtures/engine/glm_moe_dsa_all",  "tests/fixtures/engine/qwen3_next_all",
                                  "tests/fixtures/engine/glm5_next_all",    "tests/fixtures/engine/qwen4_exp_all",
-                                 "tests/fixtures/engine/deepseek_v4_all"};
+                                 "tests/fixtures/engine/deepseek_v4_all",  "tests/fixtures/engine/deepseek_v4_release_all"};
 
 SpeculativeOptions Ngram(int k) {
   SpeculativeOptions s;
