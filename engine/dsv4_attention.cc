@@ -8,6 +8,7 @@
 #include "base/status_macros.h"
 #include "engine/dsv4_grouped_wo_a.h"
 #include "engine/rms_norm.h"
+#include "engine/sequence_state.h"
 
 namespace exl3::engine {
 namespace {
@@ -185,7 +186,7 @@ absl::Status Dsv4Attention::Fold(int t0, int t1, const StepTokens& tokens, Paged
   const std::vector<int32_t>& table = chunk.block_table;
   const int accumulator_floats = layout_.accumulators_end - (layout_.folded + 1);
   // A verify chunk's rows: its last sampled token and drafts, t1 - rows .. t1 - 1.
-  const int rows = chunk.wants_logits && chunk.logit_rows_use == LogitRowsUse::kNextTokens ? chunk.num_logit_rows : 1;
+  const int rows = KeptStatesOf(chunk);
   bool folding = false;  // this run of the chunk has folded a position
   for (int t = t0; t < t1; ++t) {
     const int pos = tokens.positions[t], local = pos % B;
@@ -341,9 +342,9 @@ absl::Status Dsv4Attention::Forward(const float* x, const StepTokens& tokens, Pa
   std::vector<std::vector<int32_t>> entries(T);
   if (compressor_) {
     for (const SequenceChunk& c : tokens.batch->chunks) {
-      const bool verify = c.wants_logits && c.logit_rows_use == LogitRowsUse::kNextTokens && c.num_logit_rows > 1;
+      const int kept_states = KeptStatesOf(c) - 1;  // besides the live state in the block area
+      const bool verify = kept_states > 0;
       if (!verify && !kept_.enabled()) continue;  // plain decoding: nothing kept, no slot read
-      const int kept_states = verify ? c.num_logit_rows - 1 : 0;
       if (kept_states > kept_.max_kept() || c.state_slot < 0 || c.state_slot >= kept_.num_slots())
         return absl::InternalError(absl::StrCat(
             "sequence ", c.sequence_id, ": a ", verify ? "verify " : "", "chunk of ", c.num_logit_rows,
