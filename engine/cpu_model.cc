@@ -183,23 +183,12 @@ absl::Status CpuModel::LoadQwen4ExpWeights(const TensorSource& src) {
 
 absl::Status CpuModel::CheckDraftVerification() const {
   // Recurrent layers (gated DeltaNet, KDA) and PLE keep a verify chunk's state after each of its
-  // positions (engine/sequence_state.h); the attention kinds below keep nothing per sequence but
-  // each position's cache slot, and the pooled / block indexers of GLM-5.3-Flash and Qwen4-Exp
-  // form their pool keys afresh each step from complete pools at or before the query, so a
-  // rejected position's slot is overwritten before anything reads it.
-  switch (cfg_.attention) {
-    case AttentionKind::kGqa:
-    case AttentionKind::kMla:
-    case AttentionKind::kDsa:
-    case AttentionKind::kPooledDsa:
-    case AttentionKind::kQsa:
-      return absl::OkStatus();
-    case AttentionKind::kDsv4:
-      break;
-  }
-  return absl::FailedPreconditionError(absl::StrCat(
-      cfg_.architecture(), "'s compressed caches fold every position into their block areas' "
-      "running softmax; taking rejected draft positions out again is not done yet"));
+  // positions (engine/sequence_state.h), and DeepSeek-V4's compressed layers their compressors'
+  // accumulators (engine/dsv4_kept_accumulators.h); the other attention kinds keep nothing per
+  // sequence but each position's cache slot, and the pooled / block indexers of GLM-5.3-Flash and
+  // Qwen4-Exp form their pool keys afresh each step from complete pools at or before the query,
+  // so a rejected position's slot is overwritten before anything reads it.
+  return absl::OkStatus();
 }
 
 absl::Status CpuModel::CheckMtpDrafting() const {

@@ -67,8 +67,9 @@ class CpuModel final : public ModelRunner {
   // OK for the families that keep nothing per sequence but each position's KV (GQA, MLA, DSA,
   // GLM-5.3-Flash's pooled and Qwen4-Exp's block indexers): a rejected draft's KV is overwritten
   // when its position runs again and never read before; and for the recurrent layers beside them,
-  // which keep the state after each verify position (engine/sequence_state.h). Refused by
-  // architecture for DeepSeek-V4 (its compressors fold every position into block areas).
+  // which keep the state after each verify position (engine/sequence_state.h), and DeepSeek-V4,
+  // whose compressed layers keep their accumulators after each verify position
+  // (engine/dsv4_kept_accumulators.h).
   absl::Status CheckDraftVerification() const override;
   // OK for every family: Forward computes any rows a chunk asks for, and a prompt chunk's
   // positions are all kept (no state or compressed cache to roll back).

@@ -8,6 +8,7 @@
 #include "base/status_macros.h"
 #include "engine/dsv4_grouped_wo_a.h"
 #include "engine/rms_norm.h"
+#include "engine/sequence_state.h"
 
 namespace exl3::engine {
 namespace {
@@ -179,9 +180,14 @@ void Dsv4Attention::FoldPosition(const Compressor& c, const Projections& proj, i
 }
 
 absl::Status Dsv4Attention::Fold(int t0, int t1, const StepTokens& tokens, PagedKvCache& cache,
-                                 const Projections& comp, const Projections* ix) const {
+                                 const Projections& comp, const Projections* ix) {
   const int B = layout_block_size_;
-  const std::vector<int32_t>& table = tokens.block_table(t0);
+  const SequenceChunk& chunk = tokens.batch->chunks[tokens.chunk_of[t0]];
+  const std::vector<int32_t>& table = chunk.block_table;
+  const int accumulator_floats = layout_.accumulators_end - (layout_.folded + 1);
+  // A verify chunk's rows: its last sampled token and drafts, t1 - rows .. t1 - 1.
+  const int rows = KeptStatesOf(chunk);
+  bool folding = false;  // this run of the chunk has folded a position
   for (int t = t0; t < t1; ++t) {
     const int pos = tokens.positions[t], local = pos % B;
     float* area = cache.BlockArea(layer_, table, pos);
@@ -207,14 +213,28 @@ absl::Status Dsv4Attention::Fold(int t0, int t1, const StepTokens& tokens, Paged
         std::copy(prev + layout_.folded + 1, prev + layout_.accumulators_end, area + layout_.folded + 1);
       }
     } else if (local < folded) {
-      continue;  // folded by an earlier run of the same step (a failed step run again)
+      // The block went past this position: drafts the scheduler rejected (their verify chunk
+      // kept the state before them), or else an earlier run of this same step (a failed step
+      // run again), whose folds stand.
+      const float* kept = kept_.Find(chunk.state_slot, chunk.sequence_id, pos, table[pos / B]);
+      if (kept == nullptr) continue;
+      std::copy_n(kept, accumulator_floats, area + layout_.folded + 1);
+      area[layout_.folded] = static_cast<float>(local);
     } else if (local > folded) {
       return absl::InternalError(absl::StrCat("layer ", layer_, ": position ", pos, " follows only ",
                                               folded, " folded positions of its cache block"));
     }
+    if (!folding) {
+      kept_.Begin(chunk.state_slot, chunk.sequence_id);  // what the slot kept is folded over now
+      folding = true;
+    }
     FoldPosition(*compressor_, comp, t, pos, area);
     if (indexer_) FoldPosition(indexer_->compressor, *ix, t, pos, area);
     area[layout_.folded] = static_cast<float>(local + 1);
+    // A later chunk may resume after any row but the last (the live state); at a block's end
+    // the next block's start continues from this one's full state.
+    if (t >= t1 - rows && t + 1 < t1 && local + 1 < B)
+      kept_.Keep(chunk.state_slot, pos + 1, table[pos / B], area + layout_.folded + 1);
   }
   return absl::OkStatus();
 }
@@ -275,16 +295,28 @@ absl::Status Dsv4Attention::SelectEntries(const float* x, const std::vector<floa
   return absl::OkStatus();
 }
 
-absl::Status Dsv4Attention::Forward(const float* x, const StepTokens& tokens, PagedKvCache& cache,
-                                    AttentionCarry& carry, float* out, CpuCompute& compute) {
-  const int T = tokens.num_tokens, NH = cfg_.num_heads, D = v4_.head_dim, RD = v4_.rope_dim;
-  const float eps = cfg_.rms_norm_eps;
-  if (layout_block_size_ != cache.shape().block_size) {  // the cache's blocks decide the areas
-    layout_block_size_ = cache.shape().block_size;
+absl::Status Dsv4Attention::UseCacheShape(const KvCacheShape& shape) {
+  if (layout_block_size_ != shape.block_size) {  // the cache's blocks decide the areas
+    layout_block_size_ = shape.block_size;
     layout_ = CacheLayoutFor(v4_, type_, layout_block_size_);
     if (compressor_) compressor_->cache = layout_.compressor;
     if (indexer_) indexer_->compressor.cache = layout_.indexer;
   }
+  if (!compressor_ || (kept_shape_.block_size == shape.block_size && kept_shape_.num_blocks == shape.num_blocks &&
+                       kept_shape_.num_sequence_slots == shape.num_sequence_slots &&
+                       kept_shape_.max_logit_rows_per_chunk == shape.max_logit_rows_per_chunk))
+    return absl::OkStatus();
+  EXL3_RETURN_IF_ERROR(kept_.Allocate(shape.num_sequence_slots, shape.max_logit_rows_per_chunk - 1,
+                                      layout_.accumulators_end - (layout_.folded + 1)));
+  kept_shape_ = shape;
+  return absl::OkStatus();
+}
+
+absl::Status Dsv4Attention::Forward(const float* x, const StepTokens& tokens, PagedKvCache& cache,
+                                    AttentionCarry& carry, float* out, CpuCompute& compute) {
+  const int T = tokens.num_tokens, NH = cfg_.num_heads, D = v4_.head_dim, RD = v4_.rope_dim;
+  const float eps = cfg_.rms_norm_eps;
+  EXL3_RETURN_IF_ERROR(UseCacheShape(cache.shape()));
   std::vector<float> q_resid(static_cast<size_t>(T) * v4_.q_lora_rank), q(static_cast<size_t>(T) * NH * D),
       kv(static_cast<size_t>(T) * D);
   EXL3_RETURN_IF_ERROR(wq_a_.Forward(x, T, q_resid.data(), compute));
@@ -309,6 +341,17 @@ absl::Status Dsv4Attention::Forward(const float* x, const StepTokens& tokens, Pa
   // chunks in parallel), closing windows on the way; then the indexer.
   std::vector<std::vector<int32_t>> entries(T);
   if (compressor_) {
+    for (const SequenceChunk& c : tokens.batch->chunks) {
+      const int kept_states = KeptStatesOf(c) - 1;  // besides the live state in the block area
+      const bool verify = kept_states > 0;
+      if (!verify && !kept_.enabled()) continue;  // plain decoding: nothing kept, no slot read
+      if (kept_states > kept_.max_kept() || c.state_slot < 0 || c.state_slot >= kept_.num_slots())
+        return absl::InternalError(absl::StrCat(
+            "sequence ", c.sequence_id, ": a ", verify ? "verify " : "", "chunk of ", c.num_logit_rows,
+            " rows in state slot ", c.state_slot,
+            ", for a cache of ", kept_.num_slots(), " slots keeping at most ", kept_.max_kept(),
+            " compressor states per verify chunk (KvCacheShape::max_logit_rows_per_chunk - 1)"));
+    }
     Projections comp, ix;
     EXL3_RETURN_IF_ERROR(Project(*compressor_, x, tokens, &comp, compute));
     if (indexer_) EXL3_RETURN_IF_ERROR(Project(indexer_->compressor, x, tokens, &ix, compute));

@@ -37,6 +37,13 @@
 // prefix caching (a block depends only on the tokens up to its end). Per token that is head_dim
 // floats plus, on compressed layers, the block's accumulators and entries shared out over its
 // slots (instead of the raw projections of every token, which the windows need only while open).
+//
+// Verify chunks (speculative decoding): a folded draft cannot be taken out of a running softmax,
+// so a compressed layer keeps the accumulators after each of a verify chunk's rows but the last
+// per state slot (engine/dsv4_kept_accumulators.h), and the sequence's next chunk, starting at the
+// length the scheduler kept, restores the state for that length before folding on. The kv slots
+// of rejected positions and the entries of windows they closed are written again before anything
+// reads them (a query reads only positions up to its own and windows closed by then).
 #pragma once
 
 #include <memory>
@@ -45,6 +52,7 @@
 
 #include "engine/attention.h"
 #include "engine/dsv4_config.h"
+#include "engine/dsv4_kept_accumulators.h"
 #include "engine/linear.h"
 #include "engine/rope.h"
 
@@ -80,9 +88,12 @@ class Dsv4Attention final : public Attention {
   absl::Status Project(const Compressor& c, const float* x, const StepTokens& tokens,
                        Projections* out, CpuCompute& compute) const;
   // Folds tokens [t0, t1) (one chunk, consecutive positions) into their blocks' accumulators,
-  // writing the entries of the windows they close.
+  // writing the entries of the windows they close; a verify chunk keeps the accumulators after
+  // its rows, and a chunk resuming after rejected drafts restores the kept ones first.
   absl::Status Fold(int t0, int t1, const StepTokens& tokens, PagedKvCache& cache,
-                    const Projections& comp, const Projections* ix) const;
+                    const Projections& comp, const Projections* ix);
+  // Sizes the block areas and the kept states for the cache's shape.
+  absl::Status UseCacheShape(const KvCacheShape& shape);
   // Folds one position's projections (row `t`) of `c` into `area`; at a window's last position
   // writes its entry (normalised, rotated) into the area's entries.
   void FoldPosition(const Compressor& c, const Projections& proj, int t, int position, float* area) const;
@@ -101,6 +112,8 @@ class Dsv4Attention final : public Attention {
   int rate_ = 0;  // m (0: sliding only)
   Dsv4CacheLayout layout_;  // at the cache's block size (set by the first Forward)
   int layout_block_size_ = 0;
+  KvCacheShape kept_shape_;           // the shape kept_ was allocated for
+  Dsv4KeptAccumulators kept_;         // compressed layers, with speculative decoding
   Rope rope_;     // main or compress, by layer type
   Linear wq_a_, wq_b_, wkv_, wo_b_;
   std::vector<Linear> wo_a_;  // one per group: [o_lora_rank] from [heads * head_dim / o_groups]

@@ -1,5 +1,6 @@
 #include "engine/mtp_drafter.h"
 
+#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/mtp_head.h"
 #include "engine/qwen4exp_mtp_head.h"
@@ -24,6 +25,13 @@ ModelConfig WithMtpLayer(const ModelConfig& cfg, bool moe) {
 }
 
 absl::Status CheckMtpDrafter(const ModelConfig& cfg, const TensorSource& src) {
+  if (cfg.dsv4 != nullptr) {
+    // Not a next-token MTP layer: DeepSeek-V4's mtp.* blocks draft a whole block of tokens at
+    // once from several layers' hidden states (docs/engine.md, "Speculative decoding").
+    return absl::FailedPreconditionError(absl::StrCat(
+        cfg.architecture(), "'s MTP component (mtp.*: a block drafter over several layers' hidden "
+        "states) is not run by this engine; use --speculative-method ngram"));
+  }
   if (cfg.qwen4exp != nullptr) return Qwen4ExpMtpHead::CheckPresent(cfg, src);
   return MtpHead::CheckPresent(cfg, src);
 }

@@ -3,12 +3,14 @@
 // verify drafts (GQA: GLM-4 MoE, Qwen3-MoE, Mixtral; MLA: DeepSeek-V3; DSA: GLM-MoE-DSA; and
 // with recurrent layers, whose state rolls back to the accepted length: Qwen3-Next's gated
 // DeltaNet, GLM-5.3-Flash's KDA with its k-pooled indexer, Qwen4-Exp's DeltaNet, PLE and QSA
-// block indexer): at K = 1, 2 and 4 the tokens equal plain decoding's (transformers' greedy
-// tokens for the fixture prompts; plain decoding's own for prompts built to repeat, where drafts
-// get accepted and rejected mid-chunk, and for seeded sampling), batched with chunked prefill,
+// block indexer; DeepSeek-V4, whose compressors' running softmax restores the state kept for the
+// accepted length, engine/dsv4_kept_accumulators.h): at K = 1, 2 and 4 the tokens equal plain
+// decoding's (transformers' greedy tokens for the fixture prompts; plain decoding's own for
+// prompts built to repeat, where drafts get accepted and rejected mid-chunk, and for seeded
+// sampling), batched with chunked prefill,
 // through preemption, stop tokens and max_tokens inside an accepted run; cancelled and finished
-// requests leave the KV cache and the state slots idle. DeepSeek-V4 (compressed caches) is
-// refused at start by architecture.
+// requests leave the KV cache and the state slots idle. DeepSeek-V4's MTP drafter is refused at
+// start by architecture.
 #include <chrono>
 #include <memory>
 #include <string>
@@ -36,7 +38,8 @@ using RunResult = testing::SpeculativeRun;
 const char* const kFixtures[] = {"tests/fixtures/engine/glm4_moe_all",    "tests/fixtures/engine/qwen3_moe_all",
                                  "tests/fixtures/engine/mixtral_all",      "tests/fixtures/engine/deepseek_v3_all",
                                  "tests/fixtures/engine/glm_moe_dsa_all",  "tests/fixtures/engine/qwen3_next_all",
-                                 "tests/fixtures/engine/glm5_next_all",    "tests/fixtures/engine/qwen4_exp_all"};
+                                 "tests/fixtures/engine/glm5_next_all",    "tests/fixtures/engine/qwen4_exp_all",
+                                 "tests/fixtures/engine/deepseek_v4_all",  "tests/fixtures/engine/deepseek_v4_release_all"};
 
 SpeculativeOptions Ngram(int k) {
   SpeculativeOptions s;
@@ -292,19 +295,17 @@ TEST(SpeculativeDecodingRefusalTest, ProvidedMethodNeedsItsProposer) {
   EXPECT_FALSE(ParseSpeculativeMethod("provided").ok());  // not a server's choice
 }
 
-TEST(SpeculativeDecodingRefusalTest, CompressedCacheFamilyRefusedByName) {
-  const std::pair<const char*, const char*> refused[] = {
-      {"tests/fixtures/engine/deepseek_v4_all", "DeepseekV4ForCausalLM"}};
-  for (const auto& [dir, arch] : refused) {
-    EngineOptions eo;
-    eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 64};
-    eo.scheduler.speculative = Ngram(2);
-    Engine engine(eo, OpenCpuFixtureModel(dir));
-    const absl::Status st = engine.Start();
-    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << dir << ": " << st;
-    EXPECT_NE(st.message().find(arch), std::string_view::npos) << st;
-    EXPECT_NE(st.message().find("ngram"), std::string_view::npos) << st;
-  }
+TEST(SpeculativeDecodingRefusalTest, DeepseekV4MtpRefusedByName) {
+  // DeepSeek-V4 verifies n-gram drafts (above), but its mtp.* block drafter is not run.
+  EngineOptions eo;
+  eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 64};
+  eo.scheduler.speculative.method = SpeculativeMethod::kMtp;
+  eo.scheduler.speculative.num_speculative_tokens = 2;
+  Engine engine(eo, OpenCpuFixtureModel("tests/fixtures/engine/deepseek_v4_all"));
+  const absl::Status st = engine.Start();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("DeepseekV4ForCausalLM"), std::string_view::npos) << st;
+  EXPECT_NE(st.message().find("mtp"), std::string_view::npos) << st;
 }
 
 TEST(SpeculativeDecodingRefusalTest, BadOptionsRefusedAtStart) {

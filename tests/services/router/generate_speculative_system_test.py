@@ -5,8 +5,9 @@ fixture prompt, its continuation, then that continuation's first tokens again) a
 sampled requests give the tokens of a router without speculation, with the experts in the
 router's process and on two exl3-worker processes; the spec_decode counters show accepted drafts.
 The same on GLM-5.3-Flash's fixture (tests/fixtures/engine/glm5_next_all: KDA layers whose
-recurrent state rolls back to the accepted drafts, the k-pooled indexer, hyper-connections). A
-family that cannot verify drafts (DeepSeek-V4) is refused at start by name. With
+recurrent state rolls back to the accepted drafts, the k-pooled indexer, hyper-connections) and
+DeepSeek-V4's (tests/fixtures/engine/deepseek_v4_all: compressors rolled back to the accepted
+drafts); DeepSeek-V4 asked for mtp is refused at start by name. With
 --speculative-method mtp on the GLM-4 MoE MTP fixture (tests/fixtures/engine/glm4_moe_mtp) the
 checkpoint's MTP head drafts: transformers' greedy tokens and a plain router's sampled ones,
 experts in process and on two workers; a checkpoint without the MTP layer is refused by name.
@@ -125,6 +126,12 @@ class GenerateSpeculativeGlm5NextTest(GenerateSpeculativeTest):
     FIXTURE = os.path.join(FIXTURES, "glm5_next_all")
 
 
+class GenerateSpeculativeDeepseekV4Test(GenerateSpeculativeTest):
+    """The cases above on DeepSeek-V4 (compressors whose running softmax rolls back to the
+    accepted drafts, hyper-connections)."""
+    FIXTURE = os.path.join(FIXTURES, "deepseek_v4_all")
+
+
 def capped(stub, prompt, max_tokens, k):
     """The greedy tokens of a request with GenerateRequest.num_speculative_tokens = k."""
     req = pb.GenerateRequest(prompt_token_ids=prompt, max_tokens=max_tokens, ignore_eos=True,
@@ -186,11 +193,11 @@ class SpeculativeRequestSwitchTest(FixtureGenerateTest):
 class SpeculativeRefusedTest(FixtureGenerateTest):
     FIXTURE = os.path.join(FIXTURES, "deepseek_v4_all")
 
-    def test_compressed_cache_family_refused_at_start(self):
+    def test_deepseek_v4_mtp_refused_at_start(self):
         with self.assertRaises(ProcessExited) as e:
-            self.c.start_router(extra=SPECULATIVE, with_map=False)
-        self.assertRegex(str(e.exception), r"speculative method ngram refused for DeepseekV4ForCausalLM: "
-                                           r"DeepseekV4ForCausalLM's compressed caches fold every position")
+            self.c.start_router(extra=MTP, with_map=False)
+        self.assertRegex(str(e.exception), r"speculative method mtp refused for DeepseekV4ForCausalLM: "
+                                           r"DeepseekV4ForCausalLM's MTP component .* is not run")
 
     def test_bad_flags_refused(self):
         with self.assertRaises(ProcessExited) as e:
