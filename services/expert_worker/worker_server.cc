@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "base/command_line.h"
 #include "grpcpp/grpcpp.h"
 #include "model/config/read_moe_config.h"
 #include "model/expert_map.h"
@@ -15,12 +16,6 @@
 #include "services/common/status.h"
 #include "services/common/wire.h"
 
-#ifndef EXL3_VERSION
-#define EXL3_VERSION "0.0.0"
-#endif
-#ifndef EXL3_GIT_DESCRIBE
-#define EXL3_GIT_DESCRIBE ""
-#endif
 
 namespace exl3::worker {
 
@@ -182,7 +177,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
   w->metrics_ = std::move(*ep);
   w->worker_metrics_ = std::make_unique<WorkerMetrics>(
       w->metrics_->registry(), c.MoeLayers(), std::vector<int>(all_experts.begin(), all_experts.end()),
-      w->backend_->name(), w->backend_->device(), EXL3_VERSION);
+      w->backend_->name(), w->backend_->device(), std::string(ProjectVersion()));
   w->worker_metrics_->ready().Set(0);
 
   w->service_ = std::make_unique<Service>(w.get());
@@ -419,10 +414,10 @@ void WorkerServer::FillDescribe(pb::DescribeResponse* out) const {
   out->set_device(backend_->device());
   out->set_pinned_bytes(state_.load() == pb::STATE_LOADING ? 0 : backend_->pinned_bytes());
   pb::Versions* v = out->mutable_versions();
-  v->set_server(EXL3_VERSION);
+  v->set_server(std::string(ProjectVersion()));
   v->set_protocol("exl3serve.v1");
   v->set_grpc(grpc::Version());
-  v->set_git(EXL3_GIT_DESCRIBE);
+  v->set_git(std::string(GitDescribe()));
   out->set_state(state_.load());
   out->set_max_message_bytes(opt_.max_message_bytes);
   out->set_max_batch_tokens(opt_.max_batch_tokens);

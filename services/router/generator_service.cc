@@ -3,6 +3,7 @@
 #include <memory>
 #include <mutex>
 
+#include "base/command_line.h"
 #include "grpcpp/grpcpp.h"
 #include "services/common/status.h"
 #include "services/router/generate_messages.h"
@@ -183,7 +184,7 @@ grpc::ServerUnaryReactor* GeneratorService::DescribeModel(grpc::CallbackServerCo
   resp->set_kv_block_size(shape.block_size);
   resp->set_experts(options_.experts);
   resp->set_max_num_seqs(options_.max_num_seqs);
-  resp->mutable_versions()->set_server(EXL3_VERSION);
+  resp->mutable_versions()->set_server(std::string(ProjectVersion()));
   resp->mutable_versions()->set_protocol("exl3serve.v1");
   resp->mutable_versions()->set_grpc(grpc::Version());
   resp->set_state(draining_ ? pb::STATE_DRAINING : pb::STATE_SERVING);

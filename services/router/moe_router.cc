@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/command_line.h"
 #include "base/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "services/common/raw_message.h"
@@ -100,7 +101,7 @@ void MoeRouterService::FillDescribe(pb::RouterDescribeResponse* resp) const {
     }
     resp->set_unserved_experts(p->UnservedExperts());
   }
-  resp->mutable_versions()->set_server(EXL3_VERSION);
+  resp->mutable_versions()->set_server(std::string(ProjectVersion()));
   resp->mutable_versions()->set_protocol("exl3serve.v1");
   resp->mutable_versions()->set_grpc(grpc::Version());
   resp->set_cancel_supported(true);

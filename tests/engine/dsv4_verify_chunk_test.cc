@@ -17,8 +17,10 @@
 #include <vector>
 
 #include "engine/attention.h"
+#include "engine/config/read_model_config.h"
 #include "engine/cpu_compute.h"
 #include "engine/dsv4_config.h"
+#include "engine/load_attention.h"
 #include "engine/model_config.h"
 #include "engine/paged_kv_cache.h"
 #include "engine/step_tokens.h"
