@@ -37,7 +37,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from .stream_tags import tag_prefix_length
 
@@ -431,71 +431,49 @@ class ToolCallParser:
         self._end_call()
         return True
 
-    # deepseek_v4 / deepseek_v32 (DSML) ----------------------------------------------------------
-    # The head: ` name="NAME">` after <｜DSML｜invoke; then parameters, each sent whole as one
-    # member of the arguments object, up to </｜DSML｜invoke>.
+    # deepseek_v4 / deepseek_v32 (DSML) and qwen3_coder: a head naming the function, then
+    # parameters, each sent whole as one member of the arguments object, up to the call's end.
+    # DSML: ` name="NAME">` after <｜DSML｜invoke, <｜DSML｜parameter name="K" string="true|false">V
+    # (raw text, or JSON), up to </｜DSML｜invoke>. qwen3_coder: <function=NAME> after <tool_call>,
+    # <parameter=K>\nV\n</parameter> (typed by the schema), </function>, up to </tool_call>.
     _DSML_HEAD = re.compile(r'[ \t]+name="([^"<>\n]+)"[ \t]*>')
     _DSML_PARAMETER = re.compile(re.escape(DSML_PARAMETER) + r'[ \t]+name="([^"]*)"[ \t]+'
                                  r'string="(true|false)"[ \t]*>(.*?)' +
                                  re.escape(DSML_PARAMETER_END), re.S)
-
-    def _dsml(self, final: bool) -> bool:
-        if self._state is _CallState.NAME:
-            m = self._DSML_HEAD.match(self._buf)
-            if m is None:
-                # Not (yet) a head: decided at the call's end (_unparsed).
-                if DSML_INVOKE_END not in self._buf and not final:
-                    return False
-                self._state = _CallState.UNPARSED
-                return True
-            self._buf = self._buf[m.end():]
-            self._start_call(m.group(1).strip())
-            return True
-        while True:
-            rest = self._buf.lstrip()
-            if rest.startswith(DSML_PARAMETER):
-                m = self._DSML_PARAMETER.match(rest)
-                if m is not None:
-                    key, string, value = m.groups()
-                    if key not in self._keys:  # a repeated parameter: the first is kept
-                        self._member(key, value if string == "true" else _json_or_text(value))
-                    self._buf = rest[m.end():]
-                    continue
-                if DSML_PARAMETER_END not in rest and not final:
-                    self._buf = rest
-                    return False
-                break  # a malformed parameter, or one cut off at the answer's end
-            if rest.startswith(DSML_INVOKE_END):
-                self._close_arguments()
-                self._buf = rest[len(DSML_INVOKE_END):]
-                self._end_call()
-                return True
-            if not final and (DSML_PARAMETER.startswith(rest) or DSML_INVOKE_END.startswith(rest)):
-                self._buf = rest  # nothing yet, or the start of a tag
-                return False
-            break
-        # Neither a parameter nor the invoke's end: what is left before the end is dropped.
-        end = self._buf.find(DSML_INVOKE_END)
-        if end < 0 and not final:
-            return False
-        self._close_arguments()
-        self._buf = "" if end < 0 else self._buf[end + len(DSML_INVOKE_END):]
-        self._end_call()
-        return True
-
-    # qwen3_coder ----------------------------------------------------------------------------------
-    # The head: <function=NAME> after <tool_call> (and whitespace); then parameters, each sent
-    # whole as one member of the arguments object, up to </function> and </tool_call>.
     _QWEN_HEAD = re.compile(r"\s*" + re.escape(QWEN_FUNCTION) + r"([^>\n]+)>")
     _QWEN_PARAMETER = re.compile(re.escape(QWEN_PARAMETER) + r"([^>\n]+)>(.*?)" +
                                  re.escape(QWEN_PARAMETER_END), re.S)
 
+    def _dsml(self, final: bool) -> bool:
+        def member(m: re.Match) -> tuple[str, Any]:
+            key, string, value = m.groups()
+            return key, value if string == "true" else _json_or_text(value)
+        return self._tagged_parameters(final, self._DSML_HEAD, self._DSML_PARAMETER,
+                                       DSML_PARAMETER, DSML_PARAMETER_END, DSML_INVOKE_END,
+                                       (DSML_INVOKE_END,), member)
+
     def _qwen3_coder(self, final: bool) -> bool:
+        def member(m: re.Match) -> tuple[str, Any]:
+            key = m.group(1).strip()
+            # The value between the tag's "\n" and the closing tag's.
+            value = m.group(2).removeprefix("\n").removesuffix("\n")
+            return key, _qwen_value(self.schemas.get(self._name), key, value)
+        return self._tagged_parameters(final, self._QWEN_HEAD, self._QWEN_PARAMETER,
+                                       QWEN_PARAMETER, QWEN_PARAMETER_END, CALL_END,
+                                       (QWEN_FUNCTION_END, CALL_END), member)
+
+    def _tagged_parameters(self, final: bool, head: re.Pattern, parameter: re.Pattern,
+                           parameter_start: str, parameter_end: str, call_end: str,
+                           closing_tags: tuple[str, ...],
+                           member: Callable[[re.Match], tuple[str, Any]]) -> bool:
+        """One step of a call of tagged parameters: its head, then its parameters as they complete;
+        at `call_end` the call ends, and anything before it that is neither a parameter nor one of
+        `closing_tags` is dropped."""
         if self._state is _CallState.NAME:
-            m = self._QWEN_HEAD.match(self._buf)
+            m = head.match(self._buf)
             if m is None:
                 # Not (yet) a head: decided at the call's end (_unparsed).
-                if CALL_END not in self._buf and not final:
+                if call_end not in self._buf and not final:
                     return False
                 self._state = _CallState.UNPARSED
                 return True
@@ -504,31 +482,28 @@ class ToolCallParser:
             return True
         while True:
             rest = self._buf.lstrip()
-            if rest.startswith(QWEN_PARAMETER):
-                m = self._QWEN_PARAMETER.match(rest)
+            if rest.startswith(parameter_start):
+                m = parameter.match(rest)
                 if m is not None:
-                    key = m.group(1).strip()
-                    # The value between the tag's "\n" and the closing tag's.
-                    value = m.group(2).removeprefix("\n").removesuffix("\n")
+                    key, value = member(m)
                     if key not in self._keys:  # a repeated parameter: the first is kept
-                        self._member(key, _qwen_value(self.schemas.get(self._name), key, value))
+                        self._member(key, value)
                     self._buf = rest[m.end():]
                     continue
-                if QWEN_PARAMETER_END not in rest and not final:
+                if parameter_end not in rest and not final:
                     self._buf = rest
                     return False
                 break  # a malformed parameter, or one cut off at the answer's end
-            if not final and any(t.startswith(rest) for t in (QWEN_PARAMETER, QWEN_FUNCTION_END,
-                                                               CALL_END)):
+            if not final and any(len(rest) < len(t) and t.startswith(rest)
+                                 for t in (parameter_start, *closing_tags)):
                 self._buf = rest  # nothing yet, or the start of a tag
                 return False
             break
-        # </function>, then </tool_call>; anything else before the call's end is dropped.
-        end = self._buf.find(CALL_END)
+        end = self._buf.find(call_end)
         if end < 0 and not final:
             return False
         self._close_arguments()
-        self._buf = "" if end < 0 else self._buf[end + len(CALL_END):]
+        self._buf = "" if end < 0 else self._buf[end + len(call_end):]
         self._end_call()
         return True
 
