@@ -148,30 +148,33 @@ def test_glm45_forced_call_is_the_templates_syntax(glm, live):
     assert text == want
 
 
-@pytest.fixture(scope="module")
-def deepseek(build_dir, tmp_path_factory):
-    """A DeepSeek-V3 test model (its template writes DeepSeek-V3's calls: deepseek_v3 found from
-    it), with a second front end that names deepseek_v31."""
-    tmp = tmp_path_factory.mktemp("deepseek")
-    model = stack.make_model(build_dir, tmp / "deepseek-test", arch="deepseek_v3")
+def _two_frontends(build_dir, tmp, arch: str, found: str, named: str):
+    """A test model of `arch` behind one router and two front ends: one that finds its tool-call
+    format from the template (`found`), one started with --tool-call-parser `named`. Yields the
+    two formats' clients and the model's name."""
+    model = stack.make_model(build_dir, tmp / f"{arch}-test", arch=arch)
     router, engine, _ = stack.start_router(build_dir, model, tmp)
     fes = []
     try:
         fe, url = stack.start_frontend(engine, model, tmp)
         fes.append(fe)
-        fe31, url31 = stack.start_frontend(engine, model, tmp,
-                                           extra=("--tool-call-parser", "deepseek_v31"))
-        fes.append(fe31)
-    except BaseException:
+        fe_named, url_named = stack.start_frontend(engine, model, tmp,
+                                                   extra=("--tool-call-parser", named))
+        fes.append(fe_named)
+        yield ({fmt: openai.OpenAI(base_url=u, api_key="none", max_retries=0, timeout=120)
+                for fmt, u in ((found, url), (named, url_named))}, model.name)
+    finally:
         for f in fes:
             f.stop()
         router.stop()
-        raise
-    yield ({fmt: openai.OpenAI(base_url=u, api_key="none", max_retries=0, timeout=120)
-            for fmt, u in (("deepseek_v3", url), ("deepseek_v31", url31))}, model.name)
-    for f in fes:
-        f.stop()
-    router.stop()
+
+
+@pytest.fixture(scope="module")
+def deepseek(build_dir, tmp_path_factory):
+    """A DeepSeek-V3 test model (its template writes DeepSeek-V3's calls: deepseek_v3 found from
+    it), with a second front end that names deepseek_v31."""
+    yield from _two_frontends(build_dir, tmp_path_factory.mktemp("deepseek"), "deepseek_v3",
+                              "deepseek_v3", "deepseek_v31")
 
 
 @pytest.mark.parametrize("fmt", ["deepseek_v3", "deepseek_v31"])
@@ -211,27 +214,9 @@ def test_deepseek_round_trip(deepseek):
 def deepseek_v4(build_dir, tmp_path_factory):
     """A DeepSeek-V4 test model: its template writes DeepSeek-V4's DSML (deepseek_v4 found
     from it), with a second front end that names deepseek_v32 (V3.2's block name)."""
-    tmp = tmp_path_factory.mktemp("deepseek_v4")
-    model = stack.make_model(build_dir, tmp / "deepseek-v4-test", arch="deepseek_v4")
-    router, engine, _ = stack.start_router(build_dir, model, tmp)
-    fes = []
-    try:
-        fe, url = stack.start_frontend(engine, model, tmp)
-        fes.append(fe)
-        fe32, url32 = stack.start_frontend(engine, model, tmp,
-                                           extra=("--tool-call-parser", "deepseek_v32"))
-        fes.append(fe32)
-    except BaseException:
-        for f in fes:
-            f.stop()
-        router.stop()
-        raise
-    clients = {fmt: openai.OpenAI(base_url=u, api_key="none", max_retries=0, timeout=120)
-               for fmt, u in (("deepseek_v4", url), ("deepseek_v32", url32))}
-    yield clients["deepseek_v4"], model.name, clients
-    for f in fes:
-        f.stop()
-    router.stop()
+    for clients, name in _two_frontends(build_dir, tmp_path_factory.mktemp("deepseek_v4"),
+                                        "deepseek_v4", "deepseek_v4", "deepseek_v32"):
+        yield clients["deepseek_v4"], name, clients
 
 
 def test_deepseek_v4_forced_calls_hold_to_the_schema(deepseek_v4):
