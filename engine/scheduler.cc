@@ -454,8 +454,7 @@ std::vector<SequenceUpdate> Scheduler::CompleteStep(const ScheduledStep& step,
   std::vector<PromptRow> prompt_rows;
   const std::vector<SampledRows> rows = AdvanceStep(step, &prompt_rows);
   const size_t vocab = model_.vocab_size;
-  // Rows whose constraint took no token (e.g. it allows only EOS, banned before min_tokens).
-  std::vector<uint8_t> row_failed(step.batch.NumLogitRows(), 0);
+  // Why a row's constraint took no token (e.g. it allows only EOS, banned before min_tokens).
   std::vector<absl::Status> row_errors(step.batch.NumLogitRows());
 
   // 2. Sample; rows are independent and only read the sequences. Row j of a verify chunk sees
@@ -492,22 +491,22 @@ std::vector<SequenceUpdate> Scheduler::CompleteStep(const ScheduledStep& step,
     // No drafts (ProposeDrafts): one token, which the constraint takes here.
     c->FillNextTokenMask();  // a no-op where the engine filled it during the forward pass
     s.history.allowed_tokens = c->next_token_mask();
-    std::optional<SampledToken> token;
-    if (TokenConstraint::AllowsAnyToken(s.history.allowed_tokens, s.history.banned_tokens)) {
-      token = samplers_[worker].SampleAccepted(
-          row_logits, s.params, s.seed, s.history, [c](int32_t t) { return c->Accept(t).ok(); },
-          kMaxConstraintRefusals);
-      if (!token.has_value())
-        row_errors[row] = absl::InternalError(absl::StrCat(
-            "the output's constraint refused all ", kMaxConstraintRefusals + 1,
-            " tokens drawn from its own mask (or its mask ran out)"));
-    } else {
+    if (!TokenConstraint::AllowsAnyToken(s.history.allowed_tokens, s.history.banned_tokens)) {
       row_errors[row] = absl::InvalidArgumentError(
           "the output's constraint allows no token here (its only continuations are banned: "
           "end-of-sequence before min_tokens, or stop tokens)");
+      return;
     }
-    if (token.has_value()) row_tokens[row] = *token;
-    else row_failed[row] = 1;
+    const std::optional<SampledToken> token = samplers_[worker].SampleAccepted(
+        row_logits, s.params, s.seed, s.history, [c](int32_t t) { return c->Accept(t).ok(); },
+        kMaxConstraintRefusals);
+    if (!token.has_value()) {
+      row_errors[row] = absl::InternalError(absl::StrCat("the output's constraint refused all ",
+                                                         kMaxConstraintRefusals + 1,
+                                                         " tokens drawn from its own mask (or its mask ran out)"));
+      return;
+    }
+    row_tokens[row] = *token;
   };
   if (parallel != nullptr && parallel->num_workers() <= static_cast<int>(samplers_.size())) {
     parallel->Run(num_prompt_rows + static_cast<int>(tasks.size()), sample);
@@ -516,8 +515,12 @@ std::vector<SequenceUpdate> Scheduler::CompleteStep(const ScheduledStep& step,
   }
 
   // 3. Append the tokens and end the sequences that stop.
-  for (const SampledRows& r : rows)
-    if (row_failed[r.first_row]) step_failures_.push_back({r.id, std::move(row_errors[r.first_row])});
+  std::vector<uint8_t> row_failed(row_errors.size(), 0);
+  for (const SampledRows& r : rows) {
+    if (row_errors[r.first_row].ok()) continue;
+    row_failed[r.first_row] = 1;
+    step_failures_.push_back({r.id, std::move(row_errors[r.first_row])});
+  }
   return AppendTokens(rows, row_tokens, row_failed);
 }
 
