@@ -12,6 +12,7 @@
 #include "engine/dsv4_config.h"
 #include "engine/glm5next_config.h"
 #include "engine/load_attention.h"
+#include "engine/load_mtp_drafter.h"
 #include "engine/load_linear_attention.h"
 #include "engine/local_moe.h"
 #include "engine/micro_batches.h"

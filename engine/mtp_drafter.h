@@ -13,7 +13,7 @@
 // returns per token an output of the same width, which is also the state a chained draft (K > 1)
 // runs on; Logits turns outputs into the next tokens' logits.
 //
-//   EXL3_RETURN_IF_ERROR(CheckMtpDrafter(cfg, src));                 // refusal names what is missing
+//   EXL3_RETURN_IF_ERROR(CheckMtpDrafter(cfg, src));                 // engine/load_mtp_drafter.h
 //   EXL3_ASSIGN_OR_RETURN(auto mtp, LoadMtpDrafter(cfg, src, model_head));
 //   EXL3_RETURN_IF_ERROR(mtp->Forward(states, embedded, tokens, cache, out, compute));
 //   EXL3_RETURN_IF_ERROR(mtp->Logits(out_rows, rows, logits, compute));
@@ -60,12 +60,5 @@ class MtpDrafter {
 // blocks load and run it: an attention layer (DSA and GLM-5.3-Flash's k-pooled DSA running their own
 // indexer; never a recurrent mixer), MoE when `moe` (the layer stores a router).
 ModelConfig WithMtpLayer(const ModelConfig& cfg, bool moe);
-
-// OK when `cfg`'s family has an MTP design this engine runs and `src` holds its layer; else
-// FAILED_PRECONDITION naming the architecture and what is missing.
-absl::Status CheckMtpDrafter(const ModelConfig& cfg, const TensorSource& src);
-// The design's drafter; `model_head` (the model's lm_head) must outlive it.
-absl::StatusOr<std::unique_ptr<MtpDrafter>> LoadMtpDrafter(const ModelConfig& cfg, const TensorSource& src,
-                                                           const Linear& model_head);
 
 }  // namespace exl3::engine
