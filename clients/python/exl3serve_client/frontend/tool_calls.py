@@ -583,13 +583,11 @@ _PYTHON_SCALARS = {"True": True, "False": False, "None": None}
 def _qwen_value(schema: Any, key: str, value: str) -> Any:
     """qwen3_coder's argument value: glm45's rule (_typed_value), and where that keeps the text of
     an argument that is not raw, the Python spelling of a scalar as the scalar."""
+    typed = _typed_value(schema, key, value)
     prop = schema.get("properties", {}).get(key) if isinstance(schema, dict) else None
-    if raw_string_argument(prop):
-        return value
-    try:
-        return json.loads(value)
-    except ValueError:
-        return _PYTHON_SCALARS.get(value.strip(), value)
+    if typed is not value or raw_string_argument(prop):
+        return typed
+    return _PYTHON_SCALARS.get(value.strip(), value)
 
 
 def _typed_value(schema: Any, key: str, value: str) -> Any:
