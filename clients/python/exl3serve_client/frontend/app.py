@@ -329,6 +329,7 @@ def create_app(cfg: FrontendConfig) -> FastAPI:
                        f"({fe.engine.engine_context()} tokens)")
             print(f"exl3serve-openai: {message}", file=sys.stderr, flush=True)
             raise SystemExit(message)
+        await fe.tokenizer_process.start()
         yield
         fe.tokenizer_process.close()
         await fe.engine.close()

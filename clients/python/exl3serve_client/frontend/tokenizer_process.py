@@ -9,8 +9,10 @@ against 2-3 stalls, 0.2-1.1 s, with the same tokenizing in another process). A p
 at the lowest CPU priority, leaves the loop, and the engine on the same host, their cores.
 
 One process per front-end process, started (spawn: the front end's gRPC threads make fork unsafe)
-by the first long prompt; it loads the model directory's tokenizer once and dies with its parent.
-Long prompts queue for it, so tokenizing takes at most one core. If it dies (a prompt that
+before the front end serves; it loads the model directory's tokenizer once and dies with its
+parent. Starting it costs a second or two of a core (Python, the tokenizer's imports and files) at
+normal priority: paid by the first long prompt, that stalled the requests beside it on a 2-core
+machine. Long prompts queue for it, so tokenizing takes at most one core. If it dies (a prompt that
 exhausted its memory), that prompt is answered 500 and the next one starts a new process.
 """
 
@@ -43,6 +45,10 @@ def _start(model_dir: str, parent_pid: int) -> None:
     _tokenizer = ModelTokenizer(model_dir)
 
 
+def _started() -> bool:
+    return _tokenizer is not None
+
+
 def _encode(text: str, limit: int, add_special_tokens: bool) -> tuple[int, Optional[bytes]]:
     """In the tokenizer process: the text's token count, and its ids if fewer than limit (as int32
     bytes: a million ids cross the pipe as 4 MB, not a million pickled ints)."""
@@ -66,6 +72,10 @@ class TokenizerProcess:
                 max_workers=1, mp_context=multiprocessing.get_context("spawn"),
                 initializer=_start, initargs=(str(self.model_dir), os.getpid()))
         return self._pool
+
+    async def start(self) -> None:
+        """Starts the process and waits until its tokenizer is loaded."""
+        await asyncio.get_running_loop().run_in_executor(self._executor(), _started)
 
     async def encode(self, text: str, limit: int,
                      add_special_tokens: bool) -> tuple[int, Optional[list[int]]]:
