@@ -343,7 +343,7 @@ std::string TensorSource::MissingTensorHint(std::string_view name) const {
   if (Has(base + ".slice.0.trellis") || Has(base + ".slice.0.weight")) {
     return absl::StrCat(": '", base, "' is stored as per-group slices ('", base,
                         ".slice.0', ...: exllamav3's DeepSeek-V4 wo_a; "
-                        "engine/dsv4_grouped_wo_a.h reads those as one layer)");
+                        "engine/cpu/attention/dsv4_grouped_wo_a.h reads those as one layer)");
   }
   if (!Has(base + ".trellis")) return "";
   if (Has(base + ".signs")) {

@@ -16,9 +16,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "base/command_line.h"
-#include "engine/sampler.h"
-#include "engine/token_constraint.h"
-#include "engine/token_grammar.h"
+#include "engine/sampling/sampler.h"
+#include "engine/sampling/token_constraint.h"
+#include "engine/sampling/token_grammar.h"
 
 ABSL_FLAG(std::string, tokenizer, "", "a tokenizer.json (required)");
 ABSL_FLAG(int, vocab_size, 0,
@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
       SequenceHistory masked;
       masked.output = output;
       masked.allowed_tokens = constraint.next_token_mask();
-      // The constraint takes the token as the engine has it do (engine/scheduler.cc): a token its
+      // The constraint takes the token as the engine has it do (engine/core/scheduler.cc): a token its
       // matcher refuses although its mask allowed it is drawn again and counted.
       const std::optional<SampledToken> token = sampler.SampleAccepted(
           logits, params, seed, masked,

@@ -16,7 +16,7 @@
 #include "base/command_line.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "engine/cpu_model.h"
+#include "engine/cpu/cpu_model.h"
 #include "tools/exl3_bench/speculative_bench.h"
 
 ABSL_FLAG(std::string, model, "", "the model directory (required)");
@@ -25,7 +25,7 @@ ABSL_FLAG(std::string, k, "1,2,3,4", "draft caps (num_speculative_tokens per req
 ABSL_FLAG(std::string, batch, "1,8", "batch sizes (requests at once)");
 ABSL_FLAG(int, prompt_tokens, 256, "random prompt tokens per request");
 ABSL_FLAG(int, decode_tokens, 64, "greedy tokens per request");
-ABSL_FLAG(std::string, draft_length, "fixed", "fixed or adaptive (engine/draft_length.h)");
+ABSL_FLAG(std::string, draft_length, "fixed", "fixed or adaptive (engine/speculative/draft_length.h)");
 ABSL_FLAG(int, threads, 0, "CPU threads of the model (0: every hardware thread)");
 ABSL_FLAG(std::string, json, "", "append one JSON object per row to this file");
 

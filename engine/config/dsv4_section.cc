@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "engine/dsv4_config.h"
-#include "engine/rope_parameters.h"
+#include "engine/config/dsv4_config.h"
+#include "engine/config/rope_parameters.h"
 
 namespace exl3::engine {
 namespace {

@@ -1,7 +1,7 @@
 // The configuration section of DeepSeek-V4 (DeepseekV4ForCausalLM, DeepseekV4Config in
 // transformers 5.24): shared-KV attention over a sliding window plus compressed entries
-// (engine/dsv4_attention.h), hyper-connections; what it reads fills ModelConfig::dsv4
-// (engine/dsv4_config.h) and the attention fields it shares (head_dim's users, sliding_window,
+// (engine/cpu/attention/dsv4_attention.h), hyper-connections; what it reads fills ModelConfig::dsv4
+// (engine/config/dsv4_config.h) and the attention fields it shares (head_dim's users, sliding_window,
 // q_lora_rank, rope, attention_scale).
 //
 //   layer_types: per layer "sliding_attention", "compressed_sparse_attention" (CSA) or
@@ -16,7 +16,7 @@
 #pragma once
 
 #include "absl/status/status.h"
-#include "engine/model_config.h"
+#include "engine/config/model_config.h"
 #include "model/config/config_file.h"
 
 namespace exl3::engine {

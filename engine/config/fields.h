@@ -7,7 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/rope_parameters.h"
+#include "engine/config/rope_parameters.h"
 #include "nlohmann/json.hpp"
 
 namespace exl3::engine {
@@ -20,7 +20,7 @@ absl::StatusOr<int> RequireInt(const nlohmann::json& j, const std::string& sourc
 int IntOr(const nlohmann::json& j, const char* field, int fallback);
 double NumberOr(const nlohmann::json& j, const char* field, double fallback);
 
-// The text config's rope (engine/rope_parameters.h MergedRopeParameters) for heads of `head_dim`,
+// The text config's rope (engine/config/rope_parameters.h MergedRopeParameters) for heads of `head_dim`,
 // rotating head_dim * partial_rotary_factor dimensions (`default_partial` when the file names
 // no factor).
 absl::Status ReadRope(const nlohmann::json& text, int head_dim, double default_partial,

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/config/latent_section.h"
-#include "engine/glm5next_config.h"
+#include "engine/config/glm5next_config.h"
 
 namespace exl3::engine {
 namespace {

@@ -1,6 +1,6 @@
 // The configuration sections of the latent-attention families: DeepSeek-V3 (multi-head latent
-// attention, engine/mla_attention.h) and GLM-5 (GlmMoeDsaForCausalLM: MLA whose queries see the
-// top-k positions of a lightning indexer, engine/dsa_attention.h). Each reads the MLA shape, its
+// attention, engine/cpu/attention/mla_attention.h) and GLM-5 (GlmMoeDsaForCausalLM: MLA whose queries see the
+// top-k positions of a lightning indexer, engine/cpu/attention/dsa_attention.h). Each reads the MLA shape, its
 // rope over the rope head (interleaved pairs) and sets the softmax scale (DeepSeek's mscale under
 // a scaled rope).
 #pragma once
@@ -10,7 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/model_config.h"
+#include "engine/config/model_config.h"
 #include "model/config/config_file.h"
 
 namespace exl3::engine {

@@ -1,11 +1,11 @@
 // The configuration section of Qwen3-Next (Qwen3NextForCausalLM): per layer, gated DeltaNet
-// linear attention (engine/gated_deltanet.h) or gated GQA with zero-centred norm weights.
+// linear attention (engine/cpu/linear_attention/gated_deltanet.h) or gated GQA with zero-centred norm weights.
 #pragma once
 
 #include <string>
 
 #include "absl/status/status.h"
-#include "engine/model_config.h"
+#include "engine/config/model_config.h"
 #include "model/config/config_file.h"
 
 namespace exl3::engine {

@@ -11,7 +11,7 @@
 #include "base/status_macros.h"
 #include "engine/config/fields.h"
 #include "engine/config/qwen3next_section.h"
-#include "engine/qwen4exp_config.h"
+#include "engine/config/qwen4exp_config.h"
 
 namespace exl3::engine {
 namespace {

@@ -1,5 +1,5 @@
 // The engines' reader of a model directory's configuration: config.json, parsed once
-// (model/config/config_file.h), read into a ModelConfig (engine/model_config.h) whose MoE layout
+// (model/config/config_file.h), read into a ModelConfig (engine/config/model_config.h) whose MoE layout
 // comes from the same parse (model/config/read_moe_config.h), as transformers 5.x writes it
 // (`rope_parameters`) and as older files do (`rope_theta`, `rope_scaling`,
 // `partial_rotary_factor` at the top level).
@@ -21,7 +21,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "engine/model_config.h"
+#include "engine/config/model_config.h"
 #include "model/config/config_file.h"
 
 namespace exl3::engine {

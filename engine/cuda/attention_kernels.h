@@ -4,7 +4,7 @@
 // a step can be captured in a CUDA graph.
 //
 // The cache holds fp16 (IEEE binary16) keys and values in the CPU engine's slot layout
-// (engine/paged_kv_cache.h): per layer [num_blocks * block_size slots, 2 * kv_floats], a slot being
+// (engine/cpu/paged_kv_cache.h): per layer [num_blocks * block_size slots, 2 * kv_floats], a slot being
 // the keys of every KV head, then the values of every KV head, head_dim each. Queries, outputs and
 // every accumulation are fp32; the tensor-core kernels round queries and the softmax
 // probabilities to fp16 for their products (about 5e-4 relative).

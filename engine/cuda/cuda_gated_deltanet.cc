@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "engine/linear.h"
-#include "engine/qwen4exp_config.h"
+#include "engine/cpu/linear.h"
+#include "engine/config/qwen4exp_config.h"
 #include "model/moe_config.h"
 
 namespace exl3::engine::cuda {

@@ -1,5 +1,5 @@
 // One Qwen3-Next gated DeltaNet layer (`linear_attn.*`) on the GPU: the CPU layer's arithmetic
-// (engine/gated_deltanet.h, which states it) on device memory, for CudaModel
+// (engine/cpu/linear_attention/gated_deltanet.h, which states it) on device memory, for CudaModel
 // (engine/cuda/cuda_model.h):
 //
 //   qkvz = in_proj_qkvz(x), ba = in_proj_ba(x)                    (CudaLinear)
@@ -24,7 +24,7 @@
 #include "engine/cuda/deltanet_kernels.h"
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/recurrent_chunks.h"
-#include "engine/model_config.h"
+#include "engine/config/model_config.h"
 #include "model/safetensors.h"
 
 namespace exl3::engine::cuda {

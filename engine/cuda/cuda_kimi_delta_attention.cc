@@ -4,9 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "engine/glm5next_config.h"
-#include "engine/kimi_delta_attention.h"
-#include "engine/linear.h"
+#include "engine/config/glm5next_config.h"
+#include "engine/cpu/linear_attention/kimi_delta_attention.h"
+#include "engine/cpu/linear.h"
 #include "model/moe_config.h"
 
 namespace exl3::engine::cuda {
@@ -58,7 +58,7 @@ absl::StatusOr<std::unique_ptr<CudaKimiDeltaAttention>> CudaKimiDeltaAttention::
     a->gate_ = KdaForgetGate{KdaForgetGate::Form::kSoftplus, 0.0f};
   }
   EXL3_RETURN_IF_ERROR(CheckKdaDims(a->dims_));
-  // The CPU layer's weights (engine/kimi_delta_attention.h KdaWeights), uploaded.
+  // The CPU layer's weights (engine/cpu/linear_attention/kimi_delta_attention.h KdaWeights), uploaded.
   EXL3_ASSIGN_OR_RETURN(const KdaWeights w, KdaWeights::Load(cfg, src, layer));
   const std::pair<CudaLinear*, const Linear*> linears[] = {{&a->q_, &w.q},     {&a->k_, &w.k},     {&a->v_, &w.v},
                                                            {&a->f_a_, &w.f_a}, {&a->f_b_, &w.f_b}, {&a->b_, &w.b},

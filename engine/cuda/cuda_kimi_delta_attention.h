@@ -1,5 +1,5 @@
 // One GLM-5.3-Flash KDA layer (`self_attn.*` of its linear_attention layers) on the GPU: the CPU
-// layer's arithmetic (engine/kimi_delta_attention.h, which states it) on device memory, for the KDA
+// layer's arithmetic (engine/cpu/linear_attention/kimi_delta_attention.h, which states it) on device memory, for the KDA
 // mixer kind (engine/cuda/recurrent_mixer.h):
 //
 //   q, k, v = q_proj(x), k_proj(x), v_proj(x); f_b_proj(f_a_proj(x)), g_b_proj(g_a_proj(x)),
@@ -11,7 +11,7 @@
 //
 // (engine/cuda/kda_kernels.h). Unlike the CPU layer, which runs a chunk of several tokens in the
 // chunked form, the GPU runs every chunk token by token (the recurrent form): the same outputs and
-// state up to fp32 rounding (engine/kimi_delta_rule.h). Each chunk's state is read from and
+// state up to fp32 rounding (engine/cpu/linear_attention/kimi_delta_rule.h). Each chunk's state is read from and
 // written to the device state store (engine/cuda/device_sequence_states.h) at the rows the step's
 // chunk table names, so the layer's launches are the same for any slots (CUDA graphs replay them).
 #pragma once
@@ -24,7 +24,7 @@
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/kda_kernels.h"
 #include "engine/cuda/recurrent_chunks.h"
-#include "engine/model_config.h"
+#include "engine/config/model_config.h"
 #include "model/safetensors.h"
 
 namespace exl3::engine::cuda {

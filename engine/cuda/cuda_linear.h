@@ -3,7 +3,7 @@
 // the GEMM for prefill chunks), dense on an fp32 copy of the weight (engine/cuda/dense_gemv_kernels.h
 // for decode rows, cuBLAS for more).
 //
-//   EXL3_ASSIGN_OR_RETURN(CudaLinear q, CudaLinear::Upload(host_linear));   // engine/linear.h
+//   EXL3_ASSIGN_OR_RETURN(CudaLinear q, CudaLinear::Upload(host_linear));   // engine/cpu/linear.h
 //   CudaLinearContext ctx{cublas, &workspace, stream};
 //   EXL3_RETURN_IF_ERROR(q.Forward(d_x, T, d_y, ctx));
 #pragma once
@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "engine/cuda/dense_gemv_kernels.h"
 #include "engine/cuda/device_array.h"
-#include "engine/linear.h"
+#include "engine/cpu/linear.h"
 #include "kernels/cuda/cuda_backend.h"
 
 namespace exl3::engine::cuda {

@@ -1,5 +1,5 @@
 // A layer's token mixer on the GPU (its attention, or its recurrent layer in place of attention):
-// the CUDA model's counterpart of the CPU engine's engine/attention.h. Every layer has one
+// the CUDA model's counterpart of the CPU engine's engine/cpu/attention/attention.h. Every layer has one
 // CudaMixer; every layer of one kind (GQA, latent attention, gated DeltaNet, DeepSeek-V4's) shares
 // a CudaMixerKind, which owns what the kind's layers share: their KV cache (or recurrent state),
 // their workspace, and the per-step facts only that kind reads. The model calls the kinds' hooks
@@ -13,7 +13,7 @@
 //   mixer.Forward(step, x, first, n, out)    per layer, for rows [first, first + n)
 //   EndStep(batch)                           after the step's synchronisation, if it succeeded
 //
-// LoadCudaMixers is the factory (as engine/attention.cc's LoadAttention is the CPU engine's): a new
+// LoadCudaMixers is the factory (as engine/cpu/attention/attention.cc's LoadAttention is the CPU engine's): a new
 // kind is one mixer file pair and one line there.
 #pragma once
 
@@ -24,9 +24,9 @@
 #include "absl/status/statusor.h"
 #include "engine/cuda/cuda_linear.h"
 #include "engine/cuda/step_facts.h"
-#include "engine/model_config.h"
-#include "engine/model_runner.h"
-#include "engine/step_tokens.h"
+#include "engine/config/model_config.h"
+#include "engine/core/model_runner.h"
+#include "engine/core/step_tokens.h"
 #include "model/safetensors.h"
 
 namespace exl3::engine::cuda {

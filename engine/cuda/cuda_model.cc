@@ -8,7 +8,7 @@
 #include "base/status_macros.h"
 #include "engine/config/read_model_config.h"
 #include "kernels/cuda/cuda_status.h"
-#include "engine/qwen4exp_config.h"
+#include "engine/config/qwen4exp_config.h"
 #include "model/exl3_model.h"
 #include "model/moe_config.h"
 #include "model/safetensors.h"
@@ -347,7 +347,7 @@ absl::Status CudaModel::RunStep(const StepBatch& batch, const StepOutput& out) {
   // A recurrent kind's step reads each chunk's state as the last successful step left it and
   // writes other copies (a verify chunk: one per kept position); only EndStep, after the step's
   // synchronisation, makes those current, so a step that fails leaves every state as it was
-  // (engine/model_runner.h).
+  // (engine/core/model_runner.h).
   for (const auto& kind : mixers_.kinds) EXL3_RETURN_IF_ERROR(kind->BeginStep(batch, device_->stream()));
   const bool graph = graphs_->enabled() && (moe_ == nullptr || !moe_->remote()) &&
                      tokens.num_tokens <= DecodeGraphs::kMaxRows && IsDecodeStep(batch);

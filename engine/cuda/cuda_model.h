@@ -1,5 +1,5 @@
 // A whole model's forward pass on one NVIDIA GPU: the CUDA backend of the engine's ModelRunner
-// (engine/model_runner.h), the CPU model's layer loop (engine/cpu_model.h) on device memory. A
+// (engine/core/model_runner.h), the CPU model's layer loop (engine/cpu/cpu_model.h) on device memory. A
 // layer is its token mixer (engine/cuda/cuda_mixer.h: GQA, latent attention, gated DeltaNet or
 // DeepSeek-V4's attention, each kind with its own cache and workspace) and a dense MLP or an MoE
 // block (engine/cuda/cuda_moe.h: the gate on the device, the experts in process or on expert
@@ -41,10 +41,10 @@
 #include "engine/cuda/residual_stream.h"
 #include "engine/cuda/step_facts.h"
 #include "engine/cuda/weight_bytes.h"
-#include "engine/micro_batches.h"
-#include "engine/model_config.h"
-#include "engine/model_runner.h"
-#include "engine/moe_executor.h"
+#include "engine/core/micro_batches.h"
+#include "engine/config/model_config.h"
+#include "engine/core/model_runner.h"
+#include "engine/core/moe_executor.h"
 
 namespace exl3::engine::cuda {
 
@@ -52,7 +52,7 @@ struct CudaModelOptions {
   std::string served_name;  // empty: the directory's base name
   // Token rows of the MoE kernels' workspace (one workspace serves every layer); a step with more
   // tokens runs its MoE layers in pieces of this many, each piece decoding every expert it touches
-  // again. 2048, the scheduler's default step budget (engine/scheduler.h max_num_batched_tokens):
+  // again. 2048, the scheduler's default step budget (engine/core/scheduler.h max_num_batched_tokens):
   // one piece per step (on an H200, 46 GLM-4.5-Air-shaped layers: time to first token 241 -> 199 ms
   // at 1k, 2434 -> 1864 ms at 8k against 512), for a workspace of about 0.8 GB at those shapes.
   int max_moe_tokens = 2048;
@@ -69,7 +69,7 @@ struct CudaModelOptions {
   // logits go to the host for the engine's sampler.
   bool device_sampling = true;
   // With remote experts, a step of two sequences or more runs as this many micro-batches (1 or 2,
-  // engine/micro_batches.h) whose layers alternate: one's hidden states are out at the workers
+  // engine/core/micro_batches.h) whose layers alternate: one's hidden states are out at the workers
   // while the other's attention runs on the GPU (MegaScale-Infer's ping-pong). Each token's
   // arithmetic is the same either way. In-process experts ignore it (no exchange to hide).
   int micro_batches = 1;

@@ -16,9 +16,9 @@
 #include "engine/cuda/remote_moe_exchange.h"
 #include "engine/cuda/step_facts.h"
 #include "engine/cuda/weight_bytes.h"
-#include "engine/micro_batches.h"
-#include "engine/model_config.h"
-#include "engine/moe_executor.h"
+#include "engine/core/micro_batches.h"
+#include "engine/config/model_config.h"
+#include "engine/core/moe_executor.h"
 #include "model/exl3_model.h"
 
 namespace exl3::engine::cuda {

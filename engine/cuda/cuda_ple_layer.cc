@@ -7,7 +7,7 @@
 #include "engine/cuda/gated_residual_kernels.h"
 #include "engine/cuda/recurrent_layer_states.h"
 #include "engine/cuda/weight_upload.h"
-#include "engine/qwen4exp_config.h"
+#include "engine/config/qwen4exp_config.h"
 #include "model/moe_config.h"
 
 namespace exl3::engine::cuda {

@@ -1,4 +1,4 @@
-// One of Qwen4-Exp's PLE layers on the GPU (`layers.N.ple.*`; the CPU engine's engine/ple_layer.h
+// One of Qwen4-Exp's PLE layers on the GPU (`layers.N.ple.*`; the CPU engine's engine/cpu/residual/ple_layer.h
 // states the arithmetic): the n-gram rows are read on the host with the CPU layer's reader (pread,
 // the table never mapped whole) for each step's windows (engine/cuda/ple_windows.h) and uploaded with
 // the step; the rest runs on the device:
@@ -21,8 +21,8 @@
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/ple_kernels.h"
 #include "engine/cuda/recurrent_chunks.h"
-#include "engine/model_config.h"
-#include "engine/ple_layer.h"
+#include "engine/config/model_config.h"
+#include "engine/cpu/residual/ple_layer.h"
 #include "model/safetensors.h"
 
 namespace exl3::engine::cuda {

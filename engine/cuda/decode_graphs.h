@@ -14,7 +14,7 @@
 #include "absl/status/status.h"
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/engine_kernels.h"
-#include "engine/model_runner.h"
+#include "engine/core/model_runner.h"
 
 namespace exl3::engine::cuda {
 

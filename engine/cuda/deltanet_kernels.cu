@@ -17,7 +17,7 @@ constexpr int kThreads = 256;
 
 __device__ __forceinline__ float Sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 __device__ __forceinline__ float Silu(float x) { return x * Sigmoid(x); }
-// torch's softplus (beta 1, threshold 20), as engine/gated_deltanet.cc.
+// torch's softplus (beta 1, threshold 20), as engine/cpu/linear_attention/gated_deltanet.cc.
 __device__ __forceinline__ float Softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
 __device__ __forceinline__ float WarpSum(float v) {

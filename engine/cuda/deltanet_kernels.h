@@ -1,6 +1,6 @@
 // The kernels of Qwen3-Next's gated DeltaNet layer on the GPU (engine/cuda/cuda_gated_deltanet.h
 // runs them between its projections), the same arithmetic as the CPU layer
-// (engine/gated_deltanet.h) in fp32: the causal depthwise conv1d + SiLU over each sequence's conv
+// (engine/cpu/linear_attention/gated_deltanet.h) in fp32: the causal depthwise conv1d + SiLU over each sequence's conv
 // state, the L2 norms of q and k (q scaled), β and the decay, the delta-rule recurrence token by
 // token (engine/cuda/delta_rule_kernels.h), the gated RMSNorm · SiLU(z).
 // Host launchers only: this header includes no CUDA header. Every pointer is device memory, every
@@ -27,7 +27,7 @@
 
 namespace exl3::engine::cuda {
 
-// The layer's shape (engine/model_config.h LinearAttentionConfig, as a kernel argument).
+// The layer's shape (engine/config/model_config.h LinearAttentionConfig, as a kernel argument).
 struct DeltaNetDims {
   int num_key_heads = 0, num_value_heads = 0, key_head_dim = 0, value_head_dim = 0;
   int conv_kernel = 0;

@@ -22,7 +22,7 @@ DeviceSampler::DeviceSampler(int vocab_size) : vocab_size_(vocab_size), packer_(
 
 bool DeviceSampler::Supports(const SamplingParams& params) {
   // logit_bias and constraints (masks) are applied by the host's Sampler only: such steps are
-  // sampled on the host (engine/engine.cc RunForward).
+  // sampled on the host (engine/core/engine.cc RunForward).
   return (!params.logprobs.has_value() || *params.logprobs <= kMaxDeviceTopLogprobs) &&
          params.logit_bias.empty() && params.grammar == nullptr;
 }

@@ -1,7 +1,7 @@
 // Sampling a step's logit rows where they are, on the GPU (engine/cuda/sampling_kernels.h), so
 // that only tokens and the logprobs asked for come back: one small host-to-device copy of the
-// rows' packed parameters (engine/sampling_pack.h), one kernel, one small device-to-host copy.
-// The same tokens and logprobs as the CPU sampler (engine/sampler.h) on the same logits.
+// rows' packed parameters (engine/sampling/sampling_pack.h), one kernel, one small device-to-host copy.
+// The same tokens and logprobs as the CPU sampler (engine/sampling/sampler.h) on the same logits.
 //
 //   DeviceSampler sampler(vocab_size);
 //   EXL3_RETURN_IF_ERROR(sampler.Launch(d_logits, rows, stream));  // queued on `stream`
@@ -18,8 +18,8 @@
 #include "absl/status/status.h"
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/pinned_buffer.h"
-#include "engine/sampler.h"
-#include "engine/sampling_pack.h"
+#include "engine/sampling/sampler.h"
+#include "engine/sampling/sampling_pack.h"
 
 namespace exl3::engine::cuda {
 

@@ -1,6 +1,6 @@
 // The per-sequence recurrent state of a model's recurrent layers (Qwen3-Next's gated DeltaNet,
 // GLM-5.3-Flash's KDA, Qwen4-Exp's PLE conv inputs) in device memory: the GPU counterpart of
-// engine/sequence_state.h's SequenceStateStore, with the same slots, the same copies per slot and
+// engine/cpu/sequence_state.h's SequenceStateStore, with the same slots, the same copies per slot and
 // the same bookkeeping (SequenceStateSlots): a step reads each chunk's current copy and writes
 // others, and only CommitStep (once the whole step has succeeded) makes the written copies the
 // slot's, so a failed step leaves every state as it was. A chunk at position 0 starts from zeros
@@ -15,7 +15,7 @@
 // Speculative decoding (max_kept_states = 1 + K): a verify chunk keeps the state after each of its
 // last NumKeptStates(slot) tokens, kept state k in row KeptRow(slot, k) (the last is WriteRow), and
 // the sequence's next chunk continues the one its start position names, as on the CPU
-// (engine/sequence_state.h). Without it a slot has the two copies of old; the extra copies are
+// (engine/cpu/sequence_state.h). Without it a slot has the two copies of old; the extra copies are
 // allocated only where a chunk may keep more than one state.
 //
 // Memory: rows of row_floats() floats (one copy of one slot: every layer's state, layer l at
@@ -31,8 +31,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/cuda/device_array.h"
-#include "engine/model_runner.h"
-#include "engine/sequence_state.h"
+#include "engine/core/model_runner.h"
+#include "engine/cpu/sequence_state.h"
 
 namespace exl3::engine::cuda {
 

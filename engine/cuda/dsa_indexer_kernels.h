@@ -1,4 +1,4 @@
-// The CUDA engine's kernels for GLM-MoE-DSA's lightning indexer (engine/dsa_attention.h has the
+// The CUDA engine's kernels for GLM-MoE-DSA's lightning indexer (engine/cpu/attention/dsa_attention.h has the
 // arithmetic): the indexer key's LayerNorm and cache write, the per-position index scores and the
 // device top-k that chooses each query token's positions. Host launchers only: this header
 // includes no CUDA header; every pointer is device memory, every launch goes on `stream`, none
@@ -13,7 +13,7 @@
 namespace exl3::engine::cuda {
 
 // x[r] = (x[r] - mean) / sqrt(var + eps) * w + b for `rows` rows of n floats, in place (mean and
-// variance in double, as engine/dsa_attention.cc's LayerNormInPlace).
+// variance in double, as engine/cpu/attention/dsa_attention.cc's LayerNormInPlace).
 absl::Status LayerNormRows(float* x, const float* w, const float* b, int rows, int n, float eps,
                            StreamHandle stream);
 
@@ -48,8 +48,8 @@ bool IndexerTensorCoresSupport(const IndexerShape& shape);
 // Per query token t = first_token + i, its n = min((position[t] + 1) / pool, row_length) scores in
 // scores[i * row_length ..] (pool 1: one per position; GLM-5.3-Flash's indexer scores the complete
 // pools of `pool` positions, engine/cuda/kpool_indexer_kernels.h): when n ≤ topk every candidate
-// 0..n-1, else the topk highest (ties: the lower candidate first, as engine/dsa_attention.cc's and
-// engine/kpool_indexer.cc's partial_sort; +0 and -0 equal), written ascending to
+// 0..n-1, else the topk highest (ties: the lower candidate first, as engine/cpu/attention/dsa_attention.cc's and
+// engine/cpu/attention/kpool_indexer.cc's partial_sort; +0 and -0 equal), written ascending to
 // selected[t * topk ..] and their number to count[t].
 absl::Status IndexerTopk(const float* scores, int row_length, const int32_t* position, int first_token,
                          int num_tokens, int topk, int32_t* selected, int32_t* count, StreamHandle stream,

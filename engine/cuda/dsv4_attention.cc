@@ -13,8 +13,8 @@
 #include "engine/cuda/dsa_indexer_kernels.h"
 #include "engine/cuda/engine_kernels.h"
 #include "engine/cuda/weight_upload.h"
-#include "engine/dsv4_grouped_wo_a.h"
-#include "engine/linear.h"
+#include "engine/cpu/attention/dsv4_grouped_wo_a.h"
+#include "engine/cpu/linear.h"
 #include "kernels/cuda/cuda_status.h"
 
 namespace exl3::engine::cuda {

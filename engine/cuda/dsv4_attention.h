@@ -1,9 +1,9 @@
-// One layer of DeepSeek-V4's attention on the GPU: the CPU engine's engine/dsv4_attention.h (which
+// One layer of DeepSeek-V4's attention on the GPU: the CPU engine's engine/cpu/attention/dsv4_attention.h (which
 // says what it computes: shared-KV MQA over the sliding window plus, on compressed layers, the
 // compressed entries, with its compressors and CSA's indexer) on device memory, for CudaModel
 // (engine/cuda/cuda_model.h). Kernels: engine/cuda/dsv4_attention_kernels.h.
 //
-// The cache is fp32 in the CPU engine's layout (engine/paged_kv_cache.h with engine/dsv4_config.h's
+// The cache is fp32 in the CPU engine's layout (engine/cpu/paged_kv_cache.h with engine/config/dsv4_config.h's
 // Dsv4CacheLayout): the same block holds the same positions' kv and the same compressor state, so
 // a sequence stops and resumes at any token (prefill, decode, prefill again) and full blocks can be
 // shared, as on the CPU. The linear layers go through CudaLinear (EXL3 or dense); the grouped
@@ -20,10 +20,10 @@
 #include "engine/cuda/cuda_linear.h"
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/dsv4_attention_kernels.h"
-#include "engine/dsv4_config.h"
-#include "engine/model_config.h"
-#include "engine/rope.h"
-#include "engine/step_tokens.h"
+#include "engine/config/dsv4_config.h"
+#include "engine/config/model_config.h"
+#include "engine/cpu/rope.h"
+#include "engine/core/step_tokens.h"
 #include "model/safetensors.h"
 
 namespace exl3::engine::cuda {

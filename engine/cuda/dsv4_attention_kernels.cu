@@ -67,7 +67,7 @@ __global__ void WriteSlotsKernel(const float* kv, AttentionTokens at, Dsv4CacheV
 }
 
 // Folds (value, logit) into channel i of a running softmax acc [2, n] (FoldIntoAccumulator of
-// engine/dsv4_attention.cc).
+// engine/cpu/attention/dsv4_attention.cc).
 __device__ inline void FoldChannel(float* acc, int n, int i, float value, float logit) {
   float* lse = acc;
   float* mean = acc + n;
@@ -88,7 +88,7 @@ __device__ inline void ClearChannel(float* acc, int n, int i) {
   acc[n + i] = 0.0f;
 }
 
-// FoldPosition of engine/dsv4_attention.cc for token t at `position` into `area`, by the block.
+// FoldPosition of engine/cpu/attention/dsv4_attention.cc for token t at `position` into `area`, by the block.
 __device__ void FoldCompressor(const Dsv4CompressorArgs& k, const Dsv4FoldArgs& a, const Dsv4CacheView& c, int t,
                                int position, float* area, const float* entry_cos, const float* entry_sin,
                                double* partial) {

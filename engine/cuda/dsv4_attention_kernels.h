@@ -1,4 +1,4 @@
-// DeepSeek-V4's attention kernels on the GPU (engine/dsv4_attention.h has the arithmetic; the
+// DeepSeek-V4's attention kernels on the GPU (engine/cpu/attention/dsv4_attention.h has the arithmetic; the
 // layer class is engine/cuda/dsv4_attention.h): the rope of the trailing rope_dim dimensions
 // (pairs interleaved, in place), the shared key/value's cache write, the compressors' fold of the
 // step's tokens into their blocks' running softmax (closing windows into compressed entries), the
@@ -6,8 +6,8 @@
 // the compressed entries with the sink. Host launchers only: this header includes no CUDA
 // header; every pointer is device memory, every launch goes on `stream`, none synchronises.
 //
-// The cache of one layer is fp32 and laid out as the CPU engine's (engine/paged_kv_cache.h, with
-// engine/dsv4_config.h's Dsv4CacheLayout for the block areas): block b at layer + b *
+// The cache of one layer is fp32 and laid out as the CPU engine's (engine/cpu/paged_kv_cache.h, with
+// engine/config/dsv4_config.h's Dsv4CacheLayout for the block areas): block b at layer + b *
 // block_stride holds block_size slots of token_floats (the token's normalised, rotated kv), then
 // the block area (block_stride - block_size * token_floats floats; none on sliding layers).
 #pragma once
@@ -37,7 +37,7 @@ absl::Status Dsv4WriteSlots(const float* kv, int num_tokens, const AttentionToke
                             const Dsv4CacheView& cache, StreamHandle stream);
 
 // One compressor of a layer: its step projections and where its state lies in a block area
-// (engine/dsv4_config.h's Dsv4CompressorCache; offsets in floats).
+// (engine/config/dsv4_config.h's Dsv4CompressorCache; offsets in floats).
 struct Dsv4CompressorArgs {
   int dim = 0;               // of an entry; 0: no such compressor
   bool overlapping = false;  // CSA: projections of 2 dim, accumulators current and next

@@ -38,7 +38,7 @@ absl::Status AddInPlace(float* h, const float* d, int64_t n, StreamHandle stream
 
 // Rotates the first rotary_dim dimensions of `num_heads` heads per token in place: x [T, row
 // stride floats], head h of token t at x + t * row_stride + h * head_stride; cos/sin [T,
-// rotary_dim / 2] (already scaled by the attention factor, engine/rope.h). interleaved: pairs
+// rotary_dim / 2] (already scaled by the attention factor, engine/cpu/rope.h). interleaved: pairs
 // (2i, 2i+1) and the output de-interleaved (DeepSeek); else pairs (i, i + rotary_dim / 2).
 absl::Status ApplyRope(float* x, int num_tokens, int num_heads, int row_stride, int head_stride,
                        int rotary_dim, bool interleaved, const float* cos, const float* sin,

@@ -1,6 +1,6 @@
 // One of Qwen4-Exp's low-rank gated hyper-connections on the GPU (`attn_hyper_connection`,
 // `mlp_hyper_connection`, or `hyper_connection_mixer` before the head): the CPU engine's
-// engine/gated_residual.h (which states the formulas) with its three projections as CudaLinear and
+// engine/cpu/residual/gated_residual.h (which states the formulas) with its three projections as CudaLinear and
 // the rest as engine/cuda/gated_residual_kernels.h. h [tokens, streams, hidden] fp32.
 //
 //   EXL3_ASSIGN_OR_RETURN(CudaGatedConnection g, CudaGatedConnection::Load(src, prefix, shape, true));
@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "engine/cuda/cuda_linear.h"
 #include "engine/cuda/device_array.h"
-#include "engine/gated_residual.h"
+#include "engine/cpu/residual/gated_residual.h"
 #include "model/safetensors.h"
 
 namespace exl3::engine::cuda {

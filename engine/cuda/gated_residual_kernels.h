@@ -1,6 +1,6 @@
 // The kernels of Qwen4-Exp's low-rank gated hyper-connections on the GPU
 // (engine/cuda/gated_connection.h runs them around its three projections): the CPU engine's
-// arithmetic (engine/gated_residual.h states the formulas) in fp32, in its order of operations.
+// arithmetic (engine/cpu/residual/gated_residual.h states the formulas) in fp32, in its order of operations.
 // Host launchers only: this header includes no CUDA header; every pointer is device memory, every
 // launch goes on `stream`, none synchronises or allocates, and 0 tokens launch nothing.
 //

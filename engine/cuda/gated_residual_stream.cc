@@ -13,7 +13,7 @@
 #include "engine/cuda/hyper_connection_kernels.h"
 #include "engine/cuda/ple_windows.h"
 #include "engine/cuda/recurrent_layer_states.h"
-#include "engine/qwen4exp_config.h"
+#include "engine/config/qwen4exp_config.h"
 #include "model/moe_config.h"
 
 namespace exl3::engine::cuda {

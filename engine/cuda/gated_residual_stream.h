@@ -2,7 +2,7 @@
 // token [rows, S, hidden], all the token's embedding at the start; each block's input collapsed
 // from them by its low-rank gated hyper-connection and its output expanded back with the
 // connection's inject weights (engine/cuda/gated_connection.h; the CPU engine's
-// engine/gated_residual.h). No layer norms and no final norm: the head's input is
+// engine/cpu/residual/gated_residual.h). No layer norms and no final norm: the head's input is
 // `hyper_connection_mixer`'s collapse of each logit row's streams.
 #pragma once
 

@@ -1,5 +1,5 @@
 // Grouped-query attention on the GPU (Glm4Moe, Qwen3Moe, Mixtral; Qwen3-Next's gated full
-// attention): the CPU engine's engine/gqa_attention.h on device memory.
+// attention): the CPU engine's engine/cpu/attention/gqa_attention.h on device memory.
 //
 //   q, k, v = q_proj(x), k_proj(x), v_proj(x)   (one shared launch for EXL3 layers; gated
 //                                                attention: q_proj gives each head's query, then its output gate)

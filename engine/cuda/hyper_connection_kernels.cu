@@ -17,7 +17,7 @@ constexpr int kMaxStreams = 16;
 
 __device__ inline float SigmoidF(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-// mix[r] = fn[r] · (x / rms(x)) for r < rows, x [width] (NormedMixes of engine/hyper_connections.cc).
+// mix[r] = fn[r] · (x / rms(x)) for r < rows, x [width] (NormedMixes of engine/cpu/residual/hyper_connections.cc).
 __device__ void NormedMixes(const float* x, int width, float norm_eps, const float* fn, int rows,
                             float* mix /*shared*/, double* partial) {
   double ss = 0.0;

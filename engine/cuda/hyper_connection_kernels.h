@@ -1,5 +1,5 @@
 // DeepSeek-V4's and GLM-5.3-Flash's manifold-constrained hyper-connections on the GPU: the same
-// arithmetic as the CPU engine's engine/hyper_connections.h (which says what the mixing is), on
+// arithmetic as the CPU engine's engine/cpu/residual/hyper_connections.h (which says what the mixing is), on
 // device memory. Host launchers only: this header includes no CUDA header; every pointer is device
 // memory, every launch goes on `stream`, none synchronises or allocates.
 //

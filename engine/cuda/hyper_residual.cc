@@ -9,9 +9,9 @@
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/hyper_connection_kernels.h"
 #include "engine/cuda/weight_upload.h"
-#include "engine/dsv4_config.h"
-#include "engine/glm5next_config.h"
-#include "engine/hyper_connections.h"
+#include "engine/config/dsv4_config.h"
+#include "engine/config/glm5next_config.h"
+#include "engine/cpu/residual/hyper_connections.h"
 #include "model/moe_config.h"
 
 namespace exl3::engine::cuda {
@@ -41,7 +41,7 @@ absl::StatusOr<HyperConnectionWeights> UploadHyperConnection(const TensorSource&
 }
 
 // What the families' hyper-connected streams differ in, chosen once at load (as the CPU engine's
-// engine/cpu_model.cc loads them): the shape's fields, the layer norms' names and the head.
+// engine/cpu/cpu_model.cc loads them): the shape's fields, the layer norms' names and the head.
 struct HyperFamily {
   HyperConnectionShape shape;
   std::string input_norm, post_attention_norm;  // under each layer's prefix

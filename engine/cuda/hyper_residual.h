@@ -2,7 +2,7 @@
 // GLM-5.3-Flash: hc_mult streams per token [rows, N, hidden]; before each block a hyper-connection
 // collapses them into the block's input (and its post / comb mix), after it expands the block's
 // output back into them (engine/cuda/hyper_connection_kernels.h, the CPU engine's
-// engine/hyper_connections.h); the head collapses each logit row's streams before the final norm.
+// engine/cpu/residual/hyper_connections.h); the head collapses each logit row's streams before the final norm.
 // What differs, chosen at load from the config:
 //   DeepSeek-V4     norms attn_norm / ffn_norm (the checkpoints' names), a learned head (model.hc_head)
 //   GLM-5.3-Flash   norms input_layernorm / post_attention_layernorm under model.language_model.,

@@ -15,7 +15,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// As engine/kimi_delta_attention.cc computes them (fp32, the same formulas).
+// As engine/cpu/linear_attention/kimi_delta_attention.cc computes them (fp32, the same formulas).
 __device__ __forceinline__ float Sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 __device__ __forceinline__ float Softplus(float x) { return x > 20.f ? x : logf(1.f + expf(x)); }
 
@@ -75,7 +75,7 @@ __global__ void ConvStateKernel(const float* __restrict__ q, const float* __rest
   }
 }
 
-// x ← x / sqrt(Σx² + 1e-6) over one head of `len` floats, by one warp (engine/rms_norm.h's
+// x ← x / sqrt(Σx² + 1e-6) over one head of `len` floats, by one warp (engine/cpu/rms_norm.h's
 // L2NormalizeInPlace: the sum in double, the factor rounded to float).
 __device__ void WarpL2Normalize(float* x, int len, int lane) {
   double ss = 0.0;

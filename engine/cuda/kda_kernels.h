@@ -1,5 +1,5 @@
 // The kernels of GLM-5.3-Flash's KDA layer on the GPU (engine/cuda/cuda_kimi_delta_attention.h
-// runs them between its projections), the CPU layer's arithmetic (engine/kimi_delta_attention.h,
+// runs them between its projections), the CPU layer's arithmetic (engine/cpu/linear_attention/kimi_delta_attention.h,
 // which states it) in fp32: the causal depthwise convolutions of q, k and v over each sequence's
 // conv state + SiLU, the L2 norms of q and k (q scaled), the per-channel log-decay and β, the Kimi
 // delta rule token by token (engine/cuda/delta_rule_kernels.h), and the
@@ -32,7 +32,7 @@
 
 namespace exl3::engine::cuda {
 
-// The layer's shape (engine/model_config.h LinearAttentionConfig: KDA's key and value heads and
+// The layer's shape (engine/config/model_config.h LinearAttentionConfig: KDA's key and value heads and
 // dims are the same).
 struct KdaDims {
   int num_heads = 0, head_dim = 0, conv_kernel = 0;
@@ -44,7 +44,7 @@ struct KdaDims {
   }
 };
 
-// KDA's forget gate (engine/glm5next_config.h): log-decay = lower_bound · sigmoid(exp(A_log) · g),
+// KDA's forget gate (engine/config/glm5next_config.h): log-decay = lower_bound · sigmoid(exp(A_log) · g),
 // or without a bound −exp(A_log) · softplus(g).
 struct KdaForgetGate {
   enum class Form { kLowerBounded, kSoftplus };
@@ -79,7 +79,7 @@ absl::Status KdaNormAndGates(float* conv_out, float* log_decay, float* beta,
                              const KdaForgetGate& gate, const KdaDims& dims, int first, int n,
                              StreamHandle stream);
 
-// The Kimi delta rule (engine/kimi_delta_rule.h's recurrent form) of chunks [first_chunk,
+// The Kimi delta rule (engine/cpu/linear_attention/kimi_delta_rule.h's recurrent form) of chunks [first_chunk,
 // first_chunk + num_chunks) (engine/cuda/delta_rule_kernels.h): S from the chunk's read_row,
 // then per token S ← diag(exp(g))·S; S ← S + k ⊗ β(v − Sᵀk); core[t, h] = Sᵀq; S to the
 // write_row (and a verify chunk's kept states to their rows: it runs every chunk token by token,

@@ -10,13 +10,13 @@
 #include "engine/cuda/dsa_indexer_kernels.h"
 #include "engine/cuda/kpool_indexer_kernels.h"
 #include "engine/cuda/weight_upload.h"
-#include "engine/glm5next_config.h"
+#include "engine/config/glm5next_config.h"
 #include "model/moe_config.h"
 
 namespace exl3::engine::cuda {
 namespace {
 
-constexpr float kIndexerNormEps = 1e-6f;  // the indexer's k_norm (engine/kpool_dsa_attention.cc)
+constexpr float kIndexerNormEps = 1e-6f;  // the indexer's k_norm (engine/cpu/attention/kpool_dsa_attention.cc)
 // Floats of pool scores held at once (64 MiB): a prefill step scores its tokens in groups.
 constexpr int64_t kScoreBudgetFloats = int64_t{16} << 20;
 // A decode graph's bucket is at most this many tokens: its scores always fit one group.
@@ -159,7 +159,7 @@ absl::Status CudaKpoolAttention::Select(const float* x, int T, const LatentStep&
       WriteRowsToCache(ws.index_gate.get(), T, DI, step.slot, cache_layer, width, key_offset + DI, stream));
 
   const float head_weight = static_cast<float>(1.0 / std::sqrt(static_cast<double>(NI)));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(DI));  // as engine/kpool_indexer.cc
+  const float scale = 1.0f / std::sqrt(static_cast<float>(DI));  // as engine/cpu/attention/kpool_indexer.cc
   const KpoolIndexerShape shape{NI, DI, P, width, key_offset};
   for (int t0 = 0; t0 < T; t0 += ws.score_rows) {
     const int n = std::min(ws.score_rows, T - t0);

@@ -1,5 +1,5 @@
 // One layer of GLM-5.3-Flash's indexed attention on the GPU: the CPU engine's
-// engine/kpool_dsa_attention.h on device memory, for CudaModel (engine/cuda/cuda_model.h). The
+// engine/cpu/attention/kpool_dsa_attention.h on device memory, for CudaModel (engine/cuda/cuda_model.h). The
 // latent attention without rope is CudaLatentAttention's (engine/cuda/latent_attention.h, its
 // ProjectAndCache and AttendAndProject); between them a "full" layer runs its k-pooled indexer:
 //
@@ -20,7 +20,7 @@
 #include "engine/cuda/cuda_linear.h"
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/latent_attention.h"
-#include "engine/model_config.h"
+#include "engine/config/model_config.h"
 #include "model/safetensors.h"
 
 namespace exl3::engine::cuda {

@@ -1,11 +1,11 @@
-// The CUDA engine's kernels for GLM-5.3-Flash's k-pooled indexer (engine/kpool_indexer.h has the
+// The CUDA engine's kernels for GLM-5.3-Flash's k-pooled indexer (engine/cpu/attention/kpool_indexer.h has the
 // arithmetic): each query token's pool scores, and its chosen pools expanded into the positions it
 // attends to. The top pools are chosen by the DSA indexer's device top-k (engine/cuda/
 // dsa_indexer_kernels.h's IndexerTopk with pool = P). Host launchers only: this header includes
 // no CUDA header; every pointer is device memory, every launch goes on `stream`, none
 // synchronises or allocates (CUDA graphs can capture them).
 //
-// A full indexed layer's cache slot (fp16, engine/model_config.h KvWidth): [latent (R), indexer
+// A full indexed layer's cache slot (fp16, engine/config/model_config.h KvWidth): [latent (R), indexer
 // key k_i (D), gate score (D)]; the pool keys are formed from the cached k_i and gate each step.
 #pragma once
 

@@ -5,7 +5,7 @@
 #include "engine/cuda/kpool_attention.h"
 #include "engine/cuda/latent_attention_kernels.h"
 #include "engine/cuda/layer_kv_cache.h"
-#include "engine/glm5next_config.h"
+#include "engine/config/glm5next_config.h"
 
 namespace exl3::engine::cuda {
 namespace {

@@ -12,13 +12,13 @@
 #include "engine/cuda/dsa_indexer_kernels.h"
 #include "engine/cuda/engine_kernels.h"
 #include "engine/cuda/weight_upload.h"
-#include "engine/linear.h"
+#include "engine/cpu/linear.h"
 
 namespace exl3::engine::cuda {
 namespace {
 
-// The indexer's k_norm is a LayerNorm with eps 1e-6 (engine/dsa_attention.cc); q_a_layernorm and
-// kv_a_layernorm use cfg.latent_norm_eps, as engine/mla_attention.cc.
+// The indexer's k_norm is a LayerNorm with eps 1e-6 (engine/cpu/attention/dsa_attention.cc); q_a_layernorm and
+// kv_a_layernorm use cfg.latent_norm_eps, as engine/cpu/attention/mla_attention.cc.
 constexpr float kIndexerNormEps = 1e-6f;
 // Floats of index scores held at once (128 MiB): a prefill step scores its tokens in groups.
 constexpr int64_t kScoreBudgetFloats = int64_t{32} << 20;
@@ -91,7 +91,7 @@ absl::StatusOr<std::unique_ptr<CudaLatentAttention>> CudaLatentAttention::Load(c
   EXL3_ASSIGN_OR_RETURN(a->kv_a_, CudaLinear::Load(src, p + "kv_a_proj_with_mqa", H, R + rope));
   EXL3_ASSIGN_OR_RETURN(a->kv_a_norm_, UploadVector(src, p + "kv_a_layernorm.weight", R));
   {
-    // Decoded once here, exactly as the CPU engine decodes it (engine/mla_attention.cc).
+    // Decoded once here, exactly as the CPU engine decodes it (engine/cpu/attention/mla_attention.cc).
     EXL3_ASSIGN_OR_RETURN(Linear kv_b, Linear::Load(src, p + "kv_b_proj", R, NH * (nope + vd)));
     if (kv_b.has_bias()) return absl::UnimplementedError(p + "kv_b_proj has a bias (not absorbed)");
     EXL3_RETURN_IF_ERROR(a->kv_b_.Upload(kv_b.DenseWeight()));

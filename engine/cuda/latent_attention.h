@@ -1,6 +1,6 @@
 // One layer's latent attention on the GPU: DeepSeek-V3 multi-head latent attention
-// (engine/mla_attention.h) and GLM-MoE-DSA's, whose queries see only the positions its lightning
-// indexer chooses (engine/dsa_attention.h). The same arithmetic as the CPU engine's, on device
+// (engine/cpu/attention/mla_attention.h) and GLM-MoE-DSA's, whose queries see only the positions its lightning
+// indexer chooses (engine/cpu/attention/dsa_attention.h). The same arithmetic as the CPU engine's, on device
 // memory, for CudaModel (engine/cuda/cuda_model.h):
 //
 //   q      = q_b_proj(rmsnorm(q_a_proj(x)))  (or q_proj(x)), per head [nope | rope], rope rotated
@@ -29,7 +29,7 @@
 #include "engine/cuda/cuda_linear.h"
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/latent_attention_kernels.h"
-#include "engine/model_config.h"
+#include "engine/config/model_config.h"
 #include "model/safetensors.h"
 
 namespace exl3::engine::cuda {

@@ -1,12 +1,12 @@
 // The CUDA engine's kernels for multi-head latent attention (DeepSeek-V3 MLA, and GLM-MoE-DSA's
 // attention over the positions its indexer chose): the latent cache write and split-K attention
-// in the latent space with absorbed weights (engine/mla_attention.h has the arithmetic). Host
+// in the latent space with absorbed weights (engine/cpu/attention/mla_attention.h has the arithmetic). Host
 // launchers only: this header includes no CUDA header. Every pointer is device memory, every
 // launch goes on `stream` and none synchronises or allocates, so a step can be captured in a
 // CUDA graph.
 //
 // A latent layer's cache slot (fp16, `width` halves, the CPU engine's slot layout of
-// engine/model_config.h KvWidth): [latent (R = kv_lora_rank), rotated shared rope key
+// engine/config/model_config.h KvWidth): [latent (R = kv_lora_rank), rotated shared rope key
 // (qk_rope_head_dim), and on DSA layers with their own indexer the indexer key (index_head_dim)].
 #pragma once
 
@@ -18,7 +18,7 @@
 namespace exl3::engine::cuda {
 
 // For each token t: the first R floats of ckv[t] (kv_a_proj_with_mqa's output [T, R + rope])
-// RMS-normalised with weight w [R] (mean of squares in double, as engine/rms_norm.h), then the
+// RMS-normalised with weight w [R] (mean of squares in double, as engine/cpu/rms_norm.h), then the
 // rope key ckv[t, R..R+rope) as it is (rotated before), written as fp16 to
 // cache_layer[slot[t] * width + 0 .. R + rope).
 absl::Status WriteLatentToCache(const float* ckv, const float* w, int num_tokens, int latent_dim,

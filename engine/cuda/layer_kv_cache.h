@@ -9,8 +9,8 @@
 #include "absl/status/status.h"
 #include "engine/cuda/attention_kernels.h"
 #include "engine/cuda/device_array.h"
-#include "engine/model_config.h"
-#include "engine/model_runner.h"
+#include "engine/config/model_config.h"
+#include "engine/core/model_runner.h"
 
 namespace exl3::engine::cuda {
 

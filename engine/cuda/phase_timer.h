@@ -1,5 +1,5 @@
 // GPU time of a step by phase: device events recorded on the stream where each phase's work ends,
-// read after the step's synchronisation (engine/model_runner.h StepPhaseTimes). Not recorded while
+// read after the step's synchronisation (engine/core/model_runner.h StepPhaseTimes). Not recorded while
 // a decode graph is captured (events cannot be), so a graph's replay is timed as one span.
 #pragma once
 
@@ -7,7 +7,7 @@
 
 #include "absl/status/status.h"
 #include "engine/cuda/engine_kernels.h"
-#include "engine/model_runner.h"
+#include "engine/core/model_runner.h"
 
 namespace exl3::engine::cuda {
 

@@ -1,6 +1,6 @@
 // The device kernels of Qwen4-Exp's PLE layer (engine/cuda/cuda_ple_layer.h runs them between its
 // projections and the per-stream norms of engine/cuda/gated_residual_kernels.h; the CPU engine's
-// engine/ple_layer.h states the arithmetic), fp32 in the CPU's order. Host launchers only: this
+// engine/cpu/residual/ple_layer.h states the arithmetic), fp32 in the CPU's order. Host launchers only: this
 // header includes no CUDA header; every pointer is device memory, every launch goes on `stream`,
 // none synchronises or allocates, and 0 rows launch nothing. Rows are the step's: a launch runs rows
 // [first, first + n) (and the chunks of those rows) of buffers laid out for the whole step.

@@ -1,7 +1,7 @@
 #include "engine/cuda/ple_windows.h"
 
 #include "absl/strings/str_cat.h"
-#include "engine/sequence_state.h"
+#include "engine/cpu/sequence_state.h"
 
 namespace exl3::engine::cuda {
 

@@ -1,12 +1,12 @@
 // The n-gram windows of Qwen4-Exp's PLE layers on the GPU engine, built on the host (the n-gram
-// rows are read there, engine/ple_layer.h): each token's window is its last ngram_size tokens, the
+// rows are read there, engine/cpu/residual/ple_layer.h): each token's window is its last ngram_size tokens, the
 // chunk's own and before them the sequence's carried context, its last ngram_size − 1 tokens before
 // the chunk (eos before position 0). The GPU engine keeps that context here per state slot, as the
 // CPU engine keeps it in the slot's state: what a step leaves becomes current only once the step
 // has succeeded (Commit), so a failed step leaves every context as it was.
 //
 // Verify chunks (speculative decoding) keep the context after each of their last
-// KeptStatesOf(chunk) tokens (engine/sequence_state.h), as the recurrent store keeps a state per
+// KeptStatesOf(chunk) tokens (engine/cpu/sequence_state.h), as the recurrent store keeps a state per
 // kept length: the sequence's next chunk continues the one its start position names (the length
 // the scheduler kept), as if the rejected drafts had never run.
 //
@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "engine/qwen4exp_config.h"
-#include "engine/step_tokens.h"
+#include "engine/config/qwen4exp_config.h"
+#include "engine/core/step_tokens.h"
 
 namespace exl3::engine::cuda {
 

@@ -1,5 +1,5 @@
 // The kernels of Qwen4-Exp's QSA attention on the GPU (engine/cuda/qsa_mixer.h runs them; the CPU
-// engine's engine/qsa_attention.h states the arithmetic): the indexer's raw keys into their fp32
+// engine's engine/cpu/attention/qsa_attention.h states the arithmetic): the indexer's raw keys into their fp32
 // cache, each query's block scores, and the gated GQA's attention over the positions each query
 // selected (the selection itself is the DSA indexer's device top-k over blocks of m positions and
 // the k-pooled indexer's expansion into positions: engine/cuda/dsa_indexer_kernels.h IndexerTopk
@@ -19,7 +19,7 @@
 
 namespace exl3::engine::cuda {
 
-// The indexer's shape (engine/qwen4exp_config.h QsaIndexerConfig).
+// The indexer's shape (engine/config/qwen4exp_config.h QsaIndexerConfig).
 struct QsaIndexerShape {
   int num_heads = 0;       // query heads
   int head_dim = 0;        // ≤ kQsaMaxIndexerHeadDim

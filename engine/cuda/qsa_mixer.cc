@@ -14,8 +14,8 @@
 #include "engine/cuda/kpool_indexer_kernels.h"
 #include "engine/cuda/qsa_kernels.h"
 #include "engine/cuda/weight_upload.h"
-#include "engine/qwen4exp_config.h"
-#include "engine/rope.h"
+#include "engine/config/qwen4exp_config.h"
+#include "engine/cpu/rope.h"
 #include "model/moe_config.h"
 
 namespace exl3::engine::cuda {

@@ -1,5 +1,5 @@
 // Qwen4-Exp's QSA attention (`indexed_attention` layers) on the GPU as a mixer kind
-// (engine/cuda/cuda_mixer.h): the CPU engine's engine/qsa_attention.h on device memory. Per layer:
+// (engine/cuda/cuda_mixer.h): the CPU engine's engine/cpu/attention/qsa_attention.h on device memory. Per layer:
 //
 //   q|gate = q_proj(x), k, v, iqk = index_qk_proj(x)           (CudaLinear, one shared launch)
 //   q, k: zero-centred q_norm / k_norm, rope; k, v → the fp16 cache (WriteKv)

@@ -20,7 +20,7 @@ namespace exl3::engine::cuda {
 // states + table[c].read_row * row_floats and writes at its write_row.
 //
 // A verify chunk (speculative decoding) keeps the state after each of its last kept_states tokens
-// (engine/sequence_state.h): kept state k (after the chunk's token tokens - kept_states + k) goes
+// (engine/cpu/sequence_state.h): kept state k (after the chunk's token tokens - kept_states + k) goes
 // to KeptStateRow(slot_row, read_row, k) for k < kept_states - 1, the last to write_row. Any other
 // chunk keeps 1 state (write_row) and its slot_row is not read.
 struct RecurrentChunks {

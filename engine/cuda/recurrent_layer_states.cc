@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "engine/sequence_state.h"
+#include "engine/cpu/sequence_state.h"
 
 namespace exl3::engine::cuda {
 

@@ -23,9 +23,9 @@
 #include "absl/status/status.h"
 #include "engine/cuda/device_sequence_states.h"
 #include "engine/cuda/recurrent_chunks.h"
-#include "engine/model_config.h"
-#include "engine/model_runner.h"
-#include "engine/step_tokens.h"
+#include "engine/config/model_config.h"
+#include "engine/core/model_runner.h"
+#include "engine/core/step_tokens.h"
 
 namespace exl3::engine::cuda {
 

@@ -23,7 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/cuda/pinned_buffer.h"
-#include "engine/moe_executor.h"
+#include "engine/core/moe_executor.h"
 
 namespace exl3::engine::cuda {
 

@@ -23,9 +23,9 @@
 #include "engine/cuda/cuda_linear.h"
 #include "engine/cuda/engine_kernels.h"
 #include "engine/cuda/finite_check.h"
-#include "engine/model_config.h"
-#include "engine/model_runner.h"
-#include "engine/step_tokens.h"
+#include "engine/config/model_config.h"
+#include "engine/core/model_runner.h"
+#include "engine/core/step_tokens.h"
 #include "model/safetensors.h"
 
 namespace exl3::engine::cuda {

@@ -18,7 +18,7 @@ constexpr int kNoDigit = kBins;     // a lane with nothing to count
 constexpr unsigned kFull = 0xffffffffu;
 static_assert(kMaxDeviceTopLogprobs <= kThreads, "the top list is sorted one element per thread");
 
-// The CPU sampler's exp for x <= 0 (engine/sampler.cc ExpNonPositive), operation for operation,
+// The CPU sampler's exp for x <= 0 (engine/sampling/sampler.cc ExpNonPositive), operation for operation,
 // each rounded to nearest and none fused, so the weights are the CPU's bit for bit.
 __device__ __forceinline__ float ExpNonPositive(float x) {
   constexpr uint32_t kMinus87 = 0xc2ae0000u;  // -87.0f
@@ -551,7 +551,7 @@ __global__ void __launch_bounds__(kThreads) SampleRowsKernel(float* logits, int 
   }
   __syncthreads();  // every read of the raw row is done
 
-  // 2. Bans and penalties (engine/sampler.cc ApplyPenalties), in place.
+  // 2. Bans and penalties (engine/sampling/sampler.cc ApplyPenalties), in place.
   const bool repetition = (p.flags & kPackedRepetition) != 0;
   const bool additive = (p.flags & kPackedAdditive) != 0;
   for (int i = p.entries_begin + threadIdx.x; i < p.entries_end; i += kThreads) {

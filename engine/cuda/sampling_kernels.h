@@ -1,5 +1,5 @@
 // Sampling on the GPU: each logit row to its next token exactly as the CPU sampler
-// (engine/sampler.h) picks it, with the logprobs it reports. Host launcher only: this header
+// (engine/sampling/sampler.h) picks it, with the logprobs it reports. Host launcher only: this header
 // includes no CUDA header. Every pointer is device memory; the launch goes on `stream` and does
 // not synchronise.
 //
@@ -10,7 +10,7 @@
 //   2. bans and penalties from the row's PackedPenaltyEntry list, in place (each entry keeps its
 //      raw logit for the chosen token's logprob);
 //   3. greedy: the arg max, lowest id on ties. Otherwise, x = logit * (1 / temperature) and
-//      w = exp(x - max x) by the CPU sampler's own polynomial (engine/sampler.cc ExpNonPositive;
+//      w = exp(x - max x) by the CPU sampler's own polynomial (engine/sampling/sampler.cc ExpNonPositive;
 //      every float operation rounded as the CPU's, no fused multiply-adds), then
 //      top-k: the k-th candidate in Higher order by a radix select over the ordered float bits
 //      (four 8-bit passes with per-warp histograms) and a scan over the tied values in id order;
@@ -24,7 +24,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "engine/packed_sampling.h"
+#include "engine/sampling/packed_sampling.h"
 
 namespace exl3::engine::cuda {
 

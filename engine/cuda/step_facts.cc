@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "base/status_macros.h"
-#include "engine/attention.h"
+#include "engine/cpu/attention/attention.h"
 #include "kernels/cuda/cuda_status.h"
 
 namespace exl3::engine::cuda {

@@ -18,9 +18,9 @@
 #include "absl/status/statusor.h"
 #include "engine/cuda/attention_kernels.h"
 #include "engine/cuda/device_array.h"
-#include "engine/model_config.h"
-#include "engine/rope.h"
-#include "engine/step_tokens.h"
+#include "engine/config/model_config.h"
+#include "engine/cpu/rope.h"
+#include "engine/core/step_tokens.h"
 
 namespace exl3::engine::cuda {
 

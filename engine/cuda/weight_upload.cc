@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "engine/linear.h"
+#include "engine/cpu/linear.h"
 
 namespace exl3::engine::cuda {
 namespace {

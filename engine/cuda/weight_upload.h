@@ -1,5 +1,5 @@
 // Vectors and matrices of a model's weights into device memory, fp32, as the CPU engine loads
-// them (engine/linear.h LoadVector / LoadNormWeight). Linear layers: CudaLinear::Load.
+// them (engine/cpu/linear.h LoadVector / LoadNormWeight). Linear layers: CudaLinear::Load.
 #pragma once
 
 #include <cstdint>
@@ -7,7 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/cuda/device_array.h"
-#include "engine/model_config.h"
+#include "engine/config/model_config.h"
 #include "model/safetensors.h"
 
 namespace exl3::engine::cuda {

@@ -291,7 +291,7 @@ void PlanOtherLinears(Conversion& c) {
     if (IsKdaGateProjection(cfg, rest)) continue;
     // DeepSeek-V4 names its attention `attn.` (wq_a, wq_b, wkv, wo_a, wo_b, the compressors'
     // wkv / wgate, the indexer's wq_b); its grouped wo_a [groups * o_lora_rank, in / groups] is
-    // one EXL3 linear, applied group by group (engine/dsv4_attention.h).
+    // one EXL3 linear, applied group by group (engine/cpu/attention/dsv4_attention.h).
     const bool v4_attention = cfg.family == MoeFamily::kDeepseekV4 && absl::StartsWith(rest, "attn.");
     if (absl::StartsWith(rest, "self_attn.") || absl::StartsWith(rest, "linear_attn.") || v4_attention) {
       if (options.quantize_attention) PlanOptionalLinear(c, name, options.bits, "attention");

@@ -3,7 +3,7 @@
 
 Two kinds of cycle, both printed:
   header cycles: headers that include each other (directly or through other headers), and
-  file cycles:   .h/.cc pairs seen as one node ("engine/attention" = attention.h + attention.cc);
+  file cycles:   .h/.cc pairs seen as one node ("engine/cpu/attention/attention" = attention.h + attention.cc);
                  a cycle there means two concepts depend on each other (a factory .cc that
                  includes its kinds whose headers include the factory's header, say).
 

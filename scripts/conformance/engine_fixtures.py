@@ -35,9 +35,9 @@ GLM-5.3-Flash: model.language_model.layers.{num_hidden_layers}.*, its linears EX
 quantize-tensor`) and that layer's logits at every position, computed from transformers' own
 modules (the family's decoder layer class, its RMSNorm, nn.Linear for eh_proj; GLM-5.3-Flash:
 its attention, MoE and RMSNorm classes as a plain residual block, the MTP layer having no
-hyper-connections) with the formula of engine/mtp_head.h; for GLM-MoE-DSA and GLM-5.3-Flash
+hyper-connections) with the formula of engine/cpu/mtp/mtp_head.h; for GLM-MoE-DSA and GLM-5.3-Flash
 every indexer's selection must be stable (--min-index-margin). --mtp-families qwen4_exp writes
-qwen4_exp_mtp: Qwen4-Exp's own MTP head (mtp.*, engine/qwen4exp_mtp_head.h) and its logits from
+qwen4_exp_mtp: Qwen4-Exp's own MTP head (mtp.*, engine/cpu/mtp/qwen4exp_mtp_head.h) and its logits from
 transformers' Qwen4ExpTextRMSNorm, Qwen4ExpTextDecoderLayer and Qwen4ExpTextGatedResidual on the
 streams the model's hyper_connection_mixer receives.
 
@@ -384,7 +384,7 @@ def glm5_next_release_layout(config):
     """GLM-5.3-Flash's config.json as exllamav3 reads it (architecture/glm5_next.py of its wheel):
     the MLA layers are "deepseek_sparse_attention" (transformers 5.x: "indexed_attention") and
     KDA's shape is a linear_attn_config dict (transformers: flat linear_* fields). transformers'
-    Glm5NextTextConfig reads this layout too, and so does engine/glm5next_config.cc."""
+    Glm5NextTextConfig reads this layout too, and so does engine/config/glm5next_config.cc."""
     text = config["text_config"]
     text["layer_types"] = ["deepseek_sparse_attention" if t == "indexed_attention" else t
                            for t in text["layer_types"]]
@@ -407,7 +407,7 @@ def deepseek_v4_release_layout(config):
     """DeepSeek-V4's release config fields beside transformers' (exllamav3 reads only these:
     compress_ratios, compress_rate_csa / _hca, num_hash_layers, rope_scaling, ...), made by
     scripts/conformance/exllamav3_fixtures.py's deepseek_v4_release_config. transformers and the
-    engine (engine/dsv4_config.cc) read their own fields first; the reference model is loaded
+    engine (engine/config/dsv4_config.cc) read their own fields first; the reference model is loaded
     without the added ones (DEEPSEEK_V4_RELEASE_ONLY)."""
     import exllamav3_fixtures
     config.update(exllamav3_fixtures.deepseek_v4_release_config(config))
@@ -1021,7 +1021,7 @@ def record(family, model, prompts, successor, args, slack=1.0):
                                    .reshape(-1, inp[0].shape[-1]).clone())
                 hooks.append(decoder_layers(model)[L].mlp.register_forward_hook(hook))
         if i == MOE_PROMPT:
-            # Qwen4-Exp: its PLE layer's input and output in that pass (engine/ple_layer.h's test).
+            # Qwen4-Exp: its PLE layer's input and output in that pass (engine/cpu/residual/ple_layer.h's test).
             for layer in decoder_layers(model):
                 if getattr(layer, "ple", None) is None:
                     continue
@@ -1319,7 +1319,7 @@ def write_fixture(out, name, exl3_dir, tensors, reference):
 # ---------------------------------------------------------------------------------------------
 # MTP fixtures: a tiny model of a family whose checkpoints carry the DeepSeek-V3 MTP layer
 # (model.layers.{num_hidden_layers}.*), and that layer's logits at every position computed from
-# transformers' own modules (engine/mtp_head.h states the formula and where its facts come from).
+# transformers' own modules (engine/cpu/mtp/mtp_head.h states the formula and where its facts come from).
 
 MTP_PROMPT_LENGTHS = (13, 29)
 MTP_FAMILIES = {
@@ -1642,7 +1642,7 @@ def make_mtp_fixture(family, seed, args, work_root):
 
 
 # ---------------------------------------------------------------------------------------------
-# Qwen4-Exp's MTP head (mtp.*; engine/qwen4exp_mtp_head.h states the formula and where its facts
+# Qwen4-Exp's MTP head (mtp.*; engine/cpu/mtp/qwen4exp_mtp_head.h states the formula and where its facts
 # come from: exllamav3 1.6.5, transformers has no MTP code for the family).
 
 QWEN4_MTP_OVERRIDES = dict(

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Qwen4-Exp's hashed n-gram rows as transformers computes them, for engine/ngram_hash.h's test.
+"""Qwen4-Exp's hashed n-gram rows as transformers computes them, for engine/cpu/residual/ngram_hash.h's test.
 
     /opt/hfref/bin/python scripts/conformance/qwen4exp_ngram_fixture.py \
         --out tests/fixtures/engine/qwen4_exp_ngram_hash.json

@@ -1,5 +1,5 @@
 // The engine's Prometheus metrics (docs/metrics.md, "Engine"), fed by the engine's observer hooks
-// (engine/engine.h) on its loop thread, and its gauges refreshed from Engine::Stats by Refresh().
+// (engine/core/engine.h) on its loop thread, and its gauges refreshed from Engine::Stats by Refresh().
 // Names follow vLLM's where users know them (time to first token, inter-token latency, end-to-end
 // latency, queue time, prompt/generation tokens, running/waiting, KV usage, prefix cache,
 // speculative decoding's drafts and acceptance).
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/engine.h"
+#include "engine/core/engine.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"

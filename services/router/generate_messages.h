@@ -1,5 +1,5 @@
 // The Generator service's messages (proto/exl3serve/v1/exl3serve.proto) from and to the engine's
-// terms (engine/engine.h), shared by its two calls: Generate (services/router/generator_service.cc)
+// terms (engine/core/engine.h), shared by its two calls: Generate (services/router/generator_service.cc)
 // and GenerateStream (services/router/generate_stream.cc).
 #pragma once
 
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/engine.h"
+#include "engine/core/engine.h"
 #include "services/router/generator_options.h"
 #include "exl3serve/v1/exl3serve.pb.h"
 #include "grpcpp/support/status.h"

@@ -31,7 +31,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/engine.h"
+#include "engine/core/engine.h"
 #include "exl3serve/v1/exl3serve.grpc.pb.h"
 #include "grpcpp/support/server_callback.h"
 #include "services/router/generator_options.h"

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/config/read_model_config.h"
-#include "engine/cpu_model.h"
+#include "engine/cpu/cpu_model.h"
 #include "base/logging.h"
 #include "services/router/router_moe_executor.h"
 

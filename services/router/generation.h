@@ -1,6 +1,6 @@
 // What exl3-router adds to run the whole model (the attention/router service): the CPU model
-// (engine/cpu_model.h) whose MoE blocks run in this process (no expert map) or on the workers
-// through this process's router core, the engine (engine/engine.h), its metrics and the Generator
+// (engine/cpu/cpu_model.h) whose MoE blocks run in this process (no expert map) or on the workers
+// through this process's router core, the engine (engine/core/engine.h), its metrics and the Generator
 // gRPC service.
 //
 //   GenerationOptions o; o.model_dir = dir;                   // flags of exl3-router
@@ -17,7 +17,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "engine/engine.h"
+#include "engine/core/engine.h"
 #include "model/safetensors.h"
 #include "prometheus/registry.h"
 #include "services/common/task_queue.h"
@@ -36,7 +36,7 @@ struct GenerationOptions {
   EngineDevice device = EngineDevice::kCpu;  // where the forward pass runs
   std::string served_model_name;  // empty: the directory's base name
   int threads = 0;                // CPU threads of the model (0: all)
-  int micro_batches = 0;          // 1 or 2 (engine/cpu_model.h, engine/cuda/cuda_model.h); 0: 1
+  int micro_batches = 0;          // 1 or 2 (engine/cpu/cpu_model.h, engine/cuda/cuda_model.h); 0: 1
   // The CPU model's weights: kOwned moves them out of the file mappings as they load
   // (model/safetensors.h), so a model file truncated under the router cannot crash it.
   TensorResidency residency = TensorResidency::kOwned;

@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/token_grammar.h"
+#include "engine/sampling/token_grammar.h"
 
 #include "prometheus/histogram.h"
 

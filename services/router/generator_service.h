@@ -1,5 +1,5 @@
 // The Generator gRPC service (proto/exl3serve/v1/exl3serve.proto): Generate streams one request's
-// tokens from the engine (engine/engine.h); GenerateStream carries many requests on one call
+// tokens from the engine (engine/core/engine.h); GenerateStream carries many requests on one call
 // (services/router/generate_stream.h); DescribeModel states the served model and the KV
 // capacity; EngineStats the engine's running/waiting requests, KV usage and totals. One write in flight per call: tokens sampled while a write is pending are sent
 // together in the next message, so a slow client never holds the engine's loop; and writes are
@@ -26,7 +26,7 @@
 #include <chrono>
 #include <string>
 
-#include "engine/engine.h"
+#include "engine/core/engine.h"
 #include "exl3serve/v1/exl3serve.grpc.pb.h"
 #include "services/common/task_queue.h"
 #include "services/router/generate_stream.h"

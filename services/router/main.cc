@@ -111,7 +111,7 @@ ABSL_FLAG(int32_t, speculative_disable_by_batch_size, 0,
 ABSL_FLAG(std::string, speculative_draft_length, "fixed",
           "drafts per sequence and step: fixed (--num-speculative-tokens, or a request's own cap) or "
           "adaptive (each sequence 1..that cap, shrinking while its drafts are rejected and growing back "
-          "as they land: engine/draft_length.h)");
+          "as they land: engine/speculative/draft_length.h)");
 ABSL_FLAG(int32_t, max_pending_requests, 1024,
           "Generate requests accepted and unfinished; beyond it RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, generate_timeout_ms, 600000,

@@ -7,7 +7,7 @@
 #include <chrono>
 #include <memory>
 
-#include "engine/moe_executor.h"
+#include "engine/core/moe_executor.h"
 #include "services/router/in_process_router.h"
 
 namespace exl3::router {

@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/moe_executor.h"
+#include "engine/core/moe_executor.h"
 
 namespace exl3::engine::testing {
 

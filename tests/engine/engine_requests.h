@@ -1,4 +1,4 @@
-// Submitting requests to an Engine (engine/engine.h) and collecting their answers, for the tests
+// Submitting requests to an Engine (engine/core/engine.h) and collecting their answers, for the tests
 // that run the engine over a real model: fixture prompts read from a reference file, greedy
 // requests, every event's tokens (with their logprobs) and finish per request id.
 #pragma once
@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/engine.h"
+#include "engine/core/engine.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
 

@@ -7,8 +7,8 @@
 #include <memory>
 #include <string>
 
-#include "engine/cpu_model.h"
-#include "engine/engine.h"
+#include "engine/cpu/cpu_model.h"
+#include "engine/core/engine.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
 #include "tests/engine/engine_requests.h"

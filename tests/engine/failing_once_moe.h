@@ -1,4 +1,4 @@
-// In-process experts (engine/local_moe.h) whose first call of `fail_tokens` tokens fails with
+// In-process experts (engine/cpu/local_moe.h) whose first call of `fail_tokens` tokens fails with
 // UNAVAILABLE, as a lost expert worker would: for tests of a step that fails and runs again.
 #pragma once
 
@@ -6,9 +6,9 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "engine/cpu_compute.h"
-#include "engine/local_moe.h"
-#include "engine/moe_executor.h"
+#include "engine/cpu/cpu_compute.h"
+#include "engine/cpu/local_moe.h"
+#include "engine/core/moe_executor.h"
 #include "gtest/gtest.h"
 
 namespace exl3::engine::testing {

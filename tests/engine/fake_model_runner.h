@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "engine/model_runner.h"
-#include "engine/sampler.h"
+#include "engine/core/model_runner.h"
+#include "engine/sampling/sampler.h"
 
 namespace exl3::engine::testing {
 

@@ -1,6 +1,6 @@
 // A small synthetic glm4_moe model (3 layers, 8 routed experts top-4, hidden 256) whose routed
 // experts cycle K 2/3/4 and codebooks MCG/3INST (SyntheticOptions' per-expert cycles): the CPU
-// model's test (tests/engine/synthetic_model_test.cc) and the GPU model's against it
+// model's test (tests/engine/cpu/synthetic_model_test.cc) and the GPU model's against it
 // (tests/engine/cuda/cuda_model_test.cc) use the same one.
 #pragma once
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/model_runner.h"
+#include "engine/core/model_runner.h"
 
 namespace exl3::engine::testing {
 

@@ -1,11 +1,11 @@
 // A step of one sequence's chunk, for the tests that drive a layer directly
-// (tests/engine/verify_chunk_states_test.cc, verify_chunk_indexers_test.cc).
+// (tests/engine/cpu/linear_attention/verify_chunk_states_test.cc, verify_chunk_indexers_test.cc).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "engine/model_runner.h"
+#include "engine/core/model_runner.h"
 
 namespace exl3::engine::testing {
 

@@ -1,8 +1,8 @@
 // The test models' tokenizer (tests/fixtures/tokenizer/glm4_moe) with its last token, 511 ("±or"),
 // renamed "-à": the byte-level spelling of "-\xE0", a token that ends in the lead byte of a
 // three-byte UTF-8 character. xgrammar 0.2.9's mask allows it where an integer starts and its
-// matcher refuses it (tests/engine/token_constraint_test.cc), which the engine's sampling
-// survives (Sampler::SampleAccepted, tests/engine/structured_output_test.cc).
+// matcher refuses it (tests/engine/sampling/token_constraint_test.cc), which the engine's sampling
+// survives (Sampler::SampleAccepted, tests/engine/sampling/structured_output_test.cc).
 #pragma once
 
 #include <cstdint>

@@ -9,7 +9,7 @@
 #include <functional>
 #include <vector>
 
-#include "engine/sampler.h"
+#include "engine/sampling/sampler.h"
 #include "gtest/gtest.h"
 
 namespace exl3::engine::testing {

@@ -1,4 +1,4 @@
-// What the speculative-decoding tests share (tests/engine/speculative_decoding_test.cc,
+// What the speculative-decoding tests share (tests/engine/speculative/speculative_decoding_test.cc,
 // mtp_speculative_decoding_test.cc and tests/engine/cuda/speculative_decoding_test.cc): the
 // engine they run, prompts built to repeat, and a run of every request at once.
 #pragma once
@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/cpu_model.h"
-#include "engine/engine.h"
+#include "engine/cpu/cpu_model.h"
+#include "engine/core/engine.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
 #include "tests/engine/engine_requests.h"

@@ -49,7 +49,7 @@ const char kEngineBenchUsage[] =
     "continuation as drafts, each draft token right with probability P (else another token);\n"
     "decode tokens/s, mean step and verify step time, drafts accepted, and how many requests'\n"
     "tokens differ from the plain run's (speculation must change none).\n"
-    "--speculative-draft-length adaptive: each sequence's own K (engine/draft_length.h).\n"
+    "--speculative-draft-length adaptive: each sequence's own K (engine/speculative/draft_length.h).\n"
     "With --expert-map, the experts on the workers as above.\n"
     "\n"
     "--attention-only: no model; the attention kernels alone on random inputs of --attention-shape\n"

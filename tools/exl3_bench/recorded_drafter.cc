@@ -4,7 +4,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
-#include "engine/mix64.h"
+#include "engine/core/mix64.h"
 
 namespace exl3::bench {
 

@@ -5,7 +5,7 @@
 // Under greedy decoding the verify step then accepts a draft exactly when it is the recorded
 // token (the target emits the recorded continuation again), so a draft position is accepted with
 // probability p, while the scheduler, the verify chunks and the rollback run as in serving
-// (SpeculativeMethod::kProvided, engine/draft_proposer.h). Test and benchmark support only.
+// (SpeculativeMethod::kProvided, engine/speculative/draft_proposer.h). Test and benchmark support only.
 //
 //   auto drafter = std::make_shared<RecordedDrafter>(/*acceptance=*/0.7, /*seed=*/1, vocab);
 //   EXL3_RETURN_IF_ERROR(drafter->Record(prompt, first_run_tokens));
@@ -13,7 +13,7 @@
 //   options.scheduler.speculative.proposer = drafter;
 //
 // Whether the draft for output position i is right is a function of (seed, prompt, i) alone
-// (the engine's counter-based mixing, engine/mix64.h), so a run is reproducible and a position
+// (the engine's counter-based mixing, engine/core/mix64.h), so a run is reproducible and a position
 // redrafted (after a preemption) gets the same draft. A wrong draft is the recorded token plus
 // 1..vocab-1 (mod vocab). Past the recorded continuation, and for a prompt never recorded, no
 // drafts. set_acceptance may change p between runs while no request runs.
@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "engine/draft_proposer.h"
+#include "engine/speculative/draft_proposer.h"
 
 namespace exl3::bench {
 

@@ -12,7 +12,7 @@
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/device_sampler.h"
 #include "engine/cuda/pinned_buffer.h"
-#include "engine/sampler.h"
+#include "engine/sampling/sampler.h"
 
 namespace exl3::bench {
 namespace {

@@ -1,7 +1,7 @@
 // exl3-engine-bench --sampling-only: the cost per step of sampling a step's logit rows, on the
 // device (engine/cuda/device_sampler.h: the rows' parameters up, one kernel, the tokens down) and
 // the old way beside it (every logit row copied to the host, then the CPU sampler,
-// engine/sampler.h, on one thread as the engine's default sampling_threads is), on random logits
+// engine/sampling/sampler.h, on one thread as the engine's default sampling_threads is), on random logits
 // of one vocabulary for each batch of rows, greedy and with top-k + top-p + penalties.
 #pragma once
 

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/engine.h"
+#include "engine/core/engine.h"
 
 namespace exl3::bench {
 

@@ -9,7 +9,7 @@ using layer_kind::kCsa;
 using layer_kind::kLinear;
 using layer_kind::kSliding;
 
-// DeepSeek-V4's attention of layer L (`attn.*`, engine/dsv4_attention.h): the shared-KV
+// DeepSeek-V4's attention of layer L (`attn.*`, engine/cpu/attention/dsv4_attention.h): the shared-KV
 // projections, the grouped output projection, sinks, and per layer type its compressor and the
 // CSA indexer.
 void AddDsv4Attention(const TestModelSpec& s, int L, const std::string& p,
@@ -43,7 +43,7 @@ void AddDsv4Attention(const TestModelSpec& s, int L, const std::string& p,
   compressor("attn.indexer.compressor.", s.index_head_dim);
 }
 
-// Qwen3-Next's gated DeltaNet of one layer (`linear_attn.*`, engine/gated_deltanet.h).
+// Qwen3-Next's gated DeltaNet of one layer (`linear_attn.*`, engine/cpu/linear_attention/gated_deltanet.h).
 void AddGatedDeltaNet(const TestModelSpec& s, const std::string& p,
                       const LinearAdder& linear, std::vector<GenTensor>* t) {
   const int H = s.hidden, kd = s.linear_key_heads * s.linear_key_head_dim,
@@ -59,7 +59,7 @@ void AddGatedDeltaNet(const TestModelSpec& s, const std::string& p,
   linear("linear_attn.out_proj", H, vd);
 }
 
-// GLM-5.3-Flash's Kimi delta attention of one layer (self_attn.*, engine/kimi_delta_attention.h):
+// GLM-5.3-Flash's Kimi delta attention of one layer (self_attn.*, engine/cpu/linear_attention/kimi_delta_attention.h):
 // q/k/v/o projections (EXL3 where the converter quantizes them), the low-rank forget and output
 // gates and beta's b_proj (kept as stored, model/encoder/checkpoint_converter.cc's
 // IsKdaGateProjection), the short convolutions, A_log, dt_bias and the gated output norm.

@@ -95,7 +95,7 @@ absl::Status CheckQwen3NextShape(const TestModelSpec& s) {
   return absl::OkStatus();
 }
 
-// What Glm5NextTextConfig and the engine (engine/glm5next_config.h) require of the shape.
+// What Glm5NextTextConfig and the engine (engine/config/glm5next_config.h) require of the shape.
 absl::Status CheckGlm5NextShape(const TestModelSpec& s) {
   auto bad = [](const std::string& why) { return absl::InvalidArgumentError(why); };
   if (s.qk_rope_head_dim != 0)

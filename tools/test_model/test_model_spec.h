@@ -106,7 +106,7 @@ struct TestModelSpec {
   int linear_heads = 2;
   int linear_head_dim = 64;
   // glm4_moe, deepseek_v3, glm_moe_dsa, glm5_next: also the DeepSeek-V3 MTP layer
-  // (engine/mtp_head.h), one more layer model.layers.{layers}.* (glm5_next:
+  // (engine/cpu/mtp/mtp_head.h), one more layer model.layers.{layers}.* (glm5_next:
   // model.language_model.layers.{layers}.*) in a shard of its own: enorm, hnorm, eh_proj [hidden,
   // 2 * hidden], shared_head.norm and a MoE decoder layer (DSA: with its own indexer; glm5_next:
   // MLA with its own k-pooled indexer, no hyper-connections); config.json num_nextn_predict_layers 1.

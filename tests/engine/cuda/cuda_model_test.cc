@@ -22,15 +22,15 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/attention.h"
-#include "engine/cpu_model.h"
-#include "engine/local_moe.h"
+#include "engine/cpu/attention/attention.h"
+#include "engine/cpu/cpu_model.h"
+#include "engine/cpu/local_moe.h"
 #include "engine/cuda/cuda_model.h"
 #include "engine/cuda/attention_kernels.h"
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/engine_kernels.h"
-#include "engine/rms_norm.h"
-#include "engine/rope.h"
+#include "engine/cpu/rms_norm.h"
+#include "engine/cpu/rope.h"
 #include "gtest/gtest.h"
 #include "tests/engine/cuda/gpu_test_support.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -486,7 +486,7 @@ INSTANTIATE_TEST_SUITE_P(Qwen4ExpFamily, CudaModelFixtureTest,
                          ::testing::Values("qwen4_exp_experts", "qwen4_exp_all"));
 
 // DeepSeek-V4: prefill → decode → prefill → decode in one sequence (reference.json "resume", as
-// tests/engine/transformers_conformance_test.cc's ResumeTest runs it on the CPU engine): the first
+// tests/engine/cpu/transformers_conformance_test.cc's ResumeTest runs it on the CPU engine): the first
 // prompt chunk in chunks of 5 (windows of 4 and 16 left open across steps), decode steps, the second
 // prompt chunk at once, decode steps; each step's last row against the CPU engine's (5e-3) and
 // transformers' (resume.logits, 5e-3), the greedy tokens against transformers'.

@@ -1,10 +1,10 @@
 // Qwen3-Next on the GPU engine beyond the fixture comparison of tests/engine/cuda/
 // cuda_model_test.cc (RecurrentFamilies): the gated DeltaNet layer (engine/cuda/
-// cuda_gated_deltanet.h and its kernels) against the CPU layer (engine/gated_deltanet.h) on random
+// cuda_gated_deltanet.h and its kernels) against the CPU layer (engine/cpu/linear_attention/gated_deltanet.h) on random
 // inputs through prefill, decode and prefill again (Qwen3-Next's layout and Qwen4-Exp's separate
 // projections with its sigmoid output gate), several sequences per step, chunks shorter and
 // longer than the conv window, outputs and the stored states compared; then the engine over the
-// device state store as tests/engine/qwen3_next_test.cc runs it on the CPU: batched prompts,
+// device state store as tests/engine/cpu/qwen3_next_test.cc runs it on the CPU: batched prompts,
 // preempted sequences recomputed from position 0, a failed step run again from the states before
 // it; and the experts behind an executor in two micro-batches. Skipped where no GPU is visible
 // (ctest label gpu).
@@ -20,18 +20,18 @@
 #include <vector>
 
 #include "engine/config/read_model_config.h"
-#include "engine/cpu_model.h"
+#include "engine/cpu/cpu_model.h"
 #include "engine/cuda/cuda_gated_deltanet.h"
 #include "engine/cuda/cuda_model.h"
 #include "engine/cuda/device_sequence_states.h"
 #include "engine/cuda/recurrent_layer_states.h"
-#include "engine/engine.h"
-#include "engine/gated_deltanet.h"
-#include "engine/local_moe.h"
-#include "engine/model_config.h"
-#include "engine/qwen4exp_config.h"
-#include "engine/sequence_state.h"
-#include "engine/step_tokens.h"
+#include "engine/core/engine.h"
+#include "engine/cpu/linear_attention/gated_deltanet.h"
+#include "engine/cpu/local_moe.h"
+#include "engine/config/model_config.h"
+#include "engine/config/qwen4exp_config.h"
+#include "engine/cpu/sequence_state.h"
+#include "engine/core/step_tokens.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
 #include "tests/engine/cuda/gpu_test_support.h"
@@ -164,7 +164,7 @@ TEST(DeltaNetKernelsTest, Qwen4ExpLayerMatchesTheCpuLayerThroughPrefillDecodePre
 }
 
 // ---------------------------------------------------------------------------------------------
-// The engine over the device state store (tests/engine/qwen3_next_test.cc on the CPU).
+// The engine over the device state store (tests/engine/cpu/qwen3_next_test.cc on the CPU).
 
 constexpr char kFixture[] = "tests/fixtures/engine/qwen3_next_all";
 // The GPU model's logits are within 5e-3 of transformers' relative to the row's norm (the fixture

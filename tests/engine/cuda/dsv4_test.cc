@@ -1,8 +1,8 @@
 // DeepSeek-V4 on the GPU against the CPU engine, piece by piece on random inputs: the
 // hyper-connections' collapse, expand and head (engine/cuda/hyper_connection_kernels.h against
-// engine/hyper_connections.h, with the fixture's weights), the hash-routed gate (against
+// engine/cpu/residual/hyper_connections.h, with the fixture's weights), the hash-routed gate (against
 // model/routing.h's RouteHashed), and each attention layer of the fixtures (sliding window, CSA
-// with its indexer, HCA; engine/cuda/dsv4_attention.h against engine/dsv4_attention.h) through
+// with its indexer, HCA; engine/cuda/dsv4_attention.h against engine/cpu/attention/dsv4_attention.h) through
 // steps of prefill chunks and decode tokens of two sequences, comparing every step's output and,
 // at the end, the whole cache (slots, compressor accumulators, entries). Whole models:
 // tests/engine/cuda/cuda_model_test.cc (Dsv4Family). Skipped where no GPU is visible (label gpu).
@@ -16,16 +16,16 @@
 #include <string>
 #include <vector>
 
-#include "engine/attention.h"
+#include "engine/cpu/attention/attention.h"
 #include "engine/config/read_model_config.h"
 #include "engine/cuda/dsv4_attention.h"
 #include "engine/cuda/engine_kernels.h"
 #include "engine/cuda/hyper_connection_kernels.h"
-#include "engine/dsv4_attention.h"
-#include "engine/hyper_connections.h"
-#include "engine/model_config.h"
-#include "engine/paged_kv_cache.h"
-#include "engine/step_tokens.h"
+#include "engine/cpu/attention/dsv4_attention.h"
+#include "engine/cpu/residual/hyper_connections.h"
+#include "engine/config/model_config.h"
+#include "engine/cpu/paged_kv_cache.h"
+#include "engine/core/step_tokens.h"
 #include "gtest/gtest.h"
 #include "model/routing.h"
 #include "model/safetensors.h"

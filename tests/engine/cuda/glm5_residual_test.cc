@@ -12,12 +12,12 @@
 #include <vector>
 
 #include "engine/config/read_model_config.h"
-#include "engine/cpu_compute.h"
+#include "engine/cpu/cpu_compute.h"
 #include "engine/cuda/engine_kernels.h"
 #include "engine/cuda/hyper_connection_kernels.h"
-#include "engine/glm5next_config.h"
-#include "engine/hyper_connections.h"
-#include "engine/model_config.h"
+#include "engine/config/glm5next_config.h"
+#include "engine/cpu/residual/hyper_connections.h"
+#include "engine/config/model_config.h"
 #include "gtest/gtest.h"
 #include "kernels/moe_cpu.h"
 #include "model/moe_config.h"

@@ -1,4 +1,4 @@
-// Test support: one hyper-connection of a fixture (engine/hyper_connections.h) on the GPU
+// Test support: one hyper-connection of a fixture (engine/cpu/residual/hyper_connections.h) on the GPU
 // (engine/cuda/hyper_connection_kernels.h) against the CPU class, on random streams: the collapse
 // (block input, post and comb mix) and the expand from the CPU's mix. Prints one line starting with
 // `label` and checks the bounds the families share.
@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/cpu_compute.h"
+#include "engine/cpu/cpu_compute.h"
 #include "engine/cuda/hyper_connection_kernels.h"
-#include "engine/hyper_connections.h"
+#include "engine/cpu/residual/hyper_connections.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
 #include "tests/engine/cuda/gpu_test_support.h"

@@ -1,8 +1,8 @@
 // GLM-5.3-Flash's KDA layer on the GPU (engine/cuda/cuda_kimi_delta_attention.h, its kernels
 // engine/cuda/kda_kernels.h and the chunk table of engine/cuda/recurrent_layer_states.h) against
-// the CPU: the delta-rule kernel against engine/kimi_delta_rule.h's recurrent form (and its chunked
+// the CPU: the delta-rule kernel against engine/cpu/linear_attention/kimi_delta_rule.h's recurrent form (and its chunked
 // form) on random inputs up to GLM-5.3-Flash's head dim of 128; then the layer against the CPU
-// layer (engine/kimi_delta_attention.h) on the glm5_next fixtures' KDA layers with fresh random
+// layer (engine/cpu/linear_attention/kimi_delta_attention.h) on the glm5_next fixtures' KDA layers with fresh random
 // inputs through prefill, decode and prefill again, several sequences per step, chunks of 1, 3
 // (shorter than the conv window), 63, 64, 65 and 130 tokens (the CPU's chunked form's edges),
 // decode steps padded as a decode graph pads them, each step run as two calls (as two micro-batches
@@ -22,17 +22,17 @@
 #include <vector>
 
 #include "engine/config/read_model_config.h"
-#include "engine/cpu_compute.h"
+#include "engine/cpu/cpu_compute.h"
 #include "engine/cuda/cuda_kimi_delta_attention.h"
 #include "engine/cuda/kda_kernels.h"
 #include "engine/cuda/recurrent_layer_states.h"
-#include "engine/glm5next_config.h"
-#include "engine/kimi_delta_attention.h"
-#include "engine/kimi_delta_rule.h"
-#include "engine/model_config.h"
-#include "engine/rms_norm.h"
-#include "engine/sequence_state.h"
-#include "engine/step_tokens.h"
+#include "engine/config/glm5next_config.h"
+#include "engine/cpu/linear_attention/kimi_delta_attention.h"
+#include "engine/cpu/linear_attention/kimi_delta_rule.h"
+#include "engine/config/model_config.h"
+#include "engine/cpu/rms_norm.h"
+#include "engine/cpu/sequence_state.h"
+#include "engine/core/step_tokens.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "model/safetensors.h"
@@ -42,7 +42,7 @@ namespace exl3::engine::cuda {
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// The delta-rule kernel against engine/kimi_delta_rule.h.
+// The delta-rule kernel against engine/cpu/linear_attention/kimi_delta_rule.h.
 
 TEST(KdaKernelsTest, DeltaRuleMatchesTheCpuRecurrentForm) {
   REQUIRE_GPU();

@@ -1,8 +1,8 @@
 // GLM-5.3-Flash's indexed attention on the GPU (engine/cuda/kpool_attention.h) against the CPU
 // engine: the k-pooled indexer's kernels (pool keys and scores, the top-k over pools, the chosen
-// positions with the query's own incomplete pool) on random inputs against engine/kpool_indexer.h's
+// positions with the query's own incomplete pool) on random inputs against engine/cpu/attention/kpool_indexer.h's
 // functions over the same fp16 cache; then the indexed layers of the glm5_next fixtures (a "full"
-// and a "shared" one) against engine/kpool_dsa_attention.h through prefill chunks across pool
+// and a "shared" one) against engine/cpu/attention/kpool_dsa_attention.h through prefill chunks across pool
 // edges, decode and prefill again, several sequences per step. Lines "kpool ..." give every
 // comparison. Skipped where no GPU is visible (ctest label gpu).
 #include <algorithm>
@@ -17,9 +17,9 @@
 #include <cublas_v2.h>
 
 #include "absl/strings/str_cat.h"
-#include "engine/attention.h"
+#include "engine/cpu/attention/attention.h"
 #include "engine/config/read_model_config.h"
-#include "engine/cpu_compute.h"
+#include "engine/cpu/cpu_compute.h"
 #include "engine/cuda/attention_kernels.h"
 #include "engine/cuda/cuda_linear.h"
 #include "engine/cuda/device_array.h"
@@ -28,12 +28,12 @@
 #include "engine/cuda/kpool_indexer_kernels.h"
 #include "engine/cuda/latent_attention.h"
 #include "engine/cuda/latent_attention_kernels.h"
-#include "engine/glm5next_config.h"
-#include "engine/kpool_dsa_attention.h"
-#include "engine/kpool_indexer.h"
-#include "engine/model_config.h"
-#include "engine/paged_kv_cache.h"
-#include "engine/step_tokens.h"
+#include "engine/config/glm5next_config.h"
+#include "engine/cpu/attention/kpool_dsa_attention.h"
+#include "engine/cpu/attention/kpool_indexer.h"
+#include "engine/config/model_config.h"
+#include "engine/cpu/paged_kv_cache.h"
+#include "engine/core/step_tokens.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "model/safetensors.h"
@@ -95,7 +95,7 @@ TEST(KpoolKernelsTest, ScoresAndSelectionMatchCpu) {
     const float head_weight = static_cast<float>(1.0 / std::sqrt(static_cast<double>(NI)));
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 
-    // The CPU's pool keys from the cached fp16 values, its scores (engine/kpool_indexer.cc's sums)
+    // The CPU's pool keys from the cached fp16 values, its scores (engine/cpu/attention/kpool_indexer.cc's sums)
     // and its choices.
     const int row = 3000 / P + 1;
     std::vector<float> ref(static_cast<size_t>(T) * row, 0.0f);

@@ -1,7 +1,7 @@
 // The CUDA engine's latent attention (engine/cuda/latent_attention.h) against references on the
 // host: the latent cache write and split-K attention in the latent space (decode tokens, prefill
 // chunks after cached positions, DSA selections) against a double-precision loop over the same
-// fp16 cache; the lightning indexer's LayerNorm, scores and top-k against engine/dsa_attention.cc's
+// fp16 cache; the lightning indexer's LayerNorm, scores and top-k against engine/cpu/attention/dsa_attention.cc's
 // arithmetic (exact selections, ties included); and each layer of the deepseek_v3 and glm_moe_dsa
 // fixtures against the CPU engine's MlaAttention / DsaAttention on the same inputs and steps.
 // Skipped where no GPU is visible (ctest label gpu).
@@ -17,21 +17,21 @@
 #include <cublas_v2.h>
 
 #include "absl/strings/str_cat.h"
-#include "engine/attention.h"
+#include "engine/cpu/attention/attention.h"
 #include "engine/config/read_model_config.h"
-#include "engine/cpu_compute.h"
+#include "engine/cpu/cpu_compute.h"
 #include "engine/cuda/attention_kernels.h"
 #include "engine/cuda/cuda_linear.h"
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/dsa_indexer_kernels.h"
 #include "engine/cuda/latent_attention.h"
 #include "engine/cuda/latent_attention_kernels.h"
-#include "engine/load_attention.h"
-#include "engine/model_config.h"
-#include "engine/paged_kv_cache.h"
-#include "engine/rms_norm.h"
-#include "engine/rope.h"
-#include "engine/step_tokens.h"
+#include "engine/cpu/attention/load_attention.h"
+#include "engine/config/model_config.h"
+#include "engine/cpu/paged_kv_cache.h"
+#include "engine/cpu/rms_norm.h"
+#include "engine/cpu/rope.h"
+#include "engine/core/step_tokens.h"
 #include "gtest/gtest.h"
 #include "tests/engine/cuda/gpu_test_support.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -252,7 +252,7 @@ TEST(LatentKernelsTest, LatentAttentionMatchesReference) {
 // ---------------------------------------------------------------------------------------------
 // The lightning indexer.
 
-// engine/dsa_attention.cc's choice from one token's scores (positions 0..pos).
+// engine/cpu/attention/dsa_attention.cc's choice from one token's scores (positions 0..pos).
 std::vector<int32_t> CpuTopk(const float* score, int pos, int topk) {
   std::vector<int32_t> chosen(pos + 1);
   std::iota(chosen.begin(), chosen.end(), 0);
@@ -337,7 +337,7 @@ TEST(LatentKernelsTest, IndexerKeysAndScoresMatchCpu) {
       ASSERT_TRUE(LayerNormRows(d_k.get(), d_w.get(), d_b.get(), written, DI, 1e-6f, nullptr).ok());
       const std::vector<float> normed = ToHost(d_k.get(), k.size());
       std::vector<float> ref = k;
-      for (int i = 0; i < written; ++i) {  // engine/dsa_attention.cc's LayerNormInPlace
+      for (int i = 0; i < written; ++i) {  // engine/cpu/attention/dsa_attention.cc's LayerNormInPlace
         float* x = &ref[static_cast<size_t>(i) * DI];
         double mean = 0, var = 0;
         for (int d = 0; d < DI; ++d) mean += x[d];

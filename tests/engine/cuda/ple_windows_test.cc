@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "engine/cuda/ple_windows.h"
-#include "engine/model_runner.h"
-#include "engine/step_tokens.h"
+#include "engine/core/model_runner.h"
+#include "engine/core/step_tokens.h"
 #include "gtest/gtest.h"
 
 namespace exl3::engine::cuda {

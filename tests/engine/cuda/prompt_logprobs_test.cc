@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "engine/cuda/cuda_model.h"
-#include "engine/engine.h"
+#include "engine/core/engine.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
 #include "tests/engine/cuda/gpu_test_support.h"

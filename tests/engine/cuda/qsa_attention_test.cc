@@ -1,5 +1,5 @@
 // Qwen4-Exp's QSA attention on the GPU (engine/cuda/qsa_mixer.h, engine/cuda/qsa_kernels.h)
-// against the CPU engine's engine/qsa_attention.h on fresh random inputs: the selection (the device
+// against the CPU engine's engine/cpu/attention/qsa_attention.h on fresh random inputs: the selection (the device
 // top-k over blocks and the expansion into positions) against QsaSelectedPositions on scores full of
 // ties, at every block edge; the block scores against QsaBlockScores over block keys formed as the
 // CPU forms them (fixture's shape and a wider one); then the fixture's QSA layer through the mixer
@@ -17,22 +17,22 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/attention.h"
+#include "engine/cpu/attention/attention.h"
 #include "engine/config/read_model_config.h"
-#include "engine/cpu_compute.h"
+#include "engine/cpu/cpu_compute.h"
 #include "engine/cuda/cuda_mixer.h"
 #include "engine/cuda/dsa_indexer_kernels.h"
 #include "engine/cuda/kpool_indexer_kernels.h"
 #include "engine/cuda/qsa_kernels.h"
 #include "engine/cuda/qsa_mixer.h"
 #include "engine/cuda/step_facts.h"
-#include "engine/model_config.h"
-#include "engine/paged_kv_cache.h"
-#include "engine/qsa_attention.h"
-#include "engine/qwen4exp_config.h"
-#include "engine/rms_norm.h"
-#include "engine/rope.h"
-#include "engine/step_tokens.h"
+#include "engine/config/model_config.h"
+#include "engine/cpu/paged_kv_cache.h"
+#include "engine/cpu/attention/qsa_attention.h"
+#include "engine/config/qwen4exp_config.h"
+#include "engine/cpu/rms_norm.h"
+#include "engine/cpu/rope.h"
+#include "engine/core/step_tokens.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
 #include "tests/engine/cuda/gpu_test_support.h"
@@ -96,7 +96,7 @@ TEST(QsaKernelsTest, SelectionMatchesQsaSelectedPositions) {
 }
 
 // The raw keys of `seqs` sequences in an fp32 paged cache on shuffled blocks, queries at the
-// positions `pos` (sequence t % seqs), against the CPU's block keys (engine/qsa_attention.cc's
+// positions `pos` (sequence t % seqs), against the CPU's block keys (engine/cpu/attention/qsa_attention.cc's
 // arithmetic) and QsaBlockScores.
 void CheckBlockScores(const ModelConfig& cfg, const QsaIndexerConfig& ix, const std::vector<int32_t>& pos,
                       std::mt19937& rng, const std::string& name) {

@@ -1,4 +1,4 @@
-// Qwen4-Exp's gated residual stream on the GPU against the CPU engine's engine/gated_residual.h on
+// Qwen4-Exp's gated residual stream on the GPU against the CPU engine's engine/cpu/residual/gated_residual.h on
 // random inputs: one connection (engine/cuda/gated_connection.h and its kernels) at the fixture's
 // shape and at synthetic ones (a full-size 4 × 2048, odd sizes, one stream, one token, 0 tokens),
 // the head's mixer over logit rows out of order; then the whole stream through the ResidualStream
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "engine/config/read_model_config.h"
-#include "engine/cpu_compute.h"
+#include "engine/cpu/cpu_compute.h"
 #include "engine/cuda/cuda_ple_layer.h"
 #include "engine/cuda/device_sequence_states.h"
 #include "engine/cuda/gated_connection.h"
@@ -28,12 +28,12 @@
 #include "engine/cuda/ple_windows.h"
 #include "engine/cuda/recurrent_layer_states.h"
 #include "engine/cuda/residual_stream.h"
-#include "engine/gated_residual.h"
-#include "engine/model_config.h"
-#include "engine/ple_layer.h"
-#include "engine/qwen4exp_config.h"
-#include "engine/sequence_state.h"
-#include "engine/step_tokens.h"
+#include "engine/cpu/residual/gated_residual.h"
+#include "engine/config/model_config.h"
+#include "engine/cpu/residual/ple_layer.h"
+#include "engine/config/qwen4exp_config.h"
+#include "engine/cpu/sequence_state.h"
+#include "engine/core/step_tokens.h"
 #include "gtest/gtest.h"
 #include "model/moe_config.h"
 #include "model/safetensors.h"
@@ -205,7 +205,7 @@ TEST(Qwen4ExpResidualTest, BadShapesAreRefused) {
 }
 
 // The stream through the interface CudaModel's layer loop calls, against the CPU's connections run
-// in the same order (engine/cpu_model.cc RunGatedResidualLayer): the embeddings broadcast, then per
+// in the same order (engine/cpu/cpu_model.cc RunGatedResidualLayer): the embeddings broadcast, then per
 // layer the mixer input, a random mixer output expanded and the MLP input, a random MLP output
 // expanded; the head's input for logit rows out of order. Rows in two ranges [0, 11), [11, T).
 TEST(Qwen4ExpResidualTest, StreamMatchesTheCpuThroughTheLayers) {
@@ -286,7 +286,7 @@ TEST(Qwen4ExpResidualTest, StreamMatchesTheCpuThroughTheLayers) {
 }
 
 // The PLE layer (engine/cuda/cuda_ple_layer.h with the host's windows, engine/cuda/ple_windows.h)
-// against the CPU layer (engine/ple_layer.cc) on random residual streams and random token ids,
+// against the CPU layer (engine/cpu/residual/ple_layer.cc) on random residual streams and random token ids,
 // through prefill, decode and prefill again: several sequences per step, chunks shorter than the
 // context (ngram_size - 1 tokens) and than the conv's carried inputs, long ones; the streams after
 // the layer and every slot's carried conv inputs compared after each step.

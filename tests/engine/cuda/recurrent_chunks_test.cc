@@ -1,13 +1,13 @@
 // engine/cuda/recurrent_chunks.h's KeptStateRow (host code of the GPU engine; runs without a GPU):
 // the row the kernels store a verify chunk's kept state k in is the slot's copy that
-// SequenceStateSlots::KeptCopy names (engine/sequence_state.h), whichever copy the chunk reads, for
+// SequenceStateSlots::KeptCopy names (engine/cpu/sequence_state.h), whichever copy the chunk reads, for
 // slots of 2 to 6 copies and chunks keeping 1 to all of them.
 #include <cstdint>
 #include <vector>
 
 #include "engine/cuda/recurrent_chunks.h"
-#include "engine/model_runner.h"
-#include "engine/sequence_state.h"
+#include "engine/core/model_runner.h"
+#include "engine/cpu/sequence_state.h"
 #include "gtest/gtest.h"
 
 namespace exl3::engine::cuda {

@@ -1,4 +1,4 @@
-// Sampling on the GPU (engine/cuda/device_sampler.h) against the CPU sampler (engine/sampler.h):
+// Sampling on the GPU (engine/cuda/device_sampler.h) against the CPU sampler (engine/sampling/sampler.h):
 // on fresh random logits of vocabularies 1, 7, 1000 and 151552, 1 to 64 rows, every class of
 // parameters (greedy, temperature, top-k, top-p, min-p, their combinations, repetition /
 // presence / frequency penalties, bans, logprobs and top logprobs), the same tokens, logprobs
@@ -16,13 +16,13 @@
 #include <string>
 #include <vector>
 
-#include "engine/cpu_model.h"
+#include "engine/cpu/cpu_model.h"
 #include "engine/cuda/cuda_model.h"
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/device_sampler.h"
-#include "engine/engine.h"
-#include "engine/sampler.h"
-#include "engine/token_grammar.h"
+#include "engine/core/engine.h"
+#include "engine/sampling/sampler.h"
+#include "engine/sampling/token_grammar.h"
 #include "gtest/gtest.h"
 #include "tests/engine/cuda/gpu_test_support.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -286,7 +286,7 @@ TEST(DeviceSamplerTest, SameSeedSameTokensAndEveryTokenBannedGivesZero) {
 
 #if EXL3_TEST_STRUCTURED_OUTPUT
 TEST(DeviceSamplerTest, TakesNoLogitBiasAndNoConstraint) {
-  // Host logic, no GPU: such rows are sampled on the host (engine/engine.cc RunForward).
+  // Host logic, no GPU: such rows are sampled on the host (engine/core/engine.cc RunForward).
   SamplingParams biased;
   biased.logit_bias = {{3, 5.0f}};
   EXPECT_FALSE(DeviceSampler::Supports(biased));

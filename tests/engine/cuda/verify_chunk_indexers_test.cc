@@ -1,5 +1,5 @@
 // Rejected drafts and the GPU engine's indexed attentions of the recurrent families, as
-// tests/engine/verify_chunk_indexers_test.cc checks the CPU engine's: GLM-5.3-Flash's k-pooled DSA
+// tests/engine/cpu/attention/verify_chunk_indexers_test.cc checks the CPU engine's: GLM-5.3-Flash's k-pooled DSA
 // (engine/cuda/kpool_mixer.h, pools of index_kpool = 4 positions) and Qwen4-Exp's QSA
 // (engine/cuda/qsa_mixer.h, blocks of indexer_compress_ratio = 4), one layer each with its own
 // indexer, on the *_experts fixtures with random inputs, driven through the mixer kind as CudaModel
@@ -31,8 +31,8 @@
 #include "engine/cuda/kpool_mixer.h"
 #include "engine/cuda/qsa_mixer.h"
 #include "engine/cuda/step_facts.h"
-#include "engine/model_config.h"
-#include "engine/step_tokens.h"
+#include "engine/config/model_config.h"
+#include "engine/core/step_tokens.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
 #include "tests/engine/cuda/gpu_test_support.h"

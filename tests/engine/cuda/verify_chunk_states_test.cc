@@ -4,7 +4,7 @@
 // projections), Qwen4-Exp's (separate projections) and its PLE layer (engine/cuda/cuda_ple_layer.h),
 // GLM-5.3-Flash's KDA (engine/cuda/cuda_kimi_delta_attention.h), on the *_experts fixtures' layers
 // with random inputs, driven over the device store as the model drives it (BeginStep, the chunk
-// table packed and bound, Forward, CommitStep). As tests/engine/verify_chunk_states_test.cc on the
+// table packed and bound, Forward, CommitStep). As tests/engine/cpu/linear_attention/verify_chunk_states_test.cc on the
 // CPU: after a prefill of 7 tokens, a verify chunk of d + 1 = 5 tokens (the last token and 4
 // drafts) with a of them accepted (a = 0 .. 4) leaves, for the next chunk starting at 7 + a + 1,
 // exactly the state that running only those a + 1 tokens leaves: equal bit for bit, the whole
@@ -33,9 +33,9 @@
 #include "engine/cuda/cuda_ple_layer.h"
 #include "engine/cuda/device_sequence_states.h"
 #include "engine/cuda/recurrent_layer_states.h"
-#include "engine/model_config.h"
-#include "engine/qwen4exp_config.h"
-#include "engine/step_tokens.h"
+#include "engine/config/model_config.h"
+#include "engine/config/qwen4exp_config.h"
+#include "engine/core/step_tokens.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
 #include "tests/engine/cuda/gpu_test_support.h"

@@ -36,7 +36,7 @@ _HTTP_OF = {
     grpc.StatusCode.CANCELLED: CLIENT_CLOSED_REQUEST,
 }
 
-# The request fields the engine's refusals name first (engine/engine.cc, Engine::Validate:
+# The request fields the engine's refusals name first (engine/core/engine.cc, Engine::Validate:
 # "min_tokens must be in [0, max_tokens], not 9", "stop_token_ids token 0 is 999, outside ...").
 _ENGINE_FIELDS = ("max_tokens", "min_tokens", "stop_token_ids", "temperature", "top_p", "top_k",
                   "min_p", "repetition_penalty", "presence_penalty", "logprobs", "logit_bias",

@@ -16,7 +16,7 @@ With the reasoning split on (--reasoning-parser), the constraint holds only afte
 reasoning block (after_reasoning): the model thinks freely first, as vLLM's reasoning parsers allow.
 Two of them in one request are refused 400 naming both. The router compiles the constraint (a
 schema, regex or grammar that does not compile is its 400, with the library's words); the engine
-masks every token the constraint does not allow (engine/token_constraint.h).
+masks every token the constraint does not allow (engine/sampling/token_constraint.h).
 
 logit_bias: OpenAI's {"token id as a string": bias in [-100, 100]}; the engine refuses ids outside
 the vocabulary."""

@@ -1,0 +1,73 @@
+// engine/cpu/residual/ple_layer against transformers' Qwen4ExpTextPLELayer on the qwen4_exp fixtures: the PLE
+// input and output transformers recorded (reference.safetensors ple_in.1 / ple_out.1, the
+// teacher-forced pass of prompt 1 and its continuation) reproduced from the EXL3 directory's
+// n-gram table read in place, in one chunk and in chunks of 5 carried through the state store.
+#include "engine/config/read_model_config.h"
+#include "engine/cpu/residual/ple_layer.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "engine/config/model_config.h"
+#include "engine/config/qwen4exp_config.h"
+#include "gtest/gtest.h"
+#include "tests/engine/relative_error.h"
+
+namespace exl3::engine {
+namespace {
+
+void Check(const std::string& dir, const std::string& ref_path, int chunk) {
+  auto cfg = LoadModelConfig(dir);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  auto src = TensorSource::Open(dir);
+  ASSERT_TRUE(src.ok()) << src.status();
+  auto ref = TensorSource::Open(ref_path);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const int layer = cfg->qwen4exp->ple.layers.at(0);
+  auto ple = PleLayer::Load(*cfg, **src, layer);
+  ASSERT_TRUE(ple.ok()) << ple.status();
+  const std::vector<float> in = *ToFloat32(*(*ref)->Get("ple_in.1"));
+  const std::vector<float> want = *ToFloat32(*(*ref)->Get("ple_out.1"));
+  TensorView ids_view = *(*ref)->Get("ple_ids.1");
+  const std::vector<int32_t> ids(ids_view.as<int32_t>(), ids_view.as<int32_t>() + ids_view.info->num_elements());
+  const int T = static_cast<int>(ids.size());
+  const size_t wide = in.size() / T;
+  std::vector<int64_t> floats(cfg->num_layers, 0);
+  floats[layer] = cfg->StateFloats(layer);
+  auto states = SequenceStateStore::Create(floats, 1);
+  ASSERT_TRUE(states.ok()) << states.status();
+  CpuCompute compute(2);
+  std::vector<float> got;
+  for (int start = 0; start < T; start += chunk) {
+    const int n = std::min(chunk, T - start);
+    StepBatch batch;
+    SequenceChunk c;
+    c.tokens.assign(ids.begin() + start, ids.begin() + start + n);
+    c.start_position = start;
+    c.block_table = {0, 1, 2, 3, 4, 5};
+    c.state_slot = 0;
+    batch.chunks.push_back(c);
+    StepTokens tokens;
+    ASSERT_TRUE(FlattenStep(batch, cfg->vocab_size, KvCacheShape{6, 16, 1}, cfg->max_position_embeddings, &tokens).ok());
+    ASSERT_TRUE((*states)->BeginStep(batch).ok());
+    std::vector<float> h(in.begin() + start * wide, in.begin() + (start + n) * wide);
+    const std::vector<float> h0 = h;
+    ASSERT_TRUE((*ple)->Forward(h.data(), tokens, **states, compute).ok());
+    for (size_t i = 0; i < h.size(); ++i) got.push_back(h[i] - h0[i]);  // the PLE's output
+    (*states)->CommitStep(batch);
+  }
+  const double err = testing::RelativeError(got.data(), want.data(), want.size());
+  EXPECT_LT(err, 1e-5) << dir << " in chunks of " << chunk;
+  std::printf("%s PLE layer %d, chunks of %d: rel err %.2e\n", dir.c_str(), layer, chunk, err);
+}
+
+TEST(PleLayerTest, MatchesTransformers) {
+  for (const char* variant : {"experts", "all"}) {
+    const std::string dir = std::string("tests/fixtures/engine/qwen4_exp_") + variant;
+    Check(dir, dir + "/reference.safetensors", 1000);
+    Check(dir, dir + "/reference.safetensors", 5);
+  }
+}
+
+}  // namespace
+}  // namespace exl3::engine

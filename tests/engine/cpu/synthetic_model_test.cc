@@ -1,0 +1,176 @@
+// Synthetic whole models (exl3-tool make-test-model --synthetic --whole-model): every family's
+// layout at a chosen attention shape loads in the CPU model and decodes finite logits, with the
+// linears EXL3 where both dimensions are multiples of 128 (DeepSeek-V4 and Qwen3-Next included:
+// their compressors, indexer, hyper-connections, DeltaNet and hash table as stored; GLM-5.3-Flash
+// with its KDA and indexed layers, hyper-connections and text model under model.language_model.).
+#include <cmath>
+#include <filesystem>
+
+#include "engine/cpu/cpu_model.h"
+#include "gtest/gtest.h"
+#include "model/safetensors.h"
+#include "tools/test_model/test_model.h"
+#include "tests/engine/mixed_expert_model.h"
+#include "tests/engine/model_harness.h"
+
+namespace exl3::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+class SyntheticWholeModelTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SyntheticWholeModelTest, LoadsAndDecodes) {
+  TestModelSpec spec;
+  spec.arch = GetParam();
+  spec.layers = 2;
+  spec.hidden = 256;
+  spec.experts = 4;
+  spec.top_k = 2;
+  spec.heads = 4;  // GQA: q 256, k/v 128; MLA below: every projection a multiple of 128
+  spec.q_lora_rank = 128;
+  spec.kv_lora_rank = 64;
+  spec.qk_rope_head_dim = 64;
+  spec.qk_nope_head_dim = 64;
+  spec.v_head_dim = 64;
+  spec.index_heads = 2;      // GLM-MoE-DSA: wq_b 256 x 128, wk 128 x 256 (EXL3)
+  spec.index_head_dim = 128;
+  spec.index_topk = 3;       // 9 positions below: the later ones attend sparsely
+  spec.vocab = 256;
+  if (spec.arch == "deepseek_v4") {  // [sliding, CSA, HCA]: 2 heads of 128, all EXL3
+    spec.layers = 3;
+    spec.heads = 2;
+    spec.head_dim = 128;
+    spec.sliding_window = 4;
+    spec.hca_compress_rate = 4;
+    spec.index_topk = 1;  // the later positions see more compressed entries than that
+  }
+  if (spec.arch == "glm5_next") {  // [KDA 2 x 64, indexed]: NoPE MLA, pools of 2, top 4
+    spec.qk_rope_head_dim = 0;
+    spec.index_kpool = 2;
+    spec.index_topk = 4;
+    spec.linear_heads = 2;
+    spec.linear_head_dim = 64;
+  }
+  SyntheticOptions so;
+  so.whole_model = true;
+  so.bits = 3;
+  so.progress = false;
+  const fs::path dir = fs::temp_directory_path() / ("exl3_synthetic_whole_" + spec.arch);
+  fs::remove_all(dir);
+  ASSERT_TRUE(WriteSyntheticExl3Model(spec, so, dir.string()).ok());
+  auto src = TensorSource::Open(dir.string());
+  ASSERT_TRUE(src.ok()) << src.status();
+  if (spec.arch == "deepseek_v4") {
+    EXPECT_TRUE((*src)->Has("head.trellis"));
+    EXPECT_TRUE((*src)->Has("model.layers.0.attn.wkv.trellis"));
+    EXPECT_TRUE((*src)->Has("model.layers.1.attn.indexer.compressor.wgate.trellis"));
+    EXPECT_TRUE((*src)->Has("model.layers.2.attn.compressor.ape"));
+    EXPECT_TRUE((*src)->Has("model.layers.0.ffn.gate.tid2eid"));
+    EXPECT_TRUE((*src)->Has("model.hc_head.hc_fn"));
+  } else if (spec.arch == "qwen3_next") {
+    EXPECT_TRUE((*src)->Has("lm_head.trellis"));
+    EXPECT_TRUE((*src)->Has("model.layers.0.linear_attn.in_proj_qkvz.trellis"));
+    EXPECT_TRUE((*src)->Has("model.layers.0.linear_attn.A_log"));
+    EXPECT_TRUE((*src)->Has("model.layers.1.self_attn.q_proj.trellis"));
+    EXPECT_TRUE((*src)->Has("model.layers.1.mlp.shared_expert_gate.weight"));
+  } else if (spec.arch == "glm5_next") {
+    const std::string p = "model.language_model.layers.";
+    EXPECT_TRUE((*src)->Has("lm_head.trellis"));
+    EXPECT_TRUE((*src)->Has("model.language_model.embed_tokens.weight"));
+    EXPECT_TRUE((*src)->Has(p + "0.self_attn.q_proj.trellis"));
+    EXPECT_TRUE((*src)->Has(p + "0.self_attn.f_b_proj.weight"));  // KDA's gates stay bf16
+    EXPECT_TRUE((*src)->Has(p + "0.self_attn.q_conv1d.weight"));
+    EXPECT_TRUE((*src)->Has(p + "0.hc_attn_fn"));
+    EXPECT_TRUE((*src)->Has(p + "0.mlp.gate_proj.trellis"));
+    EXPECT_TRUE((*src)->Has(p + "1.self_attn.q_b_proj.trellis"));
+    EXPECT_TRUE((*src)->Has(p + "1.self_attn.indexer.wq_b.trellis"));
+    EXPECT_TRUE((*src)->Has(p + "1.self_attn.indexer.index_kpool_compress_ape"));
+    EXPECT_TRUE((*src)->Has(p + "1.mlp.experts.3.down_proj.trellis"));
+    EXPECT_TRUE((*src)->Has(p + "1.hc_ffn_scale"));
+  } else {
+    EXPECT_TRUE((*src)->Has("lm_head.trellis"));
+    EXPECT_TRUE((*src)->Has("model.layers.0.self_attn.o_proj.trellis"));
+  }
+  if (spec.arch == "glm_moe_dsa") {
+    EXPECT_TRUE((*src)->Has("model.layers.1.self_attn.indexer.wq_b.trellis"));
+    EXPECT_TRUE((*src)->Has("model.layers.1.self_attn.indexer.wk.trellis"));
+    EXPECT_TRUE((*src)->Has("model.layers.1.self_attn.indexer.weights_proj.weight"));
+  }
+
+  CpuModelOptions o;
+  o.num_threads = 2;
+  auto model = CpuModel::Open(dir.string(), o);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto rows = testing::RunGreedy(**model, {{1, 2, 3, 4, 5}}, 4, /*chunk=*/3);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  for (const std::vector<float>& row : (*rows)[0])
+    for (float v : row) ASSERT_TRUE(std::isfinite(v));
+  fs::remove_all(dir);
+}
+
+// Routed experts that differ in K and codebook (SyntheticOptions' per-expert cycles): the CPU
+// model decodes them (engine_cuda_model_test compares the GPU against it on such a model).
+TEST(SyntheticModelTest, RoutedExpertsOfMixedBitWidthsDecode) {
+  const TestModelSpec spec = testing::MixedExpertModelSpec();
+  const fs::path dir = fs::temp_directory_path() / "exl3_synthetic_mixed_expert_bits";
+  ASSERT_TRUE(testing::WriteMixedExpertModel(dir).ok());
+  auto src = TensorSource::Open(dir.string());
+  ASSERT_TRUE(src.ok()) << src.status();
+  // Expert 1: K 3 (trellis [16, 8, 48]), 3INST (no flag); expert 2: K 4, MCG.
+  auto e1 = (*src)->Get("model.layers.1.mlp.experts.1.gate_proj.trellis");
+  ASSERT_TRUE(e1.ok()) << e1.status();
+  EXPECT_EQ(e1->info->shape, (std::vector<int64_t>{16, 8, 48}));
+  EXPECT_FALSE((*src)->Has("model.layers.1.mlp.experts.1.gate_proj.mcg"));
+  EXPECT_TRUE((*src)->Has("model.layers.1.mlp.experts.2.down_proj.mcg"));
+  CpuModelOptions o;
+  o.num_threads = 2;
+  auto model = CpuModel::Open(dir.string(), o);
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::vector<std::vector<int32_t>> prompts = {std::vector<int32_t>(40), std::vector<int32_t>(30)};
+  for (size_t p = 0; p < prompts.size(); ++p)
+    for (size_t i = 0; i < prompts[p].size(); ++i) prompts[p][i] = static_cast<int32_t>((p * 97 + i * 31) % 256);
+  auto rows = testing::RunGreedy(**model, prompts, 3, /*chunk=*/40);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  for (const auto& seq : *rows)
+    for (const std::vector<float>& row : seq)
+      for (float v : row) ASSERT_TRUE(std::isfinite(v));
+  fs::remove_all(dir);
+}
+
+// GLM-5.3-Flash shapes transformers or the engine cannot have are refused before anything is
+// written: rope in its NoPE attention, index_topk not a multiple of index_kpool, Qwen3-Next's
+// full_attention layer kind, KV heads differing from heads.
+TEST(SyntheticModelTest, Glm5NextRefusesShapesItCannotHave) {
+  const fs::path dir = fs::temp_directory_path() / "exl3_synthetic_glm5_refused";
+  fs::remove_all(dir);
+  SyntheticOptions so;
+  so.progress = false;
+  auto refused = [&](const TestModelSpec& spec, const std::string& says) {
+    const absl::Status st = WriteSyntheticExl3Model(spec, so, dir.string());
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(std::string(st.message()).find(says), std::string::npos) << st;
+    EXPECT_FALSE(fs::exists(dir));
+  };
+  TestModelSpec spec;
+  spec.arch = "glm5_next";
+  TestModelSpec rope = spec;
+  rope.qk_rope_head_dim = 16;
+  refused(rope, "no rope");
+  TestModelSpec pools = spec;
+  pools.index_kpool = 3;
+  refused(pools, "--index-kpool");
+  TestModelSpec kinds = spec;
+  kinds.layer_types = {"linear_attention", "full_attention", "linear_attention"};
+  refused(kinds, "indexed_attention");
+  TestModelSpec kv = spec;
+  kv.kv_heads = 2;
+  refused(kv, "KV heads");
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, SyntheticWholeModelTest,
+                         ::testing::Values("glm4_moe", "deepseek_v3", "qwen3_moe", "mixtral",
+                                           "glm_moe_dsa", "deepseek_v4", "qwen3_next", "glm5_next"));
+
+}  // namespace
+}  // namespace exl3::engine
