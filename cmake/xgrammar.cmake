@@ -1,5 +1,5 @@
 # xgrammar's C++ core (Apache-2.0), the constrained-decoding library behind structured output
-# (engine/token_constraint.h). Built from its source distribution on PyPI, pinned by hash: only the
+# (engine/sampling/token_constraint.h). Built from its source distribution on PyPI, pinned by hash: only the
 # static C++ library, without its Python bindings or tests, and not installed with exl3serve.
 # EXL3_XGRAMMAR_URL may name a local copy of the same archive for an offline build.
 set(EXL3_XGRAMMAR_URL

@@ -9,7 +9,7 @@
 #       (ED A0 80 to ED BF BF) are no UTF-8 (RFC 3629 section 3): a byte-level model emitted them,
 #       and the text read back as U+FFFD replacement characters. They are excluded from the
 #       three character classes of string bodies.
-#  (tests/engine/structured_output_test.cc found both.)
+#  (tests/engine/sampling/structured_output_test.cc found both.)
 # Each change must apply: a different archive fails the build here instead of building unfixed.
 file(COPY_FILE ${CMAKE_CURRENT_LIST_DIR}/xgrammar_config.cmake ${SOURCE_DIR}/cmake/config.cmake)
 

@@ -28,7 +28,7 @@ namespace fs = std::filesystem;
 constexpr char kFixtures[] = "tests/fixtures/engine";  // tests run in the source directory
 
 // The fixtures whose reference.json has `key`: every fixture has "tensors"; whole-model references
-// ("logits", "moe_layers") are absent from the MTP fixtures, which tests/engine/mtp_head_test.cc checks.
+// ("logits", "moe_layers") are absent from the MTP fixtures, which tests/engine/cpu/mtp/mtp_head_test.cc checks.
 std::vector<std::string> FixtureNames(const char* key = "tensors") {
   std::vector<std::string> names;
   std::error_code ec;

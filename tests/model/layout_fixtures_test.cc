@@ -5,7 +5,7 @@
 // top-k, each layer's kind (dense / moe / hash_moe) and the shared expert, every tensor name it
 // produces exists with the shape the config implies, and every tensor of a MoE layer's MLP is one
 // the reader knows (none is silently ignored). For the families the engine runs,
-// engine/model_config.h parses the same config.json and the attention weights it reads exist.
+// engine/config/model_config.h parses the same config.json and the attention weights it reads exist.
 // No torch needed.
 #include <algorithm>
 #include <filesystem>
@@ -18,8 +18,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/config/read_model_config.h"
-#include "engine/dsv4_config.h"
-#include "engine/model_config.h"
+#include "engine/config/dsv4_config.h"
+#include "engine/config/model_config.h"
 #include "gtest/gtest.h"
 #include "model/config/read_moe_config.h"
 #include "model/moe_config.h"
@@ -172,7 +172,7 @@ TEST_P(LayoutFixture, EveryMoeTensorNameResolves) {
 INSTANTIATE_TEST_SUITE_P(Families, LayoutFixture, ::testing::ValuesIn(LayoutNames()),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
-// The families the engine runs (engine/model_config.h): their config.json as transformers writes
+// The families the engine runs (engine/config/model_config.h): their config.json as transformers writes
 // it parses, and the attention weights the engine reads exist with the shapes it derives.
 class EngineLayoutFixture : public LayoutFixture {};
 

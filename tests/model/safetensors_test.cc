@@ -253,7 +253,7 @@ TEST(TensorSource, MissingWeightNamesHowTheLayerIsStored) {
   ASSERT_FALSE(slices.ok());
   EXPECT_NE(slices.status().message().find("is stored as per-group slices "
                                            "('model.layers.0.attn.wo_a.slice.0', ...: exllamav3's "
-                                           "DeepSeek-V4 wo_a; engine/dsv4_grouped_wo_a.h reads "
+                                           "DeepSeek-V4 wo_a; engine/cpu/attention/dsv4_grouped_wo_a.h reads "
                                            "those as one layer)"),
             std::string::npos) << slices.status();
   auto other = (*src)->Get("model.norm.weight");

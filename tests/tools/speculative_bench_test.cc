@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/cpu_model.h"
+#include "engine/cpu/cpu_model.h"
 #include "gtest/gtest.h"
 #include "tools/exl3_bench/recorded_drafter.h"
 

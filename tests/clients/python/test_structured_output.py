@@ -1,7 +1,7 @@
 """Structured output and logit_bias through the whole stack (the openai SDK, exl3serve-openai, the
 real exl3-router with the random-weight test model and its tokenizer): every constrained answer
 parses and matches its constraint because the engine masks the tokens that would break it
-(structured_output.py, engine/token_constraint.h)."""
+(structured_output.py, engine/sampling/token_constraint.h)."""
 
 from __future__ import annotations
 
