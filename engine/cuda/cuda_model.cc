@@ -307,21 +307,21 @@ absl::Status CudaModel::CheckDraftVerification() const {
   // the complete pools at or before its own position (engine/cuda/kpool_indexer_kernels.h,
   // qsa_kernels.h). Recurrent layers (gated DeltaNet, KDA, PLE) keep a verify chunk's state after
   // each of its positions in the device store (engine/cuda/device_sequence_states.h) and PLE's
-  // windows their contexts (engine/cuda/ple_windows.h). DeepSeek-V4's compressors fold each
-  // position into their block areas, which nothing takes out again.
+  // windows their contexts (engine/cuda/ple_windows.h). DeepSeek-V4's compressors keep their
+  // accumulators after each verify row per state slot, and the next chunk restores the accepted
+  // length's before folding on (engine/cuda/dsv4_kept_row_slots.h); the entries of windows that
+  // rejected drafts closed are written again before anything reads them.
   switch (cfg_.attention) {
     case AttentionKind::kGqa:
     case AttentionKind::kMla:
     case AttentionKind::kDsa:
     case AttentionKind::kPooledDsa:
     case AttentionKind::kQsa:
-      return absl::OkStatus();
     case AttentionKind::kDsv4:
-      break;
+      return absl::OkStatus();
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      cfg_.architecture(), " on the GPU engine: its compressed caches fold every position into their block areas' "
-      "running softmax; taking rejected draft positions out again is not done yet"));
+  return absl::InternalError(absl::StrCat(cfg_.architecture(), " on the GPU engine: an attention kind ",
+                                          static_cast<int>(cfg_.attention), " unknown to draft verification"));
 }
 
 absl::Status CudaModel::Forward(const StepBatch& batch, float* logits) {

@@ -116,6 +116,7 @@ absl::Status Dsv4StepFacts::Prepare(const StepTokens& tokens, const AttentionTok
   step->hca_entry_cos = f + 6 * table;
   step->hca_entry_sin = f + 7 * table;
   step->error = error_.get();
+  step->chunk_keeping = nullptr;  // the kind's kept states bind theirs after this, with speculative decoding
   step->sm_count = sm_count;
   return absl::OkStatus();
 }
@@ -256,6 +257,8 @@ absl::Status CudaDsv4Attention::Forward(const float* x, int T, const Dsv4Step& s
       return k;
     };
     fold.compressor = args(*compressor_, layout.compressor, ws.comp_kv.get(), ws.comp_gate.get());
+    fold.kept = cache.kept;  // a verify chunk's states, and the restore after rejected drafts
+    fold.chunk_keeping = step.chunk_keeping;
     if (csa) {
       const Compressor& k = indexer_->compressor;
       EXL3_RETURN_IF_ERROR(k.wkv.Forward(x, T, ws.ix_kv.get(), ctx));

@@ -8,7 +8,11 @@
 // a sequence stops and resumes at any token (prefill, decode, prefill again) and full blocks can be
 // shared, as on the CPU. The linear layers go through CudaLinear (EXL3 or dense); the grouped
 // low-rank output projection's wo_a is decoded once at load into a dense fp32 copy (as the CPU
-// engine decodes it) and runs as one batched cuBLAS product over the groups.
+// engine decodes it) and runs as one batched cuBLAS product over the groups. Verify chunks
+// (speculative decoding): the compressors keep their accumulators after each verify row in the
+// layer's kept rows (Dsv4CacheView::kept, Dsv4Step::chunk_keeping) and the sequence's next chunk
+// restores the accepted length's before folding on, as the CPU engine's layer does
+// (engine/cuda/dsv4_kept_row_slots.h).
 #pragma once
 
 #include <memory>
@@ -52,6 +56,9 @@ struct Dsv4Step {
               *hca_entry_sin = nullptr;
   const int32_t* csa_last_entry = nullptr;  // [T]: (position + 1) / m_csa - 1
   int32_t* error = nullptr;                 // the compressors' fold's code (Dsv4Fold), 0 if none
+  // With speculative decoding: each chunk's keeping [num_chunks, kDsv4KeepingInts]
+  // (engine/cuda/dsv4_kept_row_slots.h); else null.
+  const int32_t* chunk_keeping = nullptr;
   int sm_count = 1;
 };
 

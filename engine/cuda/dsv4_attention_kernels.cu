@@ -131,9 +131,18 @@ __device__ void FoldCompressor(const Dsv4CompressorArgs& k, const Dsv4FoldArgs& 
 __global__ void FoldKernel(Dsv4FoldArgs a, Dsv4CacheView c, AttentionTokens at, const int32_t* chunk_start,
                            const float* entry_cos, const float* entry_sin, int32_t* error) {
   __shared__ double partial[32];
-  __shared__ int verdict;  // 0 fold, 1 skip (folded before), 2 stop
+  __shared__ int verdict;  // 0 fold, 1 skip (folded before), 2 stop, 3 restore the kept state, then fold
   const int t0 = chunk_start[blockIdx.x], t1 = chunk_start[blockIdx.x + 1];
   const int B = c.block_size;
+  const int kept_floats = a.accumulators_end - (a.folded + 1);
+  const bool keeping = a.kept != nullptr && a.chunk_keeping != nullptr;
+  int restore = -1, keep_from = t1, first_row = 0;
+  if (keeping) {
+    const int32_t* k = a.chunk_keeping + static_cast<size_t>(blockIdx.x) * kDsv4KeepingInts;
+    restore = k[0];
+    keep_from = k[1];
+    first_row = k[2];
+  }
   for (int t = t0; t < t1; ++t) {
     const int pos = at.position[t], local = pos % B;
     const int32_t* table = at.tables + at.table_offset[t];
@@ -145,7 +154,9 @@ __global__ void FoldKernel(Dsv4FoldArgs a, Dsv4CacheView c, AttentionTokens at, 
       if (local == 0) {
         if (pos > 0 && static_cast<int>(AreaOf(c, table, pos - 1)[a.folded]) != B) code = 1;
       } else if (local < folded) {
-        v = 1;  // folded by an earlier run of the same step (a failed step run again)
+        // The block went past this position: drafts the scheduler rejected (their verify chunk
+        // kept the state before them), or else an earlier run of this same step, whose folds stand.
+        v = t == t0 && restore >= 0 ? 3 : 1;
       } else if (local > folded) {
         code = 2;
       }
@@ -158,6 +169,11 @@ __global__ void FoldKernel(Dsv4FoldArgs a, Dsv4CacheView c, AttentionTokens at, 
     __syncthreads();
     if (verdict == 2) return;
     if (verdict == 1) continue;
+    if (verdict == 3) {
+      const float* from = a.kept + static_cast<size_t>(restore) * kept_floats;
+      for (int i = threadIdx.x; i < kept_floats; i += blockDim.x) area[a.folded + 1 + i] = from[i];
+      __syncthreads();
+    }
     if (local == 0) {
       // A block starts from its predecessor's state after that block's last position (from empty
       // accumulators at position 0).
@@ -183,6 +199,14 @@ __global__ void FoldKernel(Dsv4FoldArgs a, Dsv4CacheView c, AttentionTokens at, 
     }
     __syncthreads();
     if (threadIdx.x == 0) area[a.folded] = static_cast<float>(local + 1);
+    // A later chunk may resume after any kept row but the last (the live state); at a block's end
+    // the next block's start continues from this one's full state.
+    if (t >= keep_from && t + 1 < t1 && local + 1 < B) {
+      int row = first_row + (t - keep_from);
+      if (restore >= 0 && row >= restore) ++row;
+      float* to = a.kept + static_cast<size_t>(row) * kept_floats;
+      for (int i = threadIdx.x; i < kept_floats; i += blockDim.x) to[i] = area[a.folded + 1 + i];
+    }
   }
 }
 

@@ -24,6 +24,9 @@ struct Dsv4CacheView {
   int block_size = 16;
   int token_floats = 0;    // head_dim
   int block_stride = 0;    // floats per block: block_size * token_floats + the block area
+  // With speculative decoding, on compressed layers: the layer's kept accumulators
+  // (Dsv4FoldArgs::kept); else null.
+  float* kept = nullptr;
 };
 
 // x [rows, heads, dim] in place: with `normalize`, each head first divided by its RMS (no
@@ -47,6 +50,11 @@ struct Dsv4CompressorArgs {
   const float* ape = nullptr;   // [rate, width] position bias
   const float* norm = nullptr;  // [dim] the entry's RMSNorm weight
 };
+// A chunk's keeping (Dsv4FoldArgs::chunk_keeping; engine/cuda/dsv4_kept_row_slots.h plans it):
+// [restore row (-1: none), first token of the step whose state is kept (the step's token count:
+// none), its slot's first row].
+inline constexpr int kDsv4KeepingInts = 3;
+
 struct Dsv4FoldArgs {
   int rate = 0;          // m
   int folded = 0;        // offset of the folded-positions count in the area
@@ -54,15 +62,24 @@ struct Dsv4FoldArgs {
   int rope_dim = 0;
   float eps = 0.0f;      // rms_norm_eps of the entry norm
   Dsv4CompressorArgs compressor, indexer;  // indexer.dim 0: none (HCA)
+  // Speculative decoding (engine/cuda/dsv4_kept_row_slots.h), else both null: the layer's kept
+  // accumulators [rows, accumulators_end - folded - 1] and per chunk its keeping
+  // [kDsv4KeepingInts]: the row to restore before its first position (-1: none), the first token
+  // whose state it keeps (then each token's but its last, unless it ends its block, in the slot's
+  // rows from the given first, skipping the restored one).
+  float* kept = nullptr;
+  const int32_t* chunk_keeping = nullptr;
 };
 
 // Folds every chunk's tokens (chunk c: tokens [chunk_start[c], chunk_start[c + 1]), consecutive
 // positions of one sequence) into their blocks' accumulators in position order, writing the
 // entries of the windows they close, as Dsv4Attention::Fold (one block of the grid per chunk, the
 // channels in parallel). entry_cos/sin [T, rope_dim / 2]: the angles of (position / m) * m. A
-// chunk that cannot continue its block's state (the CPU engine's InternalError) stops and leaves
-// its code in *error (1: the previous block is not full; 2: positions of the block were skipped),
-// unless an earlier code is there.
+// position its block has already folded is skipped (a failed step run again), unless it is the
+// chunk's first and the chunk restores a kept state: then the block continues from that state
+// (drafts the scheduler rejected are folded over). A chunk that cannot continue its block's state
+// (the CPU engine's InternalError) stops and leaves its code in *error (1: the previous block is
+// not full; 2: positions of the block were skipped), unless an earlier code is there.
 absl::Status Dsv4Fold(const Dsv4FoldArgs& args, const Dsv4CacheView& cache, const AttentionTokens& tokens,
                       const int32_t* chunk_start, int num_chunks, const float* entry_cos, const float* entry_sin,
                       int32_t* error, StreamHandle stream);

@@ -14,10 +14,13 @@
 #      on the GPU), through the Engine; engine_cuda_verify_chunk_states_test and
 #      engine_cuda_verify_chunk_indexers_test (a verify chunk's kept recurrent states, bit for bit,
 #      and rejected drafts leaving no trace in the k-pooled and QSA indexers);
+#      engine_cuda_dsv4_verify_chunk_test (DeepSeek-V4's compressed caches after rejected drafts,
+#      bit for bit, through the kept accumulators);
 #   2. compute-sanitizer: memcheck on a GQA, a GLM-MoE-DSA and a Qwen3-Next fixture's generation,
 #      racecheck on the kernel tests (the DeltaNet's, KDA's and the k-pooled indexer's too) and one
 #      short generation, memcheck on KDA's and the indexed attention's layer tests, DeepSeek-V4's
-#      kernels and resume, Qwen4-Exp's residual, PLE and QSA kernels, its QSA layer and generation;
+#      kernels, resume and kept accumulators (verify chunks), Qwen4-Exp's residual, PLE and QSA
+#      kernels, its QSA layer and generation;
 #   3. a synthetic model with GLM-4.5-Air's shapes (dense intermediate 11008: 10944 rounded up to EXL3's
 #      multiple of 128; ENGINE_LAYERS layers, default 6: the first
 #      dense) and exl3-engine-bench on it: time to first token, decode tokens/s at batch 1..64
@@ -57,7 +60,7 @@ ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY="$ONLY $2"; shift ;;
-    -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,48p' "$0"; exit 0 ;;
     *) echo "engine.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -89,6 +92,7 @@ if want test; then
   run_test engine_cuda_speculative_test speculative-test.log " GPU K=| repeating prompt " 60
   run_test engine_cuda_verify_chunk_states_test verify-states-test.log "^verify states " 80
   run_test engine_cuda_verify_chunk_indexers_test verify-indexers-test.log "^verify indexers " 40
+  run_test engine_cuda_dsv4_verify_chunk_test dsv4-verify-test.log "^dsv4 verify " 40
   run_test engine_cuda_prompt_logprobs_test prompt-logprobs-test.log "worst prompt logprob" 40
 fi
 if want sanitize && command -v compute-sanitizer > /dev/null; then
@@ -115,6 +119,7 @@ if want sanitize && command -v compute-sanitizer > /dev/null; then
   # A verify chunk's kept states (every recurrent block) and the indexers after rejected drafts.
   sanitize memcheck verify-states engine_cuda_verify_chunk_states_test '*'
   sanitize memcheck verify-indexers engine_cuda_verify_chunk_indexers_test '*'
+  sanitize memcheck dsv4-verify engine_cuda_dsv4_verify_chunk_test '*'
   sanitize memcheck delta-rule engine_cuda_delta_rule_test 'DeltaRuleKernelTest.*'
   sanitize memcheck kda-layer engine_cuda_kda_test 'Fixtures/KdaLayerTest.*/glm5_next_experts_lower_bound'
   sanitize racecheck kpool-kernels engine_cuda_kpool_test 'KpoolKernelsTest.*'
