@@ -14,8 +14,8 @@
 // its own), because the GPU's linear layers may round a row differently with the step's row count
 // (docs/engine.md "On the GPU"). For odd a, the verify step and the next step each fail once
 // after the layer ran (not committed) and run again, as the engine retries a failed step; the
-// next chunk run again after it succeeded changes nothing. Lines "dsv4 verify ..." sum up each
-// layer. Skipped where no GPU is visible (ctest label gpu).
+// next chunk run again after it succeeded changes nothing. Two verify chunks in a row, the second
+// failing once, likewise. Lines "dsv4 verify ..." sum them up. Skipped where no GPU is visible (ctest label gpu).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -32,6 +32,7 @@
 #include "engine/config/model_config.h"
 #include "engine/config/read_model_config.h"
 #include "engine/core/step_tokens.h"
+#include "engine/cpu/attention/attention.h"  // FirstVisiblePosition
 #include "engine/cuda/dsv4_attention.h"
 #include "engine/cuda/dsv4_kept_row_slots.h"
 #include "gtest/gtest.h"
@@ -279,6 +280,75 @@ TEST_F(CudaDsv4VerifyChunkTest, RejectedDraftsLeaveTheCompressedCachesAsIfNeverR
                 layer_equal, layer_cases, worst_rows);
   }
   EXPECT_EQ(compared, 2 * 2 * 10 * kVerify);
+}
+
+// Two verify chunks in a row (a1, then a2 drafts accepted), the second failing once after the
+// layer ran and run again: it restored from a kept row and wrote the slot's other rows, so its run
+// again restores from the same intact row. The next chunk's outputs and the compressed state equal,
+// bit for bit, those of a reference that ran only the kept positions (each verify step's kept
+// positions as a chunk of their own in a step of the same 5 rows).
+TEST_F(CudaDsv4VerifyChunkTest, ConsecutiveVerifyChunksWithAFailedStep) {
+  REQUIRE_GPU();
+  StartDevice();
+  int compared = 0, equal = 0;
+  for (int layer : {1, 2}) {
+    auto loaded = CudaDsv4Attention::Load(*cfg_, *src_, layer);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    const CudaDsv4Attention& a = **loaded;
+    for (int B : {8, 16}) {
+      for (int prefill : {13, 15, 30}) {
+        for (int a1 = 0; a1 < kVerify; ++a1) {
+          for (int a2 = 0; a2 < kVerify; ++a2) {
+            const int r1 = prefill + a1 + 1, r2 = r1 + a2 + 1, end = r2 + kNext;
+            ASSERT_LE(end, kMaxPrefill + kVerify + kNext);
+            // Drafts: true inputs where accepted, rejected ones after (other rows per verify step).
+            std::vector<float> v1 = Rows(true_x_, prefill, a1 + 1), v2 = Rows(true_x_, r1, a2 + 1);
+            const std::vector<float> j1 = Rows(rejected_x_, r1, kVerify - a1 - 1);
+            const std::vector<float> j2 = Rows(other_x_, 0, kVerify - a2 - 1);
+            v1.insert(v1.end(), j1.begin(), j1.end());
+            v2.insert(v2.end(), j2.begin(), j2.end());
+            const std::vector<float> next = Rows(true_x_, r2, kNext);
+
+            std::unique_ptr<LayerCache> spec = Cache(layer, B);
+            Step(a, *spec, {{0, 0, prefill}}, Rows(true_x_, 0, prefill), true);
+            Step(a, *spec, {{0, prefill, kVerify, kVerify}}, v1, true);
+            Step(a, *spec, {{0, r1, kVerify, kVerify}}, v2, /*succeeded=*/false);
+            Step(a, *spec, {{0, r1, kVerify, kVerify}}, v2, true);
+            const std::vector<float> got = Step(a, *spec, {{0, r2, kNext}}, next, true);
+
+            std::unique_ptr<LayerCache> plain = Cache(layer, B);
+            Step(a, *plain, {{0, 0, prefill}}, Rows(true_x_, 0, prefill), true);
+            const std::pair<int, int> kept_runs[] = {{prefill, a1 + 1}, {r1, a2 + 1}};  // start, kept
+            for (const auto& [start, kept] : kept_runs) {
+              std::vector<ChunkSpec> chunks = {{0, start, kept}};
+              std::vector<float> x = Rows(true_x_, start, kept);
+              if (kept < kVerify) {
+                chunks.push_back({1, 0, kVerify - kept});
+                const std::vector<float> other = Rows(other_x_, 0, kVerify - kept);
+                x.insert(x.end(), other.begin(), other.end());
+              }
+              Step(a, *plain, chunks, x, true);
+            }
+            const std::vector<float> want = Step(a, *plain, {{0, r2, kNext}}, next, true);
+
+            const std::string where = "layer " + std::to_string(layer) + ", blocks of " + std::to_string(B) +
+                                      ", prefill " + std::to_string(prefill) + ", " + std::to_string(a1) + " then " +
+                                      std::to_string(a2) + " drafts accepted";
+            const std::vector<float> got_state = CompressedState(*spec, layer, end),
+                                     want_state = CompressedState(*plain, layer, end);
+            EXPECT_TRUE(SameBits(got_state, want_state))
+                << where << ": compressed state rel err " << RelativeError(got_state, want_state);
+            EXPECT_TRUE(SameBits(got, want)) << where << ": next chunk rel err " << RelativeError(got, want);
+            equal += SameBits(got_state, want_state) && SameBits(got, want) ? 1 : 0;
+            ++compared;
+          }
+        }
+      }
+    }
+  }
+  std::printf("dsv4 verify consecutive chunks, the second failing once: %d of %d cases bit for bit\n", equal,
+              compared);
+  EXPECT_EQ(compared, 2 * 2 * 3 * kVerify * kVerify);
 }
 
 // Without kept rows (a cache allocated for plain decoding) the layer folds exactly as before: a
