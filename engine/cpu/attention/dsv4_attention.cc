@@ -192,6 +192,7 @@ absl::Status Dsv4Attention::Fold(int t0, int t1, const StepTokens& tokens, Paged
     const int pos = tokens.positions[t], local = pos % B;
     float* area = cache.BlockArea(layer_, table, pos);
     const int folded = static_cast<int>(area[layout_.folded]);
+    bool restored = false;  // the accumulators for this position came from the kept ones
     if (local == 0) {
       // A block starts from its predecessor's state after that block's last position (from
       // empty accumulators at position 0); whatever the block held before is overwritten.
@@ -220,6 +221,7 @@ absl::Status Dsv4Attention::Fold(int t0, int t1, const StepTokens& tokens, Paged
       if (kept == nullptr) continue;
       std::copy_n(kept, accumulator_floats, area + layout_.folded + 1);
       area[layout_.folded] = static_cast<float>(local);
+      restored = true;
     } else if (local > folded) {
       return absl::InternalError(absl::StrCat("layer ", layer_, ": position ", pos, " follows only ",
                                               folded, " folded positions of its cache block"));
@@ -227,6 +229,11 @@ absl::Status Dsv4Attention::Fold(int t0, int t1, const StepTokens& tokens, Paged
     if (!folding) {
       kept_.Begin(chunk.state_slot, chunk.sequence_id);  // what the slot kept is folded over now
       folding = true;
+      // This chunk run again (a failed step's retry) after its first run kept states: it skipped
+      // the positions that run folded up to the first it kept a state for, after a row of this
+      // chunk; keep that state again, as the first run did (else a resume there finds nothing).
+      if (restored && t > t0 && t - 1 >= t1 - rows)
+        kept_.Keep(chunk.state_slot, pos, table[pos / B], area + layout_.folded + 1);
     }
     FoldPosition(*compressor_, comp, t, pos, area);
     if (indexer_) FoldPosition(indexer_->compressor, *ix, t, pos, area);

@@ -9,7 +9,8 @@
 // accumulators, the entries of every window closed by then) and the next chunk's outputs equal,
 // bit for bit, those of a cache that never saw the rejected inputs (prefill, the a + 1 kept
 // positions, the same next chunk). The next chunk run twice (a failed step run again) changes
-// nothing.
+// nothing; nor does the verify chunk run twice (its run again keeps every state its first run
+// kept).
 #include <cstring>
 #include <memory>
 #include <random>
@@ -161,6 +162,50 @@ TEST_F(Dsv4VerifyChunkTest, RejectedDraftsLeaveTheCompressedCachesAsIfNeverRun) 
           EXPECT_EQ(std::memcmp(again.data(), want.data(), again.size() * sizeof(float)), 0) << where << " (run again)";
           // The kept rows of the verify chunk saw only what plain decoding saw.
           EXPECT_LT(testing::RelativeError(Rows(verified, 0, kept), kept_out), 1e-6) << where;
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared, 2 * 2 * 10 * kVerify);
+}
+
+// A verify step that failed after the layer ran and is run again (engine/core/engine.h retries a
+// failed step's chunks): the run again skips the positions its first run folded until it finds a
+// state that run kept, restores it and folds on; every state the first run kept is kept again, so
+// the next chunk resumes at any accepted length, as if the step had run once.
+TEST_F(Dsv4VerifyChunkTest, VerifyStepRunAgainKeepsEveryState) {
+  int compared = 0;
+  for (int layer : {1, 2}) {
+    auto loaded = LoadAttention(*cfg_, *src_, layer);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    Attention& a = **loaded;
+    for (int B : {8, 16}) {
+      for (int prefill : {12, 13, 14, 15, 16, 17, 29, 30, 31, 32}) {
+        for (int accepted = 0; accepted < kVerify; ++accepted) {
+          const int kept = accepted + 1, resume = prefill + kept, end = resume + kNext;
+          std::vector<float> verify = Rows(true_x_, prefill, kept);
+          const std::vector<float> rejected = Rows(rejected_x_, resume, kVerify - kept);
+          verify.insert(verify.end(), rejected.begin(), rejected.end());
+          const std::vector<float> next = Rows(true_x_, resume, kNext);
+
+          std::unique_ptr<PagedKvCache> spec = Cache(B);
+          Run(a, *spec, 0, Rows(true_x_, 0, prefill), 1);
+          Run(a, *spec, prefill, verify, kVerify);
+          Run(a, *spec, prefill, verify, kVerify);  // the step run again
+          const std::vector<float> got = Run(a, *spec, resume, next, 1);
+
+          std::unique_ptr<PagedKvCache> plain = Cache(B);
+          Run(a, *plain, 0, Rows(true_x_, 0, prefill), 1);
+          Run(a, *plain, prefill, Rows(true_x_, prefill, kept), 1);
+          const std::vector<float> want = Run(a, *plain, resume, next, 1);
+
+          const std::string where = "layer " + std::to_string(layer) + ", blocks of " + std::to_string(B) +
+                                    ", prefill " + std::to_string(prefill) + ", " + std::to_string(accepted) +
+                                    " drafts accepted";
+          EXPECT_EQ(CompressedState(*spec, layer, end), CompressedState(*plain, layer, end)) << where;
+          ASSERT_EQ(got.size(), want.size());
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << where;
           ++compared;
         }
       }
