@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cassert>
 
-#include "engine/core/mix64.h"
+#include "base/mix64.h"
 
 namespace exl3::engine {
 namespace {

@@ -6,7 +6,7 @@
 #include <limits>
 #include <numeric>
 
-#include "engine/core/mix64.h"
+#include "base/mix64.h"
 
 namespace exl3::engine {
 namespace {

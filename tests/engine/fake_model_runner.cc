@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "engine/core/mix64.h"
+#include "base/mix64.h"
 
 namespace exl3::engine::testing {
 

@@ -4,12 +4,9 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
-#include "engine/core/mix64.h"
+#include "base/mix64.h"
 
 namespace exl3::bench {
-
-using engine::kGoldenGamma;
-using engine::Mix64;
 
 RecordedDrafter::RecordedDrafter(double acceptance, uint64_t seed, int vocab_size)
     : acceptance_(std::clamp(acceptance, 0.0, 1.0)), seed_(seed), vocab_size_(std::max(vocab_size, 2)) {}

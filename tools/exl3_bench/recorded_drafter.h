@@ -13,7 +13,7 @@
 //   options.scheduler.speculative.proposer = drafter;
 //
 // Whether the draft for output position i is right is a function of (seed, prompt, i) alone
-// (the engine's counter-based mixing, engine/core/mix64.h), so a run is reproducible and a position
+// (the engine's counter-based mixing, base/mix64.h), so a run is reproducible and a position
 // redrafted (after a preemption) gets the same draft. A wrong draft is the recorded token plus
 // 1..vocab-1 (mod vocab). Past the recorded continuation, and for a prompt never recorded, no
 // drafts. set_acceptance may change p between runs while no request runs.

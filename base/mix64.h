@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-namespace exl3::engine {
+namespace exl3 {
 
 constexpr uint64_t kGoldenGamma = 0x9e3779b97f4a7c15ull;
 
@@ -20,4 +20,4 @@ constexpr uint64_t Mix64(uint64_t x) {
   return x;
 }
 
-}  // namespace exl3::engine
+}  // namespace exl3
