@@ -97,4 +97,14 @@ struct CudaMixers {
 absl::StatusOr<CudaMixers> LoadCudaMixers(const ModelConfig& cfg, const TensorSource& src,
                                           const CudaLinearContext& linear);
 
+// One layer's mixer in a kind of its own, apart from the model's kinds: the MTP layer of speculative
+// method mtp (engine/cuda/cuda_mtp_head.h), whose cache and workspace are its own. `cfg` (the
+// model's with that layer counted, engine/cpu/mtp/mtp_drafter.h WithMtpLayer) must outlive it.
+struct CudaLayerMixer {
+  std::unique_ptr<CudaMixerKind> kind;
+  std::unique_ptr<CudaMixer> mixer;  // kind's layer `layer`
+};
+absl::StatusOr<CudaLayerMixer> LoadCudaLayerMixer(const ModelConfig& cfg, const TensorSource& src, int layer,
+                                                  const CudaLinearContext& linear);
+
 }  // namespace exl3::engine::cuda
