@@ -4,6 +4,8 @@
 //   * the GPU's drafts equal the CPU engine's (engine/cpu/cpu_model.cc) for the same spans: the
 //     prompt as one chunk, then verify chunks of the teacher-forced sequence prompt + greedy with
 //     K = 1, 2, 3 drafts (accepted where they match it), each step's kept positions drafting again;
+//   * a sequence alone at K = 1 drafts and accepts as the fixture's reference MTP logits
+//     (transformers' modules) say;
 //   * greedy generation through the Engine with mtp at K = 1, 2, 3 gives plain decoding's tokens
 //     (the fixture prompts: transformers' greedy tokens; prompts built to repeat: plain GPU
 //     decoding's up to the first near-tie, as tests/engine/cuda/speculative_decoding_test.cc says
@@ -215,6 +217,50 @@ TEST_P(CudaMtpTest, GreedyGenerationWithMtpEqualsPlainDecoding) {
     EXPECT_GT(c.num_accepted_tokens, 0) << "K " << k;
     EXPECT_LE(c.num_draft_tokens, c.num_drafts * k);
     EXPECT_DOUBLE_EQ(spec.stats.kv_usage, 0.0);
+  }
+}
+
+TEST_P(CudaMtpTest, DraftsAreTheHeadsPredictionsAtK1) {
+  // With K = 1 every draft is the MTP head's argmax at the sequence's last kept position p
+  // (predicting position p + 2), which the fixture's reference gives for the teacher-forced
+  // sequence prompt + greedy (transformers' modules): a sequence alone drafts and accepts exactly
+  // as simulated from it only if the MTP layer's KV of every earlier position was written by the
+  // steps before (the prompt, accepted drafts, rejections). As the CPU engine's test
+  // (tests/engine/speculative/mtp_speculative_decoding_test.cc), on the GPU.
+  REQUIRE_GPU();
+  LoadReference();
+  const std::string dir = FixtureDir(GetParam());
+  auto ref = TensorSource::Open(dir + "/reference.safetensors");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const int V = 128;
+  for (size_t i = 0; i < prompts_.size(); ++i) {
+    const std::vector<float> mtp = *ToFloat32(*(*ref)->Get("mtp_logits." + std::to_string(i)));
+    ASSERT_EQ(mtp.size() % V, 0u);
+    std::vector<int32_t> ids = prompts_[i];
+    ids.insert(ids.end(), greedy_[i].begin(), greedy_[i].end());
+    const int P = static_cast<int>(prompts_[i].size()), max_tokens = 32;
+    int64_t drafts = 0, accepted = 0;
+    for (int p = P - 1, out = 1; max_tokens - out - 1 > 0;) {  // after the prefill: 1 token out
+      const float* row = &mtp[static_cast<size_t>(p) * V];
+      const int32_t draft = static_cast<int32_t>(std::max_element(row, row + V) - row);
+      ++drafts;
+      const bool hit = draft == ids[p + 2];
+      accepted += hit;
+      p += hit ? 2 : 1;
+      out += hit ? 2 : 1;
+    }
+    const testing::SpeculativeRun spec =
+        testing::RunOnce(testing::SpeculativeEngineOptions(Mtp(1), /*kv_blocks=*/64, /*block_size=*/16),
+                         OpenGpuModel(dir), {Greedy32(prompts_[i])});
+    ASSERT_EQ(spec.tokens.size(), 1u);
+    EXPECT_EQ(testing::Ids(spec.tokens[0]), greedy_[i]) << "prompt " << i;
+    EXPECT_EQ(spec.stats.speculative.num_draft_tokens, drafts) << GetParam() << " prompt " << i;
+    EXPECT_EQ(spec.stats.speculative.num_accepted_tokens, accepted) << GetParam() << " prompt " << i;
+    std::printf("%s prompt %zu alone on the GPU, K=1: %lld of %lld drafts accepted (the reference's MTP logits: %lld "
+                "of %lld)\n",
+                GetParam(), i, static_cast<long long>(spec.stats.speculative.num_accepted_tokens),
+                static_cast<long long>(spec.stats.speculative.num_draft_tokens), static_cast<long long>(accepted),
+                static_cast<long long>(drafts));
   }
 }
 
