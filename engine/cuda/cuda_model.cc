@@ -429,7 +429,10 @@ absl::Status CudaModel::ReserveKeptStates(int T) {
   if (all_rows_.size() < t) {
     std::vector<int32_t> rows(t);
     for (int r = 0; r < T; ++r) rows[r] = r;
-    EXL3_RETURN_IF_ERROR(all_rows_.Upload(rows));
+    EXL3_RETURN_IF_ERROR(all_rows_.Reserve(t));
+    // On the model's stream, before the step's launches (a pageable source is staged before the call returns).
+    EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(all_rows_.get(), rows.data(), t * sizeof(int32_t),
+                                              cudaMemcpyHostToDevice, static_cast<cudaStream_t>(device_->stream())));
   }
   // The head input of every row, not only the logit rows'.
   bool moved = false;
