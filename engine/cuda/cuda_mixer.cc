@@ -65,10 +65,14 @@ absl::StatusOr<CudaMixers> LoadCudaMixers(const ModelConfig& cfg, const TensorSo
 }
 
 absl::StatusOr<CudaLayerMixer> LoadCudaLayerMixer(const ModelConfig& cfg, const TensorSource& src, int layer,
-                                                  const CudaLinearContext& linear) {
+                                                  const CudaLinearContext& linear, const std::string& prefix) {
   CudaLayerMixer m;
   EXL3_ASSIGN_OR_RETURN(m.kind, MakeKind(KindOf(cfg, layer), cfg, linear));
-  EXL3_ASSIGN_OR_RETURN(m.mixer, m.kind->LoadLayer(src, layer));
+  if (prefix.empty()) {
+    EXL3_ASSIGN_OR_RETURN(m.mixer, m.kind->LoadLayer(src, layer));
+  } else {
+    EXL3_ASSIGN_OR_RETURN(m.mixer, m.kind->LoadLayerUnder(src, layer, prefix));
+  }
   return m;
 }
 

@@ -237,13 +237,15 @@ absl::Status CudaModel::RunLayers(const CudaStep& step, const std::vector<MicroB
   }
   for (int m = 0; m < static_cast<int>(micro_batches.size()); ++m)
     EXL3_RETURN_IF_ERROR(FinishMoe(cfg_.num_layers - 1, m, micro_batches[m]));
-  if (keep_states) {
+  if (keep_states && mtp_->input() == MtpInput::kHeadInput) {
     // Every row's head input kept (the same launches per row as the logit rows' alone), the logit
     // rows' gathered from them.
     EXL3_RETURN_IF_ERROR(residual_->HeadInput(step.rows, d, all_rows_.get(), step.rows, kept_.rows.get()));
     EXL3_RETURN_IF_ERROR(
         GatherRows(kept_.rows.get(), step.logit_rows, R, cfg_.hidden_size, act_.head_in.get(), device_->stream()));
   } else {
+    // Qwen4-Exp's drafter reads the streams before the head collapses them.
+    if (keep_states) EXL3_RETURN_IF_ERROR(residual_->CopyStreams(step.rows, kept_.rows.get()));
     EXL3_RETURN_IF_ERROR(residual_->HeadInput(step.rows, d, step.logit_rows, R, act_.head_in.get()));
   }
   EXL3_RETURN_IF_ERROR(CheckFinite(act_.head_in.get(), 0, R, cfg_.hidden_size, "head input", cfg_.num_layers - 1));
@@ -413,9 +415,9 @@ absl::Status CudaModel::EnableMtpDrafting() {
   parts.embedding_dtype = embedding_dtype_;
   parts.head = &head_;
   EXL3_ASSIGN_OR_RETURN(std::unique_ptr<CudaMtpDrafter> mtp, LoadCudaMtpDrafter(cfg_, *src, parts));
-  if (mtp->input() != MtpInput::kHeadInput)
-    return absl::UnimplementedError(absl::StrCat(cfg_.architecture(), ": the GPU engine keeps only the head's input "
-                                                                      "for an MTP drafter, not the residual streams"));
+  if (mtp->state_width() != (mtp->input() == MtpInput::kStreams ? residual_->streams() : 1) * cfg_.hidden_size)
+    return absl::InternalError(absl::StrCat(cfg_.architecture(), ": the MTP drafter reads ", mtp->state_width(),
+                                            " floats a token, the model keeps ", residual_->streams(), " streams"));
   mtp_ = std::move(mtp);
   info_.kv_bytes_per_token += mtp_->KvBytesPerToken();
   mtp_sampler_ = std::make_unique<DeviceSampler>(cfg_.vocab_size);
@@ -426,6 +428,7 @@ absl::Status CudaModel::ReserveKeptStates(int T) {
   const size_t t = static_cast<size_t>(T);
   const size_t n = t * static_cast<size_t>(mtp_->state_width());
   if (kept_.rows.size() < n) EXL3_RETURN_IF_ERROR(kept_.rows.Reserve(n));
+  if (mtp_->input() == MtpInput::kStreams) return absl::OkStatus();  // the streams as they are
   if (all_rows_.size() < t) {
     std::vector<int32_t> rows(t);
     for (int r = 0; r < T; ++r) rows[r] = r;

@@ -107,7 +107,7 @@ class CudaModel final : public ModelRunner {
   absl::Status ForwardSampled(const StepBatch& batch, std::span<const RowSampling> rows,
                               std::span<SampledToken> tokens) override;
   // The checkpoint's MTP head on this GPU (engine/cuda/cuda_mtp_drafter.h: the DeepSeek-V3 design of
-  // DeepseekV3, Glm4Moe, GlmMoeDsa and Glm5Next); refused by name otherwise (Qwen4-Exp's not yet).
+  // DeepseekV3, Glm4Moe, GlmMoeDsa and Glm5Next, Qwen4-Exp's); refused by name otherwise.
   absl::Status CheckMtpDrafting() const override;
   // Loads the MTP layer from the model's directory; its KV becomes one more cache layer.
   absl::Status EnableMtpDrafting() override;
@@ -159,7 +159,8 @@ class CudaModel final : public ModelRunner {
                                               DeviceArray<int32_t>* device);
   // Every launch of a step from the embeddings to the head's logits; `micro_batches` partition
   // the step's rows; host_token_ids: the step's (remote experts), or null.
-  // keep_states: every row's head input into kept_.rows too (the MTP drafter's input).
+  // keep_states: every row's state the MTP drafter reads into kept_.rows too (its head input, or
+  // the residual streams before the head).
   absl::Status RunLayers(const CudaStep& step, const std::vector<MicroBatchRange>& micro_batches, int logit_rows,
                          const int32_t* host_token_ids, bool keep_states = false);
   // With check_finite: OK where rows [first, first + n) of `values` ([rows, width]) are finite.

@@ -2,10 +2,8 @@
 // model's own hidden states, kept on the device (engine/cuda/cuda_model.h), the GPU counterpart of
 // engine/cpu/mtp/mtp_drafter.h. One class per MTP design behind this interface:
 //
-//   engine/cuda/cuda_mtp_head.h   the DeepSeek-V3 design (DeepseekV3, Glm4Moe, GlmMoeDsa, Glm5Next)
-//
-// Qwen4-Exp's design (engine/cpu/mtp/qwen4exp_mtp_head.h, over the hyper-connection streams) is not on
-// the GPU yet: CheckCudaMtpDrafter refuses it by name.
+//   engine/cuda/cuda_mtp_head.h           the DeepSeek-V3 design (DeepseekV3, Glm4Moe, GlmMoeDsa, Glm5Next)
+//   engine/cuda/cuda_qwen4exp_mtp_head.h  Qwen4-Exp's, over the gated hyper-connection streams
 //
 // The drafter's layer is the model's config with one more layer (WithMtpLayer); its attention is a
 // mixer kind of its own (engine/cuda/cuda_mixer.h LoadCudaLayerMixer) with its own KV cache, which
@@ -65,7 +63,7 @@ class CudaMtpDrafter {
 };
 
 // OK when `cfg`'s family has an MTP design the GPU engine runs and `src` holds its layer; else
-// FAILED_PRECONDITION naming the architecture and what is missing (or not on the GPU yet).
+// FAILED_PRECONDITION naming the architecture and what is missing.
 absl::Status CheckCudaMtpDrafter(const ModelConfig& cfg, const TensorSource& src);
 // The design's drafter on the device of `parts`.
 absl::StatusOr<std::unique_ptr<CudaMtpDrafter>> LoadCudaMtpDrafter(const ModelConfig& cfg, const TensorSource& src,

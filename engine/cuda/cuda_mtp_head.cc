@@ -8,10 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "engine/cpu/linear.h"
 #include "engine/cuda/weight_upload.h"
 #include "kernels/cuda/cuda_status.h"
-#include "model/exl3_linear_loader.h"
 #include "model/moe_config.h"
 
 namespace exl3::engine::cuda {
@@ -40,7 +38,8 @@ absl::StatusOr<std::unique_ptr<CudaMtpHead>> CudaMtpHead::Load(const ModelConfig
   EXL3_ASSIGN_OR_RETURN(m->post_attention_norm_, UploadNorm(src, p + "post_attention_layernorm.weight", H, nw));
   EXL3_ASSIGN_OR_RETURN(m->attention_, LoadCudaLayerMixer(cfg, src, n, parts.linear));
   if (moe) {
-    EXL3_RETURN_IF_ERROR(m->LoadMoe(src));
+    EXL3_ASSIGN_OR_RETURN(CudaMtpMoe block, CudaMtpMoe::Load(cfg, src, n, p, parts.max_moe_tokens, parts.linear));
+    m->moe_.emplace(std::move(block));
   } else {
     EXL3_ASSIGN_OR_RETURN(CudaDenseMlp mlp, CudaDenseMlp::Load(src, p + "mlp.", H, cfg.intermediate_size,
                                                                cfg.dense_swiglu_limit));
@@ -62,65 +61,6 @@ absl::StatusOr<std::unique_ptr<CudaMtpHead>> CudaMtpHead::Load(const ModelConfig
   return m;
 }
 
-absl::Status CudaMtpHead::LoadMoe(const TensorSource& src) {
-  const int n = cfg_.num_layers - 1, H = cfg_.hidden_size;
-  const MoeConfig& c = cfg_.moe;
-  const int E = c.num_experts, I = c.moe_intermediate_size;
-  if (E <= 0 || I <= 0 || c.top_k <= 0)
-    return absl::InvalidArgumentError(absl::StrCat(cfg_.architecture(), ": no routed experts configured"));
-  if (c.shared_expert_gated)
-    return absl::UnimplementedError(absl::StrCat(cfg_.architecture(), ": a gated shared expert in the MTP layer "
-                                                                      "is not on the GPU engine"));
-  const std::string router_key = RouterWeightKey(c, n);
-  EXL3_ASSIGN_OR_RETURN(TensorView w, src.Get(router_key));
-  if (w.info->shape != std::vector<int64_t>{E, H})
-    return absl::InvalidArgumentError(absl::StrCat(router_key, ": expected shape [", E, ", ", H, "]"));
-  EXL3_ASSIGN_OR_RETURN(std::vector<float> router, ToFloat32(w));
-  std::vector<float> bias;
-  if (const std::string bias_key = CorrectionBiasKey(c, n); !bias_key.empty()) {
-    EXL3_ASSIGN_OR_RETURN(bias, LoadVector(src, bias_key, E));
-  }
-  // The experts' EXL3 layers, held while they are copied to the device.
-  std::vector<std::unique_ptr<Exl3Linear>> held;
-  auto load_mlp = [&](const std::string& gate, const std::string& up, const std::string& down, int inter,
-                      ExpertMlp* mlp) -> absl::Status {
-    EXL3_ASSIGN_OR_RETURN(std::unique_ptr<Exl3Linear> g, LoadExl3Linear(src, gate, H, inter));
-    EXL3_ASSIGN_OR_RETURN(std::unique_ptr<Exl3Linear> u, LoadExl3Linear(src, up, H, inter));
-    EXL3_ASSIGN_OR_RETURN(std::unique_ptr<Exl3Linear> d, LoadExl3Linear(src, down, inter, H));
-    mlp->gate = g->view;
-    mlp->up = u->view;
-    mlp->down = d->view;
-    held.push_back(std::move(g));
-    held.push_back(std::move(u));
-    held.push_back(std::move(d));
-    return absl::OkStatus();
-  };
-  std::vector<ExpertMlp> experts(E);
-  MoeLayerView view;
-  view.hidden_size = H;
-  view.intermediate_size = I;
-  view.swiglu_limit = c.swiglu_limit;
-  view.shared_swiglu_limit = c.shared_swiglu_limit;
-  for (int e = 0; e < E; ++e) {
-    EXL3_RETURN_IF_ERROR(load_mlp(RoutedExpertPrefix(c, n, e, Projection::kGate),
-                                  RoutedExpertPrefix(c, n, e, Projection::kUp),
-                                  RoutedExpertPrefix(c, n, e, Projection::kDown), I, &experts[e]));
-    view.experts.push_back(&experts[e]);
-  }
-  ExpertMlp shared;
-  if (c.has_shared_expert()) {
-    EXL3_RETURN_IF_ERROR(load_mlp(SharedExpertPrefix(c, n, Projection::kGate), SharedExpertPrefix(c, n, Projection::kUp),
-                                  SharedExpertPrefix(c, n, Projection::kDown), c.shared_intermediate_size, &shared));
-    view.shared = &shared;
-    view.shared_intermediate_size = c.shared_intermediate_size;
-  }
-  EXL3_ASSIGN_OR_RETURN(moe_, CudaMoe::Create(cfg_, nullptr, CudaMoe::Options{parts_.max_moe_tokens, 1}, parts_.linear));
-  EXL3_ASSIGN_OR_RETURN(CudaMoeLayer layer,
-                        moe_->LoadLayer(n, router.data(), bias.empty() ? nullptr : bias.data(), view, &weight_bytes_));
-  moe_layer_.emplace(std::move(layer));
-  return absl::OkStatus();
-}
-
 absl::Status CudaMtpHead::AllocateCache(const KvCacheShape& shape, StreamHandle stream) {
   EXL3_RETURN_IF_ERROR(attention_.kind->AllocateCache(shape, stream));
   facts_->SetCache(shape);
@@ -130,7 +70,7 @@ absl::Status CudaMtpHead::AllocateCache(const KvCacheShape& shape, StreamHandle 
 absl::Status CudaMtpHead::Reserve(int T, int R, int splits) {
   bool moved = false;  // no decode graph holds these addresses
   EXL3_RETURN_IF_ERROR(attention_.kind->Reserve(T, splits, &moved));
-  if (moe_ != nullptr) EXL3_RETURN_IF_ERROR(moe_->Reserve(T, &moved));
+  if (moe_.has_value()) EXL3_RETURN_IF_ERROR(moe_->Reserve(T));
   const size_t t = static_cast<size_t>(T), r = static_cast<size_t>(R), H = static_cast<size_t>(cfg_.hidden_size);
   const size_t I = dense_mlp_.has_value() ? static_cast<size_t>(cfg_.intermediate_size) : 0;
   const std::pair<DeviceArray<float>*, size_t> needs[] = {
@@ -171,7 +111,7 @@ absl::Status CudaMtpHead::Forward(const StepTokens& tokens, const float* states,
   if (dense_mlp_.has_value()) {
     EXL3_RETURN_IF_ERROR(dense_mlp_->Forward(x, T, gate_.get(), up_.get(), d, parts_.linear));
   } else {
-    EXL3_RETURN_IF_ERROR(moe_->Run(*moe_layer_, *step, /*m=*/0, /*first=*/0, T, x, d, /*host_token_ids=*/nullptr));
+    EXL3_RETURN_IF_ERROR(moe_->Forward(*step, x, T, d));
   }
   EXL3_RETURN_IF_ERROR(AddInPlace(h, d, static_cast<int64_t>(T) * H, stream));
   if (R == 0) return absl::OkStatus();

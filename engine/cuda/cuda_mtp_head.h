@@ -7,7 +7,7 @@
 //   o = x + attn(input_norm(x)), then o + mlp(post_attention_norm(o))
 //       attention: the layer's mixer in a kind of its own (cuda_mixer.h LoadCudaLayerMixer: GQA,
 //       MLA, DSA with its own indexer, GLM-5.3-Flash's k-pooled NoPE MLA), its cache the drafter's
-//       mlp: the MoE (cuda_moe.h, experts in process even where the model's are on workers: the
+//       mlp: the MoE (cuda_mtp_moe.h, experts in process even where the model's are on workers: the
 //       workers serve the decoder layers only) or the dense MLP (dense_mlp.h)
 //   logits = head(shared_head.norm(o))                          shared_head.head, else the model's head
 //
@@ -21,12 +21,11 @@
 #include "absl/status/statusor.h"
 #include "engine/cuda/cuda_linear.h"
 #include "engine/cuda/cuda_mixer.h"
-#include "engine/cuda/cuda_moe.h"
 #include "engine/cuda/cuda_mtp_drafter.h"
+#include "engine/cuda/cuda_mtp_moe.h"
 #include "engine/cuda/dense_mlp.h"
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/step_facts.h"
-#include "engine/cuda/weight_bytes.h"
 
 namespace exl3::engine::cuda {
 
@@ -47,7 +46,6 @@ class CudaMtpHead final : public CudaMtpDrafter {
 
  private:
   CudaMtpHead(ModelConfig cfg, const CudaMtpModelParts& parts) : cfg_(std::move(cfg)), parts_(parts) {}
-  absl::Status LoadMoe(const TensorSource& src);
   // Grows the step buffers for T rows and R logit rows.
   absl::Status Reserve(int T, int R, int splits);
 
@@ -56,12 +54,10 @@ class CudaMtpHead final : public CudaMtpDrafter {
   DeviceArray<float> enorm_, hnorm_, input_norm_, post_attention_norm_, shared_norm_;
   CudaLinear eh_proj_;
   CudaLayerMixer attention_;
-  std::unique_ptr<CudaMoe> moe_;          // MoE layers (the MTP layers of the supported families)
-  std::optional<CudaMoeLayer> moe_layer_;
+  std::optional<CudaMtpMoe> moe_;          // MoE layers (the MTP layers of the supported families)
   std::optional<CudaDenseMlp> dense_mlp_;  // else
   std::optional<CudaLinear> own_head_;     // shared_head.head, when stored
   const CudaLinear* head_ = nullptr;       // own_head_ or the model's
-  CudaWeightBytes weight_bytes_;
   std::unique_ptr<StepFacts> facts_;
   DeviceArray<int32_t> step_facts_;  // the uploaded facts of the last step
   // [T, hidden]: the normed embeddings, then the blocks' input; the normed states, then the blocks'

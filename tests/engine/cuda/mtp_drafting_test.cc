@@ -1,6 +1,8 @@
-// Speculative method mtp on the GPU engine (CudaModel's MTP drafter, engine/cuda/cuda_mtp_head.h) on
-// the <family>_mtp fixtures (DeepSeek-V3 MLA, GLM-4 MoE GQA, GLM-5 DSA, GLM-5.3-Flash: KDA, k-pooled
-// DSA and hyper-connections in the model, its MTP layer plain):
+// Speculative method mtp on the GPU engine (CudaModel's MTP drafters, engine/cuda/cuda_mtp_head.h and
+// cuda_qwen4exp_mtp_head.h) on the <family>_mtp fixtures (DeepSeek-V3 MLA, GLM-4 MoE GQA, GLM-5 DSA,
+// GLM-5.3-Flash: KDA, k-pooled DSA and hyper-connections in the model, its MTP layer plain; Qwen4-Exp:
+// its head over the gated hyper-connection streams, QSA, judged once Qwen4-Exp's whole model gives
+// the CPU engine's tokens on the GPU, as tests/engine/cuda/speculative_decoding_test.cc says):
 //   * the GPU's drafts equal the CPU engine's (engine/cpu/cpu_model.cc) for the same spans: the
 //     prompt as one chunk, then verify chunks of the teacher-forced sequence prompt + greedy with
 //     K = 1, 2, 3 drafts (accepted where they match it), each step's kept positions drafting again;
@@ -10,7 +12,7 @@
 //     (the fixture prompts: transformers' greedy tokens; prompts built to repeat: plain GPU
 //     decoding's up to the first near-tie, as tests/engine/cuda/speculative_decoding_test.cc says
 //     why), and the KV cache is idle after;
-//   * the MTP layer's KV is one more cache layer (kv_bytes_per_token grows), and families the GPU
+//   * the MTP layer's KV is one more cache layer (kv_bytes_per_token grows), and models the GPU
 //     engine cannot draft for are refused by name.
 #include <algorithm>
 #include <cstdio>
@@ -267,16 +269,19 @@ TEST_P(CudaMtpTest, DraftsAreTheHeadsPredictionsAtK1) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaMtpTest,
                          ::testing::Values("deepseek_v3_mtp", "glm4_moe_mtp", "glm_moe_dsa_mtp", "glm5_next_mtp"));
 
-TEST(CudaMtpRefusalTest, FamiliesWithoutAGpuMtpDrafterAreRefusedByName) {
+// Judged once Qwen4-Exp's whole model gives the CPU engine's tokens on the GPU (its PLE NaN).
+INSTANTIATE_TEST_SUITE_P(Qwen4Exp, CudaMtpTest, ::testing::Values("qwen4_exp_mtp"));
+
+TEST(CudaMtpRefusalTest, ModelsWithoutAnMtpDrafterAreRefusedByName) {
   REQUIRE_GPU();
   struct Case {
     const char* fixture;
     const char* says;  // a part of the refusal
   };
-  // Qwen4-Exp's head is not on the GPU yet; DeepSeek-V4's mtp.* is not a next-token head; a
-  // checkpoint without its MTP layer names what is missing.
-  for (const Case& c : {Case{"qwen4_exp_mtp", "GPU engine"}, Case{"deepseek_v4_all", "MTP"},
-                        Case{"glm4_moe_all", "missing"}}) {
+  // DeepSeek-V4's mtp.* is not a next-token head; a checkpoint without its MTP layer names what is
+  // missing; a family without an MTP design says so.
+  for (const Case& c : {Case{"deepseek_v4_all", "MTP"}, Case{"glm4_moe_all", "missing"},
+                        Case{"qwen3_moe_all", "no MTP head"}}) {
     std::unique_ptr<CudaModel> model = OpenGpuModel(FixtureDir(c.fixture));
     ASSERT_NE(model, nullptr) << c.fixture;
     const absl::Status check = model->CheckMtpDrafting();
@@ -289,7 +294,7 @@ TEST(CudaMtpRefusalTest, FamiliesWithoutAGpuMtpDrafterAreRefusedByName) {
   }
   // Through the engine: refused at start, naming the method.
   Engine engine(testing::SpeculativeEngineOptions(Mtp(2), /*kv_blocks=*/64, /*block_size=*/16),
-                OpenGpuModel(FixtureDir("qwen4_exp_mtp")));
+                OpenGpuModel(FixtureDir("glm4_moe_all")));
   const absl::Status started = engine.Start();
   EXPECT_FALSE(started.ok());
   EXPECT_NE(started.message().find("speculative method mtp refused"), std::string::npos) << started;
