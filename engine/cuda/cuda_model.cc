@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/config/read_model_config.h"
+#include "engine/cuda/load_cuda_mtp_drafter.h"
 #include "kernels/cuda/cuda_status.h"
 #include "engine/config/qwen4exp_config.h"
 #include "model/exl3_model.h"

@@ -11,7 +11,7 @@
 // whose chunks hold the next tokens at the kept states' positions (engine/core/model_runner.h
 // MtpSpan), every launch on the model's stream, nothing synchronised:
 //
-//   EXL3_RETURN_IF_ERROR(CheckCudaMtpDrafter(cfg, src));
+//   EXL3_RETURN_IF_ERROR(CheckCudaMtpDrafter(cfg, src));                  // engine/cuda/load_cuda_mtp_drafter.h
 //   EXL3_ASSIGN_OR_RETURN(auto mtp, LoadCudaMtpDrafter(cfg, src, model_parts));
 //   EXL3_RETURN_IF_ERROR(mtp->AllocateCache(shape, stream));
 //   EXL3_RETURN_IF_ERROR(mtp->Forward(tokens, states, out, logits));   // device pointers
@@ -61,12 +61,5 @@ class CudaMtpDrafter {
   // After the step's synchronisation, when it succeeded.
   virtual absl::Status EndStep(const StepBatch& batch) = 0;
 };
-
-// OK when `cfg`'s family has an MTP design the GPU engine runs and `src` holds its layer; else
-// FAILED_PRECONDITION naming the architecture and what is missing.
-absl::Status CheckCudaMtpDrafter(const ModelConfig& cfg, const TensorSource& src);
-// The design's drafter on the device of `parts`.
-absl::StatusOr<std::unique_ptr<CudaMtpDrafter>> LoadCudaMtpDrafter(const ModelConfig& cfg, const TensorSource& src,
-                                                                   const CudaMtpModelParts& parts);
 
 }  // namespace exl3::engine::cuda

@@ -1,4 +1,4 @@
-#include "engine/cuda/cuda_mtp_drafter.h"
+#include "engine/cuda/load_cuda_mtp_drafter.h"
 
 #include "base/status_macros.h"
 #include "engine/cpu/mtp/load_mtp_drafter.h"
