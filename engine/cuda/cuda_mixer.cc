@@ -64,6 +64,18 @@ absl::StatusOr<CudaMixers> LoadCudaMixers(const ModelConfig& cfg, const TensorSo
   return mixers;
 }
 
+absl::StatusOr<CudaLayerMixer> LoadCudaLayerMixer(const ModelConfig& cfg, const TensorSource& src, int layer,
+                                                  const CudaLinearContext& linear, const std::string& prefix) {
+  CudaLayerMixer m;
+  EXL3_ASSIGN_OR_RETURN(m.kind, MakeKind(KindOf(cfg, layer), cfg, linear));
+  if (prefix.empty()) {
+    EXL3_ASSIGN_OR_RETURN(m.mixer, m.kind->LoadLayer(src, layer));
+  } else {
+    EXL3_ASSIGN_OR_RETURN(m.mixer, m.kind->LoadLayerUnder(src, layer, prefix));
+  }
+  return m;
+}
+
 SplitShape CudaMixers::split_shape() const {
   for (const auto& kind : kinds)
     if (kind->split_shape().blocks_per_token > 0) return kind->split_shape();

@@ -19,9 +19,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "engine/cuda/cuda_linear.h"
 #include "engine/cuda/step_facts.h"
 #include "engine/config/model_config.h"
@@ -50,6 +52,14 @@ class CudaMixerKind {
  public:
   virtual ~CudaMixerKind() = default;
   virtual absl::StatusOr<std::unique_ptr<CudaMixer>> LoadLayer(const TensorSource& src, int layer) = 0;
+  // Layer `layer` from tensors under `prefix` (ending in '.') in place of the model's layer prefix:
+  // an MTP layer stored apart (Qwen4-Exp's mtp.layers.0.). UNIMPLEMENTED for the kinds no such
+  // layer has needed.
+  virtual absl::StatusOr<std::unique_ptr<CudaMixer>> LoadLayerUnder(const TensorSource& /*src*/, int layer,
+                                                                     const std::string& prefix) {
+    return absl::UnimplementedError(
+        absl::StrCat("this attention kind loads layer ", layer, " under its own prefix only, not ", prefix));
+  }
 
   // The cache of the kind's layers for `shape` (one block more than asked: decode graphs' padding
   // rows write there), on `stream`; the bytes it holds per token.
@@ -96,5 +106,17 @@ struct CudaMixers {
 // the layer and its kind, when a layer's kind has no GPU mixer (checked before anything is loaded).
 absl::StatusOr<CudaMixers> LoadCudaMixers(const ModelConfig& cfg, const TensorSource& src,
                                           const CudaLinearContext& linear);
+
+// One layer's mixer in a kind of its own, apart from the model's kinds: the MTP layer of speculative
+// method mtp (engine/cuda/cuda_mtp_head.h, cuda_qwen4exp_mtp_head.h), whose cache and workspace are
+// its own. `cfg` (the model's with that layer counted, engine/cpu/mtp/mtp_drafter.h WithMtpLayer)
+// must outlive it. `prefix` empty: the layer's tensors under the model's layer prefix; else under
+// `prefix` (CudaMixerKind::LoadLayerUnder).
+struct CudaLayerMixer {
+  std::unique_ptr<CudaMixerKind> kind;
+  std::unique_ptr<CudaMixer> mixer;  // kind's layer `layer`
+};
+absl::StatusOr<CudaLayerMixer> LoadCudaLayerMixer(const ModelConfig& cfg, const TensorSource& src, int layer,
+                                                  const CudaLinearContext& linear, const std::string& prefix = "");
 
 }  // namespace exl3::engine::cuda

@@ -31,6 +31,7 @@
 #include "engine/cuda/cuda_linear.h"
 #include "engine/cuda/cuda_mixer.h"
 #include "engine/cuda/cuda_moe.h"
+#include "engine/cuda/cuda_mtp_drafter.h"
 #include "engine/cuda/decode_graphs.h"
 #include "engine/cuda/dense_mlp.h"
 #include "engine/cuda/finite_check.h"
@@ -105,6 +106,12 @@ class CudaModel final : public ModelRunner {
   }
   absl::Status ForwardSampled(const StepBatch& batch, std::span<const RowSampling> rows,
                               std::span<SampledToken> tokens) override;
+  // The checkpoint's MTP head on this GPU (engine/cuda/cuda_mtp_drafter.h: the DeepSeek-V3 design of
+  // DeepseekV3, Glm4Moe, GlmMoeDsa and Glm5Next, Qwen4-Exp's); refused by name otherwise.
+  absl::Status CheckMtpDrafting() const override;
+  // Loads the MTP layer from the model's directory; its KV becomes one more cache layer.
+  absl::Status EnableMtpDrafting() override;
+  absl::StatusOr<std::vector<std::vector<int32_t>>> ProposeMtpDrafts(std::span<const MtpSpan> spans) override;
   const CudaWeightBytes& weight_bytes() const { return weight_bytes_; }
   // GPU time of the last Forward by phase (device events between the phases' launches).
   StepPhaseTimes LastPhaseTimes() const override { return last_.phases; }
@@ -132,7 +139,17 @@ class CudaModel final : public ModelRunner {
     std::span<SampledToken> tokens;
   };
 
-  explicit CudaModel(ModelConfig cfg) : cfg_(std::move(cfg)) {}
+  // The last step's states the MTP drafter reads (StepBatch::keep_hidden_states): rows [T, width]
+  // on the device in step order, and where each chunk's rows start.
+  struct KeptStates {
+    bool valid = false;  // the last step kept them and succeeded
+    DeviceArray<float> rows;
+    std::vector<int64_t> sequence_ids;
+    std::vector<int> start_positions, first_rows, num_tokens;
+  };
+
+  CudaModel(ModelConfig cfg, std::string dir, const CudaModelOptions& options)
+      : cfg_(std::move(cfg)), dir_(std::move(dir)), options_(options) {}
   absl::Status Load(const std::string& dir, const CudaModelOptions& options, std::unique_ptr<MoeExecutor> remote_moe);
   // Grows every step buffer for `rows` rows, `logit_rows` head rows and `splits` attention splits
   // (dropping the decode graphs when an address changes).
@@ -142,8 +159,10 @@ class CudaModel final : public ModelRunner {
                                               DeviceArray<int32_t>* device);
   // Every launch of a step from the embeddings to the head's logits; `micro_batches` partition
   // the step's rows; host_token_ids: the step's (remote experts), or null.
+  // keep_states: every row's state the MTP drafter reads into kept_.rows too (its head input, or
+  // the residual streams before the head).
   absl::Status RunLayers(const CudaStep& step, const std::vector<MicroBatchRange>& micro_batches, int logit_rows,
-                         const int32_t* host_token_ids);
+                         const int32_t* host_token_ids, bool keep_states = false);
   // With check_finite: OK where rows [first, first + n) of `values` ([rows, width]) are finite.
   absl::Status CheckFinite(const float* values, int first, int n, int width, const char* block, int layer);
   // Micro-batch m's answer of its MoE layer `layer` (if out) into its rows of d.
@@ -154,8 +173,18 @@ class CudaModel final : public ModelRunner {
   absl::Status RunStep(const StepBatch& batch, const StepOutput& out);
   absl::Status RunEagerStep(const StepBatch& batch, const StepTokens& tokens, const StepOutput& out);
   absl::Status RunDecodeGraph(const StepTokens& tokens, const StepOutput& out);
+  // Room for a step of T rows to keep its states (before its launches).
+  absl::Status ReserveKeptStates(int T);
+  void RecordKeptChunks(const StepBatch& batch);
+  // The MTP drafter's batch over `spans` of the kept step, its states gathered into mtp_in_.
+  absl::Status MtpBatchOf(std::span<const MtpSpan> spans, StepBatch* batch);
+  // Runs the drafter over `batch` (states in mtp_in_, output into mtp_out_) and its logit rows'
+  // greedy tokens into *tokens.
+  absl::Status RunMtpStep(const StepBatch& batch, StepTokens* step_tokens, std::vector<int32_t>* tokens);
 
   ModelConfig cfg_;
+  const std::string dir_;            // the model's directory (the MTP layer is loaded from it on demand)
+  const CudaModelOptions options_;
   ModelInfo info_;
   std::unique_ptr<DeviceContext> device_;
   EmbeddingDType embedding_dtype_ = EmbeddingDType::kF32;
@@ -175,6 +204,14 @@ class CudaModel final : public ModelRunner {
   std::unique_ptr<DeviceSampler> sampler_;  // null: device sampling off
   std::optional<KvCacheShape> cache_shape_;  // once AllocateKvCache ran
   std::unique_ptr<FiniteCheck> finite_check_;  // null unless CudaModelOptions::check_finite
+  // Speculative method mtp (EnableMtpDrafting): the drafter, the last step's kept states, the
+  // identity rows [T] that gather every row's head input, the drafter's states in and out
+  // [rows, width] and logits, and its greedy sampler.
+  std::unique_ptr<CudaMtpDrafter> mtp_;
+  KeptStates kept_;
+  DeviceArray<int32_t> all_rows_;
+  DeviceArray<float> mtp_in_, mtp_out_, mtp_logits_;
+  std::unique_ptr<DeviceSampler> mtp_sampler_;
 };
 
 }  // namespace exl3::engine::cuda

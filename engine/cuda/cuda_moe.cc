@@ -48,17 +48,35 @@ absl::StatusOr<CudaMoeLayer> CudaMoe::LoadLayer(const Exl3Model& experts, int l,
   }
   if (remote()) return moe;
   EXL3_ASSIGN_OR_RETURN(MoeLayerView view, experts.LayerView(l));
-  EXL3_ASSIGN_OR_RETURN(moe.experts, exl3::cuda::DeviceMoeLayer::Upload(view));
-  bytes->experts_resident += static_cast<int64_t>(moe.experts->device_bytes());
+  EXL3_RETURN_IF_ERROR(UploadExperts(view, &moe, bytes));
+  return moe;
+}
+
+absl::StatusOr<CudaMoeLayer> CudaMoe::LoadLayer(int l, const float* router, const float* bias,
+                                                const MoeLayerView& view, CudaWeightBytes* bytes) {
+  if (remote()) return absl::InternalError(absl::StrCat("MoE layer ", l, " is loaded apart only with experts in process"));
+  const MoeConfig& mc = cfg_.moe;
+  CudaMoeLayer moe;
+  moe.layer = l;
+  EXL3_ASSIGN_OR_RETURN(moe.router, CudaLinear::UploadDense(router, cfg_.hidden_size, mc.num_experts));
+  bytes->router += moe.router.weight_bytes();
+  if (bias != nullptr) EXL3_RETURN_IF_ERROR(moe.bias.Upload(bias, mc.num_experts));
+  EXL3_RETURN_IF_ERROR(UploadExperts(view, &moe, bytes));
+  return moe;
+}
+
+absl::Status CudaMoe::UploadExperts(const MoeLayerView& view, CudaMoeLayer* moe, CudaWeightBytes* bytes) {
+  EXL3_ASSIGN_OR_RETURN(moe->experts, exl3::cuda::DeviceMoeLayer::Upload(view));
+  bytes->experts_resident += static_cast<int64_t>(moe->experts->device_bytes());
   for (const ExpertMlp* e : view.experts)
     if (e != nullptr) for (const Exl3LinearView* v : {&e->gate, &e->up, &e->down}) bytes->experts_decoded.Add(*v);
   if (view.shared != nullptr)
     for (const Exl3LinearView* v : {&view.shared->gate, &view.shared->up, &view.shared->down})
       bytes->experts_decoded.Add(*v);
   if (runner_ == nullptr) {
-    EXL3_ASSIGN_OR_RETURN(runner_, exl3::cuda::MoeRunner::Create(*moe.experts, max_moe_tokens_, mc.top_k));
+    EXL3_ASSIGN_OR_RETURN(runner_, exl3::cuda::MoeRunner::Create(*moe->experts, max_moe_tokens_, cfg_.moe.top_k));
   }
-  return moe;
+  return absl::OkStatus();
 }
 
 absl::Status CudaMoe::Reserve(int rows, bool* moved) {

@@ -43,6 +43,10 @@ class CudaMoe {
                                                          const Options& options, const CudaLinearContext& linear);
   // Layer `layer`'s gate and, in process, its experts, from `experts` (the model's EXL3 view).
   absl::StatusOr<CudaMoeLayer> LoadLayer(const Exl3Model& experts, int layer, CudaWeightBytes* bytes);
+  // A layer outside `experts`' (the MTP layer, engine/cuda/cuda_mtp_head.h): its router [E, hidden]
+  // and correction bias [E] (or null) fp32, and its experts; in process only (no hash routing).
+  absl::StatusOr<CudaMoeLayer> LoadLayer(int layer, const float* router, const float* bias, const MoeLayerView& view,
+                                         CudaWeightBytes* bytes);
 
   bool remote() const { return exchange_ != nullptr; }
   int micro_batches() const { return micro_batches_; }
@@ -64,6 +68,8 @@ class CudaMoe {
   CudaMoe(const ModelConfig& cfg, const CudaLinearContext& linear) : cfg_(cfg), linear_(linear) {}
   // The gate of `moe` for rows [first, first + n) of x: their top-k into topk_ids_ / topk_weights_.
   absl::Status Route(const CudaMoeLayer& moe, const CudaStep& step, int first, int n, const float* x);
+  // The in-process experts of `view` onto the device as moe->experts.
+  absl::Status UploadExperts(const MoeLayerView& view, CudaMoeLayer* moe, CudaWeightBytes* bytes);
 
   const ModelConfig& cfg_;
   CudaLinearContext linear_;

@@ -166,6 +166,14 @@ __global__ void AddKernel(float* h, const float* d, int64_t n) {
     h[i] += d[i];
 }
 
+// Block r copies row rows[r] of x into row r of out.
+__global__ void GatherRowsKernel(const float* x, const int32_t* rows, int n, float* out) {
+  exl3::cuda::PdlEnter();
+  const float* src = x + static_cast<int64_t>(rows[blockIdx.x]) * n;
+  float* dst = out + static_cast<int64_t>(blockIdx.x) * n;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+
 __global__ void SiluMulKernel(float* gate, const float* up, int64_t n) {
   exl3::cuda::PdlEnter();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -436,6 +444,12 @@ absl::Status GatherRmsNorm(const float* h, const int32_t* rows, int num_rows, co
   if (num_rows == 0) return absl::OkStatus();
   LaunchRmsNorm(const_cast<float*>(h), nullptr, rows, w, num_rows, n, eps, out, S(stream));
   return LaunchStatus("final rmsnorm");
+}
+
+absl::Status GatherRows(const float* x, const int32_t* rows, int num_rows, int n, float* out, StreamHandle stream) {
+  if (num_rows == 0 || n == 0) return absl::OkStatus();
+  exl3::cuda::LaunchPdlWithSmem(GatherRowsKernel, dim3(num_rows), dim3(kThreads), 0, S(stream), x, rows, n, out);
+  return LaunchStatus("row gather");
 }
 
 absl::Status AddInPlace(float* h, const float* d, int64_t n, StreamHandle stream) {

@@ -88,6 +88,9 @@ absl::Status HashRouteOnDevice(const GateConfig& cfg, const float* logits, const
 absl::Status GatherRmsNorm(const float* h, const int32_t* rows, int num_rows, const float* w,
                            int n, float eps, float* out, StreamHandle stream);
 
+// out[r] = x[rows[r]]: rows of x [T, n] gathered into out [R, n]; rows [R] int32.
+absl::Status GatherRows(const float* x, const int32_t* rows, int num_rows, int n, float* out, StreamHandle stream);
+
 // y[t, o] += bias[o] for y [T, out] (dense layers' fp32 bias).
 absl::Status AddBias(float* y, const float* bias, int num_tokens, int out_features,
                      StreamHandle stream);

@@ -1,5 +1,7 @@
 #include "engine/cuda/gated_residual_stream.h"
 
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -14,6 +16,7 @@
 #include "engine/cuda/ple_windows.h"
 #include "engine/cuda/recurrent_layer_states.h"
 #include "engine/config/qwen4exp_config.h"
+#include "kernels/cuda/cuda_status.h"
 #include "model/moe_config.h"
 
 namespace exl3::engine::cuda {
@@ -83,6 +86,12 @@ class GatedResidualStream final : public ResidualStream {
     return head_.Collapse(streams_.get(), logit_rows, R, workspace_, head_in, nullptr, ctx_);
   }
   int streams() const override { return shape_.streams; }
+  absl::Status CopyStreams(int rows, float* out) override {
+    const size_t n = static_cast<size_t>(rows) * shape_.streams * shape_.hidden;
+    EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out, streams_.get(), n * sizeof(float), cudaMemcpyDeviceToDevice,
+                                              static_cast<cudaStream_t>(ctx_.stream)));
+    return absl::OkStatus();
+  }
 
   absl::Status BindRecurrentStates(const RecurrentLayerStates* states) override {
     if (num_ple_ > 0 && states == nullptr)

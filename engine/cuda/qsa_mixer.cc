@@ -48,10 +48,12 @@ class QsaMixer final : public CudaMixer {
  public:
   QsaMixer(QsaShared& shared, int layer) : s_(shared), cfg_(shared.cfg), layer_(layer) {}
 
-  absl::Status Load(const TensorSource& src) {
+  // `layer_prefix`: where the layer's tensors are ("model.language_model.layers.L.", or an MTP
+  // layer's own).
+  absl::Status Load(const TensorSource& src, const std::string& layer_prefix) {
     const int H = cfg_.hidden_size, q_out = cfg_.num_heads * cfg_.head_dim, kv_out = s_.kv_floats();
     const QsaIndexerConfig& ix = s_.indexer;
-    const std::string p = LayerPrefix(cfg_.moe, layer_) + "self_attn.";
+    const std::string p = layer_prefix + "self_attn.";
     const NormWeightConvention zc = NormWeightConvention::kOffsetFromOne;
     EXL3_ASSIGN_OR_RETURN(q_, CudaLinear::Load(src, p + "q_proj", H, 2 * q_out));
     EXL3_ASSIGN_OR_RETURN(k_, CudaLinear::Load(src, p + "k_proj", H, kv_out));
@@ -133,9 +135,13 @@ class QsaKind final : public CudaMixerKind {
   QsaKind(const ModelConfig& cfg, const CudaLinearContext& linear) : s_(cfg, linear) {}
 
   absl::StatusOr<std::unique_ptr<CudaMixer>> LoadLayer(const TensorSource& src, int layer) override {
+    return LoadLayerUnder(src, layer, LayerPrefix(s_.cfg.moe, layer));
+  }
+  absl::StatusOr<std::unique_ptr<CudaMixer>> LoadLayerUnder(const TensorSource& src, int layer,
+                                                             const std::string& prefix) override {
     EXL3_RETURN_IF_ERROR(CheckShape());
     auto mixer = std::make_unique<QsaMixer>(s_, layer);
-    EXL3_RETURN_IF_ERROR(mixer->Load(src));
+    EXL3_RETURN_IF_ERROR(mixer->Load(src, prefix));
     if (s_.layer_index.empty()) s_.layer_index.assign(s_.cfg.num_layers, 0);
     s_.layer_index[layer] = s_.layers.size();
     s_.layers.push_back(layer);

@@ -56,6 +56,12 @@ class ResidualStream {
                                  float* head_in) = 0;
   // Streams per token (1 for the plain stream).
   virtual int streams() const = 0;
+  // out [rows, streams, hidden] = the streams as the last layer left them, before the head
+  // collapses them (Qwen4-Exp's MTP drafter reads them); after the last layer's MlpOutput.
+  // UNIMPLEMENTED for the kinds no drafter reads so.
+  virtual absl::Status CopyStreams(int /*rows*/, float* /*out*/) {
+    return absl::UnimplementedError("this residual stream does not hand out its streams");
+  }
 
   // Per-step hooks for a stream with per-sequence state (Qwen4-Exp's PLE layers: their n-gram rows
   // read on the host for each step, their conv inputs carried in the recurrent layers' store); the

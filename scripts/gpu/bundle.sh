@@ -19,7 +19,7 @@ fi
 cmake --build "$BUILD" -j2 --target exl3-bench exl3-decode-share-sweep exl3-cuda-check exl3-engine-bench engine_cuda_model_test \
   engine_cuda_sampling_test engine_cuda_latent_attention_test engine_cuda_deltanet_test engine_cuda_delta_rule_test engine_cuda_dense_gemv_test engine_cuda_kda_test \
   engine_cuda_kpool_test engine_cuda_dsv4_test engine_cuda_glm5_residual_test engine_cuda_qwen4exp_residual_test \
-  engine_cuda_qsa_test engine_cuda_speculative_test engine_cuda_verify_chunk_states_test engine_cuda_verify_chunk_indexers_test engine_cuda_dsv4_verify_chunk_test engine_cuda_prompt_logprobs_test engine_cuda_finite_check_test exl3-tool exl3-worker exl3-loadgen exl3-remote-moe-bench worker_cuda_backend_test
+  engine_cuda_qsa_test engine_cuda_speculative_test engine_cuda_mtp_test engine_cuda_verify_chunk_states_test engine_cuda_verify_chunk_indexers_test engine_cuda_dsv4_verify_chunk_test engine_cuda_prompt_logprobs_test engine_cuda_finite_check_test exl3-tool exl3-worker exl3-loadgen exl3-remote-moe-bench worker_cuda_backend_test
 rm -rf .gpu-deps
 mkdir -p .gpu-deps/bin .gpu-deps/lib
 cp "$BUILD"/bin/exl3-bench "$BUILD"/bin/exl3-decode-share-sweep "$BUILD"/bin/exl3-cuda-check "$BUILD"/bin/exl3-engine-bench "$BUILD"/bin/exl3-tool \
@@ -27,7 +27,7 @@ cp "$BUILD"/bin/exl3-bench "$BUILD"/bin/exl3-decode-share-sweep "$BUILD"/bin/exl
   "$BUILD"/tests/engine_cuda_sampling_test "$BUILD"/tests/engine_cuda_latent_attention_test \
   "$BUILD"/tests/engine_cuda_deltanet_test "$BUILD"/tests/engine_cuda_delta_rule_test "$BUILD"/tests/engine_cuda_dense_gemv_test "$BUILD"/tests/engine_cuda_kda_test "$BUILD"/tests/engine_cuda_kpool_test "$BUILD"/tests/engine_cuda_dsv4_test \
   "$BUILD"/tests/engine_cuda_glm5_residual_test "$BUILD"/tests/engine_cuda_qwen4exp_residual_test \
-  "$BUILD"/tests/engine_cuda_qsa_test "$BUILD"/tests/engine_cuda_speculative_test "$BUILD"/tests/engine_cuda_verify_chunk_states_test "$BUILD"/tests/engine_cuda_verify_chunk_indexers_test "$BUILD"/tests/engine_cuda_dsv4_verify_chunk_test "$BUILD"/tests/engine_cuda_prompt_logprobs_test "$BUILD"/tests/engine_cuda_finite_check_test "$BUILD"/tests/exl3-remote-moe-bench \
+  "$BUILD"/tests/engine_cuda_qsa_test "$BUILD"/tests/engine_cuda_speculative_test "$BUILD"/tests/engine_cuda_mtp_test "$BUILD"/tests/engine_cuda_verify_chunk_states_test "$BUILD"/tests/engine_cuda_verify_chunk_indexers_test "$BUILD"/tests/engine_cuda_dsv4_verify_chunk_test "$BUILD"/tests/engine_cuda_prompt_logprobs_test "$BUILD"/tests/engine_cuda_finite_check_test "$BUILD"/tests/exl3-remote-moe-bench \
   "$BUILD"/tests/worker_cuda_backend_test .gpu-deps/bin/
 # BASELINE_BUILD: another build directory's exl3-engine-bench (an earlier commit's), which
 # scripts/gpu/engine.sh --only bench runs beside this one's in the same call.

@@ -10,8 +10,9 @@
 #      stream and QSA attention) and engine_cuda_dsv4_test: the kernels against the CPU references and whole models
 #      (tests/fixtures/engine) against the CPU engine and transformers; Qwen3-Next's state through
 #      the engine (preemption, a failed step); engine_cuda_speculative_test (n-gram drafts verified
-#      on the GPU, the recurrent families too) and engine_cuda_prompt_logprobs_test (prompt logprobs
-#      on the GPU), through the Engine; engine_cuda_verify_chunk_states_test and
+#      on the GPU, the recurrent families too), engine_cuda_mtp_test (the MTP head's drafts on the GPU
+#      against the CPU engine's, greedy generation with mtp against plain decoding) and
+#      engine_cuda_prompt_logprobs_test (prompt logprobs on the GPU), through the Engine; engine_cuda_verify_chunk_states_test and
 #      engine_cuda_verify_chunk_indexers_test (a verify chunk's kept recurrent states, bit for bit,
 #      and rejected drafts leaving no trace in the k-pooled and QSA indexers);
 #      engine_cuda_dsv4_verify_chunk_test (DeepSeek-V4's compressed caches after rejected drafts,
@@ -60,7 +61,7 @@ ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY="$ONLY $2"; shift ;;
-    -h|--help) sed -n '2,48p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,49p' "$0"; exit 0 ;;
     *) echo "engine.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -90,6 +91,7 @@ if want test; then
   run_test engine_cuda_qwen4exp_residual_test qwen4-residual-test.log "^qwen4 " 200
   run_test engine_cuda_qsa_test qsa-test.log "^qsa " 100
   run_test engine_cuda_speculative_test speculative-test.log " GPU K=| repeating prompt " 60
+  run_test engine_cuda_mtp_test mtp-test.log "draft proposals compared| GPU mtp K=| repeating prompt " 60
   run_test engine_cuda_verify_chunk_states_test verify-states-test.log "^verify states " 80
   run_test engine_cuda_verify_chunk_indexers_test verify-indexers-test.log "^verify indexers " 40
   run_test engine_cuda_dsv4_verify_chunk_test dsv4-verify-test.log "^dsv4 verify " 40

@@ -1,0 +1,26 @@
+#include "engine/cuda/load_cuda_mtp_drafter.h"
+
+#include "base/status_macros.h"
+#include "engine/cpu/mtp/load_mtp_drafter.h"
+#include "engine/cuda/cuda_mtp_head.h"
+#include "engine/cuda/cuda_qwen4exp_mtp_head.h"
+
+namespace exl3::engine::cuda {
+
+absl::Status CheckCudaMtpDrafter(const ModelConfig& cfg, const TensorSource& src) {
+  // The same designs as the CPU engine's: the design and its tensors, by name.
+  return CheckMtpDrafter(cfg, src);
+}
+
+absl::StatusOr<std::unique_ptr<CudaMtpDrafter>> LoadCudaMtpDrafter(const ModelConfig& cfg, const TensorSource& src,
+                                                                   const CudaMtpModelParts& parts) {
+  EXL3_RETURN_IF_ERROR(CheckCudaMtpDrafter(cfg, src));
+  if (cfg.qwen4exp != nullptr) {
+    EXL3_ASSIGN_OR_RETURN(std::unique_ptr<CudaQwen4ExpMtpHead> head, CudaQwen4ExpMtpHead::Load(cfg, src, parts));
+    return std::unique_ptr<CudaMtpDrafter>(std::move(head));
+  }
+  EXL3_ASSIGN_OR_RETURN(std::unique_ptr<CudaMtpHead> head, CudaMtpHead::Load(cfg, src, parts));
+  return std::unique_ptr<CudaMtpDrafter>(std::move(head));
+}
+
+}  // namespace exl3::engine::cuda
