@@ -220,9 +220,10 @@ EXPECTED_CHAT = {
     "mixtral": "<s>Be brief.\n\n[INST] Hi there [/INST]Hello!</s>[INST] And now? [/INST]",
     "deepseek_v3": "<｜begin▁of▁sentence｜>Be brief.<｜User｜>Hi there<｜Assistant｜>Hello!"
                    "<｜end▁of▁sentence｜><｜User｜>And now?<｜Assistant｜>",
-    # DeepSeek-V4's encoding in chat mode: </think> after <｜Assistant｜>.
+    # DeepSeek-V4's encoding in thinking mode (the test template's default, as vLLM's): the last
+    # turn opens the reasoning with <think>; the earlier turn's reasoning is dropped (</think>).
     "deepseek_v4": "<｜begin▁of▁sentence｜>Be brief.<｜User｜>Hi there<｜Assistant｜></think>Hello!"
-                   "<｜end▁of▁sentence｜><｜User｜>And now?<｜Assistant｜></think>",
+                   "<｜end▁of▁sentence｜><｜User｜>And now?<｜Assistant｜><think>",
 }
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
         {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "And now?"}]

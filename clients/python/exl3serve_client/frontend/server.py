@@ -188,7 +188,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="split the model's reasoning from its answer (vLLM's names): glm45 and "
                          "qwen3 (an output that opens with <think>: the text up to </think> is "
                          "the message's reasoning_content), deepseek_r1 (the output starts inside "
-                         "the reasoning, its <think> in the prompt). Default: none, the reasoning "
+                         "the reasoning, its <think> in the prompt), deepseek_v4 (DeepSeek-V4: "
+                         "deepseek_r1's rule in thinking mode, glm45's in chat mode, the mode from "
+                         "the request's chat_template_kwargs thinking / enable_thinking, thinking "
+                         "unless they are false). Default: none, the reasoning "
                          "stays in the content and include_reasoning is refused")
     ap.add_argument("--max-n", type=_positive, default=DEFAULT_MAX_N,
                     help=f"the most choices (n) one request may ask for (default {DEFAULT_MAX_N}); "

@@ -89,9 +89,10 @@ class ReasoningSplit:
     """A chat answer's reasoning split from its content (reasoning.py, --reasoning-parser)."""
     fmt: ReasoningFormat
     include: bool             # include_reasoning: the reasoning is in the answer
+    starts_inside: bool       # the output starts inside the reasoning (deepseek_v4: per request)
 
     def parser(self) -> ReasoningParser:
-        return ReasoningParser(self.fmt)
+        return ReasoningParser(self.fmt, self.starts_inside)
 
 
 @dataclass
@@ -366,7 +367,8 @@ class RequestValidator:
                                "(exl3serve-openai --reasoning-parser names a format)",
                                param="include_reasoning")
             return None
-        return ReasoningSplit(self.reasoning_format, body.include_reasoning is not False)
+        return ReasoningSplit(self.reasoning_format, body.include_reasoning is not False,
+                              self.reasoning_format.starts_in_reasoning(body.chat_template_kwargs))
 
     def _tool_use(self, body: ChatCompletionRequest) -> Optional[ToolUse]:
         """The request's tools checked; how its answer is parsed for their calls (None: it is not,
@@ -550,7 +552,7 @@ class RequestValidator:
         if constraint is not None:
             set_constraint(req.sampling, constraint)
             if reasoning is not None:  # the model thinks freely first
-                set_after_reasoning(req.sampling, reasoning.fmt)
+                set_after_reasoning(req.sampling, reasoning.starts_inside)
         for token, bias in logit_bias(body.logit_bias).items():
             req.sampling.logit_bias[token] = bias
         if wanted:
