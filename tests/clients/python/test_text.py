@@ -466,7 +466,7 @@ def test_reasoning_and_choices_rendering_equals_json_dumps(include_usage):
     req = PreparedRequest(endpoint=Endpoint.CHAT_COMPLETIONS, model="m", prompts=[[1]],
                           engine_request=None, stops=[], stream=True, include_usage=include_usage,
                           logprobs=None, rid="chatcmpl-1", created=1764600000,
-                          reasoning=ReasoningSplit(ReasoningFormat.GLM45, True), n=3)
+                          reasoning=ReasoningSplit(ReasoningFormat.GLM45, True, False), n=3)
     outs = [OpenAIRenderer(req, None, i) for i in range(3)]
     extra = {"usage": None} if include_usage else {}
 

@@ -39,8 +39,8 @@ def tool_result_text(family, content):
     """A tool's result as the family's template renders it."""
     if family == "deepseek_v3":
         return f"<｜tool▁output▁begin｜>{content}<｜tool▁output▁end｜>"
-    if family == "deepseek_v4":
-        return f"<｜User｜><tool_result>{content}</tool_result><｜Assistant｜></think>"
+    if family == "deepseek_v4":  # thinking mode (the template's default): the answer opens <think>
+        return f"<｜User｜><tool_result>{content}</tool_result><｜Assistant｜><think>"
     return f"<tool_response>\n{content}\n</tool_response>"
 
 
