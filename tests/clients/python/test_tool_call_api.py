@@ -15,6 +15,7 @@ import shutil
 import uuid
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from exl3serve.v1 import exl3serve_pb2 as pb
@@ -184,6 +185,54 @@ def test_round_trip_streamed(fake):
         {"role": "tool", "tool_call_id": cid, "content": "sunny"}]
     content, calls, finish, _ = _stream(fake, "Sunny.", messages=messages)
     assert (content, calls, finish) == ("Sunny.", {}, "stop")
+
+
+def test_tool_results_in_the_order_of_the_calls(fake):
+    """Two calls of one assistant turn answered in the other order: DeepSeek-V4's prompt has the
+    results in the order of the calls (its encoding sorts them by call id; user text in the same
+    turn keeps its place), the other families' keep the messages' order; through /tokenize too."""
+    calls = [{"id": "call_b", "type": "function",
+              "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+             {"id": "call_a", "type": "function", "function": {"name": "now", "arguments": "{}"}}]
+    messages = ASK + [{"role": "assistant", "content": "", "tool_calls": calls},
+                      {"role": "tool", "tool_call_id": "call_a", "content": "noon"},
+                      {"role": "user", "content": "(both done)"},
+                      {"role": "tool", "tool_call_id": "call_b", "content": "rain"}]
+    fake.client.chat.completions.create(model="fake", messages=messages, tools=[WEATHER, NOW],
+                                        extra_headers=fake.replies("ok"))
+    prompt = fake.last_prompt()
+    rain, noon = prompt.index("rain"), prompt.index("noon")
+    if fake.family == "deepseek_v4":
+        assert "<｜User｜><tool_result>rain</tool_result>\n\n(both done)\n\n" \
+            "<tool_result>noon</tool_result><｜Assistant｜>" in prompt
+    else:
+        assert noon < prompt.index("(both done)") < rain
+    base = fake.url[: -len("/v1")]
+    r = httpx.post(f"{base}/tokenize", json={"model": "fake", "messages": messages,
+                                             "tools": [WEATHER, NOW]}, timeout=30)
+    assert r.status_code == 200
+    assert fake.tok.encode(prompt, add_special_tokens=False) == r.json()["tokens"]
+
+
+def test_a_result_of_an_unknown_call_is_refused(fake):
+    """A tool message whose tool_call_id names no call of the assistant message before it (or
+    with no assistant message before it) is refused 400 naming the field."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "now", "arguments": "{}"}}
+    cases = [(ASK + [{"role": "assistant", "content": "", "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": "call_1", "content": "noon"},
+                     {"role": "tool", "tool_call_id": "call_9", "content": "?"}], 3),
+             (ASK + [{"role": "tool", "tool_call_id": "call_1", "content": "noon"}], 1),
+             (ASK + [{"role": "assistant", "content": "", "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": "call_1", "content": "noon"},
+                     {"role": "assistant", "content": "It is noon."},
+                     {"role": "tool", "tool_call_id": "call_1", "content": "again"}], 4)]
+    for messages, at in cases:
+        with pytest.raises(openai.BadRequestError) as e:
+            fake.client.chat.completions.create(model="fake", messages=messages,
+                                                tools=[WEATHER, NOW])
+        err = e.value.body
+        assert err["param"] == f"messages[{at}].tool_call_id", err
+        assert f"messages[{at}].tool_call_id" in err["message"]
 
 
 def test_parallel_calls_and_not(fake):
