@@ -375,6 +375,29 @@ def test_a_template_without_tool_calls_refuses_tools(tmp_path):
         server.close()
 
 
+def test_qwen3_xml_parser_name(tmp_path):
+    """--tool-call-parser qwen3_xml (vLLM's other parser of Qwen3-Coder's calls) reads them as
+    qwen3_coder: a call without its <tool_call> wrapper and a parameter without </parameter>
+    included, streamed and not."""
+    f, server = _start(tmp_path, "qwen3_coder", extra=("--tool-call-parser", "qwen3_xml"))
+    said = ("Checking.\n<function=get_weather>\n<parameter=city>\nZürich\n<parameter=days>\n2\n"
+            "</function>")
+    try:
+        r = f.client.chat.completions.create(model="fake", messages=ASK, tools=[WEATHER],
+                                             extra_headers=f.replies(said))
+        m = r.choices[0].message
+        assert (m.content, r.choices[0].finish_reason) == ("Checking.", "tool_calls")
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in m.tool_calls] == \
+            [("get_weather", {"city": "Zürich", "days": 2})]
+        content, calls, finish, _ = _stream(f, said)
+        assert (content, finish) == ("Checking.", "tool_calls")
+        assert [(name, json.loads(args)) for _, name, args in calls.values()] == \
+            [("get_weather", {"city": "Zürich", "days": 2})]
+    finally:
+        f.fe.stop()
+        server.close()
+
+
 def test_tools_on_the_real_stack(live):
     """exl3-router's random-weight model (GLM's template): tools and a tool round trip are
     rendered into the prompt and answered, streamed and not, whatever the model writes."""

@@ -178,8 +178,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSERS, default="auto",
                     help="the format of the model's tool calls, parsed into OpenAI's tool_calls "
                          "(vLLM's names): hermes (Qwen's <tool_call> JSON), glm45 (GLM-4.5's "
-                         "<arg_key>/<arg_value> tags), qwen3_coder (Qwen3-Coder's <function=…>"
-                         "/<parameter=…> tags), deepseek_v3 / deepseek_v31 (DeepSeek-V3's / "
+                         "<arg_key>/<arg_value> tags), qwen3_coder or qwen3_xml (Qwen3-Coder's "
+                         "<function=…>/<parameter=…> tags), deepseek_v3 / deepseek_v31 (DeepSeek-V3's / "
                          "V3.1's <｜tool▁call▁begin｜> tags), deepseek_v4 / deepseek_v32 "
                          "(DeepSeek-V4's / V3.2's DSML), or auto (default): the one the "
                          "model's chat template writes; a model whose template has none refuses tools "
