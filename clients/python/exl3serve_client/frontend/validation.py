@@ -299,7 +299,7 @@ def _checked_tool_results(chat: list[ChatMessage], sort: bool) -> list[ChatMessa
                     out[k] = t
             turn = []
             if m.role == "assistant":
-                calls = {c.get("id"): n for n, c in enumerate(m.tool_calls or [])
+                calls = {c["id"]: n for n, c in enumerate(m.tool_calls or [])
                          if isinstance(c, dict) and isinstance(c.get("id"), str)}
     return out
 
