@@ -220,3 +220,45 @@ def test_access_log_and_disconnect(live, frontend):
     for rid in ("gone-streamed", "gone-whole", "gone-early/v1/completions", "gone-early/tokenize"):
         lines = [ln for ln in log.splitlines() if rid in ln]
         assert len(lines) == 1 and " 499 " in lines[0] and "disconnect" in lines[0], lines
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_json_log_format(live, frontend, workers):
+    """--log-format json: every log line is one JSON object (the ready line on stdout aside): the
+    access log's (time, client, method, path, status, duration, request id, a disconnect), and
+    logging's records, uvicorn's and the workers' supervisor's (time, level, logger, message)."""
+    fe, url = frontend("--log-format", "json", "--log-level", "info", "--workers", workers)
+    base = url[: -len("/v1")]
+    _call(base, "POST", "/v1/completions", {"model": live.name, "prompt": "x", "max_tokens": 2},
+          {"X-Request-Id": "json-1"})
+    _call(base, "GET", "/v1/models")
+    u = urlparse(url)
+    s = socket.create_connection((u.hostname, u.port))
+    body = json.dumps({"model": live.name, "prompt": "x", "max_tokens": 4000, "stream": True,
+                       "ignore_eos": True})
+    s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               f"X-Request-Id: json-gone\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode())
+    assert s.recv(4096)
+    s.close()
+    assert stack.wait_until(lambda: "json-gone" in fe.text(), 10)
+    lines = [ln for ln in fe.text().splitlines()
+             if ln.strip() and not ln.startswith("openai front end listening on")]
+    entries = [json.loads(ln) for ln in lines]  # every line is JSON
+    access = [e for e in entries if e.get("type") == "access"]
+    by_id = {e["request_id"]: e for e in access}
+    one = by_id["json-1"]
+    assert (one["method"], one["path"], one["status"], one["http_version"]) == \
+        ("POST", "/v1/completions", 200, "1.1")
+    assert one["duration_ms"] >= 0 and one["client"].startswith("127.0.0.1:")
+    assert one["client_disconnected"] is False and one["time"].endswith("Z")
+    # Without the client's id: the answer's own (/v1/models has none: null).
+    assert any(e["path"] == "/v1/models" and e["status"] == 200 for e in access)
+    gone = by_id["json-gone"]
+    assert (gone["status"], gone["client_disconnected"]) == (499, True)
+    records = [e for e in entries if "level" in e]
+    assert all(set(e) >= {"time", "level", "logger", "message"} for e in records)
+    assert any(e["logger"].startswith("uvicorn") and e["level"] == "INFO" for e in records), \
+        records
+    if workers == "2":
+        assert any(e["logger"] == "exl3serve.frontend.workers" and "started" in e["message"]
+                   for e in records), records

@@ -32,8 +32,9 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from .access import AccessLog, ApiKeyGate, ASGIApp, header
+from .access import AccessLog, AccessLogWriter, ApiKeyGate, ASGIApp, header
 from .engine_call import ENGINE_CALLS, Engine, EngineCall, RequestOutcome
+from .log_format import LogFormat
 from .metrics import FrontendMetrics, TokenClock
 from .protocol import (CLIENT_CLOSED_REQUEST, APIError, ChatCompletionRequest, CompletionRequest,
                        DetokenizeRequest, Endpoint, FinishReason, TokenizeRequest)
@@ -70,6 +71,7 @@ class FrontendConfig:
     api_key: Optional[str] = None     # the API's routes need `Authorization: Bearer KEY`
     cors: Optional[CorsConfig] = None  # None: no CORS headers
     access_log: bool = True           # a line per request (access.py)
+    log_format: str = "text"          # the access log's lines: text or json (log_format.py)
     tool_call_parser: str = "auto"    # the model's tool-call format (tool_calls.py): auto from its template
     reasoning_parser: Optional[str] = None  # the reasoning split (reasoning.py); None: not split
     max_n: int = DEFAULT_MAX_N        # choices per request at most (more: 400)
@@ -290,7 +292,7 @@ class _App(FastAPI):
                                    allow_credentials=cfg.cors.allow_credentials,
                                    expose_headers=["X-Request-Id"])
         if cfg.access_log:
-            entry = AccessLog(entry)
+            entry = AccessLog(entry, AccessLogWriter(fmt=LogFormat(cfg.log_format)))
         self.entry = entry
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:

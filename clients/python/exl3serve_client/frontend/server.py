@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
 import signal
 import socket
@@ -30,6 +29,7 @@ import uvicorn
 
 from ..package_version import package_version
 from .access import API_KEY_ENV
+from .log_format import LOG_FORMATS, LogFormat, configure_logging
 from .app import (DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BODY_BYTES, ENGINE_CALLS, CorsConfig,
                   FrontendConfig, create_app)
 from .reasoning import REASONING_PARSERS
@@ -204,6 +204,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="vLLM's switch for tool_choice auto, taken for vLLM's command lines: "
                          "here tool_choice auto is on wherever --tool-call-parser gives a format")
     ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    ap.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                    help="the log's lines (the access log's and every other): text (default) or "
+                         "json, one JSON object per line")
     # A worker's side of --workers (frontend/workers.py starts it so): not for users.
     ap.add_argument("--worker-socket-fd", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--worker-ready-fd", type=int, help=argparse.SUPPRESS)
@@ -259,11 +262,15 @@ def _serve(args: argparse.Namespace, sock: socket.socket, on_serving: Callable[[
                                         args.allowed_origins, args.allowed_methods,
                                         args.allowed_headers, args.allow_credentials),
                                     access_log=not args.disable_access_log,
+                                    log_format=args.log_format,
                                     tool_call_parser=args.tool_call_parser,
                                     reasoning_parser=args.reasoning_parser, max_n=args.max_n,
                                     enable_prompt_tokens_details=args.enable_prompt_tokens_details))
+    # With JSON lines uvicorn's loggers keep no handlers of their own: their records reach the
+    # root logger's (configure_logging).
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False,
-                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on")
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on",
+                            **({"log_config": None} if args.log_format == "json" else {}))
     server = uvicorn.Server(config)
 
     async def serve() -> None:
@@ -288,6 +295,7 @@ def _worker_argv(args: argparse.Namespace, created: int) -> WorkerArgv:
         out = [sys.executable, "-m", "exl3serve_client.frontend.server",
                "--engine", args.engine, "--model", str(args.model),
                "--request-timeout", repr(args.request_timeout), "--log-level", args.log_level,
+               "--log-format", args.log_format,
                "--engine-calls", args.engine_calls, "--tool-call-parser", args.tool_call_parser,
                "--max-request-body-bytes", str(args.max_request_body_bytes),
                "--allowed-methods", json.dumps(args.allowed_methods),
@@ -320,7 +328,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"exl3serve-openai: {args.model}/tokenizer.json not found (a test model gets one from "
               "exl3serve-make-tokenizer --model DIR)", file=sys.stderr)
         return 2
-    logging.basicConfig(level=args.log_level.upper())
+    configure_logging(args.log_level, LogFormat(args.log_format))
     if args.worker_socket_fd is not None:  # one of a supervisor's workers
         exit_with_parent(args.worker_of)
         sock = socket.socket(fileno=args.worker_socket_fd)
