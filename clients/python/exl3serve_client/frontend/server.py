@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import uvicorn
+from uvicorn.config import LOGGING_CONFIG
 
 
 from ..package_version import package_version
@@ -270,7 +271,7 @@ def _serve(args: argparse.Namespace, sock: socket.socket, on_serving: Callable[[
     # root logger's (configure_logging).
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on",
-                            **({"log_config": None} if args.log_format == "json" else {}))
+                            log_config=None if args.log_format == "json" else LOGGING_CONFIG)
     server = uvicorn.Server(config)
 
     async def serve() -> None:
