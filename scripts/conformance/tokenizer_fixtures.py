@@ -212,6 +212,11 @@ THINKING_CONVERSATIONS = {
                             {"role": "assistant", "content": "a1", "reasoning_content": "r1"},
                             {"role": "developer", "content": "Be brief."},
                             {"role": "user", "content": "q2"}],
+    # A developer message between two user messages: left out with the reasoning dropped, the
+    # user messages stay two turns (the encoding merges before it drops).
+    "reasoning_developer_between_users": [{"role": "user", "content": "q1"},
+                                          {"role": "developer", "content": "Be brief."},
+                                          {"role": "user", "content": "q2"}],
     "reasoning_ends_with_assistant": [{"role": "user", "content": "Say yes."},
                                       {"role": "assistant", "content": "yes",
                                        "reasoning_content": "Easy."}],

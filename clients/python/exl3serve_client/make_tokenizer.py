@@ -163,12 +163,18 @@ _DEEPSEEK_V4_TEMPLATE = (
     "{% set drop = think and not tools and (drop_thinking if drop_thinking is defined else true) %}"
     + _DEEPSEEK_V4_TOOLS +
     # The messages rendered: with reasoning dropped, not the developer messages before the last
-    # user-side message. ns.last: the last user-side message's index among them.
-    "{% set ns = namespace(msgs=[], last=-1) %}"
+    # user-side message. The turns are those of all the messages (the encoding merges user-side
+    # messages into turns before it drops any): ns.prev / ns.next hold each rendered message's
+    # neighbours' roles among all of them. ns.last: the last user-side message's index among the
+    # rendered ones.
+    "{% set ns = namespace(msgs=[], prev=[], next=[], last=-1) %}"
     "{% for m in messages %}{% if m['role'] in ['user', 'tool', 'developer'] %}"
     "{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
     "{% for m in messages %}{% if not (drop and m['role'] == 'developer' and "
-    "loop.index0 < ns.last) %}{% set ns.msgs = ns.msgs + [m] %}{% endif %}{% endfor %}"
+    "loop.index0 < ns.last) %}{% set ns.msgs = ns.msgs + [m] %}"
+    "{% set ns.prev = ns.prev + [messages[loop.index0 - 1]['role'] if not loop.first else none] %}"
+    "{% set ns.next = ns.next + [messages[loop.index0 + 1]['role'] if not loop.last else none] %}"
+    "{% endif %}{% endfor %}"
     "{% set ns.last = -1 %}"
     "{% for m in ns.msgs %}{% if m['role'] in ['user', 'tool', 'developer'] %}"
     "{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
@@ -182,7 +188,7 @@ _DEEPSEEK_V4_TEMPLATE = (
     "{% for m in ns.msgs %}"
     "{% if m['role'] not in ['system', 'developer', 'user', 'assistant', 'tool'] %}"
     "{{ raise_exception('unknown role: ' + m['role']) }}{% endif %}"
-    "{% set prev = ns.msgs[loop.index0 - 1]['role'] if not loop.first else none %}"
+    "{% set prev = ns.prev[loop.index0] %}"
     "{% set next = ns.msgs[loop.index0 + 1]['role'] if not loop.last else none %}"
     "{% set with_tools = tools and loop.first %}"
     "{% if m['role'] == 'system' %}{{ m['content'] }}{% if with_tools %}{{ tools_text }}{% endif %}"
@@ -204,7 +210,7 @@ _DEEPSEEK_V4_TEMPLATE = (
     "{% if m['role'] == 'tool' %}<tool_result>{{ m['content'] }}</tool_result>"
     "{% else %}{{ m['content'] }}{% endif %}"
     "{% if m['role'] == 'developer' and with_tools %}{{ tools_text }}{% endif %}"
-    "{% if m['role'] == 'developer' or next not in ['user', 'tool'] %}"
+    "{% if m['role'] == 'developer' or ns.next[loop.index0] not in ['user', 'tool'] %}"
     "{% if next == 'assistant' or (next is none and add_generation_prompt) %}<｜Assistant｜>"
     "{{ '<think>' if think and (not drop or loop.index0 >= ns.last) else '</think>' }}"
     "{% endif %}{% endif %}"
