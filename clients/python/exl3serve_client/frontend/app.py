@@ -33,7 +33,7 @@ from starlette.requests import ClientDisconnect
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .access import AccessLog, AccessLogWriter, ApiKeyGate, ASGIApp, header
-from .engine_call import ENGINE_CALLS, Engine, EngineCall, RequestOutcome
+from .engine_call import ENGINE_CALLS, Engine, EngineCall, RequestOutcome, shutting_down
 from .log_format import LogFormat
 from .metrics import FrontendMetrics, TokenClock
 from .protocol import (CLIENT_CLOSED_REQUEST, APIError, ChatCompletionRequest, CompletionRequest,
@@ -193,6 +193,10 @@ class Frontend:
             if calls[0].client_gone:
                 # The client went away and the watcher cancelled the calls: nobody to answer.
                 return Response(status_code=CLIENT_CLOSED_REQUEST)
+            if any(c.shut_down for c in calls):  # the server's shutdown ended the calls
+                err = shutting_down()
+                outcome.failed(err.status)
+                raise err from None
             raise
         except grpc.aio.AioRpcError as e:
             err = self.engine.rpc_error(e)

@@ -71,6 +71,10 @@ def _run(coro, config: uvicorn.Config) -> None:
 
 # uvicorn's graceful shutdown: on SIGTERM/SIGINT open streams get this long to finish.
 GRACEFUL_SHUTDOWN_S = 5
+# The answers still under way this long before uvicorn would cancel them (and cut their
+# connections) are ended by the front end: a stream with an error event and [DONE], a whole
+# answer with a 503 (Engine.end_open_calls).
+END_ANSWERS_BEFORE_S = 1.0
 
 
 def _workers(text: str) -> int:
@@ -274,13 +278,23 @@ def _serve(args: argparse.Namespace, sock: socket.socket, on_serving: Callable[[
                             log_config=None if args.log_format == "json" else LOGGING_CONFIG)
     server = uvicorn.Server(config)
 
+    async def end_answers_before_the_drain_ends() -> None:
+        while not server.should_exit:  # uvicorn's signal handler sets it
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(GRACEFUL_SHUTDOWN_S - END_ANSWERS_BEFORE_S)
+        app.state.frontend.engine.end_open_calls()
+
     async def serve() -> None:
         task = asyncio.ensure_future(server.serve(sockets=[sock]))
         while not server.started and not task.done():
             await asyncio.sleep(0.02)
         if server.started:
             on_serving()
-        await task
+        ending = asyncio.ensure_future(end_answers_before_the_drain_ends())
+        try:
+            await task
+        finally:
+            ending.cancel()
 
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
