@@ -262,3 +262,41 @@ def test_json_log_format(live, frontend, workers):
     if workers == "2":
         assert any(e["logger"] == "exl3serve.frontend.workers" and "started" in e["message"]
                    for e in records), records
+
+
+STATS_LINE = re.compile(r"Engine 000: Avg prompt throughput: ([\d.]+) tokens/s, Avg generation "
+                        r"throughput: ([\d.]+) tokens/s, Running: (\d+) reqs, Waiting: (\d+) reqs, "
+                        r"GPU KV cache usage: ([\d.]+)%, Prefix cache hit rate: ([\d.]+)%")
+
+
+def test_stats_lines(live, frontend):
+    """Every --log-stats-interval seconds with activity, a line as vLLM's engine logs it: this
+    process's prompt and generation throughput, the engine's running and waiting requests, KV
+    cache usage and prefix cache hit rate; none while idle; none with --disable-log-stats; a JSON
+    object with --log-format json."""
+    body = {"model": live.name, "prompt": "stats", "max_tokens": 40, "ignore_eos": True}
+    fe, url = frontend("--log-stats-interval", "0.5")
+    base = url[: -len("/v1")]
+    assert _call(base, "POST", "/v1/completions", body)[0] == 200
+    assert stack.wait_until(lambda: any(float(m.group(2)) > 0
+                                        for m in STATS_LINE.finditer(fe.text())), 10), fe.text()
+    m = next(m for m in STATS_LINE.finditer(fe.text()) if float(m.group(2)) > 0)
+    assert float(m.group(1)) > 0 and 0 <= float(m.group(5)) <= 100
+    time.sleep(1.5)  # idle: no more lines
+    idle = len(STATS_LINE.findall(fe.text()))
+    time.sleep(1.5)
+    assert len(STATS_LINE.findall(fe.text())) == idle
+    quiet, url = frontend("--log-stats-interval", "0.5", "--disable-log-stats")
+    assert _call(url[: -len("/v1")], "POST", "/v1/completions", body)[0] == 200
+    time.sleep(1.5)
+    assert "throughput" not in quiet.text()
+    js, url = frontend("--log-stats-interval", "0.5", "--log-format", "json")
+    assert _call(url[: -len("/v1")], "POST", "/v1/completions", body)[0] == 200
+
+    def stats():
+        return [e for e in (json.loads(ln) for ln in js.text().splitlines()
+                            if ln.startswith("{")) if e.get("type") == "stats"]
+    assert stack.wait_until(lambda: any(e["generation_throughput"] > 0 for e in stats()), 10)
+    e = next(e for e in stats() if e["generation_throughput"] > 0)
+    assert set(e) >= {"time", "name", "prompt_throughput", "running", "waiting",
+                      "kv_cache_usage_perc", "prefix_cache_hit_rate_perc"}, e

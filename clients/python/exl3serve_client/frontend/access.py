@@ -69,7 +69,7 @@ class AccessLogWriter:
                 ms: float, request_id: str, client_gone: bool) -> None:
         """One answered request's line."""
         if self.fmt is LogFormat.JSON:
-            self._out(json.dumps({"time": json_time(time.time()), "type": "access",
+            self.out(json.dumps({"time": json_time(time.time()), "type": "access",
                                   "client": client, "method": method, "path": target,
                                   "http_version": http_version, "status": status,
                                   "duration_ms": round(ms, 1), "request_id": request_id or None,
@@ -86,9 +86,10 @@ class AccessLogWriter:
         if second != self._second:  # the timestamp's text, made once a second
             self._second = second
             self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
-        self._out(f"{self._stamp}.{int((now - second) * 1000):03d} {line}")
+        self.out(f"{self._stamp}.{int((now - second) * 1000):03d} {line}")
 
-    def _out(self, line: str) -> None:
+    def out(self, line: str) -> None:
+        """A line as it is."""
         try:
             os.write(self.fd, (line + "\n").encode("utf-8", "replace"))
         except OSError:  # stderr gone: the answer matters more than its log line

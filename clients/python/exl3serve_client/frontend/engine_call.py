@@ -126,13 +126,17 @@ class Engine:
     async def refresh_stats(self) -> None:
         """Asks the engine for its state (Generator.EngineStats) for the scrape under way: vLLM's
         engine series show its answer, or are left out when it does not answer within a second."""
-        stats = None
-        if self.client is not None:
-            try:
-                stats = await self.client.engine_stats(timeout=1.0)
-            except Exception:  # away, or an engine without EngineStats: no engine series
-                stats = None
-        self.metrics.engine_stats.update(stats, self.model_name())
+        self.metrics.engine_stats.update(await self.engine_stats(), self.model_name())
+
+    async def engine_stats(self) -> Optional[pb.EngineStatsResponse]:
+        """The engine's state (Generator.EngineStats); None where it does not answer within a
+        second."""
+        if self.client is None:
+            return None
+        try:
+            return await self.client.engine_stats(timeout=1.0)
+        except Exception:  # away, or an engine without EngineStats
+            return None
 
     async def need(self) -> None:
         """Refuses (503) while the engine is away."""

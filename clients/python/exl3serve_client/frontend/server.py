@@ -31,6 +31,7 @@ from uvicorn.config import LOGGING_CONFIG
 from ..package_version import package_version
 from .access import API_KEY_ENV
 from .log_format import LOG_FORMATS, LogFormat, configure_logging
+from .stats_log import DEFAULT_LOG_STATS_INTERVAL_S
 from .app import (DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BODY_BYTES, ENGINE_CALLS, CorsConfig,
                   FrontendConfig, create_app)
 from .reasoning import REASONING_PARSERS
@@ -89,6 +90,16 @@ def _bytes(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a number of bytes >= 1, got {text!r}")
     return n
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        s = float(text)
+    except ValueError:
+        s = 0.0
+    if not 0 < s < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return s
 
 
 def _positive(text: str) -> int:
@@ -209,6 +220,13 @@ def _parser() -> argparse.ArgumentParser:
                     help="vLLM's switch for tool_choice auto, taken for vLLM's command lines: "
                          "here tool_choice auto is on wherever --tool-call-parser gives a format")
     ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    ap.add_argument("--log-stats-interval", type=_positive_seconds,
+                    default=DEFAULT_LOG_STATS_INTERVAL_S,
+                    help="seconds between the stats lines (throughput, running and waiting "
+                         "requests, KV cache usage, prefix cache hit rate, as vLLM's engine logs "
+                         f"them; default {DEFAULT_LOG_STATS_INTERVAL_S:g}); none while idle")
+    ap.add_argument("--disable-log-stats", action="store_true",
+                    help="no stats lines (vLLM's option)")
     ap.add_argument("--log-format", choices=LOG_FORMATS, default="text",
                     help="the log's lines (the access log's and every other): text (default) or "
                          "json, one JSON object per line")
@@ -268,6 +286,9 @@ def _serve(args: argparse.Namespace, sock: socket.socket, on_serving: Callable[[
                                         args.allowed_headers, args.allow_credentials),
                                     access_log=not args.disable_access_log,
                                     log_format=args.log_format,
+                                    log_stats_interval_s=None if args.disable_log_stats
+                                    else args.log_stats_interval,
+                                    worker=args.worker_socket_fd is not None,
                                     tool_call_parser=args.tool_call_parser,
                                     reasoning_parser=args.reasoning_parser, max_n=args.max_n,
                                     enable_prompt_tokens_details=args.enable_prompt_tokens_details))
@@ -311,6 +332,7 @@ def _worker_argv(args: argparse.Namespace, created: int) -> WorkerArgv:
                "--engine", args.engine, "--model", str(args.model),
                "--request-timeout", repr(args.request_timeout), "--log-level", args.log_level,
                "--log-format", args.log_format,
+               "--log-stats-interval", repr(args.log_stats_interval),
                "--engine-calls", args.engine_calls, "--tool-call-parser", args.tool_call_parser,
                "--max-request-body-bytes", str(args.max_request_body_bytes),
                "--allowed-methods", json.dumps(args.allowed_methods),
@@ -328,6 +350,8 @@ def _worker_argv(args: argparse.Namespace, created: int) -> WorkerArgv:
             out += ["--max-model-len", str(args.max_model_len)]
         if args.disable_access_log:
             out.append("--disable-access-log")
+        if args.disable_log_stats:
+            out.append("--disable-log-stats")
         if args.reasoning_parser is not None:
             out += ["--reasoning-parser", args.reasoning_parser]
         out += ["--max-n", str(args.max_n)]
