@@ -196,14 +196,55 @@ TOOL_CONVERSATIONS = {
 }
 
 
+# Thinking modes, for the templates that read them (DeepSeek-V4's: `thinking` / `enable_thinking`,
+# `drop_thinking`, `reasoning_effort` among the template kwargs, as chat_template_kwargs pass them):
+# assistant turns with reasoning_content, each conversation rendered with every set of kwargs.
+THINKING_KWARGS = [{}, {"thinking": False}, {"enable_thinking": True}, {"thinking": True},
+                   {"thinking": True, "drop_thinking": False}, {"reasoning_effort": "max"},
+                   {"enable_thinking": True, "reasoning_effort": "none"}]
+THINKING_CONVERSATIONS = {
+    "reasoning_history": [SYSTEM, {"role": "user", "content": "Hi there"},
+                          {"role": "assistant", "content": "Hello!",
+                           "reasoning_content": "A greeting; greet back."},
+                          {"role": "user", "content": "Tell me a joke."}],
+    "reasoning_developer": [{"role": "developer", "content": "Be kind."},
+                            {"role": "user", "content": "q1"},
+                            {"role": "assistant", "content": "a1", "reasoning_content": "r1"},
+                            {"role": "developer", "content": "Be brief."},
+                            {"role": "user", "content": "q2"}],
+    # A developer message between two user messages: left out with the reasoning dropped, the
+    # user messages stay two turns (the encoding merges before it drops).
+    "reasoning_developer_between_users": [{"role": "user", "content": "q1"},
+                                          {"role": "developer", "content": "Be brief."},
+                                          {"role": "user", "content": "q2"}],
+    "reasoning_ends_with_assistant": [{"role": "user", "content": "Say yes."},
+                                      {"role": "assistant", "content": "yes",
+                                       "reasoning_content": "Easy."}],
+}
+# With tools: every turn keeps its reasoning (the encoding drops none where tools are offered).
+THINKING_TOOL_CONVERSATIONS = {
+    "reasoning_tool_round_trip": [
+        SYSTEM, {"role": "user", "content": "Weather in Zürich?"},
+        {"role": "assistant", "content": "", "reasoning_content": "Ask the tool.",
+         "tool_calls": _CALLS[:1]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        {"role": "assistant", "content": "Sunny.", "reasoning_content": "It said sunny."},
+        {"role": "user", "content": "Thanks."}],
+}
+
+
+def reads_thinking(hf) -> bool:
+    return "thinking" in (hf.chat_template or "")
+
+
 def renders_tools(hf) -> bool:
     template = hf.chat_template or ""
     return "<tool_call>" in template or "<｜tool▁call▁begin｜>" in template or "｜DSML｜" in template
 
 
-def chat_ids(hf, messages, add_generation_prompt: bool, tools=None) -> list[int]:
+def chat_ids(hf, messages, add_generation_prompt: bool, tools=None, **kwargs) -> list[int]:
     out = hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt,
-                                 tools=tools)
+                                 tools=tools, **kwargs)
     if hasattr(out, "keys"):  # a BatchEncoding (return_dict)
         out = out["input_ids"]
     return [int(i) for i in out]
@@ -232,6 +273,19 @@ def record(model_dir: Path, family: str, sha: dict[str, str]) -> dict:
                           "text": hf.apply_chat_template(messages, tokenize=False, tools=TOOLS,
                                                          add_generation_prompt=gen),
                           "ids": chat_ids(hf, messages, gen, TOOLS)})
+    thinking = [(n, m, None) for n, m in THINKING_CONVERSATIONS.items()] + \
+        [(n, m, TOOLS) for n, m in THINKING_TOOL_CONVERSATIONS.items()]
+    for name, messages, tools in (thinking if reads_thinking(hf) else ()):
+        for kwargs in THINKING_KWARGS:
+            for gen in (True, False):
+                case = {"name": name, "add_generation_prompt": gen, "messages": messages,
+                        "kwargs": kwargs}
+                if tools:
+                    case["tools"] = tools
+                case["text"] = hf.apply_chat_template(messages, tokenize=False, tools=tools,
+                                                      add_generation_prompt=gen, **kwargs)
+                case["ids"] = chat_ids(hf, messages, gen, tools, **kwargs)
+                chats.append(case)
     return {"family": family, "tokenizer_class": type(hf).__name__,
             "generated_with": {"transformers": transformers.__version__,
                                "tokenizers": tokenizers.__version__},

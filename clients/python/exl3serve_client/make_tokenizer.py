@@ -21,7 +21,6 @@ from typing import Optional
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from .package_version import package_version
 
 # Templates use the names transformers' apply_chat_template passes (messages, add_generation_prompt,
 # bos_token, eos_token, raise_exception) and are rendered with its jinja2 settings
@@ -114,38 +113,89 @@ _DEEPSEEK_TEMPLATE = (
 
 # DeepSeek-V4's chat format as its published encoding writes it (DeepSeek-V4's model repositories
 # ship it as a Python encoding script, encoding/encoding_dsv4.py, not as a Jinja template; this is
-# the same rendering in "chat" mode, the instructions' wording ours): the tools in a system part
-# before the conversation (the encoding's system message carrying `tools`: "\n\n", "## Tools", the
-# DSML call syntax, the schemas one JSON per line); user, `tool` and following user messages in
-# one <｜User｜> turn, their parts joined by "\n\n", each tool result as
-# <tool_result>…</tool_result>; `developer` a <｜User｜> turn of its own; after a user-side turn
-# that an assistant turn follows (or the generation prompt), <｜Assistant｜></think>; an assistant
-# turn its content, then its calls as a DSML block after "\n\n", then <｜end▁of▁sentence｜>.
-# The encoding also orders tool results by their calls' ids; this template keeps the messages'
-# order.
+# the same rendering, the instructions' wording ours), with its two modes. The mode comes from the
+# template kwargs (chat_template_kwargs) as vLLM reads them for DeepSeek-V4: thinking where
+# `thinking` or `enable_thinking` is true or neither is given, chat where those given are false or
+# `reasoning_effort` is "none" (frontend/reasoning.py thinking_mode reads them the same way).
+# - The request's tools go with the first message where it is a system or developer message
+#   (after its content, "\n\n## Tools", the DSML call syntax, the schemas one JSON per line), else
+#   in a system part of their own before the conversation.
+# - user, `tool` and following user messages are one <｜User｜> turn, their parts joined by "\n\n",
+#   each tool result as <tool_result>…</tool_result>; `developer` is a <｜User｜> turn of its own.
+# - After a user-side turn that an assistant turn follows (or the generation prompt):
+#   <｜Assistant｜>, then <think> in thinking mode (the answer opens inside the reasoning) or
+#   </think> in chat mode (the answer follows at once).
+# - An assistant turn: in thinking mode its reasoning_content and </think>, then its content, its
+#   calls as a DSML block after "\n\n", and <｜end▁of▁sentence｜>.
+# - Earlier reasoning is dropped in thinking mode (`drop_thinking`, default true, and without
+#   tools: with tools every turn keeps it): the turns before the last user-side turn get
+#   <｜Assistant｜></think> and no reasoning, and the `developer` messages before it are left out
+#   (as the encoding drops them); the last turn's transition is <｜Assistant｜><think>.
+# - `reasoning_effort` "max" in thinking mode puts an instruction to think exhaustively first.
+# The encoding also orders tool results by their calls' ids: the front end does that before
+# rendering (frontend/validation.py), as this template keeps the messages' order.
 _DSML_EXAMPLE = (
     "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"$TOOL_NAME\">\n<｜DSML｜parameter "
     "name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE</｜DSML｜parameter>\n...\n"
     "</｜DSML｜invoke>\n<｜DSML｜invoke name=\"$TOOL_NAME2\">\n...\n</｜DSML｜invoke>\n"
     "</｜DSML｜tool_calls>"
 )
-_DEEPSEEK_V4_TEMPLATE = (
-    "{{ bos_token }}{% if tools %}{{ '\\n\\n' }}## Tools{{ '\\n\\n' }}You can call the tools "
+_DEEPSEEK_V4_TOOLS = (
+    "{% set tools_text %}{% if tools %}{{ '\\n\\n' }}## Tools{{ '\\n\\n' }}You can call the tools "
     "below. To call tools, write a \"<｜DSML｜tool_calls>\" block like this one:{{ '\\n\\n' }}" +
     _DSML_EXAMPLE.replace("\n", "{{ '\\n' }}") +
     "{{ '\\n\\n' }}Write a string parameter as it is, with string=\"true\"; any other value "
     "(a number, boolean, array or object) as JSON, with string=\"false\".{{ '\\n\\n' }}"
+    "In thinking mode (the answer opens after <think>), reason inside <think>...</think> first, "
+    "then write the calls or the answer; otherwise write them right after </think>.{{ '\\n\\n' }}"
     "### Available Tool Schemas{{ '\\n\\n' }}"
     "{% for t in tools %}{{ (t['function'] if t['function'] is defined else t) | tojson }}"
     "{{ '\\n' }}{% endfor %}{{ '\\n' }}Call only these tools, with their parameters as "
-    "defined.{{ '\\n' }}{% endif %}"
-    "{% for m in messages %}"
+    "defined.{{ '\\n' }}{% endif %}{% endset %}"
+)
+_DEEPSEEK_V4_TEMPLATE = (
+    # The mode, and whether earlier reasoning is dropped.
+    "{% set given = thinking is defined or enable_thinking is defined %}"
+    "{% set think = (thinking is defined and thinking) or (enable_thinking is defined and "
+    "enable_thinking) or not given %}"
+    "{% if reasoning_effort is defined and reasoning_effort == 'none' %}{% set think = false %}"
+    "{% endif %}"
+    "{% set drop = think and not tools and (drop_thinking if drop_thinking is defined else true) %}"
+    + _DEEPSEEK_V4_TOOLS +
+    # The messages rendered: with reasoning dropped, not the developer messages before the last
+    # user-side message. The turns are those of all the messages (the encoding merges user-side
+    # messages into turns before it drops any): ns.prev / ns.next hold each rendered message's
+    # neighbours' roles among all of them. ns.last: the last user-side message's index among the
+    # rendered ones.
+    "{% set ns = namespace(msgs=[], prev=[], next=[], last=-1) %}"
+    "{% for m in messages %}{% if m['role'] in ['user', 'tool', 'developer'] %}"
+    "{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
+    "{% for m in messages %}{% if not (drop and m['role'] == 'developer' and "
+    "loop.index0 < ns.last) %}{% set ns.msgs = ns.msgs + [m] %}"
+    "{% set ns.prev = ns.prev + [messages[loop.index0 - 1]['role'] if not loop.first else none] %}"
+    "{% set ns.next = ns.next + [messages[loop.index0 + 1]['role'] if not loop.last else none] %}"
+    "{% endif %}{% endfor %}"
+    "{% set ns.last = -1 %}"
+    "{% for m in ns.msgs %}{% if m['role'] in ['user', 'tool', 'developer'] %}"
+    "{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
+    "{{ bos_token }}"
+    "{% if think and reasoning_effort is defined and reasoning_effort == 'max' %}"
+    "Reasoning effort: maximum. Think the problem through exhaustively before answering: break it "
+    "into its parts, check every step, weigh the alternatives and the edge cases, and verify the "
+    "answer.{{ '\\n\\n' }}{% endif %}"
+    "{% if tools and (not ns.msgs or ns.msgs[0]['role'] not in ['system', 'developer']) %}"
+    "{{ tools_text }}{% endif %}"
+    "{% for m in ns.msgs %}"
     "{% if m['role'] not in ['system', 'developer', 'user', 'assistant', 'tool'] %}"
     "{{ raise_exception('unknown role: ' + m['role']) }}{% endif %}"
-    "{% set prev = messages[loop.index0 - 1]['role'] if not loop.first else none %}"
-    "{% set next = messages[loop.index0 + 1]['role'] if not loop.last else none %}"
-    "{% if m['role'] == 'system' %}{{ m['content'] }}"
-    "{% elif m['role'] == 'assistant' %}{{ m['content'] }}"
+    "{% set prev = ns.prev[loop.index0] %}"
+    "{% set next = ns.msgs[loop.index0 + 1]['role'] if not loop.last else none %}"
+    "{% set with_tools = tools and loop.first %}"
+    "{% if m['role'] == 'system' %}{{ m['content'] }}{% if with_tools %}{{ tools_text }}{% endif %}"
+    "{% elif m['role'] == 'assistant' %}"
+    "{% if think and (not drop or loop.index0 > ns.last) %}"
+    "{{ m['reasoning_content'] or m['reasoning'] or '' }}</think>{% endif %}"
+    "{{ m['content'] }}"
     "{% if m['tool_calls'] %}{{ '\\n\\n' }}<｜DSML｜tool_calls>{{ '\\n' }}"
     "{% for c in m['tool_calls'] %}{% set f = c['function'] if c['function'] is defined else c %}"
     "{% if not loop.first %}{{ '\\n' }}{% endif %}<｜DSML｜invoke name=\"{{ f['name'] }}\">"
@@ -159,9 +209,11 @@ _DEEPSEEK_V4_TEMPLATE = (
     "{% else %}{{ '\\n\\n' }}{% endif %}"
     "{% if m['role'] == 'tool' %}<tool_result>{{ m['content'] }}</tool_result>"
     "{% else %}{{ m['content'] }}{% endif %}"
-    "{% if m['role'] == 'developer' or next not in ['user', 'tool'] %}"
-    "{% if next == 'assistant' or (next is none and add_generation_prompt) %}"
-    "<｜Assistant｜></think>{% endif %}{% endif %}"
+    "{% if m['role'] == 'developer' and with_tools %}{{ tools_text }}{% endif %}"
+    "{% if m['role'] == 'developer' or ns.next[loop.index0] not in ['user', 'tool'] %}"
+    "{% if next == 'assistant' or (next is none and add_generation_prompt) %}<｜Assistant｜>"
+    "{{ '<think>' if think and (not drop or loop.index0 >= ns.last) else '</think>' }}"
+    "{% endif %}{% endif %}"
     "{% endif %}"
     "{% endfor %}"
 )
@@ -318,6 +370,9 @@ def write_tokenizer(model_dir: Path, force: bool = False) -> Path:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    # Imported here: scripts/conformance/tokenizer_fixtures.py loads this file alone, outside the
+    # package, and needs only the code above.
+    from .package_version import package_version
     ap = argparse.ArgumentParser(prog="exl3serve-make-tokenizer", description=__doc__.split("\n\n")[0])
     ap.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     ap.add_argument("--model", required=True, type=Path, help="model directory with config.json")

@@ -220,3 +220,83 @@ def test_access_log_and_disconnect(live, frontend):
     for rid in ("gone-streamed", "gone-whole", "gone-early/v1/completions", "gone-early/tokenize"):
         lines = [ln for ln in log.splitlines() if rid in ln]
         assert len(lines) == 1 and " 499 " in lines[0] and "disconnect" in lines[0], lines
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_json_log_format(live, frontend, workers):
+    """--log-format json: every log line is one JSON object (the ready line on stdout aside): the
+    access log's (time, client, method, path, status, duration, request id, a disconnect), and
+    logging's records, uvicorn's and the workers' supervisor's (time, level, logger, message)."""
+    fe, url = frontend("--log-format", "json", "--log-level", "info", "--workers", workers)
+    base = url[: -len("/v1")]
+    _call(base, "POST", "/v1/completions", {"model": live.name, "prompt": "x", "max_tokens": 2},
+          {"X-Request-Id": "json-1"})
+    _call(base, "GET", "/v1/models")
+    u = urlparse(url)
+    s = socket.create_connection((u.hostname, u.port))
+    body = json.dumps({"model": live.name, "prompt": "x", "max_tokens": 4000, "stream": True,
+                       "ignore_eos": True})
+    s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               f"X-Request-Id: json-gone\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode())
+    assert s.recv(4096)
+    s.close()
+    assert stack.wait_until(lambda: "json-gone" in fe.text(), 10)
+    lines = [ln for ln in fe.text().splitlines()
+             if ln.strip() and not ln.startswith("openai front end listening on")]
+    entries = [json.loads(ln) for ln in lines]  # every line is JSON
+    access = [e for e in entries if e.get("type") == "access"]
+    by_id = {e["request_id"]: e for e in access}
+    one = by_id["json-1"]
+    assert (one["method"], one["path"], one["status"], one["http_version"]) == \
+        ("POST", "/v1/completions", 200, "1.1")
+    assert one["duration_ms"] >= 0 and one["client"].startswith("127.0.0.1:")
+    assert one["client_disconnected"] is False and one["time"].endswith("Z")
+    # Without the client's id: the answer's own (/v1/models has none: null).
+    assert any(e["path"] == "/v1/models" and e["status"] == 200 for e in access)
+    gone = by_id["json-gone"]
+    assert (gone["status"], gone["client_disconnected"]) == (499, True)
+    records = [e for e in entries if "level" in e]
+    assert all(set(e) >= {"time", "level", "logger", "message"} for e in records)
+    assert any(e["logger"].startswith("uvicorn") and e["level"] == "INFO" for e in records), \
+        records
+    if workers == "2":
+        assert any(e["logger"] == "exl3serve.frontend.workers" and "started" in e["message"]
+                   for e in records), records
+
+
+STATS_LINE = re.compile(r"Engine 000: Avg prompt throughput: ([\d.]+) tokens/s, Avg generation "
+                        r"throughput: ([\d.]+) tokens/s, Running: (\d+) reqs, Waiting: (\d+) reqs, "
+                        r"GPU KV cache usage: ([\d.]+)%, Prefix cache hit rate: ([\d.]+)%")
+
+
+def test_stats_lines(live, frontend):
+    """Every --log-stats-interval seconds with activity, a line as vLLM's engine logs it: this
+    process's prompt and generation throughput, the engine's running and waiting requests, KV
+    cache usage and prefix cache hit rate; none while idle; none with --disable-log-stats; a JSON
+    object with --log-format json."""
+    body = {"model": live.name, "prompt": "stats", "max_tokens": 40, "ignore_eos": True}
+    fe, url = frontend("--log-stats-interval", "0.5")
+    base = url[: -len("/v1")]
+    assert _call(base, "POST", "/v1/completions", body)[0] == 200
+    assert stack.wait_until(lambda: any(float(m.group(2)) > 0
+                                        for m in STATS_LINE.finditer(fe.text())), 10), fe.text()
+    m = next(m for m in STATS_LINE.finditer(fe.text()) if float(m.group(2)) > 0)
+    assert float(m.group(1)) > 0 and 0 <= float(m.group(5)) <= 100
+    time.sleep(1.5)  # idle: no more lines
+    idle = len(STATS_LINE.findall(fe.text()))
+    time.sleep(1.5)
+    assert len(STATS_LINE.findall(fe.text())) == idle
+    quiet, url = frontend("--log-stats-interval", "0.5", "--disable-log-stats")
+    assert _call(url[: -len("/v1")], "POST", "/v1/completions", body)[0] == 200
+    time.sleep(1.5)
+    assert "throughput" not in quiet.text()
+    js, url = frontend("--log-stats-interval", "0.5", "--log-format", "json")
+    assert _call(url[: -len("/v1")], "POST", "/v1/completions", body)[0] == 200
+
+    def stats():
+        return [e for e in (json.loads(ln) for ln in js.text().splitlines()
+                            if ln.startswith("{")) if e.get("type") == "stats"]
+    assert stack.wait_until(lambda: any(e["generation_throughput"] > 0 for e in stats()), 10)
+    e = next(e for e in stats() if e["generation_throughput"] > 0)
+    assert set(e) >= {"time", "name", "prompt_throughput", "running", "waiting",
+                      "kv_cache_usage_perc", "prefix_cache_hit_rate_perc"}, e

@@ -8,9 +8,15 @@ import pytest
 
 from exl3serve_client.frontend.reasoning import (THINK_END, THINK_START, Content, Reasoning,
                                                  ReasoningFormat, ReasoningParser,
-                                                 split_reasoning)
+                                                 split_reasoning, thinking_mode)
 
 GLM, QWEN, R1 = ReasoningFormat.GLM45, ReasoningFormat.QWEN3, ReasoningFormat.DEEPSEEK_R1
+V4 = ReasoningFormat.DEEPSEEK_V4
+# DeepSeek-V4's modes: the parser as a request in thinking mode (the default) or chat mode gets it.
+V4_THINKING = (V4, V4.starts_in_reasoning({}))
+V4_CHAT = (V4, V4.starts_in_reasoning({"thinking": False}))
+DSML_BLOCK = ('\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="now">\n\n</｜DSML｜invoke>\n'
+              "</｜DSML｜tool_calls>")
 
 # (format, model text, reasoning, content)
 CASES = [
@@ -30,6 +36,19 @@ CASES = [
     (GLM, "<thi", "", "<thi"),                             # a tag's start at the end: content
     (R1, "abc</thi", "abc</thi", ""),
     (QWEN, "<think>é✓ 中文</think>ü", "é✓ 中文", "ü"),
+    # deepseek_v4, thinking mode: the prompt ends with <think>; deepseek_r1's rule, and a DSML
+    # calls block ends the reasoning (the block is content, for the tool-call parser).
+    (V4_THINKING, "Weigh it.</think>Answer", "Weigh it.", "Answer"),
+    (V4_THINKING, "<think>repeated</think>A", "repeated", "A"),
+    (V4_THINKING, "never closed", "never closed", ""),
+    (V4_THINKING, "r</think>" + DSML_BLOCK, "r", DSML_BLOCK),
+    (V4_THINKING, "call now" + DSML_BLOCK, "call now\n\n", DSML_BLOCK[2:]),
+    (V4_THINKING, "a <｜DSML｜tool_call", "a <｜DSML｜tool_call", ""),
+    # deepseek_v4, chat mode: the prompt ends with </think>; the answer is content unless it
+    # opens with <think> (glm45's rule).
+    (V4_CHAT, "Plain answer", "", "Plain answer"),
+    (V4_CHAT, "<think>x</think>y", "x", "y"),
+    (V4_CHAT, "a</think>b" + DSML_BLOCK, "", "a</think>b" + DSML_BLOCK),
 ]
 
 
@@ -41,19 +60,25 @@ def fold(events):
     return "".join(reasoning), "".join(content)
 
 
+def _parser(fmt):
+    """A parser of `fmt`: a format, or (format, starts_inside) for deepseek_v4's modes."""
+    return ReasoningParser(*fmt) if isinstance(fmt, tuple) else ReasoningParser(fmt)
+
+
 @pytest.mark.parametrize("fmt,text,reasoning,content", CASES)
 def test_whole_text(fmt, text, reasoning, content):
-    assert split_reasoning(fmt, text) == (reasoning, content)
-    assert fold(ReasoningParser(fmt).push(text, final=True)) == (reasoning, content)
+    fmt_, starts_inside = fmt if isinstance(fmt, tuple) else (fmt, None)
+    assert split_reasoning(fmt_, text, starts_inside) == (reasoning, content)
+    assert fold(_parser(fmt).push(text, final=True)) == (reasoning, content)
 
 
 @pytest.mark.parametrize("fmt,text,reasoning,content", CASES)
 def test_any_split_gives_the_same(fmt, text, reasoning, content):
     for cut in range(len(text) + 1):
-        p = ReasoningParser(fmt)
+        p = _parser(fmt)
         events = p.push(text[:cut]) + p.push(text[cut:], final=True)
         assert fold(events) == (reasoning, content), cut
-    p = ReasoningParser(fmt)
+    p = _parser(fmt)
     events = [e for ch in text for e in p.push(ch)] + p.push("", final=True)
     assert fold(events) == (reasoning, content)
 
@@ -87,4 +112,26 @@ def test_held_until_decided():
 
 
 def test_names_are_vllms():
-    assert [f.value for f in ReasoningFormat] == ["glm45", "qwen3", "deepseek_r1"]
+    assert [f.value for f in ReasoningFormat] == ["glm45", "qwen3", "deepseek_r1", "deepseek_v4"]
+
+
+def test_deepseek_v4_mode_from_the_template_kwargs():
+    """As vLLM's deepseek_v4 parser and tokenizer read chat_template_kwargs: thinking unless
+    `thinking` / `enable_thinking` are given and false, or reasoning_effort is "none"."""
+    assert thinking_mode(None) and thinking_mode({}) and thinking_mode({"drop_thinking": False})
+    assert thinking_mode({"thinking": True}) and thinking_mode({"enable_thinking": True})
+    assert thinking_mode({"thinking": False, "enable_thinking": True})
+    assert not thinking_mode({"thinking": False})
+    assert not thinking_mode({"enable_thinking": False})
+    assert not thinking_mode({"thinking": True, "reasoning_effort": "none"})
+    assert thinking_mode({"reasoning_effort": "max"})
+    assert V4.starts_in_reasoning({}) and not V4.starts_in_reasoning({"thinking": False})
+    # The other formats do not depend on the request.
+    assert R1.starts_in_reasoning({"thinking": False})
+    assert not GLM.starts_in_reasoning({}) and not QWEN.starts_in_reasoning({"thinking": True})
+
+
+def test_deepseek_v4_held_until_decided():
+    p = ReasoningParser(*V4_THINKING)
+    assert p.push("plan\n\n<｜DSML｜tool") == [Reasoning("plan\n\n")]  # could be the block
+    assert p.push("_calls>\n") == [Content("<｜DSML｜tool_calls>\n")]

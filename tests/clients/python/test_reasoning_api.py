@@ -257,7 +257,7 @@ def test_unknown_parser_refused_at_start(tmp_path):
         stack.start_frontend("127.0.0.1:1", model, tmp_path / "logs",
                              extra=("--reasoning-parser", "nope"))
     assert "no reasoning parser 'nope'" in str(e.value)
-    assert "glm45, qwen3, deepseek_r1" in str(e.value)
+    assert "glm45, qwen3, deepseek_r1, deepseek_v4" in str(e.value)
 
 
 def test_a_failed_choice_fails_the_request(tmp_path):
@@ -291,3 +291,113 @@ def test_a_failed_choice_fails_the_request(tmp_path):
     finally:
         f.fe.stop()
         server.close()
+
+
+# ---- DeepSeek-V4 (--reasoning-parser deepseek_v4): the mode of each request, from its
+# chat_template_kwargs, decides both the prompt (the test template renders V4's encoding) and the
+# split of the answer.
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "parameters": {"type": "object",
+                                          "properties": {"city": {"type": "string"}},
+                                          "required": ["city"]}}}
+DSML_CALL = ('\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n'
+             '<｜DSML｜parameter name="city" string="true">Oslo</｜DSML｜parameter>\n'
+             "</｜DSML｜invoke>\n</｜DSML｜tool_calls>")
+HISTORY = [{"role": "user", "content": "Hi"},
+           {"role": "assistant", "content": "Hello!", "reasoning_content": "Greet back."},
+           {"role": "user", "content": "What is 2+2?"}]
+
+
+@pytest.fixture(scope="module")
+def v4(tmp_path_factory):
+    f, server = _start(tmp_path_factory.mktemp("reasoning-deepseek_v4"), "deepseek_v4",
+                       "deepseek_v4")
+    yield f
+    f.fe.stop()
+    server.close()
+
+
+def _ask(fake, said, **kw):
+    r = fake.client.chat.completions.create(model="fake", messages=kw.pop("messages", ASK),
+                                            extra_headers=fake.replies(said), **kw)
+    return r.choices[0], fake.last_prompt()
+
+
+def test_deepseek_v4_thinking_by_default(v4):
+    """No kwargs: thinking mode. The prompt ends with <｜Assistant｜><think>; the answer starts
+    inside the reasoning, up to </think>; streamed the same."""
+    for extra in ({}, {"chat_template_kwargs": {"enable_thinking": True}},
+                  {"chat_template_kwargs": {"thinking": True}}):
+        choice, prompt = _ask(v4, "Two and two.</think>It is 4.", extra_body=extra)
+        assert prompt.endswith("<｜User｜>What is 2+2?<｜Assistant｜><think>"), prompt
+        assert (_reasoning_of(choice.message), choice.message.content) == \
+            ("Two and two.", "It is 4."), extra
+        got, _ = _stream(v4, ["Two and two.</think>It is 4."], extra_body=extra)
+        assert tuple(got[0][:3]) == ("Two and two.", "It is 4.", "stop")
+
+
+def test_deepseek_v4_chat_mode(v4):
+    """thinking false (either name), or reasoning_effort none: chat mode. The prompt ends with
+    <｜Assistant｜></think>; the answer is content (no reasoning_content)."""
+    for kwargs in ({"thinking": False}, {"enable_thinking": False},
+                   {"thinking": True, "reasoning_effort": "none"}):
+        extra = {"chat_template_kwargs": kwargs}
+        choice, prompt = _ask(v4, "It is 4.", extra_body=extra)
+        assert prompt.endswith("<｜User｜>What is 2+2?<｜Assistant｜></think>"), prompt
+        assert (_reasoning_of(choice.message), choice.message.content) == (None, "It is 4."), \
+            kwargs
+        got, _ = _stream(v4, ["It is 4."], extra_body=extra)
+        assert tuple(got[0][:3]) == ("", "It is 4.", "stop") and "reasoning" not in got[0][3]
+
+
+def test_deepseek_v4_earlier_reasoning_dropped_or_kept(v4):
+    """An earlier assistant turn's reasoning_content: dropped in thinking mode (its turn gets
+    </think>), kept with drop_thinking false or with tools (every turn then opens <think>), never
+    rendered in chat mode."""
+    _, dropped = _ask(v4, "r</think>4", messages=HISTORY)
+    assert "<｜User｜>Hi<｜Assistant｜></think>Hello!<｜end▁of▁sentence｜>" in dropped
+    assert "Greet back." not in dropped and dropped.endswith("<｜Assistant｜><think>")
+    _, kept = _ask(v4, "r</think>4", messages=HISTORY,
+                   extra_body={"chat_template_kwargs": {"drop_thinking": False}})
+    assert "<｜User｜>Hi<｜Assistant｜><think>Greet back.</think>Hello!<｜end▁of▁sentence｜>" in kept
+    _, with_tools = _ask(v4, "r</think>4", messages=HISTORY, tools=[WEATHER])
+    assert "<｜Assistant｜><think>Greet back.</think>Hello!" in with_tools
+    _, chat = _ask(v4, "4", messages=HISTORY,
+                   extra_body={"chat_template_kwargs": {"thinking": False}})
+    assert "<｜User｜>Hi<｜Assistant｜></think>Hello!<｜end▁of▁sentence｜>" in chat
+    assert "Greet back." not in chat and chat.endswith("<｜Assistant｜></think>")
+
+
+def test_deepseek_v4_tool_calls_after_the_reasoning(v4):
+    """A DSML block after </think>, or written before the reasoning is closed (the block ends
+    it): the call is parsed from the content, never from the reasoning; streamed the same."""
+    for said, reasoning in (("Ask the tool.</think>" + DSML_CALL, "Ask the tool."),
+                            ("Ask the tool." + DSML_CALL, "Ask the tool.\n\n")):
+        choice, _ = _ask(v4, said, tools=[WEATHER])
+        m = choice.message
+        assert (_reasoning_of(m), m.content, choice.finish_reason) == \
+            (reasoning, None, "tool_calls"), said
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in m.tool_calls] == \
+            [("get_weather", {"city": "Oslo"})]
+        chunks = list(v4.client.chat.completions.create(
+            model="fake", messages=ASK, tools=[WEATHER], stream=True,
+            extra_headers=v4.replies(said)))
+        streamed = "".join(_reasoning_of(c.choices[0].delta) or "" for c in chunks if c.choices)
+        calls = [tc.function.name for c in chunks for tc in (c.choices[0].delta.tool_calls or [])
+                 if tc.id]
+        assert (streamed, calls, chunks[-1].choices[0].finish_reason) == \
+            (reasoning, ["get_weather"], "tool_calls")
+
+
+def test_deepseek_v4_forced_call_after_the_reasoning(v4):
+    """A forced call (tool_choice required) is constrained after the reasoning: the engine's
+    reasoning block starts inside the output in thinking mode, not in chat mode."""
+    for kwargs, inside in (({}, True), ({"thinking": False}, False)):
+        v4.client.chat.completions.create(
+            model="fake", messages=ASK, tools=[WEATHER], tool_choice="required",
+            extra_body={"chat_template_kwargs": kwargs},
+            extra_headers=v4.replies("r</think>" + DSML_CALL if inside else DSML_CALL))
+        block = v4.engine.starts[-1].sampling.constraint_after_reasoning
+        assert (block.start, block.end, block.output_starts_inside) == \
+            ("<think>", "</think>", inside), kwargs

@@ -220,9 +220,10 @@ EXPECTED_CHAT = {
     "mixtral": "<s>Be brief.\n\n[INST] Hi there [/INST]Hello!</s>[INST] And now? [/INST]",
     "deepseek_v3": "<｜begin▁of▁sentence｜>Be brief.<｜User｜>Hi there<｜Assistant｜>Hello!"
                    "<｜end▁of▁sentence｜><｜User｜>And now?<｜Assistant｜>",
-    # DeepSeek-V4's encoding in chat mode: </think> after <｜Assistant｜>.
+    # DeepSeek-V4's encoding in thinking mode (the test template's default, as vLLM's): the last
+    # turn opens the reasoning with <think>; the earlier turn's reasoning is dropped (</think>).
     "deepseek_v4": "<｜begin▁of▁sentence｜>Be brief.<｜User｜>Hi there<｜Assistant｜></think>Hello!"
-                   "<｜end▁of▁sentence｜><｜User｜>And now?<｜Assistant｜></think>",
+                   "<｜end▁of▁sentence｜><｜User｜>And now?<｜Assistant｜><think>",
 }
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
         {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "And now?"}]
@@ -465,7 +466,7 @@ def test_reasoning_and_choices_rendering_equals_json_dumps(include_usage):
     req = PreparedRequest(endpoint=Endpoint.CHAT_COMPLETIONS, model="m", prompts=[[1]],
                           engine_request=None, stops=[], stream=True, include_usage=include_usage,
                           logprobs=None, rid="chatcmpl-1", created=1764600000,
-                          reasoning=ReasoningSplit(ReasoningFormat.GLM45, True), n=3)
+                          reasoning=ReasoningSplit(ReasoningFormat.GLM45, True, False), n=3)
     outs = [OpenAIRenderer(req, None, i) for i in range(3)]
     extra = {"usage": None} if include_usage else {}
 

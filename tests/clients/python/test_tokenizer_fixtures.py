@@ -50,6 +50,10 @@ def test_fixture_is_what_it_claims(fixture):
     if template_tool_call_format(tok_config_template(d)) is not None:  # it renders tool calls
         assert {m["role"] for c in exp["chats"] for m in c["messages"]} >= {"tool", "developer"}
         assert any("tool_calls" in m for c in exp["chats"] for m in c["messages"])
+    if "thinking" in (tok_config_template(d) or ""):  # it has thinking modes (DeepSeek-V4's)
+        kwargs = [c["kwargs"] for c in exp["chats"] if "kwargs" in c]
+        assert {} in kwargs and {"thinking": False} in kwargs and {"enable_thinking": True} in kwargs
+        assert any("reasoning_content" in m for c in exp["chats"] for m in c["messages"])
 
 
 def tok_config_template(d):
@@ -101,12 +105,13 @@ def test_streamed_text_equals_transformers_decode(fixture):
 def test_chat_rendering_equals_apply_chat_template(fixture):
     _, exp, tok = fixture
     for c in exp["chats"]:
-        what = (c["name"], c["add_generation_prompt"])
+        what = (c["name"], c["add_generation_prompt"], c.get("kwargs"))
         tools = c.get("tools")  # the tool conversations (the templates that render calls)
-        assert tok.render_chat(c["messages"], c["add_generation_prompt"], tools=tools) == \
-            c["text"], what
-        assert tok.encode_chat(c["messages"], c["add_generation_prompt"], tools=tools) == \
-            c["ids"], what
+        kwargs = c.get("kwargs", {})  # the thinking modes' (the templates that read them)
+        assert tok.render_chat(c["messages"], c["add_generation_prompt"], tools=tools,
+                               **kwargs) == c["text"], what
+        assert tok.encode_chat(c["messages"], c["add_generation_prompt"], tools=tools,
+                               **kwargs) == c["ids"], what
 
 
 def test_fixture_equals_transformers_today(fixture):

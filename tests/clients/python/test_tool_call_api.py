@@ -15,6 +15,7 @@ import shutil
 import uuid
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from exl3serve.v1 import exl3serve_pb2 as pb
@@ -39,8 +40,8 @@ def tool_result_text(family, content):
     """A tool's result as the family's template renders it."""
     if family == "deepseek_v3":
         return f"<｜tool▁output▁begin｜>{content}<｜tool▁output▁end｜>"
-    if family == "deepseek_v4":
-        return f"<｜User｜><tool_result>{content}</tool_result><｜Assistant｜></think>"
+    if family == "deepseek_v4":  # thinking mode (the template's default): the answer opens <think>
+        return f"<｜User｜><tool_result>{content}</tool_result><｜Assistant｜><think>"
     return f"<tool_response>\n{content}\n</tool_response>"
 
 
@@ -186,6 +187,54 @@ def test_round_trip_streamed(fake):
     assert (content, calls, finish) == ("Sunny.", {}, "stop")
 
 
+def test_tool_results_in_the_order_of_the_calls(fake):
+    """Two calls of one assistant turn answered in the other order: DeepSeek-V4's prompt has the
+    results in the order of the calls (its encoding sorts them by call id; user text in the same
+    turn keeps its place), the other families' keep the messages' order; through /tokenize too."""
+    calls = [{"id": "call_b", "type": "function",
+              "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+             {"id": "call_a", "type": "function", "function": {"name": "now", "arguments": "{}"}}]
+    messages = ASK + [{"role": "assistant", "content": "", "tool_calls": calls},
+                      {"role": "tool", "tool_call_id": "call_a", "content": "noon"},
+                      {"role": "user", "content": "(both done)"},
+                      {"role": "tool", "tool_call_id": "call_b", "content": "rain"}]
+    fake.client.chat.completions.create(model="fake", messages=messages, tools=[WEATHER, NOW],
+                                        extra_headers=fake.replies("ok"))
+    prompt = fake.last_prompt()
+    rain, noon = prompt.index("rain"), prompt.index("noon")
+    if fake.family == "deepseek_v4":
+        assert "<｜User｜><tool_result>rain</tool_result>\n\n(both done)\n\n" \
+            "<tool_result>noon</tool_result><｜Assistant｜>" in prompt
+    else:
+        assert noon < prompt.index("(both done)") < rain
+    base = fake.url[: -len("/v1")]
+    r = httpx.post(f"{base}/tokenize", json={"model": "fake", "messages": messages,
+                                             "tools": [WEATHER, NOW]}, timeout=30)
+    assert r.status_code == 200
+    assert fake.tok.encode(prompt, add_special_tokens=False) == r.json()["tokens"]
+
+
+def test_a_result_of_an_unknown_call_is_refused(fake):
+    """A tool message whose tool_call_id names no call of the assistant message before it (or
+    with no assistant message before it) is refused 400 naming the field."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "now", "arguments": "{}"}}
+    cases = [(ASK + [{"role": "assistant", "content": "", "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": "call_1", "content": "noon"},
+                     {"role": "tool", "tool_call_id": "call_9", "content": "?"}], 3),
+             (ASK + [{"role": "tool", "tool_call_id": "call_1", "content": "noon"}], 1),
+             (ASK + [{"role": "assistant", "content": "", "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": "call_1", "content": "noon"},
+                     {"role": "assistant", "content": "It is noon."},
+                     {"role": "tool", "tool_call_id": "call_1", "content": "again"}], 4)]
+    for messages, at in cases:
+        with pytest.raises(openai.BadRequestError) as e:
+            fake.client.chat.completions.create(model="fake", messages=messages,
+                                                tools=[WEATHER, NOW])
+        err = e.value.body
+        assert err["param"] == f"messages[{at}].tool_call_id", err
+        assert f"messages[{at}].tool_call_id" in err["message"]
+
+
 def test_parallel_calls_and_not(fake):
     said = call_text(fake.family, "now", {}) + "\n" + call_text(fake.family, "get_weather",
                                                                   {"city": "Oslo"})
@@ -321,6 +370,29 @@ def test_a_template_without_tool_calls_refuses_tools(tmp_path):
         r = f.client.chat.completions.create(model="fake", messages=ASK, tools=[NOW],
                                              tool_choice="none", extra_headers=f.replies("hi"))
         assert r.choices[0].message.content == "hi"
+    finally:
+        f.fe.stop()
+        server.close()
+
+
+def test_qwen3_xml_parser_name(tmp_path):
+    """--tool-call-parser qwen3_xml (vLLM's other parser of Qwen3-Coder's calls) reads them as
+    qwen3_coder: a call without its <tool_call> wrapper and a parameter without </parameter>
+    included, streamed and not."""
+    f, server = _start(tmp_path, "qwen3_coder", extra=("--tool-call-parser", "qwen3_xml"))
+    said = ("Checking.\n<function=get_weather>\n<parameter=city>\nZürich\n<parameter=days>\n2\n"
+            "</function>")
+    try:
+        r = f.client.chat.completions.create(model="fake", messages=ASK, tools=[WEATHER],
+                                             extra_headers=f.replies(said))
+        m = r.choices[0].message
+        assert (m.content, r.choices[0].finish_reason) == ("Checking.", "tool_calls")
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in m.tool_calls] == \
+            [("get_weather", {"city": "Zürich", "days": 2})]
+        content, calls, finish, _ = _stream(f, said)
+        assert (content, finish) == ("Checking.", "tool_calls")
+        assert [(name, json.loads(args)) for _, name, args in calls.values()] == \
+            [("get_weather", {"city": "Zürich", "days": 2})]
     finally:
         f.fe.stop()
         server.close()

@@ -185,6 +185,18 @@ CASES = [
     # Cut off by max_tokens inside a parameter: the call, with the parameters that were whole.
     (DS4, dsml(("get_weather", [("city", "true", "Oslo"), ("days", "false", "2")]))[:-60], "",
      [("get_weather", {"city": "Oslo"})]),
+    # What vLLM's qwen3_xml (and qwen3_coder) parsers also read: a bare <function=…> without its
+    # <tool_call> wrapper is a call, up to </function>; a parameter without </parameter> ends
+    # before the next parameter's tag or </function> on a line of their own.
+    (CODER, "Sure.\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>"
+     "\n<function=now>\n</function> ok", "Sure.ok",
+     [("get_weather", {"city": "Oslo"}), ("now", {})]),
+    (CODER, "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n<parameter=days>\n2"
+     "\n</function>\n</tool_call>", "", [("get_weather", {"city": "Oslo", "days": 2})]),
+    (CODER, "<function=get_weather>\n<parameter=city>\nOslo\n</function>", "",
+     [("get_weather", {"city": "Oslo"})]),
+    # A bare <function= that is no head (no name and ">"): content, as it was written.
+    (CODER, "use <function=> here </function> x", "use <function=> here </function> x", []),
 ]
 
 
@@ -242,6 +254,8 @@ def test_formats_of_the_families_templates():
     # Qwen3-Coder's <function=…><parameter=…> tags inside <tool_call>: qwen3_coder.
     assert template_tool_call_format(QWEN3_CODER_TEMPLATE) is CODER
     assert tool_call_format("qwen3_coder", None) is CODER
+    # vLLM's qwen3_xml names the same format (what its parser reads, qwen3_coder reads here).
+    assert tool_call_format("qwen3_xml", None) is CODER
     # DeepSeek-V3.2's DSML block is function_calls (a template writing it is read as deepseek_v32).
     assert template_tool_call_format("{{ '<｜DSML｜function_calls>' }}") is DS32
     assert tool_call_format("deepseek_v32", None) is DS32
@@ -265,12 +279,15 @@ def test_the_templates_calls_parse_back(arch):
     calls = [{"id": "c1", "type": "function", "function": {
         "name": "get_weather", "arguments": {"city": "Zürich", "days": 2, "where": {"a": [1]}}}},
         {"id": "c2", "type": "function", "function": {"name": "now", "arguments": {}}}]
+    # DeepSeek-V4's in chat mode: the answer follows the prompt's </think> (in thinking mode it
+    # opens with the reasoning and </think>, reasoning.py's to split off).
+    mode = {"thinking": False} if arch == "DeepseekV4ForCausalLM" else {}
     before = compile_chat_template(template).render(
-        messages=[{"role": "user", "content": "q"}], add_generation_prompt=True)
+        messages=[{"role": "user", "content": "q"}], add_generation_prompt=True, **mode)
     whole = compile_chat_template(template).render(
         messages=[{"role": "user", "content": "q"},
                   {"role": "assistant", "content": "Looking.", "tool_calls": calls}],
-        add_generation_prompt=False)
+        add_generation_prompt=False, **mode)
     if arch == "DeepseekV4ForCausalLM":  # its string and non-string parameters
         assert '<｜DSML｜parameter name="city" string="true">Zürich</｜DSML｜parameter>\n' \
             '<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>' in whole

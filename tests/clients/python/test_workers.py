@@ -147,6 +147,36 @@ def test_a_signal_drains_open_stream_and_leaves_nothing(live, tmp_path, monkeypa
     fe.stop()
 
 
+@pytest.mark.parametrize("extra", [(), WORKERS], ids=["one process", "two workers"])
+def test_answers_the_drain_cannot_finish_end_with_an_error(live, tmp_path, extra):
+    """Answers still under way near the end of the drain (5 s) are ended by the front end, not
+    cut: a stream with an error event (server_shutting_down) and [DONE], a whole answer with a
+    503 in OpenAI's body; the front end then exits 0."""
+    fe, url = stack.start_frontend(live.engine, live.model, tmp_path / "logs", extra=extra)
+    long = {"model": live.name, "prompt": "drain", "max_tokens": 4000, "temperature": 0,
+            "ignore_eos": True}
+    resp = _post_stream(url, {**long, "stream": True})
+    assert resp.readline().startswith(b"data: ")
+    u = urlparse(url)
+    whole = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    whole.request("POST", "/v1/completions", json.dumps(long),
+                  {"Content-Type": "application/json"})
+    time.sleep(0.5)  # both are generating
+    t0 = time.monotonic()
+    fe.p.send_signal(signal.SIGTERM)
+    rest = resp.read().decode()  # a whole chunked response: not cut
+    events = [e[len("data: "):] for e in rest.split("\n\n") if e]
+    assert events[-1] == "[DONE]", rest[-300:]
+    assert json.loads(events[-2])["error"]["code"] == "server_shutting_down"
+    w = whole.getresponse()
+    body = json.loads(w.read())
+    assert (w.status, body["error"]["code"], body["error"]["type"]) == \
+        (503, "server_shutting_down", "service_unavailable")
+    assert 2 < time.monotonic() - t0 < 5.5  # near the drain's end, before uvicorn's cut
+    assert fe.p.wait(30) == 0
+    fe.stop()
+
+
 def test_no_worker_outlives_a_killed_parent(live, tmp_path):
     fe, _ = stack.start_frontend(live.engine, live.model, tmp_path, extra=WORKERS)
     workers = children(fe.p.pid)

@@ -32,8 +32,9 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from .access import AccessLog, ApiKeyGate, ASGIApp, header
-from .engine_call import ENGINE_CALLS, Engine, EngineCall, RequestOutcome
+from .access import AccessLog, AccessLogWriter, ApiKeyGate, ASGIApp, header
+from .engine_call import ENGINE_CALLS, Engine, EngineCall, RequestOutcome, shutting_down
+from .log_format import LogFormat
 from .metrics import FrontendMetrics, TokenClock
 from .protocol import (CLIENT_CLOSED_REQUEST, APIError, ChatCompletionRequest, CompletionRequest,
                        DetokenizeRequest, Endpoint, FinishReason, TokenizeRequest)
@@ -41,6 +42,7 @@ from .answer_text import whole_answer_text
 from .reasoning import ReasoningFormat
 from .render import OpenAIRenderer
 from .sse import SSEResponse, stream_events
+from .stats_log import StatsLog
 from .text import ModelTokenizer, StopMatcher
 from .tokenizer_process import TokenizerProcess
 from .tool_calls import tool_call_format
@@ -70,6 +72,9 @@ class FrontendConfig:
     api_key: Optional[str] = None     # the API's routes need `Authorization: Bearer KEY`
     cors: Optional[CorsConfig] = None  # None: no CORS headers
     access_log: bool = True           # a line per request (access.py)
+    log_format: str = "text"          # the log's lines: text or json (log_format.py)
+    log_stats_interval_s: Optional[float] = None  # the stats line's period (stats_log.py); None: none
+    worker: bool = False              # one of --workers' processes (the stats line names it)
     tool_call_parser: str = "auto"    # the model's tool-call format (tool_calls.py): auto from its template
     reasoning_parser: Optional[str] = None  # the reasoning split (reasoning.py); None: not split
     max_n: int = DEFAULT_MAX_N        # choices per request at most (more: 400)
@@ -191,6 +196,10 @@ class Frontend:
             if calls[0].client_gone:
                 # The client went away and the watcher cancelled the calls: nobody to answer.
                 return Response(status_code=CLIENT_CLOSED_REQUEST)
+            if any(c.shut_down for c in calls):  # the server's shutdown ended the calls
+                err = shutting_down()
+                outcome.failed(err.status)
+                raise err from None
             raise
         except grpc.aio.AioRpcError as e:
             err = self.engine.rpc_error(e)
@@ -290,7 +299,7 @@ class _App(FastAPI):
                                    allow_credentials=cfg.cors.allow_credentials,
                                    expose_headers=["X-Request-Id"])
         if cfg.access_log:
-            entry = AccessLog(entry)
+            entry = AccessLog(entry, AccessLogWriter(fmt=LogFormat(cfg.log_format)))
         self.entry = entry
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -330,7 +339,13 @@ def create_app(cfg: FrontendConfig) -> FastAPI:
             print(f"exl3serve-openai: {message}", file=sys.stderr, flush=True)
             raise SystemExit(message)
         await fe.tokenizer_process.start()
+        stats_log = None if cfg.log_stats_interval_s is None else asyncio.ensure_future(StatsLog(
+            fe.metrics.vllm.tally, fe.engine.engine_stats,
+            AccessLogWriter(fmt=LogFormat(cfg.log_format)), cfg.log_stats_interval_s,
+            cfg.worker).run())
         yield
+        if stats_log is not None:
+            stats_log.cancel()
         fe.tokenizer_process.close()
         await fe.engine.close()
 

@@ -84,6 +84,14 @@ class Engine:
         self.info: Optional[pb.DescribeModelResponse] = None
         self.up = False
         self._checked = 0.0
+        self.open_calls: set["EngineCall"] = set()  # the calls of the answers under way
+
+    def end_open_calls(self) -> None:
+        """The server's shutdown is about to cut the answers still under way: each call ends,
+        and its answer with SHUTTING_DOWN (a stream's error event and [DONE], a whole answer's
+        503) instead of a cut connection."""
+        for call in list(self.open_calls):
+            call.end_for_shutdown()
 
     async def open(self) -> None:
         self.client = AsyncGenerateClient(self.target)
@@ -118,13 +126,17 @@ class Engine:
     async def refresh_stats(self) -> None:
         """Asks the engine for its state (Generator.EngineStats) for the scrape under way: vLLM's
         engine series show its answer, or are left out when it does not answer within a second."""
-        stats = None
-        if self.client is not None:
-            try:
-                stats = await self.client.engine_stats(timeout=1.0)
-            except Exception:  # away, or an engine without EngineStats: no engine series
-                stats = None
-        self.metrics.engine_stats.update(stats, self.model_name())
+        self.metrics.engine_stats.update(await self.engine_stats(), self.model_name())
+
+    async def engine_stats(self) -> Optional[pb.EngineStatsResponse]:
+        """The engine's state (Generator.EngineStats); None where it does not answer within a
+        second."""
+        if self.client is None:
+            return None
+        try:
+            return await self.client.engine_stats(timeout=1.0)
+        except Exception:  # away, or an engine without EngineStats
+            return None
 
     async def need(self) -> None:
         """Refuses (503) while the engine is away."""
@@ -188,6 +200,12 @@ class Piece:
     cached_tokens: int = 0     # the prompt tokens the prefix cache served (last message)
 
 
+def shutting_down() -> APIError:
+    """The answer of a request that the server's shutdown ended (Engine.end_open_calls)."""
+    return APIError(503, "the server is shutting down: the request was ended before its answer "
+                    "was complete", code="server_shutting_down")
+
+
 class EngineCall:
     """One choice's call to the engine, started with start_all() (a call per choice of the
     request): the requests sent and the engine's first message of each read, so that a refusal
@@ -201,6 +219,8 @@ class EngineCall:
         self.first = first
         self.watcher = watcher
         self.vllm = vllm  # the request in vLLM's series: message() per engine message
+        self.shut_down = False  # ended by the server's shutdown (end_for_shutdown)
+        engine.open_calls.add(self)
 
     @classmethod
     async def start_all(cls, engine: Engine, req: PreparedRequest, receive: Any,
@@ -244,6 +264,13 @@ class EngineCall:
         self.watcher.cancel()
         self.call.cancel()
         self.vllm.close()
+        self.engine.open_calls.discard(self)
+
+    def end_for_shutdown(self) -> None:
+        """Cancels the call for the server's shutdown: its read raises CancelledError, which the
+        answer turns into shutting_down()."""
+        self.shut_down = True
+        self.call.cancel()
 
     async def failed(self, finish: pb.FinishReason) -> APIError:
         """The answer's error for a message that ends the request with `finish` (abort, error):

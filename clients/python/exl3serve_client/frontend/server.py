@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
 import signal
 import socket
@@ -26,10 +25,13 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import uvicorn
+from uvicorn.config import LOGGING_CONFIG
 
 
 from ..package_version import package_version
 from .access import API_KEY_ENV
+from .log_format import LOG_FORMATS, LogFormat, configure_logging
+from .stats_log import DEFAULT_LOG_STATS_INTERVAL_S
 from .app import (DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BODY_BYTES, ENGINE_CALLS, CorsConfig,
                   FrontendConfig, create_app)
 from .reasoning import REASONING_PARSERS
@@ -70,6 +72,10 @@ def _run(coro, config: uvicorn.Config) -> None:
 
 # uvicorn's graceful shutdown: on SIGTERM/SIGINT open streams get this long to finish.
 GRACEFUL_SHUTDOWN_S = 5
+# The answers still under way this long before uvicorn would cancel them (and cut their
+# connections) are ended by the front end: a stream with an error event and [DONE], a whole
+# answer with a 503 (Engine.end_open_calls).
+END_ANSWERS_BEFORE_S = 1.0
 
 
 def _workers(text: str) -> int:
@@ -84,6 +90,16 @@ def _bytes(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a number of bytes >= 1, got {text!r}")
     return n
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        s = float(text)
+    except ValueError:
+        s = 0.0
+    if not 0 < s < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return s
 
 
 def _positive(text: str) -> int:
@@ -178,8 +194,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSERS, default="auto",
                     help="the format of the model's tool calls, parsed into OpenAI's tool_calls "
                          "(vLLM's names): hermes (Qwen's <tool_call> JSON), glm45 (GLM-4.5's "
-                         "<arg_key>/<arg_value> tags), qwen3_coder (Qwen3-Coder's <function=…>"
-                         "/<parameter=…> tags), deepseek_v3 / deepseek_v31 (DeepSeek-V3's / "
+                         "<arg_key>/<arg_value> tags), qwen3_coder or qwen3_xml (Qwen3-Coder's "
+                         "<function=…>/<parameter=…> tags), deepseek_v3 / deepseek_v31 (DeepSeek-V3's / "
                          "V3.1's <｜tool▁call▁begin｜> tags), deepseek_v4 / deepseek_v32 "
                          "(DeepSeek-V4's / V3.2's DSML), or auto (default): the one the "
                          "model's chat template writes; a model whose template has none refuses tools "
@@ -188,7 +204,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="split the model's reasoning from its answer (vLLM's names): glm45 and "
                          "qwen3 (an output that opens with <think>: the text up to </think> is "
                          "the message's reasoning_content), deepseek_r1 (the output starts inside "
-                         "the reasoning, its <think> in the prompt). Default: none, the reasoning "
+                         "the reasoning, its <think> in the prompt), deepseek_v4 (DeepSeek-V4: "
+                         "deepseek_r1's rule in thinking mode, glm45's in chat mode, the mode from "
+                         "the request's chat_template_kwargs thinking / enable_thinking, thinking "
+                         "unless they are false). Default: none, the reasoning "
                          "stays in the content and include_reasoning is refused")
     ap.add_argument("--max-n", type=_positive, default=DEFAULT_MAX_N,
                     help=f"the most choices (n) one request may ask for (default {DEFAULT_MAX_N}); "
@@ -201,6 +220,16 @@ def _parser() -> argparse.ArgumentParser:
                     help="vLLM's switch for tool_choice auto, taken for vLLM's command lines: "
                          "here tool_choice auto is on wherever --tool-call-parser gives a format")
     ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    ap.add_argument("--log-stats-interval", type=_positive_seconds,
+                    default=DEFAULT_LOG_STATS_INTERVAL_S,
+                    help="seconds between the stats lines (throughput, running and waiting "
+                         "requests, KV cache usage, prefix cache hit rate, as vLLM's engine logs "
+                         f"them; default {DEFAULT_LOG_STATS_INTERVAL_S:g}); none while idle")
+    ap.add_argument("--disable-log-stats", action="store_true",
+                    help="no stats lines (vLLM's option)")
+    ap.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                    help="the log's lines (the access log's and every other): text (default) or "
+                         "json, one JSON object per line")
     # A worker's side of --workers (frontend/workers.py starts it so): not for users.
     ap.add_argument("--worker-socket-fd", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--worker-ready-fd", type=int, help=argparse.SUPPRESS)
@@ -256,12 +285,25 @@ def _serve(args: argparse.Namespace, sock: socket.socket, on_serving: Callable[[
                                         args.allowed_origins, args.allowed_methods,
                                         args.allowed_headers, args.allow_credentials),
                                     access_log=not args.disable_access_log,
+                                    log_format=args.log_format,
+                                    log_stats_interval_s=None if args.disable_log_stats
+                                    else args.log_stats_interval,
+                                    worker=args.worker_socket_fd is not None,
                                     tool_call_parser=args.tool_call_parser,
                                     reasoning_parser=args.reasoning_parser, max_n=args.max_n,
                                     enable_prompt_tokens_details=args.enable_prompt_tokens_details))
+    # With JSON lines uvicorn's loggers keep no handlers of their own: their records reach the
+    # root logger's (configure_logging).
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False,
-                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on")
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on",
+                            log_config=None if args.log_format == "json" else LOGGING_CONFIG)
     server = uvicorn.Server(config)
+
+    async def end_answers_before_the_drain_ends() -> None:
+        while not server.should_exit:  # uvicorn's signal handler sets it
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(GRACEFUL_SHUTDOWN_S - END_ANSWERS_BEFORE_S)
+        app.state.frontend.engine.end_open_calls()
 
     async def serve() -> None:
         task = asyncio.ensure_future(server.serve(sockets=[sock]))
@@ -269,7 +311,11 @@ def _serve(args: argparse.Namespace, sock: socket.socket, on_serving: Callable[[
             await asyncio.sleep(0.02)
         if server.started:
             on_serving()
-        await task
+        ending = asyncio.ensure_future(end_answers_before_the_drain_ends())
+        try:
+            await task
+        finally:
+            ending.cancel()
 
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
@@ -285,6 +331,8 @@ def _worker_argv(args: argparse.Namespace, created: int) -> WorkerArgv:
         out = [sys.executable, "-m", "exl3serve_client.frontend.server",
                "--engine", args.engine, "--model", str(args.model),
                "--request-timeout", repr(args.request_timeout), "--log-level", args.log_level,
+               "--log-format", args.log_format,
+               "--log-stats-interval", repr(args.log_stats_interval),
                "--engine-calls", args.engine_calls, "--tool-call-parser", args.tool_call_parser,
                "--max-request-body-bytes", str(args.max_request_body_bytes),
                "--allowed-methods", json.dumps(args.allowed_methods),
@@ -302,6 +350,8 @@ def _worker_argv(args: argparse.Namespace, created: int) -> WorkerArgv:
             out += ["--max-model-len", str(args.max_model_len)]
         if args.disable_access_log:
             out.append("--disable-access-log")
+        if args.disable_log_stats:
+            out.append("--disable-log-stats")
         if args.reasoning_parser is not None:
             out += ["--reasoning-parser", args.reasoning_parser]
         out += ["--max-n", str(args.max_n)]
@@ -317,7 +367,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"exl3serve-openai: {args.model}/tokenizer.json not found (a test model gets one from "
               "exl3serve-make-tokenizer --model DIR)", file=sys.stderr)
         return 2
-    logging.basicConfig(level=args.log_level.upper())
+    configure_logging(args.log_level, LogFormat(args.log_format))
     if args.worker_socket_fd is not None:  # one of a supervisor's workers
         exit_with_parent(args.worker_of)
         sock = socket.socket(fileno=args.worker_socket_fd)

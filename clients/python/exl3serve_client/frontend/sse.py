@@ -15,7 +15,7 @@ from starlette.responses import Response
 from exl3serve.v1 import exl3serve_pb2 as pb
 
 from .answer_text import AnswerTextParser
-from .engine_call import _FAILED_FINISHES, FINISH_OF, EngineCall, RequestOutcome
+from .engine_call import _FAILED_FINISHES, FINISH_OF, EngineCall, RequestOutcome, shutting_down
 from .metrics import FrontendMetrics, TokenClock
 from .protocol import APIError, FinishReason
 from .render import DONE_EVENT, OpenAIRenderer, error_event
@@ -159,6 +159,9 @@ async def _choice_events(req: PreparedRequest, call: EngineCall, out: OpenAIRend
     except asyncio.CancelledError:
         if call.client_gone:
             return  # the client went away and the watcher cancelled the call
+        if call.shut_down:  # the server's shutdown ended it: the stream ends with the error
+            state.unsent = pending
+            raise shutting_down() from None
         raise
     except grpc.aio.AioRpcError:
         if call.client_gone:

@@ -30,7 +30,7 @@ from typing import Any, Optional
 from exl3serve.v1 import exl3serve_pb2 as pb
 
 from .protocol import INT32_MAX, APIError
-from .reasoning import THINK_END, THINK_START, ReasoningFormat
+from .reasoning import THINK_END, THINK_START
 
 MAX_LOGIT_BIAS = 100.0
 
@@ -241,12 +241,12 @@ def set_constraint(sampling: pb.SamplingParams, c: Constraint) -> None:
         sampling.choice.choices.extend(c.value)
 
 
-def set_after_reasoning(sampling: pb.SamplingParams, fmt: ReasoningFormat) -> None:
-    """The constraint holds after the reasoning block the format reads (reasoning.py): free text
-    first, the constrained answer after its end tag."""
+def set_after_reasoning(sampling: pb.SamplingParams, starts_inside: bool) -> None:
+    """The constraint holds after the reasoning block (reasoning.py; `starts_inside`: the output
+    starts inside it): free text first, the constrained answer after its end tag."""
     sampling.constraint_after_reasoning.start = THINK_START
     sampling.constraint_after_reasoning.end = THINK_END
-    sampling.constraint_after_reasoning.output_starts_inside = fmt.starts_in_reasoning
+    sampling.constraint_after_reasoning.output_starts_inside = starts_inside
 
 
 def logit_bias(bias: Optional[dict[str, float]]) -> dict[int, float]:

@@ -8,7 +8,10 @@
 - qwen3_coder (Qwen3-Coder's and the later Qwen templates'): `<tool_call>\\n<function=NAME>\\n`, per
   argument `<parameter=K>\\nV\\n</parameter>\\n`, then `</function>\\n</tool_call>`; V is typed as
   glm45's values are (by the schema), and the templates' Python spellings of a non-string scalar
-  (`True`, `False`, `None`) read as JSON's.
+  (`True`, `False`, `None`) read as JSON's. As vLLM's qwen3_xml and qwen3_coder parsers read
+  them, a `<function=NAME>` without its `<tool_call>` wrapper is a call up to `</function>`, and a
+  parameter without `</parameter>` ends before the next `\n<parameter=` or `\n</function>`.
+  vLLM's name qwen3_xml is this format (TOOL_CALL_PARSER_ALIASES).
 - deepseek_v3 (DeepSeek-V3's): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
   \\n```json\\n{...}\\n```<｜tool▁call▁end｜>` (calls after the first preceded by "\\n"), then
   `<｜tool▁calls▁end｜>`.
@@ -106,6 +109,14 @@ class ToolCallFormat(enum.Enum):
         return DS_CALL_BEGIN if self.deepseek else CALL_START
 
     @property
+    def call_starts(self) -> tuple[str, ...]:
+        """What starts a call: call_start, and for qwen3_coder also a bare `<function=` (a call
+        without its <tool_call> wrapper, as vLLM's qwen3_xml and qwen3_coder parsers read it)."""
+        if self is ToolCallFormat.QWEN3_CODER:
+            return (CALL_START, QWEN_FUNCTION)
+        return (self.call_start,)
+
+    @property
     def call_end(self) -> str:
         """The end of a call (deepseek_v3's is after its code block's close)."""
         if self.dsml:
@@ -126,8 +137,12 @@ class ToolCallFormat(enum.Enum):
         return self.deepseek
 
 
+# vLLM's other names of these formats: its qwen3_xml parser reads Qwen3-Coder's calls, as
+# qwen3_coder does (a bare <function=…> and a parameter without </parameter> included).
+TOOL_CALL_PARSER_ALIASES = {"qwen3_xml": ToolCallFormat.QWEN3_CODER}
+
 # --tool-call-parser: a format, or "auto": the one the model's chat template writes.
-TOOL_CALL_PARSERS = ("auto", *(f.value for f in ToolCallFormat))
+TOOL_CALL_PARSERS = ("auto", *(f.value for f in ToolCallFormat), *TOOL_CALL_PARSER_ALIASES)
 
 
 def template_tool_call_format(template: Optional[str]) -> Optional[ToolCallFormat]:
@@ -154,7 +169,7 @@ def tool_call_format(parser: str, template: Optional[str]) -> Optional[ToolCallF
     """The format of --tool-call-parser `parser` for a model whose chat template is `template`."""
     if parser == "auto":
         return template_tool_call_format(template)
-    return ToolCallFormat(parser)
+    return TOOL_CALL_PARSER_ALIASES.get(parser) or ToolCallFormat(parser)
 
 
 @dataclass(frozen=True)
@@ -207,6 +222,8 @@ class ToolCallParser:
         self._spaces = ""        # content's trailing whitespace, held: sent before more content
         self._after_call = False  # a call ended and no content has followed yet
         self._name = ""          # the current call's function name
+        self._call_open = ""     # the current call's start tag, consumed ("" where it is not)
+        self._call_end = fmt.call_end  # what ends the current call
         self._sent_args = 0      # hermes: characters of the arguments' text sent
         self._args_open = False  # glm45, DSML: the arguments object's "{" sent
         self._keys: set[str] = set()  # glm45, DSML: the arguments' keys sent
@@ -265,19 +282,24 @@ class ToolCallParser:
         """Turns what it can of the buffer into events; True if it should be called again."""
         if self._state is _CallState.OUTSIDE:
             # The first tag: a call's start, or markup (dropped).
-            found = [(i, t) for t in (self.fmt.call_start, *self.fmt.markup)
+            found = [(i, t) for t in (*self.fmt.call_starts, *self.fmt.markup)
                      if (i := self._buf.find(t)) >= 0]
             if found:
                 i, tag = min(found)
                 self._content(self._buf[:i])
                 self._buf = self._buf[i + len(tag):]
-                if tag == self.fmt.call_start:
+                if tag == QWEN_FUNCTION:  # a bare <function=…>: the head, up to </function>
+                    self._buf = tag + self._buf
+                    self._call_open, self._call_end = "", QWEN_FUNCTION_END
+                    self._state = _CallState.NAME
+                elif tag == self.fmt.call_start:
+                    self._call_open, self._call_end = tag, self.fmt.call_end
                     self._state = _CallState.NAME
                 else:
                     self._after_call = True  # whitespace around markup is not content
                 return True
             keep = 0 if final else max(tag_prefix_length(self._buf, t)
-                                       for t in (self.fmt.call_start, *self.fmt.markup))
+                                       for t in (*self.fmt.call_starts, *self.fmt.markup))
             self._content(self._buf[:len(self._buf) - keep])
             self._buf = self._buf[len(self._buf) - keep:]
             return False
@@ -296,7 +318,7 @@ class ToolCallParser:
     def _unparsed(self, final: bool) -> bool:
         """A call that does not read as its format: at its end, JSON of a whole call (hermes, any
         key order) is still a call; anything else is content, tags and all."""
-        start_tag, end_tag = self.fmt.call_start, self.fmt.call_end
+        start_tag, end_tag = self._call_open, self._call_end
         end = self._buf.find(end_tag)
         if end < 0 and not final:
             return False
@@ -441,8 +463,12 @@ class ToolCallParser:
                                  r'string="(true|false)"[ \t]*>(.*?)' +
                                  re.escape(DSML_PARAMETER_END), re.S)
     _QWEN_HEAD = re.compile(r"\s*" + re.escape(QWEN_FUNCTION) + r"([^>\n]+)>")
-    _QWEN_PARAMETER = re.compile(re.escape(QWEN_PARAMETER) + r"([^>\n]+)>(.*?)" +
-                                 re.escape(QWEN_PARAMETER_END), re.S)
+    # A parameter ends at </parameter>, or where the model left that out, before the next
+    # parameter's or the function's closing tag on a line of its own (as vLLM's parsers read it).
+    _QWEN_PARAMETER = re.compile(re.escape(QWEN_PARAMETER) + r"([^>\n]+)>(.*?)(?:" +
+                                 re.escape(QWEN_PARAMETER_END) + r"|(?=\n" +
+                                 re.escape(QWEN_PARAMETER) + r")|(?=\n" +
+                                 re.escape(QWEN_FUNCTION_END) + r"))", re.S)
 
     def _dsml(self, final: bool) -> bool:
         def member(m: re.Match) -> tuple[str, Any]:
@@ -459,7 +485,7 @@ class ToolCallParser:
             value = m.group(2).removeprefix("\n").removesuffix("\n")
             return key, _qwen_value(self.schemas.get(self._name), key, value)
         return self._tagged_parameters(final, self._QWEN_HEAD, self._QWEN_PARAMETER,
-                                       QWEN_PARAMETER, QWEN_PARAMETER_END, CALL_END,
+                                       QWEN_PARAMETER, QWEN_PARAMETER_END, self._call_end,
                                        (QWEN_FUNCTION_END, CALL_END), member)
 
     def _tagged_parameters(self, final: bool, head: re.Pattern, parameter: re.Pattern,

@@ -89,9 +89,10 @@ class ReasoningSplit:
     """A chat answer's reasoning split from its content (reasoning.py, --reasoning-parser)."""
     fmt: ReasoningFormat
     include: bool             # include_reasoning: the reasoning is in the answer
+    starts_inside: bool       # the output starts inside the reasoning (deepseek_v4: per request)
 
     def parser(self) -> ReasoningParser:
-        return ReasoningParser(self.fmt)
+        return ReasoningParser(self.fmt, self.starts_inside)
 
 
 @dataclass
@@ -274,6 +275,35 @@ def _call_for_template(call: dict[str, Any], where: str, as_text: bool) -> dict[
     return {**call, "function": {**fn, "arguments": arguments}}
 
 
+def _checked_tool_results(chat: list[ChatMessage], sort: bool) -> list[ChatMessage]:
+    """The messages with each `tool` result checked against the calls it answers: its
+    `tool_call_id` must name a call of the assistant message before it (a 400 naming
+    messages[i].tool_call_id where it does not). With `sort` (DeepSeek-V4's encoding does it), the
+    results that one user-side turn (the tool and user messages after an assistant message) gives
+    of one assistant turn's calls take their places in the order of the calls, whatever order the
+    client sent them in; the turn's user messages keep theirs."""
+    out = list(chat)
+    calls: dict[str, int] = {}  # the last assistant message's call ids -> their order
+    turn: list[int] = []        # the positions of the current user-side turn's id'd results
+    for i, m in enumerate(chat + [ChatMessage(role="assistant")]):  # a sentinel ends the last turn
+        if m.role == "tool" and m.tool_call_id is not None:
+            if m.tool_call_id not in calls:
+                raise APIError(400, f"messages[{i}].tool_call_id {m.tool_call_id!r} names no tool "
+                               "call of the assistant message before it",
+                               param=f"messages[{i}].tool_call_id")
+            turn.append(i)
+        elif m.role not in ("tool", "user"):
+            if sort and len(turn) > 1:
+                ordered = sorted((chat[k] for k in turn), key=lambda t: calls[t.tool_call_id or ""])
+                for k, t in zip(turn, ordered):
+                    out[k] = t
+            turn = []
+            if m.role == "assistant":
+                calls = {c["id"]: n for n, c in enumerate(m.tool_calls or [])
+                         if isinstance(c, dict) and isinstance(c.get("id"), str)}
+    return out
+
+
 class RequestValidator:
     """Makes PreparedRequests of the generation endpoints' bodies, and renders chat messages.
     `model_name` and `max_context` are asked per request: both follow what the engine said."""
@@ -366,7 +396,8 @@ class RequestValidator:
                                "(exl3serve-openai --reasoning-parser names a format)",
                                param="include_reasoning")
             return None
-        return ReasoningSplit(self.reasoning_format, body.include_reasoning is not False)
+        return ReasoningSplit(self.reasoning_format, body.include_reasoning is not False,
+                              self.reasoning_format.starts_in_reasoning(body.chat_template_kwargs))
 
     def _tool_use(self, body: ChatCompletionRequest) -> Optional[ToolUse]:
         """The request's tools checked; how its answer is parsed for their calls (None: it is not,
@@ -422,6 +453,9 @@ class RequestValidator:
         """The messages rendered with the model's chat template (with the request's tools, where
         it has any: the template's `tools`, as transformers passes them)."""
         messages = []
+        # DeepSeek-V4's encoding sorts tool results by their calls; its template (the test
+        # models') keeps the messages' order, so the front end sorts them.
+        chat = _checked_tool_results(chat, self.tool_format is ToolCallFormat.DEEPSEEK_V4)
         for i, m in enumerate(chat):
             msg = m.model_dump(exclude_none=True)
             if m.tool_calls:
@@ -550,7 +584,7 @@ class RequestValidator:
         if constraint is not None:
             set_constraint(req.sampling, constraint)
             if reasoning is not None:  # the model thinks freely first
-                set_after_reasoning(req.sampling, reasoning.fmt)
+                set_after_reasoning(req.sampling, reasoning.starts_inside)
         for token, bias in logit_bias(body.logit_bias).items():
             req.sampling.logit_bias[token] = bias
         if wanted:

@@ -24,6 +24,7 @@ Two sources:
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -58,6 +59,14 @@ def one_two_five_buckets(max_value: int) -> tuple[int, ...]:
                 return tuple(out)
             out.append(m * scale)
         scale *= 10
+
+
+@dataclass
+class TokenTally:
+    """Tokens this process handed through, for the stats line (stats_log.py): prompts (each once
+    its request's first token came) and generated tokens."""
+    prompt: int = 0
+    generation: int = 0
 
 
 class VllmSeries:
@@ -139,6 +148,7 @@ class VllmMetrics:
         self._pending_histogram = pending_histogram
         self._pending_count = pending_count
         self._series: dict[str, VllmSeries] = {}
+        self.tally = TokenTally()
 
     def series(self, model_name: str) -> VllmSeries:
         s = self._series.get(model_name)
@@ -151,7 +161,7 @@ class VllmMetrics:
                 n: Optional[int]) -> "VllmRequest":
         """`n`: the prompt's `n` where this is its first choice (vllm:request_params_n counts it
         once), else None."""
-        return VllmRequest(self.series(model_name), started, request, n)
+        return VllmRequest(self.series(model_name), started, request, n, self.tally)
 
 
 class VllmRequest:
@@ -161,8 +171,9 @@ class VllmRequest:
     abort). Counted once."""
 
     def __init__(self, series: VllmSeries, started: float, request: pb.GenerateRequest,
-                 n: Optional[int]) -> None:
+                 n: Optional[int], tally: Optional[TokenTally] = None) -> None:
         self.s = series
+        self.tally = tally if tally is not None else TokenTally()
         self.started = started
         self.prompt_len = len(request.prompt_token_ids)
         self.max_tokens = request.max_tokens
@@ -179,10 +190,12 @@ class VllmRequest:
             now = time.monotonic()
             if self.last is None:
                 self.s.ttft.observe(now - self.started)
+                self.tally.prompt += self.prompt_len
             else:
                 self.s.itl.observe(now - self.last)
             self.last = now
             self.generated += k
+            self.tally.generation += k
             self.s.generation_tokens.inc(k)
         if resp.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
             self._finish("stop" if stopped else
