@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/config/read_model_config.h"
+#include "engine/cuda/load_cuda_mixers.h"
+#include "engine/cuda/load_residual_stream.h"
 #include "kernels/cuda/cuda_status.h"
 #include "engine/config/qwen4exp_config.h"
 #include "model/exl3_model.h"
@@ -91,7 +93,7 @@ absl::Status CudaModel::Load(const std::string& dir, const CudaModelOptions& opt
     weight_bytes_.attention += mixer->weight_bytes();
     weight_bytes_.attention_decoded.Add(mixer->linears());
   }
-  EXL3_ASSIGN_OR_RETURN(residual_, ResidualStream::Load(cfg_, *src, device_->linear()));
+  EXL3_ASSIGN_OR_RETURN(residual_, LoadResidualStream(cfg_, *src, device_->linear()));
   EXL3_RETURN_IF_ERROR(residual_->BindRecurrentStates(mixers_.recurrent_states()));
   // The routers (the gate runs on this GPU either way) and, in process, every routed and shared
   // expert. Remote experts get each micro-batch's top-k with its hidden states.
