@@ -11,6 +11,7 @@
 #include "engine/cuda/load_residual_stream.h"
 #include "kernels/cuda/cuda_status.h"
 #include "engine/config/qwen4exp_config.h"
+#include "model/config/config_file.h"
 #include "model/exl3_model.h"
 #include "model/moe_config.h"
 #include "model/safetensors.h"
@@ -51,17 +52,19 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Open(const std::string& di
                                                            std::unique_ptr<MoeExecutor> remote_moe) {
   if (exl3::cuda::DeviceCount() == 0)
     return absl::FailedPreconditionError("the CUDA engine needs a GPU and none is visible");
-  EXL3_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(dir));
+  // config.json read once: the model's configuration, the experts and their fingerprint.
+  EXL3_ASSIGN_OR_RETURN(const ConfigFile file, ConfigFile::Read(dir + "/config.json"));
+  EXL3_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(file, dir));
   EXL3_RETURN_IF_ERROR(CheckSupported(cfg, options));
   std::unique_ptr<CudaModel> m(new CudaModel(std::move(cfg)));
-  EXL3_RETURN_IF_ERROR(m->Load(dir, options, std::move(remote_moe)));
+  EXL3_RETURN_IF_ERROR(m->Load(dir, file, options, std::move(remote_moe)));
   m->info_ = ModelInfoFor(m->cfg_, dir, options.served_name);
   m->info_.kv_bytes_per_token = 0;
   for (const auto& kind : m->mixers_.kinds) m->info_.kv_bytes_per_token += kind->KvBytesPerToken();
   return m;
 }
 
-absl::Status CudaModel::Load(const std::string& dir, const CudaModelOptions& options,
+absl::Status CudaModel::Load(const std::string& dir, const ConfigFile& file, const CudaModelOptions& options,
                              std::unique_ptr<MoeExecutor> remote_moe) {
   EXL3_ASSIGN_OR_RETURN(device_, DeviceContext::Create());
   const StreamHandle stream = device_->stream();
@@ -101,7 +104,7 @@ absl::Status CudaModel::Load(const std::string& dir, const CudaModelOptions& opt
   if (cfg_.moe.num_experts > 0) {
     Exl3ModelOptions opt;
     opt.require_exl3 = false;
-    EXL3_ASSIGN_OR_RETURN(experts, Exl3Model::Open(dir, opt));
+    EXL3_ASSIGN_OR_RETURN(experts, Exl3Model::Open(dir, file, opt));
     EXL3_ASSIGN_OR_RETURN(moe_, CudaMoe::Create(cfg_, std::move(remote_moe),
                                                 CudaMoe::Options{options.max_moe_tokens, options.micro_batches},
                                                 device_->linear()));

@@ -45,6 +45,7 @@
 #include "engine/config/model_config.h"
 #include "engine/core/model_runner.h"
 #include "engine/core/moe_executor.h"
+#include "model/config/config_file.h"
 
 namespace exl3::engine::cuda {
 
@@ -133,7 +134,9 @@ class CudaModel final : public ModelRunner {
   };
 
   explicit CudaModel(ModelConfig cfg) : cfg_(std::move(cfg)) {}
-  absl::Status Load(const std::string& dir, const CudaModelOptions& options, std::unique_ptr<MoeExecutor> remote_moe);
+  // `file`: dir's config.json as Open read it.
+  absl::Status Load(const std::string& dir, const ConfigFile& file, const CudaModelOptions& options,
+                    std::unique_ptr<MoeExecutor> remote_moe);
   // Grows every step buffer for `rows` rows, `logit_rows` head rows and `splits` attention splits
   // (dropping the decode graphs when an address changes).
   absl::Status Reserve(int rows, int logit_rows, int splits);
