@@ -5,7 +5,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/fp16.h"
-#include "model/exl3_padded_linear.h"
 
 namespace exl3 {
 namespace {
@@ -78,6 +77,8 @@ absl::Status LoadScale(const TensorSource& src, const std::string& prefix, const
 }
 
 }  // namespace
+
+int Exl3PaddedWidth(int width) { return (width + 127) / 128 * 128; }
 
 bool HasExl3Linear(const TensorSource& src, const std::string& prefix) {
   return src.Has(prefix + ".trellis");

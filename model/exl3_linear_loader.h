@@ -39,6 +39,9 @@ struct Exl3Linear {
   Exl3Linear& operator=(const Exl3Linear&) = delete;
 };
 
+// The width exllamav3 stores a layer dimension of `width` at: the next multiple of 128.
+int Exl3PaddedWidth(int width);
+
 // True when `prefix`.trellis exists.
 bool HasExl3Linear(const TensorSource& src, const std::string& prefix);
 

@@ -1,12 +1,12 @@
 #include "model/exl3_model.h"
 
+#include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "model/config/config_file.h"
 #include "model/config/read_moe_config.h"
 #include "model/weight_digest.h"
 
@@ -52,29 +52,31 @@ absl::StatusOr<std::vector<float>> LoadFloat(const TensorSource& src, const std:
   return f;
 }
 
+absl::Status CheckModelDirectory(const std::string& dir) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    return absl::NotFoundError(absl::StrCat("model directory ", dir, " does not exist"));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Exl3Model>> Exl3Model::Open(const std::string& dir,
                                                            const Exl3ModelOptions& options) {
-  namespace fs = std::filesystem;
+  EXL3_RETURN_IF_ERROR(CheckModelDirectory(dir));
+  EXL3_ASSIGN_OR_RETURN(const ConfigFile config, ConfigFile::Read(dir));
+  return Open(dir, config, options);
+}
+
+absl::StatusOr<std::unique_ptr<Exl3Model>> Exl3Model::Open(const std::string& dir, const ConfigFile& config,
+                                                           const Exl3ModelOptions& options) {
+  EXL3_RETURN_IF_ERROR(CheckModelDirectory(dir));
   std::unique_ptr<Exl3Model> m(new Exl3Model());
   m->dir_ = dir;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
-    return absl::NotFoundError(absl::StrCat("model directory ", dir, " does not exist"));
-  }
-  const std::string cfg_path = (fs::path(dir) / "config.json").string();
-  std::ifstream in(cfg_path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", cfg_path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string cfg_text = ss.str();
-  absl::StatusOr<MoeConfig> cfg = ParseMoeConfig(cfg_text, cfg_path);
-  if (!cfg.ok()) return cfg.status();
-  m->config_ = *cfg;
+  EXL3_ASSIGN_OR_RETURN(m->config_, ReadMoeConfig(config));
   if (options.require_exl3) {
     absl::Status s = RequireExl3(m->config_);
-    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(cfg_path, ": ", s.message()));
+    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(config.source(), ": ", s.message()));
   }
   absl::StatusOr<std::unique_ptr<TensorSource>> src = TensorSource::Open(dir, options.residency);
   if (!src.ok()) return src.status();
@@ -88,8 +90,8 @@ absl::StatusOr<std::unique_ptr<Exl3Model>> Exl3Model::Open(const std::string& di
   const std::vector<std::string> names = m->src_->Names();
   EXL3_ASSIGN_OR_RETURN(std::optional<WeightDigests> digests, ReadWeightDigests(dir, names));
   Fnv a{0xcbf29ce484222325ull}, b{0x84222325cbf29ce4ull};
-  a.Add(cfg_text);
-  b.Add(cfg_text);
+  a.Add(config.bytes());
+  b.Add(config.bytes());
   for (const std::string& name : names) {
     absl::StatusOr<const TensorInfo*> info = m->src_->Info(name);
     if (!info.ok()) return info.status();

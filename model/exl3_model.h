@@ -5,6 +5,8 @@
 //   Exl3ModelOptions opt;
 //   opt.experts = {{3, {0, 1, 2}}, {4, {0, 1, 2}}};   // or leave unset: every expert of every layer
 //   absl::StatusOr<std::unique_ptr<Exl3Model>> m = Exl3Model::Open("/models/glm-exl3", opt);
+//   // or, where the process has read config.json already (model/config/config_file.h):
+//   m = Exl3Model::Open("/models/glm-exl3", config_file, opt);
 //   absl::StatusOr<MoeLayerView> layer = (*m)->LayerView(3);
 //   MoeForwardReference(*layer, x, assignments, /*include_shared=*/true, y);
 //   (*m)->fingerprint();   // for Describe: config + tensor names/shapes/dtypes (+ content digests)
@@ -35,6 +37,8 @@
 
 namespace exl3 {
 
+class ConfigFile;  // model/config/config_file.h
+
 struct Exl3ModelOptions {
   // Routed experts to hold, by layer. Unset: every expert of every MoE layer. Set: exactly these
   // (layers absent from the map hold none); a non-MoE layer or an expert id out of range is an error.
@@ -48,7 +52,12 @@ struct Exl3ModelOptions {
 
 class Exl3Model {
  public:
+  // Reads DIR/config.json (ConfigFile::Read) and opens the model.
   static absl::StatusOr<std::unique_ptr<Exl3Model>> Open(const std::string& dir,
+                                                         const Exl3ModelOptions& options = {});
+  // `config`: DIR's config.json as the caller read it (ConfigFile::Read(dir)); the file is not read
+  // again and the fingerprint covers config.bytes().
+  static absl::StatusOr<std::unique_ptr<Exl3Model>> Open(const std::string& dir, const ConfigFile& config,
                                                          const Exl3ModelOptions& options = {});
 
   const std::string& dir() const { return dir_; }

@@ -6,11 +6,8 @@
 #include "base/status_macros.h"
 #include "kernels/exl3_linear.h"
 #include "kernels/fp16.h"
-#include "model/exl3_linear_loader.h"
 
 namespace exl3 {
-
-int Exl3PaddedWidth(int width) { return (width + 127) / 128 * 128; }
 
 absl::StatusOr<bool> IsPaddedExl3Linear(const TensorSource& src, const std::string& prefix, int in,
                                         int out) {

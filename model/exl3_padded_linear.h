@@ -18,12 +18,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/exl3_linear_loader.h"  // Exl3PaddedWidth
 #include "model/safetensors.h"
 
 namespace exl3 {
-
-// The width exllamav3 stores a layer dimension of `width` at: the next multiple of 128.
-int Exl3PaddedWidth(int width);
 
 // True when `prefix`.trellis holds the in x out layer stored padded: its stored widths are
 // Exl3PaddedWidth(in) x Exl3PaddedWidth(out) and at least one of them differs from the config's.

@@ -5,7 +5,7 @@
 // directory agree on it and a directory with other weights differs, without any process reading
 // tensors it does not load.
 //
-//   EXL3_RETURN_IF_ERROR(WriteWeightDigests(dir));               // after the shards are complete
+//   EXL3_RETURN_IF_ERROR(WriteWeightDigests(dir));  // model/write_weight_digests.h, after the shards
 //   EXL3_ASSIGN_OR_RETURN(std::optional<WeightDigests> d, ReadWeightDigests(dir, names));
 //
 // weights.digest.json: {"algorithm": "exl3-wd1", "tensors": {"<name>": "<16 hex digits>", ...}}.
@@ -32,10 +32,6 @@ using WeightDigests = std::map<std::string, std::string, std::less<>>;  // tenso
 
 // 16 hex digits.
 std::string DigestBytes(const uint8_t* data, size_t n);
-
-// Hashes every tensor of the model directory `dir` and writes its weights.digest.json
-// (atomically: a temporary file, then rename).
-absl::Status WriteWeightDigests(const std::string& dir);
 
 // The digests recorded in `dir`, or nullopt when the directory has no weights.digest.json (a model
 // written before digests were recorded). Error when the file does not parse, names another

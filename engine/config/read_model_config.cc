@@ -98,20 +98,19 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json, std::
   return ReadModelConfig(file, generation_config_json);
 }
 
-absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {
-  auto read = [](const std::string& path, std::string* out) {
-    std::ifstream f(path);
-    if (!f) return false;
+absl::StatusOr<ModelConfig> LoadModelConfig(const ConfigFile& file, const std::string& dir) {
+  std::string generation;
+  if (std::ifstream f(dir + "/generation_config.json"); f) {
     std::stringstream ss;
     ss << f.rdbuf();
-    *out = ss.str();
-    return true;
-  };
-  std::string config, generation;
-  const std::string path = dir + "/config.json";
-  if (!read(path, &config)) return absl::NotFoundError(absl::StrCat(path, ": cannot be read"));
-  read(dir + "/generation_config.json", &generation);
-  return ParseModelConfig(config, path, generation);
+    generation = ss.str();
+  }
+  return ReadModelConfig(file, generation);
+}
+
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {
+  EXL3_ASSIGN_OR_RETURN(const ConfigFile file, ConfigFile::Read(dir + "/config.json"));
+  return LoadModelConfig(file, dir);
 }
 
 }  // namespace exl3::engine

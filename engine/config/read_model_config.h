@@ -34,5 +34,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json, std::
                                              std::string_view generation_config_json = {});
 // Reads DIR/config.json (and DIR/generation_config.json when present).
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir);
+// `file`: DIR/config.json as the caller read it (ConfigFile::Read(dir)), not read again; with
+// DIR/generation_config.json when present. The engines read config.json once this way and hand the
+// same ConfigFile to Exl3Model::Open (model/exl3_model.h) for the experts and the fingerprint.
+absl::StatusOr<ModelConfig> LoadModelConfig(const ConfigFile& file, const std::string& dir);
 
 }  // namespace exl3::engine

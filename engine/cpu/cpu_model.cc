@@ -55,7 +55,10 @@ absl::Status CheckEmbedding(const TensorView& t, int vocab, int hidden) {
 absl::StatusOr<std::unique_ptr<CpuModel>> CpuModel::Open(const std::string& dir,
                                                          const CpuModelOptions& options,
                                                          std::unique_ptr<MoeExecutor> moe) {
-  EXL3_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(dir));
+  // config.json read once: the model's configuration, and the experts' (and their fingerprint) when
+  // they run here.
+  EXL3_ASSIGN_OR_RETURN(const ConfigFile file, ConfigFile::Read(dir + "/config.json"));
+  EXL3_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(file, dir));
   if (options.micro_batches < 1 || options.micro_batches > 2)
     return absl::InvalidArgumentError("micro_batches must be 1 or 2");
   std::unique_ptr<CpuModel> m(new CpuModel(std::move(cfg), options.num_threads));
@@ -63,7 +66,7 @@ absl::StatusOr<std::unique_ptr<CpuModel>> CpuModel::Open(const std::string& dir,
   EXL3_ASSIGN_OR_RETURN(m->src_, TensorSource::Open(dir, options.residency));
   EXL3_RETURN_IF_ERROR(m->LoadWeights(*m->src_));
   if (moe == nullptr) {
-    EXL3_ASSIGN_OR_RETURN(std::unique_ptr<LocalMoe> local, LocalMoe::Open(dir, m->compute_, options.residency));
+    EXL3_ASSIGN_OR_RETURN(std::unique_ptr<LocalMoe> local, LocalMoe::Open(dir, file, m->compute_, options.residency));
     moe = std::move(local);
   }
   m->moe_ = std::move(moe);

@@ -9,12 +9,26 @@
 
 namespace exl3::engine {
 
-absl::StatusOr<std::unique_ptr<LocalMoe>> LocalMoe::Open(const std::string& dir, CpuCompute& compute,
-                                                         TensorResidency residency) {
+namespace {
+
+Exl3ModelOptions ExpertOptions(TensorResidency residency) {
   Exl3ModelOptions opt;
   opt.residency = residency;
   opt.require_exl3 = false;  // experts may be EXL3 in an otherwise unquantized checkpoint's layout
-  EXL3_ASSIGN_OR_RETURN(std::unique_ptr<Exl3Model> m, Exl3Model::Open(dir, opt));
+  return opt;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LocalMoe>> LocalMoe::Open(const std::string& dir, CpuCompute& compute,
+                                                         TensorResidency residency) {
+  EXL3_ASSIGN_OR_RETURN(std::unique_ptr<Exl3Model> m, Exl3Model::Open(dir, ExpertOptions(residency)));
+  return std::unique_ptr<LocalMoe>(new LocalMoe(std::move(m), compute));
+}
+
+absl::StatusOr<std::unique_ptr<LocalMoe>> LocalMoe::Open(const std::string& dir, const ConfigFile& config,
+                                                         CpuCompute& compute, TensorResidency residency) {
+  EXL3_ASSIGN_OR_RETURN(std::unique_ptr<Exl3Model> m, Exl3Model::Open(dir, config, ExpertOptions(residency)));
   return std::unique_ptr<LocalMoe>(new LocalMoe(std::move(m), compute));
 }
 

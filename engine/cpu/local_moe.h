@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "engine/cpu/cpu_compute.h"
 #include "engine/core/moe_executor.h"
+#include "model/config/config_file.h"
 #include "model/exl3_model.h"
 
 namespace exl3::engine {
@@ -17,6 +18,10 @@ class LocalMoe final : public MoeExecutor {
   // Loads every routed and shared expert of `dir`. `compute` must outlive this.
   static absl::StatusOr<std::unique_ptr<LocalMoe>> Open(
       const std::string& dir, CpuCompute& compute,
+      TensorResidency residency = TensorResidency::kMapped);
+  // `config`: dir's config.json as the caller read it (ConfigFile::Read(dir)), not read again.
+  static absl::StatusOr<std::unique_ptr<LocalMoe>> Open(
+      const std::string& dir, const ConfigFile& config, CpuCompute& compute,
       TensorResidency residency = TensorResidency::kMapped);
   absl::Status Forward(int layer, const float* x, int num_tokens, const int32_t* token_ids,
                        float* y) override;

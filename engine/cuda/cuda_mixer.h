@@ -13,8 +13,8 @@
 //   mixer.Forward(step, x, first, n, out)    per layer, for rows [first, first + n)
 //   EndStep(batch)                           after the step's synchronisation, if it succeeded
 //
-// LoadCudaMixers is the factory (as engine/cpu/attention/attention.cc's LoadAttention is the CPU engine's): a new
-// kind is one mixer file pair and one line there.
+// LoadCudaMixers (engine/cuda/load_cuda_mixers.h) is the factory, as engine/cpu/attention/load_attention.h's
+// LoadAttention is the CPU engine's: a new kind is one mixer file pair and one line there.
 #pragma once
 
 #include <cstdint>
@@ -101,22 +101,5 @@ struct CudaMixers {
   // The recurrent kind's states (at most one recurrent kind per model), or null.
   const RecurrentLayerStates* recurrent_states() const;
 };
-
-// The mixers of every layer of the model in `src`, on the device of `linear`. UNIMPLEMENTED, naming
-// the layer and its kind, when a layer's kind has no GPU mixer (checked before anything is loaded).
-absl::StatusOr<CudaMixers> LoadCudaMixers(const ModelConfig& cfg, const TensorSource& src,
-                                          const CudaLinearContext& linear);
-
-// One layer's mixer in a kind of its own, apart from the model's kinds: the MTP layer of speculative
-// method mtp (engine/cuda/cuda_mtp_head.h, cuda_qwen4exp_mtp_head.h), whose cache and workspace are
-// its own. `cfg` (the model's with that layer counted, engine/cpu/mtp/mtp_drafter.h WithMtpLayer)
-// must outlive it. `prefix` empty: the layer's tensors under the model's layer prefix; else under
-// `prefix` (CudaMixerKind::LoadLayerUnder).
-struct CudaLayerMixer {
-  std::unique_ptr<CudaMixerKind> kind;
-  std::unique_ptr<CudaMixer> mixer;  // kind's layer `layer`
-};
-absl::StatusOr<CudaLayerMixer> LoadCudaLayerMixer(const ModelConfig& cfg, const TensorSource& src, int layer,
-                                                  const CudaLinearContext& linear, const std::string& prefix = "");
 
 }  // namespace exl3::engine::cuda

@@ -7,9 +7,11 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/config/read_model_config.h"
-#include "engine/cuda/load_cuda_mtp_drafter.h"
+#include "engine/cuda/load_cuda_mixers.h"
+#include "engine/cuda/load_residual_stream.h"
 #include "kernels/cuda/cuda_status.h"
 #include "engine/config/qwen4exp_config.h"
+#include "model/config/config_file.h"
 #include "model/exl3_model.h"
 #include "model/moe_config.h"
 #include "model/safetensors.h"
@@ -50,17 +52,19 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Open(const std::string& di
                                                            std::unique_ptr<MoeExecutor> remote_moe) {
   if (exl3::cuda::DeviceCount() == 0)
     return absl::FailedPreconditionError("the CUDA engine needs a GPU and none is visible");
-  EXL3_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(dir));
+  // config.json read once: the model's configuration, the experts and their fingerprint.
+  EXL3_ASSIGN_OR_RETURN(const ConfigFile file, ConfigFile::Read(dir + "/config.json"));
+  EXL3_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(file, dir));
   EXL3_RETURN_IF_ERROR(CheckSupported(cfg, options));
-  std::unique_ptr<CudaModel> m(new CudaModel(std::move(cfg), dir, options));
-  EXL3_RETURN_IF_ERROR(m->Load(dir, options, std::move(remote_moe)));
+  std::unique_ptr<CudaModel> m(new CudaModel(std::move(cfg)));
+  EXL3_RETURN_IF_ERROR(m->Load(dir, file, options, std::move(remote_moe)));
   m->info_ = ModelInfoFor(m->cfg_, dir, options.served_name);
   m->info_.kv_bytes_per_token = 0;
   for (const auto& kind : m->mixers_.kinds) m->info_.kv_bytes_per_token += kind->KvBytesPerToken();
   return m;
 }
 
-absl::Status CudaModel::Load(const std::string& dir, const CudaModelOptions& options,
+absl::Status CudaModel::Load(const std::string& dir, const ConfigFile& file, const CudaModelOptions& options,
                              std::unique_ptr<MoeExecutor> remote_moe) {
   EXL3_ASSIGN_OR_RETURN(device_, DeviceContext::Create());
   const StreamHandle stream = device_->stream();
@@ -73,14 +77,14 @@ absl::Status CudaModel::Load(const std::string& dir, const CudaModelOptions& opt
   if (emb.info->shape != std::vector<int64_t>{cfg_.vocab_size, H})
     return absl::InvalidArgumentError(absl::StrCat(emb.info->name, ": expected shape [", cfg_.vocab_size, ", ", H, "]"));
   switch (emb.info->dtype) {
-    case DType::kF32: embedding_dtype_ = EmbeddingDType::kF32; break;
-    case DType::kF16: embedding_dtype_ = EmbeddingDType::kF16; break;
-    case DType::kBF16: embedding_dtype_ = EmbeddingDType::kBF16; break;
+    case DType::kF32: embedding_.dtype = EmbeddingDType::kF32; break;
+    case DType::kF16: embedding_.dtype = EmbeddingDType::kF16; break;
+    case DType::kBF16: embedding_.dtype = EmbeddingDType::kBF16; break;
     default:
       return absl::InvalidArgumentError(absl::StrCat(emb.info->name, ": embeddings of dtype ",
                                                      std::string(DTypeName(emb.info->dtype)), " are not supported"));
   }
-  EXL3_RETURN_IF_ERROR(embedding_.Upload(emb.data, emb.size_bytes()));
+  EXL3_RETURN_IF_ERROR(embedding_.table.Upload(emb.data, emb.size_bytes()));
   weight_bytes_.embedding_row = static_cast<int64_t>(emb.size_bytes() / cfg_.vocab_size);
 
   EXL3_ASSIGN_OR_RETURN(mixers_, LoadCudaMixers(cfg_, *src, device_->linear()));
@@ -92,7 +96,7 @@ absl::Status CudaModel::Load(const std::string& dir, const CudaModelOptions& opt
     weight_bytes_.attention += mixer->weight_bytes();
     weight_bytes_.attention_decoded.Add(mixer->linears());
   }
-  EXL3_ASSIGN_OR_RETURN(residual_, ResidualStream::Load(cfg_, *src, device_->linear()));
+  EXL3_ASSIGN_OR_RETURN(residual_, LoadResidualStream(cfg_, *src, device_->linear()));
   EXL3_RETURN_IF_ERROR(residual_->BindRecurrentStates(mixers_.recurrent_states()));
   // The routers (the gate runs on this GPU either way) and, in process, every routed and shared
   // expert. Remote experts get each micro-batch's top-k with its hidden states.
@@ -100,7 +104,7 @@ absl::Status CudaModel::Load(const std::string& dir, const CudaModelOptions& opt
   if (cfg_.moe.num_experts > 0) {
     Exl3ModelOptions opt;
     opt.require_exl3 = false;
-    EXL3_ASSIGN_OR_RETURN(experts, Exl3Model::Open(dir, opt));
+    EXL3_ASSIGN_OR_RETURN(experts, Exl3Model::Open(dir, file, opt));
     EXL3_ASSIGN_OR_RETURN(moe_, CudaMoe::Create(cfg_, std::move(remote_moe),
                                                 CudaMoe::Options{options.max_moe_tokens, options.micro_batches},
                                                 device_->linear()));
@@ -140,6 +144,9 @@ absl::Status CudaModel::Load(const std::string& dir, const CudaModelOptions& opt
     residual_->SetFiniteCheck(finite_check_.get());
   }
   if (options.device_sampling) sampler_ = std::make_unique<DeviceSampler>(cfg_.vocab_size);
+  const CudaMtpModelParts parts{device_->linear(), device_->sm_count(), options.tensor_core_prefill,
+                                options.max_moe_tokens, embedding_.table.get(), embedding_.dtype, &head_};
+  mtp_ = std::make_unique<CudaMtpDrafting>(cfg_, dir, parts, device_.get());
   // The uploads ran on the legacy stream, which the engine's non-blocking stream does not wait for.
   EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return absl::OkStatus();
@@ -152,7 +159,7 @@ absl::Status CudaModel::AllocateKvCache(const KvCacheShape& shape) {
   graphs_->Drop();
   cache_shape_.reset();
   for (const auto& kind : mixers_.kinds) EXL3_RETURN_IF_ERROR(kind->AllocateCache(shape, device_->stream()));
-  if (mtp_ != nullptr) EXL3_RETURN_IF_ERROR(mtp_->AllocateCache(shape, device_->stream()));  // one more layer
+  EXL3_RETURN_IF_ERROR(mtp_->AllocateCache(shape, device_->stream()));  // one more layer, if drafting
   facts_->SetCache(shape);
   cache_shape_ = shape;
   return absl::OkStatus();
@@ -201,7 +208,7 @@ absl::Status CudaModel::RunLayers(const CudaStep& step, const std::vector<MicroB
                                   const int32_t* host_token_ids, bool keep_states) {
   float* x = act_.x.get();
   float* d = act_.d.get();
-  EXL3_RETURN_IF_ERROR(residual_->Embed(embedding_.get(), embedding_dtype_, step.ids, step.rows, x));
+  EXL3_RETURN_IF_ERROR(residual_->Embed(embedding_.table.get(), embedding_.dtype, step.ids, step.rows, x));
   EXL3_RETURN_IF_ERROR(timer_->Mark(Phase::kEmbed));
   // Ping-pong with remote experts (as the CPU model runs it): micro-batch m waits for its own
   // previous MoE layer only, queues its attention and sends its hidden states out once that
@@ -241,12 +248,12 @@ absl::Status CudaModel::RunLayers(const CudaStep& step, const std::vector<MicroB
   if (keep_states && mtp_->input() == MtpInput::kHeadInput) {
     // Every row's head input kept (the same launches per row as the logit rows' alone), the logit
     // rows' gathered from them.
-    EXL3_RETURN_IF_ERROR(residual_->HeadInput(step.rows, d, all_rows_.get(), step.rows, kept_.rows.get()));
+    EXL3_RETURN_IF_ERROR(residual_->HeadInput(step.rows, d, mtp_->all_rows(), step.rows, mtp_->kept_rows()));
     EXL3_RETURN_IF_ERROR(
-        GatherRows(kept_.rows.get(), step.logit_rows, R, cfg_.hidden_size, act_.head_in.get(), device_->stream()));
+        GatherRows(mtp_->kept_rows(), step.logit_rows, R, cfg_.hidden_size, act_.head_in.get(), device_->stream()));
   } else {
     // Qwen4-Exp's drafter reads the streams before the head collapses them.
-    if (keep_states) EXL3_RETURN_IF_ERROR(residual_->CopyStreams(step.rows, kept_.rows.get()));
+    if (keep_states) EXL3_RETURN_IF_ERROR(residual_->CopyStreams(step.rows, mtp_->kept_rows()));
     EXL3_RETURN_IF_ERROR(residual_->HeadInput(step.rows, d, step.logit_rows, R, act_.head_in.get()));
   }
   EXL3_RETURN_IF_ERROR(CheckFinite(act_.head_in.get(), 0, R, cfg_.hidden_size, "head input", cfg_.num_layers - 1));
@@ -352,8 +359,8 @@ absl::Status CudaModel::ForwardSampled(const StepBatch& batch, std::span<const R
 
 absl::Status CudaModel::RunStep(const StepBatch& batch, const StepOutput& out) {
   if (!cache_shape_.has_value()) return absl::FailedPreconditionError("KV cache not allocated");
-  kept_.valid = false;
-  if (batch.keep_hidden_states && mtp_ == nullptr)
+  mtp_->BeginStep();
+  if (batch.keep_hidden_states && !mtp_->enabled())
     return absl::FailedPreconditionError("keep_hidden_states without MTP drafting enabled");
   EXL3_RETURN_IF_ERROR(RefuseImageAndVideoTokens(cfg_, batch));  // Qwen4-Exp: the text model only
   StepTokens tokens;
@@ -370,7 +377,7 @@ absl::Status CudaModel::RunStep(const StepBatch& batch, const StepOutput& out) {
   EXL3_RETURN_IF_ERROR(graph ? RunDecodeGraph(tokens, out) : RunEagerStep(batch, tokens, out));
   for (const auto& kind : mixers_.kinds) EXL3_RETURN_IF_ERROR(kind->EndStep(batch, device_->stream()));
   residual_->EndStep();
-  if (batch.keep_hidden_states) RecordKeptChunks(batch);
+  if (batch.keep_hidden_states) mtp_->RecordKept(batch);
   return absl::OkStatus();
 }
 
@@ -397,47 +404,25 @@ absl::Status CudaModel::RunEagerStep(const StepBatch& batch, const StepTokens& t
 }
 
 absl::Status CudaModel::CheckMtpDrafting() const {
-  EXL3_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, TensorSource::Open(dir_));
-  EXL3_RETURN_IF_ERROR(CheckCudaMtpDrafter(cfg_, *src));  // the design and its tensors, by name
+  EXL3_RETURN_IF_ERROR(mtp_->Check());  // the design and its tensors, by name
   return CheckDraftVerification();
 }
 
 absl::Status CudaModel::EnableMtpDrafting() {
-  if (mtp_ != nullptr) return absl::OkStatus();
+  if (mtp_->enabled()) return absl::OkStatus();
   if (cache_shape_.has_value()) return absl::FailedPreconditionError("EnableMtpDrafting after AllocateKvCache");
   EXL3_RETURN_IF_ERROR(CheckDraftVerification());
-  EXL3_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, TensorSource::Open(dir_));
-  CudaMtpModelParts parts;
-  parts.linear = device_->linear();
-  parts.sm_count = device_->sm_count();
-  parts.tensor_core_prefill = options_.tensor_core_prefill;
-  parts.max_moe_tokens = options_.max_moe_tokens;
-  parts.embedding = embedding_.get();
-  parts.embedding_dtype = embedding_dtype_;
-  parts.head = &head_;
-  EXL3_ASSIGN_OR_RETURN(std::unique_ptr<CudaMtpDrafter> mtp, LoadCudaMtpDrafter(cfg_, *src, parts));
-  if (mtp->state_width() != (mtp->input() == MtpInput::kStreams ? residual_->streams() : 1) * cfg_.hidden_size)
-    return absl::InternalError(absl::StrCat(cfg_.architecture(), ": the MTP drafter reads ", mtp->state_width(),
+  EXL3_RETURN_IF_ERROR(mtp_->Enable());
+  if (mtp_->state_width() != (mtp_->input() == MtpInput::kStreams ? residual_->streams() : 1) * cfg_.hidden_size)
+    return absl::InternalError(absl::StrCat(cfg_.architecture(), ": the MTP drafter reads ", mtp_->state_width(),
                                             " floats a token, the model keeps ", residual_->streams(), " streams"));
-  mtp_ = std::move(mtp);
   info_.kv_bytes_per_token += mtp_->KvBytesPerToken();
-  mtp_sampler_ = std::make_unique<DeviceSampler>(cfg_.vocab_size);
   return absl::OkStatus();
 }
 
 absl::Status CudaModel::ReserveKeptStates(int T) {
-  const size_t t = static_cast<size_t>(T);
-  const size_t n = t * static_cast<size_t>(mtp_->state_width());
-  if (kept_.rows.size() < n) EXL3_RETURN_IF_ERROR(kept_.rows.Reserve(n));
+  EXL3_RETURN_IF_ERROR(mtp_->ReserveKept(T));
   if (mtp_->input() == MtpInput::kStreams) return absl::OkStatus();  // the streams as they are
-  if (all_rows_.size() < t) {
-    std::vector<int32_t> rows(t);
-    for (int r = 0; r < T; ++r) rows[r] = r;
-    EXL3_RETURN_IF_ERROR(all_rows_.Reserve(t));
-    // On the model's stream, before the step's launches (a pageable source is staged before the call returns).
-    EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(all_rows_.get(), rows.data(), t * sizeof(int32_t),
-                                              cudaMemcpyHostToDevice, static_cast<cudaStream_t>(device_->stream())));
-  }
   // The head input of every row, not only the logit rows'.
   bool moved = false;
   EXL3_RETURN_IF_ERROR(residual_->Reserve(T, T, &moved));
@@ -445,127 +430,9 @@ absl::Status CudaModel::ReserveKeptStates(int T) {
   return absl::OkStatus();
 }
 
-void CudaModel::RecordKeptChunks(const StepBatch& batch) {
-  kept_.sequence_ids.clear();
-  kept_.start_positions.clear();
-  kept_.first_rows.clear();
-  kept_.num_tokens.clear();
-  int first = 0;
-  for (const SequenceChunk& c : batch.chunks) {
-    kept_.sequence_ids.push_back(c.sequence_id);
-    kept_.start_positions.push_back(c.start_position);
-    kept_.first_rows.push_back(first);
-    kept_.num_tokens.push_back(static_cast<int>(c.tokens.size()));
-    first += static_cast<int>(c.tokens.size());
-  }
-  kept_.valid = true;
-}
-
-absl::Status CudaModel::MtpBatchOf(std::span<const MtpSpan> spans, StepBatch* batch) {
-  if (!kept_.valid)
-    return absl::FailedPreconditionError("the last step kept no hidden states (StepBatch::keep_hidden_states)");
-  const size_t W = static_cast<size_t>(mtp_->state_width());
-  size_t rows = 0;
-  for (const MtpSpan& s : spans) {
-    const int c = s.chunk_index;
-    if (c < 0 || c >= static_cast<int>(kept_.sequence_ids.size()) || kept_.sequence_ids[c] != s.sequence_id ||
-        kept_.start_positions[c] != s.start_position || s.num_positions < 1 ||
-        s.num_positions > kept_.num_tokens[c] || static_cast<int>(s.next_tokens.size()) != s.num_positions ||
-        s.num_drafts < 0)
-      return absl::InvalidArgumentError(absl::StrCat("MTP span of sequence ", s.sequence_id,
-                                                     " does not match the last step's chunk ", c));
-    rows += static_cast<size_t>(s.num_positions);
-  }
-  if (mtp_in_.size() < rows * W) EXL3_RETURN_IF_ERROR(mtp_in_.Reserve(rows * W));
-  const cudaStream_t stream = static_cast<cudaStream_t>(device_->stream());
-  size_t row = 0;
-  for (const MtpSpan& s : spans) {
-    SequenceChunk& chunk = batch->chunks.emplace_back();
-    chunk.sequence_id = s.sequence_id;
-    chunk.tokens = s.next_tokens;
-    chunk.start_position = s.start_position;
-    chunk.block_table = s.block_table;
-    chunk.wants_logits = s.num_drafts > 0;
-    chunk.state_slot = s.state_slot;
-    // The span's kept positions are its chunk's first rows.
-    const float* first = kept_.rows.get() + static_cast<size_t>(kept_.first_rows[s.chunk_index]) * W;
-    EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(mtp_in_.get() + row * W, first, static_cast<size_t>(s.num_positions) * W * sizeof(float),
-                                              cudaMemcpyDeviceToDevice, stream));
-    row += static_cast<size_t>(s.num_positions);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CudaModel::RunMtpStep(const StepBatch& batch, StepTokens* step_tokens, std::vector<int32_t>* tokens) {
-  if (!cache_shape_.has_value()) return absl::FailedPreconditionError("KV cache not allocated");
-  const int V = cfg_.vocab_size;
-  const size_t W = static_cast<size_t>(mtp_->state_width());
-  EXL3_RETURN_IF_ERROR(FlattenStep(batch, V, *cache_shape_, cfg_.max_position_embeddings, step_tokens));
-  const size_t T = static_cast<size_t>(step_tokens->num_tokens), R = step_tokens->logit_tokens.size();
-  if (mtp_out_.size() < T * W) EXL3_RETURN_IF_ERROR(mtp_out_.Reserve(T * W));
-  if (mtp_logits_.size() < R * V) EXL3_RETURN_IF_ERROR(mtp_logits_.Reserve(R * V));
-  EXL3_RETURN_IF_ERROR(mtp_->Forward(*step_tokens, mtp_in_.get(), mtp_out_.get(), mtp_logits_.get()));
-  // Greedy: the arg max of each row, lowest id on ties (as the CPU model's drafts).
-  std::vector<RowSampling> rows(R);
-  for (RowSampling& r : rows) r.params.temperature = 0.0f;
-  if (R > 0) EXL3_RETURN_IF_ERROR(mtp_sampler_->Launch(mtp_logits_.get(), rows, device_->stream()));
-  EXL3_RETURN_IF_ERROR(device_->Synchronize());
-  EXL3_RETURN_IF_ERROR(mtp_->EndStep(batch));
-  std::vector<SampledToken> sampled(R);
-  if (R > 0) mtp_sampler_->Collect(std::span<SampledToken>(sampled));
-  tokens->clear();
-  for (const SampledToken& t : sampled) tokens->push_back(t.token);
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::vector<std::vector<int32_t>>> CudaModel::ProposeMtpDrafts(std::span<const MtpSpan> spans) {
-  if (mtp_ == nullptr) return absl::FailedPreconditionError("MTP drafting is not enabled");
-  const size_t W = static_cast<size_t>(mtp_->state_width());
-  std::vector<std::vector<int32_t>> drafts(spans.size());
-  // 1. Every span's kept positions, from the model's kept states; a decoding span's last position
-  // gives its first draft. 2. Chained: each further draft from the head's own output at the
-  // position before and the draft just made (as the CPU model, engine/cpu/cpu_model.cc).
-  StepBatch batch;
-  EXL3_RETURN_IF_ERROR(MtpBatchOf(spans, &batch));
-  std::vector<int> owners;  // the span of each logit row, in order
-  for (size_t i = 0; i < spans.size(); ++i)
-    if (spans[i].num_drafts > 0) owners.push_back(static_cast<int>(i));
-  const cudaStream_t stream = static_cast<cudaStream_t>(device_->stream());
-  while (!batch.chunks.empty()) {
-    StepTokens tokens;
-    std::vector<int32_t> greedy;
-    EXL3_RETURN_IF_ERROR(RunMtpStep(batch, &tokens, &greedy));
-    if (greedy.size() != owners.size())
-      return absl::InternalError(absl::StrCat("MTP step: ", greedy.size(), " rows for ", owners.size(), " drafting spans"));
-    StepBatch next;
-    std::vector<int> next_owners, next_rows;  // next_rows: the rows of mtp_out_ the chained drafts run on
-    for (size_t r = 0; r < owners.size(); ++r) {
-      const int i = owners[r];
-      drafts[i].push_back(greedy[r]);
-      const MtpSpan& s = spans[i];
-      if (static_cast<int>(drafts[i].size()) >= s.num_drafts) continue;
-      SequenceChunk& chunk = next.chunks.emplace_back();
-      chunk.sequence_id = s.sequence_id;
-      chunk.tokens = {greedy[r]};
-      // Draft d (1-based) sits at position p + 1 + d, p the last kept position; the head predicts
-      // it at position p + d - 1 + 1 from the draft before.
-      chunk.start_position = s.start_position + s.num_positions - 1 + static_cast<int>(drafts[i].size());
-      chunk.block_table = s.block_table;
-      chunk.wants_logits = true;
-      chunk.state_slot = s.state_slot;
-      next_owners.push_back(i);
-      next_rows.push_back(tokens.logit_tokens[r]);
-    }
-    if (!next_rows.empty()) {
-      if (mtp_in_.size() < next_rows.size() * W) EXL3_RETURN_IF_ERROR(mtp_in_.Reserve(next_rows.size() * W));
-      for (size_t j = 0; j < next_rows.size(); ++j)
-        EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(mtp_in_.get() + j * W, mtp_out_.get() + static_cast<size_t>(next_rows[j]) * W,
-                                                  W * sizeof(float), cudaMemcpyDeviceToDevice, stream));
-    }
-    batch = std::move(next);
-    owners = std::move(next_owners);
-  }
-  return drafts;
+  if (!cache_shape_.has_value()) return absl::FailedPreconditionError("KV cache not allocated");
+  return mtp_->ProposeDrafts(spans, *cache_shape_);
 }
 
 }  // namespace exl3::engine::cuda

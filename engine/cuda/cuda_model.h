@@ -31,10 +31,10 @@
 #include "engine/cuda/cuda_linear.h"
 #include "engine/cuda/cuda_mixer.h"
 #include "engine/cuda/cuda_moe.h"
-#include "engine/cuda/cuda_mtp_drafter.h"
 #include "engine/cuda/decode_graphs.h"
 #include "engine/cuda/dense_mlp.h"
 #include "engine/cuda/finite_check.h"
+#include "engine/cuda/mtp_drafting.h"
 #include "engine/cuda/device_context.h"
 #include "engine/cuda/device_sampler.h"
 #include "engine/cuda/phase_timer.h"
@@ -46,6 +46,7 @@
 #include "engine/config/model_config.h"
 #include "engine/core/model_runner.h"
 #include "engine/core/moe_executor.h"
+#include "model/config/config_file.h"
 
 namespace exl3::engine::cuda {
 
@@ -127,6 +128,11 @@ class CudaModel final : public ModelRunner {
     DeviceArray<float> gate, up;     // [rows, intermediate]: dense MLPs
     DeviceArray<float> head_in, logits;  // [logit rows, hidden], [logit rows, vocab]
   };
+  // The token embeddings on the device.
+  struct Embedding {
+    DeviceArray<uint8_t> table;  // [vocab, hidden] as stored
+    EmbeddingDType dtype = EmbeddingDType::kF32;
+  };
   // The last step's GPU time by phase and, with remote experts, its exchanges.
   struct LastStepTimes {
     StepPhaseTimes phases;
@@ -139,18 +145,10 @@ class CudaModel final : public ModelRunner {
     std::span<SampledToken> tokens;
   };
 
-  // The last step's states the MTP drafter reads (StepBatch::keep_hidden_states): rows [T, width]
-  // on the device in step order, and where each chunk's rows start.
-  struct KeptStates {
-    bool valid = false;  // the last step kept them and succeeded
-    DeviceArray<float> rows;
-    std::vector<int64_t> sequence_ids;
-    std::vector<int> start_positions, first_rows, num_tokens;
-  };
-
-  CudaModel(ModelConfig cfg, std::string dir, const CudaModelOptions& options)
-      : cfg_(std::move(cfg)), dir_(std::move(dir)), options_(options) {}
-  absl::Status Load(const std::string& dir, const CudaModelOptions& options, std::unique_ptr<MoeExecutor> remote_moe);
+  explicit CudaModel(ModelConfig cfg) : cfg_(std::move(cfg)) {}
+  // `file`: dir's config.json as Open read it.
+  absl::Status Load(const std::string& dir, const ConfigFile& file, const CudaModelOptions& options,
+                    std::unique_ptr<MoeExecutor> remote_moe);
   // Grows every step buffer for `rows` rows, `logit_rows` head rows and `splits` attention splits
   // (dropping the decode graphs when an address changes).
   absl::Status Reserve(int rows, int logit_rows, int splits);
@@ -159,7 +157,7 @@ class CudaModel final : public ModelRunner {
                                               DeviceArray<int32_t>* device);
   // Every launch of a step from the embeddings to the head's logits; `micro_batches` partition
   // the step's rows; host_token_ids: the step's (remote experts), or null.
-  // keep_states: every row's state the MTP drafter reads into kept_.rows too (its head input, or
+  // keep_states: every row's state the MTP drafter reads into the MTP drafting's kept rows too (its head input, or
   // the residual streams before the head).
   absl::Status RunLayers(const CudaStep& step, const std::vector<MicroBatchRange>& micro_batches, int logit_rows,
                          const int32_t* host_token_ids, bool keep_states = false);
@@ -175,20 +173,11 @@ class CudaModel final : public ModelRunner {
   absl::Status RunDecodeGraph(const StepTokens& tokens, const StepOutput& out);
   // Room for a step of T rows to keep its states (before its launches).
   absl::Status ReserveKeptStates(int T);
-  void RecordKeptChunks(const StepBatch& batch);
-  // The MTP drafter's batch over `spans` of the kept step, its states gathered into mtp_in_.
-  absl::Status MtpBatchOf(std::span<const MtpSpan> spans, StepBatch* batch);
-  // Runs the drafter over `batch` (states in mtp_in_, output into mtp_out_) and its logit rows'
-  // greedy tokens into *tokens.
-  absl::Status RunMtpStep(const StepBatch& batch, StepTokens* step_tokens, std::vector<int32_t>* tokens);
 
   ModelConfig cfg_;
-  const std::string dir_;            // the model's directory (the MTP layer is loaded from it on demand)
-  const CudaModelOptions options_;
   ModelInfo info_;
   std::unique_ptr<DeviceContext> device_;
-  EmbeddingDType embedding_dtype_ = EmbeddingDType::kF32;
-  DeviceArray<uint8_t> embedding_;  // [vocab, hidden] as stored
+  Embedding embedding_;
   CudaMixers mixers_;
   std::unique_ptr<ResidualStream> residual_;
   std::vector<FeedForward> feed_forward_;  // by layer
@@ -204,14 +193,7 @@ class CudaModel final : public ModelRunner {
   std::unique_ptr<DeviceSampler> sampler_;  // null: device sampling off
   std::optional<KvCacheShape> cache_shape_;  // once AllocateKvCache ran
   std::unique_ptr<FiniteCheck> finite_check_;  // null unless CudaModelOptions::check_finite
-  // Speculative method mtp (EnableMtpDrafting): the drafter, the last step's kept states, the
-  // identity rows [T] that gather every row's head input, the drafter's states in and out
-  // [rows, width] and logits, and its greedy sampler.
-  std::unique_ptr<CudaMtpDrafter> mtp_;
-  KeptStates kept_;
-  DeviceArray<int32_t> all_rows_;
-  DeviceArray<float> mtp_in_, mtp_out_, mtp_logits_;
-  std::unique_ptr<DeviceSampler> mtp_sampler_;
+  std::unique_ptr<CudaMtpDrafting> mtp_;  // speculative method mtp: loaded by EnableMtpDrafting
 };
 
 }  // namespace exl3::engine::cuda

@@ -6,7 +6,7 @@
 //   engine/cuda/cuda_qwen4exp_mtp_head.h  Qwen4-Exp's, over the gated hyper-connection streams
 //
 // The drafter's layer is the model's config with one more layer (WithMtpLayer); its attention is a
-// mixer kind of its own (engine/cuda/cuda_mixer.h LoadCudaLayerMixer) with its own KV cache, which
+// mixer kind of its own (engine/cuda/load_cuda_mixers.h LoadCudaLayerMixer) with its own KV cache, which
 // AllocateCache sizes with the model's. A step runs as the model's do: the StepTokens of a batch
 // whose chunks hold the next tokens at the kept states' positions (engine/core/model_runner.h
 // MtpSpan), every launch on the model's stream, nothing synchronised:

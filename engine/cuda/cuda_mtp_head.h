@@ -5,7 +5,7 @@
 //
 //   x = eh_proj(concat(enorm(embed(t_{i+1})), hnorm(h_i)))       the model's embeddings; cuda_linear.h
 //   o = x + attn(input_norm(x)), then o + mlp(post_attention_norm(o))
-//       attention: the layer's mixer in a kind of its own (cuda_mixer.h LoadCudaLayerMixer: GQA,
+//       attention: the layer's mixer in a kind of its own (load_cuda_mixers.h LoadCudaLayerMixer: GQA,
 //       MLA, DSA with its own indexer, GLM-5.3-Flash's k-pooled NoPE MLA), its cache the drafter's
 //       mlp: the MoE (cuda_mtp_moe.h, experts in process even where the model's are on workers: the
 //       workers serve the decoder layers only) or the dense MLP (dense_mlp.h)
@@ -20,7 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/cuda/cuda_linear.h"
-#include "engine/cuda/cuda_mixer.h"
+#include "engine/cuda/load_cuda_mixers.h"
 #include "engine/cuda/cuda_mtp_drafter.h"
 #include "engine/cuda/cuda_mtp_moe.h"
 #include "engine/cuda/dense_mlp.h"

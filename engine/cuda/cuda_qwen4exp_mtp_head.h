@@ -5,7 +5,7 @@
 //
 //   s_k = fc_hidden(norm_k(h_i,k)) + fc_embedding(norm_e(embed(t_{i+1})))   every stream k; cuda_linear.h
 //   o   = the block on the streams s: attn_hyper_connection around QSA attention (a mixer kind of
-//         its own, cuda_mixer.h LoadCudaLayerMixer under mtp.layers.0.), mlp_hyper_connection
+//         its own, load_cuda_mixers.h LoadCudaLayerMixer under mtp.layers.0.), mlp_hyper_connection
 //         around the MoE (cuda_mtp_moe.h, its gated shared expert); engine/cuda/gated_connection.h
 //   logits = lm_head(mtp.hyper_connection_mixer(o))                         the model's head
 //
@@ -17,7 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/cuda/cuda_linear.h"
-#include "engine/cuda/cuda_mixer.h"
+#include "engine/cuda/load_cuda_mixers.h"
 #include "engine/cuda/cuda_mtp_drafter.h"
 #include "engine/cuda/cuda_mtp_moe.h"
 #include "engine/cuda/device_array.h"

@@ -5,10 +5,11 @@
 #include <cuda_runtime.h>
 
 #include "absl/status/status.h"
-#include "engine/cuda/engine_kernels.h"
 #include "kernels/cuda/cuda_status.h"
 
 namespace exl3::engine::cuda {
+
+using StreamHandle = void*;  // cudaStream_t, as the kernel headers declare it
 
 inline cudaStream_t S(StreamHandle s) { return static_cast<cudaStream_t>(s); }
 

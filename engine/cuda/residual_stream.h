@@ -1,12 +1,14 @@
 // The residual stream between a CUDA model's blocks, and each layer's norms on it: what joins a
-// block's output to the residual and makes the next block's normed input. Two kinds, chosen by the
+// block's output to the residual and makes the next block's normed input. Three kinds, chosen by the
 // model's configuration:
-//   plain:          h += block output; x = rmsnorm(h) · w (the add fused with the next norm)
+//   plain           (engine/cuda/plain_residual_stream.h): h += block output; x = rmsnorm(h) · w (the
+//                   add fused with the next norm)
 //   hyper-connected (DeepSeek-V4's and GLM-5.3-Flash's mHC, engine/cuda/hyper_residual.h): hc_mult
 //                   streams per token; a block's input collapsed from them and its output expanded back
 //   gated           (Qwen4-Exp's low-rank gated hyper-connections, engine/cuda/gated_residual_stream.h):
 //                   hc_count streams, collapsed and expanded through small projections; no norms
-// The layer loop (engine/cuda/cuda_model.h) is the same for both:
+// LoadResidualStream (engine/cuda/load_residual_stream.h) picks the kind and loads it. The layer
+// loop (engine/cuda/cuda_model.h) is the same for every kind:
 //
 //   Embed(ids)  then per layer: MixerInput → mixer → MlpInput → MLP / experts → MlpOutput
 //   HeadInput(logit rows) → the head
@@ -34,10 +36,6 @@ class RecurrentLayerStates;  // engine/cuda/recurrent_layer_states.h
 
 class ResidualStream {
  public:
-  // The model's kind of stream, with every layer's norms (and hyper-connections) and the final norm;
-  // every launch goes on ctx.stream (the gated kind's projections through ctx).
-  static absl::StatusOr<std::unique_ptr<ResidualStream>> Load(const ModelConfig& cfg, const TensorSource& src,
-                                                              const CudaLinearContext& ctx);
   virtual ~ResidualStream() = default;
 
   // Grows the stream for steps of `rows` rows and `logit_rows` head rows; *moved: an address changed.

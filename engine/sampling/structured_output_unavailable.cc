@@ -8,11 +8,11 @@
 
 namespace exl3::engine {
 
-struct TokenGrammar::Impl {};
+struct TokenGrammarImpl {};
 struct TokenGrammarCompiler::Impl {};
 struct TokenConstraint::Matcher {};
 
-TokenGrammar::TokenGrammar(std::unique_ptr<Impl> impl, int vocab_size)
+TokenGrammar::TokenGrammar(std::unique_ptr<TokenGrammarImpl> impl, int vocab_size)
     : impl_(std::move(impl)), vocab_size_(vocab_size) {}
 TokenGrammar::~TokenGrammar() = default;
 TokenGrammarCompiler::~TokenGrammarCompiler() = default;

@@ -208,7 +208,7 @@ xgrammar::Grammar ReasoningGrammar(const ReasoningBlock& block) {
 
 }  // namespace
 
-TokenGrammar::TokenGrammar(std::unique_ptr<Impl> impl, int vocab_size)
+TokenGrammar::TokenGrammar(std::unique_ptr<TokenGrammarImpl> impl, int vocab_size)
     : impl_(std::move(impl)), vocab_size_(vocab_size) {}
 TokenGrammar::~TokenGrammar() = default;
 
@@ -274,7 +274,7 @@ absl::StatusOr<std::shared_ptr<const TokenGrammar>> TokenGrammarCompiler::Compil
   });
   if (!compiled.ok()) return compiled.status();
   return std::make_shared<const TokenGrammar>(
-      std::make_unique<TokenGrammar::Impl>(TokenGrammar::Impl{std::move(*compiled)}), vocab_size_);
+      std::make_unique<TokenGrammarImpl>(TokenGrammarImpl{std::move(*compiled)}), vocab_size_);
 }
 
 }  // namespace exl3::engine

@@ -98,18 +98,21 @@ struct ConstraintSpec {
   StructuralTagJson tag_json = StructuralTagJson::kFreeWhitespace;  // kStructuralTag only
 };
 
+// xgrammar's compiled grammar (engine/sampling/token_grammar_impl.h, which only the files that call
+// xgrammar include).
+struct TokenGrammarImpl;
+
 // A compiled constraint: immutable, shared by every sequence that uses it.
 class TokenGrammar {
  public:
-  struct Impl;  // xgrammar's compiled grammar (engine/sampling/token_grammar.cc)
-  explicit TokenGrammar(std::unique_ptr<Impl> impl, int vocab_size);
+  explicit TokenGrammar(std::unique_ptr<TokenGrammarImpl> impl, int vocab_size);
   ~TokenGrammar();
 
   int vocab_size() const { return vocab_size_; }  // the masks' length in tokens
-  const Impl& impl() const { return *impl_; }
+  const TokenGrammarImpl& impl() const { return *impl_; }
 
  private:
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<TokenGrammarImpl> impl_;
   int vocab_size_;
 };
 

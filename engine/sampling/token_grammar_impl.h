@@ -2,12 +2,11 @@
 // engine/sampling/token_constraint.cc only (the rest of the engine never sees the library).
 #pragma once
 
-#include "engine/sampling/token_grammar.h"
 #include "xgrammar/xgrammar.h"
 
 namespace exl3::engine {
 
-struct TokenGrammar::Impl {
+struct TokenGrammarImpl {
   xgrammar::CompiledGrammar compiled;
 };
 

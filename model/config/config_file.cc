@@ -31,7 +31,7 @@ absl::StatusOr<ConfigFile> ConfigFile::Parse(std::string_view json_text, std::st
   }
   const bool nested = architecture->text_model == TextModelPlace::kTextConfig &&
                       top.contains("text_config") && top["text_config"].is_object();
-  return ConfigFile(std::move(src), architecture, std::move(top), nested);
+  return ConfigFile(std::move(src), std::string(json_text), architecture, std::move(top), nested);
 }
 
 absl::StatusOr<ConfigFile> ConfigFile::Read(const std::string& path) {

@@ -7,6 +7,10 @@
 //   EXL3_ASSIGN_OR_RETURN(ConfigFile file, ConfigFile::Read("/models/glm-exl3"));
 //   file.architecture().family;  file.text().value("hidden_size", 0);
 //
+// A process reads its model's config.json once and hands the ConfigFile on: the engines'
+// configuration, the MoE layout and the model fingerprint (model/exl3_model.h, over bytes()) all
+// come from the same read.
+//
 // Refused here, before any field is read: text that is not a JSON object, a missing
 // `architectures` list, and an architecture this project does not support (named, with the list).
 #pragma once
@@ -28,6 +32,8 @@ class ConfigFile {
   static absl::StatusOr<ConfigFile> Read(const std::string& path);
 
   const std::string& source() const { return source_; }
+  // The text parsed, byte for byte as the file holds it (the model fingerprint covers it).
+  const std::string& bytes() const { return bytes_; }
   const ArchitectureInfo& architecture() const { return *architecture_; }
   // The whole object (a *ForConditionalGeneration's image and video token ids live here).
   const nlohmann::json& top() const { return top_; }
@@ -38,12 +44,13 @@ class ConfigFile {
   const nlohmann::json* quantization_config() const;
 
  private:
-  ConfigFile(std::string source, const ArchitectureInfo* architecture, nlohmann::json top,
-             bool text_nested)
-      : source_(std::move(source)), architecture_(architecture), top_(std::move(top)),
-        text_nested_(text_nested) {}
+  ConfigFile(std::string source, std::string bytes, const ArchitectureInfo* architecture,
+             nlohmann::json top, bool text_nested)
+      : source_(std::move(source)), bytes_(std::move(bytes)), architecture_(architecture),
+        top_(std::move(top)), text_nested_(text_nested) {}
 
   std::string source_;
+  std::string bytes_;
   const ArchitectureInfo* architecture_;  // a row of the table, never null
   nlohmann::json top_;
   bool text_nested_;  // text() is top_["text_config"]

@@ -21,7 +21,7 @@
 #include "model/encoder/safetensors_stream_writer.h"
 #include "model/moe_config.h"
 #include "model/safetensors.h"
-#include "model/weight_digest.h"
+#include "model/write_weight_digests.h"
 #include "nlohmann/json.hpp"
 
 namespace exl3 {

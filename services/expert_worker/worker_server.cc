@@ -121,10 +121,13 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
         "--max-batch-tokens, --long-prefill-token-threshold, --max-queue and --load-threads must be "
         ">= 1, --batch-window-us and --inline-max-tokens >= 0, --max-message-bytes >= 4096");
   }
-  // Opening the model reads config.json and the safetensors headers and checks that every held
-  // expert's tensors exist with the right shapes; the bytes are read by Load.
+  // Opening the model reads the safetensors headers and checks that every held expert's tensors
+  // exist with the right shapes; the bytes are read by Load. config.json is read once, here: the
+  // share is resolved against it and the model (its fingerprint included) opened from it.
+  absl::StatusOr<ConfigFile> config_file = ConfigFile::Read(opt.model_dir);
+  if (!config_file.ok()) return config_file.status();
   {
-    absl::StatusOr<MoeConfig> cfg = LoadMoeConfig(opt.model_dir);
+    absl::StatusOr<MoeConfig> cfg = ReadMoeConfig(*config_file);
     if (!cfg.ok()) return cfg.status();
     w->config_ = *cfg;
   }
@@ -136,7 +139,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Create(const WorkerO
   mo.experts = w->experts_;
   mo.load_shared_experts = w->shared_expert_;
   mo.load_routers = false;
-  absl::StatusOr<std::unique_ptr<Exl3Model>> model = Exl3Model::Open(opt.model_dir, mo);
+  absl::StatusOr<std::unique_ptr<Exl3Model>> model = Exl3Model::Open(opt.model_dir, *config_file, mo);
   if (!model.ok()) {
     return absl::Status(model.status().code(),
                         absl::StrCat("model ", opt.model_dir, " does not provide the experts asked for: ",

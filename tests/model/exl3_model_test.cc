@@ -4,10 +4,12 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "model/config/config_file.h"
 #include "model/routing.h"
 #include "tests/kernels/random_layer.h"
 #include "tests/model/exllamav3_dir_writer.h"
@@ -165,6 +167,41 @@ TEST(Exl3ModelTest, FingerprintTracksConfigAndShapes) {
   EXPECT_EQ(fp(a), fp(b));  // same config and shapes (random contents differ)
   EXPECT_NE(fp(a), fp(c));
   for (const auto& d : {a, b, c}) std::filesystem::remove_all(d);
+}
+
+// A process that read config.json already hands the ConfigFile to Open: the file is not read
+// again, and the fingerprint is over the bytes handed (those of the file: the same fingerprint).
+TEST(Exl3ModelTest, OpensFromTheConfigFileItIsHanded) {
+  ExpertModelSpec spec;
+  const std::string dir = Write("handed", spec);
+  absl::StatusOr<ConfigFile> file = ConfigFile::Read(dir);
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::ifstream in(dir + "/config.json", std::ios::binary);
+  const std::string on_disk((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(file->bytes(), on_disk);
+
+  absl::StatusOr<std::unique_ptr<Exl3Model>> read = Exl3Model::Open(dir);
+  absl::StatusOr<std::unique_ptr<Exl3Model>> handed = Exl3Model::Open(dir, *file);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_TRUE(handed.ok()) << handed.status();
+  EXPECT_EQ((*handed)->fingerprint(), (*read)->fingerprint());
+  EXPECT_EQ((*handed)->config().num_experts, (*read)->config().num_experts);
+  EXPECT_EQ((*handed)->config().MoeLayers(), (*read)->config().MoeLayers());
+  EXPECT_EQ((*handed)->HeldExperts(1), (*read)->HeldExperts(1));
+
+  // The same object in other bytes (indented): Open reads the text it is handed, not the file.
+  const nlohmann::json parsed = nlohmann::json::parse(on_disk);
+  absl::StatusOr<ConfigFile> reformatted = ConfigFile::Parse(parsed.dump(2), file->source());
+  ASSERT_TRUE(reformatted.ok()) << reformatted.status();
+  absl::StatusOr<std::unique_ptr<Exl3Model>> other = Exl3Model::Open(dir, *reformatted);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_NE((*other)->fingerprint(), (*read)->fingerprint());
+
+  // A missing directory is named as before, whichever Open.
+  absl::StatusOr<std::unique_ptr<Exl3Model>> missing = Exl3Model::Open(dir + "_missing", *file);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("does not exist"), std::string::npos) << missing.status();
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Exl3ModelTest, FingerprintCoversRecordedWeightDigests) {

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "model/weight_digest.h"
+#include "model/write_weight_digests.h"
 #include "tools/exl3_tool/subcommand.h"
 #include "tools/exl3_tool/tool_util.h"
 

@@ -8,7 +8,7 @@
 #include "base/status_macros.h"
 #include "model/config/read_moe_config.h"
 #include "model/moe_config.h"
-#include "model/weight_digest.h"
+#include "model/write_weight_digests.h"
 #include "tools/test_model/generated_tensor.h"
 #include "tools/test_model/shard_writer.h"
 

@@ -27,6 +27,7 @@
 #include "engine/cuda/gated_residual_kernels.h"
 #include "engine/cuda/ple_windows.h"
 #include "engine/cuda/recurrent_layer_states.h"
+#include "engine/cuda/load_residual_stream.h"
 #include "engine/cuda/residual_stream.h"
 #include "engine/cpu/residual/gated_residual.h"
 #include "engine/config/model_config.h"
@@ -224,7 +225,7 @@ TEST(Qwen4ExpResidualTest, StreamMatchesTheCpuThroughTheLayers) {
   Cublas cublas;
   exl3::cuda::Workspace workspace;
   const CudaLinearContext ctx{cublas.handle, &workspace, nullptr};
-  auto stream = ResidualStream::Load(*cfg, **src, ctx);
+  auto stream = LoadResidualStream(*cfg, **src, ctx);
   ASSERT_TRUE(stream.ok()) << stream.status();
   ASSERT_EQ((*stream)->streams(), S);
   const std::vector<int32_t> logit_rows = {18, 3, 10, 11, 3};

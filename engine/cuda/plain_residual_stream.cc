@@ -1,12 +1,11 @@
-#include "engine/cuda/residual_stream.h"
+#include "engine/cuda/plain_residual_stream.h"
 
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/cuda/device_array.h"
-#include "engine/cuda/gated_residual_stream.h"
-#include "engine/cuda/hyper_residual.h"
 #include "engine/cuda/weight_upload.h"
 #include "model/moe_config.h"
 
@@ -76,11 +75,9 @@ class PlainResidual final : public ResidualStream {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ResidualStream>> ResidualStream::Load(const ModelConfig& cfg, const TensorSource& src,
-                                                                     const CudaLinearContext& ctx) {
-  if (cfg.dsv4 != nullptr || cfg.glm5next != nullptr) return LoadHyperResidual(cfg, src, ctx.stream);
-  if (cfg.qwen4exp != nullptr) return LoadGatedResidual(cfg, src, ctx);
-  auto plain = std::make_unique<PlainResidual>(cfg, ctx.stream);
+absl::StatusOr<std::unique_ptr<ResidualStream>> LoadPlainResidual(const ModelConfig& cfg, const TensorSource& src,
+                                                                  StreamHandle stream) {
+  auto plain = std::make_unique<PlainResidual>(cfg, stream);
   EXL3_RETURN_IF_ERROR(plain->Load(src));
   return plain;
 }

@@ -1,0 +1,171 @@
+#include "engine/cuda/mtp_drafting.h"
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "engine/cuda/load_cuda_mtp_drafter.h"
+#include "kernels/cuda/cuda_status.h"
+#include "model/safetensors.h"
+
+namespace exl3::engine::cuda {
+
+absl::Status CudaMtpDrafting::Check() const {
+  EXL3_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, TensorSource::Open(dir_));
+  return CheckCudaMtpDrafter(cfg_, *src);
+}
+
+absl::Status CudaMtpDrafting::Enable() {
+  if (drafter_ != nullptr) return absl::OkStatus();
+  EXL3_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, TensorSource::Open(dir_));
+  EXL3_ASSIGN_OR_RETURN(drafter_, LoadCudaMtpDrafter(cfg_, *src, parts_));
+  sampler_ = std::make_unique<DeviceSampler>(cfg_.vocab_size);
+  return absl::OkStatus();
+}
+
+absl::Status CudaMtpDrafting::AllocateCache(const KvCacheShape& shape, StreamHandle stream) {
+  return drafter_ == nullptr ? absl::OkStatus() : drafter_->AllocateCache(shape, stream);
+}
+
+absl::Status CudaMtpDrafting::ReserveKept(int T) {
+  const size_t t = static_cast<size_t>(T);
+  const size_t n = t * static_cast<size_t>(drafter_->state_width());
+  if (kept_.rows.size() < n) EXL3_RETURN_IF_ERROR(kept_.rows.Reserve(n));
+  if (drafter_->input() == MtpInput::kStreams || all_rows_.size() >= t) return absl::OkStatus();
+  std::vector<int32_t> rows(t);
+  for (int r = 0; r < T; ++r) rows[r] = r;
+  EXL3_RETURN_IF_ERROR(all_rows_.Reserve(t));
+  // On the model's stream, before the step's launches (a pageable source is staged before the call returns).
+  EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(all_rows_.get(), rows.data(), t * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                            static_cast<cudaStream_t>(device_->stream())));
+  return absl::OkStatus();
+}
+
+void CudaMtpDrafting::RecordKept(const StepBatch& batch) {
+  kept_.sequence_ids.clear();
+  kept_.start_positions.clear();
+  kept_.first_rows.clear();
+  kept_.num_tokens.clear();
+  int first = 0;
+  for (const SequenceChunk& c : batch.chunks) {
+    kept_.sequence_ids.push_back(c.sequence_id);
+    kept_.start_positions.push_back(c.start_position);
+    kept_.first_rows.push_back(first);
+    kept_.num_tokens.push_back(static_cast<int>(c.tokens.size()));
+    first += static_cast<int>(c.tokens.size());
+  }
+  kept_.valid = true;
+}
+
+absl::Status CudaMtpDrafting::BatchOf(std::span<const MtpSpan> spans, StepBatch* batch) {
+  if (!kept_.valid)
+    return absl::FailedPreconditionError("the last step kept no hidden states (StepBatch::keep_hidden_states)");
+  const size_t W = static_cast<size_t>(drafter_->state_width());
+  size_t rows = 0;
+  for (const MtpSpan& s : spans) {
+    const int c = s.chunk_index;
+    if (c < 0 || c >= static_cast<int>(kept_.sequence_ids.size()) || kept_.sequence_ids[c] != s.sequence_id ||
+        kept_.start_positions[c] != s.start_position || s.num_positions < 1 ||
+        s.num_positions > kept_.num_tokens[c] || static_cast<int>(s.next_tokens.size()) != s.num_positions ||
+        s.num_drafts < 0)
+      return absl::InvalidArgumentError(absl::StrCat("MTP span of sequence ", s.sequence_id,
+                                                     " does not match the last step's chunk ", c));
+    rows += static_cast<size_t>(s.num_positions);
+  }
+  if (in_.size() < rows * W) EXL3_RETURN_IF_ERROR(in_.Reserve(rows * W));
+  const cudaStream_t stream = static_cast<cudaStream_t>(device_->stream());
+  size_t row = 0;
+  for (const MtpSpan& s : spans) {
+    SequenceChunk& chunk = batch->chunks.emplace_back();
+    chunk.sequence_id = s.sequence_id;
+    chunk.tokens = s.next_tokens;
+    chunk.start_position = s.start_position;
+    chunk.block_table = s.block_table;
+    chunk.wants_logits = s.num_drafts > 0;
+    chunk.state_slot = s.state_slot;
+    // The span's kept positions are its chunk's first rows.
+    const float* first = kept_.rows.get() + static_cast<size_t>(kept_.first_rows[s.chunk_index]) * W;
+    EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(in_.get() + row * W, first,
+                                              static_cast<size_t>(s.num_positions) * W * sizeof(float),
+                                              cudaMemcpyDeviceToDevice, stream));
+    row += static_cast<size_t>(s.num_positions);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaMtpDrafting::RunStep(const StepBatch& batch, const KvCacheShape& shape, StepTokens* step_tokens,
+                                      std::vector<int32_t>* tokens) {
+  const int V = cfg_.vocab_size;
+  const size_t W = static_cast<size_t>(drafter_->state_width());
+  EXL3_RETURN_IF_ERROR(FlattenStep(batch, V, shape, cfg_.max_position_embeddings, step_tokens));
+  const size_t T = static_cast<size_t>(step_tokens->num_tokens), R = step_tokens->logit_tokens.size();
+  if (out_.size() < T * W) EXL3_RETURN_IF_ERROR(out_.Reserve(T * W));
+  if (logits_.size() < R * V) EXL3_RETURN_IF_ERROR(logits_.Reserve(R * V));
+  EXL3_RETURN_IF_ERROR(drafter_->Forward(*step_tokens, in_.get(), out_.get(), logits_.get()));
+  // Greedy: the arg max of each row, lowest id on ties (as the CPU model's drafts).
+  std::vector<RowSampling> rows(R);
+  for (RowSampling& r : rows) r.params.temperature = 0.0f;
+  if (R > 0) EXL3_RETURN_IF_ERROR(sampler_->Launch(logits_.get(), rows, device_->stream()));
+  EXL3_RETURN_IF_ERROR(device_->Synchronize());
+  EXL3_RETURN_IF_ERROR(drafter_->EndStep(batch));
+  std::vector<SampledToken> sampled(R);
+  if (R > 0) sampler_->Collect(std::span<SampledToken>(sampled));
+  tokens->clear();
+  for (const SampledToken& t : sampled) tokens->push_back(t.token);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::vector<int32_t>>> CudaMtpDrafting::ProposeDrafts(std::span<const MtpSpan> spans,
+                                                                                  const KvCacheShape& shape) {
+  if (drafter_ == nullptr) return absl::FailedPreconditionError("MTP drafting is not enabled");
+  const size_t W = static_cast<size_t>(drafter_->state_width());
+  std::vector<std::vector<int32_t>> drafts(spans.size());
+  // 1. Every span's kept positions, from the model's kept states; a decoding span's last position
+  // gives its first draft. 2. Chained: each further draft from the drafter's own output at the
+  // position before and the draft just made.
+  StepBatch batch;
+  EXL3_RETURN_IF_ERROR(BatchOf(spans, &batch));
+  std::vector<int> owners;  // the span of each logit row, in order
+  for (size_t i = 0; i < spans.size(); ++i)
+    if (spans[i].num_drafts > 0) owners.push_back(static_cast<int>(i));
+  const cudaStream_t stream = static_cast<cudaStream_t>(device_->stream());
+  while (!batch.chunks.empty()) {
+    StepTokens tokens;
+    std::vector<int32_t> greedy;
+    EXL3_RETURN_IF_ERROR(RunStep(batch, shape, &tokens, &greedy));
+    if (greedy.size() != owners.size())
+      return absl::InternalError(absl::StrCat("MTP step: ", greedy.size(), " rows for ", owners.size(), " drafting spans"));
+    StepBatch next;
+    std::vector<int> next_owners, next_rows;  // next_rows: the rows of out_ the chained drafts run on
+    for (size_t r = 0; r < owners.size(); ++r) {
+      const int i = owners[r];
+      drafts[i].push_back(greedy[r]);
+      const MtpSpan& s = spans[i];
+      if (static_cast<int>(drafts[i].size()) >= s.num_drafts) continue;
+      SequenceChunk& chunk = next.chunks.emplace_back();
+      chunk.sequence_id = s.sequence_id;
+      chunk.tokens = {greedy[r]};
+      // Draft d (1-based) sits at position p + 1 + d, p the last kept position; the head predicts
+      // it at position p + d - 1 + 1 from the draft before.
+      chunk.start_position = s.start_position + s.num_positions - 1 + static_cast<int>(drafts[i].size());
+      chunk.block_table = s.block_table;
+      chunk.wants_logits = true;
+      chunk.state_slot = s.state_slot;
+      next_owners.push_back(i);
+      next_rows.push_back(tokens.logit_tokens[r]);
+    }
+    if (!next_rows.empty()) {
+      if (in_.size() < next_rows.size() * W) EXL3_RETURN_IF_ERROR(in_.Reserve(next_rows.size() * W));
+      for (size_t j = 0; j < next_rows.size(); ++j)
+        EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(in_.get() + j * W, out_.get() + static_cast<size_t>(next_rows[j]) * W,
+                                                  W * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    }
+    batch = std::move(next);
+    owners = std::move(next_owners);
+  }
+  return drafts;
+}
+
+}  // namespace exl3::engine::cuda
