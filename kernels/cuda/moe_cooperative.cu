@@ -380,9 +380,13 @@ __device__ void CombinePhase(const MoeCoopArgs& a, const Routing& r, int warp_gl
   }
 }
 
-// Occupancy: three blocks per SM as the GEMV kernels (24 warps to hide the decode chain's
-// latency); the ring (32 KB, sized for K = 8) and the routing tables (9 KB) fit three times.
-__global__ void __launch_bounds__(kMoeCoopThreads, 2) MoeCoopKernel(const MoeCoopArgs a) {
+// Two blocks per SM (16 warps; the GEMV kernels run 24): at three (80 registers) ptxas spilled
+// 704 bytes in the kernel and up to 120 bytes in the K = 7, 8 MUL1 units (sm_90); at two it takes
+// 125 registers and spills nothing. The ring (32 KB, sized for K = 8) and the routing tables
+// (9 KB) would fit three times.
+constexpr int kMinBlocksPerSm = 2;
+
+__global__ void __launch_bounds__(kMoeCoopThreads, kMinBlocksPerSm) MoeCoopKernel(const MoeCoopArgs a) {
   __shared__ __align__(16) uint32_t ring[kWarps * kGemvStages * kMaxStageWords];
   __shared__ Routing routing;
   PdlEnter();

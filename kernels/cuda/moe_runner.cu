@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -64,6 +65,16 @@ struct SequenceChoice {
   const char* reason;
 };
 
+// EXL3_MOE_COOP=0 keeps every forward on the chain (to compare the two in the engine, and a way
+// out should a driver mishandle the cooperative launch). Read once.
+bool CooperativeAllowedByEnv() {
+  static const bool allowed = [] {
+    const char* v = std::getenv("EXL3_MOE_COOP");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return allowed;
+}
+
 // Where the cooperative launch covers a forward of T tokens, and otherwise why not.
 SequenceChoice CooperativeCover(const MoeRunner::Impl& R, int T) {
   const DeviceMoeLayer::Impl& L = *R.L;
@@ -90,6 +101,7 @@ SequenceChoice CooperativeCover(const MoeRunner::Impl& R, int T) {
 // or what ForceSequence asked for.
 SequenceChoice ChooseSequence(const MoeRunner::Impl& R, int T) {
   if (R.forced == MoeSequence::kChain) return {MoeSequence::kChain, "forced (MoeRunner::ForceSequence)"};
+  if (R.forced == MoeSequence::kAuto && !CooperativeAllowedByEnv()) return {MoeSequence::kChain, "EXL3_MOE_COOP=0"};
   return CooperativeCover(R, T);
 }
 
