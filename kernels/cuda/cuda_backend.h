@@ -200,7 +200,7 @@ class DeviceMoeLayer {
 // The native path's launch sequence for a decode step (moe_runner.cu, ChooseSequence, gives the
 // rule and each reason): the chain (routing, input transform, gate+up, activation, down, combine:
 // six to eight launches) or one cooperative launch of the whole layer (moe_cooperative.h).
-// EXL3_MOE_COOP=0 keeps kAuto on the chain.
+// kAuto takes the cooperative launch only with EXL3_MOE_COOP=1 (opt-in until verified on a GPU).
 enum class MoeSequence { kAuto, kChain, kCooperative };
 const char* MoeSequenceName(MoeSequence s);
 

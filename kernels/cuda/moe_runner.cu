@@ -65,12 +65,12 @@ struct SequenceChoice {
   const char* reason;
 };
 
-// EXL3_MOE_COOP=0 keeps every forward on the chain (to compare the two in the engine, and a way
-// out should a driver mishandle the cooperative launch). Read once.
+// The rule (kAuto) takes the cooperative launch only with EXL3_MOE_COOP=1, until the kernel has
+// been checked and timed on a GPU (docs/kernels.md); the tools force either sequence. Read once.
 bool CooperativeAllowedByEnv() {
   static const bool allowed = [] {
     const char* v = std::getenv("EXL3_MOE_COOP");
-    return v == nullptr || std::strcmp(v, "0") != 0;
+    return v != nullptr && std::strcmp(v, "1") == 0;
   }();
   return allowed;
 }
@@ -101,7 +101,7 @@ SequenceChoice CooperativeCover(const MoeRunner::Impl& R, int T) {
 // or what ForceSequence asked for.
 SequenceChoice ChooseSequence(const MoeRunner::Impl& R, int T) {
   if (R.forced == MoeSequence::kChain) return {MoeSequence::kChain, "forced (MoeRunner::ForceSequence)"};
-  if (R.forced == MoeSequence::kAuto && !CooperativeAllowedByEnv()) return {MoeSequence::kChain, "EXL3_MOE_COOP=0"};
+  if (R.forced == MoeSequence::kAuto && !CooperativeAllowedByEnv()) return {MoeSequence::kChain, "EXL3_MOE_COOP is not 1 (the cooperative launch is opt-in until verified on a GPU)"};
   return CooperativeCover(R, T);
 }
 
