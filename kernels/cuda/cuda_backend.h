@@ -197,6 +197,13 @@ class DeviceMoeLayer {
 // [T, hidden] fp32 (overwritten): out[t] = sum_k w[t,k] * expert_{id[t,k]}(x[t]) + shared(x[t]).
 // Ids that are out of range or name an expert not held are skipped. All device pointers; no host
 // synchronisation and no allocation on the native path, so it can be captured in a CUDA graph.
+// The native path's launch sequence for a decode step (moe_runner.cu, ChooseSequence, gives the
+// rule and each reason): the chain (routing, input transform, gate+up, activation, down, combine:
+// six to eight launches) or one cooperative launch of the whole layer (moe_cooperative.h).
+// kAuto takes the cooperative launch only with EXL3_MOE_COOP=1 (opt-in until verified on a GPU).
+enum class MoeSequence { kAuto, kChain, kCooperative };
+const char* MoeSequenceName(MoeSequence s);
+
 class MoeRunner {
  public:
   static absl::StatusOr<std::unique_ptr<MoeRunner>> Create(const DeviceMoeLayer& layer, int max_tokens,
@@ -215,6 +222,12 @@ class MoeRunner {
   // serves every MoE layer of a model. Launches already made keep their layer.
   absl::Status Rebind(const DeviceMoeLayer& layer);
   Path path() const;
+  // Forces the native path's sequence (kAuto restores the rule); Forward fails with the reason
+  // where a forced cooperative launch does not cover the call. For tools (exl3-cuda-check,
+  // exl3-bench).
+  void ForceSequence(MoeSequence s);
+  // The sequence Forward runs for num_tokens tokens (kChain on the reference path), and why.
+  MoeSequence SequenceFor(int num_tokens, std::string* reason = nullptr) const;
   struct Impl;
 
  private:

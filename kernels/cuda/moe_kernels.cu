@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/moe_activation.cuh"
 #include "kernels/cuda/transform_kernels.cuh"
 
 namespace exl3::cuda {
@@ -177,14 +178,6 @@ __global__ void __launch_bounds__(128) MoeInputKernel(const float* __restrict__ 
       b.shared_scale[token] = 1.f;
     }
   }
-}
-
-__device__ __forceinline__ float SiluMul(float g, float u, float limit) {
-  if (limit > 0.f) {
-    g = fminf(g, limit);
-    u = fminf(fmaxf(u, -limit), limit);
-  }
-  return g / (1.f + expf(-g)) * u;
 }
 
 // One warp per (row, 128-block of the intermediate); per_row = max(inter, shared_inter) / 128.

@@ -123,7 +123,9 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const Moe
   const size_t table_entries = static_cast<size_t>(L.num_experts) + 1;
   const size_t table_bytes = Align(6 * 4 * table_entries * sizeof(void*));
   const size_t class_ints = L.classes.uniform() ? 0 : L.classes.order.size() + L.classes.class_first.size();
-  size_t total = table_bytes + Align(class_ints * sizeof(int));
+  // Each projection's per-expert spec codes (ProjTable::code), one byte per table entry.
+  const size_t code_bytes = Align(6 * table_entries);
+  size_t total = table_bytes + Align(class_ints * sizeof(int)) + code_bytes;
   for (const ExpertMlp* e : host.experts) {
     if (!e) continue;
     ++L.held;
@@ -189,6 +191,18 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const Moe
     projs[p]->host_spec = L.host_specs.data() + static_cast<size_t>(p) * L.num_experts;
     projs[3 + p]->host_spec = L.host_specs.data() + 3 * static_cast<size_t>(L.num_experts) + p;
   }
+  // The same as codes on the device, after the class arrays: projection p's at p * table_entries.
+  std::vector<uint8_t> code_image(6 * table_entries, 0);
+  for (int p = 0; p < 6; ++p) {
+    const int entries = p < 3 ? L.num_experts : (L.has_shared ? 1 : 0);
+    for (int e = 0; e < entries; ++e) {
+      const MoeProjSpec& s = projs[p]->host_spec[e];
+      if (s.bits > 0) code_image[p * table_entries + e] = static_cast<uint8_t>(MoeSpecCode(s.bits, s.codebook));
+    }
+    projs[p]->code = reinterpret_cast<const uint8_t*>(base + off) + p * table_entries;
+  }
+  char* const code_dst = base + off;
+  off += code_bytes;
   // Register mode: the kernels read the tensors in place from pinned, mapped host pages (on
   // GB10-style unified memory at memory speed, elsewhere over the interconnect).
   int use_host_ptr = 0, dev = 0;
@@ -286,12 +300,14 @@ absl::StatusOr<std::unique_ptr<DeviceMoeLayer>> DeviceMoeLayer::Create(const Moe
   if (register_host) {
     EXL3_RETURN_IF_ERROR(staged_copy(base, tables.data(), tables.size() * sizeof(void*)));
     if (class_ints > 0) EXL3_RETURN_IF_ERROR(staged_copy(base + table_bytes, class_image.data(), class_ints * sizeof(int)));
+    EXL3_RETURN_IF_ERROR(staged_copy(code_dst, code_image.data(), code_image.size()));
   } else {
     EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpy(base, tables.data(), tables.size() * sizeof(void*), cudaMemcpyHostToDevice));
     if (class_ints > 0) {
       EXL3_CUDA_RETURN_IF_ERROR(
           cudaMemcpy(base + table_bytes, class_image.data(), class_ints * sizeof(int), cudaMemcpyHostToDevice));
     }
+    EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpy(code_dst, code_image.data(), code_image.size(), cudaMemcpyHostToDevice));
   }
   L.host_tables = std::move(tables);
   for (int p = 0; p < 6; ++p) {

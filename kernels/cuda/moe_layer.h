@@ -24,11 +24,19 @@ struct ProjTable {
   const uint16_t** suh = nullptr;
   const uint16_t** svh = nullptr;
   const uint16_t** bias = nullptr;  // entries may be null
+  // [E] (routed) or [1] (shared): each expert's MoeSpecCode, for kernels that pick the decoder per
+  // expert at run time (moe_cooperative.cu); 0 where the expert is not held.
+  const uint8_t* code = nullptr;
   int k = 0, n = 0;
   int bits = 0, cb = 0;  // the first held expert's (every expert's in a uniform layer)
   const uint16_t* const* host_trellis = nullptr;  // host copy of `trellis` (host code only)
   const MoeProjSpec* host_spec = nullptr;         // [E]: each expert's K and codebook (host code only)
 };
+
+// One number per (K, codebook): (K - 1) * 3 + codebook, 0..23 (codebook: kernels/codebook.h's
+// Codebook, trellis_decode.cuh's kCb* values).
+inline constexpr int kMoeSpecCodes = 24;
+__host__ __device__ constexpr int MoeSpecCode(int bits, int codebook) { return (bits - 1) * 3 + codebook; }
 
 // The routing kernel's view of the classes (device arrays in the layer's block; moe_kernels.h's
 // LaunchRoute). order null: one class, experts in id order (a uniform layer).

@@ -10,11 +10,13 @@
 //   5. down               as 3
 //   6. MoeCombineKernel   per token: sum_k w * ((y·H) ⊙ svh + bias) + shared -> out fp32
 // The kernels of 1, 2, 4 and 6 are in moe_kernels.cu, the reference path's projections in
-// moe_reference.cu.
+// moe_reference.cu. Decode-sized batches run all of it in one cooperative launch instead
+// (moe_cooperative.h); ChooseSequence below is the rule.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -24,6 +26,7 @@
 #include "kernels/cuda/gemv_kernel.cuh"
 #include "kernels/cuda/gemv_plan.h"
 #include "kernels/cuda/kernel_dispatch.h"
+#include "kernels/cuda/moe_cooperative.h"
 #include "kernels/cuda/moe_kernels.h"
 #include "kernels/cuda/moe_layer.h"
 #include "kernels/cuda/moe_reference.h"
@@ -37,15 +40,82 @@ struct MoeRunner::Impl {
   int max_tokens = 0, topk = 0;
   Path path = Path::kNative;
   int sm_count = 0;
+  int coop_blocks_per_sm = 0;  // MoeCoopBlocksPerSm(): 0 where the cooperative launch cannot run
+  MoeSequence forced = MoeSequence::kAuto;
+  bool coop_refused = false;  // the runtime refused the cooperative grid once (LaunchMoeCoop)
   MoeWorkspace ws;   // routing, activations, host-routing staging
   Workspace ref_ws;  // reference path: cuBLAS handle and dequant scratch
   absl::Status Projections(bool gemm, const GemvProblem* probs, const ProjTable* const* tables, int count,
                            int T, cudaStream_t stream);
 };
 
+const char* MoeSequenceName(MoeSequence s) {
+  switch (s) {
+    case MoeSequence::kAuto: return "auto";
+    case MoeSequence::kChain: return "chain";
+    case MoeSequence::kCooperative: return "cooperative";
+  }
+  return "?";
+}
+
+namespace {
+
+struct SequenceChoice {
+  MoeSequence sequence;
+  const char* reason;
+};
+
+// The rule (kAuto) takes the cooperative launch only with EXL3_MOE_COOP=1, until the kernel has
+// been checked and timed on a GPU (docs/kernels.md); the tools force either sequence. Read once.
+bool CooperativeAllowedByEnv() {
+  static const bool allowed = [] {
+    const char* v = std::getenv("EXL3_MOE_COOP");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return allowed;
+}
+
+// Where the cooperative launch covers a forward of T tokens, and otherwise why not.
+SequenceChoice CooperativeCover(const MoeRunner::Impl& R, int T) {
+  const DeviceMoeLayer::Impl& L = *R.L;
+  if (R.path != Path::kNative) return {MoeSequence::kChain, "the reference path runs the chain with cuBLAS projections"};
+  if (R.coop_blocks_per_sm == 0) {
+    return {MoeSequence::kChain, "the device cannot launch MoeCoopKernel cooperatively (no cooperative launch, or no block fits an SM)"};
+  }
+  if (R.coop_refused) {
+    return {MoeSequence::kChain, "the runtime refused the cooperative grid as too large (fewer SMs for this context, e.g. under MPS)"};
+  }
+  if (T > kMoeCoopMaxTokens) return {MoeSequence::kChain, "more tokens than kMoeCoopMaxTokens (moe_cooperative.h)"};
+  if (T * R.topk > kMoeCoopMaxAssign) {
+    return {MoeSequence::kChain, "T * top_k above kMoeCoopMaxAssign (one routing thread per assignment)"};
+  }
+  if (L.hidden % 128 != 0 || L.inter % 128 != 0 || (L.has_shared && L.shared_inter % 128 != 0)) {
+    return {MoeSequence::kChain, "a layer dimension that is not a multiple of 128"};
+  }
+  return {MoeSequence::kCooperative, "a decode-sized batch: one cooperative launch for the whole layer"};
+}
+
+// The one place the native path's launch sequence is chosen: the cooperative launch wherever it
+// covers the call (it saves the chain's launches and the drain and fill between them), the chain
+// elsewhere (prefill-sized batches, devices without cooperative launch, shapes it does not take),
+// or what ForceSequence asked for.
+SequenceChoice ChooseSequence(const MoeRunner::Impl& R, int T) {
+  if (R.forced == MoeSequence::kChain) return {MoeSequence::kChain, "forced (MoeRunner::ForceSequence)"};
+  if (R.forced == MoeSequence::kAuto && !CooperativeAllowedByEnv()) return {MoeSequence::kChain, "EXL3_MOE_COOP is not 1 (the cooperative launch is opt-in until verified on a GPU)"};
+  return CooperativeCover(R, T);
+}
+
+}  // namespace
+
 MoeRunner::MoeRunner() : impl_(std::make_unique<Impl>()) {}
 MoeRunner::~MoeRunner() = default;
 Path MoeRunner::path() const { return impl_->path; }
+void MoeRunner::ForceSequence(MoeSequence s) { impl_->forced = s; }
+MoeSequence MoeRunner::SequenceFor(int num_tokens, std::string* reason) const {
+  const SequenceChoice c = ChooseSequence(*impl_, num_tokens);
+  if (reason) *reason = c.reason;
+  return c.sequence;
+}
 
 absl::StatusOr<std::unique_ptr<MoeRunner>> MoeRunner::Create(const DeviceMoeLayer& layer, int max_tokens, int top_k,
                                                              Path path) {
@@ -60,6 +130,9 @@ absl::StatusOr<std::unique_ptr<MoeRunner>> MoeRunner::Create(const DeviceMoeLaye
   EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&R.sm_count, cudaDevAttrMultiProcessorCount, dev));
   EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev));
   R.path = ResolvePath(path, cc, "moe");
+  if (R.path == Path::kNative) {
+    EXL3_ASSIGN_OR_RETURN(R.coop_blocks_per_sm, MoeCoopBlocksPerSm());
+  }
   const int H = R.L->hidden, I = R.L->inter, SI = std::max(R.L->shared_inter, 128);
   MoeWorkspaceShape shape;
   shape.max_tokens = max_tokens;
@@ -147,6 +220,32 @@ absl::Status MoeRunner::Forward(const float* x, int T, const int32_t* ids, const
   if (T == 0) return absl::OkStatus();
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   const bool shared = include_shared && L.has_shared;
+  const SequenceChoice choice = ChooseSequence(R, T);
+  if (R.forced == MoeSequence::kCooperative && choice.sequence != MoeSequence::kCooperative) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("MoeRunner: the cooperative launch was forced but does not cover T = ", T, ": ", choice.reason));
+  }
+  if (choice.sequence == MoeSequence::kCooperative) {
+    MoeCoopArgs a;
+    a.x = x;
+    a.ids = ids;
+    a.weights = weights;
+    a.out = out;
+    a.d = MoeDims{T, R.topk, L.hidden, L.inter, shared ? L.shared_inter : 0, L.limit, L.shared_limit, shared ? 1 : 0};
+    a.num_experts = L.num_experts;
+    a.gate = L.gate;
+    a.up = L.up;
+    a.down = L.down;
+    a.sgate = L.sgate;
+    a.sup = L.sup;
+    a.sdown = L.sdown;
+    a.shared_gate_vec = L.shared_gate_vec;
+    a.b = R.ws.buf;
+    const absl::Status launched = LaunchMoeCoop(a, R.coop_blocks_per_sm * R.sm_count, stream);
+    if (!absl::IsResourceExhausted(launched) || R.forced == MoeSequence::kCooperative) return launched;
+    // Refused as too large (nothing launched): the chain from now on.
+    R.coop_refused = true;
+  }
   // Chunks of 8 rows (GEMV) while experts see few tokens; 128-row chunks (prefill GEMM) beyond.
   const bool gemm = R.path == Path::kNative && T > kMoeGemvMaxTokens;
   const int chunk = gemm ? kGemmBM : kGemvRows;

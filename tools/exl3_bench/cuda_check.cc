@@ -19,6 +19,7 @@
 #include "kernels/cuda/bench_hooks.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/gemv_plan.h"
+#include "kernels/cuda/moe_cooperative.h"
 #include "kernels/exl3_linear.h"
 #include "kernels/moe_classes.h"
 #include "kernels/moe_cpu.h"
@@ -45,7 +46,12 @@ std::map<std::string, double> g_limit = {
     {"moe-registered-host", 1e-2},
     // Layers whose routed experts differ in K and codebook (ExpertSpecCycles): the same checks.
     {"moe-mixed-native", 1e-2}, {"moe-mixed-prefill", 1e-2}, {"moe-mixed-reference", 1e-2},
-    {"moe-mixed-graph", 1e-2}, {"moe-mixed-registered", 1e-2}, {"moe-mixed-classes", 0}};
+    {"moe-mixed-graph", 1e-2}, {"moe-mixed-registered", 1e-2}, {"moe-mixed-classes", 0},
+    // The one-launch cooperative decode (kernels/cuda/moe_cooperative.cu) beside the chain
+    // ("moe-native" is the chain, forced), and the rule that picks it (0: the expected sequence).
+    {"moe-cooperative", 1e-2}, {"moe-coop-graph", 1e-2}, {"moe-coop-registered", 1e-2},
+    {"moe-mixed-cooperative", 1e-2}, {"moe-mixed-coop-graph", 1e-2}, {"moe-mixed-coop-registered", 1e-2},
+    {"moe-coop-choice", 0}};
 int g_failures = 0;
 int g_cases = 0;
 uint64_t g_seed = 1;
@@ -344,7 +350,8 @@ void CheckMoe(const MoeCase& c, const std::vector<int>& token_counts, bool with_
     static const std::map<std::string, std::string> mixed = {
         {"moe-native", "moe-mixed-native"},       {"moe-native-prefill", "moe-mixed-prefill"},
         {"moe-reference", "moe-mixed-reference"}, {"moe-graph-replay", "moe-mixed-graph"},
-        {"moe-registered-host", "moe-mixed-registered"}};
+        {"moe-registered-host", "moe-mixed-registered"}, {"moe-cooperative", "moe-mixed-cooperative"},
+        {"moe-coop-graph", "moe-mixed-coop-graph"},      {"moe-coop-registered", "moe-mixed-coop-registered"}};
     return mixed.at(kernel);
   };
   std::string name = c.name;
@@ -361,8 +368,13 @@ void CheckMoe(const MoeCase& c, const std::vector<int>& token_counts, bool with_
   OK(dev.status());
   if (misaligned) OK((*dev)->copied_bytes() > 0 ? absl::OkStatus() : absl::InternalError("nothing copied"));
   const int max_t = *std::max_element(token_counts.begin(), token_counts.end());
+  // "moe-native": the launch chain (forced); "moe-cooperative": the runner's own rule, which takes
+  // the one-launch cooperative decode where it covers T (checked against the expected choice).
   auto native = cuda::MoeRunner::Create(**dev, max_t, c.topk, cuda::Path::kNative);
   OK(native.status());
+  (*native)->ForceSequence(cuda::MoeSequence::kChain);
+  auto coop = cuda::MoeRunner::Create(**dev, max_t, c.topk, cuda::Path::kNative);
+  OK(coop.status());
   std::unique_ptr<cuda::MoeRunner> reference;
   if (with_reference) {
     auto r = cuda::MoeRunner::Create(**dev, max_t, c.topk, cuda::Path::kReference);
@@ -379,6 +391,13 @@ void CheckMoe(const MoeCase& c, const std::vector<int>& token_counts, bool with_
   CK(cudaMalloc(&dids, static_cast<size_t>(max_t) * c.topk * 4));
   CK(cudaMalloc(&dw, static_cast<size_t>(max_t) * c.topk * 4));
   for (int T : token_counts) {
+    std::string why;
+    const bool coop_covers = (*coop)->SequenceFor(T, &why) == cuda::MoeSequence::kCooperative;
+    const bool coop_expected = T <= cuda::kMoeCoopMaxTokens && T * c.topk <= cuda::kMoeCoopMaxAssign;
+    Record("moe-coop-choice", coop_covers == coop_expected ? 0.0 : 1.0,
+           name + " T=" + std::to_string(T) + ": " + cuda::MoeSequenceName(coop_covers ? cuda::MoeSequence::kCooperative
+                                                                                      : cuda::MoeSequence::kChain) +
+               " (" + why + ")");
     for (Routing kind : {Routing::kRandom, Routing::kAllToOne, Routing::kRepeatedWeights,
                          Routing::kDuplicatesAndInvalid}) {
       for (bool shared : {true, false}) {
@@ -401,6 +420,14 @@ void CheckMoe(const MoeCase& c, const std::vector<int>& token_counts, bool with_
                      : T > cuda::kMoeGemvMaxTokens ? "moe-native-prefill"
                                                    : "moe-native"),
                RelErr(got.data(), ref.data(), ref.size()), what);
+        if (coop_covers) {
+          CK(cudaMemset(dout, 0xff, ref.size() * 4));
+          OK((*coop)->Forward(dx, T, dids, dw, dout, nullptr, shared));
+          CK(cudaDeviceSynchronize());
+          got = Fetch(dout, ref.size());
+          Record(label(registered ? "moe-coop-registered" : "moe-cooperative"),
+                 RelErr(got.data(), ref.data(), ref.size()), what);
+        }
         if (reference) {
           CK(cudaMemset(dout, 0xff, ref.size() * 4));
           OK(reference->ForwardHostRouting(dx, T, ids.data(), w.data(), dout, nullptr, shared));
@@ -410,14 +437,15 @@ void CheckMoe(const MoeCase& c, const std::vector<int>& token_counts, bool with_
         }
       }
     }
-    if (graph && T <= cuda::kMoeGemvMaxTokens) {
-      // Capture once, replay with new inputs written into the same device buffers.
+    // Capture once, replay with new inputs written into the same device buffers: the chain, and
+    // the cooperative launch where it covers T (a cooperative kernel node).
+    auto replay = [&](cuda::MoeRunner* runner, const std::string& kernel) {
       cudaStream_t s;
       CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
       cudaGraph_t g;
       cudaGraphExec_t ge;
       CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-      OK((*native)->Forward(dx, T, dids, dw, dout, s, true));
+      OK(runner->Forward(dx, T, dids, dw, dout, s, true));
       CK(cudaStreamEndCapture(s, &g));
       CK(cudaGraphInstantiate(&ge, g, 0));
       for (int rep = 0; rep < 3; ++rep) {
@@ -433,13 +461,15 @@ void CheckMoe(const MoeCase& c, const std::vector<int>& token_counts, bool with_
         CK(cudaGraphLaunch(ge, s));
         CK(cudaStreamSynchronize(s));
         const auto got = Fetch(dout, ref.size());
-        Record(label("moe-graph-replay"), RelErr(got.data(), ref.data(), ref.size()),
+        Record(label(kernel), RelErr(got.data(), ref.data(), ref.size()),
                name + " T=" + std::to_string(T) + " replay " + std::to_string(rep));
       }
       CK(cudaGraphExecDestroy(ge));
       CK(cudaGraphDestroy(g));
       CK(cudaStreamDestroy(s));
-    }
+    };
+    if (graph && T <= cuda::kMoeGemvMaxTokens) replay(native->get(), "moe-graph-replay");
+    if (graph && coop_covers) replay(coop->get(), "moe-coop-graph");
   }
   CK(cudaFree(dx));
   CK(cudaFree(dout));
@@ -485,18 +515,55 @@ void CheckMixedExperts(bool small, bool big) {
   }
 }
 
+// The one-launch cooperative decode (kernels/cuda/moe_cooperative.cu) at tile edges: every K and
+// codebook (a uniform layer each, alternating shared expert, biases, the clamp, experts not held,
+// top-k), T across the 8-row chunk edge and the bound (kMoeCoopMaxTokens; 17 runs the chain),
+// every T up to the bound on one layer, graph replay, and a top-k whose T * top_k passes
+// kMoeCoopMaxAssign before the token bound (the rule falls back to the chain there). Every call
+// also runs the chain (forced) and compares both with the CPU reference; the mixed-class layers
+// are CheckMixedExperts's.
+void CheckCooperativeMoe(bool small) {
+  const Codebook cbs[] = {Codebook::k3Inst, Codebook::kMcg, Codebook::kMul1};
+  const std::vector<int> edges = small ? std::vector<int>{1, 9} : std::vector<int>{1, 2, 7, 8, 9, 15, 16, 17};
+  for (int K = 1; K <= 8; ++K) {
+    for (Codebook cb : cbs) {
+      if (small && (K != 3 || cb != Codebook::kMcg)) continue;  // the sanitizer runs --small
+      const ProjSpec p{K, cb};
+      const int v = K * 3 + static_cast<int>(cb);
+      const std::string name = "coop K" + std::to_string(K) + " " + std::string(CodebookName(cb));
+      static std::deque<std::string> names;  // MoeCase keeps a const char*
+      names.push_back(name + (v % 2 ? " +shared" : "") + (v % 3 == 0 ? " +bias" : "") + (v % 4 == 1 ? " +limit" : ""));
+      MoeCase c{names.back().c_str(), 256, 384, 12 + v % 5, v % 3 == 2 ? 5 : 0, 3 + v % 4, v % 2 ? 256 : 0,
+                p, p, p, p, p, p, v % 4 == 1 ? 0.75f : 0.0f, v % 3 == 0, v % 2 == 1 && v % 7 == 3};
+      CheckMoe(c, edges, false, K == 3 || K == 8);
+    }
+  }
+  if (small) return;
+  std::vector<int> every_t;
+  for (int T = 1; T <= cuda::kMoeCoopMaxTokens + 1; ++T) every_t.push_back(T);
+  MoeCase uniform{"coop 512/256 E32 top8 K2 mcg shared", 512, 256, 32, 0, 8, 256, {2, Codebook::kMcg},
+                  {2, Codebook::kMcg}, {2, Codebook::kMcg}, {3, Codebook::k3Inst}, {3, Codebook::k3Inst},
+                  {4, Codebook::kMul1}, 7.0f, true, false};
+  CheckMoe(uniform, every_t, true, true);
+  // top 20: T = 12 is 240 assignments (cooperative), T = 13 260 (the chain).
+  MoeCase wide{"coop top20 (assignment bound)", 256, 256, 40, 0, 20, 128, {4, Codebook::kMcg}, {4, Codebook::kMcg},
+               {4, Codebook::kMcg}, {4, Codebook::kMcg}, {4, Codebook::kMcg}, {4, Codebook::kMcg}, 0.0f, false, false};
+  CheckMoe(wide, {1, 12, 13}, false, true);
+}
+
 int Main(int argc, char** argv) {
   if (exl3::PrintVersionIfAsked(argc, argv, "exl3-cuda-check")) return 0;
-  bool small = false, big = true, mixed_only = false;
+  bool small = false, big = true, mixed_only = false, coop_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       std::printf(
-          "usage: exl3-cuda-check [--small] [--no-big] [--mixed-experts] [--seed N]\n"
+          "usage: exl3-cuda-check [--small] [--no-big] [--mixed-experts] [--cooperative] [--seed N]\n"
           "Checks the CUDA kernels against the CPU reference on random inputs; exits 1 on failure.\n"
           "  --small          a short sweep (for compute-sanitizer)\n"
           "  --no-big         skip the model-sized shapes\n"
-          "  --mixed-experts  only the MoE layers whose routed experts differ in K and codebook\n");
+          "  --mixed-experts  only the MoE layers whose routed experts differ in K and codebook\n"
+          "  --cooperative    only the one-launch cooperative MoE decode's sweep\n");
       return 0;
     } else if (a == "--small") {
       small = true;
@@ -504,6 +571,8 @@ int Main(int argc, char** argv) {
       big = false;
     } else if (a == "--mixed-experts") {
       mixed_only = true;
+    } else if (a == "--cooperative") {
+      coop_only = true;
     } else if (a == "--seed" && i + 1 < argc) {
       g_seed = std::strtoull(argv[++i], nullptr, 10);
     } else {
@@ -523,7 +592,9 @@ int Main(int argc, char** argv) {
               info->sm_count, info->l2_bytes >> 20);
   cuda::Workspace ws;
   const Codebook cbs[] = {Codebook::k3Inst, Codebook::kMcg, Codebook::kMul1};
-  if (mixed_only) {
+  if (coop_only) {
+    CheckCooperativeMoe(small);
+  } else if (mixed_only) {
     CheckMixedExperts(small, big);
   } else if (small) {
     for (int K : {2, 5})
@@ -535,6 +606,7 @@ int Main(int argc, char** argv) {
     CheckMoe(c, {3, 70}, true, false);
     CheckMoe(c, {3}, false, false, /*registered=*/true);
     CheckMixedExperts(true, false);
+    CheckCooperativeMoe(true);
   } else {
     // Every K and codebook on tile-edge shapes and token counts (GEMV <= 48 rows, GEMM above).
     for (int K = 1; K <= 8; ++K)
@@ -600,6 +672,7 @@ int Main(int argc, char** argv) {
       CheckMoe(glm, {1, 8, 64}, true, true);
     }
     CheckMixedExperts(false, big);
+    CheckCooperativeMoe(false);
   }
   std::printf("\nworst ‖out−ref‖/‖ref‖ per kernel (%d cases, %d failures):\n", g_cases, g_failures);
   for (const auto& [k, v] : g_worst) std::printf("  %-22s %.3e%s\n", k.c_str(), v, k == "dequant-mismatches" ? " (count)" : "");

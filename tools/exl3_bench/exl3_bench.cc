@@ -301,8 +301,11 @@ void BenchMoe(const Ceilings& c, int stack) {
       {"DeepSeek-V4.1-Flash", 5120, 2304, 384, 6, 2304},
       {"Qwen3.8-Flash-Next", 2560, 640, 512, 10, 0},
   };
-  std::printf("\n%-44s %9s %9s %9s %9s %7s %9s\n", "MoE layer (routed + shared, CUDA graph)", "native", "floor",
-              "bytes-fl", "decode-fl", "x floor", "reference");
+  // "chain": the native launch chain (forced); "coop": the one-launch cooperative decode
+  // (kernels/cuda/moe_cooperative.cu) where it covers T (MoeRunner::SequenceFor), "-" elsewhere;
+  // both timed in the same run, each the median of 30 replays of a graph of 8 calls after warm-up.
+  std::printf("\n%-44s %9s %9s %9s %9s %9s %7s %7s %9s\n", "MoE layer (routed + shared, CUDA graph)", "chain", "coop",
+              "floor", "bytes-fl", "decode-fl", "chain/fl", "coop/fl", "reference");
   for (const MoeShape& s : shapes) {
     for (int K : {2, 3, 4}) {
       for (Codebook cb : {Codebook::kMcg, Codebook::kMul1}) {
@@ -312,9 +315,14 @@ void BenchMoe(const Ceilings& c, int stack) {
         RandomMoeLayer layer(s.hidden, s.inter, s.experts, 0, p, p, p, s.shared_inter, p, p, p, 10.0f, 11 + K);
         auto dev = cuda::DeviceMoeLayer::Upload(layer.view);
         OK(dev.status());
-        for (int T : {1, 8, 64}) {
+        for (int T : {1, 8, 16, 64}) {
           auto runner = cuda::MoeRunner::Create(**dev, T, s.topk, cuda::Path::kNative);
           OK(runner.status());
+          (*runner)->ForceSequence(cuda::MoeSequence::kChain);
+          auto coopr = cuda::MoeRunner::Create(**dev, T, s.topk, cuda::Path::kNative);
+          OK(coopr.status());
+          (*coopr)->ForceSequence(cuda::MoeSequence::kCooperative);
+          const bool coop_covers = (*coopr)->SequenceFor(T) == cuda::MoeSequence::kCooperative;
           auto refr = cuda::MoeRunner::Create(**dev, T, s.topk, cuda::Path::kReference);
           OK(refr.status());
           const int sets = 8;
@@ -358,8 +366,10 @@ void BenchMoe(const Ceilings& c, int stack) {
             };
           };
           call(runner->get())(0);
+          if (coop_covers) call(coopr->get())(0);
           CK(cudaStreamSynchronize(g_stream));
           const double t = TimeMedian(call(runner->get()), sets, 30);
+          const double tc = coop_covers ? TimeMedian(call(coopr->get()), sets, 30) : 0.0;
           const double tr = TimeMedian(call(refr->get()), 2, 3, false);
           const double wexp = 3.0 * s.hidden * s.inter;
           const double weights = touched * wexp + (s.shared_inter ? 3.0 * s.hidden * s.shared_inter : 0);
@@ -369,15 +379,21 @@ void BenchMoe(const Ceilings& c, int stack) {
           char name[96];
           std::snprintf(name, sizeof name, "%s K=%d %s T=%d (%.1f experts)", s.name, K,
                         std::string(CodebookName(cb)).c_str(), T, touched);
-          std::printf("%-44s %7.1fus %7.1fus %7.1fus %7.1fus %6.2fx %7.1fus\n", name, t * 1e6, floor * 1e6, fb * 1e6,
-                      fd * 1e6, t / floor, tr * 1e6);
-          char js[512];
+          char coop_us[16] = "-", coop_x[16] = "-", coop_js[16] = "null";
+          if (coop_covers) {
+            std::snprintf(coop_us, sizeof coop_us, "%.1fus", tc * 1e6);
+            std::snprintf(coop_x, sizeof coop_x, "%.2fx", tc / floor);
+            std::snprintf(coop_js, sizeof coop_js, "%.2f", tc * 1e6);
+          }
+          std::printf("%-44s %7.1fus %9s %7.1fus %7.1fus %7.1fus %6.2fx %7s %7.1fus\n", name, t * 1e6, coop_us,
+                      floor * 1e6, fb * 1e6, fd * 1e6, t / floor, coop_x, tr * 1e6);
+          char js[640];
           std::snprintf(js, sizeof js,
                         "{\"bench\":\"moe\",\"model\":\"%s\",\"K\":%d,\"codebook\":\"%s\",\"T\":%d,\"experts_touched\":%.2f,"
-                        "\"native_us\":%.2f,\"floor_us\":%.2f,\"bytes_floor_us\":%.2f,\"decode_floor_us\":%.2f,"
+                        "\"native_us\":%.2f,\"coop_us\":%s,\"floor_us\":%.2f,\"bytes_floor_us\":%.2f,\"decode_floor_us\":%.2f,"
                         "\"reference_us\":%.2f}",
-                        s.name, K, std::string(CodebookName(cb)).c_str(), T, touched, t * 1e6, floor * 1e6, fb * 1e6,
-                        fd * 1e6, tr * 1e6);
+                        s.name, K, std::string(CodebookName(cb)).c_str(), T, touched, t * 1e6, coop_js, floor * 1e6,
+                        fb * 1e6, fd * 1e6, tr * 1e6);
           Json(js);
           CK(cudaFree(dx));
           CK(cudaFree(dout));
