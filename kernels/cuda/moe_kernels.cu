@@ -215,17 +215,10 @@ __global__ void __launch_bounds__(128) MoeMidKernel(MoeDims d, ProjTable gate, P
   if (blk >= n_inter / 128) return;
   const uint16_t* bias_g = G->bias[e];
   const uint16_t* bias_u = U->bias[e];
-  float g[4], u[4];
   const size_t off = static_cast<size_t>(row) * n_inter + 128 * blk;
-  OutputBlock(yg + off, G->svh[e] + 128 * blk, bias_g ? bias_g + 128 * blk : nullptr, g, lane);
-  OutputBlock(yu + off, U->svh[e] + 128 * blk, bias_u ? bias_u + 128 * blk : nullptr, u, lane);
-  const uint16_t* suh_d = D->suh[e] + 128 * blk;
-  float h[4];
-#pragma unroll
-  for (int q = 0; q < 4; ++q) h[q] = SiluMul(g[q], u[q], limit) * HalfAt(suh_d, 32 * q + lane);
-  WarpHadamard128(h, lane);
-#pragma unroll
-  for (int q = 0; q < 4; ++q) ad[off + 32 * q + lane] = __float2half_rn(h[q]);
+  ActivateBlock(yg + off, yu + off, G->svh[e] + 128 * blk, bias_g ? bias_g + 128 * blk : nullptr,
+                U->svh[e] + 128 * blk, bias_u ? bias_u + 128 * blk : nullptr, D->suh[e] + 128 * blk, limit,
+                ad + off, lane);
 }
 
 // One warp per (token, 128-block of hidden): out = sum over the token's assignments + shared.
