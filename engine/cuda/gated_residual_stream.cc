@@ -70,8 +70,16 @@ class GatedResidualStream final : public ResidualStream {
       if (states_ == nullptr || ple_rows_ == nullptr)
         return absl::InternalError("a PLE layer runs before the step's n-gram rows and states are bound");
       const float* e = ple_rows_ + static_cast<size_t>(L.ple_index) * ple_layer_ints_;
+      const int wide = shape_.streams * shape_.hidden;
+      EXL3_RETURN_IF_ERROR(Check(e, first, n, cfg_.qwen4exp->ple.embed_dim, "PLE", ": n-gram rows", layer));
       EXL3_RETURN_IF_ERROR(L.ple->Forward(streams_.get(), e, first, n, states_->StepFor(first, n), ple_ws_, ctx_));
-      EXL3_RETURN_IF_ERROR(Check(streams_.get(), first, n, shape_.streams * shape_.hidden, "PLE", ": streams", layer));
+      // Its intermediates, each stage after the one before (the first non-finite names the stage).
+      EXL3_RETURN_IF_ERROR(Check(ple_ws_.key.get(), first, n, wide, "PLE", ": key (projected, normed)", layer));
+      EXL3_RETURN_IF_ERROR(Check(ple_ws_.value.get(), first, n, shape_.hidden, "PLE", ": value", layer));
+      EXL3_RETURN_IF_ERROR(Check(ple_ws_.query.get(), first, n, wide, "PLE", ": query (normed streams)", layer));
+      EXL3_RETURN_IF_ERROR(Check(ple_ws_.v.get(), first, n, wide, "PLE", ": gated value", layer));
+      EXL3_RETURN_IF_ERROR(Check(ple_ws_.normed.get(), first, n, wide, "PLE", ": conv input (normed)", layer));
+      EXL3_RETURN_IF_ERROR(Check(streams_.get(), first, n, wide, "PLE", ": streams", layer));
     }
     return Collapse(L.mixer, layer, "mixer", first, n, x);
   }

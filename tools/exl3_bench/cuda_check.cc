@@ -368,13 +368,15 @@ void CheckMoe(const MoeCase& c, const std::vector<int>& token_counts, bool with_
   OK(dev.status());
   if (misaligned) OK((*dev)->copied_bytes() > 0 ? absl::OkStatus() : absl::InternalError("nothing copied"));
   const int max_t = *std::max_element(token_counts.begin(), token_counts.end());
-  // "moe-native": the launch chain (forced); "moe-cooperative": the runner's own rule, which takes
-  // the one-launch cooperative decode where it covers T (checked against the expected choice).
+  // "moe-native": the launch chain (forced); "moe-cooperative": the cooperative decode asked for
+  // (the engine's rule takes it only with EXL3_MOE_COOP=1), which its cover rule still sends to the
+  // chain where it does not cover T (checked against the expected choice).
   auto native = cuda::MoeRunner::Create(**dev, max_t, c.topk, cuda::Path::kNative);
   OK(native.status());
   (*native)->ForceSequence(cuda::MoeSequence::kChain);
   auto coop = cuda::MoeRunner::Create(**dev, max_t, c.topk, cuda::Path::kNative);
   OK(coop.status());
+  (*coop)->ForceSequence(cuda::MoeSequence::kCooperative);
   std::unique_ptr<cuda::MoeRunner> reference;
   if (with_reference) {
     auto r = cuda::MoeRunner::Create(**dev, max_t, c.topk, cuda::Path::kReference);
