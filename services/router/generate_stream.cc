@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/common/status.h"
 #include "services/router/generate_messages.h"
+#include "services/router/request_log.h"
 
 namespace exl3::router {
 
@@ -106,6 +107,7 @@ class GenerateStreamReactor final
 
   // On one of gRPC's threads (OnReadDone).
   void StartRequest(uint64_t id, const pb::GenerateRequest& req) {
+    const SteadyClock::time_point taken = SteadyClock::now();
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (abandoned_) return;
@@ -119,6 +121,7 @@ class GenerateStreamReactor final
       }
       requests_.emplace(id, Request{});
     }
+    LogRequestStart(req);  // before Submit: its end may be logged before Submit returns
     const SteadyClock::time_point deadline =
         RequestDeadline(req, registry_.options_.default_timeout, call_deadline_);
     // Not under mu_: the engine may deliver the request's events (which take mu_) before Submit
@@ -132,6 +135,7 @@ class GenerateStreamReactor final
                     : params.status();
     std::lock_guard<std::mutex> lock(mu_);
     if (!engine_id.ok()) {
+      LogRequestRefused(req, engine_id.status(), taken);
       requests_.erase(id);
       if (!abandoned_) QueueRefusalLocked(id, svc::ToGrpcStatus(engine_id.status()));
       AdvanceLocked();
@@ -162,6 +166,7 @@ class GenerateStreamReactor final
   // On the engine's loop thread. Only gathers: Flush starts the write once the loop has
   // delivered the pass's events.
   void OnEvent(uint64_t id, const engine::GenerateEvent& e) {
+    if (e.finish) LogRequestEnd(e.tag, *e.finish);
     std::lock_guard<std::mutex> lock(mu_);
     bool first = false;  // the event brings the request's first tokens
     if (auto it = requests_.find(id); it != requests_.end()) {

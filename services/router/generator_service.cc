@@ -7,6 +7,7 @@
 #include "grpcpp/grpcpp.h"
 #include "services/common/status.h"
 #include "services/router/generate_messages.h"
+#include "services/router/request_log.h"
 
 namespace exl3::router {
 namespace {
@@ -23,6 +24,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateRespon
                   const pb::GenerateRequest& req, const GeneratorOptions& options)
       : engine_(engine), writer_(writer), first_write_started_(options.first_write_started),
         first_write_done_(options.first_write_done) {
+    const SteadyClock::time_point taken = SteadyClock::now();
+    LogRequestStart(req);  // before Submit: its end may be logged before Submit returns
     const SteadyClock::time_point deadline =
         RequestDeadline(req, options.default_timeout, ctx->deadline());
     absl::StatusOr<engine::GenerateParams> params = ToGenerateParams(req, deadline, options);
@@ -32,6 +35,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateRespon
                     : params.status();
     std::lock_guard<std::mutex> lock(mu_);
     if (!id.ok()) {
+      LogRequestRefused(req, id.status(), taken);
       write_ = WriteState::kFinished;
       Finish(svc::ToGrpcStatus(id.status()));
       return;
@@ -93,6 +97,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateRespon
       first_at_ = SteadyClock::now();
     }
     if (e.finish) {
+      LogRequestEnd(e.tag, *e.finish);
       request_ = RequestState::kEnded;
       SetFinish(*e.finish, &pending_);
       final_status_ = FinalStatus(*e.finish);
