@@ -13,8 +13,10 @@ import stack  # noqa: E402
 
 
 class Stack:
-    def __init__(self, model: Path, engine: str, engine_metrics: str, url: str) -> None:
+    def __init__(self, model: Path, engine: str, engine_metrics: str, url: str,
+                 router: stack.Proc) -> None:
         self.model = model
+        self.router = router                 # exl3-router: its log is router.text()
         self.engine = engine
         self.engine_metrics = engine_metrics
         self.url = url                       # http://127.0.0.1:PORT/v1
@@ -44,6 +46,6 @@ def live(build_dir, model, tmp_path_factory):
     except BaseException:
         router.stop()
         raise
-    yield Stack(model, engine, metrics, url)
+    yield Stack(model, engine, metrics, url, router)
     fe.stop()
     router.stop()

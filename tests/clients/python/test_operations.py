@@ -140,6 +140,45 @@ def test_request_id_echoed(live):
     assert s == 400 and "X-Request-Id" in json.loads(text)["error"]["message"]
 
 
+def _engine_lines(live, rid: str) -> tuple[list[str], list[str]]:
+    """The engine's (exl3-router's) log lines of the request whose engine id is `rid`: its start
+    lines and its end lines (services/router/request_log.h), once the end has come."""
+    def lines(kind: str) -> list[str]:
+        return [ln for ln in live.router.text().splitlines()
+                if f"request {kind} id={rid} " in ln]
+    assert stack.wait_until(lambda: lines("end"), 10), f"no end line of {rid} in the engine's log"
+    return lines("start"), lines("end")
+
+
+def test_request_id_in_the_engines_log(live):
+    """The client's X-Request-Id reaches the engine (GenerateRequest.request_id, in the answer's
+    id "chatcmpl-ID" / "cmpl-ID"): its log has one line when it takes the request and one when it
+    ends, both with the id, the latter with the tokens, finish reason and times. Without an id the
+    front end's own (the answer's id) is the engine's."""
+    client = openai.OpenAI(base_url=live.url, api_key="none", max_retries=0, timeout=60)
+    r = client.chat.completions.create(model=live.name, messages=HI, max_tokens=3,
+                                       extra_headers={"X-Request-Id": "abc"})
+    start, end = _engine_lines(live, "chatcmpl-abc")
+    assert len(start) == 1 and len(end) == 1, (start, end)
+    assert f" prompt_tokens={r.usage.prompt_tokens} max_tokens=3" in start[0], start
+    assert f" generated_tokens={r.usage.completion_tokens} " in end[0], end
+    assert f" finish_reason={r.choices[0].finish_reason} " in end[0], end
+    assert re.search(r" ttft_s=\d+\.\d+ total_s=\d+\.\d+$", end[0]), end
+    # Streamed, and on completions.
+    chunks = list(client.chat.completions.create(model=live.name, messages=HI, max_tokens=2,
+                                                 stream=True,
+                                                 extra_headers={"X-Request-Id": "abc-streamed"}))
+    assert chunks[0].id == "chatcmpl-abc-streamed"
+    assert [len(x) for x in _engine_lines(live, "chatcmpl-abc-streamed")] == [1, 1]
+    client.completions.create(model=live.name, prompt="x", max_tokens=2,
+                              extra_headers={"X-Request-Id": "abc-completion"})
+    assert [len(x) for x in _engine_lines(live, "cmpl-abc-completion")] == [1, 1]
+    # No id given: the answer's id is the engine's.
+    raw = client.completions.with_raw_response.create(model=live.name, prompt="x", max_tokens=2)
+    assert [len(x) for x in _engine_lines(live, raw.parse().id)] == [1, 1]
+    assert raw.headers["x-request-id"] == raw.parse().id
+
+
 def test_host_and_port(live, frontend):
     port = stack.free_port()
     _, url = frontend("--host", "127.0.0.1", "--port", str(port))

@@ -401,3 +401,109 @@ def test_deepseek_v4_forced_call_after_the_reasoning(v4):
         block = v4.engine.starts[-1].sampling.constraint_after_reasoning
         assert (block.start, block.end, block.output_starts_inside) == \
             ("<think>", "</think>", inside), kwargs
+
+
+def test_deepseek_v4_add_special_tokens(v4):
+    """vLLM's add_special_tokens (DeepSeek-V4's tokenizer adds its BOS): on chat false by default
+    (the rendering has its own BOS), true adds the tokenizer's on top; on completions true by
+    default, false leaves a text prompt's out."""
+    bos = v4.tok.encode("", add_special_tokens=True)
+    assert len(bos) == 1
+    for extra, n in (({}, 1), ({"add_special_tokens": False}, 1),
+                     ({"add_special_tokens": True}, 2)):
+        _ask(v4, "Four.", extra_body=extra)
+        got = list(v4.engine.starts[-1].prompt_token_ids)
+        assert got[:n] == bos * n and got[n] != bos[0], extra
+    for extra, first in (({}, bos), ({"add_special_tokens": True}, bos),
+                         ({"add_special_tokens": False}, [])):
+        v4.client.completions.create(model="fake", prompt="Hello there", max_tokens=2,
+                                     extra_body=extra,
+                                     extra_headers=v4.replies("Hi.", prefix="cmpl-"))
+        assert list(v4.engine.starts[-1].prompt_token_ids) == \
+            first + v4.tok.encode("Hello there", add_special_tokens=False), extra
+
+
+# ---- reasoning_effort: the top-level field (vLLM's: low, medium, high) reaches the chat template
+# as its `reasoning_effort`, as chat_template_kwargs.reasoning_effort does. The test template (the
+# glm4_moe fixture's) writes the value it gets at the end of the prompt.
+
+EFFORT_MARK = "[reasoning effort: {}]"
+
+
+@pytest.fixture(scope="module")
+def effort(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("reasoning-effort")
+    model = tmp / "glm4_moe"
+    shutil.copytree(ROOT / "tests/fixtures/tokenizer/glm4_moe", model)
+    conf = json.loads((model / "tokenizer_config.json").read_text())
+    conf["chat_template"] += ("{% if reasoning_effort is defined %}"
+                              + EFFORT_MARK.format("{{ reasoning_effort }}") + "{% endif %}")
+    (model / "tokenizer_config.json").write_text(json.dumps(conf, ensure_ascii=False))
+    engine = FakeEngine(step_s=0.002)
+    server = ThreadedServer(engine).start()
+    try:
+        fe, url = stack.start_frontend(server.target, model, tmp / "logs")
+    except BaseException:
+        server.close()
+        raise
+    f = Fake("glm4_moe", None, engine, fe, url, model)
+    yield f
+    f.fe.stop()
+    server.close()
+
+
+def test_reasoning_effort_reaches_the_template(effort):
+    """reasoning_effort (the openai SDK's own argument) is the template's reasoning_effort,
+    streamed or not; chat_template_kwargs.reasoning_effort the same; both, when they agree."""
+    for value in ("low", "medium", "high"):
+        r = effort.client.chat.completions.create(model="fake", messages=ASK,
+                                                  reasoning_effort=value,
+                                                  extra_headers=effort.replies("Four."))
+        assert r.choices[0].message.content == "Four."
+        assert effort.last_prompt().endswith(EFFORT_MARK.format(value)), effort.last_prompt()
+    chunks = list(effort.client.chat.completions.create(
+        model="fake", messages=ASK, reasoning_effort="high", stream=True,
+        extra_headers=effort.replies("Four.")))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Four."
+    assert effort.last_prompt().endswith(EFFORT_MARK.format("high"))
+    for kw in ({"extra_body": {"chat_template_kwargs": {"reasoning_effort": "low"}}},
+               {"reasoning_effort": "low",
+                "extra_body": {"chat_template_kwargs": {"reasoning_effort": "low"}}}):
+        effort.client.chat.completions.create(model="fake", messages=ASK,
+                                              extra_headers=effort.replies("Four."), **kw)
+        assert effort.last_prompt().endswith(EFFORT_MARK.format("low")), kw
+    effort.client.chat.completions.create(model="fake", messages=ASK,
+                                          extra_headers=effort.replies("Four."))
+    assert "reasoning effort" not in effort.last_prompt()
+    # /tokenize renders the messages the same way.
+    r = httpx.post(effort.url[: -len("/v1")] + "/tokenize",
+                   json={"messages": ASK, "reasoning_effort": "medium"}, timeout=30)
+    assert r.status_code == 200
+    assert effort.tok.decode(r.json()["tokens"], skip_special_tokens=False).endswith(
+        EFFORT_MARK.format("medium"))
+
+
+def test_reasoning_effort_refusals(effort):
+    """A value outside low/medium/high is a 400 naming the field; the top-level field and
+    chat_template_kwargs.reasoning_effort that differ, a 400 naming both. Nothing reaches the
+    engine."""
+    started = len(effort.engine.starts)
+    for value in ("extreme", "minimal", 3):
+        with pytest.raises(openai.BadRequestError) as e:
+            effort.client.chat.completions.create(model="fake", messages=ASK,
+                                                  extra_body={"reasoning_effort": value})
+        err = e.value.body
+        assert err["param"] == "reasoning_effort" and "reasoning_effort" in err["message"], err
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as e:
+            effort.client.chat.completions.create(
+                model="fake", messages=ASK, reasoning_effort="high", stream=stream,
+                extra_body={"chat_template_kwargs": {"reasoning_effort": "low"}})
+        err = e.value.body
+        assert err["param"] == "reasoning_effort", err
+        assert "chat_template_kwargs.reasoning_effort" in err["message"] and \
+            "'high'" in err["message"] and "'low'" in err["message"], err
+    r = httpx.post(effort.url[: -len("/v1")] + "/tokenize",
+                   json={"messages": ASK, "reasoning_effort": "max"}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_effort"
+    assert len(effort.engine.starts) == started

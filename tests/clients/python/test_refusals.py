@@ -49,6 +49,9 @@ BOTH = [
     ("kv_transfer_params", {"do_remote_prefill": True}),
     ("vllm_xargs", {"k": 1}),
     ("stream_options", {"include_usage": True, "continuous_usage_stats": True}),
+    ("max_repetition_pattern_size", 4),
+    ("min_repetition_pattern_size", 2),
+    ("repetition_min_count", 3),
 ]
 CHAT_ONLY = [
     # Without tools (with them: test_tool_call_api.py, test_structured_output.py).
@@ -61,7 +64,7 @@ CHAT_ONLY = [
     ("documents", [{"title": "t", "text": "x"}]),
     ("chat_template", "{{ messages }}"),
     ("mm_processor_kwargs", {"a": 1}),
-    ("reasoning_effort", "low"),
+    ("reasoning_effort", "extreme"),  # low, medium, high only (test_reasoning_api.py)
     ("include_reasoning", False),  # without --reasoning-parser
 ]
 COMPLETION_ONLY = [
@@ -78,10 +81,13 @@ NO_OPS = [
     ("guided_json", None), ("structured_outputs", None), ("response_format", {"type": "text"}),
     ("guided_decoding_backend", "xgrammar"), ("structured_outputs", {"disable_fallback": True}),
     ("stream_options", {"include_usage": False, "continuous_usage_stats": False}),
+    ("max_repetition_pattern_size", 0), ("min_repetition_pattern_size", 0),
+    ("repetition_min_count", 0),
 ]
 CHAT_NO_OPS = [("tool_choice", "none"), ("tool_choice", "auto"), ("parallel_tool_calls", True),
                ("tools", []), ("echo", False), ("continue_final_message", False),
-               ("include_reasoning", True)]
+               ("include_reasoning", True), ("reasoning_effort", None),
+               ("add_special_tokens", False)]
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +133,8 @@ def test_chat_takes_values_that_change_nothing(client, live, field, value):
     assert r.choices[0].finish_reason in ("stop", "length")
 
 
-@pytest.mark.parametrize("field,value", NO_OPS + [("echo", False), ("suffix", None)],
+@pytest.mark.parametrize("field,value", NO_OPS + [("echo", False), ("suffix", None),
+                                                   ("add_special_tokens", True)],
                          ids=lambda x: str(x)[:40])
 def test_completions_take_values_that_change_nothing(client, live, field, value):
     r = _completion(client, live, field, value)

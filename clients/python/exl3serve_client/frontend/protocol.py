@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Annotated, Any, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -29,6 +29,11 @@ def _within_float32(x: float) -> float:
 # A float the engine gets as a proto float: finite (the models' allow_inf_nan=False) and in range.
 Float32 = Annotated[float, AfterValidator(_within_float32)]
 Int32 = Annotated[int, Field(ge=-INT32_MAX - 1, le=INT32_MAX)]
+
+# Chat's top-level reasoning_effort, the values vLLM's ChatCompletionRequest takes; it reaches the
+# chat template as its `reasoning_effort` (validation.py, template_kwargs). Other values (a
+# template's own, such as DeepSeek-V4's "none" and "max") go in chat_template_kwargs.
+ReasoningEffort = Literal["low", "medium", "high"]
 
 
 class StreamOptions(BaseModel):
@@ -75,6 +80,13 @@ UNSUPPORTED_FIELDS: dict[str, Unsupported] = {
     "kv_transfer_params": Unsupported("KV transfer is not supported"),
     "vllm_xargs": Unsupported("vllm_xargs is not supported"),
     "prompt_embeds": Unsupported("prompt embeddings are not supported"),
+    # vLLM's stop on a repeated token pattern (0: off).
+    "max_repetition_pattern_size": Unsupported("stopping on repeated token patterns is not "
+                                               "supported", (0,)),
+    "min_repetition_pattern_size": Unsupported("stopping on repeated token patterns is not "
+                                               "supported", (0,)),
+    "repetition_min_count": Unsupported("stopping on repeated token patterns is not supported",
+                                        (0,)),
 }
 # Chat only (on completions these names mean nothing to vLLM).
 UNSUPPORTED_CHAT_FIELDS: dict[str, Unsupported] = {
@@ -87,7 +99,6 @@ UNSUPPORTED_CHAT_FIELDS: dict[str, Unsupported] = {
     "chat_template": Unsupported("a chat template in the request is not supported: the model's "
                                  "is used"),
     "mm_processor_kwargs": Unsupported("multimodal inputs are not supported", ({},)),
-    "reasoning_effort": Unsupported("reasoning_effort is not supported"),
 }
 
 
@@ -154,6 +165,8 @@ class CompletionRequest(_Sampling):
     logprobs: Optional[int] = Field(default=None, ge=0, le=20)
     echo: Optional[bool] = False
     suffix: Optional[str] = None
+    # vLLM's: the tokenizer's special tokens (BOS) added to a text prompt (not to token ids).
+    add_special_tokens: Optional[bool] = True
 
 
 class ChatMessage(BaseModel):
@@ -178,6 +191,10 @@ class ChatCompletionRequest(_Sampling):
     chat_template_kwargs: Optional[dict[str, Any]] = None
     # vLLM's: false drops the reasoning from the answer (with --reasoning-parser; validation.py).
     include_reasoning: Optional[bool] = None
+    # Passed to the chat template as `reasoning_effort` (validation.py, template_kwargs).
+    reasoning_effort: Optional[ReasoningEffort] = None
+    # vLLM's: the tokenizer's special tokens (BOS) added on top of the rendering's own.
+    add_special_tokens: Optional[bool] = False
 
 
 class TokenizeRequest(BaseModel):
@@ -193,6 +210,7 @@ class TokenizeRequest(BaseModel):
     add_generation_prompt: bool = True
     return_token_strs: Optional[bool] = False
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    reasoning_effort: Optional[ReasoningEffort] = None  # as chat's
     tools: Optional[list[dict[str, Any]]] = None
 
 

@@ -172,6 +172,24 @@ def client_request_id(value: Optional[str], what: str) -> Optional[str]:
     return value
 
 
+def template_kwargs(given: Optional[dict[str, Any]],
+                    reasoning_effort: Optional[str]) -> dict[str, Any]:
+    """The chat template's keyword arguments: the request's chat_template_kwargs, and its
+    top-level reasoning_effort as the template's `reasoning_effort` (as vLLM passes it). Where
+    both name a reasoning_effort and they differ, neither is taken: a 400 naming both (vLLM lets
+    the top-level field win; a client that sends two values has made a mistake worth hearing
+    about)."""
+    kwargs = dict(given or {})
+    if reasoning_effort is not None:
+        inner = kwargs.get("reasoning_effort")
+        if inner is not None and inner != reasoning_effort:
+            raise APIError(400, f"reasoning_effort {reasoning_effort!r} and "
+                           f"chat_template_kwargs.reasoning_effort {inner!r} differ: give one "
+                           "of them", param="reasoning_effort")
+        kwargs["reasoning_effort"] = reasoning_effort
+    return kwargs
+
+
 def prompt_too_long(ctx: int, tokens: int, param: str, at_least: bool = False) -> APIError:
     """OpenAI's refusal of a prompt of the context's length or more (`at_least`: a lower bound
     of its tokens, from its length in bytes)."""
@@ -345,7 +363,8 @@ class RequestValidator:
         prompts = []
         for k, one in enumerate(given):
             if isinstance(one, str):
-                prompts.append(await self.prompt_ids(one, True, "prompt"))
+                prompts.append(await self.prompt_ids(one, body.add_special_tokens is not False,
+                                                      "prompt"))
                 continue
             ids = [t for t in one if isinstance(t, int)]  # all of them
             if ids and (min(ids) < -INT32_MAX - 1 or max(ids) > INT32_MAX):
@@ -374,13 +393,14 @@ class RequestValidator:
                    client_rid: Optional[str]) -> PreparedRequest:
         self._common(body, Endpoint.CHAT_COMPLETIONS)
         tool_use = self._tool_use(body)
-        reasoning = self._reasoning(body)
+        kwargs = template_kwargs(body.chat_template_kwargs, body.reasoning_effort)
+        reasoning = self._reasoning(body, kwargs)
         if body.top_logprobs and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        text = self.chat_prompt(body.messages, body.add_generation_prompt,
-                                body.chat_template_kwargs, body.tools)
-        # As encode_chat: the rendering holds its special tokens.
-        ids = await self.prompt_ids(text, False, "messages")
+        text = self.chat_prompt(body.messages, body.add_generation_prompt, kwargs, body.tools)
+        # As encode_chat: the rendering holds its special tokens (unless the client asks for the
+        # tokenizer's on top, vLLM's add_special_tokens).
+        ids = await self.prompt_ids(text, bool(body.add_special_tokens), "messages")
         max_tokens = body.max_completion_tokens or body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         return self._prepare(body, Endpoint.CHAT_COMPLETIONS, [ids], max_tokens, logprobs,
@@ -388,8 +408,10 @@ class RequestValidator:
                              "max_completion_tokens" if body.max_completion_tokens else "max_tokens",
                              tool_use, reasoning)
 
-    def _reasoning(self, body: ChatCompletionRequest) -> Optional[ReasoningSplit]:
-        """How the answer's reasoning is split (None: it is not, without --reasoning-parser)."""
+    def _reasoning(self, body: ChatCompletionRequest,
+                   kwargs: dict[str, Any]) -> Optional[ReasoningSplit]:
+        """How the answer's reasoning is split (None: it is not, without --reasoning-parser);
+        `kwargs`: the chat template's (template_kwargs)."""
         if self.reasoning_format is None:
             if body.include_reasoning is False:
                 raise APIError(400, "include_reasoning: reasoning is not split from the content "
@@ -397,7 +419,7 @@ class RequestValidator:
                                param="include_reasoning")
             return None
         return ReasoningSplit(self.reasoning_format, body.include_reasoning is not False,
-                              self.reasoning_format.starts_in_reasoning(body.chat_template_kwargs))
+                              self.reasoning_format.starts_in_reasoning(kwargs))
 
     def _tool_use(self, body: ChatCompletionRequest) -> Optional[ToolUse]:
         """The request's tools checked; how its answer is parsed for their calls (None: it is not,
@@ -443,7 +465,8 @@ class RequestValidator:
         refuse_unsupported(body.model_extra, UNSUPPORTED_CHAT_FIELDS)
         if body.messages is not None:
             text = self.chat_prompt(body.messages, body.add_generation_prompt,
-                                    body.chat_template_kwargs, body.tools)
+                                    template_kwargs(body.chat_template_kwargs,
+                                                    body.reasoning_effort), body.tools)
             return text, bool(body.add_special_tokens)
         return body.prompt or "", body.add_special_tokens is not False
 
