@@ -82,7 +82,7 @@ absl::Status PleLayer::OpenTable(const TensorSource& src, const std::string& pre
     }
     const int fd = ::open(v.file.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", v.file, ": ", std::strerror(errno)));
-    pieces_.push_back({v, fd, rows, s[0]});
+    pieces_.push_back({v.file, v.offset, v.info->dtype, fd, rows, s[0]});
     rows += s[0];
     table_bytes_ += static_cast<int64_t>(v.info->size_bytes());
   }
@@ -169,12 +169,12 @@ PleLayer::~PleLayer() {
 }
 
 absl::Status PleLayer::PreadRow(const TablePiece& piece, int64_t row, size_t bytes, void* dst) const {
-  const off_t at = static_cast<off_t>(piece.at.offset + static_cast<uint64_t>(row - piece.first_row) * bytes);
+  const off_t at = static_cast<off_t>(piece.offset + static_cast<uint64_t>(row - piece.first_row) * bytes);
   const ssize_t got = ::pread(piece.fd, dst, bytes, at);
   if (got != static_cast<ssize_t>(bytes)) {
     return absl::DataLossError(absl::StrCat(
         "n-gram table row ", row, " of PLE layer ", layer_, ": read ", got < 0 ? 0 : got, " of ", bytes,
-        " bytes at offset ", at, " of ", piece.at.file, " (the file changed after the load?)"));
+        " bytes at offset ", at, " of ", piece.file, " (the file changed after the load?)"));
   }
   return absl::OkStatus();
 }
@@ -186,14 +186,14 @@ absl::Status PleLayer::ReadRow(int64_t row, float* out) const {
   const TablePiece& piece = *(it - 1);
   const int D = cfg_.qwen4exp->ple.head_dim();
   if (table_format_ == TableFormat::kExl3Trellis) return ReadTrellisRow(piece, row, out);
-  const size_t width = DTypeSize(piece.at.info->dtype);
+  const size_t width = DTypeSize(piece.dtype);
   const size_t bytes = width * D;
   uint16_t half[1024];  // a row of 16-bit values; ple_embed_dim / heads is far below this
   void* dst = width == sizeof(float) ? static_cast<void*>(out) : static_cast<void*>(half);
   if (width != sizeof(float) && static_cast<size_t>(D) > std::size(half))
     return absl::InvalidArgumentError(absl::StrCat("n-gram rows of ", D, " values are not supported"));
   EXL3_RETURN_IF_ERROR(PreadRow(piece, row, bytes, dst));
-  switch (piece.at.info->dtype) {
+  switch (piece.dtype) {
     case DType::kF32:
       break;
     case DType::kF16:

@@ -58,9 +58,13 @@ class PleLayer {
 
  private:
   // One piece of the table: rows [first_row, first_row + rows) of the whole.
+  // What a row read needs, copied at load: the layer outlives the TensorSource it was loaded from
+  // (the GPU engine drops its source once the weights are on the device).
   struct TablePiece {
-    TensorLocation at;
-    int fd = -1;  // of at.file, opened by OpenTable, closed by the destructor
+    std::string file;
+    uint64_t offset = 0;  // of the piece's first byte in `file`
+    DType dtype = DType::kBF16;
+    int fd = -1;  // of `file`, opened by OpenTable, closed by the destructor
     int64_t first_row = 0;
     int64_t rows = 0;
   };

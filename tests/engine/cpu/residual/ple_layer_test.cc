@@ -5,7 +5,11 @@
 #include "engine/config/read_model_config.h"
 #include "engine/cpu/residual/ple_layer.h"
 
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <list>
+#include <random>
 #include <string>
 
 #include "engine/config/model_config.h"
@@ -67,6 +71,40 @@ TEST(PleLayerTest, MatchesTransformers) {
     Check(dir, dir + "/reference.safetensors", 1000);
     Check(dir, dir + "/reference.safetensors", 5);
   }
+}
+
+// The GPU engine keeps the layer (its n-gram table reader) and drops the TensorSource once the
+// weights are on the device: the rows it reads afterwards must not depend on the source (they
+// once read each piece's dtype through the source's tensor index, freed by then: NaN rows).
+TEST(PleLayerTest, EmbedsTheSameRowsAfterItsSourceIsClosed) {
+  const std::string dir = "tests/fixtures/engine/qwen4_exp_all";
+  auto cfg = LoadModelConfig(dir);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  const int layer = cfg->qwen4exp->ple.layers.at(0);
+  auto src = TensorSource::Open(dir);
+  ASSERT_TRUE(src.ok()) << src.status();
+  auto kept = PleLayer::Load(*cfg, **src, layer);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  absl::StatusOr<std::unique_ptr<PleLayer>> orphan = absl::InternalError("not loaded");
+  {
+    auto own = TensorSource::Open(dir);
+    ASSERT_TRUE(own.ok()) << own.status();
+    orphan = PleLayer::Load(*cfg, **own, layer);
+    ASSERT_TRUE(orphan.ok()) << orphan.status();
+  }
+  // Reuse the freed memory with bytes no index holds (0xff), so a read through it shows.
+  std::list<std::vector<uint8_t>> churn;
+  for (size_t size = 16; size <= (size_t{1} << 20); size *= 2)
+    for (int i = 0; i < 8; ++i) churn.emplace_back(size, uint8_t{0xff});
+  const int n = cfg->qwen4exp->ple.ngram_size, E = cfg->qwen4exp->ple.embed_dim, T = 9;
+  std::mt19937 rng(7);
+  std::vector<int32_t> windows(static_cast<size_t>(T) * n);
+  for (int32_t& id : windows) id = static_cast<int32_t>(rng() % cfg->vocab_size);
+  std::vector<float> want(static_cast<size_t>(T) * E), got(want.size(), -1.0f);
+  ASSERT_TRUE((*kept)->Embed(windows.data(), T, want.data()).ok());
+  ASSERT_TRUE((*orphan)->Embed(windows.data(), T, got.data()).ok());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+  for (float v : got) ASSERT_TRUE(std::isfinite(v));
 }
 
 }  // namespace
