@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "tools/exl3_bench/recorded_drafter.h"
 
@@ -55,6 +56,7 @@ class StepTimes final : public engine::EngineObserver {
 
 struct RunResult {
   std::vector<std::vector<int32_t>> tokens;  // per request
+  std::vector<std::vector<float>> gaps;      // per request and token: top-1 minus top-2 logprob
   double decode_tokens_per_s = 0;
   double seconds = 0;
 };
@@ -67,12 +69,14 @@ absl::StatusOr<RunResult> RunAll(engine::Engine& engine, const std::vector<std::
     std::condition_variable done;
     std::map<uint64_t, size_t> index;  // request id -> prompt index
     std::vector<std::vector<int32_t>> tokens;
+    std::vector<std::vector<float>> gaps;
     std::vector<Clock::time_point> first, last;
     size_t finished = 0;
     absl::Status status;
   } shared;
   const size_t n = prompts.size();
   shared.tokens.resize(n);
+  shared.gaps.resize(n);
   shared.first.resize(n);
   shared.last.resize(n);
   std::vector<uint64_t> ids;
@@ -83,7 +87,11 @@ absl::StatusOr<RunResult> RunAll(engine::Engine& engine, const std::vector<std::
     if (!e.tokens.empty()) {
       if (shared.tokens[i].empty()) shared.first[i] = now;
       shared.last[i] = now;
-      for (const engine::SampledToken& t : e.tokens) shared.tokens[i].push_back(t.token);
+      for (const engine::SampledToken& t : e.tokens) {
+        shared.tokens[i].push_back(t.token);
+        shared.gaps[i].push_back(t.top_logprobs.size() >= 2 ? t.top_logprobs[0].logprob - t.top_logprobs[1].logprob
+                                                            : -1.0f);
+      }
     }
     if (e.finish.has_value()) {
       if (!e.finish->status.ok() && shared.status.ok()) shared.status = e.finish->status;
@@ -101,6 +109,7 @@ absl::StatusOr<RunResult> RunAll(engine::Engine& engine, const std::vector<std::
       g.max_tokens = decode_tokens;
       g.ignore_eos = true;
       g.sampling.temperature = 0;
+      g.sampling.logprobs = 2;  // in every run alike: the top-2 gap where a request differs
       g.num_speculative_tokens = k;
       EXL3_ASSIGN_OR_RETURN(const uint64_t id, engine.Submit(std::move(g), callback));
       shared.index[id] = i;
@@ -121,6 +130,7 @@ absl::StatusOr<RunResult> RunAll(engine::Engine& engine, const std::vector<std::
   const double window = Seconds(last - first);
   r.decode_tokens_per_s = window > 0 ? decoded / window : 0;
   r.tokens = std::move(shared.tokens);
+  r.gaps = std::move(shared.gaps);
   return r;
 }
 
@@ -168,7 +178,7 @@ absl::StatusOr<std::vector<SpeculativeBenchRow>> RunSpeculativeBench(
       p.resize(o.prompt_tokens);
       for (int32_t& t : p) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
     }
-    auto run = [&](int k, double p, const std::vector<std::vector<int32_t>>* want) -> absl::StatusOr<RunResult> {
+    auto run = [&](int k, double p, const RunResult* want) -> absl::StatusOr<RunResult> {
       drafter->set_acceptance(p);
       times.Reset();
       const engine::SpeculativeCounters before = engine.Stats().speculative;
@@ -188,14 +198,22 @@ absl::StatusOr<std::vector<SpeculativeBenchRow>> RunSpeculativeBench(
       row.draft_tokens = after.num_draft_tokens - before.num_draft_tokens;
       row.accepted_tokens = after.num_accepted_tokens - before.num_accepted_tokens;
       if (want != nullptr) {
-        for (size_t i = 0; i < r.tokens.size(); ++i) row.requests_differing += r.tokens[i] != (*want)[i] ? 1 : 0;
+        for (size_t i = 0; i < r.tokens.size(); ++i) {
+          const std::vector<int32_t>& a = r.tokens[i];
+          const std::vector<int32_t>& b = want->tokens[i];
+          if (a == b) continue;
+          ++row.requests_differing;
+          const size_t t = std::mismatch(a.begin(), a.end(), b.begin(), b.end()).second - b.begin();
+          if (t < want->gaps[i].size())
+            row.widest_gap_at_difference = std::max(row.widest_gap_at_difference, double{want->gaps[i][t]});
+        }
       }
       return r;
     };
     EXL3_ASSIGN_OR_RETURN(const RunResult plain, run(0, 0.0, nullptr));
     for (int i = 0; i < batch; ++i) EXL3_RETURN_IF_ERROR(drafter->Record(prompts[i], plain.tokens[i]));
     for (double p : o.acceptances) {
-      for (int k : o.ks) EXL3_RETURN_IF_ERROR(run(k, p, &plain.tokens).status());
+      for (int k : o.ks) EXL3_RETURN_IF_ERROR(run(k, p, &plain).status());
     }
   }
   engine.Stop();
@@ -204,29 +222,31 @@ absl::StatusOr<std::vector<SpeculativeBenchRow>> RunSpeculativeBench(
 
 void PrintSpeculativeBench(const std::vector<SpeculativeBenchRow>& rows, FILE* out, FILE* json) {
   std::fprintf(out, "| batch | k | acceptance p | decode tokens/s | vs plain | steps | mean step ms | verify steps | "
-                    "mean verify step ms | draft tokens | accepted | accepted/drafted | tokens differ |\n"
-                    "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+                    "mean verify step ms | draft tokens | accepted | accepted/drafted | tokens differ | "
+                    "widest top-2 gap where one differs |\n"
+                    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   double plain_rate = 0;
   for (const SpeculativeBenchRow& r : rows) {
     if (r.k == 0) plain_rate = r.decode_tokens_per_s;
     const double ratio = r.draft_tokens > 0 ? static_cast<double>(r.accepted_tokens) / r.draft_tokens : 0;
-    std::fprintf(out, "| %d | %s | %s | %.1f | %.2fx | %lld | %.3f | %lld | %.3f | %lld | %lld | %.3f | %d |\n", r.batch,
+    const std::string gap = r.requests_differing > 0 ? absl::StrFormat("%.2e", r.widest_gap_at_difference) : "-";
+    std::fprintf(out, "| %d | %s | %s | %.1f | %.2fx | %lld | %.3f | %lld | %.3f | %lld | %lld | %.3f | %d | %s |\n", r.batch,
                  r.k == 0 ? "plain" : std::to_string(r.k).c_str(),
                  r.k == 0 ? "-" : absl::StrCat(r.acceptance).c_str(), r.decode_tokens_per_s,
                  plain_rate > 0 ? r.decode_tokens_per_s / plain_rate : 0.0, static_cast<long long>(r.steps),
                  r.mean_step_s * 1e3, static_cast<long long>(r.verify_steps), r.mean_verify_step_s * 1e3,
                  static_cast<long long>(r.draft_tokens), static_cast<long long>(r.accepted_tokens), ratio,
-                 r.requests_differing);
+                 r.requests_differing, gap.c_str());
     if (json != nullptr) {
       std::fprintf(json,
                    "{\"bench\":\"engine_speculative\",\"batch\":%d,\"k\":%d,\"acceptance\":%.3f,"
                    "\"decode_tokens_per_s\":%.2f,\"steps\":%lld,\"mean_step_s\":%.6f,\"verify_steps\":%lld,"
                    "\"mean_verify_step_s\":%.6f,\"draft_tokens\":%lld,\"accepted_tokens\":%lld,"
-                   "\"requests_differing\":%d}\n",
+                   "\"requests_differing\":%d,\"widest_gap_at_difference\":%.6g}\n",
                    r.batch, r.k, r.acceptance, r.decode_tokens_per_s, static_cast<long long>(r.steps), r.mean_step_s,
                    static_cast<long long>(r.verify_steps), r.mean_verify_step_s,
                    static_cast<long long>(r.draft_tokens), static_cast<long long>(r.accepted_tokens),
-                   r.requests_differing);
+                   r.requests_differing, r.widest_gap_at_difference);
     }
   }
 }

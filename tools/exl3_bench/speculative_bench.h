@@ -54,6 +54,10 @@ struct SpeculativeBenchRow {
   double mean_verify_step_s = 0;
   int64_t draft_tokens = 0, accepted_tokens = 0;
   int requests_differing = 0;  // requests whose tokens differ from the plain run's
+  // Over the requests that differ: the plain run's top-2 logprob gap at the first token that
+  // differs, the largest (a near-tie goes either way between a verify row's prefill kernels and a
+  // decode row's kernels; a wide gap is a wrong token). -1 when none differ.
+  double widest_gap_at_difference = -1;
 };
 
 // `open_runner` is called once. Errors: bad options (INVALID_ARGUMENT), the engine's start and a
