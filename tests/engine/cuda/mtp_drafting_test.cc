@@ -193,9 +193,12 @@ TEST_P(CudaMtpTest, GreedyGenerationWithMtpEqualsPlainDecoding) {
       ASSERT_EQ(spec.tokens[i].size(), plain.tokens[i].size()) << "K " << k << ", request " << i;
       for (size_t t = 0; t < spec.tokens[i].size(); ++t) {
         if (i < prompts_.size()) {
-          ASSERT_EQ(spec.tokens[i][t].token, greedy_[i][t])
-              << GetParam() << " K " << k << ", prompt " << i << ", token " << t;
           ASSERT_EQ(plain.tokens[i][t].token, greedy_[i][t]) << GetParam() << " plain, prompt " << i << ", token " << t;
+          const std::vector<TokenLogprob>& top = plain.tokens[i][t].top_logprobs;
+          ASSERT_EQ(spec.tokens[i][t].token, greedy_[i][t])
+              << GetParam() << " K " << k << ", prompt " << i << ", token " << t << " (plain decoding's top-2 gap there "
+              << (top.size() == 2 ? top[0].logprob - top[1].logprob : -1.0f) << ", its runner-up "
+              << (top.size() == 2 ? top[1].token : -1) << ")";
           continue;
         }
         if (spec.tokens[i][t].token == plain.tokens[i][t].token) continue;
