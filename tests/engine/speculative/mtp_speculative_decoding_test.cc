@@ -18,6 +18,7 @@
 #include "engine/core/engine.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
+#include "tools/test_model/resolve_test_model_spec.h"
 #include "tools/test_model/test_model.h"
 #include "tests/engine/engine_requests.h"
 #include "tests/engine/speculative_runs.h"
