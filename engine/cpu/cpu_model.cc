@@ -55,9 +55,15 @@ absl::Status CheckEmbedding(const TensorView& t, int vocab, int hidden) {
 absl::StatusOr<std::unique_ptr<CpuModel>> CpuModel::Open(const std::string& dir,
                                                          const CpuModelOptions& options,
                                                          std::unique_ptr<MoeExecutor> moe) {
+  EXL3_ASSIGN_OR_RETURN(const ConfigFile file, ConfigFile::Read(dir + "/config.json"));
+  return Open(dir, file, options, std::move(moe));
+}
+
+absl::StatusOr<std::unique_ptr<CpuModel>> CpuModel::Open(const std::string& dir, const ConfigFile& file,
+                                                         const CpuModelOptions& options,
+                                                         std::unique_ptr<MoeExecutor> moe) {
   // config.json read once: the model's configuration, and the experts' (and their fingerprint) when
   // they run here.
-  EXL3_ASSIGN_OR_RETURN(const ConfigFile file, ConfigFile::Read(dir + "/config.json"));
   EXL3_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(file, dir));
   if (options.micro_batches < 1 || options.micro_batches > 2)
     return absl::InvalidArgumentError("micro_batches must be 1 or 2");

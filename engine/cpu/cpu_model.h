@@ -36,6 +36,7 @@
 #include "engine/cpu/paged_kv_cache.h"
 #include "engine/cpu/residual/ple_layer.h"
 #include "engine/cpu/sequence_state.h"
+#include "model/config/config_file.h"
 #include "model/safetensors.h"
 
 namespace exl3::engine {
@@ -55,7 +56,13 @@ struct CpuModelOptions {
 class CpuModel final : public ModelRunner {
  public:
   // `moe` null: the experts are loaded from `dir` and run in this process (engine/cpu/local_moe.h).
+  // Reads DIR/config.json (ConfigFile::Read) and opens the model.
   static absl::StatusOr<std::unique_ptr<CpuModel>> Open(const std::string& dir,
+                                                        const CpuModelOptions& options,
+                                                        std::unique_ptr<MoeExecutor> moe = nullptr);
+  // `config`: DIR's config.json as the caller read it (ConfigFile::Read); the file is not read
+  // again (a process that also opens the experts or a router core hands all of them one read).
+  static absl::StatusOr<std::unique_ptr<CpuModel>> Open(const std::string& dir, const ConfigFile& config,
                                                         const CpuModelOptions& options,
                                                         std::unique_ptr<MoeExecutor> moe = nullptr);
 
