@@ -30,6 +30,7 @@
 #include "engine/cpu/linear.h"
 #include "engine/cpu/linear_attention/linear_attention.h"
 #include "engine/config/model_config.h"
+#include "engine/core/kept_chunks.h"
 #include "engine/core/model_runner.h"
 #include "engine/core/moe_executor.h"
 #include "engine/cpu/mtp/mtp_drafter.h"
@@ -166,12 +167,10 @@ class CpuModel final : public ModelRunner {
   Linear head_;
   std::unique_ptr<MtpDrafter> mtp_head_;      // speculative method mtp (EnableMtpDrafting)
   // The last Forward's states the MTP drafter reads when its batch asked to keep them: [step
-  // tokens, its state_width()] in chunk order, and per chunk its sequence, start and first row.
+  // tokens, its state_width()] in chunk order, and which chunks they are.
   struct KeptHiddenStates {
-    bool valid = false;
     std::vector<float> rows;
-    std::vector<int64_t> sequence_ids;
-    std::vector<int> start_positions, first_rows, num_tokens;
+    KeptChunks chunks;
   };
   KeptHiddenStates kept_;
   std::unique_ptr<MoeExecutor> moe_;
