@@ -21,6 +21,7 @@
 #include "tests/engine/failing_once_moe.h"
 #include "tests/engine/model_harness.h"
 #include "tests/engine/relative_error.h"
+#include "tests/engine/transformers_engine_test.h"
 
 namespace exl3::engine {
 namespace {
@@ -178,71 +179,9 @@ constexpr char kFixture[] = "tests/fixtures/engine/qwen3_next_all";
 // 32 greedy tokens with the top 5 logprobs of each: checks the logits, not only their argmax.
 GenerateParams Greedy32Top5(const std::vector<int32_t>& prompt) { return Greedy32(prompt, 5); }
 
-class Qwen3NextEngineTest : public ::testing::Test {
+class Qwen3NextEngineTest : public testing::TransformersEngineTest {
  protected:
-  void SetUp() override {
-    auto ref = TensorSource::Open(std::string(kFixture) + "/reference.safetensors");
-    ASSERT_TRUE(ref.ok()) << ref.status();
-    prompts_ = Int32Rows(**ref, "prompt.");
-    greedy_ = Int32Rows(**ref, "greedy.");
-    // transformers' log-probabilities at each greedy step.
-    const int vocab = 128;  // the fixtures' vocabulary
-    for (size_t i = 0; i < prompts_.size(); ++i) {
-      const std::vector<float> logits = *ToFloat32(*(*ref)->Get("logits." + std::to_string(i)));
-      std::vector<std::vector<double>>& steps = want_logprobs_.emplace_back();
-      for (size_t j = 0; j < greedy_[i].size(); ++j) {
-        const float* row = &logits[(prompts_[i].size() - 1 + j) * vocab];
-        const float m = *std::max_element(row, row + vocab);
-        double sum = 0;
-        for (int v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - m);
-        std::vector<double>& lp = steps.emplace_back();
-        for (int v = 0; v < vocab; ++v) lp.push_back(row[v] - m - std::log(sum));
-      }
-    }
-  }
-  // A request's tokens are transformers' greedy ones, with transformers' logprobs for each and
-  // for the top 5 beside it: a wrong state moves the logits long before it changes a greedy
-  // token of these models.
-  void ExpectTransformers(size_t prompt, const std::vector<SampledToken>& got) {
-    std::vector<int32_t> tokens;
-    for (const SampledToken& t : got) tokens.push_back(t.token);
-    EXPECT_EQ(tokens, greedy_[prompt]) << "prompt " << prompt;
-    ASSERT_EQ(got.size(), want_logprobs_[prompt].size());
-    for (size_t j = 0; j < got.size(); ++j) {
-      const std::vector<double>& want = want_logprobs_[prompt][j];
-      EXPECT_NEAR(*got[j].logprob, want[got[j].token], 2e-4) << "prompt " << prompt << " token " << j;
-      EXPECT_EQ(got[j].top_logprobs.size(), 5u);
-      for (const TokenLogprob& top : got[j].top_logprobs)
-        EXPECT_NEAR(top.logprob, want[top.token], 2e-4)
-            << "prompt " << prompt << " token " << j << " top " << top.token;
-    }
-  }
-  std::unique_ptr<CpuModel> Model(std::unique_ptr<MoeExecutor> moe = nullptr) {
-    CpuModelOptions mo;
-    mo.num_threads = 2;
-    auto model = CpuModel::Open(kFixture, mo, std::move(moe));
-    EXPECT_TRUE(model.ok()) << model.status();
-    return model.ok() ? std::move(*model) : nullptr;
-  }
-  // Every prompt at once through an engine with `kv_blocks` blocks of 4 tokens; each request's
-  // tokens in prompt order.
-  std::vector<std::vector<SampledToken>> RunAll(int kv_blocks, std::unique_ptr<CpuModel> model,
-                                                EngineStats* stats) {
-    EngineOptions eo;
-    eo.block_size = 4;
-    eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, kv_blocks};
-    eo.scheduler.max_num_batched_tokens = 24;  // several steps of chunked prefill
-    Engine engine(eo, std::move(model));
-    EXPECT_TRUE(engine.Start().ok());
-    std::vector<GenerateParams> params;
-    for (const std::vector<int32_t>& p : prompts_) params.push_back(Greedy32Top5(p));
-    std::vector<std::vector<SampledToken>> out = testing::RunAllAtOnce(engine, params);
-    *stats = engine.Stats();
-    engine.Stop();
-    return out;
-  }
-  std::vector<std::vector<int32_t>> prompts_, greedy_;
-  std::vector<std::vector<std::vector<double>>> want_logprobs_;  // [prompt][step][vocab]
+  Qwen3NextEngineTest() : TransformersEngineTest(kFixture) {}
 };
 
 TEST_F(Qwen3NextEngineTest, BatchedPromptsGiveTransformersTokens) {
