@@ -1,9 +1,9 @@
 // The engine tests over a family's transformers fixture (tests/fixtures/engine/<family>_all):
 // the fixture's reference (prompts, transformers' greedy tokens and, from its logits, their
-// log-probabilities), the CPU model of the fixture, every prompt at once through an engine, and
-// the check that a request's tokens and logprobs are transformers'. The families that keep state
-// per sequence run their engine tests on it (tests/engine/cpu/qwen3_next_test.cc,
-// glm5next_model_test.cc).
+// log-probabilities), the CPU model of the fixture, every prompt at once through an engine, the
+// check that a request's tokens and logprobs are transformers', and the engine's cases for a
+// family that keeps state per sequence (batching, preemption, a failed step run again, prefix
+// caching off), which tests/engine/cpu/qwen3_next_test.cc and glm5next_model_test.cc run.
 #pragma once
 
 #include <algorithm>
@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
 #include "tests/engine/engine_requests.h"
+#include "tests/engine/failing_once_moe.h"
 
 namespace exl3::engine::testing {
 
@@ -91,6 +92,57 @@ class TransformersEngineTest : public ::testing::Test {
     *stats = engine.Stats();
     engine.Stop();
     return out;
+  }
+
+  // Every prompt batched (prefill chunks beside other sequences' decode tokens): transformers'
+  // tokens, no preemption.
+  void ExpectBatchedPromptsGiveTransformersTokens() {
+    EngineStats stats;
+    const auto got = RunAll(/*kv_blocks=*/256, Model(), &stats);
+    for (size_t i = 0; i < prompts_.size(); ++i) ExpectTransformers(i, got[i]);
+    EXPECT_EQ(stats.preemptions, 0);
+  }
+
+  // 40 blocks of 4 = 160 tokens for prompts + continuations of 215: sequences are preempted and
+  // recomputed from position 0, their state with them, and give transformers' tokens.
+  void ExpectPreemptedSequencesGiveTransformersTokens() {
+    EngineStats stats;
+    const auto got = RunAll(/*kv_blocks=*/40, Model(), &stats);
+    EXPECT_GT(stats.preemptions, 0);
+    for (size_t i = 0; i < prompts_.size(); ++i) ExpectTransformers(i, got[i]);
+  }
+
+  // The first full step (24 tokens) fails in the MoE (FailingOnceMoe) after a recurrent layer
+  // wrote the new states; the engine runs each chunk again alone, from the states before it.
+  void ExpectAFailedStepRunsAgainFromTheStateBeforeIt() {
+    EngineStats stats;
+    const auto got = RunAll(/*kv_blocks=*/256, Model(std::make_unique<FailingOnceMoe>(dir_, 24)), &stats);
+    EXPECT_EQ(stats.failed_steps, 1);
+    for (size_t i = 0; i < prompts_.size(); ++i) ExpectTransformers(i, got[i]);
+  }
+
+  // Prefix caching, asked for, does not apply: the same prompt twice (prompt 3, 40 tokens) gives
+  // transformers' tokens both times with nothing read from the cache.
+  void ExpectPrefixCachingOff() {
+    EngineOptions eo;
+    eo.block_size = 4;
+    eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 256};
+    ASSERT_TRUE(eo.scheduler.enable_prefix_caching);  // asked for, but cannot apply
+    Engine engine(eo, Model());
+    ASSERT_TRUE(engine.Start().ok());
+    EXPECT_FALSE(PrefixCachingUsable(engine.model_info()));
+    RequestResults r;
+    const GenerateParams g = Greedy32(prompts_[3], 5);
+    auto first = engine.Submit(g, r.Callback());
+    ASSERT_TRUE(first.ok());
+    r.Wait(1);
+    auto second = engine.Submit(g, r.Callback());
+    ASSERT_TRUE(second.ok());
+    r.Wait(2);
+    ExpectTransformers(3, r.sampled[*first]);
+    ExpectTransformers(3, r.sampled[*second]);
+    EXPECT_EQ(r.finish[*second].usage.cached_tokens, 0);
+    EXPECT_EQ(engine.Stats().prefix_cache_hit_tokens, 0);
   }
 
   const std::string dir_;

@@ -17,7 +17,6 @@
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
 #include "tests/engine/engine_requests.h"
-#include "tests/engine/failing_once_moe.h"
 #include "tests/engine/model_harness.h"
 #include "tests/engine/relative_error.h"
 #include "tests/engine/transformers_engine_test.h"
@@ -29,7 +28,6 @@ namespace fs = std::filesystem;
 using testing::Greedy32;
 using testing::Int32Rows;
 using testing::RelativeError;
-using testing::RequestResults;
 
 constexpr char kExperts[] = "tests/fixtures/engine/glm5_next_experts";
 constexpr char kAll[] = "tests/fixtures/engine/glm5_next_all";
@@ -86,52 +84,20 @@ class Glm5NextEngineTest : public testing::TransformersEngineTest {
   Glm5NextEngineTest() : TransformersEngineTest(kAll) {}
 };
 
-TEST_F(Glm5NextEngineTest, BatchedPromptsGiveTransformersTokens) {
-  EngineStats stats;
-  const auto got = RunAll(/*kv_blocks=*/256, Model(), &stats);
-  for (size_t i = 0; i < prompts_.size(); ++i) ExpectTransformers(i, got[i]);
-  EXPECT_EQ(stats.preemptions, 0);
-}
+TEST_F(Glm5NextEngineTest, BatchedPromptsGiveTransformersTokens) { ExpectBatchedPromptsGiveTransformersTokens(); }
 
 TEST_F(Glm5NextEngineTest, PreemptedSequencesRebuildTheirStateAndGiveTheSameTokens) {
-  // 40 blocks of 4 = 160 tokens for prompts + continuations of 215: sequences are preempted and
-  // recomputed from position 0, their KDA state and cached indexer keys with them.
-  EngineStats stats;
-  const auto got = RunAll(/*kv_blocks=*/40, Model(), &stats);
-  EXPECT_GT(stats.preemptions, 0);
-  for (size_t i = 0; i < prompts_.size(); ++i) ExpectTransformers(i, got[i]);
+  // Recomputed from position 0, their KDA state and cached indexer keys with them.
+  ExpectPreemptedSequencesGiveTransformersTokens();
 }
 
 TEST_F(Glm5NextEngineTest, AFailedStepRunsAgainFromTheStateBeforeIt) {
   // The first full step fails in layer 1's MoE, after layer 0's KDA has written the new states;
   // the engine runs each chunk again alone, from the states before the failed step.
-  EngineStats stats;
-  const auto got = RunAll(/*kv_blocks=*/256, Model(std::make_unique<testing::FailingOnceMoe>(kAll, 24)),
-                          &stats);
-  EXPECT_EQ(stats.failed_steps, 1);
-  for (size_t i = 0; i < prompts_.size(); ++i) ExpectTransformers(i, got[i]);
+  ExpectAFailedStepRunsAgainFromTheStateBeforeIt();
 }
 
-TEST_F(Glm5NextEngineTest, PrefixCachingIsOffForRecurrentLayers) {
-  EngineOptions eo;
-  eo.block_size = 4;
-  eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 256};
-  ASSERT_TRUE(eo.scheduler.enable_prefix_caching);  // asked for, but cannot apply
-  Engine engine(eo, Model());
-  ASSERT_TRUE(engine.Start().ok());
-  EXPECT_FALSE(PrefixCachingUsable(engine.model_info()));
-  RequestResults r;
-  const GenerateParams g = Greedy32(prompts_[3], 5);
-  auto first = engine.Submit(g, r.Callback());
-  ASSERT_TRUE(first.ok());
-  r.Wait(1);
-  auto second = engine.Submit(g, r.Callback());
-  ASSERT_TRUE(second.ok());
-  r.Wait(2);
-  ExpectTransformers(3, r.sampled[*first]);
-  ExpectTransformers(3, r.sampled[*second]);
-  EXPECT_EQ(r.finish[*second].usage.cached_tokens, 0);
-}
+TEST_F(Glm5NextEngineTest, PrefixCachingIsOffForRecurrentLayers) { ExpectPrefixCachingOff(); }
 
 // ---------------------------------------------------------------------------------------------
 // The model directory.

@@ -18,7 +18,6 @@
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "tests/engine/engine_requests.h"
-#include "tests/engine/failing_once_moe.h"
 #include "tests/engine/model_harness.h"
 #include "tests/engine/relative_error.h"
 #include "tests/engine/transformers_engine_test.h"
@@ -29,7 +28,6 @@ namespace {
 using nlohmann::json;
 using testing::Greedy32;
 using testing::Int32Rows;
-using testing::RequestResults;
 
 // A small Qwen3NextConfig().to_dict() (field names as transformers 5.24 writes them).
 json Qwen3Next() {
@@ -176,62 +174,26 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Qwen3NextFixtureTest,
 
 constexpr char kFixture[] = "tests/fixtures/engine/qwen3_next_all";
 
-// 32 greedy tokens with the top 5 logprobs of each: checks the logits, not only their argmax.
-GenerateParams Greedy32Top5(const std::vector<int32_t>& prompt) { return Greedy32(prompt, 5); }
-
 class Qwen3NextEngineTest : public testing::TransformersEngineTest {
  protected:
   Qwen3NextEngineTest() : TransformersEngineTest(kFixture) {}
 };
 
-TEST_F(Qwen3NextEngineTest, BatchedPromptsGiveTransformersTokens) {
-  EngineStats stats;
-  const auto got = RunAll(/*kv_blocks=*/256, Model(), &stats);
-  for (size_t i = 0; i < prompts_.size(); ++i) ExpectTransformers(i, got[i]);
-  EXPECT_EQ(stats.preemptions, 0);
-}
+TEST_F(Qwen3NextEngineTest, BatchedPromptsGiveTransformersTokens) { ExpectBatchedPromptsGiveTransformersTokens(); }
 
 TEST_F(Qwen3NextEngineTest, PreemptedSequencesRebuildTheirStateAndGiveTheSameTokens) {
-  // 40 blocks of 4 = 160 tokens for prompts + continuations of 215: sequences are preempted and
-  // recomputed from position 0, their recurrent state with them.
-  EngineStats stats;
-  const auto got = RunAll(/*kv_blocks=*/40, Model(), &stats);
-  EXPECT_GT(stats.preemptions, 0);
-  for (size_t i = 0; i < prompts_.size(); ++i) ExpectTransformers(i, got[i]);
+  // Recomputed from position 0, their recurrent state with them.
+  ExpectPreemptedSequencesGiveTransformersTokens();
 }
 
 TEST_F(Qwen3NextEngineTest, AFailedStepRunsAgainFromTheStateBeforeIt) {
   // The first full step (24 tokens: prompt chunks beside the decode tokens of sequences already
   // running) fails in layer 0's MoE, after layer 0's DeltaNet has written the new states; the
   // engine runs each chunk again alone, which must start from the states before the failed step.
-  EngineStats stats;
-  const auto got = RunAll(/*kv_blocks=*/256, Model(std::make_unique<testing::FailingOnceMoe>(kFixture, 24)),
-                          &stats);
-  EXPECT_EQ(stats.failed_steps, 1);
-  for (size_t i = 0; i < prompts_.size(); ++i) ExpectTransformers(i, got[i]);
+  ExpectAFailedStepRunsAgainFromTheStateBeforeIt();
 }
 
-TEST_F(Qwen3NextEngineTest, PrefixCachingIsOffForRecurrentLayers) {
-  EngineOptions eo;
-  eo.block_size = 4;
-  eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 256};
-  ASSERT_TRUE(eo.scheduler.enable_prefix_caching);  // asked for, but cannot apply
-  Engine engine(eo, Model());
-  ASSERT_TRUE(engine.Start().ok());
-  EXPECT_FALSE(PrefixCachingUsable(engine.model_info()));
-  RequestResults r;
-  const GenerateParams g = Greedy32Top5(prompts_[3]);  // 40 tokens
-  auto first = engine.Submit(g, r.Callback());
-  ASSERT_TRUE(first.ok());
-  r.Wait(1);
-  auto second = engine.Submit(g, r.Callback());
-  ASSERT_TRUE(second.ok());
-  r.Wait(2);
-  ExpectTransformers(3, r.sampled[*first]);
-  ExpectTransformers(3, r.sampled[*second]);
-  EXPECT_EQ(r.finish[*second].usage.cached_tokens, 0);
-  EXPECT_EQ(engine.Stats().prefix_cache_hit_tokens, 0);
-}
+TEST_F(Qwen3NextEngineTest, PrefixCachingIsOffForRecurrentLayers) { ExpectPrefixCachingOff(); }
 
 }  // namespace
 }  // namespace exl3::engine
