@@ -143,6 +143,8 @@ struct LayerCaches {
   std::unique_ptr<PagedKvCache> cpu;
   DeviceArray<KvHalf> gpu;
   std::vector<size_t> layer_offset;
+
+  KvHalf* gpu_layer(int l) { return gpu.get() + layer_offset[l]; }
 };
 inline LayerCaches LayerCachesOf(const ModelConfig& cfg, const KvCacheShape& shape) {
   const int L = cfg.num_layers, bs = shape.block_size;

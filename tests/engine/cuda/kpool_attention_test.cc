@@ -225,9 +225,6 @@ void CheckFixtureLayers(const std::string& fixture, double bound, LatentKernel k
   shape.num_blocks = 32;
   const int bs = shape.block_size, kSeqs = 4, kBlocksPerSeq = 8;
   LayerCaches caches = LayerCachesOf(cfg, shape);
-  PagedKvCache& cpu_cache = *caches.cpu;
-  const std::vector<size_t>& layer_offset = caches.layer_offset;
-  DeviceArray<KvHalf>& gpu_cache = caches.gpu;
 
   cublasHandle_t handle = nullptr;
   ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
@@ -287,11 +284,11 @@ void CheckFixtureLayers(const std::string& fixture, double bound, LatentKernel k
       SCOPED_TRACE(absl::StrCat("step ", step_index, " layer ", l));
       const std::vector<float> x = Random(static_cast<size_t>(T) * H, rng);
       std::vector<float> want(x.size());
-      ASSERT_TRUE(cpu[l]->Forward(x.data(), tokens, cpu_cache, carry, want.data(), compute).ok());
+      ASSERT_TRUE(cpu[l]->Forward(x.data(), tokens, *caches.cpu, carry, want.data(), compute).ok());
       DeviceArray<float> d_x = ToDevice(x), d_out;
       ASSERT_TRUE(d_out.Reserve(x.size()).ok());
       const absl::Status st =
-          gpu[l]->Forward(d_x.get(), T, step, gpu_cache.get() + layer_offset[l], latent_ws, ws, ctx, d_out.get());
+          gpu[l]->Forward(d_x.get(), T, step, caches.gpu_layer(l), latent_ws, ws, ctx, d_out.get());
       ASSERT_TRUE(st.ok()) << st;
       const std::vector<float> got = ToHost(d_out.get(), x.size());
       int differ = 0;
