@@ -34,4 +34,15 @@ absl::Status KeptChunks::CheckSpans(std::span<const MtpSpan> spans) const {
   return absl::OkStatus();
 }
 
+SequenceChunk MtpChunkOf(const MtpSpan& s) {
+  SequenceChunk chunk;
+  chunk.sequence_id = s.sequence_id;
+  chunk.tokens = s.next_tokens;
+  chunk.start_position = s.start_position;
+  chunk.block_table = s.block_table;
+  chunk.wants_logits = s.num_drafts > 0;
+  chunk.state_slot = s.state_slot;
+  return chunk;
+}
+
 }  // namespace exl3::engine

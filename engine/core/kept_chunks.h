@@ -1,8 +1,9 @@
 // MTP drafting (engine/core/model_runner.h MtpSpan): which chunks of the last step a model kept
 // the per-token states of (StepBatch::keep_hidden_states), and where each chunk's rows start in
 // those states (step order), so that a span of the drafting call after the step is checked
-// against its chunk and finds its rows. The CPU model (engine/cpu/cpu_model.h) and the GPU
-// model's drafting (engine/cuda/mtp_drafting.h) hold one beside the rows they keep.
+// against its chunk and finds its rows, and the MTP layer's chunk of a span. The CPU model
+// (engine/cpu/cpu_model.h) and the GPU model's drafting (engine/cuda/mtp_drafting.h) hold a
+// KeptChunks beside the rows they keep.
 #pragma once
 
 #include <cstdint>
@@ -31,5 +32,9 @@ class KeptChunks {
   std::vector<int64_t> sequence_ids_;
   std::vector<int> start_positions_, first_rows_, num_tokens_;
 };
+
+// The MTP layer's chunk of span `s`: its positions with their next tokens, on its sequence's
+// blocks and state slot, wanting the logits of its last position when it drafts (num_drafts > 0).
+SequenceChunk MtpChunkOf(const MtpSpan& s);
 
 }  // namespace exl3::engine

@@ -225,14 +225,11 @@ absl::Status CpuModel::MtpBatchOf(std::span<const MtpSpan> spans, bool every_pos
   EXL3_RETURN_IF_ERROR(kept_.chunks.CheckSpans(spans));
   const int W = mtp_head_->state_width();
   for (const MtpSpan& s : spans) {
-    SequenceChunk& chunk = batch->chunks.emplace_back();
-    chunk.sequence_id = s.sequence_id;
-    chunk.tokens = s.next_tokens;
-    chunk.start_position = s.start_position;
-    chunk.block_table = s.block_table;
-    chunk.wants_logits = every_position || s.num_drafts > 0;
-    chunk.num_logit_rows = every_position ? s.num_positions : 1;
-    chunk.state_slot = s.state_slot;
+    SequenceChunk& chunk = batch->chunks.emplace_back(MtpChunkOf(s));
+    if (every_position) {
+      chunk.wants_logits = true;
+      chunk.num_logit_rows = s.num_positions;
+    }
     const float* first = &kept_.rows[static_cast<size_t>(kept_.chunks.first_row(s.chunk_index)) * W];
     hidden->insert(hidden->end(), first, first + static_cast<size_t>(s.num_positions) * W);
   }

@@ -54,13 +54,7 @@ absl::Status CudaMtpDrafting::BatchOf(std::span<const MtpSpan> spans, StepBatch*
   const cudaStream_t stream = static_cast<cudaStream_t>(device_->stream());
   size_t row = 0;
   for (const MtpSpan& s : spans) {
-    SequenceChunk& chunk = batch->chunks.emplace_back();
-    chunk.sequence_id = s.sequence_id;
-    chunk.tokens = s.next_tokens;
-    chunk.start_position = s.start_position;
-    chunk.block_table = s.block_table;
-    chunk.wants_logits = s.num_drafts > 0;
-    chunk.state_slot = s.state_slot;
+    batch->chunks.push_back(MtpChunkOf(s));
     // The span's kept positions are its chunk's first rows.
     const float* first = kept_.rows.get() + static_cast<size_t>(kept_.chunks.first_row(s.chunk_index)) * W;
     EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(in_.get() + row * W, first,

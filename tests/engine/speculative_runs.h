@@ -128,30 +128,37 @@ inline void ExpectTokensOfPlainDecoding(const std::vector<SampledToken>& spec, c
   }
 }
 
-// MTP drafting at K = 1 of one sequence alone, simulated from the fixture's reference: every draft
-// is the MTP head's argmax at the sequence's last kept position p (`mtp_logits` row p, [positions,
-// vocab], teacher-forced on prompt + greedy), predicting position p + 2; a hit keeps two tokens, a
-// miss one, until max_tokens are out (the first by the prefill).
+// MTP drafting at K = 1 of each fixture prompt alone (32 greedy tokens), simulated from the
+// fixture's reference (reference.safetensors: mtp_logits.i [positions, vocab 128], teacher-forced
+// on prompt + greedy): every draft is the MTP head's argmax at the sequence's last kept position
+// p, predicting position p + 2; a hit keeps two tokens, a miss one, until 32 are out (the first by
+// the prefill). One MtpDraftCounts per prompt into *counts.
 struct MtpDraftCounts {
   int64_t drafts = 0, accepted = 0;
 };
-inline MtpDraftCounts SimulatedMtpDraftsAtK1(const std::vector<float>& mtp_logits, int vocab,
-                                             const std::vector<int32_t>& prompt, const std::vector<int32_t>& greedy,
-                                             int max_tokens = 32) {
-  std::vector<int32_t> ids = prompt;
-  ids.insert(ids.end(), greedy.begin(), greedy.end());
-  const int P = static_cast<int>(prompt.size());
-  MtpDraftCounts n;
-  for (int p = P - 1, out = 1; max_tokens - out - 1 > 0;) {  // after the prefill: 1 token out
-    const float* row = &mtp_logits[static_cast<size_t>(p) * vocab];
-    const int32_t draft = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
-    ++n.drafts;
-    const bool hit = draft == ids[p + 2];
-    n.accepted += hit;
-    p += hit ? 2 : 1;
-    out += hit ? 2 : 1;
+inline void SimulateMtpDraftsAtK1(const std::string& fixture_dir, const std::vector<std::vector<int32_t>>& prompts,
+                                  const std::vector<std::vector<int32_t>>& greedy,
+                                  std::vector<MtpDraftCounts>* counts) {
+  auto ref = TensorSource::Open(fixture_dir + "/reference.safetensors");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const int V = 128, max_tokens = 32;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::vector<float> mtp = *ToFloat32(*(*ref)->Get("mtp_logits." + std::to_string(i)));
+    ASSERT_EQ(mtp.size() % V, 0u);
+    std::vector<int32_t> ids = prompts[i];
+    ids.insert(ids.end(), greedy[i].begin(), greedy[i].end());
+    const int P = static_cast<int>(prompts[i].size());
+    MtpDraftCounts& n = counts->emplace_back();
+    for (int p = P - 1, out = 1; max_tokens - out - 1 > 0;) {  // after the prefill: 1 token out
+      const float* row = &mtp[static_cast<size_t>(p) * V];
+      const int32_t draft = static_cast<int32_t>(std::max_element(row, row + V) - row);
+      ++n.drafts;
+      const bool hit = draft == ids[p + 2];
+      n.accepted += hit;
+      p += hit ? 2 : 1;
+      out += hit ? 2 : 1;
+    }
   }
-  return n;
 }
 
 // The CPU speculative tests' fixture (parameter: a fixture directory): its prompts, their greedy

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -22,11 +23,7 @@ absl::StatusOr<std::unique_ptr<DsaAttention>> DsaAttention::Load(const ModelConf
 absl::Status DsaAttention::Forward(const float* x, const StepTokens& tokens, PagedKvCache& cache,
                                    AttentionCarry& carry, float* out, CpuCompute& compute) {
   MlaAttention::SelectPositions select;
-  if (indexer_) {
-    select = [&](const std::vector<float>& q_resid, TopkSelection* selection) {
-      return Select(x, q_resid, tokens, cache, selection, compute);
-    };
-  }
+  if (indexer_) select = std::bind_front(&DsaAttention::Select, this);
   return mla_->ForwardSelected(x, tokens, cache, carry, select,
                                "shares the top-k selection of an earlier layer, and none ran an indexer this step",
                                out, compute);

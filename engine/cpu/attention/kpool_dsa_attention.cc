@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -44,11 +45,7 @@ absl::StatusOr<std::unique_ptr<KpoolDsaAttention>> KpoolDsaAttention::Load(const
 absl::Status KpoolDsaAttention::Forward(const float* x, const StepTokens& tokens, PagedKvCache& cache,
                                         AttentionCarry& carry, float* out, CpuCompute& compute) {
   MlaAttention::SelectPositions select;
-  if (indexer_) {
-    select = [&](const std::vector<float>& q_resid, TopkSelection* selection) {
-      return Select(x, q_resid, tokens, cache, selection, compute);
-    };
-  }
+  if (indexer_) select = std::bind_front(&KpoolDsaAttention::Select, this);
   return mla_->ForwardSelected(x, tokens, cache, carry, select,
                                "shares the pooled selection of the layer before it, and that one ran no indexer "
                                "this step",

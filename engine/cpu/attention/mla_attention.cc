@@ -50,7 +50,7 @@ absl::Status MlaAttention::ForwardSelected(const float* x, const StepTokens& tok
   EXL3_RETURN_IF_ERROR(ProjectAndCache(x, tokens, cache, &q, &q_resid, compute));
   if (select) {
     TopkSelection selection;
-    EXL3_RETURN_IF_ERROR(select(q_resid, &selection));
+    EXL3_RETURN_IF_ERROR(select(x, q_resid, tokens, cache, &selection, compute));
     carry.topk = std::move(selection);
   } else if (!carry.topk || static_cast<int>(carry.topk->positions.size()) != tokens.num_tokens) {
     return absl::InternalError(absl::StrCat("layer ", layer_, " ", no_selection));

@@ -41,9 +41,12 @@ class MlaAttention final : public Attention {
   absl::Status AttendAndProject(const std::vector<float>& q, const StepTokens& tokens,
                                 PagedKvCache& cache, const TopkSelection* selection, float* out,
                                 CpuCompute& compute) const;
-  // Chooses each token's positions (selection->positions[t]) from the step's low-rank query
-  // residual (ProjectAndCache's q_resid).
-  using SelectPositions = std::function<absl::Status(const std::vector<float>& q_resid, TopkSelection* selection)>;
+  // Chooses each token's positions (selection->positions[t]) from the step's inputs x and its
+  // low-rank query residual (ProjectAndCache's q_resid), writing what the selection keeps to the
+  // cache (an indexer's keys).
+  using SelectPositions =
+      std::function<absl::Status(const float* x, const std::vector<float>& q_resid, const StepTokens& tokens,
+                                 PagedKvCache& cache, TopkSelection* selection, CpuCompute& compute)>;
   // The two halves with a selection between them: `select`'s, handed on in carry.topk, or, where
   // `select` is null (a layer that shares the selection of an earlier one), carry.topk as that
   // layer left it; Internal "layer L <no_selection>" when none did this step.

@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
 #include "tests/engine/cuda/gpu_test_support.h"
+#include "tests/engine/cuda/open_gpu_model.h"
 #include "tests/engine/engine_requests.h"
 #include "tests/engine/speculative_runs.h"
 
@@ -32,14 +33,6 @@ namespace {
 
 using testing::Greedy32;
 using testing::Int32Rows;
-
-std::unique_ptr<CudaModel> OpenGpuModel(const std::string& dir) {
-  CudaModelOptions options;
-  options.allow_unverified = true;  // Qwen4-Exp (it changes nothing for the other families)
-  auto model = CudaModel::Open(dir, options);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return model.ok() ? std::move(*model) : nullptr;
-}
 
 // A fresh engine over the GPU model with cache blocks of `block_size`; n-gram drafts at K = k (0: none).
 testing::SpeculativeRun RunAll(const std::string& dir, int block_size, int k, const std::vector<GenerateParams>& params) {
