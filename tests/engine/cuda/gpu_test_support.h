@@ -137,6 +137,26 @@ inline PagedStepFacts PagedStepFactsOf(const StepBatch& batch, const StepTokens&
   return f;
 }
 
+// PagedStepFacts on the device, with the positions per split of `splits` splits of `span` (the
+// most positions a token attends to).
+struct DeviceStepFacts {
+  DeviceArray<int32_t> positions, first, table_offset, tables, slot, split_positions;
+
+  AttentionTokens tokens(int block_size) const {
+    return AttentionTokens{positions.get(), first.get(), table_offset.get(), tables.get(), block_size};
+  }
+};
+inline DeviceStepFacts UploadStepFacts(const PagedStepFacts& f, int span, int splits) {
+  DeviceStepFacts d;
+  d.positions = ToDevice(f.positions);
+  d.first = ToDevice(f.first);
+  d.table_offset = ToDevice(f.table_offset);
+  d.tables = ToDevice(f.tables);
+  d.slot = ToDevice(f.slot);
+  d.split_positions = ToDevice(std::vector<int32_t>{(span + splits - 1) / splits});
+  return d;
+}
+
 // Every layer's cache of the tests that run a model's layers on both engines: the CPU engine's
 // paged one and the GPU's fp16 one, zeroed (layer l's from layer_offset[l]).
 struct LayerCaches {

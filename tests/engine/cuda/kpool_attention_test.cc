@@ -261,18 +261,16 @@ void CheckFixtureLayers(const std::string& fixture, double bound, LatentKernel k
     const std::vector<int32_t>& pos = facts.positions;
     const int splits = step_index % 2 == 0 ? 1 : 3;
     const int span = cfg.indexer.topk + P;  // the most positions a token attends to
-    DeviceArray<int32_t> d_pos = ToDevice(pos), d_first = ToDevice(facts.first),
-                         d_offset = ToDevice(facts.table_offset), d_tables = ToDevice(facts.tables),
-                         d_slot = ToDevice(facts.slot), d_split = ToDevice(std::vector<int32_t>{(span + splits - 1) / splits});
+    const DeviceStepFacts d_facts = UploadStepFacts(facts, span, splits);
     const int max_context = std::min(cfg.max_position_embeddings, kBlocksPerSeq * bs);
     bool moved = false;
     ASSERT_TRUE(latent_ws.Reserve(cfg, T, splits, max_context, &moved).ok());
     ASSERT_TRUE(ws.Reserve(cfg, T, max_context, &moved).ok());
     LatentStep step;
-    step.tokens = AttentionTokens{d_pos.get(), d_first.get(), d_offset.get(), d_tables.get(), bs};
-    step.slot = d_slot.get();
+    step.tokens = d_facts.tokens(bs);
+    step.slot = d_facts.slot.get();
     step.splits = splits;
-    step.split_positions = d_split.get();
+    step.split_positions = d_facts.split_positions.get();
     step.sm_count = 8;
     step.kernel = kernel;
 

@@ -476,19 +476,17 @@ void CheckFixtureLayers(const std::string& fixture, LatentKernel kernel) {
       sin.insert(sin.end(), a.sin.begin(), a.sin.begin() + half);
     }
     const int splits = step_index % 2 == 0 ? 1 : 3;
-    DeviceArray<int32_t> d_pos = ToDevice(pos), d_first = ToDevice(facts.first),
-                         d_offset = ToDevice(facts.table_offset), d_tables = ToDevice(facts.tables),
-                         d_slot = ToDevice(facts.slot), d_split = ToDevice(std::vector<int32_t>{(span + splits - 1) / splits});
+    const DeviceStepFacts d_facts = UploadStepFacts(facts, span, splits);
     DeviceArray<float> d_cos = ToDevice(cos), d_sin = ToDevice(sin);
     bool moved = false;
     ASSERT_TRUE(ws.Reserve(cfg, T, splits, std::min(cfg.max_position_embeddings, shape.num_blocks * bs), &moved).ok());
     LatentStep step;
-    step.tokens = AttentionTokens{d_pos.get(), d_first.get(), d_offset.get(), d_tables.get(), bs};
-    step.slot = d_slot.get();
+    step.tokens = d_facts.tokens(bs);
+    step.slot = d_facts.slot.get();
     step.cos = d_cos.get();
     step.sin = d_sin.get();
     step.splits = splits;
-    step.split_positions = d_split.get();
+    step.split_positions = d_facts.split_positions.get();
     step.sm_count = 8;
     step.kernel = kernel;
 
