@@ -23,9 +23,9 @@ if [ "$INSTALL_DEPS" = 1 ]; then
   ./scripts/install-deps.sh
 fi
 
-# No two .h/.cc pairs of the engine, the model library and the router include each other (a
-# factory apart from the interface its kinds implement; scripts/checks/include_cycles.py). Runs
-# in well under a second, before the build.
+# No two .h/.cc pairs anywhere in the tree include each other (a factory apart from the interface
+# its kinds implement; scripts/checks/include_cycles.py, whole tree by default). Runs in well under
+# a second, before the build.
 step "include cycles"
 python3 scripts/checks/include_cycles.py
 

@@ -55,9 +55,15 @@ absl::Status CheckEmbedding(const TensorView& t, int vocab, int hidden) {
 absl::StatusOr<std::unique_ptr<CpuModel>> CpuModel::Open(const std::string& dir,
                                                          const CpuModelOptions& options,
                                                          std::unique_ptr<MoeExecutor> moe) {
+  EXL3_ASSIGN_OR_RETURN(const ConfigFile file, ConfigFile::Read(dir + "/config.json"));
+  return Open(dir, file, options, std::move(moe));
+}
+
+absl::StatusOr<std::unique_ptr<CpuModel>> CpuModel::Open(const std::string& dir, const ConfigFile& file,
+                                                         const CpuModelOptions& options,
+                                                         std::unique_ptr<MoeExecutor> moe) {
   // config.json read once: the model's configuration, and the experts' (and their fingerprint) when
   // they run here.
-  EXL3_ASSIGN_OR_RETURN(const ConfigFile file, ConfigFile::Read(dir + "/config.json"));
   EXL3_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(file, dir));
   if (options.micro_batches < 1 || options.micro_batches > 2)
     return absl::InvalidArgumentError("micro_batches must be 1 or 2");
@@ -216,26 +222,15 @@ absl::Status CpuModel::EnableMtpDrafting() {
 absl::Status CpuModel::MtpBatchOf(std::span<const MtpSpan> spans, bool every_position, StepBatch* batch,
                                   std::vector<float>* hidden) const {
   if (mtp_head_ == nullptr) return absl::FailedPreconditionError("MTP drafting is not enabled");
-  if (!kept_.valid)
-    return absl::FailedPreconditionError("the last step kept no hidden states (StepBatch::keep_hidden_states)");
+  EXL3_RETURN_IF_ERROR(kept_.chunks.CheckSpans(spans));
   const int W = mtp_head_->state_width();
   for (const MtpSpan& s : spans) {
-    const int c = s.chunk_index;
-    if (c < 0 || c >= static_cast<int>(kept_.sequence_ids.size()) || kept_.sequence_ids[c] != s.sequence_id ||
-        kept_.start_positions[c] != s.start_position || s.num_positions < 1 ||
-        s.num_positions > kept_.num_tokens[c] || static_cast<int>(s.next_tokens.size()) != s.num_positions ||
-        s.num_drafts < 0)
-      return absl::InvalidArgumentError(absl::StrCat("MTP span of sequence ", s.sequence_id,
-                                                     " does not match the last step's chunk ", c));
-    SequenceChunk& chunk = batch->chunks.emplace_back();
-    chunk.sequence_id = s.sequence_id;
-    chunk.tokens = s.next_tokens;
-    chunk.start_position = s.start_position;
-    chunk.block_table = s.block_table;
-    chunk.wants_logits = every_position || s.num_drafts > 0;
-    chunk.num_logit_rows = every_position ? s.num_positions : 1;
-    chunk.state_slot = s.state_slot;
-    const float* first = &kept_.rows[static_cast<size_t>(kept_.first_rows[c]) * W];
+    SequenceChunk& chunk = batch->chunks.emplace_back(MtpChunkOf(s));
+    if (every_position) {
+      chunk.wants_logits = true;
+      chunk.num_logit_rows = s.num_positions;
+    }
+    const float* first = &kept_.rows[static_cast<size_t>(kept_.chunks.first_row(s.chunk_index)) * W];
     hidden->insert(hidden->end(), first, first + static_cast<size_t>(s.num_positions) * W);
   }
   return absl::OkStatus();
@@ -473,24 +468,12 @@ void CpuModel::KeepHiddenStates(const StepBatch& batch, const std::vector<MicroB
     RmsNormRows(h, final_norm_.data(), T, H, cfg_.rms_norm_eps, row);
     row += static_cast<size_t>(T) * H;
   }
-  kept_.sequence_ids.clear();
-  kept_.start_positions.clear();
-  kept_.first_rows.clear();
-  kept_.num_tokens.clear();
-  int first = 0;
-  for (const SequenceChunk& c : batch.chunks) {
-    kept_.sequence_ids.push_back(c.sequence_id);
-    kept_.start_positions.push_back(c.start_position);
-    kept_.first_rows.push_back(first);
-    kept_.num_tokens.push_back(static_cast<int>(c.tokens.size()));
-    first += static_cast<int>(c.tokens.size());
-  }
-  kept_.valid = true;
+  kept_.chunks.Record(batch);
 }
 
 absl::Status CpuModel::Forward(const StepBatch& batch, float* logits) {
   if (cache_ == nullptr) return absl::FailedPreconditionError("KV cache not allocated");
-  kept_.valid = false;
+  kept_.chunks.Clear();
   if (batch.keep_hidden_states && mtp_head_ == nullptr)
     return absl::FailedPreconditionError("keep_hidden_states without MTP drafting enabled");
   times_ = StepPhaseTimes{};

@@ -30,12 +30,14 @@
 #include "engine/cpu/linear.h"
 #include "engine/cpu/linear_attention/linear_attention.h"
 #include "engine/config/model_config.h"
+#include "engine/core/kept_chunks.h"
 #include "engine/core/model_runner.h"
 #include "engine/core/moe_executor.h"
 #include "engine/cpu/mtp/mtp_drafter.h"
 #include "engine/cpu/paged_kv_cache.h"
 #include "engine/cpu/residual/ple_layer.h"
 #include "engine/cpu/sequence_state.h"
+#include "model/config/config_file.h"
 #include "model/safetensors.h"
 
 namespace exl3::engine {
@@ -55,7 +57,13 @@ struct CpuModelOptions {
 class CpuModel final : public ModelRunner {
  public:
   // `moe` null: the experts are loaded from `dir` and run in this process (engine/cpu/local_moe.h).
+  // Reads DIR/config.json (ConfigFile::Read) and opens the model.
   static absl::StatusOr<std::unique_ptr<CpuModel>> Open(const std::string& dir,
+                                                        const CpuModelOptions& options,
+                                                        std::unique_ptr<MoeExecutor> moe = nullptr);
+  // `config`: DIR's config.json as the caller read it (ConfigFile::Read); the file is not read
+  // again (a process that also opens the experts or a router core hands all of them one read).
+  static absl::StatusOr<std::unique_ptr<CpuModel>> Open(const std::string& dir, const ConfigFile& config,
                                                         const CpuModelOptions& options,
                                                         std::unique_ptr<MoeExecutor> moe = nullptr);
 
@@ -159,12 +167,10 @@ class CpuModel final : public ModelRunner {
   Linear head_;
   std::unique_ptr<MtpDrafter> mtp_head_;      // speculative method mtp (EnableMtpDrafting)
   // The last Forward's states the MTP drafter reads when its batch asked to keep them: [step
-  // tokens, its state_width()] in chunk order, and per chunk its sequence, start and first row.
+  // tokens, its state_width()] in chunk order, and which chunks they are.
   struct KeptHiddenStates {
-    bool valid = false;
     std::vector<float> rows;
-    std::vector<int64_t> sequence_ids;
-    std::vector<int> start_positions, first_rows, num_tokens;
+    KeptChunks chunks;
   };
   KeptHiddenStates kept_;
   std::unique_ptr<MoeExecutor> moe_;

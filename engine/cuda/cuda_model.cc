@@ -52,8 +52,16 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Open(const std::string& di
                                                            std::unique_ptr<MoeExecutor> remote_moe) {
   if (exl3::cuda::DeviceCount() == 0)
     return absl::FailedPreconditionError("the CUDA engine needs a GPU and none is visible");
-  // config.json read once: the model's configuration, the experts and their fingerprint.
   EXL3_ASSIGN_OR_RETURN(const ConfigFile file, ConfigFile::Read(dir + "/config.json"));
+  return Open(dir, file, options, std::move(remote_moe));
+}
+
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Open(const std::string& dir, const ConfigFile& file,
+                                                           const CudaModelOptions& options,
+                                                           std::unique_ptr<MoeExecutor> remote_moe) {
+  if (exl3::cuda::DeviceCount() == 0)
+    return absl::FailedPreconditionError("the CUDA engine needs a GPU and none is visible");
+  // config.json read once: the model's configuration, the experts and their fingerprint.
   EXL3_ASSIGN_OR_RETURN(ModelConfig cfg, LoadModelConfig(file, dir));
   EXL3_RETURN_IF_ERROR(CheckSupported(cfg, options));
   std::unique_ptr<CudaModel> m(new CudaModel(std::move(cfg)));

@@ -88,8 +88,13 @@ struct CudaModelOptions {
 
 class CudaModel final : public ModelRunner {
  public:
-  // `remote_moe` null: every expert is loaded from `dir` onto the GPU.
+  // `remote_moe` null: every expert is loaded from `dir` onto the GPU. Reads DIR/config.json
+  // (ConfigFile::Read) and opens the model.
   static absl::StatusOr<std::unique_ptr<CudaModel>> Open(const std::string& dir,
+                                                         const CudaModelOptions& options,
+                                                         std::unique_ptr<MoeExecutor> remote_moe = nullptr);
+  // `config`: DIR's config.json as the caller read it (ConfigFile::Read); the file is not read again.
+  static absl::StatusOr<std::unique_ptr<CudaModel>> Open(const std::string& dir, const ConfigFile& config,
                                                          const CudaModelOptions& options,
                                                          std::unique_ptr<MoeExecutor> remote_moe = nullptr);
   ~CudaModel() override;

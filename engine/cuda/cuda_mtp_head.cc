@@ -36,7 +36,7 @@ absl::StatusOr<std::unique_ptr<CudaMtpHead>> CudaMtpHead::Load(const ModelConfig
   EXL3_ASSIGN_OR_RETURN(m->eh_proj_, CudaLinear::Load(src, p + "eh_proj", 2 * H, H));
   EXL3_ASSIGN_OR_RETURN(m->input_norm_, UploadNorm(src, p + "input_layernorm.weight", H, nw));
   EXL3_ASSIGN_OR_RETURN(m->post_attention_norm_, UploadNorm(src, p + "post_attention_layernorm.weight", H, nw));
-  EXL3_ASSIGN_OR_RETURN(m->attention_, LoadCudaLayerMixer(cfg, src, n, parts.linear));
+  EXL3_ASSIGN_OR_RETURN(m->attention_, CudaMtpAttention::Load(cfg, src, n, parts));
   if (moe) {
     EXL3_ASSIGN_OR_RETURN(CudaMtpMoe block, CudaMtpMoe::Load(cfg, src, n, p, parts.max_moe_tokens, parts.linear));
     m->moe_.emplace(std::move(block));
@@ -53,23 +53,16 @@ absl::StatusOr<std::unique_ptr<CudaMtpHead>> CudaMtpHead::Load(const ModelConfig
   } else {
     m->head_ = parts.head;
   }
-  SplitShape split = m->attention_.kind->split_shape();
-  if (split.blocks_per_token == 0) split = SplitShape{1};
-  m->facts_ = std::make_unique<StepFacts>(cfg, split, parts.sm_count, parts.tensor_core_prefill);
   // The uploads ran on the legacy stream, which the model's non-blocking stream does not wait for.
   EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return m;
 }
 
 absl::Status CudaMtpHead::AllocateCache(const KvCacheShape& shape, StreamHandle stream) {
-  EXL3_RETURN_IF_ERROR(attention_.kind->AllocateCache(shape, stream));
-  facts_->SetCache(shape);
-  return absl::OkStatus();
+  return attention_.AllocateCache(shape, stream);
 }
 
-absl::Status CudaMtpHead::Reserve(int T, int R, int splits) {
-  bool moved = false;  // no decode graph holds these addresses
-  EXL3_RETURN_IF_ERROR(attention_.kind->Reserve(T, splits, &moved));
+absl::Status CudaMtpHead::Reserve(int T, int R) {
   if (moe_.has_value()) EXL3_RETURN_IF_ERROR(moe_->Reserve(T));
   const size_t t = static_cast<size_t>(T), r = static_cast<size_t>(R), H = static_cast<size_t>(cfg_.hidden_size);
   const size_t I = dense_mlp_.has_value() ? static_cast<size_t>(cfg_.intermediate_size) : 0;
@@ -85,13 +78,8 @@ absl::Status CudaMtpHead::Forward(const StepTokens& tokens, const float* states,
   if (T == 0) return absl::OkStatus();
   const StreamHandle stream = parts_.linear.stream;
   const float eps = cfg_.rms_norm_eps;
-  CudaMixerKind& kind = *attention_.kind;
-  EXL3_RETURN_IF_ERROR(kind.BeginStep(*tokens.batch, stream));
-  EXL3_RETURN_IF_ERROR(facts_->Pack(tokens, StepLayout{T, 0, 0}));
-  EXL3_RETURN_IF_ERROR(kind.PackStep(tokens, T, &facts_->host()));
-  EXL3_ASSIGN_OR_RETURN(const CudaStep* step, facts_->Upload(&step_facts_, stream));
-  EXL3_RETURN_IF_ERROR(kind.BindStep(*step, tokens, step_facts_.get(), stream));
-  EXL3_RETURN_IF_ERROR(Reserve(T, R, step->splits));
+  EXL3_ASSIGN_OR_RETURN(const CudaStep* step, attention_.BeginStep(tokens, stream));
+  EXL3_RETURN_IF_ERROR(Reserve(T, R));
   float* x = x_.get();
   float* d = d_.get();
   float* h = out;  // the layer's residual stream, in place
@@ -106,7 +94,7 @@ absl::Status CudaMtpHead::Forward(const StepTokens& tokens, const float* states,
   EXL3_RETURN_IF_ERROR(eh_proj_.Forward(cat_.get(), T, h, parts_.linear));
   // The decoder layer on h.
   EXL3_RETURN_IF_ERROR(RmsNorm(h, input_norm_.get(), T, H, eps, x, stream));
-  EXL3_RETURN_IF_ERROR(attention_.mixer->Forward(*step, x, 0, T, d));
+  EXL3_RETURN_IF_ERROR(attention_.Forward(*step, x, T, d));
   EXL3_RETURN_IF_ERROR(AddRmsNorm(h, d, post_attention_norm_.get(), T, H, eps, x, stream));
   if (dense_mlp_.has_value()) {
     EXL3_RETURN_IF_ERROR(dense_mlp_->Forward(x, T, gate_.get(), up_.get(), d, parts_.linear));
@@ -121,7 +109,7 @@ absl::Status CudaMtpHead::Forward(const StepTokens& tokens, const float* states,
 }
 
 absl::Status CudaMtpHead::EndStep(const StepBatch& batch) {
-  return attention_.kind->EndStep(batch, parts_.linear.stream);
+  return attention_.EndStep(batch, parts_.linear.stream);
 }
 
 }  // namespace exl3::engine::cuda

@@ -20,12 +20,11 @@
 
 #include "absl/status/statusor.h"
 #include "engine/cuda/cuda_linear.h"
-#include "engine/cuda/load_cuda_mixers.h"
+#include "engine/cuda/cuda_mtp_attention.h"
 #include "engine/cuda/cuda_mtp_drafter.h"
 #include "engine/cuda/cuda_mtp_moe.h"
 #include "engine/cuda/dense_mlp.h"
 #include "engine/cuda/device_array.h"
-#include "engine/cuda/step_facts.h"
 
 namespace exl3::engine::cuda {
 
@@ -40,26 +39,24 @@ class CudaMtpHead final : public CudaMtpDrafter {
   MtpInput input() const override { return MtpInput::kHeadInput; }
   int state_width() const override { return cfg_.hidden_size; }
   absl::Status AllocateCache(const KvCacheShape& shape, StreamHandle stream) override;
-  int64_t KvBytesPerToken() const override { return attention_.kind->KvBytesPerToken(); }
+  int64_t KvBytesPerToken() const override { return attention_.KvBytesPerToken(); }
   absl::Status Forward(const StepTokens& tokens, const float* states, float* out, float* logits) override;
   absl::Status EndStep(const StepBatch& batch) override;
 
  private:
   CudaMtpHead(ModelConfig cfg, const CudaMtpModelParts& parts) : cfg_(std::move(cfg)), parts_(parts) {}
   // Grows the step buffers for T rows and R logit rows.
-  absl::Status Reserve(int T, int R, int splits);
+  absl::Status Reserve(int T, int R);
 
   const ModelConfig cfg_;  // the model's with the MTP layer (index num_layers - 1); its blocks keep references
   const CudaMtpModelParts parts_;
   DeviceArray<float> enorm_, hnorm_, input_norm_, post_attention_norm_, shared_norm_;
   CudaLinear eh_proj_;
-  CudaLayerMixer attention_;
+  CudaMtpAttention attention_;
   std::optional<CudaMtpMoe> moe_;          // MoE layers (the MTP layers of the supported families)
   std::optional<CudaDenseMlp> dense_mlp_;  // else
   std::optional<CudaLinear> own_head_;     // shared_head.head, when stored
   const CudaLinear* head_ = nullptr;       // own_head_ or the model's
-  std::unique_ptr<StepFacts> facts_;
-  DeviceArray<int32_t> step_facts_;  // the uploaded facts of the last step
   // [T, hidden]: the normed embeddings, then the blocks' input; the normed states, then the blocks'
   // output; [T, 2 hidden] eh_proj's input; [T, intermediate] the dense MLP's; [R, hidden] the head's input.
   DeviceArray<float> x_, d_, cat_, gate_, up_, head_in_;

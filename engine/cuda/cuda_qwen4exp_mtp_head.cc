@@ -47,26 +47,20 @@ absl::StatusOr<std::unique_ptr<CudaQwen4ExpMtpHead>> CudaQwen4ExpMtpHead::Load(c
   m->attn_connection_.emplace(std::move(attn));
   m->mlp_connection_.emplace(std::move(mlp));
   m->head_mixer_.emplace(std::move(mixer));
-  EXL3_ASSIGN_OR_RETURN(m->attention_, LoadCudaLayerMixer(cfg, src, n, parts.linear, l));
+  EXL3_ASSIGN_OR_RETURN(m->attention_, CudaMtpAttention::Load(cfg, src, n, parts, l));
   EXL3_ASSIGN_OR_RETURN(CudaMtpMoe moe, CudaMtpMoe::Load(cfg, src, n, l, parts.max_moe_tokens, parts.linear));
   m->moe_.emplace(std::move(moe));
-  SplitShape split = m->attention_.kind->split_shape();
-  if (split.blocks_per_token == 0) split = SplitShape{1};
-  m->facts_ = std::make_unique<StepFacts>(cfg, split, parts.sm_count, parts.tensor_core_prefill);
   // The uploads ran on the legacy stream, which the model's non-blocking stream does not wait for.
   EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return m;
 }
 
 absl::Status CudaQwen4ExpMtpHead::AllocateCache(const KvCacheShape& shape, StreamHandle stream) {
-  EXL3_RETURN_IF_ERROR(attention_.kind->AllocateCache(shape, stream));
-  facts_->SetCache(shape);
-  return absl::OkStatus();
+  return attention_.AllocateCache(shape, stream);
 }
 
-absl::Status CudaQwen4ExpMtpHead::Reserve(int T, int R, int splits) {
+absl::Status CudaQwen4ExpMtpHead::Reserve(int T, int R) {
   bool moved = false;  // no decode graph holds these addresses
-  EXL3_RETURN_IF_ERROR(attention_.kind->Reserve(T, splits, &moved));
   EXL3_RETURN_IF_ERROR(moe_->Reserve(T));
   EXL3_RETURN_IF_ERROR(connection_ws_.Reserve(shape_, std::max(T, R), &moved));
   const size_t t = static_cast<size_t>(T), r = static_cast<size_t>(R), H = static_cast<size_t>(shape_.hidden);
@@ -86,13 +80,8 @@ absl::Status CudaQwen4ExpMtpHead::Forward(const StepTokens& tokens, const float*
   const StreamHandle stream = parts_.linear.stream;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const float eps = cfg_.rms_norm_eps;
-  CudaMixerKind& kind = *attention_.kind;
-  EXL3_RETURN_IF_ERROR(kind.BeginStep(*tokens.batch, stream));
-  EXL3_RETURN_IF_ERROR(facts_->Pack(tokens, StepLayout{T, 0, 0}));
-  EXL3_RETURN_IF_ERROR(kind.PackStep(tokens, T, &facts_->host()));
-  EXL3_ASSIGN_OR_RETURN(const CudaStep* step, facts_->Upload(&step_facts_, stream));
-  EXL3_RETURN_IF_ERROR(kind.BindStep(*step, tokens, step_facts_.get(), stream));
-  EXL3_RETURN_IF_ERROR(Reserve(T, R, step->splits));
+  EXL3_ASSIGN_OR_RETURN(const CudaStep* step, attention_.BeginStep(tokens, stream));
+  EXL3_RETURN_IF_ERROR(Reserve(T, R));
   // normed [T, S, H]: stream k of every token normed by its own weights (a stream's rows are
   // strided by S · H: gathered, normed, put back).
   const size_t row = static_cast<size_t>(H) * sizeof(float), wide = static_cast<size_t>(S) * row;
@@ -114,7 +103,7 @@ absl::Status CudaQwen4ExpMtpHead::Forward(const StepTokens& tokens, const float*
   // The block around its gated residual connections, on the streams `out` in place.
   EXL3_RETURN_IF_ERROR(attn_connection_->Collapse(out, nullptr, T, connection_ws_, x_.get(), inject_.get(),
                                                   parts_.linear));
-  EXL3_RETURN_IF_ERROR(attention_.mixer->Forward(*step, x_.get(), 0, T, d_.get()));
+  EXL3_RETURN_IF_ERROR(attention_.Forward(*step, x_.get(), T, d_.get()));
   EXL3_RETURN_IF_ERROR(attn_connection_->Expand(inject_.get(), d_.get(), T, out, stream));
   EXL3_RETURN_IF_ERROR(mlp_connection_->Collapse(out, nullptr, T, connection_ws_, x_.get(), inject_.get(),
                                                  parts_.linear));
@@ -128,7 +117,7 @@ absl::Status CudaQwen4ExpMtpHead::Forward(const StepTokens& tokens, const float*
 }
 
 absl::Status CudaQwen4ExpMtpHead::EndStep(const StepBatch& batch) {
-  return attention_.kind->EndStep(batch, parts_.linear.stream);
+  return attention_.EndStep(batch, parts_.linear.stream);
 }
 
 }  // namespace exl3::engine::cuda

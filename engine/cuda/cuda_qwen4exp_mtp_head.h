@@ -17,12 +17,11 @@
 
 #include "absl/status/statusor.h"
 #include "engine/cuda/cuda_linear.h"
-#include "engine/cuda/load_cuda_mixers.h"
+#include "engine/cuda/cuda_mtp_attention.h"
 #include "engine/cuda/cuda_mtp_drafter.h"
 #include "engine/cuda/cuda_mtp_moe.h"
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/gated_connection.h"
-#include "engine/cuda/step_facts.h"
 
 namespace exl3::engine::cuda {
 
@@ -38,7 +37,7 @@ class CudaQwen4ExpMtpHead final : public CudaMtpDrafter {
   MtpInput input() const override { return MtpInput::kStreams; }
   int state_width() const override { return shape_.streams * shape_.hidden; }
   absl::Status AllocateCache(const KvCacheShape& shape, StreamHandle stream) override;
-  int64_t KvBytesPerToken() const override { return attention_.kind->KvBytesPerToken(); }
+  int64_t KvBytesPerToken() const override { return attention_.KvBytesPerToken(); }
   absl::Status Forward(const StepTokens& tokens, const float* states, float* out, float* logits) override;
   absl::Status EndStep(const StepBatch& batch) override;
 
@@ -46,7 +45,7 @@ class CudaQwen4ExpMtpHead final : public CudaMtpDrafter {
   CudaQwen4ExpMtpHead(ModelConfig cfg, const GatedResidualShape& shape, const CudaMtpModelParts& parts)
       : cfg_(std::move(cfg)), shape_(shape), parts_(parts) {}
   // Grows the step buffers for T rows and R logit rows.
-  absl::Status Reserve(int T, int R, int splits);
+  absl::Status Reserve(int T, int R);
 
   const ModelConfig cfg_;  // the model's with the MTP layer (index num_layers - 1); its blocks keep references
   const GatedResidualShape shape_;
@@ -55,10 +54,8 @@ class CudaQwen4ExpMtpHead final : public CudaMtpDrafter {
   DeviceArray<float> embedding_norm_;  // 1 + w [hidden]
   CudaLinear fc_hidden_, fc_embedding_;
   std::optional<CudaGatedConnection> attn_connection_, mlp_connection_, head_mixer_;
-  CudaLayerMixer attention_;
+  CudaMtpAttention attention_;
   std::optional<CudaMtpMoe> moe_;
-  std::unique_ptr<StepFacts> facts_;
-  DeviceArray<int32_t> step_facts_;  // the uploaded facts of the last step
   GatedConnectionWorkspace connection_ws_;
   // [T, hidden]: one stream of the states (then normed), the embedding branch, the blocks' input and
   // output; [T, streams, hidden]: the normed states, the embedding branch in every stream;

@@ -43,50 +43,20 @@ absl::Status CudaMtpDrafting::ReserveKept(int T) {
   return absl::OkStatus();
 }
 
-void CudaMtpDrafting::RecordKept(const StepBatch& batch) {
-  kept_.sequence_ids.clear();
-  kept_.start_positions.clear();
-  kept_.first_rows.clear();
-  kept_.num_tokens.clear();
-  int first = 0;
-  for (const SequenceChunk& c : batch.chunks) {
-    kept_.sequence_ids.push_back(c.sequence_id);
-    kept_.start_positions.push_back(c.start_position);
-    kept_.first_rows.push_back(first);
-    kept_.num_tokens.push_back(static_cast<int>(c.tokens.size()));
-    first += static_cast<int>(c.tokens.size());
-  }
-  kept_.valid = true;
-}
+void CudaMtpDrafting::RecordKept(const StepBatch& batch) { kept_.chunks.Record(batch); }
 
 absl::Status CudaMtpDrafting::BatchOf(std::span<const MtpSpan> spans, StepBatch* batch) {
-  if (!kept_.valid)
-    return absl::FailedPreconditionError("the last step kept no hidden states (StepBatch::keep_hidden_states)");
+  EXL3_RETURN_IF_ERROR(kept_.chunks.CheckSpans(spans));
   const size_t W = static_cast<size_t>(drafter_->state_width());
   size_t rows = 0;
-  for (const MtpSpan& s : spans) {
-    const int c = s.chunk_index;
-    if (c < 0 || c >= static_cast<int>(kept_.sequence_ids.size()) || kept_.sequence_ids[c] != s.sequence_id ||
-        kept_.start_positions[c] != s.start_position || s.num_positions < 1 ||
-        s.num_positions > kept_.num_tokens[c] || static_cast<int>(s.next_tokens.size()) != s.num_positions ||
-        s.num_drafts < 0)
-      return absl::InvalidArgumentError(absl::StrCat("MTP span of sequence ", s.sequence_id,
-                                                     " does not match the last step's chunk ", c));
-    rows += static_cast<size_t>(s.num_positions);
-  }
+  for (const MtpSpan& s : spans) rows += static_cast<size_t>(s.num_positions);
   if (in_.size() < rows * W) EXL3_RETURN_IF_ERROR(in_.Reserve(rows * W));
   const cudaStream_t stream = static_cast<cudaStream_t>(device_->stream());
   size_t row = 0;
   for (const MtpSpan& s : spans) {
-    SequenceChunk& chunk = batch->chunks.emplace_back();
-    chunk.sequence_id = s.sequence_id;
-    chunk.tokens = s.next_tokens;
-    chunk.start_position = s.start_position;
-    chunk.block_table = s.block_table;
-    chunk.wants_logits = s.num_drafts > 0;
-    chunk.state_slot = s.state_slot;
+    batch->chunks.push_back(MtpChunkOf(s));
     // The span's kept positions are its chunk's first rows.
-    const float* first = kept_.rows.get() + static_cast<size_t>(kept_.first_rows[s.chunk_index]) * W;
+    const float* first = kept_.rows.get() + static_cast<size_t>(kept_.chunks.first_row(s.chunk_index)) * W;
     EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(in_.get() + row * W, first,
                                               static_cast<size_t>(s.num_positions) * W * sizeof(float),
                                               cudaMemcpyDeviceToDevice, stream));

@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/config/model_config.h"
+#include "engine/core/kept_chunks.h"
 #include "engine/core/model_runner.h"
 #include "engine/core/step_tokens.h"
 #include "engine/cuda/cuda_mtp_drafter.h"
@@ -48,7 +49,7 @@ class CudaMtpDrafting {
   absl::Status AllocateCache(const KvCacheShape& shape, StreamHandle stream);
 
   // Every step forgets the last one's kept states; a keeping step records its own once it succeeded.
-  void BeginStep() { kept_.valid = false; }
+  void BeginStep() { kept_.chunks.Clear(); }
   // Before a step of T rows that keeps its states: room for them and, for a head-input drafter,
   // the identity rows [T] that make every row's head input (all_rows()).
   absl::Status ReserveKept(int T);
@@ -63,10 +64,8 @@ class CudaMtpDrafting {
  private:
   // The last step's states the drafter reads: rows [T, width] in step order, where each chunk's start.
   struct KeptStates {
-    bool valid = false;  // the last step kept them and succeeded
     DeviceArray<float> rows;
-    std::vector<int64_t> sequence_ids;
-    std::vector<int> start_positions, first_rows, num_tokens;
+    KeptChunks chunks;  // cleared unless the last step kept them and succeeded
   };
   // The drafter's batch over `spans` of the kept step, its states gathered into in_.
   absl::Status BatchOf(std::span<const MtpSpan> spans, StepBatch* batch);

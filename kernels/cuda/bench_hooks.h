@@ -5,7 +5,6 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/cuda_backend.h"
-#include "kernels/cuda/gemv_plan.h"  // GemvPathFor
 
 namespace exl3::cuda {
 

@@ -32,8 +32,6 @@ struct RouteOut {
   int* class_chunks;  // [kMaxMoeClasses]
 };
 
-inline constexpr int kMaxExperts = 2048;  // RouteKernel's shared-memory tables
-
 struct MoeBuffers {
   // routed
   __half* a_gate; __half* a_up; float* y_gate; float* y_up; __half* a_down; float* y_down;

@@ -8,7 +8,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_status.h"
-#include "kernels/cuda/moe_kernels.h"
 
 namespace exl3::cuda {
 

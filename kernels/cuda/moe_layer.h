@@ -33,6 +33,10 @@ struct ProjTable {
   const MoeProjSpec* host_spec = nullptr;         // [E]: each expert's K and codebook (host code only)
 };
 
+// The most experts a device layer may have: RouteKernel (moe_kernels.cu) keeps a count and a
+// prefix sum per expert in shared memory, this long.
+inline constexpr int kMaxExperts = 2048;
+
 // One number per (K, codebook): (K - 1) * 3 + codebook, 0..23 (codebook: kernels/codebook.h's
 // Codebook, trellis_decode.cuh's kCb* values).
 inline constexpr int kMoeSpecCodes = 24;

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Lists the include cycles among the C++/CUDA files of the given folders.
+"""Lists the include cycles among the C++/CUDA files of the given folders (the whole source tree
+when none are given: every folder of the repository but hidden ones and build trees).
 
 Two kinds of cycle, both printed:
   header cycles: headers that include each other (directly or through other headers), and
@@ -7,8 +8,9 @@ Two kinds of cycle, both printed:
                  a cycle there means two concepts depend on each other (a factory .cc that
                  includes its kinds whose headers include the factory's header, say).
 
-  python3 scripts/checks/include_cycles.py engine model services/router
-Exit status 1 when a cycle exists.
+  python3 scripts/checks/include_cycles.py                  # the whole tree (scripts/test.sh)
+  python3 scripts/checks/include_cycles.py engine model      # only these folders
+Run from the repository root (includes are written from there). Exit status 1 when a cycle exists.
 """
 import os
 import re
@@ -20,7 +22,11 @@ SUFFIXES = (".h", ".cc", ".cu", ".cuh")
 
 def sources(roots):
     for root in roots:
-        for d, _, files in os.walk(root):
+        for d, subdirs, files in os.walk(root):
+            # Hidden folders (.git) and build trees (a CMake cache: generated and fetched sources)
+            # hold no project sources.
+            subdirs[:] = sorted(s for s in subdirs if not s.startswith(".") and
+                                not os.path.exists(os.path.join(d, s, "CMakeCache.txt")))
             for f in files:
                 if f.endswith(SUFFIXES):
                     yield os.path.normpath(os.path.join(d, f))
@@ -73,7 +79,7 @@ def cycles(graph):
 
 
 def main():
-    roots = sys.argv[1:] or ["engine", "model", "services/router"]
+    roots = sys.argv[1:] or ["."]
     files = sorted(sources(roots))
     headers = {f: [i for i in includes(f) if i.endswith((".h", ".cuh"))] for f in files
                if f.endswith((".h", ".cuh"))}

@@ -33,6 +33,7 @@
 #include "services/expert_worker/request.h"
 #include "services/expert_worker/scheduler.h"
 #include "services/expert_worker/worker_metrics.h"
+#include "services/expert_worker/worker_stream.h"
 
 namespace exl3::worker {
 
@@ -78,9 +79,7 @@ struct HeldShare {
 // routed experts.
 absl::StatusOr<HeldShare> ResolveExperts(const WorkerOptions& opt, const MoeConfig& cfg);
 
-class WorkerStream;
-
-class WorkerServer {
+class WorkerServer : public WorkerStreamService {
  public:
   static absl::StatusOr<std::unique_ptr<WorkerServer>> Create(const WorkerOptions& opt);
   ~WorkerServer();
@@ -104,20 +103,18 @@ class WorkerServer {
   bool holds_shared_expert() const { return shared_expert_; }
   std::string ScrapeMetrics() const { return metrics_->Scrape(); }
 
-  // --- used by the streams (services/expert_worker/worker_stream.h) ---
-  // Validates and queues one request of `stream`; on error the caller answers in-band.
-  // On success *accepted is the queued request (for a later cancel).
+  // WorkerStreamService (services/expert_worker/worker_stream.h): used by the streams.
   absl::Status Accept(pb::ExpertRequest&& msg, const std::shared_ptr<WorkerStream>& stream,
                       Clock::time_point received, Clock::time_point stream_deadline,
-                      std::shared_ptr<WorkRequest>* accepted);
-  // A cancel for an accepted request: the scheduler drops it if it has not run yet.
-  void Cancel(const std::shared_ptr<WorkRequest>& r, int reason);
-  void Register(const std::shared_ptr<WorkerStream>& s);
-  void Unregister(WorkerStream* s);
-  WorkerMetrics* metrics() { return worker_metrics_.get(); }
+                      std::shared_ptr<WorkRequest>* accepted) override;
+  void Cancel(const std::shared_ptr<WorkRequest>& r, int reason) override;
+  void Register(const std::shared_ptr<WorkerStream>& s) override;
+  void Unregister(WorkerStream* s) override;
+  WorkerMetrics* metrics() override { return worker_metrics_.get(); }
+  bool shm_enabled() const override { return opt_.shm; }
+  int shm_spin_us() const override { return opt_.shm_spin_us; }
+
   uint64_t max_message_bytes() const { return opt_.max_message_bytes; }
-  bool shm_enabled() const { return opt_.shm; }
-  int shm_spin_us() const { return opt_.shm_spin_us; }
   void FillDescribe(pb::DescribeResponse* out) const;
 
  private:

@@ -9,7 +9,6 @@
 #include "services/common/shm_channel.h"
 #include "services/common/status.h"
 #include "services/common/wire.h"
-#include "services/expert_worker/worker_server.h"
 
 namespace exl3::worker {
 
@@ -52,7 +51,7 @@ void FillOutput(WorkRequest& r, pb::Tensor* out) {
 
 }  // namespace
 
-WorkerStream::WorkerStream(WorkerServer* w, grpc::CallbackServerContext* ctx)
+WorkerStream::WorkerStream(WorkerStreamService* w, grpc::CallbackServerContext* ctx)
     : BidiStream(WorkerStreamOptions()), w_(w), ctx_(ctx) {}
 
 void WorkerStream::Start() {

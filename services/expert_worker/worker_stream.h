@@ -8,6 +8,9 @@
 // When the caller offers a shared-memory channel (ExpertRequest.shm_offer, same host) and the
 // worker accepts it, requests read from the channel are handled like the stream's, and their
 // answers go back through the channel when they fit.
+//
+// The stream talks to the server through WorkerStreamService (below), which WorkerServer
+// (worker_server.h) implements.
 #pragma once
 
 #include <atomic>
@@ -21,10 +24,31 @@
 #include "grpcpp/support/server_callback.h"
 #include "services/common/bidi_stream.h"
 #include "services/expert_worker/request.h"
+#include "services/expert_worker/worker_metrics.h"
 
 namespace exl3::worker {
 
-class WorkerServer;
+class WorkerStream;
+
+// What a stream needs of the server that owns it.
+class WorkerStreamService {
+ public:
+  virtual ~WorkerStreamService() = default;
+  // Validates and queues one request of `stream`; on error the caller answers in-band.
+  // On success *accepted is the queued request (for a later cancel).
+  virtual absl::Status Accept(pb::ExpertRequest&& msg, const std::shared_ptr<WorkerStream>& stream,
+                              Clock::time_point received, Clock::time_point stream_deadline,
+                              std::shared_ptr<WorkRequest>* accepted) = 0;
+  // A cancel for an accepted request: the scheduler drops it if it has not run yet.
+  virtual void Cancel(const std::shared_ptr<WorkRequest>& r, int reason) = 0;
+  // The registry of streams: a stream registers when it starts and leaves when it ends.
+  virtual void Register(const std::shared_ptr<WorkerStream>& s) = 0;
+  virtual void Unregister(WorkerStream* s) = 0;
+  virtual WorkerMetrics* metrics() = 0;
+  // Whether a same-host caller's shared-memory channel is accepted, and how long its reader spins.
+  virtual bool shm_enabled() const = 0;
+  virtual int shm_spin_us() const = 0;
+};
 
 class WorkerStream
     : public svc::BidiStream<svc::ServerSide, pb::ExpertRequest, pb::ExpertResponse>,
@@ -36,7 +60,7 @@ class WorkerStream
   // The largest buffer kept for reuse (SideWrittenLocked, BeforeSideRead).
   static constexpr size_t kMaxSpareBytes = 32u << 20;
 
-  WorkerStream(WorkerServer* w, grpc::CallbackServerContext* ctx);
+  WorkerStream(WorkerStreamService* w, grpc::CallbackServerContext* ctx);
 
   // Registers with the server and starts reading.
   void Start();
@@ -94,7 +118,7 @@ class WorkerStream
   void Send(pb::ExpertResponse resp, bool release_id, svc::Path path);
   void RecordMetrics(const WorkRequest& r, const absl::Status& status, Clock::time_point now);
 
-  WorkerServer* const w_;
+  WorkerStreamService* const w_;
   grpc::CallbackServerContext* const ctx_;
   Clock::time_point stream_deadline_ = Clock::time_point::max();
   std::map<uint64_t, InFlight> ids_;  // guarded by mutex()

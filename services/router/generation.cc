@@ -19,7 +19,7 @@
 namespace exl3::router {
 namespace {
 
-absl::StatusOr<std::unique_ptr<engine::ModelRunner>> OpenModel(const GenerationOptions& o,
+absl::StatusOr<std::unique_ptr<engine::ModelRunner>> OpenModel(const GenerationOptions& o, const ConfigFile& config,
                                                                std::unique_ptr<engine::MoeExecutor> moe) {
   if (o.device == EngineDevice::kCuda) {
 #if EXL3_HAVE_CUDA
@@ -30,7 +30,7 @@ absl::StatusOr<std::unique_ptr<engine::ModelRunner>> OpenModel(const GenerationO
     // measurements on an H200 say otherwise.
     co.micro_batches = o.micro_batches > 0 ? o.micro_batches : 1;
     EXL3_ASSIGN_OR_RETURN(std::unique_ptr<engine::cuda::CudaModel> m,
-                          engine::cuda::CudaModel::Open(o.model_dir, co, std::move(moe)));
+                          engine::cuda::CudaModel::Open(o.model_dir, config, co, std::move(moe)));
     return std::unique_ptr<engine::ModelRunner>(std::move(m));
 #else
     return absl::FailedPreconditionError(
@@ -45,7 +45,7 @@ absl::StatusOr<std::unique_ptr<engine::ModelRunner>> OpenModel(const GenerationO
   // measured on 2 cores, two micro-batches did not pay (bench/results/engine-cpu.md), so 1
   // unless asked.
   mo.micro_batches = o.micro_batches > 0 ? o.micro_batches : 1;
-  EXL3_ASSIGN_OR_RETURN(std::unique_ptr<engine::CpuModel> m, engine::CpuModel::Open(o.model_dir, mo, std::move(moe)));
+  EXL3_ASSIGN_OR_RETURN(std::unique_ptr<engine::CpuModel> m, engine::CpuModel::Open(o.model_dir, config, mo, std::move(moe)));
   return std::unique_ptr<engine::ModelRunner>(std::move(m));
 }
 
@@ -83,15 +83,16 @@ absl::StatusOr<EngineDevice> ParseEngineDevice(std::string_view name) {
 }
 
 absl::StatusOr<std::unique_ptr<Generation>> Generation::Start(const GenerationOptions& o,
+                                                              const ConfigFile& config,
                                                               MoeRouterService* router,
                                                               prometheus::Registry& registry) {
   std::unique_ptr<engine::MoeExecutor> moe;
   if (router != nullptr) {
-    EXL3_ASSIGN_OR_RETURN(engine::ModelConfig cfg, engine::LoadModelConfig(o.model_dir));
+    EXL3_ASSIGN_OR_RETURN(engine::ModelConfig cfg, engine::ReadModelConfig(config));
     moe = std::make_unique<RouterMoeExecutor>(*router, o.inline_max_tokens, cfg.hidden_size,
                                               o.moe_timeout);
   }
-  EXL3_ASSIGN_OR_RETURN(std::unique_ptr<engine::ModelRunner> model, OpenModel(o, std::move(moe)));
+  EXL3_ASSIGN_OR_RETURN(std::unique_ptr<engine::ModelRunner> model, OpenModel(o, config, std::move(moe)));
   std::unique_ptr<Generation> g(new Generation());
   g->writer_ = std::make_unique<svc::TaskQueue>(std::max(1, o.writer_threads));
   g->metrics_ = std::make_unique<EngineMetrics>(registry);

@@ -4,7 +4,8 @@
 // gRPC service.
 //
 //   GenerationOptions o; o.model_dir = dir;                   // flags of exl3-router
-//   auto gen = Generation::Start(o, /*router=*/nullptr, registry);   // experts held here
+//   EXL3_ASSIGN_OR_RETURN(ConfigFile config, ConfigFile::Read(dir + "/config.json"));
+//   auto gen = Generation::Start(o, config, /*router=*/nullptr, registry);   // experts held here
 //   scfg.services.push_back(&(*gen)->service());
 //   ... on SIGTERM: (*gen)->Drain(grace);
 #pragma once
@@ -18,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/core/engine.h"
+#include "model/config/config_file.h"
 #include "model/safetensors.h"
 #include "prometheus/registry.h"
 #include "services/common/task_queue.h"
@@ -51,7 +53,10 @@ class Generation {
  public:
   // `router` null: the experts are loaded and run in this process. Else MoE layers go through
   // it (it must outlive this object). Loads the model, allocates the KV cache, starts the engine.
+  // `config`: options.model_dir's config.json as the caller read it (the same read its router
+  // core opened the model from); the file is not read again.
   static absl::StatusOr<std::unique_ptr<Generation>> Start(const GenerationOptions& options,
+                                                           const ConfigFile& config,
                                                            MoeRouterService* router,
                                                            prometheus::Registry& registry);
   ~Generation();  // Stop()

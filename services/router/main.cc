@@ -16,6 +16,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "model/config/config_file.h"
 #include "model/exl3_model.h"
 #include "model/expert_map.h"
 #include "model/model_file_watch.h"
@@ -126,6 +127,7 @@ int Fail(const std::string& msg) {
 }
 
 absl::StatusOr<std::unique_ptr<Generation>> StartGeneration(const std::string& model_dir,
+                                                           const ConfigFile& config,
                                                            MoeRouterService* router,
                                                            int inline_max_tokens,
                                                            prometheus::Registry& registry) {
@@ -162,7 +164,7 @@ absl::StatusOr<std::unique_ptr<Generation>> StartGeneration(const std::string& m
                         engine::ParseDraftLengthPolicy(absl::GetFlag(FLAGS_speculative_draft_length)));
   EXL3_RETURN_IF_ERROR(engine::ValidateSpeculativeOptions(spec));
   e.max_pending_requests = absl::GetFlag(FLAGS_max_pending_requests);
-  return Generation::Start(g, router, registry);
+  return Generation::Start(g, config, router, registry);
 }
 
 int Main() {
@@ -219,10 +221,13 @@ int Main() {
                             !copt.worker_tls.cert_file.empty();
   auto metrics_ep = svc::MetricsEndpoint::Start(absl::GetFlag(FLAGS_metrics_listen));
   if (!metrics_ep.ok()) return Fail(std::string(metrics_ep.status().message()));
+  // config.json, read once: the router core's model and the engine both start from this read.
+  absl::StatusOr<ConfigFile> config = ConfigFile::Read(model_dir + "/config.json");
+  if (!config.ok()) return Fail(std::string(config.status().message()));
   // With a map: model, expert map, worker pool (connecting in the background), metrics, service.
   std::unique_ptr<RouterCore> core;
   if (!map_path.empty()) {
-    auto created = RouterCore::Create(copt, (*metrics_ep)->registry());
+    auto created = RouterCore::Create(copt, *config, (*metrics_ep)->registry());
     if (!created.ok()) return Fail(std::string(created.status().message()));
     core = std::move(*created);
   }
@@ -237,7 +242,7 @@ int Main() {
   }
   std::unique_ptr<Generation> generation;
   if (generate != "false") {
-    auto started = StartGeneration(model_dir, core ? &core->service() : nullptr,
+    auto started = StartGeneration(model_dir, *config, core ? &core->service() : nullptr,
                                    ropt.inline_max_tokens, (*metrics_ep)->registry());
     if (started.ok()) {
       generation = std::move(*started);

@@ -4,13 +4,29 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
+#include "base/status_macros.h"
 
 namespace exl3::router {
+namespace {
+
+absl::Status CheckPathsGiven(const RouterCoreOptions& o) {
+  if (o.model_dir.empty()) return absl::InvalidArgumentError("--model DIR is required");
+  if (o.expert_map_path.empty()) return absl::InvalidArgumentError("--expert-map FILE is required");
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<RouterCore>> RouterCore::Create(const RouterCoreOptions& o,
                                                                prometheus::Registry& registry) {
-  if (o.model_dir.empty()) return absl::InvalidArgumentError("--model DIR is required");
-  if (o.expert_map_path.empty()) return absl::InvalidArgumentError("--expert-map FILE is required");
+  EXL3_RETURN_IF_ERROR(CheckPathsGiven(o));
+  EXL3_ASSIGN_OR_RETURN(const ConfigFile config, ConfigFile::Read(o.model_dir + "/config.json"));
+  return Create(o, config, registry);
+}
+
+absl::StatusOr<std::unique_ptr<RouterCore>> RouterCore::Create(const RouterCoreOptions& o, const ConfigFile& config,
+                                                               prometheus::Registry& registry) {
+  EXL3_RETURN_IF_ERROR(CheckPathsGiven(o));
   std::unique_ptr<RouterCore> core(new RouterCore());
   core->opt_ = o;
   core->opt_.router.max_message_bytes = o.max_message_bytes;
@@ -23,7 +39,7 @@ absl::StatusOr<std::unique_ptr<RouterCore>> RouterCore::Create(const RouterCoreO
   mopt.load_routers = true;
   mopt.residency = o.residency;
   const auto t0 = std::chrono::steady_clock::now();
-  auto model = Exl3Model::Open(o.model_dir, mopt);
+  auto model = Exl3Model::Open(o.model_dir, config, mopt);
   if (!model.ok()) return model.status();
   core->model_ = std::move(*model);
   const MoeConfig& cfg = core->model_->config();

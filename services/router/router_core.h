@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "model/config/config_file.h"
 #include "model/exl3_model.h"
 #include "model/expert_map.h"
 #include "prometheus/registry.h"
@@ -49,7 +50,12 @@ class RouterCore {
   // Loads and checks everything (model, map coverage, the shared expert's workers, worker TLS
   // files), registers the metrics in `registry` (which must outlive the core) and starts connecting
   // to the workers in the background. Errors name the problem.
+  // Reads o.model_dir's config.json (ConfigFile::Read).
   static absl::StatusOr<std::unique_ptr<RouterCore>> Create(const RouterCoreOptions& o,
+                                                            prometheus::Registry& registry);
+  // `config`: o.model_dir's config.json as the caller read it; the file is not read again
+  // (exl3-router hands the same read to the engine: Generation::Start).
+  static absl::StatusOr<std::unique_ptr<RouterCore>> Create(const RouterCoreOptions& o, const ConfigFile& config,
                                                             prometheus::Registry& registry);
   ~RouterCore();  // Stop()
 

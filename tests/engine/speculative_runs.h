@@ -3,8 +3,10 @@
 // engine they run, prompts built to repeat, and a run of every request at once.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -100,6 +102,66 @@ inline SpeculativeRun RunOnce(const EngineOptions& eo, std::unique_ptr<ModelRunn
   engine.Stop();
   out.stats = engine.Stats();
   return out;
+}
+
+// A speculative run's tokens of one request against plain decoding's of the same request (both
+// asked for the top-2 logprobs): with `greedy` (a fixture prompt's reference tokens), every token
+// is greedy's; without (a prompt built to repeat), equal to plain decoding's until a token where
+// plain decoding's top two were a near-tie (a verify row runs other kernels, or sums in another
+// order, than a decode row: it may go either way), after which the histories differ. `where`
+// names the request in failures.
+inline void ExpectTokensOfPlainDecoding(const std::vector<SampledToken>& spec, const std::vector<SampledToken>& plain,
+                                        const std::vector<int32_t>* greedy, const std::string& where) {
+  ASSERT_EQ(spec.size(), plain.size()) << where;
+  for (size_t t = 0; t < spec.size(); ++t) {
+    if (greedy != nullptr) {
+      const std::vector<TokenLogprob>& top = plain[t].top_logprobs;
+      ASSERT_EQ(spec[t].token, (*greedy)[t]) << where << ", token " << t << " (plain decoding's top-2 gap there "
+                                             << (top.size() == 2 ? top[0].logprob - top[1].logprob : -1.0f)
+                                             << ", its runner-up " << (top.size() == 2 ? top[1].token : -1) << ")";
+      continue;
+    }
+    if (spec[t].token == plain[t].token) continue;
+    const std::vector<TokenLogprob>& top = plain[t].top_logprobs;
+    ASSERT_EQ(top.size(), 2u);
+    const float gap = top[0].logprob - top[1].logprob;
+    std::printf("%s: token %zu differs from plain decoding's at a top-2 gap of %.2e\n", where.c_str(), t, gap);
+    EXPECT_LT(gap, 5e-3f) << where << ", token " << t;
+    break;  // later tokens continue from different histories
+  }
+}
+
+// MTP drafting at K = 1 of each fixture prompt alone (32 greedy tokens), simulated from the
+// fixture's reference (reference.safetensors: mtp_logits.i [positions, vocab 128], teacher-forced
+// on prompt + greedy): every draft is the MTP head's argmax at the sequence's last kept position
+// p, predicting position p + 2; a hit keeps two tokens, a miss one, until 32 are out (the first by
+// the prefill). One MtpDraftCounts per prompt into *counts.
+struct MtpDraftCounts {
+  int64_t drafts = 0, accepted = 0;
+};
+inline void SimulateMtpDraftsAtK1(const std::string& fixture_dir, const std::vector<std::vector<int32_t>>& prompts,
+                                  const std::vector<std::vector<int32_t>>& greedy,
+                                  std::vector<MtpDraftCounts>* counts) {
+  auto ref = TensorSource::Open(fixture_dir + "/reference.safetensors");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const int V = 128, max_tokens = 32;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::vector<float> mtp = *ToFloat32(*(*ref)->Get("mtp_logits." + std::to_string(i)));
+    ASSERT_EQ(mtp.size() % V, 0u);
+    std::vector<int32_t> ids = prompts[i];
+    ids.insert(ids.end(), greedy[i].begin(), greedy[i].end());
+    const int P = static_cast<int>(prompts[i].size());
+    MtpDraftCounts& n = counts->emplace_back();
+    for (int p = P - 1, out = 1; max_tokens - out - 1 > 0;) {  // after the prefill: 1 token out
+      const float* row = &mtp[static_cast<size_t>(p) * V];
+      const int32_t draft = static_cast<int32_t>(std::max_element(row, row + V) - row);
+      ++n.drafts;
+      const bool hit = draft == ids[p + 2];
+      n.accepted += hit;
+      p += hit ? 2 : 1;
+      out += hit ? 2 : 1;
+    }
+  }
 }
 
 // The CPU speculative tests' fixture (parameter: a fixture directory): its prompts, their greedy

@@ -26,6 +26,7 @@
 #include "base/command_line.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/bench_hooks.h"
+#include "kernels/cuda/gemv_plan.h"
 #include "tools/exl3_bench/exit_on_error.h"
 #include "tools/exl3_bench/random_exl3.h"
 

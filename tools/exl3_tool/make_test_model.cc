@@ -7,6 +7,7 @@
 #include "absl/strings/str_split.h"
 #include "kernels/codebook.h"
 #include "model/encoder/checkpoint_converter.h"
+#include "tools/test_model/resolve_test_model_spec.h"
 #include "tools/test_model/test_model.h"
 #include "tools/exl3_tool/subcommand.h"
 #include "tools/exl3_tool/tool_util.h"

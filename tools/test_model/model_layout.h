@@ -7,7 +7,8 @@
 
 #include "model/moe_config.h"
 #include "tools/test_model/generated_tensor.h"
-#include "tools/test_model/test_model.h"
+#include "tools/test_model/synthetic_options.h"
+#include "tools/test_model/test_model_spec.h"
 
 namespace exl3 {
 

@@ -6,6 +6,7 @@
 #include "model/encoder/progress.h"
 #include "tools/test_model/generated_tensor.h"
 #include "tools/test_model/model_layout.h"
+#include "tools/test_model/resolve_test_model_spec.h"
 #include "tools/test_model/shard_writer.h"
 
 namespace exl3 {

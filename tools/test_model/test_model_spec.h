@@ -31,8 +31,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
-
 namespace exl3 {
 
 // The layer kinds of TestModelSpec::layer_types.
@@ -112,10 +110,6 @@ struct TestModelSpec {
   // MLA with its own k-pooled indexer, no hyper-connections); config.json num_nextn_predict_layers 1.
   bool mtp = false;
 };
-
-// Fills the family defaults (-1 fields) and checks the spec (multiples of 128 for hidden and
-// intermediate sizes, top_k <= experts, groups dividing experts, ...).
-absl::StatusOr<TestModelSpec> ResolveTestModelSpec(const TestModelSpec& spec);
 
 // Sigmoid routing with a correction bias, shared experts and dense first layers: glm4_moe,
 // deepseek_v3, glm_moe_dsa, glm5_next.

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "engine/cpu/attention/attention.h"
+#include "engine/cpu/attention/indexer_projections.h"
 #include "engine/cpu/linear.h"
 #include "engine/cpu/attention/mla_attention.h"
 
@@ -33,10 +34,6 @@ class DsaAttention final : public Attention {
                        AttentionCarry& carry, float* out, CpuCompute& compute) override;
 
  private:
-  struct Indexer {
-    Linear wq_b, wk, weights_proj;
-    std::vector<float> k_norm_weight, k_norm_bias;  // LayerNorm over index_head_dim
-  };
 
   DsaAttention(const ModelConfig& cfg, int layer) : cfg_(cfg), layer_(layer) {}
   // Runs the indexer on the step's tokens (writing their indexer keys to the cache) and chooses
@@ -47,7 +44,7 @@ class DsaAttention final : public Attention {
   const ModelConfig& cfg_;
   int layer_;
   std::unique_ptr<MlaAttention> mla_;
-  std::optional<Indexer> indexer_;  // unset on "shared" layers
+  std::optional<IndexerProjections> indexer_;  // unset on "shared" layers
 };
 
 }  // namespace exl3::engine

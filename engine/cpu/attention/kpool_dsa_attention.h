@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/cpu/attention/attention.h"
+#include "engine/cpu/attention/indexer_projections.h"
 #include "engine/cpu/attention/kpool_indexer.h"
 #include "engine/cpu/linear.h"
 #include "engine/cpu/attention/mla_attention.h"
@@ -34,9 +35,9 @@ class KpoolDsaAttention final : public Attention {
 
  private:
   struct Indexer {
-    Linear wq_b, wk, weights_proj, compress_gate;
-    std::vector<float> k_norm_weight, k_norm_bias;  // LayerNorm over index_head_dim
-    std::vector<float> ape;                         // index_kpool_compress_ape [P, index_head_dim]
+    IndexerProjections projections;
+    Linear compress_gate;
+    std::vector<float> ape;  // index_kpool_compress_ape [P, index_head_dim]
   };
 
   KpoolDsaAttention(const ModelConfig& cfg, int layer);

@@ -43,6 +43,21 @@ absl::Status MlaAttention::Forward(const float* x, const StepTokens& tokens, Pag
   return AttendAndProject(q, tokens, cache, /*selection=*/nullptr, out, compute);
 }
 
+absl::Status MlaAttention::ForwardSelected(const float* x, const StepTokens& tokens, PagedKvCache& cache,
+                                           AttentionCarry& carry, const SelectPositions& select,
+                                           const char* no_selection, float* out, CpuCompute& compute) const {
+  std::vector<float> q, q_resid;
+  EXL3_RETURN_IF_ERROR(ProjectAndCache(x, tokens, cache, &q, &q_resid, compute));
+  if (select) {
+    TopkSelection selection;
+    EXL3_RETURN_IF_ERROR(select(x, q_resid, tokens, cache, &selection, compute));
+    carry.topk = std::move(selection);
+  } else if (!carry.topk || static_cast<int>(carry.topk->positions.size()) != tokens.num_tokens) {
+    return absl::InternalError(absl::StrCat("layer ", layer_, " ", no_selection));
+  }
+  return AttendAndProject(q, tokens, cache, &*carry.topk, out, compute);
+}
+
 absl::Status MlaAttention::ProjectAndCache(const float* x, const StepTokens& tokens,
                                            PagedKvCache& cache, std::vector<float>* q,
                                            std::vector<float>* q_resid, CpuCompute& compute) const {

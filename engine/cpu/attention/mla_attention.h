@@ -7,10 +7,12 @@
 // scores are that · latent + q_rope · k_rope, and the output is W_uv(h) · (softmax-weighted sum of
 // latents). The same arithmetic as expanding every cached latent into keys and values, reordered.
 //
-// Forward is the two halves below in a row; DSA (engine/cpu/attention/dsa_attention.h) runs its indexer
-// between them and hands the second the positions it chose.
+// Forward is the two halves below in a row; DSA (engine/cpu/attention/dsa_attention.h) and
+// GLM-5.3-Flash's indexed attention (kpool_dsa_attention.h) run their indexer between them
+// (ForwardSelected) and hand the second the positions it chose.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -39,6 +41,18 @@ class MlaAttention final : public Attention {
   absl::Status AttendAndProject(const std::vector<float>& q, const StepTokens& tokens,
                                 PagedKvCache& cache, const TopkSelection* selection, float* out,
                                 CpuCompute& compute) const;
+  // Chooses each token's positions (selection->positions[t]) from the step's inputs x and its
+  // low-rank query residual (ProjectAndCache's q_resid), writing what the selection keeps to the
+  // cache (an indexer's keys).
+  using SelectPositions =
+      std::function<absl::Status(const float* x, const std::vector<float>& q_resid, const StepTokens& tokens,
+                                 PagedKvCache& cache, TopkSelection* selection, CpuCompute& compute)>;
+  // The two halves with a selection between them: `select`'s, handed on in carry.topk, or, where
+  // `select` is null (a layer that shares the selection of an earlier one), carry.topk as that
+  // layer left it; Internal "layer L <no_selection>" when none did this step.
+  absl::Status ForwardSelected(const float* x, const StepTokens& tokens, PagedKvCache& cache, AttentionCarry& carry,
+                               const SelectPositions& select, const char* no_selection, float* out,
+                               CpuCompute& compute) const;
   const Rope& rope() const { return rope_; }
 
  private:

@@ -17,9 +17,9 @@
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
 #include "tests/engine/engine_requests.h"
-#include "tests/engine/failing_once_moe.h"
 #include "tests/engine/model_harness.h"
 #include "tests/engine/relative_error.h"
+#include "tests/engine/transformers_engine_test.h"
 
 namespace exl3::engine {
 namespace {
@@ -28,7 +28,6 @@ namespace fs = std::filesystem;
 using testing::Greedy32;
 using testing::Int32Rows;
 using testing::RelativeError;
-using testing::RequestResults;
 
 constexpr char kExperts[] = "tests/fixtures/engine/glm5_next_experts";
 constexpr char kAll[] = "tests/fixtures/engine/glm5_next_all";
@@ -80,114 +79,25 @@ void RunBatched(const std::string& dir, int micro_batches) {
 // ---------------------------------------------------------------------------------------------
 // The engine over the KDA state and the pooled selection.
 
-class Glm5NextEngineTest : public ::testing::Test {
+class Glm5NextEngineTest : public testing::TransformersEngineTest {
  protected:
-  void SetUp() override {
-    auto ref = TensorSource::Open(std::string(kAll) + "/reference.safetensors");
-    ASSERT_TRUE(ref.ok()) << ref.status();
-    prompts_ = Int32Rows(**ref, "prompt.");
-    greedy_ = Int32Rows(**ref, "greedy.");
-    const int vocab = 128;  // the fixtures' vocabulary
-    for (size_t i = 0; i < prompts_.size(); ++i) {
-      const std::vector<float> logits = *ToFloat32(*(*ref)->Get("logits." + std::to_string(i)));
-      std::vector<std::vector<double>>& steps = want_logprobs_.emplace_back();
-      for (size_t j = 0; j < greedy_[i].size(); ++j) {
-        const float* row = &logits[(prompts_[i].size() - 1 + j) * vocab];
-        const float m = *std::max_element(row, row + vocab);
-        double sum = 0;
-        for (int v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - m);
-        std::vector<double>& lp = steps.emplace_back();
-        for (int v = 0; v < vocab; ++v) lp.push_back(row[v] - m - std::log(sum));
-      }
-    }
-  }
-  // transformers' greedy tokens, with transformers' logprobs for each and the top 5 beside it.
-  void ExpectTransformers(size_t prompt, const std::vector<SampledToken>& got) {
-    std::vector<int32_t> tokens;
-    for (const SampledToken& t : got) tokens.push_back(t.token);
-    EXPECT_EQ(tokens, greedy_[prompt]) << "prompt " << prompt;
-    ASSERT_EQ(got.size(), want_logprobs_[prompt].size());
-    for (size_t j = 0; j < got.size(); ++j) {
-      const std::vector<double>& want = want_logprobs_[prompt][j];
-      EXPECT_NEAR(*got[j].logprob, want[got[j].token], 2e-4) << "prompt " << prompt << " token " << j;
-      EXPECT_EQ(got[j].top_logprobs.size(), 5u);
-      for (const TokenLogprob& top : got[j].top_logprobs)
-        EXPECT_NEAR(top.logprob, want[top.token], 2e-4)
-            << "prompt " << prompt << " token " << j << " top " << top.token;
-    }
-  }
-  std::unique_ptr<CpuModel> Model(std::unique_ptr<MoeExecutor> moe = nullptr) {
-    CpuModelOptions mo;
-    mo.num_threads = 2;
-    auto model = CpuModel::Open(kAll, mo, std::move(moe));
-    EXPECT_TRUE(model.ok()) << model.status();
-    return model.ok() ? std::move(*model) : nullptr;
-  }
-  std::vector<std::vector<SampledToken>> RunAll(int kv_blocks, std::unique_ptr<CpuModel> model,
-                                                EngineStats* stats) {
-    EngineOptions eo;
-    eo.block_size = 4;
-    eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, kv_blocks};
-    eo.scheduler.max_num_batched_tokens = 24;  // several steps of chunked prefill
-    Engine engine(eo, std::move(model));
-    EXPECT_TRUE(engine.Start().ok());
-    std::vector<GenerateParams> params;
-    for (const std::vector<int32_t>& p : prompts_) params.push_back(Greedy32(p, 5));
-    std::vector<std::vector<SampledToken>> out = testing::RunAllAtOnce(engine, params);
-    *stats = engine.Stats();
-    engine.Stop();
-    return out;
-  }
-  std::vector<std::vector<int32_t>> prompts_, greedy_;
-  std::vector<std::vector<std::vector<double>>> want_logprobs_;  // [prompt][step][vocab]
+  Glm5NextEngineTest() : TransformersEngineTest(kAll) {}
 };
 
-TEST_F(Glm5NextEngineTest, BatchedPromptsGiveTransformersTokens) {
-  EngineStats stats;
-  const auto got = RunAll(/*kv_blocks=*/256, Model(), &stats);
-  for (size_t i = 0; i < prompts_.size(); ++i) ExpectTransformers(i, got[i]);
-  EXPECT_EQ(stats.preemptions, 0);
-}
+TEST_F(Glm5NextEngineTest, BatchedPromptsGiveTransformersTokens) { ExpectBatchedPromptsGiveTransformersTokens(); }
 
 TEST_F(Glm5NextEngineTest, PreemptedSequencesRebuildTheirStateAndGiveTheSameTokens) {
-  // 40 blocks of 4 = 160 tokens for prompts + continuations of 215: sequences are preempted and
-  // recomputed from position 0, their KDA state and cached indexer keys with them.
-  EngineStats stats;
-  const auto got = RunAll(/*kv_blocks=*/40, Model(), &stats);
-  EXPECT_GT(stats.preemptions, 0);
-  for (size_t i = 0; i < prompts_.size(); ++i) ExpectTransformers(i, got[i]);
+  // Recomputed from position 0, their KDA state and cached indexer keys with them.
+  ExpectPreemptedSequencesGiveTransformersTokens();
 }
 
 TEST_F(Glm5NextEngineTest, AFailedStepRunsAgainFromTheStateBeforeIt) {
   // The first full step fails in layer 1's MoE, after layer 0's KDA has written the new states;
   // the engine runs each chunk again alone, from the states before the failed step.
-  EngineStats stats;
-  const auto got = RunAll(/*kv_blocks=*/256, Model(std::make_unique<testing::FailingOnceMoe>(kAll, 24)),
-                          &stats);
-  EXPECT_EQ(stats.failed_steps, 1);
-  for (size_t i = 0; i < prompts_.size(); ++i) ExpectTransformers(i, got[i]);
+  ExpectAFailedStepRunsAgainFromTheStateBeforeIt();
 }
 
-TEST_F(Glm5NextEngineTest, PrefixCachingIsOffForRecurrentLayers) {
-  EngineOptions eo;
-  eo.block_size = 4;
-  eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 256};
-  ASSERT_TRUE(eo.scheduler.enable_prefix_caching);  // asked for, but cannot apply
-  Engine engine(eo, Model());
-  ASSERT_TRUE(engine.Start().ok());
-  EXPECT_FALSE(PrefixCachingUsable(engine.model_info()));
-  RequestResults r;
-  const GenerateParams g = Greedy32(prompts_[3], 5);
-  auto first = engine.Submit(g, r.Callback());
-  ASSERT_TRUE(first.ok());
-  r.Wait(1);
-  auto second = engine.Submit(g, r.Callback());
-  ASSERT_TRUE(second.ok());
-  r.Wait(2);
-  ExpectTransformers(3, r.sampled[*first]);
-  ExpectTransformers(3, r.sampled[*second]);
-  EXPECT_EQ(r.finish[*second].usage.cached_tokens, 0);
-}
+TEST_F(Glm5NextEngineTest, PrefixCachingIsOffForRecurrentLayers) { ExpectPrefixCachingOff(); }
 
 // ---------------------------------------------------------------------------------------------
 // The model directory.

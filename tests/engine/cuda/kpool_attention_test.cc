@@ -191,10 +191,6 @@ TEST(KpoolKernelsTest, ScoresAndSelectionMatchCpu) {
 // The fixtures' indexed layers against the CPU engine's, over steps that prefill, decode and
 // prefill again: the same inputs, each engine writing its own cache.
 
-struct TestChunk {
-  int seq, n;
-};
-
 void CheckFixtureLayers(const std::string& fixture, double bound, LatentKernel kernel) {
   const char* kernel_name = kernel == LatentKernel::kTensorCores ? "tensor-cores" : "cuda-cores";
   SCOPED_TRACE(fixture + ", " + kernel_name);
@@ -228,15 +224,7 @@ void CheckFixtureLayers(const std::string& fixture, double bound, LatentKernel k
   shape.block_size = 16;
   shape.num_blocks = 32;
   const int bs = shape.block_size, kSeqs = 4, kBlocksPerSeq = 8;
-  std::vector<int> widths(L);
-  for (int l = 0; l < L; ++l) widths[l] = cfg.KvWidth(l);
-  std::vector<KvLayerShape> cpu_layers(L);
-  for (int l = 0; l < L; ++l) cpu_layers[l] = {widths[l], cfg.KvBlockFloats(l, bs)};
-  PagedKvCache cpu_cache(std::move(cpu_layers), shape);
-  const size_t slots = static_cast<size_t>(shape.num_blocks) * bs;
-  std::vector<size_t> layer_offset(L + 1, 0);
-  for (int l = 0; l < L; ++l) layer_offset[l + 1] = layer_offset[l] + slots * widths[l];
-  DeviceArray<KvHalf> gpu_cache = ToDevice(std::vector<KvHalf>(std::max<size_t>(layer_offset[L], 1), 0));
+  LayerCaches caches = LayerCachesOf(cfg, shape);
 
   cublasHandle_t handle = nullptr;
   ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
@@ -254,7 +242,7 @@ void CheckFixtureLayers(const std::string& fixture, double bound, LatentKernel k
   std::shuffle(blocks.begin(), blocks.end(), rng);
   std::vector<std::vector<int32_t>> tables(kSeqs);
   for (int s = 0; s < kSeqs; ++s) tables[s].assign(blocks.begin() + s * kBlocksPerSeq, blocks.begin() + (s + 1) * kBlocksPerSeq);
-  const std::vector<std::vector<TestChunk>> steps = {
+  const std::vector<std::vector<NextChunk>> steps = {
       {{0, P}, {1, P - 1}, {2, P + 1}, {3, (select_pools + 3) * P + 3}},
       {{0, 1}, {1, 1}, {2, 1}, {3, 1}},
       {{3, 1}, {2, 1}, {1, 1}, {0, 1}},
@@ -264,46 +252,25 @@ void CheckFixtureLayers(const std::string& fixture, double bound, LatentKernel k
       {{0, 1}, {1, 1}, {2, 1}, {3, 1}}};
   std::vector<int> next_position(kSeqs, 0);
   int step_index = 0, differ_total = 0, selecting_tokens = 0;
-  for (const std::vector<TestChunk>& chunks : steps) {
-    StepBatch batch;
-    for (const TestChunk& c : chunks) {
-      SequenceChunk sc;
-      sc.sequence_id = c.seq;
-      sc.tokens.assign(c.n, 1);
-      sc.start_position = next_position[c.seq];
-      sc.block_table = tables[c.seq];
-      sc.wants_logits = true;
-      next_position[c.seq] += c.n;
-      batch.chunks.push_back(sc);
-    }
+  for (const std::vector<NextChunk>& chunks : steps) {
+    const StepBatch batch = NextChunks(chunks, tables, &next_position);
     StepTokens tokens;
     ASSERT_TRUE(FlattenStep(batch, cfg.vocab_size, shape, cfg.max_position_embeddings, &tokens).ok());
     const int T = tokens.num_tokens;
-    std::vector<int32_t> pos(tokens.positions), first(T, 0), table_offset(T), slot(T), packed;
-    std::vector<int> chunk_offset;
-    for (const SequenceChunk& c : batch.chunks) {
-      chunk_offset.push_back(static_cast<int>(packed.size()));
-      packed.insert(packed.end(), c.block_table.begin(), c.block_table.end());
-    }
-    for (int t = 0; t < T; ++t) {
-      table_offset[t] = chunk_offset[tokens.chunk_of[t]];
-      const std::vector<int32_t>& table = tokens.block_table(t);
-      slot[t] = table[pos[t] / bs] * bs + pos[t] % bs;
-    }
+    const PagedStepFacts facts = PagedStepFactsOf(batch, tokens, bs);
+    const std::vector<int32_t>& pos = facts.positions;
     const int splits = step_index % 2 == 0 ? 1 : 3;
     const int span = cfg.indexer.topk + P;  // the most positions a token attends to
-    DeviceArray<int32_t> d_pos = ToDevice(pos), d_first = ToDevice(first), d_offset = ToDevice(table_offset),
-                         d_tables = ToDevice(packed), d_slot = ToDevice(slot),
-                         d_split = ToDevice(std::vector<int32_t>{(span + splits - 1) / splits});
+    const DeviceStepFacts d_facts = UploadStepFacts(facts, span, splits);
     const int max_context = std::min(cfg.max_position_embeddings, kBlocksPerSeq * bs);
     bool moved = false;
     ASSERT_TRUE(latent_ws.Reserve(cfg, T, splits, max_context, &moved).ok());
     ASSERT_TRUE(ws.Reserve(cfg, T, max_context, &moved).ok());
     LatentStep step;
-    step.tokens = AttentionTokens{d_pos.get(), d_first.get(), d_offset.get(), d_tables.get(), bs};
-    step.slot = d_slot.get();
+    step.tokens = d_facts.tokens(bs);
+    step.slot = d_facts.slot.get();
     step.splits = splits;
-    step.split_positions = d_split.get();
+    step.split_positions = d_facts.split_positions.get();
     step.sm_count = 8;
     step.kernel = kernel;
 
@@ -315,11 +282,11 @@ void CheckFixtureLayers(const std::string& fixture, double bound, LatentKernel k
       SCOPED_TRACE(absl::StrCat("step ", step_index, " layer ", l));
       const std::vector<float> x = Random(static_cast<size_t>(T) * H, rng);
       std::vector<float> want(x.size());
-      ASSERT_TRUE(cpu[l]->Forward(x.data(), tokens, cpu_cache, carry, want.data(), compute).ok());
+      ASSERT_TRUE(cpu[l]->Forward(x.data(), tokens, *caches.cpu, carry, want.data(), compute).ok());
       DeviceArray<float> d_x = ToDevice(x), d_out;
       ASSERT_TRUE(d_out.Reserve(x.size()).ok());
       const absl::Status st =
-          gpu[l]->Forward(d_x.get(), T, step, gpu_cache.get() + layer_offset[l], latent_ws, ws, ctx, d_out.get());
+          gpu[l]->Forward(d_x.get(), T, step, caches.gpu_layer(l), latent_ws, ws, ctx, d_out.get());
       ASSERT_TRUE(st.ok()) << st;
       const std::vector<float> got = ToHost(d_out.get(), x.size());
       int differ = 0;

@@ -428,15 +428,7 @@ void CheckFixtureLayers(const std::string& fixture, LatentKernel kernel) {
   shape.block_size = 16;
   shape.num_blocks = 8;
   const int bs = shape.block_size;
-  std::vector<int> widths(L);
-  for (int l = 0; l < L; ++l) widths[l] = cfg.KvWidth(l);
-  std::vector<KvLayerShape> cpu_layers(L);
-  for (int l = 0; l < L; ++l) cpu_layers[l] = {widths[l], cfg.KvBlockFloats(l, bs)};
-  PagedKvCache cpu_cache(std::move(cpu_layers), shape);
-  const size_t slots = static_cast<size_t>(shape.num_blocks) * bs;
-  std::vector<size_t> layer_offset(L + 1, 0);
-  for (int l = 0; l < L; ++l) layer_offset[l + 1] = layer_offset[l] + slots * widths[l];
-  DeviceArray<KvHalf> gpu_cache = ToDevice(std::vector<KvHalf>(layer_offset[L], 0));
+  LayerCaches caches = LayerCachesOf(cfg, shape);
 
   cublasHandle_t handle = nullptr;
   ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
@@ -472,38 +464,29 @@ void CheckFixtureLayers(const std::string& fixture, LatentKernel kernel) {
     StepTokens tokens;
     ASSERT_TRUE(FlattenStep(batch, cfg.vocab_size, shape, cfg.max_position_embeddings, &tokens).ok());
     const int T = tokens.num_tokens;
-    std::vector<int32_t> pos(tokens.positions), first(T, 0), table_offset(T), slot(T), packed;
-    std::vector<int> chunk_offset;
-    for (const SequenceChunk& c : batch.chunks) {
-      chunk_offset.push_back(static_cast<int>(packed.size()));
-      packed.insert(packed.end(), c.block_table.begin(), c.block_table.end());
-    }
+    const PagedStepFacts facts = PagedStepFactsOf(batch, tokens, bs);
+    const std::vector<int32_t>& pos = facts.positions;
     std::vector<float> cos, sin;
     RopeAngles a;
     int span = 1;
     for (int t = 0; t < T; ++t) {
-      table_offset[t] = chunk_offset[tokens.chunk_of[t]];
-      const std::vector<int32_t>& table = tokens.block_table(t);
-      slot[t] = table[pos[t] / bs] * bs + pos[t] % bs;
       span = std::max(span, pos[t] + 1);
       rope.Angles(pos[t], tokens.seq_len_after[t], &a);
       cos.insert(cos.end(), a.cos.begin(), a.cos.begin() + half);
       sin.insert(sin.end(), a.sin.begin(), a.sin.begin() + half);
     }
     const int splits = step_index % 2 == 0 ? 1 : 3;
-    DeviceArray<int32_t> d_pos = ToDevice(pos), d_first = ToDevice(first), d_offset = ToDevice(table_offset),
-                         d_tables = ToDevice(packed), d_slot = ToDevice(slot),
-                         d_split = ToDevice(std::vector<int32_t>{(span + splits - 1) / splits});
+    const DeviceStepFacts d_facts = UploadStepFacts(facts, span, splits);
     DeviceArray<float> d_cos = ToDevice(cos), d_sin = ToDevice(sin);
     bool moved = false;
     ASSERT_TRUE(ws.Reserve(cfg, T, splits, std::min(cfg.max_position_embeddings, shape.num_blocks * bs), &moved).ok());
     LatentStep step;
-    step.tokens = AttentionTokens{d_pos.get(), d_first.get(), d_offset.get(), d_tables.get(), bs};
-    step.slot = d_slot.get();
+    step.tokens = d_facts.tokens(bs);
+    step.slot = d_facts.slot.get();
     step.cos = d_cos.get();
     step.sin = d_sin.get();
     step.splits = splits;
-    step.split_positions = d_split.get();
+    step.split_positions = d_facts.split_positions.get();
     step.sm_count = 8;
     step.kernel = kernel;
 
@@ -515,10 +498,10 @@ void CheckFixtureLayers(const std::string& fixture, LatentKernel kernel) {
       SCOPED_TRACE(absl::StrCat("step ", step_index, " layer ", l));
       const std::vector<float> x = Random(static_cast<size_t>(T) * H, rng);
       std::vector<float> want(x.size());
-      ASSERT_TRUE(cpu[l]->Forward(x.data(), tokens, cpu_cache, carry, want.data(), compute).ok());
+      ASSERT_TRUE(cpu[l]->Forward(x.data(), tokens, *caches.cpu, carry, want.data(), compute).ok());
       DeviceArray<float> d_x = ToDevice(x), d_out;
       ASSERT_TRUE(d_out.Reserve(x.size()).ok());
-      const absl::Status st = gpu[l]->Forward(d_x.get(), T, step, gpu_cache.get() + layer_offset[l], ws, ctx, d_out.get());
+      const absl::Status st = gpu[l]->Forward(d_x.get(), T, step, caches.gpu_layer(l), ws, ctx, d_out.get());
       ASSERT_TRUE(st.ok()) << st;
       const std::vector<float> got = ToHost(d_out.get(), x.size());
       // The selection the GPU's indexer made, against the CPU's.

@@ -196,9 +196,6 @@ TEST(QsaKernelsTest, BadShapesAreRefused) {
   EXPECT_TRUE(QsaSplitIndexer(nullptr, nullptr, 0, 8, 32, nullptr, nullptr, nullptr).ok());
 }
 
-struct TestChunk {
-  int seq, n;
-};
 
 // The fixture's QSA layer through the kind (LoadLayer, AllocateCache, Reserve, PackStep, BindStep,
 // Forward) against the CPU layer on the same random inputs, step by step.
@@ -248,7 +245,7 @@ TEST(QsaMixerTest, LayerMatchesTheCpuThroughPrefillDecodePrefill) {
     tables[s].assign(blocks.begin() + s * kBlocksPerSeq, blocks.begin() + (s + 1) * kBlocksPerSeq);
   // Prefills ending inside a block, on its last position and just past it; beyond the kept blocks
   // (topk · m) and long; decodes crossing block edges; a second prefill beside decoding tokens.
-  const std::vector<std::vector<TestChunk>> steps = {
+  const std::vector<std::vector<NextChunk>> steps = {
       {{0, m - 1}, {1, m}, {2, m + 1}, {3, (topk + 5) * m + 3}},
       {{0, 1}, {1, 1}, {2, 1}, {3, 1}},
       {{0, 1}, {1, 1}, {2, 1}, {3, 1}},
@@ -258,19 +255,9 @@ TEST(QsaMixerTest, LayerMatchesTheCpuThroughPrefillDecodePrefill) {
       {{0, 1}, {1, 1}, {2, 1}, {3, 1}}};
   std::vector<int> next_position(kSeqs, 0);
   int step_index = 0;
-  for (const std::vector<TestChunk>& chunks : steps) {
+  for (const std::vector<NextChunk>& chunks : steps) {
     SCOPED_TRACE(absl::StrCat("step ", step_index));
-    StepBatch batch;
-    for (const TestChunk& c : chunks) {
-      SequenceChunk sc;
-      sc.sequence_id = c.seq;
-      sc.tokens.assign(c.n, 1);
-      sc.start_position = next_position[c.seq];
-      sc.block_table = tables[c.seq];
-      sc.wants_logits = true;
-      next_position[c.seq] += c.n;
-      batch.chunks.push_back(sc);
-    }
+    const StepBatch batch = NextChunks(chunks, tables, &next_position);
     StepTokens tokens;
     ASSERT_TRUE(FlattenStep(batch, cfg.vocab_size, shape, cfg.max_position_embeddings, &tokens).ok());
     const int T = tokens.num_tokens;

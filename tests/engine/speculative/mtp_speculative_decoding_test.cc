@@ -18,6 +18,7 @@
 #include "engine/core/engine.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
+#include "tools/test_model/resolve_test_model_spec.h"
 #include "tools/test_model/test_model.h"
 #include "tests/engine/engine_requests.h"
 #include "tests/engine/speculative_runs.h"
@@ -84,29 +85,14 @@ TEST_P(MtpSpeculativeDecodingTest, DraftsAreTheHeadsPredictionsAtK1) {
   // sequence prompt + greedy: a sequence alone (drafts always fit the budget) drafts and accepts
   // exactly as simulated from it only if the MTP layer's KV of every earlier position was
   // written by the steps before (prefill chunks, accepted drafts, rejections).
-  auto ref = TensorSource::Open(std::string(GetParam()) + "/reference.safetensors");
-  ASSERT_TRUE(ref.ok()) << ref.status();
-  const int V = 128;
+  std::vector<testing::MtpDraftCounts> counts;
+  ASSERT_NO_FATAL_FAILURE(testing::SimulateMtpDraftsAtK1(GetParam(), prompts_, greedy_, &counts));
   for (size_t i = 0; i < prompts_.size(); ++i) {
-    const std::vector<float> mtp = *ToFloat32(*(*ref)->Get("mtp_logits." + std::to_string(i)));
-    ASSERT_EQ(mtp.size() % V, 0u);
-    std::vector<int32_t> ids = prompts_[i];
-    ids.insert(ids.end(), greedy_[i].begin(), greedy_[i].end());
-    const int P = static_cast<int>(prompts_[i].size()), max_tokens = 32;
-    int64_t drafts = 0, accepted = 0;
-    for (int p = P - 1, out = 1; max_tokens - out - 1 > 0;) {  // after the prefill: 1 token out
-      const float* row = &mtp[static_cast<size_t>(p) * V];
-      const int32_t draft = static_cast<int32_t>(std::max_element(row, row + V) - row);
-      ++drafts;
-      const bool hit = draft == ids[p + 2];
-      accepted += hit;
-      p += hit ? 2 : 1;
-      out += hit ? 2 : 1;
-    }
+    const testing::MtpDraftCounts& want = counts[i];
     const RunResult spec = Run(Options(Mtp(1)), {Greedy32(prompts_[i])});
     EXPECT_EQ(Ids(spec.tokens[0]), greedy_[i]) << "prompt " << i;
-    EXPECT_EQ(spec.stats.speculative.num_draft_tokens, drafts) << "prompt " << i;
-    EXPECT_EQ(spec.stats.speculative.num_accepted_tokens, accepted) << "prompt " << i;
+    EXPECT_EQ(spec.stats.speculative.num_draft_tokens, want.drafts) << "prompt " << i;
+    EXPECT_EQ(spec.stats.speculative.num_accepted_tokens, want.accepted) << "prompt " << i;
     std::printf("%s prompt %zu alone, K=1: %lld of %lld drafts accepted, as the reference's MTP logits say\n",
                 GetParam(), i, static_cast<long long>(spec.stats.speculative.num_accepted_tokens),
                 static_cast<long long>(spec.stats.speculative.num_draft_tokens));

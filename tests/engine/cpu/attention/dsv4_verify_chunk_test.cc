@@ -29,6 +29,7 @@
 #include "model/safetensors.h"
 #include "tests/engine/one_chunk_step.h"
 #include "tests/engine/relative_error.h"
+#include "tests/engine/verify_chunk_runs.h"
 
 namespace exl3::engine {
 namespace {
@@ -46,15 +47,11 @@ class Dsv4VerifyChunkTest : public ::testing::Test {
     auto src = TensorSource::Open(kFixture);
     ASSERT_TRUE(src.ok()) << src.status();
     src_ = std::move(*src);
-    const int H = cfg_->hidden_size, n = kMaxPrefill + kVerify + kNext;
-    std::mt19937 rng(31);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::uniform_int_distribution<int32_t> token(0, cfg_->vocab_size - 1);
-    for (int i = 0; i < n; ++i) ids_.push_back(token(rng));
-    true_x_.resize(static_cast<size_t>(n) * H);
-    rejected_x_.resize(true_x_.size());
-    for (float& v : true_x_) v = normal(rng);
-    for (float& v : rejected_x_) v = normal(rng);
+    testing::VerifyChunkInputs in =
+        testing::RandomVerifyChunkInputs(kMaxPrefill + kVerify + kNext, cfg_->hidden_size, cfg_->vocab_size);
+    ids_ = std::move(in.ids);
+    true_x_ = std::move(in.true_x);
+    rejected_x_ = std::move(in.rejected_x);
   }
 
   std::unique_ptr<PagedKvCache> Cache(int block_size) const {
@@ -68,17 +65,7 @@ class Dsv4VerifyChunkTest : public ::testing::Test {
   // Positions [start, start + x.size() / hidden) as one chunk with inputs x, wanting `rows` logit
   // rows (a verify chunk: rows > 1); its outputs.
   std::vector<float> Run(Attention& a, PagedKvCache& cache, int start, const std::vector<float>& x, int rows) {
-    const int H = cfg_->hidden_size, n = static_cast<int>(x.size()) / H;
-    const StepBatch batch = testing::OneChunkStep(ids_, start, n, kBlocks, rows);
-    StepTokens tokens;
-    const absl::Status flat =
-        FlattenStep(batch, cfg_->vocab_size, cache.shape(), cfg_->max_position_embeddings, &tokens);
-    EXPECT_TRUE(flat.ok()) << flat;
-    AttentionCarry carry;
-    std::vector<float> out(x.size());
-    const absl::Status ran = a.Forward(x.data(), tokens, cache, carry, out.data(), compute_);
-    EXPECT_TRUE(ran.ok()) << ran;
-    return out;
+    return testing::RunOneChunk(a, *cfg_, ids_, cache, kBlocks, start, x, rows, compute_);
   }
 
   std::vector<float> Rows(const std::vector<float>& x, int first, int n) const {

@@ -24,6 +24,7 @@
 #include "model/safetensors.h"
 #include "tests/engine/one_chunk_step.h"
 #include "tests/engine/relative_error.h"
+#include "tests/engine/verify_chunk_runs.h"
 
 namespace exl3::engine {
 namespace {
@@ -44,15 +45,11 @@ class VerifyChunkIndexersTest : public ::testing::TestWithParam<const char*> {
     auto a = LoadAttention(*cfg_, *src_, layer_);
     ASSERT_TRUE(a.ok()) << a.status();
     attention_ = std::move(*a);
-    const int H = cfg_->hidden_size, n = kPrefill + kVerify + kNext;
-    std::mt19937 rng(31);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::uniform_int_distribution<int32_t> token(0, cfg_->vocab_size - 1);
-    for (int i = 0; i < n; ++i) ids_.push_back(token(rng));
-    true_x_.resize(static_cast<size_t>(n) * H);
-    rejected_x_.resize(true_x_.size());
-    for (float& v : true_x_) v = normal(rng);
-    for (float& v : rejected_x_) v = normal(rng);
+    testing::VerifyChunkInputs in =
+        testing::RandomVerifyChunkInputs(kPrefill + kVerify + kNext, cfg_->hidden_size, cfg_->vocab_size);
+    ids_ = std::move(in.ids);
+    true_x_ = std::move(in.true_x);
+    rejected_x_ = std::move(in.rejected_x);
   }
 
   bool HasIndexer(int layer) const {
@@ -67,17 +64,7 @@ class VerifyChunkIndexersTest : public ::testing::TestWithParam<const char*> {
 
   // Positions [start, start + x.size() / hidden) as one chunk with inputs x; its outputs.
   std::vector<float> Run(PagedKvCache& cache, int start, const std::vector<float>& x, int rows) {
-    const int H = cfg_->hidden_size, n = static_cast<int>(x.size()) / H;
-    const StepBatch batch = testing::OneChunkStep(ids_, start, n, kBlocks, rows);
-    StepTokens tokens;
-    const absl::Status flat =
-        FlattenStep(batch, cfg_->vocab_size, cache.shape(), cfg_->max_position_embeddings, &tokens);
-    EXPECT_TRUE(flat.ok()) << flat;
-    AttentionCarry carry;
-    std::vector<float> out(x.size());
-    const absl::Status ran = attention_->Forward(x.data(), tokens, cache, carry, out.data(), compute_);
-    EXPECT_TRUE(ran.ok()) << ran;
-    return out;
+    return testing::RunOneChunk(*attention_, *cfg_, ids_, cache, kBlocks, start, x, rows, compute_);
   }
 
   std::vector<float> Rows(const std::vector<float>& x, int first, int n) const {
