@@ -13,6 +13,7 @@
 #include "base/logging.h"
 #include "exl3serve/v1/exl3serve.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "model/config/config_file.h"
 #include "prometheus/registry.h"
 #include "services/common/server.h"
 #include "services/router/generation.h"
@@ -62,7 +63,9 @@ class RequestLogTest : public ::testing::Test {
     o.model_dir = dir_->path();
     o.threads = 1;
     o.engine.kv_capacity = {engine::KvCacheCapacity::Unit::kTokens, 2048};
-    auto g = Generation::Start(o, /*router=*/nullptr, *registry_);
+    auto config = ConfigFile::Read(dir_->path() + "/config.json");
+    ASSERT_TRUE(config.ok()) << config.status();
+    auto g = Generation::Start(o, *config, /*router=*/nullptr, *registry_);
     ASSERT_TRUE(g.ok()) << g.status();
     generation_ = g->release();
     svc::ServerConfig cfg;
