@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "base/logging.h"
 #include "base/status_macros.h"
 #include "engine/config/read_model_config.h"
 #include "engine/config/dsv4_config.h"
@@ -186,8 +187,8 @@ absl::Status CpuModel::LoadQwen4ExpWeights(const TensorSource& src) {
     if (is_visual) ++visual;
     if (is_mtp) ++mtp;
   }
-  std::fprintf(stderr, "%s: %d vision tower tensors loaded and not run (text only), %d MTP head tensors "
-               "(run with --speculative-method mtp)\n", cfg_.architecture().c_str(), visual, mtp);
+  LogInfo("%s: %d vision tower tensors loaded and not run (text only), %d MTP head tensors "
+          "(run with --speculative-method mtp)", cfg_.architecture().c_str(), visual, mtp);
   return absl::OkStatus();
 }
 

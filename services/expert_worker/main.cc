@@ -36,7 +36,7 @@ ABSL_FLAG(std::string, weights_residency, "auto",
 ABSL_FLAG(int, threads, 0, "CPU compute threads (0: all hardware threads)");
 ABSL_FLAG(int, load_threads, 8, "threads reading the experts' bytes at start");
 ABSL_FLAG(bool, mlock, true, "CPU backend: lock the held weights in RAM (needs RLIMIT_MEMLOCK)");
-ABSL_FLAG(bool, progress, true, "progress bar on stderr while loading");
+ABSL_FLAG(bool, progress, true, "progress bar on stderr while loading (with --log-format text)");
 ABSL_FLAG(bool, load_benchmark, false,
           "before loading, time a plain parallel read of the same bytes (page cache dropped) "
           "and log the load speed as a fraction of it");
@@ -67,6 +67,9 @@ ABSL_FLAG(int, shm_spin_us, 500,
           "lower latency, more CPU while idle)");
 ABSL_FLAG(double, drain_timeout_s, 30, "on SIGTERM: how long to wait for in-flight requests");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+ABSL_FLAG(std::string, log_format, "text",
+          "text (a level letter and UTC time, then the line) or json (one object per line, an "
+          "event's fields as members)");
 
 int main(int argc, char** argv) {
   // Before any thread exists: SIGTERM/SIGINT go to the watcher thread.
@@ -96,6 +99,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   exl3::SetLogLevel(level);
+  exl3::LogFormat format;
+  if (!exl3::ParseLogFormat(absl::GetFlag(FLAGS_log_format).c_str(), &format)) {
+    std::fprintf(stderr, "exl3-worker: --log-format must be text or json\n");
+    return 2;
+  }
+  exl3::SetLogFormat(format);
 
   worker::WorkerOptions o;
   o.model_dir = absl::GetFlag(FLAGS_model);
@@ -111,7 +120,7 @@ int main(int argc, char** argv) {
   o.threads = absl::GetFlag(FLAGS_threads);
   o.load_threads = absl::GetFlag(FLAGS_load_threads);
   o.lock_memory = absl::GetFlag(FLAGS_mlock);
-  o.progress = absl::GetFlag(FLAGS_progress);
+  o.progress = absl::GetFlag(FLAGS_progress) && format == exl3::LogFormat::kText;
   o.load_benchmark = absl::GetFlag(FLAGS_load_benchmark);
   o.batch_window_us = absl::GetFlag(FLAGS_batch_window_us);
   o.inline_max_tokens = absl::GetFlag(FLAGS_inline_max_tokens);

@@ -121,7 +121,8 @@ class GenerateStreamReactor final
       }
       requests_.emplace(id, Request{});
     }
-    LogRequestStart(req);  // before Submit: its end may be logged before Submit returns
+    // Before Submit: its end may be logged before Submit returns.
+    LogRequestStart(req.request_id(), req);
     const SteadyClock::time_point deadline =
         RequestDeadline(req, registry_.options_.default_timeout, call_deadline_);
     // Not under mu_: the engine may deliver the request's events (which take mu_) before Submit
@@ -135,7 +136,7 @@ class GenerateStreamReactor final
                     : params.status();
     std::lock_guard<std::mutex> lock(mu_);
     if (!engine_id.ok()) {
-      LogRequestRefused(req, engine_id.status(), taken);
+      LogRequestRefused(req.request_id(), req, engine_id.status(), taken);
       requests_.erase(id);
       if (!abandoned_) QueueRefusalLocked(id, svc::ToGrpcStatus(engine_id.status()));
       AdvanceLocked();

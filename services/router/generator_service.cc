@@ -25,22 +25,24 @@ class GenerateReactor final : public grpc::ServerWriteReactor<pb::GenerateRespon
       : engine_(engine), writer_(writer), first_write_started_(options.first_write_started),
         first_write_done_(options.first_write_done) {
     const SteadyClock::time_point taken = SteadyClock::now();
-    LogRequestStart(req);  // before Submit: its end may be logged before Submit returns
+    const std::string id = RequestIdOf(req, ctx);
+    LogRequestStart(id, req);  // before Submit: its end may be logged before Submit returns
     const SteadyClock::time_point deadline =
         RequestDeadline(req, options.default_timeout, ctx->deadline());
     absl::StatusOr<engine::GenerateParams> params = ToGenerateParams(req, deadline, options);
-    absl::StatusOr<uint64_t> id =
+    if (params.ok()) params->tag = id;  // the end event's id: request_id or x-request-id
+    absl::StatusOr<uint64_t> engine_id =
         params.ok() ? engine_.Submit(*std::move(params),
                                      [this](const engine::GenerateEvent& e) { OnEvent(e); })
                     : params.status();
     std::lock_guard<std::mutex> lock(mu_);
-    if (!id.ok()) {
-      LogRequestRefused(req, id.status(), taken);
+    if (!engine_id.ok()) {
+      LogRequestRefused(id, req, engine_id.status(), taken);
       write_ = WriteState::kFinished;
-      Finish(svc::ToGrpcStatus(id.status()));
+      Finish(svc::ToGrpcStatus(engine_id.status()));
       return;
     }
-    request_id_ = *id;
+    request_id_ = *engine_id;
     // The engine's events may have come (even the final one) before this lock.
     if (request_ == RequestState::kCancelledWhileSubmitting) (void)engine_.Cancel(request_id_);
     if (request_ != RequestState::kEnded) request_ = RequestState::kRunning;

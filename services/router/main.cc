@@ -71,6 +71,9 @@ ABSL_FLAG(int32_t, worker_liveness_ms, 1500,
           "a worker that answers no liveness probe (sent every quarter of this) and no request "
           "for this long is marked down and its requests failed over (0: no probes)");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+ABSL_FLAG(std::string, log_format, "text",
+          "text (a level letter and UTC time, then the line) or json (one object per line, an "
+          "event's fields as members)");
 // The engine (Generator service).
 ABSL_FLAG(std::string, generate, "auto",
           "run the whole model and serve Generator: true, false (needs --expert-map: MoeRouter "
@@ -173,6 +176,11 @@ int Main() {
     return Fail("--log-level must be debug, info, warning or error");
   }
   exl3::SetLogLevel(level);
+  exl3::LogFormat format;
+  if (!exl3::ParseLogFormat(absl::GetFlag(FLAGS_log_format).c_str(), &format)) {
+    return Fail("--log-format must be text or json");
+  }
+  exl3::SetLogFormat(format);
   const std::string model_dir = absl::GetFlag(FLAGS_model);
   const std::string map_path = absl::GetFlag(FLAGS_expert_map);
   if (model_dir.empty()) return Fail("--model DIR is required");

@@ -1,9 +1,8 @@
 #include "services/router/request_log.h"
 
-#include <cstdio>
+#include <optional>
+#include <vector>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "base/logging.h"
 
 namespace exl3::router {
@@ -11,85 +10,48 @@ namespace {
 
 namespace pb = ::exl3serve::v1;
 
-bool Plain(char c) { return c > ' ' && c <= '~' && c != '"' && c != '\\' && c != '='; }
-
-// "0.0121", or "none" for a phase the request never reached.
-std::string Seconds(std::optional<double> s) {
-  return s.has_value() ? absl::StrFormat("%.4f", *s) : std::string("none");
-}
-
-std::string EndLine(std::string_view id, int prompt_tokens, int generated_tokens,
-                    int cached_tokens, std::string_view finish_reason,
-                    std::optional<double> ttft_s, double total_s, const absl::Status& error) {
-  std::string line = absl::StrCat(
-      "request end id=", LogValue(id), " prompt_tokens=", prompt_tokens,
-      " generated_tokens=", generated_tokens, " cached_tokens=", cached_tokens,
-      " finish_reason=", std::string(finish_reason), " ttft_s=", Seconds(ttft_s),
-      " total_s=", Seconds(total_s));
-  if (!error.ok()) {
-    absl::StrAppend(&line, " error=", LogValue(error.ToString(), kMaxLoggedErrorBytes));
-  }
-  return line;
+void LogEnd(std::string_view id, int prompt_tokens, int generated_tokens, int cached_tokens,
+            std::string_view finish_reason, std::optional<double> ttft_s, double total_s,
+            const absl::Status& error) {
+  std::vector<LogField> fields = {
+      LogField::Text("id", id, kMaxLoggedIdBytes),
+      LogField::Int("prompt_tokens", prompt_tokens),
+      LogField::Int("generated_tokens", generated_tokens),
+      LogField::Int("cached_tokens", cached_tokens),
+      LogField::Text("finish_reason", finish_reason),
+      LogField::Seconds("ttft_s", ttft_s),
+      LogField::Seconds("total_s", total_s)};
+  if (!error.ok()) fields.push_back(LogField::Text("error", error.ToString()));
+  LogEvent(LogLevel::kInfo, "request end", fields);
 }
 
 }  // namespace
 
-std::string LogValue(std::string_view value, size_t max_bytes) {
-  const bool cut = value.size() > max_bytes;
-  if (cut) value = value.substr(0, max_bytes);
-  bool plain = !value.empty();
-  for (char c : value) plain = plain && Plain(c);
-  if (plain) return cut ? "\"" + std::string(value) + "...\"" : std::string(value);
-  std::string out = "\"";
-  for (char c : value) {
-    const auto b = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (b >= ' ' && b <= '~') {
-      out += c;
-    } else {
-      char hex[5];
-      std::snprintf(hex, sizeof(hex), "\\x%02x", b);
-      out += hex;
-    }
-  }
-  if (cut) out += "...";
-  out += '"';
-  return out;
+std::string RequestIdOf(const pb::GenerateRequest& req, const grpc::CallbackServerContext* ctx) {
+  if (!req.request_id().empty() || ctx == nullptr) return req.request_id();
+  const auto& metadata = ctx->client_metadata();
+  const auto it = metadata.find("x-request-id");
+  return it == metadata.end() ? std::string() : std::string(it->second.data(), it->second.size());
 }
 
-std::string RequestStartLine(const pb::GenerateRequest& req) {
-  return absl::StrCat("request start id=", LogValue(req.request_id()),
-                      " prompt_tokens=", req.prompt_token_ids_size(),
-                      " max_tokens=", req.max_tokens());
-}
-
-std::string RequestEndLine(std::string_view id, const engine::FinishInfo& finish) {
-  return EndLine(id, finish.usage.prompt_tokens, finish.usage.completion_tokens,
-                 finish.usage.cached_tokens, engine::FinishReasonName(finish.reason),
-                 finish.timings.time_to_first_token_s, finish.timings.total_s, finish.status);
-}
-
-std::string RequestRefusedLine(const pb::GenerateRequest& req, const absl::Status& why,
-                               std::chrono::steady_clock::time_point since) {
-  const double total_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
-  return EndLine(req.request_id(), req.prompt_token_ids_size(), 0, 0, "refused", std::nullopt,
-                 total_s, why);
-}
-
-void LogRequestStart(const pb::GenerateRequest& req) {
-  LogInfo("%s", RequestStartLine(req).c_str());
+void LogRequestStart(std::string_view id, const pb::GenerateRequest& req) {
+  LogEvent(LogLevel::kInfo, "request start",
+           {LogField::Text("id", id, kMaxLoggedIdBytes),
+            LogField::Int("prompt_tokens", req.prompt_token_ids_size()),
+            LogField::Int("max_tokens", req.max_tokens())});
 }
 
 void LogRequestEnd(std::string_view id, const engine::FinishInfo& finish) {
-  LogInfo("%s", RequestEndLine(id, finish).c_str());
+  LogEnd(id, finish.usage.prompt_tokens, finish.usage.completion_tokens, finish.usage.cached_tokens,
+         engine::FinishReasonName(finish.reason), finish.timings.time_to_first_token_s,
+         finish.timings.total_s, finish.status);
 }
 
-void LogRequestRefused(const pb::GenerateRequest& req, const absl::Status& why,
-                       std::chrono::steady_clock::time_point since) {
-  LogInfo("%s", RequestRefusedLine(req, why, since).c_str());
+void LogRequestRefused(std::string_view id, const pb::GenerateRequest& req,
+                       const absl::Status& why, std::chrono::steady_clock::time_point since) {
+  const double total_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+  LogEnd(id, req.prompt_token_ids_size(), 0, 0, "refused", std::nullopt, total_s, why);
 }
 
 }  // namespace exl3::router

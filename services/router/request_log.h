@@ -1,8 +1,9 @@
 // The Generator service's log of each request (both calls: Generate and GenerateStream): one
-// line when the service takes the request, before the engine sees it, and one when it ends, so a
-// client's request id (GenerateRequest.request_id: the front end's "chatcmpl-..." / "cmpl-..." id,
-// which holds the client's X-Request-Id) finds the engine's side of the request. key=value
-// fields, values quoted where they need it (LogValue):
+// event when the service takes the request, before the engine sees it, and one when it ends, so a
+// client's request id finds the engine's side of the request. The id is GenerateRequest.request_id
+// (the front end's "chatcmpl-..." / "cmpl-..." id, which holds the client's X-Request-Id), or for a
+// Generate call without one, the call's `x-request-id` metadata (RequestIdOf). As text
+// (base/logging.h; with --log-format json the same fields are members of one object per line):
 //
 //   I 12:00:00.000 request start id=chatcmpl-abc prompt_tokens=12 max_tokens=16
 //   I 12:00:00.310 request end id=chatcmpl-abc prompt_tokens=12 generated_tokens=16
@@ -22,33 +23,24 @@
 #include "absl/status/status.h"
 #include "engine/core/engine.h"
 #include "exl3serve/v1/exl3serve.pb.h"
+#include "grpcpp/server_context.h"
 
 namespace exl3::router {
 
-// The longest id a line carries; a longer one (a raw gRPC client's: the front end's are shorter)
-// is cut there and marked "...".
+// The longest id an event carries (a raw gRPC client's may be longer; the front end's are not).
 inline constexpr size_t kMaxLoggedIdBytes = 256;
-// The longest error message a line carries, likewise.
-inline constexpr size_t kMaxLoggedErrorBytes = 512;
 
-// `value` as a field's value: as it is when it is non-empty printable ASCII without a space, '"',
-// '\\' or '='; else in double quotes, with '"' and '\\' escaped and every byte outside printable
-// ASCII as \xNN, so that a line stays one line whatever a client sent. Cut at `max_bytes` ("...").
-std::string LogValue(std::string_view value, size_t max_bytes = kMaxLoggedIdBytes);
+// The request's id: its request_id, else the call's `x-request-id` metadata (a raw gRPC client's
+// way to name a request), else empty. `ctx` may be null (a GenerateStream action: its call's
+// metadata names no single request).
+std::string RequestIdOf(const ::exl3serve::v1::GenerateRequest& req,
+                        const grpc::CallbackServerContext* ctx);
 
-// The lines (without the logger's prefix).
-std::string RequestStartLine(const ::exl3serve::v1::GenerateRequest& req);
-std::string RequestEndLine(std::string_view id, const engine::FinishInfo& finish);
+void LogRequestStart(std::string_view id, const ::exl3serve::v1::GenerateRequest& req);
+void LogRequestEnd(std::string_view id, const engine::FinishInfo& finish);
 // A request that never ran: `why` is ToGenerateParams' or Engine::Submit's error; `since` when
 // the service took it.
-std::string RequestRefusedLine(const ::exl3serve::v1::GenerateRequest& req,
-                               const absl::Status& why,
-                               std::chrono::steady_clock::time_point since);
-
-// The lines written with LogInfo (base/logging.h).
-void LogRequestStart(const ::exl3serve::v1::GenerateRequest& req);
-void LogRequestEnd(std::string_view id, const engine::FinishInfo& finish);
-void LogRequestRefused(const ::exl3serve::v1::GenerateRequest& req, const absl::Status& why,
-                       std::chrono::steady_clock::time_point since);
+void LogRequestRefused(std::string_view id, const ::exl3serve::v1::GenerateRequest& req,
+                       const absl::Status& why, std::chrono::steady_clock::time_point since);
 
 }  // namespace exl3::router

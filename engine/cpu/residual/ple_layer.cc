@@ -11,6 +11,7 @@
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "base/logging.h"
 #include "base/status_macros.h"
 #include "engine/config/qwen4exp_config.h"
 #include "engine/cpu/rms_norm.h"
@@ -133,9 +134,9 @@ absl::StatusOr<std::unique_ptr<PleLayer>> PleLayer::Load(const ModelConfig& cfg,
   if (src.Has(prefix + "conv1d.bias"))
     return absl::InvalidArgumentError(absl::StrCat(prefix, "conv1d.bias: Qwen4-Exp's PLE convolution has no bias"));
   p->state_offset_ = cfg.linear_attention.ConvStateFloats() + cfg.linear_attention.RecurrentStateFloats();
-  std::fprintf(stderr, "PLE layer %d: n-gram table of %lld rows x %d (%.2f GiB in %zu piece(s)), rows read from the files\n",
-               layer, static_cast<long long>(p->hash_.table_rows()), ple.head_dim(),
-               static_cast<double>(p->table_bytes_) / (1024.0 * 1024.0 * 1024.0), p->pieces_.size());
+  LogInfo("PLE layer %d: n-gram table of %lld rows x %d (%.2f GiB in %zu piece(s)), rows read from the files",
+          layer, static_cast<long long>(p->hash_.table_rows()), ple.head_dim(),
+          static_cast<double>(p->table_bytes_) / (1024.0 * 1024.0 * 1024.0), p->pieces_.size());
   return p;
 }
 

@@ -2,7 +2,8 @@
 // exl3-router Generation (the CPU engine on a generated whole model) behind a loopback server,
 // called with Generate and GenerateStream; the request id the client sends must be on the line
 // the service writes when it takes the request and on the one when it ends (stderr captured).
-// And the quoting of values that would break a line.
+// A Generate call without a request_id is named by its x-request-id metadata; with --log-format
+// json each event is one JSON object (base/logging_test.cc: the quoting of values).
 #include "services/router/request_log.h"
 
 #include <memory>
@@ -14,6 +15,7 @@
 #include "exl3serve/v1/exl3serve.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "model/config/config_file.h"
+#include "nlohmann/json.hpp"
 #include "prometheus/registry.h"
 #include "services/common/server.h"
 #include "services/router/generation.h"
@@ -175,16 +177,64 @@ TEST_F(RequestLogTest, ARefusedRequestEndsWithItsError) {
   EXPECT_NE(end[0].find(" error=\"INVALID_ARGUMENT: "), std::string::npos) << end[0];
 }
 
-TEST(LogValueTest, QuotesWhatWouldBreakALine) {
-  EXPECT_EQ(LogValue("chatcmpl-abc.1_2"), "chatcmpl-abc.1_2");
-  EXPECT_EQ(LogValue(""), "\"\"");
-  EXPECT_EQ(LogValue("a b"), "\"a b\"");
-  EXPECT_EQ(LogValue("k=v"), "\"k=v\"");
-  EXPECT_EQ(LogValue("say \"hi\"\\"), "\"say \\\"hi\\\"\\\\\"");
-  EXPECT_EQ(LogValue("two\nlines\x7f"), "\"two\\x0alines\\x7f\"");
-  EXPECT_EQ(LogValue("\xc3\xa9"), "\"\\xc3\\xa9\"");
-  EXPECT_EQ(LogValue(std::string(300, 'x')), "\"" + std::string(256, 'x') + "...\"");
-  EXPECT_EQ(LogValue("abcdef", 3), "\"abc...\"");
+TEST_F(RequestLogTest, AGenerateCallWithoutAnIdIsNamedByItsXRequestIdMetadata) {
+  auto stub = Stub();
+  ::testing::internal::CaptureStderr();
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("x-request-id", "client-trace-7");
+  auto reader = stub->Generate(&ctx, Request("", 2));
+  pb::GenerateResponse m;
+  while (reader->Read(&m)) {
+  }
+  const grpc::Status st = reader->Finish();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(LinesWith(log, "request start id=client-trace-7 ").size(), 1u) << log;
+  EXPECT_EQ(LinesWith(log, "request end id=client-trace-7 ").size(), 1u) << log;
+}
+
+TEST_F(RequestLogTest, TheRequestIdOutranksTheMetadata) {
+  auto stub = Stub();
+  ::testing::internal::CaptureStderr();
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("x-request-id", "from-metadata");
+  auto reader = stub->Generate(&ctx, Request("from-request", 2));
+  pb::GenerateResponse m;
+  while (reader->Read(&m)) {
+  }
+  const grpc::Status st = reader->Finish();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(LinesWith(log, "request end id=from-request ").size(), 1u) << log;
+  EXPECT_TRUE(LinesWith(log, "from-metadata").empty()) << log;
+}
+
+TEST_F(RequestLogTest, WithTheJsonFormatEachEventIsOneObjectWithItsFields) {
+  auto stub = Stub();
+  SetLogFormat(LogFormat::kJson);
+  ::testing::internal::CaptureStderr();
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, Request("chatcmpl-json", 3));
+  pb::GenerateResponse m;
+  while (reader->Read(&m)) {
+  }
+  const grpc::Status st = reader->Finish();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  SetLogFormat(LogFormat::kText);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  std::vector<nlohmann::json> events;
+  for (const std::string& line : LinesWith(log, "\"id\":\"chatcmpl-json\"")) {
+    events.push_back(nlohmann::json::parse(line));
+  }
+  ASSERT_EQ(events.size(), 2u) << log;
+  EXPECT_EQ(events[0]["event"], "request start");
+  EXPECT_EQ(events[0]["max_tokens"], 3);
+  EXPECT_EQ(events[1]["event"], "request end");
+  EXPECT_EQ(events[1]["level"], "INFO");
+  EXPECT_EQ(events[1]["generated_tokens"], 3);
+  EXPECT_EQ(events[1]["finish_reason"], "length");
+  EXPECT_GT(events[1]["ttft_s"].get<double>(), 0.0);
+  EXPECT_FALSE(events[1].contains("error"));
 }
 
 }  // namespace
