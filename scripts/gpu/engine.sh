@@ -186,16 +186,7 @@ fi
 if [[ " $ONLY " == *" glm5 "* ]]; then
   echo "=== exl3-engine-bench (GLM-5.3-Flash, synthetic at the published shapes, ${GLM5_LAYERS:-8} layers)"
   MODEL=${GLM5_MODEL_DIR:-/tmp/glm5-next-synthetic-${GLM5_LAYERS:-8}}
-  if [ ! -f "$MODEL/config.json" ]; then
-    # make-test-model --help lists these shapes (Glm5NextTextConfig's defaults in transformers 5.25).
-    timeout ${GLM5_MODEL_TIMEOUT:-600} "$BIN"/exl3-tool make-test-model --arch glm5_next --synthetic --whole-model \
-      --output "$MODEL" --hidden 4096 --layers ${GLM5_LAYERS:-8} --dense-layers 3 --dense-intermediate 12288 \
-      --experts 288 --intermediate 2048 --top-k 8 --shared 1 --vocab 154880 --heads 64 --q-lora-rank 1536 \
-      --kv-lora-rank 512 --qk-nope-head-dim 256 --v-head-dim 256 --index-heads 32 --index-head-dim 128 \
-      --index-kpool 16 --index-topk 2048 --linear-heads 64 --linear-head-dim 128 --max-position 16384 \
-      --bits 2 --codebook mcg --attention-bits 4 --head-bits 6 --quiet > "$OUT/glm5-model.log" 2>&1 \
-      || { echo "model generation failed"; tail -5 "$OUT/glm5-model.log"; }
-  fi
+  bash scripts/gpu/glm5_next_model.sh "$BIN" "$MODEL" ${GLM5_LAYERS:-8} "$OUT/glm5-model.log" ${GLM5_MODEL_TIMEOUT:-600}
   timeout ${BENCH_TIMEOUT:-300} "$BIN"/exl3-engine-bench --model "$MODEL" --context ${CONTEXTS:-1024,8192} \
     --batch ${GLM5_BATCHES:-1,8,32,64} --steps ${STEPS:-12} --json "$OUT/engine-bench.json" > "$OUT/glm5-bench.log" 2>&1
   echo "glm5 bench exit $?"

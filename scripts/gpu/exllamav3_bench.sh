@@ -6,7 +6,8 @@
 # call: move tests/fixtures/engine, tests/fixtures/exllamav3 and tests/golden/*.safetensors aside
 # for the call, none of which it reads).
 #   bash scripts/gpu/exllamav3_bench.sh
-# Environment: LAYERS (default 8), CONTEXTS (1024,8192), BATCHES (1,8,32,64), STEPS (16).
+# Environment: FAMILY (glm4_moe: GLM-4.5-Air shapes, scripts/gpu/glm45_air_model.sh, the default;
+# glm5_next: GLM-5.3-Flash shapes, scripts/gpu/glm5_next_model.sh), LAYERS (default 8), CONTEXTS (1024,8192), BATCHES (1,8,32,64), STEPS (16).
 # $OUT: side-by-side.json (one object per result, both engines), side-by-side.md (the table) and
 # logs.tar.xz.
 set -uo pipefail
@@ -15,7 +16,7 @@ OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 trap '(cd "$OUT" && ls ./*.log > /dev/null 2>&1 && tar -cJf logs.tar.xz ./*.log && rm -f ./*.log)' EXIT
 exec > >(tee "$OUT/side-by-side.log") 2>&1
-LAYERS=${LAYERS:-8} CONTEXTS=${CONTEXTS:-1024,8192} BATCHES=${BATCHES:-1,8,32,64} STEPS=${STEPS:-16}
+FAMILY=${FAMILY:-glm4_moe} LAYERS=${LAYERS:-8} CONTEXTS=${CONTEXTS:-1024,8192} BATCHES=${BATCHES:-1,8,32,64} STEPS=${STEPS:-16}
 say() { echo "exllamav3_bench: [$SECONDS s] $*"; }
 
 # On a machine an earlier call left warm, exllamav3 and its wheels are already in place.
@@ -27,9 +28,17 @@ export PYTHONPATH="${EXL3V3_SITE:-/tmp/site}${PYTHONPATH:+:$PYTHONPATH}" PYTHONU
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
 git log -1 --format='commit %H' 2>/dev/null || true
 
-MODEL=/tmp/glm45-air-synthetic-$LAYERS
-say "model: GLM-4.5-Air shapes, $LAYERS layers"
-bash scripts/gpu/glm45_air_model.sh "$BIN" "$MODEL" "$LAYERS" "$OUT/model.log" || exit 3
+case "$FAMILY" in
+  glm4_moe)
+    MODEL=/tmp/glm45-air-synthetic-$LAYERS
+    say "model: GLM-4.5-Air shapes, $LAYERS layers"
+    bash scripts/gpu/glm45_air_model.sh "$BIN" "$MODEL" "$LAYERS" "$OUT/model.log" || exit 3 ;;
+  glm5_next)
+    MODEL=/tmp/glm5-next-synthetic-$LAYERS
+    say "model: GLM-5.3-Flash shapes, $LAYERS layers (release config layout)"
+    bash scripts/gpu/glm5_next_model.sh "$BIN" "$MODEL" "$LAYERS" "$OUT/model.log" || exit 3 ;;
+  *) say "FAMILY must be glm4_moe or glm5_next, got $FAMILY"; exit 2 ;;
+esac
 # exllamav3's generator needs a tokenizer; the timings use random ids and never decode text.
 [ -f "$MODEL/tokenizer.json" ] || PYTHONPATH=clients/python:$PYTHONPATH python3 -m exl3serve_client.make_tokenizer \
   --model "$MODEL" > "$OUT/tokenizer.log" 2>&1 || { say "tokenizer failed"; tail -5 "$OUT/tokenizer.log"; }

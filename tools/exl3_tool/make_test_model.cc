@@ -35,7 +35,7 @@ constexpr char kUsage[] =
     "         [--hc-sinkhorn-iters N] [--hash-layers N]\n"
     "         [--linear-key-heads N] [--linear-value-heads N] [--linear-key-head-dim D]\n"
     "         [--linear-value-head-dim D] [--linear-conv-kernel K] [--full-attention-interval N]\n"
-    "         [--linear-heads N] [--linear-head-dim D] [--index-kpool P]\n"
+    "         [--linear-heads N] [--linear-head-dim D] [--index-kpool P] [--release-layout]\n"
     "\n"
     "Writes a MoE model with random weights in the family's real tensor names and config.json\n"
     "(router weight, e_score_correction_bias for glm4_moe/deepseek_v3, shared experts, dense\n"
@@ -120,6 +120,8 @@ constexpr char kUsage[] =
     "  --linear-heads, --linear-head-dim  KDA's heads and head size (linear_num_heads,\n"
     "                  linear_head_dim; default 2, 64); --linear-conv-kernel its taps (default 4)\n"
     "  --index-kpool   positions per pool of the indexer (default 4; --index-topk a multiple)\n"
+    "  --release-layout  config.json in the release checkpoint's layout (deepseek_sparse_attention,\n"
+    "                  linear_attn_config) and its processor_config.json: what exllamav3 reads\n"
     "  --layer-types   linear_attention, indexed_attention; default every --full-attention-interval-th\n"
     "                  layer indexed (4: transformers' pattern of three KDA layers to one)\n"
     "  The published GLM-5.3-Flash (Glm5NextTextConfig's defaults in transformers 5.25): hidden\n"
@@ -186,7 +188,8 @@ int Run(int argc, char** argv) {
                    "linear-key-head-dim", "linear-value-head-dim", "linear-conv-kernel",
                    "full-attention-interval", "expert-bits-cycle", "expert-codebook-cycle", "linear-heads",
                    "linear-head-dim", "index-kpool"},
-                  {"hf-only", "synthetic", "quiet", "quantize-all", "whole-model", "misaligned-data", "mtp"}, &err)) {
+                  {"hf-only", "synthetic", "quiet", "quantize-all", "whole-model", "misaligned-data", "mtp",
+                   "release-layout"}, &err)) {
     return Fail(kName, err);
   }
   if (args.help) {
@@ -254,6 +257,7 @@ int Run(int argc, char** argv) {
     return Fail(kName, "--codebook must be 3inst, mcg or mul1, got '" + args.Get("codebook") + "'");
   }
   spec.mtp = args.Bool("mtp");
+  spec.release_layout = args.Bool("release-layout");
   if (spec.mtp && args.Bool("synthetic") && !args.Bool("whole-model"))
     return Fail(kName, "--mtp goes with the HF path or --synthetic --whole-model (the MTP layer is a whole layer)");
   absl::StatusOr<TestModelSpec> resolved = ResolveTestModelSpec(spec);

@@ -151,13 +151,30 @@ json MixtralConfigJson(const TestModelSpec& s) {
           {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"}, {"vocab_size", s.vocab}};
 }
 
+// GLM-5.3-Flash's release config.json (what exllamav3's Glm5Next reads; transformers' and the
+// engine's readers take either, engine/config/glm5next_section.cc): the MLA layers are
+// deepseek_sparse_attention (transformers: indexed_attention) and KDA's shape is a
+// linear_attn_config dict (transformers: flat linear_* fields).
+void ToGlm5NextReleaseLayout(json& text) {
+  for (json& t : text["layer_types"]) {
+    if (t == "indexed_attention") t = "deepseek_sparse_attention";
+  }
+  text["linear_attn_config"] = {{"num_heads", text["linear_num_heads"]},
+                                {"head_dim", text["linear_head_dim"]},
+                                {"short_conv_kernel_size", text["linear_conv_kernel_dim"]},
+                                {"gate_lower_bound", text["linear_lower_bound"]}};
+  for (const char* flat : {"linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim", "linear_lower_bound"}) {
+    text.erase(flat);
+  }
+}
+
 // GLM-5.3-Flash's config.json as transformers 5.25 writes it (Glm5NextConfig): the text model's
 // fields (Glm5NextTextConfig's names) nested in text_config; no vision_config (the engine reads
 // none; transformers fills its defaults).
 json Glm5NextConfigJson(const TestModelSpec& s) {
   std::vector<std::string> mlp_types(s.layers, "sparse");
   for (int l = 0; l < s.dense_layers && l < s.layers; ++l) mlp_types[l] = "dense";
-  const json text = {
+  json text = {
       {"model_type", "glm5_next_text"}, {"vocab_size", s.vocab}, {"hidden_size", s.hidden},
       {"intermediate_size", s.dense_intermediate}, {"moe_intermediate_size", s.intermediate},
       {"num_hidden_layers", s.layers}, {"num_attention_heads", s.heads}, {"num_key_value_heads", s.kv_heads},
@@ -178,12 +195,26 @@ json Glm5NextConfigJson(const TestModelSpec& s) {
       {"linear_lower_bound", -5.0}, {"hc_mult", s.hc_mult}, {"hc_eps", 1e-6},
       {"hc_sinkhorn_iters", s.hc_sinkhorn_iters}, {"router_aux_loss_coef", 0.001},
       {"output_router_logits", false}, {"num_nextn_predict_layers", s.mtp ? 1 : 0}, {"dtype", "bfloat16"}};
+  if (s.release_layout) ToGlm5NextReleaseLayout(text);
   return {{"architectures", {"Glm5NextForConditionalGeneration"}}, {"model_type", "glm5_next"},
           {"text_config", text}, {"tie_word_embeddings", false}, {"dtype", "bfloat16"},
           {"transformers_version", "5.25.0"}};
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, json>> TestModelSideFiles(const TestModelSpec& s) {
+  if (!(s.arch == "glm5_next" && s.release_layout)) return {};
+  // The vision preprocessor's settings (exllamav3 refuses the directory without them; the engine
+  // reads only the text model).
+  const json processor = {
+      {"image_processor",
+       {{"image_processor_type", "Glm5NextImageProcessor"}, {"patch_size", 2}, {"temporal_patch_size", 2},
+        {"merge_size", 2}, {"image_mean", {0.48145466, 0.4578275, 0.40821073}},
+        {"image_std", {0.26862954, 0.26130258, 0.27577711}}, {"min_image_tokens", 4},
+        {"max_image_tokens", 64}}}};
+  return {{"processor_config.json", processor}};
+}
 
 json TestModelConfig(const TestModelSpec& s) {
   if (s.arch == "glm5_next") return Glm5NextConfigJson(s);  // swiglu_limit always in text_config

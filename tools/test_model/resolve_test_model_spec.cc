@@ -127,6 +127,10 @@ absl::StatusOr<TestModelSpec> ResolveTestModelSpec(const TestModelSpec& in) {
         "unknown --arch '", s.arch,
         "' (glm4_moe, deepseek_v3, qwen3_moe, mixtral, glm_moe_dsa, deepseek_v4, qwen3_next or glm5_next)"));
   }
+  if (s.release_layout && s.arch != "glm5_next") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--release-layout applies to glm5_next (the layout exllamav3 reads), not ", s.arch));
+  }
   if (s.mtp && s.arch != "glm4_moe" && s.arch != "deepseek_v3" && s.arch != "glm_moe_dsa" && s.arch != "glm5_next")
     return absl::InvalidArgumentError(absl::StrCat(
         "--mtp: the DeepSeek-V3 MTP layer belongs to glm4_moe, deepseek_v3, glm_moe_dsa and glm5_next, not ",

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/encoder/progress.h"
+#include "tools/test_model/family_config.h"
 #include "tools/test_model/generated_tensor.h"
 #include "tools/test_model/model_layout.h"
 #include "tools/test_model/resolve_test_model_spec.h"
@@ -13,6 +14,18 @@ namespace exl3 {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+
+namespace {
+
+absl::Status WriteSideFiles(const TestModelSpec& s, const fs::path& dir) {
+  for (const auto& [name, content] : TestModelSideFiles(s)) {
+    absl::Status st = WriteJson(dir / name, content);
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status WriteHfTestModel(const TestModelSpec& spec, const std::string& dir_str,
                               bool progress) {
@@ -42,6 +55,8 @@ absl::Status WriteHfTestModel(const TestModelSpec& spec, const std::string& dir_
   if (!st.ok()) return st;
   json gen = {{"_from_model_config", true}, {"bos_token_id", 0}, {"eos_token_id", 1}};
   st = WriteJson(dir / "generation_config.json", gen);
+  if (!st.ok()) return st;
+  st = WriteSideFiles(s, dir);
   if (!st.ok()) return st;
   return WriteJson(dir / "config.json", TestModelConfig(s));
 }
@@ -105,6 +120,8 @@ absl::Status WriteSyntheticExl3Model(const TestModelSpec& spec, const SyntheticO
     c["quantization_config"]["attention_bits"] = BitsOf(opts, LinearRole::kAttentionOrDense);
     c["quantization_config"]["head_bits"] = BitsOf(opts, LinearRole::kHead);
   }
+  st = WriteSideFiles(s, dir);
+  if (!st.ok()) return st;
   return WriteJson(dir / "config.json", c);
 }
 

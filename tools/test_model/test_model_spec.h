@@ -109,6 +109,11 @@ struct TestModelSpec {
   // 2 * hidden], shared_head.norm and a MoE decoder layer (DSA: with its own indexer; glm5_next:
   // MLA with its own k-pooled indexer, no hyper-connections); config.json num_nextn_predict_layers 1.
   bool mtp = false;
+  // glm5_next: config.json in the release checkpoint's layout (the MLA layers named
+  // deepseek_sparse_attention, KDA's shape in a linear_attn_config dict), with the vision
+  // preprocessor's processor_config.json beside it: the layout exllamav3 reads (transformers and
+  // the engine read both).
+  bool release_layout = false;
 };
 
 // Sigmoid routing with a correction bias, shared experts and dense first layers: glm4_moe,

@@ -5,10 +5,12 @@
 // with its KDA and indexed layers, hyper-connections and text model under model.language_model.).
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 
 #include "engine/cpu/cpu_model.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
+#include "nlohmann/json.hpp"
 #include "tools/test_model/test_model.h"
 #include "tests/engine/mixed_expert_model.h"
 #include "tests/engine/model_harness.h"
@@ -20,9 +22,10 @@ namespace fs = std::filesystem;
 
 class SyntheticWholeModelTest : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(SyntheticWholeModelTest, LoadsAndDecodes) {
+// A 2-layer model of `arch` whose linears are EXL3 (both dimensions multiples of 128).
+TestModelSpec WholeModelSpec(const std::string& arch) {
   TestModelSpec spec;
-  spec.arch = GetParam();
+  spec.arch = arch;
   spec.layers = 2;
   spec.hidden = 256;
   spec.experts = 4;
@@ -52,10 +55,20 @@ TEST_P(SyntheticWholeModelTest, LoadsAndDecodes) {
     spec.linear_heads = 2;
     spec.linear_head_dim = 64;
   }
+  return spec;
+}
+
+SyntheticOptions WholeModelOptions() {
   SyntheticOptions so;
   so.whole_model = true;
   so.bits = 3;
   so.progress = false;
+  return so;
+}
+
+TEST_P(SyntheticWholeModelTest, LoadsAndDecodes) {
+  const TestModelSpec spec = WholeModelSpec(GetParam());
+  const SyntheticOptions so = WholeModelOptions();
   const fs::path dir = fs::temp_directory_path() / ("exl3_synthetic_whole_" + spec.arch);
   fs::remove_all(dir);
   ASSERT_TRUE(WriteSyntheticExl3Model(spec, so, dir.string()).ok());
@@ -136,6 +149,45 @@ TEST(SyntheticModelTest, RoutedExpertsOfMixedBitWidthsDecode) {
     for (const std::vector<float>& row : seq)
       for (float v : row) ASSERT_TRUE(std::isfinite(v));
   fs::remove_all(dir);
+}
+
+// --release-layout (exllamav3 reads GLM-5.3-Flash's release config only): the same tensors, the
+// config in the release layout with processor_config.json beside it, and the engine decodes the
+// same logits from it, bit for bit.
+TEST(SyntheticModelTest, Glm5NextReleaseLayoutDecodesTheSameLogits) {
+  const SyntheticOptions so = WholeModelOptions();
+  std::vector<std::vector<std::vector<float>>> logits;
+  for (bool release : {false, true}) {
+    TestModelSpec spec = WholeModelSpec("glm5_next");
+    spec.release_layout = release;
+    const fs::path dir = fs::temp_directory_path() / (release ? "exl3_glm5_release" : "exl3_glm5_transformers");
+    fs::remove_all(dir);
+    ASSERT_TRUE(WriteSyntheticExl3Model(spec, so, dir.string()).ok());
+    std::ifstream in(dir / "config.json");
+    const nlohmann::json text = nlohmann::json::parse(in)["text_config"];
+    EXPECT_EQ(text["layer_types"][1], release ? "deepseek_sparse_attention" : "indexed_attention");
+    EXPECT_EQ(text.contains("linear_attn_config"), release);
+    EXPECT_EQ(text.contains("linear_num_heads"), !release);
+    if (release) EXPECT_EQ(text["linear_attn_config"]["head_dim"], 64);
+    EXPECT_EQ(fs::exists(dir / "processor_config.json"), release);
+    CpuModelOptions o;
+    o.num_threads = 2;
+    auto model = CpuModel::Open(dir.string(), o);
+    ASSERT_TRUE(model.ok()) << model.status();
+    auto rows = testing::RunGreedy(**model, {{1, 2, 3, 4, 5}}, 4, /*chunk=*/3);
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    logits.push_back((*rows)[0]);
+    fs::remove_all(dir);
+  }
+  EXPECT_EQ(logits[0], logits[1]);
+}
+
+TEST(SyntheticModelTest, ReleaseLayoutIsGlm5NextsOnly) {
+  TestModelSpec spec = WholeModelSpec("qwen3_next");
+  spec.release_layout = true;
+  const absl::Status st = WriteSyntheticExl3Model(spec, WholeModelOptions(), "/nonexistent/never");
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(std::string(st.message()).find("--release-layout"), std::string::npos) << st;
 }
 
 // GLM-5.3-Flash shapes transformers or the engine cannot have are refused before anything is
