@@ -12,35 +12,18 @@ namespace {
 std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
 std::atomic<LogFormat> g_format{LogFormat::kText};
 
-const char* LevelTag(LogLevel l) {
-  switch (l) {
-    case LogLevel::kDebug: return "D";
-    case LogLevel::kInfo: return "I";
-    case LogLevel::kWarning: return "W";
-    case LogLevel::kError: return "E";
-  }
-  return "?";
-}
+// A level's letter on a text line, its flag spelling, and its name on a JSON line (upper-case, as
+// the front end's are).
+struct LevelNames {
+  const char* tag;
+  const char* flag;
+  const char* json;
+};
 
-// The flag's spelling of a level; JSON lines carry it upper-case, as the front end's do.
-const char* LevelName(LogLevel l) {
-  switch (l) {
-    case LogLevel::kDebug: return "debug";
-    case LogLevel::kInfo: return "info";
-    case LogLevel::kWarning: return "warning";
-    case LogLevel::kError: return "error";
-  }
-  return "?";
-}
-
-const char* JsonLevelName(LogLevel l) {
-  switch (l) {
-    case LogLevel::kDebug: return "DEBUG";
-    case LogLevel::kInfo: return "INFO";
-    case LogLevel::kWarning: return "WARNING";
-    case LogLevel::kError: return "ERROR";
-  }
-  return "?";
+const LevelNames& NamesOf(LogLevel level) {
+  static constexpr LevelNames kNames[] = {
+      {"D", "debug", "DEBUG"}, {"I", "info", "INFO"}, {"W", "warning", "WARNING"}, {"E", "error", "ERROR"}};
+  return kNames[static_cast<int>(level)];
 }
 
 bool Enabled(LogLevel level) {
@@ -58,9 +41,9 @@ std::string Prefix(LogLevel level, LogFormat format) {
   if (format == LogFormat::kJson) {
     snprintf(head, sizeof(head), "{\"time\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"level\":\"%s\",",
              t.tm_year + 1900, t.tm_mon + 1, t.tm_mday, t.tm_hour, t.tm_min, t.tm_sec, ms,
-             JsonLevelName(level));
+             NamesOf(level).json);
   } else {
-    snprintf(head, sizeof(head), "%s %02d:%02d:%02d.%03ld ", LevelTag(level), t.tm_hour, t.tm_min,
+    snprintf(head, sizeof(head), "%s %02d:%02d:%02d.%03ld ", NamesOf(level).tag, t.tm_hour, t.tm_min,
              t.tm_sec, ms);
   }
   return head;
@@ -128,7 +111,7 @@ void SetLogLevel(LogLevel level) { g_level.store(static_cast<int>(level)); }
 
 bool ParseLogLevel(const char* name, LogLevel* out) {
   for (LogLevel l : {LogLevel::kDebug, LogLevel::kInfo, LogLevel::kWarning, LogLevel::kError}) {
-    if (std::strcmp(name, LevelName(l)) == 0) {
+    if (std::strcmp(name, NamesOf(l).flag) == 0) {
       *out = l;
       return true;
     }

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "base/status_macros.h"
 #include "engine/cpu/cpu_model.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
@@ -66,6 +67,15 @@ SyntheticOptions WholeModelOptions() {
   return so;
 }
 
+// The CPU model's logits for a 5-token prompt and 4 greedy tokens (chunks of 3) from `dir`.
+absl::StatusOr<std::vector<std::vector<float>>> GreedyLogits(const fs::path& dir) {
+  CpuModelOptions o;
+  o.num_threads = 2;
+  EXL3_ASSIGN_OR_RETURN(std::unique_ptr<CpuModel> model, CpuModel::Open(dir.string(), o));
+  EXL3_ASSIGN_OR_RETURN(auto rows, testing::RunGreedy(*model, {{1, 2, 3, 4, 5}}, 4, /*chunk=*/3));
+  return rows[0];
+}
+
 TEST_P(SyntheticWholeModelTest, LoadsAndDecodes) {
   const TestModelSpec spec = WholeModelSpec(GetParam());
   const SyntheticOptions so = WholeModelOptions();
@@ -111,13 +121,9 @@ TEST_P(SyntheticWholeModelTest, LoadsAndDecodes) {
     EXPECT_TRUE((*src)->Has("model.layers.1.self_attn.indexer.weights_proj.weight"));
   }
 
-  CpuModelOptions o;
-  o.num_threads = 2;
-  auto model = CpuModel::Open(dir.string(), o);
-  ASSERT_TRUE(model.ok()) << model.status();
-  auto rows = testing::RunGreedy(**model, {{1, 2, 3, 4, 5}}, 4, /*chunk=*/3);
+  auto rows = GreedyLogits(dir);
   ASSERT_TRUE(rows.ok()) << rows.status();
-  for (const std::vector<float>& row : (*rows)[0])
+  for (const std::vector<float>& row : *rows)
     for (float v : row) ASSERT_TRUE(std::isfinite(v));
   fs::remove_all(dir);
 }
@@ -170,13 +176,9 @@ TEST(SyntheticModelTest, Glm5NextReleaseLayoutDecodesTheSameLogits) {
     EXPECT_EQ(text.contains("linear_num_heads"), !release);
     if (release) EXPECT_EQ(text["linear_attn_config"]["head_dim"], 64);
     EXPECT_EQ(fs::exists(dir / "processor_config.json"), release);
-    CpuModelOptions o;
-    o.num_threads = 2;
-    auto model = CpuModel::Open(dir.string(), o);
-    ASSERT_TRUE(model.ok()) << model.status();
-    auto rows = testing::RunGreedy(**model, {{1, 2, 3, 4, 5}}, 4, /*chunk=*/3);
+    auto rows = GreedyLogits(dir);
     ASSERT_TRUE(rows.ok()) << rows.status();
-    logits.push_back((*rows)[0]);
+    logits.push_back(*std::move(rows));
     fs::remove_all(dir);
   }
   EXPECT_EQ(logits[0], logits[1]);

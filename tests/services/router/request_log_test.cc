@@ -90,6 +90,23 @@ class RequestLogTest : public ::testing::Test {
     return pb::Generator::NewStub(testing::LoopbackChannel(server_->address()));
   }
 
+  // What the service logs for one Generate call of `req` (with `x-request-id` metadata where
+  // given), which must succeed.
+  std::string LogOfGenerate(const pb::GenerateRequest& req, const std::string& x_request_id = "") {
+    auto stub = Stub();
+    ::testing::internal::CaptureStderr();
+    grpc::ClientContext ctx;
+    if (!x_request_id.empty()) ctx.AddMetadata("x-request-id", x_request_id);
+    auto reader = stub->Generate(&ctx, req);
+    pb::GenerateResponse m;
+    while (reader->Read(&m)) {
+    }
+    const grpc::Status st = reader->Finish();
+    std::string log = ::testing::internal::GetCapturedStderr();
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return log;
+  }
+
   static testing::TempDir* dir_;
   static prometheus::Registry* registry_;
   static Generation* generation_;
@@ -178,50 +195,21 @@ TEST_F(RequestLogTest, ARefusedRequestEndsWithItsError) {
 }
 
 TEST_F(RequestLogTest, AGenerateCallWithoutAnIdIsNamedByItsXRequestIdMetadata) {
-  auto stub = Stub();
-  ::testing::internal::CaptureStderr();
-  grpc::ClientContext ctx;
-  ctx.AddMetadata("x-request-id", "client-trace-7");
-  auto reader = stub->Generate(&ctx, Request("", 2));
-  pb::GenerateResponse m;
-  while (reader->Read(&m)) {
-  }
-  const grpc::Status st = reader->Finish();
-  const std::string log = ::testing::internal::GetCapturedStderr();
-  ASSERT_TRUE(st.ok()) << st.error_message();
+  const std::string log = LogOfGenerate(Request("", 2), "client-trace-7");
   EXPECT_EQ(LinesWith(log, "request start id=client-trace-7 ").size(), 1u) << log;
   EXPECT_EQ(LinesWith(log, "request end id=client-trace-7 ").size(), 1u) << log;
 }
 
 TEST_F(RequestLogTest, TheRequestIdOutranksTheMetadata) {
-  auto stub = Stub();
-  ::testing::internal::CaptureStderr();
-  grpc::ClientContext ctx;
-  ctx.AddMetadata("x-request-id", "from-metadata");
-  auto reader = stub->Generate(&ctx, Request("from-request", 2));
-  pb::GenerateResponse m;
-  while (reader->Read(&m)) {
-  }
-  const grpc::Status st = reader->Finish();
-  const std::string log = ::testing::internal::GetCapturedStderr();
-  ASSERT_TRUE(st.ok()) << st.error_message();
+  const std::string log = LogOfGenerate(Request("from-request", 2), "from-metadata");
   EXPECT_EQ(LinesWith(log, "request end id=from-request ").size(), 1u) << log;
   EXPECT_TRUE(LinesWith(log, "from-metadata").empty()) << log;
 }
 
 TEST_F(RequestLogTest, WithTheJsonFormatEachEventIsOneObjectWithItsFields) {
-  auto stub = Stub();
   SetLogFormat(LogFormat::kJson);
-  ::testing::internal::CaptureStderr();
-  grpc::ClientContext ctx;
-  auto reader = stub->Generate(&ctx, Request("chatcmpl-json", 3));
-  pb::GenerateResponse m;
-  while (reader->Read(&m)) {
-  }
-  const grpc::Status st = reader->Finish();
-  const std::string log = ::testing::internal::GetCapturedStderr();
+  const std::string log = LogOfGenerate(Request("chatcmpl-json", 3));
   SetLogFormat(LogFormat::kText);
-  ASSERT_TRUE(st.ok()) << st.error_message();
   std::vector<nlohmann::json> events;
   for (const std::string& line : LinesWith(log, "\"id\":\"chatcmpl-json\"")) {
     events.push_back(nlohmann::json::parse(line));
