@@ -392,7 +392,7 @@ absl::Status CudaModel::RunStep(const StepBatch& batch, const StepOutput& out) {
 absl::Status CudaModel::RunEagerStep(const StepBatch& batch, const StepTokens& tokens, const StepOutput& out) {
   const int T = tokens.num_tokens, R = static_cast<int>(tokens.logit_tokens.size());
   EXL3_RETURN_IF_ERROR(timer_->Begin());
-  EXL3_ASSIGN_OR_RETURN(const CudaStep* step, PrepareStep(tokens, StepLayout{T, 0, 0}, &eager_facts_));
+  EXL3_ASSIGN_OR_RETURN(const CudaStep* step, PrepareStep(tokens, StepLayout{T, 0, 0}, facts_->eager_device()));
   EXL3_RETURN_IF_ERROR(Reserve(T, R, step->splits));
   const bool remote = moe_ != nullptr && moe_->remote();
   const std::vector<MicroBatchRange> micro_batches =

@@ -189,7 +189,6 @@ class CudaModel final : public ModelRunner {
   std::unique_ptr<CudaMoe> moe_;           // null without MoE layers
   CudaLinear head_;
   std::unique_ptr<StepFacts> facts_;
-  DeviceArray<int32_t> eager_facts_;  // eager steps' facts (a decode graph has its own)
   std::unique_ptr<DecodeGraphs> graphs_;
   std::unique_ptr<PhaseTimer> timer_;
   LastStepTimes last_;

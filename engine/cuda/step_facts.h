@@ -81,6 +81,8 @@ class StepFacts {
   std::vector<int32_t>& host() { return host_; }
   // Copies host() into `device` (grown as needed) and points step() there.
   absl::StatusOr<const CudaStep*> Upload(DeviceArray<int32_t>* device, StreamHandle stream);
+  // Where eager steps' facts go (a decode graph has its own array: its launches hold its address).
+  DeviceArray<int32_t>* eager_device() { return &eager_device_; }
   const CudaStep& step() const { return step_; }
 
  private:
@@ -93,6 +95,7 @@ class StepFacts {
   bool prefill_kernel_;
   KvCacheShape cache_;
   std::vector<int32_t> host_;
+  DeviceArray<int32_t> eager_device_;
   // Where Pack put each part (ints from the array's start).
   size_t logit_rows_at_ = 0, split_at_ = 0, tables_at_ = 0, cos_at_ = 0, sin_at_ = 0;
   CudaStep step_;
