@@ -40,7 +40,10 @@
 #   7. (--only glm5, not by default) a synthetic GLM-5.3-Flash (Glm5NextForConditionalGeneration)
 #      at its published shapes as its origin runs it (experts K=2 MCG, attention K=4, head K=6),
 #      GLM5_LAYERS layers (default 8: the 3 dense and 5 MoE; KDA and indexed layers three to one),
-#      through exl3-engine-bench at contexts 1024 and 8192, batches 1, 8, 32, 64.
+#      through exl3-engine-bench at contexts 1024 and 8192, batches 1, 8, 32, 64 ($OUT/glm5-L<layers>.json);
+#      GLM5_DEPTHS "6,10" instead: both depths, then the 45 layers of the published model (too
+#      large for an H100) extrapolated per layer ($OUT/glm5-extrapolated.md,
+#      scripts/gpu/depth_extrapolation.py).
 #   8. (--only spec, not by default) speculative decoding through the engine on the GLM-4.5-Air-shaped
 #      model of 3 (or SPEC_MODEL_DIR): exl3-engine-bench --speculative-acceptance (a drafter that
 #      matches the target with probability p: tokens/s against p and against k at batch 1, 8, 32,
@@ -184,13 +187,25 @@ if [[ " $ONLY " == *" dsa "* ]]; then
   cat "$OUT/dsa-bench.log"
 fi
 if [[ " $ONLY " == *" glm5 "* ]]; then
-  echo "=== exl3-engine-bench (GLM-5.3-Flash, synthetic at the published shapes, ${GLM5_LAYERS:-8} layers)"
-  MODEL=${GLM5_MODEL_DIR:-/tmp/glm5-next-synthetic-${GLM5_LAYERS:-8}}
-  bash scripts/gpu/glm5_next_model.sh "$BIN" "$MODEL" ${GLM5_LAYERS:-8} "$OUT/glm5-model.log" ${GLM5_MODEL_TIMEOUT:-600}
-  timeout ${BENCH_TIMEOUT:-300} "$BIN"/exl3-engine-bench --model "$MODEL" --context ${CONTEXTS:-1024,8192} \
-    --batch ${GLM5_BATCHES:-1,8,32,64} --steps ${STEPS:-12} --json "$OUT/engine-bench.json" > "$OUT/glm5-bench.log" 2>&1
-  echo "glm5 bench exit $?"
-  cat "$OUT/glm5-bench.log"
+  # GLM5_DEPTHS "6,10": both depths, then the 45-layer model extrapolated per layer
+  # (scripts/gpu/depth_extrapolation.py; the whole model does not fit an H100's memory).
+  DEPTHS=${GLM5_DEPTHS:-${GLM5_LAYERS:-8}}
+  for l in ${DEPTHS//,/ }; do
+    echo "=== exl3-engine-bench (GLM-5.3-Flash, synthetic at the published shapes, $l layers)"
+    MODEL=/tmp/glm5-next-synthetic-$l
+    [ -z "${GLM5_DEPTHS:-}" ] && MODEL=${GLM5_MODEL_DIR:-$MODEL}
+    bash scripts/gpu/glm5_next_model.sh "$BIN" "$MODEL" $l "$OUT/glm5-model-L$l.log" ${GLM5_MODEL_TIMEOUT:-600}
+    timeout ${BENCH_TIMEOUT:-300} "$BIN"/exl3-engine-bench --model "$MODEL" --context ${CONTEXTS:-1024,8192} \
+      --batch ${GLM5_BATCHES:-1,8,32,64} --steps ${STEPS:-12} --json "$OUT/glm5-L$l.json" > "$OUT/glm5-bench-L$l.log" 2>&1
+    echo "glm5 bench ($l layers) exit $?"
+    cat "$OUT/glm5-bench-L$l.log"
+    [ -z "${GLM5_DEPTHS:-}" ] || rm -rf "$MODEL"  # room on the disk for the next depth
+  done
+  if [ -n "${GLM5_DEPTHS:-}" ]; then
+    set -- ${GLM5_DEPTHS//,/ }
+    python3 scripts/gpu/depth_extrapolation.py --layers ${GLM5_FULL_LAYERS:-45} "$1:$OUT/glm5-L$1.json" \
+      "$2:$OUT/glm5-L$2.json" | tee "$OUT/glm5-extrapolated.md"
+  fi
 fi
 if [[ " $ONLY " == *" spec "* ]]; then
   echo "=== exl3-engine-bench --speculative-acceptance (speculative decoding through the engine)"
