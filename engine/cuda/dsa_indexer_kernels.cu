@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/launch_status.cuh"
 #include "engine/cuda/block_reduce.cuh"
+#include "engine/cuda/indexer_tile_scores.cuh"
 #include "kernels/cuda/launch.cuh"
 
 namespace exl3::engine::cuda {
@@ -60,8 +61,7 @@ __global__ void IndexerScoresKernel(const float* q, const float* weights, float 
   const int n = min(at.position[t] + 1, row_length);
   const int32_t* table = at.tables + at.table_offset[t];
   const int bs = at.block_size;
-  for (int e = threadIdx.x; e < NI * DI; e += blockDim.x) qs[e] = q[static_cast<size_t>(t) * NI * DI + e];
-  for (int h = threadIdx.x; h < NI; h += blockDim.x) wt[h] = weights[static_cast<size_t>(t) * NI + h] * head_weight;
+  LoadIndexerQuery(q, weights, head_weight, t, NI, DI, qs, wt);
   float* row = scores + static_cast<size_t>(blockIdx.y) * row_length;
   const int pp = threadIdx.x % P, lane_group = threadIdx.x / P;
   for (int tile = blockIdx.x * P; tile < n; tile += gridDim.x * P) {
@@ -76,21 +76,9 @@ __global__ void IndexerScoresKernel(const float* q, const float* weights, float 
       keys[p * (DI + 1) + d] = k;
     }
     __syncthreads();
-    float s = 0.0f;
-    const float* k = keys + pp * (DI + 1);
-    for (int h = lane_group; h < NI; h += kScoreHeadLanes) {
-      const float* qh = qs + h * DI;
-      float dot = 0.0f;
-      for (int d = 0; d < DI; ++d) dot = fmaf(qh[d], k[d], dot);
-      s += wt[h] * fmaxf(dot * scale, 0.0f);
-    }
-    part[lane_group * P + pp] = s;
+    ScoreIndexerTile(qs, wt, keys, NI, DI, scale, pp, lane_group, kScoreHeadLanes, P, part);
     __syncthreads();
-    if (threadIdx.x < P && tile + threadIdx.x < n) {
-      float total = 0.0f;
-      for (int g = 0; g < kScoreHeadLanes; ++g) total += part[g * P + threadIdx.x];
-      row[tile + threadIdx.x] = total;
-    }
+    SumIndexerTile(part, kScoreHeadLanes, P, tile, n, row);
   }
 }
 

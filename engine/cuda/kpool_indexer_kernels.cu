@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cuda/indexer_tile_scores.cuh"
 #include "engine/cuda/launch_status.cuh"
 #include "kernels/cuda/launch.cuh"
 
@@ -37,8 +38,7 @@ __global__ void KpoolScoresKernel(const float* q, const float* weights, float he
   const int32_t* table = at.tables + at.table_offset[t];
   const int bs = at.block_size;
   const int gate_offset = shape.key_offset + D;
-  for (int e = threadIdx.x; e < NI * D; e += blockDim.x) qs[e] = q[static_cast<size_t>(t) * NI * D + e];
-  for (int h = threadIdx.x; h < NI; h += blockDim.x) wt[h] = weights[static_cast<size_t>(t) * NI + h] * head_weight;
+  LoadIndexerQuery(q, weights, head_weight, t, NI, D, qs, wt);
   float* row = scores + static_cast<size_t>(blockIdx.y) * row_length;
   const int pp = threadIdx.x % kPoolTile, group = threadIdx.x / kPoolTile;
   for (int tile = blockIdx.x * kPoolTile; tile < pools; tile += gridDim.x * kPoolTile) {
@@ -78,21 +78,9 @@ __global__ void KpoolScoresKernel(const float* q, const float* weights, float he
       keys[kp * (D + 1) + c] = key;
     }
     __syncthreads();
-    float s = 0.0f;
-    const float* k = keys + pp * (D + 1);
-    for (int h = group; h < NI; h += kHeadGroups) {
-      const float* qh = qs + h * D;
-      float dot = 0.0f;
-      for (int d = 0; d < D; ++d) dot = fmaf(qh[d], k[d], dot);
-      s += wt[h] * fmaxf(dot * scale, 0.0f);
-    }
-    part[group * kPoolTile + pp] = s;
+    ScoreIndexerTile(qs, wt, keys, NI, D, scale, pp, group, kHeadGroups, kPoolTile, part);
     __syncthreads();
-    if (threadIdx.x < kPoolTile && tile + threadIdx.x < pools) {
-      float total = 0.0f;
-      for (int g = 0; g < kHeadGroups; ++g) total += part[g * kPoolTile + threadIdx.x];
-      row[tile + threadIdx.x] = total;
-    }
+    SumIndexerTile(part, kHeadGroups, kPoolTile, tile, pools, row);
   }
 }
 
