@@ -3,8 +3,8 @@
 # (scripts/gpu/exllamav3_bench.py) on the same model directory: time to first token and decode
 # tokens/s at each batch and context. Carry .gpu-check (scripts/gpu/bundle.sh), .exl3v3-a and
 # .exl3v3-b (scripts/gpu/exllamav3_stage.sh); the tracked tree must leave room for them (64 MiB a
-# call: move tests/fixtures/engine, tests/fixtures/exllamav3 and tests/golden/*.safetensors aside
-# for the call, none of which it reads).
+# call: `scripts/dev/fixtures_aside.sh out` sets every fixture aside for the call, none of which
+# it reads; `in` brings them back).
 #   bash scripts/gpu/exllamav3_bench.sh
 # Environment: FAMILY (glm4_moe: GLM-4.5-Air shapes, scripts/gpu/glm45_air_model.sh, the default;
 # glm5_next: GLM-5.3-Flash shapes, scripts/gpu/glm5_next_model.sh), LAYERS (default 8), CONTEXTS (1024,8192), BATCHES (1,8,32,64), STEPS (16).
