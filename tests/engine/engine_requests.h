@@ -7,9 +7,11 @@
 #include <condition_variable>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "engine/core/engine.h"
@@ -112,6 +114,27 @@ inline std::vector<std::vector<SampledToken>> RunAllAtOnce(Engine& engine, const
     out.push_back(r.sampled[id]);
     if (finish != nullptr) finish->push_back(r.finish[id]);
   }
+  return out;
+}
+
+// Every prompt at once (Greedy32, with the top `logprobs`) through an engine over `model` with
+// `kv_blocks` KV blocks of 4 tokens and chunked prefill (24 tokens a step: several steps, prefill
+// chunks beside decode tokens); each request's tokens in prompt order, and the engine's stats at
+// the end in `stats` where given.
+inline std::vector<std::vector<SampledToken>> RunPromptsChunked(std::unique_ptr<ModelRunner> model, int kv_blocks,
+                                                                const std::vector<std::vector<int32_t>>& prompts,
+                                                                int logprobs, EngineStats* stats = nullptr) {
+  EngineOptions eo;
+  eo.block_size = 4;
+  eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, kv_blocks};
+  eo.scheduler.max_num_batched_tokens = 24;
+  Engine engine(eo, std::move(model));
+  EXPECT_TRUE(engine.Start().ok());
+  std::vector<GenerateParams> params;
+  for (const std::vector<int32_t>& p : prompts) params.push_back(Greedy32(p, logprobs));
+  std::vector<std::vector<SampledToken>> out = RunAllAtOnce(engine, params);
+  if (stats != nullptr) *stats = engine.Stats();
+  engine.Stop();
   return out;
 }
 

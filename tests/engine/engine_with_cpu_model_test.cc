@@ -43,21 +43,14 @@ class EngineCpuModelTest : public ::testing::TestWithParam<const char*> {
   // each request's tokens in prompt order.
   std::vector<std::vector<int32_t>> RunAll(int kv_blocks, int64_t* preemptions,
                                            const std::vector<std::vector<int32_t>>& prompts) {
-    EngineOptions eo;
-    eo.block_size = 4;
-    eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, kv_blocks};
-    eo.scheduler.max_num_batched_tokens = 24;  // several steps of chunked prefill
-    Engine engine(eo, OpenFixtureModel(GetParam()));
-    EXPECT_TRUE(engine.Start().ok());
-    std::vector<GenerateParams> params;
-    for (const std::vector<int32_t>& p : prompts) params.push_back(Greedy32(p));
+    EngineStats stats;
     std::vector<std::vector<int32_t>> out;
-    for (const std::vector<SampledToken>& sampled : testing::RunAllAtOnce(engine, params)) {
+    for (const std::vector<SampledToken>& sampled :
+         testing::RunPromptsChunked(OpenFixtureModel(GetParam()), kv_blocks, prompts, /*logprobs=*/0, &stats)) {
       out.emplace_back();
       for (const SampledToken& t : sampled) out.back().push_back(t.token);
     }
-    *preemptions = engine.Stats().preemptions;
-    engine.Stop();
+    *preemptions = stats.preemptions;
     return out;
   }
   std::vector<std::vector<int32_t>> prompts_, greedy_;

@@ -80,18 +80,7 @@ class TransformersEngineTest : public ::testing::Test {
   // with `kv_blocks` blocks of 4 tokens and chunked prefill; each request's tokens in prompt order.
   std::vector<std::vector<SampledToken>> RunAll(int kv_blocks, std::unique_ptr<CpuModel> model,
                                                 EngineStats* stats) {
-    EngineOptions eo;
-    eo.block_size = 4;
-    eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, kv_blocks};
-    eo.scheduler.max_num_batched_tokens = 24;  // several steps of chunked prefill
-    Engine engine(eo, std::move(model));
-    EXPECT_TRUE(engine.Start().ok());
-    std::vector<GenerateParams> params;
-    for (const std::vector<int32_t>& p : prompts_) params.push_back(Greedy32(p, 5));
-    std::vector<std::vector<SampledToken>> out = RunAllAtOnce(engine, params);
-    *stats = engine.Stats();
-    engine.Stop();
-    return out;
+    return RunPromptsChunked(std::move(model), kv_blocks, prompts_, /*logprobs=*/5, stats);
   }
 
   // Every prompt batched (prefill chunks beside other sequences' decode tokens): transformers'

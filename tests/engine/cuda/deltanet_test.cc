@@ -232,18 +232,7 @@ class CudaQwen3NextEngineTest : public ::testing::Test {
   // Every prompt at once through an engine with `kv_blocks` blocks of 4 tokens.
   std::vector<std::vector<SampledToken>> RunAll(int kv_blocks, std::unique_ptr<CudaModel> model,
                                                 EngineStats* stats) {
-    EngineOptions eo;
-    eo.block_size = 4;
-    eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, kv_blocks};
-    eo.scheduler.max_num_batched_tokens = 24;  // several steps of chunked prefill
-    Engine engine(eo, std::move(model));
-    EXPECT_TRUE(engine.Start().ok());
-    std::vector<GenerateParams> params;
-    for (const std::vector<int32_t>& p : prompts_) params.push_back(testing::Greedy32(p, 5));
-    std::vector<std::vector<SampledToken>> out = testing::RunAllAtOnce(engine, params);
-    *stats = engine.Stats();
-    engine.Stop();
-    return out;
+    return testing::RunPromptsChunked(std::move(model), kv_blocks, prompts_, /*logprobs=*/5, stats);
   }
   std::vector<std::vector<int32_t>> prompts_, greedy_;
   std::vector<std::vector<std::vector<double>>> want_logprobs_;  // [prompt][step][vocab]
