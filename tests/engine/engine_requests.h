@@ -3,7 +3,9 @@
 // requests, every event's tokens (with their logprobs) and finish per request id.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -28,6 +30,16 @@ inline std::vector<std::vector<int32_t>> Int32Rows(const TensorSource& src, cons
     out.emplace_back(t.as<int32_t>(), t.as<int32_t>() + t.info->num_elements());
   }
   return out;
+}
+
+// A logits row's log-probabilities, in double.
+inline std::vector<double> LogSoftmax(const float* row, int vocab) {
+  const float m = *std::max_element(row, row + vocab);
+  double sum = 0;
+  for (int v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - m);
+  std::vector<double> lp;
+  for (int v = 0; v < vocab; ++v) lp.push_back(row[v] - m - std::log(sum));
+  return lp;
 }
 
 // 32 greedy tokens (ignoring end of sequence) of `prompt`, with the top `logprobs` of each.

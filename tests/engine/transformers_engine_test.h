@@ -39,12 +39,7 @@ class TransformersEngineTest : public ::testing::Test {
       const std::vector<float> logits = *ToFloat32(*(*ref)->Get("logits." + std::to_string(i)));
       std::vector<std::vector<double>>& steps = want_logprobs_.emplace_back();
       for (size_t j = 0; j < greedy_[i].size(); ++j) {
-        const float* row = &logits[(prompts_[i].size() - 1 + j) * vocab];
-        const float m = *std::max_element(row, row + vocab);
-        double sum = 0;
-        for (int v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - m);
-        std::vector<double>& lp = steps.emplace_back();
-        for (int v = 0; v < vocab; ++v) lp.push_back(row[v] - m - std::log(sum));
+        steps.push_back(LogSoftmax(&logits[(prompts_[i].size() - 1 + j) * vocab], vocab));
       }
     }
   }

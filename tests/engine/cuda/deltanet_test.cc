@@ -188,11 +188,7 @@ class CudaQwen3NextEngineTest : public ::testing::Test {
       allowed_.emplace_back();
       for (size_t j = 0; j < greedy_[i].size(); ++j) {
         const float* row = &logits[(prompts_[i].size() - 1 + j) * vocab];
-        const float m = *std::max_element(row, row + vocab);
-        double sum = 0;
-        for (int v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - m);
-        std::vector<double>& lp = steps.emplace_back();
-        for (int v = 0; v < vocab; ++v) lp.push_back(row[v] - m - std::log(sum));
+        steps.push_back(testing::LogSoftmax(row, vocab));
         double norm = 0;
         for (int v = 0; v < vocab; ++v) norm += static_cast<double>(row[v]) * row[v];
         allowed_[i].push_back(2 * kLogitsRelTolerance * std::sqrt(norm));
