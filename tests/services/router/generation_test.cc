@@ -17,28 +17,10 @@
 #include "services/router/router_core.h"
 #include "tests/engine/engine_requests.h"
 #include "tests/services/common/service_test_util.h"
-#include "tools/test_model/test_model.h"
+#include "tests/services/router/router_test_model.h"
 
 namespace exl3::router {
 namespace {
-
-// A whole glm4_moe model the CPU engine runs: 2 layers (the first dense), 4 experts top-2, one
-// shared expert.
-absl::Status WriteModel(const std::string& dir) {
-  TestModelSpec spec;
-  spec.arch = "glm4_moe";
-  spec.layers = 2;
-  spec.hidden = 256;
-  spec.experts = 4;
-  spec.top_k = 2;
-  spec.heads = 4;
-  spec.vocab = 256;
-  SyntheticOptions so;
-  so.whole_model = true;
-  so.bits = 3;
-  so.progress = false;
-  return WriteSyntheticExl3Model(spec, so, dir);
-}
 
 // Reads DIR/config.json, then leaves text in its place that no config reader accepts.
 ConfigFile ReadThenSpoilConfig(const std::string& dir) {
@@ -61,7 +43,7 @@ GenerationOptions SmallEngine(const std::string& dir) {
 // the engine the rest of the model, both from the one read.
 TEST(GenerationStart, RouterCoreAndEngineStartFromOneReadOfConfigJson) {
   testing::TempDir dir;
-  ASSERT_TRUE(WriteModel(dir.path()).ok());
+  ASSERT_TRUE(testing::WriteRouterTestModel(dir.path()).ok());
   const std::string map = dir.path() + "/map.yaml";
   std::ofstream(map) << "workers:\n"
                         "  - name: a\n    address: 127.0.0.1:1\n    experts: 0-3\n";
@@ -95,7 +77,7 @@ TEST(GenerationStart, RouterCoreAndEngineStartFromOneReadOfConfigJson) {
 // file before it was spoiled.
 TEST(GenerationStart, ExpertsHeldHereAnswerAsFromTheFile) {
   testing::TempDir dir;
-  ASSERT_TRUE(WriteModel(dir.path()).ok());
+  ASSERT_TRUE(testing::WriteRouterTestModel(dir.path()).ok());
   const GenerationOptions o = SmallEngine(dir.path());
   const std::vector<engine::GenerateParams> requests = {
       engine::testing::Greedy32({1, 2, 3, 4, 5}), engine::testing::Greedy32({200, 17, 9})};

@@ -21,7 +21,7 @@
 #include "services/router/generation.h"
 #include "tests/services/common/grpc_test_util.h"
 #include "tests/services/common/service_test_util.h"
-#include "tools/test_model/test_model.h"
+#include "tests/services/router/router_test_model.h"
 
 namespace exl3::router {
 namespace {
@@ -51,15 +51,7 @@ class RequestLogTest : public ::testing::Test {
   static void SetUpTestSuite() {
     SetLogLevel(LogLevel::kInfo);
     dir_ = new testing::TempDir();
-    TestModelSpec spec;  // glm4_moe: 2 layers (the first dense), 4 experts
-    spec.layers = 2;
-    spec.experts = 4;
-    spec.top_k = 2;
-    spec.vocab = 256;
-    SyntheticOptions so;
-    so.whole_model = true;
-    so.progress = false;
-    ASSERT_TRUE(WriteSyntheticExl3Model(spec, so, dir_->path()).ok());
+    ASSERT_TRUE(testing::WriteRouterTestModel(dir_->path()).ok());
     registry_ = new prometheus::Registry();
     GenerationOptions o;
     o.model_dir = dir_->path();
