@@ -23,11 +23,13 @@ trap 'exit 130' INT TERM
 # in_demo_group PATTERN: the processes of the demo's group whose command line matches PATTERN.
 in_demo_group() { pgrep -a -g "$demo" -f "$1" || true; }
 
-# left_behind WHAT: fails, listing them, if processes of the demo's group outlived the demo.
+# left_behind WHAT: fails, listing them, if processes of the demo's group outlived the demo. A
+# zombie is not counted: it has ended and holds nothing; an orphaned one waits for PID 1 to reap
+# it, which some machines' init does only seconds later.
 left_behind() {
   local left
   sleep 1
-  left=$(pgrep -a -g "$demo" || true)
+  left=$(pgrep -a -g "$demo" -r R,S,D,T,t,I || true)
   if [ -n "$left" ]; then
     echo "$1 left processes running (process group $demo):" >&2
     echo "$left" >&2
