@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "model/encoder/progress.h"
 #include "tools/test_model/family_config.h"
 #include "tools/test_model/generated_tensor.h"
@@ -18,10 +19,7 @@ using nlohmann::json;
 namespace {
 
 absl::Status WriteSideFiles(const TestModelSpec& s, const fs::path& dir) {
-  for (const auto& [name, content] : TestModelSideFiles(s)) {
-    absl::Status st = WriteJson(dir / name, content);
-    if (!st.ok()) return st;
-  }
+  for (const auto& [name, content] : TestModelSideFiles(s)) EXL3_RETURN_IF_ERROR(WriteJson(dir / name, content));
   return absl::OkStatus();
 }
 
