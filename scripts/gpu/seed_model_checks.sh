@@ -2,8 +2,11 @@
 # The GPU checks the seed-models and speculative-decoding issues wait on, in one short device call:
 # Qwen4-Exp's whole model, MTP drafting and speculative decoding on the GPU engine (after the PLE
 # table fix), glm_moe_dsa_mtp's greedy generation with MTP (its log names plain decoding's top-2 gap
-# where a token differs), and the kernel tests whose set-ups moved. Needs the bundle (.gpu-check,
-# scripts/gpu/bundle.sh) and these fixtures, the rest set aside to fit a call:
+# where a token differs), and the kernel tests whose set-ups moved. Needs the bundle of the
+# binaries it runs (carry .gpu-check):
+#   CUDA_ARCHITECTURES=90 ONLY="engine_cuda_model_test engine_cuda_mtp_test engine_cuda_speculative_test \
+#     engine_cuda_kpool_test engine_cuda_latent_attention_test engine_cuda_qsa_test" scripts/gpu/bundle.sh
+# and these fixtures, the rest set aside to fit a call:
 #   scripts/dev/fixtures_aside.sh out qwen4_exp_all qwen4_exp_experts qwen4_exp_mtp \
 #     qwen4_exp_ngram_hash.json glm_moe_dsa_mtp qwen3_next_all glm5_next_all deepseek_v4_all
 #   bash scripts/gpu/seed_model_checks.sh        (LIMIT: seconds it may take, default 220)
