@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace exl3::engine {
 
@@ -75,33 +76,48 @@ void SequenceStateSlots::CommitStep(const StepBatch& batch) {
   }
 }
 
-SequenceStateStore::SequenceStateStore(std::vector<int64_t> floats_per_layer, int num_slots,
-                                       int max_kept_states)
-    : floats_per_layer_(std::move(floats_per_layer)), slots_(num_slots, max_kept_states) {
-  for (int64_t n : floats_per_layer_) {
-    layer_offset_.push_back(floats_per_copy_);
-    floats_per_copy_ += n;
+StateCopyLayout::StateCopyLayout(const std::vector<int64_t>& floats_per_layer) {
+  for (int64_t n : floats_per_layer) {
+    layer_offset.push_back(floats);
+    floats += n;
   }
 }
 
-absl::StatusOr<std::unique_ptr<SequenceStateStore>> SequenceStateStore::Create(
-    std::vector<int64_t> floats_per_layer, int num_slots, int max_kept_states) {
+absl::Status CheckStateStoreShape(int num_slots, int max_kept_states) {
   if (num_slots < 1)
     return absl::InvalidArgumentError(absl::StrCat("a state store of ", num_slots, " slots"));
   if (max_kept_states < 1)
     return absl::InvalidArgumentError(absl::StrCat("a state store keeping ", max_kept_states,
                                                    " states per chunk"));
+  return absl::OkStatus();
+}
+
+absl::Status StateStoreTooLarge(const char* store, int num_slots, int copies, int64_t copy_floats,
+                                int max_kept_states) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      store, " (", num_slots, " slots x ", copies, " copies x ", copy_floats * 4,
+      " bytes) cannot be allocated; lower --max-num-seqs",
+      max_kept_states > 1 ? " or --num-speculative-tokens (each draft position keeps a copy)" : ""));
+}
+
+SequenceStateStore::SequenceStateStore(std::vector<int64_t> floats_per_layer, int num_slots,
+                                       int max_kept_states)
+    : floats_per_layer_(std::move(floats_per_layer)),
+      layout_(floats_per_layer_),
+      slots_(num_slots, max_kept_states) {}
+
+absl::StatusOr<std::unique_ptr<SequenceStateStore>> SequenceStateStore::Create(
+    std::vector<int64_t> floats_per_layer, int num_slots, int max_kept_states) {
+  EXL3_RETURN_IF_ERROR(CheckStateStoreShape(num_slots, max_kept_states));
   std::unique_ptr<SequenceStateStore> s(
       new SequenceStateStore(std::move(floats_per_layer), num_slots, max_kept_states));
   const int copies = s->slots_.num_copies();
-  const size_t n = static_cast<size_t>(num_slots) * copies * s->floats_per_copy_;
+  const size_t n = static_cast<size_t>(num_slots) * copies * s->layout_.floats;
   // Zeroed pages from the system: a slot's memory is touched only once a sequence uses it.
   s->data_.reset(static_cast<float*>(std::calloc(std::max<size_t>(n, 1), sizeof(float))));
   if (s->data_ == nullptr)
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the per-sequence state store (", num_slots, " slots x ", copies, " copies x ",
-        s->floats_per_copy_ * 4, " bytes) cannot be allocated; lower --max-num-seqs",
-        max_kept_states > 1 ? " or --num-speculative-tokens (each draft position keeps a copy)" : ""));
+    return StateStoreTooLarge("the per-sequence state store", num_slots, copies, s->layout_.floats,
+                              max_kept_states);
   return s;
 }
 
@@ -110,7 +126,7 @@ absl::Status SequenceStateStore::BeginStep(const StepBatch& batch) {
   if (!fresh.ok()) return fresh.status();
   for (int slot : *fresh) {
     float* current = data_.get() + CopyOffset(slot, slots_.CurrentCopy(slot));
-    std::fill_n(current, floats_per_copy_, 0.0f);
+    std::fill_n(current, layout_.floats, 0.0f);
   }
   return absl::OkStatus();
 }

@@ -91,6 +91,20 @@ class SequenceStateSlots {
   int num_copies_;
 };
 
+// One copy of a slot as both state stores (this one and engine/cuda/device_sequence_states.h) lay
+// it out: every layer's state one after the other.
+struct StateCopyLayout {
+  explicit StateCopyLayout(const std::vector<int64_t>& floats_per_layer);
+  std::vector<int64_t> layer_offset;  // first float of each layer within the copy
+  int64_t floats = 0;                 // the copy's floats
+};
+// The stores' shape: INVALID_ARGUMENT below one slot or one kept state.
+absl::Status CheckStateStoreShape(int num_slots, int max_kept_states);
+// The RESOURCE_EXHAUSTED of a store that cannot be had (`store`: what it is, e.g. "the per-sequence
+// state store on the GPU"), naming the flags that make it smaller.
+absl::Status StateStoreTooLarge(const char* store, int num_slots, int copies, int64_t copy_floats,
+                                int max_kept_states);
+
 // The state on the CPU: per slot, 1 + max_kept_states copies of every layer's floats (layers
 // without state: 0). Allocated zeroed by the system (calloc), so slots and copies that never run
 // take no memory.
@@ -123,15 +137,14 @@ class SequenceStateStore {
  private:
   SequenceStateStore(std::vector<int64_t> floats_per_layer, int num_slots, int max_kept_states);
   size_t CopyOffset(int slot, int copy) const {
-    return (static_cast<size_t>(slot) * slots_.num_copies() + copy) * floats_per_copy_;
+    return (static_cast<size_t>(slot) * slots_.num_copies() + copy) * layout_.floats;
   }
   size_t Offset(int layer, int slot, int copy) const {
-    return CopyOffset(slot, copy) + layer_offset_[layer];
+    return CopyOffset(slot, copy) + layout_.layer_offset[layer];
   }
 
   std::vector<int64_t> floats_per_layer_;
-  std::vector<int64_t> layer_offset_;  // first float of each layer within one copy
-  int64_t floats_per_copy_ = 0;
+  StateCopyLayout layout_;
   SequenceStateSlots slots_;
   struct Free {
     void operator()(float* p) const { std::free(p); }

@@ -12,30 +12,19 @@ namespace exl3::engine::cuda {
 
 DeviceSequenceStates::DeviceSequenceStates(std::vector<int64_t> floats_per_layer, int num_slots,
                                            int max_kept_states)
-    : slots_(num_slots, max_kept_states) {
-  for (int64_t n : floats_per_layer) {
-    layer_offset_.push_back(row_floats_);
-    row_floats_ += n;
-  }
-}
+    : layout_(floats_per_layer), slots_(num_slots, max_kept_states) {}
 
 absl::StatusOr<std::unique_ptr<DeviceSequenceStates>> DeviceSequenceStates::Create(
     std::vector<int64_t> floats_per_layer, int num_slots, int max_kept_states) {
-  if (num_slots < 1)
-    return absl::InvalidArgumentError(absl::StrCat("a state store of ", num_slots, " slots"));
-  if (max_kept_states < 1)
-    return absl::InvalidArgumentError(absl::StrCat("a state store keeping ", max_kept_states,
-                                                   " states per chunk"));
+  EXL3_RETURN_IF_ERROR(CheckStateStoreShape(num_slots, max_kept_states));
   std::unique_ptr<DeviceSequenceStates> s(
       new DeviceSequenceStates(std::move(floats_per_layer), num_slots, max_kept_states));
   const int copies = s->num_copies();
   const size_t rows = static_cast<size_t>(num_slots) * copies + 2;
-  const size_t n = std::max<size_t>(rows * s->row_floats_, 1);
+  const size_t n = std::max<size_t>(rows * s->layout_.floats, 1);
   if (!s->data_.Reserve(n).ok())
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the per-sequence state store on the GPU (", num_slots, " slots x ", copies, " copies x ",
-        s->row_floats_ * 4, " bytes) cannot be allocated; lower --max-num-seqs",
-        max_kept_states > 1 ? " or --num-speculative-tokens (each draft position keeps a copy)" : ""));
+    return StateStoreTooLarge("the per-sequence state store on the GPU", num_slots, copies, s->layout_.floats,
+                              max_kept_states);
   EXL3_CUDA_RETURN_IF_ERROR(cudaMemset(s->data_.get(), 0, n * sizeof(float)));
   EXL3_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());  // the engine's stream does not wait for it
   return s;
@@ -45,8 +34,8 @@ absl::Status DeviceSequenceStates::BeginStep(const StepBatch& batch, StreamHandl
   EXL3_ASSIGN_OR_RETURN(std::vector<int> fresh, slots_.BeginStep(batch));
   for (int slot : fresh) {
     EXL3_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
-        data_.get() + static_cast<size_t>(ReadRow(slot)) * row_floats_, 0,
-        static_cast<size_t>(row_floats_) * sizeof(float), static_cast<cudaStream_t>(stream)));
+        data_.get() + static_cast<size_t>(ReadRow(slot)) * layout_.floats, 0,
+        static_cast<size_t>(layout_.floats) * sizeof(float), static_cast<cudaStream_t>(stream)));
   }
   return absl::OkStatus();
 }

@@ -61,15 +61,14 @@ class DeviceSequenceStates {
   int32_t WriteRow(int slot) const { return KeptRow(slot, NumKeptStates(slot) - 1); }
   int32_t padding_read_row() const { return num_slots() * num_copies(); }
   int32_t padding_write_row() const { return padding_read_row() + 1; }
-  int64_t row_floats() const { return row_floats_; }
+  int64_t row_floats() const { return layout_.floats; }
   // Layer l's part of row 0 (RecurrentChunks::states).
-  float* layer(int l) const { return data_.get() + layer_offset_[l]; }
+  float* layer(int l) const { return data_.get() + layout_.layer_offset[l]; }
 
  private:
   DeviceSequenceStates(std::vector<int64_t> floats_per_layer, int num_slots, int max_kept_states);
 
-  std::vector<int64_t> layer_offset_;
-  int64_t row_floats_ = 0;
+  StateCopyLayout layout_;  // a row: one copy of a slot
   SequenceStateSlots slots_;
   DeviceArray<float> data_;
 };
