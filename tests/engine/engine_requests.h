@@ -129,6 +129,19 @@ inline std::vector<std::vector<SampledToken>> RunAllAtOnce(Engine& engine, const
   return out;
 }
 
+// Submits `params` twice, the second once the first has ended (the second can find the first's
+// blocks in the prefix cache); the two request ids.
+inline std::pair<uint64_t, uint64_t> SubmitTwiceInTurn(Engine& engine, const GenerateParams& params,
+                                                        RequestResults& r) {
+  auto first = engine.Submit(params, r.Callback());
+  EXPECT_TRUE(first.ok()) << first.status();
+  r.Wait(1);
+  auto second = engine.Submit(params, r.Callback());
+  EXPECT_TRUE(second.ok()) << second.status();
+  r.Wait(2);
+  return {first.value_or(0), second.value_or(0)};
+}
+
 // Every prompt at once (Greedy32, with the top `logprobs`) through an engine over `model` with
 // `kv_blocks` KV blocks of 4 tokens and chunked prefill (24 tokens a step: several steps, prefill
 // chunks beside decode tokens); each request's tokens in prompt order, and the engine's stats at

@@ -79,17 +79,11 @@ TEST_P(EngineCpuModelTest, PrefixCacheHitGivesTheSameTokens) {
   Engine engine(eo, OpenFixtureModel(GetParam()));
   ASSERT_TRUE(engine.Start().ok());
   RequestResults r;
-  const GenerateParams g = Greedy32(prompts_[3]);  // 40 tokens
-  auto first = engine.Submit(g, r.Callback());
-  ASSERT_TRUE(first.ok());
-  r.Wait(1);
-  auto second = engine.Submit(g, r.Callback());
-  ASSERT_TRUE(second.ok());
-  r.Wait(2);
-  EXPECT_EQ(r.TokenIds(*first), greedy_[3]);
-  EXPECT_EQ(r.TokenIds(*second), greedy_[3]);
-  EXPECT_EQ(r.finish[*first].usage.cached_tokens, 0);
-  EXPECT_EQ(r.finish[*second].usage.cached_tokens, 36);  // 9 full blocks; the last token runs
+  const auto [first, second] = testing::SubmitTwiceInTurn(engine, Greedy32(prompts_[3]), r);  // 40 tokens
+  EXPECT_EQ(r.TokenIds(first), greedy_[3]);
+  EXPECT_EQ(r.TokenIds(second), greedy_[3]);
+  EXPECT_EQ(r.finish[first].usage.cached_tokens, 0);
+  EXPECT_EQ(r.finish[second].usage.cached_tokens, 36);  // 9 full blocks; the last token runs
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineCpuModelTest, ::testing::ValuesIn(kFixtures));

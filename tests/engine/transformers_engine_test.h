@@ -116,16 +116,10 @@ class TransformersEngineTest : public ::testing::Test {
     ASSERT_TRUE(engine.Start().ok());
     EXPECT_FALSE(PrefixCachingUsable(engine.model_info()));
     RequestResults r;
-    const GenerateParams g = Greedy32(prompts_[3], 5);
-    auto first = engine.Submit(g, r.Callback());
-    ASSERT_TRUE(first.ok());
-    r.Wait(1);
-    auto second = engine.Submit(g, r.Callback());
-    ASSERT_TRUE(second.ok());
-    r.Wait(2);
-    ExpectTransformers(3, r.sampled[*first]);
-    ExpectTransformers(3, r.sampled[*second]);
-    EXPECT_EQ(r.finish[*second].usage.cached_tokens, 0);
+    const auto [first, second] = SubmitTwiceInTurn(engine, Greedy32(prompts_[3], 5), r);
+    ExpectTransformers(3, r.sampled[first]);
+    ExpectTransformers(3, r.sampled[second]);
+    EXPECT_EQ(r.finish[second].usage.cached_tokens, 0);
     EXPECT_EQ(engine.Stats().prefix_cache_hit_tokens, 0);
   }
 
