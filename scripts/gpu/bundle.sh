@@ -32,8 +32,9 @@ selected=""
 for name in $TOOLS $TESTS; do
   if [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $name "* ]]; then selected="$selected $name"; fi
 done
+known=" $(echo $TOOLS $TESTS) "  # one space between names, none at line ends
 for name in ${ONLY:-}; do
-  [[ " $TOOLS $TESTS " == *" $name "* ]] || { echo "bundle.sh: ONLY names $name, which it does not bundle" >&2; exit 2; }
+  [[ "$known" == *" $name "* ]] || { echo "bundle.sh: ONLY names $name, which it does not bundle" >&2; exit 2; }
 done
 cmake --build "$BUILD" -j2 --target $selected
 rm -rf .gpu-deps
