@@ -36,10 +36,17 @@ absl::Status CheckSupported(const ModelConfig& cfg, const CudaModelOptions& opti
   return absl::OkStatus();
 }
 
-bool IsDecodeStep(const StepBatch& batch) {
+// The tokens of each chunk of a step a decode or verify graph can run (every chunk that many
+// tokens, each wanting its logits for the next token: a decode step's 1, a verify step's k + 1),
+// or 0.
+int UniformTokensPerChunk(const StepBatch& batch) {
+  if (batch.chunks.empty()) return 0;
+  const size_t n = batch.chunks[0].tokens.size();
   for (const SequenceChunk& c : batch.chunks)
-    if (c.tokens.size() != 1 || !c.wants_logits) return false;
-  return true;
+    if (c.tokens.size() != n || !c.wants_logits || c.num_logit_rows != static_cast<int>(n) ||
+        c.logit_rows_use != LogitRowsUse::kNextTokens)
+      return 0;
+  return static_cast<int>(n);
 }
 
 }  // namespace
@@ -294,14 +301,15 @@ absl::Status CudaModel::FinishStep(int rows, const StepOutput& out) {
   return absl::OkStatus();
 }
 
-absl::Status CudaModel::RunDecodeGraph(const StepTokens& tokens, const StepOutput& out) {
-  const int B = tokens.num_tokens, rows = DecodeGraphs::BucketRows(B);
+absl::Status CudaModel::RunStepGraph(const StepTokens& tokens, int tokens_per_chunk, const StepOutput& out) {
+  const int T = tokens.num_tokens, B = static_cast<int>(tokens.batch->chunks.size());
+  const int rows = DecodeGraphs::GraphRows(B, tokens_per_chunk);
   const int splits = facts_->DecodeSplits(rows);
   EXL3_RETURN_IF_ERROR(Reserve(rows, rows, splits));  // may drop every graph
   int table_ints = 0;
   for (const SequenceChunk& c : tokens.batch->chunks)
     table_ints = std::max(table_ints, static_cast<int>(c.block_table.size()));
-  DecodeGraph& g = graphs_->Get(B, table_ints, device_->workspace().allocations());
+  DecodeGraph& g = graphs_->Get(B, tokens_per_chunk, table_ints, device_->workspace().allocations());
   EXL3_ASSIGN_OR_RETURN(const CudaStep* step, PrepareStep(tokens, StepLayout{rows, g.table_stride, splits}, &g.facts));
   const std::vector<MicroBatchRange> whole = {MicroBatchRange{0, static_cast<int>(tokens.batch->chunks.size()), 0, rows}};
   if (g.exec == nullptr) {
@@ -309,7 +317,7 @@ absl::Status CudaModel::RunDecodeGraph(const StepTokens& tokens, const StepOutpu
     // phase times apportion the graph's), then capture the same launches for the next steps.
     EXL3_RETURN_IF_ERROR(timer_->Begin());
     EXL3_RETURN_IF_ERROR(RunLayers(*step, whole, rows, nullptr));
-    EXL3_RETURN_IF_ERROR(FinishStep(B, out));
+    EXL3_RETURN_IF_ERROR(FinishStep(T, out));
     g.phases = last_.phases;
     g.workspace_allocations = device_->workspace().allocations();  // as the eager run left it
     timer_->set_recording(false);
@@ -320,15 +328,16 @@ absl::Status CudaModel::RunDecodeGraph(const StepTokens& tokens, const StepOutpu
   }
   EXL3_RETURN_IF_ERROR(timer_->Begin());
   EXL3_RETURN_IF_ERROR(graphs_->Replay(g, device_->stream()));
-  EXL3_RETURN_IF_ERROR(FinishStep(B, out));
+  EXL3_RETURN_IF_ERROR(FinishStep(T, out));
   // The replay's time falls between the start and the head's mark.
   last_.phases = ApportionReplay(g.phases, last_.phases.head_s, last_.phases.sample_s);
   return absl::OkStatus();
 }
 
 absl::Status CudaModel::CheckDraftVerification() const {
-  // A verify chunk runs as a prefill chunk does (eagerly, not in a decode graph) and wants the logits
-  // of its last rows (StepTokens::logit_tokens). Attention keeps nothing of a rejected position but
+  // A verify chunk runs as a decode-like chunk of several tokens (in a verify graph where every
+  // chunk of the step has the same length, engine/cuda/decode_graphs.h) and wants the logits of its
+  // last rows (StepTokens::logit_tokens). Attention keeps nothing of a rejected position but
   // its cache slot, which the sequence's next chunk overwrites before anything reads it: GLM-5.3-
   // Flash's k-pooled indexer and Qwen4-Exp's QSA form each query's pool / block keys afresh from
   // the complete pools at or before its own position (engine/cuda/kpool_indexer_kernels.h,
@@ -379,10 +388,11 @@ absl::Status CudaModel::RunStep(const StepBatch& batch, const StepOutput& out) {
   // synchronisation, makes those current, so a step that fails leaves every state as it was
   // (engine/core/model_runner.h).
   for (const auto& kind : mixers_.kinds) EXL3_RETURN_IF_ERROR(kind->BeginStep(batch, device_->stream()));
-  // A step that keeps its states runs eagerly (a decode graph gathers only its logit rows).
+  // A step that keeps its states runs eagerly (a graph gathers only its logit rows).
+  const int tokens_per_chunk = UniformTokensPerChunk(batch);
   const bool graph = graphs_->enabled() && (moe_ == nullptr || !moe_->remote()) && !batch.keep_hidden_states &&
-                     tokens.num_tokens <= DecodeGraphs::kMaxRows && IsDecodeStep(batch);
-  EXL3_RETURN_IF_ERROR(graph ? RunDecodeGraph(tokens, out) : RunEagerStep(batch, tokens, out));
+                     DecodeGraphs::GraphRows(static_cast<int>(batch.chunks.size()), tokens_per_chunk) > 0;
+  EXL3_RETURN_IF_ERROR(graph ? RunStepGraph(tokens, tokens_per_chunk, out) : RunEagerStep(batch, tokens, out));
   for (const auto& kind : mixers_.kinds) EXL3_RETURN_IF_ERROR(kind->EndStep(batch, device_->stream()));
   residual_->EndStep();
   if (batch.keep_hidden_states) mtp_->RecordKept(batch);

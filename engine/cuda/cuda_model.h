@@ -59,7 +59,8 @@ struct CudaModelOptions {
   // at 1k, 2434 -> 1864 ms at 8k against 512), for a workspace of about 0.8 GB at those shapes.
   int max_moe_tokens = 2048;
   // Decode steps (one token per sequence, up to 64 sequences, experts on this GPU) replay a CUDA
-  // graph captured per batch-size bucket (engine/cuda/decode_graphs.h). A capture that fails turns
+  // graph captured per batch-size bucket, and verify steps of speculative decoding one per
+  // shape (engine/cuda/decode_graphs.h). A capture that fails turns
   // graphs off with a warning. DeepSeek-V4 ignores it (engine/cuda/dsv4_mixer.h says why).
   bool cuda_graphs = true;
   // Chunks of at least kPrefillMinTokens tokens of one sequence (head dims 64, 128, 256) run
@@ -124,6 +125,8 @@ class CudaModel final : public ModelRunner {
   // With remote experts: the last Forward's exchanges (copies out and back, calls); else empty.
   const RemoteExchangeTimes& LastExchangeTimes() const { return last_.exchange; }
   int micro_batches() const { return moe_ != nullptr ? moe_->micro_batches() : 1; }
+  // Steps run by replaying a decode or verify graph (engine/cuda/decode_graphs.h), ever.
+  int64_t graph_replays() const { return graphs_->replays(); }
 
  private:
   using FeedForward = std::variant<CudaDenseMlp, CudaMoeLayer>;
@@ -175,7 +178,7 @@ class CudaModel final : public ModelRunner {
   absl::Status FinishStep(int rows, const StepOutput& out);
   absl::Status RunStep(const StepBatch& batch, const StepOutput& out);
   absl::Status RunEagerStep(const StepBatch& batch, const StepTokens& tokens, const StepOutput& out);
-  absl::Status RunDecodeGraph(const StepTokens& tokens, const StepOutput& out);
+  absl::Status RunStepGraph(const StepTokens& tokens, int tokens_per_chunk, const StepOutput& out);
   // Room for a step of T rows to keep its states (before its launches).
   absl::Status ReserveKeptStates(int T);
 

@@ -28,14 +28,18 @@ void Destroy(DecodeGraph& g) {
 
 }  // namespace
 
-int DecodeGraphs::BucketRows(int batch) { return kBuckets[BucketIndex(batch)]; }
+int DecodeGraphs::GraphRows(int sequences, int tokens_per_sequence) {
+  if (sequences < 1 || tokens_per_sequence < 1) return 0;
+  if (tokens_per_sequence == 1) return sequences <= kMaxRows ? kBuckets[BucketIndex(sequences)] : 0;
+  if (tokens_per_sequence > kMaxVerifyTokens || sequences > kMaxVerifySequences) return 0;
+  return sequences * tokens_per_sequence;
+}
 
-DecodeGraph& DecodeGraphs::Get(int batch, int table_ints, uint64_t workspace_allocations) {
-  const size_t index = BucketIndex(batch);
+DecodeGraph& DecodeGraphs::Get(int sequences, int tokens_per_sequence, int table_ints, uint64_t workspace_allocations) {
+  const int rows = GraphRows(sequences, tokens_per_sequence);
   int stride = 16;
   while (stride < table_ints) stride *= 2;
-  if (graphs_.size() <= index) graphs_.resize(index + 1);
-  std::unique_ptr<DecodeGraph>& slot = graphs_[index];
+  std::unique_ptr<DecodeGraph>& slot = graphs_[{rows, tokens_per_sequence}];
   // A longer context than it was made for, or a step since its capture grew the kernels'
   // workspace (a long prompt's chunk): its launches would use the freed buffers.
   if (slot != nullptr && (slot->table_stride < stride || slot->workspace_allocations != workspace_allocations)) {
@@ -44,7 +48,7 @@ DecodeGraph& DecodeGraphs::Get(int batch, int table_ints, uint64_t workspace_all
   }
   if (slot == nullptr) {
     slot = std::make_unique<DecodeGraph>();
-    slot->rows = kBuckets[index];
+    slot->rows = rows;
     slot->table_stride = stride;
   }
   return *slot;
@@ -62,7 +66,7 @@ absl::Status DecodeGraphs::Capture(DecodeGraph& g, StreamHandle handle, const st
   if (graph != nullptr) cudaGraphDestroy(graph);
   cudaGetLastError();  // a failed capture leaves its error behind
   if (!run.ok() || end != cudaSuccess || inst != cudaSuccess) {
-    LogWarning("CUDA engine: decode graph capture for batch %d failed (%s); running without graphs", g.rows,
+    LogWarning("CUDA engine: step graph capture for %d rows failed (%s); running without graphs", g.rows,
                !run.ok() ? std::string(run.message()).c_str() : cudaGetErrorString(end != cudaSuccess ? end : inst));
     enabled_ = false;
     return absl::OkStatus();
@@ -71,16 +75,16 @@ absl::Status DecodeGraphs::Capture(DecodeGraph& g, StreamHandle handle, const st
   return absl::OkStatus();
 }
 
-absl::Status DecodeGraphs::Replay(const DecodeGraph& g, StreamHandle stream) const {
+absl::Status DecodeGraphs::Replay(const DecodeGraph& g, StreamHandle stream) {
   EXL3_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g.exec), static_cast<cudaStream_t>(stream)));
+  ++replays_;
   return absl::OkStatus();
 }
 
 void DecodeGraphs::Drop() {
-  for (std::unique_ptr<DecodeGraph>& g : graphs_) {
+  for (auto& [key, g] : graphs_)
     if (g != nullptr) Destroy(*g);
-    g.reset();
-  }
+  graphs_.clear();
 }
 
 StepPhaseTimes ApportionReplay(const StepPhaseTimes& w, double total, double sample_s) {

@@ -92,7 +92,9 @@ absl::Status StepFacts::Pack(const StepTokens& tokens, const StepLayout& layout)
     std::copy(angles.sin.begin(), angles.sin.end(), sin + static_cast<size_t>(t) * half);
   }
   if (padded) {
-    for (int r = 0; r < R; ++r) logit_rows[r] = r;  // one token per chunk: row r is token r
+    // A graph's step: every row's logits (a decode step's one token per chunk and padding rows, a
+    // verify step's every token), so row r is token r.
+    for (int r = 0; r < R; ++r) logit_rows[r] = r;
   } else {
     std::copy(tokens.logit_tokens.begin(), tokens.logit_tokens.end(), logit_rows);
   }

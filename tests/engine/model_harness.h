@@ -79,4 +79,48 @@ inline absl::StatusOr<std::vector<std::vector<std::vector<float>>>> RunGreedy(
   return out;
 }
 
+// Speculative decoding's verify steps without a drafter: every sequence's prompt in one chunk,
+// then `steps` steps in which each sequence runs a chunk of `n` tokens wanting all n logit rows
+// (the last token and n - 1 drafts) and accepts all of them (the next chunk starts after it). The
+// chunks' tokens are a fixed function of the sequence and position, the same for every runner.
+// Returns, per sequence, the prompt's last row and then each verify chunk's n rows.
+inline absl::StatusOr<std::vector<std::vector<std::vector<float>>>> RunVerifyChunks(
+    ModelRunner& runner, const std::vector<std::vector<int32_t>>& prompts, int n, int steps,
+    int block_size = 16, int blocks_per_sequence = 16) {
+  const int vocab = runner.info().vocab_size;
+  const int S = static_cast<int>(prompts.size());
+  absl::Status st = runner.AllocateKvCache({S * blocks_per_sequence, block_size, S, n});
+  if (!st.ok()) return st;
+  std::vector<int> computed(S, 0);
+  std::vector<std::vector<std::vector<float>>> out(S);
+  for (int step = 0; step <= steps; ++step) {
+    StepBatch batch;
+    for (int s = 0; s < S; ++s) {
+      SequenceChunk c;
+      c.sequence_id = s;
+      c.start_position = computed[s];
+      if (step == 0) {
+        c.tokens = prompts[s];
+      } else {
+        for (int i = 0; i < n; ++i)
+          c.tokens.push_back(static_cast<int32_t>((7919 * (computed[s] + i) + 104729 * s) % vocab));
+        c.num_logit_rows = n;
+      }
+      for (int b = 0; b < blocks_per_sequence; ++b) c.block_table.push_back(s * blocks_per_sequence + b);
+      c.wants_logits = true;
+      c.state_slot = s;
+      computed[s] += static_cast<int>(c.tokens.size());
+      batch.chunks.push_back(std::move(c));
+    }
+    std::vector<float> logits(static_cast<size_t>(batch.NumLogitRows()) * vocab);
+    st = runner.Forward(batch, logits.data());
+    if (!st.ok()) return st;
+    size_t r = 0;
+    for (int s = 0; s < S; ++s)
+      for (int i = 0; i < batch.chunks[s].num_logit_rows; ++i, ++r)
+        out[s].emplace_back(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
+  }
+  return out;
+}
+
 }  // namespace exl3::engine::testing

@@ -566,6 +566,65 @@ TEST_P(CudaDsv4ResumeTest, PrefillDecodePrefillDecodeMatchesCpuAndTransformers) 
 
 INSTANTIATE_TEST_SUITE_P(Dsv4Family, CudaDsv4ResumeTest, ::testing::Values("deepseek_v4_experts", "deepseek_v4_all"));
 
+// Verify steps of speculative decoding in CUDA graphs (engine/cuda/decode_graphs.h): two
+// sequences, each a chunk of 3 tokens a step wanting all 3 rows, the first such step captured and
+// the next three replayed at other positions with other tokens. Every row against the same steps
+// run eagerly on the GPU (the graph fixes the attention splits a step's context would choose, so
+// sums may round differently) and, where attention reads every position (no indexer choosing
+// among near-ties), against the CPU model; both within 5e-3.
+class CudaVerifyGraphTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaVerifyGraphTest, ReplayedVerifyStepsMatchEagerOnesAndTheCpuModel) {
+  REQUIRE_GPU();
+  const std::string dir = (fs::path("tests/fixtures/engine") / GetParam()).string();
+  auto ref = TensorSource::Open(dir + "/reference.safetensors");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 2; ++i) {
+    TensorView t = *(*ref)->Get("prompt." + std::to_string(i));
+    prompts.emplace_back(t.as<int32_t>(), t.as<int32_t>() + t.info->num_elements());
+  }
+  constexpr int kTokens = 3, kSteps = 4;
+  auto cpu = CpuModel::Open(dir, CpuModelOptions{});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto cpu_rows = testing::RunVerifyChunks(**cpu, prompts, kTokens, kSteps);
+  ASSERT_TRUE(cpu_rows.ok()) << cpu_rows.status();
+  std::vector<std::vector<std::vector<float>>> gpu_rows[2];
+  for (bool graphs : {false, true}) {
+    CudaModelOptions options;
+    options.cuda_graphs = graphs;
+    options.allow_unverified = true;  // Qwen4-Exp: this compares the GPU with itself and the CPU
+    auto gpu = CudaModel::Open(dir, options);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    auto rows = testing::RunVerifyChunks(**gpu, prompts, kTokens, kSteps);
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    gpu_rows[graphs] = std::move(*rows);
+    EXPECT_EQ((*gpu)->graph_replays(), graphs ? kSteps - 1 : 0);
+  }
+  const exl3::engine::AttentionKind attention = (*cpu)->config().attention;
+  const bool selecting = attention == exl3::engine::AttentionKind::kDsa ||
+                         attention == exl3::engine::AttentionKind::kPooledDsa ||
+                         attention == exl3::engine::AttentionKind::kQsa;
+  double worst_eager = 0, worst_cpu = 0;
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    ASSERT_EQ(gpu_rows[1][s].size(), 1u + kSteps * kTokens);
+    for (size_t r = 0; r < gpu_rows[1][s].size(); ++r) {
+      worst_eager = std::max(worst_eager, RelativeError(gpu_rows[1][s][r], gpu_rows[0][s][r]));
+      worst_cpu = std::max(worst_cpu, RelativeError(gpu_rows[1][s][r], (*cpu_rows)[s][r]));
+    }
+  }
+  std::printf("%s verify graphs: rel against eager %.2e, against the CPU %.2e%s\n", GetParam(), worst_eager,
+              worst_cpu, selecting ? " (reported only: an indexer chooses)" : "");
+  EXPECT_LT(worst_eager, 5e-3);
+  if (!selecting) {
+    EXPECT_LT(worst_cpu, 5e-3);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaVerifyGraphTest,
+                         ::testing::Values("glm4_moe_all", "deepseek_v3_all", "qwen3_next_all", "glm5_next_all",
+                                           "qwen4_exp_all"));
+
 // The hyper-connected families' layers with the experts behind an executor (as with workers): the
 // same layer loop as in process, each MoE layer's hidden states to the host and back (DeepSeek-V4's
 // hash-routed layer gated on the device from the step's token ids; GLM-5.3-Flash's grouped sigmoid
