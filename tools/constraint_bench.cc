@@ -1,8 +1,10 @@
 // exl3-constraint-bench: what constrained decoding costs on the host per sequence and step
-// (bench/results/structured-output.md): building the compiler from a tokenizer.json, compiling a
-// JSON schema (and the cached compile), and along the schema's sampled paths the mask fill
-// (TokenConstraint::FillNextTokenMask, which the engine runs while the forward pass does) and
-// the sampler's pass with and without the mask, on synthetic logits.
+// (bench/results/structured-output.md): building the compiler from a tokenizer.json, compiling the
+// benchmarks' JSON schema (tools/exl3_bench/bench_json_schema.h; and the cached compile), and
+// along the schema's sampled paths the mask fill (TokenConstraint::FillNextTokenMask, which the
+// engine runs while the forward pass does) and the sampler's pass with and without the mask, on
+// synthetic logits. The whole engine step with and without the constraint, on the GPU engine:
+// exl3-engine-bench --constrained-tokenizer (tools/exl3_bench/constraint_step_bench.h).
 //
 //   exl3-constraint-bench --tokenizer DIR/tokenizer.json [--vocab_size N] [--sequences 20]
 #include <chrono>
@@ -19,6 +21,7 @@
 #include "engine/sampling/sampler.h"
 #include "engine/sampling/token_constraint.h"
 #include "engine/sampling/token_grammar.h"
+#include "tools/exl3_bench/bench_json_schema.h"
 
 ABSL_FLAG(std::string, tokenizer, "", "a tokenizer.json (required)");
 ABSL_FLAG(int, vocab_size, 0,
@@ -36,11 +39,7 @@ using exl3::engine::SequenceHistory;
 using exl3::engine::TokenConstraint;
 using exl3::engine::TokenGrammarCompiler;
 using Clock = std::chrono::steady_clock;
-
-constexpr char kSchema[] = R"({"type": "object", "properties": {
-  "name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"},
-  "tags": {"type": "array", "items": {"type": "string"}}, "ok": {"type": "boolean"}},
-  "required": ["name", "age", "tags", "ok"]})";
+using exl3::bench::kBenchJsonSchema;
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
@@ -80,9 +79,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   const Clock::time_point t1 = Clock::now();
-  auto grammar = (*compiler)->Compile({ConstraintKind::kJsonSchema, kSchema, {}});
+  auto grammar = (*compiler)->Compile({ConstraintKind::kJsonSchema, kBenchJsonSchema, {}});
   const Clock::time_point t2 = Clock::now();
-  auto cached = (*compiler)->Compile({ConstraintKind::kJsonSchema, kSchema, {}});
+  auto cached = (*compiler)->Compile({ConstraintKind::kJsonSchema, kBenchJsonSchema, {}});
   const Clock::time_point t3 = Clock::now();
   if (!grammar.ok() || !cached.ok()) {
     std::fprintf(stderr, "exl3-constraint-bench: %s\n", grammar.status().ToString().c_str());
