@@ -48,8 +48,20 @@
 #      model of 3 (or SPEC_MODEL_DIR): exl3-engine-bench --speculative-acceptance (a drafter that
 #      matches the target with probability p: tokens/s against p and against k at batch 1, 8, 32,
 #      requests whose greedy tokens differ from the plain run's counted), fixed K and then adaptive K.
+#   9. (--only constraint, not by default) constrained decoding's cost per step (issue 30: <= 10 % of
+#      the inter-token latency at batch 1 and 64) through the engine on the model of 3 (or
+#      CONSTRAINT_MODEL_DIR): exl3-engine-bench --constrained-tokenizer, each batch decoding first
+#      unconstrained (sampled on the device), then every sequence constrained by exl3-constraint-bench's
+#      JSON schema (its rows sampled on the host); step ms, tokens/s and the difference as a share of
+#      the unconstrained step. CONSTRAINT_TOKENIZER: default the test models' tokenizer
+#      (tests/fixtures/tokenizer/glm4_moe, 512 ids in the model's 151552: few tokens left undecided,
+#      so it understates the masks' cost); if time allows, a 151k-token one trained by
+#      bench/train_bpe_tokenizer.py (needs `tokenizers`: train it on the development machine, not on
+#      the GPU machine, which has no network to install it; carry the file) is the fairer measure.
+#      ENGINE_LAYERS=46 (28 GB) gives GLM-4.5-Air's whole step; the default 6 layers' step is far
+#      shorter, so there the difference in ms is what carries over, not the share.
 # Binaries come from .gpu-deps/ or its packed copy .gpu-check/gpu-deps.tar.xz (scripts/gpu/bundle.sh;
-# carry one of the two). Usage: scripts/gpu/engine.sh [--only test|sanitize|bench|attention|sampling|dsa|glm5|spec]...
+# carry one of the two). Usage: scripts/gpu/engine.sh [--only test|sanitize|bench|attention|sampling|dsa|glm5|spec|constraint]...
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
@@ -64,7 +76,7 @@ ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY="$ONLY $2"; shift ;;
-    -h|--help) sed -n '2,49p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,64p' "$0"; exit 0 ;;
     *) echo "engine.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -219,6 +231,17 @@ if [[ " $ONLY " == *" spec "* ]]; then
     echo "spec bench ($policy) exit $?"
     cat "$OUT/spec-bench-$policy.log"
   done
+fi
+if [[ " $ONLY " == *" constraint "* ]]; then
+  echo "=== exl3-engine-bench --constrained-tokenizer (constrained decoding's step through the engine)"
+  MODEL=${CONSTRAINT_MODEL_DIR:-${ENGINE_MODEL_DIR:-/tmp/glm45-air-synthetic-${ENGINE_LAYERS:-6}}}
+  [ -n "${CONSTRAINT_MODEL_DIR:-}" ] || bash scripts/gpu/glm45_air_model.sh "$BIN" "$MODEL" ${ENGINE_LAYERS:-6} "$OUT/engine-model.log"
+  timeout ${CONSTRAINT_TIMEOUT:-400} "$BIN"/exl3-engine-bench --model "$MODEL" \
+    --constrained-tokenizer ${CONSTRAINT_TOKENIZER:-tests/fixtures/tokenizer/glm4_moe/tokenizer.json} \
+    --context ${CONSTRAINT_CONTEXT:-1024} --batch ${CONSTRAINT_BATCHES:-1,64} --steps ${CONSTRAINT_STEPS:-32} \
+    --json "$OUT/engine-bench.json" > "$OUT/constraint-bench.log" 2>&1
+  echo "constraint bench exit $?"
+  cat "$OUT/constraint-bench.log"
 fi
 if want attention; then
   echo "=== exl3-engine-bench --attention-only (GLM-4.5-Air's attention shape)"

@@ -64,6 +64,19 @@ TEST(EngineBenchOptionsTest, SpeculativeBenchFlags) {
   EXPECT_FALSE(ParseEngineBenchArgs({"--model", kModel})->speculative());
 }
 
+TEST(EngineBenchOptionsTest, ConstrainedTokenizerFlag) {
+  auto o = ParseEngineBenchArgs({"--model", kModel, "--constrained-tokenizer", "tok.json", "--batch", "1,64",
+                                 "--context", "1024", "--steps", "32", "--expert-map", "map.yaml"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->constrained());
+  EXPECT_FALSE(o->speculative());
+  EXPECT_EQ(o->constrained_tokenizer, "tok.json");
+  EXPECT_EQ(o->batches, (std::vector<int>{1, 64}));
+  EXPECT_EQ(o->steps, 32);
+  EXPECT_TRUE(o->remote());  // remote experts go with it
+  EXPECT_FALSE(ParseEngineBenchArgs({"--model", kModel})->constrained());
+}
+
 TEST(EngineBenchOptionsTest, SamplingOnlyNeedsNoModel) {
   auto o = ParseEngineBenchArgs({"--sampling-only", "--vocab", "32000", "--batch", "1,64"});
   ASSERT_TRUE(o.ok()) << o.status();
@@ -99,6 +112,13 @@ TEST(EngineBenchOptionsTest, BadArgumentsAreNamed) {
        "--speculative-draft-length"},
       {{"--model", kModel, "--num-speculative-tokens", "2"}, "need --speculative-acceptance"},
       {{"--sampling-only", "--speculative-acceptance", "0.5"}, "no --speculative-acceptance"},
+      {{"--model", kModel, "--constrained-tokenizer"}, "--constrained-tokenizer needs a value"},
+      {{"--model", kModel, "--constrained-tokenizer", ""}, "--constrained-tokenizer: empty file name"},
+      {{"--model", kModel, "--constrained-tokenizer", "t.json", "--speculative-acceptance", "0.5"},
+       "--constrained-tokenizer and --speculative-acceptance: one at a time"},
+      {{"--attention-only", "--constrained-tokenizer", "t.json"}, "no --constrained-tokenizer"},
+      {{"--sampling-only", "--constrained-tokenizer", "t.json"}, "no --constrained-tokenizer"},
+      {{"--constrained-tokenizer", "t.json"}, "--model DIR is required"},
   };
   for (const Case& c : cases) {
     auto o = ParseEngineBenchArgs(c.args);
@@ -109,6 +129,7 @@ TEST(EngineBenchOptionsTest, BadArgumentsAreNamed) {
   auto help = ParseEngineBenchArgs({"--help"});
   ASSERT_TRUE(help.ok()) << help.status();
   EXPECT_TRUE(help->help);
+  EXPECT_NE(std::string(kEngineBenchUsage).find("--constrained-tokenizer FILE"), std::string::npos);
 }
 
 TEST(EngineBenchOptionsTest, ExpertMapIsCheckedAgainstTheModel) {

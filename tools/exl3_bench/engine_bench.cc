@@ -15,6 +15,8 @@
 //   exl3-engine-bench --model DIR --speculative-acceptance 0,0.5,0.7,0.9,1 [--num-speculative-tokens 1,2,3,4]
 //                     [--speculative-draft-length fixed|adaptive] [--context 1024] [--batch 1,8,32] [--steps 64]
 //                     [--expert-map FILE ...] [--json FILE]
+//   exl3-engine-bench --model DIR --constrained-tokenizer FILE [--context 1024] [--batch 1,64] [--steps 32]
+//                     [--expert-map FILE ...] [--json FILE]
 //
 // --expert-map: the routed experts on exl3-worker processes, through the router core in this
 // process (services/router/in_process_router.h, as exl3-router runs it), the same tables for each
@@ -23,7 +25,11 @@
 // (tools/exl3_bench/attention_bench.h); --sampling-only the sampling of a step's rows on the device
 // and the old host path (tools/exl3_bench/sampling_bench.h); --speculative-acceptance speculative
 // decoding through the Engine with a drafter of a chosen acceptance rate
-// (tools/exl3_bench/speculative_bench.h). The command line: tools/exl3_bench/engine_bench_options.h.
+// (tools/exl3_bench/speculative_bench.h); --constrained-tokenizer the engine's decode step with
+// every sequence unconstrained and then constrained by a JSON schema
+// (tools/exl3_bench/constraint_step_bench.h). The command line: tools/exl3_bench/engine_bench_options.h.
+// GPU only: the CPU engine runs the speculative and constrained benchmarks' libraries in tests
+// (and exl3-speculative-cpu-bench).
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -34,12 +40,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <initializer_list>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/command_line.h"
 #include "base/status_macros.h"
 #include "engine/config/read_model_config.h"
@@ -49,6 +58,7 @@
 #include "services/router/in_process_router.h"
 #include "services/router/router_moe_executor.h"
 #include "tools/exl3_bench/attention_bench.h"
+#include "tools/exl3_bench/constraint_step_bench.h"
 #include "tools/exl3_bench/sampling_bench.h"
 #include "tools/exl3_bench/engine_bench_options.h"
 #include "tools/exl3_bench/speculative_bench.h"
@@ -433,6 +443,30 @@ int RunTables(CudaModel& model, const exl3::bench::EngineBenchOptions& o, const 
   return 0;
 }
 
+// The GPU model as the Engine's runner, its experts where `placement` says (the benchmarks through
+// the Engine); null after printing why it did not open.
+std::unique_ptr<exl3::engine::ModelRunner> OpenEngineRunner(const exl3::bench::EngineBenchOptions& o,
+                                                            const ExpertPlacement& placement,
+                                                            exl3::router::InProcessRouter* router,
+                                                            const exl3::router::InProcessRouterOptions& ro,
+                                                            int hidden_size) {
+  CudaModelOptions options;
+  options.cuda_graphs = o.graphs;
+  if (o.max_moe_tokens > 0) options.max_moe_tokens = o.max_moe_tokens;
+  options.micro_batches = placement.micro_batches;
+  std::unique_ptr<exl3::engine::MoeExecutor> executor;
+  if (router != nullptr)
+    executor = std::make_unique<exl3::router::RouterMoeExecutor>(router->core().service(),
+                                                                 ro.core.router.inline_max_tokens, hidden_size,
+                                                                 std::chrono::milliseconds(o.moe_timeout_ms));
+  auto opened = CudaModel::Open(o.model, options, std::move(executor));
+  if (!opened.ok()) {
+    std::fprintf(stderr, "exl3-engine-bench: %s\n", opened.status().ToString().c_str());
+    return nullptr;
+  }
+  return std::move(*opened);
+}
+
 // --speculative-acceptance: speculative decoding through the Engine with the recorded drafter
 // (tools/exl3_bench/speculative_bench.h), the model opened anew for each --context. Returns the
 // exit code.
@@ -457,29 +491,47 @@ int RunSpeculative(const exl3::bench::EngineBenchOptions& o, const ExpertPlaceme
                              int64_t{max_batch} * (context + o.steps + max_k + 32)};
     so.engine.scheduler.max_num_batched_tokens = std::max(o.prefill_chunk, max_batch * (1 + max_k));
     so.engine.scheduler.max_num_seqs = max_batch;
-    auto open = [&]() -> std::unique_ptr<engine::ModelRunner> {
-      CudaModelOptions options;
-      options.cuda_graphs = o.graphs;
-      if (o.max_moe_tokens > 0) options.max_moe_tokens = o.max_moe_tokens;
-      options.micro_batches = placement.micro_batches;
-      std::unique_ptr<engine::MoeExecutor> executor;
-      if (router != nullptr)
-        executor = std::make_unique<exl3::router::RouterMoeExecutor>(
-            router->core().service(), ro.core.router.inline_max_tokens, hidden_size,
-            std::chrono::milliseconds(o.moe_timeout_ms));
-      auto opened = CudaModel::Open(o.model, options, std::move(executor));
-      if (!opened.ok()) {
-        std::fprintf(stderr, "exl3-engine-bench: %s\n", opened.status().ToString().c_str());
-        return nullptr;
-      }
-      return std::move(*opened);
-    };
+    auto open = [&] { return OpenEngineRunner(o, placement, router, ro, hidden_size); };
     std::printf("=== speculative decoding, experts %s: prompts of %d tokens, %d greedy tokens each, draft length %s\n",
                 placement.title.c_str(), context, o.steps, o.speculative_draft_length.c_str());
     const double t0 = Now();
     absl::StatusOr<std::vector<bench::SpeculativeBenchRow>> rows = bench::RunSpeculativeBench(so, open);
     if (!rows.ok()) return Fail("speculative bench: " + rows.status().ToString());
     bench::PrintSpeculativeBench(*rows, stdout, jf);
+    std::printf("(%.1f s)\n", Now() - t0);
+  }
+  return 0;
+}
+
+// --constrained-tokenizer: decode steps through the Engine unconstrained and constrained
+// (tools/exl3_bench/constraint_step_bench.h), the model opened anew for each --context. Returns the
+// exit code.
+int RunConstraintSteps(const exl3::bench::EngineBenchOptions& o, const std::string& tokenizer_json,
+                       const ExpertPlacement& placement, exl3::router::InProcessRouter* router,
+                       const exl3::router::InProcessRouterOptions& ro, int hidden_size, FILE* jf) {
+  namespace bench = exl3::bench;
+  namespace engine = exl3::engine;
+  const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
+  for (const int context : o.contexts) {
+    bench::ConstraintStepBenchOptions co;
+    co.batches = o.batches;
+    co.prompt_tokens = context;
+    co.steps = o.steps;
+    co.tokenizer_json = tokenizer_json;
+    co.engine.block_size = 16;
+    co.engine.scheduler.max_num_batched_tokens = std::max(o.prefill_chunk, max_batch);
+    co.engine.scheduler.max_num_seqs = max_batch;
+    const int max_tokens =
+        bench::ConstraintStepMaxTokens(max_batch, context, o.steps, co.engine.scheduler.max_num_batched_tokens);
+    co.engine.kv_capacity = {engine::KvCacheCapacity::Unit::kTokens, int64_t{max_batch} * (context + max_tokens + 32)};
+    std::printf("=== constrained decoding's step, experts %s: prompts of %d tokens, about %d full-batch steps per run, "
+                "tokenizer %s\n",
+                placement.title.c_str(), context, o.steps, o.constrained_tokenizer.c_str());
+    const double t0 = Now();
+    absl::StatusOr<bench::ConstraintStepBenchResult> result = bench::RunConstraintStepBench(
+        co, [&] { return OpenEngineRunner(o, placement, router, ro, hidden_size); });
+    if (!result.ok()) return Fail("constraint step bench: " + result.status().ToString());
+    bench::PrintConstraintStepBench(*result, stdout, jf, placement.remote ? placement.title : "local");
     std::printf("(%.1f s)\n", Now() - t0);
   }
   return 0;
@@ -535,6 +587,22 @@ int main(int argc, char** argv) {
   }
   auto cfg_or = exl3::engine::LoadModelConfig(o.model);
   if (!cfg_or.ok()) return Fail(cfg_or.status().ToString());
+  // --constrained-tokenizer: a file the grammar compiler refuses for this model is a usage error,
+  // found before any GPU work.
+  std::string tokenizer_json;
+  if (o.constrained()) {
+    std::ifstream in(o.constrained_tokenizer, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    tokenizer_json = text.str();
+    const absl::Status st =
+        !in ? absl::NotFoundError(absl::StrCat("--constrained-tokenizer: cannot read ", o.constrained_tokenizer))
+            : bench::CheckConstraintTokenizer(o.constrained_tokenizer, tokenizer_json, cfg_or->vocab_size);
+    if (!st.ok()) {
+      std::fprintf(stderr, "exl3-engine-bench: %s\n", std::string(st.message()).c_str());
+      return 2;
+    }
+  }
   FILE* jf = o.json.empty() ? nullptr : std::fopen(o.json.c_str(), "a");
 
   DeviceRates rates;
@@ -582,9 +650,10 @@ int main(int argc, char** argv) {
     placements.push_back({false, 1, "in process on this GPU", ""});
   }
   int rc = 0;
-  if (o.speculative()) {
+  if (o.speculative() || o.constrained()) {
     for (const ExpertPlacement& placement : placements) {
-      rc = RunSpeculative(o, placement, router.get(), ro, cfg_or->hidden_size, jf);
+      rc = o.speculative() ? RunSpeculative(o, placement, router.get(), ro, cfg_or->hidden_size, jf)
+                           : RunConstraintSteps(o, tokenizer_json, placement, router.get(), ro, cfg_or->hidden_size, jf);
       if (rc != 0) break;
     }
     if (jf) std::fclose(jf);

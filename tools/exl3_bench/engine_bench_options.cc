@@ -20,6 +20,7 @@ const char kEngineBenchUsage[] =
     "                          [--worker-shm-mb 8] [--ready-timeout-s 120] [--moe-timeout-ms 30000]]\n"
     "                         [--speculative-acceptance 0,0.5,0.7,0.9,1 [--num-speculative-tokens 1,2,3,4]\n"
     "                          [--speculative-draft-length fixed|adaptive]]\n"
+    "                         [--constrained-tokenizer FILE]\n"
     "       exl3-engine-bench --attention-only [--attention-shape 96,8,128] [--context 1024,8192]\n"
     "                         [--batch 1,8,64] [--prefill-chunk 2048] [--runs 30] [--json FILE]\n"
     "       exl3-engine-bench --sampling-only [--vocab 151552] [--batch 1,8,64] [--runs 30] [--json FILE]\n"
@@ -51,6 +52,19 @@ const char kEngineBenchUsage[] =
     "tokens differ from the plain run's (speculation must change none).\n"
     "--speculative-draft-length adaptive: each sequence's own K (engine/speculative/draft_length.h).\n"
     "With --expert-map, the experts on the workers as above.\n"
+    "\n"
+    "--constrained-tokenizer FILE: instead of the tables, what constrained decoding costs per step\n"
+    "through the engine (bench/results/structured-output.md): at each --batch, that many random\n"
+    "prompts of each --context length decode together (temperature 1, ignore_eos), first every\n"
+    "sequence unconstrained (sampled on the device), then every one constrained by the JSON schema\n"
+    "of exl3-constraint-bench, compiled as exl3-router compiles response_format against FILE (a\n"
+    "tokenizer.json; masks of the model's vocab_size, ids past FILE's never allowed), those rows\n"
+    "sampled on the host. Median step time (the engine's whole step) and decode tokens/s over the\n"
+    "steps where the whole batch decodes (no prompt chunk): about --steps of them unconstrained;\n"
+    "a request its grammar ends early is replaced by a new one to keep the batch full (its prefill\n"
+    "steps not measured); requests, tokens per request and the steps measured are reported, and\n"
+    "the difference as a share of the unconstrained step. With --expert-map, as above. Issue 30's\n"
+    "measure: --context 1024 --batch 1,64 --steps 32.\n"
     "\n"
     "--attention-only: no model; the attention kernels alone on random inputs of --attention-shape\n"
     "(query heads, KV heads, head dim): decode at each --batch and --context against the KV-read\n"
@@ -179,6 +193,9 @@ absl::StatusOr<EngineBenchOptions> ParseEngineBenchArgs(const std::vector<std::s
         return absl::InvalidArgumentError(
             absl::StrCat("--speculative-draft-length: '", o.speculative_draft_length, "' (fixed or adaptive)"));
       draft_length_given = true;
+    } else if (a == "--constrained-tokenizer") {
+      EXL3_ASSIGN_OR_RETURN(o.constrained_tokenizer, value());
+      if (o.constrained_tokenizer.empty()) return absl::InvalidArgumentError("--constrained-tokenizer: empty file name");
     } else if (a == "--moe-timeout-ms") {
       EXL3_ASSIGN_OR_RETURN(const std::string v, value());
       EXL3_ASSIGN_OR_RETURN(o.moe_timeout_ms, PositiveInt(a, v));
@@ -193,12 +210,17 @@ absl::StatusOr<EngineBenchOptions> ParseEngineBenchArgs(const std::vector<std::s
   if (o.attention_only || o.sampling_only) {
     if (o.speculative())
       return absl::InvalidArgumentError("--attention-only / --sampling-only run no model: no --speculative-acceptance");
+    if (o.constrained())
+      return absl::InvalidArgumentError("--attention-only / --sampling-only run no model: no --constrained-tokenizer");
     if (o.attention_only && o.sampling_only)
       return absl::InvalidArgumentError("--attention-only and --sampling-only: one at a time");
     if (o.remote()) return absl::InvalidArgumentError("--attention-only / --sampling-only run no model: no --expert-map");
     return o;
   }
   if (o.model.empty()) return absl::InvalidArgumentError("--model DIR is required (or --attention-only / --sampling-only)");
+  // Both replace the tables with runs through the engine; constrained sequences get no drafts anyway.
+  if (o.constrained() && o.speculative())
+    return absl::InvalidArgumentError("--constrained-tokenizer and --speculative-acceptance: one at a time");
   const bool remote_flags = o.micro_batches != std::vector<int>{1} || o.shared_expert != "local";
   if (!o.remote() && remote_flags)
     return absl::InvalidArgumentError("--micro-batches and --shared-expert need --expert-map (remote experts)");

@@ -41,9 +41,15 @@ struct EngineBenchOptions {
   std::vector<double> speculative_acceptances;  // empty: not run
   std::vector<int> speculative_ks = {1, 2, 3, 4};  // --num-speculative-tokens
   std::string speculative_draft_length = "fixed";  // fixed | adaptive (--speculative-draft-length)
+  // --constrained-tokenizer FILE: instead of the tables, decode steps through the Engine with every
+  // sequence unconstrained and then constrained by a JSON schema compiled against FILE
+  // (tools/exl3_bench/constraint_step_bench.h), each --context a prompt length, each --batch a run,
+  // --steps full-batch decode steps per run. Empty: not run.
+  std::string constrained_tokenizer;
 
   bool remote() const { return !expert_map.empty(); }
   bool speculative() const { return !speculative_acceptances.empty(); }
+  bool constrained() const { return !constrained_tokenizer.empty(); }
 };
 
 // argv without the program name. Errors name the argument and what was wrong.
