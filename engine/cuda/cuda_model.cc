@@ -153,7 +153,8 @@ absl::Status CudaModel::Load(const std::string& dir, const ConfigFile& file, con
   weight_bytes_.head_decoded.Add({&head_});
 
   facts_ = std::make_unique<StepFacts>(cfg_, mixers_.split_shape(), device_->sm_count(), options.tensor_core_prefill);
-  graphs_ = std::make_unique<DecodeGraphs>(options.cuda_graphs && !options.check_finite && mixers_.graph_capturable());
+  graphs_ = std::make_unique<DecodeGraphs>(options.cuda_graphs && !options.check_finite && mixers_.graph_capturable(),
+                                           options.verify_graphs);
   if (options.check_finite) {
     finite_check_ = std::make_unique<FiniteCheck>();
     residual_->SetFiniteCheck(finite_check_.get());
@@ -303,7 +304,7 @@ absl::Status CudaModel::FinishStep(int rows, const StepOutput& out) {
 
 absl::Status CudaModel::RunStepGraph(const StepTokens& tokens, int tokens_per_chunk, const StepOutput& out) {
   const int T = tokens.num_tokens, B = static_cast<int>(tokens.batch->chunks.size());
-  const int rows = DecodeGraphs::GraphRows(B, tokens_per_chunk);
+  const int rows = graphs_->GraphRows(B, tokens_per_chunk);
   const int splits = facts_->DecodeSplits(rows);
   EXL3_RETURN_IF_ERROR(Reserve(rows, rows, splits));  // may drop every graph
   int table_ints = 0;
@@ -391,7 +392,7 @@ absl::Status CudaModel::RunStep(const StepBatch& batch, const StepOutput& out) {
   // A step that keeps its states runs eagerly (a graph gathers only its logit rows).
   const int tokens_per_chunk = UniformTokensPerChunk(batch);
   const bool graph = graphs_->enabled() && (moe_ == nullptr || !moe_->remote()) && !batch.keep_hidden_states &&
-                     DecodeGraphs::GraphRows(static_cast<int>(batch.chunks.size()), tokens_per_chunk) > 0;
+                     graphs_->GraphRows(static_cast<int>(batch.chunks.size()), tokens_per_chunk) > 0;
   EXL3_RETURN_IF_ERROR(graph ? RunStepGraph(tokens, tokens_per_chunk, out) : RunEagerStep(batch, tokens, out));
   for (const auto& kind : mixers_.kinds) EXL3_RETURN_IF_ERROR(kind->EndStep(batch, device_->stream()));
   residual_->EndStep();

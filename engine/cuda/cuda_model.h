@@ -59,10 +59,13 @@ struct CudaModelOptions {
   // at 1k, 2434 -> 1864 ms at 8k against 512), for a workspace of about 0.8 GB at those shapes.
   int max_moe_tokens = 2048;
   // Decode steps (one token per sequence, up to 64 sequences, experts on this GPU) replay a CUDA
-  // graph captured per batch-size bucket, and verify steps of speculative decoding one per
-  // shape (engine/cuda/decode_graphs.h). A capture that fails turns
+  // graph captured per batch-size bucket (engine/cuda/decode_graphs.h). A capture that fails turns
   // graphs off with a warning. DeepSeek-V4 ignores it (engine/cuda/dsv4_mixer.h says why).
   bool cuda_graphs = true;
+  // With cuda_graphs, speculative decoding's verify steps of one shape replay a graph too
+  // (engine/cuda/decode_graphs.h). Off until tests/engine/cuda/cuda_model_test.cc
+  // CudaVerifyGraphTest has passed on a GPU: a wrong replay would change tokens silently.
+  bool verify_graphs = false;
   // Chunks of at least kPrefillMinTokens tokens of one sequence (head dims 64, 128, 256) run
   // attention on the tensor-core prefill kernel; off: every token through the decode kernel.
   // Latent attention (MLA, DSA): on, every token's attention products on tensor cores (where the

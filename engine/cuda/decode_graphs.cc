@@ -28,10 +28,10 @@ void Destroy(DecodeGraph& g) {
 
 }  // namespace
 
-int DecodeGraphs::GraphRows(int sequences, int tokens_per_sequence) {
+int DecodeGraphs::GraphRows(int sequences, int tokens_per_sequence) const {
   if (sequences < 1 || tokens_per_sequence < 1) return 0;
   if (tokens_per_sequence == 1) return sequences <= kMaxRows ? kBuckets[BucketIndex(sequences)] : 0;
-  if (tokens_per_sequence > kMaxVerifyTokens || sequences > kMaxVerifySequences) return 0;
+  if (!verify_steps_ || tokens_per_sequence > kMaxVerifyTokens || sequences > kMaxVerifySequences) return 0;
   return sequences * tokens_per_sequence;
 }
 

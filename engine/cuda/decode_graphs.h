@@ -39,7 +39,8 @@ class DecodeGraphs {
   static constexpr int kMaxVerifyTokens = 8;     // a verify chunk's tokens: k ≤ 7 drafts
   static constexpr int kMaxVerifySequences = 8;  // above, a verify step runs eagerly
 
-  explicit DecodeGraphs(bool enabled) : enabled_(enabled) {}
+  // verify_steps: verify steps too (CudaModelOptions::verify_graphs).
+  DecodeGraphs(bool enabled, bool verify_steps) : enabled_(enabled), verify_steps_(verify_steps) {}
   ~DecodeGraphs() { Drop(); }
   DecodeGraphs(const DecodeGraphs&) = delete;
   DecodeGraphs& operator=(const DecodeGraphs&) = delete;
@@ -48,7 +49,7 @@ class DecodeGraphs {
   // The rows of a step of `sequences` chunks of `tokens_per_sequence` tokens each: a decode step's
   // bucket (the smallest of at least `sequences` rows), a verify step's tokens; 0 when no graph
   // runs such a step.
-  static int GraphRows(int sequences, int tokens_per_sequence);
+  int GraphRows(int sequences, int tokens_per_sequence) const;
   // The graph of such a step for block tables of up to `table_ints` ints: a stale one dropped, an
   // empty (uncaptured) one made where there is none. GraphRows must be above 0.
   DecodeGraph& Get(int sequences, int tokens_per_sequence, int table_ints, uint64_t workspace_allocations);
@@ -61,6 +62,7 @@ class DecodeGraphs {
 
  private:
   bool enabled_;
+  bool verify_steps_;
   int64_t replays_ = 0;
   // By (rows, tokens per sequence).
   std::map<std::pair<int, int>, std::unique_ptr<DecodeGraph>> graphs_;

@@ -32,6 +32,10 @@ TEST(EngineBenchOptionsTest, DefaultsAreTheIssuesTables) {
   EXPECT_FALSE(o->remote());
   EXPECT_EQ(o->micro_batches, std::vector<int>{1});
   EXPECT_TRUE(o->graphs);
+  EXPECT_FALSE(o->verify_graphs);
+  auto verify = ParseEngineBenchArgs({"--model", kModel, "--verify-graphs"});
+  ASSERT_TRUE(verify.ok()) << verify.status();
+  EXPECT_TRUE(verify->verify_graphs);
 }
 
 TEST(EngineBenchOptionsTest, RemoteExpertsFlags) {

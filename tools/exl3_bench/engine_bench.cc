@@ -7,7 +7,7 @@
 // weights at the measured decode ceiling, plus the routers, embeddings and fp16 KV cache read.
 //
 //   exl3-engine-bench --model DIR [--context 1024,8192] [--batch 1,8,32,64] [--steps 16]
-//                     [--prefill-chunk 2048] [--no-graphs] [--max-moe-tokens N] [--json FILE]
+//                     [--prefill-chunk 2048] [--no-graphs] [--verify-graphs] [--max-moe-tokens N] [--json FILE]
 //                     [--expert-map FILE [--micro-batches 1,2] [--shared-expert ...]]
 //   exl3-engine-bench --attention-only [--attention-shape 96,8,128] [--context 1024,8192]
 //                     [--batch 1,8,64] [--prefill-chunk 2048] [--runs 30] [--json FILE]
@@ -452,6 +452,7 @@ std::unique_ptr<exl3::engine::ModelRunner> OpenEngineRunner(const exl3::bench::E
                                                             int hidden_size) {
   CudaModelOptions options;
   options.cuda_graphs = o.graphs;
+  options.verify_graphs = o.verify_graphs;
   if (o.max_moe_tokens > 0) options.max_moe_tokens = o.max_moe_tokens;
   options.micro_batches = placement.micro_batches;
   std::unique_ptr<exl3::engine::MoeExecutor> executor;
@@ -662,6 +663,7 @@ int main(int argc, char** argv) {
   for (const ExpertPlacement& placement : placements) {
     CudaModelOptions options;
     options.cuda_graphs = o.graphs;
+    options.verify_graphs = o.verify_graphs;
     if (o.max_moe_tokens > 0) options.max_moe_tokens = o.max_moe_tokens;
     options.micro_batches = placement.micro_batches;
     std::unique_ptr<exl3::engine::MoeExecutor> executor;

@@ -15,7 +15,7 @@ namespace exl3::bench {
 
 const char kEngineBenchUsage[] =
     "usage: exl3-engine-bench --model DIR [--context 1024,8192] [--batch 1,8,32,64] [--steps 16]\n"
-    "                         [--prefill-chunk 2048] [--no-graphs] [--max-moe-tokens N] [--json FILE]\n"
+    "                         [--prefill-chunk 2048] [--no-graphs] [--verify-graphs] [--max-moe-tokens N] [--json FILE]\n"
     "                         [--expert-map FILE [--micro-batches 1,2] [--shared-expert local|worker:NAME|none]\n"
     "                          [--worker-shm-mb 8] [--ready-timeout-s 120] [--moe-timeout-ms 30000]]\n"
     "                         [--speculative-acceptance 0,0.5,0.7,0.9,1 [--num-speculative-tokens 1,2,3,4]\n"
@@ -30,7 +30,8 @@ const char kEngineBenchUsage[] =
     "tokens/s at each --batch size continuing it, each against its floor (per part, the slower of\n"
     "its bytes over the copy bandwidth and its EXL3 weights over the decode ceiling, both measured\n"
     "in the same run). --no-graphs: decode steps launch eagerly instead of\n"
-    "replaying CUDA graphs. --max-moe-tokens: the MoE workspace's token rows (CudaModelOptions).\n"
+    "replaying CUDA graphs; --verify-graphs: speculative decoding's verify steps replay them too\n"
+    "(CudaModelOptions::verify_graphs). --max-moe-tokens: the MoE workspace's token rows (CudaModelOptions).\n"
     "--json appends one JSON object per result.\n"
     "\n"
     "--expert-map FILE: the routed experts on the map's exl3-worker processes instead, reached as\n"
@@ -157,6 +158,8 @@ absl::StatusOr<EngineBenchOptions> ParseEngineBenchArgs(const std::vector<std::s
       EXL3_ASSIGN_OR_RETURN(o.prefill_chunk, PositiveInt(a, v));
     } else if (a == "--no-graphs") {
       o.graphs = false;
+    } else if (a == "--verify-graphs") {
+      o.verify_graphs = true;
     } else if (a == "--max-moe-tokens") {
       EXL3_ASSIGN_OR_RETURN(const std::string v, value());
       EXL3_ASSIGN_OR_RETURN(o.max_moe_tokens, PositiveInt(a, v));

@@ -23,6 +23,7 @@ struct EngineBenchOptions {
   bool batches_given = false;
   int steps = 16, prefill_chunk = 2048, runs = 30, max_moe_tokens = 0;
   bool graphs = true;
+  bool verify_graphs = false;  // CudaModelOptions::verify_graphs
   bool attention_only = false;
   std::vector<int> attention_shape = {96, 8, 128};
   bool sampling_only = false;

@@ -593,6 +593,7 @@ TEST_P(CudaVerifyGraphTest, ReplayedVerifyStepsMatchEagerOnesAndTheCpuModel) {
   for (bool graphs : {false, true}) {
     CudaModelOptions options;
     options.cuda_graphs = graphs;
+    options.verify_graphs = graphs;
     options.allow_unverified = true;  // Qwen4-Exp: this compares the GPU with itself and the CPU
     auto gpu = CudaModel::Open(dir, options);
     ASSERT_TRUE(gpu.ok()) << gpu.status();
