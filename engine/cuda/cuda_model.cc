@@ -21,10 +21,6 @@ namespace {
 
 // What the GPU engine does not run, refused by name before anything is loaded.
 absl::Status CheckSupported(const ModelConfig& cfg, const CudaModelOptions& options) {
-  if (cfg.qwen4exp != nullptr && !options.allow_unverified)
-    return absl::UnimplementedError(absl::StrCat(
-        cfg.architecture(), " (Qwen4-Exp) on the GPU engine does not yet give the CPU engine's tokens over a ",
-        "whole model; run it on the CPU engine (--engine-device cpu)"));
   // Recurrent layers are only known beside GQA attention layers (Qwen3-Next), GLM-5.3-Flash's
   // indexed attention and Qwen4-Exp's QSA (LoadCudaMixers' KindOf pairs each with its kind).
   if (cfg.HasRecurrentLayers() && cfg.attention != AttentionKind::kGqa && cfg.attention != AttentionKind::kPooledDsa &&

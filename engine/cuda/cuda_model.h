@@ -79,11 +79,6 @@ struct CudaModelOptions {
   // while the other's attention runs on the GPU (MegaScale-Infer's ping-pong). Each token's
   // arithmetic is the same either way. In-process experts ignore it (no exchange to hide).
   int micro_batches = 1;
-  // Architectures whose GPU path is written but has not yet matched the CPU engine over a whole
-  // model (Qwen4-Exp: its layers do, tests/engine/cuda/qwen4exp_residual_test.cc and
-  // qsa_attention_test.cc, the whole model not yet) are refused unless this is set: the GPU tests
-  // that verify them set it; serving does not.
-  bool allow_unverified = false;
   // After each block of each layer, wait for the GPU and fail the step naming the first layer and
   // block whose output holds a NaN or an infinity (engine/cuda/finite_check.h). A debugging aid: it
   // synchronises per block and turns decode graphs off.

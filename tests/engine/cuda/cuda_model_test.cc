@@ -369,7 +369,6 @@ TEST_P(CudaModelFixtureTest, MatchesCpuModelAndTransformers) {
     options.cuda_graphs = variant.graphs;
     options.tensor_core_prefill = variant.tensor_core_prefill;
     options.check_finite = variant.check_finite;
-    options.allow_unverified = true;  // this test is what verifies them
     auto gpu = CudaModel::Open(dir, options);
     ASSERT_TRUE(gpu.ok()) << gpu.status();
     auto gpu_rows = testing::RunGreedy(**gpu, prompts, steps, variant.chunk);
@@ -594,7 +593,6 @@ TEST_P(CudaVerifyGraphTest, ReplayedVerifyStepsMatchEagerOnesAndTheCpuModel) {
     CudaModelOptions options;
     options.cuda_graphs = graphs;
     options.verify_graphs = graphs;
-    options.allow_unverified = true;  // Qwen4-Exp: this compares the GPU with itself and the CPU
     auto gpu = CudaModel::Open(dir, options);
     ASSERT_TRUE(gpu.ok()) << gpu.status();
     auto rows = testing::RunVerifyChunks(**gpu, prompts, kTokens, kSteps);
@@ -639,16 +637,14 @@ TEST_P(CudaHyperConnectedExecutorTest, ExpertsThroughAnExecutorMatchInProcess) {
   REQUIRE_GPU();
   const std::string dir = (fs::path("tests/fixtures/engine") / GetParam()).string();
   const std::vector<std::vector<int32_t>> prompts = {{3, 14, 15, 92, 65, 35, 89, 79, 32}, {38, 46, 26}};
-  CudaModelOptions options;
-  options.allow_unverified = true;
-  auto in_process = CudaModel::Open(dir, options);
+  auto in_process = CudaModel::Open(dir, CudaModelOptions{});
   ASSERT_TRUE(in_process.ok()) << in_process.status();
   auto want = testing::RunGreedy(**in_process, prompts, 10, /*chunk=*/4);
   ASSERT_TRUE(want.ok()) << want.status();
   CpuCompute compute(2);
   auto local = LocalMoe::Open(dir, compute);
   ASSERT_TRUE(local.ok()) << local.status();
-  auto gpu = CudaModel::Open(dir, options, std::move(*local));
+  auto gpu = CudaModel::Open(dir, CudaModelOptions{}, std::move(*local));
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   auto got = testing::RunGreedy(**gpu, prompts, 10, /*chunk=*/4);
   ASSERT_TRUE(got.ok()) << got.status();
@@ -857,14 +853,6 @@ TEST(CudaModelTest, TwoMicroBatchesOfWholeStepAttentionAreRefused) {
     EXPECT_EQ(gpu.status().code(), absl::StatusCode::kUnimplemented) << gpu.status();
     EXPECT_NE(gpu.status().message().find("two micro-batches"), std::string::npos) << gpu.status();
   }
-}
-
-TEST(CudaModelTest, Qwen4ExpIsRefusedUntilVerified) {
-  REQUIRE_GPU();
-  auto gpu = CudaModel::Open("tests/fixtures/engine/qwen4_exp_experts", CudaModelOptions{});
-  ASSERT_FALSE(gpu.ok());
-  EXPECT_EQ(gpu.status().code(), absl::StatusCode::kUnimplemented) << gpu.status();
-  EXPECT_NE(gpu.status().message().find("Qwen4-Exp"), std::string::npos) << gpu.status();
 }
 
 TEST(CudaModelTest, OpenWithoutGpuFailsCleanly) {

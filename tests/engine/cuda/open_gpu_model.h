@@ -10,12 +10,9 @@
 
 namespace exl3::engine::cuda {
 
-// With CudaModelOptions::allow_unverified (Qwen4-Exp; it changes nothing for the other families);
-// null, and a test failure, when it does not open.
+// Null, and a test failure, when it does not open.
 inline std::unique_ptr<CudaModel> OpenGpuModel(const std::string& dir) {
-  CudaModelOptions options;
-  options.allow_unverified = true;
-  auto model = CudaModel::Open(dir, options);
+  auto model = CudaModel::Open(dir, CudaModelOptions{});
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? std::move(*model) : nullptr;
 }

@@ -10,9 +10,7 @@
 // are accepted and rejected mid-chunk, give plain GPU decoding's tokens up to the first near-tie (a
 // verify row runs the prefill attention kernel where plain decoding runs the decode kernel, and
 // its linear layers over more rows: a top-1 / top-2 logprob gap under 5e-3 may go either way), and
-// the KV cache is idle after. Qwen4-Exp runs with CudaModelOptions::allow_unverified (its whole
-// model on the GPU has an open NaN, docs/engine.md "On the GPU"): its case is judged once that is
-// fixed.
+// the KV cache is idle after.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -94,7 +92,7 @@ INSTANTIATE_TEST_SUITE_P(RecurrentFamilies, CudaSpeculativeDecodingTest,
 INSTANTIATE_TEST_SUITE_P(DeepSeekV4, CudaSpeculativeDecodingTest,
                          ::testing::Values("deepseek_v4_all", "deepseek_v4_experts"));
 
-// Judged once Qwen4-Exp's whole model gives the CPU engine's tokens on the GPU (its PLE NaN).
+// Qwen4-Exp: its DeltaNet states, QSA and PLE windows per verify position.
 INSTANTIATE_TEST_SUITE_P(Qwen4Exp, CudaSpeculativeDecodingTest, ::testing::Values("qwen4_exp_all"));
 
 TEST(CudaSpeculativeDecodingTest, RecurrentFamiliesAndDeepSeekV4AreAccepted) {
