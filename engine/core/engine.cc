@@ -1,6 +1,7 @@
 #include "engine/core/engine.h"
 
 #include <algorithm>
+#include <thread>
 #include <cmath>
 #include <future>
 #include <utility>
@@ -51,6 +52,10 @@ absl::StatusOr<int> NumKvBlocks(const KvCacheCapacity& capacity, int block_size,
 }
 
 }  // namespace
+
+int DefaultSamplingThreads() {
+  return std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 8);
+}
 
 Engine::Engine(EngineOptions options, std::unique_ptr<ModelRunner> runner)
     : options_(std::move(options)),

@@ -164,6 +164,11 @@ struct KvCacheCapacity {
   int64_t amount = 0;
 };
 
+// Threads a server samples with: half the cores, at most 8. A row of a 150k-token vocabulary
+// takes about half a millisecond on one core (bench/results/structured-output.md), so a batch of
+// host-sampled rows on one thread outlasts a GPU step.
+int DefaultSamplingThreads();
+
 struct EngineOptions {
   // Includes speculative decoding (scheduler.speculative); Start refuses a method the runner's
   // CheckDraftVerification refuses.
@@ -174,7 +179,7 @@ struct EngineOptions {
   int max_pending_requests = 1024;   // accepted and not yet finished
   // Threads that sample a step's rows (the loop thread is one of them); sampling reads the whole
   // vocabulary per row, so large batches want several.
-  int sampling_threads = 1;
+  int sampling_threads = 1;  // servers: DefaultSamplingThreads()
   EngineObserver* observer = nullptr;  // not owned; must outlive the engine
   // Called on the loop thread after each pass of the loop that delivered request events (a
   // step's tokens, cancels, expired deadlines, the aborts of Stop), once for all of them: a

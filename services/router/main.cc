@@ -97,6 +97,9 @@ ABSL_FLAG(int64_t, kv_cache_bytes, 0, "KV cache capacity in bytes (overrides --k
 ABSL_FLAG(int32_t, block_size, 16, "tokens per KV cache block");
 ABSL_FLAG(int32_t, max_num_batched_tokens, 2048, "tokens of one engine step (decode + prefill chunks)");
 ABSL_FLAG(int32_t, max_num_seqs, 256, "sequences running at once");
+ABSL_FLAG(int32_t, sampling_threads, 0,
+          "threads that sample the rows sampled on the host (every row on the CPU engine; constrained, "
+          "verify and prompt-logprob rows on the GPU engine); 0: half the cores, at most 8");
 ABSL_FLAG(int32_t, long_prefill_token_threshold, 0,
           "largest prompt chunk of one step, so long prompts cannot starve decode (0: the token budget)");
 ABSL_FLAG(bool, enable_prefix_caching, true, "share full KV blocks between prompts with the same prefix");
@@ -152,6 +155,10 @@ absl::StatusOr<std::unique_ptr<Generation>> StartGeneration(const std::string& m
   }
   e.scheduler.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
   e.scheduler.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
+  const int sampling_threads = absl::GetFlag(FLAGS_sampling_threads);
+  if (sampling_threads < 0)
+    return absl::InvalidArgumentError(absl::StrCat("--sampling-threads must be >= 0, not ", sampling_threads));
+  e.sampling_threads = sampling_threads > 0 ? sampling_threads : engine::DefaultSamplingThreads();
   if (absl::GetFlag(FLAGS_long_prefill_token_threshold) > 0)
     e.scheduler.long_prefill_token_threshold = absl::GetFlag(FLAGS_long_prefill_token_threshold);
   e.scheduler.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);

@@ -492,6 +492,7 @@ int RunSpeculative(const exl3::bench::EngineBenchOptions& o, const ExpertPlaceme
                              int64_t{max_batch} * (context + o.steps + max_k + 32)};
     so.engine.scheduler.max_num_batched_tokens = std::max(o.prefill_chunk, max_batch * (1 + max_k));
     so.engine.scheduler.max_num_seqs = max_batch;
+    so.engine.sampling_threads = engine::DefaultSamplingThreads();  // as exl3-router samples
     auto open = [&] { return OpenEngineRunner(o, placement, router, ro, hidden_size); };
     std::printf("=== speculative decoding, experts %s: prompts of %d tokens, %d greedy tokens each, draft length %s\n",
                 placement.title.c_str(), context, o.steps, o.speculative_draft_length.c_str());
@@ -522,6 +523,7 @@ int RunConstraintSteps(const exl3::bench::EngineBenchOptions& o, const std::stri
     co.engine.block_size = 16;
     co.engine.scheduler.max_num_batched_tokens = std::max(o.prefill_chunk, max_batch);
     co.engine.scheduler.max_num_seqs = max_batch;
+    co.engine.sampling_threads = engine::DefaultSamplingThreads();  // as exl3-router samples
     const int max_tokens =
         bench::ConstraintStepMaxTokens(max_batch, context, o.steps, co.engine.scheduler.max_num_batched_tokens);
     co.engine.kv_capacity = {engine::KvCacheCapacity::Unit::kTokens, int64_t{max_batch} * (context + max_tokens + 32)};
