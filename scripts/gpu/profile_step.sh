@@ -54,7 +54,9 @@ step = [(n, t * scale) for n, t in step]
 total = sum(t for _, t in step)
 by = collections.OrderedDict()
 for n, t in step:
-    short = n.split("(")[0].split("<")[0].replace("void ", "")
+    # Kernels in anonymous namespaces read "engine::<unnamed>::Name<...>(...)": drop that first.
+    short = n.replace("<unnamed>::", "").replace("(anonymous namespace)::", "")
+    short = short.split("(")[0].split("<")[0].replace("void ", "")
     c, s = by.get(short, (0, 0.0))
     by[short] = (c + 1, s + t)
 print(f"batch {sys.argv[2]}: {len(step)} kernels in the last decode step, {total:.1f} us")
