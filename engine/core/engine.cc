@@ -396,12 +396,11 @@ void Engine::RetryChunksAlone(const ScheduledStep& step) {
 }
 
 absl::Status Engine::RunForward(const ScheduledStep& step) {
-  // A step without logit rows (prompt chunks only) has nothing to sample: plain Forward. Verify
-  // chunks' rows are sampled here (their histories hold drafts the runner is not given).
+  // A step without logit rows (prompt chunks only) has nothing to sample: plain Forward. Prompt
+  // positions' rows (prompt logprobs) need the logits here. Verify chunks' rows go to the runner
+  // with their drafts in their histories (Scheduler::SamplingRows).
   std::vector<RowSampling> rows;
-  // Prompt positions' rows (prompt logprobs) likewise need the logits here.
-  if (!Scheduler::HasVerifyChunks(step) && !Scheduler::HasPromptPositionRows(step))
-    rows = scheduler_->SamplingRows(step);
+  if (!Scheduler::HasPromptPositionRows(step)) rows = scheduler_->SamplingRows(step);
   // Constrained rows are sampled here: their masks live with the scheduler's sequences.
   runner_sampled_ = !rows.empty() && std::all_of(rows.begin(), rows.end(), [&](const RowSampling& r) {
     return r.params.grammar == nullptr && runner_->SamplesRows(r.params);

@@ -319,13 +319,16 @@ std::optional<FinishReason> Scheduler::CheckStop(const Sequence& seq, int32_t to
 }
 
 RowSampling Scheduler::RowSamplingOf(const Sequence& seq, size_t num_tokens) const {
+  const size_t prompt_len = seq.request.prompt.size();
+  return RowSamplingOf(seq, std::span<const int32_t>(seq.tokens).first(num_tokens).subspan(prompt_len));
+}
+
+RowSampling Scheduler::RowSamplingOf(const Sequence& seq, std::span<const int32_t> output) const {
   RowSampling r;
   r.params = seq.request.sampling;
   r.seed = seq.request.seed;
-  const std::span<const int32_t> history = std::span<const int32_t>(seq.tokens).first(num_tokens);
-  const size_t prompt_len = seq.request.prompt.size();
-  r.history.prompt = history.first(prompt_len);
-  r.history.output = history.subspan(prompt_len);
+  r.history.prompt = std::span<const int32_t>(seq.tokens).first(seq.request.prompt.size());
+  r.history.output = output;
   if (static_cast<int>(r.history.output.size()) < seq.request.min_tokens)
     r.history.banned_tokens = seq.min_tokens_banned;
   return r;
@@ -343,14 +346,35 @@ bool Scheduler::HasPromptPositionRows(const ScheduledStep& step) {
   });
 }
 
-std::vector<RowSampling> Scheduler::SamplingRows(const ScheduledStep& step) const {
+std::vector<RowSampling> Scheduler::SamplingRows(const ScheduledStep& step) {
   std::vector<RowSampling> rows;
+  verify_outputs_.clear();
+  // Every verify chunk's copy first: the rows' spans must not move as the vector grows.
+  for (const SequenceChunk& chunk : step.batch.chunks)
+    if (chunk.wants_logits && chunk.num_logit_rows > 1) verify_outputs_.emplace_back();
+  size_t verify = 0;
   for (const SequenceChunk& chunk : step.batch.chunks) {
     if (!chunk.wants_logits) continue;
     auto it = sequences_.find(chunk.sequence_id);
     // Schedule only names present sequences; an absent one (aborted since) samples defaults,
     // which CompleteStep then skips.
-    rows.push_back(it != sequences_.end() ? RowSamplingOf(it->second) : RowSampling{});
+    if (it == sequences_.end()) {
+      rows.insert(rows.end(), chunk.num_logit_rows, RowSampling{});
+      if (chunk.num_logit_rows > 1) ++verify;
+      continue;
+    }
+    const Sequence& seq = it->second;
+    if (chunk.num_logit_rows == 1) {
+      rows.push_back(RowSamplingOf(seq));
+      continue;
+    }
+    // A verify chunk: its last num_logit_rows - 1 tokens are the drafts.
+    std::vector<int32_t>& output = verify_outputs_[verify++];
+    output.assign(seq.tokens.begin() + static_cast<std::ptrdiff_t>(seq.request.prompt.size()), seq.tokens.end());
+    const size_t base = output.size();
+    output.insert(output.end(), chunk.tokens.end() - (chunk.num_logit_rows - 1), chunk.tokens.end());
+    for (int j = 0; j < chunk.num_logit_rows; ++j)
+      rows.push_back(RowSamplingOf(seq, std::span<const int32_t>(output).first(base + j)));
   }
   return rows;
 }
@@ -546,7 +570,7 @@ void Scheduler::FillConstraintMasks(const ScheduledStep& step) {
 std::vector<SequenceUpdate> Scheduler::CompleteSampledStep(const ScheduledStep& step,
                                                            std::span<const SampledToken> sampled) {
   // Constrained rows are sampled by CompleteStep, where their constraints take the tokens.
-  assert(!HasVerifyChunks(step) && !HasPromptPositionRows(step) && !HasConstrainedRows(step));
+  assert(!HasPromptPositionRows(step) && !HasConstrainedRows(step));
   step_failures_.clear();
   return AppendTokens(AdvanceStep(step), sampled, {});
 }

@@ -179,12 +179,13 @@ class Scheduler {
   // num_samplers workers) the rows are sampled on its workers; the result does not depend on it.
   std::vector<SequenceUpdate> CompleteStep(const ScheduledStep& step, std::span<float> logits,
                                            ParallelFor* parallel = nullptr);
-  // What sampling each logit row of `step` takes (its chunks that want logits, in chunk order),
-  // for a runner that samples on its own device (ModelRunner::ForwardSampled). The histories
-  // point into the scheduler's sequences: valid until the next call that changes them. Only
-  // for steps without verify chunks (a verify row's history holds the drafts before it, which
-  // are not in the sequence yet): HasVerifyChunks.
-  std::vector<RowSampling> SamplingRows(const ScheduledStep& step) const;
+  // What sampling each logit row of `step` takes (its chunks that want logits, in chunk order,
+  // num_logit_rows each), for a runner that samples on its own device (ModelRunner::
+  // ForwardSampled). Row j of a verify chunk sees the history with its drafts [0, j), as
+  // CompleteStep samples it. The histories point into the scheduler's sequences and, for verify
+  // rows, into copies of their outputs with the drafts: valid until the next call that changes
+  // them. Not for steps with prompt-position rows (HasPromptPositionRows).
+  std::vector<RowSampling> SamplingRows(const ScheduledStep& step);
   static bool HasVerifyChunks(const ScheduledStep& step);
   // Whether a chunk of the step wants its prompt positions' rows (prompt logprobs): such a step's
   // rows are made on the host (CompleteStep), never by a runner that samples.
@@ -274,6 +275,8 @@ class Scheduler {
   };
   // The sampling of `seq`'s next token after its first `num_tokens` tokens.
   RowSampling RowSamplingOf(const Sequence& seq, size_t num_tokens) const;
+  // With the output tokens `output` (the sequence's, or a verify row's with drafts after them).
+  RowSampling RowSamplingOf(const Sequence& seq, std::span<const int32_t> output) const;
   RowSampling RowSamplingOf(const Sequence& seq) const { return RowSamplingOf(seq, seq.tokens.size()); }
   // Advances every present sequence of the step by its chunk's tokens (a verify chunk's drafts
   // are appended to its history for the rows' sampling, not counted computed); returns the rows
@@ -313,6 +316,7 @@ class Scheduler {
   int64_t num_preemptions_ = 0;
   std::optional<NgramDrafter> drafter_;  // speculative method ngram
   std::vector<SequenceFailure> step_failures_;  // of the last CompleteStep
+  std::vector<std::vector<int32_t>> verify_outputs_;  // SamplingRows' verify chunks: output + drafts
   SpeculativeCounters speculative_counters_;
 };
 

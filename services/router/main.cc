@@ -98,8 +98,8 @@ ABSL_FLAG(int32_t, block_size, 16, "tokens per KV cache block");
 ABSL_FLAG(int32_t, max_num_batched_tokens, 2048, "tokens of one engine step (decode + prefill chunks)");
 ABSL_FLAG(int32_t, max_num_seqs, 256, "sequences running at once");
 ABSL_FLAG(int32_t, sampling_threads, 0,
-          "threads that sample the rows sampled on the host (every row on the CPU engine; constrained, "
-          "verify and prompt-logprob rows on the GPU engine); 0: half the cores, at most 8");
+          "threads that sample the rows sampled on the host (every row on the CPU engine; constrained "
+          "and prompt-logprob rows on the GPU engine); 0: half the cores, at most 8");
 ABSL_FLAG(int32_t, long_prefill_token_threshold, 0,
           "largest prompt chunk of one step, so long prompts cannot starve decode (0: the token budget)");
 ABSL_FLAG(bool, enable_prefix_caching, true, "share full KV blocks between prompts with the same prefix");

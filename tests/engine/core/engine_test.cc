@@ -276,6 +276,65 @@ TEST(Engine, RunnerSamplingGivesTheSameTokensAsHostSampling) {
   EXPECT_LT(runner_rows, total_tokens);
 }
 
+// Speculative decoding's verify rows sampled by the runner (Scheduler::SamplingRows gives row j
+// of a verify chunk the history with its drafts [0, j)) or by the engine on the host: the same
+// tokens and logprobs, with penalties that read those histories and seeded sampling whose draw
+// index is the row's position. The prompts repeat and the vocabulary is small, so the n-gram
+// drafter proposes drafts that are accepted (rows after the first then count) and rejected.
+TEST(Engine, RunnerSampledVerifyRowsGiveHostSamplingsTokens) {
+  std::vector<GenerateParams> batch;
+  for (int i = 0; i < 8; ++i) {
+    GenerateParams p = Params(0, i, 48, /*seeded_sampling=*/i % 2 == 0);
+    for (int r = 0; r < 6; ++r)
+      for (int32_t t : {5, 9, 13, 2 + i}) p.prompt.push_back(t);
+    if (i == 1) p.sampling.repetition_penalty = 1.3f;
+    if (i == 2) {
+      p.sampling.presence_penalty = 0.5f;
+      p.sampling.frequency_penalty = 0.25f;
+    }
+    p.sampling.logprobs = 2;
+    p.ignore_eos = true;
+    batch.push_back(p);
+  }
+  auto run = [&](std::optional<int> runner_logprobs, int* runner_rows, int64_t* accepted) {
+    EngineOptions o = Options();
+    o.scheduler.speculative.method = SpeculativeMethod::kNgram;
+    o.scheduler.speculative.num_speculative_tokens = 3;
+    o.scheduler.speculative.prompt_lookup_min = 1;
+    o.scheduler.speculative.prompt_lookup_max = 3;
+    FakeModelOptions model;
+    model.vocab_size = 16;
+    model.samples_rows_up_to_logprobs = runner_logprobs;
+    auto t = StartEngine(o, model);
+    std::vector<uint64_t> ids;
+    for (const GenerateParams& p : batch) ids.push_back(SubmitOk(*t, p));
+    std::vector<std::pair<std::vector<int32_t>, std::vector<float>>> out;
+    for (uint64_t id : ids) {
+      EXPECT_TRUE(t->events.WaitFinished(id));
+      out.emplace_back(t->events.Tokens(id), t->events.Logprobs(id));
+    }
+    EXPECT_EQ(t->fake->num_check_failures(), 0);
+    *runner_rows = t->fake->num_sampled_rows();
+    *accepted = t->engine->Stats().speculative.num_accepted_tokens;
+    return out;
+  };
+  int host_rows = 0, runner_rows = 0;
+  int64_t host_accepted = 0, runner_accepted = 0;
+  const auto host = run(std::nullopt, &host_rows, &host_accepted);
+  const auto runner = run(2, &runner_rows, &runner_accepted);
+  EXPECT_EQ(host_rows, 0);
+  EXPECT_GT(host_accepted, 8);
+  EXPECT_EQ(runner_accepted, host_accepted);
+  int tokens = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    EXPECT_EQ(runner[i].first, host[i].first) << "request " << i;
+    EXPECT_EQ(runner[i].second, host[i].second) << "request " << i;
+    tokens += static_cast<int>(host[i].first.size());
+  }
+  // Every row went to the runner, verify rows among them: more rows than tokens.
+  EXPECT_GT(runner_rows, tokens);
+}
+
 TEST(Engine, PreemptedSequencesResumeWithTheSameTokens) {
   ExpectBatchMatchesSolo(Options(/*num_blocks=*/100, /*block_size=*/4), kPreemptionLengths,
                          /*expect_preemption=*/true);
