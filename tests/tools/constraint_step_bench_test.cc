@@ -21,7 +21,7 @@
 #include "engine/cpu/cpu_model.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tools/test_model/test_model.h"
+#include "tests/engine/tiny_synthetic_model.h"
 
 namespace exl3::bench {
 namespace {
@@ -61,18 +61,8 @@ TEST(ConstraintStepRowTest, ShareNeedsBothRunsMeasured) {
 class ConstraintStepBenchTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    TestModelSpec spec;
-    spec.arch = "glm4_moe";
-    spec.layers = 2;
-    spec.experts = 4;
-    spec.top_k = 2;
-    SyntheticOptions so;
-    so.whole_model = true;
-    so.progress = false;
-    so.threads = 2;
     dir_ = new fs::path(fs::temp_directory_path() / ("exl3_constraint_step_bench_" + std::to_string(::getpid())));
-    fs::remove_all(*dir_);
-    ASSERT_TRUE(WriteSyntheticExl3Model(spec, so, dir_->string()).ok());
+    ASSERT_TRUE(engine::testing::WriteTinySyntheticModel(*dir_).ok());
   }
   static void TearDownTestSuite() {
     fs::remove_all(*dir_);

@@ -443,13 +443,13 @@ int RunTables(CudaModel& model, const exl3::bench::EngineBenchOptions& o, const 
   return 0;
 }
 
-// The GPU model as the Engine's runner, its experts where `placement` says (the benchmarks through
-// the Engine); null after printing why it did not open.
-std::unique_ptr<exl3::engine::ModelRunner> OpenEngineRunner(const exl3::bench::EngineBenchOptions& o,
-                                                            const ExpertPlacement& placement,
-                                                            exl3::router::InProcessRouter* router,
-                                                            const exl3::router::InProcessRouterOptions& ro,
-                                                            int hidden_size) {
+// The GPU model with the command line's options, its experts where `placement` says (through
+// `router`'s workers when it is set).
+absl::StatusOr<std::unique_ptr<CudaModel>> OpenBenchModel(const exl3::bench::EngineBenchOptions& o,
+                                                          const ExpertPlacement& placement,
+                                                          exl3::router::InProcessRouter* router,
+                                                          const exl3::router::InProcessRouterOptions& ro,
+                                                          int hidden_size) {
   CudaModelOptions options;
   options.cuda_graphs = o.graphs;
   options.verify_graphs = o.verify_graphs;
@@ -460,7 +460,17 @@ std::unique_ptr<exl3::engine::ModelRunner> OpenEngineRunner(const exl3::bench::E
     executor = std::make_unique<exl3::router::RouterMoeExecutor>(router->core().service(),
                                                                  ro.core.router.inline_max_tokens, hidden_size,
                                                                  std::chrono::milliseconds(o.moe_timeout_ms));
-  auto opened = CudaModel::Open(o.model, options, std::move(executor));
+  return CudaModel::Open(o.model, options, std::move(executor));
+}
+
+// The GPU model as the Engine's runner (the benchmarks through the Engine); null after printing
+// why it did not open.
+std::unique_ptr<exl3::engine::ModelRunner> OpenEngineRunner(const exl3::bench::EngineBenchOptions& o,
+                                                            const ExpertPlacement& placement,
+                                                            exl3::router::InProcessRouter* router,
+                                                            const exl3::router::InProcessRouterOptions& ro,
+                                                            int hidden_size) {
+  auto opened = OpenBenchModel(o, placement, router, ro, hidden_size);
   if (!opened.ok()) {
     std::fprintf(stderr, "exl3-engine-bench: %s\n", opened.status().ToString().c_str());
     return nullptr;
@@ -663,18 +673,8 @@ int main(int argc, char** argv) {
     return rc;
   }
   for (const ExpertPlacement& placement : placements) {
-    CudaModelOptions options;
-    options.cuda_graphs = o.graphs;
-    options.verify_graphs = o.verify_graphs;
-    if (o.max_moe_tokens > 0) options.max_moe_tokens = o.max_moe_tokens;
-    options.micro_batches = placement.micro_batches;
-    std::unique_ptr<exl3::engine::MoeExecutor> executor;
-    if (router != nullptr)
-      executor = std::make_unique<exl3::router::RouterMoeExecutor>(
-          router->core().service(), ro.core.router.inline_max_tokens, cfg_or->hidden_size,
-          std::chrono::milliseconds(o.moe_timeout_ms));
     const double t_load = Now();
-    auto opened = CudaModel::Open(o.model, options, std::move(executor));
+    auto opened = OpenBenchModel(o, placement, router.get(), ro, cfg_or->hidden_size);
     if (!opened.ok()) return Fail(opened.status().ToString());
     std::unique_ptr<CudaModel> m = std::move(*opened);
     const auto& cfg = m->config();

@@ -226,6 +226,42 @@ TEST(Engine, ParallelSamplingGivesTheSameTokens) {
   ExpectBatchMatchesSolo(o, kLengths, /*expect_preemption=*/false);
 }
 
+// A batch's tokens and logprobs per request, the rows the runner sampled itself and the drafts
+// accepted, from a fresh engine over a fake runner that samples rows asking at most
+// `runner_logprobs` top logprobs (none: every row sampled by the engine on the host).
+struct SampledBatch {
+  std::vector<std::pair<std::vector<int32_t>, std::vector<float>>> requests;
+  int runner_rows = 0;
+  int64_t accepted_drafts = 0;
+};
+SampledBatch RunSampledBatch(const EngineOptions& o, FakeModelOptions model, std::optional<int> runner_logprobs,
+                             const std::vector<GenerateParams>& batch) {
+  model.samples_rows_up_to_logprobs = runner_logprobs;
+  auto t = StartEngine(o, model);
+  std::vector<uint64_t> ids;
+  for (const GenerateParams& p : batch) ids.push_back(SubmitOk(*t, p));
+  SampledBatch out;
+  for (uint64_t id : ids) {
+    EXPECT_TRUE(t->events.WaitFinished(id));
+    out.requests.emplace_back(t->events.Tokens(id), t->events.Logprobs(id));
+  }
+  EXPECT_EQ(t->fake->num_check_failures(), 0);
+  out.runner_rows = t->fake->num_sampled_rows();
+  out.accepted_drafts = t->engine->Stats().speculative.num_accepted_tokens;
+  return out;
+}
+
+// Both runs' tokens and logprobs equal, request by request; the tokens of all.
+int ExpectSameRequests(const SampledBatch& runner, const SampledBatch& host) {
+  int tokens = 0;
+  for (size_t i = 0; i < host.requests.size(); ++i) {
+    EXPECT_EQ(runner.requests[i].first, host.requests[i].first) << "request " << i;
+    EXPECT_EQ(runner.requests[i].second, host.requests[i].second) << "request " << i;
+    tokens += static_cast<int>(host.requests[i].first.size());
+  }
+  return tokens;
+}
+
 // The runner samples (ModelRunner::ForwardSampled, as the GPU engine does) or the engine does:
 // the same tokens and logprobs. Rows asking more top logprobs than the runner samples send their
 // steps to the host path, so a run has both kinds of steps.
@@ -246,34 +282,13 @@ TEST(Engine, RunnerSamplingGivesTheSameTokensAsHostSampling) {
   GenerateParams wide = Params(40, 9, 6, /*seeded_sampling=*/true);
   wide.sampling.logprobs = 5;  // more than the runner samples
   batch.push_back(wide);
-  auto run = [&](std::optional<int> runner_logprobs, int* runner_rows) {
-    FakeModelOptions model;
-    model.samples_rows_up_to_logprobs = runner_logprobs;
-    auto t = StartEngine(Options(), model);
-    std::vector<uint64_t> ids;
-    for (const GenerateParams& p : batch) ids.push_back(SubmitOk(*t, p));
-    std::vector<std::pair<std::vector<int32_t>, std::vector<float>>> out;
-    for (uint64_t id : ids) {
-      EXPECT_TRUE(t->events.WaitFinished(id));
-      out.emplace_back(t->events.Tokens(id), t->events.Logprobs(id));
-    }
-    EXPECT_EQ(t->fake->num_check_failures(), 0);
-    *runner_rows = t->fake->num_sampled_rows();
-    return out;
-  };
-  int host_rows = 0, runner_rows = 0;
-  const auto host = run(std::nullopt, &host_rows);
-  const auto runner = run(2, &runner_rows);
-  EXPECT_EQ(host_rows, 0);
-  EXPECT_GT(runner_rows, 0);
-  int total_tokens = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    EXPECT_EQ(runner[i].first, host[i].first) << "request " << i;
-    EXPECT_EQ(runner[i].second, host[i].second) << "request " << i;
-    total_tokens += static_cast<int>(host[i].first.size());
-  }
+  const SampledBatch host = RunSampledBatch(Options(), {}, std::nullopt, batch);
+  const SampledBatch runner = RunSampledBatch(Options(), {}, 2, batch);
+  EXPECT_EQ(host.runner_rows, 0);
+  EXPECT_GT(runner.runner_rows, 0);
+  const int total_tokens = ExpectSameRequests(runner, host);
   // The wide request's steps went to the host: fewer rows sampled on the runner than tokens.
-  EXPECT_LT(runner_rows, total_tokens);
+  EXPECT_LT(runner.runner_rows, total_tokens);
 }
 
 // Speculative decoding's verify rows sampled by the runner (Scheduler::SamplingRows gives row j
@@ -296,43 +311,21 @@ TEST(Engine, RunnerSampledVerifyRowsGiveHostSamplingsTokens) {
     p.ignore_eos = true;
     batch.push_back(p);
   }
-  auto run = [&](std::optional<int> runner_logprobs, int* runner_rows, int64_t* accepted) {
-    EngineOptions o = Options();
-    o.scheduler.speculative.method = SpeculativeMethod::kNgram;
-    o.scheduler.speculative.num_speculative_tokens = 3;
-    o.scheduler.speculative.prompt_lookup_min = 1;
-    o.scheduler.speculative.prompt_lookup_max = 3;
-    FakeModelOptions model;
-    model.vocab_size = 16;
-    model.samples_rows_up_to_logprobs = runner_logprobs;
-    auto t = StartEngine(o, model);
-    std::vector<uint64_t> ids;
-    for (const GenerateParams& p : batch) ids.push_back(SubmitOk(*t, p));
-    std::vector<std::pair<std::vector<int32_t>, std::vector<float>>> out;
-    for (uint64_t id : ids) {
-      EXPECT_TRUE(t->events.WaitFinished(id));
-      out.emplace_back(t->events.Tokens(id), t->events.Logprobs(id));
-    }
-    EXPECT_EQ(t->fake->num_check_failures(), 0);
-    *runner_rows = t->fake->num_sampled_rows();
-    *accepted = t->engine->Stats().speculative.num_accepted_tokens;
-    return out;
-  };
-  int host_rows = 0, runner_rows = 0;
-  int64_t host_accepted = 0, runner_accepted = 0;
-  const auto host = run(std::nullopt, &host_rows, &host_accepted);
-  const auto runner = run(2, &runner_rows, &runner_accepted);
-  EXPECT_EQ(host_rows, 0);
-  EXPECT_GT(host_accepted, 8);
-  EXPECT_EQ(runner_accepted, host_accepted);
-  int tokens = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    EXPECT_EQ(runner[i].first, host[i].first) << "request " << i;
-    EXPECT_EQ(runner[i].second, host[i].second) << "request " << i;
-    tokens += static_cast<int>(host[i].first.size());
-  }
+  EngineOptions o = Options();
+  o.scheduler.speculative.method = SpeculativeMethod::kNgram;
+  o.scheduler.speculative.num_speculative_tokens = 3;
+  o.scheduler.speculative.prompt_lookup_min = 1;
+  o.scheduler.speculative.prompt_lookup_max = 3;
+  FakeModelOptions model;
+  model.vocab_size = 16;
+  const SampledBatch host = RunSampledBatch(o, model, std::nullopt, batch);
+  const SampledBatch runner = RunSampledBatch(o, model, 2, batch);
+  EXPECT_EQ(host.runner_rows, 0);
+  EXPECT_GT(host.accepted_drafts, 8);
+  EXPECT_EQ(runner.accepted_drafts, host.accepted_drafts);
+  const int tokens = ExpectSameRequests(runner, host);
   // Every row went to the runner, verify rows among them: more rows than tokens.
-  EXPECT_GT(runner_rows, tokens);
+  EXPECT_GT(runner.runner_rows, tokens);
 }
 
 TEST(Engine, PreemptedSequencesResumeWithTheSameTokens) {

@@ -20,7 +20,7 @@
 #include "engine/core/engine.h"
 #include "engine/sampling/token_grammar.h"
 #include "gtest/gtest.h"
-#include "tools/test_model/test_model.h"
+#include "tests/engine/tiny_synthetic_model.h"
 #include "nlohmann/json.hpp"
 #include "tests/engine/byte_level_vocab.h"
 #include "tests/engine/engine_requests.h"
@@ -99,19 +99,9 @@ void ExpectValid(const std::string& text) {
 class StructuredOutputTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    TestModelSpec spec;
-    spec.arch = "glm4_moe";
-    spec.layers = 2;
-    spec.experts = 4;
-    spec.top_k = 2;
-    SyntheticOptions so;
-    so.whole_model = true;
-    so.progress = false;
-    so.threads = 2;
     dir_ = new fs::path(fs::temp_directory_path() /
                         ("exl3_structured_output_" + std::to_string(::getpid())));
-    fs::remove_all(*dir_);
-    ASSERT_TRUE(WriteSyntheticExl3Model(spec, so, dir_->string()).ok());
+    ASSERT_TRUE(testing::WriteTinySyntheticModel(*dir_).ok());
   }
   static void TearDownTestSuite() {
     fs::remove_all(*dir_);
