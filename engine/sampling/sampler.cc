@@ -159,14 +159,19 @@ void Sampler::FillLogprobs(std::span<const float> raw, int top_n_wanted, Sampled
   const size_t top_n = std::clamp(top_n_wanted, 0, vocab_size_);
   auto higher = [&](int32_t a, int32_t b) { return Higher(raw, a, b); };
   candidates_.clear();
+  // floor: the heap front's logit once the heap is full; a lower logit never enters, and most
+  // tokens are skipped by that one comparison.
+  float floor = kNegInf;
   for (int32_t t = 0; t < vocab_size_ && top_n > 0; ++t) {
     if (candidates_.size() < top_n) {
       candidates_.push_back(t);
       std::push_heap(candidates_.begin(), candidates_.end(), higher);
-    } else if (higher(t, candidates_.front())) {
+      if (candidates_.size() == top_n) floor = raw[candidates_.front()];
+    } else if (!(raw[t] < floor) && higher(t, candidates_.front())) {
       std::pop_heap(candidates_.begin(), candidates_.end(), higher);
       candidates_.back() = t;
       std::push_heap(candidates_.begin(), candidates_.end(), higher);
+      floor = raw[candidates_.front()];
     }
   }
   std::sort_heap(candidates_.begin(), candidates_.end(), higher);
