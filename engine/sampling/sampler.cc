@@ -66,6 +66,17 @@ inline float ExpNonPositive(float x) {
   return p * std::bit_cast<float>(biased << 23);
 }
 
+// out[t] = ExpNonPositive(x[t] - shift) for t < n: the sampler's widest loop over a row. On x86-64
+// a second copy for AVX2 is chosen at load time where the CPU has it (eight lanes instead of
+// four); the lanes run the same float operations (no FMA: AVX2 alone has none, and the file is
+// compiled with -ffp-contract=off), so both copies give the same bits.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+void ExpShifted(const float* x, float shift, float* out, int32_t n) {
+  for (int32_t t = 0; t < n; ++t) out[t] = ExpNonPositive(x[t] - shift);
+}
+
 // The lowest index of the largest value.
 int32_t ArgMax(std::span<const float> logits) {
   const float m = MaxValue(logits);
@@ -145,7 +156,7 @@ std::optional<SampledToken> Sampler::SampleAccepted(std::span<float> logits, con
 void Sampler::FillLogprobs(std::span<const float> raw, int top_n_wanted, SampledToken& out) {
   const float max_raw = MaxValue(raw);
   // weights_ is free again: the exponentials in a loop that vectorizes, then four partial sums.
-  for (int32_t t = 0; t < vocab_size_; ++t) weights_[t] = ExpNonPositive(raw[t] - max_raw);
+  ExpShifted(raw.data(), max_raw, weights_.data(), vocab_size_);
   double partial[4] = {0, 0, 0, 0};
   int32_t t = 0;
   for (; t + 4 <= vocab_size_; t += 4) {
@@ -318,7 +329,7 @@ int32_t Sampler::Draw(std::span<float> logits, const SamplingParams& params,
   const float min_logit = MinFiniteValue(logits);
   // Unnormalized probabilities, computed once, over the whole row (a loop that vectorizes; the
   // -inf tokens are never read).
-  for (int32_t t = 0; t < vocab_size_; ++t) weights_[t] = ExpNonPositive(logits[t] - max_logit);
+  ExpShifted(logits.data(), max_logit, weights_.data(), vocab_size_);
 
   // Each filter keeps a head of the candidates in Higher order (the top token always stays), so
   // they apply one after another to a shrinking count n; candidates_[0, n) stays in ascending
