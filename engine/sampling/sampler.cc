@@ -319,11 +319,15 @@ int32_t Sampler::Draw(std::span<float> logits, const SamplingParams& params,
                       double uniform) {
   // Temperature, and the tokens still possible (banned ones are -inf), in one pass.
   const float inv_temperature = 1.0f / params.temperature;
-  candidates_.clear();
+  for (int32_t t = 0; t < vocab_size_; ++t) logits[t] *= inv_temperature;
+  // Without a branch: every token is written, and the count moves past the possible ones.
+  candidates_.resize(static_cast<size_t>(vocab_size_));
+  size_t possible = 0;
   for (int32_t t = 0; t < vocab_size_; ++t) {
-    logits[t] *= inv_temperature;
-    if (logits[t] != kNegInf) candidates_.push_back(t);
+    candidates_[possible] = t;
+    possible += logits[t] != kNegInf ? 1 : 0;
   }
+  candidates_.resize(possible);
   if (candidates_.empty()) return 0;  // everything banned: nothing sensible left
   const float max_logit = MaxValue(logits);
   const float min_logit = MinFiniteValue(logits);
