@@ -63,8 +63,9 @@ struct CudaModelOptions {
   // graphs off with a warning. DeepSeek-V4 ignores it (engine/cuda/dsv4_mixer.h says why).
   bool cuda_graphs = true;
   // With cuda_graphs, speculative decoding's verify steps of one shape replay a graph too
-  // (engine/cuda/decode_graphs.h). Off until tests/engine/cuda/cuda_model_test.cc
-  // CudaVerifyGraphTest has passed on a GPU: a wrong replay would change tokens silently.
+  // (engine/cuda/decode_graphs.h). Their replays match eager steps on an H100
+  // (tests/engine/cuda/cuda_model_test.cc CudaVerifyGraphTest), but they stay off until a run
+  // through the engine shows them correct and faster (bench/results/engine-h100.md, session 22).
   bool verify_graphs = false;
   // Chunks of at least kPrefillMinTokens tokens of one sequence (head dims 64, 128, 256) run
   // attention on the tensor-core prefill kernel; off: every token through the decode kernel.
