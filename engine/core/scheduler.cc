@@ -348,11 +348,8 @@ bool Scheduler::HasPromptPositionRows(const ScheduledStep& step) {
 
 std::vector<RowSampling> Scheduler::SamplingRows(const ScheduledStep& step) {
   std::vector<RowSampling> rows;
+  // The rows' spans point into these copies' buffers, which stay put as the outer vector grows.
   verify_outputs_.clear();
-  // Every verify chunk's copy first: the rows' spans must not move as the vector grows.
-  for (const SequenceChunk& chunk : step.batch.chunks)
-    if (chunk.wants_logits && chunk.num_logit_rows > 1) verify_outputs_.emplace_back();
-  size_t verify = 0;
   for (const SequenceChunk& chunk : step.batch.chunks) {
     if (!chunk.wants_logits) continue;
     auto it = sequences_.find(chunk.sequence_id);
@@ -360,7 +357,6 @@ std::vector<RowSampling> Scheduler::SamplingRows(const ScheduledStep& step) {
     // which CompleteStep then skips.
     if (it == sequences_.end()) {
       rows.insert(rows.end(), chunk.num_logit_rows, RowSampling{});
-      if (chunk.num_logit_rows > 1) ++verify;
       continue;
     }
     const Sequence& seq = it->second;
@@ -369,7 +365,7 @@ std::vector<RowSampling> Scheduler::SamplingRows(const ScheduledStep& step) {
       continue;
     }
     // A verify chunk: its last num_logit_rows - 1 tokens are the drafts.
-    std::vector<int32_t>& output = verify_outputs_[verify++];
+    std::vector<int32_t>& output = verify_outputs_.emplace_back();
     output.assign(seq.tokens.begin() + static_cast<std::ptrdiff_t>(seq.request.prompt.size()), seq.tokens.end());
     const size_t base = output.size();
     output.insert(output.end(), chunk.tokens.end() - (chunk.num_logit_rows - 1), chunk.tokens.end());

@@ -15,10 +15,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 LIMIT=${LIMIT:-220}
-t0=$(date +%s)
-el() { echo $(( $(date +%s) - t0 )); }
-left() { echo $(( LIMIT - $(el) )); }
-upto() { local l; l=$(left); echo $(( l > $1 ? $1 : l )); }  # a step's timeout: $1 or what is left
+. scripts/gpu/time_budget.sh
 . scripts/gpu/env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 show() { grep -E "non-finite|Failure|FAILED|PASSED|rows within|worst|Which is|K [0-9], prompt|gap|runner" "$1" | head -"$2"; }

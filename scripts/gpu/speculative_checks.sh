@@ -18,10 +18,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 LIMIT=${LIMIT:-400}
-t0=$(date +%s)
-el() { echo $(( $(date +%s) - t0 )); }
-left() { echo $(( LIMIT - $(el) )); }
-upto() { local l; l=$(left); echo $(( l > $1 ? $1 : l )); }  # a step's timeout: $1 or what is left
+. scripts/gpu/time_budget.sh
 . scripts/gpu/env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 show() { grep -E "Failure|FAILED|PASSED|GPU K=|mtp K=|differs|indexer choice|Which is|gap" "$1" | head -"$2"; }
