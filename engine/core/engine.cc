@@ -398,19 +398,32 @@ void Engine::RetryChunksAlone(const ScheduledStep& step) {
 absl::Status Engine::RunForward(const ScheduledStep& step) {
   // A step without logit rows (prompt chunks only) has nothing to sample: plain Forward. Prompt
   // positions' rows (prompt logprobs) need the logits here. Verify chunks' rows go to the runner
-  // with their drafts in their histories (Scheduler::SamplingRows).
+  // with their drafts in their histories, constrained rows with their masks (Scheduler::SamplingRows).
   std::vector<RowSampling> rows;
   if (!Scheduler::HasPromptPositionRows(step)) rows = scheduler_->SamplingRows(step);
-  // Constrained rows are sampled here: their masks live with the scheduler's sequences.
   runner_sampled_ = !rows.empty() && std::all_of(rows.begin(), rows.end(), [&](const RowSampling& r) {
-    return r.params.grammar == nullptr && runner_->SamplesRows(r.params);
+    return runner_->SamplesRows(r.params);
   });
+  // The constrained rows' masks depend only on tokens already accepted: they are filled on
+  // another thread while the forward pass runs, and joined before anything reads them or touches
+  // the scheduler (CompleteStep would fill any it missed).
+  std::future<void> masks;
+  if (scheduler_->HasConstrainedRows(step)) {
+    masks = std::async(std::launch::async, [this, &step] { scheduler_->FillConstraintMasks(step); });
+  }
+  auto masks_ready = [&masks] {
+    if (masks.valid()) masks.get();
+  };
+  absl::Status forward;
   if (runner_sampled_) {
     sampled_.assign(rows.size(), SampledToken{});
-    return runner_->ForwardSampled(step.batch, rows, std::span<SampledToken>(sampled_));
+    forward = runner_->ForwardSampled(step.batch, rows, std::span<SampledToken>(sampled_), masks_ready);
+  } else {
+    logits_.resize(static_cast<size_t>(step.batch.NumLogitRows()) * info_.vocab_size);
+    forward = runner_->Forward(step.batch, logits_.data());
   }
-  logits_.resize(static_cast<size_t>(step.batch.NumLogitRows()) * info_.vocab_size);
-  return runner_->Forward(step.batch, logits_.data());
+  masks_ready();  // where the runner did not call it (or failed first)
+  return forward;
 }
 
 void Engine::DraftWithMtp(const ScheduledStep& step) {
@@ -429,7 +442,11 @@ void Engine::DraftWithMtp(const ScheduledStep& step) {
 }
 
 std::vector<SequenceUpdate> Engine::CompleteStep(const ScheduledStep& step) {
-  if (runner_sampled_) return scheduler_->CompleteSampledStep(step, sampled_);
+  if (runner_sampled_) {
+    return scheduler_->CompleteSampledStep(step, sampled_, [this](int row, std::span<float> logits) {
+      return runner_->MaskedRowLogits(row, logits);
+    });
+  }
   return scheduler_->CompleteStep(step, logits_, sampling_pool_.get());
 }
 
@@ -478,15 +495,7 @@ void Engine::RunStep() {
   m.num_tokens = step.batch.NumTokens();
 
   const SteadyTime t2 = Clock::now();
-  // The constrained rows' masks depend only on tokens already accepted: they are filled on
-  // another thread while the forward pass runs, and joined before anything else touches the
-  // scheduler (CompleteStep would fill any it missed).
-  std::future<void> masks;
-  if (scheduler_->HasConstrainedRows(step)) {
-    masks = std::async(std::launch::async, [this, &step] { scheduler_->FillConstraintMasks(step); });
-  }
   const absl::Status forward = RunForward(step);
-  if (masks.valid()) masks.get();
   const SteadyTime t3 = Clock::now();
   m.forward_s = Seconds(t3 - t2);
   m.phases = runner_->LastPhaseTimes();

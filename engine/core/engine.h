@@ -43,8 +43,9 @@
 //
 // Constrained decoding (SamplingParams::grammar, engine/sampling/token_constraint.h): each step the masks
 // of the constrained sequences are computed on a second thread while the forward pass runs, and
-// those steps are sampled on the host (ModelRunner::ForwardSampled is not used for them). A
-// constrained sequence ends (kStop) when its grammar is complete and took a stop token.
+// a runner that samples (the GPU's) applies them where the logits are; the constraint takes the
+// token on the host, which draws the row again there in the rare case it refuses one its mask
+// allowed. A constrained sequence ends (kStop) when its grammar is complete and took a stop token.
 #pragma once
 
 #include <chrono>

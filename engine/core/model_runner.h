@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -200,10 +201,21 @@ class ModelRunner {
   virtual bool SamplesRows(const SamplingParams& /*params*/) const { return false; }
   // Runs one step as Forward does, then samples logit row i as Sampler::Sample would with
   // rows[i] (the same tokens for the same logits, and the logprobs it reports) into tokens[i];
-  // rows.size() == tokens.size() == batch.NumLogitRows().
+  // rows.size() == tokens.size() == batch.NumLogitRows(). A constrained row's mask
+  // (rows[i].history.allowed_tokens) may still be being filled on another thread until
+  // `masks_ready` returns: the runner calls it once, after queuing the forward pass and before
+  // it reads any row's mask (so the masks fill while the device works).
   virtual absl::Status ForwardSampled(const StepBatch& /*batch*/,
                                       std::span<const RowSampling> /*rows*/,
-                                      std::span<SampledToken> /*tokens*/) {
+                                      std::span<SampledToken> /*tokens*/,
+                                      const std::function<void()>& /*masks_ready*/) {
+    return absl::UnimplementedError("this model runner does not sample");
+  }
+  // After ForwardSampled: logit row `row` as its sampling saw it after the constraint's mask and
+  // before anything else (logit_bias, bans, penalties), for a row that had a mask. The engine
+  // draws such a row again on the host in the rare case its constraint refuses the token the
+  // mask allowed (engine/sampling/sampler.h SampleAccepted). logits.size() == vocab_size.
+  virtual absl::Status MaskedRowLogits(int /*row*/, std::span<float> /*logits*/) {
     return absl::UnimplementedError("this model runner does not sample");
   }
 };

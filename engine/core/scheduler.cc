@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace exl3::engine {
 namespace {
@@ -331,6 +332,7 @@ RowSampling Scheduler::RowSamplingOf(const Sequence& seq, std::span<const int32_
   r.history.output = output;
   if (static_cast<int>(r.history.output.size()) < seq.request.min_tokens)
     r.history.banned_tokens = seq.min_tokens_banned;
+  if (seq.constraint != nullptr) r.history.allowed_tokens = seq.constraint->next_token_mask();
   return r;
 }
 
@@ -564,11 +566,54 @@ void Scheduler::FillConstraintMasks(const ScheduledStep& step) {
 }
 
 std::vector<SequenceUpdate> Scheduler::CompleteSampledStep(const ScheduledStep& step,
-                                                           std::span<const SampledToken> sampled) {
-  // Constrained rows are sampled by CompleteStep, where their constraints take the tokens.
-  assert(!HasPromptPositionRows(step) && !HasConstrainedRows(step));
+                                                           std::span<const SampledToken> sampled,
+                                                           const MaskedRowLogits& masked_row_logits) {
+  assert(!HasPromptPositionRows(step));
   step_failures_.clear();
-  return AppendTokens(AdvanceStep(step), sampled, {});
+  const std::vector<SampledRows> rows = AdvanceStep(step);
+  std::vector<SampledToken> row_tokens(sampled.begin(), sampled.end());
+  std::vector<uint8_t> row_failed;
+  for (const SampledRows& r : rows) {
+    if (r.seq->constraint == nullptr) continue;
+    const absl::Status taken = TakeConstrainedToken(*r.seq, r.first_row, row_tokens[r.first_row], masked_row_logits);
+    if (taken.ok()) continue;
+    row_failed.resize(row_tokens.size(), 0);
+    row_failed[r.first_row] = 1;
+    step_failures_.push_back({r.id, taken});
+  }
+  return AppendTokens(rows, row_tokens, row_failed);
+}
+
+absl::Status Scheduler::TakeConstrainedToken(Sequence& seq, int row, SampledToken& token,
+                                             const MaskedRowLogits& masked_row_logits) {
+  TokenConstraint& c = *seq.constraint;
+  // The runner sampled with this mask: it was filled before the step's rows were read.
+  if (c.state() != TokenConstraint::State::kMaskReady)
+    return absl::InternalError("a constrained row was sampled before its mask was filled");
+  const RowSampling s = RowSamplingOf(seq);  // no drafts: the row's history is the sequence's
+  if (!TokenConstraint::AllowsAnyToken(s.history.allowed_tokens, s.history.banned_tokens)) {
+    return absl::InvalidArgumentError(
+        "the output's constraint allows no token here (its only continuations are banned: "
+        "end-of-sequence before min_tokens, or stop tokens)");
+  }
+  if (c.Accept(token.token).ok()) return absl::OkStatus();
+  // The mask allowed a token the matcher refuses (Sampler::SampleAccepted says when): the row is
+  // drawn again on the host without it, from its masked logits.
+  std::vector<uint32_t> allowed(s.history.allowed_tokens.begin(), s.history.allowed_tokens.end());
+  allowed[static_cast<size_t>(token.token) / 32] &= ~(1u << (token.token % 32));
+  SequenceHistory history = s.history;
+  history.allowed_tokens = allowed;
+  redraw_logits_.resize(model_.vocab_size);
+  EXL3_RETURN_IF_ERROR(masked_row_logits(row, std::span<float>(redraw_logits_)));
+  const std::optional<SampledToken> redrawn = samplers_[0].SampleAccepted(
+      redraw_logits_, s.params, s.seed, history, [&c](int32_t t) { return c.Accept(t).ok(); },
+      kMaxConstraintRefusals - 1);
+  if (!redrawn.has_value()) {
+    return absl::InternalError(absl::StrCat("the output's constraint refused all ", kMaxConstraintRefusals + 1,
+                                            " tokens drawn from its own mask (or its mask ran out)"));
+  }
+  token = *redrawn;
+  return absl::OkStatus();
 }
 
 std::vector<int64_t> Scheduler::FailStep(const ScheduledStep& step) {

@@ -50,6 +50,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -182,9 +183,10 @@ class Scheduler {
   // What sampling each logit row of `step` takes (its chunks that want logits, in chunk order,
   // num_logit_rows each), for a runner that samples on its own device (ModelRunner::
   // ForwardSampled). Row j of a verify chunk sees the history with its drafts [0, j), as
-  // CompleteStep samples it. The histories point into the scheduler's sequences and, for verify
-  // rows, into copies of their outputs with the drafts: valid until the next call that changes
-  // them. Not for steps with prompt-position rows (HasPromptPositionRows).
+  // CompleteStep samples it. A constrained row's allowed_tokens is its constraint's mask, whose
+  // contents are current once FillConstraintMasks ran. The histories point into the scheduler's
+  // sequences and, for verify rows, into copies of their outputs with the drafts: valid until the
+  // next call that changes them. Not for steps with prompt-position rows (HasPromptPositionRows).
   std::vector<RowSampling> SamplingRows(const ScheduledStep& step);
   static bool HasVerifyChunks(const ScheduledStep& step);
   // Whether a chunk of the step wants its prompt positions' rows (prompt logprobs): such a step's
@@ -199,9 +201,15 @@ class Scheduler {
   // The drafts ProposeMtpDrafts made for a sequence's current history: its next step proposes
   // them (as many as fit); any change to the history drops them.
   void SetMtpDrafts(int64_t sequence_id, std::vector<int32_t> drafts);
-  // CompleteStep for a step whose rows were sampled already: sampled[i] is row i's token.
+  // Row `row`'s logits after its constraint's mask (ModelRunner::MaskedRowLogits).
+  using MaskedRowLogits = std::function<absl::Status(int row, std::span<float> logits)>;
+  // CompleteStep for a step whose rows were sampled already: sampled[i] is row i's token. A
+  // constrained row was sampled with its mask (SamplingRows gives it): its constraint takes the
+  // token here, and in the rare case it refuses one its mask allowed, the row is drawn again on
+  // the host from `masked_row_logits` as CompleteStep would (Sampler::SampleAccepted).
   std::vector<SequenceUpdate> CompleteSampledStep(const ScheduledStep& step,
-                                                  std::span<const SampledToken> sampled);
+                                                  std::span<const SampledToken> sampled,
+                                                  const MaskedRowLogits& masked_row_logits);
   // The sequences the last CompleteStep / CompleteSampledStep failed (SequenceFailure): they got
   // no update from it.
   const std::vector<SequenceFailure>& step_failures() const { return step_failures_; }
@@ -287,6 +295,10 @@ class Scheduler {
   // history, appends its accepted drafts and the next token (stopping at a stop condition), one
   // update per token, and removes the sequences that stop.
   // row_failed[r] set: row r failed (step_failures_ says why), its sequence takes nothing.
+  // A constrained row's token (sampled with its mask) to its constraint: OK when taken, else the
+  // row's error. A refused token is drawn again from `masked_row_logits`; the redraw lands in `token`.
+  absl::Status TakeConstrainedToken(Sequence& seq, int row, SampledToken& token,
+                                    const MaskedRowLogits& masked_row_logits);
   std::vector<SequenceUpdate> AppendTokens(const std::vector<SampledRows>& rows,
                                            std::span<const SampledToken> row_tokens,
                                            const std::vector<uint8_t>& row_failed);
@@ -317,6 +329,7 @@ class Scheduler {
   std::optional<NgramDrafter> drafter_;  // speculative method ngram
   std::vector<SequenceFailure> step_failures_;  // of the last CompleteStep
   std::vector<std::vector<int32_t>> verify_outputs_;  // SamplingRows' verify chunks: output + drafts
+  std::vector<float> redraw_logits_;  // TakeConstrainedToken's row
   SpeculativeCounters speculative_counters_;
 };
 

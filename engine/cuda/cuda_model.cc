@@ -289,6 +289,8 @@ absl::Status CudaModel::FinishStep(int rows, const StepOutput& out) {
     // Only the tokens come back: the sampling's launches follow the head (after a decode graph's
     // replay, outside it).
     EXL3_RETURN_IF_ERROR(timer_->Mark(Phase::kHead));
+    // The forward pass is queued: the constraints' masks may finish filling while it runs.
+    if (out.masks_ready != nullptr && *out.masks_ready) (*out.masks_ready)();
     EXL3_RETURN_IF_ERROR(sampler_->Launch(act_.logits.get(), out.rows.first(rows), stream));
     EXL3_RETURN_IF_ERROR(timer_->Mark(Phase::kSample));
   }
@@ -362,13 +364,18 @@ absl::Status CudaModel::Forward(const StepBatch& batch, float* logits) {
 }
 
 absl::Status CudaModel::ForwardSampled(const StepBatch& batch, std::span<const RowSampling> rows,
-                                       std::span<SampledToken> tokens) {
+                                       std::span<SampledToken> tokens, const std::function<void()>& masks_ready) {
   const size_t R = static_cast<size_t>(batch.NumLogitRows());
   if (rows.size() != R || tokens.size() != R)
     return absl::InvalidArgumentError(absl::StrCat("ForwardSampled: ", rows.size(), " sampling rows and ", tokens.size(),
                                                    " tokens for a step of ", R, " logit rows"));
   if (sampler_ == nullptr) return absl::FailedPreconditionError("ForwardSampled: device sampling is off");
-  return RunStep(batch, StepOutput{nullptr, rows, tokens});
+  return RunStep(batch, StepOutput{nullptr, rows, tokens, &masks_ready});
+}
+
+absl::Status CudaModel::MaskedRowLogits(int row, std::span<float> logits) {
+  if (sampler_ == nullptr) return absl::FailedPreconditionError("MaskedRowLogits: device sampling is off");
+  return sampler_->MaskedRow(row, logits, device_->stream());
 }
 
 absl::Status CudaModel::RunStep(const StepBatch& batch, const StepOutput& out) {

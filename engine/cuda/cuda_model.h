@@ -111,7 +111,8 @@ class CudaModel final : public ModelRunner {
     return sampler_ != nullptr && DeviceSampler::Supports(params);
   }
   absl::Status ForwardSampled(const StepBatch& batch, std::span<const RowSampling> rows,
-                              std::span<SampledToken> tokens) override;
+                              std::span<SampledToken> tokens, const std::function<void()>& masks_ready) override;
+  absl::Status MaskedRowLogits(int row, std::span<float> logits) override;
   // The checkpoint's MTP head on this GPU (engine/cuda/cuda_mtp_drafter.h: the DeepSeek-V3 design of
   // DeepseekV3, Glm4Moe, GlmMoeDsa and Glm5Next, Qwen4-Exp's); refused by name otherwise.
   absl::Status CheckMtpDrafting() const override;
@@ -150,6 +151,7 @@ class CudaModel final : public ModelRunner {
     float* logits = nullptr;  // host [rows, vocab]; null: sample
     std::span<const RowSampling> rows;
     std::span<SampledToken> tokens;
+    const std::function<void()>* masks_ready = nullptr;  // called before the rows are read
   };
 
   explicit CudaModel(ModelConfig cfg) : cfg_(std::move(cfg)) {}

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "engine/cuda/device_array.h"
@@ -27,16 +28,20 @@ class DeviceSampler {
  public:
   explicit DeviceSampler(int vocab_size);
 
-  // Whether rows of `params` can be sampled here: at most kMaxDeviceTopLogprobs top logprobs, no
-  // logit_bias and no constraint (the host samples those steps).
+  // Whether rows of `params` can be sampled here: at most kMaxDeviceTopLogprobs top logprobs and no
+  // logit_bias (the host samples those steps). A constrained row brings its mask in its history.
   static bool Supports(const SamplingParams& params);
 
-  // Queues on `stream` the upload of the rows' parameters, the sampling of logit rows
-  // [0, rows.size()) of `logits` (device, [rows, vocab] fp32; overwritten where bans and
+  // Queues on `stream` the upload of the rows' parameters and constraint masks
+  // (history.allowed_tokens), the masks' application, the sampling of logit rows
+  // [0, rows.size()) of `logits` (device, [rows, vocab] fp32; overwritten where masks, bans and
   // penalties apply) and the copy of the results to the host. Every row must be Supported.
   absl::Status Launch(float* logits, std::span<const RowSampling> rows, StreamHandle stream);
   // The last Launch's results, once its stream has been synchronised; tokens.size() == its rows.
   void Collect(std::span<SampledToken> tokens) const;
+  // After the last Launch (synchronising `stream`): row `row`'s logits as its mask left them,
+  // before bans and penalties; NOT_FOUND for a row that had no mask. logits.size() == vocab.
+  absl::Status MaskedRow(int row, std::span<float> logits, StreamHandle stream) const;
 
  private:
   const int vocab_size_;
@@ -46,6 +51,8 @@ class DeviceSampler {
   DeviceArray<uint8_t> device_in_;
   DeviceArray<uint32_t> device_out_;
   PinnedBuffer results_;                 // OutputWordsPerRow(max_top) words per row
+  std::vector<int32_t> masked_rows_;     // the last Launch's rows with a mask, in row order
+  DeviceArray<float> masked_logits_;     // [masked rows, vocab]: those rows after their masks
 };
 
 }  // namespace exl3::engine::cuda

@@ -681,7 +681,32 @@ __global__ void __launch_bounds__(kThreads) SampleRowsKernel(float* logits, int 
   if (threadIdx.x == 0) result[kSampledToken] = static_cast<uint32_t>(chosen);
 }
 
+__global__ void __launch_bounds__(256) MaskRowsKernel(float* logits, int vocab, const int32_t* row_ids,
+                                                      const uint32_t* masks, int words, float* saved) {
+  const int m = blockIdx.y;
+  float* row = logits + static_cast<size_t>(row_ids[m]) * vocab;
+  const uint32_t* mask = masks + static_cast<size_t>(m) * words;
+  float* keep = saved + static_cast<size_t>(m) * vocab;
+  for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < vocab; t += gridDim.x * blockDim.x) {
+    const float v = (mask[t >> 5] >> (t & 31)) & 1u ? row[t] : -INFINITY;
+    row[t] = v;
+    keep[t] = v;
+  }
+}
+
 }  // namespace
+
+absl::Status MaskRows(float* logits, int vocab, int num_masked, const int32_t* row_ids, const uint32_t* masks,
+                      int words, float* saved, StreamHandle stream) {
+  if (num_masked == 0) return absl::OkStatus();
+  if (vocab < 1 || words < (vocab + 31) / 32 || num_masked > 65535)
+    return absl::InvalidArgumentError("MaskRows: need vocab >= 1, ceil(vocab / 32) words a mask, at most 65535 rows");
+  constexpr int kThreadsPerBlock = 256, kElementsPerThread = 4;
+  const dim3 grid((vocab + kThreadsPerBlock * kElementsPerThread - 1) / (kThreadsPerBlock * kElementsPerThread),
+                  num_masked);
+  MaskRowsKernel<<<grid, kThreadsPerBlock, 0, S(stream)>>>(logits, vocab, row_ids, masks, words, saved);
+  return LaunchStatus("MaskRows");
+}
 
 absl::Status SampleRows(float* logits, int vocab, int num_rows, const PackedSamplingRow* rows,
                         PackedPenaltyEntry* entries, int max_top, uint32_t* out, StreamHandle stream) {

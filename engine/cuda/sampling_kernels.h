@@ -38,4 +38,11 @@ absl::Status SampleRows(float* logits, int vocab, int num_rows, const PackedSamp
                         PackedPenaltyEntry* entries, int max_top, uint32_t* out,
                         StreamHandle stream);
 
+// Constrained rows: row row_ids[m] of `logits` ([rows, vocab] fp32) gets -inf wherever bit t % 32 of
+// word t / 32 of masks[m] ([num_masked, words] uint32, words >= ceil(vocab / 32)) is 0, in place,
+// and the masked row is also written to saved[m] ([num_masked, vocab] fp32) for a host redraw
+// (engine/cuda/device_sampler.h MaskedRow). row_ids [num_masked] int32.
+absl::Status MaskRows(float* logits, int vocab, int num_masked, const int32_t* row_ids, const uint32_t* masks,
+                      int words, float* saved, StreamHandle stream);
+
 }  // namespace exl3::engine::cuda

@@ -1,6 +1,7 @@
 #include "tests/engine/fake_model_runner.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <thread>
 
@@ -63,7 +64,8 @@ bool FakeModelRunner::SamplesRows(const SamplingParams& params) const {
 
 absl::Status FakeModelRunner::ForwardSampled(const StepBatch& batch,
                                              std::span<const RowSampling> rows,
-                                             std::span<SampledToken> tokens) {
+                                             std::span<SampledToken> tokens,
+                                             const std::function<void()>& masks_ready) {
   const size_t vocab = info_.vocab_size;
   if (rows.size() != static_cast<size_t>(batch.NumLogitRows()) || tokens.size() != rows.size()) {
     return CheckFailed("ForwardSampled: rows and tokens do not match the step's logit rows");
@@ -73,11 +75,30 @@ absl::Status FakeModelRunner::ForwardSampled(const StepBatch& batch,
   }
   sampled_logits_.resize(rows.size() * vocab);
   EXL3_RETURN_IF_ERROR(Forward(batch, sampled_logits_.data()));
+  masks_ready();
+  masked_logits_ = sampled_logits_;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::span<const uint32_t> allowed = rows[i].history.allowed_tokens;
+    if (allowed.empty()) continue;
+    for (size_t t = 0; t < vocab; ++t) {
+      const bool ok = t / 32 < allowed.size() && ((allowed[t / 32] >> (t % 32)) & 1u);
+      if (!ok) masked_logits_[i * vocab + t] = -std::numeric_limits<float>::infinity();
+    }
+  }
   for (size_t i = 0; i < rows.size(); ++i) {
     tokens[i] = sampler_.Sample(std::span<float>(sampled_logits_).subspan(i * vocab, vocab),
                                 rows[i].params, rows[i].seed, rows[i].history);
   }
   num_sampled_rows_ += static_cast<int>(rows.size());
+  return absl::OkStatus();
+}
+
+absl::Status FakeModelRunner::MaskedRowLogits(int row, std::span<float> logits) {
+  const size_t vocab = info_.vocab_size;
+  if (row < 0 || (static_cast<size_t>(row) + 1) * vocab > masked_logits_.size() || logits.size() != vocab)
+    return CheckFailed(absl::StrCat("MaskedRowLogits: row ", row, " of the last sampled step"));
+  std::copy_n(masked_logits_.begin() + static_cast<std::ptrdiff_t>(row * vocab), vocab, logits.begin());
+  ++num_masked_row_reads_;
   return absl::OkStatus();
 }
 
@@ -146,8 +167,9 @@ absl::Status FakeModelRunner::Forward(const StepBatch& batch, float* logits) {
         return CheckFailed(absl::StrCat("seq ", c.sequence_id, ": ", c.num_logit_rows, " logit rows"));
       for (int j = 0; j < c.num_logit_rows; ++j) {
         const size_t len = history.size() - c.num_logit_rows + 1 + j;
-        HistoryLogits(std::span<const int32_t>(history).first(len),
-                      logits + static_cast<size_t>(row) * info_.vocab_size, info_.vocab_size);
+        float* out = logits + static_cast<size_t>(row) * info_.vocab_size;
+        HistoryLogits(std::span<const int32_t>(history).first(len), out, info_.vocab_size);
+        if (options_.favoured_token.has_value()) out[options_.favoured_token->token] += options_.favoured_token->bias;
         ++row;
       }
     }

@@ -44,6 +44,8 @@ struct FakeModelOptions {
   // ForwardSampled: a Sampler of its own over the logits Forward makes, as a device sampler
   // would), so steps of other rows take the engine's host path. Unset: it never samples.
   std::optional<int> samples_rows_up_to_logprobs;
+  // Added to this token's logit in every row (a model that favours it), when set.
+  std::optional<TokenBias> favoured_token;
 };
 
 class FakeModelRunner : public ModelRunner {
@@ -62,8 +64,12 @@ class FakeModelRunner : public ModelRunner {
   absl::Status CheckDraftVerification() const override { return absl::OkStatus(); }
   absl::Status CheckPromptLogitRows() const override { return absl::OkStatus(); }
   bool SamplesRows(const SamplingParams& params) const override;
+  // Applies a row's constraint mask (history.allowed_tokens) as a device sampler does, keeping the
+  // masked row for MaskedRowLogits.
   absl::Status ForwardSampled(const StepBatch& batch, std::span<const RowSampling> rows,
-                              std::span<SampledToken> tokens) override;
+                              std::span<SampledToken> tokens, const std::function<void()>& masks_ready) override;
+  absl::Status MaskedRowLogits(int row, std::span<float> logits) override;
+  int num_masked_row_reads() const { return num_masked_row_reads_.load(); }
   int num_sampled_rows() const { return num_sampled_rows_.load(); }
 
   void SetFault(Fault fault);
@@ -95,6 +101,8 @@ class FakeModelRunner : public ModelRunner {
   std::atomic<int> num_sampled_rows_{0};
   Sampler sampler_;
   std::vector<float> sampled_logits_;
+  std::vector<float> masked_logits_;  // the last ForwardSampled's rows after their masks
+  std::atomic<int> num_masked_row_reads_{0};
 };
 
 // Holds the runner's first step (through its fault hook) until the returned promise is set, so a

@@ -275,6 +275,9 @@ TEST(Scheduler, AbortDuringAStepAndFailedSteps) {
   EXPECT_EQ(d.sched().kv().Usage(), 0.0);
 }
 
+// For steps without constrained rows: CompleteSampledStep never asks for a row's logits.
+absl::Status NoMaskedRows(int, std::span<float>) { return absl::InternalError("no row has a mask"); }
+
 // What a runner that samples gets per logit row (SamplingRows), and CompleteSampledStep taking
 // its tokens: the row order of the chunks that want logits, each sequence's history as
 // CompleteStep's own sampling sees it, the bans while min_tokens holds.
@@ -308,7 +311,7 @@ TEST(Scheduler, SamplingRowsAndSampledSteps) {
             (std::vector<int32_t>{9, 1}));
   std::vector<SampledToken> sampled(1);
   sampled[0].token = 40;
-  std::vector<SequenceUpdate> updates = sched.CompleteSampledStep(step, sampled);
+  std::vector<SequenceUpdate> updates = sched.CompleteSampledStep(step, sampled, NoMaskedRows);
   ASSERT_EQ(updates.size(), 1u);
   EXPECT_EQ(updates[0].sequence_id, 1);
   EXPECT_EQ(updates[0].token.token, 40);
@@ -324,7 +327,7 @@ TEST(Scheduler, SamplingRowsAndSampledSteps) {
   sampled.assign(2, SampledToken{});
   sampled[0].token = 1;  // EOS: taken as given (the bans are the sampler's), it ends a
   sampled[1].token = 30;
-  updates = sched.CompleteSampledStep(step, sampled);
+  updates = sched.CompleteSampledStep(step, sampled, NoMaskedRows);
   ASSERT_EQ(updates.size(), 2u);
   EXPECT_EQ(updates[0].finish, FinishReason::kStop);
   EXPECT_EQ(updates[1].token.token, 30);
@@ -336,7 +339,7 @@ TEST(Scheduler, SamplingRowsAndSampledSteps) {
   EXPECT_TRUE(rows[0].history.banned_tokens.empty());  // b has no min_tokens
   EXPECT_TRUE(sched.Abort(2));
   // An aborted sequence's row is skipped.
-  EXPECT_TRUE(sched.CompleteSampledStep(step, std::vector<SampledToken>(1)).empty());
+  EXPECT_TRUE(sched.CompleteSampledStep(step, std::vector<SampledToken>(1), NoMaskedRows).empty());
 }
 
 TEST(Scheduler, PrefixHitSkipsCachedBlocksAndReportsCachedTokens) {

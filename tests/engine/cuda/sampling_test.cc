@@ -1,7 +1,7 @@
 // Sampling on the GPU (engine/cuda/device_sampler.h) against the CPU sampler (engine/sampling/sampler.h):
 // on fresh random logits of vocabularies 1, 7, 1000 and 151552, 1 to 64 rows, every class of
 // parameters (greedy, temperature, top-k, top-p, min-p, their combinations, repetition /
-// presence / frequency penalties, bans, logprobs and top logprobs), the same tokens, logprobs
+// presence / frequency penalties, bans, constraint masks, logprobs and top logprobs), the same tokens, logprobs
 // within 1e-5 and the penalized logits bit for bit; then whole fixture models through the engine
 // with sampling parameters: the GPU engine sampling on the device gives the tokens it gives
 // sampling on the host, and the CPU engine's (greedy rows; seeded draws are reported where the
@@ -35,6 +35,7 @@ namespace {
 // A row's history, owned (RowSampling's spans point into it).
 struct OwnedHistory {
   std::vector<int32_t> prompt, output, banned;
+  std::vector<uint32_t> allowed;  // a constraint's mask (engine/sampling/token_constraint.h)
 };
 
 // The shape of one test: the parameters of every row (rows cycle through them), the history
@@ -45,6 +46,9 @@ struct SamplingCase {
   int max_prompt = 0, max_output = 0, num_banned = 0;
   enum class Logits { kNormal, kPeaked, kQuantized } logits = Logits::kNormal;
   float scale = 3.0f;
+  // Above 0: every other row (the even ones) has a constraint's mask allowing about this share
+  // of the tokens, one not banned always among them.
+  double mask_density = 0;
 };
 
 std::vector<float> RandomLogits(size_t n, SamplingCase::Logits kind, float scale, std::mt19937& rng) {
@@ -99,6 +103,17 @@ void CheckCase(const SamplingCase& c, int vocab, int num_rows, uint64_t seed, Co
     rows[r].params = c.params[r % c.params.size()];
     rows[r].seed = seed * 1000 + r;
     rows[r].history = {h.prompt, h.output, h.banned};
+    if (c.mask_density > 0 && r % 2 == 0) {
+      std::bernoulli_distribution allow(c.mask_density);
+      h.allowed.assign((vocab + 31) / 32, 0u);
+      for (int t = 0; t < vocab; ++t) {
+        if (allow(rng)) h.allowed[t / 32] |= 1u << (t % 32);
+      }
+      int32_t keep = token(rng);
+      while (std::find(h.banned.begin(), h.banned.end(), keep) != h.banned.end()) keep = (keep + 1) % vocab;
+      h.allowed[keep / 32] |= 1u << (keep % 32);
+      rows[r].history.allowed_tokens = h.allowed;
+    }
   }
   const std::vector<float> logits = RandomLogits(static_cast<size_t>(num_rows) * vocab, c.logits, c.scale, rng);
 
@@ -113,6 +128,24 @@ void CheckCase(const SamplingCase& c, int vocab, int num_rows, uint64_t seed, Co
   device.Collect(got);
   std::vector<float> device_rows(logits.size());
   ASSERT_TRUE(exl3::cuda::CopyToHost(device_rows.data(), d_logits.get(), logits.size() * sizeof(float)).ok());
+  // A masked row as the device kept it for a host redraw: the logits with -inf where the mask
+  // is 0, bit for bit.
+  for (int r = 0; r < num_rows; ++r) {
+    std::vector<float> kept(vocab);
+    const absl::Status masked = device.MaskedRow(r, kept, nullptr);
+    if (histories[r].allowed.empty()) {
+      EXPECT_EQ(masked.code(), absl::StatusCode::kNotFound) << "row " << r;
+      continue;
+    }
+    ASSERT_TRUE(masked.ok()) << masked;
+    int differ = 0;
+    for (int t = 0; t < vocab; ++t) {
+      const bool allowed = (histories[r].allowed[t / 32] >> (t % 32)) & 1u;
+      const float want = allowed ? logits[static_cast<size_t>(r) * vocab + t] : -INFINITY;
+      differ += kept[t] != want;
+    }
+    EXPECT_EQ(differ, 0) << "row " << r << ": masked logits differ at " << differ << " tokens";
+  }
 
   // The host.
   Sampler host(vocab);
@@ -222,6 +255,13 @@ std::vector<SamplingCase> Cases(int vocab) {
       {"mixed rows", {Greedy(), Sampled(0.8f, 50, 0.9f, 0), Penalized(Sampled(1.0f, 0, 1, 0.1f), 1.5f, 0, 0),
                       WithLogprobs(Penalized(Greedy(), 1.0f, 1.0f, 0.0f), 3)},
        100, 30, 1},
+      {"constraint masks, sparse",
+       {WithLogprobs(Greedy(), 5), WithLogprobs(Sampled(1.0f, 0, 0.9f, 0), 2),
+        Penalized(Sampled(0.8f, 40, 1, 0.02f), 1.2f, 0.3f, 0.1f)},
+       100, 30, 1, L::kNormal, 3.0f, 0.02},
+      {"constraint masks, dense",
+       {WithLogprobs(Penalized(Greedy(), 1.3f, 0, 0), 3), WithLogprobs(Sampled(0.7f, 20, 0.95f, 0), 1)},
+       100, 30, 2, L::kNormal, 3.0f, 0.9},
   };
   return cases;
 }
@@ -249,7 +289,7 @@ TEST(DeviceSamplerTest, EveryPathOnce) {
   uint64_t seed = 77;
   for (const SamplingCase& c : Cases(5000)) {
     if (c.name.find("everything") == std::string::npos && c.name.find("mixed") == std::string::npos &&
-        c.name != "logprobs")
+        c.name.find("constraint") == std::string::npos && c.name != "logprobs")
       continue;
     CheckCase(c, 5000, 4, seed++, &counts);
   }
@@ -285,8 +325,9 @@ TEST(DeviceSamplerTest, SameSeedSameTokensAndEveryTokenBannedGivesZero) {
 }
 
 #if EXL3_TEST_STRUCTURED_OUTPUT
-TEST(DeviceSamplerTest, TakesNoLogitBiasAndNoConstraint) {
-  // Host logic, no GPU: such rows are sampled on the host (engine/core/engine.cc RunForward).
+TEST(DeviceSamplerTest, TakesConstraintsButNoLogitBias) {
+  // Host logic, no GPU: logit_bias rows are sampled on the host (engine/core/engine.cc RunForward);
+  // a constrained row brings its mask in its history.
   SamplingParams biased;
   biased.logit_bias = {{3, 5.0f}};
   EXPECT_FALSE(DeviceSampler::Supports(biased));
@@ -299,7 +340,7 @@ TEST(DeviceSamplerTest, TakesNoLogitBiasAndNoConstraint) {
   ASSERT_TRUE(grammar.ok()) << grammar.status();
   SamplingParams constrained;
   constrained.grammar = *grammar;
-  EXPECT_FALSE(DeviceSampler::Supports(constrained));
+  EXPECT_TRUE(DeviceSampler::Supports(constrained));
   EXPECT_TRUE(DeviceSampler::Supports(SamplingParams{}));
 }
 #endif

@@ -316,36 +316,102 @@ TEST_F(StructuredOutputTest, ConstrainedSequencesGetNoDrafts) {
   engine->Stop();
 }
 
-TEST_F(StructuredOutputTest, ARunnerThatSamplesGetsNoConstrainedRows) {
-  // A runner that samples rows itself (as the GPU engine does) knows no masks: the steps holding
-  // a constrained row are sampled on the host, the others still on the runner.
+// Runs `params` on a fake runner that samples rows itself (with masks, as the GPU engine does)
+// or leaves them to the engine's host sampler; returns each request's tokens.
+std::vector<std::vector<int32_t>> FakeRunnerTokens(const std::vector<GenerateParams>& params, bool runner_samples,
+                                                   std::optional<TokenBias> favoured, int* sampled_on_runner,
+                                                   int* masked_row_reads, std::vector<FinishInfo>* finish) {
   testing::FakeModelOptions fo;
   fo.vocab_size = 512;
-  fo.samples_rows_up_to_logprobs = 0;
+  fo.eos_token_ids = {kEos};
+  if (runner_samples) fo.samples_rows_up_to_logprobs = 2;
+  fo.favoured_token = favoured;
   auto runner = std::make_unique<testing::FakeModelRunner>(fo);
   testing::FakeModelRunner* fake = runner.get();
   EngineOptions eo;
   eo.kv_capacity = {KvCacheCapacity::Unit::kBlocks, 256};
   Engine engine(eo, std::move(runner));
-  ASSERT_TRUE(engine.Start().ok());
-  GenerateParams plain = Params(std::nullopt, 8);
-  plain.ignore_eos = true;
-  testing::RunAllAtOnce(engine, {plain});
-  const int sampled_on_runner = fake->num_sampled_rows();
-  EXPECT_EQ(sampled_on_runner, 8);
-  GenerateParams constrained = Params(5, 40);
-  constrained.sampling.grammar = Compile({ConstraintKind::kRegex, "[a-z]{3}-[0-9]{2}", {}});
-  std::vector<FinishInfo> finish;
-  const auto tokens = testing::RunAllAtOnce(engine, {constrained}, &finish);
-  EXPECT_EQ(fake->num_sampled_rows(), sampled_on_runner);
-  std::vector<int32_t> ids;
-  for (const SampledToken& t : tokens[0]) ids.push_back(t.token);
-  ASSERT_FALSE(ids.empty());
-  EXPECT_EQ(ids.back(), kEos);
-  ids.pop_back();
-  EXPECT_TRUE(std::regex_match(vocab_.Decode(ids), std::regex("[a-z]{3}-[0-9]{2}")))
-      << vocab_.Decode(ids);
+  EXPECT_TRUE(engine.Start().ok());
+  std::vector<std::vector<int32_t>> out;
+  for (const std::vector<SampledToken>& tokens : testing::RunAllAtOnce(engine, params, finish)) {
+    std::vector<int32_t>& ids = out.emplace_back();
+    for (const SampledToken& t : tokens) ids.push_back(t.token);
+  }
+  *sampled_on_runner = fake->num_sampled_rows();
+  *masked_row_reads = fake->num_masked_row_reads();
   engine.Stop();
+  return out;
+}
+
+TEST_F(StructuredOutputTest, ARunnerThatSamplesAppliesTheMasks) {
+  // Constrained rows go to a runner that samples (as the GPU engine's do) with their masks, beside
+  // unconstrained ones: the same tokens as the engine's host sampling, greedy and sampled, with
+  // logprobs, and the outputs match their grammars.
+  std::vector<GenerateParams> params;
+  for (std::optional<uint64_t> seed : {std::optional<uint64_t>{}, std::optional<uint64_t>{5}}) {
+    GenerateParams p = Params(seed, 40);
+    p.sampling.grammar = Compile({ConstraintKind::kRegex, "[a-z]{3}-[0-9]{2}", {}});
+    p.sampling.logprobs = 2;
+    params.push_back(p);
+    GenerateParams plain = Params(seed, 8);
+    plain.ignore_eos = true;
+    params.push_back(plain);
+  }
+  int on_runner = 0, reads = 0;
+  std::vector<FinishInfo> finish;
+  const auto runner = FakeRunnerTokens(params, true, std::nullopt, &on_runner, &reads, &finish);
+  int on_host_runner = 0, host_reads = 0;
+  const auto host = FakeRunnerTokens(params, false, std::nullopt, &on_host_runner, &host_reads, nullptr);
+  EXPECT_EQ(runner, host);
+  int rows = 0;
+  for (const auto& ids : runner) rows += static_cast<int>(ids.size());
+  EXPECT_EQ(on_runner, rows);
+  EXPECT_EQ(on_host_runner, 0);
+  EXPECT_EQ(reads, 0);
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(finish[i].status.ok()) << finish[i].status;
+    if (params[i].sampling.grammar == nullptr) continue;
+    std::vector<int32_t> ids = runner[i];
+    ASSERT_FALSE(ids.empty());
+    EXPECT_EQ(ids.back(), kEos);
+    ids.pop_back();
+    EXPECT_TRUE(std::regex_match(vocab_.Decode(ids), std::regex("[a-z]{3}-[0-9]{2}"))) << vocab_.Decode(ids);
+  }
+}
+
+TEST_F(StructuredOutputTest, ARunnerSampledTokenTheMatcherRefusesIsDrawnAgainOnTheHost) {
+  // A model favouring a token xgrammar's mask allows where an integer starts and its matcher
+  // refuses (tests/engine/partial_character_tokenizer.h): the runner draws it, the constraint
+  // refuses it, the engine draws the row again from the runner's masked logits; the tokens are
+  // the host path's and the output an integer.
+  std::ifstream in(kTokenizer);
+  std::stringstream text;
+  text << in.rdbuf();
+  auto compiler = TokenGrammarCompiler::FromTokenizerJson(
+      testing::TokenizerWithAPartialCharacterToken(text.str()), 512, {kEos});
+  ASSERT_TRUE(compiler.ok()) << compiler.status();
+  auto grammar = (*compiler)->Compile({ConstraintKind::kJsonSchema, R"({"type": "integer"})", {}});
+  ASSERT_TRUE(grammar.ok()) << grammar.status();
+  std::vector<GenerateParams> params;
+  for (std::optional<uint64_t> seed : {std::optional<uint64_t>{}, std::optional<uint64_t>{5}}) {
+    GenerateParams p = Params(seed, 12);
+    p.sampling.grammar = *grammar;
+    params.push_back(p);
+  }
+  const TokenBias favoured{testing::kPartialCharacterToken, 100.0f};
+  int on_runner = 0, reads = 0, unused = 0;
+  std::vector<FinishInfo> finish;
+  const auto runner = FakeRunnerTokens(params, true, favoured, &on_runner, &reads, &finish);
+  const auto host = FakeRunnerTokens(params, false, favoured, &unused, &unused, nullptr);
+  EXPECT_EQ(runner, host);
+  EXPECT_GT(on_runner, 0);
+  EXPECT_GE(reads, 2);  // the first token of each request at least
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(finish[i].status.ok()) << finish[i].status;
+    std::vector<int32_t> ids = runner[i];
+    if (!ids.empty() && ids.back() == kEos) ids.pop_back();
+    EXPECT_TRUE(std::regex_match(vocab_.Decode(ids), std::regex("-?[0-9]+"))) << Hex(vocab_.Decode(ids));
+  }
 }
 
 TEST_F(StructuredOutputTest, LogitBiasForcesAndBansTokens) {
