@@ -37,7 +37,7 @@ case "$FAMILY" in
     MODEL=/tmp/glm5-next-synthetic-$LAYERS
     say "model: GLM-5.3-Flash shapes, $LAYERS layers (release config layout)"
     bash scripts/gpu/glm5_next_model.sh "$BIN" "$MODEL" "$LAYERS" "$OUT/model.log" || exit 3 ;;
-  *) say "FAMILY must be glm4_moe or glm5_next, got $FAMILY"; exit 2 ;;
+  *) say "FAMILY must be glm4_moe or glm5_next (qwen4_exp: make-test-model writes no Qwen3.8-Flash-Next model yet), got $FAMILY"; exit 2 ;;
 esac
 # exllamav3's generator needs a tokenizer; the timings use random ids and never decode text.
 [ -f "$MODEL/tokenizer.json" ] || PYTHONPATH=clients/python:$PYTHONPATH python3 -m exl3serve_client.make_tokenizer \

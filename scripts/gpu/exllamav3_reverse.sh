@@ -4,16 +4,30 @@
 # (scripts/conformance/exllamav3_reverse.py). Carry .exl3v3-a and .exl3v3-b
 # (scripts/gpu/exllamav3_stage.sh); of tests/fixtures/engine only the directories named need to come.
 #   bash scripts/gpu/exllamav3_reverse.sh [NAMES]   (comma-separated; default: every *_release_all
-#   fixture present: the release models' settings and config.json layout, where exllamav3 implements
-#   what the model does; `python3 scripts/conformance/exllamav3_reverse.py --list` says why the other
-#   *_all fixtures are left out)
+#   fixture whose reference.safetensors came along: the release models' settings and config.json
+#   layout, where exllamav3 implements what the model does; the directories without it are named as
+#   skipped; `python3 scripts/conformance/exllamav3_reverse.py --list` says why the other *_all
+#   fixtures are left out)
 # $OUT: reverse.json and reverse.log.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
-NAMES=${1:-$(cd tests/fixtures/engine && ls -d *_release_all 2>/dev/null | paste -sd,)}
+SKIPPED=
+if [ -n "${1:-}" ]; then
+  NAMES=$1
+else
+  # A directory can come without its files (a call that carried only some of them).
+  NAMES=
+  for d in tests/fixtures/engine/*_release_all; do
+    [ -d "$d" ] || continue
+    if [ -f "$d/reference.safetensors" ]; then NAMES=${NAMES:+$NAMES,}${d##*/}; else SKIPPED="$SKIPPED ${d##*/}"; fi
+  done
+  [ -n "$NAMES" ] || { echo "exllamav3_reverse: no *_release_all fixture with reference.safetensors"; exit 2; }
+fi
 {
+  [ -z "$SKIPPED" ] || echo "exllamav3_reverse: skipped (no reference.safetensors):$SKIPPED"
+  echo "exllamav3_reverse: checking $NAMES"
   # On a machine an earlier call left warm, exllamav3 and its wheels are already in place.
   [ -d "${EXL3V3_SITE:-/tmp/site}/exllamav3" ] && [ -d "${EXL3V3_SITE:-/tmp/site}/pydantic" ] ||
     { bash scripts/gpu/exllamav3_install.sh > "$OUT/install.log" 2>&1 &&

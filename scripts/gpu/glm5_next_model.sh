@@ -4,7 +4,8 @@
 # experts of 2048, top 8, one shared; NoPE MLA with the k-pooled indexer on every fourth layer,
 # KDA on the others; hyper-connections; experts K=2 MCG, attention K=4, head K=6), LAYERS deep,
 # in the release config layout (what exllamav3 reads; the engine reads either alike:
-# tests/engine/cpu/synthetic_model_test.cc), unless DIR holds one.
+# tests/engine/cpu/synthetic_model_test.cc), unless DIR holds one. Without a GPU,
+# scripts/conformance/exllamav3_config_check.py DIR runs exllamav3's own config reader on it.
 #   scripts/gpu/glm5_next_model.sh BIN DIR LAYERS LOG [TIMEOUT_S]
 set -uo pipefail
 BIN=$1 DIR=$2 LAYERS=$3 LOG=$4

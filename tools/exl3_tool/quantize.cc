@@ -2,7 +2,9 @@
 #include <cstdio>
 #include <string>
 
+#include "absl/strings/str_join.h"
 #include "kernels/codebook.h"
+#include "model/config/architecture.h"
 #include "model/encoder/checkpoint_converter.h"
 #include "model/moe_config.h"
 #include "tools/exl3_tool/subcommand.h"
@@ -38,9 +40,7 @@ constexpr char kUsage[] =
     "\n"
     "Restartable: every shard is written atomically and records the options; running the same\n"
     "command again skips the shards already complete. Architectures: those of\n"
-    "model/moe_config.h (Glm4MoeForCausalLM, GlmMoeDsaForCausalLM, DeepseekV3ForCausalLM,\n"
-    "DeepseekV4ForCausalLM, Qwen3MoeForCausalLM, Qwen3NextForCausalLM, MixtralForCausalLM);\n"
-    "any other is refused.\n"
+    "model/config/architecture.cc, listed at the end; any other is refused.\n"
     "\n"
     "  --input        the Hugging Face checkpoint directory\n"
     "  --output       the EXL3 model directory to write (created)\n"
@@ -75,7 +75,7 @@ int Run(int argc, char** argv) {
     return Fail(kName, err);
   }
   if (args.help) {
-    std::printf("%s", kUsage);
+    std::printf("%s\narchitectures: %s\n", kUsage, absl::StrJoin(SupportedArchitectures(), ", ").c_str());
     return 0;
   }
   if (!args.Require({"input", "output", "bits"}, &err)) return Fail(kName, err);

@@ -12,6 +12,11 @@ using layer_kind::kCsa;
 using layer_kind::kHca;
 using nlohmann::json;
 
+// GLM-5.3-Flash's vision patching, shared by vision_config and processor_config.json.
+constexpr int kGlm5NextPatchSize = 14;
+constexpr int kGlm5NextTemporalPatchSize = 2;
+constexpr int kGlm5NextMergeSize = 2;
+
 json Glm4MoeConfigJson(const TestModelSpec& s) {
   return {{"architectures", {"Glm4MoeForCausalLM"}}, {"model_type", "glm4_moe"},
           {"attention_bias", true}, {"attention_dropout", 0.0}, {"head_dim", s.head_dim},
@@ -168,9 +173,26 @@ void ToGlm5NextReleaseLayout(json& text) {
   }
 }
 
+// GLM-5.3-Flash's vision tower as Glm5NextConfig declares it (Glm5NextVisionConfig's defaults in
+// transformers 5.25), projecting into the text model's hidden size (out_hidden_size: the merger's
+// output, which replaces image placeholders' embeddings). Declared only: its tensors (model.visual.*)
+// are not generated; the engine serves the text model, and exllamav3 requires the section but
+// loads the tower only when asked for it (scripts/conformance/exllamav3_config_check.py).
+json Glm5NextVisionConfigJson(const TestModelSpec& s) {
+  return {{"model_type", "glm5_next_vision"}, {"depth", 24}, {"hidden_size", 1024}, {"hidden_act", "silu"},
+          {"attention_bias", true}, {"attention_dropout", 0.0}, {"num_heads", 16}, {"in_channels", 3},
+          {"image_size", 336}, {"patch_size", kGlm5NextPatchSize}, {"rms_norm_eps", 1e-5},
+          {"spatial_merge_size", kGlm5NextMergeSize}, {"temporal_patch_size", kGlm5NextTemporalPatchSize},
+          {"out_hidden_size", s.hidden}, {"intermediate_size", 4096}, {"initializer_range", 0.02},
+          {"rope_parameters", {{"rope_theta", 10000.0}, {"rope_type", "axial"}}},
+          {"projection_intermediate_size", 10240}, {"swiglu_limit", 10.0}, {"dtype", "bfloat16"}};
+}
+
 // GLM-5.3-Flash's config.json as transformers 5.25 writes it (Glm5NextConfig): the text model's
-// fields (Glm5NextTextConfig's names) nested in text_config; no vision_config (the engine reads
-// none; transformers fills its defaults).
+// fields (Glm5NextTextConfig's names) nested in text_config, the vision tower's in vision_config
+// and the image / video marker tokens at the top level (Glm5NextConfig's defaults; they lie past a
+// small test vocabulary, and nothing here uses them). The engine reads text_config alone
+// (engine/config/glm5next_section.cc).
 json Glm5NextConfigJson(const TestModelSpec& s) {
   std::vector<std::string> mlp_types(s.layers, "sparse");
   for (int l = 0; l < s.dense_layers && l < s.layers; ++l) mlp_types[l] = "dense";
@@ -197,8 +219,10 @@ json Glm5NextConfigJson(const TestModelSpec& s) {
       {"output_router_logits", false}, {"num_nextn_predict_layers", s.mtp ? 1 : 0}, {"dtype", "bfloat16"}};
   if (s.release_layout) ToGlm5NextReleaseLayout(text);
   return {{"architectures", {"Glm5NextForConditionalGeneration"}}, {"model_type", "glm5_next"},
-          {"text_config", text}, {"tie_word_embeddings", false}, {"dtype", "bfloat16"},
-          {"transformers_version", "5.25.0"}};
+          {"text_config", text}, {"vision_config", Glm5NextVisionConfigJson(s)},
+          {"image_token_id", 154854}, {"video_token_id", 154855}, {"image_start_token_id", 154830},
+          {"image_end_token_id", 154831}, {"video_start_token_id", 154832}, {"video_end_token_id", 154833},
+          {"tie_word_embeddings", false}, {"dtype", "bfloat16"}, {"transformers_version", "5.25.0"}};
 }
 
 }  // namespace
@@ -206,13 +230,15 @@ json Glm5NextConfigJson(const TestModelSpec& s) {
 std::vector<std::pair<std::string, json>> TestModelSideFiles(const TestModelSpec& s) {
   if (!(s.arch == "glm5_next" && s.release_layout)) return {};
   // The vision preprocessor's settings (exllamav3 refuses the directory without them; the engine
-  // reads only the text model).
+  // reads only the text model): Glm5NextImageProcessor's defaults in transformers 5.25, its patch
+  // and merge sizes those of vision_config.
   const json processor = {
       {"image_processor",
-       {{"image_processor_type", "Glm5NextImageProcessor"}, {"patch_size", 2}, {"temporal_patch_size", 2},
-        {"merge_size", 2}, {"image_mean", {0.48145466, 0.4578275, 0.40821073}},
-        {"image_std", {0.26862954, 0.26130258, 0.27577711}}, {"min_image_tokens", 4},
-        {"max_image_tokens", 64}}}};
+       {{"image_processor_type", "Glm5NextImageProcessor"}, {"patch_size", kGlm5NextPatchSize},
+        {"temporal_patch_size", kGlm5NextTemporalPatchSize}, {"merge_size", kGlm5NextMergeSize},
+        {"image_mean", {0.48145466, 0.4578275, 0.40821073}},
+        {"image_std", {0.26862954, 0.26130258, 0.27577711}}, {"min_image_tokens", 16},
+        {"max_image_tokens", 8000}}}};
   return {{"processor_config.json", processor}};
 }
 

@@ -17,7 +17,7 @@ import random
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -244,14 +244,18 @@ _DEEPSEEK = Family(
 _DEEPSEEK_V4 = Family(
     "deepseek_v4", _DEEPSEEK_SPECIALS, _DEEPSEEK_V4_TEMPLATE, "<｜begin▁of▁sentence｜>", True)
 
-# By config.json's architectures[0]. The newer families speak their predecessors' chat format
-# (GLM-MoE-DSA: GLM's, Qwen3-Next: Qwen's) and get the same tokenizer; DeepSeek-V4 its own format
-# (DSML tool calls) with DeepSeek-V3's tokens.
+# By config.json's architectures[0]: every architecture of model/config/architecture.cc (the
+# engine's list; tests/clients/python/test_text.py holds the two in step). The newer families speak
+# their predecessors' chat format (GLM-MoE-DSA and GLM-5.3-Flash: GLM's, [gMASK]<sop><|user|>...;
+# Qwen3-Next and Qwen3.8-Flash-Next: Qwen's, <|im_start|>...) and get the same tokenizer;
+# DeepSeek-V4 its own format (DSML tool calls) with DeepSeek-V3's tokens.
 FAMILIES = {
     "Glm4MoeForCausalLM": _GLM,
     "GlmMoeDsaForCausalLM": _GLM,
+    "Glm5NextForConditionalGeneration": _GLM,
     "Qwen3MoeForCausalLM": _QWEN,
     "Qwen3NextForCausalLM": _QWEN,
+    "Qwen4ExpForConditionalGeneration": _QWEN,
     "MixtralForCausalLM": _MIXTRAL,
     "DeepseekV3ForCausalLM": _DEEPSEEK,
     "DeepseekV4ForCausalLM": _DEEPSEEK_V4,
@@ -348,6 +352,14 @@ def tokenizer_config(family: Family, max_length: int) -> dict:
     }
 
 
+def text_model_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The language model's fields of a config.json: a *ForConditionalGeneration checkpoint's
+    text_config (GLM-5.3-Flash, Qwen3.8-Flash-Next: the vision tower's beside it) with the top
+    level's fields it lacks, else the top level (as model/config/architecture.h places them)."""
+    text = cfg.get("text_config")
+    return {**cfg, **text} if isinstance(text, dict) else cfg
+
+
 def write_tokenizer(model_dir: Path, force: bool = False) -> Path:
     cfg = json.loads((model_dir / "config.json").read_text())
     arch = (cfg.get("architectures") or [""])[0]
@@ -359,12 +371,13 @@ def write_tokenizer(model_dir: Path, force: bool = False) -> Path:
         raise FileExistsError(f"{out} exists (--force replaces it)")
     gen_path = model_dir / "generation_config.json"
     gen = json.loads(gen_path.read_text()) if gen_path.exists() else {}
-    eos = gen.get("eos_token_id", cfg.get("eos_token_id"))
+    text = text_model_config(cfg)
+    eos: Any = gen.get("eos_token_id", text.get("eos_token_id"))
     eos = eos[0] if isinstance(eos, list) and eos else eos
     family = FAMILIES[arch]
-    tok, _ = build_tokenizer(family, int(cfg["vocab_size"]), gen.get("bos_token_id"), eos)
+    tok, _ = build_tokenizer(family, int(text["vocab_size"]), gen.get("bos_token_id"), eos)
     tok.save(str(out))
-    conf = tokenizer_config(family, int(cfg.get("max_position_embeddings", 4096)))
+    conf = tokenizer_config(family, int(text.get("max_position_embeddings", 4096)))
     (model_dir / "tokenizer_config.json").write_text(json.dumps(conf, indent=2, ensure_ascii=False) + "\n")
     return out
 

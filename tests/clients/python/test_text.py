@@ -497,14 +497,46 @@ def test_reasoning_and_choices_rendering_equals_json_dumps(include_usage):
 
 def test_every_architecture_gets_its_familys_tokenizer(tmp_path):
     """Each architecture make-test-model writes (GLM-MoE-DSA, DeepSeek-V4 and Qwen3-Next too) gets
-    a tokenizer and its family's chat template."""
+    a tokenizer and its family's chat template; a *ForConditionalGeneration checkpoint (GLM-5.3-Flash,
+    Qwen3.8-Flash-Next) keeps the text model's fields in text_config, beside vision_config, as
+    transformers writes it."""
     for arch, family in FAMILIES.items():
         d = tmp_path / arch
         d.mkdir()
-        (d / "config.json").write_text(json.dumps({"architectures": [arch], "vocab_size": 512,
-                                                   "max_position_embeddings": 4096}))
+        text = {"vocab_size": 512, "max_position_embeddings": 2048}
+        cfg = ({"architectures": [arch], "text_config": text, "vision_config": {"depth": 1}}
+               if arch.endswith("ForConditionalGeneration") else {"architectures": [arch], **text})
+        (d / "config.json").write_text(json.dumps(cfg))
         (d / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
         write_tokenizer(d)
         conf = json.loads((d / "tokenizer_config.json").read_text())
         assert conf["chat_template"] == family.template, arch
-        assert ModelTokenizer(d).tokenizer.id_to_token(1) == family.specials[1], arch
+        assert conf["model_max_length"] == 2048, arch
+        tok = ModelTokenizer(d)
+        assert tok.vocab_size == 512, arch
+        assert tok.tokenizer.id_to_token(1) == family.specials[1], arch
+
+
+def test_make_tokenizer_knows_every_engine_architecture():
+    """make_tokenizer's FAMILIES names exactly the architectures the engine reads (the table of
+    model/config/architecture.cc): a model the engine serves gets a tokenizer, and no other."""
+    table = (ROOT / "model/config/architecture.cc").read_text()
+    engine = set(re.findall(r'\{Architecture::k\w+,\s*"(\w+)"', table))
+    assert len(engine) >= 9
+    assert set(FAMILIES) == engine
+
+
+def test_glm5_next_and_qwen4_exp_chat_formats(tmp_path):
+    """GLM-5.3-Flash renders GLM's chat format and Qwen3.8-Flash-Next Qwen's (the prompts their
+    families' models are trained on)."""
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    want = {"Glm5NextForConditionalGeneration": "[gMASK]<sop><|system|>\nS<|user|>\nU<|assistant|>\n",
+            "Qwen4ExpForConditionalGeneration":
+                "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"}
+    for arch, prompt in want.items():
+        d = tmp_path / arch
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"architectures": [arch], "text_config": {
+            "vocab_size": 512, "max_position_embeddings": 4096, "eos_token_id": 1}}))
+        write_tokenizer(d)
+        assert ModelTokenizer(d).render_chat(msgs, add_generation_prompt=True) == prompt, arch

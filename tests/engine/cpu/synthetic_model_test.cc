@@ -159,7 +159,8 @@ TEST(SyntheticModelTest, RoutedExpertsOfMixedBitWidthsDecode) {
 
 // --release-layout (exllamav3 reads GLM-5.3-Flash's release config only): the same tensors, the
 // config in the release layout with processor_config.json beside it, and the engine decodes the
-// same logits from it, bit for bit.
+// same logits from it, bit for bit. Both layouts declare the vision tower (vision_config, the image
+// tokens) as transformers' Glm5NextConfig writes it; the engine reads text_config alone.
 TEST(SyntheticModelTest, Glm5NextReleaseLayoutDecodesTheSameLogits) {
   const SyntheticOptions so = WholeModelOptions();
   std::vector<std::vector<std::vector<float>>> logits;
@@ -170,7 +171,11 @@ TEST(SyntheticModelTest, Glm5NextReleaseLayoutDecodesTheSameLogits) {
     fs::remove_all(dir);
     ASSERT_TRUE(WriteSyntheticExl3Model(spec, so, dir.string()).ok());
     std::ifstream in(dir / "config.json");
-    const nlohmann::json text = nlohmann::json::parse(in)["text_config"];
+    const nlohmann::json config = nlohmann::json::parse(in);
+    const nlohmann::json& text = config["text_config"];
+    EXPECT_EQ(config["vision_config"]["model_type"], "glm5_next_vision");
+    EXPECT_EQ(config["vision_config"]["out_hidden_size"], text["hidden_size"]);
+    EXPECT_TRUE(config.contains("image_start_token_id") && config.contains("image_end_token_id"));
     EXPECT_EQ(text["layer_types"][1], release ? "deepseek_sparse_attention" : "indexed_attention");
     EXPECT_EQ(text.contains("linear_attn_config"), release);
     EXPECT_EQ(text.contains("linear_num_heads"), !release);
