@@ -409,7 +409,9 @@ absl::Status Engine::RunForward(const ScheduledStep& step) {
   // the scheduler (CompleteStep would fill any it missed).
   std::future<void> masks;
   if (scheduler_->HasConstrainedRows(step)) {
-    masks = std::async(std::launch::async, [this, &step] { scheduler_->FillConstraintMasks(step); });
+    // The sampling threads are idle until the step's rows come back.
+    masks = std::async(std::launch::async,
+                       [this, &step] { scheduler_->FillConstraintMasks(step, sampling_pool_.get()); });
   }
   auto masks_ready = [&masks] {
     if (masks.valid()) masks.get();

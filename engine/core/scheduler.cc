@@ -555,13 +555,18 @@ bool Scheduler::HasConstrainedRows(const ScheduledStep& step) const {
   return false;
 }
 
-void Scheduler::FillConstraintMasks(const ScheduledStep& step) {
+void Scheduler::FillConstraintMasks(const ScheduledStep& step, ParallelFor* parallel) {
+  std::vector<TokenConstraint*> constraints;
   for (const SequenceChunk& chunk : step.batch.chunks) {
     if (!chunk.wants_logits) continue;
     auto it = sequences_.find(chunk.sequence_id);
-    if (it != sequences_.end() && it->second.constraint != nullptr) {
-      it->second.constraint->FillNextTokenMask();
-    }
+    if (it != sequences_.end() && it->second.constraint != nullptr) constraints.push_back(it->second.constraint.get());
+  }
+  const int n = static_cast<int>(constraints.size());
+  if (parallel != nullptr && n > 1) {
+    parallel->Run(n, [&](int, int i) { constraints[i]->FillNextTokenMask(); });
+  } else {
+    for (TokenConstraint* c : constraints) c->FillNextTokenMask();
   }
 }
 

@@ -220,7 +220,8 @@ class Scheduler {
   // the step's forward pass runs; nothing else may touch the scheduler meanwhile but
   // SamplingRows. CompleteStep fills any mask still stale itself.
   bool HasConstrainedRows(const ScheduledStep& step) const;
-  void FillConstraintMasks(const ScheduledStep& step);
+  // With `parallel`, the masks fill on its workers (one sequence's mask per iteration).
+  void FillConstraintMasks(const ScheduledStep& step, ParallelFor* parallel = nullptr);
 
   // The step failed: removes its sequences (those still present) and returns them.
   std::vector<int64_t> FailStep(const ScheduledStep& step);
