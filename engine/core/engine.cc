@@ -445,9 +445,9 @@ void Engine::DraftWithMtp(const ScheduledStep& step) {
 
 std::vector<SequenceUpdate> Engine::CompleteStep(const ScheduledStep& step) {
   if (runner_sampled_) {
-    return scheduler_->CompleteSampledStep(step, sampled_, [this](int row, std::span<float> logits) {
-      return runner_->MaskedRowLogits(row, logits);
-    });
+    return scheduler_->CompleteSampledStep(
+        step, sampled_, [this](int row, std::span<float> logits) { return runner_->MaskedRowLogits(row, logits); },
+        sampling_pool_.get());
   }
   return scheduler_->CompleteStep(step, logits_, sampling_pool_.get());
 }

@@ -44,6 +44,7 @@ Scheduler::Scheduler(const SchedulerOptions& options, const ModelInfo& model,
     free_state_slots_.push_back(slot);
   samplers_.reserve(std::max(1, num_samplers));
   for (int i = 0; i < std::max(1, num_samplers); ++i) samplers_.emplace_back(model.vocab_size);
+  redraw_logits_.resize(samplers_.size());
   assert(ValidateSpeculativeOptions(options.speculative).ok());
   if (options.speculative.method == SpeculativeMethod::kNgram) drafter_.emplace(*NgramOptionsOf(options.speculative));
   if (options.speculative.enabled())
@@ -572,25 +573,40 @@ void Scheduler::FillConstraintMasks(const ScheduledStep& step, ParallelFor* para
 
 std::vector<SequenceUpdate> Scheduler::CompleteSampledStep(const ScheduledStep& step,
                                                            std::span<const SampledToken> sampled,
-                                                           const MaskedRowLogits& masked_row_logits) {
+                                                           const MaskedRowLogits& masked_row_logits,
+                                                           ParallelFor* parallel) {
   assert(!HasPromptPositionRows(step));
   step_failures_.clear();
   const std::vector<SampledRows> rows = AdvanceStep(step);
   std::vector<SampledToken> row_tokens(sampled.begin(), sampled.end());
-  std::vector<uint8_t> row_failed;
+  std::vector<const SampledRows*> constrained;
   for (const SampledRows& r : rows) {
-    if (r.seq->constraint == nullptr) continue;
-    const absl::Status taken = TakeConstrainedToken(*r.seq, r.first_row, row_tokens[r.first_row], masked_row_logits);
-    if (taken.ok()) continue;
+    if (r.seq->constraint != nullptr) constrained.push_back(&r);
+  }
+  // Each row touches only its own sequence and its worker's sampler.
+  std::vector<absl::Status> taken(constrained.size());
+  auto take = [&](int worker, int i) {
+    const SampledRows& r = *constrained[i];
+    taken[i] = TakeConstrainedToken(*r.seq, r.first_row, row_tokens[r.first_row], masked_row_logits, worker);
+  };
+  const int n = static_cast<int>(constrained.size());
+  if (parallel != nullptr && n > 1 && parallel->num_workers() <= static_cast<int>(samplers_.size())) {
+    parallel->Run(n, take);
+  } else {
+    for (int i = 0; i < n; ++i) take(0, i);
+  }
+  std::vector<uint8_t> row_failed;
+  for (int i = 0; i < n; ++i) {
+    if (taken[i].ok()) continue;
     row_failed.resize(row_tokens.size(), 0);
-    row_failed[r.first_row] = 1;
-    step_failures_.push_back({r.id, taken});
+    row_failed[constrained[i]->first_row] = 1;
+    step_failures_.push_back({constrained[i]->id, std::move(taken[i])});
   }
   return AppendTokens(rows, row_tokens, row_failed);
 }
 
 absl::Status Scheduler::TakeConstrainedToken(Sequence& seq, int row, SampledToken& token,
-                                             const MaskedRowLogits& masked_row_logits) {
+                                             const MaskedRowLogits& masked_row_logits, int worker) {
   TokenConstraint& c = *seq.constraint;
   // The runner sampled with this mask: it was filled before the step's rows were read.
   if (c.state() != TokenConstraint::State::kMaskReady)
@@ -608,10 +624,11 @@ absl::Status Scheduler::TakeConstrainedToken(Sequence& seq, int row, SampledToke
   allowed[static_cast<size_t>(token.token) / 32] &= ~(1u << (token.token % 32));
   SequenceHistory history = s.history;
   history.allowed_tokens = allowed;
-  redraw_logits_.resize(model_.vocab_size);
-  EXL3_RETURN_IF_ERROR(masked_row_logits(row, std::span<float>(redraw_logits_)));
-  const std::optional<SampledToken> redrawn = samplers_[0].SampleAccepted(
-      redraw_logits_, s.params, s.seed, history, [&c](int32_t t) { return c.Accept(t).ok(); },
+  std::vector<float>& logits = redraw_logits_[worker];
+  logits.resize(model_.vocab_size);
+  EXL3_RETURN_IF_ERROR(masked_row_logits(row, std::span<float>(logits)));
+  const std::optional<SampledToken> redrawn = samplers_[worker].SampleAccepted(
+      logits, s.params, s.seed, history, [&c](int32_t t) { return c.Accept(t).ok(); },
       kMaxConstraintRefusals - 1);
   if (!redrawn.has_value()) {
     return absl::InternalError(absl::StrCat("the output's constraint refused all ", kMaxConstraintRefusals + 1,

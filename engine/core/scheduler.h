@@ -207,9 +207,11 @@ class Scheduler {
   // constrained row was sampled with its mask (SamplingRows gives it): its constraint takes the
   // token here, and in the rare case it refuses one its mask allowed, the row is drawn again on
   // the host from `masked_row_logits` as CompleteStep would (Sampler::SampleAccepted).
+  // With `parallel` (at most num_samplers workers) the constraints take their tokens on its workers.
   std::vector<SequenceUpdate> CompleteSampledStep(const ScheduledStep& step,
                                                   std::span<const SampledToken> sampled,
-                                                  const MaskedRowLogits& masked_row_logits);
+                                                  const MaskedRowLogits& masked_row_logits,
+                                                  ParallelFor* parallel = nullptr);
   // The sequences the last CompleteStep / CompleteSampledStep failed (SequenceFailure): they got
   // no update from it.
   const std::vector<SequenceFailure>& step_failures() const { return step_failures_; }
@@ -297,9 +299,10 @@ class Scheduler {
   // update per token, and removes the sequences that stop.
   // row_failed[r] set: row r failed (step_failures_ says why), its sequence takes nothing.
   // A constrained row's token (sampled with its mask) to its constraint: OK when taken, else the
-  // row's error. A refused token is drawn again from `masked_row_logits`; the redraw lands in `token`.
+  // row's error. A refused token is drawn again from `masked_row_logits` with samplers_[worker];
+  // the redraw lands in `token`.
   absl::Status TakeConstrainedToken(Sequence& seq, int row, SampledToken& token,
-                                    const MaskedRowLogits& masked_row_logits);
+                                    const MaskedRowLogits& masked_row_logits, int worker);
   std::vector<SequenceUpdate> AppendTokens(const std::vector<SampledRows>& rows,
                                            std::span<const SampledToken> row_tokens,
                                            const std::vector<uint8_t>& row_failed);
@@ -330,7 +333,7 @@ class Scheduler {
   std::optional<NgramDrafter> drafter_;  // speculative method ngram
   std::vector<SequenceFailure> step_failures_;  // of the last CompleteStep
   std::vector<std::vector<int32_t>> verify_outputs_;  // SamplingRows' verify chunks: output + drafts
-  std::vector<float> redraw_logits_;  // TakeConstrainedToken's row
+  std::vector<std::vector<float>> redraw_logits_;  // TakeConstrainedToken's row, per sampler
   SpeculativeCounters speculative_counters_;
 };
 

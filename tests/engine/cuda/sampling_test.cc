@@ -103,14 +103,17 @@ void CheckCase(const SamplingCase& c, int vocab, int num_rows, uint64_t seed, Co
     rows[r].params = c.params[r % c.params.size()];
     rows[r].seed = seed * 1000 + r;
     rows[r].history = {h.prompt, h.output, h.banned};
-    if (c.mask_density > 0 && r % 2 == 0) {
+    // A token not banned to keep allowed (none where every token is banned: no mask then).
+    int32_t keep = token(rng);
+    for (int tries = 0; tries < vocab && std::find(h.banned.begin(), h.banned.end(), keep) != h.banned.end(); ++tries)
+      keep = (keep + 1) % vocab;
+    const bool any_unbanned = std::find(h.banned.begin(), h.banned.end(), keep) == h.banned.end();
+    if (c.mask_density > 0 && r % 2 == 0 && any_unbanned) {
       std::bernoulli_distribution allow(c.mask_density);
       h.allowed.assign((vocab + 31) / 32, 0u);
       for (int t = 0; t < vocab; ++t) {
         if (allow(rng)) h.allowed[t / 32] |= 1u << (t % 32);
       }
-      int32_t keep = token(rng);
-      while (std::find(h.banned.begin(), h.banned.end(), keep) != h.banned.end()) keep = (keep + 1) % vocab;
       h.allowed[keep / 32] |= 1u << (keep % 32);
       rows[r].history.allowed_tokens = h.allowed;
     }
