@@ -92,8 +92,10 @@ absl::Status CudaKimiDeltaAttention::Forward(const float* x, int first, int n,
   const CudaLinear* low[3] = {&f_a_, &g_a_, &b_};
   float* const low_out[3] = {ws.f_low.get() + r * D, ws.g_low.get() + r * D, ws.beta.get() + r * NH};
   EXL3_RETURN_IF_ERROR(CudaLinear::ForwardShared(low, 3, xr, n, low_out, ctx));
-  EXL3_RETURN_IF_ERROR(f_b_.Forward(ws.f_low.get() + r * D, n, ws.log_decay.get() + r * W, ctx));
-  EXL3_RETURN_IF_ERROR(g_b_.Forward(ws.g_low.get() + r * D, n, ws.gate.get() + r * W, ctx));
+  const CudaLinear* up[2] = {&f_b_, &g_b_};
+  const float* const up_in[2] = {ws.f_low.get() + r * D, ws.g_low.get() + r * D};
+  float* const up_out[2] = {ws.log_decay.get() + r * W, ws.gate.get() + r * W};
+  EXL3_RETURN_IF_ERROR(CudaLinear::ForwardEach(up, up_in, 2, n, up_out, ctx));
 
   RecurrentChunks chunks = step.chunks;
   chunks.states = step.store + state_offset_;

@@ -81,6 +81,24 @@ absl::Status CudaLinear::ForwardShared(const CudaLinear* const* layers, int coun
   return absl::OkStatus();
 }
 
+absl::Status CudaLinear::ForwardEach(const CudaLinear* const* layers, const float* const* x, int count, int T,
+                                     float* const* y, const CudaLinearContext& ctx) {
+  if (T == 0) return absl::OkStatus();
+  bool all_dense = count >= 1 && count <= kDenseGemvMaxJobs && T <= kDenseGemvMaxRows;
+  for (int i = 0; i < count && all_dense; ++i)
+    all_dense = layers[i]->exl3_ == nullptr && layers[i]->in_ == layers[0]->in_;
+  if (all_dense) {
+    DenseGemvJob jobs[kDenseGemvMaxJobs];
+    for (int i = 0; i < count; ++i) {
+      jobs[i] = layers[i]->dense_job(y[i]);
+      jobs[i].x = x[i];
+    }
+    return DenseGemv(jobs, count, nullptr, T, layers[0]->in_, ctx.stream);
+  }
+  for (int i = 0; i < count; ++i) EXL3_RETURN_IF_ERROR(layers[i]->Forward(x[i], T, y[i], ctx));
+  return absl::OkStatus();
+}
+
 DenseGemvJob CudaLinear::dense_job(float* y) const {
   DenseGemvJob job;
   job.weight = dense_.get();

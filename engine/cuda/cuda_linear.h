@@ -42,6 +42,10 @@ class CudaLinear {
   // at decode sizes (DenseGemv), others one by one.
   static absl::Status ForwardShared(const CudaLinear* const* layers, int count, const float* x, int num_tokens,
                                     float* const* y, const CudaLinearContext& ctx);
+  // y[i] = layers[i]'s Forward of its own x[i], for up to 4 layers (KDA's f_b and g_b): dense
+  // layers of one input width together at decode sizes (DenseGemv), others one by one.
+  static absl::Status ForwardEach(const CudaLinear* const* layers, const float* const* x, int count,
+                                  int num_tokens, float* const* y, const CudaLinearContext& ctx);
   int in_features() const { return in_; }
   int out_features() const { return out_; }
   // Bytes a forward reads of the weights (trellis + sign vectors + bias, or the fp32 matrix).

@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
-#include "engine/cuda/launch_status.cuh"
 #include "engine/cuda/block_reduce.cuh"
+#include "engine/cuda/launch_status.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace exl3::engine::cuda {
 namespace {
@@ -34,23 +37,345 @@ __device__ void NormedMixes(const float* x, int width, float norm_eps, const flo
   __syncthreads();
 }
 
-// The collapse's sums over a token's N * H inputs, in kMixSplits ranges of the inputs each.
-constexpr int kMixSplits = 16;
-
-// grid (T, rows + 1, kMixSplits), block kThreads. partial [T, rows + 1, kMixSplits] double: for
-// r < rows the split's Σ fn[r][i] · x[i], for r = rows its Σ x[i]²; x = streams [T, N * H] row t.
-__global__ void MixPartialsKernel(const float* fn, int rows, int width, const float* streams, double* partial) {
-  __shared__ double red[32];
-  const int t = blockIdx.x, r = blockIdx.y, s = blockIdx.z;
-  const int per = (width + kMixSplits - 1) / kMixSplits;
-  const int begin = s * per, end = min(width, begin + per);
-  const float* x = streams + static_cast<size_t>(t) * width;
-  const float* w = r < rows ? fn + static_cast<size_t>(r) * width : x;
-  double acc = 0.0;
-  for (int i = begin + threadIdx.x; i < end; i += blockDim.x) acc += static_cast<double>(w[i]) * x[i];
-  acc = BlockSumDouble(acc, red);
-  if (threadIdx.x == 0) partial[(static_cast<size_t>(t) * (rows + 1) + r) * kMixSplits + s] = acc;
+// The expand at hidden position d of one token's streams x [N, H], in place:
+// x_k[d] ← post[k] · od + Σ_j comb[j][k] · x_j[d] (HyperConnection::Expand's order); keep(k, value)
+// sees every new value. post [N], comb [N, N] (shared memory).
+template <typename Keep>
+__device__ __forceinline__ void ExpandAt(float* x, int H, int d, int n, const float* post, const float* comb,
+                                         float od, Keep keep) {
+  float in[kMaxStreams];
+#pragma unroll
+  for (int j = 0; j < kMaxStreams; ++j) {
+    if (j < n) in[j] = x[static_cast<size_t>(j) * H + d];
+  }
+#pragma unroll
+  for (int k = 0; k < kMaxStreams; ++k) {
+    if (k < n) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kMaxStreams; ++j) {
+        if (j < n) acc += comb[j * n + k] * in[j];
+      }
+      const float v = post[k] * od + acc;
+      x[static_cast<size_t>(k) * H + d] = v;
+      keep(k, v);
+    }
+  }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The collapse: MixSumsKernel's partial sums, CollapseFinishKernel's totals.
+
+constexpr int kWarpsPerBlock = kThreads / 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kMaxMixes = (2 + kMaxStreams) * kMaxStreams;  // fn's rows at N = 16
+constexpr int kPairSlots = 2048;        // products a MixSumsKernel pass keeps in shared memory (8 a thread)
+constexpr int kMaxSlice = 256;          // hidden positions of one MixSumsKernel block
+constexpr int kSliceTargetBlocks = 128; // MixSumsKernel blocks a launch aims at (about one a multiprocessor)
+constexpr int kFinishSpan = 512;        // hidden positions of one CollapseFinishKernel block
+constexpr int kMaxFinishBlocks = 16;
+
+// Rows of a token's partial sums: fn's (2 + N) N mix rows, then the N (N + 1) / 2 products of
+// stream pairs i ≤ j (GramIndex).
+__host__ __device__ inline int MixRows(int n) { return (2 + n) * n; }
+__host__ __device__ inline int SumRows(int n) { return MixRows(n) + n * (n + 1) / 2; }
+// Position of the pair i ≤ j among the pairs in row-major order of the upper triangle.
+__device__ inline int GramIndex(int i, int j, int n) { return i * n - i * (i - 1) / 2 + (j - i); }
+
+__device__ inline double WarpSumDouble(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float4 LoadUnit(const float4* p) { return __ldg(p); }
+__device__ __forceinline__ float LoadUnit(const float* p) { return __ldg(p); }
+__device__ __forceinline__ double DotDouble(float4 w, float4 x) {
+  return static_cast<double>(w.x) * x.x + static_cast<double>(w.y) * x.y + static_cast<double>(w.z) * x.z +
+         static_cast<double>(w.w) * x.w;
+}
+__device__ __forceinline__ double DotDouble(float w, float x) { return static_cast<double>(w) * x; }
+
+// grid (T, splits), block kThreads. Block (t, s) takes hidden positions [s · slice, s · slice + len)
+// of token t's N streams (len = slice but at the end).
+//   streams [T, N, H] fp32; fn [(2 + N) N, N H] fp32;
+//   ex (where ex.post is set): post [T, N], comb [T, N, N], block_output [T, H] fp32 — the slice's
+//     streams become post[k] · o + Σ_j comb[j][k] · stream_j first (ExpandKernel's arithmetic), in place;
+//   partial [T, SumRows(N), splits] fp64: the slice's Σ fn[r] · x for mix row r (x the token's N H
+//     inputs, unnormalised), then its Σ_d stream_i[d] · stream_j[d] for each pair i ≤ j.
+// The slice's inputs are staged in shared memory; each pass over mix rows issues all its fn loads
+// (float4s where kVector: H % 4 == 0 and fn 16-byte aligned) before the first product, keeps the
+// products and sums each row's in a fixed order on one warp.
+template <bool kVector>
+__global__ void __launch_bounds__(kThreads)
+    MixSumsKernel(const float* __restrict__ fn, int n, int H, int slice, HyperExpandInput ex, float* streams,
+                  double* partial) {
+  exl3::cuda::PdlEnter();
+  using Unit = typename std::conditional<kVector, float4, float>::type;
+  constexpr int V = kVector ? 4 : 1;
+  constexpr int kPer = kPairSlots / kThreads;
+  __shared__ __align__(16) float xs[kPairSlots];  // [N][slice]
+  __shared__ double products[kPairSlots];
+  __shared__ float mixw[kMaxStreams + kMaxStreams * kMaxStreams];  // the expand's post, comb
+  const size_t t = blockIdx.x;
+  const int s = blockIdx.y, splits = gridDim.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int width = n * H, mixes = MixRows(n);
+  const int d0 = s * slice, len = min(slice, H - d0);
+  float* x = streams + t * width;
+  double* out = partial + t * SumRows(n) * splits + s;  // row r at out[r · splits]
+  if (ex.post != nullptr) {
+    for (int i = threadIdx.x; i < n + n * n; i += kThreads)
+      mixw[i] = i < n ? ex.post[t * n + i] : ex.comb[t * n * n + (i - n)];
+    __syncthreads();
+    const float* post = mixw;
+    const float* comb = mixw + n;
+    const float* o = ex.block_output + t * H;
+    for (int dd = threadIdx.x; dd < len; dd += kThreads)
+      ExpandAt(x, H, d0 + dd, n, post, comb, o[d0 + dd], [&](int k, float v) { xs[k * slice + dd] = v; });
+  } else {
+    for (int e = threadIdx.x; e < n * len; e += kThreads) {
+      const int i = e / len, dd = e - i * len;
+      xs[i * slice + dd] = x[static_cast<size_t>(i) * H + d0 + dd];
+    }
+  }
+  __syncthreads();
+  // The stream pairs' sums (shared memory only).
+  const int pairs_ij = n * (n + 1) / 2;
+  for (int g = warp; g < pairs_ij; g += kWarpsPerBlock) {
+    int a = 0, rest = g;
+    while (rest >= n - a) rest -= n - a++;
+    const int b = a + rest;
+    double v = 0.0;
+    for (int dd = lane; dd < len; dd += 32) v += static_cast<double>(xs[a * slice + dd]) * xs[b * slice + dd];
+    v = WarpSumDouble(v);
+    if (lane == 0) out[static_cast<size_t>(mixes + g) * splits] = v;
+  }
+  // Pair p of a pass: (row r0 + p / units, unit p % units of the row: stream i, unit q of its slice).
+  // A thread's pairs are p = threadIdx.x + m · kThreads: its first found by division, each next one
+  // kThreads units on (step_r rows, then step_i streams and step_q units, with carries).
+  const int q_per = len / V;    // units of one stream in the slice
+  const int units = n * q_per;  // of one mix row
+  const int rows_per_pass = max(1, kPairSlots / units);
+  const int r_first = threadIdx.x / units, c_first = threadIdx.x % units;
+  const int i_first = c_first / q_per, q_first = c_first % q_per;
+  const int step_r = kThreads / units, step_c = kThreads % units;
+  const int step_i = step_c / q_per, step_q = step_c % q_per;
+  for (int r0 = 0; r0 < mixes; r0 += rows_per_pass) {
+    const int pass_rows = min(rows_per_pass, mixes - r0), pairs = pass_rows * units;
+    Unit w[kPer];
+    int xo[kPer];  // the pair's offset in xs
+    int r = r0 + r_first, i = i_first, q = q_first;
+#pragma unroll
+    for (int m = 0; m < kPer; ++m) {
+      if (threadIdx.x + m * kThreads < pairs) {
+        w[m] = LoadUnit(reinterpret_cast<const Unit*>(fn + static_cast<size_t>(r) * width + i * H + d0) + q);
+        xo[m] = i * slice + q * V;
+      }
+      r += step_r;
+      i += step_i;
+      q += step_q;
+      if (q >= q_per) {
+        q -= q_per;
+        ++i;
+      }
+      if (i >= n) {
+        i -= n;
+        ++r;
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < kPer; ++m) {
+      const int p = threadIdx.x + m * kThreads;
+      if (p < pairs) products[p] = DotDouble(w[m], *reinterpret_cast<const Unit*>(xs + xo[m]));
+    }
+    __syncthreads();
+    for (int rr = warp; rr < pass_rows; rr += kWarpsPerBlock) {
+      double v = 0.0;
+      for (int c = lane; c < units; c += 32) v += products[rr * units + c];
+      v = WarpSumDouble(v);
+      if (lane == 0) out[static_cast<size_t>(r0 + rr) * splits] = v;
+    }
+    __syncthreads();  // products are the next pass's
+  }
+}
+
+// comb [N, N] of one token from its logit mixes lm [N, N] (fn · x / rms, comb's rows), base [N, N]
+// and scale: a softmax per row plus eps, then Sinkhorn (columns once, then rows and columns
+// iters − 1 times, each sum + eps), every sum in the CPU's order (HyperConnection::Collapse). Warp
+// 0 of the block, lane e holding element e (N² ≤ 32), sums gathered by shuffles.
+__device__ void SinkhornLanes(const float* lm, const float* base, float scale, float eps, int n, int iters,
+                              float* comb) {
+  const int lane = threadIdx.x % 32;
+  const bool on = lane < n * n;
+  const int j = on ? lane / n : 0, k = on ? lane % n : 0;
+  const float logit = on ? lm[lane] * scale + base[lane] : 0.0f;
+  float mx = -INFINITY;
+  for (int q = 0; q < n; ++q) mx = fmaxf(mx, __shfl_sync(kFullMask, logit, j * n + q));
+  const float ex = on ? expf(logit - mx) : 0.0f;
+  float sum = 0.0f;
+  for (int q = 0; q < n; ++q) sum += __shfl_sync(kFullMask, ex, j * n + q);
+  float c = on ? ex / sum + eps : 0.0f;
+  auto columns = [&] {
+    float s = 0.0f;
+    for (int q = 0; q < n; ++q) s += __shfl_sync(kFullMask, c, q * n + k);
+    c /= s + eps;
+  };
+  auto rows = [&] {
+    float s = 0.0f;
+    for (int q = 0; q < n; ++q) s += __shfl_sync(kFullMask, c, j * n + q);
+    c /= s + eps;
+  };
+  columns();
+  for (int it = 0; it + 1 < iters; ++it) {
+    rows();
+    columns();
+  }
+  if (on) comb[lane] = c;
+}
+
+// The same for N² > 32: warp 0, lane l holding elements l + 32 m, the matrix exchanged through
+// cm [N²] in shared memory.
+__device__ void SinkhornShared(const float* lm, const float* base, float scale, float eps, int n, int iters,
+                               float* cm, float* comb) {
+  constexpr int kPer = kMaxStreams * kMaxStreams / 32;
+  const int lane = threadIdx.x % 32, nn = n * n;
+  float c[kPer];
+  int row[kPer], col[kPer];
+#pragma unroll
+  for (int m = 0; m < kPer; ++m) {
+    const int e = lane + 32 * m;
+    row[m] = e / n;
+    col[m] = e % n;
+    if (e < nn) cm[e] = lm[e] * scale + base[e];
+  }
+  __syncwarp();
+#pragma unroll
+  for (int m = 0; m < kPer; ++m) {
+    const int e = lane + 32 * m;
+    if (e < nn) {
+      const int j = row[m];
+      float mx = -INFINITY;
+      for (int q = 0; q < n; ++q) mx = fmaxf(mx, cm[j * n + q]);
+      c[m] = expf(cm[e] - mx);
+    }
+  }
+  // Sums of each element's row (or column) of the matrix c holds, in order; c[m] = c[m] / sum + add
+  // (softmax) or c[m] / (sum + eps) (Sinkhorn).
+  auto normalise = [&](bool columns, bool softmax) {
+    __syncwarp();
+#pragma unroll
+    for (int m = 0; m < kPer; ++m) {
+      const int e = lane + 32 * m;
+      if (e < nn) cm[e] = c[m];
+    }
+    __syncwarp();
+#pragma unroll
+    for (int m = 0; m < kPer; ++m) {
+      const int e = lane + 32 * m;
+      if (e < nn) {
+        const int j = row[m], k = col[m];
+        float s = 0.0f;
+        for (int q = 0; q < n; ++q) s += columns ? cm[q * n + k] : cm[j * n + q];
+        c[m] = softmax ? c[m] / s + eps : c[m] / (s + eps);
+      }
+    }
+  };
+  normalise(false, true);
+  normalise(true, false);
+  for (int it = 0; it + 1 < iters; ++it) {
+    normalise(false, false);
+    normalise(true, false);
+  }
+#pragma unroll
+  for (int m = 0; m < kPer; ++m) {
+    const int e = lane + 32 * m;
+    if (e < nn) comb[e] = c[m];
+  }
+}
+
+// grid (T, finish_blocks + 1), block kThreads. partial [T, SumRows(N), splits] fp64 as
+// MixSumsKernel wrote it; streams [T, N, H] fp32 (after its expand). Every block totals the rows
+// it needs over the splits (one warp a row, a fixed order: each forms the same values) and the
+// streams' norm rms = sqrt(Σ_i x_i · x_i / (N H) + norm_eps) from the pairs' diagonal; mix[r] =
+// total_r / rms. Blocks y < finish_blocks:
+//   out.block_input [T, H] fp32 at [y · span, (y + 1) · span) = Σ_i pre[i] · stream_i, pre[i] =
+//     sigmoid(mix[i] · scale[0] + base[i]) + eps;
+//   out.normed [T, H] fp32 = norm_weight [H] · (block_input · inv), inv = 1 / sqrt(mean(block_input²)
+//     + norm_eps), mean(block_input²) = Σ_ij pre_i pre_j (x_i · x_j) / H from the pair totals, so no
+//     block waits for another's part of the hidden vector.
+// Block finish_blocks: out.post [T, N] = 2 sigmoid(mix[N + k] · scale[1] + base[N + k]) and out.comb
+// [T, N, N] from mix[2N ...] (SinkhornLanes / SinkhornShared).
+__global__ void __launch_bounds__(kThreads)
+    CollapseFinishKernel(HyperConnectionArgs a, const float* streams, const double* partial, int splits, int span,
+                         HyperCollapseOutput out) {
+  exl3::cuda::PdlEnter();
+  __shared__ double sums[kMaxMixes + kMaxStreams];
+  __shared__ float mix[kMaxMixes];
+  __shared__ float pre[kMaxStreams];
+  __shared__ float cm[kMaxStreams * kMaxStreams];
+  __shared__ float inv_out;
+  const int n = a.streams, H = a.hidden, width = n * H, mixes = MixRows(n);
+  const size_t t = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bool mix_block = blockIdx.y == gridDim.y - 1;
+  const double* p = partial + t * SumRows(n) * splits;
+  // Totals: the mix block's are fn's mix rows then the pairs (i, i); the others' pre's rows then every pair.
+  const int needed = mix_block ? mixes + n : n + n * (n + 1) / 2;
+  for (int k = warp; k < needed; k += kWarpsPerBlock) {
+    int r;
+    if (mix_block) {
+      r = k < mixes ? k : mixes + GramIndex(k - mixes, k - mixes, n);
+    } else {
+      r = k < n ? k : mixes + (k - n);
+    }
+    double v = 0.0;
+    for (int s = lane; s < splits; s += 32) v += p[static_cast<size_t>(r) * splits + s];
+    v = WarpSumDouble(v);
+    if (lane == 0) sums[k] = v;
+  }
+  __syncthreads();
+  double ss = 0.0;
+  for (int i = 0; i < n; ++i) ss += mix_block ? sums[mixes + i] : sums[n + GramIndex(i, i, n)];
+  const double inv_rms = 1.0 / sqrt(ss / width + a.norm_eps);
+  const float eps = a.eps;
+  if (mix_block) {
+    for (int r = threadIdx.x; r < mixes; r += kThreads) mix[r] = static_cast<float>(sums[r] * inv_rms);
+    __syncthreads();
+    if (threadIdx.x < n)
+      out.post[t * n + threadIdx.x] = 2.0f * SigmoidF(mix[n + threadIdx.x] * a.scale[1] + a.base[n + threadIdx.x]);
+    if (warp == 0) {
+      float* comb = out.comb + t * n * n;
+      if (n * n <= 32) {
+        SinkhornLanes(mix + 2 * n, a.base + 2 * n, a.scale[2], eps, n, a.sinkhorn_iters, comb);
+      } else {
+        SinkhornShared(mix + 2 * n, a.base + 2 * n, a.scale[2], eps, n, a.sinkhorn_iters, cm, comb);
+      }
+    }
+    return;
+  }
+  if (threadIdx.x < n)
+    pre[threadIdx.x] = SigmoidF(static_cast<float>(sums[threadIdx.x] * inv_rms) * a.scale[0] + a.base[threadIdx.x]) + eps;
+  __syncthreads();
+  if (out.normed != nullptr && threadIdx.x == 0) {
+    double yy = 0.0;
+    for (int i = 0; i < n; ++i) {
+      for (int j = 0; j < n; ++j)
+        yy += static_cast<double>(pre[i]) * pre[j] * sums[n + GramIndex(min(i, j), max(i, j), n)];
+    }
+    inv_out = static_cast<float>(1.0 / sqrt(yy / H + out.norm_eps));
+  }
+  __syncthreads();
+  const float* x = streams + t * width;
+  const int lo = blockIdx.y * span, hi = min(H, lo + span);
+  for (int d = lo + threadIdx.x; d < hi; d += kThreads) {
+    float acc = 0.0f;
+    for (int i = 0; i < n; ++i) acc += pre[i] * x[static_cast<size_t>(i) * H + d];
+    out.block_input[t * H + d] = acc;
+    if (out.normed != nullptr) out.normed[t * H + d] = out.norm_weight[d] * (acc * inv_out);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Expand, heads, broadcast: a token's hidden vector split over blocks.
 
 // Blocks a token's hidden vector is split over (a block per 256 elements: one per token is far
 // too few for one decode token).
@@ -61,85 +386,11 @@ int HiddenBlocks(int H) { return std::min((H + kThreads - 1) / kThreads, 64); }
 __device__ __forceinline__ int HiddenFirst() { return blockIdx.y * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ int HiddenStride() { return gridDim.y * blockDim.x; }
 
-// grid (T, HiddenBlocks(H)), block kThreads; dynamic shared: (2 + N) * N + N + N * N floats.
-// streams [T, N, H]; partial as MixPartialsKernel wrote it; out [T, H]; post [T, N]; comb
-// [T, N, N]. mix[r] = fn[r] · x / rms(x). Every block forms the token's pre weights for its part
-// of out; the first also post and comb (Sinkhorn: lane j of warp 0 normalises row j, then column
-// j, each in the CPU's order).
-__global__ void CollapseKernel(HyperConnectionArgs a, const float* streams, const double* partial, float* out,
-                               float* post, float* comb) {
-  extern __shared__ float hc_smem[];
-  const int n = a.streams, H = a.hidden, width = n * H, rows = (2 + n) * n;
-  const bool first_block = blockIdx.y == 0;
-  float* mix = hc_smem;
-  float* pre = mix + rows;
-  float* cm = pre + n;
-  const float* x = streams + static_cast<size_t>(blockIdx.x) * width;
-  const double* p = partial + static_cast<size_t>(blockIdx.x) * (rows + 1) * kMixSplits;
-  __shared__ double inv_rms;
-  if (threadIdx.x == 0) {
-    double ss = 0.0;
-    for (int s = 0; s < kMixSplits; ++s) ss += p[static_cast<size_t>(rows) * kMixSplits + s];
-    inv_rms = 1.0 / sqrt(ss / width + a.norm_eps);
-  }
-  __syncthreads();
-  for (int r = threadIdx.x; r < (first_block ? rows : n); r += blockDim.x) {
-    double sum = 0.0;
-    for (int s = 0; s < kMixSplits; ++s) sum += p[static_cast<size_t>(r) * kMixSplits + s];
-    mix[r] = static_cast<float>(sum * inv_rms);
-  }
-  __syncthreads();
-  const float eps = a.eps;
-  if (threadIdx.x < n) pre[threadIdx.x] = SigmoidF(mix[threadIdx.x] * a.scale[0] + a.base[threadIdx.x]) + eps;
-  if (first_block && threadIdx.x < 32) {
-    const int j = threadIdx.x;
-    float* row = cm + j * n;
-    if (j < n) {
-      post[static_cast<size_t>(blockIdx.x) * n + j] = 2.0f * SigmoidF(mix[n + j] * a.scale[1] + a.base[n + j]);
-      float mx = -INFINITY;
-      for (int k = 0; k < n; ++k) {
-        row[k] = mix[2 * n + j * n + k] * a.scale[2] + a.base[2 * n + j * n + k];
-        mx = fmaxf(mx, row[k]);
-      }
-      float sum = 0.0f;
-      for (int k = 0; k < n; ++k) sum += (row[k] = expf(row[k] - mx));
-      for (int k = 0; k < n; ++k) row[k] = row[k] / sum + eps;
-    }
-    __syncwarp();
-    for (int it = 0; it < a.sinkhorn_iters; ++it) {
-      if (it > 0) {  // rows, from the second round on (the first normalises the columns only)
-        if (j < n) {
-          float sum = 0.0f;
-          for (int k = 0; k < n; ++k) sum += row[k];
-          for (int k = 0; k < n; ++k) row[k] /= sum + eps;
-        }
-        __syncwarp();
-      }
-      if (j < n) {  // column j
-        float sum = 0.0f;
-        for (int i = 0; i < n; ++i) sum += cm[i * n + j];
-        for (int i = 0; i < n; ++i) cm[i * n + j] /= sum + eps;
-      }
-      __syncwarp();
-    }
-    if (j < n) {
-      float* c = comb + static_cast<size_t>(blockIdx.x) * n * n + j * n;
-      for (int k = 0; k < n; ++k) c[k] = row[k];
-    }
-  }
-  __syncthreads();
-  float* y = out + static_cast<size_t>(blockIdx.x) * H;
-  for (int d = HiddenFirst(); d < H; d += HiddenStride()) {
-    float acc = 0.0f;
-    for (int i = 0; i < n; ++i) acc += pre[i] * x[static_cast<size_t>(i) * H + d];
-    y[d] = acc;
-  }
-}
-
 // grid (T, HiddenBlocks(H)), block kThreads. In place on streams [T, N, H]; post [T, N], comb
 // [T, N, N], o [T, H].
 __global__ void ExpandKernel(const float* post, const float* comb, const float* o, int n, int H,
                              float* streams) {
+  exl3::cuda::PdlEnter();
   __shared__ float p[kMaxStreams], c[kMaxStreams * kMaxStreams];
   const size_t t = blockIdx.x;
   for (int i = threadIdx.x; i < n; i += blockDim.x) p[i] = post[t * n + i];
@@ -147,16 +398,7 @@ __global__ void ExpandKernel(const float* post, const float* comb, const float* 
   __syncthreads();
   float* s = streams + t * n * H;
   const float* ot = o + t * H;
-  for (int d = HiddenFirst(); d < H; d += HiddenStride()) {
-    float in[kMaxStreams];
-    for (int j = 0; j < n; ++j) in[j] = s[static_cast<size_t>(j) * H + d];
-    const float od = ot[d];
-    for (int k = 0; k < n; ++k) {
-      float acc = 0.0f;
-      for (int j = 0; j < n; ++j) acc += c[j * n + k] * in[j];
-      s[static_cast<size_t>(k) * H + d] = p[k] * od + acc;
-    }
-  }
+  for (int d = HiddenFirst(); d < H; d += HiddenStride()) ExpandAt(s, H, d, n, p, c, ot[d], [](int, float) {});
 }
 
 // grid R, block kThreads; dynamic shared: N floats. streams [T, N, H]; rows [R]; out [R, H].
@@ -207,32 +449,55 @@ absl::Status CheckStreams(int n) {
   return absl::OkStatus();
 }
 
-}  // namespace
+int CeilDiv(int a, int b) { return (a + b - 1) / b; }
 
-absl::Status HyperCollapse(const HyperConnectionArgs& a, const float* streams, int T, float* block_input,
-                           float* post, float* comb, double* scratch, StreamHandle stream) {
-  if (T == 0) return absl::OkStatus();
-  if (absl::Status st = CheckStreams(a.streams); !st.ok()) return st;
-  const int rows = (2 + a.streams) * a.streams;
-  MixPartialsKernel<<<dim3(T, rows + 1, kMixSplits), kThreads, 0, S(stream)>>>(a.fn, rows, a.streams * a.hidden,
-                                                                                streams, scratch);
-  if (absl::Status st = LaunchStatus("hyper-connection mix sums"); !st.ok()) return st;
-  const size_t smem = static_cast<size_t>(rows + a.streams + a.streams * a.streams) * sizeof(float);
-  CollapseKernel<<<dim3(T, HiddenBlocks(a.hidden)), kThreads, smem, S(stream)>>>(a, streams, scratch, block_input,
-                                                                                  post, comb);
-  return LaunchStatus("hyper-connection collapse");
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Hidden positions of one MixSumsKernel block for T tokens: about kSliceTargetBlocks blocks in all,
+// a multiple of 16 (float4s, 64-byte rows of fn), at most what a pass's products and the staged
+// inputs hold (N · slice ≤ kPairSlots).
+int CollapseSlice(int H, int T, int n) {
+  const int most = std::min(kMaxSlice, kPairSlots / n) / 16 * 16;
+  const long long want = (static_cast<long long>(H) * T + kSliceTargetBlocks - 1) / kSliceTargetBlocks;
+  return static_cast<int>(std::clamp<long long>((want + 15) / 16 * 16, 16, most));
 }
 
+}  // namespace
+
 size_t HyperCollapseScratchDoubles(const HyperConnectionArgs& a, int T) {
-  return static_cast<size_t>(T) * ((2 + a.streams) * a.streams + 1) * kMixSplits;
+  // The splits shrink as T grows; a call with fewer tokens may use more a token.
+  size_t most = 0;
+  for (int t = 1; t <= T; ++t)
+    most = std::max(most, static_cast<size_t>(t) * CeilDiv(a.hidden, CollapseSlice(a.hidden, t, a.streams)));
+  return most * SumRows(a.streams);
+}
+
+absl::Status HyperCollapse(const HyperConnectionArgs& a, const HyperExpandInput* expand, float* streams, int T,
+                           const HyperCollapseOutput& out, double* scratch, StreamHandle stream) {
+  if (T == 0) return absl::OkStatus();
+  if (absl::Status st = CheckStreams(a.streams); !st.ok()) return st;
+  if (out.normed != nullptr && out.norm_weight == nullptr)
+    return absl::InvalidArgumentError("hyper-connection collapse: a normed output needs the norm's weight");
+  const int n = a.streams, H = a.hidden;
+  const int slice = CollapseSlice(H, T, n), splits = CeilDiv(H, slice);
+  const HyperExpandInput ex = expand != nullptr ? *expand : HyperExpandInput{};
+  const bool vector = H % 4 == 0 && Aligned16(a.fn);
+  exl3::cuda::LaunchPdl(vector ? MixSumsKernel<true> : MixSumsKernel<false>, dim3(T, splits), dim3(kThreads),
+                        S(stream), a.fn, n, H, slice, ex, streams, scratch);
+  if (absl::Status st = LaunchStatus("hyper-connection mix sums"); !st.ok()) return st;
+  const int finish = std::clamp(CeilDiv(H, kFinishSpan), 1, kMaxFinishBlocks);
+  exl3::cuda::LaunchPdl(CollapseFinishKernel, dim3(T, finish + 1), dim3(kThreads), S(stream), a,
+                        static_cast<const float*>(streams), static_cast<const double*>(scratch), splits,
+                        CeilDiv(H, finish), out);
+  return LaunchStatus("hyper-connection collapse");
 }
 
 absl::Status HyperExpand(const float* post, const float* comb, const float* block_output, int T, int n,
                          int hidden, float* streams, StreamHandle stream) {
   if (T == 0) return absl::OkStatus();
   if (absl::Status st = CheckStreams(n); !st.ok()) return st;
-  ExpandKernel<<<dim3(T, HiddenBlocks(hidden)), kThreads, 0, S(stream)>>>(post, comb, block_output, n, hidden,
-                                                                           streams);
+  exl3::cuda::LaunchPdl(ExpandKernel, dim3(T, HiddenBlocks(hidden)), dim3(kThreads), S(stream), post, comb,
+                        block_output, n, hidden, streams);
   return LaunchStatus("hyper-connection expand");
 }
 

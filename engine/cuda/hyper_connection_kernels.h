@@ -27,15 +27,37 @@ struct HyperConnectionArgs {
   float norm_eps = 0.0f;        // rms_norm_eps of the streams' norm
 };
 
-// streams [T, N, hidden] → block_input [T, hidden] = Σ_n pre[n] stream[n]; post [T, N] and
-// comb [T, N, N] (comb[t][j][k] weighs input stream j into output stream k), as
-// HyperConnection::Collapse. fp32; the norm's and fn's sums in double, as the CPU does. The sums
-// over the N × hidden inputs run split over many blocks (a decode step's one token would leave one
-// block latency-bound on 1.5 MB of fn): their partial sums go through `scratch`
-// (HyperCollapseScratchDoubles doubles).
+// A collapse's optional first step: the previous block's output joins the streams in place, as
+// HyperExpand does (the same arithmetic), before they are collapsed.
+struct HyperExpandInput {
+  const float* post = nullptr;          // [T, N] fp32
+  const float* comb = nullptr;          // [T, N, N] fp32
+  const float* block_output = nullptr;  // [T, hidden] fp32
+};
+
+// What a collapse writes; every array fp32.
+struct HyperCollapseOutput {
+  float* block_input = nullptr;  // [T, hidden] = Σ_n pre[n] stream[n]
+  float* post = nullptr;         // [T, N]
+  float* comb = nullptr;         // [T, N, N]: comb[t][j][k] weighs input stream j into output stream k
+  // normed [T, hidden] = rmsnorm(block_input) · norm_weight [hidden] (RmsNorm's arithmetic, eps
+  // norm_eps): the block's input norm; skipped where normed is null.
+  const float* norm_weight = nullptr;
+  float norm_eps = 0.0f;
+  float* normed = nullptr;
+};
+
+// streams [T, N, hidden] → block input, post and comb, as HyperConnection::Collapse, and the
+// block's normed input; with `expand`, the previous block's output joins the streams first
+// (streams written; expand's post / comb / block_output may be the arrays this collapse writes:
+// they are read first). Two launches: the sums over each token's N × hidden inputs (fn's mix rows
+// and the streams' pairwise products, in double as the CPU sums) split over about 128 blocks
+// into `scratch` (HyperCollapseScratchDoubles doubles, for up to that many tokens), then their
+// fixed-order totals: the block input and its norm over a few blocks a token, post and the
+// Sinkhorn comb on one more.
 size_t HyperCollapseScratchDoubles(const HyperConnectionArgs& a, int num_tokens);
-absl::Status HyperCollapse(const HyperConnectionArgs& a, const float* streams, int num_tokens,
-                           float* block_input, float* post, float* comb, double* scratch, StreamHandle stream);
+absl::Status HyperCollapse(const HyperConnectionArgs& a, const HyperExpandInput* expand, float* streams,
+                           int num_tokens, const HyperCollapseOutput& out, double* scratch, StreamHandle stream);
 
 // streams [T, N, hidden] ← post[k] * block_output [T, hidden] + Σ_j comb[j][k] stream[j], in
 // place, as HyperConnection::Expand.

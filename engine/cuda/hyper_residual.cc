@@ -112,11 +112,11 @@ class HyperResidual final : public ResidualStream {
   }
   absl::Status MixerInput(int layer, int first, int n, float* d, float* x) override {
     // d is free here (the previous block's output was expanded into the streams): the collapse's output.
-    return Collapse(layers_[layer].mixer_hc, layers_[layer].input_norm, first, n, d, x);
+    return Collapse(layers_[layer].mixer_hc, layers_[layer].input_norm, first, n, d, x, /*expand_first=*/false);
   }
   absl::Status MlpInput(int layer, int first, int n, float* d, float* x) override {
-    EXL3_RETURN_IF_ERROR(Expand(first, n, d));
-    return Collapse(layers_[layer].mlp_hc, layers_[layer].post_attention_norm, first, n, d, x);
+    // The mixer's output d expanded into the streams by the collapse's first launch.
+    return Collapse(layers_[layer].mlp_hc, layers_[layer].post_attention_norm, first, n, d, x, /*expand_first=*/true);
   }
   absl::Status MlpOutput(int, int first, int n, float* d) override { return Expand(first, n, d); }
   absl::Status HeadInput(int, const float*, const int32_t* logit_rows, int R, float* head_in) override {
@@ -141,13 +141,25 @@ class HyperResidual final : public ResidualStream {
     DeviceArray<float> input_norm, post_attention_norm;
     HyperConnectionWeights mixer_hc, mlp_hc;
   };
-  // Rows [first, first + n): d = the collapse of their streams, x = rmsnorm(d) · norm; the mix kept.
+  // Rows [first, first + n): d = the collapse of their streams, x = rmsnorm(d) · norm (one pair of
+  // launches: HyperCollapse); the mix kept. expand_first: d (the previous block's output) joins the
+  // streams with the kept mix first.
   absl::Status Collapse(const HyperConnectionWeights& hc, const DeviceArray<float>& norm, int first, int n, float* d,
-                        float* x) {
+                        float* x, bool expand_first) {
     const size_t r = static_cast<size_t>(first), N = static_cast<size_t>(shape_.streams), H = cfg_.hidden_size;
-    EXL3_RETURN_IF_ERROR(HyperCollapse(hc.args, streams_.get() + r * N * H, n, d + r * H, post_.get() + r * N,
-                                       comb_.get() + r * N * N, collapse_scratch_.get(), stream_));
-    return RmsNorm(d + r * H, norm.get(), n, cfg_.hidden_size, cfg_.rms_norm_eps, x + r * H, stream_);
+    HyperExpandInput expand;
+    expand.post = post_.get() + r * N;
+    expand.comb = comb_.get() + r * N * N;
+    expand.block_output = d + r * H;
+    HyperCollapseOutput out;
+    out.block_input = d + r * H;
+    out.post = post_.get() + r * N;
+    out.comb = comb_.get() + r * N * N;
+    out.norm_weight = norm.get();
+    out.norm_eps = cfg_.rms_norm_eps;
+    out.normed = x + r * H;
+    return HyperCollapse(hc.args, expand_first ? &expand : nullptr, streams_.get() + r * N * H, n, out,
+                         collapse_scratch_.get(), stream_);
   }
   // Rows [first, first + n): the block's output d expanded into their streams with the kept mix.
   absl::Status Expand(int first, int n, const float* d) {

@@ -48,14 +48,24 @@ TEST(Glm5KernelsTest, HyperConnectionsMatchTheCpu) {
     testing::CheckHyperConnectionAgainstCpu(**src, prefix, shape, /*T=*/29, rng, "glm5");
 }
 
-// At the released models' width (4096: the collapse and expand split a token's hidden vector over
-// 16 blocks) and at one that leaves the last block part empty (300), with random weights, a few
-// tokens and the released models' 4 streams, and 3.
+// At the released models' width (4096, 4 streams: the decode step's shape, 1 to 8 tokens) and at
+// widths whose last slice of the collapse's sums is partly empty (300, 3 streams), that take its
+// scalar path (301: not a multiple of 4, 5 streams, the most whose Sinkhorn runs a lane an element)
+// and its shared-memory Sinkhorn (8 and 16 streams), with random weights.
 TEST(Glm5KernelsTest, HyperConnectionsAtWideHiddenSizesMatchTheCpu) {
   REQUIRE_GPU();
   std::mt19937 rng(17);
-  for (const HyperConnectionShape shape :
-       {HyperConnectionShape{4096, 4, 20, 1e-6f, 1e-5f}, HyperConnectionShape{300, 3, 20, 1e-6f, 1e-5f}}) {
+  struct Case {
+    HyperConnectionShape shape;
+    std::vector<int> tokens;
+  };
+  const std::vector<Case> cases = {{{4096, 4, 20, 1e-6f, 1e-5f}, {1, 2, 3, 8}},
+                                   {{300, 3, 20, 1e-6f, 1e-5f}, {3}},
+                                   {{301, 5, 20, 1e-6f, 1e-5f}, {1, 7}},
+                                   {{256, 8, 20, 1e-6f, 1e-5f}, {2}},
+                                   {{64, 16, 7, 1e-6f, 1e-5f}, {3}}};
+  for (const Case& c : cases) {
+    const HyperConnectionShape& shape = c.shape;
     const int N = shape.streams, mixes = (2 + N) * N;
     const std::vector<float> fn = Random(static_cast<size_t>(mixes) * N * shape.hidden, rng, 0.02f);
     const std::vector<float> base = Random(mixes, rng), scale = Random(3, rng, 0.5f);
@@ -63,11 +73,12 @@ TEST(Glm5KernelsTest, HyperConnectionsAtWideHiddenSizesMatchTheCpu) {
     w.AddF32("hc_fn", {mixes, static_cast<int64_t>(N) * shape.hidden}, fn.data());
     w.AddF32("hc_base", {mixes}, base.data());
     w.AddF32("hc_scale", {3}, scale.data());
-    const std::string path = ::testing::TempDir() + "hyper_connection_" + std::to_string(shape.hidden) + ".safetensors";
+    const std::string path = ::testing::TempDir() + "hyper_connection_" + std::to_string(shape.hidden) + "_" +
+                             std::to_string(N) + ".safetensors";
     ASSERT_TRUE(w.Write(path).ok());
     auto src = TensorSource::Open(path);
     ASSERT_TRUE(src.ok()) << src.status();
-    testing::CheckHyperConnectionAgainstCpu(**src, "hc_", shape, /*T=*/3, rng, "glm5");
+    for (const int T : c.tokens) testing::CheckHyperConnectionAgainstCpu(**src, "hc_", shape, T, rng, "glm5");
   }
 }
 
