@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# GLM-5.3-Flash's batch-1 kernels in one device call (issue 29): the decode-sized dense GEMV
+# (split over a cluster, narrow rows) and the hyper-connections' collapse / expand against the CPU,
+# racecheck and memcheck on both, the layers and whole models that use them, then the 6-layer
+# synthetic model's decode (exl3-engine-bench) and, where time is left, its batch-1 step by kernel
+# under ncu (scripts/gpu/profile_step.sh). Needs the bundle (carry .gpu-check):
+#   CUDA_ARCHITECTURES=90 ONLY="engine_cuda_dense_gemv_test engine_cuda_glm5_residual_test engine_cuda_dsv4_test \
+#     engine_cuda_kda_test engine_cuda_kpool_test engine_cuda_model_test exl3-engine-bench exl3-tool" scripts/gpu/bundle.sh build
+# and these fixtures, the rest set aside to fit a call:
+#   scripts/dev/fixtures_aside.sh out glm4_moe_all glm4_moe_experts deepseek_v4_all deepseek_v4_experts \
+#     glm5_next_all glm5_next_experts
+#   bash scripts/gpu/glm5_kernel_checks.sh        (LIMIT: seconds it may take, default 400)
+# Logs and the benchmark's JSON in $OUT.
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+LIMIT=${LIMIT:-400}
+. scripts/gpu/time_budget.sh
+. scripts/gpu/env.sh
+show() { grep -E "$2|FAILED|PASSED|Failure|ERROR SUMMARY|RACECHECK SUMMARY" "$1" | head -"${3:-20}"; }
+echo "=== dense GEMV ($(el) s)"
+timeout "$(upto 60)" "$BIN"/engine_cuda_dense_gemv_test > "$OUT/dense-gemv.log" 2>&1
+echo "exit $?"; show "$OUT/dense-gemv.log" "^dense gemv" 30
+echo "=== hyper-connection kernels ($(el) s)"
+timeout "$(upto 60)" "$BIN"/engine_cuda_glm5_residual_test > "$OUT/glm5-residual.log" 2>&1
+echo "exit $?"; show "$OUT/glm5-residual.log" "^glm5 hyper" 20
+timeout "$(upto 60)" "$BIN"/engine_cuda_dsv4_test --gtest_filter='Dsv4KernelsTest.*' > "$OUT/dsv4.log" 2>&1
+echo "dsv4 kernels exit $?"; show "$OUT/dsv4.log" "hyper" 8
+echo "=== compute-sanitizer ($(el) s)"
+for tool in racecheck memcheck; do
+  timeout "$(upto 60)" compute-sanitizer --tool $tool --error-exitcode 3 "$BIN"/engine_cuda_dense_gemv_test \
+    > "$OUT/sanitize-gemv-$tool.log" 2>&1
+  echo "gemv $tool exit $?"; show "$OUT/sanitize-gemv-$tool.log" "x" 3
+  timeout "$(upto 60)" compute-sanitizer --tool $tool --error-exitcode 3 "$BIN"/engine_cuda_glm5_residual_test \
+    --gtest_filter='Glm5KernelsTest.HyperConnections*' > "$OUT/sanitize-hc-$tool.log" 2>&1
+  echo "hyper-connections $tool exit $?"; show "$OUT/sanitize-hc-$tool.log" "x" 3
+done
+echo "=== KDA and k-pooled layers ($(el) s)"
+timeout "$(upto 60)" "$BIN"/engine_cuda_kda_test > "$OUT/kda.log" 2>&1; echo "kda exit $?"; show "$OUT/kda.log" "x" 4
+timeout "$(upto 60)" "$BIN"/engine_cuda_kpool_test > "$OUT/kpool.log" 2>&1; echo "kpool exit $?"; show "$OUT/kpool.log" "x" 4
+echo "=== whole models ($(el) s)"
+timeout "$(upto 150)" "$BIN"/engine_cuda_model_test \
+  --gtest_filter='GqaFamilies/*glm4_moe*:Dsv4Family/*:Glm5NextFamily/*:HyperConnectedFamilies/*:CudaKernelsTest.*' \
+  > "$OUT/model.log" 2>&1
+echo "exit $?"; show "$OUT/model.log" "tokens|rel" 40
+echo "=== GLM-5.3-Flash synthetic, 6 layers ($(el) s)"
+MODEL=/tmp/glm5-next-synthetic-6
+bash scripts/gpu/glm5_next_model.sh "$BIN" "$MODEL" 6 "$OUT/glm5-model.log" "$(upto 120)" || exit 1
+timeout "$(upto 90)" "$BIN"/exl3-engine-bench --model "$MODEL" --context 1024,8192 --batch 1,8,32,64 --steps 12 \
+  --json "$OUT/glm5-bench.json" > "$OUT/glm5-bench.log" 2>&1
+echo "bench exit $?"; grep -E "decode context|prefill|floor" "$OUT/glm5-bench.log" | head -20
+if [ "$(left)" -gt 60 ]; then
+  echo "=== batch-1 step by kernel ($(el) s)"
+  OUT="$OUT" MODEL="$MODEL" BATCH=1 timeout "$(upto 120)" bash scripts/gpu/profile_step.sh > "$OUT/profile.log" 2>&1
+  echo "profile exit $?"; head -40 "$OUT/profile-B1.txt" 2>/dev/null
+fi
+echo "total $(el) s"
