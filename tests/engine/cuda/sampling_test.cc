@@ -84,6 +84,9 @@ struct Counts {
   double worst_logprob = 0;
 };
 
+// |a - b|, 0 where both are the same infinity (a masked token's logprob is -inf on both sides).
+double LogprobDifference(float a, float b) { return a == b ? 0.0 : std::fabs(static_cast<double>(a) - b); }
+
 void CheckCase(const SamplingCase& c, int vocab, int num_rows, uint64_t seed, Counts* counts) {
   SCOPED_TRACE(c.name + ", vocab " + std::to_string(vocab) + ", rows " + std::to_string(num_rows));
   std::mt19937 rng(static_cast<uint32_t>(seed * 7919 + vocab + num_rows));
@@ -186,7 +189,7 @@ void CheckCase(const SamplingCase& c, int vocab, int num_rows, uint64_t seed, Co
     }
     ASSERT_EQ(g.logprob.has_value(), want.logprob.has_value()) << where;
     if (want.logprob.has_value() && g.token == want.token) {
-      const double d = std::fabs(*g.logprob - *want.logprob);
+      const double d = LogprobDifference(*g.logprob, *want.logprob);
       counts->worst_logprob = std::max(counts->worst_logprob, d);
       ++counts->logprob_checks;
       EXPECT_LE(d, 1e-5) << where << ": logprob " << *g.logprob << ", CPU " << *want.logprob;
@@ -194,7 +197,7 @@ void CheckCase(const SamplingCase& c, int vocab, int num_rows, uint64_t seed, Co
     ASSERT_EQ(g.top_logprobs.size(), want.top_logprobs.size()) << where;
     for (size_t i = 0; i < want.top_logprobs.size(); ++i) {
       EXPECT_EQ(g.top_logprobs[i].token, want.top_logprobs[i].token) << where << ": top " << i;
-      const double d = std::fabs(g.top_logprobs[i].logprob - want.top_logprobs[i].logprob);
+      const double d = LogprobDifference(g.top_logprobs[i].logprob, want.top_logprobs[i].logprob);
       counts->worst_logprob = std::max(counts->worst_logprob, d);
       EXPECT_LE(d, 1e-5) << where << ": top " << i << " logprob " << g.top_logprobs[i].logprob << ", CPU "
                          << want.top_logprobs[i].logprob;
