@@ -8,6 +8,8 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -25,7 +27,8 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 class StepTimes final : public engine::EngineObserver {
  public:
   void OnStep(const engine::StepMetrics& s) override {
-    if (s.num_decode_tokens == 0) return;
+    // Decode and verify steps only: a step that also prefills a prompt is another cost.
+    if (s.num_decode_tokens == 0 || s.num_prefill_tokens > 0) return;
     std::lock_guard<std::mutex> lock(mu_);
     const double t = s.forward_s + s.sample_s;
     ++steps_;
@@ -61,6 +64,32 @@ struct RunResult {
   double seconds = 0;
 };
 
+// Decode tokens/s while every request decodes: from the last request's first token (every prompt
+// prefilled) to the first request's last token, the tokens delivered in between over that time.
+// Where that window is empty (one request: its first to its last token), the whole span.
+double DecodeTokensPerSecond(const std::vector<std::vector<std::pair<Clock::time_point, int>>>& deliveries) {
+  Clock::time_point start = Clock::time_point::min(), end = Clock::time_point::max();
+  for (const auto& d : deliveries) {
+    if (d.empty()) return 0;
+    start = std::max(start, d.front().first);
+    end = std::min(end, d.back().first);
+  }
+  if (end <= start) {
+    start = Clock::time_point::max();
+    end = Clock::time_point::min();
+    for (const auto& d : deliveries) {
+      start = std::min(start, d.front().first);
+      end = std::max(end, d.back().first);
+    }
+  }
+  int64_t tokens = 0;
+  for (const auto& d : deliveries) {
+    for (const auto& [when, count] : d) tokens += when > start && when <= end ? count : 0;
+  }
+  const double window = Seconds(end - start);
+  return window > 0 ? tokens / window : 0;
+}
+
 // Every prompt at once, greedy, decode_tokens each, with the request's draft cap k.
 absl::StatusOr<RunResult> RunAll(engine::Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
                                  int decode_tokens, int k) {
@@ -70,23 +99,21 @@ absl::StatusOr<RunResult> RunAll(engine::Engine& engine, const std::vector<std::
     std::map<uint64_t, size_t> index;  // request id -> prompt index
     std::vector<std::vector<int32_t>> tokens;
     std::vector<std::vector<float>> gaps;
-    std::vector<Clock::time_point> first, last;
+    std::vector<std::vector<std::pair<Clock::time_point, int>>> deliveries;  // per request: when, how many tokens
     size_t finished = 0;
     absl::Status status;
   } shared;
   const size_t n = prompts.size();
   shared.tokens.resize(n);
   shared.gaps.resize(n);
-  shared.first.resize(n);
-  shared.last.resize(n);
+  shared.deliveries.resize(n);
   std::vector<uint64_t> ids;
   auto callback = [&shared](const engine::GenerateEvent& e) {
     const Clock::time_point now = Clock::now();
     std::lock_guard<std::mutex> lock(shared.mu);
     const size_t i = shared.index.at(e.request_id);
     if (!e.tokens.empty()) {
-      if (shared.tokens[i].empty()) shared.first[i] = now;
-      shared.last[i] = now;
+      shared.deliveries[i].emplace_back(now, static_cast<int>(e.tokens.size()));
       for (const engine::SampledToken& t : e.tokens) {
         shared.tokens[i].push_back(t.token);
         shared.gaps[i].push_back(t.top_logprobs.size() >= 2 ? t.top_logprobs[0].logprob - t.top_logprobs[1].logprob
@@ -120,15 +147,7 @@ absl::StatusOr<RunResult> RunAll(engine::Engine& engine, const std::vector<std::
   EXL3_RETURN_IF_ERROR(shared.status);
   RunResult r;
   r.seconds = Seconds(Clock::now() - t0);
-  Clock::time_point first = shared.first[0], last = shared.last[0];
-  int64_t decoded = 0;
-  for (size_t i = 0; i < n; ++i) {
-    first = std::min(first, shared.first[i]);
-    last = std::max(last, shared.last[i]);
-    decoded += static_cast<int64_t>(shared.tokens[i].size()) - 1;
-  }
-  const double window = Seconds(last - first);
-  r.decode_tokens_per_s = window > 0 ? decoded / window : 0;
+  r.decode_tokens_per_s = DecodeTokensPerSecond(shared.deliveries);
   r.tokens = std::move(shared.tokens);
   r.gaps = std::move(shared.gaps);
   return r;

@@ -46,11 +46,11 @@ struct SpeculativeBenchRow {
   int batch = 0;
   int k = 0;                // 0: the plain run
   double acceptance = 0;    // the drafter's p (plain run: 0)
-  double decode_tokens_per_s = 0;
+  double decode_tokens_per_s = 0;  // while every request decodes (no prompt prefilled meanwhile)
   double seconds = 0;       // first submission to the last request's end
   int64_t steps = 0;
   int64_t verify_steps = 0;    // steps with at least one verify chunk
-  double mean_step_s = 0;      // forward + sampling, over every step with a decode token
+  double mean_step_s = 0;      // forward + sampling, over the steps that decode and prefill nothing
   double mean_verify_step_s = 0;
   int64_t draft_tokens = 0, accepted_tokens = 0;
   int requests_differing = 0;  // requests whose tokens differ from the plain run's
