@@ -3,7 +3,9 @@
 # (split over a cluster, narrow rows) and the hyper-connections' collapse / expand against the CPU,
 # racecheck and memcheck on both, the layers and whole models that use them, then the 6-layer
 # synthetic model's decode (exl3-engine-bench) and, where time is left, its batch-1 step by kernel
-# under ncu (scripts/gpu/profile_step.sh). Needs the bundle (carry .gpu-check):
+# under ncu (scripts/gpu/profile_step.sh). With a baseline build in the bundle (BASELINE_BUILD) its
+# bench and this one's alternate; GLM5_DEEPER=10 adds that depth and the 45-layer extrapolation.
+# Needs the bundle (carry .gpu-check):
 #   CUDA_ARCHITECTURES=90 ONLY="engine_cuda_dense_gemv_test engine_cuda_glm5_residual_test engine_cuda_dsv4_test \
 #     engine_cuda_kda_test engine_cuda_kpool_test engine_cuda_model_test exl3-engine-bench exl3-tool" scripts/gpu/bundle.sh build
 # and these fixtures, the rest set aside to fit a call:
@@ -49,6 +51,29 @@ bash scripts/gpu/glm5_next_model.sh "$BIN" "$MODEL" 6 "$OUT/glm5-model.log" "$(u
 timeout "$(upto 90)" "$BIN"/exl3-engine-bench --model "$MODEL" --context 1024,8192 --batch 1,8,32,64 --steps 12 \
   --json "$OUT/glm5-bench.json" > "$OUT/glm5-bench.log" 2>&1
 echo "bench exit $?"; grep -E "decode context|prefill|floor" "$OUT/glm5-bench.log" | head -20
+# Before and after, in the same call: a baseline build's bench (bundle.sh BASELINE_BUILD) and this
+# one's, alternately, twice each.
+if [ -x "$BIN"/exl3-engine-bench-baseline ]; then
+  for round in 1 2; do
+    for which in baseline current; do
+      [ "$(left)" -gt 40 ] || break
+      bench="$BIN"/exl3-engine-bench; [ $which = baseline ] && bench="$BIN"/exl3-engine-bench-baseline
+      timeout "$(upto 40)" "$bench" --model "$MODEL" --context 1024 --batch 1,8,32,64 --steps 12 \
+        > "$OUT/glm5-bench-$which-$round.log" 2>&1
+      echo "--- $which, round $round: exit $?"; grep -E "^decode context" "$OUT/glm5-bench-$which-$round.log"
+    done
+  done
+fi
+# GLM5_DEEPER (e.g. 10): that depth too, then the 45 layers extrapolated per layer.
+if [ -n "${GLM5_DEEPER:-}" ] && [ "$(left)" -gt 120 ]; then
+  DEEP=/tmp/glm5-next-synthetic-$GLM5_DEEPER
+  bash scripts/gpu/glm5_next_model.sh "$BIN" "$DEEP" "$GLM5_DEEPER" "$OUT/glm5-model-deep.log" "$(upto 150)" &&
+    timeout "$(upto 90)" "$BIN"/exl3-engine-bench --model "$DEEP" --context 1024,8192 --batch 1,8,32,64 --steps 12 \
+      --json "$OUT/glm5-bench-deep.json" > "$OUT/glm5-bench-deep.log" 2>&1
+  echo "deeper bench exit $?"; grep -E "decode context" "$OUT/glm5-bench-deep.log" | head -8
+  python3 scripts/gpu/depth_extrapolation.py --layers 45 "6:$OUT/glm5-bench.json" \
+    "$GLM5_DEEPER:$OUT/glm5-bench-deep.json" > "$OUT/glm5-extrapolated.md" && cat "$OUT/glm5-extrapolated.md"
+fi
 if [ "$(left)" -gt 60 ]; then
   echo "=== batch-1 step by kernel ($(el) s)"
   OUT="$OUT" MODEL="$MODEL" BATCH=1 timeout "$(upto 120)" bash scripts/gpu/profile_step.sh > "$OUT/profile.log" 2>&1
