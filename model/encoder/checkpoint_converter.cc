@@ -32,10 +32,27 @@ using nlohmann::json;
 
 constexpr char kVersion[] = "0.0.6";          // quantization_config.version we write
 constexpr char kFingerprintKey[] = "exl3_convert";
+// The output layout's revision, part of a shard's fingerprint: a shard written in an earlier layout
+// is redone on restart. 2: exllamav3's layouts (KDA qkv_proj / conv1d, DeepSeek-V4 wo_a slices,
+// MLA kv_b_proj and DSA indexer wk unquantized).
+constexpr int kLayout = 2;
 
 struct Planned {
   int bits = 0;
   int out = 0, in = 0;  // HF orientation [out, in]
+};
+
+// An output made of input rows rather than of one input tensor as stored (PlanExllamav3Layouts):
+// the rows of `inputs` one after another, of which it holds [first_row, first_row + rows); an
+// EXL3 layer (quantized) or a tensor copied in the inputs' dtype.
+struct Composite {
+  std::string name;                 // as stored: the EXL3 layer's prefix, or the tensor's name
+  std::vector<std::string> inputs;  // stored names
+  int64_t first_row = 0, rows = 0;
+  bool quantized = false;
+  Planned p;                        // quantized: K and [out = rows, in]
+  DType dtype = DType::kF32;        // copied: the inputs' dtype, the output's shape
+  std::vector<int64_t> shape;
 };
 
 absl::StatusOr<std::string> ReadText(const fs::path& p) {
@@ -121,6 +138,24 @@ bool IsKdaGateProjection(const MoeConfig& cfg, const std::string& rest) {
   return false;
 }
 
+// Linears of a decoder layer (REST after "layers.L.") that exllamav3 keeps unquantized and reads
+// only as `.weight`, so they are copied as stored without being asked for (not listed among the
+// linears EXL3 cannot hold):
+//  - DSA's and DeepSeek-V4's per-head indexer weights (`indexer.weights_proj`, router-like; transformers
+//    runs them in fp32) and DSA's indexer key projection `indexer.wk`;
+//  - MLA's `kv_b_proj`: exllamav3 never runs it as a layer (it folds its key half into the queries
+//    and its value half into the output) and reads its `.weight` directly, so an EXL3 kv_b_proj is
+//    a missing tensor to it. The engine absorbs it from a dense copy either way
+//    (engine/cpu/attention/mla_attention.h);
+//  - GLM-5.3-Flash's KDA gate projections.
+bool KeptAsExllamav3Keeps(const MoeConfig& cfg, const std::string& rest) {
+  for (const char* kept : {"self_attn.indexer.weights_proj.weight", "attn.indexer.weights_proj.weight",
+                           "self_attn.indexer.wk.weight", "self_attn.kv_b_proj.weight"}) {
+    if (rest == kept) return true;
+  }
+  return IsKdaGateProjection(cfg, rest);
+}
+
 bool IsFloatWeight(DType d) { return d == DType::kF16 || d == DType::kBF16 || d == DType::kF32; }
 
 std::string BitsJson(double v) {
@@ -153,6 +188,11 @@ struct Conversion {
   CheckpointNaming naming = CheckpointNaming::kTransformers;
   std::map<std::string, const TensorInfo*> info;        // every input tensor, by project name
   std::map<std::string, Planned> plan;                  // the tensors that become EXL3 layers
+  std::map<std::string, size_t> file_of;                // stored name -> index into files
+  std::vector<Composite> composites;
+  // Stored name of a composite's first input -> the composites written where it is, in order.
+  std::map<std::string, std::vector<size_t>> composites_at;
+  std::set<std::string> consumed;                       // stored names of the composites' inputs
   std::set<std::string> modules;        // "attention", "dense_mlp", "head": those with a quantized tensor
   std::vector<std::string> kept_names;  // asked for, but not EXL3-able
   json weight_map = json::object();
@@ -193,8 +233,11 @@ absl::Status ReadSource(Conversion& c) {
     c.files.push_back(std::move(f));
   }
   c.naming = DetectCheckpointNaming(stored);
-  for (const auto& f : c.files) {
-    for (const TensorInfo& t : f->tensors()) c.info[ProjectTensorName(c.naming, t.name)] = &t;
+  for (size_t fi = 0; fi < c.files.size(); ++fi) {
+    for (const TensorInfo& t : c.files[fi]->tensors()) {
+      c.info[ProjectTensorName(c.naming, t.name)] = &t;
+      c.file_of[t.name] = fi;
+    }
   }
   return absl::OkStatus();
 }
@@ -285,13 +328,10 @@ void PlanOtherLinears(Conversion& c) {
     std::string rest;
     if (!SplitLayerKey(cfg, name, &layer, &rest) || layer >= cfg.num_hidden_layers || !absl::EndsWith(rest, ".weight"))
       continue;
-    // DSA's and DeepSeek-V4's per-head indexer weights: a router-like [heads, hidden] projection
-    // that exllamav3 keeps unquantized (and transformers in fp32), like the routers.
-    if (rest == "self_attn.indexer.weights_proj.weight" || rest == "attn.indexer.weights_proj.weight") continue;
-    if (IsKdaGateProjection(cfg, rest)) continue;
+    if (KeptAsExllamav3Keeps(cfg, rest)) continue;
     // DeepSeek-V4 names its attention `attn.` (wq_a, wq_b, wkv, wo_a, wo_b, the compressors'
     // wkv / wgate, the indexer's wq_b); its grouped wo_a [groups * o_lora_rank, in / groups] is
-    // one EXL3 linear, applied group by group (engine/cpu/attention/dsv4_attention.h).
+    // planned here as one linear and written as per-group slices (PlanExllamav3Layouts).
     const bool v4_attention = cfg.family == MoeFamily::kDeepseekV4 && absl::StartsWith(rest, "attn.");
     if (absl::StartsWith(rest, "self_attn.") || absl::StartsWith(rest, "linear_attn.") || v4_attention) {
       if (options.quantize_attention) PlanOptionalLinear(c, name, options.bits, "attention");
@@ -310,9 +350,126 @@ void PlanOtherLinears(Conversion& c) {
   }
 }
 
+void AddComposite(Conversion& c, Composite comp) {
+  for (const std::string& in : comp.inputs) c.consumed.insert(in);
+  c.composites_at[comp.inputs[0]].push_back(c.composites.size());
+  c.composites.push_back(std::move(comp));
+}
+
+// GLM-5.3-Flash's KDA layer L as exllamav3's converter writes it: q_proj, k_proj and v_proj
+// quantized as one EXL3 layer `qkv_proj` (their rows in that order: exllamav3 reads separate
+// q/k/v only unquantized, as a list it concatenates), and then the three convolutions as one
+// `conv1d` [3 W, 1, K] in the same order. Where q/k/v are not all quantized they stay as stored,
+// convolutions too.
+absl::Status PlanKdaLayout(Conversion& c, int layer) {
+  const std::string p = LayerPrefix(c.cfg, layer) + "self_attn.";
+  const std::vector<std::string> proj = {p + "q_proj.weight", p + "k_proj.weight", p + "v_proj.weight"};
+  for (const std::string& name : proj) {
+    if (c.plan.count(name) == 0) return absl::OkStatus();
+  }
+  Composite qkv;
+  qkv.quantized = true;
+  qkv.p = c.plan.at(proj[0]);
+  qkv.p.out = 0;
+  for (const std::string& name : proj) {
+    const Planned& pl = c.plan.at(name);
+    if (pl.bits != qkv.p.bits || pl.in != qkv.p.in)
+      return absl::InternalError(absl::StrCat(name, ": planned unlike ", proj[0], " (one fused layer)"));
+    qkv.inputs.push_back(c.info.at(name)->name);
+    qkv.p.out += pl.out;
+    c.plan.erase(name);
+  }
+  qkv.rows = qkv.p.out;
+  const std::string& q_stored = qkv.inputs[0];
+  const std::string stored_prefix = q_stored.substr(0, q_stored.size() - std::string("q_proj.weight").size());
+  qkv.name = stored_prefix + "qkv_proj";
+  AddComposite(c, std::move(qkv));
+
+  const std::vector<std::string> convs = {p + "q_conv1d.weight", p + "k_conv1d.weight", p + "v_conv1d.weight"};
+  int present = 0;
+  for (const std::string& name : convs) present += static_cast<int>(c.info.count(name));
+  if (present == 0) return absl::OkStatus();
+  Composite conv;
+  conv.name = stored_prefix + "conv1d.weight";
+  for (const std::string& name : convs) {
+    auto it = c.info.find(name);
+    if (it == c.info.end())
+      return absl::NotFoundError(absl::StrCat("tensor '", name, "' is missing beside the other KDA convolutions"));
+    const TensorInfo& t = *it->second;
+    const TensorInfo& first = *c.info.at(convs[0]);
+    if (t.shape.size() != 3 || t.dtype != first.dtype ||
+        !std::equal(t.shape.begin() + 1, t.shape.end(), first.shape.begin() + 1, first.shape.end()))
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has shape ", ShapeString(t.shape), " ",
+                                                     std::string(DTypeName(t.dtype)), "; the KDA convolutions are ",
+                                                     "fused into one conv1d and need [C, 1, K] in one dtype"));
+    conv.inputs.push_back(t.name);
+    conv.rows += t.shape[0];
+  }
+  const TensorInfo& first = *c.info.at(convs[0]);
+  conv.dtype = first.dtype;
+  conv.shape = {conv.rows, first.shape[1], first.shape[2]};
+  AddComposite(c, std::move(conv));
+  return absl::OkStatus();
+}
+
+// DeepSeek-V4's grouped wo_a [o_groups * o_lora_rank, in / o_groups] of layer L as exllamav3
+// writes it: each group's rows an EXL3 layer of its own, `wo_a.slice.G` (exllamav3 reads a
+// quantized wo_a only so; engine/cpu/attention/dsv4_grouped_wo_a.h reads both). Slices that EXL3
+// cannot hold (o_lora_rank not a multiple of 128) leave wo_a as stored.
+absl::Status PlanGroupedWoA(Conversion& c, int layer) {
+  const std::string name = LayerPrefix(c.cfg, layer) + "attn.wo_a.weight";
+  auto it = c.plan.find(name);
+  if (it == c.plan.end()) return absl::OkStatus();
+  const json& j = c.cfg_json;
+  const json* g = j.contains("o_groups") ? &j["o_groups"] : nullptr;
+  if (g == nullptr && j.contains("text_config") && j["text_config"].is_object() && j["text_config"].contains("o_groups"))
+    g = &j["text_config"]["o_groups"];
+  if (g == nullptr || !g->is_number_integer() || g->get<int>() <= 0)
+    return absl::InvalidArgumentError("config.json: DeepSeek-V4's o_groups (a positive integer) is needed to write wo_a");
+  const int groups = g->get<int>();
+  const Planned whole = it->second;
+  const TensorInfo& t = *c.info.at(name);
+  if (whole.out % groups != 0)
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' has shape ", ShapeString(t.shape),
+                                                   ": its rows are not o_groups ", groups, " equal groups"));
+  const int rows = whole.out / groups;
+  c.plan.erase(it);
+  if (rows % 128 != 0) {
+    c.stats.kept_linears.push_back(absl::StrCat(t.name, " ", ShapeString(t.shape), " ", std::string(DTypeName(t.dtype)),
+                                                ": its ", groups, " groups of ", rows, " rows are not multiples of 128, ",
+                                                "kept as stored"));
+    c.kept_names.push_back(t.name);
+    return absl::OkStatus();
+  }
+  const std::string stored_prefix = t.name.substr(0, t.name.size() - std::string(".weight").size());
+  for (int gi = 0; gi < groups; ++gi) {
+    Composite slice;
+    slice.quantized = true;
+    slice.name = absl::StrCat(stored_prefix, ".slice.", gi);
+    slice.inputs = {t.name};
+    slice.first_row = static_cast<int64_t>(gi) * rows;
+    slice.rows = rows;
+    slice.p = {whole.bits, rows, whole.in};
+    AddComposite(c, std::move(slice));
+  }
+  return absl::OkStatus();
+}
+
+// Where exllamav3 stores a quantized layer in another layout than the input's, the output takes
+// its layout (tests/fixtures/exllamav3/README.md: what its converter writes; the engine reads both).
+absl::Status PlanExllamav3Layouts(Conversion& c) {
+  for (int L = 0; L < c.cfg.num_hidden_layers; ++L) {
+    if (c.cfg.arch == Architecture::kGlm5Next && c.info.count(LayerPrefix(c.cfg, L) + "self_attn.f_a_proj.weight"))
+      EXL3_RETURN_IF_ERROR(PlanKdaLayout(c, L));
+    if (c.cfg.family == MoeFamily::kDeepseekV4) EXL3_RETURN_IF_ERROR(PlanGroupedWoA(c, L));
+  }
+  return absl::OkStatus();
+}
+
 // What identifies this conversion: a shard written under other options is redone.
 json Fingerprint(const ConvertOptions& options) {
-  return {{"bits", options.bits},
+  return {{"layout", kLayout},
+          {"bits", options.bits},
           {"expert_bits", options.expert_bits},
           {"down_bits", options.down_bits},
           {"codebook", std::string(CodebookName(options.codebook))},
@@ -326,37 +483,59 @@ json Fingerprint(const ConvertOptions& options) {
 
 uint64_t Tiles(const Planned& p) { return static_cast<uint64_t>(p.out / 16) * (p.in / 16); }
 
-// Every output tensor of shard `si` declared: planned ones as EXL3 (trellis, suh, svh, codebook flag).
+// The composites written where the input tensor `stored` is (none elsewhere).
+const std::vector<size_t>* CompositesAt(const Conversion& c, const std::string& stored) {
+  auto it = c.composites_at.find(stored);
+  return it == c.composites_at.end() ? nullptr : &it->second;
+}
+
+void DeclareExl3Layer(const Conversion& c, const std::string& prefix, const Planned& p, SafetensorsStreamWriter& w) {
+  w.Declare(prefix + ".trellis", DType::kI16, {p.in / 16, p.out / 16, 16 * p.bits});
+  w.Declare(prefix + ".suh", DType::kF16, {p.in});
+  w.Declare(prefix + ".svh", DType::kF16, {p.out});
+  std::string suffix;
+  int32_t flag;
+  if (CodebookFlag(c.options.codebook, &suffix, &flag)) w.Declare(prefix + "." + suffix, DType::kI32, {});
+}
+
+// Every output tensor of shard `si` declared: planned ones as EXL3 (trellis, suh, svh, codebook
+// flag), composites where their first input is, the other inputs of composites not at all.
 void DeclareShard(const Conversion& c, const SafetensorsFile& in, SafetensorsStreamWriter& w) {
   for (const TensorInfo& t : in.tensors()) {
+    if (c.consumed.count(t.name)) {
+      if (const std::vector<size_t>* at = CompositesAt(c, t.name)) {
+        for (size_t ci : *at) {
+          const Composite& comp = c.composites[ci];
+          if (comp.quantized) {
+            DeclareExl3Layer(c, comp.name, comp.p, w);
+          } else {
+            w.Declare(comp.name, comp.dtype, comp.shape);
+          }
+        }
+      }
+      continue;
+    }
     const Planned* planned = PlanFor(c, t.name);
     if (planned == nullptr) {
       w.Declare(t.name, t.dtype, t.shape);
       continue;
     }
-    const Planned& p = *planned;
-    const std::string prefix = t.name.substr(0, t.name.size() - 7);  // drop ".weight"
-    w.Declare(prefix + ".trellis", DType::kI16, {p.in / 16, p.out / 16, 16 * p.bits});
-    w.Declare(prefix + ".suh", DType::kF16, {p.in});
-    w.Declare(prefix + ".svh", DType::kF16, {p.out});
-    std::string suffix;
-    int32_t flag;
-    if (CodebookFlag(c.options.codebook, &suffix, &flag)) w.Declare(prefix + "." + suffix, DType::kI32, {});
+    DeclareExl3Layer(c, t.name.substr(0, t.name.size() - 7), *planned, w);  // drop ".weight"
   }
 }
 
-// One planned tensor quantized and written.
-absl::Status QuantizeInto(Conversion& c, const SafetensorsFile& in, const TensorView& v, const Planned& p,
-                          SafetensorsStreamWriter& w) {
-  const std::string prefix = v.info->name.substr(0, v.info->name.size() - 7);
+// A weight [out, in] (fp32, row-major) quantized and written as the EXL3 layer `prefix`.
+absl::Status QuantizeInto(Conversion& c, const std::string& where, const std::string& prefix, const float* weight,
+                          const Planned& p, SafetensorsStreamWriter& w) {
   LayerQuantOptions lo;
   lo.bits = p.bits;
   lo.codebook = c.options.codebook;
   lo.seed = TensorSeed(c.options.seed, prefix);
   lo.threads = c.options.threads;
   lo.scale_search = c.options.scale_search;
-  absl::StatusOr<QuantizedLayer> q = QuantizeLinearTensor(v, lo);
-  if (!q.ok()) return absl::Status(q.status().code(), absl::StrCat(in.path(), ": ", q.status().message()));
+  absl::StatusOr<QuantizedLayer> q = QuantizeLinear(weight, p.out, p.in, lo);
+  if (!q.ok())
+    return absl::Status(q.status().code(), absl::StrCat(where, ": layer '", prefix, "': ", q.status().message()));
   for (auto [suffix, vec] : {std::pair<const char*, const std::vector<uint16_t>*>{"trellis", &q->trellis},
                              {"suh", &q->suh}, {"svh", &q->svh}}) {
     EXL3_RETURN_IF_ERROR(w.Write(prefix + "." + suffix, vec->data(), vec->size() * 2));
@@ -367,6 +546,38 @@ absl::Status QuantizeInto(Conversion& c, const SafetensorsFile& in, const Tensor
   ++c.stats.tensors_quantized;
   c.mse_sum += q->relative_mse;
   return absl::OkStatus();
+}
+
+// One composite: its rows gathered from its inputs (in any shard), quantized or copied.
+absl::Status WriteComposite(Conversion& c, const Composite& comp, SafetensorsStreamWriter& w) {
+  std::vector<float> rows;  // quantized: fp32 [comp.rows, in]
+  int64_t row = 0;          // of the inputs' concatenation
+  for (const std::string& name : comp.inputs) {
+    const SafetensorsFile& f = *c.files[c.file_of.at(name)];
+    EXL3_ASSIGN_OR_RETURN(TensorView v, f.Get(name));
+    const int64_t n = v.info->shape.at(0);
+    int64_t row_elems = 1;
+    for (size_t d = 1; d < v.info->shape.size(); ++d) row_elems *= v.info->shape[d];
+    const int64_t lo = std::max(row, comp.first_row), hi = std::min(row + n, comp.first_row + comp.rows);
+    if (lo < hi) {
+      if (comp.quantized) {
+        EXL3_ASSIGN_OR_RETURN(std::vector<float> values, ToFloat32(v));
+        rows.insert(rows.end(), values.begin() + (lo - row) * row_elems, values.begin() + (hi - row) * row_elems);
+      } else {
+        const size_t row_bytes = static_cast<size_t>(row_elems) * DTypeSize(v.info->dtype);
+        EXL3_RETURN_IF_ERROR(w.Write(comp.name, v.data + (lo - row) * row_bytes, (hi - lo) * row_bytes));
+      }
+    }
+    row += n;
+  }
+  if (!comp.quantized) {
+    ++c.stats.tensors_copied;
+    return absl::OkStatus();
+  }
+  if (rows.size() != static_cast<size_t>(comp.p.out) * comp.p.in)
+    return absl::InternalError(absl::StrCat(comp.name, ": gathered ", rows.size(), " values for [", comp.p.out, ", ",
+                                            comp.p.in, "]"));
+  return QuantizeInto(c, c.files[c.file_of.at(comp.inputs[0])]->path(), comp.name, rows.data(), comp.p, w);
 }
 
 // Shard `si` into the output directory, or kept where a complete one from the same conversion is there.
@@ -381,6 +592,10 @@ absl::Status ConvertShard(Conversion& c, size_t si, ProgressBar& bar) {
   uint64_t shard_tiles = 0;
   for (const TensorInfo& t : in.tensors()) {
     if (const Planned* p = PlanFor(c, t.name)) shard_tiles += Tiles(*p);
+    if (const std::vector<size_t>* at = CompositesAt(c, t.name)) {
+      for (size_t ci : *at)
+        if (c.composites[ci].quantized) shard_tiles += Tiles(c.composites[ci].p);
+    }
   }
   const std::string progress_prefix = absl::StrCat("shard ", si + 1, "/", c.files.size());
   if (fs::exists(out_path, ec)) {  // a restart
@@ -401,6 +616,17 @@ absl::Status ConvertShard(Conversion& c, size_t si, ProgressBar& bar) {
   DeclareShard(c, in, w);
   EXL3_RETURN_IF_ERROR(w.Open(out_path.string()));
   for (const TensorInfo& t : in.tensors()) {
+    if (c.consumed.count(t.name)) {
+      if (const std::vector<size_t>* at = CompositesAt(c, t.name)) {
+        for (size_t ci : *at) {
+          const Composite& comp = c.composites[ci];
+          if (comp.quantized) bar.SetDetail(absl::StrCat(progress_prefix, " ", comp.name));
+          EXL3_RETURN_IF_ERROR(WriteComposite(c, comp, w));
+          if (comp.quantized) bar.Add(Tiles(comp.p));
+        }
+      }
+      continue;
+    }
     EXL3_ASSIGN_OR_RETURN(TensorView v, in.Get(t.name));
     const Planned* planned = PlanFor(c, t.name);
     if (planned == nullptr) {
@@ -408,8 +634,12 @@ absl::Status ConvertShard(Conversion& c, size_t si, ProgressBar& bar) {
       ++c.stats.tensors_copied;
       continue;
     }
-    bar.SetDetail(absl::StrCat(progress_prefix, " ", t.name.substr(0, t.name.size() - 7)));
-    EXL3_RETURN_IF_ERROR(QuantizeInto(c, in, v, *planned, w));
+    const std::string prefix = t.name.substr(0, t.name.size() - 7);  // drop ".weight"
+    bar.SetDetail(absl::StrCat(progress_prefix, " ", prefix));
+    if (v.info->shape != std::vector<int64_t>{planned->out, planned->in})
+      return absl::InternalError(absl::StrCat(in.path(), ": ", t.name, " is not [", planned->out, ", ", planned->in, "]"));
+    EXL3_ASSIGN_OR_RETURN(std::vector<float> weight, ToFloat32(v));
+    EXL3_RETURN_IF_ERROR(QuantizeInto(c, in.path(), prefix, weight.data(), *planned, w));
     bar.Add(Tiles(*planned));
   }
   EXL3_RETURN_IF_ERROR(w.Finish());
@@ -477,10 +707,13 @@ absl::StatusOr<ConvertStats> ConvertCheckpoint(const std::string& input_dir, con
   EXL3_RETURN_IF_ERROR(ReadSource(c));
   EXL3_RETURN_IF_ERROR(PlanExperts(c));
   PlanOtherLinears(c);
+  EXL3_RETURN_IF_ERROR(PlanExllamav3Layouts(c));
   fs::create_directories(c.out_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", output_dir, ": ", ec.message()));
   uint64_t total_tiles = 0;
   for (const auto& [name, p] : c.plan) total_tiles += Tiles(p);
+  for (const Composite& comp : c.composites)
+    if (comp.quantized) total_tiles += Tiles(comp.p);
   ProgressBar bar("exl3-tool quantize", total_tiles, options.progress);
   c.stats.shards_total = static_cast<int>(c.files.size());
   for (size_t si = 0; si < c.files.size(); ++si) EXL3_RETURN_IF_ERROR(ConvertShard(c, si, bar));

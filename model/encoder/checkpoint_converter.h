@@ -8,9 +8,12 @@
 // `head_bits` (DeepSeek-V4 names its attention `attn.*`: projections, compressors and indexer
 // quantized alike); a linear whose dimensions are not both multiples of 128
 // (or whose dtype is not BF16/F16/F32) stays as stored and is listed in
-// ConvertStats::kept_linears. Biases, embeddings, norms, routers and the indexers' head weights
+// ConvertStats::kept_linears. Biases, embeddings, norms, routers, the indexers' head weights
 // (`self_attn.indexer.weights_proj`, DeepSeek-V4's `attn.indexer.weights_proj`: router-like
-// projections exllamav3 keeps unquantized) are copied unchanged; a tied head
+// projections exllamav3 keeps unquantized), DSA's indexer `wk`, MLA's `kv_b_proj` (exllamav3 reads
+// only its weight) and GLM-5.3's KDA gates are copied unchanged. Where exllamav3 stores a layer in
+// another layout, the output takes it: GLM-5.3's KDA q/k/v_proj quantized as one `qkv_proj` with
+// its convs as one `conv1d`, DeepSeek-V4's `wo_a` as per-group layers `wo_a.slice.G`. A tied head
 // (tie_word_embeddings, no lm_head tensor) stays the embedding. config.json gains
 // "quantization_config" (what was quantized, with which K); other files (tokenizer, generation
 // config, ...) are copied.

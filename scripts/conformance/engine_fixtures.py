@@ -455,7 +455,7 @@ FAMILIES["deepseek_v3_release"] = release_family(
     "deepseek_v3", 9, [ONE_GROUP, "qk_nope_head_dim 64, qk_rope_head_dim 32, v_head_dim 128"],
     n_group=1, topk_group=1, v_head_dim=128)
 FAMILIES["glm_moe_dsa_release"] = release_family(
-    "glm_moe_dsa", 18, [ONE_GROUP, "MLA: q_lora_rank 128, kv_lora_rank 128, qk_nope_head_dim 64, "
+    "glm_moe_dsa", 43, [ONE_GROUP, "MLA: q_lora_rank 128, kv_lora_rank 128, qk_nope_head_dim 64, "
                     "qk_rope_head_dim 32, v_head_dim 128, interleaved rope (always, for this family)",
                     "indexer_types [full, full]: every layer runs its own indexer"],
     replaces=("MLA:",), n_group=1, topk_group=1, v_head_dim=128, indexer_types=["full", "full"])
@@ -674,6 +674,28 @@ def tensor_names(directory):
     return names
 
 
+def unfuse_exllamav3_layouts(tensors):
+    """Back to transformers' layout, in place, where `exl3-tool quantize` writes a layer as
+    exllamav3 does (model/encoder/checkpoint_converter.cc PlanExllamav3Layouts): GLM-5.3-Flash's KDA
+    `self_attn.qkv_proj` and `self_attn.conv1d` (q, k, v rows in that order, equal widths) become
+    q/k/v_proj and q/k/v_conv1d; DeepSeek-V4's `attn.wo_a.slice.G` (group G's rows) become one
+    `attn.wo_a`."""
+    for name in [n for n in tensors if n.endswith(("self_attn.qkv_proj.weight", "self_attn.conv1d.weight"))]:
+        base, fused = name.rsplit(".", 2)[0], name.rsplit(".", 2)[1]
+        parts = tensors.pop(name).chunk(3, dim=0)
+        for part, which in zip(parts, "qkv"):
+            out = f"{base}.{which}_proj.weight" if fused == "qkv_proj" else f"{base}.{which}_conv1d.weight"
+            tensors[out] = part.contiguous()
+    slices = {}
+    for name in [n for n in tensors if ".attn.wo_a.slice." in n and n.endswith(".weight")]:
+        base, rest = name.split(".attn.wo_a.slice.")
+        slices.setdefault(base, {})[int(rest[: -len(".weight")])] = tensors.pop(name)
+    for base, groups in slices.items():
+        if sorted(groups) != list(range(len(groups))):
+            fail(f"{base}.attn.wo_a: slices {sorted(groups)} are not 0..{len(groups) - 1}")
+        tensors[f"{base}.attn.wo_a.weight"] = torch.cat([groups[g] for g in range(len(groups))], 0).contiguous()
+
+
 def dequantized_checkpoint(exl3_tool, exl3_dir, out_dir, work, naming=None):
     """An fp32 HF checkpoint of what the EXL3 directory holds: EXL3 layers dequantized
     (`exl3-tool dequant`, W [in, out] -> Linear weight [out, in]), every other tensor as stored.
@@ -699,6 +721,7 @@ def dequantized_checkpoint(exl3_tool, exl3_dir, out_dir, work, naming=None):
             t = st.get_tensor(k)
             # Integer buffers (Qwen4-Exp's 64-bit hash multipliers) as stored: fp32 would round them.
             tensors[to_transformers(k)] = (t.to(torch.float32) if t.is_floating_point() else t).contiguous()
+    unfuse_exllamav3_layouts(tensors)
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(exl3_dir, "config.json")) as f:
         cfg = json.load(f)
@@ -944,8 +967,14 @@ def record_resume(model, prompt, first, decode):
     NEW_TOKENS greedy steps. Returns the tokens, the cached pass's logits (one row per position),
     the rows whose argmax became the next token, and the relative difference from one uncached
     teacher-forced pass over the same tokens."""
+    import inspect
     from transformers import DynamicCache
     cache = DynamicCache(config=model.config)
+    # The cache argument's name: `past_key_values` where forward() names it (transformers 5.23 and
+    # before, where an unknown `cache` is swallowed and every step runs without its context), else
+    # `cache` (5.25).
+    params = inspect.signature(model.forward).parameters
+    cache_arg = "past_key_values" if "past_key_values" in params else "cache"
     tokens = prompt[:first].tolist()
     rows, greedy_rows = [], []
 
@@ -954,7 +983,7 @@ def record_resume(model, prompt, first, decode):
         ids = torch.tensor([chunk])
         pos = torch.arange(start, start + len(chunk)).unsqueeze(0)
         with torch.no_grad():
-            out = model(ids, position_ids=pos, cache=cache, use_cache=True)
+            out = model(ids, position_ids=pos, use_cache=True, **{cache_arg: cache})
         rows.append(out.logits[0].float())
         return int(out.logits[0, -1].argmax())
 

@@ -1,10 +1,14 @@
 """Does exllamav3 accept a model directory? Runs exllamav3's own Config.from_directory on it (its
 architecture's reader: config.json and the files beside it that it opens, such as GLM-5.3-Flash's
-processor_config.json), builds the component models it asks for with Model.from_config, and checks
-that every weighted module of theirs (Linear, Embedding, RMSNorm unless unweighted, LayerNorm) finds
-its tensors in the directory's *.safetensors. What it cannot see without loading: the other
-parameters a module reads at model.load() (A_log, conv1d, hyper-connection and indexer parameters)
-and the shapes its CUDA kernels take.
+processor_config.json), builds the component models it asks for with Model.from_config, and checks,
+from the *.safetensors headers, what their model.load() would do: each Linear as exllamav3's
+Linear.load takes it (its key, then alt_key, as an EXL3 layer of the padded shape, then as an
+unquantized weight, a list alt_key concatenated, then a fused fkey tensor: a quantized layer stored
+where exllamav3 reads only a weight is refused as it refuses it), Embedding / RMSNorm (unless
+unweighted) / LayerNorm weights, and the tensors modules read themselves (MLA's kv_b_proj.weight and
+k-pool parameters, gated DeltaNet / KDA A_log, dt_bias and conv1d or q/k/v_conv1d, hyper-connection
+fn/base/scale, DeepSeek-V4 attn_sink and compressor ape, hash-routing tables). What it cannot see:
+the values, and the shapes exllamav3's CUDA kernels take.
 
     python3 scripts/conformance/exllamav3_config_check.py DIR [DIR ...] [--component text[,mtp]]
         [--exllamav3 WHEEL_OR_DIR]
@@ -159,25 +163,148 @@ def _names(value) -> list[str]:
     return [value] if isinstance(value, str) else []
 
 
-def missing_tensors(model, tensor_names: set[str]) -> list[str]:
-    """The weighted modules of `model` none of whose keys (key, alt_key, fkey) names a tensor or a
-    group of tensors (KEY.weight, KEY.trellis, ...) of the directory."""
+def tensor_shapes(directory: str) -> dict[str, list[int]]:
+    """Every tensor's shape in the directory's *.safetensors (their headers; no data read)."""
+    import json
+    import struct
+    shapes = {}
+    for path in sorted(glob.glob(os.path.join(directory, "*.safetensors"))):
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                shapes[name] = entry["shape"]
+    return shapes
+
+
+def _pad(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def linear_problem(m, stc, shapes: dict) -> str | None:
+    """What exllamav3's Linear.load would make of this directory for `m`, emulated on the headers:
+    None where it loads, else why not. Its order: the key then alt_key as EXL3 (trellis with su/suh
+    and sv/svh), then as an unquantized weight (a list alt_key: those weights concatenated), then a
+    fused tensor (fkey: fidx, MXFP4 blocks or an frange of rows); else its "No tensors found"."""
+    keys = [m.key] + ([m.alt_key] if m.alt_key else [])
+    for k in keys:
+        if not m.is_exl3_storage(k):
+            continue
+        if isinstance(k, list):
+            return (f"{m.key}: {', '.join(k)} are stored as EXL3 layers, which exllamav3 reads only "
+                    f"as one layer {m.key} (its Linear.load_exl3 gets the list and fails: "
+                    f"TypeError)")
+        trellis = shapes.get(k + ".trellis")
+        if trellis is not None and (len(trellis) != 3 or trellis[0] * 16 != m.in_features or
+                                    trellis[1] * 16 != m.out_features):
+            return (f"{k}.trellis has shape {trellis}; exllamav3's layer is {m.in_features} x "
+                    f"{m.out_features} (padded to its pad_to), trellis [in / 16, out / 16, 16 K]")
+        return None
+    for k in keys:
+        if stc.has_tensor_group(k, ["weight"]):
+            parts = k if isinstance(k, list) else [k]
+            rows, cols = 0, None
+            for part in parts:
+                shape = shapes.get(part + ".weight")
+                if shape is None or len(shape) != 2:
+                    return f"{part}.weight has shape {shape}; exllamav3 reads a linear weight [out, in]"
+                rows += shape[0]
+                if cols is not None and shape[1] != cols:
+                    return f"{', '.join(parts)}: widths differ ({cols} and {shape[1]})"
+                cols = shape[1]
+            if cols > m.in_features or rows > m.out_features:
+                return (f"{', '.join(p + '.weight' for p in parts)}: [{rows}, {cols}] where "
+                        f"exllamav3's layer is [{m.out_features_unpadded}, {m.in_features_unpadded}]")
+            return None
+        if m.fkey and m.fidx is not None and (stc.has_tensor(m.fkey) or stc.has_tensor(m.fkey + "_blocks")):
+            return None
+        if m.fkey and m.frange is not None and stc.has_tensor_group(m.fkey, ["weight"]):
+            shape = shapes.get(m.fkey + ".weight")
+            if shape is not None and shape[m.frange_dim] < m.frange[1]:
+                return f"{m.fkey}.weight has shape {shape}; {m.key} takes its rows {m.frange}"
+            return None
+    stored_as = [k + ".trellis" for k in _names(m.fkey) if k + ".trellis" in shapes]
+    hint = f" ({stored_as[0]} is stored: exllamav3 reads {m.fkey} only unquantized)" if stored_as else ""
+    return f"No tensors found for {m.key} matching supported quantization format{hint}."
+
+
+def raw_reads(m) -> list[tuple[str, tuple | None]]:
+    """The tensors (name, shape or None) a module's load() reads itself, not through a Linear or a
+    norm, and must find (exllamav3's get_tensor without optional; read in its modules/*.py)."""
+    cls = type(m).__name__
+    out = []
+    if cls == "MLAttention" and m.num_q_heads:
+        # Folded into the queries and the output, never run as a layer: read as .weight only.
+        out.append((f"{m.key}.{m.key_kv_b}.weight",
+                    (m.num_q_heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)))
+        if m.index_kpool:
+            out += [(f"{m.key}.{m.key_indexer}.index_kpool_compress_ape", None),
+                    (f"{m.key}.{m.key_indexer}.index_kpool_compress_gate", None)]
+    elif cls == "GatedDeltaNet" and m.num_k_heads:
+        if m.key_a_log is not None:
+            out += [(m.key_a_log, None), (m.key_dt_bias, None)]
+    elif cls == "HyperConnection" or (cls == "HyperHead" and not m.mean):
+        out += [(f"{m.key}_{part}", None) for part in ("fn", "base", "scale")]
+    elif cls == "DSV4Attention" and m.num_q_heads:
+        out.append((f"{m.key}.attn_sink", None))
+        for c in (m.compressor, m.indexer):
+            if c is not None:
+                out.append((f"{c.key}.ape", None))
+    elif cls == "BlockSparseMLP" and getattr(m, "tid2eid_key", None):
+        out.append((f"{m.key}.{m.tid2eid_key}", None))
+    return out
+
+
+def conv_problem(m, shapes: dict) -> str | None:
+    """A gated DeltaNet's convolution: `conv1d` [channels of q, k, v, 1, K] or, where that is
+    absent, the three of them (q_conv1d, k_conv1d, v_conv1d), each required."""
+    if type(m).__name__ != "GatedDeltaNet" or not m.num_k_heads or m.key_conv1d_weight is None:
+        return None
+    fused = shapes.get(m.key_conv1d_weight)
+    if fused is not None:
+        want = [m.fdim_qkv, 1, m.conv_kernel_size]
+        return None if fused == want else f"{m.key_conv1d_weight} has shape {fused}; exllamav3 reads {want}"
+    for k in (m.key_conv1d_q_weight, m.key_conv1d_k_weight, m.key_conv1d_v_weight):
+        if k is None:
+            return f"Required tensor {m.key_conv1d_weight} not found"
+        if k not in shapes:
+            return f"Required tensor {k} not found (nor {m.key_conv1d_weight})"
+    return None
+
+
+def load_problems(model, stc, shapes: dict) -> list[str]:
+    """What exllamav3's model.load() would refuse, from the headers: every weighted module (Linear
+    as linear_problem emulates it; Embedding, RMSNorm unless unweighted, LayerNorm: a KEY.weight or
+    KEY.* group) and the tensors modules read themselves (raw_reads, conv_problem)."""
     from exllamav3.modules import Embedding, LayerNorm, Linear, RMSNorm
-    prefixes = {name.rsplit(".", 1)[0] for name in tensor_names} | tensor_names
+    prefixes = {name.rsplit(".", 1)[0] for name in shapes} | set(shapes)
 
     def present(key: str) -> bool:
         return key in prefixes or any(p.startswith(key + ".") for p in prefixes)
 
     out = []
     for module in model:
-        if not isinstance(module, (Linear, Embedding, RMSNorm, LayerNorm)):
-            continue
-        if isinstance(module, RMSNorm) and getattr(module, "unweighted", False):
-            continue
-        keys = _names(module.key) + _names(getattr(module, "alt_key", None)) + \
-            _names(getattr(module, "fkey", None))
-        if not any(present(k) for k in keys):
-            out.append(module.key)
+        if isinstance(module, Linear):
+            problem = linear_problem(module, stc, shapes)
+            if problem:
+                out.append(problem)
+        elif isinstance(module, (Embedding, RMSNorm, LayerNorm)):
+            if isinstance(module, RMSNorm) and getattr(module, "unweighted", False):
+                continue
+            if not any(present(k) for k in _names(module.key) + _names(getattr(module, "alt_key", None))):
+                out.append(f"{module.key}: no tensors")
+        for name, want in raw_reads(module):
+            if name not in shapes:
+                base = name[: -len(".weight")] if name.endswith(".weight") else None
+                stored = f" ({base}.trellis is stored: exllamav3 reads it only unquantized)" \
+                    if base and base + ".trellis" in shapes else ""
+                out.append(f"Required tensor {name} not found{stored}")
+            elif want is not None and tuple(shapes[name]) != want:
+                out.append(f"{name} has shape {shapes[name]}; exllamav3 reads {list(want)}")
+        problem = conv_problem(module, shapes)
+        if problem:
+            out.append(problem)
     return out
 
 
@@ -189,7 +316,7 @@ def check(directory: str, components: list[str], Config, Model) -> bool:
         log(f"{directory}: refused by Config: {type(e).__name__}: {str(e) or where.line} "
             f"({os.path.basename(where.filename)}:{where.lineno})")
         return False
-    names = set(config.stc.tensor_file_map)
+    shapes = tensor_shapes(directory)
     ok = True
     parts = []
     for component in components:
@@ -204,14 +331,15 @@ def check(directory: str, components: list[str], Config, Model) -> bool:
             log(f"{directory}: {component} model refused: {type(e).__name__}: {e}")
             ok = False
             continue
-        missing = missing_tensors(model, names)
+        problems = load_problems(model, config.stc, shapes)
         count = sum(1 for _ in model)
-        if missing:
-            log(f"{directory}: {component}: {len(missing)} of {count} modules find no tensors: "
-                f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+        if problems:
+            log(f"{directory}: {component}: {len(problems)} load problems: "
+                f"{'; '.join(problems[:8])}{' ...' if len(problems) > 8 else ''}")
             ok = False
         else:
-            parts.append(f"{component}: {count} modules, every weighted one's tensors present")
+            parts.append(f"{component}: {count} modules, every one's tensors found as exllamav3 "
+                         f"loads them")
     if ok:
         log(f"{directory}: accepted ({type(config).__name__}, {config.num_hidden_layers} layers; "
             f"{'; '.join(parts)})")

@@ -13,14 +13,18 @@ using layer_kind::kSliding;
 // projections, the grouped output projection, sinks, and per layer type its compressor and the
 // CSA indexer.
 void AddDsv4Attention(const TestModelSpec& s, int L, const std::string& p,
-                      const LinearAdder& linear, std::vector<GenTensor>* t) {
+                      const LinearAdder& linear, bool exl3, std::vector<GenTensor>* t) {
   const int H = s.hidden, NH = s.heads, D = s.head_dim, G = s.o_groups, R = s.o_lora_rank;
   linear("attn.wq_a", s.q_lora_rank, H);
   t->push_back(NormTensor(p + "attn.q_norm.weight", s.q_lora_rank));
   linear("attn.wq_b", NH * D, s.q_lora_rank);
   linear("attn.wkv", D, H);
   t->push_back(NormTensor(p + "attn.norm.weight", D));
-  linear("attn.wo_a", G * R, NH * D / G);
+  if (exl3 && R % 128 == 0) {  // as the converter writes it: a layer per group (PlanGroupedWoA)
+    for (int g = 0; g < G; ++g) linear("attn.wo_a.slice." + std::to_string(g), R, NH * D / G);
+  } else {
+    linear("attn.wo_a", G * R, NH * D / G);
+  }
   linear("attn.wo_b", H, G * R);
   t->push_back({p + "attn.attn_sink", DType::kBF16, {NH}, GenTensor::kGaussian, 0.5f});
   const std::string& type = s.layer_types[L];
@@ -60,25 +64,37 @@ void AddGatedDeltaNet(const TestModelSpec& s, const std::string& p,
 }
 
 // GLM-5.3-Flash's Kimi delta attention of one layer (self_attn.*, engine/cpu/linear_attention/kimi_delta_attention.h):
-// q/k/v/o projections (EXL3 where the converter quantizes them), the low-rank forget and output
-// gates and beta's b_proj (kept as stored, model/encoder/checkpoint_converter.cc's
-// IsKdaGateProjection), the short convolutions, A_log, dt_bias and the gated output norm.
+// q/k/v/o projections (EXL3 where the converter quantizes them: then q, k and v as one `qkv_proj`
+// and the three convolutions as one `conv1d`, as the converter and exllamav3 write them,
+// model/encoder/checkpoint_converter.cc PlanKdaLayout), the low-rank forget and output gates and
+// beta's b_proj (kept as stored, checkpoint_converter.cc's IsKdaGateProjection), the short
+// convolutions, A_log, dt_bias and the gated output norm.
 void AddKimiDeltaAttention(const TestModelSpec& s, const std::string& p,
-                           const LinearAdder& linear,
+                           const LinearAdder& linear, bool exl3,
                            std::vector<GenTensor>* t) {
   const int H = s.hidden, NH = s.linear_heads, D = s.linear_head_dim, W = NH * D;
-  linear("self_attn.q_proj", W, H);
-  linear("self_attn.k_proj", W, H);
-  linear("self_attn.v_proj", W, H);
+  const bool fused = exl3 && W % 128 == 0 && H % 128 == 0;
+  if (fused) {
+    linear("self_attn.qkv_proj", 3 * W, H);
+  } else {
+    linear("self_attn.q_proj", W, H);
+    linear("self_attn.k_proj", W, H);
+    linear("self_attn.v_proj", W, H);
+  }
   linear("self_attn.o_proj", H, W);
   for (const char* gate : {"f_a_proj", "g_a_proj"})
     t->push_back({p + "self_attn." + gate + ".weight", DType::kBF16, {D, H}, GenTensor::kGaussian, 0.02f});
   for (const char* gate : {"f_b_proj", "g_b_proj"})
     t->push_back({p + "self_attn." + gate + ".weight", DType::kBF16, {W, D}, GenTensor::kGaussian, 0.02f});
   t->push_back({p + "self_attn.b_proj.weight", DType::kBF16, {NH, H}, GenTensor::kGaussian, 0.02f});
-  for (const char* conv : {"q_conv1d", "k_conv1d", "v_conv1d"})
-    t->push_back({p + "self_attn." + conv + ".weight", DType::kBF16, {W, 1, s.linear_conv_kernel},
+  if (fused) {
+    t->push_back({p + "self_attn.conv1d.weight", DType::kBF16, {3 * W, 1, s.linear_conv_kernel},
                   GenTensor::kGaussian, 0.3f});
+  } else {
+    for (const char* conv : {"q_conv1d", "k_conv1d", "v_conv1d"})
+      t->push_back({p + "self_attn." + conv + ".weight", DType::kBF16, {W, 1, s.linear_conv_kernel},
+                    GenTensor::kGaussian, 0.3f});
+  }
   // exp(A_log) in [1, 16]: the forget gate's slope (its decay is bounded by linear_lower_bound).
   t->push_back({p + "self_attn.A_log", DType::kBF16, {NH}, GenTensor::kLogUniform, 1.0f, 0, 16.0f});
   t->push_back({p + "self_attn.dt_bias", DType::kBF16, {W}, GenTensor::kBias, 0.5f});
@@ -108,11 +124,15 @@ void AddLatentAttention(const TestModelSpec& s, const std::string& p, const Line
   linear("self_attn.q_b_proj", heads * qd, s.q_lora_rank);
   linear("self_attn.kv_a_proj_with_mqa", s.kv_lora_rank + s.qk_rope_head_dim, H);
   t->push_back(NormTensor(p + "self_attn.kv_a_layernorm.weight", s.kv_lora_rank));
-  linear("self_attn.kv_b_proj", heads * (s.qk_nope_head_dim + s.v_head_dim), s.kv_lora_rank);
+  // kv_b_proj and the indexer's wk: kept dense (as the converter and exllamav3 keep them), never EXL3.
+  auto dense = [&](const std::string& name, int64_t out_f, int64_t in_f) {
+    t->push_back({p + name + ".weight", DType::kBF16, {out_f, in_f}, GenTensor::kGaussian, 0.02f});
+  };
+  dense("self_attn.kv_b_proj", heads * (s.qk_nope_head_dim + s.v_head_dim), s.kv_lora_rank);
   linear("self_attn.o_proj", H, heads * s.v_head_dim);
   if (s.arch == "glm_moe_dsa" || s.arch == "glm5_next") {  // the lightning indexer
     linear("self_attn.indexer.wq_b", s.index_heads * s.index_head_dim, s.q_lora_rank);
-    linear("self_attn.indexer.wk", s.index_head_dim, H);
+    dense("self_attn.indexer.wk", s.index_head_dim, H);
     t->push_back(NormTensor(p + "self_attn.indexer.k_norm.weight", s.index_head_dim));
     t->push_back({p + "self_attn.indexer.k_norm.bias", DType::kBF16, {s.index_head_dim},
                   GenTensor::kBias, 0.05f});
@@ -162,13 +182,13 @@ void AddHyperConnection(const TestModelSpec& s, const std::string& prefix, std::
 }
 
 void AddAttentionTensors(const TestModelSpec& s, int L, const std::string& p, const LinearAdder& linear,
-                         std::vector<GenTensor>* t) {
+                         bool exl3, std::vector<GenTensor>* t) {
   if (s.arch == "deepseek_v4") {
-    AddDsv4Attention(s, L, p, linear, t);
+    AddDsv4Attention(s, L, p, linear, exl3, t);
   } else if (s.arch == "qwen3_next" && s.layer_types[L] == kLinear) {
     AddGatedDeltaNet(s, p, linear, t);
   } else if (s.arch == "glm5_next" && s.layer_types[L] == kLinear) {
-    AddKimiDeltaAttention(s, p, linear, t);
+    AddKimiDeltaAttention(s, p, linear, exl3, t);
   } else if (s.arch == "qwen3_next") {
     AddGatedFullAttention(s, p, linear, t);
   } else if (IsLatentAttention(s.arch)) {

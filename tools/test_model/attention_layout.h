@@ -26,7 +26,10 @@ GenTensor FamilyNormTensor(const TestModelSpec& s, std::string name, int64_t n);
 void AddHyperConnection(const TestModelSpec& s, const std::string& prefix, std::vector<GenTensor>* t);
 
 // The attention of decoder layer L (prefix p), of the kind the family and s.layer_types give it.
+// exl3: the layout `exl3-tool quantize` writes (and exllamav3 reads) where it differs from the
+// Hugging Face checkpoint's: GLM-5.3-Flash's KDA q/k/v as one qkv_proj and one conv1d,
+// DeepSeek-V4's wo_a as per-group slices; else the checkpoint's.
 void AddAttentionTensors(const TestModelSpec& s, int L, const std::string& p, const LinearAdder& linear,
-                         std::vector<GenTensor>* t);
+                         bool exl3, std::vector<GenTensor>* t);
 
 }  // namespace exl3

@@ -79,7 +79,7 @@ void AddLayerTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool e
     t->push_back(NormTensor(p + "ffn_norm.weight", H));
     AddHyperConnection(s, p + "hc_attn_", t);
     AddHyperConnection(s, p + "hc_ffn_", t);
-    AddAttentionTensors(s, L, p, linear, t);
+    AddAttentionTensors(s, L, p, linear, exl3, t);
     AddMoeTensors(s, cfg, L, exl3, so, t);
     return;
   }
@@ -89,7 +89,7 @@ void AddLayerTensors(const TestModelSpec& s, const MoeConfig& cfg, int L, bool e
     AddHyperConnection(s, p + "hc_attn_", t);
     AddHyperConnection(s, p + "hc_ffn_", t);
   }
-  AddAttentionTensors(s, L, p, linear, t);
+  AddAttentionTensors(s, L, p, linear, exl3, t);
   t->push_back(FamilyNormTensor(s, p + "post_attention_layernorm.weight", H));
   if (cfg.IsMoeLayer(L)) {
     AddMoeTensors(s, cfg, L, exl3, so, t);

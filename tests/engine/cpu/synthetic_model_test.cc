@@ -87,6 +87,7 @@ TEST_P(SyntheticWholeModelTest, LoadsAndDecodes) {
   if (spec.arch == "deepseek_v4") {
     EXPECT_TRUE((*src)->Has("head.trellis"));
     EXPECT_TRUE((*src)->Has("model.layers.0.attn.wkv.trellis"));
+    EXPECT_TRUE((*src)->Has("model.layers.0.attn.wo_a.slice.0.trellis"));  // a layer per output group
     EXPECT_TRUE((*src)->Has("model.layers.1.attn.indexer.compressor.wgate.trellis"));
     EXPECT_TRUE((*src)->Has("model.layers.2.attn.compressor.ape"));
     EXPECT_TRUE((*src)->Has("model.layers.0.ffn.gate.tid2eid"));
@@ -101,9 +102,12 @@ TEST_P(SyntheticWholeModelTest, LoadsAndDecodes) {
     const std::string p = "model.language_model.layers.";
     EXPECT_TRUE((*src)->Has("lm_head.trellis"));
     EXPECT_TRUE((*src)->Has("model.language_model.embed_tokens.weight"));
-    EXPECT_TRUE((*src)->Has(p + "0.self_attn.q_proj.trellis"));
+    // KDA's q/k/v and convolutions as the converter and exllamav3 write them: fused.
+    EXPECT_TRUE((*src)->Has(p + "0.self_attn.qkv_proj.trellis"));
+    EXPECT_FALSE((*src)->Has(p + "0.self_attn.q_proj.trellis"));
     EXPECT_TRUE((*src)->Has(p + "0.self_attn.f_b_proj.weight"));  // KDA's gates stay bf16
-    EXPECT_TRUE((*src)->Has(p + "0.self_attn.q_conv1d.weight"));
+    EXPECT_TRUE((*src)->Has(p + "0.self_attn.conv1d.weight"));
+    EXPECT_TRUE((*src)->Has(p + "1.self_attn.kv_b_proj.weight"));  // MLA's kv_b_proj stays bf16
     EXPECT_TRUE((*src)->Has(p + "0.hc_attn_fn"));
     EXPECT_TRUE((*src)->Has(p + "0.mlp.gate_proj.trellis"));
     EXPECT_TRUE((*src)->Has(p + "1.self_attn.q_b_proj.trellis"));
@@ -117,7 +121,8 @@ TEST_P(SyntheticWholeModelTest, LoadsAndDecodes) {
   }
   if (spec.arch == "glm_moe_dsa") {
     EXPECT_TRUE((*src)->Has("model.layers.1.self_attn.indexer.wq_b.trellis"));
-    EXPECT_TRUE((*src)->Has("model.layers.1.self_attn.indexer.wk.trellis"));
+    EXPECT_TRUE((*src)->Has("model.layers.1.self_attn.indexer.wk.weight"));  // kept bf16, as exllamav3 keeps it
+    EXPECT_TRUE((*src)->Has("model.layers.1.self_attn.kv_b_proj.weight"));
     EXPECT_TRUE((*src)->Has("model.layers.1.self_attn.indexer.weights_proj.weight"));
   }
 

@@ -442,12 +442,15 @@ TEST(EncoderTools, QuantizeCoversAttentionDenseMlpAndHead) {
   }
   q = QuantizationConfig(dir + "/ds-q");
   ASSERT_TRUE(q.contains("unquantized_linears"));
-  EXPECT_NE(std::find(q["unquantized_linears"].begin(), q["unquantized_linears"].end(),
+  // kv_b_proj stays as stored whatever its shape (exllamav3 reads only its .weight), unasked.
+  EXPECT_EQ(std::find(q["unquantized_linears"].begin(), q["unquantized_linears"].end(),
                       "model.layers.1.self_attn.kv_b_proj.weight"),
             q["unquantized_linears"].end());
+  EXPECT_EQ(BitsOf(dir + "/ds-q", l1 + "self_attn.kv_b_proj"), 0);
 
-  // GLM-MoE-DSA's indexer: wq_b and wk quantized like the attention; weights_proj (router-like)
-  // copied as stored without being asked for (not listed among the linears EXL3 cannot hold).
+  // GLM-MoE-DSA's indexer: wq_b quantized like the attention; wk and weights_proj (router-like)
+  // copied as stored without being asked for (not listed among the linears EXL3 cannot hold), as
+  // exllamav3 keeps them; so is kv_b_proj [256, 128], which EXL3 could hold.
   ASSERT_EQ(Tool("make-test-model --quiet --arch glm_moe_dsa --output " + dir + "/dsa --hf-only "
                  "--hidden 256 --intermediate 128 --dense-intermediate 128 --experts 2 --top-k 1 "
                  "--layers 2 --heads 4 --q-lora-rank 128 --index-heads 2 --index-head-dim 128"),
@@ -456,19 +459,26 @@ TEST(EncoderTools, QuantizeCoversAttentionDenseMlpAndHead) {
                  "--no-quantize-dense-mlp --no-quantize-head", &err), 0)
       << err;
   EXPECT_EQ(BitsOf(dir + "/dsa-q", l0 + "self_attn.indexer.wq_b"), 2);  // [256, 128]
-  EXPECT_EQ(BitsOf(dir + "/dsa-q", l0 + "self_attn.indexer.wk"), 2);    // [128, 256]
+  EXPECT_EQ(BitsOf(dir + "/dsa-q", l0 + "self_attn.indexer.wk"), 0);    // [128, 256]
   {
     auto src = TensorSource::Open(dir + "/dsa-q");
     ASSERT_TRUE(src.ok());
-    EXPECT_TRUE((*src)->Has(l0 + "self_attn.indexer.weights_proj.weight"));  // [2, 256]
+    for (const char* kept : {"self_attn.indexer.weights_proj.weight",  // [2, 256]
+                             "self_attn.indexer.wk.weight", "self_attn.kv_b_proj.weight"}) {
+      EXPECT_TRUE((*src)->Has(l0 + kept)) << kept;
+      EXPECT_TRUE((*src)->Has(l1 + kept)) << kept;
+    }
     EXPECT_FALSE((*src)->Has(l0 + "self_attn.indexer.weights_proj.trellis"));
     EXPECT_TRUE((*src)->Has(l0 + "self_attn.indexer.k_norm.bias"));
   }
   q = QuantizationConfig(dir + "/dsa-q");
   if (q.contains("unquantized_linears")) {
-    EXPECT_EQ(std::find(q["unquantized_linears"].begin(), q["unquantized_linears"].end(),
-                        l0 + "self_attn.indexer.weights_proj.weight"),
-              q["unquantized_linears"].end());
+    for (const char* kept : {"self_attn.indexer.weights_proj.weight", "self_attn.indexer.wk.weight",
+                             "self_attn.kv_b_proj.weight"}) {
+      EXPECT_EQ(std::find(q["unquantized_linears"].begin(), q["unquantized_linears"].end(), l0 + kept),
+                q["unquantized_linears"].end())
+          << kept;
+    }
   }
 }
 
@@ -531,8 +541,10 @@ TEST(EncoderTools, SyntheticModelWithPerExpertBitsAndCodebooks) {
 
 // GLM-5.3-Flash (Glm5NextForConditionalGeneration): text_config nested, text tensors under
 // model.language_model.; attention projections, dense MLPs, experts and the head are quantized,
-// KDA's gate projections (f_a/f_b/g_a/g_b/b_proj) stay as stored even where EXL3 could hold
-// them, and the vision tower and the MTP layer (layers.{num_hidden_layers}) are copied as stored.
+// KDA's gate projections (f_a/f_b/g_a/g_b/b_proj) and MLA's kv_b_proj stay as stored even where
+// EXL3 could hold them, and the vision tower and the MTP layer (layers.{num_hidden_layers}) are
+// copied as stored. KDA's q/k/v are written as exllamav3 writes them: one EXL3 layer qkv_proj (q,
+// k, v rows in that order) and one conv1d [3 W, 1, K].
 TEST(EncoderTools, QuantizeGlm5NextKeepsGatesVisionAndMtpAsStored) {
   const std::string dir = TempDir("glm5next");
   fs::create_directories(dir + "/hf");
@@ -568,7 +580,7 @@ TEST(EncoderTools, QuantizeGlm5NextKeepsGatesVisionAndMtpAsStored) {
   for (const char* p : {"q_proj", "k_proj", "v_proj", "f_b_proj", "g_b_proj", "o_proj", "f_a_proj", "g_a_proj"})
     add(l0 + "self_attn." + p + ".weight", {128, 128});
   add(l0 + "self_attn.b_proj.weight", {1, H});
-  add(l0 + "self_attn.q_conv1d.weight", {128, 1, 4});
+  for (const char* conv : {"q_conv1d", "k_conv1d", "v_conv1d"}) add(l0 + "self_attn." + conv + ".weight", {128, 1, 4});
   for (const char* p : {"gate_proj", "up_proj", "down_proj"}) add(l0 + "mlp." + p + ".weight", {128, 128});
   for (const char* p : {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj"})
     add(l1 + "self_attn." + p + ".weight", {128, 128});
@@ -587,11 +599,12 @@ TEST(EncoderTools, QuantizeGlm5NextKeepsGatesVisionAndMtpAsStored) {
   std::string err;
   ASSERT_EQ(Tool("quantize --quiet --input " + dir + "/hf --output " + dir + "/q --bits 4 --threads 2", &err), 0)
       << err;
-  for (const char* p : {"q_proj", "k_proj", "v_proj", "o_proj"}) EXPECT_EQ(BitsOf(dir + "/q", l0 + "self_attn." + p), 4) << p;
-  for (const char* p : {"f_a_proj", "f_b_proj", "g_a_proj", "g_b_proj", "b_proj"})
+  for (const char* p : {"qkv_proj", "o_proj"}) EXPECT_EQ(BitsOf(dir + "/q", l0 + "self_attn." + p), 4) << p;
+  for (const char* p : {"f_a_proj", "f_b_proj", "g_a_proj", "g_b_proj", "b_proj", "q_proj", "k_proj", "v_proj"})
     EXPECT_EQ(BitsOf(dir + "/q", l0 + "self_attn." + p), 0) << p;
   EXPECT_EQ(BitsOf(dir + "/q", l0 + "mlp.down_proj"), 4);
-  EXPECT_EQ(BitsOf(dir + "/q", l1 + "self_attn.kv_b_proj"), 4);
+  EXPECT_EQ(BitsOf(dir + "/q", l1 + "self_attn.kv_b_proj"), 0);
+  EXPECT_EQ(BitsOf(dir + "/q", l1 + "self_attn.q_b_proj"), 4);
   EXPECT_EQ(BitsOf(dir + "/q", l1 + "mlp.experts.1.up_proj"), 4);
   EXPECT_EQ(BitsOf(dir + "/q", t + "layers.2.self_attn.q_a_proj"), 0);
   EXPECT_EQ(BitsOf(dir + "/q", "model.visual.blocks.0.attn.qkv"), 0);
@@ -599,10 +612,43 @@ TEST(EncoderTools, QuantizeGlm5NextKeepsGatesVisionAndMtpAsStored) {
   ASSERT_TRUE(src.ok()) << src.status();
   for (const std::string& kept : {l0 + "self_attn.f_a_proj.weight", t + "layers.2.self_attn.q_a_proj.weight",
                                  std::string("model.visual.blocks.0.attn.qkv.weight"),
-                                 l0 + "self_attn.q_conv1d.weight"})
+                                 l1 + "self_attn.kv_b_proj.weight"})
     EXPECT_TRUE((*src)->Has(kept)) << kept;
+  for (const char* gone : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "q_conv1d.weight", "k_conv1d.weight",
+                           "v_conv1d.weight"})
+    EXPECT_FALSE((*src)->Has(l0 + "self_attn." + gone)) << gone;
+  // The fused layer is the three projections' rows, quantized as one.
+  std::vector<float> qkv;
+  for (const char* p : {"q_proj", "k_proj", "v_proj"}) {
+    const std::vector<float> w = Load(*TensorSource::Open(dir + "/hf").value(), l0 + "self_attn." + p + ".weight");
+    qkv.insert(qkv.end(), w.begin(), w.end());
+  }
+  absl::StatusOr<std::unique_ptr<Exl3Linear>> fused = LoadExl3Linear(**src, l0 + "self_attn.qkv_proj", 128, 384);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  EXPECT_LT(DequantRelativeError((*fused)->view, qkv), 1.5 * std::pow(4.0, -4));
+  // The convolutions' rows side by side, as stored.
+  std::vector<float> convs;
+  for (const char* c : {"q_conv1d", "k_conv1d", "v_conv1d"}) {
+    const std::vector<float> w = Load(*TensorSource::Open(dir + "/hf").value(), l0 + "self_attn." + c + ".weight");
+    convs.insert(convs.end(), w.begin(), w.end());
+  }
+  EXPECT_EQ((*src)->Info(l0 + "self_attn.conv1d.weight").value()->shape, (std::vector<int64_t>{384, 1, 4}));
+  EXPECT_EQ(Load(**src, l0 + "self_attn.conv1d.weight"), convs);
   EXPECT_EQ(QuantizationConfig(dir + "/q").value("quant_method", ""), "exl3");
   ASSERT_TRUE(Exl3Model::Open(dir + "/q").ok());
+
+  // Without attention quantized, q/k/v and their convolutions stay as stored (exllamav3 reads
+  // unquantized q/k/v as the list it concatenates).
+  ASSERT_EQ(Tool("quantize --quiet --input " + dir + "/hf --output " + dir + "/experts --bits 4 --threads 2 "
+                 "--no-quantize-attention", &err),
+            0)
+      << err;
+  auto experts = TensorSource::Open(dir + "/experts");
+  ASSERT_TRUE(experts.ok()) << experts.status();
+  for (const char* kept : {"q_proj.weight", "v_proj.weight", "k_conv1d.weight"})
+    EXPECT_TRUE((*experts)->Has(l0 + "self_attn." + kept)) << kept;
+  EXPECT_FALSE((*experts)->Has(l0 + "self_attn.qkv_proj.trellis"));
+  EXPECT_FALSE((*experts)->Has(l0 + "self_attn.conv1d.weight"));
 }
 
 // DeepSeek-V4 as released (and as exllamav3 reads it: model/checkpoint_naming.h) converts into an
@@ -610,7 +656,8 @@ TEST(EncoderTools, QuantizeGlm5NextKeepsGatesVisionAndMtpAsStored) {
 TEST(EncoderTools, QuantizeKeepsDeepseekV4ReleaseNaming) {
   const std::string dir = TempDir("dsv4_release");
   ASSERT_EQ(Tool("make-test-model --quiet --arch deepseek_v4 --output " + dir + "/exl3 --hidden 128 "
-                 "--intermediate 128 --experts 4 --top-k 2 --layers 2 --bits 2 --seed 7"),
+                 "--intermediate 128 --experts 4 --top-k 2 --layers 2 --bits 2 --seed 7 --heads 2 --head-dim 128 "
+                 "--o-lora-rank 128"),
             0);
   // The transformers-named checkpoint rewritten under the release names (stored name: what
   // ProjectTensorName maps back to the transformers name).
@@ -647,8 +694,25 @@ TEST(EncoderTools, QuantizeKeepsDeepseekV4ReleaseNaming) {
   EXPECT_EQ(DetectCheckpointNaming(stored), CheckpointNaming::kDeepseekRelease);
   for (const char* name : {"embed.weight", "norm.weight", "hc_head_fn", "head.trellis",
                            "layers.1.attn.wo_b.trellis", "layers.1.attn.kv_norm.weight",
-                           "layers.1.ffn.experts.3.w2.trellis"})
+                           "layers.1.ffn.experts.3.w2.trellis", "layers.1.attn.wo_a.slice.0.trellis",
+                           "layers.1.attn.wo_a.slice.1.trellis"})
     EXPECT_NE(std::find(stored.begin(), stored.end(), name), stored.end()) << name;
+  // wo_a as exllamav3 writes it: each output group's rows an EXL3 layer of its own.
+  for (const char* gone : {"layers.1.attn.wo_a.trellis", "layers.1.attn.wo_a.weight", "layers.1.attn.wo_a.slice.2.trellis"})
+    EXPECT_EQ(std::find(stored.begin(), stored.end(), gone), stored.end()) << gone;
+  {
+    auto q_src = TensorSource::Open(dir + "/q-release");
+    ASSERT_TRUE(q_src.ok()) << q_src.status();
+    const std::vector<float> wo_a = Load(**tf, "model.layers.1.attn.wo_a.weight");
+    const std::vector<int64_t>& shape = (*tf)->Info("model.layers.1.attn.wo_a.weight").value()->shape;
+    const int64_t rows = shape[0] / 2, in = shape[1];
+    for (int g = 0; g < 2; ++g) {
+      auto slice = LoadExl3Linear(**q_src, absl::StrCat("model.layers.1.attn.wo_a.slice.", g), in, rows);
+      ASSERT_TRUE(slice.ok()) << slice.status();
+      const std::vector<float> want(wo_a.begin() + g * rows * in, wo_a.begin() + (g + 1) * rows * in);
+      EXPECT_LT(DequantRelativeError((*slice)->view, want), 1.5 * std::pow(4.0, -4)) << g;
+    }
+  }
   // The same layers EXL3 at the same widths, whichever naming came in.
   auto a = TensorSource::Open(dir + "/q-exl3-hf");
   auto b = TensorSource::Open(dir + "/q-release");

@@ -106,6 +106,61 @@ class Exllamav3ConfigCheckTest(unittest.TestCase):
         self.assertFalse(ok, out)
         self.assertIn("model.language_model.layers.4.", out)
 
+    def rename_tensors(self, d, renames):
+        """Renames tensors in the headers of the directory's shards (data untouched) and its
+        index, as if the writer had stored them under those names."""
+        left = dict(renames)
+        for name in sorted(os.listdir(d)):
+            if not name.endswith(".safetensors"):
+                continue
+            path = os.path.join(d, name)
+            with open(path, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(n))
+                data = f.read()
+            mine = {old: new for old, new in left.items() if old in header}
+            if not mine:
+                continue
+            for old, new in mine.items():
+                header[new] = header.pop(old)
+                del left[old]
+            raw = json.dumps(header).encode()
+            raw += b" " * (-len(raw) % 8)
+            with open(path, "wb") as f:
+                f.write(len(raw).to_bytes(8, "little") + raw + data)
+        self.assertEqual(left, {}, "tensors not found to rename")
+        index = os.path.join(d, "model.safetensors.index.json")
+        if os.path.exists(index):
+            with open(index) as f:
+                j = json.load(f)
+            for old, new in renames.items():
+                if old in j["weight_map"]:
+                    j["weight_map"][new] = j["weight_map"].pop(old)
+            with open(index, "w") as f:
+                json.dump(j, f)
+
+    def test_layouts_exllamav3_does_not_load_are_found(self):
+        # What exllamav3's model.load() refused in exl3-tool quantize's earlier layouts (issue 34):
+        # KDA's q/k/v as separate EXL3 layers (its Linear gets the list and fails), an EXL3
+        # kv_b_proj (MLA reads only its .weight).
+        d = self.make("layouts", "--release-layout")
+        names = set(check.tensor_shapes(d))
+        a = "model.language_model.layers.0.self_attn."
+        m = next(n for n in sorted(names) if n.endswith("self_attn.kv_b_proj.weight"))[: -len("kv_b_proj.weight")]
+        self.assertIn(f"{a}qkv_proj.trellis", names)
+        qkv = {f"{a}qkv_proj.{t}": f"{a}q_proj.{t}" for t in ("trellis", "suh", "svh", "mcg")}
+        self.rename_tensors(d, {**qkv, f"{m}kv_b_proj.weight": f"{m}kv_b_proj.trellis"})
+        ok, out = self.run_check(d)
+        self.assertFalse(ok, out)
+        self.assertIn(f"No tensors found for {a}qkv_proj", out)
+        self.assertIn(f"Required tensor {m}kv_b_proj.weight not found ({m}kv_b_proj.trellis is stored", out)
+
+    def test_exllamav3s_own_conversion_is_accepted(self):
+        d = os.path.join(ROOT, "tests", "fixtures", "exllamav3", "glm5_next_b4")
+        ok, out = self.run_check(d)
+        self.assertTrue(ok, out)
+        self.assertIn("every one's tensors found as exllamav3 loads them", out)
+
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
