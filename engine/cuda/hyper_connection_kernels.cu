@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "engine/cuda/block_reduce.cuh"
 #include "engine/cuda/launch_status.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -198,32 +199,48 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Σ_q __shfl(v, first + q · stride) over q < n ≤ kLaneStreams in the order of q: every shuffle
+// issued before the first addition, so a row's or column's sum waits for one shuffle's latency and
+// then the n additions (the same additions as a loop of shuffle-then-add: the same bits). All
+// kLaneStreams shuffles run, without a branch between them; those at q ≥ n (their lane index
+// taken mod 32) are not added.
+constexpr int kLaneStreams = 5;  // the most streams whose N² elements fit a warp's lanes
+__device__ __forceinline__ float LaneSum(float v, int first, int stride, int n) {
+  float g[kLaneStreams];
+#pragma unroll
+  for (int q = 0; q < kLaneStreams; ++q) g[q] = __shfl_sync(kFullMask, v, first + q * stride);
+  float s = 0.0f;
+#pragma unroll
+  for (int q = 0; q < kLaneStreams; ++q) {
+    if (q < n) s += g[q];
+  }
+  return s;
+}
+
 // comb [N, N] of one token from its logit mixes lm [N, N] (fn · x / rms, comb's rows), base [N, N]
 // and scale: a softmax per row plus eps, then Sinkhorn (columns once, then rows and columns
 // iters − 1 times, each sum + eps), every sum in the CPU's order (HyperConnection::Collapse). Warp
-// 0 of the block, lane e holding element e (N² ≤ 32), sums gathered by shuffles.
+// 0 of the block, lane e holding element e (N² ≤ 32), sums gathered by shuffles (LaneSum). Each
+// lane divides its own element by its row's (column's) sum, exactly as the CPU does: a reciprocal
+// per sum would not save a lane any operation.
 __device__ void SinkhornLanes(const float* lm, const float* base, float scale, float eps, int n, int iters,
                               float* comb) {
   const int lane = threadIdx.x % 32;
   const bool on = lane < n * n;
   const int j = on ? lane / n : 0, k = on ? lane % n : 0;
   const float logit = on ? lm[lane] * scale + base[lane] : 0.0f;
+  float row_logits[kLaneStreams];
+#pragma unroll
+  for (int q = 0; q < kLaneStreams; ++q) row_logits[q] = __shfl_sync(kFullMask, logit, j * n + q);
   float mx = -INFINITY;
-  for (int q = 0; q < n; ++q) mx = fmaxf(mx, __shfl_sync(kFullMask, logit, j * n + q));
+#pragma unroll
+  for (int q = 0; q < kLaneStreams; ++q) {
+    if (q < n) mx = fmaxf(mx, row_logits[q]);
+  }
   const float ex = on ? expf(logit - mx) : 0.0f;
-  float sum = 0.0f;
-  for (int q = 0; q < n; ++q) sum += __shfl_sync(kFullMask, ex, j * n + q);
-  float c = on ? ex / sum + eps : 0.0f;
-  auto columns = [&] {
-    float s = 0.0f;
-    for (int q = 0; q < n; ++q) s += __shfl_sync(kFullMask, c, q * n + k);
-    c /= s + eps;
-  };
-  auto rows = [&] {
-    float s = 0.0f;
-    for (int q = 0; q < n; ++q) s += __shfl_sync(kFullMask, c, j * n + q);
-    c /= s + eps;
-  };
+  float c = on ? ex / LaneSum(ex, j * n, 1, n) + eps : 0.0f;
+  auto columns = [&] { c /= LaneSum(c, k, n, n) + eps; };
+  auto rows = [&] { c /= LaneSum(c, j * n, 1, n) + eps; };
   columns();
   for (int it = 0; it + 1 < iters; ++it) {
     rows();
@@ -292,68 +309,90 @@ __device__ void SinkhornShared(const float* lm, const float* base, float scale, 
   }
 }
 
-// grid (T, finish_blocks + 1), block kThreads. partial [T, SumRows(N), splits] fp64 as
-// MixSumsKernel wrote it; streams [T, N, H] fp32 (after its expand). Every block totals the rows
-// it needs over the splits (one warp a row, a fixed order: each forms the same values) and the
-// streams' norm rms = sqrt(Σ_i x_i · x_i / (N H) + norm_eps) from the pairs' diagonal; mix[r] =
-// total_r / rms. Blocks y < finish_blocks:
-//   out.block_input [T, H] fp32 at [y · span, (y + 1) · span) = Σ_i pre[i] · stream_i, pre[i] =
-//     sigmoid(mix[i] · scale[0] + base[i]) + eps;
-//   out.normed [T, H] fp32 = norm_weight [H] · (block_input · inv), inv = 1 / sqrt(mean(block_input²)
-//     + norm_eps), mean(block_input²) = Σ_ij pre_i pre_j (x_i · x_j) / H from the pair totals, so no
-//     block waits for another's part of the hidden vector.
-// Block finish_blocks: out.post [T, N] = 2 sigmoid(mix[N + k] · scale[1] + base[N + k]) and out.comb
-// [T, N, N] from mix[2N ...] (SinkhornLanes / SinkhornShared).
-__global__ void __launch_bounds__(kThreads)
-    CollapseFinishKernel(HyperConnectionArgs a, const float* streams, const double* partial, int splits, int span,
-                         HyperCollapseOutput out) {
-  exl3::cuda::PdlEnter();
-  __shared__ double sums[kMaxMixes + kMaxStreams];
-  __shared__ float mix[kMaxMixes];
-  __shared__ float pre[kMaxStreams];
-  __shared__ float cm[kMaxStreams * kMaxStreams];
-  __shared__ float inv_out;
-  const int n = a.streams, H = a.hidden, width = n * H, mixes = MixRows(n);
-  const size_t t = blockIdx.x;
+// sums[k] = the total over the splits of token row row_of(k) of p [SumRows(N), splits] (one token's
+// partial sums), k < count: a warp a row (rows warp, warp + kWarpsPerBlock, ...), each lane adding
+// its splits in order, then the warp's shuffle tree, so every block that totals a row forms the
+// same value. A warp loads kRowGroup of its rows together: all their loads in flight before the
+// first addition.
+constexpr int kRowGroup = 4;
+template <typename RowOf>
+__device__ __forceinline__ void TotalRows(const double* p, int splits, int count, RowOf row_of, double* sums) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const bool mix_block = blockIdx.y == gridDim.y - 1;
-  const double* p = partial + t * SumRows(n) * splits;
-  // Totals: the mix block's are fn's mix rows then the pairs (i, i); the others' pre's rows then every pair.
-  const int needed = mix_block ? mixes + n : n + n * (n + 1) / 2;
-  for (int k = warp; k < needed; k += kWarpsPerBlock) {
-    int r;
-    if (mix_block) {
-      r = k < mixes ? k : mixes + GramIndex(k - mixes, k - mixes, n);
-    } else {
-      r = k < n ? k : mixes + (k - n);
+  for (int k0 = warp; k0 < count; k0 += kWarpsPerBlock * kRowGroup) {
+    const double* rp[kRowGroup];
+    double v[kRowGroup];
+#pragma unroll
+    for (int g = 0; g < kRowGroup; ++g) {
+      const int k = k0 + g * kWarpsPerBlock;
+      rp[g] = k < count ? p + static_cast<size_t>(row_of(k)) * splits : nullptr;
+      v[g] = 0.0;
     }
-    double v = 0.0;
-    for (int s = lane; s < splits; s += 32) v += p[static_cast<size_t>(r) * splits + s];
-    v = WarpSumDouble(v);
-    if (lane == 0) sums[k] = v;
-  }
-  __syncthreads();
-  double ss = 0.0;
-  for (int i = 0; i < n; ++i) ss += mix_block ? sums[mixes + i] : sums[n + GramIndex(i, i, n)];
-  const double inv_rms = 1.0 / sqrt(ss / width + a.norm_eps);
-  const float eps = a.eps;
-  if (mix_block) {
-    for (int r = threadIdx.x; r < mixes; r += kThreads) mix[r] = static_cast<float>(sums[r] * inv_rms);
-    __syncthreads();
-    if (threadIdx.x < n)
-      out.post[t * n + threadIdx.x] = 2.0f * SigmoidF(mix[n + threadIdx.x] * a.scale[1] + a.base[n + threadIdx.x]);
-    if (warp == 0) {
-      float* comb = out.comb + t * n * n;
-      if (n * n <= 32) {
-        SinkhornLanes(mix + 2 * n, a.base + 2 * n, a.scale[2], eps, n, a.sinkhorn_iters, comb);
-      } else {
-        SinkhornShared(mix + 2 * n, a.base + 2 * n, a.scale[2], eps, n, a.sinkhorn_iters, cm, comb);
+    for (int s = lane; s < splits; s += 32) {
+#pragma unroll
+      for (int g = 0; g < kRowGroup; ++g) {
+        if (rp[g] != nullptr) v[g] += rp[g][s];
       }
     }
-    return;
+#pragma unroll
+    for (int g = 0; g < kRowGroup; ++g) {
+      const int k = k0 + g * kWarpsPerBlock;
+      const double total = WarpSumDouble(v[g]);
+      if (k < count && lane == 0) sums[k] = total;
+    }
   }
+}
+
+// Token t's post and comb from its partial sums p [SumRows(N), splits] (MixSumsKernel's), on one
+// block: the totals of fn's mix rows and of the pairs (i, i), rms = sqrt(Σ_i x_i · x_i / (N H) +
+// norm_eps), mix[r] = total_r / rms; out.post [T, N] = 2 sigmoid(mix[N + k] · scale[1] + base[N + k]),
+// out.comb [T, N, N] from mix[2N ...] (SinkhornLanes / SinkhornShared).
+__device__ void MixBlock(const HyperConnectionArgs& a, const double* p, int splits, const HyperCollapseOutput& out,
+                         size_t t) {
+  __shared__ double sums[kMaxMixes + kMaxStreams];
+  __shared__ float mix[kMaxMixes];
+  __shared__ float cm[kMaxStreams * kMaxStreams];
+  const int n = a.streams, width = n * a.hidden, mixes = MixRows(n);
+  TotalRows(p, splits, mixes + n,
+            [&](int k) { return k < mixes ? k : mixes + GramIndex(k - mixes, k - mixes, n); }, sums);
+  __syncthreads();
+  double ss = 0.0;
+  for (int i = 0; i < n; ++i) ss += sums[mixes + i];
+  const double inv_rms = 1.0 / sqrt(ss / width + a.norm_eps);
+  for (int r = threadIdx.x; r < mixes; r += kThreads) mix[r] = static_cast<float>(sums[r] * inv_rms);
+  __syncthreads();
   if (threadIdx.x < n)
-    pre[threadIdx.x] = SigmoidF(static_cast<float>(sums[threadIdx.x] * inv_rms) * a.scale[0] + a.base[threadIdx.x]) + eps;
+    out.post[t * n + threadIdx.x] = 2.0f * SigmoidF(mix[n + threadIdx.x] * a.scale[1] + a.base[n + threadIdx.x]);
+  if (threadIdx.x / 32 == 0) {
+    float* comb = out.comb + t * n * n;
+    if (n * n <= 32) {
+      SinkhornLanes(mix + 2 * n, a.base + 2 * n, a.scale[2], a.eps, n, a.sinkhorn_iters, comb);
+    } else {
+      SinkhornShared(mix + 2 * n, a.base + 2 * n, a.scale[2], a.eps, n, a.sinkhorn_iters, cm, comb);
+    }
+  }
+}
+
+// Token t's block input and its norm at hidden positions [lo, hi) from its partial sums p
+// [SumRows(N), splits] and streams x [N, H]: the totals of pre's rows and of every pair (the same
+// values in every such block), rms as MixBlock's from the pairs' diagonal, mix[r] = total_r / rms;
+//   out.block_input [T, H] = Σ_i pre[i] · stream_i, pre[i] = sigmoid(mix[i] · scale[0] + base[i]) + eps;
+//   out.normed [T, H] = norm_weight [H] · (block_input · inv), inv = 1 / sqrt(mean(block_input²) +
+//     norm_eps), mean(block_input²) = Σ_ij pre_i pre_j (x_i · x_j) / H from the pair totals, so no
+//     block waits for another's part of the hidden vector.
+__device__ void InputBlock(const HyperConnectionArgs& a, const double* p, int splits, const float* x, int lo, int hi,
+                           const HyperCollapseOutput& out, size_t t) {
+  __shared__ double sums[kMaxStreams + kMaxStreams * (kMaxStreams + 1) / 2];
+  __shared__ float pre[kMaxStreams];
+  __shared__ float inv_out;
+  const int n = a.streams, H = a.hidden, width = n * H, mixes = MixRows(n);
+  TotalRows(p, splits, n + n * (n + 1) / 2, [&](int k) { return k < n ? k : mixes + (k - n); }, sums);
+  __syncthreads();
+  double ss = 0.0;
+  for (int i = 0; i < n; ++i) ss += sums[n + GramIndex(i, i, n)];
+  const double inv_rms = 1.0 / sqrt(ss / width + a.norm_eps);
+  if (threadIdx.x < n)
+    pre[threadIdx.x] =
+        SigmoidF(static_cast<float>(sums[threadIdx.x] * inv_rms) * a.scale[0] + a.base[threadIdx.x]) + a.eps;
   __syncthreads();
   if (out.normed != nullptr && threadIdx.x == 0) {
     double yy = 0.0;
@@ -364,14 +403,40 @@ __global__ void __launch_bounds__(kThreads)
     inv_out = static_cast<float>(1.0 / sqrt(yy / H + out.norm_eps));
   }
   __syncthreads();
-  const float* x = streams + t * width;
-  const int lo = blockIdx.y * span, hi = min(H, lo + span);
   for (int d = lo + threadIdx.x; d < hi; d += kThreads) {
     float acc = 0.0f;
     for (int i = 0; i < n; ++i) acc += pre[i] * x[static_cast<size_t>(i) * H + d];
     out.block_input[t * H + d] = acc;
     if (out.normed != nullptr) out.normed[t * H + d] = out.norm_weight[d] * (acc * inv_out);
   }
+}
+
+// grid (T, input_blocks + mix), mix 0 or 1; block kThreads. partial [T, SumRows(N), splits] fp64 as
+// MixSumsKernel wrote it; streams [T, N, H] fp32 (after its expand). Blocks y < input_blocks write
+// out.block_input [T, H] fp32 and out.normed [T, H] fp32 at [y · span, (y + 1) · span)
+// (InputBlock); block input_blocks, where the grid has it, out.post [T, N] and out.comb [T, N, N]
+// fp32 (MixBlock; otherwise CollapseMixKernel forms them on a stream of their own).
+__global__ void __launch_bounds__(kThreads)
+    CollapseFinishKernel(HyperConnectionArgs a, const float* streams, const double* partial, int splits, int span,
+                         int input_blocks, HyperCollapseOutput out) {
+  exl3::cuda::PdlEnter();
+  const size_t t = blockIdx.x;
+  const double* p = partial + t * SumRows(a.streams) * splits;
+  if (static_cast<int>(blockIdx.y) == input_blocks) {
+    MixBlock(a, p, splits, out, t);
+    return;
+  }
+  const int lo = blockIdx.y * span, hi = min(a.hidden, lo + span);
+  InputBlock(a, p, splits, streams + t * a.streams * a.hidden, lo, hi, out, t);
+}
+
+// grid T, block kThreads. partial [T, SumRows(N), splits] fp64 as MixSumsKernel wrote it →
+// out.post [T, N] and out.comb [T, N, N] fp32 (MixBlock): a collapse's mix, which its own block
+// does not read, on a stream forked from the collapse's (HyperMixStream).
+__global__ void __launch_bounds__(kThreads)
+    CollapseMixKernel(HyperConnectionArgs a, const double* partial, int splits, HyperCollapseOutput out) {
+  const size_t t = blockIdx.x;
+  MixBlock(a, partial + t * SumRows(a.streams) * splits, splits, out, t);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -472,12 +537,55 @@ size_t HyperCollapseScratchDoubles(const HyperConnectionArgs& a, int T) {
   return most * SumRows(a.streams);
 }
 
+absl::StatusOr<std::unique_ptr<HyperMixStream>> HyperMixStream::Create() {
+  std::unique_ptr<HyperMixStream> m(new HyperMixStream());
+  cudaStream_t side;
+  EXL3_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  m->side_ = side;
+  for (void** event : {&m->forked_, &m->done_}) {
+    cudaEvent_t e;
+    EXL3_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    *event = e;
+  }
+  return m;
+}
+
+HyperMixStream::~HyperMixStream() {
+  if (side_ != nullptr) cudaStreamSynchronize(S(side_));
+  for (void* e : {forked_, done_})
+    if (e != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  if (side_ != nullptr) cudaStreamDestroy(S(side_));
+}
+
+absl::Status HyperMixStream::Join(StreamHandle stream) {
+  if (!pending_) return absl::OkStatus();
+  pending_ = false;
+  EXL3_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(S(stream), static_cast<cudaEvent_t>(done_), 0));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StreamHandle> HyperMixStream::Fork(StreamHandle stream) {
+  EXL3_CUDA_RETURN_IF_ERROR(cudaEventRecord(static_cast<cudaEvent_t>(forked_), S(stream)));
+  EXL3_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(S(side_), static_cast<cudaEvent_t>(forked_), 0));
+  return side_;
+}
+
+absl::Status HyperMixStream::Forked() {
+  EXL3_CUDA_RETURN_IF_ERROR(cudaEventRecord(static_cast<cudaEvent_t>(done_), S(side_)));
+  pending_ = true;
+  return absl::OkStatus();
+}
+
 absl::Status HyperCollapse(const HyperConnectionArgs& a, const HyperExpandInput* expand, float* streams, int T,
-                           const HyperCollapseOutput& out, double* scratch, StreamHandle stream) {
+                           const HyperCollapseOutput& out, double* scratch, StreamHandle stream,
+                           HyperMixStream* mix_stream) {
   if (T == 0) return absl::OkStatus();
   if (absl::Status st = CheckStreams(a.streams); !st.ok()) return st;
   if (out.normed != nullptr && out.norm_weight == nullptr)
     return absl::InvalidArgumentError("hyper-connection collapse: a normed output needs the norm's weight");
+  // The last forked mix still reads the scratch the sums below write, and writes the post / comb
+  // an expand reads.
+  if (mix_stream != nullptr) EXL3_RETURN_IF_ERROR(mix_stream->Join(stream));
   const int n = a.streams, H = a.hidden;
   const int slice = CollapseSlice(H, T, n), splits = CeilDiv(H, slice);
   const HyperExpandInput ex = expand != nullptr ? *expand : HyperExpandInput{};
@@ -486,9 +594,16 @@ absl::Status HyperCollapse(const HyperConnectionArgs& a, const HyperExpandInput*
                         S(stream), a.fn, n, H, slice, ex, streams, scratch);
   if (absl::Status st = LaunchStatus("hyper-connection mix sums"); !st.ok()) return st;
   const int finish = std::clamp(CeilDiv(H, kFinishSpan), 1, kMaxFinishBlocks);
-  exl3::cuda::LaunchPdl(CollapseFinishKernel, dim3(T, finish + 1), dim3(kThreads), S(stream), a,
+  if (mix_stream != nullptr) {
+    EXL3_ASSIGN_OR_RETURN(const StreamHandle side, mix_stream->Fork(stream));
+    CollapseMixKernel<<<T, kThreads, 0, S(side)>>>(a, static_cast<const double*>(scratch), splits, out);
+    EXL3_RETURN_IF_ERROR(LaunchStatus("hyper-connection mix"));
+    EXL3_RETURN_IF_ERROR(mix_stream->Forked());
+  }
+  const int mix_block = mix_stream == nullptr ? 1 : 0;
+  exl3::cuda::LaunchPdl(CollapseFinishKernel, dim3(T, finish + mix_block), dim3(kThreads), S(stream), a,
                         static_cast<const float*>(streams), static_cast<const double*>(scratch), splits,
-                        CeilDiv(H, finish), out);
+                        CeilDiv(H, finish), finish, out);
   return LaunchStatus("hyper-connection collapse");
 }
 

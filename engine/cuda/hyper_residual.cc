@@ -1,5 +1,8 @@
 #include "engine/cuda/hyper_residual.h"
 
+#include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -62,6 +65,17 @@ absl::StatusOr<HyperFamily> HyperFamilyOf(const ModelConfig& cfg) {
   return absl::InternalError(absl::StrCat(cfg.architecture(), " has no hyper-connections"));
 }
 
+// EXL3_HC_MIX_STREAM=0 forms the collapses' post / comb on the model's stream, at the end of the
+// block input's launch, instead of on a side stream (HyperMixStream): for measuring what the side
+// stream gains. Read once.
+bool MixStreamEnabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("EXL3_HC_MIX_STREAM");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return enabled;
+}
+
 class HyperResidual final : public ResidualStream {
  public:
   HyperResidual(const ModelConfig& cfg, HyperFamily family, StreamHandle stream)
@@ -78,6 +92,9 @@ class HyperResidual final : public ResidualStream {
                             UploadNorm(src, p + family_.post_attention_norm, H, cfg_.norm_weights));
       EXL3_ASSIGN_OR_RETURN(L.mixer_hc, UploadHyperConnection(src, p + "hc_attn_", shape_));
       EXL3_ASSIGN_OR_RETURN(L.mlp_hc, UploadHyperConnection(src, p + "hc_ffn_", shape_));
+    }
+    if (MixStreamEnabled()) {
+      EXL3_ASSIGN_OR_RETURN(mix_stream_, HyperMixStream::Create());
     }
     EXL3_ASSIGN_OR_RETURN(final_norm_,
                           UploadNorm(src, TextModelPrefix(cfg_.moe) + "norm.weight", H, cfg_.norm_weights));
@@ -107,6 +124,9 @@ class HyperResidual final : public ResidualStream {
     return absl::OkStatus();
   }
   absl::Status Embed(const void* table, EmbeddingDType dtype, const int32_t* ids, int rows, float* x) override {
+    // A step starts with every mix joined; one that failed before its join owes none (a thrown-away
+    // capture's events cannot be waited for).
+    if (mix_stream_ != nullptr) mix_stream_->Forget();
     EXL3_RETURN_IF_ERROR(EmbedRows(table, dtype, ids, rows, cfg_.hidden_size, x, stream_));
     return BroadcastStreams(x, rows, shape_.streams, cfg_.hidden_size, streams_.get(), stream_);
   }
@@ -121,6 +141,8 @@ class HyperResidual final : public ResidualStream {
   absl::Status MlpOutput(int, int first, int n, float* d) override { return Expand(first, n, d); }
   absl::Status HeadInput(int, const float*, const int32_t* logit_rows, int R, float* head_in) override {
     const float eps = cfg_.rms_norm_eps;
+    // Nothing forked is left unjoined at the step's end (a graph's capture must join every fork).
+    if (mix_stream_ != nullptr) EXL3_RETURN_IF_ERROR(mix_stream_->Join(stream_));
     switch (family_.head) {
       case HyperHeadKind::kLearned:
         EXL3_RETURN_IF_ERROR(HyperHeadCollapse(head_fn_.get(), head_base_.get(), head_scale_, shape_.streams,
@@ -141,9 +163,10 @@ class HyperResidual final : public ResidualStream {
     DeviceArray<float> input_norm, post_attention_norm;
     HyperConnectionWeights mixer_hc, mlp_hc;
   };
-  // Rows [first, first + n): d = the collapse of their streams, x = rmsnorm(d) · norm (one pair of
-  // launches: HyperCollapse); the mix kept. expand_first: d (the previous block's output) joins the
-  // streams with the kept mix first.
+  // Rows [first, first + n): d = the collapse of their streams, x = rmsnorm(d) · norm (HyperCollapse);
+  // the mix kept, formed on mix_stream_'s side stream where there is one (joined by the next
+  // collapse or Expand, the mix's readers). expand_first: d (the previous block's output) joins
+  // the streams with the kept mix first.
   absl::Status Collapse(const HyperConnectionWeights& hc, const DeviceArray<float>& norm, int first, int n, float* d,
                         float* x, bool expand_first) {
     const size_t r = static_cast<size_t>(first), N = static_cast<size_t>(shape_.streams), H = cfg_.hidden_size;
@@ -159,11 +182,12 @@ class HyperResidual final : public ResidualStream {
     out.norm_eps = cfg_.rms_norm_eps;
     out.normed = x + r * H;
     return HyperCollapse(hc.args, expand_first ? &expand : nullptr, streams_.get() + r * N * H, n, out,
-                         collapse_scratch_.get(), stream_);
+                         collapse_scratch_.get(), stream_, mix_stream_.get());
   }
   // Rows [first, first + n): the block's output d expanded into their streams with the kept mix.
   absl::Status Expand(int first, int n, const float* d) {
     const size_t r = static_cast<size_t>(first), N = static_cast<size_t>(shape_.streams), H = cfg_.hidden_size;
+    if (mix_stream_ != nullptr) EXL3_RETURN_IF_ERROR(mix_stream_->Join(stream_));  // the mix it reads
     return HyperExpand(post_.get() + r * N, comb_.get() + r * N * N, d + r * H, n, shape_.streams, cfg_.hidden_size,
                        streams_.get() + r * N * H, stream_);
   }
@@ -179,6 +203,7 @@ class HyperResidual final : public ResidualStream {
   DeviceArray<float> streams_;  // [rows, N, hidden]
   DeviceArray<float> post_, comb_;  // the last collapse's mix: [rows, N], [rows, N, N]
   DeviceArray<double> collapse_scratch_;  // HyperCollapse's partial sums
+  std::unique_ptr<HyperMixStream> mix_stream_;  // null: EXL3_HC_MIX_STREAM=0
   DeviceArray<float> head_pre_;     // [logit rows, hidden]
 };
 

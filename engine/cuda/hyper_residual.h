@@ -3,6 +3,9 @@
 // collapses them into the block's input (and its post / comb mix), after it expands the block's
 // output back into them (engine/cuda/hyper_connection_kernels.h, the CPU engine's
 // engine/cpu/residual/hyper_connections.h); the head collapses each logit row's streams before the final norm.
+// A collapse's post / comb, read only by the expand after the block, are formed on a side stream
+// (HyperMixStream) while the block runs, and joined back before that expand (EXL3_HC_MIX_STREAM=0:
+// on the model's stream).
 // What differs, chosen at load from the config:
 //   DeepSeek-V4     norms attn_norm / ffn_norm (the checkpoints' names), a learned head (model.hc_head)
 //   GLM-5.3-Flash   norms input_layernorm / post_attention_layernorm under model.language_model.,

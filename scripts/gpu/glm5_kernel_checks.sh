@@ -51,6 +51,11 @@ bash scripts/gpu/glm5_next_model.sh "$BIN" "$MODEL" 6 "$OUT/glm5-model.log" "$(u
 timeout "$(upto 90)" "$BIN"/exl3-engine-bench --model "$MODEL" --context 1024,8192 --batch 1,8,32,64 --steps 12 \
   --json "$OUT/glm5-bench.json" > "$OUT/glm5-bench.log" 2>&1
 echo "bench exit $?"; grep -E "decode context|prefill|floor" "$OUT/glm5-bench.log" | head -20
+# The same decode with the collapses' post / comb on the model's stream (no side stream): what
+# HyperMixStream gains (engine/cuda/hyper_residual.h).
+EXL3_HC_MIX_STREAM=0 timeout "$(upto 60)" "$BIN"/exl3-engine-bench --model "$MODEL" --context 1024 --batch 1,8 \
+  --steps 12 --json "$OUT/glm5-bench-one-stream.json" > "$OUT/glm5-bench-one-stream.log" 2>&1
+echo "bench, mix on the model's stream: exit $?"; grep -E "decode context" "$OUT/glm5-bench-one-stream.log" | head -4
 # Before and after, in the same call: a baseline build's bench (bundle.sh BASELINE_BUILD) and this
 # one's, alternately, twice each.
 if [ -x "$BIN"/exl3-engine-bench-baseline ]; then

@@ -3,7 +3,9 @@
 // (block input, post and comb mix, and the block's normed input against RMS-normalising the CPU's
 // block input with a random weight), the expand from the CPU's mix, and the collapse that expands
 // first (HyperCollapse with an expand, in place on the arrays the residual stream passes: the
-// expand's mix and block output are the arrays it writes) against the CPU's Expand then Collapse.
+// expand's mix and block output are the arrays it writes) against the CPU's Expand then Collapse,
+// and those two collapses with their mix on a side stream, eagerly and from a captured CUDA graph,
+// against themselves on one stream (CheckForkedMix).
 // Prints lines starting with `label` giving ‖gpu − cpu‖ / ‖cpu‖ and checks the bounds the
 // families share.
 #pragma once
@@ -14,10 +16,13 @@
 #include <string>
 #include <vector>
 
+#include "base/status_macros.h"
 #include "engine/cpu/cpu_compute.h"
+#include "engine/cuda/decode_graphs.h"
 #include "engine/cuda/hyper_connection_kernels.h"
 #include "engine/cpu/residual/hyper_connections.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "model/safetensors.h"
 #include "tests/engine/cuda/gpu_test_support.h"
 
@@ -36,6 +41,95 @@ inline std::vector<float> RmsNormRows(const std::vector<float>& x, const std::ve
     for (int d = 0; d < H; ++d) y[static_cast<size_t>(t) * H + d] = w[d] * (xr[d] * inv);
   }
   return y;
+}
+
+// Two collapses as the residual stream runs a layer's (the second expands block_out [T, hidden]
+// into the streams [T, N, hidden] first, with the first's mix, then collapses them in place) on
+// one stream, then with their mix on a HyperMixStream's side stream eagerly, then replayed from a
+// CUDA graph captured on a stream of its own (DecodeGraphs::Capture; the side stream a fork and a
+// join of the graph): every output the same bits each way.
+inline void CheckForkedMix(const HyperConnectionArgs& a, const std::vector<float>& streams,
+                           const std::vector<float>& block_out, int T) {
+  const size_t N = static_cast<size_t>(a.streams), H = static_cast<size_t>(a.hidden);
+  const size_t rows = static_cast<size_t>(T);
+  DeviceArray<float> d_streams, d_out, d_input, d_post, d_comb, d_normed, d_norm;
+  DeviceArray<double> scratch;
+  ASSERT_TRUE(d_input.Reserve(rows * H).ok());
+  ASSERT_TRUE(d_normed.Reserve(rows * H).ok());
+  ASSERT_TRUE(d_post.Reserve(rows * N).ok());
+  ASSERT_TRUE(d_comb.Reserve(rows * N * N).ok());
+  ASSERT_TRUE(scratch.Reserve(HyperCollapseScratchDoubles(a, T)).ok());
+  ASSERT_TRUE(d_norm.Upload(std::vector<float>(H, 1.0f)).ok());
+  // Inputs as given, outputs NaN (so a launch that wrote nothing shows).
+  const std::vector<float> nan_rows(rows * H, NAN), nan_post(rows * N, NAN), nan_comb(rows * N * N, NAN);
+  auto reset = [&] {
+    ASSERT_TRUE(d_streams.Upload(streams).ok());
+    ASSERT_TRUE(d_out.Upload(block_out).ok());
+    ASSERT_TRUE(d_input.Upload(nan_rows).ok());
+    ASSERT_TRUE(d_normed.Upload(nan_rows).ok());
+    ASSERT_TRUE(d_post.Upload(nan_post).ok());
+    ASSERT_TRUE(d_comb.Upload(nan_comb).ok());
+    ASSERT_TRUE(exl3::cuda::Synchronize().ok());
+  };
+  auto layer = [&](StreamHandle stream, HyperMixStream* mix) -> absl::Status {
+    HyperCollapseOutput first;
+    first.block_input = d_input.get();
+    first.post = d_post.get();
+    first.comb = d_comb.get();
+    first.norm_weight = d_norm.get();
+    first.norm_eps = a.norm_eps;
+    first.normed = d_normed.get();
+    EXL3_RETURN_IF_ERROR(HyperCollapse(a, nullptr, d_streams.get(), T, first, scratch.get(), stream, mix));
+    HyperExpandInput ex;
+    ex.post = d_post.get();
+    ex.comb = d_comb.get();
+    ex.block_output = d_out.get();
+    HyperCollapseOutput second = first;
+    second.block_input = d_out.get();
+    EXL3_RETURN_IF_ERROR(HyperCollapse(a, &ex, d_streams.get(), T, second, scratch.get(), stream, mix));
+    return mix != nullptr ? mix->Join(stream) : absl::OkStatus();
+  };
+  struct Outputs {
+    std::vector<float> streams, input, out, post, comb, normed;
+    bool operator==(const Outputs& o) const {
+      return streams == o.streams && input == o.input && out == o.out && post == o.post && comb == o.comb &&
+             normed == o.normed;
+    }
+  };
+  auto outputs = [&](StreamHandle stream) {
+    EXPECT_TRUE(exl3::cuda::Synchronize(stream).ok());
+    return Outputs{ToHost(d_streams, rows * N * H), ToHost(d_input, rows * H), ToHost(d_out, rows * H),
+                   ToHost(d_post, rows * N),        ToHost(d_comb, rows * N * N), ToHost(d_normed, rows * H)};
+  };
+  reset();
+  ASSERT_TRUE(layer(nullptr, nullptr).ok());
+  const Outputs want = outputs(nullptr);
+  for (const float v : want.comb) ASSERT_FALSE(std::isnan(v)) << "the one-stream collapse wrote no comb";
+
+  auto stream = exl3::cuda::StreamCreate();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  auto mix = HyperMixStream::Create();
+  ASSERT_TRUE(mix.ok()) << mix.status();
+  reset();
+  ASSERT_TRUE(layer(*stream, mix->get()).ok());
+  const bool eager_same = outputs(*stream) == want;
+  EXPECT_TRUE(eager_same) << "the collapses with their mix on a side stream differ";
+
+  DecodeGraphs graphs(/*enabled=*/true, /*verify_steps=*/false);
+  DecodeGraph& g = graphs.Get(1, 1, 0, 0);
+  ASSERT_TRUE(graphs.Capture(g, *stream, [&] { return layer(*stream, mix->get()); }).ok());
+  ASSERT_TRUE(graphs.enabled() && g.exec != nullptr) << "the forked collapses did not capture";
+  bool graph_same = true;
+  for (int replay = 0; replay < 2; ++replay) {
+    reset();
+    ASSERT_TRUE(graphs.Replay(g, *stream).ok());
+    graph_same = graph_same && outputs(*stream) == want;
+  }
+  EXPECT_TRUE(graph_same) << "the collapses replayed from a graph differ";
+  std::printf("hyper-connection mix on a side stream, %d streams x %d, T %d: eager %s, graph %s\n", a.streams,
+              a.hidden, T, eager_same ? "same bits" : "DIFFERENT", graph_same ? "same bits" : "DIFFERENT");
+  graphs.Drop();
+  exl3::cuda::StreamDestroy(*stream);
 }
 
 inline void CheckHyperConnectionAgainstCpu(const TensorSource& src, const std::string& prefix,
@@ -78,7 +172,7 @@ inline void CheckHyperConnectionAgainstCpu(const TensorSource& src, const std::s
   out.norm_weight = d_norm.get();
   out.norm_eps = shape.norm_eps;
   out.normed = d_normed.get();
-  ASSERT_TRUE(HyperCollapse(a, nullptr, d_streams.get(), T, out, scratch.get(), nullptr).ok());
+  ASSERT_TRUE(HyperCollapse(a, nullptr, d_streams.get(), T, out, scratch.get(), nullptr, nullptr).ok());
   const std::vector<float> got_input = ToHost(d_input, input.size());
   const double rel_in = RelativeError(got_input, input);
   const double rel_post = RelativeError(ToHost(d_post, mix.post.size()), mix.post);
@@ -89,7 +183,7 @@ inline void CheckHyperConnectionAgainstCpu(const TensorSource& src, const std::s
   // float rounding or two.
   const double rel_norm_own = RelativeError(got_normed, RmsNormRows(got_input, norm_weight, T, H, shape.norm_eps));
   // Twice, the same bits (every sum in a fixed order).
-  ASSERT_TRUE(HyperCollapse(a, nullptr, d_streams.get(), T, out, scratch.get(), nullptr).ok());
+  ASSERT_TRUE(HyperCollapse(a, nullptr, d_streams.get(), T, out, scratch.get(), nullptr, nullptr).ok());
   EXPECT_EQ(ToHost(d_input, input.size()), got_input) << "collapse not deterministic";
   EXPECT_EQ(ToHost(d_normed, input.size()), got_normed) << "collapse norm not deterministic";
 
@@ -126,7 +220,7 @@ inline void CheckHyperConnectionAgainstCpu(const TensorSource& src, const std::s
   out.block_input = io2.get();
   out.post = post2.get();
   out.comb = comb2.get();
-  ASSERT_TRUE(HyperCollapse(a, &ex, s2.get(), T, out, scratch.get(), nullptr).ok());
+  ASSERT_TRUE(HyperCollapse(a, &ex, s2.get(), T, out, scratch.get(), nullptr, nullptr).ok());
   const double rel_streams2 = RelativeError(ToHost(s2, streams.size()), expanded);
   const double rel_in2 = RelativeError(ToHost(io2, input2.size()), input2);
   const double rel_post2 = RelativeError(ToHost(post2, mix2.post.size()), mix2.post);
@@ -140,6 +234,8 @@ inline void CheckHyperConnectionAgainstCpu(const TensorSource& src, const std::s
   EXPECT_LT(rel_post2, 1e-5);
   EXPECT_LT(rel_comb2, 1e-5);
   EXPECT_LT(rel_normed2, 1e-5);
+
+  CheckForkedMix(a, streams, block_out, T);
 }
 
 }  // namespace exl3::engine::cuda::testing
