@@ -10,7 +10,7 @@
 #     engine_cuda_kda_test engine_cuda_kpool_test engine_cuda_model_test exl3-engine-bench exl3-tool" scripts/gpu/bundle.sh build
 # and these fixtures, the rest set aside to fit a call:
 #   scripts/dev/fixtures_aside.sh out glm4_moe_all glm4_moe_experts deepseek_v4_all deepseek_v4_experts \
-#     glm5_next_all glm5_next_experts
+#     glm5_next_all glm5_next_experts qwen4_exp_experts qwen4_exp_all deepseek_v3_all qwen3_next_all
 #   bash scripts/gpu/glm5_kernel_checks.sh        (LIMIT: seconds it may take, default 400)
 # Logs and the benchmark's JSON in $OUT.
 cd "$(dirname "$0")/../.."
@@ -42,7 +42,7 @@ timeout "$(upto 60)" "$BIN"/engine_cuda_kda_test > "$OUT/kda.log" 2>&1; echo "kd
 timeout "$(upto 60)" "$BIN"/engine_cuda_kpool_test > "$OUT/kpool.log" 2>&1; echo "kpool exit $?"; show "$OUT/kpool.log" "x" 4
 echo "=== whole models ($(el) s)"
 timeout "$(upto 150)" "$BIN"/engine_cuda_model_test \
-  --gtest_filter='GqaFamilies/*glm4_moe*:Dsv4Family/*:Glm5NextFamily/*:HyperConnectedFamilies/*:CudaKernelsTest.*' \
+  --gtest_filter='Dsv4Family/*:Glm5NextFamily/*:HyperConnectedFamilies/*:Fixtures/CudaVerifyGraphTest.*:CudaKernelsTest.*' \
   > "$OUT/model.log" 2>&1
 echo "exit $?"; show "$OUT/model.log" "tokens|rel" 40
 echo "=== GLM-5.3-Flash synthetic, 6 layers ($(el) s)"
