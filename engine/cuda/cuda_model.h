@@ -103,6 +103,18 @@ class CudaModel final : public ModelRunner {
   const ModelConfig& config() const { return cfg_; }
   absl::Status AllocateKvCache(const KvCacheShape& shape) override;
   absl::Status Forward(const StepBatch& batch, float* logits) override;
+  // A verify chunk runs as a decode-like chunk of several tokens (in a verify graph where every
+  // chunk of the step has the same length, engine/cuda/decode_graphs.h) and wants the logits of its
+  // last rows (StepTokens::logit_tokens). Attention keeps nothing of a rejected position but
+  // its cache slot, which the sequence's next chunk overwrites before anything reads it: GLM-5.3-
+  // Flash's k-pooled indexer and Qwen4-Exp's QSA form each query's pool / block keys afresh from
+  // the complete pools at or before its own position (engine/cuda/kpool_indexer_kernels.h,
+  // qsa_kernels.h). Recurrent layers (gated DeltaNet, KDA, PLE) keep a verify chunk's state after
+  // each of its positions in the device store (engine/cuda/device_sequence_states.h) and PLE's
+  // windows their contexts (engine/cuda/ple_windows.h). DeepSeek-V4's compressors keep their
+  // accumulators after each verify row per state slot, and the next chunk restores the accepted
+  // length's before folding on (engine/cuda/dsv4_kept_row_slots.h); the entries of windows that
+  // rejected drafts closed are written again before anything reads them.
   absl::Status CheckDraftVerification() const override;
   // Prompt chunks wanting every row run eagerly like any prefill chunk; the step's logit rows
   // (StepTokens::logit_tokens) come back whatever their number.

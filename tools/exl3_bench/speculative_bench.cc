@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -88,6 +89,16 @@ double DecodeTokensPerSecond(const std::vector<std::vector<std::pair<Clock::time
   }
   const double window = Seconds(end - start);
   return window > 0 ? tokens / window : 0;
+}
+
+// SpeculativeBenchRow::modeled_tokens_per_s from the row's measured steps.
+double ModeledTokensPerSecond(const SpeculativeBenchRow& row, engine::DraftLengthPolicy policy) {
+  if (row.k == 0) return row.mean_step_s > 0 ? row.batch / row.mean_step_s : 0;
+  if (policy != engine::DraftLengthPolicy::kFixed || row.mean_verify_step_s <= 0) return 0;
+  const double p = row.acceptance;
+  // Tokens a verify chunk yields: accepted drafts until the first rejection, plus the target's own.
+  const double tokens = p >= 1 ? row.k + 1 : (1 - std::pow(p, row.k + 1)) / (1 - p);
+  return row.batch * tokens / row.mean_verify_step_s;
 }
 
 // Every prompt at once, greedy, decode_tokens each, with the request's draft cap k.
@@ -213,6 +224,7 @@ absl::StatusOr<std::vector<SpeculativeBenchRow>> RunSpeculativeBench(
       row.decode_tokens_per_s = r.decode_tokens_per_s;
       row.seconds = r.seconds;
       times.Fill(row);
+      row.modeled_tokens_per_s = ModeledTokensPerSecond(row, o.draft_length);
       const engine::SpeculativeCounters after = engine.Stats().speculative;
       row.draft_tokens = after.num_draft_tokens - before.num_draft_tokens;
       row.accepted_tokens = after.num_accepted_tokens - before.num_accepted_tokens;
@@ -242,30 +254,38 @@ absl::StatusOr<std::vector<SpeculativeBenchRow>> RunSpeculativeBench(
 void PrintSpeculativeBench(const std::vector<SpeculativeBenchRow>& rows, FILE* out, FILE* json) {
   std::fprintf(out, "| batch | k | acceptance p | decode tokens/s | vs plain | steps | mean step ms | verify steps | "
                     "mean verify step ms | draft tokens | accepted | accepted/drafted | tokens differ | "
-                    "widest top-2 gap where one differs |\n"
-                    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  double plain_rate = 0;
+                    "widest top-2 gap where one differs | tokens/s if p held (from the steps) | vs plain |\n"
+                    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  double plain_rate = 0, plain_modeled = 0;
   for (const SpeculativeBenchRow& r : rows) {
-    if (r.k == 0) plain_rate = r.decode_tokens_per_s;
+    if (r.k == 0) {
+      plain_rate = r.decode_tokens_per_s;
+      plain_modeled = r.modeled_tokens_per_s;
+    }
+    const std::string modeled = r.modeled_tokens_per_s > 0 ? absl::StrFormat("%.1f", r.modeled_tokens_per_s) : "-";
+    const std::string modeled_ratio = r.modeled_tokens_per_s > 0 && plain_modeled > 0
+                                          ? absl::StrFormat("%.2fx", r.modeled_tokens_per_s / plain_modeled)
+                                          : "-";
     const double ratio = r.draft_tokens > 0 ? static_cast<double>(r.accepted_tokens) / r.draft_tokens : 0;
     const std::string gap = r.requests_differing > 0 ? absl::StrFormat("%.2e", r.widest_gap_at_difference) : "-";
-    std::fprintf(out, "| %d | %s | %s | %.1f | %.2fx | %lld | %.3f | %lld | %.3f | %lld | %lld | %.3f | %d | %s |\n", r.batch,
+    std::fprintf(out, "| %d | %s | %s | %.1f | %.2fx | %lld | %.3f | %lld | %.3f | %lld | %lld | %.3f | %d | %s | %s | %s |\n",
+                 r.batch,
                  r.k == 0 ? "plain" : std::to_string(r.k).c_str(),
                  r.k == 0 ? "-" : absl::StrCat(r.acceptance).c_str(), r.decode_tokens_per_s,
                  plain_rate > 0 ? r.decode_tokens_per_s / plain_rate : 0.0, static_cast<long long>(r.steps),
                  r.mean_step_s * 1e3, static_cast<long long>(r.verify_steps), r.mean_verify_step_s * 1e3,
                  static_cast<long long>(r.draft_tokens), static_cast<long long>(r.accepted_tokens), ratio,
-                 r.requests_differing, gap.c_str());
+                 r.requests_differing, gap.c_str(), modeled.c_str(), modeled_ratio.c_str());
     if (json != nullptr) {
       std::fprintf(json,
                    "{\"bench\":\"engine_speculative\",\"batch\":%d,\"k\":%d,\"acceptance\":%.3f,"
                    "\"decode_tokens_per_s\":%.2f,\"steps\":%lld,\"mean_step_s\":%.6f,\"verify_steps\":%lld,"
                    "\"mean_verify_step_s\":%.6f,\"draft_tokens\":%lld,\"accepted_tokens\":%lld,"
-                   "\"requests_differing\":%d,\"widest_gap_at_difference\":%.6g}\n",
+                   "\"requests_differing\":%d,\"widest_gap_at_difference\":%.6g,\"modeled_tokens_per_s\":%.2f}\n",
                    r.batch, r.k, r.acceptance, r.decode_tokens_per_s, static_cast<long long>(r.steps), r.mean_step_s,
                    static_cast<long long>(r.verify_steps), r.mean_verify_step_s,
                    static_cast<long long>(r.draft_tokens), static_cast<long long>(r.accepted_tokens),
-                   r.requests_differing, r.widest_gap_at_difference);
+                   r.requests_differing, r.widest_gap_at_difference, r.modeled_tokens_per_s);
     }
   }
 }

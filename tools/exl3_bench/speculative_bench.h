@@ -52,6 +52,11 @@ struct SpeculativeBenchRow {
   int64_t verify_steps = 0;    // steps with at least one verify chunk
   double mean_step_s = 0;      // forward + sampling, over the steps that decode and prefill nothing
   double mean_verify_step_s = 0;
+  // What the measured steps give if every draft is accepted with probability p (the recorded
+  // drafter's acceptance falls below p once a request leaves the recorded tokens): plain, batch /
+  // mean step; fixed k, batch x (1 - p^(k+1)) / (1 - p) / mean verify step. 0 where not modelled
+  // (adaptive draft length, no verify step).
+  double modeled_tokens_per_s = 0;
   int64_t draft_tokens = 0, accepted_tokens = 0;
   int requests_differing = 0;  // requests whose tokens differ from the plain run's
   // Over the requests that differ: the plain run's top-2 logprob gap at the first token that

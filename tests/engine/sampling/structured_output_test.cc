@@ -139,6 +139,22 @@ class StructuredOutputTest : public ::testing::Test {
     return g.ok() ? *g : nullptr;
   }
 
+  // JSON integers over the test tokenizer with one token renamed to end inside a UTF-8 character
+  // (tests/engine/partial_character_tokenizer.h): xgrammar's mask allows it where an integer
+  // starts and its matcher refuses it. Null (with a test failure) where it does not compile.
+  static std::shared_ptr<const TokenGrammar> IntegerGrammarWithAPartialCharacterToken() {
+    std::ifstream in(kTokenizer);
+    std::stringstream text;
+    text << in.rdbuf();
+    auto compiler = TokenGrammarCompiler::FromTokenizerJson(
+        testing::TokenizerWithAPartialCharacterToken(text.str()), 512, {kEos});
+    EXPECT_TRUE(compiler.ok()) << compiler.status();
+    if (!compiler.ok()) return nullptr;
+    auto grammar = (*compiler)->Compile({ConstraintKind::kJsonSchema, R"({"type": "integer"})", {}});
+    EXPECT_TRUE(grammar.ok()) << grammar.status();
+    return grammar.ok() ? *grammar : nullptr;
+  }
+
   static GenerateParams Params(std::optional<uint64_t> seed, int max_tokens = 160) {
     GenerateParams p;
     p.prompt = {3, 40, 41, 42, 43, 5};
@@ -384,18 +400,12 @@ TEST_F(StructuredOutputTest, ARunnerSampledTokenTheMatcherRefusesIsDrawnAgainOnT
   // refuses (tests/engine/partial_character_tokenizer.h): the runner draws it, the constraint
   // refuses it, the engine draws the row again from the runner's masked logits; the tokens are
   // the host path's and the output an integer.
-  std::ifstream in(kTokenizer);
-  std::stringstream text;
-  text << in.rdbuf();
-  auto compiler = TokenGrammarCompiler::FromTokenizerJson(
-      testing::TokenizerWithAPartialCharacterToken(text.str()), 512, {kEos});
-  ASSERT_TRUE(compiler.ok()) << compiler.status();
-  auto grammar = (*compiler)->Compile({ConstraintKind::kJsonSchema, R"({"type": "integer"})", {}});
-  ASSERT_TRUE(grammar.ok()) << grammar.status();
+  const std::shared_ptr<const TokenGrammar> grammar = IntegerGrammarWithAPartialCharacterToken();
+  ASSERT_NE(grammar, nullptr);
   std::vector<GenerateParams> params;
   for (std::optional<uint64_t> seed : {std::optional<uint64_t>{}, std::optional<uint64_t>{5}}) {
     GenerateParams p = Params(seed, 12);
-    p.sampling.grammar = *grammar;
+    p.sampling.grammar = grammar;
     params.push_back(p);
   }
   const TokenBias favoured{testing::kPartialCharacterToken, 100.0f};
@@ -439,18 +449,12 @@ TEST_F(StructuredOutputTest, ATokenTheMaskAllowsButTheMatcherRefusesIsDrawnAgain
   // +100 on a token xgrammar's mask allows where an integer starts and its matcher refuses
   // (tests/engine/partial_character_tokenizer.h): greedy and sampled, the engine draws the next
   // token instead and the output is an integer.
-  std::ifstream in(kTokenizer);
-  std::stringstream text;
-  text << in.rdbuf();
-  auto compiler = TokenGrammarCompiler::FromTokenizerJson(
-      testing::TokenizerWithAPartialCharacterToken(text.str()), 512, {kEos});
-  ASSERT_TRUE(compiler.ok()) << compiler.status();
-  auto grammar = (*compiler)->Compile({ConstraintKind::kJsonSchema, R"({"type": "integer"})", {}});
-  ASSERT_TRUE(grammar.ok()) << grammar.status();
+  const std::shared_ptr<const TokenGrammar> grammar = IntegerGrammarWithAPartialCharacterToken();
+  ASSERT_NE(grammar, nullptr);
   std::vector<GenerateParams> params;
   for (std::optional<uint64_t> seed : {std::optional<uint64_t>{}, std::optional<uint64_t>{5}}) {
     GenerateParams p = Params(seed, 12);
-    p.sampling.grammar = *grammar;
+    p.sampling.grammar = grammar;
     p.sampling.logit_bias = {{testing::kPartialCharacterToken, 100.0f}};
     params.push_back(p);
   }
