@@ -1,0 +1,271 @@
+"""The MTP judge (issue 31): exllamav3 drafts with a fixture's MTP head on the same EXL3 weights, and
+its greedy drafts are compared with the fixture's reference drafts (the argmax of each row of
+reference.safetensors' `mtp_logits.i`, which the engine matches on the CPU and the GPU:
+tests/fixtures/engine/README.md, "MTP fixtures").
+
+    python3 exllamav3_mtp_drafts.py --fixtures tests/fixtures/engine [--names glm_moe_dsa_mtp,...] --out FILE.json
+    python3 exllamav3_mtp_drafts.py --list       # the fixtures it would check, and those it refuses
+    python3 exllamav3_mtp_drafts.py --dry-run    # read each fixture's reference (no exllamav3, no GPU)
+
+On the GPU machine, with exllamav3 importable (scripts/gpu/exllamav3_mtp.sh). For each directory:
+exllamav3's Config / Model load the trunk ("text") and the MTP head ("mtp" component, attach_to the
+trunk: it borrows the embedding and lm_head) onto cuda:0. One uncached forward pass (attn_mode
+flash_attn_nc) over prompt + greedy exports the trunk's final-norm state (the draft_verifier_params
+the head's attach_to sets, as the generator passes them); the head then runs over the same positions
+and the trunk's lm_head gives its logits. Two alignments of the head's input:
+
+  fixture    position r: hidden state r and token r + 1 (the reference's: row r of mtp_logits);
+  generator  position r: hidden state r - 1 (zeros at r = 0) and token r, as exllamav3's generator
+             prefills its draft cache (generator/job.py, the shifted hidden with a zero carry): the
+             head's attention then sees one more position (token 0 over a zero state) and its
+             positions run one later; its row r + 1 is compared with the reference's row r.
+
+Per fixture and alignment: drafts compared (every row: a draft of the next-but-one token at each
+position), equal, the first difference (row, both tokens, the reference's top-2 gap there and
+exllamav3's) and the mean row error of the logits. Families for which exllamav3 1.6.5 has no MTP
+head (NO_MTP) are refused by name; a fixture whose config exllamav3 refuses (the base fixtures'
+settings: scripts/conformance/exllamav3_config_check.py --component text,mtp says why) is reported
+with exllamav3's error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import traceback
+
+# The fixture families (reference.json "family") with an MTP head in exllamav3 1.6.5, each with its
+# class (the wheel's exllamav3/architecture/*_mtp.py), and those it has none for.
+HAS_MTP = {
+    "glm_moe_dsa": "GlmMoeDsaMTPModel (architecture/glm_moe_dsa_mtp.py; model.layers.N.*)",
+    "glm5_next": "Glm5NextMTPModel (architecture/glm5_next_mtp.py; model.language_model.layers.N.*)",
+    "qwen4_exp": "Qwen4ExpMTPModel (architecture/qwen4_exp_mtp.py; mtp.*)",
+    "deepseek_v4": "DeepseekV4MTPModel (architecture/deepseek_v4_mtp.py)",
+}
+NO_MTP = {
+    "deepseek_v3": "exllamav3 1.6.5 has no MTP head for DeepseekV3ForCausalLM (its DeepseekV3Config "
+                   "builds only the text component)",
+    "glm4_moe": "exllamav3 1.6.5 has no MTP head for Glm4MoeForCausalLM (text only; its MTP class is "
+                "Glm4MoeLite's, another architecture)",
+}
+ALIGNMENTS = ("fixture", "generator")
+
+
+def log(msg: str) -> None:
+    print(f"exllamav3_mtp_drafts: {msg}", flush=True)
+
+
+def family_of(directory: str) -> str:
+    with open(os.path.join(directory, "reference.json")) as f:
+        return json.load(f)["family"]
+
+
+def refusal(directory: str) -> str | None:
+    """Why exllamav3 cannot judge this fixture's MTP drafts, or None."""
+    if not os.path.isfile(os.path.join(directory, "reference.json")):
+        return "no reference.json"
+    family = family_of(directory)
+    if family in NO_MTP:
+        return NO_MTP[family]
+    if family not in HAS_MTP:
+        return f"family {family!r}: not an MTP family exllamav3_mtp_drafts.py knows"
+    return None
+
+
+def default_names(fixtures: str) -> list[str]:
+    return sorted(os.path.basename(d) for d in glob.glob(os.path.join(fixtures, "*_mtp"))
+                  if os.path.isdir(d))
+
+
+def read_reference(directory: str) -> list:
+    """(index, prompt, greedy, mtp_logits) per prompt, checked against each other: mtp_logits has a
+    row per token of prompt + greedy but the last."""
+    import torch
+    from safetensors import safe_open
+
+    ref = safe_open(os.path.join(directory, "reference.safetensors"), "pt")
+    with open(os.path.join(directory, "reference.json")) as f:
+        meta = json.load(f)
+    out = []
+    for p in meta["prompts"]:
+        i = p["index"] if "index" in p else len(out)
+        prompt = ref.get_tensor(f"prompt.{i}").long()
+        greedy = ref.get_tensor(f"greedy.{i}").long()
+        want = ref.get_tensor(f"mtp_logits.{i}").float()
+        if want.shape[0] != prompt.numel() + greedy.numel() - 1:
+            raise ValueError(f"{directory}: mtp_logits.{i} has {want.shape[0]} rows for "
+                             f"{prompt.numel()} + {greedy.numel()} tokens (one fewer expected)")
+        out.append((i, prompt, greedy, want))
+    return out
+
+
+def top2_gap(row) -> float:
+    top = row.topk(2).values
+    return float(top[0] - top[1])
+
+
+def compare(got, want) -> dict:
+    """Drafts (argmax per row) and logits of exllamav3 against the reference, row for row."""
+    got = got[: want.shape[0], : want.shape[1]]
+    a, b = got.argmax(-1), want.argmax(-1)
+    rel = ((got - want).norm(dim=-1) / want.norm(dim=-1)).tolist()
+    out = {"compared": int(want.shape[0]), "equal": int((a == b).sum()),
+           "mean_row_rel": sum(rel) / len(rel), "worst_row_rel": max(rel)}
+    diff = (a != b).nonzero().flatten().tolist()
+    if diff:
+        r = diff[0]
+        out["first_difference"] = {"row": r, "reference": int(b[r]), "exllamav3": int(a[r]),
+                                   "reference_top2_gap": top2_gap(want[r]),
+                                   "exllamav3_top2_gap": top2_gap(got[r])}
+    return out
+
+
+def mtp_logits(model, mtp, ids, alignment: str):
+    """exllamav3's MTP logits over a teacher-forced sequence, rows aligned with the reference's."""
+    import torch
+
+    params = {"attn_mode": "flash_attn_nc"}
+    params.update(mtp.draft_verifier_params)
+    model.forward(ids, params)
+    states = params.get("export_states")
+    if not states:
+        raise RuntimeError("the trunk exported no state for the MTP head (draft_verifier_params "
+                           f"{mtp.draft_verifier_params})")
+    hidden = states[-1]
+    if alignment == "fixture":
+        head_ids, head_hidden = ids[:, 1:], hidden[:, :-1, :]
+    else:
+        head_ids = ids
+        head_hidden = torch.cat((torch.zeros_like(hidden[:, :1, :]), hidden[:, :-1, :]), dim=1)
+    state = mtp.forward(head_ids, {"attn_mode": "flash_attn_nc", "target_hidden": head_hidden})
+    lm_head = model.modules[model.logit_layer_idx]
+    logits = lm_head.forward(lm_head.prepare_for_device(state, {}), {}).float().cpu()[0]
+    return logits if alignment == "fixture" else logits[1:]
+
+
+def check(directory: str, alignments: list[str]) -> dict:
+    import torch
+    from exllamav3 import Config, Model
+
+    prompts = read_reference(directory)
+    config = Config.from_directory(directory)
+    if "mtp" not in config.model_classes:
+        raise RuntimeError(f"{type(config).__name__} built no 'mtp' component (it has "
+                           f"{', '.join(config.model_classes)}): the MTP tensors are not where "
+                           "exllamav3 looks for them")
+    model = Model.from_config(config)
+    mtp = Model.from_config(config, component="mtp")
+    model.load("cuda:0")
+    mtp.load("cuda:0")
+    mtp.attach_to(model)
+    out = {"architecture": config.architecture, "alignments": {}}
+    try:
+        for alignment in alignments:
+            per = []
+            for i, prompt, greedy, want in prompts:
+                ids = torch.cat([prompt, greedy]).view(1, -1)
+                with torch.inference_mode():
+                    got = mtp_logits(model, mtp, ids, alignment)
+                per.append({"index": i, **compare(got, want)})
+            total = {"compared": sum(p["compared"] for p in per), "equal": sum(p["equal"] for p in per),
+                     "prompts": per}
+            total["first_difference"] = next(({"prompt": p["index"], **p["first_difference"]}
+                                              for p in per if "first_difference" in p), None)
+            out["alignments"][alignment] = total
+    finally:
+        mtp.unload()
+        model.unload()
+        del mtp, model
+        torch.cuda.empty_cache()
+    return out
+
+
+def dry_run(directory: str) -> dict:
+    """What can be checked without exllamav3: the fixture's family, files and reference drafts."""
+    prompts = read_reference(directory)
+    return {"family": family_of(directory), "prompts": len(prompts),
+            "drafts": sum(int(w.shape[0]) for _, _, _, w in prompts),
+            "min_top2_gap": min(min(top2_gap(r) for r in w) for _, _, _, w in prompts)}
+
+
+def summary(name: str, r: dict) -> str:
+    parts = []
+    for alignment, a in r["alignments"].items():
+        s = f"{alignment}: {a['equal']}/{a['compared']} drafts equal"
+        d = a["first_difference"]
+        if d:
+            s += (f", first difference prompt {d['prompt']} row {d['row']} (reference {d['reference']}, "
+                  f"exllamav3 {d['exllamav3']}; top-2 gap reference {d['reference_top2_gap']:.3g}, "
+                  f"exllamav3 {d['exllamav3_top2_gap']:.3g})")
+        s += ", mean row rel " + ", ".join(f"{p['mean_row_rel']:.2e}" for p in a["prompts"])
+        parts.append(s)
+    return f"{name}: {r['architecture']}: " + "; ".join(parts)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fixtures", default="tests/fixtures/engine")
+    ap.add_argument("--names", default="", help="comma-separated fixture directories (default: every *_mtp)")
+    ap.add_argument("--alignment", default=",".join(ALIGNMENTS),
+                    help=f"comma-separated, of {', '.join(ALIGNMENTS)} (default both)")
+    ap.add_argument("--out", help="the results (JSON)")
+    ap.add_argument("--list", action="store_true", help="print what would be checked and refused, and exit")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="read each fixture's reference (no exllamav3, no GPU), and exit")
+    args = ap.parse_args(argv)
+    alignments = args.alignment.split(",")
+    for a in alignments:
+        if a not in ALIGNMENTS:
+            ap.error(f"--alignment {a}: one of {', '.join(ALIGNMENTS)}")
+    names = args.names.split(",") if args.names else default_names(args.fixtures)
+    if not names:
+        ap.error(f"no *_mtp fixture under {args.fixtures}")
+    refused = {n: refusal(os.path.join(args.fixtures, n)) for n in names}
+    if args.list:
+        for name, why in refused.items():
+            print(f"check {name}" if why is None else f"refuse {name}: {why}")
+        return 0
+    for name, why in refused.items():
+        if why is not None:
+            log(f"{name}: refused: {why}")
+    names = [n for n in names if refused[n] is None]
+    if args.dry_run:
+        failed = 0
+        for name in names:
+            try:
+                log(f"{name}: {dry_run(os.path.join(args.fixtures, name))}")
+            except (OSError, ValueError, KeyError) as e:
+                failed += 1
+                log(f"{name}: cannot be checked: {type(e).__name__}: {e}")
+        return 1 if failed else 0
+    if not args.out:
+        ap.error("--out is required")
+    try:
+        from exllamav3.version import __version__ as version
+    except Exception:
+        version = "unknown"
+    results = {n: {"refused": why} for n, why in refused.items() if why is not None}
+    for name in names:
+        try:
+            r = check(os.path.join(args.fixtures, name), alignments)
+            results[name] = r
+            log(summary(name, r))
+        except Exception as e:
+            traceback.print_exc()
+            results[name] = {"error": f"{type(e).__name__}: {e}"}
+            log(f"{name}: refused or failed: {type(e).__name__}: {e}")
+        with open(args.out, "w") as f:
+            json.dump({"exllamav3": version, "fixtures": results}, f, indent=1)
+    with open(args.out, "w") as f:
+        json.dump({"exllamav3": version, "fixtures": results}, f, indent=1)
+    same = [n for n, r in results.items() if "alignments" in r and
+            all(a["equal"] == a["compared"] for a in r["alignments"].values())]
+    log(f"{len(same)} of {len(names)} fixtures checked draft as the reference in every alignment")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

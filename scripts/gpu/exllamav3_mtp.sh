@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The MTP judge on the GPU machine (issue 31): exllamav3 1.6.5 drafts with the MTP head of each
+# tests/fixtures/engine/*_mtp fixture and its drafts are compared with the fixture's reference drafts
+# (scripts/conformance/exllamav3_mtp_drafts.py). Carry .exl3v3-a and .exl3v3-b
+# (scripts/gpu/exllamav3_stage.sh); of tests/fixtures/engine only the directories named need to come.
+#   bash scripts/gpu/exllamav3_mtp.sh [NAMES]   (comma-separated; default: every *_mtp fixture whose
+#   reference.safetensors came along; the families exllamav3 has no MTP head for are refused by name:
+#   `python3 scripts/conformance/exllamav3_mtp_drafts.py --list`)
+# $OUT: mtp_drafts.json and mtp_drafts.log.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+SKIPPED=
+if [ -n "${1:-}" ]; then
+  NAMES=$1
+else
+  NAMES=
+  for d in tests/fixtures/engine/*_mtp; do
+    [ -d "$d" ] || continue
+    if [ -f "$d/reference.safetensors" ]; then NAMES=${NAMES:+$NAMES,}${d##*/}; else SKIPPED="$SKIPPED ${d##*/}"; fi
+  done
+  [ -n "$NAMES" ] || { echo "exllamav3_mtp: no *_mtp fixture with reference.safetensors"; exit 2; }
+fi
+{
+  [ -z "$SKIPPED" ] || echo "exllamav3_mtp: skipped (no reference.safetensors):$SKIPPED"
+  echo "exllamav3_mtp: checking $NAMES"
+  [ -d "${EXL3V3_SITE:-/tmp/site}/exllamav3" ] && [ -d "${EXL3V3_SITE:-/tmp/site}/pydantic" ] ||
+    { bash scripts/gpu/exllamav3_install.sh > "$OUT/install.log" 2>&1 &&
+      bash scripts/gpu/exllamav3_wheels.sh > "$OUT/wheels.log" 2>&1; } || { echo "install failed"; tail -5 "$OUT/install.log"; exit 2; }
+  PYTHONPATH="${EXL3V3_SITE:-/tmp/site}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 \
+    timeout ${MTP_TIMEOUT:-480} python3 scripts/conformance/exllamav3_mtp_drafts.py --fixtures tests/fixtures/engine \
+    --names "$NAMES" --out "$OUT/mtp_drafts.json"
+  echo "exllamav3_mtp exit $?"
+  # What exllamav3's loader makes of each fixture's MTP tensors, from the headers (no GPU needed).
+  for n in ${NAMES//,/ }; do
+    PYTHONPATH="${EXL3V3_SITE:-/tmp/site}${PYTHONPATH:+:$PYTHONPATH}" \
+      python3 scripts/conformance/exllamav3_config_check.py "tests/fixtures/engine/$n" --component text,mtp
+  done
+} > "$OUT/mtp_drafts.log" 2>&1
+grep -E "exllamav3_mtp|exllamav3_config_check: .*(accepted|refused|problems|component)" "$OUT/mtp_drafts.log"

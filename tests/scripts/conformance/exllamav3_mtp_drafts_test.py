@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""scripts/conformance/exllamav3_mtp_drafts.py on the CPU machine (its drafts need the GPU:
+scripts/gpu/exllamav3_mtp.sh): the families it refuses by name are those exllamav3 1.6.5's wheel
+has no MTP architecture for, its arguments are checked, and exllamav3_config_check.py's emulated
+loader says what exllamav3 makes of the MTP fixtures' heads (the config checks need numpy and the
+wheel in ../shared/exllamav3; skipped without them).
+
+    python3 exllamav3_mtp_drafts_test.py
+"""
+import functools
+import glob
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+import zipfile
+from contextlib import redirect_stdout
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "conformance"))
+import exllamav3_mtp_drafts as drafts  # noqa: E402
+import exllamav3_config_check as check  # noqa: E402
+
+SCRIPT = os.path.join(ROOT, "scripts", "conformance", "exllamav3_mtp_drafts.py")
+FIXTURES = os.path.join(ROOT, "tests", "fixtures", "engine")
+WHEELS = sorted(glob.glob(str(check.DEFAULT_WHEELS / "exllamav3-*.whl")))
+
+
+@functools.lru_cache(maxsize=None)
+def exllamav3():
+    try:
+        with redirect_stdout(io.StringIO()):
+            Config, Model, _ = check.import_exllamav3(None)
+    except ImportError:
+        return None
+    return Config, Model
+
+
+def run(*args):
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, cwd=ROOT)
+
+
+class MtpDraftsArgumentsTest(unittest.TestCase):
+    def test_list_refuses_families_without_mtp_by_name(self):
+        r = run("--fixtures", FIXTURES, "--list")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = r.stdout.splitlines()
+        self.assertIn("check glm_moe_dsa_mtp", lines)
+        self.assertIn("check glm5_next_mtp", lines)
+        self.assertIn("check qwen4_exp_mtp", lines)
+        refused = [l for l in lines if l.startswith("refuse ")]
+        self.assertEqual(sorted(l.split(":")[0] for l in refused),
+                         ["refuse deepseek_v3_mtp", "refuse glm4_moe_mtp"])
+        self.assertTrue(any("DeepseekV3ForCausalLM" in l for l in refused))
+
+    def test_bad_arguments(self):
+        r = run("--fixtures", FIXTURES, "--alignment", "fixture,sideways")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--alignment sideways", r.stderr)
+        r = run("--fixtures", FIXTURES, "--names", "glm_moe_dsa_mtp")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--out is required", r.stderr)
+        empty = tempfile.mkdtemp()
+        try:
+            r = run("--fixtures", empty, "--list")
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("no *_mtp fixture", r.stderr)
+        finally:
+            shutil.rmtree(empty)
+
+    def test_refusal_reads_the_family(self):
+        tmp = tempfile.mkdtemp()
+        try:
+            self.assertEqual(drafts.refusal(tmp), "no reference.json")
+            for family, refused in (("deepseek_v3", True), ("glm4_moe", True), ("glm_moe_dsa", False),
+                                    ("mixtral", True)):
+                with open(os.path.join(tmp, "reference.json"), "w") as f:
+                    json.dump({"family": family}, f)
+                self.assertEqual(drafts.refusal(tmp) is not None, refused, family)
+        finally:
+            shutil.rmtree(tmp)
+
+    @unittest.skipUnless(WHEELS, "no exllamav3 wheel in ../shared/exllamav3")
+    def test_families_match_the_wheels_mtp_architectures(self):
+        with zipfile.ZipFile(WHEELS[-1]) as wheel:
+            names = set(wheel.namelist())
+        for family in drafts.HAS_MTP:
+            self.assertIn(f"exllamav3/architecture/{family}_mtp.py", names, family)
+        for family in drafts.NO_MTP:
+            self.assertIn(f"exllamav3/architecture/{family}.py", names, family)
+            self.assertNotIn(f"exllamav3/architecture/{family}_mtp.py", names, family)
+
+
+class MtpConfigCheckTest(unittest.TestCase):
+    """What exllamav3's reader and loader (emulated on the headers) make of the MTP fixtures."""
+
+    @classmethod
+    def setUpClass(cls):
+        if exllamav3() is None:
+            raise unittest.SkipTest("no exllamav3 wheel in ../shared/exllamav3 or no numpy")
+        cls.tmp = tempfile.mkdtemp(prefix="exl3v3-mtp-check-")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def check(self, directory, components="text,mtp"):
+        out = io.StringIO()
+        with redirect_stdout(out):
+            ok = check.check(directory, components.split(","), *exllamav3())
+        return ok, out.getvalue()
+
+    def relaxed(self, name, **changes):
+        """A copy of the fixture (tensors linked) with config.json's settings changed."""
+        d = os.path.join(self.tmp, name)
+        os.makedirs(d)
+        for f in os.listdir(os.path.join(FIXTURES, name)):
+            if f != "config.json":
+                os.symlink(os.path.join(FIXTURES, name, f), os.path.join(d, f))
+        with open(os.path.join(FIXTURES, name, "config.json")) as f:
+            config = json.load(f)
+        config.update(changes)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(config, f)
+        return d
+
+    def test_glm4_moe_has_no_mtp_component(self):
+        ok, out = self.check(os.path.join(FIXTURES, "glm4_moe_mtp"))
+        self.assertFalse(ok)
+        self.assertIn("has no component 'mtp'", out)
+
+    def test_base_settings_are_refused_by_the_config(self):
+        ok, out = self.check(os.path.join(FIXTURES, "glm_moe_dsa_mtp"))
+        self.assertFalse(ok)
+        self.assertIn("Group-limited expert routing", out)
+
+    def test_glm_moe_dsa_mtp_head_is_found_but_for_kv_b_proj(self):
+        # With the release settings' n_group 1 the config passes and exllamav3 builds the MTP head
+        # from model.layers.1.* (mtp.safetensors): every tensor is where it looks except the MTP
+        # layer's kv_b_proj, stored EXL3 (exl3-tool quantize-tensor) where exllamav3 reads only a
+        # weight, as for the trunk's (tests/fixtures/engine/README.md, issue 34).
+        d = self.relaxed("glm_moe_dsa_mtp", n_group=1, topk_group=1)
+        ok, out = self.check(d, "mtp")
+        self.assertFalse(ok)
+        self.assertIn("mtp: 1 load problems", out)
+        self.assertIn("model.layers.1.self_attn.kv_b_proj.weight not found", out)
+
+
+if __name__ == "__main__":
+    unittest.main()
