@@ -1580,7 +1580,11 @@ def quantize_mtp_linears(args, path, work):
     """Every linear of the MTP layer file `path` that EXL3 can hold (both dimensions multiples of
     128) replaced by an EXL3 layer at EXPERT_BITS (`exl3-tool quantize-tensor`; `exl3-tool
     quantize` keeps the MTP layer as stored), so the fixture stays small and the head's EXL3
-    path runs; the rest (norms, router, kv_a_proj_with_mqa [160, 128], ...) as stored."""
+    path runs; the rest (norms, router, kv_a_proj_with_mqa [160, 128], ...) as stored. With
+    --mtp-exllamav3-layout, MLA's kv_b_proj and the DSA indexer's wk stay as stored too: the layout
+    exllamav3 reads (its MTP heads load them only as weights, as the trunk's: PlanExllamav3Layouts in
+    model/encoder/checkpoint_converter.cc; scripts/conformance/exllamav3_mtp_drafts.py)."""
+    keep = ("self_attn.kv_b_proj.weight", "indexer.wk.weight") if getattr(args, "mtp_exllamav3_layout", False) else ()
     with safe_open(path, "pt") as st:
         tensors = {k: st.get_tensor(k) for k in st.keys()}
     out_file = os.path.join(work, "mtp_linear.safetensors")
@@ -1589,6 +1593,8 @@ def quantize_mtp_linears(args, path, work):
         if not name.endswith(".weight") or t.dim() != 2 or t.shape[0] % 128 or t.shape[1] % 128:
             continue
         if "mlp.gate.weight" in name or name.endswith("weights_proj.weight"):  # routers stay as stored
+            continue
+        if keep and name.endswith(keep):
             continue
         prefix = name[: -len(".weight")]
         run([args.exl3_tool, "quantize-tensor", "--input", path, "--tensor", name, "--output", out_file,
@@ -1821,6 +1827,9 @@ def main():
     ap.add_argument("--mtp-families", default="",
                     help="comma-separated families (" + ", ".join(MTP_FAMILIES) + ") whose <family>_mtp "
                          "fixture to write instead of the families' fixtures")
+    ap.add_argument("--mtp-exllamav3-layout", action="store_true",
+                    help="MTP fixtures: keep the MTP layer's kv_b_proj and indexer wk as stored (bf16), "
+                         "the layout exllamav3 loads (quantize_mtp_linears)")
     ap.add_argument("--threads", type=int, default=2, help="exl3-tool quantize threads")
     ap.add_argument("--work", help="keep the intermediate checkpoints here (default: a temp dir)")
     ap.add_argument("--search-seeds", type=int, default=1,
