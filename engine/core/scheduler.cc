@@ -15,6 +15,17 @@ namespace {
 // (Sampler::SampleAccepted): each is a disagreement between xgrammar's mask and its matcher.
 constexpr int kMaxConstraintRefusals = 8;
 
+// A constrained row's errors, sampled on the host or by the runner.
+absl::Status NoAllowedTokenError() {
+  return absl::InvalidArgumentError(
+      "the output's constraint allows no token here (its only continuations are banned: "
+      "end-of-sequence before min_tokens, or stop tokens)");
+}
+absl::Status EveryDrawRefusedError() {
+  return absl::InternalError(absl::StrCat("the output's constraint refused all ", kMaxConstraintRefusals + 1,
+                                          " tokens drawn from its own mask (or its mask ran out)"));
+}
+
 }  // namespace
 
 const char* FinishReasonName(FinishReason reason) {
@@ -515,18 +526,14 @@ std::vector<SequenceUpdate> Scheduler::CompleteStep(const ScheduledStep& step,
     c->FillNextTokenMask();  // a no-op where the engine filled it during the forward pass
     s.history.allowed_tokens = c->next_token_mask();
     if (!TokenConstraint::AllowsAnyToken(s.history.allowed_tokens, s.history.banned_tokens)) {
-      row_errors[row] = absl::InvalidArgumentError(
-          "the output's constraint allows no token here (its only continuations are banned: "
-          "end-of-sequence before min_tokens, or stop tokens)");
+      row_errors[row] = NoAllowedTokenError();
       return;
     }
     const std::optional<SampledToken> token = samplers_[worker].SampleAccepted(
         row_logits, s.params, s.seed, s.history, [c](int32_t t) { return c->Accept(t).ok(); },
         kMaxConstraintRefusals);
     if (!token.has_value()) {
-      row_errors[row] = absl::InternalError(absl::StrCat("the output's constraint refused all ",
-                                                         kMaxConstraintRefusals + 1,
-                                                         " tokens drawn from its own mask (or its mask ran out)"));
+      row_errors[row] = EveryDrawRefusedError();
       return;
     }
     row_tokens[row] = *token;
@@ -613,15 +620,14 @@ absl::Status Scheduler::TakeConstrainedToken(Sequence& seq, int row, SampledToke
     return absl::InternalError("a constrained row was sampled before its mask was filled");
   const RowSampling s = RowSamplingOf(seq);  // no drafts: the row's history is the sequence's
   if (!TokenConstraint::AllowsAnyToken(s.history.allowed_tokens, s.history.banned_tokens)) {
-    return absl::InvalidArgumentError(
-        "the output's constraint allows no token here (its only continuations are banned: "
-        "end-of-sequence before min_tokens, or stop tokens)");
+    return NoAllowedTokenError();
   }
   if (c.Accept(token.token).ok()) return absl::OkStatus();
   // The mask allowed a token the matcher refuses (Sampler::SampleAccepted says when): the row is
   // drawn again on the host without it, from its masked logits.
   std::vector<uint32_t> allowed(s.history.allowed_tokens.begin(), s.history.allowed_tokens.end());
-  allowed[static_cast<size_t>(token.token) / 32] &= ~(1u << (token.token % 32));
+  const size_t word = static_cast<size_t>(token.token) / 32;
+  if (word < allowed.size()) allowed[word] &= ~(1u << (token.token % 32));
   SequenceHistory history = s.history;
   history.allowed_tokens = allowed;
   std::vector<float>& logits = redraw_logits_[worker];
@@ -631,8 +637,7 @@ absl::Status Scheduler::TakeConstrainedToken(Sequence& seq, int row, SampledToke
       logits, s.params, s.seed, history, [&c](int32_t t) { return c.Accept(t).ok(); },
       kMaxConstraintRefusals - 1);
   if (!redrawn.has_value()) {
-    return absl::InternalError(absl::StrCat("the output's constraint refused all ", kMaxConstraintRefusals + 1,
-                                            " tokens drawn from its own mask (or its mask ran out)"));
+    return EveryDrawRefusedError();
   }
   token = *redrawn;
   return absl::OkStatus();
