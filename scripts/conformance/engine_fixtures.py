@@ -882,17 +882,22 @@ def open_route_margins(family, hf_dir, work, prompts, args, max_rounds=40):
             rows = torch.arange(len(x))
             m = s[rows, top[:, k - 1]] - s[rows, top[:, k]]
             worst = min(worst, m.min().item())
-            low = (m.detach() < target).nonzero().flatten()
-            if len(low) == 0 or rnd == max_rounds:
-                short += len(low)
+            layer_short = (m.detach() < target).sum().item()
+            short += layer_short
+            # Every lead under 1.5x the threshold is raised to it, jointly: the least-norm dW with
+            # grad_t . (dW x_t) = 1.5 target - lead_t for each such token t (tokens whose x
+            # overlap would otherwise undo each other's steps).
+            low = (m.detach() < 1.5 * target).nonzero().flatten()
+            if layer_short == 0 or rnd == max_rounds:
                 continue
-            short += len(low)
-            moved.update((L, t) for t in low.tolist())
+            moved.update((L, t) for t in (m.detach() < target).nonzero().flatten().tolist())
             m[low].sum().backward()
-            grad = logits.grad[low]  # d lead_t / d logits_t (each row its own token's)
-            step = (1.5 * target - m.detach()[low]).unsqueeze(1) * grad / grad.pow(2).sum(1, keepdim=True)
-            xl = x[low]
-            master[L] += step.T @ (xl / xl.pow(2).sum(1, keepdim=True))
+            grad = logits.grad[low].double()  # d lead_t / d logits_t (each row its own token's)
+            xl = x[low].double()
+            gram = (grad @ grad.T) * (xl @ xl.T)
+            need = (1.5 * target - m.detach()[low]).double()
+            c = torch.linalg.solve(gram + 1e-9 * gram.diagonal().mean() * torch.eye(len(low), dtype=gram.dtype), need)
+            master[L] += ((grad * c.unsqueeze(1)).T @ xl).float()
             with torch.no_grad():
                 gate.weight.copy_(master[L].to(torch.bfloat16).float())
         log(f"{family}: route margins round {rnd}: smallest lead {worst:.2e}, {short} below {target}")
@@ -907,23 +912,26 @@ def open_route_margins(family, hf_dir, work, prompts, args, max_rounds=40):
         "router_rel_change": {str(L): float(f"{v:.3e}") for L, v in rel.items()}}
     log(f"{family}: routers changed by " + ", ".join(f"L{L} {v:.2e}" for L, v in rel.items())
         + f" (relative), {len(moved)} decisions widened")
-    # Back into the bf16 checkpoint, under its names.
-    to_saved = (FAMILIES[family].get("naming") or (lambda n: n,))[0]
-    new = {to_saved(name): p.detach().to(torch.bfloat16).contiguous()
-           for name, p in model.named_parameters()
-           if any(p is g.weight for g in gates.values())}
+    # Back into the bf16 checkpoint. Its names are not the module's (save_pretrained's reverse
+    # mapping, DeepSeek-V4's mlp -> ffn, then a release naming): each router is the tensor equal to
+    # the router as loaded.
     from safetensors.torch import load_file
+    found = {L: [] for L in gates}
+    files = {}
     for f in sorted(os.listdir(hf_dir)):
-        if not f.endswith(".safetensors"):
-            continue
-        path = os.path.join(hf_dir, f)
-        tensors = load_file(path)
-        hit = {n for n in new if n in tensors}
-        if hit:
-            tensors.update({n: new.pop(n) for n in hit})
-            save_file(tensors, path, metadata={"format": "pt"})
-    if new:
-        fail(f"{family}: router tensors {sorted(new)} not found in {hf_dir}")
+        if f.endswith(".safetensors"):
+            files[f] = load_file(os.path.join(hf_dir, f))
+            for name, t in files[f].items():
+                for L in gates:
+                    if t.shape == original[L].shape and torch.equal(t.float(), original[L]):
+                        found[L].append((f, name))
+    for L, hits in found.items():
+        if len(hits) != 1:
+            fail(f"{family}: layer {L}'s router is {len(hits)} tensors of {hf_dir} ({hits})")
+        f, name = hits[0]
+        files[f][name] = gates[L].weight.detach().to(torch.bfloat16).contiguous()
+    for f in {hits[0][0] for hits in found.values()}:
+        save_file(files[f], os.path.join(hf_dir, f), metadata={"format": "pt"})
 
 
 def indexers(model):
