@@ -19,12 +19,9 @@ exec > >(tee "$OUT/side-by-side.log") 2>&1
 FAMILY=${FAMILY:-glm4_moe} LAYERS=${LAYERS:-8} CONTEXTS=${CONTEXTS:-1024,8192} BATCHES=${BATCHES:-1,8,32,64} STEPS=${STEPS:-16}
 say() { echo "exllamav3_bench: [$SECONDS s] $*"; }
 
-# On a machine an earlier call left warm, exllamav3 and its wheels are already in place.
-[ -d "${EXL3V3_SITE:-/tmp/site}/exllamav3" ] && [ -d "${EXL3V3_SITE:-/tmp/site}/pydantic" ] ||
-  { bash scripts/gpu/exllamav3_install.sh > "$OUT/install.log" 2>&1 &&
-    bash scripts/gpu/exllamav3_wheels.sh > "$OUT/wheels.log" 2>&1; } || { say "install failed"; tail -5 "$OUT/install.log"; exit 2; }
+. scripts/gpu/exllamav3_ready.sh
+exllamav3_ready || exit 2
 source scripts/gpu/env.sh
-export PYTHONPATH="${EXL3V3_SITE:-/tmp/site}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
 git log -1 --format='commit %H' 2>/dev/null || true
 

@@ -11,31 +11,24 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
+. scripts/gpu/exllamav3_ready.sh
 SKIPPED=
 if [ -n "${1:-}" ]; then
   NAMES=$1
 else
-  NAMES=
-  for d in tests/fixtures/engine/*_mtp; do
-    [ -d "$d" ] || continue
-    if [ -f "$d/reference.safetensors" ]; then NAMES=${NAMES:+$NAMES,}${d##*/}; else SKIPPED="$SKIPPED ${d##*/}"; fi
-  done
+  fixtures_with_reference '*_mtp'
   [ -n "$NAMES" ] || { echo "exllamav3_mtp: no *_mtp fixture with reference.safetensors"; exit 2; }
 fi
 {
   [ -z "$SKIPPED" ] || echo "exllamav3_mtp: skipped (no reference.safetensors):$SKIPPED"
   echo "exllamav3_mtp: checking $NAMES"
-  [ -d "${EXL3V3_SITE:-/tmp/site}/exllamav3" ] && [ -d "${EXL3V3_SITE:-/tmp/site}/pydantic" ] ||
-    { bash scripts/gpu/exllamav3_install.sh > "$OUT/install.log" 2>&1 &&
-      bash scripts/gpu/exllamav3_wheels.sh > "$OUT/wheels.log" 2>&1; } || { echo "install failed"; tail -5 "$OUT/install.log"; exit 2; }
-  PYTHONPATH="${EXL3V3_SITE:-/tmp/site}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 \
-    timeout ${MTP_TIMEOUT:-480} python3 scripts/conformance/exllamav3_mtp_drafts.py --fixtures tests/fixtures/engine \
+  exllamav3_ready || exit 2
+  TORCH_CUDA_ARCH_LIST=9.0 timeout ${MTP_TIMEOUT:-480} python3 scripts/conformance/exllamav3_mtp_drafts.py --fixtures tests/fixtures/engine \
     --names "$NAMES" --out "$OUT/mtp_drafts.json"
   echo "exllamav3_mtp exit $?"
   # What exllamav3's loader makes of each fixture's MTP tensors, from the headers (no GPU needed).
   for n in ${NAMES//,/ }; do
-    PYTHONPATH="${EXL3V3_SITE:-/tmp/site}${PYTHONPATH:+:$PYTHONPATH}" \
-      python3 scripts/conformance/exllamav3_config_check.py "tests/fixtures/engine/$n" --component text,mtp
+    python3 scripts/conformance/exllamav3_config_check.py "tests/fixtures/engine/$n" --component text,mtp
   done
 } > "$OUT/mtp_drafts.log" 2>&1
 grep -E "exllamav3_mtp|exllamav3_config_check: .*(accepted|refused|problems|component)" "$OUT/mtp_drafts.log"

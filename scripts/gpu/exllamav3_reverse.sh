@@ -13,27 +13,19 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
+. scripts/gpu/exllamav3_ready.sh
 SKIPPED=
 if [ -n "${1:-}" ]; then
   NAMES=$1
 else
-  # A directory can come without its files (a call that carried only some of them).
-  NAMES=
-  for d in tests/fixtures/engine/*_release_all; do
-    [ -d "$d" ] || continue
-    if [ -f "$d/reference.safetensors" ]; then NAMES=${NAMES:+$NAMES,}${d##*/}; else SKIPPED="$SKIPPED ${d##*/}"; fi
-  done
+  fixtures_with_reference '*_release_all'
   [ -n "$NAMES" ] || { echo "exllamav3_reverse: no *_release_all fixture with reference.safetensors"; exit 2; }
 fi
 {
   [ -z "$SKIPPED" ] || echo "exllamav3_reverse: skipped (no reference.safetensors):$SKIPPED"
   echo "exllamav3_reverse: checking $NAMES"
-  # On a machine an earlier call left warm, exllamav3 and its wheels are already in place.
-  [ -d "${EXL3V3_SITE:-/tmp/site}/exllamav3" ] && [ -d "${EXL3V3_SITE:-/tmp/site}/pydantic" ] ||
-    { bash scripts/gpu/exllamav3_install.sh > "$OUT/install.log" 2>&1 &&
-      bash scripts/gpu/exllamav3_wheels.sh > "$OUT/wheels.log" 2>&1; } || { echo "install failed"; tail -5 "$OUT/install.log"; exit 2; }
-  PYTHONPATH="${EXL3V3_SITE:-/tmp/site}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 \
-    timeout ${REVERSE_TIMEOUT:-480} python3 scripts/conformance/exllamav3_reverse.py --fixtures tests/fixtures/engine \
+  exllamav3_ready || exit 2
+  TORCH_CUDA_ARCH_LIST=9.0 timeout ${REVERSE_TIMEOUT:-480} python3 scripts/conformance/exllamav3_reverse.py --fixtures tests/fixtures/engine \
     --names "$NAMES" --out "$OUT/reverse.json"
   echo "exllamav3_reverse exit $?"
 } > "$OUT/reverse.log" 2>&1
