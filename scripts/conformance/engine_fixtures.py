@@ -1520,6 +1520,20 @@ MTP_FAMILIES = {
         hidden_size=128, num_hidden_layers=2, layer_types=["linear_attention", "indexed_attention"],
         mlp_layer_types=["dense", "sparse"], indexer_types=["full", "full"], n_routed_experts=4),
         vision_overrides=dict(out_hidden_size=128)),
+    # The release twins (issue 31: fixtures whose MTP head exllamav3 1.6.5 can judge,
+    # scripts/conformance/exllamav3_mtp_drafts.py): the <family>_release settings and config.json
+    # layout (release_family) with the MTP overrides above, n_group 1 / topk_group 1 kept, and the
+    # MTP layer in the layout exllamav3 loads (--mtp-exllamav3-layout, implied: kv_b_proj and the
+    # indexer's wk stored bf16).
+    "glm_moe_dsa_release": dict(seed=11, exllamav3_layout=True, overrides=dict(
+        hidden_size=128, num_hidden_layers=1, first_k_dense_replace=0, mlp_layer_types=["sparse"],
+        indexer_types=["full"], n_routed_experts=4, n_group=1, topk_group=1, num_attention_heads=4,
+        num_key_value_heads=4, v_head_dim=128)),
+    "glm5_next_release": dict(seed=2, exllamav3_layout=True, overrides=dict(
+        hidden_size=128, num_hidden_layers=2, layer_types=["linear_attention", "indexed_attention"],
+        mlp_layer_types=["dense", "sparse"], indexer_types=["full", "full"], n_routed_experts=4,
+        n_group=1, topk_group=1, linear_head_dim=128),
+        vision_overrides=dict(out_hidden_size=128)),
 }
 # Per-layer config lists, and what the MTP layer's entry is (GLM-5.3-Flash's layer_types too: the
 # MTP layer is an indexed one).
@@ -1660,17 +1674,25 @@ def mtp_layer_tensors(layer, prefix, skip=()):
     return mtp
 
 
-def quantize_with_mtp_head(args, model, mtp, work_root, name, seed, prefix):
+def quantize_with_mtp_head(args, model, mtp, work_root, name, seed, prefix, spec=None):
     """Saves `model` with its MTP tensors `mtp` (the head's output projections scaled by 0.3) in
     mtp.safetensors, quantizes both as the `all` variant, dequantizes, and loads the dequantized model
-    in transformers without the head (which it does not read). Returns (the EXL3 directory, the EXL3
-    layers' prefixes, the head's dequantized tensors (names starting with `prefix`), the reference model)."""
+    in transformers without the head (which it does not read). `spec` (a FAMILIES entry): a release
+    family's config.json layout and files beside it are applied to the saved checkpoint. Returns (the
+    EXL3 directory, the EXL3 layers' prefixes, the head's dequantized tensors (names starting with
+    `prefix`), the reference model)."""
     for k in mtp:
         if k.endswith(("o_proj.weight", "down_proj.weight")):
             mtp[k] = mtp[k] * 0.3
     work = os.path.join(work_root, f"{name}-seed{seed}")
     hf_dir = os.path.join(work, "hf")
     model.to(torch.bfloat16).save_pretrained(hf_dir)
+    if spec and spec.get("layout"):
+        rewrite_config(hf_dir, spec["layout"])
+    for fname, content in (spec or {}).get("files", {}).items():
+        with open(os.path.join(hf_dir, fname), "w") as f:
+            json.dump(content, f, indent=2)
+            f.write("\n")
     save_file({k: v.to(torch.bfloat16).contiguous() for k, v in mtp.items()},
               os.path.join(hf_dir, "mtp.safetensors"), metadata={"format": "pt"})
     quantize_mtp_linears(args, os.path.join(hf_dir, "mtp.safetensors"), work)
@@ -1771,6 +1793,9 @@ def make_mtp_fixture(family, seed, args, work_root):
     spec = dict(MTP_FAMILIES[family], seed=seed)
     name = f"{family}_mtp"
     base = dict(FAMILIES[family])
+    if spec.get("exllamav3_layout"):  # the release twins: the MTP layer as exllamav3 loads it
+        args = copy.copy(args)
+        args.mtp_exllamav3_layout = True
     fields = dict(base["fields"], **spec["overrides"])
     n = fields["num_hidden_layers"]
     # The weights come from a model one layer longer, initialised as the fixtures' models are:
@@ -1797,7 +1822,8 @@ def make_mtp_fixture(family, seed, args, work_root):
     # layer's output projections are scaled by 0.3, so the head's logits lean, like the model's,
     # towards that token's successor (init_weights' head_mix), moved by attention and MoE.
     mtp[p + "eh_proj.weight"] = torch.cat([torch.eye(H), torch.randn(H, H, generator=gen) * 0.5 / math.sqrt(2 * H)], 1)
-    exl3_dir, prefixes, layer_tensors, ref_model = quantize_with_mtp_head(args, model, mtp, work_root, name, seed, p)
+    exl3_dir, prefixes, layer_tensors, ref_model = quantize_with_mtp_head(args, model, mtp, work_root, name, seed, p,
+                                                                          spec=base)
     modules = mtp_modules(ref_model, layer_tensors, n)
     tensors, prompts_info = record_mtp_prompts(ref_model, lambda ids: mtp_reference_logits(ref_model, modules, ids),
                                                first_token=0)
@@ -1821,6 +1847,13 @@ def make_mtp_fixture(family, seed, args, work_root):
                       "0..P+30 at rope position i; transformers' own modules (the family's decoder "
                       "layer class and RMSNorm, nn.Linear for eh_proj), fp32, EXL3 layers dequantized",
     }
+    if spec.get("exllamav3_layout"):
+        reference["features"] += [
+            f"the {family} settings and config.json layout ({family}_all's: n_group 1 / topk_group 1"
+            + (", release layer_types / linear_attn_config, processor_config.json" if base.get("layout") else "")
+            + ") with the MTP overrides above",
+            "the MTP layer's kv_b_proj and indexer wk stored bf16 (--mtp-exllamav3-layout: the layout "
+            "exllamav3 1.6.5 loads), its other linears EXL3 where both dimensions are multiples of 128"]
     write_mtp_fixture(args, name, exl3_dir, tensors, prompts_info, reference)
 
 

@@ -59,8 +59,11 @@ def log(msg: str) -> None:
 
 
 def family_of(directory: str) -> str:
+    """The fixture's model family; a release twin's ("glm_moe_dsa_release": the release settings
+    and layout, engine_fixtures.py release_family) is its base family's."""
     with open(os.path.join(directory, "reference.json")) as f:
-        return json.load(f)["family"]
+        family = json.load(f)["family"]
+    return family[: -len("_release")] if family.endswith("_release") else family
 
 
 def refusal(directory: str) -> str | None:

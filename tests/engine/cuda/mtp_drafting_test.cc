@@ -259,7 +259,8 @@ TEST_P(CudaMtpTest, DraftsAreTheHeadsPredictionsAtK1) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaMtpTest,
-                         ::testing::Values("deepseek_v3_mtp", "glm4_moe_mtp", "glm_moe_dsa_mtp", "glm5_next_mtp"));
+                         ::testing::Values("deepseek_v3_mtp", "glm4_moe_mtp", "glm_moe_dsa_mtp",
+                                           "glm_moe_dsa_release_mtp", "glm5_next_mtp", "glm5_next_release_mtp"));
 
 // Qwen4-Exp: its MTP head over the gated hyper-connection streams.
 INSTANTIATE_TEST_SUITE_P(Qwen4Exp, CudaMtpTest, ::testing::Values("qwen4_exp_mtp"));

@@ -192,7 +192,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, MtpSpeculativeDecodingTest,
                          ::testing::Values("tests/fixtures/engine/deepseek_v3_mtp",
                                            "tests/fixtures/engine/glm4_moe_mtp",
                                            "tests/fixtures/engine/glm_moe_dsa_mtp",
+                                           "tests/fixtures/engine/glm_moe_dsa_release_mtp",
                                            "tests/fixtures/engine/glm5_next_mtp",
+                                           "tests/fixtures/engine/glm5_next_release_mtp",
                                            "tests/fixtures/engine/qwen4_exp_mtp"));
 
 // The test-model writer's MTP layer (TestModelSpec::mtp, exl3-tool make-test-model --mtp) in a

@@ -50,6 +50,8 @@ class MtpDraftsArgumentsTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         lines = r.stdout.splitlines()
         self.assertIn("check glm_moe_dsa_mtp", lines)
+        self.assertIn("check glm_moe_dsa_release_mtp", lines)
+        self.assertIn("check glm5_next_release_mtp", lines)
         self.assertIn("check glm5_next_mtp", lines)
         self.assertIn("check qwen4_exp_mtp", lines)
         refused = [l for l in lines if l.startswith("refuse ")]
@@ -77,6 +79,7 @@ class MtpDraftsArgumentsTest(unittest.TestCase):
         try:
             self.assertEqual(drafts.refusal(tmp), "no reference.json")
             for family, refused in (("deepseek_v3", True), ("glm4_moe", True), ("glm_moe_dsa", False),
+                                    ("glm_moe_dsa_release", False), ("glm5_next_release", False),
                                     ("mixtral", True)):
                 with open(os.path.join(tmp, "reference.json"), "w") as f:
                     json.dump({"family": family}, f)
@@ -148,6 +151,16 @@ class MtpConfigCheckTest(unittest.TestCase):
         self.assertFalse(ok)
         self.assertIn("mtp: 1 load problems", out)
         self.assertIn("model.layers.1.self_attn.kv_b_proj.weight not found", out)
+
+    def test_release_mtp_fixtures_are_accepted(self):
+        # The release twins (n_group 1, the release config layout, the MTP layer's kv_b_proj and
+        # indexer wk bf16: engine_fixtures.py --mtp-families glm_moe_dsa_release,glm5_next_release)
+        # load as exllamav3 reads them, trunk and head.
+        for name in ("glm_moe_dsa_release_mtp", "glm5_next_release_mtp"):
+            ok, out = self.check(os.path.join(FIXTURES, name))
+            self.assertTrue(ok, out)
+            self.assertIn("mtp: ", out)
+            self.assertNotIn("problems", out)
 
 
 if __name__ == "__main__":

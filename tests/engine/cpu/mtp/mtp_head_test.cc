@@ -116,7 +116,9 @@ INSTANTIATE_TEST_SUITE_P(Families, MtpHeadTest,
                          ::testing::Values("tests/fixtures/engine/deepseek_v3_mtp",
                                            "tests/fixtures/engine/glm4_moe_mtp",
                                            "tests/fixtures/engine/glm_moe_dsa_mtp",
+                                           "tests/fixtures/engine/glm_moe_dsa_release_mtp",
                                            "tests/fixtures/engine/glm5_next_mtp",
+                                           "tests/fixtures/engine/glm5_next_release_mtp",
                                            "tests/fixtures/engine/qwen4_exp_mtp"));
 
 // Checkpoints of MTP families without the head (DeepSeek-V3, GLM-5.3-Flash: no layer
