@@ -1736,6 +1736,112 @@ def record_mtp_prompts(ref_model, reference_logits, first_token):
     return tensors, prompts_info
 
 
+def mtp_moe_layer(modules):
+    """The MTP layer's decoder layer (GLM-5.3-Flash's inside its PlainResidualBlock)."""
+    layer = modules["layer"]
+    return layer.layer if isinstance(layer, PlainResidualBlock) else layer
+
+
+def mtp_router_inputs(ref_model, modules, gates):
+    """The inputs of every router in `gates` ("<L>": trunk layer L's, "mtp": the MTP layer's) over the
+    passes the MTP fixture records (record_mtp_prompts: each prompt's greedy continuation, then the
+    teacher-forced trunk pass over prompt + greedy and the MTP layer's pass on what it sees there)."""
+    xs = {name: [] for name in gates}
+    mlps = {name: (mtp_moe_layer(modules) if name == "mtp" else decoder_layers(ref_model)[int(name)]).mlp
+            for name in gates}
+
+    def reference(ids):
+        hooks = [mlp.register_forward_hook(
+            lambda mod, inp, outp, name=name: xs[name].append(inp[0].reshape(-1, inp[0].shape[-1]).detach().float()))
+            for name, mlp in mlps.items()]
+        try:
+            return mtp_reference_logits(ref_model, modules, ids)
+        finally:
+            for h in hooks:
+                h.remove()
+
+    record_mtp_prompts(ref_model, reference, first_token=0)
+    return {name: torch.cat(x) for name, x in xs.items()}
+
+
+def mtp_gates(ref_model, modules):
+    """The routers an MTP fixture's passes rank experts by: "<L>" for trunk layer L, "mtp"."""
+    cfg = ref_model.config.get_text_config()
+    gates = {str(L): decoder_layers(ref_model)[L].mlp.gate for L in moe_layers(ref_model)}
+    gates["mtp"] = mtp_moe_layer(modules).mlp.gate
+    return {name: g for name, g in gates.items() if routes_by_score(cfg, g)}
+
+
+def mtp_route_margins(family, ref_model, modules):
+    """The smallest routing lead of each router of mtp_gates over the recorded passes."""
+    cfg = ref_model.config.get_text_config()
+    gates = mtp_gates(ref_model, modules)
+    xs = mtp_router_inputs(ref_model, modules, gates)
+    return {name: route_margin(family, cfg, g, xs[name]) for name, g in gates.items()}
+
+
+def open_mtp_route_margins(family, ref_model, modules, args, max_rounds=40):
+    """open_route_margins for an MTP fixture: widens every routing decision of the passes the fixture
+    records (trunk routers and the MTP layer's router, on the inputs it sees there) to at least
+    route_margin_for(family), on the dequantized reference (`ref_model`, the head's `modules`), the same
+    least-norm step rounded to bf16 each round, all routers together until no lead falls short. Changes
+    the routers of `ref_model` and `modules` in place and returns them by name (bf16) with what changed;
+    the caller stores them in the checkpoint and quantizes again (data-free: the other tensors stay)."""
+    base = base_family(family)
+    target = route_margin_for(family, args)
+    cfg = ref_model.config.get_text_config()
+    k = cfg.num_experts_per_tok
+    if getattr(cfg, "n_group", 1) != getattr(cfg, "topk_group", 1):
+        fail(f"{family}: open_mtp_route_margins does not handle a group limit (n_group {cfg.n_group})")
+    gates = mtp_gates(ref_model, modules)
+    original = {name: g.weight.detach().clone() for name, g in gates.items()}
+    master = {name: g.weight.detach().clone().float() for name, g in gates.items()}
+    moved, before = set(), None
+    for rnd in range(max_rounds + 1):
+        xs = mtp_router_inputs(ref_model, modules, gates)
+        short, worst, leads = 0, float("inf"), {}
+        for name, gate in gates.items():
+            x = xs[name]
+            logits = torch.nn.functional.linear(x, gate.weight.detach().float()).requires_grad_(True)
+            s = route_scores(base, gate, logits)
+            top = s.detach().topk(k + 1, dim=-1).indices
+            rows = torch.arange(len(x))
+            m = s[rows, top[:, k - 1]] - s[rows, top[:, k]]
+            leads[name] = m.min().item()
+            worst = min(worst, leads[name])
+            layer_short = (m.detach() < target).sum().item()
+            short += layer_short
+            low = (m.detach() < 1.5 * target).nonzero().flatten()
+            if layer_short == 0 or rnd == max_rounds:
+                continue
+            moved.update((name, t) for t in (m.detach() < target).nonzero().flatten().tolist())
+            m[low].sum().backward()
+            grad = logits.grad[low].double()
+            xl = x[low].double()
+            gram = (grad @ grad.T) * (xl @ xl.T)
+            need = (1.5 * target - m.detach()[low]).double()
+            c = torch.linalg.solve(gram + 1e-9 * gram.diagonal().mean() * torch.eye(len(low), dtype=gram.dtype), need)
+            master[name] += ((grad * c.unsqueeze(1)).T @ xl).float()
+            with torch.no_grad():
+                gate.weight.copy_(master[name].to(torch.bfloat16).to(gate.weight.dtype))
+        if before is None:
+            before = {n: float(f"{v:.3e}") for n, v in leads.items()}
+        log(f"{family}_mtp: route margins round {rnd}: smallest lead {worst:.2e}, {short} below {target} "
+            f"(" + ", ".join(f"{n} {v:.2e}" for n, v in leads.items()) + ")")
+        if short == 0:
+            break
+    else:
+        raise Unstable(f"routing leads still below {target} after {max_rounds} rounds")
+    rel = {n: ((g.weight.detach().float() - original[n].float()).norm() / original[n].float().norm()).item()
+           for n, g in gates.items()}
+    log(f"{family}_mtp: routers changed by " + ", ".join(f"{n} {v:.2e}" for n, v in rel.items())
+        + f" (relative), {len(moved)} decisions widened")
+    adjustment = {"min_route_margin_required": target, "rounds": rnd, "decisions_widened": len(moved),
+                  "min_route_margin_before": before,
+                  "router_rel_change": {n: float(f"{v:.3e}") for n, v in rel.items()}}
+    return {n: g.weight.detach().to(torch.bfloat16).clone() for n, g in gates.items()}, adjustment
+
+
 def write_mtp_fixture(args, name, exl3_dir, tensors, prompts_info, reference):
     """Writes an MTP fixture: `reference` completed with its prompts' facts and tensor list."""
     reference["prompts"] = prompts_info
@@ -1822,9 +1928,27 @@ def make_mtp_fixture(family, seed, args, work_root):
     # layer's output projections are scaled by 0.3, so the head's logits lean, like the model's,
     # towards that token's successor (init_weights' head_mix), moved by attention and MoE.
     mtp[p + "eh_proj.weight"] = torch.cat([torch.eye(H), torch.randn(H, H, generator=gen) * 0.5 / math.sqrt(2 * H)], 1)
+    adjustment = None
+    if is_release(family) and route_margin_for(family, args) > args.min_route_margin:
+        # The release rule (open_route_margins) over the MTP path: widen the trunk's and the MTP
+        # layer's routers on the dequantized reference, store them, quantize again.
+        _, _, layer_tensors, ref_model = quantize_with_mtp_head(args, model, dict(mtp), work_root,
+                                                                name + "-route-margins", seed, p, spec=base)
+        routers, adjustment = open_mtp_route_margins(family, ref_model, mtp_modules(ref_model, layer_tensors, n), args)
+        for rname, w in routers.items():
+            if rname == "mtp":
+                mtp[p + "mlp.gate.weight"] = w.float()
+            else:
+                with torch.no_grad():
+                    decoder_layers(model)[int(rname)].mlp.gate.weight.copy_(w.to(decoder_layers(model)[int(rname)].mlp.gate.weight.dtype))
     exl3_dir, prefixes, layer_tensors, ref_model = quantize_with_mtp_head(args, model, mtp, work_root, name, seed, p,
                                                                           spec=base)
     modules = mtp_modules(ref_model, layer_tensors, n)
+    if adjustment is not None:
+        margins = mtp_route_margins(family, ref_model, modules)
+        log(f"{name}: routing margins " + ", ".join(f"{k} {v:.2e}" for k, v in margins.items()))
+        if min(margins.values()) < route_margin_for(family, args):
+            fail(f"{name}: routing margins {margins} below {route_margin_for(family, args)} after quantizing again")
     tensors, prompts_info = record_mtp_prompts(ref_model, lambda ids: mtp_reference_logits(ref_model, modules, ids),
                                                first_token=0)
     reference = {
@@ -1847,6 +1971,9 @@ def make_mtp_fixture(family, seed, args, work_root):
                       "0..P+30 at rope position i; transformers' own modules (the family's decoder "
                       "layer class and RMSNorm, nn.Linear for eh_proj), fp32, EXL3 layers dequantized",
     }
+    if adjustment is not None:
+        reference["min_route_margin"] = {k: float(f"{v:.3e}") for k, v in margins.items()}
+        reference["router_adjustment"] = adjustment
     if spec.get("exllamav3_layout"):
         reference["features"] += [
             f"the {family} settings and config.json layout ({family}_all's: n_group 1 / topk_group 1"
