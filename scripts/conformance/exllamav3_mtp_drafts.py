@@ -35,7 +35,8 @@ import glob
 import json
 import os
 import sys
-import traceback
+
+import exllamav3_runs
 
 # The fixture families (reference.json "family") with an MTP head in exllamav3 1.6.5, each with its
 # class (the wheel's exllamav3/architecture/*_mtp.py), and those it has none for.
@@ -84,25 +85,9 @@ def default_names(fixtures: str) -> list[str]:
 
 
 def read_reference(directory: str) -> list:
-    """(index, prompt, greedy, mtp_logits) per prompt, checked against each other: mtp_logits has a
-    row per token of prompt + greedy but the last."""
-    import torch
-    from safetensors import safe_open
-
-    ref = safe_open(os.path.join(directory, "reference.safetensors"), "pt")
-    with open(os.path.join(directory, "reference.json")) as f:
-        meta = json.load(f)
-    out = []
-    for p in meta["prompts"]:
-        i = p["index"] if "index" in p else len(out)
-        prompt = ref.get_tensor(f"prompt.{i}").long()
-        greedy = ref.get_tensor(f"greedy.{i}").long()
-        want = ref.get_tensor(f"mtp_logits.{i}").float()
-        if want.shape[0] != prompt.numel() + greedy.numel() - 1:
-            raise ValueError(f"{directory}: mtp_logits.{i} has {want.shape[0]} rows for "
-                             f"{prompt.numel()} + {greedy.numel()} tokens (one fewer expected)")
-        out.append((i, prompt, greedy, want))
-    return out
+    """(index, prompt, greedy, mtp_logits) per prompt: mtp_logits has a row per token of prompt +
+    greedy but the last."""
+    return exllamav3_runs.read_reference(directory, "mtp_logits", 1)
 
 
 def top2_gap(row) -> float:
@@ -236,34 +221,12 @@ def main(argv=None) -> int:
             log(f"{name}: refused: {why}")
     names = [n for n in names if refused[n] is None]
     if args.dry_run:
-        failed = 0
-        for name in names:
-            try:
-                log(f"{name}: {dry_run(os.path.join(args.fixtures, name))}")
-            except (OSError, ValueError, KeyError) as e:
-                failed += 1
-                log(f"{name}: cannot be checked: {type(e).__name__}: {e}")
-        return 1 if failed else 0
+        return exllamav3_runs.dry_runs(args.fixtures, names, dry_run, log)
     if not args.out:
         ap.error("--out is required")
-    try:
-        from exllamav3.version import __version__ as version
-    except Exception:
-        version = "unknown"
     results = {n: {"refused": why} for n, why in refused.items() if why is not None}
-    for name in names:
-        try:
-            r = check(os.path.join(args.fixtures, name), alignments)
-            results[name] = r
-            log(summary(name, r))
-        except Exception as e:
-            traceback.print_exc()
-            results[name] = {"error": f"{type(e).__name__}: {e}"}
-            log(f"{name}: refused or failed: {type(e).__name__}: {e}")
-        with open(args.out, "w") as f:
-            json.dump({"exllamav3": version, "fixtures": results}, f, indent=1)
-    with open(args.out, "w") as f:
-        json.dump({"exllamav3": version, "fixtures": results}, f, indent=1)
+    exllamav3_runs.check_each(args.fixtures, names, lambda d: check(d, alignments), summary, log, args.out,
+                              results, {"exllamav3": exllamav3_runs.exllamav3_version()})
     same = [n for n, r in results.items() if "alignments" in r and
             all(a["equal"] == a["compared"] for a in r["alignments"].values())]
     log(f"{len(same)} of {len(names)} fixtures checked draft as the reference in every alignment")

@@ -33,7 +33,8 @@ import glob
 import json
 import os
 import sys
-import traceback
+
+import exllamav3_runs
 
 # The *_all fixtures not checked by default, each with what exllamav3 1.6.5 does with it (read in
 # its wheel's exllamav3/architecture/*.py; the last device run's errors in
@@ -80,25 +81,8 @@ def log(msg: str) -> None:
 
 
 def read_reference(directory: str) -> list:
-    """(index, prompt, greedy, logits) per prompt of reference.safetensors, checked against each
-    other: logits has a row per token of prompt + greedy."""
-    import torch
-    from safetensors import safe_open
-
-    ref = safe_open(os.path.join(directory, "reference.safetensors"), "pt")
-    with open(os.path.join(directory, "reference.json")) as f:
-        meta = json.load(f)
-    out = []
-    for p in meta["prompts"]:
-        i = p["index"] if "index" in p else len(out)
-        prompt = ref.get_tensor(f"prompt.{i}").long()
-        greedy = ref.get_tensor(f"greedy.{i}").long()
-        want = ref.get_tensor(f"logits.{i}").float()
-        if want.shape[0] != prompt.numel() + greedy.numel():
-            raise ValueError(f"{directory}: logits.{i} has {want.shape[0]} rows for "
-                             f"{prompt.numel()} + {greedy.numel()} tokens")
-        out.append((i, prompt, greedy, want))
-    return out
+    """(index, prompt, greedy, logits) per prompt: logits has a row per token of prompt + greedy."""
+    return exllamav3_runs.read_reference(directory, "logits", 0)
 
 
 def dry_run(directory: str) -> dict:
@@ -167,36 +151,18 @@ def main() -> int:
     if not names:
         ap.error(f"no *_release_all fixture under {args.fixtures}")
     if args.dry_run:
-        failed = 0
-        for name in names:
-            try:
-                log(f"{name}: {dry_run(os.path.join(args.fixtures, name))}")
-            except (OSError, ValueError, KeyError) as e:
-                failed += 1
-                log(f"{name}: cannot be checked: {type(e).__name__}: {e}")
-        return 1 if failed else 0
+        return exllamav3_runs.dry_runs(args.fixtures, names, dry_run, log)
     if not args.out:
         ap.error("--out is required")
-    results = {}
-    try:
-        from exllamav3.version import __version__ as version
-    except Exception:
-        version = "unknown"
-    for name in names:
-        try:
-            r = check(os.path.join(args.fixtures, name), args.max_mean_row_rel)
-            results[name] = r
-            log(f"{name}: {r['architecture']}: {'agrees' if r['agrees'] else 'DIFFERS'}: mean row rel "
+    def summary(name: str, r: dict) -> str:
+        return (f"{name}: {r['architecture']}: {'agrees' if r['agrees'] else 'DIFFERS'}: mean row rel "
                 + ", ".join(f"{p['mean_row_rel']:.2e}" for p in r["prompts"])
                 + f" (per prompt), worst row rel {r['worst_row_rel']:.2e}, greedy argmax "
                 f"{r['greedy_argmax_same']}/{r['greedy_rows']}")
-        except Exception as e:
-            traceback.print_exc()
-            results[name] = {"error": f"{type(e).__name__}: {e}"}
-            log(f"{name}: refused or failed: {type(e).__name__}: {e}")
-        with open(args.out, "w") as f:
-            json.dump({"exllamav3": version, "max_mean_row_rel": args.max_mean_row_rel,
-                       "fixtures": results}, f, indent=1)
+
+    results = exllamav3_runs.check_each(
+        args.fixtures, names, lambda d: check(d, args.max_mean_row_rel), summary, log, args.out, {},
+        {"exllamav3": exllamav3_runs.exllamav3_version(), "max_mean_row_rel": args.max_mean_row_rel})
     agree = sum(1 for r in results.values() if r.get("agrees"))
     log(f"{agree} of {len(results)} fixtures agree")
     return 0

@@ -12,13 +12,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 . scripts/gpu/exllamav3_ready.sh
-SKIPPED=
-if [ -n "${1:-}" ]; then
-  NAMES=$1
-else
-  fixtures_with_reference '*_mtp'
-  [ -n "$NAMES" ] || { echo "exllamav3_mtp: no *_mtp fixture with reference.safetensors"; exit 2; }
-fi
+fixtures_to_check "${1:-}" '*_mtp' || exit 2
 {
   [ -z "$SKIPPED" ] || echo "exllamav3_mtp: skipped (no reference.safetensors):$SKIPPED"
   echo "exllamav3_mtp: checking $NAMES"

@@ -14,13 +14,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 . scripts/gpu/exllamav3_ready.sh
-SKIPPED=
-if [ -n "${1:-}" ]; then
-  NAMES=$1
-else
-  fixtures_with_reference '*_release_all'
-  [ -n "$NAMES" ] || { echo "exllamav3_reverse: no *_release_all fixture with reference.safetensors"; exit 2; }
-fi
+fixtures_to_check "${1:-}" '*_release_all' || exit 2
 {
   [ -z "$SKIPPED" ] || echo "exllamav3_reverse: skipped (no reference.safetensors):$SKIPPED"
   echo "exllamav3_reverse: checking $NAMES"
