@@ -9,7 +9,12 @@ as it uses them by default) with ArgmaxSampler and no stop conditions.
   iterate() that returns its first token, after one untimed job of the same length.
 - Decode: `batch` jobs, each a different random prompt of the context length; once every job has
   its first token, each iterate() in which every job gains exactly one token is one decode step,
-  timed on the host between torch.cuda.synchronize() calls; the median of --steps such steps.
+  timed on the host between torch.cuda.synchronize() calls; the median of --steps such steps, then
+  the jobs are cancelled. Prompts are ingested in full 2048-token chunks on every iteration
+  (shared_chunk_size = max_chunk_size, prefill_cooldown 0): with exllamav3's defaults (half chunks,
+  one pass in five while any job generates) the first jobs of a batch of 32 would finish before the
+  last had its first token, and no iteration would advance them all. Each job may generate as many
+  tokens as the prefill takes iterations, plus the warm-up and timed steps.
 One JSON object per result is appended to --json, in the shape exl3-engine-bench writes
 ({"bench": "exllamav3_prefill", "context", "ttft_s"} and {"bench": "exllamav3_decode", "context",
 "batch", "step_s", "tokens_per_s"}).
@@ -51,16 +56,22 @@ def main() -> int:
     config = Config.from_directory(args.model)
     model = Model.from_config(config)
     warmup = 4
-    new_tokens = warmup + args.steps + 4
+    chunk = 2048
+
+    def new_tokens(ctx: int, batch: int) -> int:
+        # Every job still generating once the last prompt is in: one iteration per prefill chunk.
+        return -(-batch * ctx // chunk) + warmup + args.steps + 8
+
     # The cache holds the largest batch at the longest context, rounded up to its 256-token pages.
-    need = max(batches) * (max(contexts) + new_tokens + 256)
+    need = max(batches) * (max(contexts) + new_tokens(max(contexts), max(batches)) + 256)
     cache = Cache(model, max_num_tokens=256 * (need // 256 + 1))
     t0 = time.perf_counter()
     model.load("cuda:0")
     log(f"loaded {args.model} ({config.architecture}) in {time.perf_counter() - t0:.1f} s; "
         f"exllamav3 {version}, torch {torch.__version__}, {torch.cuda.get_device_name(0)}")
     tokenizer = Tokenizer.from_config(config)
-    generator = Generator(model=model, cache=cache, tokenizer=tokenizer, max_batch_size=max(batches))
+    generator = Generator(model=model, cache=cache, tokenizer=tokenizer, max_batch_size=max(batches),
+                          max_chunk_size=chunk, shared_chunk_size=chunk, prefill_cooldown=0)
     vocab = config.vocab_size
     gen = torch.Generator().manual_seed(args.seed)
 
@@ -77,10 +88,6 @@ def main() -> int:
                     "device": torch.cuda.get_device_name(0)})
         with open(args.json, "a") as f:
             f.write(json.dumps(obj) + "\n")
-
-    def drain() -> None:
-        while generator.num_remaining_jobs():
-            generator.iterate()
 
     for ctx in contexts:
         times = []
@@ -101,11 +108,11 @@ def main() -> int:
 
     for ctx in contexts:
         for batch in batches:
-            generator.enqueue([job(ctx, new_tokens, i) for i in range(batch)])
+            generator.enqueue([job(ctx, new_tokens(ctx, batch), i) for i in range(batch)])
             counts = [0] * batch
             step_ms = []
             seen_all = False
-            while generator.num_remaining_jobs():
+            while generator.num_remaining_jobs() and len(step_ms) < args.steps:
                 torch.cuda.synchronize()
                 start = time.perf_counter()
                 results = generator.iterate()
@@ -116,9 +123,10 @@ def main() -> int:
                     if r.get("stage") == "streaming" and "token_ids" in r:
                         gained[r["identifier"]] += r["token_ids"].numel()
                 counts = [c + g for c, g in zip(counts, gained)]
-                if seen_all and all(g == 1 for g in gained) and min(counts) <= warmup + args.steps + 1:
+                if seen_all and all(g == 1 for g in gained):
                     step_ms.append(dt * 1e3)
                 seen_all = seen_all or min(counts) >= warmup
+            generator.clear_queue()
             if len(step_ms) < 3:
                 log(f"context {ctx}, batch {batch}: only {len(step_ms)} clean decode steps; skipped")
                 continue
@@ -127,7 +135,6 @@ def main() -> int:
                 f"{batch / med * 1e3:.1f} tokens/s")
             emit({"bench": "exllamav3_decode", "context": ctx, "batch": batch, "step_s": med / 1e3,
                   "tokens_per_s": batch / med * 1e3, "steps": len(step_ms)})
-            drain()
     return 0
 
 
