@@ -3,8 +3,9 @@
 # (split over a cluster, narrow rows) and the hyper-connections' collapse / expand against the CPU,
 # racecheck and memcheck on both, the layers and whole models that use them, then the 6-layer
 # synthetic model's decode (exl3-engine-bench) and, where time is left, its batch-1 step by kernel
-# under ncu (scripts/gpu/profile_step.sh). With a baseline build in the bundle (BASELINE_BUILD) its
-# bench and this one's alternate; GLM5_DEEPER=10 adds that depth and the 45-layer extrapolation.
+# under ncu (scripts/gpu/profile_step.sh), then a 1k prompt's prefill by kernel. With a baseline
+# build in the bundle (BASELINE_BUILD) its bench and this one's alternate; GLM5_DEEPER=10 adds that
+# depth and the 45-layer extrapolation.
 # Needs the bundle (carry .gpu-check):
 #   CUDA_ARCHITECTURES=90 ONLY="engine_cuda_dense_gemv_test engine_cuda_glm5_residual_test engine_cuda_dsv4_test \
 #     engine_cuda_kda_test engine_cuda_kpool_test engine_cuda_model_test exl3-engine-bench exl3-tool" scripts/gpu/bundle.sh build
@@ -90,5 +91,13 @@ if [ "$(left)" -gt 60 ]; then
   echo "=== batch-1 step by kernel ($(el) s)"
   OUT="$OUT" MODEL="$MODEL" BATCH=1 timeout "$(upto 120)" bash scripts/gpu/profile_step.sh > "$OUT/profile.log" 2>&1
   echo "profile exit $?"; head -40 "$OUT/profile-B1.txt" 2>/dev/null
+fi
+# The 1024-token prompt's prefill by kernel (first token: 8.5 ms a layer, far above its floor).
+if [ "$(left)" -gt 60 ]; then
+  echo "=== 1k prefill by kernel ($(el) s)"
+  mkdir -p "$OUT/prefill"
+  OUT="$OUT/prefill" MODEL="$MODEL" BATCH=1 PHASE=prefill timeout "$(upto 150)" bash scripts/gpu/profile_step.sh \
+    > "$OUT/prefill/profile.log" 2>&1
+  echo "prefill profile exit $?"; head -40 "$OUT/prefill/profile-B1.txt" 2>/dev/null
 fi
 echo "total $(el) s"

@@ -7,11 +7,14 @@
 #  2. runs `exl3-engine-bench --no-graphs --steps 1` at each BATCH (default 1) and CONTEXT under ncu,
 #     timing every kernel (gpu__time_duration, each kernel replayed alone, L2 not flushed between
 #     them: closer to the step than ncu's default), and prints the kernels of the last decode step
-#     (those after the last embedding gather) grouped by name: count, total µs, share;
+#     (those after the last embedding gather) grouped by name: count, total µs, share; with
+#     PHASE=prefill those of the longest forward pass instead (from one embedding gather to the
+#     next: at batch 1 a prefill chunk of the CONTEXT-token prompt);
 #  3. with DETAIL=1 also profiles one decode-attention launch in full (stall reasons, memory
 #     throughput) into $OUT/attention-detail.txt.
 # Writes $OUT/profile-B<batch>.csv (ncu's raw rows) and $OUT/profile-B<batch>.txt (the summary).
-# Env: MODEL (default /tmp/air-profile), LAYERS, BATCH (comma list), CONTEXT (default 1024), DETAIL.
+# Env: MODEL (default /tmp/air-profile), LAYERS, BATCH (comma list), CONTEXT (default 1024), PHASE
+# (decode, the default, or prefill), DETAIL.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/gpu/env.sh
@@ -34,7 +37,7 @@ for B in ${BATCH:-1} ; do
     "$NCU" --metrics gpu__time_duration.sum --cache-control none --csv --page raw \
       "$BIN/exl3-engine-bench" --model "$MODEL" --context "$CONTEXT" --batch "$b" --steps 1 --no-graphs \
       > "$csv" 2> "$OUT/profile-B$b.log" || { tail -20 "$OUT/profile-B$b.log"; exit 1; }
-    python3 - "$csv" "$b" > "$OUT/profile-B$b.txt" <<'EOF'
+    python3 - "$csv" "$b" "${PHASE:-decode}" > "$OUT/profile-B$b.txt" <<'EOF'
 import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if r]
 head = next(i for i, r in enumerate(rows) if "Kernel Name" in r)
@@ -46,8 +49,10 @@ for r in rows[head + 1:]:
         kernels.append((r[name_i], float(r[time_i].replace(",", ""))))
     except (ValueError, IndexError):
         continue  # the units row
-last = max(i for i, (n, _) in enumerate(kernels) if "EmbedKernel" in n)
-step = kernels[last:]
+starts = [i for i, (n, _) in enumerate(kernels) if "EmbedKernel" in n]
+passes = [kernels[a:b] for a, b in zip(starts, starts[1:] + [len(kernels)])]
+phase = sys.argv[3]
+step = passes[-1] if phase == "decode" else max(passes, key=lambda p: sum(t for _, t in p))
 unit = rows[head + 1][time_i]  # the units row
 scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(unit, 1e-3)
 step = [(n, t * scale) for n, t in step]
@@ -59,7 +64,8 @@ for n, t in step:
     short = short.split("(")[0].split("<")[0].replace("void ", "")
     c, s = by.get(short, (0, 0.0))
     by[short] = (c + 1, s + t)
-print(f"batch {sys.argv[2]}: {len(step)} kernels in the last decode step, {total:.1f} us")
+what = "the last decode step" if phase == "decode" else "the longest forward pass (prefill)"
+print(f"batch {sys.argv[2]}: {len(step)} kernels in {what}, {total:.1f} us")
 for n, (c, s) in sorted(by.items(), key=lambda kv: -kv[1][1]):
     print(f"{s:9.1f} us {100 * s / total:5.1f} %  x{c:<4d} {s / c:7.2f} us each  {n}")
 EOF
