@@ -67,8 +67,8 @@ EXL3_HC_MIX_STREAM=0 timeout "$(upto 60)" "$BIN"/exl3-engine-bench --model "$MOD
   --steps 12 --json "$OUT/glm5-bench-one-stream.json" > "$OUT/glm5-bench-one-stream.log" 2>&1
 echo "bench, mix on the model's stream: exit $?"; grep -E "decode context" "$OUT/glm5-bench-one-stream.log" | head -4
 # Before and after, in the same call: a baseline build's bench (bundle.sh BASELINE_BUILD) and this
-# one's, alternately, twice each.
-if [ -x "$BIN"/exl3-engine-bench-baseline ]; then
+# one's, alternately, twice each (GLM5_COMPARE=0: not, when the baseline is there for another script).
+if [ -x "$BIN"/exl3-engine-bench-baseline ] && [ "${GLM5_COMPARE:-1}" = 1 ]; then
   for round in 1 2; do
     for which in baseline current; do
       [ "$(left)" -gt 40 ] || break
