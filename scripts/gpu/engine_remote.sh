@@ -19,6 +19,9 @@
 #      the engine and a worker on the same GPU share one GPU context instead of being time-sliced
 #      between two (the question of bench/results/engine-h200.md "Session 10": the engine's call at
 #      batch 1 costs 2.7× the same call from a process without a GPU context).
+# --bench-args "ARGS": more exl3-engine-bench arguments for every run (e.g. "--speculative-acceptance
+#   0.7 --num-speculative-tokens 1,3": speculative decoding in process and with the experts on the
+#   worker, issue 31).
 # Every worker this script starts is stopped on exit (TERM, then KILL). A worker that does not
 # serve within --worker-timeout-s (default 600) or exits ends the script with its log's tail and
 # exit code 3; a failed benchmark gives exit code 1 at the end (the other runs still run).
@@ -26,7 +29,7 @@
 # Usage: scripts/gpu/engine_remote.sh [--model DIR | --model-args "ARGS" | --layers N]
 #          [--worker-gpu N] [--two-workers] [--grpc] [--mps] [--no-in-process] [--batches 1,8,32,64]
 #          [--contexts 1024,8192] [--steps 12] [--micro-batches 1,2] [--backend cuda|cpu]
-#          [--shm-mb 256] [--worker-timeout-s S] [--bench-timeout-s S]
+#          [--shm-mb 256] [--worker-timeout-s S] [--bench-timeout-s S] [--bench-args "ARGS"]
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-gpu-out}
@@ -34,8 +37,8 @@ mkdir -p "$OUT"
 LAYERS=${ENGINE_LAYERS:-6}
 MODEL_DIR="" MODEL_ARGS="" WORKER_GPU=0 TWO_WORKERS=0 GRPC=0 MPS=0 MPS_ON=0 IN_PROCESS=1
 BATCHES=${BATCHES:-1,8,32,64} CONTEXTS=${CONTEXTS:-1024,8192} STEPS=${STEPS:-12} MICRO_BATCHES=1,2
-BACKEND=cuda WORKER_TIMEOUT_S=600 BENCH_TIMEOUT_S=${BENCH_TIMEOUT:-600} SHM_MB=256
-usage() { sed -n '2,29p' "$0"; }
+BACKEND=cuda WORKER_TIMEOUT_S=600 BENCH_TIMEOUT_S=${BENCH_TIMEOUT:-600} SHM_MB=256 EXTRA_BENCH_ARGS=
+usage() { sed -n '2,/^set -uo/p' "$0" | grep '^#'; }
 need() { if [ $# -lt 2 ] || [ -z "$2" ]; then echo "engine_remote.sh: $1 needs a value" >&2; exit 2; fi; }
 number() { [[ "$2" =~ ^[0-9]+$ ]] || { echo "engine_remote.sh: $1 needs a number, not '$2'" >&2; exit 2; }; }
 list() { [[ "$2" =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "engine_remote.sh: $1 needs a list like 1,8,32, not '$2'" >&2; exit 2; }; }
@@ -58,6 +61,7 @@ while [ $# -gt 0 ]; do
     --worker-timeout-s) need "$@"; number "$1" "$2"; WORKER_TIMEOUT_S="$2"; shift ;;
     --shm-mb) need "$@"; number "$1" "$2"; SHM_MB="$2"; shift ;;
     --bench-timeout-s) need "$@"; number "$1" "$2"; BENCH_TIMEOUT_S="$2"; shift ;;
+    --bench-args) need "$@"; EXTRA_BENCH_ARGS="$2"; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "engine_remote.sh: unknown argument $1 (--help lists them)" >&2; exit 2 ;;
   esac
@@ -134,12 +138,14 @@ NUM_EXPERTS=$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1]+"/config
 say "model $MODEL_DIR: $NUM_EXPERTS routed experts"
 
 BENCH_ARGS=(--model "$MODEL_DIR" --context "$CONTEXTS" --batch "$BATCHES" --steps "$STEPS" --json "$JSON")
+# shellcheck disable=SC2206  # the arguments are meant to split
+BENCH_ARGS+=($EXTRA_BENCH_ARGS)
 run_bench() {  # run_bench NAME [ARGS...]: one exl3-engine-bench run, its tables into the summary
   local name=$1; shift
   say "=== $name"
   timeout "$BENCH_TIMEOUT_S" "$BIN/exl3-engine-bench" "${BENCH_ARGS[@]}" "$@" > "$OUT/engine-remote-$name.log" 2>&1
   local rc=$?
-  grep -E "^(===|copy bandwidth|remote experts|model |weights|prefill|decode|    )|shared-memory channel attached|shared memory not used|no shared-memory channel" "$OUT/engine-remote-$name.log" \
+  grep -E "^(===|copy bandwidth|remote experts|model |weights|prefill|decode|    |\\|)|shared-memory channel attached|shared memory not used|no shared-memory channel" "$OUT/engine-remote-$name.log" \
     | tee -a "$SUMMARY"
   if [ $rc != 0 ]; then
     say "exl3-engine-bench ($name) exit $rc$([ $rc = 124 ] && echo " (over --bench-timeout-s $BENCH_TIMEOUT_S)"):"
