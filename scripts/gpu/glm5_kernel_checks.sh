@@ -20,7 +20,10 @@ mkdir -p "$OUT"
 LIMIT=${LIMIT:-400}
 . scripts/gpu/time_budget.sh
 . scripts/gpu/env.sh
-# The deeper model is written while the tests run (it took over 90 s at 10 layers).
+# The models are written while the tests run (over 90 s at 10 layers).
+MODEL=/tmp/glm5-next-synthetic-6
+bash scripts/gpu/glm5_next_model.sh "$BIN" "$MODEL" 6 "$OUT/glm5-model.log" "$LIMIT" &
+MODEL_PID=$!
 if [ -n "${GLM5_DEEPER:-}" ]; then
   DEEP=/tmp/glm5-next-synthetic-$GLM5_DEEPER
   bash scripts/gpu/glm5_next_model.sh "$BIN" "$DEEP" "$GLM5_DEEPER" "$OUT/glm5-model-deep.log" "$LIMIT" &
@@ -56,29 +59,10 @@ echo "exit $?"; show "$OUT/model.log" "tokens|rel" 40
 DEEP_OK=0
 [ -n "${DEEP_PID:-}" ] && wait "$DEEP_PID" && DEEP_OK=1
 echo "=== GLM-5.3-Flash synthetic, 6 layers ($(el) s)"
-MODEL=/tmp/glm5-next-synthetic-6
-bash scripts/gpu/glm5_next_model.sh "$BIN" "$MODEL" 6 "$OUT/glm5-model.log" "$(upto 120)" || exit 1
+wait "$MODEL_PID" || { tail -5 "$OUT/glm5-model.log"; exit 1; }
 timeout "$(upto 90)" "$BIN"/exl3-engine-bench --model "$MODEL" --context 1024,8192 --batch 1,8,32,64 --steps 12 \
   --json "$OUT/glm5-bench.json" > "$OUT/glm5-bench.log" 2>&1
 echo "bench exit $?"; grep -E "decode context|prefill|floor" "$OUT/glm5-bench.log" | head -20
-# The same decode with the collapses' post / comb on the model's stream (no side stream): what
-# HyperMixStream gains (engine/cuda/hyper_residual.h).
-EXL3_HC_MIX_STREAM=0 timeout "$(upto 60)" "$BIN"/exl3-engine-bench --model "$MODEL" --context 1024 --batch 1,8 \
-  --steps 12 --json "$OUT/glm5-bench-one-stream.json" > "$OUT/glm5-bench-one-stream.log" 2>&1
-echo "bench, mix on the model's stream: exit $?"; grep -E "decode context" "$OUT/glm5-bench-one-stream.log" | head -4
-# Before and after, in the same call: a baseline build's bench (bundle.sh BASELINE_BUILD) and this
-# one's, alternately, twice each (GLM5_COMPARE=0: not, when the baseline is there for another script).
-if [ -x "$BIN"/exl3-engine-bench-baseline ] && [ "${GLM5_COMPARE:-1}" = 1 ]; then
-  for round in 1 2; do
-    for which in baseline current; do
-      [ "$(left)" -gt 40 ] || break
-      bench="$BIN"/exl3-engine-bench; [ $which = baseline ] && bench="$BIN"/exl3-engine-bench-baseline
-      timeout "$(upto 40)" "$bench" --model "$MODEL" --context 1024 --batch 1,8,32,64 --steps 12 \
-        > "$OUT/glm5-bench-$which-$round.log" 2>&1
-      echo "--- $which, round $round: exit $?"; grep -E "^decode context" "$OUT/glm5-bench-$which-$round.log"
-    done
-  done
-fi
 # GLM5_DEEPER (e.g. 10): that depth too, then the 45 layers extrapolated per layer.
 if [ "$DEEP_OK" = 1 ] && [ "$(left)" -gt 60 ]; then
   timeout "$(upto 90)" "$BIN"/exl3-engine-bench --model "$DEEP" --context 1024,8192 --batch 1,8,32,64 --steps 12 \
@@ -99,5 +83,25 @@ if [ "$(left)" -gt 60 ]; then
   OUT="$OUT/prefill" MODEL="$MODEL" BATCH=1 PHASE=prefill timeout "$(upto 150)" bash scripts/gpu/profile_step.sh \
     > "$OUT/prefill/profile.log" 2>&1
   echo "prefill profile exit $?"; head -40 "$OUT/prefill/profile-B1.txt" 2>/dev/null
+fi
+# The same decode with the collapses' post / comb on the model's stream (no side stream): what
+# HyperMixStream gains (engine/cuda/hyper_residual.h).
+if [ "$(left)" -gt 60 ]; then
+  EXL3_HC_MIX_STREAM=0 timeout "$(upto 60)" "$BIN"/exl3-engine-bench --model "$MODEL" --context 1024 --batch 1,8 \
+    --steps 12 --json "$OUT/glm5-bench-one-stream.json" > "$OUT/glm5-bench-one-stream.log" 2>&1
+  echo "bench, mix on the model's stream: exit $?"; grep -E "decode context" "$OUT/glm5-bench-one-stream.log" | head -4
+fi
+# Before and after, in the same call: a baseline build's bench (bundle.sh BASELINE_BUILD) and this
+# one's, alternately, twice each (GLM5_COMPARE=0: not, when the baseline is there for another script).
+if [ -x "$BIN"/exl3-engine-bench-baseline ] && [ "${GLM5_COMPARE:-1}" = 1 ]; then
+  for round in 1 2; do
+    for which in baseline current; do
+      [ "$(left)" -gt 40 ] || break
+      bench="$BIN"/exl3-engine-bench; [ $which = baseline ] && bench="$BIN"/exl3-engine-bench-baseline
+      timeout "$(upto 40)" "$bench" --model "$MODEL" --context 1024 --batch 1,8,32,64 --steps 12 \
+        > "$OUT/glm5-bench-$which-$round.log" 2>&1
+      echo "--- $which, round $round: exit $?"; grep -E "^decode context" "$OUT/glm5-bench-$which-$round.log"
+    done
+  done
 fi
 echo "total $(el) s"
