@@ -358,9 +358,19 @@ def release_family(base, seed, features, layout=None, files=None, naming=None, r
     tensors into the release naming, and back for the reference model."""
     spec = FAMILIES[base]
     gone = tuple(changed) + tuple(replaces)
+    # Qwen4-Exp keeps the text model's fields in text_fields (text_config), the rest at the top.
+    where = "text_fields" if "text_fields" in spec else "fields"
     return dict(spec, base=base, seed=seed, variants=("all",), layout=layout, files=files or {}, naming=naming,
-                fields=dict(spec["fields"], **changed),
+                **{where: dict(spec[where], **changed)},
                 features=[f for f in spec["features"] if not any(k in f for k in gone)] + features)
+
+
+def qwen4_exp_release_layout(config):
+    """Qwen3.8-Flash-Next's config.json names its QSA layers "full_attention" in layer_types (the
+    only names exllamav3's architecture/qwen4_exp.py reads; transformers 5.x writes
+    "indexed_attention" and reads both, and so does engine/config/qwen4exp_section.cc)."""
+    text = config["text_config"]
+    text["layer_types"] = ["full_attention" if t == "indexed_attention" else t for t in text["layer_types"]]
 
 
 def qwen3_moe_release_layout(config):
@@ -500,6 +510,40 @@ FAMILIES["glm5_next_release"] = release_family(
     n_group=1, topk_group=1, linear_head_dim=128, num_hidden_layers=2,
     layer_types=["linear_attention", "indexed_attention"], mlp_layer_types=["dense", "sparse"],
     indexer_types=["full", "full"])
+
+
+# Qwen3.8-Flash-Next in two layers (gated DeltaNet with PLE, then QSA), in the shapes exllamav3
+# 1.6.5 takes: n-gram rows of 160 (its NGramEmbedding asserts ple_embed_dim / ((ngram_size - 1) *
+# heads_per_ngram) == 160: 4 heads of 160 here), and widths its Linear does not pad where the
+# padding would reach a consumer that does not trim it: ple_embed_dim a multiple of 128 (its fused
+# ple_forward_streams multiplies the 640-wide n-gram embedding by key_proj / value_proj as loaded,
+# inputs padded to 128s) and QSA's index_qk_proj (indexer_n_heads + 1) * indexer_head_dim
+# = 9 x 128 (QSAIndexer.project splits the output as it comes, padded to 128s); 2 KV heads
+# (k/v_proj 128 wide, as its fused q/k/v kernels need); the release layer_types naming. The base's
+# second DeltaNet layer is left out: with the wider PLE projections a third layer would take the
+# fixture past 3 MB.
+FAMILIES["qwen4_exp_release"] = release_family(
+    "qwen4_exp", 33, [
+        "2 layers: layer_types [linear_attention, indexed_attention] (config.json: full_attention, "
+        "the release naming, below), both MoE: softmax top-2 of 8 renormalised, shared expert "
+        "scaled by sigmoid(shared_expert_gate)",
+        "QSA (layer 1): gated attention (2 heads x 64 over 2 KV heads: k/v_proj [128, 128], the "
+        "width exllamav3's fused q/k/v kernels take; partial rotary 16 of 64) whose queries see the "
+        "2 best of their complete 4-position blocks (indexer_budget 8, indexer_compress_ratio 4; "
+        "indexer_n_heads 8 x indexer_head_dim 128 as the release's 128-wide index keys, rope on the "
+        "first 16) plus the incomplete last block: positions >= 11 attend sparsely",
+        "PLE on layer 0 (ple_layer_ids [1], straight after the stream expansion): ngram_size 3, "
+        "heads_per_ngram 2, ple_embed_dim 640, so n-gram rows of 160 (the only width exllamav3's "
+        "NGramEmbedding takes), ngram_vocab_size_base 100 (a table of 512 rows x 160 stored in "
+        "split_ngram_parts 16 pieces), dilated conv of 4 taps; eos_token_id 1 resets the n-grams",
+        "small linears (in_proj_a/b, the hyper-connection and PLE projections) stay as stored; "
+        "k/v_proj [128, 128] and the indexer's index_qk_proj [1152, 128] are EXL3",
+        "config.json in the release layout: the QSA layer is full_attention in layer_types "
+        "(transformers 5.x writes indexed_attention)"],
+    layout=qwen4_exp_release_layout,
+    replaces=("QSA:", "small linears", "every layer MoE"),
+    num_hidden_layers=2, layer_types=["linear_attention", "indexed_attention"], num_key_value_heads=2,
+    indexer_head_dim=128, ple_layer_ids=[1], ple_embed_dim=640, ngram_vocab_size_base=100)
 
 
 # DeepSeek-V4 as released: tensors without "model." (embed, layers.L.*, norm, hc_head_fn /
