@@ -261,6 +261,8 @@ def raw_reads(m) -> list[tuple[str, tuple | None]]:
         out += [(f"{m.key}.{p}.weight", None) for p in parts + (("block_inject_weight",) if m.use_combine else ())]
     elif cls == "PLELayer" and not getattr(m, "stub", False):
         out.append((f"{m.key}.conv1d.weight", None))
+    elif cls == "Qwen4ExpMTPInputLayer":  # the MTP head's per-stream norm over the trunk's streams
+        out.append((f"{m.key}.pre_fc_norm_hidden.weight", None))
     return out
 
 
