@@ -358,9 +358,19 @@ def release_family(base, seed, features, layout=None, files=None, naming=None, r
     tensors into the release naming, and back for the reference model."""
     spec = FAMILIES[base]
     gone = tuple(changed) + tuple(replaces)
+    # Qwen4-Exp keeps the text model's fields in text_fields (text_config), the rest at the top.
+    where = "text_fields" if "text_fields" in spec else "fields"
     return dict(spec, base=base, seed=seed, variants=("all",), layout=layout, files=files or {}, naming=naming,
-                fields=dict(spec["fields"], **changed),
+                **{where: dict(spec[where], **changed)},
                 features=[f for f in spec["features"] if not any(k in f for k in gone)] + features)
+
+
+def qwen4_exp_release_layout(config):
+    """Qwen3.8-Flash-Next's config.json names its QSA layers "full_attention" in layer_types (the
+    only names exllamav3's architecture/qwen4_exp.py reads; transformers 5.x writes
+    "indexed_attention" and reads both, and so does engine/config/qwen4exp_section.cc)."""
+    text = config["text_config"]
+    text["layer_types"] = ["full_attention" if t == "indexed_attention" else t for t in text["layer_types"]]
 
 
 def qwen3_moe_release_layout(config):
@@ -500,6 +510,40 @@ FAMILIES["glm5_next_release"] = release_family(
     n_group=1, topk_group=1, linear_head_dim=128, num_hidden_layers=2,
     layer_types=["linear_attention", "indexed_attention"], mlp_layer_types=["dense", "sparse"],
     indexer_types=["full", "full"])
+
+
+# Qwen3.8-Flash-Next in two layers (gated DeltaNet with PLE, then QSA), in the shapes exllamav3
+# 1.6.5 takes: n-gram rows of 160 (its NGramEmbedding asserts ple_embed_dim / ((ngram_size - 1) *
+# heads_per_ngram) == 160: 4 heads of 160 here), and widths its Linear does not pad where the
+# padding would reach a consumer that does not trim it: ple_embed_dim a multiple of 128 (its fused
+# ple_forward_streams multiplies the 640-wide n-gram embedding by key_proj / value_proj as loaded,
+# inputs padded to 128s) and QSA's index_qk_proj (indexer_n_heads + 1) * indexer_head_dim
+# = 9 x 128 (QSAIndexer.project splits the output as it comes, padded to 128s); 2 KV heads
+# (k/v_proj 128 wide, as its fused q/k/v kernels need); the release layer_types naming. The base's
+# second DeltaNet layer is left out: with the wider PLE projections a third layer would take the
+# fixture past 3 MB.
+FAMILIES["qwen4_exp_release"] = release_family(
+    "qwen4_exp", 33, [
+        "2 layers: layer_types [linear_attention, indexed_attention] (config.json: full_attention, "
+        "the release naming, below), both MoE: softmax top-2 of 8 renormalised, shared expert "
+        "scaled by sigmoid(shared_expert_gate)",
+        "QSA (layer 1): gated attention (2 heads x 64 over 2 KV heads: k/v_proj [128, 128], the "
+        "width exllamav3's fused q/k/v kernels take; partial rotary 16 of 64) whose queries see the "
+        "2 best of their complete 4-position blocks (indexer_budget 8, indexer_compress_ratio 4; "
+        "indexer_n_heads 8 x indexer_head_dim 128 as the release's 128-wide index keys, rope on the "
+        "first 16) plus the incomplete last block: positions >= 11 attend sparsely",
+        "PLE on layer 0 (ple_layer_ids [1], straight after the stream expansion): ngram_size 3, "
+        "heads_per_ngram 2, ple_embed_dim 640, so n-gram rows of 160 (the only width exllamav3's "
+        "NGramEmbedding takes), ngram_vocab_size_base 100 (a table of 512 rows x 160 stored in "
+        "split_ngram_parts 16 pieces), dilated conv of 4 taps; eos_token_id 1 resets the n-grams",
+        "small linears (in_proj_a/b, the hyper-connection and PLE projections) stay as stored; "
+        "k/v_proj [128, 128] and the indexer's index_qk_proj [1152, 128] are EXL3",
+        "config.json in the release layout: the QSA layer is full_attention in layer_types "
+        "(transformers 5.x writes indexed_attention)"],
+    layout=qwen4_exp_release_layout,
+    replaces=("QSA:", "small linears", "every layer MoE"),
+    num_hidden_layers=2, layer_types=["linear_attention", "indexed_attention"], num_key_value_heads=2,
+    indexer_head_dim=128, ple_layer_ids=[1], ple_embed_dim=640, ngram_vocab_size_base=100)
 
 
 # DeepSeek-V4 as released: tensors without "model." (embed, layers.L.*, norm, hc_head_fn /
@@ -1742,25 +1786,27 @@ def mtp_moe_layer(modules):
     return layer.layer if isinstance(layer, PlainResidualBlock) else layer
 
 
-def mtp_router_inputs(ref_model, modules, gates):
+def mtp_router_inputs(ref_model, modules, gates, reference=None, first_token=0):
     """The inputs of every router in `gates` ("<L>": trunk layer L's, "mtp": the MTP layer's) over the
     passes the MTP fixture records (record_mtp_prompts: each prompt's greedy continuation, then the
-    teacher-forced trunk pass over prompt + greedy and the MTP layer's pass on what it sees there)."""
+    teacher-forced trunk pass over prompt + greedy and the MTP layer's pass on what it sees there).
+    `reference(ids)` runs those passes (default mtp_reference_logits; Qwen4-Exp's head has its own,
+    with prompts from `first_token`)."""
     xs = {name: [] for name in gates}
     mlps = {name: (mtp_moe_layer(modules) if name == "mtp" else decoder_layers(ref_model)[int(name)]).mlp
             for name in gates}
 
-    def reference(ids):
+    def hooked(ids):
         hooks = [mlp.register_forward_hook(
             lambda mod, inp, outp, name=name: xs[name].append(inp[0].reshape(-1, inp[0].shape[-1]).detach().float()))
             for name, mlp in mlps.items()]
         try:
-            return mtp_reference_logits(ref_model, modules, ids)
+            return (reference or (lambda i: mtp_reference_logits(ref_model, modules, i)))(ids)
         finally:
             for h in hooks:
                 h.remove()
 
-    record_mtp_prompts(ref_model, reference, first_token=0)
+    record_mtp_prompts(ref_model, hooked, first_token=first_token)
     return {name: torch.cat(x) for name, x in xs.items()}
 
 
@@ -1772,15 +1818,15 @@ def mtp_gates(ref_model, modules):
     return {name: g for name, g in gates.items() if routes_by_score(cfg, g)}
 
 
-def mtp_route_margins(family, ref_model, modules):
+def mtp_route_margins(family, ref_model, modules, reference=None, first_token=0):
     """The smallest routing lead of each router of mtp_gates over the recorded passes."""
     cfg = ref_model.config.get_text_config()
     gates = mtp_gates(ref_model, modules)
-    xs = mtp_router_inputs(ref_model, modules, gates)
+    xs = mtp_router_inputs(ref_model, modules, gates, reference, first_token)
     return {name: route_margin(family, cfg, g, xs[name]) for name, g in gates.items()}
 
 
-def open_mtp_route_margins(family, ref_model, modules, args, max_rounds=40):
+def open_mtp_route_margins(family, ref_model, modules, args, max_rounds=40, reference=None, first_token=0):
     """open_route_margins for an MTP fixture: widens every routing decision of the passes the fixture
     records (trunk routers and the MTP layer's router, on the inputs it sees there) to at least
     route_margin_for(family), on the dequantized reference (`ref_model`, the head's `modules`), the same
@@ -1798,7 +1844,7 @@ def open_mtp_route_margins(family, ref_model, modules, args, max_rounds=40):
     master = {name: g.weight.detach().clone().float() for name, g in gates.items()}
     moved, before = set(), None
     for rnd in range(max_rounds + 1):
-        xs = mtp_router_inputs(ref_model, modules, gates)
+        xs = mtp_router_inputs(ref_model, modules, gates, reference, first_token)
         short, worst, leads = 0, float("inf"), {}
         for name, gate in gates.items():
             x = xs[name]
@@ -2063,9 +2109,20 @@ def qwen4_exp_mtp_modules(model, tensors, layer_index):
             "fc_embedding": fc["fc_embedding"], "layer": layer, "mixer": mixer}
 
 
+def qwen4_exp_release_mtp_layout(config):
+    """qwen4_exp_release_layout, and the MTP head's layer count (text_config.mtp_num_hidden_layers 1,
+    as the release config has it): exllamav3 builds its "mtp" component only where it is above 0.
+    transformers keeps the field and the engine counts the head's layers from its tensors."""
+    qwen4_exp_release_layout(config)
+    config["text_config"]["mtp_num_hidden_layers"] = 1
+
+
 def make_qwen4_exp_mtp_fixture(family, seed, args, work_root):
     name = f"{family}_mtp"
     base = dict(FAMILIES[family], mtp=False)
+    # A release twin (qwen4_exp_release): its config.json layout with the head's layer count.
+    release = is_release(family)
+    layout = dict(base, layout=qwen4_exp_release_mtp_layout) if release else None
     text = dict(base["text_fields"], **QWEN4_MTP_OVERRIDES)
     n = text["num_hidden_layers"]
     # The weights come from a model one layer longer (a QSA layer, no PLE): its last layer becomes
@@ -2095,18 +2152,40 @@ def make_qwen4_exp_mtp_fixture(family, seed, args, work_root):
         torch.randn(lowrank, S * H, generator=gen) / math.sqrt(S * H))
     mtp["mtp.hyper_connection_mixer.input_mix_weight_up.weight"] = (
         torch.randn(S * H, lowrank, generator=gen) / math.sqrt(lowrank))
+    adjustment = None
+    if release and route_margin_for(family, args) > args.min_route_margin:
+        # The release rule over the MTP path (open_mtp_route_margins): the trunk's and the head's
+        # routers widened on the dequantized reference, stored, quantized again.
+        _, _, head0, ref0 = quantize_with_mtp_head(args, model, dict(mtp), work_root, name + "-route-margins",
+                                                   seed, "mtp.", spec=layout)
+        modules0 = qwen4_exp_mtp_modules(ref0, head0, n)
+        routers, adjustment = open_mtp_route_margins(
+            family, ref0, modules0, args, reference=lambda ids: qwen4_exp_mtp_reference_logits(ref0, modules0, ids),
+            first_token=2)
+        for rname, w in routers.items():
+            if rname == "mtp":
+                mtp[p + "mlp.gate.weight"] = w.float()
+            else:
+                gate = decoder_layers(model)[int(rname)].mlp.gate.weight
+                with torch.no_grad():
+                    gate.copy_(w.to(gate.dtype))
     exl3_dir, prefixes, head_tensors, ref_model = quantize_with_mtp_head(args, model, mtp, work_root, name, seed,
-                                                                        "mtp.")
+                                                                        "mtp.", spec=layout)
     modules = qwen4_exp_mtp_modules(ref_model, head_tensors, n)
+    reference_logits = lambda ids: qwen4_exp_mtp_reference_logits(ref_model, modules, ids)  # noqa: E731
+    if adjustment is not None:
+        margins = mtp_route_margins(family, ref_model, modules, reference_logits, first_token=2)
+        log(f"{name}: routing margins " + ", ".join(f"{k} {v:.2e}" for k, v in margins.items()))
+        if min(margins.values()) < route_margin_for(family, args):
+            fail(f"{name}: routing margins {margins} below {route_margin_for(family, args)} after quantizing again")
     # No EOS (1) in the prompts: it resets PLE n-grams.
-    tensors, prompts_info = record_mtp_prompts(
-        ref_model, lambda ids: qwen4_exp_mtp_reference_logits(ref_model, modules, ids), first_token=2)
+    tensors, prompts_info = record_mtp_prompts(ref_model, reference_logits, first_token=2)
     reference = {
         "family": family, "architecture": ref_model.config.architectures[0], "variant": "mtp",
         "quantize_flags": ["--bits", str(EXPERT_BITS)] + VARIANTS["all"], "seed": seed,
         "generated_with": {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
                            "script": "scripts/conformance/engine_fixtures.py --mtp-families"},
-        "features": [f"{n} decoder layers (gated DeltaNet, gated DeltaNet with PLE, QSA) plus the MTP head mtp.* "
+        "features": [f"{n} decoder layers ({', '.join(layer_kinds(text))}) plus the MTP head mtp.* "
                      "(pre_fc_norm_hidden [hc_count * hidden], fc_hidden, pre_fc_norm_embedding, fc_embedding, "
                      "one decoder block mtp.layers.0.* with QSA attention, MoE with a gated shared expert and its "
                      "gated residual connections, hyper_connection_mixer; the model's lm_head) in "
@@ -2121,10 +2200,29 @@ def make_qwen4_exp_mtp_fixture(family, seed, args, work_root):
                       "Qwen4ExpTextDecoderLayer, Qwen4ExpTextGatedResidual, nn.Linear for fc_hidden / "
                       "fc_embedding), fp32, EXL3 layers dequantized",
     }
+    if release:
+        reference["features"] += [
+            f"the {family} settings and config.json layout ({family}_all's: 2 KV heads, n-gram rows of "
+            "160, indexer_head_dim 128, layer_types full_attention) with the MTP overrides above, and "
+            "text_config.mtp_num_hidden_layers 1 (exllamav3 builds the head only with it)"]
+    if adjustment is not None:
+        reference["min_route_margin"] = {k: float(f"{v:.3e}") for k, v in margins.items()}
+        reference["router_adjustment"] = adjustment
     write_mtp_fixture(args, name, exl3_dir, tensors, prompts_info, reference)
 
 
+def layer_kinds(text):
+    """Qwen4-Exp's decoder layers in words: gated DeltaNet (with PLE where it has one) or QSA."""
+    ple = set(text.get("ple_layer_ids") or [])
+    return [("QSA" if t != "linear_attention" else "gated DeltaNet" + (" with PLE" if i + 1 in ple else ""))
+            for i, t in enumerate(text["layer_types"])]
+
+
 MTP_FAMILIES["qwen4_exp"] = dict(seed=29, make=make_qwen4_exp_mtp_fixture)
+# The release twin (issue 31: a head exllamav3 1.6.5 can judge): qwen4_exp_release's two layers,
+# shapes and config.json layout with the overrides above, mtp_num_hidden_layers 1, the 4e-3 routing
+# rule over the trunk and the head.
+MTP_FAMILIES["qwen4_exp_release"] = dict(seed=32, make=make_qwen4_exp_mtp_fixture)
 
 
 def main():

@@ -7,8 +7,11 @@ unquantized weight, a list alt_key concatenated, then a fused fkey tensor: a qua
 where exllamav3 reads only a weight is refused as it refuses it), Embedding / RMSNorm (unless
 unweighted) / LayerNorm weights, and the tensors modules read themselves (MLA's kv_b_proj.weight and
 k-pool parameters, gated DeltaNet / KDA A_log, dt_bias and conv1d or q/k/v_conv1d, hyper-connection
-fn/base/scale, DeepSeek-V4 attn_sink and compressor ape, hash-routing tables). What it cannot see:
-the values, and the shapes exllamav3's CUDA kernels take.
+fn/base/scale and Qwen3.8-Flash-Next's gated-residual sites, its PLE conv and n-gram table with its
+hashing constants, DeepSeek-V4 attn_sink and compressor ape, hash-routing tables), and the widths its
+Linear pads where a consumer takes the padded tensor untrimmed (Qwen3.8-Flash-Next's QSA index_qk_proj
+output and PLE projection inputs: padding_problem). What it cannot see: the values, and the other
+shapes exllamav3's CUDA kernels take.
 
     python3 scripts/conformance/exllamav3_config_check.py DIR [DIR ...] [--component text[,mtp]]
         [--exllamav3 WHEEL_OR_DIR]
@@ -253,7 +256,52 @@ def raw_reads(m) -> list[tuple[str, tuple | None]]:
                 out.append((f"{c.key}.ape", None))
     elif cls == "BlockSparseMLP" and getattr(m, "tid2eid_key", None):
         out.append((f"{m.key}.{m.tid2eid_key}", None))
+    elif cls == "GatedResidual":  # Qwen3.8-Flash-Next's hyper-connection sites and final mixer
+        parts = ("hc_norm", "input_mix_weight_down", "input_mix_weight_up")
+        out += [(f"{m.key}.{p}.weight", None) for p in parts + (("block_inject_weight",) if m.use_combine else ())]
+    elif cls == "PLELayer" and not getattr(m, "stub", False):
+        out.append((f"{m.key}.conv1d.weight", None))
+    elif cls == "Qwen4ExpMTPInputLayer":  # the MTP head's per-stream norm over the trunk's streams
+        out.append((f"{m.key}.pre_fc_norm_hidden.weight", None))
     return out
+
+
+def ngram_problem(m, shapes: dict) -> str | None:
+    """An n-gram table (NGramEmbedding.load, Qwen3.8-Flash-Next's PLE): KEY.trellis (or its
+    KEY.shard_N.trellis pieces) with KEY.head_offsets / head_vocab_sizes / layer_multipliers, else
+    the unquantized KEY.weight (or KEY.shard_N.weight) with the parent's ngram_heads_offsets /
+    ngram_heads_vocab_sizes / layer_multipliers; one offset per head, rows of head_dim (160: its
+    constructor asserts that) values, every piece but the last of the same row count."""
+    if type(m).__name__ != "NGramEmbedding":
+        return None
+
+    def pieces(suffix):
+        keys = []
+        while f"{m.key}.shard_{len(keys)}.{suffix}" in shapes:
+            keys.append(f"{m.key}.shard_{len(keys)}.{suffix}")
+        return keys or ([f"{m.key}.{suffix}"] if f"{m.key}.{suffix}" in shapes else [])
+
+    keys = pieces("trellis")
+    quantized = bool(keys)
+    if quantized:
+        aux = [f"{m.key}.{n}" for n in ("head_offsets", "head_vocab_sizes", "layer_multipliers")]
+    else:
+        keys = pieces("weight")
+        if not keys:
+            return f"No .trellis, .weight or .shard_N.weight tensors found for {m.key}"
+        parent = m.key.rsplit(".", 1)[0]
+        aux = [f"{parent}.{n}" for n in ("ngram_heads_offsets", "ngram_heads_vocab_sizes", "layer_multipliers")]
+    for name in aux:
+        if name not in shapes:
+            return f"Required tensor {name} not found for {m.key}"
+    if shapes[aux[0]][0] != m.num_heads:
+        return f"{m.key}: head_offsets holds {shapes[aux[0]][0]} rows for {m.num_heads} heads"
+    rows = [shapes[k] for k in keys]
+    if any(r[1:] != rows[0][1:] for r in rows) or any(r[0] != rows[0][0] for r in rows[:-1]) or rows[-1][0] > rows[0][0]:
+        return f"pieces of {m.key} must have equal row counts (the last may be short) and widths"
+    if not quantized and rows[0][1:] != [m.head_dim]:
+        return f"{keys[0]} has rows of {rows[0][1:]}; exllamav3 reads n-gram rows of {m.head_dim}"
+    return None
 
 
 def conv_problem(m, shapes: dict) -> str | None:
@@ -270,6 +318,30 @@ def conv_problem(m, shapes: dict) -> str | None:
             return f"Required tensor {m.key_conv1d_weight} not found"
         if k not in shapes:
             return f"Required tensor {k} not found (nor {m.key_conv1d_weight})"
+    return None
+
+
+def padding_problem(m) -> str | None:
+    """Where exllamav3's Linear pads a width to its pad_to (128) and the consumer takes the padded
+    tensor as if it were not (a forward-time failure, found here from the module's shapes):
+    QSAIndexer.project splits index_qk_proj's untrimmed output into n_heads * head_dim + head_dim,
+    and PLELayer's fused ple_forward_streams multiplies the unpadded n-gram embedding (ple_embed_dim
+    wide) by key_proj / value_proj's weights as loaded, their inputs padded."""
+    cls = type(m).__name__
+    if cls == "QSAIndexer":
+        lin = m.index_qk_proj
+        if lin.out_features != lin.out_features_unpadded:
+            return (f"{lin.key}: (indexer_n_heads + indexer_kv_heads) * indexer_head_dim = "
+                    f"{lin.out_features_unpadded} is padded to {lin.out_features} by exllamav3's Linear, "
+                    f"and QSAIndexer.project splits that output into {m.n_heads} x {m.head_dim} + "
+                    f"{m.head_dim}: it fails (the width must be a multiple of 128)")
+    elif cls == "PLELayer" and not getattr(m, "stub", False):
+        for lin in (m.key_proj, m.value_proj):
+            if lin.in_features != lin.in_features_unpadded:
+                return (f"{lin.key}: ple_embed_dim {lin.in_features_unpadded} is padded to "
+                        f"{lin.in_features} in the weight exllamav3 loads, and its fused "
+                        f"ple_forward_streams multiplies the {lin.in_features_unpadded}-wide n-gram "
+                        f"embedding by it: it fails (ple_embed_dim must be a multiple of 128)")
     return None
 
 
@@ -302,9 +374,9 @@ def load_problems(model, stc, shapes: dict) -> list[str]:
                 out.append(f"Required tensor {name} not found{stored}")
             elif want is not None and tuple(shapes[name]) != want:
                 out.append(f"{name} has shape {shapes[name]}; exllamav3 reads {list(want)}")
-        problem = conv_problem(module, shapes)
-        if problem:
-            out.append(problem)
+        for problem in (conv_problem(module, shapes), ngram_problem(module, shapes), padding_problem(module)):
+            if problem:
+                out.append(problem)
     return out
 
 

@@ -10,9 +10,10 @@ tests/fixtures/engine/README.md, "MTP fixtures").
 On the GPU machine, with exllamav3 importable (scripts/gpu/exllamav3_mtp.sh). For each directory:
 exllamav3's Config / Model load the trunk ("text") and the MTP head ("mtp" component, attach_to the
 trunk: it borrows the embedding and lm_head) onto cuda:0. One uncached forward pass (attn_mode
-flash_attn_nc) over prompt + greedy exports the trunk's final-norm state (the draft_verifier_params
-the head's attach_to sets, as the generator passes them); the head then runs over the same positions
-and the trunk's lm_head gives its logits. Two alignments of the head's input:
+flash_attn_nc) over prompt + greedy exports the trunk's final-norm state (Qwen3.8-Flash-Next: the
+stream stack its final mixer receives; the draft_verifier_params the head's attach_to sets, as the
+generator passes them); the head then runs over the same positions and the trunk's lm_head gives its
+logits (Qwen3.8-Flash-Next: after the head's own mixer, as its sample_from_state). Two alignments of the head's input:
 
   fixture    position r: hidden state r and token r + 1 (the reference's: row r of mtp_logits);
   generator  position r: hidden state r - 1 (zeros at r = 0) and token r, as exllamav3's generator
@@ -129,6 +130,13 @@ def mtp_logits(model, mtp, ids, alignment: str):
         head_ids = ids
         head_hidden = torch.cat((torch.zeros_like(hidden[:, :1, :]), hidden[:, :-1, :]), dim=1)
     state = mtp.forward(head_ids, {"attn_mode": "flash_attn_nc", "target_hidden": head_hidden})
+    mixer = getattr(getattr(mtp, "stack_out", None), "mixer", None)
+    if mixer is not None:
+        # Qwen3.8-Flash-Next: the head returns its flattened pre-mixer stream stack; its own
+        # combine-less mixer collapses it before the shared lm_head (Qwen4ExpMTPModel.sample_from_state).
+        bsz, seq, _ = state.shape
+        stack = state.to(mixer.device).view(bsz, seq, mixer.hc_mult, mixer.hidden_size)
+        state = mixer.forward(stack, {})
     lm_head = model.modules[model.logit_layer_idx]
     logits = lm_head.forward(lm_head.prepare_for_device(state, {}), {}).float().cpu()[0]
     return logits if alignment == "fixture" else logits[1:]

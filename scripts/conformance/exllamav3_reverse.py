@@ -66,7 +66,8 @@ NOT_CHECKED = {
     "qwen4_exp_all": "layer_types indexed_attention (exllamav3 reads only full_attention), 1 KV "
                      "head (its fused q/k/v kernels take k/v_proj widths of 128), and an n-gram "
                      "table exllamav3 reads only in rows of 160 (ple_embed_dim / ((ngram_size - 1) "
-                     "* heads_per_ngram)); no release twin (it would pass 2 MB)",
+                     "* heads_per_ngram), asserted in its NGramEmbedding; 32 here) "
+                     "(qwen4_exp_release_all is checked)",
 }
 
 

@@ -55,7 +55,7 @@ TEST(EngineFixtures, AllFamiliesAndVariantsArePresent) {
   // The families in their release checkpoints' settings and config.json layout, `all` only
   // (scripts/conformance/engine_fixtures.py release_family; the reverse check's fixtures).
   for (const char* family : {"glm4_moe", "mixtral", "qwen3_moe", "qwen3_next", "deepseek_v3",
-                             "glm_moe_dsa", "glm5_next", "deepseek_v4"}) {
+                             "glm_moe_dsa", "glm5_next", "deepseek_v4", "qwen4_exp"}) {
     const std::string n = std::string(family) + "_release_all";
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
   }

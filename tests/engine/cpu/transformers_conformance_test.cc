@@ -35,13 +35,15 @@ const char* const kFixtures[] = {"glm4_moe_experts",    "glm4_moe_all",    "qwen
                                  "glm4_moe_release_all", "mixtral_release_all",
                                  "qwen3_moe_release_all", "qwen3_next_release_all",
                                  "deepseek_v3_release_all", "glm_moe_dsa_release_all",
-                                 "glm5_next_release_all", "deepseek_v4_release_all"};
+                                 "glm5_next_release_all", "deepseek_v4_release_all",
+                                 "qwen4_exp_release_all"};
 // The fixtures whose reference has a stop-and-resume run (resume.*: DeepSeek-V4's compressors,
 // GLM-5.3-Flash's KDA state and pools, Qwen4-Exp's DeltaNet / PLE states and QSA's indexed keys).
 const char* const kResumeFixtures[] = {"deepseek_v4_experts", "deepseek_v4_all",
                                        "glm5_next_experts",   "glm5_next_all",
                                        "qwen4_exp_experts",   "qwen4_exp_all",
-                                       "glm5_next_release_all", "deepseek_v4_release_all"};
+                                       "glm5_next_release_all", "deepseek_v4_release_all",
+                                       "qwen4_exp_release_all"};
 
 using testing::RelativeError;
 

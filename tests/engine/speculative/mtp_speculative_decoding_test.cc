@@ -195,7 +195,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, MtpSpeculativeDecodingTest,
                                            "tests/fixtures/engine/glm_moe_dsa_release_mtp",
                                            "tests/fixtures/engine/glm5_next_mtp",
                                            "tests/fixtures/engine/glm5_next_release_mtp",
-                                           "tests/fixtures/engine/qwen4_exp_mtp"));
+                                           "tests/fixtures/engine/qwen4_exp_mtp",
+                                           "tests/fixtures/engine/qwen4_exp_release_mtp"));
 
 // The test-model writer's MTP layer (TestModelSpec::mtp, exl3-tool make-test-model --mtp) in a
 // synthetic whole EXL3 model (random trellis bits: the head's drafts are mostly rejected):

@@ -2,9 +2,11 @@
 """scripts/conformance/exllamav3_config_check.py on the model directories `exl3-tool
 make-test-model` writes: exllamav3 1.6.5's own config reader (from its wheel in
 ../shared/exllamav3, torch stood in for) accepts the synthetic GLM-5.3-Flash in the release layout
-(what scripts/gpu/glm5_next_model.sh writes for scripts/gpu/exllamav3_bench.sh) and finds every
-weighted module's tensors, and the check refuses what exllamav3 refuses. Skipped without the wheel
-or numpy.
+(what scripts/gpu/glm5_next_model.sh writes for scripts/gpu/exllamav3_bench.sh) and the
+qwen4_exp_release_all fixture and finds every weighted module's tensors, and the check refuses what
+exllamav3 refuses (Qwen3.8-Flash-Next: transformers' layer names, n-gram rows other than 160, widths
+its Linear pads where the consumer does not trim, missing table pieces and module-read tensors).
+Skipped without the wheel or numpy.
 
     python3 exllamav3_config_check_test.py --exl3-tool PATH
 """
@@ -154,6 +156,73 @@ class Exllamav3ConfigCheckTest(unittest.TestCase):
         self.assertFalse(ok, out)
         self.assertIn(f"No tensors found for {a}qkv_proj", out)
         self.assertIn(f"Required tensor {m}kv_b_proj.weight not found ({m}kv_b_proj.trellis is stored", out)
+
+    def edited_copy(self, name, fixture, edit=None, copy=False):
+        """A copy of tests/fixtures/engine/`fixture` (weights linked, or copied where the test renames
+        tensors) whose config.json's text_config gets `edit`."""
+        src = os.path.join(ROOT, "tests", "fixtures", "engine", fixture)
+        d = os.path.join(self.tmp, name)
+        os.makedirs(d)
+        for f in os.listdir(src):
+            if f != "config.json":
+                (shutil.copy if copy else os.symlink)(os.path.join(src, f), os.path.join(d, f))
+        with open(os.path.join(src, "config.json")) as f:
+            cfg = json.load(f)
+        if edit:
+            edit(cfg["text_config"])
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        return d
+
+    def test_qwen4_exp_release_twin_is_accepted(self):
+        ok, out = self.run_check(os.path.join(ROOT, "tests", "fixtures", "engine", "qwen4_exp_release_all"))
+        self.assertTrue(ok, out)
+        self.assertIn("accepted (Qwen4ExpConfig, 2 layers", out)
+
+    def test_qwen4_exp_base_fixture_is_refused(self):
+        # transformers' indexed_attention; with the release name, the n-gram rows of 32.
+        ok, out = self.run_check(os.path.join(ROOT, "tests", "fixtures", "engine", "qwen4_exp_all"))
+        self.assertFalse(ok, out)
+        self.assertIn("indexed_attention", out)
+        d = self.edited_copy("qwen4-base-renamed", "qwen4_exp_all", lambda t: t.update(
+            layer_types=["full_attention" if x == "indexed_attention" else x for x in t["layer_types"]]))
+        ok, out = self.run_check(d)
+        self.assertFalse(ok, out)
+        self.assertIn("expected 160-D embedding rows, got 32", out)
+
+    def test_qwen4_exp_widths_exllamav3_pads_are_found(self):
+        # 2 n-gram heads of 160 (ple_embed_dim 320) and an indexer of 8 x 32 + 32 = 288 outputs: its
+        # Linear pads both to 384, which the PLE's fused matmul and the indexer's split do not take.
+        def edit(t):
+            t.update(ple_embed_dim=320, heads_per_ngram=1, indexer_head_dim=32)
+        ok, out = self.run_check(self.edited_copy("qwen4-padded", "qwen4_exp_release_all", edit))
+        self.assertFalse(ok, out)
+        self.assertIn("ple.key_proj: ple_embed_dim 320 is padded to 384", out)
+        self.assertIn("index_qk_proj: (indexer_n_heads + indexer_kv_heads) * indexer_head_dim = 288 is "
+                      "padded to 384", out)
+
+    def test_qwen4_exp_missing_tensors_are_found(self):
+        # The n-gram table, its hashing constants, the PLE conv and a gated-residual site's weights
+        # are read by the modules themselves (no Linear): each is looked for.
+        d = self.edited_copy("qwen4-missing", "qwen4_exp_release_all", copy=True)
+        t = "model.language_model."
+        ple = t + "layers.0.ple."
+        self.rename_tensors(d, {
+            ple + "ple_embedding.ngram_embedding.shard_0.weight": ple + "ple_embedding.ngram_embedding.piece_0.weight",
+            ple + "ple_embedding.ngram_heads_offsets": ple + "ple_embedding.offsets",
+            ple + "conv1d.weight": ple + "conv.weight",
+            t + "hyper_connection_mixer.hc_norm.weight": t + "hyper_connection_mixer.norm.weight"})
+        ok, out = self.run_check(d)
+        self.assertFalse(ok, out)
+        self.assertIn(f"No .trellis, .weight or .shard_N.weight tensors found for {ple}ple_embedding.ngram_embedding", out)
+        self.assertIn(f"Required tensor {ple}conv1d.weight not found", out)
+        self.assertIn(f"Required tensor {t}hyper_connection_mixer.hc_norm.weight not found", out)
+        # With the table back, the missing hashing constants show.
+        self.rename_tensors(d, {ple + "ple_embedding.ngram_embedding.piece_0.weight":
+                                ple + "ple_embedding.ngram_embedding.shard_0.weight"})
+        ok, out = self.run_check(d)
+        self.assertFalse(ok, out)
+        self.assertIn(f"Required tensor {ple}ple_embedding.ngram_heads_offsets not found", out)
 
     def test_exllamav3s_own_conversion_is_accepted(self):
         d = os.path.join(ROOT, "tests", "fixtures", "exllamav3", "glm5_next_b4")

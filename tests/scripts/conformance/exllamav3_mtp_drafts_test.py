@@ -54,6 +54,7 @@ class MtpDraftsArgumentsTest(unittest.TestCase):
         self.assertIn("check glm5_next_release_mtp", lines)
         self.assertIn("check glm5_next_mtp", lines)
         self.assertIn("check qwen4_exp_mtp", lines)
+        self.assertIn("check qwen4_exp_release_mtp", lines)
         refused = [l for l in lines if l.startswith("refuse ")]
         self.assertEqual(sorted(l.split(":")[0] for l in refused),
                          ["refuse deepseek_v3_mtp", "refuse glm4_moe_mtp"])
@@ -80,6 +81,7 @@ class MtpDraftsArgumentsTest(unittest.TestCase):
             self.assertEqual(drafts.refusal(tmp), "no reference.json")
             for family, refused in (("deepseek_v3", True), ("glm4_moe", True), ("glm_moe_dsa", False),
                                     ("glm_moe_dsa_release", False), ("glm5_next_release", False),
+                                    ("qwen4_exp_release", False),
                                     ("mixtral", True)):
                 with open(os.path.join(tmp, "reference.json"), "w") as f:
                     json.dump({"family": family}, f)
@@ -154,9 +156,10 @@ class MtpConfigCheckTest(unittest.TestCase):
 
     def test_release_mtp_fixtures_are_accepted(self):
         # The release twins (n_group 1, the release config layout, the MTP layer's kv_b_proj and
-        # indexer wk bf16: engine_fixtures.py --mtp-families glm_moe_dsa_release,glm5_next_release)
+        # indexer wk bf16; Qwen4-Exp: its release shapes, full_attention, mtp_num_hidden_layers 1:
+        # engine_fixtures.py --mtp-families glm_moe_dsa_release,glm5_next_release,qwen4_exp_release)
         # load as exllamav3 reads them, trunk and head.
-        for name in ("glm_moe_dsa_release_mtp", "glm5_next_release_mtp"):
+        for name in ("glm_moe_dsa_release_mtp", "glm5_next_release_mtp", "qwen4_exp_release_mtp"):
             ok, out = self.check(os.path.join(FIXTURES, name))
             self.assertTrue(ok, out)
             self.assertIn("mtp: ", out)

@@ -119,7 +119,8 @@ INSTANTIATE_TEST_SUITE_P(Families, MtpHeadTest,
                                            "tests/fixtures/engine/glm_moe_dsa_release_mtp",
                                            "tests/fixtures/engine/glm5_next_mtp",
                                            "tests/fixtures/engine/glm5_next_release_mtp",
-                                           "tests/fixtures/engine/qwen4_exp_mtp"));
+                                           "tests/fixtures/engine/qwen4_exp_mtp",
+                                           "tests/fixtures/engine/qwen4_exp_release_mtp"));
 
 // Checkpoints of MTP families without the head (DeepSeek-V3, GLM-5.3-Flash: no layer
 // {num_hidden_layers}; Qwen4-Exp: no mtp.* of its design) and a family without an MTP design:

@@ -66,7 +66,8 @@ void Check(const std::string& dir, const std::string& ref_path, int chunk) {
 }
 
 TEST(PleLayerTest, MatchesTransformers) {
-  for (const char* variant : {"experts", "all"}) {
+  // release_all: PLE on layer 0 (straight after the stream expansion), n-gram rows of 160.
+  for (const char* variant : {"experts", "all", "release_all"}) {
     const std::string dir = std::string("tests/fixtures/engine/qwen4_exp_") + variant;
     Check(dir, dir + "/reference.safetensors", 1000);
     Check(dir, dir + "/reference.safetensors", 5);
