@@ -263,7 +263,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaMtpTest,
                                            "glm_moe_dsa_release_mtp", "glm5_next_mtp", "glm5_next_release_mtp"));
 
 // Qwen4-Exp: its MTP head over the gated hyper-connection streams.
-INSTANTIATE_TEST_SUITE_P(Qwen4Exp, CudaMtpTest, ::testing::Values("qwen4_exp_mtp"));
+INSTANTIATE_TEST_SUITE_P(Qwen4Exp, CudaMtpTest, ::testing::Values("qwen4_exp_mtp", "qwen4_exp_release_mtp"));
 
 TEST(CudaMtpRefusalTest, ModelsWithoutAnMtpDrafterAreRefusedByName) {
   REQUIRE_GPU();
