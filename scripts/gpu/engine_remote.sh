@@ -133,7 +133,7 @@ if [ -z "$MODEL_DIR" ]; then
   fi
 fi
 [ -f "$MODEL_DIR/config.json" ] || { say "no model at $MODEL_DIR (config.json missing)"; exit 1; }
-NUM_EXPERTS=$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1]+"/config.json")); print(c.get("n_routed_experts") or c.get("num_experts") or c.get("num_local_experts") or 0)' "$MODEL_DIR")
+NUM_EXPERTS=$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1]+"/config.json")); c=c.get("text_config", c); print(c.get("n_routed_experts") or c.get("num_experts") or c.get("num_local_experts") or 0)' "$MODEL_DIR")
 [ "$NUM_EXPERTS" -gt 0 ] 2>/dev/null || { say "$MODEL_DIR: no routed experts in config.json"; exit 1; }
 say "model $MODEL_DIR: $NUM_EXPERTS routed experts"
 

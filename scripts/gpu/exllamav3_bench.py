@@ -64,7 +64,9 @@ def main() -> int:
 
     # The cache holds the largest batch at the longest context, rounded up to its 256-token pages.
     need = max(batches) * (max(contexts) + new_tokens(max(contexts), max(batches)) + 256)
-    cache = Cache(model, max_num_tokens=256 * (need // 256 + 1))
+    # max_batch_size: the recurrent state slots of models with linear-attention layers (KDA, gated
+    # DeltaNet); exllamav3's default of 16 caps the generator's batch there.
+    cache = Cache(model, max_num_tokens=256 * (need // 256 + 1), max_batch_size=max(batches))
     t0 = time.perf_counter()
     model.load("cuda:0")
     log(f"loaded {args.model} ({config.architecture}) in {time.perf_counter() - t0:.1f} s; "
