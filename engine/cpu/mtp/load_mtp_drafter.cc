@@ -10,7 +10,8 @@ namespace exl3::engine {
 absl::Status CheckMtpDrafter(const ModelConfig& cfg, const TensorSource& src) {
   if (cfg.dsv4 != nullptr) {
     // Not a next-token MTP layer: DeepSeek-V4's mtp.* blocks draft a whole block of tokens at
-    // once from several layers' hidden states (docs/engine.md, "Speculative decoding").
+    // once from several layers' hidden states (docs/dspark.md states what they compute; the
+    // fixture tests/fixtures/engine/deepseek_v4_release_mtp holds reference drafts).
     return absl::FailedPreconditionError(absl::StrCat(
         cfg.architecture(), "'s MTP component (mtp.*: a block drafter over several layers' hidden "
         "states) is not run by this engine; use --speculative-method ngram"));
