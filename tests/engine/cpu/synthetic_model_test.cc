@@ -321,6 +321,43 @@ TEST(SyntheticModelTest, Glm5NextRefusesShapesItCannotHave) {
   refused(kv, "KV heads");
 }
 
+// Qwen4-Exp shapes transformers, the engine or (with the release layout) exllamav3 cannot have are
+// refused before anything is written: a PLE on a QSA layer, ple_embed_dim not a multiple of the
+// n-gram heads, a dense layer, rotary dimensions wider than the index head, n-gram rows other than
+// exllamav3's 160, and a table that split_ngram_parts pieces of ceil(rows / parts) cannot cover.
+TEST(SyntheticModelTest, Qwen4ExpRefusesShapesItCannotHave) {
+  const fs::path dir = fs::temp_directory_path() / "exl3_synthetic_qwen4_refused";
+  fs::remove_all(dir);
+  SyntheticOptions so;
+  so.progress = false;
+  auto refused = [&](const TestModelSpec& spec, const std::string& says) {
+    const absl::Status st = WriteSyntheticExl3Model(spec, so, dir.string());
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(std::string(st.message()).find(says), std::string::npos) << st;
+    EXPECT_FALSE(fs::exists(dir));
+  };
+  const TestModelSpec spec = WholeModelSpec("qwen4_exp");  // [linear_attention, indexed_attention]
+  TestModelSpec ple = spec;
+  ple.ple_layer_ids = {2};
+  refused(ple, "--ple-layer-ids holds 2");
+  TestModelSpec embed = spec;
+  embed.ple_embed_dim = 642;
+  refused(embed, "--ple-embed-dim 642");
+  TestModelSpec dense = spec;
+  dense.dense_layers = 1;
+  refused(dense, "every layer MoE");
+  TestModelSpec rope = spec;
+  rope.index_head_dim = 8;
+  refused(rope, "a quarter of each head");
+  TestModelSpec rows = spec;
+  rows.release_layout = true;
+  rows.ple_embed_dim = 256;
+  refused(rows, "rows of 160");
+  TestModelSpec parts = spec;
+  parts.split_ngram_parts = 1000;
+  refused(parts, "--split-ngram-parts 1000");
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, SyntheticWholeModelTest,
                          ::testing::Values("glm4_moe", "deepseek_v3", "qwen3_moe", "mixtral",
                                            "glm_moe_dsa", "deepseek_v4", "qwen3_next", "glm5_next",
