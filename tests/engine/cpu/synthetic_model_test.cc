@@ -2,7 +2,8 @@
 // layout at a chosen attention shape loads in the CPU model and decodes finite logits, with the
 // linears EXL3 where both dimensions are multiples of 128 (DeepSeek-V4 and Qwen3-Next included:
 // their compressors, indexer, hyper-connections, DeltaNet and hash table as stored; GLM-5.3-Flash
-// with its KDA and indexed layers, hyper-connections and text model under model.language_model.).
+// with its KDA and indexed layers, hyper-connections and text model under model.language_model.;
+// Qwen4-Exp with its DeltaNet + PLE and QSA layers, gated hyper-connections and MTP head).
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -55,6 +56,13 @@ TestModelSpec WholeModelSpec(const std::string& arch) {
     spec.index_topk = 4;
     spec.linear_heads = 2;
     spec.linear_head_dim = 64;
+  }
+  if (spec.arch == "qwen4_exp") {  // [DeltaNet + PLE, QSA]: blocks of 2, a budget of 4 positions
+    spec.index_kpool = 2;
+    spec.index_topk = 4;
+    spec.heads_per_ngram = 2;  // 4 n-gram heads of rows of 160 (exllamav3's width)
+    spec.ple_embed_dim = 640;
+    spec.ngram_vocab_size_base = 300;
   }
   return spec;
 }
@@ -115,6 +123,20 @@ TEST_P(SyntheticWholeModelTest, LoadsAndDecodes) {
     EXPECT_TRUE((*src)->Has(p + "1.self_attn.indexer.index_kpool_compress_ape"));
     EXPECT_TRUE((*src)->Has(p + "1.mlp.experts.3.down_proj.trellis"));
     EXPECT_TRUE((*src)->Has(p + "1.hc_ffn_scale"));
+  } else if (spec.arch == "qwen4_exp") {
+    const std::string p = "model.language_model.layers.";
+    EXPECT_TRUE((*src)->Has("lm_head.trellis"));
+    EXPECT_TRUE((*src)->Has(p + "0.linear_attn.in_proj_qkv.trellis"));
+    EXPECT_TRUE((*src)->Has(p + "0.linear_attn.in_proj_a.weight"));  // kept as stored
+    EXPECT_TRUE((*src)->Has(p + "0.ple.ple_embedding.ngram_embedding.shard_0.weight"));
+    EXPECT_TRUE((*src)->Has(p + "0.ple.ple_embedding.layer_multipliers"));
+    EXPECT_TRUE((*src)->Has(p + "0.ple.key_proj.weight"));
+    EXPECT_TRUE((*src)->Has(p + "1.attn_hyper_connection.block_inject_weight.weight"));
+    EXPECT_TRUE((*src)->Has(p + "1.self_attn.indexer.index_qk_proj.trellis"));  // [384, 256]
+    EXPECT_TRUE((*src)->Has(p + "1.mlp.experts.3.down_proj.trellis"));
+    EXPECT_TRUE((*src)->Has("model.language_model.hyper_connection_mixer.input_mix_weight_up.weight"));
+    EXPECT_FALSE((*src)->Has("model.language_model.norm.weight"));  // no final norm
+    EXPECT_FALSE((*src)->Has(p + "0.input_layernorm.weight"));
   } else {
     EXPECT_TRUE((*src)->Has("lm_head.trellis"));
     EXPECT_TRUE((*src)->Has("model.layers.0.self_attn.o_proj.trellis"));
@@ -194,7 +216,74 @@ TEST(SyntheticModelTest, Glm5NextReleaseLayoutDecodesTheSameLogits) {
   EXPECT_EQ(logits[0], logits[1]);
 }
 
-TEST(SyntheticModelTest, ReleaseLayoutIsGlm5NextsOnly) {
+// Qwen4-Exp's release layout (its QSA layers full_attention in layer_types, the only name exllamav3
+// reads): the same tensors and the same logits; the n-gram table holds exactly the rows the
+// engine's hashing needs in split_ngram_parts pieces, with the hashing constants it checks.
+TEST(SyntheticModelTest, Qwen4ExpReleaseLayoutDecodesTheSameLogits) {
+  const SyntheticOptions so = WholeModelOptions();
+  std::vector<std::vector<std::vector<float>>> logits;
+  for (bool release : {false, true}) {
+    TestModelSpec spec = WholeModelSpec("qwen4_exp");
+    spec.release_layout = release;
+    const fs::path dir = fs::temp_directory_path() / (release ? "exl3_qwen4_release" : "exl3_qwen4_transformers");
+    fs::remove_all(dir);
+    ASSERT_TRUE(WriteSyntheticExl3Model(spec, so, dir.string()).ok());
+    std::ifstream in(dir / "config.json");
+    const nlohmann::json config = nlohmann::json::parse(in);
+    const nlohmann::json& text = config["text_config"];
+    EXPECT_EQ(config["architectures"][0], "Qwen4ExpForConditionalGeneration");
+    EXPECT_EQ(config["vision_config"]["out_hidden_size"], text["hidden_size"]);
+    EXPECT_EQ(text["layer_types"][0], "linear_attention");
+    EXPECT_EQ(text["layer_types"][1], release ? "full_attention" : "indexed_attention");
+    EXPECT_EQ(text["ple_layer_ids"], nlohmann::json::array({1}));
+    EXPECT_FALSE(fs::exists(dir / "preprocessor_config.json"));  // text only, for exllamav3 too
+    auto src = TensorSource::Open(dir.string());
+    ASSERT_TRUE(src.ok()) << src.status();
+    const int parts = text["split_ngram_parts"];
+    int64_t rows = 0;
+    for (int i = 0; i < parts; ++i) {
+      auto piece = (*src)->Get("model.language_model.layers.0.ple.ple_embedding.ngram_embedding.shard_" +
+                               std::to_string(i) + ".weight");
+      ASSERT_TRUE(piece.ok()) << piece.status();
+      EXPECT_EQ(piece->info->shape[1], 160);
+      rows += piece->info->shape[0];
+    }
+    EXPECT_EQ(rows % 128, 0);
+    EXPECT_GE(rows, 4 * 300);
+    auto sizes = (*src)->Get("model.language_model.layers.0.ple.ple_embedding.ngram_heads_vocab_sizes");
+    ASSERT_TRUE(sizes.ok()) << sizes.status();
+    EXPECT_EQ(sizes->as<int64_t>()[0], 307);  // the first prime >= ngram_vocab_size_base 300
+    auto rows_out = GreedyLogits(dir);
+    ASSERT_TRUE(rows_out.ok()) << rows_out.status();
+    logits.push_back(*std::move(rows_out));
+    fs::remove_all(dir);
+  }
+  EXPECT_EQ(logits[0], logits[1]);
+}
+
+// Qwen4-Exp's MTP head (--mtp): mtp.* in a shard of its own, which the engine's head loads and
+// drafts with.
+TEST(SyntheticModelTest, Qwen4ExpMtpHeadLoads) {
+  TestModelSpec spec = WholeModelSpec("qwen4_exp");
+  spec.mtp = true;
+  const fs::path dir = fs::temp_directory_path() / "exl3_qwen4_mtp";
+  fs::remove_all(dir);
+  ASSERT_TRUE(WriteSyntheticExl3Model(spec, WholeModelOptions(), dir.string()).ok());
+  auto src = TensorSource::Open(dir.string());
+  ASSERT_TRUE(src.ok()) << src.status();
+  EXPECT_TRUE((*src)->Has("mtp.fc_hidden.trellis"));
+  EXPECT_TRUE((*src)->Has("mtp.layers.0.self_attn.indexer.index_qk_proj.trellis"));
+  EXPECT_TRUE((*src)->Has("mtp.hyper_connection_mixer.hc_norm.weight"));
+  EXPECT_FALSE((*src)->Has("mtp.layers.0.ple.key_proj.weight"));
+  CpuModelOptions o;
+  o.num_threads = 2;
+  auto model = CpuModel::Open(dir.string(), o);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_TRUE((*model)->EnableMtpDrafting().ok());
+  fs::remove_all(dir);
+}
+
+TEST(SyntheticModelTest, ReleaseLayoutIsGlm5NextsAndQwen4ExpsOnly) {
   TestModelSpec spec = WholeModelSpec("qwen3_next");
   spec.release_layout = true;
   const absl::Status st = WriteSyntheticExl3Model(spec, WholeModelOptions(), "/nonexistent/never");
@@ -232,9 +321,47 @@ TEST(SyntheticModelTest, Glm5NextRefusesShapesItCannotHave) {
   refused(kv, "KV heads");
 }
 
+// Qwen4-Exp shapes transformers, the engine or (with the release layout) exllamav3 cannot have are
+// refused before anything is written: a PLE on a QSA layer, ple_embed_dim not a multiple of the
+// n-gram heads, a dense layer, rotary dimensions wider than the index head, n-gram rows other than
+// exllamav3's 160, and a table that split_ngram_parts pieces of ceil(rows / parts) cannot cover.
+TEST(SyntheticModelTest, Qwen4ExpRefusesShapesItCannotHave) {
+  const fs::path dir = fs::temp_directory_path() / "exl3_synthetic_qwen4_refused";
+  fs::remove_all(dir);
+  SyntheticOptions so;
+  so.progress = false;
+  auto refused = [&](const TestModelSpec& spec, const std::string& says) {
+    const absl::Status st = WriteSyntheticExl3Model(spec, so, dir.string());
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(std::string(st.message()).find(says), std::string::npos) << st;
+    EXPECT_FALSE(fs::exists(dir));
+  };
+  const TestModelSpec spec = WholeModelSpec("qwen4_exp");  // [linear_attention, indexed_attention]
+  TestModelSpec ple = spec;
+  ple.ple_layer_ids = {2};
+  refused(ple, "--ple-layer-ids holds 2");
+  TestModelSpec embed = spec;
+  embed.ple_embed_dim = 642;
+  refused(embed, "--ple-embed-dim 642");
+  TestModelSpec dense = spec;
+  dense.dense_layers = 1;
+  refused(dense, "every layer MoE");
+  TestModelSpec rope = spec;
+  rope.index_head_dim = 8;
+  refused(rope, "a quarter of each head");
+  TestModelSpec rows = spec;
+  rows.release_layout = true;
+  rows.ple_embed_dim = 256;
+  refused(rows, "rows of 160");
+  TestModelSpec parts = spec;
+  parts.split_ngram_parts = 1000;
+  refused(parts, "--split-ngram-parts 1000");
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, SyntheticWholeModelTest,
                          ::testing::Values("glm4_moe", "deepseek_v3", "qwen3_moe", "mixtral",
-                                           "glm_moe_dsa", "deepseek_v4", "qwen3_next", "glm5_next"));
+                                           "glm_moe_dsa", "deepseek_v4", "qwen3_next", "glm5_next",
+                                           "qwen4_exp"));
 
 }  // namespace
 }  // namespace exl3::engine
