@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "base/status_macros.h"
 #include "engine/cpu/cpu_model.h"
@@ -82,6 +83,31 @@ absl::StatusOr<std::vector<std::vector<float>>> GreedyLogits(const fs::path& dir
   EXL3_ASSIGN_OR_RETURN(std::unique_ptr<CpuModel> model, CpuModel::Open(dir.string(), o));
   EXL3_ASSIGN_OR_RETURN(auto rows, testing::RunGreedy(*model, {{1, 2, 3, 4, 5}}, 4, /*chunk=*/3));
   return rows[0];
+}
+
+// Writes `arch`'s whole synthetic model in transformers' config layout and in the release layout
+// (spec.release_layout), runs `check` on each directory and its config.json, and returns both
+// models' greedy logits (empty where writing or decoding failed: the failure is recorded).
+using LayoutCheck = std::function<void(bool release, const fs::path& dir, const nlohmann::json& config)>;
+std::vector<std::vector<std::vector<float>>> LogitsOfBothLayouts(const std::string& arch, const LayoutCheck& check) {
+  std::vector<std::vector<std::vector<float>>> logits;
+  for (bool release : {false, true}) {
+    TestModelSpec spec = WholeModelSpec(arch);
+    spec.release_layout = release;
+    const fs::path dir = fs::temp_directory_path() / ("exl3_" + arch + (release ? "_release" : "_transformers"));
+    fs::remove_all(dir);
+    const absl::Status written = WriteSyntheticExl3Model(spec, WholeModelOptions(), dir.string());
+    EXPECT_TRUE(written.ok()) << written;
+    if (!written.ok()) return {};
+    std::ifstream in(dir / "config.json");
+    check(release, dir, nlohmann::json::parse(in));
+    auto rows = GreedyLogits(dir);
+    EXPECT_TRUE(rows.ok()) << rows.status();
+    if (!rows.ok()) return {};
+    logits.push_back(*std::move(rows));
+    fs::remove_all(dir);
+  }
+  return logits;
 }
 
 TEST_P(SyntheticWholeModelTest, LoadsAndDecodes) {
@@ -189,16 +215,8 @@ TEST(SyntheticModelTest, RoutedExpertsOfMixedBitWidthsDecode) {
 // same logits from it, bit for bit. Both layouts declare the vision tower (vision_config, the image
 // tokens) as transformers' Glm5NextConfig writes it; the engine reads text_config alone.
 TEST(SyntheticModelTest, Glm5NextReleaseLayoutDecodesTheSameLogits) {
-  const SyntheticOptions so = WholeModelOptions();
-  std::vector<std::vector<std::vector<float>>> logits;
-  for (bool release : {false, true}) {
-    TestModelSpec spec = WholeModelSpec("glm5_next");
-    spec.release_layout = release;
-    const fs::path dir = fs::temp_directory_path() / (release ? "exl3_glm5_release" : "exl3_glm5_transformers");
-    fs::remove_all(dir);
-    ASSERT_TRUE(WriteSyntheticExl3Model(spec, so, dir.string()).ok());
-    std::ifstream in(dir / "config.json");
-    const nlohmann::json config = nlohmann::json::parse(in);
+  const auto logits = LogitsOfBothLayouts("glm5_next", [](bool release, const fs::path& dir,
+                                                          const nlohmann::json& config) {
     const nlohmann::json& text = config["text_config"];
     EXPECT_EQ(config["vision_config"]["model_type"], "glm5_next_vision");
     EXPECT_EQ(config["vision_config"]["out_hidden_size"], text["hidden_size"]);
@@ -206,13 +224,12 @@ TEST(SyntheticModelTest, Glm5NextReleaseLayoutDecodesTheSameLogits) {
     EXPECT_EQ(text["layer_types"][1], release ? "deepseek_sparse_attention" : "indexed_attention");
     EXPECT_EQ(text.contains("linear_attn_config"), release);
     EXPECT_EQ(text.contains("linear_num_heads"), !release);
-    if (release) EXPECT_EQ(text["linear_attn_config"]["head_dim"], 64);
+    if (release) {
+      EXPECT_EQ(text["linear_attn_config"]["head_dim"], 64);
+    }
     EXPECT_EQ(fs::exists(dir / "processor_config.json"), release);
-    auto rows = GreedyLogits(dir);
-    ASSERT_TRUE(rows.ok()) << rows.status();
-    logits.push_back(*std::move(rows));
-    fs::remove_all(dir);
-  }
+  });
+  ASSERT_EQ(logits.size(), 2u);
   EXPECT_EQ(logits[0], logits[1]);
 }
 
@@ -220,16 +237,8 @@ TEST(SyntheticModelTest, Glm5NextReleaseLayoutDecodesTheSameLogits) {
 // reads): the same tensors and the same logits; the n-gram table holds exactly the rows the
 // engine's hashing needs in split_ngram_parts pieces, with the hashing constants it checks.
 TEST(SyntheticModelTest, Qwen4ExpReleaseLayoutDecodesTheSameLogits) {
-  const SyntheticOptions so = WholeModelOptions();
-  std::vector<std::vector<std::vector<float>>> logits;
-  for (bool release : {false, true}) {
-    TestModelSpec spec = WholeModelSpec("qwen4_exp");
-    spec.release_layout = release;
-    const fs::path dir = fs::temp_directory_path() / (release ? "exl3_qwen4_release" : "exl3_qwen4_transformers");
-    fs::remove_all(dir);
-    ASSERT_TRUE(WriteSyntheticExl3Model(spec, so, dir.string()).ok());
-    std::ifstream in(dir / "config.json");
-    const nlohmann::json config = nlohmann::json::parse(in);
+  const auto logits = LogitsOfBothLayouts("qwen4_exp", [](bool release, const fs::path& dir,
+                                                          const nlohmann::json& config) {
     const nlohmann::json& text = config["text_config"];
     EXPECT_EQ(config["architectures"][0], "Qwen4ExpForConditionalGeneration");
     EXPECT_EQ(config["vision_config"]["out_hidden_size"], text["hidden_size"]);
@@ -253,11 +262,8 @@ TEST(SyntheticModelTest, Qwen4ExpReleaseLayoutDecodesTheSameLogits) {
     auto sizes = (*src)->Get("model.language_model.layers.0.ple.ple_embedding.ngram_heads_vocab_sizes");
     ASSERT_TRUE(sizes.ok()) << sizes.status();
     EXPECT_EQ(sizes->as<int64_t>()[0], 307);  // the first prime >= ngram_vocab_size_base 300
-    auto rows_out = GreedyLogits(dir);
-    ASSERT_TRUE(rows_out.ok()) << rows_out.status();
-    logits.push_back(*std::move(rows_out));
-    fs::remove_all(dir);
-  }
+  });
+  ASSERT_EQ(logits.size(), 2u);
   EXPECT_EQ(logits[0], logits[1]);
 }
 
