@@ -47,6 +47,21 @@ void AddDsv4Attention(const TestModelSpec& s, int L, const std::string& p,
   compressor("attn.indexer.compressor.", s.index_head_dim);
 }
 
+// What both gated DeltaNet layouts share after their input projections: the convolution over q, k
+// and v, A_log, dt_bias, the gated norm's weight (used as stored) and out_proj.
+void AddDeltaNetRecurrence(const TestModelSpec& s, const std::string& p, const LinearAdder& linear,
+                           std::vector<GenTensor>* t) {
+  const int kd = s.linear_key_heads * s.linear_key_head_dim, vd = s.linear_value_heads * s.linear_value_head_dim,
+            nv = s.linear_value_heads;
+  t->push_back({p + "linear_attn.conv1d.weight", DType::kBF16, {2 * kd + vd, 1, s.linear_conv_kernel},
+                GenTensor::kGaussian, 0.3f});
+  // Decay rates exp(A_log) in [0.02, 0.5]: the state remembers a few to a few hundred tokens.
+  t->push_back({p + "linear_attn.A_log", DType::kBF16, {nv}, GenTensor::kLogUniform, 0.02f, 0, 0.5f});
+  t->push_back({p + "linear_attn.dt_bias", DType::kBF16, {nv}, GenTensor::kBias, 0.5f});
+  t->push_back(NormTensor(p + "linear_attn.norm.weight", s.linear_value_head_dim));  // used as stored
+  linear("linear_attn.out_proj", s.hidden, vd);
+}
+
 // Qwen3-Next's gated DeltaNet of one layer (`linear_attn.*`, engine/cpu/linear_attention/gated_deltanet.h).
 void AddGatedDeltaNet(const TestModelSpec& s, const std::string& p,
                       const LinearAdder& linear, std::vector<GenTensor>* t) {
@@ -54,13 +69,7 @@ void AddGatedDeltaNet(const TestModelSpec& s, const std::string& p,
             vd = s.linear_value_heads * s.linear_value_head_dim, nv = s.linear_value_heads;
   linear("linear_attn.in_proj_qkvz", 2 * kd + 2 * vd, H);
   linear("linear_attn.in_proj_ba", 2 * nv, H);
-  t->push_back({p + "linear_attn.conv1d.weight", DType::kBF16, {2 * kd + vd, 1, s.linear_conv_kernel},
-                GenTensor::kGaussian, 0.3f});
-  // Decay rates exp(A_log) in [0.02, 0.5]: the state remembers a few to a few hundred tokens.
-  t->push_back({p + "linear_attn.A_log", DType::kBF16, {nv}, GenTensor::kLogUniform, 0.02f, 0, 0.5f});
-  t->push_back({p + "linear_attn.dt_bias", DType::kBF16, {nv}, GenTensor::kBias, 0.5f});
-  t->push_back(NormTensor(p + "linear_attn.norm.weight", s.linear_value_head_dim));  // used as stored
-  linear("linear_attn.out_proj", H, vd);
+  AddDeltaNetRecurrence(s, p, linear, t);
 }
 
 // GLM-5.3-Flash's Kimi delta attention of one layer (self_attn.*, engine/cpu/linear_attention/kimi_delta_attention.h):
@@ -126,13 +135,7 @@ void AddQwen4ExpDeltaNet(const TestModelSpec& s, const std::string& p, const Lin
   linear("linear_attn.in_proj_z", vd, H);
   for (const char* gate : {"in_proj_b", "in_proj_a"})
     t->push_back({p + "linear_attn." + gate + ".weight", DType::kBF16, {nv, H}, GenTensor::kGaussian, 0.02f});
-  t->push_back({p + "linear_attn.conv1d.weight", DType::kBF16, {2 * kd + vd, 1, s.linear_conv_kernel},
-                GenTensor::kGaussian, 0.3f});
-  // Decay rates exp(A_log) in [0.02, 0.5], as Qwen3-Next's.
-  t->push_back({p + "linear_attn.A_log", DType::kBF16, {nv}, GenTensor::kLogUniform, 0.02f, 0, 0.5f});
-  t->push_back({p + "linear_attn.dt_bias", DType::kBF16, {nv}, GenTensor::kBias, 0.5f});
-  t->push_back(NormTensor(p + "linear_attn.norm.weight", s.linear_value_head_dim));  // used as stored
-  linear("linear_attn.out_proj", H, vd);
+  AddDeltaNetRecurrence(s, p, linear, t);
 }
 
 // Qwen4-Exp's QSA attention (`self_attn.*`, engine/cpu/attention/qsa_attention.h): Qwen3-Next's gated
