@@ -269,19 +269,26 @@ def dspark_drafts(model, mtp, cache, ids) -> dict:
             "logits": torch.stack(logits), "confidence": torch.stack(confidence)}
 
 
-def check_dspark(directory: str) -> dict:
-    """exllamav3's DSPARK drafts (dspark_drafts) against the fixture's, prompt by prompt."""
-    import torch
-    from exllamav3 import Cache, Config, Model
+def trunk_and_mtp(directory: str, what: str):
+    """exllamav3's config of `directory` and its trunk and MTP models (not loaded); a config that
+    builds no 'mtp' component is an error naming `what` exllamav3 did not find."""
+    from exllamav3 import Config, Model
 
-    prompts = read_dspark_reference(directory)
     config = Config.from_directory(directory)
     if "mtp" not in config.model_classes:
         raise RuntimeError(f"{type(config).__name__} built no 'mtp' component (it has "
-                           f"{', '.join(config.model_classes)}): the MTP tensors or compress_ratios' MTP "
-                           "entries are not where exllamav3 looks for them")
-    model = Model.from_config(config)
-    mtp = Model.from_config(config, component="mtp")
+                           f"{', '.join(config.model_classes)}): {what} are not where exllamav3 looks "
+                           "for them")
+    return config, Model.from_config(config), Model.from_config(config, component="mtp")
+
+
+def check_dspark(directory: str) -> dict:
+    """exllamav3's DSPARK drafts (dspark_drafts) against the fixture's, prompt by prompt."""
+    import torch
+    from exllamav3 import Cache
+
+    prompts = read_dspark_reference(directory)
+    config, model, mtp = trunk_and_mtp(directory, "the MTP tensors or compress_ratios' MTP entries")
     cache = Cache(mtp, max_num_tokens=256 * ((max(p[1].numel() for p in prompts) + 255) // 256))
     model.load("cuda:0")
     mtp.load("cuda:0")
@@ -309,19 +316,12 @@ def check_dspark(directory: str) -> dict:
 
 def check(directory: str, alignments: list[str]) -> dict:
     import torch
-    from exllamav3 import Config, Model
 
     if family_of(directory) in DSPARK:
         return check_dspark(directory)
 
     prompts = read_reference(directory)
-    config = Config.from_directory(directory)
-    if "mtp" not in config.model_classes:
-        raise RuntimeError(f"{type(config).__name__} built no 'mtp' component (it has "
-                           f"{', '.join(config.model_classes)}): the MTP tensors are not where "
-                           "exllamav3 looks for them")
-    model = Model.from_config(config)
-    mtp = Model.from_config(config, component="mtp")
+    config, model, mtp = trunk_and_mtp(directory, "the MTP tensors")
     model.load("cuda:0")
     mtp.load("cuda:0")
     mtp.attach_to(model)
