@@ -297,20 +297,23 @@ TEST(SyntheticModelTest, ReleaseLayoutIsGlm5NextsAndQwen4ExpsOnly) {
   EXPECT_NE(std::string(st.message()).find("--release-layout"), std::string::npos) << st;
 }
 
+// `spec` is refused as INVALID_ARGUMENT naming `says`, before anything is written to `dir`.
+void ExpectRefused(const TestModelSpec& spec, const std::string& says, const fs::path& dir) {
+  SyntheticOptions so;
+  so.progress = false;
+  const absl::Status st = WriteSyntheticExl3Model(spec, so, dir.string());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(std::string(st.message()).find(says), std::string::npos) << st;
+  EXPECT_FALSE(fs::exists(dir));
+}
+
 // GLM-5.3-Flash shapes transformers or the engine cannot have are refused before anything is
 // written: rope in its NoPE attention, index_topk not a multiple of index_kpool, Qwen3-Next's
 // full_attention layer kind, KV heads differing from heads.
 TEST(SyntheticModelTest, Glm5NextRefusesShapesItCannotHave) {
   const fs::path dir = fs::temp_directory_path() / "exl3_synthetic_glm5_refused";
   fs::remove_all(dir);
-  SyntheticOptions so;
-  so.progress = false;
-  auto refused = [&](const TestModelSpec& spec, const std::string& says) {
-    const absl::Status st = WriteSyntheticExl3Model(spec, so, dir.string());
-    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-    EXPECT_NE(std::string(st.message()).find(says), std::string::npos) << st;
-    EXPECT_FALSE(fs::exists(dir));
-  };
+  auto refused = [&](const TestModelSpec& spec, const std::string& says) { ExpectRefused(spec, says, dir); };
   TestModelSpec spec;
   spec.arch = "glm5_next";
   TestModelSpec rope = spec;
@@ -334,14 +337,7 @@ TEST(SyntheticModelTest, Glm5NextRefusesShapesItCannotHave) {
 TEST(SyntheticModelTest, Qwen4ExpRefusesShapesItCannotHave) {
   const fs::path dir = fs::temp_directory_path() / "exl3_synthetic_qwen4_refused";
   fs::remove_all(dir);
-  SyntheticOptions so;
-  so.progress = false;
-  auto refused = [&](const TestModelSpec& spec, const std::string& says) {
-    const absl::Status st = WriteSyntheticExl3Model(spec, so, dir.string());
-    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-    EXPECT_NE(std::string(st.message()).find(says), std::string::npos) << st;
-    EXPECT_FALSE(fs::exists(dir));
-  };
+  auto refused = [&](const TestModelSpec& spec, const std::string& says) { ExpectRefused(spec, says, dir); };
   const TestModelSpec spec = WholeModelSpec("qwen4_exp");  // [linear_attention, indexed_attention]
   TestModelSpec ple = spec;
   ple.ple_layer_ids = {2};
