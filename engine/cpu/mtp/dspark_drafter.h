@@ -19,8 +19,9 @@
 //   EXL3_RETURN_IF_ERROR(d->MainKvRows(taps, n, /*first_position=*/0, rows, compute));
 //   EXL3_ASSIGN_OR_RETURN(DsparkDraft r, d->Draft(history, hist, seed, p0, compute));
 //
-// This class is not yet wired into the engine's speculative decoding (CheckMtpDrafter still
-// refuses DeepSeek-V4): the trunk's taps and the main-kv row cache are left to do.
+// The CPU model (engine/cpu/cpu_model.h) runs it for speculative method mtp: it taps the trunk
+// in its layer loop (TapLayer), keeps each position's main-kv rows in one more cache layer, and
+// proposes per decoding span one block draft (ProposeDsparkDrafts). The GPU engine refuses it.
 #pragma once
 
 #include <memory>
