@@ -472,7 +472,7 @@ __global__ void HeadCollapseKernel(const float* fn, const float* base, float sca
   extern __shared__ float head_smem[];
   __shared__ double partial[32];
   const int width = n * H;
-  const float* x = streams + static_cast<size_t>(rows[blockIdx.x]) * width;
+  const float* x = streams + static_cast<size_t>(rows != nullptr ? rows[blockIdx.x] : blockIdx.x) * width;
   NormedMixes(x, width, norm_eps, fn, n, head_smem, partial);
   float* y = out + static_cast<size_t>(blockIdx.x) * H;
   for (int d = threadIdx.x; d < H; d += blockDim.x) {
@@ -485,12 +485,13 @@ __global__ void HeadCollapseKernel(const float* fn, const float* base, float sca
   }
 }
 
-// grid (R, HiddenBlocks(H)), block kThreads. streams [T, N, H]; rows [R]; out [R, H] = the mean
-// of row rows[r]'s streams, summed in stream order and divided by N as HyperHead::Collapse's kMean
-// does.
-__global__ void MeanCollapseKernel(int n, int H, const float* streams, const int32_t* rows, float* out) {
-  const float* x = streams + static_cast<size_t>(rows[blockIdx.x]) * n * H;
-  float* y = out + static_cast<size_t>(blockIdx.x) * H;
+// grid (R, HiddenBlocks(H)), block kThreads. streams [T, N, H]; rows [R] (null: 0 .. R - 1); out
+// [R, out_stride] = the mean of row rows[r]'s streams, summed in stream order and divided by N as
+// HyperHead::Collapse's kMean does.
+__global__ void MeanCollapseKernel(int n, int H, const float* streams, const int32_t* rows, float* out,
+                                   int out_stride) {
+  const float* x = streams + static_cast<size_t>(rows != nullptr ? rows[blockIdx.x] : blockIdx.x) * n * H;
+  float* y = out + static_cast<size_t>(blockIdx.x) * out_stride;
   for (int d = HiddenFirst(); d < H; d += HiddenStride()) {
     float acc = 0.0f;
     for (int i = 0; i < n; ++i) acc += x[static_cast<size_t>(i) * H + d];
@@ -627,10 +628,11 @@ absl::Status HyperHeadCollapse(const float* fn, const float* base, float scale, 
 }
 
 absl::Status HyperMeanCollapse(int n, int hidden, const float* streams, const int32_t* rows, int R, float* out,
-                               StreamHandle stream) {
+                               StreamHandle stream, int out_stride) {
   if (R == 0) return absl::OkStatus();
   if (absl::Status st = CheckStreams(n); !st.ok()) return st;
-  MeanCollapseKernel<<<dim3(R, HiddenBlocks(hidden)), kThreads, 0, S(stream)>>>(n, hidden, streams, rows, out);
+  MeanCollapseKernel<<<dim3(R, HiddenBlocks(hidden)), kThreads, 0, S(stream)>>>(n, hidden, streams, rows, out,
+                                                                                out_stride > 0 ? out_stride : hidden);
   return LaunchStatus("hyper-connection mean head");
 }
 

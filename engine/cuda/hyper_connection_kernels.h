@@ -111,15 +111,17 @@ absl::Status HyperExpand(const float* post, const float* comb, const float* bloc
                          StreamHandle stream);
 
 // The head's collapse (HyperHead::Collapse) of rows[r] of streams [T, N, hidden] into
-// out [R, hidden]: fn [N, N * hidden], base [N], one scale. rows [R] int32.
+// out [R, hidden]: fn [N, N * hidden], base [N], one scale. rows [R] int32, or null: rows 0 .. R - 1.
 absl::Status HyperHeadCollapse(const float* fn, const float* base, float scale, int streams_per_token,
                                int hidden, float eps, float norm_eps, const float* streams,
                                const int32_t* rows, int num_rows, float* out, StreamHandle stream);
 
-// GLM-5.3-Flash's head (HyperHead::Mean): out [R, hidden] = the unweighted mean of the N streams of
-// rows[r] of streams [T, N, hidden]. rows [R] int32.
+// GLM-5.3-Flash's head (HyperHead::Mean), and DeepSeek-V4's DSPARK taps (the stream mean of a
+// tapped layer's output, engine/cuda/cuda_dspark_drafter.h): out [R, out_stride] = the unweighted
+// mean of the N streams of rows[r] of streams [T, N, hidden] in each row's first hidden floats.
+// rows [R] int32, or null: rows 0 .. R - 1; out_stride 0: hidden.
 absl::Status HyperMeanCollapse(int streams_per_token, int hidden, const float* streams, const int32_t* rows,
-                               int num_rows, float* out, StreamHandle stream);
+                               int num_rows, float* out, StreamHandle stream, int out_stride = 0);
 
 // streams [T, N, hidden]: every stream of token t = x [T, hidden] row t (the embeddings).
 absl::Status BroadcastStreams(const float* x, int num_tokens, int streams_per_token, int hidden,

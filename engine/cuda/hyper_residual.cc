@@ -18,13 +18,6 @@
 #include "model/moe_config.h"
 
 namespace exl3::engine::cuda {
-namespace {
-
-// One hyper-connection's weights on the device.
-struct HyperConnectionWeights {
-  DeviceArray<float> fn, base;
-  HyperConnectionArgs args;  // fn and base point into the arrays above
-};
 
 absl::StatusOr<HyperConnectionWeights> UploadHyperConnection(const TensorSource& src, const std::string& prefix,
                                                              const HyperConnectionShape& shape) {
@@ -42,6 +35,8 @@ absl::StatusOr<HyperConnectionWeights> UploadHyperConnection(const TensorSource&
   w.args.norm_eps = shape.norm_eps;
   return w;
 }
+
+namespace {
 
 // What the families' hyper-connected streams differ in, chosen once at load (as the CPU engine's
 // engine/cpu/cpu_model.cc loads them): the shape's fields, the layer norms' names and the head.
@@ -157,6 +152,11 @@ class HyperResidual final : public ResidualStream {
     return RmsNorm(head_pre_.get(), final_norm_.get(), R, cfg_.hidden_size, eps, head_in, stream_);
   }
   int streams() const override { return shape_.streams; }
+  absl::Status StreamMean(int first, int n, float* out, int out_stride) override {
+    const size_t r = static_cast<size_t>(first), N = static_cast<size_t>(shape_.streams), H = cfg_.hidden_size;
+    return HyperMeanCollapse(shape_.streams, cfg_.hidden_size, streams_.get() + r * N * H, /*rows=*/nullptr, n, out,
+                             stream_, out_stride);
+  }
 
  private:
   struct Layer {

@@ -13,10 +13,24 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
+#include "engine/cpu/residual/hyper_connections.h"
+#include "engine/cuda/device_array.h"
+#include "engine/cuda/hyper_connection_kernels.h"
 #include "engine/cuda/residual_stream.h"
 
 namespace exl3::engine::cuda {
+
+// One hyper-connection's weights on the device (the layers' hc_attn_ / hc_ffn_, and the DSPARK
+// drafter's blocks', engine/cuda/cuda_dspark_drafter.h).
+struct HyperConnectionWeights {
+  DeviceArray<float> fn, base;
+  HyperConnectionArgs args;  // fn and base point into the arrays above
+};
+// The hyper-connection `prefix`{fn, base, scale} of `src` (HyperConnection::Load), uploaded.
+absl::StatusOr<HyperConnectionWeights> UploadHyperConnection(const TensorSource& src, const std::string& prefix,
+                                                             const HyperConnectionShape& shape);
 
 absl::StatusOr<std::unique_ptr<ResidualStream>> LoadHyperResidual(const ModelConfig& cfg, const TensorSource& src,
                                                                   StreamHandle stream);

@@ -60,6 +60,12 @@ class ResidualStream {
   virtual absl::Status CopyStreams(int /*rows*/, float* /*out*/) {
     return absl::UnimplementedError("this residual stream does not hand out its streams");
   }
+  // out[r * out_stride ..] [hidden] = the mean of the streams of row first + r (r < n) as the layer
+  // whose MlpOutput ran last left them (DeepSeek-V4's DSPARK drafter taps them,
+  // engine/cuda/cuda_dspark_drafter.h). UNIMPLEMENTED for the kinds no drafter taps.
+  virtual absl::Status StreamMean(int /*first*/, int /*n*/, float* /*out*/, int /*out_stride*/) {
+    return absl::UnimplementedError("this residual stream does not hand out its streams' mean");
+  }
 
   // Per-step hooks for a stream with per-sequence state (Qwen4-Exp's PLE layers: their n-gram rows
   // read on the host for each step, their conv inputs carried in the recurrent layers' store); the
