@@ -220,6 +220,9 @@ absl::Status CudaModel::RunLayers(const CudaStep& step, const std::vector<MicroB
                                   const int32_t* host_token_ids, bool keep_states) {
   float* x = act_.x.get();
   float* d = act_.d.get();
+  // DeepSeek-V4's DSPARK drafter keeps taps: a tapped layer's output once its MoE has joined the
+  // streams, i.e. at the next layer's start (or after the last layer), as the CPU model takes them.
+  const bool taps = keep_states && mtp_->kept() == CudaMtpDrafting::Kept::kTaps;
   EXL3_RETURN_IF_ERROR(residual_->Embed(embedding_.table.get(), embedding_.dtype, step.ids, step.rows, x));
   EXL3_RETURN_IF_ERROR(timer_->Mark(Phase::kEmbed));
   // Ping-pong with remote experts (as the CPU model runs it): micro-batch m waits for its own
@@ -232,6 +235,7 @@ absl::Status CudaModel::RunLayers(const CudaStep& step, const std::vector<MicroB
       const int first = mb.first_token, n = mb.num_tokens;
       if (n == 0) continue;
       EXL3_RETURN_IF_ERROR(FinishMoe(l - 1, m, mb));
+      if (taps) EXL3_RETURN_IF_ERROR(TapLayer(l - 1, first, n));
       EXL3_RETURN_IF_ERROR(residual_->MixerInput(l, first, n, d, x));
       EXL3_RETURN_IF_ERROR(CheckFinite(x, first, n, cfg_.hidden_size, "mixer input", l));
       EXL3_RETURN_IF_ERROR(mixers_.layers[l]->Forward(step, x, first, n, d));
@@ -255,9 +259,12 @@ absl::Status CudaModel::RunLayers(const CudaStep& step, const std::vector<MicroB
       EXL3_RETURN_IF_ERROR(residual_->MlpOutput(l, first, n, d));
     }
   }
-  for (int m = 0; m < static_cast<int>(micro_batches.size()); ++m)
+  for (int m = 0; m < static_cast<int>(micro_batches.size()); ++m) {
     EXL3_RETURN_IF_ERROR(FinishMoe(cfg_.num_layers - 1, m, micro_batches[m]));
-  if (keep_states && mtp_->input() == MtpInput::kHeadInput) {
+    if (taps && micro_batches[m].num_tokens > 0)
+      EXL3_RETURN_IF_ERROR(TapLayer(cfg_.num_layers - 1, micro_batches[m].first_token, micro_batches[m].num_tokens));
+  }
+  if (keep_states && mtp_->kept() == CudaMtpDrafting::Kept::kHeadInput) {
     // Every row's head input kept (the same launches per row as the logit rows' alone), the logit
     // rows' gathered from them.
     EXL3_RETURN_IF_ERROR(residual_->HeadInput(step.rows, d, mtp_->all_rows(), step.rows, mtp_->kept_rows()));
@@ -265,12 +272,21 @@ absl::Status CudaModel::RunLayers(const CudaStep& step, const std::vector<MicroB
         GatherRows(mtp_->kept_rows(), step.logit_rows, R, cfg_.hidden_size, act_.head_in.get(), device_->stream()));
   } else {
     // Qwen4-Exp's drafter reads the streams before the head collapses them.
-    if (keep_states) EXL3_RETURN_IF_ERROR(residual_->CopyStreams(step.rows, mtp_->kept_rows()));
+    if (keep_states && mtp_->kept() == CudaMtpDrafting::Kept::kStreams)
+      EXL3_RETURN_IF_ERROR(residual_->CopyStreams(step.rows, mtp_->kept_rows()));
     EXL3_RETURN_IF_ERROR(residual_->HeadInput(step.rows, d, step.logit_rows, R, act_.head_in.get()));
   }
   EXL3_RETURN_IF_ERROR(CheckFinite(act_.head_in.get(), 0, R, cfg_.hidden_size, "head input", cfg_.num_layers - 1));
   EXL3_RETURN_IF_ERROR(head_.Forward(act_.head_in.get(), R, act_.logits.get(), device_->linear()));
   return CheckFinite(act_.logits.get(), 0, R, cfg_.vocab_size, "head", cfg_.num_layers - 1);
+}
+
+absl::Status CudaModel::TapLayer(int layer, int first, int n) {
+  const int slot = mtp_->TapSlot(layer);
+  if (slot < 0) return absl::OkStatus();
+  const size_t width = static_cast<size_t>(mtp_->state_width());
+  return residual_->StreamMean(first, n, mtp_->kept_rows() + first * width + static_cast<size_t>(slot) * cfg_.hidden_size,
+                               static_cast<int>(width));
 }
 
 absl::Status CudaModel::CheckFinite(const float* values, int first, int n, int width, const char* block, int layer) {
@@ -423,7 +439,9 @@ absl::Status CudaModel::EnableMtpDrafting() {
   if (cache_shape_.has_value()) return absl::FailedPreconditionError("EnableMtpDrafting after AllocateKvCache");
   EXL3_RETURN_IF_ERROR(CheckDraftVerification());
   EXL3_RETURN_IF_ERROR(mtp_->Enable());
-  if (mtp_->state_width() != (mtp_->input() == MtpInput::kStreams ? residual_->streams() : 1) * cfg_.hidden_size)
+  if (mtp_->kept() != CudaMtpDrafting::Kept::kTaps &&
+      mtp_->state_width() !=
+          (mtp_->kept() == CudaMtpDrafting::Kept::kStreams ? residual_->streams() : 1) * cfg_.hidden_size)
     return absl::InternalError(absl::StrCat(cfg_.architecture(), ": the MTP drafter reads ", mtp_->state_width(),
                                             " floats a token, the model keeps ", residual_->streams(), " streams"));
   info_.kv_bytes_per_token += mtp_->KvBytesPerToken();
@@ -432,7 +450,8 @@ absl::Status CudaModel::EnableMtpDrafting() {
 
 absl::Status CudaModel::ReserveKeptStates(int T) {
   EXL3_RETURN_IF_ERROR(mtp_->ReserveKept(T));
-  if (mtp_->input() == MtpInput::kStreams) return absl::OkStatus();  // the streams as they are
+  // The streams as they are, or the taps (written in the layer loop).
+  if (mtp_->kept() != CudaMtpDrafting::Kept::kHeadInput) return absl::OkStatus();
   // The head input of every row, not only the logit rows'.
   bool moved = false;
   EXL3_RETURN_IF_ERROR(residual_->Reserve(T, T, &moved));

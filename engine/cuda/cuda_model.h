@@ -126,9 +126,11 @@ class CudaModel final : public ModelRunner {
                               std::span<SampledToken> tokens, const std::function<void()>& masks_ready) override;
   absl::Status MaskedRowLogits(int row, std::span<float> logits) override;
   // The checkpoint's MTP head on this GPU (engine/cuda/cuda_mtp_drafter.h: the DeepSeek-V3 design of
-  // DeepseekV3, Glm4Moe, GlmMoeDsa and Glm5Next, Qwen4-Exp's); refused by name otherwise.
+  // DeepseekV3, Glm4Moe, GlmMoeDsa and Glm5Next, Qwen4-Exp's; DeepSeek-V4's DSPARK block drafter,
+  // engine/cuda/cuda_dspark_drafter.h); refused by name otherwise.
   absl::Status CheckMtpDrafting() const override;
-  // Loads the MTP layer from the model's directory; its KV becomes one more cache layer.
+  // Loads the MTP layer from the model's directory; its KV (DSPARK: each position's main-kv rows)
+  // becomes one more cache layer.
   absl::Status EnableMtpDrafting() override;
   absl::StatusOr<std::vector<std::vector<int32_t>>> ProposeMtpDrafts(std::span<const MtpSpan> spans) override;
   const CudaWeightBytes& weight_bytes() const { return weight_bytes_; }
@@ -178,10 +180,13 @@ class CudaModel final : public ModelRunner {
                                               DeviceArray<int32_t>* device);
   // Every launch of a step from the embeddings to the head's logits; `micro_batches` partition
   // the step's rows; host_token_ids: the step's (remote experts), or null.
-  // keep_states: every row's state the MTP drafter reads into the MTP drafting's kept rows too (its head input, or
-  // the residual streams before the head).
+  // keep_states: every row's state the MTP drafter reads into the MTP drafting's kept rows too (its head input,
+  // the residual streams before the head, or the DSPARK drafter's taps).
   absl::Status RunLayers(const CudaStep& step, const std::vector<MicroBatchRange>& micro_batches, int logit_rows,
                          const int32_t* host_token_ids, bool keep_states = false);
+  // The DSPARK drafter's tap of layer `layer` (if it taps it) for rows [first, first + n): the
+  // stream mean of its output into its slot of the kept rows.
+  absl::Status TapLayer(int layer, int first, int n);
   // With check_finite: OK where rows [first, first + n) of `values` ([rows, width]) are finite.
   absl::Status CheckFinite(const float* values, int first, int n, int width, const char* block, int layer);
   // Micro-batch m's answer of its MoE layer `layer` (if out) into its rows of d.

@@ -5,6 +5,11 @@
 //   engine/cuda/cuda_mtp_head.h           the DeepSeek-V3 design (DeepseekV3, Glm4Moe, GlmMoeDsa, Glm5Next)
 //   engine/cuda/cuda_qwen4exp_mtp_head.h  Qwen4-Exp's, over the gated hyper-connection streams
 //
+// DeepSeek-V4's mtp.* is not a next-token head but the DSPARK block drafter (docs/dspark.md): one
+// forward drafts a whole block from main-kv rows derived from the trunk's taps. It has an interface
+// of its own, engine/cuda/cuda_dspark_drafter.h (as the CPU engine's engine/cpu/mtp/dspark_drafter.h
+// stands beside engine/cpu/mtp/mtp_drafter.h); engine/cuda/mtp_drafting.h drives either kind.
+//
 // The drafter's layer is the model's config with one more layer (WithMtpLayer); its attention is a
 // mixer kind of its own (engine/cuda/load_cuda_mixers.h LoadCudaLayerMixer) with its own KV cache, which
 // AllocateCache sizes with the model's. A step runs as the model's do: the StepTokens of a batch

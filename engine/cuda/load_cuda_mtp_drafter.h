@@ -1,6 +1,8 @@
 // The GPU engine's MTP drafter of a model's family (engine/cuda/cuda_mtp_drafter.h): the factory
-// over the designs (engine/cuda/cuda_mtp_head.h, engine/cuda/cuda_qwen4exp_mtp_head.h), apart from
-// the interface they implement, as engine/cpu/mtp/load_mtp_drafter.h is the CPU engine's.
+// over the next-token designs (engine/cuda/cuda_mtp_head.h, engine/cuda/cuda_qwen4exp_mtp_head.h),
+// apart from the interface they implement, as engine/cpu/mtp/load_mtp_drafter.h is the CPU engine's.
+// CheckCudaMtpDrafter also passes DeepSeek-V4's DSPARK block drafter, which is not a next-token
+// head: engine/cuda/mtp_drafting.cc loads it (engine/cuda/cuda_dspark_drafter.h) instead.
 //
 //   EXL3_RETURN_IF_ERROR(CheckCudaMtpDrafter(cfg, src));
 //   EXL3_ASSIGN_OR_RETURN(std::unique_ptr<CudaMtpDrafter> d, LoadCudaMtpDrafter(cfg, src, parts));

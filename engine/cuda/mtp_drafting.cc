@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -18,22 +19,40 @@ absl::Status CudaMtpDrafting::Check() const {
 }
 
 absl::Status CudaMtpDrafting::Enable() {
-  if (drafter_ != nullptr) return absl::OkStatus();
+  if (enabled()) return absl::OkStatus();
   EXL3_ASSIGN_OR_RETURN(std::unique_ptr<TensorSource> src, TensorSource::Open(dir_));
+  if (cfg_.dsv4 != nullptr) {  // DeepSeek-V4's mtp.*: the DSPARK block drafter (docs/dspark.md)
+    EXL3_RETURN_IF_ERROR(CheckCudaMtpDrafter(cfg_, *src));
+    EXL3_ASSIGN_OR_RETURN(dspark_, CudaDsparkDrafter::Load(cfg_, *src, parts_));
+    return absl::OkStatus();
+  }
   EXL3_ASSIGN_OR_RETURN(drafter_, LoadCudaMtpDrafter(cfg_, *src, parts_));
   sampler_ = std::make_unique<DeviceSampler>(cfg_.vocab_size);
   return absl::OkStatus();
 }
 
+CudaMtpDrafting::Kept CudaMtpDrafting::kept() const {
+  if (dspark_ != nullptr) return Kept::kTaps;
+  return drafter_->input() == MtpInput::kStreams ? Kept::kStreams : Kept::kHeadInput;
+}
+
+int CudaMtpDrafting::TapSlot(int layer) const {
+  if (dspark_ == nullptr) return -1;
+  const std::vector<int>& layers = dspark_->tap_layers();
+  const auto it = std::find(layers.begin(), layers.end(), layer);
+  return it == layers.end() ? -1 : static_cast<int>(it - layers.begin());
+}
+
 absl::Status CudaMtpDrafting::AllocateCache(const KvCacheShape& shape, StreamHandle stream) {
+  if (dspark_ != nullptr) return dspark_->AllocateCache(shape, stream);
   return drafter_ == nullptr ? absl::OkStatus() : drafter_->AllocateCache(shape, stream);
 }
 
 absl::Status CudaMtpDrafting::ReserveKept(int T) {
   const size_t t = static_cast<size_t>(T);
-  const size_t n = t * static_cast<size_t>(drafter_->state_width());
+  const size_t n = t * static_cast<size_t>(state_width());
   if (kept_.rows.size() < n) EXL3_RETURN_IF_ERROR(kept_.rows.Reserve(n));
-  if (drafter_->input() == MtpInput::kStreams || all_rows_.size() >= t) return absl::OkStatus();
+  if (kept() != Kept::kHeadInput || all_rows_.size() >= t) return absl::OkStatus();
   std::vector<int32_t> rows(t);
   for (int r = 0; r < T; ++r) rows[r] = r;
   EXL3_RETURN_IF_ERROR(all_rows_.Reserve(t));
@@ -87,8 +106,42 @@ absl::Status CudaMtpDrafting::RunStep(const StepBatch& batch, const KvCacheShape
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<std::vector<int32_t>>> CudaMtpDrafting::ProposeBlockDrafts(std::span<const MtpSpan> spans) {
+  EXL3_RETURN_IF_ERROR(kept_.chunks.CheckSpans(spans));
+  const size_t W = static_cast<size_t>(dspark_->tap_width());
+  std::vector<DsparkRowWrite> writes;
+  std::vector<DsparkDraftCall> calls;
+  std::vector<size_t> owners;  // the span of each call
+  for (size_t k = 0; k < spans.size(); ++k) {
+    const MtpSpan& s = spans[k];
+    // 1. The kept positions' main-kv rows, from their taps (the span's chunk's first rows).
+    DsparkRowWrite& w = writes.emplace_back();
+    w.taps = kept_.rows.get() + static_cast<size_t>(kept_.chunks.first_row(s.chunk_index)) * W;
+    w.start_position = s.start_position;
+    w.num_positions = s.num_positions;
+    w.block_table = &s.block_table;
+    if (s.num_drafts <= 0) continue;
+    // 2. One block draft after the last kept position, seeded with the token there.
+    if (s.next_tokens.empty())
+      return absl::InvalidArgumentError(absl::StrCat("MTP span of sequence ", s.sequence_id, ": no next tokens"));
+    DsparkDraftCall& c = calls.emplace_back();
+    c.seed = s.next_tokens.back();
+    c.p0 = s.start_position + s.num_positions;
+    c.block_table = &s.block_table;
+    owners.push_back(k);
+  }
+  EXL3_ASSIGN_OR_RETURN(const std::vector<DsparkDraft> blocks, dspark_->Run(writes, calls, /*want_logits=*/false));
+  std::vector<std::vector<int32_t>> drafts(spans.size());
+  for (size_t c = 0; c < blocks.size(); ++c) {
+    const int n = std::min(spans[owners[c]].num_drafts, blocks[c].length);
+    drafts[owners[c]].assign(blocks[c].drafts.begin(), blocks[c].drafts.begin() + n);
+  }
+  return drafts;
+}
+
 absl::StatusOr<std::vector<std::vector<int32_t>>> CudaMtpDrafting::ProposeDrafts(std::span<const MtpSpan> spans,
                                                                                   const KvCacheShape& shape) {
+  if (dspark_ != nullptr) return ProposeBlockDrafts(spans);
   if (drafter_ == nullptr) return absl::FailedPreconditionError("MTP drafting is not enabled");
   const size_t W = static_cast<size_t>(drafter_->state_width());
   std::vector<std::vector<int32_t>> drafts(spans.size());

@@ -21,7 +21,8 @@
 //
 // The CPU model (engine/cpu/cpu_model.h) runs it for speculative method mtp: it taps the trunk
 // in its layer loop (TapLayer), keeps each position's main-kv rows in one more cache layer, and
-// proposes per decoding span one block draft (ProposeDsparkDrafts). The GPU engine refuses it.
+// proposes per decoding span one block draft (ProposeDsparkDrafts). The GPU engine's counterpart
+// is engine/cuda/cuda_dspark_drafter.h.
 #pragma once
 
 #include <memory>
