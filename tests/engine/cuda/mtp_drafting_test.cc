@@ -14,6 +14,7 @@
 //     says why), and the KV cache is idle after;
 //   * the MTP layer's KV is one more cache layer (kv_bytes_per_token grows), and models the GPU
 //     engine cannot draft for are refused by name.
+// DeepSeek-V4's DSPARK block drafter has tests of its own: tests/engine/cuda/dspark_drafting_test.cc.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -271,9 +272,10 @@ TEST(CudaMtpRefusalTest, ModelsWithoutAnMtpDrafterAreRefusedByName) {
     const char* fixture;
     const char* says;  // a part of the refusal
   };
-  // DeepSeek-V4's mtp.* is not a next-token head; a checkpoint without its MTP layer names what is
+  // A DeepSeek-V4 config without the DSPARK drafter's MTP blocks (the drafter itself runs:
+  // tests/engine/cuda/dspark_drafting_test.cc); a checkpoint without its MTP layer names what is
   // missing; a family without an MTP design says so.
-  for (const Case& c : {Case{"deepseek_v4_all", "MTP"}, Case{"glm4_moe_all", "missing"},
+  for (const Case& c : {Case{"deepseek_v4_all", "no DSPARK mtp drafter"}, Case{"glm4_moe_all", "missing"},
                         Case{"qwen3_moe_all", "no MTP head"}}) {
     std::unique_ptr<CudaModel> model = OpenGpuModel(FixtureDir(c.fixture));
     ASSERT_NE(model, nullptr) << c.fixture;
