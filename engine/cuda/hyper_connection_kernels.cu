@@ -199,6 +199,198 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The collapse's sums at prefill: many tokens a block.
+//
+// MixSumsKernel takes one token a block, so each of a prefill's T tokens reads every fn row of its
+// slice from L2 again (fn is (2 + N) N × N H fp32: 1.5 MB at N = 4, H = 4096, so 1.6 GB a collapse at
+// T = 1024) and converts every fn element to double for a single product. MixSumsTiledKernel
+// stages kTileTokens tokens' inputs and the slice's fn rows in shared memory as doubles, each
+// converted once, and forms the products as a small GEMM: thread (ty, tx) keeps the sums of tokens
+// ty and ty + 32 against mix rows tx, tx + 8 and tx + 16 in registers over the block's whole slice
+// (kChunk hidden positions a pass), two fn and two input doubles a 16-byte shared load, so the
+// double FMAs, not L2 or shared memory, bound it. The stream pairs' sums come from the same
+// registers the inputs are staged from. Every product is exact in double and each sum runs in a
+// fixed order (another order than MixSumsKernel's, so a token's mixes may differ from that kernel's
+// in their last double bits: the same to far below the float they are rounded to, the same bits
+// run to run). For N ≤ kTiledMaxStreams, H a multiple of 4 and 16-byte aligned arrays.
+constexpr int kTileTokens = 64;                                  // tokens a block
+constexpr int kChunk = 16;                                       // hidden positions a pass
+constexpr int kTiledMaxStreams = 4;                              // N (the released models': 4)
+constexpr int kTiledMaxK = kTiledMaxStreams * kChunk;            // a pass's inputs of one token
+constexpr int kTiledStride = kTiledMaxK + 2;                     // doubles a staged row (16 bytes of bank offset)
+constexpr int kTiledMaxMixes = (2 + kTiledMaxStreams) * kTiledMaxStreams;
+constexpr int kTiledMaxPairs = kTiledMaxStreams * (kTiledMaxStreams + 1) / 2;
+constexpr int kTiledMinTokens = 16;      // fewer: MixSumsKernel (the decode step's, unchanged)
+constexpr int kTiledTargetBlocks = 512;  // about 4 a multiprocessor
+constexpr int kTiledMaxChunks = 16;      // passes a block (hidden positions: kChunk times)
+constexpr size_t kTiledSmemBytes =
+    static_cast<size_t>(kTileTokens + kTiledMaxMixes) * kTiledStride * sizeof(double) +
+    static_cast<size_t>(kTileTokens) * (kTiledMaxStreams + kTiledMaxStreams * kTiledMaxStreams) * sizeof(float);
+static_assert(kThreads == 4 * kTileTokens, "a staging thread per (token, 4 hidden positions of a pass)");
+static_assert(kThreads == 8 * (kTileTokens / 2), "a summing thread per (2 tokens, 3 mix rows)");
+static_assert(kTiledMaxMixes == 3 * 8, "8 threads of a token pair cover the mix rows, 3 each");
+
+// grid (ceil(T / kTileTokens), splits), block kThreads, kTiledSmemBytes of dynamic shared memory.
+// Block (b, s) takes tokens [b · kTileTokens, ...) at hidden positions [s · chunks · kChunk, ...)
+// (chunks passes). Arguments and partial as MixSumsKernel's (kExpand: ex.post set).
+template <bool kExpand>
+__global__ void __launch_bounds__(kThreads, kExpand ? 2 : 3)
+    MixSumsTiledKernel(const float* __restrict__ fn, int n, int H, int T, int chunks, HyperExpandInput ex,
+                       float* streams, double* partial) {
+  exl3::cuda::PdlEnter();
+  extern __shared__ __align__(16) double tiled_smem[];
+  double* xs = tiled_smem;                        // [kTileTokens][kTiledStride]: token, i · kChunk + dd
+  double* ws = xs + kTileTokens * kTiledStride;   // [kTiledMaxMixes][kTiledStride]: fn row, i · kChunk + dd
+  float* pc = reinterpret_cast<float*>(ws + kTiledMaxMixes * kTiledStride);  // [kTileTokens][N + N²]
+  const int tid = threadIdx.x;
+  const int t0 = blockIdx.x * kTileTokens, s = blockIdx.y, splits = gridDim.y;
+  const int width = n * H, mixes = MixRows(n), K = n * kChunk, npc = n + n * n;
+  const size_t out_stride = static_cast<size_t>(SumRows(n)) * splits;  // a token's partial sums
+  // Staging: token lt, hidden positions 4 lq .. 4 lq + 3 of each pass.
+  const int lt = tid / 4, lq = tid % 4;
+  const int st = t0 + lt;
+  const bool st_live = st < T;
+  float* x_tok = streams + static_cast<size_t>(st) * width;
+  if constexpr (kExpand) {
+    for (int i = tid; i < kTileTokens * npc; i += kThreads) {
+      const int tt = i / npc, e = i - tt * npc;
+      const size_t t = static_cast<size_t>(t0 + tt);
+      pc[i] = t0 + tt < T ? (e < n ? ex.post[t * n + e] : ex.comb[t * n * n + (e - n)]) : 0.0f;
+    }
+    __syncthreads();
+  }
+  // Summing: tokens ty, ty + 32 against mix rows tx + 8 j.
+  const int ty = tid / 8, tx = tid % 8;
+  bool row_live[3];
+#pragma unroll
+  for (int j = 0; j < 3; ++j) row_live[j] = tx + 8 * j < mixes;
+  double acc[2][3] = {};
+  double pair[kTiledMaxPairs] = {};
+  const int d_first = s * chunks * kChunk;
+  for (int c = 0; c < chunks; ++c) {
+    const int d0 = d_first + c * kChunk;
+    if (d0 >= H) break;  // the same for the whole block
+    {
+      const int d = d0 + 4 * lq;
+      const bool in = st_live && d < H;
+      float4 v[kTiledMaxStreams];
+#pragma unroll
+      for (int i = 0; i < kTiledMaxStreams; ++i) {
+        v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (i < n && in) v[i] = *reinterpret_cast<const float4*>(x_tok + static_cast<size_t>(i) * H + d);
+      }
+      if constexpr (kExpand) {
+        // ExpandAt's arithmetic per element: x_k ← post[k] · o + Σ_j comb[j][k] · x_j, in place.
+        if (in) {
+          const float4 o = *reinterpret_cast<const float4*>(ex.block_output + static_cast<size_t>(st) * H + d);
+          const float* post = pc + lt * npc;
+          const float* comb = post + n;
+          float4 e[kTiledMaxStreams];
+#pragma unroll
+          for (int k = 0; k < kTiledMaxStreams; ++k) {
+            if (k < n) {
+              float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+              for (int j = 0; j < kTiledMaxStreams; ++j) {
+                if (j < n) {
+                  const float cjk = comb[j * n + k];
+                  a.x += cjk * v[j].x;
+                  a.y += cjk * v[j].y;
+                  a.z += cjk * v[j].z;
+                  a.w += cjk * v[j].w;
+                }
+              }
+              const float pk = post[k];
+              e[k] = make_float4(pk * o.x + a.x, pk * o.y + a.y, pk * o.z + a.z, pk * o.w + a.w);
+              *reinterpret_cast<float4*>(x_tok + static_cast<size_t>(k) * H + d) = e[k];
+            }
+          }
+#pragma unroll
+          for (int k = 0; k < kTiledMaxStreams; ++k) {
+            if (k < n) v[k] = e[k];
+          }
+        }
+      }
+      // The pairs' products (the four positions in order; pair a ≤ b kept at GramIndex(a, b,
+      // kTiledMaxStreams), a register), then the inputs staged as doubles.
+#pragma unroll
+      for (int a = 0; a < kTiledMaxStreams; ++a) {
+#pragma unroll
+        for (int b = a; b < kTiledMaxStreams; ++b) {
+          if (b < n) pair[GramIndex(a, b, kTiledMaxStreams)] += DotDouble(v[a], v[b]);
+        }
+      }
+      double* row = xs + lt * kTiledStride + 4 * lq;
+#pragma unroll
+      for (int i = 0; i < kTiledMaxStreams; ++i) {
+        if (i < n) {
+          reinterpret_cast<double2*>(row + i * kChunk)[0] = make_double2(v[i].x, v[i].y);
+          reinterpret_cast<double2*>(row + i * kChunk)[1] = make_double2(v[i].z, v[i].w);
+        }
+      }
+    }
+    for (int item = tid; item < mixes * n * 4; item += kThreads) {
+      const int r = item / (4 * n), rest = item - r * 4 * n, i = rest / 4, q = rest % 4;
+      const int d = d0 + 4 * q;
+      float4 w = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (d < H) w = __ldg(reinterpret_cast<const float4*>(fn + static_cast<size_t>(r) * width + static_cast<size_t>(i) * H + d));
+      double* wr = ws + r * kTiledStride + i * kChunk + 4 * q;
+      reinterpret_cast<double2*>(wr)[0] = make_double2(w.x, w.y);
+      reinterpret_cast<double2*>(wr)[1] = make_double2(w.z, w.w);
+    }
+    __syncthreads();
+    const double2* x0 = reinterpret_cast<const double2*>(xs + ty * kTiledStride);
+    const double2* x1 = reinterpret_cast<const double2*>(xs + (ty + kTileTokens / 2) * kTiledStride);
+    const double2* w0 = reinterpret_cast<const double2*>(ws + tx * kTiledStride);
+    const double2* w1 = reinterpret_cast<const double2*>(ws + (tx + 8) * kTiledStride);
+    const double2* w2 = reinterpret_cast<const double2*>(ws + (tx + 16) * kTiledStride);
+#pragma unroll 4
+    for (int k2 = 0; k2 < K / 2; ++k2) {
+      const double2 a0 = x0[k2], a1 = x1[k2];
+      const double2* wj[3] = {w0, w1, w2};
+#pragma unroll
+      for (int j = 0; j < 3; ++j) {
+        if (row_live[j]) {
+          const double2 w = wj[j][k2];
+          acc[0][j] = fma(a0.x, w.x, acc[0][j]);
+          acc[0][j] = fma(a0.y, w.y, acc[0][j]);
+          acc[1][j] = fma(a1.x, w.x, acc[1][j]);
+          acc[1][j] = fma(a1.y, w.y, acc[1][j]);
+        }
+      }
+    }
+    __syncthreads();  // the staged rows are the next pass's
+  }
+  // A token's four staging lanes (lanes 4m .. 4m + 3 of a warp) add their pair sums: (0 + 1) + (2 + 3).
+#pragma unroll
+  for (int g = 0; g < kTiledMaxPairs; ++g) {
+    pair[g] += __shfl_xor_sync(kFullMask, pair[g], 1);
+    pair[g] += __shfl_xor_sync(kFullMask, pair[g], 2);
+  }
+  if (lq == 0 && st_live) {
+    double* out = partial + static_cast<size_t>(st) * out_stride + s;
+#pragma unroll
+    for (int a = 0; a < kTiledMaxStreams; ++a) {
+#pragma unroll
+      for (int b = a; b < kTiledMaxStreams; ++b) {
+        if (b < n)
+          out[static_cast<size_t>(mixes + GramIndex(a, b, n)) * splits] = pair[GramIndex(a, b, kTiledMaxStreams)];
+      }
+    }
+  }
+#pragma unroll
+  for (int a = 0; a < 2; ++a) {
+    const int t = t0 + ty + a * (kTileTokens / 2);
+    if (t >= T) continue;
+    double* out = partial + static_cast<size_t>(t) * out_stride + s;
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+      if (row_live[j]) out[static_cast<size_t>(tx + 8 * j) * splits] = acc[a][j];
+    }
+  }
+}
+
 // Σ_q __shfl(v, first + q · stride) over q < n ≤ kLaneStreams in the order of q: every shuffle
 // issued before the first addition, so a row's or column's sum waits for one shuffle's latency and
 // then the n additions (the same additions as a loop of shuffle-then-add: the same bits). All
@@ -527,13 +719,50 @@ int CollapseSlice(int H, int T, int n) {
   return static_cast<int>(std::clamp<long long>((want + 15) / 16 * 16, 16, most));
 }
 
+// Passes (kChunk hidden positions each) of one MixSumsTiledKernel block for T tokens: the most
+// (up to kTiledMaxChunks) that still give about kTiledTargetBlocks blocks, so that few partial sums
+// are left to total while every multiprocessor has a few blocks.
+int TiledChunks(int H, int T) {
+  const long long tiles = CeilDiv(T, kTileTokens), passes = CeilDiv(H, kChunk);
+  int chunks = kTiledMaxChunks;
+  while (chunks > 1 && tiles * ((passes + chunks - 1) / chunks) < kTiledTargetBlocks) chunks /= 2;
+  return chunks;
+}
+
+// Whether a collapse of T tokens may take MixSumsTiledKernel by its shape (the arrays' alignment
+// is checked at the launch).
+bool TiledShape(int H, int T, int n) { return T >= kTiledMinTokens && n <= kTiledMaxStreams && H % 4 == 0; }
+
+// How a collapse's sums are split: tiled (MixSumsTiledKernel, `chunks` passes a block) or not
+// (MixSumsKernel), and the splits of each token's sums (its partial sums a row).
+struct CollapsePlan {
+  bool tiled = false;
+  int slice = 0, splits = 0, chunks = 0;
+};
+CollapsePlan PlanCollapse(int H, int T, int n, bool aligned) {
+  CollapsePlan p;
+  p.tiled = aligned && TiledShape(H, T, n);
+  if (p.tiled) {
+    p.chunks = TiledChunks(H, T);
+    p.slice = p.chunks * kChunk;
+  } else {
+    p.slice = CollapseSlice(H, T, n);
+  }
+  p.splits = CeilDiv(H, p.slice);
+  return p;
+}
+
 }  // namespace
 
 size_t HyperCollapseScratchDoubles(const HyperConnectionArgs& a, int T) {
-  // The splits shrink as T grows; a call with fewer tokens may use more a token.
+  // The splits shrink as T grows; a call with fewer tokens may use more a token. Either kernel may
+  // run (the tiled one only where the arrays are aligned).
   size_t most = 0;
-  for (int t = 1; t <= T; ++t)
-    most = std::max(most, static_cast<size_t>(t) * CeilDiv(a.hidden, CollapseSlice(a.hidden, t, a.streams)));
+  for (int t = 1; t <= T; ++t) {
+    for (const bool aligned : {false, true}) {
+      most = std::max(most, static_cast<size_t>(t) * PlanCollapse(a.hidden, t, a.streams, aligned).splits);
+    }
+  }
   return most * SumRows(a.streams);
 }
 
@@ -587,11 +816,24 @@ absl::Status HyperCollapse(const HyperConnectionArgs& a, const HyperExpandInput*
   // an expand reads.
   if (mix_stream != nullptr) EXL3_RETURN_IF_ERROR(mix_stream->Join(stream));
   const int n = a.streams, H = a.hidden;
-  const int slice = CollapseSlice(H, T, n), splits = CeilDiv(H, slice);
   const HyperExpandInput ex = expand != nullptr ? *expand : HyperExpandInput{};
   const bool vector = H % 4 == 0 && Aligned16(a.fn);
-  exl3::cuda::LaunchPdl(vector ? MixSumsKernel<true> : MixSumsKernel<false>, dim3(T, splits), dim3(kThreads),
-                        S(stream), a.fn, n, H, slice, ex, streams, scratch);
+  const bool aligned = vector && Aligned16(streams) && (ex.post == nullptr || Aligned16(ex.block_output));
+  const CollapsePlan plan = PlanCollapse(H, T, n, aligned);
+  const int splits = plan.splits;
+  if (plan.tiled) {
+    // Above 48 KiB a kernel must opt in, on each device: at every launch (a host call, no more;
+    // allowed while a graph is captured).
+    auto* const kernel = ex.post != nullptr ? MixSumsTiledKernel<true> : MixSumsTiledKernel<false>;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kTiledSmemBytes)) !=
+        cudaSuccess)
+      return LaunchStatus("hyper-connection mix sums: shared memory limit");
+    exl3::cuda::LaunchPdlWithSmem(kernel, dim3(CeilDiv(T, kTileTokens), splits), dim3(kThreads), kTiledSmemBytes,
+                                  S(stream), a.fn, n, H, T, plan.chunks, ex, streams, scratch);
+  } else {
+    exl3::cuda::LaunchPdl(vector ? MixSumsKernel<true> : MixSumsKernel<false>, dim3(T, splits), dim3(kThreads),
+                          S(stream), a.fn, n, H, plan.slice, ex, streams, scratch);
+  }
   if (absl::Status st = LaunchStatus("hyper-connection mix sums"); !st.ok()) return st;
   const int finish = std::clamp(CeilDiv(H, kFinishSpan), 1, kMaxFinishBlocks);
   if (mix_stream != nullptr) {
