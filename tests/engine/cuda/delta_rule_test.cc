@@ -2,9 +2,10 @@
 // reference of its formula, on fresh random inputs: both decay forms (one per head as the gated
 // DeltaNet's, one per key channel as KDA's log-decay), value heads sharing key heads, key dims
 // below, at and between the kernel's row groups (16, 40, 64, 128), value dims that leave a block's
-// 32 columns part empty (24, 96, 160), chunks of 0, 1, 7, 8, 9 (the 8-token stage's edges) and 33
-// tokens, and a chunk that writes the row it reads (as a decode step in place); a verify chunk's
-// kept states bit for bit against shorter chunks. Lines "delta rule ..." give every comparison.
+// 32 columns part empty (24, 96, 160), chunks of 0, 1, 7, 8, 9 (the 8-token stage's edges), 33, 64
+// and 1024 tokens (a prefill), and a chunk that writes the row it reads (as a decode step in
+// place); a verify chunk's kept states bit for bit against shorter chunks. Lines "delta rule ..."
+// give every comparison.
 // Skipped where no GPU is visible (ctest label gpu).
 #include <algorithm>
 #include <cmath>
@@ -61,7 +62,7 @@ TEST(DeltaRuleKernelTest, MatchesTheFormulaInBothDecayForms) {
   REQUIRE_GPU();
   std::mt19937 rng(41);
   std::uniform_real_distribution<float> unit(0.0f, 1.0f);
-  const std::vector<int> lengths = {1, 0, 7, 8, 9, 33, 1};  // the last chunk writes its read row
+  const std::vector<int> lengths = {1, 0, 7, 8, 9, 33, 64, 1024, 1};  // the last chunk writes its read row
   for (const Case& k : {Case{4, 2, 16, 24, DeltaRuleDecay::kPerHead},
                         Case{4, 2, 64, 96, DeltaRuleDecay::kPerHead},
                         Case{2, 1, 128, 160, DeltaRuleDecay::kPerHead},
@@ -149,8 +150,11 @@ TEST(DeltaRuleKernelTest, MatchesTheFormulaInBothDecayForms) {
       std::printf("delta rule %s heads %d/%d DK %d DV %d chunk %d: out rel %.2e state rel %.2e\n",
                   k.form == DeltaRuleDecay::kPerHead ? "per-head" : "per-channel", NH, NK, DK, DV, n,
                   out_rel, state_rel);
-      EXPECT_LT(out_rel, 1e-5) << "chunk " << c;
-      EXPECT_LT(state_rel, 1e-5) << "chunk " << c;
+      // fp32 against double: 1e-5, and 3e-5 over a 1024-token chunk (its roundings add up over
+      // channels whose decay stays near 1).
+      const double bound = n > 130 ? 3e-5 : 1e-5;
+      EXPECT_LT(out_rel, bound) << "chunk " << c;
+      EXPECT_LT(state_rel, bound) << "chunk " << c;
     }
   }
 }

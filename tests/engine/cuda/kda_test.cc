@@ -124,7 +124,7 @@ TEST(KdaKernelsTest, DeltaRuleMatchesTheCpuRecurrentForm) {
           "kda delta rule D %d chunk %d: against the recurrent form out rel %.2e state rel %.2e; "
           "against the chunked form out rel %.2e state rel %.2e\n",
           D, n, out_rel, state_rel, chunked_out, chunked_state);
-      // The kernel runs the recurrent form in fp32 with its sums split over four lanes: well
+      // The kernel runs the recurrent form in fp32 with its sums split over eight lanes: well
       // within 1e-5. The chunked form reorders the arithmetic further: 1e-4.
       EXPECT_LT(out_rel, 1e-5) << "D " << D << " chunk " << n;
       EXPECT_LT(state_rel, 1e-5) << "D " << D << " chunk " << n;
