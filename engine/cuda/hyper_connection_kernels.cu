@@ -534,39 +534,64 @@ __device__ __forceinline__ void TotalRows(const double* p, int splits, int count
   }
 }
 
+// One warp's shared memory for MixWarp.
+struct MixWarpScratch {
+  double sums[kMaxMixes + kMaxStreams];
+  float mix[kMaxMixes];
+  float cm[kMaxStreams * kMaxStreams];
+};
+
 // Token t's post and comb from its partial sums p [SumRows(N), splits] (MixSumsKernel's), on one
-// block: the totals of fn's mix rows and of the pairs (i, i), rms = sqrt(Σ_i x_i · x_i / (N H) +
-// norm_eps), mix[r] = total_r / rms; out.post [T, N] = 2 sigmoid(mix[N + k] · scale[1] + base[N + k]),
-// out.comb [T, N, N] from mix[2N ...] (SinkhornLanes / SinkhornShared).
-__device__ void MixBlock(const HyperConnectionArgs& a, const double* p, int splits, const HyperCollapseOutput& out,
-                         size_t t) {
-  __shared__ double sums[kMaxMixes + kMaxStreams];
-  __shared__ float mix[kMaxMixes];
-  __shared__ float cm[kMaxStreams * kMaxStreams];
-  const int n = a.streams, width = n * a.hidden, mixes = MixRows(n);
-  TotalRows(p, splits, mixes + n,
-            [&](int k) { return k < mixes ? k : mixes + GramIndex(k - mixes, k - mixes, n); }, sums);
-  __syncthreads();
-  double ss = 0.0;
-  for (int i = 0; i < n; ++i) ss += sums[mixes + i];
-  const double inv_rms = 1.0 / sqrt(ss / width + a.norm_eps);
-  for (int r = threadIdx.x; r < mixes; r += kThreads) mix[r] = static_cast<float>(sums[r] * inv_rms);
-  __syncthreads();
-  if (threadIdx.x < n)
-    out.post[t * n + threadIdx.x] = 2.0f * SigmoidF(mix[n + threadIdx.x] * a.scale[1] + a.base[n + threadIdx.x]);
-  if (threadIdx.x / 32 == 0) {
-    float* comb = out.comb + t * n * n;
-    if (n * n <= 32) {
-      SinkhornLanes(mix + 2 * n, a.base + 2 * n, a.scale[2], a.eps, n, a.sinkhorn_iters, comb);
-    } else {
-      SinkhornShared(mix + 2 * n, a.base + 2 * n, a.scale[2], a.eps, n, a.sinkhorn_iters, cm, comb);
+// warp (the block's other warps free for other tokens): the totals of fn's mix rows and of the pairs
+// (i, i), each as TotalRows forms it (lane l adds splits l, l + 32, ... in order, then the warp's
+// shuffle tree: the same bits), kMixRowGroup rows' loads in flight at once; rms = sqrt(Σ_i x_i ·
+// x_i / (N H) + norm_eps), mix[r] = total_r / rms; out.post [T, N] = 2 sigmoid(mix[N + k] ·
+// scale[1] + base[N + k]), out.comb [T, N, N] from mix[2N ...] (SinkhornLanes / SinkhornShared).
+constexpr int kMixRowGroup = 8;
+__device__ void MixWarp(const HyperConnectionArgs& a, const double* p, int splits, const HyperCollapseOutput& out,
+                        size_t t, MixWarpScratch& w) {
+  const int lane = threadIdx.x % 32;
+  const int n = a.streams, width = n * a.hidden, mixes = MixRows(n), count = mixes + n;
+  for (int k0 = 0; k0 < count; k0 += kMixRowGroup) {
+    const double* rp[kMixRowGroup];
+    double v[kMixRowGroup];
+#pragma unroll
+    for (int g = 0; g < kMixRowGroup; ++g) {
+      const int k = k0 + g;
+      const int row = k < mixes ? k : mixes + GramIndex(k - mixes, k - mixes, n);
+      rp[g] = k < count ? p + static_cast<size_t>(row) * splits : nullptr;
+      v[g] = 0.0;
     }
+    for (int s = lane; s < splits; s += 32) {
+#pragma unroll
+      for (int g = 0; g < kMixRowGroup; ++g) {
+        if (rp[g] != nullptr) v[g] += rp[g][s];
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kMixRowGroup; ++g) {
+      const double total = WarpSumDouble(v[g]);
+      if (k0 + g < count && lane == 0) w.sums[k0 + g] = total;
+    }
+  }
+  __syncwarp();
+  double ss = 0.0;
+  for (int i = 0; i < n; ++i) ss += w.sums[mixes + i];
+  const double inv_rms = 1.0 / sqrt(ss / width + a.norm_eps);
+  for (int r = lane; r < mixes; r += 32) w.mix[r] = static_cast<float>(w.sums[r] * inv_rms);
+  __syncwarp();
+  if (lane < n) out.post[t * n + lane] = 2.0f * SigmoidF(w.mix[n + lane] * a.scale[1] + a.base[n + lane]);
+  float* comb = out.comb + t * n * n;
+  if (n * n <= 32) {
+    SinkhornLanes(w.mix + 2 * n, a.base + 2 * n, a.scale[2], a.eps, n, a.sinkhorn_iters, comb);
+  } else {
+    SinkhornShared(w.mix + 2 * n, a.base + 2 * n, a.scale[2], a.eps, n, a.sinkhorn_iters, w.cm, comb);
   }
 }
 
 // Token t's block input and its norm at hidden positions [lo, hi) from its partial sums p
 // [SumRows(N), splits] and streams x [N, H]: the totals of pre's rows and of every pair (the same
-// values in every such block), rms as MixBlock's from the pairs' diagonal, mix[r] = total_r / rms;
+// values in every such block), rms as MixWarp's from the pairs' diagonal, mix[r] = total_r / rms;
 //   out.block_input [T, H] = Σ_i pre[i] · stream_i, pre[i] = sigmoid(mix[i] · scale[0] + base[i]) + eps;
 //   out.normed [T, H] = norm_weight [H] · (block_input · inv), inv = 1 / sqrt(mean(block_input²) +
 //     norm_eps), mean(block_input²) = Σ_ij pre_i pre_j (x_i · x_j) / H from the pair totals, so no
@@ -603,32 +628,101 @@ __device__ void InputBlock(const HyperConnectionArgs& a, const double* p, int sp
   }
 }
 
+// InputBlock's arithmetic four positions a thread: [lo, hi) at most 4 kThreads positions, each
+// thread's streams (and norm weights) loaded before the totals, so the two loads' latencies overlap
+// (InputBlock waits for the totals, then for the streams, a thread at a time per position). N ≤
+// kTiledMaxStreams, H a multiple of 4, the arrays 16-byte aligned.
+__device__ void InputBlockVec(const HyperConnectionArgs& a, const double* p, int splits, const float* x, int lo,
+                              int hi, const HyperCollapseOutput& out, size_t t) {
+  __shared__ double sums[kMaxStreams + kMaxStreams * (kMaxStreams + 1) / 2];
+  __shared__ float pre[kMaxStreams];
+  __shared__ float inv_out;
+  const int n = a.streams, H = a.hidden, width = n * H, mixes = MixRows(n);
+  const int d = lo + 4 * threadIdx.x;
+  const bool on = d < hi;
+  float4 xv[kTiledMaxStreams], wv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int i = 0; i < kTiledMaxStreams; ++i) {
+    xv[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (i < n && on) xv[i] = *reinterpret_cast<const float4*>(x + static_cast<size_t>(i) * H + d);
+  }
+  if (on && out.normed != nullptr) wv = *reinterpret_cast<const float4*>(out.norm_weight + d);
+  TotalRows(p, splits, n + n * (n + 1) / 2, [&](int k) { return k < n ? k : mixes + (k - n); }, sums);
+  __syncthreads();
+  double ss = 0.0;
+  for (int i = 0; i < n; ++i) ss += sums[n + GramIndex(i, i, n)];
+  const double inv_rms = 1.0 / sqrt(ss / width + a.norm_eps);
+  if (threadIdx.x < n)
+    pre[threadIdx.x] =
+        SigmoidF(static_cast<float>(sums[threadIdx.x] * inv_rms) * a.scale[0] + a.base[threadIdx.x]) + a.eps;
+  __syncthreads();
+  if (out.normed != nullptr && threadIdx.x == 0) {
+    double yy = 0.0;
+    for (int i = 0; i < n; ++i) {
+      for (int j = 0; j < n; ++j)
+        yy += static_cast<double>(pre[i]) * pre[j] * sums[n + GramIndex(min(i, j), max(i, j), n)];
+    }
+    inv_out = static_cast<float>(1.0 / sqrt(yy / H + out.norm_eps));
+  }
+  __syncthreads();
+  if (!on) return;
+  float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < kTiledMaxStreams; ++i) {
+    if (i < n) {
+      y[0] += pre[i] * xv[i].x;
+      y[1] += pre[i] * xv[i].y;
+      y[2] += pre[i] * xv[i].z;
+      y[3] += pre[i] * xv[i].w;
+    }
+  }
+  *reinterpret_cast<float4*>(out.block_input + t * H + d) = make_float4(y[0], y[1], y[2], y[3]);
+  if (out.normed != nullptr) {
+    const float io = inv_out;
+    *reinterpret_cast<float4*>(out.normed + t * H + d) =
+        make_float4(wv.x * (y[0] * io), wv.y * (y[1] * io), wv.z * (y[2] * io), wv.w * (y[3] * io));
+  }
+}
+
 // grid (T, input_blocks + mix), mix 0 or 1; block kThreads. partial [T, SumRows(N), splits] fp64 as
 // MixSumsKernel wrote it; streams [T, N, H] fp32 (after its expand). Blocks y < input_blocks write
 // out.block_input [T, H] fp32 and out.normed [T, H] fp32 at [y · span, (y + 1) · span)
 // (InputBlock); block input_blocks, where the grid has it, out.post [T, N] and out.comb [T, N, N]
-// fp32 (MixBlock; otherwise CollapseMixKernel forms them on a stream of their own).
-__global__ void __launch_bounds__(kThreads)
+// fp32 (MixWarp, on its first warp; otherwise CollapseMixKernel forms them on a stream of their own).
+// kVec: InputBlockVec (span 4 kThreads) instead of InputBlock.
+template <bool kVec>
+__global__ void __launch_bounds__(kThreads, 2)
     CollapseFinishKernel(HyperConnectionArgs a, const float* streams, const double* partial, int splits, int span,
                          int input_blocks, HyperCollapseOutput out) {
   exl3::cuda::PdlEnter();
   const size_t t = blockIdx.x;
   const double* p = partial + t * SumRows(a.streams) * splits;
   if (static_cast<int>(blockIdx.y) == input_blocks) {
-    MixBlock(a, p, splits, out, t);
+    __shared__ MixWarpScratch w;
+    if (threadIdx.x < 32) MixWarp(a, p, splits, out, t, w);
     return;
   }
   const int lo = blockIdx.y * span, hi = min(a.hidden, lo + span);
-  InputBlock(a, p, splits, streams + t * a.streams * a.hidden, lo, hi, out, t);
+  if constexpr (kVec) {
+    InputBlockVec(a, p, splits, streams + t * a.streams * a.hidden, lo, hi, out, t);
+  } else {
+    InputBlock(a, p, splits, streams + t * a.streams * a.hidden, lo, hi, out, t);
+  }
 }
 
-// grid T, block kThreads. partial [T, SumRows(N), splits] fp64 as MixSumsKernel wrote it →
-// out.post [T, N] and out.comb [T, N, N] fp32 (MixBlock): a collapse's mix, which its own block
-// does not read, on a stream forked from the collapse's (HyperMixStream).
-__global__ void __launch_bounds__(kThreads)
-    CollapseMixKernel(HyperConnectionArgs a, const double* partial, int splits, HyperCollapseOutput out) {
-  const size_t t = blockIdx.x;
-  MixBlock(a, partial + t * SumRows(a.streams) * splits, splits, out, t);
+// grid ceil(T / kMixWarps), block 32 · kMixWarps: a warp a token. partial [T, SumRows(N), splits]
+// fp64 as MixSumsKernel wrote it → out.post [T, N] and out.comb [T, N, N] fp32 (MixWarp): a
+// collapse's mix, which its own block does not read, on a stream forked from the collapse's
+// (HyperMixStream). (A block a token left 7 of its 8 warps idle through the Sinkhorn steps, and at
+// most 4 tokens' Sinkhorns a multiprocessor.)
+constexpr int kMixWarps = 4;
+__global__ void __launch_bounds__(32 * kMixWarps)
+    CollapseMixKernel(HyperConnectionArgs a, const double* partial, int splits, int T, HyperCollapseOutput out) {
+  __shared__ MixWarpScratch w[kMixWarps];
+  const int warp = threadIdx.x / 32;
+  const size_t t = static_cast<size_t>(blockIdx.x) * kMixWarps + warp;
+  if (t >= static_cast<size_t>(T)) return;
+  MixWarp(a, partial + t * SumRows(a.streams) * splits, splits, out, t, w[warp]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -656,6 +750,48 @@ __global__ void ExpandKernel(const float* post, const float* comb, const float* 
   float* s = streams + t * n * H;
   const float* ot = o + t * H;
   for (int d = HiddenFirst(); d < H; d += HiddenStride()) ExpandAt(s, H, d, n, p, c, ot[d], [](int, float) {});
+}
+
+// ExpandKernel four positions a thread (float4s): grid (T, ceil(H / (4 kThreads)) at most 64),
+// ExpandAt's arithmetic per position. N ≤ kTiledMaxStreams, H a multiple of 4, the arrays 16-byte
+// aligned (a thread a position moved its token's streams 4 bytes a load and spent as much on the
+// block's start as on its work).
+__global__ void ExpandVecKernel(const float* post, const float* comb, const float* o, int n, int H, float* streams) {
+  exl3::cuda::PdlEnter();
+  __shared__ float p[kMaxStreams], c[kMaxStreams * kMaxStreams];
+  const size_t t = blockIdx.x;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) p[i] = post[t * n + i];
+  for (int i = threadIdx.x; i < n * n; i += blockDim.x) c[i] = comb[t * n * n + i];
+  __syncthreads();
+  float* s = streams + t * n * H;
+  const float* ot = o + t * H;
+  for (int d = 4 * HiddenFirst(); d < H; d += 4 * HiddenStride()) {
+    float4 in[kTiledMaxStreams];
+#pragma unroll
+    for (int j = 0; j < kTiledMaxStreams; ++j) {
+      if (j < n) in[j] = *reinterpret_cast<const float4*>(s + static_cast<size_t>(j) * H + d);
+    }
+    const float4 od = *reinterpret_cast<const float4*>(ot + d);
+#pragma unroll
+    for (int k = 0; k < kTiledMaxStreams; ++k) {
+      if (k < n) {
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int j = 0; j < kTiledMaxStreams; ++j) {
+          if (j < n) {
+            const float cjk = c[j * n + k];
+            acc.x += cjk * in[j].x;
+            acc.y += cjk * in[j].y;
+            acc.z += cjk * in[j].z;
+            acc.w += cjk * in[j].w;
+          }
+        }
+        const float pk = p[k];
+        *reinterpret_cast<float4*>(s + static_cast<size_t>(k) * H + d) =
+            make_float4(pk * od.x + acc.x, pk * od.y + acc.y, pk * od.z + acc.z, pk * od.w + acc.w);
+      }
+    }
+  }
 }
 
 // grid R, block kThreads; dynamic shared: N floats. streams [T, N, H]; rows [R]; out [R, H].
@@ -835,17 +971,23 @@ absl::Status HyperCollapse(const HyperConnectionArgs& a, const HyperExpandInput*
                           S(stream), a.fn, n, H, plan.slice, ex, streams, scratch);
   }
   if (absl::Status st = LaunchStatus("hyper-connection mix sums"); !st.ok()) return st;
-  const int finish = std::clamp(CeilDiv(H, kFinishSpan), 1, kMaxFinishBlocks);
+  // The block input four positions a thread where the arrays allow (a block a 4 kThreads
+  // positions), else one (blocks of kFinishSpan, at most kMaxFinishBlocks a token).
+  const bool vec_finish = n <= kTiledMaxStreams && H % 4 == 0 && Aligned16(streams) && Aligned16(out.block_input) &&
+                          (out.normed == nullptr || (Aligned16(out.normed) && Aligned16(out.norm_weight)));
+  const int finish = vec_finish ? CeilDiv(H, 4 * kThreads) : std::clamp(CeilDiv(H, kFinishSpan), 1, kMaxFinishBlocks);
+  const int span = vec_finish ? 4 * kThreads : CeilDiv(H, finish);
   if (mix_stream != nullptr) {
     EXL3_ASSIGN_OR_RETURN(const StreamHandle side, mix_stream->Fork(stream));
-    CollapseMixKernel<<<T, kThreads, 0, S(side)>>>(a, static_cast<const double*>(scratch), splits, out);
+    CollapseMixKernel<<<CeilDiv(T, kMixWarps), 32 * kMixWarps, 0, S(side)>>>(a, static_cast<const double*>(scratch),
+                                                                            splits, T, out);
     EXL3_RETURN_IF_ERROR(LaunchStatus("hyper-connection mix"));
     EXL3_RETURN_IF_ERROR(mix_stream->Forked());
   }
   const int mix_block = mix_stream == nullptr ? 1 : 0;
-  exl3::cuda::LaunchPdl(CollapseFinishKernel, dim3(T, finish + mix_block), dim3(kThreads), S(stream), a,
-                        static_cast<const float*>(streams), static_cast<const double*>(scratch), splits,
-                        CeilDiv(H, finish), finish, out);
+  exl3::cuda::LaunchPdl(vec_finish ? CollapseFinishKernel<true> : CollapseFinishKernel<false>,
+                        dim3(T, finish + mix_block), dim3(kThreads), S(stream), a, static_cast<const float*>(streams),
+                        static_cast<const double*>(scratch), splits, span, finish, out);
   return LaunchStatus("hyper-connection collapse");
 }
 
@@ -853,8 +995,13 @@ absl::Status HyperExpand(const float* post, const float* comb, const float* bloc
                          int hidden, float* streams, StreamHandle stream) {
   if (T == 0) return absl::OkStatus();
   if (absl::Status st = CheckStreams(n); !st.ok()) return st;
-  exl3::cuda::LaunchPdl(ExpandKernel, dim3(T, HiddenBlocks(hidden)), dim3(kThreads), S(stream), post, comb,
-                        block_output, n, hidden, streams);
+  if (n <= kTiledMaxStreams && hidden % 4 == 0 && Aligned16(streams) && Aligned16(block_output)) {
+    exl3::cuda::LaunchPdl(ExpandVecKernel, dim3(T, std::min(CeilDiv(hidden, 4 * kThreads), 64)), dim3(kThreads),
+                          S(stream), post, comb, block_output, n, hidden, streams);
+  } else {
+    exl3::cuda::LaunchPdl(ExpandKernel, dim3(T, HiddenBlocks(hidden)), dim3(kThreads), S(stream), post, comb,
+                          block_output, n, hidden, streams);
+  }
   return LaunchStatus("hyper-connection expand");
 }
 
