@@ -49,7 +49,7 @@ job delta-rule 120 "$BIN"/engine_cuda_delta_rule_test
 job kda 150 "$BIN"/engine_cuda_kda_test
 job deltanet 150 "$BIN"/engine_cuda_deltanet_test
 job moe 200 "$BIN"/exl3-cuda-check --moe-prefill
-job model 230 "$BIN"/engine_cuda_model_test \
+job model 250 "$BIN"/engine_cuda_model_test \
   --gtest_filter='Glm5NextFamily/*:RecurrentFamilies/*:Dsv4Family/*:HyperConnectedFamilies/*:Fixtures/CudaVerifyGraphTest.*'
 # The sanitizers on the kernels' tests, leaving out the 1024-token cases (too slow there; the
 # multi-pass tiled sums need T >= 256 at H 4096, so memcheck runs the wide cases, racecheck not).
