@@ -16,6 +16,21 @@ enum class Dsv4LayerType {
   kHeavilyCompressed,  // + every compressed entry (non-overlapping windows)
 };
 
+// The DSPARK block drafter (the checkpoint's mtp.* component, docs/dspark.md): read from the
+// dspark_* fields and the entries of compress_ratios past num_hidden_layers (one per MTP block,
+// each 0: sliding, no compressor). num_blocks 0: the config names no MTP block.
+struct Dsv4DsparkConfig {
+  int num_blocks = 0;        // len(compress_ratios) - num_hidden_layers, at least 0
+  int block_size = 0;        // dspark_block_size: the draft block's length, seed included
+  int noise_token_id = 0;    // dspark_noise_token_id: fills block positions 1..block_size-1
+  int markov_rank = 256;     // dspark_markov_rank
+  std::vector<int> target_layer_ids;  // dspark_target_layer_ids, ascending, distinct
+
+  // The drafter can run: MTP blocks, a block, and at least one tapped layer.
+  bool enabled() const { return num_blocks > 0 && block_size > 0 && !target_layer_ids.empty(); }
+  int num_taps() const { return static_cast<int>(target_layer_ids.size()); }
+};
+
 struct Dsv4Config {
   std::vector<Dsv4LayerType> layer_types;  // [num_layers]
   int sliding_window = 0;
@@ -33,6 +48,7 @@ struct Dsv4Config {
   int hc_sinkhorn_iters = 0;
   float hc_eps = 0.0f;
   RopeConfig main_rope, compress_rope;
+  Dsv4DsparkConfig dspark;
 
   // m of a compressed layer; 0 for a sliding-window layer.
   int CompressRate(int layer) const;

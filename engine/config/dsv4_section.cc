@@ -1,5 +1,6 @@
 #include "engine/config/dsv4_section.h"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -117,6 +118,57 @@ absl::Status Ropes(const json& j, const std::string& source, double partial, Dsv
   return absl::OkStatus();
 }
 
+// The DSPARK drafter's fields (docs/dspark.md "Config fields"). num_nextn_predict_layers is
+// ignored: the block count is the compress_ratios tail.
+absl::Status Dspark(const json& j, const std::string& source, int num_layers, int vocab_size,
+                    Dsv4DsparkConfig* d) {
+  if (j.contains("compress_ratios") && j["compress_ratios"].is_array()) {
+    const json& ratios = j["compress_ratios"];
+    for (size_t i = num_layers; i < ratios.size(); ++i) {
+      if (!ratios[i].is_number_integer() || ratios[i].get<int>() != 0)
+        return Bad(source, absl::StrCat("compress_ratios[", i, "] is ", ratios[i].dump(),
+                                        ": an MTP block (past num_hidden_layers ", num_layers,
+                                        ") must be sliding (0)"));
+    }
+    d->num_blocks = std::max(0, static_cast<int>(ratios.size()) - num_layers);
+  }
+  auto integer = [&](const char* field, int fallback, int* out) -> absl::Status {
+    auto it = j.find(field);
+    if (it == j.end() || it->is_null()) {
+      *out = fallback;
+      return absl::OkStatus();
+    }
+    if (!it->is_number_integer()) return Bad(source, absl::StrCat(field, " is ", it->dump(), ", not an integer"));
+    *out = it->get<int>();
+    return absl::OkStatus();
+  };
+  EXL3_RETURN_IF_ERROR(integer("dspark_block_size", 0, &d->block_size));
+  EXL3_RETURN_IF_ERROR(integer("dspark_noise_token_id", 0, &d->noise_token_id));
+  EXL3_RETURN_IF_ERROR(integer("dspark_markov_rank", 256, &d->markov_rank));
+  if (d->block_size < 0) return Bad(source, absl::StrCat("dspark_block_size ", d->block_size, " is negative"));
+  if (d->noise_token_id < 0 || (vocab_size > 0 && d->noise_token_id >= vocab_size))
+    return Bad(source, absl::StrCat("dspark_noise_token_id ", d->noise_token_id,
+                                    " is not a token id (vocab_size ", vocab_size, ")"));
+  if (d->markov_rank <= 0)
+    return Bad(source, absl::StrCat("dspark_markov_rank ", d->markov_rank, " must be positive"));
+  d->target_layer_ids.clear();
+  if (auto it = j.find("dspark_target_layer_ids"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) return Bad(source, absl::StrCat("dspark_target_layer_ids is ", it->dump(), ", not a list"));
+    for (const json& v : *it) {
+      if (!v.is_number_integer() || v.get<int>() < 0 || v.get<int>() >= num_layers)
+        return Bad(source, absl::StrCat("dspark_target_layer_ids holds ", v.dump(), " (a layer index below ",
+                                        num_layers, ")"));
+      d->target_layer_ids.push_back(v.get<int>());
+    }
+    // exllamav3 keeps the ids as a set and taps in layer order.
+    std::sort(d->target_layer_ids.begin(), d->target_layer_ids.end());
+    if (std::adjacent_find(d->target_layer_ids.begin(), d->target_layer_ids.end()) !=
+        d->target_layer_ids.end())
+      return Bad(source, absl::StrCat("dspark_target_layer_ids ", it->dump(), " names a layer twice"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ReadDeepseekV4Section(const ConfigFile& file, ModelConfig* cfg) {
@@ -175,6 +227,7 @@ absl::Status ReadDeepseekV4Section(const ConfigFile& file, ModelConfig* cfg) {
   if (sparse && d->rope_dim > d->index_head_dim)
     return Bad(source, absl::StrCat("index_head_dim ", d->index_head_dim, " is smaller than the rope part ",
                                     d->rope_dim));
+  EXL3_RETURN_IF_ERROR(Dspark(j, source, cfg->num_layers, cfg->vocab_size, &d->dspark));
   cfg->sliding_window = d->sliding_window;
   cfg->q_lora_rank = d->q_lora_rank;
   cfg->rope = d->main_rope;  // per layer type: Dsv4Config's main_rope / compress_rope

@@ -13,6 +13,10 @@
 //     top-level rope scaling (compress; yarn gets attention_factor 1 unless given).
 //   partial_rotary_factor (older files: qk_rope_head_dim / head_dim; default 64 / 512): the rope
 //     part is the LAST rope_dim dimensions of each head, pairs interleaved (2i, 2i+1).
+//   The DSPARK drafter (Dsv4Config::dspark, docs/dspark.md): compress_ratios' entries past
+//     num_hidden_layers (one per MTP block, each must be 0), dspark_block_size (>= 0),
+//     dspark_noise_token_id (a token id), dspark_markov_rank (> 0), dspark_target_layer_ids
+//     (distinct trunk layer indices, kept ascending); errors name the field.
 #pragma once
 
 #include "absl/status/status.h"

@@ -208,9 +208,15 @@ absl::Status CpuModel::CheckMtpDrafting() const {
 }
 
 absl::Status CpuModel::EnableMtpDrafting() {
-  if (mtp_head_ != nullptr) return absl::OkStatus();
+  if (mtp_head_ != nullptr || dspark_ != nullptr) return absl::OkStatus();
   if (cache_ != nullptr) return absl::FailedPreconditionError("EnableMtpDrafting after AllocateKvCache");
   EXL3_RETURN_IF_ERROR(CheckMtpDrafting());
+  if (cfg_.dsv4 != nullptr) {  // the DSPARK drafter: one main-kv row per block and position
+    EXL3_ASSIGN_OR_RETURN(dspark_, DsparkDrafter::Load(cfg_, *src_, embedding_, head_));
+    info_.kv_bytes_per_token +=
+        static_cast<int64_t>(dspark_->num_blocks()) * dspark_->row_width() * static_cast<int64_t>(sizeof(float));
+    return absl::OkStatus();
+  }
   EXL3_ASSIGN_OR_RETURN(mtp_head_, LoadMtpDrafter(cfg_, *src_, head_));
   // The MTP layer's KV slots, its block area shared out over the block's slots (rounded up).
   const int bs = KvCacheShape{}.block_size;
@@ -254,6 +260,7 @@ absl::Status CpuModel::RunMtp(const StepBatch& batch, const std::vector<float>& 
 }
 
 absl::StatusOr<std::vector<float>> CpuModel::MtpLogits(std::span<const MtpSpan> spans) {
+  if (dspark_ != nullptr) return absl::UnimplementedError("MtpLogits: the DSPARK drafter drafts blocks");
   StepBatch batch;
   std::vector<float> hidden, o, logits;
   EXL3_RETURN_IF_ERROR(MtpBatchOf(spans, /*every_position=*/true, &batch, &hidden));
@@ -261,7 +268,47 @@ absl::StatusOr<std::vector<float>> CpuModel::MtpLogits(std::span<const MtpSpan> 
   return logits;
 }
 
+absl::StatusOr<std::vector<std::vector<int32_t>>> CpuModel::ProposeDsparkDrafts(std::span<const MtpSpan> spans) {
+  EXL3_RETURN_IF_ERROR(kept_.chunks.CheckSpans(spans));
+  const int TW = dspark_->tap_width(), D = dspark_->row_width(), N = dspark_->num_blocks();
+  const int layer = cfg_.num_layers;  // the rows' cache layer
+  std::vector<std::vector<int32_t>> drafts(spans.size());
+  std::vector<std::vector<float>> rows(N);
+  std::vector<float*> row_ptrs(N);
+  std::vector<const float*> history_ptrs(N);
+  for (size_t k = 0; k < spans.size(); ++k) {
+    const MtpSpan& s = spans[k];
+    // 1. The kept positions' main-kv rows, from their taps.
+    const float* taps = &kept_.rows[static_cast<size_t>(kept_.chunks.first_row(s.chunk_index)) * TW];
+    for (int i = 0; i < N; ++i) {
+      rows[i].resize(static_cast<size_t>(s.num_positions) * D);
+      row_ptrs[i] = rows[i].data();
+    }
+    EXL3_RETURN_IF_ERROR(dspark_->MainKvRows(taps, s.num_positions, s.start_position, row_ptrs, compute_));
+    for (int j = 0; j < s.num_positions; ++j) {
+      float* slot = cache_->Slot(layer, s.block_table, s.start_position + j);
+      for (int i = 0; i < N; ++i) std::copy_n(&rows[i][static_cast<size_t>(j) * D], D, slot + static_cast<size_t>(i) * D);
+    }
+    if (s.num_drafts <= 0) continue;
+    // 2. One block draft after the last kept position, over the rows of the window before it.
+    const int p0 = s.start_position + s.num_positions;
+    const int hist = std::min(dspark_->window(), p0);
+    for (int i = 0; i < N; ++i) {
+      rows[i].resize(static_cast<size_t>(hist) * D);
+      for (int j = 0; j < hist; ++j)
+        std::copy_n(cache_->Slot(layer, s.block_table, p0 - hist + j) + static_cast<size_t>(i) * D, D,
+                    &rows[i][static_cast<size_t>(j) * D]);
+      history_ptrs[i] = rows[i].data();
+    }
+    EXL3_ASSIGN_OR_RETURN(DsparkDraft d, dspark_->Draft(history_ptrs, hist, s.next_tokens.back(), p0, compute_));
+    const int n = std::min(s.num_drafts, d.length);
+    drafts[k].assign(d.drafts.begin(), d.drafts.begin() + n);
+  }
+  return drafts;
+}
+
 absl::StatusOr<std::vector<std::vector<int32_t>>> CpuModel::ProposeMtpDrafts(std::span<const MtpSpan> spans) {
+  if (dspark_ != nullptr) return ProposeDsparkDrafts(spans);
   if (mtp_head_ == nullptr) return absl::FailedPreconditionError("MTP drafting is not enabled");
   const int W = mtp_head_->state_width(), V = cfg_.vocab_size;
   std::vector<std::vector<int32_t>> drafts(spans.size());
@@ -312,6 +359,8 @@ absl::Status CpuModel::AllocateKvCache(const KvCacheShape& shape) {
   for (int l = 0; l < cfg_.num_layers; ++l)
     layers[l] = {cfg_.KvWidth(l), cfg_.KvBlockFloats(l, shape.block_size)};
   if (mtp_head_ != nullptr) layers.push_back(mtp_head_->CacheShape(shape.block_size));  // layer num_layers
+  if (dspark_ != nullptr)  // layer num_layers: each position's main-kv row of every block
+    layers.push_back({dspark_->num_blocks() * dspark_->row_width(), 0});
   cache_ = std::make_unique<PagedKvCache>(std::move(layers), shape);
   if (cfg_.HasRecurrentLayers()) {
     EXL3_ASSIGN_OR_RETURN(std::vector<int64_t> floats, StateFloatsPerLayer(cfg_, shape.num_sequence_slots));
@@ -446,7 +495,36 @@ absl::Status CpuModel::FinishMoe(MicroBatch& mb) {
   return absl::OkStatus();
 }
 
+void CpuModel::TapLayer(int layer, MicroBatch& mb) const {
+  const std::vector<int>& ids = cfg_.dsv4->dspark.target_layer_ids;
+  const auto it = std::find(ids.begin(), ids.end(), layer);
+  if (it == ids.end()) return;
+  const int H = cfg_.hidden_size, T = mb.tokens.num_tokens, TW = dspark_->tap_width();
+  const int slot = static_cast<int>(it - ids.begin());
+  mb.taps.resize(static_cast<size_t>(T) * TW);
+  for (int t = 0; t < T; ++t) {
+    const float* x = &mb.h[static_cast<size_t>(t) * streams_ * H];
+    float* y = &mb.taps[static_cast<size_t>(t) * TW + static_cast<size_t>(slot) * H];
+    for (int d = 0; d < H; ++d) {
+      float acc = 0.0f;
+      for (int k = 0; k < streams_; ++k) acc += x[static_cast<size_t>(k) * H + d];
+      y[d] = acc / static_cast<float>(streams_);
+    }
+  }
+}
+
 void CpuModel::KeepHiddenStates(const StepBatch& batch, const std::vector<MicroBatch>& mbs) {
+  if (dspark_ != nullptr) {  // the taps, as TapLayer left them
+    const size_t TW = dspark_->tap_width();
+    kept_.rows.resize(static_cast<size_t>(batch.NumTokens()) * TW);
+    float* row = kept_.rows.data();
+    for (const MicroBatch& mb : mbs) {
+      std::copy_n(mb.taps.data(), static_cast<size_t>(mb.tokens.num_tokens) * TW, row);
+      row += static_cast<size_t>(mb.tokens.num_tokens) * TW;
+    }
+    kept_.chunks.Record(batch);
+    return;
+  }
   const int H = cfg_.hidden_size, W = mtp_head_->state_width();
   kept_.rows.resize(static_cast<size_t>(batch.NumTokens()) * W);
   float* row = kept_.rows.data();
@@ -475,7 +553,7 @@ void CpuModel::KeepHiddenStates(const StepBatch& batch, const std::vector<MicroB
 absl::Status CpuModel::Forward(const StepBatch& batch, float* logits) {
   if (cache_ == nullptr) return absl::FailedPreconditionError("KV cache not allocated");
   kept_.chunks.Clear();
-  if (batch.keep_hidden_states && mtp_head_ == nullptr)
+  if (batch.keep_hidden_states && mtp_head_ == nullptr && dspark_ == nullptr)
     return absl::FailedPreconditionError("keep_hidden_states without MTP drafting enabled");
   times_ = StepPhaseTimes{};
   (void)moe_->TakeStageTimes();  // what a failed step before this one left
@@ -510,13 +588,19 @@ absl::Status CpuModel::Forward(const StepBatch& batch, float* logits) {
   times_.embed_s = Seconds(t0);
 
   // Ping-pong: micro-batch i's layer l waits for its own MoE call of layer l - 1 only.
+  // DSPARK drafting taps a layer's output once its MoE has finished: at the next layer's start.
+  const bool tap = batch.keep_hidden_states && dspark_ != nullptr;
   for (int l = 0; l < cfg_.num_layers; ++l) {
     for (MicroBatch& mb : mbs) {
       EXL3_RETURN_IF_ERROR(FinishMoe(mb));
+      if (tap && l > 0) TapLayer(l - 1, mb);
       EXL3_RETURN_IF_ERROR(RunLayer(l, mb));
     }
   }
-  for (MicroBatch& mb : mbs) EXL3_RETURN_IF_ERROR(FinishMoe(mb));
+  for (MicroBatch& mb : mbs) {
+    EXL3_RETURN_IF_ERROR(FinishMoe(mb));
+    if (tap) TapLayer(cfg_.num_layers - 1, mb);
+  }
 
   if (batch.keep_hidden_states) KeepHiddenStates(batch, mbs);
   t0 = Clock::now();

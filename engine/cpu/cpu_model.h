@@ -33,6 +33,7 @@
 #include "engine/core/kept_chunks.h"
 #include "engine/core/model_runner.h"
 #include "engine/core/moe_executor.h"
+#include "engine/cpu/mtp/dspark_drafter.h"
 #include "engine/cpu/mtp/mtp_drafter.h"
 #include "engine/cpu/paged_kv_cache.h"
 #include "engine/cpu/residual/ple_layer.h"
@@ -118,6 +119,7 @@ class CpuModel final : public ModelRunner {
     AttentionCarry carry;             // what a layer's attention leaves for later layers
     HyperConnectionMix mix;           // hyper-connections: the open block's post / comb weights
     std::vector<float> inject;        // gated residual: the open block's injection weights [T, streams]
+    std::vector<float> taps;          // DSPARK drafting: [T, taps * hidden] (TapLayer)
     int pending_layer = -1;           // the layer whose MoE call is in flight
     std::unique_ptr<MoeCall> pending;  // its MoE call in flight (declared last: waited first)
   };
@@ -152,7 +154,16 @@ class CpuModel final : public ModelRunner {
   // kept_ = every token's state the MTP drafter reads (MtpInput): the final norm of its residual
   // stream (hyper-connected streams collapsed by hc_head first: what the model's head reads), or
   // its residual streams as they are (Qwen4-Exp: before the mixer collapses them).
+  // DeepSeek-V4's DSPARK drafter: kept_ = every token's taps [T * hidden] instead.
   void KeepHiddenStates(const StepBatch& batch, const std::vector<MicroBatch>& mbs);
+  // DSPARK drafting: when `layer` is one of dspark_target_layer_ids, its output (complete: after
+  // its MoE's hyper-connection expand) averaged over the streams into mb.taps at that tap's slot.
+  void TapLayer(int layer, MicroBatch& mb) const;
+  // ProposeMtpDrafts with the DSPARK drafter: each span's main-kv rows written at its kept
+  // positions (cache layer num_layers), then per decoding span one block draft at
+  // p0 = start_position + num_positions, seed next_tokens.back(); up to num_drafts of its drafts,
+  // fewer (none) where its confidence length is shorter.
+  absl::StatusOr<std::vector<std::vector<int32_t>>> ProposeDsparkDrafts(std::span<const MtpSpan> spans);
 
   ModelConfig cfg_;
   ModelInfo info_;
@@ -166,6 +177,7 @@ class CpuModel final : public ModelRunner {
   std::optional<GatedResidual> final_mixer_;  // Qwen4-Exp: collapses the streams into the head's input
   Linear head_;
   std::unique_ptr<MtpDrafter> mtp_head_;      // speculative method mtp (EnableMtpDrafting)
+  std::unique_ptr<DsparkDrafter> dspark_;     // DeepSeek-V4's mtp.* block drafter instead
   // The last Forward's states the MTP drafter reads when its batch asked to keep them: [step
   // tokens, its state_width()] in chunk order, and which chunks they are.
   struct KeptHiddenStates {

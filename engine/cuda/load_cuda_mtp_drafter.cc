@@ -1,5 +1,6 @@
 #include "engine/cuda/load_cuda_mtp_drafter.h"
 
+#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/cpu/mtp/load_mtp_drafter.h"
 #include "engine/cuda/cuda_mtp_head.h"
@@ -8,6 +9,11 @@
 namespace exl3::engine::cuda {
 
 absl::Status CheckCudaMtpDrafter(const ModelConfig& cfg, const TensorSource& src) {
+  // DeepSeek-V4's DSPARK block drafter (docs/dspark.md) runs on the CPU engine only so far.
+  if (cfg.dsv4 != nullptr)
+    return absl::FailedPreconditionError(absl::StrCat(
+        cfg.architecture(), "'s MTP component (mtp.*: the DSPARK block drafter) is not run by the GPU "
+        "engine; use the CPU engine or --speculative-method ngram"));
   // The same designs as the CPU engine's: the design and its tensors, by name.
   return CheckMtpDrafter(cfg, src);
 }

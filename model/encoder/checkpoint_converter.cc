@@ -34,8 +34,8 @@ constexpr char kVersion[] = "0.0.6";          // quantization_config.version we 
 constexpr char kFingerprintKey[] = "exl3_convert";
 // The output layout's revision, part of a shard's fingerprint: a shard written in an earlier layout
 // is redone on restart. 2: exllamav3's layouts (KDA qkv_proj / conv1d, DeepSeek-V4 wo_a slices,
-// MLA kv_b_proj and DSA indexer wk unquantized).
-constexpr int kLayout = 2;
+// MLA kv_b_proj and DSA indexer wk unquantized). 3: DeepSeek-V4's mtp.* linears EXL3.
+constexpr int kLayout = 3;
 
 struct Planned {
   int bits = 0;
@@ -193,7 +193,7 @@ struct Conversion {
   // Stored name of a composite's first input -> the composites written where it is, in order.
   std::map<std::string, std::vector<size_t>> composites_at;
   std::set<std::string> consumed;                       // stored names of the composites' inputs
-  std::set<std::string> modules;        // "attention", "dense_mlp", "head": those with a quantized tensor
+  std::set<std::string> modules;        // "attention", "dense_mlp", "head", "mtp": those with a quantized tensor
   std::vector<std::string> kept_names;  // asked for, but not EXL3-able
   json weight_map = json::object();
   double mse_sum = 0;
@@ -201,7 +201,7 @@ struct Conversion {
 };
 
 absl::Status CheckOptions(const ConvertOptions& options) {
-  for (int k : {options.bits, options.expert_bits, options.down_bits, options.head_bits}) {
+  for (int k : {options.bits, options.expert_bits, options.down_bits, options.head_bits, options.mtp_bits}) {
     if (k != 0 && (k < 1 || k > 8)) return absl::InvalidArgumentError(absl::StrCat("bit width ", k, " is not in 1..8"));
   }
   if (options.bits < 1) return absl::InvalidArgumentError("bits must be in 1..8");
@@ -350,6 +350,34 @@ void PlanOtherLinears(Conversion& c) {
   }
 }
 
+// DeepSeek-V4's DSPARK drafter blocks mtp.{i}.* (docs/dspark.md) as exllamav3's converter writes
+// them: the linears it builds with qbits_key "mtp_bits" and a qmap -- block 0's main_proj, each
+// block's attention wq_a / wq_b / wkv / wo_a (per-group slices, PlanExllamav3Layouts) / wo_b, its
+// routed and shared experts' w1 / w2 / w3 -- EXL3 at mtp_bits (default: bits); everything else
+// under mtp.* as stored: the router and its correction bias, norms, hyper-connections, sinks, the
+// Markov head (markov_w1 an embedding table, markov_w2) and the confidence head, which exllamav3
+// reads unquantized. Other families' mtp.* and MTP layers are copied as they come.
+void PlanDsv4MtpLinears(Conversion& c) {
+  if (c.cfg.family != MoeFamily::kDeepseekV4 || !c.options.quantize_mtp) return;
+  const int bits = c.options.mtp_bits > 0 ? c.options.mtp_bits : c.options.bits;
+  for (const auto& [name, t] : c.info) {
+    if (!absl::StartsWith(name, "mtp.") || t->shape.size() != 2 || !absl::EndsWith(name, ".weight")) continue;
+    const size_t dot = name.find('.', 4);
+    int block = 0;
+    if (dot == std::string::npos || !absl::SimpleAtoi(name.substr(4, dot - 4), &block)) continue;
+    const std::string rest = name.substr(dot + 1);
+    bool quantized = (block == 0 && rest == "main_proj.weight");
+    for (const char* p : {"attn.wq_a.weight", "attn.wq_b.weight", "attn.wkv.weight", "attn.wo_a.weight",
+                          "attn.wo_b.weight", "ffn.shared_experts.w1.weight", "ffn.shared_experts.w2.weight",
+                          "ffn.shared_experts.w3.weight"})
+      quantized = quantized || rest == p;
+    if (absl::StartsWith(rest, "ffn.experts.")) {
+      for (const char* w : {".w1.weight", ".w2.weight", ".w3.weight"}) quantized = quantized || absl::EndsWith(rest, w);
+    }
+    if (quantized) PlanOptionalLinear(c, name, bits, "mtp");
+  }
+}
+
 void AddComposite(Conversion& c, Composite comp) {
   for (const std::string& in : comp.inputs) c.consumed.insert(in);
   c.composites_at[comp.inputs[0]].push_back(c.composites.size());
@@ -412,12 +440,11 @@ absl::Status PlanKdaLayout(Conversion& c, int layer) {
   return absl::OkStatus();
 }
 
-// DeepSeek-V4's grouped wo_a [o_groups * o_lora_rank, in / o_groups] of layer L as exllamav3
-// writes it: each group's rows an EXL3 layer of its own, `wo_a.slice.G` (exllamav3 reads a
-// quantized wo_a only so; engine/cpu/attention/dsv4_grouped_wo_a.h reads both). Slices that EXL3
-// cannot hold (o_lora_rank not a multiple of 128) leave wo_a as stored.
-absl::Status PlanGroupedWoA(Conversion& c, int layer) {
-  const std::string name = LayerPrefix(c.cfg, layer) + "attn.wo_a.weight";
+// DeepSeek-V4's grouped wo_a [o_groups * o_lora_rank, in / o_groups] (`name`: a layer's or an MTP
+// block's attn.wo_a.weight) as exllamav3 writes it: each group's rows an EXL3 layer of its own,
+// `wo_a.slice.G` (exllamav3 reads a quantized wo_a only so; engine/cpu/attention/dsv4_grouped_wo_a.h
+// reads both). Slices that EXL3 cannot hold (o_lora_rank not a multiple of 128) leave wo_a as stored.
+absl::Status PlanGroupedWoA(Conversion& c, const std::string& name) {
   auto it = c.plan.find(name);
   if (it == c.plan.end()) return absl::OkStatus();
   const json& j = c.cfg_json;
@@ -461,7 +488,13 @@ absl::Status PlanExllamav3Layouts(Conversion& c) {
   for (int L = 0; L < c.cfg.num_hidden_layers; ++L) {
     if (c.cfg.arch == Architecture::kGlm5Next && c.info.count(LayerPrefix(c.cfg, L) + "self_attn.f_a_proj.weight"))
       EXL3_RETURN_IF_ERROR(PlanKdaLayout(c, L));
-    if (c.cfg.family == MoeFamily::kDeepseekV4) EXL3_RETURN_IF_ERROR(PlanGroupedWoA(c, L));
+    if (c.cfg.family == MoeFamily::kDeepseekV4) EXL3_RETURN_IF_ERROR(PlanGroupedWoA(c, LayerPrefix(c.cfg, L) + "attn.wo_a.weight"));
+  }
+  if (c.cfg.family == MoeFamily::kDeepseekV4) {
+    std::vector<std::string> mtp_wo_a;  // the DSPARK blocks' (PlanDsv4MtpLinears)
+    for (const auto& [name, p] : c.plan)
+      if (absl::StartsWith(name, "mtp.") && absl::EndsWith(name, ".attn.wo_a.weight")) mtp_wo_a.push_back(name);
+    for (const std::string& name : mtp_wo_a) EXL3_RETURN_IF_ERROR(PlanGroupedWoA(c, name));
   }
   return absl::OkStatus();
 }
@@ -478,6 +511,8 @@ json Fingerprint(const ConvertOptions& options) {
           {"quantize_attention", options.quantize_attention},
           {"quantize_dense_mlp", options.quantize_dense_mlp},
           {"head_bits", options.head_bits},
+          {"quantize_mtp", options.quantize_mtp},
+          {"mtp_bits", options.mtp_bits},
           {"scale_search", options.scale_search}};
 }
 
@@ -675,7 +710,7 @@ absl::Status WriteQuantizedConfig(Conversion& c) {
   const bool shared = options.quantize_shared && c.cfg.has_shared_expert();
   std::vector<std::string> quantized = {"routed_experts"};
   if (shared) quantized.push_back("shared_experts");
-  for (const char* m : {"attention", "dense_mlp", "head"})
+  for (const char* m : {"attention", "dense_mlp", "head", "mtp"})
     if (c.modules.count(m)) quantized.push_back(m);
   json q = {{"quant_method", "exl3"},
             {"version", kVersion},
@@ -689,6 +724,7 @@ absl::Status WriteQuantizedConfig(Conversion& c) {
   if (c.modules.count("attention")) q["attention_bits"] = options.bits;
   if (c.modules.count("dense_mlp")) q["dense_mlp_bits"] = BitsFor(options, false, false);
   if (c.modules.count("head")) q["head_bits"] = options.head_bits;
+  if (c.modules.count("mtp")) q["mtp_bits"] = options.mtp_bits > 0 ? options.mtp_bits : options.bits;
   if (!c.kept_names.empty()) q["unquantized_linears"] = c.kept_names;
   c.cfg_json["quantization_config"] = q;
   return WriteTextAtomic(c.out_dir / "config.json", c.cfg_json.dump(2) + "\n");
@@ -707,6 +743,7 @@ absl::StatusOr<ConvertStats> ConvertCheckpoint(const std::string& input_dir, con
   EXL3_RETURN_IF_ERROR(ReadSource(c));
   EXL3_RETURN_IF_ERROR(PlanExperts(c));
   PlanOtherLinears(c);
+  PlanDsv4MtpLinears(c);
   EXL3_RETURN_IF_ERROR(PlanExllamav3Layouts(c));
   fs::create_directories(c.out_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", output_dir, ": ", ec.message()));

@@ -48,6 +48,10 @@ struct ConvertOptions {
   bool quantize_attention = true;  // attention projections at `bits` (else copied)
   bool quantize_dense_mlp = true;  // dense layers' MLP at `bits`, down at `down_bits` (else copied)
   int head_bits = 6;               // lm_head's K; 0: copied
+  // DeepSeek-V4's DSPARK drafter (mtp.*, docs/dspark.md): its linears EXL3 as exllamav3's
+  // converter quantizes them (qbits_key "mtp_bits") at mtp_bits (0: bits), else copied.
+  bool quantize_mtp = true;
+  int mtp_bits = 0;
   bool scale_search = true;    // per-tensor global scale search (see layer_quantizer.h)
   bool progress = true;        // progress bar on stderr
 };

@@ -39,7 +39,10 @@ hyper-connections) with the formula of engine/cpu/mtp/mtp_head.h; for GLM-MoE-DS
 every indexer's selection must be stable (--min-index-margin). --mtp-families qwen4_exp writes
 qwen4_exp_mtp: Qwen4-Exp's own MTP head (mtp.*, engine/cpu/mtp/qwen4exp_mtp_head.h) and its logits from
 transformers' Qwen4ExpTextRMSNorm, Qwen4ExpTextDecoderLayer and Qwen4ExpTextGatedResidual on the
-streams the model's hyper_connection_mixer receives.
+streams the model's hyper_connection_mixer receives. --mtp-families deepseek_v4_release writes
+deepseek_v4_release_mtp: DeepSeek-V4's MTP component, the DSPARK block drafter (docs/dspark.md; mtp.*,
+its main_proj / attention / expert linears EXL3 by exl3-tool quantize), and its drafts, lengths and
+logits at every position, from scripts/conformance/dspark_reference.py.
 
 The layout of what it writes is described in tests/fixtures/engine/README.md.
 """
@@ -2224,6 +2227,362 @@ MTP_FAMILIES["qwen4_exp"] = dict(seed=29, make=make_qwen4_exp_mtp_fixture)
 # rule over the trunk and the head.
 MTP_FAMILIES["qwen4_exp_release"] = dict(seed=32, make=make_qwen4_exp_mtp_fixture)
 
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSeek-V4's MTP component: the DSPARK block drafter (mtp.*; docs/dspark.md states what it computes
+# and where its facts come from: exllamav3 1.6.5; scripts/conformance/dspark_reference.py computes it).
+
+# The drafter's config fields (config.json, beside the release fields): blocks of 4 tokens (seed and 3
+# noise tokens), the noise token 127 (its embedding row scaled by DSPARK_NOISE_EMBED_SCALE: a token
+# that carries no content of its own, so the block's other positions are drafted from the context),
+# a Markov head of rank 64, taps after layers 0 and 2 (main_proj [128, 256]).
+DSPARK_FIELDS = dict(dspark_block_size=4, dspark_noise_token_id=127, dspark_markov_rank=64,
+                     dspark_target_layer_ids=[0, 2])
+DSPARK_NOISE_EMBED_SCALE = 0.05
+# The Markov bigram head passes each token's successor (the model's own, init_weights' head_mix) a
+# bias of about DSPARK_MARKOV_GAIN * rank; the confidence head reads each chain token's sign (its
+# Markov embedding's coordinate 0, |v| >= 1, positive for 3 tokens in 4) plus a small share of the
+# pre-norm state, so draft lengths vary; its bias is then set where no confidence of the recorded
+# passes comes near the threshold (open_confidence_margin). A gain of 0.6 or 1.2 leaves draft
+# decisions within 1e-2 x the logit std of a tie (seed 9: 6 and 2 of 424); at 1.5 none is.
+DSPARK_MARKOV_GAIN = 1.5
+DSPARK_CONF_STATE_STD = 0.3
+DSPARK_MIN_CONFIDENCE = 0.05  # the smallest |confidence logit| a fixture keeps (exllamav3: fp16)
+
+
+def deepseek_v4_release_mtp_layout(config):
+    """deepseek_v4_release_layout, one more compress_ratios entry (0: the MTP block, sliding; exllamav3
+    counts the blocks from this tail) and the DSPARK fields. transformers keeps the fields unread and
+    ignores mtp.*; the engine reads the trunk."""
+    deepseek_v4_release_layout(config)
+    config["compress_ratios"] = list(config["compress_ratios"]) + [0]
+    config["num_nextn_predict_layers"] = 1
+    config.update(DSPARK_FIELDS)
+
+
+def dspark_mtp_tensors(big, n, successor, gen):
+    """mtp.* in the release naming (fp32): block 0 is `big`'s layer n (a sliding MoE layer) under
+    mtp.0.*, plus main_proj / main_norm, hc_head, norm, the Markov head and the confidence head."""
+    from safetensors.torch import load_file
+    d = tempfile.mkdtemp(prefix="dspark_big_")
+    try:
+        big.save_pretrained(d)
+        saved = {}
+        for f in os.listdir(d):
+            if f.endswith(".safetensors"):
+                saved.update(load_file(os.path.join(d, f)))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    p = f"layers.{n}."
+    mtp = {}
+    for k, v in saved.items():
+        name = deepseek_v4_release_name(k)
+        if name.startswith(p):
+            mtp["mtp.0." + name[len(p):]] = v.float()
+    cfg = big.config
+    H, hc, V = cfg.hidden_size, cfg.hc_mult, cfg.vocab_size
+    T, r = len(DSPARK_FIELDS["dspark_target_layer_ids"]), DSPARK_FIELDS["dspark_markov_rank"]
+
+    def normal(shape, std):
+        return torch.randn(shape, generator=gen) * std
+
+    mtp["mtp.0.main_proj.weight"] = normal((H, T * H), 1 / math.sqrt(T * H))
+    mtp["mtp.0.main_norm.weight"] = 1 + normal((H,), 0.1)
+    mtp["mtp.0.hc_head_fn"] = normal((hc, hc * H), 1 / math.sqrt(hc * H))
+    mtp["mtp.0.hc_head_base"] = 1 + normal((hc,), 0.1)
+    mtp["mtp.0.hc_head_scale"] = 1 + normal((1,), 0.1)
+    mtp["mtp.0.norm.weight"] = 1 + normal((H,), 0.1)
+    w1 = normal((V, r), 1.0)
+    sign = torch.where(torch.rand(V, generator=gen) < 0.75, 1.0, -1.0)
+    w1[:, 0] = sign * (1 + normal((V,), 1.0).abs())          # the token's confidence value
+    predecessor = successor.argsort()                          # predecessor[successor[t]] = t
+    mtp["mtp.0.markov_head.markov_w1.weight"] = w1
+    mtp["mtp.0.markov_head.markov_w2.weight"] = DSPARK_MARKOV_GAIN * w1[predecessor] + normal((V, r), 0.05)
+    state = normal((1, H), 1.0)
+    conf = torch.cat([state, normal((1, r), 0.01)], dim=1)
+    conf[0, H] = 1.0
+    mtp["mtp.0.confidence_head.proj.weight"] = conf           # the state's share scaled below
+    mtp["mtp.0.confidence_head.proj.bias"] = torch.zeros(1)
+    return mtp
+
+
+def scale_confidence_state(mtp, drafter_states):
+    """The confidence head's pre-norm-state share scaled so it contributes DSPARK_CONF_STATE_STD (its
+    standard deviation over `drafter_states` [N, H], the drafter's pre-norm states)."""
+    w = mtp["mtp.0.confidence_head.proj.weight"]
+    H = drafter_states.shape[1]
+    std = (drafter_states @ w[0, :H]).std().item()
+    w[0, :H] *= DSPARK_CONF_STATE_STD / std
+
+
+def open_confidence_margin(conf, limit=0.25):
+    """The confidence head's bias (bf16) that keeps every confidence logit of `conf` (those of the
+    recorded passes, with bias 0) farthest from 0, within +-limit: the threshold then falls in the
+    widest gap of the values near it."""
+    v = conf.flatten().double()
+    cand = torch.cat([torch.tensor([0.0], dtype=torch.float64),
+                      -(torch.sort(v).values[:-1] + torch.sort(v).values[1:]) / 2])
+    cand = cand[cand.abs() <= limit].to(torch.bfloat16).double()
+    best = max(cand.tolist(), key=lambda b: (v + b).abs().min().item())
+    return best, (v + best).abs().min().item()
+
+
+def quantize_dspark(args, model, mtp, work_root, name, seed, spec):
+    """quantize_with_mtp_head for DeepSeek-V4: the model saved in the release naming and layout
+    (deepseek_v4_release_mtp_layout), mtp.* (bf16) in mtp.safetensors beside it, `exl3-tool quantize`
+    as the `all` variant (it writes mtp.*'s main_proj, attention and expert linears EXL3 as exllamav3
+    does: model/encoder/checkpoint_converter.cc PlanDsv4MtpLinears), then dequantized. Returns (the
+    EXL3 directory, its EXL3 prefixes, mtp.* dequantized (fp32, wo_a whole), the reference model)."""
+    work = os.path.join(work_root, f"{name}-seed{seed}")
+    hf_dir = os.path.join(work, "hf")
+    shutil.rmtree(work, ignore_errors=True)
+    model.to(torch.bfloat16).save_pretrained(hf_dir)
+    rewrite_config(hf_dir, deepseek_v4_release_mtp_layout)
+    rename_tensors(hf_dir, spec["naming"][0])
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in mtp.items()},
+              os.path.join(hf_dir, "mtp.safetensors"), metadata={"format": "pt"})
+    exl3_dir = os.path.join(work, "exl3")
+    run([args.exl3_tool, "quantize", "--input", hf_dir, "--output", exl3_dir, "--bits", str(EXPERT_BITS),
+         "--threads", str(args.threads), "--quiet"] + VARIANTS["all"])
+    deq_dir = os.path.join(work, "dequant")
+    prefixes = dequantized_checkpoint(args.exl3_tool, exl3_dir, deq_dir, work, spec["naming"])
+    deq_file = os.path.join(deq_dir, "model.safetensors")
+    with safe_open(deq_file, "pt") as st:
+        everything = {k: st.get_tensor(k) for k in st.keys()}
+    head = {k: v for k, v in everything.items() if k.startswith("mtp.")}
+    save_file({k: v for k, v in everything.items() if not k.startswith("mtp.")}, deq_file, metadata={"format": "pt"})
+    save_file(head, os.path.join(work, "mtp-dequant.safetensors"), metadata={"format": "pt"})  # kept with --work
+    return exl3_dir, prefixes, head, load_reference_model(deq_dir)
+
+
+def dspark_drafter(ref_model, head_tensors):
+    """The fixture's drafter (dspark_reference.DsparkDrafter) on the dequantized weights: mtp.*, the
+    trunk's embedding and head."""
+    import dspark_reference
+    with open(os.path.join(ref_model.config._name_or_path, "config.json")) as f:
+        config = json.load(f)
+    config.update(dspark_release_fields(config))
+    cfg = dspark_reference.DsparkConfig.from_json(config)
+    return dspark_reference.DsparkDrafter(cfg, head_tensors, ref_model.model.embed_tokens.weight.detach(),
+                                          ref_model.lm_head.weight.detach())
+
+
+def dspark_release_fields(config):
+    """The release fields the reference model's config.json lost (DEEPSEEK_V4_RELEASE_ONLY) that
+    DsparkConfig reads: compress_ratios with the MTP block's entry."""
+    out = {k: v for k, v in exllamav3_release_config(config).items() if k in ("compress_ratios", "qk_rope_head_dim")}
+    out["compress_ratios"] = list(out["compress_ratios"]) + [0]
+    return out
+
+
+def exllamav3_release_config(config):
+    import exllamav3_fixtures
+    return exllamav3_fixtures.deepseek_v4_release_config(config)
+
+
+def dspark_pass(ref_model, drafter, ids, store=None):
+    """The passes the fixture records for one sequence ids [n] (prompt + greedy): the trunk's
+    teacher-forced pass (its taps; every CSA indexer's selection margin), every block's main-kv rows,
+    and one draft call at every position p0 = 0..n-1 (seed ids[p0], history rows 0..p0-1). Returns
+    record_mtp_prompts' pair: the first draft's logits of seeds 1..n-1 (row r: seed r + 1, as the
+    MTP fixtures' row r drafts token r + 2) and the smallest index margin; `store[n]` gets the rest."""
+    import dspark_reference
+    margins, hooks = [], []
+    for ix in indexers(ref_model).values():
+        def shook(mod, a, outp, ix=ix):
+            margins.append(v4_index_margin(ix.compress_rate, ix.index_topk, outp[0]))
+        hooks.append(ix.scorer.register_forward_hook(shook))
+    try:
+        taps, trunk_logits = dspark_reference.trunk_pass(ref_model, ids, drafter.cfg.target_layer_ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    with torch.no_grad():
+        rows = drafter.main_kv(taps)
+        drafts = [drafter.draft(rows, int(ids[p]), p) for p in range(ids.numel())]
+    if store is not None:
+        store[ids.numel()] = {"taps": taps, "rows": rows, "drafts": drafts, "trunk_logits": trunk_logits}
+    first = torch.stack([d.logits[0] for d in drafts[1:]])
+    return first, (min(margins) if margins else None)
+
+
+def make_deepseek_v4_mtp_fixture(family, seed, args, work_root):
+    """deepseek_v4_release_mtp: the deepseek_v4_release trunk (3 layers) with a one-block DSPARK drafter
+    (mtp.0.*, the last layer of a model one layer longer: sliding attention, MoE) and its reference
+    drafts at every position of each recorded sequence (dspark_reference.py)."""
+    import dspark_reference
+    name = f"{family}_mtp"
+    spec = dict(FAMILIES[family])
+    fields = dict(spec["fields"])
+    n = fields["num_hidden_layers"]
+    FAMILIES[name + "_init"] = dict(spec, fields=dict(
+        fields, num_hidden_layers=n + 1, layer_types=fields["layer_types"] + ["sliding_attention"],
+        mlp_layer_types=fields["mlp_layer_types"] + ["moe"]))
+    big, successor = make_model(name + "_init", seed)
+    noise = DSPARK_FIELDS["dspark_noise_token_id"]
+    with torch.no_grad():
+        big.model.embed_tokens.weight[noise] *= DSPARK_NOISE_EMBED_SCALE
+    model = AutoModelForCausalLM.from_config(build_config(family), attn_implementation="eager", dtype=torch.float32)
+    missing = model.load_state_dict(big.state_dict(), strict=False)
+    assert not missing.missing_keys, missing.missing_keys
+    gen = torch.Generator().manual_seed(SEED + seed)
+    mtp = dspark_mtp_tensors(big, n, successor, gen)
+    # This file's block against transformers' decoder layer on the same (unquantized) weights.
+    cfg0 = dict(build_config(name + "_init").to_dict(), **DSPARK_FIELDS, num_hidden_layers=n)
+    cfg0.update(dspark_release_fields(dict(cfg0, layer_types=fields["layer_types"])))
+    block = dspark_reference.DsparkBlock(dspark_reference.DsparkConfig.from_json(cfg0), mtp, 0)
+    diff = dspark_reference.check_against_transformers(block, big.model.layers[n], big.model.rotary_emb)
+    if not diff < 1e-5:
+        fail(f"{name}: dspark_reference's block differs from transformers' DeepseekV4DecoderLayer by {diff:.2e}")
+    log(f"{name}: dspark_reference's block = transformers' decoder layer within {diff:.1e} (causal window mask)")
+
+    def build(tag, mtp):
+        exl3_dir, prefixes, head, ref_model = quantize_dspark(args, model, dict(mtp), work_root, tag, seed, spec)
+        return exl3_dir, prefixes, ref_model, dspark_drafter(ref_model, head)
+
+    # The confidence head's state share, from the drafter's pre-norm states over the recorded passes.
+    _, _, ref0, drafter0 = build(name + "-confidence", mtp)
+    store = {}
+    record_mtp_prompts(ref0, lambda ids: dspark_pass(ref0, drafter0, ids, store), first_token=2)
+    scale_confidence_state(mtp, torch.cat([d.prenorm for s in store.values() for d in s["drafts"]]))
+    # The release rule (open_mtp_route_margins) over the trunk's routers and the drafter's, on every
+    # pass the fixture records; widened routers stored, then quantized again.
+    _, _, ref1, drafter1 = build(name + "-route-margins", mtp)
+    modules1 = {"layer": drafter1.blocks[0]}
+    routers, adjustment = open_mtp_route_margins(
+        family, ref1, modules1, args, reference=lambda ids: dspark_pass(ref1, drafter1, ids), first_token=2)
+    # The confidence bias (not quantized, it changes nothing else) where the recorded passes' confidence
+    # logits, with the widened routers, are farthest from the threshold.
+    store = {}
+    record_mtp_prompts(ref1, lambda ids: dspark_pass(ref1, drafter1, ids, store), first_token=2)
+    conf_bias, conf_margin = open_confidence_margin(torch.cat([d.confidence for s in store.values()
+                                                               for d in s["drafts"]]))
+    log(f"{name}: confidence bias {conf_bias:.4g}: smallest |confidence logit| {conf_margin:.3g}")
+    mtp["mtp.0.confidence_head.proj.bias"] = torch.tensor([conf_bias])
+    for rname, w in routers.items():
+        if rname == "mtp":
+            mtp["mtp.0.ffn.gate.weight"] = w.float()
+        else:
+            gate = decoder_layers(model)[int(rname)].mlp.gate.weight
+            with torch.no_grad():
+                gate.copy_(w.to(gate.dtype))
+    exl3_dir, prefixes, ref_model, drafter = build(name, mtp)
+    modules = {"layer": drafter.blocks[0]}
+    reference = lambda ids: dspark_pass(ref_model, drafter, ids)  # noqa: E731
+    margins = mtp_route_margins(family, ref_model, modules, reference, first_token=2)
+    log(f"{name}: routing margins " + ", ".join(f"{k} {v:.2e}" for k, v in margins.items()))
+    if min(margins.values()) < route_margin_for(family, args):
+        fail(f"{name}: routing margins {margins} below {route_margin_for(family, args)} after quantizing again")
+    store = {}
+    tensors, prompts_info = record_mtp_prompts(ref_model, lambda ids: dspark_pass(ref_model, drafter, ids, store),
+                                               first_token=2)
+    B = drafter.cfg.block_size
+    worst_gap, worst_conf = float("inf"), float("inf")
+    for i, info in enumerate(prompts_info):
+        tensors.pop(f"mtp_logits.{i}")
+        ids = torch.cat([tensors[f"prompt.{i}"], tensors[f"greedy.{i}"]]).long()
+        got = store[ids.numel()]
+        drafts = got["drafts"]
+        logits = torch.stack([d.logits for d in drafts])                      # [n, B, V]
+        top2 = logits.topk(2, dim=-1).values
+        gap = ((top2[..., 0] - top2[..., 1]) / logits.std(dim=-1)).min().item()
+        conf = torch.stack([d.confidence for d in drafts])                   # [n, B]
+        lengths = torch.tensor([d.length for d in drafts], dtype=torch.int32)
+        chain = torch.stack([d.drafts for d in drafts])                      # [n, B]
+        worst_gap, worst_conf = min(worst_gap, gap), min(worst_conf, conf.abs().min().item())
+        P = int(info["prompt_len"])
+        # Greedy verification from each position generation drafts at (p0 >= P - 1): how many of
+        # the drafts within the confidence length the model's greedy continuation takes.
+        accepted = []
+        for p0 in range(P - 1, ids.numel() - 1):
+            k = 0
+            while k < lengths[p0] and p0 + 1 + k < ids.numel() and chain[p0, k] == ids[p0 + 1 + k]:
+                k += 1
+            accepted.append(k)
+        with torch.no_grad():
+            lone = torch.stack([drafter.draft(got["rows"], int(ids[p]), p, history=0).logits
+                                for p in range(1, ids.numel())])
+            plain = torch.stack([drafter.draft(got["rows"], int(ids[p]), p, markov=False).drafts
+                                 for p in range(ids.numel())])
+        before = torch.cat([ids.view(-1, 1), chain[:, :-1]], dim=1)
+        non_successor = (chain != successor[before]).float().mean().item()
+        no_history = ((lone - logits[1:]).norm() / logits[1:].norm()).item()
+        tensors[f"dspark_taps.{i}"] = got["taps"].float().contiguous()
+        tensors[f"dspark_main_kv.{i}"] = torch.stack(got["rows"]).float().contiguous()
+        tensors[f"dspark_logits.{i}"] = logits.float().contiguous()
+        tensors[f"dspark_drafts.{i}"] = chain.to(torch.int32).contiguous()
+        tensors[f"dspark_confidence.{i}"] = conf.float().contiguous()
+        tensors[f"dspark_length.{i}"] = lengths.contiguous()
+        info.pop("mtp_rows", None)
+        info.pop("min_mtp_top1_top2_gap", None)
+        info["first_draft_matches_next"] = info.pop("mtp_argmax_matches_greedy")
+        info.update({
+            "draft_rows": int(ids.numel()),
+            "min_draft_gap_over_logit_std": float(f"{gap:.4g}"),
+            "min_abs_confidence": float(f"{conf.abs().min().item():.4g}"),
+            "draft_lengths": {str(k): int((lengths == k).sum()) for k in range(B + 1)},
+            "accepted_per_generation_call": float(f"{sum(accepted) / len(accepted):.3g}"),
+            "without_history_rel_diff": float(f"{no_history:.3e}"),
+            "markov_changes_drafts": float(f"{(plain != chain).float().mean().item():.3g}"),
+            "non_successor_drafts": float(f"{non_successor:.3g}"),
+        })
+    if worst_gap < args.min_gap:
+        raise Unstable(f"smallest draft top1-top2 gap {worst_gap:.2e} x the logit std (< {args.min_gap})")
+    if worst_conf < DSPARK_MIN_CONFIDENCE:
+        raise Unstable(f"smallest |confidence logit| {worst_conf:.2e} (< {DSPARK_MIN_CONFIDENCE})")
+    reference = {
+        "family": family, "architecture": ref_model.config.architectures[0], "variant": "mtp",
+        "quantize_flags": ["--bits", str(EXPERT_BITS)] + VARIANTS["all"], "seed": seed,
+        "generated_with": {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
+                           "script": "scripts/conformance/engine_fixtures.py --mtp-families deepseek_v4_release"},
+        "features": [
+            f"the {family} trunk ({n} layers: sliding / CSA / HCA, hash MoE then MoE; its release naming and "
+            "config.json layout) and DeepSeek-V4's MTP component, the DSPARK block drafter (docs/dspark.md), "
+            "in mtp.safetensors: one block mtp.0.* (sliding attention without compressor, MoE with shared "
+            "expert, hyper-connections: the last layer of a model one layer longer), main_proj [128, 256] / "
+            "main_norm, hc_head, norm, markov_head (markov_w1 / markov_w2 [128, 64]), confidence_head.proj "
+            "[1, 192] with a bias; its main_proj, attention and expert linears EXL3 at K=4 (exl3-tool "
+            "quantize, as exllamav3 quantizes them), the rest bf16",
+            f"config: {json.dumps(DSPARK_FIELDS)}, compress_ratios [0, 4, 128, 0] (the MTP block's entry), "
+            "num_nextn_predict_layers 1",
+            f"the noise token's embedding row scaled by {DSPARK_NOISE_EMBED_SCALE} (it carries no content: the "
+            "block's positions past the seed are drafted from the context); markov_w2 = "
+            f"{DSPARK_MARKOV_GAIN} x markov_w1[predecessor] + N(0, 0.05^2) (each token's successor, the "
+            f"model's own, gets a bias of about {DSPARK_MARKOV_GAIN} x 64, so the drafts follow successor "
+            "chains: per prompt non_successor_drafts); the confidence head reads coordinate 0 of the "
+            "chain token's Markov embedding (|v| >= 1, positive for ~3 tokens in 4) plus the pre-norm "
+            f"state with standard deviation {DSPARK_CONF_STATE_STD}; its bias set where the recorded "
+            "passes' confidence logits are farthest from 0 (open_confidence_margin)",
+            "the 4e-3 routing-margin rule over the trunk's routers and the drafter's (open_mtp_route_margins) "
+            "on every pass below"],
+        "exl3_layers": prefixes,
+        "dspark": "for each prompt i, over ids = prompt.i ++ greedy.i (n tokens): one teacher-forced pass of "
+                  "the trunk (transformers, fp32, EXL3 layers dequantized) gives the taps (dspark_taps.i [n, 256]: "
+                  "the mean over the hyper-connection streams of layer 0's, then layer 2's output); the main-kv "
+                  "rows (dspark_main_kv.i [blocks, n, 128]: rope(kv_norm(wkv(main_norm(main_proj(taps))))) at "
+                  "each row's position); row p0 of the draft tensors is the draft call at position p0 = 0..n-1 "
+                  "with seed ids[p0] and the history rows 0..p0-1 (the last sliding_window 8 read): "
+                  "dspark_logits.i [n, 4, 128] the trunk head's logits of block position j plus the Markov bias "
+                  "of the chain token t_j (t_0 = the seed), dspark_drafts.i [n, 4] their argmax t_1..t_4, "
+                  "dspark_confidence.i [n, 4] the confidence logits c_j (scoring t_{j+1}), dspark_length.i [n] "
+                  "the longest prefix with c_j >= 0; scripts/conformance/dspark_reference.py, fp32",
+        "min_draft_gap_over_logit_std": float(f"{worst_gap:.4g}"),
+        "min_abs_confidence": float(f"{worst_conf:.4g}"),
+        "block_vs_transformers_rel_diff": float(f"{diff:.3e}"),
+        "min_route_margin": {k: float(f"{v:.3e}") for k, v in margins.items()},
+        "router_adjustment": adjustment,
+        "prompts": prompts_info,
+        "tensors": {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
+                    for k, v in sorted(tensors.items())},
+    }
+    log(f"{name}: " + "; ".join(f"prompt {i}: first draft = next token at {x['first_draft_matches_next']}, "
+                                f"{x['accepted_per_generation_call']} drafts accepted per call, lengths "
+                                f"{x['draft_lengths']}" for i, x in enumerate(prompts_info)))
+    write_fixture(args.out, name, exl3_dir, tensors, reference)
+
+
+MTP_FAMILIES["deepseek_v4_release"] = dict(seed=9, make=make_deepseek_v4_mtp_fixture)
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

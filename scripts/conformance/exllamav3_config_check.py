@@ -8,7 +8,7 @@ where exllamav3 reads only a weight is refused as it refuses it), Embedding / RM
 unweighted) / LayerNorm weights, and the tensors modules read themselves (MLA's kv_b_proj.weight and
 k-pool parameters, gated DeltaNet / KDA A_log, dt_bias and conv1d or q/k/v_conv1d, hyper-connection
 fn/base/scale and Qwen3.8-Flash-Next's gated-residual sites, its PLE conv and n-gram table with its
-hashing constants, DeepSeek-V4 attn_sink and compressor ape, hash-routing tables), and the widths its
+hashing constants, DeepSeek-V4 attn_sink (its DSPARK drafter's too) and compressor ape, hash-routing tables), and the widths its
 Linear pads where a consumer takes the padded tensor untrimmed (Qwen3.8-Flash-Next's QSA index_qk_proj
 output and PLE projection inputs: padding_problem). What it cannot see: the values, and the other
 shapes exllamav3's CUDA kernels take.
@@ -249,7 +249,7 @@ def raw_reads(m) -> list[tuple[str, tuple | None]]:
             out += [(m.key_a_log, None), (m.key_dt_bias, None)]
     elif cls == "HyperConnection" or (cls == "HyperHead" and not m.mean):
         out += [(f"{m.key}_{part}", None) for part in ("fn", "base", "scale")]
-    elif cls == "DSV4Attention" and m.num_q_heads:
+    elif cls in ("DSV4Attention", "DSparkAttention") and m.num_q_heads:  # DSPARK: the MTP blocks' (docs/dspark.md)
         out.append((f"{m.key}.attn_sink", None))
         for c in (m.compressor, m.indexer):
             if c is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -77,9 +78,19 @@ def main() -> int:
     vocab = config.vocab_size
     gen = torch.Generator().manual_seed(args.seed)
 
+    # A vision model's image / video placeholders (Qwen3.8-Flash-Next's and GLM-5.3-Flash's lie
+    # inside the vocabulary) are left out of the prompts: the engine refuses Qwen3.8-Flash-Next's in
+    # a text prompt, and exl3-engine-bench leaves them out.
+    with open(os.path.join(args.model, "config.json")) as f:
+        top = json.load(f)
+    placeholders = [top[k] for k in ("image_token_id", "video_token_id") if isinstance(top.get(k), int)]
+
     def prompt(length: int) -> torch.Tensor:
         # Ids above 1000 keep clear of the special tokens a tokenizer puts first.
-        return torch.randint(1000, vocab, (1, length), generator=gen, dtype=torch.long)
+        ids = torch.randint(1000, vocab, (1, length), generator=gen, dtype=torch.long)
+        for p in placeholders:
+            ids[ids == p] = 1000
+        return ids
 
     def job(length: int, tokens: int, ident: int) -> Job:
         return Job(input_ids=prompt(length), max_new_tokens=tokens, min_new_tokens=tokens,

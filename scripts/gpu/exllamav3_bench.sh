@@ -7,7 +7,8 @@
 # it reads; `in` brings them back).
 #   bash scripts/gpu/exllamav3_bench.sh
 # Environment: FAMILY (glm4_moe: GLM-4.5-Air shapes, scripts/gpu/glm45_air_model.sh, the default;
-# glm5_next: GLM-5.3-Flash shapes, scripts/gpu/glm5_next_model.sh), LAYERS (default 8), CONTEXTS (1024,8192), BATCHES (1,8,32,64), STEPS (16).
+# glm5_next: GLM-5.3-Flash shapes, scripts/gpu/glm5_next_model.sh; qwen4_exp: Qwen3.8-Flash-Next
+# shapes, scripts/gpu/qwen4_exp_model.sh), LAYERS (default 8), CONTEXTS (1024,8192), BATCHES (1,8,32,64), STEPS (16).
 # $OUT: side-by-side.json (one object per result, both engines), side-by-side.md (the table) and
 # logs.tar.xz.
 set -uo pipefail
@@ -34,7 +35,11 @@ case "$FAMILY" in
     MODEL=/tmp/glm5-next-synthetic-$LAYERS
     say "model: GLM-5.3-Flash shapes, $LAYERS layers (release config layout)"
     bash scripts/gpu/glm5_next_model.sh "$BIN" "$MODEL" "$LAYERS" "$OUT/model.log" || exit 3 ;;
-  *) say "FAMILY must be glm4_moe or glm5_next (qwen4_exp: make-test-model writes no Qwen3.8-Flash-Next model yet), got $FAMILY"; exit 2 ;;
+  qwen4_exp)
+    MODEL=/tmp/qwen4-exp-synthetic-$LAYERS
+    say "model: Qwen3.8-Flash-Next shapes, $LAYERS layers (release config layout)"
+    bash scripts/gpu/qwen4_exp_model.sh "$BIN" "$MODEL" "$LAYERS" "$OUT/model.log" || exit 3 ;;
+  *) say "FAMILY must be glm4_moe, glm5_next or qwen4_exp, got $FAMILY"; exit 2 ;;
 esac
 # exllamav3's generator needs a tokenizer; the timings use random ids and never decode text.
 [ -f "$MODEL/tokenizer.json" ] || PYTHONPATH=clients/python:$PYTHONPATH python3 -m exl3serve_client.make_tokenizer \

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The MTP judge on the GPU machine (issue 31): exllamav3 1.6.5 drafts with the MTP head of each
 # tests/fixtures/engine/*_mtp fixture and its drafts are compared with the fixture's reference drafts
-# (scripts/conformance/exllamav3_mtp_drafts.py). Carry .exl3v3-a and .exl3v3-b
+# (scripts/conformance/exllamav3_mtp_drafts.py; DeepSeek-V4's deepseek_v4_release_mtp: its DSPARK block
+# drafter's drafts, lengths and logits at every position, docs/dspark.md). Carry .exl3v3-a and .exl3v3-b
 # (scripts/gpu/exllamav3_stage.sh); of tests/fixtures/engine only the directories named need to come.
 #   bash scripts/gpu/exllamav3_mtp.sh [NAMES]   (comma-separated; default: every *_mtp fixture whose
 #   reference.safetensors came along; the families exllamav3 has no MTP head for are refused by name:

@@ -65,7 +65,8 @@ timeout "$(upto 90)" "$BIN"/exl3-engine-bench --model "$MODEL" --context 1024,81
 echo "bench exit $?"; grep -E "decode context|prefill|floor" "$OUT/glm5-bench.log" | head -20
 # GLM5_DEEPER (e.g. 10): that depth too, then the 45 layers extrapolated per layer.
 if [ "$DEEP_OK" = 1 ] && [ "$(left)" -gt 60 ]; then
-  timeout "$(upto 90)" "$BIN"/exl3-engine-bench --model "$DEEP" --context 1024,8192 --batch 1,8,32,64 --steps 12 \
+  # The 10-layer model loads and prefills 8k prompts for longer than the 6-layer one (90 s were too few).
+  timeout "$(upto 240)" "$BIN"/exl3-engine-bench --model "$DEEP" --context 1024,8192 --batch 1,8,32,64 --steps 12 \
       --json "$OUT/glm5-bench-deep.json" > "$OUT/glm5-bench-deep.log" 2>&1
   echo "deeper bench exit $?"; grep -E "decode context" "$OUT/glm5-bench-deep.log" | head -8
   python3 scripts/gpu/depth_extrapolation.py --layers 45 "6:$OUT/glm5-bench.json" \

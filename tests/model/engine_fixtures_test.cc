@@ -2,7 +2,8 @@
 // scripts/conformance/engine_fixtures.py) against this repository's own code: every fixture opens
 // as an EXL3 model, its reference tensors match reference.json, the greedy tokens are the argmax of
 // the teacher-forced logits with the recorded gap, and every MoE layer computed by model/routing.h
-// and the CPU backend on the recorded input reproduces transformers' output within 1e-5 relative.
+// and the CPU backend on the recorded input reproduces transformers' output within 1e-5 relative;
+// the DSPARK drafter fixture's drafts, lengths and confidences are consistent with its logits.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -190,6 +191,72 @@ TEST_P(ModelReferenceFixture, MoeLayersMatchTransformers) {
   }
 }
 
+// DeepSeek-V4's DSPARK drafter fixture (deepseek_v4_release_mtp; docs/dspark.md): per prompt and
+// position p0, the drafts are the argmax of the recorded (Markov-biased) logits with at least the
+// recorded gap, the length is the prefix of confidence logits >= 0 (sigmoid >= 0.5), every
+// confidence logit at least min_abs_confidence from 0, and the taps / main-kv rows one per position.
+class DsparkReferenceFixture : public EngineFixture {};
+
+TEST_P(DsparkReferenceFixture, DraftsAndLengthsFollowTheLogitsAndConfidence) {
+  nlohmann::json config;
+  {
+    std::ifstream in(dir_ + "/config.json");
+    config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  }
+  const int B = config["dspark_block_size"].get<int>();
+  const int hidden = config["hidden_size"].get<int>();
+  const int taps = static_cast<int>(config["dspark_target_layer_ids"].size());
+  const double min_conf = ref_json_["min_abs_confidence"].get<double>();
+  const nlohmann::json& prompts = ref_json_["prompts"];
+  ASSERT_FALSE(prompts.empty());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::string s = std::to_string(i);
+    const size_t n = Get("prompt." + s).size() + Get("greedy." + s).size();
+    std::vector<int64_t> shape;
+    const std::vector<float> logits = Get("dspark_logits." + s, &shape);
+    ASSERT_EQ(shape.size(), 3u);
+    ASSERT_EQ(static_cast<size_t>(shape[0]), n);
+    ASSERT_EQ(shape[1], B);
+    const int64_t vocab = shape[2];
+    const std::vector<float> drafts = Get("dspark_drafts." + s);
+    const std::vector<float> conf = Get("dspark_confidence." + s);
+    const std::vector<float> length = Get("dspark_length." + s);
+    ASSERT_EQ(drafts.size(), n * B);
+    ASSERT_EQ(conf.size(), n * B);
+    ASSERT_EQ(length.size(), n);
+    Get("dspark_taps." + s, &shape);
+    EXPECT_EQ(shape, (std::vector<int64_t>{static_cast<int64_t>(n), taps * hidden}));
+    Get("dspark_main_kv." + s, &shape);
+    ASSERT_EQ(shape.size(), 3u);
+    EXPECT_EQ(shape[1], static_cast<int64_t>(n));
+    EXPECT_EQ(shape[2], config["head_dim"].get<int64_t>());
+    const double min_gap = prompts[i]["min_draft_gap_over_logit_std"].get<double>();
+    for (size_t p = 0; p < n; ++p) {
+      int len = 0;
+      bool open = true;
+      for (int j = 0; j < B; ++j) {
+        const float* row = logits.data() + (p * B + j) * vocab;
+        const int best = static_cast<int>(std::max_element(row, row + vocab) - row);
+        EXPECT_EQ(best, static_cast<int>(drafts[p * B + j])) << GetParam() << " prompt " << i << " p0 " << p << " j " << j;
+        std::vector<float> sorted(row, row + vocab);
+        std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+        double mean = 0, var = 0;
+        for (int64_t v = 0; v < vocab; ++v) mean += row[v];
+        mean /= vocab;
+        for (int64_t v = 0; v < vocab; ++v) var += (row[v] - mean) * (row[v] - mean);
+        EXPECT_GE((sorted[0] - sorted[1]) / std::sqrt(var / (vocab - 1)), min_gap * 0.999);
+        const float c = conf[p * B + j];
+        EXPECT_GE(std::fabs(c), min_conf * 0.999);
+        open = open && c >= 0;
+        len += open ? 1 : 0;
+      }
+      EXPECT_EQ(len, static_cast<int>(length[p])) << GetParam() << " prompt " << i << " p0 " << p;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, DsparkReferenceFixture, ::testing::ValuesIn(FixtureNames("dspark")),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineFixture, ::testing::ValuesIn(FixtureNames()),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 INSTANTIATE_TEST_SUITE_P(Fixtures, ModelReferenceFixture, ::testing::ValuesIn(FixtureNames("moe_layers")),

@@ -51,6 +51,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/command_line.h"
 #include "base/status_macros.h"
+#include "engine/config/qwen4exp_config.h"
 #include "engine/config/read_model_config.h"
 #include "engine/cuda/cuda_model.h"
 #include "kernels/cuda/bench_hooks.h"
@@ -327,6 +328,16 @@ int RunTables(CudaModel& model, const exl3::bench::EngineBenchOptions& o, const 
   const std::string json_placement = "\"experts\":\"" + std::string(placement.remote ? "remote" : "in-process") +
                                      "\",\"micro_batches\":" + std::to_string(placement.micro_batches);
   std::mt19937 rng(5);
+  // Random prompt and decode ids, never Qwen4-Exp's image / video placeholders (inside its
+  // vocabulary; the engine refuses them: engine/config/model_config.h RefuseImageAndVideoTokens).
+  // Redrawn, so the other families' ids are the same draws as before.
+  auto random_token = [&]() {
+    for (;;) {
+      const int32_t t = static_cast<int32_t>(rng() % vocab);
+      if (cfg.qwen4exp == nullptr || (t != cfg.qwen4exp->image_token_id && t != cfg.qwen4exp->video_token_id))
+        return t;
+    }
+  };
   std::vector<float> logits;
   logits.resize(static_cast<size_t>(vocab));
   for (int context : contexts) {
@@ -343,7 +354,7 @@ int RunTables(CudaModel& model, const exl3::bench::EngineBenchOptions& o, const 
         c.sequence_id = sequence_id;
         c.state_slot = slot;
         const int n = std::min(chunk, context - start);
-        for (int i = 0; i < n; ++i) c.tokens.push_back(static_cast<int32_t>(rng() % vocab));
+        for (int i = 0; i < n; ++i) c.tokens.push_back(random_token());
         c.start_position = start;
         c.block_table = prefix_table;
         c.wants_logits = start + n == context;
@@ -391,7 +402,7 @@ int RunTables(CudaModel& model, const exl3::bench::EngineBenchOptions& o, const 
         for (int b = 0; b < B; ++b) {
           SequenceChunk c;
           c.sequence_id = b + 1;
-          c.tokens = {static_cast<int32_t>(rng() % vocab)};
+          c.tokens = {random_token()};
           c.start_position = context + s;
           c.state_slot = recurrent ? b + 1 : 0;
           c.block_table.assign(prefix_table.begin(), prefix_table.begin() + context / bs);

@@ -17,7 +17,8 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: exl3-tool make-test-model\n"
-    "         --arch glm4_moe|deepseek_v3|qwen3_moe|mixtral|glm_moe_dsa|deepseek_v4|qwen3_next|glm5_next\n"
+    "         --arch glm4_moe|deepseek_v3|qwen3_moe|mixtral|glm_moe_dsa|deepseek_v4|qwen3_next|glm5_next|\n"
+    "                qwen4_exp\n"
     "         --output DIR\n"
     "         [--layers N] [--hidden H] [--experts E] [--top-k K] [--intermediate I]\n"
     "         [--shared S] [--dense-layers D] [--dense-intermediate I2] [--n-group G]\n"
@@ -36,6 +37,8 @@ constexpr char kUsage[] =
     "         [--linear-key-heads N] [--linear-value-heads N] [--linear-key-head-dim D]\n"
     "         [--linear-value-head-dim D] [--linear-conv-kernel K] [--full-attention-interval N]\n"
     "         [--linear-heads N] [--linear-head-dim D] [--index-kpool P] [--release-layout]\n"
+    "         [--hc-lowrank R] [--ple-layer-ids L1,L2,...] [--ple-embed-dim E] [--ple-conv-kernel K]\n"
+    "         [--ngram-size N] [--heads-per-ngram N] [--ngram-vocab-size-base V] [--split-ngram-parts P]\n"
     "\n"
     "Writes a MoE model with random weights in the family's real tensor names and config.json\n"
     "(router weight, e_score_correction_bias for glm4_moe/deepseek_v3, shared experts, dense\n"
@@ -44,7 +47,7 @@ constexpr char kUsage[] =
     "in DIR2, then converted to EXL3 into DIR with `exl3-tool quantize`'s converter.\n"
     "\n"
     "  --arch          glm4_moe, deepseek_v3, qwen3_moe, mixtral, glm_moe_dsa, deepseek_v4,\n"
-    "                  qwen3_next or glm5_next (required)\n"
+    "                  qwen3_next, glm5_next or qwen4_exp (required)\n"
     "  --output        the EXL3 model directory (with --hf-only: the HF checkpoint)\n"
     "  --hf-output     where the HF checkpoint goes (default: DIR-hf)\n"
     "  --hf-only       write only the HF checkpoint, into DIR\n"
@@ -138,10 +141,55 @@ constexpr char kUsage[] =
     "    --index-topk 2048 --linear-heads 64 --linear-head-dim 128 --max-position 1048576\n"
     "    --bits 2 --codebook mcg --attention-bits 4 --head-bits 6\n"
     "  (82.18 GB; --layers 8, the 3 dense and 5 MoE layers: 11.71 GB)\n"
+    "\n"
+    "  Qwen3.8-Flash-Next (qwen4_exp: Qwen4ExpForConditionalGeneration, config.json in transformers\n"
+    "  5.25's form with text_config, vision_config and the image tokens; tensors under\n"
+    "  model.language_model.; the vision tower's tensors are not written). Softmax routing,\n"
+    "  one gated shared expert (shared_expert_intermediate_size = --intermediate), every layer MoE;\n"
+    "  per layer_types gated DeltaNet (linear_attention: the Qwen3-Next --linear-* flags; in_proj_qkv,\n"
+    "  in_proj_z, in_proj_b, in_proj_a; sigmoid output gate) or QSA (indexed_attention: gated GQA of\n"
+    "  --heads / --kv-heads / --head-dim, rope on a quarter of each head, and the block indexer:\n"
+    "  --index-heads, --index-head-dim, --index-topk (indexer_budget) and --index-kpool\n"
+    "  (indexer_compress_ratio, positions per block)); low-rank gated hyper-connections (--hc-mult:\n"
+    "  hc_count, --hc-lowrank) instead of layer norms, no final norm; PLE layers (hashed n-gram\n"
+    "  embeddings, eos_token_id 1):\n"
+    "  --hc-lowrank    rank of the hyper-connections' input mixer (default 32; the real model 320)\n"
+    "  --ple-layer-ids one-based linear_attention layers with a PLE layer (default: the first one)\n"
+    "  --ple-embed-dim ple_embed_dim (default --hidden); a multiple of the n-gram heads\n"
+    "  --ple-conv-kernel  the PLE's dilated conv taps (default 4)\n"
+    "  --ngram-size, --heads-per-ngram  (default 3, 8: (3 - 1) x 8 = 16 n-gram heads)\n"
+    "  --ngram-vocab-size-base  rows per n-gram head (the next primes; default 1000): the table has\n"
+    "                  about heads x V rows of ple_embed_dim / heads. The real model's 20000000 makes\n"
+    "                  a table of ~100 GB; 250000 gives 4M rows (1.3 GB at rows of 160), written in\n"
+    "                  seconds and still read row by row from the file as the real table is\n"
+    "  --split-ngram-parts  pieces of the table (ngram_embedding.shard_{i}; default 512 where that\n"
+    "                  cuts it into 512, else 128)\n"
+    "  --release-layout  config.json's QSA layers named full_attention (what exllamav3 reads);\n"
+    "                  needs n-gram rows of 160 and --index-head-dim a multiple of 128\n"
+    "  --layer-types   linear_attention, indexed_attention; default every --full-attention-interval-th\n"
+    "                  (4) layer indexed\n"
+    "  The published shapes (Qwen4ExpTextConfig's defaults in transformers 5.25): hidden 2048, 40\n"
+    "  layers, 512 routed experts of 512, top 10, one shared of 512, vocab 248320, 16 heads / 2 KV\n"
+    "  heads of 256, DeltaNet 16 key heads / 32 value heads of 128, hc_count 4, hc_lowrank 320,\n"
+    "  ngram_size 3, heads_per_ngram 8; chosen here where transformers has no default:\n"
+    "  ple_embed_dim 2560 (rows of 160, the width exllamav3 takes), the indexer 16 heads of 128 with\n"
+    "  a budget of 2048 in blocks of 4, ple_layer_ids [1] (layer 0). As exllamav3 runs it (experts\n"
+    "  K=2 MCG, attention K=4, head K=6), release layout (scripts/gpu/qwen4_exp_model.sh):\n"
+    "    --arch qwen4_exp --synthetic --whole-model --release-layout --hidden 2048 --layers 40\n"
+    "    --experts 512 --intermediate 512 --top-k 10 --vocab 248320 --heads 16 --kv-heads 2\n"
+    "    --head-dim 256 --linear-key-heads 16 --linear-value-heads 32 --linear-key-head-dim 128\n"
+    "    --linear-value-head-dim 128 --hc-lowrank 320 --ple-embed-dim 2560 --heads-per-ngram 8\n"
+    "    --ngram-vocab-size-base 250000 --index-heads 16 --index-head-dim 128 --index-topk 2048\n"
+    "    --index-kpool 4 --max-position 32768 --bits 2 --codebook mcg --attention-bits 4 --head-bits 6\n"
+    "  (--layers 2, a DeltaNet layer with the PLE and a QSA layer: 3.65 GB, 46 s on 2 cores; each\n"
+    "  further layer ~0.45 GB)\n"
+    "\n"
     "  --mtp           glm4_moe, deepseek_v3, glm_moe_dsa, glm5_next (HF path or --synthetic\n"
     "                  --whole-model): also the DeepSeek-V3 MTP layer model.layers.{layers}.*\n"
     "                  (glm5_next: model.language_model.layers.{layers}.*; enorm, hnorm, eh_proj,\n"
-    "                  shared_head.norm, a MoE decoder layer) for --speculative-method mtp\n"
+    "                  shared_head.norm, a MoE decoder layer) for --speculative-method mtp;\n"
+    "                  qwen4_exp: its own head mtp.* (fc_hidden, fc_embedding, their norms, one QSA\n"
+    "                  MoE block mtp.layers.0.*, mtp.hyper_connection_mixer; mtp_num_hidden_layers 1)\n"
     "  --whole-model   with --synthetic: also attention, norms, dense MLPs, embeddings and the\n"
     "                  head (EXL3 where both dimensions are multiples of 128), so exl3-router runs\n"
     "                  it: engine benchmarks at real shapes\n"
@@ -188,7 +236,9 @@ int Run(int argc, char** argv) {
                    "hc-sinkhorn-iters", "hash-layers", "linear-key-heads", "linear-value-heads",
                    "linear-key-head-dim", "linear-value-head-dim", "linear-conv-kernel",
                    "full-attention-interval", "expert-bits-cycle", "expert-codebook-cycle", "linear-heads",
-                   "linear-head-dim", "index-kpool"},
+                   "linear-head-dim", "index-kpool", "hc-lowrank", "ple-layer-ids", "ple-embed-dim",
+                   "ple-conv-kernel", "ngram-size", "heads-per-ngram", "ngram-vocab-size-base",
+                   "split-ngram-parts"},
                   {"hf-only", "synthetic", "quiet", "quantize-all", "whole-model", "misaligned-data", "mtp",
                    "release-layout"}, &err)) {
     return Fail(kName, err);
@@ -234,8 +284,20 @@ int Run(int argc, char** argv) {
                     {"linear-conv-kernel", &spec.linear_conv_kernel},
                     {"full-attention-interval", &spec.full_attention_interval},
                     {"linear-heads", &spec.linear_heads}, {"linear-head-dim", &spec.linear_head_dim},
-                    {"index-kpool", &spec.index_kpool}}) {
+                    {"index-kpool", &spec.index_kpool}, {"hc-lowrank", &spec.hc_lowrank},
+                    {"ple-embed-dim", &spec.ple_embed_dim}, {"ple-conv-kernel", &spec.ple_conv_kernel},
+                    {"ngram-size", &spec.ngram_size}, {"heads-per-ngram", &spec.heads_per_ngram},
+                    {"split-ngram-parts", &spec.split_ngram_parts}}) {
     if (args.Has(f.name) && !args.GetInt(f.name, f.out, &err)) return Fail(kName, err);
+  }
+  if (args.Has("ngram-vocab-size-base") &&
+      !absl::SimpleAtoi(args.Get("ngram-vocab-size-base"), &spec.ngram_vocab_size_base)) {
+    return Fail(kName, "--ngram-vocab-size-base must be an integer");
+  }
+  for (absl::string_view id : absl::StrSplit(args.Get("ple-layer-ids"), ',', absl::SkipEmpty())) {
+    int v = 0;
+    if (!absl::SimpleAtoi(id, &v)) return Fail(kName, "--ple-layer-ids: one-based layer ids, comma-separated");
+    spec.ple_layer_ids.push_back(v);
   }
   if (args.Has("layer-types")) {
     spec.layer_types = absl::StrSplit(args.Get("layer-types"), ',', absl::SkipEmpty());

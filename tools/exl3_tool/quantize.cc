@@ -17,7 +17,8 @@ constexpr char kUsage[] =
     "usage: exl3-tool quantize --input HF_DIR --output DIR --bits K [--codebook 3inst|mcg|mul1]\n"
     "                          [--expert-bits K] [--down-bits K] [--head-bits K] [--seed S]\n"
     "                          [--threads N] [--no-quantize-attention] [--no-quantize-dense-mlp]\n"
-    "                          [--no-quantize-head] [--no-shared] [--no-scale-search] [--quiet]\n"
+    "                          [--no-quantize-head] [--mtp-bits K] [--no-quantize-mtp] [--no-shared]\n"
+    "                          [--no-scale-search] [--quiet]\n"
     "\n"
     "Converts a Hugging Face MoE checkpoint (safetensors shards, BF16/F16/F32) into an EXL3\n"
     "model directory. Like exllamav3, it quantizes every linear layer: the routed experts'\n"
@@ -31,7 +32,9 @@ constexpr char kUsage[] =
     "gates are copied unchanged (exllamav3 reads them unquantized); a tied head\n"
     "(tie_word_embeddings, no lm_head) stays the embedding. Layouts are exllamav3's: GLM-5.3's\n"
     "KDA q/k/v_proj become one layer qkv_proj and its convs one conv1d, DeepSeek-V4's wo_a one\n"
-    "layer per output group (wo_a.slice.G). config.json gains quantization_config {quant_method: exl3, version, bits,\n"
+    "layer per output group (wo_a.slice.G). DeepSeek-V4's DSPARK drafter (mtp.*, docs/dspark.md):\n"
+    "the linears exllamav3 quantizes (main_proj, attention, routed and shared experts) at\n"
+    "--mtp-bits, the rest as stored; other families' MTP tensors are copied. config.json gains quantization_config {quant_method: exl3, version, bits,\n"
     "codebook, expert_bits, quantized_modules, attention_bits, dense_mlp_bits, head_bits, ...};\n"
     "other files are copied. Output shards mirror the input shards and are indexed in\n"
     "model.safetensors.index.json.\n"
@@ -58,6 +61,8 @@ constexpr char kUsage[] =
     "  --quantize-dense-mlp / --no-quantize-dense-mlp  quantize (default) or copy the dense\n"
     "                 (non-MoE) layers' MLPs\n"
     "  --no-quantize-head       copy lm_head unquantized (same as --head-bits 0)\n"
+    "  --mtp-bits     K of DeepSeek-V4's mtp.* linears (default: --bits)\n"
+    "  --no-quantize-mtp        copy DeepSeek-V4's mtp.* unquantized\n"
     "                 (all three: the experts-only conversion of earlier versions)\n"
     "  --no-shared    copy shared experts unquantized\n"
     "  --no-scale-search  use the default global scale (faster, slightly worse)\n"
@@ -69,10 +74,10 @@ int Run(int argc, char** argv) {
   std::string err;
   if (!args.Parse(argc, argv,
                   {"input", "output", "bits", "codebook", "expert-bits", "down-bits", "head-bits",
-                   "seed", "threads"},
+                   "seed", "threads", "mtp-bits"},
                   {"no-shared", "no-scale-search", "quiet", "quantize-attention",
                    "no-quantize-attention", "quantize-dense-mlp", "no-quantize-dense-mlp",
-                   "no-quantize-head"},
+                   "no-quantize-head", "no-quantize-mtp"},
                   &err)) {
     return Fail(kName, err);
   }
@@ -86,13 +91,17 @@ int Run(int argc, char** argv) {
   if (args.Has("expert-bits") && !args.GetInt("expert-bits", &o.expert_bits, &err)) return Fail(kName, err);
   if (args.Has("down-bits") && !args.GetInt("down-bits", &o.down_bits, &err)) return Fail(kName, err);
   if (args.Has("head-bits") && !args.GetInt("head-bits", &o.head_bits, &err)) return Fail(kName, err);
+  if (args.Has("mtp-bits") && !args.GetInt("mtp-bits", &o.mtp_bits, &err)) return Fail(kName, err);
+  if (args.Bool("no-quantize-mtp") && args.Has("mtp-bits"))
+    return Fail(kName, "--no-quantize-mtp contradicts --mtp-bits " + args.Get("mtp-bits"));
+  o.quantize_mtp = !args.Bool("no-quantize-mtp");
   if (args.Bool("no-quantize-head")) {
     if (args.Has("head-bits") && o.head_bits != 0) {
       return Fail(kName, "--no-quantize-head contradicts --head-bits " + args.Get("head-bits"));
     }
     o.head_bits = 0;
   }
-  for (int k : {o.bits, o.expert_bits, o.down_bits, o.head_bits}) {
+  for (int k : {o.bits, o.expert_bits, o.down_bits, o.head_bits, o.mtp_bits}) {
     if (k != 0 && (k < 1 || k > 8)) return Fail(kName, "bit widths must be in 1..8");
   }
   if (o.bits < 1) return Fail(kName, "--bits must be in 1..8");

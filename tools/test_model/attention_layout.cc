@@ -47,6 +47,21 @@ void AddDsv4Attention(const TestModelSpec& s, int L, const std::string& p,
   compressor("attn.indexer.compressor.", s.index_head_dim);
 }
 
+// What both gated DeltaNet layouts share after their input projections: the convolution over q, k
+// and v, A_log, dt_bias, the gated norm's weight (used as stored) and out_proj.
+void AddDeltaNetRecurrence(const TestModelSpec& s, const std::string& p, const LinearAdder& linear,
+                           std::vector<GenTensor>* t) {
+  const int kd = s.linear_key_heads * s.linear_key_head_dim, vd = s.linear_value_heads * s.linear_value_head_dim,
+            nv = s.linear_value_heads;
+  t->push_back({p + "linear_attn.conv1d.weight", DType::kBF16, {2 * kd + vd, 1, s.linear_conv_kernel},
+                GenTensor::kGaussian, 0.3f});
+  // Decay rates exp(A_log) in [0.02, 0.5]: the state remembers a few to a few hundred tokens.
+  t->push_back({p + "linear_attn.A_log", DType::kBF16, {nv}, GenTensor::kLogUniform, 0.02f, 0, 0.5f});
+  t->push_back({p + "linear_attn.dt_bias", DType::kBF16, {nv}, GenTensor::kBias, 0.5f});
+  t->push_back(NormTensor(p + "linear_attn.norm.weight", s.linear_value_head_dim));  // used as stored
+  linear("linear_attn.out_proj", s.hidden, vd);
+}
+
 // Qwen3-Next's gated DeltaNet of one layer (`linear_attn.*`, engine/cpu/linear_attention/gated_deltanet.h).
 void AddGatedDeltaNet(const TestModelSpec& s, const std::string& p,
                       const LinearAdder& linear, std::vector<GenTensor>* t) {
@@ -54,13 +69,7 @@ void AddGatedDeltaNet(const TestModelSpec& s, const std::string& p,
             vd = s.linear_value_heads * s.linear_value_head_dim, nv = s.linear_value_heads;
   linear("linear_attn.in_proj_qkvz", 2 * kd + 2 * vd, H);
   linear("linear_attn.in_proj_ba", 2 * nv, H);
-  t->push_back({p + "linear_attn.conv1d.weight", DType::kBF16, {2 * kd + vd, 1, s.linear_conv_kernel},
-                GenTensor::kGaussian, 0.3f});
-  // Decay rates exp(A_log) in [0.02, 0.5]: the state remembers a few to a few hundred tokens.
-  t->push_back({p + "linear_attn.A_log", DType::kBF16, {nv}, GenTensor::kLogUniform, 0.02f, 0, 0.5f});
-  t->push_back({p + "linear_attn.dt_bias", DType::kBF16, {nv}, GenTensor::kBias, 0.5f});
-  t->push_back(NormTensor(p + "linear_attn.norm.weight", s.linear_value_head_dim));  // used as stored
-  linear("linear_attn.out_proj", H, vd);
+  AddDeltaNetRecurrence(s, p, linear, t);
 }
 
 // GLM-5.3-Flash's Kimi delta attention of one layer (self_attn.*, engine/cpu/linear_attention/kimi_delta_attention.h):
@@ -111,6 +120,33 @@ void AddGatedFullAttention(const TestModelSpec& s, const std::string& p, const L
   linear("self_attn.o_proj", H, heads * hd);
   t->push_back(FamilyNormTensor(s, p + "self_attn.q_norm.weight", hd));
   t->push_back(FamilyNormTensor(s, p + "self_attn.k_norm.weight", hd));
+}
+
+// Qwen4-Exp's gated DeltaNet of one layer (`linear_attn.*`, engine/cpu/linear_attention/gated_deltanet.h's
+// separate-projection layout, Qwen3.5's): in_proj_qkv [q of every key head | k | v of every value
+// head], in_proj_z, and in_proj_b / in_proj_a (kept as stored, as the converter and exllamav3 keep
+// them), the convolution over q, k and v, A_log, dt_bias, the gated norm's weight (used as stored)
+// and out_proj.
+void AddQwen4ExpDeltaNet(const TestModelSpec& s, const std::string& p, const LinearAdder& linear,
+                         std::vector<GenTensor>* t) {
+  const int H = s.hidden, kd = s.linear_key_heads * s.linear_key_head_dim,
+            vd = s.linear_value_heads * s.linear_value_head_dim, nv = s.linear_value_heads;
+  linear("linear_attn.in_proj_qkv", 2 * kd + vd, H);
+  linear("linear_attn.in_proj_z", vd, H);
+  for (const char* gate : {"in_proj_b", "in_proj_a"})
+    t->push_back({p + "linear_attn." + gate + ".weight", DType::kBF16, {nv, H}, GenTensor::kGaussian, 0.02f});
+  AddDeltaNetRecurrence(s, p, linear, t);
+}
+
+// Qwen4-Exp's QSA attention (`self_attn.*`, engine/cpu/attention/qsa_attention.h): Qwen3-Next's gated
+// GQA (q_proj holds query and gate) with zero-centred q/k norms, and the block indexer's
+// index_qk_proj (indexer_n_heads query heads and one key head) and its zero-centred norms.
+void AddQsaAttention(const TestModelSpec& s, const std::string& p, const LinearAdder& linear,
+                     std::vector<GenTensor>* t) {
+  AddGatedFullAttention(s, p, linear, t);
+  linear("self_attn.indexer.index_qk_proj", (s.index_heads + 1) * s.index_head_dim, s.hidden);
+  t->push_back(FamilyNormTensor(s, p + "self_attn.indexer.q_layernorm.weight", s.index_head_dim));
+  t->push_back(FamilyNormTensor(s, p + "self_attn.indexer.k_layernorm.weight", s.index_head_dim));
 }
 
 // MLA (DeepSeek-V3; GLM-MoE-DSA with its lightning indexer; GLM-5.3-Flash's NoPE MLA with the
@@ -170,7 +206,7 @@ void AddGroupedQueryAttention(const TestModelSpec& s, const std::string& p, cons
 }  // namespace
 
 GenTensor FamilyNormTensor(const TestModelSpec& s, std::string name, int64_t n) {
-  if (s.arch == "qwen3_next") return GenTensor{std::move(name), DType::kBF16, {n}, GenTensor::kGaussian, 0.1f};
+  if (s.arch == "qwen3_next" || s.arch == "qwen4_exp") return GenTensor{std::move(name), DType::kBF16, {n}, GenTensor::kGaussian, 0.1f};
   return NormTensor(std::move(name), n);
 }
 
@@ -181,6 +217,19 @@ void AddHyperConnection(const TestModelSpec& s, const std::string& prefix, std::
   t->push_back({prefix + "scale", DType::kBF16, {3}, GenTensor::kUniform, 0.5f, 0, 1.5f});
 }
 
+void AddGatedResidual(const TestModelSpec& s, const std::string& prefix, bool with_inject,
+                      std::vector<GenTensor>* t) {
+  const int64_t wide = static_cast<int64_t>(s.hc_mult) * s.hidden;
+  t->push_back(FamilyNormTensor(s, prefix + "hc_norm.weight", wide));
+  t->push_back({prefix + "input_mix_weight_down.weight", DType::kBF16, {s.hc_lowrank, wide}, GenTensor::kGaussian,
+                0.02f});
+  t->push_back({prefix + "input_mix_weight_up.weight", DType::kBF16, {wide, s.hc_lowrank}, GenTensor::kGaussian,
+                0.02f});
+  if (with_inject)
+    t->push_back({prefix + "block_inject_weight.weight", DType::kBF16, {s.hc_mult, wide}, GenTensor::kGaussian,
+                  0.02f});
+}
+
 void AddAttentionTensors(const TestModelSpec& s, int L, const std::string& p, const LinearAdder& linear,
                          bool exl3, std::vector<GenTensor>* t) {
   if (s.arch == "deepseek_v4") {
@@ -189,6 +238,10 @@ void AddAttentionTensors(const TestModelSpec& s, int L, const std::string& p, co
     AddGatedDeltaNet(s, p, linear, t);
   } else if (s.arch == "glm5_next" && s.layer_types[L] == kLinear) {
     AddKimiDeltaAttention(s, p, linear, exl3, t);
+  } else if (s.arch == "qwen4_exp" && s.layer_types[L] == kLinear) {
+    AddQwen4ExpDeltaNet(s, p, linear, t);
+  } else if (s.arch == "qwen4_exp") {
+    AddQsaAttention(s, p, linear, t);
   } else if (s.arch == "qwen3_next") {
     AddGatedFullAttention(s, p, linear, t);
   } else if (IsLatentAttention(s.arch)) {

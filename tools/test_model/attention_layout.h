@@ -1,6 +1,6 @@
 // The attention tensors of a generated family model's decoder layer, one function per attention
 // kind (GQA, Qwen3-Next's gated attention, MLA with DSA's or GLM-5.3-Flash's indexer, DeepSeek-V4's
-// shared-KV attention, gated DeltaNet, Kimi delta attention), and the hyper-connections and norms
+// shared-KV attention, gated DeltaNet, Kimi delta attention, Qwen4-Exp's DeltaNet and QSA), and the hyper-connections and norms
 // around them, in the families' key layouts (test_model_spec.h lists them).
 #pragma once
 
@@ -18,12 +18,20 @@ namespace exl3 {
 // being planned stores its attention (model_layout.h).
 using LinearAdder = std::function<void(const std::string& name, int out_f, int in_f)>;
 
-// A decoder norm of the family's convention: Qwen3-Next stores zero-centred weights (x · (1 + w)).
+// A decoder norm of the family's convention: Qwen3-Next and Qwen4-Exp store zero-centred weights
+// (x · (1 + w)).
 GenTensor FamilyNormTensor(const TestModelSpec& s, std::string name, int64_t n);
 
 // DeepSeek-V4's manifold-constrained hyper-connection of one sublayer (`prefix` hc_attn_ or
 // hc_ffn_): fn [(2 + hc) hc, hc hidden], base [(2 + hc) hc], scale [3].
 void AddHyperConnection(const TestModelSpec& s, const std::string& prefix, std::vector<GenTensor>* t);
+
+// Qwen4-Exp's low-rank gated residual (`prefix` e.g. ...layers.3.attn_hyper_connection.;
+// engine/cpu/residual/gated_residual.h): hc_norm [hc hidden] (zero-centred), input_mix_weight_down
+// [hc_lowrank, hc hidden], input_mix_weight_up [hc hidden, hc_lowrank] and, with_inject (a block's,
+// not the mixer before the head), block_inject_weight [hc, hc hidden]; all as stored.
+void AddGatedResidual(const TestModelSpec& s, const std::string& prefix, bool with_inject,
+                      std::vector<GenTensor>* t);
 
 // The attention of decoder layer L (prefix p), of the kind the family and s.layer_types give it.
 // exl3: the layout `exl3-tool quantize` writes (and exllamav3 reads) where it differs from the

@@ -225,6 +225,61 @@ json Glm5NextConfigJson(const TestModelSpec& s) {
           {"tie_word_embeddings", false}, {"dtype", "bfloat16"}, {"transformers_version", "5.25.0"}};
 }
 
+// Qwen3.8-Flash-Next's vision tower as Qwen4ExpConfig declares it (Qwen4ExpVisionConfig's
+// defaults in transformers 5.25, projecting into the text model's hidden size). Declared only: its
+// tensors (model.visual.*) are not generated and no preprocessor_config.json is written, so
+// exllamav3 reads the directory as a text-only checkpoint and the engine loads no tower.
+json Qwen4ExpVisionConfigJson(const TestModelSpec& s) {
+  return {{"model_type", "qwen4_exp_vision"}, {"depth", 27}, {"hidden_size", 1152},
+          {"hidden_act", "gelu_pytorch_tanh"}, {"intermediate_size", 4304}, {"num_heads", 16},
+          {"in_channels", 3}, {"patch_size", 16}, {"spatial_merge_size", 2}, {"temporal_patch_size", 2},
+          {"out_hidden_size", s.hidden}, {"num_position_embeddings", 2304}, {"initializer_range", 0.02},
+          {"dtype", "bfloat16"}};
+}
+
+// Qwen3.8-Flash-Next's config.json as transformers 5.25 writes it (Qwen4ExpConfig): the text
+// model's fields (Qwen4ExpTextConfig's names) in text_config, the vision tower's in vision_config,
+// the image / video token ids at the top. Rope as Qwen3.5's: partial_rotary_factor 0.25 with its
+// mrope sections (text positions equal on the three axes: plain half-split rope), so the rotary
+// dimensions fit the QSA index head. The DeltaNet's output gate is sigmoid; eos_token_id 1 ends
+// the PLE n-grams. release_layout: the QSA layers named full_attention (exllamav3 reads no other
+// name; transformers and the engine read both).
+json Qwen4ExpConfigJson(const TestModelSpec& s) {
+  std::vector<std::string> layer_types = s.layer_types;
+  if (s.release_layout)
+    for (std::string& t : layer_types)
+      if (t == layer_kind::kIndexed) t = layer_kind::kFull;
+  json text = {
+      {"model_type", "qwen4_exp_text"}, {"vocab_size", s.vocab}, {"hidden_size", s.hidden},
+      {"num_hidden_layers", s.layers}, {"num_attention_heads", s.heads}, {"num_key_value_heads", s.kv_heads},
+      {"head_dim", s.head_dim}, {"hidden_act", "silu"}, {"max_position_embeddings", s.max_position},
+      {"initializer_range", 0.02}, {"rms_norm_eps", 1e-6}, {"use_cache", true}, {"tie_word_embeddings", false},
+      {"rope_parameters",
+       {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.25},
+        {"mrope_section", {11, 11, 10}}, {"mrope_interleaved", true}}},
+      {"attention_bias", false}, {"attention_dropout", 0.0},
+      {"linear_conv_kernel_dim", s.linear_conv_kernel}, {"linear_key_head_dim", s.linear_key_head_dim},
+      {"linear_value_head_dim", s.linear_value_head_dim}, {"linear_num_key_heads", s.linear_key_heads},
+      {"linear_num_value_heads", s.linear_value_heads}, {"moe_intermediate_size", s.intermediate},
+      {"shared_expert_intermediate_size", s.intermediate}, {"num_experts_per_tok", s.top_k},
+      {"num_experts", s.experts}, {"norm_topk_prob", true}, {"output_router_logits", false},
+      {"router_aux_loss_coef", 0.001}, {"layer_types", layer_types}, {"pad_token_id", nullptr},
+      {"bos_token_id", nullptr}, {"eos_token_id", 1}, {"hc_count", s.hc_mult}, {"hc_lowrank", s.hc_lowrank},
+      {"ple_layer_ids", s.ple_layer_ids}, {"ple_embed_dim", s.ple_embed_dim},
+      {"ple_conv_kernel_size", s.ple_conv_kernel}, {"ngram_size", s.ngram_size},
+      {"heads_per_ngram", s.heads_per_ngram}, {"ngram_vocab_size_base", s.ngram_vocab_size_base},
+      {"make_ngram_vocab_size_divisible_by", 128}, {"seed", 1234}, {"split_ngram_parts", s.split_ngram_parts},
+      {"indexer_n_heads", s.index_heads}, {"indexer_kv_heads", 1}, {"indexer_head_dim", s.index_head_dim},
+      {"indexer_budget", s.index_topk}, {"indexer_compress_ratio", s.index_kpool},
+      {"output_gate_type", "sigmoid"}, {"dtype", "bfloat16"}};
+  if (s.mtp) text["mtp_num_hidden_layers"] = 1;
+  return {{"architectures", {"Qwen4ExpForConditionalGeneration"}}, {"model_type", "qwen4_exp"},
+          {"text_config", text}, {"vision_config", Qwen4ExpVisionConfigJson(s)},
+          {"image_token_id", 248056}, {"video_token_id", 248057}, {"vision_start_token_id", 248053},
+          {"vision_end_token_id", 248054}, {"tie_word_embeddings", false}, {"dtype", "bfloat16"},
+          {"transformers_version", "5.25.0"}};
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, json>> TestModelSideFiles(const TestModelSpec& s) {
@@ -244,6 +299,7 @@ std::vector<std::pair<std::string, json>> TestModelSideFiles(const TestModelSpec
 
 json TestModelConfig(const TestModelSpec& s) {
   if (s.arch == "glm5_next") return Glm5NextConfigJson(s);  // swiglu_limit always in text_config
+  if (s.arch == "qwen4_exp") return Qwen4ExpConfigJson(s);
   json j;
   if (s.arch == "glm4_moe") {
     j = Glm4MoeConfigJson(s);

@@ -48,7 +48,7 @@ class Rng {
 constexpr int64_t kElementsPerPart = int64_t{1} << 24;
 
 int64_t NumParts(const GenTensor& t) {
-  if (t.kind == GenTensor::kFlag || t.kind == GenTensor::kHashTable) return 1;
+  if (t.kind == GenTensor::kFlag || t.kind == GenTensor::kHashTable || t.kind == GenTensor::kInt64Values) return 1;
   return std::max<int64_t>(1, (NumElements(t.shape) + kElementsPerPart - 1) / kElementsPerPart);
 }
 
@@ -76,6 +76,9 @@ void GeneratePart(const GenTensor& t, uint64_t seed, int64_t part, uint8_t* out)
     }
     case GenTensor::kFlag:
       std::memcpy(dst, &t.flag, 4);
+      return;
+    case GenTensor::kInt64Values:
+      std::memcpy(dst, t.values.data(), std::min<size_t>(t.values.size(), static_cast<size_t>(n)) * sizeof(int64_t));
       return;
     case GenTensor::kHashTable: {  // per row (token id): t.flag distinct experts, partial shuffle
       const int64_t rows = t.shape[0], cols = t.shape[1], n_ids = static_cast<int64_t>(t.high);

@@ -29,6 +29,7 @@ struct GenTensor {
     kSigns,       // +-scale in fp16
     kFlag,        // an int32 scalar: flag (a codebook's multiplier)
     kHashTable,   // int64 rows of `flag` distinct ids in [0, high)
+    kInt64Values, // int64 `values` as given (Qwen4-Exp's n-gram hashing constants)
   };
   std::string name;
   DType dtype;
@@ -37,6 +38,7 @@ struct GenTensor {
   float scale = 0.02f;
   int32_t flag = 0;
   float high = 0.0f;
+  std::vector<int64_t> values = {};  // kInt64Values
 };
 
 int64_t NumElements(const std::vector<int64_t>& shape);

@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "engine/cpu/residual/ngram_hash.h"
 #include "model/moe_config.h"
 #include "tools/test_model/generated_tensor.h"
 #include "tools/test_model/synthetic_options.h"
@@ -16,6 +17,10 @@ namespace exl3 {
 enum class LinearRole { kExpert, kExpertDown, kAttentionOrDense, kHead };
 
 int BitsOf(const SyntheticOptions& so, LinearRole role);
+
+// The n-gram hashing of a resolved qwen4_exp spec's ple_index-th PLE layer, as the engine derives
+// it from the config.json family_config.cc writes (its table's rows, primes and multipliers).
+engine::NgramHash Qwen4ExpNgramHash(const TestModelSpec& s, int ple_index);
 
 // The whole model's tensors, one shard per layer (and one for the MTP layer); embeddings with
 // the first, the final norm and the head with the last. exl3: EXL3 linears at `so`'s widths (so

@@ -1,4 +1,4 @@
-// Generated MoE test models in the real key layout and config.json of eight families:
+// Generated MoE test models in the real key layout and config.json of nine families:
 //   glm4_moe     Glm4MoeForCausalLM     sigmoid router + e_score_correction_bias, shared experts,
 //                                       dense first layers (first_k_dense_replace)
 //   deepseek_v3  DeepseekV3ForCausalLM  as GLM plus grouped routing (n_group/topk_group), MLA
@@ -25,6 +25,20 @@
 //                                       (hc_attn_*, hc_ffn_*) on every layer, a mean head (no
 //                                       hc_head tensors). No vision tower (the engine loads it
 //                                       when present and needs none); the MTP layer with --mtp.
+//   qwen4_exp    Qwen4ExpForConditionalGeneration (Qwen3.8-Flash-Next's text model; config.json's
+//                                       fields nested in text_config, tensors under
+//                                       model.language_model.): softmax router, gated shared expert,
+//                                       every layer MoE; per layer_types gated DeltaNet with
+//                                       Qwen3.5's separate in_proj_qkv / _z / _b / _a (sigmoid
+//                                       output gate) or QSA (Qwen3-Next's gated GQA and
+//                                       self_attn.indexer.index_qk_proj / q_layernorm /
+//                                       k_layernorm); low-rank gated hyper-connections
+//                                       (attn_hyper_connection, mlp_hyper_connection,
+//                                       hyper_connection_mixer) instead of layer norms, no final
+//                                       norm; a PLE layer (ple.*: the hashed n-gram table in
+//                                       split_ngram_parts pieces, its hashing constants, key/value
+//                                       projections, norms, dilated conv) on each of ple_layer_ids;
+//                                       no vision tower; the MTP head (mtp.*) with --mtp.
 #pragma once
 
 #include <cstdint>
@@ -45,7 +59,7 @@ inline constexpr char kIndexed[] = "indexed_attention";  // GLM-5.3-Flash's MLA 
 
 struct TestModelSpec {
   std::string arch = "glm4_moe";  // glm4_moe | deepseek_v3 | qwen3_moe | mixtral | glm_moe_dsa |
-                                  // deepseek_v4 | qwen3_next | glm5_next
+                                  // deepseek_v4 | qwen3_next | glm5_next | qwen4_exp
   int layers = 3;
   int hidden = 256;
   int experts = 16;
@@ -103,16 +117,36 @@ struct TestModelSpec {
   // indexed_attention in place of full_attention (every full_attention_interval-th layer).
   int linear_heads = 2;
   int linear_head_dim = 64;
+  // Qwen4-Exp (Qwen4ExpTextConfig's names). Its DeltaNet takes Qwen3-Next's linear_* fields above,
+  // its QSA indexer the index_* ones (index_heads: indexer_n_heads, index_head_dim:
+  // indexer_head_dim, index_topk: indexer_budget, index_kpool: indexer_compress_ratio), its
+  // hyper-connections hc_mult (hc_count) and layer_types Qwen3-Next's pattern with
+  // indexed_attention in place of full_attention (release layout: full_attention).
+  int hc_lowrank = 32;
+  std::vector<int> ple_layer_ids;  // one-based linear_attention layers; empty: the first one
+  int ple_embed_dim = 0;           // 0: hidden (transformers' default)
+  int ple_conv_kernel = 4;
+  int ngram_size = 3;
+  int heads_per_ngram = 8;
+  int64_t ngram_vocab_size_base = 1000;  // rows per n-gram head (the next primes); the real one 20M
+  // The table's pieces (ngram_embedding.shard_{i}), all but the last of ceil(rows / parts) rows;
+  // 0: transformers' 512 where that makes 512 pieces, else 128 (equal pieces: the rows are padded
+  // to a multiple of 128).
+  int split_ngram_parts = 0;
   // glm4_moe, deepseek_v3, glm_moe_dsa, glm5_next: also the DeepSeek-V3 MTP layer
   // (engine/cpu/mtp/mtp_head.h), one more layer model.layers.{layers}.* (glm5_next:
   // model.language_model.layers.{layers}.*) in a shard of its own: enorm, hnorm, eh_proj [hidden,
   // 2 * hidden], shared_head.norm and a MoE decoder layer (DSA: with its own indexer; glm5_next:
   // MLA with its own k-pooled indexer, no hyper-connections); config.json num_nextn_predict_layers 1.
+  // qwen4_exp: Qwen4-Exp's own MTP head (engine/cpu/mtp/qwen4exp_mtp_head.h) in a shard of its own:
+  // mtp.fc_hidden, mtp.fc_embedding, their norms, one QSA MoE block mtp.layers.0.* with its
+  // hyper-connections, mtp.hyper_connection_mixer; text_config.mtp_num_hidden_layers 1.
   bool mtp = false;
   // glm5_next: config.json in the release checkpoint's layout (the MLA layers named
   // deepseek_sparse_attention, KDA's shape in a linear_attn_config dict), with the vision
   // preprocessor's processor_config.json beside it: the layout exllamav3 reads (transformers and
-  // the engine read both).
+  // the engine read both). qwen4_exp: the QSA layers named full_attention in layer_types (the
+  // only name exllamav3 reads).
   bool release_layout = false;
 };
 

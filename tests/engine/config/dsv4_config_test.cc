@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -177,6 +178,94 @@ TEST(Dsv4Config, RefusesWhatItCannotRun) {
   j = DeepseekV4();
   j["rope_parameters"]["compress"]["partial_rotary_factor"] = 0.5;
   refused(j, "one rope dimension");
+}
+
+// The DSPARK drafter's fields (docs/dspark.md), as the deepseek_v4_release_mtp fixture gives them:
+// compress_ratios one entry longer than num_hidden_layers, the dspark_* fields.
+TEST(Dsv4Config, ReadsDsparkFields) {
+  auto cfg = Parse(DeepseekV4());
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->dsv4->dspark.num_blocks, 0);
+  EXPECT_FALSE(cfg->dsv4->dspark.enabled());
+  json j = DeepseekV4();
+  j["compress_ratios"] = {0, 4, 128, 0};
+  j["num_nextn_predict_layers"] = 1;
+  j["dspark_block_size"] = 4;
+  j["dspark_noise_token_id"] = 95;
+  j["dspark_markov_rank"] = 64;
+  j["dspark_target_layer_ids"] = {2, 0};
+  cfg = Parse(j);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  const Dsv4DsparkConfig& d = cfg->dsv4->dspark;
+  EXPECT_EQ(d.num_blocks, 1);
+  EXPECT_EQ(d.block_size, 4);
+  EXPECT_EQ(d.noise_token_id, 95);
+  EXPECT_EQ(d.markov_rank, 64);
+  EXPECT_EQ(d.target_layer_ids, (std::vector<int>{0, 2}));  // ascending, as the layers run
+  EXPECT_EQ(d.num_taps(), 2);
+  EXPECT_TRUE(d.enabled());
+  // The trunk's layer types come from layer_types, not from the longer compress_ratios.
+  EXPECT_EQ(cfg->dsv4->layer_types.size(), 3u);
+  // Three MTP blocks (V4-Flash's count beside num_nextn_predict_layers 1); defaults.
+  j["compress_ratios"] = {0, 4, 128, 0, 0, 0};
+  j.erase("dspark_markov_rank");
+  j.erase("dspark_noise_token_id");
+  cfg = Parse(j);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->dsv4->dspark.num_blocks, 3);
+  EXPECT_EQ(cfg->dsv4->dspark.markov_rank, 256);
+  EXPECT_EQ(cfg->dsv4->dspark.noise_token_id, 0);
+  // No block size: the component is not a drafter.
+  j.erase("dspark_block_size");
+  cfg = Parse(j);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_FALSE(cfg->dsv4->dspark.enabled());
+  // Older files without layer_types read the trunk's types from the head of compress_ratios.
+  j = DeepseekV4();
+  j.erase("layer_types");
+  j["compress_ratios"] = {0, 4, 128, 0};
+  j["dspark_block_size"] = 4;
+  j["dspark_target_layer_ids"] = {1};
+  cfg = Parse(j);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->dsv4->layer_types[2], Dsv4LayerType::kHeavilyCompressed);
+  EXPECT_EQ(cfg->dsv4->dspark.num_blocks, 1);
+}
+
+TEST(Dsv4Config, RefusesBadDsparkFields) {
+  auto refused = [](const json& j, const std::string& needle) {
+    auto cfg = Parse(j);
+    ASSERT_FALSE(cfg.ok()) << needle;
+    EXPECT_NE(std::string(cfg.status().message()).find(needle), std::string::npos) << cfg.status();
+  };
+  json base = DeepseekV4();
+  base["compress_ratios"] = {0, 4, 128, 0};
+  base["dspark_block_size"] = 4;
+  base["dspark_target_layer_ids"] = {0, 2};
+  json j = base;
+  j["compress_ratios"] = {0, 4, 128, 4};
+  refused(j, "compress_ratios[3]");
+  j = base;
+  j["dspark_block_size"] = -1;
+  refused(j, "dspark_block_size");
+  j = base;
+  j["dspark_block_size"] = "4";
+  refused(j, "dspark_block_size");
+  j = base;
+  j["dspark_noise_token_id"] = 96;  // vocab_size 96
+  refused(j, "dspark_noise_token_id");
+  j = base;
+  j["dspark_markov_rank"] = 0;
+  refused(j, "dspark_markov_rank");
+  j = base;
+  j["dspark_target_layer_ids"] = {0, 3};
+  refused(j, "dspark_target_layer_ids holds 3");
+  j = base;
+  j["dspark_target_layer_ids"] = {2, 2};
+  refused(j, "names a layer twice");
+  j = base;
+  j["dspark_target_layer_ids"] = 2;
+  refused(j, "dspark_target_layer_ids");
 }
 
 }  // namespace

@@ -158,7 +158,15 @@ INSTANTIATE_TEST_SUITE_P(
              "--heads 2 --q-lora-rank 128 --kv-lora-rank 128 --qk-nope-head-dim 64 --v-head-dim 64 "
              "--index-heads 2 --index-head-dim 64 --index-kpool 2 --index-topk 4 --linear-heads 2 "
              "--linear-head-dim 64 --layer-types linear_attention,indexed_attention,linear_attention",
-             2, "Glm5NextForConditionalGeneration"}),
+             2, "Glm5NextForConditionalGeneration"},
+        // Qwen3.8-Flash-Next: layers [DeltaNet, DeltaNet with the PLE, QSA] (QSA 2 heads of 64 over
+        // 1 KV head, an indexer of 2 heads of 32 choosing 2 blocks of 2), every layer MoE; gated
+        // hyper-connections of 4 streams; an n-gram table of 4 heads of rows of 32.
+        Case{"qwen4_exp",
+             "--heads 2 --kv-heads 1 --head-dim 64 --index-heads 2 --index-head-dim 32 --index-kpool 2 "
+             "--index-topk 4 --layer-types linear_attention,linear_attention,indexed_attention "
+             "--heads-per-ngram 2 --ple-layer-ids 2 --ple-embed-dim 128 --ngram-vocab-size-base 50",
+             3, "Qwen4ExpForConditionalGeneration"}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.arch); });
 
 // make-test-model --mtp through exl3-tool quantize (which keeps the MTP layer as stored, bf16):
@@ -177,9 +185,15 @@ TEST_P(GeneratedMtpModelTest, TheConvertedMtpLayerDraftsAndDecodesAsPlainDecodin
             0);
   auto src = TensorSource::Open(model);
   ASSERT_TRUE(src.ok()) << src.status();
-  const std::string p = arch == "glm5_next" ? "model.language_model.layers.2." : "model.layers.2.";
-  EXPECT_TRUE((*src)->Has(p + "eh_proj.weight"));  // kept as stored
-  EXPECT_TRUE((*src)->Has(p + "mlp.experts.0.gate_proj.weight"));
+  if (arch == "qwen4_exp") {  // its own head, mtp.*
+    EXPECT_TRUE((*src)->Has("mtp.fc_hidden.weight") || (*src)->Has("mtp.fc_hidden.trellis"));
+    EXPECT_TRUE((*src)->Has("mtp.layers.0.mlp.experts.0.gate_proj.weight") ||
+                (*src)->Has("mtp.layers.0.mlp.experts.0.gate_proj.trellis"));
+  } else {
+    const std::string p = arch == "glm5_next" ? "model.language_model.layers.2." : "model.layers.2.";
+    EXPECT_TRUE((*src)->Has(p + "eh_proj.weight"));  // kept as stored
+    EXPECT_TRUE((*src)->Has(p + "mlp.experts.0.gate_proj.weight"));
+  }
   std::vector<GenerateParams> params;
   for (int i = 0; i < 2; ++i) {
     GenerateParams g;
@@ -225,7 +239,7 @@ TEST_P(GeneratedMtpModelTest, TheConvertedMtpLayerDraftsAndDecodesAsPlainDecodin
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, GeneratedMtpModelTest,
-                         ::testing::Values("glm4_moe", "deepseek_v3", "glm_moe_dsa", "glm5_next"));
+                         ::testing::Values("glm4_moe", "deepseek_v3", "glm_moe_dsa", "glm5_next", "qwen4_exp"));
 
 }  // namespace
 }  // namespace exl3::engine

@@ -2,10 +2,12 @@
 // layout at a chosen attention shape loads in the CPU model and decodes finite logits, with the
 // linears EXL3 where both dimensions are multiples of 128 (DeepSeek-V4 and Qwen3-Next included:
 // their compressors, indexer, hyper-connections, DeltaNet and hash table as stored; GLM-5.3-Flash
-// with its KDA and indexed layers, hyper-connections and text model under model.language_model.).
+// with its KDA and indexed layers, hyper-connections and text model under model.language_model.;
+// Qwen4-Exp with its DeltaNet + PLE and QSA layers, gated hyper-connections and MTP head).
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "base/status_macros.h"
 #include "engine/cpu/cpu_model.h"
@@ -56,6 +58,13 @@ TestModelSpec WholeModelSpec(const std::string& arch) {
     spec.linear_heads = 2;
     spec.linear_head_dim = 64;
   }
+  if (spec.arch == "qwen4_exp") {  // [DeltaNet + PLE, QSA]: blocks of 2, a budget of 4 positions
+    spec.index_kpool = 2;
+    spec.index_topk = 4;
+    spec.heads_per_ngram = 2;  // 4 n-gram heads of rows of 160 (exllamav3's width)
+    spec.ple_embed_dim = 640;
+    spec.ngram_vocab_size_base = 300;
+  }
   return spec;
 }
 
@@ -74,6 +83,31 @@ absl::StatusOr<std::vector<std::vector<float>>> GreedyLogits(const fs::path& dir
   EXL3_ASSIGN_OR_RETURN(std::unique_ptr<CpuModel> model, CpuModel::Open(dir.string(), o));
   EXL3_ASSIGN_OR_RETURN(auto rows, testing::RunGreedy(*model, {{1, 2, 3, 4, 5}}, 4, /*chunk=*/3));
   return rows[0];
+}
+
+// Writes `arch`'s whole synthetic model in transformers' config layout and in the release layout
+// (spec.release_layout), runs `check` on each directory and its config.json, and returns both
+// models' greedy logits (empty where writing or decoding failed: the failure is recorded).
+using LayoutCheck = std::function<void(bool release, const fs::path& dir, const nlohmann::json& config)>;
+std::vector<std::vector<std::vector<float>>> LogitsOfBothLayouts(const std::string& arch, const LayoutCheck& check) {
+  std::vector<std::vector<std::vector<float>>> logits;
+  for (bool release : {false, true}) {
+    TestModelSpec spec = WholeModelSpec(arch);
+    spec.release_layout = release;
+    const fs::path dir = fs::temp_directory_path() / ("exl3_" + arch + (release ? "_release" : "_transformers"));
+    fs::remove_all(dir);
+    const absl::Status written = WriteSyntheticExl3Model(spec, WholeModelOptions(), dir.string());
+    EXPECT_TRUE(written.ok()) << written;
+    if (!written.ok()) return {};
+    std::ifstream in(dir / "config.json");
+    check(release, dir, nlohmann::json::parse(in));
+    auto rows = GreedyLogits(dir);
+    EXPECT_TRUE(rows.ok()) << rows.status();
+    if (!rows.ok()) return {};
+    logits.push_back(*std::move(rows));
+    fs::remove_all(dir);
+  }
+  return logits;
 }
 
 TEST_P(SyntheticWholeModelTest, LoadsAndDecodes) {
@@ -115,6 +149,20 @@ TEST_P(SyntheticWholeModelTest, LoadsAndDecodes) {
     EXPECT_TRUE((*src)->Has(p + "1.self_attn.indexer.index_kpool_compress_ape"));
     EXPECT_TRUE((*src)->Has(p + "1.mlp.experts.3.down_proj.trellis"));
     EXPECT_TRUE((*src)->Has(p + "1.hc_ffn_scale"));
+  } else if (spec.arch == "qwen4_exp") {
+    const std::string p = "model.language_model.layers.";
+    EXPECT_TRUE((*src)->Has("lm_head.trellis"));
+    EXPECT_TRUE((*src)->Has(p + "0.linear_attn.in_proj_qkv.trellis"));
+    EXPECT_TRUE((*src)->Has(p + "0.linear_attn.in_proj_a.weight"));  // kept as stored
+    EXPECT_TRUE((*src)->Has(p + "0.ple.ple_embedding.ngram_embedding.shard_0.weight"));
+    EXPECT_TRUE((*src)->Has(p + "0.ple.ple_embedding.layer_multipliers"));
+    EXPECT_TRUE((*src)->Has(p + "0.ple.key_proj.weight"));
+    EXPECT_TRUE((*src)->Has(p + "1.attn_hyper_connection.block_inject_weight.weight"));
+    EXPECT_TRUE((*src)->Has(p + "1.self_attn.indexer.index_qk_proj.trellis"));  // [384, 256]
+    EXPECT_TRUE((*src)->Has(p + "1.mlp.experts.3.down_proj.trellis"));
+    EXPECT_TRUE((*src)->Has("model.language_model.hyper_connection_mixer.input_mix_weight_up.weight"));
+    EXPECT_FALSE((*src)->Has("model.language_model.norm.weight"));  // no final norm
+    EXPECT_FALSE((*src)->Has(p + "0.input_layernorm.weight"));
   } else {
     EXPECT_TRUE((*src)->Has("lm_head.trellis"));
     EXPECT_TRUE((*src)->Has("model.layers.0.self_attn.o_proj.trellis"));
@@ -167,16 +215,8 @@ TEST(SyntheticModelTest, RoutedExpertsOfMixedBitWidthsDecode) {
 // same logits from it, bit for bit. Both layouts declare the vision tower (vision_config, the image
 // tokens) as transformers' Glm5NextConfig writes it; the engine reads text_config alone.
 TEST(SyntheticModelTest, Glm5NextReleaseLayoutDecodesTheSameLogits) {
-  const SyntheticOptions so = WholeModelOptions();
-  std::vector<std::vector<std::vector<float>>> logits;
-  for (bool release : {false, true}) {
-    TestModelSpec spec = WholeModelSpec("glm5_next");
-    spec.release_layout = release;
-    const fs::path dir = fs::temp_directory_path() / (release ? "exl3_glm5_release" : "exl3_glm5_transformers");
-    fs::remove_all(dir);
-    ASSERT_TRUE(WriteSyntheticExl3Model(spec, so, dir.string()).ok());
-    std::ifstream in(dir / "config.json");
-    const nlohmann::json config = nlohmann::json::parse(in);
+  const auto logits = LogitsOfBothLayouts("glm5_next", [](bool release, const fs::path& dir,
+                                                          const nlohmann::json& config) {
     const nlohmann::json& text = config["text_config"];
     EXPECT_EQ(config["vision_config"]["model_type"], "glm5_next_vision");
     EXPECT_EQ(config["vision_config"]["out_hidden_size"], text["hidden_size"]);
@@ -184,22 +224,87 @@ TEST(SyntheticModelTest, Glm5NextReleaseLayoutDecodesTheSameLogits) {
     EXPECT_EQ(text["layer_types"][1], release ? "deepseek_sparse_attention" : "indexed_attention");
     EXPECT_EQ(text.contains("linear_attn_config"), release);
     EXPECT_EQ(text.contains("linear_num_heads"), !release);
-    if (release) EXPECT_EQ(text["linear_attn_config"]["head_dim"], 64);
+    if (release) {
+      EXPECT_EQ(text["linear_attn_config"]["head_dim"], 64);
+    }
     EXPECT_EQ(fs::exists(dir / "processor_config.json"), release);
-    auto rows = GreedyLogits(dir);
-    ASSERT_TRUE(rows.ok()) << rows.status();
-    logits.push_back(*std::move(rows));
-    fs::remove_all(dir);
-  }
+  });
+  ASSERT_EQ(logits.size(), 2u);
   EXPECT_EQ(logits[0], logits[1]);
 }
 
-TEST(SyntheticModelTest, ReleaseLayoutIsGlm5NextsOnly) {
+// Qwen4-Exp's release layout (its QSA layers full_attention in layer_types, the only name exllamav3
+// reads): the same tensors and the same logits; the n-gram table holds exactly the rows the
+// engine's hashing needs in split_ngram_parts pieces, with the hashing constants it checks.
+TEST(SyntheticModelTest, Qwen4ExpReleaseLayoutDecodesTheSameLogits) {
+  const auto logits = LogitsOfBothLayouts("qwen4_exp", [](bool release, const fs::path& dir,
+                                                          const nlohmann::json& config) {
+    const nlohmann::json& text = config["text_config"];
+    EXPECT_EQ(config["architectures"][0], "Qwen4ExpForConditionalGeneration");
+    EXPECT_EQ(config["vision_config"]["out_hidden_size"], text["hidden_size"]);
+    EXPECT_EQ(text["layer_types"][0], "linear_attention");
+    EXPECT_EQ(text["layer_types"][1], release ? "full_attention" : "indexed_attention");
+    EXPECT_EQ(text["ple_layer_ids"], nlohmann::json::array({1}));
+    EXPECT_FALSE(fs::exists(dir / "preprocessor_config.json"));  // text only, for exllamav3 too
+    auto src = TensorSource::Open(dir.string());
+    ASSERT_TRUE(src.ok()) << src.status();
+    const int parts = text["split_ngram_parts"];
+    int64_t rows = 0;
+    for (int i = 0; i < parts; ++i) {
+      auto piece = (*src)->Get("model.language_model.layers.0.ple.ple_embedding.ngram_embedding.shard_" +
+                               std::to_string(i) + ".weight");
+      ASSERT_TRUE(piece.ok()) << piece.status();
+      EXPECT_EQ(piece->info->shape[1], 160);
+      rows += piece->info->shape[0];
+    }
+    EXPECT_EQ(rows % 128, 0);
+    EXPECT_GE(rows, 4 * 300);
+    auto sizes = (*src)->Get("model.language_model.layers.0.ple.ple_embedding.ngram_heads_vocab_sizes");
+    ASSERT_TRUE(sizes.ok()) << sizes.status();
+    EXPECT_EQ(sizes->as<int64_t>()[0], 307);  // the first prime >= ngram_vocab_size_base 300
+  });
+  ASSERT_EQ(logits.size(), 2u);
+  EXPECT_EQ(logits[0], logits[1]);
+}
+
+// Qwen4-Exp's MTP head (--mtp): mtp.* in a shard of its own, which the engine's head loads and
+// drafts with.
+TEST(SyntheticModelTest, Qwen4ExpMtpHeadLoads) {
+  TestModelSpec spec = WholeModelSpec("qwen4_exp");
+  spec.mtp = true;
+  const fs::path dir = fs::temp_directory_path() / "exl3_qwen4_mtp";
+  fs::remove_all(dir);
+  ASSERT_TRUE(WriteSyntheticExl3Model(spec, WholeModelOptions(), dir.string()).ok());
+  auto src = TensorSource::Open(dir.string());
+  ASSERT_TRUE(src.ok()) << src.status();
+  EXPECT_TRUE((*src)->Has("mtp.fc_hidden.trellis"));
+  EXPECT_TRUE((*src)->Has("mtp.layers.0.self_attn.indexer.index_qk_proj.trellis"));
+  EXPECT_TRUE((*src)->Has("mtp.hyper_connection_mixer.hc_norm.weight"));
+  EXPECT_FALSE((*src)->Has("mtp.layers.0.ple.key_proj.weight"));
+  CpuModelOptions o;
+  o.num_threads = 2;
+  auto model = CpuModel::Open(dir.string(), o);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_TRUE((*model)->EnableMtpDrafting().ok());
+  fs::remove_all(dir);
+}
+
+TEST(SyntheticModelTest, ReleaseLayoutIsGlm5NextsAndQwen4ExpsOnly) {
   TestModelSpec spec = WholeModelSpec("qwen3_next");
   spec.release_layout = true;
   const absl::Status st = WriteSyntheticExl3Model(spec, WholeModelOptions(), "/nonexistent/never");
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(std::string(st.message()).find("--release-layout"), std::string::npos) << st;
+}
+
+// `spec` is refused as INVALID_ARGUMENT naming `says`, before anything is written to `dir`.
+void ExpectRefused(const TestModelSpec& spec, const std::string& says, const fs::path& dir) {
+  SyntheticOptions so;
+  so.progress = false;
+  const absl::Status st = WriteSyntheticExl3Model(spec, so, dir.string());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(std::string(st.message()).find(says), std::string::npos) << st;
+  EXPECT_FALSE(fs::exists(dir));
 }
 
 // GLM-5.3-Flash shapes transformers or the engine cannot have are refused before anything is
@@ -208,14 +313,7 @@ TEST(SyntheticModelTest, ReleaseLayoutIsGlm5NextsOnly) {
 TEST(SyntheticModelTest, Glm5NextRefusesShapesItCannotHave) {
   const fs::path dir = fs::temp_directory_path() / "exl3_synthetic_glm5_refused";
   fs::remove_all(dir);
-  SyntheticOptions so;
-  so.progress = false;
-  auto refused = [&](const TestModelSpec& spec, const std::string& says) {
-    const absl::Status st = WriteSyntheticExl3Model(spec, so, dir.string());
-    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-    EXPECT_NE(std::string(st.message()).find(says), std::string::npos) << st;
-    EXPECT_FALSE(fs::exists(dir));
-  };
+  auto refused = [&](const TestModelSpec& spec, const std::string& says) { ExpectRefused(spec, says, dir); };
   TestModelSpec spec;
   spec.arch = "glm5_next";
   TestModelSpec rope = spec;
@@ -232,9 +330,40 @@ TEST(SyntheticModelTest, Glm5NextRefusesShapesItCannotHave) {
   refused(kv, "KV heads");
 }
 
+// Qwen4-Exp shapes transformers, the engine or (with the release layout) exllamav3 cannot have are
+// refused before anything is written: a PLE on a QSA layer, ple_embed_dim not a multiple of the
+// n-gram heads, a dense layer, rotary dimensions wider than the index head, n-gram rows other than
+// exllamav3's 160, and a table that split_ngram_parts pieces of ceil(rows / parts) cannot cover.
+TEST(SyntheticModelTest, Qwen4ExpRefusesShapesItCannotHave) {
+  const fs::path dir = fs::temp_directory_path() / "exl3_synthetic_qwen4_refused";
+  fs::remove_all(dir);
+  auto refused = [&](const TestModelSpec& spec, const std::string& says) { ExpectRefused(spec, says, dir); };
+  const TestModelSpec spec = WholeModelSpec("qwen4_exp");  // [linear_attention, indexed_attention]
+  TestModelSpec ple = spec;
+  ple.ple_layer_ids = {2};
+  refused(ple, "--ple-layer-ids holds 2");
+  TestModelSpec embed = spec;
+  embed.ple_embed_dim = 642;
+  refused(embed, "--ple-embed-dim 642");
+  TestModelSpec dense = spec;
+  dense.dense_layers = 1;
+  refused(dense, "every layer MoE");
+  TestModelSpec rope = spec;
+  rope.index_head_dim = 8;
+  refused(rope, "a quarter of each head");
+  TestModelSpec rows = spec;
+  rows.release_layout = true;
+  rows.ple_embed_dim = 256;
+  refused(rows, "rows of 160");
+  TestModelSpec parts = spec;
+  parts.split_ngram_parts = 1000;
+  refused(parts, "--split-ngram-parts 1000");
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, SyntheticWholeModelTest,
                          ::testing::Values("glm4_moe", "deepseek_v3", "qwen3_moe", "mixtral",
-                                           "glm_moe_dsa", "deepseek_v4", "qwen3_next", "glm5_next"));
+                                           "glm_moe_dsa", "deepseek_v4", "qwen3_next", "glm5_next",
+                                           "qwen4_exp"));
 
 }  // namespace
 }  // namespace exl3::engine

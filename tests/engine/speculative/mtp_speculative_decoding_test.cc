@@ -198,6 +198,92 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, MtpSpeculativeDecodingTest,
                                            "tests/fixtures/engine/qwen4_exp_mtp",
                                            "tests/fixtures/engine/qwen4_exp_release_mtp"));
 
+// DeepSeek-V4's DSPARK block drafter (engine/cpu/mtp/dspark_drafter.h, docs/dspark.md) on the
+// deepseek_v4_release_mtp fixture: the trunk's taps kept by the CPU model, the main-kv rows
+// written at the kept positions, one block draft per decoding span, as many drafts as the
+// confidence head keeps. Greedy tokens equal plain decoding's at K = 1, 2 and 4 (also with two
+// micro-batches and through preemption), and one sequence alone at K = 1 drafts and accepts
+// exactly as simulated from the fixture's reference drafts and lengths (teacher-forced on
+// prompt + greedy: first seed the first sampled token at p0 = the prompt's length; no draft
+// where the length is 0).
+class DsparkSpeculativeDecodingTest : public testing::CpuSpeculativeFixtureTest {
+ protected:
+  void SetUp() override { LoadFixture(SIZE_MAX); }
+};
+
+TEST_P(DsparkSpeculativeDecodingTest, GreedyTokensEqualPlainDecodingAtK124) {
+  const std::vector<GenerateParams> params = GreedyRequests();
+  const RunResult plain = Run(Options({}), params);
+  for (size_t i = 0; i < prompts_.size(); ++i) EXPECT_EQ(Ids(plain.tokens[i]), greedy_[i]) << "prompt " << i;
+  for (int k : {1, 2, 4}) {
+    const RunResult spec = Run(Options(Mtp(k)), params);
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_EQ(Ids(spec.tokens[i]), Ids(plain.tokens[i])) << "K " << k << ", request " << i;
+      EXPECT_EQ(spec.finish[i].reason, FinishReason::kLength);
+    }
+    const SpeculativeCounters& c = spec.stats.speculative;
+    std::printf("%s K=%d: %lld verify chunks, %lld draft tokens, %lld accepted; steps %lld vs %lld plain\n",
+                GetParam(), k, static_cast<long long>(c.num_drafts), static_cast<long long>(c.num_draft_tokens),
+                static_cast<long long>(c.num_accepted_tokens), static_cast<long long>(spec.stats.steps),
+                static_cast<long long>(plain.stats.steps));
+    EXPECT_GT(c.num_draft_tokens, 0) << "K " << k;
+    EXPECT_GT(c.num_accepted_tokens, 0) << "K " << k;
+    EXPECT_LE(c.num_draft_tokens, c.num_drafts * k);
+    EXPECT_DOUBLE_EQ(spec.stats.kv_usage, 0.0);
+  }
+}
+
+TEST_P(DsparkSpeculativeDecodingTest, DraftsAreTheReferencesAtK1) {
+  auto ref = TensorSource::Open(std::string(GetParam()) + "/reference.safetensors");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const int max_tokens = 32, B = 4;
+  for (size_t i = 0; i < prompts_.size(); ++i) {
+    const std::string k = std::to_string(i);
+    auto drafts = (*ref)->Get("dspark_drafts." + k);
+    auto lengths = (*ref)->Get("dspark_length." + k);
+    ASSERT_TRUE(drafts.ok() && lengths.ok());
+    std::vector<int32_t> ids = prompts_[i];
+    ids.insert(ids.end(), greedy_[i].begin(), greedy_[i].end());
+    const int P = static_cast<int>(prompts_[i].size());
+    int64_t want_drafts = 0, want_accepted = 0;
+    for (int p0 = P, out = 1; max_tokens - out - 1 > 0;) {  // after the prefill: 1 token out
+      if (lengths->as<int32_t>()[p0] == 0) {  // no draft: a plain step
+        ++p0;
+        ++out;
+        continue;
+      }
+      ++want_drafts;
+      const bool hit = drafts->as<int32_t>()[static_cast<size_t>(p0) * B] == ids[p0 + 1];
+      want_accepted += hit;
+      p0 += hit ? 2 : 1;
+      out += hit ? 2 : 1;
+    }
+    const RunResult spec = Run(Options(Mtp(1)), {Greedy32(prompts_[i])});
+    EXPECT_EQ(Ids(spec.tokens[0]), greedy_[i]) << "prompt " << i;
+    EXPECT_EQ(spec.stats.speculative.num_draft_tokens, want_drafts) << "prompt " << i;
+    EXPECT_EQ(spec.stats.speculative.num_accepted_tokens, want_accepted) << "prompt " << i;
+    std::printf("%s prompt %zu alone, K=1: %lld of %lld drafts accepted (reference: %lld of %lld)\n", GetParam(), i,
+                static_cast<long long>(spec.stats.speculative.num_accepted_tokens),
+                static_cast<long long>(spec.stats.speculative.num_draft_tokens),
+                static_cast<long long>(want_accepted), static_cast<long long>(want_drafts));
+  }
+}
+
+TEST_P(DsparkSpeculativeDecodingTest, TwoMicroBatchesAndPreemptionGiveTheSameTokens) {
+  const std::vector<GenerateParams> params = GreedyRequests();
+  const RunResult plain = Run(Options({}), params);
+  const RunResult two = Run(Options(Mtp(2)), params, /*micro_batches=*/2);
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(Ids(two.tokens[i]), Ids(plain.tokens[i])) << "request " << i;
+  const RunResult preempted = Run(Options(Mtp(4), /*kv_blocks=*/40), params);
+  EXPECT_GT(preempted.stats.preemptions, 0);
+  for (size_t i = 0; i < params.size(); ++i)
+    EXPECT_EQ(Ids(preempted.tokens[i]), Ids(plain.tokens[i])) << "request " << i;
+  EXPECT_DOUBLE_EQ(preempted.stats.kv_usage, 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, DsparkSpeculativeDecodingTest,
+                         ::testing::Values("tests/fixtures/engine/deepseek_v4_release_mtp"));
+
 // The test-model writer's MTP layer (TestModelSpec::mtp, exl3-tool make-test-model --mtp) in a
 // synthetic whole EXL3 model (random trellis bits: the head's drafts are mostly rejected):
 // loaded, its KV layer counted, and decoding with it gives plain decoding's tokens.

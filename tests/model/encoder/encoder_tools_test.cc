@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -727,6 +728,118 @@ TEST(EncoderTools, QuantizeKeepsDeepseekV4ReleaseNaming) {
   auto model = Exl3Model::Open(dir + "/q-release");
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ((*model)->HeldExperts(1).size(), 4u);
+}
+
+// DeepSeek-V4's DSPARK drafter (mtp.*, docs/dspark.md) in a file of its own beside the model: the
+// linears exllamav3's converter quantizes (qbits_key "mtp_bits": main_proj, the attention's wq_a /
+// wq_b / wkv / wo_a as per-group slices / wo_b, routed and shared experts) become EXL3 at --mtp-bits
+// where EXL3 can hold them; the router, norms, hyper-connections, sinks and the Markov and
+// confidence heads stay as stored (exllamav3 reads them unquantized).
+TEST(EncoderTools, QuantizeCarriesDeepseekV4DsparkDrafter) {
+  const std::string dir = TempDir("dsv4_dspark");
+  ASSERT_EQ(Tool("make-test-model --quiet --arch deepseek_v4 --output " + dir + "/exl3 --hidden 128 "
+                 "--intermediate 128 --experts 4 --top-k 2 --layers 2 --bits 2 --seed 7 --heads 2 --head-dim 128 "
+                 "--o-lora-rank 128"),
+            0);
+  // The model's shards without their index (every shard is then read, mtp.safetensors too).
+  fs::create_directories(dir + "/hf");
+  for (const auto& e : fs::directory_iterator(dir + "/exl3-hf")) {
+    const std::string f = e.path().filename().string();
+    if (f == "config.json" || (e.path().extension() == ".safetensors"))
+      fs::copy_file(e.path(), dir + "/hf/" + f);
+  }
+  auto tf = TensorSource::Open(dir + "/exl3-hf");
+  ASSERT_TRUE(tf.ok()) << tf.status();
+  // Block 0 of the drafter: layer 1's attention projections, norms, router and experts under
+  // mtp.0.* (what a sliding block stores), and the drafter's own tensors.
+  SafetensorsWriter w;
+  const std::string l1 = "model.layers.1.";
+  for (const std::string& name : (*tf)->Names()) {
+    if (!absl::StartsWith(name, l1) || name.find("compressor") != std::string::npos ||
+        name.find("indexer") != std::string::npos)
+      continue;
+    TensorView v = *(*tf)->Get(name);
+    std::string rest = name.substr(l1.size());
+    if (rest == "attn.norm.weight") rest = "attn.kv_norm.weight";
+    w.Add("mtp.0." + rest, v.info->dtype, v.info->shape, v.data, v.size_bytes());
+  }
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = normal(rng);
+    w.AddF32(name, shape, v.data());
+  };
+  add("mtp.0.main_proj.weight", {128, 256});  // two taps
+  add("mtp.0.main_norm.weight", {128});
+  add("mtp.0.hc_head_fn", {4, 512});
+  add("mtp.0.hc_head_base", {4});
+  add("mtp.0.hc_head_scale", {1});
+  add("mtp.0.norm.weight", {128});
+  add("mtp.0.markov_head.markov_w1.weight", {128, 128});  // [vocab, rank]: an embedding table
+  add("mtp.0.markov_head.markov_w2.weight", {128, 128});
+  add("mtp.0.confidence_head.proj.weight", {1, 256});
+  ASSERT_TRUE(w.Write(dir + "/hf/mtp.safetensors").ok());
+
+  std::string err;
+  ASSERT_EQ(Tool("quantize --quiet --input " + dir + "/hf --output " + dir + "/q --bits 4 --mtp-bits 3 --threads 2", &err),
+            0)
+      << err;
+  auto q = SafetensorsFile::Open(dir + "/q/mtp.safetensors");
+  ASSERT_TRUE(q.ok()) << q.status();
+  std::map<std::string, std::vector<int64_t>> stored;
+  for (const TensorInfo& t : (*q)->tensors()) stored[t.name] = t.shape;
+  auto has = [&](const std::string& name) { return stored.count(name) > 0; };
+  for (const char* l : {"main_proj", "attn.wkv", "attn.wo_b", "attn.wo_a.slice.0", "attn.wo_a.slice.1",
+                        "ffn.experts.0.w1", "ffn.experts.3.w2", "ffn.shared_experts.w3"}) {
+    EXPECT_TRUE(has(absl::StrCat("mtp.0.", l, ".trellis"))) << l;
+    EXPECT_FALSE(has(absl::StrCat("mtp.0.", l, ".weight"))) << l;
+  }
+  // At --mtp-bits 3: the trellis' last dimension is 16 * K.
+  EXPECT_EQ(stored["mtp.0.attn.wkv.trellis"].back(), 48);
+  EXPECT_EQ(stored["mtp.0.ffn.experts.3.w2.trellis"].back(), 48);
+  EXPECT_FALSE(has("mtp.0.attn.wo_a.trellis"));
+  EXPECT_FALSE(has("mtp.0.attn.wo_a.weight"));
+  // q_lora_rank 64: wq_a [64, 128] and wq_b [256, 64] are not EXL3-able, kept and listed.
+  for (const char* kept : {"attn.wq_a.weight", "attn.wq_b.weight", "ffn.gate.weight", "ffn.gate.bias",
+                           "attn.kv_norm.weight", "attn.attn_sink", "hc_attn_fn", "hc_ffn_scale", "main_norm.weight",
+                           "hc_head_fn", "norm.weight", "markov_head.markov_w1.weight",
+                           "markov_head.markov_w2.weight", "confidence_head.proj.weight"})
+    EXPECT_TRUE(has(absl::StrCat("mtp.0.", kept))) << kept;
+  const nlohmann::json qc = QuantizationConfig(dir + "/q");
+  EXPECT_EQ(qc.value("mtp_bits", 0), 3);
+  EXPECT_NE(qc.value("quantized_modules", std::string()).find("mtp"), std::string::npos);
+  std::vector<std::string> unq = qc.value("unquantized_linears", std::vector<std::string>());
+  EXPECT_NE(std::find(unq.begin(), unq.end(), "mtp.0.attn.wq_a.weight"), unq.end());
+  {
+    auto src = TensorSource::Open(dir + "/q");
+    ASSERT_TRUE(src.ok()) << src.status();
+    const std::vector<float> wo_a = Load(**tf, l1 + "attn.wo_a.weight");
+    for (int g = 0; g < 2; ++g) {
+      auto slice = LoadExl3Linear(**src, absl::StrCat("mtp.0.attn.wo_a.slice.", g), 128, 128);
+      ASSERT_TRUE(slice.ok()) << slice.status();
+      const std::vector<float> want(wo_a.begin() + g * 128 * 128, wo_a.begin() + (g + 1) * 128 * 128);
+      EXPECT_LT(DequantRelativeError((*slice)->view, want), 1.5 * std::pow(4.0, -3)) << g;
+    }
+  }
+  // The trunk opens as before.
+  auto model = Exl3Model::Open(dir + "/q");
+  ASSERT_TRUE(model.ok()) << model.status();
+
+  // --no-quantize-mtp: mtp.* as it came.
+  ASSERT_EQ(Tool("quantize --quiet --input " + dir + "/hf --output " + dir + "/q-kept --bits 4 --no-quantize-mtp "
+                 "--threads 2", &err),
+            0)
+      << err;
+  auto kept = SafetensorsFile::Open(dir + "/q-kept/mtp.safetensors");
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  for (const TensorInfo& t : (*kept)->tensors()) EXPECT_FALSE(absl::EndsWith(t.name, ".trellis")) << t.name;
+  EXPECT_FALSE(QuantizationConfig(dir + "/q-kept").contains("mtp_bits"));
+  EXPECT_NE(Tool("quantize --quiet --input " + dir + "/hf --output " + dir + "/q-bad --bits 4 --no-quantize-mtp "
+                 "--mtp-bits 4", &err),
+            0);
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 """scripts/conformance/exllamav3_config_check.py on the model directories `exl3-tool
 make-test-model` writes: exllamav3 1.6.5's own config reader (from its wheel in
 ../shared/exllamav3, torch stood in for) accepts the synthetic GLM-5.3-Flash in the release layout
-(what scripts/gpu/glm5_next_model.sh writes for scripts/gpu/exllamav3_bench.sh) and the
+(what scripts/gpu/glm5_next_model.sh writes for scripts/gpu/exllamav3_bench.sh), the synthetic
+Qwen3.8-Flash-Next in the release layout with its MTP head (scripts/gpu/qwen4_exp_model.sh's) and the
 qwen4_exp_release_all fixture and finds every weighted module's tensors, and the check refuses what
 exllamav3 refuses (Qwen3.8-Flash-Next: transformers' layer names, n-gram rows other than 160, widths
 its Linear pads where the consumer does not trim, missing table pieces and module-read tensors).
@@ -34,6 +35,14 @@ GLM5_NEXT = ["--arch", "glm5_next", "--synthetic", "--whole-model", "--hidden", 
              "--q-lora-rank", "128", "--kv-lora-rank", "128", "--qk-nope-head-dim", "64",
              "--v-head-dim", "64", "--index-heads", "4", "--index-head-dim", "64", "--index-kpool", "4",
              "--index-topk", "64", "--linear-heads", "2", "--linear-head-dim", "128",
+             "--bits", "2", "--codebook", "mcg", "--quiet"]
+
+# Qwen3.8-Flash-Next's layout at a small shape exllamav3 takes: n-gram rows of 160 (4 heads, 640),
+# a 128-wide index head, k/v_proj 128 wide (2 KV heads of 64).
+QWEN4_EXP = ["--arch", "qwen4_exp", "--synthetic", "--whole-model", "--hidden", "256", "--layers", "2",
+             "--experts", "8", "--intermediate", "128", "--top-k", "2", "--vocab", "1024", "--heads", "4",
+             "--heads-per-ngram", "2", "--ple-embed-dim", "640", "--ngram-vocab-size-base", "300",
+             "--index-heads", "2", "--index-head-dim", "128", "--index-kpool", "4", "--index-topk", "64",
              "--bits", "2", "--codebook", "mcg", "--quiet"]
 
 
@@ -173,6 +182,23 @@ class Exllamav3ConfigCheckTest(unittest.TestCase):
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump(cfg, f)
         return d
+
+    def test_synthetic_qwen4_exp_release_layout_is_accepted(self):
+        d = os.path.join(self.tmp, "qwen4-synthetic")
+        subprocess.run([TOOL, "make-test-model", *QWEN4_EXP, "--release-layout", "--mtp", "--output", d],
+                       check=True, timeout=120)
+        out = io.StringIO()
+        with redirect_stdout(out):
+            ok = check.check(d, ["text", "mtp"], *exllamav3())
+        self.assertTrue(ok, out.getvalue())
+        self.assertIn("accepted (Qwen4ExpConfig, 2 layers", out.getvalue())
+        self.assertIn("mtp: ", out.getvalue())
+        # transformers' layer name (without --release-layout): exllamav3 reads only full_attention.
+        d = os.path.join(self.tmp, "qwen4-synthetic-transformers")
+        subprocess.run([TOOL, "make-test-model", *QWEN4_EXP, "--output", d], check=True, timeout=120)
+        ok, out = self.run_check(d)
+        self.assertFalse(ok, out)
+        self.assertIn("indexed_attention", out)
 
     def test_qwen4_exp_release_twin_is_accepted(self):
         ok, out = self.run_check(os.path.join(ROOT, "tests", "fixtures", "engine", "qwen4_exp_release_all"))

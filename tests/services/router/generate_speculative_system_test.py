@@ -194,10 +194,11 @@ class SpeculativeRefusedTest(FixtureGenerateTest):
     FIXTURE = os.path.join(FIXTURES, "deepseek_v4_all")
 
     def test_deepseek_v4_mtp_refused_at_start(self):
+        # deepseek_v4_all has no DSPARK drafter (no MTP blocks in its config): refused by name.
         with self.assertRaises(ProcessExited) as e:
             self.c.start_router(extra=MTP, with_map=False)
         self.assertRegex(str(e.exception), r"speculative method mtp refused for DeepseekV4ForCausalLM: "
-                                           r"DeepseekV4ForCausalLM's MTP component .* is not run")
+                                           r"DeepseekV4ForCausalLM's config.json names no DSPARK mtp drafter")
 
     def test_bad_flags_refused(self):
         with self.assertRaises(ProcessExited) as e:
@@ -291,6 +292,26 @@ class GenerateMtpQwen4ExpTest(GenerateMtpTest):
         self.assertRegex(str(e.exception), r"speculative method mtp refused for Qwen4ExpForConditionalGeneration: "
                                            r"Qwen4ExpForConditionalGeneration checkpoint has no MTP head of the "
                                            r"Qwen4-Exp design")
+
+
+class GenerateMtpDeepseekV4Test(GenerateMtpTest):
+    """The cases above on DeepSeek-V4's DSPARK fixture (tests/fixtures/engine/deepseek_v4_release_mtp,
+    docs/dspark.md): the mtp.* block drafter drafts from the trunk's taps, as many drafts a round
+    as its confidence head keeps; the compressed layers roll back to the accepted drafts."""
+
+    FIXTURE = os.path.join(FIXTURES, "deepseek_v4_release_mtp")
+
+    def setUp(self):
+        super().setUp()
+        self.c.write_map(MTP_WORKER_MAP.replace("experts: 0-1", "experts: 0-3").replace("experts: 2-3", "experts: 4-7"))
+
+    def test_model_without_head_refused(self):
+        self.c = Cluster(model=os.path.join(FIXTURES, "deepseek_v4_all"))
+        self.addCleanup(self.c.stop)
+        with self.assertRaises(ProcessExited) as e:
+            self.c.start_router(extra=MTP, with_map=False)
+        self.assertRegex(str(e.exception), r"speculative method mtp refused for DeepseekV4ForCausalLM: "
+                                           r"DeepseekV4ForCausalLM's config.json names no DSPARK mtp drafter")
 
 
 if __name__ == "__main__":

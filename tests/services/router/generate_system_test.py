@@ -447,23 +447,27 @@ class GenerateSystemTest(unittest.TestCase):
         self.addCleanup(channel.close)
         stub = pbg.GeneratorStub(channel)
 
-        def steps(le):
+        def buckets():
+            """exl3_engine_step_tokens' cumulative bucket counts by upper bound (math.inf: every
+            step), from one scrape, so that the buckets compared are of the same steps."""
             text = urllib.request.urlopen(f"http://{r.metrics}/metrics", timeout=5).read().decode()
-            series = rf'exl3_engine_step_tokens_bucket{{le="{re.escape(le)}(?:\.0*)?"}}'
-            m = re.search(rf"^{series} (\S+)$", text, re.M)
-            return float(m.group(1))
+            return {float(le): float(v) for le, v in
+                    re.findall(r'^exl3_engine_step_tokens_bucket\{le="([^"]+)"\} (\S+)$', text, re.M)}
 
-        # Alone: the 31-token prompt in chunks of at most 4 (8 steps), then 11 decode steps.
+        # Alone: the 31-token prompt in chunks of at most 4 (8 steps), then 11 decode steps. The
+        # last step's observation may land after the response: wait for it.
         self.assertEqual(generate(stub, PROMPTS[1])[0], self.expected[1][0])
-        self.assertGreaterEqual(steps("+Inf"), 8 + 11)
-        self.assertEqual(steps("4"), steps("+Inf"))
+        b = wait_for(lambda: (lambda b: b if b[math.inf] >= 8 + 11 else None)(buckets()), 5,
+                     "the lone request's steps in exl3_engine_step_tokens")
+        self.assertEqual(b[4], b[math.inf])
         # Together: decode tokens and prompt chunks share each step's 6 tokens.
         with concurrent.futures.ThreadPoolExecutor(4) as ex:
             got = list(ex.map(lambda p: generate(stub, p), PROMPTS))
         for g, want in zip(got, self.expected):
             self.assertEqual(g[0], want[0])
-        self.assertEqual(steps("8"), steps("+Inf"))
-        self.assertGreater(steps("+Inf"), steps("4"))  # some steps carried 5 or 6 tokens
+        b = buckets()
+        self.assertEqual(b[8], b[math.inf])
+        self.assertGreater(b[math.inf], b[4])  # some steps carried 5 or 6 tokens
 
     def test_moe_stages_in_process(self):
         """With the experts in process the MoE phase of each step is split into its stages: the

@@ -1,0 +1,151 @@
+// engine/cpu/mtp/dspark_drafter.h against the fp32 torch reference (scripts/conformance/
+// dspark_reference.py) recorded in tests/fixtures/engine/deepseek_v4_release_mtp: for both
+// prompts, the main-kv rows from the recorded trunk taps, and at every draft position p0 the
+// draft call (seed = ids[p0], history = the recorded rows of positions p0 - min(window, p0) ..
+// p0 - 1): the Markov-biased logits and confidence logits (relative error printed), the drafts
+// and the draft length (equal). The taps come from the reference file, so the drafter is tested
+// apart from the trunk.
+#include "engine/cpu/mtp/dspark_drafter.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/config/dsv4_config.h"
+#include "engine/config/read_model_config.h"
+#include "engine/cpu/cpu_compute.h"
+#include "engine/cpu/linear.h"
+#include "gtest/gtest.h"
+#include "model/safetensors.h"
+
+namespace exl3::engine {
+namespace {
+
+constexpr char kDir[] = "tests/fixtures/engine/deepseek_v4_release_mtp";
+
+double RelErr(const float* a, const float* b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+struct Reference {
+  std::unique_ptr<SafetensorsFile> file;
+  std::vector<float> Floats(const std::string& name) const {
+    auto t = file->Get(name);
+    EXPECT_TRUE(t.ok()) << name;
+    if (!t.ok()) return {};
+    auto f = ToFloat32(*t);
+    EXPECT_TRUE(f.ok()) << name << ": " << f.status();
+    return f.ok() ? *f : std::vector<float>{};
+  }
+  std::vector<int32_t> Ints(const std::string& name) const {
+    auto t = file->Get(name);
+    EXPECT_TRUE(t.ok()) << name;
+    if (!t.ok()) return {};
+    const size_t n = t->size_bytes() / sizeof(int32_t);
+    return std::vector<int32_t>(t->as<int32_t>(), t->as<int32_t>() + n);
+  }
+};
+
+TEST(DsparkDrafter, MatchesTheReferenceAtEveryDraftPosition) {
+  auto cfg = LoadModelConfig(kDir);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  ASSERT_NE(cfg->dsv4, nullptr);
+  const Dsv4DsparkConfig& ds = cfg->dsv4->dspark;
+  ASSERT_TRUE(ds.enabled());
+  auto src = TensorSource::Open(kDir);
+  ASSERT_TRUE(src.ok()) << src.status();
+  const int H = cfg->hidden_size, V = cfg->vocab_size;
+  auto head = Linear::Load(**src, "head", H, V);
+  ASSERT_TRUE(head.ok()) << head.status();
+  auto embedding = (*src)->Get("model.embed_tokens.weight");
+  ASSERT_TRUE(embedding.ok()) << embedding.status();
+  auto drafter = DsparkDrafter::Load(*cfg, **src, *embedding, *head);
+  ASSERT_TRUE(drafter.ok()) << drafter.status();
+  DsparkDrafter& d = **drafter;
+  ASSERT_EQ(d.num_blocks(), 1);
+  const int D = d.row_width(), B = d.block_size();
+  ASSERT_EQ(B, 4);
+  ASSERT_EQ(d.tap_width(), 2 * H);
+  Reference ref;
+  auto file = SafetensorsFile::Open(std::string(kDir) + "/reference.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  ref.file = std::move(*file);
+  CpuCompute compute(2);
+  for (int s = 0; s < 2; ++s) {
+    const std::string k = std::to_string(s);
+    std::vector<int32_t> ids = ref.Ints("prompt." + k);
+    const std::vector<int32_t> greedy = ref.Ints("greedy." + k);
+    ids.insert(ids.end(), greedy.begin(), greedy.end());
+    const int n = static_cast<int>(ids.size());
+    const std::vector<float> taps = ref.Floats("dspark_taps." + k);
+    const std::vector<float> want_rows = ref.Floats("dspark_main_kv." + k);
+    ASSERT_EQ(taps.size(), static_cast<size_t>(n) * 2 * H);
+    ASSERT_EQ(want_rows.size(), static_cast<size_t>(n) * D);
+    std::vector<float> rows(static_cast<size_t>(n) * D);
+    ASSERT_TRUE(d.MainKvRows(taps.data(), n, 0, {rows.data()}, compute).ok());
+    const double row_err = RelErr(rows.data(), want_rows.data(), rows.size());
+    std::printf("prompt %d: main-kv rows of %d positions: rel err %.3g\n", s, n, row_err);
+    EXPECT_LT(row_err, 1e-5);
+    // One position at a time at a later first position gives the same rows.
+    std::vector<float> one(D);
+    ASSERT_TRUE(d.MainKvRows(taps.data() + static_cast<size_t>(n - 1) * 2 * H, 1, n - 1, {one.data()}, compute).ok());
+    EXPECT_LT(RelErr(one.data(), &rows[static_cast<size_t>(n - 1) * D], D), 1e-6);
+
+    const std::vector<float> want_logits = ref.Floats("dspark_logits." + k);
+    const std::vector<float> want_conf = ref.Floats("dspark_confidence." + k);
+    const std::vector<int32_t> want_drafts = ref.Ints("dspark_drafts." + k);
+    const std::vector<int32_t> want_length = ref.Ints("dspark_length." + k);
+    ASSERT_EQ(want_logits.size(), static_cast<size_t>(n) * B * V);
+    double worst_logits = 0, worst_conf = 0;
+    int draft_mismatches = 0, length_mismatches = 0;
+    for (int p0 = 0; p0 < n; ++p0) {
+      const int hist = std::min(d.window(), p0);
+      auto r = d.Draft({&want_rows[static_cast<size_t>(p0 - hist) * D]}, hist, ids[p0], p0, compute);
+      ASSERT_TRUE(r.ok()) << r.status();
+      const double le = RelErr(r->logits.data(), &want_logits[static_cast<size_t>(p0) * B * V], r->logits.size());
+      const double ce = RelErr(r->confidence.data(), &want_conf[static_cast<size_t>(p0) * B], B);
+      worst_logits = std::max(worst_logits, le);
+      worst_conf = std::max(worst_conf, ce);
+      for (int j = 0; j < B; ++j) {
+        EXPECT_EQ(r->drafts[j], want_drafts[static_cast<size_t>(p0) * B + j]) << "prompt " << s << " p0 " << p0 << " j " << j;
+        draft_mismatches += r->drafts[j] != want_drafts[static_cast<size_t>(p0) * B + j];
+      }
+      EXPECT_EQ(r->length, want_length[p0]) << "prompt " << s << " p0 " << p0;
+      length_mismatches += r->length != want_length[p0];
+    }
+    std::printf("prompt %d: %d draft calls: worst rel err logits %.3g, confidence %.3g; "
+                "draft mismatches %d, length mismatches %d\n",
+                s, n, worst_logits, worst_conf, draft_mismatches, length_mismatches);
+    EXPECT_LT(worst_logits, 1e-5);
+    EXPECT_LT(worst_conf, 1e-5);
+  }
+}
+
+TEST(DsparkDrafter, RefusesAConfigWithoutIt) {
+  auto cfg = LoadModelConfig(kDir);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  auto src = TensorSource::Open(kDir);
+  ASSERT_TRUE(src.ok()) << src.status();
+  auto head = Linear::Load(**src, "head", cfg->hidden_size, cfg->vocab_size);
+  ASSERT_TRUE(head.ok()) << head.status();
+  auto embedding = (*src)->Get("model.embed_tokens.weight");
+  ASSERT_TRUE(embedding.ok());
+  ModelConfig no_drafter = *cfg;
+  auto v = std::make_shared<Dsv4Config>(*cfg->dsv4);
+  v->dspark.block_size = 0;
+  no_drafter.dsv4 = v;
+  auto d = DsparkDrafter::Load(no_drafter, **src, *embedding, *head);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(std::string(d.status().message()).find("no DSPARK drafter"), std::string::npos) << d.status();
+}
+
+}  // namespace
+}  // namespace exl3::engine
