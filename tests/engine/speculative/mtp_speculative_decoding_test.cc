@@ -41,43 +41,51 @@ SpeculativeOptions Mtp(int k) {
   return s;
 }
 
-class MtpSpeculativeDecodingTest : public testing::CpuSpeculativeFixtureTest {
+// A fixture with an MTP drafter of either kind (the chained heads or DeepSeek-V4's DSPARK block
+// drafter), every prompt in: greedy generation with mtp at K = 1, 2 and 4 gives plain decoding's
+// tokens and logprobs, and the drafts and acceptances add up.
+class MtpFixtureTest : public testing::CpuSpeculativeFixtureTest {
  protected:
   // Every prompt repeats too; blocks of 4 (the shared options): the MTP's chained positions cross them often.
   void SetUp() override { LoadFixture(SIZE_MAX); }
+
+  void ExpectGreedyTokensOfPlainDecodingAtK124() {
+    const std::vector<GenerateParams> params = GreedyRequests();
+    const RunResult plain = Run(Options({}), params);
+    for (size_t i = 0; i < prompts_.size(); ++i) EXPECT_EQ(Ids(plain.tokens[i]), greedy_[i]) << "prompt " << i;
+    for (int k : {1, 2, 4}) {
+      const RunResult spec = Run(Options(Mtp(k)), params);
+      for (size_t i = 0; i < params.size(); ++i) {
+        EXPECT_EQ(Ids(spec.tokens[i]), Ids(plain.tokens[i])) << "K " << k << ", request " << i;
+        ASSERT_EQ(spec.tokens[i].size(), plain.tokens[i].size());
+        for (size_t t = 0; t < spec.tokens[i].size(); ++t) {
+          ASSERT_TRUE(spec.tokens[i][t].logprob.has_value());
+          EXPECT_NEAR(*spec.tokens[i][t].logprob, *plain.tokens[i][t].logprob, 1e-4)
+              << "K " << k << ", request " << i << ", token " << t;
+        }
+        EXPECT_EQ(spec.finish[i].reason, FinishReason::kLength);
+      }
+      const SpeculativeCounters& c = spec.stats.speculative;
+      std::printf("%s K=%d: %lld verify chunks, %lld draft tokens, %lld accepted (per position:", GetParam(), k,
+                  static_cast<long long>(c.num_drafts), static_cast<long long>(c.num_draft_tokens),
+                  static_cast<long long>(c.num_accepted_tokens));
+      for (int64_t a : c.num_accepted_tokens_per_pos) std::printf(" %lld", static_cast<long long>(a));
+      std::printf("); steps %lld vs %lld plain\n", static_cast<long long>(spec.stats.steps),
+                  static_cast<long long>(plain.stats.steps));
+      EXPECT_GT(c.num_drafts, 0) << "K " << k;
+      EXPECT_GT(c.num_draft_tokens, 0) << "K " << k;
+      EXPECT_GT(c.num_accepted_tokens, 0) << "K " << k;
+      EXPECT_LE(c.num_draft_tokens, c.num_drafts * k);
+      ASSERT_EQ(c.num_accepted_tokens_per_pos.size(), static_cast<size_t>(k));
+      EXPECT_EQ(Sum(c.num_accepted_tokens_per_pos), c.num_accepted_tokens);
+      EXPECT_DOUBLE_EQ(spec.stats.kv_usage, 0.0);
+    }
+  }
 };
 
-TEST_P(MtpSpeculativeDecodingTest, GreedyTokensEqualPlainDecodingAtK124) {
-  const std::vector<GenerateParams> params = GreedyRequests();
-  const RunResult plain = Run(Options({}), params);
-  for (size_t i = 0; i < prompts_.size(); ++i) EXPECT_EQ(Ids(plain.tokens[i]), greedy_[i]) << "prompt " << i;
-  for (int k : {1, 2, 4}) {
-    const RunResult spec = Run(Options(Mtp(k)), params);
-    for (size_t i = 0; i < params.size(); ++i) {
-      EXPECT_EQ(Ids(spec.tokens[i]), Ids(plain.tokens[i])) << "K " << k << ", request " << i;
-      ASSERT_EQ(spec.tokens[i].size(), plain.tokens[i].size());
-      for (size_t t = 0; t < spec.tokens[i].size(); ++t) {
-        ASSERT_TRUE(spec.tokens[i][t].logprob.has_value());
-        EXPECT_NEAR(*spec.tokens[i][t].logprob, *plain.tokens[i][t].logprob, 1e-4)
-            << "K " << k << ", request " << i << ", token " << t;
-      }
-      EXPECT_EQ(spec.finish[i].reason, FinishReason::kLength);
-    }
-    const SpeculativeCounters& c = spec.stats.speculative;
-    std::printf("%s K=%d: %lld verify chunks, %lld draft tokens, %lld accepted (per position:", GetParam(), k,
-                static_cast<long long>(c.num_drafts), static_cast<long long>(c.num_draft_tokens),
-                static_cast<long long>(c.num_accepted_tokens));
-    for (int64_t a : c.num_accepted_tokens_per_pos) std::printf(" %lld", static_cast<long long>(a));
-    std::printf("); steps %lld vs %lld plain\n", static_cast<long long>(spec.stats.steps),
-                static_cast<long long>(plain.stats.steps));
-    EXPECT_GT(c.num_drafts, 0) << "K " << k;
-    EXPECT_GT(c.num_accepted_tokens, 0) << "K " << k;
-    EXPECT_LE(c.num_draft_tokens, c.num_drafts * k);
-    ASSERT_EQ(c.num_accepted_tokens_per_pos.size(), static_cast<size_t>(k));
-    EXPECT_EQ(Sum(c.num_accepted_tokens_per_pos), c.num_accepted_tokens);
-    EXPECT_DOUBLE_EQ(spec.stats.kv_usage, 0.0);
-  }
-}
+class MtpSpeculativeDecodingTest : public MtpFixtureTest {};
+
+TEST_P(MtpSpeculativeDecodingTest, GreedyTokensEqualPlainDecodingAtK124) { ExpectGreedyTokensOfPlainDecodingAtK124(); }
 
 TEST_P(MtpSpeculativeDecodingTest, DraftsAreTheHeadsPredictionsAtK1) {
   // With K = 1 every draft is the MTP head's argmax at the sequence's last kept position p
@@ -206,31 +214,10 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, MtpSpeculativeDecodingTest,
 // exactly as simulated from the fixture's reference drafts and lengths (teacher-forced on
 // prompt + greedy: first seed the first sampled token at p0 = the prompt's length; no draft
 // where the length is 0).
-class DsparkSpeculativeDecodingTest : public testing::CpuSpeculativeFixtureTest {
- protected:
-  void SetUp() override { LoadFixture(SIZE_MAX); }
-};
+class DsparkSpeculativeDecodingTest : public MtpFixtureTest {};
 
 TEST_P(DsparkSpeculativeDecodingTest, GreedyTokensEqualPlainDecodingAtK124) {
-  const std::vector<GenerateParams> params = GreedyRequests();
-  const RunResult plain = Run(Options({}), params);
-  for (size_t i = 0; i < prompts_.size(); ++i) EXPECT_EQ(Ids(plain.tokens[i]), greedy_[i]) << "prompt " << i;
-  for (int k : {1, 2, 4}) {
-    const RunResult spec = Run(Options(Mtp(k)), params);
-    for (size_t i = 0; i < params.size(); ++i) {
-      EXPECT_EQ(Ids(spec.tokens[i]), Ids(plain.tokens[i])) << "K " << k << ", request " << i;
-      EXPECT_EQ(spec.finish[i].reason, FinishReason::kLength);
-    }
-    const SpeculativeCounters& c = spec.stats.speculative;
-    std::printf("%s K=%d: %lld verify chunks, %lld draft tokens, %lld accepted; steps %lld vs %lld plain\n",
-                GetParam(), k, static_cast<long long>(c.num_drafts), static_cast<long long>(c.num_draft_tokens),
-                static_cast<long long>(c.num_accepted_tokens), static_cast<long long>(spec.stats.steps),
-                static_cast<long long>(plain.stats.steps));
-    EXPECT_GT(c.num_draft_tokens, 0) << "K " << k;
-    EXPECT_GT(c.num_accepted_tokens, 0) << "K " << k;
-    EXPECT_LE(c.num_draft_tokens, c.num_drafts * k);
-    EXPECT_DOUBLE_EQ(spec.stats.kv_usage, 0.0);
-  }
+  ExpectGreedyTokensOfPlainDecodingAtK124();
 }
 
 TEST_P(DsparkSpeculativeDecodingTest, DraftsAreTheReferencesAtK1) {
