@@ -12,20 +12,23 @@ namespace exl3::engine::cuda {
 namespace {
 
 constexpr int kMaxKeyDim = 128;
-constexpr int kColumnsPerWarp = 8;   // lane = row group r · 8 + column c
-constexpr int kRowGroups = 4;        // lanes per column
-constexpr int kWarps = 4;
+constexpr int kColumnsPerWarp = 4;   // lane = row group r · 4 + column c
+constexpr int kRowGroups = 8;        // lanes per column
+constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kColumnsPerBlock = kColumnsPerWarp * kWarps;
 constexpr int kQuads = kMaxKeyDim / 4;             // a key vector as float4s
-constexpr int kQuadsPerLane = kQuads / kRowGroups;  // 8: the lane's 32 key rows
+constexpr int kQuadsPerLane = kQuads / kRowGroups;  // 4: the lane's 16 key rows
 constexpr int kTile = 8;                            // tokens staged per pass
+constexpr int kStagePerThread = kTile * kMaxKeyDim / kThreads;  // k, q and g elements a thread stages
 constexpr unsigned kFullMask = 0xffffffffu;
 
 static_assert(kColumnsPerWarp * kRowGroups == 32);
+static_assert(kTile * kMaxKeyDim % kThreads == 0 && kTile * kColumnsPerBlock == kThreads);
 
-// The four lanes of a column (row groups r = lane bits 3 and 4) sum their parts.
+// The eight lanes of a column (row groups r = lane bits 2 to 4) sum their parts.
 __device__ __forceinline__ float ColumnSum(float v) {
+  v += __shfl_xor_sync(kFullMask, v, 4);
   v += __shfl_xor_sync(kFullMask, v, 8);
   v += __shfl_xor_sync(kFullMask, v, 16);
   return v;
@@ -44,15 +47,24 @@ __device__ __forceinline__ void StoreColumn(const float (&s)[kQuadsPerLane][4], 
   }
 }
 
+// One pass's inputs as a thread loads them (registers), the next pass's while this one's run.
+struct StagedInputs {
+  float k[kStagePerThread], q[kStagePerThread], g[kStagePerThread];  // g: decay as stored (log or not)
+  float v, b;
+};
+
 // grid num_chunks · num_heads · ceil(DV / 32), block kThreads. Lane (r, c) of warp w holds column
-// e = group · 32 + w · 8 + c of S, key rows a = (i · 4 + r) · 4 + j for i < 8, j < 4 (float4 i · 4 +
-// r of a key vector: the four row groups read 64 consecutive bytes of shared memory). Rows at or
-// past DK are zero in S, k and q, and one in g, so they change nothing. kKeepsStates: a verify
-// chunk may be among the chunks (RecurrentChunks::max_kept_states > 1), whose S after each kept
-// token but the last is stored on the way; without it the kernel is the plain step's alone (its
-// registers do not hold what the stores need).
+// e = group · 32 + w · 4 + c of S, key rows a = (i · 8 + r) · 4 + j for i < 4, j < 4 (float4 i · 8 +
+// r of a key vector: the eight row groups read 128 consecutive bytes of shared memory). Rows at or
+// past DK are zero in S, k and q, and one in g, so they change nothing. Eight lanes a column (and
+// two partial sums a lane) keep each token's dependent chain of FMAs and shuffles short, and a
+// prefill's 256 blocks of a (chunk, head) 8 warps each: the kernel is bound by the latency of that
+// chain, token after token. The next pass's k, q, g, v and β load into registers while a pass
+// runs. kKeepsStates: a verify chunk may be among the chunks (RecurrentChunks::max_kept_states >
+// 1), whose S after each kept token but the last is stored on the way; without it the kernel is the
+// plain step's alone (its registers do not hold what the stores need).
 template <bool kKeepsStates>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     DeltaRuleKernel(const float* __restrict__ conv_out, const float* __restrict__ beta,
                     const float* __restrict__ decay, DeltaRuleDecay form, DeltaRuleShape sh,
                     RecurrentChunks chunks, int first_chunk, float* __restrict__ core) {
@@ -74,6 +86,44 @@ __global__ void __launch_bounds__(kThreads)
   const size_t head = static_cast<size_t>(sh.state_at) + static_cast<size_t>(h) * DK * DV;
   const float* prev = StateRow(chunks, c.read_row) + head;
 
+  // Pass j0's inputs for this thread: element i = threadIdx.x + m · kThreads of the pass's k, q and
+  // g (token i / kMaxKeyDim, row i % kMaxKeyDim), v of token threadIdx.x / 32 at column
+  // threadIdx.x % 32 of the block's, β of token threadIdx.x.
+  auto load = [&](int j0, StagedInputs& in) {
+    const int n = min(kTile, c.tokens - j0);
+#pragma unroll
+    for (int m = 0; m < kStagePerThread; ++m) {
+      const int i = threadIdx.x + m * kThreads, t = i / kMaxKeyDim, a = i % kMaxKeyDim;
+      const bool on = t < n && a < DK;
+      const size_t row = static_cast<size_t>(c.first + j0 + t);
+      const float* x = conv_out + row * sh.row_floats;
+      in.k[m] = on ? x[sh.k_at + kh * DK + a] : 0.f;
+      in.q[m] = on ? x[sh.q_at + kh * DK + a] : 0.f;
+      in.g[m] = !on ? 0.f
+                : form == DeltaRuleDecay::kPerHead ? decay[row * NH + h]
+                                                   : decay[(row * NH + h) * DK + a];
+    }
+    const int t = threadIdx.x / kColumnsPerBlock, ee = group * kColumnsPerBlock + threadIdx.x % kColumnsPerBlock;
+    in.v = t < n && ee < DV
+               ? conv_out[static_cast<size_t>(c.first + j0 + t) * sh.row_floats + sh.v_at + static_cast<size_t>(h) * DV + ee]
+               : 0.f;
+    in.b = threadIdx.x < n ? beta[static_cast<size_t>(c.first + j0 + threadIdx.x) * NH + h] : 0.f;
+  };
+  float* k_f = &k_s[0][0].x;
+  float* q_f = &q_s[0][0].x;
+  float* g_f = &g_s[0][0].x;
+  auto stage = [&](const StagedInputs& in) {
+#pragma unroll
+    for (int m = 0; m < kStagePerThread; ++m) {
+      const int i = threadIdx.x + m * kThreads, a = i % kMaxKeyDim;
+      k_f[i] = in.k[m];
+      q_f[i] = in.q[m];
+      g_f[i] = a >= DK ? 1.f : form == DeltaRuleDecay::kPerHead ? in.g[m] : expf(in.g[m]);
+    }
+    v_s[threadIdx.x / kColumnsPerBlock][threadIdx.x % kColumnsPerBlock] = in.v;
+    if (threadIdx.x < kTile) b_s[threadIdx.x] = in.b;
+  };
+
   float s[kQuadsPerLane][4];
 #pragma unroll
   for (int i = 0; i < kQuadsPerLane; ++i) {
@@ -83,53 +133,40 @@ __global__ void __launch_bounds__(kThreads)
       s[i][j] = live && a < DK ? prev[static_cast<size_t>(a) * DV + e] : 0.f;
     }
   }
-  float* k_f = &k_s[0][0].x;
-  float* q_f = &q_s[0][0].x;
-  float* g_f = &g_s[0][0].x;
+  StagedInputs next;
+  if (c.tokens > 0) load(0, next);
   for (int j0 = 0; j0 < c.tokens; j0 += kTile) {
     const int n = min(kTile, c.tokens - j0);
-    __syncthreads();  // the previous tile is read
-    for (int i = threadIdx.x; i < n * kMaxKeyDim; i += kThreads) {
-      const int t = i / kMaxKeyDim, a = i % kMaxKeyDim;
-      const size_t row = static_cast<size_t>(c.first + j0 + t);
-      const float* x = conv_out + row * sh.row_floats;
-      const bool in = a < DK;
-      k_f[i] = in ? x[sh.k_at + kh * DK + a] : 0.f;
-      q_f[i] = in ? x[sh.q_at + kh * DK + a] : 0.f;
-      g_f[i] = !in ? 1.f
-               : form == DeltaRuleDecay::kPerHead
-                   ? decay[row * NH + h]
-                   : expf(decay[(row * NH + h) * DK + a]);
-    }
-    for (int i = threadIdx.x; i < n * kColumnsPerBlock; i += kThreads) {
-      const int t = i / kColumnsPerBlock, ee = group * kColumnsPerBlock + i % kColumnsPerBlock;
-      const size_t row = static_cast<size_t>(c.first + j0 + t);
-      v_s[t][i % kColumnsPerBlock] =
-          ee < DV ? conv_out[row * sh.row_floats + sh.v_at + static_cast<size_t>(h) * DV + ee] : 0.f;
-    }
-    if (threadIdx.x < n) b_s[threadIdx.x] = beta[static_cast<size_t>(c.first + j0 + threadIdx.x) * NH + h];
+    __syncthreads();  // the previous pass is read
+    stage(next);
     __syncthreads();
+    if (j0 + kTile < c.tokens) load(j0 + kTile, next);  // in flight during this pass
+#pragma unroll 1
     for (int t = 0; t < n; ++t) {
-      float kv = 0.f;  // (Sᵀk)[e] after the decay
+      float4 k[kQuadsPerLane];
+      float kv0 = 0.f, kv1 = 0.f;  // (Sᵀk)[e] after the decay: rows of even and odd i
 #pragma unroll
       for (int i = 0; i < kQuadsPerLane; ++i) {
-        const float4 k = k_s[t][i * kRowGroups + r], g = g_s[t][i * kRowGroups + r];
-        s[i][0] *= g.x; kv = fmaf(s[i][0], k.x, kv);
-        s[i][1] *= g.y; kv = fmaf(s[i][1], k.y, kv);
-        s[i][2] *= g.z; kv = fmaf(s[i][2], k.z, kv);
-        s[i][3] *= g.w; kv = fmaf(s[i][3], k.w, kv);
+        k[i] = k_s[t][i * kRowGroups + r];
+        const float4 g = g_s[t][i * kRowGroups + r];
+        float& kv = i % 2 == 0 ? kv0 : kv1;
+        s[i][0] *= g.x; kv = fmaf(s[i][0], k[i].x, kv);
+        s[i][1] *= g.y; kv = fmaf(s[i][1], k[i].y, kv);
+        s[i][2] *= g.z; kv = fmaf(s[i][2], k[i].z, kv);
+        s[i][3] *= g.w; kv = fmaf(s[i][3], k[i].w, kv);
       }
-      const float delta = (v_s[t][col] - ColumnSum(kv)) * b_s[t];
-      float o = 0.f;
+      const float delta = (v_s[t][col] - ColumnSum(kv0 + kv1)) * b_s[t];
+      float o0 = 0.f, o1 = 0.f;
 #pragma unroll
       for (int i = 0; i < kQuadsPerLane; ++i) {
-        const float4 k = k_s[t][i * kRowGroups + r], q = q_s[t][i * kRowGroups + r];
-        s[i][0] = fmaf(k.x, delta, s[i][0]); o = fmaf(s[i][0], q.x, o);
-        s[i][1] = fmaf(k.y, delta, s[i][1]); o = fmaf(s[i][1], q.y, o);
-        s[i][2] = fmaf(k.z, delta, s[i][2]); o = fmaf(s[i][2], q.z, o);
-        s[i][3] = fmaf(k.w, delta, s[i][3]); o = fmaf(s[i][3], q.w, o);
+        const float4 q = q_s[t][i * kRowGroups + r];
+        float& o = i % 2 == 0 ? o0 : o1;
+        s[i][0] = fmaf(k[i].x, delta, s[i][0]); o = fmaf(s[i][0], q.x, o);
+        s[i][1] = fmaf(k[i].y, delta, s[i][1]); o = fmaf(s[i][1], q.y, o);
+        s[i][2] = fmaf(k[i].z, delta, s[i][2]); o = fmaf(s[i][2], q.z, o);
+        s[i][3] = fmaf(k[i].w, delta, s[i][3]); o = fmaf(s[i][3], q.w, o);
       }
-      o = ColumnSum(o);
+      const float o = ColumnSum(o0 + o1);
       if (r == 0 && live) {
         const size_t row = static_cast<size_t>(c.first + j0 + t);
         core[(row * NH + h) * DV + e] = o;

@@ -10,9 +10,10 @@
 //   their rows, engine/cuda/recurrent_chunks.h).
 //
 // Each column of S (a value channel) evolves alone, so the kernel spreads them: a block holds 32
-// columns of one (chunk, head) in registers (four lanes per column, 32 key rows each) and stages
-// the tokens' k, q, g, v and β in shared memory 8 at a time; the sums over key rows end in two
-// warp shuffles. Host launcher only: no CUDA header here.
+// columns of one (chunk, head) in registers (eight lanes per column, 16 key rows each, two partial
+// sums a lane) and stages the tokens' k, q, g, v and β in shared memory 8 at a time (the next 8
+// loading into registers meanwhile); the sums over key rows end in three warp shuffles. Host
+// launcher only: no CUDA header here.
 #pragma once
 
 #include <cstdint>

@@ -56,10 +56,11 @@ class HyperMixStream;
 // block's normed input; with `expand`, the previous block's output joins the streams first
 // (streams written; expand's post / comb / block_output may be the arrays this collapse writes:
 // they are read first). The sums over each token's N × hidden inputs (fn's mix rows and the
-// streams' pairwise products, in double as the CPU sums) split over about 128 blocks into
-// `scratch` (HyperCollapseScratchDoubles doubles, for up to that many tokens), then their
-// fixed-order totals: the block input and its norm over a few blocks a token, post and the
-// Sinkhorn comb on one more. With a mix_stream, post and comb (which the block itself does not
+// streams' pairwise products, in double as the CPU sums) split over about 128 blocks of a token
+// each, or from 16 tokens on (N ≤ 4) about 512 blocks of 64 tokens each, into `scratch`
+// (HyperCollapseScratchDoubles doubles, for up to that many tokens), then their fixed-order
+// totals: the block input and its norm over a few blocks a token, post and the Sinkhorn comb on a
+// warp a token. With a mix_stream, post and comb (which the block itself does not
 // read) are formed on its side stream, and the block input's launch ends without waiting for
 // them: the caller joins (mix_stream->Join) before anything but another such collapse reads post
 // or comb; the collapse joins the previous one itself (it rewrites the scratch the mix reads).

@@ -54,6 +54,73 @@ __global__ void ConvKernel(const float* __restrict__ q, const float* __restrict_
   conv_out[static_cast<size_t>(t) * C + ch] = acc * Sigmoid(acc);
 }
 
+// The same convolution for runs of kConvRun tokens: grid (ceil(C / kThreads), ceil(n / kConvRun)),
+// block kThreads; thread (x, y) takes channel x · kThreads + threadIdx.x of rows [first + y ·
+// kConvRun, ...). Each token's input is loaded once (the run's all at once) and kept for the next
+// K − 1 tokens (a window of registers), the channel's K weights once, the run's chunk facts once a
+// block (shared memory):
+// one thread per (token, channel) reloaded all of them per token and spent most of its
+// instructions on the 64-bit division of its item and the window's index arithmetic. The taps are
+// summed in ConvKernel's order (acc = Σ_i w[i] · u(j + i), i ascending, from 0): the same bits.
+// A token among its chunk's first K − 1 reads the chunk's conv state for the taps before it.
+constexpr int kConvRun = 32;
+template <int K>
+__global__ void __launch_bounds__(kThreads)
+    ConvRunKernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                  const float* __restrict__ conv_weight, KdaDims d, RecurrentChunks chunks, int first, int n,
+                  float* __restrict__ conv_out) {
+  __shared__ int first_s[kConvRun], read_s[kConvRun];
+  const int C = d.conv_channels(), W = d.width();
+  const int t0 = first + static_cast<int>(blockIdx.y) * kConvRun;
+  const int run = min(kConvRun, first + n - t0);
+  if (threadIdx.x < run) {
+    const RecurrentChunk c = LoadChunk(chunks, chunks.chunk_of[t0 + threadIdx.x]);
+    first_s[threadIdx.x] = c.first;
+    read_s[threadIdx.x] = c.read_row;
+  }
+  __syncthreads();
+  const int ch = static_cast<int>(blockIdx.x) * kThreads + threadIdx.x;
+  if (ch >= C) return;
+  const float* proj = (ch < W ? q : ch < 2 * W ? k : v) + ch % W;  // the channel's input of row 0
+  float w[K];
+#pragma unroll
+  for (int i = 0; i < K; ++i) w[i] = conv_weight[static_cast<size_t>(ch) * K + i];
+  // win[i]: the input of row t − (K − 1) + i, for the next token t (rows before 0 are never read:
+  // a tap reads a row only where it is of t's chunk).
+  float win[K];
+#pragma unroll
+  for (int i = 0; i + 1 < K; ++i) {
+    const int row = t0 - (K - 1) + i;
+    win[i] = row >= 0 ? proj[static_cast<size_t>(row) * W] : 0.f;
+  }
+  // The run's inputs, all loads in flight before the first tap.
+  float x[kConvRun];
+#pragma unroll
+  for (int jt = 0; jt < kConvRun; ++jt) x[jt] = jt < run ? proj[static_cast<size_t>(t0 + jt) * W] : 0.f;
+#pragma unroll
+  for (int jt = 0; jt < kConvRun; ++jt) {
+    if (jt >= run) break;
+    const int t = t0 + jt;
+    win[K - 1] = x[jt];
+    const int j = t - first_s[jt];  // t's index in its chunk
+    float acc = 0.f;
+    if (j >= K - 1) {
+#pragma unroll
+      for (int i = 0; i < K; ++i) acc += w[i] * win[i];
+    } else {
+      const float* prev = StateRow(chunks, read_s[jt]);
+#pragma unroll
+      for (int i = 0; i < K; ++i) {
+        const float u = j + i < K - 1 ? prev[static_cast<size_t>(j + i) * C + ch] : win[i];
+        acc += w[i] * u;
+      }
+    }
+    conv_out[static_cast<size_t>(t) * C + ch] = acc * Sigmoid(acc);
+#pragma unroll
+    for (int i = 0; i + 1 < K; ++i) win[i] = win[i + 1];
+  }
+}
+
 // grid ceil(num_chunks * C / kThreads), block kThreads: one thread per (chunk, channel). The
 // chunk's new conv state [K - 1, C] at its write_row: the K - 1 window inputs before input
 // tokens + K - 1; a verify chunk's kept state s (after its first f = first_kept_token + s + 1
@@ -146,8 +213,21 @@ absl::Status KdaConv(const float* q, const float* k, const float* v, const float
                      const KdaDims& dims, const RecurrentChunks& chunks, int first, int n,
                      float* conv_out, StreamHandle stream) {
   if (n <= 0) return absl::OkStatus();
-  ConvKernel<<<Blocks(static_cast<int64_t>(n) * dims.conv_channels(), kThreads), kThreads, 0,
-               S(stream)>>>(q, k, v, conv_weight, dims, chunks, first, n, conv_out);
+  const dim3 runs(Blocks(dims.conv_channels(), kThreads), Blocks(n, kConvRun));
+  switch (dims.conv_kernel) {
+    case 2:
+      ConvRunKernel<2><<<runs, kThreads, 0, S(stream)>>>(q, k, v, conv_weight, dims, chunks, first, n, conv_out);
+      break;
+    case 3:
+      ConvRunKernel<3><<<runs, kThreads, 0, S(stream)>>>(q, k, v, conv_weight, dims, chunks, first, n, conv_out);
+      break;
+    case 4:  // GLM-5.3-Flash's
+      ConvRunKernel<4><<<runs, kThreads, 0, S(stream)>>>(q, k, v, conv_weight, dims, chunks, first, n, conv_out);
+      break;
+    default:
+      ConvKernel<<<Blocks(static_cast<int64_t>(n) * dims.conv_channels(), kThreads), kThreads, 0,
+                   S(stream)>>>(q, k, v, conv_weight, dims, chunks, first, n, conv_out);
+  }
   return LaunchStatus("KdaConv");
 }
 

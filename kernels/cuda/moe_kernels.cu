@@ -123,11 +123,14 @@ __global__ void __launch_bounds__(kRouteThreads) RouteKernel(const int32_t* __re
 }
 
 // Rows [0, T*topk): routed slots; [T*topk, T*topk + T): shared-expert token rows. One warp per
-// (row, 128-block of hidden); 4 warps per block. Each warp also zeroes its share of the row's
-// accumulators (gate/up: inter / (hidden/128) floats, down: its 128-block).
+// (row, 128-block of hidden); 4 warps per block. With zero_outputs each warp also zeroes its share
+// of the row's accumulators (gate/up: inter / (hidden/128) floats, down: its 128-block), which the
+// projections then add into (the GEMV's atomics); the prefill GEMM stores every output instead,
+// and the zeros were two thirds of this kernel's bytes there.
 __global__ void __launch_bounds__(128) MoeInputKernel(const float* __restrict__ x, MoeDims d, ProjTable gate,
                                                       ProjTable up, ProjTable sgate, ProjTable sup,
-                                                      const float* shared_gate_vec, RouteOut r, MoeBuffers b) {
+                                                      const float* shared_gate_vec, RouteOut r, MoeBuffers b,
+                                                      bool zero_outputs) {
   PdlEnter();
   const int lane = threadIdx.x & 31;
   const int per_row = d.hidden / 128;
@@ -159,13 +162,15 @@ __global__ void __launch_bounds__(128) MoeInputKernel(const float* __restrict__ 
   const float* xr = x + static_cast<size_t>(token) * d.hidden;
   InputBlock(xr + 128 * blk, suh_g + 128 * blk, ag + static_cast<size_t>(row) * d.hidden + 128 * blk, lane);
   InputBlock(xr + 128 * blk, suh_u + 128 * blk, au + static_cast<size_t>(row) * d.hidden + 128 * blk, lane);
-  const int share = (n_inter + per_row - 1) / per_row;
-  for (int i = blk * share + lane; i < min(n_inter, (blk + 1) * share); i += 32) {
-    yg[static_cast<size_t>(row) * n_inter + i] = 0.f;
-    yu[static_cast<size_t>(row) * n_inter + i] = 0.f;
-  }
+  if (zero_outputs) {
+    const int share = (n_inter + per_row - 1) / per_row;
+    for (int i = blk * share + lane; i < min(n_inter, (blk + 1) * share); i += 32) {
+      yg[static_cast<size_t>(row) * n_inter + i] = 0.f;
+      yu[static_cast<size_t>(row) * n_inter + i] = 0.f;
+    }
 #pragma unroll
-  for (int q = 0; q < 4; ++q) yd[static_cast<size_t>(row) * d.hidden + 128 * blk + 32 * q + lane] = 0.f;
+    for (int q = 0; q < 4; ++q) yd[static_cast<size_t>(row) * d.hidden + 128 * blk + 32 * q + lane] = 0.f;
+  }
   if (row_all >= routed && blk == 0) {
     // Shared-expert output scale: sigmoid(x · shared_gate) (Qwen3-Next) or 1.
     float s = 0.f;
@@ -181,6 +186,10 @@ __global__ void __launch_bounds__(128) MoeInputKernel(const float* __restrict__ 
 }
 
 // One warp per (row, 128-block of the intermediate); per_row = max(inter, shared_inter) / 128.
+// The routed or the shared expert's tables are chosen by value: a pointer to a kernel parameter
+// (const ProjTable* G = &gate) made every thread copy all six tables to a 432-byte local-memory
+// frame first, which at prefill (T · (top_k + 1) · inter / 128 warps) cost far more than the
+// block's own loads and stores.
 __global__ void __launch_bounds__(128) MoeMidKernel(MoeDims d, ProjTable gate, ProjTable up, ProjTable down,
                                                     ProjTable sgate, ProjTable sup, ProjTable sdown, RouteOut r,
                                                     MoeBuffers b) {
@@ -191,34 +200,24 @@ __global__ void __launch_bounds__(128) MoeMidKernel(MoeDims d, ProjTable gate, P
   const int row_all = w / per_row, blk = w % per_row;
   const int routed = d.T * d.topk;
   if (row_all >= routed + (d.with_shared ? d.T : 0)) return;
-  int row, e, n_inter;
-  float limit;
-  const ProjTable *G, *U, *D;
-  const float *yg, *yu;
-  __half* ad;
-  if (row_all < routed) {
-    row = row_all;
-    if (row >= r.counts[0]) return;
-    e = r.slot_expert[row];
-    G = &gate; U = &up; D = &down;
-    yg = b.y_gate; yu = b.y_up; ad = b.a_down;
-    n_inter = d.inter;
-    limit = d.limit;
-  } else {
-    row = row_all - routed;
-    e = 0;
-    G = &sgate; U = &sup; D = &sdown;
-    yg = b.sy_gate; yu = b.sy_up; ad = b.sa_down;
-    n_inter = d.shared_inter;
-    limit = d.shared_limit;
-  }
+  const bool is_routed = row_all < routed;
+  const int row = is_routed ? row_all : row_all - routed;
+  if (is_routed && row >= r.counts[0]) return;
+  const int e = is_routed ? r.slot_expert[row] : 0;
+  const int n_inter = is_routed ? d.inter : d.shared_inter;
   if (blk >= n_inter / 128) return;
-  const uint16_t* bias_g = G->bias[e];
-  const uint16_t* bias_u = U->bias[e];
+  const float limit = is_routed ? d.limit : d.shared_limit;
+  const float* yg = is_routed ? b.y_gate : b.sy_gate;
+  const float* yu = is_routed ? b.y_up : b.sy_up;
+  __half* ad = is_routed ? b.a_down : b.sa_down;
+  const uint16_t* svh_g = (is_routed ? gate.svh : sgate.svh)[e];
+  const uint16_t* svh_u = (is_routed ? up.svh : sup.svh)[e];
+  const uint16_t* suh_d = (is_routed ? down.suh : sdown.suh)[e];
+  const uint16_t* bias_g = (is_routed ? gate.bias : sgate.bias)[e];
+  const uint16_t* bias_u = (is_routed ? up.bias : sup.bias)[e];
   const size_t off = static_cast<size_t>(row) * n_inter + 128 * blk;
-  ActivateBlock(yg + off, yu + off, G->svh[e] + 128 * blk, bias_g ? bias_g + 128 * blk : nullptr,
-                U->svh[e] + 128 * blk, bias_u ? bias_u + 128 * blk : nullptr, D->suh[e] + 128 * blk, limit,
-                ad + off, lane);
+  ActivateBlock(yg + off, yu + off, svh_g + 128 * blk, bias_g ? bias_g + 128 * blk : nullptr, svh_u + 128 * blk,
+                bias_u ? bias_u + 128 * blk : nullptr, suh_d + 128 * blk, limit, ad + off, lane);
 }
 
 // One warp per (token, 128-block of hidden): out = sum over the token's assignments + shared.
@@ -292,9 +291,9 @@ absl::Status LaunchRoute(const int32_t* ids, const float* weights, int num_assig
 
 absl::Status LaunchMoeInput(int rows, const float* x, const MoeDims& d, const ProjTable& gate, const ProjTable& up,
                             const ProjTable& sgate, const ProjTable& sup, const float* shared_gate_vec,
-                            const RouteOut& r, const MoeBuffers& b, cudaStream_t stream) {
+                            const RouteOut& r, const MoeBuffers& b, bool zero_outputs, cudaStream_t stream) {
   LaunchPdl(MoeInputKernel, dim3((rows * (d.hidden / 128) + 3) / 4), dim3(128), stream, x, d, gate, up, sgate,
-            sup, shared_gate_vec, r, b);
+            sup, shared_gate_vec, r, b, zero_outputs);
   EXL3_CUDA_CHECK_LAUNCH("MoeInputKernel");
   return absl::OkStatus();
 }

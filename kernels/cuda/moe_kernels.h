@@ -51,10 +51,12 @@ struct MoeDims {
 absl::Status LaunchRoute(const int32_t* ids, const float* weights, int num_assign, int topk, int num_experts,
                          const uint16_t* const* held, const RouteClasses& classes, int chunk_size,
                          const RouteOut& o, cudaStream_t stream);
-// `rows` = routed slots (T*topk) + shared-expert rows (T or 0).
+// `rows` = routed slots (T*topk) + shared-expert rows (T or 0). zero_outputs: also zero the rows'
+// projection outputs (y_gate, y_up, y_down and the shared ones), for projections that add into
+// them (the GEMV, the reference path); the one-k-slice GEMM stores them whole and needs none.
 absl::Status LaunchMoeInput(int rows, const float* x, const MoeDims& d, const ProjTable& gate, const ProjTable& up,
                             const ProjTable& sgate, const ProjTable& sup, const float* shared_gate_vec,
-                            const RouteOut& r, const MoeBuffers& b, cudaStream_t stream);
+                            const RouteOut& r, const MoeBuffers& b, bool zero_outputs, cudaStream_t stream);
 absl::Status LaunchMoeMid(int rows, const MoeDims& d, const ProjTable& gate, const ProjTable& up,
                           const ProjTable& down, const ProjTable& sgate, const ProjTable& sup,
                           const ProjTable& sdown, const RouteOut& r, const MoeBuffers& b, cudaStream_t stream);

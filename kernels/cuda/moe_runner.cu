@@ -191,6 +191,8 @@ absl::Status MoeRunner::Impl::Projections(bool gemm, const GemvProblem* probs, c
       if (done[j] || items[j].spec != items[i].spec) continue;
       done[j] = true;
       GemvProblem q = items[j].q;
+      // MoeInputKernel zeroes no outputs before the GEMM: it must store them, not add (one k-slice).
+      if (gemm && q.gemm_k_stages != 0) return absl::InternalError("MoeRunner: a k-sliced GEMM problem");
       const int held = items[j].held;
       const int chunks = q.chunk_expert ? std::min(ws.max_chunks, T * topk) : (q.rows + kGemvRows - 1) / kGemvRows;
       q.k_tiles_per_unit = GemvKTilesPerUnit(q.k, q.n, std::max(1, std::min(chunks, held)), sm_count);
@@ -254,8 +256,10 @@ absl::Status MoeRunner::Forward(const float* x, int T, const int32_t* ids, const
                                    stream));
   MoeDims d{T, R.topk, L.hidden, L.inter, shared ? L.shared_inter : 0, L.limit, L.shared_limit, shared ? 1 : 0};
   const int rows = T * R.topk + (shared ? T : 0);
+  // The GEMM's problems below leave gemm_k_stages 0: one k-slice, every output stored (no atomics),
+  // so only the GEMV and the reference path need their outputs zeroed first.
   EXL3_RETURN_IF_ERROR(LaunchMoeInput(rows, x, d, L.gate, L.up, L.sgate, L.sup, L.shared_gate_vec, R.ws.route, R.ws.buf,
-                                      stream));
+                                      /*zero_outputs=*/!gemm, stream));
 
   auto routed = [&](const ProjTable& t, const __half* a, float* y) {
     GemvProblem q;

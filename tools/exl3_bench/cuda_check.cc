@@ -339,8 +339,10 @@ struct MisalignedCopy {
 
 // registered: the weights stay in (pinned, mapped) host memory, only the tables go to the device;
 // misaligned: and those host tensors are 8 but not 16-byte aligned (copied to the device instead).
+// all_routings_up_to: above this T only the random routing with the shared expert runs (the CPU
+// judge decodes every expert's weights per token: a prefill-sized T is slow on it).
 void CheckMoe(const MoeCase& c, const std::vector<int>& token_counts, bool with_reference, bool graph,
-              bool registered = false, bool misaligned = false) {
+              bool registered = false, bool misaligned = false, int all_routings_up_to = 1 << 30) {
   RandomMoeLayer layer(c.hidden, c.inter, c.experts, c.held_every, c.g, c.u, c.d, c.shared_inter, c.sg, c.su, c.sd,
                        c.limit, g_seed++, c.bias, c.shared_gate, c.cycles);
   // A mixed case's labels are "moe-mixed-*", and it must have made more than one class
@@ -402,8 +404,9 @@ void CheckMoe(const MoeCase& c, const std::vector<int>& token_counts, bool with_
                " (" + why + ")");
     for (Routing kind : {Routing::kRandom, Routing::kAllToOne, Routing::kRepeatedWeights,
                          Routing::kDuplicatesAndInvalid}) {
+      if (T > all_routings_up_to && kind != Routing::kRandom) continue;
       for (bool shared : {true, false}) {
-        if (!shared && (kind != Routing::kRandom || c.shared_inter == 0)) continue;
+        if (!shared && (kind != Routing::kRandom || c.shared_inter == 0 || T > all_routings_up_to)) continue;
         const auto x = RandomVector(static_cast<size_t>(T) * H, g_seed++);
         std::vector<int32_t> ids;
         std::vector<float> w;
@@ -553,19 +556,42 @@ void CheckCooperativeMoe(bool small) {
   CheckMoe(wide, {1, 12, 13}, false, true);
 }
 
+// The MoE launch chain at prefill token counts (scripts/gpu/prefill_checks.sh): MoeInputKernel
+// (which zeroes the projections' outputs only for the GEMV) and MoeMidKernel (the routed and the
+// shared expert's tables chosen by value) at T = 1, 7 (the GEMV), 64 (the GEMV's last), 65 (the
+// GEMM's first) and 1024, with biases, the clamp, experts not held and the shared expert, on the
+// native chain and the reference path; a GLM-5.3-Flash-like layer (top 8 of 32, clamped, one
+// shared expert) likewise. Above T = 65 only the random routing runs (the CPU judge is slow).
+// small (for compute-sanitizer): the first layer at T = 3 and 70 only.
+void CheckMoePrefill(bool small) {
+  MoeCase mixed{"prefill mixed-K/cb+bias+limit", 256, 384, 16, 4, 4, 256, {2, Codebook::kMcg}, {3, Codebook::k3Inst},
+                {4, Codebook::kMul1}, {5, Codebook::kMcg}, {2, Codebook::kMul1}, {3, Codebook::kMcg}, 0.75f, true,
+                false};
+  if (small) {
+    CheckMoe(mixed, {3, 70}, false, false);
+    return;
+  }
+  CheckMoe(mixed, {1, 7, 64, 65, 1024}, true, true, false, false, 65);
+  MoeCase glm{"prefill glm-like 512/256 E32 top8 K2 mcg shared", 512, 256, 32, 0, 8, 256, {2, Codebook::kMcg},
+              {2, Codebook::kMcg}, {2, Codebook::kMcg}, {2, Codebook::kMcg}, {2, Codebook::kMcg},
+              {2, Codebook::kMcg}, 10.0f, false, false};
+  CheckMoe(glm, {1, 64, 65, 1024}, true, false, false, false, 65);
+}
+
 int Main(int argc, char** argv) {
   if (exl3::PrintVersionIfAsked(argc, argv, "exl3-cuda-check")) return 0;
-  bool small = false, big = true, mixed_only = false, coop_only = false;
+  bool small = false, big = true, mixed_only = false, coop_only = false, moe_prefill = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       std::printf(
-          "usage: exl3-cuda-check [--small] [--no-big] [--mixed-experts] [--cooperative] [--seed N]\n"
+          "usage: exl3-cuda-check [--small] [--no-big] [--mixed-experts] [--cooperative] [--moe-prefill] [--seed N]\n"
           "Checks the CUDA kernels against the CPU reference on random inputs; exits 1 on failure.\n"
           "  --small          a short sweep (for compute-sanitizer)\n"
           "  --no-big         skip the model-sized shapes\n"
           "  --mixed-experts  only the MoE layers whose routed experts differ in K and codebook\n"
-          "  --cooperative    only the one-launch cooperative MoE decode's sweep\n");
+          "  --cooperative    only the one-launch cooperative MoE decode's sweep\n"
+          "  --moe-prefill    only the MoE launch chain at T = 1, 7, 64, 65 and 1024 (--small: 3 and 70)\n");
       return 0;
     } else if (a == "--small") {
       small = true;
@@ -575,6 +601,8 @@ int Main(int argc, char** argv) {
       mixed_only = true;
     } else if (a == "--cooperative") {
       coop_only = true;
+    } else if (a == "--moe-prefill") {
+      moe_prefill = true;
     } else if (a == "--seed" && i + 1 < argc) {
       g_seed = std::strtoull(argv[++i], nullptr, 10);
     } else {
@@ -594,7 +622,9 @@ int Main(int argc, char** argv) {
               info->sm_count, info->l2_bytes >> 20);
   cuda::Workspace ws;
   const Codebook cbs[] = {Codebook::k3Inst, Codebook::kMcg, Codebook::kMul1};
-  if (coop_only) {
+  if (moe_prefill) {
+    CheckMoePrefill(small);
+  } else if (coop_only) {
     CheckCooperativeMoe(small);
   } else if (mixed_only) {
     CheckMixedExperts(small, big);

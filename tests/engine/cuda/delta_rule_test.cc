@@ -2,13 +2,15 @@
 // reference of its formula, on fresh random inputs: both decay forms (one per head as the gated
 // DeltaNet's, one per key channel as KDA's log-decay), value heads sharing key heads, key dims
 // below, at and between the kernel's row groups (16, 40, 64, 128), value dims that leave a block's
-// 32 columns part empty (24, 96, 160), chunks of 0, 1, 7, 8, 9 (the 8-token stage's edges) and 33
-// tokens, and a chunk that writes the row it reads (as a decode step in place); a verify chunk's
-// kept states bit for bit against shorter chunks. Lines "delta rule ..." give every comparison.
+// 32 columns part empty (24, 96, 160), chunks of 0, 1, 7, 8, 9 (the 8-token stage's edges), 33 and
+// 64 tokens, and one of 1024 (a prefill), and a chunk that writes the row it reads (as a decode
+// step in place); a verify chunk's kept states bit for bit against shorter chunks. Lines "delta
+// rule ..." give every comparison.
 // Skipped where no GPU is visible (ctest label gpu).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -57,16 +59,12 @@ void ReferenceHead(const std::vector<float>& conv, const std::vector<float>& bet
   }
 }
 
-TEST(DeltaRuleKernelTest, MatchesTheFormulaInBothDecayForms) {
-  REQUIRE_GPU();
-  std::mt19937 rng(41);
+// Chunks of `lengths` tokens (the last one writing the row it reads) of each case against the
+// formula.
+void CheckAgainstTheFormula(const std::vector<Case>& cases, const std::vector<int>& lengths, uint32_t seed) {
+  std::mt19937 rng(seed);
   std::uniform_real_distribution<float> unit(0.0f, 1.0f);
-  const std::vector<int> lengths = {1, 0, 7, 8, 9, 33, 1};  // the last chunk writes its read row
-  for (const Case& k : {Case{4, 2, 16, 24, DeltaRuleDecay::kPerHead},
-                        Case{4, 2, 64, 96, DeltaRuleDecay::kPerHead},
-                        Case{2, 1, 128, 160, DeltaRuleDecay::kPerHead},
-                        Case{3, 1, 40, 40, DeltaRuleDecay::kPerKeyChannelLog},
-                        Case{2, 1, 128, 128, DeltaRuleDecay::kPerKeyChannelLog}}) {
+  for (const Case& k : cases) {
     const int NH = k.num_heads, NK = NH / k.heads_per_key_head, DK = k.key_head_dim,
               DV = k.value_head_dim;
     DeltaRuleShape sh;
@@ -149,10 +147,31 @@ TEST(DeltaRuleKernelTest, MatchesTheFormulaInBothDecayForms) {
       std::printf("delta rule %s heads %d/%d DK %d DV %d chunk %d: out rel %.2e state rel %.2e\n",
                   k.form == DeltaRuleDecay::kPerHead ? "per-head" : "per-channel", NH, NK, DK, DV, n,
                   out_rel, state_rel);
-      EXPECT_LT(out_rel, 1e-5) << "chunk " << c;
-      EXPECT_LT(state_rel, 1e-5) << "chunk " << c;
+      // fp32 against double: 1e-5, and 3e-5 over a 1024-token chunk (its roundings add up over
+      // channels whose decay stays near 1).
+      const double bound = n > 130 ? 3e-5 : 1e-5;
+      EXPECT_LT(out_rel, bound) << "chunk " << c;
+      EXPECT_LT(state_rel, bound) << "chunk " << c;
     }
   }
+}
+
+TEST(DeltaRuleKernelTest, MatchesTheFormulaInBothDecayForms) {
+  REQUIRE_GPU();
+  CheckAgainstTheFormula({Case{4, 2, 16, 24, DeltaRuleDecay::kPerHead}, Case{4, 2, 64, 96, DeltaRuleDecay::kPerHead},
+                          Case{2, 1, 128, 160, DeltaRuleDecay::kPerHead},
+                          Case{3, 1, 40, 40, DeltaRuleDecay::kPerKeyChannelLog},
+                          Case{2, 1, 128, 128, DeltaRuleDecay::kPerKeyChannelLog}},
+                         {1, 0, 7, 8, 9, 33, 64, 1}, 41);
+}
+
+// A prefill's chunk (1024 tokens, a 2-token one beside it writing its read row) in both forms at
+// the released models' head dims (apart: the sanitizers skip it).
+TEST(DeltaRuleKernelTest, MatchesTheFormulaOverAPrefillChunk) {
+  REQUIRE_GPU();
+  CheckAgainstTheFormula({Case{2, 1, 128, 160, DeltaRuleDecay::kPerHead},
+                          Case{2, 1, 128, 128, DeltaRuleDecay::kPerKeyChannelLog}},
+                         {1024, 2}, 43);
 }
 
 // A verify chunk (speculative decoding, engine/cuda/recurrent_chunks.h) of 5 tokens keeping 5

@@ -48,10 +48,13 @@ TEST(Glm5KernelsTest, HyperConnectionsMatchTheCpu) {
     testing::CheckHyperConnectionAgainstCpu(**src, prefix, shape, /*T=*/29, rng, "glm5");
 }
 
-// At the released models' width (4096, 4 streams: the decode step's shape, 1 to 8 tokens) and at
-// widths whose last slice of the collapse's sums is partly empty (300, 3 streams), that take its
-// scalar path (301: not a multiple of 4, 5 streams, the most whose Sinkhorn runs a lane an element)
-// and its shared-memory Sinkhorn (8 and 16 streams), with random weights.
+// At the released models' width (4096, 4 streams: the decode step's shape, 1 to 8 tokens; the
+// prefill's, whose sums take MixSumsTiledKernel from 16 tokens on: 16, 64, 65 (one past a tile of
+// 64 tokens) and 1024) and at widths whose last slice of the collapse's sums is partly empty (300,
+// 3 streams; tiled at 64 and 100 tokens, with a partly empty last pass of 16 positions), that take
+// its scalar path (301: not a multiple of 4, 5 streams, the most whose Sinkhorn runs a lane an
+// element; more streams than the tiled kernel's 4 at 64 tokens) and its shared-memory Sinkhorn (8
+// and 16 streams), and 1 and 2 streams tiled, with random weights.
 TEST(Glm5KernelsTest, HyperConnectionsAtWideHiddenSizesMatchTheCpu) {
   REQUIRE_GPU();
   std::mt19937 rng(17);
@@ -59,9 +62,11 @@ TEST(Glm5KernelsTest, HyperConnectionsAtWideHiddenSizesMatchTheCpu) {
     HyperConnectionShape shape;
     std::vector<int> tokens;
   };
-  const std::vector<Case> cases = {{{4096, 4, 20, 1e-6f, 1e-5f}, {1, 2, 3, 8}},
-                                   {{300, 3, 20, 1e-6f, 1e-5f}, {3}},
-                                   {{301, 5, 20, 1e-6f, 1e-5f}, {1, 7}},
+  const std::vector<Case> cases = {{{4096, 4, 20, 1e-6f, 1e-5f}, {1, 2, 3, 7, 8, 16, 64, 65, 1024}},
+                                   {{300, 3, 20, 1e-6f, 1e-5f}, {3, 64, 100}},
+                                   {{301, 5, 20, 1e-6f, 1e-5f}, {1, 7, 64}},
+                                   {{512, 2, 20, 1e-6f, 1e-5f}, {40}},
+                                   {{128, 1, 20, 1e-6f, 1e-5f}, {17}},
                                    {{256, 8, 20, 1e-6f, 1e-5f}, {2}},
                                    {{64, 16, 7, 1e-6f, 1e-5f}, {3}}};
   for (const Case& c : cases) {

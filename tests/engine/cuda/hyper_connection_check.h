@@ -194,9 +194,9 @@ inline void CheckHyperConnectionAgainstCpu(const TensorSource& src, const std::s
   DeviceArray<float> cpu_post = ToDevice(mix.post), cpu_comb = ToDevice(mix.comb), d_out = ToDevice(block_out);
   ASSERT_TRUE(HyperExpand(cpu_post.get(), cpu_comb.get(), d_out.get(), T, N, H, d_streams.get(), nullptr).ok());
   const double rel_expand = RelativeError(ToHost(d_streams, streams.size()), expanded);
-  std::printf("%s hyper-connection %-36s T %3d collapse rel %.2e (post %.2e, comb %.2e, normed %.2e, "
+  std::printf("%s hyper-connection %-36s %d x %d T %4d collapse rel %.2e (post %.2e, comb %.2e, normed %.2e, "
               "norm vs own input %.2e), expand rel %.2e\n",
-              label, prefix.c_str(), T, rel_in, rel_post, rel_comb, rel_normed, rel_norm_own, rel_expand);
+              label, prefix.c_str(), N, H, T, rel_in, rel_post, rel_comb, rel_normed, rel_norm_own, rel_expand);
   EXPECT_LT(rel_in, 1e-5);
   EXPECT_LT(rel_post, 1e-5);
   EXPECT_LT(rel_comb, 1e-5);
@@ -226,9 +226,9 @@ inline void CheckHyperConnectionAgainstCpu(const TensorSource& src, const std::s
   const double rel_post2 = RelativeError(ToHost(post2, mix2.post.size()), mix2.post);
   const double rel_comb2 = RelativeError(ToHost(comb2, mix2.comb.size()), mix2.comb);
   const double rel_normed2 = RelativeError(ToHost(d_normed, input2.size()), normed2);
-  std::printf("%s hyper-connection %-36s T %3d expand+collapse: streams rel %.2e, collapse rel %.2e (post %.2e, "
-              "comb %.2e, normed %.2e)\n",
-              label, prefix.c_str(), T, rel_streams2, rel_in2, rel_post2, rel_comb2, rel_normed2);
+  std::printf("%s hyper-connection %-36s %d x %d T %4d expand+collapse: streams rel %.2e, collapse rel %.2e (post "
+              "%.2e, comb %.2e, normed %.2e)\n",
+              label, prefix.c_str(), N, H, T, rel_streams2, rel_in2, rel_post2, rel_comb2, rel_normed2);
   EXPECT_LT(rel_streams2, 1e-6);
   EXPECT_LT(rel_in2, 1e-5);
   EXPECT_LT(rel_post2, 1e-5);

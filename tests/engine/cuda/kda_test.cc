@@ -124,13 +124,96 @@ TEST(KdaKernelsTest, DeltaRuleMatchesTheCpuRecurrentForm) {
           "kda delta rule D %d chunk %d: against the recurrent form out rel %.2e state rel %.2e; "
           "against the chunked form out rel %.2e state rel %.2e\n",
           D, n, out_rel, state_rel, chunked_out, chunked_state);
-      // The kernel runs the recurrent form in fp32 with its sums split over four lanes: well
+      // The kernel runs the recurrent form in fp32 with its sums split over eight lanes: well
       // within 1e-5. The chunked form reorders the arithmetic further: 1e-4.
       EXPECT_LT(out_rel, 1e-5) << "D " << D << " chunk " << n;
       EXPECT_LT(state_rel, 1e-5) << "D " << D << " chunk " << n;
       EXPECT_LT(chunked_out, 1e-4) << "D " << D << " chunk " << n;
       EXPECT_LT(chunked_state, 1e-4) << "D " << D << " chunk " << n;
     }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The convolution (KdaConv) against its formula at prefill sizes.
+
+// conv_out [T, C] of chunks of `lengths` (rows in order, chunk c reading store row 2c) on the host:
+// silu(Σ_i w[ch, i] · u(j + i, ch)), u(m) the chunk's conv state row m for m < K − 1, else its token
+// m − (K − 1) (engine/cpu/linear_attention/kimi_delta_attention.cc's convolution).
+std::vector<float> ConvReference(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+                                 const std::vector<float>& w, const std::vector<float>& store, int64_t row_floats,
+                                 const KdaDims& dims, const std::vector<int>& lengths) {
+  const int K = dims.conv_kernel, W = dims.width(), C = dims.conv_channels();
+  int T = 0;
+  for (int n : lengths) T += n;
+  std::vector<float> out(static_cast<size_t>(T) * C);
+  int first = 0;
+  for (size_t c = 0; c < lengths.size(); ++c) {
+    const float* prev = &store[2 * c * row_floats];
+    for (int ch = 0; ch < C; ++ch) {
+      const std::vector<float>& proj = ch < W ? q : ch < 2 * W ? k : v;
+      auto input = [&](int m) {
+        return m < K - 1 ? prev[static_cast<size_t>(m) * C + ch]
+                         : proj[static_cast<size_t>(first + m - (K - 1)) * W + ch % W];
+      };
+      for (int j = 0; j < lengths[c]; ++j) {
+        float acc = 0.0f;
+        for (int i = 0; i < K; ++i) acc += w[static_cast<size_t>(ch) * K + i] * input(j + i);
+        out[static_cast<size_t>(first + j) * C + ch] = acc / (1.0f + std::exp(-acc));
+      }
+    }
+    first += lengths[c];
+  }
+  return out;
+}
+
+// T = 1, 7, 64, 1024 and 33 (one past a 32-token run of the kernel) in chunks of several lengths
+// (1 to 3: shorter than the window, so a token reads the conv state and earlier tokens; chunks
+// that start inside a run), launched as two calls split at a chunk boundary; conv kernels of 2 to 4
+// (the run kernel) and 5 (the one-thread-a-token kernel); channels not a multiple of a block's.
+TEST(KdaKernelsTest, ConvMatchesTheFormulaAtPrefillSizes) {
+  REQUIRE_GPU();
+  std::mt19937 rng(37);
+  struct Case {
+    int K, T;
+  };
+  const std::vector<Case> cases = {{4, 1}, {4, 7}, {4, 33}, {4, 64}, {4, 1024}, {2, 64}, {3, 7}, {3, 100}, {5, 64}};
+  for (const Case& cs : cases) {
+    const KdaDims dims{/*num_heads=*/3, /*head_dim=*/40, cs.K};
+    ASSERT_TRUE(CheckKdaDims(dims).ok());
+    const int W = dims.width(), C = dims.conv_channels(), T = cs.T;
+    std::vector<int> lengths;
+    int left = T;
+    for (int n : {1, 2, 3, 29, 5, 40, 1}) {
+      if (left == 0) break;
+      lengths.push_back(std::min(n, left));
+      left -= lengths.back();
+    }
+    if (left > 0) lengths.push_back(left);
+    const int chunks = static_cast<int>(lengths.size());
+    const int64_t row_floats = dims.conv_state_floats() + 7;
+    const std::vector<float> q = Random(static_cast<size_t>(T) * W, rng), k = Random(q.size(), rng),
+                             v = Random(q.size(), rng), w = Random(static_cast<size_t>(C) * cs.K, rng, 0.5f),
+                             store = Random(static_cast<size_t>(2 * chunks) * row_floats, rng);
+    std::vector<int32_t> chunk_of, table;
+    int first = 0, split = 0;
+    for (int c = 0; c < chunks; ++c) {
+      table.insert(table.end(), {first, lengths[c], 2 * c, 2 * c + 1, /*kept states=*/1, /*slot row=*/2 * c});
+      for (int j = 0; j < lengths[c]; ++j) chunk_of.push_back(c);
+      first += lengths[c];
+      if (c == chunks / 2 - 1) split = first;
+    }
+    DeviceArray<float> d_q = ToDevice(q), d_k = ToDevice(k), d_v = ToDevice(v), d_w = ToDevice(w),
+                       d_store = ToDevice(store), d_out = ToDevice(std::vector<float>(static_cast<size_t>(T) * C, NAN));
+    DeviceArray<int32_t> d_chunk_of = ToDevice(chunk_of), d_table = ToDevice(table);
+    const RecurrentChunks rc{d_chunk_of.get(), d_table.get(), d_store.get(), row_floats};
+    for (const auto& [f, n] : {std::pair<int, int>{0, split}, std::pair<int, int>{split, T - split}})
+      ASSERT_TRUE(KdaConv(d_q.get(), d_k.get(), d_v.get(), d_w.get(), dims, rc, f, n, d_out.get(), nullptr).ok());
+    const std::vector<float> got = ToHost(d_out, static_cast<size_t>(T) * C);
+    const std::vector<float> want = ConvReference(q, k, v, w, store, row_floats, dims, lengths);
+    const double rel = RelativeError(got, want);
+    std::printf("kda conv K %d T %4d (%d chunks, split at row %d): rel %.2e\n", cs.K, T, chunks, split, rel);
+    EXPECT_LT(rel, 1e-6) << "K " << cs.K << " T " << T;
   }
 }
 
