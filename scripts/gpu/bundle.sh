@@ -25,7 +25,7 @@ TESTS="engine_cuda_model_test engine_cuda_sampling_test engine_cuda_latent_atten
   engine_cuda_glm5_residual_test engine_cuda_qwen4exp_residual_test engine_cuda_qsa_test engine_cuda_speculative_test
   engine_cuda_mtp_test engine_cuda_verify_chunk_states_test engine_cuda_verify_chunk_indexers_test
   engine_cuda_dsv4_verify_chunk_test engine_cuda_prompt_logprobs_test engine_cuda_finite_check_test exl3-remote-moe-bench
-  worker_cuda_backend_test"
+  worker_cuda_backend_test engine_cuda_dspark_test"
 # ONLY (names from the two lists, space-separated): build and pack just those (a call that runs
 # a few of them carries less; scripts/gpu/seed_model_checks.sh names its own).
 selected=""
