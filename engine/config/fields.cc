@@ -1,5 +1,7 @@
 #include "engine/config/fields.h"
 
+#include <tuple>
+
 #include "absl/strings/str_cat.h"
 
 namespace exl3::engine {
@@ -25,6 +27,24 @@ int IntOr(const json& j, const char* field, int fallback) {
 double NumberOr(const json& j, const char* field, double fallback) {
   auto it = j.find(field);
   return it != j.end() && it->is_number() ? it->get<double>() : fallback;
+}
+
+absl::StatusOr<std::vector<MediaPlaceholder>> ReadMediaPlaceholders(const json& top, int image_default,
+                                                                    int video_default, int vocab_size,
+                                                                    const std::string& source) {
+  std::vector<MediaPlaceholder> out;
+  for (const auto& [field, kind, fallback] : {std::tuple{"image_token_id", "image", image_default},
+                                              std::tuple{"video_token_id", "video", video_default}}) {
+    int id = fallback;
+    auto it = top.find(field);
+    if (it != top.end() && !it->is_null()) {
+      if (!it->is_number_integer()) return absl::InvalidArgumentError(absl::StrCat(source, ": ", field, " is not an integer"));
+      id = it->get<int>();
+    }
+    // One outside the vocabulary (tiny test models keep the release ids) can never reach the model.
+    if (id >= 0 && id < vocab_size) out.push_back({id, kind});
+  }
+  return out;
 }
 
 absl::Status ReadRope(const json& text, int head_dim, double default_partial,

@@ -4,10 +4,12 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/config/rope_parameters.h"
+#include "engine/core/model_runner.h"
 #include "nlohmann/json.hpp"
 
 namespace exl3::engine {
@@ -19,6 +21,12 @@ absl::StatusOr<int> RequireInt(const nlohmann::json& j, const std::string& sourc
 // An integer (a number) field, or `fallback` when absent or of another type.
 int IntOr(const nlohmann::json& j, const char* field, int fallback);
 double NumberOr(const nlohmann::json& j, const char* field, double fallback);
+
+// A multimodal checkpoint's image and video placeholders: config.json's top-level image_token_id
+// and video_token_id (the defaults when absent or null); those outside the vocabulary are left out.
+absl::StatusOr<std::vector<MediaPlaceholder>> ReadMediaPlaceholders(const nlohmann::json& top, int image_default,
+                                                                    int video_default, int vocab_size,
+                                                                    const std::string& source);
 
 // The text config's rope (engine/config/rope_parameters.h MergedRopeParameters) for heads of `head_dim`,
 // rotating head_dim * partial_rotary_factor dimensions (`default_partial` when the file names

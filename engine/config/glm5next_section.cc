@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "engine/config/fields.h"
 #include "engine/config/latent_section.h"
 #include "engine/config/glm5next_config.h"
 
@@ -181,6 +182,8 @@ absl::Status ReadGlm5NextSection(const ConfigFile& file, ModelConfig* cfg) {
     return Bad(source, absl::StrCat("hc_mult ", g->hc_mult, ", hc_sinkhorn_iters ", g->hc_sinkhorn_iters,
                                     ": needs 1..64 streams and at least one Sinkhorn iteration"));
   cfg->glm5next = std::move(g);
+  EXL3_ASSIGN_OR_RETURN(cfg->media_placeholders,
+                        ReadMediaPlaceholders(file.top(), 154854, 154855, cfg->vocab_size, source));
   cfg->rope = RopeConfig{};  // NoPE: nothing rotates (rotary_dim 0)
   cfg->rope.rotary_dim = 0;
   cfg->attention_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(cfg->qk_nope_head_dim)));

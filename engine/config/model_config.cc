@@ -59,6 +59,7 @@ ModelInfo ModelInfoFor(const ModelConfig& cfg, const std::string& dir, const std
   info.vocab_size = cfg.vocab_size;
   info.max_context = cfg.max_position_embeddings;
   info.eos_token_ids = cfg.eos_token_ids;
+  info.media_placeholders = cfg.media_placeholders;
   info.kv_bytes_per_token = cfg.KvFloatsPerToken() * static_cast<int64_t>(sizeof(float));
   info.state_bytes_per_sequence = SequenceStateStore::kCopies * cfg.StateFloatsPerSequence() *
                                   static_cast<int64_t>(sizeof(float));
@@ -73,19 +74,6 @@ absl::StatusOr<std::vector<int64_t>> StateFloatsPerLayer(const ModelConfig& cfg,
   std::vector<int64_t> floats(cfg.num_layers);
   for (int l = 0; l < cfg.num_layers; ++l) floats[l] = cfg.StateFloats(l);
   return floats;
-}
-
-absl::Status RefuseImageAndVideoTokens(const ModelConfig& cfg, const StepBatch& batch) {
-  if (cfg.qwen4exp == nullptr) return absl::OkStatus();
-  const Qwen4ExpConfig& q = *cfg.qwen4exp;
-  for (const SequenceChunk& c : batch.chunks)
-    for (int32_t id : c.tokens)
-      if (id == q.image_token_id || id == q.video_token_id)
-        return absl::InvalidArgumentError(absl::StrCat(
-            "sequence ", c.sequence_id, ": token ", id, " is ", cfg.architecture(), "'s ",
-            id == q.image_token_id ? "image" : "video",
-            " placeholder; image and video inputs are not supported (the engine runs the text model only)"));
-  return absl::OkStatus();
 }
 
 }  // namespace exl3::engine

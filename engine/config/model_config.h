@@ -133,6 +133,7 @@ struct ModelConfig {
   RopeConfig rope;
   float attention_scale = 0.0f;  // softmax scale of q·k
   std::vector<int32_t> eos_token_ids;
+  std::vector<MediaPlaceholder> media_placeholders;  // image / video token ids (multimodal checkpoints)
 
   const std::string& architecture() const { return moe.architecture; }
   bool IsMoeLayer(int layer) const { return moe.IsMoeLayer(layer); }
@@ -176,9 +177,5 @@ ModelInfo ModelInfoFor(const ModelConfig& cfg, const std::string& dir, const std
 // INVALID_ARGUMENT when the model has recurrent layers and the cache gives no slots.
 absl::StatusOr<std::vector<int64_t>> StateFloatsPerLayer(const ModelConfig& cfg, int num_slots);
 
-// INVALID_ARGUMENT naming the sequence and the token where a chunk of `batch` holds Qwen4-Exp's
-// image or video placeholder (engine/config/qwen4exp_config.h): both engines run the text model only.
-// OK for every other family.
-absl::Status RefuseImageAndVideoTokens(const ModelConfig& cfg, const StepBatch& batch);
 
 }  // namespace exl3::engine

@@ -51,8 +51,6 @@ struct Qwen4ExpConfig {
   QsaIndexerConfig indexer;
   PleConfig ple;
   OutputGateActivation output_gate = OutputGateActivation::kSilu;
-  int image_token_id = 248056;
-  int video_token_id = 248057;
 
   // Floats one sequence's PLE state takes in a PLE layer: its last ngram_size - 1 tokens (as
   // floats, exact below 2^24), then the conv's last (kernel - 1) * ngram_size inputs of

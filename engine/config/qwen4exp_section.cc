@@ -143,10 +143,7 @@ absl::Status ReadQwen4ExpFields(const json& text, const json& top, const std::st
   p.vocab_divisor = static_cast<int>(divisor);
   p.split_parts = static_cast<int>(parts);
 
-  if (Has(top, "image_token_id") && top["image_token_id"].is_number_integer())
-    q->image_token_id = top["image_token_id"].get<int>();
-  if (Has(top, "video_token_id") && top["video_token_id"].is_number_integer())
-    q->video_token_id = top["video_token_id"].get<int>();
+  EXL3_ASSIGN_OR_RETURN(cfg->media_placeholders, ReadMediaPlaceholders(top, 248056, 248057, cfg->vocab_size, source));
   cfg->qwen4exp = std::move(q);
   return absl::OkStatus();
 }

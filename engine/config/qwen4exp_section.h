@@ -9,7 +9,7 @@
 //                "image_token_id": ..., "vision_config": {...}}
 //
 // The text model's fields come from text_config; the top level gives the image / video token ids
-// that the engines refuse in prompts (engine/config/model_config.h RefuseImageAndVideoTokens). Refuses
+// that the engine refuses in prompts (ModelConfig::media_placeholders). Refuses
 // what transformers 5.25 refuses and what the engine does not run, naming the field.
 #pragma once
 

@@ -27,6 +27,17 @@ absl::Status CheckTokenIds(const std::vector<int32_t>& ids, int vocab_size, cons
   return absl::OkStatus();
 }
 
+// A multimodal checkpoint's image / video placeholder in the prompt: the engine runs the text model.
+absl::Status RefuseMediaPlaceholders(const std::vector<int32_t>& prompt, const ModelInfo& info) {
+  for (size_t i = 0; i < prompt.size(); ++i)
+    for (const MediaPlaceholder& m : info.media_placeholders)
+      if (prompt[i] == m.token_id)
+        return absl::InvalidArgumentError(absl::StrCat(
+            "prompt token ", i, " is ", m.token_id, ", ", info.architecture, "'s ", m.kind,
+            " placeholder: image and video inputs are not supported (the engine runs the text model only)"));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int> NumKvBlocks(const KvCacheCapacity& capacity, int block_size,
                                 int64_t kv_bytes_per_token) {
   int64_t blocks = 0;
@@ -131,6 +142,7 @@ absl::Status Engine::Validate(const GenerateParams& p) const {
   const int64_t prompt_len = p.prompt.size();
   if (p.prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
   EXL3_RETURN_IF_ERROR(CheckTokenIds(p.prompt, info_.vocab_size, "prompt"));
+  EXL3_RETURN_IF_ERROR(RefuseMediaPlaceholders(p.prompt, info_));
   EXL3_RETURN_IF_ERROR(CheckTokenIds(p.stop_token_ids, info_.vocab_size, "stop_token_ids"));
   // The context a request can use, and why it is that long.
   const std::string context = absl::StrCat(

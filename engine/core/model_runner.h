@@ -42,6 +42,14 @@
 
 namespace exl3::engine {
 
+// A token id that stands for an image or video input in a multimodal checkpoint's vocabulary
+// (Glm5Next, Qwen4Exp). The engines run the text model only: the engine refuses it in prompts;
+// generated or drafted, it is an ordinary token (transformers embeds it as text when no pixels come).
+struct MediaPlaceholder {
+  int32_t token_id = 0;
+  std::string kind;  // "image" or "video"
+};
+
 // What the scheduler needs to know of the model.
 struct ModelInfo {
   std::string name;                  // served model name (the directory's base name by default)
@@ -54,6 +62,7 @@ struct ModelInfo {
   // Bytes of fixed-size state one running sequence holds beside its KV blocks (recurrent layers;
   // 0 for models without them), allocated once per state slot.
   int64_t state_bytes_per_sequence = 0;
+  std::vector<MediaPlaceholder> media_placeholders;  // refused in prompts
 };
 
 struct KvCacheShape {

@@ -557,7 +557,6 @@ absl::Status CpuModel::Forward(const StepBatch& batch, float* logits) {
     return absl::FailedPreconditionError("keep_hidden_states without MTP drafting enabled");
   times_ = StepPhaseTimes{};
   (void)moe_->TakeStageTimes();  // what a failed step before this one left
-  EXL3_RETURN_IF_ERROR(RefuseImageAndVideoTokens(cfg_, batch));  // Qwen4-Exp: the text model only
   // Recurrent layers read each chunk's state as the last successful step left it and write the
   // other copy; only the commit below, after every layer, makes those current.
   if (states_ != nullptr) EXL3_RETURN_IF_ERROR(states_->BeginStep(batch));

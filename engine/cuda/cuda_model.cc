@@ -387,7 +387,6 @@ absl::Status CudaModel::RunStep(const StepBatch& batch, const StepOutput& out) {
   mtp_->BeginStep();
   if (batch.keep_hidden_states && !mtp_->enabled())
     return absl::FailedPreconditionError("keep_hidden_states without MTP drafting enabled");
-  EXL3_RETURN_IF_ERROR(RefuseImageAndVideoTokens(cfg_, batch));  // Qwen4-Exp: the text model only
   StepTokens tokens;
   EXL3_RETURN_IF_ERROR(FlattenStep(batch, cfg_.vocab_size, *cache_shape_, cfg_.max_position_embeddings, &tokens));
   if (tokens.num_tokens == 0) return absl::OkStatus();

@@ -328,13 +328,14 @@ int RunTables(CudaModel& model, const exl3::bench::EngineBenchOptions& o, const 
   const std::string json_placement = "\"experts\":\"" + std::string(placement.remote ? "remote" : "in-process") +
                                      "\",\"micro_batches\":" + std::to_string(placement.micro_batches);
   std::mt19937 rng(5);
-  // Random prompt and decode ids, never Qwen4-Exp's image / video placeholders (inside its
-  // vocabulary; the engine refuses them: engine/config/model_config.h RefuseImageAndVideoTokens).
+  // Random prompt and decode ids, never a multimodal checkpoint's image / video placeholders
+  // (inside its vocabulary; the engine refuses them in prompts: ModelInfo::media_placeholders).
   // Redrawn, so the other families' ids are the same draws as before.
   auto random_token = [&]() {
     for (;;) {
       const int32_t t = static_cast<int32_t>(rng() % vocab);
-      if (cfg.qwen4exp == nullptr || (t != cfg.qwen4exp->image_token_id && t != cfg.qwen4exp->video_token_id))
+      if (std::none_of(cfg.media_placeholders.begin(), cfg.media_placeholders.end(),
+                       [t](const exl3::engine::MediaPlaceholder& m) { return m.token_id == t; }))
         return t;
     }
   };

@@ -200,13 +200,23 @@ absl::StatusOr<std::vector<SpeculativeBenchRow>> RunSpeculativeBench(
   EXL3_RETURN_IF_ERROR(engine.Start());
 
   std::mt19937_64 rng(o.seed);
+  // Random prompt ids, never an image / video placeholder (the engine refuses them in prompts);
+  // redrawn, so other models' prompts are the same draws as before.
+  const std::vector<engine::MediaPlaceholder> media = engine.model_info().media_placeholders;
+  auto random_token = [&]() {
+    for (;;) {
+      const int32_t t = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+      if (std::none_of(media.begin(), media.end(), [t](const engine::MediaPlaceholder& m) { return m.token_id == t; }))
+        return t;
+    }
+  };
   std::vector<SpeculativeBenchRow> rows;
   int64_t finished = 0;  // requests, over the runs
   for (int batch : o.batches) {
     std::vector<std::vector<int32_t>> prompts(batch);
     for (std::vector<int32_t>& p : prompts) {
       p.resize(o.prompt_tokens);
-      for (int32_t& t : p) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+      for (int32_t& t : p) t = random_token();
     }
     auto run = [&](int k, double p, const RunResult* want) -> absl::StatusOr<RunResult> {
       drafter->set_acceptance(p);

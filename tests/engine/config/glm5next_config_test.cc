@@ -126,6 +126,25 @@ TEST(Glm5NextConfig, ReadsTheNestedTextConfig) {
   ExpectSmallModel(*cfg);
 }
 
+// The image / video placeholders come from the top level, defaults included; those outside the
+// vocabulary (the tiny model's 128) are left out, as they can never reach the model.
+TEST(Glm5NextConfig, MediaPlaceholdersInsideTheVocabulary) {
+  json text = TextConfig();
+  text["vocab_size"] = 154880;
+  auto cfg = Parse(Nested(text));
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  ASSERT_EQ(cfg->media_placeholders.size(), 2u);
+  EXPECT_EQ(cfg->media_placeholders[0].token_id, 154854);
+  EXPECT_EQ(cfg->media_placeholders[1].token_id, 154855);  // video_token_id's default
+  EXPECT_EQ(cfg->media_placeholders[1].kind, "video");
+  auto small = Parse(Nested(TextConfig()));
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_TRUE(small->media_placeholders.empty());
+  json bad = Nested(TextConfig());
+  bad["video_token_id"] = "x";
+  EXPECT_FALSE(Parse(bad).ok());
+}
+
 TEST(Glm5NextConfig, ReadsTheFlatFormAlike) {
   auto cfg = Parse(Flat(TextConfig()));
   ASSERT_TRUE(cfg.ok()) << cfg.status();

@@ -83,7 +83,10 @@ TEST(Qwen4ExpConfigTest, ReadsTheNestedTextConfig) {
   EXPECT_EQ(q.ple.head_dim(), 64);
   EXPECT_EQ(q.ple.eos_token_id, 1);
   EXPECT_EQ(q.ple.split_parts, 16);
-  EXPECT_EQ(q.image_token_id, 120);
+  ASSERT_EQ(cfg->media_placeholders.size(), 2u);  // refused in prompts (engine/core/engine.cc)
+  EXPECT_EQ(cfg->media_placeholders[0].token_id, 120);
+  EXPECT_EQ(cfg->media_placeholders[0].kind, "image");
+  EXPECT_EQ(cfg->media_placeholders[1].token_id, 121);
   // KV slot: k and v of the KV head, then the raw indexer key; state: DeltaNet layers, plus
   // the PLE context and conv state on layer 1.
   EXPECT_EQ(cfg->KvWidth(2), 2 * 64 + 64);
