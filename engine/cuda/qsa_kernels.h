@@ -12,6 +12,7 @@
 // them (engine/cuda/attention_kernels.h), and the raw indexer keys fp32 [slots, indexer head_dim].
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -47,14 +48,20 @@ absl::Status QsaBlockScores(const float* iq, const float* key_cache, const Atten
                             StreamHandle stream);
 
 // Each query token t < T and head h: out[t, h] = softmax(scale · q[t, h] · K[p]) · V[p] over the
-// positions p = positions[t · stride + i], i < count[t], of t's sequence (keys and values of KV
-// head h / (num_heads / num_kv_heads)). q, out [T, num_heads · head_dim] fp32; kv_cache as WriteKv
-// wrote it. stride ≤ QsaMaxAttendedPositions(head_dim).
+// positions p = positions[t · stride + i], i < count[t] (count[t] ≥ 1), of t's sequence (keys and
+// values of KV head h / (num_heads / num_kv_heads)). q, out [T, num_heads · head_dim] fp32; kv_cache
+// as WriteKv wrote it; the shape as QsaAttentionShapeSupported allows. Few
+// tokens split their positions over several thread blocks (flash decoding) whose partial outputs
+// go to `workspace`, QsaAttentionWorkspaceFloats of them for up to T tokens.
 absl::Status QsaAttention(const float* q, const KvHalf* kv_cache, const AttentionTokens& tokens,
                           const int32_t* positions, const int32_t* count, int stride, int num_tokens, int num_heads,
-                          int num_kv_heads, int head_dim, float scale, float* out, StreamHandle stream);
+                          int num_kv_heads, int head_dim, float scale, float* out, float* workspace,
+                          size_t workspace_floats, StreamHandle stream);
+inline constexpr int kQsaMaxHeadDim = 256;
+// 1, 2, 4, 8 or 16 query heads a KV head, head_dim ≤ kQsaMaxHeadDim.
+bool QsaAttentionShapeSupported(int num_heads, int num_kv_heads, int head_dim);
 
-// The most positions a query may attend to (its scores and slots in one block's shared memory).
-int QsaMaxAttendedPositions(int head_dim);
+// The workspace QsaAttention needs for any step of up to `max_tokens` tokens (0 when none splits).
+size_t QsaAttentionWorkspaceFloats(int max_tokens, int num_heads, int num_kv_heads, int head_dim, int stride);
 
 }  // namespace exl3::engine::cuda

@@ -35,6 +35,7 @@ struct QsaShared {
   DeviceArray<float> raw_keys;                  // [layers, slots, indexer head_dim]
   DeviceArray<float> block_cos, block_sin;      // [max_context / m, rotary_dim / 2]
   DeviceArray<float> qg, q, gate, k, v, iqk, iq, attn, scores;
+  DeviceArray<float> attn_workspace;            // QsaAttention's split outputs
   DeviceArray<int32_t> blocks, block_count, positions, position_count;
 
   int kv_floats() const { return cfg.num_kv_heads * cfg.head_dim; }
@@ -125,7 +126,8 @@ absl::Status QsaMixer::Forward(const CudaStep& step, const float* x, int first, 
                                               T, s_.positions.get(), s_.position_count.get(), s_.stride(), stream));
   float* attn = s_.attn.get();
   EXL3_RETURN_IF_ERROR(QsaAttention(q, kv, tokens, s_.positions.get(), s_.position_count.get(), s_.stride(), T, NH,
-                                    KV, D, cfg_.attention_scale, attn, stream));
+                                    KV, D, cfg_.attention_scale, attn, s_.attn_workspace.get(),
+                                    s_.attn_workspace.size(), stream));
   EXL3_RETURN_IF_ERROR(SigmoidGate(attn, s_.gate.get(), static_cast<int64_t>(T) * NH * D, stream));
   return o_.Forward(attn, T, out, s_.linear);
 }
@@ -195,7 +197,9 @@ class QsaKind final : public CudaMixerKind {
         {&s_.iqk, t * (ix.num_heads + 1) * ix.head_dim},
         {&s_.iq, t * ix.num_heads * ix.head_dim},
         {&s_.attn, q},
-        {&s_.scores, t * std::max(1, s_.row_length())}};
+        {&s_.scores, t * std::max(1, s_.row_length())},
+        {&s_.attn_workspace, QsaAttentionWorkspaceFloats(static_cast<int>(t), cfg.num_heads, cfg.num_kv_heads,
+                                                         cfg.head_dim, s_.stride())}};
     for (const auto& [array, n] : floats) {
       if (array->size() >= n) continue;
       *moved = true;
@@ -228,10 +232,11 @@ class QsaKind final : public CudaMixerKind {
     if (ix.head_dim > kQsaMaxIndexerHeadDim)
       return absl::UnimplementedError(absl::StrCat(cfg.architecture(), ": indexer_head_dim ", ix.head_dim,
                                                    " above the GPU kernels' ", kQsaMaxIndexerHeadDim));
-    if (s_.stride() > QsaMaxAttendedPositions(cfg.head_dim))
-      return absl::UnimplementedError(absl::StrCat(cfg.architecture(), ": indexer_budget ", ix.budget, " + ",
-                                                   ix.compress_ratio, " positions per query above the GPU kernel's ",
-                                                   QsaMaxAttendedPositions(cfg.head_dim)));
+    if (!QsaAttentionShapeSupported(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
+      return absl::UnimplementedError(absl::StrCat(cfg.architecture(), ": QSA attention of ", cfg.num_heads,
+                                                   " heads over ", cfg.num_kv_heads, " KV heads of ", cfg.head_dim,
+                                                   " (the GPU kernel takes 1, 2, 4, 8 or 16 heads a KV head, "
+                                                   "head_dim at most ", kQsaMaxHeadDim, ")"));
     return absl::OkStatus();
   }
 

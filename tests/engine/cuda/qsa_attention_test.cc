@@ -177,6 +177,93 @@ TEST(QsaKernelsTest, BlockScoresMatchTheCpu) {
   CheckBlockScores(wide, QsaIndexerConfig{16, 128, 2048, 64}, {0, 63, 64, 1000, 64 * 33 - 1, 64 * 40 + 5}, rng, "wide");
 }
 
+// QsaAttention against a double-precision reference on the fp16 values the cache holds: tokens
+// attending 1 position, one short of a chunk (64), a chunk, one more, two chunks and one more, many,
+// and the most a row takes; one token (the most splits), a few, and enough that nothing splits;
+// Qwen3.8-Flash-Next's shape (16 heads over 2 KV heads of 256) and the fixtures' smaller ones.
+TEST(QsaKernelsTest, AttentionMatchesTheReferenceAtChunkAndSplitEdges) {
+  REQUIRE_GPU();
+  std::mt19937 rng(41);
+  const std::vector<int> counts = {1, 63, 64, 65, 129, 700, 2052};
+  const int stride = 2052, bs = 16, context = 2304, num_blocks = context / bs;
+  struct Shape { int NH, KV, D; };
+  // (tokens, the count the first token takes): one token at every count, then mixed batches.
+  std::vector<std::pair<int, int>> runs;
+  for (int c = 0; c < static_cast<int>(counts.size()); ++c) runs.push_back({1, c});
+  for (const auto& r : {std::pair{3, 4}, std::pair{40, 0}, std::pair{300, 0}}) runs.push_back(r);
+  for (const Shape sh : {Shape{16, 2, 256}, Shape{16, 2, 128}, Shape{2, 1, 64}, Shape{2, 2, 64}, Shape{16, 1, 32}})
+    for (const auto& [T, first_count] : runs) {
+      const int NH = sh.NH, KV = sh.KV, D = sh.D, kvf = KV * D;
+      // One sequence's cache on shuffled blocks, written through WriteKv (fp16, as the model writes it).
+      std::vector<int32_t> table(num_blocks);
+      std::iota(table.begin(), table.end(), 0);
+      std::shuffle(table.begin(), table.end(), rng);
+      std::vector<int32_t> slot(context);
+      for (int p = 0; p < context; ++p) slot[p] = table[p / bs] * bs + p % bs;
+      const std::vector<float> k = Random(static_cast<size_t>(context) * kvf, rng), v = Random(k.size(), rng);
+      DeviceArray<float> d_k = ToDevice(k), d_v = ToDevice(v);
+      DeviceArray<int32_t> d_slot = ToDevice(slot);
+      DeviceArray<KvHalf> d_cache;
+      ASSERT_TRUE(d_cache.Reserve(static_cast<size_t>(context) * 2 * kvf).ok());
+      ASSERT_TRUE(WriteKv(d_k.get(), d_v.get(), d_slot.get(), context, kvf, d_cache.get(), nullptr).ok());
+      const std::vector<KvHalf> cache = ToHost(d_cache, static_cast<size_t>(context) * 2 * kvf);
+      // Each token's positions: count[t] distinct ones of the sequence, ascending.
+      std::vector<int32_t> positions(static_cast<size_t>(T) * stride, 0), count(T), pos(T, context - 1);
+      std::vector<int32_t> all(context);
+      std::iota(all.begin(), all.end(), 0);
+      for (int t = 0; t < T; ++t) {
+        count[t] = counts[(t + first_count) % counts.size()];
+        std::shuffle(all.begin(), all.end(), rng);
+        std::vector<int32_t> chosen(all.begin(), all.begin() + count[t]);
+        std::sort(chosen.begin(), chosen.end());
+        std::copy(chosen.begin(), chosen.end(), positions.begin() + static_cast<size_t>(t) * stride);
+      }
+      const std::vector<float> q = Random(static_cast<size_t>(T) * NH * D, rng);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+      std::vector<int32_t> first(T, 0), offset(T, 0);
+      DeviceArray<float> d_q = ToDevice(q), d_out, d_ws;
+      DeviceArray<int32_t> d_pos = ToDevice(pos), d_first = ToDevice(first), d_offset = ToDevice(offset),
+                           d_tables = ToDevice(table), d_positions = ToDevice(positions), d_count = ToDevice(count);
+      ASSERT_TRUE(d_out.Reserve(static_cast<size_t>(T) * NH * D).ok());
+      const size_t ws = QsaAttentionWorkspaceFloats(T, NH, KV, D, stride);
+      ASSERT_TRUE(d_ws.Reserve(std::max<size_t>(ws, 1)).ok());
+      const AttentionTokens tokens{d_pos.get(), d_first.get(), d_offset.get(), d_tables.get(), bs};
+      ASSERT_TRUE(QsaAttention(d_q.get(), d_cache.get(), tokens, d_positions.get(), d_count.get(), stride, T, NH, KV, D,
+                               scale, d_out.get(), d_ws.get(), ws, nullptr)
+                      .ok());
+      const std::vector<float> got = ToHost(d_out, static_cast<size_t>(T) * NH * D);
+      std::vector<float> want(got.size());
+      for (int t = 0; t < T; ++t)
+        for (int h = 0; h < NH; ++h) {
+          const int g = h / (NH / KV);
+          const float* qh = &q[(static_cast<size_t>(t) * NH + h) * D];
+          std::vector<double> p(count[t]);
+          double most = -INFINITY, total = 0;
+          for (int i = 0; i < count[t]; ++i) {
+            const KvHalf* row = &cache[static_cast<size_t>(slot[positions[static_cast<size_t>(t) * stride + i]]) * 2 * kvf];
+            double dot = 0;
+            for (int d = 0; d < D; ++d) dot += static_cast<double>(qh[d]) * HalfToFloat(row[g * D + d]);
+            p[i] = dot * scale;
+            most = std::max(most, p[i]);
+          }
+          for (double& x : p) total += (x = std::exp(x - most));
+          for (int d = 0; d < D; ++d) {
+            double acc = 0;
+            for (int i = 0; i < count[t]; ++i) {
+              const KvHalf* row =
+                  &cache[static_cast<size_t>(slot[positions[static_cast<size_t>(t) * stride + i]]) * 2 * kvf];
+              acc += p[i] * HalfToFloat(row[kvf + g * D + d]);
+            }
+            want[(static_cast<size_t>(t) * NH + h) * D + d] = static_cast<float>(acc / total);
+          }
+        }
+      const double e = RelativeError(got, want);
+      std::printf("qsa attention %d heads / %d KV heads of %d, %d tokens from %d positions (workspace %zu floats): "
+                  "rel %.2e\n", NH, KV, D, T, count[0], ws, e);
+      EXPECT_LT(e, 2e-5) << NH << "/" << KV << " heads of " << D << ", " << T << " tokens";
+    }
+}
+
 TEST(QsaKernelsTest, BadShapesAreRefused) {
   REQUIRE_GPU();
   const AttentionTokens tokens;
@@ -187,12 +274,24 @@ TEST(QsaKernelsTest, BadShapesAreRefused) {
                               17, 1, nullptr, 4, nullptr)
                    .ok())
       << "rotary dims past the head";
-  EXPECT_FALSE(QsaAttention(nullptr, nullptr, tokens, nullptr, nullptr, QsaMaxAttendedPositions(128) + 1, 1, 16, 2,
-                            128, 1.0f, nullptr, nullptr)
+  EXPECT_FALSE(QsaAttention(nullptr, nullptr, tokens, nullptr, nullptr, 64, 1, 16, 2, kQsaMaxHeadDim + 1, 1.0f,
+                            nullptr, nullptr, 0, nullptr)
                    .ok());
-  EXPECT_FALSE(QsaAttention(nullptr, nullptr, tokens, nullptr, nullptr, 64, 1, 3, 2, 128, 1.0f, nullptr, nullptr).ok());
+  EXPECT_FALSE(QsaAttention(nullptr, nullptr, tokens, nullptr, nullptr, 64, 1, 3, 2, 128, 1.0f, nullptr, nullptr, 0,
+                            nullptr)
+                   .ok());
+  EXPECT_FALSE(QsaAttention(nullptr, nullptr, tokens, nullptr, nullptr, 64, 1, 6, 2, 128, 1.0f, nullptr, nullptr, 0,
+                            nullptr)
+                   .ok())
+      << "3 heads a KV head";
+  EXPECT_FALSE(QsaAttention(nullptr, nullptr, tokens, nullptr, nullptr, 2048, 1, 16, 2, 128, 1.0f, nullptr, nullptr, 0,
+                            nullptr)
+                   .ok())
+      << "a split step without its workspace";
   // 0 tokens launch nothing.
-  EXPECT_TRUE(QsaAttention(nullptr, nullptr, tokens, nullptr, nullptr, 64, 0, 16, 2, 128, 1.0f, nullptr, nullptr).ok());
+  EXPECT_TRUE(QsaAttention(nullptr, nullptr, tokens, nullptr, nullptr, 64, 0, 16, 2, 128, 1.0f, nullptr, nullptr, 0,
+                           nullptr)
+                  .ok());
   EXPECT_TRUE(QsaSplitIndexer(nullptr, nullptr, 0, 8, 32, nullptr, nullptr, nullptr).ok());
 }
 
