@@ -589,18 +589,11 @@ __device__ void MixWarp(const HyperConnectionArgs& a, const double* p, int split
   }
 }
 
-// Token t's block input and its norm at hidden positions [lo, hi) from its partial sums p
-// [SumRows(N), splits] and streams x [N, H]: the totals of pre's rows and of every pair (the same
-// values in every such block), rms as MixWarp's from the pairs' diagonal, mix[r] = total_r / rms;
-//   out.block_input [T, H] = Σ_i pre[i] · stream_i, pre[i] = sigmoid(mix[i] · scale[0] + base[i]) + eps;
-//   out.normed [T, H] = norm_weight [H] · (block_input · inv), inv = 1 / sqrt(mean(block_input²) +
-//     norm_eps), mean(block_input²) = Σ_ij pre_i pre_j (x_i · x_j) / H from the pair totals, so no
-//     block waits for another's part of the hidden vector.
-__device__ void InputBlock(const HyperConnectionArgs& a, const double* p, int splits, const float* x, int lo, int hi,
-                           const HyperCollapseOutput& out, size_t t) {
+// The block input's weights pre [n] and, with a normed output, its norm's scale *inv_out (both
+// shared) from the totals of p's rows (InputBlock below). Every thread of the block calls it.
+__device__ void InputBlockScales(const HyperConnectionArgs& a, const double* p, int splits,
+                                 const HyperCollapseOutput& out, float* pre, float* inv_out) {
   __shared__ double sums[kMaxStreams + kMaxStreams * (kMaxStreams + 1) / 2];
-  __shared__ float pre[kMaxStreams];
-  __shared__ float inv_out;
   const int n = a.streams, H = a.hidden, width = n * H, mixes = MixRows(n);
   TotalRows(p, splits, n + n * (n + 1) / 2, [&](int k) { return k < n ? k : mixes + (k - n); }, sums);
   __syncthreads();
@@ -617,9 +610,24 @@ __device__ void InputBlock(const HyperConnectionArgs& a, const double* p, int sp
       for (int j = 0; j < n; ++j)
         yy += static_cast<double>(pre[i]) * pre[j] * sums[n + GramIndex(min(i, j), max(i, j), n)];
     }
-    inv_out = static_cast<float>(1.0 / sqrt(yy / H + out.norm_eps));
+    *inv_out = static_cast<float>(1.0 / sqrt(yy / H + out.norm_eps));
   }
   __syncthreads();
+}
+
+// Token t's block input and its norm at hidden positions [lo, hi) from its partial sums p
+// [SumRows(N), splits] and streams x [N, H]: the totals of pre's rows and of every pair (the same
+// values in every such block), rms as MixWarp's from the pairs' diagonal, mix[r] = total_r / rms;
+//   out.block_input [T, H] = Σ_i pre[i] · stream_i, pre[i] = sigmoid(mix[i] · scale[0] + base[i]) + eps;
+//   out.normed [T, H] = norm_weight [H] · (block_input · inv), inv = 1 / sqrt(mean(block_input²) +
+//     norm_eps), mean(block_input²) = Σ_ij pre_i pre_j (x_i · x_j) / H from the pair totals, so no
+//     block waits for another's part of the hidden vector.
+__device__ void InputBlock(const HyperConnectionArgs& a, const double* p, int splits, const float* x, int lo, int hi,
+                           const HyperCollapseOutput& out, size_t t) {
+  __shared__ float pre[kMaxStreams];
+  __shared__ float inv_out;
+  const int n = a.streams, H = a.hidden;
+  InputBlockScales(a, p, splits, out, pre, &inv_out);
   for (int d = lo + threadIdx.x; d < hi; d += kThreads) {
     float acc = 0.0f;
     for (int i = 0; i < n; ++i) acc += pre[i] * x[static_cast<size_t>(i) * H + d];
@@ -634,10 +642,9 @@ __device__ void InputBlock(const HyperConnectionArgs& a, const double* p, int sp
 // kTiledMaxStreams, H a multiple of 4, the arrays 16-byte aligned.
 __device__ void InputBlockVec(const HyperConnectionArgs& a, const double* p, int splits, const float* x, int lo,
                               int hi, const HyperCollapseOutput& out, size_t t) {
-  __shared__ double sums[kMaxStreams + kMaxStreams * (kMaxStreams + 1) / 2];
   __shared__ float pre[kMaxStreams];
   __shared__ float inv_out;
-  const int n = a.streams, H = a.hidden, width = n * H, mixes = MixRows(n);
+  const int n = a.streams, H = a.hidden;
   const int d = lo + 4 * threadIdx.x;
   const bool on = d < hi;
   float4 xv[kTiledMaxStreams], wv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -647,24 +654,7 @@ __device__ void InputBlockVec(const HyperConnectionArgs& a, const double* p, int
     if (i < n && on) xv[i] = *reinterpret_cast<const float4*>(x + static_cast<size_t>(i) * H + d);
   }
   if (on && out.normed != nullptr) wv = *reinterpret_cast<const float4*>(out.norm_weight + d);
-  TotalRows(p, splits, n + n * (n + 1) / 2, [&](int k) { return k < n ? k : mixes + (k - n); }, sums);
-  __syncthreads();
-  double ss = 0.0;
-  for (int i = 0; i < n; ++i) ss += sums[n + GramIndex(i, i, n)];
-  const double inv_rms = 1.0 / sqrt(ss / width + a.norm_eps);
-  if (threadIdx.x < n)
-    pre[threadIdx.x] =
-        SigmoidF(static_cast<float>(sums[threadIdx.x] * inv_rms) * a.scale[0] + a.base[threadIdx.x]) + a.eps;
-  __syncthreads();
-  if (out.normed != nullptr && threadIdx.x == 0) {
-    double yy = 0.0;
-    for (int i = 0; i < n; ++i) {
-      for (int j = 0; j < n; ++j)
-        yy += static_cast<double>(pre[i]) * pre[j] * sums[n + GramIndex(min(i, j), max(i, j), n)];
-    }
-    inv_out = static_cast<float>(1.0 / sqrt(yy / H + out.norm_eps));
-  }
-  __syncthreads();
+  InputBlockScales(a, p, splits, out, pre, &inv_out);
   if (!on) return;
   float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
