@@ -40,10 +40,7 @@ void PushFloats(const std::vector<float>& v, std::vector<int32_t>* host) {
 absl::StatusOr<std::unique_ptr<CudaDsparkDrafter>> CudaDsparkDrafter::Load(const ModelConfig& model_cfg,
                                                                            const TensorSource& src,
                                                                            const CudaMtpModelParts& parts) {
-  if (model_cfg.dsv4 == nullptr || !model_cfg.dsv4->dspark.enabled())
-    return absl::FailedPreconditionError(absl::StrCat(
-        model_cfg.architecture(), ": no DSPARK drafter configured (compress_ratios past num_hidden_layers, "
-        "dspark_block_size, dspark_target_layer_ids)"));
+  EXL3_ASSIGN_OR_RETURN(const DsparkShape shape, DsparkShape::Of(model_cfg));
   if (parts.head == nullptr || parts.embedding == nullptr)
     return absl::InvalidArgumentError("the DSPARK drafter needs the model's embeddings and head");
   const Dsv4Config& v = *model_cfg.dsv4;
@@ -53,32 +50,13 @@ absl::StatusOr<std::unique_ptr<CudaDsparkDrafter>> CudaDsparkDrafter::Load(const
   for (int i = 0; i < ds.num_blocks; ++i) cfg = WithMtpLayer(cfg, /*moe=*/true);
   std::unique_ptr<CudaDsparkDrafter> d(new CudaDsparkDrafter(std::move(cfg), parts));
   const int H = model_cfg.hidden_size, NH = model_cfg.num_heads, D = v.head_dim;
-  d->hidden_ = H;
-  d->heads_ = NH;
-  d->head_dim_ = D;
-  d->rope_dim_ = v.rope_dim;
-  d->q_lora_rank_ = v.q_lora_rank;
-  d->o_groups_ = v.o_groups;
-  d->o_lora_rank_ = v.o_lora_rank;
-  d->window_ = v.sliding_window;
-  d->streams_ = v.hc_mult;
-  d->vocab_ = model_cfg.vocab_size;
-  d->block_size_ = ds.block_size;
-  d->noise_token_ = ds.noise_token_id;
-  d->tap_width_ = ds.num_taps() * H;
-  d->eps_ = model_cfg.rms_norm_eps;
-  d->hc_eps_ = v.hc_eps;
-  if (d->noise_token_ < 0 || d->noise_token_ >= d->vocab_)
-    return absl::InvalidArgumentError(absl::StrCat("dspark_noise_token_id ", d->noise_token_, " outside the vocabulary"));
+  d->shape_ = shape;
   for (int l : ds.target_layer_ids)
     if (l < 0 || l >= model_cfg.num_layers)
       return absl::InvalidArgumentError(absl::StrCat("dspark_target_layer_ids: layer ", l, " of ",
                                                      model_cfg.num_layers));
   d->tap_layers_ = ds.target_layer_ids;
-  // The "main" rope of the sliding layers (docs/dspark.md): theta^(-2j/rd), no YaRN.
-  for (int j = 0; j < v.rope_dim / 2; ++j)
-    d->inv_freq_.push_back(1.0 / std::pow(v.main_rope.theta, static_cast<double>(2 * j) / v.rope_dim));
-  EXL3_ASSIGN_OR_RETURN(d->main_proj_, CudaLinear::Load(src, "mtp.0.main_proj", d->tap_width_, H));
+  EXL3_ASSIGN_OR_RETURN(d->main_proj_, CudaLinear::Load(src, "mtp.0.main_proj", d->shape_.tap_width, H));
   EXL3_ASSIGN_OR_RETURN(d->main_norm_, UploadVector(src, "mtp.0.main_norm.weight", H));
   const HyperConnectionShape hc = {H, v.hc_mult, v.hc_sinkhorn_iters, v.hc_eps, model_cfg.rms_norm_eps};
   const int G = v.o_groups, R = v.o_lora_rank;
@@ -140,7 +118,7 @@ absl::Status CudaDsparkDrafter::AllocateCache(const KvCacheShape& shape, StreamH
                                                    shape.block_size));
   cache_blocks_ = shape.num_blocks + 1;  // one spare, as the model's layers have
   cache_block_size_ = shape.block_size;
-  const size_t n = static_cast<size_t>(num_blocks()) * cache_blocks_ * cache_block_size_ * head_dim_;
+  const size_t n = static_cast<size_t>(num_blocks()) * cache_blocks_ * cache_block_size_ * shape_.head_dim;
   EXL3_RETURN_IF_ERROR(rows_.Reserve(n));
   // Zero rows where no position was written yet (none is read before it is written).
   EXL3_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(rows_.get(), 0, n * sizeof(float), static_cast<cudaStream_t>(stream)));
@@ -149,15 +127,15 @@ absl::Status CudaDsparkDrafter::AllocateCache(const KvCacheShape& shape, StreamH
 
 Dsv4CacheView CudaDsparkDrafter::RowsView(int block) const {
   Dsv4CacheView v;
-  v.layer = rows_.get() + static_cast<size_t>(block) * cache_blocks_ * cache_block_size_ * head_dim_;
+  v.layer = rows_.get() + static_cast<size_t>(block) * cache_blocks_ * cache_block_size_ * shape_.head_dim;
   v.block_size = cache_block_size_;
-  v.token_floats = head_dim_;
-  v.block_stride = cache_block_size_ * head_dim_;
+  v.token_floats = shape_.head_dim;
+  v.block_stride = cache_block_size_ * shape_.head_dim;
   return v;
 }
 
 void CudaDsparkDrafter::Angles(int position, std::vector<float>* cos, std::vector<float>* sin) const {
-  for (double f : inv_freq_) {
+  for (double f : shape_.inv_freq) {
     const double a = static_cast<double>(position) * f;
     cos->push_back(static_cast<float>(std::cos(a)));
     sin->push_back(static_cast<float>(std::sin(a)));
@@ -167,7 +145,7 @@ void CudaDsparkDrafter::Angles(int position, std::vector<float>* cos, std::vecto
 absl::StatusOr<CudaDsparkDrafter::Layout> CudaDsparkDrafter::Upload(std::span<const DsparkRowWrite> writes,
                                                                     std::span<const DsparkDraftCall> calls,
                                                                     int* key_rows) {
-  const int B = block_size_, bs = cache_block_size_;
+  const int B = shape_.block_size, bs = cache_block_size_;
   host_.clear();
   Layout at;
   // Every block table first (offsets into the whole array are the tables' offsets).
@@ -194,11 +172,11 @@ absl::StatusOr<CudaDsparkDrafter::Layout> CudaDsparkDrafter::Upload(std::span<co
   }
   *key_rows = B;
   for (const DsparkDraftCall& c : calls) {
-    if (c.seed < 0 || c.seed >= vocab_) return absl::InvalidArgumentError(absl::StrCat("DSPARK seed token ", c.seed));
+    if (c.seed < 0 || c.seed >= shape_.vocab) return absl::InvalidArgumentError(absl::StrCat("DSPARK seed token ", c.seed));
     if (c.p0 < 0) return absl::InvalidArgumentError(absl::StrCat("DSPARK draft at ", c.p0));
     EXL3_ASSIGN_OR_RETURN(const int t, put_table(c.block_table, c.p0 - 1, "draft"));
     call_table.push_back(t);
-    hist.push_back(std::min(window_, c.p0));
+    hist.push_back(std::min(shape_.window, c.p0));
     *key_rows = std::max(*key_rows, hist.back() + B);
   }
   auto ints = [&](const std::vector<int32_t>& v) {
@@ -234,7 +212,7 @@ absl::StatusOr<CudaDsparkDrafter::Layout> CudaDsparkDrafter::Upload(std::span<co
   sin.clear();
   for (int s = 0; s < S; ++s) {
     for (int j = 0; j < B; ++j) {
-      ids.push_back(j == 0 ? calls[s].seed : noise_token_);
+      ids.push_back(j == 0 ? calls[s].seed : shape_.noise_token);
       Angles(calls[s].p0 + j, &cos, &sin);
       key_position.push_back(hist[s] + B - 1);
       key_first.push_back(0);
@@ -263,10 +241,10 @@ absl::StatusOr<CudaDsparkDrafter::Layout> CudaDsparkDrafter::Upload(std::span<co
 }
 
 absl::Status CudaDsparkDrafter::Reserve(int written, int S, int key_rows) {
-  const size_t w = static_cast<size_t>(written), s = static_cast<size_t>(S), m = s * block_size_;
-  const size_t H = hidden_, N = streams_, D = head_dim_;
+  const size_t w = static_cast<size_t>(written), s = static_cast<size_t>(S), m = s * shape_.block_size;
+  const size_t H = shape_.hidden, N = shape_.streams, D = shape_.head_dim;
   const std::pair<DeviceArray<float>*, size_t> needs[] = {
-      {&taps_, w * tap_width_},
+      {&taps_, w * shape_.tap_width},
       {&main_x_, w * H},
       {&kv_, std::max(w, m) * D},
       {&x_, m * H},
@@ -275,19 +253,19 @@ absl::Status CudaDsparkDrafter::Reserve(int written, int S, int key_rows) {
       {&streams_buf_, m * N * H},
       {&post_, m * N},
       {&comb_, m * N * N},
-      {&q_resid_, m * q_lora_rank_},
-      {&q_, m * heads_ * D},
+      {&q_resid_, m * shape_.q_lora_rank},
+      {&q_, m * shape_.heads * D},
       {&keys_, s * key_rows * D},
-      {&attn_, m * heads_ * D},
-      {&low_rank_, m * o_groups_ * o_lora_rank_},
+      {&attn_, m * shape_.heads * D},
+      {&low_rank_, m * shape_.o_groups * shape_.o_lora_rank},
       {&pre_, m * H},
       {&hn_, m * H},
-      {&logits_, m * vocab_},
+      {&logits_, m * shape_.vocab},
       {&confidence_, m},
-      {&partial_max_, s * DsparkMarkovPartials(vocab_)}};
+      {&partial_max_, s * DsparkMarkovPartials(shape_.vocab)}};
   for (const auto& [array, n] : needs) EXL3_RETURN_IF_ERROR(Grow(*array, n));
   EXL3_RETURN_IF_ERROR(Grow(drafts_, m));
-  EXL3_RETURN_IF_ERROR(Grow(partial_arg_, s * DsparkMarkovPartials(vocab_)));
+  EXL3_RETURN_IF_ERROR(Grow(partial_arg_, s * DsparkMarkovPartials(shape_.vocab)));
   if (S > 0) {
     EXL3_RETURN_IF_ERROR(
         Grow(collapse_scratch_, HyperCollapseScratchDoubles(blocks_.front().hc_attn.args, static_cast<int>(m))));
@@ -300,13 +278,13 @@ absl::Status CudaDsparkDrafter::KvRows(const Block& b, const float* h, int n, co
                                        float* rows) const {
   const StreamHandle stream = parts_.linear.stream;
   EXL3_RETURN_IF_ERROR(b.wkv.Forward(h, n, rows, parts_.linear));
-  EXL3_RETURN_IF_ERROR(RmsNorm(rows, b.kv_norm.get(), n, head_dim_, eps_, rows, stream));
-  return Dsv4RotateTail(rows, n, 1, head_dim_, rope_dim_, cos, sin, 1.0f, /*normalize=*/false, eps_, stream);
+  EXL3_RETURN_IF_ERROR(RmsNorm(rows, b.kv_norm.get(), n, shape_.head_dim, shape_.eps, rows, stream));
+  return Dsv4RotateTail(rows, n, 1, shape_.head_dim, shape_.rope_dim, cos, sin, 1.0f, /*normalize=*/false, shape_.eps, stream);
 }
 
 absl::Status CudaDsparkDrafter::Attend(int block, const Layout& at, int S, int key_rows) {
   const Block& b = blocks_[block];
-  const int M = S * block_size_, NH = heads_, D = head_dim_, RD = rope_dim_;
+  const int M = S * shape_.block_size, NH = shape_.heads, D = shape_.head_dim, RD = shape_.rope_dim;
   const StreamHandle stream = parts_.linear.stream;
   const CudaLinearContext& ctx = parts_.linear;
   const int32_t* f = facts_.get();
@@ -314,9 +292,9 @@ absl::Status CudaDsparkDrafter::Attend(int block, const Layout& at, int S, int k
   const float* sin = reinterpret_cast<const float*>(f + at.block_sin);
   // Queries [M, NH, D]: wq_b · q_norm(wq_a · h), each head RMS-normalised, rotated at p0 + j.
   EXL3_RETURN_IF_ERROR(b.wq_a.Forward(x_.get(), M, q_resid_.get(), ctx));
-  EXL3_RETURN_IF_ERROR(RmsNorm(q_resid_.get(), b.q_norm.get(), M, q_lora_rank_, eps_, q_resid_.get(), stream));
+  EXL3_RETURN_IF_ERROR(RmsNorm(q_resid_.get(), b.q_norm.get(), M, shape_.q_lora_rank, shape_.eps, q_resid_.get(), stream));
   EXL3_RETURN_IF_ERROR(b.wq_b.Forward(q_resid_.get(), M, q_.get(), ctx));
-  EXL3_RETURN_IF_ERROR(Dsv4RotateTail(q_.get(), M, NH, D, RD, cos, sin, 1.0f, /*normalize=*/true, eps_, stream));
+  EXL3_RETURN_IF_ERROR(Dsv4RotateTail(q_.get(), M, NH, D, RD, cos, sin, 1.0f, /*normalize=*/true, shape_.eps, stream));
   // Keys = values: each draft's history rows, then its block's own (never stored).
   EXL3_RETURN_IF_ERROR(KvRows(b, x_.get(), M, cos, sin, kv_.get()));
   DsparkDraftFacts facts;
@@ -324,7 +302,7 @@ absl::Status CudaDsparkDrafter::Attend(int block, const Layout& at, int S, int k
   facts.p0 = f + at.call_p0;
   facts.hist = f + at.call_hist;
   facts.tables = f;
-  EXL3_RETURN_IF_ERROR(DsparkGatherKeys(RowsView(block), facts, kv_.get(), S, block_size_, key_rows, keys_.get(), stream));
+  EXL3_RETURN_IF_ERROR(DsparkGatherKeys(RowsView(block), facts, kv_.get(), S, shape_.block_size, key_rows, keys_.get(), stream));
   // Each draft's run is a cache of one block whose every query sees all of it (non-causal), with the sink.
   Dsv4CacheView keys;
   keys.layer = keys_.get();
@@ -337,7 +315,7 @@ absl::Status CudaDsparkDrafter::Attend(int block, const Layout& at, int S, int k
                                   attn_.get(), stream));
   // The grouped output projection as the trunk's (engine/cuda/dsv4_attention.cc): one batched
   // product over the groups (cuBLAS is column-major: C^T = op(A) · B^T in place), then wo_b.
-  const int G = o_groups_, R = o_lora_rank_, in_per_group = NH * D / G;
+  const int G = shape_.o_groups, R = shape_.o_lora_rank, in_per_group = NH * D / G;
   const float one = 1.0f, zero = 0.0f;
   EXL3_RETURN_IF_ERROR(CublasStatus(
       cublasSgemmStridedBatched(static_cast<cublasHandle_t>(ctx.cublas), CUBLAS_OP_T, CUBLAS_OP_N, R, M, in_per_group,
@@ -351,7 +329,7 @@ absl::StatusOr<std::vector<DsparkDraft>> CudaDsparkDrafter::Run(std::span<const 
                                                                 std::span<const DsparkDraftCall> calls,
                                                                 bool want_logits) {
   if (rows_.empty()) return absl::FailedPreconditionError("DSPARK drafter: no row cache (AllocateCache)");
-  const int B = block_size_, H = hidden_, N = streams_, V = vocab_, TW = tap_width_;
+  const int B = shape_.block_size, H = shape_.hidden, N = shape_.streams, V = shape_.vocab, TW = shape_.tap_width;
   const int S = static_cast<int>(calls.size()), M = S * B;
   int written = 0;
   for (const DsparkRowWrite& w : writes) written += w.num_positions;
@@ -373,7 +351,7 @@ absl::StatusOr<std::vector<DsparkDraft>> CudaDsparkDrafter::Run(std::span<const 
       row += static_cast<size_t>(w.num_positions);
     }
     EXL3_RETURN_IF_ERROR(main_proj_.Forward(taps_.get(), written, main_x_.get(), ctx));
-    EXL3_RETURN_IF_ERROR(RmsNorm(main_x_.get(), main_norm_.get(), written, H, eps_, main_x_.get(), stream));
+    EXL3_RETURN_IF_ERROR(RmsNorm(main_x_.get(), main_norm_.get(), written, H, shape_.eps, main_x_.get(), stream));
     const AttentionTokens where{f + at.write_position, f + at.write_first, f + at.write_table, f, cache_block_size_};
     const float* cos = reinterpret_cast<const float*>(f + at.write_cos);
     const float* sin = reinterpret_cast<const float*>(f + at.write_sin);
@@ -398,7 +376,7 @@ absl::StatusOr<std::vector<DsparkDraft>> CudaDsparkDrafter::Run(std::span<const 
   out.block_input = d_.get();
   out.post = post_.get();
   out.comb = comb_.get();
-  out.norm_eps = eps_;
+  out.norm_eps = shape_.eps;
   out.normed = x_.get();
   HyperExpandInput expand;
   expand.post = post_.get();
@@ -418,9 +396,9 @@ absl::StatusOr<std::vector<DsparkDraft>> CudaDsparkDrafter::Run(std::span<const 
     EXL3_RETURN_IF_ERROR(HyperExpand(post_.get(), comb_.get(), a_.get(), M, N, H, streams_buf_.get(), stream));
   }
   // hc_head: the pre-norm state; the final norm and the model's head.
-  EXL3_RETURN_IF_ERROR(HyperHeadCollapse(head_fn_.get(), head_base_.get(), head_scale_, N, H, hc_eps_, eps_,
+  EXL3_RETURN_IF_ERROR(HyperHeadCollapse(head_fn_.get(), head_base_.get(), head_scale_, N, H, shape_.hc_eps, shape_.eps,
                                          streams_buf_.get(), /*rows=*/nullptr, M, pre_.get(), stream));
-  EXL3_RETURN_IF_ERROR(RmsNorm(pre_.get(), norm_.get(), M, H, eps_, hn_.get(), stream));
+  EXL3_RETURN_IF_ERROR(RmsNorm(pre_.get(), norm_.get(), M, H, shape_.eps, hn_.get(), stream));
   EXL3_RETURN_IF_ERROR(parts_.head->Forward(hn_.get(), M, logits_.get(), ctx));
 
   // 3. The Markov loop and the confidence head, one block position after the other.
@@ -457,13 +435,13 @@ absl::StatusOr<std::vector<float>> CudaDsparkDrafter::ReadRows(int block, const 
     return absl::InvalidArgumentError(absl::StrCat("DSPARK rows of block ", block, ", positions ", first, " + ", n));
   const Dsv4CacheView v = RowsView(block);
   const cudaStream_t s = static_cast<cudaStream_t>(parts_.linear.stream);
-  std::vector<float> out(static_cast<size_t>(n) * head_dim_);
+  std::vector<float> out(static_cast<size_t>(n) * shape_.head_dim);
   for (int j = 0; j < n; ++j) {
     const int p = first + j;
     const int32_t b = block_table[p / cache_block_size_];
     if (b < 0 || b >= cache_blocks_) return absl::InvalidArgumentError(absl::StrCat("DSPARK rows: cache block ", b));
-    const float* src = v.layer + static_cast<size_t>(b) * v.block_stride + static_cast<size_t>(p % v.block_size) * head_dim_;
-    EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&out[static_cast<size_t>(j) * head_dim_], src, head_dim_ * sizeof(float),
+    const float* src = v.layer + static_cast<size_t>(b) * v.block_stride + static_cast<size_t>(p % v.block_size) * shape_.head_dim;
+    EXL3_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&out[static_cast<size_t>(j) * shape_.head_dim], src, shape_.head_dim * sizeof(float),
                                               cudaMemcpyDeviceToHost, s));
   }
   EXL3_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));

@@ -75,17 +75,17 @@ class CudaDsparkDrafter {
   CudaDsparkDrafter& operator=(const CudaDsparkDrafter&) = delete;
 
   int num_blocks() const { return static_cast<int>(blocks_.size()); }
-  int row_width() const { return head_dim_; }  // D: one main-kv row per block and position
-  int tap_width() const { return tap_width_; }  // taps * hidden
-  int block_size() const { return block_size_; }
-  int window() const { return window_; }
+  int row_width() const { return shape_.head_dim; }  // D: one main-kv row per block and position
+  int tap_width() const { return shape_.tap_width; }  // taps * hidden
+  int block_size() const { return shape_.block_size; }
+  int window() const { return shape_.window; }
   // The tapped trunk layers; tap k (the stream mean of layer tap_layers()[k]'s output) is the k-th
   // hidden-size slice of a position's taps.
   const std::vector<int>& tap_layers() const { return tap_layers_; }
 
   // The row cache for `shape` (every block's rows of every cache block, one spare block).
   absl::Status AllocateCache(const KvCacheShape& shape, StreamHandle stream);
-  int64_t KvBytesPerToken() const { return static_cast<int64_t>(num_blocks()) * head_dim_ * sizeof(float); }
+  int64_t KvBytesPerToken() const { return static_cast<int64_t>(num_blocks()) * shape_.head_dim * sizeof(float); }
 
   // Writes every write's rows, then runs every call's block draft (in one forward of all calls'
   // blocks), and returns each call's drafts, confidence logits and length (logits only with
@@ -127,11 +127,8 @@ class CudaDsparkDrafter {
 
   const ModelConfig cfg_;  // the model's with the blocks as layers num_hidden_layers + i; the MoE keeps references
   const CudaMtpModelParts parts_;
-  int hidden_ = 0, heads_ = 0, head_dim_ = 0, rope_dim_ = 0, q_lora_rank_ = 0, o_groups_ = 0, o_lora_rank_ = 0,
-      window_ = 0, streams_ = 0, vocab_ = 0, block_size_ = 0, noise_token_ = 0, tap_width_ = 0;
-  float eps_ = 1e-6f, hc_eps_ = 1e-6f;
+  DsparkShape shape_;
   std::vector<int> tap_layers_;
-  std::vector<double> inv_freq_;  // [rope_dim / 2]
   CudaLinear main_proj_;
   DeviceArray<float> main_norm_;
   std::vector<Block> blocks_;

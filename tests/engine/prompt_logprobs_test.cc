@@ -164,10 +164,12 @@ TEST(PromptLogprobsFakeRunnerTest, AFailedRequestFailsAlone) {
   testing::FakeModelOptions fo;
   auto runner = std::make_unique<testing::FakeModelRunner>(fo);
   testing::FakeModelRunner* fake = runner.get();
-  static constexpr int32_t kPoison = 13;  // a prompt holding it fails every step it runs in
+  // A prompt holding it fails every step its prompt chunk runs in (prompt chunks only: the good
+  // request may sample the same id, and its decode steps must not fail for that).
+  static constexpr int32_t kPoison = 13;
   fake->SetFault([](int, const StepBatch& batch) {
     for (const SequenceChunk& c : batch.chunks)
-      if (std::find(c.tokens.begin(), c.tokens.end(), kPoison) != c.tokens.end())
+      if (c.start_position == 0 && std::find(c.tokens.begin(), c.tokens.end(), kPoison) != c.tokens.end())
         return absl::InternalError("poisoned token");
     return absl::OkStatus();
   });

@@ -41,39 +41,48 @@ void UnweightedRmsNorm(float* x, int rows, int n, float eps) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DsparkDrafter>> DsparkDrafter::Load(const ModelConfig& cfg, const TensorSource& src,
-                                                                   TensorView embedding, const Linear& model_head) {
+absl::StatusOr<DsparkShape> DsparkShape::Of(const ModelConfig& cfg) {
   if (cfg.dsv4 == nullptr || !cfg.dsv4->dspark.enabled())
     return absl::FailedPreconditionError(absl::StrCat(
         cfg.architecture(), ": no DSPARK drafter configured (compress_ratios past num_hidden_layers, "
         "dspark_block_size, dspark_target_layer_ids)"));
   const Dsv4Config& v = *cfg.dsv4;
   const Dsv4DsparkConfig& ds = v.dspark;
+  DsparkShape s;
+  s.hidden = cfg.hidden_size;
+  s.heads = cfg.num_heads;
+  s.head_dim = v.head_dim;
+  s.rope_dim = v.rope_dim;
+  s.q_lora_rank = v.q_lora_rank;
+  s.o_groups = v.o_groups;
+  s.o_lora_rank = v.o_lora_rank;
+  s.window = v.sliding_window;
+  s.streams = v.hc_mult;
+  s.vocab = cfg.vocab_size;
+  s.block_size = ds.block_size;
+  s.noise_token = ds.noise_token_id;
+  s.markov_rank = ds.markov_rank;
+  s.tap_width = ds.num_taps() * cfg.hidden_size;
+  s.eps = cfg.rms_norm_eps;
+  s.hc_eps = v.hc_eps;
+  if (s.noise_token < 0 || s.noise_token >= s.vocab)
+    return absl::InvalidArgumentError(absl::StrCat("dspark_noise_token_id ", s.noise_token, " outside the vocabulary"));
+  for (int j = 0; j < v.rope_dim / 2; ++j)
+    s.inv_freq.push_back(1.0 / std::pow(v.main_rope.theta, static_cast<double>(2 * j) / v.rope_dim));
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<DsparkDrafter>> DsparkDrafter::Load(const ModelConfig& cfg, const TensorSource& src,
+                                                                   TensorView embedding, const Linear& model_head) {
+  EXL3_ASSIGN_OR_RETURN(const DsparkShape shape, DsparkShape::Of(cfg));
+  const Dsv4Config& v = *cfg.dsv4;
+  const Dsv4DsparkConfig& ds = v.dspark;
   std::unique_ptr<DsparkDrafter> d(new DsparkDrafter());
   const int H = cfg.hidden_size, NH = cfg.num_heads, D = v.head_dim;
-  d->hidden_ = H;
-  d->heads_ = NH;
-  d->head_dim_ = D;
-  d->rope_dim_ = v.rope_dim;
-  d->q_lora_rank_ = v.q_lora_rank;
-  d->o_groups_ = v.o_groups;
-  d->o_lora_rank_ = v.o_lora_rank;
-  d->window_ = v.sliding_window;
-  d->streams_ = v.hc_mult;
-  d->vocab_ = cfg.vocab_size;
-  d->block_size_ = ds.block_size;
-  d->noise_token_ = ds.noise_token_id;
-  d->markov_rank_ = ds.markov_rank;
-  d->tap_width_ = ds.num_taps() * H;
-  d->eps_ = cfg.rms_norm_eps;
-  d->hc_eps_ = v.hc_eps;
-  // The "main" rope of the sliding layers (docs/dspark.md): theta^(-2j/rd), no YaRN.
-  const double theta = v.main_rope.theta;
-  for (int j = 0; j < v.rope_dim / 2; ++j)
-    d->inv_freq_.push_back(1.0 / std::pow(theta, static_cast<double>(2 * j) / v.rope_dim));
+  d->shape_ = shape;
   d->embedding_ = embedding;
   d->head_ = &model_head;
-  EXL3_ASSIGN_OR_RETURN(d->main_proj_, Linear::Load(src, "mtp.0.main_proj", d->tap_width_, H));
+  EXL3_ASSIGN_OR_RETURN(d->main_proj_, Linear::Load(src, "mtp.0.main_proj", d->shape_.tap_width, H));
   EXL3_ASSIGN_OR_RETURN(d->main_norm_, LoadVector(src, "mtp.0.main_norm.weight", H));
   const HyperConnectionShape hc = {H, v.hc_mult, v.hc_sinkhorn_iters, v.hc_eps, cfg.rms_norm_eps};
   const int G = v.o_groups, R = v.o_lora_rank, in_per_group = NH * D / G;
@@ -124,11 +133,11 @@ absl::StatusOr<std::unique_ptr<DsparkDrafter>> DsparkDrafter::Load(const ModelCo
 }
 
 void DsparkDrafter::Rope(float* x, int n, int heads, int first, double sign) const {
-  const int D = head_dim_, rd = rope_dim_, off = D - rd;
+  const int D = shape_.head_dim, rd = shape_.rope_dim, off = D - rd;
   for (int t = 0; t < n; ++t) {
     const double pos = static_cast<double>(first + t);
     for (int j = 0; j < rd / 2; ++j) {
-      const double a = sign * pos * inv_freq_[j];
+      const double a = sign * pos * shape_.inv_freq[j];
       const float c = static_cast<float>(std::cos(a)), s = static_cast<float>(std::sin(a));
       for (int h = 0; h < heads; ++h) {
         float* v = x + (static_cast<size_t>(t) * heads + h) * D + off + 2 * j;
@@ -143,7 +152,7 @@ void DsparkDrafter::Rope(float* x, int n, int heads, int first, double sign) con
 absl::Status DsparkDrafter::KvRows(const Block& b, const float* h, int n, int first, float* out,
                                    CpuCompute& compute) const {
   EXL3_RETURN_IF_ERROR(b.wkv.Forward(h, n, out, compute));
-  RmsNormRows(out, b.kv_norm.data(), n, head_dim_, eps_, out);
+  RmsNormRows(out, b.kv_norm.data(), n, shape_.head_dim, shape_.eps, out);
   Rope(out, n, 1, first, 1.0);
   return absl::OkStatus();
 }
@@ -153,9 +162,9 @@ absl::Status DsparkDrafter::MainKvRows(const float* taps, int n, int first_posit
   if (static_cast<int>(rows.size()) != num_blocks())
     return absl::InvalidArgumentError(absl::StrCat("DSPARK main-kv rows: ", rows.size(), " outputs for ",
                                                    num_blocks(), " blocks"));
-  std::vector<float> x(static_cast<size_t>(n) * hidden_);
+  std::vector<float> x(static_cast<size_t>(n) * shape_.hidden);
   EXL3_RETURN_IF_ERROR(main_proj_.Forward(taps, n, x.data(), compute));
-  RmsNormRows(x.data(), main_norm_.data(), n, hidden_, eps_, x.data());
+  RmsNormRows(x.data(), main_norm_.data(), n, shape_.hidden, shape_.eps, x.data());
   for (int i = 0; i < num_blocks(); ++i) {
     EXL3_RETURN_IF_ERROR(KvRows(blocks_[i], x.data(), n, first_position, rows[i], compute));
   }
@@ -164,13 +173,13 @@ absl::Status DsparkDrafter::MainKvRows(const float* taps, int n, int first_posit
 
 absl::Status DsparkDrafter::Attend(const Block& b, const float* h, const float* history, int hist, int p0,
                                    float* out, CpuCompute& compute) const {
-  const int B = block_size_, D = head_dim_, NH = heads_;
+  const int B = shape_.block_size, D = shape_.head_dim, NH = shape_.heads;
   // Queries [B, NH, D].
-  std::vector<float> qa(static_cast<size_t>(B) * q_lora_rank_), q(static_cast<size_t>(B) * NH * D);
+  std::vector<float> qa(static_cast<size_t>(B) * shape_.q_lora_rank), q(static_cast<size_t>(B) * NH * D);
   EXL3_RETURN_IF_ERROR(b.wq_a.Forward(h, B, qa.data(), compute));
-  RmsNormRows(qa.data(), b.q_norm.data(), B, q_lora_rank_, eps_, qa.data());
+  RmsNormRows(qa.data(), b.q_norm.data(), B, shape_.q_lora_rank, shape_.eps, qa.data());
   EXL3_RETURN_IF_ERROR(b.wq_b.Forward(qa.data(), B, q.data(), compute));
-  UnweightedRmsNorm(q.data(), B * NH, D, eps_);
+  UnweightedRmsNorm(q.data(), B * NH, D, shape_.eps);
   Rope(q.data(), B, NH, p0, 1.0);
   // Keys = values: the history rows, then the block's own.
   const int m = hist + B;
@@ -207,7 +216,7 @@ absl::Status DsparkDrafter::Attend(const Block& b, const float* h, const float* 
   }
   Rope(o.data(), B, NH, p0, -1.0);
   // Grouped output: group g's (NH / G) * D values through wo_a's group g, then wo_b.
-  const int G = o_groups_, R = o_lora_rank_, in_per_group = NH * D / G;
+  const int G = shape_.o_groups, R = shape_.o_lora_rank, in_per_group = NH * D / G;
   std::vector<float> grouped(static_cast<size_t>(B) * G * R), gin(static_cast<size_t>(B) * in_per_group),
       gout(static_cast<size_t>(B) * R);
   for (int g = 0; g < G; ++g) {
@@ -223,15 +232,15 @@ absl::Status DsparkDrafter::Attend(const Block& b, const float* h, const float* 
 
 absl::StatusOr<DsparkDraft> DsparkDrafter::Draft(const std::vector<const float*>& history, int hist, int seed, int p0,
                                                  CpuCompute& compute) const {
-  if (static_cast<int>(history.size()) != num_blocks() || hist < 0 || hist > p0 || hist > window_)
+  if (static_cast<int>(history.size()) != num_blocks() || hist < 0 || hist > p0 || hist > shape_.window)
     return absl::InvalidArgumentError(absl::StrCat("DSPARK draft at ", p0, ": ", history.size(), " histories of ",
-                                                   hist, " rows (", num_blocks(), " blocks, window ", window_, ")"));
-  if (seed < 0 || seed >= vocab_) return absl::InvalidArgumentError(absl::StrCat("DSPARK seed token ", seed));
-  const int B = block_size_, H = hidden_, N = streams_, V = vocab_, r = markov_rank_;
+                                                   hist, " rows (", num_blocks(), " blocks, window ", shape_.window, ")"));
+  if (seed < 0 || seed >= shape_.vocab) return absl::InvalidArgumentError(absl::StrCat("DSPARK seed token ", seed));
+  const int B = shape_.block_size, H = shape_.hidden, N = shape_.streams, V = shape_.vocab, r = shape_.markov_rank;
   // The block [seed, noise, ...] embedded, every stream alike.
   std::vector<float> x(static_cast<size_t>(B) * N * H);
   for (int t = 0; t < B; ++t) {
-    const size_t base = static_cast<size_t>(t == 0 ? seed : noise_token_) * H;
+    const size_t base = static_cast<size_t>(t == 0 ? seed : shape_.noise_token) * H;
     float* row = &x[static_cast<size_t>(t) * N * H];
     for (int i = 0; i < H; ++i) {
       switch (embedding_.info->dtype) {
@@ -247,11 +256,11 @@ absl::StatusOr<DsparkDraft> DsparkDrafter::Draft(const std::vector<const float*>
   for (int i = 0; i < num_blocks(); ++i) {
     const Block& b = blocks_[i];
     b.hc_attn->Collapse(x.data(), B, y.data(), &mix, compute);
-    RmsNormRows(y.data(), b.attn_norm.data(), B, H, eps_, hn.data());
+    RmsNormRows(y.data(), b.attn_norm.data(), B, H, shape_.eps, hn.data());
     EXL3_RETURN_IF_ERROR(Attend(b, hn.data(), history[i], hist, p0, a.data(), compute));
     b.hc_attn->Expand(mix, a.data(), B, x.data(), compute);
     b.hc_ffn->Collapse(x.data(), B, y.data(), &mix, compute);
-    RmsNormRows(y.data(), b.ffn_norm.data(), B, H, eps_, hn.data());
+    RmsNormRows(y.data(), b.ffn_norm.data(), B, H, shape_.eps, hn.data());
     EXL3_RETURN_IF_ERROR(b.moe->Forward(hn.data(), B, a.data(), compute));
     b.hc_ffn->Expand(mix, a.data(), B, x.data(), compute);
   }
@@ -260,17 +269,17 @@ absl::StatusOr<DsparkDraft> DsparkDrafter::Draft(const std::vector<const float*>
   for (int t = 0; t < B; ++t) {
     const float* s = &x[static_cast<size_t>(t) * N * H];
     std::copy_n(s, N * H, flat.data());
-    UnweightedRmsNorm(flat.data(), 1, N * H, eps_);
+    UnweightedRmsNorm(flat.data(), 1, N * H, shape_.eps);
     float* p = &pre[static_cast<size_t>(t) * H];
     for (int k = 0; k < N; ++k) {
       double mixk = 0.0;
       const float* f = &head_fn_[static_cast<size_t>(k) * N * H];
       for (int i = 0; i < N * H; ++i) mixk += static_cast<double>(f[i]) * flat[i];
-      const float w = Sigmoid(static_cast<float>(mixk) * head_scale_ + head_base_[k]) + hc_eps_;
+      const float w = Sigmoid(static_cast<float>(mixk) * head_scale_ + head_base_[k]) + shape_.hc_eps;
       for (int i = 0; i < H; ++i) p[i] += w * s[static_cast<size_t>(k) * H + i];
     }
   }
-  RmsNormRows(pre.data(), norm_.data(), B, H, eps_, hn.data());
+  RmsNormRows(pre.data(), norm_.data(), B, H, shape_.eps, hn.data());
   DsparkDraft out;
   out.logits.resize(static_cast<size_t>(B) * V);
   EXL3_RETURN_IF_ERROR(head_->Forward(hn.data(), B, out.logits.data(), compute));

@@ -39,6 +39,18 @@
 
 namespace exl3::engine {
 
+// The drafter's sizes (docs/dspark.md's notation) from the model's config, as both engines' drafters
+// read them (engine/cuda/cuda_dspark_drafter.h).
+struct DsparkShape {
+  int hidden = 0, heads = 0, head_dim = 0, rope_dim = 0, q_lora_rank = 0, o_groups = 0, o_lora_rank = 0,
+      window = 0, streams = 0, vocab = 0, block_size = 0, noise_token = 0, markov_rank = 0, tap_width = 0;
+  float eps = 1e-6f, hc_eps = 1e-6f;
+  std::vector<double> inv_freq;  // [rope_dim / 2]: the sliding layers' "main" rope, theta^(-2j/rd), no YaRN
+  // FAILED_PRECONDITION without a DSPARK drafter in `cfg`; INVALID_ARGUMENT for a noise token outside
+  // the vocabulary.
+  static absl::StatusOr<DsparkShape> Of(const ModelConfig& cfg);
+};
+
 struct DsparkDraft {
   std::vector<int32_t> drafts;     // [block_size]: t_1 .. t_B
   std::vector<float> logits;       // [block_size, vocab]: the head's logits plus the Markov bias of t_j
@@ -56,10 +68,10 @@ class DsparkDrafter {
   DsparkDrafter& operator=(const DsparkDrafter&) = delete;
 
   int num_blocks() const { return static_cast<int>(blocks_.size()); }
-  int row_width() const { return head_dim_; }    // D: one main-kv row per block and position
-  int tap_width() const { return tap_width_; }   // T * hidden
-  int block_size() const { return block_size_; }
-  int window() const { return window_; }         // at most this many history rows are read
+  int row_width() const { return shape_.head_dim; }    // D: one main-kv row per block and position
+  int tap_width() const { return shape_.tap_width; }   // T * hidden
+  int block_size() const { return shape_.block_size; }
+  int window() const { return shape_.window; }         // at most this many history rows are read
 
   // rows[i] [n, D] (block i) of positions first_position .. first_position + n - 1 from their
   // taps [n, T * hidden].
@@ -88,11 +100,7 @@ class DsparkDrafter {
   absl::Status Attend(const Block& b, const float* h, const float* history, int hist, int p0,
                       float* out, CpuCompute& compute) const;
 
-  int hidden_ = 0, heads_ = 0, head_dim_ = 0, rope_dim_ = 0, q_lora_rank_ = 0, o_groups_ = 0,
-      o_lora_rank_ = 0, window_ = 0, streams_ = 0, vocab_ = 0, block_size_ = 0, noise_token_ = 0,
-      markov_rank_ = 0, tap_width_ = 0;
-  float eps_ = 1e-6f, hc_eps_ = 1e-6f;
-  std::vector<double> inv_freq_;  // [rope_dim / 2]
+  DsparkShape shape_;
   Linear main_proj_;
   std::vector<float> main_norm_;
   std::vector<Block> blocks_;

@@ -288,14 +288,7 @@ TEST_F(CudaDsparkTest, DraftsEqualTheCpuEnginesForTheSameSpans) {
         ASSERT_TRUE(g.ok()) << g;
         const int last = start + kept - 1;  // the last kept position; the seed is the token at last + 1
         if (last + 1 + k >= static_cast<int>(ids.size())) break;
-        MtpSpan span;
-        span.sequence_id = id;
-        span.start_position = start;
-        span.num_positions = kept;
-        span.next_tokens.assign(ids.begin() + start + 1, ids.begin() + start + 1 + kept);
-        span.block_table = table;
-        span.num_drafts = k;
-        const std::vector<MtpSpan> spans = {span};
+        const std::vector<MtpSpan> spans = {TeacherForcedSpan(id, ids, start, kept, table, k)};
         auto cpu_drafts = cpu->ProposeMtpDrafts(spans);
         ASSERT_TRUE(cpu_drafts.ok()) << cpu_drafts.status();
         auto gpu_drafts = gpu->ProposeMtpDrafts(spans);
@@ -312,16 +305,7 @@ TEST_F(CudaDsparkTest, DraftsEqualTheCpuEnginesForTheSameSpans) {
         int hits = 0;
         while (hits < w && drafts[hits] == ids[last + 2 + hits]) ++hits;
         accepted += hits;
-        batch = StepBatch{};
-        batch.keep_hidden_states = true;
-        SequenceChunk& verify = batch.chunks.emplace_back();
-        verify.sequence_id = id;
-        verify.start_position = last + 1;
-        verify.tokens = {ids[last + 1]};
-        verify.tokens.insert(verify.tokens.end(), drafts.begin(), drafts.end());
-        verify.block_table = table;
-        verify.wants_logits = true;
-        verify.num_logit_rows = 1 + w;
+        batch = TeacherForcedVerify(id, ids, last, drafts, table);
         start = last + 1;
         kept = 1 + hits;
       }

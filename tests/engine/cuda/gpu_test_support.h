@@ -181,4 +181,35 @@ inline LayerCaches LayerCachesOf(const ModelConfig& cfg, const KvCacheShape& sha
   return c;
 }
 
+// A drafting walk teacher-forced along `ids` (the MTP drafting tests): sequence `id`'s positions
+// start .. start + kept - 1 are kept; their span asks for `num_drafts` drafts.
+inline MtpSpan TeacherForcedSpan(int64_t id, const std::vector<int32_t>& ids, int start, int kept,
+                                 const std::vector<int32_t>& table, int num_drafts) {
+  MtpSpan span;
+  span.sequence_id = id;
+  span.start_position = start;
+  span.num_positions = kept;
+  span.next_tokens.assign(ids.begin() + start + 1, ids.begin() + start + 1 + kept);
+  span.block_table = table;
+  span.num_drafts = num_drafts;
+  return span;
+}
+
+// The walk's next step after the last kept position `last`: one verify chunk of the token at
+// last + 1 and the drafts, a logit row each, states kept.
+inline StepBatch TeacherForcedVerify(int64_t id, const std::vector<int32_t>& ids, int last,
+                                     const std::vector<int32_t>& drafts, const std::vector<int32_t>& table) {
+  StepBatch batch;
+  batch.keep_hidden_states = true;
+  SequenceChunk& verify = batch.chunks.emplace_back();
+  verify.sequence_id = id;
+  verify.start_position = last + 1;
+  verify.tokens = {ids[last + 1]};
+  verify.tokens.insert(verify.tokens.end(), drafts.begin(), drafts.end());
+  verify.block_table = table;
+  verify.wants_logits = true;
+  verify.num_logit_rows = 1 + static_cast<int>(drafts.size());
+  return batch;
+}
+
 }  // namespace exl3::engine::cuda

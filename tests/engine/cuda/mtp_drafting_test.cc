@@ -119,13 +119,7 @@ TEST_P(CudaMtpTest, DraftsEqualTheCpuEnginesForTheSameSpans) {
       int start = 0, kept = P;
       for (int step = 0;; ++step) {
         ASSERT_NO_FATAL_FAILURE(StepBoth(*cpu, *gpu, batch, &logits));
-        MtpSpan span;
-        span.sequence_id = id;
-        span.start_position = start;
-        span.num_positions = kept;
-        span.next_tokens.assign(ids.begin() + start + 1, ids.begin() + start + 1 + kept);
-        span.block_table = table;
-        span.num_drafts = k;
+        const MtpSpan span = TeacherForcedSpan(id, ids, start, kept, table, k);
         // The last kept position; the drafts run the MTP up to last + k - 1 and the verify chunk
         // writes positions last + 1 .. last + 1 + k, whose successors the sequence must hold.
         const int last = start + kept - 1;
@@ -147,16 +141,7 @@ TEST_P(CudaMtpTest, DraftsEqualTheCpuEnginesForTheSameSpans) {
         int hits = 0;
         while (hits < k && drafts[hits] == ids[last + 2 + hits]) ++hits;
         accepted += hits;
-        batch = StepBatch{};
-        batch.keep_hidden_states = true;
-        SequenceChunk& verify = batch.chunks.emplace_back();
-        verify.sequence_id = id;
-        verify.start_position = last + 1;
-        verify.tokens = {ids[last + 1]};
-        verify.tokens.insert(verify.tokens.end(), drafts.begin(), drafts.end());
-        verify.block_table = table;
-        verify.wants_logits = true;
-        verify.num_logit_rows = 1 + k;
+        batch = TeacherForcedVerify(id, ids, last, drafts, table);
         start = last + 1;
         kept = 1 + hits;
         if (step >= 8) break;

@@ -147,5 +147,23 @@ TEST(DsparkDrafter, RefusesAConfigWithoutIt) {
   EXPECT_NE(std::string(d.status().message()).find("no DSPARK drafter"), std::string::npos) << d.status();
 }
 
+TEST(DsparkDrafter, RefusesANoiseTokenOutsideTheVocabulary) {
+  auto cfg = LoadModelConfig(kDir);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  auto shape = DsparkShape::Of(*cfg);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->tap_width, cfg->dsv4->dspark.num_taps() * cfg->hidden_size);
+  EXPECT_EQ(static_cast<int>(shape->inv_freq.size()), cfg->dsv4->rope_dim / 2);
+  ModelConfig bad = *cfg;
+  auto v = std::make_shared<Dsv4Config>(*cfg->dsv4);
+  v->dspark.noise_token_id = cfg->vocab_size;
+  bad.dsv4 = v;
+  auto refused = DsparkShape::Of(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(refused.status().message()).find("dspark_noise_token_id"), std::string::npos)
+      << refused.status();
+}
+
 }  // namespace
 }  // namespace exl3::engine
