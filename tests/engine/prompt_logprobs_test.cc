@@ -119,7 +119,9 @@ TEST_P(PromptLogprobsTest, APrefixCachedPromptStillGetsEveryRow) {
   auto third_id = engine_->Submit(g, third.Callback());
   ASSERT_TRUE(third_id.ok());
   third.Wait(1);
-  if (PrefixCachingUsable(engine_->model_info())) EXPECT_GT(third.finish[*third_id].usage.cached_tokens, 0);
+  if (PrefixCachingUsable(engine_->model_info())) {
+    EXPECT_GT(third.finish[*third_id].usage.cached_tokens, 0);
+  }
 }
 
 TEST_P(PromptLogprobsTest, OutOfRangeIsRefusedAlone) {

@@ -89,6 +89,25 @@ struct SpeculativeRun {
   double seconds = 0;  // from the first submission to the last request's end
 };
 
+// An MTP run at draft cap k against plain decoding's: prints "`what` K=k: ..." (verify chunks,
+// drafts, accepted in all and per position, steps against plain's) and expects drafts, accepted
+// ones, at most k a verify chunk, per-position counts that add up, and the cache back to idle.
+inline void ExpectMtpRunCounts(const SpeculativeRun& spec, const SpeculativeRun& plain, int k, const std::string& what) {
+  const SpeculativeCounters& c = spec.stats.speculative;
+  std::printf("%s K=%d: %lld verify chunks, %lld draft tokens, %lld accepted (per position:", what.c_str(), k,
+              static_cast<long long>(c.num_drafts), static_cast<long long>(c.num_draft_tokens),
+              static_cast<long long>(c.num_accepted_tokens));
+  for (int64_t a : c.num_accepted_tokens_per_pos) std::printf(" %lld", static_cast<long long>(a));
+  std::printf("); %lld steps vs %lld plain\n", static_cast<long long>(spec.stats.steps),
+              static_cast<long long>(plain.stats.steps));
+  EXPECT_GT(c.num_drafts, 0) << what << " K " << k;
+  EXPECT_GT(c.num_accepted_tokens, 0) << what << " K " << k;
+  EXPECT_LE(c.num_draft_tokens, c.num_drafts * k) << what;
+  ASSERT_EQ(c.num_accepted_tokens_per_pos.size(), static_cast<size_t>(k)) << what;
+  EXPECT_EQ(Sum(c.num_accepted_tokens_per_pos), c.num_accepted_tokens) << what;
+  EXPECT_DOUBLE_EQ(spec.stats.kv_usage, 0.0) << what;
+}
+
 // Every request at once through a fresh engine over `runner`.
 inline SpeculativeRun RunOnce(const EngineOptions& eo, std::unique_ptr<ModelRunner> runner,
                               const std::vector<GenerateParams>& params) {

@@ -173,7 +173,9 @@ TEST(SequenceStateStore, AVerifyChunkAfterARollbackWritesOnlyCopiesItDoesNotRead
     const StepBatch verify = Batch({VerifyChunk(3, 0, start, 3)});
     ASSERT_TRUE(store.BeginStep(verify).ok()) << round;
     const float before = store.Current(1, 0)[0];
-    if (round > 0) EXPECT_EQ(before, 10.0f * round) << round;
+    if (round > 0) {
+      EXPECT_EQ(before, 10.0f * round) << round;
+    }
     for (int k = 0; k < 3; ++k) EXPECT_NE(store.KeptState(1, 0, k), store.Current(1, 0));
     WriteKeptStates(store, 10.0f * (round + 1));
     EXPECT_EQ(store.Current(1, 0)[0], before);

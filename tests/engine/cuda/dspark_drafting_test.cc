@@ -37,6 +37,7 @@
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
 #include "tests/engine/cuda/gpu_test_support.h"
+#include "tests/engine/reference_tensors.h"
 #include "tests/engine/cuda/open_gpu_model.h"
 #include "tests/engine/engine_requests.h"
 #include "tests/engine/speculative_runs.h"
@@ -57,30 +58,8 @@ SpeculativeOptions Mtp(int k) {
   return s;
 }
 
-std::vector<float> Floats(const TensorSource& ref, const std::string& name) {
-  auto t = ref.Get(name);
-  EXPECT_TRUE(t.ok()) << name;
-  if (!t.ok()) return {};
-  auto f = ToFloat32(*t);
-  EXPECT_TRUE(f.ok()) << name << ": " << f.status();
-  return f.ok() ? *f : std::vector<float>{};
-}
-
-std::vector<int32_t> Ints(const TensorSource& ref, const std::string& name) {
-  auto t = ref.Get(name);
-  EXPECT_TRUE(t.ok()) << name;
-  if (!t.ok()) return {};
-  return std::vector<int32_t>(t->as<int32_t>(), t->as<int32_t>() + t->size_bytes() / sizeof(int32_t));
-}
-
-double RelErr(const float* a, const float* b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
+using testing::ReferenceFloats;
+using testing::ReferenceInts;
 
 // The GPU against the fp32 reference: EXL3 linears on the GPU's kernels (the model tests' bound,
 // tests/engine/cuda/cuda_model_test.cc); the fixture keeps every greedy choice and confidence sign
@@ -135,13 +114,13 @@ TEST(CudaDsparkDrafterTest, MatchesTheReferenceAtEveryDraftPosition) {
   const std::vector<int32_t> blocks = {9, 3, 14, 0, 7, 11, 5, 12};
   for (int s = 0; s < 2; ++s) {
     const std::string k = std::to_string(s);
-    std::vector<int32_t> ids = Ints(**ref, "prompt." + k);
-    const std::vector<int32_t> greedy = Ints(**ref, "greedy." + k);
+    std::vector<int32_t> ids = ReferenceInts(**ref, "prompt." + k);
+    const std::vector<int32_t> greedy = ReferenceInts(**ref, "greedy." + k);
     ids.insert(ids.end(), greedy.begin(), greedy.end());
     const int n = static_cast<int>(ids.size());
     ASSERT_LE(n, static_cast<int>(blocks.size()) * block_size);
-    const std::vector<float> taps = Floats(**ref, "dspark_taps." + k);
-    const std::vector<float> want_rows = Floats(**ref, "dspark_main_kv." + k);
+    const std::vector<float> taps = ReferenceFloats(**ref, "dspark_taps." + k);
+    const std::vector<float> want_rows = ReferenceFloats(**ref, "dspark_main_kv." + k);
     ASSERT_EQ(taps.size(), static_cast<size_t>(n) * 2 * H);
     ASSERT_EQ(want_rows.size(), static_cast<size_t>(n) * D);
     const DeviceArray<float> device_taps = ToDevice(taps);
@@ -153,14 +132,14 @@ TEST(CudaDsparkDrafterTest, MatchesTheReferenceAtEveryDraftPosition) {
     EXPECT_TRUE(none->empty());
     auto rows = d.ReadRows(0, blocks, 0, n);
     ASSERT_TRUE(rows.ok()) << rows.status();
-    const double row_err = RelErr(rows->data(), want_rows.data(), rows->size());
+    const double row_err = RelativeError(rows->data(), want_rows.data(), rows->size());
     std::printf("prompt %d: main-kv rows of %d positions: rel err %.3g\n", s, n, row_err);
     EXPECT_LT(row_err, kTolerance);
 
-    const std::vector<float> want_logits = Floats(**ref, "dspark_logits." + k);
-    const std::vector<float> want_conf = Floats(**ref, "dspark_confidence." + k);
-    const std::vector<int32_t> want_drafts = Ints(**ref, "dspark_drafts." + k);
-    const std::vector<int32_t> want_length = Ints(**ref, "dspark_length." + k);
+    const std::vector<float> want_logits = ReferenceFloats(**ref, "dspark_logits." + k);
+    const std::vector<float> want_conf = ReferenceFloats(**ref, "dspark_confidence." + k);
+    const std::vector<int32_t> want_drafts = ReferenceInts(**ref, "dspark_drafts." + k);
+    const std::vector<int32_t> want_length = ReferenceInts(**ref, "dspark_length." + k);
     ASSERT_EQ(want_logits.size(), static_cast<size_t>(n) * B * V);
     ASSERT_EQ(want_drafts.size(), static_cast<size_t>(n) * B);
     ASSERT_EQ(want_length.size(), static_cast<size_t>(n));
@@ -187,8 +166,8 @@ TEST(CudaDsparkDrafterTest, MatchesTheReferenceAtEveryDraftPosition) {
         ASSERT_EQ(r.drafts.size(), static_cast<size_t>(B));
         ASSERT_EQ(r.confidence.size(), static_cast<size_t>(B));
         worst_logits =
-            std::max(worst_logits, RelErr(r.logits.data(), &want_logits[static_cast<size_t>(p0) * B * V], r.logits.size()));
-        worst_conf = std::max(worst_conf, RelErr(r.confidence.data(), &want_conf[static_cast<size_t>(p0) * B], B));
+            std::max(worst_logits, RelativeError(r.logits.data(), &want_logits[static_cast<size_t>(p0) * B * V], r.logits.size()));
+        worst_conf = std::max(worst_conf, RelativeError(r.confidence.data(), &want_conf[static_cast<size_t>(p0) * B], B));
         for (int j = 0; j < B; ++j) {
           EXPECT_EQ(r.drafts[j], want_drafts[static_cast<size_t>(p0) * B + j])
               << how << ", prompt " << s << " p0 " << p0 << " j " << j;
@@ -345,18 +324,8 @@ TEST_F(CudaDsparkTest, GreedyTokensAndLogprobsEqualPlainDecodingAtK124) {
         EXPECT_LT(diff, 1e-4) << "K " << k << ", request " << i << ", token " << t;
       }
     }
-    const SpeculativeCounters& c = spec.stats.speculative;
-    std::printf("deepseek_v4_release_mtp GPU mtp K=%d: %lld verify chunks, %lld draft tokens, %lld accepted (per "
-                "position:",
-                k, static_cast<long long>(c.num_drafts), static_cast<long long>(c.num_draft_tokens),
-                static_cast<long long>(c.num_accepted_tokens));
-    for (int64_t a : c.num_accepted_tokens_per_pos) std::printf(" %lld", static_cast<long long>(a));
-    std::printf("); %lld steps vs %lld plain; worst |logprob - plain's| %.2e\n", static_cast<long long>(spec.stats.steps),
-                static_cast<long long>(plain.stats.steps), worst_logprob);
-    EXPECT_GT(c.num_drafts, 0) << "K " << k;
-    EXPECT_GT(c.num_accepted_tokens, 0) << "K " << k;
-    EXPECT_LE(c.num_draft_tokens, c.num_drafts * k);
-    EXPECT_DOUBLE_EQ(spec.stats.kv_usage, 0.0);
+    testing::ExpectMtpRunCounts(spec, plain, k, "deepseek_v4_release_mtp GPU mtp");
+    std::printf("deepseek_v4_release_mtp GPU mtp K=%d: worst |logprob - plain's| %.2e\n", k, worst_logprob);
   }
 }
 
@@ -390,8 +359,8 @@ TEST_F(CudaDsparkTest, DraftsAreTheReferencesAtK1) {
   const int max_tokens = 32, B = 4;
   for (size_t i = 0; i < prompts_.size(); ++i) {
     const std::string k = std::to_string(i);
-    const std::vector<int32_t> drafts = Ints(*ref_, "dspark_drafts." + k);
-    const std::vector<int32_t> lengths = Ints(*ref_, "dspark_length." + k);
+    const std::vector<int32_t> drafts = ReferenceInts(*ref_, "dspark_drafts." + k);
+    const std::vector<int32_t> lengths = ReferenceInts(*ref_, "dspark_length." + k);
     std::vector<int32_t> ids = prompts_[i];
     ids.insert(ids.end(), greedy_[i].begin(), greedy_[i].end());
     const int P = static_cast<int>(prompts_[i].size());

@@ -168,7 +168,9 @@ TEST_P(AdaptiveDraftLengthTest, ShrinksWhereDraftsFailAndStaysUpWhereTheyLand) {
   const DraftTrace& good = adaptive[1];
   ASSERT_FALSE(good.drafts.empty());
   for (size_t k = 0; k < good.limits.size(); ++k) {
-    if (good.limits[k] >= 0) EXPECT_EQ(good.limits[k], 4) << "verify chunk " << k;
+    if (good.limits[k] >= 0) {
+      EXPECT_EQ(good.limits[k], 4) << "verify chunk " << k;
+    }
   }
   EXPECT_EQ(good.drafts, fixed[1].drafts);
 }

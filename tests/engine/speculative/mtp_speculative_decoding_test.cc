@@ -65,20 +65,7 @@ class MtpFixtureTest : public testing::CpuSpeculativeFixtureTest {
         }
         EXPECT_EQ(spec.finish[i].reason, FinishReason::kLength);
       }
-      const SpeculativeCounters& c = spec.stats.speculative;
-      std::printf("%s K=%d: %lld verify chunks, %lld draft tokens, %lld accepted (per position:", GetParam(), k,
-                  static_cast<long long>(c.num_drafts), static_cast<long long>(c.num_draft_tokens),
-                  static_cast<long long>(c.num_accepted_tokens));
-      for (int64_t a : c.num_accepted_tokens_per_pos) std::printf(" %lld", static_cast<long long>(a));
-      std::printf("); steps %lld vs %lld plain\n", static_cast<long long>(spec.stats.steps),
-                  static_cast<long long>(plain.stats.steps));
-      EXPECT_GT(c.num_drafts, 0) << "K " << k;
-      EXPECT_GT(c.num_draft_tokens, 0) << "K " << k;
-      EXPECT_GT(c.num_accepted_tokens, 0) << "K " << k;
-      EXPECT_LE(c.num_draft_tokens, c.num_drafts * k);
-      ASSERT_EQ(c.num_accepted_tokens_per_pos.size(), static_cast<size_t>(k));
-      EXPECT_EQ(Sum(c.num_accepted_tokens_per_pos), c.num_accepted_tokens);
-      EXPECT_DOUBLE_EQ(spec.stats.kv_usage, 0.0);
+      testing::ExpectMtpRunCounts(spec, plain, k, GetParam());
     }
   }
 };

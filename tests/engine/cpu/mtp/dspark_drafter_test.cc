@@ -19,6 +19,8 @@
 #include "engine/cpu/cpu_compute.h"
 #include "engine/cpu/linear.h"
 #include "gtest/gtest.h"
+#include "tests/engine/reference_tensors.h"
+#include "tests/engine/relative_error.h"
 #include "model/safetensors.h"
 
 namespace exl3::engine {
@@ -26,33 +28,9 @@ namespace {
 
 constexpr char kDir[] = "tests/fixtures/engine/deepseek_v4_release_mtp";
 
-double RelErr(const float* a, const float* b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
-
-struct Reference {
-  std::unique_ptr<SafetensorsFile> file;
-  std::vector<float> Floats(const std::string& name) const {
-    auto t = file->Get(name);
-    EXPECT_TRUE(t.ok()) << name;
-    if (!t.ok()) return {};
-    auto f = ToFloat32(*t);
-    EXPECT_TRUE(f.ok()) << name << ": " << f.status();
-    return f.ok() ? *f : std::vector<float>{};
-  }
-  std::vector<int32_t> Ints(const std::string& name) const {
-    auto t = file->Get(name);
-    EXPECT_TRUE(t.ok()) << name;
-    if (!t.ok()) return {};
-    const size_t n = t->size_bytes() / sizeof(int32_t);
-    return std::vector<int32_t>(t->as<int32_t>(), t->as<int32_t>() + n);
-  }
-};
+using testing::ReferenceFloats;
+using testing::ReferenceInts;
+using testing::RelativeError;
 
 TEST(DsparkDrafter, MatchesTheReferenceAtEveryDraftPosition) {
   auto cfg = LoadModelConfig(kDir);
@@ -74,35 +52,34 @@ TEST(DsparkDrafter, MatchesTheReferenceAtEveryDraftPosition) {
   const int D = d.row_width(), B = d.block_size();
   ASSERT_EQ(B, 4);
   ASSERT_EQ(d.tap_width(), 2 * H);
-  Reference ref;
-  auto file = SafetensorsFile::Open(std::string(kDir) + "/reference.safetensors");
-  ASSERT_TRUE(file.ok()) << file.status();
-  ref.file = std::move(*file);
+  auto ref_source = TensorSource::Open(std::string(kDir) + "/reference.safetensors");
+  ASSERT_TRUE(ref_source.ok()) << ref_source.status();
+  const TensorSource& ref = **ref_source;
   CpuCompute compute(2);
   for (int s = 0; s < 2; ++s) {
     const std::string k = std::to_string(s);
-    std::vector<int32_t> ids = ref.Ints("prompt." + k);
-    const std::vector<int32_t> greedy = ref.Ints("greedy." + k);
+    std::vector<int32_t> ids = ReferenceInts(ref, "prompt." + k);
+    const std::vector<int32_t> greedy = ReferenceInts(ref, "greedy." + k);
     ids.insert(ids.end(), greedy.begin(), greedy.end());
     const int n = static_cast<int>(ids.size());
-    const std::vector<float> taps = ref.Floats("dspark_taps." + k);
-    const std::vector<float> want_rows = ref.Floats("dspark_main_kv." + k);
+    const std::vector<float> taps = ReferenceFloats(ref, "dspark_taps." + k);
+    const std::vector<float> want_rows = ReferenceFloats(ref, "dspark_main_kv." + k);
     ASSERT_EQ(taps.size(), static_cast<size_t>(n) * 2 * H);
     ASSERT_EQ(want_rows.size(), static_cast<size_t>(n) * D);
     std::vector<float> rows(static_cast<size_t>(n) * D);
     ASSERT_TRUE(d.MainKvRows(taps.data(), n, 0, {rows.data()}, compute).ok());
-    const double row_err = RelErr(rows.data(), want_rows.data(), rows.size());
+    const double row_err = RelativeError(rows.data(), want_rows.data(), rows.size());
     std::printf("prompt %d: main-kv rows of %d positions: rel err %.3g\n", s, n, row_err);
     EXPECT_LT(row_err, 1e-5);
     // One position at a time at a later first position gives the same rows.
     std::vector<float> one(D);
     ASSERT_TRUE(d.MainKvRows(taps.data() + static_cast<size_t>(n - 1) * 2 * H, 1, n - 1, {one.data()}, compute).ok());
-    EXPECT_LT(RelErr(one.data(), &rows[static_cast<size_t>(n - 1) * D], D), 1e-6);
+    EXPECT_LT(RelativeError(one.data(), &rows[static_cast<size_t>(n - 1) * D], D), 1e-6);
 
-    const std::vector<float> want_logits = ref.Floats("dspark_logits." + k);
-    const std::vector<float> want_conf = ref.Floats("dspark_confidence." + k);
-    const std::vector<int32_t> want_drafts = ref.Ints("dspark_drafts." + k);
-    const std::vector<int32_t> want_length = ref.Ints("dspark_length." + k);
+    const std::vector<float> want_logits = ReferenceFloats(ref, "dspark_logits." + k);
+    const std::vector<float> want_conf = ReferenceFloats(ref, "dspark_confidence." + k);
+    const std::vector<int32_t> want_drafts = ReferenceInts(ref, "dspark_drafts." + k);
+    const std::vector<int32_t> want_length = ReferenceInts(ref, "dspark_length." + k);
     ASSERT_EQ(want_logits.size(), static_cast<size_t>(n) * B * V);
     double worst_logits = 0, worst_conf = 0;
     int draft_mismatches = 0, length_mismatches = 0;
@@ -110,8 +87,8 @@ TEST(DsparkDrafter, MatchesTheReferenceAtEveryDraftPosition) {
       const int hist = std::min(d.window(), p0);
       auto r = d.Draft({&want_rows[static_cast<size_t>(p0 - hist) * D]}, hist, ids[p0], p0, compute);
       ASSERT_TRUE(r.ok()) << r.status();
-      const double le = RelErr(r->logits.data(), &want_logits[static_cast<size_t>(p0) * B * V], r->logits.size());
-      const double ce = RelErr(r->confidence.data(), &want_conf[static_cast<size_t>(p0) * B], B);
+      const double le = RelativeError(r->logits.data(), &want_logits[static_cast<size_t>(p0) * B * V], r->logits.size());
+      const double ce = RelativeError(r->confidence.data(), &want_conf[static_cast<size_t>(p0) * B], B);
       worst_logits = std::max(worst_logits, le);
       worst_conf = std::max(worst_conf, ce);
       for (int j = 0; j < B; ++j) {
