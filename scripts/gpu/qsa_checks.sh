@@ -10,6 +10,9 @@
 #     glm_moe_dsa_all deepseek_v4_all qwen3_next_all glm5_next_all qwen4_exp_all qwen4_exp_experts \
 #     glm4_moe_mtp deepseek_v3_mtp glm_moe_dsa_mtp glm5_next_mtp qwen4_exp_mtp deepseek_v4_release_mtp \
 #     qwen4_exp_release_mtp                  (34 MB with the 16 MB bundle)
+#   These leave out the other families' `_experts` and release fixtures (all would pass 64 MiB), so
+#   those families' cases fail on "cannot read tests/fixtures/engine/..." (session 26's run);
+#   scripts/gpu/test_checks.sh runs chosen cases with their fixtures instead.
 #   bash scripts/gpu/qsa_checks.sh            (carry .gpu-check; about 300 s)
 # $OUT: logs.tar.xz (every log, the benchmarks' JSON); summary lines on stdout.
 cd "$(dirname "$0")/../.."
