@@ -13,7 +13,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
 LIMIT=180
 if [ "${1:-}" = --limit ]; then LIMIT=$2; shift 2; fi
-if [ $# -eq 0 ] || [ "${1:-}" = -h ] || [ "${1:-}" = --help ]; then sed -n '2,8p' "$0"; exit 2; fi
+if [ $# -eq 0 ] || [ "${1:-}" = -h ] || [ "${1:-}" = --help ]; then sed -n '2,10p' "$0"; exit 2; fi
 for spec in "$@"; do
   if [[ ! "$spec" =~ ^[A-Za-z0-9_.-]+=[A-Za-z0-9_.-]+(:.*)?$ ]]; then
     echo "test_checks: '$spec' is not NAME=BINARY[:FILTER]" >&2
