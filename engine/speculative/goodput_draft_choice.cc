@@ -13,6 +13,11 @@ double PredictedSeconds(const StepCostModel& cost, int rows) {
   return known.has_value() ? *known : *cost.NearestObservedSeconds(rows);
 }
 
+// A longer prefix of drafts must raise the goodput by more than this share: where drafts add
+// exactly their rows' worth (q = 1 on a cost in proportion to rows) the ratios differ only by
+// rounding, which should not decide.
+constexpr double kMinRelativeGain = 1e-9;
+
 // One more draft of a candidate and what it adds to the step's expected tokens.
 struct Gain {
   double tokens;
@@ -52,7 +57,7 @@ std::vector<int> ChooseDraftCounts(const StepCostModel& cost, const DraftStep& s
   for (int d = 1; d <= most; ++d) {
     sum += gains[d - 1].tokens;
     const double goodput = sum / PredictedSeconds(cost, rows + d);
-    if (goodput > best_goodput) {
+    if (goodput > best_goodput * (1 + kMinRelativeGain)) {
       best = d;
       best_goodput = goodput;
     }
