@@ -52,11 +52,15 @@ std::vector<int> ChooseDraftCounts(const StepCostModel& cost, const DraftStep& s
   std::stable_sort(gains.begin(), gains.end(), [](const Gain& a, const Gain& b) { return a.tokens > b.tokens; });
   const int most = std::min(static_cast<int>(gains.size()), budget);
   int best = 0;
-  double best_goodput = tokens / PredictedSeconds(cost, rows);
+  // A step with more rows takes no less time: the learned curve can dip where its points are
+  // noisy, and drafts must not look worth taking for the dip alone.
+  double seconds = PredictedSeconds(cost, rows);
+  double best_goodput = tokens / seconds;
   double sum = tokens;
   for (int d = 1; d <= most; ++d) {
     sum += gains[d - 1].tokens;
-    const double goodput = sum / PredictedSeconds(cost, rows + d);
+    seconds = std::max(seconds, PredictedSeconds(cost, rows + d));
+    const double goodput = sum / seconds;
     if (goodput > best_goodput * (1 + kMinRelativeGain)) {
       best = d;
       best_goodput = goodput;

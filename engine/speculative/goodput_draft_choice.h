@@ -7,8 +7,9 @@
 // draft adds q^j. Every draft row adds one row to the step. So, with E0 the tokens the step
 // yields without drafts and R0 its rows, giving the step D draft rows in all yields at best
 // E(D) = E0 + the D largest gains q_i^j (each sequence's first, then its second, ... as its
-// gains only fall) in a step of predicted time T(R0 + D). The choice takes the D in
-// [0, max_drafts] with the highest E(D) / T(R0 + D) (the smallest such D on a tie): where rows
+// gains only fall) in a step of predicted time T(R0 + D) (never less than at fewer rows, whatever
+// dips the learned curve has from noise). The choice takes the D in [0, max_drafts] with the
+// highest E(D) / T(R0 + D) (the smallest such D on a tie or a gain within rounding): where rows
 // are nearly free (a memory-bound step) drafts are taken while they add anything; where each
 // row costs its share of the step (compute-bound, large batches) only drafts likely to land
 // (q^j above the step's tokens per row) are. The best D over all of [0, max_drafts] rather than

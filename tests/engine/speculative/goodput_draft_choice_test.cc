@@ -73,6 +73,16 @@ TEST(GoodputDraftChoiceTest, LikelyDraftsFirst) {
   for (int i = 0; i < 64; ++i) EXPECT_EQ(short_budget[i], i < 10 ? 1 : 0) << "sequence " << i;
 }
 
+TEST(GoodputDraftChoiceTest, ANoisyDipInTheCostBuysNothing) {
+  // The 256-row steps happened to be measured faster than the 64-row ones: a step with more rows
+  // still counts as no faster, so drafts that never land are not taken for the dip.
+  StepCostModel cost;
+  cost.Observe(64, 0.0100);
+  cost.Observe(256, 0.0095);
+  EXPECT_EQ(ChooseDraftCounts(cost, kBatch64, Uniform(64, 0.0, 3)), std::vector<int>(64, 0));
+  EXPECT_EQ(ChooseDraftCounts(cost, kBatch64, Uniform(64, 0.5, 3)), std::vector<int>(64, 3));
+}
+
 TEST(GoodputDraftChoiceTest, LimitsAreKept) {
   std::vector<DraftCandidate> c = Uniform(4, 0.9, 3);
   c[1].limit = 0;  // no drafts proposed
