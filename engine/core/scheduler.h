@@ -87,7 +87,7 @@ struct SchedulerOptions {
   int max_num_batched_tokens = 2048;  // tokens of all chunks of one step
   int max_num_seqs = 256;             // sequences running at once
   // The largest chunk one prompt gets in a step; unset: only the token budget limits it.
-  std::optional<int> long_prefill_token_threshold;
+  std::optional<int> long_prefill_token_threshold = std::nullopt;
   // Applies only where PrefixCachingUsable(model) holds.
   bool enable_prefix_caching = true;
   // The most prompt-position logit rows (prompt logprobs) one step computes: each is a row of
@@ -95,7 +95,7 @@ struct SchedulerOptions {
   // most this many tokens.
   int max_prompt_logit_rows = 512;
   // Drafting and verification; must pass ValidateSpeculativeOptions (Engine::Start checks it).
-  SpeculativeOptions speculative;
+  SpeculativeOptions speculative = {};
 };
 
 // Speculative decoding's totals since the start (vLLM's spec_decode counters).
