@@ -220,8 +220,9 @@ TEST(CudaKernelsTest, PrefillAttentionMatchesReference) {
 // ---------------------------------------------------------------------------------------------
 // The device gate against model/routing.h.
 
+// `ties`: logits on a coarse grid (many equal scores: the lower expert wins, as in model/routing.cc).
 void CheckGate(const char* name, ScoringFunc scoring, int E, int k, int n_group, int topk_group, bool norm,
-               float scaling, bool with_bias) {
+               float scaling, bool with_bias, bool ties = false) {
   SCOPED_TRACE(name);
   MoeConfig m;
   m.architecture = "test";
@@ -238,6 +239,8 @@ void CheckGate(const char* name, ScoringFunc scoring, int E, int k, int n_group,
   std::mt19937 rng(99);
   const int T = 37;
   std::vector<float> logits = Random(static_cast<size_t>(T) * E, rng, 2.0f);
+  if (ties)
+    for (float& v : logits) v = std::round(v * 2.0f) / 2.0f;
   std::vector<float> bias = with_bias ? Random(E, rng, 0.1f) : std::vector<float>();
   std::vector<int32_t> ref_ids(static_cast<size_t>(T) * k);
   std::vector<float> ref_w(ref_ids.size());
@@ -267,6 +270,14 @@ TEST(CudaKernelsTest, DeviceGateMatchesRouting) {
   // groups (tests/fixtures/engine/glm5_next_*: 8 experts in 2 groups, 1 kept, top-2).
   CheckGate("sigmoid 288 top-8 bias x2.5 (GLM-5.3-Flash)", ScoringFunc::kSigmoid, 288, 8, 1, 1, true, 2.5f, true);
   CheckGate("sigmoid 8 top-2 groups 2/1 bias x2.5", ScoringFunc::kSigmoid, 8, 2, 2, 1, true, 2.5f, true);
+  // Qwen3.8-Flash-Next (512 experts, top-10, softmax): the most RouteKernel keeps in registers; past
+  // that, shared memory; both with many ties.
+  CheckGate("softmax 512 top-10 renormalised (Qwen3.8-Flash-Next)", ScoringFunc::kSoftmax, 512, 10, 1, 1, true, 1.0f,
+            false);
+  CheckGate("softmax 512 top-10, ties", ScoringFunc::kSoftmax, 512, 10, 1, 1, true, 1.0f, false, true);
+  CheckGate("sigmoid 288 top-8 bias, ties", ScoringFunc::kSigmoid, 288, 8, 1, 1, true, 2.5f, false, true);
+  CheckGate("softmax 544 top-10 (shared-memory candidates), ties", ScoringFunc::kSoftmax, 544, 10, 1, 1, true, 1.0f,
+            false, true);
 }
 
 // ---------------------------------------------------------------------------------------------
