@@ -795,10 +795,10 @@ TEST(CudaModelTest, RoutedExpertsOfMixedBitWidthsMatchTheCpuModel) {
 // come later on threads of their own (tests/engine/delayed_moe.h), as workers' do: the same tokens
 // and logits (each token's arithmetic is the same; the linear kernels pick their k-slices by row
 // count, so the float sums may differ in their last bits), two calls in flight at once, and the
-// exchange's times counted per (MoE layer, micro-batch). The families: GQA, and the latent and
+// exchange's times counted per (MoE layer, micro-batch). The families: GQA, the latent and
 // indexed kinds, whose layers leave their indexer's selection at the step's rows for the shared
 // layers after them (GLM-MoE-DSA's layer 1 and GLM-5.3-Flash's layer 2 reuse it, each micro-batch
-// its own). With an indexer that chooses, a row after a different choice (a near-tie moved by
+// its own), and Qwen3.8-Flash-Next's QSA with its gated DeltaNet and PLE layers. With an indexer that chooses, a row after a different choice (a near-tie moved by
 // those last bits) is counted as the fixture test counts it, at most a tenth of the rows.
 class CudaTwoMicroBatchesTest : public ::testing::TestWithParam<const char*> {};
 
@@ -876,7 +876,7 @@ TEST_P(CudaTwoMicroBatchesTest, LateAnswersMatchOne) {
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaTwoMicroBatchesTest,
                          ::testing::Values("glm4_moe_all", "deepseek_v3_experts", "glm_moe_dsa_experts",
-                                           "glm5_next_experts"));
+                                           "glm5_next_experts", "qwen4_exp_experts"));
 
 // Micro-batches other than 1 or 2 are refused at Open.
 TEST(CudaModelTest, MicroBatchesOutOfRangeAreRefused) {
@@ -895,11 +895,11 @@ TEST(CudaModelTest, MicroBatchesOutOfRangeAreRefused) {
   }
 }
 
-// Two micro-batches need a mixer that runs part of a step's rows; DeepSeek-V4's and QSA's kinds run
-// whole steps, so their families are refused by name with expert workers.
+// Two micro-batches need a mixer that runs part of a step's rows; DeepSeek-V4's kind runs whole
+// steps, so its family is refused by name with expert workers.
 TEST(CudaModelTest, TwoMicroBatchesOfWholeStepAttentionAreRefused) {
   REQUIRE_GPU();
-  for (const char* dir : {"tests/fixtures/engine/deepseek_v4_experts", "tests/fixtures/engine/qwen4_exp_experts"}) {
+  for (const char* dir : {"tests/fixtures/engine/deepseek_v4_experts"}) {
     SCOPED_TRACE(dir);
     CpuCompute compute(1);
     auto local = LocalMoe::Open(dir, compute);
