@@ -86,14 +86,15 @@ struct SampledToken {
   int rank = 0;
 };
 
-// What the penalties and bans look at.
+// What the penalties and bans look at; every field initialised, so that brace initialisers may
+// stop after any of them.
 struct SequenceHistory {
-  std::span<const int32_t> prompt;
-  std::span<const int32_t> output;         // tokens generated so far; its size is the draw index
-  std::span<const int32_t> banned_tokens;  // get -inf (e.g. EOS before min_tokens)
+  std::span<const int32_t> prompt{};
+  std::span<const int32_t> output{};         // tokens generated so far; its size is the draw index
+  std::span<const int32_t> banned_tokens{};  // get -inf (e.g. EOS before min_tokens)
   // Empty: every token; else the constraint's mask of allowed tokens (engine/sampling/token_constraint.h:
   // bit t % 32 of word t / 32), the others get -inf.
-  std::span<const uint32_t> allowed_tokens;
+  std::span<const uint32_t> allowed_tokens{};
 };
 
 // Everything Sampler::Sample takes besides the logits: one logit row's sampling, as the

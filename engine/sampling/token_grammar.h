@@ -88,13 +88,14 @@ enum class StructuralTagJson {
 };
 
 struct ConstraintSpec {
+  // Every field initialised, so that brace initialisers may stop after any of them.
   ConstraintKind kind = ConstraintKind::kJsonObject;
-  std::string text;
-  std::vector<std::string> choices;
-  std::vector<TaggedJson> tagged;
+  std::string text{};
+  std::vector<std::string> choices{};
+  std::vector<TaggedJson> tagged{};
   // Set: the constraint holds only after the reasoning block (and at most a few whitespace
   // characters after its end).
-  std::optional<ReasoningBlock> after_reasoning;
+  std::optional<ReasoningBlock> after_reasoning{};
   StructuralTagJson tag_json = StructuralTagJson::kFreeWhitespace;  // kStructuralTag only
 };
 

@@ -9,10 +9,16 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
-mkdir -p "$OUT"
 LIMIT=180
 if [ "${1:-}" = --limit ]; then LIMIT=$2; shift 2; fi
 if [ $# -eq 0 ] || [ "${1:-}" = -h ] || [ "${1:-}" = --help ]; then sed -n '2,8p' "$0"; exit 2; fi
+for spec in "$@"; do
+  if [[ ! "$spec" =~ ^[A-Za-z0-9_.-]+=[A-Za-z0-9_.-]+(:.*)?$ ]]; then
+    echo "test_checks: '$spec' is not NAME=BINARY[:FILTER]" >&2
+    exit 2
+  fi
+done
+mkdir -p "$OUT"
 rm -rf .gpu-deps
 . scripts/gpu/env.sh > /dev/null
 LOGS=$(mktemp -d /tmp/test-checks.XXXXXX)
@@ -22,7 +28,6 @@ for spec in "$@"; do
   name=${spec%%=*} rest=${spec#*=}
   binary=${rest%%:*} filter=
   [ "$binary" != "$rest" ] && filter=${rest#*:}
-  if [ "$name" = "$spec" ] || [ -z "$binary" ]; then echo "test_checks: '$spec' is not NAME=BINARY[:FILTER]" >&2; exit 2; fi
   args=()
   [ -n "$filter" ] && args+=("--gtest_filter=$filter")
   timeout "$LIMIT" "$BIN/$binary" "${args[@]}" > "$LOGS/$name.log" 2>&1

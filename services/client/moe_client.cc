@@ -53,7 +53,10 @@ std::unique_ptr<MoeStream> MoeClient::OpenStream() {
   return s;
 }
 
-MoeStream::~MoeStream() { Close(); }
+MoeStream::~MoeStream() {
+  // Whoever wanted the stream's end status asked Close() for it before.
+  Close().IgnoreError();
+}
 
 void MoeStream::ReadLoop() {
   pb::MoeLayerResponse r;

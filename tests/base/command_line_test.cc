@@ -12,7 +12,9 @@ TEST(CommandLineTest, VersionLineNamesTheProgramAndTheProjectVersion) {
   const std::string line = VersionLine("exl3-foo");
   EXPECT_EQ(line.rfind("exl3-foo " + std::string(ProjectVersion()), 0), 0u) << line;
   EXPECT_FALSE(ProjectVersion().empty());
-  if (!GitDescribe().empty()) EXPECT_NE(line.find("(" + std::string(GitDescribe()) + ")"), std::string::npos);
+  if (!GitDescribe().empty()) {
+    EXPECT_NE(line.find("(" + std::string(GitDescribe()) + ")"), std::string::npos);
+  }
 }
 
 TEST(CommandLineTest, PrintVersionIfAskedLooksBeforeABareDoubleDash) {

@@ -46,7 +46,7 @@ TEST(JsonStringTest, EscapesControlsAndKeepsValidUtf8) {
   EXPECT_EQ(JsonString("\xc0\xaf"), "\"\\ufffd\\ufffd\"");
   EXPECT_EQ(JsonString("\xed\xa0\x80"), "\"\\ufffd\\ufffd\\ufffd\"");
   for (const char* s : {"a\x80z", "\xff\xfe", "x\xe2\x82"}) {
-    EXPECT_NO_THROW((void)nlohmann::json::parse(JsonString(s))) << s;
+    EXPECT_TRUE(nlohmann::json::accept(JsonString(s))) << s;
   }
 }
 

@@ -59,7 +59,7 @@ int Run(int argc, char** argv) {
     return 0;
   }
   if (!args.Require({"input", "prefix", "x", "output"}, &err)) return Fail("linear", err);
-  ToolBackend backend;
+  ToolBackend backend = ToolBackend::kCpu;  // ParseBackend sets it
   if (!ParseBackend(args.Get("backend", "auto"), &backend, &err)) return Fail("linear", err);
   int threads = 0;
   if (args.Has("threads") && (!args.GetInt("threads", &threads, &err) || threads < 0)) {

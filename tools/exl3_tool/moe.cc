@@ -83,7 +83,7 @@ int Run(int argc, char** argv) {
     return 0;
   }
   if (!args.Require({"model", "layer", "x", "output"}, &err)) return Fail("moe", err);
-  ToolBackend backend;
+  ToolBackend backend = ToolBackend::kCpu;  // ParseBackend sets it
   if (!ParseBackend(args.Get("backend", "auto"), &backend, &err)) return Fail("moe", err);
   int layer = 0, threads = 0;
   if (!args.GetInt("layer", &layer, &err)) return Fail("moe", err);
