@@ -6,12 +6,14 @@
 # e.g. bash scripts/gpu/test_checks.sh qsa=engine_cuda_qsa_test model=engine_cuda_model_test:'Qwen4ExpFamily/*'
 # A test reading a fixture the call left out fails with "cannot read tests/fixtures/engine/...":
 # scripts/dev/fixtures_aside.sh keeps the ones named. Exit code: 1 if any binary failed.
+# The bundle is unpacked afresh (a warm machine keeps the last call's .gpu-deps) unless KEEP_DEPS=1
+# (a caller that unpacked it already and runs its binaries meanwhile).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
 LIMIT=180
 if [ "${1:-}" = --limit ]; then LIMIT=$2; shift 2; fi
-if [ $# -eq 0 ] || [ "${1:-}" = -h ] || [ "${1:-}" = --help ]; then sed -n '2,8p' "$0"; exit 2; fi
+if [ $# -eq 0 ] || [ "${1:-}" = -h ] || [ "${1:-}" = --help ]; then sed -n '2,10p' "$0"; exit 2; fi
 for spec in "$@"; do
   if [[ ! "$spec" =~ ^[A-Za-z0-9_.-]+=[A-Za-z0-9_.-]+(:.*)?$ ]]; then
     echo "test_checks: '$spec' is not NAME=BINARY[:FILTER]" >&2
@@ -19,7 +21,7 @@ for spec in "$@"; do
   fi
 done
 mkdir -p "$OUT"
-rm -rf .gpu-deps
+[ "${KEEP_DEPS:-0}" = 1 ] || rm -rf .gpu-deps
 . scripts/gpu/env.sh > /dev/null
 LOGS=$(mktemp -d /tmp/test-checks.XXXXXX)
 trap 'tar -C "$LOGS" -cJf "$OUT/logs.tar.xz" .' EXIT
