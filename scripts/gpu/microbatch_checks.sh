@@ -17,12 +17,13 @@
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
-. scripts/gpu/env.sh > /dev/null 2>&1 || true
+rm -rf .gpu-deps
+. scripts/gpu/env.sh > /dev/null
 MODELS_LOG=$(mktemp /tmp/microbatch-models.XXXXXX)
 ( bash scripts/gpu/glm5_next_model.sh "$BIN" /tmp/glm5-next-synthetic-6 6 "$MODELS_LOG" 300
   bash scripts/gpu/qwen4_exp_model.sh "$BIN" /tmp/qwen4-exp-synthetic-6 6 "$MODELS_LOG" 200 ) &
 MODELS=$!
-OUT=$OUT bash scripts/gpu/test_checks.sh --limit 200 \
+OUT=$OUT KEEP_DEPS=1 bash scripts/gpu/test_checks.sh --limit 200 \
   model=engine_cuda_model_test:'Families/CudaTwoMicroBatchesTest.*:CudaModelTest.*MicroBatch*:LatentFamilies/*:Glm5NextFamily/*:Qwen4ExpFamily/*:Dsv4Family/*:CudaKernelsTest.*:Fixtures/CudaVerifyGraphTest.*' \
   qwen4=engine_cuda_qwen4exp_residual_test latent=engine_cuda_latent_attention_test kpool=engine_cuda_kpool_test \
   qsa=engine_cuda_qsa_test mtp=engine_cuda_mtp_test:'*release_mtp*'
