@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Branch pending-26 in one device call: two micro-batches with remote experts for the latent, indexed
-# (GLM-5.3-Flash) and QSA (Qwen3.8-Flash-Next) attention kinds, the gated connections' fewer launches
-# and the device gate's register top-k (tests/engine/cuda/cuda_model_test.cc, qwen4exp_residual_test.cc,
-# the latent / kpool / QSA kernel tests, the release MTP fixtures), then GLM-5.3-Flash and
+# (GLM-5.3-Flash) and QSA (Qwen3.8-Flash-Next) attention kinds, the gated connections' fewer launches,
+# the device gate's register top-k and the MoE combine's block per (token, 128 values)
+# (tests/engine/cuda/cuda_model_test.cc, qwen4exp_residual_test.cc, the latent / kpool / QSA kernel
+# tests, the release MTP fixtures, `exl3-cuda-check --moe-prefill`, `exl3-bench moe`), then GLM-5.3-Flash and
 # Qwen3.8-Flash-Next (6 layers) with one worker under MPS at one and two micro-batches, and
 # Qwen3.8-Flash-Next's decode against main's build.
 #   BASELINE_BUILD=<main's build> ONLY="engine_cuda_model_test engine_cuda_qwen4exp_residual_test
 #     engine_cuda_latent_attention_test engine_cuda_kpool_test engine_cuda_qsa_test engine_cuda_mtp_test
-#     exl3-engine-bench exl3-tool exl3-worker" scripts/gpu/bundle.sh build
+#     exl3-engine-bench exl3-tool exl3-worker exl3-cuda-check exl3-bench" scripts/gpu/bundle.sh build
 #   scripts/dev/fixtures_aside.sh out glm4_moe_all deepseek_v3_all deepseek_v3_experts glm_moe_dsa_all \
 #     glm_moe_dsa_experts glm5_next_all glm5_next_experts qwen4_exp_all qwen4_exp_experts qwen3_next_all \
 #     deepseek_v4_all deepseek_v4_experts glm5_next_release_mtp glm5_next_release_all \
@@ -28,6 +29,10 @@ OUT=$OUT KEEP_DEPS=1 bash scripts/gpu/test_checks.sh --limit 200 \
   qwen4=engine_cuda_qwen4exp_residual_test latent=engine_cuda_latent_attention_test kpool=engine_cuda_kpool_test \
   qsa=engine_cuda_qsa_test mtp=engine_cuda_mtp_test:'*release_mtp*'
 echo "tests exit $?"
+timeout 120 "$BIN/exl3-cuda-check" --moe-prefill > "$OUT/moe-check.log" 2>&1
+echo "exl3-cuda-check --moe-prefill exit $?"; tail -3 "$OUT/moe-check.log"
+timeout 120 "$BIN/exl3-bench" moe --json "$OUT/bench-moe.json" > "$OUT/bench-moe.log" 2>&1
+echo "exl3-bench moe exit $?"; grep -iE "glm-5|qwen3.8|T *= *1 " "$OUT/bench-moe.log" | head -12
 wait $MODELS
 for m in glm5-next qwen4-exp; do
   OUT=$OUT/remote-$m BENCH_TIMEOUT=100 timeout 200 bash scripts/gpu/engine_remote.sh --model /tmp/$m-synthetic-6 \
