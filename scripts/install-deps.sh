@@ -8,7 +8,7 @@ packages=(
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libyaml-cpp-dev libspdlog-dev libfmt-dev
   clang libclang-rt-14-dev
-  prometheus openssl curl ca-certificates
+  prometheus openssl curl ca-certificates xz-utils
   python3-grpcio python3-protobuf python3-numpy
 )
 
