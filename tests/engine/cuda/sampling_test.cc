@@ -105,7 +105,7 @@ void CheckCase(const SamplingCase& c, int vocab, int num_rows, uint64_t seed, Co
     for (int i = 0; i < c.num_banned; ++i) h.banned.push_back(token(rng));
     rows[r].params = c.params[r % c.params.size()];
     rows[r].seed = seed * 1000 + r;
-    rows[r].history = {h.prompt, h.output, h.banned, {}};
+    rows[r].history = {h.prompt, h.output, h.banned};
     // A token not banned to keep allowed (none where every token is banned: no mask then).
     int32_t keep = token(rng);
     for (int tries = 0; tries < vocab && std::find(h.banned.begin(), h.banned.end(), keep) != h.banned.end(); ++tries)
@@ -342,9 +342,7 @@ TEST(DeviceSamplerTest, TakesConstraintsButNoLogitBias) {
   text << in.rdbuf();
   auto compiler = TokenGrammarCompiler::FromTokenizerJson(text.str(), 512, {1});
   ASSERT_TRUE(compiler.ok()) << compiler.status();
-  ConstraintSpec spec;
-  spec.kind = ConstraintKind::kJsonObject;
-  auto grammar = (*compiler)->Compile(spec);
+  auto grammar = (*compiler)->Compile({ConstraintKind::kJsonObject, "", {}, {}});
   ASSERT_TRUE(grammar.ok()) << grammar.status();
   SamplingParams constrained;
   constrained.grammar = *grammar;

@@ -12,7 +12,6 @@
 #include <sstream>
 #include <string>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -30,15 +29,6 @@
 
 namespace exl3::engine {
 namespace {
-
-// A constraint of `kind` over `text` (or `choices`), every other field at its default.
-ConstraintSpec Spec(ConstraintKind kind, std::string text, std::vector<std::string> choices = {}) {
-  ConstraintSpec spec;
-  spec.kind = kind;
-  spec.text = std::move(text);
-  spec.choices = std::move(choices);
-  return spec;
-}
 
 namespace fs = std::filesystem;
 
@@ -160,7 +150,7 @@ class StructuredOutputTest : public ::testing::Test {
         testing::TokenizerWithAPartialCharacterToken(text.str()), 512, {kEos});
     EXPECT_TRUE(compiler.ok()) << compiler.status();
     if (!compiler.ok()) return nullptr;
-    auto grammar = (*compiler)->Compile(Spec(ConstraintKind::kJsonSchema, R"({"type": "integer"})"));
+    auto grammar = (*compiler)->Compile({ConstraintKind::kJsonSchema, R"({"type": "integer"})", {}});
     EXPECT_TRUE(grammar.ok()) << grammar.status();
     return grammar.ok() ? *grammar : nullptr;
   }
@@ -197,7 +187,7 @@ class StructuredOutputTest : public ::testing::Test {
 fs::path* StructuredOutputTest::dir_ = nullptr;
 
 TEST_F(StructuredOutputTest, JsonSchemaOutputsParseAndValidate) {
-  auto grammar = Compile(Spec(ConstraintKind::kJsonSchema, kSchema));
+  auto grammar = Compile({ConstraintKind::kJsonSchema, kSchema, {}});
   std::vector<GenerateParams> params;
   params.push_back(Params(std::nullopt));  // greedy
   for (uint64_t seed = 1; seed <= 100; ++seed) params.push_back(Params(seed));
@@ -215,9 +205,9 @@ TEST_F(StructuredOutputTest, JsonSchemaOutputsParseAndValidate) {
 }
 
 TEST_F(StructuredOutputTest, RegexAndChoiceOutputsMatch) {
-  auto regex = Compile(Spec(ConstraintKind::kRegex, "[a-z]{3}-[0-9]{2}"));
+  auto regex = Compile({ConstraintKind::kRegex, "[a-z]{3}-[0-9]{2}", {}});
   const std::vector<std::string> choices = {"alpha", "beta", "gamma delta"};
-  auto choice = Compile(Spec(ConstraintKind::kChoice, "", choices));
+  auto choice = Compile({ConstraintKind::kChoice, "", choices});
   std::vector<GenerateParams> params;
   for (uint64_t seed = 1; seed <= 4; ++seed) {
     params.push_back(Params(seed));
@@ -247,7 +237,7 @@ TEST_F(StructuredOutputTest, TaggedJsonIsOneCallInItsTags) {
                           R"("}, "arguments": )" + arguments + R"(}, "required": ["name", "arguments"]})",
                       "\n</tool_call>"};
   };
-  ConstraintSpec spec = Spec(ConstraintKind::kTaggedJson, "");
+  ConstraintSpec spec{ConstraintKind::kTaggedJson, "", {}, {}};
   spec.tagged.push_back(call("get_weather", R"({"type": "object", "properties": {"city": {"type":
       "string", "maxLength": 10}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
       "required": ["city", "days"]})"));
@@ -293,7 +283,7 @@ TEST_F(StructuredOutputTest, UnconstrainedNeighboursAreUnchanged) {
   const std::vector<std::string> alone = Texts(plain, nullptr);
   std::vector<GenerateParams> mixed = plain;
   mixed.insert(mixed.begin() + 1, Params(5));
-  mixed[1].sampling.grammar = Compile(Spec(ConstraintKind::kJsonSchema, kSchema));
+  mixed[1].sampling.grammar = Compile({ConstraintKind::kJsonSchema, kSchema, {}});
   const std::vector<std::string> together = Texts(mixed, nullptr);
   EXPECT_EQ(together[0], alone[0]);
   EXPECT_EQ(together[2], alone[1]);
@@ -327,7 +317,7 @@ TEST_F(StructuredOutputTest, ConstrainedSequencesGetNoDrafts) {
   GenerateParams constrained = plain;
   constrained.ignore_eos = false;
   constrained.max_tokens = 160;
-  constrained.sampling.grammar = Compile(Spec(ConstraintKind::kJsonSchema, kSchema));
+  constrained.sampling.grammar = Compile({ConstraintKind::kJsonSchema, kSchema, {}});
   std::vector<FinishInfo> finish;
   const auto tokens = testing::RunAllAtOnce(*engine, {constrained, constrained}, &finish);
   EXPECT_EQ(stats_after(3).speculative.num_drafts, drafts);
@@ -376,7 +366,7 @@ TEST_F(StructuredOutputTest, ARunnerThatSamplesAppliesTheMasks) {
   std::vector<GenerateParams> params;
   for (std::optional<uint64_t> seed : {std::optional<uint64_t>{}, std::optional<uint64_t>{5}}) {
     GenerateParams p = Params(seed, 40);
-    p.sampling.grammar = Compile(Spec(ConstraintKind::kRegex, "[a-z]{3}-[0-9]{2}"));
+    p.sampling.grammar = Compile({ConstraintKind::kRegex, "[a-z]{3}-[0-9]{2}", {}});
     p.sampling.logprobs = 2;
     params.push_back(p);
     GenerateParams plain = Params(seed, 8);
@@ -480,7 +470,7 @@ TEST_F(StructuredOutputTest, ConstraintAllowingNoTokenFailsItsSequenceAlone) {
   // After a choice is complete only EOS may follow, and min_tokens bans it.
   GenerateParams stuck = Params(std::nullopt, 40);
   stuck.min_tokens = 30;
-  stuck.sampling.grammar = Compile(Spec(ConstraintKind::kChoice, "", {"x"}));
+  stuck.sampling.grammar = Compile({ConstraintKind::kChoice, "", {"x"}});
   GenerateParams other = Params(std::nullopt, 8);
   testing::RequestResults r;
   auto a = engine_->Submit(stuck, r.Callback());
@@ -512,7 +502,7 @@ TEST_F(StructuredOutputTest, BadBiasesAndForeignGrammarsAreRefused) {
   text << in.rdbuf();
   auto wider = TokenGrammarCompiler::FromTokenizerJson(text.str(), 520, {kEos});
   ASSERT_TRUE(wider.ok());
-  p.sampling.grammar = *(*wider)->Compile(Spec(ConstraintKind::kJsonObject, ""));
+  p.sampling.grammar = *(*wider)->Compile({ConstraintKind::kJsonObject, "", {}});
   refused(p, "compiled for a vocabulary of 520");
 }
 
