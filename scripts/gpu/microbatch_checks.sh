@@ -15,6 +15,7 @@
 #     glm_moe_dsa_release_mtp glm_moe_dsa_release_all           (about 30 MB besides the bundle)
 #   bash scripts/gpu/microbatch_checks.sh      (carry .gpu-check; about 400 s)
 # $OUT: the tests' logs.tar.xz, remote-*/ (engine_remote.sh's tables and logs), bench-*.json.
+# Then, time allowing, GLM-5.3-Flash (6 layers) by kernel: $OUT/profile.tar.xz.
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -27,7 +28,7 @@ MODELS=$!
 OUT=$OUT KEEP_DEPS=1 bash scripts/gpu/test_checks.sh --limit 200 \
   model=engine_cuda_model_test:'Families/CudaTwoMicroBatchesTest.*:CudaModelTest.*MicroBatch*:LatentFamilies/*:Glm5NextFamily/*:Qwen4ExpFamily/*:Dsv4Family/*:CudaKernelsTest.*:Fixtures/CudaVerifyGraphTest.*' \
   qwen4=engine_cuda_qwen4exp_residual_test latent=engine_cuda_latent_attention_test kpool=engine_cuda_kpool_test \
-  qsa=engine_cuda_qsa_test mtp=engine_cuda_mtp_test:'*release_mtp*'
+  qsa=engine_cuda_qsa_test kda=engine_cuda_kda_test deltanet=engine_cuda_deltanet_test mtp=engine_cuda_mtp_test:'*release_mtp*'
 echo "tests exit $?"
 timeout 120 "$BIN/exl3-cuda-check" --moe-prefill > "$OUT/moe-check.log" 2>&1
 echo "exl3-cuda-check --moe-prefill exit $?"; tail -3 "$OUT/moe-check.log"
@@ -44,3 +45,14 @@ for b in exl3-engine-bench exl3-engine-bench-baseline exl3-engine-bench exl3-eng
   echo "--- $b"
   timeout 60 "$BIN/$b" --model /tmp/qwen4-exp-synthetic-6 --context 1024 --batch 1,8 --steps 16 2>&1 | grep -E "^decode context"
 done
+# GLM-5.3-Flash's batch-1 decode step and a 1k prompt's prefill by kernel (one ncu run), if the
+# call's time allows; packed into one file (a call returns only so many).
+if [ "$SECONDS" -lt 420 ]; then
+  mkdir -p /tmp/profile
+  OUT=/tmp/profile MODEL=/tmp/glm5-next-synthetic-6 BATCH=1 PHASE="decode prefill" \
+    timeout $((580 - SECONDS)) bash scripts/gpu/profile_step.sh > /tmp/profile/profile.log 2>&1
+  echo "profile exit $? ($SECONDS s)"
+  head -30 /tmp/profile/profile-B1-decode.txt; head -25 /tmp/profile/profile-B1-prefill.txt
+  tar -C /tmp -cJf "$OUT/profile.tar.xz" --exclude='*.csv' profile
+fi
+echo "total $SECONDS s"
