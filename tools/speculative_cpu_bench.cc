@@ -4,7 +4,7 @@
 // exl3-engine-bench --speculative-acceptance measures the GPU engine.
 //
 //   exl3-speculative-cpu-bench --model DIR [--acceptance 0,0.5,0.7,0.9,1] [--k 1,2,3,4]
-//       [--batch 1,8] [--prompt_tokens 256] [--decode_tokens 64] [--draft_length fixed|adaptive]
+//       [--batch 1,8] [--prompt_tokens 256] [--decode_tokens 64] [--draft_length fixed|adaptive|goodput]
 //       [--threads 0] [--json FILE]
 #include <cstdio>
 #include <string>
@@ -25,7 +25,8 @@ ABSL_FLAG(std::string, k, "1,2,3,4", "draft caps (num_speculative_tokens per req
 ABSL_FLAG(std::string, batch, "1,8", "batch sizes (requests at once)");
 ABSL_FLAG(int, prompt_tokens, 256, "random prompt tokens per request");
 ABSL_FLAG(int, decode_tokens, 64, "greedy tokens per request");
-ABSL_FLAG(std::string, draft_length, "fixed", "fixed or adaptive (engine/speculative/draft_length.h)");
+ABSL_FLAG(std::string, draft_length, "fixed",
+          "fixed, adaptive or goodput (engine/speculative/draft_length.h, engine/speculative/goodput_draft_choice.h)");
 ABSL_FLAG(int, threads, 0, "CPU threads of the model (0: every hardware thread)");
 ABSL_FLAG(std::string, json, "", "append one JSON object per row to this file");
 

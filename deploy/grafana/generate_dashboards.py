@@ -246,7 +246,8 @@ def engine_row():
              f"clamp_min(sum(rate(exl3_engine_spec_decode_num_drafts_total{{{R}}}[{RATE}])), 1e-9)",
              "draft tokens per verify chunk")),
             desc="The running sequences' mean draft limit (with --speculative-draft-length adaptive each "
-                 "sequence's own K; else their cap), and the draft tokens a verify chunk actually carried."), 12, 8),
+                 "sequence's own K; with goodput the drafts each step's choice gave it; else their cap), and "
+                 "the draft tokens a verify chunk actually carried."), 12, 8),
     ]
 
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "engine/speculative/goodput_draft_choice.h"
 
 namespace exl3::engine {
 namespace {
@@ -113,12 +114,12 @@ int Scheduler::ChunkSize(const Sequence& seq, int budget) const {
   return n;
 }
 
-std::vector<int32_t> Scheduler::ProposeDrafts(const Sequence& seq, int budget) const {
+std::vector<int32_t> Scheduler::ProposeDrafts(const Sequence& seq, int max_drafts) const {
   // A constrained sequence's drafts would each need the mask after the ones before them.
   if (!options_.speculative.enabled() || seq.NumUncomputed() != 1 || seq.constraint != nullptr) return {};
   const int len = static_cast<int>(seq.tokens.size());
   // A step emits up to 1 + drafts tokens: none past max_tokens or the context.
-  const int room = std::min({seq.draft_length.limit(), budget,
+  const int room = std::min({max_drafts,
                              seq.request.max_tokens - seq.NumOutput() - 1,
                              model_.max_context - len - 1});
   if (room <= 0) return {};
@@ -299,24 +300,65 @@ ScheduledStep Scheduler::Schedule() {
 }
 
 void Scheduler::AddDrafts(int budget, StepBatch& batch) {
+  if (options_.speculative.draft_length == DraftLengthPolicy::kGoodput) {
+    AddGoodputDrafts(budget, batch);
+    return;
+  }
   for (SequenceChunk& chunk : batch.chunks) {
     if (budget <= 0) return;
     const Sequence& seq = sequences_.at(chunk.sequence_id);
     if (chunk.tokens.size() != 1 || !chunk.wants_logits || seq.NumUncomputed() != 1) continue;
-    std::vector<int32_t> drafts = ProposeDrafts(seq, budget);
-    // As many as the sequence's blocks and the free ones hold.
-    const int64_t room = (static_cast<int64_t>(kv_.BlockTable(chunk.sequence_id).size()) + kv_.NumFreeBlocks()) *
-                             kv_.block_size() - (seq.num_computed + 1);
-    if (static_cast<int64_t>(drafts.size()) > room) drafts.resize(std::max<int64_t>(room, 0));
-    if (drafts.empty()) continue;
-    const int end = seq.num_computed + 1 + static_cast<int>(drafts.size());
-    if (!kv_.Allocate(chunk.sequence_id, end)) continue;  // not reached: they fit
-    chunk.tokens.insert(chunk.tokens.end(), drafts.begin(), drafts.end());
-    chunk.num_logit_rows = 1 + static_cast<int>(drafts.size());
-    const std::span<const int32_t> table = kv_.BlockTable(chunk.sequence_id);
-    chunk.block_table.assign(table.begin(), table.end());
-    budget -= static_cast<int>(drafts.size());
+    budget -= AppendDrafts(chunk, seq, ProposeDrafts(seq, std::min(seq.draft_length.limit(), budget)));
   }
+}
+
+void Scheduler::AddGoodputDrafts(int budget, StepBatch& batch) {
+  struct Proposal {
+    SequenceChunk* chunk;
+    Sequence* seq;
+    std::vector<int32_t> drafts;
+  };
+  std::vector<Proposal> proposals;
+  std::vector<DraftCandidate> candidates;
+  DraftStep step{.base_rows = batch.NumTokens(), .base_tokens = 0, .max_drafts = budget};
+  for (SequenceChunk& chunk : batch.chunks) {
+    Sequence& seq = sequences_.at(chunk.sequence_id);
+    // A chunk that reaches the end of its history samples the next token (a prompt's last chunk
+    // or a decode token).
+    if (chunk.wants_logits &&
+        chunk.start_position + static_cast<int>(chunk.tokens.size()) == static_cast<int>(seq.tokens.size()))
+      ++step.base_tokens;
+    if (chunk.tokens.size() != 1 || !chunk.wants_logits || seq.NumUncomputed() != 1 || seq.draft_length.cap() < 1)
+      continue;
+    Proposal& p = proposals.emplace_back(
+        Proposal{&chunk, &seq, ProposeDrafts(seq, std::min(seq.draft_length.limit(), budget))});
+    candidates.push_back({.acceptance = seq.draft_length.draft_acceptance(),
+                          .limit = static_cast<int>(p.drafts.size()),
+                          .probe = seq.draft_length.probe_due()});
+  }
+  const std::vector<int> counts = ChooseDraftCounts(step_cost_, step, candidates);
+  for (size_t i = 0; i < proposals.size(); ++i) {
+    Proposal& p = proposals[i];
+    p.drafts.resize(counts[i]);
+    const int added = AppendDrafts(*p.chunk, *p.seq, std::move(p.drafts));
+    p.seq->draft_length.set_chosen(added);
+    if (added == 0) p.seq->draft_length.ObserveStepWithoutDrafts();
+  }
+}
+
+int Scheduler::AppendDrafts(SequenceChunk& chunk, const Sequence& seq, std::vector<int32_t> drafts) {
+  // As many as the sequence's blocks and the free ones hold.
+  const int64_t room = (static_cast<int64_t>(kv_.BlockTable(chunk.sequence_id).size()) + kv_.NumFreeBlocks()) *
+                           kv_.block_size() - (seq.num_computed + 1);
+  if (static_cast<int64_t>(drafts.size()) > room) drafts.resize(std::max<int64_t>(room, 0));
+  if (drafts.empty()) return 0;
+  const int end = seq.num_computed + 1 + static_cast<int>(drafts.size());
+  if (!kv_.Allocate(chunk.sequence_id, end)) return 0;  // not reached: they fit
+  chunk.tokens.insert(chunk.tokens.end(), drafts.begin(), drafts.end());
+  chunk.num_logit_rows = 1 + static_cast<int>(drafts.size());
+  const std::span<const int32_t> table = kv_.BlockTable(chunk.sequence_id);
+  chunk.block_table.assign(table.begin(), table.end());
+  return static_cast<int>(drafts.size());
 }
 
 std::optional<FinishReason> Scheduler::CheckStop(const Sequence& seq, int32_t token) const {
@@ -667,10 +709,11 @@ std::optional<int> Scheduler::DraftLimit(int64_t sequence_id) const {
 double Scheduler::MeanDraftLimit() const {
   int64_t sum = 0;
   int count = 0;
+  const bool goodput = options_.speculative.draft_length == DraftLengthPolicy::kGoodput;
   for (int64_t id : running_) {
     const DraftLength& d = sequences_.at(id).draft_length;
     if (d.cap() < 1) continue;
-    sum += d.limit();
+    sum += goodput ? d.chosen() : d.limit();
     ++count;
   }
   return count > 0 ? static_cast<double>(sum) / count : 0.0;

@@ -33,7 +33,11 @@
 // sampled token followed by up to its draft length's limit of drafts (engine/speculative/draft_length.h:
 // num_speculative_tokens, the request's own cap, or with the adaptive policy what its acceptance
 // earned; drafts from engine/speculative/ngram_drafter.h, the MTP head or a provided proposer; fewer where
-// the token budget, max_tokens or the context end), every position's logits wanted. Drafts
+// the token budget, max_tokens or the context end), every position's logits wanted. With the
+// goodput policy each step's drafts are chosen for all its decoding sequences at once, from the
+// drafts each has, their acceptance and the step's cost learned from ObserveStepTime
+// (engine/speculative/goodput_draft_choice.h); the engine reports every step's time, a test
+// whatever times it likes, so the scheduler stays a function of its inputs. Drafts
 // are added last, from the budget and free blocks that the steps above left (none in a step
 // that preempted), so they never cost another sequence its place. Row j (0-based) is sampled as plain decoding would sample
 // the sequence's next token had drafts [0, j) been accepted (same penalties, bans and draw
@@ -65,6 +69,7 @@
 #include "engine/core/parallel_for.h"
 #include "engine/sampling/sampler.h"
 #include "engine/speculative/speculative_options.h"
+#include "engine/speculative/step_cost_model.h"
 #include "engine/sampling/token_constraint.h"
 
 namespace exl3::engine {
@@ -82,7 +87,7 @@ struct SchedulerOptions {
   int max_num_batched_tokens = 2048;  // tokens of all chunks of one step
   int max_num_seqs = 256;             // sequences running at once
   // The largest chunk one prompt gets in a step; unset: only the token budget limits it.
-  std::optional<int> long_prefill_token_threshold;
+  std::optional<int> long_prefill_token_threshold = std::nullopt;
   // Applies only where PrefixCachingUsable(model) holds.
   bool enable_prefix_caching = true;
   // The most prompt-position logit rows (prompt logprobs) one step computes: each is a row of
@@ -90,7 +95,7 @@ struct SchedulerOptions {
   // most this many tokens.
   int max_prompt_logit_rows = 512;
   // Drafting and verification; must pass ValidateSpeculativeOptions (Engine::Start checks it).
-  SpeculativeOptions speculative;
+  SpeculativeOptions speculative = {};
 };
 
 // Speculative decoding's totals since the start (vLLM's spec_decode counters).
@@ -237,10 +242,17 @@ class Scheduler {
   const KvBlockManager& kv() const { return kv_; }
   const SpeculativeCounters& speculative_counters() const { return speculative_counters_; }
   // The drafts a present sequence may get in its next step (DraftLength::limit; 0 without
-  // speculative decoding or where its request turned it off).
+  // speculative decoding or where its request turned it off; with the goodput policy its cap, of
+  // which each step's choice gives it 0..all).
   std::optional<int> DraftLimit(int64_t sequence_id) const;
-  // The mean DraftLength::limit of the running sequences that draft (cap >= 1); 0 when none.
+  // The mean DraftLength::limit of the running sequences that draft (cap >= 1); 0 when none. With
+  // the goodput policy, the mean of the drafts the choice gave them at their last decode step.
   double MeanDraftLimit() const;
+  // A step of `rows` rows (StepBatch::NumTokens: every chunk's tokens, drafts included) took
+  // `seconds`, from Schedule to its tokens sampled: the goodput draft length's cost model
+  // (engine/speculative/step_cost_model.h) learns from it. Steps that failed are not reported.
+  void ObserveStepTime(int rows, double seconds) { step_cost_.Observe(rows, seconds); }
+  const StepCostModel& step_cost() const { return step_cost_; }
 
  private:
   enum class SequenceState { kWaiting, kRunning };
@@ -308,13 +320,20 @@ class Scheduler {
                                            const std::vector<uint8_t>& row_failed);
   // Uncomputed tokens of `seq` to run this step, within `budget`.
   int ChunkSize(const Sequence& seq, int budget) const;
-  // Drafts for a decoding sequence (one uncomputed token) within `budget` more tokens.
-  std::vector<int32_t> ProposeDrafts(const Sequence& seq, int budget) const;
+  // Up to `max_drafts` drafts for a decoding sequence (one uncomputed token), fewer where its
+  // max_tokens or the context end.
+  std::vector<int32_t> ProposeDrafts(const Sequence& seq, int max_drafts) const;
   void AddChunk(int64_t id, const Sequence& seq, int num_tokens, StepBatch& batch) const;
   // Turns the batch's decode chunks into verify chunks, oldest first, while `budget` tokens and
   // free blocks last, each with as many drafts as fit (after everything else is scheduled:
   // drafts displace no one).
   void AddDrafts(int budget, StepBatch& batch);
+  // The goodput policy's AddDrafts: each decoding sequence's drafts proposed first, then
+  // ChooseDraftCounts says how many of them each verifies (KV blocks permitting, oldest first).
+  void AddGoodputDrafts(int budget, StepBatch& batch);
+  // Makes a decode chunk a verify chunk with these drafts, as far as the sequence's blocks and
+  // the free ones hold them; returns the drafts added.
+  int AppendDrafts(SequenceChunk& chunk, const Sequence& seq, std::vector<int32_t> drafts);
   // Frees the newest running sequence's blocks and puts it at the front of the waiting queue.
   int64_t PreemptNewest();
   std::optional<FinishReason> CheckStop(const Sequence& seq, int32_t token) const;
@@ -335,6 +354,7 @@ class Scheduler {
   std::vector<std::vector<int32_t>> verify_outputs_;  // SamplingRows' verify chunks: output + drafts
   std::vector<std::vector<float>> redraw_logits_;  // TakeConstrainedToken's row, per sampler
   SpeculativeCounters speculative_counters_;
+  StepCostModel step_cost_;  // the goodput draft length's (ObserveStepTime)
 };
 
 }  // namespace exl3::engine

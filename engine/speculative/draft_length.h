@@ -21,9 +21,24 @@
 // sequence whose drafts start landing again grows back). Steps in which a sequence gets no
 // drafts (no n-gram match, no budget left) change nothing.
 //
+// With kGoodput the scheduler chooses each step's drafts for all decoding sequences at once
+// (engine/speculative/goodput_draft_choice.h), 0..cap each; limit() is the cap, and this class
+// keeps what that choice needs of the sequence:
+//   - draft_acceptance(): the chance that a draft is right given that the drafts before it were,
+//     estimated as accepted / tested, both exponential moving averages over verify chunks (weight
+//     kDraftAcceptanceWeight), where a chunk of d drafts with a accepted tested a + 1 drafts
+//     (a < d: the first wrong one; those after it tell nothing) or d (a = d). Both start at 1, so
+//     the estimate starts at 1 (every sequence drafts until its drafts are seen to fail). Not the
+//     accepted fraction a / d, which is lower than this chance for d > 1 (with each draft right
+//     with probability 0.7, 3 drafts accept 0.51 of them on average).
+//   - probe_due(): kProbeInterval decode steps in a row without a verify chunk (the choice gave
+//     it none, or it had no drafts), after which it gets one draft: only verify chunks update its
+//     estimate, so a sequence the choice turned off would otherwise never come back.
+//
 //   DraftLength d(DraftLengthPolicy::kAdaptive, /*cap=*/4);
 //   int k = d.limit();                 // drafts to ask the drafter for
 //   d.Observe(/*drafted=*/k, /*accepted=*/1);
+//   d.ObserveStepWithoutDrafts();      // kGoodput: a decode step that verified none
 #pragma once
 
 #include "engine/speculative/speculative_options.h"
@@ -35,24 +50,48 @@ class DraftLength {
   static constexpr double kAcceptanceWeight = 0.5;
   static constexpr double kShrinkBelow = 0.25;
   static constexpr double kGrowAbove = 0.6;
+  // kGoodput: the estimate's weight per verify chunk (lower than kAcceptanceWeight: the choice
+  // weighs small differences of it against the step's cost).
+  static constexpr double kDraftAcceptanceWeight = 0.25;
+  // kGoodput: decode steps without a verify chunk before one draft is forced. At batch 64 with
+  // every sequence turned off, 64 / 16 = 4 probe rows a step on average: a few per cent of the
+  // step where rows cost compute.
+  static constexpr int kProbeInterval = 16;
 
   DraftLength() = default;
   // cap >= 0 (0: this sequence never drafts).
   DraftLength(DraftLengthPolicy policy, int cap) : policy_(policy), cap_(cap), k_(cap) {}
 
-  // The drafts the sequence may get in its next step: 0..cap.
+  // The drafts the sequence may get in its next step: 0..cap (kGoodput: its cap; the scheduler's
+  // choice gives it 0..limit).
   int limit() const { return k_; }
   int cap() const { return cap_; }
   // The moving average above (1 until the first verify chunk).
   double acceptance() const { return acceptance_; }
+  // kGoodput's estimate above (1 until the first verify chunk).
+  double draft_acceptance() const { return accepted_average_ / tested_average_; }
   // A verify chunk of `drafted` >= 1 drafts accepted `accepted` of them.
   void Observe(int drafted, int accepted);
+
+  // kGoodput: a decode step that verified no drafts; and whether the next step must give one.
+  void ObserveStepWithoutDrafts() { ++steps_without_drafts_; }
+  bool probe_due() const {
+    return policy_ == DraftLengthPolicy::kGoodput && cap_ >= 1 && steps_without_drafts_ >= kProbeInterval;
+  }
+  // kGoodput: the drafts the choice gave it at its last decode step (what the engine's mean draft
+  // length gauge shows), and setting it.
+  int chosen() const { return chosen_; }
+  void set_chosen(int drafts) { chosen_ = drafts; }
 
  private:
   DraftLengthPolicy policy_ = DraftLengthPolicy::kFixed;
   int cap_ = 0;
   int k_ = 0;
   double acceptance_ = 1.0;
+  double accepted_average_ = 1.0;  // draft_acceptance's averages
+  double tested_average_ = 1.0;
+  int steps_without_drafts_ = 0;
+  int chosen_ = 0;
 };
 
 }  // namespace exl3::engine

@@ -21,6 +21,7 @@ const char* DraftLengthPolicyName(DraftLengthPolicy policy) {
   switch (policy) {
     case DraftLengthPolicy::kFixed: return "fixed";
     case DraftLengthPolicy::kAdaptive: return "adaptive";
+    case DraftLengthPolicy::kGoodput: return "goodput";
   }
   return "unknown";
 }
@@ -28,8 +29,9 @@ const char* DraftLengthPolicyName(DraftLengthPolicy policy) {
 absl::StatusOr<DraftLengthPolicy> ParseDraftLengthPolicy(std::string_view name) {
   if (name == "fixed") return DraftLengthPolicy::kFixed;
   if (name == "adaptive") return DraftLengthPolicy::kAdaptive;
+  if (name == "goodput") return DraftLengthPolicy::kGoodput;
   return absl::InvalidArgumentError(
-      absl::StrCat("speculative draft length \"", std::string(name), "\" is not one of: fixed, adaptive"));
+      absl::StrCat("speculative draft length \"", std::string(name), "\" is not one of: fixed, adaptive, goodput"));
 }
 
 absl::StatusOr<SpeculativeMethod> ParseSpeculativeMethod(std::string_view name) {

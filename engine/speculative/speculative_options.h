@@ -9,8 +9,8 @@
 //   EXL3_ASSIGN_OR_RETURN(NgramDrafterOptions ngram, NgramOptionsOf(s));
 //
 // With a drafter, a decoding sequence's step runs its last sampled token followed by up to
-// num_speculative_tokens drafts (fewer with the adaptive draft length, engine/speculative/draft_length.h,
-// or a request's own cap) and samples every one of those positions; the drafts are accepted
+// num_speculative_tokens drafts (fewer with the adaptive or goodput draft length,
+// engine/speculative/draft_length.h, or a request's own cap) and samples every one of those positions; the drafts are accepted
 // while they equal the token sampled before them (engine/core/scheduler.h).
 #pragma once
 
@@ -41,9 +41,12 @@ absl::StatusOr<SpeculativeMethod> ParseSpeculativeMethod(std::string_view name);
 enum class DraftLengthPolicy {
   kFixed,     // its cap every step (num_speculative_tokens, or the request's own)
   kAdaptive,  // 1..its cap, shrinking while its drafts are rejected and growing back as they land
+  // 0..its cap, chosen for all decoding sequences of a step at once to maximise the step's expected
+  // tokens per second under its learned cost (engine/speculative/goodput_draft_choice.h)
+  kGoodput,
 };
 const char* DraftLengthPolicyName(DraftLengthPolicy policy);
-// "fixed" or "adaptive"; anything else is INVALID_ARGUMENT naming the choices.
+// "fixed", "adaptive" or "goodput"; anything else is INVALID_ARGUMENT naming the choices.
 absl::StatusOr<DraftLengthPolicy> ParseDraftLengthPolicy(std::string_view name);
 
 // vLLM's default when neither prompt_lookup_min nor prompt_lookup_max is set; when only one is,

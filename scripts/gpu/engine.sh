@@ -47,7 +47,8 @@
 #   8. (--only spec, not by default) speculative decoding through the engine on the GLM-4.5-Air-shaped
 #      model of 3 (or SPEC_MODEL_DIR): exl3-engine-bench --speculative-acceptance (a drafter that
 #      matches the target with probability p: tokens/s against p and against k at batch 1, 8, 32,
-#      requests whose greedy tokens differ from the plain run's counted), fixed K and then adaptive K.
+#      requests whose greedy tokens differ from the plain run's counted), fixed K, adaptive K and the
+#      goodput draft length (SPEC_POLICIES to choose).
 #   9. (--only constraint, not by default) constrained decoding's cost per step (issue 30: <= 10 % of
 #      the inter-token latency at batch 1 and 64) through the engine on the model of 3 (or
 #      CONSTRAINT_MODEL_DIR): exl3-engine-bench --constrained-tokenizer, each batch decoding first
@@ -223,7 +224,7 @@ if [[ " $ONLY " == *" spec "* ]]; then
   echo "=== exl3-engine-bench --speculative-acceptance (speculative decoding through the engine)"
   MODEL=${SPEC_MODEL_DIR:-${ENGINE_MODEL_DIR:-/tmp/glm45-air-synthetic-${ENGINE_LAYERS:-6}}}
   [ -n "${SPEC_MODEL_DIR:-}" ] || bash scripts/gpu/glm45_air_model.sh "$BIN" "$MODEL" ${ENGINE_LAYERS:-6} "$OUT/engine-model.log"
-  for policy in fixed adaptive; do
+  for policy in ${SPEC_POLICIES:-fixed adaptive goodput}; do
     timeout ${SPEC_TIMEOUT:-400} "$BIN"/exl3-engine-bench --model "$MODEL" --context ${SPEC_CONTEXT:-1024} \
       --batch ${SPEC_BATCHES:-1,8,32} --steps ${SPEC_STEPS:-64} --speculative-acceptance ${SPEC_ACCEPTANCE:-0,0.5,0.7,0.9,1} \
       --num-speculative-tokens ${SPEC_KS:-1,2,3,4} --speculative-draft-length $policy \

@@ -116,9 +116,12 @@ ABSL_FLAG(int32_t, ngram_prompt_lookup_min, 0,
 ABSL_FLAG(int32_t, speculative_disable_by_batch_size, 0,
           "no drafts in a step while more than this many sequences run (0: no limit; vLLM's name)");
 ABSL_FLAG(std::string, speculative_draft_length, "fixed",
-          "drafts per sequence and step: fixed (--num-speculative-tokens, or a request's own cap) or "
+          "drafts per sequence and step: fixed (--num-speculative-tokens, or a request's own cap), "
           "adaptive (each sequence 1..that cap, shrinking while its drafts are rejected and growing back "
-          "as they land: engine/speculative/draft_length.h)");
+          "as they land: engine/speculative/draft_length.h) or goodput (each step 0..that cap per sequence, "
+          "chosen for the most expected tokens per second under the step times measured so far, so "
+          "drafts stop where their rows cost more than they yield, as at large batches: "
+          "engine/speculative/goodput_draft_choice.h)");
 ABSL_FLAG(int32_t, max_pending_requests, 1024,
           "Generate requests accepted and unfinished; beyond it RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, generate_timeout_ms, 600000,

@@ -61,6 +61,10 @@ TEST(EngineBenchOptionsTest, SpeculativeBenchFlags) {
   EXPECT_EQ(o->speculative_acceptances, (std::vector<double>{0, 0.7, 1}));
   EXPECT_EQ(o->speculative_ks, (std::vector<int>{1, 3}));
   EXPECT_EQ(o->speculative_draft_length, "adaptive");
+  auto goodput = ParseEngineBenchArgs(
+      {"--model", kModel, "--speculative-acceptance", "0.7", "--speculative-draft-length", "goodput"});
+  ASSERT_TRUE(goodput.ok()) << goodput.status();
+  EXPECT_EQ(goodput->speculative_draft_length, "goodput");
   auto defaults = ParseEngineBenchArgs({"--model", kModel, "--speculative-acceptance", "0.7"});
   ASSERT_TRUE(defaults.ok()) << defaults.status();
   EXPECT_EQ(defaults->speculative_ks, (std::vector<int>{1, 2, 3, 4}));

@@ -123,5 +123,27 @@ TEST(SpeculativeBenchTest, AdaptiveDraftLengthSpendsLessOnRejectedDrafts) {
   EXPECT_EQ((*adaptive)[2].accepted_tokens, (*adaptive)[2].draft_tokens);
 }
 
+TEST(SpeculativeBenchTest, GoodputDraftLengthGivesPlainTokensAndStopsRejectedDrafts) {
+  // The engine's own step times drive the choice (engine/speculative/goodput_draft_choice.h), so
+  // only what holds whatever they are is checked: plain decoding's tokens, nothing accepted at
+  // p = 0 and everything at p = 1, and at p = 0 fewer drafts than a fixed K = 4 (each sequence's
+  // estimate falls with every rejected chunk until a draft row costs more than it yields).
+  SpeculativeBenchOptions o = SmallBench();
+  o.batches = {1};
+  o.ks = {4};
+  o.acceptances = {0.0, 1.0};
+  absl::StatusOr<std::vector<SpeculativeBenchRow>> fixed = RunSpeculativeBench(o, OpenFixture);
+  o.draft_length = engine::DraftLengthPolicy::kGoodput;
+  absl::StatusOr<std::vector<SpeculativeBenchRow>> goodput = RunSpeculativeBench(o, OpenFixture);
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  ASSERT_TRUE(goodput.ok()) << goodput.status();
+  PrintSpeculativeBench(*goodput, stdout);
+  ASSERT_EQ(goodput->size(), 3u);
+  for (const SpeculativeBenchRow& r : *goodput) EXPECT_EQ(r.requests_differing, 0) << "p " << r.acceptance;
+  EXPECT_EQ((*goodput)[1].accepted_tokens, 0);
+  EXPECT_LT((*goodput)[1].draft_tokens, (*fixed)[1].draft_tokens);
+  EXPECT_EQ((*goodput)[2].accepted_tokens, (*goodput)[2].draft_tokens);
+}
+
 }  // namespace
 }  // namespace exl3::bench

@@ -13,7 +13,7 @@
 //                     [--batch 1,8,64] [--prefill-chunk 2048] [--runs 30] [--json FILE]
 //   exl3-engine-bench --sampling-only [--vocab 151552] [--batch 1,8,64] [--runs 30] [--json FILE]
 //   exl3-engine-bench --model DIR --speculative-acceptance 0,0.5,0.7,0.9,1 [--num-speculative-tokens 1,2,3,4]
-//                     [--speculative-draft-length fixed|adaptive] [--context 1024] [--batch 1,8,32] [--steps 64]
+//                     [--speculative-draft-length fixed|adaptive|goodput] [--context 1024] [--batch 1,8,32] [--steps 64]
 //                     [--expert-map FILE ...] [--json FILE]
 //   exl3-engine-bench --model DIR --constrained-tokenizer FILE [--context 1024] [--batch 1,64] [--steps 32]
 //                     [--expert-map FILE ...] [--json FILE]
@@ -507,8 +507,8 @@ int RunSpeculative(const exl3::bench::EngineBenchOptions& o, const ExpertPlaceme
     so.ks = o.speculative_ks;
     so.prompt_tokens = context;
     so.decode_tokens = o.steps;
-    so.draft_length = o.speculative_draft_length == "adaptive" ? engine::DraftLengthPolicy::kAdaptive
-                                                                 : engine::DraftLengthPolicy::kFixed;
+    // ParseEngineBenchArgs took only the names ParseDraftLengthPolicy knows.
+    so.draft_length = *engine::ParseDraftLengthPolicy(o.speculative_draft_length);
     so.engine.block_size = 16;
     so.engine.kv_capacity = {engine::KvCacheCapacity::Unit::kTokens,
                              int64_t{max_batch} * (context + o.steps + max_k + 32)};

@@ -19,7 +19,7 @@ const char kEngineBenchUsage[] =
     "                         [--expert-map FILE [--micro-batches 1,2] [--shared-expert local|worker:NAME|none]\n"
     "                          [--worker-shm-mb 8] [--ready-timeout-s 120] [--moe-timeout-ms 30000]]\n"
     "                         [--speculative-acceptance 0,0.5,0.7,0.9,1 [--num-speculative-tokens 1,2,3,4]\n"
-    "                          [--speculative-draft-length fixed|adaptive]]\n"
+    "                          [--speculative-draft-length fixed|adaptive|goodput]]\n"
     "                         [--constrained-tokenizer FILE]\n"
     "       exl3-engine-bench --attention-only [--attention-shape 96,8,128] [--context 1024,8192]\n"
     "                         [--batch 1,8,64] [--prefill-chunk 2048] [--runs 30] [--json FILE]\n"
@@ -51,7 +51,9 @@ const char kEngineBenchUsage[] =
     "continuation as drafts, each draft token right with probability P (else another token);\n"
     "decode tokens/s, mean step and verify step time, drafts accepted, and how many requests'\n"
     "tokens differ from the plain run's (speculation must change none).\n"
-    "--speculative-draft-length adaptive: each sequence's own K (engine/speculative/draft_length.h).\n"
+    "--speculative-draft-length adaptive: each sequence's own K (engine/speculative/draft_length.h);\n"
+    "goodput: each step's drafts chosen for the most expected tokens per second under the step\n"
+    "times measured so far (engine/speculative/goodput_draft_choice.h).\n"
     "With --expert-map, the experts on the workers as above.\n"
     "\n"
     "--constrained-tokenizer FILE: instead of the tables, what constrained decoding costs per step\n"
@@ -192,9 +194,10 @@ absl::StatusOr<EngineBenchOptions> ParseEngineBenchArgs(const std::vector<std::s
       ks_given = true;
     } else if (a == "--speculative-draft-length") {
       EXL3_ASSIGN_OR_RETURN(o.speculative_draft_length, value());
-      if (o.speculative_draft_length != "fixed" && o.speculative_draft_length != "adaptive")
-        return absl::InvalidArgumentError(
-            absl::StrCat("--speculative-draft-length: '", o.speculative_draft_length, "' (fixed or adaptive)"));
+      if (o.speculative_draft_length != "fixed" && o.speculative_draft_length != "adaptive" &&
+          o.speculative_draft_length != "goodput")
+        return absl::InvalidArgumentError(absl::StrCat("--speculative-draft-length: '", o.speculative_draft_length,
+                                                       "' (fixed, adaptive or goodput)"));
       draft_length_given = true;
     } else if (a == "--constrained-tokenizer") {
       EXL3_ASSIGN_OR_RETURN(o.constrained_tokenizer, value());

@@ -41,7 +41,7 @@ struct EngineBenchOptions {
   // k, each --context a prompt length, each --batch a run, --steps greedy tokens per request.
   std::vector<double> speculative_acceptances;  // empty: not run
   std::vector<int> speculative_ks = {1, 2, 3, 4};  // --num-speculative-tokens
-  std::string speculative_draft_length = "fixed";  // fixed | adaptive (--speculative-draft-length)
+  std::string speculative_draft_length = "fixed";  // fixed | adaptive | goodput (--speculative-draft-length)
   // --constrained-tokenizer FILE: instead of the tables, decode steps through the Engine with every
   // sequence unconstrained and then constrained by a JSON schema compiled against FILE
   // (tools/exl3_bench/constraint_step_bench.h), each --context a prompt length, each --batch a run,

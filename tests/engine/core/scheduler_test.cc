@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <random>
 #include <set>
 #include <vector>
 
+#include "engine/speculative/draft_proposer.h"
 #include "engine/speculative/ngram_drafter.h"
 #include "engine/cpu/sequence_state.h"
 #include "gtest/gtest.h"
@@ -48,6 +50,9 @@ class Driver {
     EXPECT_TRUE(runner_.AllocateKvCache(cache).ok());
   }
   Scheduler& sched() { return sched_; }
+  // Set: after each step, the scheduler is told it took step_seconds(its rows) (the engine
+  // reports measured times; the goodput draft length learns from them).
+  std::function<double(int rows)> step_seconds;
 
   ScheduledStep Step() {
     ScheduledStep step = sched_.Schedule();
@@ -64,6 +69,7 @@ class Driver {
       outputs[u.sequence_id].push_back(u.token.token);
       if (u.finish.has_value()) finished[u.sequence_id] = *u.finish;
     }
+    if (step_seconds) sched_.ObserveStepTime(step.batch.NumTokens(), step_seconds(step.batch.NumTokens()));
     return step;
   }
   void RunToEnd() {
@@ -589,10 +595,282 @@ TEST(Scheduler, SampledDraftsAcceptedWithTheTargetProbability) {
   EXPECT_EQ(static_cast<int64_t>(accepted), d.sched().speculative_counters().num_accepted_tokens);
 }
 
+// The goodput draft length (engine/speculative/goodput_draft_choice.h) through the scheduler:
+// drafts from a proposer that is always right (the fake model's greedy tokens) or always wrong,
+// and the step times the test reports (Driver::step_seconds).
+class GreedyProposer : public DraftProposer {
+ public:
+  explicit GreedyProposer(bool right) : right_(right) {}
+  std::vector<int32_t> Propose(std::span<const int32_t> prompt, std::span<const int32_t> output,
+                               int max_drafts) const override {
+    std::vector<int32_t> history(prompt.begin(), prompt.end());
+    history.insert(history.end(), output.begin(), output.end());
+    std::vector<int32_t> drafts;
+    std::vector<float> row(kVocab);
+    for (int j = 0; j < max_drafts; ++j) {
+      FakeModelRunner::HistoryLogits(history, row.data(), kVocab);
+      // The greedy token, or the least likely one (never the greedy token).
+      const auto it = right_ ? std::max_element(row.begin(), row.end()) : std::min_element(row.begin(), row.end());
+      drafts.push_back(static_cast<int32_t>(it - row.begin()));
+      history.push_back(drafts.back());
+    }
+    return drafts;
+  }
+
+ private:
+  static constexpr int kVocab = 64;  // FakeModelOptions' default
+  bool right_;
+};
+
+// 64 sequences of 8-token prompts, `max_tokens` each, decoding together with a cap of 3 drafts.
+SchedulerOptions Batch64(DraftLengthPolicy policy, bool drafts_right) {
+  SchedulerOptions opt;
+  opt.max_num_batched_tokens = 1024;  // every prompt in the first step, and room for every draft
+  opt.max_num_seqs = 64;
+  opt.speculative.method = SpeculativeMethod::kProvided;
+  opt.speculative.num_speculative_tokens = 3;
+  opt.speculative.proposer = std::make_shared<GreedyProposer>(drafts_right);
+  opt.speculative.draft_length = policy;
+  return opt;
+}
+
+void AddBatch64(Scheduler& sched, int max_tokens) {
+  for (int id = 0; id < 64; ++id) sched.Add(id, Request(8, id, max_tokens));
+}
+
+// Draft rows (verify rows past each chunk's first) of a step.
+int DraftRows(const ScheduledStep& step) {
+  int rows = 0;
+  for (const SequenceChunk& c : step.batch.chunks)
+    if (c.wants_logits && c.logit_rows_use == LogitRowsUse::kNextTokens) rows += c.num_logit_rows - 1;
+  return rows;
+}
+
+TEST(Scheduler, GoodputDraftsNothingWhereRowsCostComputeAndDraftsFail) {
+  constexpr int kMaxTokens = 100;
+  Driver plain(SchedulerOptions{.max_num_batched_tokens = 1024, .max_num_seqs = 64}, kLargeCache);
+  AddBatch64(plain.sched(), kMaxTokens);
+  plain.RunToEnd();
+
+  // Compute-bound: a step's time in proportion to its rows.
+  auto linear = [](int rows) { return 1e-4 * rows; };
+  Driver fixed(Batch64(DraftLengthPolicy::kFixed, /*drafts_right=*/false), kLargeCache);
+  fixed.step_seconds = linear;
+  AddBatch64(fixed.sched(), kMaxTokens);
+  int64_t fixed_rows = 0;
+  while (!fixed.sched().Empty()) fixed_rows += fixed.Step().batch.NumTokens();
+
+  Driver goodput(Batch64(DraftLengthPolicy::kGoodput, /*drafts_right=*/false), kLargeCache);
+  goodput.step_seconds = linear;
+  AddBatch64(goodput.sched(), kMaxTokens);
+  int64_t goodput_rows = 0, draft_rows = 0, probe_steps = 0;
+  std::vector<int> drafts_per_step;
+  while (!goodput.sched().Empty()) {
+    const ScheduledStep step = goodput.Step();
+    goodput_rows += step.batch.NumTokens();
+    drafts_per_step.push_back(DraftRows(step));
+    draft_rows += drafts_per_step.back();
+    probe_steps += drafts_per_step.back() > 0;
+  }
+  for (int id = 0; id < 64; ++id) {
+    EXPECT_EQ(goodput.outputs[id], plain.outputs[id]) << "sequence " << id;
+    EXPECT_EQ(fixed.outputs[id], plain.outputs[id]) << "sequence " << id;
+  }
+  const SpeculativeCounters& c = goodput.sched().speculative_counters();
+  std::printf("[goodput, drafts rejected, linear cost] %lld draft rows over %zu steps (%lld with drafts: "
+              "probes), %lld rows in all against %lld at a fixed 3\n",
+              static_cast<long long>(draft_rows), drafts_per_step.size(), static_cast<long long>(probe_steps),
+              static_cast<long long>(goodput_rows), static_cast<long long>(fixed_rows));
+  EXPECT_EQ(c.num_accepted_tokens, 0);
+  // A draft row costs a plain row's time and yields less than its token: only probes, each
+  // sequence's one draft after every DraftLength::kProbeInterval steps without any.
+  const int decode_steps = kMaxTokens - 1;
+  EXPECT_LE(draft_rows, 64 * (decode_steps / DraftLength::kProbeInterval));
+  EXPECT_GT(draft_rows, 0);
+  for (int rows : drafts_per_step) EXPECT_LE(rows, 64);  // a probe is one draft
+  EXPECT_LT(goodput_rows * 10, fixed_rows * 4);  // fixed: 4 rows a token
+}
+
+TEST(Scheduler, GoodputKeepsTheCapsWhereRowsAreFreeAndDraftsLand) {
+  constexpr int kMaxTokens = 60;
+  Driver plain(SchedulerOptions{.max_num_batched_tokens = 1024, .max_num_seqs = 64}, kLargeCache);
+  AddBatch64(plain.sched(), kMaxTokens);
+  plain.RunToEnd();
+
+  // Memory-bound: every step costs the same.
+  Driver goodput(Batch64(DraftLengthPolicy::kGoodput, /*drafts_right=*/true), kLargeCache);
+  goodput.step_seconds = [](int) { return 0.01; };
+  AddBatch64(goodput.sched(), kMaxTokens);
+  // Step 0 prefills every prompt (observed: 512 rows); step 1, the first decode step, runs plain
+  // (64 rows never observed), to be observed; from step 2 every sequence verifies its cap while
+  // it has room for 1 + 3 more tokens.
+  for (int step = 0; !goodput.sched().Empty(); ++step) {
+    bool room = true;
+    for (int id = 0; id < 64; ++id) room = room && goodput.outputs[id].size() + 4 <= kMaxTokens;
+    const ScheduledStep s = goodput.Step();
+    if (step == 1) {
+      EXPECT_EQ(DraftRows(s), 0);
+    }
+    if (step < 2 || !room) continue;
+    ASSERT_EQ(s.batch.chunks.size(), 64u) << "step " << step;
+    for (const SequenceChunk& c : s.batch.chunks) EXPECT_EQ(c.num_logit_rows, 4) << "step " << step;
+    if (!goodput.sched().Empty()) {
+      EXPECT_DOUBLE_EQ(goodput.sched().MeanDraftLimit(), 3.0);
+    }
+  }
+  for (int id = 0; id < 64; ++id) EXPECT_EQ(goodput.outputs[id], plain.outputs[id]) << "sequence " << id;
+  const SpeculativeCounters& c = goodput.sched().speculative_counters();
+  EXPECT_GT(c.num_draft_tokens, 64 * 3 * 10);
+  EXPECT_EQ(c.num_accepted_tokens, c.num_draft_tokens);
+}
+
+TEST(Scheduler, GoodputWithoutStepTimesDraftsNothing) {
+  Driver d(Batch64(DraftLengthPolicy::kGoodput, /*drafts_right=*/true), kLargeCache);
+  AddBatch64(d.sched(), 10);
+  d.RunToEnd();
+  EXPECT_EQ(d.sched().speculative_counters().num_draft_tokens, 0);
+  EXPECT_TRUE(d.sched().step_cost().empty());
+}
+
+// Seeded sampling gives the same tokens whatever drafts a step verifies: each token's draw is a
+// function of the seed and its position (engine/sampling/sampler.h).
+TEST(Scheduler, GoodputSeededSamplingIsReproducibleWhateverTheCost) {
+  auto run = [](std::optional<DraftLengthPolicy> policy, std::function<double(int)> cost) {
+    SchedulerOptions opt = policy.has_value() ? Batch64(*policy, /*drafts_right=*/true)
+                                              : SchedulerOptions{.max_num_batched_tokens = 1024, .max_num_seqs = 64};
+    Driver d(opt, kLargeCache);
+    d.step_seconds = std::move(cost);
+    for (int id = 0; id < 16; ++id) {
+      SequenceRequest r = Request(8, id, 40);
+      r.sampling.temperature = 0.7f;
+      r.seed = 100 + id;
+      d.sched().Add(id, r);
+    }
+    d.RunToEnd();
+    std::printf("[goodput, sampled] %lld draft tokens, %lld accepted\n",
+                static_cast<long long>(d.sched().speculative_counters().num_draft_tokens),
+                static_cast<long long>(d.sched().speculative_counters().num_accepted_tokens));
+    return d.outputs;
+  };
+  const auto plain = run(std::nullopt, nullptr);
+  const auto flat = run(DraftLengthPolicy::kGoodput, [](int) { return 0.01; });
+  const auto linear = run(DraftLengthPolicy::kGoodput, [](int rows) { return 1e-4 * rows; });
+  const auto wavy = run(DraftLengthPolicy::kGoodput, [](int rows) { return 0.01 + 0.001 * (rows % 7); });
+  EXPECT_EQ(flat, plain);
+  EXPECT_EQ(linear, plain);
+  EXPECT_EQ(wavy, plain);
+}
+
+// Issue 31's "no loss at batch 64", simulated: the step times are bench/results/engine-h100.md's
+// measured GLM-5.3-Flash steps (plain: 2.25 ms at 1 row, 3.47 at 8, 9.07 at 64; a k = 3 verify
+// step of batch 64, 256 rows: 17.71 ms; straight lines between, and on past 256), and, as there,
+// half the batch's drafts are all wrong (requests that left the recorded continuation) while the
+// other half's are each right with probability 0.7. 64 sequences of 100 tokens each; tokens per
+// simulated second as the benchmark counts them, over the steps in which every sequence decodes
+// (from the first decode step to the first sequence's end; after it a closed batch only shrinks,
+// where a server would admit more), and over the whole run for comparison.
+class HalfRightProposer : public DraftProposer {
+ public:
+  std::vector<int32_t> Propose(std::span<const int32_t> prompt, std::span<const int32_t> output,
+                               int max_drafts) const override {
+    std::vector<int32_t> history(prompt.begin(), prompt.end());
+    history.insert(history.end(), output.begin(), output.end());
+    uint64_t sequence = 0x9e3779b97f4a7c15ull;
+    for (int32_t t : prompt) sequence = Mix(sequence ^ static_cast<uint64_t>(t));
+    const bool drafts_right = sequence % 2 == 0;
+    std::vector<int32_t> drafts;
+    std::vector<float> row(kVocab);
+    for (int j = 0; j < max_drafts; ++j) {
+      FakeModelRunner::HistoryLogits(history, row.data(), kVocab);
+      const uint64_t draw = Mix(sequence ^ Mix(history.size()));
+      const bool right = drafts_right && static_cast<double>(draw >> 11) * 0x1.0p-53 < 0.7;
+      const auto it = right ? std::max_element(row.begin(), row.end()) : std::min_element(row.begin(), row.end());
+      drafts.push_back(static_cast<int32_t>(it - row.begin()));
+      history.push_back(drafts.back());
+    }
+    return drafts;
+  }
+
+ private:
+  static uint64_t Mix(uint64_t x) {  // splitmix64's finaliser
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+  }
+  static constexpr int kVocab = 64;
+};
+
+double MeasuredStepSeconds(int rows) {
+  const double r[] = {1, 8, 64, 256}, ms[] = {2.25, 3.47, 9.07, 17.71};
+  int i = 0;
+  while (i < 2 && rows > r[i + 1]) ++i;
+  return 1e-3 * (ms[i] + (ms[i + 1] - ms[i]) * (rows - r[i]) / (r[i + 1] - r[i]));
+}
+
+TEST(Scheduler, GoodputNoLossAtBatch64OnTheMeasuredStepCosts) {
+  struct Result {
+    double tokens_per_s;        // while all 64 decode
+    double whole_tokens_per_s;  // from the first step to the last
+    int64_t draft_tokens, accepted_tokens;
+    std::map<int64_t, std::vector<int32_t>> outputs;
+  };
+  auto run = [](std::optional<DraftLengthPolicy> policy) {
+    SchedulerOptions opt{.max_num_batched_tokens = 1024, .max_num_seqs = 64};
+    if (policy.has_value()) {
+      opt.speculative.method = SpeculativeMethod::kProvided;
+      opt.speculative.num_speculative_tokens = 3;
+      opt.speculative.proposer = std::make_shared<HalfRightProposer>();
+      opt.speculative.draft_length = *policy;
+    }
+    Driver d(opt, kLargeCache);
+    d.step_seconds = MeasuredStepSeconds;
+    AddBatch64(d.sched(), 100);
+    double seconds = 0, window_seconds = 0;
+    int64_t tokens = 0, window_tokens = 0;
+    bool all_decode = false;  // step 0 prefills every prompt; then all decode until one ends
+    while (!d.sched().Empty()) {
+      const double step_seconds = MeasuredStepSeconds(d.Step().batch.NumTokens());
+      int64_t now = 0;
+      for (const auto& [id, out] : d.outputs) now += static_cast<int64_t>(out.size());
+      seconds += step_seconds;
+      if (all_decode) {
+        window_seconds += step_seconds;
+        window_tokens += now - tokens;
+      }
+      tokens = now;
+      all_decode = d.sched().NumRunning() == 64;
+    }
+    const SpeculativeCounters& c = d.sched().speculative_counters();
+    return Result{window_tokens / window_seconds, tokens / seconds, c.num_draft_tokens, c.num_accepted_tokens,
+                  d.outputs};
+  };
+  const Result plain = run(std::nullopt);
+  const Result fixed = run(DraftLengthPolicy::kFixed);
+  const Result adaptive = run(DraftLengthPolicy::kAdaptive);
+  const Result goodput = run(DraftLengthPolicy::kGoodput);
+  for (const Result* r : {&fixed, &adaptive, &goodput}) {
+    EXPECT_EQ(r->outputs, plain.outputs);
+    std::printf("[batch 64, measured step costs] %s: %.0f tokens/s while all decode (%.2fx plain's %.0f), "
+                "%.0f over the whole run (%.2fx plain's %.0f), %lld of %lld drafts accepted\n",
+                r == &fixed ? "fixed k=3" : r == &adaptive ? "adaptive" : "goodput", r->tokens_per_s,
+                r->tokens_per_s / plain.tokens_per_s, plain.tokens_per_s, r->whole_tokens_per_s,
+                r->whole_tokens_per_s / plain.whole_tokens_per_s, plain.whole_tokens_per_s,
+                static_cast<long long>(r->accepted_tokens), static_cast<long long>(r->draft_tokens));
+  }
+  EXPECT_LT(fixed.tokens_per_s, plain.tokens_per_s);  // the loss the issue names
+  EXPECT_GE(goodput.tokens_per_s, plain.tokens_per_s);
+  EXPECT_GT(goodput.tokens_per_s, fixed.tokens_per_s);
+  EXPECT_GT(goodput.tokens_per_s, adaptive.tokens_per_s);
+  // Over the whole run the sequences whose drafts land finish early and leave a smaller batch,
+  // whatever the policy; goodput still loses the least.
+  EXPECT_GT(goodput.whole_tokens_per_s, fixed.whole_tokens_per_s);
+  EXPECT_GT(goodput.whole_tokens_per_s, adaptive.whole_tokens_per_s);
+}
+
 TEST(Scheduler, RandomizedWorkloadsMatchSoloRuns) {
   std::mt19937 rng(12345);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  int64_t preemptions = 0, prefix_hit_tokens = 0, draft_tokens = 0, accepted_tokens = 0;
+  int64_t preemptions = 0, prefix_hit_tokens = 0, draft_tokens = 0, accepted_tokens = 0, goodput_draft_tokens = 0;
   for (int round = 0; round < 30; ++round) {
     SchedulerOptions opt;
     opt.max_num_batched_tokens = uniform(8, 64);
@@ -608,10 +886,14 @@ TEST(Scheduler, RandomizedWorkloadsMatchSoloRuns) {
       opt.speculative.prompt_lookup_min = 1;
       opt.speculative.prompt_lookup_max = uniform(1, 3);
     }
+    // Round 5 of every 8 with the goodput draft length, its steps costing more with more rows.
+    const bool goodput = round % 8 == 5 && opt.speculative.enabled();
+    if (goodput) opt.speculative.draft_length = DraftLengthPolicy::kGoodput;
     // Rounds 2 and 3 of every 4 as a model with recurrent layers: state slots checked (a verify
     // chunk's next start picking one of the states it kept), no prefix hits.
     const bool recurrent = round % 4 == 2 || round % 4 == 3;
     Driver d(opt, cache, recurrent);
+    if (goodput) d.step_seconds = [](int rows) { return 0.010 + 0.0001 * rows; };
 
     std::vector<std::vector<int32_t>> prefixes;
     for (int i = 0; i < 3; ++i) prefixes.push_back(Prompt(uniform(1, 24), 100 * round + i));
@@ -655,6 +937,7 @@ TEST(Scheduler, RandomizedWorkloadsMatchSoloRuns) {
     prefix_hit_tokens += d.sched().kv().counters().hit_tokens;
     draft_tokens += d.sched().speculative_counters().num_draft_tokens;
     accepted_tokens += d.sched().speculative_counters().num_accepted_tokens;
+    if (goodput) goodput_draft_tokens += d.sched().speculative_counters().num_draft_tokens;
     if (recurrent) {
       EXPECT_EQ(d.sched().kv().counters().hit_tokens, 0) << "round " << round;
     }
@@ -674,10 +957,12 @@ TEST(Scheduler, RandomizedWorkloadsMatchSoloRuns) {
   EXPECT_GT(prefix_hit_tokens, 0);
   EXPECT_GT(accepted_tokens, 0);
   EXPECT_LT(accepted_tokens, draft_tokens);
-  std::printf("[randomized] %lld preemptions, %lld prefix-hit tokens, %lld draft tokens of which %lld "
-              "accepted over 30 rounds\n",
+  EXPECT_GT(goodput_draft_tokens, 0);
+  std::printf("[randomized] %lld preemptions, %lld prefix-hit tokens, %lld draft tokens (%lld with the goodput "
+              "draft length) of which %lld accepted over 30 rounds\n",
               static_cast<long long>(preemptions), static_cast<long long>(prefix_hit_tokens),
-              static_cast<long long>(draft_tokens), static_cast<long long>(accepted_tokens));
+              static_cast<long long>(draft_tokens), static_cast<long long>(goodput_draft_tokens),
+              static_cast<long long>(accepted_tokens));
 }
 
 }  // namespace

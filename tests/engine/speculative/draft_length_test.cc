@@ -1,5 +1,5 @@
 // Speculative decoding's draft length per sequence (engine/speculative/draft_length.h): the adaptive rule
-// alone, then through the scheduler over the real CPU model on a transformers fixture with the
+// and the goodput policy's per-sequence estimate and probes alone, then through the scheduler over the real CPU model on a transformers fixture with the
 // n-gram drafter: a sequence whose drafts keep being rejected falls to one draft per step, while
 // one on a prompt built to repeat keeps its whole cap.
 #include "engine/speculative/draft_length.h"
@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -61,10 +62,68 @@ TEST(DraftLengthTest, AdaptiveNeverLeavesOneToCap) {
 TEST(DraftLengthTest, PolicyNames) {
   EXPECT_EQ(*ParseDraftLengthPolicy("fixed"), DraftLengthPolicy::kFixed);
   EXPECT_EQ(*ParseDraftLengthPolicy("adaptive"), DraftLengthPolicy::kAdaptive);
+  EXPECT_EQ(*ParseDraftLengthPolicy("goodput"), DraftLengthPolicy::kGoodput);
   const absl::StatusOr<DraftLengthPolicy> bad = ParseDraftLengthPolicy("auto");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("fixed, adaptive"), std::string_view::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("fixed, adaptive, goodput"), std::string_view::npos) << bad.status();
   EXPECT_STREQ(DraftLengthPolicyName(DraftLengthPolicy::kAdaptive), "adaptive");
+  EXPECT_STREQ(DraftLengthPolicyName(DraftLengthPolicy::kGoodput), "goodput");
+}
+
+TEST(DraftLengthTest, GoodputKeepsItsCapAndEstimatesEachDraftsChance) {
+  DraftLength d(DraftLengthPolicy::kGoodput, 3);
+  EXPECT_EQ(d.limit(), 3);
+  EXPECT_DOUBLE_EQ(d.draft_acceptance(), 1.0);
+  const double w = DraftLength::kDraftAcceptanceWeight;
+  // 3 drafts, none accepted: one tested (the first), none right.
+  d.Observe(3, 0);
+  EXPECT_DOUBLE_EQ(d.draft_acceptance(), (1 - w) / 1.0);
+  EXPECT_EQ(d.limit(), 3);  // the choice decides each step's count
+  // 3 drafts, all accepted: three tested, three right.
+  d.Observe(3, 3);
+  EXPECT_DOUBLE_EQ(d.draft_acceptance(), ((1 - w) * (1 - w) + w * 3) / ((1 - w) + w * 3));
+  // 3 drafts, the first accepted: two tested (the second was wrong), one right.
+  DraftLength e(DraftLengthPolicy::kGoodput, 3);
+  e.Observe(3, 1);
+  EXPECT_DOUBLE_EQ(e.draft_acceptance(), ((1 - w) + w * 1) / ((1 - w) + w * 2));
+
+  // Each draft right with probability 0.7: the estimate near 0.7, where the accepted fraction
+  // (the adaptive policy's average) is near (0.7 + 0.49 + 0.343) / 3 = 0.51.
+  std::mt19937 rng(7);
+  std::bernoulli_distribution right(0.7);
+  DraftLength g(DraftLengthPolicy::kGoodput, 3);
+  DraftLength adaptive(DraftLengthPolicy::kAdaptive, 3);
+  double estimate = 0, fraction = 0;
+  constexpr int kChunks = 20000;
+  for (int i = 0; i < kChunks; ++i) {
+    int a = 0;
+    while (a < 3 && right(rng)) ++a;
+    g.Observe(3, a);
+    adaptive.Observe(3, a);
+    estimate += g.draft_acceptance();
+    fraction += adaptive.acceptance();
+  }
+  EXPECT_NEAR(estimate / kChunks, 0.7, 0.03);
+  EXPECT_NEAR(fraction / kChunks, 0.51, 0.03);
+}
+
+TEST(DraftLengthTest, GoodputProbesAfterStepsWithoutDrafts) {
+  DraftLength d(DraftLengthPolicy::kGoodput, 2);
+  for (int i = 0; i < DraftLength::kProbeInterval; ++i) {
+    EXPECT_FALSE(d.probe_due()) << i;
+    d.ObserveStepWithoutDrafts();
+  }
+  EXPECT_TRUE(d.probe_due());
+  d.ObserveStepWithoutDrafts();
+  EXPECT_TRUE(d.probe_due());  // until a verify chunk
+  d.Observe(1, 0);
+  EXPECT_FALSE(d.probe_due());
+  // Only the goodput policy probes, and only a sequence that drafts.
+  for (DraftLength other : {DraftLength(DraftLengthPolicy::kFixed, 2), DraftLength(DraftLengthPolicy::kAdaptive, 2),
+                            DraftLength(DraftLengthPolicy::kGoodput, 0)}) {
+    for (int i = 0; i < 2 * DraftLength::kProbeInterval; ++i) other.ObserveStepWithoutDrafts();
+    EXPECT_FALSE(other.probe_due());
+  }
 }
 
 // What one sequence's verify chunks drafted, step by step, and its limit after each.

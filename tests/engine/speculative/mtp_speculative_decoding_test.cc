@@ -169,6 +169,8 @@ TEST_P(MtpSpeculativeDecodingTest, CancelledMidRequestLeavesTheCacheIdle) {
 TEST_P(MtpSpeculativeDecodingTest, AdaptiveDraftLengthAndPerRequestCapsGivePlainTokens) {
   // The MTP head chains only up to each sequence's own limit: the adaptive K, a request's cap of
   // 1, or none at all (num_speculative_tokens 0); the tokens are plain decoding's either way.
+  // With the goodput draft length a step verifies 0..all of the drafts the head made for it
+  // (engine/speculative/goodput_draft_choice.h): the same tokens.
   std::vector<GenerateParams> params = GreedyRequests();
   const RunResult plain = Run(Options({}), params);
   SpeculativeOptions adaptive = Mtp(4);
@@ -181,6 +183,17 @@ TEST_P(MtpSpeculativeDecodingTest, AdaptiveDraftLengthAndPerRequestCapsGivePlain
   EXPECT_LE(c.num_draft_tokens, 2 * c.num_drafts);  // no request's cap above 2
   EXPECT_EQ(c.num_accepted_tokens_per_pos[2] + c.num_accepted_tokens_per_pos[3], 0);
   EXPECT_DOUBLE_EQ(spec.stats.kv_usage, 0.0);
+
+  SpeculativeOptions goodput = Mtp(4);
+  goodput.draft_length = DraftLengthPolicy::kGoodput;
+  const RunResult chosen = Run(Options(goodput), params);
+  for (size_t i = 0; i < params.size(); ++i)
+    EXPECT_EQ(Ids(chosen.tokens[i]), Ids(plain.tokens[i])) << "goodput request " << i;
+  const SpeculativeCounters& g = chosen.stats.speculative;
+  EXPECT_LE(g.num_draft_tokens, 2 * g.num_drafts);
+  EXPECT_DOUBLE_EQ(chosen.stats.kv_usage, 0.0);
+  std::printf("%s: goodput %lld draft tokens, %lld accepted\n", GetParam(), static_cast<long long>(g.num_draft_tokens),
+              static_cast<long long>(g.num_accepted_tokens));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, MtpSpeculativeDecodingTest,

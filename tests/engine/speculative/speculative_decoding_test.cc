@@ -196,32 +196,47 @@ TEST_P(SpeculativeDecodingTest, CancelledMidRequestLeavesTheCacheIdle) {
   EXPECT_DOUBLE_EQ(engine.Stats().kv_usage, 0.0);
 }
 
-TEST_P(SpeculativeDecodingTest, AdaptiveDraftLengthGivesPlainDecodingsTokens) {
-  // Each sequence's own K (engine/speculative/draft_length.h) changes how many drafts a step verifies, never
-  // which tokens come out: greedy (with logprobs) and seeded sampling as plain decoding.
+TEST_P(SpeculativeDecodingTest, AdaptiveAndGoodputDraftLengthsGivePlainDecodingsTokens) {
+  // Each sequence's own K (engine/speculative/draft_length.h), or each step's choice from the
+  // step times the engine measures (engine/speculative/goodput_draft_choice.h), changes how many
+  // drafts a step verifies, never which tokens come out: greedy (with logprobs) and seeded
+  // sampling as plain decoding.
   SpeculativeOptions adaptive = Ngram(4);
   adaptive.draft_length = DraftLengthPolicy::kAdaptive;
+  SpeculativeOptions goodput = Ngram(4);
+  goodput.draft_length = DraftLengthPolicy::kGoodput;
   std::vector<GenerateParams> params = GreedyRequests();
   for (const GenerateParams& g : testing::SeededSamplingRequests(repeating_, {1u, 3u})) params.push_back(g);
   const RunResult plain = Run(Options({}), params);
   const RunResult fixed = Run(Options(Ngram(4)), params);
   const RunResult spec = Run(Options(adaptive), params);
-  for (size_t i = 0; i < params.size(); ++i) {
-    EXPECT_EQ(Ids(spec.tokens[i]), Ids(plain.tokens[i])) << "request " << i;
-    if (params[i].sampling.logprobs.value_or(0) > 0) {
-      for (size_t t = 0; t < spec.tokens[i].size() && t < plain.tokens[i].size(); ++t)
-        EXPECT_NEAR(*spec.tokens[i][t].logprob, *plain.tokens[i][t].logprob, 1e-4) << "request " << i;
+  const RunResult chosen = Run(Options(goodput), params);
+  for (const RunResult* run : {&spec, &chosen}) {
+    const char* name = run == &spec ? "adaptive" : "goodput";
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_EQ(Ids(run->tokens[i]), Ids(plain.tokens[i])) << name << " request " << i;
+      if (params[i].sampling.logprobs.value_or(0) > 0) {
+        for (size_t t = 0; t < run->tokens[i].size() && t < plain.tokens[i].size(); ++t)
+          EXPECT_NEAR(*run->tokens[i][t].logprob, *plain.tokens[i][t].logprob, 1e-4) << name << " request " << i;
+      }
     }
+    EXPECT_EQ(Sum(run->stats.speculative.num_accepted_tokens_per_pos), run->stats.speculative.num_accepted_tokens);
+    EXPECT_DOUBLE_EQ(run->stats.kv_usage, 0.0);
+    EXPECT_DOUBLE_EQ(run->stats.speculative_mean_draft_length, 0.0);  // nothing running
   }
   const SpeculativeCounters& a = spec.stats.speculative;
   const SpeculativeCounters& f = fixed.stats.speculative;
-  std::printf("%s K=4: fixed %lld draft tokens, %lld accepted; adaptive %lld draft tokens, %lld accepted\n",
+  const SpeculativeCounters& g = chosen.stats.speculative;
+  std::printf("%s K=4: fixed %lld draft tokens, %lld accepted; adaptive %lld draft tokens, %lld accepted; "
+              "goodput (this machine's step times) %lld draft tokens, %lld accepted\n",
               GetParam(), static_cast<long long>(f.num_draft_tokens), static_cast<long long>(f.num_accepted_tokens),
-              static_cast<long long>(a.num_draft_tokens), static_cast<long long>(a.num_accepted_tokens));
+              static_cast<long long>(a.num_draft_tokens), static_cast<long long>(a.num_accepted_tokens),
+              static_cast<long long>(g.num_draft_tokens), static_cast<long long>(g.num_accepted_tokens));
   EXPECT_GT(a.num_accepted_tokens, 0);  // (K shrinking and staying up: tests/engine/speculative/draft_length_test.cc)
-  EXPECT_EQ(Sum(a.num_accepted_tokens_per_pos), a.num_accepted_tokens);
-  EXPECT_DOUBLE_EQ(spec.stats.kv_usage, 0.0);
-  EXPECT_DOUBLE_EQ(spec.stats.speculative_mean_draft_length, 0.0);  // nothing running
+  // The engine reports its steps' times (without them the goodput policy never drafts): every
+  // sequence's acceptance starts at 1, and a draft row costs less than a step's share per
+  // sequence, so the first decode steps after the one observed plain do draft.
+  EXPECT_GT(g.num_draft_tokens, 0);
 }
 
 TEST_P(SpeculativeDecodingTest, PerRequestDraftCapAndSwitch) {
