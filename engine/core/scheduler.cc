@@ -159,7 +159,7 @@ std::vector<MtpSpan> Scheduler::MtpSpans(const ScheduledStep& step) {
     s.state_slot = seq.state_slot;
     if (seq.NumUncomputed() == 1) {
       const int len = static_cast<int>(seq.tokens.size());
-      int drafts = std::min({seq.draft_length.limit(),
+      int drafts = std::min({seq.draft_length.chained_draft_limit(),
                              seq.request.max_tokens - seq.NumOutput() - 1, model_.max_context - len - 1});
       // Drafts after the first run the MTP at positions num_computed .. num_computed + drafts - 2.
       while (drafts > 1 && !kv_.Allocate(chunk.sequence_id, seq.num_computed + drafts - 1)) --drafts;

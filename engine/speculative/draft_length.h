@@ -60,7 +60,7 @@ class DraftLength {
 
   DraftLength() = default;
   // cap >= 0 (0: this sequence never drafts).
-  DraftLength(DraftLengthPolicy policy, int cap) : policy_(policy), cap_(cap), k_(cap) {}
+  DraftLength(DraftLengthPolicy policy, int cap) : policy_(policy), cap_(cap), k_(cap), chain_limit_(cap) {}
 
   // The drafts the sequence may get in its next step: 0..cap (kGoodput: its cap; the scheduler's
   // choice gives it 0..limit).
@@ -81,7 +81,16 @@ class DraftLength {
   // kGoodput: the drafts the choice gave it at its last decode step (what the engine's mean draft
   // length gauge shows), and setting it.
   int chosen() const { return chosen_; }
-  void set_chosen(int drafts) { chosen_ = drafts; }
+  void set_chosen(int drafts) {
+    chosen_ = drafts;
+    chain_limit_ = drafts < cap_ ? drafts + 1 : cap_;
+  }
+  // The drafts a drafter that pays for each one (the MTP head: every draft after the first is a
+  // chained position of its layer) should make for the next step: limit(), but with kGoodput one
+  // more than the last choice gave (at most the cap; the cap before any choice), since the next
+  // choice rarely takes more: a sequence the choice turned off costs no chained positions, and
+  // one whose drafts start landing grows by one draft a step.
+  int chained_draft_limit() const { return policy_ == DraftLengthPolicy::kGoodput ? chain_limit_ : k_; }
 
  private:
   DraftLengthPolicy policy_ = DraftLengthPolicy::kFixed;
@@ -92,6 +101,7 @@ class DraftLength {
   double tested_average_ = 1.0;
   int steps_without_drafts_ = 0;
   int chosen_ = 0;
+  int chain_limit_ = 0;  // chained_draft_limit() under kGoodput
 };
 
 }  // namespace exl3::engine

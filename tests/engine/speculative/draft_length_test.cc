@@ -238,5 +238,25 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, AdaptiveDraftLengthTest,
                          ::testing::Values("tests/fixtures/engine/glm4_moe_all", "tests/fixtures/engine/qwen3_moe_all",
                                            "tests/fixtures/engine/qwen3_next_all"));
 
+// The MTP head's chained positions under goodput: one more draft than the last choice gave (the cap
+// before any), so a sequence turned off drafts one (its probe's) and a landing one grows a step at a
+// time; the other policies chain their limit.
+TEST(DraftLengthTest, GoodputChainsOneDraftMoreThanItsLastChoice) {
+  DraftLength d(DraftLengthPolicy::kGoodput, 3);
+  EXPECT_EQ(d.chained_draft_limit(), 3);
+  d.set_chosen(0);
+  EXPECT_EQ(d.chained_draft_limit(), 1);
+  d.set_chosen(1);
+  EXPECT_EQ(d.chained_draft_limit(), 2);
+  d.set_chosen(3);
+  EXPECT_EQ(d.chained_draft_limit(), 3);
+  DraftLength fixed(DraftLengthPolicy::kFixed, 3);
+  fixed.set_chosen(0);
+  EXPECT_EQ(fixed.chained_draft_limit(), 3);
+  DraftLength adaptive(DraftLengthPolicy::kAdaptive, 4);
+  adaptive.Observe(4, 0);
+  EXPECT_EQ(adaptive.chained_draft_limit(), adaptive.limit());
+}
+
 }  // namespace
 }  // namespace exl3::engine
