@@ -99,19 +99,17 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) DenseGemvKernel(const Dens
   bool waited = false;
 
   for (int u = blockIdx.x; u < total; u += gridDim.x) {
-    // The unit's layer, picked by value with compile-time indices (a reference into the
-    // parameter array indexed at run time would copy all of it to local memory).
-    int r = u;
-    DenseGemvLayer L = a.layer[0];
+    // The unit's layer (its fields read from the parameter bank where used, as GroupedGemvKernel
+    // reads its problem's).
+    int r = u, q = 0;
 #pragma unroll
-    for (int q = 1; q < kMaxProblems; ++q) {
-      if (r >= units[q - 1] && q < a.layers) {
-        r -= units[q - 1];
-        L = a.layer[q];
-      } else {
-        break;
+    for (int i = 0; i < kMaxProblems - 1; ++i) {
+      if (q == i && r >= units[i]) {
+        r -= units[i];
+        q = i + 1;
       }
     }
+    const DenseGemvLayer& L = a.layer[q];
     const int n_tiles = L.n / 16, col_blocks = L.n / kDenseBlockCols;
     const size_t k_stride = static_cast<size_t>(n_tiles) * (8 * K);  // words per row of tiles
     const int kr = r % k_ranges;
