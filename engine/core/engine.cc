@@ -529,8 +529,8 @@ void Engine::RunStep() {
     const SteadyTime t4 = Clock::now();
     sample_s = Seconds(t4 - t3);
     // What the step's rows cost, for the goodput draft length: scheduling, the forward pass and
-    // sampling, all of which grow with verify rows (not the MTP drafting below, which drafts for
-    // every decoding sequence whatever the next step's choice).
+    // sampling, all of which grow with verify rows (not the MTP drafting below, whose chained
+    // positions follow each sequence's last choice: DraftLength::chained_draft_limit).
     scheduler_->ObserveStepTime(m.num_tokens, Seconds(t4 - t0));
     if (runner_sampled_) {
       // The runner sampled inside its forward pass: that time counts as sampling.
