@@ -101,15 +101,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) DenseGemvKernel(const Dens
   for (int u = blockIdx.x; u < total; u += gridDim.x) {
     // The unit's layer (its fields read from the parameter bank where used, as GroupedGemvKernel
     // reads its problem's).
-    int r = u, q = 0;
-#pragma unroll
-    for (int i = 0; i < kMaxProblems - 1; ++i) {
-      if (q == i && r >= units[i]) {
-        r -= units[i];
-        q = i + 1;
-      }
-    }
-    const DenseGemvLayer& L = a.layer[q];
+    int r = u;
+    const DenseGemvLayer& L = a.layer[UnitProblem(units, r)];
     const int n_tiles = L.n / 16, col_blocks = L.n / kDenseBlockCols;
     const size_t k_stride = static_cast<size_t>(n_tiles) * (8 * K);  // words per row of tiles
     const int kr = r % k_ranges;
