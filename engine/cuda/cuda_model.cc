@@ -102,7 +102,7 @@ absl::Status CudaModel::Load(const std::string& dir, const ConfigFile& file, con
   if (options.micro_batches > 1 && remote_moe != nullptr && !mixers_.rows_split())
     return absl::UnimplementedError(absl::StrCat(
         cfg_.architecture(), ": two micro-batches need attention that runs part of a step; its attention "
-                             "(latent, DeepSeek-V4's or GLM-5.3-Flash's indexed) runs a whole step at once"));
+                             "(DeepSeek-V4's) runs a whole step at once"));
   for (const auto& mixer : mixers_.layers) {
     weight_bytes_.attention += mixer->weight_bytes();
     weight_bytes_.attention_decoded.Add(mixer->linears());

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/launch_status.cuh"
 #include "engine/cuda/recurrent_chunks.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace exl3::engine::cuda {
 namespace {
@@ -68,6 +69,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     DeltaRuleKernel(const float* __restrict__ conv_out, const float* __restrict__ beta,
                     const float* __restrict__ decay, DeltaRuleDecay form, DeltaRuleShape sh,
                     RecurrentChunks chunks, int first_chunk, float* __restrict__ core) {
+  exl3::cuda::PdlEnter();
   __shared__ float4 k_s[kTile][kQuads];
   __shared__ float4 q_s[kTile][kQuads];
   __shared__ float4 g_s[kTile][kQuads];
@@ -205,11 +207,11 @@ absl::Status DeltaRuleRecurrence(const float* conv_out, const float* beta, const
   const unsigned groups = (shape.value_head_dim + kColumnsPerBlock - 1) / kColumnsPerBlock;
   const unsigned blocks = static_cast<unsigned>(num_chunks) * shape.num_heads * groups;
   if (chunks.max_kept_states > 1) {
-    DeltaRuleKernel<true><<<blocks, kThreads, 0, S(stream)>>>(conv_out, beta, decay, form, shape, chunks, first_chunk,
-                                                              core);
+    exl3::cuda::LaunchPdl(DeltaRuleKernel<true>, dim3(blocks), dim3(kThreads), S(stream), conv_out, beta, decay, form,
+                          shape, chunks, first_chunk, core);
   } else {
-    DeltaRuleKernel<false><<<blocks, kThreads, 0, S(stream)>>>(conv_out, beta, decay, form, shape, chunks, first_chunk,
-                                                               core);
+    exl3::cuda::LaunchPdl(DeltaRuleKernel<false>, dim3(blocks), dim3(kThreads), S(stream), conv_out, beta, decay, form,
+                          shape, chunks, first_chunk, core);
   }
   return LaunchStatus("DeltaRuleRecurrence");
 }

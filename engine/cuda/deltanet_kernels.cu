@@ -9,6 +9,7 @@
 #include "engine/cuda/delta_rule_kernels.h"
 #include "engine/cuda/launch_status.cuh"
 #include "engine/cuda/recurrent_chunks.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace exl3::engine::cuda {
 namespace {
@@ -60,6 +61,7 @@ __device__ __forceinline__ float WindowInput(const float* qkvz, const DeltaNetDi
 __global__ void ConvKernel(const float* __restrict__ qkvz, const float* __restrict__ conv_weight,
                            DeltaNetDims d, RecurrentChunks chunks, int first, int n,
                            float* __restrict__ conv_out) {
+  exl3::cuda::PdlEnter();
   const int C = d.conv_channels(), K = d.conv_kernel;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (item >= static_cast<int64_t>(n) * C) return;
@@ -79,6 +81,7 @@ __global__ void ConvKernel(const float* __restrict__ qkvz, const float* __restri
 // tokens) those before input f + K - 1, at its row.
 __global__ void ConvStateKernel(const float* __restrict__ qkvz, DeltaNetDims d,
                                 RecurrentChunks chunks, int first_chunk, int num_chunks) {
+  exl3::cuda::PdlEnter();
   const int C = d.conv_channels(), K = d.conv_kernel;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (item >= static_cast<int64_t>(num_chunks) * C) return;
@@ -110,6 +113,7 @@ __global__ void NormAndGatesKernel(float* __restrict__ conv_out, const float* __
                                    const float* __restrict__ neg_a,
                                    const float* __restrict__ dt_bias, DeltaNetDims d, int first,
                                    int n, float* __restrict__ beta, float* __restrict__ decay) {
+  exl3::cuda::PdlEnter();
   const int lane = threadIdx.x % 32;
   const int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (w >= n * d.num_key_heads) return;
@@ -131,6 +135,7 @@ __global__ void NormAndGatesKernel(float* __restrict__ conv_out, const float* __
 __global__ void GatedNormKernel(float* __restrict__ core, const float* __restrict__ qkvz,
                                 const float* __restrict__ w, DeltaNetDims d, float eps,
                                 DeltaNetOutputGate gate, int first, int n) {
+  exl3::cuda::PdlEnter();
   const int lane = threadIdx.x % 32;
   const int item = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (item >= n * d.num_value_heads) return;
@@ -155,6 +160,7 @@ __global__ void GroupSeparateKernel(const float* __restrict__ qkv, const float* 
                                     const float* __restrict__ b, const float* __restrict__ a,
                                     DeltaNetDims d, int first, int n, float* __restrict__ qkvz,
                                     float* __restrict__ ba) {
+  exl3::cuda::PdlEnter();
   const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int W = d.qkvz_width(), NV = d.num_value_heads, width = W + 2 * NV;
   if (item >= static_cast<int64_t>(n) * width) return;
@@ -192,8 +198,8 @@ absl::Status DeltaNetConv(const float* qkvz, const float* conv_weight, const Del
                           const RecurrentChunks& chunks, int first, int n, float* conv_out,
                           StreamHandle stream) {
   if (n <= 0) return absl::OkStatus();
-  ConvKernel<<<Blocks(static_cast<int64_t>(n) * dims.conv_channels(), kThreads), kThreads, 0,
-               S(stream)>>>(qkvz, conv_weight, dims, chunks, first, n, conv_out);
+  exl3::cuda::LaunchPdl(ConvKernel, dim3(Blocks(static_cast<int64_t>(n) * dims.conv_channels(), kThreads)),
+                        dim3(kThreads), S(stream), qkvz, conv_weight, dims, chunks, first, n, conv_out);
   return LaunchStatus("DeltaNetConv");
 }
 
@@ -201,8 +207,9 @@ absl::Status DeltaNetConvState(const float* qkvz, const DeltaNetDims& dims,
                                const RecurrentChunks& chunks, int first_chunk, int num_chunks,
                                StreamHandle stream) {
   if (num_chunks <= 0 || dims.conv_kernel < 2) return absl::OkStatus();
-  ConvStateKernel<<<Blocks(static_cast<int64_t>(num_chunks) * dims.conv_channels(), kThreads),
-                    kThreads, 0, S(stream)>>>(qkvz, dims, chunks, first_chunk, num_chunks);
+  exl3::cuda::LaunchPdl(ConvStateKernel,
+                        dim3(Blocks(static_cast<int64_t>(num_chunks) * dims.conv_channels(), kThreads)), dim3(kThreads),
+                        S(stream), qkvz, dims, chunks, first_chunk, num_chunks);
   return LaunchStatus("DeltaNetConvState");
 }
 
@@ -210,9 +217,8 @@ absl::Status DeltaNetNormAndGates(float* conv_out, const float* ba, const float*
                                   const float* dt_bias, const DeltaNetDims& dims, int first, int n,
                                   float* beta, float* decay, StreamHandle stream) {
   if (n <= 0) return absl::OkStatus();
-  NormAndGatesKernel<<<Blocks(static_cast<int64_t>(n) * dims.num_key_heads, kThreads / 32),
-                       kThreads, 0, S(stream)>>>(conv_out, ba, neg_a, dt_bias, dims, first, n, beta,
-                                                 decay);
+  exl3::cuda::LaunchPdl(NormAndGatesKernel, dim3(Blocks(static_cast<int64_t>(n) * dims.num_key_heads, kThreads / 32)),
+                        dim3(kThreads), S(stream), conv_out, ba, neg_a, dt_bias, dims, first, n, beta, decay);
   return LaunchStatus("DeltaNetNormAndGates");
 }
 
@@ -246,8 +252,8 @@ absl::Status DeltaNetGatedNorm(float* core, const float* qkvz, const float* norm
                                const DeltaNetDims& dims, float eps, DeltaNetOutputGate gate, int first, int n,
                                StreamHandle stream) {
   if (n <= 0) return absl::OkStatus();
-  GatedNormKernel<<<Blocks(static_cast<int64_t>(n) * dims.num_value_heads, kThreads / 32), kThreads,
-                    0, S(stream)>>>(core, qkvz, norm_weight, dims, eps, gate, first, n);
+  exl3::cuda::LaunchPdl(GatedNormKernel, dim3(Blocks(static_cast<int64_t>(n) * dims.num_value_heads, kThreads / 32)),
+                        dim3(kThreads), S(stream), core, qkvz, norm_weight, dims, eps, gate, first, n);
   return LaunchStatus("DeltaNetGatedNorm");
 }
 
@@ -256,8 +262,8 @@ absl::Status DeltaNetGroupSeparateProjections(const float* qkv, const float* z, 
                                               float* ba, StreamHandle stream) {
   if (n <= 0) return absl::OkStatus();
   const int64_t items = static_cast<int64_t>(n) * (dims.qkvz_width() + 2 * dims.num_value_heads);
-  GroupSeparateKernel<<<Blocks(items, kThreads), kThreads, 0, S(stream)>>>(qkv, z, b, a, dims, first, n, qkvz,
-                                                                          ba);
+  exl3::cuda::LaunchPdl(GroupSeparateKernel, dim3(Blocks(items, kThreads)), dim3(kThreads), S(stream), qkv, z, b, a,
+                        dims, first, n, qkvz, ba);
   return LaunchStatus("DeltaNetGroupSeparateProjections");
 }
 

@@ -273,6 +273,9 @@ __device__ int WarpArgMax(const float* choice, const unsigned char* taken, int n
   return bi;
 }
 
+// Experts up to which RouteKernel keeps its top-k candidates in registers (16 a lane).
+constexpr int kRouteRegisterExperts = 512;
+
 __device__ inline float Softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 // grid T, block kThreads; dynamic shared: 2 * E floats + E bytes (+ groups). logits [T, E];
@@ -347,18 +350,44 @@ __global__ void RouteKernel(GateConfig cfg, const float* logits, const float* bi
       if (group_score[e / per] == 0.0f) choice[e] = -INFINITY;
     __syncthreads();
   }
-  // The top k by the first warp alone: k rounds of a warp argmax over shared memory, with no
-  // block barrier per round (k block-wide rounds cost ~1 us each).
+  // The top k by the first warp alone: k rounds of a warp argmax, with no block barrier per round
+  // (k block-wide rounds cost ~1 us each). Up to kRouteRegisterExperts experts the candidates sit
+  // in registers (lane l holds experts l, l + 32, ...; a bit per taken one), else in shared memory.
   if (threadIdx.x >= 32) return;
   __shared__ int chosen[64];
-  for (int r = 0; r < k; ++r) {
-    const int best = WarpArgMax(choice, taken, E);
-    __syncwarp();  // every lane's reads of taken[] are done before lane 0 writes it
-    if (threadIdx.x == 0) {
-      chosen[r] = best;
-      taken[best] = 1;
+  if (E <= kRouteRegisterExperts) {
+    const int lane = threadIdx.x;
+    float v[kRouteRegisterExperts / 32];
+#pragma unroll
+    for (int j = 0; j < kRouteRegisterExperts / 32; ++j) v[j] = lane + 32 * j < E ? choice[lane + 32 * j] : -INFINITY;
+    unsigned taken_bits = 0;
+    for (int r = 0; r < k; ++r) {
+      float bv = -INFINITY;
+      int bi = -1;
+#pragma unroll
+      for (int j = 0; j < kRouteRegisterExperts / 32; ++j) {
+        const int e = lane + 32 * j;
+        if (e < E && !(taken_bits >> j & 1u) && Better(v[j], e, bv, bi)) bv = v[j], bi = e;
+      }
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (oi >= 0 && Better(ov, oi, bv, bi)) bv = ov, bi = oi;
+      }
+      if (bi % 32 == lane) taken_bits |= 1u << (bi / 32);
+      if (lane == 0) chosen[r] = bi;
     }
     __syncwarp();
+  } else {
+    for (int r = 0; r < k; ++r) {
+      const int best = WarpArgMax(choice, taken, E);
+      __syncwarp();  // every lane's reads of taken[] are done before lane 0 writes it
+      if (threadIdx.x == 0) {
+        chosen[r] = best;
+        taken[best] = 1;
+      }
+      __syncwarp();
+    }
   }
   if (threadIdx.x == 0) {
     int32_t* out_ids = ids + static_cast<size_t>(blockIdx.x) * k;

@@ -52,13 +52,16 @@ absl::Status CudaGatedConnection::Collapse(const float* h, const int32_t* rows, 
   if (inject_.has_value() && inject == nullptr)
     return absl::InternalError("gated connection: a block's collapse needs its inject weights' buffer");
   EXL3_RETURN_IF_ERROR(GatedStreamNorm(h, rows, T, S, H, norm_weight_.get(), shape_.eps, ws.normed.get(), ctx.stream));
-  EXL3_RETURN_IF_ERROR(down_.Forward(ws.normed.get(), T, ws.low.get(), ctx));
-  EXL3_RETURN_IF_ERROR(GatedLowRankSilu(ws.low.get(), static_cast<int64_t>(T) * shape_.lowrank, S, ctx.stream));
+  // The down and inject projections read the same normed streams: one launch at decode sizes.
+  const CudaLinear* projections[2] = {&down_, inject_.has_value() ? &*inject_ : nullptr};
+  float* outputs[2] = {ws.low.get(), inject};
+  EXL3_RETURN_IF_ERROR(CudaLinear::ForwardShared(projections, inject_.has_value() ? 2 : 1, ws.normed.get(), T, outputs,
+                                                 ctx));
+  const int64_t n_inject = inject_.has_value() ? static_cast<int64_t>(T) * S : 0;
+  EXL3_RETURN_IF_ERROR(
+      GatedActivations(ws.low.get(), static_cast<int64_t>(T) * shape_.lowrank, inject, n_inject, S, ctx.stream));
   EXL3_RETURN_IF_ERROR(up_.Forward(ws.low.get(), T, ws.weights.get(), ctx));
-  EXL3_RETURN_IF_ERROR(GatedStreamMix(ws.weights.get(), ws.normed.get(), T, S, H, x, ctx.stream));
-  if (!inject_.has_value()) return absl::OkStatus();
-  EXL3_RETURN_IF_ERROR(inject_->Forward(ws.normed.get(), T, inject, ctx));
-  return GatedInjectWeights(inject, static_cast<int64_t>(T) * S, S, ctx.stream);
+  return GatedStreamMix(ws.weights.get(), ws.normed.get(), T, S, H, x, ctx.stream);
 }
 
 absl::Status CudaGatedConnection::Expand(const float* inject, const float* out, int T, float* h,

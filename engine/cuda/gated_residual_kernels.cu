@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/block_reduce.cuh"
 #include "engine/cuda/launch_status.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace exl3::engine::cuda {
 namespace {
@@ -24,9 +25,12 @@ absl::Status CheckShape(const char* what, int num_tokens, int streams, int hidde
   return absl::OkStatus();
 }
 
+// Every kernel here is launched with PDL (kernels/cuda/launch.cuh) and waits for its predecessor first.
+
 // grid T * S, block kThreads: one stream of one token.
 __global__ void StreamNormKernel(const float* h, const int32_t* rows, int S, int H, const float* weight, float eps,
                                  float* normed) {
+  exl3::cuda::PdlEnter();
   __shared__ double partial[32];
   const int t = blockIdx.x / S, k = blockIdx.x % S;
   const int src = rows != nullptr ? rows[t] : t;
@@ -40,16 +44,22 @@ __global__ void StreamNormKernel(const float* h, const int32_t* rows, int S, int
   for (int i = threadIdx.x; i < H; i += blockDim.x) y[i] = w[i] * (x[i] * inv);
 }
 
-__global__ void LowRankSiluKernel(float* low, int64_t n, float inv_streams) {
+// One thread per element of low [n_low] then of inject [n_inject] (which may be empty).
+__global__ void ActivationsKernel(float* low, int64_t n_low, float* inject, int64_t n_inject, float inv_streams) {
+  exl3::cuda::PdlEnter();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const float v = low[i] * inv_streams;
-  low[i] = v * SigmoidF(v);
+  if (i < n_low) {
+    const float v = low[i] * inv_streams;
+    low[i] = v * SigmoidF(v);
+  } else if (i - n_low < n_inject) {
+    inject[i - n_low] = 2.0f * SigmoidF(inject[i - n_low] * inv_streams);
+  }
 }
 
 // One thread per (token, hidden index).
 __global__ void StreamMixKernel(const float* w, const float* normed, int64_t T, int S, int H, float inv_streams,
                                 float* x) {
+  exl3::cuda::PdlEnter();
   const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= T * H) return;
   const int64_t t = j / H;
@@ -61,14 +71,9 @@ __global__ void StreamMixKernel(const float* w, const float* normed, int64_t T, 
   x[j] = acc * inv_streams;
 }
 
-__global__ void InjectWeightsKernel(float* inject, int64_t n, float inv_streams) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  inject[i] = 2.0f * SigmoidF(inject[i] * inv_streams);
-}
-
 // One thread per (token, stream, hidden index).
 __global__ void ExpandKernel(const float* inject, const float* out, int64_t T, int S, int H, float* h) {
+  exl3::cuda::PdlEnter();
   const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= T * S * H) return;
   const int64_t tk = j / H;  // t * S + k
@@ -83,37 +88,37 @@ absl::Status GatedStreamNorm(const float* h, const int32_t* rows, int T, int S, 
                              float* normed, StreamHandle stream) {
   if (absl::Status s = CheckShape("GatedStreamNorm", T, S, H); !s.ok()) return s;
   if (T == 0) return absl::OkStatus();
-  StreamNormKernel<<<T * S, kThreads, 0, CudaStream(stream)>>>(h, rows, S, H, weight, eps, normed);
+  exl3::cuda::LaunchPdl(StreamNormKernel, dim3(T * S), dim3(kThreads), CudaStream(stream), h, rows, S, H, weight, eps,
+                        normed);
   return LaunchStatus("GatedStreamNorm");
 }
 
-absl::Status GatedLowRankSilu(float* low, int64_t n, int S, StreamHandle stream) {
-  if (absl::Status s = CheckShape("GatedLowRankSilu", 0, S, 1); !s.ok()) return s;
-  if (n <= 0) return absl::OkStatus();
-  LowRankSiluKernel<<<Blocks(n), kThreads, 0, CudaStream(stream)>>>(low, n, 1.0f / static_cast<float>(S));
-  return LaunchStatus("GatedLowRankSilu");
+absl::Status GatedActivations(float* low, int64_t n_low, float* inject, int64_t n_inject, int S,
+                              StreamHandle stream) {
+  if (absl::Status s = CheckShape("GatedActivations", 0, S, 1); !s.ok()) return s;
+  if (n_low < 0 || n_inject < 0)
+    return absl::InvalidArgumentError(absl::StrCat("GatedActivations: ", n_low, " and ", n_inject, " values"));
+  if (n_low + n_inject == 0) return absl::OkStatus();
+  exl3::cuda::LaunchPdl(ActivationsKernel, dim3(Blocks(n_low + n_inject)), dim3(kThreads), CudaStream(stream), low,
+                        n_low, inject, n_inject, 1.0f / static_cast<float>(S));
+  return LaunchStatus("GatedActivations");
 }
 
 absl::Status GatedStreamMix(const float* w, const float* normed, int T, int S, int H, float* x, StreamHandle stream) {
   if (absl::Status s = CheckShape("GatedStreamMix", T, S, H); !s.ok()) return s;
   const int64_t n = static_cast<int64_t>(T) * H;
   if (n == 0) return absl::OkStatus();
-  StreamMixKernel<<<Blocks(n), kThreads, 0, CudaStream(stream)>>>(w, normed, T, S, H, 1.0f / static_cast<float>(S), x);
+  exl3::cuda::LaunchPdl(StreamMixKernel, dim3(Blocks(n)), dim3(kThreads), CudaStream(stream), w, normed,
+                        static_cast<int64_t>(T), S, H, 1.0f / static_cast<float>(S), x);
   return LaunchStatus("GatedStreamMix");
-}
-
-absl::Status GatedInjectWeights(float* inject, int64_t n, int S, StreamHandle stream) {
-  if (absl::Status s = CheckShape("GatedInjectWeights", 0, S, 1); !s.ok()) return s;
-  if (n <= 0) return absl::OkStatus();
-  InjectWeightsKernel<<<Blocks(n), kThreads, 0, CudaStream(stream)>>>(inject, n, 1.0f / static_cast<float>(S));
-  return LaunchStatus("GatedInjectWeights");
 }
 
 absl::Status GatedExpand(const float* inject, const float* out, int T, int S, int H, float* h, StreamHandle stream) {
   if (absl::Status s = CheckShape("GatedExpand", T, S, H); !s.ok()) return s;
   const int64_t n = static_cast<int64_t>(T) * S * H;
   if (n == 0) return absl::OkStatus();
-  ExpandKernel<<<Blocks(n), kThreads, 0, CudaStream(stream)>>>(inject, out, T, S, H, h);
+  exl3::cuda::LaunchPdl(ExpandKernel, dim3(Blocks(n)), dim3(kThreads), CudaStream(stream), inject, out,
+                        static_cast<int64_t>(T), S, H, h);
   return LaunchStatus("GatedExpand");
 }
 

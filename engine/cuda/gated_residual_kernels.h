@@ -20,16 +20,16 @@ namespace exl3::engine::cuda {
 absl::Status GatedStreamNorm(const float* h, const int32_t* rows, int num_tokens, int streams, int hidden,
                              const float* weight, float eps, float* normed, StreamHandle stream);
 
-// low [n] ← silu(low / S), the down projection's output in place.
-absl::Status GatedLowRankSilu(float* low, int64_t n, int streams, StreamHandle stream);
+// In place, in one launch: low [n_low] ← silu(low / S) (the down projection's output) and inject
+// [n_inject] ← 2 · sigmoid(inject / S) (block_inject's; n_inject 0 and inject null for the head's
+// mixer).
+absl::Status GatedActivations(float* low, int64_t n_low, float* inject, int64_t n_inject, int streams,
+                              StreamHandle stream);
 
 // x [T, hidden] = (Σ_k sigmoid(w[t, k, i]) · normed[t, k, i]) · (1 / S), k in order; w and normed
 // [T, S, hidden].
 absl::Status GatedStreamMix(const float* w, const float* normed, int num_tokens, int streams, int hidden,
                             float* x, StreamHandle stream);
-
-// inject [n] ← 2 · sigmoid(inject / S), block_inject's output in place.
-absl::Status GatedInjectWeights(float* inject, int64_t n, int streams, StreamHandle stream);
 
 // h [T, S, hidden]: h[t, k] += inject[t, k] · out[t] for every stream; inject [T, S], out
 // [T, hidden].

@@ -9,6 +9,7 @@
 #include "engine/cuda/delta_rule_kernels.h"
 #include "engine/cuda/launch_status.cuh"
 #include "engine/cuda/recurrent_chunks.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace exl3::engine::cuda {
 namespace {
@@ -41,6 +42,7 @@ __global__ void ConvKernel(const float* __restrict__ q, const float* __restrict_
                            const float* __restrict__ v, const float* __restrict__ conv_weight,
                            KdaDims d, RecurrentChunks chunks, int first, int n,
                            float* __restrict__ conv_out) {
+  exl3::cuda::PdlEnter();
   const int C = d.conv_channels(), K = d.conv_kernel;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (item >= static_cast<int64_t>(n) * C) return;
@@ -69,6 +71,7 @@ __global__ void __launch_bounds__(kThreads)
     ConvRunKernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                   const float* __restrict__ conv_weight, KdaDims d, RecurrentChunks chunks, int first, int n,
                   float* __restrict__ conv_out) {
+  exl3::cuda::PdlEnter();
   __shared__ int first_s[kConvRun], read_s[kConvRun];
   const int C = d.conv_channels(), W = d.width();
   const int t0 = first + static_cast<int>(blockIdx.y) * kConvRun;
@@ -128,6 +131,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void ConvStateKernel(const float* __restrict__ q, const float* __restrict__ k,
                                 const float* __restrict__ v, KdaDims d, RecurrentChunks chunks,
                                 int first_chunk, int num_chunks) {
+  exl3::cuda::PdlEnter();
   const int C = d.conv_channels(), K = d.conv_kernel;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (item >= static_cast<int64_t>(num_chunks) * C) return;
@@ -159,6 +163,7 @@ __global__ void NormAndGatesKernel(float* __restrict__ conv_out, float* __restri
                                    float* __restrict__ beta, const float* __restrict__ decay_rate,
                                    const float* __restrict__ dt_bias, KdaForgetGate gate, KdaDims d,
                                    int first, int n) {
+  exl3::cuda::PdlEnter();
   const int lane = threadIdx.x % 32;
   const int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (w >= n * d.num_heads) return;
@@ -187,6 +192,7 @@ __global__ void NormAndGatesKernel(float* __restrict__ conv_out, float* __restri
 __global__ void GatedNormKernel(float* __restrict__ core, const float* __restrict__ gate,
                                 const float* __restrict__ w, KdaDims d, float eps, int first,
                                 int n) {
+  exl3::cuda::PdlEnter();
   const int lane = threadIdx.x % 32;
   const int item = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (item >= n * d.num_heads) return;
@@ -216,17 +222,20 @@ absl::Status KdaConv(const float* q, const float* k, const float* v, const float
   const dim3 runs(Blocks(dims.conv_channels(), kThreads), Blocks(n, kConvRun));
   switch (dims.conv_kernel) {
     case 2:
-      ConvRunKernel<2><<<runs, kThreads, 0, S(stream)>>>(q, k, v, conv_weight, dims, chunks, first, n, conv_out);
+      exl3::cuda::LaunchPdl(ConvRunKernel<2>, dim3(runs), dim3(kThreads), S(stream), q, k, v, conv_weight, dims, chunks,
+                            first, n, conv_out);
       break;
     case 3:
-      ConvRunKernel<3><<<runs, kThreads, 0, S(stream)>>>(q, k, v, conv_weight, dims, chunks, first, n, conv_out);
+      exl3::cuda::LaunchPdl(ConvRunKernel<3>, dim3(runs), dim3(kThreads), S(stream), q, k, v, conv_weight, dims, chunks,
+                            first, n, conv_out);
       break;
     case 4:  // GLM-5.3-Flash's
-      ConvRunKernel<4><<<runs, kThreads, 0, S(stream)>>>(q, k, v, conv_weight, dims, chunks, first, n, conv_out);
+      exl3::cuda::LaunchPdl(ConvRunKernel<4>, dim3(runs), dim3(kThreads), S(stream), q, k, v, conv_weight, dims, chunks,
+                            first, n, conv_out);
       break;
     default:
-      ConvKernel<<<Blocks(static_cast<int64_t>(n) * dims.conv_channels(), kThreads), kThreads, 0,
-                   S(stream)>>>(q, k, v, conv_weight, dims, chunks, first, n, conv_out);
+      exl3::cuda::LaunchPdl(ConvKernel, dim3(Blocks(static_cast<int64_t>(n) * dims.conv_channels(), kThreads)),
+                            dim3(kThreads), S(stream), q, k, v, conv_weight, dims, chunks, first, n, conv_out);
   }
   return LaunchStatus("KdaConv");
 }
@@ -235,8 +244,9 @@ absl::Status KdaConvState(const float* q, const float* k, const float* v, const 
                           const RecurrentChunks& chunks, int first_chunk, int num_chunks,
                           StreamHandle stream) {
   if (num_chunks <= 0 || dims.conv_kernel < 2) return absl::OkStatus();
-  ConvStateKernel<<<Blocks(static_cast<int64_t>(num_chunks) * dims.conv_channels(), kThreads),
-                    kThreads, 0, S(stream)>>>(q, k, v, dims, chunks, first_chunk, num_chunks);
+  exl3::cuda::LaunchPdl(ConvStateKernel,
+                        dim3(Blocks(static_cast<int64_t>(num_chunks) * dims.conv_channels(), kThreads)), dim3(kThreads),
+                        S(stream), q, k, v, dims, chunks, first_chunk, num_chunks);
   return LaunchStatus("KdaConvState");
 }
 
@@ -245,9 +255,9 @@ absl::Status KdaNormAndGates(float* conv_out, float* log_decay, float* beta,
                              const KdaForgetGate& gate, const KdaDims& dims, int first, int n,
                              StreamHandle stream) {
   if (n <= 0) return absl::OkStatus();
-  NormAndGatesKernel<<<Blocks(static_cast<int64_t>(n) * dims.num_heads, kThreads / 32), kThreads,
-                       0, S(stream)>>>(conv_out, log_decay, beta, decay_rate, dt_bias, gate, dims,
-                                       first, n);
+  exl3::cuda::LaunchPdl(NormAndGatesKernel, dim3(Blocks(static_cast<int64_t>(n) * dims.num_heads, kThreads / 32)),
+                        dim3(kThreads), S(stream), conv_out, log_decay, beta, decay_rate, dt_bias, gate, dims, first,
+                        n);
   return LaunchStatus("KdaNormAndGates");
 }
 
@@ -277,8 +287,8 @@ absl::Status KdaRecurrence(const float* conv_out, const float* log_decay, const 
 absl::Status KdaGatedNorm(float* core, const float* gate, const float* o_norm, const KdaDims& dims,
                           float eps, int first, int n, StreamHandle stream) {
   if (n <= 0) return absl::OkStatus();
-  GatedNormKernel<<<Blocks(static_cast<int64_t>(n) * dims.num_heads, kThreads / 32), kThreads, 0,
-                    S(stream)>>>(core, gate, o_norm, dims, eps, first, n);
+  exl3::cuda::LaunchPdl(GatedNormKernel, dim3(Blocks(static_cast<int64_t>(n) * dims.num_heads, kThreads / 32)),
+                        dim3(kThreads), S(stream), core, gate, o_norm, dims, eps, first, n);
   return LaunchStatus("KdaGatedNorm");
 }
 

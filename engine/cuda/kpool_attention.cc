@@ -26,16 +26,26 @@ constexpr int kMaxScoreRows = 32768;  // the score kernel's grid holds at most 6
 int PoolOf(const ModelConfig& cfg) { return cfg.glm5next->index_kpool; }
 int SelectPoolsOf(const ModelConfig& cfg) { return cfg.indexer.topk / cfg.glm5next->index_kpool; }
 
+// Elements per token of KpoolWorkspace's per-token buffers (pool_count and selected_count: 1).
+struct KpoolRowWidths {
+  size_t index_q, index_k, index_w, pools, selected;  // index_k: the gate's too
+};
+
+KpoolRowWidths RowWidthsOf(const ModelConfig& cfg) {
+  const size_t NI = cfg.indexer.num_heads, DI = cfg.indexer.head_dim;
+  const size_t P = PoolOf(cfg), select = SelectPoolsOf(cfg);
+  return KpoolRowWidths{NI * DI, DI, NI, select, select * P + P};
+}
+
 }  // namespace
 
 absl::Status KpoolWorkspace::Reserve(const ModelConfig& cfg, int T, int max_context, bool* moved) {
   const size_t t = static_cast<size_t>(std::max(T, 1));
-  const IndexerConfig& ix = cfg.indexer;
-  const int P = PoolOf(cfg), select = SelectPoolsOf(cfg);
-  score_length = std::max(max_context / P, 1);
+  const KpoolRowWidths w = RowWidthsOf(cfg);
+  score_length = std::max(max_context / PoolOf(cfg), 1);
   const int64_t rows = std::min<int64_t>(kMaxScoreRows, std::max<int64_t>(kMinScoreRows, kScoreBudgetFloats / score_length));
   score_rows = static_cast<int>(std::min<int64_t>(rows, std::max(T, 1)));
-  stride = select * P + P;
+  stride = static_cast<int>(w.selected);
   struct FloatNeed {
     DeviceArray<float>* a;
     size_t n;
@@ -44,13 +54,13 @@ absl::Status KpoolWorkspace::Reserve(const ModelConfig& cfg, int T, int max_cont
     DeviceArray<int32_t>* a;
     size_t n;
   };
-  const std::vector<FloatNeed> floats = {{&index_q, t * ix.num_heads * ix.head_dim},
-                                         {&index_k, t * ix.head_dim},
-                                         {&index_gate, t * ix.head_dim},
-                                         {&index_w, t * ix.num_heads},
+  const std::vector<FloatNeed> floats = {{&index_q, t * w.index_q},
+                                         {&index_k, t * w.index_k},
+                                         {&index_gate, t * w.index_k},
+                                         {&index_w, t * w.index_w},
                                          {&scores, static_cast<size_t>(score_rows) * score_length}};
   const std::vector<IntNeed> ints = {
-      {&pools, t * select}, {&pool_count, t}, {&selected, t * stride}, {&selected_count, t}};
+      {&pools, t * w.pools}, {&pool_count, t}, {&selected, t * w.selected}, {&selected_count, t}};
   *moved = false;
   for (const FloatNeed& n : floats) *moved |= n.a->size() < n.n;
   for (const IntNeed& n : ints) *moved |= n.a->size() < n.n;
@@ -58,6 +68,14 @@ absl::Status KpoolWorkspace::Reserve(const ModelConfig& cfg, int T, int max_cont
   for (const FloatNeed& n : floats) EXL3_RETURN_IF_ERROR(n.a->Reserve(n.n));
   for (const IntNeed& n : ints) EXL3_RETURN_IF_ERROR(n.a->Reserve(n.n));
   return absl::OkStatus();
+}
+
+KpoolWorkspace::Rows KpoolWorkspace::RowsFrom(const ModelConfig& cfg, int row) const {
+  const KpoolRowWidths w = RowWidthsOf(cfg);
+  const size_t r = static_cast<size_t>(row);
+  return Rows{index_q.get() + r * w.index_q, index_k.get() + r * w.index_k, index_gate.get() + r * w.index_k,
+              index_w.get() + r * w.index_w,   pools.get() + r * w.pools,     pool_count.get() + r,
+              selected.get() + r * w.selected, selected_count.get() + r};
 }
 
 absl::StatusOr<std::unique_ptr<CudaKpoolAttention>> CudaKpoolAttention::Load(const ModelConfig& cfg,
@@ -134,9 +152,10 @@ absl::Status CudaKpoolAttention::Forward(const float* x, int T, const LatentStep
                                          float* out) const {
   EXL3_RETURN_IF_ERROR(latent_->ProjectAndCache(x, T, step, cache_layer, latent_ws, ctx));
   if (indexer_) EXL3_RETURN_IF_ERROR(Select(x, T, step, cache_layer, latent_ws, ws, ctx));
+  const KpoolWorkspace::Rows w = ws.RowsFrom(cfg_, step.first_row);
   LatentSelection selection;
-  selection.positions = ws.selected.get();
-  selection.count = ws.selected_count.get();
+  selection.positions = w.selected;
+  selection.count = w.selected_count;
   selection.stride = ws.stride;
   return latent_->AttendAndProject(T, step, cache_layer, &selection, latent_ws, ctx, out);
 }
@@ -147,32 +166,35 @@ absl::Status CudaKpoolAttention::Select(const float* x, int T, const LatentStep&
   const Indexer& in = *indexer_;
   const int NI = cfg_.indexer.num_heads, DI = cfg_.indexer.head_dim, P = PoolOf(cfg_), select = SelectPoolsOf(cfg_);
   StreamHandle stream = ctx.stream;
-  EXL3_RETURN_IF_ERROR(in.wq_b.Forward(latent_ws.q_resid.get(), T, ws.index_q.get(), ctx));
-  EXL3_RETURN_IF_ERROR(in.wk.Forward(x, T, ws.index_k.get(), ctx));
-  EXL3_RETURN_IF_ERROR(in.compress_gate.Forward(x, T, ws.index_gate.get(), ctx));
-  EXL3_RETURN_IF_ERROR(in.weights_proj.Forward(x, T, ws.index_w.get(), ctx));
-  EXL3_RETURN_IF_ERROR(LayerNormRows(ws.index_k.get(), in.k_norm_weight.get(), in.k_norm_bias.get(), T, DI,
+  const KpoolWorkspace::Rows w = ws.RowsFrom(cfg_, step.first_row);
+  const float* q_resid = latent_ws.RowsFrom(cfg_, step.first_row, step.splits).q_resid;
+  EXL3_RETURN_IF_ERROR(in.wq_b.Forward(q_resid, T, w.index_q, ctx));
+  EXL3_RETURN_IF_ERROR(in.wk.Forward(x, T, w.index_k, ctx));
+  EXL3_RETURN_IF_ERROR(in.compress_gate.Forward(x, T, w.index_gate, ctx));
+  EXL3_RETURN_IF_ERROR(in.weights_proj.Forward(x, T, w.index_w, ctx));
+  EXL3_RETURN_IF_ERROR(LayerNormRows(w.index_k, in.k_norm_weight.get(), in.k_norm_bias.get(), T, DI,
                                      kIndexerNormEps, stream));
   const int width = cfg_.KvWidth(layer_), key_offset = cfg_.kv_lora_rank;  // k_i and the gate after the latent
-  EXL3_RETURN_IF_ERROR(WriteRowsToCache(ws.index_k.get(), T, DI, step.slot, cache_layer, width, key_offset, stream));
+  EXL3_RETURN_IF_ERROR(WriteRowsToCache(w.index_k, T, DI, step.slot, cache_layer, width, key_offset, stream));
   EXL3_RETURN_IF_ERROR(
-      WriteRowsToCache(ws.index_gate.get(), T, DI, step.slot, cache_layer, width, key_offset + DI, stream));
+      WriteRowsToCache(w.index_gate, T, DI, step.slot, cache_layer, width, key_offset + DI, stream));
 
   const float head_weight = static_cast<float>(1.0 / std::sqrt(static_cast<double>(NI)));
   const float scale = 1.0f / std::sqrt(static_cast<float>(DI));  // as engine/cpu/attention/kpool_indexer.cc
   const KpoolIndexerShape shape{NI, DI, P, width, key_offset};
+  // The score rows hold a group of this call's tokens at a time (consumed by the group's top-k).
   for (int t0 = 0; t0 < T; t0 += ws.score_rows) {
     const int n = std::min(ws.score_rows, T - t0);
     // Enough blocks to fill the GPU a few times over; each loops over its token's pools.
     const int tiles = (ws.score_length + kKpoolScorePoolTile - 1) / kKpoolScorePoolTile;
     const int blocks = std::max(1, std::min(tiles, 4 * step.sm_count / n));
-    EXL3_RETURN_IF_ERROR(KpoolScores(ws.index_q.get(), ws.index_w.get(), head_weight, scale, in.ape.get(), cache_layer,
-                                     step.tokens, shape, t0, n, blocks, ws.scores.get(), ws.score_length, stream));
-    EXL3_RETURN_IF_ERROR(IndexerTopk(ws.scores.get(), ws.score_length, step.tokens.position, t0, n, select,
-                                     ws.pools.get(), ws.pool_count.get(), stream, P));
+    EXL3_RETURN_IF_ERROR(KpoolScores(w.index_q, w.index_w, head_weight, scale, in.ape.get(), cache_layer, step.tokens,
+                                     shape, t0, n, blocks, ws.scores.get(), ws.score_length, stream));
+    EXL3_RETURN_IF_ERROR(IndexerTopk(ws.scores.get(), ws.score_length, step.tokens.position, t0, n, select, w.pools,
+                                     w.pool_count, stream, P));
   }
-  return KpoolSelectedPositions(ws.pools.get(), ws.pool_count.get(), select, step.tokens.position, P, T,
-                                ws.selected.get(), ws.selected_count.get(), ws.stride, stream);
+  return KpoolSelectedPositions(w.pools, w.pool_count, select, step.tokens.position, P, T, w.selected,
+                                w.selected_count, ws.stride, stream);
 }
 
 }  // namespace exl3::engine::cuda

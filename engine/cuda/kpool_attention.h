@@ -10,7 +10,9 @@
 //   the top select_pools pools (engine/cuda/dsa_indexer_kernels.h's device top-k over pools), their
 //   positions plus the query's own incomplete pool as its attended positions.
 //
-// "Shared" layers reuse the selection the last full layer made this step (KpoolWorkspace::selected).
+// "Shared" layers reuse the selection the last full layer made this step (KpoolWorkspace::selected),
+// at the step's rows of their tokens: a call for some of a step's rows (LatentStep::first_row)
+// leaves the other rows' selection as it was.
 #pragma once
 
 #include <memory>
@@ -25,7 +27,8 @@
 
 namespace exl3::engine::cuda {
 
-// The indexer's device buffers every indexed layer of a model shares, grown to the largest step.
+// The indexer's device buffers every indexed layer of a model shares, grown to the largest step;
+// every buffer but `scores` holds a row per token of the step.
 struct KpoolWorkspace {
   DeviceArray<float> index_q, index_k, index_gate, index_w, scores;
   // The chosen pools [T, select_pools] with their counts, and the positions they give [T, stride].
@@ -37,6 +40,13 @@ struct KpoolWorkspace {
   // Grows the buffers for a step of `num_tokens` tokens, contexts up to `max_context` positions.
   // *moved: whether any address changed (CUDA graphs must be dropped).
   absl::Status Reserve(const ModelConfig& cfg, int num_tokens, int max_context, bool* moved);
+
+  // The per-token buffers from step row `row` on.
+  struct Rows {
+    float *index_q, *index_k, *index_gate, *index_w;
+    int32_t *pools, *pool_count, *selected, *selected_count;
+  };
+  Rows RowsFrom(const ModelConfig& cfg, int row) const;
 };
 
 class CudaKpoolAttention {

@@ -1,6 +1,5 @@
 #include "engine/cuda/kpool_mixer.h"
 
-#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/cuda/kpool_attention.h"
 #include "engine/cuda/latent_attention_kernels.h"
@@ -25,18 +24,9 @@ class KpoolMixer final : public CudaMixer {
       : s_(shared), layer_(layer), attention_(std::move(attention)) {}
 
   absl::Status Forward(const CudaStep& step, const float* x, int first, int n, float* out) override {
-    if (first != 0 || n != step.rows)
-      return absl::InternalError(absl::StrCat("indexed attention runs whole steps (rows ", first, "+", n, " of ",
-                                              step.rows, ")"));
-    LatentStep ls;
-    ls.tokens = step.attention_tokens();
-    ls.slot = step.slot;
-    ls.splits = step.splits;
-    ls.split_positions = step.split_positions;
-    ls.sm_count = step.sm_count;
-    ls.kernel = step.tensor_core_prefill ? LatentKernel::kTensorCores : LatentKernel::kCudaCores;
-    return attention_->Forward(x, n, ls, s_.cache.layer(layer_), s_.latent_ws, s_.ws, s_.linear,
-                               out);
+    const size_t r = static_cast<size_t>(first) * s_.cfg.hidden_size;
+    return attention_->Forward(x + r, n, LatentStepOf(step, first), s_.cache.layer(layer_), s_.latent_ws, s_.ws,
+                               s_.linear, out + r);
   }
   int64_t weight_bytes() const override { return attention_->weight_bytes(); }
   std::vector<const CudaLinear*> linears() const override { return attention_->linears(); }
@@ -70,7 +60,6 @@ class KpoolKind final : public CudaMixerKind {
     return absl::OkStatus();
   }
 
-  bool rows_split() const override { return false; }
   SplitShape split_shape() const override {
     // A block per tile of query heads; a query attends to its select_pools chosen pools and at most
     // one pool's worth of its own incomplete pool (index_topk + P positions).

@@ -26,34 +26,57 @@ constexpr int64_t kScoreBudgetFloats = int64_t{32} << 20;
 constexpr int kMinScoreRows = 64;
 constexpr int kMaxScoreRows = 32768;  // the score kernel's grid holds at most 65535 tokens
 
+// Elements per token of LatentWorkspace's per-token buffers (but the split-K scratch); the DSA
+// indexer's 0 on other models.
+struct LatentRowWidths {
+  size_t q_resid, q, ckv, latent, attn, index_q, index_k, index_w, selected;
+};
+
+LatentRowWidths RowWidthsOf(const ModelConfig& cfg) {
+  const size_t NH = cfg.num_heads, R = cfg.kv_lora_rank, rope = cfg.qk_rope_head_dim;
+  LatentRowWidths w{};
+  w.q_resid = static_cast<size_t>(std::max(cfg.q_lora_rank, 1));
+  w.q = NH * (cfg.qk_nope_head_dim + rope);
+  w.ckv = R + rope;
+  w.latent = NH * R;  // q_latent and o_latent
+  w.attn = NH * cfg.v_head_dim;
+  if (cfg.attention == AttentionKind::kDsa) {
+    const size_t NI = cfg.indexer.num_heads, DI = cfg.indexer.head_dim;
+    w.index_q = NI * DI;
+    w.index_k = DI;
+    w.index_w = NI;
+    w.selected = cfg.indexer.topk;
+  }
+  return w;
+}
+
 }  // namespace
 
 absl::Status LatentWorkspace::Reserve(const ModelConfig& cfg, int T, int splits, int max_context, bool* moved) {
-  const size_t t = static_cast<size_t>(std::max(T, 1)), NH = cfg.num_heads, R = cfg.kv_lora_rank;
-  const size_t qd = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim;
+  const size_t t = static_cast<size_t>(std::max(T, 1));
+  const LatentRowWidths w = RowWidthsOf(cfg);
   struct Need {
     DeviceArray<float>* a;
     size_t n;
   };
-  std::vector<Need> needs = {{&q_resid, t * std::max(cfg.q_lora_rank, 1)},
-                             {&q, t * NH * qd},
-                             {&ckv, t * (R + cfg.qk_rope_head_dim)},
-                             {&q_latent, t * NH * R},
-                             {&o_latent, t * NH * R},
-                             {&attn, t * NH * cfg.v_head_dim},
+  std::vector<Need> needs = {{&q_resid, t * w.q_resid},
+                             {&q, t * w.q},
+                             {&ckv, t * w.ckv},
+                             {&q_latent, t * w.latent},
+                             {&o_latent, t * w.latent},
+                             {&attn, t * w.attn},
                              {&scratch, static_cast<size_t>(std::max<int64_t>(
                                             LatentAttentionScratchFloats(T, cfg.num_heads, cfg.kv_lora_rank, splits), 1))}};
   size_t select_ints = 0;
   if (cfg.attention == AttentionKind::kDsa) {
-    const IndexerConfig& ix = cfg.indexer;
     score_length = std::max(max_context, 1);
     const int64_t rows = std::min<int64_t>(kMaxScoreRows, std::max<int64_t>(kMinScoreRows, kScoreBudgetFloats / score_length));
     score_rows = static_cast<int>(std::min<int64_t>(rows, std::max(T, 1)));
-    needs.push_back({&index_q, t * ix.num_heads * ix.head_dim});
-    needs.push_back({&index_k, t * ix.head_dim});
-    needs.push_back({&index_w, t * ix.num_heads});
+    needs.push_back({&index_q, t * w.index_q});
+    needs.push_back({&index_k, t * w.index_k});
+    needs.push_back({&index_w, t * w.index_w});
     needs.push_back({&scores, static_cast<size_t>(score_rows) * score_length});
-    select_ints = t * ix.topk;
+    select_ints = t * w.selected;
   }
   *moved = selected.size() < select_ints || selected_count.size() < (select_ints > 0 ? t : 0);
   for (const Need& n : needs) *moved |= n.a->size() < n.n;
@@ -64,6 +87,42 @@ absl::Status LatentWorkspace::Reserve(const ModelConfig& cfg, int T, int splits,
     EXL3_RETURN_IF_ERROR(selected_count.Reserve(t));
   }
   return absl::OkStatus();
+}
+
+LatentWorkspace::Rows LatentWorkspace::RowsFrom(const ModelConfig& cfg, int row, int splits) const {
+  const LatentRowWidths w = RowWidthsOf(cfg);
+  const size_t r = static_cast<size_t>(row);
+  Rows rows{};
+  rows.q_resid = q_resid.get() + r * w.q_resid;
+  rows.q = q.get() + r * w.q;
+  rows.ckv = ckv.get() + r * w.ckv;
+  rows.q_latent = q_latent.get() + r * w.latent;
+  rows.o_latent = o_latent.get() + r * w.latent;
+  rows.attn = attn.get() + r * w.attn;
+  rows.scratch = scratch.get() + LatentAttentionScratchFloats(row, cfg.num_heads, cfg.kv_lora_rank, splits);
+  if (cfg.attention == AttentionKind::kDsa) {
+    rows.index_q = index_q.get() + r * w.index_q;
+    rows.index_k = index_k.get() + r * w.index_k;
+    rows.index_w = index_w.get() + r * w.index_w;
+    rows.selected = selected.get() + r * w.selected;
+    rows.selected_count = selected_count.get() + r;
+  }
+  return rows;
+}
+
+LatentStep LatentStepOf(const CudaStep& step, int first) {
+  const size_t r = static_cast<size_t>(first), half = static_cast<size_t>(step.rotary_half);
+  LatentStep ls;
+  ls.tokens = step.attention_tokens(first);
+  ls.slot = step.slot + r;
+  ls.cos = step.cos + r * half;
+  ls.sin = step.sin + r * half;
+  ls.splits = step.splits;
+  ls.split_positions = step.split_positions;
+  ls.sm_count = step.sm_count;
+  ls.kernel = step.tensor_core_prefill ? LatentKernel::kTensorCores : LatentKernel::kCudaCores;
+  ls.first_row = first;
+  return ls;
 }
 
 absl::StatusOr<std::unique_ptr<CudaLatentAttention>> CudaLatentAttention::Load(const ModelConfig& cfg,
@@ -155,8 +214,9 @@ absl::Status CudaLatentAttention::Forward(const float* x, int T, const LatentSte
   LatentSelection selection;
   const bool sparse = cfg_.attention == AttentionKind::kDsa;
   if (sparse) {
-    selection.positions = ws.selected.get();
-    selection.count = ws.selected_count.get();
+    const LatentWorkspace::Rows w = ws.RowsFrom(cfg_, step.first_row, step.splits);
+    selection.positions = w.selected;
+    selection.count = w.selected_count;
     selection.stride = cfg_.indexer.topk;
   }
   return AttendAndProject(T, step, cache_layer, sparse ? &selection : nullptr, ws, ctx, out);
@@ -170,20 +230,21 @@ absl::Status CudaLatentAttention::ProjectAndCache(const float* x, int T, const L
   const bool interleaved = cfg_.rope.layout == RopeLayout::kInterleaved;
   const float eps = cfg_.latent_norm_eps;
   StreamHandle stream = ctx.stream;
+  const LatentWorkspace::Rows w = ws.RowsFrom(cfg_, step.first_row, step.splits);
   // Queries, the latent and the rope key.
   if (q_low_rank_) {
-    EXL3_RETURN_IF_ERROR(q_a_.Forward(x, T, ws.q_resid.get(), ctx));
-    EXL3_RETURN_IF_ERROR(RmsNorm(ws.q_resid.get(), q_a_norm_.get(), T, cfg_.q_lora_rank, eps, ws.q_resid.get(), stream));
-    EXL3_RETURN_IF_ERROR(q_b_.Forward(ws.q_resid.get(), T, ws.q.get(), ctx));
+    EXL3_RETURN_IF_ERROR(q_a_.Forward(x, T, w.q_resid, ctx));
+    EXL3_RETURN_IF_ERROR(RmsNorm(w.q_resid, q_a_norm_.get(), T, cfg_.q_lora_rank, eps, w.q_resid, stream));
+    EXL3_RETURN_IF_ERROR(q_b_.Forward(w.q_resid, T, w.q, ctx));
   } else {
-    EXL3_RETURN_IF_ERROR(q_.Forward(x, T, ws.q.get(), ctx));
+    EXL3_RETURN_IF_ERROR(q_.Forward(x, T, w.q, ctx));
   }
-  EXL3_RETURN_IF_ERROR(kv_a_.Forward(x, T, ws.ckv.get(), ctx));
+  EXL3_RETURN_IF_ERROR(kv_a_.Forward(x, T, w.ckv, ctx));
   if (rope > 0) {
-    EXL3_RETURN_IF_ERROR(ApplyRope(ws.q.get() + nope, T, NH, NH * qd, qd, rope, interleaved, step.cos, step.sin, stream));
-    EXL3_RETURN_IF_ERROR(ApplyRope(ws.ckv.get() + R, T, 1, W, W, rope, interleaved, step.cos, step.sin, stream));
+    EXL3_RETURN_IF_ERROR(ApplyRope(w.q + nope, T, NH, NH * qd, qd, rope, interleaved, step.cos, step.sin, stream));
+    EXL3_RETURN_IF_ERROR(ApplyRope(w.ckv + R, T, 1, W, W, rope, interleaved, step.cos, step.sin, stream));
   }
-  return WriteLatentToCache(ws.ckv.get(), kv_a_norm_.get(), T, R, rope, eps, step.slot, cache_layer, width, stream);
+  return WriteLatentToCache(w.ckv, kv_a_norm_.get(), T, R, rope, eps, step.slot, cache_layer, width, stream);
 }
 
 absl::Status CudaLatentAttention::AttendAndProject(int T, const LatentStep& step, const KvHalf* cache_layer,
@@ -193,6 +254,7 @@ absl::Status CudaLatentAttention::AttendAndProject(int T, const LatentStep& step
   const int rope = cfg_.qk_rope_head_dim, vd = cfg_.v_head_dim, qd = nope + rope;
   const int width = cfg_.KvWidth(layer_);
   StreamHandle stream = ctx.stream;
+  const LatentWorkspace::Rows w = ws.RowsFrom(cfg_, step.first_row, step.splits);
   // q_latent[t, h] = q_nope[t, h] · W_uk(h): per head, row-major [T, nope] · [nope, R] (cuBLAS is
   // column-major: C^T = B^T · A^T, each operand read in place at its strides).
   cublasHandle_t handle = static_cast<cublasHandle_t>(ctx.cublas);
@@ -200,7 +262,7 @@ absl::Status CudaLatentAttention::AttendAndProject(int T, const LatentStep& step
   const long long head_rows = static_cast<long long>(nope + vd) * R;  // kv_b_ floats per head
   EXL3_RETURN_IF_ERROR(CublasStatus(
       cublasSgemmStridedBatched(handle, CUBLAS_OP_N, CUBLAS_OP_N, R, T, nope, &one, kv_b_.get(), R, head_rows,
-                                ws.q.get(), NH * qd, qd, &zero, ws.q_latent.get(), NH * R, R, NH),
+                                w.q, NH * qd, qd, &zero, w.q_latent, NH * R, R, NH),
       "latent attention: absorbing kv_b_proj into the queries"));
 
   LatentAttentionShape shape;
@@ -214,17 +276,16 @@ absl::Status CudaLatentAttention::AttendAndProject(int T, const LatentStep& step
   const LatentKernel kernel = step.kernel == LatentKernel::kTensorCores && LatentTensorCoresSupport(shape)
                                   ? LatentKernel::kTensorCores
                                   : LatentKernel::kCudaCores;
-  EXL3_RETURN_IF_ERROR(LatentAttention(ws.q_latent.get(), ws.q.get(), cache_layer, step.tokens,
-                                       selection, T, shape, step.splits, step.split_positions,
-                                       ws.scratch.get(), ws.o_latent.get(), stream, kernel));
+  EXL3_RETURN_IF_ERROR(LatentAttention(w.q_latent, w.q, cache_layer, step.tokens, selection, T, shape, step.splits,
+                                       step.split_positions, w.scratch, w.o_latent, stream, kernel));
 
   // attn[t, h] = W_uv(h) · o_latent[t, h]: per head, row-major [T, R] · W_uv(h)ᵀ [R, vd].
   EXL3_RETURN_IF_ERROR(CublasStatus(
       cublasSgemmStridedBatched(handle, CUBLAS_OP_T, CUBLAS_OP_N, vd, T, R, &one,
-                                kv_b_.get() + static_cast<size_t>(nope) * R, R, head_rows, ws.o_latent.get(), NH * R,
-                                R, &zero, ws.attn.get(), NH * vd, vd, NH),
+                                kv_b_.get() + static_cast<size_t>(nope) * R, R, head_rows, w.o_latent, NH * R, R,
+                                &zero, w.attn, NH * vd, vd, NH),
       "latent attention: kv_b_proj's value part on the latent output"));
-  return o_.Forward(ws.attn.get(), T, out, ctx);
+  return o_.Forward(w.attn, T, out, ctx);
 }
 
 absl::Status CudaLatentAttention::Select(const float* x, int T, const LatentStep& step, KvHalf* cache_layer,
@@ -234,30 +295,31 @@ absl::Status CudaLatentAttention::Select(const float* x, int T, const LatentStep
   const int NI = ix.num_heads, DI = ix.head_dim, rope = cfg_.qk_rope_head_dim;
   const bool interleaved = cfg_.rope.layout == RopeLayout::kInterleaved;
   StreamHandle stream = ctx.stream;
-  EXL3_RETURN_IF_ERROR(in.wq_b.Forward(ws.q_resid.get(), T, ws.index_q.get(), ctx));
-  EXL3_RETURN_IF_ERROR(in.wk.Forward(x, T, ws.index_k.get(), ctx));
-  EXL3_RETURN_IF_ERROR(in.weights_proj.Forward(x, T, ws.index_w.get(), ctx));
-  EXL3_RETURN_IF_ERROR(LayerNormRows(ws.index_k.get(), in.k_norm_weight.get(), in.k_norm_bias.get(), T, DI,
+  const LatentWorkspace::Rows w = ws.RowsFrom(cfg_, step.first_row, step.splits);
+  EXL3_RETURN_IF_ERROR(in.wq_b.Forward(w.q_resid, T, w.index_q, ctx));
+  EXL3_RETURN_IF_ERROR(in.wk.Forward(x, T, w.index_k, ctx));
+  EXL3_RETURN_IF_ERROR(in.weights_proj.Forward(x, T, w.index_w, ctx));
+  EXL3_RETURN_IF_ERROR(LayerNormRows(w.index_k, in.k_norm_weight.get(), in.k_norm_bias.get(), T, DI,
                                      kIndexerNormEps, stream));
-  EXL3_RETURN_IF_ERROR(ApplyRope(ws.index_k.get(), T, 1, DI, DI, rope, interleaved, step.cos, step.sin, stream));
-  EXL3_RETURN_IF_ERROR(ApplyRope(ws.index_q.get(), T, NI, NI * DI, DI, rope, interleaved, step.cos, step.sin, stream));
+  EXL3_RETURN_IF_ERROR(ApplyRope(w.index_k, T, 1, DI, DI, rope, interleaved, step.cos, step.sin, stream));
+  EXL3_RETURN_IF_ERROR(ApplyRope(w.index_q, T, NI, NI * DI, DI, rope, interleaved, step.cos, step.sin, stream));
   const int width = cfg_.KvWidth(layer_), key_offset = cfg_.kv_lora_rank + rope;
-  EXL3_RETURN_IF_ERROR(WriteRowsToCache(ws.index_k.get(), T, DI, step.slot, cache_layer, width, key_offset, stream));
+  EXL3_RETURN_IF_ERROR(WriteRowsToCache(w.index_k, T, DI, step.slot, cache_layer, width, key_offset, stream));
 
   const float head_weight = static_cast<float>(1.0 / std::sqrt(static_cast<double>(NI)));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(DI)));
   IndexerShape shape{NI, DI, width, key_offset};
   const bool tensor_cores = step.kernel == LatentKernel::kTensorCores && IndexerTensorCoresSupport(shape);
+  // The score rows hold a group of this call's tokens at a time (consumed by the group's top-k).
   for (int t0 = 0; t0 < T; t0 += ws.score_rows) {
     const int n = std::min(ws.score_rows, T - t0);
     // Enough blocks to fill the GPU a few times over; each loops over its token's positions.
     const int tiles = (ws.score_length + 31) / 32;
     const int blocks = std::max(1, std::min(tiles, 4 * step.sm_count / n));
-    EXL3_RETURN_IF_ERROR(IndexerScores(ws.index_q.get(), ws.index_w.get(), head_weight, scale, cache_layer,
-                                       step.tokens, shape, t0, n, blocks, ws.scores.get(), ws.score_length, stream,
-                                       tensor_cores));
+    EXL3_RETURN_IF_ERROR(IndexerScores(w.index_q, w.index_w, head_weight, scale, cache_layer, step.tokens, shape, t0, n,
+                                       blocks, ws.scores.get(), ws.score_length, stream, tensor_cores));
     EXL3_RETURN_IF_ERROR(IndexerTopk(ws.scores.get(), ws.score_length, step.tokens.position, t0, n, ix.topk,
-                                     ws.selected.get(), ws.selected_count.get(), stream));
+                                     w.selected, w.selected_count, stream));
   }
   return absl::OkStatus();
 }

@@ -16,7 +16,10 @@
 // is decoded once at load (EXL3 or dense, on the host as the CPU engine decodes it) into a dense
 // fp32 device copy. DSA layers with their own indexer score every earlier position and choose the
 // top index_topk (engine/cuda/dsa_indexer_kernels.h); "shared" layers reuse the selection of the
-// last layer that ran one this step (LatentWorkspace::selected). GLM-5.3-Flash's indexed layers
+// last layer that ran one this step (LatentWorkspace::selected). A layer runs any rows of a step
+// (LatentStep::first_row): each call works in the workspaces' rows of its own tokens, so with two
+// micro-batches the selection one leaves for the next layer outlives the other's call of the same
+// layer (engine/cuda/cuda_model.cc RunLayers). GLM-5.3-Flash's indexed layers
 // use the same latent attention without rope (qk_rope_head_dim 0) through ProjectAndCache and
 // AttendAndProject, with their own k-pooled indexer between them (engine/cuda/kpool_attention.h).
 #pragma once
@@ -29,12 +32,14 @@
 #include "engine/cuda/cuda_linear.h"
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/latent_attention_kernels.h"
+#include "engine/cuda/step_facts.h"
 #include "engine/config/model_config.h"
 #include "model/safetensors.h"
 
 namespace exl3::engine::cuda {
 
-// Device buffers every latent layer of a model shares, grown to the largest step.
+// Device buffers every latent layer of a model shares, grown to the largest step; every buffer
+// but `scores` holds a row per token of the step.
 struct LatentWorkspace {
   DeviceArray<float> q_resid, q, ckv, q_latent, o_latent, attn, scratch;
   // DSA: the indexer's projections, the score rows of up to score_rows tokens at a time, and the
@@ -48,9 +53,18 @@ struct LatentWorkspace {
   // Grows the buffers for a step of `num_tokens` tokens and `splits` attention splits; contexts up
   // to `max_context` positions. *moved: whether any address changed (CUDA graphs must be dropped).
   absl::Status Reserve(const ModelConfig& cfg, int num_tokens, int splits, int max_context, bool* moved);
+
+  // The per-token buffers from step row `row` on (the DSA ones null on other models).
+  struct Rows {
+    float *q_resid, *q, *ckv, *q_latent, *o_latent, *attn, *scratch;
+    float *index_q, *index_k, *index_w;
+    int32_t *selected, *selected_count;
+  };
+  Rows RowsFrom(const ModelConfig& cfg, int row, int splits) const;
 };
 
-// What a step gives every layer: the step's device facts (CudaModel's StepMeta).
+// What a step gives a layer's call for its tokens [first_row, first_row + T): the step's device
+// facts of those tokens.
 struct LatentStep {
   AttentionTokens tokens;                   // position, first_visible, table_offset, tables, block_size
   const int32_t* slot = nullptr;            // [T] cache slot of each token
@@ -60,7 +74,11 @@ struct LatentStep {
   int sm_count = 1;
   // The attention kernel's products; tensor cores where the shape allows (else CUDA cores).
   LatentKernel kernel = LatentKernel::kTensorCores;
+  int first_row = 0;  // the step's row of the first token: where its rows of the workspaces start
 };
+
+// The facts of `step`'s rows [first, ...) (CudaMixer::Forward's row range).
+LatentStep LatentStepOf(const CudaStep& step, int first);
 
 class CudaLatentAttention {
  public:

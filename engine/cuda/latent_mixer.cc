@@ -1,8 +1,5 @@
 #include "engine/cuda/latent_mixer.h"
 
-#include <algorithm>
-
-#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/cuda/latent_attention.h"
 #include "engine/cuda/latent_attention_kernels.h"
@@ -25,19 +22,8 @@ class LatentMixer final : public CudaMixer {
       : s_(shared), layer_(layer), attention_(std::move(attention)) {}
 
   absl::Status Forward(const CudaStep& step, const float* x, int first, int n, float* out) override {
-    if (first != 0 || n != step.rows)
-      return absl::InternalError(absl::StrCat("latent attention runs whole steps (rows ", first, "+", n, " of ",
-                                              step.rows, ")"));
-    LatentStep ls;
-    ls.tokens = step.attention_tokens();
-    ls.slot = step.slot;
-    ls.cos = step.cos;
-    ls.sin = step.sin;
-    ls.splits = step.splits;
-    ls.split_positions = step.split_positions;
-    ls.sm_count = step.sm_count;
-    ls.kernel = step.tensor_core_prefill ? LatentKernel::kTensorCores : LatentKernel::kCudaCores;
-    return attention_->Forward(x, n, ls, s_.cache.layer(layer_), s_.ws, s_.linear, out);
+    const size_t r = static_cast<size_t>(first) * s_.cfg.hidden_size;
+    return attention_->Forward(x + r, n, LatentStepOf(step, first), s_.cache.layer(layer_), s_.ws, s_.linear, out + r);
   }
   int64_t weight_bytes() const override { return attention_->weight_bytes(); }
   std::vector<const CudaLinear*> linears() const override { return attention_->linears(); }
@@ -70,7 +56,6 @@ class LatentKind final : public CudaMixerKind {
     return absl::OkStatus();
   }
 
-  bool rows_split() const override { return false; }
   SplitShape split_shape() const override {
     // A block per tile of query heads; DSA attends to at most index_topk chosen positions.
     SplitShape shape{LatentAttentionHeadTiles(s_.cfg.num_heads)};

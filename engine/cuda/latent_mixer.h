@@ -1,7 +1,8 @@
 // Latent attention on the GPU as a mixer kind (engine/cuda/cuda_mixer.h): DeepSeek-V3's MLA and
 // GLM-MoE-DSA's (engine/cuda/latent_attention.h computes a layer). The kind holds every latent
 // layer's fp16 cache ([latent | rope key | own indexer's key] per slot) and the workspace they
-// share; a layer runs whole steps (its DSA selection is shared between layers step-wide).
+// share; a layer runs any rows of a step (two micro-batches), its DSA selection kept at the step's
+// rows for the layers that share it.
 #pragma once
 
 #include <memory>

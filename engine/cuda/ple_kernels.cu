@@ -8,6 +8,7 @@
 #include "engine/cuda/block_reduce.cuh"
 #include "engine/cuda/launch_status.cuh"
 #include "engine/cuda/recurrent_chunks.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace exl3::engine::cuda {
 namespace {
@@ -26,6 +27,7 @@ __device__ inline float WindowInput(const float* normed, const RecurrentChunks& 
 // grid n · S, block kThreads: one (row, stream).
 __global__ void GateKernel(const float* key, const float* query, const float* value, int S, int H, int first,
                            float* v) {
+  exl3::cuda::PdlEnter();
   __shared__ double partial[32];
   const int t = first + blockIdx.x / S, k = blockIdx.x % S;
   const int64_t at = (static_cast<int64_t>(t) * S + k) * H;
@@ -42,6 +44,7 @@ __global__ void GateKernel(const float* key, const float* query, const float* va
 // One thread per (row, channel).
 __global__ void ConvKernel(const float* v, const float* normed, const float* w, PleShape s, RecurrentChunks ch,
                            int first, int n, float* h) {
+  exl3::cuda::PdlEnter();
   const int wide = s.wide();
   const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (item >= static_cast<int64_t>(n) * wide) return;
@@ -58,6 +61,7 @@ __global__ void ConvKernel(const float* v, const float* normed, const float* w, 
 // One thread per (chunk, carried input, channel). A verify chunk's kept state k (after its first
 // f = first_kept_token + k + 1 tokens) carries the `past` inputs before window input f + past.
 __global__ void ConvStateKernel(const float* normed, PleShape s, RecurrentChunks ch, int first_chunk, int num_chunks) {
+  exl3::cuda::PdlEnter();
   const int wide = s.wide(), past = s.past();
   const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (item >= static_cast<int64_t>(num_chunks) * past * wide) return;
@@ -86,8 +90,8 @@ absl::Status PleGate(const float* key, const float* query, const float* value, c
                      float* v, StreamHandle stream) {
   if (absl::Status st = CheckShape("PLE gate", s); !st.ok()) return st;
   if (n <= 0) return absl::OkStatus();
-  GateKernel<<<static_cast<unsigned>(n) * s.streams, kThreads, 0, S(stream)>>>(key, query, value, s.streams, s.hidden,
-                                                                                first, v);
+  exl3::cuda::LaunchPdl(GateKernel, dim3(static_cast<unsigned>(n) * s.streams), dim3(kThreads), S(stream), key, query,
+                        value, s.streams, s.hidden, first, v);
   return LaunchStatus("PLE gate");
 }
 
@@ -95,8 +99,8 @@ absl::Status PleConv(const float* v, const float* normed, const float* conv_weig
                      const RecurrentChunks& chunks, int first, int n, float* h, StreamHandle stream) {
   if (absl::Status st = CheckShape("PLE conv", s); !st.ok()) return st;
   if (n <= 0) return absl::OkStatus();
-  ConvKernel<<<Blocks(static_cast<int64_t>(n) * s.wide()), kThreads, 0, S(stream)>>>(v, normed, conv_weight, s, chunks,
-                                                                                     first, n, h);
+  exl3::cuda::LaunchPdl(ConvKernel, dim3(Blocks(static_cast<int64_t>(n) * s.wide())), dim3(kThreads), S(stream), v,
+                        normed, conv_weight, s, chunks, first, n, h);
   return LaunchStatus("PLE conv");
 }
 
@@ -105,7 +109,8 @@ absl::Status PleConvState(const float* normed, const PleShape& s, const Recurren
   if (absl::Status st = CheckShape("PLE conv state", s); !st.ok()) return st;
   const int64_t items = static_cast<int64_t>(num_chunks) * s.past() * s.wide();
   if (items <= 0) return absl::OkStatus();
-  ConvStateKernel<<<Blocks(items), kThreads, 0, S(stream)>>>(normed, s, chunks, first_chunk, num_chunks);
+  exl3::cuda::LaunchPdl(ConvStateKernel, dim3(Blocks(items)), dim3(kThreads), S(stream), normed, s, chunks, first_chunk,
+                        num_chunks);
   return LaunchStatus("PLE conv state");
 }
 

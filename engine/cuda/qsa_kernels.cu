@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "engine/cuda/launch_status.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace exl3::engine::cuda {
 namespace {
@@ -33,6 +34,7 @@ __device__ inline int64_t SlotOf(const AttentionTokens& tk, int t, int p) {
 // One thread per (token, value of the key): the query heads copied, the raw key into the cache.
 __global__ void SplitIndexerKernel(const float* iqk, const int32_t* slot, int64_t T, int heads, int D, float* iq,
                                    float* key_cache) {
+  exl3::cuda::PdlEnter();
   const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int width = (heads + 1) * D;
   if (j >= T * width) return;
@@ -50,6 +52,7 @@ __global__ void SplitIndexerKernel(const float* iqk, const int32_t* slot, int64_
 __global__ void BlockScoresKernel(const float* iq, const float* key_cache, AttentionTokens tk, QsaIndexerShape s,
                                   const float* k_norm, const float* block_cos, const float* block_sin, int half,
                                   float* scores, int row_length) {
+  exl3::cuda::PdlEnter();
   extern __shared__ __align__(16) float qsa_keys[];
   const int t = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int b = blockIdx.y * kScoreWarps + warp;
@@ -113,6 +116,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     AttentionSplitKernel(const float* q, const __half* kv, AttentionTokens tk, const int32_t* positions,
                          const int32_t* count, int stride, int NH, int KV, int D, float scale, float* out,
                          float* partial) {
+  exl3::cuda::PdlEnter();
   extern __shared__ __align__(16) float qsa_smem[];
   const int t = blockIdx.x, g = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int width = 2 * KV * D;
@@ -211,6 +215,7 @@ __global__ void __launch_bounds__(kAttnThreads)
 
 // grid (T, NH), block D threads: out[t, h] from its splits' partial outputs (as written above).
 __global__ void AttentionCombineKernel(const float* partial, int T, int NH, int D, int splits, float* out) {
+  exl3::cuda::PdlEnter();
   const int64_t head = static_cast<int64_t>(blockIdx.x) * NH + blockIdx.y;
   const float* ms = partial + static_cast<int64_t>(T) * NH * splits * D + head * splits * 2;
   float most = -INFINITY;
@@ -261,8 +266,8 @@ absl::Status QsaSplitIndexer(const float* iqk, const int32_t* slot, int T, int h
     return absl::InvalidArgumentError(absl::StrCat("QSA indexer split: ", T, " tokens of ", heads, " heads of ", D));
   const int64_t n = static_cast<int64_t>(T) * (heads + 1) * D;
   if (n == 0) return absl::OkStatus();
-  SplitIndexerKernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, S(stream)>>>(
-      iqk, slot, T, heads, D, iq, key_cache);
+  exl3::cuda::LaunchPdl(SplitIndexerKernel, dim3(static_cast<unsigned>((n + kThreads - 1) / kThreads)), dim3(kThreads),
+                        S(stream), iqk, slot, T, heads, D, iq, key_cache);
   return LaunchStatus("QSA indexer split");
 }
 
@@ -278,8 +283,8 @@ absl::Status QsaBlockScores(const float* iq, const float* key_cache, const Atten
   if (T == 0 || row_length <= 0) return absl::OkStatus();
   const dim3 grid(T, (row_length + kScoreWarps - 1) / kScoreWarps);
   const size_t bytes = static_cast<size_t>(kScoreWarps) * shape.head_dim * sizeof(float);
-  BlockScoresKernel<<<grid, 32 * kScoreWarps, bytes, S(stream)>>>(iq, key_cache, tokens, shape, k_norm, block_cos,
-                                                                  block_sin, rotary_half, scores, row_length);
+  exl3::cuda::LaunchPdlWithSmem(BlockScoresKernel, dim3(grid), dim3(32 * kScoreWarps), bytes, S(stream), iq, key_cache,
+                                tokens, shape, k_norm, block_cos, block_sin, rotary_half, scores, row_length);
   return LaunchStatus("QSA block scores");
 }
 
@@ -305,12 +310,12 @@ absl::Status QsaAttention(const float* q, const KvHalf* kv_cache, const Attentio
       default: return AttentionSplitKernel<16>;
     }
   }();
-  kernel<<<dim3(T, KV, splits), kAttnThreads, AttentionSharedBytes(NH / KV, D), S(stream)>>>(
-      q, reinterpret_cast<const __half*>(kv_cache), tokens, positions, count, stride, NH, KV, D, scale, out,
-      workspace);
+  exl3::cuda::LaunchPdlWithSmem(kernel, dim3(T, KV, splits), dim3(kAttnThreads), AttentionSharedBytes(NH / KV, D),
+                                S(stream), q, reinterpret_cast<const __half*>(kv_cache), tokens, positions, count,
+                                stride, NH, KV, D, scale, out, workspace);
   EXL3_RETURN_IF_ERROR(LaunchStatus("QSA attention"));
   if (splits == 1) return absl::OkStatus();
-  AttentionCombineKernel<<<dim3(T, NH), D, 0, S(stream)>>>(workspace, T, NH, D, splits, out);
+  exl3::cuda::LaunchPdl(AttentionCombineKernel, dim3(T, NH), dim3(D), S(stream), workspace, T, NH, D, splits, out);
   return LaunchStatus("QSA attention combine");
 }
 

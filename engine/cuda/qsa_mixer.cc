@@ -85,16 +85,24 @@ class QsaMixer final : public CudaMixer {
   DeviceArray<float> q_norm_, k_norm_, index_q_norm_, index_k_norm_;  // 1 + w
 };
 
-absl::Status QsaMixer::Forward(const CudaStep& step, const float* x, int first, int T, float* out) {
-  if (first != 0 || T != step.rows)
-    return absl::InternalError(
-        absl::StrCat("QSA attention runs whole steps (rows ", first, "+", T, " of ", step.rows, ")"));
+absl::Status QsaMixer::Forward(const CudaStep& step, const float* x_step, int first, int T, float* out_step) {
   if (s_.kv.empty()) return absl::FailedPreconditionError("QSA attention: a step before the cache is allocated");
   const int D = cfg_.head_dim, NH = cfg_.num_heads, KV = cfg_.num_kv_heads;
   const QsaIndexerConfig& ix = s_.indexer;
   const int IH = ix.num_heads, ID = ix.head_dim, m = ix.compress_ratio;
   const float eps = cfg_.rms_norm_eps;
   const StreamHandle stream = s_.linear.stream;
+  // Rows [first, first + T) of the step (a micro-batch, or all of it): its activations and
+  // per-token facts. The workspaces are the call's own from their start: nothing in them outlives
+  // the call, and micro-batches run one after the other on one stream.
+  const size_t r = static_cast<size_t>(first), half = static_cast<size_t>(step.rotary_half);
+  const float* x = x_step + r * cfg_.hidden_size;
+  float* out = out_step + r * cfg_.hidden_size;
+  const float* cos = step.cos + r * half;
+  const float* sin = step.sin + r * half;
+  const int32_t* slot = step.slot + r;
+  const int32_t* position = step.position + r;
+  const AttentionTokens tokens = step.attention_tokens(first);
   const CudaLinear* in[4] = {&q_, &k_, &v_, &index_qk_};
   float* const in_out[4] = {s_.qg.get(), s_.k.get(), s_.v.get(), s_.iqk.get()};
   EXL3_RETURN_IF_ERROR(CudaLinear::ForwardShared(in, 4, x, T, in_out, s_.linear));
@@ -104,26 +112,25 @@ absl::Status QsaMixer::Forward(const CudaStep& step, const float* x, int first, 
   EXL3_RETURN_IF_ERROR(RmsNorm(q, q_norm_.get(), T * NH, D, eps, q, stream));
   EXL3_RETURN_IF_ERROR(RmsNorm(k, k_norm_.get(), T * KV, D, eps, k, stream));
   const int rotary_dim = 2 * step.rotary_half;
-  EXL3_RETURN_IF_ERROR(ApplyRope(q, T, NH, NH * D, D, rotary_dim, false, step.cos, step.sin, stream));
-  EXL3_RETURN_IF_ERROR(ApplyRope(k, T, KV, KV * D, D, rotary_dim, false, step.cos, step.sin, stream));
+  EXL3_RETURN_IF_ERROR(ApplyRope(q, T, NH, NH * D, D, rotary_dim, false, cos, sin, stream));
+  EXL3_RETURN_IF_ERROR(ApplyRope(k, T, KV, KV * D, D, rotary_dim, false, cos, sin, stream));
   KvHalf* kv = s_.kv_layer(layer_);
-  EXL3_RETURN_IF_ERROR(WriteKv(k, s_.v.get(), step.slot, T, KV * D, kv, stream));
+  EXL3_RETURN_IF_ERROR(WriteKv(k, s_.v.get(), slot, T, KV * D, kv, stream));
 
   // The indexer: its raw keys cached, its queries normed and rotated (the attention's angles).
   float* raw_keys = s_.raw_keys_layer(layer_);
   float* iq = s_.iq.get();
-  EXL3_RETURN_IF_ERROR(QsaSplitIndexer(s_.iqk.get(), step.slot, T, IH, ID, iq, raw_keys, stream));
+  EXL3_RETURN_IF_ERROR(QsaSplitIndexer(s_.iqk.get(), slot, T, IH, ID, iq, raw_keys, stream));
   EXL3_RETURN_IF_ERROR(RmsNorm(iq, index_q_norm_.get(), T * IH, ID, eps, iq, stream));
-  EXL3_RETURN_IF_ERROR(ApplyRope(iq, T, IH, IH * ID, ID, rotary_dim, false, step.cos, step.sin, stream));
-  const AttentionTokens tokens = step.attention_tokens();
+  EXL3_RETURN_IF_ERROR(ApplyRope(iq, T, IH, IH * ID, ID, rotary_dim, false, cos, sin, stream));
   const int row_length = s_.row_length();
   EXL3_RETURN_IF_ERROR(QsaBlockScores(iq, raw_keys, tokens, QsaIndexerShape{IH, ID, m, eps}, index_k_norm_.get(),
                                       s_.block_cos.get(), s_.block_sin.get(), step.rotary_half, T, s_.scores.get(),
                                       row_length, stream));
-  EXL3_RETURN_IF_ERROR(IndexerTopk(s_.scores.get(), row_length, step.position, 0, T, ix.block_topk(), s_.blocks.get(),
+  EXL3_RETURN_IF_ERROR(IndexerTopk(s_.scores.get(), row_length, position, 0, T, ix.block_topk(), s_.blocks.get(),
                                    s_.block_count.get(), stream, m));
-  EXL3_RETURN_IF_ERROR(KpoolSelectedPositions(s_.blocks.get(), s_.block_count.get(), ix.block_topk(), step.position, m,
-                                              T, s_.positions.get(), s_.position_count.get(), s_.stride(), stream));
+  EXL3_RETURN_IF_ERROR(KpoolSelectedPositions(s_.blocks.get(), s_.block_count.get(), ix.block_topk(), position, m, T,
+                                              s_.positions.get(), s_.position_count.get(), s_.stride(), stream));
   float* attn = s_.attn.get();
   EXL3_RETURN_IF_ERROR(QsaAttention(q, kv, tokens, s_.positions.get(), s_.position_count.get(), s_.stride(), T, NH,
                                     KV, D, cfg_.attention_scale, attn, s_.attn_workspace.get(),
@@ -216,8 +223,6 @@ class QsaKind final : public CudaMixerKind {
     }
     return absl::OkStatus();
   }
-
-  bool rows_split() const override { return false; }
 
  private:
   // What the kernels take, refused by name before anything is loaded.

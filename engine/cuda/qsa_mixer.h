@@ -12,7 +12,7 @@
 // selection compares block scores, which fp16 keys would move by ~1e-3), the angles of every
 // block's first position (the block keys' rope; the cache never reaches past
 // max_position_embeddings, so dynamic NTK's angles are the static ones there) and the workspace the
-// layers share. A layer runs whole steps (rows_split false), as the other indexed kinds do.
+// layers share. A layer runs any rows of a step (two micro-batches), its workspaces the call's own.
 #pragma once
 
 #include <memory>

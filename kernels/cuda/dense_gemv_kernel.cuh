@@ -1,20 +1,22 @@
-// One-launch EXL3 linear layer for decode-sized inputs (rows <= kGemvMaxRows, gemv_plan.h):
-//   y[r] = ((fp16((x[r] ⊙ suh) · H) · W_inner) · H) ⊙ svh (+ bias)
-// with H the block-diagonal Hadamard-128 / sqrt(128) (transform_kernels.cuh). The input transform,
-// the trellis GEMV (GemvWarpSlice, gemv_kernel.cuh) and the output transform run in one kernel, so a
-// layer costs one launch instead of three (linear_kernels.cu's InputTransformKernel / OutputTransformKernel
-// remain for the prefill GEMM and the reference path).
+// One-launch EXL3 linear layers for decode-sized inputs (rows <= kGemvMaxRows, gemv_plan.h): for
+// each of up to kMaxProblems layers of one input x (an attention layer's q, k and v),
+//   y_i[r] = ((fp16((x[r] ⊙ suh_i) · H) · W_i) · H) ⊙ svh_i (+ bias_i)
+// with H the block-diagonal Hadamard-128 / sqrt(128) (transform_kernels.cuh). The input transforms,
+// the trellis GEMVs (GemvWarpSlice, gemv_kernel.cuh) and the output transforms run in one kernel, so
+// the layers cost one launch instead of three (linear_kernels.cu's InputTransformKernel /
+// OutputTransformKernel remain for the prefill GEMM and the reference path).
 //
-// Work unit (one block of kGemvWarps = 8 warps): one chunk of <= 8 rows, one 128-column block (one
-// output Hadamard block: two 64-column groups) and a k-range of kDenseWarpsK k-slices. The block
-// transforms the x rows of the 128-blocks its k-range touches into shared memory (fp16, the warps
+// Work unit (one block of kGemvWarps = 8 warps): one layer, one chunk of <= 8 rows, one 128-column
+// block (one output Hadamard block: two 64-column groups) and a k-range of kDenseWarpsK k-slices;
+// the layers' units follow one another (layer 0's first). The block transforms the x rows of the
+// 128-blocks its k-range touches into shared memory (fp16, with its layer's suh; the warps
 // splitting the blocks); warp w runs column group w % 2 over k-slice w / 2; the four partial sums
 // of a column group are added in shared memory, and one warp per column group adds the result into
-// the fp32 accumulator with atomics (a quarter of the atomics, and of the partial sums per output,
-// that one k-slice per atomic add would cost). The block whose arrival completes a (chunk, column
-// block) — the last of its k-ranges — applies the output transform to it, writes y, and zeroes the
-// accumulator and the arrival count again, so both workspaces are all zero between calls and
-// nothing clears them.
+// the layer's fp32 accumulator with atomics (a quarter of the atomics, and of the partial sums per
+// output, that one k-slice per atomic add would cost). The block whose arrival completes a (chunk,
+// column block) — the last of its k-ranges — applies the output transform to it, writes y, and
+// zeroes the accumulator and the arrival count again, so both workspaces are all zero between
+// calls and nothing clears them.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -39,22 +41,30 @@ __host__ __device__ constexpr int DenseMaxSliceTiles(int K) { return K >= 7 ? 8 
 // 128-blocks of k that a unit's k-range can touch (it may start mid-block).
 __host__ __device__ constexpr int DenseMaxCover(int K) { return (kDenseWarpsK * DenseMaxSliceTiles(K) + 6) / 8 + 1; }
 
-struct DenseGemvArgs {
+// One layer of a DenseGemvArgs.
+struct DenseGemvLayer {
   const uint16_t* trellis = nullptr;  // [k/16, n/16, 16K] packed trellis words (uint16)
-  const float* x = nullptr;           // [rows, k] fp32 input
   const uint16_t* suh = nullptr;      // [k] fp16 input signs/scales
   const uint16_t* svh = nullptr;      // [n] fp16 output signs/scales
   const uint16_t* bias = nullptr;     // [n] fp16, or null
   float* y = nullptr;                 // [rows, n] fp32 output (overwritten)
   float* acc = nullptr;               // [rows, n] fp32 workspace: all zero on entry, left all zero
   int* arrivals = nullptr;            // [ceil(rows/8), n/128] int32 workspace: likewise
-  int rows = 0, k = 0, n = 0;         // rows <= kGemvMaxRows; k, n multiples of 128
-  int k_slice_tiles = 0;              // k-slice length in 16-row tiles, 1..DenseMaxSliceTiles(K)
+  int n = 0;                          // a multiple of 128
+};
+
+struct DenseGemvArgs {
+  DenseGemvLayer layer[kMaxProblems];  // the first `layers`; the same K and codebook
+  int layers = 0;                      // 1..kMaxProblems
+  const float* x = nullptr;            // [rows, k] fp32 input, shared by the layers
+  int rows = 0, k = 0;                 // rows <= kGemvMaxRows; k a multiple of 128
+  int k_slice_tiles = 0;               // k-slice length in 16-row tiles, 1..DenseMaxSliceTiles(K)
   Pow2Table pow2 = Pow2Table::Make();
 };
 
 // DenseGemvArgs above gives every tensor's shape and dtype. Grid: at most the number of units
-// (ceil(rows/8) * n/128 * ceil(k/16 / (kDenseWarpsK * k_slice_tiles))), kGemvWarps * 32 threads.
+// (ceil(rows/8) * (sum of the layers' n)/128 * ceil(k/16 / (kDenseWarpsK * k_slice_tiles))),
+// kGemvWarps * 32 threads.
 template <int K, int CB>
 __global__ void __launch_bounds__(kGemvWarps * 32, 3) DenseGemvKernel(const DenseGemvArgs a) {
   constexpr int kStageWords = GemvWarpSlice<K, CB>::kStageWords;
@@ -74,18 +84,30 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) DenseGemvKernel(const Dens
   const int wn = warp % kDenseWarpsN, wk = warp / kDenseWarpsN;  // column group, k-slice
   const LaneSlots<K> slots(lane);
   const int g = lane >> 2, c = lane & 3;
-  const int k_tiles = a.k / 16, n_tiles = a.n / 16;
-  const int col_blocks = a.n / kDenseBlockCols;
+  const int k_tiles = a.k / 16;
+  const int chunks = (a.rows + kGemvRows - 1) / kGemvRows;
   const int range_tiles = kDenseWarpsK * a.k_slice_tiles;
   const int k_ranges = (k_tiles + range_tiles - 1) / range_tiles;
-  const int total = (a.rows + kGemvRows - 1) / kGemvRows * col_blocks * k_ranges;
-  const size_t k_stride = static_cast<size_t>(n_tiles) * (8 * K);  // words per row of tiles
+  // Units per layer, computed the same way by every block.
+  int units[kMaxProblems];
+  int total = 0;
+#pragma unroll
+  for (int q = 0; q < kMaxProblems; ++q) {
+    units[q] = q < a.layers ? chunks * (a.layer[q].n / kDenseBlockCols) * k_ranges : 0;
+    total += units[q];
+  }
   bool waited = false;
 
   for (int u = blockIdx.x; u < total; u += gridDim.x) {
-    const int kr = u % k_ranges;
-    const int cb = (u / k_ranges) % col_blocks;
-    const int chunk = u / (k_ranges * col_blocks);
+    // The unit's layer (its fields read from the parameter bank where used, as GroupedGemvKernel
+    // reads its problem's).
+    int r = u;
+    const DenseGemvLayer& L = a.layer[UnitProblem(units, r)];
+    const int n_tiles = L.n / 16, col_blocks = L.n / kDenseBlockCols;
+    const size_t k_stride = static_cast<size_t>(n_tiles) * (8 * K);  // words per row of tiles
+    const int kr = r % k_ranges;
+    const int cb = (r / k_ranges) % col_blocks;
+    const int chunk = r / (k_ranges * col_blocks);
     const int row0 = chunk * kGemvRows, rows = min(kGemvRows, a.rows - row0);
     const int kt0 = kr * range_tiles, kt1 = min(k_tiles, kt0 + range_tiles);   // the unit's k-range
     const int ks0 = min(kt1, kt0 + wk * a.k_slice_tiles);                      // this warp's k-slice
@@ -95,9 +117,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) DenseGemvKernel(const Dens
     // The trellis is not written by the previous kernel of the stream: its first copies start
     // before the PDL wait, overlapping that kernel's tail.
     GemvWarpSlice<K, CB> slice;
-    slice.Start(ring + warp * (kGemvStages * kStageWords),
-                reinterpret_cast<const uint32_t*>(a.trellis) + (static_cast<size_t>(ks0) * n_tiles + cg * kGemvNT) * (8 * K),
-                k_stride, ks1 - ks0, lane);
+    slice.Start(
+        ring + warp * (kGemvStages * kStageWords),
+        reinterpret_cast<const uint32_t*>(L.trellis) + (static_cast<size_t>(ks0) * n_tiles + cg * kGemvNT) * (8 * K),
+        k_stride, ks1 - ks0, lane);
     if (!waited) {
       PdlEnter();
       waited = true;
@@ -109,11 +132,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) DenseGemvKernel(const Dens
     for (int j0 = warp; j0 < rows * nb; j0 += 2 * kGemvWarps) {
       const int j1 = j0 + kGemvWarps;
       float v0[4], v1[4];
-      InputLoad(a.x + static_cast<size_t>(row0 + j0 / nb) * a.k + 128 * (b0 + j0 % nb), a.suh + 128 * (b0 + j0 % nb),
+      InputLoad(a.x + static_cast<size_t>(row0 + j0 / nb) * a.k + 128 * (b0 + j0 % nb), L.suh + 128 * (b0 + j0 % nb),
                 v0, lane);
       if (j1 < rows * nb)
-        InputLoad(a.x + static_cast<size_t>(row0 + j1 / nb) * a.k + 128 * (b0 + j1 % nb),
-                  a.suh + 128 * (b0 + j1 % nb), v1, lane);
+        InputLoad(a.x + static_cast<size_t>(row0 + j1 / nb) * a.k + 128 * (b0 + j1 % nb), L.suh + 128 * (b0 + j1 % nb),
+                  v1, lane);
       InputFinish(v0, xs + (j0 / nb) * kXStride + 128 * (j0 % nb), lane);
       if (j1 < rows * nb) InputFinish(v1, xs + (j1 / nb) * kXStride + 128 * (j1 % nb), lane);
     }
@@ -143,7 +166,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) DenseGemvKernel(const Dens
 #pragma unroll
           for (int i = 0; i < 4; ++i) acc[t][i] += slot[(4 * t + i) * 32];
       }
-      AtomicAddTiles(acc, a.acc, a.n, row0, rows, 16 * kGemvNT * cg, lane);
+      AtomicAddTiles(acc, L.acc, L.n, row0, rows, 16 * kGemvNT * cg, lane);
       __threadfence();  // the atomics, before this block's arrival
     }
 
@@ -151,7 +174,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) DenseGemvKernel(const Dens
     // 128-block of row r.
     __syncthreads();
     if (threadIdx.x == 0) {
-      int* count = a.arrivals + chunk * col_blocks + cb;
+      int* count = L.arrivals + chunk * col_blocks + cb;
       const bool last = atomicAdd(count, 1) == k_ranges - 1;
       if (last) *count = 0;  // every k-range has arrived: nothing else touches it in this launch
       completes = last;
@@ -160,16 +183,16 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) DenseGemvKernel(const Dens
     if (completes && warp < rows) {
       __threadfence();
       const int col0 = cb * kDenseBlockCols;
-      const size_t off = static_cast<size_t>(row0 + warp) * a.n + col0;
+      const size_t off = static_cast<size_t>(row0 + warp) * L.n + col0;
       float v[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        v[e] = __ldcg(a.acc + off + 32 * e + lane);
-        __stcg(a.acc + off + 32 * e + lane, 0.f);
+        v[e] = __ldcg(L.acc + off + 32 * e + lane);
+        __stcg(L.acc + off + 32 * e + lane, 0.f);
       }
-      OutputValues(v, a.svh + col0, a.bias ? a.bias + col0 : nullptr, lane);
+      OutputValues(v, L.svh + col0, L.bias ? L.bias + col0 : nullptr, lane);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) a.y[off + 32 * e + lane] = v[e];
+      for (int e = 0; e < 4; ++e) L.y[off + 32 * e + lane] = v[e];
     }
     // The next unit writes xs only after every warp has passed the barrier above (this unit's
     // reads of the partial sums are done), and `completes` only after the next arrival barrier.

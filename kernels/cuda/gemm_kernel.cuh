@@ -74,14 +74,8 @@ __global__ void __launch_bounds__(256, 2) GroupedGemmKernel(const GemvBatch batc
   }
 
   for (int u = blockIdx.x; u < total; u += gridDim.x) {
-    int q = 0, r = u;
-#pragma unroll
-    for (int i = 0; i < kMaxProblems - 1; ++i) {
-      if (q == i && r >= units[i]) {
-        r -= units[i];
-        q = i + 1;
-      }
-    }
+    int r = u;
+    const int q = UnitProblem(units, r);
     const GemvProblem& p = batch.p[q];
     const int col_groups = p.n / 128;
     const int k_slices = GemmKSlices(p);
@@ -89,17 +83,8 @@ __global__ void __launch_bounds__(256, 2) GroupedGemmKernel(const GemvBatch batc
     r /= k_slices;
     const int cg = r % col_groups;
     const int chunk = r / col_groups;
-    int expert, row0, rows;
-    if (p.chunk_expert) {
-      const int ci = chunk + (p.chunk_base ? *p.chunk_base : 0);
-      expert = p.chunk_expert[ci];
-      row0 = p.chunk_row0[ci];
-      rows = p.chunk_rows[ci];
-    } else {
-      expert = 0;
-      row0 = chunk * BM;
-      rows = min(BM, p.rows - row0);
-    }
+    const RowChunk rc = ChunkOf(p, chunk, BM);
+    const int expert = rc.expert, row0 = rc.row0, rows = rc.rows;
     const int n_tiles = p.n / 16;
     const int tile_col = cg * 8 + warp;
     const uint32_t* wbase = reinterpret_cast<const uint32_t*>(p.chunk_expert ? p.trellis[expert] : p.single) +

@@ -57,6 +57,34 @@ __device__ __forceinline__ int ProblemChunks(const GemvProblem& p) {
   return p.chunk_expert ? *p.num_chunks : (p.rows + kGemvRows - 1) / kGemvRows;
 }
 
+// The problem of work unit `r` where problem q has units[q] units, in problem order (the grouped
+// kernels stride one unit index over all of them); r becomes the unit's index within it.
+__device__ __forceinline__ int UnitProblem(const int (&units)[kMaxProblems], int& r) {
+  int q = 0;
+#pragma unroll
+  for (int i = 0; i < kMaxProblems - 1; ++i) {
+    if (q == i && r >= units[i]) {
+      r -= units[i];
+      q = i + 1;
+    }
+  }
+  return q;
+}
+
+// Row chunk `chunk` of problem p: from its chunk arrays (an MoE layer's, built by the routing
+// kernel), else the implicit chunks of `chunk_rows` rows over p.rows of expert 0.
+struct RowChunk {
+  int expert, row0, rows;
+};
+__device__ __forceinline__ RowChunk ChunkOf(const GemvProblem& p, int chunk, int chunk_rows) {
+  if (p.chunk_expert) {
+    const int ci = chunk + (p.chunk_base ? *p.chunk_base : 0);
+    return {p.chunk_expert[ci], p.chunk_row0[ci], p.chunk_rows[ci]};
+  }
+  const int row0 = chunk * chunk_rows;
+  return {0, row0, min(chunk_rows, p.rows - row0)};
+}
+
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
@@ -241,14 +269,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) GroupedGemvKernel(const Ge
   }
 
   for (int u = warp_global; u < total; u += total_warps) {
-    int q = 0, r = u;
-#pragma unroll
-    for (int i = 0; i < kMaxProblems - 1; ++i) {
-      if (q == i && r >= units[i]) {
-        r -= units[i];
-        q = i + 1;
-      }
-    }
+    int r = u;
+    const int q = UnitProblem(units, r);
     const GemvProblem& p = batch.p[q];
     const int col_groups = p.n / (16 * kGemvNT);
     const int k_tiles = p.k / 16;
@@ -256,17 +278,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 3) GroupedGemvKernel(const Ge
     const int ks = r % k_slices;
     const int cg = (r / k_slices) % col_groups;
     const int chunk = r / (k_slices * col_groups);
-    int expert, row0, rows;
-    if (p.chunk_expert) {
-      const int ci = chunk + (p.chunk_base ? *p.chunk_base : 0);
-      expert = p.chunk_expert[ci];
-      row0 = p.chunk_row0[ci];
-      rows = p.chunk_rows[ci];
-    } else {
-      expert = 0;
-      row0 = chunk * kGemvRows;
-      rows = min(kGemvRows, p.rows - row0);
-    }
+    const RowChunk rc = ChunkOf(p, chunk, kGemvRows);
+    const int expert = rc.expert, row0 = rc.row0, rows = rc.rows;
     const int kt0 = ks * p.k_tiles_per_unit;
     const int kt1 = min(k_tiles, kt0 + p.k_tiles_per_unit);
     const int n_tiles = p.n / 16;

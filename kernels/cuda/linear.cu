@@ -28,6 +28,49 @@ absl::Status DequantizeInnerDevice(const Exl3LinearView& w, uint16_t* out, Strea
   return absl::OkStatus();
 }
 
+namespace {
+
+// Layers of one input x [m, k] and the same K and codebook in one DenseGemvKernel launch (its plan
+// over their columns together): y[i] = layer i of x.
+absl::Status LaunchDenseGemvLayers(const Exl3LinearView* const* w, int count, const float* x, int m, float* const* y,
+                                   Workspace::Impl& s, cudaStream_t stream) {
+  const int k = w[0]->in_features;
+  int total_n = 0;
+  for (int i = 0; i < count; ++i) total_n += w[i]->out_features;
+  const DenseGemvPlan plan = PlanDenseGemv(m, k, total_n, w[0]->bits, s.sm_count);
+  const int chunks = (m + kGemvRows - 1) / kGemvRows;
+  EXL3_RETURN_IF_ERROR(s.gemv_acc.ReserveZeroed(static_cast<size_t>(m) * total_n * 4, stream));
+  EXL3_RETURN_IF_ERROR(
+      s.gemv_arrivals.ReserveZeroed(static_cast<size_t>(chunks) * (total_n / kDenseBlockCols) * 4, stream));
+  DenseGemvArgs args;
+  args.layers = count;
+  args.x = x;
+  args.rows = m;
+  args.k = k;
+  args.k_slice_tiles = plan.slice_tiles;
+  float* acc = static_cast<float*>(s.gemv_acc.ptr);
+  int* arrivals = static_cast<int*>(s.gemv_arrivals.ptr);
+  for (int i = 0; i < count; ++i) {
+    DenseGemvLayer& L = args.layer[i];
+    L.trellis = w[i]->trellis;
+    L.suh = w[i]->suh;
+    L.svh = w[i]->svh;
+    L.bias = w[i]->bias;
+    L.y = y[i];
+    L.n = w[i]->out_features;
+    L.acc = acc;
+    L.arrivals = arrivals;
+    acc += static_cast<size_t>(m) * L.n;
+    arrivals += static_cast<size_t>(chunks) * (L.n / kDenseBlockCols);
+  }
+  const int grid = static_cast<int>(std::min<long>(plan.units, GemvGrid(s.sm_count)));
+  EXL3_RETURN_IF_ERROR(DispatchDenseGemv(w[0]->bits, static_cast<int>(w[0]->codebook), args, grid, stream));
+  EXL3_CUDA_CHECK_LAUNCH("DenseGemvKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float* y, Workspace* ws,
                            StreamHandle stream_handle, Path path) {
   EXL3_RETURN_IF_ERROR(ValidateLinear(w));
@@ -46,29 +89,10 @@ absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float
   // The prefill GEMM in k-slices when its units alone would leave SMs idle (gemv_plan.h).
   const int gemm_k_stages = !dequant_gemm && !gemv ? GemmKStages(m, k, n, s.sm_count) : 0;
   if (gemv_path == 1) {
-    const DenseGemvPlan plan = PlanDenseGemv(m, k, n, w.bits, s.sm_count);
     // One launch: input transform, GEMV and output transform (dense_gemv_kernel.cuh).
-    const int chunks = (m + kGemvRows - 1) / kGemvRows;
-    const int col_blocks = n / kDenseBlockCols;
-    EXL3_RETURN_IF_ERROR(s.gemv_acc.ReserveZeroed(static_cast<size_t>(m) * n * 4, stream));
-    EXL3_RETURN_IF_ERROR(s.gemv_arrivals.ReserveZeroed(static_cast<size_t>(chunks) * col_blocks * 4, stream));
-    DenseGemvArgs args;
-    args.trellis = w.trellis;
-    args.x = x;
-    args.suh = w.suh;
-    args.svh = w.svh;
-    args.bias = w.bias;
-    args.y = y;
-    args.acc = static_cast<float*>(s.gemv_acc.ptr);
-    args.arrivals = static_cast<int*>(s.gemv_arrivals.ptr);
-    args.rows = m;
-    args.k = k;
-    args.n = n;
-    args.k_slice_tiles = plan.slice_tiles;
-    const int grid = static_cast<int>(std::min<long>(plan.units, GemvGrid(s.sm_count)));
-    EXL3_RETURN_IF_ERROR(DispatchDenseGemv(w.bits, static_cast<int>(w.codebook), args, grid, stream));
-    EXL3_CUDA_CHECK_LAUNCH("DenseGemvKernel");
-    return absl::OkStatus();
+    const Exl3LinearView* one[1] = {&w};
+    float* const ys[1] = {y};
+    return LaunchDenseGemvLayers(one, 1, x, m, ys, s, stream);
   }
   EXL3_RETURN_IF_ERROR(s.a.Reserve(static_cast<size_t>(m) * k * 2));
   __half* a = static_cast<__half*>(s.a.ptr);
@@ -128,13 +152,16 @@ absl::Status LinearForwardShared(const Exl3LinearView* const* w, int count, cons
     return absl::OkStatus();
   }
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  int total_n = 0;
+  for (int i = 0; i < count; ++i) total_n += w[i]->out_features;
+  // The one-launch kernel takes the layers together where its plan over all their columns does.
+  if (GemvPathFor(m, k, total_n, w[0]->bits, s.sm_count) == 1)
+    return LaunchDenseGemvLayers(w, count, x, m, y, s, stream);
   EXL3_RETURN_IF_ERROR(s.a.Reserve(static_cast<size_t>(count) * m * k * 2));
   __half* a = static_cast<__half*>(s.a.ptr);
   InputTransformJobs in;
   OutputTransformJobs out;
   GemvBatch batch;
-  int total_n = 0;
-  for (int i = 0; i < count; ++i) total_n += w[i]->out_features;
   // One k-slice length for all: the slices that fill the SMs with every layer's columns.
   const int k_tiles_per_unit = GemvKTilesPerUnit(k, total_n, (m + kGemvRows - 1) / kGemvRows, s.sm_count);
   for (int i = 0; i < count; ++i) {

@@ -220,61 +220,61 @@ __global__ void __launch_bounds__(128) MoeMidKernel(MoeDims d, ProjTable gate, P
                 bias_u ? bias_u + 128 * blk : nullptr, suh_d + 128 * blk, limit, ad + off, lane);
 }
 
-// One warp per (token, 128-block of hidden): out = sum over the token's assignments + shared.
-__global__ void __launch_bounds__(128) MoeCombineKernel(MoeDims d, ProjTable down, ProjTable sdown, RouteOut r,
-                                                        MoeBuffers b, float* __restrict__ out) {
+// Warps of a MoeCombineKernel block at most: its items (the token's assignments and the shared
+// expert) are spread over them; shared memory an item: its 128 values, its weight and whether kept.
+constexpr int kCombineMaxWarps = 16;
+constexpr int kCombineSmemFloatsPerItem = 130;
+
+// One block per (token, 128-block of hidden): out = sum over the token's assignments + shared.
+// Block: 32 · min(items, kCombineMaxWarps) threads, items = topk (+ 1 with the shared expert);
+// dynamic shared memory: kCombineSmemFloatsPerItem floats an item. Warp w transforms items w,
+// w + warps, ... (each assignment's chain slot -> expert -> scales -> values waited on once, beside
+// the others' instead of after them); warp 0 then adds them in the assignments' order, the shared
+// expert last: the float operations of one warp adding them in turn, in the same order.
+__global__ void MoeCombineKernel(MoeDims d, ProjTable down, ProjTable sdown, RouteOut r, MoeBuffers b,
+                                 float* __restrict__ out) {
   PdlEnter();
-  const int lane = threadIdx.x & 31;
+  extern __shared__ float combine_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int per_row = d.hidden / 128;
-  const int w = blockIdx.x * 4 + (threadIdx.x >> 5);
-  if (w >= d.T * per_row) return;
-  const int t = w / per_row, blk = w % per_row;
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  // The assignments in batches of kCombineBatch, each level of the slot -> expert -> scales ->
-  // values chain loaded for the whole batch before the next (one assignment at a time waited on
-  // four dependent loads per assignment); the sum keeps the assignments' order.
-  constexpr int kCombineBatch = 8;
-  for (int k0 = 0; k0 < d.topk; k0 += kCombineBatch) {
-    int slot[kCombineBatch];
-#pragma unroll
-    for (int j = 0; j < kCombineBatch; ++j) slot[j] = k0 + j < d.topk ? r.assign_slot[t * d.topk + k0 + j] : -1;
-    int e[kCombineBatch];
-    float wt[kCombineBatch];
-#pragma unroll
-    for (int j = 0; j < kCombineBatch; ++j) {
-      e[j] = slot[j] >= 0 ? r.slot_expert[slot[j]] : 0;
-      wt[j] = slot[j] >= 0 ? r.slot_weight[slot[j]] : 0.f;
+  const int t = blockIdx.x / per_row, blk = blockIdx.x % per_row;
+  const int items = d.topk + (d.with_shared ? 1 : 0);
+  float* values = combine_smem;                                       // [items][128]: transformed blocks
+  float* weights = values + items * 128;                              // [items]
+  int* kept = reinterpret_cast<int*>(weights + items);                // [items]: 0 where dropped
+  for (int i = warp; i < items; i += warps) {
+    const bool routed = i < d.topk;
+    const int slot = routed ? r.assign_slot[t * d.topk + i] : 0;
+    if (routed && slot < 0) {  // an expert no one holds
+      if (lane == 0) kept[i] = 0;
+      continue;
     }
-    const uint16_t *svh[kCombineBatch], *bias[kCombineBatch];
-#pragma unroll
-    for (int j = 0; j < kCombineBatch; ++j) {
-      svh[j] = slot[j] >= 0 ? down.svh[e[j]] + 128 * blk : nullptr;
-      bias[j] = slot[j] >= 0 ? down.bias[e[j]] : nullptr;
+    float v[4];
+    if (routed) {
+      const int e = r.slot_expert[slot];
+      const uint16_t* bias = down.bias[e];
+      OutputBlock(b.y_down + static_cast<size_t>(slot) * d.hidden + 128 * blk, down.svh[e] + 128 * blk,
+                  bias ? bias + 128 * blk : nullptr, v, lane);
+    } else {
+      const uint16_t* bias = sdown.bias[0];
+      OutputBlock(b.sy_down + static_cast<size_t>(t) * d.hidden + 128 * blk, sdown.svh[0] + 128 * blk,
+                  bias ? bias + 128 * blk : nullptr, v, lane);
     }
-    float v[kCombineBatch][4];
 #pragma unroll
-    for (int j = 0; j < kCombineBatch; ++j)
-      if (slot[j] >= 0) {
-        const float* y = b.y_down + static_cast<size_t>(slot[j]) * d.hidden + 128 * blk;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) v[j][q] = y[32 * q + lane];
-      }
-#pragma unroll
-    for (int j = 0; j < kCombineBatch; ++j) {
-      if (slot[j] < 0) continue;
-      OutputValues(v[j], svh[j], bias[j] ? bias[j] + 128 * blk : nullptr, lane);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) acc[q] += wt[j] * v[j][q];
+    for (int q = 0; q < 4; ++q) values[i * 128 + 32 * q + lane] = v[q];
+    if (lane == 0) {
+      weights[i] = routed ? r.slot_weight[slot] : b.shared_scale[t];
+      kept[i] = 1;
     }
   }
-  if (d.with_shared) {
-    const uint16_t* bias = sdown.bias[0];
-    float v[4];
-    OutputBlock(b.sy_down + static_cast<size_t>(t) * d.hidden + 128 * blk, sdown.svh[0] + 128 * blk,
-                bias ? bias + 128 * blk : nullptr, v, lane);
-    const float sc = b.shared_scale[t];
+  __syncthreads();
+  if (warp != 0) return;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int i = 0; i < items; ++i) {
+    if (!kept[i]) continue;
+    const float wt = weights[i];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) acc[q] += sc * v[q];
+    for (int q = 0; q < 4; ++q) acc[q] += wt * values[i * 128 + 32 * q + lane];
   }
 #pragma unroll
   for (int q = 0; q < 4; ++q) out[static_cast<size_t>(t) * d.hidden + 128 * blk + 32 * q + lane] = acc[q];
@@ -310,8 +310,11 @@ absl::Status LaunchMoeMid(int rows, const MoeDims& d, const ProjTable& gate, con
 
 absl::Status LaunchMoeCombine(const MoeDims& d, const ProjTable& down, const ProjTable& sdown, const RouteOut& r,
                               const MoeBuffers& b, float* out, cudaStream_t stream) {
-  LaunchPdl(MoeCombineKernel, dim3((d.T * (d.hidden / 128) + 3) / 4), dim3(128), stream, d, down, sdown, r, b,
-            out);
+  const int items = d.topk + (d.with_shared ? 1 : 0);
+  const int warps = std::max(1, std::min(items, kCombineMaxWarps));
+  const size_t smem = static_cast<size_t>(items) * kCombineSmemFloatsPerItem * sizeof(float);
+  LaunchPdlWithSmem(MoeCombineKernel, dim3(d.T * (d.hidden / 128)), dim3(32 * warps), smem, stream, d, down, sdown, r,
+                    b, out);
   EXL3_CUDA_CHECK_LAUNCH("MoeCombineKernel");
   return absl::OkStatus();
 }

@@ -9,12 +9,13 @@
 #     them: closer to the step than ncu's default), and prints the kernels of the last decode step
 #     (those after the last embedding gather) grouped by name: count, total µs, share; with
 #     PHASE=prefill those of the longest forward pass instead (from one embedding gather to the
-#     next: at batch 1 a prefill chunk of the CONTEXT-token prompt);
+#     next: at batch 1 a prefill chunk of the CONTEXT-token prompt); PHASE="decode prefill" gives
+#     both from the one ncu run, into profile-B<batch>-<phase>.txt;
 #  3. with DETAIL=1 also profiles one decode-attention launch in full (stall reasons, memory
 #     throughput) into $OUT/attention-detail.txt.
 # Writes $OUT/profile-B<batch>.csv (ncu's raw rows) and $OUT/profile-B<batch>.txt (the summary).
 # Env: MODEL (default /tmp/air-profile), LAYERS, BATCH (comma list), CONTEXT (default 1024), PHASE
-# (decode, the default, or prefill), DETAIL.
+# (decode, the default, prefill, or both space-separated), DETAIL.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/gpu/env.sh
@@ -37,7 +38,11 @@ for B in ${BATCH:-1} ; do
     "$NCU" --metrics gpu__time_duration.sum --cache-control none --csv --page raw \
       "$BIN/exl3-engine-bench" --model "$MODEL" --context "$CONTEXT" --batch "$b" --steps 1 --no-graphs \
       > "$csv" 2> "$OUT/profile-B$b.log" || { tail -20 "$OUT/profile-B$b.log"; exit 1; }
-    python3 - "$csv" "$b" "${PHASE:-decode}" > "$OUT/profile-B$b.txt" <<'EOF'
+    PHASES=(${PHASE:-decode})
+    for phase in "${PHASES[@]}"; do
+    summary=$OUT/profile-B$b.txt
+    [ "${#PHASES[@]}" -gt 1 ] && summary=$OUT/profile-B$b-$phase.txt
+    python3 - "$csv" "$b" "$phase" > "$summary" <<'EOF'
 import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if r]
 head = next(i for i, r in enumerate(rows) if "Kernel Name" in r)
@@ -69,7 +74,8 @@ print(f"batch {sys.argv[2]}: {len(step)} kernels in {what}, {total:.1f} us")
 for n, (c, s) in sorted(by.items(), key=lambda kv: -kv[1][1]):
     print(f"{s:9.1f} us {100 * s / total:5.1f} %  x{c:<4d} {s / c:7.2f} us each  {n}")
 EOF
-    cat "$OUT/profile-B$b.txt"
+    cat "$summary"
+    done
   done
 done
 if [ "${DETAIL:-0}" = 1 ]; then

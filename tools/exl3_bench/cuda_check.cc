@@ -660,6 +660,8 @@ int Main(int argc, char** argv) {
     // Layers of one input, together (same K) and one by one (mixed K), at GEMV and GEMM sizes.
     for (Codebook cb : cbs) CheckLinearShared(256, {512, 128, 128}, {4, 4, 4}, cb, {1, 2, 8, 16, 17, 300}, &ws);
     CheckLinearShared(384, {256, 128}, {2, 3}, Codebook::kMcg, {1, 8}, &ws);
+    // Four layers of unequal widths in one DenseGemvKernel launch (each block picks its layer).
+    for (int K : {2, 8}) CheckLinearShared(384, {128, 384, 256, 128}, {K, K, K, K}, Codebook::k3Inst, {1, 3, 9}, &ws);
     if (big) {
       CheckLinearShared(4096, {12288, 1024, 1024}, {4, 4, 4}, Codebook::kMcg, {1, 8, 16, 32}, &ws);
       for (int K : {2, 3, 4}) {
