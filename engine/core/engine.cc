@@ -531,7 +531,7 @@ void Engine::RunStep() {
     // What the step's rows cost, for the goodput draft length: scheduling, the forward pass and
     // sampling, all of which grow with verify rows (not the MTP drafting below, whose chained
     // positions follow each sequence's last choice: DraftLength::chained_draft_limit).
-    scheduler_->ObserveStepTime(m.num_tokens, Seconds(t4 - t0));
+    scheduler_->ObserveStepTime(step.batch, Seconds(t4 - t0));
     if (runner_sampled_) {
       // The runner sampled inside its forward pass: that time counts as sampling.
       const double device_sample_s = std::min(m.phases.sample_s, m.forward_s);

@@ -312,6 +312,20 @@ void Scheduler::AddDrafts(int budget, StepBatch& batch) {
   }
 }
 
+namespace {
+
+StepShape ShapeOf(const StepBatch& batch) {
+  for (const SequenceChunk& chunk : batch.chunks)
+    if (chunk.tokens.size() != 1) return StepShape::kMixed;
+  return StepShape::kDecodeOnly;
+}
+
+}  // namespace
+
+void Scheduler::ObserveStepTime(const StepBatch& batch, double seconds) {
+  step_cost_.Observe(ShapeOf(batch), batch.NumTokens(), seconds);
+}
+
 void Scheduler::AddGoodputDrafts(int budget, StepBatch& batch) {
   struct Proposal {
     SequenceChunk* chunk;
@@ -320,7 +334,8 @@ void Scheduler::AddGoodputDrafts(int budget, StepBatch& batch) {
   };
   std::vector<Proposal> proposals;
   std::vector<DraftCandidate> candidates;
-  DraftStep step{.base_rows = batch.NumTokens(), .base_tokens = 0, .max_drafts = budget};
+  DraftStep step{.shape = ShapeOf(batch), .base_rows = batch.NumTokens(), .base_tokens = 0, .max_drafts = budget};
+  const bool probe_step = goodput_steps_++ % DraftLength::kProbeInterval == 0;
   for (SequenceChunk& chunk : batch.chunks) {
     Sequence& seq = sequences_.at(chunk.sequence_id);
     // A chunk that reaches the end of its history samples the next token (a prompt's last chunk
@@ -334,7 +349,7 @@ void Scheduler::AddGoodputDrafts(int budget, StepBatch& batch) {
         Proposal{&chunk, &seq, ProposeDrafts(seq, std::min(seq.draft_length.limit(), budget))});
     candidates.push_back({.acceptance = seq.draft_length.draft_acceptance(),
                           .limit = static_cast<int>(p.drafts.size()),
-                          .probe = seq.draft_length.probe_due()});
+                          .probe = probe_step && seq.draft_length.probe_due()});
   }
   const std::vector<int> counts = ChooseDraftCounts(step_cost_, step, candidates);
   for (size_t i = 0; i < proposals.size(); ++i) {

@@ -248,10 +248,11 @@ class Scheduler {
   // The mean DraftLength::limit of the running sequences that draft (cap >= 1); 0 when none. With
   // the goodput policy, the mean of the drafts the choice gave them at their last decode step.
   double MeanDraftLimit() const;
-  // A step of `rows` rows (StepBatch::NumTokens: every chunk's tokens, drafts included) took
-  // `seconds`, from Schedule to its tokens sampled: the goodput draft length's cost model
-  // (engine/speculative/step_cost_model.h) learns from it. Steps that failed are not reported.
-  void ObserveStepTime(int rows, double seconds) { step_cost_.Observe(rows, seconds); }
+  // The step `batch` took `seconds`, from Schedule to its tokens sampled: the goodput draft
+  // length's cost model (engine/speculative/step_cost_model.h) learns from its shape and rows
+  // (StepBatch::NumTokens: every chunk's tokens, drafts included). Steps that failed are not
+  // reported.
+  void ObserveStepTime(const StepBatch& batch, double seconds);
   const StepCostModel& step_cost() const { return step_cost_; }
 
  private:
@@ -355,6 +356,9 @@ class Scheduler {
   std::vector<std::vector<float>> redraw_logits_;  // TakeConstrainedToken's row, per sampler
   SpeculativeCounters speculative_counters_;
   StepCostModel step_cost_;  // the goodput draft length's (ObserveStepTime)
+  // The goodput draft length's decode steps so far; every DraftLength::kProbeInterval-th is a
+  // probe step (probes of all due sequences in one step: one mixed step, not one per sequence).
+  int64_t goodput_steps_ = 0;
 };
 
 }  // namespace exl3::engine

@@ -24,4 +24,14 @@ void DraftLength::Observe(int drafted, int accepted) {
   }
 }
 
+void DraftLength::set_chosen(int drafts) {
+  if (drafts >= 1) {
+    // One draft while a probe is due is the probe; anything else the choice gave of its own accord.
+    const bool probe = drafts == 1 && probe_due();
+    probe_interval_ = probe ? std::min(2 * probe_interval_, kMaxProbeInterval) : kProbeInterval;
+  }
+  chosen_ = drafts;
+  chain_limit_ = drafts < cap_ ? drafts + 1 : cap_;
+}
+
 }  // namespace exl3::engine

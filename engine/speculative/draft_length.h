@@ -31,9 +31,14 @@
 //     the estimate starts at 1 (every sequence drafts until its drafts are seen to fail). Not the
 //     accepted fraction a / d, which is lower than this chance for d > 1 (with each draft right
 //     with probability 0.7, 3 drafts accept 0.51 of them on average).
-//   - probe_due(): kProbeInterval decode steps in a row without a verify chunk (the choice gave
-//     it none, or it had no drafts), after which it gets one draft: only verify chunks update its
-//     estimate, so a sequence the choice turned off would otherwise never come back.
+//   - probe_due(): its probe interval's decode steps in a row without a verify chunk (the choice
+//     gave it none, or it had no drafts), after which the scheduler's next probe step gives it
+//     one draft: only verify chunks update its estimate, so a sequence the choice turned off
+//     would otherwise never come back. The interval starts at kProbeInterval and doubles, up to
+//     kMaxProbeInterval, with each probe (one draft while due) the choice did not follow up; it
+//     is kProbeInterval again once the choice gives it drafts of its own accord. A batch whose
+//     drafts do not pay (where a drafted step costs the most, as on a GPU replaying plain steps
+//     from CUDA graphs) thus spends ever fewer steps on probes.
 //
 //   DraftLength d(DraftLengthPolicy::kAdaptive, /*cap=*/4);
 //   int k = d.limit();                 // drafts to ask the drafter for
@@ -53,10 +58,10 @@ class DraftLength {
   // kGoodput: the estimate's weight per verify chunk (lower than kAcceptanceWeight: the choice
   // weighs small differences of it against the step's cost).
   static constexpr double kDraftAcceptanceWeight = 0.25;
-  // kGoodput: decode steps without a verify chunk before one draft is forced. At batch 64 with
-  // every sequence turned off, 64 / 16 = 4 probe rows a step on average: a few per cent of the
-  // step where rows cost compute.
+  // kGoodput: decode steps without a verify chunk before a probe is due, at first and at most
+  // (above). The scheduler probes every kProbeInterval-th step, all due sequences together.
   static constexpr int kProbeInterval = 16;
+  static constexpr int kMaxProbeInterval = 128;
 
   DraftLength() = default;
   // cap >= 0 (0: this sequence never drafts).
@@ -76,15 +81,13 @@ class DraftLength {
   // kGoodput: a decode step that verified no drafts; and whether the next step must give one.
   void ObserveStepWithoutDrafts() { ++steps_without_drafts_; }
   bool probe_due() const {
-    return policy_ == DraftLengthPolicy::kGoodput && cap_ >= 1 && steps_without_drafts_ >= kProbeInterval;
+    return policy_ == DraftLengthPolicy::kGoodput && cap_ >= 1 && steps_without_drafts_ >= probe_interval_;
   }
+  int probe_interval() const { return probe_interval_; }
   // kGoodput: the drafts the choice gave it at its last decode step (what the engine's mean draft
   // length gauge shows), and setting it.
   int chosen() const { return chosen_; }
-  void set_chosen(int drafts) {
-    chosen_ = drafts;
-    chain_limit_ = drafts < cap_ ? drafts + 1 : cap_;
-  }
+  void set_chosen(int drafts);
   // The drafts a drafter that pays for each one (the MTP head: every draft after the first is a
   // chained position of its layer) should make for the next step: limit(), but with kGoodput one
   // more than the last choice gave (at most the cap; the cap before any choice), since the next
@@ -100,6 +103,7 @@ class DraftLength {
   double accepted_average_ = 1.0;  // draft_acceptance's averages
   double tested_average_ = 1.0;
   int steps_without_drafts_ = 0;
+  int probe_interval_ = kProbeInterval;
   int chosen_ = 0;
   int chain_limit_ = 0;  // chained_draft_limit() under kGoodput
 };

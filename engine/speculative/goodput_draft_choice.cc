@@ -2,16 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <optional>
 
 namespace exl3::engine {
 namespace {
-
-// The predicted time of a step of `rows` rows, where the model has observed a step.
-double PredictedSeconds(const StepCostModel& cost, int rows) {
-  const std::optional<double> known = cost.Seconds(rows);
-  return known.has_value() ? *known : *cost.NearestObservedSeconds(rows);
-}
 
 // A longer prefix of drafts must raise the goodput by more than this share: where drafts add
 // exactly their rows' worth (q = 1 on a cost in proportion to rows) the ratios differ only by
@@ -24,10 +17,9 @@ struct Gain {
   int candidate;
 };
 
-}  // namespace
-
-std::vector<int> ChooseDraftCounts(const StepCostModel& cost, const DraftStep& step,
-                                   std::span<const DraftCandidate> candidates) {
+// The choice with every candidate marked probe given its one draft first.
+std::vector<int> ChooseWithProbes(const StepCostModel& cost, const DraftStep& step,
+                                  std::span<const DraftCandidate> candidates) {
   std::vector<int> counts(candidates.size(), 0);
   int budget = std::max(step.max_drafts, 0);
   double tokens = step.base_tokens;
@@ -39,8 +31,10 @@ std::vector<int> ChooseDraftCounts(const StepCostModel& cost, const DraftStep& s
     ++rows;
     --budget;
   }
+  // Probes or not, a step with a draft is a mixed one.
+  const StepShape base_shape = rows > step.base_rows ? StepShape::kMixed : step.shape;
   // A step whose own time is unknown runs as it is, to be observed.
-  if (!cost.Seconds(rows).has_value()) return counts;
+  if (!cost.Seconds(base_shape, rows).has_value()) return counts;
   // Every further draft's gain, largest first; on equal gains the earlier candidate, and within a
   // candidate its earlier draft (stable_sort keeps their order).
   std::vector<Gain> gains;
@@ -54,12 +48,12 @@ std::vector<int> ChooseDraftCounts(const StepCostModel& cost, const DraftStep& s
   int best = 0;
   // A step with more rows takes no less time: the learned curve can dip where its points are
   // noisy, and drafts must not look worth taking for the dip alone.
-  double seconds = PredictedSeconds(cost, rows);
+  double seconds = *cost.Seconds(base_shape, rows);
   double best_goodput = tokens / seconds;
   double sum = tokens;
   for (int d = 1; d <= most; ++d) {
     sum += gains[d - 1].tokens;
-    seconds = std::max(seconds, PredictedSeconds(cost, rows + d));
+    seconds = std::max(seconds, *cost.Guess(StepShape::kMixed, rows + d));
     const double goodput = sum / seconds;
     if (goodput > best_goodput * (1 + kMinRelativeGain)) {
       best = d;
@@ -68,6 +62,28 @@ std::vector<int> ChooseDraftCounts(const StepCostModel& cost, const DraftStep& s
   }
   for (int d = 0; d < best; ++d) ++counts[gains[d].candidate];
   return counts;
+}
+
+// Whether the choice would give candidate i a draft were its drafts certain (q = 1), the others
+// as they are and nobody probed.
+bool ProbeCouldPay(const StepCostModel& cost, const DraftStep& step, std::span<const DraftCandidate> candidates,
+                   size_t i) {
+  std::vector<DraftCandidate> trial(candidates.begin(), candidates.end());
+  for (DraftCandidate& c : trial) c.probe = false;
+  trial[i].acceptance = 1;
+  return ChooseWithProbes(cost, step, trial)[i] > 0;
+}
+
+}  // namespace
+
+std::vector<int> ChooseDraftCounts(const StepCostModel& cost, const DraftStep& step,
+                                   std::span<const DraftCandidate> candidates) {
+  std::vector<DraftCandidate> c(candidates.begin(), candidates.end());
+  if (cost.Seconds(step.shape, step.base_rows).has_value()) {
+    for (size_t i = 0; i < c.size(); ++i)
+      if (c[i].probe && !ProbeCouldPay(cost, step, candidates, i)) c[i].probe = false;
+  }
+  return ChooseWithProbes(cost, step, c);
 }
 
 }  // namespace exl3::engine

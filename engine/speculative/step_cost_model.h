@@ -1,59 +1,56 @@
-// What one engine step costs, in seconds, as a function of its rows (the tokens it computes:
-// every chunk's tokens, verify chunks' drafts included), learned from the steps that ran. The
-// goodput draft choice (engine/speculative/goodput_draft_choice.h) asks it what the step it is
-// building would cost with more verify rows. No clocks: the caller passes each step's rows and
-// time (Scheduler::ObserveStepTime).
+// What one engine step costs, in seconds, by its shape and its rows, learned from the steps that
+// ran: one StepCostCurve (engine/speculative/step_cost_curve.h) per shape. The goodput draft
+// choice (engine/speculative/goodput_draft_choice.h) asks it what the step it is building would
+// cost with verify rows added. No clocks: the caller passes each step's shape, rows and time
+// (Scheduler::ObserveStepTime).
 //
-// Rows fall into buckets: each power of two [2^e, 2^(e+1)) is split into kBucketsPerOctave equal
-// parts (rows 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8-9 | 10-11 | ... | 64-79 | 80-95 | ...). A bucket keeps
-// exponential moving averages (weight kWeight; its first step sets them) of its steps' rows and
-// seconds: one point (mean rows, mean seconds) per observed bucket. Seconds(rows) is
-//   - between two observed points (by mean rows): the straight line between the nearest one on
-//     each side;
-//   - past the outermost observed point on its side: that point's seconds where `rows` falls in
-//     the point's own bucket, else unknown (nullopt): no step near it has been observed.
-// NearestObservedSeconds(rows) is the seconds of the observed point nearest `rows` (unknown
-// only before the first step), for a caller that must guess where Seconds has nothing.
+// Shapes, since an engine may run them differently at the same rows:
+//   - kDecodeOnly: every chunk is one token (a plain decode step). The GPU engine replays these
+//     from a CUDA graph captured per batch size (engine/cuda/decode_graphs.h);
+//   - kMixed: some chunk has more (a verify chunk's drafts, a prompt chunk), run eagerly there.
+// One curve over rows alone would average a batch's graph-replayed steps with the eager ones one
+// draft more makes, and see neither: each draft would look as cheap as a row, while the first
+// costs the whole step's launches.
+//
+// Seconds(shape, rows) is the shape's curve's estimate (unknown where it has none).
+// Guess(shape, rows) never is once anything was observed: the shape's estimate, else that of a
+// curve over every step of either shape, else that curve's nearest point. A drafted step's rows
+// below every mixed step seen thus count as the line from the plain steps up to the mixed ones:
+// optimistic (it leaves out the jump), so the choice explores such a step once, and then its
+// own shape's curve knows.
 //
 //   StepCostModel cost;
-//   cost.Observe(/*rows=*/64, /*seconds=*/0.009);
-//   cost.Observe(256, 0.018);
-//   std::optional<double> t = cost.Seconds(128);  // 0.0105, on the line between the two
+//   cost.Observe(StepShape::kDecodeOnly, /*rows=*/64, /*seconds=*/0.007);
+//   cost.Observe(StepShape::kMixed, 192, 0.012);
+//   cost.Seconds(StepShape::kMixed, 64);  // unknown: no mixed step near 64 rows was observed
+//   cost.Guess(StepShape::kMixed, 64);    // 0.007, the curve over every step there
 #pragma once
 
 #include <array>
 #include <optional>
 
+#include "engine/speculative/step_cost_curve.h"
+
 namespace exl3::engine {
+
+enum class StepShape { kDecodeOnly, kMixed };
 
 class StepCostModel {
  public:
-  static constexpr int kBucketsPerOctave = 4;
-  // Each step's share of its bucket's averages: about the last ten steps of a row count count, so
-  // the model follows the step time as contexts grow.
-  static constexpr double kWeight = 0.2;
-  // Row counts up to 2^kNumOctaves - 1 have a bucket; larger ones share the last.
-  static constexpr int kNumOctaves = 24;
-
-  // A step of `rows` (>= 1) rows took `seconds` (> 0); anything else is ignored.
-  void Observe(int rows, double seconds);
-  // The predicted seconds of a step of `rows` rows, or unknown (see above).
-  std::optional<double> Seconds(int rows) const;
-  // The seconds of the observed point nearest `rows`; unknown while nothing was observed.
-  std::optional<double> NearestObservedSeconds(int rows) const;
-  bool empty() const { return num_observed_ == 0; }
-
-  // The bucket of a row count >= 1: 0 for 1 row, increasing with rows.
-  static int BucketOf(int rows);
+  // A step of this shape and `rows` (>= 1) rows took `seconds` (> 0); anything else is ignored.
+  void Observe(StepShape shape, int rows, double seconds) {
+    curves_[Index(shape)].Observe(rows, seconds);
+    every_step_.Observe(rows, seconds);
+  }
+  std::optional<double> Seconds(StepShape shape, int rows) const { return curves_[Index(shape)].Seconds(rows); }
+  std::optional<double> Guess(StepShape shape, int rows) const;
+  const StepCostCurve& curve(StepShape shape) const { return curves_[Index(shape)]; }
+  bool empty() const { return every_step_.empty(); }
 
  private:
-  static constexpr int kNumBuckets = kNumOctaves * kBucketsPerOctave;
-  struct Point {
-    double rows = 0;     // the bucket's steps' mean rows
-    double seconds = 0;  // and mean seconds
-  };
-  std::array<std::optional<Point>, kNumBuckets> buckets_{};
-  int num_observed_ = 0;  // buckets with a point
+  static int Index(StepShape shape) { return shape == StepShape::kDecodeOnly ? 0 : 1; }
+  std::array<StepCostCurve, 2> curves_;
+  StepCostCurve every_step_;  // both shapes' steps
 };
 
 }  // namespace exl3::engine

@@ -10,6 +10,7 @@
 #include <set>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "engine/speculative/draft_proposer.h"
 #include "engine/speculative/ngram_drafter.h"
 #include "engine/cpu/sequence_state.h"
@@ -37,6 +38,11 @@ SequenceRequest Request(int prompt_len, int salt, int max_tokens) {
   return r;
 }
 
+// A step time that depends on the step's rows alone (StepBatch::NumTokens), whatever its shape.
+std::function<double(const StepBatch&)> ByRows(std::function<double(int rows)> seconds) {
+  return [seconds = std::move(seconds)](const StepBatch& batch) { return seconds(batch.NumTokens()); };
+}
+
 // Runs the scheduler against the fake runner, step by step.
 class Driver {
  public:
@@ -50,9 +56,9 @@ class Driver {
     EXPECT_TRUE(runner_.AllocateKvCache(cache).ok());
   }
   Scheduler& sched() { return sched_; }
-  // Set: after each step, the scheduler is told it took step_seconds(its rows) (the engine
+  // Set: after each step, the scheduler is told it took step_seconds(its batch) (the engine
   // reports measured times; the goodput draft length learns from them).
-  std::function<double(int rows)> step_seconds;
+  std::function<double(const StepBatch&)> step_seconds;
 
   ScheduledStep Step() {
     ScheduledStep step = sched_.Schedule();
@@ -69,7 +75,7 @@ class Driver {
       outputs[u.sequence_id].push_back(u.token.token);
       if (u.finish.has_value()) finished[u.sequence_id] = *u.finish;
     }
-    if (step_seconds) sched_.ObserveStepTime(step.batch.NumTokens(), step_seconds(step.batch.NumTokens()));
+    if (step_seconds) sched_.ObserveStepTime(step.batch, step_seconds(step.batch));
     return step;
   }
   void RunToEnd() {
@@ -646,49 +652,71 @@ int DraftRows(const ScheduledStep& step) {
   return rows;
 }
 
+// 64 sequences of 100 tokens whose drafts are always wrong, each step costing `step_seconds(rows)`:
+// their outputs (plain decoding's, whatever the policy) and every step's draft rows.
+struct FailingDraftsRun {
+  std::map<int64_t, std::vector<int32_t>> outputs;
+  std::vector<int> draft_rows;  // a step's
+  int64_t rows = 0;             // every step's
+};
+FailingDraftsRun RunFailingDrafts(std::optional<DraftLengthPolicy> policy, std::function<double(int)> step_seconds) {
+  Driver d(policy.has_value() ? Batch64(*policy, /*drafts_right=*/false)
+                              : SchedulerOptions{.max_num_batched_tokens = 1024, .max_num_seqs = 64},
+           kLargeCache);
+  d.step_seconds = ByRows(std::move(step_seconds));
+  AddBatch64(d.sched(), 100);
+  FailingDraftsRun run;
+  while (!d.sched().Empty()) {
+    const ScheduledStep step = d.Step();
+    run.rows += step.batch.NumTokens();
+    run.draft_rows.push_back(DraftRows(step));
+  }
+  EXPECT_EQ(d.sched().speculative_counters().num_accepted_tokens, 0);
+  run.outputs = d.outputs;
+  return run;
+}
+
 TEST(Scheduler, GoodputDraftsNothingWhereRowsCostComputeAndDraftsFail) {
-  constexpr int kMaxTokens = 100;
-  Driver plain(SchedulerOptions{.max_num_batched_tokens = 1024, .max_num_seqs = 64}, kLargeCache);
-  AddBatch64(plain.sched(), kMaxTokens);
-  plain.RunToEnd();
+  const auto linear = [](int rows) { return 1e-4 * rows; };  // compute-bound
+  const FailingDraftsRun plain = RunFailingDrafts(std::nullopt, linear);
+  const FailingDraftsRun fixed = RunFailingDrafts(DraftLengthPolicy::kFixed, linear);
+  const FailingDraftsRun goodput = RunFailingDrafts(DraftLengthPolicy::kGoodput, linear);
+  EXPECT_EQ(fixed.outputs, plain.outputs);
+  EXPECT_EQ(goodput.outputs, plain.outputs);
+  std::printf("[goodput, drafts rejected, linear cost] %d draft rows, %lld rows in all against %lld at a fixed 3\n",
+              std::accumulate(goodput.draft_rows.begin(), goodput.draft_rows.end(), 0),
+              static_cast<long long>(goodput.rows), static_cast<long long>(fixed.rows));
+  // Each row costs its share of the step: even a certain draft only pays its row, so none is
+  // taken and none probed (the prompts' step and the first decode step put the cost on a line).
+  EXPECT_EQ(goodput.draft_rows, std::vector<int>(goodput.draft_rows.size(), 0));
+  EXPECT_EQ(goodput.rows, plain.rows);
+}
 
-  // Compute-bound: a step's time in proportion to its rows.
-  auto linear = [](int rows) { return 1e-4 * rows; };
-  Driver fixed(Batch64(DraftLengthPolicy::kFixed, /*drafts_right=*/false), kLargeCache);
-  fixed.step_seconds = linear;
-  AddBatch64(fixed.sched(), kMaxTokens);
-  int64_t fixed_rows = 0;
-  while (!fixed.sched().Empty()) fixed_rows += fixed.Step().batch.NumTokens();
-
-  Driver goodput(Batch64(DraftLengthPolicy::kGoodput, /*drafts_right=*/false), kLargeCache);
-  goodput.step_seconds = linear;
-  AddBatch64(goodput.sched(), kMaxTokens);
-  int64_t goodput_rows = 0, draft_rows = 0, probe_steps = 0;
-  std::vector<int> drafts_per_step;
-  while (!goodput.sched().Empty()) {
-    const ScheduledStep step = goodput.Step();
-    goodput_rows += step.batch.NumTokens();
-    drafts_per_step.push_back(DraftRows(step));
-    draft_rows += drafts_per_step.back();
-    probe_steps += drafts_per_step.back() > 0;
-  }
-  for (int id = 0; id < 64; ++id) {
-    EXPECT_EQ(goodput.outputs[id], plain.outputs[id]) << "sequence " << id;
-    EXPECT_EQ(fixed.outputs[id], plain.outputs[id]) << "sequence " << id;
-  }
-  const SpeculativeCounters& c = goodput.sched().speculative_counters();
-  std::printf("[goodput, drafts rejected, linear cost] %lld draft rows over %zu steps (%lld with drafts: "
-              "probes), %lld rows in all against %lld at a fixed 3\n",
-              static_cast<long long>(draft_rows), drafts_per_step.size(), static_cast<long long>(probe_steps),
-              static_cast<long long>(goodput_rows), static_cast<long long>(fixed_rows));
-  EXPECT_EQ(c.num_accepted_tokens, 0);
-  // A draft row costs a plain row's time and yields less than its token: only probes, each
-  // sequence's one draft after every DraftLength::kProbeInterval steps without any.
-  const int decode_steps = kMaxTokens - 1;
-  EXPECT_LE(draft_rows, 64 * (decode_steps / DraftLength::kProbeInterval));
-  EXPECT_GT(draft_rows, 0);
-  for (int rows : drafts_per_step) EXPECT_LE(rows, 64);  // a probe is one draft
-  EXPECT_LT(goodput_rows * 10, fixed_rows * 4);  // fixed: 4 rows a token
+TEST(Scheduler, GoodputProbesBackOffWhereDraftsFail) {
+  // Rows nearly free: certain drafts would pay, so sequences whose drafts fail are probed, at
+  // the probe steps (every 16th decode step), each after 16, 32, 64, ... steps without drafts.
+  const auto cheap_rows = [](int rows) { return 0.010 + 1e-5 * rows; };
+  const FailingDraftsRun plain = RunFailingDrafts(std::nullopt, cheap_rows);
+  const FailingDraftsRun goodput = RunFailingDrafts(DraftLengthPolicy::kGoodput, cheap_rows);
+  EXPECT_EQ(goodput.outputs, plain.outputs);
+  std::vector<int> drafted_steps;
+  for (size_t i = 0; i < goodput.draft_rows.size(); ++i)
+    if (goodput.draft_rows[i] > 0) drafted_steps.push_back(static_cast<int>(i));
+  std::printf("[goodput, drafts rejected, cheap rows] draft rows %s at steps %s\n",
+              absl::StrJoin(goodput.draft_rows, " ").c_str(), absl::StrJoin(drafted_steps, " ").c_str());
+  // First every sequence drafts (q starts at 1) in consecutive steps until its estimate falls
+  // below what pays (drafts right with probability q^j > ~0.06 here); then only probes: one
+  // draft a sequence, all in one step, ever rarer.
+  ASSERT_FALSE(drafted_steps.empty());
+  size_t first_probe = 1;
+  while (first_probe < drafted_steps.size() && drafted_steps[first_probe] == drafted_steps[first_probe - 1] + 1)
+    ++first_probe;
+  const std::vector<int> probes(drafted_steps.begin() + first_probe, drafted_steps.end());
+  ASSERT_GE(probes.size(), 2u);
+  EXPECT_LE(probes.size(), 3u);
+  for (int step : probes) EXPECT_LE(goodput.draft_rows[step], 64) << "step " << step;
+  for (size_t i = 2; i < probes.size(); ++i) EXPECT_GT(probes[i] - probes[i - 1], probes[i - 1] - probes[i - 2]);
+  EXPECT_GT(probes[1] - probes[0], DraftLength::kProbeInterval);
 }
 
 TEST(Scheduler, GoodputKeepsTheCapsWhereRowsAreFreeAndDraftsLand) {
@@ -699,7 +727,7 @@ TEST(Scheduler, GoodputKeepsTheCapsWhereRowsAreFreeAndDraftsLand) {
 
   // Memory-bound: every step costs the same.
   Driver goodput(Batch64(DraftLengthPolicy::kGoodput, /*drafts_right=*/true), kLargeCache);
-  goodput.step_seconds = [](int) { return 0.01; };
+  goodput.step_seconds = ByRows([](int) { return 0.01; });
   AddBatch64(goodput.sched(), kMaxTokens);
   // Step 0 prefills every prompt (observed: 512 rows); step 1, the first decode step, runs plain
   // (64 rows never observed), to be observed; from step 2 every sequence verifies its cap while
@@ -739,7 +767,7 @@ TEST(Scheduler, GoodputSeededSamplingIsReproducibleWhateverTheCost) {
     SchedulerOptions opt = policy.has_value() ? Batch64(*policy, /*drafts_right=*/true)
                                               : SchedulerOptions{.max_num_batched_tokens = 1024, .max_num_seqs = 64};
     Driver d(opt, kLargeCache);
-    d.step_seconds = std::move(cost);
+    if (cost) d.step_seconds = ByRows(std::move(cost));
     for (int id = 0; id < 16; ++id) {
       SequenceRequest r = Request(8, id, 40);
       r.sampling.temperature = 0.7f;
@@ -807,55 +835,69 @@ double MeasuredStepSeconds(int rows) {
   return 1e-3 * (ms[i] + (ms[i + 1] - ms[i]) * (rows - r[i]) / (r[i + 1] - r[i]));
 }
 
+struct Batch64Result {
+  double tokens_per_s;        // while all 64 decode
+  double whole_tokens_per_s;  // from the first step to the last
+  int64_t draft_tokens, accepted_tokens;
+  int64_t steps_with_drafts;
+  std::map<int64_t, std::vector<int32_t>> outputs;
+};
+
+// 64 sequences of 100 tokens, drafts from HalfRightProposer (none without a policy), each step
+// costing `step_seconds` of simulated time.
+Batch64Result RunBatch64(std::optional<DraftLengthPolicy> policy,
+                         const std::function<double(const StepBatch&)>& step_seconds) {
+  SchedulerOptions opt{.max_num_batched_tokens = 1024, .max_num_seqs = 64};
+  if (policy.has_value()) {
+    opt.speculative.method = SpeculativeMethod::kProvided;
+    opt.speculative.num_speculative_tokens = 3;
+    opt.speculative.proposer = std::make_shared<HalfRightProposer>();
+    opt.speculative.draft_length = *policy;
+  }
+  Driver d(opt, kLargeCache);
+  d.step_seconds = step_seconds;
+  AddBatch64(d.sched(), 100);
+  double seconds = 0, window_seconds = 0;
+  int64_t tokens = 0, window_tokens = 0, steps_with_drafts = 0;
+  bool all_decode = false;  // step 0 prefills every prompt; then all decode until one ends
+  while (!d.sched().Empty()) {
+    const ScheduledStep step = d.Step();
+    const double this_step = step_seconds(step.batch);
+    steps_with_drafts += DraftRows(step) > 0;
+    int64_t now = 0;
+    for (const auto& [id, out] : d.outputs) now += static_cast<int64_t>(out.size());
+    seconds += this_step;
+    if (all_decode) {
+      window_seconds += this_step;
+      window_tokens += now - tokens;
+    }
+    tokens = now;
+    all_decode = d.sched().NumRunning() == 64;
+  }
+  const SpeculativeCounters& c = d.sched().speculative_counters();
+  return Batch64Result{window_tokens / window_seconds, tokens / seconds, c.num_draft_tokens, c.num_accepted_tokens,
+                       steps_with_drafts, d.outputs};
+}
+
+void PrintBatch64(const char* costs, const char* policy, const Batch64Result& r, const Batch64Result& plain) {
+  std::printf("[batch 64, %s] %s: %.0f tokens/s while all decode (%.2fx plain's %.0f), %.0f over the whole run "
+              "(%.2fx plain's %.0f), %lld of %lld drafts accepted, %lld steps with drafts\n",
+              costs, policy, r.tokens_per_s, r.tokens_per_s / plain.tokens_per_s, plain.tokens_per_s,
+              r.whole_tokens_per_s, r.whole_tokens_per_s / plain.whole_tokens_per_s, plain.whole_tokens_per_s,
+              static_cast<long long>(r.accepted_tokens), static_cast<long long>(r.draft_tokens),
+              static_cast<long long>(r.steps_with_drafts));
+}
+
 TEST(Scheduler, GoodputNoLossAtBatch64OnTheMeasuredStepCosts) {
-  struct Result {
-    double tokens_per_s;        // while all 64 decode
-    double whole_tokens_per_s;  // from the first step to the last
-    int64_t draft_tokens, accepted_tokens;
-    std::map<int64_t, std::vector<int32_t>> outputs;
-  };
-  auto run = [](std::optional<DraftLengthPolicy> policy) {
-    SchedulerOptions opt{.max_num_batched_tokens = 1024, .max_num_seqs = 64};
-    if (policy.has_value()) {
-      opt.speculative.method = SpeculativeMethod::kProvided;
-      opt.speculative.num_speculative_tokens = 3;
-      opt.speculative.proposer = std::make_shared<HalfRightProposer>();
-      opt.speculative.draft_length = *policy;
-    }
-    Driver d(opt, kLargeCache);
-    d.step_seconds = MeasuredStepSeconds;
-    AddBatch64(d.sched(), 100);
-    double seconds = 0, window_seconds = 0;
-    int64_t tokens = 0, window_tokens = 0;
-    bool all_decode = false;  // step 0 prefills every prompt; then all decode until one ends
-    while (!d.sched().Empty()) {
-      const double step_seconds = MeasuredStepSeconds(d.Step().batch.NumTokens());
-      int64_t now = 0;
-      for (const auto& [id, out] : d.outputs) now += static_cast<int64_t>(out.size());
-      seconds += step_seconds;
-      if (all_decode) {
-        window_seconds += step_seconds;
-        window_tokens += now - tokens;
-      }
-      tokens = now;
-      all_decode = d.sched().NumRunning() == 64;
-    }
-    const SpeculativeCounters& c = d.sched().speculative_counters();
-    return Result{window_tokens / window_seconds, tokens / seconds, c.num_draft_tokens, c.num_accepted_tokens,
-                  d.outputs};
-  };
-  const Result plain = run(std::nullopt);
-  const Result fixed = run(DraftLengthPolicy::kFixed);
-  const Result adaptive = run(DraftLengthPolicy::kAdaptive);
-  const Result goodput = run(DraftLengthPolicy::kGoodput);
-  for (const Result* r : {&fixed, &adaptive, &goodput}) {
+  const auto cost = ByRows(MeasuredStepSeconds);
+  const Batch64Result plain = RunBatch64(std::nullopt, cost);
+  const Batch64Result fixed = RunBatch64(DraftLengthPolicy::kFixed, cost);
+  const Batch64Result adaptive = RunBatch64(DraftLengthPolicy::kAdaptive, cost);
+  const Batch64Result goodput = RunBatch64(DraftLengthPolicy::kGoodput, cost);
+  for (const Batch64Result* r : {&fixed, &adaptive, &goodput}) {
     EXPECT_EQ(r->outputs, plain.outputs);
-    std::printf("[batch 64, measured step costs] %s: %.0f tokens/s while all decode (%.2fx plain's %.0f), "
-                "%.0f over the whole run (%.2fx plain's %.0f), %lld of %lld drafts accepted\n",
-                r == &fixed ? "fixed k=3" : r == &adaptive ? "adaptive" : "goodput", r->tokens_per_s,
-                r->tokens_per_s / plain.tokens_per_s, plain.tokens_per_s, r->whole_tokens_per_s,
-                r->whole_tokens_per_s / plain.whole_tokens_per_s, plain.whole_tokens_per_s,
-                static_cast<long long>(r->accepted_tokens), static_cast<long long>(r->draft_tokens));
+    PrintBatch64("measured step costs", r == &fixed ? "fixed k=3" : r == &adaptive ? "adaptive" : "goodput", *r,
+                 plain);
   }
   EXPECT_LT(fixed.tokens_per_s, plain.tokens_per_s);  // the loss the issue names
   EXPECT_GE(goodput.tokens_per_s, plain.tokens_per_s);
@@ -865,6 +907,29 @@ TEST(Scheduler, GoodputNoLossAtBatch64OnTheMeasuredStepCosts) {
   // whatever the policy; goodput still loses the least.
   EXPECT_GT(goodput.whole_tokens_per_s, fixed.whole_tokens_per_s);
   EXPECT_GT(goodput.whole_tokens_per_s, adaptive.whole_tokens_per_s);
+}
+
+// As the GPU engine runs them: a plain decode step replays a CUDA graph, a step with any draft
+// (or prompt) runs eagerly, 4 ms more at every row count (the steps above, less 4 ms where plain).
+// Drafts rarely pay then; goodput must see the jump (the cost model keeps the two shapes apart)
+// and probe seldom (its probes share steps and back off), or it loses what session 27 measured
+// on an H100 (0.67x plain at batch 64, bench/results/engine-h100.md).
+TEST(Scheduler, GoodputNoLossAtBatch64WhenPlainStepsReplayGraphs) {
+  const auto cost = [](const StepBatch& batch) {
+    bool plain = true;
+    for (const SequenceChunk& c : batch.chunks) plain = plain && c.tokens.size() == 1;
+    return MeasuredStepSeconds(batch.NumTokens()) - (plain ? 0.004 : 0);
+  };
+  const Batch64Result plain = RunBatch64(std::nullopt, cost);
+  const Batch64Result fixed = RunBatch64(DraftLengthPolicy::kFixed, cost);
+  const Batch64Result goodput = RunBatch64(DraftLengthPolicy::kGoodput, cost);
+  PrintBatch64("graph-replayed plain steps", "fixed k=3", fixed, plain);
+  PrintBatch64("graph-replayed plain steps", "goodput", goodput, plain);
+  EXPECT_EQ(goodput.outputs, plain.outputs);
+  EXPECT_LT(fixed.tokens_per_s, plain.tokens_per_s);
+  EXPECT_GE(goodput.tokens_per_s, 0.97 * plain.tokens_per_s);
+  // Exploring and probing: a few steps of the ~100.
+  EXPECT_LE(goodput.steps_with_drafts, 8);
 }
 
 TEST(Scheduler, RandomizedWorkloadsMatchSoloRuns) {
@@ -893,7 +958,7 @@ TEST(Scheduler, RandomizedWorkloadsMatchSoloRuns) {
     // chunk's next start picking one of the states it kept), no prefix hits.
     const bool recurrent = round % 4 == 2 || round % 4 == 3;
     Driver d(opt, cache, recurrent);
-    if (goodput) d.step_seconds = [](int rows) { return 0.010 + 0.0001 * rows; };
+    if (goodput) d.step_seconds = ByRows([](int rows) { return 0.010 + 0.0001 * rows; });
 
     std::vector<std::vector<int32_t>> prefixes;
     for (int i = 0; i < 3; ++i) prefixes.push_back(Prompt(uniform(1, 24), 100 * round + i));

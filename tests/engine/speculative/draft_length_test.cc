@@ -126,6 +126,39 @@ TEST(DraftLengthTest, GoodputProbesAfterStepsWithoutDrafts) {
   }
 }
 
+// A probe the choice does not follow up doubles the interval to the next, up to
+// kMaxProbeInterval; drafts the choice gives of its own accord bring it back to kProbeInterval.
+TEST(DraftLengthTest, GoodputProbeIntervalBacksOff) {
+  DraftLength d(DraftLengthPolicy::kGoodput, 3);
+  auto turned_off_until_probe_due = [&d] {
+    int steps = 0;
+    while (!d.probe_due()) {
+      d.set_chosen(0);
+      d.ObserveStepWithoutDrafts();
+      ++steps;
+    }
+    return steps;
+  };
+  std::vector<int> intervals;
+  for (int probe = 0; probe < 5; ++probe) {
+    intervals.push_back(turned_off_until_probe_due());
+    d.set_chosen(1);  // the probe
+    d.Observe(1, 0);
+  }
+  EXPECT_EQ(intervals, (std::vector<int>{16, 32, 64, 128, 128}));
+  d.set_chosen(2);  // the choice's own drafts
+  d.Observe(2, 2);
+  EXPECT_EQ(d.probe_interval(), DraftLength::kProbeInterval);
+  EXPECT_EQ(turned_off_until_probe_due(), DraftLength::kProbeInterval);
+  d.set_chosen(1);  // the probe
+  d.Observe(1, 1);
+  EXPECT_EQ(d.probe_interval(), 2 * DraftLength::kProbeInterval);
+  // One draft while no probe is due is the choice's own.
+  d.set_chosen(1);
+  d.Observe(1, 1);
+  EXPECT_EQ(d.probe_interval(), DraftLength::kProbeInterval);
+}
+
 // What one sequence's verify chunks drafted, step by step, and its limit after each.
 struct DraftTrace {
   std::vector<int> drafts;    // per step in which it got drafts

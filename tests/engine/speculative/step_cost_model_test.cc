@@ -1,97 +1,44 @@
-// The step cost model (engine/speculative/step_cost_model.h): its buckets, the unknown state,
-// interpolation between observed buckets and the moving averages.
+// The step cost model by shape (engine/speculative/step_cost_model.h): each shape learns apart,
+// and Guess falls back from the shape's estimate to the curve over every step of either shape.
 #include "engine/speculative/step_cost_model.h"
-
-#include <cmath>
-#include <limits>
 
 #include "gtest/gtest.h"
 
 namespace exl3::engine {
 namespace {
 
-TEST(StepCostModelTest, BucketsSplitEachPowerOfTwoInFour) {
-  EXPECT_EQ(StepCostModel::BucketOf(1), 0);
-  EXPECT_EQ(StepCostModel::BucketOf(2), 4);
-  EXPECT_EQ(StepCostModel::BucketOf(3), 6);
-  EXPECT_EQ(StepCostModel::BucketOf(4), 8);
-  EXPECT_EQ(StepCostModel::BucketOf(7), 11);
-  EXPECT_EQ(StepCostModel::BucketOf(8), 12);
-  EXPECT_EQ(StepCostModel::BucketOf(9), 12);
-  EXPECT_EQ(StepCostModel::BucketOf(10), 13);
-  // 64-79 | 80-95 | 96-111 | 112-127 | 128-159
-  EXPECT_EQ(StepCostModel::BucketOf(64), StepCostModel::BucketOf(79));
-  EXPECT_EQ(StepCostModel::BucketOf(80), StepCostModel::BucketOf(64) + 1);
-  EXPECT_EQ(StepCostModel::BucketOf(127), StepCostModel::BucketOf(64) + 3);
-  EXPECT_EQ(StepCostModel::BucketOf(128), StepCostModel::BucketOf(64) + 4);
-  EXPECT_EQ(StepCostModel::BucketOf(159), StepCostModel::BucketOf(128));
-  for (int rows = 1; rows < 70000; ++rows) ASSERT_LE(StepCostModel::BucketOf(rows), StepCostModel::BucketOf(rows + 1));
-  // Out of range: the first and the last bucket.
-  EXPECT_EQ(StepCostModel::BucketOf(0), 0);
-  EXPECT_EQ(StepCostModel::BucketOf(std::numeric_limits<int>::max()),
-            StepCostModel::kNumOctaves * StepCostModel::kBucketsPerOctave - 1);
-}
-
-TEST(StepCostModelTest, UnknownUntilSomethingNearIsObserved) {
+TEST(StepCostModelTest, ShapesLearnApart) {
   StepCostModel cost;
   EXPECT_TRUE(cost.empty());
-  EXPECT_FALSE(cost.Seconds(64).has_value());
-  EXPECT_FALSE(cost.NearestObservedSeconds(64).has_value());
-  cost.Observe(64, 0.009);
+  EXPECT_FALSE(cost.Guess(StepShape::kMixed, 64).has_value());
+  cost.Observe(StepShape::kDecodeOnly, 64, 0.006);
+  cost.Observe(StepShape::kMixed, 65, 0.010);
   EXPECT_FALSE(cost.empty());
-  EXPECT_DOUBLE_EQ(*cost.Seconds(64), 0.009);
-  // The rest of its bucket (64-79) takes its time; beyond it, nothing is known.
-  EXPECT_DOUBLE_EQ(*cost.Seconds(79), 0.009);
-  EXPECT_FALSE(cost.Seconds(80).has_value());
-  EXPECT_FALSE(cost.Seconds(63).has_value());
-  EXPECT_FALSE(cost.Seconds(256).has_value());
-  EXPECT_DOUBLE_EQ(*cost.NearestObservedSeconds(256), 0.009);
-  EXPECT_DOUBLE_EQ(*cost.NearestObservedSeconds(1), 0.009);
+  EXPECT_DOUBLE_EQ(*cost.Seconds(StepShape::kDecodeOnly, 64), 0.006);
+  EXPECT_DOUBLE_EQ(*cost.Seconds(StepShape::kMixed, 65), 0.010);
+  EXPECT_DOUBLE_EQ(*cost.Seconds(StepShape::kMixed, 64), 0.010);  // within its point's bucket
+  EXPECT_FALSE(cost.curve(StepShape::kDecodeOnly).empty());
 }
 
-TEST(StepCostModelTest, InterpolatesBetweenObservedBuckets) {
+TEST(StepCostModelTest, GuessFallsBackToEveryStepsCurve) {
   StepCostModel cost;
-  cost.Observe(64, 0.010);
-  cost.Observe(256, 0.020);
-  EXPECT_NEAR(*cost.Seconds(160), 0.015, 1e-12);
-  EXPECT_NEAR(*cost.Seconds(96), 0.010 + 0.010 * 32 / 192, 1e-12);
-  EXPECT_DOUBLE_EQ(*cost.Seconds(300), 0.020);  // 256's own bucket (256-319)
-  EXPECT_FALSE(cost.Seconds(320).has_value());
-  EXPECT_FALSE(cost.Seconds(32).has_value());
-  EXPECT_DOUBLE_EQ(*cost.NearestObservedSeconds(1000), 0.020);
-  EXPECT_DOUBLE_EQ(*cost.NearestObservedSeconds(100), 0.010);
-  // A third point between them: the nearest on each side.
-  cost.Observe(128, 0.011);
-  EXPECT_NEAR(*cost.Seconds(96), 0.0105, 1e-12);
-  EXPECT_NEAR(*cost.Seconds(192), 0.0155, 1e-12);
-}
-
-TEST(StepCostModelTest, MovingAveragesOfRowsAndSeconds) {
-  StepCostModel cost;
-  cost.Observe(64, 0.010);
-  cost.Observe(64, 0.020);
-  const double w = StepCostModel::kWeight;
-  EXPECT_DOUBLE_EQ(*cost.Seconds(64), (1 - w) * 0.010 + w * 0.020);
-  // Another row count of the bucket moves its point's rows too: with a second point at 256, the
-  // line runs from the mean rows.
-  StepCostModel mixed;
-  mixed.Observe(64, 0.010);
-  mixed.Observe(74, 0.010);  // the point: rows 64 + 10 w
-  mixed.Observe(256, 0.020);
-  const double rows = 64 + 10 * w;
-  EXPECT_NEAR(*mixed.Seconds(160), 0.010 + 0.010 * (160 - rows) / (256 - rows), 1e-12);
-  EXPECT_DOUBLE_EQ(*mixed.Seconds(65), 0.010);  // below the point, in its bucket
-}
-
-TEST(StepCostModelTest, IgnoresNonsense) {
-  StepCostModel cost;
-  cost.Observe(0, 0.01);
-  cost.Observe(-3, 0.01);
-  cost.Observe(8, 0);
-  cost.Observe(8, -1);
-  cost.Observe(8, std::nan(""));
-  cost.Observe(8, std::numeric_limits<double>::infinity());
-  EXPECT_TRUE(cost.empty());
+  cost.Observe(StepShape::kDecodeOnly, 64, 0.006);
+  // No mixed step yet: the plain steps' estimate, then their nearest point.
+  EXPECT_FALSE(cost.Seconds(StepShape::kMixed, 65).has_value());
+  EXPECT_DOUBLE_EQ(*cost.Guess(StepShape::kMixed, 65), 0.006);
+  EXPECT_DOUBLE_EQ(*cost.Guess(StepShape::kMixed, 256), 0.006);
+  // A mixed step observed far above: below it, the line from the plain step up to it.
+  cost.Observe(StepShape::kMixed, 256, 0.018);
+  EXPECT_FALSE(cost.Seconds(StepShape::kMixed, 160).has_value());
+  EXPECT_DOUBLE_EQ(*cost.Guess(StepShape::kMixed, 160), 0.012);
+  // Once the mixed curve covers a row count, it alone answers there.
+  cost.Observe(StepShape::kMixed, 128, 0.012);
+  EXPECT_DOUBLE_EQ(*cost.Guess(StepShape::kMixed, 192), 0.015);
+  cost.Observe(StepShape::kMixed, 65, 0.010);
+  EXPECT_DOUBLE_EQ(*cost.Guess(StepShape::kMixed, 65), 0.010);
+  EXPECT_DOUBLE_EQ(*cost.Guess(StepShape::kDecodeOnly, 64), 0.006);
+  // Past every step: the nearest point of any.
+  EXPECT_DOUBLE_EQ(*cost.Guess(StepShape::kDecodeOnly, 4096), 0.018);
 }
 
 }  // namespace
