@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/status_macros.h"
+#include "engine/speculative/speculative_options.h"
 #include "model/config/read_moe_config.h"
 #include "model/expert_map.h"
 #include "model/moe_config.h"
@@ -194,10 +195,8 @@ absl::StatusOr<EngineBenchOptions> ParseEngineBenchArgs(const std::vector<std::s
       ks_given = true;
     } else if (a == "--speculative-draft-length") {
       EXL3_ASSIGN_OR_RETURN(o.speculative_draft_length, value());
-      if (o.speculative_draft_length != "fixed" && o.speculative_draft_length != "adaptive" &&
-          o.speculative_draft_length != "goodput")
-        return absl::InvalidArgumentError(absl::StrCat("--speculative-draft-length: '", o.speculative_draft_length,
-                                                       "' (fixed, adaptive or goodput)"));
+      if (const absl::Status known = engine::ParseDraftLengthPolicy(o.speculative_draft_length).status(); !known.ok())
+        return absl::InvalidArgumentError(absl::StrCat("--speculative-draft-length: ", known.message()));
       draft_length_given = true;
     } else if (a == "--constrained-tokenizer") {
       EXL3_ASSIGN_OR_RETURN(o.constrained_tokenizer, value());
