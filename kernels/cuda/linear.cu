@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -132,6 +134,16 @@ absl::Status LinearForward(const Exl3LinearView& w, const float* x, int m, float
 
 static_assert(kMaxProblems == kMaxTransformJobs, "a shared forward's layers: one GEMV problem and two transform jobs each");
 
+// EXL3_LINEAR_SHARED=0 runs a shared forward's layers one LinearForward each: for measuring what
+// the shared launches gain. Read once.
+static bool SharedForwardEnabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("EXL3_LINEAR_SHARED");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return enabled;
+}
+
 absl::Status LinearForwardShared(const Exl3LinearView* const* w, int count, const float* x, int m, float* const* y,
                                  Workspace* ws, StreamHandle stream_handle, Path path) {
   if (count < 1 || count > kMaxProblems)
@@ -141,7 +153,8 @@ absl::Status LinearForwardShared(const Exl3LinearView* const* w, int count, cons
   Workspace::Impl& s = *ws->impl();
   EXL3_RETURN_IF_ERROR(s.Init());
   const int k = w[0]->in_features;
-  bool grouped = count > 1 && ResolvePath(path, s.cc_major, "linear") == Path::kNative && !UseDequantGemm(m);
+  bool grouped = count > 1 && SharedForwardEnabled() && ResolvePath(path, s.cc_major, "linear") == Path::kNative &&
+                 !UseDequantGemm(m);
   for (int i = 0; i < count && grouped; ++i) {
     EXL3_RETURN_IF_ERROR(ValidateLinear(*w[i]));
     grouped = w[i]->in_features == k && w[i]->bits == w[0]->bits && w[i]->codebook == w[0]->codebook &&
