@@ -14,47 +14,69 @@ int StepCostCurve::BucketOf(int rows) {
   return octave * kBucketsPerOctave + part;
 }
 
-void StepCostCurve::Observe(int rows, double seconds) {
+void StepCostCurve::Observe(int rows, double seconds, int64_t step) {
   if (rows < 1 || !(seconds > 0) || !std::isfinite(seconds)) return;
-  std::optional<Point>& bucket = buckets_[BucketOf(rows)];
-  if (!bucket.has_value()) {
-    bucket = Point{static_cast<double>(rows), seconds};
-    ++num_observed_;
-    return;
+  Bucket& bucket = buckets_[BucketOf(rows)];
+  bucket.last_step = step;
+  switch (bucket.state) {
+    case BucketState::kNeverSeen:
+      bucket.state = BucketState::kUntrusted;  // a warm-up
+      return;
+    case BucketState::kUntrusted:
+      bucket.state = BucketState::kMeasured;
+      bucket.rows = rows;
+      bucket.seconds = seconds;
+      ++num_measured_;
+      return;
+    case BucketState::kMeasured:
+      bucket.rows = (1 - kWeight) * bucket.rows + kWeight * rows;
+      bucket.seconds = (1 - kWeight) * bucket.seconds + kWeight * seconds;
+      return;
   }
-  bucket->rows = (1 - kWeight) * bucket->rows + kWeight * rows;
-  bucket->seconds = (1 - kWeight) * bucket->seconds + kWeight * seconds;
+}
+
+void StepCostCurve::ForgetBefore(int64_t step) {
+  for (Bucket& bucket : buckets_) {
+    if (bucket.state != BucketState::kMeasured || bucket.last_step >= step) continue;
+    bucket.state = BucketState::kUntrusted;
+    --num_measured_;
+  }
 }
 
 std::optional<double> StepCostCurve::Seconds(int rows) const {
-  // The observed points nearest below and above `rows`: buckets, and so their mean rows, are in
+  // The measured points nearest below and above `rows`: buckets, and so their mean rows, are in
   // row order.
-  int below = -1, above = -1;
+  const Bucket* below = nullptr;
+  const Bucket* above = nullptr;
+  int nearest_bucket = -1;
   for (int b = 0; b < kNumBuckets; ++b) {
-    if (!buckets_[b].has_value()) continue;
-    if (buckets_[b]->rows <= rows) below = b;
-    if (buckets_[b]->rows >= rows) {
-      above = b;
+    const Bucket* p = Measured(b);
+    if (p == nullptr) continue;
+    if (p->rows <= rows) {
+      below = p;
+      nearest_bucket = b;
+    }
+    if (p->rows >= rows) {
+      above = p;
+      if (below == nullptr) nearest_bucket = b;
       break;
     }
   }
-  if (below >= 0 && above >= 0) {
-    const Point& lo = *buckets_[below];
-    const Point& hi = *buckets_[above];
-    if (hi.rows <= lo.rows) return lo.seconds;  // `rows` is the point's own
-    return lo.seconds + (hi.seconds - lo.seconds) * (rows - lo.rows) / (hi.rows - lo.rows);
+  if (below != nullptr && above != nullptr) {
+    if (above->rows <= below->rows) return below->seconds;  // `rows` is the point's own
+    return below->seconds + (above->seconds - below->seconds) * (rows - below->rows) / (above->rows - below->rows);
   }
   // Past the outermost point on one side: known only within that point's bucket.
-  const int nearest = below >= 0 ? below : above;
-  if (nearest >= 0 && BucketOf(rows) == nearest) return buckets_[nearest]->seconds;
+  if (nearest_bucket >= 0 && BucketOf(rows) == nearest_bucket) return buckets_[nearest_bucket].seconds;
   return std::nullopt;
 }
 
 std::optional<double> StepCostCurve::NearestObservedSeconds(int rows) const {
   std::optional<double> best;
   double best_distance = 0;
-  for (const std::optional<Point>& p : buckets_) {
-    if (!p.has_value()) continue;
+  for (int b = 0; b < kNumBuckets; ++b) {
+    const Bucket* p = Measured(b);
+    if (p == nullptr) continue;
     const double distance = std::abs(p->rows - rows);
     if (!best.has_value() || distance < best_distance) {
       best = p->seconds;

@@ -36,6 +36,8 @@ for spec in "$@"; do
   rc=$?
   echo "$name ($binary${filter:+ $filter}): exit $rc"
   [ $rc = 0 ] || FAILED=1
-  grep -E "^\[  FAILED  \] [^ ]+ \(|^\[  PASSED  \]" "$LOGS/$name.log" | sed "s/^/  /" | head -40
+  # A parameterized test's line names its parameter after a comma.
+  grep -E "^\[  FAILED  \] [^ ]+( \(|, where)|^\[  PASSED  \]" "$LOGS/$name.log" | sed "s/^/  /" | head -40
+  [ $rc = 0 ] || grep -m 3 -A 8 -E "Failure|terminate|Segmentation|Aborted" "$LOGS/$name.log" | sed "s/^/  | /" | head -40
 done
 exit $FAILED

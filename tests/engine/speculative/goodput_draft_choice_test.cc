@@ -17,10 +17,17 @@ std::vector<DraftCandidate> Uniform(int n, double acceptance, int limit) {
 
 int Sum(const std::vector<int>& counts) { return std::accumulate(counts.begin(), counts.end(), 0); }
 
-// A step of `rows` took `seconds`, whatever its shape (as on the CPU engine, which runs both alike).
+// Steps of `shape` and `rows` take `seconds`: two of them (the bucket's warm-up, then its
+// measure: engine/speculative/step_cost_curve.h).
+void Measure(StepCostModel& cost, StepShape shape, int rows, double seconds) {
+  cost.Observe(shape, rows, seconds);
+  cost.Observe(shape, rows, seconds);
+}
+
+// Likewise, whatever its shape (as on the CPU engine, which runs both alike).
 void ObserveBoth(StepCostModel& cost, int rows, double seconds) {
-  cost.Observe(StepShape::kDecodeOnly, rows, seconds);
-  cost.Observe(StepShape::kMixed, rows, seconds);
+  Measure(cost, StepShape::kDecodeOnly, rows, seconds);
+  Measure(cost, StepShape::kMixed, rows, seconds);
 }
 
 // A batch of 64 decoding sequences, room for every draft.
@@ -126,9 +133,9 @@ TEST(GoodputDraftChoiceTest, NoProbesWhereEvenCertainDraftsCannotPay) {
   // Plain steps replayed from a graph, drafted ones eager: one sequence's three certain drafts
   // cost far more than they yield.
   StepCostModel graphs;
-  graphs.Observe(StepShape::kDecodeOnly, 64, 0.006);
-  graphs.Observe(StepShape::kMixed, 65, 0.010045);
-  graphs.Observe(StepShape::kMixed, 256, 0.01864);
+  Measure(graphs, StepShape::kDecodeOnly, 64, 0.006);
+  Measure(graphs, StepShape::kMixed, 65, 0.010045);
+  Measure(graphs, StepShape::kMixed, 256, 0.01864);
   EXPECT_EQ(ChooseDraftCounts(graphs, kBatch64, c), std::vector<int>(64, 0));
   // Unknown step times: probes as asked.
   std::vector<int> want(64, 0);
@@ -176,9 +183,9 @@ TEST(GoodputDraftChoiceTest, MeasuredBatch64Costs) {
 // best, 2 drafts each, gives 140 tokens in 15.8 ms against 64 in 6).
 TEST(GoodputDraftChoiceTest, TheFirstDraftPaysForTheEagerStep) {
   StepCostModel cost;
-  cost.Observe(StepShape::kDecodeOnly, 64, 0.006);
-  cost.Observe(StepShape::kMixed, 65, 0.010045);
-  cost.Observe(StepShape::kMixed, 256, 0.01864);
+  Measure(cost, StepShape::kDecodeOnly, 64, 0.006);
+  Measure(cost, StepShape::kMixed, 65, 0.010045);
+  Measure(cost, StepShape::kMixed, 256, 0.01864);
   EXPECT_EQ(ChooseDraftCounts(cost, kBatch64, Uniform(64, 0.7, 3)), std::vector<int>(64, 0));
   EXPECT_EQ(ChooseDraftCounts(cost, kBatch64, Uniform(64, 0.8, 3)), std::vector<int>(64, 0));
   // Certain drafts pay even so: 256 tokens in 18.6 ms.
@@ -206,9 +213,9 @@ TEST(GoodputDraftChoiceTest, TheFirstDraftPaysForTheEagerStep) {
 // Nothing mixed observed yet: a drafted step counts as the plain step nearest it (explored once).
 TEST(GoodputDraftChoiceTest, AnUnseenShapeIsExploredOnce) {
   StepCostModel cost;
-  cost.Observe(StepShape::kDecodeOnly, 64, 0.006);
+  Measure(cost, StepShape::kDecodeOnly, 64, 0.006);
   EXPECT_EQ(ChooseDraftCounts(cost, kBatch64, Uniform(64, 0.3, 3)), std::vector<int>(64, 3));
-  cost.Observe(StepShape::kMixed, 256, 0.024);
+  Measure(cost, StepShape::kMixed, 256, 0.024);
   EXPECT_EQ(ChooseDraftCounts(cost, kBatch64, Uniform(64, 0.3, 3)), std::vector<int>(64, 0));
 }
 
