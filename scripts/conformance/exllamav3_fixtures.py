@@ -100,11 +100,19 @@ EXL3V3_CHANGES = {
     # stores it in rows of 160 (ROW_DIM of its n-gram codec; it asserts ple_embed_dim /
     # ((ngram_size - 1) * heads_per_ngram) == 160), and its quantizer averages every head's rows
     # in stripes of 8192, so each head needs at least 8192 rows (third device run, with heads of
-    # ~300: "IndexError: list index out of range" in its compute_head_bias). One head of
-    # 2-grams (ngram_size 2, heads_per_ngram 1, ple_embed_dim 160) of 8209 rows
-    # (ngram_vocab_size_base 8192; padded to 8320): 2.7 MB in bf16, 0.7 MB at 4 bits.
-    "qwen4_exp": dict(num_key_value_heads=2, ngram_size=2, heads_per_ngram=1, ple_embed_dim=160,
-                      ngram_vocab_size_base=8192),
+    # ~300: "IndexError: list index out of range" in its compute_head_bias). Its PLE layer's
+    # key_proj / value_proj are Linears whose input width it pads to a multiple of 128, and its
+    # fused PLE pass multiplies the unpadded n-gram embedding by those padded weights (fourth
+    # device run, ple_embed_dim 160: "mat1 and mat2 shapes cannot be multiplied (128x160 and
+    # 256x512)"), so ple_embed_dim must be a multiple of 128 as well as of 160: 640, four heads.
+    # The fixture's own n-grams (ngram_size 3, heads_per_ngram 2: 2-grams and 3-grams, two heads
+    # each) give four; ngram_vocab_size_base 8192 makes them 8209, 8219, 8221 and 8231 rows
+    # (32896 with the padding to 128): 10.5 MB in bf16, 2.7 MB at 4 bits. Its QSA indexer's
+    # index_qk_proj is likewise padded on its output, and exllamav3 splits that output into
+    # indexer_n_heads query heads and one key head of indexer_head_dim without trimming it, so
+    # (indexer_n_heads + 1) * indexer_head_dim must be a multiple of 128: 7 heads of 32 (256).
+    "qwen4_exp": dict(num_key_value_heads=2, ple_embed_dim=640, ngram_size=3, heads_per_ngram=2,
+                      ngram_vocab_size_base=8192, indexer_n_heads=7),
 }
 
 # Families the GPU machine's transformers (5.17) cannot build: built here with a newer one
