@@ -49,7 +49,8 @@ else
   cp "$PILLOW" "$B/"
 fi
 
-tracked=$(git -C "$CHECKOUT" ls-files -z | (cd "$CHECKOUT" && xargs -0 stat -c %s 2>/dev/null) \
+# Files moved aside (scripts/dev/fixtures_aside.sh) do not travel: counted as absent.
+tracked=$(git -C "$CHECKOUT" ls-files -z | (cd "$CHECKOUT" && xargs -0 stat -c %s 2>/dev/null || true) \
           | awk '{s += $1} END {print s}')
 size() { du -sb "$1" | cut -f1; }
 sa=$(size "$A")
