@@ -2,9 +2,8 @@
 # Main's pending GPU work (session 28) on the device; modes run in the order given, in one call
 # (LIMIT 580 s shared), each of its own (issue a further call at once: an idle machine goes back
 # after 30 s, and with it the models under /tmp).
-#   tests: the QSA mixer test whose stale assertion session 27 fixed and the release MTP fixtures
-#     (tests/engine/cuda/mtp_drafting_test.cc: Fixtures/.../3 and /5, Qwen4Exp/.../1; gtest names
-#     parameters by index).
+#   tests: the release MTP fixtures (tests/engine/cuda/mtp_drafting_test.cc: Fixtures/.../3 and
+#     /5, Qwen4Exp/.../1; gtest names parameters by index).
 #   spec: the goodput draft length (step costs per shape, warm-ups, probes only where certain drafts
 #     could pay: engine/speculative/step_cost_model.h, goodput_draft_choice.h) beside fixed k,
 #     GLM-5.3-Flash 6 layers, k = 3, acceptance 0.7, batch 1-64, 48 decode steps (session 27:
@@ -13,6 +12,7 @@
 #     the shared q/k/v launches (kernels/cuda/linear.cu) each off, alternately with the default.
 #   remote: the experts on one worker on the same GPU, without and under MPS, at one and two
 #     micro-batches (batch 1, 8, 32), GLM-5.3-Flash then Qwen3.8-Flash-Next (6 layers).
+#   mps: GLM-5.3-Flash in process, then with one worker under MPS (one micro-batch), one run.
 # Bundle and fixtures:
 #   ONLY="engine_cuda_qsa_test engine_cuda_mtp_test exl3-engine-bench exl3-tool exl3-worker" \
 #     scripts/gpu/bundle.sh build
@@ -37,7 +37,7 @@ MODELS=$!
 for MODE in "$@"; do
   case $MODE in
   tests)
-    OUT=$OUT KEEP_DEPS=1 bash scripts/gpu/test_checks.sh --limit 150 qsa=engine_cuda_qsa_test \
+    OUT=$OUT KEEP_DEPS=1 bash scripts/gpu/test_checks.sh --limit 150 \
       mtp=engine_cuda_mtp_test:'Fixtures/CudaMtpTest.*/3:Fixtures/CudaMtpTest.*/5:Qwen4Exp/CudaMtpTest.*/1'
     echo "tests exit $? ($(el) s)" ;;
   spec)
@@ -71,6 +71,14 @@ for MODE in "$@"; do
       echo "remote $m exit $? ($(el) s)"
       grep -E "^decode|^=== |exit" "$BENCH/remote-$m.log" | head -24
     done ;;
+  mps)
+    wait $MODELS
+    [ "$(left)" -gt 90 ] || break
+    OUT=$BENCH/mps-glm5-next BENCH_TIMEOUT=120 timeout "$(upto 300)" bash scripts/gpu/engine_remote.sh \
+      --model /tmp/glm5-next-synthetic-6 --batches 1,8,32 --contexts 1024 --steps 16 --micro-batches 1 --mps \
+      > "$BENCH/mps-glm5-next.log" 2>&1
+    echo "mps glm5-next exit $? ($(el) s)"
+    grep -E "^decode \(|^decode context|^=== " "$BENCH/mps-glm5-next.log" | cut -c1-110 | head -24 ;;
   *) echo "pending_checks: unknown mode $MODE" >&2; exit 2 ;;
   esac
 done
