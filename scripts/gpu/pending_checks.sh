@@ -13,6 +13,9 @@
 #   remote: the experts on one worker on the same GPU, without and under MPS, at one and two
 #     micro-batches (batch 1, 8, 32), GLM-5.3-Flash then Qwen3.8-Flash-Next (6 layers).
 #   mps: GLM-5.3-Flash in process, then with one worker under MPS (one micro-batch), one run.
+#   spec-remote: goodput speculative decoding (k = 3, acceptance 0.7, batch 1 and 8) in process
+#     and with the experts on one worker under MPS (issue 31's 2.5x with a worker).
+# Next session: `tests mps spec-remote` (the relaxed MTP rule, the same-call MPS ratio, and this).
 # Bundle and fixtures:
 #   ONLY="engine_cuda_qsa_test engine_cuda_mtp_test exl3-engine-bench exl3-tool exl3-worker" \
 #     scripts/gpu/bundle.sh build
@@ -22,7 +25,7 @@
 # $OUT: logs.tar.xz (the tests' logs), bench.tar.xz (every benchmark's log and the remote runs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-[ $# -ge 1 ] || { sed -n '2,21p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,26p' "$0"; exit 2; }
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 LIMIT=580
@@ -79,6 +82,15 @@ for MODE in "$@"; do
       > "$BENCH/mps-glm5-next.log" 2>&1
     echo "mps glm5-next exit $? ($(el) s)"
     grep -E "^decode \(|^decode context|^=== " "$BENCH/mps-glm5-next.log" | cut -c1-110 | head -24 ;;
+  spec-remote)
+    wait $MODELS
+    [ "$(left)" -gt 90 ] || break
+    OUT=$BENCH/spec-remote-glm5-next BENCH_TIMEOUT=150 timeout "$(upto 300)" bash scripts/gpu/engine_remote.sh \
+      --model /tmp/glm5-next-synthetic-6 --batches 1,8 --contexts 1024 --steps 48 --micro-batches 1 --mps \
+      --bench-args "--speculative-acceptance 0.7 --num-speculative-tokens 3 --speculative-draft-length goodput" \
+      > "$BENCH/spec-remote-glm5-next.log" 2>&1
+    echo "spec-remote glm5-next exit $? ($(el) s)"
+    grep -E "^\||^=== " "$BENCH/spec-remote-glm5-next.log" | cut -c1-140 | head -30 ;;
   *) echo "pending_checks: unknown mode $MODE" >&2; exit 2 ;;
   esac
 done
