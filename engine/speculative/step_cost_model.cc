@@ -1,8 +1,11 @@
 #include "engine/speculative/step_cost_model.h"
 
+#include <cmath>
+
 namespace exl3::engine {
 
 void StepCostModel::Observe(StepShape shape, int rows, double seconds) {
+  if (rows < 1 || !(seconds > 0) || !std::isfinite(seconds)) return;
   ++steps_;
   curves_[Index(shape)].Observe(rows, seconds, steps_);
   every_step_.Observe(rows, seconds, steps_);
