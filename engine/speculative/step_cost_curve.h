@@ -25,7 +25,7 @@
 //   cost.Observe(64, 0.009, 2);
 //   cost.Observe(256, 0.050, 3);  // a warm-up
 //   cost.Observe(256, 0.018, 4);
-//   std::optional<double> t = cost.Seconds(128);  // 0.0105, on the line between the two
+//   std::optional<double> t = cost.Seconds(128);  // 0.012, on the line between the two
 #pragma once
 
 #include <array>

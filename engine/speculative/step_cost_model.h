@@ -17,7 +17,7 @@
 // cannot keep the choice from trying that step for good; its next step measures it anew.
 //
 // Seconds(shape, rows) is the shape's curve's estimate (unknown where it has none).
-// Guess(shape, rows) never is once anything was observed: the shape's estimate, else that of a
+// Guess(shape, rows) is never unknown once any step was measured: the shape's estimate, else that of a
 // curve over every step of either shape, else that curve's nearest point. A drafted step's rows
 // below every mixed step seen thus count as the line from the plain steps up to the mixed ones:
 // optimistic (it leaves out the jump), so the choice explores such a step once, and then its
