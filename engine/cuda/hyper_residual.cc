@@ -1,13 +1,12 @@
 #include "engine/cuda/hyper_residual.h"
 
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/env_switch.h"
 #include "base/status_macros.h"
 #include "engine/cuda/device_array.h"
 #include "engine/cuda/hyper_connection_kernels.h"
@@ -64,10 +63,7 @@ absl::StatusOr<HyperFamily> HyperFamilyOf(const ModelConfig& cfg) {
 // block input's launch, instead of on a side stream (HyperMixStream): for measuring what the side
 // stream gains. Read once.
 bool MixStreamEnabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("EXL3_HC_MIX_STREAM");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool enabled = EnvSwitchOn("EXL3_HC_MIX_STREAM");
   return enabled;
 }
 

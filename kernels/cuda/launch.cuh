@@ -6,9 +6,9 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <utility>
+
+#include "base/env_switch.h"
 
 namespace exl3::cuda {
 
@@ -24,10 +24,7 @@ __device__ __forceinline__ void PdlEnter() {
 // EXL3_PDL=0 launches every kernel of a sequence plainly (each waits for its predecessor to end):
 // for measuring what PDL gains, and a way out should a driver mishandle it. Read once.
 inline bool PdlEnabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("EXL3_PDL");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool enabled = EnvSwitchOn("EXL3_PDL");
   return enabled;
 }
 

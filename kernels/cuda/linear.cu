@@ -5,10 +5,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "base/env_switch.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/dense_gemv_kernel.cuh"
@@ -137,10 +136,7 @@ static_assert(kMaxProblems == kMaxTransformJobs, "a shared forward's layers: one
 // EXL3_LINEAR_SHARED=0 runs a shared forward's layers one LinearForward each: for measuring what
 // the shared launches gain. Read once.
 static bool SharedForwardEnabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("EXL3_LINEAR_SHARED");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool enabled = EnvSwitchOn("EXL3_LINEAR_SHARED");
   return enabled;
 }
 
